@@ -1,0 +1,73 @@
+"""rho_actors: an OTP-style actor runtime for an LLM agent's tool calls.
+
+Every call runs in a supervised actor with a deadline; a raise, an exit or a timeout
+becomes an error result for the model and never takes the agent down. See DESIGN.md
+and README.md; the public API is re-exported here.
+
+rho_actors logs with loguru and, as loguru advises for libraries, is silent until the
+host calls ``loguru.logger.enable("rho_actors")``.
+"""
+
+from loguru import logger as _logger
+
+from rho_actors.arguments import ArgumentsError, decode_arguments
+from rho_actors.call import CancelToken
+from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
+from rho_actors.encoding import EncodedOutput, encode_output
+from rho_actors.events import CallEvent
+from rho_actors.formats import DIALECTS, declaration, to_dialect
+from rho_actors.function_tool import FunctionTool, tool
+from rho_actors.loop import Loop
+from rho_actors.registry import DuplicateToolError, Registration
+from rho_actors.system import ActorSystem
+from rho_actors.tool import (
+    DEFAULT_TIMEOUT_MS,
+    Details,
+    Error,
+    ErrorKind,
+    Image,
+    Ok,
+    ToolCall,
+    ToolInfo,
+    ToolResult,
+    concurrency,
+    default_timeout_ms,
+    is_tool,
+    timeout_ms,
+)
+
+_logger.disable("rho_actors")
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "DIALECTS",
+    "ActorSystem",
+    "ArgumentsError",
+    "CallEvent",
+    "CancelToken",
+    "DeclarationError",
+    "Details",
+    "DuplicateToolError",
+    "EncodedOutput",
+    "Error",
+    "ErrorKind",
+    "FunctionTool",
+    "Image",
+    "Loop",
+    "Ok",
+    "Registration",
+    "ToolCall",
+    "ToolInfo",
+    "ToolResult",
+    "check_declaration",
+    "concurrency",
+    "declaration",
+    "decode_arguments",
+    "default_timeout_ms",
+    "encode_output",
+    "is_tool",
+    "read_declaration",
+    "timeout_ms",
+    "to_dialect",
+    "tool",
+]

@@ -1,0 +1,257 @@
+"""Checked declarations (DESIGN §3) and the DeclarationActor that owns their cache.
+
+A declaration is what a tool says about itself. It is read by calling the tool's
+callbacks (:func:`read_declaration`) and then checked (:func:`check_declaration`):
+
+- ``name``: exactly a ``str`` matching :data:`NAME_PATTERN` (``^[A-Za-z0-9_-]{1,64}$``,
+  the rule OpenAI and Anthropic both apply to tool names);
+- ``description``: exactly a ``str``, not blank;
+- ``parameter_schema``: exactly a ``dict`` of plain JSON data (string keys), nested at
+  most ``max_schema_depth`` levels, valid under the JSON Schema Draft 2020-12
+  metaschema, whose top level is an object schema (``"type": "object"``);
+- ``timeout_ms`` (a positive ``int``, milliseconds) and ``concurrency`` (``"parallel"``
+  or ``"exclusive"``): a bad or raising answer means the default; it does not exclude
+  the tool.
+
+A tool failing any check is left out of what loops offer, with its reason logged once.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pykka
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from loguru import logger
+
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolInfo
+
+__all__ = [
+    "DEFAULT_MAX_SCHEMA_DEPTH",
+    "NAME_PATTERN",
+    "DeclarationActor",
+    "DeclarationError",
+    "Rejected",
+    "check_declaration",
+    "describe_origin",
+    "read_declaration",
+]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+DEFAULT_MAX_SCHEMA_DEPTH = 32
+"""How deeply a parameter schema may nest dicts and lists."""
+
+_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
+
+
+class DeclarationError(ValueError):
+    """A declaration failed its checks; ``str(err)`` lists every failure and ``name``
+    is the tool's name when that part was valid."""
+
+    def __init__(self, message: str, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A tool left out of what loops offer, and why; ``name`` is its name when that
+    much of its declaration was readable and valid."""
+
+    reason: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    """A callback that raised while its declaration was read."""
+
+    description: str
+
+
+def _describe_exception(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except BaseException:
+        text = "<str() raised>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def describe_origin(tool: Any) -> str:
+    """Where a tool comes from, for messages: ``module.qualname (file:line)`` when known."""
+    target = tool if inspect.ismodule(tool) or inspect.isclass(tool) or inspect.isfunction(tool) else type(tool)
+    wrapped = getattr(tool, "__wrapped__", None)
+    if wrapped is not None and inspect.isfunction(wrapped):
+        target = wrapped
+    name = str(getattr(target, "__qualname__", None) or getattr(target, "__name__", "?"))
+    module = getattr(target, "__module__", None)
+    label = name if inspect.ismodule(target) or not module else f"{module}.{name}"
+    if target is type(tool) and not inspect.isclass(tool):
+        label += " instance"
+    try:
+        where = f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
+    except (TypeError, OSError):
+        return label
+    return f"{label} ({where})"
+
+
+def read_declaration(tool: Any) -> dict[str, Any]:
+    """Call the tool's declaration callbacks in this thread.
+
+    Returns a dict with the keys ``name``, ``description``, ``parameter_schema``,
+    ``timeout_ms``, ``concurrency``: each the callback's answer, absent when the tool
+    has no such callback, or a marker when it raised (any ``BaseException`` is caught:
+    a tool's ``SystemExit`` must not stop the reading actor).
+    """
+    raw: dict[str, Any] = {}
+    for cb_name in _CALLBACKS:
+        cb = getattr(tool, cb_name, None)
+        if not callable(cb):
+            continue
+        try:
+            raw[cb_name] = cb()
+        except BaseException as exc:
+            raw[cb_name] = _Raised(_describe_exception(exc))
+    return raw
+
+
+def _json_data_problem(value: Any, depth: int, max_depth: int, path: str) -> str | None:
+    """Why ``value`` is not plain JSON data within ``max_depth`` levels, or ``None``."""
+    if depth > max_depth:
+        return f"{path}: nested deeper than {max_depth} levels"
+    if value is None or type(value) in (str, bool, int):
+        return None
+    if type(value) is float:
+        return None if math.isfinite(value) else f"{path}: {value} is not JSON"
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return f"{path}: key {key!r} is not a string"
+            problem = _json_data_problem(item, depth + 1, max_depth, f"{path}.{key}")
+            if problem:
+                return problem
+        return None
+    if type(value) is list:
+        for i, item in enumerate(value):
+            problem = _json_data_problem(item, depth + 1, max_depth, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    return f"{path}: a {type(value).__name__} is not JSON data"
+
+
+def check_declaration(raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> ToolInfo:
+    """Check a declaration read by :func:`read_declaration`.
+
+    Returns the :class:`ToolInfo` (with a private deep copy of the schema).
+    Raises :class:`DeclarationError` listing every failing check, e.g.
+    ``"name: 'my tool' does not match ^[A-Za-z0-9_-]{1,64}$; description: empty"``.
+    """
+    problems: list[str] = []
+
+    def answer(key: str) -> Any:
+        if key not in raw:
+            problems.append(f"{key}: missing")
+            return None
+        value = raw[key]
+        if isinstance(value, _Raised):
+            problems.append(f"{key}() raised {value.description}")
+            return None
+        return value
+
+    name = answer("name")
+    if "name" in raw and not isinstance(raw["name"], _Raised):
+        if type(name) is not str:
+            problems.append(f"name: expected str, got {type(name).__name__}")
+        elif not NAME_PATTERN.fullmatch(name):
+            problems.append(f"name: {name[:80]!r} does not match ^{NAME_PATTERN.pattern}$")
+
+    description = answer("description")
+    if "description" in raw and not isinstance(raw["description"], _Raised):
+        if type(description) is not str:
+            problems.append(f"description: expected str, got {type(description).__name__}")
+        elif not description.strip():
+            problems.append("description: empty")
+
+    schema = answer("parameter_schema")
+    if "parameter_schema" in raw and not isinstance(raw["parameter_schema"], _Raised):
+        problems.extend(_schema_problems(schema, max_schema_depth))
+
+    if problems:
+        valid = name if type(name) is str and NAME_PATTERN.fullmatch(name) else None
+        raise DeclarationError("; ".join(problems), valid)
+
+    timeout = raw.get("timeout_ms", DEFAULT_TIMEOUT_MS)
+    if not (type(timeout) is int and timeout > 0):
+        timeout = DEFAULT_TIMEOUT_MS
+    concurrency = raw.get("concurrency")
+    return ToolInfo(
+        name=name,
+        description=description,
+        parameter_schema=copy.deepcopy(schema),
+        timeout_ms=timeout,
+        concurrency="exclusive" if type(concurrency) is str and concurrency == "exclusive" else "parallel",
+    )
+
+
+def _schema_problems(schema: Any, max_depth: int) -> list[str]:
+    if type(schema) is not dict:
+        return [f"parameter_schema: expected dict, got {type(schema).__name__}"]
+    problem = _json_data_problem(schema, 0, max_depth, "parameter_schema")
+    if problem:
+        return [problem]
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as err:
+        where = err.json_path.replace("$", "parameter_schema", 1)
+        return [f"{where}: not a valid JSON Schema (Draft 2020-12): {err.message}"]
+    except RecursionError:
+        return [f"parameter_schema: nested deeper than {max_depth} levels"]
+    if schema.get("type") != "object":
+        got = schema.get("type")
+        return [f'parameter_schema: the top level must be an object schema ("type": "object"), got type {got!r}']
+    return []
+
+
+class DeclarationActor(pykka.ThreadingActor):
+    """Owns the checked-declaration cache (DESIGN §3, §6: permanent).
+
+    Each tool's declaration is read and checked once, in this actor's thread, and kept
+    for the tool's life: until :meth:`forget` (unregistration) or a re-read with
+    ``fresh=True`` (a re-registration, its code may have changed). A rejection's reason
+    is logged once, when it is found.
+    """
+
+    use_daemon_thread = True
+
+    def __init__(self, max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> None:
+        super().__init__()
+        self._max_schema_depth = max_schema_depth
+        self._cache: dict[int, tuple[Any, ToolInfo | Rejected]] = {}
+
+    def check(self, tool: Any, fresh: bool = False) -> ToolInfo | Rejected:
+        """The tool's checked declaration, or why it is left out. Never raises."""
+        cached = self._cache.get(id(tool))
+        if cached is not None and cached[0] is tool and not fresh:
+            return cached[1]
+        try:
+            outcome: ToolInfo | Rejected = check_declaration(
+                read_declaration(tool), max_schema_depth=self._max_schema_depth
+            )
+        except DeclarationError as err:
+            outcome = Rejected(str(err), err.name)
+            logger.warning("tool {} left out: {}", describe_origin(tool), outcome.reason)
+        self._cache[id(tool)] = (tool, outcome)
+        return outcome
+
+    def forget(self, tool: Any) -> None:
+        """Drop the tool's cached declaration."""
+        cached = self._cache.get(id(tool))
+        if cached is not None and cached[0] is tool:
+            del self._cache[id(tool)]

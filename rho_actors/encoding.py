@@ -1,0 +1,155 @@
+"""Output encoding: turning what a tool returned into the text a model reads (DESIGN §2).
+
+- A ``str`` goes as it is (lone surrogates replaced by U+FFFD, so the text is valid
+  UTF-8 and survives any provider's JSON encoder).
+- Anything else is encoded as strict JSON (RFC 8259): ``NaN`` and infinities become
+  ``null`` (as JavaScript's ``JSON.stringify`` and pydantic's default do); datetime,
+  date and time as ISO 8601; a set or frozenset as a sorted list; ``Decimal``,
+  ``UUID`` and ``Path`` as strings; an ``Enum`` as its value; dataclasses and pydantic
+  models as objects; tuples as arrays; non-string dict keys as strings.
+- What still cannot be encoded (an arbitrary object, a cycle, bytes) falls back to its
+  ``repr``, marked so by :data:`REPR_MARK` at the start of the text.
+- Text longer than ``max_chars`` is cut, with a notice that gives the original size.
+
+Example::
+
+    >>> encode_output({"when": datetime.date(2026, 1, 2), "tags": {"b", "a"}}).text
+    '{"when": "2026-01-02", "tags": ["a", "b"]}'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import enum
+import json
+import math
+import pathlib
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DEFAULT_MAX_OUTPUT_CHARS", "REPR_MARK", "EncodedOutput", "encode_output", "scrub_text"]
+
+DEFAULT_MAX_OUTPUT_CHARS = 100_000
+"""Default cap, in characters, on the text one result gives the model."""
+
+REPR_MARK = "[not JSON-encodable; Python repr follows]\n"
+"""Starts the text of an output that fell back to ``repr``."""
+
+_MAX_DEPTH = 100
+
+
+class _Unencodable(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedOutput:
+    """``text`` for the model; ``is_repr`` when it fell back to ``repr``;
+    ``original_chars`` the length before the cap (``truncated`` when it was cut)."""
+
+    text: str
+    is_repr: bool = False
+    truncated: bool = False
+    original_chars: int = 0
+
+
+def scrub_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (paired ones are joined)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _jsonable(value: Any, depth: int, seen: set[int]) -> Any:
+    """``value`` as plain JSON data (dict/list/str/int/float/bool/None)."""
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        return scrub_text(str(value))
+    if isinstance(value, enum.Enum):
+        return _jsonable(value.value, depth, seen)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, uuid.UUID, pathlib.PurePath)):
+        return str(value)
+    if depth >= _MAX_DEPTH:
+        raise _Unencodable("nested too deeply")
+    if id(value) in seen:
+        raise _Unencodable("contains a cycle")
+    seen.add(id(value))
+    try:
+        if isinstance(value, dict):
+            return {_key(k): _jsonable(v, depth + 1, seen) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [_jsonable(v, depth + 1, seen) for v in value]
+        if isinstance(value, (set, frozenset)):
+            items = [_jsonable(v, depth + 1, seen) for v in value]
+            try:
+                return sorted(items)
+            except TypeError:
+                return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {
+                f.name: _jsonable(getattr(value, f.name), depth + 1, seen)
+                for f in dataclasses.fields(value)
+            }
+        dump = getattr(value, "model_dump", None)  # pydantic v2 models
+        if callable(dump) and not isinstance(value, type):
+            return _jsonable(dump(mode="json"), depth + 1, seen)
+    finally:
+        seen.discard(id(value))
+    raise _Unencodable(type(value).__qualname__)
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, str):
+        return scrub_text(str(key))
+    if isinstance(key, enum.Enum):
+        key = key.value
+    if key is None or isinstance(key, (bool, int, float)):
+        return json.dumps(key)
+    if isinstance(key, (decimal.Decimal, uuid.UUID, pathlib.PurePath, datetime.date, datetime.time)):
+        return str(_jsonable(key, 0, set()))
+    raise _Unencodable(f"dict key of type {type(key).__qualname__}")
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return scrub_text(repr(value))
+    except BaseException:  # a broken __repr__ must not escape: it is the tool's output
+        return f"<{type(value).__qualname__} object (repr raised)>"
+
+
+def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
+    """``text`` cut to ``max_chars`` characters with a notice giving the original size."""
+    if len(text) <= max_chars:
+        return text, False
+    notice = f"\n[output truncated: {len(text):,} characters in all, the first {max_chars:,} shown]"
+    return text[:max_chars] + notice, True
+
+
+def encode_output(value: Any, max_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> EncodedOutput:
+    """Encode ``value`` as the text a model reads, capped at ``max_chars`` characters.
+
+    Never raises: an unencodable value (or one whose encoding raises) falls back to its
+    ``repr`` behind :data:`REPR_MARK`.
+    """
+    is_repr = False
+    if isinstance(value, str):
+        text = scrub_text(str(value))
+    else:
+        try:
+            text = json.dumps(_jsonable(value, 0, set()), ensure_ascii=False, allow_nan=False)
+        except Exception:
+            text, is_repr = REPR_MARK + _safe_repr(value), True
+    capped, truncated = cap_text(text, max_chars)
+    return EncodedOutput(capped, is_repr, truncated, len(text))

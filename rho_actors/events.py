@@ -1,0 +1,79 @@
+"""Call events a host can subscribe to (DESIGN §4 step 4), also logged with loguru.
+
+Each dispatched call emits ``started``, then exactly one of ``finished`` (with its
+outcome: ``"ok"`` or an error kind) or ``timed_out``; a timed-out thread call that later
+returns emits ``late`` (its result discarded). A call refused before dispatch (bad JSON,
+unknown tool...) emits only ``finished`` with its error kind.
+
+Example::
+
+    seen = []
+    unsubscribe = system.subscribe(seen.append)
+    ...
+    unsubscribe()
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from loguru import logger
+
+__all__ = ["CallEvent", "EventBus", "EventKind"]
+
+EventKind = Literal["started", "finished", "timed_out", "late"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallEvent:
+    """One step of one call. ``outcome`` is ``"ok"`` or an error kind's value (``None``
+    for ``started``); ``duration_ms`` is milliseconds since the call's start."""
+
+    kind: EventKind
+    session_id: str
+    call_id: str
+    tool: str
+    outcome: str | None = None
+    duration_ms: float = 0.0
+
+
+class EventBus:
+    """Delivers each event to every subscriber, in the emitting actor's thread.
+
+    A subscriber that raises is logged and kept; it cannot fail the call.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscribers: tuple[Callable[[CallEvent], None], ...] = ()
+
+    def subscribe(self, callback: Callable[[CallEvent], None]) -> Callable[[], None]:
+        """Add ``callback``; returns a function that removes it again."""
+        with self._lock:
+            self._subscribers += (callback,)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers = tuple(s for s in self._subscribers if s is not callback)
+
+        return unsubscribe
+
+    def emit(self, event: CallEvent) -> None:
+        if event.kind == "timed_out":
+            logger.warning(
+                "call {} ({}) in session {} timed out after {:.1f} ms",
+                event.call_id, event.tool, event.session_id, event.duration_ms,
+            )
+        else:
+            logger.debug(
+                "call {} ({}) in session {}: {} {} {:.3f} ms",
+                event.call_id, event.tool, event.session_id, event.kind, event.outcome or "", event.duration_ms,
+            )
+        for subscriber in self._subscribers:
+            try:
+                subscriber(event)
+            except Exception:
+                logger.exception("event subscriber {!r} raised", subscriber)

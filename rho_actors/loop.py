@@ -1,0 +1,432 @@
+"""The LoopActor (one per session) and :class:`Loop`, the host's handle to it (DESIGN §4).
+
+For each turn, in the model's order, each call's arguments are decoded strictly, its
+tool is looked up among those offered now, and its arguments are validated against the
+checked schema; a call failing any of these gets its error result and its tool never
+runs. The rest go to fresh CallActors under the call supervisor, each with a deadline
+(``timeout_ms`` from dispatch). A turn with any ``exclusive`` call runs its calls one at
+a time in the model's order, each deadline counted from that call's own start. Results
+come back in the model's order, exactly one per call.
+
+The LoopActor never blocks: calls report back with messages and deadlines arrive as
+timer messages, so a hung tool delays nothing but its own result, which is a ``timeout``
+error at its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from rho_actors.arguments import ArgumentsError, decode_arguments, violations
+from rho_actors.call import AbandonedThreads, CallActor, CallSpec, CancelToken, error_result
+from rho_actors.events import CallEvent, EventBus
+from rho_actors.formats import Dialect, to_dialect
+from rho_actors.registry import ToolEntry, ToolSet, ToolSetView
+from rho_actors.supervisor import StartChild
+from rho_actors.timers import Timer, Timers
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
+
+__all__ = ["Loop", "LoopActor", "LoopSettings"]
+
+_MAX_NAMES_LISTED = 40
+_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    """Limits of a loop: ``max_output_chars`` caps each result's text (characters);
+    ``max_argument_depth`` bounds argument nesting; ``ask_timeout_s`` bounds the
+    host's queries to the loop (seconds)."""
+
+    max_output_chars: int
+    max_argument_depth: int
+    ask_timeout_s: float = 10.0
+
+
+# --- messages -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _RunTurn:
+    calls: tuple[ToolCall, ...]
+    future: concurrent.futures.Future[list[ToolResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class _CallDone:
+    turn: int
+    index: int
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class _Deadline:
+    turn: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _SetWithheld:
+    names: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Offered:
+    pass
+
+
+# --- turn state -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Slot:
+    call: ToolCall
+    entry: ToolEntry | None = None
+    args: dict[str, Any] | None = None
+    result: ToolResult | None = None
+    started: float = 0.0
+    cancel: CancelToken | None = None
+    timer: Timer | None = None
+
+
+@dataclass(slots=True)
+class _Turn:
+    id: int
+    slots: list[_Slot]
+    future: concurrent.futures.Future[list[ToolResult]]
+    waiting: deque[int] = field(default_factory=deque)
+    exclusive: bool = False
+    open: int = 0
+
+
+class LoopActor(pykka.ThreadingActor):
+    """One agent session: runs its turns (DESIGN §4). Start it through
+    :meth:`rho_actors.ActorSystem.start_loop`, which returns a :class:`Loop`."""
+
+    use_daemon_thread = True
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        data_dir: Path,
+        deps: Any,
+        withheld: frozenset[str],
+        tools: ToolSetView,
+        calls: pykka.ActorRef[Any],
+        timers: Timers,
+        events: EventBus,
+        abandoned: AbandonedThreads,
+        settings: LoopSettings,
+        on_exit: Callable[[pykka.ActorRef[Any]], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self._data_dir = data_dir
+        self._deps = deps
+        self._withheld = withheld
+        self._withheld_list: tuple[str, ...] = tuple(sorted(withheld))
+        self._tools = tools
+        self._calls = calls
+        self._timers = timers
+        self._events = events
+        self._abandoned = abandoned
+        self._settings = settings
+        self._on_exit = on_exit
+        self._turns: dict[int, _Turn] = {}
+        self._turn_ids = itertools.count(1)
+
+    # --- messages ---------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _CallDone):
+            self._call_done(message)
+        elif isinstance(message, _Deadline):
+            self._deadline(message)
+        elif isinstance(message, _RunTurn):
+            self._run_turn(message)
+        elif isinstance(message, _Offered):
+            return [e.info for e in self._offered(self._tools.current)]
+        elif isinstance(message, _SetWithheld):
+            self._withheld = message.names
+            self._withheld_list = tuple(sorted(message.names))
+        else:
+            logger.warning("loop {} ignored an unknown message {!r}", self.session_id, message)
+        return None
+
+    def _offered(self, tools: ToolSet) -> list[ToolEntry]:
+        return [e for name, e in tools.entries.items() if name not in self._withheld]
+
+    def _run_turn(self, message: _RunTurn) -> None:
+        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future)
+        self._turns[turn.id] = turn
+        try:
+            tools = self._tools.current
+            for index, slot in enumerate(turn.slots):
+                refusal = self._prepare(slot, tools)
+                if refusal is not None:
+                    slot.result = refusal
+                    self._emit("finished", slot, refusal)
+                else:
+                    turn.open += 1
+                    turn.waiting.append(index)
+                    turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
+            self._dispatch_ready(turn)
+        except Exception as exc:  # a bug here must still answer every call
+            logger.exception("loop {} failed to run a turn", self.session_id)
+            self._fail_open(turn, ErrorKind.CRASHED, f"the loop failed to run this call: {exc!r}")
+        self._maybe_finish(turn)
+
+    def _prepare(self, slot: _Slot, tools: ToolSet) -> ToolResult | None:
+        """Decode, look up and validate one call; an error result when it is refused."""
+        call = slot.call
+        name = call.name
+        entry = tools.entries.get(name) if isinstance(name, str) else None
+        if entry is None or name in self._withheld:
+            return error_result(call.id, str(name), *self._lookup_error(name, entry, tools))
+        try:
+            args = decode_arguments(call.arguments, self._settings.max_argument_depth)
+        except ArgumentsError as err:
+            return error_result(call.id, name, err.kind, f"tool {name!r}: {err}")
+        problems = violations(entry.validator, args)
+        if problems:
+            listed = "; ".join(problems)
+            return error_result(
+                call.id, name, ErrorKind.INVALID_ARGUMENTS, f"invalid arguments for tool {name!r}: {listed}"
+            )
+        slot.entry, slot.args = entry, args
+        return None
+
+    def _lookup_error(self, name: Any, entry: ToolEntry | None, tools: ToolSet) -> tuple[ErrorKind, str]:
+        if entry is not None:
+            return ErrorKind.WITHHELD, f"tool {name!r} is not available in this session now"
+        if isinstance(name, str) and name in tools.unavailable:
+            return ErrorKind.UNAVAILABLE, tools.unavailable[name]
+        offered = [e.info.name for e in self._offered(tools)]
+        shown = ", ".join(offered[:_MAX_NAMES_LISTED]) + (", ..." if len(offered) > _MAX_NAMES_LISTED else "")
+        return ErrorKind.UNKNOWN_TOOL, f"unknown tool {str(name)[:100]!r}; the tools offered are: {shown or '(none)'}"
+
+    def _dispatch_ready(self, turn: _Turn) -> None:
+        while turn.waiting:
+            self._dispatch(turn, turn.waiting.popleft())
+            if turn.exclusive:
+                return
+
+    def _dispatch(self, turn: _Turn, index: int) -> None:
+        slot = turn.slots[index]
+        entry, args = slot.entry, slot.args
+        assert entry is not None and args is not None
+        now = time.monotonic()
+        deadline = now + entry.info.timeout_ms / 1000
+        cancel = CancelToken()
+        ref = self.actor_ref
+        turn_id = turn.id
+
+        def reply(result: ToolResult) -> None:
+            _tell(ref, _CallDone(turn_id, index, result))
+
+        ctx = MappingProxyType(
+            {
+                "session_id": self.session_id,
+                "call_id": slot.call.id,
+                "data_dir": self._data_dir,
+                "loop": ref,
+                "withheld": self._withheld_list,
+                "deadline": deadline,
+                "cancel": cancel,
+                "deps": self._deps,
+            }
+        )
+        spec = CallSpec(
+            slot.call.id, entry.info.name, entry.tool, args, ctx, deadline, cancel,
+            self._settings.max_output_chars, reply, self._abandoned,
+        )
+        slot.started, slot.cancel = now, cancel
+        slot.timer = self._timers.call_at(deadline, lambda: _tell(ref, _Deadline(turn_id, index)))
+        self._emit("started", slot, None)
+        self._calls.tell(StartChild(CallActor, (spec,), cancel=functools.partial(cancel.cancel, "stopping")))
+
+    def _call_done(self, message: _CallDone) -> None:
+        turn = self._turns.get(message.turn)
+        if turn is None or turn.slots[message.index].result is not None:
+            slot = turn.slots[message.index] if turn is not None else _Slot(ToolCall(message.result.call_id, ""))
+            self._emit("late", slot, message.result)
+            return
+        slot = turn.slots[message.index]
+        if slot.timer is not None:
+            slot.timer.cancel()
+        self._settle(turn, slot, message.result)
+
+    def _deadline(self, message: _Deadline) -> None:
+        turn = self._turns.get(message.turn)
+        if turn is None or turn.slots[message.index].result is not None:
+            return
+        slot = turn.slots[message.index]
+        assert slot.entry is not None and slot.cancel is not None
+        timeout = slot.entry.info.timeout_ms
+        if slot.cancel.cancel("timeout"):
+            self._abandoned.abandoned()
+        result = error_result(
+            slot.call.id, slot.entry.info.name, ErrorKind.TIMEOUT,
+            f"tool {slot.entry.info.name!r} did not finish within its timeout of {timeout} ms; it was cancelled",
+            (time.monotonic() - slot.started) * 1000,
+        )
+        self._settle(turn, slot, result, event="timed_out")
+
+    def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
+        slot.result = result
+        turn.open -= 1
+        self._emit(event, slot, result)
+        if turn.exclusive:
+            self._dispatch_ready(turn)
+        self._maybe_finish(turn)
+
+    def _maybe_finish(self, turn: _Turn) -> None:
+        if turn.open > 0 or turn.id not in self._turns:
+            return
+        del self._turns[turn.id]
+        results = [slot.result for slot in turn.slots]
+        assert all(r is not None for r in results)
+        turn.future.set_result(results)  # type: ignore[arg-type]
+
+    def _fail_open(self, turn: _Turn, kind: ErrorKind, message: str) -> None:
+        """Give every call of ``turn`` still without a result an error result."""
+        for slot in turn.slots:
+            if slot.result is not None:
+                continue
+            name = slot.entry.info.name if slot.entry is not None else str(slot.call.name)
+            if slot.timer is not None:
+                slot.timer.cancel()
+            if slot.cancel is not None and slot.cancel.cancel("stopping"):
+                self._abandoned.abandoned()
+            duration = (time.monotonic() - slot.started) * 1000 if slot.started else 0.0
+            slot.result = error_result(slot.call.id, name, kind, message, duration)
+        turn.open = 0
+
+    def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
+        if result is None:
+            outcome, duration = None, 0.0
+        else:
+            outcome = "ok" if result.ok else str(result.error_kind)
+            duration = result.duration_ms
+        name = slot.entry.info.name if slot.entry is not None else str(slot.call.name)
+        self._events.emit(CallEvent(kind, self.session_id, slot.call.id, name, outcome, duration))
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def _close(self, kind: ErrorKind, message: str) -> None:
+        for turn in list(self._turns.values()):
+            self._fail_open(turn, kind, message)
+            self._maybe_finish(turn)
+
+    def on_stop(self) -> None:
+        self._close(ErrorKind.CANCELLED, "the session stopped before this call finished")
+        if self._on_exit is not None:
+            self._on_exit(self.actor_ref)
+
+    def on_failure(self, *exc_info: Any) -> None:
+        self._close(ErrorKind.CRASHED, "the session's loop crashed before this call finished")
+        if self._on_exit is not None:
+            self._on_exit(self.actor_ref)
+
+
+def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass
+
+
+class Loop:
+    """The host's handle to one session's LoopActor.
+
+    Example::
+
+        loop = system.start_loop("s1", deps={"db": conn})
+        results = loop.run_turn([ToolCall("c1", "add", '{"a": 1, "b": 2}')])
+        assert results[0].content == "3"
+    """
+
+    def __init__(self, ref: pykka.ActorRef[LoopActor], session_id: str, data_dir: Path, tools: ToolSetView,
+                 settings: LoopSettings) -> None:
+        self.ref = ref
+        self.session_id = session_id
+        self.data_dir = data_dir
+        self._tools = tools
+        self._settings = settings
+
+    def submit_turn(self, calls: Iterable[ToolCall]) -> concurrent.futures.Future[list[ToolResult]]:
+        """Start a turn without waiting: returns a future of the results, one per call,
+        in the calls' order. Raises ``TypeError`` for an item that is not a
+        :class:`ToolCall` and :class:`pykka.ActorDeadError` when the loop has stopped."""
+        batch = tuple(calls)
+        for call in batch:
+            if not isinstance(call, ToolCall):
+                raise TypeError(f"a turn takes ToolCall values, got {type(call).__name__}")
+        future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        self.ref.tell(_RunTurn(batch, future))
+        return future
+
+    def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
+        """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
+        of their tools' timeouts plus a grace period."""
+        entries = self._tools.current.entries
+        total_ms = sum(
+            entries[c.name].info.timeout_ms if isinstance(c.name, str) and c.name in entries else DEFAULT_TIMEOUT_MS
+            for c in calls
+        )
+        return total_ms / 1000 + _GRACE_S
+
+    def run_turn(self, calls: Iterable[ToolCall], timeout_s: float | None = None) -> list[ToolResult]:
+        """Run a turn and wait for its results (one per call, in order).
+
+        Waits at most ``timeout_s`` seconds (default :meth:`turn_bound_s`); raises
+        ``TimeoutError`` past that, which only a broken runtime can cause.
+        """
+        batch = tuple(calls)
+        return self.submit_turn(batch).result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
+
+    async def arun_turn(self, calls: Iterable[ToolCall], timeout_s: float | None = None) -> list[ToolResult]:
+        """:meth:`run_turn` for asyncio hosts: awaits the results without ever blocking
+        the event loop (the future is completed from the loop's thread)."""
+        batch = tuple(calls)
+        bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
+        return await asyncio.wait_for(asyncio.wrap_future(self.submit_turn(batch)), bound)
+
+    def offered(self) -> list[ToolInfo]:
+        """The checked declarations this loop offers now, in registration order."""
+        result: list[ToolInfo] = self.ref.ask(_Offered(), block=True, timeout=self._settings.ask_timeout_s)
+        return result
+
+    def declarations(self, dialect: Dialect = "neutral") -> list[dict[str, Any]]:
+        """:meth:`offered` in a provider's format (see :mod:`rho_actors.formats`)."""
+        return [to_dialect(info, dialect) for info in self.offered()]
+
+    def set_withheld(self, names: Iterable[str]) -> None:
+        """Replace the set of tool names this loop does not offer (from its next turn)."""
+        self.ref.ask(_SetWithheld(frozenset(names)), timeout=self._settings.ask_timeout_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; calls still running get ``cancelled`` results."""
+        try:
+            self.ref.stop(timeout=timeout_s)
+        except pykka.ActorDeadError:
+            pass
+
+    @property
+    def alive(self) -> bool:
+        return self.ref.is_alive()

@@ -1,0 +1,167 @@
+"""The ToolRegistry actor: registered tools, and the tool set loops read (DESIGN §6: permanent).
+
+Registration asks the DeclarationActor for the tool's checked declaration, refuses a
+second tool with a name already taken (both origins named: no last-writer-wins), and
+publishes a new immutable :class:`ToolSet`. Loops read the current set without a
+message round trip, the way Erlang code reads ``persistent_term``: the registry is the
+only writer and every published set is frozen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import pykka
+from jsonschema import Draft202012Validator
+
+from rho_actors.arguments import make_validator
+from rho_actors.declarations import DeclarationActor, Rejected, describe_origin
+from rho_actors.tool import ToolInfo
+
+__all__ = ["DuplicateToolError", "Registration", "ToolEntry", "ToolRegistry", "ToolSet", "ToolSetView"]
+
+_ASK_TIMEOUT_S = 60.0
+
+
+class DuplicateToolError(ValueError):
+    """A registration refused because another registered tool has the same name."""
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What :meth:`ActorSystem.register` did: ``info`` is the checked declaration, or
+    ``None`` when the tool is left out (``reason`` says why)."""
+
+    origin: str
+    info: ToolInfo | None
+    reason: str | None = None
+
+    @property
+    def offered(self) -> bool:
+        return self.info is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEntry:
+    """A registered tool with a checked declaration and its compiled argument validator."""
+
+    tool: Any
+    info: ToolInfo
+    validator: Draft202012Validator
+    origin: str
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSet:
+    """One published state of the registry.
+
+    ``entries``: name -> :class:`ToolEntry` of every tool that may be offered, in
+    registration order; ``unavailable``: name -> why a known name is not offered
+    (its declaration failed its checks, or it was unregistered).
+    """
+
+    version: int = 0
+    entries: Mapping[str, ToolEntry] = field(default_factory=lambda: _EMPTY)
+    unavailable: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+
+class ToolSetView:
+    """The registry's latest :class:`ToolSet`; ``current`` is replaced whole, never mutated."""
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current = ToolSet()
+
+
+@dataclass(slots=True)
+class _Slot:
+    tool: Any
+    origin: str
+    outcome: ToolInfo | Rejected
+    validator: Draft202012Validator | None
+
+
+class ToolRegistry(pykka.ThreadingActor):
+    """Registered tools by name; publishes a :class:`ToolSet` to ``view`` on each change."""
+
+    use_daemon_thread = True
+
+    def __init__(self, declarations: pykka.ActorRef[DeclarationActor], view: ToolSetView) -> None:
+        super().__init__()
+        self._declarations = declarations.proxy()
+        self._view = view
+        self._slots: dict[str, _Slot] = {}  # by name (a valid name, offered or not)
+        self._nameless: dict[int, _Slot] = {}  # rejected tools whose name is unreadable
+        self._removed: dict[str, str] = {}
+
+    def register(self, tool: Any, origin: str | None = None) -> Registration:
+        """Check and add ``tool``; registering the same object again re-reads it.
+
+        Raises :class:`DuplicateToolError` when another tool holds its name.
+        """
+        origin = origin or describe_origin(tool)
+        outcome: ToolInfo | Rejected = self._declarations.check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
+        name = outcome.name
+        if name is None:
+            self._nameless[id(tool)] = _Slot(tool, origin, outcome, None)
+            assert isinstance(outcome, Rejected)
+            return Registration(origin, None, outcome.reason)
+        held = self._slots.get(name)
+        if held is not None and held.tool is not tool:
+            raise DuplicateToolError(
+                f"tool name {name!r} is already registered by {held.origin}; refused {origin} "
+                f"(unregister the first to replace it)"
+            )
+        validator = make_validator(outcome.parameter_schema) if isinstance(outcome, ToolInfo) else None
+        self._slots[name] = _Slot(tool, origin, outcome, validator)
+        self._removed.pop(name, None)
+        self._publish()
+        if isinstance(outcome, ToolInfo):
+            return Registration(origin, outcome)
+        return Registration(origin, None, outcome.reason)
+
+    def unregister(self, name_or_tool: Any) -> bool:
+        """Remove a tool by name or by object. Returns whether anything was removed."""
+        if isinstance(name_or_tool, str):
+            slot = self._slots.pop(name_or_tool, None)
+            name = name_or_tool
+        else:
+            name = next((n for n, s in self._slots.items() if s.tool is name_or_tool), "")
+            slot = self._slots.pop(name, None) or self._nameless.pop(id(name_or_tool), None)
+        if slot is None:
+            return False
+        self._declarations.forget(slot.tool)
+        if name:
+            self._removed[name] = f"tool {name!r} was unregistered"
+        self._publish()
+        return True
+
+    def registrations(self) -> list[Registration]:
+        """Every registered tool, offered or not, in registration order."""
+        return [
+            Registration(s.origin, s.outcome, None)
+            if isinstance(s.outcome, ToolInfo)
+            else Registration(s.origin, None, s.outcome.reason)
+            for s in [*self._slots.values(), *self._nameless.values()]
+        ]
+
+    def _publish(self) -> None:
+        entries: dict[str, ToolEntry] = {}
+        unavailable = dict(self._removed)
+        for name, slot in self._slots.items():
+            if isinstance(slot.outcome, ToolInfo) and slot.validator is not None:
+                entries[name] = ToolEntry(slot.tool, slot.outcome, slot.validator, slot.origin)
+            else:
+                assert isinstance(slot.outcome, Rejected)
+                reason = slot.outcome.reason
+                unavailable[name] = f"tool {name!r} is not offered: its declaration failed its checks ({reason})"
+        self._view.current = ToolSet(
+            self._view.current.version + 1, MappingProxyType(entries), MappingProxyType(unavailable)
+        )

@@ -1,0 +1,232 @@
+"""The tool contract: what a tool exposes, what a call is, and what a call returns.
+
+A tool is any module, class or object with the required callbacks::
+
+    name() -> str
+    description() -> str
+    parameter_schema() -> dict        # JSON Schema of the arguments object
+    run(args: dict[str, Any], ctx: Mapping[str, Any]) -> result
+
+and optionally ``timeout_ms() -> int`` (default :data:`DEFAULT_TIMEOUT_MS`),
+``concurrency() -> "parallel" | "exclusive"`` (default ``"parallel"``) and
+``selftest() -> Ok | Error``. The contract is DESIGN.md §2, translated from the
+``Rho.Tool`` behaviour of an Elixir agent runtime.
+
+Example::
+
+    class Add:
+        @staticmethod
+        def name(): return "add"
+        @staticmethod
+        def description(): return "Add two integers."
+        @staticmethod
+        def parameter_schema():
+            return {"type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"]}
+        @staticmethod
+        def run(args, ctx): return args["a"] + args["b"]
+
+    assert is_tool(Add) and concurrency(Add) == "parallel"
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "REQUIRED_CALLBACKS",
+    "Concurrency",
+    "Details",
+    "Error",
+    "ErrorKind",
+    "Image",
+    "Ok",
+    "ToolCall",
+    "ToolInfo",
+    "ToolResult",
+    "concurrency",
+    "default_timeout_ms",
+    "is_tool",
+    "missing_callbacks",
+    "timeout_ms",
+]
+
+DEFAULT_TIMEOUT_MS = 30_000
+"""The per-call timeout, in milliseconds, of a tool without ``timeout_ms()``."""
+
+REQUIRED_CALLBACKS = ("name", "description", "parameter_schema", "run")
+
+Concurrency = Literal["parallel", "exclusive"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    """A successful tool result: ``output`` is given to the model (a ``str`` as it is,
+    anything else JSON-encoded)."""
+
+    output: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """A failed tool result the tool chose to return: ``reason`` is given to the model
+    (a ``str`` as it is, anything else JSON-encoded). The result's kind is ``raised``."""
+
+    reason: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Details:
+    """Output for the model plus ``details`` for the host's screens only.
+
+    ``Details(output, details)`` may stand alone (it counts as ``Ok``) or inside
+    ``Ok``. ``details`` is handed to the host untouched in :attr:`ToolResult.details`
+    and never goes to the model.
+    """
+
+    output: Any
+    details: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Image:
+    """A picture for the model: raw bytes and their MIME type (``"image/png"``...).
+
+    Return it alone, or in a list beside text parts; it ends up in
+    :attr:`ToolResult.images`, the text parts in :attr:`ToolResult.content`.
+    """
+
+    data: bytes
+    mime_type: str = "image/png"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInfo:
+    """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
+
+    ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of
+    the tool's JSON Schema (Draft 2020-12, top level ``"type": "object"``).
+    """
+
+    name: str
+    description: str
+    parameter_schema: dict[str, Any]
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+    concurrency: Concurrency = "parallel"
+
+
+class ErrorKind(enum.StrEnum):
+    """Why a call failed (DESIGN §4). ``retryable`` says whether the same call,
+    repeated unchanged, may succeed."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    UNKNOWN_TOOL = "unknown_tool"
+    WITHHELD = "withheld"
+    UNAVAILABLE = "unavailable"
+    TIMEOUT = "timeout"
+    RAISED = "raised"
+    EXITED = "exited"
+    CRASHED = "crashed"
+    MEMORY = "memory"
+    OUTPUT_LIMIT = "output_limit"
+    CANCELLED = "cancelled"
+
+    @property
+    def retryable(self) -> bool:
+        return self in _RETRYABLE
+
+
+_RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call from the model.
+
+    ``arguments`` is the model's raw JSON text (decoded strictly: a JSON object, nothing
+    repaired) or an already decoded mapping with string keys (as Anthropic's
+    ``tool_use.input`` is).
+    """
+
+    id: str
+    name: str
+    arguments: str | Mapping[str, Any] = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """Exactly one per call id.
+
+    ``content`` is the text for the model; ``error_kind`` is ``None`` when ``ok``;
+    ``details`` is for the host only; ``images`` are :class:`Image` values;
+    ``duration_ms`` is the wall time from the call's start (its dispatch to a
+    CallActor) to its result, in milliseconds (0.0 for a call refused before dispatch).
+    """
+
+    call_id: str
+    name: str
+    ok: bool
+    content: str
+    error_kind: ErrorKind | None = None
+    details: Any = None
+    images: tuple[Image, ...] = field(default=())
+    duration_ms: float = 0.0
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same call, repeated unchanged, may succeed (see :class:`ErrorKind`)."""
+        return self.error_kind is not None and self.error_kind.retryable
+
+
+def missing_callbacks(obj: Any) -> list[str]:
+    """The required callbacks ``obj`` lacks (not callable attributes count as missing)."""
+    return [cb for cb in REQUIRED_CALLBACKS if not callable(getattr(obj, cb, None))]
+
+
+def is_tool(obj: Any) -> bool:
+    """Whether ``obj`` (a module, class or object) exports the required callbacks
+    ``name``, ``description``, ``parameter_schema`` and ``run``."""
+    return not missing_callbacks(obj)
+
+
+def default_timeout_ms() -> int:
+    """The per-call timeout of a tool without ``timeout_ms()``: 30 000 ms."""
+    return DEFAULT_TIMEOUT_MS
+
+
+def timeout_ms(tool: Any) -> int:
+    """The tool's per-call timeout in milliseconds: its ``timeout_ms()`` when that
+    returns a positive ``int``, else :func:`default_timeout_ms` (a raise included).
+
+    Reads the tool in the caller's thread; use it only on trusted tools.
+    """
+    cb = getattr(tool, "timeout_ms", None)
+    if not callable(cb):
+        return DEFAULT_TIMEOUT_MS
+    try:
+        value = cb()
+    except Exception:
+        return DEFAULT_TIMEOUT_MS
+    return value if type(value) is int and value > 0 else DEFAULT_TIMEOUT_MS
+
+
+def concurrency(tool: Any) -> Concurrency:
+    """The tool's concurrency: ``"exclusive"`` only when its ``concurrency()`` returns
+    exactly that string; anything else, a raise included, is ``"parallel"``.
+
+    Reads the tool in the caller's thread; use it only on trusted tools.
+    """
+    cb = getattr(tool, "concurrency", None)
+    if not callable(cb):
+        return "parallel"
+    try:
+        value = cb()
+    except Exception:
+        return "parallel"
+    return "exclusive" if type(value) is str and value == "exclusive" else "parallel"
