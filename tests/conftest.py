@@ -1,0 +1,72 @@
+"""Shared fixtures: a fresh ActorSystem per test, and helpers that wait with a bound."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loguru import logger
+
+from rho_actors import ActorSystem
+
+WAIT_S = 10.0
+"""Upper bound on any wait in the tests: reaching it means a failure, never a pass."""
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
+    """Poll ``predicate`` until true or ``timeout_s``; returns its last value."""
+    until = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > until:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def extra_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    """Threads alive now that were not in ``before``, after giving them up to WAIT_S to end."""
+    for thread in set(threading.enumerate()) - before:
+        thread.join(WAIT_S)
+    return [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[ActorSystem]:
+    sys_ = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
+    try:
+        yield sys_
+    finally:
+        sys_.stop()
+
+
+@pytest.fixture
+def logs() -> Iterator[list[str]]:
+    """Messages rho_actors logs during the test (loguru enabled for its duration)."""
+    seen: list[str] = []
+    logger.enable("rho_actors")
+    sink = logger.add(lambda m: seen.append(m.record["message"]), level="DEBUG")
+    try:
+        yield seen
+    finally:
+        logger.remove(sink)
+        logger.disable("rho_actors")
+
+
+class Recorder:
+    """Collects call events from a system subscription."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Any) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def kinds(self, call_id: str) -> list[str]:
+        with self._lock:
+            return [e.kind for e in self.events if e.call_id == call_id]
