@@ -10,7 +10,7 @@ Example::
 
     >>> decode_arguments('{"a": 1}{"a": 2}')
     Traceback (most recent call last):
-    ArgumentsError: arguments are not valid JSON: Extra data at line 1 column 9 (char 8)
+    ArgumentsError: arguments are not valid JSON: Extra data: line 1 column 9 (char 8)
 """
 
 from __future__ import annotations
@@ -107,14 +107,14 @@ def decode_arguments(arguments: str | Mapping[str, Any], max_depth: int = DEFAUL
     if isinstance(arguments, Mapping):
         value = dict(arguments)
     elif isinstance(arguments, (str, bytes, bytearray)):
-        text = arguments if isinstance(arguments, str) else bytes(arguments).decode("utf-8", "replace")
         try:
+            text = arguments if isinstance(arguments, str) else bytes(arguments).decode("utf-8")
             value = _DECODER.decode(text)
         except RecursionError:
             raise ArgumentsError(
                 ErrorKind.INVALID_JSON, f"arguments are not valid JSON: nested deeper than {max_depth} levels"
             ) from None
-        except ValueError as err:
+        except ValueError as err:  # UnicodeDecodeError included: JSON text is UTF-8 (RFC 8259)
             raise ArgumentsError(ErrorKind.INVALID_JSON, f"arguments are not valid JSON: {err}") from None
         if not isinstance(value, dict):
             raise ArgumentsError(

@@ -124,14 +124,16 @@ class AbandonedThreads:
 @dataclass(frozen=True, slots=True)
 class CallSpec:
     """Everything a CallActor needs: the tool, its decoded arguments, the ``ctx`` it
-    gets, the ``deadline`` (a ``time.monotonic()`` instant, seconds) and ``reply``,
-    called exactly once with the result, from the CallActor's thread."""
+    gets, when it was dispatched and its ``deadline`` (``time.monotonic()`` instants,
+    seconds) and ``reply``, called exactly once with the result, from the CallActor's
+    thread."""
 
     call_id: str
     name: str
     tool: Any
     args: dict[str, Any]
     ctx: Mapping[str, Any]
+    dispatched: float
     deadline: float
     cancel: CancelToken
     max_output_chars: int
@@ -202,22 +204,29 @@ async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: Cancel
 
 
 class CallActor(pykka.ThreadingActor):
-    """Runs one call in its own thread, replies once, then stops (restart type
-    ``temporary``: never restarted; a crash is a result).
+    """Runs one call (the first :class:`CallSpec` told to it) in its own thread,
+    replies once, then stops (restart type ``temporary``: never restarted; a crash is a
+    result). It may be started ahead of its call, as a spare (see
+    :class:`rho_actors.supervisor.DynamicSupervisor`), but never runs a second call.
 
     Its thread is a daemon thread, so an abandoned call cannot keep the process alive.
     """
 
     use_daemon_thread = True
 
-    def __init__(self, spec: CallSpec, on_exit: Callable[[pykka.ActorRef[Any]], None] | None = None) -> None:
+    def __init__(self, on_exit: Callable[[pykka.ActorRef[Any]], None] | None = None) -> None:
         super().__init__()
-        self.spec = spec
         self._on_exit = on_exit
 
-    def on_start(self) -> None:
-        spec = self.spec
-        started = time.monotonic()
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, CallSpec) and not hasattr(self, "spec"):
+            self._run(message)
+        else:
+            logger.warning("CallActor ignored {!r}: it runs exactly one CallSpec", message)
+
+    def _run(self, spec: CallSpec) -> None:
+        self.spec = spec
+        started = spec.dispatched
         try:
             value = spec.tool.run(spec.args, spec.ctx)
             if asyncio.iscoroutine(value):
@@ -230,11 +239,8 @@ class CallActor(pykka.ThreadingActor):
         if spec.cancel.finish():
             spec.abandoned.returned()
             logger.info("abandoned call {} of tool {} returned; its result is discarded", spec.call_id, spec.name)
-        try:
-            spec.reply(result)
-        except BaseException:
-            logger.exception("reply of call {} failed", spec.call_id)
-        self.stop()
+        self._result = result
+        self.stop()  # the reply goes from on_stop: the loop wakes to a thread with nothing left to do
 
     def _failure(self, exc: BaseException, started: float) -> ToolResult:
         spec = self.spec
@@ -258,3 +264,9 @@ class CallActor(pykka.ThreadingActor):
     def on_stop(self) -> None:
         if self._on_exit is not None:
             self._on_exit(self.actor_ref)
+        result = getattr(self, "_result", None)
+        if result is not None:
+            try:
+                self.spec.reply(result)
+            except BaseException:
+                logger.exception("reply of call {} failed", self.spec.call_id)

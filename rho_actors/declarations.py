@@ -19,6 +19,7 @@ A tool failing any check is left out of what loops offer, with its reason logged
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import math
 import re
@@ -83,6 +84,15 @@ def _describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+@functools.lru_cache(maxsize=1024)
+def _class_line(cls: Any) -> int | None:
+    """Where ``cls`` is defined (parsing its module's source once per class)."""
+    try:
+        return inspect.getsourcelines(cls)[1]
+    except (TypeError, OSError):
+        return None
+
+
 def describe_origin(tool: Any) -> str:
     """Where a tool comes from, for messages: ``module.qualname (file:line)`` when known."""
     target = tool if inspect.ismodule(tool) or inspect.isclass(tool) or inspect.isfunction(tool) else type(tool)
@@ -95,10 +105,14 @@ def describe_origin(tool: Any) -> str:
     if target is type(tool) and not inspect.isclass(tool):
         label += " instance"
     try:
-        where = f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
+        where = inspect.getsourcefile(target)
     except (TypeError, OSError):
-        return label
-    return f"{label} ({where})"
+        where = None
+    code = getattr(target, "__code__", None)
+    line = code.co_firstlineno if code is not None else _class_line(target) if inspect.isclass(target) else None
+    if where and line:
+        where += f":{line}"
+    return f"{label} ({where})" if where else label
 
 
 def read_declaration(tool: Any) -> dict[str, Any]:

@@ -69,10 +69,10 @@ def _jsonable(value: Any, depth: int, seen: set[int]) -> Any:
     """``value`` as plain JSON data (dict/list/str/int/float/bool/None)."""
     if value is None or value is True or value is False:
         return value
+    if isinstance(value, enum.Enum):  # before str and int: a StrEnum is a str too
+        return _jsonable(value.value, depth, seen)
     if isinstance(value, str):
         return scrub_text(str(value))
-    if isinstance(value, enum.Enum):
-        return _jsonable(value.value, depth, seen)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -111,10 +111,10 @@ def _jsonable(value: Any, depth: int, seen: set[int]) -> Any:
 
 
 def _key(key: Any) -> str:
-    if isinstance(key, str):
-        return scrub_text(str(key))
     if isinstance(key, enum.Enum):
         key = key.value
+    if isinstance(key, str):
+        return scrub_text(str(key))
     if key is None or isinstance(key, (bool, int, float)):
         return json.dumps(key)
     if isinstance(key, (decimal.Decimal, uuid.UUID, pathlib.PurePath, datetime.date, datetime.time)):
@@ -149,7 +149,7 @@ def encode_output(value: Any, max_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> Enco
     else:
         try:
             text = json.dumps(_jsonable(value, 0, set()), ensure_ascii=False, allow_nan=False)
-        except Exception:
+        except BaseException:  # a model_dump that raises or exits is the tool's output too
             text, is_repr = REPR_MARK + _safe_repr(value), True
     capped, truncated = cap_text(text, max_chars)
     return EncodedOutput(capped, is_repr, truncated, len(text))

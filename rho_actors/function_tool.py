@@ -24,8 +24,10 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
+import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, overload
@@ -60,7 +62,7 @@ class FunctionTool:
         signature = inspect.signature(func)
         self._wants_ctx = _CTX in signature.parameters
         fields: dict[str, Any] = {}
-        hints = _type_hints(func)
+        hints = _type_hints(func, exclude=_CTX)
         for param in signature.parameters.values():
             if param.name == _CTX:
                 continue
@@ -88,7 +90,7 @@ class FunctionTool:
         return self._description
 
     def parameter_schema(self) -> dict[str, Any]:
-        return dict(self._schema)
+        return copy.deepcopy(self._schema)
 
     def timeout_ms(self) -> int:
         return self._timeout_ms
@@ -116,11 +118,20 @@ class FunctionTool:
         return f"<tool {self._name} from {self.func.__module__}.{self.func.__qualname__}>"
 
 
-def _type_hints(func: Callable[..., Any]) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(func, include_extras=True)
-    except Exception:
-        return {k: v for k, v in getattr(func, "__annotations__", {}).items() if not isinstance(v, str)}
+def _type_hints(func: Callable[..., Any], exclude: str) -> dict[str, Any]:
+    """The resolved annotations of ``func``, one by one, so that one unresolvable
+    annotation (say ``ctx``'s, imported only under ``TYPE_CHECKING``) spoils nothing else."""
+    annotations = {k: v for k, v in getattr(func, "__annotations__", {}).items() if k != exclude}
+    hints: dict[str, Any] = {}
+    for name, annotation in annotations.items():
+        holder = types.SimpleNamespace(__annotations__={name: annotation})
+        try:
+            hints[name] = typing.get_type_hints(
+                holder, globalns=getattr(func, "__globals__", None), include_extras=True
+            )[name]
+        except Exception as err:
+            raise TypeError(f"@tool {func.__name__}: cannot resolve the annotation of {name!r}: {err}") from err
+    return hints
 
 
 @overload

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import itertools
 import time
 from collections import deque
@@ -31,11 +30,11 @@ import pykka
 from loguru import logger
 
 from rho_actors.arguments import ArgumentsError, decode_arguments, violations
-from rho_actors.call import AbandonedThreads, CallActor, CallSpec, CancelToken, error_result
+from rho_actors.call import AbandonedThreads, CallSpec, CancelToken, error_result
 from rho_actors.events import CallEvent, EventBus
 from rho_actors.formats import Dialect, to_dialect
 from rho_actors.registry import ToolEntry, ToolSet, ToolSetView
-from rho_actors.supervisor import StartChild
+from rho_actors.supervisor import Spares
 from rho_actors.timers import Timer, Timers
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 
@@ -126,7 +125,7 @@ class LoopActor(pykka.ThreadingActor):
         deps: Any,
         withheld: frozenset[str],
         tools: ToolSetView,
-        calls: pykka.ActorRef[Any],
+        calls: Spares,
         timers: Timers,
         events: EventBus,
         abandoned: AbandonedThreads,
@@ -251,13 +250,19 @@ class LoopActor(pykka.ThreadingActor):
             }
         )
         spec = CallSpec(
-            slot.call.id, entry.info.name, entry.tool, args, ctx, deadline, cancel,
+            slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, cancel,
             self._settings.max_output_chars, reply, self._abandoned,
         )
         slot.started, slot.cancel = now, cancel
         slot.timer = self._timers.call_at(deadline, lambda: _tell(ref, _Deadline(turn_id, index)))
         self._emit("started", slot, None)
-        self._calls.tell(StartChild(CallActor, (spec,), cancel=functools.partial(cancel.cancel, "stopping")))
+        try:
+            self._calls.take().tell(spec)
+        except (pykka.ActorDeadError, pykka.Timeout):
+            slot.timer.cancel()
+            self._settle(turn, slot, error_result(
+                slot.call.id, entry.info.name, ErrorKind.CANCELLED, "the system is stopping; the call did not start"
+            ))
 
     def _call_done(self, message: _CallDone) -> None:
         turn = self._turns.get(message.turn)
@@ -301,6 +306,7 @@ class LoopActor(pykka.ThreadingActor):
         results = [slot.result for slot in turn.slots]
         assert all(r is not None for r in results)
         turn.future.set_result(results)  # type: ignore[arg-type]
+        self._calls.replenish()
 
     def _fail_open(self, turn: _Turn, kind: ErrorKind, message: str) -> None:
         """Give every call of ``turn`` still without a result an error result."""

@@ -31,13 +31,13 @@ import pykka
 from loguru import logger
 
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
-from rho_actors.call import AbandonedThreads
+from rho_actors.call import AbandonedThreads, CallActor
 from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, DeclarationActor
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus
 from rho_actors.loop import Loop, LoopActor, LoopSettings
 from rho_actors.registry import Registration, ToolRegistry, ToolSetView
-from rho_actors.supervisor import DynamicSupervisor, StartChild
+from rho_actors.supervisor import DynamicSupervisor, Spares, StartChild
 from rho_actors.timers import Timers
 from rho_actors.tool import ToolInfo, missing_callbacks
 
@@ -54,7 +54,9 @@ class ActorSystem:
     temporary folder); ``max_output_chars`` caps each result's text (characters);
     ``max_argument_depth`` and ``max_schema_depth`` bound nesting of call arguments and
     parameter schemas; ``shutdown_ms`` is how long running calls get to stop on
-    :meth:`stop` (milliseconds) before their threads are abandoned.
+    :meth:`stop` (milliseconds) before their threads are abandoned; ``spare_calls``
+    CallActors are kept started ahead of need (each still runs exactly one call), which
+    takes a thread start off each call's path.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class ActorSystem:
         max_argument_depth: int = DEFAULT_MAX_ARGUMENT_DEPTH,
         max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
         shutdown_ms: int = 5_000,
+        spare_calls: int = 4,
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -74,11 +77,12 @@ class ActorSystem:
         self._tools = ToolSetView()
         self._timers = Timers()
         self._stopped = False
+        self._ask_timeout_s = 60.0
         self._declarations = DeclarationActor.start(max_schema_depth)
         self._registry: pykka.ActorRef[ToolRegistry] = ToolRegistry.start(self._declarations, self._tools)
-        self._calls = DynamicSupervisor.start("CallSupervisor", shutdown_ms)
+        self._calls = DynamicSupervisor.start("CallSupervisor", shutdown_ms, StartChild(CallActor), spare_calls)
+        self._spare_calls: Spares = self._calls.proxy().spare_pool.get(timeout=self._ask_timeout_s)
         self._loops = DynamicSupervisor.start("LoopSupervisor", shutdown_ms)
-        self._ask_timeout_s = 60.0
 
     # --- tools --------------------------------------------------------------------------
 
@@ -145,7 +149,7 @@ class ActorSystem:
             deps=deps,
             withheld=frozenset(withheld),
             tools=self._tools,
-            calls=self._calls,
+            calls=self._spare_calls,
             timers=self._timers,
             events=self._events,
             abandoned=self._abandoned,

@@ -28,17 +28,19 @@ __all__ = ["Timer", "Timers"]
 
 
 class Timer:
-    """A pending timer; :meth:`cancel` stops it from firing (a no-op once fired)."""
+    """A pending timer; :meth:`cancel` stops it from firing (a no-op once fired).
+    ``cancelled`` is true once it can no longer fire."""
 
-    __slots__ = ("_callback", "cancelled", "when")
+    __slots__ = ("_callback", "_owner", "cancelled", "when")
 
-    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+    def __init__(self, owner: Timers, when: float, callback: Callable[[], None]) -> None:
+        self._owner = owner
         self.when = when
         self._callback = callback
         self.cancelled = False
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self._owner._cancel(self)
 
 
 class Timers:
@@ -49,13 +51,14 @@ class Timers:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stopped = False
+        self._dead = 0  # cancelled timers still in the heap
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
         """Run ``callback()`` on the timer thread at ``when`` (a ``time.monotonic()``
         instant, seconds). Raises ``RuntimeError`` once stopped."""
-        timer = Timer(when, callback)
+        timer = Timer(self, when, callback)
         with self._cond:
             if self._stopped:
                 raise RuntimeError("timers are stopped")
@@ -76,6 +79,19 @@ class Timers:
 
         return self.call_at(time.monotonic() + delay_s, deliver)
 
+    def _cancel(self, timer: Timer) -> None:
+        """Cancel a pending timer; drop all cancelled ones once they are most of the
+        heap, so that short calls with long deadlines do not pile up."""
+        with self._cond:
+            if timer.cancelled:
+                return
+            timer.cancelled = True
+            self._dead += 1
+            if self._dead > 1024 and self._dead * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+                heapq.heapify(self._heap)
+                self._dead = 0
+
     def _serve(self) -> None:
         while True:
             with self._cond:
@@ -85,11 +101,14 @@ class Timers:
                 if self._stopped:
                     return
                 _, _, timer = heapq.heappop(self._heap)
-            if not timer.cancelled:
-                try:
-                    timer._callback()
-                except Exception:
-                    logger.exception("timer callback raised")
+                if timer.cancelled:
+                    self._dead -= 1
+                    continue
+                timer.cancelled = True  # fired: a later cancel() is a no-op
+            try:
+                timer._callback()
+            except Exception:
+                logger.exception("timer callback raised")
 
     def pending(self) -> int:
         """How many timers are waiting (cancelled ones included until they are due)."""

@@ -211,7 +211,7 @@ def timeout_ms(tool: Any) -> int:
         return DEFAULT_TIMEOUT_MS
     try:
         value = cb()
-    except Exception:
+    except BaseException:  # a raise, or an exit, means the default
         return DEFAULT_TIMEOUT_MS
     return value if type(value) is int and value > 0 else DEFAULT_TIMEOUT_MS
 
@@ -227,6 +227,6 @@ def concurrency(tool: Any) -> Concurrency:
         return "parallel"
     try:
         value = cb()
-    except Exception:
+    except BaseException:  # a raise, or an exit, means "parallel"
         return "parallel"
     return "exclusive" if type(value) is str and value == "exclusive" else "parallel"

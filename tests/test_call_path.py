@@ -96,7 +96,9 @@ def test_arguments_may_be_a_decoded_mapping(loop: Any) -> None:
         ("[" * 200_000 + "]" * 200_000, "not valid JSON"),
     ],
 )
-def test_bad_json_is_refused_and_the_tool_never_runs(loop: Any, counter: Counter, arguments: str, fragment: str) -> None:
+def test_bad_json_is_refused_and_the_tool_never_runs(
+    loop: Any, counter: Counter, arguments: str, fragment: str
+) -> None:
     result = one(loop, arguments)
     assert result.error_kind is ErrorKind.INVALID_JSON
     assert fragment in result.content

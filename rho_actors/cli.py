@@ -1,0 +1,107 @@
+"""The ``rho-actors`` command line.
+
+Commands (argparse subcommands; each command group registers itself in
+:func:`build_parser` through an ``_add_<group>`` function, so new groups such as
+``selftest``, ``tree`` or ``chat`` are added as siblings)::
+
+    rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
+                           [--limit N] [--json]
+
+Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
+a result or a state differed other than through a listed rejection), 2 usage error or
+a missing optional dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {value}")
+    return value
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def _add_replay(commands: Any) -> None:
+    replay = commands.add_parser("replay", help="replay recorded conversations through the runtime")
+    targets = replay.add_subparsers(dest="target", metavar="TARGET", required=True)
+
+    # light: bfcl_eval itself is imported only when a replay runs
+    from rho_actors.bfcl import CATEGORIES
+
+    bfcl = targets.add_parser(
+        "bfcl",
+        help="replay BFCL's multi-turn ground truth against its real backends",
+        description=(
+            "Replay the Berkeley Function Calling Leaderboard's multi-turn conversations through "
+            "an ActorSystem and compare every result and final state with direct execution. "
+            "Needs: pip install --no-deps bfcl-eval==2026.3.23 mpmath"
+        ),
+    )
+    bfcl.add_argument("--category", choices=CATEGORIES, default="base", help="multi-turn category (default: base)")
+    bfcl.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="replay only the first N entries")
+    bfcl.add_argument("--json", action="store_true", help="print the summary as one JSON object (no progress bar)")
+    bfcl.set_defaults(handler=_run_replay_bfcl)
+
+
+def _run_replay_bfcl(args: argparse.Namespace) -> int:
+    from rho_actors.bfcl import BfclUnavailableError, replay
+
+    try:
+        report = replay(category=args.category, limit=args.limit, progress=not args.json)
+    except BfclUnavailableError as exc:
+        print(f"rho-actors: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(report.to_json())
+    else:
+        from rich.console import Console
+
+        Console().print(report.render())
+    return report.exit_code
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``rho-actors`` argument parser: one subparser per command group."""
+    parser = argparse.ArgumentParser(
+        prog="rho-actors",
+        description="An OTP-style actor runtime for an LLM agent's tool calls.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (_add_replay,):
+        add(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit
+    code (0 ok, 1 failure found, 2 usage error or missing dependency)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(None if argv is None else list(argv))
+    except SystemExit as exc:  # argparse exits on --help and on usage errors
+        return exc.code if isinstance(exc.code, int) else 2
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

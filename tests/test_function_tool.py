@@ -1,0 +1,192 @@
+"""@tool (function_tool.py): a typed function as a tool."""
+
+import asyncio
+import datetime
+import inspect
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import pydantic
+import pytest
+
+from rho_actors import FunctionTool, ToolInfo, check_declaration, declaration, is_tool, read_declaration, tool
+
+
+@tool
+def add(a: int, b: int = 0) -> int:
+    """Add two integers.
+
+    Returns their sum.
+    """
+    return a + b
+
+
+@tool(name="weather_now", description="Weather, now.", timeout_ms=2_000, concurrency="exclusive")
+def weather(city: Annotated[str, pydantic.Field(description="City name.")], units: str = "metric") -> str:
+    """Ignored docstring."""
+    return f"{city}:{units}"
+
+
+@tool
+def when_is(when: datetime.datetime, ctx: Mapping[str, Any]) -> dict[str, Any]:
+    """Echo the type of when and the context."""
+    return {"type": type(when), "when": when, "ctx": ctx}
+
+
+@tool
+async def slow_add(a: int, b: int) -> int:
+    """Add, asynchronously."""
+    await asyncio.sleep(0)
+    return a + b
+
+
+def test_bare_decorator_makes_a_tool() -> None:
+    assert isinstance(add, FunctionTool)
+    assert is_tool(add)
+    assert add.name() == "add"
+    assert add.timeout_ms() == 30_000
+    assert add.concurrency() == "parallel"
+
+
+def test_decorator_with_options() -> None:
+    assert is_tool(weather)
+    assert weather.name() == "weather_now"
+    assert weather.description() == "Weather, now."
+    assert weather.timeout_ms() == 2_000
+    assert weather.concurrency() == "exclusive"
+
+
+def test_description_is_the_cleaned_docstring() -> None:
+    assert add.description() == "Add two integers.\n\nReturns their sum."
+
+
+def test_schema_from_the_signature() -> None:
+    schema = add.parameter_schema()
+    assert schema["type"] == "object"
+    assert schema["additionalProperties"] is False
+    assert schema["required"] == ["a"]
+    assert schema["properties"]["a"]["type"] == "integer"
+    assert schema["properties"]["b"]["type"] == "integer"
+    assert schema["properties"]["b"]["default"] == 0
+    assert "title" not in schema
+
+
+def test_annotated_field_description_is_in_the_schema() -> None:
+    schema = weather.parameter_schema()
+    assert schema["properties"]["city"]["description"] == "City name."
+    assert schema["properties"]["city"]["type"] == "string"
+    assert schema["required"] == ["city"]
+    assert schema["properties"]["units"]["default"] == "metric"
+
+
+def test_ctx_is_excluded_from_the_schema_and_receives_ctx() -> None:
+    schema = when_is.parameter_schema()
+    assert set(schema["properties"]) == {"when"}
+    assert schema["required"] == ["when"]
+    ctx = {"session_id": "s", "call_id": "c"}
+    result = when_is.run({"when": "2026-01-02T03:04:05"}, ctx)
+    assert result["ctx"] is ctx
+
+
+def test_run_converts_types() -> None:
+    result = when_is.run({"when": "2026-01-02T03:04:05"}, {})
+    assert result["type"] is datetime.datetime
+    assert result["when"] == datetime.datetime(2026, 1, 2, 3, 4, 5)
+    assert when_is.parameter_schema()["properties"]["when"]["format"] == "date-time"
+
+
+def test_run_uses_defaults_and_ignores_ctx_when_not_wanted() -> None:
+    assert add.run({"a": 2}, {"session_id": "s"}) == 2
+    assert add.run({"a": 2, "b": 3}, {}) == 5
+    assert weather.run({"city": "Oslo"}, {}) == "Oslo:metric"
+
+
+def test_run_refuses_arguments_the_types_refuse() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        add.run({"a": "not a number"}, {})
+    with pytest.raises(pydantic.ValidationError):
+        add.run({"a": 1, "c": 2}, {})
+    with pytest.raises(pydantic.ValidationError):
+        add.run({}, {})
+
+
+def test_async_run_returns_a_coroutine_giving_the_value() -> None:
+    coro = slow_add.run({"a": 2, "b": 5}, {})
+    assert inspect.iscoroutine(coro)
+    assert asyncio.run(coro) == 7
+    assert slow_add.parameter_schema()["required"] == ["a", "b"]
+
+
+def test_decorated_object_is_still_callable_like_the_function() -> None:
+    assert add(1, 2) == 3
+    assert add(a=4) == 4
+    assert weather("Rome", units="imperial") == "Rome:imperial"
+    assert asyncio.run(slow_add(1, 1)) == 2
+    assert add.__name__ == "add"
+    assert add.__doc__ is not None and add.__doc__.startswith("Add two integers.")
+    assert add.func.__name__ == "add"
+    assert "add" in repr(add)
+
+
+def test_var_positional_is_refused() -> None:
+    def f(*args: int) -> None:
+        """Doc."""
+
+    with pytest.raises(TypeError, match=r"@tool f: parameter 'args' must be a plain keyword parameter"):
+        tool(f)
+
+
+def test_var_keyword_is_refused() -> None:
+    def g(a: int, **kwargs: int) -> None:
+        """Doc."""
+
+    with pytest.raises(TypeError, match=r"@tool g: parameter 'kwargs' must be a plain keyword parameter"):
+        tool(g)
+
+
+def test_positional_only_is_refused() -> None:
+    def h(a: int, /, b: int) -> None:
+        """Doc."""
+
+    with pytest.raises(TypeError, match=r"@tool h: parameter 'a' must be a plain keyword parameter"):
+        tool(h)
+    with pytest.raises(TypeError, match=r"@tool named: parameter 'a'"):
+        tool(name="named")(h)
+
+
+def test_keyword_only_is_allowed() -> None:
+    @tool
+    def k(*, a: int) -> int:
+        """Doc."""
+        return a
+
+    assert k.run({"a": 3}, {}) == 3
+    assert k.parameter_schema()["required"] == ["a"]
+
+
+@pytest.mark.parametrize("t", [add, weather, when_is, slow_add])
+def test_tool_passes_its_declaration_checks(t: FunctionTool) -> None:
+    info = check_declaration(read_declaration(t))
+    assert info == ToolInfo(t.name(), t.description(), t.parameter_schema(), t.timeout_ms(), t.concurrency())
+    assert declaration(t, "openai") is not None
+
+
+def test_tool_without_docstring_fails_the_description_check() -> None:
+    @tool
+    def nodoc(a: int) -> int:
+        return a
+
+    assert nodoc.description() == ""
+    assert declaration(nodoc) is None
+
+
+def test_ctx_annotation_does_not_affect_other_parameters() -> None:
+    # A ctx annotated with a name only imported under TYPE_CHECKING (a common pattern) must
+    # not cost the other parameters their types: "a datetime parameter gets a datetime".
+    @tool
+    def late(when: "datetime.datetime", ctx: "NotImportedHere") -> Any:  # type: ignore[name-defined]  # noqa: F821
+        """Doc."""
+        return when
+
+    assert late.parameter_schema()["properties"]["when"].get("format") == "date-time"
+    assert late.run({"when": "2026-01-02T03:04:05"}, {}) == datetime.datetime(2026, 1, 2, 3, 4, 5)

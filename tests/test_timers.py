@@ -1,0 +1,79 @@
+"""The timer service behind deadlines: order, cancellation, compaction, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pykka
+import pytest
+
+from rho_actors.timers import Timers
+
+from .conftest import WAIT_S
+
+
+@pytest.fixture
+def timers() -> Timers:
+    t = Timers()
+    yield t
+    t.stop()
+
+
+def test_timers_fire_in_deadline_order(timers: Timers) -> None:
+    fired: list[int] = []
+    done = threading.Event()
+    now = time.monotonic()
+    for i in (3, 1, 2):
+        timers.call_at(now + i * 0.01, lambda i=i: fired.append(i))
+    timers.call_at(now + 0.05, done.set)
+    assert done.wait(WAIT_S)
+    assert fired == [1, 2, 3]
+
+
+def test_a_cancelled_timer_never_fires_and_cancelling_a_fired_one_is_harmless(timers: Timers) -> None:
+    fired: list[str] = []
+    done = threading.Event()
+    now = time.monotonic()
+    doomed = timers.call_at(now + 0.01, lambda: fired.append("doomed"))
+    doomed.cancel()
+    kept = timers.call_at(now + 0.01, lambda: fired.append("kept"))
+    timers.call_at(now + 0.03, done.set)
+    assert done.wait(WAIT_S)
+    kept.cancel()
+    assert fired == ["kept"]
+
+
+def test_cancelled_timers_are_dropped_from_the_heap(timers: Timers) -> None:
+    far = time.monotonic() + 3600
+    handles = [timers.call_at(far, lambda: None) for _ in range(5000)]
+    for handle in handles:
+        handle.cancel()
+    assert timers.pending() < 2048
+
+
+def test_send_after_tells_an_actor_and_ignores_a_dead_one(timers: Timers) -> None:
+    got = threading.Event()
+
+    class Sink(pykka.ThreadingActor):
+        def on_receive(self, message: object) -> None:
+            if message == "ping":
+                got.set()
+
+    ref = Sink.start()
+    timers.send_after(0.01, ref, "ping")
+    assert got.wait(WAIT_S)
+    ref.stop()
+    done = threading.Event()
+    timers.send_after(0.0, ref, "ping")  # dead by now: dropped, the timer thread lives on
+    timers.call_at(time.monotonic() + 0.01, done.set)
+    assert done.wait(WAIT_S)
+
+
+def test_stop_ends_the_thread_and_refuses_new_timers() -> None:
+    timers = Timers()
+    timers.call_at(time.monotonic() + 3600, lambda: None)
+    timers.stop()
+    assert not timers._thread.is_alive()
+    with pytest.raises(RuntimeError, match="stopped"):
+        timers.call_at(time.monotonic(), lambda: None)
