@@ -11,10 +11,12 @@ and p99 of its samples; nothing here asserts a timing):
    p99 in microseconds. Target (issue #2): rho_actors p50 / bare-pykka p50 <= 2x.
 2. **Parallel turn.** The wall time of one turn of 16 calls of a ``"parallel"`` tool that
    sleeps 100 ms, next to the ideal 100 ms. Target (issue #2): p50 / 100 ms <= 1.5x.
-3. **BFCL replay.** :func:`rho_actors.bfcl.replay` of ``multi_turn_base``: the summed
-   wall time of ``run_turn`` (``ReplayReport.replay_wall_s``) against the summed time of
-   executing the same calls directly (``ReplayReport.direct_wall_s``). Target (issue #2):
-   replay / direct <= 10x. Skipped, with the reason printed, when ``rho_actors.bfcl`` or
+3. **BFCL replay.** :func:`rho_actors.bfcl.replay` of ``multi_turn_base``, whole
+   sessions (``ReplayReport.replay_sessions_wall_s``: backends built, loop started, turns
+   run, loop stopped) against direct execution of the same sessions
+   (``direct_sessions_wall_s``: backends built, calls made). Target (issue #2):
+   replay / direct <= 10x. The calls-only ratio (summed ``run_turn`` against summed
+   direct calls) is printed beside it. Skipped, with the reason printed, when
    ``bfcl_eval`` is missing.
 
 Targets are reported as PASS/FAIL, never enforced: the exit code is 0 unless a
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import math
 import os
@@ -39,7 +40,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -306,33 +307,17 @@ def skipped(reason: str) -> dict[str, Any]:
 
 
 def bench_bfcl(plan: Plan) -> dict[str, Any]:
+    from rho_actors import bfcl
+
     try:
-        from rho_actors import bfcl
-    except Exception as exc:  # missing, or mid-edit
-        return skipped(f"rho_actors.bfcl cannot be imported ({type(exc).__name__}: {exc})")
-    replay: Callable[..., Any] | None = getattr(bfcl, "replay", None)
-    if replay is None:
-        return skipped("rho_actors.bfcl has no replay()")
-    try:
-        installed = importlib.util.find_spec("bfcl_eval") is not None
-    except (ImportError, ValueError):
-        installed = False
-    if not installed:
-        hint = getattr(bfcl, "INSTALL_HINT", "pip install bfcl-eval")
-        return skipped(f"bfcl_eval is not installed ({hint})")
-    unavailable: type[BaseException] = getattr(bfcl, "BfclUnavailableError", ImportError)
-    try:
-        replay(category="base", limit=3, progress=False)  # warm-up: imports, data, first calls
-        reports = [replay(category="base", limit=plan.bfcl_limit, progress=False) for _ in range(plan.bfcl_runs)]
-    except unavailable as exc:
+        bfcl.replay(category="base", limit=3, progress=False)  # warm-up: imports, data, first calls
+        reports = [bfcl.replay(category="base", limit=plan.bfcl_limit, progress=False) for _ in range(plan.bfcl_runs)]
+    except bfcl.BfclUnavailableError as exc:
         return skipped(f"BFCL is unavailable ({exc})")
-    missing = [f for f in ("replay_wall_s", "direct_wall_s") if not hasattr(reports[0], f)]
-    if missing:
-        return skipped(f"ReplayReport has no {', '.join(missing)}")
     if any(r.direct_wall_s <= 0 or r.replay_wall_s <= 0 for r in reports):
         raise BenchmarkError("the BFCL replay measured no time (no calls replayed?)")
-    ratios = [r.replay_wall_s / r.direct_wall_s for r in reports]
-    ratio = percentile(ratios, 50)
+    ratio = percentile([r.replay_sessions_wall_s / r.direct_sessions_wall_s for r in reports], 50)
+    calls_ratio = percentile([r.replay_wall_s / r.direct_wall_s for r in reports], 50)
     last = reports[-1]
     out: dict[str, Any] = {
         "skipped": False,
@@ -343,16 +328,15 @@ def bench_bfcl(plan: Plan) -> dict[str, Any]:
         "calls": last.calls,
         "replay_wall_s": summary([r.replay_wall_s for r in reports], 4),
         "direct_wall_s": summary([r.direct_wall_s for r in reports], 4),
+        "replay_sessions_wall_s": summary([r.replay_sessions_wall_s for r in reports], 4),
+        "direct_sessions_wall_s": summary([r.direct_sessions_wall_s for r in reports], 4),
+        "calls_ratio": round(calls_ratio, 3),
         "ratio": round(ratio, 3),
         "target": BFCL_TARGET,
         "pass": ratio <= BFCL_TARGET,
     }
-    overhead = getattr(last, "overhead_us", None)
-    if isinstance(overhead, Mapping):
-        out["overhead_us"] = dict(overhead)
-    exit_code = getattr(last, "exit_code", None)
-    if exit_code is not None:
-        out["replay_exit_code"] = exit_code
+    out["overhead_us"] = dict(last.overhead_us)
+    out["replay_exit_code"] = last.exit_code
     return out
 
 
@@ -401,8 +385,15 @@ def print_text(report: Mapping[str, Any]) -> None:
         return
     scope = "all entries" if b["limit"] is None else f"first {b['limit']} entries"
     print(f"   {scope}: {b['sessions']} sessions, {b['calls']} calls; {b['runs']} run(s), medians")
-    print(f"   replay (run_turn) {b['replay_wall_s']['p50']:.4f} s, direct {b['direct_wall_s']['p50']:.4f} s")
-    print(ratio_line("replay / direct (median of runs)", b))
+    print(
+        f"   whole sessions: replay {b['replay_sessions_wall_s']['p50']:.4f} s, "
+        f"direct {b['direct_sessions_wall_s']['p50']:.4f} s (backends built, loop started and stopped)"
+    )
+    print(
+        f"   calls only: replay (run_turn) {b['replay_wall_s']['p50']:.4f} s, "
+        f"direct {b['direct_wall_s']['p50']:.4f} s, ratio {b['calls_ratio']:.2f}x"
+    )
+    print(ratio_line("replay / direct, whole sessions (median of runs)", b))
     o = b.get("overhead_us")
     if o and o.get("n"):
         print(f"   per-call overhead (dispatch to result) p50 / p99: {o['p50']} / {o['p99']} us   n={o['n']}")

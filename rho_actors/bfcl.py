@@ -608,8 +608,13 @@ class ReplayReport:
 
     Times: ``replay_wall_s`` is the sum over turns of the wall time of
     ``loop.run_turn`` (seconds); ``direct_wall_s`` the sum over calls of the direct
-    method call plus BFCL formatting (seconds); ``total_wall_s`` the whole replay
-    (loading, instance building, system start and stop included).
+    method call plus BFCL formatting (seconds). Whole sessions:
+    ``replay_sessions_wall_s`` adds to the turns each session's set-up and tear-down
+    through the runtime (building its backend instances, ``start_loop``,
+    ``set_withheld``, ``loop.stop``); ``direct_sessions_wall_s`` adds to the direct calls
+    the building of the direct instances, which is all direct execution needs.
+    ``total_wall_s`` is the whole replay (loading data, registering tools, both sides,
+    the comparisons, system start and stop).
 
     Per-call overhead, in microseconds, for each call the runtime ran (refused calls
     excluded): ``overhead_us`` = the call's wall time in the runtime, from its
@@ -636,6 +641,8 @@ class ReplayReport:
     tools_registered: int = 0
     replay_wall_s: float = 0.0
     direct_wall_s: float = 0.0
+    replay_sessions_wall_s: float = 0.0
+    direct_sessions_wall_s: float = 0.0
     total_wall_s: float = 0.0
     overhead_samples_us: list[float] = field(default_factory=list, repr=False)
     turn_overhead_samples_us: list[float] = field(default_factory=list, repr=False)
@@ -690,6 +697,8 @@ class ReplayReport:
             "tools_registered": self.tools_registered,
             "replay_wall_s": round(self.replay_wall_s, 6),
             "direct_wall_s": round(self.direct_wall_s, 6),
+            "replay_sessions_wall_s": round(self.replay_sessions_wall_s, 6),
+            "direct_sessions_wall_s": round(self.direct_sessions_wall_s, 6),
             "total_wall_s": round(self.total_wall_s, 6),
             "overhead_us": self.overhead_us,
             "turn_overhead_us": self.turn_overhead_us,
@@ -724,6 +733,8 @@ class ReplayReport:
             ("sessions with identical state", f"{self.sessions_identical_state}/{self.sessions}"),
             ("replay wall time", f"{self.replay_wall_s:.3f} s (run_turn)"),
             ("direct wall time", f"{self.direct_wall_s:.3f} s"),
+            ("replay wall time, whole sessions", f"{self.replay_sessions_wall_s:.3f} s"),
+            ("direct wall time, whole sessions", f"{self.direct_sessions_wall_s:.3f} s"),
             ("total wall time", f"{self.total_wall_s:.3f} s"),
             ("overhead per call (dispatch to result)", us(self.overhead_us)),
             ("overhead per call (whole turn)", us(self.turn_overhead_us)),
@@ -942,8 +953,12 @@ class _Session:
     ) -> None:
         self.system, self.entry, self.functions, self.validators = system, entry, functions, validators
         self.report, self.withhold_excluded, self.clock = report, withhold_excluded, clock
+        t0 = time.perf_counter()
         self.runtime_instances = build_instances(entry)
+        t1 = time.perf_counter()
         self.direct_instances = build_instances(entry)
+        report.replay_sessions_wall_s += t1 - t0
+        report.direct_sessions_wall_s += time.perf_counter() - t1
         self.rejected = False
         self.withheld: set[str] = set()
 
@@ -951,18 +966,24 @@ class _Session:
         entry, report = self.entry, self.report
         report.sessions += 1
         self.withheld = self._withheld(0)
+        t0 = time.perf_counter()
         loop = self.system.start_loop(session_id=entry.id, withheld=sorted(self.withheld), deps=self.runtime_instances)
+        report.replay_sessions_wall_s += time.perf_counter() - t0
         try:
             for turn_index, turn in enumerate(entry.ground_truth):
                 report.turns += 1
                 withheld = self._withheld(turn_index)
                 if withheld != self.withheld:
+                    t0 = time.perf_counter()
                     loop.set_withheld(sorted(withheld))
+                    report.replay_sessions_wall_s += time.perf_counter() - t0
                     self.withheld = withheld
                 if turn:
                     self._turn(loop, turn_index, turn)
         finally:
+            t0 = time.perf_counter()
             loop.stop()
+            report.replay_sessions_wall_s += time.perf_counter() - t0
         self._compare_states()
 
     def _withheld(self, turn_index: int) -> set[str]:
@@ -990,6 +1011,7 @@ class _Session:
             turn_error = f"run_turn raised {type(exc).__name__}: {exc}"
         turn_wall = time.perf_counter() - t0
         report.replay_wall_s += turn_wall
+        report.replay_sessions_wall_s += turn_wall
 
         direct = [self._direct(p) for p in planned]
         by_id = {r.call_id: r for r in results}
@@ -1013,6 +1035,7 @@ class _Session:
         text, raised = execute_direct(instance, p.name, p.direct_args)
         elapsed = time.perf_counter() - t0
         self.report.direct_wall_s += elapsed
+        self.report.direct_sessions_wall_s += elapsed
         return _Direct(text, raised, elapsed)
 
     def _compare(self, turn_index: int, p: _PlannedCall, d: _Direct, result: ToolResult) -> bool:

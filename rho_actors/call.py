@@ -239,8 +239,11 @@ class CallActor(pykka.ThreadingActor):
         if spec.cancel.finish():
             spec.abandoned.returned()
             logger.info("abandoned call {} of tool {} returned; its result is discarded", spec.call_id, spec.name)
-        self._result = result
-        self.stop()  # the reply goes from on_stop: the loop wakes to a thread with nothing left to do
+        try:
+            spec.reply(result)
+        except BaseException:
+            logger.exception("reply of call {} failed", spec.call_id)
+        self.stop()
 
     def _failure(self, exc: BaseException, started: float) -> ToolResult:
         spec = self.spec
@@ -264,9 +267,4 @@ class CallActor(pykka.ThreadingActor):
     def on_stop(self) -> None:
         if self._on_exit is not None:
             self._on_exit(self.actor_ref)
-        result = getattr(self, "_result", None)
-        if result is not None:
-            try:
-                self.spec.reply(result)
-            except BaseException:
-                logger.exception("reply of call {} failed", self.spec.call_id)
+

@@ -23,6 +23,7 @@ import functools
 import inspect
 import math
 import re
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,7 +110,11 @@ def describe_origin(tool: Any) -> str:
     except (TypeError, OSError):
         where = None
     code = getattr(target, "__code__", None)
-    line = code.co_firstlineno if code is not None else _class_line(target) if inspect.isclass(target) else None
+    line: int | None = None
+    if code is not None:
+        line = code.co_firstlineno
+    elif inspect.isclass(target):
+        line = _class_line(typing.cast(Any, target))
     if where and line:
         where += f":{line}"
     return f"{label} ({where})" if where else label
