@@ -99,6 +99,7 @@ class _Slot:
     started: float = 0.0
     cancel: CancelToken | None = None
     timer: Timer | None = None
+    actor: pykka.ActorRef[Any] | None = None
 
 
 @dataclass(slots=True)
@@ -257,7 +258,8 @@ class LoopActor(pykka.ThreadingActor):
         slot.timer = self._timers.call_at(deadline, lambda: _tell(ref, _Deadline(turn_id, index)))
         self._emit("started", slot, None)
         try:
-            self._calls.take().tell(spec)
+            slot.actor = self._calls.take()
+            slot.actor.tell(spec)
         except (pykka.ActorDeadError, pykka.Timeout):
             slot.timer.cancel()
             self._settle(turn, slot, error_result(
@@ -284,6 +286,8 @@ class LoopActor(pykka.ThreadingActor):
         timeout = slot.entry.info.timeout_ms
         if slot.cancel.cancel("timeout"):
             self._abandoned.abandoned()
+            if slot.actor is not None:
+                self._calls.abandon(slot.actor)
         result = error_result(
             slot.call.id, slot.entry.info.name, ErrorKind.TIMEOUT,
             f"tool {slot.entry.info.name!r} did not finish within its timeout of {timeout} ms; it was cancelled",

@@ -55,9 +55,12 @@ class _Children:
 class Spares:
     """Children started ahead of need; :meth:`take` is safe from any thread."""
 
-    def __init__(self, supervisor: pykka.ActorRef[DynamicSupervisor], spec: StartChild) -> None:
+    def __init__(
+        self, supervisor: pykka.ActorRef[DynamicSupervisor], spec: StartChild, children: dict[str, Any]
+    ) -> None:
         self._idle: collections.deque[pykka.ActorRef[Any]] = collections.deque()
         self._supervisor = supervisor
+        self._children = children
         self.spec = spec
 
     def take(self) -> pykka.ActorRef[Any]:
@@ -69,6 +72,11 @@ class Spares:
         except IndexError:
             ref: pykka.ActorRef[Any] = self._supervisor.ask(self.spec, block=True, timeout=_SHUTDOWN_MS / 1000)
             return ref
+
+    def abandon(self, ref: pykka.ActorRef[Any]) -> None:
+        """Stop supervising a child that was given up on (a call past its deadline): the
+        supervisor's shutdown no longer waits for it."""
+        self._children.pop(ref.actor_urn, None)
 
     def replenish(self) -> None:
         """Ask the supervisor to start spares up to its count again (asynchronously)."""
@@ -99,7 +107,7 @@ class DynamicSupervisor(pykka.ThreadingActor):
         self._shutdown_ms = shutdown_ms
         self._children: dict[str, pykka.ActorRef[Any]] = {}
         self._spares = spares
-        self.spare_pool = Spares(self.actor_ref, spare) if spare is not None else None
+        self.spare_pool = Spares(self.actor_ref, spare, self._children) if spare is not None else None
         self.abandoned = 0
 
     def on_start(self) -> None:
