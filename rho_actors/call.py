@@ -25,7 +25,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from rho_actors.encoding import encode_output
+from rho_actors.encoding import describe_exception, encode_output
 from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolResult
 
 __all__ = [
@@ -141,14 +141,6 @@ class CallSpec:
     abandoned: AbandonedThreads
 
 
-def _describe(exc: BaseException) -> str:
-    try:
-        text = str(exc)
-    except BaseException:
-        text = "<str() raised>"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def error_result(call_id: str, name: str, kind: ErrorKind, message: str, duration_ms: float = 0.0) -> ToolResult:
     """An error :class:`ToolResult` with ``message`` as the model's text."""
     return ToolResult(call_id, name, False, message, kind, None, (), duration_ms)
@@ -162,7 +154,7 @@ def result_from_exception(
         kind, verb = ErrorKind.RAISED, "raised"
     else:
         kind, verb = ErrorKind.EXITED, "exited with"
-    text = encode_output(f"tool {name!r} {verb} {_describe(exc)}", max_chars).text
+    text = encode_output(f"tool {name!r} {verb} {describe_exception(exc)}", max_chars).text
     return error_result(call_id, name, kind, text, duration_ms)
 
 

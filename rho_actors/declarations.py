@@ -32,6 +32,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from loguru import logger
 
+from rho_actors.encoding import describe_exception
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolInfo
 
 __all__ = [
@@ -75,14 +76,6 @@ class _Raised:
     """A callback that raised while its declaration was read."""
 
     description: str
-
-
-def _describe_exception(exc: BaseException) -> str:
-    try:
-        text = str(exc)
-    except BaseException:
-        text = "<str() raised>"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @functools.lru_cache(maxsize=1024)
@@ -136,7 +129,7 @@ def read_declaration(tool: Any) -> dict[str, Any]:
         try:
             raw[cb_name] = cb()
         except BaseException as exc:
-            raw[cb_name] = _Raised(_describe_exception(exc))
+            raw[cb_name] = _Raised(describe_exception(exc))
     return raw
 
 

@@ -30,7 +30,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_OUTPUT_CHARS", "REPR_MARK", "EncodedOutput", "encode_output", "scrub_text"]
+__all__ = [
+    "DEFAULT_MAX_OUTPUT_CHARS",
+    "REPR_MARK",
+    "EncodedOutput",
+    "cap_text",
+    "describe_exception",
+    "encode_output",
+    "scrub_text",
+]
 
 DEFAULT_MAX_OUTPUT_CHARS = 100_000
 """Default cap, in characters, on the text one result gives the model."""
@@ -120,6 +128,16 @@ def _key(key: Any) -> str:
     if isinstance(key, (decimal.Decimal, uuid.UUID, pathlib.PurePath, datetime.date, datetime.time)):
         return str(_jsonable(key, 0, set()))
     raise _Unencodable(f"dict key of type {type(key).__qualname__}")
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"TypeName: message"`` (``"TypeName"`` when the message is empty) for an
+    exception, even one whose ``__str__`` raises."""
+    try:
+        text = scrub_text(str(exc))
+    except BaseException:  # an exception whose __str__ raises, or exits
+        text = "<str() raised>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _safe_repr(value: Any) -> str:

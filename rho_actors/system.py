@@ -71,6 +71,7 @@ class ActorSystem:
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._sessions_dir = (self.data_dir / "sessions").resolve()
         self._settings = LoopSettings(max_output_chars, max_argument_depth)
         self._events = EventBus()
         self._abandoned = AbandonedThreads()
@@ -138,10 +139,7 @@ class ActorSystem:
                 f"session id {session_id!r} is not allowed: use 1-128 of A-Z a-z 0-9 _ . @ : -, "
                 "starting with a letter, digit or _, and no '..'"
             )
-        root = (self.data_dir / "sessions").resolve()
-        session_dir = (root / session_id).resolve()
-        if session_dir.parent != root:
-            raise ValueError(f"session id {session_id!r} would escape {root}")
+        session_dir = self._sessions_dir / session_id  # the pattern admits no separator and no ".."
         session_dir.mkdir(parents=True, exist_ok=True)
         kwargs = dict(
             session_id=session_id,
