@@ -22,7 +22,7 @@ def slow() -> str:
     return "never seen"
 
 
-with ActorSystem(data_dir=tempfile.mkdtemp()) as system:
+with tempfile.TemporaryDirectory() as data_dir, ActorSystem(data_dir=data_dir) as system:
     system.register(add)
     system.register(slow)
     loop = system.start_loop("session-1")

@@ -72,7 +72,10 @@ def _run_replay_bfcl(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        Console().print(report.render())
+        console = Console()
+        if not console.is_terminal:  # a log or a pipe: no 80-column wrapping of long lines
+            console = Console(width=160)
+        console.print(report.render())
     return report.exit_code
 
 
