@@ -22,9 +22,9 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pykka
 from loguru import logger
 
+from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception, encode_output
 from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolResult
 
@@ -195,7 +195,7 @@ async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: Cancel
     return await asyncio.wait_for(task, max(0.0, deadline - time.monotonic()))
 
 
-class CallActor(pykka.ThreadingActor):
+class CallActor(Actor):
     """Runs one call (the first :class:`CallSpec` told to it) in its own thread,
     replies once, then stops (restart type ``temporary``: never restarted; a crash is a
     result). It may be started ahead of its call, as a spare (see
@@ -203,12 +203,6 @@ class CallActor(pykka.ThreadingActor):
 
     Its thread is a daemon thread, so an abandoned call cannot keep the process alive.
     """
-
-    use_daemon_thread = True
-
-    def __init__(self, on_exit: Callable[[pykka.ActorRef[Any]], None] | None = None) -> None:
-        super().__init__()
-        self._on_exit = on_exit
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, CallSpec) and not hasattr(self, "spec"):
@@ -231,11 +225,19 @@ class CallActor(pykka.ThreadingActor):
         if spec.cancel.finish():
             spec.abandoned.returned()
             logger.info("abandoned call {} of tool {} returned; its result is discarded", spec.call_id, spec.name)
-        try:
-            spec.reply(result)
-        except BaseException:
-            logger.exception("reply of call {} failed", spec.call_id)
+        self._result = result
         self.stop()
+
+    def _actor_loop(self) -> None:
+        super()._actor_loop()
+        # The reply goes last, once this actor has ended and been forgotten: the loop's
+        # thread then takes the GIL from a thread that has nothing left to do.
+        result: ToolResult | None = getattr(self, "_result", None)
+        if result is not None:
+            try:
+                self.spec.reply(result)
+            except BaseException:
+                logger.exception("reply of call {} failed", self.spec.call_id)
 
     def _failure(self, exc: BaseException, started: float) -> ToolResult:
         spec = self.spec
@@ -256,7 +258,4 @@ class CallActor(pykka.ThreadingActor):
         except BaseException:
             return error_result(spec.call_id, spec.name, ErrorKind.RAISED, f"tool {spec.name!r} raised", duration_ms)
 
-    def on_stop(self) -> None:
-        if self._on_exit is not None:
-            self._on_exit(self.actor_ref)
 

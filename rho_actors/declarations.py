@@ -27,15 +27,16 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-import pykka
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from loguru import logger
 
+from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolInfo
 
 __all__ = [
+    "DECLARATIONS",
     "DEFAULT_MAX_SCHEMA_DEPTH",
     "NAME_PATTERN",
     "DeclarationActor",
@@ -231,21 +232,26 @@ def _schema_problems(schema: Any, max_depth: int) -> list[str]:
     return []
 
 
-class DeclarationActor(pykka.ThreadingActor):
+DECLARATIONS = "declarations"
+"""The name the DeclarationActor is registered under in its system."""
+
+
+class DeclarationActor(Actor):
     """Owns the checked-declaration cache (DESIGN §3, §6: permanent).
 
     Each tool's declaration is read and checked once, in this actor's thread, and kept
     for the tool's life: until :meth:`forget` (unregistration) or a re-read with
     ``fresh=True`` (a re-registration, its code may have changed). A rejection's reason
-    is logged once, when it is found.
+    is logged once, when it is found. ``cache`` is kept by the system, so a restarted
+    DeclarationActor starts with every checked declaration.
     """
 
-    use_daemon_thread = True
-
-    def __init__(self, max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> None:
+    def __init__(
+        self, cache: dict[int, tuple[Any, ToolInfo | Rejected]], max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH
+    ) -> None:
         super().__init__()
         self._max_schema_depth = max_schema_depth
-        self._cache: dict[int, tuple[Any, ToolInfo | Rejected]] = {}
+        self._cache = cache
 
     def check(self, tool: Any, fresh: bool = False) -> ToolInfo | Rejected:
         """The tool's checked declaration, or why it is left out. Never raises."""

@@ -29,6 +29,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
+from rho_actors.actor import Actor
 from rho_actors.arguments import ArgumentsError, decode_arguments, violations
 from rho_actors.call import AbandonedThreads, CallSpec, CancelToken, error_result
 from rho_actors.events import CallEvent, EventBus
@@ -38,9 +39,14 @@ from rho_actors.supervisor import Spares
 from rho_actors.timers import Timer, Timers
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 
-__all__ = ["Loop", "LoopActor", "LoopSettings"]
+__all__ = ["Loop", "LoopActor", "LoopSettings", "loop_name"]
 
 _MAX_NAMES_LISTED = 40
+
+
+def loop_name(session_id: str) -> str:
+    """The name a session's LoopActor is registered under (``whereis``)."""
+    return f"loop:{session_id}"
 _GRACE_S = 10.0
 
 
@@ -87,6 +93,11 @@ class _Offered:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class _Running:
+    pass
+
+
 # --- turn state -----------------------------------------------------------------------
 
 
@@ -112,11 +123,9 @@ class _Turn:
     open: int = 0
 
 
-class LoopActor(pykka.ThreadingActor):
+class LoopActor(Actor):
     """One agent session: runs its turns (DESIGN §4). Start it through
     :meth:`rho_actors.ActorSystem.start_loop`, which returns a :class:`Loop`."""
-
-    use_daemon_thread = True
 
     def __init__(
         self,
@@ -131,7 +140,7 @@ class LoopActor(pykka.ThreadingActor):
         events: EventBus,
         abandoned: AbandonedThreads,
         settings: LoopSettings,
-        on_exit: Callable[[pykka.ActorRef[Any]], None] | None = None,
+        whereis: Callable[[str], pykka.ActorRef[Any] | None],
     ) -> None:
         super().__init__()
         self.session_id = session_id
@@ -145,7 +154,7 @@ class LoopActor(pykka.ThreadingActor):
         self._events = events
         self._abandoned = abandoned
         self._settings = settings
-        self._on_exit = on_exit
+        self._whereis = whereis
         self._turns: dict[int, _Turn] = {}
         self._turn_ids = itertools.count(1)
 
@@ -160,12 +169,28 @@ class LoopActor(pykka.ThreadingActor):
             self._run_turn(message)
         elif isinstance(message, _Offered):
             return [e.info for e in self._offered(self._tools.current)]
+        elif isinstance(message, _Running):
+            return self._running()
         elif isinstance(message, _SetWithheld):
             self._withheld = message.names
             self._withheld_list = tuple(sorted(message.names))
         else:
             logger.warning("loop {} ignored an unknown message {!r}", self.session_id, message)
         return None
+
+    def _running(self) -> list[dict[str, Any]]:
+        """The calls running now: ``call_id``, ``tool`` and ``ms_left`` to the deadline."""
+        now = time.monotonic()
+        return [
+            {
+                "call_id": slot.call.id,
+                "tool": slot.entry.info.name,
+                "ms_left": round((slot.started + slot.entry.info.timeout_ms / 1000 - now) * 1000, 1),
+            }
+            for turn in self._turns.values()
+            for slot in turn.slots
+            if slot.entry is not None and slot.started and slot.result is None
+        ]
 
     def _offered(self, tools: ToolSet) -> list[ToolEntry]:
         return [e for name, e in tools.entries.items() if name not in self._withheld]
@@ -248,6 +273,7 @@ class LoopActor(pykka.ThreadingActor):
                 "deadline": deadline,
                 "cancel": cancel,
                 "deps": self._deps,
+                "whereis": self._whereis,
             }
         )
         spec = CallSpec(
@@ -343,14 +369,13 @@ class LoopActor(pykka.ThreadingActor):
             self._maybe_finish(turn)
 
     def on_stop(self) -> None:
-        self._close(ErrorKind.CANCELLED, "the session stopped before this call finished")
-        if self._on_exit is not None:
-            self._on_exit(self.actor_ref)
+        if self._exit_cause is None:
+            self._close(ErrorKind.CANCELLED, "the session stopped before this call finished")
+        else:  # killed, or exited: a crash of the loop, not of the calls
+            self._close(ErrorKind.CRASHED, "the session's loop crashed before this call finished")
 
     def on_failure(self, *exc_info: Any) -> None:
         self._close(ErrorKind.CRASHED, "the session's loop crashed before this call finished")
-        if self._on_exit is not None:
-            self._on_exit(self.actor_ref)
 
 
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
@@ -370,13 +395,28 @@ class Loop:
         assert results[0].content == "3"
     """
 
-    def __init__(self, ref: pykka.ActorRef[LoopActor], session_id: str, data_dir: Path, tools: ToolSetView,
-                 settings: LoopSettings) -> None:
-        self.ref = ref
+    def __init__(
+        self,
+        session_id: str,
+        data_dir: Path,
+        whereis: Callable[[str], pykka.ActorRef[Any] | None],
+        tools: ToolSetView,
+        settings: LoopSettings,
+    ) -> None:
         self.session_id = session_id
         self.data_dir = data_dir
+        self._whereis = whereis
         self._tools = tools
         self._settings = settings
+
+    @property
+    def ref(self) -> pykka.ActorRef[Any]:
+        """The session's LoopActor now (a restart by its supervisor gives a new one).
+        Raises ``pykka.ActorDeadError`` when the loop has stopped."""
+        ref = self._whereis(loop_name(self.session_id))
+        if ref is None:
+            raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running")
+        return ref
 
     def submit_turn(self, calls: Iterable[ToolCall]) -> concurrent.futures.Future[list[ToolResult]]:
         """Start a turn without waiting: returns a future of the results, one per call,
@@ -431,12 +471,18 @@ class Loop:
         self.ref.ask(_SetWithheld(frozenset(names)), timeout=self._settings.ask_timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the loop; calls still running get ``cancelled`` results."""
+        """Stop the loop (a normal exit: not restarted); calls still running get
+        ``cancelled`` results."""
         try:
             self.ref.stop(timeout=timeout_s)
         except pykka.ActorDeadError:
             pass
 
+    def running(self) -> list[dict[str, Any]]:
+        """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""
+        result: list[dict[str, Any]] = self.ref.ask(_Running(), block=True, timeout=self._settings.ask_timeout_s)
+        return result
+
     @property
     def alive(self) -> bool:
-        return self.ref.is_alive()
+        return self._whereis(loop_name(self.session_id)) is not None

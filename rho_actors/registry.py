@@ -1,5 +1,8 @@
 """The ToolRegistry actor: registered tools, and the tool set loops read (DESIGN §6: permanent).
 
+Its state lives in a :class:`RegistryState` the system keeps (as an OTP process keeps
+an ETS table with an heir), so a registry restarted by its supervisor loses no tool.
+
 Registration asks the DeclarationActor for the tool's checked declaration, refuses a
 second tool with a name already taken (both origins named: no last-writer-wins), and
 publishes a new immutable :class:`ToolSet`. Loops read the current set without a
@@ -14,14 +17,22 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import pykka
 from jsonschema import Draft202012Validator
 
+from rho_actors.actor import Actor, Names
 from rho_actors.arguments import make_validator
-from rho_actors.declarations import DeclarationActor, Rejected, describe_origin
+from rho_actors.declarations import DECLARATIONS, Rejected, describe_origin
 from rho_actors.tool import ToolInfo
 
-__all__ = ["DuplicateToolError", "Registration", "ToolEntry", "ToolRegistry", "ToolSet", "ToolSetView"]
+__all__ = [
+    "DuplicateToolError",
+    "Registration",
+    "RegistryState",
+    "ToolEntry",
+    "ToolRegistry",
+    "ToolSet",
+    "ToolSetView",
+]
 
 _ASK_TIMEOUT_S = 60.0
 
@@ -88,18 +99,34 @@ class _Slot:
     validator: Draft202012Validator | None
 
 
-class ToolRegistry(pykka.ThreadingActor):
-    """Registered tools by name; publishes a :class:`ToolSet` to ``view`` on each change."""
+@dataclass(slots=True)
+class RegistryState:
+    """The registry's durable state: ``slots`` by name (a valid name, offered or not),
+    ``nameless`` rejected tools whose name is unreadable, ``removed`` names with why."""
 
-    use_daemon_thread = True
+    slots: dict[str, _Slot] = field(default_factory=dict)
+    nameless: dict[int, _Slot] = field(default_factory=dict)
+    removed: dict[str, str] = field(default_factory=dict)
 
-    def __init__(self, declarations: pykka.ActorRef[DeclarationActor], view: ToolSetView) -> None:
+
+class ToolRegistry(Actor):
+    """Registered tools by name; publishes a :class:`ToolSet` to ``view`` on each change.
+    It reaches the DeclarationActor by its name ``"declarations"`` in ``names``."""
+
+    def __init__(self, names: Names, view: ToolSetView, state: RegistryState) -> None:
         super().__init__()
-        self._declarations = declarations.proxy()
+        self._names = names
         self._view = view
-        self._slots: dict[str, _Slot] = {}  # by name (a valid name, offered or not)
-        self._nameless: dict[int, _Slot] = {}  # rejected tools whose name is unreadable
-        self._removed: dict[str, str] = {}
+        self._state = state
+        self._slots = state.slots
+        self._nameless = state.nameless
+        self._removed = state.removed
+
+    def _declarations(self) -> Any:
+        ref = self._names.whereis(DECLARATIONS)
+        if ref is None:
+            raise RuntimeError("the DeclarationActor is not running (it is being restarted); try again")
+        return ref.proxy()
 
     def register(self, tool: Any, origin: str | None = None) -> Registration:
         """Check and add ``tool``; registering the same object again re-reads it.
@@ -107,7 +134,7 @@ class ToolRegistry(pykka.ThreadingActor):
         Raises :class:`DuplicateToolError` when another tool holds its name.
         """
         origin = origin or describe_origin(tool)
-        outcome: ToolInfo | Rejected = self._declarations.check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
+        outcome: ToolInfo | Rejected = self._declarations().check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
         name = outcome.name
         if name is None:
             self._nameless[id(tool)] = _Slot(tool, origin, outcome, None)
@@ -137,7 +164,7 @@ class ToolRegistry(pykka.ThreadingActor):
             slot = self._slots.pop(name, None) or self._nameless.pop(id(name_or_tool), None)
         if slot is None:
             return False
-        self._declarations.forget(slot.tool)
+        self._declarations().forget(slot.tool)
         if name:
             self._removed[name] = f"tool {name!r} was unregistered"
         self._publish()

@@ -1,45 +1,137 @@
-"""Supervision of on-demand children: the DynamicSupervisor (OTP's ``DynamicSupervisor``,
-``simple_one_for_one``), used for CallActors (``temporary``) and LoopActors.
+"""OTP supervisors for pykka actors: child specs as plain data, restart strategies,
+restart intensity with escalation, and ordered shutdown (DESIGN §6).
 
-Children are started from plain data (:class:`StartChild`: an actor class and its
-arguments), tracked in start order, and reported back to the supervisor when they stop.
-On shutdown every child is asked to stop, in reverse start order, and all of them
-together get ``shutdown_ms`` milliseconds; a child still running then is abandoned and
-logged: a thread cannot be killed (DESIGN §5), which is what ``process`` isolation is for.
+A :class:`Supervisor` starts its children from :class:`ChildSpec` values, in order, and
+monitors them (:func:`rho_actors.actor.monitor`). When a child ends:
 
-Spares. Starting an actor costs a thread start (~110 µs here, most of a no-op call's
-cost). A supervisor given ``spare=StartChild(...)`` keeps ``spares`` such children
-started ahead of need in a :class:`Spares` pool, which other actors :meth:`Spares.take`
-from without a message round trip; each taken spare is replaced from the supervisor's
-thread, off the caller's path. A spare is still a fresh actor for the one job it gets.
+- its **restart type** says whether to restart it: ``permanent`` always, ``transient``
+  only after an abnormal exit (any reason but ``"normal"``), ``temporary`` never (the
+  child is forgotten);
+- the **strategy** says what else restarts with it: ``one_for_one`` (only it),
+  ``one_for_all`` (every child: the others are stopped, in reverse start order, then all
+  started again in order), ``rest_for_one`` (it and the children started after it);
+- the **restart intensity**: more than ``max_restarts`` restarts within ``max_seconds``
+  makes the supervisor stop all its children and exit with reason
+  :class:`RestartIntensityExceeded`, which its own supervisor handles as a child's
+  failure (escalation up to the root).
+
+Shutdown stops children in reverse start order, each within its ``shutdown``
+milliseconds (then it is abandoned and logged: a thread cannot be killed, DESIGN §5) or
+at once with ``"brutal_kill"`` (told to exit and not waited for).
+
+Children may be added at run time with :meth:`Supervisor.start_child` (OTP's
+``DynamicSupervisor``). A supervisor may keep spares (:class:`Spares`): children of one
+spec started ahead of need, taken without a message round trip; each still does one job.
+
+Example::
+
+    sup = Supervisor.start([
+        ChildSpec("kv", StartChild(KvServer), restart="permanent", name="kv"),
+        ChildSpec("cache", StartChild(Cache), restart="transient", shutdown=1_000),
+    ], strategy="one_for_one", max_restarts=3, max_seconds=5)
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pykka
 from loguru import logger
 
-__all__ = ["DynamicSupervisor", "Spares", "StartChild", "children"]
+from rho_actors.actor import NORMAL, Actor, Names, kill, monitor, start_link
 
-_SHUTDOWN_MS = 5_000
+__all__ = [
+    "ChildInfo",
+    "ChildSpec",
+    "RestartIntensityExceeded",
+    "Spares",
+    "StartChild",
+    "Supervisor",
+]
+
+RestartType = Literal["permanent", "transient", "temporary"]
+Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
+STRATEGIES: tuple[Strategy, ...] = ("one_for_one", "one_for_all", "rest_for_one")
+RESTART_TYPES: tuple[RestartType, ...] = ("permanent", "transient", "temporary")
+_ASK_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
 class StartChild:
-    """A child spec: start ``actor_class(*args, on_exit=..., **kwargs)``.
+    """How to start a child: ``actor_class.start(*args, **kwargs)``, returning once its
+    ``on_start`` has run (:func:`rho_actors.actor.start_link`); the class must be a
+    :class:`rho_actors.Actor` (so it can be monitored)."""
 
-    The supervisor passes ``on_exit``, a callable the child must call from its
-    ``on_stop`` with its own ref. Sent with ``ask``, the reply is the child's ref.
-    """
-
-    actor_class: type[pykka.Actor]
+    actor_class: type[Actor]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> pykka.ActorRef[Any]:
+        return start_link(self.actor_class, *self.args, **self.kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    """A child spec (OTP's ``child_spec``), plain data.
+
+    ``id`` names the child within its supervisor; ``start`` is a :class:`StartChild` or
+    any callable returning the ref of a started :class:`rho_actors.Actor`; ``restart`` is
+    ``"permanent"``, ``"transient"`` or ``"temporary"``; ``shutdown`` is how long it gets
+    to stop, in milliseconds, or ``"brutal_kill"``; ``type`` is ``"worker"`` or
+    ``"supervisor"``; ``name``, when given, is registered for ``whereis`` on every start.
+    """
+
+    id: str
+    start: Callable[[], pykka.ActorRef[Any]]
+    restart: RestartType = "permanent"
+    shutdown: int | Literal["brutal_kill"] = 5_000
+    type: Literal["worker", "supervisor"] = "worker"
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.restart not in RESTART_TYPES:
+            raise ValueError(f"child {self.id!r}: restart must be one of {RESTART_TYPES}, got {self.restart!r}")
+        if self.shutdown != "brutal_kill" and not (type(self.shutdown) is int and self.shutdown >= 0):
+            raise ValueError(f"child {self.id!r}: shutdown must be milliseconds >= 0 or 'brutal_kill'")
+        if self.type not in ("worker", "supervisor"):
+            raise ValueError(f"child {self.id!r}: type must be 'worker' or 'supervisor', got {self.type!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildInfo:
+    """A child as :meth:`Supervisor.which_children` reports it."""
+
+    id: str
+    ref: pykka.ActorRef[Any] | None
+    type: str
+    restart: str
+    restarts: int
+    alive: bool
+
+
+class RestartIntensityExceeded(Exception):
+    """A supervisor's exit reason when its children restarted too often."""
+
+
+@dataclass(slots=True)
+class _Child:
+    key: int
+    spec: ChildSpec
+    dynamic: bool = False
+    ref: pykka.ActorRef[Any] | None = None
+    restarts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Down:
+    ref: pykka.ActorRef[Any]
+    reason: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,116 +140,289 @@ class _Replenish:
 
 
 @dataclass(frozen=True, slots=True)
-class _Children:
-    pass
+class _Forget:
+    ref: pykka.ActorRef[Any]
 
 
 class Spares:
-    """Children started ahead of need; :meth:`take` is safe from any thread."""
+    """Children of one spec started ahead of need by a supervisor (``spare=`` in
+    :class:`Supervisor`); :meth:`take` is safe from any thread. The pool outlives a
+    restart of its supervisor: the new one binds to it."""
 
-    def __init__(
-        self, supervisor: pykka.ActorRef[DynamicSupervisor], spec: StartChild, children: dict[str, Any]
-    ) -> None:
-        self._idle: collections.deque[pykka.ActorRef[Any]] = collections.deque()
-        self._supervisor = supervisor
-        self._children = children
+    def __init__(self, spec: ChildSpec, count: int) -> None:
         self.spec = spec
+        self.count = count
+        self._idle: collections.deque[pykka.ActorRef[Any]] = collections.deque()
+        self._supervisor: pykka.ActorRef[Supervisor] | None = None
 
     def take(self) -> pykka.ActorRef[Any]:
         """A started child for one job: a spare when one is idle, else one the
-        supervisor starts now. Call :meth:`replenish` when off the hot path. Raises
-        ``pykka.ActorDeadError`` once the supervisor has stopped."""
-        try:
-            return self._idle.popleft()
-        except IndexError:
-            ref: pykka.ActorRef[Any] = self._supervisor.ask(self.spec, block=True, timeout=_SHUTDOWN_MS / 1000)
-            return ref
-
-    def abandon(self, ref: pykka.ActorRef[Any]) -> None:
-        """Stop supervising a child that was given up on (a call past its deadline): the
-        supervisor's shutdown no longer waits for it."""
-        self._children.pop(ref.actor_urn, None)
+        supervisor starts now (a message round trip). Call :meth:`replenish` later, off
+        the hot path. Raises ``pykka.ActorDeadError`` when the supervisor is down."""
+        while True:
+            try:
+                ref = self._idle.popleft()
+            except IndexError:
+                break
+            if ref.is_alive():
+                return ref
+        if self._supervisor is None:
+            raise pykka.ActorDeadError("the spares' supervisor is not running")
+        started: pykka.ActorRef[Any] = self._supervisor.proxy().start_child(self.spec).get(timeout=_ASK_TIMEOUT_S)
+        return started
 
     def replenish(self) -> None:
-        """Ask the supervisor to start spares up to its count again (asynchronously)."""
-        try:
-            self._supervisor.tell(_Replenish())
-        except pykka.ActorDeadError:
-            pass
+        """Ask the supervisor to start spares up to :attr:`count` again (asynchronously)."""
+        if self._supervisor is not None:
+            try:
+                self._supervisor.tell(_Replenish())
+            except pykka.ActorDeadError:
+                pass
+
+    def abandon(self, ref: pykka.ActorRef[Any]) -> None:
+        """Stop supervising a child that was given up on (a call past its deadline): no
+        shutdown waits for it."""
+        if self._supervisor is not None:
+            try:
+                self._supervisor.tell(_Forget(ref))
+            except pykka.ActorDeadError:
+                pass
 
     def __len__(self) -> int:
         return len(self._idle)
 
 
-class DynamicSupervisor(pykka.ThreadingActor):
-    """Starts children on demand and stops them, in reverse start order, on shutdown.
+class Supervisor(Actor):
+    """Starts and supervises children (see the module doc).
 
-    ``shutdown_ms``: how long (milliseconds) the children together get to stop.
-    ``spare`` and ``spares``: keep that many children of that spec started ahead of
-    need (see :attr:`spare_pool`). Children are never restarted (``temporary``).
+    Arguments: ``children``, the static child specs, started in order; ``strategy``;
+    ``max_restarts`` restarts within ``max_seconds`` seconds (the restart intensity);
+    ``names``, where children with a ``name`` are registered; ``spares``, a
+    :class:`Spares` pool this supervisor keeps filled. ``label`` names it in logs.
+    Raises ``ValueError`` for an unknown strategy and the first start error of a child
+    (the supervisor does not start then).
     """
 
-    use_daemon_thread = True
-
     def __init__(
-        self, name: str, shutdown_ms: int = _SHUTDOWN_MS, spare: StartChild | None = None, spares: int = 0
+        self,
+        children: tuple[ChildSpec, ...] | list[ChildSpec] = (),
+        *,
+        strategy: Strategy = "one_for_one",
+        max_restarts: int = 3,
+        max_seconds: float = 5.0,
+        names: Names | None = None,
+        spares: Spares | None = None,
+        label: str = "supervisor",
     ) -> None:
         super().__init__()
-        self.name = name
-        self._shutdown_ms = shutdown_ms
-        self._children: dict[str, pykka.ActorRef[Any]] = {}
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        ids = [spec.id for spec in children]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"child ids must be unique, got {ids}")
+        self.strategy = strategy
+        self.max_restarts = max_restarts
+        self.max_seconds = max_seconds
+        self.label = label
+        self._names = names
         self._spares = spares
-        self.spare_pool = Spares(self.actor_ref, spare, self._children) if spare is not None else None
-        self.abandoned = 0
+        self._static = list(children)
+        self._lock = threading.Lock()
+        self._children: dict[int, _Child] = {}  # start order
+        self._by_urn: dict[str, int] = {}
+        self._keys = itertools.count()
+        self._restart_times: collections.deque[float] = collections.deque()
+        self.restarts = 0
+
+    # --- starting -----------------------------------------------------------------------
 
     def on_start(self) -> None:
-        if self.spare_pool is not None:
-            for _ in range(self._spares):
-                self._start_spare()
+        try:
+            for spec in self._static:
+                self._add(spec)
+        except BaseException:
+            self._shutdown_children()
+            raise
+        if self._spares is not None:
+            self._spares._supervisor = self.actor_ref
+            self._spares._idle.clear()
+            self._fill_spares()
+
+    def _add(self, spec: ChildSpec) -> _Child:
+        child = _Child(next(self._keys), spec)
+        with self._lock:
+            self._children[child.key] = child
+        self._launch(child)
+        return child
+
+    def _launch(self, child: _Child) -> None:
+        ref = child.spec.start()
+        if not issubclass(ref.actor_class, Actor):
+            ref.stop(block=False)
+            raise TypeError(f"child {child.spec.id!r}: {ref.actor_class.__name__} is not a rho_actors.Actor")
+        with self._lock:
+            child.ref = ref
+            self._by_urn[ref.actor_urn] = child.key
+        if child.spec.name is not None and self._names is not None:
+            self._names.register(child.spec.name, ref)
+        me = self.actor_ref
+        if child.spec.restart == "temporary":
+            # Forgotten when it ends: no message, so no wake-up of this supervisor per exit.
+            monitor(ref, self._forget_temporary)
+        else:
+            monitor(ref, lambda r, reason: _tell(me, _Down(r, reason)))
+
+    def _forget_temporary(self, ref: pykka.ActorRef[Any], _reason: object) -> None:
+        with self._lock:
+            key = self._by_urn.pop(ref.actor_urn, None)
+            if key is not None:
+                self._children.pop(key, None)
+
+    def _fill_spares(self) -> None:
+        assert self._spares is not None
+        while len(self._spares) < self._spares.count:
+            self._spares._idle.append(self.start_child(self._spares.spec))
+
+    def start_child(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
+        """Add and start a child at run time; returns its ref. Raises the child's start
+        error (the child is not added then)."""
+        child = _Child(next(self._keys), spec, dynamic=True)
+        self._launch(child)
+        with self._lock:
+            self._children[child.key] = child
+        assert child.ref is not None
+        return child.ref
+
+    def terminate_child(self, child_id: str) -> bool:
+        """Stop the child(ren) with this id within its shutdown and forget it; returns
+        whether one was found."""
+        with self._lock:
+            found = [c for c in self._children.values() if c.spec.id == child_id]
+            for child in found:
+                del self._children[child.key]
+        for child in found:
+            self._stop_child(child)
+        return bool(found)
+
+    def which_children(self) -> list[ChildInfo]:
+        """The children, in start order."""
+        with self._lock:
+            children = list(self._children.values())
+        return [
+            ChildInfo(c.spec.id, c.ref, c.spec.type, c.spec.restart, c.restarts, c.ref is not None and c.ref.is_alive())
+            for c in children
+        ]
+
+    # --- failures -----------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, _Replenish):
-            while self.spare_pool is not None and len(self.spare_pool) < self._spares:
-                self._start_spare()
-        elif isinstance(message, StartChild):
-            return self._start(message)
-        elif isinstance(message, _Children):
-            return list(self._children.copy().values())
+        if isinstance(message, _Down):
+            self._down(message.ref, message.reason)
+        elif isinstance(message, _Replenish):
+            if self._spares is not None:
+                self._fill_spares()
+        elif isinstance(message, _Forget):
+            self._forget_temporary(message.ref, None)
         else:
-            logger.warning("{} ignored an unknown message {!r}", self.name, message)
+            logger.warning("{} ignored an unknown message {!r}", self.label, message)
         return None
 
-    def _start(self, spec: StartChild) -> pykka.ActorRef[Any]:
-        children = self._children
+    def _down(self, ref: pykka.ActorRef[Any], reason: object) -> None:
+        with self._lock:
+            key = self._by_urn.pop(ref.actor_urn, None)
+            child = self._children.get(key) if key is not None else None
+        if child is None or child.ref is not ref:
+            return  # stopped by this supervisor, or already replaced
+        child.ref = None
+        if reason == NORMAL and child.spec.restart == "transient":
+            logger.debug("{}: transient child {} ended normally", self.label, child.spec.id)
+            return
+        logger.warning("{}: child {} ended ({}); strategy {}", self.label, child.spec.id, _reason_text(reason),
+                       self.strategy)
+        now = time.monotonic()
+        self._restart_times.append(now)
+        while self._restart_times and self._restart_times[0] < now - self.max_seconds:
+            self._restart_times.popleft()
+        if len(self._restart_times) > self.max_restarts:
+            self._shutdown_children()
+            raise RestartIntensityExceeded(
+                f"{self.label}: more than {self.max_restarts} restarts in {self.max_seconds} s "
+                f"(last: child {child.spec.id!r}, {_reason_text(reason)})"
+            )
+        with self._lock:
+            order = list(self._children.values())
+        if self.strategy == "one_for_one":
+            group = [child]
+        elif self.strategy == "one_for_all":
+            group = order
+        else:  # rest_for_one
+            group = order[order.index(child):]
+        for other in reversed(group):
+            if other is not child:
+                self._stop_child(other)
+        for member in group:
+            member.restarts += 1
+            self.restarts += 1
+            self._launch(member)
 
-        def on_exit(ref: pykka.ActorRef[Any]) -> None:
-            # Called in the child's thread; a dict pop is atomic, so no message (and no
-            # wake-up of this supervisor) is needed per exit.
-            children.pop(ref.actor_urn, None)
+    # --- shutdown -----------------------------------------------------------------------
 
-        ref = spec.actor_class.start(*spec.args, on_exit=on_exit, **spec.kwargs)
-        children[ref.actor_urn] = ref
-        if not ref.is_alive():
-            children.pop(ref.actor_urn, None)
+    def _stop_child(self, child: _Child) -> None:
+        self._await_stop(child, self._signal_stop(child))
+
+    def _signal_stop(self, child: _Child) -> pykka.ActorRef[Any] | None:
+        """Ask a child to stop; returns its ref when there is a stop to wait for."""
+        ref, child.ref = child.ref, None
+        if ref is None:
+            return None
+        with self._lock:
+            self._by_urn.pop(ref.actor_urn, None)
+        if child.spec.shutdown == "brutal_kill":
+            kill(ref, "shutdown")
+            return None
+        try:
+            ref.stop(block=False)
+        except pykka.ActorDeadError:
+            return None
         return ref
 
-    def _start_spare(self) -> None:
-        assert self.spare_pool is not None
-        self.spare_pool._idle.append(self._start(self.spare_pool.spec))
+    def _await_stop(self, child: _Child, ref: pykka.ActorRef[Any] | None, since: float | None = None) -> None:
+        if ref is None or child.spec.shutdown == "brutal_kill":
+            return
+        left = child.spec.shutdown / 1000 - (time.monotonic() - since if since is not None else 0.0)
+        if not ref.actor_stopped.wait(max(0.0, left)):
+            logger.warning("{}: child {} did not stop within {} ms; abandoned", self.label, child.spec.id,
+                           child.spec.shutdown)
+
+    def _shutdown_children(self) -> None:
+        """Dynamic children all at once (they are independent, as in OTP's
+        DynamicSupervisor), then static children one by one, in reverse start order."""
+        with self._lock:
+            children = list(self._children.values())[::-1]
+        since = time.monotonic()
+        dynamic = [(c, self._signal_stop(c)) for c in children if c.dynamic]
+        for child, ref in dynamic:
+            self._await_stop(child, ref, since)
+        for child in children:
+            if not child.dynamic:
+                self._stop_child(child)
 
     def on_stop(self) -> None:
-        children = list(self._children.copy().values())[::-1]
-        for ref in children:
-            ref.stop(block=False)
-        until = time.monotonic() + self._shutdown_ms / 1000
-        for ref in children:
-            if not ref.actor_stopped.wait(max(0.0, until - time.monotonic())):
-                self.abandoned += 1
-                logger.warning("{}: child {} did not stop within {} ms; abandoned", self.name, ref, self._shutdown_ms)
-        self._children.clear()
+        if self._spares is not None and self._spares._supervisor is self.actor_ref:
+            self._spares._supervisor = None
+        self._shutdown_children()
 
 
-def children(supervisor: pykka.ActorRef[DynamicSupervisor], timeout_s: float = 5.0) -> list[pykka.ActorRef[Any]]:
-    """The supervisor's live children, in start order."""
-    result: list[pykka.ActorRef[Any]] = supervisor.ask(_Children(), block=True, timeout=timeout_s)
-    return result
+def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass
+
+
+def _reason_text(reason: object) -> str:
+    if isinstance(reason, BaseException):
+        from rho_actors.encoding import describe_exception
+
+        return describe_exception(reason)
+    return str(reason)

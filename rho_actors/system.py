@@ -1,14 +1,20 @@
 """The ActorSystem: the root of a host's tool-call runtime (DESIGN §6).
 
-It starts, in this order, a timer service and the actors of the tree::
+Its supervision tree, started in this order and stopped in reverse::
 
-    ActorSystem (root)
-    ├── DeclarationActor    checked-declaration cache
-    ├── ToolRegistry        registered tools; publishes the tool set loops read
-    ├── CallSupervisor      CallActors (temporary: a crash is a result)
-    └── LoopSupervisor      LoopActors, one per session
+    root                    Supervisor, one_for_one
+    ├── declarations        DeclarationActor      permanent  checked-declaration cache
+    ├── registry            ToolRegistry          permanent  tools; publishes the tool set
+    ├── calls               Supervisor            permanent  CallActors: temporary
+    ├── loops               Supervisor            permanent  LoopActors: transient
+    └── servers             Supervisor            permanent  the host's own children
 
-and stops them in reverse order. Example::
+The state of the DeclarationActor and of the registry is kept by the system, so either
+one restarted by the root loses no tool and no checked declaration; calls in flight do
+not depend on them. A failure escalating past the root's restart intensity stops the
+system, with the reason logged and kept in :attr:`ActorSystem.exit_reason`.
+
+Example::
 
     with ActorSystem(data_dir="/tmp/agent") as system:
         system.register(add)
@@ -30,20 +36,22 @@ from typing import Any
 import pykka
 from loguru import logger
 
+from rho_actors.actor import NORMAL, Names, monitor, start_link
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.call import AbandonedThreads, CallActor
-from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, DeclarationActor
+from rho_actors.declarations import DECLARATIONS, DEFAULT_MAX_SCHEMA_DEPTH, DeclarationActor
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus
-from rho_actors.loop import Loop, LoopActor, LoopSettings
-from rho_actors.registry import Registration, ToolRegistry, ToolSetView
-from rho_actors.supervisor import DynamicSupervisor, Spares, StartChild
+from rho_actors.loop import Loop, LoopActor, LoopSettings, loop_name
+from rho_actors.registry import Registration, RegistryState, ToolRegistry, ToolSetView
+from rho_actors.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor
 from rho_actors.timers import Timers
 from rho_actors.tool import ToolInfo, missing_callbacks
 
 __all__ = ["ActorSystem"]
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
+REGISTRY, CALLS, LOOPS, SERVERS, ROOT = "registry", "calls", "loops", "servers", "root"
 
 
 class ActorSystem:
@@ -56,7 +64,8 @@ class ActorSystem:
     parameter schemas; ``shutdown_ms`` is how long running calls get to stop on
     :meth:`stop` (milliseconds) before their threads are abandoned; ``spare_calls``
     CallActors are kept started ahead of need (each still runs exactly one call), which
-    takes a thread start off each call's path.
+    takes a thread start off each call's path; ``max_restarts`` in ``max_seconds`` is
+    the restart intensity of the root and of the loops' supervisor.
     """
 
     def __init__(
@@ -68,6 +77,8 @@ class ActorSystem:
         max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
         shutdown_ms: int = 5_000,
         spare_calls: int = 4,
+        max_restarts: int = 3,
+        max_seconds: float = 5.0,
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -76,14 +87,43 @@ class ActorSystem:
         self._events = EventBus()
         self._abandoned = AbandonedThreads()
         self._tools = ToolSetView()
+        self._names = Names()
         self._timers = Timers()
         self._stopped = False
+        self.exit_reason: object = None
         self._ask_timeout_s = 60.0
-        self._declarations = DeclarationActor.start(max_schema_depth)
-        self._registry: pykka.ActorRef[ToolRegistry] = ToolRegistry.start(self._declarations, self._tools)
-        self._calls = DynamicSupervisor.start("CallSupervisor", shutdown_ms, StartChild(CallActor), spare_calls)
-        self._spare_calls: Spares = self._calls.proxy().spare_pool.get(timeout=self._ask_timeout_s)
-        self._loops = DynamicSupervisor.start("LoopSupervisor", shutdown_ms)
+        self._call_spares = Spares(
+            ChildSpec("call", StartChild(CallActor), restart="temporary", shutdown=shutdown_ms), spare_calls
+        )
+
+        def supervisor(label: str, **kwargs: Any) -> StartChild:
+            return StartChild(Supervisor, kwargs={"names": self._names, "label": label, **kwargs})
+
+        intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
+        children = [
+            ChildSpec(DECLARATIONS, StartChild(DeclarationActor, ({}, max_schema_depth)), name=DECLARATIONS),
+            ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._names, self._tools, RegistryState())), name=REGISTRY),
+            ChildSpec(CALLS, supervisor(CALLS, spares=self._call_spares), type="supervisor", name=CALLS,
+                      shutdown=shutdown_ms + 1_000),
+            ChildSpec(LOOPS, supervisor(LOOPS, **intensity), type="supervisor", name=LOOPS,
+                      shutdown=shutdown_ms + 1_000),
+            ChildSpec(SERVERS, supervisor(SERVERS), type="supervisor", name=SERVERS, shutdown=shutdown_ms + 1_000),
+        ]
+        self._root = start_link(Supervisor, children, names=self._names, label=ROOT, **intensity)
+        monitor(self._root, self._root_down)
+
+    def _root_down(self, _ref: pykka.ActorRef[Any], reason: object) -> None:
+        if reason != NORMAL:
+            self.exit_reason = reason
+            logger.error("the actor system stopped: its root supervisor exited ({})", reason)
+        self._stopped = True
+
+    def _whereis(self, name: str) -> pykka.ActorRef[Any]:
+        ref = self._names.whereis(name)
+        if ref is None:
+            state = f"stopped ({self.exit_reason})" if self._stopped else "restarting"
+            raise RuntimeError(f"the system's {name!r} actor is not running: the system is {state}")
+        return ref
 
     # --- tools --------------------------------------------------------------------------
 
@@ -100,19 +140,20 @@ class ActorSystem:
         missing = missing_callbacks(tool)
         if missing:
             raise TypeError(f"{tool!r} is not a tool: it lacks {', '.join(missing)}")
-        registration: Registration = self._registry.proxy().register(tool, origin).get(timeout=self._ask_timeout_s)
+        registry = self._whereis(REGISTRY).proxy()
+        registration: Registration = registry.register(tool, origin).get(timeout=self._ask_timeout_s)
         return registration
 
     def unregister(self, name_or_tool: Any) -> bool:
         """Remove a tool (by name or object); loops stop offering it from their next
         turn, and a call naming it gets an ``unavailable`` error. Returns whether a tool
         was removed."""
-        removed: bool = self._registry.proxy().unregister(name_or_tool).get(timeout=self._ask_timeout_s)
+        removed: bool = self._whereis(REGISTRY).proxy().unregister(name_or_tool).get(timeout=self._ask_timeout_s)
         return removed
 
     def registrations(self) -> list[Registration]:
         """Every registered tool, offered or left out, in registration order."""
-        result: list[Registration] = self._registry.proxy().registrations().get(timeout=self._ask_timeout_s)
+        result: list[Registration] = self._whereis(REGISTRY).proxy().registrations().get(timeout=self._ask_timeout_s)
         return result
 
     def tools(self) -> list[ToolInfo]:
@@ -122,14 +163,15 @@ class ActorSystem:
     # --- loops --------------------------------------------------------------------------
 
     def start_loop(self, session_id: str | None = None, *, withheld: Iterable[str] = (), deps: Any = None) -> Loop:
-        """Start a LoopActor for one session and return its :class:`Loop` handle.
+        """Start a LoopActor for one session (a ``transient`` child: restarted after a
+        crash, with the same arguments) and return its :class:`Loop` handle.
 
         ``session_id`` (default: a new random id) names the session's private folder
         ``data_dir/sessions/<session_id>``; it must match
-        ``[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}``, so it cannot escape ``data_dir``
-        (``ValueError`` otherwise). ``withheld`` names tools this loop does not offer;
-        ``deps`` reaches every call as ``ctx["deps"]``. Raises ``RuntimeError`` once
-        the system has stopped.
+        ``[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}`` without ``..``, so it cannot escape
+        ``data_dir`` (``ValueError`` otherwise, and also when a loop of that session is
+        running). ``withheld`` names tools this loop does not offer; ``deps`` reaches
+        every call as ``ctx["deps"]``. Raises ``RuntimeError`` once the system has stopped.
         """
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
@@ -147,16 +189,66 @@ class ActorSystem:
             deps=deps,
             withheld=frozenset(withheld),
             tools=self._tools,
-            calls=self._spare_calls,
+            calls=self._call_spares,
             timers=self._timers,
             events=self._events,
             abandoned=self._abandoned,
             settings=self._settings,
+            whereis=self._names.whereis,
         )
-        ref: pykka.ActorRef[LoopActor] = self._loops.ask(
-            StartChild(LoopActor, kwargs=kwargs), block=True, timeout=self._ask_timeout_s
-        )
-        return Loop(ref, session_id, session_dir, self._tools, self._settings)
+        spec = ChildSpec(session_id, StartChild(LoopActor, kwargs=kwargs), restart="transient",
+                         name=loop_name(session_id))
+        self._whereis(LOOPS).proxy().start_child(spec).get(timeout=self._ask_timeout_s)
+        return Loop(session_id, session_dir, self._names.whereis, self._tools, self._settings)
+
+    # --- the host's own actors ------------------------------------------------------------
+
+    def start_child(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
+        """Start one of the host's actors (a stateful tool server, say) under the
+        ``servers`` supervisor (``one_for_one``); with ``spec.name`` it can be found
+        with :meth:`whereis` (and from a tool, with ``ctx["whereis"]``). Returns its ref;
+        raises the start error of the child."""
+        ref: pykka.ActorRef[Any] = self._whereis(SERVERS).proxy().start_child(spec).get(timeout=self._ask_timeout_s)
+        return ref
+
+    def whereis(self, name: str) -> pykka.ActorRef[Any] | None:
+        """The live ref of the actor registered as ``name`` (it follows restarts), or None."""
+        return self._names.whereis(name)
+
+    def tree(self) -> dict[str, Any]:
+        """The live supervision tree as plain data. Each node: ``id``, ``kind``
+        (``"supervisor"`` or ``"worker"``), ``restart``, ``restarts``, ``alive``;
+        supervisors add ``strategy`` and ``children``; the ``calls`` supervisor gives
+        ``running`` and ``spares`` counts instead of a node per call; loops add
+        ``running``: their calls with ``tool`` and ``ms_left`` to the deadline."""
+        node: dict[str, Any] = {"id": ROOT, "kind": "supervisor", "restart": "permanent", "restarts": 0,
+                                "alive": self._root.is_alive()}
+        return self._describe(self._root, node)
+
+    def _describe(self, ref: pykka.ActorRef[Any] | None, node: dict[str, Any]) -> dict[str, Any]:
+        if ref is None or not node["alive"]:
+            return node
+        try:
+            if node["kind"] == "supervisor":
+                proxy = ref.proxy()
+                node["strategy"] = proxy.strategy.get(timeout=self._ask_timeout_s)
+                children: list[ChildInfo] = proxy.which_children().get(timeout=self._ask_timeout_s)
+                if node["id"] == CALLS:
+                    node["running"] = sum(c.alive for c in children) - len(self._call_spares)
+                    node["spares"] = len(self._call_spares)
+                    return node
+                node["children"] = [
+                    self._describe(c.ref, {"id": c.id, "kind": c.type, "restart": c.restart,
+                                           "restarts": c.restarts, "alive": c.alive})
+                    for c in children
+                ]
+            elif issubclass(ref.actor_class, LoopActor):
+                loop = Loop(node["id"], self._sessions_dir / node["id"], self._names.whereis, self._tools,
+                            self._settings)
+                node["running"] = loop.running()
+        except (pykka.ActorDeadError, pykka.Timeout):
+            node["alive"] = False
+        return node
 
     # --- events and state -----------------------------------------------------------------
 
@@ -180,20 +272,17 @@ class ActorSystem:
     def stopped(self) -> bool:
         return self._stopped
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop every actor in reverse start order (loops, calls, registry, declarations),
-        then the timers. Running calls are cancelled; a call thread still running after
-        ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
-        if self._stopped:
-            return
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the tree in reverse start order (servers, loops, calls, registry,
+        declarations), then the timers. Running calls are cancelled; a call thread still
+        running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
+        try:
+            self._root.stop(timeout=timeout_s)
+        except pykka.ActorDeadError:
+            pass
+        except pykka.Timeout:
+            logger.error("the actor system did not stop within {} s", timeout_s)
         self._stopped = True
-        for ref in (self._loops, self._calls, self._registry, self._declarations):
-            try:
-                ref.stop(timeout=timeout_s)
-            except pykka.ActorDeadError:
-                pass
-            except pykka.Timeout:
-                logger.error("{} did not stop within {} s", ref, timeout_s)
         self._timers.stop()
         if self._abandoned.running:
             logger.warning("{} abandoned call threads are still running", self._abandoned.running)
@@ -205,4 +294,3 @@ class ActorSystem:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
