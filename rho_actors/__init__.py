@@ -10,6 +10,7 @@ host calls ``loguru.logger.enable("rho_actors")``.
 
 from loguru import logger as _logger
 
+from rho_actors.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.call import CancelToken
 from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
@@ -19,6 +20,7 @@ from rho_actors.formats import DIALECTS, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.loop import Loop
 from rho_actors.registry import DuplicateToolError, Registration
+from rho_actors.supervisor import ChildInfo, ChildSpec, RestartIntensityExceeded, StartChild, Supervisor
 from rho_actors.system import ActorSystem
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
@@ -41,12 +43,18 @@ _logger.disable("rho_actors")
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
     "DIALECTS",
+    "NORMAL",
+    "Actor",
+    "ActorExit",
     "ActorSystem",
     "ArgumentsError",
     "CallEvent",
     "CancelToken",
+    "ChildInfo",
+    "ChildSpec",
     "DeclarationError",
     "Details",
+    "Down",
     "DuplicateToolError",
     "EncodedOutput",
     "Error",
@@ -54,8 +62,12 @@ __all__ = [
     "FunctionTool",
     "Image",
     "Loop",
+    "Monitor",
     "Ok",
     "Registration",
+    "RestartIntensityExceeded",
+    "StartChild",
+    "Supervisor",
     "ToolCall",
     "ToolInfo",
     "ToolResult",
@@ -66,7 +78,10 @@ __all__ = [
     "default_timeout_ms",
     "encode_output",
     "is_tool",
+    "kill",
+    "monitor",
     "read_declaration",
+    "start_link",
     "timeout_ms",
     "to_dialect",
     "tool",

@@ -42,7 +42,7 @@ from loguru import logger
 
 from rho_actors.encoding import describe_exception
 
-__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Monitor", "Names", "kill", "monitor", "start_link"]
+__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "Names", "kill", "monitor", "start_link"]
 
 NORMAL = "normal"
 """The exit reason of an actor that was stopped (``ref.stop()``): not a failure."""
@@ -60,6 +60,15 @@ class ActorExit(Exception):
     def __init__(self, message: str, reason: object) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Down:
+    """The message a monitoring actor gets when the monitored one ends (Erlang's
+    ``{'DOWN', Ref, process, Pid, Reason}``)."""
+
+    ref: pykka.ActorRef[Any]
+    reason: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,15 +121,17 @@ _exits: dict[str, object] = {}  # the last few exit reasons, for start errors
 _EXITS_KEPT = 256
 
 
-def monitor(ref: pykka.ActorRef[Any], callback: DownCallback) -> Monitor:
-    """Call ``callback(ref, reason)`` once, when the :class:`Actor` behind ``ref`` ends
-    (from the ending actor's thread: keep it quick, e.g. a ``tell``). An actor that has
-    already ended is reported at once, from this thread, with reason ``"noproc"``.
+def monitor(ref: pykka.ActorRef[Any], notify: DownCallback | pykka.ActorRef[Any]) -> Monitor:
+    """Report once when the :class:`Actor` behind ``ref`` ends, with its exit reason:
+    ``notify`` is an actor's ref, which is told :class:`Down`, or a callback
+    ``notify(ref, reason)``, called from the ending actor's thread (keep it quick). An
+    actor that has already ended is reported at once, with reason ``"noproc"``.
 
     Raises ``TypeError`` when ``ref`` is not the ref of an :class:`Actor`.
     """
     if not issubclass(ref.actor_class, Actor):
         raise TypeError(f"{ref} is not a rho_actors.Actor: it cannot be monitored")
+    callback = _teller(notify) if isinstance(notify, pykka.ActorRef) else notify
     handle = Monitor(ref.actor_urn, callback)
     with _lock:
         callbacks = _monitors.get(ref.actor_urn) if ref.is_alive() else None
@@ -129,6 +140,16 @@ def monitor(ref: pykka.ActorRef[Any], callback: DownCallback) -> Monitor:
             return handle
     callback(ref, "noproc")
     return handle
+
+
+def _teller(watcher: pykka.ActorRef[Any]) -> DownCallback:
+    def tell_down(ref: pykka.ActorRef[Any], reason: object) -> None:
+        try:
+            watcher.tell(Down(ref, reason))
+        except pykka.ActorDeadError:
+            pass
+
+    return tell_down
 
 
 def kill(ref: pykka.ActorRef[Any], reason: object = KILLED) -> None:

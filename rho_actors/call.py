@@ -16,6 +16,7 @@ really cancelled (``asyncio.Task.cancel``) at its deadline or on cancellation.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -215,7 +216,7 @@ class CallActor(Actor):
         started = spec.dispatched
         try:
             value = spec.tool.run(spec.args, spec.ctx)
-            if asyncio.iscoroutine(value):
+            if inspect.iscoroutine(value):
                 value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
             result = result_from_return(
                 spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - started) * 1000

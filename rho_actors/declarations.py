@@ -9,7 +9,7 @@ callbacks (:func:`read_declaration`) and then checked (:func:`check_declaration`
 - ``parameter_schema``: exactly a ``dict`` of plain JSON data (string keys), nested at
   most ``max_schema_depth`` levels, valid under the JSON Schema Draft 2020-12
   metaschema, whose top level is an object schema (``"type": "object"``);
-- ``timeout_ms`` (a positive ``int``, milliseconds) and ``concurrency`` (``"parallel"``
+- ``timeout_ms`` (a positive ``int``, milliseconds, cut to one day) and ``concurrency`` (``"parallel"``
   or ``"exclusive"``): a bad or raising answer means the default; it does not exclude
   the tool.
 
@@ -33,7 +33,7 @@ from loguru import logger
 
 from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolInfo
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback
 
 __all__ = [
     "DECLARATIONS",
@@ -89,7 +89,15 @@ def _class_line(cls: Any) -> int | None:
 
 
 def describe_origin(tool: Any) -> str:
-    """Where a tool comes from, for messages: ``module.qualname (file:line)`` when known."""
+    """Where a tool comes from, for messages: ``module.qualname (file:line)`` when known.
+    Never raises (a tool whose attributes misbehave is named by its type)."""
+    try:
+        return _origin(tool)
+    except BaseException:
+        return f"a {type(tool).__qualname__} object"
+
+
+def _origin(tool: Any) -> str:
     target = tool if inspect.ismodule(tool) or inspect.isclass(tool) or inspect.isfunction(tool) else type(tool)
     wrapped = getattr(tool, "__wrapped__", None)
     if wrapped is not None and inspect.isfunction(wrapped):
@@ -124,8 +132,8 @@ def read_declaration(tool: Any) -> dict[str, Any]:
     """
     raw: dict[str, Any] = {}
     for cb_name in _CALLBACKS:
-        cb = getattr(tool, cb_name, None)
-        if not callable(cb):
+        cb = callback(tool, cb_name)
+        if cb is None:
             continue
         try:
             raw[cb_name] = cb()
@@ -201,8 +209,7 @@ def check_declaration(raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MA
         raise DeclarationError("; ".join(problems), valid)
 
     timeout = raw.get("timeout_ms", DEFAULT_TIMEOUT_MS)
-    if not (type(timeout) is int and timeout > 0):
-        timeout = DEFAULT_TIMEOUT_MS
+    timeout = min(timeout, MAX_TIMEOUT_MS) if type(timeout) is int and timeout > 0 else DEFAULT_TIMEOUT_MS
     concurrency = raw.get("concurrency")
     return ToolInfo(
         name=name,

@@ -75,5 +75,5 @@ class EventBus:
         for subscriber in self._subscribers:
             try:
                 subscriber(event)
-            except Exception:
+            except BaseException:  # a subscriber's exit must not stop the emitting actor
                 logger.exception("event subscriber {!r} raised", subscriber)

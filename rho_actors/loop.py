@@ -32,6 +32,7 @@ from loguru import logger
 from rho_actors.actor import Actor
 from rho_actors.arguments import ArgumentsError, decode_arguments, violations
 from rho_actors.call import AbandonedThreads, CallSpec, CancelToken, error_result
+from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus
 from rho_actors.formats import Dialect, to_dialect
 from rho_actors.registry import ToolEntry, ToolSet, ToolSetView
@@ -168,7 +169,7 @@ class LoopActor(Actor):
         elif isinstance(message, _RunTurn):
             self._run_turn(message)
         elif isinstance(message, _Offered):
-            return [e.info for e in self._offered(self._tools.current)]
+            return [e.info.copy() for e in self._offered(self._tools.current)]
         elif isinstance(message, _Running):
             return self._running()
         elif isinstance(message, _SetWithheld):
@@ -201,7 +202,12 @@ class LoopActor(Actor):
         try:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
-                refusal = self._prepare(slot, tools)
+                try:
+                    refusal = self._prepare(slot, tools)
+                except Exception as exc:  # a bug, or a checker that broke: this call only
+                    logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
+                    refusal = error_result(slot.call.id, slot.call.name, ErrorKind.CRASHED,
+                                           f"the loop could not prepare this call: {describe_exception(exc)}")
                 if refusal is not None:
                     slot.result = refusal
                     self._emit("finished", slot, refusal)
@@ -219,14 +225,20 @@ class LoopActor(Actor):
         """Decode, look up and validate one call; an error result when it is refused."""
         call = slot.call
         name = call.name
-        entry = tools.entries.get(name) if isinstance(name, str) else None
+        entry = tools.entries.get(name)
         if entry is None or name in self._withheld:
-            return error_result(call.id, str(name), *self._lookup_error(name, entry, tools))
+            return error_result(call.id, name, *self._lookup_error(name, entry, tools))
         try:
             args = decode_arguments(call.arguments, self._settings.max_argument_depth)
         except ArgumentsError as err:
             return error_result(call.id, name, err.kind, f"tool {name!r}: {err}")
-        problems = violations(entry.validator, args)
+        try:
+            problems = violations(entry.validator, args)
+        except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
+            return error_result(
+                call.id, name, ErrorKind.INVALID_ARGUMENTS,
+                f"the arguments for tool {name!r} could not be validated: {describe_exception(exc)}",
+            )
         if problems:
             listed = "; ".join(problems)
             return error_result(
@@ -235,14 +247,14 @@ class LoopActor(Actor):
         slot.entry, slot.args = entry, args
         return None
 
-    def _lookup_error(self, name: Any, entry: ToolEntry | None, tools: ToolSet) -> tuple[ErrorKind, str]:
+    def _lookup_error(self, name: str, entry: ToolEntry | None, tools: ToolSet) -> tuple[ErrorKind, str]:
         if entry is not None:
             return ErrorKind.WITHHELD, f"tool {name!r} is not available in this session now"
-        if isinstance(name, str) and name in tools.unavailable:
+        if name in tools.unavailable:
             return ErrorKind.UNAVAILABLE, tools.unavailable[name]
         offered = [e.info.name for e in self._offered(tools)]
         shown = ", ".join(offered[:_MAX_NAMES_LISTED]) + (", ..." if len(offered) > _MAX_NAMES_LISTED else "")
-        return ErrorKind.UNKNOWN_TOOL, f"unknown tool {str(name)[:100]!r}; the tools offered are: {shown or '(none)'}"
+        return ErrorKind.UNKNOWN_TOOL, f"unknown tool {name[:100]!r}; the tools offered are: {shown or '(none)'}"
 
     def _dispatch_ready(self, turn: _Turn) -> None:
         while turn.waiting:
@@ -343,7 +355,7 @@ class LoopActor(Actor):
         for slot in turn.slots:
             if slot.result is not None:
                 continue
-            name = slot.entry.info.name if slot.entry is not None else str(slot.call.name)
+            name = slot.call.name
             if slot.timer is not None:
                 slot.timer.cancel()
             if slot.cancel is not None and slot.cancel.cancel("stopping"):
@@ -358,8 +370,7 @@ class LoopActor(Actor):
         else:
             outcome = "ok" if result.ok else str(result.error_kind)
             duration = result.duration_ms
-        name = slot.entry.info.name if slot.entry is not None else str(slot.call.name)
-        self._events.emit(CallEvent(kind, self.session_id, slot.call.id, name, outcome, duration))
+        self._events.emit(CallEvent(kind, self.session_id, slot.call.id, slot.call.name, outcome, duration))
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -376,6 +387,56 @@ class LoopActor(Actor):
 
     def on_failure(self, *exc_info: Any) -> None:
         self._close(ErrorKind.CRASHED, "the session's loop crashed before this call finished")
+
+    def _actor_loop_teardown(self) -> None:
+        """Answer the turns still in the inbox too (pykka answers only ``ask``s), so every
+        call id gets its result even when a turn races the loop's stop."""
+        others = []
+        while not self.actor_inbox.empty():
+            envelope = self.actor_inbox.get()
+            if isinstance(envelope.message, _RunTurn):
+                results = [
+                    error_result(c.id, c.name, ErrorKind.CANCELLED, "the session stopped before this turn started")
+                    for c in envelope.message.calls
+                ]
+                envelope.message.future.set_result(results)
+            else:
+                others.append(envelope)
+        for envelope in others:
+            self.actor_inbox.put(envelope)
+        super()._actor_loop_teardown()
+
+
+def withheld_names(names: Iterable[str]) -> frozenset[str]:
+    """``names`` as a frozenset of plain ``str``; ``TypeError`` for a lone ``str`` or a
+    name that is not a ``str``."""
+    if isinstance(names, (str, bytes)):
+        raise TypeError(f"withheld takes a collection of tool names, got the single string {names!r}")
+    checked = set()
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"a withheld tool name must be a str, got {type(name).__name__}")
+        checked.add(str.__str__(name))
+    return frozenset(checked)
+
+
+def _checked_calls(calls: Iterable[Any]) -> tuple[ToolCall, ...]:
+    return tuple(_checked_call(i, call) for i, call in enumerate(calls))
+
+
+def _checked_call(index: int, call: Any) -> ToolCall:
+    """``call`` with a plain ``str`` id and name (a model's are always strings)."""
+    if not isinstance(call, ToolCall):
+        raise TypeError(f"call {index} of the turn: a turn takes ToolCall values, got {type(call).__name__}")
+    for field_name in ("id", "name"):
+        if not isinstance(getattr(call, field_name), str):
+            raise TypeError(
+                f"call {index} of the turn: ToolCall.{field_name} must be a str, "
+                f"got {type(getattr(call, field_name)).__name__}"
+            )
+    if type(call.id) is str and type(call.name) is str:
+        return call
+    return ToolCall(str.__str__(call.id), str.__str__(call.name), call.arguments)
 
 
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
@@ -421,11 +482,11 @@ class Loop:
     def submit_turn(self, calls: Iterable[ToolCall]) -> concurrent.futures.Future[list[ToolResult]]:
         """Start a turn without waiting: returns a future of the results, one per call,
         in the calls' order. Raises ``TypeError`` for an item that is not a
-        :class:`ToolCall` and :class:`pykka.ActorDeadError` when the loop has stopped."""
-        batch = tuple(calls)
-        for call in batch:
-            if not isinstance(call, ToolCall):
-                raise TypeError(f"a turn takes ToolCall values, got {type(call).__name__}")
+        :class:`ToolCall` or whose ``id`` or ``name`` is not a ``str``, and
+        :class:`pykka.ActorDeadError` when the loop has stopped."""
+        return self._submit(_checked_calls(calls))
+
+    def _submit(self, batch: tuple[ToolCall, ...]) -> concurrent.futures.Future[list[ToolResult]]:
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
         self.ref.tell(_RunTurn(batch, future))
@@ -436,7 +497,7 @@ class Loop:
         of their tools' timeouts plus a grace period."""
         entries = self._tools.current.entries
         total_ms = sum(
-            entries[c.name].info.timeout_ms if isinstance(c.name, str) and c.name in entries else DEFAULT_TIMEOUT_MS
+            entries[c.name].info.timeout_ms if type(c.name) is str and c.name in entries else DEFAULT_TIMEOUT_MS
             for c in calls
         )
         return total_ms / 1000 + _GRACE_S
@@ -447,15 +508,15 @@ class Loop:
         Waits at most ``timeout_s`` seconds (default :meth:`turn_bound_s`); raises
         ``TimeoutError`` past that, which only a broken runtime can cause.
         """
-        batch = tuple(calls)
-        return self.submit_turn(batch).result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
+        batch = _checked_calls(calls)
+        return self._submit(batch).result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
 
     async def arun_turn(self, calls: Iterable[ToolCall], timeout_s: float | None = None) -> list[ToolResult]:
         """:meth:`run_turn` for asyncio hosts: awaits the results without ever blocking
         the event loop (the future is completed from the loop's thread)."""
-        batch = tuple(calls)
+        batch = _checked_calls(calls)
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
-        return await asyncio.wait_for(asyncio.wrap_future(self.submit_turn(batch)), bound)
+        return await asyncio.wait_for(asyncio.wrap_future(self._submit(batch)), bound)
 
     def offered(self) -> list[ToolInfo]:
         """The checked declarations this loop offers now, in registration order."""
@@ -467,8 +528,10 @@ class Loop:
         return [to_dialect(info, dialect) for info in self.offered()]
 
     def set_withheld(self, names: Iterable[str]) -> None:
-        """Replace the set of tool names this loop does not offer (from its next turn)."""
-        self.ref.ask(_SetWithheld(frozenset(names)), timeout=self._settings.ask_timeout_s)
+        """Replace the set of tool names this loop does not offer (from its next turn).
+        Raises ``TypeError`` for a single ``str`` (a name list is wanted) or a name that
+        is not a ``str``."""
+        self.ref.ask(_SetWithheld(withheld_names(names)), timeout=self._settings.ask_timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the loop (a normal exit: not restarted); calls still running get

@@ -12,6 +12,7 @@ only writer and every published set is frozen.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -146,7 +147,11 @@ class ToolRegistry(Actor):
                 f"tool name {name!r} is already registered by {held.origin}; refused {origin} "
                 f"(unregister the first to replace it)"
             )
-        validator = make_validator(outcome.parameter_schema) if isinstance(outcome, ToolInfo) else None
+        validator = make_validator(copy.deepcopy(outcome.parameter_schema)) if isinstance(outcome, ToolInfo) else None
+        renamed = [n for n, s in self._slots.items() if s.tool is tool and n != name]
+        for old in renamed:  # the same tool re-registered under a new name: one name only
+            del self._slots[old]
+            self._removed[old] = f"tool {old!r} was renamed to {name!r}"
         self._slots[name] = _Slot(tool, origin, outcome, validator)
         self._removed.pop(name, None)
         self._publish()

@@ -44,7 +44,7 @@ from typing import Any, Literal
 import pykka
 from loguru import logger
 
-from rho_actors.actor import NORMAL, Actor, Names, kill, monitor, start_link
+from rho_actors.actor import NORMAL, Actor, Down, Names, kill, monitor, start_link
 
 __all__ = [
     "ChildInfo",
@@ -129,12 +129,6 @@ class _Child:
 
 
 @dataclass(frozen=True, slots=True)
-class _Down:
-    ref: pykka.ActorRef[Any]
-    reason: object
-
-
-@dataclass(frozen=True, slots=True)
 class _Replenish:
     pass
 
@@ -142,6 +136,12 @@ class _Replenish:
 @dataclass(frozen=True, slots=True)
 class _Forget:
     ref: pykka.ActorRef[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Adopt:
+    ref: pykka.ActorRef[Any]
+    spec: ChildSpec
 
 
 class Spares:
@@ -156,8 +156,8 @@ class Spares:
         self._supervisor: pykka.ActorRef[Supervisor] | None = None
 
     def take(self) -> pykka.ActorRef[Any]:
-        """A started child for one job: a spare when one is idle, else one the
-        supervisor starts now (a message round trip). Call :meth:`replenish` later, off
+        """A started child for one job: a spare when one is idle, else one started now
+        in this thread and handed to the supervisor. Call :meth:`replenish` later, off
         the hot path. Raises ``pykka.ActorDeadError`` when the supervisor is down."""
         while True:
             try:
@@ -166,9 +166,17 @@ class Spares:
                 break
             if ref.is_alive():
                 return ref
-        if self._supervisor is None:
+        supervisor = self._supervisor
+        if supervisor is None or not supervisor.is_alive():
             raise pykka.ActorDeadError("the spares' supervisor is not running")
-        started: pykka.ActorRef[Any] = self._supervisor.proxy().start_child(self.spec).get(timeout=_ASK_TIMEOUT_S)
+        # Started in the caller's thread and handed over: a burst of calls from many
+        # loops is not serialised through the supervisor's one thread.
+        started = self.spec.start()
+        try:
+            supervisor.tell(_Adopt(started, self.spec))
+        except pykka.ActorDeadError:
+            started.stop(block=False)
+            raise
         return started
 
     def replenish(self) -> None:
@@ -256,21 +264,33 @@ class Supervisor(Actor):
         return child
 
     def _launch(self, child: _Child) -> None:
-        ref = child.spec.start()
+        self._watch(child, child.spec.start())
+
+    def _adopt(self, ref: pykka.ActorRef[Any], spec: ChildSpec) -> None:
+        """Supervise a child started elsewhere (see :meth:`Spares.take`)."""
+        child = _Child(next(self._keys), spec, dynamic=True)
+        with self._lock:
+            self._children[child.key] = child
+        self._watch(child, ref)
+
+    def _watch(self, child: _Child, ref: pykka.ActorRef[Any]) -> None:
         if not issubclass(ref.actor_class, Actor):
             ref.stop(block=False)
             raise TypeError(f"child {child.spec.id!r}: {ref.actor_class.__name__} is not a rho_actors.Actor")
+        if child.spec.name is not None and self._names is not None:
+            try:
+                self._names.register(child.spec.name, ref)
+            except ValueError:
+                ref.stop(block=False)
+                raise
         with self._lock:
             child.ref = ref
             self._by_urn[ref.actor_urn] = child.key
-        if child.spec.name is not None and self._names is not None:
-            self._names.register(child.spec.name, ref)
-        me = self.actor_ref
         if child.spec.restart == "temporary":
             # Forgotten when it ends: no message, so no wake-up of this supervisor per exit.
             monitor(ref, self._forget_temporary)
         else:
-            monitor(ref, lambda r, reason: _tell(me, _Down(r, reason)))
+            monitor(ref, self.actor_ref)
 
     def _forget_temporary(self, ref: pykka.ActorRef[Any], _reason: object) -> None:
         with self._lock:
@@ -316,13 +336,15 @@ class Supervisor(Actor):
     # --- failures -----------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, _Down):
+        if isinstance(message, Down):
             self._down(message.ref, message.reason)
         elif isinstance(message, _Replenish):
             if self._spares is not None:
                 self._fill_spares()
         elif isinstance(message, _Forget):
             self._forget_temporary(message.ref, None)
+        elif isinstance(message, _Adopt):
+            self._adopt(message.ref, message.spec)
         else:
             logger.warning("{} ignored an unknown message {!r}", self.label, message)
         return None
@@ -370,8 +392,9 @@ class Supervisor(Actor):
     def _stop_child(self, child: _Child) -> None:
         self._await_stop(child, self._signal_stop(child))
 
-    def _signal_stop(self, child: _Child) -> pykka.ActorRef[Any] | None:
-        """Ask a child to stop; returns its ref when there is a stop to wait for."""
+    def _signal_stop(self, child: _Child) -> threading.Event | None:
+        """Ask a child to stop; returns an event set once it has ended (its ``on_stop``
+        done), or None when there is nothing to wait for."""
         ref, child.ref = child.ref, None
         if ref is None:
             return None
@@ -380,17 +403,19 @@ class Supervisor(Actor):
         if child.spec.shutdown == "brutal_kill":
             kill(ref, "shutdown")
             return None
+        ended = threading.Event()
+        monitor(ref, lambda _ref, _reason: ended.set())
         try:
             ref.stop(block=False)
         except pykka.ActorDeadError:
-            return None
-        return ref
+            pass
+        return ended
 
-    def _await_stop(self, child: _Child, ref: pykka.ActorRef[Any] | None, since: float | None = None) -> None:
-        if ref is None or child.spec.shutdown == "brutal_kill":
+    def _await_stop(self, child: _Child, ended: threading.Event | None, since: float | None = None) -> None:
+        if ended is None or child.spec.shutdown == "brutal_kill":
             return
         left = child.spec.shutdown / 1000 - (time.monotonic() - since if since is not None else 0.0)
-        if not ref.actor_stopped.wait(max(0.0, left)):
+        if not ended.wait(max(0.0, left)):
             logger.warning("{}: child {} did not stop within {} ms; abandoned", self.label, child.spec.id,
                            child.spec.shutdown)
 
@@ -401,8 +426,8 @@ class Supervisor(Actor):
             children = list(self._children.values())[::-1]
         since = time.monotonic()
         dynamic = [(c, self._signal_stop(c)) for c in children if c.dynamic]
-        for child, ref in dynamic:
-            self._await_stop(child, ref, since)
+        for child, ended in dynamic:
+            self._await_stop(child, ended, since)
         for child in children:
             if not child.dynamic:
                 self._stop_child(child)
@@ -411,13 +436,6 @@ class Supervisor(Actor):
         if self._spares is not None and self._spares._supervisor is self.actor_ref:
             self._spares._supervisor = None
         self._shutdown_children()
-
-
-def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
-    try:
-        ref.tell(message)
-    except pykka.ActorDeadError:
-        pass
 
 
 def _reason_text(reason: object) -> str:

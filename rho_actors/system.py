@@ -42,7 +42,7 @@ from rho_actors.call import AbandonedThreads, CallActor
 from rho_actors.declarations import DECLARATIONS, DEFAULT_MAX_SCHEMA_DEPTH, DeclarationActor
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus
-from rho_actors.loop import Loop, LoopActor, LoopSettings, loop_name
+from rho_actors.loop import Loop, LoopActor, LoopSettings, loop_name, withheld_names
 from rho_actors.registry import Registration, RegistryState, ToolRegistry, ToolSetView
 from rho_actors.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor
 from rho_actors.timers import Timers
@@ -158,7 +158,7 @@ class ActorSystem:
 
     def tools(self) -> list[ToolInfo]:
         """The checked declarations of every tool that can be offered."""
-        return [entry.info for entry in self._tools.current.entries.values()]
+        return [entry.info.copy() for entry in self._tools.current.entries.values()]
 
     # --- loops --------------------------------------------------------------------------
 
@@ -187,7 +187,7 @@ class ActorSystem:
             session_id=session_id,
             data_dir=session_dir,
             deps=deps,
-            withheld=frozenset(withheld),
+            withheld=withheld_names(withheld),
             tools=self._tools,
             calls=self._call_spares,
             timers=self._timers,

@@ -26,6 +26,8 @@ from loguru import logger
 
 __all__ = ["Timer", "Timers"]
 
+_MAX_WAIT_S = 3600.0  # below threading.TIMEOUT_MAX: a far timer is waited for in steps
+
 
 class Timer:
     """A pending timer; :meth:`cancel` stops it from firing (a no-op once fired).
@@ -97,7 +99,7 @@ class Timers:
             with self._cond:
                 while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
                     timeout = None if not self._heap else self._heap[0][0] - time.monotonic()
-                    self._cond.wait(timeout)
+                    self._cond.wait(None if timeout is None else min(timeout, _MAX_WAIT_S))
                 if self._stopped:
                     return
                 _, _, timer = heapq.heappop(self._heap)
@@ -107,7 +109,7 @@ class Timers:
                 timer.cancelled = True  # fired: a later cancel() is a no-op
             try:
                 timer._callback()
-            except Exception:
+            except BaseException:  # this thread serves every deadline: it must not end
                 logger.exception("timer callback raised")
 
     def pending(self) -> int:

@@ -32,6 +32,8 @@ Example::
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from typing import Any, Literal
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
+    "MAX_TIMEOUT_MS",
     "REQUIRED_CALLBACKS",
     "Concurrency",
     "Details",
@@ -58,6 +61,9 @@ __all__ = [
 
 DEFAULT_TIMEOUT_MS = 30_000
 """The per-call timeout, in milliseconds, of a tool without ``timeout_ms()``."""
+
+MAX_TIMEOUT_MS = 24 * 3600 * 1000
+"""The longest per-call timeout (one day, in milliseconds); a longer one is cut to it."""
 
 REQUIRED_CALLBACKS = ("name", "description", "parameter_schema", "run")
 
@@ -118,6 +124,10 @@ class ToolInfo:
     parameter_schema: dict[str, Any]
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     concurrency: Concurrency = "parallel"
+
+    def copy(self) -> ToolInfo:
+        """A copy with its own deep copy of the schema, for handing out."""
+        return dataclasses.replace(self, parameter_schema=copy.deepcopy(self.parameter_schema))
 
 
 class ErrorKind(enum.StrEnum):
@@ -184,9 +194,19 @@ class ToolResult:
         return self.error_kind is not None and self.error_kind.retryable
 
 
+def callback(obj: Any, name: str) -> Any:
+    """``obj``'s callable attribute ``name``, or None (also when reading it raises or
+    exits: a tool's ``__getattr__`` must not stop the reading actor)."""
+    try:
+        value = getattr(obj, name, None)
+    except BaseException:
+        return None
+    return value if callable(value) else None
+
+
 def missing_callbacks(obj: Any) -> list[str]:
     """The required callbacks ``obj`` lacks (not callable attributes count as missing)."""
-    return [cb for cb in REQUIRED_CALLBACKS if not callable(getattr(obj, cb, None))]
+    return [cb for cb in REQUIRED_CALLBACKS if callback(obj, cb) is None]
 
 
 def is_tool(obj: Any) -> bool:
@@ -202,18 +222,19 @@ def default_timeout_ms() -> int:
 
 def timeout_ms(tool: Any) -> int:
     """The tool's per-call timeout in milliseconds: its ``timeout_ms()`` when that
-    returns a positive ``int``, else :func:`default_timeout_ms` (a raise included).
+    returns a positive ``int`` (cut to :data:`MAX_TIMEOUT_MS`), else
+    :func:`default_timeout_ms` (a raise included).
 
     Reads the tool in the caller's thread; use it only on trusted tools.
     """
-    cb = getattr(tool, "timeout_ms", None)
-    if not callable(cb):
+    cb = callback(tool, "timeout_ms")
+    if cb is None:
         return DEFAULT_TIMEOUT_MS
     try:
         value = cb()
     except BaseException:  # a raise, or an exit, means the default
         return DEFAULT_TIMEOUT_MS
-    return value if type(value) is int and value > 0 else DEFAULT_TIMEOUT_MS
+    return min(value, MAX_TIMEOUT_MS) if type(value) is int and value > 0 else DEFAULT_TIMEOUT_MS
 
 
 def concurrency(tool: Any) -> Concurrency:
@@ -222,8 +243,8 @@ def concurrency(tool: Any) -> Concurrency:
 
     Reads the tool in the caller's thread; use it only on trusted tools.
     """
-    cb = getattr(tool, "concurrency", None)
-    if not callable(cb):
+    cb = callback(tool, "concurrency")
+    if cb is None:
         return "parallel"
     try:
         value = cb()

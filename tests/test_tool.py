@@ -149,9 +149,14 @@ def test_default_timeout_ms() -> None:
     assert default_timeout_ms() == 30_000
 
 
-@pytest.mark.parametrize("value", [1, 250, 30_000, 10**9])
+@pytest.mark.parametrize("value", [1, 250, 30_000, 24 * 3600 * 1000])
 def test_timeout_ms_positive_int_is_used(value: int) -> None:
     assert timeout_ms(tool_with(timeout_ms=lambda: value)) == value
+
+
+@pytest.mark.parametrize("value", [24 * 3600 * 1000 + 1, 10**13, 10**400])
+def test_timeout_ms_past_a_day_is_cut_to_a_day(value: int) -> None:
+    assert timeout_ms(tool_with(timeout_ms=lambda: value)) == 24 * 3600 * 1000
 
 
 @pytest.mark.parametrize("value", [True, False, 0, -1, -5_000, 1.5, 1000.0, "1000", None, float("nan")])

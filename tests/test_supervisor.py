@@ -1,0 +1,304 @@
+"""OTP supervision (DESIGN §6): strategies, restart types, intensity and escalation,
+shutdown order and timeouts, monitors, names, and no thread left behind."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+import pykka
+import pytest
+
+from rho_actors import (
+    NORMAL,
+    Actor,
+    ActorExit,
+    ChildSpec,
+    Down,
+    RestartIntensityExceeded,
+    StartChild,
+    Supervisor,
+    kill,
+    monitor,
+    start_link,
+)
+from rho_actors.actor import Names
+
+from .conftest import WAIT_S, extra_threads, wait_for
+
+RELEASE = threading.Event()
+
+
+class Journal:
+    """What the test actors did, in order, across threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lines: list[str] = []
+
+    def add(self, line: str) -> None:
+        with self.lock:
+            self.lines.append(line)
+
+    def starts(self, name: str) -> int:
+        with self.lock:
+            return self.lines.count(f"start {name}")
+
+
+class Worker(Actor):
+    """Counts messages; ``"exit"`` raises SystemExit, ``"crash"`` raises in a tell."""
+
+    def __init__(self, name: str, journal: Journal, stop_delay_s: float = 0.0) -> None:
+        super().__init__()
+        self.name, self.journal, self.stop_delay_s = name, journal, stop_delay_s
+        self.count = 0
+
+    def on_start(self) -> None:
+        self.journal.add(f"start {self.name}")
+
+    def on_stop(self) -> None:
+        time.sleep(self.stop_delay_s)  # a slow clean-up, for shutdown timeouts
+        self.journal.add(f"stop {self.name}")
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "exit":
+            sys.exit(1)
+        if message == "crash":
+            raise RuntimeError("crash")
+        if message == "block":
+            RELEASE.wait(WAIT_S)
+        self.count += 1
+        return self.count
+
+
+def spec(name: str, journal: Journal, restart: str = "permanent", **kwargs: Any) -> ChildSpec:
+    return ChildSpec(name, StartChild(Worker, (name, journal)), restart=restart, name=name, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def journal() -> Journal:
+    return Journal()
+
+
+@pytest.fixture
+def names() -> Names:
+    return Names()
+
+
+def started_sup(children: list[ChildSpec], names: Names, **kwargs: Any) -> pykka.ActorRef[Any]:
+    return start_link(Supervisor, children, names=names, **kwargs)
+
+
+def refs(names: Names, *ids: str) -> list[Any]:
+    return [names.whereis(i) for i in ids]
+
+
+def crash_and_wait(names: Names, child: str, journal: Journal, starts: int) -> None:
+    ref = names.whereis(child)
+    assert ref is not None
+    ref.tell("crash")
+    assert wait_for(lambda: journal.starts(child) == starts and names.whereis(child) not in (None, ref))
+
+
+def test_one_for_one_restarts_only_the_failed_child(journal: Journal, names: Names) -> None:
+    sup = started_sup([spec("a", journal), spec("b", journal), spec("c", journal)], names)
+    a, b, c = refs(names, "a", "b", "c")
+    crash_and_wait(names, "b", journal, 2)
+    assert refs(names, "a", "c") == [a, c] and journal.starts("a") == journal.starts("c") == 1
+    assert not b.is_alive()
+    sup.stop()
+
+
+def test_one_for_all_restarts_every_child_in_order(journal: Journal, names: Names) -> None:
+    sup = started_sup([spec("a", journal), spec("b", journal), spec("c", journal)], names, strategy="one_for_all")
+    journal.lines.clear()
+    crash_and_wait(names, "b", journal, 1)
+    assert wait_for(lambda: journal.starts("c") == 1)
+    assert journal.lines == ["stop c", "stop a", "start a", "start b", "start c"]
+    sup.stop()
+
+
+def test_rest_for_one_restarts_the_child_and_those_started_after_it(journal: Journal, names: Names) -> None:
+    sup = started_sup([spec("a", journal), spec("b", journal), spec("c", journal)], names, strategy="rest_for_one")
+    a = names.whereis("a")
+    journal.lines.clear()
+    crash_and_wait(names, "b", journal, 1)
+    assert wait_for(lambda: journal.starts("c") == 1)
+    assert journal.lines == ["stop c", "start b", "start c"]
+    assert names.whereis("a") is a
+    sup.stop()
+
+
+def test_restart_types(journal: Journal, names: Names) -> None:
+    sup = started_sup(
+        [spec("perm", journal), spec("trans", journal, "transient"), spec("temp", journal, "temporary")], names
+    )
+    for name in ("perm", "trans", "temp"):
+        ref = names.whereis(name)
+        assert ref is not None
+        ref.stop()  # a normal exit
+    assert wait_for(lambda: journal.starts("perm") == 2)
+    assert wait_for(lambda: len(sup.proxy().which_children().get(timeout=WAIT_S)) == 2)
+    children = {c.id: c for c in sup.proxy().which_children().get(timeout=WAIT_S)}
+    assert children["perm"].alive and children["perm"].restarts == 1
+    assert not children["trans"].alive and children["trans"].restarts == 0  # normal exit: not restarted
+    assert "temp" not in children  # temporary: forgotten
+    sup.stop()
+    sup = started_sup([spec("trans", journal, "transient"), spec("temp", journal, "temporary")], names)
+    for name in ("trans", "temp"):
+        ref = names.whereis(name)
+        assert ref is not None
+        ref.tell("crash")
+    assert wait_for(lambda: journal.starts("trans") == 2)  # abnormal exit: restarted
+    assert journal.starts("temp") == 2  # the one from the first supervisor and this one; never restarted
+    assert wait_for(lambda: [c.id for c in sup.proxy().which_children().get(timeout=WAIT_S)] == ["trans"])
+    sup.stop()
+
+
+def test_a_base_exception_in_a_child_is_a_failure_of_that_child_only(journal: Journal, names: Names) -> None:
+    sup = started_sup([spec("a", journal), spec("b", journal)], names)
+    a, b = refs(names, "a", "b")
+    with pytest.raises(ActorExit, match="SystemExit"):
+        a.ask("exit", timeout=WAIT_S)
+    assert wait_for(lambda: journal.starts("a") == 2)
+    assert b.is_alive() and sup.is_alive()
+    sup.stop()
+
+
+def test_intensity_exceeded_stops_the_supervisor_and_escalates(journal: Journal, names: Names) -> None:
+    inner = ChildSpec(
+        "inner",
+        StartChild(Supervisor, ([spec("w", journal)],), {"names": names, "max_restarts": 2, "max_seconds": 60,
+                                                         "label": "inner"}),
+        type="supervisor",
+        name="inner",
+    )
+    outer = started_sup([inner], names, max_restarts=5, max_seconds=60, label="outer")
+    first_inner = names.whereis("inner")
+    downs: list[object] = []
+    assert first_inner is not None
+    monitor(first_inner, lambda _r, reason: downs.append(reason))
+    for starts in (2, 3):
+        crash_and_wait(names, "w", journal, starts)
+    worker = names.whereis("w")
+    assert worker is not None
+    worker.tell("crash")  # the third restart in the period: past max_restarts=2
+    assert wait_for(lambda: len(downs) == 1)
+    assert isinstance(downs[0], RestartIntensityExceeded) and "more than 2 restarts" in str(downs[0])
+    # the outer supervisor restarted the inner one, which started a fresh worker
+    assert wait_for(lambda: names.whereis("inner") not in (None, first_inner) and journal.starts("w") == 4)
+    children = outer.proxy().which_children().get(timeout=WAIT_S)
+    assert children[0].restarts == 1
+    outer.stop()
+
+
+def test_shutdown_is_in_reverse_order_and_bounded(journal: Journal, names: Names) -> None:
+    slow = ChildSpec("slow", StartChild(Worker, ("slow", journal, 0.5)), shutdown=50, name="slow")
+    brutal = ChildSpec("brutal", StartChild(Worker, ("brutal", journal)), shutdown="brutal_kill", name="brutal")
+    sup = started_sup([spec("a", journal), slow, spec("b", journal), brutal], names)
+    busy = names.whereis("brutal")
+    assert busy is not None
+    RELEASE.clear()
+    busy.tell("block")  # busy: a brutal kill does not wait for it
+    journal.lines.clear()
+    began = time.monotonic()
+    sup.stop(timeout=WAIT_S)
+    elapsed = time.monotonic() - began
+    assert journal.lines == ["stop b", "stop a"]  # reverse order; "slow" was given 50 ms, then abandoned
+    assert elapsed < 0.5
+    assert wait_for(lambda: journal.lines[-1] == "stop slow")  # it finished its clean-up on its own
+    RELEASE.set()
+    assert wait_for(lambda: not busy.is_alive())
+    assert "stop brutal" in journal.lines  # killed once its message was done
+
+
+def test_monitors_report_the_reason(journal: Journal) -> None:
+    downs: list[tuple[str, object]] = []
+
+    class Watcher(Actor):
+        def on_receive(self, message: Any) -> None:
+            if isinstance(message, Down):
+                downs.append(("message", message.reason))
+
+    watcher = Watcher.start()
+    for how in ("stop", "crash", "exit", "kill"):
+        ref = Worker.start(how, journal)
+        monitor(ref, lambda _r, reason, how=how: downs.append((how, reason)))
+        if how == "stop":
+            monitor(ref, watcher)
+            ref.stop()
+        elif how == "kill":
+            kill(ref, "shutdown")
+        else:
+            ref.tell(how)
+    assert wait_for(lambda: len(downs) == 5)
+    reasons = dict(downs)
+    assert reasons["stop"] == NORMAL and reasons["message"] == NORMAL
+    assert isinstance(reasons["crash"], RuntimeError)
+    assert isinstance(reasons["exit"], SystemExit)
+    assert reasons["kill"] == "shutdown"
+    dead = Worker.start("dead", journal)
+    dead.stop()
+    late: list[object] = []
+    monitor(dead, lambda _r, reason: late.append(reason))
+    assert late == ["noproc"]
+    watcher.stop()
+    with pytest.raises(TypeError, match=r"not a rho_actors\.Actor"):
+        monitor(pykka.ThreadingActor.start(), lambda _r, _reason: None)
+    pykka.ActorRegistry.stop_all()
+
+
+def test_whereis_follows_a_restart_and_an_old_ref_fails_fast(journal: Journal, names: Names) -> None:
+    sup = started_sup([spec("kv", journal)], names)
+    old = names.whereis("kv")
+    assert old is not None and old.ask("hi", timeout=WAIT_S) == 1
+    crash_and_wait(names, "kv", journal, 2)
+    new = names.whereis("kv")
+    assert new is not None and new.ask("hi", timeout=WAIT_S) == 1  # fresh state
+    began = time.monotonic()
+    with pytest.raises(pykka.ActorDeadError):
+        old.ask("hi", timeout=WAIT_S)
+    assert time.monotonic() - began < 1
+    sup.stop()
+
+
+def test_a_child_that_fails_to_start_fails_its_supervisor_start(journal: Journal, names: Names) -> None:
+    class Broken(Actor):
+        def on_start(self) -> None:
+            raise ValueError("no database")
+
+    with pytest.raises(RuntimeError, match="failed to start"):
+        started_sup([spec("a", journal), ChildSpec("broken", StartChild(Broken))], names)
+    assert wait_for(lambda: "stop a" in journal.lines)  # the started sibling was stopped again
+
+
+def test_bad_child_specs_are_refused() -> None:
+    with pytest.raises(ValueError, match="restart must be one of"):
+        ChildSpec("x", StartChild(Worker), restart="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shutdown must be"):
+        ChildSpec("x", StartChild(Worker), shutdown=-1)
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        Supervisor(strategy="all_for_none")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unique"):
+        Supervisor([ChildSpec("x", StartChild(Worker)), ChildSpec("x", StartChild(Worker))])
+
+
+def test_crashing_children_for_a_while_leaves_no_thread_after_stop(journal: Journal, names: Names) -> None:
+    before = set(threading.enumerate())
+    sup = started_sup(
+        [spec(f"w{i}", journal) for i in range(4)], names, strategy="rest_for_one", max_restarts=10_000, max_seconds=1
+    )
+    until = time.monotonic() + 1.5
+    crashes = 0
+    while time.monotonic() < until:
+        ref = names.whereis(f"w{crashes % 4}")
+        if ref is not None:
+            ref.tell("crash" if crashes % 2 else "exit")
+            crashes += 1
+        time.sleep(0.002)
+    assert crashes > 50
+    assert sup.is_alive()
+    sup.stop(timeout=WAIT_S)
+    assert extra_threads(before) == []
