@@ -645,6 +645,7 @@ class ReplayReport:
     direct_sessions_wall_s: float = 0.0
     total_wall_s: float = 0.0
     overhead_samples_us: list[float] = field(default_factory=list, repr=False)
+    tree: dict[str, Any] | None = field(default=None, repr=False)
     turn_overhead_samples_us: list[float] = field(default_factory=list, repr=False)
 
     @property
@@ -703,6 +704,7 @@ class ReplayReport:
             "overhead_us": self.overhead_us,
             "turn_overhead_us": self.turn_overhead_us,
             "exit_code": self.exit_code,
+            **({"tree": self.tree} if self.tree is not None else {}),
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -809,6 +811,7 @@ def replay(
     ids: Iterable[str] | None = None,
     withhold_excluded: bool = True,
     data_dir: Path | None = None,
+    tree: bool = False,
 ) -> ReplayReport:
     """Replay the first ``limit`` (all if ``None``) conversations of BFCL's
     ``multi_turn_{category}`` through an :class:`~rho_actors.ActorSystem` and compare.
@@ -822,7 +825,8 @@ def replay(
 
     ``progress`` shows a rich progress bar on stderr. ``ids`` restricts the replay to
     those entry ids (see :func:`load_entries`). ``data_dir`` is the system's data
-    directory (a temporary one if ``None``). Returns a :class:`ReplayReport`; raises
+    directory (a temporary one if ``None``). ``tree`` keeps the system's supervision
+    tree, taken after the last session, in :attr:`ReplayReport.tree`. Returns a :class:`ReplayReport`; raises
     :class:`BfclUnavailableError` when ``bfcl_eval`` is missing and ``ValueError`` for an
     unknown category.
     """
@@ -854,6 +858,8 @@ def replay(
                 _Session(system, entry, functions, validators, report, withhold_excluded, clock).run()
                 clock.clear()
                 advance()
+        if tree:
+            report.tree = system.tree()
     report.total_wall_s = time.perf_counter() - started
     return report
 

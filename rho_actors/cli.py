@@ -5,7 +5,7 @@ Commands (argparse subcommands; each command group registers itself in
 ``selftest``, ``tree`` or ``chat`` are added as siblings)::
 
     rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
-                           [--limit N] [--json]
+                           [--limit N] [--json] [--tree]
 
 Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
 a result or a state differed other than through a listed rejection), 2 usage error or
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "render_tree"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -56,6 +56,9 @@ def _add_replay(commands: Any) -> None:
     bfcl.add_argument("--category", choices=CATEGORIES, default="base", help="multi-turn category (default: base)")
     bfcl.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="replay only the first N entries")
     bfcl.add_argument("--json", action="store_true", help="print the summary as one JSON object (no progress bar)")
+    bfcl.add_argument(
+        "--tree", action="store_true", help="also print the live supervision tree, taken after the last session"
+    )
     bfcl.set_defaults(handler=_run_replay_bfcl)
 
 
@@ -63,20 +66,49 @@ def _run_replay_bfcl(args: argparse.Namespace) -> int:
     from rho_actors.bfcl import BfclUnavailableError, replay
 
     try:
-        report = replay(category=args.category, limit=args.limit, progress=not args.json)
+        report = replay(category=args.category, limit=args.limit, progress=not args.json, tree=args.tree)
     except BfclUnavailableError as exc:
         print(f"rho-actors: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(report.to_json())
     else:
-        from rich.console import Console
-
-        console = Console()
-        if not console.is_terminal:  # a log or a pipe: no 80-column wrapping of long lines
-            console = Console(width=160)
+        console = _console()
         console.print(report.render())
+        if report.tree is not None:
+            console.print(render_tree(report.tree))
     return report.exit_code
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)  # a log or pipe: no 80-column wrapping
+
+
+def render_tree(node: dict[str, Any]) -> Any:
+    """A :meth:`rho_actors.ActorSystem.tree` node as a ``rich.tree.Tree``."""
+    from rich.tree import Tree
+
+    def label(n: dict[str, Any]) -> str:
+        state = "[green]alive[/]" if n["alive"] else "[red]down[/]"
+        text = f"[bold]{n['id']}[/] {n['kind']}, {n['restart']}, restarts {n['restarts']}, {state}"
+        if "strategy" in n:
+            text += f", {n['strategy']}"
+        if "spares" in n:
+            text += f", {n['running']} calls running, {n['spares']} spares"
+        return text
+
+    def grow(tree: Any, n: dict[str, Any]) -> Any:
+        for child in n.get("children", []):
+            grow(tree.add(label(child)), child)
+        if n["kind"] == "worker" and isinstance(n.get("running"), list):
+            for call in n["running"]:
+                tree.add(f"call {call['call_id']}: {call['tool']}, {call['ms_left']:.0f} ms left")
+        return tree
+
+    return grow(Tree(label(node)), node)
 
 
 # --------------------------------------------------------------------------- entry point

@@ -358,6 +358,9 @@ class Supervisor(Actor):
         child.ref = None
         if reason == NORMAL and child.spec.restart == "transient":
             logger.debug("{}: transient child {} ended normally", self.label, child.spec.id)
+            if child.dynamic:  # as OTP's DynamicSupervisor: a child not restarted is forgotten
+                with self._lock:
+                    self._children.pop(child.key, None)
             return
         logger.warning("{}: child {} ended ({}); strategy {}", self.label, child.spec.id, _reason_text(reason),
                        self.strategy)

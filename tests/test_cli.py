@@ -107,3 +107,14 @@ def test_replay_bfcl_returns_1_on_a_difference(
     data = json.loads(capsys.readouterr().out)
     assert data["different"] > 0 and data["exit_code"] == 1
     assert {d["got"] for d in data["differences"]} == {"tampered"}
+
+
+def test_tree_prints_the_supervision_tree(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "bfcl", "--limit", "1", "--tree"]) == 0
+    out = capsys.readouterr().out
+    for line in ("root supervisor, permanent", "├── declarations worker, permanent", "├── loops supervisor",
+                 "calls running", "└── servers supervisor"):
+        assert line in out
+    assert main(["replay", "bfcl", "--limit", "1", "--tree", "--json"]) == 0
+    tree = json.loads(capsys.readouterr().out)["tree"]
+    assert [c["id"] for c in tree["children"]] == ["declarations", "registry", "calls", "loops", "servers"]
