@@ -13,9 +13,9 @@ from loguru import logger as _logger
 from rho_actors.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.call import CancelToken
-from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
+from rho_actors.declarations import DeclarationError, UntrustedReads, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
-from rho_actors.events import CallEvent
+from rho_actors.events import CallEvent, DeclarationEvent
 from rho_actors.formats import DIALECTS, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.loop import Loop
@@ -35,7 +35,9 @@ from rho_actors.tool import (
     concurrency,
     default_timeout_ms,
     is_tool,
+    is_untrusted,
     timeout_ms,
+    untrusted,
 )
 
 _logger.disable("rho_actors")
@@ -53,6 +55,7 @@ __all__ = [
     "ChildInfo",
     "ChildSpec",
     "DeclarationError",
+    "DeclarationEvent",
     "Details",
     "Down",
     "DuplicateToolError",
@@ -71,6 +74,7 @@ __all__ = [
     "ToolCall",
     "ToolInfo",
     "ToolResult",
+    "UntrustedReads",
     "check_declaration",
     "concurrency",
     "declaration",
@@ -78,6 +82,7 @@ __all__ = [
     "default_timeout_ms",
     "encode_output",
     "is_tool",
+    "is_untrusted",
     "kill",
     "monitor",
     "read_declaration",
@@ -85,4 +90,5 @@ __all__ = [
     "timeout_ms",
     "to_dialect",
     "tool",
+    "untrusted",
 ]

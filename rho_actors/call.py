@@ -140,6 +140,8 @@ class CallSpec:
     max_output_chars: int
     reply: Callable[[ToolResult], None]
     abandoned: AbandonedThreads
+    isolation: str = "thread"
+    workers: Any = None  # rho_actors.workers.Workers, for "process" isolation
 
 
 def error_result(call_id: str, name: str, kind: ErrorKind, message: str, duration_ms: float = 0.0) -> ToolResult:
@@ -215,15 +217,18 @@ class CallActor(Actor):
         self.spec = spec
         started = spec.dispatched
         try:
-            value = spec.tool.run(spec.args, spec.ctx)
-            if inspect.iscoroutine(value):
-                value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
-            result = result_from_return(
-                spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - started) * 1000
-            )
+            if spec.isolation == "process":
+                result = self._run_in_process(spec)
+            else:
+                value = spec.tool.run(spec.args, spec.ctx)
+                if inspect.iscoroutine(value):
+                    value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
+                result = result_from_return(
+                    spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - started) * 1000
+                )
         except BaseException as exc:
             result = self._failure(exc, started)
-        if spec.cancel.finish():
+        if spec.cancel.finish() and spec.isolation == "thread":
             spec.abandoned.returned()
             logger.info("abandoned call {} of tool {} returned; its result is discarded", spec.call_id, spec.name)
         self._result = result
@@ -239,6 +244,19 @@ class CallActor(Actor):
                 self.spec.reply(result)
             except BaseException:
                 logger.exception("reply of call {} failed", self.spec.call_id)
+
+    @staticmethod
+    def _run_in_process(spec: CallSpec) -> ToolResult:
+        """``process`` isolation: the call runs in a worker process, killed at the deadline."""
+        try:
+            pool = spec.workers.pool()
+        except RuntimeError as err:
+            return error_result(spec.call_id, spec.name, ErrorKind.CANCELLED, f"tool {spec.name!r} did not run: {err}")
+        result: ToolResult = pool.run(
+            spec.tool, spec.args, spec.ctx, spec.deadline, spec.max_output_chars, name=spec.name,
+            started=spec.dispatched,
+        )
+        return result
 
     def _failure(self, exc: BaseException, started: float) -> ToolResult:
         spec = self.spec

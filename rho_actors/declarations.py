@@ -23,16 +23,21 @@ import functools
 import inspect
 import math
 import re
+import threading
 import typing
 from dataclasses import dataclass
 from typing import Any
 
+import pykka
+import tenacity
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from loguru import logger
 
 from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception
+from rho_actors.events import DeclarationEvent, EventBus
+from rho_actors.timers import Timers
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback
 
 __all__ = [
@@ -40,8 +45,11 @@ __all__ = [
     "DEFAULT_MAX_SCHEMA_DEPTH",
     "NAME_PATTERN",
     "DeclarationActor",
+    "Checked",
     "DeclarationError",
     "Rejected",
+    "UntrustedReads",
+    "checked_untrusted",
     "check_declaration",
     "describe_origin",
     "read_declaration",
@@ -243,25 +251,95 @@ DECLARATIONS = "declarations"
 """The name the DeclarationActor is registered under in its system."""
 
 
-class DeclarationActor(Actor):
-    """Owns the checked-declaration cache (DESIGN §3, §6: permanent).
+@dataclass(frozen=True, slots=True)
+class UntrustedReads:
+    """How untrusted declarations are read (DESIGN §3): in a throwaway process within
+    ``timeout_s`` seconds and ``heap_bytes`` bytes; a read that runs over is tried again
+    after each of ``retry_s`` (seconds; default 1, 5 and 30 minutes, as tenacity's
+    ``wait_chain`` of ``wait_fixed`` waits), then the tool stays out."""
 
-    Each tool's declaration is read and checked once, in this actor's thread, and kept
-    for the tool's life: until :meth:`forget` (unregistration) or a re-read with
-    ``fresh=True`` (a re-registration, its code may have changed). A rejection's reason
-    is logged once, when it is found. ``cache`` is kept by the system, so a restarted
-    DeclarationActor starts with every checked declaration.
+    timeout_s: float = 2.0
+    heap_bytes: int = 256 * 2**20
+    retry_s: tuple[float, ...] = (60.0, 300.0, 1800.0)
+    start_method: str = "forkserver"
+
+    def wait(self) -> tenacity.wait.wait_base:
+        """The retry schedule as a tenacity wait strategy."""
+        return tenacity.wait_chain(*(tenacity.wait_fixed(s) for s in self.retry_s))
+
+    def retry_delay_s(self, retry: int) -> float:
+        """The wait before retry number ``retry`` (1-based), in seconds."""
+        state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
+        state.attempt_number = retry
+        return float(self.wait()(state))
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """Told by the DeclarationActor to the registry: an untrusted tool's declaration was
+    read and checked (``outcome``), or the read failed (a :class:`Rejected`)."""
+
+    tool: Any
+    outcome: ToolInfo | Rejected
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadDone:
+    tool: Any
+    outcome: ToolInfo | Rejected
+    timed_out: bool
+    retry: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    tool: Any
+    retry: int
+
+
+_checked_untrusted: dict[int, tuple[Any, ToolInfo | Rejected]] = {}
+"""Every system's checked untrusted declarations, for :func:`checked_untrusted`."""
+
+
+def checked_untrusted(tool: Any) -> ToolInfo | Rejected | None:
+    """The checked declaration (or the rejection) of an untrusted tool a system has read,
+    or ``None`` when none has (yet)."""
+    held = _checked_untrusted.get(id(tool))
+    return held[1] if held is not None and held[0] is tool else None
+
+
+class DeclarationActor(Actor):
+    """Owns the checked-declaration cache and the retry timers (DESIGN §3, §6: permanent).
+
+    A trusted tool's declaration is read in this actor's thread (:meth:`check`); an
+    untrusted tool's in a throwaway process (:meth:`read_untrusted`, in a helper thread
+    that waits for it), the outcome then told to the registry as
+    :class:`rho_actors.registry.Checked`. Each outcome is kept for the tool's life:
+    until :meth:`forget` (unregistration) or a re-read (a re-registration: its code may
+    have changed). A rejection's reason is logged once, when it is found. A read that ran
+    over its time bound is retried on the :class:`UntrustedReads` schedule. ``cache`` is
+    kept by the system, so a restarted DeclarationActor starts with every checked
+    declaration. Events: ``read``, ``rejected``, ``retry``, ``excluded``.
     """
 
     def __init__(
-        self, cache: dict[int, tuple[Any, ToolInfo | Rejected]], max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH
+        self,
+        cache: dict[int, tuple[Any, ToolInfo | Rejected]],
+        max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
+        untrusted: UntrustedReads | None = None,
+        timers: Timers | None = None,
+        events: EventBus | None = None,
     ) -> None:
         super().__init__()
         self._max_schema_depth = max_schema_depth
         self._cache = cache
+        self._untrusted = untrusted or UntrustedReads()
+        self._timers = timers
+        self._events = events
+        self._notify: dict[int, pykka.ActorRef[Any]] = {}
 
     def check(self, tool: Any, fresh: bool = False) -> ToolInfo | Rejected:
-        """The tool's checked declaration, or why it is left out. Never raises."""
+        """The trusted tool's checked declaration, or why it is left out. Never raises."""
         cached = self._cache.get(id(tool))
         if cached is not None and cached[0] is tool and not fresh:
             return cached[1]
@@ -275,8 +353,82 @@ class DeclarationActor(Actor):
         self._cache[id(tool)] = (tool, outcome)
         return outcome
 
+    def read_untrusted(self, tool: Any, notify: pykka.ActorRef[Any], retry: int = 0) -> None:
+        """Read an untrusted tool's declaration in a throwaway process, without blocking
+        this actor; ``notify`` is told :class:`rho_actors.registry.Checked` when done."""
+        self._notify[id(tool)] = notify
+        me = self.actor_ref
+        settings, depth = self._untrusted, self._max_schema_depth
+        threading.Thread(
+            target=_read_isolated, args=(tool, settings, depth, retry, me), name="rho-declaration-read", daemon=True
+        ).start()
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _ReadDone):
+            self._read_done(message)
+        elif isinstance(message, _Retry):
+            notify = self._notify.get(id(message.tool))
+            if notify is not None:
+                self.read_untrusted(message.tool, notify, message.retry)
+        else:
+            return super().on_receive(message)
+        return None
+
+    def _read_done(self, done: _ReadDone) -> None:
+        notify = self._notify.get(id(done.tool))
+        if notify is None:
+            return  # forgotten (unregistered) while it was read
+        origin = describe_origin(done.tool)
+        outcome = done.outcome
+        self._cache[id(done.tool)] = (done.tool, outcome)
+        _checked_untrusted[id(done.tool)] = (done.tool, outcome)
+        if isinstance(outcome, ToolInfo):
+            self._emit("read", origin, outcome.name, None)
+        elif done.timed_out and done.retry < len(self._untrusted.retry_s) and self._timers is not None:
+            delay = self._untrusted.retry_delay_s(done.retry + 1)
+            logger.warning("tool {} left out for now: {}; read again in {} s", origin, outcome.reason, delay)
+            self._emit("retry", origin, outcome.name, f"{outcome.reason}; read again in {delay} s")
+            self._timers.send_after(delay, self.actor_ref, _Retry(done.tool, done.retry + 1))
+        else:
+            kind = "excluded" if done.timed_out else "rejected"
+            logger.warning("tool {} left out: {}", origin, outcome.reason)
+            self._emit(kind, origin, outcome.name, outcome.reason)
+        try:
+            notify.tell(Checked(done.tool, outcome))
+        except pykka.ActorDeadError:
+            pass
+
+    def _emit(self, kind: Any, origin: str, name: str | None, reason: str | None) -> None:
+        if self._events is not None:
+            self._events.emit(DeclarationEvent(kind, origin, name, reason))
+
     def forget(self, tool: Any) -> None:
-        """Drop the tool's cached declaration."""
-        cached = self._cache.get(id(tool))
-        if cached is not None and cached[0] is tool:
-            del self._cache[id(tool)]
+        """Drop the tool's cached declaration and any pending retry."""
+        for table in (self._cache, _checked_untrusted):
+            held = table.get(id(tool))
+            if held is not None and held[0] is tool:
+                del table[id(tool)]
+        self._notify.pop(id(tool), None)
+
+
+def _read_isolated(tool: Any, settings: UntrustedReads, depth: int, retry: int, actor: pykka.ActorRef[Any]) -> None:
+    """A helper thread's work: one isolated read and check, told back to ``actor``."""
+    from rho_actors import sandbox
+
+    timed_out = False
+    try:
+        payload = sandbox.read_declaration_isolated(
+            tool, timeout_s=settings.timeout_s, heap_bytes=settings.heap_bytes, start_method=settings.start_method
+        )
+        outcome: ToolInfo | Rejected = check_declaration(sandbox.raw_declaration(payload), max_schema_depth=depth)
+    except DeclarationError as err:
+        outcome = Rejected(str(err), err.name)
+    except sandbox.IsolatedReadError as err:
+        timed_out = err.kind == "timeout"
+        outcome = Rejected(f"reading its declaration failed ({err.kind}): {err}")
+    except BaseException as err:  # this thread must always answer
+        outcome = Rejected(f"reading its declaration failed: {describe_exception(err)}")
+    try:
+        actor.tell(_ReadDone(tool, outcome, timed_out, retry))
+    except pykka.ActorDeadError:
+        pass

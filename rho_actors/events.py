@@ -18,11 +18,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Union
 
 from loguru import logger
 
-__all__ = ["CallEvent", "EventBus", "EventKind"]
+__all__ = ["CallEvent", "DeclarationEvent", "EventBus", "EventKind"]
 
 EventKind = Literal["started", "finished", "timed_out", "late"]
 
@@ -40,6 +40,9 @@ class CallEvent:
     duration_ms: float = 0.0
 
 
+Event = Union["CallEvent", "DeclarationEvent"]
+
+
 class EventBus:
     """Delivers each event to every subscriber, in the emitting actor's thread.
 
@@ -48,9 +51,9 @@ class EventBus:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._subscribers: tuple[Callable[[CallEvent], None], ...] = ()
+        self._subscribers: tuple[Callable[[Event], None], ...] = ()
 
-    def subscribe(self, callback: Callable[[CallEvent], None]) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
         """Add ``callback``; returns a function that removes it again."""
         with self._lock:
             self._subscribers += (callback,)
@@ -61,8 +64,10 @@ class EventBus:
 
         return unsubscribe
 
-    def emit(self, event: CallEvent) -> None:
-        if event.kind == "timed_out":
+    def emit(self, event: Event) -> None:
+        if isinstance(event, DeclarationEvent):
+            logger.info("declaration of {}: {} {}", event.tool, event.kind, event.reason or "")
+        elif event.kind == "timed_out":
             logger.warning(
                 "call {} ({}) in session {} timed out after {:.1f} ms",
                 event.call_id, event.tool, event.session_id, event.duration_ms,
@@ -77,3 +82,20 @@ class EventBus:
                 subscriber(event)
             except BaseException:  # a subscriber's exit must not stop the emitting actor
                 logger.exception("event subscriber {!r} raised", subscriber)
+
+
+DeclarationEventKind = Literal["read", "rejected", "retry", "excluded"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeclarationEvent:
+    """An untrusted tool's declaration read (DESIGN §3): ``read`` (checked and offered),
+    ``rejected`` (it failed its checks, or the read failed), ``retry`` (the read ran
+    over its time bound; ``reason`` says when it is tried again) or ``excluded`` (the
+    last retry ran over too: it stays out). ``tool`` is its origin, ``name`` its name
+    when known."""
+
+    kind: DeclarationEventKind
+    tool: str
+    name: str | None = None
+    reason: str | None = None

@@ -16,8 +16,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
-from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
-from rho_actors.tool import ToolInfo
+from rho_actors.declarations import DeclarationError, check_declaration, checked_untrusted, read_declaration
+from rho_actors.tool import ToolInfo, is_untrusted
 
 __all__ = ["DIALECTS", "Dialect", "declaration", "to_dialect"]
 
@@ -55,12 +55,16 @@ def declaration(tool: Any, dialect: Dialect = "neutral") -> dict[str, Any] | Non
     """The declaration sent to a model for ``tool`` (a tool or a :class:`ToolInfo`),
     or ``None`` when its declaration fails the checks of DESIGN §3 (it is not offered).
 
-    A tool (not a ``ToolInfo``) is read and checked in the caller's thread, so use this
-    on trusted tools; a system's loops use the DeclarationActor's cache instead.
+    A trusted tool is read and checked in the caller's thread. An untrusted one
+    (:func:`rho_actors.untrusted`) is never read here: its declaration is the one a
+    system read in a throwaway process, and ``None`` while none has or when it failed.
     Raises ``ValueError`` for an unknown dialect.
     """
     if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
+    if is_untrusted(tool):
+        checked = checked_untrusted(tool)
+        return to_dialect(checked, dialect) if isinstance(checked, ToolInfo) else None
     if not isinstance(tool, ToolInfo):
         try:
             tool = check_declaration(read_declaration(tool))

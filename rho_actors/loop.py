@@ -39,6 +39,7 @@ from rho_actors.registry import ToolEntry, ToolSet, ToolSetView
 from rho_actors.supervisor import Spares
 from rho_actors.timers import Timer, Timers
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
+from rho_actors.workers import Workers
 
 __all__ = ["Loop", "LoopActor", "LoopSettings", "loop_name"]
 
@@ -137,6 +138,7 @@ class LoopActor(Actor):
         withheld: frozenset[str],
         tools: ToolSetView,
         calls: Spares,
+        workers: Workers,
         timers: Timers,
         events: EventBus,
         abandoned: AbandonedThreads,
@@ -151,6 +153,7 @@ class LoopActor(Actor):
         self._withheld_list: tuple[str, ...] = tuple(sorted(withheld))
         self._tools = tools
         self._calls = calls
+        self._workers = workers
         self._timers = timers
         self._events = events
         self._abandoned = abandoned
@@ -290,7 +293,7 @@ class LoopActor(Actor):
         )
         spec = CallSpec(
             slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, cancel,
-            self._settings.max_output_chars, reply, self._abandoned,
+            self._settings.max_output_chars, reply, self._abandoned, entry.isolation, self._workers,
         )
         slot.started, slot.cancel = now, cancel
         slot.timer = self._timers.call_at(deadline, lambda: _tell(ref, _Deadline(turn_id, index)))
@@ -322,13 +325,14 @@ class LoopActor(Actor):
         slot = turn.slots[message.index]
         assert slot.entry is not None and slot.cancel is not None
         timeout = slot.entry.info.timeout_ms
-        if slot.cancel.cancel("timeout"):
+        if slot.cancel.cancel("timeout") and _abandons_a_thread(slot):
             self._abandoned.abandoned()
             if slot.actor is not None:
                 self._calls.abandon(slot.actor)
         result = error_result(
             slot.call.id, slot.entry.info.name, ErrorKind.TIMEOUT,
-            f"tool {slot.entry.info.name!r} did not finish within its timeout of {timeout} ms; it was cancelled",
+            f"tool {slot.entry.info.name!r} did not finish within its timeout of {timeout} ms; "
+            + ("its worker process was killed" if slot.entry.isolation == "process" else "it was cancelled"),
             (time.monotonic() - slot.started) * 1000,
         )
         self._settle(turn, slot, result, event="timed_out")
@@ -358,7 +362,7 @@ class LoopActor(Actor):
             name = slot.call.name
             if slot.timer is not None:
                 slot.timer.cancel()
-            if slot.cancel is not None and slot.cancel.cancel("stopping"):
+            if slot.cancel is not None and slot.cancel.cancel("stopping") and _abandons_a_thread(slot):
                 self._abandoned.abandoned()
             duration = (time.monotonic() - slot.started) * 1000 if slot.started else 0.0
             slot.result = error_result(slot.call.id, name, kind, message, duration)
@@ -437,6 +441,12 @@ def _checked_call(index: int, call: Any) -> ToolCall:
     if type(call.id) is str and type(call.name) is str:
         return call
     return ToolCall(str.__str__(call.id), str.__str__(call.name), call.arguments)
+
+
+def _abandons_a_thread(slot: _Slot) -> bool:
+    """Whether cancelling this running call abandons a thread: a ``process`` call's
+    CallActor returns at once, its worker process being killed instead."""
+    return slot.entry is not None and slot.entry.isolation == "thread"
 
 
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:

@@ -12,21 +12,25 @@ only writer and every published set is frozen.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
+from loguru import logger
 
 from rho_actors.actor import Actor, Names
 from rho_actors.arguments import make_validator
-from rho_actors.declarations import DECLARATIONS, Rejected, describe_origin
+from rho_actors.declarations import DECLARATIONS, Checked, Rejected, describe_origin
 from rho_actors.tool import ToolInfo
 
 __all__ = [
+    "ISOLATIONS",
     "DuplicateToolError",
+    "Isolation",
     "Registration",
     "RegistryState",
     "ToolEntry",
@@ -56,6 +60,10 @@ class Registration:
         return self.info is not None
 
 
+Isolation = Literal["thread", "process"]
+ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
+
+
 @dataclass(frozen=True, slots=True)
 class ToolEntry:
     """A registered tool with a checked declaration and its compiled argument validator."""
@@ -64,6 +72,7 @@ class ToolEntry:
     info: ToolInfo
     validator: Draft202012Validator
     origin: str
+    isolation: Isolation = "thread"
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -98,16 +107,28 @@ class _Slot:
     origin: str
     outcome: ToolInfo | Rejected
     validator: Draft202012Validator | None
+    isolation: Isolation
+
+
+@dataclass(frozen=True, slots=True)
+class _Untrusted:
+    tool: Any
+    origin: str
+    isolation: Isolation
 
 
 @dataclass(slots=True)
 class RegistryState:
     """The registry's durable state: ``slots`` by name (a valid name, offered or not),
-    ``nameless`` rejected tools whose name is unreadable, ``removed`` names with why."""
+    ``nameless`` rejected tools whose name is unreadable, ``removed`` names with why,
+    ``untrusted`` registered untrusted tools by id, and ``waiting``, the hosts waiting
+    for the first read of an untrusted tool."""
 
     slots: dict[str, _Slot] = field(default_factory=dict)
     nameless: dict[int, _Slot] = field(default_factory=dict)
     removed: dict[str, str] = field(default_factory=dict)
+    untrusted: dict[int, _Untrusted] = field(default_factory=dict)
+    waiting: dict[int, concurrent.futures.Future[Registration]] = field(default_factory=dict)
 
 
 class ToolRegistry(Actor):
@@ -129,17 +150,55 @@ class ToolRegistry(Actor):
             raise RuntimeError("the DeclarationActor is not running (it is being restarted); try again")
         return ref.proxy()
 
-    def register(self, tool: Any, origin: str | None = None) -> Registration:
+    def register(
+        self, tool: Any, origin: str | None = None, untrusted: bool = False, isolation: Isolation | None = None
+    ) -> Registration | concurrent.futures.Future[Registration]:
         """Check and add ``tool``; registering the same object again re-reads it.
 
-        Raises :class:`DuplicateToolError` when another tool holds its name.
+        A trusted tool is read now and its :class:`Registration` returned; raises
+        :class:`DuplicateToolError` when another tool holds its name. An untrusted tool
+        is read in a throwaway process by the DeclarationActor: this returns a future of
+        its Registration (or of the DuplicateToolError). ``isolation`` defaults to
+        ``"process"`` for an untrusted tool, else ``"thread"``.
         """
         origin = origin or describe_origin(tool)
-        outcome: ToolInfo | Rejected = self._declarations().check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
+        isolation = isolation or ("process" if untrusted else "thread")
+        if not untrusted:
+            outcome = self._declarations().check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
+            return self._apply(tool, origin, outcome, isolation)
+        self._state.untrusted[id(tool)] = _Untrusted(tool, origin, isolation)
+        waiting = self._state.waiting.get(id(tool))
+        if waiting is None or waiting.done():
+            waiting = concurrent.futures.Future()
+            self._state.waiting[id(tool)] = waiting
+        self._declarations().read_untrusted(tool, self.actor_ref)
+        return waiting
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Checked):
+            entry = self._state.untrusted.get(id(message.tool))
+            if entry is None or entry.tool is not message.tool:
+                return None  # unregistered while it was read
+            waiting = self._state.waiting.pop(id(message.tool), None)
+            try:
+                registration = self._apply(entry.tool, entry.origin, message.outcome, entry.isolation)
+            except DuplicateToolError as err:
+                del self._state.untrusted[id(message.tool)]
+                if waiting is not None:
+                    waiting.set_exception(err)
+                else:
+                    logger.warning("{}", err)
+                return None
+            if waiting is not None:
+                waiting.set_result(registration)
+            return None
+        return super().on_receive(message)
+
+    def _apply(self, tool: Any, origin: str, outcome: ToolInfo | Rejected, isolation: Isolation) -> Registration:
         name = outcome.name
         if name is None:
-            self._nameless[id(tool)] = _Slot(tool, origin, outcome, None)
             assert isinstance(outcome, Rejected)
+            self._nameless[id(tool)] = _Slot(tool, origin, outcome, None, isolation)
             return Registration(origin, None, outcome.reason)
         held = self._slots.get(name)
         if held is not None and held.tool is not tool:
@@ -147,12 +206,13 @@ class ToolRegistry(Actor):
                 f"tool name {name!r} is already registered by {held.origin}; refused {origin} "
                 f"(unregister the first to replace it)"
             )
+        self._nameless.pop(id(tool), None)
         validator = make_validator(copy.deepcopy(outcome.parameter_schema)) if isinstance(outcome, ToolInfo) else None
         renamed = [n for n, s in self._slots.items() if s.tool is tool and n != name]
         for old in renamed:  # the same tool re-registered under a new name: one name only
             del self._slots[old]
             self._removed[old] = f"tool {old!r} was renamed to {name!r}"
-        self._slots[name] = _Slot(tool, origin, outcome, validator)
+        self._slots[name] = _Slot(tool, origin, outcome, validator, isolation)
         self._removed.pop(name, None)
         self._publish()
         if isinstance(outcome, ToolInfo):
@@ -167,8 +227,13 @@ class ToolRegistry(Actor):
         else:
             name = next((n for n, s in self._slots.items() if s.tool is name_or_tool), "")
             slot = self._slots.pop(name, None) or self._nameless.pop(id(name_or_tool), None)
+        tool = slot.tool if slot is not None else name_or_tool
+        pending = self._state.untrusted.pop(id(tool), None)
+        waiting = self._state.waiting.pop(id(tool), None)
+        if waiting is not None:
+            waiting.set_result(Registration(pending.origin if pending else "?", None, "unregistered while being read"))
         if slot is None:
-            return False
+            return pending is not None
         self._declarations().forget(slot.tool)
         if name:
             self._removed[name] = f"tool {name!r} was unregistered"
@@ -189,7 +254,7 @@ class ToolRegistry(Actor):
         unavailable = dict(self._removed)
         for name, slot in self._slots.items():
             if isinstance(slot.outcome, ToolInfo) and slot.validator is not None:
-                entries[name] = ToolEntry(slot.tool, slot.outcome, slot.validator, slot.origin)
+                entries[name] = ToolEntry(slot.tool, slot.outcome, slot.validator, slot.origin, slot.isolation)
             else:
                 assert isinstance(slot.outcome, Rejected)
                 reason = slot.outcome.reason

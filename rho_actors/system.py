@@ -3,9 +3,10 @@
 Its supervision tree, started in this order and stopped in reverse::
 
     root                    Supervisor, one_for_one
-    ├── declarations        DeclarationActor      permanent  checked-declaration cache
+    ├── declarations        DeclarationActor      permanent  checked declarations, retry timers
     ├── registry            ToolRegistry          permanent  tools; publishes the tool set
     ├── calls               Supervisor            permanent  CallActors: temporary
+    ├── workers             WorkerPoolActor       permanent  processes for ``process`` isolation
     ├── loops               Supervisor            permanent  LoopActors: transient
     └── servers             Supervisor            permanent  the host's own children
 
@@ -39,19 +40,20 @@ from loguru import logger
 from rho_actors.actor import NORMAL, Names, monitor, start_link
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.call import AbandonedThreads, CallActor
-from rho_actors.declarations import DECLARATIONS, DEFAULT_MAX_SCHEMA_DEPTH, DeclarationActor
+from rho_actors.declarations import DECLARATIONS, DEFAULT_MAX_SCHEMA_DEPTH, DeclarationActor, UntrustedReads
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
-from rho_actors.events import CallEvent, EventBus
+from rho_actors.events import EventBus
 from rho_actors.loop import Loop, LoopActor, LoopSettings, loop_name, withheld_names
-from rho_actors.registry import Registration, RegistryState, ToolRegistry, ToolSetView
+from rho_actors.registry import ISOLATIONS, Isolation, Registration, RegistryState, ToolRegistry, ToolSetView
 from rho_actors.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor
 from rho_actors.timers import Timers
-from rho_actors.tool import ToolInfo, missing_callbacks
+from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
+from rho_actors.workers import WorkerPoolActor, Workers
 
 __all__ = ["ActorSystem"]
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
-REGISTRY, CALLS, LOOPS, SERVERS, ROOT = "registry", "calls", "loops", "servers", "root"
+REGISTRY, CALLS, WORKERS, LOOPS, SERVERS, ROOT = "registry", "calls", "workers", "loops", "servers", "root"
 
 
 class ActorSystem:
@@ -65,7 +67,10 @@ class ActorSystem:
     :meth:`stop` (milliseconds) before their threads are abandoned; ``spare_calls``
     CallActors are kept started ahead of need (each still runs exactly one call), which
     takes a thread start off each call's path; ``max_restarts`` in ``max_seconds`` is
-    the restart intensity of the root and of the loops' supervisor.
+    the restart intensity of the root and of the loops' supervisor; ``untrusted`` says
+    how untrusted declarations are read (time and heap bounds, retry schedule, start
+    method; see :class:`rho_actors.UntrustedReads`); ``warm_workers`` worker processes are
+    kept for ``process`` isolation once it is first used, each under the same heap bound.
     """
 
     def __init__(
@@ -79,6 +84,8 @@ class ActorSystem:
         spare_calls: int = 4,
         max_restarts: int = 3,
         max_seconds: float = 5.0,
+        untrusted: UntrustedReads | None = None,
+        warm_workers: int = 2,
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +99,8 @@ class ActorSystem:
         self._stopped = False
         self.exit_reason: object = None
         self._ask_timeout_s = 60.0
+        self._untrusted = untrusted or UntrustedReads()
+        self._workers = Workers(warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method)
         self._call_spares = Spares(
             ChildSpec("call", StartChild(CallActor), restart="temporary", shutdown=shutdown_ms), spare_calls
         )
@@ -101,10 +110,12 @@ class ActorSystem:
 
         intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
         children = [
-            ChildSpec(DECLARATIONS, StartChild(DeclarationActor, ({}, max_schema_depth)), name=DECLARATIONS),
+            ChildSpec(DECLARATIONS, StartChild(DeclarationActor, ({}, max_schema_depth, self._untrusted, self._timers,
+                                                                 self._events)), name=DECLARATIONS),
             ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._names, self._tools, RegistryState())), name=REGISTRY),
             ChildSpec(CALLS, supervisor(CALLS, spares=self._call_spares), type="supervisor", name=CALLS,
                       shutdown=shutdown_ms + 1_000),
+            ChildSpec(WORKERS, StartChild(WorkerPoolActor, (self._workers,)), name=WORKERS, shutdown=shutdown_ms),
             ChildSpec(LOOPS, supervisor(LOOPS, **intensity), type="supervisor", name=LOOPS,
                       shutdown=shutdown_ms + 1_000),
             ChildSpec(SERVERS, supervisor(SERVERS), type="supervisor", name=SERVERS, shutdown=shutdown_ms + 1_000),
@@ -127,21 +138,37 @@ class ActorSystem:
 
     # --- tools --------------------------------------------------------------------------
 
-    def register(self, tool: Any, *, origin: str | None = None) -> Registration:
-        """Register a trusted tool (a module, class or object with the callbacks of
-        DESIGN §2). Its declaration is read and checked once; one that fails is left
-        out of what loops offer (see :attr:`Registration.reason`, also logged once).
+    def register(
+        self, tool: Any, *, origin: str | None = None, untrusted: bool = False, isolation: Isolation | None = None
+    ) -> Registration:
+        """Register a tool (a module, class or object with the callbacks of DESIGN §2).
+        Its declaration is read and checked once; one that fails is left out of what
+        loops offer (see :attr:`Registration.reason`, also logged once).
 
-        ``origin`` names where the tool comes from in messages (default: its module,
-        qualified name, file and line). Raises ``TypeError`` when ``tool`` lacks a
-        required callback, and :class:`rho_actors.DuplicateToolError` when another
+        A trusted tool is read in the DeclarationActor's thread. An untrusted one
+        (``untrusted=True``, or marked with :func:`rho_actors.untrusted`) is read in a
+        throwaway process within the time and heap bounds of ``untrusted`` reads; this
+        returns when that first read is done (a read that ran over leaves the tool out
+        for now and is retried on the schedule). ``isolation`` is where its calls run:
+        ``"thread"`` (the default for trusted tools) or ``"process"`` (the default for
+        untrusted ones). ``origin`` names where the tool comes from in messages (default:
+        its module, qualified name, file and line).
+
+        Raises ``TypeError`` when ``tool`` lacks a required callback, ``ValueError`` for
+        an unknown isolation, and :class:`rho_actors.DuplicateToolError` when another
         registered tool has its name.
         """
         missing = missing_callbacks(tool)
         if missing:
             raise TypeError(f"{tool!r} is not a tool: it lacks {', '.join(missing)}")
+        if isolation is not None and isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+        untrusted = untrusted or is_untrusted(tool)
         registry = self._whereis(REGISTRY).proxy()
-        registration: Registration = registry.register(tool, origin).get(timeout=self._ask_timeout_s)
+        answer = registry.register(tool, origin, untrusted, isolation).get(timeout=self._ask_timeout_s)
+        if isinstance(answer, Registration):
+            return answer
+        registration: Registration = answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)
         return registration
 
     def unregister(self, name_or_tool: Any) -> bool:
@@ -190,6 +217,7 @@ class ActorSystem:
             withheld=withheld_names(withheld),
             tools=self._tools,
             calls=self._call_spares,
+            workers=self._workers,
             timers=self._timers,
             events=self._events,
             abandoned=self._abandoned,
@@ -252,18 +280,21 @@ class ActorSystem:
 
     # --- events and state -----------------------------------------------------------------
 
-    def subscribe(self, callback: Callable[[CallEvent], None]) -> Callable[[], None]:
-        """Call ``callback(event)`` for every :class:`CallEvent` (from actor threads:
-        keep it quick). Returns a function that unsubscribes."""
+    def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` for every :class:`CallEvent` and
+        :class:`DeclarationEvent` (from actor threads: keep it quick). Returns a function
+        that unsubscribes."""
         return self._events.subscribe(callback)
 
     def stats(self) -> dict[str, int]:
         """Counters: ``abandoned_threads_running`` (thread calls cancelled at their
-        deadline or at a stop whose thread has not returned yet) and
-        ``abandoned_threads_total``."""
+        deadline or at a stop whose thread has not returned yet),
+        ``abandoned_threads_total``, and the worker pool's as ``workers_<name>`` (see
+        :meth:`rho_actors.sandbox.WorkerPool.stats`)."""
         return {
             "abandoned_threads_running": self._abandoned.running,
             "abandoned_threads_total": self._abandoned.total,
+            **{f"workers_{k}": v for k, v in self._workers.stats().items()},
         }
 
     # --- lifecycle ------------------------------------------------------------------------

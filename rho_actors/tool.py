@@ -55,8 +55,10 @@ __all__ = [
     "concurrency",
     "default_timeout_ms",
     "is_tool",
+    "is_untrusted",
     "missing_callbacks",
     "timeout_ms",
+    "untrusted",
 ]
 
 DEFAULT_TIMEOUT_MS = 30_000
@@ -209,6 +211,30 @@ def missing_callbacks(obj: Any) -> list[str]:
     return [cb for cb in REQUIRED_CALLBACKS if callback(obj, cb) is None]
 
 
+_UNTRUSTED_MARK = "__rho_untrusted__"
+
+
+def untrusted(tool: Any) -> Any:
+    """Mark ``tool`` untrusted ("dynamic", DESIGN §1): every system reads its declaration
+    in a throwaway process and runs its calls in a worker process. Returns ``tool``, so it
+    also works as a class or function decorator. Raises ``TypeError`` when the mark
+    cannot be set on it."""
+    try:
+        setattr(tool, _UNTRUSTED_MARK, True)
+    except (AttributeError, TypeError) as err:
+        raise TypeError(f"cannot mark {type(tool).__name__} untrusted: {err}") from err
+    return tool
+
+
+def is_untrusted(tool: Any) -> bool:
+    """Whether ``tool`` was marked with :func:`untrusted` (an attribute lookup that
+    raises means not marked)."""
+    try:
+        return getattr(tool, _UNTRUSTED_MARK, False) is True
+    except BaseException:
+        return False
+
+
 def is_tool(obj: Any) -> bool:
     """Whether ``obj`` (a module, class or object) exports the required callbacks
     ``name``, ``description``, ``parameter_schema`` and ``run``."""
@@ -225,8 +251,14 @@ def timeout_ms(tool: Any) -> int:
     returns a positive ``int`` (cut to :data:`MAX_TIMEOUT_MS`), else
     :func:`default_timeout_ms` (a raise included).
 
-    Reads the tool in the caller's thread; use it only on trusted tools.
+    An untrusted tool (:func:`untrusted`) is never read here: its timeout comes from the
+    declaration a system checked (the default until one has).
     """
+    if is_untrusted(tool):
+        from rho_actors.declarations import checked_untrusted
+
+        checked = checked_untrusted(tool)
+        return checked.timeout_ms if isinstance(checked, ToolInfo) else DEFAULT_TIMEOUT_MS
     cb = callback(tool, "timeout_ms")
     if cb is None:
         return DEFAULT_TIMEOUT_MS
@@ -241,8 +273,14 @@ def concurrency(tool: Any) -> Concurrency:
     """The tool's concurrency: ``"exclusive"`` only when its ``concurrency()`` returns
     exactly that string; anything else, a raise included, is ``"parallel"``.
 
-    Reads the tool in the caller's thread; use it only on trusted tools.
+    An untrusted tool (:func:`untrusted`) is never read here: its concurrency comes from
+    the declaration a system checked (``"parallel"`` until one has).
     """
+    if is_untrusted(tool):
+        from rho_actors.declarations import checked_untrusted
+
+        checked = checked_untrusted(tool)
+        return checked.concurrency if isinstance(checked, ToolInfo) else "parallel"
     cb = callback(tool, "concurrency")
     if cb is None:
         return "parallel"
