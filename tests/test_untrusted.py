@@ -1,0 +1,230 @@
+"""Untrusted tools in a system (DESIGN §3, §5): declarations read in throwaway processes,
+retried on a schedule, calls run in killable worker processes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import (
+    ActorSystem,
+    DeclarationEvent,
+    DuplicateToolError,
+    ErrorKind,
+    ToolCall,
+    UntrustedReads,
+    declaration,
+    timeout_ms,
+    untrusted,
+)
+
+from .conftest import WAIT_S, wait_for
+
+FLAG = Path("/tmp/rho_actors-test-untrusted-slow-once.flag")  # the same path in the child processes
+
+
+class Echo:
+    """Reports the process it ran in."""
+
+    @staticmethod
+    def name() -> str:
+        return "echo"
+
+    @staticmethod
+    def description() -> str:
+        return "Echo the text with the pid of the process that ran it."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+    @staticmethod
+    def timeout_ms() -> int:
+        return 5_000
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        return f"{args['text']} {os.getpid()}"
+
+
+class HoldsTheGil:
+    """Computes a huge power in C: only another process can keep a deadline against it."""
+
+    name = staticmethod(lambda: "gil")
+    description = staticmethod(lambda: "Hold the GIL for seconds.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    timeout_ms = staticmethod(lambda: 300)
+
+    @staticmethod
+    def run(args: Any, ctx: Any) -> str:
+        return str(10 ** (10**7) > 0)
+
+
+class SlowOnce:
+    """Its name() hangs until a flag file exists: the first read runs over, a retry works."""
+
+    @staticmethod
+    def name() -> str:
+        while not FLAG.exists():
+            time.sleep(0.01)
+        return "slow_once"
+
+    description = staticmethod(lambda: "Slow to read the first time.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    run = staticmethod(lambda args, ctx: "ran")
+
+
+class Hangs:
+    @staticmethod
+    def name() -> str:
+        time.sleep(60)
+        return "hangs"
+
+    description = staticmethod(lambda: "Never answers.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    run = staticmethod(lambda args, ctx: "never")
+
+
+class BadName:
+    name = staticmethod(lambda: "bad name!")
+    description = staticmethod(lambda: "A name with a space.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    run = staticmethod(lambda args, ctx: "never")
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Any:
+    reads = UntrustedReads(timeout_s=1.0, retry_s=(0.05, 0.1))
+    with ActorSystem(data_dir=tmp_path, untrusted=reads, shutdown_ms=2_000, warm_workers=1) as sys_:
+        yield sys_
+    FLAG.unlink(missing_ok=True)
+
+
+def test_an_untrusted_tool_is_read_and_run_in_other_processes(system: ActorSystem) -> None:
+    registration = system.register(Echo, untrusted=True)
+    assert registration.info is not None and registration.info.timeout_ms == 5_000
+    [result] = system.start_loop().run_turn([ToolCall("e", "echo", '{"text": "hi"}')])
+    text, pid = result.content.split()
+    assert result.ok and text == "hi" and int(pid) != os.getpid()
+    assert system.stats()["workers_alive"] >= 1
+
+
+def test_a_process_call_times_out_on_time_even_holding_the_gil(system: ActorSystem) -> None:
+    system.register(HoldsTheGil, untrusted=True)
+    started = time.monotonic()
+    [result] = system.start_loop().run_turn([ToolCall("g", "gil", "{}")])
+    elapsed = time.monotonic() - started
+    assert result.error_kind is ErrorKind.TIMEOUT and "worker process was killed" in result.content
+    assert elapsed < 3  # the C call alone takes ~7 s
+    assert wait_for(lambda: system.stats()["workers_killed"] == 1)
+    assert system.stats()["abandoned_threads_total"] == 0  # nothing abandoned: the worker died instead
+
+
+def test_bad_untrusted_declarations_are_left_out_with_their_reason(system: ActorSystem) -> None:
+    events: list[DeclarationEvent] = []
+    system.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
+    registration = system.register(BadName, untrusted=True)
+    assert registration.info is None and "does not match" in str(registration.reason)
+    loop = system.start_loop()
+    assert loop.offered() == []
+    [result] = loop.run_turn([ToolCall("b", "bad name!", "{}")])
+    assert result.error_kind is ErrorKind.UNKNOWN_TOOL
+    assert [e.kind for e in events] == ["rejected"]
+
+
+def test_a_read_that_runs_over_is_retried_then_excluded(system: ActorSystem) -> None:
+    events: list[DeclarationEvent] = []
+    system.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
+    registration = system.register(Hangs, untrusted=True)
+    assert registration.info is None and "(timeout)" in str(registration.reason)
+    assert wait_for(lambda: [e.kind for e in events] == ["retry", "retry", "excluded"], timeout_s=WAIT_S)
+    assert "read again in 0.05 s" in str(events[0].reason) and "read again in 0.1 s" in str(events[1].reason)
+    assert declaration(untrusted(Hangs)) is None
+
+
+def test_a_retry_that_succeeds_offers_the_tool(system: ActorSystem) -> None:
+    FLAG.unlink(missing_ok=True)
+    registration = system.register(SlowOnce, untrusted=True)
+    assert registration.info is None
+    FLAG.touch()
+    loop = system.start_loop()
+    assert wait_for(lambda: [i.name for i in loop.offered()] == ["slow_once"], timeout_s=WAIT_S)
+    assert loop.run_turn([ToolCall("s", "slow_once", "{}")])[0].content == "ran"
+
+
+def test_untrusted_duplicates_are_refused_naming_both(system: ActorSystem) -> None:
+    system.register(Echo)
+
+    class Other(Echo):
+        pass
+
+    with pytest.raises(DuplicateToolError, match="'echo' is already registered by"):
+        system.register(Other, untrusted=True)
+
+
+def test_the_module_functions_use_the_checked_declaration_of_a_marked_tool(system: ActorSystem) -> None:
+    class Marked(Echo):
+        pass
+
+    untrusted(Marked)
+    assert declaration(Marked, "mcp") is None  # not read yet: never read in this thread
+    assert timeout_ms(Marked) == 30_000
+    registration = system.register(Marked)  # marked: read in a throwaway process
+    assert registration.info is not None
+    assert declaration(Marked, "mcp") == {
+        "name": "echo", "description": Echo.description(), "inputSchema": Echo.parameter_schema()
+    }
+    assert timeout_ms(Marked) == 5_000
+    [result] = system.start_loop().run_turn([ToolCall("m", "echo", '{"text": "x"}')])
+    assert int(result.content.split()[1]) != os.getpid()
+
+
+def test_a_trusted_tool_may_ask_for_process_isolation(system: ActorSystem) -> None:
+    system.register(Echo, isolation="process")
+    [result] = system.start_loop().run_turn([ToolCall("e", "echo", '{"text": "x"}')])
+    assert int(result.content.split()[1]) != os.getpid()
+    with pytest.raises(ValueError, match="isolation must be one of"):
+        system.register(BadName, isolation="ray")  # type: ignore[arg-type]
+
+
+class Spawner:
+    """Starts a grandchild process, reports both pids in a file, then blocks."""
+
+    name = staticmethod(lambda: "spawner")
+    description = staticmethod(lambda: "Start a subprocess and wait.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+
+    @staticmethod
+    def run(args: Any, ctx: Any) -> str:
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "300"])
+        (ctx["data_dir"] / "pids").write_text(f"{os.getpid()} {child.pid}")
+        time.sleep(60)
+        return "never"
+
+
+def test_stop_leaves_no_worker_process_nor_anything_it_started(tmp_path: Path) -> None:
+    system = ActorSystem(data_dir=tmp_path, warm_workers=1, shutdown_ms=500)
+    system.register(Spawner, untrusted=True)
+    loop = system.start_loop("s")
+    future = loop.submit_turn([ToolCall("s", "spawner", "{}")])
+    pids_file = loop.data_dir / "pids"
+    assert wait_for(pids_file.exists)
+    assert wait_for(lambda: len(pids_file.read_text().split()) == 2)
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert all(_alive(p) for p in pids)
+    system.stop()
+    assert future.result(WAIT_S)[0].error_kind is ErrorKind.CANCELLED
+    assert wait_for(lambda: not any(_alive(p) for p in pids))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
