@@ -1,0 +1,431 @@
+"""Benchmarks of ``process`` isolation (rho_actors.sandbox), against its targets.
+
+Everything is measured in one run, on one machine, next to its own baseline (the machine
+may be shared and noisy: each part warms up first, repeats, and reports the median (p50)
+and p99 of its samples; nothing here asserts a timing):
+
+1. **No-op call.** The round trip of a no-op tool through a warm worker
+   (``WorkerPool.run``) next to ``concurrent.futures.ProcessPoolExecutor`` with the same
+   start method, warm, running a no-op function (``submit(noop).result()``), interleaved
+   round by round: p50 and p99 in microseconds. Target: pool p50 / executor p50 <= 1.5x.
+2. **Replacement.** A call of a tool that sleeps past its deadline (200 ms): the time
+   from the deadline to the timeout result, and from the deadline to the replacement
+   worker being ready (``WorkerPool.wait_warm``). Target: p50 of the latter <= 100 ms.
+3. **Untrusted declarations.** 50 tools from a plugin file that is not on ``sys.path``,
+   each read with ``read_declaration_isolated`` (a fresh child process each) and checked
+   with ``check_declaration(raw_declaration(...))``, 4 reads at a time: the wall time per
+   tool, next to one ``multiprocessing`` process start (start + join of a no-op process)
+   with the same start method. Target: per-tool average < 50 ms.
+
+Targets are reported as PASS/FAIL, never enforced: the exit code is 0 unless a
+measurement could not be made (an exception, or a call that did not come back as
+expected).
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_isolation.py            # full run, about 15 s
+    .venv/bin/python benchmarks/bench_isolation.py --quick    # smoke run, a few seconds
+    .venv/bin/python benchmarks/bench_isolation.py --json     # one JSON object on stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import gc
+import importlib.util
+import json
+import math
+import multiprocessing
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rho_actors.declarations import DeclarationError, check_declaration
+from rho_actors.sandbox import IsolatedReadError, WorkerPool, raw_declaration, read_declaration_isolated
+from rho_actors.tool import ErrorKind
+
+START_METHOD = "forkserver"
+NOOP_TARGET = 1.5
+REPLACEMENT_TARGET_MS = 100.0
+DECLARATION_TARGET_MS = 50.0
+
+TOOLS = 50
+READ_CONCURRENCY = 4
+SLEEP_DEADLINE_S = 0.2
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to repeat each part (``--quick`` or a full run)."""
+
+    warmup_calls: int
+    rounds: int
+    calls_per_round: int
+    replacements: int
+    declaration_rounds: int
+    process_starts: int
+
+
+FULL = Plan(warmup_calls=300, rounds=20, calls_per_round=200, replacements=20, declaration_rounds=5,
+            process_starts=30)
+QUICK = Plan(warmup_calls=50, rounds=3, calls_per_round=50, replacements=3, declaration_rounds=1,
+             process_starts=5)
+
+
+class BenchmarkError(RuntimeError):
+    """A measurement could not be made (not a missed target)."""
+
+
+# --- tools under test -----------------------------------------------------------------------
+
+
+def noop() -> str:
+    """The executor's no-op."""
+    return "ok"
+
+
+def idle_process() -> None:
+    """The target of the bare process start."""
+
+
+class NoOp:
+    """The pool's no-op tool (shipped by value once: it lives in ``__main__``)."""
+
+    @staticmethod
+    def name() -> str:
+        return "noop"
+
+    @staticmethod
+    def description() -> str:
+        return "Do nothing."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {}}
+
+    @staticmethod
+    def run(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+        return "ok"
+
+
+class Sleeper(NoOp):
+    """Sleeps far past its deadline."""
+
+    @staticmethod
+    def run(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+        time.sleep(30)
+        return "late"
+
+
+PLUGIN_TOOL = '''
+class Tool{i:02d}:
+    @staticmethod
+    def name():
+        return "plugin_tool_{i:02d}"
+
+    @staticmethod
+    def description():
+        return "Plugin tool number {i}: looks a record up by id and returns its fields."
+
+    @staticmethod
+    def parameter_schema():
+        return {{
+            "type": "object",
+            "properties": {{
+                "id": {{"type": "integer", "minimum": 0}},
+                "fields": {{"type": "array", "items": {{"type": "string", "enum": ["a", "b", "c"]}}}},
+                "verbose": {{"type": "boolean", "default": False}},
+            }},
+            "required": ["id"],
+            "additionalProperties": False,
+        }}
+
+    @staticmethod
+    def timeout_ms():
+        return 1000 + {i}
+
+    @staticmethod
+    def run(args, ctx):
+        return args["id"]
+'''
+
+
+def load_plugin(folder: Path) -> list[Any]:
+    """``TOOLS`` tool classes from a module file that is not on ``sys.path``."""
+    path = folder / "rho_bench_plugin.py"
+    path.write_text("".join(PLUGIN_TOOL.format(i=i) for i in range(TOOLS)))
+    spec = importlib.util.spec_from_file_location("rho_bench_plugin", path)
+    if spec is None or spec.loader is None:
+        raise BenchmarkError("could not load the plugin file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return [getattr(module, f"Tool{i:02d}") for i in range(TOOLS)]
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summary(values: Sequence[float], digits: int = 2) -> dict[str, float | int]:
+    if not values:
+        raise BenchmarkError("no samples")
+    return {
+        "n": len(values),
+        "p50": round(percentile(values, 50), digits),
+        "p99": round(percentile(values, 99), digits),
+        "min": round(min(values), digits),
+    }
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+# --- part 1: no-op round trip ----------------------------------------------------------------
+
+
+def time_pool_call(pool: WorkerPool, ctx: Mapping[str, Any]) -> float:
+    """One ``WorkerPool.run`` of the no-op, in microseconds."""
+    t0 = time.perf_counter_ns()
+    result = pool.run(NoOp, {}, ctx, time.monotonic() + 10.0, 1_000, name="noop")
+    elapsed = time.perf_counter_ns() - t0
+    if not result.ok:
+        raise BenchmarkError(f"the no-op call failed: {result.error_kind}: {result.content}")
+    return elapsed / 1_000
+
+
+def time_executor_call(executor: concurrent.futures.ProcessPoolExecutor) -> float:
+    """One ``submit(noop).result()``, in microseconds."""
+    t0 = time.perf_counter_ns()
+    value = executor.submit(noop).result(timeout=10)
+    elapsed = time.perf_counter_ns() - t0
+    if value != "ok":
+        raise BenchmarkError(f"the executor's no-op returned {value!r}")
+    return elapsed / 1_000
+
+
+def bench_noop(plan: Plan) -> dict[str, Any]:
+    ctx = {"session_id": "bench", "call_id": "c1"}
+    mp_ctx = multiprocessing.get_context(START_METHOD)
+    with WorkerPool(warm=1, start_method=START_METHOD) as pool, concurrent.futures.ProcessPoolExecutor(
+        max_workers=1, mp_context=mp_ctx
+    ) as executor:
+        if not pool.wait_warm(30.0):
+            raise BenchmarkError("the worker pool did not warm up")
+        for _ in range(plan.warmup_calls):
+            time_pool_call(pool, ctx)
+            time_executor_call(executor)
+        ours: list[float] = []
+        theirs: list[float] = []
+        # Interleave round by round, so a noisy neighbour slows both.
+        for _ in range(plan.rounds):
+            gc.collect()
+            ours.extend(time_pool_call(pool, ctx) for _ in range(plan.calls_per_round))
+            gc.collect()
+            theirs.extend(time_executor_call(executor) for _ in range(plan.calls_per_round))
+    ratio = percentile(ours, 50) / percentile(theirs, 50)
+    return {
+        "start_method": START_METHOD,
+        "worker_pool_us": summary(ours),
+        "process_pool_executor_us": summary(theirs),
+        "ratio": round(ratio, 3),
+        "ratio_p99": round(percentile(ours, 99) / percentile(theirs, 99), 3),
+        "target": NOOP_TARGET,
+        "pass": ratio <= NOOP_TARGET,
+    }
+
+
+# --- part 2: replacement after a deadline ----------------------------------------------------
+
+
+def bench_replacement(plan: Plan) -> dict[str, Any]:
+    to_result: list[float] = []
+    to_ready: list[float] = []
+    with WorkerPool(warm=1, start_method=START_METHOD) as pool:
+        if not pool.wait_warm(30.0):
+            raise BenchmarkError("the worker pool did not warm up")
+        for i in range(plan.replacements + 1):  # the first one is a warm-up
+            deadline = time.monotonic() + SLEEP_DEADLINE_S
+            result = pool.run(Sleeper, {}, {"session_id": "bench", "call_id": f"t{i}"}, deadline, 1_000)
+            returned = time.monotonic()
+            if result.error_kind is not ErrorKind.TIMEOUT:
+                raise BenchmarkError(f"the sleeper did not time out: {result.error_kind}: {result.content}")
+            if not pool.wait_warm(10.0):
+                raise BenchmarkError("no replacement worker became ready within 10 s")
+            ready = time.monotonic()
+            if i:
+                to_result.append((returned - deadline) * 1000)
+                to_ready.append((ready - deadline) * 1000)
+        stats = pool.stats()
+    p50 = percentile(to_ready, 50)
+    return {
+        "deadline_s": SLEEP_DEADLINE_S,
+        "deadline_to_result_ms": summary(to_result),
+        "deadline_to_ready_ms": summary(to_ready),
+        "workers_killed": stats["killed"],
+        "target_ms": REPLACEMENT_TARGET_MS,
+        "pass": p50 <= REPLACEMENT_TARGET_MS,
+    }
+
+
+# --- part 3: untrusted declarations ----------------------------------------------------------
+
+
+def read_and_check(tool: Any) -> bool:
+    """Read one declaration in a child process and check it; whether it was accepted."""
+    try:
+        payload = read_declaration_isolated(tool, timeout_s=10.0, start_method=START_METHOD)
+    except IsolatedReadError as exc:
+        raise BenchmarkError(f"an isolated read failed: {exc.kind}: {exc}") from exc
+    try:
+        check_declaration(raw_declaration(payload))
+    except DeclarationError:
+        return False
+    return True
+
+
+def time_process_start(ctx: Any) -> float:
+    """One start and join of a no-op process, in milliseconds."""
+    t0 = time.perf_counter_ns()
+    proc = ctx.Process(target=idle_process)
+    proc.start()
+    proc.join(10)
+    elapsed = time.perf_counter_ns() - t0
+    if proc.exitcode != 0:
+        raise BenchmarkError(f"the bare process exited with {proc.exitcode}")
+    proc.close()
+    return elapsed / 1_000_000
+
+
+def bench_declarations(plan: Plan, tools: list[Any]) -> dict[str, Any]:
+    mp_ctx = multiprocessing.get_context(START_METHOD)
+    read_and_check(tools[0])  # warm-up: the fork server starts
+    time_process_start(mp_ctx)
+    per_tool: list[float] = []
+    single: list[float] = []
+    accepted = 0
+    with concurrent.futures.ThreadPoolExecutor(READ_CONCURRENCY) as threads:
+        for _ in range(plan.declaration_rounds):
+            gc.collect()
+            t0 = time.perf_counter_ns()
+            outcomes = list(threads.map(read_and_check, tools))
+            per_tool.append((time.perf_counter_ns() - t0) / 1_000_000 / len(tools))
+            accepted = sum(outcomes)
+    for tool in tools[: max(5, plan.process_starts // 2)]:
+        t0 = time.perf_counter_ns()
+        read_and_check(tool)
+        single.append((time.perf_counter_ns() - t0) / 1_000_000)
+    starts = [time_process_start(mp_ctx) for _ in range(plan.process_starts)]
+    mean = sum(per_tool) / len(per_tool)
+    return {
+        "tools": len(tools),
+        "concurrency": READ_CONCURRENCY,
+        "accepted": accepted,
+        "per_tool_ms": summary(per_tool) | {"mean": round(mean, 2)},
+        "one_read_alone_ms": summary(single),
+        "process_start_ms": summary(starts),
+        "target_ms": DECLARATION_TARGET_MS,
+        "pass": mean < DECLARATION_TARGET_MS,
+    }
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def environment(quick: bool) -> dict[str, Any]:
+    return {
+        "mode": "quick" if quick else "full",
+        "python": platform.python_version(),
+        "start_method": START_METHOD,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def print_text(report: Mapping[str, Any]) -> None:
+    env = report["environment"]
+    print(
+        f"rho_actors isolation benchmarks ({env['mode']} run; python {env['python']}, start method "
+        f"{env['start_method']}, {env['cpus']} CPUs, load {env['load_avg_1m']})"
+    )
+    n = report["noop_call"]
+    print("\n1. warm no-op call round trip (p50 / p99 in us, n samples)")
+    for label, s in (
+        ("ProcessPoolExecutor submit().result()", n["process_pool_executor_us"]),
+        ("WorkerPool.run", n["worker_pool_us"]),
+    ):
+        print(f"   {label:<40} {s['p50']:>10.1f} / {s['p99']:>10.1f}   n={s['n']}")
+    print(
+        f"   ratio WorkerPool / executor (p50): {n['ratio']:.2f}x   target <= {n['target']:g}x   "
+        f"{verdict(n['pass'])}   (p99 ratio {n['ratio_p99']:.2f}x)"
+    )
+    r = report["replacement"]
+    print(f"\n2. a call past its deadline ({r['deadline_s'] * 1000:.0f} ms): worker killed and replaced (ms)")
+    for label, s in (
+        ("deadline -> timeout result", r["deadline_to_result_ms"]),
+        ("deadline -> replacement ready", r["deadline_to_ready_ms"]),
+    ):
+        print(f"   {label:<40} {s['p50']:>10.2f} / {s['p99']:>10.2f}   n={s['n']}")
+    print(
+        f"   deadline -> ready (p50): {r['deadline_to_ready_ms']['p50']:.1f} ms   target <= "
+        f"{r['target_ms']:g} ms   {verdict(r['pass'])}"
+    )
+    d = report["declarations"]
+    print(
+        f"\n3. {d['tools']} untrusted declarations read in child processes and checked, "
+        f"{d['concurrency']} at a time ({d['accepted']} accepted)"
+    )
+    print(f"   wall time per tool p50 / p99: {d['per_tool_ms']['p50']:.2f} / {d['per_tool_ms']['p99']:.2f} ms   "
+          f"n={d['per_tool_ms']['n']} rounds")
+    s = d["one_read_alone_ms"]
+    print(f"   one read alone p50 / p99:     {s['p50']:.2f} / {s['p99']:.2f} ms   n={s['n']}")
+    s = d["process_start_ms"]
+    print(f"   one bare process start+join:  {s['p50']:.2f} / {s['p99']:.2f} ms   n={s['n']}")
+    print(
+        f"   per tool (mean of rounds): {d['per_tool_ms']['mean']:.2f} ms   target < {d['target_ms']:g} ms   "
+        f"{verdict(d['pass'])}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run of a few seconds")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with every number, nothing else")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    started = time.perf_counter_ns()
+    report: dict[str, Any] = {"environment": environment(args.quick)}
+    try:
+        with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp:
+            tools = load_plugin(Path(tmp))
+            report["noop_call"] = bench_noop(plan)
+            report["replacement"] = bench_replacement(plan)
+            report["declarations"] = bench_declarations(plan, tools)
+    except BenchmarkError as exc:
+        print(f"benchmark error: {exc}", file=sys.stderr)
+        return 1
+    report["total_s"] = round((time.perf_counter_ns() - started) / 1e9, 2)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_text(report)
+        print(f"\ntotal {report['total_s']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
