@@ -101,8 +101,8 @@ class ActorSystem:
         self._ask_timeout_s = 60.0
         self._untrusted = untrusted or UntrustedReads()
         self._workers = Workers(warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method)
-        self._call_spares = Spares(
-            ChildSpec("call", StartChild(CallActor), restart="temporary", shutdown=shutdown_ms), spare_calls
+        self._call_spares = Spares(  # CallActor.start, not start_link: it has no on_start to wait for
+            ChildSpec("call", CallActor.start, restart="temporary", shutdown=shutdown_ms), spare_calls
         )
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
