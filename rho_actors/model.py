@@ -1,0 +1,103 @@
+"""The model side of the agent loop: a neutral conversation, the :class:`Model` protocol,
+and :class:`ScriptedModel`, which plays back given replies (for tests and demos).
+
+A conversation is a list of :class:`Message`: ``user`` text, ``assistant`` replies (text
+and/or tool calls, each with its id and the model's raw argument text), and ``tool``
+results (one message per result, with ``tool_call_id``, ``is_error`` and pictures).
+Provider adapters (``rho_actors.providers``) translate it to and from their wire
+formats; ``details`` never reach a model.
+
+Example::
+
+    model = ScriptedModel([
+        Reply(tool_calls=[ToolCall("c1", "add", '{"a": 1, "b": 2}')]),
+        Reply(text="1 + 2 = 3"),
+    ])
+    reply = model.complete([Message.user("add 1 and 2")], tools=[...])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from rho_actors.tool import Image, ToolCall, ToolResult
+
+__all__ = ["Message", "Model", "Reply", "ScriptedModel"]
+
+Role = Literal["user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a conversation.
+
+    ``user``: ``text``. ``assistant``: ``text`` (may be empty) and ``tool_calls``.
+    ``tool``: ``tool_call_id``, ``name``, ``text`` (the result for the model),
+    ``is_error`` and ``images``.
+    """
+
+    role: Role
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
+    images: tuple[Image, ...] = ()
+
+    @staticmethod
+    def user(text: str) -> Message:
+        return Message("user", text)
+
+    @staticmethod
+    def assistant(text: str = "", tool_calls: Iterable[ToolCall] = ()) -> Message:
+        return Message("assistant", text, tuple(tool_calls))
+
+    @staticmethod
+    def tool_result(result: ToolResult) -> Message:
+        """The message carrying one :class:`ToolResult` back to the model (its
+        ``details`` stay with the host)."""
+        return Message(
+            "tool", result.content, (), result.call_id, result.name, not result.ok, tuple(result.images)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A model's reply: ``text`` and/or ``tool_calls`` (an empty ``tool_calls`` ends the
+    loop); ``raw`` is the provider's response object, for the host's eyes only."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    raw: Any = field(default=None, compare=False, repr=False)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A chat model: one call per step of the agent loop.
+
+    ``complete(messages, tools)`` gets the conversation so far and the offered tool
+    declarations in the ``"neutral"`` dialect (``name``, ``description``, ``parameters``;
+    each adapter converts them), and returns the model's :class:`Reply`. It raises on a
+    provider error that retrying did not cure.
+    """
+
+    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Reply: ...
+
+
+class ScriptedModel:
+    """A :class:`Model` that plays back ``replies`` in order, recording what it was sent
+    (``requests``: a list of ``(messages, tools)``). Raises ``IndexError`` when asked for
+    more replies than it was given."""
+
+    def __init__(self, replies: Iterable[Reply]) -> None:
+        self.replies = list(replies)
+        self.requests: list[tuple[list[Message], list[dict[str, Any]]]] = []
+
+    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Reply:
+        self.requests.append((list(messages), [dict(t) for t in tools]))
+        step = len(self.requests) - 1
+        if step >= len(self.replies):
+            raise IndexError(f"the scripted model has {len(self.replies)} replies; step {step + 1} asked for one more")
+        return self.replies[step]
