@@ -10,7 +10,9 @@ actor in the process).
 The deadline is kept by the LoopActor, not here: at the deadline the loop answers with a
 ``timeout`` result and calls :meth:`CancelToken.cancel`; the thread is abandoned and its
 late result discarded. An ``async def run`` is driven by a private event loop and
-really cancelled (``asyncio.Task.cancel``) at its deadline or on cancellation.
+really cancelled (``asyncio.Task.cancel``) at its deadline or on cancellation. In
+``process`` isolation the CallActor hands the call to a worker process
+(:class:`rho_actors.sandbox.WorkerPool`), which is killed at the deadline.
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ class CallActor(Actor):
     """Runs one call (the first :class:`CallSpec` told to it) in its own thread,
     replies once, then stops (restart type ``temporary``: never restarted; a crash is a
     result). It may be started ahead of its call, as a spare (see
-    :class:`rho_actors.supervisor.DynamicSupervisor`), but never runs a second call.
+    :class:`rho_actors.supervisor.Spares`), but never runs a second call.
 
     Its thread is a daemon thread, so an abandoned call cannot keep the process alive.
     """

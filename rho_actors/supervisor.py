@@ -59,7 +59,6 @@ RestartType = Literal["permanent", "transient", "temporary"]
 Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
 STRATEGIES: tuple[Strategy, ...] = ("one_for_one", "one_for_all", "rest_for_one")
 RESTART_TYPES: tuple[RestartType, ...] = ("permanent", "transient", "temporary")
-_ASK_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
