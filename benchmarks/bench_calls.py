@@ -34,9 +34,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -46,6 +43,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import pykka
+from stats import BenchmarkError, environment, percentile, summary, verdict
 
 from rho_actors import ActorSystem, Loop, ToolCall
 
@@ -92,10 +90,6 @@ QUICK = Plan(
     bfcl_limit=5,
     bfcl_runs=1,
 )
-
-
-class BenchmarkError(RuntimeError):
-    """A measurement could not be made (not a missed target)."""
 
 
 # --- tools and actors under test ---------------------------------------------------------
@@ -166,31 +160,9 @@ class Echo(pykka.ThreadingActor):
 # --- statistics ------------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100) of a non-empty sequence."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def summary(values: Sequence[float], digits: int = 2) -> dict[str, float | int]:
-    if not values:
-        raise BenchmarkError("no samples")
-    return {
-        "n": len(values),
-        "p50": round(percentile(values, 50), digits),
-        "p99": round(percentile(values, 99), digits),
-        "min": round(min(values), digits),
-    }
-
-
-def verdict(ratio: float, target: float) -> str:
-    return "PASS" if ratio <= target else "FAIL"
-
-
 def ratio_line(label: str, part: Mapping[str, Any]) -> str:
     ratio, target = part["ratio"], part["target"]
-    return f"   ratio {label}: {ratio:.2f}x   target <= {target:g}x   {verdict(ratio, target)}"
+    return f"   ratio {label}: {ratio:.2f}x   target <= {target:g}x   {verdict(ratio <= target)}"
 
 
 # --- part 1: no-op call ----------------------------------------------------------------
@@ -343,18 +315,11 @@ def bench_bfcl(plan: Plan) -> dict[str, Any]:
 # --- report -------------------------------------------------------------------------------
 
 
-def environment(quick: bool) -> dict[str, Any]:
+def pykka_version() -> str:
     try:
-        pykka_version = version("pykka")
+        return version("pykka")
     except PackageNotFoundError:
-        pykka_version = "unknown"
-    return {
-        "mode": "quick" if quick else "full",
-        "python": platform.python_version(),
-        "pykka": pykka_version,
-        "cpus": os.cpu_count(),
-        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
+        return "unknown"
 
 
 def print_text(report: Mapping[str, Any]) -> None:
@@ -408,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     started = time.perf_counter_ns()
-    report: dict[str, Any] = {"environment": environment(args.quick)}
+    report: dict[str, Any] = {"environment": environment(args.quick, pykka=pykka_version())}
     try:
         with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp, ActorSystem(data_dir=tmp) as system:
             system.register(NoOp)

@@ -35,10 +35,7 @@ import concurrent.futures
 import gc
 import importlib.util
 import json
-import math
 import multiprocessing
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -46,6 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from stats import BenchmarkError, environment, percentile, summary, verdict
 
 from rho_actors.declarations import DeclarationError, check_declaration
 from rho_actors.sandbox import IsolatedReadError, WorkerPool, raw_declaration, read_declaration_isolated
@@ -77,10 +76,6 @@ FULL = Plan(warmup_calls=300, rounds=20, calls_per_round=200, replacements=20, d
             process_starts=30)
 QUICK = Plan(warmup_calls=50, rounds=3, calls_per_round=50, replacements=3, declaration_rounds=1,
              process_starts=5)
-
-
-class BenchmarkError(RuntimeError):
-    """A measurement could not be made (not a missed target)."""
 
 
 # --- tools under test -----------------------------------------------------------------------
@@ -171,28 +166,6 @@ def load_plugin(folder: Path) -> list[Any]:
 
 
 # --- statistics ------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100) of a non-empty sequence."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def summary(values: Sequence[float], digits: int = 2) -> dict[str, float | int]:
-    if not values:
-        raise BenchmarkError("no samples")
-    return {
-        "n": len(values),
-        "p50": round(percentile(values, 50), digits),
-        "p99": round(percentile(values, 99), digits),
-        "min": round(min(values), digits),
-    }
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
 
 
 # --- part 1: no-op round trip ----------------------------------------------------------------
@@ -346,16 +319,6 @@ def bench_declarations(plan: Plan, tools: list[Any]) -> dict[str, Any]:
 # --- report ------------------------------------------------------------------------------------
 
 
-def environment(quick: bool) -> dict[str, Any]:
-    return {
-        "mode": "quick" if quick else "full",
-        "python": platform.python_version(),
-        "start_method": START_METHOD,
-        "cpus": os.cpu_count(),
-        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
-
-
 def print_text(report: Mapping[str, Any]) -> None:
     env = report["environment"]
     print(
@@ -408,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     started = time.perf_counter_ns()
-    report: dict[str, Any] = {"environment": environment(args.quick)}
+    report: dict[str, Any] = {"environment": environment(args.quick, start_method=START_METHOD)}
     try:
         with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp:
             tools = load_plugin(Path(tmp))
