@@ -20,6 +20,8 @@ from rho_actors.formats import DIALECTS, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.loop import Loop
 from rho_actors.registry import DuplicateToolError, Registration
+from rho_actors.selftest import SelftestRow, run_selftests
+from rho_actors.sources import EntryPointGroup, PluginFolder, Source, SourceHandle
 from rho_actors.supervisor import ChildInfo, ChildSpec, RestartIntensityExceeded, StartChild, Supervisor
 from rho_actors.system import ActorSystem
 from rho_actors.tool import (
@@ -59,6 +61,7 @@ __all__ = [
     "Details",
     "Down",
     "DuplicateToolError",
+    "EntryPointGroup",
     "EncodedOutput",
     "Error",
     "ErrorKind",
@@ -67,8 +70,12 @@ __all__ = [
     "Loop",
     "Monitor",
     "Ok",
+    "PluginFolder",
     "Registration",
     "RestartIntensityExceeded",
+    "SelftestRow",
+    "Source",
+    "SourceHandle",
     "StartChild",
     "Supervisor",
     "ToolCall",
@@ -86,6 +93,7 @@ __all__ = [
     "kill",
     "monitor",
     "read_declaration",
+    "run_selftests",
     "start_link",
     "timeout_ms",
     "to_dialect",

@@ -6,10 +6,12 @@ Commands (argparse subcommands; each command group registers itself in
 
     rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
                            [--limit N] [--json] [--tree]
+    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json]
 
 Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
-a result or a state differed other than through a listed rejection), 2 usage error or
-a missing optional dependency.
+a result or a state differed other than through a listed rejection; for ``selftest``: a
+selftest failed, timed out or crashed), 2 usage error, a missing optional dependency or
+a target that cannot be loaded.
 """
 
 from __future__ import annotations
@@ -111,6 +113,69 @@ def render_tree(node: dict[str, Any]) -> Any:
     return grow(Tree(label(node)), node)
 
 
+# --------------------------------------------------------------------------- selftest
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text}")
+    return value
+
+
+def _add_selftest(commands: Any) -> None:
+    selftest = commands.add_parser(
+        "selftest",
+        help="run the selftest() of tools, each in a throwaway process",
+        description=(
+            "Run each tool's selftest() in its own child process, with its working directory, HOME and "
+            "TMPDIR in a fresh temporary folder, under a time bound. A target is a module name, a .py file "
+            "or a folder of .py files; a module that is itself a tool is one tool, otherwise each tool "
+            "defined in it is. Exit codes: 0 all passed (or have no selftest), 1 a selftest failed, timed "
+            "out or crashed, 2 a usage error or a target that cannot be loaded."
+        ),
+    )
+    selftest.add_argument("targets", nargs="+", metavar="MODULE_OR_PATH", help="module name, .py file or folder")
+    selftest.add_argument("--timeout", type=_positive_seconds, default=10.0, metavar="S",
+                          help="seconds each selftest gets (default: 10)")
+    selftest.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    selftest.set_defaults(handler=_run_selftest)
+
+
+def _run_selftest(args: argparse.Namespace) -> int:
+    import json
+
+    from rho_actors.selftest import FAILING, LoadError, load_target, render_rows, run_selftests, tools_in_module
+
+    tools: list[Any] = []
+    for target in args.targets:
+        try:
+            modules = load_target(target)
+        except LoadError as exc:
+            print(f"rho-actors selftest: cannot load {exc}", file=sys.stderr)
+            return 2
+        found = [t for module in modules for t in tools_in_module(module)]
+        if not found:
+            print(f"rho-actors selftest: {target}: no tools found in it", file=sys.stderr)
+            return 2
+        tools.extend(t for t in found if all(t is not seen for seen in tools))
+    rows = run_selftests(tools, timeout_s=args.timeout)
+    code = 1 if any(row.outcome in FAILING for row in rows) else 0
+    counts = {outcome: sum(row.outcome == outcome for row in rows)
+              for outcome in ("passed", "failed", "timeout", "crashed", "no selftest")}
+    if args.json:
+        print(json.dumps({"results": [row.to_dict() for row in rows], "counts": counts, "exit_code": code},
+                         indent=2))
+    else:
+        console = _console()
+        console.print(render_rows(rows))
+        console.print(", ".join(f"{n} {outcome}" for outcome, n in counts.items() if n) or "no tools")
+    return code
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -121,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="An OTP-style actor runtime for an LLM agent's tool calls.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_replay,):
+    for add in (_add_replay, _add_selftest):
         add(commands)
     return parser
 

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 from loguru import logger
@@ -44,11 +44,23 @@ from rho_actors.declarations import DECLARATIONS, DEFAULT_MAX_SCHEMA_DEPTH, Decl
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
 from rho_actors.loop import Loop, LoopActor, LoopSettings, loop_name, withheld_names
-from rho_actors.registry import ISOLATIONS, Isolation, Registration, RegistryState, ToolRegistry, ToolSetView
+from rho_actors.registry import (
+    ISOLATIONS,
+    Isolation,
+    Registration,
+    RegistryState,
+    ToolRegistry,
+    ToolSet,
+    ToolSetView,
+)
 from rho_actors.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor
 from rho_actors.timers import Timers
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
 from rho_actors.workers import WorkerPoolActor, Workers
+
+if TYPE_CHECKING:
+    from rho_actors.selftest import SelftestRow
+    from rho_actors.sources import Source, SourceHandle
 
 __all__ = ["ActorSystem"]
 
@@ -183,6 +195,17 @@ class ActorSystem:
         result: list[Registration] = self._whereis(REGISTRY).proxy().registrations().get(timeout=self._ask_timeout_s)
         return result
 
+    def tool_set(self) -> ToolSet:
+        """The registry's current :class:`rho_actors.registry.ToolSet` (immutable:
+        entries with their tools, isolation and declarations; a ``version`` that grows
+        with every change)."""
+        return self._tools.current
+
+    @property
+    def timers(self) -> Timers:
+        """The system's timer service (``send_after`` for actors)."""
+        return self._timers
+
     def tools(self) -> list[ToolInfo]:
         """The checked declarations of every tool that can be offered."""
         return [entry.info.copy() for entry in self._tools.current.entries.values()]
@@ -228,6 +251,25 @@ class ActorSystem:
                          name=loop_name(session_id))
         self._whereis(LOOPS).proxy().start_child(spec).get(timeout=self._ask_timeout_s)
         return Loop(session_id, session_dir, self._names.whereis, self._tools, self._settings)
+
+    # --- sources and selftests -------------------------------------------------------------
+
+    def add_source(self, source: Source, *, trusted: bool = False, poll_s: float | None = 2.0) -> SourceHandle:
+        """Serve a source's changing set of tools (a plugin folder, an entry-point group),
+        kept in step by a supervised SourceActor polling every ``poll_s`` seconds; its
+        tools are untrusted unless ``trusted``. Returns once the first scan is applied.
+        See :func:`rho_actors.sources.add_source`."""
+        from rho_actors.sources import add_source
+
+        return add_source(self, source, trusted=trusted, poll_s=poll_s)
+
+    def selftest(self, timeout_s: float = 10.0) -> list[SelftestRow]:
+        """Run every offered tool's ``selftest()`` in a throwaway process with its working
+        directory, ``TMPDIR`` and ``HOME`` in a fresh temp folder, each within
+        ``timeout_s`` seconds. See :func:`rho_actors.selftest.run_selftests`."""
+        from rho_actors.selftest import selftest_system
+
+        return selftest_system(self, timeout_s)
 
     # --- the host's own actors ------------------------------------------------------------
 

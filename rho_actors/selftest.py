@@ -1,0 +1,528 @@
+"""Selftests: run each tool's optional ``selftest()`` in a throwaway process (DESIGN §2).
+
+The contract: ``selftest()`` checks that the tool works, with no side effect outside a
+temporary folder; it passes by returning ``None``, ``Ok(...)`` or ``True`` (an
+``async def selftest`` is awaited), and fails by returning ``Error(reason)`` (or
+``False``) or by raising. Any other return value fails, naming the contract.
+
+:func:`run_selftests` runs each selftest in its own child process (``multiprocessing``
+with the ``forkserver`` start method: never a bare fork of this multi-threaded process).
+The tool travels with cloudpickle, by value when its module could not be imported
+there. The child leads a new process group, points its working directory, ``HOME``,
+``TMPDIR`` (and ``TMP``, ``TEMP``) at a fresh temporary folder, sends its standard
+output and error to a file beside that folder, and calls ``selftest()``. Outcomes:
+
+- ``passed`` / ``failed``: the selftest's own verdict (the message is its ``Ok``
+  output, its ``Error`` reason, or the exception it raised);
+- ``no selftest``: the tool has none (decided without a process when that is certain);
+- ``timeout``: no answer within ``timeout_s`` seconds of the child's start: the child's
+  whole process group (the selftest's own subprocesses too) is killed;
+- ``crashed``: the child died of a signal (``os.abort()``, a segfault: the message names
+  it, and Python's fault handler writes where into the output) or exited without an
+  answer (``os._exit``), with its exit code.
+
+Several children run at once (``max_parallel``, default up to 8), each folder is
+removed once its child and process group are gone, and the rows come back in the order
+of the tools. :func:`selftest_system` does the same for the tools a system offers, and
+``rho-actors selftest MODULE_OR_PATH...`` for modules, files and folders
+(:func:`load_target`, :func:`tools_in_module`).
+
+Example::
+
+    rows = run_selftests([weather_tool, search_tool], timeout_s=5.0)
+    for row in rows:
+        print(row.tool, row.outcome, f"{row.duration_ms:.0f} ms", row.message)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import faulthandler
+import importlib
+import inspect
+import json
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import stat
+import sys
+import tempfile
+import time
+import traceback
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import cloudpickle
+
+from rho_actors.encoding import describe_exception
+from rho_actors.sources import PluginLoadError, load_module_file
+from rho_actors.tool import Error, Ok, callback, is_tool, is_untrusted
+
+__all__ = [
+    "DEFAULT_SELFTEST_TIMEOUT_S",
+    "FAILING",
+    "LoadError",
+    "Outcome",
+    "SelftestRow",
+    "load_target",
+    "render_rows",
+    "run_selftests",
+    "selftest_system",
+    "tools_in_module",
+]
+
+Outcome = Literal["passed", "failed", "no selftest", "timeout", "crashed"]
+FAILING: Final[frozenset[str]] = frozenset({"failed", "timeout", "crashed"})
+"""The outcomes that make ``rho-actors selftest`` exit with 1."""
+
+DEFAULT_SELFTEST_TIMEOUT_S: Final = 10.0
+_MAX_PARALLEL: Final = 8
+_MAX_MESSAGE_CHARS: Final = 2_000  # keeps the child's answer one small pipe write
+_MAX_ANSWER_BYTES: Final = 64 * 1024
+_MAX_OUTPUT_CHARS: Final = 4_000
+_REAP_S: Final = 5.0
+_EXIT_GRACE_S: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class SelftestRow:
+    """One tool's selftest: ``tool`` (its name), ``outcome`` (see the module doc),
+    ``duration_ms`` (milliseconds: the ``selftest()`` call when the child answered,
+    else from the child's start to its end), ``message`` (why, or the ``Ok`` output;
+    at most 2 000 characters) and ``output`` (the end of what the selftest process
+    printed, standard output and error together; at most 4 000 characters)."""
+
+    tool: str
+    outcome: Outcome
+    duration_ms: float
+    message: str
+    output: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as a JSON-ready dict."""
+        return asdict(self)
+
+
+class LoadError(Exception):
+    """A command-line target could not be loaded; ``str(err)`` names it and says why."""
+
+
+# --------------------------------------------------------------------------- the child
+
+
+def _clip(text: str, limit: int = _MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=repr, ensure_ascii=False)
+    except BaseException:
+        try:
+            return repr(value)
+        except BaseException:
+            return f"<{type(value).__qualname__}>"
+
+
+def _verdict(value: Any) -> tuple[Outcome, str]:
+    if value is None or value is True:
+        return "passed", ""
+    if isinstance(value, Ok):
+        return "passed", "" if value.output is None else _text(value.output)
+    if isinstance(value, Error):
+        return "failed", _text(value.reason)
+    if value is False:
+        return "failed", "selftest() returned False"
+    return "failed", (f"selftest() returned a {type(value).__qualname__}; a selftest returns None or Ok(...) "
+                      "to pass, Error(reason) to fail")
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _selftest_answer(payload: bytes) -> dict[str, Any]:
+    """Load the tool and run its selftest; the answer as plain data."""
+    try:
+        tool = pickle.loads(payload)
+    except BaseException as exc:
+        return {"outcome": "failed",
+                "message": f"the tool could not be loaded in the selftest process: {describe_exception(exc)}"}
+    name: str | None = None
+    name_cb = callback(tool, "name")
+    if name_cb is not None:
+        with contextlib.suppress(BaseException):
+            answer = name_cb()
+            name = answer if type(answer) is str else None
+    run = callback(tool, "selftest")
+    if run is None:
+        return {"outcome": "no selftest", "message": "", "name": name}
+    started = time.perf_counter()
+    try:
+        value = run()
+        if inspect.isawaitable(value):
+            value = asyncio.run(_awaited(value))
+    except BaseException as exc:
+        duration_ms = (time.perf_counter() - started) * 1000
+        traceback.print_exc()
+        return {"outcome": "failed", "message": f"selftest() raised {describe_exception(exc)}",
+                "duration_ms": duration_ms, "name": name}
+    duration_ms = (time.perf_counter() - started) * 1000
+    try:
+        outcome, message = _verdict(value)
+    except BaseException as exc:
+        outcome, message = "failed", f"its result could not be read: {describe_exception(exc)}"
+    return {"outcome": outcome, "message": message, "duration_ms": duration_ms, "name": name}
+
+
+def _child_main(conn: Any, payload: bytes, workdir: str, output_path: str) -> None:
+    """Entry point of a selftest child: a new process group, a private folder as its
+    working directory, ``HOME`` and temporary folder, output to a file, one answer."""
+    try:
+        os.setsid()
+        fd = os.open(output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        with contextlib.suppress(Exception):  # no usable stderr: no fault report, still a verdict
+            faulthandler.enable(file=sys.stderr, all_threads=True)
+        for var in ("HOME", "TMPDIR", "TMP", "TEMP"):
+            os.environ[var] = workdir
+        os.chdir(workdir)
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+        try:
+            answer = _selftest_answer(payload)
+        except BaseException as exc:
+            answer = {"outcome": "failed", "message": f"the selftest process failed: {describe_exception(exc)}"}
+        answer["message"] = _clip(str(answer.get("message", "")))
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        conn.send_bytes(json.dumps(answer, ensure_ascii=True).encode("ascii"))
+    finally:
+        os._exit(0)
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def _fallback_name(tool: Any) -> str:
+    """What a tool's module, class or type is called (runs none of its code)."""
+    try:
+        if isinstance(tool, types.ModuleType):
+            file = getattr(tool, "__file__", None)
+            return Path(file).stem if isinstance(file, str) else str(tool.__name__)
+        target = tool if isinstance(tool, type) else type(tool)
+        return str(target.__qualname__)
+    except BaseException:
+        return "?"
+
+
+def _label(tool: Any) -> tuple[str, bool]:
+    """``(name, certain)``: a trusted tool's ``name()`` when it answers a str, else
+    :func:`_fallback_name` (``certain`` false: the child's answer may name it). No code
+    of an untrusted tool runs here."""
+    if not is_untrusted(tool):
+        cb = callback(tool, "name")
+        if cb is not None:
+            with contextlib.suppress(BaseException):
+                name = cb()
+                if type(name) is str and name:
+                    return name, True
+    return _fallback_name(tool), False
+
+
+def _surely_without_selftest(tool: Any) -> bool:
+    """Whether ``tool`` certainly has no ``selftest`` (found without running its code:
+    no such attribute, and no ``__getattr__`` that could make one)."""
+    try:
+        missing = object()
+        if inspect.getattr_static(tool, "selftest", missing) is not missing:
+            return False
+        if isinstance(tool, types.ModuleType):
+            return "__getattr__" not in vars(tool)
+        return inspect.getattr_static(type(tool), "__getattr__", missing) is missing
+    except BaseException:
+        return False
+
+
+def _read_tail(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _MAX_OUTPUT_CHARS * 4))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return text[-_MAX_OUTPUT_CHARS:]
+
+
+def _remove_tree(root: str) -> None:
+    """Remove ``root``, also when the selftest left read-only folders in it."""
+
+    def retry(func: Callable[..., Any], path: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(path), stat.S_IRWXU)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.chmod(path, stat.S_IRWXU)
+            func(path)
+
+    shutil.rmtree(root, onerror=retry)
+    if os.path.lexists(root):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _ship(tool: Any) -> bytes:
+    """The tool pickled for a child; its modules go by value when a fresh process
+    could not import them (the sandbox's rule)."""
+    from rho_actors.sandbox import _register_by_value
+
+    _register_by_value(tool)
+    return bytes(cloudpickle.dumps(tool, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _context(start_method: str) -> Any:
+    from rho_actors.sandbox import _context as sandbox_context
+
+    return sandbox_context(start_method)
+
+
+def _await_answer(proc: Any, reader: Any, deadline: float) -> tuple[dict[str, Any] | None, bool]:
+    """``(answer, ended)``: the child's answer, or ``None`` and whether the child ended
+    without one (``False``: the deadline passed first)."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None, False
+        ready = multiprocessing.connection.wait([reader, proc.sentinel], timeout=remaining)
+        if not ready:
+            continue
+        if reader in ready or reader.poll(0):
+            try:
+                data = reader.recv_bytes(_MAX_ANSWER_BYTES)
+            except (EOFError, OSError):  # closed without an answer, or an oversized one
+                return None, True
+            try:
+                answer = json.loads(data)
+            except ValueError:
+                answer = None
+            return (answer if isinstance(answer, dict) else {"outcome": "malformed"}), True
+        return None, True
+
+
+def _row(name: str, certain: bool, answer: dict[str, Any] | None, ended: bool, code: int | None,
+         elapsed_ms: float, timeout_s: float, output: str) -> SelftestRow:
+    """The row for a child's answer (or its absence)."""
+    from rho_actors.sandbox import _signal_name
+
+    if answer is not None:
+        outcome = answer.get("outcome")
+        if outcome not in ("passed", "failed", "no selftest"):
+            return SelftestRow(name, "crashed", elapsed_ms, "the selftest process sent a malformed answer", output)
+        child_name = answer.get("name")
+        if not certain and isinstance(child_name, str) and child_name:
+            name = child_name
+        duration = answer.get("duration_ms")
+        if outcome == "no selftest":
+            duration = 0.0
+        return SelftestRow(
+            name,
+            outcome,
+            float(duration) if isinstance(duration, (int, float)) else elapsed_ms,
+            _clip(str(answer.get("message", ""))),
+            output,
+        )
+    if not ended:
+        return SelftestRow(name, "timeout", elapsed_ms,
+                           f"no answer within {timeout_s:g} s: its process group was killed", output)
+    if isinstance(code, int) and code < 0:
+        message = f"the selftest process died of {_signal_name(-code)}"
+    else:
+        message = f"the selftest process exited with code {code} without an answer"
+    return SelftestRow(name, "crashed", elapsed_ms, message, output)
+
+
+def _run_one(given: str | None, tool: Any, timeout_s: float, start_method: str) -> SelftestRow:
+    name, certain = (given, True) if given is not None else _label(tool)
+    if _surely_without_selftest(tool):
+        return SelftestRow(name, "no selftest", 0.0, "")
+    try:
+        payload = _ship(tool)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return SelftestRow(name, "failed", 0.0,
+                           _clip(f"the tool could not be shipped to a child process: {describe_exception(exc)}"))
+    from rho_actors.sandbox import _kill_group, _start
+
+    ctx = _context(start_method)
+    root = tempfile.mkdtemp(prefix="rho_selftest-")
+    workdir = os.path.join(root, "work")
+    output_path = os.path.join(root, "output.txt")
+    proc: Any = None
+    reader: Any = None
+    try:
+        os.mkdir(workdir, 0o700)
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child_main, args=(writer, payload, workdir, output_path), name="rho-selftest")
+        started = time.monotonic()
+        try:
+            _start(proc)
+        except Exception as exc:
+            return SelftestRow(name, "crashed", 0.0,
+                               _clip(f"could not start a selftest process: {describe_exception(exc)}"))
+        finally:
+            writer.close()
+        answer, ended = _await_answer(proc, reader, started + timeout_s)
+        if answer is None and ended:
+            proc.join(_EXIT_GRACE_S)  # closed its pipe: give it a moment to finish exiting
+        elapsed_ms = (time.monotonic() - started) * 1000
+        code = proc.exitcode
+        _kill_group(proc.pid, leader=code is None)  # the child, and whatever it left in its group
+        proc.join(_REAP_S)
+        return _row(name, certain, answer, ended, code, elapsed_ms, timeout_s, _read_tail(output_path))
+    finally:
+        if reader is not None:
+            with contextlib.suppress(OSError):
+                reader.close()
+        if proc is not None:
+            if proc.pid is not None and proc.exitcode is None:
+                _kill_group(proc.pid)
+                proc.join(_REAP_S)
+            with contextlib.suppress(ValueError):
+                proc.close()
+        _remove_tree(root)
+
+
+def run_selftests(
+    tools: Iterable[Any] | Mapping[str, Any],
+    *,
+    timeout_s: float = DEFAULT_SELFTEST_TIMEOUT_S,
+    max_parallel: int | None = None,
+    start_method: str = "forkserver",
+) -> list[SelftestRow]:
+    """Run each tool's ``selftest()`` in a throwaway child process (see the module doc).
+
+    ``tools``: the tools (each named by its ``name()`` when trusted, else by what the
+    child process reads), or a mapping ``{name: tool}``. ``timeout_s``: seconds each
+    selftest gets from its process's start; past it the process group is killed and the
+    row is ``timeout``. ``max_parallel``: children at once (default: the CPU count,
+    between 2 and 8). ``start_method``: ``"forkserver"`` (default) or ``"spawn"``.
+
+    Returns one :class:`SelftestRow` per tool, in the given order. A tool's failure,
+    hang or crash is its row, never an exception here; raises ``ValueError`` for a
+    ``timeout_s`` that is not a positive number, a ``max_parallel`` below 1, or an
+    unknown ``start_method``.
+    """
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    if max_parallel is not None and (type(max_parallel) is not int or max_parallel < 1):
+        raise ValueError(f"max_parallel must be an int of 1 or more, got {max_parallel!r}")
+    _context(start_method)  # a bad start method fails here, before any child
+    items: list[tuple[str | None, Any]] = (
+        [(str(name), tool) for name, tool in tools.items()] if isinstance(tools, Mapping)
+        else [(None, tool) for tool in tools]
+    )
+    if not items:
+        return []
+    workers = max_parallel or max(2, min(_MAX_PARALLEL, os.cpu_count() or 2))
+    with concurrent.futures.ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="rho-selftest") as pool:
+        futures = [pool.submit(_run_one, name, tool, float(timeout_s), start_method) for name, tool in items]
+        return [f.result() for f in futures]
+
+
+def selftest_system(system: Any, timeout_s: float = DEFAULT_SELFTEST_TIMEOUT_S) -> list[SelftestRow]:
+    """:func:`run_selftests` of every tool ``system`` (an :class:`rho_actors.ActorSystem`)
+    offers now, named by their checked declarations, in registration order (a tool left
+    out by its declaration checks is not run). ``timeout_s``: seconds per selftest.
+    Raises ``ValueError`` for a bad ``timeout_s``."""
+    entries = system.tool_set().entries
+    return run_selftests({name: entry.tool for name, entry in entries.items()}, timeout_s=timeout_s)
+
+
+# --------------------------------------------------------------------------- command-line targets
+
+
+def load_target(target: str) -> list[types.ModuleType]:
+    """The modules a ``rho-actors selftest`` argument names: a ``.py`` file (loaded as
+    a plugin file, see :func:`rho_actors.sources.load_module_file`), a folder (each
+    ``*.py`` directly in it, not starting with ``.`` or ``_``), or a module name
+    (imported with the current directory on ``sys.path``, as ``python -m`` does).
+
+    Raises :class:`LoadError` naming ``target`` when it cannot be loaded.
+    """
+    path = Path(target)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix == ".py" and not p.name.startswith((".", "_")))
+        if not files:
+            raise LoadError(f"{target}: a folder with no .py files")
+        return [m for file in files for m in load_target(str(file))]
+    if target.endswith(".py") or os.sep in target or path.is_file():
+        if not path.is_file():
+            raise LoadError(f"{target}: no such file")
+        try:
+            return [load_module_file(path)]
+        except PluginLoadError as exc:
+            raise LoadError(str(exc)) from None
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return [importlib.import_module(target)]
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise LoadError(f"{target}: cannot import it: {describe_exception(exc)}") from None
+
+
+def tools_in_module(module: types.ModuleType) -> list[Any]:
+    """The tools of ``module``: the module itself when it is a tool, else each of its
+    public attributes (not starting with ``_``) that is a tool and was defined in it
+    (``__module__`` is the module's name, which ``@tool`` functions also have), in
+    definition order. A class is left out when an instance of it is also there (the
+    instance is the tool)."""
+    if is_tool(module):
+        return [module]
+    found: list[Any] = []
+    seen: set[int] = set()
+    for attr, obj in list(vars(module).items()):
+        if attr.startswith("_") or isinstance(obj, types.ModuleType) or id(obj) in seen:
+            continue
+        try:
+            if getattr(obj, "__module__", None) != module.__name__ or not is_tool(obj):
+                continue
+        except BaseException:
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+    instance_types = {type(obj) for obj in found if not isinstance(obj, type)}
+    return [obj for obj in found if not (isinstance(obj, type) and obj in instance_types)]
+
+
+def render_rows(rows: Iterable[SelftestRow]) -> Any:
+    """The rows as a ``rich.table.Table``: tool, outcome, duration (ms), message."""
+    from rich.table import Table
+    from rich.text import Text
+
+    styles = {"passed": "green", "failed": "red", "timeout": "red", "crashed": "bold red", "no selftest": "dim"}
+    table = Table(title="selftests", title_justify="left")
+    table.add_column("tool", style="bold")
+    table.add_column("outcome")
+    table.add_column("duration", justify="right")
+    table.add_column("message", overflow="fold")
+    for row in rows:
+        ms = row.duration_ms
+        duration = "" if row.outcome == "no selftest" else f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
+        table.add_row(Text(row.tool), Text(row.outcome, style=styles[row.outcome]), duration, Text(row.message))
+    return table
