@@ -11,6 +11,7 @@ host calls ``loguru.logger.enable("rho_actors")``.
 from loguru import logger as _logger
 
 from rho_actors.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
+from rho_actors.agent import PromptResult, Step, aprompt, prompt
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.call import CancelToken
 from rho_actors.declarations import DeclarationError, UntrustedReads, check_declaration, read_declaration
@@ -19,6 +20,7 @@ from rho_actors.events import CallEvent, DeclarationEvent
 from rho_actors.formats import DIALECTS, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.loop import Loop
+from rho_actors.model import Message, Model, Reply, ScriptedModel
 from rho_actors.registry import DuplicateToolError, Registration
 from rho_actors.selftest import SelftestRow, run_selftests
 from rho_actors.sources import EntryPointGroup, PluginFolder, Source, SourceHandle
@@ -68,14 +70,20 @@ __all__ = [
     "FunctionTool",
     "Image",
     "Loop",
+    "Message",
+    "Model",
     "Monitor",
     "Ok",
     "PluginFolder",
+    "PromptResult",
+    "Reply",
     "Registration",
     "RestartIntensityExceeded",
+    "ScriptedModel",
     "SelftestRow",
     "Source",
     "SourceHandle",
+    "Step",
     "StartChild",
     "Supervisor",
     "ToolCall",
@@ -84,6 +92,7 @@ __all__ = [
     "UntrustedReads",
     "check_declaration",
     "concurrency",
+    "aprompt",
     "declaration",
     "decode_arguments",
     "default_timeout_ms",
@@ -92,6 +101,7 @@ __all__ = [
     "is_untrusted",
     "kill",
     "monitor",
+    "prompt",
     "read_declaration",
     "run_selftests",
     "start_link",

@@ -7,6 +7,8 @@ Commands (argparse subcommands; each command group registers itself in
     rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
                            [--limit N] [--json] [--tree]
     rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json]
+    rho-actors chat --model openai:MODEL|anthropic:MODEL [--base-url URL] [--session ID]
+                    [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--data-dir DIR]
 
 Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
 a result or a state differed other than through a listed rejection; for ``selftest``: a
@@ -176,6 +178,188 @@ def _run_selftest(args: argparse.Namespace) -> int:
     return code
 
 
+# --------------------------------------------------------------------------- chat
+
+_CHAT_PROVIDERS = {  # prefix: (adapter module, class); the SDK is the pip extra of the same name
+    "openai": ("rho_actors.providers.openai", "OpenAIModel"),
+    "anthropic": ("rho_actors.providers.anthropic", "AnthropicModel"),
+}
+
+
+class _ChatSetupError(Exception):
+    """The chat cannot start; ``str(err)`` says why (exit code 2)."""
+
+
+def _model_spec(text: str) -> str:
+    provider, sep, name = text.partition(":")
+    if not sep or provider not in _CHAT_PROVIDERS or not name:
+        raise argparse.ArgumentTypeError(
+            f"expected PROVIDER:MODEL with PROVIDER one of {', '.join(_CHAT_PROVIDERS)}, got {text!r}"
+        )
+    return text
+
+
+def _steps(text: str) -> int:
+    value = _positive_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {value}")
+    return value
+
+
+def _add_chat(commands: Any) -> None:
+    chat = commands.add_parser(
+        "chat",
+        help="talk with a model that calls your tools, in the terminal",
+        description=(
+            "An interactive agent session: each line you type is a prompt; the model's tool calls run "
+            "in an ActorSystem (each printed with its outcome and duration as it finishes), then its "
+            "answer is printed. EOF (Ctrl-D) or /exit quits. The conversation is kept in "
+            "DATA_DIR/sessions/ID/transcript.jsonl: --session ID resumes it. Keys come from "
+            "OPENAI_API_KEY / ANTHROPIC_API_KEY."
+        ),
+    )
+    chat.add_argument("--model", required=True, type=_model_spec, metavar="PROVIDER:MODEL",
+                      help="openai:MODEL or anthropic:MODEL (e.g. openai:gpt-4o-mini)")
+    chat.add_argument("--base-url", default=None, metavar="URL",
+                      help="the provider's API at another address (an OpenAI-compatible server for openai:)")
+    chat.add_argument("--session", default=None, metavar="ID", help="session id to start or resume (default: new)")
+    chat.add_argument("--max-steps", type=_steps, default=10, metavar="N",
+                      help="model requests per prompt at most (default: 10)")
+    chat.add_argument("--tools", nargs="+", action="extend", default=[], metavar="MODULE_OR_PATH",
+                      help="module name, .py file or folder whose tools the model gets")
+    chat.add_argument("--untrusted", action="store_true",
+                      help="register the tools untrusted: declarations read and calls run in other processes")
+    chat.add_argument("--data-dir", default=None, metavar="DIR",
+                      help="where sessions are kept (default: $XDG_STATE_HOME/rho_actors, ~/.local/state/rho_actors)")
+    chat.set_defaults(handler=_run_chat)
+
+
+def _chat_model(spec: str, base_url: str | None) -> Any:
+    """The :class:`rho_actors.model.Model` for ``spec`` (``PROVIDER:MODEL``), its adapter
+    imported only now. Raises :class:`_ChatSetupError` naming ``pip install
+    'rho_actors[PROVIDER]'`` when the provider's SDK is missing."""
+    import importlib
+
+    provider, _, name = spec.partition(":")
+    module_name, class_name = _CHAT_PROVIDERS[provider]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        if exc.name == provider or (exc.name or "").startswith(provider + "."):
+            raise _ChatSetupError(f"the {provider} provider needs the {provider!r} SDK, which is not installed: "
+                                  f"pip install 'rho_actors[{provider}]'") from None
+        raise _ChatSetupError(f"the {provider} provider cannot be loaded: {exc}") from None
+    try:
+        return getattr(module, class_name)(name, base_url=base_url)
+    except Exception as exc:
+        raise _ChatSetupError(f"cannot start the {provider} model {name!r}: {exc}") from None
+
+
+def _chat_tools(targets: Sequence[str]) -> list[Any]:
+    from rho_actors.selftest import LoadError, load_target, tools_in_module
+
+    tools: list[Any] = []
+    for target in targets:
+        try:
+            modules = load_target(target)
+        except LoadError as exc:
+            raise _ChatSetupError(f"cannot load {exc}") from None
+        found = [t for module in modules for t in tools_in_module(module)]
+        if not found:
+            raise _ChatSetupError(f"{target}: no tools found in it")
+        tools.extend(t for t in found if all(t is not seen for seen in tools))
+    return tools
+
+
+def _chat_data_dir(given: str | None) -> str:
+    import os
+
+    if given is not None:
+        return given
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "rho_actors")
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    from rho_actors import ActorSystem, DuplicateToolError
+    from rho_actors.transcript import TRANSCRIPT_NAME, TranscriptError, load
+
+    try:
+        model = _chat_model(args.model, args.base_url)
+        tools = _chat_tools(args.tools)
+    except _ChatSetupError as exc:
+        print(f"rho-actors chat: {exc}", file=sys.stderr)
+        return 2
+    with ActorSystem(data_dir=_chat_data_dir(args.data_dir)) as system:
+        try:
+            for tool in tools:
+                registration = system.register(tool, untrusted=args.untrusted)
+                if not registration.offered:
+                    print(f"rho-actors chat: {registration.origin} is left out: {registration.reason}",
+                          file=sys.stderr)
+            loop = system.start_loop(args.session)
+            earlier = len(load(loop.data_dir / TRANSCRIPT_NAME).messages)
+        except (DuplicateToolError, TypeError, ValueError, TranscriptError, OSError) as exc:
+            print(f"rho-actors chat: {exc}", file=sys.stderr)
+            return 2
+        offered = ", ".join(info.name for info in system.tools()) or "none"
+        state = f"resumed, {earlier} messages so far" if earlier else "new"
+        print(f"session {loop.session_id} ({state}); model {args.model}; tools: {offered}", flush=True)
+        _chat_repl(system, loop, model, args.max_steps)
+    return 0
+
+
+def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> None:
+    """Read prompts from stdin until EOF or ``/exit``; print each call as it finishes
+    (from the system's call events), then the answer."""
+    import threading
+
+    from rho_actors import CallEvent
+    from rho_actors.agent import prompt
+
+    out_lock = threading.Lock()
+
+    def say(text: str) -> None:
+        with out_lock:
+            print(text, flush=True)
+
+    def show(event: Any) -> None:
+        if not isinstance(event, CallEvent) or event.session_id != loop.session_id:
+            return
+        if event.kind == "started":
+            say(f"  -> {event.tool} [{event.call_id}]")
+        elif event.kind in ("finished", "timed_out"):
+            say(f"  <- {event.tool} [{event.call_id}]: {event.outcome}, {event.duration_ms:.1f} ms")
+
+    unsubscribe = system.subscribe(show)
+    interactive = sys.stdin.isatty()
+    try:
+        while True:
+            if interactive:
+                print("> ", end="", flush=True)
+            try:
+                line = sys.stdin.readline()
+            except KeyboardInterrupt:
+                break
+            if not line or line.strip() in ("/exit", "/quit"):
+                break
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                result = prompt(loop, text, model=model, max_steps=max_steps)
+            except KeyboardInterrupt:
+                say("(interrupted; calls still running finish on their own)")
+                continue
+            if result.text:
+                say(result.text)
+            if result.error is not None:
+                with out_lock:
+                    print(f"rho-actors chat: {result.error}", file=sys.stderr, flush=True)
+    finally:
+        unsubscribe()
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -186,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="An OTP-style actor runtime for an LLM agent's tool calls.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_replay, _add_selftest):
+    for add in (_add_replay, _add_selftest, _add_chat):
         add(commands)
     return parser
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 from loguru import logger
@@ -40,6 +40,10 @@ from rho_actors.supervisor import Spares
 from rho_actors.timers import Timer, Timers
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 from rho_actors.workers import Workers
+
+if TYPE_CHECKING:
+    from rho_actors.agent import PromptResult
+    from rho_actors.model import Model
 
 __all__ = ["Loop", "LoopActor", "LoopSettings", "loop_name"]
 
@@ -550,6 +554,19 @@ class Loop:
             self.ref.stop(timeout=timeout_s)
         except pykka.ActorDeadError:
             pass
+
+    def prompt(self, text: str | None, *, model: Model, max_steps: int = 10) -> PromptResult:
+        """Run one prompt of this session to its end (see :func:`rho_actors.agent.prompt`):
+        the final text, the steps taken and ``error`` (None, or why it stopped)."""
+        from rho_actors.agent import prompt
+
+        return prompt(self, text, model=model, max_steps=max_steps)
+
+    async def aprompt(self, text: str | None, *, model: Model, max_steps: int = 10) -> PromptResult:
+        """:meth:`prompt` for asyncio hosts; never blocks the event loop."""
+        from rho_actors.agent import aprompt
+
+        return await aprompt(self, text, model=model, max_steps=max_steps)
 
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""

@@ -1,0 +1,315 @@
+"""The agent loop: a model's replies and a session's tool calls, step by step.
+
+:func:`prompt` runs one prompt of a session (:class:`~rho_actors.Loop`) to its end::
+
+    load the session's transcript (the conversation so far; see rho_actors.transcript)
+    record the user's text
+    repeat:
+        send the conversation and the tools the loop offers *now* to the model
+        record its reply
+        no tool calls -> done: the reply's text is the answer
+        run the calls as one turn (loop.run_turn), record each result, add them to
+        the conversation in the calls' order
+    until max_steps requests were answered with tool calls -> stop with an error
+
+The offered declarations (``loop.declarations("neutral")``) are read again for every
+request, so a tool registered, removed or withheld between steps changes the next
+request. Nothing in here raises for what a model, a tool or the runtime does: a model
+that raises (a provider error its adapter's retries did not cure), ``max_steps``, a
+LoopActor that is gone for good or a transcript that cannot be read or written end the
+prompt with :attr:`PromptResult.error` set, and the session can take the next prompt.
+
+A LoopActor killed mid-turn answers the turn's open calls with ``crashed`` results,
+which are recorded and sent to the model like any others; the loop waits (a bounded
+time) for its supervisor to restart it and goes on. A process that died mid-turn leaves
+calls recorded without results: the next prompt gives them ``cancelled`` results and
+never runs them again.
+
+Example::
+
+    model = ScriptedModel([
+        Reply(tool_calls=[ToolCall("c1", "add", '{"a": 1, "b": 2}')]),
+        Reply(text="1 + 2 = 3"),
+    ])
+    result = prompt(loop, "What is 1 + 2?", model=model)
+    assert result.error is None and result.text == "1 + 2 = 3"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+import pykka
+from loguru import logger
+
+from rho_actors.actor import ActorExit
+from rho_actors.call import error_result
+from rho_actors.encoding import describe_exception
+from rho_actors.model import Message, Model, Reply
+from rho_actors.tool import ErrorKind, ToolCall, ToolResult
+from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
+
+if TYPE_CHECKING:
+    from rho_actors.loop import Loop
+
+__all__ = ["DEFAULT_MAX_STEPS", "PromptResult", "Step", "aprompt", "prompt"]
+
+DEFAULT_MAX_STEPS: Final = 10
+LOOP_WAIT_S: Final = 10.0
+"""How long, in seconds, a prompt waits for a session's LoopActor that is not running
+(its supervisor restarting it) before it stops with an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One model request of a prompt: ``number`` (the session's request count, as in
+    its transcript), the model's ``reply``, and the ``results`` of its tool calls (one
+    per call, in the calls' order; empty for the final reply)."""
+
+    number: int
+    reply: Reply
+    results: tuple[ToolResult, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PromptResult:
+    """What a prompt came to.
+
+    ``text``: the final reply's text (after an error: the last reply's text, often
+    ``""``). ``steps``: the steps this prompt took, in order. ``error``: ``None``, or
+    why the prompt stopped early (``max_steps`` reached, the model raised, the session's
+    loop was gone, the transcript failed), as a sentence for the host. ``recovered``:
+    ``cancelled`` results given to calls an earlier, interrupted prompt recorded but
+    never answered (see :mod:`rho_actors.transcript`).
+    """
+
+    text: str
+    steps: tuple[Step, ...] = ()
+    error: str | None = None
+    recovered: tuple[ToolResult, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class _Stop(Exception):
+    """Ends the prompt with an error (already recorded in the transcript)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def prompt(
+    loop: Loop,
+    text: str | None,
+    *,
+    model: Model,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    cancel: threading.Event | None = None,
+) -> PromptResult:
+    """Run one prompt of ``loop``'s session to its end and return its :class:`PromptResult`.
+
+    ``text``: the user's message; ``None`` continues the recorded conversation without
+    a new message (after an interrupted prompt, a model error or ``max_steps``: the
+    model is asked again). ``model``: any :class:`~rho_actors.model.Model`.
+    ``max_steps``: at most this many model requests (>= 1) in this prompt; a reply with
+    tool calls at the last one stops the prompt with an error (its calls have run and
+    are recorded). ``cancel``: when set, the prompt stops before its next request.
+
+    The conversation comes from, and goes to, ``loop.data_dir / "transcript.jsonl"``
+    (:mod:`rho_actors.transcript`); one prompt per session runs at a time (another one
+    gets an error result at once). Blocks the calling thread: from asyncio use
+    :func:`aprompt`. Errors of the model, the tools, the runtime or the transcript are
+    reported in :attr:`PromptResult.error`, never raised; raises ``TypeError`` for a
+    ``text`` that is not a ``str`` or ``None``, or a ``model`` without ``complete``, and
+    ``ValueError`` for ``max_steps < 1``.
+    """
+    if text is not None and not isinstance(text, str):
+        raise TypeError(f"text must be a str or None, got {type(text).__name__}")
+    if not callable(getattr(model, "complete", None)):
+        raise TypeError(f"model must have a complete(messages, tools) method, got {type(model).__name__}")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps must be an int of 1 or more, got {max_steps!r}")
+    transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
+    try:
+        transcript.open()
+    except (TranscriptError, OSError) as exc:
+        return PromptResult("", error=f"the session's transcript cannot be used: {describe_exception(exc)}")
+    with transcript:
+        return _Driver(loop, transcript, model, max_steps, cancel).run(text)
+
+
+async def aprompt(
+    loop: Loop,
+    text: str | None,
+    *,
+    model: Model,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> PromptResult:
+    """:func:`prompt` for asyncio hosts: runs it in a worker thread
+    (``asyncio.to_thread``), so the event loop is never blocked. Cancelling the awaiting
+    task stops the prompt before its next model request (a model request or turn in
+    progress finishes and is recorded first); the prompt records the cancellation."""
+    cancel = threading.Event()
+    try:
+        return await asyncio.to_thread(prompt, loop, text, model=model, max_steps=max_steps, cancel=cancel)
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
+
+
+class _Driver:
+    def __init__(
+        self, loop: Loop, transcript: Transcript, model: Model, max_steps: int, cancel: threading.Event | None
+    ) -> None:
+        self.loop = loop
+        self.transcript = transcript
+        self.model = model
+        self.max_steps = max_steps
+        self.cancel = cancel
+        history = transcript.history
+        self.messages: list[Message] = list(history.messages)
+        self.next_step = history.next_step
+        self.steps: list[Step] = []
+        self.recovered: list[ToolResult] = []
+
+    def run(self, text: str | None) -> PromptResult:
+        try:
+            self._recover()
+            if text is not None:
+                self.transcript.user(self.next_step, text)
+                self.messages.append(Message.user(text))
+            elif not self.transcript.history.awaiting_reply:
+                return self._result("there is nothing to continue: the conversation is empty or ends with a reply")
+            while True:
+                if self.cancel is not None and self.cancel.is_set():
+                    self._stop("cancelled", "the host cancelled the prompt")
+                if len(self.steps) >= self.max_steps:
+                    self._stop("max_steps", f"the model still asked for tools after max_steps={self.max_steps} "
+                                            "steps; the prompt was stopped")
+                if self._step():
+                    return self._result(None)
+        except _Stop as stop:
+            return self._result(stop.message)
+        except (OSError, ValueError) as exc:  # the transcript could not be written
+            logger.exception("session {}: the transcript could not be written", self.loop.session_id)
+            return self._result(f"the session's transcript could not be written: {describe_exception(exc)}")
+
+    def _result(self, error: str | None) -> PromptResult:
+        text = self.steps[-1].reply.text if self.steps else ""
+        return PromptResult(text, tuple(self.steps), error, tuple(self.recovered))
+
+    def _stop(self, kind: str, message: str) -> NoReturn:
+        """Record why the prompt stops (at the request it did not make, or that failed),
+        and stop it."""
+        self.transcript.error(self.next_step, kind, message)
+        raise _Stop(message)
+
+    def _recover(self) -> None:
+        """Record ``cancelled`` results for calls an interrupted prompt left unanswered."""
+        for step, index, result in self.transcript.history.pending:
+            logger.warning("session {}: call {} ({}) of step {} was interrupted before its result was recorded; "
+                           "it is answered as cancelled, not run again", self.loop.session_id, result.call_id,
+                           result.name, step)
+            self.transcript.result(step, index, result)
+            self.recovered.append(result)
+        self.transcript.history.pending = []
+
+    def _step(self) -> bool:
+        """One model request and its turn; True when the reply was the final one."""
+        number = self.next_step
+        tools = self._declarations()
+        started = time.perf_counter()
+        try:
+            reply = self.model.complete(list(self.messages), tools)
+            _check_reply(reply)
+        except Exception as exc:
+            logger.warning("session {}: the model failed at step {}: {}", self.loop.session_id, number,
+                           describe_exception(exc))
+            self._stop("model", f"the model failed at step {number}: {describe_exception(exc)}")
+        model_ms = (time.perf_counter() - started) * 1000
+        self.transcript.reply(number, reply, model_ms)  # before any call runs
+        self.next_step += 1
+        self.messages.append(Message.assistant(reply.text, reply.tool_calls))
+        if not reply.tool_calls:
+            self.steps.append(Step(number, reply))
+            return True
+        results = self._run_turn(reply.tool_calls)
+        self.steps.append(Step(number, reply, tuple(results)))
+        for index, result in enumerate(results):
+            self.transcript.result(number, index, result)
+            self.messages.append(Message.tool_result(result))
+        return False
+
+    # --- the session's LoopActor ----------------------------------------------------------
+
+    def _wait_for_loop(self) -> bool:
+        """Wait (at most :data:`LOOP_WAIT_S`) for the session's LoopActor to run again."""
+        until = time.monotonic() + LOOP_WAIT_S
+        delay = 0.002
+        while not self.loop.alive:
+            if time.monotonic() >= until:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return True
+
+    def _gone(self) -> NoReturn:
+        self._stop("loop", f"the loop of session {self.loop.session_id!r} is not running (stopped, or its "
+                           f"supervisor gave up restarting it) and did not come back within {LOOP_WAIT_S:g} s")
+
+    def _declarations(self) -> list[dict[str, Any]]:
+        """The tools the loop offers now, waiting out a restart of its LoopActor."""
+        for _ in range(3):
+            try:
+                return self.loop.declarations("neutral")
+            except (pykka.ActorDeadError, ActorExit, pykka.Timeout):
+                if not self._wait_for_loop():
+                    self._gone()
+            except Exception as exc:
+                logger.exception("session {}: the loop could not list its tools", self.loop.session_id)
+                self._stop("loop", f"the loop of session {self.loop.session_id!r} could not list its tools: "
+                                   f"{describe_exception(exc)}")
+        self._stop("loop", f"the loop of session {self.loop.session_id!r} kept stopping while asked for its tools")
+
+    def _run_turn(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """The turn's results, one per call in order; a turn the loop never took (it was
+        not running) gets ``cancelled`` results."""
+        future: concurrent.futures.Future[list[ToolResult]] | None = None
+        for _ in range(3):
+            try:
+                future = self.loop.submit_turn(calls)
+                break
+            except pykka.ActorDeadError:  # not told: nothing ran; wait for the restart
+                if not self._wait_for_loop():
+                    break
+        if future is None:
+            return [error_result(c.id, c.name, ErrorKind.CANCELLED,
+                                 "the session's loop was not running; the call did not start") for c in calls]
+        bound = self.loop.turn_bound_s(calls)
+        try:
+            return future.result(timeout=bound)
+        except concurrent.futures.TimeoutError:
+            logger.error("session {}: the loop did not answer a turn within {:.1f} s", self.loop.session_id, bound)
+            return [error_result(c.id, c.name, ErrorKind.CRASHED,
+                                 f"the session's loop did not answer this call within {bound:.0f} s") for c in calls]
+
+
+def _check_reply(reply: Any) -> None:
+    """Raise ``TypeError`` unless ``reply`` is a :class:`Reply` whose tool calls are
+    :class:`ToolCall` values with ``str`` ids and names."""
+    if not isinstance(reply, Reply):
+        raise TypeError(f"the model returned a {type(reply).__name__}, not a Reply")
+    if not isinstance(reply.text, str):
+        raise TypeError(f"the model's reply text is a {type(reply.text).__name__}, not a str")
+    for index, call in enumerate(reply.tool_calls):
+        if not isinstance(call, ToolCall) or not isinstance(call.id, str) or not isinstance(call.name, str):
+            raise TypeError(f"the model's tool call {index} is not a ToolCall with a str id and name: {call!r}")

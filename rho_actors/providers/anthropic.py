@@ -1,0 +1,279 @@
+"""Anthropic Messages as a :class:`rho_actors.model.Model`.
+
+Needs the ``anthropic`` SDK: ``pip install 'rho_actors[anthropic]'``.
+
+The conversation goes out as Messages API turns:
+
+=====================  ==================================================================
+our :class:`Message`   wire message
+=====================  ==================================================================
+``user``               ``{"role": "user", "content": text}``; right after tool results it
+                       is a ``text`` block in their user message instead
+``assistant``          ``{"role": "assistant", "content": [{"type": "text"}..., {"type":
+                       "tool_use", "id", "name", "input": {...}}...]}`` (an assistant
+                       message with neither text nor calls is left out: the API refuses
+                       empty content)
+``tool``               a ``tool_result`` block ``{"tool_use_id", "content", "is_error":
+                       true}`` (``is_error`` only on errors); the consecutive results of a
+                       turn share ONE user message. ``content`` is the text, or with
+                       pictures a list: a ``text`` block, then ``image`` blocks with a
+                       base64 source and its ``media_type``
+=====================  ==================================================================
+
+Declarations go out as ``tools=[{"name", "description", "input_schema"}]`` (left out when
+there are none). A reply's ``tool_use`` blocks become :class:`ToolCall` values whose
+``arguments`` is the block's ``input`` object (a mapping); its ``text`` blocks, joined,
+are the reply's text. Other blocks (thinking, server tools) are not kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, cast
+
+try:
+    import anthropic
+    from anthropic.types import (
+        ContentBlockParam,
+        ImageBlockParam,
+        MessageParam,
+        TextBlock,
+        TextBlockParam,
+        ToolParam,
+        ToolResultBlockParam,
+        ToolUseBlock,
+    )
+    from anthropic.types import Message as AnthropicMessage
+except ImportError as _err:  # pragma: no cover - exercised only without the extra
+    from rho_actors.providers import missing_sdk
+
+    raise missing_sdk("anthropic", _err) from _err
+
+from rho_actors.formats import to_dialect
+from rho_actors.model import Message, Reply
+from rho_actors.providers import (
+    DEFAULT_RETRY,
+    Failure,
+    ModelError,
+    RetryPolicy,
+    retry_after_s,
+    retryable_status,
+    send_with_retry,
+)
+from rho_actors.tool import Image, ToolCall, ToolInfo
+
+__all__ = ["IMAGE_TYPES", "AnthropicModel", "to_anthropic_messages", "to_anthropic_tools"]
+
+PROVIDER = "anthropic"
+
+ImageType = Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+IMAGE_TYPES: tuple[ImageType, ...] = ("image/jpeg", "image/png", "image/gif", "image/webp")
+"""The picture types the Messages API takes; a picture of another type is replaced by a
+text block saying so."""
+
+NO_CREDENTIALS = "no credentials: pass api_key, or set ANTHROPIC_API_KEY (or an Anthropic profile)"
+
+
+class AnthropicModel:
+    """A :class:`rho_actors.model.Model` over Anthropic Messages.
+
+    ``model``: the model name (``"claude-sonnet-5"``...). ``client``: an
+    ``anthropic.Anthropic`` to use (it is copied with ``max_retries=0``); otherwise one
+    is made from ``base_url`` (default ``ANTHROPIC_BASE_URL`` or api.anthropic.com) and
+    ``api_key`` (default: the SDK's resolution, ``ANTHROPIC_API_KEY`` first).
+    ``max_tokens``: the reply's token budget. ``timeout_s``: the bound on each request,
+    in seconds. ``retry``: the :class:`~rho_actors.providers.RetryPolicy` for
+    408/429/5xx (529 "overloaded" included), timeouts and connection errors.
+    ``extra_body``: more fields for every request's JSON body (``{"system": "...",
+    "temperature": 0}``...).
+
+    Raises :class:`~rho_actors.providers.ModelError` (status ``None``) when no
+    credentials can be found. Usable as a context manager (closes the client it made).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: anthropic.Anthropic | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_tokens: int = 4096,
+        timeout_s: float = 60.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self.extra_body = dict(extra_body or {})
+        self._owns_client = client is None
+        if client is None:
+            try:
+                client = anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout_s, max_retries=0)
+            except anthropic.AnthropicError as err:  # a profile or config that cannot be read
+                raise ModelError(PROVIDER, None, f"no usable credentials: {err}") from err
+            if client.api_key is None and client.auth_token is None and client.credentials is None:
+                # the SDK would only fail at the first request, with a TypeError
+                raise ModelError(PROVIDER, None, NO_CREDENTIALS)
+        else:
+            client = client.with_options(max_retries=0)
+        self.client: anthropic.Anthropic = client
+
+    def complete(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]]) -> Reply:
+        """One Messages request: ``messages`` and the neutral ``tools`` declarations
+        out, the reply's text and ``tool_use`` calls back.
+
+        Raises :class:`~rho_actors.providers.ModelError` for a provider error that
+        retrying did not cure.
+        """
+        wire_messages = to_anthropic_messages(messages)
+        wire_tools = to_anthropic_tools(tools)
+
+        def send() -> AnthropicMessage:
+            return self.client.messages.create(
+                model=self.model,
+                max_tokens=self.max_tokens,
+                messages=wire_messages,
+                tools=wire_tools or anthropic.omit,
+                timeout=self.timeout_s,
+                extra_body=self.extra_body or None,
+            )
+
+        return reply_from_message(send_with_retry(PROVIDER, self.retry, send, _classify))
+
+    def close(self) -> None:
+        """Close the HTTP client, when this model made it."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> AnthropicModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"AnthropicModel({self.model!r}, base_url={str(self.client.base_url)!r})"
+
+
+def reply_from_message(message: AnthropicMessage) -> Reply:
+    """The :class:`Reply` in ``message``: its ``text`` blocks joined, its ``tool_use``
+    blocks as calls with the ``input`` object as arguments."""
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            calls.append(ToolCall(block.id, block.name, block.input))
+    return Reply(text="".join(texts), tool_calls=tuple(calls), raw=message)
+
+
+def to_anthropic_tools(tools: Sequence[Mapping[str, Any]]) -> list[ToolParam]:
+    """Neutral declarations (``{name, description, parameters, ...}``) as Messages API
+    tools. Raises ``KeyError`` for a declaration without ``name``, ``description`` or
+    ``parameters``."""
+    wire: list[ToolParam] = []
+    for decl in tools:
+        info = ToolInfo(decl["name"], decl["description"], dict(decl["parameters"]))
+        dialect = to_dialect(info, "anthropic")
+        wire.append(
+            {"name": dialect["name"], "description": dialect["description"], "input_schema": dialect["input_schema"]}
+        )
+    return wire
+
+
+def to_anthropic_messages(messages: Sequence[Message]) -> list[MessageParam]:
+    """``messages`` as Messages API turns (see the module docstring)."""
+    wire: list[MessageParam] = []
+    results: list[ContentBlockParam] | None = None  # the open user message of tool results
+
+    for message in messages:
+        if message.role == "tool":
+            if results is None:
+                results = []
+                wire.append({"role": "user", "content": results})
+            results.append(_tool_result(message))
+        elif message.role == "user":
+            if results is not None:
+                results.append({"type": "text", "text": message.text})
+            else:
+                wire.append({"role": "user", "content": message.text})
+        elif message.role == "assistant":
+            results = None
+            blocks: list[ContentBlockParam] = []
+            if message.text:
+                blocks.append({"type": "text", "text": message.text})
+            blocks.extend(
+                {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)} for c in message.tool_calls
+            )
+            if blocks:
+                wire.append({"role": "assistant", "content": blocks})
+        else:
+            raise ValueError(f"unknown message role {message.role!r}")
+    return wire
+
+
+def _input(call: ToolCall) -> dict[str, object]:
+    """A call's arguments as the ``tool_use`` input object. Raw text that is not a JSON
+    object (a call our strict decoding refused) becomes ``{}``: the block must hold an
+    object, and the call's error result says what was wrong."""
+    if not isinstance(call.arguments, str):
+        return dict(call.arguments)
+    try:
+        value = json.loads(call.arguments)
+    except ValueError:
+        return {}
+    return cast(dict[str, object], value) if isinstance(value, dict) else {}
+
+
+def _tool_result(message: Message) -> ToolResultBlockParam:
+    block: ToolResultBlockParam = {"type": "tool_result", "tool_use_id": message.tool_call_id or ""}
+    if message.images:
+        parts: list[TextBlockParam | ImageBlockParam] = []
+        if message.text:
+            parts.append({"type": "text", "text": message.text})
+        parts.extend(_image(image) for image in message.images)
+        block["content"] = parts
+    elif message.text:
+        block["content"] = message.text
+    if message.is_error:
+        block["is_error"] = True
+    return block
+
+
+def _image(image: Image) -> TextBlockParam | ImageBlockParam:
+    media_type = image.mime_type.lower()
+    for supported in IMAGE_TYPES:
+        if media_type == supported:
+            data = base64.b64encode(image.data).decode("ascii")
+            return {"type": "image", "source": {"type": "base64", "media_type": supported, "data": data}}
+    return {
+        "type": "text",
+        "text": f"[a picture of type {image.mime_type} was left out: the Messages API takes only "
+        "JPEG, PNG, GIF and WebP]",
+    }
+
+
+def _classify(exc: Exception) -> Failure | None:
+    if isinstance(exc, anthropic.APIStatusError):
+        return Failure(
+            retryable_status(exc.status_code),
+            exc.status_code,
+            exc.api_message or exc.message,
+            retry_after_s(exc.response.headers),
+        )
+    if isinstance(exc, anthropic.APITimeoutError):
+        return Failure(True, None, "the request timed out")
+    if isinstance(exc, anthropic.APIConnectionError):
+        cause = exc.__cause__
+        return Failure(True, None, f"connection error: {cause or exc.message}")
+    if isinstance(exc, anthropic.APIResponseValidationError):
+        return Failure(False, exc.status_code, f"the response did not have the expected shape: {exc.message}")
+    if isinstance(exc, anthropic.AnthropicError):
+        return Failure(False, None, str(exc))
+    return None

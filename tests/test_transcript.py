@@ -1,0 +1,159 @@
+"""Durable transcripts: the record schema, reading back, torn lines, pending calls, the lock."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rho_actors.model import Message, Reply
+from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
+from rho_actors.transcript import (
+    INTERRUPTED,
+    TRANSCRIPT_NAME,
+    Transcript,
+    TranscriptBusyError,
+    TranscriptError,
+    load,
+    read_records,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+CALLS = (ToolCall("c1", "add", '{"a": 1}'), ToolCall("c2", "look", {"where": "here", "n": [1, 2]}))
+PNG = b"\x89PNG\r\n\x1a\n\x00\xff"
+
+
+def _write_step(path: Path, *, with_results: int = 2) -> None:
+    with Transcript(path) as t:
+        t.user(1, "hello ünïcode \ud800")
+        t.reply(1, Reply("let me look", CALLS), model_ms=12.5)
+        results = [
+            ToolResult("c1", "add", True, "1", duration_ms=0.5),
+            ToolResult("c2", "look", False, "boom", ErrorKind.RAISED, details={"host": "only"}, images=(Image(PNG),)),
+        ]
+        for index, result in enumerate(results[:with_results]):
+            t.result(1, index, result)
+
+
+def test_records_follow_the_schema(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _write_step(path)
+    with Transcript(path) as t:
+        t.reply(2, Reply("done"))
+        t.error(2, "max_steps", "stopped")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [(r["type"], r["step"]) for r in records] == [
+        ("user", 1), ("reply", 1), ("result", 1), ("result", 1), ("reply", 2), ("error", 2)]
+    assert all(r["v"] == 1 and isinstance(r["ts"], float) for r in records)
+    assert records[1]["tool_calls"] == [
+        {"id": "c1", "name": "add", "arguments": '{"a": 1}'},
+        {"id": "c2", "name": "look", "arguments": {"where": "here", "n": [1, 2]}},
+    ]
+    assert records[1]["model_ms"] == 12.5
+    assert records[3]["images"] == [{"mime_type": "image/png", "data": "iVBORw0KGgoA/w=="}]
+    assert records[3]["error_kind"] == "raised" and "details" not in records[3]
+    assert records[5]["kind"] == "max_steps" and records[5]["message"] == "stopped"
+
+
+def test_load_gives_the_conversation_back(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _write_step(path)
+    history = load(path)
+    assert history.messages == [
+        Message.user("hello ünïcode \ud800"),
+        Message.assistant("let me look", CALLS),
+        Message("tool", "1", (), "c1", "add", False, ()),
+        Message("tool", "boom", (), "c2", "look", True, (Image(PNG),)),
+    ]
+    assert history.next_step == 2 and history.pending == [] and history.awaiting_reply
+    assert not history.torn and history.records == 4
+
+
+def test_missing_results_become_pending_cancelled_results(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _write_step(path, with_results=1)
+    history = load(path)
+    [(step, index, result)] = history.pending
+    assert (step, index, result.call_id, result.error_kind, result.content) == (
+        1, 1, "c2", ErrorKind.CANCELLED, INTERRUPTED)
+    assert history.messages[-1] == Message.tool_result(result)
+    assert history.messages[-2].tool_call_id == "c1"
+
+
+def test_a_torn_last_line_is_skipped_then_truncated(tmp_path: Path, logs: list[str]) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _write_step(path)
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"v": 1, "type": "reply", "st')
+    history = load(path)
+    assert history.torn and history.records == 4 and len(history.messages) == 4
+    assert any("cut short" in m for m in logs)
+    assert path.read_bytes().endswith(b'"st')  # load() never changes the file
+    with Transcript(path) as t:
+        assert t.history.torn
+        assert path.read_bytes() == whole  # open() truncates to the last whole line
+        t.reply(2, Reply("ok"))
+    records, good, torn = read_records(path)
+    assert [r["type"] for r in records][-1] == "reply" and not torn and good == path.stat().st_size
+
+
+def test_an_unparsable_last_line_with_newline_is_torn_too(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _write_step(path)
+    path.write_bytes(path.read_bytes() + b"\x00\x00\x00\n")
+    assert load(path).torn
+
+
+def test_a_bad_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _write_step(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"not json\n" + b"".join(lines[1:]))
+    with pytest.raises(TranscriptError, match="line 2"):
+        load(path)
+    with pytest.raises(TranscriptError, match="line 2"), Transcript(path):
+        pass
+
+
+def test_a_record_breaking_the_schema_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    path.write_text('{"v": 1, "type": "result", "step": 3, "index": 0}\n', encoding="utf-8")
+    with pytest.raises(TranscriptError, match="line 1 is not a valid record"):
+        load(path)
+
+
+def test_unknown_record_types_are_skipped(tmp_path: Path, logs: list[str]) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    path.write_text('{"v": 2, "type": "note", "step": 1}\n{"v": 1, "type": "user", "step": 1, "text": "hi"}\n',
+                    encoding="utf-8")
+    assert load(path).messages == [Message.user("hi")]
+    assert any("unknown record type 'note'" in m for m in logs)
+
+
+def test_a_model_error_uses_up_its_step(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    with Transcript(path) as t:
+        t.user(1, "hi")
+        t.error(1, "model", "provider down")
+        assert t.history.next_step == 1
+    history = load(path)
+    assert history.next_step == 2 and history.messages == [Message.user("hi")] and history.awaiting_reply
+    with Transcript(path) as t, pytest.raises(ValueError, match="error kind"):
+        t.error(2, "oops", "no such kind")
+
+
+def test_one_writer_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    with Transcript(path), pytest.raises(TranscriptBusyError, match="in use"):
+        Transcript(path).open()
+    with Transcript(path) as again:  # released on close
+        again.user(1, "hi")
+    assert load(path).messages == [Message.user("hi")]
+
+
+def test_a_missing_transcript_is_empty(tmp_path: Path) -> None:
+    history = load(tmp_path / "none" / TRANSCRIPT_NAME)
+    assert history.messages == [] and history.next_step == 1 and not history.awaiting_reply
