@@ -180,21 +180,17 @@ def _run_selftest(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- chat
 
-_CHAT_PROVIDERS = {  # prefix: (adapter module, class); the SDK is the pip extra of the same name
-    "openai": ("rho_actors.providers.openai", "OpenAIModel"),
-    "anthropic": ("rho_actors.providers.anthropic", "AnthropicModel"),
-}
-
-
 class _ChatSetupError(Exception):
     """The chat cannot start; ``str(err)`` says why (exit code 2)."""
 
 
 def _model_spec(text: str) -> str:
+    from rho_actors.providers import PROVIDERS
+
     provider, sep, name = text.partition(":")
-    if not sep or provider not in _CHAT_PROVIDERS or not name:
+    if not sep or provider not in PROVIDERS or not name:
         raise argparse.ArgumentTypeError(
-            f"expected PROVIDER:MODEL with PROVIDER one of {', '.join(_CHAT_PROVIDERS)}, got {text!r}"
+            f"expected PROVIDER:MODEL with PROVIDER one of {', '.join(PROVIDERS)}, got {text!r}"
         )
     return text
 
@@ -238,21 +234,14 @@ def _chat_model(spec: str, base_url: str | None) -> Any:
     """The :class:`rho_actors.model.Model` for ``spec`` (``PROVIDER:MODEL``), its adapter
     imported only now. Raises :class:`_ChatSetupError` naming ``pip install
     'rho_actors[PROVIDER]'`` when the provider's SDK is missing."""
-    import importlib
+    from rho_actors.providers import model_from_spec
 
-    provider, _, name = spec.partition(":")
-    module_name, class_name = _CHAT_PROVIDERS[provider]
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        if exc.name == provider or (exc.name or "").startswith(provider + "."):
-            raise _ChatSetupError(f"the {provider} provider needs the {provider!r} SDK, which is not installed: "
-                                  f"pip install 'rho_actors[{provider}]'") from None
-        raise _ChatSetupError(f"the {provider} provider cannot be loaded: {exc}") from None
-    try:
-        return getattr(module, class_name)(name, base_url=base_url)
+        return model_from_spec(spec, base_url=base_url)
+    except ImportError as exc:  # the SDK is missing: the message names the install command
+        raise _ChatSetupError(str(exc)) from None
     except Exception as exc:
-        raise _ChatSetupError(f"cannot start the {provider} model {name!r}: {exc}") from None
+        raise _ChatSetupError(f"cannot start the model {spec!r}: {exc}") from None
 
 
 def _chat_tools(targets: Sequence[str]) -> list[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -460,16 +461,8 @@ def test_chat_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
     assert cli_module.main(["chat", "--model", "openai:x", "--max-steps", "0"]) == 2
     capsys.readouterr()
 
-    import importlib
-
-    real = importlib.import_module
-
-    def no_sdk(name: str, *args: Any) -> Any:
-        if name == "rho_actors.providers.anthropic":
-            raise ImportError("No module named 'anthropic'", name="anthropic")
-        return real(name, *args)
-
-    monkeypatch.setattr(importlib, "import_module", no_sdk)
+    monkeypatch.setitem(sys.modules, "anthropic", None)  # the SDK is not installed
+    monkeypatch.delitem(sys.modules, "rho_actors.providers.anthropic", raising=False)
     assert cli_module.main(["chat", "--model", "anthropic:claude", "--data-dir", str(tmp_path)]) == 2
     assert "pip install 'rho_actors[anthropic]'" in capsys.readouterr().err
     monkeypatch.undo()
