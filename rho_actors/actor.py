@@ -175,6 +175,7 @@ class Actor(pykka.ThreadingActor):
         super().__init__(*args, **kwargs)
         self.exit_reason: object = None
         self._exit_cause: object = None
+        self._stopped_once = False
         with _lock:
             _monitors[self.actor_urn] = []
 
@@ -193,6 +194,22 @@ class Actor(pykka.ThreadingActor):
             self._exit_cause = exc
             self._stop()
             raise ActorExit(f"{self} exited: {describe_exception(exc)}", exc) from None
+
+    def _stop(self) -> None:
+        """End the actor (pykka's, made idempotent): ``on_stop`` runs once, and whatever
+        it raises, a ``BaseException`` included, is recorded as the exit cause instead of
+        escaping into pykka (which would stop every actor)."""
+        if self._stopped_once:
+            return
+        self._stopped_once = True
+        pykka.ActorRegistry.unregister(self.actor_ref)
+        self.actor_stopped.set()
+        try:
+            self.on_stop()
+        except BaseException as exc:
+            if self._exit_cause is None:
+                self._exit_cause = exc
+            logger.opt(exception=exc).error("on_stop of {} raised", self)
 
     def _handle_failure(self, *exc_info: Any) -> None:
         if self._exit_cause is None:

@@ -23,9 +23,13 @@ import functools
 import inspect
 import math
 import re
+import sys
 import threading
+import time
+import types
 import typing
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
@@ -34,7 +38,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from loguru import logger
 
-from rho_actors.actor import Actor
+from rho_actors.actor import Actor, Names
 from rho_actors.encoding import describe_exception
 from rho_actors.events import DeclarationEvent, EventBus
 from rho_actors.timers import Timers
@@ -47,6 +51,7 @@ __all__ = [
     "DeclarationActor",
     "Checked",
     "DeclarationError",
+    "DeclarationState",
     "Rejected",
     "UntrustedReads",
     "checked_untrusted",
@@ -96,13 +101,28 @@ def _class_line(cls: Any) -> int | None:
         return None
 
 
-def describe_origin(tool: Any) -> str:
+def describe_origin(tool: Any, trusted: bool = True) -> str:
     """Where a tool comes from, for messages: ``module.qualname (file:line)`` when known.
-    Never raises (a tool whose attributes misbehave is named by its type)."""
+    Never raises (a tool whose attributes misbehave is named by its type). For an
+    untrusted tool (``trusted=False``) no code of the tool runs: no attribute lookup
+    that could reach its ``__getattr__``, properties or metaclass."""
     try:
-        return _origin(tool)
+        return _origin(tool) if trusted else _static_origin(tool)
     except BaseException:
         return f"a {type(tool).__qualname__} object"
+
+
+def _static_origin(tool: Any) -> str:
+    if isinstance(tool, types.ModuleType):
+        namespace = object.__getattribute__(tool, "__dict__")
+        label, where = str(namespace.get("__name__", "?")), namespace.get("__file__")
+    else:
+        cls = tool if isinstance(tool, type) else type(tool)
+        label = f"{type.__getattribute__(cls, '__module__')}.{type.__getattribute__(cls, '__qualname__')}"
+        label += "" if cls is tool else " instance"
+        module = sys.modules.get(type.__getattribute__(cls, "__module__"))
+        where = object.__getattribute__(module, "__dict__").get("__file__") if module is not None else None
+    return f"{label} ({where})" if isinstance(where, str) else label
 
 
 def _origin(tool: Any) -> str:
@@ -308,35 +328,53 @@ def checked_untrusted(tool: Any) -> ToolInfo | Rejected | None:
     return held[1] if held is not None and held[0] is tool else None
 
 
+@dataclass
+class DeclarationState:
+    """The DeclarationActor's durable state, kept by the system (as an OTP process keeps
+    an ETS table with an heir): ``cache`` (tool id -> (tool, outcome)), ``reading``
+    (tool id -> tool, the untrusted tools whose reads or retries are wanted) and
+    ``closed``, set when the system stops: in-flight reads are then cancelled."""
+
+    cache: dict[int, tuple[Any, ToolInfo | Rejected]] = field(default_factory=dict)
+    reading: dict[int, Any] = field(default_factory=dict)
+    closed: threading.Event = field(default_factory=threading.Event)
+
+
 class DeclarationActor(Actor):
     """Owns the checked-declaration cache and the retry timers (DESIGN §3, §6: permanent).
 
     A trusted tool's declaration is read in this actor's thread (:meth:`check`); an
     untrusted tool's in a throwaway process (:meth:`read_untrusted`, in a helper thread
-    that waits for it), the outcome then told to the registry as
-    :class:`rho_actors.registry.Checked`. Each outcome is kept for the tool's life:
-    until :meth:`forget` (unregistration) or a re-read (a re-registration: its code may
-    have changed). A rejection's reason is logged once, when it is found. A read that ran
-    over its time bound is retried on the :class:`UntrustedReads` schedule. ``cache`` is
-    kept by the system, so a restarted DeclarationActor starts with every checked
-    declaration. Events: ``read``, ``rejected``, ``retry``, ``excluded``.
+    that waits for it), the outcome then told, as :class:`Checked`, to the actor named
+    ``notify`` (the registry). Each outcome is kept for the tool's life: until
+    :meth:`forget` (unregistration) or a re-read (a re-registration: its code may have
+    changed). A rejection's reason is logged once, when it is found. A read that ran
+    over its time bound is retried on the :class:`UntrustedReads` schedule. Its state
+    is a :class:`DeclarationState` kept by the system, and every message to it or from
+    it goes by name, so a restarted DeclarationActor (or registry) loses no checked
+    declaration, no read in flight and no retry. Events: ``read``, ``rejected``,
+    ``retry``, ``excluded``.
     """
 
     def __init__(
         self,
-        cache: dict[int, tuple[Any, ToolInfo | Rejected]],
+        state: DeclarationState,
+        names: Names,
+        notify: str,
         max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
         untrusted: UntrustedReads | None = None,
         timers: Timers | None = None,
         events: EventBus | None = None,
     ) -> None:
         super().__init__()
+        self._state = state
+        self._cache = state.cache
+        self._names = names
+        self._notify = notify
         self._max_schema_depth = max_schema_depth
-        self._cache = cache
         self._untrusted = untrusted or UntrustedReads()
         self._timers = timers
         self._events = events
-        self._notify: dict[int, pykka.ActorRef[Any]] = {}
 
     def check(self, tool: Any, fresh: bool = False) -> ToolInfo | Rejected:
         """The trusted tool's checked declaration, or why it is left out. Never raises."""
@@ -353,32 +391,35 @@ class DeclarationActor(Actor):
         self._cache[id(tool)] = (tool, outcome)
         return outcome
 
-    def read_untrusted(self, tool: Any, notify: pykka.ActorRef[Any], retry: int = 0) -> None:
+    def read_untrusted(self, tool: Any, retry: int = 0) -> None:
         """Read an untrusted tool's declaration in a throwaway process, without blocking
-        this actor; ``notify`` is told :class:`rho_actors.registry.Checked` when done."""
-        self._notify[id(tool)] = notify
-        me = self.actor_ref
-        settings, depth = self._untrusted, self._max_schema_depth
+        this actor; the outcome reaches the ``notify`` actor as :class:`Checked`."""
+        self._state.reading[id(tool)] = tool
         threading.Thread(
-            target=_read_isolated, args=(tool, settings, depth, retry, me), name="rho-declaration-read", daemon=True
+            target=_read_isolated,
+            args=(tool, self._untrusted, self._max_schema_depth, retry, self._deliver, self._state.closed),
+            name="rho-declaration-read",
+            daemon=True,
         ).start()
+
+    def _deliver(self, message: Any) -> None:
+        """Tell ``message`` to whichever DeclarationActor runs now (by name)."""
+        _tell_named(self._names, DECLARATIONS, message)
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, _ReadDone):
             self._read_done(message)
         elif isinstance(message, _Retry):
-            notify = self._notify.get(id(message.tool))
-            if notify is not None:
-                self.read_untrusted(message.tool, notify, message.retry)
+            if self._state.reading.get(id(message.tool)) is message.tool:
+                self.read_untrusted(message.tool, message.retry)
         else:
             return super().on_receive(message)
         return None
 
     def _read_done(self, done: _ReadDone) -> None:
-        notify = self._notify.get(id(done.tool))
-        if notify is None:
+        if self._state.reading.get(id(done.tool)) is not done.tool:
             return  # forgotten (unregistered) while it was read
-        origin = describe_origin(done.tool)
+        origin = describe_origin(done.tool, trusted=False)
         outcome = done.outcome
         self._cache[id(done.tool)] = (done.tool, outcome)
         _checked_untrusted[id(done.tool)] = (done.tool, outcome)
@@ -388,37 +429,52 @@ class DeclarationActor(Actor):
             delay = self._untrusted.retry_delay_s(done.retry + 1)
             logger.warning("tool {} left out for now: {}; read again in {} s", origin, outcome.reason, delay)
             self._emit("retry", origin, outcome.name, f"{outcome.reason}; read again in {delay} s")
-            self._timers.send_after(delay, self.actor_ref, _Retry(done.tool, done.retry + 1))
+            retry = _Retry(done.tool, done.retry + 1)
+            self._timers.call_at(time.monotonic() + delay, lambda: self._deliver(retry))
         else:
             kind = "excluded" if done.timed_out else "rejected"
             logger.warning("tool {} left out: {}", origin, outcome.reason)
             self._emit(kind, origin, outcome.name, outcome.reason)
-        try:
-            notify.tell(Checked(done.tool, outcome))
-        except pykka.ActorDeadError:
-            pass
+        _tell_named(self._names, self._notify, Checked(done.tool, outcome))
 
     def _emit(self, kind: Any, origin: str, name: str | None, reason: str | None) -> None:
         if self._events is not None:
             self._events.emit(DeclarationEvent(kind, origin, name, reason))
 
     def forget(self, tool: Any) -> None:
-        """Drop the tool's cached declaration and any pending retry."""
+        """Drop the tool's cached declaration and any read or retry still to come."""
         for table in (self._cache, _checked_untrusted):
             held = table.get(id(tool))
             if held is not None and held[0] is tool:
                 del table[id(tool)]
-        self._notify.pop(id(tool), None)
+        if self._state.reading.get(id(tool)) is tool:
+            del self._state.reading[id(tool)]
 
 
-def _read_isolated(tool: Any, settings: UntrustedReads, depth: int, retry: int, actor: pykka.ActorRef[Any]) -> None:
-    """A helper thread's work: one isolated read and check, told back to ``actor``."""
+def _tell_named(names: Names, name: str, message: Any) -> None:
+    ref = names.whereis(name)
+    if ref is None:
+        logger.warning("{} is not running (restarting, or the system stopped); {} dropped", name,
+                       type(message).__name__)
+        return
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass
+
+
+def _read_isolated(
+    tool: Any, settings: UntrustedReads, depth: int, retry: int, deliver: Callable[[Any], None],
+    cancel: threading.Event,
+) -> None:
+    """A helper thread's work: one isolated read and check, delivered as ``_ReadDone``."""
     from rho_actors import sandbox
 
     timed_out = False
     try:
         payload = sandbox.read_declaration_isolated(
-            tool, timeout_s=settings.timeout_s, heap_bytes=settings.heap_bytes, start_method=settings.start_method
+            tool, timeout_s=settings.timeout_s, heap_bytes=settings.heap_bytes, start_method=settings.start_method,
+            cancel=cancel,
         )
         outcome: ToolInfo | Rejected = check_declaration(sandbox.raw_declaration(payload), max_schema_depth=depth)
     except DeclarationError as err:
@@ -428,7 +484,4 @@ def _read_isolated(tool: Any, settings: UntrustedReads, depth: int, retry: int, 
         outcome = Rejected(f"reading its declaration failed ({err.kind}): {err}")
     except BaseException as err:  # this thread must always answer
         outcome = Rejected(f"reading its declaration failed: {describe_exception(err)}")
-    try:
-        actor.tell(_ReadDone(tool, outcome, timed_out, retry))
-    except pykka.ActorDeadError:
-        pass
+    deliver(_ReadDone(tool, outcome, timed_out, retry))

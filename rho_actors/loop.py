@@ -305,10 +305,10 @@ class LoopActor(Actor):
         try:
             slot.actor = self._calls.take()
             slot.actor.tell(spec)
-        except (pykka.ActorDeadError, pykka.Timeout):
+        except (pykka.ActorDeadError, pykka.Timeout) as err:
             slot.timer.cancel()
             self._settle(turn, slot, error_result(
-                slot.call.id, entry.info.name, ErrorKind.CANCELLED, "the system is stopping; the call did not start"
+                slot.call.id, entry.info.name, ErrorKind.CANCELLED, f"the call did not start: {err}"
             ))
 
     def _call_done(self, message: _CallDone) -> None:

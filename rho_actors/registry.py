@@ -161,7 +161,7 @@ class ToolRegistry(Actor):
         its Registration (or of the DuplicateToolError). ``isolation`` defaults to
         ``"process"`` for an untrusted tool, else ``"thread"``.
         """
-        origin = origin or describe_origin(tool)
+        origin = origin or describe_origin(tool, trusted=not untrusted)
         isolation = isolation or ("process" if untrusted else "thread")
         if not untrusted:
             outcome = self._declarations().check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
@@ -171,7 +171,7 @@ class ToolRegistry(Actor):
         if waiting is None or waiting.done():
             waiting = concurrent.futures.Future()
             self._state.waiting[id(tool)] = waiting
-        self._declarations().read_untrusted(tool, self.actor_ref)
+        self._declarations().read_untrusted(tool)
         return waiting
 
     def on_receive(self, message: Any) -> Any:

@@ -93,7 +93,7 @@ DEFAULT_HEAP_BYTES: Final = 256 * 2**20
 DEFAULT_READ_TIMEOUT_S: Final = 2.0
 """Default time bound of an isolated declaration read, in seconds."""
 
-ReadFailure = Literal["timeout", "memory", "crashed", "exited", "unpicklable"]
+ReadFailure = Literal["timeout", "memory", "crashed", "exited", "unpicklable", "cancelled"]
 """How an isolated read can fail (:attr:`IsolatedReadError.kind`)."""
 
 _START_METHODS: Final = ("forkserver", "spawn")
@@ -108,6 +108,8 @@ _MAX_ANSWER_BYTES: Final = 32 * 2**20
 _EXIT_GRACE_S: Final = 1.0
 """How long a child that closed its pipe gets to finish exiting before it is killed."""
 _REAP_TIMEOUT_S: Final = 5.0
+_CANCEL_POLL_S: Final = 0.05
+"""How often a declaration read looks at its ``cancel`` event, in seconds."""
 _READY_TIMEOUT_S: Final = 30.0
 _DELIVERY_ATTEMPTS: Final = 3
 """Workers tried for one call when each turns out dead before the call reaches it."""
@@ -143,6 +145,10 @@ class IsolatedReadError(Exception):
 
 class _Timeout(Exception):
     """The deadline passed before a whole message arrived."""
+
+
+class _Cancelled(Exception):
+    pass
 
 
 class _Malformed(Exception):
@@ -625,6 +631,7 @@ def read_declaration_isolated(
     timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     heap_bytes: int = DEFAULT_HEAP_BYTES,
     start_method: str = "forkserver",
+    cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Read an untrusted tool's declaration callbacks in a fresh, throwaway child process.
 
@@ -649,7 +656,8 @@ def read_declaration_isolated(
     ``SIGKILL`` it did not get from here), ``"crashed"`` (the child died of a signal, or
     could not be started, or sent a malformed answer), ``"exited"`` (the child exited,
     with any code, 0 included, without an answer) or ``"unpicklable"`` (the tool could
-    not be pickled here or unpickled there). Raises ``ValueError`` for a bad
+    not be pickled here or unpickled there) or ``"cancelled"`` (``cancel`` was set: the
+    child's process group was killed; it is looked at every 50 ms). Raises ``ValueError`` for a bad
     ``start_method`` (``"forkserver"`` or ``"spawn"``). The child is always reaped and
     its process group killed: nothing it started is left running.
     """
@@ -671,7 +679,7 @@ def read_declaration_isolated(
             ) from None
         finally:
             writer.close()
-        frame = _await_answer(proc, _Channel(reader, proc.sentinel), tool, timeout_s, heap_bytes)
+        frame = _await_answer(proc, _Channel(reader, proc.sentinel), tool, timeout_s, heap_bytes, cancel)
     finally:
         _close(proc, reader)
     try:
@@ -698,12 +706,29 @@ def read_declaration_isolated(
         ) from None
 
 
-def _await_answer(proc: Any, channel: _Channel, tool: Any, timeout_s: float, heap_bytes: int | None) -> bytes:
+def _await_answer(
+    proc: Any, channel: _Channel, tool: Any, timeout_s: float, heap_bytes: int | None,
+    cancel: threading.Event | None = None,
+) -> bytes:
     """The child's answer frame. In every case the child is reaped and its process group
     killed (what a callback started dies with it)."""
     deadline = time.monotonic() + timeout_s
     try:
-        frame = channel.recv(deadline, _MAX_ANSWER_BYTES)
+        while True:  # in slices, to notice ``cancel``; the channel keeps partial frames
+            try:
+                frame = channel.recv(min(deadline, time.monotonic() + _CANCEL_POLL_S), _MAX_ANSWER_BYTES)
+                break
+            except _Timeout:
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled from None
+                if time.monotonic() >= deadline:
+                    raise
+    except _Cancelled:
+        _kill_group(proc.pid)
+        _reap(proc, _REAP_TIMEOUT_S)
+        raise IsolatedReadError(
+            "cancelled", f"reading the declaration of {_label(tool)} was cancelled; its process group was killed"
+        ) from None
     except _Timeout:
         _kill_group(proc.pid)
         _reap(proc, _REAP_TIMEOUT_S)

@@ -152,7 +152,8 @@ def load_module_file(path: str | Path, data: bytes | None = None) -> types.Modul
 
     Raises :class:`PluginLoadError` naming the file, the error and its line for a file
     that cannot be read, compiled or run (any ``BaseException`` of its top-level code,
-    ``SystemExit`` included, except ``KeyboardInterrupt``).
+    ``SystemExit`` included; a ``KeyboardInterrupt`` too, except in the main thread,
+    where it is a real Ctrl-C).
     """
     path = Path(path)
     try:
@@ -178,7 +179,9 @@ def load_module_file(path: str | Path, data: bytes | None = None) -> types.Modul
     try:
         exec(code, module.__dict__)
     except KeyboardInterrupt:
-        raise
+        if threading.current_thread() is threading.main_thread():
+            raise  # a real Ctrl-C (signals reach only the main thread)
+        raise PluginLoadError(f"{path}: importing it raised KeyboardInterrupt") from None
     except BaseException as exc:  # a plugin's SystemExit must not end the scan
         line = next(
             (f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__)) if f.filename == str(resolved)), None

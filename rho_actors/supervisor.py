@@ -148,16 +148,43 @@ class Spares:
     :class:`Supervisor`); :meth:`take` is safe from any thread. The pool outlives a
     restart of its supervisor: the new one binds to it."""
 
-    def __init__(self, spec: ChildSpec, count: int) -> None:
+    def __init__(self, spec: ChildSpec, count: int, rebind_s: float = 1.0) -> None:
         self.spec = spec
         self.count = count
         self._idle: collections.deque[pykka.ActorRef[Any]] = collections.deque()
         self._supervisor: pykka.ActorRef[Supervisor] | None = None
+        self._bound = threading.Condition()
+        self._rebind_s = rebind_s
+        self.closed = False
+
+    def _bind(self, supervisor: pykka.ActorRef[Supervisor] | None) -> None:
+        with self._bound:
+            self._supervisor = supervisor
+            self._bound.notify_all()
+
+    def close(self) -> None:
+        """No more children: :meth:`take` fails at once from now on (the system stops)."""
+        self.closed = True
+        self._bind(None)
+
+    def _running_supervisor(self) -> pykka.ActorRef[Supervisor]:
+        """The supervisor, waiting up to ``rebind_s`` seconds while it is restarted."""
+        with self._bound:
+            self._bound.wait_for(
+                lambda: self.closed or (self._supervisor is not None and self._supervisor.is_alive()), self._rebind_s
+            )
+            supervisor = self._supervisor
+        if self.closed:
+            raise pykka.ActorDeadError("the system is stopping")
+        if supervisor is None or not supervisor.is_alive():
+            raise pykka.ActorDeadError(f"the supervisor of the spares is not running (waited {self._rebind_s} s)")
+        return supervisor
 
     def take(self) -> pykka.ActorRef[Any]:
         """A started child for one job: a spare when one is idle, else one started now
-        in this thread and handed to the supervisor. Call :meth:`replenish` later, off
-        the hot path. Raises ``pykka.ActorDeadError`` when the supervisor is down."""
+        in this thread and handed to the supervisor (waiting up to ``rebind_s`` seconds
+        for a supervisor being restarted). Call :meth:`replenish` later, off the hot
+        path. Raises ``pykka.ActorDeadError`` naming why when there is no supervisor."""
         while True:
             try:
                 ref = self._idle.popleft()
@@ -165,9 +192,7 @@ class Spares:
                 break
             if ref.is_alive():
                 return ref
-        supervisor = self._supervisor
-        if supervisor is None or not supervisor.is_alive():
-            raise pykka.ActorDeadError("the spares' supervisor is not running")
+        supervisor = self._running_supervisor()
         # Started in the caller's thread and handed over: a burst of calls from many
         # loops is not serialised through the supervisor's one thread.
         started = self.spec.start()
@@ -251,8 +276,8 @@ class Supervisor(Actor):
             self._shutdown_children()
             raise
         if self._spares is not None:
-            self._spares._supervisor = self.actor_ref
             self._spares._idle.clear()
+            self._spares._bind(self.actor_ref)
             self._fill_spares()
 
     def _add(self, spec: ChildSpec) -> _Child:
@@ -385,9 +410,13 @@ class Supervisor(Actor):
             if other is not child:
                 self._stop_child(other)
         for member in group:
+            if member.spec.restart == "temporary":  # stopped with the group, never restarted (OTP)
+                with self._lock:
+                    self._children.pop(member.key, None)
+                continue
             member.restarts += 1
             self.restarts += 1
-            self._launch(member)
+            self._launch(member)  # a start that fails fails this supervisor (see on_failure)
 
     # --- shutdown -----------------------------------------------------------------------
 
@@ -435,9 +464,18 @@ class Supervisor(Actor):
                 self._stop_child(child)
 
     def on_stop(self) -> None:
-        if self._spares is not None and self._spares._supervisor is self.actor_ref:
-            self._spares._supervisor = None
+        self._release_spares()
         self._shutdown_children()
+
+    def on_failure(self, *exc_info: Any) -> None:
+        """A supervisor that fails (a child could not be restarted, or the restart
+        intensity was exceeded) stops all its children before it exits, as in OTP."""
+        self._release_spares()
+        self._shutdown_children()
+
+    def _release_spares(self) -> None:
+        if self._spares is not None and self._spares._supervisor is self.actor_ref:
+            self._spares._bind(None)
 
 
 def _reason_text(reason: object) -> str:

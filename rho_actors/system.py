@@ -40,7 +40,14 @@ from loguru import logger
 from rho_actors.actor import NORMAL, Names, monitor, start_link
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.call import AbandonedThreads, CallActor
-from rho_actors.declarations import DECLARATIONS, DEFAULT_MAX_SCHEMA_DEPTH, DeclarationActor, UntrustedReads
+from rho_actors.declarations import (
+    DECLARATIONS,
+    DEFAULT_MAX_SCHEMA_DEPTH,
+    DeclarationActor,
+    DeclarationState,
+    UntrustedReads,
+    describe_origin,
+)
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
 from rho_actors.loop import Loop, LoopActor, LoopSettings, loop_name, withheld_names
@@ -112,6 +119,8 @@ class ActorSystem:
         self.exit_reason: object = None
         self._ask_timeout_s = 60.0
         self._untrusted = untrusted or UntrustedReads()
+        self._declarations = DeclarationState()  # the state of the DeclarationActor and the registry
+        self._registry = RegistryState()  # outlives their restarts
         self._workers = Workers(warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method)
         self._call_spares = Spares(  # CallActor.start, not start_link: it has no on_start to wait for
             ChildSpec("call", CallActor.start, restart="temporary", shutdown=shutdown_ms), spare_calls
@@ -122,9 +131,11 @@ class ActorSystem:
 
         intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
         children = [
-            ChildSpec(DECLARATIONS, StartChild(DeclarationActor, ({}, max_schema_depth, self._untrusted, self._timers,
-                                                                 self._events)), name=DECLARATIONS),
-            ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._names, self._tools, RegistryState())), name=REGISTRY),
+            ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (
+                self._declarations, self._names, REGISTRY, max_schema_depth, self._untrusted, self._timers,
+                self._events,
+            )), name=DECLARATIONS),
+            ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._names, self._tools, self._registry)), name=REGISTRY),
             ChildSpec(CALLS, supervisor(CALLS, spares=self._call_spares), type="supervisor", name=CALLS,
                       shutdown=shutdown_ms + 1_000),
             ChildSpec(WORKERS, StartChild(WorkerPoolActor, (self._workers,)), name=WORKERS, shutdown=shutdown_ms),
@@ -139,7 +150,16 @@ class ActorSystem:
         if reason != NORMAL:
             self.exit_reason = reason
             logger.error("the actor system stopped: its root supervisor exited ({})", reason)
+        self._closed()
+
+    def _closed(self) -> None:
+        """The tree is down: fail what still waits on it."""
         self._stopped = True
+        self._call_spares.close()
+        self._declarations.closed.set()  # cancels declaration reads in flight
+        for waiting in list(self._registry.waiting.values()):
+            if not waiting.done():
+                waiting.set_exception(RuntimeError("the actor system stopped before the declaration was read"))
 
     def _whereis(self, name: str) -> pykka.ActorRef[Any]:
         ref = self._names.whereis(name)
@@ -166,16 +186,20 @@ class ActorSystem:
         untrusted ones). ``origin`` names where the tool comes from in messages (default:
         its module, qualified name, file and line).
 
-        Raises ``TypeError`` when ``tool`` lacks a required callback, ``ValueError`` for
-        an unknown isolation, and :class:`rho_actors.DuplicateToolError` when another
-        registered tool has its name.
+        No code of an untrusted tool runs in this process: not even an attribute lookup
+        (a missing callback shows in its declaration check, or as the call's error).
+
+        Raises ``TypeError`` when a trusted ``tool`` lacks a required callback,
+        ``ValueError`` for an unknown isolation, :class:`rho_actors.DuplicateToolError`
+        when another registered tool has its name, and ``RuntimeError`` when the system
+        stops while an untrusted declaration is being read.
         """
-        missing = missing_callbacks(tool)
-        if missing:
-            raise TypeError(f"{tool!r} is not a tool: it lacks {', '.join(missing)}")
         if isolation is not None and isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
         untrusted = untrusted or is_untrusted(tool)
+        missing = [] if untrusted else missing_callbacks(tool)
+        if missing:
+            raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
         registry = self._whereis(REGISTRY).proxy()
         answer = registry.register(tool, origin, untrusted, isolation).get(timeout=self._ask_timeout_s)
         if isinstance(answer, Registration):
@@ -349,13 +373,14 @@ class ActorSystem:
         """Stop the tree in reverse start order (servers, loops, calls, registry,
         declarations), then the timers. Running calls are cancelled; a call thread still
         running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
+        self._call_spares.close()  # a call dispatched from now on does not start
         try:
             self._root.stop(timeout=timeout_s)
         except pykka.ActorDeadError:
             pass
         except pykka.Timeout:
             logger.error("the actor system did not stop within {} s", timeout_s)
-        self._stopped = True
+        self._closed()
         self._timers.stop()
         if self._abandoned.running:
             logger.warning("{} abandoned call threads are still running", self._abandoned.running)

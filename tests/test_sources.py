@@ -106,6 +106,7 @@ def test_broken_files_are_reported_and_hide_nothing(system: ActorSystem, folder:
     syntax = write(folder, "syntax.py", "def name(:\n")
     raising = write(folder, "raising.py", "x = 1\nraise ValueError('no config')\n")
     exiting = write(folder, "exiting.py", "import sys\nsys.exit(3)\n")
+    interrupting = write(folder, "interrupting.py", "raise KeyboardInterrupt\n")
     not_a_tool = write(folder, "not_a_tool.py", "def name():\n    return 'x'\n")
     bad_decl = write(folder, "bad_decl.py", plugin("bad name!", "x"))
     handle = add_source(system, PluginFolder(folder), trusted=True, poll_s=None)
@@ -117,8 +118,9 @@ def test_broken_files_are_reported_and_hide_nothing(system: ActorSystem, folder:
     assert tools[str(syntax)]["reason"].endswith("line 1: SyntaxError: invalid syntax")
     assert "line 2: importing it raised ValueError: no config" in tools[str(raising)]["reason"]
     assert "importing it raised SystemExit: 3" in tools[str(exiting)]["reason"]
+    assert "importing it raised KeyboardInterrupt" in tools[str(interrupting)]["reason"]
     assert "not a tool: it lacks description, parameter_schema, run" in tools[str(not_a_tool)]["reason"]
-    for key in (syntax, raising, exiting, not_a_tool):
+    for key in (syntax, raising, exiting, interrupting, not_a_tool):
         assert tools[str(key)]["registered"] is False and tools[str(key)]["offered"] is False
     # a declaration that fails its checks: held by the registry, not offered
     assert tools[str(bad_decl)]["registered"] is True and tools[str(bad_decl)]["offered"] is False

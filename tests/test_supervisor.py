@@ -302,3 +302,45 @@ def test_crashing_children_for_a_while_leaves_no_thread_after_stop(journal: Jour
     assert sup.is_alive()
     sup.stop(timeout=WAIT_S)
     assert extra_threads(before) == []
+
+
+def test_a_failed_restart_stops_the_siblings_before_the_supervisor_exits(journal: Journal, names: Names) -> None:
+    class Fragile(Worker):
+        starts = 0
+
+        def on_start(self) -> None:
+            type(self).starts += 1
+            if type(self).starts > 1:
+                raise ValueError("cannot come back")
+            super().on_start()
+
+    fragile = ChildSpec("fragile", StartChild(Fragile, ("fragile", journal)), name="fragile")
+    temp = spec("temp", journal, "temporary")
+    sup = started_sup([spec("a", journal), temp, fragile], names, strategy="one_for_all")
+    downs: list[object] = []
+    monitor(sup, lambda _r, reason: downs.append(reason))
+    first_a = names.whereis("a")
+    assert first_a is not None
+    ref = names.whereis("fragile")
+    assert ref is not None
+    ref.tell("crash")
+    assert wait_for(lambda: len(downs) == 1)
+    assert "failed to start" in str(downs[0])
+    assert names.whereis("a") is None and names.whereis("temp") is None  # nothing left unsupervised
+    assert journal.starts("temp") == 1  # a temporary child is not restarted with its group
+    assert wait_for(lambda: not first_a.is_alive())
+
+
+def test_on_stop_raising_a_base_exception_still_stops_with_that_reason() -> None:
+    class ExitsOnStop(Actor):
+        def on_stop(self) -> None:
+            raise SystemExit(3)
+
+    other = Worker.start("other", Journal())
+    ref = ExitsOnStop.start()
+    downs: list[object] = []
+    monitor(ref, lambda _r, reason: downs.append(reason))
+    assert ref.stop(timeout=WAIT_S) is True
+    assert wait_for(lambda: len(downs) == 1) and isinstance(downs[0], SystemExit)
+    assert other.is_alive()  # pykka would have stopped every actor
+    other.stop()

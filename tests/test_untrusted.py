@@ -228,3 +228,113 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+class SlowName:
+    """Its name() takes a while: long enough to restart the system's actors meanwhile."""
+
+    @staticmethod
+    def name() -> str:
+        time.sleep(0.5)
+        return "slow_name"
+
+    description = staticmethod(lambda: "Slow to read.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    run = staticmethod(lambda args, ctx: "ran")
+
+
+@pytest.mark.parametrize("victim", ["registry", "declarations"])
+def test_a_read_in_flight_survives_a_restart_of_the_system_actors(system: ActorSystem, victim: str) -> None:
+    import threading
+
+    from rho_actors import kill
+
+    done: list[Any] = []
+    registering = threading.Thread(target=lambda: done.append(system.register(SlowName, untrusted=True)))
+    registering.start()
+    old = system.whereis(victim)
+    assert old is not None
+    kill(old)
+    registering.join(WAIT_S)
+    assert done and done[0].info is not None and done[0].info.name == "slow_name"
+    assert [i.name for i in system.tools()] == ["slow_name"]
+
+
+def test_a_retry_survives_a_restart_of_the_declaration_actor(system: ActorSystem) -> None:
+    from rho_actors import kill
+
+    FLAG.unlink(missing_ok=True)
+    events: list[DeclarationEvent] = []
+    system.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
+    assert system.register(SlowOnce, untrusted=True).info is None  # timed out: a retry is scheduled
+    old = system.whereis("declarations")
+    assert old is not None
+    kill(old)
+    assert wait_for(lambda: system.whereis("declarations") not in (None, old))
+    FLAG.touch()
+    assert wait_for(lambda: [i.name for i in system.tools()] == ["slow_once"], timeout_s=WAIT_S)
+
+
+class HangsAndTells:
+    """Writes the pid of the process reading it, then never answers."""
+
+    @staticmethod
+    def name() -> str:
+        Path("/tmp/rho_actors-test-untrusted-reader.pid").write_text(str(os.getpid()))
+        time.sleep(60)
+        return "never"
+
+    description = staticmethod(lambda: "Never answers.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    run = staticmethod(lambda args, ctx: "never")
+
+
+def test_stop_cancels_a_read_in_flight_and_the_waiting_register(tmp_path: Path) -> None:
+    import threading
+
+    pid_file = Path("/tmp/rho_actors-test-untrusted-reader.pid")
+    pid_file.unlink(missing_ok=True)
+    system = ActorSystem(data_dir=tmp_path, untrusted=UntrustedReads(timeout_s=30))
+    errors: list[BaseException] = []
+
+    def register() -> None:
+        try:
+            system.register(HangsAndTells, untrusted=True)
+        except BaseException as err:
+            errors.append(err)
+
+    registering = threading.Thread(target=register)
+    registering.start()
+    assert wait_for(pid_file.exists)
+    reader = int(pid_file.read_text())
+    started = time.monotonic()
+    system.stop()
+    registering.join(WAIT_S)
+    assert time.monotonic() - started < WAIT_S
+    assert len(errors) == 1 and "stopped before the declaration was read" in str(errors[0])
+    assert wait_for(lambda: not _alive(reader))
+    pid_file.unlink(missing_ok=True)
+
+
+def test_no_code_of_an_untrusted_module_runs_in_the_host_to_register_it(system: ActorSystem, tmp_path: Path) -> None:
+    from rho_actors.sources import load_module_file
+
+    lookups = tmp_path / "lookups"
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(
+        "import os\n"
+        f"HOST = {os.getpid()}\n"
+        "def name(): return 'plugin'\n"
+        "def description(): return 'A plugin with a module __getattr__.'\n"
+        "def parameter_schema(): return {'type': 'object'}\n"
+        "def run(args, ctx): return 'ran'\n"
+        "def __getattr__(attr):\n"
+        "    if os.getpid() == HOST:\n"
+        f"        open({str(lookups)!r}, 'a').write(attr + '\\n')\n"
+        "    raise AttributeError(attr)\n"
+    )
+    module = load_module_file(plugin)
+    registration = system.register(module, untrusted=True)
+    assert registration.info is not None and registration.info.name == "plugin"
+    assert system.start_loop().run_turn([ToolCall("p", "plugin", "{}")])[0].content == "ran"
+    assert not lookups.exists(), lookups.read_text()
