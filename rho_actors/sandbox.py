@@ -247,8 +247,13 @@ def _signal_name(signum: int) -> str:
 
 
 def _enter_child(heap_bytes: int | None) -> None:
-    """First thing in every child: lead a new process group, bound the address space."""
+    """First thing in every child: lead a new process group, bound the address space,
+    and send what a tool prints to stderr, so it cannot corrupt the host's stdout (a
+    command's JSON output, say)."""
     os.setsid()
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        os.dup2(2, 1)
     if heap_bytes is not None and heap_bytes > 0:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = heap_bytes if hard == resource.RLIM_INFINITY else min(heap_bytes, hard)
