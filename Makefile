@@ -8,11 +8,11 @@ BFCL = bfcl-eval==2026.3.23
 
 .PHONY: demo test lint install clean
 
+# BFCL's declared dependencies serve its model handlers, which rho_actors does not use;
+# its eight multi-turn backends need only mpmath (the `bfcl` extra): hence --no-deps.
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bfcl]'
-	# BFCL's declared dependencies serve its model handlers, which rho_actors does not
-	# use; its eight multi-turn backends need only mpmath (the `bfcl` extra).
 	$(BIN)/python -m pip install --quiet --no-deps $(BFCL)
 	touch $@
 

@@ -61,8 +61,8 @@ from typing import Any, Final, Literal
 import cloudpickle
 
 from rho_actors.encoding import describe_exception
-from rho_actors.sources import PluginLoadError, load_module_file
-from rho_actors.tool import Error, Ok, callback, is_tool, is_untrusted
+from rho_actors.sources import PluginLoadError, load_module_file, tools_in_module
+from rho_actors.tool import Error, Ok, callback, is_untrusted
 
 __all__ = [
     "DEFAULT_SELFTEST_TIMEOUT_S",
@@ -484,30 +484,6 @@ def load_target(target: str) -> list[types.ModuleType]:
         raise
     except BaseException as exc:
         raise LoadError(f"{target}: cannot import it: {describe_exception(exc)}") from None
-
-
-def tools_in_module(module: types.ModuleType) -> list[Any]:
-    """The tools of ``module``: the module itself when it is a tool, else each of its
-    public attributes (not starting with ``_``) that is a tool and was defined in it
-    (``__module__`` is the module's name, which ``@tool`` functions also have), in
-    definition order. A class is left out when an instance of it is also there (the
-    instance is the tool)."""
-    if is_tool(module):
-        return [module]
-    found: list[Any] = []
-    seen: set[int] = set()
-    for attr, obj in list(vars(module).items()):
-        if attr.startswith("_") or isinstance(obj, types.ModuleType) or id(obj) in seen:
-            continue
-        try:
-            if getattr(obj, "__module__", None) != module.__name__ or not is_tool(obj):
-                continue
-        except BaseException:
-            continue
-        seen.add(id(obj))
-        found.append(obj)
-    instance_types = {type(obj) for obj in found if not isinstance(obj, type)}
-    return [obj for obj in found if not (isinstance(obj, type) and obj in instance_types)]
 
 
 def render_rows(rows: Iterable[SelftestRow]) -> Any:

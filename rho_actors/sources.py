@@ -79,9 +79,10 @@ from rho_actors.encoding import describe_exception
 from rho_actors.registry import DuplicateToolError
 from rho_actors.supervisor import ChildSpec, StartChild
 from rho_actors.timers import Timer
-from rho_actors.tool import missing_callbacks
+from rho_actors.tool import is_tool, missing_callbacks
 
 __all__ = [
+    "tools_in_module",
     "DEFAULT_GROUP",
     "Broken",
     "EntryPointGroup",
@@ -193,6 +194,42 @@ def load_module_file(path: str | Path, data: bytes | None = None) -> types.Modul
     return module
 
 
+def tools_in_module(module: types.ModuleType) -> list[Any]:
+    """The tools of ``module``: the module itself when it is a tool, else each of its
+    public attributes (not starting with ``_``) that is a tool and was defined in it
+    (``__module__`` is the module's name, which ``@tool`` functions also have), in
+    definition order. A class is left out when an instance of it is also there (the
+    instance is the tool)."""
+    if is_tool(module):
+        return [module]
+    found: list[Any] = []
+    seen: set[int] = set()
+    for attr, obj in list(vars(module).items()):
+        if attr.startswith("_") or isinstance(obj, types.ModuleType) or id(obj) in seen:
+            continue
+        try:
+            if getattr(obj, "__module__", None) != module.__name__ or not is_tool(obj):
+                continue
+        except BaseException:
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+    instance_types = {type(obj) for obj in found if not isinstance(obj, type)}
+    return [obj for obj in found if not (isinstance(obj, type) and obj in instance_types)]
+
+
+def _the_tool(file: Path, module: types.ModuleType) -> Any:
+    """A plugin file's one tool: the module itself, or the one tool defined in it (an
+    ``@tool`` function, say); a :class:`Broken` otherwise."""
+    found = tools_in_module(module)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        missing = ", ".join(missing_callbacks(module))
+        return Broken(f"{file}: not a tool: it lacks {missing} at module level, and defines no tool either")
+    return Broken(f"{file}: defines {len(found)} tools; a plugin file holds one")
+
+
 class PluginFolder:
     """A folder of tool modules: each ``*.py`` file directly in ``path`` (not starting
     with ``.`` or ``_``) is one tool, the module itself (see the module doc).
@@ -235,10 +272,7 @@ class PluginFolder:
             except PluginLoadError as exc:
                 tool = Broken(str(exc))
             else:
-                missing = missing_callbacks(module)
-                tool = module if not missing else Broken(
-                    f"{file}: not a tool: it lacks {', '.join(missing)} at module level"
-                )
+                tool = _the_tool(file, module)
             self._loaded[key] = (version, tool)
             found[key] = (tool, version)
         for gone in set(self._loaded) - set(found):

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable
@@ -80,7 +81,7 @@ class ActorSystem:
     :meth:`stop` when done.
 
     Arguments: ``data_dir`` holds one private folder per session (default: a new
-    temporary folder); ``max_output_chars`` caps each result's text (characters);
+    temporary folder, removed at :meth:`stop`); ``max_output_chars`` caps each result's text (characters);
     ``max_argument_depth`` and ``max_schema_depth`` bound nesting of call arguments and
     parameter schemas; ``shutdown_ms`` is how long running calls get to stop on
     :meth:`stop` (milliseconds) before their threads are abandoned; ``spare_calls``
@@ -106,6 +107,7 @@ class ActorSystem:
         untrusted: UntrustedReads | None = None,
         warm_workers: int = 2,
     ) -> None:
+        self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._sessions_dir = (self.data_dir / "sessions").resolve()
@@ -382,6 +384,8 @@ class ActorSystem:
             logger.error("the actor system did not stop within {} s", timeout_s)
         self._closed()
         self._timers.stop()
+        if self._own_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
         if self._abandoned.running:
             logger.warning("{} abandoned call threads are still running", self._abandoned.running)
 

@@ -426,3 +426,24 @@ def test_load_module_file_keeps_sys_modules_clean(tmp_path: Path) -> None:
     assert again is not module and again.__name__ == module.__name__
     write(tmp_path, "dc.py", "x = 2\n")
     assert load_module_file(path).__name__ != module.__name__
+
+
+def test_a_plugin_file_may_hold_one_tool_function(system: ActorSystem, folder: Path) -> None:
+    write(folder, "greet.py", (
+        "from rho_actors import tool\n\n"
+        "@tool\n"
+        "def greet(who: str) -> str:\n"
+        "    '''Greet someone.'''\n"
+        "    return f'hello {who}'\n"
+    ))
+    two = write(folder, "two.py", (
+        "from rho_actors import tool\n\n"
+        "@tool\ndef a() -> str:\n    '''A.'''\n    return 'a'\n\n"
+        "@tool\ndef b() -> str:\n    '''B.'''\n    return 'b'\n"
+    ))
+    handle = add_source(system, PluginFolder(folder), trusted=True, poll_s=None)
+    loop = system.start_loop("s1")
+    assert offered(loop) == ["greet"]
+    [result] = loop.run_turn([ToolCall("g", "greet", '{"who": "Ada"}')])
+    assert result.content == "hello Ada"
+    assert "defines 2 tools; a plugin file holds one" in handle.status()["tools"][str(two)]["reason"]
