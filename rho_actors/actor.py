@@ -109,6 +109,7 @@ class Monitor:
         self._callback = callback
 
     def demonitor(self) -> None:
+        """Remove this monitor: no report comes after this call."""
         with _lock:
             callbacks = _monitors.get(self._urn)
             if callbacks is not None and self in callbacks:
@@ -277,5 +278,6 @@ class Names:
         return ref if ref is not None and ref.is_alive() else None
 
     def names(self) -> list[str]:
+        """The names held now, sorted."""
         with self._lock:
             return sorted(self._refs)

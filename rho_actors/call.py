@@ -66,6 +66,7 @@ class CancelToken:
 
     @property
     def cancelled(self) -> bool:
+        """Whether the call was cancelled (its deadline passed, or its loop stopped)."""
         return self._event.is_set()
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -115,11 +116,13 @@ class AbandonedThreads:
         self.running = 0
 
     def abandoned(self) -> None:
+        """Count a running call whose thread was given up on."""
         with self._lock:
             self.total += 1
             self.running += 1
 
     def returned(self) -> None:
+        """Count an abandoned call's thread that has returned since."""
         with self._lock:
             self.running -= 1
 

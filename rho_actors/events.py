@@ -65,6 +65,7 @@ class EventBus:
         return unsubscribe
 
     def emit(self, event: Event) -> None:
+        """Log ``event`` and give it to every subscriber (a raising one is logged)."""
         if isinstance(event, DeclarationEvent):
             logger.info("declaration of {}: {} {}", event.tool, event.kind, event.reason or "")
         elif event.kind == "timed_out":

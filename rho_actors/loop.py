@@ -575,4 +575,5 @@ class Loop:
 
     @property
     def alive(self) -> bool:
+        """Whether the session's LoopActor is running now."""
         return self._whereis(loop_name(self.session_id)) is not None

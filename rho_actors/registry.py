@@ -57,6 +57,7 @@ class Registration:
 
     @property
     def offered(self) -> bool:
+        """Whether the tool passed its checks (loops may offer it)."""
         return self.info is not None
 
 

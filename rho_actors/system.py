@@ -369,6 +369,7 @@ class ActorSystem:
 
     @property
     def stopped(self) -> bool:
+        """Whether the system has stopped (by :meth:`stop`, or a failure past the root)."""
         return self._stopped
 
     def stop(self, timeout_s: float = 60.0) -> None:

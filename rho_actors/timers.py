@@ -42,6 +42,7 @@ class Timer:
         self.cancelled = False
 
     def cancel(self) -> None:
+        """Stop the timer from firing (a no-op once it has fired)."""
         self._owner._cancel(self)
 
 

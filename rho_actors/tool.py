@@ -151,6 +151,7 @@ class ErrorKind(enum.StrEnum):
 
     @property
     def retryable(self) -> bool:
+        """Whether the same call, repeated unchanged, may succeed."""
         return self in _RETRYABLE
 
 
