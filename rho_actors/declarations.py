@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pykka
 import tenacity
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -50,6 +49,7 @@ __all__ = [
     "NAME_PATTERN",
     "DeclarationActor",
     "Checked",
+    "ReadUntrusted",
     "DeclarationError",
     "DeclarationState",
     "Rejected",
@@ -304,6 +304,13 @@ class Checked:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadUntrusted:
+    """Asked of the DeclarationActor by the registry: read this untrusted tool."""
+
+    tool: Any
+
+
+@dataclass(frozen=True, slots=True)
 class _ReadDone:
     tool: Any
     outcome: ToolInfo | Rejected
@@ -403,11 +410,22 @@ class DeclarationActor(Actor):
         ).start()
 
     def _deliver(self, message: Any) -> None:
-        """Tell ``message`` to whichever DeclarationActor runs now (by name)."""
-        _tell_named(self._names, DECLARATIONS, message)
+        """Hand ``message`` to whichever DeclarationActor runs now (by name), from the
+        calling thread, which may wait for a restart."""
+        self._names.deliver(DECLARATIONS, message, stop=self._state.closed)
+
+    def _deliver_later(self, name: str, message: Any) -> None:
+        """Hand ``message`` to the actor named ``name`` from a helper thread: this
+        actor's thread never waits on another actor."""
+        threading.Thread(
+            target=self._names.deliver, args=(name, message), kwargs={"stop": self._state.closed},
+            name="rho-deliver", daemon=True,
+        ).start()
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, _ReadDone):
+        if isinstance(message, ReadUntrusted):
+            self.read_untrusted(message.tool)
+        elif isinstance(message, _ReadDone):
             self._read_done(message)
         elif isinstance(message, _Retry):
             if self._state.reading.get(id(message.tool)) is message.tool:
@@ -430,12 +448,12 @@ class DeclarationActor(Actor):
             logger.warning("tool {} left out for now: {}; read again in {} s", origin, outcome.reason, delay)
             self._emit("retry", origin, outcome.name, f"{outcome.reason}; read again in {delay} s")
             retry = _Retry(done.tool, done.retry + 1)
-            self._timers.call_at(time.monotonic() + delay, lambda: self._deliver(retry))
+            self._timers.call_at(time.monotonic() + delay, lambda: self._deliver_later(DECLARATIONS, retry))
         else:
             kind = "excluded" if done.timed_out else "rejected"
             logger.warning("tool {} left out: {}", origin, outcome.reason)
             self._emit(kind, origin, outcome.name, outcome.reason)
-        _tell_named(self._names, self._notify, Checked(done.tool, outcome))
+        self._deliver_later(self._notify, Checked(done.tool, outcome))
 
     def _emit(self, kind: Any, origin: str, name: str | None, reason: str | None) -> None:
         if self._events is not None:
@@ -449,18 +467,6 @@ class DeclarationActor(Actor):
                 del table[id(tool)]
         if self._state.reading.get(id(tool)) is tool:
             del self._state.reading[id(tool)]
-
-
-def _tell_named(names: Names, name: str, message: Any) -> None:
-    ref = names.whereis(name)
-    if ref is None:
-        logger.warning("{} is not running (restarting, or the system stopped); {} dropped", name,
-                       type(message).__name__)
-        return
-    try:
-        ref.tell(message)
-    except pykka.ActorDeadError:
-        pass
 
 
 def _read_isolated(

@@ -24,7 +24,7 @@ from loguru import logger
 
 from rho_actors.actor import Actor, Names
 from rho_actors.arguments import make_validator
-from rho_actors.declarations import DECLARATIONS, Checked, Rejected, describe_origin
+from rho_actors.declarations import DECLARATIONS, Checked, ReadUntrusted, Rejected, describe_origin
 from rho_actors.tool import ToolInfo
 
 __all__ = [
@@ -172,7 +172,10 @@ class ToolRegistry(Actor):
         if waiting is None or waiting.done():
             waiting = concurrent.futures.Future()
             self._state.waiting[id(tool)] = waiting
-        self._declarations().read_untrusted(tool)
+        if not self._names.deliver(DECLARATIONS, ReadUntrusted(tool), patience_s=_ASK_TIMEOUT_S):
+            self._state.waiting.pop(id(tool), None)
+            self._state.untrusted.pop(id(tool), None)
+            raise RuntimeError("the DeclarationActor did not take the read (the system is stopping?)")
         return waiting
 
     def on_receive(self, message: Any) -> Any:
