@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import pykka
-from stats import BenchmarkError, environment, percentile, summary, verdict
+from stats import BenchmarkError, environment, percentile, publish, summary, verdict
 
 from rho_actors import ActorSystem, Loop, ToolCall
 
@@ -384,13 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchmarkError as exc:
         print(f"benchmark error: {exc}", file=sys.stderr)
         return 1
-    report["total_s"] = round((time.perf_counter_ns() - started) / 1e9, 2)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_text(report)
-        print(f"\ntotal {report['total_s']:.1f} s")
-    return 0
+    return publish(report, started, args.json, print_text)
 
 
 if __name__ == "__main__":

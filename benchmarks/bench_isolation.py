@@ -34,7 +34,6 @@ import argparse
 import concurrent.futures
 import gc
 import importlib.util
-import json
 import multiprocessing
 import sys
 import tempfile
@@ -44,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stats import BenchmarkError, environment, percentile, summary, verdict
+from stats import BenchmarkError, environment, percentile, publish, summary, verdict
 
 from rho_actors.declarations import DeclarationError, check_declaration
 from rho_actors.sandbox import IsolatedReadError, WorkerPool, raw_declaration, read_declaration_isolated
@@ -381,13 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchmarkError as exc:
         print(f"benchmark error: {exc}", file=sys.stderr)
         return 1
-    report["total_s"] = round((time.perf_counter_ns() - started) / 1e9, 2)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_text(report)
-        print(f"\ntotal {report['total_s']:.1f} s")
-    return 0
+    return publish(report, started, args.json, print_text)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -45,3 +47,17 @@ def environment(quick: bool, **extra: Any) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
+
+
+def publish(
+    report: dict[str, Any], started_ns: int, as_json: bool, print_text: Callable[[Mapping[str, Any]], None]
+) -> int:
+    """Add ``total_s`` (since ``started_ns``, a ``time.perf_counter_ns()`` reading) and
+    print the report as JSON or as text; returns the exit code, 0."""
+    report["total_s"] = round((time.perf_counter_ns() - started_ns) / 1e9, 2)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_text(report)
+        print(f"\ntotal {report['total_s']:.1f} s")
+    return 0
