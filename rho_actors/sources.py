@@ -66,7 +66,7 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -230,6 +230,47 @@ def _the_tool(file: Path, module: types.ModuleType) -> Any:
     return Broken(f"{file}: defines {len(found)} tools; a plugin file holds one")
 
 
+class _Loaded:
+    """What a source loaded, by key: a key is loaded again only when its version changes."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, tuple[object, Any]] = {}
+
+    def get(self, key: str, version: object, load: Callable[[], Any]) -> Any:
+        cached = self._by_key.get(key)
+        if cached is None or cached[0] != version:
+            cached = (version, load())
+            self._by_key[key] = cached
+        return cached[1]
+
+    def keep_only(self, keys: Iterable[str]) -> None:
+        """Forget every key not in ``keys`` (their files or entry points are gone)."""
+        for gone in set(self._by_key) - set(keys):
+            del self._by_key[gone]
+
+
+def _load_plugin(file: Path, data: bytes) -> Any:
+    try:
+        module = load_module_file(file, data)
+    except PluginLoadError as exc:
+        return Broken(str(exc))
+    return _the_tool(file, module)
+
+
+def _load_entry_point(ep: importlib.metadata.EntryPoint, dist_name: str) -> Any:
+    where = f"entry point {ep.name} = {ep.value} ({dist_name})"
+    try:
+        tool = ep.load()
+    except KeyboardInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            raise  # a real Ctrl-C (signals reach only the main thread)
+        return Broken(f"{where}: loading it raised KeyboardInterrupt")
+    except BaseException as exc:
+        return Broken(f"{where}: loading it raised {describe_exception(exc)}")
+    missing = missing_callbacks(tool)
+    return Broken(f"{where}: not a tool: it lacks {', '.join(missing)}") if missing else tool
+
+
 class PluginFolder:
     """A folder of tool modules: each ``*.py`` file directly in ``path`` (not starting
     with ``.`` or ``_``) is one tool, the module itself (see the module doc).
@@ -243,7 +284,7 @@ class PluginFolder:
     def __init__(self, path: str | Path, *, name: str | None = None) -> None:
         self.path = Path(path)
         self.name = name if name is not None else f"plugins:{self.path}"
-        self._loaded: dict[str, tuple[str, Any]] = {}  # key -> (version, module or Broken)
+        self._loaded = _Loaded()  # by file path: the tool or Broken of its current version
 
     def scan(self) -> dict[str, tuple[Any, object]]:
         """``{str(path): (module or Broken, content hash)}`` for the folder's files now.
@@ -262,21 +303,9 @@ class PluginFolder:
                 found[key] = (Broken(f"{file}: cannot be read: {describe_exception(exc)}"), ("unreadable", str(exc)))
                 continue
             version = _digest(data)
-            cached = self._loaded.get(key)
-            if cached is not None and cached[0] == version:
-                found[key] = (cached[1], version)
-                continue
-            tool: Any
-            try:
-                module = load_module_file(file, data)
-            except PluginLoadError as exc:
-                tool = Broken(str(exc))
-            else:
-                tool = _the_tool(file, module)
-            self._loaded[key] = (version, tool)
+            tool = self._loaded.get(key, version, lambda file=file, data=data: _load_plugin(file, data))
             found[key] = (tool, version)
-        for gone in set(self._loaded) - set(found):
-            del self._loaded[gone]
+        self._loaded.keep_only(found)
         return found
 
     def __repr__(self) -> str:
@@ -305,7 +334,7 @@ class EntryPointGroup:
     def __init__(self, group: str = DEFAULT_GROUP, *, name: str | None = None) -> None:
         self.group = group
         self.name = name if name is not None else f"entry-points:{group}"
-        self._loaded: dict[str, tuple[str, Any]] = {}
+        self._loaded = _Loaded()
 
     def scan(self) -> dict[str, tuple[Any, object]]:
         """``{"<distribution>:<name>": (tool or Broken, "<version>:<value>")}`` for the
@@ -317,27 +346,9 @@ class EntryPointGroup:
             dist_version = dist.version if dist is not None else "?"
             key = f"{dist_name}:{ep.name}"
             version = f"{dist_version}:{ep.value}"
-            cached = self._loaded.get(key)
-            if cached is not None and cached[0] == version:
-                found[key] = (cached[1], version)
-                continue
-            tool: Any
-            try:
-                tool = ep.load()
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:
-                tool = Broken(f"entry point {ep.name} = {ep.value} ({dist_name}): loading it raised "
-                              f"{describe_exception(exc)}")
-            else:
-                missing = missing_callbacks(tool)
-                if missing:
-                    tool = Broken(f"entry point {ep.name} = {ep.value} ({dist_name}): not a tool: "
-                                  f"it lacks {', '.join(missing)}")
-            self._loaded[key] = (version, tool)
+            tool = self._loaded.get(key, version, lambda ep=ep, d=dist_name: _load_entry_point(ep, d))
             found[key] = (tool, version)
-        for gone in set(self._loaded) - set(found):
-            del self._loaded[gone]
+        self._loaded.keep_only(found)
         return found
 
     def __repr__(self) -> str:
