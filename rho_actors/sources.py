@@ -57,6 +57,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -303,7 +304,7 @@ class PluginFolder:
                 found[key] = (Broken(f"{file}: cannot be read: {describe_exception(exc)}"), ("unreadable", str(exc)))
                 continue
             version = _digest(data)
-            tool = self._loaded.get(key, version, lambda file=file, data=data: _load_plugin(file, data))
+            tool = self._loaded.get(key, version, functools.partial(_load_plugin, file, data))
             found[key] = (tool, version)
         self._loaded.keep_only(found)
         return found
@@ -346,7 +347,7 @@ class EntryPointGroup:
             dist_version = dist.version if dist is not None else "?"
             key = f"{dist_name}:{ep.name}"
             version = f"{dist_version}:{ep.value}"
-            tool = self._loaded.get(key, version, lambda ep=ep, d=dist_name: _load_entry_point(ep, d))
+            tool = self._loaded.get(key, version, functools.partial(_load_entry_point, ep, dist_name))
             found[key] = (tool, version)
         self._loaded.keep_only(found)
         return found
