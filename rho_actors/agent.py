@@ -41,7 +41,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
@@ -50,7 +50,7 @@ from loguru import logger
 
 from rho_actors.actor import ActorExit
 from rho_actors.call import error_result
-from rho_actors.encoding import describe_exception
+from rho_actors.encoding import describe_exception, scrub_text
 from rho_actors.model import Message, Model, Reply
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
@@ -185,6 +185,7 @@ class _Driver:
         try:
             self._recover()
             if text is not None:
+                text = scrub_text(text)  # a lone surrogate would break every later request
                 self.transcript.user(self.next_step, text)
                 self.messages.append(Message.user(text))
             elif not self.transcript.history.awaiting_reply:
@@ -199,7 +200,7 @@ class _Driver:
                     return self._result(None)
         except _Stop as stop:
             return self._result(stop.message)
-        except (OSError, ValueError) as exc:  # the transcript could not be written
+        except (OSError, ValueError, RecursionError) as exc:  # the transcript could not be written
             logger.exception("session {}: the transcript could not be written", self.loop.session_id)
             return self._result(f"the session's transcript could not be written: {describe_exception(exc)}")
 
@@ -229,8 +230,7 @@ class _Driver:
         tools = self._declarations()
         started = time.perf_counter()
         try:
-            reply = self.model.complete(list(self.messages), tools)
-            _check_reply(reply)
+            reply = _checked_reply(self.model.complete(list(self.messages), tools))
         except Exception as exc:
             logger.warning("session {}: the model failed at step {}: {}", self.loop.session_id, number,
                            describe_exception(exc))
@@ -241,6 +241,9 @@ class _Driver:
         self.messages.append(Message.assistant(reply.text, reply.tool_calls))
         if not reply.tool_calls:
             self.steps.append(Step(number, reply))
+            if reply.stop_reason in ("incomplete", "refused"):
+                why = "was cut short (its token limit)" if reply.stop_reason == "incomplete" else "was refused"
+                self._stop("model", f"the model's reply at step {number} {why}; its text is kept")
             return True
         results = self._run_turn(reply.tool_calls)
         self.steps.append(Step(number, reply, tuple(results)))
@@ -303,13 +306,37 @@ class _Driver:
                                  f"the session's loop did not answer this call within {bound:.0f} s") for c in calls]
 
 
-def _check_reply(reply: Any) -> None:
-    """Raise ``TypeError`` unless ``reply`` is a :class:`Reply` whose tool calls are
-    :class:`ToolCall` values with ``str`` ids and names."""
+def _checked_reply(reply: Any) -> Reply:
+    """``reply`` made safe to record and run: a :class:`Reply` with its tool calls as a
+    tuple (a generator is read once) and each call's arguments as JSON text or a plain
+    dict; arguments of any other type become their text (``5`` -> ``"5"``), which the
+    loop's strict decoding then refuses as ``invalid_json`` for that call only. Lone
+    surrogates in the text are replaced. Raises ``TypeError`` for a reply that is not a
+    :class:`Reply`, text that is not a ``str``, or a call that is not a
+    :class:`ToolCall` with ``str`` id and name."""
     if not isinstance(reply, Reply):
         raise TypeError(f"the model returned a {type(reply).__name__}, not a Reply")
     if not isinstance(reply.text, str):
         raise TypeError(f"the model's reply text is a {type(reply.text).__name__}, not a str")
-    for index, call in enumerate(reply.tool_calls):
+    calls = []
+    for index, call in enumerate(tuple(reply.tool_calls)):
         if not isinstance(call, ToolCall) or not isinstance(call.id, str) or not isinstance(call.name, str):
             raise TypeError(f"the model's tool call {index} is not a ToolCall with a str id and name: {call!r}")
+        calls.append(ToolCall(call.id, call.name, _plain_arguments(call.arguments)))
+    return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason)
+
+
+def _plain_arguments(arguments: Any) -> str | dict[str, Any]:
+    if isinstance(arguments, str):
+        return arguments
+    if isinstance(arguments, Mapping):
+        return dict(arguments)
+    if isinstance(arguments, (bytes, bytearray)):
+        try:
+            return bytes(arguments).decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    try:
+        return repr(arguments)
+    except BaseException:
+        return f"<{type(arguments).__name__}>"

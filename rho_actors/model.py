@@ -66,11 +66,16 @@ class Message:
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A model's reply: ``text`` and/or ``tool_calls`` (an empty ``tool_calls`` ends the
-    loop); ``raw`` is the provider's response object, for the host's eyes only."""
+    loop); ``stop_reason`` is the provider's reason for ending it, normalised to
+    ``"incomplete"`` when the reply was cut short (OpenAI ``length``, Anthropic
+    ``max_tokens``) and ``"refused"`` when it was withheld (``content_filter``,
+    ``refusal``), else None; ``raw`` is the provider's response object, for the host's
+    eyes only."""
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     raw: Any = field(default=None, compare=False, repr=False)
+    stop_reason: str | None = None
 
 
 @runtime_checkable

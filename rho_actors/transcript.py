@@ -167,7 +167,7 @@ def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int, bool]:
 def _parse(line: bytes) -> dict[str, Any] | None:
     try:
         record = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) else None
 
@@ -381,7 +381,7 @@ class Transcript:
             data = (text + "\n").encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate: escape it, JSON reads it back
             data = (json.dumps(full, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
-        except TypeError as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"a {full['type']} record cannot be written as JSON: {exc}") from None
         view = memoryview(data)
         while view:

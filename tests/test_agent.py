@@ -470,3 +470,37 @@ def test_chat_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
     monkeypatch.setattr(cli_module, "_chat_model", lambda spec, base_url: ScriptedModel([]))
     assert cli_module.main(["chat", "--model", "openai:x", "--tools", str(tmp_path / "missing.py")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- odd replies
+
+
+def test_odd_tool_call_arguments_fail_only_their_call(loop: Any) -> None:
+    def calls() -> Any:  # a generator: read once
+        yield ToolCall("n", "add", 5)  # type: ignore[arg-type]
+        yield ToolCall("b", "add", b'{"a": 2, "b": 3}')  # type: ignore[arg-type]
+        yield ToolCall("m", "add", None)  # type: ignore[arg-type]
+
+    model = ScriptedModel([Reply(tool_calls=calls()), Reply(text="done")])  # type: ignore[arg-type]
+    result = prompt(loop, "go", model=model)
+    assert result.error is None and result.text == "done"
+    first = result.steps[0].results
+    assert [r.call_id for r in first] == ["n", "b", "m"]
+    assert [r.error_kind for r in first] == [ErrorKind.INVALID_JSON, None, ErrorKind.INVALID_JSON]
+    assert first[1].content == "5"
+
+
+def test_a_lone_surrogate_in_the_users_text_does_not_poison_the_session(loop: Any) -> None:
+    model = ScriptedModel([Reply(text="one"), Reply(text="two")])
+    assert prompt(loop, "caf\udce9", model=model).text == "one"
+    sent = model.requests[0][0][-1].text
+    assert sent == "caf\ufffd"
+    sent.encode("utf-8")
+    assert prompt(loop, "again", model=model).text == "two"
+
+
+def test_a_reply_cut_short_keeps_its_text_and_says_so(loop: Any) -> None:
+    model = ScriptedModel([Reply(text="half an ans", stop_reason="incomplete")])
+    result = prompt(loop, "go", model=model)
+    assert result.text == "half an ans"
+    assert result.error is not None and "cut short" in result.error

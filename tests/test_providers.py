@@ -775,3 +775,19 @@ def test_end_to_end_model_error_ends_the_prompt_with_a_clear_error(
     result = prompt(loop, "hi", model=oai, max_steps=3)
     assert result.error is not None and "401" in result.error and "Incorrect API key provided" in result.error
     assert len(server.requests) == 1
+
+
+def test_a_reply_cut_short_or_refused_says_so(server: WireServer, oai: OpenAIModel, claude: AnthropicModel) -> None:
+    server.script(OPENAI_PATH, Response(200, openai_completion("half an", finish_reason="length")))
+    server.script(OPENAI_PATH, Response(200, openai_completion("", finish_reason="content_filter")))
+    assert oai.complete([Message.user("go")], [ADD]).stop_reason == "incomplete"
+    assert oai.complete([Message.user("go")], [ADD]).stop_reason == "refused"
+    server.script(ANTHROPIC_PATH, Response(200, anthropic_message([text_block("half an")], stop_reason="max_tokens")))
+    server.script(ANTHROPIC_PATH, Response(200, anthropic_message([text_block("fine")])))
+    assert claude.complete([Message.user("go")], [ADD]).stop_reason == "incomplete"
+    assert claude.complete([Message.user("go")], [ADD]).stop_reason is None
+
+
+def test_an_unknown_anthropic_block_is_skipped(server: WireServer, claude: AnthropicModel) -> None:
+    server.script(ANTHROPIC_PATH, Response(200, anthropic_message([{"type": "future_block"}, text_block("hi")])))
+    assert claude.complete([Message.user("go")], [ADD]).text == "hi"

@@ -166,11 +166,12 @@ def reply_from_message(message: AnthropicMessage) -> Reply:
     texts: list[str] = []
     calls: list[ToolCall] = []
     for block in message.content:
-        if isinstance(block, TextBlock):
+        if isinstance(block, TextBlock) and isinstance(block.text, str):  # an unknown block type is skipped
             texts.append(block.text)
         elif isinstance(block, ToolUseBlock):
             calls.append(ToolCall(block.id, block.name, block.input))
-    return Reply(text="".join(texts), tool_calls=tuple(calls), raw=message)
+    stop = {"max_tokens": "incomplete", "refusal": "refused"}.get(str(message.stop_reason))
+    return Reply(text="".join(texts), tool_calls=tuple(calls), raw=message, stop_reason=stop)
 
 
 def to_anthropic_tools(tools: Sequence[Mapping[str, Any]]) -> list[ToolParam]:

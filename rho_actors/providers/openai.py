@@ -168,7 +168,11 @@ def reply_from_completion(completion: ChatCompletion) -> Reply:
         else:  # a custom tool call: free text input, never declared by us; answered as a call
             calls.append(ToolCall(call.id, call.custom.name, call.custom.input))
     text = message.content if message.content is not None else (message.refusal or "")
-    return Reply(text=text, tool_calls=tuple(calls), raw=completion)
+    finish = completion.choices[0].finish_reason
+    stop = "refused" if message.refusal is not None else {"length": "incomplete", "content_filter": "refused"}.get(
+        str(finish)
+    )
+    return Reply(text=text, tool_calls=tuple(calls), raw=completion, stop_reason=stop)
 
 
 def to_openai_tools(tools: Sequence[Mapping[str, Any]]) -> list[ChatCompletionToolUnionParam]:
