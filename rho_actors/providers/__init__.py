@@ -96,7 +96,9 @@ class RetryPolicy:
     ``wait_exponential`` plus ``wait_random``), or the server's ``Retry-After`` / ``retry-after-ms``
     when it gave one (cut to ``max_wait_s``). No attempt starts later than ``total_s``
     after the first began (a wait is cut short to that bound), and none at all once it
-    has passed; each attempt is further bounded by the adapter's ``timeout_s``. Raises
+    has passed. Within an attempt, the adapter's ``timeout_s`` bounds connecting and
+    each wait for data (the SDK's httpx timeouts), not the whole response: a server
+    that keeps sending a little at a time can hold one attempt longer. Raises
     ``ValueError`` for ``attempts < 1`` or a negative time.
     """
 
