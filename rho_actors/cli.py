@@ -28,7 +28,7 @@ __all__ = ["build_parser", "main", "render_tree"]
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _positive_int(text: str) -> int:
+def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -58,7 +58,9 @@ def _add_replay(commands: Any) -> None:
         ),
     )
     bfcl.add_argument("--category", choices=CATEGORIES, default="base", help="multi-turn category (default: base)")
-    bfcl.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="replay only the first N entries")
+    bfcl.add_argument(
+        "--limit", type=_non_negative_int, default=None, metavar="N", help="replay only the first N entries"
+    )
     bfcl.add_argument("--json", action="store_true", help="print the summary as one JSON object (no progress bar)")
     bfcl.add_argument(
         "--tree", action="store_true", help="also print the live supervision tree, taken after the last session"
@@ -196,7 +198,7 @@ def _model_spec(text: str) -> str:
 
 
 def _steps(text: str) -> int:
-    value = _positive_int(text)
+    value = _non_negative_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more: {value}")
     return value

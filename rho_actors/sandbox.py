@@ -711,6 +711,12 @@ def read_declaration_isolated(
         ) from None
 
 
+def _end(proc: Any) -> None:
+    """Kill a declaration child's whole process group and reap it."""
+    _kill_group(proc.pid)
+    _reap(proc, _REAP_TIMEOUT_S)
+
+
 def _await_answer(
     proc: Any, channel: _Channel, tool: Any, timeout_s: float, heap_bytes: int | None,
     cancel: threading.Event | None = None,
@@ -729,21 +735,18 @@ def _await_answer(
                 if time.monotonic() >= deadline:
                     raise
     except _Cancelled:
-        _kill_group(proc.pid)
-        _reap(proc, _REAP_TIMEOUT_S)
+        _end(proc)
         raise IsolatedReadError(
             "cancelled", f"reading the declaration of {_label(tool)} was cancelled; its process group was killed"
         ) from None
     except _Timeout:
-        _kill_group(proc.pid)
-        _reap(proc, _REAP_TIMEOUT_S)
+        _end(proc)
         raise IsolatedReadError(
             "timeout", f"reading the declaration of {_label(tool)} took longer than {timeout_s:g} s; "
             "its process group was killed"
         ) from None
     except _Malformed as exc:
-        _kill_group(proc.pid)
-        _reap(proc, _REAP_TIMEOUT_S)
+        _end(proc)
         raise IsolatedReadError(
             "crashed", f"the declaration read of {_label(tool)} sent a malformed answer ({exc})"
         ) from None
@@ -758,8 +761,7 @@ def _await_answer(
             ) from None
         raise _read_ended(tool, code, heap_bytes) from None
     except BaseException:
-        _kill_group(proc.pid)
-        _reap(proc, _REAP_TIMEOUT_S)
+        _end(proc)
         raise
     # Answered: the child is on its way out; kill whatever it leaves behind in its group.
     _kill_group(proc.pid, leader=proc.exitcode is None)
