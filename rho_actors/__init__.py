@@ -16,7 +16,7 @@ from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.call import CancelToken
 from rho_actors.declarations import DeclarationError, UntrustedReads, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
-from rho_actors.events import CallEvent, DeclarationEvent
+from rho_actors.events import CallEvent, DeclarationEvent, ProgressEvent
 from rho_actors.formats import DIALECTS, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.loop import Loop
@@ -34,6 +34,7 @@ from rho_actors.tool import (
     Image,
     Ok,
     ToolCall,
+    ToolFailure,
     ToolInfo,
     ToolResult,
     concurrency,
@@ -75,6 +76,7 @@ __all__ = [
     "Monitor",
     "Ok",
     "PluginFolder",
+    "ProgressEvent",
     "PromptResult",
     "Reply",
     "Registration",
@@ -87,6 +89,7 @@ __all__ = [
     "StartChild",
     "Supervisor",
     "ToolCall",
+    "ToolFailure",
     "ToolInfo",
     "ToolResult",
     "UntrustedReads",

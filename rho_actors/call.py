@@ -29,7 +29,7 @@ from loguru import logger
 
 from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception, encode_output
-from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolResult
+from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolFailure, ToolResult
 
 __all__ = [
     "AbandonedThreads",
@@ -277,6 +277,9 @@ class CallActor(Actor):
                     spec.call_id, spec.name, ErrorKind.TIMEOUT,
                     f"tool {spec.name!r} timed out: its deadline passed", duration_ms,
                 )
+            if isinstance(exc, ToolFailure):
+                text = encode_output(str(exc), spec.max_output_chars).text
+                return error_result(spec.call_id, spec.name, exc.kind, text, duration_ms)
             logger.opt(exception=exc).debug("tool {} failed in call {}", spec.name, spec.call_id)
             return result_from_exception(spec.call_id, spec.name, exc, spec.max_output_chars, duration_ms)
         except BaseException:

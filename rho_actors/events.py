@@ -22,7 +22,7 @@ from typing import Literal, Union
 
 from loguru import logger
 
-__all__ = ["CallEvent", "DeclarationEvent", "EventBus", "EventKind"]
+__all__ = ["CallEvent", "DeclarationEvent", "EventBus", "EventKind", "ProgressEvent"]
 
 EventKind = Literal["started", "finished", "timed_out", "late"]
 
@@ -40,7 +40,20 @@ class CallEvent:
     duration_ms: float = 0.0
 
 
-Event = Union["CallEvent", "DeclarationEvent"]
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """A running call's report through ``ctx["progress"](done, total, message)``:
+    ``done`` so far out of ``total`` (``None`` when unknown), in the tool's own units."""
+
+    session_id: str
+    call_id: str
+    tool: str
+    done: float
+    total: float | None = None
+    message: str | None = None
+
+
+Event = Union["CallEvent", "DeclarationEvent", "ProgressEvent"]
 
 
 class EventBus:
@@ -68,6 +81,8 @@ class EventBus:
         """Log ``event`` and give it to every subscriber (a raising one is logged)."""
         if isinstance(event, DeclarationEvent):
             logger.info("declaration of {}: {} {}", event.tool, event.kind, event.reason or "")
+        elif isinstance(event, ProgressEvent):
+            pass  # frequent: not logged
         elif event.kind == "timed_out":
             logger.warning(
                 "call {} ({}) in session {} timed out after {:.1f} ms",

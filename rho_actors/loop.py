@@ -33,7 +33,7 @@ from rho_actors.actor import Actor
 from rho_actors.arguments import ArgumentsError, decode_arguments, violations
 from rho_actors.call import AbandonedThreads, CallSpec, CancelToken, error_result
 from rho_actors.encoding import describe_exception
-from rho_actors.events import CallEvent, EventBus
+from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.formats import Dialect, to_dialect
 from rho_actors.registry import ToolEntry, ToolSet, ToolSetView
 from rho_actors.supervisor import Spares
@@ -293,6 +293,7 @@ class LoopActor(Actor):
                 "cancel": cancel,
                 "deps": self._deps,
                 "whereis": self._whereis,
+                "progress": _progress_reporter(self._events, self.session_id, slot.call.id, entry.info.name),
             }
         )
         spec = CallSpec(
@@ -451,6 +452,20 @@ def _abandons_a_thread(slot: _Slot) -> bool:
     """Whether cancelling this running call abandons a thread: a ``process`` call's
     CallActor returns at once, its worker process being killed instead."""
     return slot.entry is not None and slot.entry.isolation == "thread"
+
+
+def _progress_reporter(events: EventBus, session_id: str, call_id: str, tool: str) -> Callable[..., None]:
+    """``ctx["progress"](done, total=None, message=None)``: emits a :class:`ProgressEvent`
+    (an MCP client gets it as ``notifications/progress``). Never raises."""
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        try:
+            events.emit(ProgressEvent(session_id, call_id, tool, float(done),
+                                      None if total is None else float(total), None if message is None else str(message)))
+        except Exception:
+            logger.debug("call {}: a bad progress report was dropped", call_id)
+
+    return progress
 
 
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:

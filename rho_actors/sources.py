@@ -3,7 +3,11 @@
 A source is any object with a ``name`` (``str``) and a ``scan()`` method returning
 ``{key: (tool, version)}``: a stable key (a file path, an entry point) for each tool it
 serves now, and a version that changes when that tool's code changes. ``scan()`` may
-raise; that is a failed refresh. A key it cannot turn into a tool maps to a
+raise; that is a failed refresh. Optionally, ``attach(system)`` is called once by
+:func:`add_source` before the first scan (to start the source's own supervised actors)
+and ``detach()`` by :meth:`SourceHandle.close`; ``contained = True`` says its tools are
+stand-ins for code running elsewhere (an MCP server's), so they are registered as
+trusted (read and called in this process) whatever ``trusted`` says. A key it cannot turn into a tool maps to a
 :class:`Broken` value (with why) instead of a tool, so one bad plugin never hides the
 others. Two sources come with the runtime:
 
@@ -515,7 +519,7 @@ class SourceActor(Actor):
         origin = f"{key} (source {self._label})"
         tools_version = self._system.tool_set().version
         try:
-            if self._trusted:
+            if self._trusted or getattr(self._source, "contained", False) is True:
                 registration = self._system.register(entry.tool, origin=origin)
             else:
                 registration = self._system.register(entry.tool, origin=origin, untrusted=True)
@@ -676,6 +680,12 @@ class SourceHandle:
             except (pykka.ActorDeadError, pykka.Timeout) as exc:
                 logger.warning("source {}: unloading failed: {}", self.name, describe_exception(exc))
         self._state.closed = True
+        detach = getattr(self.source, "detach", None)
+        if callable(detach):
+            try:
+                detach()
+            except Exception as exc:
+                logger.warning("source {}: detaching failed: {}", self.name, describe_exception(exc))
         servers = self._system.whereis(_SERVERS)
         if servers is not None:
             try:
@@ -716,6 +726,9 @@ def add_source(
     child_id = f"source:{name}"
     if system.whereis(child_id) is not None:
         raise ValueError(f"a source named {name!r} is already added to this system")
+    attach = getattr(source, "attach", None)
+    if callable(attach):
+        attach(system)
     state = SourceState()
     spec = ChildSpec(
         child_id,

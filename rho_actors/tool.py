@@ -51,6 +51,7 @@ __all__ = [
     "Ok",
     "ToolCall",
     "ToolInfo",
+    "ToolFailure",
     "ToolResult",
     "concurrency",
     "default_timeout_ms",
@@ -156,6 +157,17 @@ class ErrorKind(enum.StrEnum):
 
 
 _RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED})
+
+
+class ToolFailure(Exception):
+    """Raised by a tool's ``run`` for an error result of a given kind (instead of
+    ``raised``): a tool standing for one elsewhere (an MCP server's) reports
+    ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it. ``str(err)`` is
+    the text for the model."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = ErrorKind(kind)
 
 
 @dataclass(frozen=True, slots=True)
