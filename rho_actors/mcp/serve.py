@@ -57,7 +57,7 @@ _WATCH_S = 0.05  # how often the tool set's version is compared (seconds)
 _STATE_KEY = "rho_actors.session"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Session:
     loop: Loop
     notify: Any = None  # a ServerSession of the connection: its standalone channel
