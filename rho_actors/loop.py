@@ -460,8 +460,9 @@ def _progress_reporter(events: EventBus, session_id: str, call_id: str, tool: st
 
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
         try:
-            events.emit(ProgressEvent(session_id, call_id, tool, float(done),
-                                      None if total is None else float(total), None if message is None else str(message)))
+            total_f = None if total is None else float(total)
+            text = None if message is None else str(message)
+            events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, text))
         except Exception:
             logger.debug("call {}: a bad progress report was dropped", call_id)
 

@@ -18,15 +18,15 @@ import pytest
 
 pytest.importorskip("mcp")
 
-import mcp_types as types  # noqa: E402
-from mcp.client.session import ClientSession  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from mcp.shared.exceptions import MCPError  # noqa: E402
+import mcp_types as types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
-from rho_actors import ActorSystem, tool  # noqa: E402
-from rho_actors.mcp import aserve  # noqa: E402
-from tests.mcp_fixtures import served_tools  # noqa: E402
+from rho_actors import ActorSystem, tool
+from rho_actors.mcp import aserve
+from tests.mcp_fixtures import served_tools
 
 TOOLS = str(Path(served_tools.__file__))
 BOUND_S = 15.0
@@ -155,7 +155,7 @@ async def _connect_http(url: str, bound: float = BOUND_S) -> None:
     with anyio.fail_after(bound):
         while True:
             try:
-                with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])), 0.2):
+                with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].split("/", maxsplit=1)[0])), 0.2):
                     return
             except OSError:
                 await anyio.sleep(0.02)

@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from rho_actors import ActorSystem, ErrorKind, Reply, ScriptedModel, ToolCall  # noqa: E402
-from rho_actors.mcp import MCPServer  # noqa: E402
-from tests.conftest import wait_for  # noqa: E402
-from tests.mcp_fixtures import served_tools  # noqa: E402
+from rho_actors import ActorSystem, ErrorKind, Reply, ScriptedModel, ToolCall
+from rho_actors.mcp import MCPServer
+from tests.conftest import wait_for
+from tests.mcp_fixtures import served_tools
 
 FIXTURE = str(Path(__file__).parent / "mcp_fixtures" / "fixture_server.py")
 
@@ -58,7 +58,7 @@ def test_stdio_server_tools_deadline_crash_restart_list_changed(system: ActorSys
     [hung] = loop.run_turn([ToolCall("c4", "hang", {"seconds": 30})])
     assert hung.error_kind is ErrorKind.TIMEOUT
     assert time.monotonic() - started < 0.8 + 1.0
-    assert wait_for(lambda: (tmp_path / "cancelled").exists())
+    assert wait_for((tmp_path / "cancelled").exists)
 
     # a crash mid-call: crashed, restarted, tools back, next call fine
     first_pid = (tmp_path / "started").read_text()
@@ -112,7 +112,7 @@ def test_http_server_tools_and_deadline(system: ActorSystem, tmp_path: Path) -> 
         started = time.monotonic()
         [hung] = loop.run_turn([ToolCall("c2", "hang", {"seconds": 30})])
         assert hung.error_kind is ErrorKind.TIMEOUT and time.monotonic() - started < 0.6 + 1.0
-        assert wait_for(lambda: (tmp_path / "cancelled").exists())
+        assert wait_for((tmp_path / "cancelled").exists)
         [again] = loop.run_turn([ToolCall("c3", "echo", {"text": "still fine"})])
         assert again.ok
     finally:

@@ -252,11 +252,11 @@ class MCPServer:
         left = max(0.001, deadline - time.monotonic())
         report = ctx.get("progress")
 
-        async def progress(done: float, total: float | None, message: str | None) -> None:
+        async def forward(progress: float, total: float | None, message: str | None) -> None:
             if callable(report):
-                report(done, total, message)
+                report(progress, total, message)
 
-        request = session.call_tool(name, args, read_timeout_seconds=left, progress_callback=progress)
+        request = session.call_tool(name, args, read_timeout_seconds=left, progress_callback=forward)
         try:
             future = asyncio.run_coroutine_threadsafe(request, aloop)
         except RuntimeError:  # the loop closed in between
