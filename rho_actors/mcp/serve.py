@@ -125,8 +125,6 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
 
     @contextlib.asynccontextmanager
     async def lifespan(_server: Server[Any]) -> AsyncIterator[_Served]:
-        aloop = asyncio.get_running_loop()
-
         def on_event(event: Any) -> None:
             if isinstance(event, ProgressEvent):
                 target = served.progress.get((event.session_id, event.call_id))
@@ -144,7 +142,6 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
             finally:
                 unsubscribe()
                 tasks.cancel_scope.cancel()
-        del aloop
 
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         session = await _session(served, ctx)
