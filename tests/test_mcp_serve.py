@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import socket
 import sys
 import threading
@@ -146,7 +147,11 @@ def _serve_http(system: ActorSystem, port: int) -> tuple[threading.Thread, list[
         loops.append(asyncio.get_running_loop())
         await aserve(system, http=("127.0.0.1", port))
 
-    thread = threading.Thread(target=lambda: asyncio.run(run()), daemon=True)
+    def target() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # how the test stops serving
+            asyncio.run(run())
+
+    thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread, loops
 
