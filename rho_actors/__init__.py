@@ -13,8 +13,9 @@ from loguru import logger as _logger
 from rho_actors.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
 from rho_actors.agent import PromptResult, Step, aprompt, prompt
 from rho_actors.arguments import ArgumentsError, decode_arguments
-from rho_actors.call import CancelToken
-from rho_actors.declarations import DeclarationError, UntrustedReads, check_declaration, read_declaration
+from rho_actors.cancel import CancelToken
+from rho_actors.declaration_actor import UntrustedReads
+from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
 from rho_actors.events import CallEvent, DeclarationEvent
 from rho_actors.formats import DIALECTS, declaration, to_dialect

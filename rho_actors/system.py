@@ -40,31 +40,20 @@ from loguru import logger
 
 from rho_actors.actor import NORMAL, Names, monitor, start_link
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
-from rho_actors.call import AbandonedThreads, CallActor
-from rho_actors.declarations import (
-    DECLARATIONS,
-    DEFAULT_MAX_SCHEMA_DEPTH,
-    DeclarationActor,
-    DeclarationState,
-    UntrustedReads,
-    describe_origin,
-)
+from rho_actors.call import CallActor
+from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState, UntrustedReads
+from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, describe_origin
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
-from rho_actors.loop import Loop, LoopActor, LoopSettings, loop_name, withheld_names
-from rho_actors.registry import (
-    ISOLATIONS,
-    Isolation,
-    Registration,
-    RegistryState,
-    ToolRegistry,
-    ToolSet,
-    ToolSetView,
-)
+from rho_actors.isolation import ISOLATIONS, IsolationOwner, IsolationServices, start_isolations
+from rho_actors.loop import Loop, withheld_names
+from rho_actors.loop_actor import LoopActor
+from rho_actors.loop_messages import loop_name
+from rho_actors.registry import IsolationName, Registration, RegistryState, ToolRegistry, ToolSet, ToolSetView
+from rho_actors.runtime import Limits, Runtime
 from rho_actors.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor
 from rho_actors.timers import Timers
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
-from rho_actors.workers import WorkerPoolActor, Workers
 
 if TYPE_CHECKING:
     from rho_actors.selftest import SelftestRow
@@ -111,9 +100,6 @@ class ActorSystem:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._sessions_dir = (self.data_dir / "sessions").resolve()
-        self._settings = LoopSettings(max_output_chars, max_argument_depth)
-        self._events = EventBus()
-        self._abandoned = AbandonedThreads()
         self._tools = ToolSetView()
         self._names = Names()
         self._timers = Timers()
@@ -123,24 +109,36 @@ class ActorSystem:
         self._untrusted = untrusted or UntrustedReads()
         self._declarations = DeclarationState()  # the state of the DeclarationActor and the registry
         self._registry = RegistryState()  # outlives their restarts
-        self._workers = Workers(warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method)
         self._call_spares = Spares(  # CallActor.start, not start_link: it has no on_start to wait for
             ChildSpec("call", CallActor.start, restart="temporary", shutdown=shutdown_ms), spare_calls
         )
+        services = IsolationServices(
+            self._call_spares, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method
+        )
+        self._runtime = Runtime(
+            names=self._names,
+            timers=self._timers,
+            events=EventBus(),
+            tools=self._tools,
+            calls=self._call_spares,
+            isolations=start_isolations(services),
+            limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
+            untrusted=self._untrusted,
+        )
+        self._events = self._runtime.events
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
             return StartChild(Supervisor, kwargs={"names": self._names, "label": label, **kwargs})
 
         intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
         children = [
-            ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (
-                self._declarations, self._names, REGISTRY, max_schema_depth, self._untrusted, self._timers,
-                self._events,
-            )), name=DECLARATIONS),
-            ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._names, self._tools, self._registry)), name=REGISTRY),
+            ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),
+                      name=DECLARATIONS),
+            ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._runtime, self._registry)), name=REGISTRY),
             ChildSpec(CALLS, supervisor(CALLS, spares=self._call_spares), type="supervisor", name=CALLS,
                       shutdown=shutdown_ms + 1_000),
-            ChildSpec(WORKERS, StartChild(WorkerPoolActor, (self._workers,)), name=WORKERS, shutdown=shutdown_ms),
+            ChildSpec(WORKERS, StartChild(IsolationOwner, (self._runtime.isolations,)), name=WORKERS,
+                      shutdown=shutdown_ms),
             ChildSpec(LOOPS, supervisor(LOOPS, **intensity), type="supervisor", name=LOOPS,
                       shutdown=shutdown_ms + 1_000),
             ChildSpec(SERVERS, supervisor(SERVERS), type="supervisor", name=SERVERS, shutdown=shutdown_ms + 1_000),
@@ -173,7 +171,8 @@ class ActorSystem:
     # --- tools --------------------------------------------------------------------------
 
     def register(
-        self, tool: Any, *, origin: str | None = None, untrusted: bool = False, isolation: Isolation | None = None
+        self, tool: Any, *, origin: str | None = None, untrusted: bool = False,
+        isolation: IsolationName | None = None,
     ) -> Registration:
         """Register a tool (a module, class or object with the callbacks of DESIGN §2).
         Its declaration is read and checked once; one that fails is left out of what
@@ -185,8 +184,9 @@ class ActorSystem:
         returns when that first read is done (a read that ran over leaves the tool out
         for now and is retried on the schedule). ``isolation`` is where its calls run:
         ``"thread"`` (the default for trusted tools) or ``"process"`` (the default for
-        untrusted ones). ``origin`` names where the tool comes from in messages (default:
-        its module, qualified name, file and line).
+        untrusted ones): a name in :data:`rho_actors.isolation.ISOLATIONS`. ``origin``
+        names where the tool comes from in messages (default: its module, qualified
+        name, file and line).
 
         No code of an untrusted tool runs in this process: not even an attribute lookup
         (a missing callback shows in its declaration check, or as the call's error).
@@ -260,23 +260,13 @@ class ActorSystem:
         session_dir = self._sessions_dir / session_id  # the pattern admits no separator and no ".."
         session_dir.mkdir(parents=True, exist_ok=True)
         kwargs = dict(
-            session_id=session_id,
-            data_dir=session_dir,
-            deps=deps,
-            withheld=withheld_names(withheld),
-            tools=self._tools,
-            calls=self._call_spares,
-            workers=self._workers,
-            timers=self._timers,
-            events=self._events,
-            abandoned=self._abandoned,
-            settings=self._settings,
-            whereis=self._names.whereis,
+            session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
+            runtime=self._runtime,
         )
         spec = ChildSpec(session_id, StartChild(LoopActor, kwargs=kwargs), restart="transient",
                          name=loop_name(session_id))
         self._whereis(LOOPS).proxy().start_child(spec).get(timeout=self._ask_timeout_s)
-        return Loop(session_id, session_dir, self._names.whereis, self._tools, self._settings)
+        return Loop(session_id, session_dir, self._runtime)
 
     # --- sources and selftests -------------------------------------------------------------
 
@@ -339,8 +329,7 @@ class ActorSystem:
                     for c in children
                 ]
             elif issubclass(ref.actor_class, LoopActor):
-                loop = Loop(node["id"], self._sessions_dir / node["id"], self._names.whereis, self._tools,
-                            self._settings)
+                loop = Loop(node["id"], self._sessions_dir / node["id"], self._runtime)
                 node["running"] = loop.running()
         except (pykka.ActorDeadError, pykka.Timeout):
             node["alive"] = False
@@ -358,12 +347,8 @@ class ActorSystem:
         """Counters: ``abandoned_threads_running`` (thread calls cancelled at their
         deadline or at a stop whose thread has not returned yet),
         ``abandoned_threads_total``, and the worker pool's as ``workers_<name>`` (see
-        :meth:`rho_actors.sandbox.WorkerPool.stats`)."""
-        return {
-            "abandoned_threads_running": self._abandoned.running,
-            "abandoned_threads_total": self._abandoned.total,
-            **{f"workers_{k}": v for k, v in self._workers.stats().items()},
-        }
+        :meth:`rho_actors.sandbox.WorkerPool.stats`): each isolation's counters."""
+        return {k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()}
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -387,8 +372,9 @@ class ActorSystem:
         self._timers.stop()
         if self._own_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-        if self._abandoned.running:
-            logger.warning("{} abandoned call threads are still running", self._abandoned.running)
+        running = self.stats().get("abandoned_threads_running", 0)
+        if running:
+            logger.warning("{} abandoned call threads are still running", running)
 
     def __enter__(self) -> ActorSystem:
         return self
