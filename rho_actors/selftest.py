@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
@@ -109,7 +110,7 @@ class SelftestRow:
         return asdict(self)
 
 
-class LoadError(Exception):
+class LoadError(RhoError):
     """A command-line target could not be loaded; ``str(err)`` names it and says why."""
 
 

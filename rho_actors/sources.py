@@ -77,6 +77,7 @@ from loguru import logger
 
 from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
 from rho_actors.registry import DuplicateToolError
 from rho_actors.supervisor import ChildSpec, StartChild
 from rho_actors.timers import Timer
@@ -128,7 +129,7 @@ class Broken:
     reason: str
 
 
-class PluginLoadError(Exception):
+class PluginLoadError(RhoError):
     """A plugin file could not be loaded: ``str(err)`` says why (with the line, when
     the error is in the file)."""
 
