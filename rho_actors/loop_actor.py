@@ -38,7 +38,7 @@ from rho_actors.events import CallEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.loop_messages import CallDone, Offered, Running, RunTurn, SetWithheld
 from rho_actors.registry import ToolEntry, ToolSet
-from rho_actors.results import TEXTS, error_result, failure, text
+from rho_actors.results import error_result, failure, text
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -47,11 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["LoopActor"]
 
 _MAX_NAMES_LISTED = 40
-
-
-def _unknown(name: str, offered: str) -> tuple[ErrorKind, str]:
-    kind = TEXTS["unknown_tool"][0]
-    return kind, text("unknown_tool", tool=name[:100], offered=offered)
 
 
 
@@ -183,7 +178,8 @@ class LoopActor(Actor):
             return error_result(call_id, name, ErrorKind.UNAVAILABLE, tools.unavailable[name])
         offered = [e.info.name for e in self._offered(tools)]
         shown = ", ".join(offered[:_MAX_NAMES_LISTED]) + (", ..." if len(offered) > _MAX_NAMES_LISTED else "")
-        return error_result(call_id, name, *_unknown(name, shown or "(none)"))
+        message = text("unknown_tool", tool=name[:100], offered=shown or "(none)")
+        return error_result(call_id, name, ErrorKind.UNKNOWN_TOOL, message)
 
     def _dispatch_ready(self, turn: _Turn) -> None:
         while turn.waiting:

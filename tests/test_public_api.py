@@ -4,7 +4,6 @@ importable and documented, and the runtime's own exceptions share one root."""
 from __future__ import annotations
 
 import inspect
-import typing
 from pathlib import Path
 
 import pytest
