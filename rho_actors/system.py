@@ -6,7 +6,7 @@ Its supervision tree, started in this order and stopped in reverse::
     ├── declarations        DeclarationActor      permanent  checked declarations, retry timers
     ├── registry            ToolRegistry          permanent  tools; publishes the tool set
     ├── calls               Supervisor            permanent  CallActors: temporary
-    ├── workers             WorkerPoolActor       permanent  processes for ``process`` isolation
+    ├── workers             IsolationOwner        permanent  the isolations: processes for ``process`` isolation
     ├── loops               Supervisor            permanent  LoopActors: transient
     └── servers             Supervisor            permanent  the host's own children
 
