@@ -10,21 +10,30 @@ host calls ``loguru.logger.enable("rho_actors")``.
 
 from loguru import logger as _logger
 
-from rho_actors.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
 from rho_actors.agent import PromptResult, Step, aprompt, prompt
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.call import CancelToken
 from rho_actors.declarations import DeclarationError, UntrustedReads, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
-from rho_actors.events import CallEvent, DeclarationEvent
+from rho_actors.events import CallEvent, DeclarationEvent, SupervisorEvent
 from rho_actors.formats import DIALECTS, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.loop import Loop
 from rho_actors.model import Message, Model, Reply, ScriptedModel
+from rho_actors.otp.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
+from rho_actors.otp.names import Names, NotRunningError, whereis
+from rho_actors.otp.supervisor import (
+    ChildInfo,
+    ChildSpec,
+    RestartIntensityExceeded,
+    StartChild,
+    Supervisor,
+    count_children,
+    which_children,
+)
 from rho_actors.registry import DuplicateToolError, Registration
 from rho_actors.selftest import SelftestRow, run_selftests
 from rho_actors.sources import EntryPointGroup, PluginFolder, Source, SourceHandle
-from rho_actors.supervisor import ChildInfo, ChildSpec, RestartIntensityExceeded, StartChild, Supervisor
 from rho_actors.system import ActorSystem
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
@@ -73,6 +82,8 @@ __all__ = [
     "Message",
     "Model",
     "Monitor",
+    "Names",
+    "NotRunningError",
     "Ok",
     "PluginFolder",
     "PromptResult",
@@ -86,12 +97,14 @@ __all__ = [
     "Step",
     "StartChild",
     "Supervisor",
+    "SupervisorEvent",
     "ToolCall",
     "ToolInfo",
     "ToolResult",
     "UntrustedReads",
     "check_declaration",
     "concurrency",
+    "count_children",
     "aprompt",
     "declaration",
     "decode_arguments",
@@ -109,4 +122,6 @@ __all__ = [
     "to_dialect",
     "tool",
     "untrusted",
+    "whereis",
+    "which_children",
 ]

@@ -37,10 +37,11 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from loguru import logger
 
-from rho_actors.actor import Actor, Names
 from rho_actors.encoding import describe_exception
 from rho_actors.events import DeclarationEvent, EventBus
-from rho_actors.timers import Timers
+from rho_actors.otp.actor import Actor
+from rho_actors.otp.names import Names
+from rho_actors.otp.timers import Timers
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback
 
 __all__ = [

@@ -29,15 +29,16 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
-from rho_actors.actor import Actor
 from rho_actors.arguments import ArgumentsError, decode_arguments, violations
 from rho_actors.call import AbandonedThreads, CallSpec, CancelToken, error_result
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus
 from rho_actors.formats import Dialect, to_dialect
+from rho_actors.otp.actor import Actor
+from rho_actors.otp.names import Names, NotRunningError
+from rho_actors.otp.supervisor import Spares
+from rho_actors.otp.timers import Timer, Timers
 from rho_actors.registry import ToolEntry, ToolSet, ToolSetView
-from rho_actors.supervisor import Spares
-from rho_actors.timers import Timer, Timers
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 from rho_actors.workers import Workers
 
@@ -396,23 +397,16 @@ class LoopActor(Actor):
     def on_failure(self, *exc_info: Any) -> None:
         self._close(ErrorKind.CRASHED, "the session's loop crashed before this call finished")
 
-    def _actor_loop_teardown(self) -> None:
+    def on_undelivered(self, message: Any) -> bool:
         """Answer the turns still in the inbox too (pykka answers only ``ask``s), so every
         call id gets its result even when a turn races the loop's stop."""
-        others = []
-        while not self.actor_inbox.empty():
-            envelope = self.actor_inbox.get()
-            if isinstance(envelope.message, _RunTurn):
-                results = [
-                    error_result(c.id, c.name, ErrorKind.CANCELLED, "the session stopped before this turn started")
-                    for c in envelope.message.calls
-                ]
-                envelope.message.future.set_result(results)
-            else:
-                others.append(envelope)
-        for envelope in others:
-            self.actor_inbox.put(envelope)
-        super()._actor_loop_teardown()
+        if not isinstance(message, _RunTurn):
+            return False
+        message.future.set_result([
+            error_result(c.id, c.name, ErrorKind.CANCELLED, "the session stopped before this turn started")
+            for c in message.calls
+        ])
+        return True
 
 
 def withheld_names(names: Iterable[str]) -> frozenset[str]:
@@ -477,20 +471,25 @@ class Loop:
         whereis: Callable[[str], pykka.ActorRef[Any] | None],
         tools: ToolSetView,
         settings: LoopSettings,
+        names: Names | None = None,
     ) -> None:
         self.session_id = session_id
         self.data_dir = data_dir
         self._whereis = whereis
         self._tools = tools
         self._settings = settings
+        self._names = names
 
     @property
     def ref(self) -> pykka.ActorRef[Any]:
         """The session's LoopActor now (a restart by its supervisor gives a new one).
-        Raises ``pykka.ActorDeadError`` when the loop has stopped."""
+        Raises :class:`rho_actors.NotRunningError` (a ``pykka.ActorDeadError``) naming
+        why when it is not running: stopped, restarting, or given up by its supervisor."""
+        if self._names is not None:
+            return self._names.lookup(loop_name(self.session_id), f"the loop of session {self.session_id!r}")
         ref = self._whereis(loop_name(self.session_id))
         if ref is None:
-            raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running")
+            raise NotRunningError(f"the loop of session {self.session_id!r} is not running")
         return ref
 
     def submit_turn(self, calls: Iterable[ToolCall]) -> concurrent.futures.Future[list[ToolResult]]:
@@ -577,3 +576,11 @@ class Loop:
     def alive(self) -> bool:
         """Whether the session's LoopActor is running now."""
         return self._whereis(loop_name(self.session_id)) is not None
+
+    @property
+    def exit_reason(self) -> object:
+        """``None`` while the loop runs; else why it is not running: ``"normal"`` after
+        :meth:`stop` (or the system's stop), what killed it while it is being restarted,
+        and a :class:`rho_actors.RestartIntensityExceeded` naming the crashes once its
+        session supervisor gave up on it (it is not restarted again)."""
+        return self._names.exit_reason(loop_name(self.session_id)) if self._names is not None else None

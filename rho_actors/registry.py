@@ -22,9 +22,10 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from loguru import logger
 
-from rho_actors.actor import Actor, Names
 from rho_actors.arguments import make_validator
 from rho_actors.declarations import DECLARATIONS, Checked, ReadUntrusted, Rejected, describe_origin
+from rho_actors.otp.actor import Actor
+from rho_actors.otp.names import Names
 from rho_actors.tool import ToolInfo
 
 __all__ = [

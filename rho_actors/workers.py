@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from rho_actors.actor import Actor
+from rho_actors.otp.actor import Actor
 
 __all__ = ["Workers", "WorkerPoolActor"]
 

@@ -24,7 +24,7 @@ from rho_actors import (
     monitor,
     start_link,
 )
-from rho_actors.actor import Names
+from rho_actors.otp.names import Names
 
 from .conftest import WAIT_S, extra_threads, wait_for
 
