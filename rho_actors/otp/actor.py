@@ -92,14 +92,18 @@ class _Ping:
 
 def start_link(actor_class: type[Actor], *args: Any, timeout_s: float = 30.0, **kwargs: Any) -> pykka.ActorRef[Any]:
     """Start an actor and return once its ``on_start`` has run (OTP's ``start_link``
-    returns after ``init``). Raises ``RuntimeError`` with the exit reason when it
-    failed to start, and ``pykka.Timeout`` past ``timeout_s`` seconds."""
+    returns after ``init``). Raises ``RuntimeError`` naming the exit reason when it
+    failed to start (chained from it when it is an exception), and ``pykka.Timeout``
+    past ``timeout_s`` seconds."""
     ref = actor_class.start(*args, **kwargs)
     try:
         ref.ask(_Ping(), timeout=timeout_s)
     except pykka.ActorDeadError:
         ref.actor_stopped.wait(timeout_s)
-        raise RuntimeError(f"{actor_class.__name__} failed to start: {_exit_reason_of(ref)}") from None
+        reason = _exit_reason_of(ref)
+        text = describe_exception(reason) if isinstance(reason, BaseException) else str(reason)
+        cause = reason if isinstance(reason, BaseException) else None
+        raise RuntimeError(f"{actor_class.__name__} failed to start: {text}") from cause
     return ref
 
 
