@@ -117,5 +117,6 @@ def test_tree_prints_the_supervision_tree(capsys: pytest.CaptureFixture[str]) ->
         assert line in out
     assert main(["replay", "bfcl", "--limit", "1", "--tree", "--json"]) == 0
     tree = json.loads(capsys.readouterr().out)["tree"]
-    assert [c["id"] for c in tree["children"]] == ["declarations", "registry", "calls", "workers", "sources", "sessions",
-                                                      "servers"]
+    assert [c["id"] for c in tree["children"]] == [
+        "declarations", "registry", "calls", "workers", "sources", "sessions", "servers",
+    ]

@@ -423,7 +423,7 @@ def test_a_restart_that_keeps_failing_gives_up_at_the_intensity_only(journal: Jo
     assert NeverAgain.attempts == 4  # the first start, then 3 restarts that failed: the 4th restart is one too many
     kinds = [k for k, _ in reports.kinds()]
     assert kinds == ["started", "crashed", "start_failed", "start_failed", "start_failed", "gave_up"]
-    with pytest.raises(NotRunningError, match="its supervisor gave up on it .*more than 3 restarts") as err:
+    with pytest.raises(NotRunningError, match=r"its supervisor gave up on it .*more than 3 restarts") as err:
         names.lookup("n")
     assert err.value.reason is downs[0] and names.exit_reason("n") is downs[0]
     assert isinstance(err.value, pykka.ActorDeadError)
