@@ -135,6 +135,8 @@ class ActorSystem:
         self._timers = Timers()
         self._stopped = False
         self.exit_reason: object = None
+        """``None`` unless the root supervisor gave up: then its exit reason (a
+        :class:`rho_actors.RestartIntensityExceeded` naming the last failure)."""
         self._ask_timeout_s = 60.0
         self._untrusted = untrusted or UntrustedReads()
         self._declarations = DeclarationState()  # the state of the DeclarationActor and the registry
@@ -284,8 +286,9 @@ class ActorSystem:
                 f"session id {session_id!r} is not allowed: use 1-128 of A-Z a-z 0-9 _ . @ : -, "
                 "starting with a letter, digit or _, and no '..'"
             )
-        if self._names.whereis(loop_name(session_id)) is not None:
-            raise ValueError(f"a loop of session {session_id!r} is running")
+        running = self._names.whereis(loop_name(session_id))
+        if running is not None:
+            raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
         session_dir = self._sessions_dir / session_id  # the pattern admits no separator and no ".."
         session_dir.mkdir(parents=True, exist_ok=True)
         kwargs = dict(
@@ -347,8 +350,9 @@ class ActorSystem:
         with ``ctx["whereis"]``). Returns its ref (it follows no restart: use
         :meth:`whereis`). Raises ``ValueError`` when a running actor holds
         ``spec.name``, and ``RuntimeError`` naming the child's start error."""
-        if spec.name is not None and self._names.whereis(spec.name) is not None:
-            raise ValueError(f"the name {spec.name!r} is held by a running actor")
+        holder = self._names.whereis(spec.name) if spec.name is not None else None
+        if holder is not None:
+            raise ValueError(f"the name {spec.name!r} is held by {holder}")
         intensity = {
             "max_restarts": self._intensity["max_restarts"] if max_restarts is None else max_restarts,
             "max_seconds": self._intensity["max_seconds"] if max_seconds is None else max_seconds,
