@@ -184,7 +184,8 @@ def test_intensity_exceeded_stops_the_supervisor_and_escalates(journal: Journal,
         type="supervisor",
         name="inner",
     )
-    outer = started_sup([inner], names, max_restarts=5, max_seconds=60, label="outer")
+    reports = Reports()
+    outer = started_sup([inner], names, max_restarts=5, max_seconds=60, label="outer", report=reports)
     first_inner = names.whereis("inner")
     downs: list[object] = []
     assert first_inner is not None
@@ -200,6 +201,8 @@ def test_intensity_exceeded_stops_the_supervisor_and_escalates(journal: Journal,
     assert wait_for(lambda: names.whereis("inner") not in (None, first_inner) and journal.starts("w") == 4)
     children = outer.proxy().which_children().get(timeout=WAIT_S)
     assert children[0].restarts == 1
+    assert reports.kinds() == [("started", "inner"), ("escalated", "inner"), ("restarted", "inner")]
+    assert "inner: more than 2 restarts" in (reports.events[1].reason or "")
     outer.stop()
 
 
