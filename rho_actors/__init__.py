@@ -13,7 +13,6 @@ host calls ``loguru.logger.enable("rho_actors")``.
 
 from loguru import logger as _logger
 
-from rho_actors.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
 from rho_actors.agent import PromptResult, Session, Step, aprompt, prompt
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.cancel import CancelToken
@@ -21,18 +20,28 @@ from rho_actors.declaration_actor import UntrustedReads
 from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
 from rho_actors.errors import RhoError
-from rho_actors.events import CallEvent, DeclarationEvent
+from rho_actors.events import CallEvent, DeclarationEvent, SupervisorEvent
 from rho_actors.formats import DIALECTS, Dialect, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.isolation import ISOLATIONS, Isolation, IsolationServices
 from rho_actors.loop import Loop
 from rho_actors.model import Message, Model, Reply, ScriptedModel
+from rho_actors.otp.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
+from rho_actors.otp.names import Names, NotRunningError, whereis
+from rho_actors.otp.supervisor import (
+    ChildInfo,
+    ChildSpec,
+    RestartIntensityExceeded,
+    StartChild,
+    Supervisor,
+    count_children,
+    which_children,
+)
 from rho_actors.providers import ModelError, RetryPolicy, model_from_spec
 from rho_actors.registry import DuplicateToolError, Registration, ToolEntry, ToolSet
 from rho_actors.sandbox import IsolatedReadError, WorkerPool
 from rho_actors.selftest import LoadError, SelftestRow, run_selftests
 from rho_actors.sources import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
-from rho_actors.supervisor import ChildInfo, ChildSpec, RestartIntensityExceeded, StartChild, Supervisor
 from rho_actors.system import ActorSystem
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
@@ -91,6 +100,8 @@ __all__ = [
     "Model",
     "ModelError",
     "Monitor",
+    "Names",
+    "NotRunningError",
     "Ok",
     "PluginFolder",
     "PluginLoadError",
@@ -108,6 +119,7 @@ __all__ = [
     "StartChild",
     "Step",
     "Supervisor",
+    "SupervisorEvent",
     "ToolCall",
     "ToolEntry",
     "ToolInfo",
@@ -119,6 +131,7 @@ __all__ = [
     "aprompt",
     "check_declaration",
     "concurrency",
+    "count_children",
     "declaration",
     "decode_arguments",
     "default_timeout_ms",
@@ -136,4 +149,6 @@ __all__ = [
     "to_dialect",
     "tool",
     "untrusted",
+    "whereis",
+    "which_children",
 ]

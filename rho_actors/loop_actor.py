@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
-from rho_actors.actor import Actor
 from rho_actors.arguments import ArgumentsError, decode_arguments, violations
 from rho_actors.call import CallSpec
 from rho_actors.cancel import CancelToken
@@ -37,6 +36,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.loop_messages import CallDone, Offered, Running, RunTurn, SetWithheld
+from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
 from rho_actors.results import error_result, failure, text
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
@@ -288,20 +288,13 @@ class LoopActor(Actor):
     def on_failure(self, *exc_info: Any) -> None:
         self._close("loop_crashed")
 
-    def _actor_loop_teardown(self) -> None:
+    def on_undelivered(self, message: Any) -> bool:
         """Answer the turns still in the inbox too (pykka answers only ``ask``s), so every
         call id gets its result even when a turn races the loop's stop."""
-        others = []
-        while not self.actor_inbox.empty():
-            envelope = self.actor_inbox.get()
-            if isinstance(envelope.message, RunTurn):
-                results = [failure("turn_not_started", c.id, c.name) for c in envelope.message.calls]
-                envelope.message.future.set_result(results)
-            else:
-                others.append(envelope)
-        for envelope in others:
-            self.actor_inbox.put(envelope)
-        super()._actor_loop_teardown()
+        if not isinstance(message, RunTurn):
+            return False
+        message.future.set_result([failure("turn_not_started", c.id, c.name) for c in message.calls])
+        return True
 
 
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:

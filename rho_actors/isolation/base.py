@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from rho_actors.call import CallSpec
-    from rho_actors.supervisor import Spares
-    from rho_actors.timers import Timers
+    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.timers import Timers
 
 __all__ = ["Isolation", "IsolationServices", "RunningCall"]
 
