@@ -46,7 +46,7 @@ def _add_replay(commands: Any) -> None:
     targets = replay.add_subparsers(dest="target", metavar="TARGET", required=True)
 
     # light: bfcl_eval itself is imported only when a replay runs
-    from rho_actors.bfcl import CATEGORIES
+    from rho_actors.integrations.bfcl import CATEGORIES
 
     bfcl = targets.add_parser(
         "bfcl",
@@ -69,7 +69,7 @@ def _add_replay(commands: Any) -> None:
 
 
 def _run_replay_bfcl(args: argparse.Namespace) -> int:
-    from rho_actors.bfcl import BfclUnavailableError, replay
+    from rho_actors.integrations.bfcl import BfclUnavailableError, replay
 
     try:
         report = replay(category=args.category, limit=args.limit, progress=not args.json, tree=args.tree)
@@ -317,8 +317,10 @@ def _add_mcp_server(system: Any, command: str) -> None:
         raise _ChatSetupError("--mcp needs a command")
     source = MCPServer(command=argv, name=f"mcp:{len(system.registrations())}:{argv[0].rsplit('/', 1)[-1]}")
     handle = system.add_source(source, poll_s=None)
-    if not source.connected:
-        raise _ChatSetupError(f"the MCP server {command!r} did not start (see its messages on stderr)")
+    if not source.wait_connected():
+        handle.close()
+        raise _ChatSetupError(f"the MCP server {command!r} did not start within {source.connect_timeout_s:g} s "
+                              "(see its messages on stderr)")
     handle.refresh()
 
 

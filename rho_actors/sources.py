@@ -3,11 +3,7 @@
 A source is any object with a ``name`` (``str``) and a ``scan()`` method returning
 ``{key: (tool, version)}``: a stable key (a file path, an entry point) for each tool it
 serves now, and a version that changes when that tool's code changes. ``scan()`` may
-raise; that is a failed refresh. Optionally, ``attach(system)`` is called once by
-:func:`add_source` before the first scan (to start the source's own supervised actors)
-and ``detach()`` by :meth:`SourceHandle.close`; ``contained = True`` says its tools are
-stand-ins for code running elsewhere (an MCP server's), so they are registered as
-trusted (read and called in this process) whatever ``trusted`` says. A key it cannot turn into a tool maps to a
+raise; that is a failed refresh. A key it cannot turn into a tool maps to a
 :class:`Broken` value (with why) instead of a tool, so one bad plugin never hides the
 others. Two sources come with the runtime:
 
@@ -21,9 +17,10 @@ others. Two sources come with the runtime:
   version is the distribution's version and the entry point's value.
 
 :func:`add_source` (``system.add_source(source)``) puts a source under a supervised
-:class:`SourceActor` (a ``permanent`` child of the system's ``servers`` supervisor),
-which scans at once and then every ``poll_s`` seconds (a timer message to itself, no
-sleeping thread), and applies the difference to the system's registry:
+:class:`SourceActor` (a ``permanent`` child of the system's ``sources`` supervisor, apart
+from the host's servers, DESIGN §6), which scans at once and then every ``poll_s``
+seconds (a timer message to itself, no sleeping thread), and applies the difference to
+the system's registry:
 
 - a new key registers its tool (``untrusted=not trusted``: an untrusted tool's
   declaration is read in a throwaway process and its calls run in a worker process);
@@ -79,11 +76,12 @@ from typing import Any, Protocol, runtime_checkable
 import pykka
 from loguru import logger
 
-from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
+from rho_actors.otp.actor import Actor
+from rho_actors.otp.supervisor import ChildSpec, StartChild
+from rho_actors.otp.timers import Timer
 from rho_actors.registry import DuplicateToolError
-from rho_actors.supervisor import ChildSpec, StartChild
-from rho_actors.timers import Timer
 from rho_actors.tool import is_tool, missing_callbacks
 
 __all__ = [
@@ -104,7 +102,7 @@ __all__ = [
 DEFAULT_GROUP = "rho_actors.tools"
 """The entry-point group :class:`EntryPointGroup` reads by default."""
 
-_SERVERS = "servers"
+_SOURCES = "sources"
 _MAX_REASON_CHARS = 2_000
 
 
@@ -116,7 +114,8 @@ class Source(Protocol):
     ``scan()`` returns ``{key: (tool, version)}`` for every tool it serves now (a
     :class:`Broken` in place of a tool for a key it could not load). ``version`` is any
     value compared with ``==``; it must change when the tool's code changes. A scan may
-    raise: the last good set is kept.
+    raise: the last good set is kept. Optional (DESIGN §6a): ``attach(system)`` and ``detach()``
+    start and stop a source's own actors; ``contained = True`` registers its tools trusted.
     """
 
     name: str
@@ -132,7 +131,7 @@ class Broken:
     reason: str
 
 
-class PluginLoadError(Exception):
+class PluginLoadError(RhoError):
     """A plugin file could not be loaded: ``str(err)`` says why (with the line, when
     the error is in the file)."""
 
@@ -403,7 +402,7 @@ class _Sync:
 
 class SourceActor(Actor):
     """Scans one source and applies the difference to the system's registry (see the
-    module doc). Started by :func:`add_source` as a ``permanent`` child of ``servers``."""
+    module doc). Started by :func:`add_source` as a ``permanent`` child of ``sources``."""
 
     def __init__(self, system: Any, source: Any, state: SourceState, trusted: bool, poll_s: float | None) -> None:
         super().__init__()
@@ -519,10 +518,7 @@ class SourceActor(Actor):
         origin = f"{key} (source {self._label})"
         tools_version = self._system.tool_set().version
         try:
-            if self._trusted or getattr(self._source, "contained", False) is True:
-                registration = self._system.register(entry.tool, origin=origin)
-            else:
-                registration = self._system.register(entry.tool, origin=origin, untrusted=True)
+            registration = self._system.register(entry.tool, origin=origin, untrusted=not self._trusted)
         except DuplicateToolError as err:  # tried again once the tool set has changed (a name may be free)
             self._failed(entry, str(err), retry=True)
             entry.retry_unless = tools_version
@@ -680,18 +676,14 @@ class SourceHandle:
             except (pykka.ActorDeadError, pykka.Timeout) as exc:
                 logger.warning("source {}: unloading failed: {}", self.name, describe_exception(exc))
         self._state.closed = True
-        detach = getattr(self.source, "detach", None)
-        if callable(detach):
+        sources = self._system.whereis(_SOURCES)
+        if sources is not None:
             try:
-                detach()
-            except Exception as exc:
-                logger.warning("source {}: detaching failed: {}", self.name, describe_exception(exc))
-        servers = self._system.whereis(_SERVERS)
-        if servers is not None:
-            try:
-                servers.proxy().terminate_child(self.child_id).get(timeout=timeout_s)
+                sources.proxy().terminate_child(self.child_id).get(timeout=timeout_s)
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass
+        if callable(detach := getattr(self.source, "detach", None)):
+            detach()
 
     def __repr__(self) -> str:
         return f"<SourceHandle {self.name!r} {'alive' if self.alive else 'stopped'}>"
@@ -726,18 +718,17 @@ def add_source(
     child_id = f"source:{name}"
     if system.whereis(child_id) is not None:
         raise ValueError(f"a source named {name!r} is already added to this system")
-    attach = getattr(source, "attach", None)
-    if callable(attach):
-        attach(system)
+    trusted = trusted or getattr(source, "contained", False) is True  # stand-ins for code elsewhere
+    if callable(attach := getattr(source, "attach", None)):
+        attach(system)  # the source's own actors (DESIGN §6a)
     state = SourceState()
-    spec = ChildSpec(
-        child_id,
-        StartChild(SourceActor, (system, source, state, trusted, poll_s)),
-        restart="permanent",
-        name=child_id,
-    )
+    spec = ChildSpec(child_id, StartChild(SourceActor, (system, source, state, trusted, poll_s)),
+                     restart="permanent", name=child_id)
+    sources = system.whereis(_SOURCES)
+    if sources is None:
+        raise RuntimeError("the system's sources supervisor is not running: the system has stopped")
     try:
-        system.start_child(spec)
+        sources.proxy().start_child(spec).get(timeout=timeout_s)
     except ValueError as err:  # the name was taken in between
         raise ValueError(f"a source named {name!r} is already added to this system ({err})") from None
     handle = SourceHandle(system, source, state, child_id, trusted, poll_s)

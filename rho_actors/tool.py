@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rho_actors.errors import RhoError
+
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
     "MAX_TIMEOUT_MS",
@@ -50,8 +52,8 @@ __all__ = [
     "Image",
     "Ok",
     "ToolCall",
-    "ToolInfo",
     "ToolFailure",
+    "ToolInfo",
     "ToolResult",
     "concurrency",
     "default_timeout_ms",
@@ -159,15 +161,20 @@ class ErrorKind(enum.StrEnum):
 _RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED})
 
 
-class ToolFailure(Exception):
-    """Raised by a tool's ``run`` for an error result of a given kind (instead of
+class ToolFailure(RhoError):
+    """Raised by a tool's ``run`` for an error result of kind ``kind`` (instead of
     ``raised``): a tool standing for one elsewhere (an MCP server's) reports
     ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it. ``str(err)`` is
-    the text for the model."""
+    the text for the model (capped like any result's). Raises ``ValueError`` for a
+    ``kind`` that is not an :class:`ErrorKind` value. The result is built by
+    :func:`rho_actors.results.result_from_exception`."""
 
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind | str, message: str) -> None:
         super().__init__(message)
         self.kind = ErrorKind(kind)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by its two arguments (from a worker process)
+        return (type(self), (self.kind, str(self)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +275,7 @@ def timeout_ms(tool: Any) -> int:
     declaration a system checked (the default until one has).
     """
     if is_untrusted(tool):
-        from rho_actors.declarations import checked_untrusted
+        from rho_actors.checked import checked_untrusted
 
         checked = checked_untrusted(tool)
         return checked.timeout_ms if isinstance(checked, ToolInfo) else DEFAULT_TIMEOUT_MS
@@ -290,7 +297,7 @@ def concurrency(tool: Any) -> Concurrency:
     the declaration a system checked (``"parallel"`` until one has).
     """
     if is_untrusted(tool):
-        from rho_actors.declarations import checked_untrusted
+        from rho_actors.checked import checked_untrusted
 
         checked = checked_untrusted(tool)
         return checked.concurrency if isinstance(checked, ToolInfo) else "parallel"

@@ -55,7 +55,7 @@ def _text(result: types.CallToolResult) -> str:
     return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
-def test_stdio_list_call_every_error_kind_and_cancel(tmp_path: Path) -> None:
+def test_stdio_list_call_and_every_error_kind(tmp_path: Path) -> None:
     async def main() -> None:
         async with stdio_session(tmp_path) as session:
             with anyio.fail_after(BOUND_S):
@@ -95,6 +95,13 @@ def test_stdio_list_call_every_error_kind_and_cancel(tmp_path: Path) -> None:
                 assert huge.code == types.INVALID_PARAMS and "at most 1000000" in huge.error.message
                 assert _text(await session.call_tool("add", {"a": 2})) == "2"
 
+    anyio.run(main)
+
+
+def test_stdio_progress_and_client_cancel(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with stdio_session(tmp_path) as session:
+            with anyio.fail_after(BOUND_S):
                 # progress, then a client-side cancel: notifications/cancelled reaches the turn
                 progress: list[tuple[float, float | None, str | None]] = []
                 got_progress = anyio.Event()

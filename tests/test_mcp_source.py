@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from rho_actors import ActorSystem, ErrorKind, Reply, ScriptedModel, ToolCall
+from rho_actors import ActorSystem, ErrorKind, Reply, ScriptedModel, SupervisorEvent, ToolCall
 from rho_actors.mcp import MCPServer
 from tests.conftest import wait_for
 from tests.mcp_fixtures import served_tools
@@ -40,6 +40,13 @@ def test_stdio_server_tools_deadline_crash_restart_list_changed(system: ActorSys
     assert "bad name!" not in _offered(system)
     status = handle.status()["tools"]["bad name!"]
     assert not status["offered"] and "name" in status["reason"]
+
+    # the connection is a subtree of the system's sources, with the source's own intensity
+    [sources] = [n for n in system.tree()["children"] if n["id"] == "sources"]
+    [subtree] = [n for n in sources["children"] if n["id"] == source.child_id]
+    assert subtree["kind"] == "supervisor" and subtree["restart"] == "temporary"
+    assert [c["id"] for c in subtree["children"]] == [source.child_id]
+    assert system.whereis(source.child_id) is not None
 
     loop = system.start_loop("s1")
     [ok] = loop.run_turn([ToolCall("c1", "echo", {"text": "hi"})])
@@ -82,6 +89,23 @@ def test_stdio_server_tools_deadline_crash_restart_list_changed(system: ActorSys
     assert not {"echo", "grown"} & _offered(system)
     [gone] = loop.run_turn([ToolCall("c9", "echo", {"text": "x"})])
     assert gone.error_kind is ErrorKind.UNAVAILABLE
+
+
+def test_a_server_that_keeps_dying_is_given_up_alone(system: ActorSystem, tmp_path: Path) -> None:
+    reports: list[SupervisorEvent] = []
+    system.subscribe(lambda e: reports.append(e) if isinstance(e, SupervisorEvent) else None)
+    source = MCPServer(command=[sys.executable, "-c", "raise SystemExit(1)"], name="dies", max_restarts=1,
+                       max_seconds=30)
+    handle = system.add_source(source, poll_s=None)
+    assert wait_for(lambda: any(r.kind == "gave_up" and r.supervisor == "source:mcp:dies" for r in reports))
+    assert wait_for(lambda: system.whereis(source.child_id) is None)
+    assert not system.stopped and handle.alive and system.whereis("sources") is not None
+    assert not any(r.kind == "escalated" for r in reports)
+    [sources] = [n for n in system.tree()["children"] if n["id"] == "sources"]
+    assert source.child_id not in [n["id"] for n in sources["children"]]
+    [call] = system.start_loop("d").run_turn([ToolCall("c1", "echo", "{}")])
+    assert call.error_kind is ErrorKind.UNKNOWN_TOOL
+    handle.close()  # detaching a given-up connection is fine
 
 
 def _free_port() -> int:
@@ -146,3 +170,22 @@ def test_mcp_server_arguments() -> None:
         MCPServer(command=["x"], url="http://127.0.0.1:1/mcp")
     with pytest.raises(ValueError, match="non-empty list"):
         MCPServer(command="python server.py")  # type: ignore[arg-type]
+
+
+def test_chat_with_an_mcp_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from rho_actors import cli
+
+    model = ScriptedModel([Reply(tool_calls=(ToolCall("c1", "echo", '{"text": "via mcp"}'),)), Reply("echoed")])
+    monkeypatch.setattr(cli, "_chat_model", lambda spec, base_url: model)
+    monkeypatch.setattr("sys.stdin", io.StringIO("echo something\n/exit\n"))
+    argv = ["chat", "--model", "openai:x", "--data-dir", str(tmp_path / "data"),
+            "--mcp", f"{sys.executable} {FIXTURE} {tmp_path}"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "echo" in out.split("tools:", 1)[1].splitlines()[0]
+    assert "  <- echo [c1]: ok, " in out and out.rstrip().endswith("echoed")
+    assert cli.main(["chat", "--model", "openai:x", "--data-dir", str(tmp_path / "data"), "--mcp", " "]) == 2
+    assert "--mcp needs a command" in capsys.readouterr().err

@@ -15,8 +15,10 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 - A client's ``notifications/cancelled`` cancels the handler's task, and with it the
   turn. Progress a tool reports with ``ctx["progress"](done, total, message)`` is sent
   as ``notifications/progress`` when the client asked for it (a ``progressToken``).
-- A change of the system's tool set (a source's scan, ``unregister``) sends
-  ``notifications/tools/list_changed`` to every connection.
+- A change of the system's tool set (a source's scan, ``unregister``: the registry's
+  :class:`~rho_actors.ToolSetChanged` event, no polling) sends
+  ``notifications/tools/list_changed`` to every connection (changes close together are
+  announced once).
 - Bad input (malformed JSON-RPC, an unknown method, params that fail validation, or
   arguments over ``max_argument_bytes``) gets a JSON-RPC error from the SDK or from
   here; the server goes on.
@@ -43,7 +45,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from rho_actors.events import ProgressEvent
+from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.formats import to_dialect
 from rho_actors.loop import Loop
 from rho_actors.tool import ToolCall, ToolResult
@@ -53,7 +55,6 @@ __all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "aserve", "build_server", "serve"]
 DEFAULT_MAX_ARGUMENT_BYTES = 1_000_000
 """The largest ``tools/call`` arguments accepted (bytes of their JSON)."""
 
-_WATCH_S = 0.05  # how often the tool set's version is compared (seconds)
 _STATE_KEY = "rho_actors.session"
 
 
@@ -125,8 +126,14 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
 
     @contextlib.asynccontextmanager
     async def lifespan(_server: Server[Any]) -> AsyncIterator[_Served]:
-        def on_event(event: Any) -> None:
-            if isinstance(event, ProgressEvent):
+        aloop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def on_event(event: Any) -> None:  # in the emitting actor's thread
+            if isinstance(event, ToolSetChanged):
+                with contextlib.suppress(RuntimeError):  # the asyncio loop has closed
+                    aloop.call_soon_threadsafe(changed.set)
+            elif isinstance(event, ProgressEvent):
                 target = served.progress.get((event.session_id, event.call_id))
                 if target is not None:
                     with contextlib.suppress(RuntimeError):
@@ -136,7 +143,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
 
         unsubscribe = system.subscribe(on_event)
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_watch_tools, served)
+            tasks.start_soon(_announce_changes, served, changed)
             try:
                 yield served
             finally:
@@ -177,11 +184,13 @@ class _Server(Server[Any]):
         )
 
 
-async def _watch_tools(served: _Served) -> None:
-    """Send ``notifications/tools/list_changed`` to each connection when the system's
-    tool set changes (polled: a version number read without a message)."""
+async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
+    """Send ``notifications/tools/list_changed`` to each connection whose last offer is
+    older than the system's tool set, each time ``changed`` is set (by a
+    :class:`ToolSetChanged` event; several set before this wakes are announced once)."""
     while True:
-        await anyio.sleep(_WATCH_S)
+        await changed.wait()
+        changed.clear()
         version = served.system.tool_set().version
         for session in list(served.sessions):
             if session.offered_version != version:

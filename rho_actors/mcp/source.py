@@ -5,8 +5,9 @@
 server's tools like any other source's:
 
 - The connection is owned by an :class:`MCPConnection` actor, the one ``permanent``
-  child of a supervisor (``mcp:<name>``, a ``temporary`` child of the system's
-  ``servers``) with the restart intensity ``max_restarts`` in ``max_seconds``. The MCP
+  child of a supervisor (``mcp:<name>``, a ``temporary`` subtree of the system's
+  ``sources``: a source's actors are the system's side of the tree, DESIGN §6) with the
+  restart intensity ``max_restarts`` in ``max_seconds``. The MCP
   client runs on an asyncio loop in a thread the actor owns; the actor never blocks on
   it. When the server process exits, its connection closes, or a heartbeat ``ping``
   goes unanswered (a hung server), the actor exits and is restarted (a new process):
@@ -23,7 +24,8 @@ server's tools like any other source's:
   ``HOME`` from this process, plus the explicit ``env`` (the untrusted-boundary rule).
 
 Results: text content is the model's text, image content becomes :class:`Image`
-values, other content is given as JSON; ``isError`` is a ``raised`` error.
+values, other content is given as JSON; ``isError`` is a ``raised`` error. The texts of
+the other failures are in :data:`rho_actors.results.TEXTS` (the ``mcp_*`` keys).
 """
 
 from __future__ import annotations
@@ -53,10 +55,11 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception
-from rho_actors.supervisor import ChildSpec, StartChild, Supervisor
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, Image, ToolFailure
+from rho_actors.otp.actor import Actor, kill
+from rho_actors.otp.supervisor import ChildSpec, StartChild
+from rho_actors.results import SENT_CANCEL, TEXTS, text
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, Error, Image, ToolFailure
 
 __all__ = ["ENV_ALLOWLIST", "MCPConnection", "MCPServer", "MCPTool", "scrubbed_environment"]
 
@@ -64,6 +67,12 @@ ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
 """Variables a stdio server inherits from this process (with every ``LC_*``)."""
 
 _MAX_PAGES = 100
+_SOURCES = "sources"  # the system's supervisor of sources and their own subtrees
+
+
+def _fails(key: str, tool: str, **fields: Any) -> ToolFailure:
+    """The :class:`ToolFailure` of situation ``key`` of the results table."""
+    return ToolFailure(TEXTS[key][0], text(key, tool=tool, **fields))
 
 
 def scrubbed_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -81,6 +90,7 @@ class _Link:
     session: ClientSession | None = None
     aloop: asyncio.AbstractEventLoop | None = None
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> MCP Tool (wire shape)
+    up: threading.Event = field(default_factory=threading.Event)  # set while a connection is published
     stopping: bool = False
     connections: int = 0  # connections made so far (1 + restarts that connected)
     last_error: str | None = None
@@ -176,31 +186,29 @@ class MCPServer:
 
     @property
     def child_id(self) -> str:
-        """The id (and name) of the connection's supervisor under ``servers``."""
+        """The id of the connection's subtree under ``sources``, and the name of its
+        :class:`MCPConnection` (``system.whereis(child_id)``)."""
         return f"mcp:{self.name}"
 
     def attach(self, system: Any) -> None:
-        """Start the supervised connection under ``system``'s ``servers`` (called by
-        :func:`rho_actors.sources.add_source`)."""
+        """Start the supervised connection in its own subtree under ``system``'s
+        ``sources``, with this server's restart intensity (called by
+        :func:`rho_actors.sources.add_source`). Raises ``ValueError`` when another
+        connection holds :attr:`child_id`."""
         self._system = system
         self._link.stopping = False
-        connection = ChildSpec("connection", StartChild(MCPConnection, (self, self._link)), restart="permanent",
-                               shutdown=10_000)
-        spec = ChildSpec(
-            self.child_id,
-            StartChild(Supervisor, ([connection],), {"max_restarts": self.max_restarts,
-                                                      "max_seconds": self.max_seconds, "label": self.child_id}),
-            restart="temporary", type="supervisor", shutdown=12_000, name=self.child_id,
-        )
-        system.start_child(spec)
+        spec = ChildSpec(self.child_id, StartChild(MCPConnection, (self, self._link)), restart="permanent",
+                         shutdown=10_000, name=self.child_id)
+        system.start_child(spec, max_restarts=self.max_restarts, max_seconds=self.max_seconds, under=_SOURCES)
 
     def detach(self) -> None:
-        """Stop the connection (called by :meth:`rho_actors.SourceHandle.close`)."""
+        """Stop the connection and its subtree (called by
+        :meth:`rho_actors.SourceHandle.close`); never raises."""
         self._link.stopping = True
-        ref = self._system.whereis(self.child_id) if self._system is not None else None
-        if ref is not None:
+        sources = self._system.whereis(_SOURCES) if self._system is not None else None
+        if sources is not None:
             with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
-                ref.stop(timeout=15)
+                sources.proxy().terminate_child(self.child_id).get(timeout=15)
 
     def scan(self) -> dict[str, tuple[Any, object]]:
         """``{tool name: (MCPTool, declaration as JSON)}`` for the tools listed by the
@@ -224,6 +232,11 @@ class MCPServer:
         """Whether a connection is up now (its tools listed)."""
         return self._link.session is not None
 
+    def wait_connected(self, timeout_s: float | None = None) -> bool:
+        """Wait until a connection is up (its tools listed), at most ``timeout_s``
+        seconds (default ``connect_timeout_s``); returns :attr:`connected`."""
+        return self._link.up.wait(self.connect_timeout_s if timeout_s is None else timeout_s)
+
     @property
     def connections(self) -> int:
         """How many connections were made so far (the first, then one per restart)."""
@@ -245,9 +258,7 @@ class MCPServer:
         with link.lock:
             session, aloop = link.session, link.aloop
         if session is None or aloop is None:
-            raise ToolFailure(ErrorKind.UNAVAILABLE,
-                              f"MCP server {self.name} is not connected now (restarting or stopped); "
-                              f"tool {name!r} cannot be called")
+            raise _fails("mcp_not_connected", name, server=self.name)
         deadline = float(ctx.get("deadline", time.monotonic() + self.timeout_ms / 1000))
         left = max(0.001, deadline - time.monotonic())
         report = ctx.get("progress")
@@ -261,20 +272,28 @@ class MCPServer:
             future = asyncio.run_coroutine_threadsafe(request, aloop)
         except RuntimeError:  # the loop closed in between
             request.close()
-            raise ToolFailure(ErrorKind.UNAVAILABLE, f"MCP server {self.name} is not connected now") from None
+            raise _fails("mcp_not_connected", name, server=self.name) from None
         cancel = ctx.get("cancel")
         if cancel is not None:
             cancel.add_callback(future.cancel)  # abandons the request: sends notifications/cancelled
         try:
             result = future.result(timeout=left + 5.0)
         except concurrent.futures.CancelledError:
-            raise ToolFailure(ErrorKind.CANCELLED, f"the call of tool {name!r} was cancelled") from None
+            reason = getattr(cancel, "reason", None) or "cancelled"
+            if reason == "timeout":  # the deadline: the same result whichever thread answers first
+                raise self._timed_out(name) from None
+            raise _fails("cancelled", name, reason=reason) from None
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise ToolFailure(ErrorKind.TIMEOUT, f"MCP server {self.name} did not answer in time") from None
+            raise self._timed_out(name) from None
         except MCPError as err:
+            if err.code == REQUEST_TIMEOUT:
+                raise self._timed_out(name) from None
             raise _failure(self.name, name, err, link.stopping) from None
         return _values(result)
+
+    def _timed_out(self, tool: str) -> ToolFailure:
+        return _fails("timeout", tool, timeout_ms=self.timeout_ms, consequence=SENT_CANCEL)
 
     def __repr__(self) -> str:
         return f"MCPServer({self.name!r})"
@@ -282,20 +301,12 @@ class MCPServer:
 
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:
     if err.code == CONNECTION_CLOSED:
-        if stopping:
-            return ToolFailure(ErrorKind.UNAVAILABLE, f"MCP server {server} was stopped during the call of {tool!r}")
-        return ToolFailure(ErrorKind.CRASHED, f"MCP server {server} exited or dropped the connection during the "
-                                              f"call of {tool!r}; it is being restarted")
-    if err.code == REQUEST_TIMEOUT:
-        return ToolFailure(ErrorKind.TIMEOUT, f"MCP server {server} did not answer the call of {tool!r} in time")
-    return ToolFailure(ErrorKind.RAISED, f"MCP server {server} refused the call of {tool!r}: "
-                                         f"error {err.code}: {err.error.message}")
+        return _fails("mcp_stopped" if stopping else "mcp_crashed", tool, server=server)
+    return _fails("mcp_refused", tool, server=server, code=err.code, message=err.error.message)
 
 
 def _values(result: types.CallToolResult) -> Any:
     """A ``CallToolResult`` as what a rho tool returns (text, :class:`Image` values)."""
-    from rho_actors.tool import Error
-
     parts: list[Any] = []
     for block in result.content:
         if isinstance(block, types.TextContent):
@@ -319,16 +330,12 @@ def _values(result: types.CallToolResult) -> Any:
 # --------------------------------------------------------------------------- the actor
 
 
-@dataclass(frozen=True, slots=True)
-class _Ended:
-    reason: str
-
-
 class MCPConnection(Actor):
     """Owns one connection to an MCP server (a child of the server's supervisor): an
     asyncio loop in a thread of its own connects, lists the tools, publishes them and
     keeps the connection watched. When the connection ends, this actor exits with the
-    reason, so its supervisor restarts it (a new process or connection)."""
+    reason (:func:`~rho_actors.kill`: an abnormal exit), so its supervisor restarts it
+    (a new process or connection)."""
 
     def __init__(self, server: MCPServer, link: _Link) -> None:
         super().__init__()
@@ -343,11 +350,6 @@ class MCPConnection(Actor):
     def on_start(self) -> None:
         self._thread.start()
         self._ready.wait(5.0)
-
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, _Ended):
-            raise ConnectionError(f"MCP server {self._server.name}: {message.reason}")
-        return None
 
     def on_stop(self) -> None:
         self._halt()
@@ -379,13 +381,13 @@ class MCPConnection(Actor):
             logger.warning("MCP server {}: {}; restarting it", self._server.name, reason)
             with self._link.lock:
                 self._link.last_error = reason
-            with contextlib.suppress(pykka.ActorDeadError):
-                self.actor_ref.tell(_Ended(reason))
+            kill(self.actor_ref, f"MCP server {self._server.name}: {reason}")
 
     def _unpublish(self) -> None:
         with self._link.lock:
             had = self._link.session is not None or bool(self._link.tools)
             self._link.session, self._link.aloop, self._link.tools = None, None, {}
+            self._link.up.clear()
         if had:
             self._server.refresh_offer()
 
@@ -424,7 +426,6 @@ class MCPConnection(Actor):
             with anyio.fail_after(server.connect_timeout_s):
                 await session.initialize()
                 tools = await _list_tools(session)
-            self._publish(session, tools)
             with self._link.lock:
                 self._link.connections += 1
             self._publish(session, tools)
@@ -450,6 +451,7 @@ class MCPConnection(Actor):
     def _publish(self, session: ClientSession, tools: dict[str, dict[str, Any]]) -> None:
         with self._link.lock:
             self._link.session, self._link.aloop, self._link.tools = session, self._aloop, tools
+            self._link.up.set()
         self._server.refresh_offer()
 
 
