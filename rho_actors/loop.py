@@ -37,6 +37,7 @@ from rho_actors.events import CallEvent, EventBus
 from rho_actors.formats import Dialect, to_dialect
 from rho_actors.registry import ToolEntry, ToolSet, ToolSetView
 from rho_actors.supervisor import Spares
+from rho_actors.telemetry import Telemetry, current_context
 from rho_actors.timers import Timer, Timers
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 from rho_actors.workers import Workers
@@ -74,6 +75,7 @@ class LoopSettings:
 class _RunTurn:
     calls: tuple[ToolCall, ...]
     future: concurrent.futures.Future[list[ToolResult]]
+    context: Any = None  # telemetry: the submitting thread's OpenTelemetry context
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,7 @@ class _Slot:
     cancel: CancelToken | None = None
     timer: Timer | None = None
     actor: pykka.ActorRef[Any] | None = None
+    span: Any = None  # telemetry: rho_actors.telemetry.CallSpan
 
 
 @dataclass(slots=True)
@@ -127,6 +130,7 @@ class _Turn:
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
+    context: Any = None  # telemetry: the submitting thread's OpenTelemetry context
 
 
 class LoopActor(Actor):
@@ -148,8 +152,10 @@ class LoopActor(Actor):
         abandoned: AbandonedThreads,
         settings: LoopSettings,
         whereis: Callable[[str], pykka.ActorRef[Any] | None],
+        telemetry: Telemetry | None = None,
     ) -> None:
         super().__init__()
+        self._telemetry = telemetry if telemetry is not None else Telemetry(enabled=False)
         self.session_id = session_id
         self._data_dir = data_dir
         self._deps = deps
@@ -204,7 +210,8 @@ class LoopActor(Actor):
         return [e for name, e in tools.entries.items() if name not in self._withheld]
 
     def _run_turn(self, message: _RunTurn) -> None:
-        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future)
+        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future,
+                     context=message.context)
         self._turns[turn.id] = turn
         try:
             tools = self._tools.current
@@ -217,6 +224,7 @@ class LoopActor(Actor):
                                            f"the loop could not prepare this call: {describe_exception(exc)}")
                 if refusal is not None:
                     slot.result = refusal
+                    self._telemetry.call_refused(turn.context, self.session_id, refusal, slot.call.arguments)
                     self._emit("finished", slot, refusal)
                 else:
                     turn.open += 1
@@ -282,6 +290,9 @@ class LoopActor(Actor):
         def reply(result: ToolResult) -> None:
             _tell(ref, _CallDone(turn_id, index, result))
 
+        slot.span = self._telemetry.call_started(
+            turn.context, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
+        )
         ctx = MappingProxyType(
             {
                 "session_id": self.session_id,
@@ -293,6 +304,7 @@ class LoopActor(Actor):
                 "cancel": cancel,
                 "deps": self._deps,
                 "whereis": self._whereis,
+                **Telemetry.ctx_fields(slot.span),  # telemetry: "traceparent" when tracing
             }
         )
         spec = CallSpec(
@@ -344,6 +356,7 @@ class LoopActor(Actor):
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
         slot.result = result
         turn.open -= 1
+        self._telemetry.call_ended(slot.span, result)
         self._emit(event, slot, result)
         if turn.exclusive:
             self._dispatch_ready(turn)
@@ -370,6 +383,7 @@ class LoopActor(Actor):
                 self._abandoned.abandoned()
             duration = (time.monotonic() - slot.started) * 1000 if slot.started else 0.0
             slot.result = error_result(slot.call.id, name, kind, message, duration)
+            self._telemetry.call_ended(slot.span, slot.result)
         turn.open = 0
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
@@ -477,12 +491,15 @@ class Loop:
         whereis: Callable[[str], pykka.ActorRef[Any] | None],
         tools: ToolSetView,
         settings: LoopSettings,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.session_id = session_id
         self.data_dir = data_dir
         self._whereis = whereis
         self._tools = tools
         self._settings = settings
+        self.telemetry = telemetry if telemetry is not None else Telemetry(enabled=False)
+        """The system's :class:`rho_actors.telemetry.Telemetry` (spans of prompts)."""
 
     @property
     def ref(self) -> pykka.ActorRef[Any]:
@@ -503,7 +520,7 @@ class Loop:
     def _submit(self, batch: tuple[ToolCall, ...]) -> concurrent.futures.Future[list[ToolResult]]:
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        self.ref.tell(_RunTurn(batch, future))
+        self.ref.tell(_RunTurn(batch, future, current_context()))
         return future
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
