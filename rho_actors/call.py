@@ -29,6 +29,7 @@ from loguru import logger
 
 from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception, encode_output
+from rho_actors.telemetry import attached
 from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolResult
 
 __all__ = [
@@ -222,15 +223,16 @@ class CallActor(Actor):
         self.spec = spec
         started = spec.dispatched
         try:
-            if spec.isolation == "process":
-                result = self._run_in_process(spec)
-            else:
-                value = spec.tool.run(spec.args, spec.ctx)
-                if inspect.iscoroutine(value):
-                    value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
-                result = result_from_return(
-                    spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - started) * 1000
-                )
+            with attached(spec.ctx, started, spec.name):  # telemetry: the call's span is current here
+                if spec.isolation == "process":
+                    result = self._run_in_process(spec)
+                else:
+                    value = spec.tool.run(spec.args, spec.ctx)
+                    if inspect.iscoroutine(value):
+                        value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
+                    result = result_from_return(
+                        spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - started) * 1000
+                    )
         except BaseException as exc:
             result = self._failure(exc, started)
         if spec.cancel.finish() and spec.isolation == "thread":

@@ -75,6 +75,7 @@ from loguru import logger
 from rho_actors.call import CancelToken, error_result, result_from_exception, result_from_return
 from rho_actors.declarations import _Raised, describe_origin, read_declaration
 from rho_actors.encoding import describe_exception
+from rho_actors.telemetry import attached
 from rho_actors.tool import ErrorKind, ToolResult
 
 __all__ = [
@@ -874,7 +875,8 @@ def _serve(data: bytes, tools: OrderedDict[bytes, Any], heap_bytes: int | None) 
                 ctx["deps"] = pickle.loads(deps_bytes)
             except Exception:
                 logger.debug("call {}: deps could not be unpickled in the worker; left out", call_id)
-        result, retire = _call(tool, name, call_id, args, MappingProxyType(ctx), deadline, max_chars, heap_bytes)
+        with attached(ctx):  # telemetry: the call's span from ctx["traceparent"] is current here
+            result, retire = _call(tool, name, call_id, args, MappingProxyType(ctx), deadline, max_chars, heap_bytes)
         del tool, args, ctx
         return _reply(result, retire, name)
     except MemoryError:
@@ -1082,6 +1084,8 @@ class WorkerPool:
             "data_dir": ctx.get("data_dir"),
             "withheld": tuple(ctx.get("withheld", ())),
         }
+        if "traceparent" in ctx:  # telemetry: the call's span, for the tool's own spans in the worker
+            fields["traceparent"] = ctx["traceparent"]
         request = (digest, None, label, call_id, dict(args), fields, _pickled_deps(ctx), deadline, max_output_chars)
         try:
             bare = _dump_request(request, None)
