@@ -62,11 +62,13 @@ from rho_actors.registry import (
     ToolSetView,
 )
 from rho_actors.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor
+from rho_actors.telemetry import Telemetry
 from rho_actors.timers import Timers
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
 from rho_actors.workers import WorkerPoolActor, Workers
 
 if TYPE_CHECKING:
+    from rho_actors.observer import Observer
     from rho_actors.selftest import SelftestRow
     from rho_actors.sources import Source, SourceHandle
 
@@ -90,7 +92,10 @@ class ActorSystem:
     the restart intensity of the root and of the loops' supervisor; ``untrusted`` says
     how untrusted declarations are read (time and heap bounds, retry schedule, start
     method; see :class:`rho_actors.UntrustedReads`); ``warm_workers`` worker processes are
-    kept for ``process`` isolation once it is first used, each under the same heap bound.
+    kept for ``process`` isolation once it is first used, each under the same heap bound;
+    ``tracing`` turns OpenTelemetry spans and metrics off (``False``) or sets how they are
+    recorded (a :class:`rho_actors.Telemetry`); they go to the host's global providers
+    (see :mod:`rho_actors.telemetry`).
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class ActorSystem:
         max_seconds: float = 5.0,
         untrusted: UntrustedReads | None = None,
         warm_workers: int = 2,
+        tracing: bool | Telemetry = True,
     ) -> None:
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
@@ -113,6 +119,10 @@ class ActorSystem:
         self._sessions_dir = (self.data_dir / "sessions").resolve()
         self._settings = LoopSettings(max_output_chars, max_argument_depth)
         self._events = EventBus()
+        self._telemetry = tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing)
+        self._telemetry.bind(uuid.uuid4().hex[:12], self.stats)
+        self._events.subscribe(self._telemetry.report)  # supervisor reports, counted and traced
+        self._observers: list[Observer] = []
         self._abandoned = AbandonedThreads()
         self._tools = ToolSetView()
         self._names = Names()
@@ -272,11 +282,12 @@ class ActorSystem:
             abandoned=self._abandoned,
             settings=self._settings,
             whereis=self._names.whereis,
+            telemetry=self._telemetry,
         )
         spec = ChildSpec(session_id, StartChild(LoopActor, kwargs=kwargs), restart="transient",
                          name=loop_name(session_id))
         self._whereis(LOOPS).proxy().start_child(spec).get(timeout=self._ask_timeout_s)
-        return Loop(session_id, session_dir, self._names.whereis, self._tools, self._settings)
+        return Loop(session_id, session_dir, self._names.whereis, self._tools, self._settings, self._telemetry)
 
     # --- sources and selftests -------------------------------------------------------------
 
@@ -354,6 +365,24 @@ class ActorSystem:
         that unsubscribes."""
         return self._events.subscribe(callback)
 
+    def worker_pids(self) -> list[int]:
+        """The process ids of the worker processes of ``process`` isolation alive now."""
+        return self._workers.pids()
+
+    def observe(self, address: str | Path | int, *, interval_s: float = 1.0) -> Observer:
+        """Serve a read-only live view of this system (see :mod:`rho_actors.observer`):
+        ``address`` is a Unix socket path, or a TCP port on 127.0.0.1 (``0``: any free
+        one) that asks viewers for the returned observer's ``token``. Each viewer gets a
+        snapshot every ``interval_s`` seconds and every call event and supervisor report
+        as newline-delimited JSON; ``rho-actors top --connect ADDRESS`` shows it. Off
+        until called; closed at :meth:`stop` (or with ``observer.close()``). Raises
+        ``OSError`` when the address cannot be bound."""
+        from rho_actors.observer import Observer
+
+        observer = Observer(self, address, interval_s=interval_s)
+        self._observers.append(observer)
+        return observer
+
     def stats(self) -> dict[str, int]:
         """Counters: ``abandoned_threads_running`` (thread calls cancelled at their
         deadline or at a stop whose thread has not returned yet),
@@ -377,6 +406,9 @@ class ActorSystem:
         declarations), then the timers. Running calls are cancelled; a call thread still
         running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
         self._call_spares.close()  # a call dispatched from now on does not start
+        for observer in self._observers:
+            observer.close()
+        self._telemetry.unbind()
         try:
             self._root.stop(timeout=timeout_s)
         except pykka.ActorDeadError:

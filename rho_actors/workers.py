@@ -49,6 +49,12 @@ class Workers:
             pool = self._pool
         return pool.stats() if pool is not None else {}
 
+    def pids(self) -> list[int]:
+        """The process ids of the pool's worker processes alive now ([] before its first use)."""
+        with self._lock:
+            pool = self._pool
+        return pool.pids() if pool is not None else []
+
     def _open_pool(self) -> None:
         with self._lock:
             self._open = True
