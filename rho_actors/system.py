@@ -365,6 +365,11 @@ class ActorSystem:
         that unsubscribes."""
         return self._events.subscribe(callback)
 
+    @property
+    def telemetry(self) -> Telemetry:
+        """The system's OpenTelemetry settings (see :mod:`rho_actors.telemetry`)."""
+        return self._telemetry
+
     def worker_pids(self) -> list[int]:
         """The process ids of the worker processes of ``process`` isolation alive now."""
         return self._workers.pids()
