@@ -187,7 +187,9 @@ class Observer:
 
     def snapshot(self) -> dict[str, Any]:
         """The current view (see :func:`snapshot`), with the recent reports and events."""
-        return snapshot(self._system, list(self._reports), list(self._events))
+        view = snapshot(self._system)  # first: the recent reports and events are then at least as new
+        view["reports"], view["events"] = list(self._reports), list(self._events)
+        return view
 
     def _tick(self) -> None:
         while not self._closed.wait(self._interval_s):
