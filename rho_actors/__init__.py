@@ -26,6 +26,7 @@ from rho_actors.selftest import SelftestRow, run_selftests
 from rho_actors.sources import EntryPointGroup, PluginFolder, Source, SourceHandle
 from rho_actors.supervisor import ChildInfo, ChildSpec, RestartIntensityExceeded, StartChild, Supervisor
 from rho_actors.system import ActorSystem
+from rho_actors.telemetry import Telemetry
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
     Details,
@@ -86,6 +87,7 @@ __all__ = [
     "Step",
     "StartChild",
     "Supervisor",
+    "Telemetry",
     "ToolCall",
     "ToolInfo",
     "ToolResult",
