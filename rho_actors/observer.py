@@ -7,15 +7,15 @@ newline-delimited JSON objects, each with a ``type``:
 
 - ``snapshot``, at once and then every ``interval_s`` seconds: ``time`` (Unix seconds),
   ``tree`` (:meth:`~rho_actors.ActorSystem.tree`: restarts and liveness per child),
-  ``sessions`` (``session_id``, ``alive``, ``restarts``, ``running``), ``calls`` (the
+  ``sessions`` (``session_id``, and of its loop: ``alive``, ``restarts``, ``running``), ``calls`` (the
   running calls: ``session_id``, ``call_id``, ``tool``, ``ms_left`` to the deadline),
   ``workers`` (``pid``, ``rss_bytes`` from psutil), ``stats`` (:meth:`stats`),
   ``reports`` (recent supervisor reports), ``events`` (recent call events) and
   ``dropped`` (updates this viewer missed because it read too slowly).
 - ``event``: a call event (``kind``, ``session_id``, ``call_id``, ``tool``, ``outcome``,
   ``duration_ms``) as it happens.
-- ``report``: any other event of the system's bus (declaration reads, supervisor
-  reports), with its fields.
+- ``report``: any other event of the system's bus (:class:`rho_actors.DeclarationEvent`,
+  :class:`rho_actors.SupervisorEvent`), with its fields and ``event``, its class name.
 
 Nothing a viewer sends is acted upon (beyond the token). A slow or dead viewer never
 slows the system: each viewer has a bounded queue (``max_queued`` messages) that the
@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from rho_actors.events import CallEvent
+
 if TYPE_CHECKING:
     from rho_actors.system import ActorSystem
 
@@ -55,9 +57,10 @@ def snapshot(system: ActorSystem, reports: list[dict[str, Any]] | None = None,
     """One view of ``system`` as plain JSON-able data (see the module docstring)."""
     tree = system.tree()
     sessions = []
-    for node in _find(tree, "loops").get("children", []):
-        sessions.append({"session_id": node["id"], "alive": node["alive"], "restarts": node["restarts"],
-                         "running": node.get("running", [])})
+    for session in _find(tree, "sessions").get("children", []):  # one supervisor per session, over its loop
+        loop = _find(session, "loop")
+        sessions.append({"session_id": session["id"], "alive": bool(loop.get("alive")),
+                         "restarts": loop.get("restarts", 0), "running": loop.get("running", [])})
     calls = [{"session_id": s["session_id"], **call} for s in sessions for call in s["running"]]
     return {
         "type": "snapshot",
@@ -171,7 +174,7 @@ class Observer:
 
     def _on_event(self, event: Any) -> None:
         plain = _plain(event)
-        if plain["event"] == "CallEvent":
+        if isinstance(event, CallEvent):
             message = {"type": "event", **plain}
             self._events.append(message)
         else:

@@ -34,9 +34,13 @@ processes by ``rho_actors.worker.state``), ``rho_actors.supervisor.restarts`` an
 ``rho_actors.supervisor.give_ups`` (from supervisor reports), and for models
 ``gen_ai.client.operation.duration`` and ``gen_ai.client.token.usage``.
 
-Supervisor reports (any event of ``system.subscribe`` other than call and declaration
-events) are counted, added as span events to the span current where they are emitted,
-and logged with its trace and span ids.
+Supervisor reports (:class:`rho_actors.SupervisorEvent`): a ``restarted`` report counts
+in ``rho_actors.supervisor.restarts`` and a ``gave_up`` report in
+``rho_actors.supervisor.give_ups``, each labelled with the kind of the reporting
+supervisor (``rho_actors.supervisor``: ``root``, ``sessions``, ``session``, ``server``...;
+a session's or server's id is left out, so the label stays bounded). Each report is
+also added as a span event to the span current where it is emitted, when there is one,
+and logged with that span's trace and span ids (the supervisor logs it anyway).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from rho_actors.events import SupervisorEvent
+
 try:  # the optional ``otel`` extra
     from opentelemetry import context as otel_context
     from opentelemetry import metrics as otel_metrics
@@ -64,7 +70,7 @@ if TYPE_CHECKING:
     from rho_actors.model import Reply
     from rho_actors.tool import ToolResult
 
-__all__ = ["AVAILABLE", "CallSpan", "Telemetry", "attached", "current_context"]
+__all__ = ["AVAILABLE", "TRACEPARENT", "CallSpan", "Telemetry", "attached", "current_context"]
 
 AVAILABLE = otel_trace is not None
 """Whether ``opentelemetry-api`` is installed."""
@@ -72,8 +78,6 @@ AVAILABLE = otel_trace is not None
 SCOPE = "rho_actors"
 TRACEPARENT = "traceparent"
 _PROPAGATOR = TraceContextTextMapPropagator() if TraceContextTextMapPropagator is not None else None
-_RESTART_KINDS = frozenset({"restarted", "restart"})
-_GIVE_UP_KINDS = frozenset({"gave_up", "give_up", "max_restarts", "shutdown_max_intensity"})
 
 
 def current_context() -> Any:
@@ -285,27 +289,25 @@ class Telemetry:
     # --- supervisor reports ------------------------------------------------------------
 
     def report(self, event: Any) -> None:
-        """Handle one event of the system's bus: supervisor reports (any event but a
-        call's or a declaration's) are counted, added to the current span and logged
-        with the trace context. Cheap and never raises."""
-        if not self.enabled or type(event).__name__ in ("CallEvent", "DeclarationEvent"):
+        """Handle one event of the system's bus (subscribed while telemetry is on): a
+        :class:`rho_actors.SupervisorEvent` is counted (``restarted``, ``gave_up``), added
+        to the current span as an event ``supervisor {kind}`` and logged with the trace
+        context; any other event is ignored. Cheap and never raises."""
+        if not self.enabled or not isinstance(event, SupervisorEvent):
             return
         try:
-            kind = str(getattr(event, "kind", type(event).__name__))
-            fields = _plain_fields(event)
             instruments = self._metrics()
-            if instruments is not None:
-                labels = {**self.labels, "rho_actors.supervisor.report": kind}
-                if kind in _RESTART_KINDS:
-                    instruments.restarts.add(1, labels)
-                elif kind in _GIVE_UP_KINDS:
-                    instruments.give_ups.add(1, labels)
+            if instruments is not None and event.kind in ("restarted", "gave_up"):
+                labels = {**self.labels, "rho_actors.supervisor": event.supervisor.partition(":")[0]}
+                counter = instruments.restarts if event.kind == "restarted" else instruments.give_ups
+                counter.add(1, labels)
             span = otel_trace.get_current_span()
-            span_context = span.get_span_context()
             if span.is_recording():
-                span.add_event(f"supervisor {kind}", {f"rho_actors.{k}": v for k, v in fields.items()})
-            logger.bind(trace_id=f"{span_context.trace_id:032x}", span_id=f"{span_context.span_id:016x}").info(
-                "supervisor report {}: {}", kind, fields)
+                fields = _plain_fields(event)
+                span.add_event(f"supervisor {event.kind}", {f"rho_actors.{k}": v for k, v in fields.items()})
+                span_context = span.get_span_context()
+                logger.bind(trace_id=f"{span_context.trace_id:032x}", span_id=f"{span_context.span_id:016x}").info(
+                    "supervisor report {}: {}", event.kind, fields)
         except Exception:
             logger.exception("a supervisor report could not be recorded")
 

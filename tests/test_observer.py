@@ -148,7 +148,7 @@ def test_top_renders_a_call_appearing_and_finishing(system: ActorSystem, short_d
         return console.file.getvalue()  # type: ignore[attr-defined]
 
     view.update(next(stream))
-    assert "running calls (0)" in screen() and "loops" in screen()
+    assert "running calls (0)" in screen() and "sessions" in screen()
     future = system.start_loop("watched").submit_turn([ToolCall("call-7", "hold", '{"n": 7}')])
     for message in read_until(stream, lambda m: m["type"] == "event" and m["kind"] == "started"):
         view.update(message)

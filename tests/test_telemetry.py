@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from rho_actors import ActorSystem, ToolCall, tool
+from rho_actors import Actor, ActorSystem, ChildSpec, StartChild, SupervisorEvent, ToolCall, tool
 from rho_actors.providers import RetryPolicy
 from rho_actors.providers.openai import OpenAIModel
 from rho_actors.telemetry import Telemetry
+from tests.conftest import WAIT_S, wait_for
 from tests.wire_server import OPENAI_PATH, Response, WireServer, openai_completion
 
 _EXPORTER = InMemorySpanExporter()
@@ -241,16 +242,7 @@ def _points(name: str) -> list[Any]:
     return found
 
 
-@dataclass(frozen=True)
-class SupervisorReport:
-    """Stands for the system's supervisor reports: any event with a ``kind``."""
-
-    kind: str
-    child: str
-    reason: str | None = None
-
-
-def test_metrics_count_calls_by_tool_and_outcome_timeouts_queue_waits_and_reports(
+def test_metrics_count_calls_by_tool_and_outcome_timeouts_queue_waits_and_abandoned_threads(
     spans: InMemorySpanExporter, system: ActorSystem
 ) -> None:
     for t in (add, slow):
@@ -265,11 +257,68 @@ def test_metrics_count_calls_by_tool_and_outcome_timeouts_queue_waits_and_report
     mine = [p for p in _points("rho_actors.threads.abandoned")
             if p.attributes["rho_actors.system.id"] == system.telemetry.labels["rho_actors.system.id"]]
     assert mine and mine[0].value == system.stats()["abandoned_threads_running"]
-    telemetry = system.telemetry
+
+
+class CrashOnTell(Actor):
+    """A host server that crashes on every message told to it."""
+
+    def on_receive(self, message: Any) -> Any:
+        raise RuntimeError(f"crashed on {message!r}")
+
+
+def _counted(name: str, system: ActorSystem) -> dict[str, int]:
+    """A counter's totals for ``system``, by kind of supervisor."""
+    mine = system.telemetry.labels["rho_actors.system.id"]
+    return {p.attributes["rho_actors.supervisor"]: p.value for p in _points(name)
+            if p.attributes["rho_actors.system.id"] == mine}
+
+
+def test_restarts_and_give_ups_are_counted_from_a_crash_looping_childs_supervisor_reports(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    reports: list[SupervisorEvent] = []
+    gave_up = threading.Event()
+
+    def note(event: Any) -> None:  # subscribed after the system's telemetry: it has counted the event already
+        if isinstance(event, SupervisorEvent) and event.supervisor == "server:crashy":
+            reports.append(event)
+            if event.kind == "gave_up":
+                gave_up.set()
+
+    system.subscribe(note)
+    system.start_child(ChildSpec("crashy", StartChild(CrashOnTell), name="crashy"), max_restarts=2, max_seconds=60)
+    for _ in range(3):  # the third crash is one more than 2 restarts in 60 s allow
+        ref = system.whereis("crashy")
+        assert ref is not None
+        ref.tell("crash")
+        assert wait_for(lambda: gave_up.is_set() or system.whereis("crashy") not in (None, ref))  # noqa: B023
+    assert gave_up.wait(WAIT_S)
+    kinds = [e.kind for e in reports]
+    assert kinds == ["started", "crashed", "restarted", "crashed", "restarted", "crashed", "gave_up"]
+    assert _counted("rho_actors.supervisor.restarts", system) == {"server": 2}
+    assert _counted("rho_actors.supervisor.give_ups", system) == {"server": 1}
+
+
+def test_a_supervisor_report_is_an_event_of_the_span_current_where_it_is_emitted(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    report = SupervisorEvent("restarted", "session:s1", "loop", restarts=1)
     with trace.get_tracer("host").start_as_current_span("around a report"):
-        telemetry.report(SupervisorReport("restarted", "loop:s1", "crashed"))
-    telemetry.report(SupervisorReport("gave_up", "loops"))
-    assert sum(p.value for p in _points("rho_actors.supervisor.restarts")) >= 1
-    assert sum(p.value for p in _points("rho_actors.supervisor.give_ups")) >= 1
+        system.telemetry.report(report)
+        system.telemetry.report(ToolCall("not", "a report"))  # anything else on the bus is not one
     [event] = by_name(spans)["around a report"].events
-    assert event.name == "supervisor restarted" and event.attributes["rho_actors.child"] == "loop:s1"
+    assert event.name == "supervisor restarted"
+    assert event.attributes["rho_actors.supervisor"] == "session:s1"
+    assert event.attributes["rho_actors.child"] == "loop" and event.attributes["rho_actors.restarts"] == 1
+
+
+def test_tracing_false_counts_no_supervisor_report(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, tracing=False) as system:
+        system.start_child(ChildSpec("crashy", StartChild(CrashOnTell), name="crashy"), max_restarts=0)
+        crashed = threading.Event()
+        system.subscribe(lambda e: crashed.set() if isinstance(e, SupervisorEvent) and e.kind == "gave_up" else None)
+        ref = system.whereis("crashy")
+        assert ref is not None
+        ref.tell("crash")
+        assert crashed.wait(WAIT_S)
+        assert _counted("rho_actors.supervisor.give_ups", system) == {}
