@@ -77,14 +77,15 @@ class Plan:
     rounds: int
     calls_per_round: int
     run_calls_per_round: int
+    parallel_warmup: int
     parallel_turns: int
     bfcl_limit: int | None
     bfcl_runs: int
 
 
-FULL = Plan(warmup=100, rounds=12, calls_per_round=100, run_calls_per_round=25, parallel_turns=8,
+FULL = Plan(warmup=100, rounds=12, calls_per_round=100, run_calls_per_round=25, parallel_warmup=1, parallel_turns=8,
             bfcl_limit=None, bfcl_runs=3)
-QUICK = Plan(warmup=5, rounds=2, calls_per_round=10, run_calls_per_round=3, parallel_turns=1,
+QUICK = Plan(warmup=5, rounds=2, calls_per_round=10, run_calls_per_round=3, parallel_warmup=0, parallel_turns=1,
              bfcl_limit=3, bfcl_runs=1)
 
 
@@ -254,7 +255,9 @@ class Peers:
         self.oa_agent_parallel = Agent(name="a", model=ScriptedAgentsModel(["sleep"] * PARALLEL_CALLS),
                                        tools=[self.oa_sleep])
 
-        def pa_agent(calls: list[tuple[str, dict[str, Any]]], tools: list[tuple[Callable[..., Any], float | None]]) -> Any:
+        def pa_agent(
+            calls: list[tuple[str, dict[str, Any]]], tools: list[tuple[Callable[..., Any], float | None]]
+        ) -> Any:
             agent = PAgent(FunctionModel(pydantic_ai_script(calls)))
             for fn, timeout in tools:
                 agent.tool_plain(name=fn.__name__.removesuffix("_work"), timeout=timeout)(fn)
@@ -484,11 +487,11 @@ def bench_parallel(loop: Loop, peers: Peers, aio: asyncio.AbstractEventLoop, pla
         "pydantic-ai Agent.run (16 calls in one step)": ("async", lambda: peers.pa_parallel.run("go")),
     }
     samples: dict[str, list[float]] = {label: [] for label in variants}
-    for turn in range(plan.parallel_turns + 1):  # the first turn of each is a warm-up
+    for turn in range(plan.parallel_warmup + plan.parallel_turns):
         for label, (kind, fn) in variants.items():
             gc.collect()
             got = sample_sync(fn, 1) if kind == "sync" else aio.run_until_complete(sample_async(fn, 1))
-            if turn:
+            if turn >= plan.parallel_warmup:
                 samples[label].extend(us / 1_000 for us in got)
     return {label: summary(s, 1) | {"ratio_to_ideal": round(percentile(s, 50) / (SLEEP_S * 1000), 2)}
             for label, s in samples.items()}
@@ -553,9 +556,9 @@ def bench_hung(loop: Loop, peers: Peers, aio: asyncio.AbstractEventLoop, tmp: Pa
     def pydantic_ai(path: Path) -> str:
         peers.pa_hung_calls[:] = [("hung", {"path": str(path)})]
         result = aio.run_until_complete(peers.pa_hung.run("go"))
-        retries = [p for m in result.all_messages() for p in getattr(m, "parts", ())
-                   if type(p).__name__ == "RetryPromptPart"]
-        return f"retry prompt: {str(retries[0].content)[:60]}" if retries else f"output: {result.output}"
+        returned = [p for m in result.all_messages() for p in getattr(m, "parts", ())
+                    if type(p).__name__ in ("ToolReturnPart", "RetryPromptPart")]
+        return f"tool result: {str(returned[0].content)[:60]}" if returned else f"output: {result.output}"
 
     variants: dict[str, Callable[[Path], str]] = {
         "rho @tool (thread)": rho("hung"),
@@ -618,6 +621,35 @@ def langgraph_bfcl_node(bfcl: ModuleType, functions: Mapping[str, Any]) -> Any:
                                             args_schema=bfcl.convert_schema(function.parameters))
 
     return ToolNode([make(f) for f in functions.values()], handle_tool_errors=True)
+
+
+def time_bfcl_runs(
+    plan: Plan,
+    data_dir: Path,
+    bfcl: ModuleType,
+    functions: Mapping[str, Any],
+    rho_sessions: Callable[[ActorSystem, bool], float],
+    langgraph_sessions: Callable[[bool], float],
+    direct_sessions: Callable[[], float],
+) -> dict[str, list[float]]:
+    """The whole-session wall times (s) of each path, interleaved run by run; run 0
+    warms up and checks every result against direct calls."""
+    walls: dict[str, list[float]] = {"rho": [], "langgraph": [], "direct": []}
+    with ActorSystem(data_dir=data_dir) as system:
+        for tool_ in bfcl.make_tools(functions):
+            system.register(tool_, origin=f"bfcl {tool_.function.class_name}.{tool_.function.name}")
+        for run in range(plan.bfcl_runs + 1):  # run 0 warms up and checks every result
+            gc.collect()
+            rho_s = rho_sessions(system, run == 0)
+            gc.collect()
+            lg_s = langgraph_sessions(run == 0)
+            gc.collect()
+            direct_s = direct_sessions()
+            if run:
+                walls["rho"].append(rho_s)
+                walls["langgraph"].append(lg_s)
+                walls["direct"].append(direct_s)
+    return walls
 
 
 def bench_bfcl(plan: Plan, data_dir: Path) -> dict[str, Any]:
@@ -684,21 +716,7 @@ def bench_bfcl(plan: Plan, data_dir: Path) -> dict[str, Any]:
                     bfcl.execute_direct(instances[functions[p.name].class_name], p.name, p.args)
         return time.perf_counter() - t0
 
-    walls: dict[str, list[float]] = {"rho": [], "langgraph": [], "direct": []}
-    with ActorSystem(data_dir=data_dir) as system:
-        for tool_ in bfcl.make_tools(functions):
-            system.register(tool_, origin=f"bfcl {tool_.function.class_name}.{tool_.function.name}")
-        for run in range(plan.bfcl_runs + 1):  # run 0 warms up and checks every result
-            gc.collect()
-            rho_s = rho_sessions(system, check=run == 0)
-            gc.collect()
-            lg_s = langgraph_sessions(check=run == 0)
-            gc.collect()
-            direct_s = direct_sessions()
-            if run:
-                walls["rho"].append(rho_s)
-                walls["langgraph"].append(lg_s)
-                walls["direct"].append(direct_s)
+    walls = time_bfcl_runs(plan, data_dir, bfcl, functions, rho_sessions, langgraph_sessions, direct_sessions)
     return {
         "skipped": False,
         "sessions": len(entries),
