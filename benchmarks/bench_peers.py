@@ -156,13 +156,13 @@ def rho_noop_p() -> str:
     return noop_work()
 
 
-@tool(name="sleep", timeout_ms=5_000)
+@tool(name="sleep")
 def rho_sleep() -> str:
     """Sleep 100 ms."""
     return sleep_work()
 
 
-@tool(name="sleep_untrusted", timeout_ms=5_000)
+@tool(name="sleep_untrusted")
 def rho_sleep_untrusted() -> str:
     """Sleep 100 ms (untrusted: process isolation)."""
     return sleep_work()
