@@ -40,6 +40,7 @@ from rho_actors.loop_messages import CallDone, Offered, Running, RunTurn, SetWit
 from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
 from rho_actors.results import error_result, failure, text
+from rho_actors.telemetry import CallSpan, Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class _Slot:
     started: float = 0.0
     cancel: CancelToken | None = None
     running: RunningCall | None = None
+    span: CallSpan | None = None  # its execute_tool span, while telemetry records it
 
 
 @dataclass(slots=True)
@@ -71,6 +73,7 @@ class _Turn:
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
+    trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
 
 
 class LoopActor(Actor):
@@ -90,6 +93,7 @@ class LoopActor(Actor):
         self._tools = runtime.tools
         self._limits = runtime.limits
         self._events = runtime.events
+        self._telemetry = runtime.telemetry
         self._turns: dict[int, _Turn] = {}
         self._turn_ids = itertools.count(1)
 
@@ -129,7 +133,8 @@ class LoopActor(Actor):
         return [e for name, e in tools.entries.items() if name not in self._withheld]
 
     def _run_turn(self, message: RunTurn) -> None:
-        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future)
+        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future,
+                     trace_context=message.trace_context)
         self._turns[turn.id] = turn
         try:
             tools = self._tools.current
@@ -141,6 +146,7 @@ class LoopActor(Actor):
                     refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
                 if refusal is not None:
                     slot.result = refusal
+                    self._telemetry.call_refused(turn.trace_context, self.session_id, refusal, slot.call.arguments)
                     self._emit("finished", slot, refusal)
                 else:
                     turn.open += 1
@@ -201,20 +207,24 @@ class LoopActor(Actor):
         def reply(result: ToolResult) -> None:
             _tell(ref, CallDone(turn_id, index, result))
 
-        ctx = MappingProxyType(
-            {
-                "session_id": self.session_id,
-                "call_id": slot.call.id,
-                "data_dir": self._data_dir,
-                "loop": ref,
-                "withheld": self._withheld_list,
-                "deadline": deadline,
-                "cancel": cancel,
-                "deps": self._deps,
-                "whereis": self._runtime.names.whereis,
-                "progress": _progress_reporter(self._runtime.events, self.session_id, slot.call.id, entry.info.name),
-            }
+        fields = {
+            "session_id": self.session_id,
+            "call_id": slot.call.id,
+            "data_dir": self._data_dir,
+            "loop": ref,
+            "withheld": self._withheld_list,
+            "deadline": deadline,
+            "cancel": cancel,
+            "deps": self._deps,
+            "whereis": self._runtime.names.whereis,
+            "progress": _progress_reporter(self._runtime.events, self.session_id, slot.call.id, entry.info.name),
+        }
+        slot.span = self._telemetry.call_started(
+            turn.trace_context, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
         )
+        if slot.span is not None:
+            fields.update(Telemetry.ctx_fields(slot.span))  # "traceparent": the call's span
+        ctx = MappingProxyType(fields)
         spec = CallSpec(
             slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, entry.info.timeout_ms, cancel,
             self._limits.max_output_chars, reply,
@@ -239,6 +249,7 @@ class LoopActor(Actor):
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
         slot.result = result
         turn.open -= 1
+        self._telemetry.call_ended(slot.span, result)
         self._emit(event, slot, result)
         if turn.exclusive:
             self._dispatch_ready(turn)
@@ -264,6 +275,7 @@ class LoopActor(Actor):
                 slot.running.cancel("stopping")
             duration = (time.monotonic() - slot.started) * 1000 if slot.started else 0.0
             slot.result = error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
+            self._telemetry.call_ended(slot.span, slot.result)
         turn.open = 0
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:

@@ -114,7 +114,7 @@ class Source(Protocol):
     ``scan()`` returns ``{key: (tool, version)}`` for every tool it serves now (a
     :class:`Broken` in place of a tool for a key it could not load). ``version`` is any
     value compared with ``==``; it must change when the tool's code changes. A scan may
-    raise: the last good set is kept. Optional (DESIGN §6a): ``attach(system)`` and ``detach()``
+    raise: the last good set is kept. Optional (DESIGN §6b): ``attach(system)`` and ``detach()``
     start and stop a source's own actors; ``contained = True`` registers its tools trusted.
     """
 
@@ -720,7 +720,7 @@ def add_source(
         raise ValueError(f"a source named {name!r} is already added to this system")
     trusted = trusted or getattr(source, "contained", False) is True  # stand-ins for code elsewhere
     if callable(attach := getattr(source, "attach", None)):
-        attach(system)  # the source's own actors (DESIGN §6a)
+        attach(system)  # the source's own actors (DESIGN §6b)
     state = SourceState()
     spec = ChildSpec(child_id, StartChild(SourceActor, (system, source, state, trusted, poll_s)),
                      restart="permanent", name=child_id)

@@ -66,6 +66,7 @@ EXPORTED = [
     "Step",
     "Supervisor",
     "SupervisorEvent",
+    "Telemetry",
     "ToolCall",
     "ToolEntry",
     "ToolFailure",
