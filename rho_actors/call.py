@@ -18,6 +18,7 @@ really cancelled (``asyncio.Task.cancel``) at its deadline or on cancellation. I
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import threading
 import time
@@ -132,7 +133,8 @@ class CallSpec:
     """Everything a CallActor needs: the tool, its decoded arguments, the ``ctx`` it
     gets, when it was dispatched and its ``deadline`` (``time.monotonic()`` instants,
     seconds) and ``reply``, called exactly once with the result, from the CallActor's
-    thread."""
+    thread. ``context``: a copy of the submitter's ``contextvars`` context the tool
+    runs in (``thread`` isolation; ``None``: the CallActor's own)."""
 
     call_id: str
     name: str
@@ -147,6 +149,7 @@ class CallSpec:
     abandoned: AbandonedThreads
     isolation: str = "thread"
     workers: Any = None  # rho_actors.workers.Workers, for "process" isolation
+    context: contextvars.Context | None = None
 
 
 def error_result(call_id: str, name: str, kind: ErrorKind, message: str, duration_ms: float = 0.0) -> ToolResult:
@@ -203,6 +206,14 @@ async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: Cancel
     return await asyncio.wait_for(task, max(0.0, deadline - time.monotonic()))
 
 
+def _call(spec: CallSpec) -> Any:
+    """Run the tool (an ``async def run`` to its end, under :func:`_drive`)."""
+    value = spec.tool.run(spec.args, spec.ctx)
+    if inspect.iscoroutine(value):
+        value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
+    return value
+
+
 class CallActor(Actor):
     """Runs one call (the first :class:`CallSpec` told to it) in its own thread,
     replies once, then stops (restart type ``temporary``: never restarted; a crash is a
@@ -225,9 +236,7 @@ class CallActor(Actor):
             if spec.isolation == "process":
                 result = self._run_in_process(spec)
             else:
-                value = spec.tool.run(spec.args, spec.ctx)
-                if inspect.iscoroutine(value):
-                    value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
+                value = spec.context.run(_call, spec) if spec.context is not None else _call(spec)
                 result = result_from_return(
                     spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - started) * 1000
                 )
@@ -259,7 +268,7 @@ class CallActor(Actor):
             return error_result(spec.call_id, spec.name, ErrorKind.CANCELLED, f"tool {spec.name!r} did not run: {err}")
         result: ToolResult = pool.run(
             spec.tool, spec.args, spec.ctx, spec.deadline, spec.max_output_chars, name=spec.name,
-            started=spec.dispatched,
+            started=spec.dispatched, cancel=spec.cancel,
         )
         return result
 
