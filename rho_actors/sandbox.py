@@ -1033,8 +1033,11 @@ class WorkerPool:
         *,
         name: str | None = None,
         started: float | None = None,
+        cancel: Any = None,
     ) -> ToolResult:
         """Run ``tool.run(args, ctx)`` in a worker process and return its result. Blocks.
+        ``cancel``: a :class:`rho_actors.call.CancelToken`; setting it kills the worker
+        running the call (the result is then ``cancelled``).
 
         ``deadline`` and ``started`` are ``time.monotonic()`` instants (seconds);
         ``started`` (default: now) is where the result's ``duration_ms`` counts from.
@@ -1112,13 +1115,16 @@ class WorkerPool:
                 self._lose(worker, "killed")
                 raise
         try:
-            result, retire = self._exchange(worker, request, tool_bytes, deadline)
+            result, retire = self._exchange_or_cancel(worker, request, tool_bytes, deadline, cancel)
         except _Timeout:
             budget_ms = round((deadline - start) * 1000)
             self._lose(worker, "killed")
             return failed(ErrorKind.TIMEOUT, f"tool {label!r} did not finish within its timeout of {budget_ms} ms; "
                           "its worker process was killed")
         except EOFError:
+            if cancel is not None and cancel.cancelled and worker.killed:
+                self._lose(worker, "killed")
+                return failed(ErrorKind.CANCELLED, f"tool {label!r} was cancelled; its worker process was killed")
             return self._died(worker, label, failed)
         except _Malformed as exc:
             self._lose(worker, "killed")
@@ -1296,6 +1302,27 @@ class WorkerPool:
                           f"{_signal_name(-code)}")
         return failed(ErrorKind.EXITED, f"tool {label!r} exited: its worker process ended with exit code {code} "
                       "before answering")
+
+    def _exchange_or_cancel(
+        self, worker: _Worker, request: tuple[Any, ...], tool_bytes: bytes, deadline: float, cancel: Any
+    ) -> tuple[ToolResult | str, bool]:
+        """:meth:`_exchange`, killing the worker when ``cancel`` is set meanwhile (never
+        once the exchange has ended: the worker may be reaped, its pid reused)."""
+        guard = threading.Lock()
+
+        def kill() -> None:
+            if guard.acquire(blocking=False):
+                try:
+                    worker.kill()
+                finally:
+                    guard.release()
+
+        if cancel is not None:
+            cancel.add_callback(kill)
+        try:
+            return self._exchange(worker, request, tool_bytes, deadline)
+        finally:
+            guard.acquire()  # waits out a kill under way; later ones do nothing
 
     def _exchange(
         self, worker: _Worker, request: tuple[Any, ...], tool_bytes: bytes, deadline: float
