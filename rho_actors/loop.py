@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -42,7 +43,7 @@ from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, T
 from rho_actors.workers import Workers
 
 if TYPE_CHECKING:
-    from rho_actors.agent import PromptResult
+    from rho_actors.agent import PromptEvent, PromptResult
     from rho_actors.model import Model
 
 __all__ = ["Loop", "LoopActor", "LoopSettings", "loop_name"]
@@ -74,6 +75,13 @@ class LoopSettings:
 class _RunTurn:
     calls: tuple[ToolCall, ...]
     future: concurrent.futures.Future[list[ToolResult]]
+    cancel: CancelToken | None = None
+    context: contextvars.Context | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _CancelTurn:
+    turn: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +132,7 @@ class _Turn:
     id: int
     slots: list[_Slot]
     future: concurrent.futures.Future[list[ToolResult]]
+    context: contextvars.Context | None = None
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
@@ -175,6 +184,8 @@ class LoopActor(Actor):
             self._deadline(message)
         elif isinstance(message, _RunTurn):
             self._run_turn(message)
+        elif isinstance(message, _CancelTurn):
+            self._cancel_turn(message.turn)
         elif isinstance(message, _Offered):
             return [e.info.copy() for e in self._offered(self._tools.current)]
         elif isinstance(message, _Running):
@@ -204,8 +215,11 @@ class LoopActor(Actor):
         return [e for name, e in tools.entries.items() if name not in self._withheld]
 
     def _run_turn(self, message: _RunTurn) -> None:
-        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future)
+        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future, message.context)
         self._turns[turn.id] = turn
+        if message.cancel is not None:
+            ref, turn_id = self.actor_ref, turn.id
+            message.cancel.add_callback(lambda: _tell(ref, _CancelTurn(turn_id)))
         try:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
@@ -298,6 +312,7 @@ class LoopActor(Actor):
         spec = CallSpec(
             slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, cancel,
             self._settings.max_output_chars, reply, self._abandoned, entry.isolation, self._workers,
+            None if turn.context is None else turn.context.copy(),
         )
         slot.started, slot.cancel = now, cancel
         slot.timer = self._timers.call_at(deadline, lambda: _tell(ref, _Deadline(turn_id, index)))
@@ -340,6 +355,36 @@ class LoopActor(Actor):
             (time.monotonic() - slot.started) * 1000,
         )
         self._settle(turn, slot, result, event="timed_out")
+
+    def _cancel_turn(self, turn_id: int) -> None:
+        """The host cancelled a turn: each running call's ``ctx["cancel"]`` is set (a
+        process worker is killed), and every call still without a result gets a
+        ``cancelled`` one (a queued call of an exclusive turn never starts)."""
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            return
+        turn.waiting.clear()
+        for slot in turn.slots:
+            if slot.result is not None:
+                continue
+            if slot.timer is not None:
+                slot.timer.cancel()
+            running = slot.cancel is not None and slot.cancel.cancel("cancelled")
+            if running and _abandons_a_thread(slot):
+                self._abandoned.abandoned()
+                if slot.actor is not None:
+                    self._calls.abandon(slot.actor)
+            name = slot.call.name
+            if slot.started:
+                text = f"tool {name!r} was cancelled by the host while running"
+                duration = (time.monotonic() - slot.started) * 1000
+            else:
+                text = f"tool {name!r} did not start: the host cancelled the turn"
+                duration = 0.0
+            slot.result = error_result(slot.call.id, name, ErrorKind.CANCELLED, text, duration)
+            turn.open -= 1
+            self._emit("finished", slot, slot.result)
+        self._maybe_finish(turn)
 
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
         slot.result = result
@@ -453,6 +498,11 @@ def _abandons_a_thread(slot: _Slot) -> bool:
     return slot.entry is not None and slot.entry.isolation == "thread"
 
 
+def _settled(future: concurrent.futures.Future[Any], timeout_s: float) -> None:
+    """Wait (at most ``timeout_s`` seconds) for ``future`` to be done."""
+    concurrent.futures.wait([future], timeout_s)
+
+
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
     try:
         ref.tell(message)
@@ -483,6 +533,8 @@ class Loop:
         self._whereis = whereis
         self._tools = tools
         self._settings = settings
+        self.instructions: str | None = None
+        """The system prompt of this session's prompts that give none (not recorded)."""
 
     @property
     def ref(self) -> pykka.ActorRef[Any]:
@@ -493,17 +545,26 @@ class Loop:
             raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running")
         return ref
 
-    def submit_turn(self, calls: Iterable[ToolCall]) -> concurrent.futures.Future[list[ToolResult]]:
+    def submit_turn(
+        self, calls: Iterable[ToolCall], *, cancel: CancelToken | None = None
+    ) -> concurrent.futures.Future[list[ToolResult]]:
         """Start a turn without waiting: returns a future of the results, one per call,
-        in the calls' order. Raises ``TypeError`` for an item that is not a
-        :class:`ToolCall` or whose ``id`` or ``name`` is not a ``str``, and
-        :class:`pykka.ActorDeadError` when the loop has stopped."""
-        return self._submit(_checked_calls(calls))
+        in the calls' order. Setting ``cancel`` (:meth:`CancelToken.cancel`) cancels the
+        turn: each running call's ``ctx["cancel"]`` is set (a ``process`` worker is
+        killed) and each call still without a result gets a ``cancelled`` one. The
+        calls run in copies of the caller's ``contextvars`` context (``thread``
+        isolation, ``async`` tools included; a ``process`` worker does not get it).
+        Raises ``TypeError`` for an item that is not a :class:`ToolCall` or whose
+        ``id`` or ``name`` is not a ``str``, and :class:`pykka.ActorDeadError` when the
+        loop has stopped."""
+        return self._submit(_checked_calls(calls), cancel)
 
-    def _submit(self, batch: tuple[ToolCall, ...]) -> concurrent.futures.Future[list[ToolResult]]:
+    def _submit(
+        self, batch: tuple[ToolCall, ...], cancel: CancelToken | None = None
+    ) -> concurrent.futures.Future[list[ToolResult]]:
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        self.ref.tell(_RunTurn(batch, future))
+        self.ref.tell(_RunTurn(batch, future, cancel, contextvars.copy_context()))
         return future
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
@@ -516,21 +577,35 @@ class Loop:
         )
         return total_ms / 1000 + _GRACE_S
 
-    def run_turn(self, calls: Iterable[ToolCall], timeout_s: float | None = None) -> list[ToolResult]:
-        """Run a turn and wait for its results (one per call, in order).
+    def run_turn(
+        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
+    ) -> list[ToolResult]:
+        """Run a turn and wait for its results (one per call, in order); ``cancel``
+        as in :meth:`submit_turn` (set it from another thread).
 
         Waits at most ``timeout_s`` seconds (default :meth:`turn_bound_s`); raises
         ``TimeoutError`` past that, which only a broken runtime can cause.
         """
         batch = _checked_calls(calls)
-        return self._submit(batch).result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
+        return self._submit(batch, cancel).result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
 
-    async def arun_turn(self, calls: Iterable[ToolCall], timeout_s: float | None = None) -> list[ToolResult]:
+    async def arun_turn(
+        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
+    ) -> list[ToolResult]:
         """:meth:`run_turn` for asyncio hosts: awaits the results without ever blocking
-        the event loop (the future is completed from the loop's thread)."""
+        the event loop (the future is completed from the loop's thread). Cancelling the
+        awaiting task cancels the turn (as ``cancel`` does) and waits (a bounded time)
+        for its ``cancelled`` results before re-raising ``CancelledError``."""
         batch = _checked_calls(calls)
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
-        return await asyncio.wait_for(asyncio.wrap_future(self._submit(batch)), bound)
+        token = cancel if cancel is not None else CancelToken()
+        future = self._submit(batch, token)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), bound)
+        except asyncio.CancelledError:
+            token.cancel("cancelled")
+            await asyncio.to_thread(_settled, future, self._settings.ask_timeout_s)
+            raise
 
     def offered(self) -> list[ToolInfo]:
         """The checked declarations this loop offers now, in registration order."""
@@ -555,18 +630,33 @@ class Loop:
         except pykka.ActorDeadError:
             pass
 
-    def prompt(self, text: str | None, *, model: Model, max_steps: int = 10) -> PromptResult:
-        """Run one prompt of this session to its end (see :func:`rho_actors.agent.prompt`):
-        the final text, the steps taken and ``error`` (None, or why it stopped)."""
+    def prompt(self, text: str | None, *, model: Model, **options: Any) -> PromptResult:
+        """Run one prompt of this session to its end (see :func:`rho_actors.agent.prompt`
+        for ``options``: ``max_steps``, ``cancel``, ``instructions``, ``temperature``,
+        ``max_tokens``, ``on_event``): the final text, the steps taken and ``error``."""
         from rho_actors.agent import prompt
 
-        return prompt(self, text, model=model, max_steps=max_steps)
+        return prompt(self, text, model=model, **options)
 
-    async def aprompt(self, text: str | None, *, model: Model, max_steps: int = 10) -> PromptResult:
-        """:meth:`prompt` for asyncio hosts; never blocks the event loop."""
+    async def aprompt(self, text: str | None, *, model: Model, **options: Any) -> PromptResult:
+        """:meth:`prompt` for asyncio hosts; never blocks the event loop. Cancelling the
+        awaiting task cancels the prompt and its running turn."""
         from rho_actors.agent import aprompt
 
-        return await aprompt(self, text, model=model, max_steps=max_steps)
+        return await aprompt(self, text, model=model, **options)
+
+    def stream(self, text: str | None, *, model: Model, **options: Any) -> Iterator[PromptEvent]:
+        """:meth:`prompt`, yielding its events as they happen (see
+        :func:`rho_actors.agent.stream`); the last is a ``Final`` with the result."""
+        from rho_actors.agent import stream
+
+        return stream(self, text, model=model, **options)
+
+    def astream(self, text: str | None, *, model: Model, **options: Any) -> AsyncIterator[PromptEvent]:
+        """:meth:`stream` for asyncio hosts (see :func:`rho_actors.agent.astream`)."""
+        from rho_actors.agent import astream
+
+        return astream(self, text, model=model, **options)
 
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""
