@@ -218,6 +218,10 @@ class LoopActor(Actor):
         turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future, message.context)
         self._turns[turn.id] = turn
         if message.cancel is not None:
+            if message.cancel.cancelled:  # cancelled before it started: no call starts
+                turn.open = len(turn.slots)
+                self._cancel_turn(turn.id)
+                return
             ref, turn_id = self.actor_ref, turn.id
             message.cancel.add_callback(lambda: _tell(ref, _CancelTurn(turn_id)))
         try:
@@ -647,7 +651,7 @@ class Loop:
 
     def stream(self, text: str | None, *, model: Model, **options: Any) -> Iterator[PromptEvent]:
         """:meth:`prompt`, yielding its events as they happen (see
-        :func:`rho_actors.agent.stream`); the last is a ``Final`` with the result."""
+        :func:`rho_actors.agent.stream`); the last is a ``FinalResult``."""
         from rho_actors.agent import stream
 
         return stream(self, text, model=model, **options)

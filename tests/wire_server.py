@@ -47,6 +47,7 @@ __all__ = [
     "anthropic_message",
     "openai_completion",
     "openai_error",
+    "picture",
     "text_block",
     "tool_use_block",
 ]
@@ -220,6 +221,17 @@ def _exhausted(path: str) -> dict[str, Any]:
     if path == ANTHROPIC_PATH:
         return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
     return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+
+
+def picture(fmt: str = "PNG", size: tuple[int, int] = (2, 2)) -> bytes:
+    """A real picture of ``size`` pixels in Pillow format ``fmt`` (PNG, GIF, JPEG, WEBP)."""
+    import io
+
+    from PIL import Image as PILImage
+
+    out = io.BytesIO()
+    PILImage.new("RGB", size, (200, 30, 30)).save(out, format=fmt)
+    return out.getvalue()
 
 
 # -- OpenAI bodies ---------------------------------------------------------------------

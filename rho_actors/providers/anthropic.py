@@ -159,10 +159,11 @@ class AnthropicModel:
             "max_tokens": self.max_tokens if max_tokens is None else max_tokens,
             "messages": wire_messages,
             "system": system or anthropic.omit,
-            "temperature": anthropic.omit if temperature is None else temperature,
             "tools": wire_tools or anthropic.omit,
             "timeout": self.timeout_s,
-            "extra_body": self.extra_body or None,
+            # the SDK's create() has no temperature parameter of its own: the API takes it
+            "extra_body": {**({} if temperature is None else {"temperature": temperature}), **self.extra_body}
+            or None,
         }
         if on_text is None:
 
