@@ -302,6 +302,6 @@ def test_an_image_in_a_recorded_result_is_sent_when_within_the_limits(server: Wi
         Message.assistant("", [ToolCall("s1", "snap", "{}")]),
         Message.tool_result(ToolResult("s1", "snap", True, "", images=(Image(png, "IMAGE/PNG"),))),
     ]
-    system, turns = to_anthropic_request(conversation)
+    _, turns = to_anthropic_request(conversation)
     block = turns[2]["content"][0]["content"][0]  # type: ignore[index]
     assert block["source"] == {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png).decode()}
