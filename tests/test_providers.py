@@ -47,6 +47,7 @@ PNG = picture("PNG")
 PNG_B64 = base64.b64encode(PNG).decode()
 GIF = picture("GIF")
 JPEG = picture("JPEG")
+JPEG_B64 = base64.b64encode(JPEG).decode()
 
 
 @tool
@@ -422,7 +423,7 @@ def test_anthropic_pictures_are_image_blocks_inside_the_tool_result(server: Wire
                     },
                     {
                         "type": "image",
-                        "source": {"type": "base64", "media_type": "image/jpeg", "data": base64.b64encode(JPEG).decode()},
+                        "source": {"type": "base64", "media_type": "image/jpeg", "data": JPEG_B64},
                     },
                 ],
             },
