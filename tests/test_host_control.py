@@ -171,3 +171,32 @@ def test_tools_see_the_callers_contextvars(system: ActorSystem) -> None:
 
     assert asyncio.run(main()) == ["req-async"] * 4
     assert [r.content for r in loop.run_turn(calls)] == ["unset", "unset"]  # a copy: nothing leaked
+
+
+def test_astream_yields_the_events_and_a_closed_stream_cancels_the_prompt(system: ActorSystem) -> None:
+    from rho_actors.agent import FinalResult, ToolCallStarted, astream
+
+    loop = system.start_loop("s")
+    model = ScriptedModel([Reply(text="hi")])
+
+    async def collect() -> list[Any]:
+        return [event async for event in astream(loop, "go", model=model)]
+
+    events = asyncio.run(collect())
+    assert [type(e).__name__ for e in events] == ["TextDelta", "StepEnded", "FinalResult"]
+    assert isinstance(events[-1], FinalResult) and events[-1].result.text == "hi"
+
+    model = ScriptedModel([Reply(tool_calls=[ToolCall("c1", "wait_for_cancel", "{}")]), Reply(text="never")])
+
+    async def leave_early() -> None:
+        events = astream(loop, "again", model=model)
+        async for event in events:
+            if isinstance(event, ToolCallStarted):
+                assert await asyncio.to_thread(STARTED.wait, 10)
+                break
+        await events.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(leave_early())
+    assert SAW_CANCEL.wait(10)
+    records = read_records(loop.data_dir / TRANSCRIPT_NAME)[0]
+    assert records[-1]["type"] == "error" and records[-1]["kind"] == "cancelled"
