@@ -31,7 +31,7 @@ never recorded; default ``loop.instructions``), ``temperature`` and ``max_tokens
 cancels the running turn, whose calls get ``cancelled`` results, and stops the prompt
 before its next request) and ``on_event`` (called with each :data:`PromptEvent`).
 :func:`stream` and :func:`astream` yield those events. Every reply is checked against
-the wire rules (:mod:`rho_actors.wire`) before it is recorded: unique call ids (the ids
+the wire rules (:mod:`rho_actors.provider_rules`) before it is recorded: unique call ids (the ids
 the model sent are kept as ``sent_id`` in the transcript), an exact duplicate call once.
 
 Example::
@@ -55,27 +55,52 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeAlias
+from pathlib import Path
+from typing import Any, Final, NoReturn, Protocol, TypeAlias
 
 import pykka
 from loguru import logger
 
-from rho_actors.actor import ActorExit
-from rho_actors.call import CancelToken, error_result
+from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
 from rho_actors.model import Message, Model, Reply, Usage
-from rho_actors.tool import ErrorKind, ToolCall, ToolResult
+from rho_actors.otp.actor import ActorExit
+from rho_actors.provider_rules import NEUTRAL_RULES, WireRules, sanitise_calls
+from rho_actors.results import failure
+from rho_actors.results import text as result_text
+from rho_actors.tool import ToolCall, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
-from rho_actors.wire import EMPTY_ERROR, NEUTRAL_RULES, WireRules, sanitise_calls
 
-if TYPE_CHECKING:
-    from rho_actors.loop import Loop
+
+class Session(Protocol):
+    """What a prompt needs of a session: :class:`rho_actors.Loop` is one. The agent layer
+    sits on top of the runtime and depends on this much only (and reads a session's
+    ``instructions`` attribute, when it has one, as the default system prompt)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def declarations(self, dialect: Any = "neutral") -> list[dict[str, Any]]: ...
+
+    def submit_turn(
+        self, calls: Sequence[ToolCall], *, cancel: CancelToken | None = None
+    ) -> concurrent.futures.Future[list[ToolResult]]: ...
+
+    def turn_bound_s(self, calls: Sequence[ToolCall]) -> float: ...
+
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
     "FinalResult",
     "PromptEvent",
     "PromptResult",
+    "Session",
     "Step",
     "StepEnded",
     "TextDelta",
@@ -197,7 +222,7 @@ class _Stop(Exception):
 
 
 def prompt(
-    loop: Loop,
+    loop: Session,
     text: str | None,
     *,
     model: Model,
@@ -281,7 +306,7 @@ def _checked(
     return options
 
 
-async def aprompt(loop: Loop, text: str | None, *, model: Model, **options: Any) -> PromptResult:
+async def aprompt(loop: Session, text: str | None, *, model: Model, **options: Any) -> PromptResult:
     """:func:`prompt` (same ``options``) for asyncio hosts: runs it in a worker thread
     (in a copy of the caller's ``contextvars``, which the tools see), so the event loop
     is never blocked. Cancelling the awaiting task cancels the prompt and its running
@@ -301,7 +326,7 @@ async def aprompt(loop: Loop, text: str | None, *, model: Model, **options: Any)
         raise
 
 
-def stream(loop: Loop, text: str | None, *, model: Model, **options: Any) -> Iterator[PromptEvent]:
+def stream(loop: Session, text: str | None, *, model: Model, **options: Any) -> Iterator[PromptEvent]:
     """Run :func:`prompt` (same ``options``, ``on_event`` excepted) in a thread and
     yield its events as they happen: :class:`TextDelta` (the model streams),
     :class:`ToolCallStarted`, :class:`ToolCallFinished`, :class:`StepEnded`, and last
@@ -318,7 +343,7 @@ def stream(loop: Loop, text: str | None, *, model: Model, **options: Any) -> Ite
 
 
 def _prompt_thread(
-    loop: Loop, text: str | None, model: Model, token: CancelToken, options: dict[str, Any],
+    loop: Session, text: str | None, model: Model, token: CancelToken, options: dict[str, Any],
     put: Callable[[PromptEvent | BaseException], None],
 ) -> threading.Thread:
     def run() -> None:
@@ -354,7 +379,7 @@ def _drain(
             thread.join(CANCEL_WAIT_S)
 
 
-async def astream(loop: Loop, text: str | None, *, model: Model, **options: Any) -> AsyncIterator[PromptEvent]:
+async def astream(loop: Session, text: str | None, *, model: Model, **options: Any) -> AsyncIterator[PromptEvent]:
     """:func:`stream` for asyncio hosts: an async iterator of the same events, never
     blocking the event loop. Cancelling the consuming task (or closing the iterator
     early) cancels the prompt and waits (at most :data:`CANCEL_WAIT_S`) for it to
@@ -394,7 +419,7 @@ async def astream(loop: Loop, text: str | None, *, model: Model, **options: Any)
 
 class _Driver:
     def __init__(
-        self, loop: Loop, transcript: Transcript, model: Model, max_steps: int, cancel: CancelToken | None,
+        self, loop: Session, transcript: Transcript, model: Model, max_steps: int, cancel: CancelToken | None,
         instructions: str | None, options: dict[str, Any], on_event: Callable[[PromptEvent], None] | None,
     ) -> None:
         self.loop = loop
@@ -558,22 +583,20 @@ class _Driver:
                 if not self._wait_for_loop():
                     break
         if future is None:
-            return [error_result(c.id, c.name, ErrorKind.CANCELLED,
-                                 "the session's loop was not running; the call did not start") for c in calls]
+            return [failure("loop_not_running", c.id, c.name) for c in calls]
         bound = self.loop.turn_bound_s(calls)
         try:
             return future.result(timeout=bound)
         except concurrent.futures.TimeoutError:
             logger.error("session {}: the loop did not answer a turn within {:.1f} s", self.loop.session_id, bound)
-            return [error_result(c.id, c.name, ErrorKind.CRASHED,
-                                 f"the session's loop did not answer this call within {bound:.0f} s") for c in calls]
+            return [failure("loop_unanswered", c.id, c.name, bound_s=bound) for c in calls]
 
 
 def _with_text(result: ToolResult) -> ToolResult:
     """An error result always carries text (providers refuse an empty one)."""
     if result.ok or result.content.strip():
         return result
-    return replace(result, content=f"{EMPTY_ERROR} ({result.error_kind})")
+    return replace(result, content=result_text("empty_error", kind=result.error_kind))
 
 
 def _checked_reply(reply: Any) -> Reply:

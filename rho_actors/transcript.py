@@ -26,7 +26,7 @@ and, by type:
     ``"text": str``, ``"tool_calls": [{"id": str, "name": str, "arguments": str | object}]``
     (the model's raw argument text, or the decoded object a provider gave; ``"sent_id"``,
     optional, the id the model sent when the recorded one replaces it: see
-    :mod:`rho_actors.wire`), and
+    :mod:`rho_actors.provider_rules`), and
     ``"model_ms": float`` (how long the request took, milliseconds).
 ``result`` (one call's result; written after the turn)
     ``"index": int`` (the call's position in its reply's ``tool_calls``), ``"call_id"``,

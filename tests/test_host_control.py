@@ -20,6 +20,8 @@ from rho_actors.model import Reply, ScriptedModel
 from rho_actors.tool import ErrorKind
 from rho_actors.transcript import TRANSCRIPT_NAME, read_records
 
+from .conftest import wait_for
+
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
 STARTED = threading.Event()
 SAW_CANCEL = threading.Event()
@@ -36,8 +38,10 @@ def wait_for_cancel(ctx: Mapping[str, Any]) -> str:
 
 
 @tool(timeout_ms=20_000)
-def sleep_long() -> str:
-    """Sleep for a long time (in a worker process)."""
+def sleep_long(ctx: Mapping[str, Any]) -> str:
+    """Say it started (a file in the session's data dir), then sleep for a long time
+    (in a worker process)."""
+    (Path(ctx["data_dir"]) / "sleeping").write_text("yes")
     time.sleep(15)
     return "woke"
 
@@ -110,19 +114,16 @@ def test_cancel_kills_a_process_worker(system: ActorSystem) -> None:
     loop = system.start_loop("t")
     token = CancelToken()
     future = loop.submit_turn([ToolCall("c1", "sleep_long", "{}")], cancel=token)
-    deadline = time.monotonic() + 20
-    while not loop.running() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.3)  # let the call reach its worker process
+    assert wait_for((loop.data_dir / "sleeping").exists)  # running in its worker
     started = time.monotonic()
     token.cancel()
     [result] = future.result(10)
     assert result.error_kind == ErrorKind.CANCELLED
+    assert result.content == "tool 'sleep_long' was cancelled by the host while running"
     assert time.monotonic() - started < 5
-    killed_by = time.monotonic() + 10
-    while system.stats().get("workers_killed", 0) < 1 and time.monotonic() < killed_by:
-        time.sleep(0.02)  # the CallActor's exchange ends once the worker is dead
-    assert system.stats()["workers_killed"] == 1  # killed at the cancel, not at its 20 s deadline
+    # killed at the cancel, not at its 20 s deadline (the CallActor's exchange ends once
+    # the worker is dead)
+    assert wait_for(lambda: system.stats().get("workers_killed", 0) == 1)
 
 
 def test_cancelling_aprompt_cancels_its_turn_and_records_it(system: ActorSystem) -> None:
@@ -200,3 +201,44 @@ def test_astream_yields_the_events_and_a_closed_stream_cancels_the_prompt(system
     assert SAW_CANCEL.wait(10)
     records = read_records(loop.data_dir / TRANSCRIPT_NAME)[0]
     assert records[-1]["type"] == "error" and records[-1]["kind"] == "cancelled"
+
+
+def test_a_worker_pool_call_is_killed_when_its_cancel_is_set(tmp_path: Path) -> None:
+    from rho_actors import WorkerPool
+
+    marker = tmp_path / "sleeping"
+
+    def sleeper(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+        Path(args["marker"]).write_text("yes")
+        time.sleep(60)
+        return "woke"
+
+    tool_ = type("Sleeper", (), {"run": staticmethod(sleeper)})
+    with WorkerPool(warm=0) as pool:
+        token = CancelToken()
+        threading.Thread(target=lambda: wait_for(marker.exists) and token.cancel("cancelled")).start()
+        result = pool.run(tool_, {"marker": str(marker)}, {"call_id": "c1"}, time.monotonic() + 30, 1000,
+                          name="sleeper", cancel=token)
+        assert result.error_kind == ErrorKind.CANCELLED
+        assert result.content == "tool 'sleeper' was cancelled (cancelled); its worker process was killed"
+        assert pool.stats()["killed"] == 1 and result.duration_ms < 20_000
+
+        late = pool.run(tool_, {"marker": str(marker)}, {"call_id": "c2"}, time.monotonic() + 30, 1000,
+                        name="sleeper", cancel=token)  # already set: it never reaches a worker
+        assert late.content == "tool 'sleeper' was cancelled (cancelled)" and pool.stats()["started"] == 1
+
+
+def test_stopping_a_loop_kills_its_running_process_call(system: ActorSystem) -> None:
+    loop = system.start_loop("stop")
+    future = loop.submit_turn([ToolCall("c1", "sleep_long", "{}")])
+    assert wait_for((loop.data_dir / "sleeping").exists)
+    loop.stop()
+    [result] = future.result(10)
+    assert result.error_kind == ErrorKind.CANCELLED and "session stopped" in result.content
+    assert wait_for(lambda: system.stats().get("workers_killed", 0) == 1)  # one cancel path: stop kills too
+
+
+def test_a_cancel_that_is_not_a_cancel_token_is_refused(system: ActorSystem) -> None:
+    loop = system.start_loop("t")
+    with pytest.raises(TypeError, match="cancel must be a rho_actors.CancelToken or None, got Event"):
+        loop.submit_turn([ToolCall("c1", "request_id", "{}")], cancel=threading.Event())  # type: ignore[arg-type]

@@ -21,11 +21,11 @@ import pytest
 from rho_actors import ActorSystem, Image, ToolCall, declaration, tool
 from rho_actors.agent import prompt
 from rho_actors.model import Message
+from rho_actors.provider_rules import REPLACED_ARGUMENTS
 from rho_actors.providers import ModelError, RetryPolicy, model_from_spec
 from rho_actors.providers.anthropic import AnthropicModel
 from rho_actors.providers.openai import LOCAL_API_KEY, OpenAIModel
 from rho_actors.tool import ErrorKind, ToolResult
-from rho_actors.wire import REPLACED_ARGUMENTS
 from tests.wire_server import (
     ANTHROPIC_PATH,
     OPENAI_PATH,

@@ -26,8 +26,8 @@ there are none). A reply's ``tool_use`` blocks become :class:`ToolCall` values w
 ``arguments`` is the block's ``input`` object (a mapping); its ``text`` blocks, joined,
 are the reply's text. Other blocks (thinking, server tools) are not kept.
 
-Every request is built from the conversation as :func:`rho_actors.wire.sanitise` makes it
-under :data:`~rho_actors.wire.ANTHROPIC_RULES`, so nothing recorded can make it a 400.
+Every request is built from the conversation as :func:`rho_actors.provider_rules.sanitise` makes it
+under :data:`~rho_actors.provider_rules.ANTHROPIC_RULES`, so nothing recorded can make it a 400.
 With ``on_text`` the request streams (``messages.stream``) and ``on_text`` gets each text
 delta.
 """
@@ -58,6 +58,7 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
 
 from rho_actors.formats import to_dialect
 from rho_actors.model import Message, Reply, Usage
+from rho_actors.provider_rules import ANTHROPIC_RULES, replay_arguments, sanitise
 from rho_actors.providers import (
     DEFAULT_RETRY,
     Failure,
@@ -68,7 +69,6 @@ from rho_actors.providers import (
     send_with_retry,
 )
 from rho_actors.tool import Image, ToolCall, ToolInfo
-from rho_actors.wire import ANTHROPIC_RULES, replay_arguments, sanitise
 
 __all__ = ["IMAGE_TYPES", "AnthropicModel", "to_anthropic_messages", "to_anthropic_tools"]
 
@@ -132,7 +132,7 @@ class AnthropicModel:
         self.client: anthropic.Anthropic = client
 
     wire_rules = ANTHROPIC_RULES
-    """What a request must meet (:mod:`rho_actors.wire`)."""
+    """What a request must meet (:mod:`rho_actors.provider_rules`)."""
 
     def complete(
         self,
@@ -234,7 +234,7 @@ def to_anthropic_messages(messages: Sequence[Message]) -> list[MessageParam]:
 
 
 def to_anthropic_request(messages: Sequence[Message]) -> tuple[str, list[MessageParam]]:
-    """``messages``, sanitised (:func:`rho_actors.wire.sanitise`), as the request's
+    """``messages``, sanitised (:func:`rho_actors.provider_rules.sanitise`), as the request's
     ``system`` text and its Messages API turns (see the module docstring). Never raises."""
     wire: list[MessageParam] = []
     system: list[str] = []

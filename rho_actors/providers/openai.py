@@ -23,8 +23,8 @@ Declarations go out as ``tools=[{"type": "function", "function": {"name", "descr
 :class:`ToolCall` values whose ``arguments`` is the model's raw ``function.arguments`` text,
 untouched: the loop's strict decoding judges it.
 
-Every request is built from the conversation as :func:`rho_actors.wire.sanitise` makes it
-under :data:`~rho_actors.wire.OPENAI_RULES`, so nothing recorded can make it a 400. With
+Every request is built from the conversation as :func:`rho_actors.provider_rules.sanitise` makes it
+under :data:`~rho_actors.provider_rules.OPENAI_RULES`, so nothing recorded can make it a 400. With
 ``on_text`` the request streams (``stream=True``, usage included) and the reply is put
 together from its chunks.
 """
@@ -53,6 +53,7 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
 
 from rho_actors.formats import to_dialect
 from rho_actors.model import Message, Reply, Usage
+from rho_actors.provider_rules import OPENAI_RULES, sanitise
 from rho_actors.providers import (
     DEFAULT_RETRY,
     Failure,
@@ -63,7 +64,6 @@ from rho_actors.providers import (
     send_with_retry,
 )
 from rho_actors.tool import Image, ToolCall, ToolInfo
-from rho_actors.wire import OPENAI_RULES, sanitise
 
 __all__ = ["ERROR_PREFIX", "OpenAIModel", "to_openai_messages", "to_openai_tools"]
 
@@ -129,7 +129,7 @@ class OpenAIModel:
         self.client: openai.OpenAI = client
 
     wire_rules = OPENAI_RULES
-    """What a request must meet (:mod:`rho_actors.wire`)."""
+    """What a request must meet (:mod:`rho_actors.provider_rules`)."""
 
     def complete(
         self,
@@ -270,7 +270,7 @@ def to_openai_tools(tools: Sequence[Mapping[str, Any]]) -> list[ChatCompletionTo
 
 
 def to_openai_messages(messages: Sequence[Message]) -> list[ChatCompletionMessageParam]:
-    """``messages``, sanitised (:func:`rho_actors.wire.sanitise`), as Chat Completions
+    """``messages``, sanitised (:func:`rho_actors.provider_rules.sanitise`), as Chat Completions
     messages (see the module docstring). Never raises."""
     messages = sanitise(messages, OPENAI_RULES)
     wire: list[ChatCompletionMessageParam] = []

@@ -51,6 +51,7 @@ from typing import Any, Final
 
 from rho_actors.encoding import scrub_text
 from rho_actors.model import Message
+from rho_actors.results import text as result_text
 from rho_actors.tool import Image, ToolCall
 
 __all__ = [
@@ -69,8 +70,6 @@ MAX_REPLAY_DEPTH: Final = 64
 """The deepest arguments object replayed to a provider (the loop's default argument
 depth bound); deeper ones are replayed as ``{}``."""
 
-NO_RESULT: Final = "no result was recorded for this call; it is answered as cancelled"
-EMPTY_ERROR: Final = "the call failed without a message"
 REPLACED_ARGUMENTS: Final = "[the arguments sent with this call were not a JSON object; they are shown as {} here]"
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_NAME = 64
@@ -288,7 +287,7 @@ def sanitise(messages: Sequence[Message], rules: WireRules) -> list[Message]:
             return
         for k, call in enumerate(open_.calls):
             if not open_.answered[k]:
-                out.append(Message("tool", NO_RESULT, (), call.id, call.name, True))
+                out.append(Message("tool", result_text("no_result"), (), call.id, call.name, True))
         open_ = None
 
     for position, message in enumerate(messages):
@@ -341,7 +340,7 @@ def _match(open_: _Open, call_id: Any) -> int | None:
     return None
 
 
-def _tool_message(message: Message, text: str, call: ToolCall, replaced: bool, rules: WireRules) -> Message:
+def _tool_message(message: Message, content: str, call: ToolCall, replaced: bool, rules: WireRules) -> Message:
     images: list[Image] = []
     notes: list[str] = []
     for image in message.images:
@@ -352,11 +351,11 @@ def _tool_message(message: Message, text: str, call: ToolCall, replaced: bool, r
             images.append(checked)
     if replaced:
         notes.insert(0, REPLACED_ARGUMENTS)
-    if message.is_error and not text.strip():
-        text = EMPTY_ERROR
+    if message.is_error and not content.strip():
+        content = result_text("empty_error", kind="not recorded")
     if notes:
-        text = "\n".join([text, *notes]) if text else "\n".join(notes)
+        content = "\n".join([content, *notes]) if content else "\n".join(notes)
     return replace(
-        message, text=text, tool_call_id=call.id, name=_clean_name(call.name), images=tuple(images),
+        message, text=content, tool_call_id=call.id, name=_clean_name(call.name), images=tuple(images),
         is_error=bool(message.is_error),
     )

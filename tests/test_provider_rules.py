@@ -17,12 +17,12 @@ import pytest
 from rho_actors import ActorSystem, Error, Image, ToolCall, tool
 from rho_actors.agent import FinalResult, StepEnded, TextDelta, ToolCallFinished, ToolCallStarted, prompt, stream
 from rho_actors.model import Message, Usage
+from rho_actors.provider_rules import ANTHROPIC_RULES, OPENAI_RULES, sanitise
 from rho_actors.providers import RetryPolicy
 from rho_actors.providers.anthropic import AnthropicModel, to_anthropic_request
 from rho_actors.providers.openai import OpenAIModel, to_openai_messages
 from rho_actors.tool import ErrorKind, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, read_records
-from rho_actors.wire import ANTHROPIC_RULES, OPENAI_RULES, sanitise
 from tests.wire_server import (
     ANTHROPIC_PATH,
     OPENAI_PATH,
