@@ -57,6 +57,7 @@ from rho_actors.sandbox import IsolatedReadError, WorkerPool
 from rho_actors.selftest import LoadError, SelftestRow, run_selftests
 from rho_actors.sources import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
 from rho_actors.system import ActorSystem
+from rho_actors.telemetry import Telemetry
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
     Concurrency,
@@ -137,6 +138,7 @@ __all__ = [
     "StepEnded",
     "Supervisor",
     "SupervisorEvent",
+    "Telemetry",
     "TextDelta",
     "ToolCall",
     "ToolCallFinished",

@@ -68,14 +68,17 @@ from rho_actors.otp.actor import ActorExit
 from rho_actors.provider_rules import NEUTRAL_RULES, WireRules, sanitise_calls
 from rho_actors.results import failure
 from rho_actors.results import text as result_text
+from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolCall, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 
 
 class Session(Protocol):
     """What a prompt needs of a session: :class:`rho_actors.Loop` is one. The agent layer
-    sits on top of the runtime and depends on this much only (and reads a session's
-    ``instructions`` attribute, when it has one, as the default system prompt)."""
+    sits on top of the runtime and depends on this much only. A session that also has
+    an ``instructions`` attribute (as a ``Loop`` has) gives the default system prompt;
+    one with a ``telemetry`` attribute (a :class:`rho_actors.Telemetry`) gets the
+    prompt's ``invoke_agent`` and ``chat`` spans recorded with it."""
 
     @property
     def session_id(self) -> str: ...
@@ -269,9 +272,11 @@ def prompt(
         if on_event is not None:
             on_event(FinalResult(result))
         return result
-    with transcript:
-        driver = _Driver(loop, transcript, model, max_steps, cancel, instructions, options, on_event)
+    telemetry = getattr(loop, "telemetry", None) or Telemetry(enabled=False)
+    with transcript, telemetry.invoke_agent(loop.session_id, model) as outcome:  # telemetry: the prompt's span
+        driver = _Driver(loop, transcript, model, max_steps, cancel, instructions, options, on_event, telemetry)
         result = driver.run(text)
+        outcome(result.error)
     if on_event is not None:
         on_event(FinalResult(result))
     return result
@@ -421,8 +426,10 @@ class _Driver:
     def __init__(
         self, loop: Session, transcript: Transcript, model: Model, max_steps: int, cancel: CancelToken | None,
         instructions: str | None, options: dict[str, Any], on_event: Callable[[PromptEvent], None] | None,
+        telemetry: Telemetry,
     ) -> None:
         self.loop = loop
+        self.telemetry = telemetry
         self.transcript = transcript
         self.model = model
         self.max_steps = max_steps
@@ -505,7 +512,9 @@ class _Driver:
         tools = self._declarations()
         started = time.perf_counter()
         try:
-            reply = self._request(number, tools)
+            with self.telemetry.chat(self.model) as record:  # telemetry: the request's span
+                reply = self._request(number, tools)
+                record(reply)
         except Exception as exc:
             logger.warning("session {}: the model failed at step {}: {}", self.loop.session_id, number,
                            describe_exception(exc))

@@ -29,6 +29,7 @@ from loguru import logger
 from rho_actors.cancel import CancelToken
 from rho_actors.otp.actor import Actor
 from rho_actors.results import CANCELLED, error_result, failure, result_from_exception, result_from_return
+from rho_actors.telemetry import attached
 from rho_actors.tool import ToolResult
 
 # ``error_result`` is re-exported for modules that import it from here.
@@ -41,8 +42,9 @@ class CallSpec:
     """Everything a CallActor needs: the tool, its decoded arguments, the ``ctx`` it
     gets, when it was dispatched and its ``deadline`` (``time.monotonic()`` instants,
     seconds) and ``reply``, called exactly once with the result, from the CallActor's
-    thread. ``context``: the ``contextvars`` context the tool runs in (a copy of the
-    submitter's; ``None``: the CallActor's own); a worker process does not get it."""
+    thread. ``context``: the ``contextvars`` context the CallActor runs the call in (a
+    copy of the submitter's; ``None``: its thread's own); a worker process does not get
+    it."""
 
     call_id: str
     name: str
@@ -68,21 +70,15 @@ class RunCall:
 
 
 def run_here(spec: CallSpec) -> ToolResult:
-    """Run the call's tool in this thread, in ``spec.context`` when given (an ``async
-    def run`` on a private event loop, cancelled at the deadline or on cancellation) and
-    make its result. Raises what the tool raises."""
-    value = spec.context.run(_call, spec) if spec.context is not None else _call(spec)
-    return result_from_return(
-        spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - spec.dispatched) * 1000
-    )
-
-
-def _call(spec: CallSpec) -> Any:
-    """Run the tool (an ``async def run`` to its end, under :func:`_drive`)."""
+    """Run the call's tool in this thread (an ``async def run`` on a private event loop,
+    cancelled at the deadline or on cancellation) and make its result. Raises what the
+    tool raises."""
     value = spec.tool.run(spec.args, spec.ctx)
     if inspect.iscoroutine(value):
         value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
-    return value
+    return result_from_return(
+        spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - spec.dispatched) * 1000
+    )
 
 
 async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: CancelToken) -> Any:
@@ -97,6 +93,14 @@ async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: Cancel
 
     cancel.add_callback(cancel_task)
     return await asyncio.wait_for(task, max(0.0, deadline - time.monotonic()))
+
+
+def _attached(message: RunCall) -> ToolResult:
+    """Run the call with its span current (in the context this runs in: a copy of the
+    submitter's, whose own trace context it replaces for the tool)."""
+    spec = message.spec
+    with attached(spec.ctx, spec.dispatched, spec.name):
+        return message.runner(spec)
 
 
 class CallActor(Actor):
@@ -117,7 +121,7 @@ class CallActor(Actor):
     def _run(self, message: RunCall) -> None:
         self.spec = spec = message.spec
         try:
-            result = message.runner(spec)
+            result = spec.context.run(_attached, message) if spec.context is not None else _attached(message)
         except BaseException as exc:
             result = self._failure(exc, spec.dispatched)
         self._result = result

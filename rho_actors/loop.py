@@ -19,6 +19,7 @@ import pykka
 from rho_actors.cancel import CancelToken
 from rho_actors.formats import Dialect, to_dialect
 from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld, loop_name
+from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ class Loop:
         self._settings = runtime.limits
         self.instructions: str | None = None
         """The system prompt of this session's prompts that give none (not recorded)."""
+        self.telemetry = runtime.telemetry
+        """The system's :class:`rho_actors.Telemetry` (the spans of this session's prompts)."""
 
     @property
     def ref(self) -> pykka.ActorRef[Any]:
@@ -117,7 +120,8 @@ class Loop:
     ) -> concurrent.futures.Future[list[ToolResult]]:
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        self.ref.tell(RunTurn(batch, future, cancel, contextvars.copy_context()))
+        trace_context = current_context() if self.telemetry.enabled else None  # the calls' parent span
+        self.ref.tell(RunTurn(batch, future, trace_context, cancel, contextvars.copy_context()))
         return future
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextvars
 from dataclasses import dataclass
+from typing import Any
 
 from rho_actors.cancel import CancelToken
 from rho_actors.tool import ToolCall, ToolResult
@@ -24,12 +25,15 @@ def loop_name(session_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RunTurn:
-    """Run ``calls`` as one turn; ``future`` gets their results, in order. Setting
+    """Run ``calls`` as one turn; ``future`` gets their results, in order.
+    ``trace_context``: the OpenTelemetry context current in the submitting thread (the
+    parent of the calls' spans; None while the system's telemetry is off). Setting
     ``cancel`` cancels the turn; each call runs in a copy of ``context`` (the
     submitter's ``contextvars``)."""
 
     calls: tuple[ToolCall, ...]
     future: concurrent.futures.Future[list[ToolResult]]
+    trace_context: Any = None
     cancel: CancelToken | None = None
     context: contextvars.Context | None = None
 

@@ -240,5 +240,5 @@ def test_stopping_a_loop_kills_its_running_process_call(system: ActorSystem) -> 
 
 def test_a_cancel_that_is_not_a_cancel_token_is_refused(system: ActorSystem) -> None:
     loop = system.start_loop("t")
-    with pytest.raises(TypeError, match="cancel must be a rho_actors.CancelToken or None, got Event"):
+    with pytest.raises(TypeError, match=r"cancel must be a rho_actors\.CancelToken or None, got Event"):
         loop.submit_turn([ToolCall("c1", "request_id", "{}")], cancel=threading.Event())  # type: ignore[arg-type]

@@ -68,6 +68,7 @@ EXPORTED = [
     "StepEnded",
     "Supervisor",
     "SupervisorEvent",
+    "Telemetry",
     "TextDelta",
     "ToolCall",
     "ToolCallFinished",
