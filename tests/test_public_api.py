@@ -32,6 +32,7 @@ EXPORTED = [
     "EntryPointGroup",
     "Error",
     "ErrorKind",
+    "FinalResult",
     "FunctionTool",
     "ISOLATIONS",
     "Image",
@@ -51,6 +52,7 @@ EXPORTED = [
     "PluginFolder",
     "PluginLoadError",
     "ProgressEvent",
+    "PromptEvent",
     "PromptResult",
     "Registration",
     "Reply",
@@ -64,10 +66,14 @@ EXPORTED = [
     "SourceHandle",
     "StartChild",
     "Step",
+    "StepEnded",
     "Supervisor",
     "SupervisorEvent",
     "Telemetry",
+    "TextDelta",
     "ToolCall",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToolEntry",
     "ToolFailure",
     "ToolInfo",
@@ -76,8 +82,10 @@ EXPORTED = [
     "ToolSetChanged",
     "TranscriptError",
     "UntrustedReads",
+    "Usage",
     "WorkerPool",
     "aprompt",
+    "astream",
     "check_declaration",
     "concurrency",
     "count_children",
@@ -94,6 +102,7 @@ EXPORTED = [
     "read_declaration",
     "run_selftests",
     "start_link",
+    "stream",
     "timeout_ms",
     "to_dialect",
     "tool",
@@ -131,6 +140,6 @@ def test_the_runtime_exceptions_derive_from_rho_error(name: str) -> None:
 
 def test_a_rho_error_is_caught_as_one() -> None:
     with rho_actors.ActorSystem() as system, pytest.raises(rho_actors.RhoError) as err:
-        system.register(rho_actors.tool(lambda: 1, name="one"))
-        system.register(rho_actors.tool(lambda: 2, name="one"))
+        system.register(rho_actors.tool(lambda: 1, name="one", description="One."))
+        system.register(rho_actors.tool(lambda: 2, name="one", description="One."))
     assert isinstance(err.value, rho_actors.DuplicateToolError) and "already registered" in str(err.value)
