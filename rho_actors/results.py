@@ -164,7 +164,8 @@ def result_from_exception(
 
 def result_from_return(call_id: str, name: str, value: Any, max_chars: int, duration_ms: float) -> ToolResult:
     """The result for what ``run`` returned: ``Ok``/plain value/``Details``/``Image``
-    parts are ok; ``Error(reason)`` is a ``raised`` error with ``reason`` as text."""
+    parts are ok; ``Error(reason)`` is a ``tool_error`` (the tool's own report of a
+    failure, told apart from an exception it ``raised``) with ``reason`` as text."""
     ok = True
     if isinstance(value, Ok):
         value = value.output
@@ -182,4 +183,4 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
             v if isinstance(v, str) else encode_output(v, max_chars).text for v in value if not isinstance(v, Image)
         )
     content = encode_output(value, max_chars).text
-    return ToolResult(call_id, name, ok, content, None if ok else ErrorKind.RAISED, details, images, duration_ms)
+    return ToolResult(call_id, name, ok, content, None if ok else ErrorKind.TOOL_ERROR, details, images, duration_ms)
