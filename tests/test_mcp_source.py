@@ -53,6 +53,8 @@ def test_stdio_server_tools_deadline_crash_restart_list_changed(system: ActorSys
     assert ok.ok and ok.content == "hi"
     [bad] = loop.run_turn([ToolCall("c2", "echo", {"text": 3})])
     assert bad.error_kind is ErrorKind.INVALID_ARGUMENTS
+    [failed] = loop.run_turn([ToolCall("c2b", "fail", {})])  # the server's isError: the tool's own error
+    assert failed.error_kind is ErrorKind.TOOL_ERROR and "failed on purpose" in failed.content
 
     # the scrubbed environment: the allowlist and the explicit env only
     [env] = loop.run_turn([ToolCall("c3", "env", {})])

@@ -24,8 +24,9 @@ server's tools like any other source's:
   ``HOME`` from this process, plus the explicit ``env`` (the untrusted-boundary rule).
 
 Results: text content is the model's text, image content becomes :class:`Image`
-values, other content is given as JSON; ``isError`` is a ``raised`` error. The texts of
-the other failures are in :data:`rho_actors.results.TEXTS` (the ``mcp_*`` keys).
+values, other content is given as JSON; ``isError`` is a ``tool_error`` (an ``Error``
+the tool returned). The texts of the other failures are in
+:data:`rho_actors.results.TEXTS` (the ``mcp_*`` keys).
 """
 
 from __future__ import annotations

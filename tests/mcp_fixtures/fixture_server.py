@@ -1,10 +1,10 @@
 """An MCP server built with the SDK's MCPServer (FastMCP), for the tests of
 rho_actors.mcp consuming servers. Usage: fixture_server.py MARKS_DIR [--http PORT].
 
-Tools: echo, hang (sleeps; writes MARKS_DIR/cancelled when its call is cancelled),
-crash (the process exits mid-call), grow (adds the tool "grown" and sends
-tools/list_changed), env (the server's environment), a tool named "bad name!" whose
-declaration fails rho's checks.
+Tools: echo, fail (an isError result), hang (sleeps; writes MARKS_DIR/cancelled when
+its call is cancelled), crash (the process exits mid-call), grow (adds the tool "grown"
+and sends tools/list_changed), env (the server's environment), a tool named "bad name!"
+whose declaration fails rho's checks.
 """
 
 import json
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 marks = Path(sys.argv[1])
 server = MCPServer("fixture")
@@ -35,6 +36,12 @@ async def hang(seconds: float) -> str:
         (marks / "cancelled").write_text("1")
         raise
     return "woke up"
+
+
+@server.tool()
+def fail() -> str:
+    """Fail as a tool does (the server answers with isError)."""
+    raise ToolError("failed on purpose")
 
 
 @server.tool()
