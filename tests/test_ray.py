@@ -1,0 +1,253 @@
+"""``ray`` isolation against a real local Ray (started once for this module, loopback only)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from rho_actors import CancelToken, ChildSpec, ErrorKind, Supervisor, start_link, untrusted
+from rho_actors.actor import Names
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_actors[ray]')")
+
+from rho_actors.ray_isolation import (  # noqa: E402
+    RayActor,
+    RayCall,
+    RayResources,
+    RayRuntime,
+    RayServerDown,
+    check_registration,
+    run_on_ray,
+)
+from tests.conftest import WAIT_S, wait_for  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[RayRuntime]:
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialized in this process by something else")
+    rt = RayRuntime({"num_cpus": 2})
+    rt.connect()
+    try:
+        yield rt
+    finally:
+        rt.shutdown()
+
+
+class Probe:
+    """A tool doing what ``args["do"]`` says; ``pid_file`` receives its worker's pid."""
+
+    @staticmethod
+    def name() -> str:
+        return "probe"
+
+    @staticmethod
+    def description() -> str:
+        return "Test probe."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object"}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> Any:
+        if "pid_file" in args:
+            Path(args["pid_file"]).write_text(str(os.getpid()))
+        do = args.get("do", "noop")
+        if do == "noop":
+            return {"echo": args.get("value"), "call_id": ctx["call_id"]}
+        if do == "sleep":
+            time.sleep(args["s"])
+            return f"slept {args['s']}"
+        if do == "raise":
+            raise ValueError("bad value 42")
+        if do == "exit":
+            sys.exit(3)
+        if do == "os_exit":
+            os._exit(7)
+        if do == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)
+        if do == "details":
+            return {"output": "x"}
+        raise AssertionError(do)
+
+
+def call(runtime: RayRuntime, args: dict[str, Any], timeout_s: float = WAIT_S, *,
+         cancel: CancelToken | None = None, resources: RayResources | None = None, call_id: str = "c1") -> Any:
+    return run_on_ray(runtime, Probe, args, {"call_id": call_id, "session_id": "s"}, time.monotonic() + timeout_s,
+                      cancel or CancelToken(), 10_000, resources or RayResources(num_cpus=0.5), name="probe")
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def read_pid(path: Path) -> int:
+    assert wait_for(lambda: path.exists() and path.read_text() != ""), "the task never started"
+    return int(path.read_text())
+
+
+def test_noop_call_and_results_in_order(runtime: RayRuntime) -> None:
+    results = [call(runtime, {"value": i}, call_id=f"c{i}") for i in range(3)]
+    assert [r.call_id for r in results] == ["c0", "c1", "c2"]
+    assert all(r.ok and r.error_kind is None for r in results), results
+    assert [r.content for r in results] == [f'{{"echo": {i}, "call_id": "c{i}"}}' for i in range(3)]
+    assert runtime.stats()["ray_tasks_running"] == 0
+
+
+def test_hung_task_is_timeout_on_time_and_its_worker_killed(runtime: RayRuntime, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    started = time.monotonic()
+    result = call(runtime, {"do": "sleep", "s": 60, "pid_file": str(pid_file)}, timeout_s=3.0)
+    late = time.monotonic() - started - 3.0
+    assert result.error_kind is ErrorKind.TIMEOUT and "worker killed" in result.content, result
+    assert late < 1.0, f"the timeout result came {late:.2f} s after the deadline"
+    pid = read_pid(pid_file)
+    assert wait_for(lambda: pid_gone(pid)), f"worker {pid} still runs after its task was force-cancelled"
+
+
+@pytest.mark.parametrize(("do", "kind", "words"), [
+    ("raise", ErrorKind.RAISED, "raised ValueError: bad value 42"),
+    ("exit", ErrorKind.EXITED, "SystemExit"),
+    ("os_exit", ErrorKind.CRASHED, "WorkerCrashedError"),
+    ("segfault", ErrorKind.CRASHED, "WorkerCrashedError"),
+])
+def test_failures_become_results(runtime: RayRuntime, do: str, kind: ErrorKind, words: str) -> None:
+    result = call(runtime, {"do": do})
+    assert result.error_kind is kind and words in result.content, result
+    assert call(runtime, {"value": 1}).ok  # the next call is served
+
+
+def test_worker_killed_from_outside_is_crashed(runtime: RayRuntime, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(call(runtime, {"do": "sleep", "s": 60,
+                                                                          "pid_file": str(pid_file)})))
+    thread.start()
+    os.kill(read_pid(pid_file), signal.SIGKILL)
+    thread.join(WAIT_S)
+    assert box and box[0].error_kind is ErrorKind.CRASHED, box
+    assert "WorkerCrashedError" in box[0].content
+
+
+def test_infeasible_resource_is_unavailable_at_once(runtime: RayRuntime) -> None:
+    started = time.monotonic()
+    result = call(runtime, {}, resources=RayResources(num_cpus=1, resources={"tpu": 1}))
+    assert result.error_kind is ErrorKind.UNAVAILABLE, result
+    assert "tpu=1 (the largest node has 0)" in result.content
+    result = call(runtime, {}, resources=RayResources(num_cpus=64))
+    assert "CPU=64 (the largest node has 2)" in result.content
+    assert time.monotonic() - started < 2.0
+
+
+def test_cancel_token_cancels_the_task(runtime: RayRuntime, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    cancel = CancelToken()
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(call(runtime, {"do": "sleep", "s": 60,
+                                                                          "pid_file": str(pid_file)}, cancel=cancel)))
+    thread.start()
+    pid = read_pid(pid_file)
+    cancel.cancel("stopping")
+    thread.join(WAIT_S)
+    assert box and box[0].error_kind is ErrorKind.CANCELLED and "stopping" in box[0].content, box
+    assert wait_for(lambda: pid_gone(pid))
+
+
+def test_untrusted_tools_are_refused() -> None:
+    @untrusted
+    class Plugin(Probe):
+        pass
+
+    with pytest.raises(ValueError, match="untrusted tools cannot use isolation='ray'"):
+        check_registration(Plugin)
+    with pytest.raises(ValueError, match="untrusted"):
+        check_registration(Probe, untrusted=True)
+    check_registration(Probe)
+
+
+def test_bad_resources_are_named() -> None:
+    with pytest.raises(ValueError, match="'num_gpus' must be a number >= 0"):
+        RayResources.from_mapping({"num_gpus": -1})
+    assert RayResources.from_mapping({"num_cpus": 2, "browser": 1}).demand() == {"CPU": 2.0, "browser": 1.0}
+
+
+class Counter:
+    def __init__(self, start: int) -> None:
+        self.n = start
+
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def block(self, s: float) -> None:
+        time.sleep(s)
+
+
+def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
+    names = Names()
+    spec = ChildSpec("counter", RayActor(Counter, 10, resources={"num_cpus": 0}, runtime=runtime, ping_ms=200),
+                     name="counter")
+    sup = start_link(Supervisor, [spec], strategy="one_for_one", max_restarts=3, max_seconds=30, names=names)
+    try:
+        first = names.whereis("counter")
+        assert first is not None
+        assert first.ask(RayCall("incr")) == 11
+        assert first.proxy().call("incr").get(timeout=WAIT_S) == 12
+        [view] = runtime.actors()
+        assert view["class"] == "Counter" and len(view["node_id"]) == 56
+        pid = first.ask(RayCall("pid"))
+        # a call waiting on the server when its Ray actor dies gets an error, not a hang
+        waiting = first.ask(RayCall("block", (60,)), block=False)
+        queued = first.ask(RayCall("incr"), block=False)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises((RayServerDown, pykka.ActorDeadError)):
+            waiting.get(timeout=WAIT_S)
+        with pytest.raises((RayServerDown, pykka.ActorDeadError)):
+            queued.get(timeout=WAIT_S)
+        assert wait_for(lambda: names.whereis("counter") not in (None, first))
+        second = names.whereis("counter")
+        assert second is not None and second.ask(RayCall("incr"), timeout=WAIT_S) == 11  # fresh state
+        [info] = sup.proxy().which_children().get(timeout=WAIT_S)
+        assert info.restarts == 1
+        # an idle Ray actor that dies is found by the liveness ping
+        os.kill(second.ask(RayCall("pid")), signal.SIGKILL)
+        assert wait_for(lambda: names.whereis("counter") not in (None, second))
+        assert names.whereis("counter").ask(RayCall("incr"), timeout=WAIT_S) == 11  # type: ignore[union-attr]
+    finally:
+        sup.stop(timeout=WAIT_S)
+    assert wait_for(lambda: runtime.actors() == [])
+
+
+def test_ray_actor_call_past_its_deadline_restarts_the_server(runtime: RayRuntime) -> None:
+    names = Names()
+    spec = ChildSpec("slow", RayActor(Counter, 0, resources={"num_cpus": 0}, runtime=runtime), name="slow")
+    sup = start_link(Supervisor, [spec], names=names)
+    try:
+        first = names.whereis("slow")
+        assert first is not None
+        with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
+            first.ask(RayCall("block", (60,), timeout_ms=300), timeout=WAIT_S)
+        assert wait_for(lambda: names.whereis("slow") not in (None, first))
+        assert names.whereis("slow").ask(RayCall("incr"), timeout=WAIT_S) == 1  # type: ignore[union-attr]
+    finally:
+        sup.stop(timeout=WAIT_S)
