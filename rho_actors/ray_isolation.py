@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import itertools
 import json
@@ -185,7 +186,7 @@ class RayRuntime:
         self._nodes: tuple[float, list[dict[str, float]]] = (0.0, [])
         self._shipped: weakref.WeakKeyDictionary[Any, tuple[str, Any]] = weakref.WeakKeyDictionary()
         self._by_digest: OrderedDict[str, Any] = OrderedDict()
-        self._remotes: dict[str, Any] = {}
+        self._remotes: dict[str, tuple[Any, Any]] = {}
         self._in_flight: dict[int, _InFlight] = {}
         self._keys = itertools.count()
         self._servers: dict[str, RayServer] = {}
@@ -291,12 +292,14 @@ class RayRuntime:
                 pass
         return shipped
 
-    def _remote(self, resources: RayResources) -> Any:
+    def _remote(self, resources: RayResources) -> tuple[Any, Any]:
+        """The task functions (without and with the tool) with ``resources`` as options."""
         options = resources.options()
         key = json.dumps(options, sort_keys=True, default=repr)
         remote = self._remotes.get(key)
         if remote is None:
-            remote = _execute.options(max_retries=0, retry_exceptions=False, **options)
+            remote = (_execute.options(max_retries=0, retry_exceptions=False, **options),
+                      _execute_shipping.options(max_retries=0, retry_exceptions=False, **options))
             self._remotes[key] = remote
         return remote
 
@@ -391,13 +394,31 @@ async def _until(coro: Any, deadline: float) -> Any:
     return await asyncio.wait_for(coro, max(0.0, deadline - time.monotonic()))
 
 
+_NEED_TOOL = "\x00need-tool"  # a task's answer when its worker lacks the tool: sent again with it
+
+
 @ray.remote(max_retries=0)
-def _execute(digest: str, holder: list[Any], name: str, call_id: str, args: dict[str, Any],
-             fields: dict[str, Any], seconds_left: float, max_chars: int) -> str:
-    """The Ray task of one call: the tool's outcome as JSON text (see :func:`_plain_reply`)."""
+def _execute(payload: str) -> str:
+    """The Ray task of one call. ``payload`` is JSON text: ``[digest, name, call_id, args,
+    fields, seconds_left, max_chars]``. Returns the tool's outcome as JSON text (see
+    :func:`_plain_reply`), or :data:`_NEED_TOOL` when this worker does not hold the tool."""
+    return _run_task(payload, None)
+
+
+@ray.remote(max_retries=0)
+def _execute_shipping(payload: str, holder: list[Any]) -> str:
+    """:func:`_execute` for a worker that lacked the tool: ``holder`` is ``[ref]`` of its
+    cloudpickle bytes in the object store (a nested ref: fetched only here)."""
+    return _run_task(payload, holder)
+
+
+def _run_task(payload: str, holder: list[Any] | None) -> str:
+    digest, name, call_id, args, fields, seconds_left, max_chars = json.loads(payload)
     deadline = time.monotonic() + seconds_left
     tool = _worker_tools.get(digest)
     if tool is None:
+        if holder is None:
+            return _NEED_TOOL
         try:
             tool = cloudpickle.loads(ray.get(holder[0]))
         except BaseException as exc:
@@ -406,6 +427,8 @@ def _execute(digest: str, holder: list[Any], name: str, call_id: str, args: dict
         _worker_tools[digest] = tool
         while len(_worker_tools) > _WORKER_TOOLS:
             _worker_tools.popitem(last=False)
+    else:
+        _worker_tools.move_to_end(digest)
     ctx = MappingProxyType({**fields, "deadline": deadline, "cancel": CancelToken()})
     try:
         value = tool.run(args, ctx)
@@ -516,28 +539,38 @@ def run_on_ray(
         "data_dir": None if ctx.get("data_dir") is None else str(ctx.get("data_dir")),
         "withheld": list(ctx.get("withheld", ())),
     }
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return failed(ErrorKind.TIMEOUT, f"tool {label!r} did not run: its deadline had passed")
-    try:
-        ref = runtime._remote(resources).remote(digest, [tool_ref], label, call_id, args, fields, left,
-                                                 max_output_chars)
-    except Exception as exc:
-        return failed(ErrorKind.RAISED, f"tool {label!r}: its arguments could not be sent to Ray "
-                      f"({describe_exception(exc)})")
-    key = runtime._track(call_id, label, ref, start, deadline)
-    cancel.add_callback(lambda: _force_cancel(ref))
-    try:
-        text = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-    except ray.exceptions.GetTimeoutError:
-        _force_cancel(ref)
-        budget_ms = round((deadline - start) * 1000)
-        return failed(ErrorKind.TIMEOUT, f"tool {label!r} did not finish within its timeout of {budget_ms} ms; "
-                      "its Ray task was cancelled and its worker killed")
-    except BaseException as exc:
-        return _failure(exc, label, cancel, failed)
-    finally:
-        runtime._untrack(key)
+    bare, shipping = runtime._remote(resources)
+    holder: list[Any] | None = None  # the tool goes along only to a worker that lacks it
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return failed(ErrorKind.TIMEOUT, f"tool {label!r} did not run: its deadline had passed")
+        try:
+            payload = json.dumps([digest, label, call_id, args, fields, left, max_output_chars], allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            return failed(ErrorKind.RAISED, f"tool {label!r}: its arguments are not plain JSON data and cannot go "
+                          f"to Ray ({describe_exception(exc)})")
+        try:
+            ref = bare.remote(payload) if holder is None else shipping.remote(payload, holder)
+        except Exception as exc:
+            return failed(ErrorKind.UNAVAILABLE, f"tool {label!r} did not run: Ray refused the task "
+                          f"({describe_exception(exc)})")
+        key = runtime._track(call_id, label, ref, start, deadline)
+        cancel.add_callback(functools.partial(_force_cancel, ref))
+        try:
+            text = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError:
+            _force_cancel(ref)
+            budget_ms = round((deadline - start) * 1000)
+            return failed(ErrorKind.TIMEOUT, f"tool {label!r} did not finish within its timeout of {budget_ms} ms; "
+                          "its Ray task was cancelled and its worker killed")
+        except BaseException as exc:
+            return _failure(exc, label, cancel, failed)
+        finally:
+            runtime._untrack(key)
+        if text != _NEED_TOOL or holder is not None:
+            break
+        holder = [tool_ref]
     try:
         return _decode_reply(text, call_id, label, (time.monotonic() - start) * 1000)
     except ValueError as exc:

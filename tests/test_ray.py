@@ -113,8 +113,8 @@ def test_noop_call_and_results_in_order(runtime: RayRuntime) -> None:
 def test_hung_task_is_timeout_on_time_and_its_worker_killed(runtime: RayRuntime, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     started = time.monotonic()
-    result = call(runtime, {"do": "sleep", "s": 60, "pid_file": str(pid_file)}, timeout_s=3.0)
-    late = time.monotonic() - started - 3.0
+    result = call(runtime, {"do": "sleep", "s": 60, "pid_file": str(pid_file)}, timeout_s=2.0)
+    late = time.monotonic() - started - 2.0
     assert result.error_kind is ErrorKind.TIMEOUT and "worker killed" in result.content, result
     assert late < 1.0, f"the timeout result came {late:.2f} s after the deadline"
     pid = read_pid(pid_file)
@@ -206,7 +206,7 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
     names = Names()
     spec = ChildSpec("counter", RayActor(Counter, 10, resources={"num_cpus": 0}, runtime=runtime, ping_ms=200),
                      name="counter")
-    sup = start_link(Supervisor, [spec], strategy="one_for_one", max_restarts=3, max_seconds=30, names=names)
+    sup = start_link(Supervisor, [spec], strategy="one_for_one", max_restarts=5, max_seconds=30, names=names)
     try:
         first = names.whereis("counter")
         assert first is not None
@@ -232,22 +232,15 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         # an idle Ray actor that dies is found by the liveness ping
         os.kill(second.ask(RayCall("pid")), signal.SIGKILL)
         assert wait_for(lambda: names.whereis("counter") not in (None, second))
+        third = names.whereis("counter")
+        assert third is not None and third.ask(RayCall("incr"), timeout=WAIT_S) == 11
+        # a call past its deadline: the Ray actor cannot cancel a method, so it is killed
+        third_pid = third.ask(RayCall("pid"))
+        with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
+            third.ask(RayCall("block", (60,), timeout_ms=300), timeout=WAIT_S)
+        assert wait_for(lambda: pid_gone(third_pid))
+        assert wait_for(lambda: names.whereis("counter") not in (None, third))
         assert names.whereis("counter").ask(RayCall("incr"), timeout=WAIT_S) == 11  # type: ignore[union-attr]
     finally:
         sup.stop(timeout=WAIT_S)
     assert wait_for(lambda: runtime.actors() == [])
-
-
-def test_ray_actor_call_past_its_deadline_restarts_the_server(runtime: RayRuntime) -> None:
-    names = Names()
-    spec = ChildSpec("slow", RayActor(Counter, 0, resources={"num_cpus": 0}, runtime=runtime), name="slow")
-    sup = start_link(Supervisor, [spec], names=names)
-    try:
-        first = names.whereis("slow")
-        assert first is not None
-        with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
-            first.ask(RayCall("block", (60,), timeout_ms=300), timeout=WAIT_S)
-        assert wait_for(lambda: names.whereis("slow") not in (None, first))
-        assert names.whereis("slow").ask(RayCall("incr"), timeout=WAIT_S) == 1  # type: ignore[union-attr]
-    finally:
-        sup.stop(timeout=WAIT_S)
