@@ -163,10 +163,39 @@ def test_cancel_token_cancels_the_task(runtime: RayRuntime, tmp_path: Path) -> N
                                                                           "pid_file": str(pid_file)}, cancel=cancel)))
     thread.start()
     pid = read_pid(pid_file)
+    [task] = runtime.tasks()  # the operator view: the task in flight
+    assert task["call_id"] == "c1" and task["tool"] == "probe" and 0 < task["ms_left"] <= WAIT_S * 1000
+    assert runtime.stats()["ray_tasks_running"] == 1
     cancel.cancel("stopping")
     thread.join(WAIT_S)
     assert box and box[0].error_kind is ErrorKind.CANCELLED and "stopping" in box[0].content, box
     assert wait_for(lambda: pid_gone(pid))
+
+
+class Greeter:
+    """An instance tool: its current state travels with each call (a new version)."""
+
+    def __init__(self) -> None:
+        self.greeting = "hello"
+
+    def run(self, args: dict[str, Any], ctx: Any) -> str:
+        return f"{self.greeting} {args['who']}"
+
+
+def test_instance_state_travels_and_bad_arguments_are_named(runtime: RayRuntime) -> None:
+    greeter = Greeter()
+
+    def greet(args: dict[str, Any]) -> Any:
+        return run_on_ray(runtime, greeter, args, {"call_id": "g"}, time.monotonic() + WAIT_S, CancelToken(),
+                          1_000, RayResources(num_cpus=0.5), name="greet")
+
+    assert greet({"who": "ann"}).content == "hello ann"
+    greeter.greeting = "bye"
+    assert greet({"who": "ann"}).content == "bye ann"
+    bad = greet({"who": object()})
+    assert bad.error_kind is ErrorKind.RAISED and "arguments are not plain JSON data" in bad.content, bad
+    with pytest.raises(ValueError, match="unknown ray settings \\['adress'\\]"):
+        RayRuntime({"adress": "auto"})
 
 
 def test_untrusted_tools_are_refused() -> None:
