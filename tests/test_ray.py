@@ -14,7 +14,7 @@ from typing import Any
 import pykka
 import pytest
 
-from rho_actors import CancelToken, ChildSpec, ErrorKind, Supervisor, start_link, untrusted
+from rho_actors import ActorSystem, CancelToken, ChildSpec, ErrorKind, Supervisor, ToolCall, start_link, tool, untrusted
 from rho_actors.actor import Names
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_actors[ray]')")
@@ -272,4 +272,20 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         assert names.whereis("counter").ask(RayCall("incr"), timeout=WAIT_S) == 11  # type: ignore[union-attr]
     finally:
         sup.stop(timeout=WAIT_S)
+    assert wait_for(lambda: runtime.actors() == [])
+
+
+def test_tools_reach_a_ray_server_by_name(runtime: RayRuntime, system: ActorSystem) -> None:
+    @tool
+    def count(ctx: Any) -> int:
+        """Count one more."""
+        return int(ctx["whereis"]("counter").ask(RayCall("incr"), timeout=WAIT_S))
+
+    system.register(count)
+    system.start_child(ChildSpec("counter", RayActor(Counter, 0, resources={"num_cpus": 0}, runtime=runtime),
+                                 name="counter"))
+    loop = system.start_loop()
+    results = loop.run_turn([ToolCall("c1", "count", "{}"), ToolCall("c2", "count", "{}")])
+    assert sorted(r.content for r in results) == ["1", "2"], results
+    system.stop()
     assert wait_for(lambda: runtime.actors() == [])
