@@ -563,7 +563,7 @@ def run_on_ray(
             _force_cancel(ref)
             budget_ms = round((deadline - start) * 1000)
             return failed(ErrorKind.TIMEOUT, f"tool {label!r} did not finish within its timeout of {budget_ms} ms; "
-                          "its Ray task was cancelled and its worker killed")
+                          "its Ray task was force-cancelled (a running task's worker is killed)")
         except BaseException as exc:
             return _failure(exc, label, cancel, failed)
         finally:
@@ -589,7 +589,7 @@ def _failure(exc: BaseException, label: str, cancel: CancelToken,
     cause = f"{type(exc).__name__}: {_first_line(exc)}"
     if cancel.cancelled and isinstance(exc, (ray.exceptions.TaskCancelledError, *_LOST)):
         return failed(ErrorKind.CANCELLED, f"tool {label!r} was cancelled ({cancel.reason}); its Ray task was "
-                      "cancelled and its worker killed")
+                      "force-cancelled (a running task's worker is killed)")
     if isinstance(exc, ray.exceptions.OutOfMemoryError):
         return failed(ErrorKind.MEMORY, f"tool {label!r} ran out of memory: Ray's memory monitor killed its worker "
                       f"({cause})")
