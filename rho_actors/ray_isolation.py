@@ -840,8 +840,11 @@ _default_lock = threading.Lock()
 
 def default_runtime(config: Mapping[str, Any] | None = None) -> RayRuntime:
     """The process's shared :class:`RayRuntime` (Ray's client state is per process),
-    made with ``config`` on first use; later calls return it and ignore ``config``."""
+    made with ``config`` on first use and returned by later calls. Raises ``ValueError``
+    when a later ``config`` differs from the first (one process, one Ray connection)."""
     with _default_lock:
         if not _default:
             _default.append(RayRuntime(config))
+        elif config is not None and dict(config) != _default[0].config:
+            raise ValueError(f"this process is already set up for Ray with {_default[0].config}, not {dict(config)}")
         return _default[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -26,6 +27,7 @@ from rho_actors.ray_isolation import (  # noqa: E402
     RayRuntime,
     RayServerDown,
     check_registration,
+    default_runtime,
     run_on_ray,
 )
 from tests.conftest import WAIT_S, wait_for  # noqa: E402
@@ -194,6 +196,10 @@ def test_instance_state_travels_and_bad_arguments_are_named(runtime: RayRuntime)
     assert greet({"who": "ann"}).content == "bye ann"
     bad = greet({"who": object()})
     assert bad.error_kind is ErrorKind.RAISED and "arguments are not plain JSON data" in bad.content, bad
+    shared = default_runtime({"num_cpus": 2})
+    assert default_runtime() is shared and default_runtime({"num_cpus": 2}) is shared
+    with pytest.raises(ValueError, match=re.escape("already set up for Ray with {'num_cpus': 2}")):
+        default_runtime({"address": "auto"})
     with pytest.raises(ValueError, match="unknown ray settings \\['adress'\\]"):
         RayRuntime({"adress": "auto"})
 
