@@ -5,7 +5,8 @@ Everything is measured in one run, on a local Ray started here (loopback, no das
 
 1. **No-op call.** ``run_on_ray`` of a no-op tool next to a bare Ray task round trip
    (``ray.get(noop.remote())``, same options), interleaved round by round: p50 and p99 in
-   microseconds. Target: rho p50 / bare p50 <= 1.2x. For reference, a bare task carrying
+   microseconds (the three kinds take turns going first). Target: rho p50 / bare p50
+   <= 1.2x. For reference, a bare task carrying
    the call's JSON payload and returning it (what Ray itself costs for the arguments).
 2. **Parallel calls.** Wall time of 16 calls of a tool that sleeps 100 ms, each through
    ``run_on_ray`` from its own thread (as 16 CallActors would), next to 16 bare Ray tasks
@@ -94,20 +95,19 @@ def bench_noop(runtime: RayRuntime, rounds: int) -> dict[str, Any]:
     echo: list[float] = []
     payload = json.dumps(["0" * 32, "Noop", "c", {}, {"session_id": None, "call_id": "c", "data_dir": None,
                                                      "withheld": []}, 30.0, 10_000])
-    for i in range(rounds + 20):
-        t0 = time.perf_counter_ns()
+    def run_rho() -> None:
         result = rho_call(runtime, Noop, {})
-        t1 = time.perf_counter_ns()
-        ray.get(bare_noop.remote())
-        t2 = time.perf_counter_ns()
-        ray.get(bare_echo.remote(payload))
-        t3 = time.perf_counter_ns()
         if not result.ok:
             raise BenchmarkError(f"no-op call failed: {result}")
-        if i >= 20:  # warm-up
-            rho.append((t1 - t0) / 1000)
-            bare.append((t2 - t1) / 1000)
-            echo.append((t3 - t2) / 1000)
+
+    kinds = [(rho, run_rho), (bare, lambda: ray.get(bare_noop.remote())),
+             (echo, lambda: ray.get(bare_echo.remote(payload)))]
+    for i in range(rounds + 20):
+        for samples, run in kinds[i % 3:] + kinds[:i % 3]:  # each kind goes first in turn
+            t0 = time.perf_counter_ns()
+            run()
+            if i >= 20:  # warm-up
+                samples.append((time.perf_counter_ns() - t0) / 1000)
     r, b, e = summary(rho, 0), summary(bare, 0), summary(echo, 0)
     ratio = r["p50"] / b["p50"]
     return {"rho_us": r, "bare_us": b, "bare_with_payload_us": e, "ratio_p50": round(ratio, 2),
