@@ -295,3 +295,37 @@ def test_tools_reach_a_ray_server_by_name(runtime: RayRuntime, system: ActorSyst
     assert sorted(r.content for r in results) == ["1", "2"], results
     system.stop()
     assert wait_for(lambda: runtime.actors() == [])
+
+
+class WorkerPid:
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> int:
+        return os.getpid()
+
+
+def test_two_hosts_share_one_ray_cluster_and_a_session_moves(runtime: RayRuntime, tmp_path: Path) -> None:
+    """Two ActorSystems (two hosts) with their data_dir in one shared folder, running tool
+    calls on one Ray cluster: a session begun on the first resumes on the second."""
+    from rho_actors import Reply, ScriptedModel
+
+    @tool
+    def worker_pid(ctx: Any) -> str:
+        """The pid of the Ray worker that ran this call."""
+        result = run_on_ray(runtime, WorkerPid, {}, ctx, ctx["deadline"], ctx["cancel"], 1_000,
+                            RayResources(num_cpus=0.5), name="worker_pid")
+        assert result.ok, result
+        return result.content
+
+    shared = tmp_path / "shared"
+    answers = []
+    for host in ("a", "b"):
+        with ActorSystem(data_dir=shared) as system:
+            system.register(worker_pid)
+            loop = system.start_loop("s1")
+            model = ScriptedModel([Reply(tool_calls=(ToolCall(f"c-{host}", "worker_pid", "{}"),)),
+                                   Reply(text=f"done on {host}")])
+            assert loop.prompt(f"on {host}", model=model).text == f"done on {host}"
+            answers.append(model.requests[-1][0])
+    first, second = answers
+    assert [m.tool_call_id for m in second if m.role == "tool"] == ["c-a", "c-b"]  # host b saw host a's step
+    assert first[-1].text.isdigit() and int(first[-1].text) != os.getpid()  # it ran in a Ray worker
