@@ -161,13 +161,18 @@ def test_cancel_token_cancels_the_task(runtime: RayRuntime, tmp_path: Path) -> N
     pid_file = tmp_path / "pid"
     cancel = CancelToken()
     box: list[Any] = []
+    every_cpu = RayResources(num_cpus=2)
     thread = threading.Thread(target=lambda: box.append(call(runtime, {"do": "sleep", "s": 60,
-                                                                          "pid_file": str(pid_file)}, cancel=cancel)))
+                                                                          "pid_file": str(pid_file)},
+                                                              cancel=cancel, resources=every_cpu)))
     thread.start()
     pid = read_pid(pid_file)
     [task] = runtime.tasks()  # the operator view: the task in flight
     assert task["call_id"] == "c1" and task["tool"] == "probe" and 0 < task["ms_left"] <= WAIT_S * 1000
     assert runtime.stats()["ray_tasks_running"] == 1
+    # resources that exist but are busy: the call waits in Ray's queue until its deadline, no longer
+    queued = call(runtime, {}, timeout_s=0.5, resources=every_cpu, call_id="c2")
+    assert queued.error_kind is ErrorKind.TIMEOUT and queued.duration_ms < 1_500, queued
     cancel.cancel("stopping")
     thread.join(WAIT_S)
     assert box and box[0].error_kind is ErrorKind.CANCELLED and "stopping" in box[0].content, box
