@@ -3,7 +3,8 @@ under rho's deadlines and supervision (DESIGN §5). Needs the ``ray`` extra.
 
 A call runs as one Ray task (``max_retries=0``) with its tool's resources
 (:class:`RayResources`). The tool travels once per version: its cloudpickle bytes are put
-in Ray's object store and each Ray worker keeps the unpickled tool by digest. In the task
+in Ray's object store and each Ray worker keeps the unpickled tool by digest (a worker
+that lacks it says so, and the call is sent again with a reference to the bytes). In the task
 the tool's outcome becomes a result with rho's own builders and comes back as JSON text,
 which the host validates before it becomes a :class:`ToolResult`. Ray has no per-task
 timeout, so the host keeps the deadline: at the deadline the result is ``timeout`` and the
@@ -35,6 +36,7 @@ import itertools
 import json
 import os
 import pickle
+import sys
 import threading
 import time
 import types
@@ -165,8 +167,9 @@ class RayRuntime:
 
     ``config`` is ``ActorSystem(ray={...})``: ``address`` (``"auto"``, ``"ray://host:10001"``
     or ``"host:6379"``) connects to a running cluster; without it a local Ray is started
-    (or a running one in this process is attached) bound to 127.0.0.1, with no dashboard
-    and ``num_cpus``/``num_gpus`` from the config when given. ``namespace`` and
+    (or a running one in this process is attached) on this host, with no dashboard,
+    ``_node_ip_address="127.0.0.1"`` (Ray 2.x swaps a loopback address for the host's
+    own) and ``num_cpus``/``num_gpus`` from the config when given. ``namespace`` and
     ``runtime_env`` go to ``ray.init``. ``timers`` serve the servers' liveness pings
     (default: a timer thread of its own). Connecting is lazy (first use) and raises
     what ``ray.init`` raises.
@@ -348,23 +351,30 @@ _by_value_checked: set[str] = set()
 
 
 def _by_value(tool: Any) -> None:
-    """Ship the tool's own module by value unless it belongs to an installed package:
-    the Ray workers (perhaps on other hosts) may not have the host's scripts and tests."""
-    module_name = tool.__name__ if isinstance(tool, types.ModuleType) else getattr(
-        tool if isinstance(tool, (type, types.FunctionType)) else type(tool), "__module__", None)
-    if not isinstance(module_name, str) or module_name in _by_value_checked:
-        return
-    _by_value_checked.add(module_name)
-    module = __import__("sys").modules.get(module_name)
-    path = getattr(module, "__file__", None)
-    if module is None or module_name in ("__main__", "builtins") or path is None:
-        return
-    if "site-packages" in path or "dist-packages" in path or module_name.split(".")[0] == "rho_actors":
-        return
-    try:
-        cloudpickle.register_pickle_by_value(module)
-    except ValueError:
-        pass
+    """Ship the tool's own modules by value unless they belong to an installed package:
+    the Ray workers (perhaps on other hosts) may not have the host's scripts and tests.
+    Its modules: its own (a module tool), its ``__module__``, its class's and, for a
+    wrapper such as ``@tool``, the wrapped function's."""
+    names: list[Any]
+    if isinstance(tool, types.ModuleType):
+        names = [tool.__name__]
+    else:
+        wrapped = getattr(tool, "__wrapped__", None)
+        names = [getattr(tool, "__module__", None), type(tool).__module__, getattr(wrapped, "__module__", None)]
+    for name in names:
+        if not isinstance(name, str) or name in _by_value_checked:
+            continue
+        _by_value_checked.add(name)
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if module is None or path is None or name in ("__main__", "builtins") or name.split(".")[0] == "rho_actors":
+            continue
+        if "site-packages" in path or "dist-packages" in path:
+            continue
+        try:
+            cloudpickle.register_pickle_by_value(module)
+        except ValueError:
+            pass
 
 
 # --- one call ------------------------------------------------------------------------------
@@ -695,10 +705,8 @@ class RayServer(Actor):
         problem = runtime.infeasible(self.resources)
         if problem is not None:
             raise RuntimeError(f"Ray actor {self.cls.__name__} cannot start: {problem}")
-        options = self.resources.options()
-        options.pop("num_cpus")
-        remote_cls: Any = ray.remote(self.cls).options(
-            max_restarts=0, max_task_retries=0, num_cpus=self.resources.num_cpus, **options)
+        remote_cls: Any = ray.remote(self.cls).options(max_restarts=0, max_task_retries=0,
+                                                       **self.resources.options())
         self.handle = remote_cls.remote(*self._args, **self._kwargs)
         try:
             self.node_id, self.pid = ray.get(self.handle.__ray_call__.remote(_where),

@@ -197,6 +197,15 @@ def test_instance_state_travels_and_bad_arguments_are_named(runtime: RayRuntime)
                           1_000, RayResources(num_cpus=0.5), name="greet")
 
     assert greet({"who": "ann"}).content == "hello ann"
+
+    @tool
+    def shout(text: str) -> str:
+        """Upper-case the text."""
+        return text.upper()
+
+    shouted = run_on_ray(runtime, shout, {"text": "hi"}, {"call_id": "s"}, time.monotonic() + WAIT_S, CancelToken(),
+                         1_000, RayResources(num_cpus=0.5), name="shout")
+    assert shouted.ok and shouted.content == "HI", shouted
     greeter.greeting = "bye"
     assert greet({"who": "ann"}).content == "bye ann"
     bad = greet({"who": object()})
