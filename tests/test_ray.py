@@ -343,3 +343,18 @@ def test_two_hosts_share_one_ray_cluster_and_a_session_moves(runtime: RayRuntime
     first, second = answers
     assert [m.tool_call_id for m in second if m.role == "tool"] == ["c-a", "c-b"]  # host b saw host a's step
     assert first[-1].text.isdigit() and int(first[-1].text) != os.getpid()  # it ran in a Ray worker
+
+
+class Broken:
+    def __init__(self) -> None:
+        raise OSError("no browser binary")
+
+
+def test_ray_actor_start_errors_are_named(runtime: RayRuntime) -> None:
+    with pytest.raises(RuntimeError, match="tpu=1 \\(the largest node has 0\\)"):
+        RayActor(Counter, 0, resources={"tpu": 1}, runtime=runtime)()
+    with pytest.raises(RuntimeError, match="no browser binary"):
+        RayActor(Broken, resources={"num_cpus": 0}, runtime=runtime)()
+    with pytest.raises(ValueError, match="ping_ms must be milliseconds > 0"):
+        RayActor(Counter, ping_ms=0)
+    assert runtime.actors() == []
