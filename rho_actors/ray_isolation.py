@@ -698,6 +698,7 @@ class RayServer(Actor):
         self.calls = 0
         self._ping: Any = None
         self._timer: Timer | None = None
+        self._down_error: RayServerDown | None = None
 
     def on_start(self) -> None:
         runtime = self.runtime
@@ -724,11 +725,7 @@ class RayServer(Actor):
             self.runtime._servers.pop(self.actor_urn, None)
         if self._timer is not None:
             self._timer.cancel()
-        if self.handle is not None:
-            try:
-                ray.kill(self.handle, no_restart=True)
-            except Exception as exc:
-                logger.debug("ray.kill of {} failed: {}", self.actor_id, describe_exception(exc))
+        self._kill_ray_actor()
 
     def describe(self) -> dict[str, Any]:
         """This server as plain data (see :meth:`RayRuntime.actors`)."""
@@ -742,6 +739,8 @@ class RayServer(Actor):
             self._timer = None
 
     def _check_liveness(self) -> None:
+        if self._down_error is not None:
+            return
         if self._ping is not None:
             ready, _ = ray.wait([self._ping], timeout=0)
             if ready:
@@ -756,12 +755,22 @@ class RayServer(Actor):
         self._schedule_ping()
 
     def _down(self, why: str) -> RayServerDown:
-        """Mark the server failed: it exits with the returned error as reason once the
-        messages already queued are answered (each meets the dead Ray actor at once)."""
+        """Mark the server failed: its Ray actor is killed, the calls already queued get
+        the returned error at once, and then this actor exits with it as reason."""
         error = RayServerDown(f"Ray server {self.cls.__name__} ({self.actor_id}) is down: {why}")
-        logger.warning("{}", error)
-        kill(self.actor_ref, error)
+        if self._down_error is None:
+            self._down_error = error
+            logger.warning("{}", error)
+            self._kill_ray_actor()
+            kill(self.actor_ref, error)
         return error
+
+    def _kill_ray_actor(self) -> None:
+        if self.handle is not None:
+            try:
+                ray.kill(self.handle, no_restart=True)
+            except Exception as exc:
+                logger.debug("ray.kill of {} failed: {}", self.actor_id, describe_exception(exc))
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, RayCall):
@@ -778,6 +787,8 @@ class RayServer(Actor):
         return self._call(RayCall(method, args, kwargs))
 
     def _call(self, message: RayCall) -> Any:
+        if self._down_error is not None:
+            raise self._down_error
         timeout_ms = self.call_timeout_ms if message.timeout_ms is None else message.timeout_ms
         try:
             bound = getattr(self.handle, message.method)

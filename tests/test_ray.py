@@ -285,8 +285,12 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         assert third is not None and third.ask(RayCall("incr"), timeout=WAIT_S) == 11
         # a call past its deadline: the Ray actor cannot cancel a method, so it is killed
         third_pid = third.ask(RayCall("pid"))
+        stuck = third.ask(RayCall("block", (60,), timeout_ms=300), block=False)
+        behind = third.ask(RayCall("incr"), block=False)  # queued behind the stuck call: fails with it
         with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
-            third.ask(RayCall("block", (60,), timeout_ms=300), timeout=WAIT_S)
+            stuck.get(timeout=WAIT_S)
+        with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
+            behind.get(timeout=WAIT_S)  # not its own 30 s deadline
         assert wait_for(lambda: pid_gone(third_pid))
         assert wait_for(lambda: names.whereis("counter") not in (None, third))
         assert names.whereis("counter").ask(RayCall("incr"), timeout=WAIT_S) == 11  # type: ignore[union-attr]
