@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import sys
@@ -191,20 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     opts = parser.parse_args(argv)
     started = time.perf_counter_ns()
-    t0 = time.monotonic()
-    runtime = RayRuntime({"num_cpus": PARALLEL})
-    runtime.connect()
-    init_s = round(time.monotonic() - t0, 2)
-    try:
-        report: dict[str, Any] = {
-            "environment": environment(opts.quick, ray=ray.__version__),
-            "ray_init_s": init_s,
-            "noop": bench_noop(runtime, 30 if opts.quick else 300),
-            "parallel": bench_parallel(runtime, 1 if opts.quick else 5),
-            "deadline": bench_deadline(runtime, 2 if opts.quick else 5),
-        }
-    finally:
-        runtime.shutdown()
+    # Ray's own notices (the raylet's warnings) go to stdout: keep them off the report's.
+    with contextlib.redirect_stdout(sys.stderr):
+        t0 = time.monotonic()
+        runtime = RayRuntime({"num_cpus": PARALLEL})
+        runtime.connect()
+        init_s = round(time.monotonic() - t0, 2)
+        try:
+            report: dict[str, Any] = {
+                "environment": environment(opts.quick, ray=ray.__version__),
+                "ray_init_s": init_s,
+                "noop": bench_noop(runtime, 30 if opts.quick else 300),
+                "parallel": bench_parallel(runtime, 1 if opts.quick else 5),
+                "deadline": bench_deadline(runtime, 2 if opts.quick else 5),
+            }
+        finally:
+            runtime.shutdown()
     return publish(report, started, opts.json, print_text)
 
 
