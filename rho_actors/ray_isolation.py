@@ -54,10 +54,11 @@ import ray.exceptions
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rho_actors.actor import Actor, kill, start_link
-from rho_actors.call import CancelToken, error_result, result_from_exception, result_from_return
+from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
-from rho_actors.timers import Timer, Timers
+from rho_actors.otp.actor import Actor, kill, start_link
+from rho_actors.otp.timers import Timer, Timers
+from rho_actors.results import error_result, result_from_exception, result_from_return
 from rho_actors.tool import ErrorKind, Image, ToolResult, is_untrusted
 
 __all__ = [

@@ -16,7 +16,7 @@ import pykka
 import pytest
 
 from rho_actors import ActorSystem, CancelToken, ChildSpec, ErrorKind, Supervisor, ToolCall, start_link, tool, untrusted
-from rho_actors.actor import Names
+from rho_actors.otp.names import Names
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_actors[ray]')")
 
