@@ -21,15 +21,13 @@ from rho_actors.otp.names import Names
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_actors[ray]')")
 
 from rho_actors.ray_isolation import (  # noqa: E402
-    RayActor,
-    RayCall,
     RayResources,
     RayRuntime,
-    RayServerDown,
     check_registration,
     default_runtime,
     run_on_ray,
 )
+from rho_actors.ray_servers import RayActor, RayCall, RayServerDown  # noqa: E402
 from tests.conftest import WAIT_S, wait_for  # noqa: E402
 
 
@@ -362,3 +360,44 @@ def test_ray_actor_start_errors_are_named(runtime: RayRuntime) -> None:
     with pytest.raises(ValueError, match="ping_ms must be milliseconds > 0"):
         RayActor(Counter, ping_ms=0)
     assert runtime.actors() == []
+
+
+def test_ray_isolation_runs_calls_in_call_actors(runtime: RayRuntime) -> None:
+    """The ``ray`` Isolation: a call told to a spare CallActor runs as a Ray task."""
+    import queue
+
+    from rho_actors.call import CallActor, CallSpec
+    from rho_actors.isolation import IsolationServices
+    from rho_actors.isolation.ray import RayIsolation
+    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.timers import Timers
+
+    spares = Spares(ChildSpec("call", CallActor.start, restart="temporary"), 1)
+    sup = start_link(Supervisor, spares=spares)
+    timers = Timers()
+    isolation = RayIsolation(IsolationServices(spares, timers), runtime)
+    replies: queue.Queue[Any] = queue.Queue()
+
+    def spec(call_id: str, args: dict[str, Any], timeout_s: float = WAIT_S) -> CallSpec:
+        now = time.monotonic()
+        return CallSpec(call_id, "probe", Probe, args, {"call_id": call_id}, now, now + timeout_s,
+                        round(timeout_s * 1000), CancelToken(), 1_000, replies.put)
+
+    try:
+        isolation.start(spec("early", {}))
+        assert replies.get(timeout=WAIT_S).error_kind is ErrorKind.CANCELLED  # not open yet
+        isolation.open()
+        isolation.set_resources("probe", {"num_cpus": 0.5})
+        isolation.start(spec("c1", {"value": 7}))
+        done = replies.get(timeout=WAIT_S)
+        assert done.ok and done.call_id == "c1" and '"echo": 7' in done.content, done
+        isolation.set_resources("probe", {"tpu": 1})
+        isolation.start(spec("c2", {}))
+        assert replies.get(timeout=WAIT_S).error_kind is ErrorKind.UNAVAILABLE
+        assert isolation.stats()["ray_tasks_running"] == 0
+        with pytest.raises(ValueError, match="'num_cpus' must be a number >= 0"):
+            isolation.set_resources("probe", {"num_cpus": -2})
+    finally:
+        isolation.shutdown(1.0)
+        sup.stop(timeout=WAIT_S)
+        timers.stop()
