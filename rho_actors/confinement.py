@@ -166,6 +166,7 @@ def apply(spec: Confinement) -> tuple[str, ...]:
         if expected is not None and os.getppid() != expected:
             os.kill(os.getpid(), spec.pdeathsig)  # the parent died before the signal was armed
         done.append("pdeathsig")
+    _release_fork_server()
     if spec.new_session:
         with contextlib.suppress(PermissionError):  # already a group leader
             os.setsid()
@@ -191,7 +192,7 @@ def apply(spec: Confinement) -> tuple[str, ...]:
         _prctl(_PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS")
         done.append("no_new_privs")
     if spec.landlock:
-        writable = (*spec.read_write, *(() if spec.private_dir is None else (spec.private_dir,)))
+        writable = (*spec.read_write, "/dev/null", *(() if spec.private_dir is None else (spec.private_dir,)))
         try:
             landlock.restrict_self(spec.read_only, writable)
             done.append("landlock")
@@ -202,6 +203,20 @@ def apply(spec: Confinement) -> tuple[str, ...]:
         _drop_identity(spec.uid, DEFAULT_UID if spec.gid is None else spec.gid)
         done.append("identity")
     return tuple(done)
+
+
+def _release_fork_server() -> None:
+    """Close this child's copy of the fork server's "alive" pipe. multiprocessing gives
+    every forkserver child one, and the fork server only exits (and, guarded, kills its
+    tree) once every copy is closed: a busy worker holding one keeps the fork server, and
+    so itself, alive after the host died."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]
 
 
 def _set_limits(spec: Confinement) -> None:
