@@ -22,7 +22,7 @@ from typing import Literal, Union
 
 from loguru import logger
 
-__all__ = ["CallEvent", "DeclarationEvent", "EventBus", "EventKind"]
+__all__ = ["CallEvent", "DeclarationEvent", "EventBus", "EventKind", "IsolationEvent"]
 
 EventKind = Literal["started", "finished", "timed_out", "late"]
 
@@ -40,7 +40,17 @@ class CallEvent:
     duration_ms: float = 0.0
 
 
-Event = Union["CallEvent", "DeclarationEvent"]
+@dataclass(frozen=True, slots=True)
+class IsolationEvent:
+    """An isolation's state changed for a tool: ``kind`` ``"threads_exhausted"`` (its
+    calls are ``unavailable``: ``detail`` says why) or ``"threads_recovered"``."""
+
+    kind: str
+    tool: str
+    detail: str = ""
+
+
+Event = Union["CallEvent", "DeclarationEvent", "IsolationEvent"]
 
 
 class EventBus:
@@ -68,6 +78,8 @@ class EventBus:
         """Log ``event`` and give it to every subscriber (a raising one is logged)."""
         if isinstance(event, DeclarationEvent):
             logger.info("declaration of {}: {} {}", event.tool, event.kind, event.reason or "")
+        elif isinstance(event, IsolationEvent):
+            logger.info("tool {}: {} {}", event.tool, event.kind, event.detail)
         elif event.kind == "timed_out":
             logger.warning(
                 "call {} ({}) in session {} timed out after {:.1f} ms",
