@@ -106,12 +106,10 @@ def replace_environment(env: Mapping[str, str]) -> None:
     ``/proc/self/environ`` shows, so code run later cannot read them back."""
     bytes_header = sys.getsizeof(b"") - 1
     for key, value in list(posix.environ.items()):
-        for item in (key, value):
-            if item:
-                ctypes.memset(id(item) + bytes_header, 0, len(item))
-    for key in list(posix.environ):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):
             os.unsetenv(key)
+        if value:
+            ctypes.memset(id(value) + bytes_header, 0, len(value))
     posix.environ.clear()
     with contextlib.suppress(OSError, ValueError, IndexError):
         with open("/proc/self/stat", "rb") as f:
@@ -164,9 +162,10 @@ def child_main(conn: Any, setup: ChildSetup, entry: Callable[[Channel, Any], Non
     try:
         try:
             enter_child(setup)
-        except ConfinementError as exc:
+        except (ConfinementError, Exception) as exc:
+            problem = str(exc) if isinstance(exc, ConfinementError) else f"{type(exc).__name__}: {exc}"
             with contextlib.suppress(OSError):
-                os.write(2, json.dumps({"confinement_error": str(exc)}).encode() + b"\n")
+                os.write(2, json.dumps({"confinement_error": problem}).encode() + b"\n")
             os._exit(1)
         entry(Channel(conn), payload)
     finally:
