@@ -13,6 +13,7 @@ worker's tree, when the system's ``workers`` actor stops.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rho_actors.call import CallSpec, RunCall
@@ -68,8 +69,9 @@ class ProcessIsolation(Isolation):
                 call.tool, call.args, call.ctx, call.deadline, call.max_output_chars, name=call.name,
                 started=call.dispatched,
             )
-        keep = ("session_id", "call_id", "data_dir", "withheld")
+        keep = ("session_id", "call_id", "withheld")
         ctx: dict[str, Any] = {k: call.ctx[k] for k in keep if k in call.ctx}
+        ctx["data_dir"] = Path(".")  # its worker's private folder (the session folder stays closed to it)
         ctx["deps"] = entry.deps  # only what the host registered for this tool, never the session's deps
         scope = CALL_SCOPE if entry.worker_scope == "call" else (call.name, ctx.get("session_id"))
         return pool.run(

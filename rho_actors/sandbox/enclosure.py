@@ -60,6 +60,22 @@ class ConfinePolicy:
     exclude: tuple[str, ...] = ()
 
 
+class _CgroupWatch(RssSampler):
+    """Kills the whole tree as soon as the cgroup records an OOM kill (cgroup v1 kills
+    one process only; v2 with ``memory.oom.group`` kills them all)."""
+
+    def __init__(self, pid: int, enclosure: Enclosure) -> None:
+        super().__init__(pid, 0, interval_s=0.05)
+        self._enclosure = enclosure
+
+    def check(self) -> bool:
+        if not self._enclosure.memory_bound_hit():
+            return False
+        self.exceeded.set()
+        self._enclosure.kill()
+        return True
+
+
 class Enclosure:
     """One confined child's host-side resources (see the module doc). ``heap_bytes``
     bounds the child's whole tree (bytes); ``env`` is added to its scrubbed environment;
@@ -107,8 +123,9 @@ class Enclosure:
     def started(self, pid: int) -> None:
         """The child ``pid`` started: without a cgroup, sample its tree's memory."""
         self.pid = pid
-        if self.policy.confine and self.cgroup is None and self.heap_bytes:
-            self.sampler = RssSampler(pid, self.heap_bytes).start()
+        if self.policy.confine and self.heap_bytes:
+            self.sampler = (_CgroupWatch(pid, self) if self.cgroup is not None else RssSampler(pid, self.heap_bytes))
+            self.sampler.start()
 
     def kill(self) -> None:
         """SIGKILL the child and every process of its tree (``setsid`` escapes included)."""
@@ -126,10 +143,12 @@ class Enclosure:
     def memory_bound_hit(self) -> bool:
         """Whether the tree reached its memory bound (the cgroup's OOM record, or the
         sampler killed it)."""
+        if self.sampler is not None and self.sampler.exceeded.is_set():
+            return True
         if self.cgroup is not None:
             with contextlib.suppress(OSError):
                 return self.cgroup.memory_bound_hit()
-        return self.sampler is not None and self.sampler.exceeded.is_set()
+        return False
 
     def remove(self) -> None:
         """After the child ended: kill what is left, remove the cgroup and the private

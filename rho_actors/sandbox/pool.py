@@ -372,7 +372,10 @@ class WorkerPool:
         try:
             result, retire = self._exchange(worker, request, tool_bytes, deadline)
         except DeadlineReached:
+            memory_hit = worker.enclosure is not None and worker.enclosure.memory_bound_hit()
             self._lose(worker, "killed")
+            if worker.enclosure is not None and memory_hit:
+                return failed("memory_tree", heap=mib(self._heap_bytes), bound=worker.enclosure.memory_bound)
             return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
         except EOFError:
             return self._died(worker, failed)
@@ -594,11 +597,12 @@ class WorkerPool:
         """The worker's pipe closed mid-call: find out how it ended."""
         code = worker.reap(_EXIT_GRACE_S)
         stopped = self._stopped
+        enclosure = worker.enclosure
+        memory_hit = enclosure is not None and enclosure.memory_bound_hit()
         self._lose(worker, "died")
         if stopped or worker.killed:
             return failed("pool_stopped_mid_call")
-        enclosure = worker.enclosure
-        if enclosure is not None and enclosure.memory_bound_hit():
+        if enclosure is not None and memory_hit:
             return failed("memory_tree", heap=mib(self._heap_bytes), bound=enclosure.memory_bound)
         if code is None:
             return failed("pipe_closed")
