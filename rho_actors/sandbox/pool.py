@@ -372,11 +372,7 @@ class WorkerPool:
         try:
             result, retire = self._exchange(worker, request, tool_bytes, deadline)
         except DeadlineReached:
-            memory_hit = worker.enclosure is not None and worker.enclosure.memory_bound_hit()
-            self._lose(worker, "killed")
-            if worker.enclosure is not None and memory_hit:
-                return failed("memory_tree", heap=mib(self._heap_bytes), bound=worker.enclosure.memory_bound)
-            return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
+            return self._at_deadline(worker, failed, timeout_ms)
         except EOFError:
             return self._died(worker, failed)
         except Malformed as exc:
@@ -592,6 +588,15 @@ class WorkerPool:
         self._pids.discard(worker.pid)
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
+
+    def _at_deadline(self, worker: _Worker, failed: Callable[..., ToolResult], timeout_ms: int) -> ToolResult:
+        """The call's deadline passed: kill the worker's tree; ``memory`` if its bound was hit."""
+        enclosure = worker.enclosure
+        memory_hit = enclosure is not None and enclosure.memory_bound_hit()
+        self._lose(worker, "killed")
+        if enclosure is not None and memory_hit:
+            return failed("memory_tree", heap=mib(self._heap_bytes), bound=enclosure.memory_bound)
+        return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
 
     def _died(self, worker: _Worker, failed: Callable[..., ToolResult]) -> ToolResult:
         """The worker's pipe closed mid-call: find out how it ended."""
