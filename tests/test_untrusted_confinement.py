@@ -169,7 +169,10 @@ def test_workers_are_scoped_to_tool_and_session(system: ActorSystem) -> None:
 def test_a_setsid_child_dies_at_the_deadline(system: ActorSystem) -> None:
     result = call(system, "s1", "escape", {"tag": "301.5"})
     assert result.error_kind is ErrorKind.TIMEOUT
-    assert wait_for(lambda: not [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[-1:] == ["301.5"]])
+    def escaped() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[-1:] == ["301.5"]]
+
+    assert wait_for(lambda: not escaped())
     still_serving(system)
 
 
