@@ -49,10 +49,10 @@ from typing import Any, Final, NoReturn, Protocol
 import pykka
 from loguru import logger
 
-from rho_actors.actor import ActorExit
 from rho_actors.call import error_result
 from rho_actors.encoding import describe_exception, scrub_text
 from rho_actors.model import Message, Model, Reply
+from rho_actors.otp.actor import ActorExit
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 

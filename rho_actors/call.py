@@ -25,8 +25,8 @@ from typing import Any
 
 from loguru import logger
 
-from rho_actors.actor import Actor
 from rho_actors.cancel import CancelToken
+from rho_actors.otp.actor import Actor
 from rho_actors.results import CANCELLED, error_result, failure, result_from_exception, result_from_return
 from rho_actors.tool import ToolResult
 
@@ -94,7 +94,7 @@ class CallActor(Actor):
     """Runs one call (the first :class:`CallSpec` told to it) in its own thread,
     replies once, then stops (restart type ``temporary``: never restarted; a crash is a
     result). It may be started ahead of its call, as a spare (see
-    :class:`rho_actors.supervisor.Spares`), but never runs a second call.
+    :class:`rho_actors.otp.supervisor.Spares`), but never runs a second call.
 
     Its thread is a daemon thread, so an abandoned call cannot keep the process alive.
     """
@@ -114,8 +114,7 @@ class CallActor(Actor):
         self._result = result
         self.stop()
 
-    def _actor_loop(self) -> None:
-        super()._actor_loop()
+    def on_exit(self, reason: object) -> None:
         # The reply goes last, once this actor has ended and been forgotten: the loop's
         # thread then takes the GIL from a thread that has nothing left to do.
         result: ToolResult | None = getattr(self, "_result", None)

@@ -18,7 +18,6 @@ import tenacity
 from loguru import logger
 
 from rho_actors import sandbox
-from rho_actors.actor import Actor
 from rho_actors.checked import forget_checked, keep_checked
 from rho_actors.declarations import (
     DeclarationError,
@@ -29,6 +28,7 @@ from rho_actors.declarations import (
 )
 from rho_actors.encoding import describe_exception
 from rho_actors.events import DeclarationEvent
+from rho_actors.otp.actor import Actor
 from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:

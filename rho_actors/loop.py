@@ -74,6 +74,7 @@ class Loop:
     def __init__(self, session_id: str, data_dir: Path, runtime: Runtime) -> None:
         self.session_id = session_id
         self.data_dir = data_dir
+        self._names = runtime.names
         self._whereis = runtime.names.whereis
         self._tools = runtime.tools
         self._settings = runtime.limits
@@ -81,11 +82,9 @@ class Loop:
     @property
     def ref(self) -> pykka.ActorRef[Any]:
         """The session's LoopActor now (a restart by its supervisor gives a new one).
-        Raises ``pykka.ActorDeadError`` when the loop has stopped."""
-        ref = self._whereis(loop_name(self.session_id))
-        if ref is None:
-            raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running")
-        return ref
+        Raises :class:`rho_actors.NotRunningError` (a ``pykka.ActorDeadError``) naming
+        why when it is not running: stopped, restarting, or given up by its supervisor."""
+        return self._names.lookup(loop_name(self.session_id), f"the loop of session {self.session_id!r}")
 
     def submit_turn(self, calls: Iterable[ToolCall]) -> concurrent.futures.Future[list[ToolResult]]:
         """Start a turn without waiting: returns a future of the results, one per call,
@@ -172,3 +171,11 @@ class Loop:
     def alive(self) -> bool:
         """Whether the session's LoopActor is running now."""
         return self._whereis(loop_name(self.session_id)) is not None
+
+    @property
+    def exit_reason(self) -> object:
+        """``None`` while the loop runs; else why it is not running: ``"normal"`` after
+        :meth:`stop` (or the system's stop), what killed it while it is being restarted,
+        and a :class:`rho_actors.RestartIntensityExceeded` naming the crashes once its
+        session supervisor gave up on it (it is not restarted again)."""
+        return self._names.exit_reason(loop_name(self.session_id))

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
-from rho_actors.actor import Actor
 from rho_actors.arguments import ArgumentsError, decode_arguments, violations
 from rho_actors.call import CallSpec
 from rho_actors.cancel import CancelToken
@@ -37,8 +36,9 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.loop_messages import CallDone, Offered, Running, RunTurn, SetWithheld
+from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
-from rho_actors.results import TEXTS, error_result, failure, text
+from rho_actors.results import error_result, failure, text
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -47,11 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["LoopActor"]
 
 _MAX_NAMES_LISTED = 40
-
-
-def _unknown(name: str, offered: str) -> tuple[ErrorKind, str]:
-    kind = TEXTS["unknown_tool"][0]
-    return kind, text("unknown_tool", tool=name[:100], offered=offered)
 
 
 
@@ -183,7 +178,8 @@ class LoopActor(Actor):
             return error_result(call_id, name, ErrorKind.UNAVAILABLE, tools.unavailable[name])
         offered = [e.info.name for e in self._offered(tools)]
         shown = ", ".join(offered[:_MAX_NAMES_LISTED]) + (", ..." if len(offered) > _MAX_NAMES_LISTED else "")
-        return error_result(call_id, name, *_unknown(name, shown or "(none)"))
+        message = text("unknown_tool", tool=name[:100], offered=shown or "(none)")
+        return error_result(call_id, name, ErrorKind.UNKNOWN_TOOL, message)
 
     def _dispatch_ready(self, turn: _Turn) -> None:
         while turn.waiting:
@@ -292,20 +288,13 @@ class LoopActor(Actor):
     def on_failure(self, *exc_info: Any) -> None:
         self._close("loop_crashed")
 
-    def _actor_loop_teardown(self) -> None:
+    def on_undelivered(self, message: Any) -> bool:
         """Answer the turns still in the inbox too (pykka answers only ``ask``s), so every
         call id gets its result even when a turn races the loop's stop."""
-        others = []
-        while not self.actor_inbox.empty():
-            envelope = self.actor_inbox.get()
-            if isinstance(envelope.message, RunTurn):
-                results = [failure("turn_not_started", c.id, c.name) for c in envelope.message.calls]
-                envelope.message.future.set_result(results)
-            else:
-                others.append(envelope)
-        for envelope in others:
-            self.actor_inbox.put(envelope)
-        super()._actor_loop_teardown()
+        if not isinstance(message, RunTurn):
+            return False
+        message.future.set_result([failure("turn_not_started", c.id, c.name) for c in message.calls])
+        return True
 
 
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:

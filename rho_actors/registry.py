@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 from jsonschema import Draft202012Validator
 from loguru import logger
 
-from rho_actors.actor import Actor
 from rho_actors.arguments import make_validator
 from rho_actors.declaration_actor import DECLARATIONS, Checked, ReadUntrusted
 from rho_actors.declarations import Rejected, describe_origin
 from rho_actors.errors import RhoError
+from rho_actors.otp.actor import Actor
 from rho_actors.results import text
 from rho_actors.tool import ToolInfo
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rho_actors.actor import Names
     from rho_actors.declaration_actor import UntrustedReads
     from rho_actors.events import EventBus
     from rho_actors.isolation import Isolation
+    from rho_actors.otp.names import Names
+    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.timers import Timers
     from rho_actors.registry import ToolSetView
-    from rho_actors.supervisor import Spares
-    from rho_actors.timers import Timers
 
 __all__ = ["Limits", "Runtime"]
 

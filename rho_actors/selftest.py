@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
@@ -109,7 +110,7 @@ class SelftestRow:
         return asdict(self)
 
 
-class LoadError(Exception):
+class LoadError(RhoError):
     """A command-line target could not be loaded; ``str(err)`` names it and says why."""
 
 
@@ -329,12 +330,12 @@ def _run_one(given: str | None, tool: Any, timeout_s: float, start_method: str) 
     child: Child | None = None
     try:
         os.mkdir(workdir, 0o700)
-        started = time.monotonic()
         try:
             child = spawn(ctx, selftest_child, payload, ChildSetup(None, output_path, workdir), name="rho-selftest")
         except Exception as exc:
             return SelftestRow(name, "crashed", 0.0,
                                _clip(f"could not start a selftest process: {describe_exception(exc)}"))
+        started = time.monotonic()  # from the child's start: a fork server starting first does not count
         answer, ended = _await_answer(child, started + timeout_s)
         if answer is None and ended:
             reap(child.proc, _EXIT_GRACE_S)  # closed its pipe: give it a moment to finish exiting

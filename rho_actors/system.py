@@ -1,19 +1,30 @@
 """The ActorSystem: the root of a host's tool-call runtime (DESIGN §6).
 
-Its supervision tree, started in this order and stopped in reverse::
+Its supervision tree, started in this order and stopped in reverse (DESIGN §6 says why
+each node has its strategy and intensity)::
 
-    root                    Supervisor, one_for_one
+    root                    Supervisor one_for_one, intensity I       the system's own actors
     ├── declarations        DeclarationActor      permanent  checked declarations, retry timers
     ├── registry            ToolRegistry          permanent  tools; publishes the tool set
     ├── calls               Supervisor            permanent  CallActors: temporary
-    ├── workers             WorkerPoolActor       permanent  processes for ``process`` isolation
-    ├── loops               Supervisor            permanent  LoopActors: transient
-    └── servers             Supervisor            permanent  the host's own children
+    ├── workers             IsolationOwner        permanent  the isolations: processes for ``process`` isolation
+    ├── sources             Supervisor, I         permanent  SourceActors (add_source): permanent
+    ├── sessions            Supervisor            permanent  one subtree per session: temporary
+    │   └── <session id>    Supervisor, I, auto_shutdown     the session's own children
+    │       └── loop        LoopActor             transient, significant
+    └── servers             Supervisor            permanent  one subtree per host server: temporary
+        └── <spec id>       Supervisor, its own intensity    (start_child's, default I)
+            └── <spec id>   the host's actor      its spec's restart type
 
-The state of the DeclarationActor and of the registry is kept by the system, so either
-one restarted by the root loses no tool and no checked declaration; calls in flight do
-not depend on them. A failure escalating past the root's restart intensity stops the
-system, with the reason logged and kept in :attr:`ActorSystem.exit_reason`.
+``I`` is ``ActorSystem(max_restarts=..., max_seconds=...)``. A session or server that
+crash-loops exhausts the intensity of its own subtree only: that subtree is given up
+(reported, and its handle's errors say so) and nothing else is touched. The state of
+the DeclarationActor and of the registry is kept by the system, so either one restarted
+by the root loses no tool and no checked declaration; calls in flight do not depend on
+them. A failure escalating past the root's restart intensity stops the system:
+:attr:`ActorSystem.stopped` turns true and :attr:`ActorSystem.exit_reason` holds the
+cause. Every supervisor's reports are :class:`rho_actors.SupervisorEvent` values on
+:meth:`ActorSystem.subscribe`, and are logged.
 
 Example::
 
@@ -26,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -40,7 +52,6 @@ import pykka
 from loguru import logger
 
 from rho_actors import confinement as _confinement
-from rho_actors.actor import NORMAL, Names, monitor, start_link
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.call import CallActor
 from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState, UntrustedReads
@@ -51,6 +62,10 @@ from rho_actors.isolation import ISOLATIONS, IsolationOwner, IsolationServices, 
 from rho_actors.loop import Loop, withheld_names
 from rho_actors.loop_actor import LoopActor
 from rho_actors.loop_messages import loop_name
+from rho_actors.otp.actor import NORMAL, monitor, start_link
+from rho_actors.otp.names import Names
+from rho_actors.otp.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor, which_children
+from rho_actors.otp.timers import Timers
 from rho_actors.registry import (
     IsolationName,
     Registration,
@@ -63,8 +78,6 @@ from rho_actors.registry import (
 from rho_actors.runtime import Limits, Runtime
 from rho_actors.sandbox.enclosure import ConfinePolicy
 from rho_actors.sandbox.processes import hold_servers, release_servers
-from rho_actors.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor
-from rho_actors.timers import Timers
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
 
 if TYPE_CHECKING:
@@ -78,8 +91,10 @@ def _identity(base: _confinement.Confinement) -> tuple[int, int]:
     uid = base.uid if base.uid is not None else _confinement.DEFAULT_UID
     return uid, base.gid if base.gid is not None else uid
 
+
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
-REGISTRY, CALLS, WORKERS, LOOPS, SERVERS, ROOT = "registry", "calls", "workers", "loops", "servers", "root"
+REGISTRY, CALLS, WORKERS, ROOT = "registry", "calls", "workers", "root"
+SOURCES, SESSIONS, SERVERS = "sources", "sessions", "servers"
 
 
 class ActorSystem:
@@ -92,8 +107,10 @@ class ActorSystem:
     parameter schemas; ``shutdown_ms`` is how long running calls get to stop on
     :meth:`stop` (milliseconds) before their threads are abandoned; ``spare_calls``
     CallActors are kept started ahead of need (each still runs exactly one call), which
-    takes a thread start off each call's path; ``max_restarts`` in ``max_seconds`` is
-    the restart intensity of the root and of the loops' supervisor; ``untrusted`` says
+    takes a thread start off each call's path; ``max_restarts`` in ``max_seconds``
+    seconds is the restart intensity of the root (the system's own actors), of the
+    sources' supervisor, of each session's supervisor, and the default of each server's
+    (see :meth:`start_child`): past it, that supervisor gives up (DESIGN §6); ``untrusted`` says
     how untrusted declarations are read (time and heap bounds, retry schedule, start
     method; see :class:`rho_actors.UntrustedReads`); ``warm_workers`` worker processes are
     kept for ``process`` isolation once it is first used, each under the same heap bound.
@@ -140,6 +157,8 @@ class ActorSystem:
         self._timers = Timers()
         self._stopped = False
         self.exit_reason: object = None
+        """``None`` unless the root supervisor gave up: then its exit reason (a
+        :class:`rho_actors.RestartIntensityExceeded` naming the last failure)."""
         self._ask_timeout_s = 60.0
         self._untrusted = untrusted or UntrustedReads()
         self._declarations = DeclarationState()  # the state of the DeclarationActor and the registry
@@ -176,9 +195,12 @@ class ActorSystem:
         self._events = self._runtime.events
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
-            return StartChild(Supervisor, kwargs={"names": self._names, "label": label, **kwargs})
+            return StartChild(Supervisor, kwargs={"names": self._names, "label": label, "report": self._events.emit,
+                                                  **kwargs})
 
-        intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
+        self._supervisor = supervisor
+        self._shutdown_ms = shutdown_ms
+        self._intensity = intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
         children = [
             ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),
                       name=DECLARATIONS),
@@ -187,11 +209,14 @@ class ActorSystem:
                       shutdown=shutdown_ms + 1_000),
             ChildSpec(WORKERS, StartChild(IsolationOwner, (self._runtime.isolations,)), name=WORKERS,
                       shutdown=shutdown_ms),
-            ChildSpec(LOOPS, supervisor(LOOPS, **intensity), type="supervisor", name=LOOPS,
+            ChildSpec(SOURCES, supervisor(SOURCES, **intensity), type="supervisor", name=SOURCES,
                       shutdown=shutdown_ms + 1_000),
-            ChildSpec(SERVERS, supervisor(SERVERS), type="supervisor", name=SERVERS, shutdown=shutdown_ms + 1_000),
+            # Only temporary children below: nothing is restarted here, so the intensity is moot.
+            ChildSpec(SESSIONS, supervisor(SESSIONS), type="supervisor", name=SESSIONS, shutdown=shutdown_ms + 2_000),
+            ChildSpec(SERVERS, supervisor(SERVERS), type="supervisor", name=SERVERS, shutdown=shutdown_ms + 2_000),
         ]
-        self._root = start_link(Supervisor, children, names=self._names, label=ROOT, **intensity)
+        self._root = start_link(Supervisor, children, names=self._names, label=ROOT, report=self._events.emit,
+                                **intensity)
         monitor(self._root, self._root_down)
 
     def _root_down(self, _ref: pykka.ActorRef[Any], reason: object) -> None:
@@ -297,8 +322,13 @@ class ActorSystem:
     # --- loops --------------------------------------------------------------------------
 
     def start_loop(self, session_id: str | None = None, *, withheld: Iterable[str] = (), deps: Any = None) -> Loop:
-        """Start a LoopActor for one session (a ``transient`` child: restarted after a
-        crash, with the same arguments) and return its :class:`Loop` handle.
+        """Start one session's subtree under ``sessions``: a session supervisor (the
+        system's restart intensity) over its LoopActor (``transient``: restarted after a
+        crash, with the same arguments), and return the :class:`Loop` handle. A session
+        whose loop crashes more often than the intensity allows is given up alone: its
+        handle then raises :class:`rho_actors.NotRunningError` naming why, and
+        ``loop.exit_reason`` is the :class:`rho_actors.RestartIntensityExceeded`. A
+        normal stop of the loop ends its subtree too.
 
         ``session_id`` (default: a new random id) names the session's private folder
         ``data_dir/sessions/<session_id>``; it must match
@@ -317,15 +347,24 @@ class ActorSystem:
                 f"session id {session_id!r} is not allowed: use 1-128 of A-Z a-z 0-9 _ . @ : -, "
                 "starting with a letter, digit or _, and no '..'"
             )
+        running = self._names.whereis(loop_name(session_id))
+        if running is not None:
+            raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
         session_dir = self._sessions_dir / session_id  # the pattern admits no separator and no ".."
         _confinement.make_session_dir(str(session_dir))
         kwargs = dict(
             session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
             runtime=self._runtime,
         )
-        spec = ChildSpec(session_id, StartChild(LoopActor, kwargs=kwargs), restart="transient",
+        loop = ChildSpec("loop", StartChild(LoopActor, kwargs=kwargs), restart="transient", significant=True,
                          name=loop_name(session_id))
-        self._whereis(LOOPS).proxy().start_child(spec).get(timeout=self._ask_timeout_s)
+        session = ChildSpec(
+            session_id,
+            self._supervisor(f"session:{session_id}", children=[loop], auto_shutdown="any_significant",
+                             **self._intensity),
+            restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
+        )
+        self._whereis(SESSIONS).proxy().start_child(session).get(timeout=self._ask_timeout_s)
         return Loop(session_id, session_dir, self._runtime)
 
     # --- sources and selftests -------------------------------------------------------------
@@ -349,29 +388,61 @@ class ActorSystem:
 
     # --- the host's own actors ------------------------------------------------------------
 
-    def start_child(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
-        """Start one of the host's actors (a stateful tool server, say) under the
-        ``servers`` supervisor (``one_for_one``); with ``spec.name`` it can be found
-        with :meth:`whereis` (and from a tool, with ``ctx["whereis"]``). Returns its ref;
-        raises the start error of the child."""
-        ref: pykka.ActorRef[Any] = self._whereis(SERVERS).proxy().start_child(spec).get(timeout=self._ask_timeout_s)
-        return ref
+    def start_child(
+        self, spec: ChildSpec, *, max_restarts: int | None = None, max_seconds: float | None = None
+    ) -> pykka.ActorRef[Any]:
+        """Start one of the host's actors (a stateful tool server, say) in its own
+        subtree under ``servers``: a supervisor with this server's own restart intensity
+        (``max_restarts`` in ``max_seconds`` seconds; default: the system's) over the
+        child of ``spec`` (restarted by its restart type). A server that crash-loops is
+        given up alone: its subtree stops, :meth:`whereis` gives ``None``,
+        :meth:`lookup` raises naming why, and the other servers, sources and sessions
+        go on. With ``spec.name`` it can be found with :meth:`whereis` (and from a tool,
+        with ``ctx["whereis"]``). Returns its ref (it follows no restart: use
+        :meth:`whereis`). Raises ``ValueError`` when a running actor holds
+        ``spec.name``, and ``RuntimeError`` naming the child's start error."""
+        holder = self._names.whereis(spec.name) if spec.name is not None else None
+        if holder is not None:
+            raise ValueError(f"the name {spec.name!r} is held by {holder}")
+        intensity = {
+            "max_restarts": self._intensity["max_restarts"] if max_restarts is None else max_restarts,
+            "max_seconds": self._intensity["max_seconds"] if max_seconds is None else max_seconds,
+        }
+        child = spec if spec.restart == "permanent" else dataclasses.replace(spec, significant=True)
+        server = ChildSpec(
+            spec.id,
+            self._supervisor(f"server:{spec.id}", children=[child], auto_shutdown="any_significant", **intensity),
+            restart="temporary", type="supervisor",
+            shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
+        )
+        sup: pykka.ActorRef[Any] = self._whereis(SERVERS).proxy().start_child(server).get(timeout=self._ask_timeout_s)
+        [started] = which_children(sup, self._ask_timeout_s)
+        assert started.ref is not None
+        return started.ref
 
     def whereis(self, name: str) -> pykka.ActorRef[Any] | None:
-        """The live ref of the actor registered as ``name`` (it follows restarts), or None."""
+        """The live ref of the actor registered as ``name`` in this system (it follows
+        restarts), or None (Erlang's ``whereis/1``)."""
         return self._names.whereis(name)
+
+    def lookup(self, name: str) -> pykka.ActorRef[Any]:
+        """The live ref registered as ``name``; raises :class:`rho_actors.NotRunningError`
+        naming why there is none: never started, stopped, restarting (with the crash),
+        or given up by its supervisor (with the :class:`rho_actors.RestartIntensityExceeded`
+        as ``reason``)."""
+        return self._names.lookup(name)
 
     def tree(self) -> dict[str, Any]:
         """The live supervision tree as plain data. Each node: ``id``, ``kind``
         (``"supervisor"`` or ``"worker"``), ``restart``, ``restarts``, ``alive``;
         supervisors add ``strategy`` and ``children``; the ``calls`` supervisor gives
-        ``running`` and ``spares`` counts instead of a node per call; loops add
-        ``running``: their calls with ``tool`` and ``ms_left`` to the deadline."""
+        ``running`` and ``spares`` counts instead of a node per call; a session's
+        ``loop`` adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline."""
         node: dict[str, Any] = {"id": ROOT, "kind": "supervisor", "restart": "permanent", "restarts": 0,
                                 "alive": self._root.is_alive()}
         return self._describe(self._root, node)
 
-    def _describe(self, ref: pykka.ActorRef[Any] | None, node: dict[str, Any]) -> dict[str, Any]:
+    def _describe(self, ref: pykka.ActorRef[Any] | None, node: dict[str, Any], parent: str = "") -> dict[str, Any]:
         if ref is None or not node["alive"]:
             return node
         try:
@@ -385,11 +456,11 @@ class ActorSystem:
                     return node
                 node["children"] = [
                     self._describe(c.ref, {"id": c.id, "kind": c.type, "restart": c.restart,
-                                           "restarts": c.restarts, "alive": c.alive})
+                                           "restarts": c.restarts, "alive": c.alive}, node["id"])
                     for c in children
                 ]
             elif issubclass(ref.actor_class, LoopActor):
-                loop = Loop(node["id"], self._sessions_dir / node["id"], self._runtime)
+                loop = Loop(parent, self._sessions_dir / parent, self._runtime)
                 node["running"] = loop.running()
         except (pykka.ActorDeadError, pykka.Timeout):
             node["alive"] = False
@@ -398,9 +469,9 @@ class ActorSystem:
     # --- events and state -----------------------------------------------------------------
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
-        """Call ``callback(event)`` for every :class:`CallEvent` and
-        :class:`DeclarationEvent` (from actor threads: keep it quick). Returns a function
-        that unsubscribes."""
+        """Call ``callback(event)`` for every :class:`rho_actors.CallEvent`,
+        :class:`rho_actors.DeclarationEvent` and :class:`rho_actors.SupervisorEvent`
+        (from actor threads: keep it quick). Returns a function that unsubscribes."""
         return self._events.subscribe(callback)
 
     def stats(self) -> dict[str, Any]:
@@ -440,12 +511,13 @@ class ActorSystem:
 
     @property
     def stopped(self) -> bool:
-        """Whether the system has stopped (by :meth:`stop`, or a failure past the root)."""
+        """Whether the system has stopped: by :meth:`stop`, or because the root
+        supervisor gave up (then :attr:`exit_reason` holds why)."""
         return self._stopped
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the tree in reverse start order (servers, loops, calls, registry,
-        declarations), then the timers. Running calls are cancelled; a call thread still
+        """Stop the tree in reverse start order (servers, sessions, sources, workers,
+        calls, registry, declarations), then the timers. Running calls are cancelled; a call thread still
         running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
         self._call_spares.close()  # a call dispatched from now on does not start
         try:

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 if TYPE_CHECKING:
     from rho_actors.call import CallSpec
     from rho_actors.events import EventBus
+    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.timers import Timers
     from rho_actors.registry import ToolSetView
     from rho_actors.sandbox.enclosure import ConfinePolicy
-    from rho_actors.supervisor import Spares
-    from rho_actors.timers import Timers
 
 __all__ = ["Isolation", "IsolationServices", "RunningCall"]
 
