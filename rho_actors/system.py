@@ -191,6 +191,7 @@ class ActorSystem:
             isolations=start_isolations(services),
             limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
             untrusted=self._untrusted,
+            confine=self._confine,
         )
         self._events = self._runtime.events
 
@@ -381,10 +382,12 @@ class ActorSystem:
     def selftest(self, timeout_s: float = 10.0) -> list[SelftestRow]:
         """Run every offered tool's ``selftest()`` in a throwaway process with its working
         directory, ``TMPDIR`` and ``HOME`` in a fresh temp folder, each within
-        ``timeout_s`` seconds. See :func:`rho_actors.selftest.run_selftests`."""
+        ``timeout_s`` seconds; an untrusted tool's is confined as its workers are (scrubbed
+        environment, its whole process tree killed after it). See
+        :func:`rho_actors.selftest.run_selftests`."""
         from rho_actors.selftest import selftest_system
 
-        return selftest_system(self, timeout_s)
+        return selftest_system(self, timeout_s, confine=self._confine)
 
     # --- the host's own actors ------------------------------------------------------------
 
