@@ -484,8 +484,9 @@ class ActorSystem:
         ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`),
         ``workers_cap``: each isolation's counters. ``confinement``: what confines
         untrusted workers here: ``{"active": [mechanism...], "memory_bound": "cgroup" |
-        "sampler" | "none", "uid": int | None, <mechanism>: {"available", "reason"}}``
-        (see :func:`rho_actors.confinement.probe`)."""
+        "sampler" | "none", "uid": int | None, "trusted_process": {"tree_kill": bool,
+        "memory_bound": "cgroup" | "sampler" | "rlimit_as"}, <mechanism>: {"available",
+        "reason"}}`` (see :func:`rho_actors.confinement.probe`)."""
         out: dict[str, Any] = {
             k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
         }
@@ -508,6 +509,10 @@ class ActorSystem:
         info["active"] = active
         info["memory_bound"] = ("cgroup" if found.cgroup is None else "sampler") if policy.confine else "none"
         info["uid"] = policy.base.uid if policy.confine and found.identity is None else None
+        info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else
+            {"tree_kill": True, "memory_bound": "cgroup" if found.cgroup is None else "sampler"} if policy.confine
+            else {"tree_kill": False, "memory_bound": "rlimit_as"}
+        )
         return info
 
     # --- lifecycle ------------------------------------------------------------------------

@@ -101,6 +101,10 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActorSystem]:
         system.register(make_tool(name, run, **extra), untrusted=True)
     system.register(make_tool("snoop", _snoop), untrusted=True, env={"MINE": "given"}, deps={"region": "eu"})
     system.register(make_tool("once", _pid), untrusted=True, worker_scope="call")
+    for name, run, extra in [  # trusted process tools: their tree contained, nothing else
+        ("t_escape", _escape, slow), ("t_spread", _spread, {"timeout_ms": 5_000}), ("t_snoop", _snoop, {}),
+    ]:
+        system.register(make_tool(name, run, **extra), isolation="process")
     system.register(make_tool("hang", _hang, timeout_ms=100))
     system.register(make_tool("oom", _oom))
     system.register(make_tool("fine", "ok"))
@@ -284,3 +288,20 @@ def test_declaration_reads_and_selftests_are_confined_and_leave_nothing(
             assert seen["uid"] == (65534 if ROOT else os.getuid())
         result = system.start_loop("s").run_turn([ToolCall("c", "snooper", "{}")])[0]
         assert result.ok and result.content == "ran"
+
+
+def test_a_trusted_process_tool_keeps_the_host_environment_and_loses_its_tree(system: ActorSystem) -> None:
+    seen = call(system, "s1", "t_snoop")
+    assert seen.ok and json.loads(seen.content)["key"] == "sk-host-secret"  # trusted: the host's environment
+    result = call(system, "s1", "t_escape", {"tag": "309.5"})
+    assert result.error_kind is ErrorKind.TIMEOUT
+    assert wait_for(lambda: not _sleepers("309.5"))  # its setsid child died with it
+    assert system.stats()["confinement"]["trusted_process"]["tree_kill"] is True
+    still_serving(system)
+
+
+@needs_cgroup
+def test_memory_spread_over_a_trusted_process_tools_children_is_a_memory_result(system: ActorSystem) -> None:
+    result = call(system, "s1", "t_spread")
+    assert result.error_kind is ErrorKind.MEMORY, result.content
+    still_serving(system)

@@ -3,7 +3,11 @@
 The call's CallActor hands it to one of the system's two
 :class:`rho_actors.sandbox.WorkerPool`\\ s and waits; the pool owns the deadline: at it,
 the worker's whole process tree is killed and the result is a ``timeout`` error.
-Trusted tools share the unconfined pool; untrusted tools run in the confined pool, in
+Trusted tools share the other pool, whose workers keep the host's identity, environment
+and files but have their process tree contained (:data:`TREE_ONLY`: a subreaper, a
+parent-death signal, a cgroup bounding the whole tree to the heap bound, the tree killed
+as one) unless the system runs with ``confinement=False`` (then a process group and
+``RLIMIT_AS`` only); untrusted tools run in the confined pool, in
 workers scoped to one (tool, session) pair, or to one call (``worker_scope="call"``),
 with only the ``deps`` the host registered for them. Both pools share the system's cap
 on worker processes. The pools start on the first call and are stopped, killing every
@@ -20,7 +24,7 @@ from rho_actors.call import CallSpec, RunCall
 from rho_actors.isolation.base import Isolation, IsolationServices
 from rho_actors.results import failure
 from rho_actors.sandbox import WorkerPool
-from rho_actors.sandbox.enclosure import ConfinePolicy
+from rho_actors.sandbox.enclosure import TREE_ONLY, ConfinePolicy
 from rho_actors.sandbox.pool import CALL_SCOPE, WorkerSlots
 from rho_actors.tool import ToolResult
 
@@ -95,8 +99,10 @@ class ProcessIsolation(Isolation):
                     )
                 return self._confined
             if self._pool is None:
+                contain = s.confine is None or s.confine.confine
                 self._pool = WorkerPool(
-                    s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, slots=self._slots
+                    s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, slots=self._slots,
+                    confine=TREE_ONLY if contain else None,
                 )
             return self._pool
 

@@ -83,7 +83,8 @@ def enter_child(setup: ChildSetup) -> tuple[str, ...]:
         replace_environment(setup.env)
     applied: tuple[str, ...] = ()
     if setup.confinement is not None:
-        pin_imports(setup.import_dirs)
+        if setup.confinement.uid is not None:  # imports must survive the uid drop
+            pin_imports(setup.import_dirs)
         applied = apply(setup.confinement)
     else:
         os.setsid()

@@ -27,7 +27,7 @@ from rho_actors.cgroups import Cgroup, CgroupError
 from rho_actors.confinement import Confinement, RssSampler, kill_tree, make_private_dir, python_read_paths
 from rho_actors.sandbox.child import ChildSetup
 
-__all__ = ["ENV_ALLOWLIST", "ConfinePolicy", "Enclosure", "scrubbed_env"]
+__all__ = ["ENV_ALLOWLIST", "TREE_ONLY", "ConfinePolicy", "Enclosure", "scrubbed_env"]
 
 ENV_ALLOWLIST: Final = ("PATH", "LANG", "TZ")
 """Host variables a confined child keeps (plus every ``LC_*``); ``HOME`` and ``TMPDIR``
@@ -51,13 +51,29 @@ class ConfinePolicy:
     """How a system confines its untrusted children: ``base`` is the
     :class:`~rho_actors.confinement.Confinement` each starts from (its uid/gid, limits,
     ``landlock``), ``confine=False`` turns confinement off (children then only get a
-    scrubbed environment), ``pids_max`` bounds each child's whole tree (processes),
-    ``exclude`` are folders never readable (``data_dir``)."""
+    scrubbed environment), ``pids_max`` bounds each child's whole tree (processes;
+    ``None``: no bound), ``exclude`` are folders never readable (``data_dir``).
+
+    ``tree_only=True`` is the policy of trusted ``process`` tools (:data:`TREE_ONLY`):
+    only the process tree is contained (its own session, a subreaper, a parent-death
+    signal, the whole tree in a cgroup bounded to the heap bound, or an RSS sampler, and
+    killed as one); the child keeps the host's uid, environment, files and working
+    directory, and ``base`` is not used."""
 
     base: Confinement = field(default_factory=Confinement)
     confine: bool = True
-    pids_max: int = 64
+    pids_max: int | None = 64
     exclude: tuple[str, ...] = ()
+    tree_only: bool = False
+
+
+_TREE = Confinement(
+    uid=None, gid=None, no_new_privs=False, landlock=False, nproc=None, nofile=None, fsize=None,
+)
+
+
+TREE_ONLY: Final = ConfinePolicy(pids_max=None, tree_only=True)
+"""The policy of trusted ``process`` workers: their process tree contained, nothing else."""
 
 
 class _CgroupWatch(RssSampler):
@@ -79,7 +95,9 @@ class _CgroupWatch(RssSampler):
 class Enclosure:
     """One confined child's host-side resources (see the module doc). ``heap_bytes``
     bounds the child's whole tree (bytes); ``env`` is added to its scrubbed environment;
-    ``modules`` are the tool's code folders it may read and import."""
+    ``modules`` are the tool's code folders it may read and import. With a
+    ``tree_only`` policy there is no private folder and no scrubbed environment: only the
+    cgroup (or sampler) and the tree kill."""
 
     def __init__(
         self, policy: ConfinePolicy, heap_bytes: int | None, *, env: Mapping[str, str] | None = None,
@@ -88,7 +106,9 @@ class Enclosure:
         self.policy = policy
         self.heap_bytes = heap_bytes
         base = policy.base
-        self.private_dir = make_private_dir(base.uid, base.gid) if policy.confine else make_private_dir(None, None)
+        self.private_dir: str | None = None
+        if not policy.tree_only:
+            self.private_dir = make_private_dir(base.uid, base.gid) if policy.confine else make_private_dir(None, None)
         self.cgroup: Cgroup | None = None
         self.sampler: RssSampler | None = None
         self.cgroup_reason: str | None = None
@@ -99,6 +119,13 @@ class Enclosure:
             except CgroupError as exc:
                 self.cgroup_reason = exc.strerror
         spec = None
+        if policy.tree_only:
+            spec = replace(
+                _TREE, address_space=heap_bytes or None,
+                cgroup_procs=self.cgroup.procs_files if self.cgroup is not None else (),
+            )
+            self.setup = ChildSetup(heap_bytes, confinement=spec)
+            return
         if policy.confine:
             spec = replace(
                 base,
@@ -161,4 +188,5 @@ class Enclosure:
                 self.cgroup.remove()
             except CgroupError as exc:
                 logger.warning("confinement: {}", exc)
-        shutil.rmtree(self.private_dir, ignore_errors=True)
+        if self.private_dir is not None:
+            shutil.rmtree(self.private_dir, ignore_errors=True)

@@ -188,6 +188,7 @@ class WorkerPool:
         self._warm = warm
         self._heap_bytes = heap_bytes
         self._confine = confine
+        self._scoped = confine is not None and not confine.tree_only
         self._slots = slots
         self._idle_s = idle_s
         if slots is not None:
@@ -455,7 +456,7 @@ class WorkerPool:
         """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
         with the same ``env_key``, else a new worker."""
         dead: list[_Worker] = []
-        scoped = self._confine is not None
+        scoped = self._scoped
         try:
             with self._lock:
                 if self._stopped:
@@ -587,7 +588,7 @@ class WorkerPool:
     # --- keeping warm ---------------------------------------------------------------------
 
     def _deficit(self) -> int:
-        if self._confine is not None:  # spares: fresh idle workers
+        if self._scoped:  # spares: fresh idle workers
             return self._warm - self._fresh() - self._starting
         return self._warm - len(self._all) - self._starting
 
@@ -607,14 +608,14 @@ class WorkerPool:
         backoff = 0.0
         tick = max(0.05, min(self._idle_s / 2, 5.0))
         while True:
-            if self._confine is not None:
+            if self._scoped:
                 self._retire_stale()
             with self._lock:
                 while not self._stopped and (self._deficit() <= 0 or backoff):
                     if backoff:
                         self._changed.wait(backoff)
                         backoff = 0.0
-                    elif self._confine is not None:
+                    elif self._scoped:
                         self._changed.wait(tick)
                         break
                     else:
