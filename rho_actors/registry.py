@@ -84,15 +84,17 @@ a fresh worker per call."""
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where and with what an untrusted tool's calls run (DESIGN §5): ``worker_scope``
-    (:data:`WORKER_SCOPES`), ``env`` added to its workers' scrubbed environment and
-    ``deps``, its calls' ``ctx["deps"]`` (plain JSON data). Trusted tools: ``untrusted``
-    False and the rest unused."""
+    """Where and with what a tool's calls run (DESIGN §5). For an untrusted tool:
+    ``worker_scope`` (:data:`WORKER_SCOPES`), ``env`` added to its workers' scrubbed
+    environment and ``deps``, its calls' ``ctx["deps"]`` (plain JSON data); for a
+    trusted tool ``untrusted`` is False and those are unused. ``options``: what its
+    isolation was given at registration, checked by it (``resources`` of ``ray``)."""
 
     untrusted: bool = False
     worker_scope: str = "session"
     env: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     deps: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
 
 def make_placement(
@@ -238,13 +240,13 @@ class ToolRegistry(Actor):
         is read in a throwaway process by the DeclarationActor: this returns a future of
         its Registration (or of the DuplicateToolError). ``isolation`` defaults to
         ``"process"`` for an untrusted tool, else ``"thread"``; ``placement`` is kept with
-        an untrusted tool (see :func:`make_placement`).
+        the tool's entry (see :func:`make_placement`).
         """
         origin = origin or describe_origin(tool, trusted=not untrusted)
         isolation = isolation or ("process" if untrusted else "thread")
         if not untrusted:
             outcome = self._declarations().check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
-            return self._apply(tool, origin, outcome, isolation)
+            return self._apply(tool, origin, outcome, isolation, placement)
         self._state.untrusted[id(tool)] = _Untrusted(tool, origin, isolation, placement or Placement(True))
         waiting = self._state.waiting.get(id(tool))
         if waiting is None or waiting.done():

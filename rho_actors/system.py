@@ -44,7 +44,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -131,7 +131,11 @@ class ActorSystem:
     wait, within their deadline. ``worker_idle_s`` is how long an untrusted tool's idle
     worker is kept for its (tool, session) pair (seconds). ``abandoned_threads_per_tool``
     and ``abandoned_threads`` cap the threads of timed-out ``thread`` calls still running:
-    past either, that tool's calls are ``unavailable`` until its threads end.
+    past either, that tool's calls are ``unavailable`` until its threads end. ``ray``
+    says how ``isolation="ray"`` reaches Ray: ``{"address": ...}`` for a running cluster,
+    else a local Ray bound to loopback is started on the first ``ray`` call (also
+    ``namespace``, ``runtime_env``, ``num_cpus``, ``num_gpus``; one Ray connection per
+    process; see :class:`rho_actors.integrations.ray.tasks.RayRuntime`).
     """
 
     def __init__(
@@ -153,6 +157,7 @@ class ActorSystem:
         worker_idle_s: float = 30.0,
         abandoned_threads_per_tool: int = 8,
         abandoned_threads: int = 64,
+        ray: Mapping[str, Any] | None = None,
     ) -> None:
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
@@ -186,6 +191,7 @@ class ActorSystem:
             max_workers=max_workers if max_workers is not None else 4 * (os.cpu_count() or 1),
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
+            ray=dict(ray) if ray is not None else None,
         )
         hold_servers()
         self._holding = True
@@ -260,7 +266,7 @@ class ActorSystem:
     def register(
         self, tool: Any, *, origin: str | None = None, untrusted: bool = False,
         isolation: IsolationName | None = None, env: dict[str, str] | None = None, deps: dict[str, Any] | None = None,
-        worker_scope: str | None = None,
+        worker_scope: str | None = None, resources: Mapping[str, Any] | None = None,
     ) -> Registration:
         """Register a tool (a module, class or object with the callbacks of DESIGN §2).
         Its declaration is read and checked once; one that fails is left out of what
@@ -286,9 +292,16 @@ class ActorSystem:
         it; ``worker_scope`` is ``"session"`` (default: a worker process serves one
         (tool, session) pair only) or ``"call"`` (a fresh worker process per call).
 
+        ``resources`` are what its isolation runs each call with, checked by the
+        isolation (``isolation="ray"``: ``num_cpus``, ``num_gpus``, ``memory`` in bytes,
+        ``runtime_env`` and custom resources such as ``{"browser": 1}``). ``ray`` takes
+        trusted tools only (Ray unpickles what its workers return).
+
         Raises ``TypeError`` when a trusted ``tool`` lacks a required callback,
-        ``ValueError`` for an unknown isolation or a bad ``env``/``deps``/``worker_scope``
-        (or any of them for a trusted tool), :class:`rho_actors.DuplicateToolError`
+        ``ValueError`` for an unknown isolation, an untrusted tool on an isolation that
+        refuses them, bad ``resources``, or a bad ``env``/``deps``/``worker_scope`` (or any
+        of them for a trusted tool), ``ImportError`` for ``ray`` resources without the
+        ``ray`` extra, :class:`rho_actors.DuplicateToolError`
         when another registered tool has its name, and ``RuntimeError`` when the system
         stops while an untrusted declaration is being read.
         """
@@ -296,6 +309,13 @@ class ActorSystem:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
         untrusted = untrusted or is_untrusted(tool)
         placement = make_placement(untrusted, worker_scope, env, deps)
+        if isolation is not None:
+            chosen = self._runtime.isolations[isolation]
+            if untrusted and chosen.untrusted_refused:
+                raise ValueError(f"untrusted tools cannot use isolation={isolation!r}: {chosen.untrusted_refused}")
+            placement = dataclasses.replace(placement, options=chosen.check_options(resources or {}))
+        elif resources is not None:
+            raise ValueError("resources need an isolation that takes them: register(..., isolation='ray', ...)")
         missing = [] if untrusted else missing_callbacks(tool)
         if missing:
             raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
@@ -458,7 +478,9 @@ class ActorSystem:
         (``"supervisor"`` or ``"worker"``), ``restart``, ``restarts``, ``alive``;
         supervisors add ``strategy`` and ``children``; the ``calls`` supervisor gives
         ``running`` and ``spares`` counts instead of a node per call; a session's
-        ``loop`` adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline."""
+        ``loop`` adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline;
+        ``workers`` adds ``isolations``: what each isolation in use shows (``ray``: its
+        tasks in flight and the Ray actors of its servers, with their nodes)."""
         node: dict[str, Any] = {"id": ROOT, "kind": "supervisor", "restart": "permanent", "restarts": 0,
                                 "alive": self._root.is_alive()}
         return self._describe(self._root, node)
@@ -480,6 +502,9 @@ class ActorSystem:
                                            "restarts": c.restarts, "alive": c.alive}, node["id"])
                     for c in children
                 ]
+            elif node["id"] == WORKERS and parent == ROOT:
+                isolations = self._runtime.isolations.items()
+                node["isolations"] = {name: view for name, isolation in isolations if (view := isolation.describe())}
             elif issubclass(ref.actor_class, LoopActor):
                 loop = Loop(parent, self._sessions_dir / parent, self._runtime)
                 node["running"] = loop.running()

@@ -24,7 +24,6 @@ from rho_actors.integrations.ray.servers import RayActor, RayCall, RayServerDown
 from rho_actors.integrations.ray.tasks import (  # noqa: E402
     RayResources,
     RayRuntime,
-    check_registration,
     default_runtime,
     run_on_ray,
 )
@@ -216,16 +215,23 @@ def test_instance_state_travels_and_bad_arguments_are_named(runtime: RayRuntime)
         RayRuntime({"adress": "auto"})
 
 
-def test_untrusted_tools_are_refused() -> None:
+def test_untrusted_tools_are_refused(tmp_path: Path) -> None:
     @untrusted
     class Plugin(Probe):
         pass
 
-    with pytest.raises(ValueError, match="untrusted tools cannot use isolation='ray'"):
-        check_registration(Plugin)
-    with pytest.raises(ValueError, match="untrusted"):
-        check_registration(Probe, untrusted=True)
-    check_registration(Probe)
+    with ActorSystem(data_dir=tmp_path) as system:
+        with pytest.raises(ValueError, match="untrusted tools cannot use isolation='ray': Ray unpickles"):
+            system.register(Plugin, isolation="ray")
+        with pytest.raises(ValueError, match="untrusted tools cannot use isolation='ray'"):
+            system.register(Probe, untrusted=True, isolation="ray")
+        with pytest.raises(ValueError, match="resources need an isolation that takes them"):
+            system.register(Probe, resources={"num_cpus": 1})
+        with pytest.raises(ValueError, match="isolation 'process' takes no resources"):
+            system.register(Probe, isolation="process", resources={"num_cpus": 1})
+        with pytest.raises(ValueError, match="'num_cpus' must be a number >= 0"):
+            system.register(Probe, isolation="ray", resources={"num_cpus": -2})
+        assert system.tools() == []
 
 
 def test_bad_resources_are_named() -> None:
@@ -362,42 +368,22 @@ def test_ray_actor_start_errors_are_named(runtime: RayRuntime) -> None:
     assert runtime.actors() == []
 
 
-def test_ray_isolation_runs_calls_in_call_actors(runtime: RayRuntime) -> None:
-    """The ``ray`` Isolation: a call told to a spare CallActor runs as a Ray task."""
-    import queue
+def test_a_system_runs_ray_tools_with_their_resources(runtime: RayRuntime, tmp_path: Path) -> None:
+    """``register(tool, isolation="ray", resources=...)``: the system's calls run as Ray
+    tasks with the tool's resources; the tree shows the isolation in use."""
 
-    from rho_actors.call import CallActor, CallSpec
-    from rho_actors.isolation import IsolationServices
-    from rho_actors.isolation.ray import RayIsolation
-    from rho_actors.otp.supervisor import Spares
-    from rho_actors.otp.timers import Timers
+    class Starved(Probe):
+        @staticmethod
+        def name() -> str:
+            return "starved"
 
-    spares = Spares(ChildSpec("call", CallActor.start, restart="temporary"), 1)
-    sup = start_link(Supervisor, spares=spares)
-    timers = Timers()
-    isolation = RayIsolation(IsolationServices(spares, timers), runtime)
-    replies: queue.Queue[Any] = queue.Queue()
-
-    def spec(call_id: str, args: dict[str, Any], timeout_s: float = WAIT_S) -> CallSpec:
-        now = time.monotonic()
-        return CallSpec(call_id, "probe", Probe, args, {"call_id": call_id}, now, now + timeout_s,
-                        round(timeout_s * 1000), CancelToken(), 1_000, replies.put)
-
-    try:
-        isolation.start(spec("early", {}))
-        assert replies.get(timeout=WAIT_S).error_kind is ErrorKind.CANCELLED  # not open yet
-        isolation.open()
-        isolation.set_resources("probe", {"num_cpus": 0.5})
-        isolation.start(spec("c1", {"value": 7}))
-        done = replies.get(timeout=WAIT_S)
-        assert done.ok and done.call_id == "c1" and '"echo": 7' in done.content, done
-        isolation.set_resources("probe", {"tpu": 1})
-        isolation.start(spec("c2", {}))
-        assert replies.get(timeout=WAIT_S).error_kind is ErrorKind.UNAVAILABLE
-        assert isolation.stats()["ray_tasks_running"] == 0
-        with pytest.raises(ValueError, match="'num_cpus' must be a number >= 0"):
-            isolation.set_resources("probe", {"num_cpus": -2})
-    finally:
-        isolation.shutdown(1.0)
-        sup.stop(timeout=WAIT_S)
-        timers.stop()
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(Probe, isolation="ray", resources={"num_cpus": 0.5})
+        system.register(Starved, isolation="ray", resources={"tpu": 1})
+        loop = system.start_loop("s1")
+        ok, starved = loop.run_turn([ToolCall("c1", "probe", '{"value": 7}'), ToolCall("c2", "starved", "{}")])
+        assert ok.ok and '"echo": 7' in ok.content, ok
+        assert starved.error_kind is ErrorKind.UNAVAILABLE and "tpu" in starved.content, starved
+        workers = next(c for c in system.tree()["children"] if c["id"] == "workers")
+        assert workers["isolations"]["ray"] == {"tasks": [], "actors": []}
+        assert system.stats()["ray_tasks_total"] >= 1

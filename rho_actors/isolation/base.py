@@ -10,8 +10,9 @@ opened and shut down with its system.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from rho_actors.call import CallSpec
@@ -34,7 +35,9 @@ class IsolationServices:
     are confined; ``worker_idle_s``, how long an idle scoped worker is kept (seconds);
     ``tools``, the published tool set (a call's tool entry says whether it is untrusted);
     ``events``, where isolations report; ``threads_per_tool`` and ``threads_total``, the
-    caps on abandoned threads of thread calls."""
+    caps on abandoned threads of thread calls; ``ray``, how to reach Ray (``None``: a
+    local Ray, started on the first ``ray`` call; see
+    :class:`rho_actors.integrations.ray.tasks.RayRuntime`)."""
 
     calls: Spares
     timers: Timers
@@ -48,6 +51,7 @@ class IsolationServices:
     events: EventBus | None = None
     threads_per_tool: int = 8
     threads_total: int = 64
+    ray: Mapping[str, Any] | None = None
 
 
 class RunningCall(Protocol):
@@ -64,7 +68,11 @@ class Isolation(ABC):
     :class:`IsolationServices`."""
 
     name: ClassVar[str]
-    """The name users pass as ``isolation=`` (``"thread"``, ``"process"``)."""
+    """The name users pass as ``isolation=`` (``"thread"``, ``"process"``, ``"ray"``)."""
+
+    untrusted_refused: ClassVar[str | None] = None
+    """Why untrusted tools may not use this isolation (``register`` raises
+    ``ValueError`` with it), or ``None``: they may."""
 
     def __init__(self, services: IsolationServices) -> None:
         self.services = services
@@ -76,12 +84,25 @@ class Isolation(ABC):
         Raises ``pykka.ActorDeadError`` or ``pykka.Timeout`` when the call cannot start
         (the system is stopping)."""
 
+    def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Check what ``register(..., resources=...)`` gave a tool of this isolation and
+        return it frozen (kept with the tool's entry). Default: no option is taken;
+        raises ``ValueError`` naming them."""
+        if options:
+            raise ValueError(f"isolation {self.name!r} takes no resources, got {sorted(options)}")
+        return options
+
     def open(self) -> None:  # noqa: B027 (optional hook)
         """Make the isolation ready (its system started it). Default: nothing."""
 
     def shutdown(self, timeout_s: float) -> None:  # noqa: B027 (optional hook)
         """Stop every call and release every resource within ``timeout_s`` seconds.
         Default: nothing."""
+
+    def describe(self) -> dict[str, Any]:
+        """What an operator sees of this isolation in :meth:`rho_actors.ActorSystem.tree`
+        (plain data; the ``workers`` node's ``isolations``). Default: nothing."""
+        return {}
 
     def stats(self) -> dict[str, int]:
         """Counters for :meth:`rho_actors.ActorSystem.stats` (names unique across

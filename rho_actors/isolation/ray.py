@@ -4,13 +4,17 @@ without the ``ray`` extra still starts (its ``ray`` calls are then ``unavailable
 
 The call's CallActor runs ``run_on_ray`` and waits; it owns the deadline: at it the
 result is ``timeout`` and the task is force-cancelled (its worker killed). Each tool's
-Ray resources are set with :meth:`RayIsolation.set_resources` (default: 1 CPU).
+Ray resources are given at registration (``register(tool, isolation="ray",
+resources={...})``, checked by :meth:`RayIsolation.check_options`; default: 1 CPU) and
+travel with its registry entry. Untrusted tools are refused: Ray unpickles what its
+workers return, so code that takes over a worker could forge objects in the host.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rho_actors.call import CallSpec, RunCall
@@ -19,7 +23,7 @@ from rho_actors.results import error_result
 from rho_actors.tool import ErrorKind, ToolResult
 
 if TYPE_CHECKING:
-    from rho_actors.integrations.ray.tasks import RayResources, RayRuntime
+    from rho_actors.integrations.ray.tasks import RayRuntime
 
 __all__ = ["RayIsolation"]
 
@@ -40,23 +44,26 @@ class RayIsolation(Isolation):
     :func:`rho_actors.integrations.ray.tasks.default_runtime`, connected on the first call)."""
 
     name: ClassVar[str] = "ray"
+    untrusted_refused: ClassVar[str | None] = (
+        "Ray unpickles what its workers return, so a compromised worker could forge objects in the host; "
+        "use isolation='process'"
+    )
 
     def __init__(self, services: IsolationServices, runtime: RayRuntime | None = None) -> None:
         super().__init__(services)
         self._lock = threading.Lock()
         self._runtime = runtime
-        self._resources: dict[str, RayResources] = {}
         self._open = False
 
-    def set_resources(self, tool_name: str, resources: Mapping[str, Any] | RayResources | None) -> None:
-        """What each call of ``tool_name`` asks Ray for (see
+    def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``resources`` of a Ray tool: ``num_cpus``, ``num_gpus``, ``memory``,
+        ``runtime_env`` and custom resources (see
         :meth:`rho_actors.integrations.ray.tasks.RayResources.from_mapping`). Raises
         ``ValueError`` for bad resources and ``ImportError`` without the ``ray`` extra."""
         from rho_actors.integrations.ray.tasks import RayResources
 
-        checked = RayResources.from_mapping(resources)
-        with self._lock:
-            self._resources[tool_name] = checked
+        RayResources.from_mapping(options)
+        return MappingProxyType(dict(options))
 
     def runtime(self) -> RayRuntime:
         """The Ray runtime of this isolation. Raises ``ImportError`` without the ``ray`` extra."""
@@ -64,7 +71,7 @@ class RayIsolation(Isolation):
 
         with self._lock:
             if self._runtime is None:
-                self._runtime = default_runtime()
+                self._runtime = default_runtime(self.services.ray)
             return self._runtime
 
     def start(self, call: CallSpec) -> _Running:
@@ -84,8 +91,10 @@ class RayIsolation(Isolation):
             return error_result(call.call_id, call.name, ErrorKind.UNAVAILABLE,
                                 f"tool {call.name!r} did not run: Ray is not installed "
                                 f"(pip install 'rho_actors[ray]'): {err}")
-        with self._lock:
-            resources = self._resources.get(call.name) or RayResources()
+        tools = self.services.tools
+        entry = tools.current.entries.get(call.name) if tools is not None else None
+        options = entry.placement.options if entry is not None and entry.tool is call.tool else {}
+        resources = RayResources.from_mapping(options)
         return run_on_ray(runtime, call.tool, call.args, call.ctx, call.deadline, call.cancel, call.max_output_chars,
                           resources, name=call.name, started=call.dispatched)
 
@@ -98,6 +107,13 @@ class RayIsolation(Isolation):
         system). Ray itself is left running: it is shared by the process."""
         with self._lock:
             self._open = False
+
+    def describe(self) -> dict[str, Any]:
+        """``tasks`` in flight (call, tool, task id, time running and left) and ``actors``
+        (the Ray actors of supervised Ray servers, with their nodes), once Ray is in use."""
+        with self._lock:
+            runtime = self._runtime
+        return {"tasks": runtime.tasks(), "actors": runtime.actors()} if runtime is not None else {}
 
     def stats(self) -> dict[str, int]:
         """The runtime's counters (``ray_tasks_running``, ``ray_tasks_total``,

@@ -12,7 +12,7 @@ task is force-cancelled (``ray.cancel(ref, force=True)`` kills its worker proces
 
 Untrusted tools never run on Ray: Ray unpickles whatever a worker returns (and a tool
 could take over its worker), so a compromised worker could forge objects in the host.
-:func:`check_registration` refuses them.
+``ActorSystem.register`` refuses them (``RayIsolation.untrusted_refused``).
 
 Stateful tool servers on Ray are in :mod:`rho_actors.integrations.ray.servers`.
 
@@ -59,7 +59,6 @@ from rho_actors.tool import ErrorKind, Image, ToolResult, is_untrusted
 __all__ = [
     "RayResources",
     "RayRuntime",
-    "check_registration",
     "default_runtime",
     "run_on_ray",
 ]
@@ -128,18 +127,6 @@ class RayResources:
         if self.runtime_env is not None:
             opts["runtime_env"] = dict(self.runtime_env)
         return opts
-
-
-def check_registration(tool: Any, *, untrusted: bool = False) -> None:
-    """Refuse a tool that must not run on Ray: raises ``ValueError`` for an untrusted
-    tool (``untrusted=True`` or marked with :func:`rho_actors.untrusted`). Ray unpickles
-    what its workers return, so code that takes over a worker could forge any object in
-    the host; untrusted tools need ``process`` isolation, whose replies are checked."""
-    if untrusted or is_untrusted(tool):
-        raise ValueError(
-            "untrusted tools cannot use isolation='ray': Ray unpickles what its workers return, so a "
-            "compromised worker could forge objects in the host; use isolation='process'"
-        )
 
 
 # --- the runtime ----------------------------------------------------------------------------
