@@ -163,7 +163,7 @@ def test_a_trusted_tool_may_ask_for_process_isolation(system: ActorSystem) -> No
     [result] = system.start_loop().run_turn([ToolCall("e", "echo", '{"text": "x"}')])
     assert int(result.content.split()[1]) != os.getpid()
     with pytest.raises(ValueError, match="isolation must be one of"):
-        system.register(BadName, isolation="ray")  # type: ignore[arg-type]
+        system.register(BadName, isolation="gpu")
 
 
 class Spawner:
