@@ -326,7 +326,7 @@ def test_an_exact_duplicate_line_is_repaired(tmp_path: Path, logs: list[str]) ->
     assert any("repeats line 2 exactly" in m for m in logs)
     with Transcript(path) as t:  # and appending continues the sequence
         t.user(3, "again")
-    assert load(path).messages[-1].content == "again"
+    assert load(path).messages[-1].text == "again"
 
 
 @pytest.mark.parametrize(
@@ -364,7 +364,7 @@ def test_a_version_1_transcript_still_loads_and_grows(tmp_path: Path) -> None:
         t.user(2, "new")
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert records[2]["v"] == 2 and records[2]["seq"] == 3
-    assert [m.content for m in load(path).messages] == ["old", "ok", "new"]
+    assert [m.text for m in load(path).messages] == ["old", "ok", "new"]
 
 
 def test_extra_fields_are_covered_by_the_checksum_and_ignored(tmp_path: Path) -> None:
