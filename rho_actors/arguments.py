@@ -335,11 +335,13 @@ _KEYWORDS: dict[str, Callable[..., Any]] = {
     "uniqueItems": _unique_items,
     "required": _required,
 }
-_Validator = validators.extend(Draft202012Validator, {k: _counted(v) for k, v in _KEYWORDS.items()})
+_Validator = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator, {k: _counted(v) for k, v in _KEYWORDS.items()}
+)
 
 
 def _refuse(uri: str) -> Resource[Any]:
-    raise NoSuchResource(ref=uri)
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
 def no_retrieval() -> Registry[Any]:
@@ -438,14 +440,14 @@ def _integral_floats(schema: Any, args: dict[str, Any]) -> None:
         ref = sub.get("$ref")
         if isinstance(ref, str) and ref.startswith("#/"):
             target: Any = root
-            for part in ref[2:].split("/"):
-                part = part.replace("~1", "/").replace("~0", "~")
-                target = target.get(part) if isinstance(target, dict) else None
+            for escaped in ref[2:].split("/"):
+                key = escaped.replace("~1", "/").replace("~0", "~")
+                target = target.get(key) if isinstance(target, dict) else None
             stack.append((target, value, hops + 1))
         for part in sub.get("allOf", []) if isinstance(sub.get("allOf"), list) else []:
             stack.append((part, value, hops + 1))
         if isinstance(value, dict):
-            props = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+            props: dict[str, Any] = sub["properties"] if isinstance(sub.get("properties"), dict) else {}
             extra = sub.get("additionalProperties")
             for key, item in value.items():
                 child = props.get(key, extra if isinstance(extra, dict) else None)
@@ -456,7 +458,7 @@ def _integral_floats(schema: Any, args: dict[str, Any]) -> None:
                 else:
                     stack.append((child, item, hops + 1))
         elif isinstance(value, list):
-            prefix = sub.get("prefixItems") if isinstance(sub.get("prefixItems"), list) else []
+            prefix: list[Any] = sub["prefixItems"] if isinstance(sub.get("prefixItems"), list) else []
             rest = sub.get("items")
             for i, item in enumerate(value):
                 child = prefix[i] if i < len(prefix) else (rest if isinstance(rest, dict) else None)

@@ -306,7 +306,7 @@ def _schema_checks(schema: Any, max_depth: int) -> list[str]:
     if problem:
         return [problem]
     try:  # no format checker: patterns are checked by RE2 below, never compiled by re
-        Draft202012Validator.check_schema(schema, format_checker=None)
+        Draft202012Validator.check_schema(schema, format_checker=None)  # type: ignore[arg-type]
     except SchemaError as err:
         where = err.json_path.replace("$", "parameter_schema", 1)
         return [f"{where}: not a valid JSON Schema (Draft 2020-12): {err.message}"]

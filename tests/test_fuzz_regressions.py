@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rho_actors import ErrorKind, Image, ToolCall, encode_output
+from rho_actors import Image, ToolCall, encode_output
 from rho_actors.arguments import ArgumentsError, decode_arguments, make_validator, violations
 from rho_actors.declarations import DeclarationError, check_declaration
 from rho_actors.encoding import cap_text
