@@ -11,7 +11,7 @@ and p99 of its samples; nothing here asserts a timing):
    p99 in microseconds. Target (issue #2): rho_actors p50 / bare-pykka p50 <= 2x.
 2. **Parallel turn.** The wall time of one turn of 16 calls of a ``"parallel"`` tool that
    sleeps 100 ms, next to the ideal 100 ms. Target (issue #2): p50 / 100 ms <= 1.5x.
-3. **BFCL replay.** :func:`rho_actors.bfcl.replay` of ``multi_turn_base``, whole
+3. **BFCL replay.** :func:`rho_actors.integrations.bfcl.replay` of ``multi_turn_base``, whole
    sessions (``ReplayReport.replay_sessions_wall_s``: backends built, loop started, turns
    run, loop stopped) against direct execution of the same sessions
    (``direct_sessions_wall_s``: backends built, calls made). Target (issue #2):
@@ -278,7 +278,7 @@ def skipped(reason: str) -> dict[str, Any]:
 
 
 def bench_bfcl(plan: Plan) -> dict[str, Any]:
-    from rho_actors import bfcl
+    from rho_actors.integrations import bfcl
 
     try:
         bfcl.replay(category="base", limit=3, progress=False)  # warm-up: imports, data, first calls

@@ -43,22 +43,40 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from pathlib import Path
+from typing import Any, Final, NoReturn, Protocol
 
 import pykka
 from loguru import logger
 
-from rho_actors.actor import ActorExit
 from rho_actors.call import error_result
 from rho_actors.encoding import describe_exception, scrub_text
 from rho_actors.model import Message, Model, Reply
+from rho_actors.otp.actor import ActorExit
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 
-if TYPE_CHECKING:
-    from rho_actors.loop import Loop
 
-__all__ = ["DEFAULT_MAX_STEPS", "PromptResult", "Step", "aprompt", "prompt"]
+class Session(Protocol):
+    """What a prompt needs of a session: :class:`rho_actors.Loop` is one. The agent layer
+    sits on top of the runtime and depends on this much only."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def declarations(self, dialect: Any = "neutral") -> list[dict[str, Any]]: ...
+
+    def submit_turn(self, calls: Sequence[ToolCall]) -> concurrent.futures.Future[list[ToolResult]]: ...
+
+    def turn_bound_s(self, calls: Sequence[ToolCall]) -> float: ...
+
+__all__ = ["DEFAULT_MAX_STEPS", "PromptResult", "Session", "Step", "aprompt", "prompt"]
 
 DEFAULT_MAX_STEPS: Final = 10
 LOOP_WAIT_S: Final = 10.0
@@ -108,7 +126,7 @@ class _Stop(Exception):
 
 
 def prompt(
-    loop: Loop,
+    loop: Session,
     text: str | None,
     *,
     model: Model,
@@ -148,7 +166,7 @@ def prompt(
 
 
 async def aprompt(
-    loop: Loop,
+    loop: Session,
     text: str | None,
     *,
     model: Model,
@@ -168,7 +186,7 @@ async def aprompt(
 
 class _Driver:
     def __init__(
-        self, loop: Loop, transcript: Transcript, model: Model, max_steps: int, cancel: threading.Event | None
+        self, loop: Session, transcript: Transcript, model: Model, max_steps: int, cancel: threading.Event | None
     ) -> None:
         self.loop = loop
         self.transcript = transcript

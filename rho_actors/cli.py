@@ -46,7 +46,7 @@ def _add_replay(commands: Any) -> None:
     targets = replay.add_subparsers(dest="target", metavar="TARGET", required=True)
 
     # light: bfcl_eval itself is imported only when a replay runs
-    from rho_actors.bfcl import CATEGORIES
+    from rho_actors.integrations.bfcl import CATEGORIES
 
     bfcl = targets.add_parser(
         "bfcl",
@@ -69,7 +69,7 @@ def _add_replay(commands: Any) -> None:
 
 
 def _run_replay_bfcl(args: argparse.Namespace) -> int:
-    from rho_actors.bfcl import BfclUnavailableError, replay
+    from rho_actors.integrations.bfcl import BfclUnavailableError, replay
 
     try:
         report = replay(category=args.category, limit=args.limit, progress=not args.json, tree=args.tree)

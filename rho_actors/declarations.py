@@ -1,4 +1,5 @@
-"""Checked declarations (DESIGN §3) and the DeclarationActor that owns their cache.
+"""Checked declarations (DESIGN §3); the DeclarationActor that owns their cache is in
+:mod:`rho_actors.declaration_actor`.
 
 A declaration is what a tool says about itself. It is read by calling the tool's
 callbacks (:func:`read_declaration`) and then checked (:func:`check_declaration`):
@@ -25,39 +26,29 @@ import json
 import math
 import re
 import sys
-import threading
-import time
 import types
 import typing
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import tenacity
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from loguru import logger
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from rho_actors.actor import Actor, Names
 from rho_actors.arguments import compile_pattern, make_validator, no_retrieval
+from rho_actors.checked import checked_untrusted
 from rho_actors.encoding import describe_exception, scrub_text
-from rho_actors.events import DeclarationEvent, EventBus
-from rho_actors.timers import Timers
+from rho_actors.errors import RhoError
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback
 
 __all__ = [
-    "DECLARATIONS",
     "DEFAULT_MAX_SCHEMA_DEPTH",
     "NAME_PATTERN",
-    "DeclarationActor",
-    "Checked",
-    "ReadUntrusted",
     "DeclarationError",
-    "DeclarationState",
+    "Raised",
     "Rejected",
-    "UntrustedReads",
     "checked_untrusted",
     "check_declaration",
     "describe_origin",
@@ -71,7 +62,7 @@ DEFAULT_MAX_SCHEMA_DEPTH = 32
 _CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
 
 
-class DeclarationError(ValueError):
+class DeclarationError(RhoError, ValueError):
     """A declaration failed its checks; ``str(err)`` lists every failure and ``name``
     is the tool's name when that part was valid."""
 
@@ -94,6 +85,11 @@ class _Raised:
     """A callback that raised while its declaration was read."""
 
     description: str
+
+
+Raised = _Raised
+"""The marker :func:`read_declaration` leaves for a callback that raised
+(``Raised("TypeName: message")``), also made from an isolated read's answer."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -403,229 +399,3 @@ def _validator_problems(schema: dict[str, Any]) -> list[str]:
     except Exception as exc:
         return [f"parameter_schema: cannot be used to validate: {describe_exception(exc)}"]
     return []
-
-
-DECLARATIONS = "declarations"
-"""The name the DeclarationActor is registered under in its system."""
-
-
-@dataclass(frozen=True, slots=True)
-class UntrustedReads:
-    """How untrusted declarations are read (DESIGN §3): in a throwaway process within
-    ``timeout_s`` seconds and ``heap_bytes`` bytes; a read that runs over is tried again
-    after each of ``retry_s`` (seconds; default 1, 5 and 30 minutes, as tenacity's
-    ``wait_chain`` of ``wait_fixed`` waits), then the tool stays out."""
-
-    timeout_s: float = 2.0
-    heap_bytes: int = 256 * 2**20
-    retry_s: tuple[float, ...] = (60.0, 300.0, 1800.0)
-    start_method: str = "forkserver"
-
-    def wait(self) -> tenacity.wait.wait_base:
-        """The retry schedule as a tenacity wait strategy."""
-        return tenacity.wait_chain(*(tenacity.wait_fixed(s) for s in self.retry_s))
-
-    def retry_delay_s(self, retry: int) -> float:
-        """The wait before retry number ``retry`` (1-based), in seconds."""
-        state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
-        state.attempt_number = retry
-        return float(self.wait()(state))
-
-
-@dataclass(frozen=True, slots=True)
-class Checked:
-    """Told by the DeclarationActor to the registry: an untrusted tool's declaration was
-    read and checked (``outcome``), or the read failed (a :class:`Rejected`)."""
-
-    tool: Any
-    outcome: ToolInfo | Rejected
-
-
-@dataclass(frozen=True, slots=True)
-class ReadUntrusted:
-    """Asked of the DeclarationActor by the registry: read this untrusted tool."""
-
-    tool: Any
-
-
-@dataclass(frozen=True, slots=True)
-class _ReadDone:
-    tool: Any
-    outcome: ToolInfo | Rejected
-    timed_out: bool
-    retry: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Retry:
-    tool: Any
-    retry: int
-
-
-_checked_untrusted: dict[int, tuple[Any, ToolInfo | Rejected]] = {}
-"""Every system's checked untrusted declarations, for :func:`checked_untrusted`."""
-
-
-def checked_untrusted(tool: Any) -> ToolInfo | Rejected | None:
-    """The checked declaration (or the rejection) of an untrusted tool a system has read,
-    or ``None`` when none has (yet)."""
-    held = _checked_untrusted.get(id(tool))
-    return held[1] if held is not None and held[0] is tool else None
-
-
-@dataclass
-class DeclarationState:
-    """The DeclarationActor's durable state, kept by the system (as an OTP process keeps
-    an ETS table with an heir): ``cache`` (tool id -> (tool, outcome)), ``reading``
-    (tool id -> tool, the untrusted tools whose reads or retries are wanted) and
-    ``closed``, set when the system stops: in-flight reads are then cancelled."""
-
-    cache: dict[int, tuple[Any, ToolInfo | Rejected]] = field(default_factory=dict)
-    reading: dict[int, Any] = field(default_factory=dict)
-    closed: threading.Event = field(default_factory=threading.Event)
-
-
-class DeclarationActor(Actor):
-    """Owns the checked-declaration cache and the retry timers (DESIGN §3, §6: permanent).
-
-    A trusted tool's declaration is read in this actor's thread (:meth:`check`); an
-    untrusted tool's in a throwaway process (:meth:`read_untrusted`, in a helper thread
-    that waits for it), the outcome then told, as :class:`Checked`, to the actor named
-    ``notify`` (the registry). Each outcome is kept for the tool's life: until
-    :meth:`forget` (unregistration) or a re-read (a re-registration: its code may have
-    changed). A rejection's reason is logged once, when it is found. A read that ran
-    over its time bound is retried on the :class:`UntrustedReads` schedule. Its state
-    is a :class:`DeclarationState` kept by the system, and every message to it or from
-    it goes by name, so a restarted DeclarationActor (or registry) loses no checked
-    declaration, no read in flight and no retry. Events: ``read``, ``rejected``,
-    ``retry``, ``excluded``.
-    """
-
-    def __init__(
-        self,
-        state: DeclarationState,
-        names: Names,
-        notify: str,
-        max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
-        untrusted: UntrustedReads | None = None,
-        timers: Timers | None = None,
-        events: EventBus | None = None,
-    ) -> None:
-        super().__init__()
-        self._state = state
-        self._cache = state.cache
-        self._names = names
-        self._notify = notify
-        self._max_schema_depth = max_schema_depth
-        self._untrusted = untrusted or UntrustedReads()
-        self._timers = timers
-        self._events = events
-
-    def check(self, tool: Any, fresh: bool = False) -> ToolInfo | Rejected:
-        """The trusted tool's checked declaration, or why it is left out. Never raises."""
-        cached = self._cache.get(id(tool))
-        if cached is not None and cached[0] is tool and not fresh:
-            return cached[1]
-        try:
-            outcome: ToolInfo | Rejected = check_declaration(
-                read_declaration(tool), max_schema_depth=self._max_schema_depth
-            )
-        except DeclarationError as err:
-            outcome = Rejected(str(err), err.name)
-            logger.warning("tool {} left out: {}", describe_origin(tool), outcome.reason)
-        self._cache[id(tool)] = (tool, outcome)
-        return outcome
-
-    def read_untrusted(self, tool: Any, retry: int = 0) -> None:
-        """Read an untrusted tool's declaration in a throwaway process, without blocking
-        this actor; the outcome reaches the ``notify`` actor as :class:`Checked`."""
-        self._state.reading[id(tool)] = tool
-        threading.Thread(
-            target=_read_isolated,
-            args=(tool, self._untrusted, self._max_schema_depth, retry, self._deliver, self._state.closed),
-            name="rho-declaration-read",
-            daemon=True,
-        ).start()
-
-    def _deliver(self, message: Any) -> None:
-        """Hand ``message`` to whichever DeclarationActor runs now (by name), from the
-        calling thread, which may wait for a restart."""
-        self._names.deliver(DECLARATIONS, message, stop=self._state.closed)
-
-    def _deliver_later(self, name: str, message: Any) -> None:
-        """Hand ``message`` to the actor named ``name`` from a helper thread: this
-        actor's thread never waits on another actor."""
-        threading.Thread(
-            target=self._names.deliver, args=(name, message), kwargs={"stop": self._state.closed},
-            name="rho-deliver", daemon=True,
-        ).start()
-
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, ReadUntrusted):
-            self.read_untrusted(message.tool)
-        elif isinstance(message, _ReadDone):
-            self._read_done(message)
-        elif isinstance(message, _Retry):
-            if self._state.reading.get(id(message.tool)) is message.tool:
-                self.read_untrusted(message.tool, message.retry)
-        else:
-            return super().on_receive(message)
-        return None
-
-    def _read_done(self, done: _ReadDone) -> None:
-        if self._state.reading.get(id(done.tool)) is not done.tool:
-            return  # forgotten (unregistered) while it was read
-        origin = describe_origin(done.tool, trusted=False)
-        outcome = done.outcome
-        self._cache[id(done.tool)] = (done.tool, outcome)
-        _checked_untrusted[id(done.tool)] = (done.tool, outcome)
-        if isinstance(outcome, ToolInfo):
-            self._emit("read", origin, outcome.name, None)
-        elif done.timed_out and done.retry < len(self._untrusted.retry_s) and self._timers is not None:
-            delay = self._untrusted.retry_delay_s(done.retry + 1)
-            logger.warning("tool {} left out for now: {}; read again in {} s", origin, outcome.reason, delay)
-            self._emit("retry", origin, outcome.name, f"{outcome.reason}; read again in {delay} s")
-            retry = _Retry(done.tool, done.retry + 1)
-            self._timers.call_at(time.monotonic() + delay, lambda: self._deliver_later(DECLARATIONS, retry))
-        else:
-            kind = "excluded" if done.timed_out else "rejected"
-            logger.warning("tool {} left out: {}", origin, outcome.reason)
-            self._emit(kind, origin, outcome.name, outcome.reason)
-        self._deliver_later(self._notify, Checked(done.tool, outcome))
-
-    def _emit(self, kind: Any, origin: str, name: str | None, reason: str | None) -> None:
-        if self._events is not None:
-            self._events.emit(DeclarationEvent(kind, origin, name, reason))
-
-    def forget(self, tool: Any) -> None:
-        """Drop the tool's cached declaration and any read or retry still to come."""
-        for table in (self._cache, _checked_untrusted):
-            held = table.get(id(tool))
-            if held is not None and held[0] is tool:
-                del table[id(tool)]
-        if self._state.reading.get(id(tool)) is tool:
-            del self._state.reading[id(tool)]
-
-
-def _read_isolated(
-    tool: Any, settings: UntrustedReads, depth: int, retry: int, deliver: Callable[[Any], None],
-    cancel: threading.Event,
-) -> None:
-    """A helper thread's work: one isolated read and check, delivered as ``_ReadDone``."""
-    from rho_actors import sandbox
-
-    timed_out = False
-    try:
-        payload = sandbox.read_declaration_isolated(
-            tool, timeout_s=settings.timeout_s, heap_bytes=settings.heap_bytes, start_method=settings.start_method,
-            cancel=cancel,
-        )
-        outcome: ToolInfo | Rejected = check_declaration(sandbox.raw_declaration(payload), max_schema_depth=depth)
-    except DeclarationError as err:
-        outcome = Rejected(str(err), err.name)
-    except sandbox.IsolatedReadError as err:
-        timed_out = err.kind == "timeout"
-        outcome = Rejected(f"reading its declaration failed ({err.kind}): {err}")
-    except BaseException as err:  # this thread must always answer
-        outcome = Rejected(f"reading its declaration failed: {describe_exception(err)}")
-    deliver(_ReadDone(tool, outcome, timed_out, retry))

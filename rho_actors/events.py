@@ -1,9 +1,11 @@
-"""Call events a host can subscribe to (DESIGN §4 step 4), also logged with loguru.
+"""Events a host can subscribe to (DESIGN §4 step 4, §6), also logged with loguru.
 
 Each dispatched call emits ``started``, then exactly one of ``finished`` (with its
 outcome: ``"ok"`` or an error kind) or ``timed_out``; a timed-out thread call that later
 returns emits ``late`` (its result discarded). A call refused before dispatch (bad JSON,
-unknown tool...) emits only ``finished`` with its error kind.
+unknown tool...) emits only ``finished`` with its error kind. Supervisors report
+what they do as :class:`SupervisorEvent` values; declaration reads as
+:class:`DeclarationEvent` values.
 
 Example::
 
@@ -22,7 +24,7 @@ from typing import Literal, Union
 
 from loguru import logger
 
-__all__ = ["CallEvent", "DeclarationEvent", "EventBus", "EventKind"]
+__all__ = ["CallEvent", "DeclarationEvent", "EventBus", "EventKind", "SupervisorEvent", "SupervisorEventKind"]
 
 EventKind = Literal["started", "finished", "timed_out", "late"]
 
@@ -40,7 +42,7 @@ class CallEvent:
     duration_ms: float = 0.0
 
 
-Event = Union["CallEvent", "DeclarationEvent"]
+Event = Union["CallEvent", "DeclarationEvent", "SupervisorEvent"]
 
 
 class EventBus:
@@ -66,7 +68,9 @@ class EventBus:
 
     def emit(self, event: Event) -> None:
         """Log ``event`` and give it to every subscriber (a raising one is logged)."""
-        if isinstance(event, DeclarationEvent):
+        if isinstance(event, SupervisorEvent):
+            pass  # the supervisor logged it already (it reports without a bus, too)
+        elif isinstance(event, DeclarationEvent):
             logger.info("declaration of {}: {} {}", event.tool, event.kind, event.reason or "")
         elif event.kind == "timed_out":
             logger.warning(
@@ -100,3 +104,32 @@ class DeclarationEvent:
     tool: str
     name: str | None = None
     reason: str | None = None
+
+
+SupervisorEventKind = Literal["started", "crashed", "start_failed", "restarted", "gave_up", "escalated"]
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorEvent:
+    """A supervisor's report (OTP's supervisor progress and error reports, DESIGN §6):
+
+    - ``started``: ``child`` started (progress report; not for ``temporary`` children);
+    - ``crashed``: ``child`` exited abnormally with ``reason`` (``child_terminated``);
+    - ``start_failed``: a restart of ``child`` raised ``reason`` (``start_error``); it
+      counts as a restart and is tried again;
+    - ``restarted``: ``child`` was started again (``restarts`` times so far);
+    - ``gave_up``: more restarts than the intensity allows (``reached_max_restart_intensity``):
+      the supervisor stopped its children and exits; ``child`` failed last, ``reason`` is
+      the supervisor's exit reason;
+    - ``escalated``: ``child``, a supervisor, gave up; this supervisor handles that as a
+      crash of that child.
+
+    ``supervisor`` is the reporting supervisor's label (``"root"``, ``"sessions"``,
+    ``"session:<id>"``, ``"server:<id>"``...); ``reason`` is text (``None`` for
+    ``started``/``restarted``)."""
+
+    kind: SupervisorEventKind
+    supervisor: str
+    child: str
+    reason: str | None = None
+    restarts: int = 0

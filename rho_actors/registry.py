@@ -17,20 +17,25 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
 from loguru import logger
 
-from rho_actors.actor import Actor, Names
 from rho_actors.arguments import make_validator
-from rho_actors.declarations import DECLARATIONS, Checked, ReadUntrusted, Rejected, describe_origin
+from rho_actors.declaration_actor import DECLARATIONS, Checked, ReadUntrusted
+from rho_actors.declarations import Rejected, describe_origin
+from rho_actors.errors import RhoError
+from rho_actors.otp.actor import Actor
+from rho_actors.results import text
 from rho_actors.tool import ToolInfo
 
+if TYPE_CHECKING:
+    from rho_actors.runtime import Runtime
+
 __all__ = [
-    "ISOLATIONS",
     "DuplicateToolError",
-    "Isolation",
+    "IsolationName",
     "Registration",
     "RegistryState",
     "ToolEntry",
@@ -42,7 +47,7 @@ __all__ = [
 _ASK_TIMEOUT_S = 60.0
 
 
-class DuplicateToolError(ValueError):
+class DuplicateToolError(RhoError, ValueError):
     """A registration refused because another registered tool has the same name."""
 
 
@@ -61,8 +66,9 @@ class Registration:
         return self.info is not None
 
 
-Isolation = Literal["thread", "process"]
-ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
+IsolationName = str
+"""The name of an isolation (a key of :data:`rho_actors.isolation.ISOLATIONS`:
+``"thread"``, ``"process"``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +79,7 @@ class ToolEntry:
     info: ToolInfo
     validator: Draft202012Validator
     origin: str
-    isolation: Isolation = "thread"
+    isolation: IsolationName = "thread"
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -108,14 +114,14 @@ class _Slot:
     origin: str
     outcome: ToolInfo | Rejected
     validator: Draft202012Validator | None
-    isolation: Isolation
+    isolation: IsolationName
 
 
 @dataclass(frozen=True, slots=True)
 class _Untrusted:
     tool: Any
     origin: str
-    isolation: Isolation
+    isolation: IsolationName
 
 
 @dataclass(slots=True)
@@ -134,12 +140,12 @@ class RegistryState:
 
 class ToolRegistry(Actor):
     """Registered tools by name; publishes a :class:`ToolSet` to ``view`` on each change.
-    It reaches the DeclarationActor by its name ``"declarations"`` in ``names``."""
+    It reaches the DeclarationActor by its name ``"declarations"`` in the runtime's names."""
 
-    def __init__(self, names: Names, view: ToolSetView, state: RegistryState) -> None:
+    def __init__(self, runtime: Runtime, state: RegistryState) -> None:
         super().__init__()
-        self._names = names
-        self._view = view
+        self._names = runtime.names
+        self._view = runtime.tools
         self._state = state
         self._slots = state.slots
         self._nameless = state.nameless
@@ -152,7 +158,7 @@ class ToolRegistry(Actor):
         return ref.proxy()
 
     def register(
-        self, tool: Any, origin: str | None = None, untrusted: bool = False, isolation: Isolation | None = None
+        self, tool: Any, origin: str | None = None, untrusted: bool = False, isolation: IsolationName | None = None
     ) -> Registration | concurrent.futures.Future[Registration]:
         """Check and add ``tool``; registering the same object again re-reads it.
 
@@ -198,7 +204,7 @@ class ToolRegistry(Actor):
             return None
         return super().on_receive(message)
 
-    def _apply(self, tool: Any, origin: str, outcome: ToolInfo | Rejected, isolation: Isolation) -> Registration:
+    def _apply(self, tool: Any, origin: str, outcome: ToolInfo | Rejected, isolation: IsolationName) -> Registration:
         name = outcome.name
         if name is None:
             assert isinstance(outcome, Rejected)
@@ -215,7 +221,7 @@ class ToolRegistry(Actor):
         renamed = [n for n, s in self._slots.items() if s.tool is tool and n != name]
         for old in renamed:  # the same tool re-registered under a new name: one name only
             del self._slots[old]
-            self._removed[old] = f"tool {old!r} was renamed to {name!r}"
+            self._removed[old] = text("unavailable_renamed", tool=old, new=name)
         self._slots[name] = _Slot(tool, origin, outcome, validator, isolation)
         self._removed.pop(name, None)
         self._publish()
@@ -240,7 +246,7 @@ class ToolRegistry(Actor):
             return pending is not None
         self._declarations().forget(slot.tool)
         if name:
-            self._removed[name] = f"tool {name!r} was unregistered"
+            self._removed[name] = text("unavailable_removed", tool=name)
         self._publish()
         return True
 
@@ -262,7 +268,7 @@ class ToolRegistry(Actor):
             else:
                 assert isinstance(slot.outcome, Rejected)
                 reason = slot.outcome.reason
-                unavailable[name] = f"tool {name!r} is not offered: its declaration failed its checks ({reason})"
+                unavailable[name] = text("unavailable_rejected", tool=name, reason=reason)
         self._view.current = ToolSet(
             self._view.current.version + 1, MappingProxyType(entries), MappingProxyType(unavailable)
         )

@@ -39,11 +39,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import faulthandler
 import importlib
 import inspect
 import json
-import multiprocessing.connection
 import os
 import pickle
 import shutil
@@ -58,9 +56,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import cloudpickle
-
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
+from rho_actors.sandbox import wire
+from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
+from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.processes import Child, close, context, kill_group, reap, signal_name, spawn
+from rho_actors.sandbox.shipping import ship
 from rho_actors.sources import PluginLoadError, load_module_file, tools_in_module
 from rho_actors.tool import Error, Ok, callback, is_untrusted
 
@@ -84,7 +86,6 @@ FAILING: Final[frozenset[str]] = frozenset({"failed", "timeout", "crashed"})
 DEFAULT_SELFTEST_TIMEOUT_S: Final = 10.0
 _MAX_PARALLEL: Final = 8
 _MAX_MESSAGE_CHARS: Final = 2_000  # keeps the child's answer one small pipe write
-_MAX_ANSWER_BYTES: Final = 64 * 1024
 _MAX_OUTPUT_CHARS: Final = 4_000
 _REAP_S: Final = 5.0
 _EXIT_GRACE_S: Final = 1.0
@@ -109,7 +110,7 @@ class SelftestRow:
         return asdict(self)
 
 
-class LoadError(Exception):
+class LoadError(RhoError):
     """A command-line target could not be loaded; ``str(err)`` names it and says why."""
 
 
@@ -183,35 +184,18 @@ def _selftest_answer(payload: bytes) -> dict[str, Any]:
     return {"outcome": outcome, "message": message, "duration_ms": duration_ms, "name": name}
 
 
-def _child_main(conn: Any, payload: bytes, workdir: str, output_path: str) -> None:
-    """Entry point of a selftest child: a new process group, a private folder as its
-    working directory, ``HOME`` and temporary folder, output to a file, one answer."""
+def selftest_child(channel: Channel, payload: bytes) -> None:
+    """Entry point of a selftest child (set up by :func:`enter_child` with its private
+    folder and output file): one ``SELFTEST`` answer."""
     try:
-        os.setsid()
-        fd = os.open(output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        with contextlib.suppress(Exception):  # no usable stderr: no fault report, still a verdict
-            faulthandler.enable(file=sys.stderr, all_threads=True)
-        for var in ("HOME", "TMPDIR", "TMP", "TEMP"):
-            os.environ[var] = workdir
-        os.chdir(workdir)
-        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-        try:
-            answer = _selftest_answer(payload)
-        except BaseException as exc:
-            answer = {"outcome": "failed", "message": f"the selftest process failed: {describe_exception(exc)}"}
-        answer["message"] = _clip(str(answer.get("message", "")))
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):
-                stream.flush()
-        conn.send_bytes(json.dumps(answer, ensure_ascii=True).encode("ascii"))
-    finally:
-        os._exit(0)
+        answer = _selftest_answer(payload)
+    except BaseException as exc:
+        answer = {"outcome": "failed", "message": f"the selftest process failed: {describe_exception(exc)}"}
+    answer["message"] = _clip(str(answer.get("message", "")))
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    channel.send(wire.SELFTEST, wire.encode_json(answer))
 
 
 # --------------------------------------------------------------------------- the parent
@@ -283,49 +267,25 @@ def _remove_tree(root: str) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _ship(tool: Any) -> bytes:
-    """The tool pickled for a child; its modules go by value when a fresh process
-    could not import them (the sandbox's rule)."""
-    from rho_actors.sandbox import _register_by_value
-
-    _register_by_value(tool)
-    return bytes(cloudpickle.dumps(tool, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _context(start_method: str) -> Any:
-    from rho_actors.sandbox import _context as sandbox_context
-
-    return sandbox_context(start_method)
-
-
-def _await_answer(proc: Any, reader: Any, deadline: float) -> tuple[dict[str, Any] | None, bool]:
+def _await_answer(child: Child, deadline: float) -> tuple[dict[str, Any] | None, bool]:
     """``(answer, ended)``: the child's answer, or ``None`` and whether the child ended
     without one (``False``: the deadline passed first)."""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None, False
-        ready = multiprocessing.connection.wait([reader, proc.sentinel], timeout=remaining)
-        if not ready:
-            continue
-        if reader in ready or reader.poll(0):
-            try:
-                data = reader.recv_bytes(_MAX_ANSWER_BYTES)
-            except (EOFError, OSError):  # closed without an answer, or an oversized one
-                return None, True
-            try:
-                answer = json.loads(data)
-            except ValueError:
-                answer = None
-            return (answer if isinstance(answer, dict) else {"outcome": "malformed"}), True
+    try:
+        tag, body = child.channel.recv(deadline, wire.MAX_SELFTEST_BYTES)
+    except DeadlineReached:
+        return None, False
+    except (EOFError, Malformed):  # closed without an answer, or an oversized one
         return None, True
+    try:
+        answer = wire.decode_json(body) if tag == wire.SELFTEST else None
+    except wire.WireError:
+        answer = None
+    return (answer if isinstance(answer, dict) else {"outcome": "malformed"}), True
 
 
 def _row(name: str, certain: bool, answer: dict[str, Any] | None, ended: bool, code: int | None,
          elapsed_ms: float, timeout_s: float, output: str) -> SelftestRow:
     """The row for a child's answer (or its absence)."""
-    from rho_actors.sandbox import _signal_name
-
     if answer is not None:
         outcome = answer.get("outcome")
         if outcome not in ("passed", "failed", "no selftest"):
@@ -347,7 +307,7 @@ def _row(name: str, certain: bool, answer: dict[str, Any] | None, ended: bool, c
         return SelftestRow(name, "timeout", elapsed_ms,
                            f"no answer within {timeout_s:g} s: its process group was killed", output)
     if isinstance(code, int) and code < 0:
-        message = f"the selftest process died of {_signal_name(-code)}"
+        message = f"the selftest process died of {signal_name(-code)}"
     else:
         message = f"the selftest process exited with code {code} without an answer"
     return SelftestRow(name, "crashed", elapsed_ms, message, output)
@@ -358,50 +318,38 @@ def _run_one(given: str | None, tool: Any, timeout_s: float, start_method: str) 
     if _surely_without_selftest(tool):
         return SelftestRow(name, "no selftest", 0.0, "")
     try:
-        payload = _ship(tool)
+        _, payload = ship(tool)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        return SelftestRow(name, "failed", 0.0,
-                           _clip(f"the tool could not be shipped to a child process: {describe_exception(exc)}"))
-    from rho_actors.sandbox import _kill_group, _start
-
-    ctx = _context(start_method)
+        return SelftestRow(name, "failed", 0.0, _clip(f"the tool could not be shipped to a child process: {exc}"))
+    ctx = context(start_method)
     root = tempfile.mkdtemp(prefix="rho_selftest-")
     workdir = os.path.join(root, "work")
     output_path = os.path.join(root, "output.txt")
-    proc: Any = None
-    reader: Any = None
+    child: Child | None = None
     try:
         os.mkdir(workdir, 0o700)
-        reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child_main, args=(writer, payload, workdir, output_path), name="rho-selftest")
         started = time.monotonic()
         try:
-            _start(proc)
+            child = spawn(ctx, selftest_child, payload, ChildSetup(None, output_path, workdir), name="rho-selftest")
         except Exception as exc:
             return SelftestRow(name, "crashed", 0.0,
                                _clip(f"could not start a selftest process: {describe_exception(exc)}"))
-        finally:
-            writer.close()
-        answer, ended = _await_answer(proc, reader, started + timeout_s)
+        answer, ended = _await_answer(child, started + timeout_s)
         if answer is None and ended:
-            proc.join(_EXIT_GRACE_S)  # closed its pipe: give it a moment to finish exiting
+            reap(child.proc, _EXIT_GRACE_S)  # closed its pipe: give it a moment to finish exiting
         elapsed_ms = (time.monotonic() - started) * 1000
-        code = proc.exitcode
-        _kill_group(proc.pid, leader=code is None)  # the child, and whatever it left in its group
-        proc.join(_REAP_S)
+        code = child.proc.exitcode
+        kill_group(child.pid, leader=code is None)  # the child, and whatever it left in its group
+        reap(child.proc, _REAP_S)
         return _row(name, certain, answer, ended, code, elapsed_ms, timeout_s, _read_tail(output_path))
     finally:
-        if reader is not None:
-            with contextlib.suppress(OSError):
-                reader.close()
-        if proc is not None:
-            if proc.pid is not None and proc.exitcode is None:
-                _kill_group(proc.pid)
-                proc.join(_REAP_S)
-            with contextlib.suppress(ValueError):
-                proc.close()
+        if child is not None:
+            if child.proc.exitcode is None:
+                kill_group(child.pid)
+                reap(child.proc, _REAP_S)
+            close(child.proc, child.channel.conn)
         _remove_tree(root)
 
 
@@ -429,7 +377,7 @@ def run_selftests(
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     if max_parallel is not None and (type(max_parallel) is not int or max_parallel < 1):
         raise ValueError(f"max_parallel must be an int of 1 or more, got {max_parallel!r}")
-    _context(start_method)  # a bad start method fails here, before any child
+    context(start_method)  # a bad start method fails here, before any child
     items: list[tuple[str | None, Any]] = (
         [(str(name), tool) for name, tool in tools.items()] if isinstance(tools, Mapping)
         else [(None, tool) for tool in tools]

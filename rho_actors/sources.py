@@ -17,7 +17,8 @@ others. Two sources come with the runtime:
   version is the distribution's version and the entry point's value.
 
 :func:`add_source` (``system.add_source(source)``) puts a source under a supervised
-:class:`SourceActor` (a ``permanent`` child of the system's ``servers`` supervisor),
+:class:`SourceActor` (a ``permanent`` child of the system's ``sources`` supervisor,
+apart from the host's servers, DESIGN §6),
 which scans at once and then every ``poll_s`` seconds (a timer message to itself, no
 sleeping thread), and applies the difference to the system's registry:
 
@@ -75,11 +76,12 @@ from typing import Any, Protocol, runtime_checkable
 import pykka
 from loguru import logger
 
-from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
+from rho_actors.otp.actor import Actor
+from rho_actors.otp.supervisor import ChildSpec, StartChild
+from rho_actors.otp.timers import Timer
 from rho_actors.registry import DuplicateToolError
-from rho_actors.supervisor import ChildSpec, StartChild
-from rho_actors.timers import Timer
 from rho_actors.tool import is_tool, missing_callbacks
 
 __all__ = [
@@ -100,7 +102,7 @@ __all__ = [
 DEFAULT_GROUP = "rho_actors.tools"
 """The entry-point group :class:`EntryPointGroup` reads by default."""
 
-_SERVERS = "servers"
+_SOURCES = "sources"
 _MAX_REASON_CHARS = 2_000
 
 
@@ -128,7 +130,7 @@ class Broken:
     reason: str
 
 
-class PluginLoadError(Exception):
+class PluginLoadError(RhoError):
     """A plugin file could not be loaded: ``str(err)`` says why (with the line, when
     the error is in the file)."""
 
@@ -399,7 +401,7 @@ class _Sync:
 
 class SourceActor(Actor):
     """Scans one source and applies the difference to the system's registry (see the
-    module doc). Started by :func:`add_source` as a ``permanent`` child of ``servers``."""
+    module doc). Started by :func:`add_source` as a ``permanent`` child of ``sources``."""
 
     def __init__(self, system: Any, source: Any, state: SourceState, trusted: bool, poll_s: float | None) -> None:
         super().__init__()
@@ -676,10 +678,10 @@ class SourceHandle:
             except (pykka.ActorDeadError, pykka.Timeout) as exc:
                 logger.warning("source {}: unloading failed: {}", self.name, describe_exception(exc))
         self._state.closed = True
-        servers = self._system.whereis(_SERVERS)
-        if servers is not None:
+        sources = self._system.whereis(_SOURCES)
+        if sources is not None:
             try:
-                servers.proxy().terminate_child(self.child_id).get(timeout=timeout_s)
+                sources.proxy().terminate_child(self.child_id).get(timeout=timeout_s)
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass
 
@@ -723,8 +725,11 @@ def add_source(
         restart="permanent",
         name=child_id,
     )
+    sources = system.whereis(_SOURCES)
+    if sources is None:
+        raise RuntimeError("the system's sources supervisor is not running: the system has stopped")
     try:
-        system.start_child(spec)
+        sources.proxy().start_child(spec).get(timeout=timeout_s)
     except ValueError as err:  # the name was taken in between
         raise ValueError(f"a source named {name!r} is already added to this system ({err})") from None
     handle = SourceHandle(system, source, state, child_id, trusted, poll_s)

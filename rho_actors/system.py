@@ -1,19 +1,30 @@
 """The ActorSystem: the root of a host's tool-call runtime (DESIGN §6).
 
-Its supervision tree, started in this order and stopped in reverse::
+Its supervision tree, started in this order and stopped in reverse (DESIGN §6 says why
+each node has its strategy and intensity)::
 
-    root                    Supervisor, one_for_one
+    root                    Supervisor one_for_one, intensity I       the system's own actors
     ├── declarations        DeclarationActor      permanent  checked declarations, retry timers
     ├── registry            ToolRegistry          permanent  tools; publishes the tool set
     ├── calls               Supervisor            permanent  CallActors: temporary
-    ├── workers             WorkerPoolActor       permanent  processes for ``process`` isolation
-    ├── loops               Supervisor            permanent  LoopActors: transient
-    └── servers             Supervisor            permanent  the host's own children
+    ├── workers             IsolationOwner        permanent  the isolations: processes for ``process`` isolation
+    ├── sources             Supervisor, I         permanent  SourceActors (add_source): permanent
+    ├── sessions            Supervisor            permanent  one subtree per session: temporary
+    │   └── <session id>    Supervisor, I, auto_shutdown     the session's own children
+    │       └── loop        LoopActor             transient, significant
+    └── servers             Supervisor            permanent  one subtree per host server: temporary
+        └── <spec id>       Supervisor, its own intensity    (start_child's, default I)
+            └── <spec id>   the host's actor      its spec's restart type
 
-The state of the DeclarationActor and of the registry is kept by the system, so either
-one restarted by the root loses no tool and no checked declaration; calls in flight do
-not depend on them. A failure escalating past the root's restart intensity stops the
-system, with the reason logged and kept in :attr:`ActorSystem.exit_reason`.
+``I`` is ``ActorSystem(max_restarts=..., max_seconds=...)``. A session or server that
+crash-loops exhausts the intensity of its own subtree only: that subtree is given up
+(reported, and its handle's errors say so) and nothing else is touched. The state of
+the DeclarationActor and of the registry is kept by the system, so either one restarted
+by the root loses no tool and no checked declaration; calls in flight do not depend on
+them. A failure escalating past the root's restart intensity stops the system:
+:attr:`ActorSystem.stopped` turns true and :attr:`ActorSystem.exit_reason` holds the
+cause. Every supervisor's reports are :class:`rho_actors.SupervisorEvent` values on
+:meth:`ActorSystem.subscribe`, and are logged.
 
 Example::
 
@@ -26,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import tempfile
@@ -38,34 +50,24 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
-from rho_actors.actor import NORMAL, Names, monitor, start_link
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
-from rho_actors.call import AbandonedThreads, CallActor
-from rho_actors.declarations import (
-    DECLARATIONS,
-    DEFAULT_MAX_SCHEMA_DEPTH,
-    DeclarationActor,
-    DeclarationState,
-    UntrustedReads,
-    describe_origin,
-)
+from rho_actors.call import CallActor
+from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState, UntrustedReads
+from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, describe_origin
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
 from rho_actors.files import UnsafePathError, private_dir
-from rho_actors.loop import Loop, LoopActor, LoopSettings, loop_name, withheld_names
-from rho_actors.registry import (
-    ISOLATIONS,
-    Isolation,
-    Registration,
-    RegistryState,
-    ToolRegistry,
-    ToolSet,
-    ToolSetView,
-)
-from rho_actors.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor
-from rho_actors.timers import Timers
+from rho_actors.isolation import ISOLATIONS, IsolationOwner, IsolationServices, start_isolations
+from rho_actors.loop import Loop, withheld_names
+from rho_actors.loop_actor import LoopActor
+from rho_actors.loop_messages import loop_name
+from rho_actors.otp.actor import NORMAL, monitor, start_link
+from rho_actors.otp.names import Names
+from rho_actors.otp.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor, which_children
+from rho_actors.otp.timers import Timers
+from rho_actors.registry import IsolationName, Registration, RegistryState, ToolRegistry, ToolSet, ToolSetView
+from rho_actors.runtime import Limits, Runtime
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
-from rho_actors.workers import WorkerPoolActor, Workers
 
 if TYPE_CHECKING:
     from rho_actors.selftest import SelftestRow
@@ -74,7 +76,8 @@ if TYPE_CHECKING:
 __all__ = ["ActorSystem"]
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
-REGISTRY, CALLS, WORKERS, LOOPS, SERVERS, ROOT = "registry", "calls", "workers", "loops", "servers", "root"
+REGISTRY, CALLS, WORKERS, ROOT = "registry", "calls", "workers", "root"
+SOURCES, SESSIONS, SERVERS = "sources", "sessions", "servers"
 
 
 class ActorSystem:
@@ -87,8 +90,10 @@ class ActorSystem:
     parameter schemas; ``shutdown_ms`` is how long running calls get to stop on
     :meth:`stop` (milliseconds) before their threads are abandoned; ``spare_calls``
     CallActors are kept started ahead of need (each still runs exactly one call), which
-    takes a thread start off each call's path; ``max_restarts`` in ``max_seconds`` is
-    the restart intensity of the root and of the loops' supervisor; ``untrusted`` says
+    takes a thread start off each call's path; ``max_restarts`` in ``max_seconds``
+    seconds is the restart intensity of the root (the system's own actors), of the
+    sources' supervisor, of each session's supervisor, and the default of each server's
+    (see :meth:`start_child`): past it, that supervisor gives up (DESIGN §6); ``untrusted`` says
     how untrusted declarations are read (time and heap bounds, retry schedule, start
     method; see :class:`rho_actors.UntrustedReads`); ``warm_workers`` worker processes are
     kept for ``process`` isolation once it is first used, each under the same heap bound.
@@ -112,41 +117,58 @@ class ActorSystem:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._sessions_dir = (self.data_dir / "sessions").resolve()
-        self._settings = LoopSettings(max_output_chars, max_argument_depth)
-        self._events = EventBus()
-        self._abandoned = AbandonedThreads()
         self._tools = ToolSetView()
         self._names = Names()
         self._timers = Timers()
         self._stopped = False
         self.exit_reason: object = None
+        """``None`` unless the root supervisor gave up: then its exit reason (a
+        :class:`rho_actors.RestartIntensityExceeded` naming the last failure)."""
         self._ask_timeout_s = 60.0
         self._untrusted = untrusted or UntrustedReads()
         self._declarations = DeclarationState()  # the state of the DeclarationActor and the registry
         self._registry = RegistryState()  # outlives their restarts
-        self._workers = Workers(warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method)
         self._call_spares = Spares(  # CallActor.start, not start_link: it has no on_start to wait for
             ChildSpec("call", CallActor.start, restart="temporary", shutdown=shutdown_ms), spare_calls
         )
+        services = IsolationServices(
+            self._call_spares, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method
+        )
+        self._runtime = Runtime(
+            names=self._names,
+            timers=self._timers,
+            events=EventBus(),
+            tools=self._tools,
+            calls=self._call_spares,
+            isolations=start_isolations(services),
+            limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
+            untrusted=self._untrusted,
+        )
+        self._events = self._runtime.events
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
-            return StartChild(Supervisor, kwargs={"names": self._names, "label": label, **kwargs})
+            return StartChild(Supervisor, kwargs={"names": self._names, "label": label, "report": self._events.emit,
+                                                  **kwargs})
 
-        intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
+        self._supervisor = supervisor
+        self._shutdown_ms = shutdown_ms
+        self._intensity = intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
         children = [
-            ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (
-                self._declarations, self._names, REGISTRY, max_schema_depth, self._untrusted, self._timers,
-                self._events,
-            )), name=DECLARATIONS),
-            ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._names, self._tools, self._registry)), name=REGISTRY),
+            ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),
+                      name=DECLARATIONS),
+            ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._runtime, self._registry)), name=REGISTRY),
             ChildSpec(CALLS, supervisor(CALLS, spares=self._call_spares), type="supervisor", name=CALLS,
                       shutdown=shutdown_ms + 1_000),
-            ChildSpec(WORKERS, StartChild(WorkerPoolActor, (self._workers,)), name=WORKERS, shutdown=shutdown_ms),
-            ChildSpec(LOOPS, supervisor(LOOPS, **intensity), type="supervisor", name=LOOPS,
+            ChildSpec(WORKERS, StartChild(IsolationOwner, (self._runtime.isolations,)), name=WORKERS,
+                      shutdown=shutdown_ms),
+            ChildSpec(SOURCES, supervisor(SOURCES, **intensity), type="supervisor", name=SOURCES,
                       shutdown=shutdown_ms + 1_000),
-            ChildSpec(SERVERS, supervisor(SERVERS), type="supervisor", name=SERVERS, shutdown=shutdown_ms + 1_000),
+            # Only temporary children below: nothing is restarted here, so the intensity is moot.
+            ChildSpec(SESSIONS, supervisor(SESSIONS), type="supervisor", name=SESSIONS, shutdown=shutdown_ms + 2_000),
+            ChildSpec(SERVERS, supervisor(SERVERS), type="supervisor", name=SERVERS, shutdown=shutdown_ms + 2_000),
         ]
-        self._root = start_link(Supervisor, children, names=self._names, label=ROOT, **intensity)
+        self._root = start_link(Supervisor, children, names=self._names, label=ROOT, report=self._events.emit,
+                                **intensity)
         monitor(self._root, self._root_down)
 
     def _root_down(self, _ref: pykka.ActorRef[Any], reason: object) -> None:
@@ -174,7 +196,8 @@ class ActorSystem:
     # --- tools --------------------------------------------------------------------------
 
     def register(
-        self, tool: Any, *, origin: str | None = None, untrusted: bool = False, isolation: Isolation | None = None
+        self, tool: Any, *, origin: str | None = None, untrusted: bool = False,
+        isolation: IsolationName | None = None,
     ) -> Registration:
         """Register a tool (a module, class or object with the callbacks of DESIGN §2).
         Its declaration is read and checked once; one that fails is left out of what
@@ -186,8 +209,9 @@ class ActorSystem:
         returns when that first read is done (a read that ran over leaves the tool out
         for now and is retried on the schedule). ``isolation`` is where its calls run:
         ``"thread"`` (the default for trusted tools) or ``"process"`` (the default for
-        untrusted ones). ``origin`` names where the tool comes from in messages (default:
-        its module, qualified name, file and line).
+        untrusted ones): a name in :data:`rho_actors.isolation.ISOLATIONS`. ``origin``
+        names where the tool comes from in messages (default: its module, qualified
+        name, file and line).
 
         No code of an untrusted tool runs in this process: not even an attribute lookup
         (a missing callback shows in its declaration check, or as the call's error).
@@ -240,8 +264,13 @@ class ActorSystem:
     # --- loops --------------------------------------------------------------------------
 
     def start_loop(self, session_id: str | None = None, *, withheld: Iterable[str] = (), deps: Any = None) -> Loop:
-        """Start a LoopActor for one session (a ``transient`` child: restarted after a
-        crash, with the same arguments) and return its :class:`Loop` handle.
+        """Start one session's subtree under ``sessions``: a session supervisor (the
+        system's restart intensity) over its LoopActor (``transient``: restarted after a
+        crash, with the same arguments), and return the :class:`Loop` handle. A session
+        whose loop crashes more often than the intensity allows is given up alone: its
+        handle then raises :class:`rho_actors.NotRunningError` naming why, and
+        ``loop.exit_reason`` is the :class:`rho_actors.RestartIntensityExceeded`. A
+        normal stop of the loop ends its subtree too.
 
         ``session_id`` (default: a new random id) names the session's private folder
         ``data_dir/sessions/<session_id>``; it must match
@@ -260,28 +289,27 @@ class ActorSystem:
                 f"session id {session_id!r} is not allowed: use 1-128 of A-Z a-z 0-9 _ . @ : -, "
                 "starting with a letter, digit or _, and no '..'"
             )
+        running = self._names.whereis(loop_name(session_id))
+        if running is not None:
+            raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
         try:  # each component a real folder, no symlink followed, created 0700
             session_dir = private_dir(self.data_dir, "sessions", session_id)
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(
-            session_id=session_id,
-            data_dir=session_dir,
-            deps=deps,
-            withheld=withheld_names(withheld),
-            tools=self._tools,
-            calls=self._call_spares,
-            workers=self._workers,
-            timers=self._timers,
-            events=self._events,
-            abandoned=self._abandoned,
-            settings=self._settings,
-            whereis=self._names.whereis,
+            session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
+            runtime=self._runtime,
         )
-        spec = ChildSpec(session_id, StartChild(LoopActor, kwargs=kwargs), restart="transient",
+        loop = ChildSpec("loop", StartChild(LoopActor, kwargs=kwargs), restart="transient", significant=True,
                          name=loop_name(session_id))
-        self._whereis(LOOPS).proxy().start_child(spec).get(timeout=self._ask_timeout_s)
-        return Loop(session_id, session_dir, self._names.whereis, self._tools, self._settings)
+        session = ChildSpec(
+            session_id,
+            self._supervisor(f"session:{session_id}", children=[loop], auto_shutdown="any_significant",
+                             **self._intensity),
+            restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
+        )
+        self._whereis(SESSIONS).proxy().start_child(session).get(timeout=self._ask_timeout_s)
+        return Loop(session_id, session_dir, self._runtime)
 
     # --- sources and selftests -------------------------------------------------------------
 
@@ -304,29 +332,61 @@ class ActorSystem:
 
     # --- the host's own actors ------------------------------------------------------------
 
-    def start_child(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
-        """Start one of the host's actors (a stateful tool server, say) under the
-        ``servers`` supervisor (``one_for_one``); with ``spec.name`` it can be found
-        with :meth:`whereis` (and from a tool, with ``ctx["whereis"]``). Returns its ref;
-        raises the start error of the child."""
-        ref: pykka.ActorRef[Any] = self._whereis(SERVERS).proxy().start_child(spec).get(timeout=self._ask_timeout_s)
-        return ref
+    def start_child(
+        self, spec: ChildSpec, *, max_restarts: int | None = None, max_seconds: float | None = None
+    ) -> pykka.ActorRef[Any]:
+        """Start one of the host's actors (a stateful tool server, say) in its own
+        subtree under ``servers``: a supervisor with this server's own restart intensity
+        (``max_restarts`` in ``max_seconds`` seconds; default: the system's) over the
+        child of ``spec`` (restarted by its restart type). A server that crash-loops is
+        given up alone: its subtree stops, :meth:`whereis` gives ``None``,
+        :meth:`lookup` raises naming why, and the other servers, sources and sessions
+        go on. With ``spec.name`` it can be found with :meth:`whereis` (and from a tool,
+        with ``ctx["whereis"]``). Returns its ref (it follows no restart: use
+        :meth:`whereis`). Raises ``ValueError`` when a running actor holds
+        ``spec.name``, and ``RuntimeError`` naming the child's start error."""
+        holder = self._names.whereis(spec.name) if spec.name is not None else None
+        if holder is not None:
+            raise ValueError(f"the name {spec.name!r} is held by {holder}")
+        intensity = {
+            "max_restarts": self._intensity["max_restarts"] if max_restarts is None else max_restarts,
+            "max_seconds": self._intensity["max_seconds"] if max_seconds is None else max_seconds,
+        }
+        child = spec if spec.restart == "permanent" else dataclasses.replace(spec, significant=True)
+        server = ChildSpec(
+            spec.id,
+            self._supervisor(f"server:{spec.id}", children=[child], auto_shutdown="any_significant", **intensity),
+            restart="temporary", type="supervisor",
+            shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
+        )
+        sup: pykka.ActorRef[Any] = self._whereis(SERVERS).proxy().start_child(server).get(timeout=self._ask_timeout_s)
+        [started] = which_children(sup, self._ask_timeout_s)
+        assert started.ref is not None
+        return started.ref
 
     def whereis(self, name: str) -> pykka.ActorRef[Any] | None:
-        """The live ref of the actor registered as ``name`` (it follows restarts), or None."""
+        """The live ref of the actor registered as ``name`` in this system (it follows
+        restarts), or None (Erlang's ``whereis/1``)."""
         return self._names.whereis(name)
+
+    def lookup(self, name: str) -> pykka.ActorRef[Any]:
+        """The live ref registered as ``name``; raises :class:`rho_actors.NotRunningError`
+        naming why there is none: never started, stopped, restarting (with the crash),
+        or given up by its supervisor (with the :class:`rho_actors.RestartIntensityExceeded`
+        as ``reason``)."""
+        return self._names.lookup(name)
 
     def tree(self) -> dict[str, Any]:
         """The live supervision tree as plain data. Each node: ``id``, ``kind``
         (``"supervisor"`` or ``"worker"``), ``restart``, ``restarts``, ``alive``;
         supervisors add ``strategy`` and ``children``; the ``calls`` supervisor gives
-        ``running`` and ``spares`` counts instead of a node per call; loops add
-        ``running``: their calls with ``tool`` and ``ms_left`` to the deadline."""
+        ``running`` and ``spares`` counts instead of a node per call; a session's
+        ``loop`` adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline."""
         node: dict[str, Any] = {"id": ROOT, "kind": "supervisor", "restart": "permanent", "restarts": 0,
                                 "alive": self._root.is_alive()}
         return self._describe(self._root, node)
 
-    def _describe(self, ref: pykka.ActorRef[Any] | None, node: dict[str, Any]) -> dict[str, Any]:
+    def _describe(self, ref: pykka.ActorRef[Any] | None, node: dict[str, Any], parent: str = "") -> dict[str, Any]:
         if ref is None or not node["alive"]:
             return node
         try:
@@ -340,12 +400,11 @@ class ActorSystem:
                     return node
                 node["children"] = [
                     self._describe(c.ref, {"id": c.id, "kind": c.type, "restart": c.restart,
-                                           "restarts": c.restarts, "alive": c.alive})
+                                           "restarts": c.restarts, "alive": c.alive}, node["id"])
                     for c in children
                 ]
             elif issubclass(ref.actor_class, LoopActor):
-                loop = Loop(node["id"], self._sessions_dir / node["id"], self._names.whereis, self._tools,
-                            self._settings)
+                loop = Loop(parent, self._sessions_dir / parent, self._runtime)
                 node["running"] = loop.running()
         except (pykka.ActorDeadError, pykka.Timeout):
             node["alive"] = False
@@ -354,32 +413,29 @@ class ActorSystem:
     # --- events and state -----------------------------------------------------------------
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
-        """Call ``callback(event)`` for every :class:`CallEvent` and
-        :class:`DeclarationEvent` (from actor threads: keep it quick). Returns a function
-        that unsubscribes."""
+        """Call ``callback(event)`` for every :class:`rho_actors.CallEvent`,
+        :class:`rho_actors.DeclarationEvent` and :class:`rho_actors.SupervisorEvent`
+        (from actor threads: keep it quick). Returns a function that unsubscribes."""
         return self._events.subscribe(callback)
 
     def stats(self) -> dict[str, int]:
         """Counters: ``abandoned_threads_running`` (thread calls cancelled at their
         deadline or at a stop whose thread has not returned yet),
         ``abandoned_threads_total``, and the worker pool's as ``workers_<name>`` (see
-        :meth:`rho_actors.sandbox.WorkerPool.stats`)."""
-        return {
-            "abandoned_threads_running": self._abandoned.running,
-            "abandoned_threads_total": self._abandoned.total,
-            **{f"workers_{k}": v for k, v in self._workers.stats().items()},
-        }
+        :meth:`rho_actors.sandbox.WorkerPool.stats`): each isolation's counters."""
+        return {k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()}
 
     # --- lifecycle ------------------------------------------------------------------------
 
     @property
     def stopped(self) -> bool:
-        """Whether the system has stopped (by :meth:`stop`, or a failure past the root)."""
+        """Whether the system has stopped: by :meth:`stop`, or because the root
+        supervisor gave up (then :attr:`exit_reason` holds why)."""
         return self._stopped
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the tree in reverse start order (servers, loops, calls, registry,
-        declarations), then the timers. Running calls are cancelled; a call thread still
+        """Stop the tree in reverse start order (servers, sessions, sources, workers,
+        calls, registry, declarations), then the timers. Running calls are cancelled; a call thread still
         running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
         self._call_spares.close()  # a call dispatched from now on does not start
         try:
@@ -392,8 +448,9 @@ class ActorSystem:
         self._timers.stop()
         if self._own_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-        if self._abandoned.running:
-            logger.warning("{} abandoned call threads are still running", self._abandoned.running)
+        running = self.stats().get("abandoned_threads_running", 0)
+        if running:
+            logger.warning("{} abandoned call threads are still running", running)
 
     def __enter__(self) -> ActorSystem:
         return self

@@ -287,7 +287,7 @@ def timeout_ms(tool: Any) -> int:
     declaration a system checked (the default until one has).
     """
     if is_untrusted(tool):
-        from rho_actors.declarations import checked_untrusted
+        from rho_actors.checked import checked_untrusted
 
         checked = checked_untrusted(tool)
         return checked.timeout_ms if isinstance(checked, ToolInfo) else DEFAULT_TIMEOUT_MS
@@ -309,7 +309,7 @@ def concurrency(tool: Any) -> Concurrency:
     the declaration a system checked (``"parallel"`` until one has).
     """
     if is_untrusted(tool):
-        from rho_actors.declarations import checked_untrusted
+        from rho_actors.checked import checked_untrusted
 
         checked = checked_untrusted(tool)
         return checked.concurrency if isinstance(checked, ToolInfo) else "parallel"

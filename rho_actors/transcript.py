@@ -88,10 +88,10 @@ from typing import Any, Final
 
 from loguru import logger
 
-from rho_actors.call import error_result
 from rho_actors.encoding import scrub_text
 from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.model import Message, Reply
+from rho_actors.results import error_result
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
 
 __all__ = [

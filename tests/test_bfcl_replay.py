@@ -12,8 +12,8 @@ from jsonschema import Draft202012Validator
 pytest.importorskip("bfcl_eval", reason="needs pip install --no-deps bfcl-eval==2026.3.23 mpmath")
 pytest.importorskip("mpmath")
 
-from rho_actors import bfcl
-from rho_actors.bfcl import (
+from rho_actors.integrations import bfcl
+from rho_actors.integrations.bfcl import (
     BfclEntry,
     BfclTool,
     CallParseError,
@@ -110,7 +110,7 @@ def test_unknown_type_name_is_an_error() -> None:
 
 
 def test_every_multi_turn_declaration_passes_the_checks() -> None:
-    from rho_actors.declarations import check_declaration, read_declaration
+    from rho_actors.declarations import NAME_PATTERN, check_declaration, read_declaration
 
     functions = load_functions()
     assert len(functions) == 128
@@ -119,7 +119,7 @@ def test_every_multi_turn_declaration_passes_the_checks() -> None:
         schema = tool.parameter_schema()
         Draft202012Validator.check_schema(schema)
         assert schema["type"] == "object"
-        assert bfcl._NAME_RE.fullmatch(tool.name())
+        assert NAME_PATTERN.fullmatch(tool.name())
         assert "dict" not in json.dumps(schema).replace('"description"', "")  # no BFCL type names left
         info = check_declaration(read_declaration(tool))
         assert info.name == tool.name()
@@ -297,7 +297,7 @@ def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPat
             raise ModuleNotFoundError("No module named 'bfcl_eval'")
         return real(name, package)
 
-    monkeypatch.setattr(bfcl.importlib, "import_module", fake)
+    monkeypatch.setattr(importlib, "import_module", fake)
     with pytest.raises(bfcl.BfclUnavailableError, match=r"pip install --no-deps bfcl-eval==2026\.3\.23 mpmath"):
         load_entries("base", limit=1)
 

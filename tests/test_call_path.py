@@ -11,6 +11,7 @@ import pytest
 from rho_actors import ActorSystem, DuplicateToolError, ErrorKind, ToolCall, tool
 
 from .conftest import WAIT_S, Recorder
+from .helpers import make_tool
 
 
 class Counter:
@@ -20,35 +21,20 @@ class Counter:
         self.runs: list[str] = []
 
 
+ECHO_SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string"}, "times": {"type": "integer", "minimum": 1}},
+    "required": ["text"],
+    "additionalProperties": False,
+}
+
+
 def make_echo(counter: Counter, name: str = "echo", concurrency: str = "parallel") -> Any:
-    class Echo:
-        @staticmethod
-        def name() -> str:
-            return name
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        counter.runs.append(args["text"])
+        return str(args["text"] * args.get("times", 1))
 
-        @staticmethod
-        def description() -> str:
-            return "Echo the text back."
-
-        @staticmethod
-        def parameter_schema() -> dict[str, Any]:
-            return {
-                "type": "object",
-                "properties": {"text": {"type": "string"}, "times": {"type": "integer", "minimum": 1}},
-                "required": ["text"],
-                "additionalProperties": False,
-            }
-
-        @staticmethod
-        def concurrency() -> str:
-            return concurrency
-
-        @staticmethod
-        def run(args: dict[str, Any], ctx: Any) -> str:
-            counter.runs.append(args["text"])
-            return args["text"] * args.get("times", 1)
-
-    return Echo
+    return make_tool(name, run, description="Echo the text back.", schema=ECHO_SCHEMA, concurrency=concurrency)
 
 
 @pytest.fixture

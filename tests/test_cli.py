@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from rho_actors import bfcl
 from rho_actors.cli import build_parser, main
+from rho_actors.integrations import bfcl
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,7 +64,7 @@ def test_missing_bfcl_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, capsys: 
             raise ModuleNotFoundError("No module named 'bfcl_eval'")
         return real(name, package)
 
-    monkeypatch.setattr(bfcl.importlib, "import_module", fake)
+    monkeypatch.setattr(importlib, "import_module", fake)
     assert main(["replay", "bfcl", "--limit", "1", "--json"]) == 2
     captured = capsys.readouterr()
     assert "pip install --no-deps bfcl-eval==2026.3.23 mpmath" in captured.err
@@ -110,11 +110,14 @@ def test_replay_bfcl_returns_1_on_a_difference(
 
 
 def test_tree_prints_the_supervision_tree(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("bfcl_eval")
     assert main(["replay", "bfcl", "--limit", "1", "--tree"]) == 0
     out = capsys.readouterr().out
-    for line in ("root supervisor, permanent", "├── declarations worker, permanent", "├── loops supervisor",
+    for line in ("root supervisor, permanent", "├── declarations worker, permanent", "├── sessions supervisor",
                  "calls running", "├── workers worker, permanent", "└── servers supervisor"):
         assert line in out
     assert main(["replay", "bfcl", "--limit", "1", "--tree", "--json"]) == 0
     tree = json.loads(capsys.readouterr().out)["tree"]
-    assert [c["id"] for c in tree["children"]] == ["declarations", "registry", "calls", "workers", "loops", "servers"]
+    assert [c["id"] for c in tree["children"]] == [
+        "declarations", "registry", "calls", "workers", "sources", "sessions", "servers",
+    ]

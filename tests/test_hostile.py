@@ -15,29 +15,11 @@ from rho_actors import ActorSystem, ErrorKind, ToolCall, tool
 from rho_actors.encoding import REPR_MARK
 
 from .conftest import WAIT_S
+from .helpers import make_tool
 
 
 def schema_tool(name: str, schema: dict[str, Any], result: Any = "ok", **options: Any) -> Any:
-    class Tool:
-        @staticmethod
-        def name() -> str:
-            return name
-
-        @staticmethod
-        def description() -> str:
-            return f"The {name} tool."
-
-        @staticmethod
-        def parameter_schema() -> dict[str, Any]:
-            return schema
-
-        @staticmethod
-        def run(args: Any, ctx: Any) -> Any:
-            return result(args, ctx) if callable(result) else result
-
-    for key, value in options.items():
-        setattr(Tool, key, staticmethod(lambda value=value: value))
-    return Tool
+    return make_tool(name, result, schema=schema, **options)
 
 
 def test_a_huge_timeout_is_cut_to_a_day_and_deadlines_keep_working(system: ActorSystem) -> None:

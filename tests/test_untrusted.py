@@ -23,45 +23,23 @@ from rho_actors import (
 )
 
 from .conftest import WAIT_S, wait_for
+from .helpers import make_tool
 
 FLAG = Path("/tmp/rho_actors-test-untrusted-slow-once.flag")  # the same path in the child processes
 
 
-class Echo:
-    """Reports the process it ran in."""
+Echo = make_tool(
+    "echo",
+    lambda args, ctx: f"{args['text']} {os.getpid()}",  # reports the process it ran in
+    description="Echo the text with the pid of the process that ran it.",
+    schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    timeout_ms=5_000,
+)
 
-    @staticmethod
-    def name() -> str:
-        return "echo"
-
-    @staticmethod
-    def description() -> str:
-        return "Echo the text with the pid of the process that ran it."
-
-    @staticmethod
-    def parameter_schema() -> dict[str, Any]:
-        return {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
-
-    @staticmethod
-    def timeout_ms() -> int:
-        return 5_000
-
-    @staticmethod
-    def run(args: dict[str, Any], ctx: Any) -> str:
-        return f"{args['text']} {os.getpid()}"
-
-
-class HoldsTheGil:
-    """Computes a huge power in C: only another process can keep a deadline against it."""
-
-    name = staticmethod(lambda: "gil")
-    description = staticmethod(lambda: "Hold the GIL for seconds.")
-    parameter_schema = staticmethod(lambda: {"type": "object"})
-    timeout_ms = staticmethod(lambda: 300)
-
-    @staticmethod
-    def run(args: Any, ctx: Any) -> str:
-        return str(10 ** (10**7) > 0)
+# Computes a huge power in C: only another process can keep a deadline against it.
+HoldsTheGil = make_tool(
+    "gil", lambda args, ctx: str(10 ** (10**7) > 0), description="Hold the GIL for seconds.", timeout_ms=300
+)
 
 
 class SlowOnce:
@@ -89,11 +67,7 @@ class Hangs:
     run = staticmethod(lambda args, ctx: "never")
 
 
-class BadName:
-    name = staticmethod(lambda: "bad name!")
-    description = staticmethod(lambda: "A name with a space.")
-    parameter_schema = staticmethod(lambda: {"type": "object"})
-    run = staticmethod(lambda args, ctx: "never")
+BadName = make_tool("bad name!", "never", description="A name with a space.")
 
 
 @pytest.fixture

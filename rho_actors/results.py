@@ -1,0 +1,160 @@
+"""Tool results: the model-visible text of every error, in one table, and the
+functions that build :class:`~rho_actors.tool.ToolResult` values (DESIGN §4).
+
+Every error result a model sees is written here: :data:`TEXTS` maps a situation (a
+key such as ``"timeout"``) to its :class:`~rho_actors.tool.ErrorKind` and the
+template of its text, and :func:`failure` fills one in. The per-violation texts of
+argument checks live with those checks (:mod:`rho_actors.arguments`) and reach a
+result through :func:`error_result`.
+
+Example::
+
+    failure("timeout", "c1", "search", timeout_ms=500, consequence=KILLED)
+    # ToolResult(call_id="c1", name="search", ok=False, error_kind=ErrorKind.TIMEOUT,
+    #            content="tool 'search' did not finish within its timeout of 500 ms; "
+    #                    "its worker process was killed", ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
+
+from rho_actors.encoding import describe_exception, encode_output
+from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolResult
+
+__all__ = [
+    "CANCELLED",
+    "KILLED",
+    "TEXTS",
+    "error_result",
+    "failure",
+    "result_from_exception",
+    "result_from_return",
+    "text",
+]
+
+KILLED: Final = "its worker process was killed"
+"""The ``consequence`` of a ``timeout`` in a worker process."""
+CANCELLED: Final = "it was cancelled"
+"""The ``consequence`` of a ``timeout`` in a thread (or a coroutine)."""
+
+_K = ErrorKind
+TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
+    # timeouts: one wording, with what became of the call
+    "timeout": (_K.TIMEOUT, "tool {tool!r} did not finish within its timeout of {timeout_ms} ms; {consequence}"),
+    # a call refused before its tool runs
+    "unknown_tool": (_K.UNKNOWN_TOOL, "unknown tool {tool!r}; the tools offered are: {offered}"),
+    "withheld": (_K.WITHHELD, "tool {tool!r} is not available in this session now"),
+    "unavailable_removed": (_K.UNAVAILABLE, "tool {tool!r} was unregistered"),
+    "unavailable_renamed": (_K.UNAVAILABLE, "tool {tool!r} was renamed to {new!r}"),
+    "unavailable_rejected": (
+        _K.UNAVAILABLE, "tool {tool!r} is not offered: its declaration failed its checks ({reason})"
+    ),
+    "bad_arguments": (_K.INVALID_ARGUMENTS, "tool {tool!r}: {problem}"),
+    "invalid_arguments": (_K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: {problems}"),
+    "unvalidatable": (_K.INVALID_ARGUMENTS, "the arguments for tool {tool!r} could not be validated: {problem}"),
+    # the runtime around a call
+    "not_prepared": (_K.CRASHED, "the loop could not prepare this call: {problem}"),
+    "loop_failed": (_K.CRASHED, "the loop failed to run this call: {problem}"),
+    "loop_crashed": (_K.CRASHED, "the session's loop crashed before this call finished"),
+    "session_stopped": (_K.CANCELLED, "the session stopped before this call finished"),
+    "turn_not_started": (_K.CANCELLED, "the session stopped before this turn started"),
+    "not_started": (_K.CANCELLED, "the call did not start: {problem}"),
+    "cancelled": (_K.CANCELLED, "tool {tool!r} was cancelled ({reason})"),
+    "raised_opaque": (_K.RAISED, "tool {tool!r} raised"),
+    # a call in a worker process
+    "pool_stopped": (_K.CANCELLED, "tool {tool!r} did not run: the worker pool is stopped"),
+    "pool_stopped_mid_call": (_K.CANCELLED, "tool {tool!r} was cancelled: the worker pool stopped"),
+    "pool_closed": (_K.CANCELLED, "tool {tool!r} did not run: {problem}"),
+    "unshippable": (_K.RAISED, "tool {tool!r} could not be shipped to a worker process: {problem}"),
+    "unsendable": (
+        _K.RAISED, "tool {tool!r}: its arguments or context could not be sent to its worker process ({problem})"
+    ),
+    "no_worker": (_K.CRASHED, "tool {tool!r} did not run: no worker process could be started ({problem})"),
+    "workers_dying": (
+        _K.CRASHED, "tool {tool!r} did not run: its worker processes kept dying before the call reached them"
+    ),
+    "malformed_reply": (
+        _K.CRASHED, "tool {tool!r}: its worker process sent a malformed reply ({problem}); it was killed"
+    ),
+    "unreadable_reply": (
+        _K.RAISED, "tool {tool!r}: its result could not be read back from its worker process ({problem})"
+    ),
+    "pipe_closed": (_K.CRASHED, "tool {tool!r}: its worker process closed its pipe mid-call; it was killed"),
+    "oom_killed": (
+        _K.MEMORY, "tool {tool!r} ran out of memory: its worker process was killed by SIGKILL, not by the pool "
+        "(most likely the kernel's out-of-memory killer)"
+    ),
+    "memory": (
+        _K.MEMORY, "tool {tool!r} ran out of memory: it exceeded its worker's heap bound of {heap} (MemoryError)"
+    ),
+    "worker_crashed": (_K.CRASHED, "tool {tool!r} crashed: its worker process died of {signal}"),
+    "worker_exited": (
+        _K.EXITED, "tool {tool!r} exited: its worker process ended with exit code {code} before answering"
+    ),
+    "unpicklable_in_worker": (
+        _K.RAISED, "tool {tool!r} could not be unpickled in its worker process: {problem}"
+    ),
+    "failed_in_worker": (_K.RAISED, "tool {tool!r} failed in its worker process: {problem}"),
+    "unreturnable": (
+        _K.RAISED, "tool {tool!r} returned {what} that cannot be sent back from its worker process ({problem})"
+    ),
+})
+"""Situation -> ``(kind, template)``: every model-visible error text of the runtime.
+Templates are ``str.format`` strings; ``{tool!r}`` is the tool's name."""
+
+
+def text(key: str, **fields: Any) -> str:
+    """The text of situation ``key`` of :data:`TEXTS` with ``fields`` filled in.
+    Raises ``KeyError`` for an unknown key or a missing field."""
+    return TEXTS[key][1].format(**fields)
+
+
+def failure(key: str, call_id: str, name: str, duration_ms: float = 0.0, **fields: Any) -> ToolResult:
+    """The error result of situation ``key`` of :data:`TEXTS` for call ``call_id`` of
+    tool ``name`` (``{tool}`` in the template; ``duration_ms`` in milliseconds)."""
+    kind, template = TEXTS[key]
+    return error_result(call_id, name, kind, template.format(tool=name, **fields), duration_ms)
+
+
+def error_result(call_id: str, name: str, kind: ErrorKind, message: str, duration_ms: float = 0.0) -> ToolResult:
+    """An error :class:`ToolResult` with ``message`` as the model's text."""
+    return ToolResult(call_id, name, False, message, kind, None, (), duration_ms)
+
+
+def result_from_exception(
+    call_id: str, name: str, exc: BaseException, max_chars: int, duration_ms: float
+) -> ToolResult:
+    """A ``raised`` result for an ``Exception``, ``exited`` for any other ``BaseException``;
+    the text (``tool 'x' raised ValueError: ...``) is capped at ``max_chars`` characters."""
+    if isinstance(exc, Exception):
+        kind, verb = ErrorKind.RAISED, "raised"
+    else:
+        kind, verb = ErrorKind.EXITED, "exited with"
+    message = encode_output(f"tool {name!r} {verb} {describe_exception(exc)}", max_chars).text
+    return error_result(call_id, name, kind, message, duration_ms)
+
+
+def result_from_return(call_id: str, name: str, value: Any, max_chars: int, duration_ms: float) -> ToolResult:
+    """The result for what ``run`` returned: ``Ok``/plain value/``Details``/``Image``
+    parts are ok; ``Error(reason)`` is a ``raised`` error with ``reason`` as text."""
+    ok = True
+    if isinstance(value, Ok):
+        value = value.output
+    elif isinstance(value, Error):
+        ok, value = False, value.reason
+    details = None
+    if isinstance(value, Details):
+        value, details = value.output, value.details
+    images: tuple[Image, ...] = ()
+    if isinstance(value, Image):
+        value, images = "", (value,)
+    elif isinstance(value, list) and any(isinstance(v, Image) for v in value):
+        images = tuple(v for v in value if isinstance(v, Image))
+        value = "\n".join(
+            v if isinstance(v, str) else encode_output(v, max_chars).text for v in value if not isinstance(v, Image)
+        )
+    content = encode_output(value, max_chars).text
+    return ToolResult(call_id, name, ok, content, None if ok else ErrorKind.RAISED, details, images, duration_ms)

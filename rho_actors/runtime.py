@@ -1,0 +1,53 @@
+"""The services a system's actors share, as one object (internal).
+
+An :class:`~rho_actors.ActorSystem` builds one :class:`Runtime` and hands it to its
+DeclarationActor, registry and LoopActors, instead of each taking every service as its
+own constructor argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rho_actors.declaration_actor import UntrustedReads
+    from rho_actors.events import EventBus
+    from rho_actors.isolation import Isolation
+    from rho_actors.otp.names import Names
+    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.timers import Timers
+    from rho_actors.registry import ToolSetView
+
+__all__ = ["Limits", "Runtime"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A system's limits: ``max_output_chars`` caps each result's text (characters);
+    ``max_argument_depth`` and ``max_schema_depth`` bound the nesting of call arguments
+    and parameter schemas; ``ask_timeout_s`` bounds the host's queries to a loop
+    (seconds)."""
+
+    max_output_chars: int
+    max_argument_depth: int
+    max_schema_depth: int
+    ask_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Runtime:
+    """A system's shared services: ``names`` (the registry of named actors, which follows
+    restarts), ``timers``, ``events`` (the event bus), ``tools`` (the published tool set),
+    ``calls`` (spare CallActors), ``isolations`` by name, ``limits`` and ``untrusted``
+    (how untrusted declarations are read)."""
+
+    names: Names
+    timers: Timers
+    events: EventBus
+    tools: ToolSetView
+    calls: Spares
+    isolations: Mapping[str, Isolation]
+    limits: Limits
+    untrusted: UntrustedReads

@@ -1,0 +1,134 @@
+"""The framed channel between a parent and one child process (internal).
+
+Both ends speak the same framing, defined here and nowhere else: a frame is a one-byte
+type tag (see :mod:`rho_actors.sandbox.wire`), an 8-byte big-endian body length, and the
+body. Reads and writes are non-blocking underneath and bounded by a deadline (a
+``time.monotonic()`` instant, or ``None`` for none), so the parent never waits past a
+call's deadline on a child. A frame longer than the reader's limit is refused as
+:class:`Malformed` before its body is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import select
+import struct
+import time
+from typing import Any, Final
+
+__all__ = ["DeadlineReached", "Channel", "Malformed"]
+
+_HEADER: Final = struct.Struct("!cQ")
+
+
+class DeadlineReached(Exception):
+    """The deadline passed before a whole frame arrived (or was written)."""
+
+
+class Malformed(Exception):
+    """The other end sent a frame that breaks the protocol (named in the message)."""
+
+
+class Channel:
+    """One end of a child's pipe (``conn``: a ``multiprocessing`` connection, used only
+    for its file descriptor). ``sentinel`` (the parent's end only) is the child's process
+    sentinel: when the child is gone and nothing more is readable, :meth:`recv` raises
+    ``EOFError``."""
+
+    __slots__ = ("_buf", "_fd", "_poll", "_sentinel", "conn")
+
+    def __init__(self, conn: Any, sentinel: int | None = None) -> None:
+        self.conn = conn
+        self._fd: int = conn.fileno()
+        os.set_blocking(self._fd, False)
+        self._sentinel = sentinel
+        self._buf = bytearray()
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
+        if sentinel is not None:
+            self._poll.register(sentinel, select.POLLIN)
+
+    def _frame(self, max_bytes: int | None) -> tuple[bytes, bytes] | None:
+        buf = self._buf
+        if len(buf) < _HEADER.size:
+            return None
+        tag, size = _HEADER.unpack_from(buf)
+        if max_bytes is not None and size > max_bytes:
+            raise Malformed(f"a message of {size:,} bytes, more than the limit of {max_bytes:,}")
+        end = _HEADER.size + size
+        if len(buf) < end:
+            return None
+        body = bytes(buf[_HEADER.size:end])
+        del buf[:end]
+        return tag, body
+
+    def recv(self, deadline: float | None = None, max_bytes: int | None = None) -> tuple[bytes, bytes]:
+        """The next whole frame as ``(tag, body)``. Raises :class:`DeadlineReached` at
+        ``deadline``, ``EOFError`` when the other end has closed or ended,
+        :class:`Malformed` for a frame over ``max_bytes`` (bytes)."""
+        while True:
+            frame = self._frame(max_bytes)
+            if frame is not None:
+                return frame
+            timeout_ms: int | None = None
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlineReached
+                timeout_ms = math.ceil(remaining * 1000) if remaining < 1e6 else None
+            events = self._poll.poll(timeout_ms)
+            if not events:
+                continue
+            try:
+                data = os.read(self._fd, max(1 << 16, min(1 << 24, len(self._buf))))
+            except BlockingIOError:
+                data = None
+            except OSError as exc:  # ECONNRESET and friends: the other end is gone
+                raise EOFError(str(exc)) from None
+            if data == b"":
+                raise EOFError("the other end closed its pipe")
+            if data:
+                self._buf += data
+            elif any(fd == self._sentinel for fd, _ in events):
+                raise EOFError("the child process ended")
+
+    def send(self, tag: bytes, body: bytes, deadline: float | None = None) -> None:
+        """Write one whole frame before ``deadline``. Raises :class:`DeadlineReached` or
+        ``EOFError`` (the other end is closed)."""
+        view = memoryview(_HEADER.pack(tag, len(body)) + body)
+        poller: Any = None
+        while view:
+            try:
+                written = os.write(self._fd, view)
+            except BlockingIOError:
+                written = 0
+            except OSError as exc:  # EPIPE, ECONNRESET
+                raise EOFError(str(exc)) from None
+            view = view[written:]
+            if not view:
+                return
+            timeout_ms: int | None = None
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlineReached
+                timeout_ms = math.ceil(remaining * 1000) if remaining < 1e6 else None
+            if poller is None:
+                poller = select.poll()
+                poller.register(self._fd, select.POLLOUT)
+                if self._sentinel is not None:
+                    poller.register(self._sentinel, select.POLLIN)
+            events = poller.poll(timeout_ms)
+            if any(fd == self._sentinel for fd, _ in events):
+                raise EOFError("the child process ended")
+
+    def quiet(self) -> bool:
+        """Whether nothing is readable and the child is still running (no wait)."""
+        return not self._poll.poll(0)
+
+    def close(self) -> None:
+        """Close this end."""
+        with contextlib.suppress(OSError):
+            self.conn.close()

@@ -1,0 +1,155 @@
+"""Starting, killing and reaping the child processes of the sandbox (internal).
+
+Children start with ``multiprocessing``'s ``forkserver`` start method (``spawn``
+works too; a bare ``fork`` of this multi-threaded runtime is refused). The first
+:func:`context` for ``forkserver`` asks the fork server to preload
+``rho_actors.sandbox`` (and so the rho_actors package), which makes a child ready in a
+few milliseconds; that only takes effect when the fork server is not running yet, and
+it replaces the preload list (``["__main__"]`` by default) with
+``["__main__", "rho_actors.sandbox"]``. Nothing happens at import.
+
+Every child is started by :func:`spawn` with one entry point,
+:func:`rho_actors.sandbox.child.child_main`, which runs
+:func:`rho_actors.sandbox.child.enter_child` before anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.process
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from rho_actors.sandbox.channel import Channel
+from rho_actors.sandbox.child import ChildSetup, child_main
+
+__all__ = [
+    "START_METHODS",
+    "Child",
+    "close",
+    "context",
+    "kill_group",
+    "kill_groups",
+    "mib",
+    "reap",
+    "signal_name",
+    "spawn",
+]
+
+START_METHODS: Final = ("forkserver", "spawn")
+
+_preload_lock = threading.Lock()
+_preload_asked: list[bool] = []
+
+
+def _ask_preload() -> None:
+    with _preload_lock:
+        if not _preload_asked:
+            from multiprocessing import forkserver
+
+            forkserver.set_forkserver_preload(["__main__", "rho_actors.sandbox"])
+            _preload_asked.append(True)
+
+
+def context(start_method: str) -> Any:
+    """The multiprocessing context for ``start_method`` (``forkserver`` or ``spawn``).
+    Raises ``ValueError`` otherwise."""
+    if start_method not in START_METHODS:
+        raise ValueError(
+            f"start_method must be one of {', '.join(START_METHODS)}, not {start_method!r} "
+            "(the runtime is multi-threaded: a bare fork is unsafe)"
+        )
+    if start_method == "forkserver":
+        _ask_preload()
+    return multiprocessing.get_context(start_method)
+
+
+@dataclass(slots=True)
+class Child:
+    """A started child process and the parent's end of its channel."""
+
+    proc: Any
+    channel: Channel
+
+    @property
+    def pid(self) -> int:
+        pid: int = self.proc.pid
+        return pid
+
+
+def spawn(
+    ctx: Any, entry: Callable[[Channel, Any], None], payload: Any, setup: ChildSetup, *, name: str
+) -> Child:
+    """Start a child that runs ``entry(channel, payload)`` after
+    :func:`~rho_actors.sandbox.child.enter_child` ``(setup)``; ``entry`` must be a
+    module-level function (it travels by reference). Raises what starting a process
+    raises (``OSError``...); nothing is left open then."""
+    parent_end, child_end = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=child_main, args=(child_end, setup, entry, payload), name=name)
+    try:
+        proc.start()
+    except BaseException:
+        close(proc, parent_end)
+        raise
+    finally:
+        child_end.close()
+    # This module reaps its children itself: a second thread polling the same fork-server
+    # child could read its exit status first (and leave 255 in its place), so the child
+    # leaves multiprocessing's own bookkeeping (its one private name used here).
+    children = getattr(multiprocessing.process, "_children", None)
+    if children is not None:
+        children.discard(proc)
+    return Child(proc, Channel(parent_end, proc.sentinel))
+
+
+def kill_group(pid: int, *, leader: bool = True) -> None:
+    """``SIGKILL`` the process ``pid`` (when ``leader``) and then its process group
+    (every process a child started stays in the group it leads)."""
+    if leader:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def kill_groups(pids: set[int]) -> None:
+    """:func:`kill_group` each of ``pids``."""
+    for pid in list(pids):
+        kill_group(pid)
+
+
+def reap(proc: Any, timeout_s: float) -> int | None:
+    """Wait up to ``timeout_s`` seconds for ``proc`` to end; its exit code (``-N`` for
+    signal ``N``) or ``None`` if it is still running."""
+    proc.join(timeout_s)
+    code = proc.exitcode
+    return code if isinstance(code, int) else None
+
+
+def close(proc: Any, *conns: Any) -> None:
+    """Release ``conns`` and the process handle ``proc`` (once it has ended)."""
+    for conn in conns:
+        with contextlib.suppress(OSError):
+            conn.close()
+    with contextlib.suppress(ValueError):
+        proc.close()
+
+
+def signal_name(signum: int) -> str:
+    """``"SIGSEGV (Segmentation fault)"`` for ``signum``; ``"signal N"`` if unknown."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+    description = signal.strsignal(signum)
+    return f"{name} ({description})" if description else name
+
+
+def mib(n: int | None) -> str:
+    """A heap bound in MiB for messages (``"unbounded"`` for none)."""
+    return "unbounded" if not n or n <= 0 else f"{n / 2**20:g} MiB"

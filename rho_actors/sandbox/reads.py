@@ -1,0 +1,379 @@
+"""Throwaway reads of untrusted declarations (DESIGN §3; internal, re-exported by
+:mod:`rho_actors.sandbox`).
+
+:func:`read_declaration_isolated` reads an untrusted tool's five declaration callbacks
+in a fresh child process with a time bound and a heap bound, and answers with plain
+data only (JSON text). :func:`raw_declaration` turns that answer into the dict
+:func:`rho_actors.declarations.check_declaration` checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from rho_actors.declarations import Raised, read_declaration
+from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
+from rho_actors.sandbox import wire
+from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
+from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
+from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
+
+__all__ = [
+    "DEFAULT_HEAP_BYTES",
+    "DEFAULT_READ_TIMEOUT_S",
+    "IsolatedReadError",
+    "ReadFailure",
+    "declaration_child",
+    "raw_declaration",
+    "read_declaration_isolated",
+]
+
+DEFAULT_HEAP_BYTES: Final = 256 * 2**20
+"""Default address-space bound (``RLIMIT_AS``) of a child process, in bytes."""
+
+DEFAULT_READ_TIMEOUT_S: Final = 2.0
+"""Default time bound of an isolated declaration read, in seconds."""
+
+ReadFailure = Literal["timeout", "memory", "crashed", "exited", "unpicklable", "cancelled"]
+"""How an isolated read can fail (:attr:`IsolatedReadError.kind`)."""
+
+_PLAIN_MAX_DEPTH: Final = 100
+"""Declaration values nested deeper than this are reported unencodable."""
+_MAX_VALUE_CHARS: Final = 4 * 2**20
+"""Declaration values longer than this as JSON text are reported unencodable."""
+_EXIT_GRACE_S: Final = 1.0
+"""How long a child that closed its pipe gets to finish exiting before it is killed."""
+_REAP_TIMEOUT_S: Final = 5.0
+_CANCEL_POLL_S: Final = 0.05
+"""How often a declaration read looks at its ``cancel`` event, in seconds."""
+
+
+class IsolatedReadError(RhoError):
+    """An isolated declaration read failed; ``kind`` says how (:data:`ReadFailure`):
+    ``"timeout"``, ``"memory"``, ``"crashed"``, ``"exited"`` or ``"unpicklable"``;
+    ``message`` (also ``str(err)``) names what went wrong and the tool."""
+
+    def __init__(self, kind: ReadFailure, message: str) -> None:
+        super().__init__(message)
+        self.kind: ReadFailure = kind
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.kind, self.message))
+
+
+class _Cancelled(Exception):
+    pass
+
+
+
+
+def _type_name(value: Any) -> str:
+    try:
+        return str(type(value).__qualname__)
+    except BaseException:
+        return "?"
+
+
+def _plain_problem(value: Any, root: str) -> str | None:
+    """Why ``value`` is not strict plain JSON data (exact types dict/list/str/int/float/
+    bool/None, ``str`` keys, finite floats, at most :data:`_PLAIN_MAX_DEPTH` levels), or
+    ``None``. Iterative, and never calls the value's own code."""
+    stack: list[tuple[Any, int, str]] = [(value, 0, root)]
+    while stack:
+        item, depth, path = stack.pop()
+        kind = type(item)
+        if item is None or kind is str or kind is bool or kind is int:
+            continue
+        if kind is float:
+            if not math.isfinite(item):
+                return f"{path}: {item!r} is not a JSON number"
+            continue
+        if kind is dict or kind is list:
+            if depth >= _PLAIN_MAX_DEPTH:
+                return f"{path}: nested deeper than {_PLAIN_MAX_DEPTH} levels"
+            if kind is dict:
+                for key, sub in item.items():
+                    if type(key) is not str:
+                        return f"{path}: a key of type {_type_name(key)} is not a string"
+                    stack.append((sub, depth + 1, f"{path}.{key}"))
+            else:
+                stack.extend((sub, depth + 1, f"{path}[{i}]") for i, sub in enumerate(item))
+            continue
+        return f"{path}: a {_type_name(item)} is not JSON data"
+    return None
+
+
+def _payload_json(cb_name: str, value: Any) -> str:
+    """One callback's answer as JSON text (see :func:`read_declaration_isolated`)."""
+    if isinstance(value, Raised):
+        return json.dumps({"raised": value.description})
+    type_json = json.dumps(_type_name(value))
+    problem = _plain_problem(value, cb_name)
+    if problem is None:
+        try:
+            text = json.dumps(value, ensure_ascii=True, allow_nan=False)
+        except (ValueError, RecursionError) as exc:  # e.g. an int past the digit limit
+            problem = f"{cb_name}: {describe_exception(exc)}"
+        else:
+            if len(text) <= _MAX_VALUE_CHARS:
+                return f'{{"type": {type_json}, "value": {text}}}'
+            problem = f"{cb_name}: {len(text):,} characters as JSON, more than {_MAX_VALUE_CHARS:,}"
+    return f'{{"type": {type_json}, "unencodable": true, "reason": {json.dumps(problem)}}}'
+
+
+def _declaration_answer(payload: bytes) -> str:
+    """The child's whole answer, as JSON text."""
+    try:
+        tool = pickle.loads(payload)
+    except MemoryError:
+        raise
+    except BaseException as exc:
+        message = f"the tool could not be unpickled in the child process: {describe_exception(exc)}"
+        return json.dumps({"error": "unpicklable", "message": message})
+    raw = read_declaration(tool)
+    for cb_name, value in raw.items():
+        if isinstance(value, Raised) and value.description.split(":", 1)[0] == "MemoryError":
+            return json.dumps({"error": "memory", "message": f"{cb_name}() raised {value.description}"})
+    parts = [f"{json.dumps(cb_name)}: {_payload_json(cb_name, value)}" for cb_name, value in raw.items()]
+    return '{"answers": {' + ", ".join(parts) + "}}"
+
+
+def declaration_child(channel: Channel, payload: bytes) -> None:
+    """Entry point of a declaration-read child: one ``DECLARATION`` answer."""
+    try:
+        text = _declaration_answer(payload)
+    except MemoryError:
+        text = '{"error": "memory", "message": "MemoryError"}'
+    except BaseException as exc:
+        text = json.dumps({"error": "crashed", "message": f"the reader failed: {describe_exception(exc)}"})
+    channel.send(wire.DECLARATION, text.encode("ascii"))
+
+
+def _check_answer(answer: Any) -> dict[str, dict[str, Any]]:
+    """The ``{callback: payload}`` dict of a child's answer; raises ``ValueError`` when the
+    answer does not have the documented shape."""
+    if type(answer) is not dict or type(answer.get("answers")) is not dict:
+        raise ValueError("no answers")
+    out: dict[str, dict[str, Any]] = {}
+    for cb_name, payload in answer["answers"].items():
+        if cb_name not in CALLBACKS or type(payload) is not dict:
+            raise ValueError(f"a bad entry {cb_name!r}")
+        if "raised" in payload:
+            ok = set(payload) == {"raised"} and type(payload["raised"]) is str
+        else:
+            ok = type(payload.get("type")) is str and (
+                set(payload) == {"type", "value"}
+                or (payload.get("unencodable") is True and set(payload) <= {"type", "unencodable", "reason"})
+            )
+        if not ok:
+            raise ValueError(f"a bad entry {cb_name!r}")
+        out[cb_name] = payload
+    return out
+
+
+def read_declaration_isolated(
+    tool: Any,
+    *,
+    timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+    heap_bytes: int = DEFAULT_HEAP_BYTES,
+    start_method: str = "forkserver",
+    cancel: threading.Event | None = None,
+) -> dict[str, Any]:
+    """Read an untrusted tool's declaration callbacks in a fresh, throwaway child process.
+
+    The tool is shipped with cloudpickle (by value when its module could not be imported
+    there). The child leads its own process group, bounds its address space to
+    ``heap_bytes`` (``RLIMIT_AS``, bytes; ``0`` for no bound), calls ``name``,
+    ``description``, ``parameter_schema``, ``timeout_ms`` and ``concurrency`` (those the
+    tool has) with :func:`rho_actors.declarations.read_declaration`, and answers with
+    JSON text only. ``timeout_s`` (seconds) counts from the child's start.
+
+    Returns ``{callback_name: payload}`` for each callback present, where ``payload`` is
+    ``{"raised": "TypeName: message"}`` when the callback raised (any
+    ``BaseException``); ``{"type": "<qualname>", "value": <value>}`` when the value is
+    strict plain JSON data (exact types dict/list/str/int/float/bool/None, ``str`` keys,
+    finite floats); else ``{"type": "<qualname>", "unencodable": True, "reason": "..."}``
+    (a ``str`` subclass, a tuple inside a schema...; ``reason`` names the first part that
+    is not plain data). Feed it to :func:`raw_declaration` to check it.
+
+    Raises :class:`IsolatedReadError` with ``kind``:
+    ``"timeout"`` (the child ran past ``timeout_s``: its process group was killed),
+    ``"memory"`` (a ``MemoryError`` past ``heap_bytes``, or the child was killed by a
+    ``SIGKILL`` it did not get from here), ``"crashed"`` (the child died of a signal, or
+    could not be started, or sent a malformed answer), ``"exited"`` (the child exited,
+    with any code, 0 included, without an answer) or ``"unpicklable"`` (the tool could
+    not be pickled here or unpickled there) or ``"cancelled"`` (``cancel`` was set: the
+    child's process group was killed; it is looked at every 50 ms). Raises ``ValueError`` for a bad
+    ``start_method`` (``"forkserver"`` or ``"spawn"``). The child is always reaped and
+    its process group killed: nothing it started is left running.
+    """
+    try:
+        _, payload = ship(tool)
+    except Unshippable as exc:
+        message = f"{label(tool)} could not be shipped to a child process: {exc}"
+        raise IsolatedReadError("unpicklable", message) from None
+    ctx = context(start_method)
+    try:
+        child = spawn(ctx, declaration_child, payload, ChildSetup(heap_bytes), name="rho-declaration-read")
+    except Exception as exc:
+        raise IsolatedReadError(
+            "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
+            f"{describe_exception(exc)}"
+        ) from None
+    try:
+        frame = _await_answer(child, tool, timeout_s, heap_bytes, cancel)
+    finally:
+        close(child.proc, child.channel.conn)
+    try:
+        answer = wire.decode_json(frame)
+    except wire.WireError as exc:
+        raise IsolatedReadError(
+            "crashed", f"the declaration read of {label(tool)} sent a malformed answer ({describe_exception(exc)})"
+        ) from None
+    if type(answer) is dict and "error" in answer:
+        kind, message = answer.get("error"), str(answer.get("message", ""))
+        if kind == "memory":
+            raise IsolatedReadError(
+                "memory", f"reading the declaration of {label(tool)} exceeded its heap bound of "
+                f"{mib(heap_bytes)}: {message}"
+            )
+        if kind == "unpicklable":
+            raise IsolatedReadError("unpicklable", f"{label(tool)}: {message}")
+        raise IsolatedReadError("crashed", f"reading the declaration of {label(tool)} failed: {message}")
+    try:
+        return _check_answer(answer)
+    except ValueError as exc:
+        raise IsolatedReadError(
+            "crashed", f"the declaration read of {label(tool)} sent a malformed answer ({exc})"
+        ) from None
+
+
+def _end(proc: Any) -> None:
+    """Kill a declaration child's whole process group and reap it."""
+    kill_group(proc.pid)
+    reap(proc, _REAP_TIMEOUT_S)
+
+
+def _await_answer(
+    child: Child, tool: Any, timeout_s: float, heap_bytes: int | None,
+    cancel: threading.Event | None = None,
+) -> bytes:
+    """The child's answer frame. In every case the child is reaped and its process group
+    killed (what a callback started dies with it)."""
+    proc, channel = child.proc, child.channel
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:  # in slices, to notice ``cancel``; the channel keeps partial frames
+            try:
+                tag, frame = channel.recv(
+                    min(deadline, time.monotonic() + _CANCEL_POLL_S), wire.MAX_DECLARATION_BYTES
+                )
+                if tag != wire.DECLARATION:
+                    raise Malformed(f"an unexpected frame tag {tag!r}")
+                break
+            except DeadlineReached:
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled from None
+                if time.monotonic() >= deadline:
+                    raise
+    except _Cancelled:
+        _end(proc)
+        raise IsolatedReadError(
+            "cancelled", f"reading the declaration of {label(tool)} was cancelled; its process group was killed"
+        ) from None
+    except DeadlineReached:
+        _end(proc)
+        raise IsolatedReadError(
+            "timeout", f"reading the declaration of {label(tool)} took longer than {timeout_s:g} s; "
+            "its process group was killed"
+        ) from None
+    except Malformed as exc:
+        _end(proc)
+        raise IsolatedReadError(
+            "crashed", f"the declaration read of {label(tool)} sent a malformed answer ({exc})"
+        ) from None
+    except EOFError:
+        code = reap(proc, _EXIT_GRACE_S)
+        kill_group(proc.pid, leader=code is None)
+        if code is None:
+            reap(proc, _REAP_TIMEOUT_S)
+            raise IsolatedReadError(
+                "crashed", f"the declaration read of {label(tool)} closed its pipe without an answer; "
+                "its process group was killed"
+            ) from None
+        raise _read_ended(tool, code, heap_bytes) from None
+    except BaseException:
+        _end(proc)
+        raise
+    # Answered: the child is on its way out; kill whatever it leaves behind in its group.
+    kill_group(proc.pid, leader=proc.exitcode is None)
+    reap(proc, _REAP_TIMEOUT_S)
+    return frame
+
+
+def _read_ended(tool: Any, code: int, heap_bytes: int | None) -> IsolatedReadError:
+    what = f"reading the declaration of {label(tool)}"
+    if code == -signal.SIGKILL:
+        return IsolatedReadError(
+            "memory", f"{what} was killed by SIGKILL (not by the sandbox: most likely the kernel's "
+            f"out-of-memory killer; heap bound {mib(heap_bytes)})"
+        )
+    if code < 0:
+        return IsolatedReadError("crashed", f"{what} crashed: the child process died of {signal_name(-code)}")
+    return IsolatedReadError("exited", f"{what} exited with code {code} without an answer")
+
+
+@functools.lru_cache(maxsize=256)
+def _opaque_type(display: str) -> type:
+    """A class named ``display``: stands for a value that did not come back as plain data,
+    so that :func:`check_declaration` names it (``"expected str, got MyStr"``)."""
+    return type(display, (_Opaque,), {"__slots__": ()})
+
+
+class _Opaque:
+    """Base of the stand-ins made by :func:`_opaque_type`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"
+
+
+def raw_declaration(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Turn :func:`read_declaration_isolated`'s answer into the raw dict
+    :func:`rho_actors.declarations.check_declaration` takes.
+
+    ``{"raised": text}`` becomes the marker :func:`read_declaration` uses for a raise
+    (reported as ``"name() raised ValueError: ..."``); ``{"value": v}`` becomes ``v``; an
+    unencodable value becomes a stand-in object whose type is named after the reported
+    type, so the check rejects it naming that type (``"name: expected str, got MyStr"``),
+    and for a dict or list holding something that is not JSON data, what that is
+    (``"parameter_schema: expected dict, got dict holding non-JSON data
+    (parameter_schema.enum: a tuple is not JSON data)"``). A stand-in for ``timeout_ms``
+    or ``concurrency`` means their defaults, as any bad value does.
+    """
+    raw: dict[str, Any] = {}
+    for cb_name, answer in payload.items():
+        if "raised" in answer:
+            raw[cb_name] = Raised(str(answer["raised"]))
+        elif "value" in answer:
+            raw[cb_name] = answer["value"]
+        else:
+            type_name = str(answer.get("type", "?"))
+            reason = answer.get("reason")
+            display = type_name
+            if type_name in ("dict", "list"):
+                display = f"{type_name} holding non-JSON data" + (f" ({reason})" if reason else "")
+            raw[cb_name] = _opaque_type(display)()
+    return raw

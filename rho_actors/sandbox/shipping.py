@@ -1,0 +1,190 @@
+"""Shipping tools to child processes with cloudpickle (internal).
+
+A tool whose module a fresh process could not import (a plugin loaded from a file path
+that is not on ``sys.path``, ``__main__``...) is shipped by value
+(:func:`cloudpickle.register_pickle_by_value`); every other module by reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import sys
+import threading
+import types
+import weakref
+from collections.abc import Mapping
+from typing import Any, Final
+
+import cloudpickle
+
+from rho_actors.declarations import describe_origin
+from rho_actors.encoding import describe_exception
+
+__all__ = ["CALLBACKS", "Unshippable", "label", "pickled_deps", "register_by_value", "ship", "short_name"]
+
+CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
+"""The declaration callbacks of a tool (DESIGN §2)."""
+
+
+class Unshippable(Exception):
+    """The tool could not be pickled; ``str(err)`` says why."""
+
+
+
+_by_value_lock = threading.Lock()
+_by_value_checked: dict[tuple[str, int], bool] = {}
+_registered_for: weakref.WeakKeyDictionary[Any, None] = weakref.WeakKeyDictionary()
+_shipped: weakref.WeakKeyDictionary[Any, tuple[bytes, bytes]] = weakref.WeakKeyDictionary()
+
+
+def _find_spec_fresh(name: str, path: Any) -> Any:
+    """The spec the import system would find for ``name`` in a process that has not
+    imported it yet: ``sys.meta_path`` asked in order (``importlib.util.find_spec``
+    would answer from ``sys.modules``)."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        spec = find(name, path)
+        if spec is not None:
+            return spec
+    return None
+
+
+def _importable_elsewhere(module: types.ModuleType) -> bool:
+    """Whether a fresh process with this ``sys.path`` would import ``module`` by its name
+    and get the same file (so cloudpickle may ship its objects by reference)."""
+    name = getattr(module, "__name__", None)
+    if not isinstance(name, str) or name in ("__main__", "__mp_main__"):
+        return False
+    if name in sys.builtin_module_names or name == "rho_actors" or name.startswith("rho_actors."):
+        return True  # every child imports rho_actors (this module is its entry point)
+    spec = getattr(module, "__spec__", None)
+    if spec is None:
+        return False
+    if spec.origin in ("built-in", "frozen"):
+        return True
+    path: Any = None
+    found: Any = None
+    parts = name.split(".")
+    try:
+        for i in range(len(parts)):
+            found = _find_spec_fresh(".".join(parts[: i + 1]), path)
+            if found is None:
+                return False
+            path = found.submodule_search_locations
+            if path is None and i < len(parts) - 1:
+                return False
+    except Exception:  # a broken finder or path entry: do not trust it
+        return False
+    if found.origin is None:  # a namespace package: found by name is enough
+        return spec.origin is None
+    ours = getattr(module, "__file__", None) or spec.origin
+    try:
+        return os.path.samefile(found.origin, ours)
+    except (OSError, TypeError):
+        return False
+
+
+def _candidate_modules(tool: Any) -> list[types.ModuleType]:
+    """The modules a tool's code comes from (its own, its classes', its callbacks')."""
+    names: list[Any] = []
+    if isinstance(tool, types.ModuleType):
+        names.append(tool.__name__)
+    else:
+        cls = tool if isinstance(tool, type) else type(tool)
+        names.extend(getattr(k, "__module__", None) for k in cls.__mro__)
+        names.append(getattr(tool, "__module__", None))
+        wrapped = getattr(tool, "__wrapped__", None)
+        names.append(getattr(wrapped, "__module__", None))
+        for cb in (*CALLBACKS, "run", "selftest"):
+            try:
+                fn = getattr(tool, cb, None)
+            except Exception:
+                continue
+            names.append(getattr(fn, "__module__", None))
+            names.append(getattr(getattr(fn, "__func__", None), "__module__", None))
+    modules: list[types.ModuleType] = []
+    for name in dict.fromkeys(n for n in names if isinstance(n, str) and n != "builtins"):
+        module = sys.modules.get(name)
+        if isinstance(module, types.ModuleType):
+            modules.append(module)
+    return modules
+
+
+def register_by_value(tool: Any) -> None:
+    """Ship the tool's modules by value when a fresh process could not import them
+    (checked once per tool object, or per type for an instance without weakrefs)."""
+    try:
+        if tool in _registered_for:
+            return
+        key: Any = tool
+    except TypeError:  # not weakly referenceable, or not hashable
+        key = type(tool)
+        if key in _registered_for:
+            return
+    for module in _candidate_modules(tool):
+        module_key = (module.__name__, id(module))
+        if module_key in _by_value_checked:
+            continue
+        importable = _importable_elsewhere(module)
+        with _by_value_lock:
+            if not importable and module.__name__ not in ("__main__", "__mp_main__"):
+                with contextlib.suppress(ValueError):
+                    cloudpickle.register_pickle_by_value(module)
+            _by_value_checked[module_key] = importable
+    with contextlib.suppress(TypeError):
+        _registered_for[key] = None
+
+
+def ship(tool: Any) -> tuple[bytes, bytes]:
+    """``(digest, pickled bytes)`` of ``tool``. Raises :class:`Unshippable` naming why.
+
+    A module, class or function is pickled once per object (its code is not expected to
+    change in place: a changed tool is a new object); an instance is pickled on every
+    call, so its current state travels."""
+    cacheable = isinstance(tool, (type, types.ModuleType, types.FunctionType))
+    if cacheable:
+        with contextlib.suppress(TypeError):
+            shipped = _shipped.get(tool)
+            if shipped is not None:
+                return shipped
+    try:
+        register_by_value(tool)
+        data = bytes(cloudpickle.dumps(tool, protocol=pickle.HIGHEST_PROTOCOL))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a __reduce__ may raise anything, SystemExit included
+        raise Unshippable(describe_exception(exc)) from None
+    shipped = hashlib.blake2b(data, digest_size=16).digest(), data
+    if cacheable:
+        with contextlib.suppress(TypeError):
+            _shipped[tool] = shipped
+    return shipped
+
+
+def label(tool: Any) -> str:
+    """The tool's origin for messages (never raises)."""
+    try:
+        return describe_origin(tool)
+    except BaseException:
+        return f"a {type(tool).__qualname__}"
+
+
+def short_name(tool: Any) -> str:
+    """A name for results when the caller gave none, without calling the tool's code."""
+    name = getattr(tool, "__name__", None)
+    return name if isinstance(name, str) else type(tool).__name__
+
+
+def pickled_deps(ctx: Mapping[str, Any]) -> bytes | None:
+    """``ctx["deps"]`` pickled, or ``None`` when absent or not picklable (left out)."""
+    if "deps" not in ctx:
+        return None
+    try:
+        return bytes(cloudpickle.dumps(ctx["deps"], protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        return None

@@ -1,0 +1,146 @@
+"""The main loop of a worker process of ``process`` isolation (internal; the child's
+side of :class:`rho_actors.sandbox.pool.WorkerPool`).
+
+A worker says ``READY``, then serves ``CALL`` frames one at a time until the host closes
+its pipe: it unpickles the tool (or asks for it with ``NEED_TOOL`` when it does not hold
+it), runs ``tool.run(args, ctx)`` and answers one ``RESULT`` (``RESULT_RETIRE`` after a
+``MemoryError``) encoded by its result codec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+from loguru import logger
+
+from rho_actors.cancel import CancelToken
+from rho_actors.encoding import describe_exception
+from rho_actors.results import CANCELLED, failure, result_from_exception, result_from_return
+from rho_actors.sandbox import wire
+from rho_actors.sandbox.channel import Channel
+from rho_actors.sandbox.processes import mib
+from rho_actors.tool import ToolResult
+
+__all__ = ["TOOL_CACHE_SIZE", "WorkerConfig", "worker_child"]
+
+TOOL_CACHE_SIZE: Final = 32
+"""Unpickled tools a worker keeps, by digest of their pickled bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """A worker's settings (plain data): its result ``codec`` (a name in
+    :data:`rho_actors.sandbox.wire.CODECS`) and its ``heap_bytes`` bound, for messages."""
+
+    codec: str
+    heap_bytes: int | None
+
+
+def worker_child(channel: Channel, config: WorkerConfig) -> None:
+    """Entry point of a worker process: serve calls until the host closes the pipe."""
+    codec = wire.CODECS[config.codec]
+    tools: OrderedDict[bytes, Any] = OrderedDict()
+    channel.send(wire.READY, b"")
+    while True:
+        try:
+            tag, body = channel.recv()
+        except (EOFError, OSError):
+            break
+        if tag != wire.CALL:
+            break
+        reply_tag, reply = _serve(body, tools, config, codec)
+        channel.send(reply_tag, reply)
+
+
+def _serve(
+    data: bytes, tools: OrderedDict[bytes, Any], config: WorkerConfig, codec: wire.ResultCodec
+) -> tuple[bytes, bytes]:
+    """One call in a worker: the reply frame."""
+    name, call_id = "?", ""
+    try:
+        request = wire.decode_call(data)
+        name, call_id = request.name, request.call_id
+        tool = tools.get(request.digest)
+        if tool is None:
+            if request.tool_bytes is None:
+                return wire.NEED_TOOL, b""
+            try:
+                tool = pickle.loads(request.tool_bytes)
+            except MemoryError:
+                raise
+            except BaseException as exc:
+                failed = failure("unpicklable_in_worker", call_id, name, problem=describe_exception(exc))
+                return _reply(failed, False, name, codec)
+            tools[request.digest] = tool
+            while len(tools) > TOOL_CACHE_SIZE:
+                tools.popitem(last=False)
+        else:
+            tools.move_to_end(request.digest)
+        ctx: dict[str, Any] = dict(request.fields)
+        ctx["deadline"] = request.deadline
+        ctx["cancel"] = CancelToken()
+        if request.deps_bytes is not None:
+            try:
+                ctx["deps"] = pickle.loads(request.deps_bytes)
+            except Exception:
+                logger.debug("call {}: deps could not be unpickled in the worker; left out", call_id)
+        result, retire = _call(tool, request, MappingProxyType(ctx), config.heap_bytes)
+        del tool, ctx, request
+        return _reply(result, retire, name, codec)
+    except MemoryError:
+        pass
+    except BaseException as exc:  # a broken request, or a BaseException from an odd place
+        failed = failure("failed_in_worker", call_id, name, problem=describe_exception(exc))
+        return _reply(failed, False, name, codec)
+    return _reply(_memory_result(call_id, name, config.heap_bytes), True, name, codec)
+
+
+def _memory_result(call_id: str, name: str, heap_bytes: int | None) -> ToolResult:
+    return failure("memory", call_id, name, heap=mib(heap_bytes))
+
+
+async def _until(coro: Any, deadline: float) -> Any:
+    return await asyncio.wait_for(coro, max(0.0, deadline - time.monotonic()))
+
+
+def _call(
+    tool: Any, request: wire.CallRequest, ctx: Mapping[str, Any], heap_bytes: int | None
+) -> tuple[ToolResult, bool]:
+    """Run the tool and make its result (``duration_ms`` is set by the host); ``True``
+    beside it when the worker should be retired (it ran out of memory)."""
+    name, call_id, deadline, max_chars = request.name, request.call_id, request.deadline, request.max_chars
+    out_of_memory = False
+    try:
+        value = tool.run(request.args, ctx)
+        if asyncio.iscoroutine(value):
+            value = asyncio.run(_until(value, deadline))
+        return result_from_return(call_id, name, value, max_chars, 0.0), False
+    except MemoryError:
+        out_of_memory = True  # built below, once the traceback (and what it holds) is gone
+    except TimeoutError as exc:
+        if time.monotonic() >= deadline:
+            return failure("timeout", call_id, name, timeout_ms=request.timeout_ms, consequence=CANCELLED), False
+        return result_from_exception(call_id, name, exc, max_chars, 0.0), False
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt are `exited` results
+        return result_from_exception(call_id, name, exc, max_chars, 0.0), False
+    assert out_of_memory
+    return _memory_result(call_id, name, heap_bytes), True
+
+
+def _reply(result: ToolResult, retire: bool, name: str, codec: wire.ResultCodec) -> tuple[bytes, bytes]:
+    tag = wire.RESULT_RETIRE if retire else wire.RESULT
+    try:
+        return tag, codec.encode(result)
+    except MemoryError:
+        raise
+    except wire.WireError as exc:
+        what = f"details of type {type(result.details).__qualname__}" if result.details is not None else "images"
+        failed = failure("unreturnable", result.call_id, result.name, what=what, problem=str(exc))
+    return tag, codec.encode(failed)

@@ -1,0 +1,53 @@
+"""Helpers shared by the tests."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+def make_tool(
+    name: str,
+    run: Callable[[Any, Any], Any] | Any = "ok",
+    *,
+    description: str | None = None,
+    schema: dict[str, Any] | None = None,
+    **callbacks: Any,
+) -> type:
+    """A class tool with static callbacks (DESIGN §2): ``name()`` returns ``name``;
+    ``description()`` returns ``description`` (default ``"The <name> tool."``);
+    ``parameter_schema()`` returns ``schema`` (default ``{"type": "object"}``);
+    ``run(args, ctx)`` calls ``run`` when it is callable, else returns it. Each other
+    keyword (``timeout_ms=100``, ``concurrency="exclusive"``, ``selftest=fn``) becomes a
+    callback: a callable is called with no arguments, any other value is returned.
+    The class belongs to the calling test module (its origin in messages)."""
+    text = description if description is not None else f"The {name} tool."
+    parameters = schema if schema is not None else OBJECT_SCHEMA
+
+    class Tool:
+        @staticmethod
+        def name() -> str:
+            return name
+
+        @staticmethod
+        def description() -> str:
+            return text
+
+        @staticmethod
+        def parameter_schema() -> dict[str, Any]:
+            return parameters
+
+        @staticmethod
+        def run(args: Any, ctx: Any) -> Any:
+            return run(args, ctx) if callable(run) else run
+
+    for key, value in callbacks.items():
+        setattr(Tool, key, staticmethod(value if callable(value) else (lambda value=value: value)))
+    Tool.__name__ = Tool.__qualname__ = f"{name}_tool"
+    caller = inspect.currentframe()
+    if caller is not None and caller.f_back is not None:
+        Tool.__module__ = caller.f_back.f_globals.get("__name__", __name__)
+    return Tool
