@@ -38,7 +38,7 @@ from rho_actors.isolation import RunningCall
 from rho_actors.loop_messages import CallDone, Offered, Running, RunTurn, SetWithheld
 from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
-from rho_actors.results import error_result, failure, text
+from rho_actors.results import capped, error_result, failure, text
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -139,8 +139,8 @@ class LoopActor(Actor):
                     logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
                     refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
                 if refusal is not None:
-                    slot.result = refusal
-                    self._emit("finished", slot, refusal)
+                    slot.result = capped(refusal, self._limits.max_output_chars)  # the cap holds for refusals too
+                    self._emit("finished", slot, slot.result)
                 else:
                     turn.open += 1
                     turn.waiting.append(index)

@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
-from rho_actors import Image, ToolCall, encode_output
+from rho_actors import ActorSystem, ErrorKind, Image, ToolCall, encode_output
 from rho_actors.arguments import ArgumentsError, decode_arguments, make_validator, violations
 from rho_actors.declarations import DeclarationError, check_declaration
 from rho_actors.encoding import cap_text
 from rho_actors.formats import declaration
 from rho_actors.tool import ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, checksum, load
+
+from .helpers import make_tool
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,6 +79,39 @@ def test_violation_lists_are_bounded() -> None:
     assert found[-1].startswith("... and ")
     capped, truncated = cap_text("; ".join(violations(validator, {"a": "x", "b": "x", "c": "x"})), 100)
     assert truncated and len(capped) < 100 + 80
+
+
+def capped_parts(content: str) -> tuple[str, str]:
+    head, marker, rest = content.partition("\n[output truncated: ")
+    assert marker, f"no size notice in {content!r}"
+    return head, marker + rest
+
+
+def test_refusals_built_in_the_loop_obey_the_output_cap(tmp_path: Path) -> None:
+    ran: list[Any] = []
+    schema = {"type": "object", "additionalProperties": {"type": "integer"}}
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, max_output_chars=100)
+    try:
+        system.register(make_tool("counts", lambda args, ctx: ran.append(args), schema=schema))
+        for i in range(30):
+            system.register(make_tool(f"tool_with_a_long_name_{i:02}"))
+        results = system.start_loop("capped").run_turn([
+            ToolCall("c1", "counts", '{"a": "x", "b": "x", "c": "x"}'),
+            ToolCall("c2", "counts", "[" + "1, " * 500 + "1]"),
+            ToolCall("c3", "nope", "{}"),
+        ])
+    finally:
+        system.stop()
+    assert [r.error_kind for r in results] == [ErrorKind.INVALID_ARGUMENTS, ErrorKind.INVALID_JSON,
+                                              ErrorKind.UNKNOWN_TOOL]
+    head, notice = capped_parts(results[0].content)
+    assert head == ("invalid arguments for tool 'counts': $.a: \"x\" is not of type \"integer\"; "
+                    '$.b: "x" is not of type "integer"; $.c: "x" is not')[:100]
+    assert len(head) == 100 and notice.endswith("characters in all, the first 100 shown]")
+    for result in results[1:]:
+        head, notice = capped_parts(result.content)
+        assert len(head) == 100 and notice.endswith("the first 100 shown]")
+    assert ran == []
 
 
 # --- 3. declaration checks ----------------------------------------------------------------
