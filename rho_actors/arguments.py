@@ -27,6 +27,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
 from rho_actors.encoding import scrub_text
+from rho_actors.errors import RhoError
 from rho_actors.tool import ErrorKind
 
 __all__ = [
@@ -63,7 +64,7 @@ _MAX_PATH = 80
 _MAX_LISTED = 20
 
 
-class ArgumentsError(ValueError):
+class ArgumentsError(RhoError, ValueError):
     """Arguments refused before the tool runs: ``kind`` is ``invalid_json`` or
     ``invalid_arguments``; ``str(err)`` is the message for the model."""
 

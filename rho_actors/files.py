@@ -21,12 +21,14 @@ import os
 import stat
 from pathlib import Path
 
+from rho_actors.errors import RhoError
+
 __all__ = ["UnsafePathError", "open_regular", "private_dir"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-class UnsafePathError(OSError):
+class UnsafePathError(RhoError, OSError):
     """A path that is not what it must be: a symlink, or not a regular file or folder.
     ``str(err)`` names the path and what was found there."""
 

@@ -89,6 +89,7 @@ from typing import Any, Final
 from loguru import logger
 
 from rho_actors.encoding import scrub_text
+from rho_actors.errors import RhoError
 from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.model import Message, Reply
 from rho_actors.results import error_result
@@ -117,9 +118,11 @@ INTERRUPTED: Final = "the session was interrupted before this call's result was 
 ERROR_KINDS: Final = ("model", "max_steps", "loop", "cancelled")
 
 
-class TranscriptError(Exception):
-    """A transcript that cannot be read: a line other than the last is not a valid
-    record. ``str(err)`` names the file and the line."""
+class TranscriptError(RhoError):
+    """A transcript that cannot be used: a record that fails its checks (its JSON, its
+    ``seq``, its ``sum``, its version or a field's type) anywhere but a torn last line,
+    or a file that is a symlink or not a regular file. ``str(err)`` names the file and,
+    for a record, the line."""
 
 
 class TranscriptBusyError(TranscriptError):
