@@ -43,6 +43,7 @@ from rho_actors.sandbox import IsolatedReadError, WorkerPool
 from rho_actors.selftest import LoadError, SelftestRow, run_selftests
 from rho_actors.sources import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
 from rho_actors.system import ActorSystem
+from rho_actors.telemetry import Telemetry
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
     Concurrency,
@@ -120,6 +121,7 @@ __all__ = [
     "Step",
     "Supervisor",
     "SupervisorEvent",
+    "Telemetry",
     "ToolCall",
     "ToolEntry",
     "ToolInfo",

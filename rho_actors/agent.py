@@ -53,13 +53,16 @@ from rho_actors.call import error_result
 from rho_actors.encoding import describe_exception, scrub_text
 from rho_actors.model import Message, Model, Reply
 from rho_actors.otp.actor import ActorExit
+from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 
 
 class Session(Protocol):
     """What a prompt needs of a session: :class:`rho_actors.Loop` is one. The agent layer
-    sits on top of the runtime and depends on this much only."""
+    sits on top of the runtime and depends on this much only. A session that also has a
+    ``telemetry`` attribute (a :class:`rho_actors.Telemetry`, as a ``Loop`` has) gets
+    the prompt's ``invoke_agent`` and ``chat`` spans recorded with it."""
 
     @property
     def session_id(self) -> str: ...
@@ -161,8 +164,11 @@ def prompt(
         transcript.open()
     except (TranscriptError, OSError) as exc:
         return PromptResult("", error=f"the session's transcript cannot be used: {describe_exception(exc)}")
-    with transcript:
-        return _Driver(loop, transcript, model, max_steps, cancel).run(text)
+    telemetry = getattr(loop, "telemetry", None) or Telemetry(enabled=False)
+    with transcript, telemetry.invoke_agent(loop.session_id, model) as outcome:  # telemetry: the prompt's span
+        result = _Driver(loop, transcript, model, max_steps, cancel, telemetry).run(text)
+        outcome(result.error)
+        return result
 
 
 async def aprompt(
@@ -186,9 +192,11 @@ async def aprompt(
 
 class _Driver:
     def __init__(
-        self, loop: Session, transcript: Transcript, model: Model, max_steps: int, cancel: threading.Event | None
+        self, loop: Session, transcript: Transcript, model: Model, max_steps: int, cancel: threading.Event | None,
+        telemetry: Telemetry,
     ) -> None:
         self.loop = loop
+        self.telemetry = telemetry
         self.transcript = transcript
         self.model = model
         self.max_steps = max_steps
@@ -248,7 +256,9 @@ class _Driver:
         tools = self._declarations()
         started = time.perf_counter()
         try:
-            reply = _checked_reply(self.model.complete(list(self.messages), tools))
+            with self.telemetry.chat(self.model) as record:  # telemetry: the request's span
+                reply = _checked_reply(self.model.complete(list(self.messages), tools))
+                record(reply)
         except Exception as exc:
             logger.warning("session {}: the model failed at step {}: {}", self.loop.session_id, number,
                            describe_exception(exc))

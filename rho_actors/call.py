@@ -28,6 +28,7 @@ from loguru import logger
 from rho_actors.cancel import CancelToken
 from rho_actors.otp.actor import Actor
 from rho_actors.results import CANCELLED, error_result, failure, result_from_exception, result_from_return
+from rho_actors.telemetry import attached
 from rho_actors.tool import ToolResult
 
 # ``error_result`` is re-exported for modules that import it from here.
@@ -108,7 +109,8 @@ class CallActor(Actor):
     def _run(self, message: RunCall) -> None:
         self.spec = spec = message.spec
         try:
-            result = message.runner(spec)
+            with attached(spec.ctx, spec.dispatched, spec.name):  # the call's span is current in this thread
+                result = message.runner(spec)
         except BaseException as exc:
             result = self._failure(exc, spec.dispatched)
         self._result = result

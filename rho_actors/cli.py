@@ -9,6 +9,7 @@ Commands (argparse subcommands; each command group registers itself in
     rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json]
     rho-actors chat --model openai:MODEL|anthropic:MODEL [--base-url URL] [--session ID]
                     [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--data-dir DIR]
+    rho-actors top [--connect ADDRESS] [--token TOKEN] [--once] [--json]
 
 Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
 a result or a state differed other than through a listed rejection; for ``selftest``: a
@@ -361,7 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="An OTP-style actor runtime for an LLM agent's tool calls.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_replay, _add_selftest, _add_chat):
+    from rho_actors.top import add_parser as _add_top
+
+    for add in (_add_replay, _add_selftest, _add_chat, _add_top):
         add(commands)
     return parser
 

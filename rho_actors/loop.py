@@ -17,6 +17,7 @@ import pykka
 
 from rho_actors.formats import Dialect, to_dialect
 from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld, loop_name
+from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ class Loop:
         self._whereis = runtime.names.whereis
         self._tools = runtime.tools
         self._settings = runtime.limits
+        self.telemetry = runtime.telemetry
+        """The system's :class:`rho_actors.Telemetry` (the spans of this session's prompts)."""
 
     @property
     def ref(self) -> pykka.ActorRef[Any]:
@@ -96,7 +99,8 @@ class Loop:
     def _submit(self, batch: tuple[ToolCall, ...]) -> concurrent.futures.Future[list[ToolResult]]:
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        self.ref.tell(RunTurn(batch, future))
+        trace_context = current_context() if self.telemetry.enabled else None  # the calls' parent span
+        self.ref.tell(RunTurn(batch, future, trace_context))
         return future
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:

@@ -39,6 +39,7 @@ from rho_actors.loop_messages import CallDone, Offered, Running, RunTurn, SetWit
 from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
 from rho_actors.results import capped, error_result, failure, text
+from rho_actors.telemetry import CallSpan, Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class _Slot:
     started: float = 0.0
     cancel: CancelToken | None = None
     running: RunningCall | None = None
+    span: CallSpan | None = None  # its execute_tool span, while telemetry records it
 
 
 @dataclass(slots=True)
@@ -70,6 +72,7 @@ class _Turn:
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
+    trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
 
 
 class LoopActor(Actor):
@@ -89,6 +92,7 @@ class LoopActor(Actor):
         self._tools = runtime.tools
         self._limits = runtime.limits
         self._events = runtime.events
+        self._telemetry = runtime.telemetry
         self._turns: dict[int, _Turn] = {}
         self._turn_ids = itertools.count(1)
 
@@ -128,7 +132,8 @@ class LoopActor(Actor):
         return [e for name, e in tools.entries.items() if name not in self._withheld]
 
     def _run_turn(self, message: RunTurn) -> None:
-        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future)
+        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future,
+                     trace_context=message.trace_context)
         self._turns[turn.id] = turn
         try:
             tools = self._tools.current
@@ -139,8 +144,9 @@ class LoopActor(Actor):
                     logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
                     refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
                 if refusal is not None:
-                    slot.result = capped(refusal, self._limits.max_output_chars)  # the cap holds for refusals too
-                    self._emit("finished", slot, slot.result)
+                    refusal = slot.result = capped(refusal, self._limits.max_output_chars)  # refusals are capped too
+                    self._telemetry.call_refused(turn.trace_context, self.session_id, refusal, slot.call.arguments)
+                    self._emit("finished", slot, refusal)
                 else:
                     turn.open += 1
                     turn.waiting.append(index)
@@ -200,19 +206,23 @@ class LoopActor(Actor):
         def reply(result: ToolResult) -> None:
             _tell(ref, CallDone(turn_id, index, result))
 
-        ctx = MappingProxyType(
-            {
-                "session_id": self.session_id,
-                "call_id": slot.call.id,
-                "data_dir": self._data_dir,
-                "loop": ref,
-                "withheld": self._withheld_list,
-                "deadline": deadline,
-                "cancel": cancel,
-                "deps": self._deps,
-                "whereis": self._runtime.names.whereis,
-            }
+        fields = {
+            "session_id": self.session_id,
+            "call_id": slot.call.id,
+            "data_dir": self._data_dir,
+            "loop": ref,
+            "withheld": self._withheld_list,
+            "deadline": deadline,
+            "cancel": cancel,
+            "deps": self._deps,
+            "whereis": self._runtime.names.whereis,
+        }
+        slot.span = self._telemetry.call_started(
+            turn.trace_context, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
         )
+        if slot.span is not None:
+            fields.update(Telemetry.ctx_fields(slot.span))  # "traceparent": the call's span
+        ctx = MappingProxyType(fields)
         spec = CallSpec(
             slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, entry.info.timeout_ms, cancel,
             self._limits.max_output_chars, reply,
@@ -237,6 +247,7 @@ class LoopActor(Actor):
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
         slot.result = result
         turn.open -= 1
+        self._telemetry.call_ended(slot.span, result)
         self._emit(event, slot, result)
         if turn.exclusive:
             self._dispatch_ready(turn)
@@ -262,6 +273,7 @@ class LoopActor(Actor):
                 slot.running.cancel("stopping")
             duration = (time.monotonic() - slot.started) * 1000 if slot.started else 0.0
             slot.result = error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
+            self._telemetry.call_ended(slot.span, slot.result)
         turn.open = 0
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:

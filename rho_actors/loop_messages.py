@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass
+from typing import Any
 
 from rho_actors.tool import ToolCall, ToolResult
 
@@ -22,10 +23,13 @@ def loop_name(session_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RunTurn:
-    """Run ``calls`` as one turn; ``future`` gets their results, in order."""
+    """Run ``calls`` as one turn; ``future`` gets their results, in order.
+    ``trace_context``: the OpenTelemetry context current in the submitting thread (the
+    parent of the calls' spans; None while the system's telemetry is off)."""
 
     calls: tuple[ToolCall, ...]
     future: concurrent.futures.Future[list[ToolResult]]
+    trace_context: Any = None
 
 
 @dataclass(frozen=True, slots=True)

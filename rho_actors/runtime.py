@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rho_actors.otp.supervisor import Spares
     from rho_actors.otp.timers import Timers
     from rho_actors.registry import ToolSetView
+    from rho_actors.telemetry import Telemetry
 
 __all__ = ["Limits", "Runtime"]
 
@@ -40,8 +41,9 @@ class Limits:
 class Runtime:
     """A system's shared services: ``names`` (the registry of named actors, which follows
     restarts), ``timers``, ``events`` (the event bus), ``tools`` (the published tool set),
-    ``calls`` (spare CallActors), ``isolations`` by name, ``limits`` and ``untrusted``
-    (how untrusted declarations are read)."""
+    ``calls`` (spare CallActors), ``isolations`` by name, ``limits``, ``untrusted``
+    (how untrusted declarations are read) and ``telemetry`` (OpenTelemetry spans and
+    metrics, see :mod:`rho_actors.telemetry`)."""
 
     names: Names
     timers: Timers
@@ -51,3 +53,4 @@ class Runtime:
     isolations: Mapping[str, Isolation]
     limits: Limits
     untrusted: UntrustedReads
+    telemetry: Telemetry

@@ -67,9 +67,11 @@ from rho_actors.otp.supervisor import ChildInfo, ChildSpec, Spares, StartChild, 
 from rho_actors.otp.timers import Timers
 from rho_actors.registry import IsolationName, Registration, RegistryState, ToolRegistry, ToolSet, ToolSetView
 from rho_actors.runtime import Limits, Runtime
+from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
 
 if TYPE_CHECKING:
+    from rho_actors.observer import Observer
     from rho_actors.selftest import SelftestRow
     from rho_actors.sources import Source, SourceHandle
 
@@ -96,7 +98,10 @@ class ActorSystem:
     (see :meth:`start_child`): past it, that supervisor gives up (DESIGN §6); ``untrusted`` says
     how untrusted declarations are read (time and heap bounds, retry schedule, start
     method; see :class:`rho_actors.UntrustedReads`); ``warm_workers`` worker processes are
-    kept for ``process`` isolation once it is first used, each under the same heap bound.
+    kept for ``process`` isolation once it is first used, each under the same heap bound;
+    ``tracing`` turns OpenTelemetry spans and metrics off (``False``) or sets how they are
+    recorded (a :class:`rho_actors.Telemetry`); they go to the host's global providers
+    (see :mod:`rho_actors.telemetry`).
     """
 
     def __init__(
@@ -112,6 +117,7 @@ class ActorSystem:
         max_seconds: float = 5.0,
         untrusted: UntrustedReads | None = None,
         warm_workers: int = 2,
+        tracing: bool | Telemetry = True,
     ) -> None:
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
@@ -143,8 +149,14 @@ class ActorSystem:
             isolations=start_isolations(services),
             limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
             untrusted=self._untrusted,
+            telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
         )
         self._events = self._runtime.events
+        self._telemetry = self._runtime.telemetry
+        self._telemetry.bind(uuid.uuid4().hex[:12], self.stats)
+        if self._telemetry.enabled:
+            self._events.subscribe(self._telemetry.report)  # supervisor reports, counted and traced
+        self._observers: list[Observer] = []
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
             return StartChild(Supervisor, kwargs={"names": self._names, "label": label, "report": self._events.emit,
@@ -418,6 +430,30 @@ class ActorSystem:
         (from actor threads: keep it quick). Returns a function that unsubscribes."""
         return self._events.subscribe(callback)
 
+    @property
+    def telemetry(self) -> Telemetry:
+        """The system's OpenTelemetry settings (see :mod:`rho_actors.telemetry`)."""
+        return self._telemetry
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the isolations' worker processes alive now (those of
+        ``process`` isolation; [] before its first call)."""
+        return [pid for isolation in self._runtime.isolations.values() for pid in isolation.pids()]
+
+    def observe(self, address: str | Path | int, *, interval_s: float = 1.0) -> Observer:
+        """Serve a read-only live view of this system (see :mod:`rho_actors.observer`):
+        ``address`` is a Unix socket path, or a TCP port on 127.0.0.1 (``0``: any free
+        one) that asks viewers for the returned observer's ``token``. Each viewer gets a
+        snapshot every ``interval_s`` seconds and every call event and supervisor report
+        as newline-delimited JSON; ``rho-actors top --connect ADDRESS`` shows it. Off
+        until called; closed at :meth:`stop` (or with ``observer.close()``). Raises
+        ``OSError`` when the address cannot be bound."""
+        from rho_actors.observer import Observer
+
+        observer = Observer(self, address, interval_s=interval_s)
+        self._observers.append(observer)
+        return observer
+
     def stats(self) -> dict[str, int]:
         """Counters: ``abandoned_threads_running`` (thread calls cancelled at their
         deadline or at a stop whose thread has not returned yet),
@@ -438,6 +474,9 @@ class ActorSystem:
         calls, registry, declarations), then the timers. Running calls are cancelled; a call thread still
         running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
         self._call_spares.close()  # a call dispatched from now on does not start
+        for observer in self._observers:
+            observer.close()
+        self._telemetry.unbind()
         try:
             self._root.stop(timeout=timeout_s)
         except pykka.ActorDeadError:

@@ -65,6 +65,7 @@ EXPORTED = [
     "Step",
     "Supervisor",
     "SupervisorEvent",
+    "Telemetry",
     "ToolCall",
     "ToolEntry",
     "ToolInfo",

@@ -72,3 +72,8 @@ class Isolation(ABC):
         """Counters for :meth:`rho_actors.ActorSystem.stats` (names unique across
         isolations). Default: none."""
         return {}
+
+    def pids(self) -> list[int]:
+        """The process ids of this isolation's worker processes alive now, for
+        :meth:`rho_actors.ActorSystem.worker_pids`. Default: none."""
+        return []

@@ -85,3 +85,9 @@ class ProcessIsolation(Isolation):
         with self._lock:
             pool = self._pool
         return {f"workers_{k}": v for k, v in pool.stats().items()} if pool is not None else {}
+
+    def pids(self) -> list[int]:
+        """The pool's worker processes alive now ([] before its first use)."""
+        with self._lock:
+            pool = self._pool
+        return pool.pids() if pool is not None else []

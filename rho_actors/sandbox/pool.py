@@ -44,6 +44,7 @@ from rho_actors.sandbox.processes import close, context, kill_group, kill_groups
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.shipping import Unshippable, pickled_deps, ship, short_name
 from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig, worker_child
+from rho_actors.telemetry import TRACEPARENT
 from rho_actors.tool import ToolResult
 
 __all__ = ["WorkerPool"]
@@ -165,7 +166,8 @@ class WorkerPool:
         tool's ``__name__`` or type name; the tool's own ``name()`` is not called here).
 
         In the worker, ``ctx`` holds ``session_id``, ``call_id``, ``data_dir``,
-        ``withheld`` and ``deadline`` from the given ``ctx``, ``deps`` only when it can be
+        ``withheld``, ``deadline`` and ``traceparent`` (when present: the call's span, made
+        current in the worker) from the given ``ctx``, ``deps`` only when it can be
         pickled (else it is left out), and ``cancel``, a :class:`CancelToken` never set:
         at the deadline the worker is killed instead. An ``async def run`` runs under
         ``asyncio.run`` with a ``wait_for`` to the deadline.
@@ -205,6 +207,8 @@ class WorkerPool:
             "data_dir": ctx.get("data_dir"),
             "withheld": tuple(ctx.get("withheld", ())),
         }
+        if TRACEPARENT in ctx:  # the call's span, which the tool's own spans in the worker join
+            fields[TRACEPARENT] = ctx[TRACEPARENT]
         request = wire.CallRequest(
             digest, None, label, call_id, dict(args), fields, pickled_deps(ctx), deadline, timeout_ms, max_output_chars
         )
