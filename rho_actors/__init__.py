@@ -13,7 +13,21 @@ host calls ``loguru.logger.enable("rho_actors")``.
 
 from loguru import logger as _logger
 
-from rho_actors.agent import PromptResult, Session, Step, aprompt, prompt
+from rho_actors.agent import (
+    FinalResult,
+    PromptEvent,
+    PromptResult,
+    Session,
+    Step,
+    StepEnded,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    aprompt,
+    astream,
+    prompt,
+    stream,
+)
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.cancel import CancelToken
 from rho_actors.declaration_actor import UntrustedReads
@@ -25,7 +39,7 @@ from rho_actors.formats import DIALECTS, Dialect, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.isolation import ISOLATIONS, Isolation, IsolationServices
 from rho_actors.loop import Loop
-from rho_actors.model import Message, Model, Reply, ScriptedModel
+from rho_actors.model import Message, Model, Reply, ScriptedModel, Usage
 from rho_actors.otp.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
 from rho_actors.otp.names import Names, NotRunningError, whereis
 from rho_actors.otp.supervisor import (
@@ -90,6 +104,7 @@ __all__ = [
     "EntryPointGroup",
     "Error",
     "ErrorKind",
+    "FinalResult",
     "FunctionTool",
     "Image",
     "IsolatedReadError",
@@ -106,6 +121,7 @@ __all__ = [
     "Ok",
     "PluginFolder",
     "PluginLoadError",
+    "PromptEvent",
     "PromptResult",
     "Registration",
     "Reply",
@@ -119,18 +135,24 @@ __all__ = [
     "SourceHandle",
     "StartChild",
     "Step",
+    "StepEnded",
     "Supervisor",
     "SupervisorEvent",
     "Telemetry",
+    "TextDelta",
     "ToolCall",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToolEntry",
     "ToolInfo",
     "ToolResult",
     "ToolSet",
     "TranscriptError",
     "UntrustedReads",
+    "Usage",
     "WorkerPool",
     "aprompt",
+    "astream",
     "check_declaration",
     "concurrency",
     "count_children",
@@ -147,6 +169,7 @@ __all__ = [
     "read_declaration",
     "run_selftests",
     "start_link",
+    "stream",
     "timeout_ms",
     "to_dialect",
     "tool",

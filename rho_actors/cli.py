@@ -9,12 +9,15 @@ Commands (argparse subcommands; each command group registers itself in
     rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json]
     rho-actors chat --model openai:MODEL|anthropic:MODEL [--base-url URL] [--session ID]
                     [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--data-dir DIR]
+                    [--system TEXT]
     rho-actors top [--connect ADDRESS] [--token TOKEN] [--once] [--json]
 
 Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
 a result or a state differed other than through a listed rejection; for ``selftest``: a
-selftest failed, timed out or crashed), 2 usage error, a missing optional dependency or
-a target that cannot be loaded.
+selftest failed, timed out or crashed, or a file of a folder could not be loaded (it is
+reported and the others run); for ``chat``: a prompt ended with an error, a model error
+included), 2 usage error, a missing optional dependency or a target of which nothing can
+be loaded.
 """
 
 from __future__ import annotations
@@ -150,34 +153,65 @@ def _add_selftest(commands: Any) -> None:
     selftest.set_defaults(handler=_run_selftest)
 
 
+def _load_tools(targets: Sequence[str], command: str) -> tuple[list[Any], int]:
+    """The tools of ``targets`` and how many of their files could not be loaded. Each
+    ``.py`` file of a folder is loaded on its own: a broken one is reported on stderr
+    (naming it) and the others are still loaded. Raises :class:`_ChatSetupError` for a
+    target of which nothing could be loaded, or that holds no tools."""
+    from pathlib import Path
+
+    from rho_actors.selftest import LoadError, load_target, tools_in_module
+
+    tools: list[Any] = []
+    broken = 0
+    for target in targets:
+        path = Path(target)
+        parts = [target]
+        if path.is_dir():
+            parts = sorted(str(p) for p in path.iterdir() if p.suffix == ".py" and not p.name.startswith((".", "_")))
+        modules: list[Any] = []
+        failures: list[str] = []
+        for part in parts or [target]:
+            try:
+                modules.extend(load_target(part))
+            except LoadError as exc:
+                failures.append(str(exc))
+        if not modules:
+            raise _ChatSetupError(f"cannot load {failures[0]}" if failures else f"{target}: nothing to load")
+        for failure in failures:
+            print(f"rho-actors {command}: cannot load {failure}; the other files go on", file=sys.stderr)
+        broken += len(failures)
+        found = [t for module in modules for t in tools_in_module(module)]
+        if not found:
+            raise _ChatSetupError(f"{target}: no tools found in it")
+        tools.extend(t for t in found if all(t is not seen for seen in tools))
+    return tools, broken
+
+
 def _run_selftest(args: argparse.Namespace) -> int:
     import json
 
-    from rho_actors.selftest import FAILING, LoadError, load_target, render_rows, run_selftests, tools_in_module
+    from rho_actors.selftest import FAILING, render_rows, run_selftests
 
-    tools: list[Any] = []
-    for target in args.targets:
-        try:
-            modules = load_target(target)
-        except LoadError as exc:
-            print(f"rho-actors selftest: cannot load {exc}", file=sys.stderr)
-            return 2
-        found = [t for module in modules for t in tools_in_module(module)]
-        if not found:
-            print(f"rho-actors selftest: {target}: no tools found in it", file=sys.stderr)
-            return 2
-        tools.extend(t for t in found if all(t is not seen for seen in tools))
+    try:
+        tools, broken = _load_tools(args.targets, "selftest")
+    except _ChatSetupError as exc:
+        print(f"rho-actors selftest: {exc}", file=sys.stderr)
+        return 2
     rows = run_selftests(tools, timeout_s=args.timeout)
-    code = 1 if any(row.outcome in FAILING for row in rows) else 0
+    code = 1 if broken or any(row.outcome in FAILING for row in rows) else 0
     counts = {outcome: sum(row.outcome == outcome for row in rows)
               for outcome in ("passed", "failed", "timeout", "crashed", "no selftest")}
     if args.json:
-        print(json.dumps({"results": [row.to_dict() for row in rows], "counts": counts, "exit_code": code},
-                         indent=2))
+        print(json.dumps({"results": [row.to_dict() for row in rows], "counts": counts, "broken_files": broken,
+                          "exit_code": code}, indent=2))
     else:
         console = _console()
         console.print(render_rows(rows))
-        console.print(", ".join(f"{n} {outcome}" for outcome, n in counts.items() if n) or "no tools")
+        summary = [f"{n} {outcome}" for outcome, n in counts.items() if n]
+        if broken:
+            summary.append(f"{broken} file(s) not loaded")
+        console.print(", ".join(summary) or "no tools")
     return code
 
 
@@ -212,7 +246,8 @@ def _add_chat(commands: Any) -> None:
         description=(
             "An interactive agent session: each line you type is a prompt; the model's tool calls run "
             "in an ActorSystem (each printed with its outcome and duration as it finishes), then its "
-            "answer is printed. EOF (Ctrl-D) or /exit quits. The conversation is kept in "
+            "answer is printed. EOF (Ctrl-D) or /exit quits; the exit code is 1 when a prompt ended with an "
+            "error (a model error included). The conversation is kept in "
             "DATA_DIR/sessions/ID/transcript.jsonl: --session ID resumes it. Keys come from "
             "OPENAI_API_KEY / ANTHROPIC_API_KEY."
         ),
@@ -228,6 +263,8 @@ def _add_chat(commands: Any) -> None:
                       help="module name, .py file or folder whose tools the model gets")
     chat.add_argument("--untrusted", action="store_true",
                       help="register the tools untrusted: declarations read and calls run in other processes")
+    chat.add_argument("--system", default=None, metavar="TEXT",
+                      help="instructions (a system prompt) sent first in every request; not recorded")
     chat.add_argument("--data-dir", default=None, metavar="DIR",
                       help="where sessions are kept (default: $XDG_STATE_HOME/rho_actors, ~/.local/state/rho_actors)")
     chat.set_defaults(handler=_run_chat)
@@ -248,19 +285,7 @@ def _chat_model(spec: str, base_url: str | None) -> Any:
 
 
 def _chat_tools(targets: Sequence[str]) -> list[Any]:
-    from rho_actors.selftest import LoadError, load_target, tools_in_module
-
-    tools: list[Any] = []
-    for target in targets:
-        try:
-            modules = load_target(target)
-        except LoadError as exc:
-            raise _ChatSetupError(f"cannot load {exc}") from None
-        found = [t for module in modules for t in tools_in_module(module)]
-        if not found:
-            raise _ChatSetupError(f"{target}: no tools found in it")
-        tools.extend(t for t in found if all(t is not seen for seen in tools))
-    return tools
+    return _load_tools(targets, "chat")[0]
 
 
 def _chat_data_dir(given: str | None) -> str:
@@ -297,13 +322,19 @@ def _run_chat(args: argparse.Namespace) -> int:
         offered = ", ".join(info.name for info in system.tools()) or "none"
         state = f"resumed, {earlier} messages so far" if earlier else "new"
         print(f"session {loop.session_id} ({state}); model {args.model}; tools: {offered}", flush=True)
-        _chat_repl(system, loop, model, args.max_steps)
-    return 0
+        if args.system is not None:
+            if not args.system.strip():
+                print("rho-actors chat: --system is blank", file=sys.stderr)
+                return 2
+            loop.instructions = args.system
+        failed = _chat_repl(system, loop, model, args.max_steps)
+    return 1 if failed else 0
 
 
-def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> None:
+def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> int:
     """Read prompts from stdin until EOF or ``/exit``; print each call as it finishes
-    (from the system's call events), then the answer."""
+    (from the system's call events), then the answer. Returns how many prompts ended
+    with an error."""
     import threading
 
     from rho_actors import CallEvent
@@ -325,6 +356,7 @@ def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> None:
 
     unsubscribe = system.subscribe(show)
     interactive = sys.stdin.isatty()
+    failed = 0
     try:
         while True:
             if interactive:
@@ -346,10 +378,12 @@ def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> None:
             if result.text:
                 say(result.text)
             if result.error is not None:
+                failed += 1
                 with out_lock:
                     print(f"rho-actors chat: {result.error}", file=sys.stderr, flush=True)
     finally:
         unsubscribe()
+    return failed
 
 
 # --------------------------------------------------------------------------- entry point

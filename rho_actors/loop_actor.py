@@ -7,7 +7,11 @@ runs. The rest are started in their tool's isolation (:mod:`rho_actors.isolation
 each with a deadline (``timeout_ms`` from dispatch) that the isolation keeps. A turn with
 any ``exclusive`` call runs its calls one at a time in the model's order, each deadline
 counted from that call's own start. Results come back in the model's order, exactly one
-per call.
+per call. Each call runs in a copy of the submitter's ``contextvars`` context. A turn
+given a cancel token is cancelled when the token is set: each running call is cancelled
+through its isolation (the one path of deadlines and stops too: its ``ctx["cancel"]`` is
+set, a worker process is killed) and every call without a result gets a ``cancelled``
+one at once; a turn whose token is set before it starts runs no call.
 
 The LoopActor never blocks: calls report back with messages, so a hung tool delays
 nothing but its own result, which is a ``timeout`` error at its deadline. Its host
@@ -18,6 +22,7 @@ handle is :class:`rho_actors.loop.Loop`; its messages are in
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import itertools
 import time
 from collections import deque
@@ -35,7 +40,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
 from rho_actors.isolation import RunningCall
-from rho_actors.loop_messages import CallDone, Offered, Running, RunTurn, SetWithheld
+from rho_actors.loop_messages import CallDone, CancelTurn, Offered, Running, RunTurn, SetWithheld
 from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
 from rho_actors.results import capped, error_result, failure, text
@@ -69,6 +74,7 @@ class _Turn:
     id: int
     slots: list[_Slot]
     future: concurrent.futures.Future[list[ToolResult]]
+    context: contextvars.Context | None = None
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
@@ -103,6 +109,8 @@ class LoopActor(Actor):
             self._call_done(message)
         elif isinstance(message, RunTurn):
             self._run_turn(message)
+        elif isinstance(message, CancelTurn):
+            self._cancel_turn(message.turn)
         elif isinstance(message, Offered):
             return [e.info.copy() for e in self._offered(self._tools.current)]
         elif isinstance(message, Running):
@@ -133,8 +141,15 @@ class LoopActor(Actor):
 
     def _run_turn(self, message: RunTurn) -> None:
         turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future,
-                     trace_context=message.trace_context)
+                     context=message.context, trace_context=message.trace_context)
         self._turns[turn.id] = turn
+        if message.cancel is not None:
+            if message.cancel.cancelled:  # cancelled before it started: no call starts
+                turn.open = len(turn.slots)
+                self._cancel_turn(turn.id)
+                return
+            ref, turn_id = self.actor_ref, turn.id
+            message.cancel.add_callback(lambda: _tell(ref, CancelTurn(turn_id)))
         try:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
@@ -225,7 +240,7 @@ class LoopActor(Actor):
         ctx = MappingProxyType(fields)
         spec = CallSpec(
             slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, entry.info.timeout_ms, cancel,
-            self._limits.max_output_chars, reply,
+            self._limits.max_output_chars, reply, None if turn.context is None else turn.context.copy(),
         )
         slot.started, slot.cancel = now, cancel
         self._emit("started", slot, None)
@@ -243,6 +258,30 @@ class LoopActor(Actor):
         slot = turn.slots[message.index]
         timed_out = message.result.error_kind is ErrorKind.TIMEOUT
         self._settle(turn, slot, message.result, event="timed_out" if timed_out else "finished")
+
+    def _cancel_turn(self, turn_id: int) -> None:
+        """The host cancelled a turn: each running call is cancelled through its
+        isolation (``ctx["cancel"]`` set, a worker process killed; what it returns later
+        is ``late``), and every call still without a result gets a ``cancelled`` one (a
+        queued call of an exclusive turn never starts)."""
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            return
+        turn.waiting.clear()
+        for slot in turn.slots:
+            if slot.result is not None:
+                continue
+            name = slot.call.name
+            if slot.running is not None:
+                slot.running.cancel("cancelled")
+                result = failure("host_cancelled", slot.call.id, name, (time.monotonic() - slot.started) * 1000)
+            else:
+                result = failure("host_cancelled_before_start", slot.call.id, name)
+            slot.result = result
+            turn.open -= 1
+            self._telemetry.call_ended(slot.span, result)
+            self._emit("finished", slot, result)
+        self._maybe_finish(turn)
 
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
         slot.result = result

@@ -66,10 +66,18 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "turn_not_started": (_K.CANCELLED, "the session stopped before this turn started"),
     "not_started": (_K.CANCELLED, "the call did not start: {problem}"),
     "cancelled": (_K.CANCELLED, "tool {tool!r} was cancelled ({reason})"),
+    "host_cancelled": (_K.CANCELLED, "tool {tool!r} was cancelled by the host while running"),
+    "host_cancelled_before_start": (_K.CANCELLED, "tool {tool!r} did not start: the host cancelled the turn"),
+    "loop_not_running": (_K.CANCELLED, "the session's loop was not running; the call did not start"),
+    "loop_unanswered": (_K.CRASHED, "the session's loop did not answer this call within {bound_s:.0f} s"),
+    # a conversation replayed to a provider (rho_actors.provider_rules)
+    "no_result": (_K.CANCELLED, "no result was recorded for this call; it is answered as cancelled"),
+    "empty_error": (_K.RAISED, "the call failed without a message ({kind})"),  # keeps the result's kind
     "raised_opaque": (_K.RAISED, "tool {tool!r} raised"),
     # a call in a worker process
     "pool_stopped": (_K.CANCELLED, "tool {tool!r} did not run: the worker pool is stopped"),
     "pool_stopped_mid_call": (_K.CANCELLED, "tool {tool!r} was cancelled: the worker pool stopped"),
+    "cancelled_killed": (_K.CANCELLED, "tool {tool!r} was cancelled ({reason}); its worker process was killed"),
     "pool_closed": (_K.CANCELLED, "tool {tool!r} did not run: {problem}"),
     "unshippable": (_K.RAISED, "tool {tool!r} could not be shipped to a worker process: {problem}"),
     "unsendable": (
@@ -150,7 +158,8 @@ def result_from_exception(
 
 def result_from_return(call_id: str, name: str, value: Any, max_chars: int, duration_ms: float) -> ToolResult:
     """The result for what ``run`` returned: ``Ok``/plain value/``Details``/``Image``
-    parts are ok; ``Error(reason)`` is a ``raised`` error with ``reason`` as text."""
+    parts are ok; ``Error(reason)`` is a ``tool_error`` (the tool's own report of a
+    failure, told apart from an exception it ``raised``) with ``reason`` as text."""
     ok = True
     if isinstance(value, Ok):
         value = value.output
@@ -168,4 +177,4 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
             v if isinstance(v, str) else encode_output(v, max_chars).text for v in value if not isinstance(v, Image)
         )
     content = encode_output(value, max_chars).text
-    return ToolResult(call_id, name, ok, content, None if ok else ErrorKind.RAISED, details, images, duration_ms)
+    return ToolResult(call_id, name, ok, content, None if ok else ErrorKind.TOOL_ERROR, details, images, duration_ms)

@@ -339,8 +339,8 @@ class Telemetry:
     @contextlib.contextmanager
     def chat(self, model: Any) -> Iterator[Callable[[Reply], None]]:
         """The ``chat {model}`` span of one model request; the block calls the yielded
-        function with the reply (usage and finish reasons are read from its ``raw``
-        response). An exception leaving the block sets ``error.type`` to its class."""
+        function with the reply (usage from its ``usage``, else from its ``raw``
+        response; finish reasons from ``raw``). An exception leaving the block sets ``error.type`` to its class."""
         tracer = self._tracer()
         instruments = self._metrics()
         if tracer is None and instruments is None:
@@ -352,7 +352,7 @@ class Telemetry:
         error: str | None = None
 
         def record(reply: Reply) -> None:
-            found = _usage(reply.raw)
+            found = _reply_usage(reply)
             usage.update(found)
             if span is not None:
                 for key, value in found.items():
@@ -436,6 +436,15 @@ def _provider_of(model: Any) -> str | None:
         if module.endswith(f".{provider}") or module == provider:
             return provider
     return None
+
+
+def _reply_usage(reply: Reply) -> dict[str, int]:
+    """The reply's token counts: its :class:`~rho_actors.model.Usage` (streamed replies
+    have it too), else what its ``raw`` response says."""
+    tokens = getattr(reply, "usage", None)
+    if tokens is not None:
+        return {"input_tokens": tokens.input_tokens, "output_tokens": tokens.output_tokens}
+    return _usage(reply.raw)
 
 
 def _usage(raw: Any) -> dict[str, int]:

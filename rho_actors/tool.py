@@ -169,6 +169,8 @@ class ErrorKind(enum.StrEnum):
     WITHHELD = "withheld"
     UNAVAILABLE = "unavailable"
     TIMEOUT = "timeout"
+    TOOL_ERROR = "tool_error"
+    """The tool returned ``Error(reason)``: it ran and reported a failure itself."""
     RAISED = "raised"
     EXITED = "exited"
     CRASHED = "crashed"

@@ -76,7 +76,7 @@ def test_a_returned_error_is_an_error_result(system: ActorSystem) -> None:
 
     system.register(refuse)
     [result] = system.start_loop().run_turn([ToolCall("c", "refuse", "{}")])
-    assert (result.ok, result.error_kind, result.content) == (False, ErrorKind.RAISED, '{"why": "no"}')
+    assert (result.ok, result.error_kind, result.content) == (False, ErrorKind.TOOL_ERROR, '{"why": "no"}')
 
 
 def test_details_and_images_reach_the_host_not_the_text(system: ActorSystem) -> None:

@@ -32,6 +32,7 @@ EXPORTED = [
     "EntryPointGroup",
     "Error",
     "ErrorKind",
+    "FinalResult",
     "FunctionTool",
     "ISOLATIONS",
     "Image",
@@ -50,6 +51,7 @@ EXPORTED = [
     "Ok",
     "PluginFolder",
     "PluginLoadError",
+    "PromptEvent",
     "PromptResult",
     "Registration",
     "Reply",
@@ -63,18 +65,24 @@ EXPORTED = [
     "SourceHandle",
     "StartChild",
     "Step",
+    "StepEnded",
     "Supervisor",
     "SupervisorEvent",
     "Telemetry",
+    "TextDelta",
     "ToolCall",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToolEntry",
     "ToolInfo",
     "ToolResult",
     "ToolSet",
     "TranscriptError",
     "UntrustedReads",
+    "Usage",
     "WorkerPool",
     "aprompt",
+    "astream",
     "check_declaration",
     "concurrency",
     "count_children",
@@ -91,6 +99,7 @@ EXPORTED = [
     "read_declaration",
     "run_selftests",
     "start_link",
+    "stream",
     "timeout_ms",
     "to_dialect",
     "tool",
@@ -137,6 +146,6 @@ def test_the_python_kinds_of_the_runtime_exceptions_stay() -> None:
 
 def test_a_rho_error_is_caught_as_one() -> None:
     with rho_actors.ActorSystem() as system, pytest.raises(rho_actors.RhoError) as err:
-        system.register(rho_actors.tool(lambda: 1, name="one"))
-        system.register(rho_actors.tool(lambda: 2, name="one"))
+        system.register(rho_actors.tool(lambda: 1, name="one", description="One."))
+        system.register(rho_actors.tool(lambda: 2, name="one", description="One."))
     assert isinstance(err.value, rho_actors.DuplicateToolError) and "already registered" in str(err.value)

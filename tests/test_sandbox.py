@@ -624,7 +624,7 @@ def test_async_run(pool: WorkerPool) -> None:
 
 def test_returned_error_and_raise(pool: WorkerPool) -> None:
     result = call(pool, ReturnsError)
-    assert (result.ok, result.error_kind, result.content) == (False, ErrorKind.RAISED, "bad input")
+    assert (result.ok, result.error_kind, result.content) == (False, ErrorKind.TOOL_ERROR, "bad input")
 
 
 def test_timeout_stops_the_work(pool: WorkerPool, tmp_path: Path) -> None:

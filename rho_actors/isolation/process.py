@@ -2,9 +2,10 @@
 
 The call's CallActor hands it to the system's :class:`rho_actors.sandbox.WorkerPool`
 and waits; the pool owns the deadline: at it, the worker's process group is killed and
-the result is a ``timeout`` error. The pool starts on the first call (a system that runs
-no ``process`` call starts no process) and is stopped, killing every worker's process
-group, when the system's ``workers`` actor stops.
+the result is a ``timeout`` error. Cancelling the call (its loop stopping, or the host
+cancelling its turn) kills the worker the same way. The pool starts on the first call (a
+system that runs no ``process`` call starts no process) and is stopped, killing every
+worker's process group, when the system's ``workers`` actor stops.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class _Running:
         self.call = call
 
     def cancel(self, reason: str) -> None:
-        """Set the call's token; the worker finishes (or is killed at the deadline)."""
+        """Set the call's token, which kills the worker running the call (see
+        :meth:`WorkerPool.run`); a call not yet in a worker does not start."""
         self.call.cancel.cancel(reason)
 
 
@@ -55,7 +57,7 @@ class ProcessIsolation(Isolation):
             return failure("pool_closed", call.call_id, call.name, problem=str(err))
         return pool.run(
             call.tool, call.args, call.ctx, call.deadline, call.max_output_chars, name=call.name,
-            started=call.dispatched,
+            started=call.dispatched, cancel=call.cancel,
         )
 
     def pool(self) -> WorkerPool:

@@ -3,7 +3,8 @@
 At the deadline the call's result is a ``timeout`` error on time (unless C code holds
 the GIL); the call's :class:`~rho_actors.CancelToken` is set (an ``async def run`` is
 really cancelled) and its thread is abandoned: counted, and never waited for. What it
-returns later is reported as ``late``.
+returns later is reported as ``late``. Cancelling a call (the host cancelling its turn,
+or its loop stopping) sets the token and abandons the thread the same way.
 """
 
 from __future__ import annotations
@@ -106,11 +107,12 @@ class ThreadIsolation(Isolation):
 
     def give_up(self, running: _Running, reason: str) -> bool:
         """Cancel a call; if its thread is still running, it is abandoned (and, at the
-        deadline, no shutdown waits for it). Returns whether it was still running."""
+        deadline or cancelled by the host, no shutdown waits for it). Returns whether it
+        was still running."""
         if not running.call.cancel.cancel(reason):
             return False
         self.abandoned.abandoned()
-        if reason == "timeout" and running.actor is not None:
+        if reason != "stopping" and running.actor is not None:
             self.services.calls.abandon(running.actor)
         return True
 

@@ -35,6 +35,7 @@ from typing import Any, Final, Literal
 
 from loguru import logger
 
+from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.results import KILLED, failure
 from rho_actors.sandbox import wire
@@ -156,8 +157,12 @@ class WorkerPool:
         *,
         name: str | None = None,
         started: float | None = None,
+        cancel: CancelToken | None = None,
     ) -> ToolResult:
         """Run ``tool.run(args, ctx)`` in a worker process and return its result. Blocks.
+        Setting ``cancel`` kills the worker running the call (the result is then
+        ``cancelled``); a call whose ``cancel`` is set before it reaches a worker does
+        not run.
 
         ``deadline`` and ``started`` are ``time.monotonic()`` instants (seconds);
         ``started`` (default: now) is where the result's ``duration_ms`` counts from.
@@ -183,7 +188,8 @@ class WorkerPool:
         code named, 0 included; or the tool raised ``SystemExit``/``KeyboardInterrupt``:
         the worker survives), ``memory`` (past ``heap_bytes``), ``raised`` (the tool
         raised or returned ``Error``, or could not be pickled here, or its result could
-        not be pickled there) or ``cancelled`` (the pool was stopped).
+        not be pickled there) or ``cancelled`` (the pool was stopped, or ``cancel`` was
+        set).
         """
         start = time.monotonic() if started is None else started
         call_id = str(ctx.get("call_id", ""))
@@ -195,6 +201,8 @@ class WorkerPool:
 
         if self._stopped:
             return failed("pool_stopped")
+        if cancel is not None and cancel.cancelled:
+            return failed("cancelled", reason=cancel.reason)
         if time.monotonic() >= deadline:
             return failed("timeout", timeout_ms=timeout_ms, consequence="it did not start")
         try:
@@ -238,12 +246,12 @@ class WorkerPool:
                 self._lose(worker, "killed")
                 raise
         try:
-            result, retire = self._exchange(worker, request, tool_bytes, deadline)
+            result, retire = self._exchange_or_cancel(worker, request, tool_bytes, deadline, cancel)
         except DeadlineReached:
             self._lose(worker, "killed")
             return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
         except EOFError:
-            return self._died(worker, failed)
+            return self._died(worker, failed, cancel)
         except Malformed as exc:
             self._lose(worker, "killed")
             return failed("malformed_reply", problem=str(exc))
@@ -392,8 +400,14 @@ class WorkerPool:
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
 
-    def _died(self, worker: _Worker, failed: Callable[..., ToolResult]) -> ToolResult:
-        """The worker's pipe closed mid-call: find out how it ended."""
+    def _died(
+        self, worker: _Worker, failed: Callable[..., ToolResult], cancel: CancelToken | None = None
+    ) -> ToolResult:
+        """The worker's pipe closed mid-call: find out how it ended (killed by
+        ``cancel``, among others)."""
+        if cancel is not None and cancel.cancelled and worker.killed:
+            self._lose(worker, "killed")
+            return failed("cancelled_killed", reason=cancel.reason)
         code = worker.reap(_EXIT_GRACE_S)
         stopped = self._stopped
         self._lose(worker, "died")
@@ -406,6 +420,29 @@ class WorkerPool:
         if code < 0:
             return failed("worker_crashed", signal=signal_name(-code))
         return failed("worker_exited", code=code)
+
+    def _exchange_or_cancel(
+        self, worker: _Worker, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
+        cancel: CancelToken | None,
+    ) -> tuple[ToolResult | str, bool]:
+        """:meth:`_exchange`, killing the worker when ``cancel`` is set meanwhile (never
+        once the exchange has ended: the worker may be reaped, its pid reused)."""
+        if cancel is None:
+            return self._exchange(worker, request, tool_bytes, deadline)
+        guard = threading.Lock()
+
+        def kill() -> None:
+            if guard.acquire(blocking=False):
+                try:
+                    worker.kill()
+                finally:
+                    guard.release()
+
+        cancel.add_callback(kill)
+        try:
+            return self._exchange(worker, request, tool_bytes, deadline)
+        finally:
+            guard.acquire()  # waits out a kill under way; later ones do nothing
 
     def _exchange(
         self, worker: _Worker, request: wire.CallRequest, tool_bytes: bytes, deadline: float
