@@ -34,7 +34,7 @@ from rho_actors.declaration_actor import UntrustedReads
 from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
 from rho_actors.errors import RhoError
-from rho_actors.events import CallEvent, DeclarationEvent, SupervisorEvent
+from rho_actors.events import CallEvent, DeclarationEvent, ProgressEvent, SupervisorEvent, ToolSetChanged
 from rho_actors.formats import DIALECTS, Dialect, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.isolation import ISOLATIONS, Isolation, IsolationServices
@@ -67,6 +67,7 @@ from rho_actors.tool import (
     Image,
     Ok,
     ToolCall,
+    ToolFailure,
     ToolInfo,
     ToolResult,
     concurrency,
@@ -121,6 +122,7 @@ __all__ = [
     "Ok",
     "PluginFolder",
     "PluginLoadError",
+    "ProgressEvent",
     "PromptEvent",
     "PromptResult",
     "Registration",
@@ -144,9 +146,11 @@ __all__ = [
     "ToolCallFinished",
     "ToolCallStarted",
     "ToolEntry",
+    "ToolFailure",
     "ToolInfo",
     "ToolResult",
     "ToolSet",
+    "ToolSetChanged",
     "TranscriptError",
     "UntrustedReads",
     "Usage",

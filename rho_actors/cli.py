@@ -267,6 +267,8 @@ def _add_chat(commands: Any) -> None:
                       help="instructions (a system prompt) sent first in every request; not recorded")
     chat.add_argument("--data-dir", default=None, metavar="DIR",
                       help="where sessions are kept (default: $XDG_STATE_HOME/rho_actors, ~/.local/state/rho_actors)")
+    chat.add_argument("--mcp", action="append", default=[], metavar='"CMD ARGS"',
+                      help="a stdio MCP server whose tools the model gets (repeatable; needs rho_actors[mcp])")
     chat.set_defaults(handler=_run_chat)
 
 
@@ -314,9 +316,11 @@ def _run_chat(args: argparse.Namespace) -> int:
                 if not registration.offered:
                     print(f"rho-actors chat: {registration.origin} is left out: {registration.reason}",
                           file=sys.stderr)
+            for command in args.mcp:
+                _add_mcp_server(system, command)
             loop = system.start_loop(args.session)
             earlier = len(load(loop.data_dir / TRANSCRIPT_NAME).messages)
-        except (DuplicateToolError, TypeError, ValueError, TranscriptError, OSError) as exc:
+        except (DuplicateToolError, TypeError, ValueError, TranscriptError, OSError, _ChatSetupError) as exc:
             print(f"rho-actors chat: {exc}", file=sys.stderr)
             return 2
         offered = ", ".join(info.name for info in system.tools()) or "none"
@@ -329,6 +333,26 @@ def _run_chat(args: argparse.Namespace) -> int:
             loop.instructions = args.system
         failed = _chat_repl(system, loop, model, args.max_steps)
     return 1 if failed else 0
+
+
+def _add_mcp_server(system: Any, command: str) -> None:
+    """Add the stdio MCP server ``command`` (split as a shell would) as a source."""
+    import shlex
+
+    try:
+        from rho_actors.mcp import MCPServer
+    except ImportError:
+        raise _ChatSetupError("--mcp needs the MCP SDK: pip install 'rho_actors[mcp]'") from None
+    argv = shlex.split(command)
+    if not argv:
+        raise _ChatSetupError("--mcp needs a command")
+    source = MCPServer(command=argv, name=f"mcp:{len(system.registrations())}:{argv[0].rsplit('/', 1)[-1]}")
+    handle = system.add_source(source, poll_s=None)
+    if not source.wait_connected():
+        handle.close()
+        raise _ChatSetupError(f"the MCP server {command!r} did not start within {source.connect_timeout_s:g} s "
+                              "(see its messages on stderr)")
+    handle.refresh()
 
 
 def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> int:
@@ -386,6 +410,74 @@ def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> int:
     return failed
 
 
+# --------------------------------------------------------------------------- mcp
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 127.0.0.1:8000), got {text!r}")
+    return host, int(port)
+
+
+def _add_mcp(commands: Any) -> None:
+    mcp = commands.add_parser("mcp", help="the Model Context Protocol: serve tools to MCP clients")
+    actions = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
+    serve = actions.add_parser(
+        "serve",
+        help="serve tools to MCP clients over stdio or streamable HTTP",
+        description=(
+            "Serve the tools of MODULE_OR_PATH... to MCP clients: over stdio (the default: a client "
+            "starts this command), or over streamable HTTP at http://HOST:PORT/mcp. Each MCP session "
+            "is a rho session with its own data folder; each call runs supervised, with its deadline."
+        ),
+    )
+    serve.add_argument("--tools", nargs="+", action="extend", required=True, metavar="MODULE_OR_PATH",
+                       help="module name, .py file or folder whose tools are served")
+    serve.add_argument("--http", type=_host_port, default=None, metavar="HOST:PORT",
+                       help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
+    serve.add_argument("--untrusted", action="store_true",
+                       help="register the tools untrusted: declarations read and calls run in other processes")
+    serve.add_argument("--data-dir", default=None, metavar="DIR",
+                       help="where sessions are kept (default: a temporary folder, removed at exit)")
+    serve.set_defaults(handler=_run_mcp_serve)
+
+
+def _run_mcp_serve(args: argparse.Namespace) -> int:
+    from rho_actors import ActorSystem, DuplicateToolError
+
+    try:
+        from rho_actors.mcp import serve
+    except ImportError:
+        print("rho-actors mcp: the MCP SDK is missing: pip install 'rho_actors[mcp]'", file=sys.stderr)
+        return 2
+    try:
+        tools = _chat_tools(args.tools)
+    except _ChatSetupError as exc:
+        print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
+        return 2
+    with ActorSystem(data_dir=args.data_dir) as system:
+        try:
+            for tool in tools:
+                registration = system.register(tool, untrusted=args.untrusted)
+                if not registration.offered:
+                    print(f"rho-actors mcp serve: {registration.origin} is left out: {registration.reason}",
+                          file=sys.stderr)
+        except (DuplicateToolError, TypeError, ValueError) as exc:
+            print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
+            return 2
+        if args.http is not None:
+            print(f"serving MCP at http://{args.http[0]}:{args.http[1]}/mcp", file=sys.stderr, flush=True)
+        try:
+            serve(system, http=args.http)
+        except KeyboardInterrupt:
+            pass
+        except OSError as exc:
+            print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -398,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     from rho_actors.top import add_parser as _add_top
 
-    for add in (_add_replay, _add_selftest, _add_chat, _add_top):
+    for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top):
         add(commands)
     return parser
 

@@ -26,6 +26,7 @@ import contextvars
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -38,7 +39,7 @@ from rho_actors.arguments import ArgumentsError, decode_arguments, violations
 from rho_actors.call import CallSpec
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
-from rho_actors.events import CallEvent
+from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.loop_messages import CallDone, CancelTurn, Offered, Running, RunTurn, SetWithheld
 from rho_actors.otp.actor import Actor
@@ -231,6 +232,7 @@ class LoopActor(Actor):
             "cancel": cancel,
             "deps": self._deps,
             "whereis": self._runtime.names.whereis,
+            "progress": _progress_reporter(self._runtime.events, self.session_id, slot.call.id, entry.info.name),
         }
         slot.span = self._telemetry.call_started(
             turn.trace_context, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
@@ -353,3 +355,19 @@ def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
         ref.tell(message)
     except pykka.ActorDeadError:
         pass
+
+
+def _progress_reporter(events: EventBus, session_id: str, call_id: str, tool: str) -> Callable[..., None]:
+    """``ctx["progress"](done, total=None, message=None)``: emits a :class:`ProgressEvent`
+    (an MCP client gets it as ``notifications/progress``). Never raises: a report whose
+    values are not numbers (or text) is dropped."""
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        try:
+            total_f = None if total is None else float(total)
+            note = None if message is None else str(message)
+            events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
+        except Exception:
+            logger.debug("call {}: a bad progress report was dropped", call_id)
+
+    return progress

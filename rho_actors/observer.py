@@ -15,7 +15,8 @@ newline-delimited JSON objects, each with a ``type``:
 - ``event``: a call event (``kind``, ``session_id``, ``call_id``, ``tool``, ``outcome``,
   ``duration_ms``) as it happens.
 - ``report``: any other event of the system's bus (:class:`rho_actors.DeclarationEvent`,
-  :class:`rho_actors.SupervisorEvent`), with its fields and ``event``, its class name.
+  :class:`rho_actors.SupervisorEvent`, :class:`rho_actors.ProgressEvent`,
+  :class:`rho_actors.ToolSetChanged`), with its fields and ``event``, its class name.
 
 Nothing a viewer sends is acted upon (beyond the token). A slow or dead viewer never
 slows the system: each viewer has a bounded queue (``max_queued`` messages) that the

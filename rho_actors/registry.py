@@ -5,7 +5,8 @@ an ETS table with an heir), so a registry restarted by its supervisor loses no t
 
 Registration asks the DeclarationActor for the tool's checked declaration, refuses a
 second tool with a name already taken (both origins named: no last-writer-wins), and
-publishes a new immutable :class:`ToolSet`. Loops read the current set without a
+publishes a new immutable :class:`ToolSet` (announced as a
+:class:`~rho_actors.events.ToolSetChanged` event). Loops read the current set without a
 message round trip, the way Erlang code reads ``persistent_term``: the registry is the
 only writer and every published set is frozen.
 """
@@ -26,6 +27,7 @@ from rho_actors.arguments import make_validator
 from rho_actors.declaration_actor import DECLARATIONS, Checked, ReadUntrusted
 from rho_actors.declarations import Rejected, describe_origin
 from rho_actors.errors import RhoError
+from rho_actors.events import ToolSetChanged
 from rho_actors.otp.actor import Actor
 from rho_actors.results import text
 from rho_actors.tool import ToolInfo
@@ -146,6 +148,7 @@ class ToolRegistry(Actor):
         super().__init__()
         self._names = runtime.names
         self._view = runtime.tools
+        self._events = runtime.events
         self._state = state
         self._slots = state.slots
         self._nameless = state.nameless
@@ -269,6 +272,6 @@ class ToolRegistry(Actor):
                 assert isinstance(slot.outcome, Rejected)
                 reason = slot.outcome.reason
                 unavailable[name] = text("unavailable_rejected", tool=name, reason=reason)
-        self._view.current = ToolSet(
-            self._view.current.version + 1, MappingProxyType(entries), MappingProxyType(unavailable)
-        )
+        published = ToolSet(self._view.current.version + 1, MappingProxyType(entries), MappingProxyType(unavailable))
+        self._view.current = published
+        self._events.emit(ToolSetChanged(published.version))

@@ -24,11 +24,12 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from rho_actors.encoding import cap_text, describe_exception, encode_output
-from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolResult
+from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolFailure, ToolResult
 
 __all__ = [
     "CANCELLED",
     "KILLED",
+    "SENT_CANCEL",
     "TEXTS",
     "capped",
     "error_result",
@@ -42,6 +43,8 @@ KILLED: Final = "its worker process was killed"
 """The ``consequence`` of a ``timeout`` in a worker process."""
 CANCELLED: Final = "it was cancelled"
 """The ``consequence`` of a ``timeout`` in a thread (or a coroutine)."""
+SENT_CANCEL: Final = "its MCP server was sent notifications/cancelled"
+"""The ``consequence`` of a ``timeout`` of an MCP server's tool (:mod:`rho_actors.mcp`)."""
 
 _K = ErrorKind
 TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
@@ -112,6 +115,17 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "unreturnable": (
         _K.RAISED, "tool {tool!r} returned {what} that cannot be sent back from its worker process ({problem})"
     ),
+    # a tool of an MCP server (rho_actors.mcp.source), raised as a ToolFailure
+    "mcp_not_connected": (
+        _K.UNAVAILABLE, "tool {tool!r} cannot be called: MCP server {server} is not connected now "
+        "(restarting or stopped)"
+    ),
+    "mcp_stopped": (_K.UNAVAILABLE, "tool {tool!r}: MCP server {server} was stopped during the call"),
+    "mcp_crashed": (
+        _K.CRASHED, "tool {tool!r}: MCP server {server} exited or dropped the connection during the call; "
+        "it is being restarted"
+    ),
+    "mcp_refused": (_K.RAISED, "tool {tool!r}: MCP server {server} refused the call: error {code}: {message}"),
 })
 """Situation -> ``(kind, template)``: every model-visible error text of the runtime.
 Templates are ``str.format`` strings; ``{tool!r}`` is the tool's name."""
@@ -147,7 +161,10 @@ def result_from_exception(
     call_id: str, name: str, exc: BaseException, max_chars: int, duration_ms: float
 ) -> ToolResult:
     """A ``raised`` result for an ``Exception``, ``exited`` for any other ``BaseException``;
-    the text (``tool 'x' raised ValueError: ...``) is capped at ``max_chars`` characters."""
+    the text (``tool 'x' raised ValueError: ...``) is capped at ``max_chars`` characters.
+    A :class:`~rho_actors.tool.ToolFailure` gives its own kind, with its message as the text."""
+    if isinstance(exc, ToolFailure):
+        return error_result(call_id, name, exc.kind, encode_output(str(exc), max_chars).text, duration_ms)
     if isinstance(exc, Exception):
         kind, verb = ErrorKind.RAISED, "raised"
     else:

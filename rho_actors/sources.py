@@ -17,10 +17,10 @@ others. Two sources come with the runtime:
   version is the distribution's version and the entry point's value.
 
 :func:`add_source` (``system.add_source(source)``) puts a source under a supervised
-:class:`SourceActor` (a ``permanent`` child of the system's ``sources`` supervisor,
-apart from the host's servers, DESIGN §6),
-which scans at once and then every ``poll_s`` seconds (a timer message to itself, no
-sleeping thread), and applies the difference to the system's registry:
+:class:`SourceActor` (a ``permanent`` child of the system's ``sources`` supervisor, apart
+from the host's servers, DESIGN §6), which scans at once and then every ``poll_s``
+seconds (a timer message to itself, no sleeping thread), and applies the difference to
+the system's registry:
 
 - a new key registers its tool (``untrusted=not trusted``: an untrusted tool's
   declaration is read in a throwaway process and its calls run in a worker process);
@@ -114,7 +114,8 @@ class Source(Protocol):
     ``scan()`` returns ``{key: (tool, version)}`` for every tool it serves now (a
     :class:`Broken` in place of a tool for a key it could not load). ``version`` is any
     value compared with ``==``; it must change when the tool's code changes. A scan may
-    raise: the last good set is kept.
+    raise: the last good set is kept. Optional (DESIGN §6b): ``attach(system)`` and ``detach()``
+    start and stop a source's own actors; ``contained = True`` registers its tools trusted.
     """
 
     name: str
@@ -517,10 +518,7 @@ class SourceActor(Actor):
         origin = f"{key} (source {self._label})"
         tools_version = self._system.tool_set().version
         try:
-            if self._trusted:
-                registration = self._system.register(entry.tool, origin=origin)
-            else:
-                registration = self._system.register(entry.tool, origin=origin, untrusted=True)
+            registration = self._system.register(entry.tool, origin=origin, untrusted=not self._trusted)
         except DuplicateToolError as err:  # tried again once the tool set has changed (a name may be free)
             self._failed(entry, str(err), retry=True)
             entry.retry_unless = tools_version
@@ -684,6 +682,8 @@ class SourceHandle:
                 sources.proxy().terminate_child(self.child_id).get(timeout=timeout_s)
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass
+        if callable(detach := getattr(self.source, "detach", None)):
+            detach()
 
     def __repr__(self) -> str:
         return f"<SourceHandle {self.name!r} {'alive' if self.alive else 'stopped'}>"
@@ -718,13 +718,12 @@ def add_source(
     child_id = f"source:{name}"
     if system.whereis(child_id) is not None:
         raise ValueError(f"a source named {name!r} is already added to this system")
+    trusted = trusted or getattr(source, "contained", False) is True  # stand-ins for code elsewhere
+    if callable(attach := getattr(source, "attach", None)):
+        attach(system)  # the source's own actors (DESIGN §6b)
     state = SourceState()
-    spec = ChildSpec(
-        child_id,
-        StartChild(SourceActor, (system, source, state, trusted, poll_s)),
-        restart="permanent",
-        name=child_id,
-    )
+    spec = ChildSpec(child_id, StartChild(SourceActor, (system, source, state, trusted, poll_s)),
+                     restart="permanent", name=child_id)
     sources = system.whereis(_SOURCES)
     if sources is None:
         raise RuntimeError("the system's sources supervisor is not running: the system has stopped")

@@ -8,7 +8,8 @@ each node has its strategy and intensity)::
     ├── registry            ToolRegistry          permanent  tools; publishes the tool set
     ├── calls               Supervisor            permanent  CallActors: temporary
     ├── workers             IsolationOwner        permanent  the isolations: processes for ``process`` isolation
-    ├── sources             Supervisor, I         permanent  SourceActors (add_source): permanent
+    ├── sources             Supervisor, I         permanent  SourceActors (add_source): permanent;
+    │                                                        a source's own subtrees: temporary
     ├── sessions            Supervisor            permanent  one subtree per session: temporary
     │   └── <session id>    Supervisor, I, auto_shutdown     the session's own children
     │       └── loop        LoopActor             transient, significant
@@ -45,7 +46,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
 from loguru import logger
@@ -345,7 +346,8 @@ class ActorSystem:
     # --- the host's own actors ------------------------------------------------------------
 
     def start_child(
-        self, spec: ChildSpec, *, max_restarts: int | None = None, max_seconds: float | None = None
+        self, spec: ChildSpec, *, max_restarts: int | None = None, max_seconds: float | None = None,
+        under: Literal["servers", "sources"] = "servers",
     ) -> pykka.ActorRef[Any]:
         """Start one of the host's actors (a stateful tool server, say) in its own
         subtree under ``servers``: a supervisor with this server's own restart intensity
@@ -355,8 +357,12 @@ class ActorSystem:
         :meth:`lookup` raises naming why, and the other servers, sources and sessions
         go on. With ``spec.name`` it can be found with :meth:`whereis` (and from a tool,
         with ``ctx["whereis"]``). Returns its ref (it follows no restart: use
-        :meth:`whereis`). Raises ``ValueError`` when a running actor holds
-        ``spec.name``, and ``RuntimeError`` naming the child's start error."""
+        :meth:`whereis`). ``under="sources"`` puts the subtree under ``sources`` instead:
+        for a source's own actors (an MCP server's connection), the system's side of the
+        tree. Raises ``ValueError`` when a running actor holds ``spec.name`` or for
+        another ``under``, and ``RuntimeError`` naming the child's start error."""
+        if under not in (SERVERS, SOURCES):
+            raise ValueError(f"under must be {SERVERS!r} or {SOURCES!r}, got {under!r}")
         holder = self._names.whereis(spec.name) if spec.name is not None else None
         if holder is not None:
             raise ValueError(f"the name {spec.name!r} is held by {holder}")
@@ -367,11 +373,11 @@ class ActorSystem:
         child = spec if spec.restart == "permanent" else dataclasses.replace(spec, significant=True)
         server = ChildSpec(
             spec.id,
-            self._supervisor(f"server:{spec.id}", children=[child], auto_shutdown="any_significant", **intensity),
+            self._supervisor(f"{under[:-1]}:{spec.id}", children=[child], auto_shutdown="any_significant", **intensity),
             restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )
-        sup: pykka.ActorRef[Any] = self._whereis(SERVERS).proxy().start_child(server).get(timeout=self._ask_timeout_s)
+        sup: pykka.ActorRef[Any] = self._whereis(under).proxy().start_child(server).get(timeout=self._ask_timeout_s)
         [started] = which_children(sup, self._ask_timeout_s)
         assert started.ref is not None
         return started.ref
@@ -426,7 +432,8 @@ class ActorSystem:
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``callback(event)`` for every :class:`rho_actors.CallEvent`,
-        :class:`rho_actors.DeclarationEvent` and :class:`rho_actors.SupervisorEvent`
+        :class:`rho_actors.DeclarationEvent`, :class:`rho_actors.SupervisorEvent`,
+        :class:`rho_actors.ProgressEvent` and :class:`rho_actors.ToolSetChanged`
         (from actor threads: keep it quick). Returns a function that unsubscribes."""
         return self._events.subscribe(callback)
 

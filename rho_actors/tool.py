@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rho_actors.encoding import scrub_text
+from rho_actors.errors import RhoError
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
@@ -53,6 +54,7 @@ __all__ = [
     "Image",
     "Ok",
     "ToolCall",
+    "ToolFailure",
     "ToolInfo",
     "ToolResult",
     "concurrency",
@@ -185,6 +187,22 @@ class ErrorKind(enum.StrEnum):
 
 
 _RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED})
+
+
+class ToolFailure(RhoError):
+    """Raised by a tool's ``run`` for an error result of kind ``kind`` (instead of
+    ``raised``): a tool standing for one elsewhere (an MCP server's) reports
+    ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it. ``str(err)`` is
+    the text for the model (capped like any result's). Raises ``ValueError`` for a
+    ``kind`` that is not an :class:`ErrorKind` value. The result is built by
+    :func:`rho_actors.results.result_from_exception`."""
+
+    def __init__(self, kind: ErrorKind | str, message: str) -> None:
+        super().__init__(message)
+        self.kind = ErrorKind(kind)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by its two arguments (from a worker process)
+        return (type(self), (self.kind, str(self)))
 
 
 @dataclass(frozen=True, slots=True)

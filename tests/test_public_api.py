@@ -51,6 +51,7 @@ EXPORTED = [
     "Ok",
     "PluginFolder",
     "PluginLoadError",
+    "ProgressEvent",
     "PromptEvent",
     "PromptResult",
     "Registration",
@@ -74,9 +75,11 @@ EXPORTED = [
     "ToolCallFinished",
     "ToolCallStarted",
     "ToolEntry",
+    "ToolFailure",
     "ToolInfo",
     "ToolResult",
     "ToolSet",
+    "ToolSetChanged",
     "TranscriptError",
     "UntrustedReads",
     "Usage",
@@ -130,7 +133,7 @@ def test_each_name_is_importable_and_documented(name: str) -> None:
 @pytest.mark.parametrize(
     "name",
     ["ArgumentsError", "DeclarationError", "DuplicateToolError", "IsolatedReadError", "LoadError",
-     "PluginLoadError", "TranscriptError"],
+     "PluginLoadError", "ToolFailure", "TranscriptError"],
 )
 def test_the_runtime_exceptions_derive_from_rho_error(name: str) -> None:
     assert issubclass(getattr(rho_actors, name), rho_actors.RhoError)
