@@ -31,6 +31,7 @@ __all__ = [
     "DeclarationEvent",
     "EventBus",
     "EventKind",
+    "IsolationEvent",
     "ProgressEvent",
     "SupervisorEvent",
     "SupervisorEventKind",
@@ -51,6 +52,16 @@ class CallEvent:
     tool: str
     outcome: str | None = None
     duration_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationEvent:
+    """An isolation's state changed for a tool: ``kind`` ``"threads_exhausted"`` (its
+    calls are ``unavailable``: ``detail`` says why) or ``"threads_recovered"``."""
+
+    kind: str
+    tool: str
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +90,7 @@ class ToolSetChanged:
     version: int
 
 
-Event = Union["CallEvent", "DeclarationEvent", "ProgressEvent", "SupervisorEvent", "ToolSetChanged"]
+Event = Union["CallEvent", "DeclarationEvent", "IsolationEvent", "ProgressEvent", "SupervisorEvent", "ToolSetChanged"]
 
 
 class EventBus:
@@ -109,6 +120,8 @@ class EventBus:
             pass  # the supervisor logged it already (it reports without a bus, too)
         elif isinstance(event, DeclarationEvent):
             logger.info("declaration of {}: {} {}", event.tool, event.kind, event.reason or "")
+        elif isinstance(event, IsolationEvent):
+            logger.info("tool {}: {} {}", event.tool, event.kind, event.detail)
         elif isinstance(event, (ProgressEvent, ToolSetChanged)):
             pass  # frequent, or logged by its cause: not logged here
         elif event.kind == "timed_out":

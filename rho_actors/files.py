@@ -3,7 +3,9 @@
 Every folder below a root (a system's ``data_dir``) is walked one component at a time
 with ``O_NOFOLLOW | O_DIRECTORY`` relative to its parent's descriptor (``openat``), so a
 symlink anywhere on the path is refused, not followed, and nothing is created or written
-outside the root. Folders created here get mode ``0o700``. A file is opened with
+outside the root. Each folder walked below the root is made (or tightened to) mode
+``0o700``, whatever the umask: session folders hold transcripts, and confined workers run
+as another user. A file is opened with
 ``O_NOFOLLOW | O_NONBLOCK`` after an ``lstat`` of its name, and must be a regular file
 (checked again with ``fstat`` on the descriptor): a FIFO, a device, a socket or a folder
 in its place is refused at once, never opened in a way that waits.
@@ -55,17 +57,24 @@ def _open_child_dir(parent_fd: int, part: str, where: Path, create: bool) -> int
         except FileExistsError:
             pass
     try:
-        return os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             found = os.stat(part, dir_fd=parent_fd, follow_symlinks=False)
             raise UnsafePathError(f"{where} is {_kind(found.st_mode)}, not a folder") from None
         raise
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o700:
+            os.fchmod(fd, 0o700)  # on the descriptor: no path, so no symlink, in between
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def private_dir(root: str | Path, *parts: str, create: bool = True) -> Path:
-    """The folder ``root/parts[0]/parts[1]/...``, each part a real folder (created with
-    mode ``0o700`` when missing and ``create``). ``root`` itself is the caller's choice
+    """The folder ``root/parts[0]/parts[1]/...``, each part a real folder of mode
+    ``0o700`` (created when missing and ``create``; tightened when looser). ``root`` itself is the caller's choice
     and is created (with its parents) when missing. Returns the path.
 
     Raises :class:`UnsafePathError` when a part is a symlink or not a folder,

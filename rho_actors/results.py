@@ -105,6 +105,22 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.MEMORY, "tool {tool!r} ran out of memory: it exceeded its worker's heap bound of {heap} (MemoryError)"
     ),
     "worker_crashed": (_K.CRASHED, "tool {tool!r} crashed: its worker process died of {signal}"),
+    "killed_outside": (
+        _K.CRASHED, "tool {tool!r} crashed: its worker process was killed by {signal}, sent from outside the pool"
+    ),
+    "memory_tree": (
+        _K.MEMORY, "tool {tool!r} ran out of memory: its process tree reached its bound of {heap} ({bound}) "
+        "and was killed"
+    ),
+    "memory_thread": (_K.MEMORY, "tool {tool!r} ran out of memory (MemoryError in its thread)"),
+    "queued_past_deadline": (
+        _K.TIMEOUT, "tool {tool!r} did not finish within its timeout of {timeout_ms} ms; it did not start: "
+        "all {cap} worker processes of the system were busy"
+    ),
+    "threads_exhausted": (
+        _K.UNAVAILABLE, "tool {tool!r} is unavailable for now: {running} of its calls that timed out are still "
+        "running in abandoned threads (the cap is {cap} {scope}); it is offered again once they end"
+    ),
     "worker_exited": (
         _K.EXITED, "tool {tool!r} exited: its worker process ended with exit code {code} before answering"
     ),

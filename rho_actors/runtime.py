@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rho_actors.otp.supervisor import Spares
     from rho_actors.otp.timers import Timers
     from rho_actors.registry import ToolSetView
+    from rho_actors.sandbox.enclosure import ConfinePolicy
     from rho_actors.telemetry import Telemetry
 
 __all__ = ["Limits", "Runtime"]
@@ -42,8 +43,9 @@ class Runtime:
     """A system's shared services: ``names`` (the registry of named actors, which follows
     restarts), ``timers``, ``events`` (the event bus), ``tools`` (the published tool set),
     ``calls`` (spare CallActors), ``isolations`` by name, ``limits``, ``untrusted``
-    (how untrusted declarations are read) and ``telemetry`` (OpenTelemetry spans and
-    metrics, see :mod:`rho_actors.telemetry`)."""
+    (how untrusted declarations are read), ``telemetry`` (OpenTelemetry spans and
+    metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
+    untrusted code are confined; ``None``: not at all, only a scrubbed environment)."""
 
     names: Names
     timers: Timers
@@ -54,3 +56,4 @@ class Runtime:
     limits: Limits
     untrusted: UntrustedReads
     telemetry: Telemetry
+    confine: ConfinePolicy | None = None

@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import tempfile
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pykka
 from loguru import logger
 
+from rho_actors import confinement as _confinement
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.call import CallActor
 from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState, UntrustedReads
@@ -66,8 +68,18 @@ from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.names import Names
 from rho_actors.otp.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor, which_children
 from rho_actors.otp.timers import Timers
-from rho_actors.registry import IsolationName, Registration, RegistryState, ToolRegistry, ToolSet, ToolSetView
+from rho_actors.registry import (
+    IsolationName,
+    Registration,
+    RegistryState,
+    ToolRegistry,
+    ToolSet,
+    ToolSetView,
+    make_placement,
+)
 from rho_actors.runtime import Limits, Runtime
+from rho_actors.sandbox.enclosure import ConfinePolicy
+from rho_actors.sandbox.processes import hold_servers, release_servers
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
 
@@ -77,6 +89,12 @@ if TYPE_CHECKING:
     from rho_actors.sources import Source, SourceHandle
 
 __all__ = ["ActorSystem"]
+
+
+def _identity(base: _confinement.Confinement) -> tuple[int, int]:
+    uid = base.uid if base.uid is not None else _confinement.DEFAULT_UID
+    return uid, base.gid if base.gid is not None else uid
+
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
 REGISTRY, CALLS, WORKERS, ROOT = "registry", "calls", "workers", "root"
@@ -103,6 +121,18 @@ class ActorSystem:
     ``tracing`` turns OpenTelemetry spans and metrics off (``False``) or sets how they are
     recorded (a :class:`rho_actors.Telemetry`); they go to the host's global providers
     (see :mod:`rho_actors.telemetry`).
+
+    Untrusted workers are confined (DESIGN §5 "Confinement"; :meth:`stats` says which
+    mechanisms are active here): ``confinement`` is the
+    :class:`rho_actors.confinement.Confinement` each starts from (default: drop to
+    ``nobody`` when the host is root, Landlock, process/file/core limits; pass
+    ``Confinement(uid=None, gid=None)`` to keep the host's uid, or ``False`` for no OS
+    confinement at all: children then only get a scrubbed environment). ``max_workers``
+    caps the worker processes of the whole system (default: 4 per core); calls beyond it
+    wait, within their deadline. ``worker_idle_s`` is how long an untrusted tool's idle
+    worker is kept for its (tool, session) pair (seconds). ``abandoned_threads_per_tool``
+    and ``abandoned_threads`` cap the threads of timed-out ``thread`` calls still running:
+    past either, that tool's calls are ``unavailable`` until its threads end.
     """
 
     def __init__(
@@ -119,11 +149,17 @@ class ActorSystem:
         untrusted: UntrustedReads | None = None,
         warm_workers: int = 2,
         tracing: bool | Telemetry = True,
+        confinement: _confinement.Confinement | bool | None = None,
+        max_workers: int | None = None,
+        worker_idle_s: float = 30.0,
+        abandoned_threads_per_tool: int = 8,
+        abandoned_threads: int = 64,
     ) -> None:
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._sessions_dir = (self.data_dir / "sessions").resolve()
+        _confinement.make_session_dir(str(self._sessions_dir))
         self._tools = ToolSetView()
         self._names = Names()
         self._timers = Timers()
@@ -138,19 +174,33 @@ class ActorSystem:
         self._call_spares = Spares(  # CallActor.start, not start_link: it has no on_start to wait for
             ChildSpec("call", CallActor.start, restart="temporary", shutdown=shutdown_ms), spare_calls
         )
+        if confinement is None or confinement is True:
+            uid, gid = _confinement.default_identity()
+            confinement = _confinement.Confinement(uid=uid, gid=gid)
+        base = confinement or _confinement.Confinement()
+        self._confine = ConfinePolicy(base, confine=confinement is not False, exclude=(str(self.data_dir.resolve()),))
+        if self._confine.confine:
+            _confinement.warn_if_unconfined()
+        events = EventBus()
         services = IsolationServices(
-            self._call_spares, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method
+            self._call_spares, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method,
+            max_workers=max_workers if max_workers is not None else 4 * (os.cpu_count() or 1),
+            confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
+            threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
         )
+        hold_servers()
+        self._holding = True
         self._runtime = Runtime(
             names=self._names,
             timers=self._timers,
-            events=EventBus(),
+            events=events,
             tools=self._tools,
             calls=self._call_spares,
             isolations=start_isolations(services),
             limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
             untrusted=self._untrusted,
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
+            confine=self._confine,
         )
         self._events = self._runtime.events
         self._telemetry = self._runtime.telemetry
@@ -210,7 +260,8 @@ class ActorSystem:
 
     def register(
         self, tool: Any, *, origin: str | None = None, untrusted: bool = False,
-        isolation: IsolationName | None = None,
+        isolation: IsolationName | None = None, env: dict[str, str] | None = None, deps: dict[str, Any] | None = None,
+        worker_scope: str | None = None,
     ) -> Registration:
         """Register a tool (a module, class or object with the callbacks of DESIGN §2).
         Its declaration is read and checked once; one that fails is left out of what
@@ -229,19 +280,28 @@ class ActorSystem:
         No code of an untrusted tool runs in this process: not even an attribute lookup
         (a missing callback shows in its declaration check, or as the call's error).
 
+        For untrusted tools only (DESIGN §5): ``env`` (str -> str) is added to its
+        workers' scrubbed environment (which holds only ``PATH``, ``LANG``, ``LC_*``,
+        ``TZ``, and ``HOME``/``TMPDIR`` set to a private folder); ``deps`` (plain JSON data,
+        default ``{}``) is its calls' ``ctx["deps"]``: the session's ``deps`` never reach
+        it; ``worker_scope`` is ``"session"`` (default: a worker process serves one
+        (tool, session) pair only) or ``"call"`` (a fresh worker process per call).
+
         Raises ``TypeError`` when a trusted ``tool`` lacks a required callback,
-        ``ValueError`` for an unknown isolation, :class:`rho_actors.DuplicateToolError`
+        ``ValueError`` for an unknown isolation or a bad ``env``/``deps``/``worker_scope``
+        (or any of them for a trusted tool), :class:`rho_actors.DuplicateToolError`
         when another registered tool has its name, and ``RuntimeError`` when the system
         stops while an untrusted declaration is being read.
         """
         if isolation is not None and isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
         untrusted = untrusted or is_untrusted(tool)
+        placement = make_placement(untrusted, worker_scope, env, deps)
         missing = [] if untrusted else missing_callbacks(tool)
         if missing:
             raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
         registry = self._whereis(REGISTRY).proxy()
-        answer = registry.register(tool, origin, untrusted, isolation).get(timeout=self._ask_timeout_s)
+        answer = registry.register(tool, origin, untrusted, isolation, placement).get(timeout=self._ask_timeout_s)
         if isinstance(answer, Registration):
             return answer
         registration: Registration = answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)
@@ -289,8 +349,10 @@ class ActorSystem:
         ``data_dir/sessions/<session_id>``; it must match
         ``[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}`` without ``..``, so it cannot escape
         ``data_dir`` (``ValueError`` otherwise, and also when a loop of that session is
-        running). ``withheld`` names tools this loop does not offer; ``deps`` reaches
-        every call as ``ctx["deps"]``. Raises ``RuntimeError`` once the system has stopped.
+        running). The folder is created with mode ``0700``. ``withheld`` names tools this
+        loop does not offer; ``deps`` reaches every call of a trusted tool as
+        ``ctx["deps"]`` (untrusted tools get the ``deps`` given to :meth:`register`).
+        Raises ``RuntimeError`` once the system has stopped.
         """
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
@@ -305,7 +367,7 @@ class ActorSystem:
         running = self._names.whereis(loop_name(session_id))
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
-        try:  # each component a real folder, no symlink followed, created 0700
+        try:  # each component a real folder, no symlink followed, each 0700 (tightened if looser)
             session_dir = private_dir(self.data_dir, "sessions", session_id)
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
@@ -338,10 +400,12 @@ class ActorSystem:
     def selftest(self, timeout_s: float = 10.0) -> list[SelftestRow]:
         """Run every offered tool's ``selftest()`` in a throwaway process with its working
         directory, ``TMPDIR`` and ``HOME`` in a fresh temp folder, each within
-        ``timeout_s`` seconds. See :func:`rho_actors.selftest.run_selftests`."""
+        ``timeout_s`` seconds; an untrusted tool's is confined as its workers are (scrubbed
+        environment, its whole process tree killed after it). See
+        :func:`rho_actors.selftest.run_selftests`."""
         from rho_actors.selftest import selftest_system
 
-        return selftest_system(self, timeout_s)
+        return selftest_system(self, timeout_s, confine=self._confine)
 
     # --- the host's own actors ------------------------------------------------------------
 
@@ -461,12 +525,43 @@ class ActorSystem:
         self._observers.append(observer)
         return observer
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """Counters: ``abandoned_threads_running`` (thread calls cancelled at their
         deadline or at a stop whose thread has not returned yet),
-        ``abandoned_threads_total``, and the worker pool's as ``workers_<name>`` (see
-        :meth:`rho_actors.sandbox.WorkerPool.stats`): each isolation's counters."""
-        return {k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()}
+        ``abandoned_threads_total``, the worker pools' as ``workers_<name>`` and
+        ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`),
+        ``workers_cap``: each isolation's counters. ``confinement``: what confines
+        untrusted workers here: ``{"active": [mechanism...], "memory_bound": "cgroup" |
+        "sampler" | "none", "uid": int | None, "trusted_process": {"tree_kill": bool,
+        "memory_bound": "cgroup" | "sampler" | "rlimit_as"}, <mechanism>: {"available",
+        "reason"}}`` (see :func:`rho_actors.confinement.probe`)."""
+        out: dict[str, Any] = {
+            k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
+        }
+        out["confinement"] = self._confinement_stats()
+        return out
+
+    def _confinement_stats(self) -> dict[str, Any]:
+        policy = self._confine
+        found = _confinement.probe(*_identity(policy.base))
+        info: dict[str, Any] = found.as_dict()
+        active = ["environment", "private_dir"]
+        if policy.confine:
+            active += ["pdeathsig", "subreaper", "rlimits", "no_new_privs", "worker_cap"]
+            if found.identity is None and policy.base.uid is not None:
+                active.append("identity")
+            if found.landlock is None and policy.base.landlock:
+                active.append("landlock")
+            if found.cgroup is None:
+                active.append("cgroup")
+        info["active"] = active
+        info["memory_bound"] = ("cgroup" if found.cgroup is None else "sampler") if policy.confine else "none"
+        info["uid"] = policy.base.uid if policy.confine and found.identity is None else None
+        info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else
+            {"tree_kill": True, "memory_bound": "cgroup" if found.cgroup is None else "sampler"} if policy.confine
+            else {"tree_kill": False, "memory_bound": "rlimit_as"}
+        )
+        return info
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -492,6 +587,9 @@ class ActorSystem:
             logger.error("the actor system did not stop within {} s", timeout_s)
         self._closed()
         self._timers.stop()
+        if self._holding:
+            self._holding = False
+            release_servers()
         if self._own_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
         running = self.stats().get("abandoned_threads_running", 0)

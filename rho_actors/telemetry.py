@@ -187,11 +187,11 @@ class Telemetry:
         self.record_content = record_content
         self.max_content_chars = max_content_chars
         self.labels: dict[str, str] = {}
-        self._stats: Callable[[], dict[str, int]] | None = None
+        self._stats: Callable[[], dict[str, Any]] | None = None
 
     # --- wiring -------------------------------------------------------------------------
 
-    def bind(self, system_id: str, stats: Callable[[], dict[str, int]]) -> None:
+    def bind(self, system_id: str, stats: Callable[[], dict[str, Any]]) -> None:
         """Report the observable metrics of a system (its ``stats()``) as ``rho_actors.system.id``."""
         self.labels = {"rho_actors.system.id": system_id}
         self._stats = stats

@@ -27,6 +27,17 @@ def test_session_folders_are_created_0700(system: ActorSystem) -> None:
     assert loop.data_dir == system.data_dir / "sessions" / "s1"
 
 
+def test_a_looser_session_folder_is_tightened_to_0700(system: ActorSystem) -> None:
+    loose = system.data_dir / "sessions" / "loose"
+    loose.mkdir(parents=True, exist_ok=True)
+    loose.chmod(0o755)
+    (system.data_dir / "sessions").chmod(0o777)
+    loop = system.start_loop("loose")
+    assert loop.data_dir == loose
+    assert stat.S_IMODE(os.lstat(loose).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(system.data_dir / "sessions").st_mode) == 0o700
+
+
 def test_a_symlinked_session_folder_is_refused_and_nothing_is_written_outside(
     system: ActorSystem, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -24,7 +24,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
-from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
 from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
 
@@ -56,6 +56,7 @@ _EXIT_GRACE_S: Final = 1.0
 _REAP_TIMEOUT_S: Final = 5.0
 _CANCEL_POLL_S: Final = 0.05
 """How often a declaration read looks at its ``cancel`` event, in seconds."""
+_UNCONFINED: Final = ConfinePolicy(confine=False)
 
 
 class IsolatedReadError(RhoError):
@@ -189,6 +190,7 @@ def read_declaration_isolated(
     heap_bytes: int = DEFAULT_HEAP_BYTES,
     start_method: str = "forkserver",
     cancel: threading.Event | None = None,
+    confine: ConfinePolicy | None = None,
 ) -> dict[str, Any]:
     """Read an untrusted tool's declaration callbacks in a fresh, throwaway child process.
 
@@ -197,7 +199,10 @@ def read_declaration_isolated(
     ``heap_bytes`` (``RLIMIT_AS``, bytes; ``0`` for no bound), calls ``name``,
     ``description``, ``parameter_schema``, ``timeout_ms`` and ``concurrency`` (those the
     tool has) with :func:`rho_actors.declarations.read_declaration`, and answers with
-    JSON text only. ``timeout_s`` (seconds) counts from the child's start.
+    JSON text only. ``timeout_s`` (seconds) counts from the child's start. The child is
+    confined by ``confine`` as an untrusted worker is (DESIGN §5: its own uid, Landlock,
+    limits, a cgroup bounding its whole tree to ``heap_bytes``); with ``None`` it is not,
+    but it still gets only a scrubbed environment and a private ``HOME``/``TMPDIR``.
 
     Returns ``{callback_name: payload}`` for each callback present, where ``payload`` is
     ``{"raised": "TypeName: message"}`` when the callback raised (any
@@ -216,7 +221,8 @@ def read_declaration_isolated(
     not be pickled here or unpickled there) or ``"cancelled"`` (``cancel`` was set: the
     child's process group was killed; it is looked at every 50 ms). Raises ``ValueError`` for a bad
     ``start_method`` (``"forkserver"`` or ``"spawn"``). The child is always reaped and
-    its process group killed: nothing it started is left running.
+    its whole process tree killed: nothing it started is left running (a ``setsid``
+    escape included, by its cgroup or while the child still lives).
     """
     try:
         _, payload = ship(tool)
@@ -224,17 +230,22 @@ def read_declaration_isolated(
         message = f"{label(tool)} could not be shipped to a child process: {exc}"
         raise IsolatedReadError("unpicklable", message) from None
     ctx = context(start_method)
+    enclosure = Enclosure(confine or _UNCONFINED, heap_bytes or None)
     try:
-        child = spawn(ctx, declaration_child, payload, ChildSetup(heap_bytes), name="rho-declaration-read")
-    except Exception as exc:
-        raise IsolatedReadError(
-            "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
-            f"{describe_exception(exc)}"
-        ) from None
-    try:
-        frame = _await_answer(child, tool, timeout_s, heap_bytes, cancel)
+        try:
+            child = spawn(ctx, declaration_child, payload, enclosure.setup, name="rho-declaration-read")
+        except Exception as exc:
+            raise IsolatedReadError(
+                "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
+                f"{describe_exception(exc)}"
+            ) from None
+        enclosure.started(child.pid)
+        try:
+            frame = _await_answer(child, tool, timeout_s, heap_bytes, cancel, enclosure)
+        finally:
+            close(child.proc, child.channel.conn)
     finally:
-        close(child.proc, child.channel.conn)
+        enclosure.remove()  # what is left of its tree (its cgroup), its private folder
     try:
         answer = wire.decode_json(frame)
     except wire.WireError as exc:
@@ -259,17 +270,18 @@ def read_declaration_isolated(
         ) from None
 
 
-def _end(proc: Any) -> None:
-    """Kill a declaration child's whole process group and reap it."""
+def _end(proc: Any, enclosure: Enclosure) -> None:
+    """Kill a declaration child's whole process tree and reap it."""
+    enclosure.kill()
     kill_group(proc.pid)
     reap(proc, _REAP_TIMEOUT_S)
 
 
 def _await_answer(
     child: Child, tool: Any, timeout_s: float, heap_bytes: int | None,
-    cancel: threading.Event | None = None,
+    cancel: threading.Event | None, enclosure: Enclosure,
 ) -> bytes:
-    """The child's answer frame. In every case the child is reaped and its process group
+    """The child's answer frame. In every case the child is reaped and its process tree
     killed (what a callback started dies with it)."""
     proc, channel = child.proc, child.channel
     deadline = time.monotonic() + timeout_s
@@ -288,18 +300,18 @@ def _await_answer(
                 if time.monotonic() >= deadline:
                     raise
     except _Cancelled:
-        _end(proc)
+        _end(proc, enclosure)
         raise IsolatedReadError(
             "cancelled", f"reading the declaration of {label(tool)} was cancelled; its process group was killed"
         ) from None
     except DeadlineReached:
-        _end(proc)
+        _end(proc, enclosure)
         raise IsolatedReadError(
             "timeout", f"reading the declaration of {label(tool)} took longer than {timeout_s:g} s; "
             "its process group was killed"
         ) from None
     except Malformed as exc:
-        _end(proc)
+        _end(proc, enclosure)
         raise IsolatedReadError(
             "crashed", f"the declaration read of {label(tool)} sent a malformed answer ({exc})"
         ) from None
@@ -314,9 +326,11 @@ def _await_answer(
             ) from None
         raise _read_ended(tool, code, heap_bytes) from None
     except BaseException:
-        _end(proc)
+        _end(proc, enclosure)
         raise
-    # Answered: the child is on its way out; kill whatever it leaves behind in its group.
+    # Answered: the child is on its way out; kill whatever it leaves behind in its tree.
+    if proc.exitcode is None:
+        enclosure.kill()
     kill_group(proc.pid, leader=proc.exitcode is None)
     reap(proc, _REAP_TIMEOUT_S)
     return frame
