@@ -44,7 +44,7 @@ from rho_actors.isolation import RunningCall
 from rho_actors.loop_messages import CallDone, CancelTurn, Offered, Running, RunTurn, SetWithheld
 from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
-from rho_actors.results import error_result, failure, text
+from rho_actors.results import capped, error_result, failure, text
 from rho_actors.telemetry import CallSpan, Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
@@ -160,7 +160,7 @@ class LoopActor(Actor):
                     logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
                     refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
                 if refusal is not None:
-                    slot.result = refusal
+                    refusal = slot.result = capped(refusal, self._limits.max_output_chars)  # refusals are capped too
                     self._telemetry.call_refused(turn.trace_context, self.session_id, refusal, slot.call.arguments)
                     self._emit("finished", slot, refusal)
                 else:

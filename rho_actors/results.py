@@ -5,7 +5,8 @@ Every error result a model sees is written here: :data:`TEXTS` maps a situation 
 key such as ``"timeout"``) to its :class:`~rho_actors.tool.ErrorKind` and the
 template of its text, and :func:`failure` fills one in. The per-violation texts of
 argument checks live with those checks (:mod:`rho_actors.arguments`) and reach a
-result through :func:`error_result`.
+result through :func:`error_result`. Like a tool's output, a refusal's text is held to
+the output cap by :func:`capped`.
 
 Example::
 
@@ -17,11 +18,12 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from rho_actors.encoding import describe_exception, encode_output
+from rho_actors.encoding import cap_text, describe_exception, encode_output
 from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolFailure, ToolResult
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "KILLED",
     "SENT_CANCEL",
     "TEXTS",
+    "capped",
     "error_result",
     "failure",
     "result_from_exception",
@@ -160,6 +163,14 @@ def failure(key: str, call_id: str, name: str, duration_ms: float = 0.0, **field
 def error_result(call_id: str, name: str, kind: ErrorKind, message: str, duration_ms: float = 0.0) -> ToolResult:
     """An error :class:`ToolResult` with ``message`` as the model's text."""
     return ToolResult(call_id, name, False, message, kind, None, (), duration_ms)
+
+
+def capped(result: ToolResult, max_chars: int) -> ToolResult:
+    """``result`` with its text cut to ``max_chars`` characters behind the size notice
+    of :func:`~rho_actors.encoding.cap_text` (the output cap every result text obeys),
+    for results the runtime builds itself: a refusal echoing long names or values."""
+    content, truncated = cap_text(result.content, max_chars)
+    return dataclasses.replace(result, content=content) if truncated else result
 
 
 def result_from_exception(

@@ -59,6 +59,7 @@ from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, Declara
 from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, describe_origin
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
+from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.isolation import ISOLATIONS, IsolationOwner, IsolationServices, start_isolations
 from rho_actors.loop import Loop, withheld_names
 from rho_actors.loop_actor import LoopActor
@@ -376,7 +377,9 @@ class ActorSystem:
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
         session_id = session_id if session_id is not None else uuid.uuid4().hex
-        if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id) or ".." in session_id:
+        if isinstance(session_id, str):
+            session_id = str.__str__(session_id)  # an exact copy: a subclass's methods cannot lie
+        if type(session_id) is not str or not _SESSION_ID.fullmatch(session_id) or ".." in session_id:
             raise ValueError(
                 f"session id {session_id!r} is not allowed: use 1-128 of A-Z a-z 0-9 _ . @ : -, "
                 "starting with a letter, digit or _, and no '..'"
@@ -384,8 +387,10 @@ class ActorSystem:
         running = self._names.whereis(loop_name(session_id))
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
-        session_dir = self._sessions_dir / session_id  # the pattern admits no separator and no ".."
-        _confinement.make_session_dir(str(session_dir))
+        try:  # each component a real folder, no symlink followed, each 0700 (tightened if looser)
+            session_dir = private_dir(self.data_dir, "sessions", session_id)
+        except UnsafePathError as exc:
+            raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(
             session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
             runtime=self._runtime,

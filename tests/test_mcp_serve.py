@@ -69,7 +69,7 @@ def test_stdio_list_call_and_every_error_kind(tmp_path: Path) -> None:
                 assert not ok.is_error and _text(ok) == "3"
 
                 bad = await session.call_tool("add", {"a": "one"})
-                assert bad.is_error and "$.a: 'one' is not of type 'integer'" in _text(bad)
+                assert bad.is_error and '$.a: "one" is not of type "integer"' in _text(bad)
                 unknown = await session.call_tool("nope", {})
                 assert unknown.is_error and "unknown tool 'nope'" in _text(unknown)
                 timeout = await session.call_tool("slow", {})

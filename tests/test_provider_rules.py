@@ -23,6 +23,7 @@ from rho_actors.providers.anthropic import AnthropicModel, to_anthropic_request
 from rho_actors.providers.openai import OpenAIModel, to_openai_messages
 from rho_actors.tool import ErrorKind, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, read_records
+from tests.helpers import unchecked_image
 from tests.wire_server import (
     ANTHROPIC_PATH,
     OPENAI_PATH,
@@ -223,7 +224,7 @@ def conversations() -> list[list[Message]]:
         [Message("other", "?"), Message.system("  "), Message.user("x")],  # type: ignore[arg-type]
         [Message.user("x"), Message.assistant("", [ToolCall("c", "snap", "{}")]),
          Message.tool_result(ToolResult("c", "snap", True, "", images=(Image(b"\x00" * 10, "IMAGE/PNG"),
-                                                                      Image("no bytes", "image/png"))))],  # type: ignore[arg-type]
+                                                                      unchecked_image("no bytes", "image/png"))))],
     ]
 
 

@@ -26,6 +26,7 @@ from rho_actors.providers import ModelError, RetryPolicy, model_from_spec
 from rho_actors.providers.anthropic import AnthropicModel
 from rho_actors.providers.openai import LOCAL_API_KEY, OpenAIModel
 from rho_actors.tool import ErrorKind, ToolResult
+from tests.helpers import unchecked_image
 from tests.wire_server import (
     ANTHROPIC_PATH,
     OPENAI_PATH,
@@ -394,7 +395,7 @@ def test_anthropic_pictures_are_image_blocks_inside_the_tool_result(server: Wire
         Message.user("look"),
         Message.assistant("", [ToolCall("s1", "snap", {}), ToolCall("s2", "snap", {})]),
         ok("s1", "snap", "the screen", (Image(PNG, "image/png"),)),
-        ok("s2", "snap", "", (Image(b"BM..", "image/bmp"), Image(JPEG, "image/jpeg"))),
+        ok("s2", "snap", "", (unchecked_image(b"BM..", "image/bmp"), Image(JPEG, "image/jpeg"))),
     ]
 
     claude.complete(conversation, [])

@@ -132,10 +132,19 @@ def test_each_name_is_importable_and_documented(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["DeclarationError", "DuplicateToolError", "IsolatedReadError", "LoadError", "PluginLoadError", "ToolFailure"],
+    ["ArgumentsError", "DeclarationError", "DuplicateToolError", "IsolatedReadError", "LoadError",
+     "PluginLoadError", "ToolFailure", "TranscriptError"],
 )
 def test_the_runtime_exceptions_derive_from_rho_error(name: str) -> None:
     assert issubclass(getattr(rho_actors, name), rho_actors.RhoError)
+
+
+def test_the_python_kinds_of_the_runtime_exceptions_stay() -> None:
+    from rho_actors.files import UnsafePathError
+
+    assert issubclass(UnsafePathError, rho_actors.RhoError) and issubclass(UnsafePathError, OSError)
+    assert issubclass(rho_actors.ArgumentsError, ValueError)
+    assert issubclass(rho_actors.DeclarationError, ValueError)
 
 
 def test_a_rho_error_is_caught_as_one() -> None:
