@@ -8,10 +8,15 @@ that holds the GIL; a crash, an exit or running out of memory is an error result
 never touches the caller or a sibling call. The worker's side is
 :mod:`rho_actors.sandbox.worker`.
 
-Trust: this isolation contains faults (crashes, hangs, runaway memory), not malice. A
-worker's result comes back in its result codec, today pickled (``details`` may be any
-picklable object), so a tool that deliberately forges its worker's reply can run code in
-the host when the host unpickles it.
+Replies: a worker's result comes back in its result codec (a property of the pool,
+see :mod:`rho_actors.sandbox.wire`): ``"plain"`` by default, msgpack of plain data
+checked field by field, so nothing a worker sends can run code in the host; ``"pickle"``
+(any picklable ``details``) for trusted tools only. Any frame that breaks the protocol
+(an unknown tag, a control frame with a body, a second ``READY`` or ``NEED_TOOL``, a
+frame over :data:`~rho_actors.sandbox.wire.MAX_REPLY_BYTES`, a result its codec
+refuses) gets the worker killed and replaced, and the call a ``crashed`` result naming
+the violation; a worker that sends anything more after its reply is killed before it
+serves again.
 
 Example::
 
@@ -111,14 +116,16 @@ class WorkerPool:
     ``"forkserver"`` (or ``"spawn"``). A call takes an idle worker or, when none is
     idle, starts one of its own (calls never queue behind each other); afterwards the
     worker goes back to the idle set, or is stopped when ``warm`` are idle already. A
-    worker killed at a deadline or found dead is replaced in the background.
+    worker killed at a deadline or found dead is replaced in the background. ``codec``
+    is how results come back: ``"plain"`` (plain data only; required for untrusted
+    code) or ``"pickle"`` (trusted tools only: decoding a pickle runs code).
 
-    Raises ``ValueError`` for a negative ``warm`` or a bad ``start_method``.
+    Raises ``ValueError`` for a negative ``warm``, a bad ``start_method`` or ``codec``.
     """
 
     def __init__(
         self, warm: int = 2, *, heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver",
-        codec: str = "pickle",
+        codec: str = "plain",
     ) -> None:
         if warm < 0:
             raise ValueError(f"warm must be >= 0, not {warm}")
@@ -247,9 +254,7 @@ class WorkerPool:
             self._lose(worker, "killed")
             raise
         self._release(worker, retire)
-        if isinstance(result, ToolResult):
-            return replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
-        return failed("unreadable_reply", problem=result)
+        return replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Kill every worker's process group and reap the workers, waiting up to
@@ -405,28 +410,31 @@ class WorkerPool:
 
     def _exchange(
         self, worker: _Worker, request: wire.CallRequest, tool_bytes: bytes, deadline: float
-    ) -> tuple[ToolResult | str, bool]:
+    ) -> tuple[ToolResult, bool]:
         """Wait for the reply to the call just sent, until ``deadline``: ``(result,
-        retire)``, the result being the text of an error when it could not be decoded.
-        Raises ``DeadlineReached``, ``EOFError`` or ``Malformed``."""
+        retire)``. Raises ``DeadlineReached``, ``EOFError`` or ``Malformed`` (a protocol
+        violation: an unexpected or oversized frame, a result its codec refuses)."""
         digest = request.digest
+        asked = greeted = False
         while True:
-            tag, body = worker.channel.recv(deadline)
-            if tag == wire.READY:
+            tag, body = worker.channel.recv(deadline, wire.MAX_REPLY_BYTES)
+            if tag == wire.READY and not greeted and not body:  # a worker started for this call
+                greeted = True
                 continue
-            if tag == wire.NEED_TOOL:
+            if tag == wire.NEED_TOOL and not asked and not body:  # once per call, and empty
+                asked = True
                 worker.channel.send(wire.CALL, wire.encode_call(replace(request, tool_bytes=tool_bytes)), deadline)
                 continue
             if tag not in (wire.RESULT, wire.RESULT_RETIRE):
-                raise Malformed(f"an unknown reply tag {tag!r}")
+                raise Malformed(f"an unexpected {tag!r} frame of {len(body):,} bytes in reply to a call")
+            try:
+                result = self._codec.decode(body)
+            except wire.WireError as exc:
+                raise Malformed(f"a result that is not one: {exc}") from None
             worker.tools[digest] = None
             worker.tools.move_to_end(digest)
             while len(worker.tools) > TOOL_CACHE_SIZE:
                 worker.tools.popitem(last=False)
-            try:
-                result: ToolResult | str = self._codec.decode(body)
-            except wire.WireError as exc:
-                result = str(exc)
             return result, tag == wire.RESULT_RETIRE
 
     # --- keeping warm ---------------------------------------------------------------------
@@ -472,7 +480,7 @@ class WorkerPool:
         """Wait for a new worker's hello and make it idle (or stop it when calls started
         enough workers of their own meanwhile); whether it became ready."""
         try:
-            ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S)[0] == wire.READY
+            ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S, wire.MAX_REPLY_BYTES) == (wire.READY, b"")
         except (DeadlineReached, EOFError, Malformed):
             ok = False
         surplus = False
