@@ -41,9 +41,11 @@ model's offer gets an ``unavailable`` error. A call *in flight* when its tool is
 removed is not affected: its CallActor (or worker process) already holds the tool
 object, so the call finishes and its result is returned as usual.
 
-Trust: "untrusted" contains the faults of a tool's callbacks, not of its import. A
-plugin file's top-level code and an entry point's import run in the host process when
-the source scans; use sources whose code you are willing to import.
+Trust: an untrusted :class:`PluginFolder` (the default) never imports its files in the
+host process: which tool a file holds is found in a throwaway child process, and the
+host holds a :class:`~rho_actors.sandbox.plugins.PluginRef` (path, tool name, bytes)
+that child processes load (DESIGN §3). An entry point's import, and a trusted
+folder's files, run in the host process when the source scans.
 
 Example::
 
@@ -61,11 +63,8 @@ import functools
 import hashlib
 import importlib.metadata
 import importlib.util
-import re
-import sys
 import threading
 import time
-import traceback
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -78,9 +77,16 @@ from loguru import logger
 from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception
 from rho_actors.registry import DuplicateToolError
+from rho_actors.sandbox.plugins import (
+    DEFAULT_DISCOVERY_TIMEOUT_S,
+    PluginLoadError,
+    discover_plugin,
+    load_module_file,
+    tools_in_module,
+)
 from rho_actors.supervisor import ChildSpec, StartChild
 from rho_actors.timers import Timer
-from rho_actors.tool import is_tool, missing_callbacks
+from rho_actors.tool import missing_callbacks
 
 __all__ = [
     "tools_in_module",
@@ -128,95 +134,8 @@ class Broken:
     reason: str
 
 
-class PluginLoadError(Exception):
-    """A plugin file could not be loaded: ``str(err)`` says why (with the line, when
-    the error is in the file)."""
-
-
-# --------------------------------------------------------------------------- plugin files
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
-
-
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=12).hexdigest()
-
-
-def load_module_file(path: str | Path, data: bytes | None = None) -> types.ModuleType:
-    """Load a ``.py`` file as a new module object, without leaving it in ``sys.modules``.
-
-    ``data`` is the file's bytes (read now when ``None``), so the module is exactly the
-    bytes that were hashed. The module is named ``_rho_plugin_<stem>_<hash>``, the hash
-    of the resolved path and the bytes: a changed file gives a new module object. It is
-    in ``sys.modules`` only while its top-level code runs (``dataclasses`` and the like
-    need that), so cloudpickle ships its functions and classes by value to worker
-    processes, which could not import it.
-
-    Raises :class:`PluginLoadError` naming the file, the error and its line for a file
-    that cannot be read, compiled or run (any ``BaseException`` of its top-level code,
-    ``SystemExit`` included; a ``KeyboardInterrupt`` too, except in the main thread,
-    where it is a real Ctrl-C).
-    """
-    path = Path(path)
-    try:
-        if data is None:
-            data = path.read_bytes()
-        resolved = path.resolve()
-    except OSError as exc:
-        raise PluginLoadError(f"{path}: cannot be read: {describe_exception(exc)}") from None
-    stem = _UNSAFE.sub("_", path.stem)[:40]
-    identity = str(resolved).encode() + b"\0" + data
-    module_name = f"_rho_plugin_{stem}_{_digest(identity)}"
-    spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if spec is None:
-        raise PluginLoadError(f"{path}: not a Python source file")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        code = compile(data, str(resolved), "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        raise PluginLoadError(f"{path}: line {exc.lineno}: SyntaxError: {exc.msg}") from None
-    except (ValueError, UnicodeDecodeError) as exc:  # null bytes, a bad encoding
-        raise PluginLoadError(f"{path}: cannot be compiled: {describe_exception(exc)}") from None
-    sys.modules[module_name] = module
-    try:
-        exec(code, module.__dict__)
-    except KeyboardInterrupt:
-        if threading.current_thread() is threading.main_thread():
-            raise  # a real Ctrl-C (signals reach only the main thread)
-        raise PluginLoadError(f"{path}: importing it raised KeyboardInterrupt") from None
-    except BaseException as exc:  # a plugin's SystemExit must not end the scan
-        line = next(
-            (f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__)) if f.filename == str(resolved)), None
-        )
-        where = f"line {line}: " if line else ""
-        raise PluginLoadError(f"{path}: {where}importing it raised {describe_exception(exc)}") from None
-    finally:
-        sys.modules.pop(module_name, None)
-    return module
-
-
-def tools_in_module(module: types.ModuleType) -> list[Any]:
-    """The tools of ``module``: the module itself when it is a tool, else each of its
-    public attributes (not starting with ``_``) that is a tool and was defined in it
-    (``__module__`` is the module's name, which ``@tool`` functions also have), in
-    definition order. A class is left out when an instance of it is also there (the
-    instance is the tool)."""
-    if is_tool(module):
-        return [module]
-    found: list[Any] = []
-    seen: set[int] = set()
-    for attr, obj in list(vars(module).items()):
-        if attr.startswith("_") or isinstance(obj, types.ModuleType) or id(obj) in seen:
-            continue
-        try:
-            if getattr(obj, "__module__", None) != module.__name__ or not is_tool(obj):
-                continue
-        except BaseException:
-            continue
-        seen.add(id(obj))
-        found.append(obj)
-    instance_types = {type(obj) for obj in found if not isinstance(obj, type)}
-    return [obj for obj in found if not (isinstance(obj, type) and obj in instance_types)]
 
 
 def _the_tool(file: Path, module: types.ModuleType) -> Any:
@@ -258,6 +177,21 @@ def _load_plugin(file: Path, data: bytes) -> Any:
     return _the_tool(file, module)
 
 
+def _discover(file: Path, data: bytes, timeout_s: float) -> Any:
+    """An untrusted plugin file's one tool as a :class:`~rho_actors.sandbox.plugins.PluginRef`
+    (found in a child process: the file is not imported here); a :class:`Broken`
+    otherwise."""
+    try:
+        found = discover_plugin(file, data, timeout_s=timeout_s)
+    except PluginLoadError as exc:
+        return Broken(str(exc))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        return Broken(f"{file}: not a tool: it lacks the callbacks at module level, and defines no tool either")
+    return Broken(f"{file}: defines {len(found)} tools; a plugin file holds one")
+
+
 def _load_entry_point(ep: importlib.metadata.EntryPoint, dist_name: str) -> Any:
     where = f"entry point {ep.name} = {ep.value} ({dist_name})"
     try:
@@ -274,17 +208,31 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint, dist_name: str) -> Any:
 
 class PluginFolder:
     """A folder of tool modules: each ``*.py`` file directly in ``path`` (not starting
-    with ``.`` or ``_``) is one tool, the module itself (see the module doc).
+    with ``.`` or ``_``) is one tool, the module itself or the one tool defined in it
+    (see the module doc).
 
-    ``scan()`` returns ``{str(file path): (module or Broken, content hash)}``; it
+    Untrusted (``trusted=False``, the default): a file is never imported in this
+    process. Which tool it holds is found in a throwaway child process (bounded by
+    ``discovery_timeout_s`` seconds; its process tree is killed at the end), and the
+    tool in the scan is a :class:`~rho_actors.sandbox.plugins.PluginRef` (the path, the
+    tool's name in the file and the file's bytes), registered untrusted: its
+    declaration read, selftest and calls load the file in child processes. Trusted: the
+    file is imported here (its top-level code runs in this process).
+
+    ``scan()`` returns ``{str(file path): (tool or Broken, content hash)}``; it
     raises ``OSError`` (``FileNotFoundError``, ``NotADirectoryError``...) when the folder
-    cannot be listed. Unchanged files are not reloaded. ``name`` defaults to
+    cannot be listed. Unchanged files are not loaded again. ``name`` defaults to
     ``"plugins:<path>"``.
     """
 
-    def __init__(self, path: str | Path, *, name: str | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, name: str | None = None, trusted: bool = False,
+        discovery_timeout_s: float = DEFAULT_DISCOVERY_TIMEOUT_S,
+    ) -> None:
         self.path = Path(path)
         self.name = name if name is not None else f"plugins:{self.path}"
+        self.trusted = trusted
+        self.discovery_timeout_s = discovery_timeout_s
         self._loaded = _Loaded()  # by file path: the tool or Broken of its current version
 
     def scan(self) -> dict[str, tuple[Any, object]]:
@@ -304,7 +252,9 @@ class PluginFolder:
                 found[key] = (Broken(f"{file}: cannot be read: {describe_exception(exc)}"), ("unreadable", str(exc)))
                 continue
             version = _digest(data)
-            tool = self._loaded.get(key, version, functools.partial(_load_plugin, file, data))
+            load = (functools.partial(_load_plugin, file, data) if self.trusted
+                    else functools.partial(_discover, file, data, self.discovery_timeout_s))
+            tool = self._loaded.get(key, version, load)
             found[key] = (tool, version)
         self._loaded.keep_only(found)
         return found
@@ -700,8 +650,12 @@ def add_source(
 
     ``trusted``: register its tools as trusted (declaration read and calls run in this
     process) instead of untrusted (read in a throwaway process, calls in worker
-    processes). ``poll_s``: seconds between scans (``None``: scan only on
-    :meth:`SourceHandle.refresh`). Returns once the first scan is applied, or after
+    processes). It says how tools are registered, not how the source loads them: an
+    untrusted :class:`PluginFolder` (its own ``trusted=False``, the default) serves
+    :class:`~rho_actors.sandbox.plugins.PluginRef` stand-ins, which are untrusted
+    whatever this says; trusting a folder takes ``PluginFolder(path, trusted=True)``.
+    ``poll_s``: seconds between scans (``None``: scan only on :meth:`SourceHandle.refresh`).
+    Returns once the first scan is applied, or after
     ``timeout_s`` seconds (it then goes on in the background).
 
     Raises ``TypeError`` when ``source`` has no ``str`` ``name`` or no ``scan()``,
