@@ -42,6 +42,7 @@ from rho_actors.tool import is_tool, missing_callbacks
 
 __all__ = [
     "DEFAULT_DISCOVERY_TIMEOUT_S",
+    "NoTools",
     "PluginLoadError",
     "PluginRef",
     "discover_plugin",
@@ -146,6 +147,10 @@ def tools_in_module(module: types.ModuleType) -> list[Any]:
     return [obj for obj in found if not (isinstance(obj, type) and obj in instance_types)]
 
 
+class NoTools(PluginLoadError):
+    """A plugin file loaded fine but holds no tool (``str(err)`` says what it lacks)."""
+
+
 def tool_attributes(module: types.ModuleType) -> list[str | None]:
     """The tools of ``module`` by attribute name, as :func:`tools_in_module` finds them
     (``None`` for the module itself)."""
@@ -209,8 +214,8 @@ def discovery_child(channel: Channel, payload: tuple[str, bytes]) -> None:
         module = load_module_file(path, data)
         answer: dict[str, Any] = {"tools": tool_attributes(module)}
         if not answer["tools"]:
-            missing = ", ".join(missing_callbacks(module))
-            answer = {"error": f"{path}: not a tool: it lacks {missing} at module level, and defines no tool either"}
+            answer = {"error": f"{path}: not a tool: it lacks {', '.join(missing_callbacks(module))} at module "
+                      "level, and defines no tool either", "no_tools": True}
     except PluginLoadError as exc:
         answer = {"error": str(exc)[:2000]}
     except KeyboardInterrupt:  # raised by the file itself: this child has no terminal
@@ -230,7 +235,8 @@ def discover_plugin(
     order (an empty list: no tool in it). ``timeout_s`` (seconds) and ``heap_bytes``
     (``RLIMIT_AS``) bound the child; its whole process tree is killed at the end.
 
-    Raises :class:`PluginLoadError` naming the file and why when it cannot be loaded
+    Raises :class:`NoTools` (a :class:`PluginLoadError`) when it holds no tool, and
+    :class:`PluginLoadError` naming the file and why when it cannot be loaded
     there (a syntax error, its top-level code raised: the message as the child saw it),
     or when the child timed out, crashed or answered something malformed."""
     path = str(path)
@@ -252,6 +258,8 @@ def discover_plugin(
         answer = wire.decode_json(frame)
     except wire.WireError as exc:
         raise PluginLoadError(f"{path}: finding its tools: a malformed answer ({exc})") from None
+    if type(answer) is dict and set(answer) == {"error", "no_tools"} and type(answer["error"]) is str:
+        raise NoTools(answer["error"][:2000])
     if type(answer) is dict and set(answer) == {"error"} and type(answer["error"]) is str:
         raise PluginLoadError(answer["error"][:2000])
     tools = answer.get("tools") if type(answer) is dict and set(answer) == {"tools"} else None
