@@ -6,7 +6,7 @@ Commands (argparse subcommands; each command group registers itself in
 
     rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
                            [--limit N] [--json] [--tree]
-    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json]
+    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json] [--trusted]
     rho-actors chat --model openai:MODEL|anthropic:MODEL [--base-url URL] [--session ID]
                     [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--data-dir DIR]
 
@@ -146,22 +146,23 @@ def _add_selftest(commands: Any) -> None:
     selftest.add_argument("--timeout", type=_positive_seconds, default=10.0, metavar="S",
                           help="seconds each selftest gets (default: 10)")
     selftest.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    selftest.add_argument("--trusted", action="store_true",
+                          help="import .py files and folders in this process (default: never, only in child processes)")
     selftest.set_defaults(handler=_run_selftest)
 
 
 def _run_selftest(args: argparse.Namespace) -> int:
     import json
 
-    from rho_actors.selftest import FAILING, LoadError, load_target, render_rows, run_selftests, tools_in_module
+    from rho_actors.selftest import FAILING, LoadError, load_tools, render_rows, run_selftests
 
     tools: list[Any] = []
     for target in args.targets:
         try:
-            modules = load_target(target)
+            found = load_tools(target, trusted=args.trusted)
         except LoadError as exc:
             print(f"rho-actors selftest: cannot load {exc}", file=sys.stderr)
             return 2
-        found = [t for module in modules for t in tools_in_module(module)]
         if not found:
             print(f"rho-actors selftest: {target}: no tools found in it", file=sys.stderr)
             return 2
@@ -246,16 +247,15 @@ def _chat_model(spec: str, base_url: str | None) -> Any:
         raise _ChatSetupError(f"cannot start the model {spec!r}: {exc}") from None
 
 
-def _chat_tools(targets: Sequence[str]) -> list[Any]:
-    from rho_actors.selftest import LoadError, load_target, tools_in_module
+def _chat_tools(targets: Sequence[str], trusted: bool) -> list[Any]:
+    from rho_actors.selftest import LoadError, load_tools
 
     tools: list[Any] = []
     for target in targets:
         try:
-            modules = load_target(target)
+            found = load_tools(target, trusted=trusted)
         except LoadError as exc:
             raise _ChatSetupError(f"cannot load {exc}") from None
-        found = [t for module in modules for t in tools_in_module(module)]
         if not found:
             raise _ChatSetupError(f"{target}: no tools found in it")
         tools.extend(t for t in found if all(t is not seen for seen in tools))
@@ -277,7 +277,7 @@ def _run_chat(args: argparse.Namespace) -> int:
 
     try:
         model = _chat_model(args.model, args.base_url)
-        tools = _chat_tools(args.tools)
+        tools = _chat_tools(args.tools, trusted=not args.untrusted)
     except _ChatSetupError as exc:
         print(f"rho-actors chat: {exc}", file=sys.stderr)
         return 2
