@@ -4,7 +4,9 @@
 :func:`read_declaration_isolated` reads an untrusted tool's five declaration callbacks
 in a fresh child process with a time bound and a heap bound, and answers with plain
 data only (JSON text). :func:`raw_declaration` turns that answer into the dict
-:func:`rho_actors.declarations.check_declaration` checks.
+:func:`rho_actors.declarations.check_declaration` checks. :func:`await_answer` and
+:func:`end_child` serve every throwaway child (reads, plugin discovery, selftests): one
+bounded answer, then the child's whole process tree is killed.
 """
 
 from __future__ import annotations
