@@ -1,7 +1,7 @@
 """A stateful tool server under supervision: a key-value store that survives a crash.
 
-The server is an actor (like an OTP GenServer) started under the system's ``servers``
-supervisor with restart type ``permanent``; the ``kv`` tool reaches it by name through
+The server is an actor (like an OTP GenServer) started in its own subtree under the
+system's ``servers`` supervisor, with restart type ``permanent``; the ``kv`` tool reaches it by name through
 ``ctx["whereis"]``. When the server crashes, it is restarted with fresh state, the name
 follows the new actor, and the session goes on.
 
@@ -58,4 +58,5 @@ with tempfile.TemporaryDirectory() as data_dir, ActorSystem(data_dir=data_dir) a
         time.sleep(0.01)  # the supervisor restarts it
     print(call('{"op": "get", "key": "city"}'))  # fresh state after the restart
     servers = next(c for c in system.tree()["children"] if c["id"] == "servers")
-    print("restarts:", servers["children"][0]["restarts"])
+    [kv_subtree] = servers["children"]  # each server has its own supervisor
+    print("restarts:", kv_subtree["children"][0]["restarts"])

@@ -2,7 +2,10 @@
 
 Every call runs in a supervised actor with a deadline; a raise, an exit or a timeout
 becomes an error result for the model and never takes the agent down. See DESIGN.md
-and README.md; the public API is re-exported here.
+and README.md; the public API is re-exported here, and only what is here is public
+(submodules are documented as internal where they are; ``rho_actors.sandbox``,
+``rho_actors.isolation`` and ``rho_actors.integrations.bfcl`` also have their own public
+names).
 
 rho_actors logs with loguru and, as loguru advises for libraries, is silent until the
 host calls ``loguru.logger.enable("rho_actors")``.
@@ -10,31 +13,61 @@ host calls ``loguru.logger.enable("rho_actors")``.
 
 from loguru import logger as _logger
 
-from rho_actors.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
-from rho_actors.agent import PromptResult, Step, aprompt, prompt
+from rho_actors.agent import (
+    FinalResult,
+    PromptEvent,
+    PromptResult,
+    Session,
+    Step,
+    StepEnded,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    aprompt,
+    astream,
+    prompt,
+    stream,
+)
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.cancel import CancelToken
 from rho_actors.declaration_actor import UntrustedReads
 from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
-from rho_actors.events import CallEvent, DeclarationEvent
-from rho_actors.formats import DIALECTS, declaration, to_dialect
+from rho_actors.errors import RhoError
+from rho_actors.events import CallEvent, DeclarationEvent, ProgressEvent, SupervisorEvent, ToolSetChanged
+from rho_actors.formats import DIALECTS, Dialect, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
+from rho_actors.isolation import ISOLATIONS, Isolation, IsolationServices
 from rho_actors.loop import Loop
-from rho_actors.model import Message, Model, Reply, ScriptedModel
-from rho_actors.registry import DuplicateToolError, Registration
-from rho_actors.selftest import SelftestRow, run_selftests
-from rho_actors.sources import EntryPointGroup, PluginFolder, Source, SourceHandle
-from rho_actors.supervisor import ChildInfo, ChildSpec, RestartIntensityExceeded, StartChild, Supervisor
+from rho_actors.model import Message, Model, Reply, ScriptedModel, Usage
+from rho_actors.otp.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
+from rho_actors.otp.names import Names, NotRunningError, whereis
+from rho_actors.otp.supervisor import (
+    ChildInfo,
+    ChildSpec,
+    RestartIntensityExceeded,
+    StartChild,
+    Supervisor,
+    count_children,
+    which_children,
+)
+from rho_actors.providers import ModelError, RetryPolicy, model_from_spec
+from rho_actors.registry import DuplicateToolError, Registration, ToolEntry, ToolSet
+from rho_actors.sandbox import IsolatedReadError, WorkerPool
+from rho_actors.selftest import LoadError, SelftestRow, run_selftests
+from rho_actors.sources import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
 from rho_actors.system import ActorSystem
+from rho_actors.telemetry import Telemetry
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
+    Concurrency,
     Details,
     Error,
     ErrorKind,
     Image,
     Ok,
     ToolCall,
+    ToolFailure,
     ToolInfo,
     ToolResult,
     concurrency,
@@ -44,12 +77,14 @@ from rho_actors.tool import (
     timeout_ms,
     untrusted,
 )
+from rho_actors.transcript import TranscriptError
 
 _logger.disable("rho_actors")
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
     "DIALECTS",
+    "ISOLATIONS",
     "NORMAL",
     "Actor",
     "ActorExit",
@@ -59,41 +94,72 @@ __all__ = [
     "CancelToken",
     "ChildInfo",
     "ChildSpec",
+    "Concurrency",
     "DeclarationError",
     "DeclarationEvent",
     "Details",
+    "Dialect",
     "Down",
     "DuplicateToolError",
-    "EntryPointGroup",
     "EncodedOutput",
+    "EntryPointGroup",
     "Error",
     "ErrorKind",
+    "FinalResult",
     "FunctionTool",
     "Image",
+    "IsolatedReadError",
+    "Isolation",
+    "IsolationServices",
+    "LoadError",
     "Loop",
     "Message",
     "Model",
+    "ModelError",
     "Monitor",
+    "Names",
+    "NotRunningError",
     "Ok",
     "PluginFolder",
+    "PluginLoadError",
+    "ProgressEvent",
+    "PromptEvent",
     "PromptResult",
-    "Reply",
     "Registration",
+    "Reply",
     "RestartIntensityExceeded",
+    "RetryPolicy",
+    "RhoError",
     "ScriptedModel",
     "SelftestRow",
+    "Session",
     "Source",
     "SourceHandle",
-    "Step",
     "StartChild",
+    "Step",
+    "StepEnded",
     "Supervisor",
+    "SupervisorEvent",
+    "Telemetry",
+    "TextDelta",
     "ToolCall",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "ToolEntry",
+    "ToolFailure",
     "ToolInfo",
     "ToolResult",
+    "ToolSet",
+    "ToolSetChanged",
+    "TranscriptError",
     "UntrustedReads",
+    "Usage",
+    "WorkerPool",
+    "aprompt",
+    "astream",
     "check_declaration",
     "concurrency",
-    "aprompt",
+    "count_children",
     "declaration",
     "decode_arguments",
     "default_timeout_ms",
@@ -101,13 +167,17 @@ __all__ = [
     "is_tool",
     "is_untrusted",
     "kill",
+    "model_from_spec",
     "monitor",
     "prompt",
     "read_declaration",
     "run_selftests",
     "start_link",
+    "stream",
     "timeout_ms",
     "to_dialect",
     "tool",
     "untrusted",
+    "whereis",
+    "which_children",
 ]

@@ -1,9 +1,13 @@
-"""Call events a host can subscribe to (DESIGN §4 step 4), also logged with loguru.
+"""Events a host can subscribe to (DESIGN §4 step 4, §6), also logged with loguru.
 
 Each dispatched call emits ``started``, then exactly one of ``finished`` (with its
 outcome: ``"ok"`` or an error kind) or ``timed_out``; a timed-out thread call that later
 returns emits ``late`` (its result discarded). A call refused before dispatch (bad JSON,
-unknown tool...) emits only ``finished`` with its error kind.
+unknown tool...) emits only ``finished`` with its error kind. Supervisors report
+what they do as :class:`SupervisorEvent` values; declaration reads as
+:class:`DeclarationEvent` values; a running call's ``ctx["progress"]`` reports as
+:class:`ProgressEvent` values; each new tool set the registry publishes as a
+:class:`ToolSetChanged`.
 
 Example::
 
@@ -18,11 +22,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import ClassVar, Literal, Union
 
 from loguru import logger
 
-__all__ = ["CallEvent", "DeclarationEvent", "EventBus", "EventKind"]
+__all__ = [
+    "CallEvent",
+    "DeclarationEvent",
+    "EventBus",
+    "EventKind",
+    "IsolationEvent",
+    "ProgressEvent",
+    "SupervisorEvent",
+    "SupervisorEventKind",
+    "ToolSetChanged",
+]
 
 EventKind = Literal["started", "finished", "timed_out", "late"]
 
@@ -40,7 +54,43 @@ class CallEvent:
     duration_ms: float = 0.0
 
 
-Event = Union["CallEvent", "DeclarationEvent"]
+@dataclass(frozen=True, slots=True)
+class IsolationEvent:
+    """An isolation's state changed for a tool: ``kind`` ``"threads_exhausted"`` (its
+    calls are ``unavailable``: ``detail`` says why) or ``"threads_recovered"``."""
+
+    kind: str
+    tool: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """A running call's report through ``ctx["progress"](done, total, message)``:
+    ``done`` so far out of ``total`` (``None`` when unknown), in the tool's own units.
+    Its ``kind`` is always ``"progress"``."""
+
+    kind: ClassVar[str] = "progress"
+    session_id: str
+    call_id: str
+    tool: str
+    done: float
+    total: float | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSetChanged:
+    """The registry published a new tool set (a registration, an unregistration, a
+    source's scan): ``version`` is its :attr:`rho_actors.ToolSet.version`. Emitted in
+    the registry's thread; read the set itself with ``system.tool_set()``. Its ``kind``
+    is always ``"tool_set_changed"``."""
+
+    kind: ClassVar[str] = "tool_set_changed"
+    version: int
+
+
+Event = Union["CallEvent", "DeclarationEvent", "IsolationEvent", "ProgressEvent", "SupervisorEvent", "ToolSetChanged"]
 
 
 class EventBus:
@@ -66,8 +116,14 @@ class EventBus:
 
     def emit(self, event: Event) -> None:
         """Log ``event`` and give it to every subscriber (a raising one is logged)."""
-        if isinstance(event, DeclarationEvent):
+        if isinstance(event, SupervisorEvent):
+            pass  # the supervisor logged it already (it reports without a bus, too)
+        elif isinstance(event, DeclarationEvent):
             logger.info("declaration of {}: {} {}", event.tool, event.kind, event.reason or "")
+        elif isinstance(event, IsolationEvent):
+            logger.info("tool {}: {} {}", event.tool, event.kind, event.detail)
+        elif isinstance(event, (ProgressEvent, ToolSetChanged)):
+            pass  # frequent, or logged by its cause: not logged here
         elif event.kind == "timed_out":
             logger.warning(
                 "call {} ({}) in session {} timed out after {:.1f} ms",
@@ -100,3 +156,32 @@ class DeclarationEvent:
     tool: str
     name: str | None = None
     reason: str | None = None
+
+
+SupervisorEventKind = Literal["started", "crashed", "start_failed", "restarted", "gave_up", "escalated"]
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorEvent:
+    """A supervisor's report (OTP's supervisor progress and error reports, DESIGN §6):
+
+    - ``started``: ``child`` started (progress report; not for ``temporary`` children);
+    - ``crashed``: ``child`` exited abnormally with ``reason`` (``child_terminated``);
+    - ``start_failed``: a restart of ``child`` raised ``reason`` (``start_error``); it
+      counts as a restart and is tried again;
+    - ``restarted``: ``child`` was started again (``restarts`` times so far);
+    - ``gave_up``: more restarts than the intensity allows (``reached_max_restart_intensity``):
+      the supervisor stopped its children and exits; ``child`` failed last, ``reason`` is
+      the supervisor's exit reason;
+    - ``escalated``: ``child``, a supervisor, gave up; this supervisor handles that as a
+      crash of that child.
+
+    ``supervisor`` is the reporting supervisor's label (``"root"``, ``"sessions"``,
+    ``"session:<id>"``, ``"server:<id>"``...); ``reason`` is text (``None`` for
+    ``started``/``restarted``)."""
+
+    kind: SupervisorEventKind
+    supervisor: str
+    child: str
+    reason: str | None = None
+    restarts: int = 0

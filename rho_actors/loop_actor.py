@@ -7,7 +7,11 @@ runs. The rest are started in their tool's isolation (:mod:`rho_actors.isolation
 each with a deadline (``timeout_ms`` from dispatch) that the isolation keeps. A turn with
 any ``exclusive`` call runs its calls one at a time in the model's order, each deadline
 counted from that call's own start. Results come back in the model's order, exactly one
-per call.
+per call. Each call runs in a copy of the submitter's ``contextvars`` context. A turn
+given a cancel token is cancelled when the token is set: each running call is cancelled
+through its isolation (the one path of deadlines and stops too: its ``ctx["cancel"]`` is
+set, a worker process is killed) and every call without a result gets a ``cancelled``
+one at once; a turn whose token is set before it starts runs no call.
 
 The LoopActor never blocks: calls report back with messages, so a hung tool delays
 nothing but its own result, which is a ``timeout`` error at its deadline. Its host
@@ -18,9 +22,11 @@ handle is :class:`rho_actors.loop.Loop`; its messages are in
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -29,16 +35,17 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
-from rho_actors.actor import Actor
 from rho_actors.arguments import ArgumentsError, decode_arguments, violations
 from rho_actors.call import CallSpec
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
-from rho_actors.events import CallEvent
+from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
-from rho_actors.loop_messages import CallDone, Offered, Running, RunTurn, SetWithheld
+from rho_actors.loop_messages import CallDone, CancelTurn, Offered, Running, RunTurn, SetWithheld
+from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
-from rho_actors.results import TEXTS, error_result, failure, text
+from rho_actors.results import error_result, failure, text
+from rho_actors.telemetry import CallSpan, Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -47,11 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["LoopActor"]
 
 _MAX_NAMES_LISTED = 40
-
-
-def _unknown(name: str, offered: str) -> tuple[ErrorKind, str]:
-    kind = TEXTS["unknown_tool"][0]
-    return kind, text("unknown_tool", tool=name[:100], offered=offered)
 
 
 
@@ -65,6 +67,7 @@ class _Slot:
     started: float = 0.0
     cancel: CancelToken | None = None
     running: RunningCall | None = None
+    span: CallSpan | None = None  # its execute_tool span, while telemetry records it
 
 
 @dataclass(slots=True)
@@ -72,9 +75,11 @@ class _Turn:
     id: int
     slots: list[_Slot]
     future: concurrent.futures.Future[list[ToolResult]]
+    context: contextvars.Context | None = None
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
+    trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
 
 
 class LoopActor(Actor):
@@ -94,6 +99,7 @@ class LoopActor(Actor):
         self._tools = runtime.tools
         self._limits = runtime.limits
         self._events = runtime.events
+        self._telemetry = runtime.telemetry
         self._turns: dict[int, _Turn] = {}
         self._turn_ids = itertools.count(1)
 
@@ -104,6 +110,8 @@ class LoopActor(Actor):
             self._call_done(message)
         elif isinstance(message, RunTurn):
             self._run_turn(message)
+        elif isinstance(message, CancelTurn):
+            self._cancel_turn(message.turn)
         elif isinstance(message, Offered):
             return [e.info.copy() for e in self._offered(self._tools.current)]
         elif isinstance(message, Running):
@@ -133,8 +141,16 @@ class LoopActor(Actor):
         return [e for name, e in tools.entries.items() if name not in self._withheld]
 
     def _run_turn(self, message: RunTurn) -> None:
-        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future)
+        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future,
+                     context=message.context, trace_context=message.trace_context)
         self._turns[turn.id] = turn
+        if message.cancel is not None:
+            if message.cancel.cancelled:  # cancelled before it started: no call starts
+                turn.open = len(turn.slots)
+                self._cancel_turn(turn.id)
+                return
+            ref, turn_id = self.actor_ref, turn.id
+            message.cancel.add_callback(lambda: _tell(ref, CancelTurn(turn_id)))
         try:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
@@ -145,6 +161,7 @@ class LoopActor(Actor):
                     refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
                 if refusal is not None:
                     slot.result = refusal
+                    self._telemetry.call_refused(turn.trace_context, self.session_id, refusal, slot.call.arguments)
                     self._emit("finished", slot, refusal)
                 else:
                     turn.open += 1
@@ -183,7 +200,8 @@ class LoopActor(Actor):
             return error_result(call_id, name, ErrorKind.UNAVAILABLE, tools.unavailable[name])
         offered = [e.info.name for e in self._offered(tools)]
         shown = ", ".join(offered[:_MAX_NAMES_LISTED]) + (", ..." if len(offered) > _MAX_NAMES_LISTED else "")
-        return error_result(call_id, name, *_unknown(name, shown or "(none)"))
+        message = text("unknown_tool", tool=name[:100], offered=shown or "(none)")
+        return error_result(call_id, name, ErrorKind.UNKNOWN_TOOL, message)
 
     def _dispatch_ready(self, turn: _Turn) -> None:
         while turn.waiting:
@@ -204,22 +222,27 @@ class LoopActor(Actor):
         def reply(result: ToolResult) -> None:
             _tell(ref, CallDone(turn_id, index, result))
 
-        ctx = MappingProxyType(
-            {
-                "session_id": self.session_id,
-                "call_id": slot.call.id,
-                "data_dir": self._data_dir,
-                "loop": ref,
-                "withheld": self._withheld_list,
-                "deadline": deadline,
-                "cancel": cancel,
-                "deps": self._deps,
-                "whereis": self._runtime.names.whereis,
-            }
+        fields = {
+            "session_id": self.session_id,
+            "call_id": slot.call.id,
+            "data_dir": self._data_dir,
+            "loop": ref,
+            "withheld": self._withheld_list,
+            "deadline": deadline,
+            "cancel": cancel,
+            "deps": self._deps,
+            "whereis": self._runtime.names.whereis,
+            "progress": _progress_reporter(self._runtime.events, self.session_id, slot.call.id, entry.info.name),
+        }
+        slot.span = self._telemetry.call_started(
+            turn.trace_context, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
         )
+        if slot.span is not None:
+            fields.update(Telemetry.ctx_fields(slot.span))  # "traceparent": the call's span
+        ctx = MappingProxyType(fields)
         spec = CallSpec(
             slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, entry.info.timeout_ms, cancel,
-            self._limits.max_output_chars, reply,
+            self._limits.max_output_chars, reply, None if turn.context is None else turn.context.copy(),
         )
         slot.started, slot.cancel = now, cancel
         self._emit("started", slot, None)
@@ -238,9 +261,34 @@ class LoopActor(Actor):
         timed_out = message.result.error_kind is ErrorKind.TIMEOUT
         self._settle(turn, slot, message.result, event="timed_out" if timed_out else "finished")
 
+    def _cancel_turn(self, turn_id: int) -> None:
+        """The host cancelled a turn: each running call is cancelled through its
+        isolation (``ctx["cancel"]`` set, a worker process killed; what it returns later
+        is ``late``), and every call still without a result gets a ``cancelled`` one (a
+        queued call of an exclusive turn never starts)."""
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            return
+        turn.waiting.clear()
+        for slot in turn.slots:
+            if slot.result is not None:
+                continue
+            name = slot.call.name
+            if slot.running is not None:
+                slot.running.cancel("cancelled")
+                result = failure("host_cancelled", slot.call.id, name, (time.monotonic() - slot.started) * 1000)
+            else:
+                result = failure("host_cancelled_before_start", slot.call.id, name)
+            slot.result = result
+            turn.open -= 1
+            self._telemetry.call_ended(slot.span, result)
+            self._emit("finished", slot, result)
+        self._maybe_finish(turn)
+
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
         slot.result = result
         turn.open -= 1
+        self._telemetry.call_ended(slot.span, result)
         self._emit(event, slot, result)
         if turn.exclusive:
             self._dispatch_ready(turn)
@@ -266,6 +314,7 @@ class LoopActor(Actor):
                 slot.running.cancel("stopping")
             duration = (time.monotonic() - slot.started) * 1000 if slot.started else 0.0
             slot.result = error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
+            self._telemetry.call_ended(slot.span, slot.result)
         turn.open = 0
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
@@ -292,20 +341,13 @@ class LoopActor(Actor):
     def on_failure(self, *exc_info: Any) -> None:
         self._close("loop_crashed")
 
-    def _actor_loop_teardown(self) -> None:
+    def on_undelivered(self, message: Any) -> bool:
         """Answer the turns still in the inbox too (pykka answers only ``ask``s), so every
         call id gets its result even when a turn races the loop's stop."""
-        others = []
-        while not self.actor_inbox.empty():
-            envelope = self.actor_inbox.get()
-            if isinstance(envelope.message, RunTurn):
-                results = [failure("turn_not_started", c.id, c.name) for c in envelope.message.calls]
-                envelope.message.future.set_result(results)
-            else:
-                others.append(envelope)
-        for envelope in others:
-            self.actor_inbox.put(envelope)
-        super()._actor_loop_teardown()
+        if not isinstance(message, RunTurn):
+            return False
+        message.future.set_result([failure("turn_not_started", c.id, c.name) for c in message.calls])
+        return True
 
 
 def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
@@ -313,3 +355,19 @@ def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
         ref.tell(message)
     except pykka.ActorDeadError:
         pass
+
+
+def _progress_reporter(events: EventBus, session_id: str, call_id: str, tool: str) -> Callable[..., None]:
+    """``ctx["progress"](done, total=None, message=None)``: emits a :class:`ProgressEvent`
+    (an MCP client gets it as ``notifications/progress``). Never raises: a report whose
+    values are not numbers (or text) is dropped."""
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        try:
+            total_f = None if total is None else float(total)
+            note = None if message is None else str(message)
+            events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
+        except Exception:
+            logger.debug("call {}: a bad progress report was dropped", call_id)
+
+    return progress

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rho_actors.actor import Names
     from rho_actors.declaration_actor import UntrustedReads
     from rho_actors.events import EventBus
     from rho_actors.isolation import Isolation
+    from rho_actors.otp.names import Names
+    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.timers import Timers
     from rho_actors.registry import ToolSetView
-    from rho_actors.supervisor import Spares
-    from rho_actors.timers import Timers
+    from rho_actors.sandbox.enclosure import ConfinePolicy
+    from rho_actors.telemetry import Telemetry
 
 __all__ = ["Limits", "Runtime"]
 
@@ -40,8 +42,10 @@ class Limits:
 class Runtime:
     """A system's shared services: ``names`` (the registry of named actors, which follows
     restarts), ``timers``, ``events`` (the event bus), ``tools`` (the published tool set),
-    ``calls`` (spare CallActors), ``isolations`` by name, ``limits`` and ``untrusted``
-    (how untrusted declarations are read)."""
+    ``calls`` (spare CallActors), ``isolations`` by name, ``limits``, ``untrusted``
+    (how untrusted declarations are read), ``telemetry`` (OpenTelemetry spans and
+    metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
+    untrusted code are confined; ``None``: not at all, only a scrubbed environment)."""
 
     names: Names
     timers: Timers
@@ -51,3 +55,5 @@ class Runtime:
     isolations: Mapping[str, Isolation]
     limits: Limits
     untrusted: UntrustedReads
+    telemetry: Telemetry
+    confine: ConfinePolicy | None = None

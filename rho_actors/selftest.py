@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import json
@@ -57,9 +58,11 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.plugins import (
     NoTools,
     PluginLoadError,
@@ -96,6 +99,9 @@ _MAX_PARALLEL: Final = 8
 _MAX_MESSAGE_CHARS: Final = 2_000  # keeps the child's answer one small pipe write
 _MAX_OUTPUT_CHARS: Final = 4_000
 _EXIT_GRACE_S: Final = 1.0
+_SCRUBBED: Final = ConfinePolicy(confine=False)
+"""The policy of an untrusted tool's selftest without a system's: a scrubbed environment
+and a private folder, no OS confinement."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +123,7 @@ class SelftestRow:
         return asdict(self)
 
 
-class LoadError(Exception):
+class LoadError(RhoError):
     """A command-line target could not be loaded; ``str(err)`` names it and says why."""
 
 
@@ -340,7 +346,9 @@ def _row(name: str, certain: bool, answer: dict[str, Any] | None, ended: bool, c
     return SelftestRow(name, "crashed", elapsed_ms, message, output)
 
 
-def _run_one(given: str | None, tool: Any, timeout_s: float, start_method: str) -> SelftestRow:
+def _run_one(
+    given: str | None, tool: Any, timeout_s: float, start_method: str, confine: ConfinePolicy | None = None
+) -> SelftestRow:
     name, certain = (given, True) if given is not None else _label(tool)
     if _surely_without_selftest(tool):
         return SelftestRow(name, "no selftest", 0.0, "")
@@ -355,26 +363,36 @@ def _run_one(given: str | None, tool: Any, timeout_s: float, start_method: str) 
     workdir = os.path.join(root, "work")
     output_path = os.path.join(root, "output.txt")
     child: Child | None = None
+    enclosure: Enclosure | None = None
     try:
-        os.mkdir(workdir, 0o700)
-        started = time.monotonic()
+        if confine is not None:  # an untrusted tool's: confined as its workers are, scrubbed environment
+            enclosure = Enclosure(confine, None)
+            setup = dataclasses.replace(enclosure.setup, output_path=output_path)
+        else:
+            os.mkdir(workdir, 0o700)
+            setup = ChildSetup(None, output_path, workdir)
         try:
-            child = spawn(ctx, selftest_child, payload, ChildSetup(None, output_path, workdir), name="rho-selftest")
+            child = spawn(ctx, selftest_child, payload, setup, name="rho-selftest")
         except Exception as exc:
             return SelftestRow(name, "crashed", 0.0,
                                _clip(f"could not start a selftest process: {describe_exception(exc)}"))
+        if enclosure is not None:
+            enclosure.started(child.pid)
+        started = time.monotonic()  # from the child's start: a fork server starting first does not count
         answer, ended = _await_answer(child, started + timeout_s)
         if answer is None and ended:
             reap(child.proc, _EXIT_GRACE_S)  # closed its pipe: give it a moment to finish exiting
         elapsed_ms = (time.monotonic() - started) * 1000
         code = child.proc.exitcode
-        end_child(child.proc)  # the child, and whatever it started
+        end_child(child.proc, enclosure)  # the child, and whatever it started
         return _row(name, certain, answer, ended, code, elapsed_ms, timeout_s, _read_tail(output_path))
     finally:
         if child is not None:
             if child.proc.exitcode is None:
-                end_child(child.proc)
+                end_child(child.proc, enclosure)
             close(child.proc, child.channel.conn)
+        if enclosure is not None:
+            enclosure.remove()  # what is left of its tree (its cgroup), its private folder
         _remove_tree(root)
 
 
@@ -403,25 +421,43 @@ def run_selftests(
     if max_parallel is not None and (type(max_parallel) is not int or max_parallel < 1):
         raise ValueError(f"max_parallel must be an int of 1 or more, got {max_parallel!r}")
     context(start_method)  # a bad start method fails here, before any child
-    items: list[tuple[str | None, Any]] = (
-        [(str(name), tool) for name, tool in tools.items()] if isinstance(tools, Mapping)
-        else [(None, tool) for tool in tools]
-    )
+    named = [(str(name), tool) for name, tool in tools.items()] if isinstance(tools, Mapping) else [
+        (None, tool) for tool in tools
+    ]
+    # a plugin file's tool is untrusted code: a scrubbed environment and a private folder
+    items = [(name, tool, _SCRUBBED if isinstance(tool, PluginRef) else None) for name, tool in named]
+    return _run_all(items, float(timeout_s), max_parallel, start_method)
+
+
+def _run_all(
+    items: list[tuple[str | None, Any, ConfinePolicy | None]], timeout_s: float, max_parallel: int | None,
+    start_method: str,
+) -> list[SelftestRow]:
     if not items:
         return []
     workers = max_parallel or max(2, min(_MAX_PARALLEL, os.cpu_count() or 2))
     with concurrent.futures.ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="rho-selftest") as pool:
-        futures = [pool.submit(_run_one, name, tool, float(timeout_s), start_method) for name, tool in items]
+        futures = [pool.submit(_run_one, name, tool, timeout_s, start_method, confine) for name, tool, confine in items]
         return [f.result() for f in futures]
 
 
-def selftest_system(system: Any, timeout_s: float = DEFAULT_SELFTEST_TIMEOUT_S) -> list[SelftestRow]:
+def selftest_system(
+    system: Any, timeout_s: float = DEFAULT_SELFTEST_TIMEOUT_S, confine: ConfinePolicy | None = None
+) -> list[SelftestRow]:
     """:func:`run_selftests` of every tool ``system`` (an :class:`rho_actors.ActorSystem`)
     offers now, named by their checked declarations, in registration order (a tool left
     out by its declaration checks is not run). ``timeout_s``: seconds per selftest.
-    Raises ``ValueError`` for a bad ``timeout_s``."""
-    entries = system.tool_set().entries
-    return run_selftests({name: entry.tool for name, entry in entries.items()}, timeout_s=timeout_s)
+    The selftest of a tool registered untrusted runs confined by ``confine`` (the
+    system's policy: as its workers are, with a scrubbed environment and its whole process
+    tree killed after it; ``None``: a default policy without OS confinement that still
+    scrubs the environment). Raises ``ValueError`` for a bad ``timeout_s``."""
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    policy = confine or _SCRUBBED
+    items: list[tuple[str | None, Any, ConfinePolicy | None]] = [
+        (name, entry.tool, policy if entry.untrusted else None) for name, entry in system.tool_set().entries.items()
+    ]
+    return _run_all(items, float(timeout_s), None, "forkserver")
 
 
 # --------------------------------------------------------------------------- command-line targets

@@ -17,9 +17,10 @@ others. Two sources come with the runtime:
   version is the distribution's version and the entry point's value.
 
 :func:`add_source` (``system.add_source(source)``) puts a source under a supervised
-:class:`SourceActor` (a ``permanent`` child of the system's ``servers`` supervisor),
-which scans at once and then every ``poll_s`` seconds (a timer message to itself, no
-sleeping thread), and applies the difference to the system's registry:
+:class:`SourceActor` (a ``permanent`` child of the system's ``sources`` supervisor, apart
+from the host's servers, DESIGN §6), which scans at once and then every ``poll_s``
+seconds (a timer message to itself, no sleeping thread), and applies the difference to
+the system's registry:
 
 - a new key registers its tool (``untrusted=not trusted``: an untrusted tool's
   declaration is read in a throwaway process and its calls run in a worker process);
@@ -74,9 +75,12 @@ from typing import Any, Protocol, runtime_checkable
 import pykka
 from loguru import logger
 
-from rho_actors.actor import Actor
 from rho_actors.encoding import describe_exception
+from rho_actors.otp.actor import Actor
+from rho_actors.otp.supervisor import ChildSpec, StartChild
+from rho_actors.otp.timers import Timer
 from rho_actors.registry import DuplicateToolError
+from rho_actors.sandbox.enclosure import ConfinePolicy
 from rho_actors.sandbox.plugins import (
     DEFAULT_DISCOVERY_TIMEOUT_S,
     PluginLoadError,
@@ -84,8 +88,6 @@ from rho_actors.sandbox.plugins import (
     load_module_file,
     tools_in_module,
 )
-from rho_actors.supervisor import ChildSpec, StartChild
-from rho_actors.timers import Timer
 from rho_actors.tool import missing_callbacks
 
 __all__ = [
@@ -106,7 +108,7 @@ __all__ = [
 DEFAULT_GROUP = "rho_actors.tools"
 """The entry-point group :class:`EntryPointGroup` reads by default."""
 
-_SERVERS = "servers"
+_SOURCES = "sources"
 _MAX_REASON_CHARS = 2_000
 
 
@@ -118,7 +120,8 @@ class Source(Protocol):
     ``scan()`` returns ``{key: (tool, version)}`` for every tool it serves now (a
     :class:`Broken` in place of a tool for a key it could not load). ``version`` is any
     value compared with ``==``; it must change when the tool's code changes. A scan may
-    raise: the last good set is kept.
+    raise: the last good set is kept. Optional (DESIGN §6b): ``attach(system)`` and ``detach()``
+    start and stop a source's own actors; ``contained = True`` registers its tools trusted.
     """
 
     name: str
@@ -177,12 +180,12 @@ def _load_plugin(file: Path, data: bytes) -> Any:
     return _the_tool(file, module)
 
 
-def _discover(file: Path, data: bytes, timeout_s: float) -> Any:
+def _discover(file: Path, data: bytes, timeout_s: float, confine: ConfinePolicy | None) -> Any:
     """An untrusted plugin file's one tool as a :class:`~rho_actors.sandbox.plugins.PluginRef`
     (found in a child process: the file is not imported here); a :class:`Broken`
     otherwise."""
     try:
-        found = discover_plugin(file, data, timeout_s=timeout_s)
+        found = discover_plugin(file, data, timeout_s=timeout_s, confine=confine)
     except PluginLoadError as exc:
         return Broken(str(exc))
     if len(found) == 1:
@@ -216,8 +219,11 @@ class PluginFolder:
     ``discovery_timeout_s`` seconds; its process tree is killed at the end), and the
     tool in the scan is a :class:`~rho_actors.sandbox.plugins.PluginRef` (the path, the
     tool's name in the file and the file's bytes), registered untrusted: its
-    declaration read, selftest and calls load the file in child processes. Trusted: the
-    file is imported here (its top-level code runs in this process).
+    declaration read, selftest and calls load the file in child processes. The
+    discovery child is confined as the system's declaration reads are (the system's
+    policy, taken when the folder is added with :func:`add_source`; before that, no OS
+    confinement but a scrubbed environment). Trusted: the file is imported here (its
+    top-level code runs in this process).
 
     ``scan()`` returns ``{str(file path): (tool or Broken, content hash)}``; it
     raises ``OSError`` (``FileNotFoundError``, ``NotADirectoryError``...) when the folder
@@ -233,7 +239,13 @@ class PluginFolder:
         self.name = name if name is not None else f"plugins:{self.path}"
         self.trusted = trusted
         self.discovery_timeout_s = discovery_timeout_s
+        self.confine: ConfinePolicy | None = None
         self._loaded = _Loaded()  # by file path: the tool or Broken of its current version
+
+    def attach(self, system: Any) -> None:
+        """Take ``system``'s confinement policy for discovery children (called by
+        :func:`add_source`)."""
+        self.confine = getattr(system, "confine_policy", None)
 
     def scan(self) -> dict[str, tuple[Any, object]]:
         """``{str(path): (module or Broken, content hash)}`` for the folder's files now.
@@ -253,7 +265,7 @@ class PluginFolder:
                 continue
             version = _digest(data)
             load = (functools.partial(_load_plugin, file, data) if self.trusted
-                    else functools.partial(_discover, file, data, self.discovery_timeout_s))
+                    else functools.partial(_discover, file, data, self.discovery_timeout_s, self.confine))
             tool = self._loaded.get(key, version, load)
             found[key] = (tool, version)
         self._loaded.keep_only(found)
@@ -349,7 +361,7 @@ class _Sync:
 
 class SourceActor(Actor):
     """Scans one source and applies the difference to the system's registry (see the
-    module doc). Started by :func:`add_source` as a ``permanent`` child of ``servers``."""
+    module doc). Started by :func:`add_source` as a ``permanent`` child of ``sources``."""
 
     def __init__(self, system: Any, source: Any, state: SourceState, trusted: bool, poll_s: float | None) -> None:
         super().__init__()
@@ -465,10 +477,7 @@ class SourceActor(Actor):
         origin = f"{key} (source {self._label})"
         tools_version = self._system.tool_set().version
         try:
-            if self._trusted:
-                registration = self._system.register(entry.tool, origin=origin)
-            else:
-                registration = self._system.register(entry.tool, origin=origin, untrusted=True)
+            registration = self._system.register(entry.tool, origin=origin, untrusted=not self._trusted)
         except DuplicateToolError as err:  # tried again once the tool set has changed (a name may be free)
             self._failed(entry, str(err), retry=True)
             entry.retry_unless = tools_version
@@ -626,12 +635,14 @@ class SourceHandle:
             except (pykka.ActorDeadError, pykka.Timeout) as exc:
                 logger.warning("source {}: unloading failed: {}", self.name, describe_exception(exc))
         self._state.closed = True
-        servers = self._system.whereis(_SERVERS)
-        if servers is not None:
+        sources = self._system.whereis(_SOURCES)
+        if sources is not None:
             try:
-                servers.proxy().terminate_child(self.child_id).get(timeout=timeout_s)
+                sources.proxy().terminate_child(self.child_id).get(timeout=timeout_s)
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass
+        if callable(detach := getattr(self.source, "detach", None)):
+            detach()
 
     def __repr__(self) -> str:
         return f"<SourceHandle {self.name!r} {'alive' if self.alive else 'stopped'}>"
@@ -670,15 +681,17 @@ def add_source(
     child_id = f"source:{name}"
     if system.whereis(child_id) is not None:
         raise ValueError(f"a source named {name!r} is already added to this system")
+    trusted = trusted or getattr(source, "contained", False) is True  # stand-ins for code elsewhere
+    if callable(attach := getattr(source, "attach", None)):
+        attach(system)  # the source's own actors (DESIGN §6b)
     state = SourceState()
-    spec = ChildSpec(
-        child_id,
-        StartChild(SourceActor, (system, source, state, trusted, poll_s)),
-        restart="permanent",
-        name=child_id,
-    )
+    spec = ChildSpec(child_id, StartChild(SourceActor, (system, source, state, trusted, poll_s)),
+                     restart="permanent", name=child_id)
+    sources = system.whereis(_SOURCES)
+    if sources is None:
+        raise RuntimeError("the system's sources supervisor is not running: the system has stopped")
     try:
-        system.start_child(spec)
+        sources.proxy().start_child(spec).get(timeout=timeout_s)
     except ValueError as err:  # the name was taken in between
         raise ValueError(f"a source named {name!r} is already added to this system ({err})") from None
     handle = SourceHandle(system, source, state, child_id, trusted, poll_s)

@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rho_actors.errors import RhoError
+
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
     "MAX_TIMEOUT_MS",
@@ -50,6 +52,7 @@ __all__ = [
     "Image",
     "Ok",
     "ToolCall",
+    "ToolFailure",
     "ToolInfo",
     "ToolResult",
     "concurrency",
@@ -142,6 +145,8 @@ class ErrorKind(enum.StrEnum):
     WITHHELD = "withheld"
     UNAVAILABLE = "unavailable"
     TIMEOUT = "timeout"
+    TOOL_ERROR = "tool_error"
+    """The tool returned ``Error(reason)``: it ran and reported a failure itself."""
     RAISED = "raised"
     EXITED = "exited"
     CRASHED = "crashed"
@@ -156,6 +161,22 @@ class ErrorKind(enum.StrEnum):
 
 
 _RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED})
+
+
+class ToolFailure(RhoError):
+    """Raised by a tool's ``run`` for an error result of kind ``kind`` (instead of
+    ``raised``): a tool standing for one elsewhere (an MCP server's) reports
+    ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it. ``str(err)`` is
+    the text for the model (capped like any result's). Raises ``ValueError`` for a
+    ``kind`` that is not an :class:`ErrorKind` value. The result is built by
+    :func:`rho_actors.results.result_from_exception`."""
+
+    def __init__(self, kind: ErrorKind | str, message: str) -> None:
+        super().__init__(message)
+        self.kind = ErrorKind(kind)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by its two arguments (from a worker process)
+        return (type(self), (self.kind, str(self)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,9 @@ and, by type:
     ``"text": str``
 ``reply`` (the model's reply to request ``step``; written *before* its calls run)
     ``"text": str``, ``"tool_calls": [{"id": str, "name": str, "arguments": str | object}]``
-    (the model's raw argument text, or the decoded object a provider gave), and
+    (the model's raw argument text, or the decoded object a provider gave; ``"sent_id"``,
+    optional, the id the model sent when the recorded one replaces it: see
+    :mod:`rho_actors.provider_rules`), and
     ``"model_ms": float`` (how long the request took, milliseconds).
 ``result`` (one call's result; written after the turn)
     ``"index": int`` (the call's position in its reply's ``tool_calls``), ``"call_id"``,
@@ -342,14 +344,19 @@ class Transcript:
         """Record a prompt's ``text``, to be answered by request ``step``."""
         self._append({"type": "user", "step": step, "text": text})
 
-    def reply(self, step: int, reply: Reply, model_ms: float = 0.0) -> None:
+    def reply(
+        self, step: int, reply: Reply, model_ms: float = 0.0, *, sent_ids: Mapping[int, str] | None = None
+    ) -> None:
         """Record the model's reply to request ``step`` (before its calls run);
-        ``model_ms``: how long the request took, in milliseconds."""
+        ``model_ms``: how long the request took, in milliseconds; ``sent_ids``: the id
+        the model sent for call *index*, where the recorded id replaces it."""
         calls = [
             {"id": c.id, "name": c.name,
              "arguments": c.arguments if isinstance(c.arguments, str) else dict(c.arguments)}
             for c in reply.tool_calls
         ]
+        for index, sent in (sent_ids or {}).items():
+            calls[index]["sent_id"] = sent
         self._append({"type": "reply", "step": step, "text": reply.text, "tool_calls": calls,
                       "model_ms": round(model_ms, 3)})
 

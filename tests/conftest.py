@@ -69,4 +69,4 @@ class Recorder:
 
     def kinds(self, call_id: str) -> list[str]:
         with self._lock:
-            return [e.kind for e in self.events if e.call_id == call_id]
+            return [e.kind for e in self.events if getattr(e, "call_id", None) == call_id]

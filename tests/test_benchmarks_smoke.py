@@ -84,3 +84,68 @@ def test_bfcl_replay_or_skip_reason(report: dict[str, Any]) -> None:
     assert _positive(b["ratio"])
     assert b["target"] == 10.0
     assert isinstance(b["pass"], bool)
+
+
+# --- benchmarks/bench_peers.py (issue #12): only with the peers extra installed ---------
+
+PEERS_SCRIPT = SCRIPT.parent / "bench_peers.py"
+
+
+def _peers_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("langgraph", "agents", "pydantic_ai"))
+
+
+@pytest.fixture(scope="module")
+def peers_report() -> dict[str, Any]:
+    if not _peers_installed():
+        pytest.skip("the peers extra is not installed (pip install -e '.[peers]')")
+    proc = subprocess.run(
+        [sys.executable, str(PEERS_SCRIPT), "--quick", "--json"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=150,
+        cwd=SCRIPT.parent.parent,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_peers_report_measures_every_path(peers_report: dict[str, Any]) -> None:
+    assert peers_report["environment"]["mode"] == "quick"
+    assert peers_report["environment"]["versions"]["langgraph"] != "absent"
+    per_call = peers_report["per_call"]
+    for label in ("rho run_turn @tool (thread)", "rho run_turn static (process)", "pykka start + ask + stop",
+                  "LangGraph ToolNode.ainvoke", "OpenAI Agents on_invoke_tool", "pydantic-ai Agent.run, 1 tool call"):
+        _check_summary(per_call[label])
+    for label, s in peers_report["parallel"].items():
+        _check_summary(s)
+        assert s["p50"] >= 100, (label, s)  # 16 calls of a 100 ms sleep cannot finish sooner
+
+
+def test_peers_hung_tool_is_answered_and_process_isolation_stops_it(peers_report: dict[str, Any]) -> None:
+    hung = peers_report["hung"]
+    assert set(hung) >= {"rho @tool (thread)", "rho @tool (process)", "LangGraph ToolNode.ainvoke"}
+    for label, h in hung.items():
+        assert h["to_result_ms"] >= 200, (label, h)
+        assert h["ticks_at_result"] >= 1, (label, h)  # the tool really ran
+    assert hung["rho @tool (process)"]["stopped"] is True
+    assert hung["rho @tool (process)"]["outcome"].startswith("timeout")
+    assert hung["rho @tool (thread)"]["outcome"].startswith("timeout")
+
+
+def test_peers_targets_and_bfcl(peers_report: dict[str, Any]) -> None:
+    names = [t["target"] for t in peers_report["targets"]]
+    assert len(names) >= 5
+    for t in peers_report["targets"]:
+        assert _positive(t["ratio"]) and isinstance(t["pass"], bool)
+    b = peers_report["bfcl"]
+    if not b["skipped"]:
+        assert set(b["result_mismatches"]) == {"rho", "langgraph"}
+        assert all(0 <= n <= b["calls"] for n in b["result_mismatches"].values())
+        for k in ("rho", "langgraph", "direct"):
+            _check_summary(b["wall_s"][k])

@@ -259,11 +259,15 @@ def selftest():
 """
 
 
-def test_a_plugin_file_is_never_imported_in_the_host(hostile: ActorSystem, tmp_path: Path) -> None:
+def test_a_plugin_file_is_never_imported_in_the_host(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     folder, marker = tmp_path / "plugins", tmp_path / "imported"
     folder.mkdir()
     path = folder / "side_effects.py"
     path.write_text(PLUGIN.format(marker=str(marker)))
+    # the plugin signals through a file outside its private folder: no OS confinement here
+    hostile = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, confinement=False)
+    request.addfinalizer(hostile.stop)
+    hostile.register(Echo, untrusted=True)
     handle = hostile.add_source(PluginFolder(folder), poll_s=None)
     assert handle.status()["tools"][str(path)]["offered"] is True
     result = call(hostile, f"s-{next(SESSIONS)}", "side_effects", {})
@@ -325,7 +329,8 @@ def test_a_daemon_outlives_neither_a_declaration_read_nor_a_selftest(tmp_path: P
     folder.mkdir()
     pidfile, selftest_pidfile = tmp_path / "daemon.pid", tmp_path / "selftest-daemon.pid"
     (folder / "daemon.py").write_text(DAEMON.format(pidfile=str(pidfile), selftest_pidfile=str(selftest_pidfile)))
-    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
+    # the plugin signals through files outside its private folder: no OS confinement here
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, confinement=False)
     try:
         system.register(Echo, untrusted=True)
         handle = system.add_source(PluginFolder(folder), poll_s=None)

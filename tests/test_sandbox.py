@@ -624,7 +624,7 @@ def test_async_run(pool: WorkerPool) -> None:
 
 def test_returned_error_and_raise(pool: WorkerPool) -> None:
     result = call(pool, ReturnsError)
-    assert (result.ok, result.error_kind, result.content) == (False, ErrorKind.RAISED, "bad input")
+    assert (result.ok, result.error_kind, result.content) == (False, ErrorKind.TOOL_ERROR, "bad input")
 
 
 def test_timeout_stops_the_work(pool: WorkerPool, tmp_path: Path) -> None:
@@ -767,12 +767,15 @@ def test_benchmark_smoke() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert set(report) == {"environment", "noop_call", "replacement", "declarations", "total_s"}
+    assert set(report) == {"environment", "noop_call", "replacement", "declarations", "untrusted", "total_s"}
     for part, key in (("noop_call", "ratio"), ("replacement", "target_ms"), ("declarations", "target_ms")):
         assert report[part][key] > 0 and isinstance(report[part]["pass"], bool)
     assert report["noop_call"]["worker_pool_us"]["p50"] > 0
     assert report["replacement"]["deadline_to_ready_ms"]["p50"] > 0
     assert report["declarations"]["accepted"] == 50 and report["declarations"]["per_tool_ms"]["mean"] > 0
+    for part in ("warm_call", "new_session_first_call", "worker_scope_call", "cold_session_first_call"):
+        pair = report["untrusted"][part]
+        assert pair["system_us"]["p50"] > 0 and pair["process_pool_executor_us"]["p50"] > 0 and pair["ratio"] > 0
 
 
 def test_calls_never_queue(pool: WorkerPool, tmp_path: Path) -> None:

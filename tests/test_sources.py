@@ -265,8 +265,8 @@ def test_periodic_polling_notices_changes(system: ActorSystem, folder: Path) -> 
 
 
 @pytest.mark.parametrize("trusted", [True, False], ids=["thread", "process"])
-def test_a_call_in_flight_finishes_when_its_tool_is_removed(system: ActorSystem, folder: Path, tmp_path: Path,
-                                                           trusted: bool) -> None:
+def test_a_call_in_flight_finishes_when_its_tool_is_removed(folder: Path, tmp_path: Path, trusted: bool,
+                                                           request: pytest.FixtureRequest) -> None:
     started, go = tmp_path / "started", tmp_path / "go"
     body = f"""
         import os, time
@@ -279,6 +279,9 @@ def test_a_call_in_flight_finishes_when_its_tool_is_removed(system: ActorSystem,
             return "finished" if os.path.exists({str(go)!r}) else "not released"
     """
     slow = write(folder, "slow.py", plugin("slow", "unused", body))
+    # the tool signals through files outside its private folder: no OS confinement here
+    system = ActorSystem(tmp_path / "data", confinement=False)
+    request.addfinalizer(system.stop)
     handle = add_source(system, PluginFolder(folder, trusted=trusted), trusted=trusted, poll_s=None)
     assert system._tools.current.entries["slow"].isolation == ("thread" if trusted else "process")
     loop = system.start_loop("s1")

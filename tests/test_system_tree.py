@@ -171,15 +171,18 @@ def test_the_tree_is_plain_data_with_running_calls(system: ActorSystem) -> None:
     tree = system.tree()
     assert (tree["id"], tree["kind"], tree["strategy"], tree["alive"]) == ("root", "supervisor", "one_for_one", True)
     children = {c["id"]: c for c in tree["children"]}
-    assert list(children) == ["declarations", "registry", "calls", "workers", "loops", "servers"]
+    assert list(children) == ["declarations", "registry", "calls", "workers", "sources", "sessions", "servers"]
     assert children["declarations"]["restart"] == "permanent" and children["declarations"]["kind"] == "worker"
     assert children["calls"]["running"] >= 1 and children["calls"]["spares"] >= 0
-    [session] = children["loops"]["children"]
-    assert session["id"] == "s1" and session["restart"] == "transient"
-    [running] = session["running"]
+    [session] = children["sessions"]["children"]
+    assert (session["id"], session["kind"], session["restart"]) == ("s1", "supervisor", "temporary")
+    [loop_node] = session["children"]
+    assert loop_node["id"] == "loop" and loop_node["restart"] == "transient"
+    [running] = loop_node["running"]
     assert running["call_id"] == "w" and running["tool"] == "wait_for_release"
     assert 0 < running["ms_left"] <= 30_000
-    assert children["servers"]["children"][0]["id"] == "kv"
+    [server] = children["servers"]["children"]
+    assert server["id"] == "kv" and server["kind"] == "supervisor" and server["children"][0]["id"] == "kv"
     RELEASE.set()
     assert future.result(WAIT_S)[0].ok
     restarted(system, "registry")

@@ -8,7 +8,7 @@ import time
 import pykka
 import pytest
 
-from rho_actors.timers import Timers
+from rho_actors.otp.timers import Timers
 
 from .conftest import WAIT_S
 

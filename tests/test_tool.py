@@ -18,23 +18,9 @@ from rho_actors import (
 )
 from rho_actors.tool import REQUIRED_CALLBACKS, missing_callbacks
 
+from .helpers import make_tool
 
-class StaticTool:
-    @staticmethod
-    def name() -> str:
-        return "static"
-
-    @staticmethod
-    def description() -> str:
-        return "A tool made of staticmethods."
-
-    @staticmethod
-    def parameter_schema() -> dict[str, Any]:
-        return {"type": "object"}
-
-    @staticmethod
-    def run(args: dict[str, Any], ctx: Any) -> Any:
-        return "ok"
+StaticTool = make_tool("static", "ok", description="A tool made of staticmethods.")
 
 
 class InstanceTool:
@@ -188,6 +174,7 @@ def test_error_kind_values() -> None:
         "withheld",
         "unavailable",
         "timeout",
+        "tool_error",
         "raised",
         "exited",
         "crashed",

@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from rho_actors.call import CallSpec
-    from rho_actors.supervisor import Spares
-    from rho_actors.timers import Timers
+    from rho_actors.events import EventBus
+    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.timers import Timers
+    from rho_actors.registry import ToolSetView
+    from rho_actors.sandbox.enclosure import ConfinePolicy
 
 __all__ = ["Isolation", "IsolationServices", "RunningCall"]
 
@@ -26,13 +29,25 @@ class IsolationServices:
     """What an isolation gets from its system: ``calls``, the spare CallActors a call
     runs in (its waiting thread); ``timers``, the system's timer service; the bounds of
     worker processes: ``warm_workers`` idle workers, ``heap_bytes`` of address space each
-    (bytes) and the ``start_method`` (``"forkserver"`` or ``"spawn"``)."""
+    (bytes) and the ``start_method`` (``"forkserver"`` or ``"spawn"``); ``max_workers``,
+    the cap on worker processes of the whole system; ``confine``, how untrusted workers
+    are confined; ``worker_idle_s``, how long an idle scoped worker is kept (seconds);
+    ``tools``, the published tool set (a call's tool entry says whether it is untrusted);
+    ``events``, where isolations report; ``threads_per_tool`` and ``threads_total``, the
+    caps on abandoned threads of thread calls."""
 
     calls: Spares
     timers: Timers
     warm_workers: int = 2
     heap_bytes: int = 256 * 2**20
     start_method: str = "forkserver"
+    max_workers: int = 8
+    confine: ConfinePolicy | None = None
+    worker_idle_s: float = 30.0
+    tools: ToolSetView | None = None
+    events: EventBus | None = None
+    threads_per_tool: int = 8
+    threads_total: int = 64
 
 
 class RunningCall(Protocol):
@@ -72,3 +87,8 @@ class Isolation(ABC):
         """Counters for :meth:`rho_actors.ActorSystem.stats` (names unique across
         isolations). Default: none."""
         return {}
+
+    def pids(self) -> list[int]:
+        """The process ids of this isolation's worker processes alive now, for
+        :meth:`rho_actors.ActorSystem.worker_pids`. Default: none."""
+        return []

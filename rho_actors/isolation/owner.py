@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rho_actors.actor import Actor
 from rho_actors.isolation.base import Isolation
+from rho_actors.otp.actor import Actor
 
 __all__ = ["IsolationOwner"]
 

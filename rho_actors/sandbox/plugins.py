@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel
-from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.processes import close, context, spawn
 from rho_actors.sandbox.reads import (
     DEFAULT_HEAP_BYTES,
@@ -55,10 +56,11 @@ DEFAULT_DISCOVERY_TIMEOUT_S: Final = 5.0
 """Default time bound of finding the tools of an untrusted plugin file, in seconds."""
 _MAX_DISCOVERY_BYTES: Final = 64 * 1024
 _MAX_TOOLS: Final = 256
+_UNCONFINED: Final = ConfinePolicy(confine=False)
 _IDENTIFIER: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,199}")
 
 
-class PluginLoadError(Exception):
+class PluginLoadError(RhoError):
     """A plugin file could not be loaded: ``str(err)`` says why (with the line, when
     the error is in the file)."""
 
@@ -228,32 +230,39 @@ def discovery_child(channel: Channel, payload: tuple[str, bytes]) -> None:
 
 def discover_plugin(
     path: str | Path, data: bytes, *, timeout_s: float = DEFAULT_DISCOVERY_TIMEOUT_S,
-    heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver",
+    heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver", confine: ConfinePolicy | None = None,
 ) -> list[PluginRef]:
     """The tools of the plugin file ``path`` (its bytes ``data``), found in a throwaway
     child process (never imported here): one :class:`PluginRef` per tool, in definition
     order (an empty list: no tool in it). ``timeout_s`` (seconds) and ``heap_bytes``
-    (``RLIMIT_AS``) bound the child; its whole process tree is killed at the end.
+    (``RLIMIT_AS``) bound the child; it is confined by ``confine`` as a declaration read
+    is (``None``: no OS confinement, but a scrubbed environment and a private folder);
+    its whole process tree is killed at the end (:func:`~rho_actors.sandbox.reads.end_child`).
 
     Raises :class:`NoTools` (a :class:`PluginLoadError`) when it holds no tool, and
     :class:`PluginLoadError` naming the file and why when it cannot be loaded
     there (a syntax error, its top-level code raised: the message as the child saw it),
     or when the child timed out, crashed or answered something malformed."""
     path = str(path)
+    ctx = context(start_method)
+    enclosure = Enclosure(confine or _UNCONFINED, heap_bytes or None)
     try:
-        child = spawn(context(start_method), discovery_child, (path, data), ChildSetup(heap_bytes),
-                      name="rho-plugin-discovery")
-    except Exception as exc:
-        raise PluginLoadError(
-            f"{path}: could not start a process to find its tools: {describe_exception(exc)}"
-        ) from None
-    try:
-        frame = await_answer(child, lambda: f"finding the tools of {path}", wire.DISCOVERY, _MAX_DISCOVERY_BYTES,
-                             timeout_s, heap_bytes)
-    except IsolatedReadError as exc:
-        raise PluginLoadError(str(exc)) from None
+        try:
+            child = spawn(ctx, discovery_child, (path, data), enclosure.setup, name="rho-plugin-discovery")
+        except Exception as exc:
+            raise PluginLoadError(
+                f"{path}: could not start a process to find its tools: {describe_exception(exc)}"
+            ) from None
+        enclosure.started(child.pid)
+        try:
+            frame = await_answer(child, lambda: f"finding the tools of {path}", wire.DISCOVERY,
+                                 _MAX_DISCOVERY_BYTES, timeout_s, heap_bytes, None, enclosure)
+        except IsolatedReadError as exc:
+            raise PluginLoadError(str(exc)) from None
+        finally:
+            close(child.proc, child.channel.conn)
     finally:
-        close(child.proc, child.channel.conn)
+        enclosure.remove()  # what is left of its tree (its cgroup), its private folder
     try:
         answer = wire.decode_json(frame)
     except wire.WireError as exc:

@@ -24,12 +24,13 @@ from typing import Any, Final, Literal
 
 import psutil
 
+from rho_actors.confinement import kill_tree
 from rho_actors.declarations import Raised, read_declaration
 from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
-from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
 from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
 
@@ -61,11 +62,10 @@ _MAX_VALUE_CHARS: Final = 4 * 2**20
 _EXIT_GRACE_S: Final = 1.0
 """How long a child that closed its pipe gets to finish exiting before it is killed."""
 _REAP_TIMEOUT_S: Final = 5.0
-_TREE_WALKS: Final = 20
-"""Walks of a throwaway child's descendants at its end, at most."""
 _PR_SET_CHILD_SUBREAPER: Final = 36
 _CANCEL_POLL_S: Final = 0.05
 """How often a declaration read looks at its ``cancel`` event, in seconds."""
+_UNCONFINED: Final = ConfinePolicy(confine=False)
 
 
 class IsolatedReadError(RhoError):
@@ -173,6 +173,7 @@ def read_declaration_isolated(
     heap_bytes: int = DEFAULT_HEAP_BYTES,
     start_method: str = "forkserver",
     cancel: threading.Event | None = None,
+    confine: ConfinePolicy | None = None,
 ) -> dict[str, Any]:
     """Read an untrusted tool's declaration callbacks in a fresh, throwaway child process.
 
@@ -181,7 +182,10 @@ def read_declaration_isolated(
     ``heap_bytes`` (``RLIMIT_AS``, bytes; ``0`` for no bound), calls ``name``,
     ``description``, ``parameter_schema``, ``timeout_ms`` and ``concurrency`` (those the
     tool has) with :func:`rho_actors.declarations.read_declaration`, and answers with
-    JSON text only. ``timeout_s`` (seconds) counts from the child's start.
+    JSON text only. ``timeout_s`` (seconds) counts from the child's start. The child is
+    confined by ``confine`` as an untrusted worker is (DESIGN §5: its own uid, Landlock,
+    limits, a cgroup bounding its whole tree to ``heap_bytes``); with ``None`` it is not,
+    but it still gets only a scrubbed environment and a private ``HOME``/``TMPDIR``.
 
     Returns ``{callback_name: payload}`` for each callback present, where ``payload`` is
     ``{"raised": "TypeName: message"}`` when the callback raised (any
@@ -200,7 +204,8 @@ def read_declaration_isolated(
     not be pickled here or unpickled there) or ``"cancelled"`` (``cancel`` was set: the
     child's process group was killed; it is looked at every 50 ms). Raises ``ValueError`` for a bad
     ``start_method`` (``"forkserver"`` or ``"spawn"``). The child is always reaped and
-    its process tree killed (:func:`end_child`): nothing it started is left running.
+    its whole process tree killed (:func:`end_child`): nothing it started is left running
+    (a ``setsid`` escape included, by its cgroup or while the child still lives).
     """
     try:
         _, payload = ship(tool)
@@ -208,20 +213,25 @@ def read_declaration_isolated(
         message = f"{label(tool)} could not be shipped to a child process: {exc}"
         raise IsolatedReadError("unpicklable", message) from None
     ctx = context(start_method)
+    enclosure = Enclosure(confine or _UNCONFINED, heap_bytes or None)
     try:
-        child = spawn(ctx, declaration_child, payload, ChildSetup(heap_bytes), name="rho-declaration-read")
-    except Exception as exc:
-        raise IsolatedReadError(
-            "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
-            f"{describe_exception(exc)}"
-        ) from None
-    try:
-        frame = await_answer(
-            child, lambda: f"reading the declaration of {label(tool)}", wire.DECLARATION, wire.MAX_DECLARATION_BYTES,
-            timeout_s, heap_bytes, cancel,
-        )
+        try:
+            child = spawn(ctx, declaration_child, payload, enclosure.setup, name="rho-declaration-read")
+        except Exception as exc:
+            raise IsolatedReadError(
+                "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
+                f"{describe_exception(exc)}"
+            ) from None
+        enclosure.started(child.pid)
+        try:
+            frame = await_answer(
+                child, lambda: f"reading the declaration of {label(tool)}", wire.DECLARATION,
+                wire.MAX_DECLARATION_BYTES, timeout_s, heap_bytes, cancel, enclosure,
+            )
+        finally:
+            close(child.proc, child.channel.conn)
     finally:
-        close(child.proc, child.channel.conn)
+        enclosure.remove()  # what is left of its tree (its cgroup), its private folder
     try:
         answer = wire.decode_json(frame)
     except wire.WireError as exc:
@@ -264,47 +274,38 @@ def linger(channel: Channel) -> None:
             channel.recv()
 
 
-def end_child(proc: Any) -> int | None:
+def end_child(proc: Any, enclosure: Enclosure | None = None) -> int | None:
     """Kill a throwaway child and everything it started, then reap it; its exit code
-    (``None`` if it could not be reaped within 5 s).
+    (``None`` if it could not be reaped within 5 s). The one way a throwaway child ends
+    (declaration reads, plugin discovery, selftests).
 
-    While the child (a subreaper, see :func:`become_subreaper`) is still alive, its
-    descendants are found with ``psutil`` and sent ``SIGKILL``, again until none is
-    left running (a process forking meanwhile is caught by the next walk); then the
-    child's process group and the child itself get ``SIGKILL``. The one place where a
-    throwaway child's process tree ends."""
-    pid: int = proc.pid
-    if proc.exitcode is None:
-        try:
-            parent = psutil.Process(pid)
-            for _ in range(_TREE_WALKS):
-                running = [p for p in parent.children(recursive=True) if _running(p)]
-                if not running:
-                    break
-                for p in running:
-                    with contextlib.suppress(psutil.Error):
-                        p.send_signal(signal.SIGKILL)
-        except psutil.Error:  # the child is gone already
-            pass
-    kill_group(pid, leader=proc.exitcode is None)
+    While the child is still alive (a subreaper, see :func:`become_subreaper`, so it
+    still holds every orphan of its tree) its whole tree is killed: by ``enclosure``
+    (:meth:`~rho_actors.sandbox.enclosure.Enclosure.kill`: the tree frozen and killed,
+    ``setsid`` escapes included, then its cgroup) when there is one, else by
+    :func:`rho_actors.confinement.kill_tree`; then the child's process group. A child
+    already reaped is not walked (its pid may be reused): the caller's
+    ``enclosure.remove()`` kills what is left in its cgroup."""
+    alive = proc.exitcode is None
+    if alive:
+        if enclosure is not None:
+            enclosure.kill()
+        else:
+            with contextlib.suppress(psutil.Error):
+                kill_tree(proc.pid)
+    kill_group(proc.pid, leader=alive)
     return reap(proc, _REAP_TIMEOUT_S)
-
-
-def _running(p: Any) -> bool:
-    try:
-        return bool(p.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
 
 
 def await_answer(
     child: Child, describe: Callable[[], str], tag: bytes, max_bytes: int, timeout_s: float, heap_bytes: int | None,
-    cancel: threading.Event | None = None,
+    cancel: threading.Event | None = None, enclosure: Enclosure | None = None,
 ) -> bytes:
     """A throwaway child's one answer frame (tag ``tag``, at most ``max_bytes``) within
     ``timeout_s`` seconds; ``describe()`` (``"reading the declaration of X"``, called only
-    on failure) names the read in errors. In every case the child and its whole process tree are ended
-    (:func:`end_child`) before this returns or raises :class:`IsolatedReadError`."""
+    on failure) names the read in errors. In every case the child and its whole process
+    tree are ended (:func:`end_child`, through ``enclosure`` when the child has one)
+    before this returns or raises :class:`IsolatedReadError`."""
     proc, channel = child.proc, child.channel
     deadline = time.monotonic() + timeout_s
     try:
@@ -320,22 +321,22 @@ def await_answer(
                 if time.monotonic() >= deadline:
                     raise
     except _Cancelled:
-        end_child(proc)
+        end_child(proc, enclosure)
         what = describe()
         raise IsolatedReadError("cancelled", f"{what} was cancelled; its process tree was killed") from None
     except DeadlineReached:
-        end_child(proc)
+        end_child(proc, enclosure)
         what = describe()
         raise IsolatedReadError(
             "timeout", f"{what} took longer than {timeout_s:g} s; its process tree was killed"
         ) from None
     except Malformed as exc:
-        end_child(proc)
+        end_child(proc, enclosure)
         what = describe()
         raise IsolatedReadError("crashed", f"{what}: its process sent a malformed answer ({exc})") from None
     except EOFError:
         code = reap(proc, _EXIT_GRACE_S)
-        end_child(proc)
+        end_child(proc, enclosure)
         what = describe()
         if code is None:
             raise IsolatedReadError(
@@ -343,9 +344,9 @@ def await_answer(
             ) from None
         raise _read_ended(what, code, heap_bytes) from None
     except BaseException:
-        end_child(proc)
+        end_child(proc, enclosure)
         raise
-    end_child(proc)  # answered: nothing it started outlives the read
+    end_child(proc, enclosure)  # answered: nothing it started outlives the read
     return frame
 
 

@@ -34,7 +34,7 @@ import math
 import pickle
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
@@ -127,24 +127,29 @@ class CallRequest:
     max_chars: int
 
 
+_CALL_FIELDS: Final = tuple(f.name for f in fields(CallRequest))
+
+
 def encode_call(request: CallRequest) -> bytes:
-    """``request`` as a ``CALL`` body. Raises :class:`WireError` when its arguments or
-    context cannot be pickled."""
+    """``request`` as a ``CALL`` body (its fields as a pickled tuple). Raises
+    :class:`WireError` when its arguments or context cannot be pickled."""
+    data = tuple(getattr(request, name) for name in _CALL_FIELDS)
     try:
-        return pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
         try:
-            return bytes(cloudpickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+            return bytes(cloudpickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception as exc:
             raise WireError(describe_exception(exc)) from None
 
 
 def decode_call(body: bytes) -> CallRequest:
-    """A ``CALL`` body back as a :class:`CallRequest` (in the worker)."""
-    request = pickle.loads(body)
-    if not isinstance(request, CallRequest):
-        raise WireError(f"a CALL frame held a {type(request).__qualname__}")
-    return request
+    """A ``CALL`` body back as a :class:`CallRequest` (in the worker). Raises
+    :class:`WireError` when it is not one."""
+    data = pickle.loads(body)
+    if type(data) is not tuple or len(data) != len(_CALL_FIELDS):
+        raise WireError(f"a CALL frame held a {type(data).__qualname__}, not the fields of a call")
+    return CallRequest(*data)
 
 
 class ResultCodec(Protocol):

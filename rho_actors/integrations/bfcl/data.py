@@ -13,6 +13,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from rho_actors.errors import RhoError
+
 if TYPE_CHECKING:
 
     from rho_actors.integrations.bfcl.convert import BfclFunction
@@ -62,11 +64,11 @@ ERROR_PREFIX = "Error during execution: "
 """BFCL's text for a call that raised: this prefix, then ``str(exception)``."""
 
 
-class BfclUnavailableError(RuntimeError):
+class BfclUnavailableError(RhoError, RuntimeError):
     """``bfcl_eval`` (or ``mpmath``, which its MathAPI needs) is not installed."""
 
 
-class CallParseError(ValueError):
+class CallParseError(RhoError, ValueError):
     """A ground-truth call string is not a plain call with literal arguments, or its
     arguments do not fit the method's signature."""
 

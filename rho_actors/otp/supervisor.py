@@ -2,33 +2,67 @@
 restart intensity with escalation, and ordered shutdown (DESIGN §6).
 
 A :class:`Supervisor` starts its children from :class:`ChildSpec` values, in order, and
-monitors them (:func:`rho_actors.actor.monitor`). When a child ends:
+monitors them (:func:`rho_actors.monitor`). Each rule below is OTP's ``supervisor``
+rule of the same name, except where a difference is stated.
 
-- its **restart type** says whether to restart it: ``permanent`` always, ``transient``
-  only after an abnormal exit (any reason but ``"normal"``), ``temporary`` never (the
-  child is forgotten);
-- the **strategy** says what else restarts with it: ``one_for_one`` (only it),
-  ``one_for_all`` (every child: the others are stopped, in reverse start order, then all
-  started again in order), ``rest_for_one`` (it and the children started after it);
-- the **restart intensity**: more than ``max_restarts`` restarts within ``max_seconds``
-  makes the supervisor stop all its children and exit with reason
-  :class:`RestartIntensityExceeded`, which its own supervisor handles as a child's
-  failure (escalation up to the root).
+- **Restart type** (OTP's ``restart``): ``permanent`` is always restarted, ``transient``
+  only after an abnormal exit (any reason but ``"normal"``), ``temporary`` never (it is
+  forgotten when it ends; its exits count for no restart intensity).
+- **Strategy** (OTP's ``strategy``): ``one_for_one`` restarts only the failed child;
+  ``one_for_all`` stops the others (in reverse start order) and starts all again in
+  order; ``rest_for_one`` does that for the failed child and those started after it.
+- **Restart intensity** (OTP's ``intensity``/``period``): each restart counts, and so
+  does each restart whose start fails: a start that raises is tried again at once (OTP's
+  ``try_again_restart``), within the same intensity. More than ``max_restarts`` restarts
+  within ``max_seconds`` is the one way a supervisor gives up: it stops all its
+  children and exits with reason :class:`RestartIntensityExceeded` (OTP:
+  ``reached_max_restart_intensity``, exit ``shutdown``), which its own supervisor
+  handles as a failure of that child (escalation, up to the root).
+- **Start at init** (OTP's ``init``): a static child whose first start fails makes the
+  supervisor's own start fail (:func:`rho_actors.start_link` raises); a dynamic child's
+  (``start_child``) start error goes back to its caller and the child is not added.
+- **Automatic shutdown** (OTP 24's ``auto_shutdown`` and ``significant``): with
+  ``auto_shutdown="any_significant"`` the supervisor stops (reason ``"normal"``) when a
+  ``significant`` child ends and is not restarted; with ``"all_significant"``, when
+  the last of them has.
+- **Shutdown** (OTP's ``shutdown``): children stop in reverse start order, each within
+  its ``shutdown`` milliseconds (then it is abandoned and logged: a thread cannot be
+  killed, DESIGN §5), or at once with ``"brutal_kill"`` (told to exit, not waited for).
+  Dynamic children stop all at once (OTP's ``DynamicSupervisor``).
+- **Dynamic children** (OTP's ``DynamicSupervisor``): :meth:`Supervisor.start_child`
+  adds children at run time; a ``transient`` one that ends normally, or a ``temporary``
+  one, is forgotten. An id held by a running child is refused (OTP's
+  ``already_started``).
+- **Failed starts**: a start that raises (a ``BaseException`` included: it is the
+  child's failure, never the supervisor's), returns no live :class:`rho_actors.Actor`
+  ref, or runs past its start timeout (:class:`StartChild`'s ``timeout_s``) is a failed
+  start (OTP's ``start_error``).
+- **Reports** (OTP's supervisor progress and error reports): ``started``,
+  ``crashed`` (``child_terminated``), ``start_failed`` (``start_error``),
+  ``restarted``, ``gave_up`` (``reached_max_restart_intensity``) and ``escalated``
+  (a child supervisor gave up), as :class:`rho_actors.SupervisorEvent` values given to
+  the ``report`` callback and logged. Starts of ``temporary`` children are not reported
+  (a call's actor per call would flood the log; their ends are results, not failures).
+- **Names** (Erlang's ``register/2``): a child with a ``name`` is registered on every
+  start, in the supervisor's ``names`` (default: :data:`rho_actors.otp.names.NAMES`,
+  read with :func:`rho_actors.whereis`); when the supervisor gives up, the name keeps
+  its :class:`RestartIntensityExceeded` (:meth:`Names.lookup` says why).
 
-Shutdown stops children in reverse start order, each within its ``shutdown``
-milliseconds (then it is abandoned and logged: a thread cannot be killed, DESIGN §5) or
-at once with ``"brutal_kill"`` (told to exit and not waited for).
+Which failures restart a child: an exception in a ``tell`` handler, in ``on_start``, a
+``BaseException`` anywhere, or :func:`rho_actors.kill`. An exception raised while
+handling an ``ask`` goes back to the caller and the child lives on (pykka's rule; OTP's
+``gen_server:call`` would crash the server).
 
-Children may be added at run time with :meth:`Supervisor.start_child` (OTP's
-``DynamicSupervisor``). A supervisor may keep spares (:class:`Spares`): children of one
-spec started ahead of need, taken without a message round trip; each still does one job.
+A supervisor may keep spares (:class:`Spares`): children of one spec started ahead of
+need, taken without a message round trip; each still does one job.
 
 Example::
 
-    sup = Supervisor.start([
+    sup = start_link(Supervisor, [
         ChildSpec("kv", StartChild(KvServer), restart="permanent", name="kv"),
         ChildSpec("cache", StartChild(Cache), restart="transient", shutdown=1_000),
     ], strategy="one_for_one", max_restarts=3, max_seconds=5)
+    which_children(sup)   # [ChildInfo(id='kv', ...), ChildInfo(id='cache', ...)]
 """
 
 from __future__ import annotations
@@ -44,7 +78,10 @@ from typing import Any, Literal
 import pykka
 from loguru import logger
 
-from rho_actors.actor import NORMAL, Actor, Down, Names, kill, monitor, start_link
+from rho_actors.encoding import describe_exception
+from rho_actors.events import SupervisorEvent, SupervisorEventKind
+from rho_actors.otp.actor import NORMAL, Actor, Down, kill, monitor, start_link
+from rho_actors.otp.names import NAMES, Names
 
 __all__ = [
     "ChildInfo",
@@ -53,26 +90,33 @@ __all__ = [
     "Spares",
     "StartChild",
     "Supervisor",
+    "count_children",
+    "which_children",
 ]
 
 RestartType = Literal["permanent", "transient", "temporary"]
 Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
 STRATEGIES: tuple[Strategy, ...] = ("one_for_one", "one_for_all", "rest_for_one")
 RESTART_TYPES: tuple[RestartType, ...] = ("permanent", "transient", "temporary")
+AutoShutdown = Literal["never", "any_significant", "all_significant"]
+AUTO_SHUTDOWNS: tuple[AutoShutdown, ...] = ("never", "any_significant", "all_significant")
 
 
 @dataclass(frozen=True, slots=True)
 class StartChild:
     """How to start a child: ``actor_class.start(*args, **kwargs)``, returning once its
-    ``on_start`` has run (:func:`rho_actors.actor.start_link`); the class must be a
-    :class:`rho_actors.Actor` (so it can be monitored)."""
+    ``on_start`` has run (:func:`rho_actors.otp.actor.start_link`); the class must be a
+    :class:`rho_actors.Actor` (so it can be monitored). An ``on_start`` running past
+    ``timeout_s`` seconds is a failed start (``pykka.Timeout``; the actor is killed once
+    it returns), as OTP's start timeout. The supervisor waits for the start meanwhile."""
 
     actor_class: type[Actor]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 30.0
 
     def __call__(self) -> pykka.ActorRef[Any]:
-        return start_link(self.actor_class, *self.args, **self.kwargs)
+        return start_link(self.actor_class, *self.args, timeout_s=self.timeout_s, **self.kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +127,9 @@ class ChildSpec:
     any callable returning the ref of a started :class:`rho_actors.Actor`; ``restart`` is
     ``"permanent"``, ``"transient"`` or ``"temporary"``; ``shutdown`` is how long it gets
     to stop, in milliseconds, or ``"brutal_kill"``; ``type`` is ``"worker"`` or
-    ``"supervisor"``; ``name``, when given, is registered for ``whereis`` on every start.
+    ``"supervisor"``; ``name``, when given, is registered for ``whereis`` on every start;
+    ``significant`` (only for ``transient`` and ``temporary`` children) marks a child
+    whose end stops a supervisor with ``auto_shutdown`` (OTP 24).
     """
 
     id: str
@@ -92,6 +138,7 @@ class ChildSpec:
     shutdown: int | Literal["brutal_kill"] = 5_000
     type: Literal["worker", "supervisor"] = "worker"
     name: str | None = None
+    significant: bool = False
 
     def __post_init__(self) -> None:
         if self.restart not in RESTART_TYPES:
@@ -100,6 +147,8 @@ class ChildSpec:
             raise ValueError(f"child {self.id!r}: shutdown must be milliseconds >= 0 or 'brutal_kill'")
         if self.type not in ("worker", "supervisor"):
             raise ValueError(f"child {self.id!r}: type must be 'worker' or 'supervisor', got {self.type!r}")
+        if self.significant and self.restart == "permanent":
+            raise ValueError(f"child {self.id!r}: a permanent child cannot be significant (OTP)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +164,9 @@ class ChildInfo:
 
 
 class RestartIntensityExceeded(Exception):
-    """A supervisor's exit reason when its children restarted too often."""
+    """A supervisor's exit reason when its children restarted too often (more than
+    ``max_restarts`` in ``max_seconds``): it gave up. The message names the supervisor,
+    the intensity and the last child's failure."""
 
 
 @dataclass(slots=True)
@@ -135,6 +186,17 @@ class _Replenish:
 @dataclass(frozen=True, slots=True)
 class _Forget:
     ref: pykka.ActorRef[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    key: int
+    reason: object
+
+
+@dataclass(frozen=True, slots=True)
+class _WhichChildren:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,11 +290,16 @@ class Supervisor(Actor):
     """Starts and supervises children (see the module doc).
 
     Arguments: ``children``, the static child specs, started in order; ``strategy``;
-    ``max_restarts`` restarts within ``max_seconds`` seconds (the restart intensity);
-    ``names``, where children with a ``name`` are registered; ``spares``, a
-    :class:`Spares` pool this supervisor keeps filled. ``label`` names it in logs.
-    Raises ``ValueError`` for an unknown strategy and the first start error of a child
-    (the supervisor does not start then).
+    ``max_restarts`` restarts within ``max_seconds`` seconds (the restart intensity;
+    OTP's defaults are 1 in 5 s, this one's 3 in 5 s); ``auto_shutdown``
+    (``"never"``, ``"any_significant"``, ``"all_significant"``); ``names``, where
+    children with a ``name`` are registered (default: the process's
+    :data:`rho_actors.otp.names.NAMES`); ``spares``, a :class:`Spares` pool this
+    supervisor keeps filled; ``report``, called with each
+    :class:`rho_actors.SupervisorEvent` (in this supervisor's thread: keep it quick).
+    ``label`` names it in logs and reports. Raises ``ValueError`` for an unknown
+    strategy or auto_shutdown, and the first start error of a child (the supervisor
+    does not start then).
     """
 
     def __init__(
@@ -242,22 +309,28 @@ class Supervisor(Actor):
         strategy: Strategy = "one_for_one",
         max_restarts: int = 3,
         max_seconds: float = 5.0,
+        auto_shutdown: AutoShutdown = "never",
         names: Names | None = None,
         spares: Spares | None = None,
+        report: Callable[[SupervisorEvent], None] | None = None,
         label: str = "supervisor",
     ) -> None:
         super().__init__()
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if auto_shutdown not in AUTO_SHUTDOWNS:
+            raise ValueError(f"auto_shutdown must be one of {AUTO_SHUTDOWNS}, got {auto_shutdown!r}")
         ids = [spec.id for spec in children]
         if len(set(ids)) != len(ids):
             raise ValueError(f"child ids must be unique, got {ids}")
         self.strategy = strategy
         self.max_restarts = max_restarts
         self.max_seconds = max_seconds
+        self.auto_shutdown = auto_shutdown
         self.label = label
-        self._names = names
+        self._names = names if names is not None else NAMES
         self._spares = spares
+        self._report_to = report
         self._static = list(children)
         self._lock = threading.Lock()
         self._children: dict[int, _Child] = {}  # start order
@@ -285,10 +358,37 @@ class Supervisor(Actor):
         with self._lock:
             self._children[child.key] = child
         self._launch(child)
+        self._report_started(child)
         return child
 
+    def _report_started(self, child: _Child) -> None:
+        if child.spec.restart != "temporary":
+            self._report("started", child)
+
+    def _report(self, kind: SupervisorEventKind, child: _Child, reason: object = None) -> None:
+        """Log one report and give it to ``report`` (whose failure is logged, never raised)."""
+        text = None if reason is None else _reason_text(reason)
+        event = SupervisorEvent(kind, self.label, child.spec.id, text, child.restarts)
+        if kind in {"started", "restarted"}:
+            logger.info("{}: child {} {}", self.label, child.spec.id, kind)
+        elif kind in ("gave_up", "escalated"):
+            logger.error("{}: {} (child {}): {}", self.label, kind.replace("_", " "), child.spec.id, text)
+        else:
+            logger.warning("{}: child {} {}: {}", self.label, child.spec.id, kind.replace("_", " "), text)
+        if self._report_to is not None:
+            try:
+                self._report_to(event)
+            except BaseException:  # a host's callback must not fail the supervisor
+                logger.exception("{}: the report callback raised", self.label)
+
     def _launch(self, child: _Child) -> None:
-        self._watch(child, child.spec.start())
+        try:
+            ref = child.spec.start()
+        except Exception:
+            raise
+        except BaseException as exc:  # the child's failure (sys.exit in a start), not this supervisor's
+            raise RuntimeError(f"child {child.spec.id!r}: its start raised {_reason_text(exc)}") from exc
+        self._watch(child, ref)
 
     def _adopt(self, ref: pykka.ActorRef[Any], spec: ChildSpec) -> None:
         """Supervise a child started elsewhere (see :meth:`Spares.take`)."""
@@ -298,6 +398,10 @@ class Supervisor(Actor):
         self._watch(child, ref)
 
     def _watch(self, child: _Child, ref: pykka.ActorRef[Any]) -> None:
+        if not isinstance(ref, pykka.ActorRef):
+            raise TypeError(
+                f"child {child.spec.id!r}: its start returned {ref!r}, not the ref of a started rho_actors.Actor"
+            )
         if not issubclass(ref.actor_class, Actor):
             ref.stop(block=False)
             raise TypeError(f"child {child.spec.id!r}: {ref.actor_class.__name__} is not a rho_actors.Actor")
@@ -310,7 +414,7 @@ class Supervisor(Actor):
         with self._lock:
             child.ref = ref
             self._by_urn[ref.actor_urn] = child.key
-        if child.spec.restart == "temporary":
+        if child.spec.restart == "temporary" and not child.spec.significant:
             # Forgotten when it ends: no message, so no wake-up of this supervisor per exit.
             monitor(ref, self._forget_temporary)
         else:
@@ -325,15 +429,26 @@ class Supervisor(Actor):
     def _fill_spares(self) -> None:
         assert self._spares is not None
         while len(self._spares) < self._spares.count:
-            self._spares._idle.append(self.start_child(self._spares.spec))
+            self._spares._idle.append(self._start_dynamic(self._spares.spec))
 
     def start_child(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
-        """Add and start a child at run time; returns its ref. Raises the child's start
-        error (the child is not added then)."""
+        """Add and start a child at run time (OTP's ``start_child``); returns its ref.
+        Raises ``ValueError`` when a running child has ``spec.id`` (OTP's
+        ``already_started``), and the child's start error (the child is not added then,
+        as in OTP)."""
+        with self._lock:
+            running = [c.ref for c in self._children.values()
+                       if c.spec.id == spec.id and c.ref is not None and c.ref.is_alive()]
+        if running:
+            raise ValueError(f"child {spec.id!r} is already started (OTP's already_started): {running[0]}")
+        return self._start_dynamic(spec)
+
+    def _start_dynamic(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
         child = _Child(next(self._keys), spec, dynamic=True)
         self._launch(child)
         with self._lock:
             self._children[child.key] = child
+        self._report_started(child)
         assert child.ref is not None
         return child.ref
 
@@ -349,7 +464,7 @@ class Supervisor(Actor):
         return bool(found)
 
     def which_children(self) -> list[ChildInfo]:
-        """The children, in start order."""
+        """The children, in start order (OTP's ``which_children``)."""
         with self._lock:
             children = list(self._children.values())
         return [
@@ -365,6 +480,10 @@ class Supervisor(Actor):
         elif isinstance(message, _Replenish):
             if self._spares is not None:
                 self._fill_spares()
+        elif isinstance(message, _Retry):
+            self._try_again(message.key, message.reason)
+        elif isinstance(message, _WhichChildren):
+            return self.which_children()
         elif isinstance(message, _Forget):
             self._forget_temporary(message.ref, None)
         elif isinstance(message, _Adopt):
@@ -380,27 +499,48 @@ class Supervisor(Actor):
         if child is None or child.ref is not ref:
             return  # stopped by this supervisor, or already replaced
         child.ref = None
-        if reason == NORMAL and child.spec.restart == "transient":
-            logger.debug("{}: transient child {} ended normally", self.label, child.spec.id)
-            if child.dynamic:  # as OTP's DynamicSupervisor: a child not restarted is forgotten
+        if child.spec.restart == "temporary" or (reason == NORMAL and child.spec.restart == "transient"):
+            logger.debug("{}: child {} ended ({}), not restarted", self.label, child.spec.id, _reason_text(reason))
+            if child.dynamic or child.spec.restart == "temporary":  # forgotten, as in OTP
                 with self._lock:
                     self._children.pop(child.key, None)
+            if child.spec.significant:
+                self._maybe_auto_shutdown()
             return
-        logger.warning("{}: child {} ended ({}); strategy {}", self.label, child.spec.id, _reason_text(reason),
-                       self.strategy)
+        escalated = child.spec.type == "supervisor" and isinstance(reason, RestartIntensityExceeded)
+        self._report("escalated" if escalated else "crashed", child, reason)
+        self._restart(child, reason)
+
+    def _maybe_auto_shutdown(self) -> None:
+        """OTP's ``auto_shutdown``: stop normally once a significant child (any, or the
+        last) has ended without a restart."""
+        if self.auto_shutdown == "never":
+            return
+        with self._lock:
+            left = any(c.spec.significant and c.ref is not None for c in self._children.values())
+        if self.auto_shutdown == "any_significant" or not left:
+            logger.debug("{}: a significant child ended; shutting down (auto_shutdown)", self.label)
+            self.actor_ref.stop(block=False)
+
+    def _try_again(self, key: int, reason: object) -> None:
+        with self._lock:
+            child = self._children.get(key)
+        if child is not None and child.ref is None:
+            self._restart(child, reason)
+
+    def _restart(self, child: _Child, reason: object) -> None:
+        """Restart ``child`` by the strategy; this counts as one restart. A start that
+        raises is reported and tried again through the inbox (OTP's
+        ``try_again_restart``), counting again; past the intensity the supervisor gives up."""
         now = time.monotonic()
         self._restart_times.append(now)
         while self._restart_times and self._restart_times[0] < now - self.max_seconds:
             self._restart_times.popleft()
         if len(self._restart_times) > self.max_restarts:
-            self._shutdown_children()
-            raise RestartIntensityExceeded(
-                f"{self.label}: more than {self.max_restarts} restarts in {self.max_seconds} s "
-                f"(last: child {child.spec.id!r}, {_reason_text(reason)})"
-            )
+            self._give_up(child, reason)
         with self._lock:
             order = list(self._children.values())
-        if self.strategy == "one_for_one":
+        if self.strategy == "one_for_one" or child not in order:
             group = [child]
         elif self.strategy == "one_for_all":
             group = order
@@ -416,7 +556,32 @@ class Supervisor(Actor):
                 continue
             member.restarts += 1
             self.restarts += 1
-            self._launch(member)  # a start that fails fails this supervisor (see on_failure)
+            try:
+                self._launch(member)
+            except Exception as exc:
+                self._report("start_failed", member, exc)
+                self.actor_ref.tell(_Retry(member.key, exc))
+                return
+            self._report("restarted", member)
+
+    def _give_up(self, child: _Child, reason: object) -> None:
+        """Past the restart intensity: stop every child, mark their names, stop taking
+        messages, then report and exit with :class:`RestartIntensityExceeded` (raised
+        here). A host reacting to the ``gave_up`` report already sees the names say why
+        and this supervisor not alive."""
+        exc = RestartIntensityExceeded(
+            f"{self.label}: more than {self.max_restarts} restarts in {self.max_seconds} s "
+            f"(last: child {child.spec.id!r}, {_reason_text(reason)})"
+        )
+        with self._lock:
+            named = [c.spec.name for c in self._children.values() if c.spec.name is not None]
+        self._shutdown_children()
+        for name in named:
+            self._names.gave_up(name, exc)
+        pykka.ActorRegistry.unregister(self.actor_ref)
+        self.actor_stopped.set()  # is_alive() is false from here: a tell now fails fast
+        self._report("gave_up", child, exc)
+        raise exc
 
     # --- shutdown -----------------------------------------------------------------------
 
@@ -468,8 +633,8 @@ class Supervisor(Actor):
         self._shutdown_children()
 
     def on_failure(self, *exc_info: Any) -> None:
-        """A supervisor that fails (a child could not be restarted, or the restart
-        intensity was exceeded) stops all its children before it exits, as in OTP."""
+        """A supervisor that fails (it gave up, or a bug) stops all its children before
+        it exits, as in OTP."""
         self._release_spares()
         self._shutdown_children()
 
@@ -479,8 +644,25 @@ class Supervisor(Actor):
 
 
 def _reason_text(reason: object) -> str:
-    if isinstance(reason, BaseException):
-        from rho_actors.encoding import describe_exception
+    return describe_exception(reason) if isinstance(reason, BaseException) else str(reason)
 
-        return describe_exception(reason)
-    return str(reason)
+
+def which_children(supervisor: pykka.ActorRef[Any], timeout_s: float = 10.0) -> list[ChildInfo]:
+    """The children of the :class:`Supervisor` behind ``supervisor``, in start order
+    (OTP's ``supervisor:which_children/1``). Raises ``pykka.ActorDeadError`` when it has
+    stopped and ``pykka.Timeout`` past ``timeout_s`` seconds."""
+    children: list[ChildInfo] = supervisor.ask(_WhichChildren(), block=True, timeout=timeout_s)
+    return children
+
+
+def count_children(supervisor: pykka.ActorRef[Any], timeout_s: float = 10.0) -> dict[str, int]:
+    """OTP's ``supervisor:count_children/1``: ``{"specs", "active", "supervisors",
+    "workers"}`` of the :class:`Supervisor` behind ``supervisor``. Raises as
+    :func:`which_children`."""
+    children = which_children(supervisor, timeout_s)
+    return {
+        "specs": len(children),
+        "active": sum(c.alive for c in children),
+        "supervisors": sum(c.type == "supervisor" for c in children),
+        "workers": sum(c.type == "worker" for c in children),
+    }

@@ -1,19 +1,27 @@
-"""Actors with OTP exit semantics: exit reasons, monitors, ``kill`` and names.
+"""Actors with OTP exit semantics: exit reasons, monitors, ``kill`` and exit hooks.
 
-pykka gives threads with inboxes; OTP's supervision needs three more things, built here
-on pykka 4's actor loop:
+pykka gives threads with inboxes; OTP's supervision needs more, built here on pykka 4's
+actor loop. This is the only module of rho_actors that touches pykka's private names;
+every other actor uses the public hooks below.
 
-- **Exit reasons.** Every :class:`Actor` ends with a reason: :data:`NORMAL` when it was
-  stopped, else what killed it. An exception in a ``tell`` handler or in ``on_start``
-  kills the actor (as in pykka); an exception in an ``ask`` handler goes back to the
-  caller and the actor lives on (as in pykka). A ``BaseException`` (``SystemExit``,
-  ``KeyboardInterrupt``...) kills *only this actor* (pykka would stop every actor in the
-  process): an ``ask`` caller then gets :class:`ActorExit`.
+- **Exit reasons** (OTP: the ``Reason`` of ``exit/1``). Every :class:`Actor` ends with a
+  reason: :data:`NORMAL` when it was stopped, else what killed it. An exception in a
+  ``tell`` handler or in ``on_start`` kills the actor (OTP: a crash in ``handle_cast`` or
+  ``init``); an exception in an ``ask`` handler goes back to the caller and the actor
+  lives on (pykka's rule; OTP's ``gen_server:call`` would crash the server). A
+  ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``...) kills *only this actor*
+  (pykka would stop every actor in the process): an ``ask`` caller then gets
+  :class:`ActorExit`.
 - **Monitors** (Erlang's ``monitor/2``): :func:`monitor` calls back once when the actor
-  ends, with its reason (at once, when it has already ended).
-- **Names** (``register/2`` and ``whereis/1``): :class:`Names` maps a name to the live
-  ref of a named actor; a supervisor re-registers the name on each restart, so a caller
-  holding an old ref gets ``pykka.ActorDeadError`` at once, never a hang.
+  ends, with its reason (at once, with ``"noproc"``, when it has already ended).
+- **kill** (Erlang's ``exit(Pid, Reason)``): :func:`kill` makes the actor exit with a
+  reason once it reaches that message (a thread cannot be interrupted).
+- **Exit hooks**: :meth:`Actor.on_undelivered` sees each message still in the inbox when
+  the actor ends (OTP drops them silently; a hook can answer them), and
+  :meth:`Actor.on_exit` runs last in the actor's thread, once it has ended, been
+  unregistered and its monitors told.
+
+Names (``register/2``, ``whereis/1``) are in :mod:`rho_actors.otp.names`.
 
 Example::
 
@@ -34,7 +42,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +51,7 @@ from loguru import logger
 
 from rho_actors.encoding import describe_exception
 
-__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "Names", "kill", "monitor", "start_link"]
+__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "kill", "monitor", "start_link"]
 
 NORMAL = "normal"
 """The exit reason of an actor that was stopped (``ref.stop()``): not a failure."""
@@ -85,14 +92,27 @@ class _Ping:
 
 def start_link(actor_class: type[Actor], *args: Any, timeout_s: float = 30.0, **kwargs: Any) -> pykka.ActorRef[Any]:
     """Start an actor and return once its ``on_start`` has run (OTP's ``start_link``
-    returns after ``init``). Raises ``RuntimeError`` with the exit reason when it
-    failed to start, and ``pykka.Timeout`` past ``timeout_s`` seconds."""
+    returns after ``init``). Raises ``RuntimeError`` naming the exit reason when it
+    failed to start (chained from it when it is an exception), and ``pykka.Timeout``
+    when ``on_start`` runs past ``timeout_s`` seconds: then, as OTP kills an ``init``
+    past its start timeout, the actor is killed (a thread cannot be interrupted: it
+    exits, reason :data:`KILLED`, as soon as ``on_start`` returns, never running
+    unsupervised)."""
     ref = actor_class.start(*args, **kwargs)
     try:
         ref.ask(_Ping(), timeout=timeout_s)
+    except pykka.Timeout:
+        kill(ref)
+        raise pykka.Timeout(
+            f"{actor_class.__name__} did not start within {timeout_s} s (its on_start is still running; "
+            "it is killed once that returns)"
+        ) from None
     except pykka.ActorDeadError:
         ref.actor_stopped.wait(timeout_s)
-        raise RuntimeError(f"{actor_class.__name__} failed to start: {_exit_reason_of(ref)}") from None
+        reason = _exit_reason_of(ref)
+        text = describe_exception(reason) if isinstance(reason, BaseException) else str(reason)
+        cause = reason if isinstance(reason, BaseException) else None
+        raise RuntimeError(f"{actor_class.__name__} failed to start: {text}") from cause
     return ref
 
 
@@ -137,9 +157,10 @@ def monitor(ref: pykka.ActorRef[Any], notify: DownCallback | pykka.ActorRef[Any]
     callback = _teller(notify) if isinstance(notify, pykka.ActorRef) else notify
     handle = Monitor(ref.actor_urn, callback)
     with _lock:
-        callbacks = _monitors.get(ref.actor_urn) if ref.is_alive() else None
-        if callbacks is not None:
-            callbacks.append(handle)
+        # The actor sets ``actor_stopped`` before it takes its monitors (under this
+        # lock), so a live actor's entry made here is always taken and reported.
+        if ref.is_alive():
+            _monitors.setdefault(ref.actor_urn, []).append(handle)
             return handle
     callback(ref, "noproc")
     return handle
@@ -166,10 +187,12 @@ def kill(ref: pykka.ActorRef[Any], reason: object = KILLED) -> None:
 
 
 class Actor(pykka.ThreadingActor):
-    """A pykka actor with an exit reason and monitors (see the module doc).
+    """A pykka actor with an exit reason, monitors and exit hooks (see the module doc).
 
     ``exit_reason`` is ``None`` while it runs. Its thread is a daemon thread, so an
-    actor stuck in a handler cannot keep the process alive.
+    actor stuck in a handler cannot keep the process alive. Subclasses use pykka's
+    public hooks (``on_start``, ``on_receive``, ``on_stop``, ``on_failure``) and the two
+    below; none overrides pykka's loop.
     """
 
     use_daemon_thread = True
@@ -185,8 +208,19 @@ class Actor(pykka.ThreadingActor):
         self.exit_reason: object = None
         self._exit_cause: object = None
         self._stopped_once = False
-        with _lock:
-            _monitors[self.actor_urn] = []
+
+    def on_undelivered(self, message: Any) -> bool:
+        """Called in the actor's thread once it has ended, for each message still in its
+        inbox (in arrival order); returns whether it handled the message. An unhandled
+        ``ask`` gets ``pykka.ActorDeadError`` (pykka's rule; OTP drops messages to a dead
+        process). Default: ``False``. What it raises is logged and counts as ``False``."""
+        return False
+
+    def on_exit(self, reason: object) -> None:
+        """Called last in the actor's thread, once it has fully ended: unregistered,
+        ``exit_reason`` set to ``reason``, its monitors told. A reply sent from here
+        reaches a caller whose next message to a registry or supervisor already sees
+        this actor gone. Default: nothing. What it raises is logged."""
 
     def _handle_receive(self, message: Any) -> Any:
         if isinstance(message, _Ping):
@@ -239,74 +273,40 @@ class Actor(pykka.ThreadingActor):
             self.actor_stopped.set()
             self._actor_loop_teardown()
         finally:
-            self.exit_reason = self._exit_cause if self._exit_cause is not None else NORMAL
-            with _lock:
-                callbacks = _monitors.pop(self.actor_urn, [])
-                if self.exit_reason != NORMAL:
-                    _exits[self.actor_urn] = self.exit_reason
-                    while len(_exits) > _EXITS_KEPT:
-                        del _exits[next(iter(_exits))]
-            for handle in callbacks:
+            self._ended()
+
+    def _actor_loop_teardown(self) -> None:
+        kept = []
+        while not self.actor_inbox.empty():
+            envelope = self.actor_inbox.get()
+            handled = False
+            if not isinstance(envelope.message, (_Ping, _Kill)):
                 try:
-                    handle._callback(self.actor_ref, self.exit_reason)
+                    handled = self.on_undelivered(envelope.message)
                 except Exception:
-                    logger.exception("monitor callback for {} raised", self)
+                    logger.exception("on_undelivered of {} raised", self)
+            if not handled:
+                kept.append(envelope)
+        for envelope in kept:
+            self.actor_inbox.put(envelope)
+        super()._actor_loop_teardown()
 
+    def _ended(self) -> None:
+        """Set the exit reason, tell the monitors, then run :meth:`on_exit`."""
+        self.exit_reason = self._exit_cause if self._exit_cause is not None else NORMAL
+        with _lock:
+            callbacks = _monitors.pop(self.actor_urn, [])
+            if self.exit_reason != NORMAL:
+                _exits[self.actor_urn] = self.exit_reason
+                while len(_exits) > _EXITS_KEPT:
+                    del _exits[next(iter(_exits))]
+        for handle in callbacks:
+            try:
+                handle._callback(self.actor_ref, self.exit_reason)
+            except BaseException:  # the next monitors (a supervisor's) must still be told
+                logger.exception("monitor callback for {} raised", self)
+        try:
+            self.on_exit(self.exit_reason)
+        except BaseException:
+            logger.exception("on_exit of {} raised", self)
 
-class Names:
-    """Named actors of one system: name -> live ref (Erlang's ``register/whereis``).
-
-    A name is freed when its actor ends, so :meth:`whereis` never returns a dead ref for
-    long; one that ended an instant ago raises ``pykka.ActorDeadError`` when used.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._refs: dict[str, pykka.ActorRef[Any]] = {}
-
-    def register(self, name: str, ref: pykka.ActorRef[Any]) -> None:
-        """Give ``ref`` the name (replacing a dead holder). Raises ``ValueError`` when a
-        live actor holds it."""
-        with self._lock:
-            held = self._refs.get(name)
-            if held is not None and held.is_alive() and held.actor_urn != ref.actor_urn:
-                raise ValueError(f"the name {name!r} is held by {held}")
-            self._refs[name] = ref
-        monitor(ref, lambda r, _reason: self._release(name, r))
-
-    def _release(self, name: str, ref: pykka.ActorRef[Any]) -> None:
-        with self._lock:
-            if self._refs.get(name) is ref:
-                del self._refs[name]
-
-    def whereis(self, name: str) -> pykka.ActorRef[Any] | None:
-        """The live ref holding ``name``, or ``None``."""
-        with self._lock:
-            ref = self._refs.get(name)
-        return ref if ref is not None and ref.is_alive() else None
-
-    def deliver(self, name: str, message: Any, patience_s: float = 10.0, stop: threading.Event | None = None) -> bool:
-        """Hand ``message`` to the actor holding ``name`` and wait until it has handled it
-        (an ``ask``), following a restart: a delivery that meets a dead or missing actor
-        is tried again until ``patience_s`` seconds pass or ``stop`` is set. Returns
-        whether it was handled. A ``tell`` could be lost in the inbox of an actor that is
-        ending (pykka drops those); an ``ask`` is answered either way. Blocks: call it
-        from a thread that may wait."""
-        until = time.monotonic() + patience_s
-        while not (stop is not None and stop.is_set()) and time.monotonic() < until:
-            ref = self.whereis(name)
-            if ref is not None:
-                try:
-                    ref.ask(message, timeout=max(0.0, until - time.monotonic()))
-                    return True
-                except pykka.ActorDeadError:
-                    pass
-                except pykka.Timeout:
-                    return False
-            time.sleep(0.01)  # the supervisor is restarting it
-        return False
-
-    def names(self) -> list[str]:
-        """The names held now, sorted."""
-        with self._lock:
-            return sorted(self._refs)

@@ -1,0 +1,100 @@
+"""Isolations (DESIGN §5): looked up by name, each the one owner of its calls' deadlines;
+the sandbox's channel frames messages the same way on both ends."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import ISOLATIONS, ActorSystem, ErrorKind, Isolation, ToolCall
+from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
+
+from .conftest import WAIT_S, Recorder, wait_for
+from .helpers import make_tool
+
+
+def test_the_isolations_are_looked_up_by_name() -> None:
+    assert dict(ISOLATIONS).keys() == {"thread", "process"}
+    assert all(issubclass(cls, Isolation) and cls.name == name for name, cls in ISOLATIONS.items())
+
+
+def test_an_unknown_isolation_is_refused_naming_the_known_ones(system: ActorSystem) -> None:
+    with pytest.raises(ValueError, match="isolation must be one of thread, process, got 'ray'"):
+        system.register(make_tool("t"), isolation="ray")
+
+
+@pytest.mark.parametrize(("isolation", "consequence"), [("thread", "it was cancelled"),
+                                                        ("process", "its worker process was killed")])
+def test_a_deadline_gives_one_timeout_result_with_one_wording(
+    tmp_path: Path, isolation: str, consequence: str
+) -> None:
+    release = threading.Event()
+    hang = (lambda args, ctx: release.wait(WAIT_S)) if isolation == "thread" else (lambda args, ctx: time.sleep(60))
+    hangs = make_tool("hangs", hang, timeout_ms=200)
+    with ActorSystem(data_dir=tmp_path, warm_workers=0, shutdown_ms=500) as system:
+        recorder = Recorder()
+        system.subscribe(recorder)
+        system.register(hangs, isolation=isolation)
+        [result] = system.start_loop("s").run_turn([ToolCall("h", "hangs", "{}")])
+        assert result.error_kind is ErrorKind.TIMEOUT
+        assert result.content == f"tool 'hangs' did not finish within its timeout of 200 ms; {consequence}"
+        if isolation == "process":  # the pool kept the deadline: no second, discarded result
+            assert wait_for(lambda: system.stats()["workers_killed"] == 1)
+            assert recorder.kinds("h") == ["started", "timed_out"]
+        else:  # the abandoned thread returns later: its result is reported late
+            release.set()
+            assert wait_for(lambda: recorder.kinds("h") == ["started", "timed_out", "late"])
+
+
+def _pair() -> tuple[Channel, Channel, list[socket.socket]]:
+    a, b = socket.socketpair()
+    return Channel(a), Channel(b), [a, b]
+
+
+def test_the_channel_frames_tags_and_bodies_both_ways() -> None:
+    left, right, sockets = _pair()
+    try:
+        big = bytes(range(256)) * 4096  # more than one pipe buffer
+        sender = threading.Thread(target=lambda: left.send(b"C", big, time.monotonic() + WAIT_S))
+        sender.start()
+        assert right.recv(time.monotonic() + WAIT_S) == (b"C", big)
+        sender.join(WAIT_S)
+        right.send(b"R", b"", time.monotonic() + WAIT_S)
+        assert left.recv(time.monotonic() + WAIT_S) == (b"R", b"")
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_the_channel_refuses_a_frame_over_its_limit_and_keeps_its_deadline() -> None:
+    left, right, sockets = _pair()
+    try:
+        with pytest.raises(DeadlineReached):
+            right.recv(time.monotonic() + 0.05)
+        left.send(b"A", b"x" * 100, time.monotonic() + WAIT_S)
+        with pytest.raises(Malformed, match="a message of 100 bytes, more than the limit of 10"):
+            right.recv(time.monotonic() + WAIT_S, max_bytes=10)
+        sockets[0].close()
+        with pytest.raises(EOFError):
+            Channel(sockets[1]).recv(time.monotonic() + WAIT_S)
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_a_custom_isolation_only_needs_start() -> None:
+    class Inline(Isolation):
+        name = "inline"
+
+        def start(self, call: Any) -> Any:
+            call.reply(None)
+            return self
+
+    assert Inline.__abstractmethods__ == frozenset()
+    with pytest.raises(TypeError):
+        Isolation(None)  # type: ignore[abstract, arg-type]
