@@ -38,11 +38,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import signal
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from typing import Any, Final, Literal
@@ -53,25 +51,22 @@ from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.results import KILLED, failure
 from rho_actors.sandbox import wire
-from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
+from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.processes import (
-    close,
     context,
     hold_servers,
-    kill_group,
     kill_groups,
     mib,
-    reap,
     release_servers,
-    signal_name,
     spawn,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.shipping import Unshippable, pickled_deps, ship, short_name
 from rho_actors.sandbox.slots import WorkerSlots
-from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig, worker_child
+from rho_actors.sandbox.worker import WorkerConfig, worker_child
+from rho_actors.sandbox.worker_handle import WorkerHandle, ended, exchange
 from rho_actors.telemetry import TRACEPARENT
 from rho_actors.tool import ToolResult
 
@@ -82,7 +77,6 @@ CALL_SCOPE: Final = "call"
 
 _EXIT_GRACE_S: Final = 1.0
 """How long a worker that closed its pipe gets to finish exiting before it is killed."""
-_REAP_TIMEOUT_S: Final = 5.0
 _READY_TIMEOUT_S: Final = 30.0
 _DELIVERY_ATTEMPTS: Final = 3
 """Workers tried for one call when each turns out dead before the call reaches it."""
@@ -94,74 +88,6 @@ class _Stopped(Exception):
 
 class _QueuedPastDeadline(Exception):
     """Every worker slot stayed busy until the call's deadline."""
-
-
-class _Worker:
-    """The parent's record of one worker process."""
-
-    __slots__ = (
-        "_reap_lock", "channel", "closed", "enclosure", "env_key", "exitcode", "idle_since", "killed", "pid", "proc",
-        "reaped", "scope", "slots", "tools",
-    )
-
-    def __init__(
-        self, proc: Any, channel: Channel, enclosure: Enclosure | None, slots: WorkerSlots | None,
-        env_key: Hashable = None,
-    ) -> None:
-        self.proc = proc
-        self.pid: int = proc.pid
-        self.channel = channel
-        self.enclosure = enclosure
-        self.slots = slots
-        self.env_key = env_key
-        self.scope: Hashable = None
-        self.idle_since = 0.0
-        self.tools: OrderedDict[bytes, None] = OrderedDict()
-        self.killed = False
-        self.reaped = False
-        self.closed = False
-        self.exitcode: int | None = None
-        self._reap_lock = threading.Lock()
-
-    def healthy(self) -> bool:
-        """Whether an idle worker is still running and has sent nothing unasked."""
-        return not self.reaped and self.channel.quiet()
-
-    def kill(self) -> None:
-        self.killed = True
-        self.kill_tree()
-
-    def kill_tree(self) -> None:
-        """SIGKILL the worker and everything it started."""
-        if self.enclosure is not None:
-            self.enclosure.kill()
-        else:
-            kill_group(self.pid, leader=not self.reaped)
-
-    def reap(self, timeout_s: float = _REAP_TIMEOUT_S) -> int | None:
-        """Wait for the process to end and release it; its exit code (None: still running)."""
-        with self._reap_lock:
-            if self.reaped:
-                return self.exitcode
-            code = reap(self.proc, timeout_s)
-            if code is None:
-                return None
-            self.exitcode, self.reaped = code, True
-            return code
-
-    def close(self) -> None:
-        """Release the pipe and the process handle; only by the thread that owns the
-        worker (a thread polling them must never see their descriptors reused)."""
-        if self.closed:
-            return
-        self.closed = True
-        self.channel.close()
-        if self.reaped:
-            close(self.proc)
-        if self.enclosure is not None:
-            self.enclosure.remove()
-        if self.slots is not None:
-            self.slots.release()
 
 
 class WorkerPool:
@@ -211,10 +137,10 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the keeper waits here: a worker lost, or stop
         self._warmed = threading.Condition(self._lock)  # wait_warm waits here: a worker became idle
-        self._all: set[_Worker] = set()
-        self._idle: list[_Worker] = []  # every idle worker, oldest first
+        self._all: set[WorkerHandle] = set()
+        self._idle: list[WorkerHandle] = []  # every idle worker, oldest first
         self._scopes: set[Hashable] = set()
-        self._busy: set[_Worker] = set()
+        self._busy: set[WorkerHandle] = set()
         self._starting = 0
         self._stopped = False
         self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0}
@@ -333,7 +259,7 @@ class WorkerPool:
     def _deliver(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
         env_key: tuple[tuple[str, str], ...], failed: Callable[..., ToolResult],
-    ) -> _Worker | ToolResult:
+    ) -> WorkerHandle | ToolResult:
         """Send the call to a worker of ``scope`` (the tool's bytes only to one that lacks
         them); the worker it went to, or the error result when none could take it."""
         deadline, timeout_ms = request.deadline, request.timeout_ms
@@ -438,7 +364,9 @@ class WorkerPool:
 
     # --- workers --------------------------------------------------------------------------
 
-    def _spawn(self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), deadline: float | None = None) -> _Worker:
+    def _spawn(
+        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), deadline: float | None = None
+    ) -> WorkerHandle:
         """Start a worker process (not waiting for it to be ready) and register it. With
         a cap: waits for a slot until ``deadline`` (raises ``_QueuedPastDeadline``); with
         no ``deadline`` (the keeper) raises ``_Stopped`` when the cap is full."""
@@ -469,7 +397,7 @@ class WorkerPool:
             raise
         if enclosure is not None:
             enclosure.started(child.pid)
-        worker = _Worker(child.proc, child.channel, enclosure, self._slots, env_key)
+        worker = WorkerHandle(child.proc, child.channel, enclosure, self._slots, env_key)
         with self._lock:
             if not self._stopped:
                 self._all.add(worker)
@@ -486,10 +414,10 @@ class WorkerPool:
     def _fresh(self) -> int:
         return sum(1 for w in self._idle if w.scope is None)
 
-    def _take(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> _Worker:
+    def _take(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> WorkerHandle:
         """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
         with the same ``env_key``, else a new worker."""
-        dead: list[_Worker] = []
+        dead: list[WorkerHandle] = []
         scoped = self._scoped
         try:
             with self._lock:
@@ -515,7 +443,7 @@ class WorkerPool:
             worker.scope = scope
         return worker
 
-    def _release(self, worker: _Worker, retire: bool) -> None:
+    def _release(self, worker: WorkerHandle, retire: bool) -> None:
         with self._lock:
             self._busy.discard(worker)
             same = sum(1 for w in self._idle if w.scope == worker.scope)
@@ -530,13 +458,13 @@ class WorkerPool:
                 self._counts["retired"] += 1
         self._retire(worker)
 
-    def _retire(self, worker: _Worker) -> None:
+    def _retire(self, worker: WorkerHandle) -> None:
         worker.kill()
         worker.reap()
         worker.close()
         self._forget(worker)
 
-    def _lose(self, worker: _Worker, how: Literal["killed", "died"]) -> None:
+    def _lose(self, worker: WorkerHandle, how: Literal["killed", "died"]) -> None:
         """A worker killed at a deadline (or for a bad reply), or found dead: kill its
         group, let the keeper start a replacement at once, then reap it."""
         if how == "killed":
@@ -553,19 +481,19 @@ class WorkerPool:
             worker.reap()
         worker.close()
 
-    def _forget(self, worker: _Worker) -> None:
+    def _forget(self, worker: WorkerHandle) -> None:
         with self._lock:
             self._forget_locked(worker)
             self._changed.notify_all()
 
-    def _forget_locked(self, worker: _Worker) -> None:
+    def _forget_locked(self, worker: WorkerHandle) -> None:
         self._all.discard(worker)
         self._busy.discard(worker)
         self._pids.discard(worker.pid)
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
 
-    def _at_deadline(self, worker: _Worker, failed: Callable[..., ToolResult], timeout_ms: int) -> ToolResult:
+    def _at_deadline(self, worker: WorkerHandle, failed: Callable[..., ToolResult], timeout_ms: int) -> ToolResult:
         """The call's deadline passed: kill the worker's tree; ``memory`` if its bound was hit."""
         enclosure = worker.enclosure
         memory_hit = enclosure is not None and enclosure.memory_bound_hit()
@@ -575,7 +503,7 @@ class WorkerPool:
         return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
 
     def _died(
-        self, worker: _Worker, failed: Callable[..., ToolResult], cancel: CancelToken | None = None
+        self, worker: WorkerHandle, failed: Callable[..., ToolResult], cancel: CancelToken | None = None
     ) -> ToolResult:
         """The worker's pipe closed mid-call: find out how it ended (killed by
         ``cancel``, among others)."""
@@ -587,26 +515,17 @@ class WorkerPool:
         enclosure = worker.enclosure
         memory_hit = enclosure is not None and enclosure.memory_bound_hit()
         self._lose(worker, "died")
-        if stopped or worker.killed:
-            return failed("pool_stopped_mid_call")
-        if enclosure is not None and memory_hit:
-            return failed("memory_tree", heap=mib(self._heap_bytes), bound=enclosure.memory_bound)
-        if code is None:
-            return failed("pipe_closed")
-        if code == -signal.SIGKILL:
-            return failed("killed_outside", signal=signal_name(signal.SIGKILL))
-        if code < 0:
-            return failed("worker_crashed", signal=signal_name(-code))
-        return failed("worker_exited", code=code)
+        return ended(worker, code, failed, self._heap_bytes, stopped=stopped, memory_hit=memory_hit)
 
     def _exchange_or_cancel(
-        self, worker: _Worker, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
+        self, worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
         cancel: CancelToken | None,
     ) -> tuple[ToolResult, bool]:
-        """:meth:`_exchange`, killing the worker when ``cancel`` is set meanwhile (never
-        once the exchange has ended: the worker may be reaped, its pid reused)."""
+        """:func:`~rho_actors.sandbox.worker_handle.exchange`, killing the worker when
+        ``cancel`` is set meanwhile (never once the exchange has ended: the worker may be
+        reaped, its pid reused)."""
         if cancel is None:
-            return self._exchange(worker, request, tool_bytes, deadline)
+            return exchange(worker, request, tool_bytes, deadline, self._codec)
         guard = threading.Lock()
 
         def kill() -> None:
@@ -618,38 +537,9 @@ class WorkerPool:
 
         cancel.add_callback(kill)
         try:
-            return self._exchange(worker, request, tool_bytes, deadline)
+            return exchange(worker, request, tool_bytes, deadline, self._codec)
         finally:
             guard.acquire()  # waits out a kill under way; later ones do nothing
-
-    def _exchange(
-        self, worker: _Worker, request: wire.CallRequest, tool_bytes: bytes, deadline: float
-    ) -> tuple[ToolResult, bool]:
-        """Wait for the reply to the call just sent, until ``deadline``: ``(result,
-        retire)``. Raises ``DeadlineReached``, ``EOFError`` or ``Malformed`` (a protocol
-        violation: an unexpected or oversized frame, a result its codec refuses)."""
-        digest = request.digest
-        asked = greeted = False
-        while True:
-            tag, body = worker.channel.recv(deadline, wire.MAX_REPLY_BYTES)
-            if tag == wire.READY and not greeted and not body:  # a worker started for this call
-                greeted = True
-                continue
-            if tag == wire.NEED_TOOL and not asked and not body:  # once per call, and empty
-                asked = True
-                worker.channel.send(wire.CALL, wire.encode_call(replace(request, tool_bytes=tool_bytes)), deadline)
-                continue
-            if tag not in (wire.RESULT, wire.RESULT_RETIRE):
-                raise Malformed(f"an unexpected {tag!r} frame of {len(body):,} bytes in reply to a call")
-            try:
-                result = self._codec.decode(body)
-            except wire.WireError as exc:
-                raise Malformed(f"a result that is not one: {exc}") from None
-            worker.tools[digest] = None
-            worker.tools.move_to_end(digest)
-            while len(worker.tools) > TOOL_CACHE_SIZE:
-                worker.tools.popitem(last=False)
-            return result, tag == wire.RESULT_RETIRE
 
     # --- keeping warm ---------------------------------------------------------------------
 
@@ -694,7 +584,7 @@ class WorkerPool:
                     return
                 wanted = self._deficit()
                 self._starting += wanted
-            new: list[_Worker] = []
+            new: list[WorkerHandle] = []
             failures = 0
             for _ in range(wanted):
                 try:
@@ -713,7 +603,7 @@ class WorkerPool:
             if failures:
                 backoff = 0.5
 
-    def _await_ready(self, worker: _Worker) -> bool:
+    def _await_ready(self, worker: WorkerHandle) -> bool:
         """Wait for a new worker's hello and make it idle (or stop it when calls started
         enough workers of their own meanwhile); whether it became ready."""
         try:
