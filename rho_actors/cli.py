@@ -6,7 +6,7 @@ Commands (argparse subcommands; each command group registers itself in
 
     rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
                            [--limit N] [--json] [--tree]
-    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json]
+    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json] [--trusted]
     rho-actors chat --model openai:MODEL|anthropic:MODEL [--base-url URL] [--session ID]
                     [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--data-dir DIR]
                     [--system TEXT]
@@ -150,17 +150,21 @@ def _add_selftest(commands: Any) -> None:
     selftest.add_argument("--timeout", type=_positive_seconds, default=10.0, metavar="S",
                           help="seconds each selftest gets (default: 10)")
     selftest.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    selftest.add_argument("--trusted", action="store_true",
+                          help="import .py files and folders in this process (default: never, only in child processes)")
     selftest.set_defaults(handler=_run_selftest)
 
 
-def _load_tools(targets: Sequence[str], command: str) -> tuple[list[Any], int]:
+def _load_tools(targets: Sequence[str], command: str, *, trusted: bool) -> tuple[list[Any], int]:
     """The tools of ``targets`` and how many of their files could not be loaded. Each
     ``.py`` file of a folder is loaded on its own: a broken one is reported on stderr
-    (naming it) and the others are still loaded. Raises :class:`_ChatSetupError` for a
-    target of which nothing could be loaded, or that holds no tools."""
+    (naming it) and the others are still loaded. Files are untrusted unless ``trusted``:
+    never imported here (:func:`rho_actors.selftest.load_tools`). Raises
+    :class:`_ChatSetupError` for a target of which nothing could be loaded, or that
+    holds no tools."""
     from pathlib import Path
 
-    from rho_actors.selftest import LoadError, load_target, tools_in_module
+    from rho_actors.selftest import LoadError, load_tools
 
     tools: list[Any] = []
     broken = 0
@@ -169,19 +173,20 @@ def _load_tools(targets: Sequence[str], command: str) -> tuple[list[Any], int]:
         parts = [target]
         if path.is_dir():
             parts = sorted(str(p) for p in path.iterdir() if p.suffix == ".py" and not p.name.startswith((".", "_")))
-        modules: list[Any] = []
+        found: list[Any] = []
         failures: list[str] = []
+        loaded = 0
         for part in parts or [target]:
             try:
-                modules.extend(load_target(part))
+                found.extend(load_tools(part, trusted=trusted))
+                loaded += 1
             except LoadError as exc:
                 failures.append(str(exc))
-        if not modules:
+        if not loaded:
             raise _ChatSetupError(f"cannot load {failures[0]}" if failures else f"{target}: nothing to load")
         for failure in failures:
             print(f"rho-actors {command}: cannot load {failure}; the other files go on", file=sys.stderr)
         broken += len(failures)
-        found = [t for module in modules for t in tools_in_module(module)]
         if not found:
             raise _ChatSetupError(f"{target}: no tools found in it")
         tools.extend(t for t in found if all(t is not seen for seen in tools))
@@ -194,7 +199,7 @@ def _run_selftest(args: argparse.Namespace) -> int:
     from rho_actors.selftest import FAILING, render_rows, run_selftests
 
     try:
-        tools, broken = _load_tools(args.targets, "selftest")
+        tools, broken = _load_tools(args.targets, "selftest", trusted=args.trusted)
     except _ChatSetupError as exc:
         print(f"rho-actors selftest: {exc}", file=sys.stderr)
         return 2
@@ -286,8 +291,8 @@ def _chat_model(spec: str, base_url: str | None) -> Any:
         raise _ChatSetupError(f"cannot start the model {spec!r}: {exc}") from None
 
 
-def _chat_tools(targets: Sequence[str]) -> list[Any]:
-    return _load_tools(targets, "chat")[0]
+def _chat_tools(targets: Sequence[str], trusted: bool) -> list[Any]:
+    return _load_tools(targets, "chat", trusted=trusted)[0]
 
 
 def _chat_data_dir(given: str | None) -> str:
@@ -305,7 +310,7 @@ def _run_chat(args: argparse.Namespace) -> int:
 
     try:
         model = _chat_model(args.model, args.base_url)
-        tools = _chat_tools(args.tools)
+        tools = _chat_tools(args.tools, trusted=not args.untrusted)
     except _ChatSetupError as exc:
         print(f"rho-actors chat: {exc}", file=sys.stderr)
         return 2
@@ -452,7 +457,7 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
         print("rho-actors mcp: the MCP SDK is missing: pip install 'rho_actors[mcp]'", file=sys.stderr)
         return 2
     try:
-        tools = _chat_tools(args.tools)
+        tools = _chat_tools(args.tools, trusted=not args.untrusted)
     except _ChatSetupError as exc:
         print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
         return 2

@@ -93,9 +93,6 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "malformed_reply": (
         _K.CRASHED, "tool {tool!r}: its worker process sent a malformed reply ({problem}); it was killed"
     ),
-    "unreadable_reply": (
-        _K.RAISED, "tool {tool!r}: its result could not be read back from its worker process ({problem})"
-    ),
     "pipe_closed": (_K.CRASHED, "tool {tool!r}: its worker process closed its pipe mid-call; it was killed"),
     "oom_killed": (
         _K.MEMORY, "tool {tool!r} ran out of memory: its worker process was killed by SIGKILL, not by the pool "

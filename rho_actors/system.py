@@ -346,6 +346,12 @@ class ActorSystem:
         return self._tools.current
 
     @property
+    def confine_policy(self) -> ConfinePolicy:
+        """How this system confines children that run untrusted code (workers,
+        declaration reads, plugin discovery, selftests; DESIGN §5)."""
+        return self._confine
+
+    @property
     def timers(self) -> Timers:
         """The system's timer service (``send_after`` for actors)."""
         return self._timers

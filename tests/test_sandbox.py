@@ -713,9 +713,15 @@ def test_large_output_is_capped_in_the_worker(pool: WorkerPool) -> None:
     result = call(pool, Huge)
     assert result.ok and result.content.startswith("x" * MAX_CHARS)
     assert len(result.content) < MAX_CHARS + 200 and "30,000,000" in result.content
-    result = call(pool, Huge, {"details": True})
-    assert result.ok and result.content == "big details"
-    assert isinstance(result.details, bytes) and len(result.details) == 30_000_000
+    result = call(pool, Huge, {"details": True})  # the default codec sends plain data only
+    assert result.error_kind is ErrorKind.RAISED and "details: a bytes is not JSON data" in result.content
+
+
+def test_pickle_codec_sends_any_details_for_trusted_tools() -> None:
+    with WorkerPool(warm=0, codec="pickle") as trusted:
+        result = call(trusted, Huge, {"details": True})
+        assert result.ok and result.content == "big details"
+        assert isinstance(result.details, bytes) and len(result.details) == 30_000_000
 
 
 def test_unpicklable_details() -> None:
@@ -748,8 +754,8 @@ def test_tool_from_a_file_module(pool: WorkerPool, plugin: Any) -> None:
     result = call(pool, plugin.PluginTool, {"parent": os.getpid()})
     assert result.ok and result.content == "hello from a plugin in True"
     assert call(pool, plugin).content == "module hello from a plugin"
-    result = call(pool, plugin.PointTool)  # details of a class that came by value
-    assert result.ok and (result.details.x, result.details.y) == (1, 2)
+    result = call(pool, plugin.PointTool)  # details of a class that came by value: not plain data
+    assert result.error_kind is ErrorKind.RAISED and "details: a Point is not JSON data" in result.content
 
 
 def test_benchmark_smoke() -> None:

@@ -283,7 +283,7 @@ def test_stop_cancels_a_read_in_flight_and_the_waiting_register(tmp_path: Path) 
 
     registering = threading.Thread(target=register)
     registering.start()
-    assert wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")  # created, then written
+    assert wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")  # created, then written
     reader = int(pid_file.read_text())
     started = time.monotonic()
     system.stop()

@@ -11,7 +11,9 @@ parent-death signal, a cgroup bounding the whole tree to the heap bound, the tre
 as one) unless the system runs with ``confinement=False`` (then a process group and
 ``RLIMIT_AS`` only); untrusted tools run in the confined pool, in
 workers scoped to one (tool, session) pair, or to one call (``worker_scope="call"``),
-with only the ``deps`` the host registered for them. Both pools share the system's cap
+with only the ``deps`` the host registered for them. The confined pool decodes its
+workers' replies as plain data only; the trusted pool unpickles them, so a trusted
+tool's ``Details`` may hold any picklable object. Both pools share the system's cap
 on worker processes. The pools start on the first call and are stopped, killing every
 worker's tree, when the system's ``workers`` actor stops.
 """
@@ -96,16 +98,16 @@ class ProcessIsolation(Isolation):
             s = self.services
             if confined:
                 if self._confined is None:
-                    self._confined = WorkerPool(
-                        s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method,
+                    self._confined = WorkerPool(  # replies decoded as plain data only
+                        s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, codec="plain",
                         confine=s.confine or ConfinePolicy(), slots=self._slots, idle_s=s.worker_idle_s,
                     )
                 return self._confined
             if self._pool is None:
                 contain = s.confine is None or s.confine.confine
-                self._pool = WorkerPool(
+                self._pool = WorkerPool(  # trusted tools only: replies unpickled, any Details kept
                     s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, slots=self._slots,
-                    confine=TREE_ONLY if contain else None,
+                    confine=TREE_ONLY if contain else None, codec="pickle",
                 )
             return self._pool
 

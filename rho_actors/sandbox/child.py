@@ -109,7 +109,7 @@ def replace_environment(env: Mapping[str, str]) -> None:
     for key, value in list(posix.environ.items()):
         with contextlib.suppress(OSError, ValueError):
             os.unsetenv(key)
-        if value:
+        if len(value) > 1:  # a 1-byte bytes object is CPython's shared singleton: never overwritten
             ctypes.memset(id(value) + bytes_header, 0, len(value))
     posix.environ.clear()
     with contextlib.suppress(OSError, ValueError, IndexError):

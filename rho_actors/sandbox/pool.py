@@ -16,8 +16,16 @@ pair, or one call) only ever serves scope ``S`` again; fresh spares are kept war
 idle scoped workers are retired after ``idle_s``. All pools of a system share one
 :class:`WorkerSlots` cap on worker processes; a call beyond it waits (its deadline holds).
 
-Trust: a trusted pool's results come back in its result codec, today pickled, so only
-trusted tools may use one.
+Replies: a worker's result comes back in its result codec (a property of the pool,
+see :mod:`rho_actors.sandbox.wire`): ``"plain"`` by default, msgpack of plain data
+checked field by field, so nothing a worker sends can run code in the host; ``"pickle"``
+(any picklable ``details``) for trusted tools only: the system's trusted pool uses
+it, its confined pool cannot. Any frame that breaks the protocol
+(an unknown tag, a control frame with a body, a second ``READY`` or ``NEED_TOOL``, a
+frame over :data:`~rho_actors.sandbox.wire.MAX_REPLY_BYTES`, a result its codec
+refuses) gets the worker killed and replaced, and the call a ``crashed`` result naming
+the violation; a worker that sends anything more after its reply is killed before it
+serves again.
 
 Example::
 
@@ -30,11 +38,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import signal
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from typing import Any, Final, Literal
@@ -45,25 +51,22 @@ from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.results import KILLED, failure
 from rho_actors.sandbox import wire
-from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
+from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.processes import (
-    close,
     context,
     hold_servers,
-    kill_group,
     kill_groups,
     mib,
-    reap,
     release_servers,
-    signal_name,
     spawn,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.shipping import Unshippable, pickled_deps, ship, short_name
 from rho_actors.sandbox.slots import WorkerSlots
-from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig, worker_child
+from rho_actors.sandbox.worker import WorkerConfig, worker_child
+from rho_actors.sandbox.worker_handle import WorkerHandle, ended, exchange
 from rho_actors.telemetry import TRACEPARENT
 from rho_actors.tool import ToolResult
 
@@ -74,7 +77,6 @@ CALL_SCOPE: Final = "call"
 
 _EXIT_GRACE_S: Final = 1.0
 """How long a worker that closed its pipe gets to finish exiting before it is killed."""
-_REAP_TIMEOUT_S: Final = 5.0
 _READY_TIMEOUT_S: Final = 30.0
 _DELIVERY_ATTEMPTS: Final = 3
 """Workers tried for one call when each turns out dead before the call reaches it."""
@@ -88,74 +90,6 @@ class _QueuedPastDeadline(Exception):
     """Every worker slot stayed busy until the call's deadline."""
 
 
-class _Worker:
-    """The parent's record of one worker process."""
-
-    __slots__ = (
-        "_reap_lock", "channel", "closed", "enclosure", "env_key", "exitcode", "idle_since", "killed", "pid", "proc",
-        "reaped", "scope", "slots", "tools",
-    )
-
-    def __init__(
-        self, proc: Any, channel: Channel, enclosure: Enclosure | None, slots: WorkerSlots | None,
-        env_key: Hashable = None,
-    ) -> None:
-        self.proc = proc
-        self.pid: int = proc.pid
-        self.channel = channel
-        self.enclosure = enclosure
-        self.slots = slots
-        self.env_key = env_key
-        self.scope: Hashable = None
-        self.idle_since = 0.0
-        self.tools: OrderedDict[bytes, None] = OrderedDict()
-        self.killed = False
-        self.reaped = False
-        self.closed = False
-        self.exitcode: int | None = None
-        self._reap_lock = threading.Lock()
-
-    def healthy(self) -> bool:
-        """Whether an idle worker is still running and has sent nothing unasked."""
-        return not self.reaped and self.channel.quiet()
-
-    def kill(self) -> None:
-        self.killed = True
-        self.kill_tree()
-
-    def kill_tree(self) -> None:
-        """SIGKILL the worker and everything it started."""
-        if self.enclosure is not None:
-            self.enclosure.kill()
-        else:
-            kill_group(self.pid, leader=not self.reaped)
-
-    def reap(self, timeout_s: float = _REAP_TIMEOUT_S) -> int | None:
-        """Wait for the process to end and release it; its exit code (None: still running)."""
-        with self._reap_lock:
-            if self.reaped:
-                return self.exitcode
-            code = reap(self.proc, timeout_s)
-            if code is None:
-                return None
-            self.exitcode, self.reaped = code, True
-            return code
-
-    def close(self) -> None:
-        """Release the pipe and the process handle; only by the thread that owns the
-        worker (a thread polling them must never see their descriptors reused)."""
-        if self.closed:
-            return
-        self.closed = True
-        self.channel.close()
-        if self.reaped:
-            close(self.proc)
-        if self.enclosure is not None:
-            self.enclosure.remove()
-        if self.slots is not None:
-            self.slots.release()
-
-
 class WorkerPool:
     """Warm worker processes for ``process`` isolation (DESIGN §5). Thread-safe: call
     :meth:`run` from any number of threads at once.
@@ -165,25 +99,30 @@ class WorkerPool:
     ``"forkserver"`` (or ``"spawn"``). A call takes an idle worker or, when none is
     idle, starts one of its own (calls queue only at the ``slots`` cap); afterwards the
     worker goes back to the idle set, or is stopped when ``warm`` are idle already. A
-    worker killed at a deadline or found dead is replaced in the background.
+    worker killed at a deadline or found dead is replaced in the background. ``codec``
+    is how results come back: ``"plain"`` (plain data only; required for untrusted
+    code) or ``"pickle"`` (trusted tools only: decoding a pickle runs code).
 
     With ``confine`` (a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy`) every
     worker is confined, ``heap_bytes`` bounds its whole tree, and workers are scoped (see
     :meth:`run`): ``warm`` fresh spares are kept, at most ``warm`` (at least 1) idle
     workers per scope, each retired after ``idle_s`` seconds idle.
 
-    Raises ``ValueError`` for a negative ``warm`` or a bad ``start_method``.
+    Raises ``ValueError`` for a negative ``warm``, a bad ``start_method`` or ``codec``, or
+    ``codec="pickle"`` with a ``confine`` policy that confines (untrusted code).
     """
 
     def __init__(
         self, warm: int = 2, *, heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver",
-        codec: str = "pickle", confine: ConfinePolicy | None = None, slots: WorkerSlots | None = None,
+        codec: str = "plain", confine: ConfinePolicy | None = None, slots: WorkerSlots | None = None,
         idle_s: float = 30.0,
     ) -> None:
         if warm < 0:
             raise ValueError(f"warm must be >= 0, not {warm}")
         if codec not in wire.CODECS:
             raise ValueError(f"codec must be one of {', '.join(wire.CODECS)}, not {codec!r}")
+        if codec != "plain" and confine is not None and not confine.tree_only:
+            raise ValueError(f"a confined pool runs untrusted code: its codec must be 'plain', not {codec!r}")
         self._codec = wire.CODECS[codec]
         self._config = WorkerConfig(codec, heap_bytes)
         self._ctx = context(start_method)
@@ -198,10 +137,10 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the keeper waits here: a worker lost, or stop
         self._warmed = threading.Condition(self._lock)  # wait_warm waits here: a worker became idle
-        self._all: set[_Worker] = set()
-        self._idle: list[_Worker] = []  # every idle worker, oldest first
+        self._all: set[WorkerHandle] = set()
+        self._idle: list[WorkerHandle] = []  # every idle worker, oldest first
         self._scopes: set[Hashable] = set()
-        self._busy: set[_Worker] = set()
+        self._busy: set[WorkerHandle] = set()
         self._starting = 0
         self._stopped = False
         self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0}
@@ -315,14 +254,12 @@ class WorkerPool:
             self._lose(worker, "killed")
             raise
         self._release(worker, retire or scope == CALL_SCOPE)
-        if isinstance(result, ToolResult):
-            return replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
-        return failed("unreadable_reply", problem=result)
+        return replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
 
     def _deliver(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
         env_key: tuple[tuple[str, str], ...], failed: Callable[..., ToolResult],
-    ) -> _Worker | ToolResult:
+    ) -> WorkerHandle | ToolResult:
         """Send the call to a worker of ``scope`` (the tool's bytes only to one that lacks
         them); the worker it went to, or the error result when none could take it."""
         deadline, timeout_ms = request.deadline, request.timeout_ms
@@ -427,7 +364,9 @@ class WorkerPool:
 
     # --- workers --------------------------------------------------------------------------
 
-    def _spawn(self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), deadline: float | None = None) -> _Worker:
+    def _spawn(
+        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), deadline: float | None = None
+    ) -> WorkerHandle:
         """Start a worker process (not waiting for it to be ready) and register it. With
         a cap: waits for a slot until ``deadline`` (raises ``_QueuedPastDeadline``); with
         no ``deadline`` (the keeper) raises ``_Stopped`` when the cap is full."""
@@ -458,7 +397,7 @@ class WorkerPool:
             raise
         if enclosure is not None:
             enclosure.started(child.pid)
-        worker = _Worker(child.proc, child.channel, enclosure, self._slots, env_key)
+        worker = WorkerHandle(child.proc, child.channel, enclosure, self._slots, env_key)
         with self._lock:
             if not self._stopped:
                 self._all.add(worker)
@@ -475,10 +414,10 @@ class WorkerPool:
     def _fresh(self) -> int:
         return sum(1 for w in self._idle if w.scope is None)
 
-    def _take(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> _Worker:
+    def _take(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> WorkerHandle:
         """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
         with the same ``env_key``, else a new worker."""
-        dead: list[_Worker] = []
+        dead: list[WorkerHandle] = []
         scoped = self._scoped
         try:
             with self._lock:
@@ -504,7 +443,7 @@ class WorkerPool:
             worker.scope = scope
         return worker
 
-    def _release(self, worker: _Worker, retire: bool) -> None:
+    def _release(self, worker: WorkerHandle, retire: bool) -> None:
         with self._lock:
             self._busy.discard(worker)
             same = sum(1 for w in self._idle if w.scope == worker.scope)
@@ -519,13 +458,13 @@ class WorkerPool:
                 self._counts["retired"] += 1
         self._retire(worker)
 
-    def _retire(self, worker: _Worker) -> None:
+    def _retire(self, worker: WorkerHandle) -> None:
         worker.kill()
         worker.reap()
         worker.close()
         self._forget(worker)
 
-    def _lose(self, worker: _Worker, how: Literal["killed", "died"]) -> None:
+    def _lose(self, worker: WorkerHandle, how: Literal["killed", "died"]) -> None:
         """A worker killed at a deadline (or for a bad reply), or found dead: kill its
         group, let the keeper start a replacement at once, then reap it."""
         if how == "killed":
@@ -542,19 +481,19 @@ class WorkerPool:
             worker.reap()
         worker.close()
 
-    def _forget(self, worker: _Worker) -> None:
+    def _forget(self, worker: WorkerHandle) -> None:
         with self._lock:
             self._forget_locked(worker)
             self._changed.notify_all()
 
-    def _forget_locked(self, worker: _Worker) -> None:
+    def _forget_locked(self, worker: WorkerHandle) -> None:
         self._all.discard(worker)
         self._busy.discard(worker)
         self._pids.discard(worker.pid)
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
 
-    def _at_deadline(self, worker: _Worker, failed: Callable[..., ToolResult], timeout_ms: int) -> ToolResult:
+    def _at_deadline(self, worker: WorkerHandle, failed: Callable[..., ToolResult], timeout_ms: int) -> ToolResult:
         """The call's deadline passed: kill the worker's tree; ``memory`` if its bound was hit."""
         enclosure = worker.enclosure
         memory_hit = enclosure is not None and enclosure.memory_bound_hit()
@@ -564,7 +503,7 @@ class WorkerPool:
         return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
 
     def _died(
-        self, worker: _Worker, failed: Callable[..., ToolResult], cancel: CancelToken | None = None
+        self, worker: WorkerHandle, failed: Callable[..., ToolResult], cancel: CancelToken | None = None
     ) -> ToolResult:
         """The worker's pipe closed mid-call: find out how it ended (killed by
         ``cancel``, among others)."""
@@ -576,26 +515,17 @@ class WorkerPool:
         enclosure = worker.enclosure
         memory_hit = enclosure is not None and enclosure.memory_bound_hit()
         self._lose(worker, "died")
-        if stopped or worker.killed:
-            return failed("pool_stopped_mid_call")
-        if enclosure is not None and memory_hit:
-            return failed("memory_tree", heap=mib(self._heap_bytes), bound=enclosure.memory_bound)
-        if code is None:
-            return failed("pipe_closed")
-        if code == -signal.SIGKILL:
-            return failed("killed_outside", signal=signal_name(signal.SIGKILL))
-        if code < 0:
-            return failed("worker_crashed", signal=signal_name(-code))
-        return failed("worker_exited", code=code)
+        return ended(worker, code, failed, self._heap_bytes, stopped=stopped, memory_hit=memory_hit)
 
     def _exchange_or_cancel(
-        self, worker: _Worker, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
+        self, worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
         cancel: CancelToken | None,
-    ) -> tuple[ToolResult | str, bool]:
-        """:meth:`_exchange`, killing the worker when ``cancel`` is set meanwhile (never
-        once the exchange has ended: the worker may be reaped, its pid reused)."""
+    ) -> tuple[ToolResult, bool]:
+        """:func:`~rho_actors.sandbox.worker_handle.exchange`, killing the worker when
+        ``cancel`` is set meanwhile (never once the exchange has ended: the worker may be
+        reaped, its pid reused)."""
         if cancel is None:
-            return self._exchange(worker, request, tool_bytes, deadline)
+            return exchange(worker, request, tool_bytes, deadline, self._codec)
         guard = threading.Lock()
 
         def kill() -> None:
@@ -607,35 +537,9 @@ class WorkerPool:
 
         cancel.add_callback(kill)
         try:
-            return self._exchange(worker, request, tool_bytes, deadline)
+            return exchange(worker, request, tool_bytes, deadline, self._codec)
         finally:
             guard.acquire()  # waits out a kill under way; later ones do nothing
-
-    def _exchange(
-        self, worker: _Worker, request: wire.CallRequest, tool_bytes: bytes, deadline: float
-    ) -> tuple[ToolResult | str, bool]:
-        """Wait for the reply to the call just sent, until ``deadline``: ``(result,
-        retire)``, the result being the text of an error when it could not be decoded.
-        Raises ``DeadlineReached``, ``EOFError`` or ``Malformed``."""
-        digest = request.digest
-        while True:
-            tag, body = worker.channel.recv(deadline)
-            if tag == wire.READY:
-                continue
-            if tag == wire.NEED_TOOL:
-                worker.channel.send(wire.CALL, wire.encode_call(replace(request, tool_bytes=tool_bytes)), deadline)
-                continue
-            if tag not in (wire.RESULT, wire.RESULT_RETIRE):
-                raise Malformed(f"an unknown reply tag {tag!r}")
-            worker.tools[digest] = None
-            worker.tools.move_to_end(digest)
-            while len(worker.tools) > TOOL_CACHE_SIZE:
-                worker.tools.popitem(last=False)
-            try:
-                result: ToolResult | str = self._codec.decode(body)
-            except wire.WireError as exc:
-                result = str(exc)
-            return result, tag == wire.RESULT_RETIRE
 
     # --- keeping warm ---------------------------------------------------------------------
 
@@ -680,7 +584,7 @@ class WorkerPool:
                     return
                 wanted = self._deficit()
                 self._starting += wanted
-            new: list[_Worker] = []
+            new: list[WorkerHandle] = []
             failures = 0
             for _ in range(wanted):
                 try:
@@ -699,11 +603,11 @@ class WorkerPool:
             if failures:
                 backoff = 0.5
 
-    def _await_ready(self, worker: _Worker) -> bool:
+    def _await_ready(self, worker: WorkerHandle) -> bool:
         """Wait for a new worker's hello and make it idle (or stop it when calls started
         enough workers of their own meanwhile); whether it became ready."""
         try:
-            ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S)[0] == wire.READY
+            ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S, wire.MAX_REPLY_BYTES) == (wire.READY, b"")
         except (DeadlineReached, EOFError, Malformed):
             ok = False
         surplus = False
