@@ -34,7 +34,14 @@ from rho_actors.declaration_actor import UntrustedReads
 from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
 from rho_actors.errors import RhoError
-from rho_actors.events import CallEvent, DeclarationEvent, ProgressEvent, SupervisorEvent, ToolSetChanged
+from rho_actors.events import (
+    CallEvent,
+    DeclarationEvent,
+    IsolationEvent,
+    ProgressEvent,
+    SupervisorEvent,
+    ToolSetChanged,
+)
 from rho_actors.formats import DIALECTS, Dialect, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.isolation import ISOLATIONS, Isolation, IsolationServices
@@ -108,6 +115,7 @@ __all__ = [
     "FinalResult",
     "FunctionTool",
     "Image",
+    "IsolationEvent",
     "IsolatedReadError",
     "Isolation",
     "IsolationServices",

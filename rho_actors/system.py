@@ -528,8 +528,9 @@ class ActorSystem:
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``callback(event)`` for every :class:`rho_actors.CallEvent`,
         :class:`rho_actors.DeclarationEvent`, :class:`rho_actors.SupervisorEvent`,
-        :class:`rho_actors.ProgressEvent` and :class:`rho_actors.ToolSetChanged`
-        (from actor threads: keep it quick). Returns a function that unsubscribes."""
+        :class:`rho_actors.IsolationEvent`, :class:`rho_actors.ProgressEvent` and
+        :class:`rho_actors.ToolSetChanged` (from actor threads: keep it quick). Returns a
+        function that unsubscribes."""
         return self._events.subscribe(callback)
 
     @property

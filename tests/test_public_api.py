@@ -38,6 +38,7 @@ EXPORTED = [
     "Image",
     "IsolatedReadError",
     "Isolation",
+    "IsolationEvent",
     "IsolationServices",
     "LoadError",
     "Loop",

@@ -173,7 +173,7 @@ class MCPServer:
         self.url = url
         self.headers = dict(headers or {})
         self.cwd = cwd
-        self.name = name or f"mcp:{os.path.basename(self.command[0]) if self.command else url}"
+        self.name = name or (os.path.basename(self.command[0]) if self.command else str(url))
         self.timeout_ms = timeout_ms
         self.max_restarts = max_restarts
         self.max_seconds = max_seconds
@@ -194,13 +194,16 @@ class MCPServer:
     def attach(self, system: Any) -> None:
         """Start the supervised connection in its own subtree under ``system``'s
         ``sources``, with this server's restart intensity (called by
-        :func:`rho_actors.sources.add_source`). Raises ``ValueError`` when another
-        connection holds :attr:`child_id`."""
+        :func:`rho_actors.sources.add_source`), and wait until it has listed the server's
+        tools, at most ``connect_timeout_s`` seconds, so that ``add_source`` returns with
+        them offered (a server still down by then is offered once it connects). Raises
+        ``ValueError`` when another connection holds :attr:`child_id`."""
         self._system = system
         self._link.stopping = False
         spec = ChildSpec(self.child_id, StartChild(MCPConnection, (self, self._link)), restart="permanent",
                          shutdown=10_000, name=self.child_id)
         system.start_child(spec, max_restarts=self.max_restarts, max_seconds=self.max_seconds, under=_SOURCES)
+        self.wait_connected()
 
     def detach(self) -> None:
         """Stop the connection and its subtree (called by
