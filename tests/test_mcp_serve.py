@@ -218,6 +218,15 @@ def test_http_list_changed_and_a_100_call_burst(system: ActorSystem) -> None:
     assert not thread.is_alive()
     sessions = list((system.data_dir / "sessions").iterdir())
     assert [p.name.startswith("mcp-") for p in sessions] == [True]
+    # the session's transcript of calls: each call and its result, readable as a conversation
+    from rho_actors.transcript import TRANSCRIPT_NAME, Transcript
+
+    with Transcript(sessions[0] / TRANSCRIPT_NAME) as transcript:
+        messages = transcript.history.messages
+    calls = [m.tool_calls[0] for m in messages if m.role == "assistant"]
+    answers = {m.tool_call_id: m.text for m in messages if m.role == "tool"}
+    assert len(calls) == 100 and all(c.name == "add" for c in calls)
+    assert {answers[c.id] for c in calls} == {str(i + 1) for i in range(100)}
 
 
 def test_rho_actors_mcp_serve_needs_tools(capsys: pytest.CaptureFixture[str]) -> None:

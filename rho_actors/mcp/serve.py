@@ -6,7 +6,8 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 
 - Each MCP connection (one stdio process, or one ``Mcp-Session-Id``) is a rho session:
   its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
-  connection ends.
+  connection ends, and its transcript of calls (``transcript.jsonl``: each call, then
+  its result, recorded as the agent loop records a model's tool calls).
 - ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``).
 - ``tools/call`` runs as a turn of one call (``Loop.arun_turn``) with the tool's
   deadline and containment. Every failure (invalid arguments, unknown tool, timeout,
@@ -32,6 +33,7 @@ import contextlib
 import functools
 import itertools
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -48,7 +50,9 @@ from mcp_types import INVALID_PARAMS
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.formats import to_dialect
 from rho_actors.loop import Loop
+from rho_actors.model import Reply
 from rho_actors.tool import ToolCall, ToolResult
+from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 
 __all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "aserve", "build_server", "serve"]
 
@@ -63,6 +67,24 @@ class _Session:
     loop: Loop
     notify: Any = None  # a ServerSession of the connection: its standalone channel
     offered_version: int = -1
+    transcript: Transcript | None = None  # the session's calls and results, as the agent loop records them
+    steps: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    writing: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
+        """Append ``call`` (``result`` None) or its result to the session's transcript,
+        in a worker thread (each record is fsync-ed). A transcript that cannot be
+        written is logged, never the call's failure."""
+        if self.transcript is None:
+            return
+        try:
+            with self.writing:
+                if result is None:
+                    self.transcript.reply(step, Reply(tool_calls=(call,)))
+                else:
+                    self.transcript.result(step, 0, result)
+        except (OSError, ValueError) as exc:
+            logger.warning("MCP session {}: transcript not written: {}", self.loop.session_id, exc)
 
 
 @dataclass(slots=True)
@@ -96,12 +118,19 @@ async def _session(served: _Served, ctx: Any) -> _Session:
                 functools.partial(served.system.start_loop, session_id, withheld=served.withheld)
             )
             session = _Session(loop, ctx.session, served.system.tool_set().version)
+            transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
+            try:
+                await anyio.to_thread.run_sync(transcript.open)
+                session.transcript = transcript
+            except (OSError, TranscriptError) as exc:
+                logger.warning("MCP session {}: calls are not recorded: {}", session_id, exc)
             state[_STATE_KEY] = session
             served.sessions.add(session)
 
             async def close() -> None:
                 served.sessions.discard(session)
                 await anyio.to_thread.run_sync(loop.stop)
+                transcript.close()
 
             connection.exit_stack.push_async_callback(close)
             logger.info("MCP connection started rho session {}", session_id)
@@ -165,10 +194,13 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
         call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
         key = (session.loop.session_id, call_id)
         served.progress[key] = (asyncio.get_running_loop(), ctx.session)
+        call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
+        await anyio.to_thread.run_sync(session.record, call, None, step)
         try:
-            [result] = await session.loop.arun_turn([ToolCall(call_id, params.name, arguments)])
+            [result] = await session.loop.arun_turn([call])
         finally:
             served.progress.pop(key, None)
+        await anyio.to_thread.run_sync(session.record, call, result, step)
         return _call_tool_result(result)
 
     return _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool)
