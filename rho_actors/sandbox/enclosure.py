@@ -68,7 +68,7 @@ class ConfinePolicy:
 
 
 _TREE = Confinement(
-    uid=None, gid=None, no_new_privs=False, landlock=False, nproc=None, nofile=None, fsize=None,
+    uid=None, gid=None, no_new_privs=False, landlock=False, nproc=None, nofile=None, fsize=None, host_tracker=True,
 )
 
 

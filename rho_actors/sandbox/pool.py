@@ -49,7 +49,7 @@ from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
-from rho_actors.results import KILLED, failure
+from rho_actors.results import KILLED, capped, failure
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
@@ -254,7 +254,8 @@ class WorkerPool:
             self._lose(worker, "killed")
             raise
         self._release(worker, retire or scope == CALL_SCOPE)
-        return replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
+        result = replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
+        return capped(result, max_output_chars)  # the worker capped it, unless it forged its reply
 
     def _deliver(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
