@@ -89,3 +89,55 @@ def test_a_forged_result_cannot_pass_the_output_cap(hostile: ActorSystem) -> Non
     assert result.content.startswith("zzz") and "characters" in result.content[-400:]
     assert result.error_kind is None or result.error_kind is not ErrorKind.CRASHED
     assert_serving(hostile)
+
+
+class Hog:
+    """Forks sleeping children until the kernel refuses one (at most ``most``); returns
+    how many it started. They stay, in its worker's tree, until the worker is killed."""
+
+    name = staticmethod(lambda: "hog")
+    description = staticmethod(lambda: "Fork until refused.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    timeout_ms = staticmethod(lambda: 10_000)
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> Any:
+        started = 0
+        for _ in range(args["most"]):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(60)
+                os._exit(0)
+            started += 1
+        return started
+
+
+class Forker:
+    """Starts one subprocess."""
+
+    name = staticmethod(lambda: "forker")
+    description = staticmethod(lambda: "Run echo.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    timeout_ms = staticmethod(lambda: 10_000)
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> Any:
+        import subprocess
+
+        return subprocess.run(["echo", "forked"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.skipif(not ROOT, reason="workers share one dropped uid only when the host is root")
+def test_a_fork_bomb_cannot_starve_other_sessions_of_processes(system: ActorSystem) -> None:
+    if system.stats()["confinement"]["cgroup"]["available"] is not True:
+        pytest.skip("no cgroup bounds a worker's process tree here")
+    for tool in (Echo, Hog, Forker):
+        assert system.register(tool, untrusted=True).info is not None
+    started = call(system, f"attacker-{next(SESSIONS)}", "hog", {"most": 200})
+    assert started.ok and 40 <= int(started.content) < 64, started  # its tree's bound (pids.max), not more
+    result = call(system, f"victim-{next(SESSIONS)}", "forker", {})
+    assert result.ok and result.content == "forked", result
+    assert_serving(system)
