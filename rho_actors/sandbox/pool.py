@@ -77,6 +77,8 @@ CALL_SCOPE: Final = "call"
 
 _EXIT_GRACE_S: Final = 1.0
 """How long a worker that closed its pipe gets to finish exiting before it is killed."""
+_NOTICE_ROOM: Final = 200
+"""Characters past a call's output cap that the worker's own truncation notice may take."""
 _READY_TIMEOUT_S: Final = 30.0
 _DELIVERY_ATTEMPTS: Final = 3
 """Workers tried for one call when each turns out dead before the call reaches it."""
@@ -255,7 +257,9 @@ class WorkerPool:
             raise
         self._release(worker, retire or scope == CALL_SCOPE)
         result = replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
-        return capped(result, max_output_chars)  # the worker capped it, unless it forged its reply
+        if len(result.content) > max_output_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
+            result = capped(result, max_output_chars)
+        return result
 
     def _deliver(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
