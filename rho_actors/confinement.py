@@ -119,7 +119,12 @@ class Confinement:
     ``new_session``: ``setsid()`` (own session and process group, no controlling
     terminal). ``subreaper``: orphans of the tool's processes reparent to the child, so
     :func:`kill_tree` of the child finds them. ``cgroup_procs``: ``cgroup.procs`` files the
-    child joins (:attr:`rho_actors.cgroups.Cgroup.procs_files`) before dropping root."""
+    child joins (:attr:`rho_actors.cgroups.Cgroup.procs_files`) before dropping root.
+    ``host_tracker``: keep the pipe to the host's ``multiprocessing`` resource tracker,
+    which every fork server child inherits (``False``: close it; that tracker runs as the
+    host and unlinks every shared memory or semaphore name registered with it when it
+    ends, and holds each in memory until then; a child that needs one starts its own,
+    confined as it is)."""
 
     uid: int | None = DEFAULT_UID
     gid: int | None = DEFAULT_UID
@@ -138,6 +143,7 @@ class Confinement:
     new_session: bool = True
     subreaper: bool = True
     cgroup_procs: tuple[str, ...] = ()
+    host_tracker: bool = False
 
 
 _fork_server: list[int] = []  # this fork server's pid, once guard_fork_server() ran in it
@@ -167,6 +173,8 @@ def apply(spec: Confinement) -> tuple[str, ...]:
             os.kill(os.getpid(), spec.pdeathsig)  # the parent died before the signal was armed
         done.append("pdeathsig")
     _release_fork_server()
+    if not spec.host_tracker:
+        _release_resource_tracker()
     if spec.new_session:
         with contextlib.suppress(PermissionError):  # already a group leader
             os.setsid()
@@ -217,6 +225,18 @@ def _release_fork_server() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
         server._forkserver_alive_fd = None  # type: ignore[union-attr]
+
+
+def _release_resource_tracker() -> None:
+    """Close this child's pipe to the host's resource tracker (see
+    ``Confinement.host_tracker``); ``multiprocessing`` starts another on first need."""
+    module = sys.modules.get("multiprocessing.resource_tracker")
+    tracker = getattr(module, "_resource_tracker", None)
+    fd = getattr(tracker, "_fd", None)
+    if isinstance(fd, int):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        tracker._fd = tracker._pid = None  # type: ignore[union-attr]
 
 
 def _set_limits(spec: Confinement) -> None:

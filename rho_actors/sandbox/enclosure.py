@@ -68,7 +68,7 @@ class ConfinePolicy:
 
 
 _TREE = Confinement(
-    uid=None, gid=None, no_new_privs=False, landlock=False, nproc=None, nofile=None, fsize=None,
+    uid=None, gid=None, no_new_privs=False, landlock=False, nproc=None, nofile=None, fsize=None, host_tracker=True,
 )
 
 
@@ -129,6 +129,9 @@ class Enclosure:
         if policy.confine:
             spec = replace(
                 base,
+                # RLIMIT_NPROC counts every process of the one dropped uid: a tool at it would
+                # starve every other worker of processes. A cgroup bounds this tree alone.
+                nproc=base.nproc if self.cgroup is None or policy.pids_max is None else None,
                 read_only=python_read_paths(modules=modules, exclude=policy.exclude),
                 private_dir=self.private_dir,
                 # the cgroup bounds the whole tree; RLIMIT_AS stays as a per-process backstop

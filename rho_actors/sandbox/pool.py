@@ -49,7 +49,7 @@ from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
-from rho_actors.results import KILLED, failure
+from rho_actors.results import KILLED, capped, failure
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
@@ -77,6 +77,8 @@ CALL_SCOPE: Final = "call"
 
 _EXIT_GRACE_S: Final = 1.0
 """How long a worker that closed its pipe gets to finish exiting before it is killed."""
+_NOTICE_ROOM: Final = 200
+"""Characters past a call's output cap that the worker's own truncation notice may take."""
 _READY_TIMEOUT_S: Final = 30.0
 _DELIVERY_ATTEMPTS: Final = 3
 """Workers tried for one call when each turns out dead before the call reaches it."""
@@ -254,7 +256,10 @@ class WorkerPool:
             self._lose(worker, "killed")
             raise
         self._release(worker, retire or scope == CALL_SCOPE)
-        return replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
+        result = replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
+        if len(result.content) > max_output_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
+            result = capped(result, max_output_chars)
+        return result
 
     def _deliver(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
