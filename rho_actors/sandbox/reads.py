@@ -387,7 +387,9 @@ def raw_declaration(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     type, so the check rejects it naming that type (``"name: expected str, got MyStr"``),
     and for a dict or list holding something that is not JSON data, what that is
     (``"parameter_schema: expected dict, got dict holding non-JSON data
-    (parameter_schema.enum: a tuple is not JSON data)"``). A stand-in for ``timeout_ms``
+    (parameter_schema.enum: a tuple is not JSON data)"``), or why a plain value could not
+    be sent (``"description: expected str, got str that cannot be sent (description:
+    20,000,002 characters as JSON, more than 4,194,304)"``). A stand-in for ``timeout_ms``
     or ``concurrency`` means their defaults, as any bad value does.
     """
     raw: dict[str, Any] = {}
@@ -402,5 +404,7 @@ def raw_declaration(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             display = type_name
             if type_name in ("dict", "list"):
                 display = f"{type_name} holding non-JSON data" + (f" ({reason})" if reason else "")
+            elif reason:  # plain data, but not sendable (too long, a huge int...)
+                display = f"{type_name} that cannot be sent ({reason})"
             raw[cb_name] = _opaque_type(display)()
     return raw
