@@ -65,7 +65,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
 from rho_actors.model import Message, Model, Reply, Usage
 from rho_actors.otp.actor import ActorExit
-from rho_actors.provider_rules import NEUTRAL_RULES, WireRules, sanitise_calls
+from rho_actors.provider_rules import NEUTRAL_RULES, WireRules, replay_arguments, sanitise_calls
 from rho_actors.results import failure
 from rho_actors.results import text as result_text
 from rho_actors.telemetry import Telemetry
@@ -610,21 +610,25 @@ def _with_text(result: ToolResult) -> ToolResult:
 
 def _checked_reply(reply: Any) -> Reply:
     """``reply`` made safe to record and run: a :class:`Reply` with its tool calls as a
-    tuple (a generator is read once) and each call's arguments as JSON text or a plain
-    dict; arguments of any other type become their text (``5`` -> ``"5"``), which the
-    loop's strict decoding then refuses as ``invalid_json`` for that call only. Lone
+    tuple (a generator is read once), each call's id and name as ``str`` (a missing or
+    non-text id becomes ``""``, for which the wire rules make one; a missing name
+    becomes ``""``, an unknown tool) and its arguments as JSON text or a plain dict;
+    arguments of any other type become their text (``5`` -> ``"5"``), which the loop's
+    strict decoding then refuses as ``invalid_json`` for that call only. Lone
     surrogates in the text are replaced. Raises ``TypeError`` for a reply that is not a
     :class:`Reply`, text that is not a ``str``, or a call that is not a
-    :class:`ToolCall` with ``str`` id and name."""
+    :class:`ToolCall`."""
     if not isinstance(reply, Reply):
         raise TypeError(f"the model returned a {type(reply).__name__}, not a Reply")
     if not isinstance(reply.text, str):
         raise TypeError(f"the model's reply text is a {type(reply.text).__name__}, not a str")
     calls = []
     for index, call in enumerate(tuple(reply.tool_calls)):
-        if not isinstance(call, ToolCall) or not isinstance(call.id, str) or not isinstance(call.name, str):
-            raise TypeError(f"the model's tool call {index} is not a ToolCall with a str id and name: {call!r}")
-        calls.append(ToolCall(call.id, call.name, _plain_arguments(call.arguments)))
+        if not isinstance(call, ToolCall):
+            raise TypeError(f"the model's tool call {index} is not a ToolCall: {call!r}")
+        call_id = call.id if isinstance(call.id, str) else ""
+        name = call.name if isinstance(call.name, str) else ""
+        calls.append(ToolCall(call_id, name, _plain_arguments(call.arguments)))
     return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason, reply.usage)
 
 
@@ -633,14 +637,12 @@ def _plain_arguments(arguments: Any) -> str | dict[str, Any]:
         return arguments
     if isinstance(arguments, Mapping):
         plain = dict(arguments)
-        try:  # what the transcript can record as a JSON object
-            json.dumps(plain, allow_nan=False)
+        if replay_arguments(plain) is not None:  # a JSON object the transcript and a provider take
             return plain
+        try:  # NaN, Infinity or nested too deep: recorded as the text, which the loop refuses
+            return json.dumps(plain)
         except (TypeError, ValueError, RecursionError):
-            try:  # NaN or Infinity: recorded as the text, which the loop refuses
-                return json.dumps(plain)
-            except (TypeError, ValueError, RecursionError):
-                return f"<arguments of type {type(arguments).__name__} that cannot be written as JSON>"
+            return f"<arguments of type {type(arguments).__name__} that cannot be written as JSON>"
     if isinstance(arguments, (bytes, bytearray)):
         try:
             return bytes(arguments).decode("utf-8")
