@@ -29,7 +29,8 @@ Options of a prompt: ``instructions`` (a system prompt, sent first in every requ
 never recorded; default ``loop.instructions``), ``temperature`` and ``max_tokens``
 (passed to the model), ``cancel`` (a :class:`~rho_actors.CancelToken`: setting it
 cancels the running turn, whose calls get ``cancelled`` results, and stops the prompt
-before its next request) and ``on_event`` (called with each :data:`PromptEvent`).
+before its next request, or at once during a model request, whose reply is then
+dropped) and ``on_event`` (called with each :data:`PromptEvent`).
 :func:`stream` and :func:`astream` yield those events. Every reply is checked against
 the wire rules (:mod:`rho_actors.provider_rules`) before it is recorded: unique call ids (the ids
 the model sent are kept as ``sent_id`` in the transcript), an exact duplicate call once.
@@ -224,6 +225,10 @@ class _Stop(Exception):
         self.message = message
 
 
+class _Cancelled(Exception):
+    """The host cancelled the prompt while its model request was in flight."""
+
+
 def prompt(
     loop: Session,
     text: str | None,
@@ -245,7 +250,9 @@ def prompt(
     tool calls at the last one stops the prompt with an error (its calls have run and
     are recorded). ``cancel``: setting it (from any thread) cancels the running turn
     (its calls get ``cancelled`` results, recorded) and stops the prompt before its
-    next request. ``instructions``: the system prompt (default ``loop.instructions``;
+    next request; during a model request it stops the prompt at once, without waiting
+    for the model (the request runs in a thread of its own; its reply is dropped, a
+    stream ended). ``instructions``: the system prompt (default ``loop.instructions``;
     not recorded). ``temperature``, ``max_tokens``: passed to ``model.complete`` when
     given. ``on_event``: called (in this thread) with each :data:`PromptEvent`; with it
     the model is asked to stream (``on_text``).
@@ -501,10 +508,56 @@ class _Driver:
         if self.instructions:
             messages.insert(0, Message.system(self.instructions))
         options = dict(self.options)
+        if self.cancel is not None:
+            return _checked_reply(self._cancellable(number, messages, tools, options, self.cancel))
         if self.on_event is not None:
             options["on_text"] = lambda piece: self._emit(TextDelta(number, piece))
-        reply = self.model.complete(messages, tools, **options) if options else self.model.complete(messages, tools)
-        return _checked_reply(reply)
+        return _checked_reply(self._complete(messages, tools, options))
+
+    def _complete(self, messages: list[Message], tools: list[dict[str, Any]], options: dict[str, Any]) -> Any:
+        return self.model.complete(messages, tools, **options) if options else self.model.complete(messages, tools)
+
+    def _cancellable(
+        self, number: int, messages: list[Message], tools: list[dict[str, Any]], options: dict[str, Any],
+        cancel: CancelToken,
+    ) -> Any:
+        """The model's answer, asked for in a thread of its own (in a copy of this
+        thread's ``contextvars``), so that ``cancel`` stops the prompt without waiting
+        for the model: raises :class:`_Cancelled` at once, the request's reply, when it
+        comes, is dropped, and a streaming request is ended at its next text piece.
+        Text pieces are emitted in this thread, in order."""
+        inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        given_up = threading.Event()
+        if self.on_event is not None:
+
+            def on_text(piece: str) -> None:
+                if given_up.is_set():
+                    raise _Cancelled  # ends the stream of a request given up
+                inbox.put(("text", piece))
+
+            options["on_text"] = on_text
+
+        def ask() -> None:
+            try:
+                inbox.put(("reply", self._complete(messages, tools, options)))
+            except BaseException as exc:  # handed to the prompt's thread, which decides
+                inbox.put(("error", exc))
+
+        cancel.add_callback(lambda: inbox.put(("cancelled", None)))
+        context = contextvars.copy_context()
+        threading.Thread(target=context.run, args=(ask,), name=f"model:{self.loop.session_id}:{number}",
+                         daemon=True).start()
+        while True:
+            kind, value = inbox.get()
+            if kind == "text":
+                self._emit(TextDelta(number, value))
+            elif kind == "reply":
+                return value
+            elif kind == "error":
+                raise value
+            else:
+                given_up.set()
+                raise _Cancelled
 
     def _step(self) -> bool:
         """One model request and its turn; True when the reply was the final one."""
@@ -515,6 +568,8 @@ class _Driver:
             with self.telemetry.chat(self.model) as record:  # telemetry: the request's span
                 reply = self._request(number, tools)
                 record(reply)
+        except _Cancelled:
+            self._stop("cancelled", "the host cancelled the prompt")
         except Exception as exc:
             logger.warning("session {}: the model failed at step {}: {}", self.loop.session_id, number,
                            describe_exception(exc))
