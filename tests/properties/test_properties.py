@@ -4,7 +4,8 @@ model, an SDK or a transcript is valid and bounded; the transcript detects tampe
 Strategies: argument text, schemas and declarations, tool outputs, provider conversations,
 transcripts (mutations of ones the runtime wrote). Properties: the rules (a recorded
 conversation is sent in a form each provider's loopback rules accept; a transcript line
-changed whole is never dropped silently), plus exactly one result per call id in order, ``ok`` only when jsonschema accepts the instance, and the system keeps serving.
+changed whole is never dropped silently), plus exactly one result per call id in order,
+``ok`` only when jsonschema accepts the instance, and the system keeps serving.
 """
 
 from __future__ import annotations
