@@ -55,17 +55,27 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final, NoReturn, Protocol, TypeAlias
+from typing import Any, Final, NoReturn, Protocol
 
 import pykka
 from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
-from rho_actors.model import Message, Model, Reply, Usage
+from rho_actors.model import Message, Model, Reply
 from rho_actors.otp.actor import ActorExit
+from rho_actors.prompt_events import (
+    FinalResult,
+    PromptEvent,
+    PromptResult,
+    Step,
+    StepEnded,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from rho_actors.provider_rules import NEUTRAL_RULES, WireRules, replay_arguments, sanitise_calls
 from rho_actors.results import failure
 from rho_actors.results import text as result_text
@@ -123,98 +133,6 @@ prompt to record its cancellation before it re-raises."""
 LOOP_WAIT_S: Final = 10.0
 """How long, in seconds, a prompt waits for a session's LoopActor that is not running
 (its supervisor restarting it) before it stops with an error."""
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One model request of a prompt: ``number`` (the session's request count, as in
-    its transcript), the model's ``reply``, and the ``results`` of its tool calls (one
-    per call, in the calls' order; empty for the final reply)."""
-
-    number: int
-    reply: Reply
-    results: tuple[ToolResult, ...] = ()
-
-    @property
-    def usage(self) -> Usage | None:
-        """The tokens this request used (``None`` when the model did not say)."""
-        return self.reply.usage
-
-
-@dataclass(frozen=True, slots=True)
-class PromptResult:
-    """What a prompt came to.
-
-    ``text``: the final reply's text (after an error: the last reply's text, often
-    ``""``). ``steps``: the steps this prompt took, in order. ``error``: ``None``, or
-    why the prompt stopped early (``max_steps`` reached, the model raised, the session's
-    loop was gone, the transcript failed), as a sentence for the host. ``recovered``:
-    ``cancelled`` results given to calls an earlier, interrupted prompt recorded but
-    never answered (see :mod:`rho_actors.transcript`).
-    """
-
-    text: str
-    steps: tuple[Step, ...] = ()
-    error: str | None = None
-    recovered: tuple[ToolResult, ...] = field(default=())
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def usage(self) -> Usage:
-        """The tokens all of this prompt's requests used (those that said)."""
-        total = Usage()
-        for step in self.steps:
-            if step.reply.usage is not None:
-                total = total + step.reply.usage
-        return total
-
-
-# --- events -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    """A piece of the reply text of request ``step``, as it streams in."""
-
-    step: int
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallStarted:
-    """A call of request ``step`` was handed to the loop (its reply was recorded)."""
-
-    step: int
-    call: ToolCall
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallFinished:
-    """The ``result`` of a call of request ``step`` (recorded)."""
-
-    step: int
-    result: ToolResult
-
-
-@dataclass(frozen=True, slots=True)
-class StepEnded:
-    """Request ``step.number`` and its turn are done (and recorded)."""
-
-    step: Step
-
-
-@dataclass(frozen=True, slots=True)
-class FinalResult:
-    """The prompt ended: its ``result`` (always the last event)."""
-
-    result: PromptResult
-
-
-PromptEvent: TypeAlias = TextDelta | ToolCallStarted | ToolCallFinished | StepEnded | FinalResult
-"""What :func:`stream`, :func:`astream` and ``on_event`` give, in order of happening."""
 
 
 class _Stop(Exception):
