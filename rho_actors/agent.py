@@ -29,7 +29,8 @@ Options of a prompt: ``instructions`` (a system prompt, sent first in every requ
 never recorded; default ``loop.instructions``), ``temperature`` and ``max_tokens``
 (passed to the model), ``cancel`` (a :class:`~rho_actors.CancelToken`: setting it
 cancels the running turn, whose calls get ``cancelled`` results, and stops the prompt
-before its next request) and ``on_event`` (called with each :data:`PromptEvent`).
+before its next request, or at once during a model request, whose reply is then
+dropped) and ``on_event`` (called with each :data:`PromptEvent`).
 :func:`stream` and :func:`astream` yield those events. Every reply is checked against
 the wire rules (:mod:`rho_actors.provider_rules`) before it is recorded: unique call ids (the ids
 the model sent are kept as ``sent_id`` in the transcript), an exact duplicate call once.
@@ -54,18 +55,28 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final, NoReturn, Protocol, TypeAlias
+from typing import Any, Final, NoReturn, Protocol
 
 import pykka
 from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
-from rho_actors.model import Message, Model, Reply, Usage
+from rho_actors.model import Message, Model, Reply
 from rho_actors.otp.actor import ActorExit
-from rho_actors.provider_rules import NEUTRAL_RULES, WireRules, sanitise_calls
+from rho_actors.prompt_events import (
+    FinalResult,
+    PromptEvent,
+    PromptResult,
+    Step,
+    StepEnded,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from rho_actors.provider_rules import NEUTRAL_RULES, WireRules, replay_arguments, sanitise_calls
 from rho_actors.results import failure
 from rho_actors.results import text as result_text
 from rho_actors.telemetry import Telemetry
@@ -124,104 +135,16 @@ LOOP_WAIT_S: Final = 10.0
 (its supervisor restarting it) before it stops with an error."""
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One model request of a prompt: ``number`` (the session's request count, as in
-    its transcript), the model's ``reply``, and the ``results`` of its tool calls (one
-    per call, in the calls' order; empty for the final reply)."""
-
-    number: int
-    reply: Reply
-    results: tuple[ToolResult, ...] = ()
-
-    @property
-    def usage(self) -> Usage | None:
-        """The tokens this request used (``None`` when the model did not say)."""
-        return self.reply.usage
-
-
-@dataclass(frozen=True, slots=True)
-class PromptResult:
-    """What a prompt came to.
-
-    ``text``: the final reply's text (after an error: the last reply's text, often
-    ``""``). ``steps``: the steps this prompt took, in order. ``error``: ``None``, or
-    why the prompt stopped early (``max_steps`` reached, the model raised, the session's
-    loop was gone, the transcript failed), as a sentence for the host. ``recovered``:
-    ``cancelled`` results given to calls an earlier, interrupted prompt recorded but
-    never answered (see :mod:`rho_actors.transcript`).
-    """
-
-    text: str
-    steps: tuple[Step, ...] = ()
-    error: str | None = None
-    recovered: tuple[ToolResult, ...] = field(default=())
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def usage(self) -> Usage:
-        """The tokens all of this prompt's requests used (those that said)."""
-        total = Usage()
-        for step in self.steps:
-            if step.reply.usage is not None:
-                total = total + step.reply.usage
-        return total
-
-
-# --- events -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    """A piece of the reply text of request ``step``, as it streams in."""
-
-    step: int
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallStarted:
-    """A call of request ``step`` was handed to the loop (its reply was recorded)."""
-
-    step: int
-    call: ToolCall
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallFinished:
-    """The ``result`` of a call of request ``step`` (recorded)."""
-
-    step: int
-    result: ToolResult
-
-
-@dataclass(frozen=True, slots=True)
-class StepEnded:
-    """Request ``step.number`` and its turn are done (and recorded)."""
-
-    step: Step
-
-
-@dataclass(frozen=True, slots=True)
-class FinalResult:
-    """The prompt ended: its ``result`` (always the last event)."""
-
-    result: PromptResult
-
-
-PromptEvent: TypeAlias = TextDelta | ToolCallStarted | ToolCallFinished | StepEnded | FinalResult
-"""What :func:`stream`, :func:`astream` and ``on_event`` give, in order of happening."""
-
-
 class _Stop(Exception):
     """Ends the prompt with an error (already recorded in the transcript)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class _Cancelled(Exception):
+    """The host cancelled the prompt while its model request was in flight."""
 
 
 def prompt(
@@ -245,7 +168,9 @@ def prompt(
     tool calls at the last one stops the prompt with an error (its calls have run and
     are recorded). ``cancel``: setting it (from any thread) cancels the running turn
     (its calls get ``cancelled`` results, recorded) and stops the prompt before its
-    next request. ``instructions``: the system prompt (default ``loop.instructions``;
+    next request; during a model request it stops the prompt at once, without waiting
+    for the model (the request runs in a thread of its own; its reply is dropped, a
+    stream ended). ``instructions``: the system prompt (default ``loop.instructions``;
     not recorded). ``temperature``, ``max_tokens``: passed to ``model.complete`` when
     given. ``on_event``: called (in this thread) with each :data:`PromptEvent`; with it
     the model is asked to stream (``on_text``).
@@ -501,10 +426,56 @@ class _Driver:
         if self.instructions:
             messages.insert(0, Message.system(self.instructions))
         options = dict(self.options)
+        if self.cancel is not None:
+            return _checked_reply(self._cancellable(number, messages, tools, options, self.cancel))
         if self.on_event is not None:
             options["on_text"] = lambda piece: self._emit(TextDelta(number, piece))
-        reply = self.model.complete(messages, tools, **options) if options else self.model.complete(messages, tools)
-        return _checked_reply(reply)
+        return _checked_reply(self._complete(messages, tools, options))
+
+    def _complete(self, messages: list[Message], tools: list[dict[str, Any]], options: dict[str, Any]) -> Any:
+        return self.model.complete(messages, tools, **options) if options else self.model.complete(messages, tools)
+
+    def _cancellable(
+        self, number: int, messages: list[Message], tools: list[dict[str, Any]], options: dict[str, Any],
+        cancel: CancelToken,
+    ) -> Any:
+        """The model's answer, asked for in a thread of its own (in a copy of this
+        thread's ``contextvars``), so that ``cancel`` stops the prompt without waiting
+        for the model: raises :class:`_Cancelled` at once, the request's reply, when it
+        comes, is dropped, and a streaming request is ended at its next text piece.
+        Text pieces are emitted in this thread, in order."""
+        inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        given_up = threading.Event()
+        if self.on_event is not None:
+
+            def on_text(piece: str) -> None:
+                if given_up.is_set():
+                    raise _Cancelled  # ends the stream of a request given up
+                inbox.put(("text", piece))
+
+            options["on_text"] = on_text
+
+        def ask() -> None:
+            try:
+                inbox.put(("reply", self._complete(messages, tools, options)))
+            except BaseException as exc:  # handed to the prompt's thread, which decides
+                inbox.put(("error", exc))
+
+        cancel.add_callback(lambda: inbox.put(("cancelled", None)))
+        context = contextvars.copy_context()
+        threading.Thread(target=context.run, args=(ask,), name=f"model:{self.loop.session_id}:{number}",
+                         daemon=True).start()
+        while True:
+            kind, value = inbox.get()
+            if kind == "text":
+                self._emit(TextDelta(number, value))
+            elif kind == "reply":
+                return value
+            elif kind == "error":
+                raise value
+            else:
+                given_up.set()
+                raise _Cancelled
 
     def _step(self) -> bool:
         """One model request and its turn; True when the reply was the final one."""
@@ -515,6 +486,8 @@ class _Driver:
             with self.telemetry.chat(self.model) as record:  # telemetry: the request's span
                 reply = self._request(number, tools)
                 record(reply)
+        except _Cancelled:
+            self._stop("cancelled", "the host cancelled the prompt")
         except Exception as exc:
             logger.warning("session {}: the model failed at step {}: {}", self.loop.session_id, number,
                            describe_exception(exc))
@@ -610,21 +583,25 @@ def _with_text(result: ToolResult) -> ToolResult:
 
 def _checked_reply(reply: Any) -> Reply:
     """``reply`` made safe to record and run: a :class:`Reply` with its tool calls as a
-    tuple (a generator is read once) and each call's arguments as JSON text or a plain
-    dict; arguments of any other type become their text (``5`` -> ``"5"``), which the
-    loop's strict decoding then refuses as ``invalid_json`` for that call only. Lone
+    tuple (a generator is read once), each call's id and name as ``str`` (a missing or
+    non-text id becomes ``""``, for which the wire rules make one; a missing name
+    becomes ``""``, an unknown tool) and its arguments as JSON text or a plain dict;
+    arguments of any other type become their text (``5`` -> ``"5"``), which the loop's
+    strict decoding then refuses as ``invalid_json`` for that call only. Lone
     surrogates in the text are replaced. Raises ``TypeError`` for a reply that is not a
     :class:`Reply`, text that is not a ``str``, or a call that is not a
-    :class:`ToolCall` with ``str`` id and name."""
+    :class:`ToolCall`."""
     if not isinstance(reply, Reply):
         raise TypeError(f"the model returned a {type(reply).__name__}, not a Reply")
     if not isinstance(reply.text, str):
         raise TypeError(f"the model's reply text is a {type(reply.text).__name__}, not a str")
     calls = []
     for index, call in enumerate(tuple(reply.tool_calls)):
-        if not isinstance(call, ToolCall) or not isinstance(call.id, str) or not isinstance(call.name, str):
-            raise TypeError(f"the model's tool call {index} is not a ToolCall with a str id and name: {call!r}")
-        calls.append(ToolCall(call.id, call.name, _plain_arguments(call.arguments)))
+        if not isinstance(call, ToolCall):
+            raise TypeError(f"the model's tool call {index} is not a ToolCall: {call!r}")
+        call_id = call.id if isinstance(call.id, str) else ""
+        name = call.name if isinstance(call.name, str) else ""
+        calls.append(ToolCall(call_id, name, _plain_arguments(call.arguments)))
     return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason, reply.usage)
 
 
@@ -633,14 +610,12 @@ def _plain_arguments(arguments: Any) -> str | dict[str, Any]:
         return arguments
     if isinstance(arguments, Mapping):
         plain = dict(arguments)
-        try:  # what the transcript can record as a JSON object
-            json.dumps(plain, allow_nan=False)
+        if replay_arguments(plain) is not None:  # a JSON object the transcript and a provider take
             return plain
+        try:  # NaN, Infinity or nested too deep: recorded as the text, which the loop refuses
+            return json.dumps(plain)
         except (TypeError, ValueError, RecursionError):
-            try:  # NaN or Infinity: recorded as the text, which the loop refuses
-                return json.dumps(plain)
-            except (TypeError, ValueError, RecursionError):
-                return f"<arguments of type {type(arguments).__name__} that cannot be written as JSON>"
+            return f"<arguments of type {type(arguments).__name__} that cannot be written as JSON>"
     if isinstance(arguments, (bytes, bytearray)):
         try:
             return bytes(arguments).decode("utf-8")

@@ -89,40 +89,55 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constants)
 
 
+_Link = tuple[Any, "str | int"] | None
+"""An item's place in decoded arguments: ``(parent's link, key or index)``; ``None`` is ``$``."""
+
+
 def _problem(value: Any, max_depth: int) -> str | None:
     """Why decoded ``value`` is not plain JSON data within ``max_depth`` levels, or None.
 
-    Iterative, so a hostile depth cannot exhaust the stack.
+    Iterative, so a hostile depth cannot exhaust the stack; each item's path is a link
+    to its parent's (its text is built only for the item named in the answer), so a
+    long key over a large array costs no more than the input.
     """
-    stack: list[tuple[Any, int, str]] = [(value, 1, "$")]
+    stack: list[tuple[Any, int, _Link]] = [(value, 1, None)]
     while stack:
-        item, depth, path = stack.pop()
+        item, depth, link = stack.pop()
         if isinstance(item, str):
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                return f"{path}: a string holds a lone surrogate"
+                return f"{_path_text(link)}: a string holds a lone surrogate"
         elif isinstance(item, dict):
             if depth > max_depth:
-                return f"{path}: nested deeper than {max_depth} levels"
+                return f"{_path_text(link)}: nested deeper than {max_depth} levels"
             for key, child in item.items():
                 if not isinstance(key, str):
-                    return f"{path}: key {key!r} is not a string"
+                    return f"{_path_text(link)}: key {key!r} is not a string"
                 try:
                     key.encode("utf-8")
                 except UnicodeEncodeError:
-                    return f"{path}: a key holds a lone surrogate"
-                stack.append((child, depth + 1, f"{path}.{key}"))
+                    return f"{_path_text(link)}: a key holds a lone surrogate"
+                stack.append((child, depth + 1, (link, key)))
         elif isinstance(item, (list, tuple)):
             if depth > max_depth:
-                return f"{path}: nested deeper than {max_depth} levels"
-            stack.extend((child, depth + 1, f"{path}[{i}]") for i, child in enumerate(item))
+                return f"{_path_text(link)}: nested deeper than {max_depth} levels"
+            stack.extend((child, depth + 1, (link, i)) for i, child in enumerate(item))
         elif isinstance(item, float):
             if not math.isfinite(item):
-                return f"{path}: {item} is not JSON"
+                return f"{_path_text(link)}: {item} is not JSON"
         elif item is not None and not isinstance(item, (bool, int)):
-            return f"{path}: a {type(item).__name__} is not JSON data"
+            return f"{_path_text(link)}: a {type(item).__name__} is not JSON data"
     return None
+
+
+def _path_text(link: _Link) -> str:
+    """The JSON path (``$.a[0].b``) of ``link``, each key cut to :data:`_MAX_SHOWN` characters."""
+    steps: list[str] = []
+    while link is not None:
+        link, step = link
+        steps.append(f"[{step}]" if isinstance(step, int) else f".{_shorten(step)}")
+    return "$" + "".join(reversed(steps))
 
 
 def _shorten(text: str, limit: int = _MAX_SHOWN) -> str:

@@ -51,8 +51,9 @@ conversation as :class:`~rho_actors.model.Message` values, each result placed ri
 its reply in call order. A call whose ``reply`` was recorded but whose ``result`` was not
 (the process died mid-turn) is never run again (its tool may have had effects): it gets a
 ``cancelled`` error result (:data:`INTERRUPTED`), listed in :attr:`History.pending` for the
-writer to record. A last line cut short (no newline, or not JSON: the process died while
-writing it) is skipped with a loguru warning, and :meth:`Transcript.open` truncates the file
+writer to record. A last line cut short (no newline, or holding NUL bytes, which this
+writer never writes and a file system leaves after a crash: the process or machine died
+while writing it) is skipped with a loguru warning, and :meth:`Transcript.open` truncates the file
 back to the last whole line before appending; a line that repeats the line before it
 byte for byte is skipped with a warning. Anything else is tampering or damage and raises
 :class:`TranscriptError` naming the line: a line that is not JSON, a checksum that does
@@ -217,7 +218,7 @@ def _records(data: bytes, path: str) -> tuple[list[dict[str, Any]], int, bool]:
         number += 1
         record = _parse(line) if end != -1 else None
         if record is None:
-            if last:
+            if last and (end == -1 or b"\0" in line):
                 logger.warning(
                     "transcript {}: line {} was cut short (the process stopped while writing it); it is skipped",
                     path, number,

@@ -262,3 +262,34 @@ def test_long_violation_messages_are_shortened() -> None:
     assert line.startswith('$.s: "xxx')
     assert line.endswith("...")
     assert len(line) < 200
+
+
+# --- cost bounded by the input ------------------------------------------------------------
+
+_BOUNDED_CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from rho_actors.arguments import ArgumentsError, decode_arguments
+key = "K" * 100_000
+items = ",".join(["0"] * 60_000)
+assert decode_arguments('{"%s": [%s]}' % (key, items))["K" * 100_000][-1] == 0
+try:
+    decode_arguments('{"%s": [%s, "\\\\ud800"]}' % (key, items))
+except ArgumentsError as err:
+    print(err)
+"""
+
+
+def test_a_long_key_over_a_large_array_decodes_in_memory_bounded_by_the_input() -> None:
+    # 360 kB of arguments (well under the 1 MB bound): a path string built per item
+    # would take 6 GB; the child has 1 GB of address space in all.
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", _BOUNDED_CHILD]
+    child = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr[-2000:]
+    message = child.stdout.strip()
+    assert message.startswith("arguments are not valid JSON: $.KKK")
+    assert message.endswith("...[60000]: a string holds a lone surrogate")
+    assert len(message) < 300

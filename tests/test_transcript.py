@@ -110,6 +110,21 @@ def test_an_unparsable_last_line_with_newline_is_torn_too(tmp_path: Path) -> Non
     assert load(path).torn
 
 
+def test_a_whole_last_line_changed_into_no_json_is_an_error_not_torn(tmp_path: Path) -> None:
+    # A line ending in its newline was written whole: a byte flipped in it (here in the
+    # last result's "ok") is damage, never a crash, and must not silently drop the record.
+    path = tmp_path / TRANSCRIPT_NAME
+    _write_step(path)
+    data = path.read_bytes()
+    at = data.rindex(b'"ok": false')
+    path.write_bytes(data[:at] + b'"ok": fAlse' + data[at + 11:])
+    with pytest.raises(TranscriptError, match="line 4 is not a valid record"):
+        load(path)
+    with pytest.raises(TranscriptError, match="line 4"), Transcript(path):
+        pass
+    assert path.read_bytes().count(b"\n") == 4  # nothing was truncated
+
+
 def test_a_bad_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / TRANSCRIPT_NAME
     _write_step(path)

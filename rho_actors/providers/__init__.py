@@ -229,6 +229,24 @@ def send_with_retry(
         )
 
 
+def text_or_empty(value: Any) -> str:
+    """A reply's field that must be text (a call's id, name or argument text), or ``""``
+    when the server sent something else or nothing (the agent loop gives such a call an
+    id and an error result)."""
+    return value if isinstance(value, str) else ""
+
+
+def tokens(value: Any) -> int:
+    """A token count a provider reported, as a non-negative ``int`` (``0`` for a missing
+    or malformed one: a usage figure never costs the reply it came with)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        return 0
+    try:
+        return int(value)
+    except (OverflowError, ValueError):
+        return 0
+
+
 def model_from_spec(spec: str, *, base_url: str | None = None) -> Model:
     """The model named by ``spec``, ``"PROVIDER:MODEL"``: ``"openai:gpt-4o-mini"`` or
     ``"anthropic:claude-sonnet-5"`` (``MODEL`` may itself contain colons, as

@@ -35,6 +35,7 @@ delta.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, cast
 
@@ -67,6 +68,8 @@ from rho_actors.providers import (
     retry_after_s,
     retryable_status,
     send_with_retry,
+    text_or_empty,
+    tokens,
 )
 from rho_actors.tool import Image, ToolCall, ToolInfo
 
@@ -202,15 +205,28 @@ def reply_from_message(message: AnthropicMessage) -> Reply:
     blocks as calls with the ``input`` object as arguments."""
     texts: list[str] = []
     calls: list[ToolCall] = []
-    for block in message.content:
+    for block in message.content or ():
         if isinstance(block, TextBlock) and isinstance(block.text, str):  # an unknown block type is skipped
             texts.append(block.text)
         elif isinstance(block, ToolUseBlock):
-            calls.append(ToolCall(block.id, block.name, block.input))
+            call_id, name = text_or_empty(getattr(block, "id", None)), text_or_empty(getattr(block, "name", None))
+            calls.append(ToolCall(call_id, name, _arguments(getattr(block, "input", None))))
     stop = {"max_tokens": "incomplete", "refusal": "refused"}.get(str(message.stop_reason))
     usage = message.usage
-    tokens = None if usage is None else Usage(int(usage.input_tokens or 0), int(usage.output_tokens or 0))
-    return Reply(text="".join(texts), tool_calls=tuple(calls), raw=message, stop_reason=stop, usage=tokens)
+    used = None if usage is None else Usage(tokens(getattr(usage, "input_tokens", 0)),
+                                            tokens(getattr(usage, "output_tokens", 0)))
+    return Reply(text="".join(texts), tool_calls=tuple(calls), raw=message, stop_reason=stop, usage=used)
+
+
+def _arguments(value: Any) -> str | dict[str, Any]:
+    """A ``tool_use`` block's ``input``: the object, or the JSON text of anything else
+    (which the loop refuses as ``invalid_json``, naming its type)."""
+    if isinstance(value, dict):
+        return value
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return ""
 
 
 def to_anthropic_tools(tools: Sequence[Mapping[str, Any]]) -> list[ToolParam]:

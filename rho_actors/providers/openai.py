@@ -62,6 +62,8 @@ from rho_actors.providers import (
     retry_after_s,
     retryable_status,
     send_with_retry,
+    text_or_empty,
+    tokens,
 )
 from rho_actors.tool import Image, ToolCall, ToolInfo
 
@@ -204,14 +206,29 @@ def reply_from_completion(completion: ChatCompletion) -> Reply:
     message = completion.choices[0].message
     calls: list[ToolCall] = []
     for call in message.tool_calls or ():
-        if call.type == "function":
-            calls.append(ToolCall(call.id, call.function.name, call.function.arguments))
-        else:  # a custom tool call: free text input, never declared by us; answered as a call
-            calls.append(ToolCall(call.id, call.custom.name, call.custom.input))
-    text = message.content if message.content is not None else (message.refusal or "")
+        # a function call, or a custom one (free text input, never declared by us); a
+        # part the server left out is empty: the loop answers such a call with an error
+        function, custom = getattr(call, "function", None), getattr(call, "custom", None)
+        if function is not None:
+            name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+        else:
+            name, arguments = getattr(custom, "name", None), getattr(custom, "input", None)
+        calls.append(ToolCall(text_or_empty(getattr(call, "id", None)), text_or_empty(name), text_or_empty(arguments)))
+    text = _text(message.content) if message.content is not None else _text(message.refusal)
     finish = completion.choices[0].finish_reason
     stop = _stop_reason(message.refusal is not None, finish)
     return Reply(text=text, tool_calls=tuple(calls), raw=completion, stop_reason=stop, usage=_usage(completion.usage))
+
+
+def _text(content: Any) -> str:
+    """A message's ``content`` (or ``refusal``) as text: a string, or the ``text`` of the
+    parts of a list (as some OpenAI-compatible servers send); anything else is ``""``."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [part.get("text") if isinstance(part, Mapping) else getattr(part, "text", None) for part in content]
+        return "".join(part for part in parts if isinstance(part, str))
+    return ""
 
 
 def _stop_reason(refused: bool, finish: Any) -> str | None:
@@ -221,40 +238,63 @@ def _stop_reason(refused: bool, finish: Any) -> str | None:
 def _usage(usage: Any) -> Usage | None:
     if usage is None:
         return None
-    return Usage(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
+    return Usage(tokens(getattr(usage, "prompt_tokens", 0)), tokens(getattr(usage, "completion_tokens", 0)))
 
 
 def reply_from_chunks(chunks: Iterable[ChatCompletionChunk], on_text: Callable[[str], None]) -> Reply:
     """The :class:`Reply` streamed as ``chunks`` (the first choice's deltas, the usage
-    of the last chunk), calling ``on_text`` with each text delta as it comes."""
+    of the last chunk), calling ``on_text`` with each text delta as it comes.
+
+    A call's parts are joined by their ``index`` (a part without one belongs to the call
+    of its ``id``, else to the call before it), in the order the calls first appear; a
+    name sent again whole in a later part (as some OpenAI-compatible servers do) is
+    not doubled. A chunk without choices or delta is skipped."""
     texts: list[str] = []
     refusal: list[str] = []
-    calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
+    calls: dict[Any, list[str]] = {}  # index (or id) -> [id, name, arguments], in order of appearance
     finish: Any = None
     usage: Usage | None = None
     for chunk in chunks:
-        if chunk.usage is not None:
+        if getattr(chunk, "usage", None) is not None:
             usage = _usage(chunk.usage)
-        for choice in chunk.choices:
-            if choice.index != 0:
+        for choice in getattr(chunk, "choices", None) or ():
+            delta = getattr(choice, "delta", None)
+            if getattr(choice, "index", 0) not in (0, None) or delta is None:
                 continue
-            delta = choice.delta
-            if delta.content:
+            if isinstance(delta.content, str) and delta.content:
                 texts.append(delta.content)
                 on_text(delta.content)
-            if delta.refusal:
+            if isinstance(delta.refusal, str) and delta.refusal:
                 refusal.append(delta.refusal)
             for part in delta.tool_calls or ():
-                slot = calls.setdefault(part.index, ["", "", ""])
-                slot[0] = part.id or slot[0]
-                if part.function is not None:
-                    slot[1] += part.function.name or ""
-                    slot[2] += part.function.arguments or ""
+                slot = calls.setdefault(_call_key(part, calls), ["", "", ""])
+                slot[0] = part.id if isinstance(part.id, str) and part.id else slot[0]
+                function = getattr(part, "function", None)
+                if function is not None:
+                    name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+                    if isinstance(name, str) and name != slot[1]:
+                        slot[1] += name
+                    slot[2] += arguments if isinstance(arguments, str) else ""
             if choice.finish_reason is not None:
                 finish = choice.finish_reason
-    tool_calls = tuple(ToolCall(cid, name, args) for cid, name, args in (calls[i] for i in sorted(calls)))
+    tool_calls = tuple(ToolCall(cid, name, args) for cid, name, args in calls.values())
     text = "".join(texts) if texts or not refusal else "".join(refusal)
     return Reply(text, tool_calls, None, _stop_reason(bool(refusal), finish), usage)
+
+
+def _call_key(part: Any, calls: dict[Any, list[str]]) -> Any:
+    """Which streamed call ``part`` belongs to: its ``index``; without one, the call of
+    its ``id`` (a new one for a new id), else the last call."""
+    index = getattr(part, "index", None)
+    if isinstance(index, int) and not isinstance(index, bool):
+        return index
+    cid = getattr(part, "id", None)
+    if isinstance(cid, str) and cid:
+        for key, slot in calls.items():
+            if slot[0] == cid:
+                return key
+        return ("id", cid)
+    return next(reversed(calls), 0)
 
 
 def to_openai_tools(tools: Sequence[Mapping[str, Any]]) -> list[ChatCompletionToolUnionParam]:

@@ -1,9 +1,11 @@
 """Property tests of the rules fuzzing established (issue: every text that reaches a
 model, an SDK or a transcript is valid and bounded; the transcript detects tampering).
 
-Strategies: argument text, schemas and declarations, tool outputs, transcripts (mutations
-of ones the runtime wrote). Properties: the rules, plus exactly one result per call id in
-order, ``ok`` only when jsonschema accepts the instance, and the system keeps serving.
+Strategies: argument text, schemas and declarations, tool outputs, provider conversations,
+transcripts (mutations of ones the runtime wrote). Properties: the rules (a recorded
+conversation is sent in a form each provider's loopback rules accept; a transcript line
+changed whole is never dropped silently), plus exactly one result per call id in order,
+``ok`` only when jsonschema accepts the instance, and the system keeps serving.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from jsonschema import Draft202012Validator
 from rho_actors import ActorSystem, ErrorKind, ToolCall, encode_output
 from rho_actors.arguments import MAX_REFUSAL_CHARS, ArgumentsError, decode_arguments, make_validator, violations
 from rho_actors.declarations import DeclarationError, check_declaration
-from rho_actors.model import Reply
+from rho_actors.model import Message, Reply
 from rho_actors.tool import ToolResult
-from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load
+from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -163,7 +165,8 @@ def test_a_mutated_transcript_is_detected_or_reads_back_unchanged(mutations: lis
     with tempfile.TemporaryDirectory() as folder:
         path = _real_transcript(Path(folder))
         original = load(path).messages
-        data = path.read_bytes()
+        original_records = read_records(path)[0]
+        written = data = path.read_bytes()
         for kind, a, b in mutations:
             lines = data.splitlines(keepends=True)
             if not lines:
@@ -188,7 +191,14 @@ def test_a_mutated_transcript_is_detected_or_reads_back_unchanged(mutations: lis
         except TranscriptError as err:
             assert "line " in str(err)
             return
-        # accepted: the same conversation, or a prefix of it (a cut at a line end / torn last line)
+        # accepted: the same records, or a prefix of them only where a write may have been
+        # cut short: the file is a prefix of what was written, or its last line is torn (no
+        # newline, or NUL bytes); a whole changed line is never dropped silently
+        records = read_records(path)[0]
+        torn = not data.endswith(b"\n") or b"\0" in data[:-1].rsplit(b"\n", 1)[-1]
+        assert records == original_records or (
+            records == original_records[: len(records)] and (written.startswith(data) or torn)
+        ), (mutations, len(records))
         assert history.messages == original[: len(history.messages)] or history.pending
 
 
@@ -220,3 +230,40 @@ def test_one_result_per_call_in_order_and_the_system_keeps_serving(serving: Any,
         assert result.ok == (result.error_kind is None)
     [again] = serving.run_turn([ToolCall("ok", "echo", '{"text": "x"}')], timeout_s=30)
     assert again.ok and again.content == "x"
+
+
+# --- provider conversations ---------------------------------------------------------------
+
+small_id = st.sampled_from(["", "c1", "c1", "c 2", "call.3", "\ud800", "x" * 70]) | st.text(max_size=6)
+conversation_call = st.builds(
+    ToolCall, small_id, st.sampled_from(["ping", "", "odd name!", "p" * 80, "\udfff"]),
+    argument_text | st.dictionaries(st.text(max_size=5), json_data, max_size=3),
+)
+conversation_message = st.one_of(
+    st.builds(Message.user, st.text(max_size=8)),
+    st.builds(Message.system, st.text(max_size=8)),
+    st.builds(Message.assistant, st.text(max_size=8), st.lists(conversation_call, max_size=4)),
+    st.builds(lambda cid, ok, text: Message("tool", text, (), cid, "ping", not ok), small_id, st.booleans(),
+              st.text(max_size=8)),
+)
+
+
+@given(st.lists(conversation_message, min_size=1, max_size=8))
+def test_any_recorded_conversation_is_sent_in_a_form_each_provider_accepts(messages: list[Message]) -> None:
+    from rho_actors.provider_rules import ANTHROPIC_RULES, OPENAI_RULES, sanitise
+    from rho_actors.providers.anthropic import to_anthropic_request
+    from rho_actors.providers.openai import to_openai_messages
+    from tests.wire_server import anthropic_violation, openai_violation
+
+    wire = to_openai_messages(messages)
+    if wire:
+        assert openai_violation({"messages": wire}) is None, wire
+        json.dumps(wire, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    system, turns = to_anthropic_request(messages)
+    if turns:
+        body = {"messages": turns, **({"system": system} if system else {})}
+        assert anthropic_violation(body) is None, body
+        json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    for rules in (OPENAI_RULES, ANTHROPIC_RULES):
+        once = sanitise(messages, rules)
+        assert sanitise(once, rules) == once
