@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
+import select
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -236,3 +239,36 @@ def test_rho_actors_mcp_serve_needs_tools(capsys: pytest.CaptureFixture[str]) ->
     assert "--tools" in capsys.readouterr().err
     assert main(["mcp", "serve", "--tools", TOOLS, "--http", "nowhere"]) == 2
     assert "expected HOST:PORT" in capsys.readouterr().err
+
+
+def test_stdio_bad_lines_get_json_rpc_errors_and_the_server_goes_on(tmp_path: Path) -> None:
+    """Lines that are no JSON-RPC message are answered at once (-32700 / -32600, id null),
+    never left for the client to time out on; the next request is served."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", TOOLS, "--data-dir", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    deep = '{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    lines = ["this is not json", "{}", "[1, 2]", deep]
+    try:
+        for line in lines:
+            proc.stdin.write(line.encode() + b"\n")
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}}).encode() + b"\n")
+        proc.stdin.flush()
+        answers = []
+        for _ in range(len(lines) + 1):
+            ready, _, _ = select.select([proc.stdout], [], [], BOUND_S)
+            assert ready, f"no answer after {answers}"
+            answers.append(json.loads(proc.stdout.readline()))
+        errors = [a for a in answers if "error" in a]
+        assert [(e["id"], e["error"]["code"]) for e in errors] == [
+            (None, -32700), (None, -32600), (None, -32600), (None, -32700)
+        ], errors
+        [ok] = [a for a in answers if a.get("id") == 1]
+        assert ok["result"]["serverInfo"]["name"] == "rho-actors"
+    finally:
+        proc.kill()
+        proc.wait(BOUND_S)

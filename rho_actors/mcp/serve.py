@@ -20,9 +20,9 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
   :class:`~rho_actors.ToolSetChanged` event, no polling) sends
   ``notifications/tools/list_changed`` to every connection (changes close together are
   announced once).
-- Bad input (malformed JSON-RPC, an unknown method, params that fail validation, or
-  arguments over ``max_argument_bytes``) gets a JSON-RPC error from the SDK or from
-  here; the server goes on.
+- Bad input (a line that is not JSON or not a JSON-RPC message, an unknown method,
+  params that fail validation, or arguments over ``max_argument_bytes``) gets a JSON-RPC
+  error from the SDK or from here, at once; the server goes on.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from loguru import logger
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp.shared.message import SessionMessage
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.formats import to_dialect
@@ -241,8 +242,8 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
     server = build_server(system, name=name, withheld=withheld, max_argument_bytes=max_argument_bytes)
     options = server.create_initialization_options()
     if http is None:
-        async with stdio_server() as (read, write):
-            await server.run(read, write, options)
+        async with stdio_server() as (read, write), _answering_bad_lines(read, write) as checked:
+            await server.run(checked, write, options)
         return
     import uvicorn
 
@@ -250,6 +251,46 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
     app = server.streamable_http_app(host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
+
+
+@contextlib.asynccontextmanager
+async def _answering_bad_lines(read: Any, write: Any) -> AsyncIterator[Any]:
+    """The stdio read stream without its bad lines: the SDK's transport hands a line that
+    is not a JSON-RPC message (not JSON, not a message, nested past the parser's limit)
+    to the server as an exception, which it drops unanswered, so a client waits for its
+    own timeout. Here each gets JSON-RPC's answer at once: a ``-32700`` parse error (or
+    ``-32600`` for JSON that is no message) with ``id: null``; the server goes on."""
+    send, checked = anyio.create_memory_object_stream[Any](16)
+
+    async def relay() -> None:
+        async with send:
+            async for item in read:
+                if not isinstance(item, Exception):
+                    await send.send(item)
+                    continue
+                code, what = (PARSE_ERROR, "Parse error") if _not_json(item) else (INVALID_REQUEST, "Invalid Request")
+                logger.info("MCP stdio: a bad line from the client: {}", str(item)[:200])
+                error = types.JSONRPCError(jsonrpc="2.0", id=None,
+                                           error=types.ErrorData(code=code, message=f"{what}: {str(item)[:200]}"))
+                await write.send(SessionMessage(error))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(relay)
+        try:
+            yield checked
+        finally:
+            tasks.cancel_scope.cancel()
+
+
+def _not_json(exc: Exception) -> bool:
+    """Whether the SDK's parse of a line failed as JSON (else: JSON, but no message)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return True
+    try:
+        return any(e.get("type") == "json_invalid" for e in errors())
+    except Exception:
+        return True
 
 
 def serve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
