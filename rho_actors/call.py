@@ -27,6 +27,7 @@ from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.otp.actor import Actor
+from rho_actors.otp.threads import ThreadPool
 from rho_actors.results import CANCELLED, error_result, failure, result_from_exception, result_from_return
 from rho_actors.tool import ToolResult
 
@@ -93,11 +94,15 @@ async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: Cancel
 class CallActor(Actor):
     """Runs one call (the first :class:`CallSpec` told to it) in its own thread,
     replies once, then stops (restart type ``temporary``: never restarted; a crash is a
-    result). It may be started ahead of its call, as a spare (see
-    :class:`rho_actors.otp.supervisor.Spares`), but never runs a second call.
+    result); it never runs a second call. Its thread is borrowed from ``thread_pool``
+    when given (see :class:`rho_actors.otp.threads.ThreadPool`), else its own.
 
     Its thread is a daemon thread, so an abandoned call cannot keep the process alive.
     """
+
+    def __init__(self, thread_pool: ThreadPool | None = None) -> None:
+        super().__init__()
+        self.thread_pool = thread_pool
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, RunCall) and not hasattr(self, "spec"):

@@ -86,6 +86,7 @@ class LoopActor(Actor):
         self._withheld = withheld
         self._withheld_list: tuple[str, ...] = tuple(sorted(withheld))
         self._runtime = runtime
+        self.thread_pool = runtime.threads
         self._tools = runtime.tools
         self._limits = runtime.limits
         self._events = runtime.events
@@ -249,7 +250,6 @@ class LoopActor(Actor):
         results = [slot.result for slot in turn.slots]
         assert all(r is not None for r in results)
         turn.future.set_result(results)  # type: ignore[arg-type]
-        self._runtime.calls.replenish()
 
     def _fail_open(self, turn: _Turn, failed: ToolResult) -> None:
         """Give every call of ``turn`` still without a result the error of ``failed``

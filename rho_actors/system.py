@@ -38,6 +38,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import shutil
 import tempfile
@@ -62,7 +63,8 @@ from rho_actors.loop_actor import LoopActor
 from rho_actors.loop_messages import loop_name
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.names import Names
-from rho_actors.otp.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor, which_children
+from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartChild, Supervisor, which_children
+from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
 from rho_actors.registry import IsolationName, Registration, RegistryState, ToolRegistry, ToolSet, ToolSetView
 from rho_actors.runtime import Limits, Runtime
@@ -87,9 +89,7 @@ class ActorSystem:
     temporary folder, removed at :meth:`stop`); ``max_output_chars`` caps each result's text (characters);
     ``max_argument_depth`` and ``max_schema_depth`` bound nesting of call arguments and
     parameter schemas; ``shutdown_ms`` is how long running calls get to stop on
-    :meth:`stop` (milliseconds) before their threads are abandoned; ``spare_calls``
-    CallActors are kept started ahead of need (each still runs exactly one call), which
-    takes a thread start off each call's path; ``max_restarts`` in ``max_seconds``
+    :meth:`stop` (milliseconds) before their threads are abandoned; ``max_restarts`` in ``max_seconds``
     seconds is the restart intensity of the root (the system's own actors), of the
     sources' supervisor, of each session's supervisor, and the default of each server's
     (see :meth:`start_child`): past it, that supervisor gives up (DESIGN §6); ``untrusted`` says
@@ -106,7 +106,6 @@ class ActorSystem:
         max_argument_depth: int = DEFAULT_MAX_ARGUMENT_DEPTH,
         max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
         shutdown_ms: int = 5_000,
-        spare_calls: int = 4,
         max_restarts: int = 3,
         max_seconds: float = 5.0,
         untrusted: UntrustedReads | None = None,
@@ -127,18 +126,22 @@ class ActorSystem:
         self._untrusted = untrusted or UntrustedReads()
         self._declarations = DeclarationState()  # the state of the DeclarationActor and the registry
         self._registry = RegistryState()  # outlives their restarts
-        self._call_spares = Spares(  # CallActor.start, not start_link: it has no on_start to wait for
-            ChildSpec("call", CallActor.start, restart="temporary", shutdown=shutdown_ms), spare_calls
+        # CallActors and LoopActors run on reused threads: a fresh actor, not a fresh thread.
+        self._threads = ThreadPool()
+        self._calls = ChildStarter(  # CallActor.start, not start_link: it has no on_start to wait for
+            ChildSpec("call", functools.partial(CallActor.start, self._threads), restart="temporary",
+                      shutdown=shutdown_ms)
         )
         services = IsolationServices(
-            self._call_spares, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method
+            self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method
         )
         self._runtime = Runtime(
             names=self._names,
             timers=self._timers,
             events=EventBus(),
             tools=self._tools,
-            calls=self._call_spares,
+            calls=self._calls,
+            threads=self._threads,
             isolations=start_isolations(services),
             limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
             untrusted=self._untrusted,
@@ -156,7 +159,7 @@ class ActorSystem:
             ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),
                       name=DECLARATIONS),
             ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._runtime, self._registry)), name=REGISTRY),
-            ChildSpec(CALLS, supervisor(CALLS, spares=self._call_spares), type="supervisor", name=CALLS,
+            ChildSpec(CALLS, supervisor(CALLS, starter=self._calls), type="supervisor", name=CALLS,
                       shutdown=shutdown_ms + 1_000),
             ChildSpec(WORKERS, StartChild(IsolationOwner, (self._runtime.isolations,)), name=WORKERS,
                       shutdown=shutdown_ms),
@@ -179,7 +182,7 @@ class ActorSystem:
     def _closed(self) -> None:
         """The tree is down: fail what still waits on it."""
         self._stopped = True
-        self._call_spares.close()
+        self._calls.close()
         self._declarations.closed.set()  # cancels declaration reads in flight
         for waiting in list(self._registry.waiting.values()):
             if not waiting.done():
@@ -375,7 +378,7 @@ class ActorSystem:
         """The live supervision tree as plain data. Each node: ``id``, ``kind``
         (``"supervisor"`` or ``"worker"``), ``restart``, ``restarts``, ``alive``;
         supervisors add ``strategy`` and ``children``; the ``calls`` supervisor gives
-        ``running`` and ``spares`` counts instead of a node per call; a session's
+        a ``running`` count instead of a node per call; a session's
         ``loop`` adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline."""
         node: dict[str, Any] = {"id": ROOT, "kind": "supervisor", "restart": "permanent", "restarts": 0,
                                 "alive": self._root.is_alive()}
@@ -390,8 +393,7 @@ class ActorSystem:
                 node["strategy"] = proxy.strategy.get(timeout=self._ask_timeout_s)
                 children: list[ChildInfo] = proxy.which_children().get(timeout=self._ask_timeout_s)
                 if node["id"] == CALLS:
-                    node["running"] = sum(c.alive for c in children) - len(self._call_spares)
-                    node["spares"] = len(self._call_spares)
+                    node["running"] = sum(c.alive for c in children)
                     return node
                 node["children"] = [
                     self._describe(c.ref, {"id": c.id, "kind": c.type, "restart": c.restart,
@@ -432,7 +434,7 @@ class ActorSystem:
         """Stop the tree in reverse start order (servers, sessions, sources, workers,
         calls, registry, declarations), then the timers. Running calls are cancelled; a call thread still
         running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
-        self._call_spares.close()  # a call dispatched from now on does not start
+        self._calls.close()  # a call dispatched from now on does not start
         try:
             self._root.stop(timeout=timeout_s)
         except pykka.ActorDeadError:
@@ -441,6 +443,7 @@ class ActorSystem:
             logger.error("the actor system did not stop within {} s", timeout_s)
         self._closed()
         self._timers.stop()
+        self._threads.shutdown()
         if self._own_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
         running = self.stats().get("abandoned_threads_running", 0)

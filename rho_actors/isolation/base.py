@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from rho_actors.call import CallSpec
-    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.supervisor import ChildStarter
     from rho_actors.otp.timers import Timers
 
 __all__ = ["Isolation", "IsolationServices", "RunningCall"]
@@ -23,12 +23,12 @@ __all__ = ["Isolation", "IsolationServices", "RunningCall"]
 
 @dataclass(frozen=True, slots=True)
 class IsolationServices:
-    """What an isolation gets from its system: ``calls``, the spare CallActors a call
-    runs in (its waiting thread); ``timers``, the system's timer service; the bounds of
+    """What an isolation gets from its system: ``calls`` starts the supervised CallActor
+    a call runs in (its waiting thread); ``timers``, the system's timer service; the bounds of
     worker processes: ``warm_workers`` idle workers, ``heap_bytes`` of address space each
     (bytes) and the ``start_method`` (``"forkserver"`` or ``"spawn"``)."""
 
-    calls: Spares
+    calls: ChildStarter
     timers: Timers
     warm_workers: int = 2
     heap_bytes: int = 256 * 2**20

@@ -89,7 +89,7 @@ class ThreadIsolation(Isolation):
 
     def start(self, call: CallSpec) -> _Running:
         running = _Running(self, call)
-        actor = self.services.calls.take()
+        actor = self.services.calls.start()
         running.actor = actor
         running.timer = self.services.timers.call_at(call.deadline, running.deadline)
         actor.tell(RunCall(replace(call, reply=running.reply), self._run))
