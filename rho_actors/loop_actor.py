@@ -9,9 +9,12 @@ any ``exclusive`` call runs its calls one at a time in the model's order, each d
 counted from that call's own start. Results come back in the model's order, exactly one
 per call.
 
-The LoopActor never blocks: calls report back with messages, so a hung tool delays
-nothing but its own result, which is a ``timeout`` error at its deadline. Its host
-handle is :class:`rho_actors.loop.Loop`; its messages are in
+The LoopActor never blocks, and a result does not pass through it: the thread that
+answers a call (its CallActor's, or the deadline timer's) settles the call's slot in
+its turn, first answer wins (a later one is reported ``late``); in an exclusive turn
+it starts the next call, and the one settling the last open call completes the turn's
+future. A hung tool delays nothing but its own result, which is a ``timeout`` error at
+its deadline. Its host handle is :class:`rho_actors.loop.Loop`; its messages are in
 :mod:`rho_actors.loop_messages`.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,7 +39,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
 from rho_actors.isolation import RunningCall
-from rho_actors.loop_messages import CallDone, Offered, Running, RunTurn, SetWithheld
+from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld
 from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
 from rho_actors.results import error_result, failure, text
@@ -64,12 +68,19 @@ class _Slot:
 
 @dataclass(slots=True)
 class _Turn:
+    """One turn. Once its calls are dispatched, ``lock`` guards the slots' results,
+    ``waiting``, ``open``, ``stopping`` and ``finished``: calls settle from their own threads."""
+
     id: int
     slots: list[_Slot]
     future: concurrent.futures.Future[list[ToolResult]]
+    withheld: tuple[str, ...]
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
+    stopping: bool = False
+    finished: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class LoopActor(Actor):
@@ -90,15 +101,14 @@ class LoopActor(Actor):
         self._tools = runtime.tools
         self._limits = runtime.limits
         self._events = runtime.events
-        self._turns: dict[int, _Turn] = {}
+        self._turns: dict[int, _Turn] = {}  # unfinished turns; finished from call threads too
+        self._turns_lock = threading.Lock()
         self._turn_ids = itertools.count(1)
 
     # --- messages ---------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, CallDone):
-            self._call_done(message)
-        elif isinstance(message, RunTurn):
+        if isinstance(message, RunTurn):
             self._run_turn(message)
         elif isinstance(message, Offered):
             return [e.info.copy() for e in self._offered(self._tools.current)]
@@ -114,13 +124,15 @@ class LoopActor(Actor):
     def _running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool`` and ``ms_left`` to the deadline."""
         now = time.monotonic()
+        with self._turns_lock:
+            turns = list(self._turns.values())
         return [
             {
                 "call_id": slot.call.id,
                 "tool": slot.entry.info.name,
                 "ms_left": round((slot.started + slot.entry.info.timeout_ms / 1000 - now) * 1000, 1),
             }
-            for turn in self._turns.values()
+            for turn in turns
             for slot in turn.slots
             if slot.entry is not None and slot.started and slot.result is None
         ]
@@ -129,8 +141,10 @@ class LoopActor(Actor):
         return [e for name, e in tools.entries.items() if name not in self._withheld]
 
     def _run_turn(self, message: RunTurn) -> None:
-        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future)
-        self._turns[turn.id] = turn
+        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future,
+                     self._withheld_list)
+        with self._turns_lock:
+            self._turns[turn.id] = turn
         try:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
@@ -146,11 +160,14 @@ class LoopActor(Actor):
                     turn.open += 1
                     turn.waiting.append(index)
                     turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
-            self._dispatch_ready(turn)
+            if turn.open == 0:
+                turn.finished = True
+                self._finish(turn)
+            else:
+                self._dispatch_ready(turn)
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
-        self._maybe_finish(turn)
 
     def _prepare(self, slot: _Slot, tools: ToolSet) -> ToolResult | None:
         """Decode, look up and validate one call; an error result when it is refused."""
@@ -183,12 +200,20 @@ class LoopActor(Actor):
         return error_result(call_id, name, ErrorKind.UNKNOWN_TOOL, message)
 
     def _dispatch_ready(self, turn: _Turn) -> None:
-        while turn.waiting:
-            self._dispatch(turn, turn.waiting.popleft())
+        """Start the turn's waiting calls: all of them, or the first of an exclusive turn
+        (each later one is started by the thread settling the one before)."""
+        while True:
+            with turn.lock:
+                if not turn.waiting or turn.stopping:
+                    return
+                index = turn.waiting.popleft()
+            self._dispatch(turn, index)
             if turn.exclusive:
                 return
 
     def _dispatch(self, turn: _Turn, index: int) -> None:
+        """Start call ``index`` in its isolation (from the loop's thread, or from the
+        thread that settled the call before it in an exclusive turn)."""
         slot = turn.slots[index]
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
@@ -196,10 +221,13 @@ class LoopActor(Actor):
         deadline = now + entry.info.timeout_ms / 1000
         cancel = CancelToken()
         ref = self.actor_ref
-        turn_id = turn.id
 
         def reply(result: ToolResult) -> None:
-            _tell(ref, CallDone(turn_id, index, result))
+            try:
+                self._settle(turn, slot, result, "timed_out" if result.error_kind is ErrorKind.TIMEOUT else "finished")
+            except Exception as exc:  # a bug here must still answer every call
+                logger.exception("loop {} could not settle call {}", self.session_id, slot.call.id)
+                self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
         ctx = MappingProxyType(
             {
@@ -207,7 +235,7 @@ class LoopActor(Actor):
                 "call_id": slot.call.id,
                 "data_dir": self._data_dir,
                 "loop": ref,
-                "withheld": self._withheld_list,
+                "withheld": turn.withheld,
                 "deadline": deadline,
                 "cancel": cancel,
                 "deps": self._deps,
@@ -218,51 +246,75 @@ class LoopActor(Actor):
             slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, entry.info.timeout_ms, cancel,
             self._limits.max_output_chars, reply,
         )
-        slot.started, slot.cancel = now, cancel
+        with turn.lock:
+            if turn.stopping:
+                return  # the loop stopped after this call was taken from ``waiting``: it has its result
+            slot.started, slot.cancel = now, cancel
         self._emit("started", slot, None)
         try:
-            slot.running = self._runtime.isolations[entry.isolation].start(spec)
+            running = self._runtime.isolations[entry.isolation].start(spec)
         except (pykka.ActorDeadError, pykka.Timeout) as err:
             self._settle(turn, slot, failure("not_started", slot.call.id, entry.info.name, problem=err))
-
-    def _call_done(self, message: CallDone) -> None:
-        turn = self._turns.get(message.turn)
-        if turn is None or turn.slots[message.index].result is not None:
-            slot = turn.slots[message.index] if turn is not None else _Slot(ToolCall(message.result.call_id, ""))
-            self._emit("late", slot, message.result)
             return
-        slot = turn.slots[message.index]
-        timed_out = message.result.error_kind is ErrorKind.TIMEOUT
-        self._settle(turn, slot, message.result, event="timed_out" if timed_out else "finished")
+        with turn.lock:
+            slot.running = running
+            stopping = turn.stopping
+        if stopping:  # the loop stopped while the call was being started
+            running.cancel("stopping")
 
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
-        slot.result = result
-        turn.open -= 1
-        self._emit(event, slot, result)
-        if turn.exclusive:
-            self._dispatch_ready(turn)
-        self._maybe_finish(turn)
-
-    def _maybe_finish(self, turn: _Turn) -> None:
-        if turn.open > 0 or turn.id not in self._turns:
+        """Record a dispatched call's result, from whichever thread has it: the first
+        answer wins, a later one is reported ``late``. Starts the next call of an
+        exclusive turn, or completes the turn once this was its last open call."""
+        with turn.lock:
+            late = slot.result is not None
+            if not late:
+                slot.result = result
+                turn.open -= 1
+                following = turn.waiting.popleft() if turn.exclusive and turn.waiting else None
+                last = turn.open == 0 and not turn.finished
+                turn.finished = turn.finished or last
+        if late:
+            self._emit("late", slot, result)
             return
-        del self._turns[turn.id]
+        self._emit(event, slot, result)
+        if following is not None:
+            self._dispatch(turn, following)
+        elif last:
+            self._finish(turn)
+
+    def _finish(self, turn: _Turn) -> None:
+        """Complete the turn's future with its results in the model's order (once: the
+        caller decided, under the turn's lock, that the turn is finished)."""
+        with self._turns_lock:
+            self._turns.pop(turn.id, None)
         results = [slot.result for slot in turn.slots]
         assert all(r is not None for r in results)
         turn.future.set_result(results)  # type: ignore[arg-type]
 
     def _fail_open(self, turn: _Turn, failed: ToolResult) -> None:
         """Give every call of ``turn`` still without a result the error of ``failed``
-        (its kind and text), and cancel those running."""
+        (its kind and text), cancel those running, and complete the turn."""
         assert failed.error_kind is not None
-        for slot in turn.slots:
-            if slot.result is not None:
-                continue
-            if slot.running is not None:
-                slot.running.cancel("stopping")
-            duration = (time.monotonic() - slot.started) * 1000 if slot.started else 0.0
-            slot.result = error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
-        turn.open = 0
+        now = time.monotonic()
+        with turn.lock:
+            if turn.finished:
+                return
+            turn.stopping = True
+            turn.finished = True
+            turn.waiting.clear()
+            turn.open = 0
+            running = []
+            for slot in turn.slots:
+                if slot.result is not None:
+                    continue
+                if slot.running is not None:
+                    running.append(slot.running)
+                duration = (now - slot.started) * 1000 if slot.started else 0.0
+                slot.result = error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
+        for call in running:
+            call.cancel("stopping")
+        self._finish(turn)
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
         if result is None:
@@ -275,9 +327,10 @@ class LoopActor(Actor):
     # --- lifecycle --------------------------------------------------------------------
 
     def _close(self, key: str) -> None:
-        for turn in list(self._turns.values()):
+        with self._turns_lock:
+            turns = list(self._turns.values())
+        for turn in turns:
             self._fail_open(turn, failure(key, "", ""))
-            self._maybe_finish(turn)
 
     def on_stop(self) -> None:
         if self._exit_cause is None:
@@ -295,10 +348,3 @@ class LoopActor(Actor):
             return False
         message.future.set_result([failure("turn_not_started", c.id, c.name) for c in message.calls])
         return True
-
-
-def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
-    try:
-        ref.tell(message)
-    except pykka.ActorDeadError:
-        pass

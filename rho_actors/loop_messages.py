@@ -1,8 +1,8 @@
 """The messages of a LoopActor, and the name it is registered under (internal).
 
 The host's :class:`~rho_actors.loop.Loop` tells ``RunTurn`` and asks ``Offered``,
-``Running`` and ``SetWithheld``; a call's isolation tells ``CallDone`` (through the
-call's ``reply``).
+``Running`` and ``SetWithheld``. A call's result is no message: its ``reply`` settles
+it in its turn directly (see :mod:`rho_actors.loop_actor`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["CallDone", "Offered", "RunTurn", "Running", "SetWithheld", "loop_name"]
+__all__ = ["Offered", "RunTurn", "Running", "SetWithheld", "loop_name"]
 
 
 def loop_name(session_id: str) -> str:
@@ -26,15 +26,6 @@ class RunTurn:
 
     calls: tuple[ToolCall, ...]
     future: concurrent.futures.Future[list[ToolResult]]
-
-
-@dataclass(frozen=True, slots=True)
-class CallDone:
-    """Call ``index`` of turn ``turn`` has its ``result``."""
-
-    turn: int
-    index: int
-    result: ToolResult
 
 
 @dataclass(frozen=True, slots=True)
