@@ -123,6 +123,7 @@ class ActorSystem:
         """``None`` unless the root supervisor gave up: then its exit reason (a
         :class:`rho_actors.RestartIntensityExceeded` naming the last failure)."""
         self._ask_timeout_s = 60.0
+        self._proxies: dict[str, tuple[pykka.ActorRef[Any], Any]] = {}
         self._untrusted = untrusted or UntrustedReads()
         self._declarations = DeclarationState()  # the state of the DeclarationActor and the registry
         self._registry = RegistryState()  # outlives their restarts
@@ -195,6 +196,16 @@ class ActorSystem:
             raise RuntimeError(f"the system's {name!r} actor is not running: the system is {state}")
         return ref
 
+    def _proxy(self, name: str) -> Any:
+        """A proxy of the system's actor ``name``, built once per actor (pykka inspects
+        every attribute of the actor to build one), anew after a restart. Raises as
+        :meth:`_whereis`."""
+        ref = self._whereis(name)
+        cached = self._proxies.get(name)
+        if cached is None or cached[0] is not ref:
+            cached = self._proxies[name] = (ref, ref.proxy())
+        return cached[1]
+
     # --- tools --------------------------------------------------------------------------
 
     def register(
@@ -229,8 +240,7 @@ class ActorSystem:
         missing = [] if untrusted else missing_callbacks(tool)
         if missing:
             raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
-        registry = self._whereis(REGISTRY).proxy()
-        answer = registry.register(tool, origin, untrusted, isolation).get(timeout=self._ask_timeout_s)
+        answer = self._proxy(REGISTRY).register(tool, origin, untrusted, isolation).get(timeout=self._ask_timeout_s)
         if isinstance(answer, Registration):
             return answer
         registration: Registration = answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)
@@ -240,12 +250,12 @@ class ActorSystem:
         """Remove a tool (by name or object); loops stop offering it from their next
         turn, and a call naming it gets an ``unavailable`` error. Returns whether a tool
         was removed."""
-        removed: bool = self._whereis(REGISTRY).proxy().unregister(name_or_tool).get(timeout=self._ask_timeout_s)
+        removed: bool = self._proxy(REGISTRY).unregister(name_or_tool).get(timeout=self._ask_timeout_s)
         return removed
 
     def registrations(self) -> list[Registration]:
         """Every registered tool, offered or left out, in registration order."""
-        result: list[Registration] = self._whereis(REGISTRY).proxy().registrations().get(timeout=self._ask_timeout_s)
+        result: list[Registration] = self._proxy(REGISTRY).registrations().get(timeout=self._ask_timeout_s)
         return result
 
     def tool_set(self) -> ToolSet:
@@ -306,7 +316,7 @@ class ActorSystem:
                              **self._intensity),
             restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
         )
-        self._whereis(SESSIONS).proxy().start_child(session).get(timeout=self._ask_timeout_s)
+        self._proxy(SESSIONS).start_child(session).get(timeout=self._ask_timeout_s)
         return Loop(session_id, session_dir, self._runtime)
 
     # --- sources and selftests -------------------------------------------------------------
@@ -357,7 +367,7 @@ class ActorSystem:
             restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )
-        sup: pykka.ActorRef[Any] = self._whereis(SERVERS).proxy().start_child(server).get(timeout=self._ask_timeout_s)
+        sup: pykka.ActorRef[Any] = self._proxy(SERVERS).start_child(server).get(timeout=self._ask_timeout_s)
         [started] = which_children(sup, self._ask_timeout_s)
         assert started.ref is not None
         return started.ref
