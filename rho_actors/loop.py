@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from rho_actors.formats import Dialect, to_dialect
-from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld, loop_name
+from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld, loop_name, make_session_folder
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -73,11 +73,22 @@ class Loop:
 
     def __init__(self, session_id: str, data_dir: Path, runtime: Runtime) -> None:
         self.session_id = session_id
-        self.data_dir = data_dir
+        self._data_dir = data_dir
+        self._folder_made = False
         self._names = runtime.names
         self._whereis = runtime.names.whereis
         self._tools = runtime.tools
         self._settings = runtime.limits
+
+    @property
+    def data_dir(self) -> Path:
+        """The session's private folder, ``data_dir/sessions/<session_id>`` of its system
+        (created on first use: here, or before the session's first call). Raises
+        ``OSError`` when it cannot be created."""
+        if not self._folder_made:
+            make_session_folder(self._data_dir)
+            self._folder_made = True
+        return self._data_dir
 
     @property
     def ref(self) -> pykka.ActorRef[Any]:

@@ -39,7 +39,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
 from rho_actors.isolation import RunningCall
-from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld
+from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld, make_session_folder
 from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
 from rho_actors.results import error_result, failure, text
@@ -93,6 +93,7 @@ class LoopActor(Actor):
         super().__init__()
         self.session_id = session_id
         self._data_dir = data_dir
+        self._folder_made = False  # made before the first call is dispatched
         self._deps = deps
         self._withheld = withheld
         self._withheld_list: tuple[str, ...] = tuple(sorted(withheld))
@@ -164,6 +165,9 @@ class LoopActor(Actor):
                 turn.finished = True
                 self._finish(turn)
             else:
+                if not self._folder_made:
+                    make_session_folder(self._data_dir)
+                    self._folder_made = True
                 self._dispatch_ready(turn)
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)

@@ -115,6 +115,7 @@ class ActorSystem:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._sessions_dir = (self.data_dir / "sessions").resolve()
+        self._sessions_dir.mkdir(exist_ok=True)  # each session's own folder is made on first use
         self._tools = ToolSetView()
         self._names = Names()
         self._timers = Timers()
@@ -285,7 +286,8 @@ class ActorSystem:
         normal stop of the loop ends its subtree too.
 
         ``session_id`` (default: a new random id) names the session's private folder
-        ``data_dir/sessions/<session_id>``; it must match
+        ``data_dir/sessions/<session_id>`` (created on first use: before the session's
+        first call, or by ``loop.data_dir``); it must match
         ``[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}`` without ``..``, so it cannot escape
         ``data_dir`` (``ValueError`` otherwise, and also when a loop of that session is
         running). ``withheld`` names tools this loop does not offer; ``deps`` reaches
@@ -303,7 +305,6 @@ class ActorSystem:
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
         session_dir = self._sessions_dir / session_id  # the pattern admits no separator and no ".."
-        session_dir.mkdir(parents=True, exist_ok=True)
         kwargs = dict(
             session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
             runtime=self._runtime,
