@@ -152,7 +152,7 @@ class ActorSystem:
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
             return StartChild(Supervisor, kwargs={"names": self._names, "label": label, "report": self._events.emit,
-                                                  **kwargs})
+                                                  "thread_pool": self._threads, **kwargs})
 
         self._supervisor = supervisor
         self._shutdown_ms = shutdown_ms

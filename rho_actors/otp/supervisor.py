@@ -77,6 +77,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import SupervisorEvent, SupervisorEventKind
 from rho_actors.otp.actor import NORMAL, Actor, Down, kill, monitor, start_link
 from rho_actors.otp.names import NAMES, Names
+from rho_actors.otp.threads import ThreadPool
 
 __all__ = [
     "ChildInfo",
@@ -250,7 +251,8 @@ class Supervisor(Actor):
     (``"never"``, ``"any_significant"``, ``"all_significant"``); ``names``, where
     children with a ``name`` are registered (default: the process's
     :data:`rho_actors.otp.names.NAMES`); ``starter``, a :class:`ChildStarter` whose
-    children this supervisor takes over; ``report``, called with each
+    children this supervisor takes over; ``thread_pool``, where its loop runs (see
+    :attr:`rho_actors.Actor.thread_pool`; default: a thread of its own); ``report``, called with each
     :class:`rho_actors.SupervisorEvent` (in this supervisor's thread: keep it quick).
     ``label`` names it in logs and reports. Raises ``ValueError`` for an unknown
     strategy or auto_shutdown, and the first start error of a child (the supervisor
@@ -267,6 +269,7 @@ class Supervisor(Actor):
         auto_shutdown: AutoShutdown = "never",
         names: Names | None = None,
         starter: ChildStarter | None = None,
+        thread_pool: ThreadPool | None = None,
         report: Callable[[SupervisorEvent], None] | None = None,
         label: str = "supervisor",
     ) -> None:
@@ -285,6 +288,7 @@ class Supervisor(Actor):
         self.label = label
         self._names = names if names is not None else NAMES
         self._starter = starter
+        self.thread_pool = thread_pool
         self._adopting = True  # false once stopping: no child may join the shutdown late
         self._report_to = report
         self._static = list(children)
