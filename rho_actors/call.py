@@ -17,6 +17,7 @@ or on cancellation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -122,10 +123,13 @@ class CallActor(Actor):
     def on_exit(self, reason: object) -> None:
         # The reply goes last, once this actor has ended and been forgotten: the loop's
         # thread then takes the GIL from a thread that has nothing left to do.
+        # A call that the reply starts (the next of an exclusive turn) takes over this
+        # thread once this hook returns, instead of waking another.
         result: ToolResult | None = getattr(self, "_result", None)
         if result is not None:
             try:
-                self.spec.reply(result)
+                with self.thread_pool.hand_over() if self.thread_pool is not None else contextlib.nullcontext():
+                    self.spec.reply(result)
             except BaseException:
                 logger.exception("reply of call {} failed", self.spec.call_id)
 

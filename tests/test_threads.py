@@ -157,3 +157,33 @@ def test_an_actor_on_a_pooled_thread_is_fresh_each_start_and_keeps_exit_semantic
         assert wait_for(lambda: pool.idle() == 1)  # a crashed actor gives its thread back too
     finally:
         pool.shutdown()
+
+
+def test_a_job_handed_over_runs_on_the_same_thread_once_the_current_job_returns() -> None:
+    pool = ThreadPool()
+    order: list[str] = []
+    threads: list[threading.Thread] = []
+    done = threading.Event()
+
+    def second() -> None:
+        threads.append(threading.current_thread())
+        order.append("second")
+        done.set()
+
+    def first() -> None:
+        threads.append(threading.current_thread())
+        with pool.hand_over():
+            pool.submit(second, "second")
+        order.append("first ends")
+
+    try:
+        pool.submit(first, "first")
+        assert done.wait(WAIT_S)
+        assert order == ["first ends", "second"]
+        assert threads[0] is threads[1] and pool.threads_started == 1
+        outside = threading.Event()
+        with pool.hand_over():  # not a pool thread: submits as usual
+            pool.submit(outside.set, "outside")
+        assert outside.wait(WAIT_S)
+    finally:
+        pool.shutdown()

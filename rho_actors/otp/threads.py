@@ -17,6 +17,10 @@ every start (its own state, inbox and identity); only the OS thread is reused.
   ``asyncio`` event loop set with ``set_event_loop``, say) is seen by later jobs on that
   thread: a job must not rely on thread-local state being fresh.
 
+A job that is about to end can hand its thread over (:meth:`ThreadPool.hand_over`): the
+next job it submits runs on the same thread right after it, with no other thread woken
+(the next call of an exclusive turn, started as the call before it replies).
+
 After :meth:`ThreadPool.shutdown` idle threads end, busy ones end with their job, and
 each new job runs on its own thread, not kept.
 
@@ -29,10 +33,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from loguru import logger
 
@@ -59,12 +64,17 @@ class ThreadPool:
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue[_Handoff]] = []  # a stack: the most recent waits least
         self._closed = False
+        self._local = threading.local()  # per thread: ``handing`` (bool) and ``next`` (a job handed over)
         self.threads_started = 0
         """How many threads this pool has started."""
 
     def submit(self, job: Job, name: str) -> None:
         """Run ``job()`` on an idle thread (renamed ``name``) or on a new daemon thread.
         Never blocks on other jobs. What ``job`` raises is logged."""
+        local = self._local
+        if getattr(local, "handing", False) and getattr(local, "next", None) is None:
+            local.next = (job, name)  # runs on this thread once its current job returns
+            return
         with self._lock:
             handoff = self._idle.pop() if self._idle else None
             if handoff is None:
@@ -73,6 +83,22 @@ class ThreadPool:
             handoff.put((job, name))
             return
         threading.Thread(target=self._serve, args=(job,), name=name, daemon=True).start()
+
+    @contextlib.contextmanager
+    def hand_over(self) -> Iterator[None]:
+        """Within this block, in a job running on this pool's thread, the first job
+        submitted from this thread runs on it right after the current job returns,
+        instead of waking another thread. Use it only where the current job ends next
+        (an actor's last hook): the handed-over job waits for it. Elsewhere a no-op."""
+        local = self._local
+        if not hasattr(local, "next"):  # not one of this pool's threads
+            yield
+            return
+        local.handing = True
+        try:
+            yield
+        finally:
+            local.handing = False
 
     def idle(self) -> int:
         """How many threads wait for a job now."""
@@ -90,6 +116,8 @@ class ThreadPool:
 
     def _serve(self, job: Job) -> None:
         thread = threading.current_thread()
+        local = self._local
+        local.next = None
         handoff: queue.SimpleQueue[_Handoff] = queue.SimpleQueue()
         next_job: Job | None = job
         while next_job is not None:
@@ -97,6 +125,10 @@ class ThreadPool:
                 contextvars.Context().run(next_job)
             except BaseException:  # this thread serves later jobs: nothing ends it
                 logger.exception("a job of thread {} raised", thread.name)
+            if local.next is not None:  # handed over by the job that just ended
+                (next_job, name), local.next = local.next, None
+                thread.name = name
+                continue
             next_job = None  # let the finished job's objects go while idle
             with self._lock:
                 if self._closed or len(self._idle) >= self.max_idle:
