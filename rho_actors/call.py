@@ -101,6 +101,8 @@ class CallActor(Actor):
     Its thread is a daemon thread, so an abandoned call cannot keep the process alive.
     """
 
+    takes_over_thread = True  # the next call of an exclusive turn runs on the thread of the one before
+
     def __init__(self, thread_pool: ThreadPool | None = None) -> None:
         super().__init__()
         self.thread_pool = thread_pool

@@ -163,7 +163,7 @@ def test_a_job_handed_over_runs_on_the_same_thread_once_the_current_job_returns(
     pool = ThreadPool()
     order: list[str] = []
     threads: list[threading.Thread] = []
-    done = threading.Event()
+    done, plain = threading.Event(), threading.Event()
 
     def second() -> None:
         threads.append(threading.current_thread())
@@ -173,17 +173,19 @@ def test_a_job_handed_over_runs_on_the_same_thread_once_the_current_job_returns(
     def first() -> None:
         threads.append(threading.current_thread())
         with pool.hand_over():
-            pool.submit(second, "second")
+            pool.submit(plain.set, "plain")  # not marked: runs on another thread at once
+            assert plain.wait(WAIT_S)
+            pool.submit(second, "second", may_take_over=True)
         order.append("first ends")
 
     try:
         pool.submit(first, "first")
         assert done.wait(WAIT_S)
         assert order == ["first ends", "second"]
-        assert threads[0] is threads[1] and pool.threads_started == 1
+        assert threads[0] is threads[1] and pool.threads_started == 2
         outside = threading.Event()
         with pool.hand_over():  # not a pool thread: submits as usual
-            pool.submit(outside.set, "outside")
+            pool.submit(outside.set, "outside", may_take_over=True)
         assert outside.wait(WAIT_S)
     finally:
         pool.shutdown()

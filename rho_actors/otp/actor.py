@@ -199,6 +199,11 @@ class Actor(pykka.ThreadingActor):
     else a thread of this pool, borrowed at start and given back once the actor has
     ended. Set it on a subclass, or on the instance in ``__init__``."""
 
+    takes_over_thread: ClassVar[bool] = False
+    """Whether a start inside :meth:`ThreadPool.hand_over` may run this actor on the
+    handing thread once that thread's job returns (only for actors that no one starting
+    them waits for, such as CallActors)."""
+
     _thread_numbers: ClassVar[itertools.count[int]] = itertools.count()
 
     @staticmethod
@@ -220,7 +225,8 @@ class Actor(pykka.ThreadingActor):
         if pool is None:
             super()._start_actor_loop()
         else:
-            pool.submit(self._actor_loop, f"{type(self).__name__}-{next(self._thread_numbers)}")
+            pool.submit(self._actor_loop, f"{type(self).__name__}-{next(self._thread_numbers)}",
+                        may_take_over=self.takes_over_thread)
 
     def on_undelivered(self, message: Any) -> bool:
         """Called in the actor's thread once it has ended, for each message still in its

@@ -68,11 +68,13 @@ class ThreadPool:
         self.threads_started = 0
         """How many threads this pool has started."""
 
-    def submit(self, job: Job, name: str) -> None:
+    def submit(self, job: Job, name: str, *, may_take_over: bool = False) -> None:
         """Run ``job()`` on an idle thread (renamed ``name``) or on a new daemon thread.
-        Never blocks on other jobs. What ``job`` raises is logged."""
+        Never blocks on other jobs. What ``job`` raises is logged. With
+        ``may_take_over``, inside :meth:`hand_over` it runs on this thread instead, once
+        the current job returns: only for a job that nothing in the current job waits for."""
         local = self._local
-        if getattr(local, "handing", False) and getattr(local, "next", None) is None:
+        if may_take_over and getattr(local, "handing", False) and getattr(local, "next", None) is None:
             local.next = (job, name)  # runs on this thread once its current job returns
             return
         with self._lock:
@@ -87,9 +89,10 @@ class ThreadPool:
     @contextlib.contextmanager
     def hand_over(self) -> Iterator[None]:
         """Within this block, in a job running on this pool's thread, the first job
-        submitted from this thread runs on it right after the current job returns,
-        instead of waking another thread. Use it only where the current job ends next
-        (an actor's last hook): the handed-over job waits for it. Elsewhere a no-op."""
+        submitted from this thread with ``may_take_over`` runs on it right after the
+        current job returns, instead of waking another thread. Use it only where the
+        current job ends next (an actor's last hook): the handed-over job waits for it.
+        Elsewhere a no-op."""
         local = self._local
         if not hasattr(local, "next"):  # not one of this pool's threads
             yield
