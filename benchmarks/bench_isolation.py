@@ -16,6 +16,16 @@ and p99 of its samples; nothing here asserts a timing):
    with ``check_declaration(raw_declaration(...))``, 4 reads at a time: the wall time per
    tool, next to one ``multiprocessing`` process start (start + join of a no-op process)
    with the same start method. Target: per-tool average < 50 ms.
+4. **Untrusted calls through a system.** ``loop.run_turn`` of a no-op untrusted tool in an
+   ``ActorSystem`` with its default confinement (DESIGN §5): (a) a warm call (its
+   (tool, session) worker already running) next to a warm ``ProcessPoolExecutor``
+   round trip; (b) the first call of a new session, which scopes a fresh spare worker to
+   the (tool, session) pair, (c) a call of a ``worker_scope="call"`` tool (a fresh worker
+   for every call) and (d) the first call of a new session with no spare kept
+   (``warm_workers=0``: the worker is started on the call's path), each next to a new
+   ``ProcessPoolExecutor(max_workers=1)`` running its first no-op (created and
+   ``submit().result()``; its shutdown not timed). Samples of each pair are interleaved.
+   Reported, no target.
 
 Targets are reported as PASS/FAIL, never enforced: the exit code is 0 unless a
 measurement could not be made (an exception, or a call that did not come back as
@@ -45,6 +55,7 @@ from typing import Any
 
 from stats import BenchmarkError, environment, percentile, publish, summary, verdict
 
+from rho_actors import ActorSystem, ToolCall
 from rho_actors.declarations import DeclarationError, check_declaration
 from rho_actors.sandbox import IsolatedReadError, WorkerPool, raw_declaration, read_declaration_isolated
 from rho_actors.tool import ErrorKind
@@ -69,12 +80,14 @@ class Plan:
     replacements: int
     declaration_rounds: int
     process_starts: int
+    system_calls: int
+    worker_starts: int
 
 
 FULL = Plan(warmup_calls=300, rounds=20, calls_per_round=200, replacements=20, declaration_rounds=5,
-            process_starts=30)
+            process_starts=30, system_calls=500, worker_starts=30)
 QUICK = Plan(warmup_calls=50, rounds=3, calls_per_round=50, replacements=3, declaration_rounds=1,
-             process_starts=5)
+             process_starts=5, system_calls=30, worker_starts=3)
 
 
 # --- tools under test -----------------------------------------------------------------------
@@ -107,6 +120,14 @@ class NoOp:
     @staticmethod
     def run(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
         return "ok"
+
+
+class OneShot(NoOp):
+    """The no-op registered with ``worker_scope="call"``."""
+
+    @staticmethod
+    def name() -> str:
+        return "noop_once"
 
 
 class Sleeper(NoOp):
@@ -315,6 +336,90 @@ def bench_declarations(plan: Plan, tools: list[Any]) -> dict[str, Any]:
     }
 
 
+# --- part 4: untrusted calls through a system ---------------------------------------------------
+
+
+def time_turn(loop: Any, tool: str) -> float:
+    """One ``run_turn`` of one no-op call, in microseconds."""
+    t0 = time.perf_counter_ns()
+    [result] = loop.run_turn([ToolCall("c", tool, "{}")])
+    elapsed = time.perf_counter_ns() - t0
+    if not result.ok:
+        raise BenchmarkError(f"the untrusted no-op failed: {result.error_kind}: {result.content}")
+    return elapsed / 1_000
+
+
+def time_fresh_executor(mp_ctx: Any) -> float:
+    """A new one-process ``ProcessPoolExecutor`` and its first no-op, in microseconds (its
+    shutdown is not timed)."""
+    t0 = time.perf_counter_ns()
+    executor = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=mp_ctx)
+    value = executor.submit(noop).result(timeout=30)
+    elapsed = time.perf_counter_ns() - t0
+    executor.shutdown()
+    if value != "ok":
+        raise BenchmarkError(f"the executor's no-op returned {value!r}")
+    return elapsed / 1_000
+
+
+def _first_calls(system: ActorSystem, plan: Plan, mp_ctx: Any, tag: str) -> tuple[list[float], list[float]]:
+    """The first call of ``plan.worker_starts`` new sessions, each beside a fresh executor."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    for i in range(plan.worker_starts + 1):  # the first pair is a warm-up
+        loop = system.start_loop(f"{tag}{i}")
+        sample = time_turn(loop, "noop")
+        loop.stop()
+        baseline = time_fresh_executor(mp_ctx)
+        if i:
+            ours.append(sample)
+            theirs.append(baseline)
+    return ours, theirs
+
+
+def bench_untrusted(plan: Plan) -> dict[str, Any]:
+    mp_ctx = multiprocessing.get_context(START_METHOD)
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp, ActorSystem(
+        tmp, warm_workers=2, worker_idle_s=0.2
+    ) as system, concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=mp_ctx) as executor:
+        out["confinement"] = system.stats()["confinement"]["active"]
+        system.register(NoOp, untrusted=True)
+        system.register(OneShot, untrusted=True, worker_scope="call")
+        loop = system.start_loop("warm")
+        for _ in range(max(10, plan.system_calls // 10)):
+            time_turn(loop, "noop")
+            time_executor_call(executor)
+        ours: list[float] = []
+        theirs: list[float] = []
+        for _ in range(plan.system_calls):
+            ours.append(time_turn(loop, "noop"))
+            theirs.append(time_executor_call(executor))
+        out["warm_call"] = _pair(ours, theirs)
+        out["new_session_first_call"] = _pair(*_first_calls(system, plan, mp_ctx, "s"))
+        ours, theirs = [], []
+        for i in range(plan.worker_starts + 1):
+            sample, baseline = time_turn(loop, "noop_once"), time_fresh_executor(mp_ctx)
+            if i:
+                ours.append(sample)
+                theirs.append(baseline)
+        out["worker_scope_call"] = _pair(ours, theirs)
+    with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp, ActorSystem(
+        tmp, warm_workers=0, worker_idle_s=0.2
+    ) as system:
+        system.register(NoOp, untrusted=True)
+        out["cold_session_first_call"] = _pair(*_first_calls(system, plan, mp_ctx, "c"))
+    return out
+
+
+def _pair(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+    return {
+        "system_us": summary(ours),
+        "process_pool_executor_us": summary(theirs),
+        "ratio": round(percentile(ours, 50) / percentile(theirs, 50), 3),
+    }
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -361,6 +466,20 @@ def print_text(report: Mapping[str, Any]) -> None:
         f"   per tool (mean of rounds): {d['per_tool_ms']['mean']:.2f} ms   target < {d['target_ms']:g} ms   "
         f"{verdict(d['pass'])}"
     )
+    u = report["untrusted"]
+    print(f"\n4. untrusted no-op through an ActorSystem (confinement: {', '.join(u['confinement'])})")
+    print("   p50 / p99 in us (n); baseline: ProcessPoolExecutor, warm for (a), new for (b)-(d)")
+    for key, label in (
+        ("warm_call", "(a) warm call"),
+        ("new_session_first_call", "(b) first call of a new session"),
+        ("worker_scope_call", '(c) worker_scope="call" call'),
+        ("cold_session_first_call", "(d) (b) with no spare kept"),
+    ):
+        ours, theirs = u[key]["system_us"], u[key]["process_pool_executor_us"]
+        print(
+            f"   {label:<34} {ours['p50']:>9.0f} / {ours['p99']:>9.0f}  vs {theirs['p50']:>9.0f} / "
+            f"{theirs['p99']:>9.0f}   {u[key]['ratio']:.2f}x   n={ours['n']}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,6 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["noop_call"] = bench_noop(plan)
             report["replacement"] = bench_replacement(plan)
             report["declarations"] = bench_declarations(plan, tools)
+            report["untrusted"] = bench_untrusted(plan)
     except BenchmarkError as exc:
         print(f"benchmark error: {exc}", file=sys.stderr)
         return 1

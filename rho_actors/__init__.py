@@ -13,19 +13,33 @@ host calls ``loguru.logger.enable("rho_actors")``.
 
 from loguru import logger as _logger
 
-from rho_actors.agent import PromptResult, Session, Step, aprompt, prompt
+from rho_actors.agent import (
+    FinalResult,
+    PromptEvent,
+    PromptResult,
+    Session,
+    Step,
+    StepEnded,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    aprompt,
+    astream,
+    prompt,
+    stream,
+)
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.cancel import CancelToken
 from rho_actors.declaration_actor import UntrustedReads
 from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
 from rho_actors.errors import RhoError
-from rho_actors.events import CallEvent, DeclarationEvent, SupervisorEvent
+from rho_actors.events import CallEvent, DeclarationEvent, ProgressEvent, SupervisorEvent, ToolSetChanged
 from rho_actors.formats import DIALECTS, Dialect, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.isolation import ISOLATIONS, Isolation, IsolationServices
 from rho_actors.loop import Loop
-from rho_actors.model import Message, Model, Reply, ScriptedModel
+from rho_actors.model import Message, Model, Reply, ScriptedModel, Usage
 from rho_actors.otp.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
 from rho_actors.otp.names import Names, NotRunningError, whereis
 from rho_actors.otp.supervisor import (
@@ -43,6 +57,7 @@ from rho_actors.sandbox import IsolatedReadError, WorkerPool
 from rho_actors.selftest import LoadError, SelftestRow, run_selftests
 from rho_actors.sources import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
 from rho_actors.system import ActorSystem
+from rho_actors.telemetry import Telemetry
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
     Concurrency,
@@ -52,6 +67,7 @@ from rho_actors.tool import (
     Image,
     Ok,
     ToolCall,
+    ToolFailure,
     ToolInfo,
     ToolResult,
     concurrency,
@@ -89,6 +105,7 @@ __all__ = [
     "EntryPointGroup",
     "Error",
     "ErrorKind",
+    "FinalResult",
     "FunctionTool",
     "Image",
     "IsolatedReadError",
@@ -105,6 +122,8 @@ __all__ = [
     "Ok",
     "PluginFolder",
     "PluginLoadError",
+    "ProgressEvent",
+    "PromptEvent",
     "PromptResult",
     "Registration",
     "Reply",
@@ -118,17 +137,26 @@ __all__ = [
     "SourceHandle",
     "StartChild",
     "Step",
+    "StepEnded",
     "Supervisor",
     "SupervisorEvent",
+    "Telemetry",
+    "TextDelta",
     "ToolCall",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToolEntry",
+    "ToolFailure",
     "ToolInfo",
     "ToolResult",
     "ToolSet",
+    "ToolSetChanged",
     "TranscriptError",
     "UntrustedReads",
+    "Usage",
     "WorkerPool",
     "aprompt",
+    "astream",
     "check_declaration",
     "concurrency",
     "count_children",
@@ -145,6 +173,7 @@ __all__ = [
     "read_declaration",
     "run_selftests",
     "start_link",
+    "stream",
     "timeout_ms",
     "to_dialect",
     "tool",

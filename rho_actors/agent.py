@@ -25,6 +25,15 @@ time) for its supervisor to restart it and goes on. A process that died mid-turn
 calls recorded without results: the next prompt gives them ``cancelled`` results and
 never runs them again.
 
+Options of a prompt: ``instructions`` (a system prompt, sent first in every request and
+never recorded; default ``loop.instructions``), ``temperature`` and ``max_tokens``
+(passed to the model), ``cancel`` (a :class:`~rho_actors.CancelToken`: setting it
+cancels the running turn, whose calls get ``cancelled`` results, and stops the prompt
+before its next request) and ``on_event`` (called with each :data:`PromptEvent`).
+:func:`stream` and :func:`astream` yield those events. Every reply is checked against
+the wire rules (:mod:`rho_actors.provider_rules`) before it is recorded: unique call ids (the ids
+the model sent are kept as ``sent_id`` in the transcript), an exact duplicate call once.
+
 Example::
 
     model = ScriptedModel([
@@ -39,27 +48,37 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import json
+import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final, NoReturn, Protocol
+from typing import Any, Final, NoReturn, Protocol, TypeAlias
 
 import pykka
 from loguru import logger
 
-from rho_actors.call import error_result
+from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
-from rho_actors.model import Message, Model, Reply
+from rho_actors.model import Message, Model, Reply, Usage
 from rho_actors.otp.actor import ActorExit
-from rho_actors.tool import ErrorKind, ToolCall, ToolResult
+from rho_actors.provider_rules import NEUTRAL_RULES, WireRules, sanitise_calls
+from rho_actors.results import failure
+from rho_actors.results import text as result_text
+from rho_actors.telemetry import Telemetry
+from rho_actors.tool import ToolCall, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 
 
 class Session(Protocol):
     """What a prompt needs of a session: :class:`rho_actors.Loop` is one. The agent layer
-    sits on top of the runtime and depends on this much only."""
+    sits on top of the runtime and depends on this much only. A session that also has
+    an ``instructions`` attribute (as a ``Loop`` has) gives the default system prompt;
+    one with a ``telemetry`` attribute (a :class:`rho_actors.Telemetry`) gets the
+    prompt's ``invoke_agent`` and ``chat`` spans recorded with it."""
 
     @property
     def session_id(self) -> str: ...
@@ -72,13 +91,34 @@ class Session(Protocol):
 
     def declarations(self, dialect: Any = "neutral") -> list[dict[str, Any]]: ...
 
-    def submit_turn(self, calls: Sequence[ToolCall]) -> concurrent.futures.Future[list[ToolResult]]: ...
+    def submit_turn(
+        self, calls: Sequence[ToolCall], *, cancel: CancelToken | None = None
+    ) -> concurrent.futures.Future[list[ToolResult]]: ...
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float: ...
 
-__all__ = ["DEFAULT_MAX_STEPS", "PromptResult", "Session", "Step", "aprompt", "prompt"]
+
+__all__ = [
+    "DEFAULT_MAX_STEPS",
+    "FinalResult",
+    "PromptEvent",
+    "PromptResult",
+    "Session",
+    "Step",
+    "StepEnded",
+    "TextDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "aprompt",
+    "astream",
+    "prompt",
+    "stream",
+]
 
 DEFAULT_MAX_STEPS: Final = 10
+CANCEL_WAIT_S: Final = 30.0
+"""How long, in seconds, a cancelled :func:`aprompt` or :func:`astream` waits for the
+prompt to record its cancellation before it re-raises."""
 LOOP_WAIT_S: Final = 10.0
 """How long, in seconds, a prompt waits for a session's LoopActor that is not running
 (its supervisor restarting it) before it stops with an error."""
@@ -93,6 +133,11 @@ class Step:
     number: int
     reply: Reply
     results: tuple[ToolResult, ...] = ()
+
+    @property
+    def usage(self) -> Usage | None:
+        """The tokens this request used (``None`` when the model did not say)."""
+        return self.reply.usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +161,60 @@ class PromptResult:
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def usage(self) -> Usage:
+        """The tokens all of this prompt's requests used (those that said)."""
+        total = Usage()
+        for step in self.steps:
+            if step.reply.usage is not None:
+                total = total + step.reply.usage
+        return total
+
+
+# --- events -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of the reply text of request ``step``, as it streams in."""
+
+    step: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    """A call of request ``step`` was handed to the loop (its reply was recorded)."""
+
+    step: int
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFinished:
+    """The ``result`` of a call of request ``step`` (recorded)."""
+
+    step: int
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class StepEnded:
+    """Request ``step.number`` and its turn are done (and recorded)."""
+
+    step: Step
+
+
+@dataclass(frozen=True, slots=True)
+class FinalResult:
+    """The prompt ended: its ``result`` (always the last event)."""
+
+    result: PromptResult
+
+
+PromptEvent: TypeAlias = TextDelta | ToolCallStarted | ToolCallFinished | StepEnded | FinalResult
+"""What :func:`stream`, :func:`astream` and ``on_event`` give, in order of happening."""
+
 
 class _Stop(Exception):
     """Ends the prompt with an error (already recorded in the transcript)."""
@@ -131,7 +230,11 @@ def prompt(
     *,
     model: Model,
     max_steps: int = DEFAULT_MAX_STEPS,
-    cancel: threading.Event | None = None,
+    cancel: CancelToken | None = None,
+    instructions: str | None = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    on_event: Callable[[PromptEvent], None] | None = None,
 ) -> PromptResult:
     """Run one prompt of ``loop``'s session to its end and return its :class:`PromptResult`.
 
@@ -140,64 +243,215 @@ def prompt(
     model is asked again). ``model``: any :class:`~rho_actors.model.Model`.
     ``max_steps``: at most this many model requests (>= 1) in this prompt; a reply with
     tool calls at the last one stops the prompt with an error (its calls have run and
-    are recorded). ``cancel``: when set, the prompt stops before its next request.
+    are recorded). ``cancel``: setting it (from any thread) cancels the running turn
+    (its calls get ``cancelled`` results, recorded) and stops the prompt before its
+    next request. ``instructions``: the system prompt (default ``loop.instructions``;
+    not recorded). ``temperature``, ``max_tokens``: passed to ``model.complete`` when
+    given. ``on_event``: called (in this thread) with each :data:`PromptEvent`; with it
+    the model is asked to stream (``on_text``).
 
     The conversation comes from, and goes to, ``loop.data_dir / "transcript.jsonl"``
     (:mod:`rho_actors.transcript`); one prompt per session runs at a time (another one
     gets an error result at once). Blocks the calling thread: from asyncio use
     :func:`aprompt`. Errors of the model, the tools, the runtime or the transcript are
     reported in :attr:`PromptResult.error`, never raised; raises ``TypeError`` for a
-    ``text`` that is not a ``str`` or ``None``, or a ``model`` without ``complete``, and
-    ``ValueError`` for ``max_steps < 1``.
+    ``text`` or ``instructions`` that is not a ``str`` or ``None``, a ``model`` without
+    ``complete`` or a ``cancel`` that is not a :class:`~rho_actors.CancelToken`, and
+    ``ValueError`` for a blank ``text`` (empty or only whitespace: providers refuse it;
+    nothing is recorded) or ``max_steps < 1``.
     """
-    if text is not None and not isinstance(text, str):
-        raise TypeError(f"text must be a str or None, got {type(text).__name__}")
-    if not callable(getattr(model, "complete", None)):
-        raise TypeError(f"model must have a complete(messages, tools) method, got {type(model).__name__}")
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-        raise ValueError(f"max_steps must be an int of 1 or more, got {max_steps!r}")
+    options = _checked(text, model, max_steps, cancel, instructions, temperature, max_tokens)
+    if instructions is None:
+        instructions = getattr(loop, "instructions", None)
+        instructions = instructions if isinstance(instructions, str) and instructions.strip() else None
     transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
     try:
         transcript.open()
     except (TranscriptError, OSError) as exc:
-        return PromptResult("", error=f"the session's transcript cannot be used: {describe_exception(exc)}")
-    with transcript:
-        return _Driver(loop, transcript, model, max_steps, cancel).run(text)
+        result = PromptResult("", error=f"the session's transcript cannot be used: {describe_exception(exc)}")
+        if on_event is not None:
+            on_event(FinalResult(result))
+        return result
+    telemetry = getattr(loop, "telemetry", None) or Telemetry(enabled=False)
+    with transcript, telemetry.invoke_agent(loop.session_id, model) as outcome:  # telemetry: the prompt's span
+        driver = _Driver(loop, transcript, model, max_steps, cancel, instructions, options, on_event, telemetry)
+        result = driver.run(text)
+        outcome(result.error)
+    if on_event is not None:
+        on_event(FinalResult(result))
+    return result
 
 
-async def aprompt(
-    loop: Session,
-    text: str | None,
-    *,
-    model: Model,
-    max_steps: int = DEFAULT_MAX_STEPS,
-) -> PromptResult:
-    """:func:`prompt` for asyncio hosts: runs it in a worker thread
-    (``asyncio.to_thread``), so the event loop is never blocked. Cancelling the awaiting
-    task stops the prompt before its next model request (a model request or turn in
-    progress finishes and is recorded first); the prompt records the cancellation."""
-    cancel = threading.Event()
+def _checked(
+    text: Any, model: Any, max_steps: Any, cancel: Any, instructions: Any, temperature: Any, max_tokens: Any
+) -> dict[str, Any]:
+    """The model options given, after checking every argument of :func:`prompt`."""
+    if text is not None and not isinstance(text, str):
+        raise TypeError(f"text must be a str or None, got {type(text).__name__}")
+    if isinstance(text, str) and not text.strip():
+        raise ValueError("the prompt text is empty or only whitespace (providers refuse such a message); "
+                         "nothing was recorded; pass None to continue the conversation without new text")
+    if instructions is not None and not isinstance(instructions, str):
+        raise TypeError(f"instructions must be a str or None, got {type(instructions).__name__}")
+    if not callable(getattr(model, "complete", None)):
+        raise TypeError(f"model must have a complete(messages, tools) method, got {type(model).__name__}")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps must be an int of 1 or more, got {max_steps!r}")
+    if cancel is not None and not isinstance(cancel, CancelToken):
+        raise TypeError(f"cancel must be a rho_actors.CancelToken or None, got {type(cancel).__name__}")
+    options: dict[str, Any] = {}
+    if temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+        options["temperature"] = float(temperature)
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int of 1 or more, got {max_tokens!r}")
+        options["max_tokens"] = max_tokens
+    return options
+
+
+async def aprompt(loop: Session, text: str | None, *, model: Model, **options: Any) -> PromptResult:
+    """:func:`prompt` (same ``options``) for asyncio hosts: runs it in a worker thread
+    (in a copy of the caller's ``contextvars``, which the tools see), so the event loop
+    is never blocked. Cancelling the awaiting task cancels the prompt and its running
+    turn (as ``cancel`` does), waits (at most :data:`CANCEL_WAIT_S`) for the prompt to
+    record the ``cancelled`` results, and re-raises ``CancelledError``."""
+    token = options.pop("cancel", None)
+    if token is None:
+        token = CancelToken()
+    _checked(text, model, options.get("max_steps", 1), token, options.get("instructions"),
+             options.get("temperature"), options.get("max_tokens"))
+    task = asyncio.ensure_future(asyncio.to_thread(prompt, loop, text, model=model, cancel=token, **options))
     try:
-        return await asyncio.to_thread(prompt, loop, text, model=model, max_steps=max_steps, cancel=cancel)
+        return await asyncio.shield(task)
     except asyncio.CancelledError:
-        cancel.set()
+        token.cancel("cancelled")
+        await asyncio.wait({task}, timeout=CANCEL_WAIT_S)
         raise
+
+
+def stream(loop: Session, text: str | None, *, model: Model, **options: Any) -> Iterator[PromptEvent]:
+    """Run :func:`prompt` (same ``options``, ``on_event`` excepted) in a thread and
+    yield its events as they happen: :class:`TextDelta` (the model streams),
+    :class:`ToolCallStarted`, :class:`ToolCallFinished`, :class:`StepEnded`, and last
+    :class:`FinalResult` with the :class:`PromptResult`. Closing the iterator early cancels
+    the prompt. Raises what :func:`prompt` raises for bad arguments, at once."""
+    token = options.pop("cancel", None)
+    if token is None:
+        token = CancelToken()
+    _checked(text, model, options.get("max_steps", 1), token, options.get("instructions"),
+             options.get("temperature"), options.get("max_tokens"))
+    events: queue.SimpleQueue[PromptEvent | BaseException] = queue.SimpleQueue()
+    thread = _prompt_thread(loop, text, model, token, options, events.put)
+    return _drain(events, token, thread)
+
+
+def _prompt_thread(
+    loop: Session, text: str | None, model: Model, token: CancelToken, options: dict[str, Any],
+    put: Callable[[PromptEvent | BaseException], None],
+) -> threading.Thread:
+    def run() -> None:
+        try:
+            prompt(loop, text, model=model, cancel=token, on_event=put, **options)
+        except BaseException as exc:  # an argument error: raised to the consumer
+            put(exc)
+
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(run,), name=f"prompt:{loop.session_id}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _drain(
+    events: queue.SimpleQueue[PromptEvent | BaseException], token: CancelToken, thread: threading.Thread
+) -> Iterator[PromptEvent]:
+    done = False
+    try:
+        while True:
+            event = events.get()
+            if isinstance(event, BaseException):
+                done = True
+                raise event
+            if isinstance(event, FinalResult):
+                done = True
+            yield event
+            if done:
+                return
+    finally:
+        if not done:
+            token.cancel("cancelled")
+            thread.join(CANCEL_WAIT_S)
+
+
+async def astream(loop: Session, text: str | None, *, model: Model, **options: Any) -> AsyncIterator[PromptEvent]:
+    """:func:`stream` for asyncio hosts: an async iterator of the same events, never
+    blocking the event loop. Cancelling the consuming task (or closing the iterator
+    early) cancels the prompt and waits (at most :data:`CANCEL_WAIT_S`) for it to
+    record that."""
+    token = options.pop("cancel", None)
+    if token is None:
+        token = CancelToken()
+    _checked(text, model, options.get("max_steps", 1), token, options.get("instructions"),
+             options.get("temperature"), options.get("max_tokens"))
+    events: asyncio.Queue[PromptEvent | BaseException] = asyncio.Queue()
+    running = asyncio.get_running_loop()
+
+    def put(event: PromptEvent | BaseException) -> None:
+        try:
+            running.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the event loop has closed
+            pass
+
+    thread = _prompt_thread(loop, text, model, token, options, put)
+    done = False
+    try:
+        while True:
+            event = await events.get()
+            if isinstance(event, BaseException):
+                done = True
+                raise event
+            if isinstance(event, FinalResult):
+                done = True
+            yield event
+            if done:
+                return
+    finally:
+        if not done:
+            token.cancel("cancelled")
+            await asyncio.to_thread(thread.join, CANCEL_WAIT_S)
 
 
 class _Driver:
     def __init__(
-        self, loop: Session, transcript: Transcript, model: Model, max_steps: int, cancel: threading.Event | None
+        self, loop: Session, transcript: Transcript, model: Model, max_steps: int, cancel: CancelToken | None,
+        instructions: str | None, options: dict[str, Any], on_event: Callable[[PromptEvent], None] | None,
+        telemetry: Telemetry,
     ) -> None:
         self.loop = loop
+        self.telemetry = telemetry
         self.transcript = transcript
         self.model = model
         self.max_steps = max_steps
         self.cancel = cancel
+        self.instructions = instructions
+        self.options = options
+        self.on_event = on_event
+        rules = getattr(model, "wire_rules", None)
+        self.rules = rules if isinstance(rules, WireRules) else NEUTRAL_RULES
         history = transcript.history
         self.messages: list[Message] = list(history.messages)
+        self.taken = {c.id for m in self.messages for c in m.tool_calls}
         self.next_step = history.next_step
         self.steps: list[Step] = []
         self.recovered: list[ToolResult] = []
+
+    def _emit(self, event: PromptEvent) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                logger.exception("session {}: on_event raised; the prompt goes on", self.loop.session_id)
 
     def run(self, text: str | None) -> PromptResult:
         try:
@@ -209,7 +463,7 @@ class _Driver:
             elif not self.transcript.history.awaiting_reply:
                 return self._result("there is nothing to continue: the conversation is empty or ends with a reply")
             while True:
-                if self.cancel is not None and self.cancel.is_set():
+                if self.cancel is not None and self.cancel.cancelled:
                     self._stop("cancelled", "the host cancelled the prompt")
                 if len(self.steps) >= self.max_steps:
                     self._stop("max_steps", f"the model still asked for tools after max_steps={self.max_steps} "
@@ -242,32 +496,57 @@ class _Driver:
             self.recovered.append(result)
         self.transcript.history.pending = []
 
+    def _request(self, number: int, tools: list[dict[str, Any]]) -> Reply:
+        messages = list(self.messages)
+        if self.instructions:
+            messages.insert(0, Message.system(self.instructions))
+        options = dict(self.options)
+        if self.on_event is not None:
+            options["on_text"] = lambda piece: self._emit(TextDelta(number, piece))
+        reply = self.model.complete(messages, tools, **options) if options else self.model.complete(messages, tools)
+        return _checked_reply(reply)
+
     def _step(self) -> bool:
         """One model request and its turn; True when the reply was the final one."""
         number = self.next_step
         tools = self._declarations()
         started = time.perf_counter()
         try:
-            reply = _checked_reply(self.model.complete(list(self.messages), tools))
+            with self.telemetry.chat(self.model) as record:  # telemetry: the request's span
+                reply = self._request(number, tools)
+                record(reply)
         except Exception as exc:
             logger.warning("session {}: the model failed at step {}: {}", self.loop.session_id, number,
                            describe_exception(exc))
             self._stop("model", f"the model failed at step {number}: {describe_exception(exc)}")
         model_ms = (time.perf_counter() - started) * 1000
-        self.transcript.reply(number, reply, model_ms)  # before any call runs
+        calls, sources = sanitise_calls(reply.tool_calls, self.rules, self.taken, f"s{number}")
+        sent_ids = {k: reply.tool_calls[i].id for k, i in enumerate(sources) if reply.tool_calls[i].id != calls[k].id}
+        if len(calls) < len(reply.tool_calls):
+            logger.warning("session {}: step {} repeated {} tool call(s) exactly; each runs once",
+                           self.loop.session_id, number, len(reply.tool_calls) - len(calls))
+        reply = replace(reply, tool_calls=calls)
+        self.transcript.reply(number, reply, model_ms, sent_ids=sent_ids)  # before any call runs
         self.next_step += 1
         self.messages.append(Message.assistant(reply.text, reply.tool_calls))
         if not reply.tool_calls:
-            self.steps.append(Step(number, reply))
+            step = Step(number, reply)
+            self.steps.append(step)
+            self._emit(StepEnded(step))
             if reply.stop_reason in ("incomplete", "refused"):
                 why = "was cut short (its token limit)" if reply.stop_reason == "incomplete" else "was refused"
                 self._stop("model", f"the model's reply at step {number} {why}; its text is kept")
             return True
-        results = self._run_turn(reply.tool_calls)
-        self.steps.append(Step(number, reply, tuple(results)))
+        for call in reply.tool_calls:
+            self._emit(ToolCallStarted(number, call))
+        results = [_with_text(r) for r in self._run_turn(reply.tool_calls)]
+        step = Step(number, reply, tuple(results))
+        self.steps.append(step)
         for index, result in enumerate(results):
             self.transcript.result(number, index, result)
             self.messages.append(Message.tool_result(result))
+            self._emit(ToolCallFinished(number, result))
+        self._emit(StepEnded(step))
         return False
 
     # --- the session's LoopActor ----------------------------------------------------------
@@ -307,21 +586,26 @@ class _Driver:
         future: concurrent.futures.Future[list[ToolResult]] | None = None
         for _ in range(3):
             try:
-                future = self.loop.submit_turn(calls)
+                future = self.loop.submit_turn(calls, cancel=self.cancel)
                 break
             except pykka.ActorDeadError:  # not told: nothing ran; wait for the restart
                 if not self._wait_for_loop():
                     break
         if future is None:
-            return [error_result(c.id, c.name, ErrorKind.CANCELLED,
-                                 "the session's loop was not running; the call did not start") for c in calls]
+            return [failure("loop_not_running", c.id, c.name) for c in calls]
         bound = self.loop.turn_bound_s(calls)
         try:
             return future.result(timeout=bound)
         except concurrent.futures.TimeoutError:
             logger.error("session {}: the loop did not answer a turn within {:.1f} s", self.loop.session_id, bound)
-            return [error_result(c.id, c.name, ErrorKind.CRASHED,
-                                 f"the session's loop did not answer this call within {bound:.0f} s") for c in calls]
+            return [failure("loop_unanswered", c.id, c.name, bound_s=bound) for c in calls]
+
+
+def _with_text(result: ToolResult) -> ToolResult:
+    """An error result always carries text (providers refuse an empty one)."""
+    if result.ok or result.content.strip():
+        return result
+    return replace(result, content=result_text("empty_error", kind=result.error_kind))
 
 
 def _checked_reply(reply: Any) -> Reply:
@@ -341,14 +625,22 @@ def _checked_reply(reply: Any) -> Reply:
         if not isinstance(call, ToolCall) or not isinstance(call.id, str) or not isinstance(call.name, str):
             raise TypeError(f"the model's tool call {index} is not a ToolCall with a str id and name: {call!r}")
         calls.append(ToolCall(call.id, call.name, _plain_arguments(call.arguments)))
-    return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason)
+    return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason, reply.usage)
 
 
 def _plain_arguments(arguments: Any) -> str | dict[str, Any]:
     if isinstance(arguments, str):
         return arguments
     if isinstance(arguments, Mapping):
-        return dict(arguments)
+        plain = dict(arguments)
+        try:  # what the transcript can record as a JSON object
+            json.dumps(plain, allow_nan=False)
+            return plain
+        except (TypeError, ValueError, RecursionError):
+            try:  # NaN or Infinity: recorded as the text, which the loop refuses
+                return json.dumps(plain)
+            except (TypeError, ValueError, RecursionError):
+                return f"<arguments of type {type(arguments).__name__} that cannot be written as JSON>"
     if isinstance(arguments, (bytes, bytearray)):
         try:
             return bytes(arguments).decode("utf-8")

@@ -17,27 +17,59 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from jsonschema import Draft202012Validator
+import re2
+from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
+from referencing import Registry, Resource
+from referencing.exceptions import NoSuchResource
 
+from rho_actors.encoding import scrub_text
+from rho_actors.errors import RhoError
 from rho_actors.tool import ErrorKind
 
-__all__ = ["DEFAULT_MAX_ARGUMENT_DEPTH", "ArgumentsError", "decode_arguments", "make_validator", "violations"]
+__all__ = [
+    "DEFAULT_MAX_ARGUMENT_CHARS",
+    "DEFAULT_MAX_ARGUMENT_DEPTH",
+    "MAX_KEYWORD_CHECKS",
+    "MAX_REFUSAL_CHARS",
+    "ArgumentsError",
+    "compile_pattern",
+    "decode_arguments",
+    "json_text",
+    "make_validator",
+    "no_retrieval",
+    "violations",
+]
 
 DEFAULT_MAX_ARGUMENT_DEPTH = 64
 """How deeply call arguments may nest objects and arrays."""
 
+DEFAULT_MAX_ARGUMENT_CHARS = 1_000_000
+"""The longest argument text (characters) a call may send; longer is ``invalid_json``."""
+
+MAX_KEYWORD_CHECKS = 200_000
+"""The most JSON Schema keyword evaluations one call's validation may take; past it the
+call is refused (``invalid_arguments``). With :data:`DEFAULT_MAX_ARGUMENT_CHARS` this
+bounds validation of one call (``benchmarks/bench_validation.py`` measures it)."""
+
+MAX_REFUSAL_CHARS = 2_000
+"""The longest refusal text (decoding or validation) this module gives, before the
+loop's own output cap."""
+
 _MAX_SHOWN = 120
+_MAX_PATH = 80
+_MAX_LISTED = 20
 
 
-class ArgumentsError(ValueError):
+class ArgumentsError(RhoError, ValueError):
     """Arguments refused before the tool runs: ``kind`` is ``invalid_json`` or
     ``invalid_arguments``; ``str(err)`` is the message for the model."""
 
     def __init__(self, kind: ErrorKind, message: str) -> None:
-        super().__init__(message)
+        super().__init__(_bounded(scrub_text(message)))
         self.kind = kind
 
 
@@ -93,33 +125,73 @@ def _problem(value: Any, max_depth: int) -> str | None:
     return None
 
 
-def _shorten(text: str) -> str:
-    return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
+def _shorten(text: str, limit: int = _MAX_SHOWN) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
-def decode_arguments(arguments: str | Mapping[str, Any], max_depth: int = DEFAULT_MAX_ARGUMENT_DEPTH) -> dict[str, Any]:
-    """Decode a call's arguments: raw JSON text, or a mapping already decoded.
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_REFUSAL_CHARS else text[:MAX_REFUSAL_CHARS] + "..."
+
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",
+               type(None): "null"}
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def json_text(value: Any, limit: int = _MAX_SHOWN) -> str:
+    """``value`` as JSON text for a message (``null``, ``true``, ``"x"``), cut to about
+    ``limit`` characters; never raises (what JSON cannot hold falls back to ``repr``)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return _shorten(scrub_text(text), limit)
+
+
+def decode_arguments(
+    arguments: str | Mapping[str, Any],
+    max_depth: int = DEFAULT_MAX_ARGUMENT_DEPTH,
+    max_chars: int = DEFAULT_MAX_ARGUMENT_CHARS,
+) -> dict[str, Any]:
+    """Decode a call's arguments: raw JSON text (at most ``max_chars`` characters), or
+    a mapping already decoded.
 
     Returns a new ``dict`` with string keys. Raises :class:`ArgumentsError`
-    (``invalid_json``) naming what is wrong and where.
+    (``invalid_json``) naming what is wrong and where; empty text is refused with a
+    message saying ``{}`` is expected.
     """
     value: Any
     if isinstance(arguments, Mapping):
         value = dict(arguments)
     elif isinstance(arguments, (str, bytes, bytearray)):
+        if len(arguments) > max_chars:
+            raise ArgumentsError(
+                ErrorKind.INVALID_JSON,
+                f"arguments are {len(arguments):,} characters long; at most {max_chars:,} are accepted",
+            )
         try:
-            text = arguments if isinstance(arguments, str) else bytes(arguments).decode("utf-8")
+            text = str.__str__(arguments) if isinstance(arguments, str) else bytes(arguments).decode("utf-8")
+            if not text.strip():
+                raise ArgumentsError(
+                    ErrorKind.INVALID_JSON,
+                    "arguments were empty: send a JSON object, {} when the tool takes no arguments",
+                )
             value = _DECODER.decode(text)
         except RecursionError:
             raise ArgumentsError(
                 ErrorKind.INVALID_JSON, f"arguments are not valid JSON: nested deeper than {max_depth} levels"
             ) from None
+        except ArgumentsError:
+            raise
         except ValueError as err:  # UnicodeDecodeError included: JSON text is UTF-8 (RFC 8259)
             raise ArgumentsError(ErrorKind.INVALID_JSON, f"arguments are not valid JSON: {err}") from None
         if not isinstance(value, dict):
             raise ArgumentsError(
                 ErrorKind.INVALID_JSON,
-                f"arguments must be a JSON object, got {type(value).__name__}: {_shorten(text.strip())}",
+                f"arguments must be a JSON object, got {_json_type(value)}: {_shorten(text.strip())}",
             )
     else:
         raise ArgumentsError(
@@ -133,13 +205,267 @@ def decode_arguments(arguments: str | Mapping[str, Any], max_depth: int = DEFAUL
     return decoded
 
 
+# --------------------------------------------------------------------------- validation
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+_PATTERNS: dict[str, Any] = {}
+
+
+def compile_pattern(pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (linear-time matching, no backtracking), cached.
+    Raises ``ValueError`` naming the problem when RE2 cannot compile it (a lookaround,
+    a backreference, a repetition over 1000...)."""
+    compiled = _PATTERNS.get(pattern)
+    if compiled is None:
+        try:
+            compiled = re2.compile(pattern, _RE2_OPTIONS)
+        except re2.error as err:
+            detail = err.args[0].decode("utf-8", "replace") if err.args and isinstance(err.args[0], bytes) else err
+            raise ValueError(f"RE2 cannot compile {json_text(pattern, 80)}: {detail}") from None
+        except (TypeError, UnicodeError, OverflowError) as err:
+            raise ValueError(f"RE2 cannot compile {json_text(pattern, 80)}: {err}") from None
+        if len(_PATTERNS) > 4096:
+            _PATTERNS.clear()
+        _PATTERNS[pattern] = compiled
+    return compiled
+
+
+def _search(pattern: str, text: str) -> bool:
+    return compile_pattern(pattern).search(text) is not None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
+        yield ValidationError(f"{json_text(instance)} does not match {json_text(pattern)}")
+
+
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _search(pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, extra_schema: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    extras = sorted(k for k in instance if k not in properties and not any(_search(p, k) for p in patterns))
+    if validator.is_type(extra_schema, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], extra_schema, path=extra)
+    elif not extra_schema and extras:
+        yield ValidationError(f"unexpected properties: {', '.join(json_text(e, 60) for e in extras[:_MAX_LISTED])}")
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable form of JSON data under JSON Schema equality (1 == 1.0, true != 1)."""
+    if isinstance(value, bool) or value is None:
+        return ("b", value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return ("o", frozenset((k, _canonical(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("a", tuple(_canonical(v) for v in value))
+    return value
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen: set[Any] = set()
+    for item in instance:  # linear: hashing, not pairwise comparison
+        key = _canonical(item)
+        if key in seen:
+            yield ValidationError(f"has non-unique elements ({json_text(item, 60)} repeats)")
+            return
+        seen.add(key)
+
+
+def _required(validator: Any, required: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for name in required:
+        if name not in instance:
+            yield ValidationError(f"{json_text(name, 80)} is a required property")
+
+
+class _Budget(threading.local):
+    left: int | None = None
+
+
+_BUDGET = _Budget()
+
+
+class _BudgetExceeded(Exception):
+    pass
+
+
+def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
+    def run(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        left = _BUDGET.left
+        if left is not None:
+            if left <= 0:
+                raise _BudgetExceeded
+            _BUDGET.left = left - 1
+        return keyword(validator, value, instance, schema)
+
+    return run
+
+
+def _regex_format(instance: object) -> bool:
+    if isinstance(instance, str):
+        compile_pattern(instance)
+    return True
+
+
+_FORMATS = FormatChecker()
+_FORMATS.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
+_FORMATS.checks("regex", raises=ValueError)(_regex_format)
+
+_KEYWORDS: dict[str, Callable[..., Any]] = {
+    **Draft202012Validator.VALIDATORS,
+    "pattern": _pattern,
+    "patternProperties": _pattern_properties,
+    "additionalProperties": _additional_properties,
+    "uniqueItems": _unique_items,
+    "required": _required,
+}
+_Validator = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator, {k: _counted(v) for k, v in _KEYWORDS.items()}
+)
+
+
+def _refuse(uri: str) -> Resource[Any]:
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
+
+
+def no_retrieval() -> Registry[Any]:
+    """A ``referencing`` registry that never retrieves: an unknown URI is unresolvable,
+    nothing is fetched from the network or read from a file."""
+    return Registry(retrieve=_refuse)  # type: ignore[call-arg]
+
+
 def make_validator(schema: dict[str, Any]) -> Draft202012Validator:
-    """A Draft 2020-12 validator for a checked parameter schema, asserting ``format``."""
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    """A Draft 2020-12 validator for a checked parameter schema, asserting ``format``,
+    that never fetches a ``$ref`` (:func:`no_retrieval`), matches ``pattern`` and
+    ``patternProperties`` with RE2 (:func:`compile_pattern`) and checks ``uniqueItems``
+    in linear time."""
+    validator: Draft202012Validator = _Validator(schema, registry=no_retrieval(), format_checker=_FORMATS)
+    return validator
+
+
+def _message(err: ValidationError, root: Any) -> str:
+    """The violation in JSON's words (``null``, ``true``, ``object``), with a hint to
+    omit an optional field sent as ``null``."""
+    keyword, value, instance = err.validator, err.validator_value, err.instance
+    shown = json_text(instance)
+    if keyword == "type":
+        types = value if isinstance(value, list) else [value]
+        text = f"{shown} is not of type {' or '.join(json_text(t) for t in types)}"
+        if instance is None and err.path and isinstance(err.path[-1], str):
+            text += "; to leave an optional field out, omit it instead of sending null"
+        return text
+    if keyword in ("enum", "const"):
+        return f"{shown} is not {'one of' if keyword == 'enum' else 'equal to'} {json_text(value)}"
+    if keyword == "format":
+        return f"{shown} is not a valid {json_text(value)}"
+    if keyword in ("pattern", "additionalProperties", "uniqueItems", "patternProperties", "required"):
+        return str(err.message)
+    if keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength",
+                   "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"):
+        return f"{shown} fails {keyword} {json_text(value)}"
+    if keyword in ("anyOf", "oneOf", "not", "allOf", "if", "then", "else", "contains", "dependentRequired",
+                   "propertyNames", "unevaluatedProperties", "unevaluatedItems", "items", "prefixItems"):
+        return f"{shown} is not valid under {keyword}"
+    return f"{shown} fails {keyword} {json_text(value)}"
 
 
 def violations(validator: Draft202012Validator, args: dict[str, Any]) -> list[str]:
-    """Every violation of the schema by ``args``, as ``"<json path>: <message>"``,
-    sorted by path. Empty when ``args`` is valid."""
-    found = [(err.json_path, _shorten(err.message)) for err in validator.iter_errors(args)]
-    return [f"{path}: {message}" for path, message in sorted(found)]
+    """Every violation of the schema by ``args``, as ``"<json path>: <message>"`` in
+    JSON's words, sorted by path (at most :data:`MAX_REFUSAL_CHARS` characters in all;
+    the count of those not shown is given). Empty when ``args`` is valid: then floats
+    with an integral value where the schema asks for an ``integer`` (JSON Schema
+    counts ``3.0`` as one) are replaced in ``args`` by ``int`` s.
+
+    Validation takes at most :data:`MAX_KEYWORD_CHECKS` keyword evaluations; past
+    that it stops with one violation saying so. Never raises for a checked schema:
+    a validator that raises (a ``$ref`` cycle's ``RecursionError``...) gives one
+    violation naming the error.
+    """
+    _BUDGET.left = MAX_KEYWORD_CHECKS
+    try:
+        found = [(err.json_path, _message(err, validator.schema)) for err in validator.iter_errors(args)]
+    except _BudgetExceeded:
+        return [f"$: validation stopped after {MAX_KEYWORD_CHECKS:,} schema checks; send smaller arguments"]
+    except (RecursionError, Exception) as err:  # an unresolvable $ref, a format check that raises...
+        return [f"$: the arguments could not be validated: {type(err).__name__}: {_shorten(scrub_text(str(err)))}"]
+    finally:
+        _BUDGET.left = None
+    if not found:
+        _integral_floats(validator.schema, args)
+        return []
+    lines: list[str] = []
+    total = 0
+    for path, message in sorted(found):
+        line = scrub_text(f"{_shorten(path, _MAX_PATH)}: {_shorten(message)}")
+        if len(lines) >= _MAX_LISTED or total + len(line) > MAX_REFUSAL_CHARS:
+            lines.append(f"... and {len(found) - len(lines)} more")
+            break
+        lines.append(line)
+        total += len(line) + 2
+    return lines
+
+
+def _integer_only(schema: Any) -> bool:
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    kinds = kind if isinstance(kind, list) else [kind]
+    return "integer" in kinds and "number" not in kinds
+
+
+def _integral_floats(schema: Any, args: dict[str, Any]) -> None:
+    """Replace integral floats at ``integer`` positions of ``args`` (in place), following
+    ``properties``, ``additionalProperties``, ``items``, ``prefixItems``, ``allOf`` and
+    local ``$ref`` s; positions reached only through ``anyOf``/``oneOf`` are left as sent."""
+    root = schema
+    stack: list[tuple[Any, Any, int]] = [(schema, args, 0)]
+    while stack:
+        sub, value, hops = stack.pop()
+        if not isinstance(sub, dict) or hops > 64:
+            continue
+        ref = sub.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            target: Any = root
+            for escaped in ref[2:].split("/"):
+                key = escaped.replace("~1", "/").replace("~0", "~")
+                target = target.get(key) if isinstance(target, dict) else None
+            stack.append((target, value, hops + 1))
+        for part in sub.get("allOf", []) if isinstance(sub.get("allOf"), list) else []:
+            stack.append((part, value, hops + 1))
+        if isinstance(value, dict):
+            props: dict[str, Any] = sub["properties"] if isinstance(sub.get("properties"), dict) else {}
+            extra = sub.get("additionalProperties")
+            for key, item in value.items():
+                child = props.get(key, extra if isinstance(extra, dict) else None)
+                if child is None:
+                    continue
+                if isinstance(item, float) and item.is_integer() and _integer_only(child):
+                    value[key] = int(item)
+                else:
+                    stack.append((child, item, hops + 1))
+        elif isinstance(value, list):
+            prefix: list[Any] = sub["prefixItems"] if isinstance(sub.get("prefixItems"), list) else []
+            rest = sub.get("items")
+            for i, item in enumerate(value):
+                child = prefix[i] if i < len(prefix) else (rest if isinstance(rest, dict) else None)
+                if child is None:
+                    continue
+                if isinstance(item, float) and item.is_integer() and _integer_only(child):
+                    value[i] = int(item)
+                else:
+                    stack.append((child, item, hops + 1))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -30,6 +31,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.otp.actor import Actor
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.results import CANCELLED, error_result, failure, result_from_exception, result_from_return
+from rho_actors.telemetry import attached
 from rho_actors.tool import ToolResult
 
 # ``error_result`` is re-exported for modules that import it from here.
@@ -42,7 +44,10 @@ class CallSpec:
     """Everything a CallActor needs: the tool, its decoded arguments, the ``ctx`` it
     gets, when it was dispatched and its ``deadline`` (``time.monotonic()`` instants,
     seconds) and ``reply``, called exactly once with the result, from the CallActor's
-    thread."""
+    thread or, in ``thread`` isolation, from its deadline timer's. ``context``: the
+    ``contextvars`` context the CallActor runs the call in (a copy of the submitter's;
+    ``None``: the empty one its pooled thread starts each job in); a worker process
+    does not get it."""
 
     call_id: str
     name: str
@@ -55,6 +60,7 @@ class CallSpec:
     cancel: CancelToken
     max_output_chars: int
     reply: Callable[[ToolResult], None]
+    context: contextvars.Context | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,14 @@ async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: Cancel
     return await asyncio.wait_for(task, max(0.0, deadline - time.monotonic()))
 
 
+def _attached(message: RunCall) -> ToolResult:
+    """Run the call with its span current (in the context this runs in: a copy of the
+    submitter's, whose own trace context it replaces for the tool)."""
+    spec = message.spec
+    with attached(spec.ctx, spec.dispatched, spec.name):
+        return message.runner(spec)
+
+
 class CallActor(Actor):
     """Runs one call (the first :class:`CallSpec` told to it) in its own thread,
     replies once, then stops (restart type ``temporary``: never restarted; a crash is a
@@ -116,7 +130,7 @@ class CallActor(Actor):
     def _run(self, message: RunCall) -> None:
         self.spec = spec = message.spec
         try:
-            result = message.runner(spec)
+            result = spec.context.run(_attached, message) if spec.context is not None else _attached(message)
         except BaseException as exc:
             result = self._failure(exc, spec.dispatched)
         self._result = result
@@ -139,9 +153,11 @@ class CallActor(Actor):
         spec = self.spec
         duration_ms = (time.monotonic() - started) * 1000
         try:
-            if isinstance(exc, (asyncio.CancelledError, TimeoutError)) and spec.cancel.cancelled:
+            cancelled = isinstance(exc, (asyncio.CancelledError, TimeoutError)) and spec.cancel.cancelled
+            if cancelled and spec.cancel.reason != "timeout":
                 return failure("cancelled", spec.call_id, spec.name, duration_ms, reason=spec.cancel.reason)
-            if isinstance(exc, TimeoutError) and time.monotonic() >= spec.deadline:
+            if cancelled or (isinstance(exc, TimeoutError) and time.monotonic() >= spec.deadline):
+                # the deadline's own result may still be on its way: this one reads the same
                 return failure(
                     "timeout", spec.call_id, spec.name, duration_ms, timeout_ms=spec.timeout_ms, consequence=CANCELLED
                 )

@@ -6,14 +6,18 @@ Commands (argparse subcommands; each command group registers itself in
 
     rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
                            [--limit N] [--json] [--tree]
-    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json]
+    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json] [--trusted]
     rho-actors chat --model openai:MODEL|anthropic:MODEL [--base-url URL] [--session ID]
                     [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--data-dir DIR]
+                    [--system TEXT]
+    rho-actors top [--connect ADDRESS] [--token TOKEN] [--once] [--json]
 
 Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
 a result or a state differed other than through a listed rejection; for ``selftest``: a
-selftest failed, timed out or crashed), 2 usage error, a missing optional dependency or
-a target that cannot be loaded.
+selftest failed, timed out or crashed, or a file of a folder could not be loaded (it is
+reported and the others run); for ``chat``: a prompt ended with an error, a model error
+included), 2 usage error, a missing optional dependency or a target of which nothing can
+be loaded.
 """
 
 from __future__ import annotations
@@ -146,37 +150,73 @@ def _add_selftest(commands: Any) -> None:
     selftest.add_argument("--timeout", type=_positive_seconds, default=10.0, metavar="S",
                           help="seconds each selftest gets (default: 10)")
     selftest.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    selftest.add_argument("--trusted", action="store_true",
+                          help="import .py files and folders in this process (default: never, only in child processes)")
     selftest.set_defaults(handler=_run_selftest)
+
+
+def _load_tools(targets: Sequence[str], command: str, *, trusted: bool) -> tuple[list[Any], int]:
+    """The tools of ``targets`` and how many of their files could not be loaded. Each
+    ``.py`` file of a folder is loaded on its own: a broken one is reported on stderr
+    (naming it) and the others are still loaded. Files are untrusted unless ``trusted``:
+    never imported here (:func:`rho_actors.selftest.load_tools`). Raises
+    :class:`_ChatSetupError` for a target of which nothing could be loaded, or that
+    holds no tools."""
+    from pathlib import Path
+
+    from rho_actors.selftest import LoadError, load_tools
+
+    tools: list[Any] = []
+    broken = 0
+    for target in targets:
+        path = Path(target)
+        parts = [target]
+        if path.is_dir():
+            parts = sorted(str(p) for p in path.iterdir() if p.suffix == ".py" and not p.name.startswith((".", "_")))
+        found: list[Any] = []
+        failures: list[str] = []
+        loaded = 0
+        for part in parts or [target]:
+            try:
+                found.extend(load_tools(part, trusted=trusted))
+                loaded += 1
+            except LoadError as exc:
+                failures.append(str(exc))
+        if not loaded:
+            raise _ChatSetupError(f"cannot load {failures[0]}" if failures else f"{target}: nothing to load")
+        for failure in failures:
+            print(f"rho-actors {command}: cannot load {failure}; the other files go on", file=sys.stderr)
+        broken += len(failures)
+        if not found:
+            raise _ChatSetupError(f"{target}: no tools found in it")
+        tools.extend(t for t in found if all(t is not seen for seen in tools))
+    return tools, broken
 
 
 def _run_selftest(args: argparse.Namespace) -> int:
     import json
 
-    from rho_actors.selftest import FAILING, LoadError, load_target, render_rows, run_selftests, tools_in_module
+    from rho_actors.selftest import FAILING, render_rows, run_selftests
 
-    tools: list[Any] = []
-    for target in args.targets:
-        try:
-            modules = load_target(target)
-        except LoadError as exc:
-            print(f"rho-actors selftest: cannot load {exc}", file=sys.stderr)
-            return 2
-        found = [t for module in modules for t in tools_in_module(module)]
-        if not found:
-            print(f"rho-actors selftest: {target}: no tools found in it", file=sys.stderr)
-            return 2
-        tools.extend(t for t in found if all(t is not seen for seen in tools))
+    try:
+        tools, broken = _load_tools(args.targets, "selftest", trusted=args.trusted)
+    except _ChatSetupError as exc:
+        print(f"rho-actors selftest: {exc}", file=sys.stderr)
+        return 2
     rows = run_selftests(tools, timeout_s=args.timeout)
-    code = 1 if any(row.outcome in FAILING for row in rows) else 0
+    code = 1 if broken or any(row.outcome in FAILING for row in rows) else 0
     counts = {outcome: sum(row.outcome == outcome for row in rows)
               for outcome in ("passed", "failed", "timeout", "crashed", "no selftest")}
     if args.json:
-        print(json.dumps({"results": [row.to_dict() for row in rows], "counts": counts, "exit_code": code},
-                         indent=2))
+        print(json.dumps({"results": [row.to_dict() for row in rows], "counts": counts, "broken_files": broken,
+                          "exit_code": code}, indent=2))
     else:
         console = _console()
         console.print(render_rows(rows))
-        console.print(", ".join(f"{n} {outcome}" for outcome, n in counts.items() if n) or "no tools")
+        summary = [f"{n} {outcome}" for outcome, n in counts.items() if n]
+        if broken:
+            summary.append(f"{broken} file(s) not loaded")
+        console.print(", ".join(summary) or "no tools")
     return code
 
 
@@ -211,7 +251,8 @@ def _add_chat(commands: Any) -> None:
         description=(
             "An interactive agent session: each line you type is a prompt; the model's tool calls run "
             "in an ActorSystem (each printed with its outcome and duration as it finishes), then its "
-            "answer is printed. EOF (Ctrl-D) or /exit quits. The conversation is kept in "
+            "answer is printed. EOF (Ctrl-D) or /exit quits; the exit code is 1 when a prompt ended with an "
+            "error (a model error included). The conversation is kept in "
             "DATA_DIR/sessions/ID/transcript.jsonl: --session ID resumes it. Keys come from "
             "OPENAI_API_KEY / ANTHROPIC_API_KEY."
         ),
@@ -227,8 +268,12 @@ def _add_chat(commands: Any) -> None:
                       help="module name, .py file or folder whose tools the model gets")
     chat.add_argument("--untrusted", action="store_true",
                       help="register the tools untrusted: declarations read and calls run in other processes")
+    chat.add_argument("--system", default=None, metavar="TEXT",
+                      help="instructions (a system prompt) sent first in every request; not recorded")
     chat.add_argument("--data-dir", default=None, metavar="DIR",
                       help="where sessions are kept (default: $XDG_STATE_HOME/rho_actors, ~/.local/state/rho_actors)")
+    chat.add_argument("--mcp", action="append", default=[], metavar='"CMD ARGS"',
+                      help="a stdio MCP server whose tools the model gets (repeatable; needs rho_actors[mcp])")
     chat.set_defaults(handler=_run_chat)
 
 
@@ -246,20 +291,8 @@ def _chat_model(spec: str, base_url: str | None) -> Any:
         raise _ChatSetupError(f"cannot start the model {spec!r}: {exc}") from None
 
 
-def _chat_tools(targets: Sequence[str]) -> list[Any]:
-    from rho_actors.selftest import LoadError, load_target, tools_in_module
-
-    tools: list[Any] = []
-    for target in targets:
-        try:
-            modules = load_target(target)
-        except LoadError as exc:
-            raise _ChatSetupError(f"cannot load {exc}") from None
-        found = [t for module in modules for t in tools_in_module(module)]
-        if not found:
-            raise _ChatSetupError(f"{target}: no tools found in it")
-        tools.extend(t for t in found if all(t is not seen for seen in tools))
-    return tools
+def _chat_tools(targets: Sequence[str], trusted: bool) -> list[Any]:
+    return _load_tools(targets, "chat", trusted=trusted)[0]
 
 
 def _chat_data_dir(given: str | None) -> str:
@@ -277,7 +310,7 @@ def _run_chat(args: argparse.Namespace) -> int:
 
     try:
         model = _chat_model(args.model, args.base_url)
-        tools = _chat_tools(args.tools)
+        tools = _chat_tools(args.tools, trusted=not args.untrusted)
     except _ChatSetupError as exc:
         print(f"rho-actors chat: {exc}", file=sys.stderr)
         return 2
@@ -288,21 +321,49 @@ def _run_chat(args: argparse.Namespace) -> int:
                 if not registration.offered:
                     print(f"rho-actors chat: {registration.origin} is left out: {registration.reason}",
                           file=sys.stderr)
+            for command in args.mcp:
+                _add_mcp_server(system, command)
             loop = system.start_loop(args.session)
             earlier = len(load(loop.data_dir / TRANSCRIPT_NAME).messages)
-        except (DuplicateToolError, TypeError, ValueError, TranscriptError, OSError) as exc:
+        except (DuplicateToolError, TypeError, ValueError, TranscriptError, OSError, _ChatSetupError) as exc:
             print(f"rho-actors chat: {exc}", file=sys.stderr)
             return 2
         offered = ", ".join(info.name for info in system.tools()) or "none"
         state = f"resumed, {earlier} messages so far" if earlier else "new"
         print(f"session {loop.session_id} ({state}); model {args.model}; tools: {offered}", flush=True)
-        _chat_repl(system, loop, model, args.max_steps)
-    return 0
+        if args.system is not None:
+            if not args.system.strip():
+                print("rho-actors chat: --system is blank", file=sys.stderr)
+                return 2
+            loop.instructions = args.system
+        failed = _chat_repl(system, loop, model, args.max_steps)
+    return 1 if failed else 0
 
 
-def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> None:
+def _add_mcp_server(system: Any, command: str) -> None:
+    """Add the stdio MCP server ``command`` (split as a shell would) as a source."""
+    import shlex
+
+    try:
+        from rho_actors.mcp import MCPServer
+    except ImportError:
+        raise _ChatSetupError("--mcp needs the MCP SDK: pip install 'rho_actors[mcp]'") from None
+    argv = shlex.split(command)
+    if not argv:
+        raise _ChatSetupError("--mcp needs a command")
+    source = MCPServer(command=argv, name=f"mcp:{len(system.registrations())}:{argv[0].rsplit('/', 1)[-1]}")
+    handle = system.add_source(source, poll_s=None)
+    if not source.wait_connected():
+        handle.close()
+        raise _ChatSetupError(f"the MCP server {command!r} did not start within {source.connect_timeout_s:g} s "
+                              "(see its messages on stderr)")
+    handle.refresh()
+
+
+def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> int:
     """Read prompts from stdin until EOF or ``/exit``; print each call as it finishes
-    (from the system's call events), then the answer."""
+    (from the system's call events), then the answer. Returns how many prompts ended
+    with an error."""
     import threading
 
     from rho_actors import CallEvent
@@ -324,6 +385,7 @@ def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> None:
 
     unsubscribe = system.subscribe(show)
     interactive = sys.stdin.isatty()
+    failed = 0
     try:
         while True:
             if interactive:
@@ -345,10 +407,80 @@ def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> None:
             if result.text:
                 say(result.text)
             if result.error is not None:
+                failed += 1
                 with out_lock:
                     print(f"rho-actors chat: {result.error}", file=sys.stderr, flush=True)
     finally:
         unsubscribe()
+    return failed
+
+
+# --------------------------------------------------------------------------- mcp
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 127.0.0.1:8000), got {text!r}")
+    return host, int(port)
+
+
+def _add_mcp(commands: Any) -> None:
+    mcp = commands.add_parser("mcp", help="the Model Context Protocol: serve tools to MCP clients")
+    actions = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
+    serve = actions.add_parser(
+        "serve",
+        help="serve tools to MCP clients over stdio or streamable HTTP",
+        description=(
+            "Serve the tools of MODULE_OR_PATH... to MCP clients: over stdio (the default: a client "
+            "starts this command), or over streamable HTTP at http://HOST:PORT/mcp. Each MCP session "
+            "is a rho session with its own data folder; each call runs supervised, with its deadline."
+        ),
+    )
+    serve.add_argument("--tools", nargs="+", action="extend", required=True, metavar="MODULE_OR_PATH",
+                       help="module name, .py file or folder whose tools are served")
+    serve.add_argument("--http", type=_host_port, default=None, metavar="HOST:PORT",
+                       help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
+    serve.add_argument("--untrusted", action="store_true",
+                       help="register the tools untrusted: declarations read and calls run in other processes")
+    serve.add_argument("--data-dir", default=None, metavar="DIR",
+                       help="where sessions are kept (default: a temporary folder, removed at exit)")
+    serve.set_defaults(handler=_run_mcp_serve)
+
+
+def _run_mcp_serve(args: argparse.Namespace) -> int:
+    from rho_actors import ActorSystem, DuplicateToolError
+
+    try:
+        from rho_actors.mcp import serve
+    except ImportError:
+        print("rho-actors mcp: the MCP SDK is missing: pip install 'rho_actors[mcp]'", file=sys.stderr)
+        return 2
+    try:
+        tools = _chat_tools(args.tools, trusted=not args.untrusted)
+    except _ChatSetupError as exc:
+        print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
+        return 2
+    with ActorSystem(data_dir=args.data_dir) as system:
+        try:
+            for tool in tools:
+                registration = system.register(tool, untrusted=args.untrusted)
+                if not registration.offered:
+                    print(f"rho-actors mcp serve: {registration.origin} is left out: {registration.reason}",
+                          file=sys.stderr)
+        except (DuplicateToolError, TypeError, ValueError) as exc:
+            print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
+            return 2
+        if args.http is not None:
+            print(f"serving MCP at http://{args.http[0]}:{args.http[1]}/mcp", file=sys.stderr, flush=True)
+        try:
+            serve(system, http=args.http)
+        except KeyboardInterrupt:
+            pass
+        except OSError as exc:
+            print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
+            return 2
+    return 0
 
 
 # --------------------------------------------------------------------------- entry point
@@ -361,7 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="An OTP-style actor runtime for an LLM agent's tool calls.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_replay, _add_selftest, _add_chat):
+    from rho_actors.top import add_parser as _add_top
+
+    for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top):
         add(commands)
     return parser
 

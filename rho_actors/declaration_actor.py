@@ -33,6 +33,7 @@ from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:
     from rho_actors.runtime import Runtime
+    from rho_actors.sandbox.enclosure import ConfinePolicy
 
 __all__ = [
     "DECLARATIONS",
@@ -137,6 +138,7 @@ class DeclarationActor(Actor):
         self._notify = notify
         self._max_schema_depth = runtime.limits.max_schema_depth
         self._untrusted = runtime.untrusted
+        self._confine = runtime.confine
         self._timers = runtime.timers
         self._events = runtime.events
 
@@ -161,7 +163,8 @@ class DeclarationActor(Actor):
         self._state.reading[id(tool)] = tool
         threading.Thread(
             target=_read_isolated,
-            args=(tool, self._untrusted, self._max_schema_depth, retry, self._deliver, self._state.closed),
+            args=(tool, self._untrusted, self._max_schema_depth, retry, self._deliver, self._state.closed,
+                  self._confine),
             name="rho-declaration-read",
             daemon=True,
         ).start()
@@ -227,14 +230,14 @@ class DeclarationActor(Actor):
 
 def _read_isolated(
     tool: Any, settings: UntrustedReads, depth: int, retry: int, deliver: Callable[[Any], None],
-    cancel: threading.Event,
+    cancel: threading.Event, confine: ConfinePolicy | None = None,
 ) -> None:
     """A helper thread's work: one isolated read and check, delivered as ``_ReadDone``."""
     timed_out = False
     try:
         payload = sandbox.read_declaration_isolated(
             tool, timeout_s=settings.timeout_s, heap_bytes=settings.heap_bytes, start_method=settings.start_method,
-            cancel=cancel,
+            cancel=cancel, confine=confine,
         )
         outcome: ToolInfo | Rejected = check_declaration(sandbox.raw_declaration(payload), max_schema_depth=depth)
     except DeclarationError as err:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import json
 import math
 import re
 import sys
@@ -32,9 +33,13 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from loguru import logger
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
+from rho_actors.arguments import compile_pattern, make_validator, no_retrieval
 from rho_actors.checked import checked_untrusted
-from rho_actors.encoding import describe_exception
+from rho_actors.encoding import describe_exception, scrub_text
 from rho_actors.errors import RhoError
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback
 
@@ -222,6 +227,8 @@ def check_declaration(raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MA
             problems.append(f"description: expected str, got {type(description).__name__}")
         elif not description.strip():
             problems.append("description: empty")
+        else:
+            description = scrub_text(str.__str__(description))  # what reaches a model is valid UTF-8
 
     schema = answer("parameter_schema")
     if "parameter_schema" in raw and not isinstance(raw["parameter_schema"], _Raised):
@@ -232,31 +239,163 @@ def check_declaration(raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MA
         raise DeclarationError("; ".join(problems), valid)
 
     timeout = raw.get("timeout_ms", DEFAULT_TIMEOUT_MS)
-    timeout = min(timeout, MAX_TIMEOUT_MS) if type(timeout) is int and timeout > 0 else DEFAULT_TIMEOUT_MS
-    concurrency = raw.get("concurrency")
+    if type(timeout) is int and timeout > 0:
+        timeout = min(timeout, MAX_TIMEOUT_MS)
+    else:
+        _log_default_once(name, "timeout_ms", timeout, f"the default {DEFAULT_TIMEOUT_MS} ms")
+        timeout = DEFAULT_TIMEOUT_MS
+    concurrency = raw.get("concurrency", "parallel")
+    if not (type(concurrency) is str and concurrency in ("parallel", "exclusive")):
+        _log_default_once(name, "concurrency", concurrency, '"parallel"')
+        concurrency = "parallel"
     return ToolInfo(
         name=name,
         description=description,
         parameter_schema=copy.deepcopy(schema),
         timeout_ms=timeout,
-        concurrency="exclusive" if type(concurrency) is str and concurrency == "exclusive" else "parallel",
+        concurrency="exclusive" if concurrency == "exclusive" else "parallel",
     )
 
 
+_logged_defaults: set[tuple[str, str, str]] = set()
+
+
+def _log_default_once(name: str, key: str, value: Any, default: str) -> None:
+    """Log, once per (tool, callback, value), that a bad answer means the default."""
+    shown = value.description if isinstance(value, _Raised) else describe_value(value)
+    if (name, key, shown) in _logged_defaults:
+        return
+    if len(_logged_defaults) > 10_000:
+        _logged_defaults.clear()
+    _logged_defaults.add((name, key, shown))
+    logger.warning("tool {}: {}() gave {}, not {}; using {}", name, key, shown,
+                   "a positive int (milliseconds)" if key == "timeout_ms" else '"parallel" or "exclusive"', default)
+
+
+def describe_value(value: Any) -> str:
+    """A short, never-raising description of an answer, for messages: ``2500.0 (float)``."""
+    try:
+        text = repr(value)
+    except BaseException:
+        text = "<repr raised>"
+    return f"{scrub_text(text)[:80]} ({type(value).__name__})"
+
+
 def _schema_problems(schema: Any, max_depth: int) -> list[str]:
+    """Why ``schema`` cannot be offered, or ``[]``. Never raises: an unexpected error of
+    a check is itself the reason."""
+    try:
+        return _schema_checks(schema, max_depth)
+    except RecursionError:
+        return [f"parameter_schema: nested deeper than {max_depth} levels"]
+    except Exception as exc:  # registration never raises for a bad declaration
+        return [f"parameter_schema: cannot be checked: {describe_exception(exc)}"]
+
+
+def _schema_checks(schema: Any, max_depth: int) -> list[str]:
     if type(schema) is not dict:
         return [f"parameter_schema: expected dict, got {type(schema).__name__}"]
     problem = _json_data_problem(schema, 0, max_depth, "parameter_schema")
     if problem:
         return [problem]
-    try:
-        Draft202012Validator.check_schema(schema)
+    problem = _wire_problem(schema)
+    if problem:
+        return [problem]
+    try:  # no format checker: patterns are checked by RE2 below, never compiled by re
+        Draft202012Validator.check_schema(schema, format_checker=None)  # type: ignore[arg-type]
     except SchemaError as err:
         where = err.json_path.replace("$", "parameter_schema", 1)
         return [f"{where}: not a valid JSON Schema (Draft 2020-12): {err.message}"]
-    except RecursionError:
-        return [f"parameter_schema: nested deeper than {max_depth} levels"]
     if schema.get("type") != "object":
         got = schema.get("type")
         return [f'parameter_schema: the top level must be an object schema ("type": "object"), got type {got!r}']
+    problems = _keyword_problems(schema)
+    if problems:
+        return problems
+    return _validator_problems(schema)
+
+
+def _wire_problem(schema: dict[str, Any]) -> str | None:
+    """Why ``schema`` cannot be sent by both SDKs (UTF-8 JSON text read back the same),
+    or ``None``: a lone surrogate, an integer of more than 4,300 digits..."""
+    try:
+        text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+        json.loads(text)
+    except (ValueError, TypeError) as err:
+        return f"parameter_schema: cannot be sent as UTF-8 JSON: {describe_exception(err)}"
+    return None
+
+
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+"""Keywords whose values are instances, not schemas: not searched for ``$ref`` or patterns."""
+
+
+def _keyword_problems(schema: dict[str, Any]) -> list[str]:
+    """Every ``$ref``/``$dynamicRef`` must be local (``#...``) and resolve, ``$id`` may
+    appear only at the top level, every ``pattern``/``patternProperties`` key must
+    compile with RE2, and ``unevaluatedProperties`` is not combined with
+    ``patternProperties`` (its matching would not be linear-time)."""
+    problems: list[str] = []
+    refs: list[tuple[str, str]] = []
+    has = {"patternProperties": False, "unevaluatedProperties": False}
+    stack: list[tuple[Any, str]] = [(schema, "parameter_schema")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            where = f"{path}.{key}"
+            if key in ("$ref", "$dynamicRef") and isinstance(value, str):
+                if not value.startswith("#"):
+                    problems.append(f"{where}: {value[:120]!r} is not a local reference (#...); "
+                                    "nothing is fetched from the network or read from a file")
+                else:
+                    refs.append((where, value))
+            elif key == "$id" and node is not schema and isinstance(value, str):
+                problems.append(f"{where}: $id is allowed only at the top level")
+            elif key == "pattern" and isinstance(value, str):
+                problems.extend(_pattern_problem(where, value))
+            elif key == "patternProperties" and isinstance(value, dict):
+                has["patternProperties"] = True
+                for pattern in value:
+                    problems.extend(_pattern_problem(where, pattern))
+            elif key == "unevaluatedProperties":
+                has["unevaluatedProperties"] = True
+            if key not in _DATA_KEYWORDS:
+                stack.append((value, where))
+    if all(has.values()):
+        problems.append("parameter_schema: unevaluatedProperties with patternProperties is not supported "
+                        "(patterns are matched by RE2 in linear time)")
+    if not problems and refs:
+        resolver = no_retrieval().resolver_with_root(DRAFT202012.create_resource(schema))
+        for where, ref in refs:
+            try:
+                resolver.lookup(ref)
+            except Unresolvable:
+                problems.append(f"{where}: {ref[:120]!r} does not resolve within the schema")
+    return problems
+
+
+def _pattern_problem(where: str, pattern: str) -> list[str]:
+    try:
+        compile_pattern(pattern)
+    except ValueError as err:
+        return [f"{where}: {err}"]
+    return []
+
+
+def _validator_problems(schema: dict[str, Any]) -> list[str]:
+    """A validator compiles from ``schema`` and validates ``{}`` without an error (a
+    ``$ref`` cycle that never descends into the instance raises ``RecursionError``)."""
+    try:
+        for _ in make_validator(copy.deepcopy(schema)).iter_errors({}):
+            pass
+    except RecursionError:
+        return ["parameter_schema: its $refs form a cycle that never reaches a value"]
+    except Exception as exc:
+        return [f"parameter_schema: cannot be used to validate: {describe_exception(exc)}"]
     return []

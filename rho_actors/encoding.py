@@ -65,7 +65,10 @@ class EncodedOutput:
 
 
 def scrub_text(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD (paired ones are joined)."""
+    """``text`` as an exact ``str`` with every lone surrogate replaced by U+FFFD (paired
+    ones are joined): valid UTF-8, the one rule for every string that reaches a model, an
+    SDK or a transcript. A ``str`` subclass is copied first (its methods are not called)."""
+    text = str.__str__(text)
     try:
         text.encode("utf-8")
         return text
@@ -80,7 +83,7 @@ def _jsonable(value: Any, depth: int, seen: set[int]) -> Any:
     if isinstance(value, enum.Enum):  # before str and int: a StrEnum is a str too
         return _jsonable(value.value, depth, seen)
     if isinstance(value, str):
-        return scrub_text(str(value))
+        return scrub_text(value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -122,7 +125,7 @@ def _key(key: Any) -> str:
     if isinstance(key, enum.Enum):
         key = key.value
     if isinstance(key, str):
-        return scrub_text(str(key))
+        return scrub_text(key)
     if key is None or isinstance(key, (bool, int, float)):
         return json.dumps(key)
     if isinstance(key, (decimal.Decimal, uuid.UUID, pathlib.PurePath, datetime.date, datetime.time)):
@@ -137,18 +140,24 @@ def describe_exception(exc: BaseException) -> str:
         text = scrub_text(str(exc))
     except BaseException:  # an exception whose __str__ raises, or exits
         text = "<str() raised>"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    name = scrub_text(type(exc).__name__)
+    return f"{name}: {text}" if text else name
 
 
 def _safe_repr(value: Any) -> str:
     try:
         return scrub_text(repr(value))
     except BaseException:  # a broken __repr__ must not escape: it is the tool's output
-        return f"<{type(value).__qualname__} object (repr raised)>"
+        try:
+            return f"<{scrub_text(type(value).__qualname__)} object (repr raised)>"
+        except BaseException:
+            return "<object (repr raised)>"
 
 
 def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
-    """``text`` cut to ``max_chars`` characters with a notice giving the original size."""
+    """``text`` cut to ``max_chars`` characters with a notice giving the original size
+    (the one cap for every result text, refusals included)."""
+    text = scrub_text(text)
     if len(text) <= max_chars:
         return text, False
     notice = f"\n[output truncated: {len(text):,} characters in all, the first {max_chars:,} shown]"
@@ -162,12 +171,12 @@ def encode_output(value: Any, max_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> Enco
     ``repr`` behind :data:`REPR_MARK`.
     """
     is_repr = False
-    if isinstance(value, str):
-        text = scrub_text(str(value))
-    else:
-        try:
+    try:
+        if isinstance(value, str):
+            text = scrub_text(value)
+        else:
             text = json.dumps(_jsonable(value, 0, set()), ensure_ascii=False, allow_nan=False)
-        except BaseException:  # a model_dump that raises or exits is the tool's output too
-            text, is_repr = REPR_MARK + _safe_repr(value), True
+    except BaseException:  # a model_dump (or an __eq__, a __hash__...) that raises or exits is the tool's output too
+        text, is_repr = REPR_MARK + _safe_repr(value), True
     capped, truncated = cap_text(text, max_chars)
     return EncodedOutput(capped, is_repr, truncated, len(text))

@@ -5,7 +5,9 @@ outcome: ``"ok"`` or an error kind) or ``timed_out``; a timed-out thread call th
 returns emits ``late`` (its result discarded). A call refused before dispatch (bad JSON,
 unknown tool...) emits only ``finished`` with its error kind. Supervisors report
 what they do as :class:`SupervisorEvent` values; declaration reads as
-:class:`DeclarationEvent` values.
+:class:`DeclarationEvent` values; a running call's ``ctx["progress"]`` reports as
+:class:`ProgressEvent` values; each new tool set the registry publishes as a
+:class:`ToolSetChanged`.
 
 Example::
 
@@ -20,11 +22,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import ClassVar, Literal, Union
 
 from loguru import logger
 
-__all__ = ["CallEvent", "DeclarationEvent", "EventBus", "EventKind", "SupervisorEvent", "SupervisorEventKind"]
+__all__ = [
+    "CallEvent",
+    "DeclarationEvent",
+    "EventBus",
+    "EventKind",
+    "IsolationEvent",
+    "ProgressEvent",
+    "SupervisorEvent",
+    "SupervisorEventKind",
+    "ToolSetChanged",
+]
 
 EventKind = Literal["started", "finished", "timed_out", "late"]
 
@@ -42,7 +54,43 @@ class CallEvent:
     duration_ms: float = 0.0
 
 
-Event = Union["CallEvent", "DeclarationEvent", "SupervisorEvent"]
+@dataclass(frozen=True, slots=True)
+class IsolationEvent:
+    """An isolation's state changed for a tool: ``kind`` ``"threads_exhausted"`` (its
+    calls are ``unavailable``: ``detail`` says why) or ``"threads_recovered"``."""
+
+    kind: str
+    tool: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """A running call's report through ``ctx["progress"](done, total, message)``:
+    ``done`` so far out of ``total`` (``None`` when unknown), in the tool's own units.
+    Its ``kind`` is always ``"progress"``."""
+
+    kind: ClassVar[str] = "progress"
+    session_id: str
+    call_id: str
+    tool: str
+    done: float
+    total: float | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSetChanged:
+    """The registry published a new tool set (a registration, an unregistration, a
+    source's scan): ``version`` is its :attr:`rho_actors.ToolSet.version`. Emitted in
+    the registry's thread; read the set itself with ``system.tool_set()``. Its ``kind``
+    is always ``"tool_set_changed"``."""
+
+    kind: ClassVar[str] = "tool_set_changed"
+    version: int
+
+
+Event = Union["CallEvent", "DeclarationEvent", "IsolationEvent", "ProgressEvent", "SupervisorEvent", "ToolSetChanged"]
 
 
 class EventBus:
@@ -72,6 +120,10 @@ class EventBus:
             pass  # the supervisor logged it already (it reports without a bus, too)
         elif isinstance(event, DeclarationEvent):
             logger.info("declaration of {}: {} {}", event.tool, event.kind, event.reason or "")
+        elif isinstance(event, IsolationEvent):
+            logger.info("tool {}: {} {}", event.tool, event.kind, event.detail)
+        elif isinstance(event, (ProgressEvent, ToolSetChanged)):
+            pass  # frequent, or logged by its cause: not logged here
         elif event.kind == "timed_out":
             logger.warning(
                 "call {} ({}) in session {} timed out after {:.1f} ms",

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterable, Sequence
+import contextvars
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from rho_actors.cancel import CancelToken
 from rho_actors.formats import Dialect, to_dialect
 from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld, loop_name, make_session_folder
+from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
-    from rho_actors.agent import PromptResult
+    from rho_actors.agent import PromptEvent, PromptResult
     from rho_actors.model import Model
     from rho_actors.runtime import Runtime
 
@@ -61,6 +64,12 @@ def _checked_call(index: int, call: Any) -> ToolCall:
     return ToolCall(str.__str__(call.id), str.__str__(call.name), call.arguments)
 
 
+def _checked_cancel(cancel: Any) -> CancelToken | None:
+    if cancel is not None and not isinstance(cancel, CancelToken):
+        raise TypeError(f"cancel must be a rho_actors.CancelToken or None, got {type(cancel).__name__}")
+    return cancel
+
+
 class Loop:
     """The host's handle to one session's LoopActor.
 
@@ -79,12 +88,17 @@ class Loop:
         self._whereis = runtime.names.whereis
         self._tools = runtime.tools
         self._settings = runtime.limits
+        self.instructions: str | None = None
+        """The system prompt of this session's prompts that give none (not recorded)."""
+        self.telemetry = runtime.telemetry
+        """The system's :class:`rho_actors.Telemetry` (the spans of this session's prompts)."""
 
     @property
     def data_dir(self) -> Path:
         """The session's private folder, ``data_dir/sessions/<session_id>`` of its system
-        (created on first use: here, or before the session's first call). Raises
-        ``OSError`` when it cannot be created."""
+        (created with mode ``0700`` on first use: here, or before the session's first
+        call). Raises :class:`rho_actors.files.UnsafePathError` (an ``OSError``) when it,
+        or ``sessions``, is a symlink or no folder, and ``OSError`` when it cannot be made."""
         if not self._folder_made:
             make_session_folder(self._data_dir)
             self._folder_made = True
@@ -97,17 +111,29 @@ class Loop:
         why when it is not running: stopped, restarting, or given up by its supervisor."""
         return self._names.lookup(loop_name(self.session_id), f"the loop of session {self.session_id!r}")
 
-    def submit_turn(self, calls: Iterable[ToolCall]) -> concurrent.futures.Future[list[ToolResult]]:
+    def submit_turn(
+        self, calls: Iterable[ToolCall], *, cancel: CancelToken | None = None
+    ) -> concurrent.futures.Future[list[ToolResult]]:
         """Start a turn without waiting: returns a future of the results, one per call,
-        in the calls' order. Raises ``TypeError`` for an item that is not a
-        :class:`ToolCall` or whose ``id`` or ``name`` is not a ``str``, and
-        :class:`pykka.ActorDeadError` when the loop has stopped."""
-        return self._submit(_checked_calls(calls))
+        in the calls' order. Setting ``cancel`` (:meth:`CancelToken.cancel`, from any
+        thread) cancels the turn: each running call is cancelled by its isolation (its
+        ``ctx["cancel"]`` is set; a ``process`` worker is killed) and each call still
+        without a result gets a ``cancelled`` one; a token set before the turn starts
+        runs no call. The calls run in copies of the caller's ``contextvars`` context
+        (``thread`` isolation, ``async`` tools included; a ``process`` worker does not
+        get it). Raises ``TypeError`` for an item that is not a :class:`ToolCall` or
+        whose ``id`` or ``name`` is not a ``str``, or a ``cancel`` that is not a
+        :class:`CancelToken`, and :class:`pykka.ActorDeadError` when the loop has
+        stopped."""
+        return self._submit(_checked_calls(calls), _checked_cancel(cancel))
 
-    def _submit(self, batch: tuple[ToolCall, ...]) -> concurrent.futures.Future[list[ToolResult]]:
+    def _submit(
+        self, batch: tuple[ToolCall, ...], cancel: CancelToken | None = None
+    ) -> concurrent.futures.Future[list[ToolResult]]:
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        self.ref.tell(RunTurn(batch, future))
+        trace_context = current_context() if self.telemetry.enabled else None  # the calls' parent span
+        self.ref.tell(RunTurn(batch, future, trace_context, cancel, contextvars.copy_context()))
         return future
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
@@ -120,21 +146,37 @@ class Loop:
         )
         return total_ms / 1000 + _GRACE_S
 
-    def run_turn(self, calls: Iterable[ToolCall], timeout_s: float | None = None) -> list[ToolResult]:
-        """Run a turn and wait for its results (one per call, in order).
+    def run_turn(
+        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
+    ) -> list[ToolResult]:
+        """Run a turn and wait for its results (one per call, in order); ``cancel``
+        as in :meth:`submit_turn` (set it from another thread).
 
         Waits at most ``timeout_s`` seconds (default :meth:`turn_bound_s`); raises
         ``TimeoutError`` past that, which only a broken runtime can cause.
         """
         batch = _checked_calls(calls)
-        return self._submit(batch).result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
+        future = self._submit(batch, _checked_cancel(cancel))
+        return future.result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
 
-    async def arun_turn(self, calls: Iterable[ToolCall], timeout_s: float | None = None) -> list[ToolResult]:
+    async def arun_turn(
+        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
+    ) -> list[ToolResult]:
         """:meth:`run_turn` for asyncio hosts: awaits the results without ever blocking
-        the event loop (the future is completed from the loop's thread)."""
+        the event loop (the future is completed from the loop's thread). Cancelling the
+        awaiting task cancels the turn (as ``cancel`` does) and waits (at most the
+        system's ``ask_timeout_s``) for its ``cancelled`` results before re-raising
+        ``CancelledError``."""
         batch = _checked_calls(calls)
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
-        return await asyncio.wait_for(asyncio.wrap_future(self._submit(batch)), bound)
+        token = _checked_cancel(cancel) or CancelToken()
+        future = self._submit(batch, token)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), bound)
+        except asyncio.CancelledError:
+            token.cancel("cancelled")
+            await asyncio.to_thread(concurrent.futures.wait, [future], self._settings.ask_timeout_s)
+            raise
 
     def offered(self) -> list[ToolInfo]:
         """The checked declarations this loop offers now, in registration order."""
@@ -159,19 +201,35 @@ class Loop:
         except pykka.ActorDeadError:
             pass
 
-    def prompt(self, text: str | None, *, model: Model, max_steps: int = 10) -> PromptResult:
-        """Run one prompt of this session to its end (see :func:`rho_actors.agent.prompt`):
-        the final text, the steps taken and ``error`` (None, or why it stopped). The agent
-        layer sits on top of the runtime and is imported only here, when used."""
+    def prompt(self, text: str | None, *, model: Model, **options: Any) -> PromptResult:
+        """Run one prompt of this session to its end (see :func:`rho_actors.agent.prompt`
+        for ``options``: ``max_steps``, ``cancel``, ``instructions``, ``temperature``,
+        ``max_tokens``, ``on_event``): the final text, the steps taken and ``error``
+        (None, or why it stopped). The agent layer sits on top of the runtime and is
+        imported only here and below, when used."""
         from rho_actors.agent import prompt
 
-        return prompt(self, text, model=model, max_steps=max_steps)
+        return prompt(self, text, model=model, **options)
 
-    async def aprompt(self, text: str | None, *, model: Model, max_steps: int = 10) -> PromptResult:
-        """:meth:`prompt` for asyncio hosts; never blocks the event loop."""
+    async def aprompt(self, text: str | None, *, model: Model, **options: Any) -> PromptResult:
+        """:meth:`prompt` for asyncio hosts; never blocks the event loop. Cancelling the
+        awaiting task cancels the prompt and its running turn."""
         from rho_actors.agent import aprompt
 
-        return await aprompt(self, text, model=model, max_steps=max_steps)
+        return await aprompt(self, text, model=model, **options)
+
+    def stream(self, text: str | None, *, model: Model, **options: Any) -> Iterator[PromptEvent]:
+        """:meth:`prompt`, yielding its events as they happen (see
+        :func:`rho_actors.agent.stream`); the last is a ``FinalResult``."""
+        from rho_actors.agent import stream
+
+        return stream(self, text, model=model, **options)
+
+    def astream(self, text: str | None, *, model: Model, **options: Any) -> AsyncIterator[PromptEvent]:
+        """:meth:`stream` for asyncio hosts (see :func:`rho_actors.agent.astream`)."""
+        from rho_actors.agent import astream
+
+        return astream(self, text, model=model, **options)
 
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""

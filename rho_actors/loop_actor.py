@@ -7,24 +7,31 @@ runs. The rest are started in their tool's isolation (:mod:`rho_actors.isolation
 each with a deadline (``timeout_ms`` from dispatch) that the isolation keeps. A turn with
 any ``exclusive`` call runs its calls one at a time in the model's order, each deadline
 counted from that call's own start. Results come back in the model's order, exactly one
-per call.
+per call. Each call runs in a copy of the submitter's ``contextvars`` context. A turn
+given a cancel token is cancelled when the token is set: each running call is cancelled
+through its isolation (the one path of deadlines and stops too: its ``ctx["cancel"]`` is
+set, a worker process is killed) and every call without a result gets a ``cancelled``
+one at once; a turn whose token is set before it starts runs no call.
 
 The LoopActor never blocks, and a result does not pass through it: the thread that
 answers a call (its CallActor's, or the deadline timer's) settles the call's slot in
-its turn, first answer wins (a later one is reported ``late``); in an exclusive turn
-it starts the next call, and the one settling the last open call completes the turn's
-future. A hung tool delays nothing but its own result, which is a ``timeout`` error at
-its deadline. Its host handle is :class:`rho_actors.loop.Loop`; its messages are in
+its turn under the turn's lock, first answer wins (a later one, or one after the host
+cancelled the turn, is reported ``late``); in an exclusive turn it starts the next call,
+and the one settling the last open call completes the turn's future. A hung tool delays
+nothing but its own result, which is a ``timeout`` error at its deadline. Its host
+handle is :class:`rho_actors.loop.Loop`; its messages are in
 :mod:`rho_actors.loop_messages`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -37,12 +44,13 @@ from rho_actors.arguments import ArgumentsError, decode_arguments, violations
 from rho_actors.call import CallSpec
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
-from rho_actors.events import CallEvent
+from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
-from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld, make_session_folder
+from rho_actors.loop_messages import CancelTurn, Offered, Running, RunTurn, SetWithheld, make_session_folder
 from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
-from rho_actors.results import error_result, failure, text
+from rho_actors.results import capped, error_result, failure, text
+from rho_actors.telemetry import CallSpan, Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -51,8 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["LoopActor"]
 
 _MAX_NAMES_LISTED = 40
-
-
 
 
 @dataclass(slots=True)
@@ -64,21 +70,26 @@ class _Slot:
     started: float = 0.0
     cancel: CancelToken | None = None
     running: RunningCall | None = None
+    span: CallSpan | None = None  # its execute_tool span, while telemetry records it
 
 
 @dataclass(slots=True)
 class _Turn:
-    """One turn. Once its calls are dispatched, ``lock`` guards the slots' results,
-    ``waiting``, ``open``, ``stopping`` and ``finished``: calls settle from their own threads."""
+    """One turn. Once its calls are dispatched, ``lock`` guards the slots' ``result``,
+    ``started``, ``span`` and ``running``, and ``waiting``, ``open``, ``stop_reason`` and
+    ``finished``: calls settle from their own threads. Whoever sets a slot's result ends
+    its span, after the lock."""
 
     id: int
     slots: list[_Slot]
     future: concurrent.futures.Future[list[ToolResult]]
     withheld: tuple[str, ...]
+    context: contextvars.Context | None = None
+    trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
-    stopping: bool = False
+    stop_reason: str | None = None  # "cancelled" (by the host) or "stopping" (the loop): nothing starts
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -102,15 +113,22 @@ class LoopActor(Actor):
         self._tools = runtime.tools
         self._limits = runtime.limits
         self._events = runtime.events
+        self._telemetry = runtime.telemetry
         self._turns: dict[int, _Turn] = {}  # unfinished turns; finished from call threads too
         self._turns_lock = threading.Lock()
         self._turn_ids = itertools.count(1)
+        self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
 
     # --- messages ---------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, RunTurn):
             self._run_turn(message)
+        elif isinstance(message, CancelTurn):
+            with self._turns_lock:
+                turn = self._turns.get(message.turn)
+            if turn is not None:
+                self._cancel_turn(turn)
         elif isinstance(message, Offered):
             return [e.info.copy() for e in self._offered(self._tools.current)]
         elif isinstance(message, Running):
@@ -143,9 +161,15 @@ class LoopActor(Actor):
 
     def _run_turn(self, message: RunTurn) -> None:
         turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future,
-                     self._withheld_list)
+                     self._withheld_list, context=message.context, trace_context=message.trace_context)
         with self._turns_lock:
             self._turns[turn.id] = turn
+        if message.cancel is not None:
+            if message.cancel.cancelled:  # cancelled before it started: no call starts
+                self._cancel_turn(turn)
+                return
+            ref, turn_id = self.actor_ref, turn.id
+            message.cancel.add_callback(lambda: _tell(ref, CancelTurn(turn_id)))
         try:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
@@ -155,20 +179,28 @@ class LoopActor(Actor):
                     logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
                     refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
                 if refusal is not None:
-                    slot.result = refusal
+                    refusal = slot.result = capped(refusal, self._limits.max_output_chars)  # refusals are capped too
+                    self._telemetry.call_refused(turn.trace_context, self.session_id, refusal, slot.call.arguments)
                     self._emit("finished", slot, refusal)
                 else:
                     turn.open += 1
                     turn.waiting.append(index)
                     turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
             if turn.open == 0:
-                turn.finished = True
-                self._finish(turn)
-            else:
-                if not self._folder_made:
+                with turn.lock:
+                    finished, turn.finished = turn.finished, True
+                if not finished:  # else the host cancelled it meanwhile, and that finished it
+                    self._finish(turn)
+                return
+            if not self._folder_made:
+                try:
                     make_session_folder(self._data_dir)
-                    self._folder_made = True
-                self._dispatch_ready(turn)
+                except OSError as exc:  # a symlink in its place, say: no call of this turn starts
+                    logger.error("loop {}: the session folder cannot be used: {}", self.session_id, exc)
+                    self._fail_open(turn, failure("not_started", "", "", problem=f"the session folder: {exc}"))
+                    return
+                self._folder_made = True
+            self._dispatch_ready(turn)
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
@@ -208,12 +240,27 @@ class LoopActor(Actor):
         (each later one is started by the thread settling the one before)."""
         while True:
             with turn.lock:
-                if not turn.waiting or turn.stopping:
+                if not turn.waiting or turn.stop_reason is not None:
                     return
                 index = turn.waiting.popleft()
-            self._dispatch(turn, index)
+            self._start(turn, index)
             if turn.exclusive:
                 return
+
+    def _start(self, turn: _Turn, index: int) -> None:
+        """Dispatch call ``index``, then, in this thread, each call of an exclusive turn
+        whose turn came while it started (a call refused at its start settles at once):
+        one after another, never nested, however long the turn."""
+        chain: deque[tuple[_Turn, int]] | None = getattr(self._chain, "calls", None)
+        if chain is not None:  # inside a dispatch on this thread: its loop below starts it
+            chain.append((turn, index))
+            return
+        self._chain.calls = chain = deque([(turn, index)])
+        try:
+            while chain:
+                self._dispatch(*chain.popleft())
+        finally:
+            self._chain.calls = None
 
     def _dispatch(self, turn: _Turn, index: int) -> None:
         """Start call ``index`` in its isolation (from the loop's thread, or from the
@@ -233,27 +280,35 @@ class LoopActor(Actor):
                 logger.exception("loop {} could not settle call {}", self.session_id, slot.call.id)
                 self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
-        ctx = MappingProxyType(
-            {
-                "session_id": self.session_id,
-                "call_id": slot.call.id,
-                "data_dir": self._data_dir,
-                "loop": ref,
-                "withheld": turn.withheld,
-                "deadline": deadline,
-                "cancel": cancel,
-                "deps": self._deps,
-                "whereis": self._runtime.names.whereis,
-            }
+        fields = {
+            "session_id": self.session_id,
+            "call_id": slot.call.id,
+            "data_dir": self._data_dir,
+            "loop": ref,
+            "withheld": turn.withheld,
+            "deadline": deadline,
+            "cancel": cancel,
+            "deps": self._deps,
+            "whereis": self._runtime.names.whereis,
+            "progress": _progress_reporter(self._events, self.session_id, slot.call.id, entry.info.name),
+        }
+        span = self._telemetry.call_started(
+            turn.trace_context, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
         )
+        if span is not None:
+            fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
         spec = CallSpec(
-            slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, entry.info.timeout_ms, cancel,
-            self._limits.max_output_chars, reply,
+            slot.call.id, entry.info.name, entry.tool, args, MappingProxyType(fields), now, deadline,
+            entry.info.timeout_ms, cancel, self._limits.max_output_chars, reply,
+            None if turn.context is None else turn.context.copy(),
         )
         with turn.lock:
-            if turn.stopping:
-                return  # the loop stopped after this call was taken from ``waiting``: it has its result
-            slot.started, slot.cancel = now, cancel
+            dropped = turn.stop_reason is not None
+            if not dropped:
+                slot.started, slot.cancel, slot.span = now, cancel, span
+        if dropped:  # cancelled, or the loop stopped, since it left ``waiting``: it has its result
+            self._telemetry.call_ended(span, slot.result)  # type: ignore[arg-type]
+            return
         self._emit("started", slot, None)
         try:
             running = self._runtime.isolations[entry.isolation].start(spec)
@@ -262,30 +317,69 @@ class LoopActor(Actor):
             return
         with turn.lock:
             slot.running = running
-            stopping = turn.stopping
-        if stopping:  # the loop stopped while the call was being started
-            running.cancel("stopping")
+            stop_reason = turn.stop_reason
+        if stop_reason is not None:  # cancelled, or the loop stopped, while the call was being started
+            running.cancel(stop_reason)
 
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
         """Record a dispatched call's result, from whichever thread has it: the first
-        answer wins, a later one is reported ``late``. Starts the next call of an
-        exclusive turn, or completes the turn once this was its last open call."""
+        answer wins, a later one is reported ``late``. Ends the call's span, starts the
+        next call of an exclusive turn, or completes the turn once this was its last
+        open call."""
+        following: int | None = None
+        last = False
         with turn.lock:
             late = slot.result is not None
             if not late:
                 slot.result = result
                 turn.open -= 1
-                following = turn.waiting.popleft() if turn.exclusive and turn.waiting else None
+                if turn.exclusive and turn.waiting and turn.stop_reason is None:
+                    following = turn.waiting.popleft()
                 last = turn.open == 0 and not turn.finished
                 turn.finished = turn.finished or last
         if late:
             self._emit("late", slot, result)
             return
+        self._telemetry.call_ended(slot.span, result)
         self._emit(event, slot, result)
         if following is not None:
-            self._dispatch(turn, following)
+            self._start(turn, following)
         elif last:
             self._finish(turn)
+
+    def _cancel_turn(self, turn: _Turn) -> None:
+        """The host cancelled a turn: each running call is cancelled through its
+        isolation (``ctx["cancel"]`` set, a worker process killed; what it returns later
+        is ``late``), and every call still without a result gets a ``cancelled`` one (a
+        queued call of an exclusive turn never starts)."""
+        now = time.monotonic()
+        running: list[RunningCall] = []
+        settled: list[_Slot] = []
+        with turn.lock:
+            if turn.finished:
+                return
+            turn.stop_reason = "cancelled"
+            turn.finished = True
+            turn.waiting.clear()
+            turn.open = 0
+            for slot in turn.slots:
+                if slot.result is not None:
+                    continue
+                name = slot.call.name
+                if slot.started:
+                    if slot.running is not None:
+                        running.append(slot.running)  # else the dispatching thread cancels it once started
+                    slot.result = failure("host_cancelled", slot.call.id, name, (now - slot.started) * 1000)
+                else:
+                    slot.result = failure("host_cancelled_before_start", slot.call.id, name)
+                settled.append(slot)
+        for call in running:
+            call.cancel("cancelled")
+        for slot in settled:
+            assert slot.result is not None
+            self._telemetry.call_ended(slot.span, slot.result)
+            self._emit("finished", slot, slot.result)
+        self._finish(turn)
 
     def _finish(self, turn: _Turn) -> None:
         """Complete the turn's future with its results in the model's order (once: the
@@ -301,14 +395,15 @@ class LoopActor(Actor):
         (its kind and text), cancel those running, and complete the turn."""
         assert failed.error_kind is not None
         now = time.monotonic()
+        running: list[RunningCall] = []
+        settled: list[_Slot] = []
         with turn.lock:
             if turn.finished:
                 return
-            turn.stopping = True
+            turn.stop_reason = "stopping"
             turn.finished = True
             turn.waiting.clear()
             turn.open = 0
-            running = []
             for slot in turn.slots:
                 if slot.result is not None:
                     continue
@@ -316,8 +411,12 @@ class LoopActor(Actor):
                     running.append(slot.running)
                 duration = (now - slot.started) * 1000 if slot.started else 0.0
                 slot.result = error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
+                settled.append(slot)
         for call in running:
             call.cancel("stopping")
+        for slot in settled:
+            assert slot.result is not None
+            self._telemetry.call_ended(slot.span, slot.result)
         self._finish(turn)
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
@@ -352,3 +451,26 @@ class LoopActor(Actor):
             return False
         message.future.set_result([failure("turn_not_started", c.id, c.name) for c in message.calls])
         return True
+
+
+def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass
+
+
+def _progress_reporter(events: EventBus, session_id: str, call_id: str, tool: str) -> Callable[..., None]:
+    """``ctx["progress"](done, total=None, message=None)``: emits a :class:`ProgressEvent`
+    (an MCP client gets it as ``notifications/progress``). Never raises: a report whose
+    values are not numbers (or text) is dropped."""
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        try:
+            total_f = None if total is None else float(total)
+            note = None if message is None else str(message)
+            events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
+        except Exception:
+            logger.debug("call {}: a bad progress report was dropped", call_id)
+
+    return progress

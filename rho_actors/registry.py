@@ -5,7 +5,8 @@ an ETS table with an heir), so a registry restarted by its supervisor loses no t
 
 Registration asks the DeclarationActor for the tool's checked declaration, refuses a
 second tool with a name already taken (both origins named: no last-writer-wins), and
-publishes a new immutable :class:`ToolSet`. Loops read the current set without a
+publishes a new immutable :class:`ToolSet` (announced as a
+:class:`~rho_actors.events.ToolSetChanged` event). Loops read the current set without a
 message round trip, the way Erlang code reads ``persistent_term``: the registry is the
 only writer and every published set is frozen.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -26,6 +28,7 @@ from rho_actors.arguments import make_validator
 from rho_actors.declaration_actor import DECLARATIONS, Checked, ReadUntrusted
 from rho_actors.declarations import Rejected, describe_origin
 from rho_actors.errors import RhoError
+from rho_actors.events import ToolSetChanged
 from rho_actors.otp.actor import Actor
 from rho_actors.results import text
 from rho_actors.tool import ToolInfo
@@ -37,7 +40,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DuplicateToolError",
+    "WORKER_SCOPES",
     "IsolationName",
+    "Placement",
     "Registration",
     "RegistryState",
     "ToolEntry",
@@ -47,6 +52,7 @@ __all__ = [
 ]
 
 _ASK_TIMEOUT_S = 60.0
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 class DuplicateToolError(RhoError, ValueError):
@@ -73,6 +79,51 @@ IsolationName = str
 ``"thread"``, ``"process"``)."""
 
 
+WORKER_SCOPES = ("session", "call")
+"""``worker_scope`` values for untrusted tools: one worker per (tool, session) pair, or
+a fresh worker per call."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where and with what a tool's calls run (DESIGN §5). For an untrusted tool:
+    ``worker_scope`` (:data:`WORKER_SCOPES`), ``env`` added to its workers' scrubbed
+    environment and ``deps``, its calls' ``ctx["deps"]`` (plain JSON data); for a
+    trusted tool ``untrusted`` is False and those are unused. ``options``: what its
+    isolation was given at registration, checked by it (``resources`` of ``ray``)."""
+
+    untrusted: bool = False
+    worker_scope: str = "session"
+    env: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    deps: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
+def make_placement(
+    untrusted: bool, worker_scope: str | None, env: Mapping[str, str] | None, deps: Mapping[str, Any] | None
+) -> Placement:
+    """Check and freeze what ``register`` was given. Raises ``ValueError`` naming the
+    bad argument: an unknown scope, a non-``str`` env name or value, deps that are not a
+    JSON object, or any of them for a trusted tool (whose calls get the session's deps)."""
+    if not untrusted:
+        given = [n for n, v in (("worker_scope", worker_scope), ("env", env), ("deps", deps)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to untrusted tools only (register(..., untrusted=True))")
+        return Placement()
+    scope = worker_scope or "session"
+    if scope not in WORKER_SCOPES:
+        raise ValueError(f"worker_scope must be one of {', '.join(WORKER_SCOPES)}, not {scope!r}")
+    env = dict(env or {})
+    bad = [k for k, v in env.items() if type(k) is not str or type(v) is not str or not k or "=" in k or "\0" in k + v]
+    if bad:
+        raise ValueError(f"env must map variable names to str values; bad entries: {bad!r}")
+    try:
+        plain = json.loads(json.dumps(dict(deps or {}), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"deps of an untrusted tool must be plain JSON data: {exc}") from None
+    return Placement(True, scope, MappingProxyType(env), MappingProxyType(plain))
+
+
 @dataclass(frozen=True, slots=True)
 class ToolEntry:
     """A registered tool with a checked declaration and its compiled argument validator."""
@@ -82,9 +133,27 @@ class ToolEntry:
     validator: Draft202012Validator
     origin: str
     isolation: IsolationName = "thread"
+    placement: Placement = field(default_factory=Placement)
 
+    @property
+    def untrusted(self) -> bool:
+        """Whether the tool was registered untrusted."""
+        return self.placement.untrusted
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
+    @property
+    def worker_scope(self) -> str:
+        """See :class:`Placement`."""
+        return self.placement.worker_scope
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """See :class:`Placement`."""
+        return self.placement.env
+
+    @property
+    def deps(self) -> Mapping[str, Any]:
+        """See :class:`Placement`."""
+        return self.placement.deps
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +186,7 @@ class _Slot:
     outcome: ToolInfo | Rejected
     validator: Draft202012Validator | None
     isolation: IsolationName
+    placement: Placement = field(default_factory=Placement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +194,7 @@ class _Untrusted:
     tool: Any
     origin: str
     isolation: IsolationName
+    placement: Placement = field(default_factory=Placement)
 
 
 @dataclass(slots=True)
@@ -148,6 +219,7 @@ class ToolRegistry(Actor):
         super().__init__()
         self._names = runtime.names
         self._view = runtime.tools
+        self._events = runtime.events
         self._state = state
         self._slots = state.slots
         self._nameless = state.nameless
@@ -164,7 +236,8 @@ class ToolRegistry(Actor):
         return self._declarations_proxy[1]
 
     def register(
-        self, tool: Any, origin: str | None = None, untrusted: bool = False, isolation: IsolationName | None = None
+        self, tool: Any, origin: str | None = None, untrusted: bool = False, isolation: IsolationName | None = None,
+        placement: Placement | None = None,
     ) -> Registration | concurrent.futures.Future[Registration]:
         """Check and add ``tool``; registering the same object again re-reads it.
 
@@ -172,14 +245,15 @@ class ToolRegistry(Actor):
         :class:`DuplicateToolError` when another tool holds its name. An untrusted tool
         is read in a throwaway process by the DeclarationActor: this returns a future of
         its Registration (or of the DuplicateToolError). ``isolation`` defaults to
-        ``"process"`` for an untrusted tool, else ``"thread"``.
+        ``"process"`` for an untrusted tool, else ``"thread"``; ``placement`` is kept with
+        the tool's entry (see :func:`make_placement`).
         """
         origin = origin or describe_origin(tool, trusted=not untrusted)
         isolation = isolation or ("process" if untrusted else "thread")
         if not untrusted:
             outcome = self._declarations().check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
-            return self._apply(tool, origin, outcome, isolation)
-        self._state.untrusted[id(tool)] = _Untrusted(tool, origin, isolation)
+            return self._apply(tool, origin, outcome, isolation, placement)
+        self._state.untrusted[id(tool)] = _Untrusted(tool, origin, isolation, placement or Placement(True))
         waiting = self._state.waiting.get(id(tool))
         if waiting is None or waiting.done():
             waiting = concurrent.futures.Future()
@@ -197,7 +271,7 @@ class ToolRegistry(Actor):
                 return None  # unregistered while it was read
             waiting = self._state.waiting.pop(id(message.tool), None)
             try:
-                registration = self._apply(entry.tool, entry.origin, message.outcome, entry.isolation)
+                registration = self._apply(entry.tool, entry.origin, message.outcome, entry.isolation, entry.placement)
             except DuplicateToolError as err:
                 del self._state.untrusted[id(message.tool)]
                 if waiting is not None:
@@ -210,11 +284,15 @@ class ToolRegistry(Actor):
             return None
         return super().on_receive(message)
 
-    def _apply(self, tool: Any, origin: str, outcome: ToolInfo | Rejected, isolation: IsolationName) -> Registration:
+    def _apply(
+        self, tool: Any, origin: str, outcome: ToolInfo | Rejected, isolation: IsolationName,
+        placement: Placement | None = None,
+    ) -> Registration:
+        placement = placement or Placement()
         name = outcome.name
         if name is None:
             assert isinstance(outcome, Rejected)
-            self._nameless[id(tool)] = _Slot(tool, origin, outcome, None, isolation)
+            self._nameless[id(tool)] = _Slot(tool, origin, outcome, None, isolation, placement)
             return Registration(origin, None, outcome.reason)
         held = self._slots.get(name)
         if held is not None and held.tool is not tool:
@@ -228,7 +306,7 @@ class ToolRegistry(Actor):
         for old in renamed:  # the same tool re-registered under a new name: one name only
             del self._slots[old]
             self._removed[old] = text("unavailable_renamed", tool=old, new=name)
-        self._slots[name] = _Slot(tool, origin, outcome, validator, isolation)
+        self._slots[name] = _Slot(tool, origin, outcome, validator, isolation, placement)
         self._removed.pop(name, None)
         self._publish()
         if isinstance(outcome, ToolInfo):
@@ -270,11 +348,13 @@ class ToolRegistry(Actor):
         unavailable = dict(self._removed)
         for name, slot in self._slots.items():
             if isinstance(slot.outcome, ToolInfo) and slot.validator is not None:
-                entries[name] = ToolEntry(slot.tool, slot.outcome, slot.validator, slot.origin, slot.isolation)
+                entries[name] = ToolEntry(
+                    slot.tool, slot.outcome, slot.validator, slot.origin, slot.isolation, slot.placement
+                )
             else:
                 assert isinstance(slot.outcome, Rejected)
                 reason = slot.outcome.reason
                 unavailable[name] = text("unavailable_rejected", tool=name, reason=reason)
-        self._view.current = ToolSet(
-            self._view.current.version + 1, MappingProxyType(entries), MappingProxyType(unavailable)
-        )
+        published = ToolSet(self._view.current.version + 1, MappingProxyType(entries), MappingProxyType(unavailable))
+        self._view.current = published
+        self._events.emit(ToolSetChanged(published.version))

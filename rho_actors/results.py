@@ -5,7 +5,8 @@ Every error result a model sees is written here: :data:`TEXTS` maps a situation 
 key such as ``"timeout"``) to its :class:`~rho_actors.tool.ErrorKind` and the
 template of its text, and :func:`failure` fills one in. The per-violation texts of
 argument checks live with those checks (:mod:`rho_actors.arguments`) and reach a
-result through :func:`error_result`.
+result through :func:`error_result`. Like a tool's output, a refusal's text is held to
+the output cap by :func:`capped`.
 
 Example::
 
@@ -17,17 +18,20 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from rho_actors.encoding import describe_exception, encode_output
-from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolResult
+from rho_actors.encoding import cap_text, describe_exception, encode_output
+from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolFailure, ToolResult
 
 __all__ = [
     "CANCELLED",
     "KILLED",
+    "SENT_CANCEL",
     "TEXTS",
+    "capped",
     "error_result",
     "failure",
     "result_from_exception",
@@ -39,6 +43,8 @@ KILLED: Final = "its worker process was killed"
 """The ``consequence`` of a ``timeout`` in a worker process."""
 CANCELLED: Final = "it was cancelled"
 """The ``consequence`` of a ``timeout`` in a thread (or a coroutine)."""
+SENT_CANCEL: Final = "its MCP server was sent notifications/cancelled"
+"""The ``consequence`` of a ``timeout`` of an MCP server's tool (:mod:`rho_actors.mcp`)."""
 
 _K = ErrorKind
 TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
@@ -63,10 +69,18 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "turn_not_started": (_K.CANCELLED, "the session stopped before this turn started"),
     "not_started": (_K.CANCELLED, "the call did not start: {problem}"),
     "cancelled": (_K.CANCELLED, "tool {tool!r} was cancelled ({reason})"),
+    "host_cancelled": (_K.CANCELLED, "tool {tool!r} was cancelled by the host while running"),
+    "host_cancelled_before_start": (_K.CANCELLED, "tool {tool!r} did not start: the host cancelled the turn"),
+    "loop_not_running": (_K.CANCELLED, "the session's loop was not running; the call did not start"),
+    "loop_unanswered": (_K.CRASHED, "the session's loop did not answer this call within {bound_s:.0f} s"),
+    # a conversation replayed to a provider (rho_actors.provider_rules)
+    "no_result": (_K.CANCELLED, "no result was recorded for this call; it is answered as cancelled"),
+    "empty_error": (_K.RAISED, "the call failed without a message ({kind})"),  # keeps the result's kind
     "raised_opaque": (_K.RAISED, "tool {tool!r} raised"),
     # a call in a worker process
     "pool_stopped": (_K.CANCELLED, "tool {tool!r} did not run: the worker pool is stopped"),
     "pool_stopped_mid_call": (_K.CANCELLED, "tool {tool!r} was cancelled: the worker pool stopped"),
+    "cancelled_killed": (_K.CANCELLED, "tool {tool!r} was cancelled ({reason}); its worker process was killed"),
     "pool_closed": (_K.CANCELLED, "tool {tool!r} did not run: {problem}"),
     "unshippable": (_K.RAISED, "tool {tool!r} could not be shipped to a worker process: {problem}"),
     "unsendable": (
@@ -79,9 +93,6 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "malformed_reply": (
         _K.CRASHED, "tool {tool!r}: its worker process sent a malformed reply ({problem}); it was killed"
     ),
-    "unreadable_reply": (
-        _K.RAISED, "tool {tool!r}: its result could not be read back from its worker process ({problem})"
-    ),
     "pipe_closed": (_K.CRASHED, "tool {tool!r}: its worker process closed its pipe mid-call; it was killed"),
     "oom_killed": (
         _K.MEMORY, "tool {tool!r} ran out of memory: its worker process was killed by SIGKILL, not by the pool "
@@ -91,6 +102,22 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.MEMORY, "tool {tool!r} ran out of memory: it exceeded its worker's heap bound of {heap} (MemoryError)"
     ),
     "worker_crashed": (_K.CRASHED, "tool {tool!r} crashed: its worker process died of {signal}"),
+    "killed_outside": (
+        _K.CRASHED, "tool {tool!r} crashed: its worker process was killed by {signal}, sent from outside the pool"
+    ),
+    "memory_tree": (
+        _K.MEMORY, "tool {tool!r} ran out of memory: its process tree reached its bound of {heap} ({bound}) "
+        "and was killed"
+    ),
+    "memory_thread": (_K.MEMORY, "tool {tool!r} ran out of memory (MemoryError in its thread)"),
+    "queued_past_deadline": (
+        _K.TIMEOUT, "tool {tool!r} did not finish within its timeout of {timeout_ms} ms; it did not start: "
+        "all {cap} worker processes of the system were busy"
+    ),
+    "threads_exhausted": (
+        _K.UNAVAILABLE, "tool {tool!r} is unavailable for now: {running} of its calls that timed out are still "
+        "running in abandoned threads (the cap is {cap} {scope}); it is offered again once they end"
+    ),
     "worker_exited": (
         _K.EXITED, "tool {tool!r} exited: its worker process ended with exit code {code} before answering"
     ),
@@ -101,6 +128,17 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "unreturnable": (
         _K.RAISED, "tool {tool!r} returned {what} that cannot be sent back from its worker process ({problem})"
     ),
+    # a tool of an MCP server (rho_actors.mcp.source), raised as a ToolFailure
+    "mcp_not_connected": (
+        _K.UNAVAILABLE, "tool {tool!r} cannot be called: MCP server {server} is not connected now "
+        "(restarting or stopped)"
+    ),
+    "mcp_stopped": (_K.UNAVAILABLE, "tool {tool!r}: MCP server {server} was stopped during the call"),
+    "mcp_crashed": (
+        _K.CRASHED, "tool {tool!r}: MCP server {server} exited or dropped the connection during the call; "
+        "it is being restarted"
+    ),
+    "mcp_refused": (_K.RAISED, "tool {tool!r}: MCP server {server} refused the call: error {code}: {message}"),
 })
 """Situation -> ``(kind, template)``: every model-visible error text of the runtime.
 Templates are ``str.format`` strings; ``{tool!r}`` is the tool's name."""
@@ -124,11 +162,22 @@ def error_result(call_id: str, name: str, kind: ErrorKind, message: str, duratio
     return ToolResult(call_id, name, False, message, kind, None, (), duration_ms)
 
 
+def capped(result: ToolResult, max_chars: int) -> ToolResult:
+    """``result`` with its text cut to ``max_chars`` characters behind the size notice
+    of :func:`~rho_actors.encoding.cap_text` (the output cap every result text obeys),
+    for results the runtime builds itself: a refusal echoing long names or values."""
+    content, truncated = cap_text(result.content, max_chars)
+    return dataclasses.replace(result, content=content) if truncated else result
+
+
 def result_from_exception(
     call_id: str, name: str, exc: BaseException, max_chars: int, duration_ms: float
 ) -> ToolResult:
     """A ``raised`` result for an ``Exception``, ``exited`` for any other ``BaseException``;
-    the text (``tool 'x' raised ValueError: ...``) is capped at ``max_chars`` characters."""
+    the text (``tool 'x' raised ValueError: ...``) is capped at ``max_chars`` characters.
+    A :class:`~rho_actors.tool.ToolFailure` gives its own kind, with its message as the text."""
+    if isinstance(exc, ToolFailure):
+        return error_result(call_id, name, exc.kind, encode_output(str(exc), max_chars).text, duration_ms)
     if isinstance(exc, Exception):
         kind, verb = ErrorKind.RAISED, "raised"
     else:
@@ -139,7 +188,8 @@ def result_from_exception(
 
 def result_from_return(call_id: str, name: str, value: Any, max_chars: int, duration_ms: float) -> ToolResult:
     """The result for what ``run`` returned: ``Ok``/plain value/``Details``/``Image``
-    parts are ok; ``Error(reason)`` is a ``raised`` error with ``reason`` as text."""
+    parts are ok; ``Error(reason)`` is a ``tool_error`` (the tool's own report of a
+    failure, told apart from an exception it ``raised``) with ``reason`` as text."""
     ok = True
     if isinstance(value, Ok):
         value = value.output
@@ -157,4 +207,4 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
             v if isinstance(v, str) else encode_output(v, max_chars).text for v in value if not isinstance(v, Image)
         )
     content = encode_output(value, max_chars).text
-    return ToolResult(call_id, name, ok, content, None if ok else ErrorKind.RAISED, details, images, duration_ms)
+    return ToolResult(call_id, name, ok, content, None if ok else ErrorKind.TOOL_ERROR, details, images, duration_ms)

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
     from rho_actors.registry import ToolSetView
+    from rho_actors.sandbox.enclosure import ConfinePolicy
+    from rho_actors.telemetry import Telemetry
 
 __all__ = ["Limits", "Runtime"]
 
@@ -42,8 +44,10 @@ class Runtime:
     """A system's shared services: ``names`` (the registry of named actors, which follows
     restarts), ``timers``, ``events`` (the event bus), ``tools`` (the published tool set),
     ``calls`` (starts supervised CallActors), ``threads`` (the pool the CallActors and
-    LoopActors run on), ``isolations`` by name, ``limits`` and ``untrusted``
-    (how untrusted declarations are read)."""
+    LoopActors run on), ``isolations`` by name, ``limits``, ``untrusted``
+    (how untrusted declarations are read), ``telemetry`` (OpenTelemetry spans and
+    metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
+    untrusted code are confined; ``None``: not at all, only a scrubbed environment)."""
 
     names: Names
     timers: Timers
@@ -54,3 +58,5 @@ class Runtime:
     isolations: Mapping[str, Isolation]
     limits: Limits
     untrusted: UntrustedReads
+    telemetry: Telemetry
+    confine: ConfinePolicy | None = None

@@ -25,7 +25,7 @@ Several children run at once (``max_parallel``, default up to 8), each folder is
 removed once its child and process group are gone, and the rows come back in the order
 of the tools. :func:`selftest_system` does the same for the tools a system offers, and
 ``rho-actors selftest MODULE_OR_PATH...`` for modules, files and folders
-(:func:`load_target`, :func:`tools_in_module`).
+(:func:`load_tools`: an untrusted file or folder is never imported here).
 
 Example::
 
@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import json
@@ -61,9 +62,18 @@ from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
-from rho_actors.sandbox.processes import Child, close, context, kill_group, reap, signal_name, spawn
+from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.plugins import (
+    NoTools,
+    PluginLoadError,
+    PluginRef,
+    discover_plugin,
+    load_module_file,
+    tools_in_module,
+)
+from rho_actors.sandbox.processes import Child, close, context, reap, signal_name, spawn
+from rho_actors.sandbox.reads import become_subreaper, end_child, linger
 from rho_actors.sandbox.shipping import ship
-from rho_actors.sources import PluginLoadError, load_module_file, tools_in_module
 from rho_actors.tool import Error, Ok, callback, is_untrusted
 
 __all__ = [
@@ -73,6 +83,7 @@ __all__ = [
     "Outcome",
     "SelftestRow",
     "load_target",
+    "load_tools",
     "render_rows",
     "run_selftests",
     "selftest_system",
@@ -87,8 +98,10 @@ DEFAULT_SELFTEST_TIMEOUT_S: Final = 10.0
 _MAX_PARALLEL: Final = 8
 _MAX_MESSAGE_CHARS: Final = 2_000  # keeps the child's answer one small pipe write
 _MAX_OUTPUT_CHARS: Final = 4_000
-_REAP_S: Final = 5.0
 _EXIT_GRACE_S: Final = 1.0
+_SCRUBBED: Final = ConfinePolicy(confine=False)
+"""The policy of an untrusted tool's selftest without a system's: a scrubbed environment
+and a private folder, no OS confinement."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +199,9 @@ def _selftest_answer(payload: bytes) -> dict[str, Any]:
 
 def selftest_child(channel: Channel, payload: bytes) -> None:
     """Entry point of a selftest child (set up by :func:`enter_child` with its private
-    folder and output file): one ``SELFTEST`` answer."""
+    folder and output file): one ``SELFTEST`` answer, then it waits to be ended with
+    whatever it started."""
+    become_subreaper()
     try:
         answer = _selftest_answer(payload)
     except BaseException as exc:
@@ -196,6 +211,7 @@ def selftest_child(channel: Channel, payload: bytes) -> None:
         with contextlib.suppress(BaseException):
             stream.flush()
     channel.send(wire.SELFTEST, wire.encode_json(answer))
+    linger(channel)
 
 
 # --------------------------------------------------------------------------- the parent
@@ -204,6 +220,8 @@ def selftest_child(channel: Channel, payload: bytes) -> None:
 def _fallback_name(tool: Any) -> str:
     """What a tool's module, class or type is called (runs none of its code)."""
     try:
+        if isinstance(tool, PluginRef):
+            return tool.label
         if isinstance(tool, types.ModuleType):
             file = getattr(tool, "__file__", None)
             return Path(file).stem if isinstance(file, str) else str(tool.__name__)
@@ -230,6 +248,8 @@ def _label(tool: Any) -> tuple[str, bool]:
 def _surely_without_selftest(tool: Any) -> bool:
     """Whether ``tool`` certainly has no ``selftest`` (found without running its code:
     no such attribute, and no ``__getattr__`` that could make one)."""
+    if isinstance(tool, PluginRef):
+        return False  # the child that loads the file decides
     try:
         missing = object()
         if inspect.getattr_static(tool, "selftest", missing) is not missing:
@@ -280,7 +300,20 @@ def _await_answer(child: Child, deadline: float) -> tuple[dict[str, Any] | None,
         answer = wire.decode_json(body) if tag == wire.SELFTEST else None
     except wire.WireError:
         answer = None
-    return (answer if isinstance(answer, dict) else {"outcome": "malformed"}), True
+    return (answer if _well_formed(answer) else {"outcome": "malformed"}), True
+
+
+_ANSWER_TYPES: Final[Mapping[str, tuple[type, ...]]] = {
+    "outcome": (str,), "message": (str,), "duration_ms": (int, float), "name": (str, type(None)),
+}
+
+
+def _well_formed(answer: Any) -> bool:
+    """Whether a child's answer has the shape :func:`_selftest_answer` gives it (a
+    ``dict`` of known keys with values of exact types)."""
+    return type(answer) is dict and "outcome" in answer and all(
+        key in _ANSWER_TYPES and type(value) in _ANSWER_TYPES[key] for key, value in answer.items()
+    )
 
 
 def _row(name: str, certain: bool, answer: dict[str, Any] | None, ended: bool, code: int | None,
@@ -313,7 +346,9 @@ def _row(name: str, certain: bool, answer: dict[str, Any] | None, ended: bool, c
     return SelftestRow(name, "crashed", elapsed_ms, message, output)
 
 
-def _run_one(given: str | None, tool: Any, timeout_s: float, start_method: str) -> SelftestRow:
+def _run_one(
+    given: str | None, tool: Any, timeout_s: float, start_method: str, confine: ConfinePolicy | None = None
+) -> SelftestRow:
     name, certain = (given, True) if given is not None else _label(tool)
     if _surely_without_selftest(tool):
         return SelftestRow(name, "no selftest", 0.0, "")
@@ -328,28 +363,36 @@ def _run_one(given: str | None, tool: Any, timeout_s: float, start_method: str) 
     workdir = os.path.join(root, "work")
     output_path = os.path.join(root, "output.txt")
     child: Child | None = None
+    enclosure: Enclosure | None = None
     try:
-        os.mkdir(workdir, 0o700)
-        started = time.monotonic()
+        if confine is not None:  # an untrusted tool's: confined as its workers are, scrubbed environment
+            enclosure = Enclosure(confine, None)
+            setup = dataclasses.replace(enclosure.setup, output_path=output_path)
+        else:
+            os.mkdir(workdir, 0o700)
+            setup = ChildSetup(None, output_path, workdir)
         try:
-            child = spawn(ctx, selftest_child, payload, ChildSetup(None, output_path, workdir), name="rho-selftest")
+            child = spawn(ctx, selftest_child, payload, setup, name="rho-selftest")
         except Exception as exc:
             return SelftestRow(name, "crashed", 0.0,
                                _clip(f"could not start a selftest process: {describe_exception(exc)}"))
+        if enclosure is not None:
+            enclosure.started(child.pid)
+        started = time.monotonic()  # from the child's start: a fork server starting first does not count
         answer, ended = _await_answer(child, started + timeout_s)
         if answer is None and ended:
             reap(child.proc, _EXIT_GRACE_S)  # closed its pipe: give it a moment to finish exiting
         elapsed_ms = (time.monotonic() - started) * 1000
         code = child.proc.exitcode
-        kill_group(child.pid, leader=code is None)  # the child, and whatever it left in its group
-        reap(child.proc, _REAP_S)
+        end_child(child.proc, enclosure)  # the child, and whatever it started
         return _row(name, certain, answer, ended, code, elapsed_ms, timeout_s, _read_tail(output_path))
     finally:
         if child is not None:
             if child.proc.exitcode is None:
-                kill_group(child.pid)
-                reap(child.proc, _REAP_S)
+                end_child(child.proc, enclosure)
             close(child.proc, child.channel.conn)
+        if enclosure is not None:
+            enclosure.remove()  # what is left of its tree (its cgroup), its private folder
         _remove_tree(root)
 
 
@@ -378,25 +421,43 @@ def run_selftests(
     if max_parallel is not None and (type(max_parallel) is not int or max_parallel < 1):
         raise ValueError(f"max_parallel must be an int of 1 or more, got {max_parallel!r}")
     context(start_method)  # a bad start method fails here, before any child
-    items: list[tuple[str | None, Any]] = (
-        [(str(name), tool) for name, tool in tools.items()] if isinstance(tools, Mapping)
-        else [(None, tool) for tool in tools]
-    )
+    named = [(str(name), tool) for name, tool in tools.items()] if isinstance(tools, Mapping) else [
+        (None, tool) for tool in tools
+    ]
+    # a plugin file's tool is untrusted code: a scrubbed environment and a private folder
+    items = [(name, tool, _SCRUBBED if isinstance(tool, PluginRef) else None) for name, tool in named]
+    return _run_all(items, float(timeout_s), max_parallel, start_method)
+
+
+def _run_all(
+    items: list[tuple[str | None, Any, ConfinePolicy | None]], timeout_s: float, max_parallel: int | None,
+    start_method: str,
+) -> list[SelftestRow]:
     if not items:
         return []
     workers = max_parallel or max(2, min(_MAX_PARALLEL, os.cpu_count() or 2))
     with concurrent.futures.ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="rho-selftest") as pool:
-        futures = [pool.submit(_run_one, name, tool, float(timeout_s), start_method) for name, tool in items]
+        futures = [pool.submit(_run_one, name, tool, timeout_s, start_method, confine) for name, tool, confine in items]
         return [f.result() for f in futures]
 
 
-def selftest_system(system: Any, timeout_s: float = DEFAULT_SELFTEST_TIMEOUT_S) -> list[SelftestRow]:
+def selftest_system(
+    system: Any, timeout_s: float = DEFAULT_SELFTEST_TIMEOUT_S, confine: ConfinePolicy | None = None
+) -> list[SelftestRow]:
     """:func:`run_selftests` of every tool ``system`` (an :class:`rho_actors.ActorSystem`)
     offers now, named by their checked declarations, in registration order (a tool left
     out by its declaration checks is not run). ``timeout_s``: seconds per selftest.
-    Raises ``ValueError`` for a bad ``timeout_s``."""
-    entries = system.tool_set().entries
-    return run_selftests({name: entry.tool for name, entry in entries.items()}, timeout_s=timeout_s)
+    The selftest of a tool registered untrusted runs confined by ``confine`` (the
+    system's policy: as its workers are, with a scrubbed environment and its whole process
+    tree killed after it; ``None``: a default policy without OS confinement that still
+    scrubs the environment). Raises ``ValueError`` for a bad ``timeout_s``."""
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    policy = confine or _SCRUBBED
+    items: list[tuple[str | None, Any, ConfinePolicy | None]] = [
+        (name, entry.tool, policy if entry.untrusted else None) for name, entry in system.tool_set().entries.items()
+    ]
+    return _run_all(items, float(timeout_s), None, "forkserver")
 
 
 # --------------------------------------------------------------------------- command-line targets
@@ -432,6 +493,38 @@ def load_target(target: str) -> list[types.ModuleType]:
         raise
     except BaseException as exc:
         raise LoadError(f"{target}: cannot import it: {describe_exception(exc)}") from None
+
+
+def load_tools(target: str, *, trusted: bool = False) -> list[Any]:
+    """The tools a ``rho-actors selftest`` (or ``chat --tools``) argument names.
+
+    A ``.py`` file or a folder (each ``*.py`` directly in it, not starting with ``.``
+    or ``_``) is untrusted unless ``trusted``: its files are never imported in this
+    process; each file's tools are found in a throwaway child process
+    (:func:`rho_actors.sandbox.plugins.discover_plugin`) and come back as
+    :class:`~rho_actors.sandbox.plugins.PluginRef` stand-ins that child processes load.
+    Trusted, or a module name (installed code, imported as ``python -m`` does), it is
+    :func:`load_target` and :func:`tools_in_module`.
+
+    Raises :class:`LoadError` naming ``target`` when it cannot be loaded."""
+    path = Path(target)
+    if trusted or not (path.is_dir() or target.endswith(".py") or os.sep in target or path.is_file()):
+        return [tool for module in load_target(target) for tool in tools_in_module(module)]
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix == ".py" and not p.name.startswith((".", "_")))
+        if not files:
+            raise LoadError(f"{target}: a folder with no .py files")
+        return [tool for file in files for tool in load_tools(str(file))]
+    if not path.is_file():
+        raise LoadError(f"{target}: no such file")
+    try:
+        return list(discover_plugin(path, path.read_bytes()))
+    except NoTools:
+        return []
+    except OSError as exc:
+        raise LoadError(f"{target}: cannot be read: {describe_exception(exc)}") from None
+    except PluginLoadError as exc:
+        raise LoadError(str(exc)) from None
 
 
 def render_rows(rows: Iterable[SelftestRow]) -> Any:

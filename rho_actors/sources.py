@@ -5,7 +5,8 @@ A source is any object with a ``name`` (``str``) and a ``scan()`` method returni
 serves now, and a version that changes when that tool's code changes. ``scan()`` may
 raise; that is a failed refresh. A key it cannot turn into a tool maps to a
 :class:`Broken` value (with why) instead of a tool, so one bad plugin never hides the
-others. Two sources come with the runtime:
+others. Two sources come with the runtime (in :mod:`rho_actors.builtin_sources`,
+re-exported here):
 
 - :class:`PluginFolder`: each ``*.py`` file directly in a folder is a tool module (the
   module itself is the tool: ``name``, ``description``, ``parameter_schema`` and ``run``
@@ -17,10 +18,10 @@ others. Two sources come with the runtime:
   version is the distribution's version and the entry point's value.
 
 :func:`add_source` (``system.add_source(source)``) puts a source under a supervised
-:class:`SourceActor` (a ``permanent`` child of the system's ``sources`` supervisor,
-apart from the host's servers, DESIGN §6),
-which scans at once and then every ``poll_s`` seconds (a timer message to itself, no
-sleeping thread), and applies the difference to the system's registry:
+:class:`SourceActor` (a ``permanent`` child of the system's ``sources`` supervisor, apart
+from the host's servers, DESIGN §6), which scans at once and then every ``poll_s``
+seconds (a timer message to itself, no sleeping thread), and applies the difference to
+the system's registry:
 
 - a new key registers its tool (``untrusted=not trusted``: an untrusted tool's
   declaration is read in a throwaway process and its calls run in a worker process);
@@ -42,9 +43,11 @@ model's offer gets an ``unavailable`` error. A call *in flight* when its tool is
 removed is not affected: its CallActor (or worker process) already holds the tool
 object, so the call finishes and its result is returned as usual.
 
-Trust: "untrusted" contains the faults of a tool's callbacks, not of its import. A
-plugin file's top-level code and an entry point's import run in the host process when
-the source scans; use sources whose code you are willing to import.
+Trust: an untrusted :class:`PluginFolder` (the default) never imports its files in the
+host process: which tool a file holds is found in a throwaway child process, and the
+host holds a :class:`~rho_actors.sandbox.plugins.PluginRef` (path, tool name, bytes)
+that child processes load (DESIGN §3). An entry point's import, and a trusted
+folder's files, run in the host process when the source scans.
 
 Example::
 
@@ -58,31 +61,22 @@ Example::
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import importlib.metadata
-import importlib.util
-import re
-import sys
 import threading
 import time
-import traceback
-import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import pykka
 from loguru import logger
 
+from rho_actors.builtin_sources import DEFAULT_GROUP, Broken, EntryPointGroup, PluginFolder
 from rho_actors.encoding import describe_exception
-from rho_actors.errors import RhoError
 from rho_actors.otp.actor import Actor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.otp.timers import Timer
 from rho_actors.registry import DuplicateToolError
-from rho_actors.tool import is_tool, missing_callbacks
+from rho_actors.sandbox.plugins import PluginLoadError, load_module_file, tools_in_module
 
 __all__ = [
     "tools_in_module",
@@ -99,9 +93,6 @@ __all__ = [
     "load_module_file",
 ]
 
-DEFAULT_GROUP = "rho_actors.tools"
-"""The entry-point group :class:`EntryPointGroup` reads by default."""
-
 _SOURCES = "sources"
 _MAX_REASON_CHARS = 2_000
 
@@ -114,248 +105,13 @@ class Source(Protocol):
     ``scan()`` returns ``{key: (tool, version)}`` for every tool it serves now (a
     :class:`Broken` in place of a tool for a key it could not load). ``version`` is any
     value compared with ``==``; it must change when the tool's code changes. A scan may
-    raise: the last good set is kept.
+    raise: the last good set is kept. Optional (DESIGN §6b): ``attach(system)`` and ``detach()``
+    start and stop a source's own actors; ``contained = True`` registers its tools trusted.
     """
 
     name: str
 
     def scan(self) -> dict[str, tuple[Any, object]]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Broken:
-    """Stands in for a tool a source could not load: ``reason`` says why (shown in
-    :meth:`SourceHandle.status`, logged once per version)."""
-
-    reason: str
-
-
-class PluginLoadError(RhoError):
-    """A plugin file could not be loaded: ``str(err)`` says why (with the line, when
-    the error is in the file)."""
-
-
-# --------------------------------------------------------------------------- plugin files
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=12).hexdigest()
-
-
-def load_module_file(path: str | Path, data: bytes | None = None) -> types.ModuleType:
-    """Load a ``.py`` file as a new module object, without leaving it in ``sys.modules``.
-
-    ``data`` is the file's bytes (read now when ``None``), so the module is exactly the
-    bytes that were hashed. The module is named ``_rho_plugin_<stem>_<hash>``, the hash
-    of the resolved path and the bytes: a changed file gives a new module object. It is
-    in ``sys.modules`` only while its top-level code runs (``dataclasses`` and the like
-    need that), so cloudpickle ships its functions and classes by value to worker
-    processes, which could not import it.
-
-    Raises :class:`PluginLoadError` naming the file, the error and its line for a file
-    that cannot be read, compiled or run (any ``BaseException`` of its top-level code,
-    ``SystemExit`` included; a ``KeyboardInterrupt`` too, except in the main thread,
-    where it is a real Ctrl-C).
-    """
-    path = Path(path)
-    try:
-        if data is None:
-            data = path.read_bytes()
-        resolved = path.resolve()
-    except OSError as exc:
-        raise PluginLoadError(f"{path}: cannot be read: {describe_exception(exc)}") from None
-    stem = _UNSAFE.sub("_", path.stem)[:40]
-    identity = str(resolved).encode() + b"\0" + data
-    module_name = f"_rho_plugin_{stem}_{_digest(identity)}"
-    spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if spec is None:
-        raise PluginLoadError(f"{path}: not a Python source file")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        code = compile(data, str(resolved), "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        raise PluginLoadError(f"{path}: line {exc.lineno}: SyntaxError: {exc.msg}") from None
-    except (ValueError, UnicodeDecodeError) as exc:  # null bytes, a bad encoding
-        raise PluginLoadError(f"{path}: cannot be compiled: {describe_exception(exc)}") from None
-    sys.modules[module_name] = module
-    try:
-        exec(code, module.__dict__)
-    except KeyboardInterrupt:
-        if threading.current_thread() is threading.main_thread():
-            raise  # a real Ctrl-C (signals reach only the main thread)
-        raise PluginLoadError(f"{path}: importing it raised KeyboardInterrupt") from None
-    except BaseException as exc:  # a plugin's SystemExit must not end the scan
-        line = next(
-            (f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__)) if f.filename == str(resolved)), None
-        )
-        where = f"line {line}: " if line else ""
-        raise PluginLoadError(f"{path}: {where}importing it raised {describe_exception(exc)}") from None
-    finally:
-        sys.modules.pop(module_name, None)
-    return module
-
-
-def tools_in_module(module: types.ModuleType) -> list[Any]:
-    """The tools of ``module``: the module itself when it is a tool, else each of its
-    public attributes (not starting with ``_``) that is a tool and was defined in it
-    (``__module__`` is the module's name, which ``@tool`` functions also have), in
-    definition order. A class is left out when an instance of it is also there (the
-    instance is the tool)."""
-    if is_tool(module):
-        return [module]
-    found: list[Any] = []
-    seen: set[int] = set()
-    for attr, obj in list(vars(module).items()):
-        if attr.startswith("_") or isinstance(obj, types.ModuleType) or id(obj) in seen:
-            continue
-        try:
-            if getattr(obj, "__module__", None) != module.__name__ or not is_tool(obj):
-                continue
-        except BaseException:
-            continue
-        seen.add(id(obj))
-        found.append(obj)
-    instance_types = {type(obj) for obj in found if not isinstance(obj, type)}
-    return [obj for obj in found if not (isinstance(obj, type) and obj in instance_types)]
-
-
-def _the_tool(file: Path, module: types.ModuleType) -> Any:
-    """A plugin file's one tool: the module itself, or the one tool defined in it (an
-    ``@tool`` function, say); a :class:`Broken` otherwise."""
-    found = tools_in_module(module)
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        missing = ", ".join(missing_callbacks(module))
-        return Broken(f"{file}: not a tool: it lacks {missing} at module level, and defines no tool either")
-    return Broken(f"{file}: defines {len(found)} tools; a plugin file holds one")
-
-
-class _Loaded:
-    """What a source loaded, by key: a key is loaded again only when its version changes."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[str, tuple[object, Any]] = {}
-
-    def get(self, key: str, version: object, load: Callable[[], Any]) -> Any:
-        cached = self._by_key.get(key)
-        if cached is None or cached[0] != version:
-            cached = (version, load())
-            self._by_key[key] = cached
-        return cached[1]
-
-    def keep_only(self, keys: Iterable[str]) -> None:
-        """Forget every key not in ``keys`` (their files or entry points are gone)."""
-        for gone in set(self._by_key) - set(keys):
-            del self._by_key[gone]
-
-
-def _load_plugin(file: Path, data: bytes) -> Any:
-    try:
-        module = load_module_file(file, data)
-    except PluginLoadError as exc:
-        return Broken(str(exc))
-    return _the_tool(file, module)
-
-
-def _load_entry_point(ep: importlib.metadata.EntryPoint, dist_name: str) -> Any:
-    where = f"entry point {ep.name} = {ep.value} ({dist_name})"
-    try:
-        tool = ep.load()
-    except KeyboardInterrupt:
-        if threading.current_thread() is threading.main_thread():
-            raise  # a real Ctrl-C (signals reach only the main thread)
-        return Broken(f"{where}: loading it raised KeyboardInterrupt")
-    except BaseException as exc:
-        return Broken(f"{where}: loading it raised {describe_exception(exc)}")
-    missing = missing_callbacks(tool)
-    return Broken(f"{where}: not a tool: it lacks {', '.join(missing)}") if missing else tool
-
-
-class PluginFolder:
-    """A folder of tool modules: each ``*.py`` file directly in ``path`` (not starting
-    with ``.`` or ``_``) is one tool, the module itself (see the module doc).
-
-    ``scan()`` returns ``{str(file path): (module or Broken, content hash)}``; it
-    raises ``OSError`` (``FileNotFoundError``, ``NotADirectoryError``...) when the folder
-    cannot be listed. Unchanged files are not reloaded. ``name`` defaults to
-    ``"plugins:<path>"``.
-    """
-
-    def __init__(self, path: str | Path, *, name: str | None = None) -> None:
-        self.path = Path(path)
-        self.name = name if name is not None else f"plugins:{self.path}"
-        self._loaded = _Loaded()  # by file path: the tool or Broken of its current version
-
-    def scan(self) -> dict[str, tuple[Any, object]]:
-        """``{str(path): (module or Broken, content hash)}`` for the folder's files now.
-        Raises ``OSError`` when the folder cannot be listed."""
-        files = sorted(
-            p for p in self.path.iterdir() if p.suffix == ".py" and not p.name.startswith((".", "_")) and p.is_file()
-        )
-        found: dict[str, tuple[Any, object]] = {}
-        for file in files:
-            key = str(file)
-            try:
-                data = file.read_bytes()
-            except FileNotFoundError:  # removed since the listing
-                continue
-            except OSError as exc:
-                found[key] = (Broken(f"{file}: cannot be read: {describe_exception(exc)}"), ("unreadable", str(exc)))
-                continue
-            version = _digest(data)
-            tool = self._loaded.get(key, version, functools.partial(_load_plugin, file, data))
-            found[key] = (tool, version)
-        self._loaded.keep_only(found)
-        return found
-
-    def __repr__(self) -> str:
-        return f"PluginFolder({str(self.path)!r})"
-
-
-# --------------------------------------------------------------------------- entry points
-
-
-class EntryPointGroup:
-    """The tools of an entry-point group of the installed distributions (default
-    :data:`DEFAULT_GROUP`, ``rho_actors.tools``), e.g. in a ``pyproject.toml``::
-
-        [project.entry-points."rho_actors.tools"]
-        weather = "my_pkg.weather"            # a module that is a tool
-        search = "my_pkg.tools:Search"        # a class or object that is a tool
-
-    ``scan()`` returns ``{"<distribution>:<entry point>": (tool or Broken,
-    "<distribution version>:<entry point value>")}``; an entry point that fails to load
-    or is not a tool is a :class:`Broken`. An entry point is loaded once per version;
-    note that Python reuses a module it has already imported, so an upgraded
-    distribution's new code is only seen by a new process. ``name`` defaults to
-    ``"entry-points:<group>"``.
-    """
-
-    def __init__(self, group: str = DEFAULT_GROUP, *, name: str | None = None) -> None:
-        self.group = group
-        self.name = name if name is not None else f"entry-points:{group}"
-        self._loaded = _Loaded()
-
-    def scan(self) -> dict[str, tuple[Any, object]]:
-        """``{"<distribution>:<name>": (tool or Broken, "<version>:<value>")}`` for the
-        group's entry points now."""
-        found: dict[str, tuple[Any, object]] = {}
-        for ep in importlib.metadata.entry_points(group=self.group):
-            dist = ep.dist
-            dist_name = dist.name if dist is not None else "?"
-            dist_version = dist.version if dist is not None else "?"
-            key = f"{dist_name}:{ep.name}"
-            version = f"{dist_version}:{ep.value}"
-            tool = self._loaded.get(key, version, functools.partial(_load_entry_point, ep, dist_name))
-            found[key] = (tool, version)
-        self._loaded.keep_only(found)
-        return found
-
-    def __repr__(self) -> str:
-        return f"EntryPointGroup({self.group!r})"
 
 
 # --------------------------------------------------------------------------- the actor
@@ -517,10 +273,7 @@ class SourceActor(Actor):
         origin = f"{key} (source {self._label})"
         tools_version = self._system.tool_set().version
         try:
-            if self._trusted:
-                registration = self._system.register(entry.tool, origin=origin)
-            else:
-                registration = self._system.register(entry.tool, origin=origin, untrusted=True)
+            registration = self._system.register(entry.tool, origin=origin, untrusted=not self._trusted)
         except DuplicateToolError as err:  # tried again once the tool set has changed (a name may be free)
             self._failed(entry, str(err), retry=True)
             entry.retry_unless = tools_version
@@ -684,6 +437,8 @@ class SourceHandle:
                 sources.proxy().terminate_child(self.child_id).get(timeout=timeout_s)
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass
+        if callable(detach := getattr(self.source, "detach", None)):
+            detach()
 
     def __repr__(self) -> str:
         return f"<SourceHandle {self.name!r} {'alive' if self.alive else 'stopped'}>"
@@ -702,8 +457,12 @@ def add_source(
 
     ``trusted``: register its tools as trusted (declaration read and calls run in this
     process) instead of untrusted (read in a throwaway process, calls in worker
-    processes). ``poll_s``: seconds between scans (``None``: scan only on
-    :meth:`SourceHandle.refresh`). Returns once the first scan is applied, or after
+    processes). It says how tools are registered, not how the source loads them: an
+    untrusted :class:`PluginFolder` (its own ``trusted=False``, the default) serves
+    :class:`~rho_actors.sandbox.plugins.PluginRef` stand-ins, which are untrusted
+    whatever this says; trusting a folder takes ``PluginFolder(path, trusted=True)``.
+    ``poll_s``: seconds between scans (``None``: scan only on :meth:`SourceHandle.refresh`).
+    Returns once the first scan is applied, or after
     ``timeout_s`` seconds (it then goes on in the background).
 
     Raises ``TypeError`` when ``source`` has no ``str`` ``name`` or no ``scan()``,
@@ -718,13 +477,12 @@ def add_source(
     child_id = f"source:{name}"
     if system.whereis(child_id) is not None:
         raise ValueError(f"a source named {name!r} is already added to this system")
+    trusted = trusted or getattr(source, "contained", False) is True  # stand-ins for code elsewhere
+    if callable(attach := getattr(source, "attach", None)):
+        attach(system)  # the source's own actors (DESIGN §6b)
     state = SourceState()
-    spec = ChildSpec(
-        child_id,
-        StartChild(SourceActor, (system, source, state, trusted, poll_s)),
-        restart="permanent",
-        name=child_id,
-    )
+    spec = ChildSpec(child_id, StartChild(SourceActor, (system, source, state, trusted, poll_s)),
+                     restart="permanent", name=child_id)
     sources = system.whereis(_SOURCES)
     if sources is None:
         raise RuntimeError("the system's sources supervisor is not running: the system has stopped")

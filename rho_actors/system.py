@@ -8,7 +8,8 @@ each node has its strategy and intensity)::
     ├── registry            ToolRegistry          permanent  tools; publishes the tool set
     ├── calls               Supervisor            permanent  CallActors: temporary
     ├── workers             IsolationOwner        permanent  the isolations: processes for ``process`` isolation
-    ├── sources             Supervisor, I         permanent  SourceActors (add_source): permanent
+    ├── sources             Supervisor, I         permanent  SourceActors (add_source): permanent;
+    │                                                        a source's own subtrees: temporary
     ├── sessions            Supervisor            permanent  one subtree per session: temporary
     │   └── <session id>    Supervisor, I, auto_shutdown     the session's own children
     │       └── loop        LoopActor             transient, significant
@@ -39,24 +40,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
 from loguru import logger
 
+from rho_actors import confinement as _confinement
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.call import CallActor
 from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState, UntrustedReads
 from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, describe_origin
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
+from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.isolation import ISOLATIONS, IsolationOwner, IsolationServices, start_isolations
 from rho_actors.loop import Loop, withheld_names
 from rho_actors.loop_actor import LoopActor
@@ -66,15 +70,33 @@ from rho_actors.otp.names import Names
 from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartChild, Supervisor, which_children
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
-from rho_actors.registry import IsolationName, Registration, RegistryState, ToolRegistry, ToolSet, ToolSetView
+from rho_actors.registry import (
+    IsolationName,
+    Registration,
+    RegistryState,
+    ToolRegistry,
+    ToolSet,
+    ToolSetView,
+    make_placement,
+)
 from rho_actors.runtime import Limits, Runtime
+from rho_actors.sandbox.enclosure import ConfinePolicy
+from rho_actors.sandbox.processes import hold_servers, release_servers
+from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
 
 if TYPE_CHECKING:
+    from rho_actors.observer import Observer
     from rho_actors.selftest import SelftestRow
     from rho_actors.sources import Source, SourceHandle
 
 __all__ = ["ActorSystem"]
+
+
+def _identity(base: _confinement.Confinement) -> tuple[int, int]:
+    uid = base.uid if base.uid is not None else _confinement.DEFAULT_UID
+    return uid, base.gid if base.gid is not None else uid
+
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
 REGISTRY, CALLS, WORKERS, ROOT = "registry", "calls", "workers", "root"
@@ -95,7 +117,26 @@ class ActorSystem:
     (see :meth:`start_child`): past it, that supervisor gives up (DESIGN §6); ``untrusted`` says
     how untrusted declarations are read (time and heap bounds, retry schedule, start
     method; see :class:`rho_actors.UntrustedReads`); ``warm_workers`` worker processes are
-    kept for ``process`` isolation once it is first used, each under the same heap bound.
+    kept for ``process`` isolation once it is first used, each under the same heap bound;
+    ``tracing`` turns OpenTelemetry spans and metrics off (``False``) or sets how they are
+    recorded (a :class:`rho_actors.Telemetry`); they go to the host's global providers
+    (see :mod:`rho_actors.telemetry`).
+
+    Untrusted workers are confined (DESIGN §5 "Confinement"; :meth:`stats` says which
+    mechanisms are active here): ``confinement`` is the
+    :class:`rho_actors.confinement.Confinement` each starts from (default: drop to
+    ``nobody`` when the host is root, Landlock, process/file/core limits; pass
+    ``Confinement(uid=None, gid=None)`` to keep the host's uid, or ``False`` for no OS
+    confinement at all: children then only get a scrubbed environment). ``max_workers``
+    caps the worker processes of the whole system (default: 4 per core); calls beyond it
+    wait, within their deadline. ``worker_idle_s`` is how long an untrusted tool's idle
+    worker is kept for its (tool, session) pair (seconds). ``abandoned_threads_per_tool``
+    and ``abandoned_threads`` cap the threads of timed-out ``thread`` calls still running:
+    past either, that tool's calls are ``unavailable`` until its threads end. ``ray``
+    says how ``isolation="ray"`` reaches Ray: ``{"address": ...}`` for a running cluster,
+    else a local Ray bound to loopback is started on the first ``ray`` call (also
+    ``namespace``, ``runtime_env``, ``num_cpus``, ``num_gpus``; one Ray connection per
+    process; see :class:`rho_actors.integrations.ray.tasks.RayRuntime`).
     """
 
     def __init__(
@@ -110,12 +151,19 @@ class ActorSystem:
         max_seconds: float = 5.0,
         untrusted: UntrustedReads | None = None,
         warm_workers: int = 2,
+        tracing: bool | Telemetry = True,
+        confinement: _confinement.Confinement | bool | None = None,
+        max_workers: int | None = None,
+        worker_idle_s: float = 30.0,
+        abandoned_threads_per_tool: int = 8,
+        abandoned_threads: int = 64,
+        ray: Mapping[str, Any] | None = None,
     ) -> None:
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._sessions_dir = (self.data_dir / "sessions").resolve()
-        self._sessions_dir.mkdir(exist_ok=True)  # each session's own folder is made on first use
+        _confinement.make_session_dir(str(self._sessions_dir))  # a session's own folder: on first use
         self._tools = ToolSetView()
         self._names = Names()
         self._timers = Timers()
@@ -134,21 +182,42 @@ class ActorSystem:
             ChildSpec("call", functools.partial(CallActor.start, self._threads), restart="temporary",
                       shutdown=shutdown_ms)
         )
+        if confinement is None or confinement is True:
+            uid, gid = _confinement.default_identity()
+            confinement = _confinement.Confinement(uid=uid, gid=gid)
+        base = confinement or _confinement.Confinement()
+        self._confine = ConfinePolicy(base, confine=confinement is not False, exclude=(str(self.data_dir.resolve()),))
+        if self._confine.confine:
+            _confinement.warn_if_unconfined()
+        events = EventBus()
         services = IsolationServices(
-            self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method
+            self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method,
+            max_workers=max_workers if max_workers is not None else 4 * (os.cpu_count() or 1),
+            confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
+            threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
+            ray=dict(ray) if ray is not None else None,
         )
+        hold_servers()
+        self._holding = True
         self._runtime = Runtime(
             names=self._names,
             timers=self._timers,
-            events=EventBus(),
+            events=events,
             tools=self._tools,
             calls=self._calls,
             threads=self._threads,
             isolations=start_isolations(services),
             limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
             untrusted=self._untrusted,
+            telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
+            confine=self._confine,
         )
         self._events = self._runtime.events
+        self._telemetry = self._runtime.telemetry
+        self._telemetry.bind(uuid.uuid4().hex[:12], self.stats)
+        if self._telemetry.enabled:
+            self._events.subscribe(self._telemetry.report)  # supervisor reports, counted and traced
+        self._observers: list[Observer] = []
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
             return StartChild(Supervisor, kwargs={"names": self._names, "label": label, "report": self._events.emit,
@@ -211,7 +280,8 @@ class ActorSystem:
 
     def register(
         self, tool: Any, *, origin: str | None = None, untrusted: bool = False,
-        isolation: IsolationName | None = None,
+        isolation: IsolationName | None = None, env: dict[str, str] | None = None, deps: dict[str, Any] | None = None,
+        worker_scope: str | None = None, resources: Mapping[str, Any] | None = None,
     ) -> Registration:
         """Register a tool (a module, class or object with the callbacks of DESIGN §2).
         Its declaration is read and checked once; one that fails is left out of what
@@ -230,18 +300,42 @@ class ActorSystem:
         No code of an untrusted tool runs in this process: not even an attribute lookup
         (a missing callback shows in its declaration check, or as the call's error).
 
+        For untrusted tools only (DESIGN §5): ``env`` (str -> str) is added to its
+        workers' scrubbed environment (which holds only ``PATH``, ``LANG``, ``LC_*``,
+        ``TZ``, and ``HOME``/``TMPDIR`` set to a private folder); ``deps`` (plain JSON data,
+        default ``{}``) is its calls' ``ctx["deps"]``: the session's ``deps`` never reach
+        it; ``worker_scope`` is ``"session"`` (default: a worker process serves one
+        (tool, session) pair only) or ``"call"`` (a fresh worker process per call).
+
+        ``resources`` are what its isolation runs each call with, checked by the
+        isolation (``isolation="ray"``: ``num_cpus``, ``num_gpus``, ``memory`` in bytes,
+        ``runtime_env`` and custom resources such as ``{"browser": 1}``). ``ray`` takes
+        trusted tools only (Ray unpickles what its workers return).
+
         Raises ``TypeError`` when a trusted ``tool`` lacks a required callback,
-        ``ValueError`` for an unknown isolation, :class:`rho_actors.DuplicateToolError`
+        ``ValueError`` for an unknown isolation, an untrusted tool on an isolation that
+        refuses them, bad ``resources``, or a bad ``env``/``deps``/``worker_scope`` (or any
+        of them for a trusted tool), ``ImportError`` for ``ray`` resources without the
+        ``ray`` extra, :class:`rho_actors.DuplicateToolError`
         when another registered tool has its name, and ``RuntimeError`` when the system
         stops while an untrusted declaration is being read.
         """
         if isolation is not None and isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
         untrusted = untrusted or is_untrusted(tool)
+        placement = make_placement(untrusted, worker_scope, env, deps)
+        if isolation is not None:
+            chosen = self._runtime.isolations[isolation]
+            if untrusted and chosen.untrusted_refused:
+                raise ValueError(f"untrusted tools cannot use isolation={isolation!r}: {chosen.untrusted_refused}")
+            placement = dataclasses.replace(placement, options=chosen.check_options(resources or {}))
+        elif resources is not None:
+            raise ValueError("resources need an isolation that takes them: register(..., isolation='ray', ...)")
         missing = [] if untrusted else missing_callbacks(tool)
         if missing:
             raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
-        answer = self._proxy(REGISTRY).register(tool, origin, untrusted, isolation).get(timeout=self._ask_timeout_s)
+        registry = self._proxy(REGISTRY)
+        answer = registry.register(tool, origin, untrusted, isolation, placement).get(timeout=self._ask_timeout_s)
         if isinstance(answer, Registration):
             return answer
         registration: Registration = answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)
@@ -266,6 +360,12 @@ class ActorSystem:
         return self._tools.current
 
     @property
+    def confine_policy(self) -> ConfinePolicy:
+        """How this system confines children that run untrusted code (workers,
+        declaration reads, plugin discovery, selftests; DESIGN §5)."""
+        return self._confine
+
+    @property
     def timers(self) -> Timers:
         """The system's timer service (``send_after`` for actors)."""
         return self._timers
@@ -286,17 +386,22 @@ class ActorSystem:
         normal stop of the loop ends its subtree too.
 
         ``session_id`` (default: a new random id) names the session's private folder
-        ``data_dir/sessions/<session_id>`` (created on first use: before the session's
-        first call, or by ``loop.data_dir``); it must match
+        ``data_dir/sessions/<session_id>``; it must match
         ``[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}`` without ``..``, so it cannot escape
         ``data_dir`` (``ValueError`` otherwise, and also when a loop of that session is
-        running). ``withheld`` names tools this loop does not offer; ``deps`` reaches
-        every call as ``ctx["deps"]``. Raises ``RuntimeError`` once the system has stopped.
+        running). The folder is created with mode ``0700`` on first use (before the
+        session's first call, or by ``loop.data_dir``); one that already exists is
+        checked now (``ValueError`` when it, or ``sessions``, is a symlink or no folder)
+        and tightened to ``0700``. ``withheld`` names tools this loop does not offer;
+        ``deps`` reaches every call of a trusted tool as ``ctx["deps"]`` (untrusted tools
+        get the ``deps`` given to :meth:`register`). Raises ``RuntimeError`` once the system has stopped.
         """
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
         session_id = session_id if session_id is not None else uuid.uuid4().hex
-        if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id) or ".." in session_id:
+        if isinstance(session_id, str):
+            session_id = str.__str__(session_id)  # an exact copy: a subclass's methods cannot lie
+        if type(session_id) is not str or not _SESSION_ID.fullmatch(session_id) or ".." in session_id:
             raise ValueError(
                 f"session id {session_id!r} is not allowed: use 1-128 of A-Z a-z 0-9 _ . @ : -, "
                 "starting with a letter, digit or _, and no '..'"
@@ -304,7 +409,13 @@ class ActorSystem:
         running = self._names.whereis(loop_name(session_id))
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
-        session_dir = self._sessions_dir / session_id  # the pattern admits no separator and no ".."
+        session_dir = self.data_dir / "sessions" / session_id  # the pattern admits no separator and no ".."
+        try:  # an existing folder is checked now: each component a real folder, no symlink followed, 0700
+            private_dir(self.data_dir, "sessions", session_id, create=False)
+        except FileNotFoundError:
+            pass  # made on first use (make_session_folder)
+        except UnsafePathError as exc:
+            raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(
             session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
             runtime=self._runtime,
@@ -334,15 +445,18 @@ class ActorSystem:
     def selftest(self, timeout_s: float = 10.0) -> list[SelftestRow]:
         """Run every offered tool's ``selftest()`` in a throwaway process with its working
         directory, ``TMPDIR`` and ``HOME`` in a fresh temp folder, each within
-        ``timeout_s`` seconds. See :func:`rho_actors.selftest.run_selftests`."""
+        ``timeout_s`` seconds; an untrusted tool's is confined as its workers are (scrubbed
+        environment, its whole process tree killed after it). See
+        :func:`rho_actors.selftest.run_selftests`."""
         from rho_actors.selftest import selftest_system
 
-        return selftest_system(self, timeout_s)
+        return selftest_system(self, timeout_s, confine=self._confine)
 
     # --- the host's own actors ------------------------------------------------------------
 
     def start_child(
-        self, spec: ChildSpec, *, max_restarts: int | None = None, max_seconds: float | None = None
+        self, spec: ChildSpec, *, max_restarts: int | None = None, max_seconds: float | None = None,
+        under: Literal["servers", "sources"] = "servers",
     ) -> pykka.ActorRef[Any]:
         """Start one of the host's actors (a stateful tool server, say) in its own
         subtree under ``servers``: a supervisor with this server's own restart intensity
@@ -352,8 +466,12 @@ class ActorSystem:
         :meth:`lookup` raises naming why, and the other servers, sources and sessions
         go on. With ``spec.name`` it can be found with :meth:`whereis` (and from a tool,
         with ``ctx["whereis"]``). Returns its ref (it follows no restart: use
-        :meth:`whereis`). Raises ``ValueError`` when a running actor holds
-        ``spec.name``, and ``RuntimeError`` naming the child's start error."""
+        :meth:`whereis`). ``under="sources"`` puts the subtree under ``sources`` instead:
+        for a source's own actors (an MCP server's connection), the system's side of the
+        tree. Raises ``ValueError`` when a running actor holds ``spec.name`` or for
+        another ``under``, and ``RuntimeError`` naming the child's start error."""
+        if under not in (SERVERS, SOURCES):
+            raise ValueError(f"under must be {SERVERS!r} or {SOURCES!r}, got {under!r}")
         holder = self._names.whereis(spec.name) if spec.name is not None else None
         if holder is not None:
             raise ValueError(f"the name {spec.name!r} is held by {holder}")
@@ -364,11 +482,11 @@ class ActorSystem:
         child = spec if spec.restart == "permanent" else dataclasses.replace(spec, significant=True)
         server = ChildSpec(
             spec.id,
-            self._supervisor(f"server:{spec.id}", children=[child], auto_shutdown="any_significant", **intensity),
+            self._supervisor(f"{under[:-1]}:{spec.id}", children=[child], auto_shutdown="any_significant", **intensity),
             restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )
-        sup: pykka.ActorRef[Any] = self._proxy(SERVERS).start_child(server).get(timeout=self._ask_timeout_s)
+        sup: pykka.ActorRef[Any] = self._proxy(under).start_child(server).get(timeout=self._ask_timeout_s)
         [started] = which_children(sup, self._ask_timeout_s)
         assert started.ref is not None
         return started.ref
@@ -390,7 +508,9 @@ class ActorSystem:
         (``"supervisor"`` or ``"worker"``), ``restart``, ``restarts``, ``alive``;
         supervisors add ``strategy`` and ``children``; the ``calls`` supervisor gives
         a ``running`` count instead of a node per call; a session's
-        ``loop`` adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline."""
+        ``loop`` adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline;
+        ``workers`` adds ``isolations``: what each isolation in use shows (``ray``: its
+        tasks in flight and the Ray actors of its servers, with their nodes)."""
         node: dict[str, Any] = {"id": ROOT, "kind": "supervisor", "restart": "permanent", "restarts": 0,
                                 "alive": self._root.is_alive()}
         return self._describe(self._root, node)
@@ -411,6 +531,9 @@ class ActorSystem:
                                            "restarts": c.restarts, "alive": c.alive}, node["id"])
                     for c in children
                 ]
+            elif node["id"] == WORKERS and parent == ROOT:
+                isolations = self._runtime.isolations.items()
+                node["isolations"] = {name: view for name, isolation in isolations if (view := isolation.describe())}
             elif issubclass(ref.actor_class, LoopActor):
                 loop = Loop(parent, self._sessions_dir / parent, self._runtime)
                 node["running"] = loop.running()
@@ -422,16 +545,72 @@ class ActorSystem:
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``callback(event)`` for every :class:`rho_actors.CallEvent`,
-        :class:`rho_actors.DeclarationEvent` and :class:`rho_actors.SupervisorEvent`
+        :class:`rho_actors.DeclarationEvent`, :class:`rho_actors.SupervisorEvent`,
+        :class:`rho_actors.ProgressEvent` and :class:`rho_actors.ToolSetChanged`
         (from actor threads: keep it quick). Returns a function that unsubscribes."""
         return self._events.subscribe(callback)
 
-    def stats(self) -> dict[str, int]:
+    @property
+    def telemetry(self) -> Telemetry:
+        """The system's OpenTelemetry settings (see :mod:`rho_actors.telemetry`)."""
+        return self._telemetry
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the isolations' worker processes alive now (those of
+        ``process`` isolation; [] before its first call)."""
+        return [pid for isolation in self._runtime.isolations.values() for pid in isolation.pids()]
+
+    def observe(self, address: str | Path | int, *, interval_s: float = 1.0) -> Observer:
+        """Serve a read-only live view of this system (see :mod:`rho_actors.observer`):
+        ``address`` is a Unix socket path, or a TCP port on 127.0.0.1 (``0``: any free
+        one) that asks viewers for the returned observer's ``token``. Each viewer gets a
+        snapshot every ``interval_s`` seconds and every call event and supervisor report
+        as newline-delimited JSON; ``rho-actors top --connect ADDRESS`` shows it. Off
+        until called; closed at :meth:`stop` (or with ``observer.close()``). Raises
+        ``OSError`` when the address cannot be bound."""
+        from rho_actors.observer import Observer
+
+        observer = Observer(self, address, interval_s=interval_s)
+        self._observers.append(observer)
+        return observer
+
+    def stats(self) -> dict[str, Any]:
         """Counters: ``abandoned_threads_running`` (thread calls cancelled at their
         deadline or at a stop whose thread has not returned yet),
-        ``abandoned_threads_total``, and the worker pool's as ``workers_<name>`` (see
-        :meth:`rho_actors.sandbox.WorkerPool.stats`): each isolation's counters."""
-        return {k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()}
+        ``abandoned_threads_total``, the worker pools' as ``workers_<name>`` and
+        ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`),
+        ``workers_cap``: each isolation's counters. ``confinement``: what confines
+        untrusted workers here: ``{"active": [mechanism...], "memory_bound": "cgroup" |
+        "sampler" | "none", "uid": int | None, "trusted_process": {"tree_kill": bool,
+        "memory_bound": "cgroup" | "sampler" | "rlimit_as"}, <mechanism>: {"available",
+        "reason"}}`` (see :func:`rho_actors.confinement.probe`)."""
+        out: dict[str, Any] = {
+            k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
+        }
+        out["confinement"] = self._confinement_stats()
+        return out
+
+    def _confinement_stats(self) -> dict[str, Any]:
+        policy = self._confine
+        found = _confinement.probe(*_identity(policy.base))
+        info: dict[str, Any] = found.as_dict()
+        active = ["environment", "private_dir"]
+        if policy.confine:
+            active += ["pdeathsig", "subreaper", "rlimits", "no_new_privs", "worker_cap"]
+            if found.identity is None and policy.base.uid is not None:
+                active.append("identity")
+            if found.landlock is None and policy.base.landlock:
+                active.append("landlock")
+            if found.cgroup is None:
+                active.append("cgroup")
+        info["active"] = active
+        info["memory_bound"] = ("cgroup" if found.cgroup is None else "sampler") if policy.confine else "none"
+        info["uid"] = policy.base.uid if policy.confine and found.identity is None else None
+        info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else
+            {"tree_kill": True, "memory_bound": "cgroup" if found.cgroup is None else "sampler"} if policy.confine
+            else {"tree_kill": False, "memory_bound": "rlimit_as"}
+        )
+        return info
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -446,6 +625,9 @@ class ActorSystem:
         calls, registry, declarations), then the timers. Running calls are cancelled; a call thread still
         running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
         self._calls.close()  # a call dispatched from now on does not start
+        for observer in self._observers:
+            observer.close()
+        self._telemetry.unbind()
         try:
             self._root.stop(timeout=timeout_s)
         except pykka.ActorDeadError:
@@ -455,6 +637,9 @@ class ActorSystem:
         self._closed()
         self._timers.stop()
         self._threads.shutdown()
+        if self._holding:
+            self._holding = False
+            release_servers()
         if self._own_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
         running = self.stats().get("abandoned_threads_running", 0)

@@ -39,6 +39,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rho_actors.encoding import scrub_text
+from rho_actors.errors import RhoError
+
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
     "MAX_TIMEOUT_MS",
@@ -47,9 +50,11 @@ __all__ = [
     "Details",
     "Error",
     "ErrorKind",
+    "IMAGE_TYPES",
     "Image",
     "Ok",
     "ToolCall",
+    "ToolFailure",
     "ToolInfo",
     "ToolResult",
     "concurrency",
@@ -101,16 +106,40 @@ class Details:
     details: Any
 
 
+IMAGE_TYPES: tuple[str, ...] = ("image/png", "image/jpeg", "image/gif", "image/webp")
+"""The image types both providers accept (OpenAI's and Anthropic's documented lists)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Image:
     """A picture for the model: raw bytes and their MIME type (``"image/png"``...).
 
     Return it alone, or in a list beside text parts; it ends up in
     :attr:`ToolResult.images`, the text parts in :attr:`ToolResult.content`.
+    Checked when made: ``data`` must be ``bytes`` (a ``bytearray`` or ``memoryview`` is
+    copied to ``bytes``) and ``mime_type`` one of :data:`IMAGE_TYPES`, compared and kept
+    in lower case (``"image/PNG"`` becomes ``"image/png"``); else ``TypeError`` or
+    ``ValueError`` naming the problem, so a tool returning a bad image gets an error
+    result saying why.
     """
 
     data: bytes
     mime_type: str = "image/png"
+
+    def __post_init__(self) -> None:
+        data = self.data
+        if isinstance(data, (bytearray, memoryview)):
+            object.__setattr__(self, "data", bytes(data))
+        elif type(data) is not bytes:
+            raise TypeError(f"Image data must be bytes, got {type(data).__name__}")
+        mime = self.mime_type
+        if not isinstance(mime, str):
+            raise TypeError(f"Image mime_type must be a str, got {type(mime).__name__}")
+        normalised = str.__str__(mime).strip().lower()
+        if normalised not in IMAGE_TYPES:
+            shown = normalised[:40].encode("ascii", "backslashreplace").decode("ascii")
+            raise ValueError(f"Image mime_type {shown!r} is not supported; use one of {', '.join(IMAGE_TYPES)}")
+        object.__setattr__(self, "mime_type", normalised)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +171,8 @@ class ErrorKind(enum.StrEnum):
     WITHHELD = "withheld"
     UNAVAILABLE = "unavailable"
     TIMEOUT = "timeout"
+    TOOL_ERROR = "tool_error"
+    """The tool returned ``Error(reason)``: it ran and reported a failure itself."""
     RAISED = "raised"
     EXITED = "exited"
     CRASHED = "crashed"
@@ -156,6 +187,22 @@ class ErrorKind(enum.StrEnum):
 
 
 _RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED})
+
+
+class ToolFailure(RhoError):
+    """Raised by a tool's ``run`` for an error result of kind ``kind`` (instead of
+    ``raised``): a tool standing for one elsewhere (an MCP server's) reports
+    ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it. ``str(err)`` is
+    the text for the model (capped like any result's). Raises ``ValueError`` for a
+    ``kind`` that is not an :class:`ErrorKind` value. The result is built by
+    :func:`rho_actors.results.result_from_exception`."""
+
+    def __init__(self, kind: ErrorKind | str, message: str) -> None:
+        super().__init__(message)
+        self.kind = ErrorKind(kind)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by its two arguments (from a worker process)
+        return (type(self), (self.kind, str(self)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +237,10 @@ class ToolResult:
     details: Any = None
     images: tuple[Image, ...] = field(default=())
     duration_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.content, str):  # the one place result text is made valid UTF-8
+            object.__setattr__(self, "content", scrub_text(self.content))
 
     @property
     def retryable(self) -> bool:

@@ -7,16 +7,22 @@ A later prompt in the same session (a new process, a new :class:`~rho_actors.Act
 on the same ``data_dir``, a LoopActor restarted by its supervisor) reads the conversation
 back from it instead of starting over.
 
-Record schema (version 1)
+Record schema (version 2)
 -------------------------
 
 Every record is one JSON object on one line with these keys::
 
-    "v":    1                 the schema version
+    "v":    2                 the schema version (1: the same records without seq/sum)
+    "seq":  int               the record's number in the file: 1, 2, 3, ... with no gap
     "type": "user" | "reply" | "result" | "error"
     "step": int               the model request (1, 2, ... over the whole session) the
                               record belongs to
     "ts":   float             Unix time of the write, in seconds
+    "sum":  str               integrity check: the first 16 hex digits of the SHA-256 of
+                              the record without "sum" (JSON, keys sorted, ASCII, compact)
+
+A record may carry further keys: they are covered by ``sum`` and ignored by readers that
+do not know them, so new fields need no new version.
 
 and, by type:
 
@@ -24,7 +30,9 @@ and, by type:
     ``"text": str``
 ``reply`` (the model's reply to request ``step``; written *before* its calls run)
     ``"text": str``, ``"tool_calls": [{"id": str, "name": str, "arguments": str | object}]``
-    (the model's raw argument text, or the decoded object a provider gave), and
+    (the model's raw argument text, or the decoded object a provider gave; ``"sent_id"``,
+    optional, the id the model sent when the recorded one replaces it: see
+    :mod:`rho_actors.provider_rules`), and
     ``"model_ms": float`` (how long the request took, milliseconds).
 ``result`` (one call's result; written after the turn)
     ``"index": int`` (the call's position in its reply's ``tool_calls``), ``"call_id"``,
@@ -45,8 +53,16 @@ its reply in call order. A call whose ``reply`` was recorded but whose ``result`
 ``cancelled`` error result (:data:`INTERRUPTED`), listed in :attr:`History.pending` for the
 writer to record. A last line cut short (no newline, or not JSON: the process died while
 writing it) is skipped with a loguru warning, and :meth:`Transcript.open` truncates the file
-back to the last whole line before appending. Any other unreadable line raises
-:class:`TranscriptError`; records of an unknown ``type`` are skipped with a warning.
+back to the last whole line before appending; a line that repeats the line before it
+byte for byte is skipped with a warning. Anything else is tampering or damage and raises
+:class:`TranscriptError` naming the line: a line that is not JSON, a checksum that does
+not match, a ``seq`` out of order (a gap, a duplicate, a reorder), an unknown version (or
+a version 1 record after a version 2 one), a field of the wrong type (``"ok": "false"``).
+Records of an unknown ``type`` are skipped with a warning. Version 1 transcripts (written
+before ``seq``/``sum``) still load; records appended to them are version 2.
+
+Files are opened safely (:mod:`rho_actors.files`): never through a symlink, and only a
+regular file (a FIFO, device or folder in its place is a :class:`TranscriptError` at once).
 
 Example::
 
@@ -61,7 +77,9 @@ import base64
 import binascii
 import errno
 import fcntl
+import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -72,8 +90,11 @@ from typing import Any, Final
 
 from loguru import logger
 
-from rho_actors.call import error_result
+from rho_actors.encoding import scrub_text
+from rho_actors.errors import RhoError
+from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.model import Message, Reply
+from rho_actors.results import error_result
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
 
 __all__ = [
@@ -84,11 +105,14 @@ __all__ = [
     "Transcript",
     "TranscriptBusyError",
     "TranscriptError",
+    "checksum",
     "load",
     "read_records",
 ]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+VERSIONS: Final = (1, 2)
+"""The record versions this module reads."""
 TRANSCRIPT_NAME: Final = "transcript.jsonl"
 INTERRUPTED: Final = "the session was interrupted before this call's result was recorded"
 """The text of the ``cancelled`` result a recorded call without a recorded result gets."""
@@ -96,9 +120,11 @@ INTERRUPTED: Final = "the session was interrupted before this call's result was 
 ERROR_KINDS: Final = ("model", "max_steps", "loop", "cancelled")
 
 
-class TranscriptError(Exception):
-    """A transcript that cannot be read: a line other than the last is not a valid
-    record. ``str(err)`` names the file and the line."""
+class TranscriptError(RhoError):
+    """A transcript that cannot be used: a record that fails its checks (its JSON, its
+    ``seq``, its ``sum``, its version or a field's type) anywhere but a torn last line,
+    or a file that is a symlink or not a regular file. ``str(err)`` names the file and,
+    for a record, the line."""
 
 
 class TranscriptBusyError(TranscriptError):
@@ -132,19 +158,58 @@ class History:
 # --------------------------------------------------------------------------- reading
 
 
+def checksum(record: Mapping[str, Any]) -> str:
+    """The ``sum`` of a record: the first 16 hex digits of the SHA-256 of the record
+    without ``sum`` (JSON, keys sorted, ASCII, compact separators)."""
+    body = {k: v for k, v in record.items() if k != "sum"}
+    text = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
+
+
+def _open_for_reading(path: Path) -> int | None:
+    try:
+        return open_regular(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except UnsafePathError as exc:
+        raise TranscriptError(f"transcript {path} cannot be used: {exc}") from None
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
+
+
 def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int, bool]:
     """The records of the transcript at ``path``: ``(records, good_bytes, torn)``, where
     ``good_bytes`` is the length of the file up to the end of its last whole record and
     ``torn`` says a cut-short last line was skipped (with a loguru warning). A missing
-    file has no records. Raises :class:`TranscriptError` for an unreadable line that is
-    not the last, and ``OSError`` when the file cannot be read."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
+    file has no records. Each record's version, ``seq`` and ``sum`` are checked; a line
+    repeating the line before it byte for byte is skipped with a warning. Raises
+    :class:`TranscriptError` naming the line for anything else that is wrong (and for a
+    path that is a symlink or not a regular file), and ``OSError`` when the file
+    cannot be read."""
+    fd = _open_for_reading(Path(path))
+    if fd is None:
         return [], 0, False
+    try:
+        return _records(_read_all(fd), str(path))
+    finally:
+        os.close(fd)
+
+
+def _records(data: bytes, path: str) -> tuple[list[dict[str, Any]], int, bool]:
     records: list[dict[str, Any]] = []
     offset = 0
     number = 0
+    previous: bytes | None = None
+    version = 1
     while offset < len(data):
         end = data.find(b"\n", offset)
         last = end == -1 or end == len(data) - 1
@@ -158,15 +223,44 @@ def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int, bool]:
                     path, number,
                 )
                 return records, offset, True
-            raise TranscriptError(f"transcript {path}: line {number} is not a valid record")
+            raise TranscriptError(f"transcript {path}: line {number} is not a valid record (not a JSON object)")
+        if line == previous:
+            logger.warning("transcript {}: line {} repeats line {} exactly; it is skipped", path, number, number - 1)
+            offset = end + 1
+            continue
+        problem = _integrity_problem(record, len(records) + 1, version)
+        if problem:
+            raise TranscriptError(f"transcript {path}: line {number} is not a valid record: {problem}")
+        version = record["v"]
         records.append(record)
+        previous = line
         offset = end + 1
     return records, offset, False
 
 
+def _integrity_problem(record: dict[str, Any], seq: int, version: int) -> str | None:
+    """Why ``record`` cannot be the ``seq``-th record after records of ``version``."""
+    v = record.get("v")
+    if type(v) is not int or v not in VERSIONS:
+        return f"unknown version {v!r}; this reader knows versions {', '.join(map(str, VERSIONS))}"
+    if v < version:
+        return f"a version {v} record after version {version} records"
+    if v == 1:
+        return None
+    if record.get("seq") != seq or type(record.get("seq")) is not int:
+        return f"seq is {record.get('seq')!r} where {seq} was due (a record is missing, repeated or moved)"
+    if record.get("sum") != checksum(record):
+        return "its checksum does not match its content (the line was changed)"
+    return None
+
+
+def _no_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
 def _parse(line: bytes) -> dict[str, Any] | None:
     try:
-        record = json.loads(line.decode("utf-8"))
+        record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) else None
@@ -200,12 +294,14 @@ def _history(records: list[dict[str, Any]], where: str) -> History:
             kind, step = record["type"], record["step"]
             if not isinstance(step, int) or isinstance(step, bool) or step < 1:
                 raise TypeError(f"step must be a positive int, got {step!r}")
+            _number(record, "ts", required=False)
             if kind == "user":
                 items.append(Message.user(_str(record["text"])))
             elif kind == "reply":
                 if step in groups:
                     raise ValueError(f"a second reply for step {step}")
-                calls = tuple(_call(c) for c in record["tool_calls"])
+                _number(record, "model_ms", required=False)
+                calls = tuple(_call(c) for c in _list(record["tool_calls"]))
                 group = _Group(step, Message.assistant(_str(record["text"]), calls))
                 groups[step] = group
                 items.append(group)
@@ -213,7 +309,7 @@ def _history(records: list[dict[str, Any]], where: str) -> History:
             elif kind == "result":
                 group_of = groups.get(step)
                 index = record["index"]
-                if group_of is None or not isinstance(index, int) or not 0 <= index < len(group_of.message.tool_calls):
+                if group_of is None or type(index) is not int or not 0 <= index < len(group_of.message.tool_calls):
                     raise ValueError(f"a result for call {index!r} of step {step}, which has no such call")
                 if index in group_of.results:
                     logger.warning("transcript {}: line {} repeats the result of call {} of step {}; the first counts",
@@ -221,6 +317,9 @@ def _history(records: list[dict[str, Any]], where: str) -> History:
                     continue
                 group_of.results[index] = Message.tool_result(_result(record))
             elif kind == "error":
+                if record.get("kind") not in ERROR_KINDS:
+                    raise ValueError(f"error kind must be one of {', '.join(ERROR_KINDS)}, got {record.get('kind')!r}")
+                _str(record["message"])
                 if record.get("kind") == "model":
                     last_step = max(last_step, step)
             else:
@@ -244,13 +343,38 @@ def _history(records: list[dict[str, Any]], where: str) -> History:
     return history
 
 
+_JSON_NAMES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",
+               type(None): "null"}
+
+
+def _json_name(value: Any) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
 def _str(value: Any) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"expected a string, got {type(value).__name__}")
+        raise TypeError(f"expected a string, got {_json_name(value)}")
     return value
 
 
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected an array, got {_json_name(value)}")
+    return value
+
+
+def _number(record: Mapping[str, Any], key: str, required: bool = True) -> float:
+    if key not in record and not required:
+        return 0.0
+    value = record[key]
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise TypeError(f"{key} must be a number, got {_json_name(value)}")
+    return float(value)
+
+
 def _call(data: Any) -> ToolCall:
+    if not isinstance(data, dict):
+        raise TypeError(f"a tool call must be an object, got {_json_name(data)}")
     arguments = data["arguments"]
     if not isinstance(arguments, (str, dict)):
         raise TypeError(f"tool call arguments must be a string or an object, got {type(arguments).__name__}")
@@ -258,14 +382,24 @@ def _call(data: Any) -> ToolCall:
 
 
 def _result(record: Mapping[str, Any]) -> ToolResult:
-    kind = record["error_kind"]
-    images = tuple(
-        Image(base64.b64decode(_str(i["data"]), validate=True), _str(i["mime_type"])) for i in record["images"]
-    )
+    kind, ok = record["error_kind"], record["ok"]
+    if type(ok) is not bool:
+        raise TypeError(f"ok must be true or false, got {_json_name(ok)}")
+    if kind is not None and not isinstance(kind, str):
+        raise TypeError(f"error_kind must be a string or null, got {_json_name(kind)}")
+    if ok != (kind is None):
+        raise ValueError(f"ok is {json.dumps(ok)} but error_kind is {json.dumps(kind)}")
+    images = tuple(_image(i) for i in _list(record["images"]))
     return ToolResult(
-        _str(record["call_id"]), _str(record["name"]), bool(record["ok"]), _str(record["content"]),
-        None if kind is None else ErrorKind(kind), None, images, float(record.get("duration_ms", 0.0)),
+        _str(record["call_id"]), _str(record["name"]), ok, _str(record["content"]),
+        None if kind is None else ErrorKind(kind), None, images, _number(record, "duration_ms", required=False),
     )
+
+
+def _image(data: Any) -> Image:
+    if not isinstance(data, dict):
+        raise TypeError(f"an image must be an object, got {_json_name(data)}")
+    return Image(base64.b64decode(_str(data["data"]), validate=True), _str(data["mime_type"]))
 
 
 # --------------------------------------------------------------------------- writing
@@ -286,6 +420,7 @@ class Transcript:
         self.path = Path(path)
         self.history = History()
         self._fd: int | None = None
+        self._seq = 0
 
     def open(self) -> History:
         """Lock the transcript, read it and get it ready to append; returns
@@ -294,9 +429,12 @@ class Transcript:
         and ``OSError``."""
         if self._fd is not None:
             return self.history
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        created = not self.path.exists()
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        created = not os.path.lexists(self.path)
+        try:
+            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except UnsafePathError as exc:
+            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -308,7 +446,7 @@ class Transcript:
                 raise
             if created:
                 _fsync_dir(self.path.parent)
-            records, good, torn = read_records(self.path)
+            records, good, torn = _records(_read_all(fd), str(self.path))
             history = _history(records, str(self.path))
             history.torn = torn
             if torn:
@@ -318,6 +456,7 @@ class Transcript:
             os.close(fd)
             raise
         self._fd = fd
+        self._seq = len(records)
         self.history = history
         return history
 
@@ -342,14 +481,19 @@ class Transcript:
         """Record a prompt's ``text``, to be answered by request ``step``."""
         self._append({"type": "user", "step": step, "text": text})
 
-    def reply(self, step: int, reply: Reply, model_ms: float = 0.0) -> None:
+    def reply(
+        self, step: int, reply: Reply, model_ms: float = 0.0, *, sent_ids: Mapping[int, str] | None = None
+    ) -> None:
         """Record the model's reply to request ``step`` (before its calls run);
-        ``model_ms``: how long the request took, in milliseconds."""
+        ``model_ms``: how long the request took, in milliseconds; ``sent_ids``: the id
+        the model sent for call *index*, where the recorded id replaces it."""
         calls = [
             {"id": c.id, "name": c.name,
              "arguments": c.arguments if isinstance(c.arguments, str) else dict(c.arguments)}
             for c in reply.tool_calls
         ]
+        for index, sent in (sent_ids or {}).items():
+            calls[index]["sent_id"] = sent
         self._append({"type": "reply", "step": step, "text": reply.text, "tool_calls": calls,
                       "model_ms": round(model_ms, 3)})
 
@@ -374,13 +518,11 @@ class Transcript:
     def _append(self, record: dict[str, Any]) -> None:
         if self._fd is None:
             raise ValueError(f"transcript {self.path} is not open")
-        full = {"v": SCHEMA_VERSION, "type": record.pop("type"), "step": record.pop("step"),
-                "ts": round(time.time(), 6), **record}
+        full: dict[str, Any] = {"v": SCHEMA_VERSION, "seq": self._seq + 1, "type": record.pop("type"),
+                                "step": record.pop("step"), "ts": round(time.time(), 6), **_scrubbed(record)}
         try:
-            text = json.dumps(full, ensure_ascii=False, allow_nan=False)
-            data = (text + "\n").encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate: escape it, JSON reads it back
-            data = (json.dumps(full, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
+            full["sum"] = checksum(full)
+            data = (json.dumps(full, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
         except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"a {full['type']} record cannot be written as JSON: {exc}") from None
         view = memoryview(data)
@@ -388,6 +530,18 @@ class Transcript:
             written = os.write(self._fd, view)
             view = view[written:]
         os.fsync(self._fd)
+        self._seq += 1
+
+
+def _scrubbed(value: Any) -> Any:
+    """``value`` with every string (keys too) valid UTF-8 (lone surrogates replaced)."""
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, dict):
+        return {scrub_text(k) if isinstance(k, str) else k: _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrubbed(v) for v in value]
+    return value
 
 
 def _fsync_dir(path: Path) -> None:

@@ -51,3 +51,15 @@ def make_tool(
     if caller is not None and caller.f_back is not None:
         Tool.__module__ = caller.f_back.f_globals.get("__name__", __name__)
     return Tool
+
+
+def unchecked_image(data: Any, mime_type: Any) -> Any:
+    """An :class:`rho_actors.Image` that skipped its checks (a tool can no longer make
+    one; a transcript or an older caller might): what a request builder must still
+    leave out with a notice."""
+    from rho_actors import Image
+
+    image = object.__new__(Image)
+    object.__setattr__(image, "data", data)
+    object.__setattr__(image, "mime_type", mime_type)
+    return image

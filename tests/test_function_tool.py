@@ -171,13 +171,99 @@ def test_tool_passes_its_declaration_checks(t: FunctionTool) -> None:
     assert declaration(t, "openai") is not None
 
 
-def test_tool_without_docstring_fails_the_description_check() -> None:
-    @tool
+def test_tool_without_docstring_is_refused_at_decoration() -> None:
     def nodoc(a: int) -> int:
         return a
 
-    assert nodoc.description() == ""
-    assert declaration(nodoc) is None
+    with pytest.raises(TypeError, match=r"@tool nodoc: the function has no docstring.*pass description="):
+        tool(nodoc)
+    assert tool(description="Echo a.")(nodoc).description() == "Echo a."
+
+
+def test_args_sections_become_parameter_descriptions() -> None:
+    @tool
+    def google(city: str, days: int = 3) -> str:
+        """Forecast the weather.
+
+        Args:
+            city: The city's name.
+            days: How many days ahead.
+        """
+        return city
+
+    @tool
+    def numpy_style(city: str) -> str:
+        """Forecast the weather.
+
+        Parameters
+        ----------
+        city : str
+            The city's name.
+        """
+        return city
+
+    assert google.description() == "Forecast the weather."
+    props = google.parameter_schema()["properties"]
+    assert props["city"]["description"] == "The city's name."
+    assert props["days"]["description"] == "How many days ahead." and props["days"]["default"] == 3
+    assert numpy_style.parameter_schema()["properties"]["city"]["description"] == "The city's name."
+    assert numpy_style.description() == "Forecast the weather."
+    assert declaration(google) is not None
+
+
+def test_methods_leave_self_and_cls_out() -> None:
+    class Weather:
+        def __init__(self) -> None:
+            self.unit = "C"
+
+        def forecast(self, city: str) -> str:
+            """Forecast."""
+            return city
+
+        @tool
+        def temperature(self, city: str) -> str:
+            """Temperature."""
+            return f"20 {self.unit} in {city}"
+
+        @classmethod
+        def cities(cls, prefix: str) -> list[str]:
+            """Cities."""
+            return [prefix]
+
+    assert list(tool(Weather().forecast).parameter_schema()["properties"]) == ["city"]
+    assert list(Weather.temperature.parameter_schema()["properties"]) == ["city"]
+    assert Weather().temperature.run({"city": "Oslo"}, {}) == "20 C in Oslo"
+    assert list(tool(Weather.cities).parameter_schema()["properties"]) == ["prefix"]
+    assert tool(Weather().forecast).run({"city": "Oslo"}, {}) == "Oslo"
+
+
+def test_selftest_is_taken() -> None:
+    def check() -> None:
+        return None
+
+    @tool(selftest=check)
+    def echo(a: int) -> int:
+        """Echo."""
+        return a
+
+    assert echo.selftest is check
+    with pytest.raises(TypeError, match="selftest must be a function"):
+        tool(selftest=5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"timeout_ms": 2.5e3}, TypeError, r"timeout_ms must be an int of milliseconds, got float 2500\.0"),
+        ({"timeout_ms": True}, TypeError, "timeout_ms must be an int of milliseconds, got bool"),
+        ({"timeout_ms": 0}, ValueError, "timeout_ms must be more than 0 milliseconds, got 0"),
+        ({"timeout_ms": -5}, ValueError, "more than 0"),
+        ({"concurrency": "serial"}, ValueError, "concurrency must be 'parallel' or 'exclusive', got 'serial'"),
+    ],
+)
+def test_bad_options_are_refused_at_decoration(options: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        tool(**options)
 
 
 def test_ctx_annotation_does_not_affect_other_parameters() -> None:

@@ -19,13 +19,13 @@ from .helpers import make_tool
 
 
 def test_the_isolations_are_looked_up_by_name() -> None:
-    assert dict(ISOLATIONS).keys() == {"thread", "process"}
+    assert dict(ISOLATIONS).keys() == {"thread", "process", "ray"}
     assert all(issubclass(cls, Isolation) and cls.name == name for name, cls in ISOLATIONS.items())
 
 
 def test_an_unknown_isolation_is_refused_naming_the_known_ones(system: ActorSystem) -> None:
-    with pytest.raises(ValueError, match="isolation must be one of thread, process, got 'ray'"):
-        system.register(make_tool("t"), isolation="ray")
+    with pytest.raises(ValueError, match="isolation must be one of thread, process, ray, got 'gpu'"):
+        system.register(make_tool("t"), isolation="gpu")
 
 
 @pytest.mark.parametrize(("isolation", "consequence"), [("thread", "it was cancelled"),

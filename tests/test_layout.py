@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "rho_actors"
 MAX_LINES = 700
-OVER_MAX = {"rho_actors.sources": 745}
+OVER_MAX: dict[str, int] = {}
 """Modules still over the limit, each with the most lines it may have until it is split."""
 
 
@@ -115,7 +115,8 @@ def test_the_circle_check_finds_a_circle() -> None:
 
 def test_nothing_below_the_agent_layer_imports_it() -> None:
     graph = _graph()
-    agent_layer = {"rho_actors.agent", "rho_actors.model", "rho_actors.providers", "rho_actors.transcript"}
+    agent_layer = {"rho_actors.agent", "rho_actors.model", "rho_actors.providers", "rho_actors.provider_rules",
+                   "rho_actors.transcript"}
     core = {"rho_actors.call", "rho_actors.registry", "rho_actors.system", "rho_actors.loop_actor",
             "rho_actors.declarations", "rho_actors.declaration_actor", "rho_actors.results"}
     core |= {name for name in graph if name.startswith(("rho_actors.isolation", "rho_actors.sandbox"))}

@@ -21,10 +21,12 @@ import pytest
 from rho_actors import ActorSystem, Image, ToolCall, declaration, tool
 from rho_actors.agent import prompt
 from rho_actors.model import Message
+from rho_actors.provider_rules import REPLACED_ARGUMENTS
 from rho_actors.providers import ModelError, RetryPolicy, model_from_spec
 from rho_actors.providers.anthropic import AnthropicModel
 from rho_actors.providers.openai import LOCAL_API_KEY, OpenAIModel
 from rho_actors.tool import ErrorKind, ToolResult
+from tests.helpers import unchecked_image
 from tests.wire_server import (
     ANTHROPIC_PATH,
     OPENAI_PATH,
@@ -34,6 +36,7 @@ from tests.wire_server import (
     anthropic_message,
     openai_completion,
     openai_error,
+    picture,
     text_block,
     tool_use_block,
 )
@@ -41,8 +44,11 @@ from tests.wire_server import (
 FAST = RetryPolicy(attempts=3, initial_s=0.01, max_wait_s=0.2, jitter_s=0.01, total_s=5.0)
 """Tiny waits, so retries take milliseconds."""
 
-PNG = b"\x89PNG\r\n\x1a\n fake png bytes"
+PNG = picture("PNG")
 PNG_B64 = base64.b64encode(PNG).decode()
+GIF = picture("GIF")
+JPEG = picture("JPEG")
+JPEG_B64 = base64.b64encode(JPEG).decode()
 
 
 @tool
@@ -160,7 +166,7 @@ def test_openai_pictures_follow_the_turns_tool_messages_as_one_user_message(
         ),
         ok("s1", "snap", "the screen", (Image(PNG, "image/png"),)),
         ok("s2", "calc", "4"),
-        ok("s3", "snap", "", (Image(b"GIF89a", "image/gif"), Image(PNG))),
+        ok("s3", "snap", "", (Image(GIF, "image/gif"), Image(PNG))),
         Message.user("what do you see?"),
     ]
 
@@ -171,7 +177,7 @@ def test_openai_pictures_follow_the_turns_tool_messages_as_one_user_message(
     assert messages[2]["content"] == "the screen\n[1 picture follows in the next user message]"
     assert messages[3]["content"] == "4"
     assert messages[4]["content"] == "[2 pictures follow in the next user message]"
-    gif_b64 = base64.b64encode(b"GIF89a").decode()
+    gif_b64 = base64.b64encode(GIF).decode()
     assert messages[5]["content"] == [
         {"type": "text", "text": "The picture returned by tool call s1 (snap):"},
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_B64}"}},
@@ -363,7 +369,7 @@ def test_anthropic_sends_declarations_and_the_conversation(server: WireServer, c
                 {
                     "type": "tool_result",
                     "tool_use_id": "t3",
-                    "content": "invalid JSON arguments for tool 'add'",
+                    "content": "invalid JSON arguments for tool 'add'\n" + REPLACED_ARGUMENTS,
                     "is_error": True,
                 },
                 {"type": "text", "text": "and now?"},
@@ -389,7 +395,7 @@ def test_anthropic_pictures_are_image_blocks_inside_the_tool_result(server: Wire
         Message.user("look"),
         Message.assistant("", [ToolCall("s1", "snap", {}), ToolCall("s2", "snap", {})]),
         ok("s1", "snap", "the screen", (Image(PNG, "image/png"),)),
-        ok("s2", "snap", "", (Image(b"BM..", "image/bmp"), Image(b"\xff\xd8", "image/jpeg"))),
+        ok("s2", "snap", "", (unchecked_image(b"BM..", "image/bmp"), Image(JPEG, "image/jpeg"))),
     ]
 
     claude.complete(conversation, [])
@@ -413,16 +419,12 @@ def test_anthropic_pictures_are_image_blocks_inside_the_tool_result(server: Wire
                 "content": [
                     {
                         "type": "text",
-                        "text": "[a picture of type image/bmp was left out: the Messages API takes only "
-                        "JPEG, PNG, GIF and WebP]",
+                        "text": "[a picture was left out: its type image/bmp is not one of image/gif, "
+                        "image/jpeg, image/png, image/webp]",
                     },
                     {
                         "type": "image",
-                        "source": {
-                            "type": "base64",
-                            "media_type": "image/jpeg",
-                            "data": base64.b64encode(b"\xff\xd8").decode(),
-                        },
+                        "source": {"type": "base64", "media_type": "image/jpeg", "data": JPEG_B64},
                     },
                 ],
             },

@@ -32,6 +32,7 @@ EXPORTED = [
     "EntryPointGroup",
     "Error",
     "ErrorKind",
+    "FinalResult",
     "FunctionTool",
     "ISOLATIONS",
     "Image",
@@ -50,6 +51,8 @@ EXPORTED = [
     "Ok",
     "PluginFolder",
     "PluginLoadError",
+    "ProgressEvent",
+    "PromptEvent",
     "PromptResult",
     "Registration",
     "Reply",
@@ -63,17 +66,26 @@ EXPORTED = [
     "SourceHandle",
     "StartChild",
     "Step",
+    "StepEnded",
     "Supervisor",
     "SupervisorEvent",
+    "Telemetry",
+    "TextDelta",
     "ToolCall",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToolEntry",
+    "ToolFailure",
     "ToolInfo",
     "ToolResult",
     "ToolSet",
+    "ToolSetChanged",
     "TranscriptError",
     "UntrustedReads",
+    "Usage",
     "WorkerPool",
     "aprompt",
+    "astream",
     "check_declaration",
     "concurrency",
     "count_children",
@@ -90,6 +102,7 @@ EXPORTED = [
     "read_declaration",
     "run_selftests",
     "start_link",
+    "stream",
     "timeout_ms",
     "to_dialect",
     "tool",
@@ -119,14 +132,23 @@ def test_each_name_is_importable_and_documented(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["DeclarationError", "DuplicateToolError", "IsolatedReadError", "LoadError", "PluginLoadError"],
+    ["ArgumentsError", "DeclarationError", "DuplicateToolError", "IsolatedReadError", "LoadError",
+     "PluginLoadError", "ToolFailure", "TranscriptError"],
 )
 def test_the_runtime_exceptions_derive_from_rho_error(name: str) -> None:
     assert issubclass(getattr(rho_actors, name), rho_actors.RhoError)
 
 
+def test_the_python_kinds_of_the_runtime_exceptions_stay() -> None:
+    from rho_actors.files import UnsafePathError
+
+    assert issubclass(UnsafePathError, rho_actors.RhoError) and issubclass(UnsafePathError, OSError)
+    assert issubclass(rho_actors.ArgumentsError, ValueError)
+    assert issubclass(rho_actors.DeclarationError, ValueError)
+
+
 def test_a_rho_error_is_caught_as_one() -> None:
     with rho_actors.ActorSystem() as system, pytest.raises(rho_actors.RhoError) as err:
-        system.register(rho_actors.tool(lambda: 1, name="one"))
-        system.register(rho_actors.tool(lambda: 2, name="one"))
+        system.register(rho_actors.tool(lambda: 1, name="one", description="One."))
+        system.register(rho_actors.tool(lambda: 2, name="one", description="One."))
     assert isinstance(err.value, rho_actors.DuplicateToolError) and "already registered" in str(err.value)

@@ -624,7 +624,7 @@ def test_async_run(pool: WorkerPool) -> None:
 
 def test_returned_error_and_raise(pool: WorkerPool) -> None:
     result = call(pool, ReturnsError)
-    assert (result.ok, result.error_kind, result.content) == (False, ErrorKind.RAISED, "bad input")
+    assert (result.ok, result.error_kind, result.content) == (False, ErrorKind.TOOL_ERROR, "bad input")
 
 
 def test_timeout_stops_the_work(pool: WorkerPool, tmp_path: Path) -> None:
@@ -713,9 +713,15 @@ def test_large_output_is_capped_in_the_worker(pool: WorkerPool) -> None:
     result = call(pool, Huge)
     assert result.ok and result.content.startswith("x" * MAX_CHARS)
     assert len(result.content) < MAX_CHARS + 200 and "30,000,000" in result.content
-    result = call(pool, Huge, {"details": True})
-    assert result.ok and result.content == "big details"
-    assert isinstance(result.details, bytes) and len(result.details) == 30_000_000
+    result = call(pool, Huge, {"details": True})  # the default codec sends plain data only
+    assert result.error_kind is ErrorKind.RAISED and "details: a bytes is not JSON data" in result.content
+
+
+def test_pickle_codec_sends_any_details_for_trusted_tools() -> None:
+    with WorkerPool(warm=0, codec="pickle") as trusted:
+        result = call(trusted, Huge, {"details": True})
+        assert result.ok and result.content == "big details"
+        assert isinstance(result.details, bytes) and len(result.details) == 30_000_000
 
 
 def test_unpicklable_details() -> None:
@@ -748,8 +754,8 @@ def test_tool_from_a_file_module(pool: WorkerPool, plugin: Any) -> None:
     result = call(pool, plugin.PluginTool, {"parent": os.getpid()})
     assert result.ok and result.content == "hello from a plugin in True"
     assert call(pool, plugin).content == "module hello from a plugin"
-    result = call(pool, plugin.PointTool)  # details of a class that came by value
-    assert result.ok and (result.details.x, result.details.y) == (1, 2)
+    result = call(pool, plugin.PointTool)  # details of a class that came by value: not plain data
+    assert result.error_kind is ErrorKind.RAISED and "details: a Point is not JSON data" in result.content
 
 
 def test_benchmark_smoke() -> None:
@@ -761,12 +767,15 @@ def test_benchmark_smoke() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert set(report) == {"environment", "noop_call", "replacement", "declarations", "total_s"}
+    assert set(report) == {"environment", "noop_call", "replacement", "declarations", "untrusted", "total_s"}
     for part, key in (("noop_call", "ratio"), ("replacement", "target_ms"), ("declarations", "target_ms")):
         assert report[part][key] > 0 and isinstance(report[part]["pass"], bool)
     assert report["noop_call"]["worker_pool_us"]["p50"] > 0
     assert report["replacement"]["deadline_to_ready_ms"]["p50"] > 0
     assert report["declarations"]["accepted"] == 50 and report["declarations"]["per_tool_ms"]["mean"] > 0
+    for part in ("warm_call", "new_session_first_call", "worker_scope_call", "cold_session_first_call"):
+        pair = report["untrusted"][part]
+        assert pair["system_us"]["p50"] > 0 and pair["process_pool_executor_us"]["p50"] > 0 and pair["ratio"] > 0
 
 
 def test_calls_never_queue(pool: WorkerPool, tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ def folder(tmp_path: Path) -> Path:
 
 
 def test_a_folder_follows_its_files(system: ActorSystem, folder: Path) -> None:
-    handle = add_source(system, PluginFolder(folder), trusted=True, poll_s=None)
+    handle = add_source(system, PluginFolder(folder, trusted=True), trusted=True, poll_s=None)
     loop = system.start_loop("s1")
     assert offered(loop) == []
 
@@ -109,7 +109,7 @@ def test_broken_files_are_reported_and_hide_nothing(system: ActorSystem, folder:
     interrupting = write(folder, "interrupting.py", "raise KeyboardInterrupt\n")
     not_a_tool = write(folder, "not_a_tool.py", "def name():\n    return 'x'\n")
     bad_decl = write(folder, "bad_decl.py", plugin("bad name!", "x"))
-    handle = add_source(system, PluginFolder(folder), trusted=True, poll_s=None)
+    handle = add_source(system, PluginFolder(folder, trusted=True), trusted=True, poll_s=None)
     loop = system.start_loop("s1")
     assert offered(loop) == ["good"]
     assert call(loop, "good").content == "fine"
@@ -209,7 +209,7 @@ def test_a_duplicate_name_is_refused_naming_both_origins(system: ActorSystem, fo
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     first = write(folder, "a_first.py", plugin("same", "first"))
     second = write(folder, "b_second.py", plugin("same", "second"))
-    handle = add_source(system, PluginFolder(folder), trusted=True, poll_s=None)
+    handle = add_source(system, PluginFolder(folder, trusted=True), trusted=True, poll_s=None)
     loop = system.start_loop("s1")
     assert call(loop, "same").content == "first"
     entry = handle.status()["tools"][str(second)]
@@ -251,7 +251,7 @@ def test_a_duplicate_name_is_refused_naming_both_origins(system: ActorSystem, fo
 
 
 def test_periodic_polling_notices_changes(system: ActorSystem, folder: Path) -> None:
-    handle = add_source(system, PluginFolder(folder), trusted=True, poll_s=0.05)
+    handle = add_source(system, PluginFolder(folder, trusted=True), trusted=True, poll_s=0.05)
     loop = system.start_loop("s1")
     write(folder, "ticker.py", plugin("ticker", "one"))
     assert wait_for(lambda: offered(loop) == ["ticker"])
@@ -265,8 +265,8 @@ def test_periodic_polling_notices_changes(system: ActorSystem, folder: Path) -> 
 
 
 @pytest.mark.parametrize("trusted", [True, False], ids=["thread", "process"])
-def test_a_call_in_flight_finishes_when_its_tool_is_removed(system: ActorSystem, folder: Path, tmp_path: Path,
-                                                           trusted: bool) -> None:
+def test_a_call_in_flight_finishes_when_its_tool_is_removed(folder: Path, tmp_path: Path, trusted: bool,
+                                                           request: pytest.FixtureRequest) -> None:
     started, go = tmp_path / "started", tmp_path / "go"
     body = f"""
         import os, time
@@ -279,7 +279,10 @@ def test_a_call_in_flight_finishes_when_its_tool_is_removed(system: ActorSystem,
             return "finished" if os.path.exists({str(go)!r}) else "not released"
     """
     slow = write(folder, "slow.py", plugin("slow", "unused", body))
-    handle = add_source(system, PluginFolder(folder), trusted=trusted, poll_s=None)
+    # the tool signals through files outside its private folder: no OS confinement here
+    system = ActorSystem(tmp_path / "data", confinement=False)
+    request.addfinalizer(system.stop)
+    handle = add_source(system, PluginFolder(folder, trusted=trusted), trusted=trusted, poll_s=None)
     assert system._tools.current.entries["slow"].isolation == ("thread" if trusted else "process")
     loop = system.start_loop("s1")
     future = loop.submit_turn([ToolCall("c1", "slow", "{}")])
@@ -365,10 +368,10 @@ def test_entry_points(system: ActorSystem, tmp_path: Path, monkeypatch: pytest.M
 
 def test_the_source_actor_is_supervised(system: ActorSystem, folder: Path) -> None:
     write(folder, "one.py", plugin("one", "1"))
-    handle = add_source(system, PluginFolder(folder), trusted=True, poll_s=None)
+    handle = add_source(system, PluginFolder(folder, trusted=True), trusted=True, poll_s=None)
     assert repr(handle).startswith("<SourceHandle") and handle.alive
     with pytest.raises(ValueError, match="already added"):
-        add_source(system, PluginFolder(folder), trusted=True)
+        add_source(system, PluginFolder(folder, trusted=True), trusted=True)
     with pytest.raises(TypeError, match="not a source"):
         add_source(system, object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="poll_s"):
@@ -393,7 +396,7 @@ def test_the_source_actor_is_supervised(system: ActorSystem, folder: Path) -> No
 
 def test_stopping_the_system_stops_the_source(tmp_path: Path, folder: Path) -> None:
     system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
-    handle: SourceHandle = add_source(system, PluginFolder(folder), trusted=True, poll_s=0.05)
+    handle: SourceHandle = add_source(system, PluginFolder(folder, trusted=True), trusted=True, poll_s=0.05)
     ref = system.whereis(handle.child_id)
     assert ref is not None
     system.stop()
@@ -402,7 +405,7 @@ def test_stopping_the_system_stops_the_source(tmp_path: Path, folder: Path) -> N
 
 
 def test_a_missing_folder_is_a_failed_scan(system: ActorSystem, tmp_path: Path) -> None:
-    handle = add_source(system, PluginFolder(tmp_path / "nowhere"), trusted=True, poll_s=None)
+    handle = add_source(system, PluginFolder(tmp_path / "nowhere", trusted=True), trusted=True, poll_s=None)
     assert handle.status()["last_error"].startswith("scan failed: FileNotFoundError")
 
 
@@ -441,7 +444,7 @@ def test_a_plugin_file_may_hold_one_tool_function(system: ActorSystem, folder: P
         "@tool\ndef a() -> str:\n    '''A.'''\n    return 'a'\n\n"
         "@tool\ndef b() -> str:\n    '''B.'''\n    return 'b'\n"
     ))
-    handle = add_source(system, PluginFolder(folder), trusted=True, poll_s=None)
+    handle = add_source(system, PluginFolder(folder, trusted=True), trusted=True, poll_s=None)
     loop = system.start_loop("s1")
     assert offered(loop) == ["greet"]
     [result] = loop.run_turn([ToolCall("g", "greet", '{"who": "Ada"}')])

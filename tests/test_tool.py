@@ -174,6 +174,7 @@ def test_error_kind_values() -> None:
         "withheld",
         "unavailable",
         "timeout",
+        "tool_error",
         "raised",
         "exited",
         "crashed",

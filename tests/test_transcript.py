@@ -15,6 +15,7 @@ from rho_actors.transcript import (
     Transcript,
     TranscriptBusyError,
     TranscriptError,
+    checksum,
     load,
     read_records,
 )
@@ -47,7 +48,9 @@ def test_records_follow_the_schema(tmp_path: Path) -> None:
     records = [json.loads(line) for line in lines]
     assert [(r["type"], r["step"]) for r in records] == [
         ("user", 1), ("reply", 1), ("result", 1), ("result", 1), ("reply", 2), ("error", 2)]
-    assert all(r["v"] == 1 and isinstance(r["ts"], float) for r in records)
+    assert all(r["v"] == 2 and isinstance(r["ts"], float) for r in records)
+    assert [r["seq"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert all(r["sum"] == checksum(r) for r in records)
     assert records[1]["tool_calls"] == [
         {"id": "c1", "name": "add", "arguments": '{"a": 1}'},
         {"id": "c2", "name": "look", "arguments": {"where": "here", "n": [1, 2]}},
@@ -63,7 +66,7 @@ def test_load_gives_the_conversation_back(tmp_path: Path) -> None:
     _write_step(path)
     history = load(path)
     assert history.messages == [
-        Message.user("hello ünïcode \ud800"),
+        Message.user("hello ünïcode \ufffd"),  # a lone surrogate never reaches the file
         Message.assistant("let me look", CALLS),
         Message("tool", "1", (), "c1", "add", False, ()),
         Message("tool", "boom", (), "c2", "look", True, (Image(PNG),)),
@@ -127,7 +130,7 @@ def test_a_record_breaking_the_schema_is_an_error(tmp_path: Path) -> None:
 
 def test_unknown_record_types_are_skipped(tmp_path: Path, logs: list[str]) -> None:
     path = tmp_path / TRANSCRIPT_NAME
-    path.write_text('{"v": 2, "type": "note", "step": 1}\n{"v": 1, "type": "user", "step": 1, "text": "hi"}\n',
+    path.write_text('{"v": 1, "type": "note", "step": 1}\n{"v": 1, "type": "user", "step": 1, "text": "hi"}\n',
                     encoding="utf-8")
     assert load(path).messages == [Message.user("hi")]
     assert any("unknown record type 'note'" in m for m in logs)

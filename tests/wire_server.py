@@ -14,6 +14,11 @@ route (a non-retryable error, so a test that under-scripts fails at once and cle
 Every request is recorded (:attr:`WireServer.requests`: path, lowercased headers, the
 parsed JSON body) before it is answered.
 
+Each route ENFORCES the provider's documented request rules (:func:`openai_violation`,
+:func:`anthropic_violation`): a request that breaks one gets the 400 the real API gives
+(its script is not consumed), so a conversation that would poison a real session fails
+here too. ``WireServer(enforce=False)`` turns that off.
+
 Every wait is bounded: a scripted ``delay_s`` is cut short by :meth:`WireServer.stop`,
 sockets time out after ``SOCKET_TIMEOUT_S``, and ``stop`` joins the serving thread for at
 most ``JOIN_TIMEOUT_S``.
@@ -29,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -45,8 +51,11 @@ __all__ = [
     "WireServer",
     "anthropic_error",
     "anthropic_message",
+    "anthropic_stream",
     "openai_completion",
     "openai_error",
+    "openai_stream",
+    "picture",
     "text_block",
     "tool_use_block",
 ]
@@ -61,11 +70,12 @@ MAX_DELAY_S = 10.0
 @dataclass(frozen=True)
 class Response:
     """One scripted answer: HTTP ``status``, a JSON ``body`` (a dict, or ``str`` sent as
-    it is), extra ``headers``, and ``delay_s`` seconds to wait before answering (capped
-    at ``MAX_DELAY_S``; to provoke a client timeout)."""
+    it is, or a list of ``(event, data)`` server-sent events), extra ``headers``, and
+    ``delay_s`` seconds to wait before answering (capped at ``MAX_DELAY_S``; to provoke
+    a client timeout)."""
 
     status: int
-    body: dict[str, Any] | str
+    body: dict[str, Any] | str | list[tuple[str | None, Any]]
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
 
@@ -88,7 +98,8 @@ class WireServer:
     """A threaded stdlib HTTP server on ``127.0.0.1`` and a free port; see the module
     docstring. Use it as a context manager or call :meth:`start` / :meth:`stop`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, enforce: bool = True) -> None:
+        self.enforce = enforce
         self._lock = threading.Lock()
         self._scripts: dict[str, deque[Response]] = {OPENAI_PATH: deque(), ANTHROPIC_PATH: deque()}
         self._requests: list[Recorded] = []
@@ -190,22 +201,35 @@ class WireServer:
             body = None
         path = handler.path.split("?", 1)[0]
         headers = {k.lower(): v for k, v in handler.headers.items()}
+        violation = _violation(path, body) if self.enforce and handler.command == "POST" else None
         with self._lock:
             self._requests.append(Recorded(handler.command, path, headers, body, raw, time.monotonic()))
             queue = self._scripts.get(path)
             if handler.command != "POST" or queue is None:
                 response = Response(404, {"error": {"message": f"no route {handler.command} {path}"}})
+            elif violation is not None:
+                error = anthropic_error(400, violation) if path == ANTHROPIC_PATH else openai_error(400, violation)
+                response = Response(400, error)
             elif not queue:
                 response = Response(400, _exhausted(path))
             else:
                 response = queue.popleft()
         if response.delay_s > 0 and self._stopping.wait(min(response.delay_s, MAX_DELAY_S)):
             return  # stopping: drop the connection unanswered
-        payload = response.body if isinstance(response.body, str) else json.dumps(response.body)
+        if isinstance(response.body, list):  # server-sent events
+            payload = "".join(
+                (f"event: {name}\n" if name else "")
+                + f"data: {item if isinstance(item, str) else json.dumps(item)}\n\n"
+                for name, item in response.body
+            )
+            kind = "text/event-stream"
+        else:
+            payload = response.body if isinstance(response.body, str) else json.dumps(response.body)
+            kind = "application/json"
         data = payload.encode()
         try:
             handler.send_response(response.status)
-            handler.send_header("content-type", "application/json")
+            handler.send_header("content-type", kind)
             handler.send_header("content-length", str(len(data)))
             for name, value in response.headers.items():
                 handler.send_header(name, value)
@@ -220,6 +244,17 @@ def _exhausted(path: str) -> dict[str, Any]:
     if path == ANTHROPIC_PATH:
         return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
     return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+
+
+def picture(fmt: str = "PNG", size: tuple[int, int] = (2, 2)) -> bytes:
+    """A real picture of ``size`` pixels in Pillow format ``fmt`` (PNG, GIF, JPEG, WEBP)."""
+    import io
+
+    from PIL import Image as PILImage
+
+    out = io.BytesIO()
+    PILImage.new("RGB", size, (200, 30, 30)).save(out, format=fmt)
+    return out.getvalue()
 
 
 # -- OpenAI bodies ---------------------------------------------------------------------
@@ -303,3 +338,239 @@ def anthropic_error(status: int, message: str) -> dict[str, Any]:
         529: "overloaded_error",
     }
     return {"type": "error", "error": {"type": kinds.get(status, "api_error"), "message": message}}
+
+
+# -- the providers' request rules -------------------------------------------------------
+
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
+_IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif", "image/webp"}
+_PIL_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
+
+
+def _violation(path: str, body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return "the request body is not a JSON object"
+    check = openai_violation if path == OPENAI_PATH else anthropic_violation if path == ANTHROPIC_PATH else None
+    return None if check is None else check(body)
+
+
+def _strict_object(text: Any) -> bool:
+    def no_constant(name: str) -> Any:
+        raise ValueError(name)
+
+    try:
+        return isinstance(json.loads(text, parse_constant=no_constant), dict)
+    except (TypeError, ValueError, RecursionError):
+        return False
+
+
+def _image_problem(media_type: Any, data_b64: Any, max_bytes: int, max_side: int | None) -> str | None:
+    import base64
+    import io
+
+    from PIL import Image as PILImage
+
+    if media_type not in _IMAGE_TYPES:
+        return f"Image media type {media_type!r} is not supported"
+    try:
+        data = base64.b64decode(data_b64, validate=True)
+    except Exception:
+        return "Image data is not valid base64"
+    if len(data) > max_bytes:
+        return f"image exceeds {max_bytes} bytes maximum"
+    try:
+        with PILImage.open(io.BytesIO(data)) as img:
+            fmt, (width, height) = _PIL_TYPES.get(str(img.format)), img.size
+    except Exception:
+        return "Could not process image"
+    if fmt != media_type:
+        return f"Image does not match the provided media type {media_type}"
+    if max_side is not None and max(width, height) > max_side:
+        return f"image dimensions exceed max allowed size: {max_side} pixels"
+    return None
+
+
+def openai_violation(body: dict[str, Any]) -> str | None:
+    """The 400 message Chat Completions gives ``body``, or None when it is accepted."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty array"
+    seen: set[str] = set()
+    pending: list[str] = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role != "tool" and pending:
+            return ("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                    f"'tool_call_id'. The following tool_call_ids did not have response messages: {pending[0]}")
+        content = m.get("content")
+        if role in ("user", "system", "developer"):
+            if isinstance(content, str):
+                if not content.strip():
+                    return f"Invalid 'messages[{i}].content': string too short (blank)"
+            elif isinstance(content, list) and content:
+                for part in content:
+                    if part.get("type") == "text" and not str(part.get("text", "")).strip():
+                        return f"Invalid 'messages[{i}].content': a text part is blank"
+                    if part.get("type") == "image_url":
+                        url = str(part.get("image_url", {}).get("url", ""))
+                        head, _, data = url.partition(",")
+                        media = head.removeprefix("data:").removesuffix(";base64")
+                        problem = _image_problem(media, data, 20 * 2**20, None)
+                        if problem:
+                            return f"Invalid 'messages[{i}]': {problem}"
+            else:
+                return f"Invalid 'messages[{i}].content': expected a string or a non-empty array"
+        elif role == "assistant":
+            calls = m.get("tool_calls") or []
+            if not calls and not (isinstance(content, str) and content.strip()):
+                return f"Invalid 'messages[{i}].content': an assistant message needs content or tool_calls"
+            if isinstance(content, str) and not content.strip() and content != "":
+                return f"Invalid 'messages[{i}].content': blank"
+            for k, call in enumerate(calls):
+                cid = call.get("id")
+                if not isinstance(cid, str) or not cid:
+                    return f"Invalid 'messages[{i}].tool_calls[{k}].id': empty string"
+                if len(cid) > 40:
+                    return f"Invalid 'messages[{i}].tool_calls[{k}].id': string too long. Expected a string with " \
+                        "maximum length 40"
+                if cid in seen:
+                    return f"Duplicate value for 'tool_call_id' of {cid} in message[{i}]"
+                seen.add(cid)
+                fn = call.get("function", {})
+                if not isinstance(fn.get("name"), str) or not _NAME.fullmatch(fn["name"]):
+                    return f"Invalid 'messages[{i}].tool_calls[{k}].function.name': string does not match pattern"
+                if not _strict_object(fn.get("arguments")):
+                    return f"Invalid 'messages[{i}].tool_calls[{k}].function.arguments': not a JSON object"
+            pending = [c.get("id") for c in calls]
+        elif role == "tool":
+            tid = m.get("tool_call_id")
+            if tid not in pending:
+                return ("Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+                        "with 'tool_calls'.")
+            pending.remove(tid)
+            if not isinstance(content, str):
+                return f"Invalid 'messages[{i}].content': expected a string"
+        else:
+            return f"Invalid 'messages[{i}].role': {role!r}"
+    return None
+
+
+def anthropic_violation(body: dict[str, Any]) -> str | None:
+    """The 400 message the Messages API gives ``body``, or None when it is accepted."""
+    system = body.get("system")
+    if system is not None and (not isinstance(system, str) or not system.strip()):
+        return "system: text content blocks must contain non-whitespace text"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: at least one message is required"
+    seen: set[str] = set()
+    pending: list[str] = []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list) or not blocks:
+            return f"messages.{i}: all messages must have non-empty content"
+        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+        if pending and (m.get("role") != "user" or sorted(results) != sorted(pending)):
+            return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+                    f"{pending[0]}. Each `tool_use` block must have a corresponding `tool_result` block in the "
+                    "next message.")
+        for b in blocks:
+            kind = b.get("type")
+            if kind == "text" and not str(b.get("text", "")).strip():
+                return f"messages.{i}: text content blocks must contain non-whitespace text"
+            if kind == "tool_use":
+                if m.get("role") != "assistant":
+                    return f"messages.{i}: tool_use blocks belong to assistant messages"
+                tid = b.get("id")
+                if not isinstance(tid, str) or not _ANTHROPIC_ID.fullmatch(tid):
+                    return f"messages.{i}.content.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"
+                if tid in seen:
+                    return f"messages.{i}: `tool_use` ids must be unique"
+                seen.add(tid)
+                if not isinstance(b.get("name"), str) or not _NAME.fullmatch(b["name"]):
+                    return f"messages.{i}.content.tool_use.name: String should match pattern"
+                if not isinstance(b.get("input"), dict):
+                    return f"messages.{i}.content.tool_use.input: Input should be a valid dictionary"
+            if kind == "tool_result":
+                if b.get("tool_use_id") not in pending:
+                    return (f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                            f"{b.get('tool_use_id')}. Each `tool_result` block must have a corresponding `tool_use` "
+                            "block in the previous message.")
+                inner = b.get("content")
+                if b.get("is_error") and not inner:
+                    return f"messages.{i}: content cannot be empty if `is_error` is true"
+                for part in inner if isinstance(inner, list) else []:
+                    if part.get("type") == "text" and not str(part.get("text", "")).strip():
+                        return f"messages.{i}: text content blocks must contain non-whitespace text"
+                    if part.get("type") == "image":
+                        src = part.get("source", {})
+                        problem = _image_problem(src.get("media_type"), src.get("data"), 5 * 2**20, 8000)
+                        if problem:
+                            return f"messages.{i}: {problem}"
+        pending = [b.get("id") for b in blocks if b.get("type") == "tool_use"] if m.get("role") == "assistant" else []
+    if pending:
+        return "the last assistant message's `tool_use` blocks have no `tool_result` blocks"
+    return None
+
+
+# -- streams (server-sent events) -------------------------------------------------------
+
+
+def openai_stream(
+    texts: Sequence[str] = (), tool_calls: Sequence[tuple[str, str, str]] = (), *, model: str = "gpt-test"
+) -> list[tuple[str | None, Any]]:
+    """A streamed ``chat.completion.chunk`` sequence: one chunk per text piece, one per
+    ``(id, name, arguments)`` call (arguments in two pieces), the finish, the usage, and
+    ``[DONE]``."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> tuple[None, dict[str, Any]]:
+        return None, {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": model,
+                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    events: list[tuple[str | None, Any]] = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": piece}) for piece in texts]
+    for index, (cid, name, args) in enumerate(tool_calls):
+        half = len(args) // 2
+        events.append(chunk({"tool_calls": [{"index": index, "id": cid, "type": "function",
+                                             "function": {"name": name, "arguments": args[:half]}}]}))
+        events.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": args[half:]}}]}))
+    events.append(chunk({}, "tool_calls" if tool_calls else "stop"))
+    events.append((None, {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": model,
+                          "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}))
+    events.append((None, "[DONE]"))
+    return events
+
+
+def anthropic_stream(
+    texts: Sequence[str] = (), tool_uses: Sequence[tuple[str, str, dict[str, Any]]] = (), *, model: str = "claude-test"
+) -> list[tuple[str | None, Any]]:
+    """A streamed Messages API reply: a text block of ``texts`` pieces, then a
+    ``tool_use`` block per ``(id, name, input)`` (its JSON in two pieces)."""
+    events: list[tuple[str | None, Any]] = [("message_start", {"type": "message_start", "message": {
+        "id": "msg_s", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
+        "stop_sequence": None, "usage": {"input_tokens": 7, "output_tokens": 1}}})]
+    index = 0
+    if texts:
+        events.append(("content_block_start", {"type": "content_block_start", "index": 0,
+                                               "content_block": {"type": "text", "text": ""}}))
+        events += [("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                            "delta": {"type": "text_delta", "text": piece}}) for piece in texts]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        index = 1
+    for tid, name, tool_input in tool_uses:
+        text = json.dumps(tool_input)
+        half = len(text) // 2
+        events.append(("content_block_start", {"type": "content_block_start", "index": index,
+                                               "content_block": {"type": "tool_use", "id": tid, "name": name,
+                                                                 "input": {}}}))
+        for piece in (text[:half], text[half:]):
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                   "delta": {"type": "input_json_delta", "partial_json": piece}}))
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        index += 1
+    events.append(("message_delta", {"type": "message_delta", "delta": {
+        "stop_reason": "tool_use" if tool_uses else "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 3}}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events

@@ -12,6 +12,7 @@ from typing import Final
 from rho_actors.isolation.base import Isolation, IsolationServices, RunningCall
 from rho_actors.isolation.owner import IsolationOwner
 from rho_actors.isolation.process import ProcessIsolation
+from rho_actors.isolation.ray import RayIsolation
 from rho_actors.isolation.thread import AbandonedThreads, ThreadIsolation
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "IsolationOwner",
     "IsolationServices",
     "ProcessIsolation",
+    "RayIsolation",
     "RunningCall",
     "ThreadIsolation",
     "start_isolations",
@@ -29,6 +31,7 @@ __all__ = [
 ISOLATIONS: Final[Mapping[str, type[Isolation]]] = MappingProxyType({
     "thread": ThreadIsolation,
     "process": ProcessIsolation,
+    "ray": RayIsolation,
 })
 """Isolation name -> class."""
 

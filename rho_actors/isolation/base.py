@@ -10,13 +10,17 @@ opened and shut down with its system.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from rho_actors.call import CallSpec
+    from rho_actors.events import EventBus
     from rho_actors.otp.supervisor import ChildStarter
     from rho_actors.otp.timers import Timers
+    from rho_actors.registry import ToolSetView
+    from rho_actors.sandbox.enclosure import ConfinePolicy
 
 __all__ = ["Isolation", "IsolationServices", "RunningCall"]
 
@@ -26,13 +30,28 @@ class IsolationServices:
     """What an isolation gets from its system: ``calls`` starts the supervised CallActor
     a call runs in (its waiting thread); ``timers``, the system's timer service; the bounds of
     worker processes: ``warm_workers`` idle workers, ``heap_bytes`` of address space each
-    (bytes) and the ``start_method`` (``"forkserver"`` or ``"spawn"``)."""
+    (bytes) and the ``start_method`` (``"forkserver"`` or ``"spawn"``); ``max_workers``,
+    the cap on worker processes of the whole system; ``confine``, how untrusted workers
+    are confined; ``worker_idle_s``, how long an idle scoped worker is kept (seconds);
+    ``tools``, the published tool set (a call's tool entry says whether it is untrusted);
+    ``events``, where isolations report; ``threads_per_tool`` and ``threads_total``, the
+    caps on abandoned threads of thread calls; ``ray``, how to reach Ray (``None``: a
+    local Ray, started on the first ``ray`` call; see
+    :class:`rho_actors.integrations.ray.tasks.RayRuntime`)."""
 
     calls: ChildStarter
     timers: Timers
     warm_workers: int = 2
     heap_bytes: int = 256 * 2**20
     start_method: str = "forkserver"
+    max_workers: int = 8
+    confine: ConfinePolicy | None = None
+    worker_idle_s: float = 30.0
+    tools: ToolSetView | None = None
+    events: EventBus | None = None
+    threads_per_tool: int = 8
+    threads_total: int = 64
+    ray: Mapping[str, Any] | None = None
 
 
 class RunningCall(Protocol):
@@ -49,7 +68,11 @@ class Isolation(ABC):
     :class:`IsolationServices`."""
 
     name: ClassVar[str]
-    """The name users pass as ``isolation=`` (``"thread"``, ``"process"``)."""
+    """The name users pass as ``isolation=`` (``"thread"``, ``"process"``, ``"ray"``)."""
+
+    untrusted_refused: ClassVar[str | None] = None
+    """Why untrusted tools may not use this isolation (``register`` raises
+    ``ValueError`` with it), or ``None``: they may."""
 
     def __init__(self, services: IsolationServices) -> None:
         self.services = services
@@ -61,6 +84,14 @@ class Isolation(ABC):
         Raises ``pykka.ActorDeadError`` or ``pykka.Timeout`` when the call cannot start
         (the system is stopping)."""
 
+    def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Check what ``register(..., resources=...)`` gave a tool of this isolation and
+        return it frozen (kept with the tool's entry). Default: no option is taken;
+        raises ``ValueError`` naming them."""
+        if options:
+            raise ValueError(f"isolation {self.name!r} takes no resources, got {sorted(options)}")
+        return options
+
     def open(self) -> None:  # noqa: B027 (optional hook)
         """Make the isolation ready (its system started it). Default: nothing."""
 
@@ -68,7 +99,17 @@ class Isolation(ABC):
         """Stop every call and release every resource within ``timeout_s`` seconds.
         Default: nothing."""
 
+    def describe(self) -> dict[str, Any]:
+        """What an operator sees of this isolation in :meth:`rho_actors.ActorSystem.tree`
+        (plain data; the ``workers`` node's ``isolations``). Default: nothing."""
+        return {}
+
     def stats(self) -> dict[str, int]:
         """Counters for :meth:`rho_actors.ActorSystem.stats` (names unique across
         isolations). Default: none."""
         return {}
+
+    def pids(self) -> list[int]:
+        """The process ids of this isolation's worker processes alive now, for
+        :meth:`rho_actors.ActorSystem.worker_pids`. Default: none."""
+        return []

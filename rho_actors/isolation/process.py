@@ -1,21 +1,35 @@
 """``process`` isolation: a call runs in a warm worker process (DESIGN §5).
 
-The call's CallActor hands it to the system's :class:`rho_actors.sandbox.WorkerPool`
-and waits; the pool owns the deadline: at it, the worker's process group is killed and
-the result is a ``timeout`` error. The pool starts on the first call (a system that runs
-no ``process`` call starts no process) and is stopped, killing every worker's process
-group, when the system's ``workers`` actor stops.
+The call's CallActor hands it to one of the system's two
+:class:`rho_actors.sandbox.WorkerPool`\\ s and waits; the pool owns the deadline: at it,
+the worker's whole process tree is killed and the result is a ``timeout`` error.
+Cancelling the call (its loop stopping, or the host cancelling its turn) kills the
+worker the same way.
+Trusted tools share the other pool, whose workers keep the host's identity, environment
+and files but have their process tree contained (:data:`TREE_ONLY`: a subreaper, a
+parent-death signal, a cgroup bounding the whole tree to the heap bound, the tree killed
+as one) unless the system runs with ``confinement=False`` (then a process group and
+``RLIMIT_AS`` only); untrusted tools run in the confined pool, in
+workers scoped to one (tool, session) pair, or to one call (``worker_scope="call"``),
+with only the ``deps`` the host registered for them. The confined pool decodes its
+workers' replies as plain data only; the trusted pool unpickles them, so a trusted
+tool's ``Details`` may hold any picklable object. Both pools share the system's cap
+on worker processes. The pools start on the first call and are stopped, killing every
+worker's tree, when the system's ``workers`` actor stops.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 from rho_actors.call import CallSpec, RunCall
 from rho_actors.isolation.base import Isolation, IsolationServices
 from rho_actors.results import failure
 from rho_actors.sandbox import WorkerPool
+from rho_actors.sandbox.enclosure import TREE_ONLY, ConfinePolicy
+from rho_actors.sandbox.pool import CALL_SCOPE, WorkerSlots
 from rho_actors.tool import ToolResult
 
 __all__ = ["ProcessIsolation"]
@@ -28,7 +42,8 @@ class _Running:
         self.call = call
 
     def cancel(self, reason: str) -> None:
-        """Set the call's token; the worker finishes (or is killed at the deadline)."""
+        """Set the call's token, which kills the worker running the call (see
+        :meth:`WorkerPool.run`); a call not yet in a worker does not start."""
         self.call.cancel.cancel(reason)
 
 
@@ -41,6 +56,8 @@ class ProcessIsolation(Isolation):
         super().__init__(services)
         self._lock = threading.Lock()
         self._pool: WorkerPool | None = None
+        self._confined: WorkerPool | None = None
+        self._slots = WorkerSlots(services.max_workers)
         self._open = False
 
     def start(self, call: CallSpec) -> _Running:
@@ -49,24 +66,49 @@ class ProcessIsolation(Isolation):
 
     def _run(self, call: CallSpec) -> ToolResult:
         """The runner, in the CallActor's thread: the call in a worker, until its result."""
+        tools = self.services.tools
+        entry = tools.current.entries.get(call.name) if tools is not None else None
+        untrusted = entry is not None and entry.tool is call.tool and entry.untrusted
         try:
-            pool = self.pool()
+            pool = self.pool(confined=untrusted)
         except RuntimeError as err:
             return failure("pool_closed", call.call_id, call.name, problem=str(err))
+        if not untrusted or entry is None:
+            return pool.run(
+                call.tool, call.args, call.ctx, call.deadline, call.max_output_chars, name=call.name,
+                started=call.dispatched, cancel=call.cancel,
+            )
+        keep = ("session_id", "call_id", "withheld", "traceparent")
+        ctx: dict[str, Any] = {k: call.ctx[k] for k in keep if k in call.ctx}
+        ctx["data_dir"] = Path(".")  # its worker's private folder (the session folder stays closed to it)
+        ctx["deps"] = entry.deps  # only what the host registered for this tool, never the session's deps
+        scope = CALL_SCOPE if entry.worker_scope == "call" else (call.name, ctx.get("session_id"))
         return pool.run(
-            call.tool, call.args, call.ctx, call.deadline, call.max_output_chars, name=call.name,
-            started=call.dispatched,
+            call.tool, call.args, ctx, call.deadline, call.max_output_chars, name=call.name,
+            started=call.dispatched, scope=scope, env=entry.env, cancel=call.cancel,
         )
 
-    def pool(self) -> WorkerPool:
-        """The running pool, started on first use. Raises ``RuntimeError`` while the
-        isolation is not open (its system is stopping, or its actor restarting)."""
+    def pool(self, confined: bool = False) -> WorkerPool:
+        """The running pool (``confined``: the untrusted tools' one), started on first
+        use. Raises ``RuntimeError`` while the isolation is not open (its system is
+        stopping, or its actor restarting)."""
         with self._lock:
             if not self._open:
                 raise RuntimeError("the worker pool is not running (the system is stopping, or it is restarting)")
+            s = self.services
+            if confined:
+                if self._confined is None:
+                    self._confined = WorkerPool(  # replies decoded as plain data only
+                        s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, codec="plain",
+                        confine=s.confine or ConfinePolicy(), slots=self._slots, idle_s=s.worker_idle_s,
+                    )
+                return self._confined
             if self._pool is None:
-                s = self.services
-                self._pool = WorkerPool(s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method)
+                contain = s.confine is None or s.confine.confine
+                self._pool = WorkerPool(  # trusted tools only: replies unpickled, any Details kept
+                    s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, slots=self._slots,
+                    confine=TREE_ONLY if contain else None, codec="pickle",
+                )
             return self._pool
 
     def open(self) -> None:
@@ -75,13 +117,27 @@ class ProcessIsolation(Isolation):
 
     def shutdown(self, timeout_s: float) -> None:
         with self._lock:
-            pool, self._pool, self._open = self._pool, None, False
-        if pool is not None:
+            pools = [p for p in (self._pool, self._confined) if p is not None]
+            self._pool, self._confined, self._open = None, None, False
+        for pool in pools:
             pool.stop(timeout_s)
 
     def stats(self) -> dict[str, int]:
-        """The pool's counters as ``workers_<name>`` (see :meth:`WorkerPool.stats`),
-        none before its first use."""
+        """The pools' counters as ``workers_<name>`` (trusted) and
+        ``untrusted_workers_<name>`` (see :meth:`WorkerPool.stats`), none before first
+        use; ``workers_cap`` and ``workers_peak``, the system's cap on worker processes
+        and the most alive at once."""
         with self._lock:
-            pool = self._pool
-        return {f"workers_{k}": v for k, v in pool.stats().items()} if pool is not None else {}
+            pool, confined = self._pool, self._confined
+        out = {"workers_cap": self._slots.limit, "workers_peak": self._slots.peak}
+        if pool is not None:
+            out.update({f"workers_{k}": v for k, v in pool.stats().items()})
+        if confined is not None:
+            out.update({f"untrusted_workers_{k}": v for k, v in confined.stats().items()})
+        return out
+
+    def pids(self) -> list[int]:
+        """The pools' worker processes alive now ([] before their first use)."""
+        with self._lock:
+            pools = [p for p in (self._pool, self._confined) if p is not None]
+        return [pid for pool in pools for pid in pool.pids()]

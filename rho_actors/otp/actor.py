@@ -101,10 +101,19 @@ def start_link(actor_class: type[Actor], *args: Any, timeout_s: float = 30.0, **
     """Start an actor and return once its ``on_start`` has run (OTP's ``start_link``
     returns after ``init``). Raises ``RuntimeError`` naming the exit reason when it
     failed to start (chained from it when it is an exception), and ``pykka.Timeout``
-    past ``timeout_s`` seconds."""
+    when ``on_start`` runs past ``timeout_s`` seconds: then, as OTP kills an ``init``
+    past its start timeout, the actor is killed (a thread cannot be interrupted: it
+    exits, reason :data:`KILLED`, as soon as ``on_start`` returns, never running
+    unsupervised)."""
     ref = actor_class.start(*args, **kwargs)
     try:
         ref.ask(_Ping(), timeout=timeout_s)
+    except pykka.Timeout:
+        kill(ref)
+        raise pykka.Timeout(
+            f"{actor_class.__name__} did not start within {timeout_s} s (its on_start is still running; "
+            "it is killed once that returns)"
+        ) from None
     except pykka.ActorDeadError:
         ref.actor_stopped.wait(timeout_s)
         reason = _exit_reason_of(ref)
@@ -155,9 +164,10 @@ def monitor(ref: pykka.ActorRef[Any], notify: DownCallback | pykka.ActorRef[Any]
     callback = _teller(notify) if isinstance(notify, pykka.ActorRef) else notify
     handle = Monitor(ref.actor_urn, callback)
     with _lock:
-        callbacks = _monitors.get(ref.actor_urn) if ref.is_alive() else None
-        if callbacks is not None:
-            callbacks.append(handle)
+        # The actor sets ``actor_stopped`` before it takes its monitors (under this
+        # lock), so a live actor's entry made here is always taken and reported.
+        if ref.is_alive():
+            _monitors.setdefault(ref.actor_urn, []).append(handle)
             return handle
     callback(ref, "noproc")
     return handle
@@ -217,8 +227,6 @@ class Actor(pykka.ThreadingActor):
         self.exit_reason: object = None
         self._exit_cause: object = None
         self._stopped_once = False
-        with _lock:
-            _monitors[self.actor_urn] = []
 
     def _start_actor_loop(self) -> None:
         pool = self.thread_pool
@@ -322,7 +330,7 @@ class Actor(pykka.ThreadingActor):
         for handle in callbacks:
             try:
                 handle._callback(self.actor_ref, self.exit_reason)
-            except Exception:
+            except BaseException:  # the next monitors (a supervisor's) must still be told
                 logger.exception("monitor callback for {} raised", self)
         try:
             self.on_exit(self.exit_reason)

@@ -31,7 +31,12 @@ rule of the same name, except where a difference is stated.
   Dynamic children stop all at once (OTP's ``DynamicSupervisor``).
 - **Dynamic children** (OTP's ``DynamicSupervisor``): :meth:`Supervisor.start_child`
   adds children at run time; a ``transient`` one that ends normally, or a ``temporary``
-  one, is forgotten.
+  one, is forgotten. An id held by a running child is refused (OTP's
+  ``already_started``).
+- **Failed starts**: a start that raises (a ``BaseException`` included: it is the
+  child's failure, never the supervisor's), returns no live :class:`rho_actors.Actor`
+  ref, or runs past its start timeout (:class:`StartChild`'s ``timeout_s``) is a failed
+  start (OTP's ``start_error``).
 - **Reports** (OTP's supervisor progress and error reports): ``started``,
   ``crashed`` (``child_terminated``), ``start_failed`` (``start_error``),
   ``restarted``, ``gave_up`` (``reached_max_restart_intensity``) and ``escalated``
@@ -102,14 +107,17 @@ AUTO_SHUTDOWNS: tuple[AutoShutdown, ...] = ("never", "any_significant", "all_sig
 class StartChild:
     """How to start a child: ``actor_class.start(*args, **kwargs)``, returning once its
     ``on_start`` has run (:func:`rho_actors.otp.actor.start_link`); the class must be a
-    :class:`rho_actors.Actor` (so it can be monitored)."""
+    :class:`rho_actors.Actor` (so it can be monitored). An ``on_start`` running past
+    ``timeout_s`` seconds is a failed start (``pykka.Timeout``; the actor is killed once
+    it returns), as OTP's start timeout. The supervisor waits for the start meanwhile."""
 
     actor_class: type[Actor]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 30.0
 
     def __call__(self) -> pykka.ActorRef[Any]:
-        return start_link(self.actor_class, *self.args, **self.kwargs)
+        return start_link(self.actor_class, *self.args, timeout_s=self.timeout_s, **self.kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +348,13 @@ class Supervisor(Actor):
                 logger.exception("{}: the report callback raised", self.label)
 
     def _launch(self, child: _Child) -> None:
-        self._watch(child, child.spec.start())
+        try:
+            ref = child.spec.start()
+        except Exception:
+            raise
+        except BaseException as exc:  # the child's failure (sys.exit in a start), not this supervisor's
+            raise RuntimeError(f"child {child.spec.id!r}: its start raised {_reason_text(exc)}") from exc
+        self._watch(child, ref)
 
     def adopt(self, ref: pykka.ActorRef[Any], spec: ChildSpec) -> None:
         """Supervise a ``temporary`` child started elsewhere (see
@@ -365,6 +379,10 @@ class Supervisor(Actor):
         self._forget_temporary(ref, None)
 
     def _watch(self, child: _Child, ref: pykka.ActorRef[Any]) -> None:
+        if not isinstance(ref, pykka.ActorRef):
+            raise TypeError(
+                f"child {child.spec.id!r}: its start returned {ref!r}, not the ref of a started rho_actors.Actor"
+            )
         if not issubclass(ref.actor_class, Actor):
             ref.stop(block=False)
             raise TypeError(f"child {child.spec.id!r}: {ref.actor_class.__name__} is not a rho_actors.Actor")
@@ -391,7 +409,17 @@ class Supervisor(Actor):
 
     def start_child(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
         """Add and start a child at run time (OTP's ``start_child``); returns its ref.
-        Raises the child's start error (the child is not added then, as in OTP)."""
+        Raises ``ValueError`` when a running child has ``spec.id`` (OTP's
+        ``already_started``), and the child's start error (the child is not added then,
+        as in OTP)."""
+        with self._lock:
+            running = [c.ref for c in self._children.values()
+                       if c.spec.id == spec.id and c.ref is not None and c.ref.is_alive()]
+        if running:
+            raise ValueError(f"child {spec.id!r} is already started (OTP's already_started): {running[0]}")
+        return self._start_dynamic(spec)
+
+    def _start_dynamic(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
         child = _Child(next(self._keys), spec, dynamic=True)
         self._launch(child)
         with self._lock:
@@ -506,18 +534,22 @@ class Supervisor(Actor):
             self._report("restarted", member)
 
     def _give_up(self, child: _Child, reason: object) -> None:
-        """Past the restart intensity: report, stop every child, mark their names, and
-        exit with :class:`RestartIntensityExceeded` (raised here)."""
+        """Past the restart intensity: stop every child, mark their names, stop taking
+        messages, then report and exit with :class:`RestartIntensityExceeded` (raised
+        here). A host reacting to the ``gave_up`` report already sees the names say why
+        and this supervisor not alive."""
         exc = RestartIntensityExceeded(
             f"{self.label}: more than {self.max_restarts} restarts in {self.max_seconds} s "
             f"(last: child {child.spec.id!r}, {_reason_text(reason)})"
         )
-        self._report("gave_up", child, exc)
         with self._lock:
             named = [c.spec.name for c in self._children.values() if c.spec.name is not None]
         self._shutdown_children()
         for name in named:
             self._names.gave_up(name, exc)
+        pykka.ActorRegistry.unregister(self.actor_ref)
+        self.actor_stopped.set()  # is_alive() is false from here: a tell now fails fast
+        self._report("gave_up", child, exc)
         raise exc
 
     # --- shutdown -----------------------------------------------------------------------

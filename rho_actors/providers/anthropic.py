@@ -7,6 +7,7 @@ The conversation goes out as Messages API turns:
 =====================  ==================================================================
 our :class:`Message`   wire message
 =====================  ==================================================================
+``system``             the request's ``system`` text (several are joined by a blank line)
 ``user``               ``{"role": "user", "content": text}``; right after tool results it
                        is a ``text`` block in their user message instead
 ``assistant``          ``{"role": "assistant", "content": [{"type": "text"}..., {"type":
@@ -24,13 +25,17 @@ Declarations go out as ``tools=[{"name", "description", "input_schema"}]`` (left
 there are none). A reply's ``tool_use`` blocks become :class:`ToolCall` values whose
 ``arguments`` is the block's ``input`` object (a mapping); its ``text`` blocks, joined,
 are the reply's text. Other blocks (thinking, server tools) are not kept.
+
+Every request is built from the conversation as :func:`rho_actors.provider_rules.sanitise` makes it
+under :data:`~rho_actors.provider_rules.ANTHROPIC_RULES`, so nothing recorded can make it a 400.
+With ``on_text`` the request streams (``messages.stream``) and ``on_text`` gets each text
+delta.
 """
 
 from __future__ import annotations
 
 import base64
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 try:
@@ -52,7 +57,8 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
     raise missing_sdk("anthropic", _err) from _err
 
 from rho_actors.formats import to_dialect
-from rho_actors.model import Message, Reply
+from rho_actors.model import Message, Reply, Usage
+from rho_actors.provider_rules import ANTHROPIC_RULES, replay_arguments, sanitise
 from rho_actors.providers import (
     DEFAULT_RETRY,
     Failure,
@@ -86,8 +92,8 @@ class AnthropicModel:
     ``max_tokens``: the reply's token budget. ``timeout_s``: the bound on each request,
     in seconds. ``retry``: the :class:`~rho_actors.providers.RetryPolicy` for
     408/429/5xx (529 "overloaded" included), timeouts and connection errors.
-    ``extra_body``: more fields for every request's JSON body (``{"system": "...",
-    "temperature": 0}``...).
+    ``temperature``: the default of every request (``None``: the server's).
+    ``extra_body``: more fields for every request's JSON body (``{"top_k": 5}``...).
 
     Raises :class:`~rho_actors.providers.ModelError` (status ``None``) when no
     credentials can be found. Usable as a context manager (closes the client it made).
@@ -103,10 +109,12 @@ class AnthropicModel:
         max_tokens: int = 4096,
         timeout_s: float = 60.0,
         retry: RetryPolicy = DEFAULT_RETRY,
+        temperature: float | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.max_tokens = max_tokens
+        self.temperature = temperature
         self.timeout_s = timeout_s
         self.retry = retry
         self.extra_body = dict(extra_body or {})
@@ -123,27 +131,56 @@ class AnthropicModel:
             client = client.with_options(max_retries=0)
         self.client: anthropic.Anthropic = client
 
-    def complete(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]]) -> Reply:
+    wire_rules = ANTHROPIC_RULES
+    """What a request must meet (:mod:`rho_actors.provider_rules`)."""
+
+    def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]],
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Reply:
         """One Messages request: ``messages`` and the neutral ``tools`` declarations
-        out, the reply's text and ``tool_use`` calls back.
+        out, the reply's text and ``tool_use`` calls back. ``temperature`` and
+        ``max_tokens`` override the model's for this request; with ``on_text`` the
+        request streams and ``on_text`` gets each text delta.
 
         Raises :class:`~rho_actors.providers.ModelError` for a provider error that
         retrying did not cure.
         """
-        wire_messages = to_anthropic_messages(messages)
+        system, wire_messages = to_anthropic_request(messages)
         wire_tools = to_anthropic_tools(tools)
+        temperature = self.temperature if temperature is None else temperature
+        common: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens if max_tokens is None else max_tokens,
+            "messages": wire_messages,
+            "system": system or anthropic.omit,
+            "tools": wire_tools or anthropic.omit,
+            "timeout": self.timeout_s,
+            # the SDK's create() has no temperature parameter of its own: the API takes it
+            "extra_body": {**({} if temperature is None else {"temperature": temperature}), **self.extra_body}
+            or None,
+        }
+        if on_text is None:
 
-        def send() -> AnthropicMessage:
-            return self.client.messages.create(
-                model=self.model,
-                max_tokens=self.max_tokens,
-                messages=wire_messages,
-                tools=wire_tools or anthropic.omit,
-                timeout=self.timeout_s,
-                extra_body=self.extra_body or None,
-            )
+            def send() -> AnthropicMessage:
+                message: AnthropicMessage = self.client.messages.create(**common)
+                return message
 
-        return reply_from_message(send_with_retry(PROVIDER, self.retry, send, _classify))
+            return reply_from_message(send_with_retry(PROVIDER, self.retry, send, _classify))
+
+        def stream() -> AnthropicMessage:
+            with self.client.messages.stream(**common) as events:
+                for event in events:
+                    if event.type == "text" and event.text:
+                        on_text(event.text)
+                return events.get_final_message()
+
+        return reply_from_message(send_with_retry(PROVIDER, self.retry, stream, _classify))
 
     def close(self) -> None:
         """Close the HTTP client, when this model made it."""
@@ -171,7 +208,9 @@ def reply_from_message(message: AnthropicMessage) -> Reply:
         elif isinstance(block, ToolUseBlock):
             calls.append(ToolCall(block.id, block.name, block.input))
     stop = {"max_tokens": "incomplete", "refusal": "refused"}.get(str(message.stop_reason))
-    return Reply(text="".join(texts), tool_calls=tuple(calls), raw=message, stop_reason=stop)
+    usage = message.usage
+    tokens = None if usage is None else Usage(int(usage.input_tokens or 0), int(usage.output_tokens or 0))
+    return Reply(text="".join(texts), tool_calls=tuple(calls), raw=message, stop_reason=stop, usage=tokens)
 
 
 def to_anthropic_tools(tools: Sequence[Mapping[str, Any]]) -> list[ToolParam]:
@@ -189,12 +228,22 @@ def to_anthropic_tools(tools: Sequence[Mapping[str, Any]]) -> list[ToolParam]:
 
 
 def to_anthropic_messages(messages: Sequence[Message]) -> list[MessageParam]:
-    """``messages`` as Messages API turns (see the module docstring)."""
+    """``messages``, sanitised, as Messages API turns (``system`` messages left out:
+    see :func:`to_anthropic_request`). Never raises."""
+    return to_anthropic_request(messages)[1]
+
+
+def to_anthropic_request(messages: Sequence[Message]) -> tuple[str, list[MessageParam]]:
+    """``messages``, sanitised (:func:`rho_actors.provider_rules.sanitise`), as the request's
+    ``system`` text and its Messages API turns (see the module docstring). Never raises."""
     wire: list[MessageParam] = []
+    system: list[str] = []
     results: list[ContentBlockParam] | None = None  # the open user message of tool results
 
-    for message in messages:
-        if message.role == "tool":
+    for message in sanitise(messages, ANTHROPIC_RULES):
+        if message.role == "system":
+            system.append(message.text)
+        elif message.role == "tool":
             if results is None:
                 results = []
                 wire.append({"role": "user", "content": results})
@@ -214,22 +263,14 @@ def to_anthropic_messages(messages: Sequence[Message]) -> list[MessageParam]:
             )
             if blocks:
                 wire.append({"role": "assistant", "content": blocks})
-        else:
-            raise ValueError(f"unknown message role {message.role!r}")
-    return wire
+    return "\n\n".join(system), wire
 
 
 def _input(call: ToolCall) -> dict[str, object]:
-    """A call's arguments as the ``tool_use`` input object. Raw text that is not a JSON
-    object (a call our strict decoding refused) becomes ``{}``: the block must hold an
-    object, and the call's error result says what was wrong."""
-    if not isinstance(call.arguments, str):
-        return dict(call.arguments)
-    try:
-        value = json.loads(call.arguments)
-    except ValueError:
-        return {}
-    return cast(dict[str, object], value) if isinstance(value, dict) else {}
+    """A sanitised call's arguments as the ``tool_use`` input object (text that is not
+    a JSON object was already replaced by ``{}``, its result saying so)."""
+    value = replay_arguments(call.arguments)
+    return cast(dict[str, object], value) if value is not None else {}
 
 
 def _tool_result(message: Message) -> ToolResultBlockParam:

@@ -7,6 +7,7 @@ The conversation goes out as Chat Completions messages:
 =====================  ==================================================================
 our :class:`Message`   wire message
 =====================  ==================================================================
+``system``             ``{"role": "system", "content": text}``
 ``user``               ``{"role": "user", "content": text}``
 ``assistant``          ``{"role": "assistant", "content": text or null, "tool_calls": [{"id",
                        "type": "function", "function": {"name", "arguments": <raw text>}}]}``
@@ -21,19 +22,25 @@ Declarations go out as ``tools=[{"type": "function", "function": {"name", "descr
 "parameters"}}]`` (left out when there are none). A reply's function tool calls become
 :class:`ToolCall` values whose ``arguments`` is the model's raw ``function.arguments`` text,
 untouched: the loop's strict decoding judges it.
+
+Every request is built from the conversation as :func:`rho_actors.provider_rules.sanitise` makes it
+under :data:`~rho_actors.provider_rules.OPENAI_RULES`, so nothing recorded can make it a 400. With
+``on_text`` the request streams (``stream=True``, usage included) and the reply is put
+together from its chunks.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 try:
     import openai
     from openai.types.chat import (
         ChatCompletion,
+        ChatCompletionChunk,
         ChatCompletionContentPartParam,
         ChatCompletionMessageFunctionToolCallParam,
         ChatCompletionMessageParam,
@@ -45,7 +52,8 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
     raise missing_sdk("openai", _err) from _err
 
 from rho_actors.formats import to_dialect
-from rho_actors.model import Message, Reply
+from rho_actors.model import Message, Reply, Usage
+from rho_actors.provider_rules import OPENAI_RULES, sanitise
 from rho_actors.providers import (
     DEFAULT_RETRY,
     Failure,
@@ -80,8 +88,9 @@ class OpenAIModel:
     (default ``OPENAI_API_KEY``; with a ``base_url`` and no key anywhere,
     :data:`LOCAL_API_KEY`). ``timeout_s``: the bound on each request, in seconds.
     ``retry``: the :class:`~rho_actors.providers.RetryPolicy` for 408/429/5xx, timeouts
-    and connection errors. ``extra_body``: more fields for every request's JSON body
-    (``{"temperature": 0, "max_completion_tokens": 512}``...).
+    and connection errors. ``temperature`` and ``max_tokens`` (sent as
+    ``max_completion_tokens``): the defaults of every request (``None``: the server's).
+    ``extra_body``: more fields for every request's JSON body (``{"seed": 1}``...).
 
     Raises :class:`~rho_actors.providers.ModelError` (status ``None``) when no API key
     can be found. Usable as a context
@@ -97,9 +106,13 @@ class OpenAIModel:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         retry: RetryPolicy = DEFAULT_RETRY,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
+        self.temperature = temperature
+        self.max_tokens = max_tokens
         self.timeout_s = timeout_s
         self.retry = retry
         self.extra_body = dict(extra_body or {})
@@ -115,27 +128,55 @@ class OpenAIModel:
             client = client.with_options(max_retries=0)
         self.client: openai.OpenAI = client
 
-    def complete(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]]) -> Reply:
+    wire_rules = OPENAI_RULES
+    """What a request must meet (:mod:`rho_actors.provider_rules`)."""
+
+    def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]],
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Reply:
         """One Chat Completions request: ``messages`` and the neutral ``tools``
         declarations out, the first choice's text and function tool calls back.
+        ``temperature``/``max_tokens`` override the model's defaults for this request;
+        with ``on_text`` the request streams and ``on_text`` gets each text delta.
 
         Raises :class:`~rho_actors.providers.ModelError` for a provider error that
         retrying did not cure, or an answer without choices.
         """
         wire_messages = to_openai_messages(messages)
         wire_tools = to_openai_tools(tools)
+        temperature = self.temperature if temperature is None else temperature
+        max_tokens = self.max_tokens if max_tokens is None else max_tokens
+        common: dict[str, Any] = {
+            "model": self.model,
+            "messages": wire_messages,
+            "tools": wire_tools or openai.omit,
+            "temperature": openai.omit if temperature is None else temperature,
+            "max_completion_tokens": openai.omit if max_tokens is None else max_tokens,
+            "timeout": self.timeout_s,
+            "extra_body": self.extra_body or None,
+        }
+        if on_text is None:
 
-        def send() -> ChatCompletion:
-            return self.client.chat.completions.create(
-                model=self.model,
-                messages=wire_messages,
-                tools=wire_tools or openai.omit,
-                timeout=self.timeout_s,
-                extra_body=self.extra_body or None,
+            def send() -> ChatCompletion:
+                completion: ChatCompletion = self.client.chat.completions.create(**common)
+                return completion
+
+            return reply_from_completion(send_with_retry(PROVIDER, self.retry, send, _classify))
+
+        def stream() -> Reply:
+            chunks = self.client.chat.completions.create(
+                **common, stream=True, stream_options={"include_usage": True}
             )
+            with chunks:
+                return reply_from_chunks(chunks, on_text)
 
-        completion = send_with_retry(PROVIDER, self.retry, send, _classify)
-        return reply_from_completion(completion)
+        return send_with_retry(PROVIDER, self.retry, stream, _classify)
 
     def close(self) -> None:
         """Close the HTTP client, when this model made it."""
@@ -169,10 +210,51 @@ def reply_from_completion(completion: ChatCompletion) -> Reply:
             calls.append(ToolCall(call.id, call.custom.name, call.custom.input))
     text = message.content if message.content is not None else (message.refusal or "")
     finish = completion.choices[0].finish_reason
-    stop = "refused" if message.refusal is not None else {"length": "incomplete", "content_filter": "refused"}.get(
-        str(finish)
-    )
-    return Reply(text=text, tool_calls=tuple(calls), raw=completion, stop_reason=stop)
+    stop = _stop_reason(message.refusal is not None, finish)
+    return Reply(text=text, tool_calls=tuple(calls), raw=completion, stop_reason=stop, usage=_usage(completion.usage))
+
+
+def _stop_reason(refused: bool, finish: Any) -> str | None:
+    return "refused" if refused else {"length": "incomplete", "content_filter": "refused"}.get(str(finish))
+
+
+def _usage(usage: Any) -> Usage | None:
+    if usage is None:
+        return None
+    return Usage(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
+
+
+def reply_from_chunks(chunks: Iterable[ChatCompletionChunk], on_text: Callable[[str], None]) -> Reply:
+    """The :class:`Reply` streamed as ``chunks`` (the first choice's deltas, the usage
+    of the last chunk), calling ``on_text`` with each text delta as it comes."""
+    texts: list[str] = []
+    refusal: list[str] = []
+    calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
+    finish: Any = None
+    usage: Usage | None = None
+    for chunk in chunks:
+        if chunk.usage is not None:
+            usage = _usage(chunk.usage)
+        for choice in chunk.choices:
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta.content:
+                texts.append(delta.content)
+                on_text(delta.content)
+            if delta.refusal:
+                refusal.append(delta.refusal)
+            for part in delta.tool_calls or ():
+                slot = calls.setdefault(part.index, ["", "", ""])
+                slot[0] = part.id or slot[0]
+                if part.function is not None:
+                    slot[1] += part.function.name or ""
+                    slot[2] += part.function.arguments or ""
+            if choice.finish_reason is not None:
+                finish = choice.finish_reason
+    tool_calls = tuple(ToolCall(cid, name, args) for cid, name, args in (calls[i] for i in sorted(calls)))
+    text = "".join(texts) if texts or not refusal else "".join(refusal)
+    return Reply(text, tool_calls, None, _stop_reason(bool(refusal), finish), usage)
 
 
 def to_openai_tools(tools: Sequence[Mapping[str, Any]]) -> list[ChatCompletionToolUnionParam]:
@@ -188,7 +270,9 @@ def to_openai_tools(tools: Sequence[Mapping[str, Any]]) -> list[ChatCompletionTo
 
 
 def to_openai_messages(messages: Sequence[Message]) -> list[ChatCompletionMessageParam]:
-    """``messages`` as Chat Completions messages (see the module docstring)."""
+    """``messages``, sanitised (:func:`rho_actors.provider_rules.sanitise`), as Chat Completions
+    messages (see the module docstring). Never raises."""
+    messages = sanitise(messages, OPENAI_RULES)
     wire: list[ChatCompletionMessageParam] = []
     pictures: list[Message] = []  # the current run of tool messages that carry images
 
@@ -202,14 +286,14 @@ def to_openai_messages(messages: Sequence[Message]) -> list[ChatCompletionMessag
             flush_pictures()
         if message.role == "user":
             wire.append({"role": "user", "content": message.text})
+        elif message.role == "system":
+            wire.append({"role": "system", "content": message.text})
         elif message.role == "assistant":
             wire.append(_assistant(message))
         elif message.role == "tool":
             wire.append({"role": "tool", "tool_call_id": message.tool_call_id or "", "content": _tool_text(message)})
             if message.images:
                 pictures.append(message)
-        else:
-            raise ValueError(f"unknown message role {message.role!r}")
     flush_pictures()
     return wire
 

@@ -12,9 +12,13 @@ The submodules are internal:
 - :mod:`~rho_actors.sandbox.channel`: the framed channel, the same framing on both ends;
 - :mod:`~rho_actors.sandbox.wire`: every message type's encoding, tags and size limits;
 - :mod:`~rho_actors.sandbox.shipping`: tools shipped with cloudpickle (by value when needed);
+- :mod:`~rho_actors.sandbox.plugins`: plugin files, found and loaded in children only when
+  untrusted (the host holds a ``PluginRef``);
 - :mod:`~rho_actors.sandbox.reads`, :mod:`~rho_actors.sandbox.pool` and
   :mod:`~rho_actors.sandbox.worker`: the two services built on them.
 
+Nothing a child sends back is unpickled by the host (plain data, checked; see
+:mod:`~rho_actors.sandbox.wire`), except by a trusted worker of ``codec="pickle"``.
 Every child leads its own process group (so killing the group also kills whatever the
 tool started, unless it left the group itself) and lives under ``RLIMIT_AS`` =
 ``heap_bytes`` (the whole address space: an idle child with rho_actors loaded uses

@@ -125,8 +125,9 @@ class Channel:
                 raise EOFError("the child process ended")
 
     def quiet(self) -> bool:
-        """Whether nothing is readable and the child is still running (no wait)."""
-        return not self._poll.poll(0)
+        """Whether nothing is readable or left unread and the child is still running
+        (no wait). A child that sent more than it was asked for is not quiet."""
+        return not self._buf and not self._poll.poll(0)
 
     def close(self) -> None:
         """Close this end."""

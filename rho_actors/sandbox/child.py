@@ -4,48 +4,67 @@
 throwaway declaration reads, selftests). It calls :func:`enter_child` with the child's
 :class:`ChildSetup` (plain data) before any tool code is unpickled or run, then the
 child's own ``entry(channel, payload)``, and ends the process with ``os._exit`` whatever
-happens. OS confinement of a child belongs in :func:`enter_child`.
+happens.
+
+A confined child (``ChildSetup.confinement``, DESIGN §5 "Confinement") replaces its
+environment with ``ChildSetup.env``, pins its imports to directory descriptors opened
+while it is still root (:func:`pin_imports`), then calls
+:func:`rho_actors.confinement.apply` before anything else runs; a step that fails is
+written to standard error as one JSON line ``{"confinement_error": "..."}`` and the
+child exits with status 1 without running tool code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
+import json
 import os
+import posix
 import resource
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rho_actors.confinement import Confinement, ConfinementError, apply
 from rho_actors.sandbox.channel import Channel
 
-__all__ = ["ChildSetup", "child_main", "enter_child"]
+__all__ = ["ChildSetup", "child_main", "enter_child", "pin_imports", "replace_environment"]
 
 
 @dataclass(frozen=True, slots=True)
 class ChildSetup:
     """How a child is set up before it runs anything (plain data only).
 
-    ``heap_bytes``: the ``RLIMIT_AS`` bound in bytes (``None`` or ``0``: none).
+    ``heap_bytes``: the ``RLIMIT_AS`` bound in bytes (``None`` or ``0``: none; a
+    confined child takes it from its confinement instead).
     ``output_path``: a file that takes the child's standard output and error (its
     standard input is then ``/dev/null``, and Python's fault handler writes there);
     ``None``: standard output goes to standard error, so a tool cannot corrupt the
     host's stdout. ``workdir``: the child's working directory, ``HOME`` and temporary
     folder (``TMPDIR``, ``TMP``, ``TEMP``); ``None``: inherited.
+    ``confinement``: apply it (after ``env`` and :func:`pin_imports`); ``None``: none.
+    ``env``: the child's whole environment (``None``: inherited); the inherited one is
+    wiped from memory first. ``import_dirs``: folders (the tool's code) whose modules must
+    stay importable after the child drops its uid.
     """
 
     heap_bytes: int | None = None
     output_path: str | None = None
     workdir: str | None = None
+    confinement: Confinement | None = None
+    env: Mapping[str, str] | None = None
+    import_dirs: tuple[str, ...] = ()
 
 
-def enter_child(setup: ChildSetup) -> None:
-    """First thing in every child: lead a new process group (so killing the group
-    kills whatever the child starts), route its output, move into its working folder
-    and bound its address space."""
-    os.setsid()
+def enter_child(setup: ChildSetup) -> tuple[str, ...]:
+    """First thing in every child: route its output, replace its environment, confine it
+    (or, unconfined, lead a new process group and bound its address space), and move into
+    its working folder. Returns the confinement mechanisms applied. Raises
+    :class:`~rho_actors.confinement.ConfinementError` naming a failed step."""
     if setup.output_path is None:
         with contextlib.suppress(OSError):
             sys.stdout.flush()
@@ -60,24 +79,95 @@ def enter_child(setup: ChildSetup) -> None:
         os.close(null)
         with contextlib.suppress(Exception):  # no usable stderr: no fault report
             faulthandler.enable(file=sys.stderr, all_threads=True)
+    if setup.env is not None:
+        replace_environment(setup.env)
+    applied: tuple[str, ...] = ()
+    if setup.confinement is not None:
+        if setup.confinement.uid is not None:  # imports must survive the uid drop
+            pin_imports(setup.import_dirs)
+        applied = apply(setup.confinement)
+    else:
+        os.setsid()
     if setup.workdir is not None:
         for var in ("HOME", "TMPDIR", "TMP", "TEMP"):
             os.environ[var] = setup.workdir
         os.chdir(setup.workdir)
         tempfile.tempdir = None  # gettempdir() reads TMPDIR again
     heap = setup.heap_bytes
-    if heap is not None and heap > 0:
+    if setup.confinement is None and heap is not None and heap > 0:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = heap if hard == resource.RLIM_INFINITY else min(heap, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return applied
+
+
+def replace_environment(env: Mapping[str, str]) -> None:
+    """Make ``env`` this process's whole environment. The inherited values are
+    overwritten in memory first, in Python's ``posix.environ`` bytes and in the block
+    ``/proc/self/environ`` shows, so code run later cannot read them back."""
+    bytes_header = sys.getsizeof(b"") - 1
+    for key, value in list(posix.environ.items()):
+        with contextlib.suppress(OSError, ValueError):
+            os.unsetenv(key)
+        if len(value) > 1:  # a 1-byte bytes object is CPython's shared singleton: never overwritten
+            ctypes.memset(id(value) + bytes_header, 0, len(value))
+    posix.environ.clear()
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5) fields 50, 51)
+        if 0 < start < end:
+            ctypes.memset(start, 0, end - start)
+    for name, text in env.items():
+        os.environ[name] = text
+
+
+def pin_imports(extra: tuple[str, ...] = ()) -> None:
+    """Keep every ``sys.path`` folder (and ``extra``) importable after this process drops
+    its uid: open each while still privileged and import through ``/proc/self/fd/N``
+    instead (``sys.path``, packages' ``__path__``, the importer cache), so a Python
+    installed in a folder closed to the dropped uid (``/root``) still loads modules while
+    the folder itself stays closed. Landlock still applies: it checks the real files."""
+    pinned: dict[str, str] = {}
+    entries = []
+    for entry in [*extra, *sys.path]:
+        real = os.path.realpath(entry or os.getcwd())
+        if real not in pinned:
+            try:
+                fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            pinned[real] = f"/proc/self/fd/{fd}"
+        entries.append(pinned[real])
+    sys.path[:] = list(dict.fromkeys(entries))
+    sys.path_importer_cache.clear()
+    roots = sorted(pinned, key=len, reverse=True)
+
+    def moved(path: str) -> str:
+        for root in roots:
+            if path == root or path.startswith(root.rstrip("/") + "/"):
+                return pinned[root] + path[len(root):]
+        return path
+
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__path__", None)
+        if isinstance(path, list):
+            path[:] = [moved(os.path.realpath(p)) if isinstance(p, str) else p for p in path]
 
 
 def child_main(conn: Any, setup: ChildSetup, entry: Callable[[Channel, Any], None], payload: Any) -> None:
     """The entry point of every sandbox child: :func:`enter_child`, then
     ``entry(channel, payload)`` on the child's end of its :class:`Channel`; the
-    process then ends (``os._exit(0)``) whatever happened."""
+    process then ends (``os._exit(0)``) whatever happened. A confinement step that
+    fails ends it with status 1 and ``{"confinement_error": "..."}`` on standard error."""
     try:
-        enter_child(setup)
+        try:
+            enter_child(setup)
+        except (ConfinementError, Exception) as exc:
+            problem = str(exc) if isinstance(exc, ConfinementError) else f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(OSError):
+                os.write(2, json.dumps({"confinement_error": problem}).encode() + b"\n")
+            os._exit(1)
         entry(Channel(conn), payload)
     finally:
         os._exit(0)

@@ -8,10 +8,24 @@ that holds the GIL; a crash, an exit or running out of memory is an error result
 never touches the caller or a sibling call. The worker's side is
 :mod:`rho_actors.sandbox.worker`.
 
-Trust: this isolation contains faults (crashes, hangs, runaway memory), not malice. A
-worker's result comes back in its result codec, today pickled (``details`` may be any
-picklable object), so a tool that deliberately forges its worker's reply can run code in
-the host when the host unpickles it.
+A pool made with a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy` confines each
+worker (DESIGN §5 "Confinement"): an unprivileged uid, Landlock, a scrubbed
+environment, a cgroup (or an RSS sampler) bounding its whole tree, a private folder.
+Its workers are scoped: a worker that ran a call of scope ``S`` (one (tool, session)
+pair, or one call) only ever serves scope ``S`` again; fresh spares are kept warm and
+idle scoped workers are retired after ``idle_s``. All pools of a system share one
+:class:`WorkerSlots` cap on worker processes; a call beyond it waits (its deadline holds).
+
+Replies: a worker's result comes back in its result codec (a property of the pool,
+see :mod:`rho_actors.sandbox.wire`): ``"plain"`` by default, msgpack of plain data
+checked field by field, so nothing a worker sends can run code in the host; ``"pickle"``
+(any picklable ``details``) for trusted tools only: the system's trusted pool uses
+it, its confined pool cannot. Any frame that breaks the protocol
+(an unknown tag, a control frame with a body, a second ``READY`` or ``NEED_TOOL``, a
+frame over :data:`~rho_actors.sandbox.wire.MAX_REPLY_BYTES`, a result its codec
+refuses) gets the worker killed and replaced, and the call a ``crashed`` result naming
+the violation; a worker that sends anything more after its reply is killed before it
+serves again.
 
 Example::
 
@@ -24,33 +38,45 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import signal
 import threading
 import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from typing import Any, Final, Literal
 
 from loguru import logger
 
+from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.results import KILLED, failure
 from rho_actors.sandbox import wire
-from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
+from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
-from rho_actors.sandbox.processes import close, context, kill_group, kill_groups, reap, signal_name, spawn
+from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.processes import (
+    context,
+    hold_servers,
+    kill_groups,
+    mib,
+    release_servers,
+    spawn,
+)
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.shipping import Unshippable, pickled_deps, ship, short_name
-from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig, worker_child
+from rho_actors.sandbox.slots import WorkerSlots
+from rho_actors.sandbox.worker import WorkerConfig, worker_child
+from rho_actors.sandbox.worker_handle import WorkerHandle, ended, exchange
+from rho_actors.telemetry import TRACEPARENT
 from rho_actors.tool import ToolResult
 
-__all__ = ["WorkerPool"]
+__all__ = ["CALL_SCOPE", "WorkerPool", "WorkerSlots"]
+
+CALL_SCOPE: Final = "call"
+"""The scope of a worker used for one call only (``worker_scope="call"``)."""
 
 _EXIT_GRACE_S: Final = 1.0
 """How long a worker that closed its pipe gets to finish exiting before it is killed."""
-_REAP_TIMEOUT_S: Final = 5.0
 _READY_TIMEOUT_S: Final = 30.0
 _DELIVERY_ATTEMPTS: Final = 3
 """Workers tried for one call when each turns out dead before the call reaches it."""
@@ -60,46 +86,8 @@ class _Stopped(Exception):
     """The pool is stopped."""
 
 
-class _Worker:
-    """The parent's record of one worker process."""
-
-    __slots__ = ("_reap_lock", "channel", "exitcode", "killed", "pid", "proc", "reaped", "tools")
-
-    def __init__(self, proc: Any, channel: Channel) -> None:
-        self.proc = proc
-        self.pid: int = proc.pid
-        self.channel = channel
-        self.tools: OrderedDict[bytes, None] = OrderedDict()
-        self.killed = False
-        self.reaped = False
-        self.exitcode: int | None = None
-        self._reap_lock = threading.Lock()
-
-    def healthy(self) -> bool:
-        """Whether an idle worker is still running and has sent nothing unasked."""
-        return not self.reaped and self.channel.quiet()
-
-    def kill(self) -> None:
-        self.killed = True
-        kill_group(self.pid)
-
-    def reap(self, timeout_s: float = _REAP_TIMEOUT_S) -> int | None:
-        """Wait for the process to end and release it; its exit code (None: still running)."""
-        with self._reap_lock:
-            if self.reaped:
-                return self.exitcode
-            code = reap(self.proc, timeout_s)
-            if code is None:
-                return None
-            self.exitcode, self.reaped = code, True
-            return code
-
-    def close(self) -> None:
-        """Release the pipe and the process handle; only by the thread that owns the
-        worker (a thread polling them must never see their descriptors reused)."""
-        self.channel.close()
-        if self.reaped:
-            close(self.proc)
+class _QueuedPastDeadline(Exception):
+    """Every worker slot stayed busy until the call's deadline."""
 
 
 class WorkerPool:
@@ -109,35 +97,55 @@ class WorkerPool:
     ``warm`` idle workers are started ahead of need, each leading its own process group
     under ``RLIMIT_AS`` = ``heap_bytes`` (bytes; 0 for no bound), with ``start_method``
     ``"forkserver"`` (or ``"spawn"``). A call takes an idle worker or, when none is
-    idle, starts one of its own (calls never queue behind each other); afterwards the
+    idle, starts one of its own (calls queue only at the ``slots`` cap); afterwards the
     worker goes back to the idle set, or is stopped when ``warm`` are idle already. A
-    worker killed at a deadline or found dead is replaced in the background.
+    worker killed at a deadline or found dead is replaced in the background. ``codec``
+    is how results come back: ``"plain"`` (plain data only; required for untrusted
+    code) or ``"pickle"`` (trusted tools only: decoding a pickle runs code).
 
-    Raises ``ValueError`` for a negative ``warm`` or a bad ``start_method``.
+    With ``confine`` (a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy`) every
+    worker is confined, ``heap_bytes`` bounds its whole tree, and workers are scoped (see
+    :meth:`run`): ``warm`` fresh spares are kept, at most ``warm`` (at least 1) idle
+    workers per scope, each retired after ``idle_s`` seconds idle.
+
+    Raises ``ValueError`` for a negative ``warm``, a bad ``start_method`` or ``codec``, or
+    ``codec="pickle"`` with a ``confine`` policy that confines (untrusted code).
     """
 
     def __init__(
         self, warm: int = 2, *, heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver",
-        codec: str = "pickle",
+        codec: str = "plain", confine: ConfinePolicy | None = None, slots: WorkerSlots | None = None,
+        idle_s: float = 30.0,
     ) -> None:
         if warm < 0:
             raise ValueError(f"warm must be >= 0, not {warm}")
         if codec not in wire.CODECS:
             raise ValueError(f"codec must be one of {', '.join(wire.CODECS)}, not {codec!r}")
+        if codec != "plain" and confine is not None and not confine.tree_only:
+            raise ValueError(f"a confined pool runs untrusted code: its codec must be 'plain', not {codec!r}")
         self._codec = wire.CODECS[codec]
         self._config = WorkerConfig(codec, heap_bytes)
         self._ctx = context(start_method)
         self._warm = warm
         self._heap_bytes = heap_bytes
+        self._confine = confine
+        self._scoped = confine is not None and not confine.tree_only
+        self._slots = slots
+        self._idle_s = idle_s
+        if slots is not None:
+            slots.join(self)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the keeper waits here: a worker lost, or stop
         self._warmed = threading.Condition(self._lock)  # wait_warm waits here: a worker became idle
-        self._all: set[_Worker] = set()
-        self._idle: list[_Worker] = []
-        self._busy: set[_Worker] = set()
+        self._all: set[WorkerHandle] = set()
+        self._idle: list[WorkerHandle] = []  # every idle worker, oldest first
+        self._scopes: set[Hashable] = set()
+        self._busy: set[WorkerHandle] = set()
         self._starting = 0
         self._stopped = False
-        self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0}
+        self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0}
+        hold_servers()
+        self._holding = True
         self._pids: set[int] = set()
         self._finalizer = weakref.finalize(self, kill_groups, self._pids)
         self._keeper = threading.Thread(target=self._keep_warm, name="rho-worker-pool", daemon=True)
@@ -155,8 +163,14 @@ class WorkerPool:
         *,
         name: str | None = None,
         started: float | None = None,
+        cancel: CancelToken | None = None,
+        scope: Hashable = None,
+        env: Mapping[str, str] | None = None,
     ) -> ToolResult:
         """Run ``tool.run(args, ctx)`` in a worker process and return its result. Blocks.
+        Setting ``cancel`` kills the worker running the call (the result is then
+        ``cancelled``); a call whose ``cancel`` is set before it reaches a worker does
+        not run.
 
         ``deadline`` and ``started`` are ``time.monotonic()`` instants (seconds);
         ``started`` (default: now) is where the result's ``duration_ms`` counts from.
@@ -165,7 +179,8 @@ class WorkerPool:
         tool's ``__name__`` or type name; the tool's own ``name()`` is not called here).
 
         In the worker, ``ctx`` holds ``session_id``, ``call_id``, ``data_dir``,
-        ``withheld`` and ``deadline`` from the given ``ctx``, ``deps`` only when it can be
+        ``withheld``, ``deadline`` and ``traceparent`` (when present: the call's span, made
+        current in the worker) from the given ``ctx``, ``deps`` only when it can be
         pickled (else it is left out), and ``cancel``, a :class:`CancelToken` never set:
         at the deadline the worker is killed instead. An ``async def run`` runs under
         ``asyncio.run`` with a ``wait_for`` to the deadline.
@@ -175,13 +190,19 @@ class WorkerPool:
         pickled on every call, so its current state travels. What ``run`` does to the
         tool's state in the worker stays there (the worker may serve the next call).
 
+        ``scope`` (confined pools): the worker serves only calls of this scope from now
+        on (pass ``(tool name, session id)``); :data:`CALL_SCOPE` uses a fresh worker for
+        this call alone. ``env``: variables added to a confined worker's scrubbed
+        environment (a worker started with them serves only calls that pass the same).
+
         Never raises for anything the tool does: the result is an error with kind
         ``timeout`` (the deadline passed: the worker's process group was killed),
         ``crashed`` (the worker died of a signal, named), ``exited`` (the worker exited,
         code named, 0 included; or the tool raised ``SystemExit``/``KeyboardInterrupt``:
         the worker survives), ``memory`` (past ``heap_bytes``), ``raised`` (the tool
         raised or returned ``Error``, or could not be pickled here, or its result could
-        not be pickled there) or ``cancelled`` (the pool was stopped).
+        not be pickled there) or ``cancelled`` (the pool was stopped, or ``cancel`` was
+        set).
         """
         start = time.monotonic() if started is None else started
         call_id = str(ctx.get("call_id", ""))
@@ -193,6 +214,8 @@ class WorkerPool:
 
         if self._stopped:
             return failed("pool_stopped")
+        if cancel is not None and cancel.cancelled:
+            return failed("cancelled", reason=cancel.reason)
         if time.monotonic() >= deadline:
             return failed("timeout", timeout_ms=timeout_ms, consequence="it did not start")
         try:
@@ -205,6 +228,8 @@ class WorkerPool:
             "data_dir": ctx.get("data_dir"),
             "withheld": tuple(ctx.get("withheld", ())),
         }
+        if TRACEPARENT in ctx:  # the call's span, which the tool's own spans in the worker join
+            fields[TRACEPARENT] = ctx[TRACEPARENT]
         request = wire.CallRequest(
             digest, None, label, call_id, dict(args), fields, pickled_deps(ctx), deadline, timeout_ms, max_output_chars
         )
@@ -212,44 +237,56 @@ class WorkerPool:
             bare = wire.encode_call(request)
         except wire.WireError as exc:
             return failed("unsendable", problem=str(exc))
-        for attempt in range(_DELIVERY_ATTEMPTS):
-            try:
-                worker = self._take()
-            except _Stopped:
-                return failed("pool_stopped")
-            except Exception as exc:
-                return failed("no_worker", problem=describe_exception(exc))
-            try:
-                body = bare if digest in worker.tools else wire.encode_call(replace(request, tool_bytes=tool_bytes))
-                worker.channel.send(wire.CALL, body, deadline)
-                break
-            except EOFError:  # it died while idle, before the call reached it: try another
-                self._lose(worker, "died")
-                if attempt == _DELIVERY_ATTEMPTS - 1:
-                    return failed("workers_dying")
-            except DeadlineReached:
-                self._lose(worker, "killed")
-                return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED + " while the call was sent to it")
-            except BaseException:
-                self._lose(worker, "killed")
-                raise
+        delivered = self._deliver(request, bare, tool_bytes, scope, tuple(sorted((env or {}).items())), failed)
+        if isinstance(delivered, ToolResult):
+            return delivered
+        worker = delivered
         try:
-            result, retire = self._exchange(worker, request, tool_bytes, deadline)
+            result, retire = self._exchange_or_cancel(worker, request, tool_bytes, deadline, cancel)
         except DeadlineReached:
-            self._lose(worker, "killed")
-            return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
+            return self._at_deadline(worker, failed, timeout_ms)
         except EOFError:
-            return self._died(worker, failed)
+            return self._died(worker, failed, cancel)
         except Malformed as exc:
             self._lose(worker, "killed")
             return failed("malformed_reply", problem=str(exc))
         except BaseException:
             self._lose(worker, "killed")
             raise
-        self._release(worker, retire)
-        if isinstance(result, ToolResult):
-            return replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
-        return failed("unreadable_reply", problem=result)
+        self._release(worker, retire or scope == CALL_SCOPE)
+        return replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
+
+    def _deliver(
+        self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
+        env_key: tuple[tuple[str, str], ...], failed: Callable[..., ToolResult],
+    ) -> WorkerHandle | ToolResult:
+        """Send the call to a worker of ``scope`` (the tool's bytes only to one that lacks
+        them); the worker it went to, or the error result when none could take it."""
+        deadline, timeout_ms = request.deadline, request.timeout_ms
+        for _ in range(_DELIVERY_ATTEMPTS):
+            try:
+                worker = self._take(scope, env_key, deadline)
+            except _QueuedPastDeadline:
+                cap = self._slots.limit if self._slots is not None else 0
+                return failed("queued_past_deadline", timeout_ms=timeout_ms, cap=cap)
+            except _Stopped:
+                return failed("pool_stopped")
+            except Exception as exc:
+                return failed("no_worker", problem=describe_exception(exc))
+            try:
+                body = bare if request.digest in worker.tools else wire.encode_call(
+                    replace(request, tool_bytes=tool_bytes))
+                worker.channel.send(wire.CALL, body, deadline)
+                return worker
+            except EOFError:  # it died while idle, before the call reached it: try another
+                self._lose(worker, "died")
+            except DeadlineReached:
+                self._lose(worker, "killed")
+                return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED + " while the call was sent to it")
+            except BaseException:
+                self._lose(worker, "killed")
+                raise
+        return failed("workers_dying")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Kill every worker's process group and reap the workers, waiting up to
@@ -271,21 +308,27 @@ class WorkerPool:
         with self._lock:
             for worker in workers:
                 self._forget_locked(worker)
+            holding, self._holding = self._holding, False
         if self._keeper is not threading.current_thread():
             self._keeper.join(max(0.0, until - time.monotonic()))
+        if holding:
+            release_servers()
 
     def stats(self) -> dict[str, int]:
         """Counts: ``alive`` (worker processes now), ``idle``, ``busy``, ``starting``
         (being started in the background); since the pool started: ``started``,
         ``killed`` (at a deadline, or for a bad reply), ``died`` (crashed, exited or
         out of memory on their own) and ``retired`` (stopped when surplus, or after
-        running out of memory); workers stopped by :meth:`stop` are not counted."""
+        running out of memory, or idle too long); ``queued``, calls that waited for the
+        cap; ``scopes``, scopes with an idle worker now; workers stopped by :meth:`stop` are
+        not counted."""
         with self._lock:
             return {
                 "alive": len(self._all),
                 "idle": len(self._idle),
                 "busy": len(self._busy),
                 "starting": self._starting,
+                "scopes": len({w.scope for w in self._idle if w.scope is not None}),
                 **self._counts,
             }
 
@@ -299,9 +342,19 @@ class WorkerPool:
         """Block until ``warm`` workers are idle (or the pool is stopped), at most
         ``timeout_s`` seconds; returns whether they are."""
         with self._lock:
-            return self._warmed.wait_for(lambda: self._stopped or len(self._idle) >= self._warm, timeout_s) and (
+            return self._warmed.wait_for(lambda: self._stopped or self._fresh() >= self._warm, timeout_s) and (
                 not self._stopped
             )
+
+    def retire_one_idle(self) -> bool:
+        """Stop the longest idle worker (for the cap); whether there was one."""
+        with self._lock:
+            if not self._idle or self._stopped:
+                return False
+            worker = self._idle.pop(0)
+            self._counts["retired"] += 1
+        self._retire(worker)
+        return True
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -311,10 +364,40 @@ class WorkerPool:
 
     # --- workers --------------------------------------------------------------------------
 
-    def _spawn(self, busy: bool) -> _Worker:
-        """Start a worker process (not waiting for it to be ready) and register it."""
-        child = spawn(self._ctx, worker_child, self._config, ChildSetup(self._heap_bytes), name="rho-worker")
-        worker = _Worker(child.proc, child.channel)
+    def _spawn(
+        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), deadline: float | None = None
+    ) -> WorkerHandle:
+        """Start a worker process (not waiting for it to be ready) and register it. With
+        a cap: waits for a slot until ``deadline`` (raises ``_QueuedPastDeadline``); with
+        no ``deadline`` (the keeper) raises ``_Stopped`` when the cap is full."""
+        if self._slots is not None:
+            if deadline is None:  # a spare never takes a slot a call is waiting for
+                if self._slots.waiting or not self._slots.try_acquire():
+                    raise _Stopped
+            elif self._slots.try_acquire():
+                pass
+            else:
+                with self._lock:
+                    self._counts["queued"] += 1
+                if not self._slots.acquire(deadline):
+                    raise _QueuedPastDeadline
+        enclosure = None
+        try:
+            if self._confine is not None:
+                enclosure = Enclosure(self._confine, self._heap_bytes or None, env=dict(env_key))
+                setup = enclosure.setup
+            else:
+                setup = ChildSetup(self._heap_bytes)
+            child = spawn(self._ctx, worker_child, self._config, setup, name="rho-worker")
+        except BaseException:
+            if enclosure is not None:
+                enclosure.remove()
+            if self._slots is not None:
+                self._slots.release()
+            raise
+        if enclosure is not None:
+            enclosure.started(child.pid)
+        worker = WorkerHandle(child.proc, child.channel, enclosure, self._slots, env_key)
         with self._lock:
             if not self._stopped:
                 self._all.add(worker)
@@ -328,44 +411,66 @@ class WorkerPool:
         worker.close()
         raise _Stopped
 
-    def _take(self) -> _Worker:
-        dead: list[_Worker] = []
+    def _fresh(self) -> int:
+        return sum(1 for w in self._idle if w.scope is None)
+
+    def _take(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> WorkerHandle:
+        """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
+        with the same ``env_key``, else a new worker."""
+        dead: list[WorkerHandle] = []
+        scoped = self._scoped
         try:
             with self._lock:
                 if self._stopped:
                     raise _Stopped
-                while self._idle:
-                    worker = self._idle.pop()
-                    if worker.healthy():
-                        self._busy.add(worker)
-                        return worker
-                    dead.append(worker)
+                for want in ((scope, None) if scoped and scope != CALL_SCOPE else (None,)):
+                    for worker in reversed(self._idle):
+                        if (scoped and worker.scope != want) or worker.env_key != env_key:
+                            continue
+                        self._idle.remove(worker)
+                        if worker.healthy():
+                            self._busy.add(worker)
+                            if scoped:
+                                worker.scope = scope
+                                self._changed.notify_all()  # a spare was used: start another
+                            return worker
+                        dead.append(worker)
         finally:
             for worker in dead:
                 self._lose(worker, "died")
-        return self._spawn(busy=True)
+        worker = self._spawn(busy=True, env_key=env_key, deadline=deadline)
+        if scoped:
+            worker.scope = scope
+        return worker
 
-    def _release(self, worker: _Worker, retire: bool) -> None:
+    def _release(self, worker: WorkerHandle, retire: bool) -> None:
         with self._lock:
             self._busy.discard(worker)
-            if not (retire or self._stopped or len(self._idle) >= self._warm):
+            same = sum(1 for w in self._idle if w.scope == worker.scope)
+            if not (retire or self._stopped or same >= max(1 if worker.scope is not None else 0, self._warm)):
+                worker.idle_since = time.monotonic()
                 self._idle.append(worker)
                 self._warmed.notify_all()
+                if self._slots is not None:
+                    self._slots.poke()
                 return
             if not self._stopped:
                 self._counts["retired"] += 1
+        self._retire(worker)
+
+    def _retire(self, worker: WorkerHandle) -> None:
         worker.kill()
         worker.reap()
         worker.close()
         self._forget(worker)
 
-    def _lose(self, worker: _Worker, how: Literal["killed", "died"]) -> None:
+    def _lose(self, worker: WorkerHandle, how: Literal["killed", "died"]) -> None:
         """A worker killed at a deadline (or for a bad reply), or found dead: kill its
         group, let the keeper start a replacement at once, then reap it."""
         if how == "killed":
             worker.kill()
         else:
-            kill_group(worker.pid, leader=not worker.reaped)
+            worker.kill_tree()
         with self._lock:
             if worker in self._all and not self._stopped:
                 self._counts[how] += 1
@@ -376,86 +481,116 @@ class WorkerPool:
             worker.reap()
         worker.close()
 
-    def _forget(self, worker: _Worker) -> None:
+    def _forget(self, worker: WorkerHandle) -> None:
         with self._lock:
             self._forget_locked(worker)
             self._changed.notify_all()
 
-    def _forget_locked(self, worker: _Worker) -> None:
+    def _forget_locked(self, worker: WorkerHandle) -> None:
         self._all.discard(worker)
         self._busy.discard(worker)
         self._pids.discard(worker.pid)
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
 
-    def _died(self, worker: _Worker, failed: Callable[..., ToolResult]) -> ToolResult:
-        """The worker's pipe closed mid-call: find out how it ended."""
+    def _at_deadline(self, worker: WorkerHandle, failed: Callable[..., ToolResult], timeout_ms: int) -> ToolResult:
+        """The call's deadline passed: kill the worker's tree; ``memory`` if its bound was hit."""
+        enclosure = worker.enclosure
+        memory_hit = enclosure is not None and enclosure.memory_bound_hit()
+        self._lose(worker, "killed")
+        if enclosure is not None and memory_hit:
+            return failed("memory_tree", heap=mib(self._heap_bytes), bound=enclosure.memory_bound)
+        return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
+
+    def _died(
+        self, worker: WorkerHandle, failed: Callable[..., ToolResult], cancel: CancelToken | None = None
+    ) -> ToolResult:
+        """The worker's pipe closed mid-call: find out how it ended (killed by
+        ``cancel``, among others)."""
+        if cancel is not None and cancel.cancelled and worker.killed:
+            self._lose(worker, "killed")
+            return failed("cancelled_killed", reason=cancel.reason)
         code = worker.reap(_EXIT_GRACE_S)
         stopped = self._stopped
+        enclosure = worker.enclosure
+        memory_hit = enclosure is not None and enclosure.memory_bound_hit()
         self._lose(worker, "died")
-        if stopped or worker.killed:
-            return failed("pool_stopped_mid_call")
-        if code is None:
-            return failed("pipe_closed")
-        if code == -signal.SIGKILL:
-            return failed("oom_killed")
-        if code < 0:
-            return failed("worker_crashed", signal=signal_name(-code))
-        return failed("worker_exited", code=code)
+        return ended(worker, code, failed, self._heap_bytes, stopped=stopped, memory_hit=memory_hit)
 
-    def _exchange(
-        self, worker: _Worker, request: wire.CallRequest, tool_bytes: bytes, deadline: float
-    ) -> tuple[ToolResult | str, bool]:
-        """Wait for the reply to the call just sent, until ``deadline``: ``(result,
-        retire)``, the result being the text of an error when it could not be decoded.
-        Raises ``DeadlineReached``, ``EOFError`` or ``Malformed``."""
-        digest = request.digest
-        while True:
-            tag, body = worker.channel.recv(deadline)
-            if tag == wire.READY:
-                continue
-            if tag == wire.NEED_TOOL:
-                worker.channel.send(wire.CALL, wire.encode_call(replace(request, tool_bytes=tool_bytes)), deadline)
-                continue
-            if tag not in (wire.RESULT, wire.RESULT_RETIRE):
-                raise Malformed(f"an unknown reply tag {tag!r}")
-            worker.tools[digest] = None
-            worker.tools.move_to_end(digest)
-            while len(worker.tools) > TOOL_CACHE_SIZE:
-                worker.tools.popitem(last=False)
-            try:
-                result: ToolResult | str = self._codec.decode(body)
-            except wire.WireError as exc:
-                result = str(exc)
-            return result, tag == wire.RESULT_RETIRE
+    def _exchange_or_cancel(
+        self, worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
+        cancel: CancelToken | None,
+    ) -> tuple[ToolResult, bool]:
+        """:func:`~rho_actors.sandbox.worker_handle.exchange`, killing the worker when
+        ``cancel`` is set meanwhile (never once the exchange has ended: the worker may be
+        reaped, its pid reused)."""
+        if cancel is None:
+            return exchange(worker, request, tool_bytes, deadline, self._codec)
+        guard = threading.Lock()
+
+        def kill() -> None:
+            if guard.acquire(blocking=False):
+                try:
+                    worker.kill()
+                finally:
+                    guard.release()
+
+        cancel.add_callback(kill)
+        try:
+            return exchange(worker, request, tool_bytes, deadline, self._codec)
+        finally:
+            guard.acquire()  # waits out a kill under way; later ones do nothing
 
     # --- keeping warm ---------------------------------------------------------------------
 
     def _deficit(self) -> int:
+        if self._scoped:  # spares: fresh idle workers
+            return self._warm - self._fresh() - self._starting
         return self._warm - len(self._all) - self._starting
+
+    def _retire_stale(self) -> None:
+        """Retire scoped workers idle for longer than ``idle_s``."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [w for w in self._idle if w.scope is not None and now - w.idle_since > self._idle_s]
+            for worker in stale:
+                self._idle.remove(worker)
+                self._counts["retired"] += 1
+        for worker in stale:
+            self._retire(worker)
 
     def _keep_warm(self) -> None:
         """The background thread: keep ``warm`` workers alive, replacing lost ones."""
         backoff = 0.0
+        tick = max(0.05, min(self._idle_s / 2, 5.0))
         while True:
+            if self._scoped:
+                self._retire_stale()
             with self._lock:
                 while not self._stopped and (self._deficit() <= 0 or backoff):
                     if backoff:
                         self._changed.wait(backoff)
                         backoff = 0.0
+                    elif self._scoped:
+                        self._changed.wait(tick)
+                        break
                     else:
                         self._changed.wait()
                 if self._stopped:
                     return
+                if self._deficit() <= 0:
+                    continue
+                if self._stopped:
+                    return
                 wanted = self._deficit()
                 self._starting += wanted
-            new: list[_Worker] = []
+            new: list[WorkerHandle] = []
             failures = 0
             for _ in range(wanted):
                 try:
                     new.append(self._spawn(busy=False))
-                except _Stopped:
-                    failures += 1
+                except _Stopped:  # stopped, or the cap is full: wait for a change
+                    backoff = 0.5
                 except Exception:
                     failures += 1
                     logger.exception("worker pool: a worker process could not be started")
@@ -468,27 +603,25 @@ class WorkerPool:
             if failures:
                 backoff = 0.5
 
-    def _await_ready(self, worker: _Worker) -> bool:
+    def _await_ready(self, worker: WorkerHandle) -> bool:
         """Wait for a new worker's hello and make it idle (or stop it when calls started
         enough workers of their own meanwhile); whether it became ready."""
         try:
-            ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S)[0] == wire.READY
+            ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S, wire.MAX_REPLY_BYTES) == (wire.READY, b"")
         except (DeadlineReached, EOFError, Malformed):
             ok = False
         surplus = False
         with self._lock:
             if ok and worker in self._all and not self._stopped:
-                if len(self._idle) < self._warm:
+                if self._fresh() < self._warm:
+                    worker.idle_since = time.monotonic()
                     self._idle.append(worker)
                     self._warmed.notify_all()
                     return True
                 self._counts["retired"] += 1
                 surplus = True
         if surplus:
-            worker.kill()
-            worker.reap()
-            worker.close()
-            self._forget(worker)
+            self._retire(worker)
             return True
         if ok or self._stopped:  # stopped meanwhile: stop() kills it, its owner (here) closes it
             self._lose(worker, "killed")

@@ -33,10 +33,12 @@ __all__ = [
     "Child",
     "close",
     "context",
+    "hold_servers",
     "kill_group",
     "kill_groups",
     "mib",
     "reap",
+    "release_servers",
     "signal_name",
     "spawn",
 ]
@@ -45,6 +47,32 @@ START_METHODS: Final = ("forkserver", "spawn")
 
 _preload_lock = threading.Lock()
 _preload_asked: list[bool] = []
+_holders = [0]  # systems and pools using the fork server now
+
+
+def hold_servers() -> None:
+    """Count one more user of ``multiprocessing``'s fork server and resource tracker
+    (a system or a worker pool); :func:`release_servers` when done."""
+    with _preload_lock:
+        _holders[0] += 1
+
+
+def release_servers() -> None:
+    """One user fewer; the last one stops the fork server (which kills every process
+    left in its tree, see :func:`rho_actors.confinement.guard_fork_server`) and the
+    resource tracker. Either starts again on the next child."""
+    with _preload_lock:
+        _holders[0] -= 1
+        if _holders[0] > 0:
+            return
+        _holders[0] = 0
+        from multiprocessing import forkserver, resource_tracker
+
+        for server in (forkserver._forkserver, resource_tracker._resource_tracker):
+            stop = getattr(server, "_stop", None)
+            if callable(stop):
+                with contextlib.suppress(Exception):
+                    stop()
 
 
 def _ask_preload() -> None:

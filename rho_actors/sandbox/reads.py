@@ -4,27 +4,33 @@
 :func:`read_declaration_isolated` reads an untrusted tool's five declaration callbacks
 in a fresh child process with a time bound and a heap bound, and answers with plain
 data only (JSON text). :func:`raw_declaration` turns that answer into the dict
-:func:`rho_actors.declarations.check_declaration` checks.
+:func:`rho_actors.declarations.check_declaration` checks. :func:`await_answer` and
+:func:`end_child` serve every throwaway child (reads, plugin discovery, selftests): one
+bounded answer, then the child's whole process tree is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import json
-import math
 import pickle
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
 
+import psutil
+
+from rho_actors.confinement import kill_tree
 from rho_actors.declarations import Raised, read_declaration
 from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
-from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
 from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
 
@@ -33,7 +39,11 @@ __all__ = [
     "DEFAULT_READ_TIMEOUT_S",
     "IsolatedReadError",
     "ReadFailure",
+    "await_answer",
+    "become_subreaper",
     "declaration_child",
+    "end_child",
+    "linger",
     "raw_declaration",
     "read_declaration_isolated",
 ]
@@ -47,15 +57,15 @@ DEFAULT_READ_TIMEOUT_S: Final = 2.0
 ReadFailure = Literal["timeout", "memory", "crashed", "exited", "unpicklable", "cancelled"]
 """How an isolated read can fail (:attr:`IsolatedReadError.kind`)."""
 
-_PLAIN_MAX_DEPTH: Final = 100
-"""Declaration values nested deeper than this are reported unencodable."""
 _MAX_VALUE_CHARS: Final = 4 * 2**20
 """Declaration values longer than this as JSON text are reported unencodable."""
 _EXIT_GRACE_S: Final = 1.0
 """How long a child that closed its pipe gets to finish exiting before it is killed."""
 _REAP_TIMEOUT_S: Final = 5.0
+_PR_SET_CHILD_SUBREAPER: Final = 36
 _CANCEL_POLL_S: Final = 0.05
 """How often a declaration read looks at its ``cancel`` event, in seconds."""
+_UNCONFINED: Final = ConfinePolicy(confine=False)
 
 
 class IsolatedReadError(RhoError):
@@ -85,41 +95,12 @@ def _type_name(value: Any) -> str:
         return "?"
 
 
-def _plain_problem(value: Any, root: str) -> str | None:
-    """Why ``value`` is not strict plain JSON data (exact types dict/list/str/int/float/
-    bool/None, ``str`` keys, finite floats, at most :data:`_PLAIN_MAX_DEPTH` levels), or
-    ``None``. Iterative, and never calls the value's own code."""
-    stack: list[tuple[Any, int, str]] = [(value, 0, root)]
-    while stack:
-        item, depth, path = stack.pop()
-        kind = type(item)
-        if item is None or kind is str or kind is bool or kind is int:
-            continue
-        if kind is float:
-            if not math.isfinite(item):
-                return f"{path}: {item!r} is not a JSON number"
-            continue
-        if kind is dict or kind is list:
-            if depth >= _PLAIN_MAX_DEPTH:
-                return f"{path}: nested deeper than {_PLAIN_MAX_DEPTH} levels"
-            if kind is dict:
-                for key, sub in item.items():
-                    if type(key) is not str:
-                        return f"{path}: a key of type {_type_name(key)} is not a string"
-                    stack.append((sub, depth + 1, f"{path}.{key}"))
-            else:
-                stack.extend((sub, depth + 1, f"{path}[{i}]") for i, sub in enumerate(item))
-            continue
-        return f"{path}: a {_type_name(item)} is not JSON data"
-    return None
-
-
 def _payload_json(cb_name: str, value: Any) -> str:
     """One callback's answer as JSON text (see :func:`read_declaration_isolated`)."""
     if isinstance(value, Raised):
         return json.dumps({"raised": value.description})
     type_json = json.dumps(_type_name(value))
-    problem = _plain_problem(value, cb_name)
+    problem = wire.plain_problem(value, cb_name)
     if problem is None:
         try:
             text = json.dumps(value, ensure_ascii=True, allow_nan=False)
@@ -150,7 +131,9 @@ def _declaration_answer(payload: bytes) -> str:
 
 
 def declaration_child(channel: Channel, payload: bytes) -> None:
-    """Entry point of a declaration-read child: one ``DECLARATION`` answer."""
+    """Entry point of a declaration-read child: one ``DECLARATION`` answer, then it
+    waits to be ended with whatever it started."""
+    become_subreaper()
     try:
         text = _declaration_answer(payload)
     except MemoryError:
@@ -158,6 +141,7 @@ def declaration_child(channel: Channel, payload: bytes) -> None:
     except BaseException as exc:
         text = json.dumps({"error": "crashed", "message": f"the reader failed: {describe_exception(exc)}"})
     channel.send(wire.DECLARATION, text.encode("ascii"))
+    linger(channel)
 
 
 def _check_answer(answer: Any) -> dict[str, dict[str, Any]]:
@@ -189,6 +173,7 @@ def read_declaration_isolated(
     heap_bytes: int = DEFAULT_HEAP_BYTES,
     start_method: str = "forkserver",
     cancel: threading.Event | None = None,
+    confine: ConfinePolicy | None = None,
 ) -> dict[str, Any]:
     """Read an untrusted tool's declaration callbacks in a fresh, throwaway child process.
 
@@ -197,7 +182,10 @@ def read_declaration_isolated(
     ``heap_bytes`` (``RLIMIT_AS``, bytes; ``0`` for no bound), calls ``name``,
     ``description``, ``parameter_schema``, ``timeout_ms`` and ``concurrency`` (those the
     tool has) with :func:`rho_actors.declarations.read_declaration`, and answers with
-    JSON text only. ``timeout_s`` (seconds) counts from the child's start.
+    JSON text only. ``timeout_s`` (seconds) counts from the child's start. The child is
+    confined by ``confine`` as an untrusted worker is (DESIGN §5: its own uid, Landlock,
+    limits, a cgroup bounding its whole tree to ``heap_bytes``); with ``None`` it is not,
+    but it still gets only a scrubbed environment and a private ``HOME``/``TMPDIR``.
 
     Returns ``{callback_name: payload}`` for each callback present, where ``payload`` is
     ``{"raised": "TypeName: message"}`` when the callback raised (any
@@ -216,7 +204,8 @@ def read_declaration_isolated(
     not be pickled here or unpickled there) or ``"cancelled"`` (``cancel`` was set: the
     child's process group was killed; it is looked at every 50 ms). Raises ``ValueError`` for a bad
     ``start_method`` (``"forkserver"`` or ``"spawn"``). The child is always reaped and
-    its process group killed: nothing it started is left running.
+    its whole process tree killed (:func:`end_child`): nothing it started is left running
+    (a ``setsid`` escape included, by its cgroup or while the child still lives).
     """
     try:
         _, payload = ship(tool)
@@ -224,17 +213,25 @@ def read_declaration_isolated(
         message = f"{label(tool)} could not be shipped to a child process: {exc}"
         raise IsolatedReadError("unpicklable", message) from None
     ctx = context(start_method)
+    enclosure = Enclosure(confine or _UNCONFINED, heap_bytes or None)
     try:
-        child = spawn(ctx, declaration_child, payload, ChildSetup(heap_bytes), name="rho-declaration-read")
-    except Exception as exc:
-        raise IsolatedReadError(
-            "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
-            f"{describe_exception(exc)}"
-        ) from None
-    try:
-        frame = _await_answer(child, tool, timeout_s, heap_bytes, cancel)
+        try:
+            child = spawn(ctx, declaration_child, payload, enclosure.setup, name="rho-declaration-read")
+        except Exception as exc:
+            raise IsolatedReadError(
+                "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
+                f"{describe_exception(exc)}"
+            ) from None
+        enclosure.started(child.pid)
+        try:
+            frame = await_answer(
+                child, lambda: f"reading the declaration of {label(tool)}", wire.DECLARATION,
+                wire.MAX_DECLARATION_BYTES, timeout_s, heap_bytes, cancel, enclosure,
+            )
+        finally:
+            close(child.proc, child.channel.conn)
     finally:
-        close(child.proc, child.channel.conn)
+        enclosure.remove()  # what is left of its tree (its cgroup), its private folder
     try:
         answer = wire.decode_json(frame)
     except wire.WireError as exc:
@@ -259,28 +256,64 @@ def read_declaration_isolated(
         ) from None
 
 
-def _end(proc: Any) -> None:
-    """Kill a declaration child's whole process group and reap it."""
-    kill_group(proc.pid)
-    reap(proc, _REAP_TIMEOUT_S)
+def become_subreaper() -> None:
+    """In a throwaway child: adopt every orphaned descendant (Linux
+    ``PR_SET_CHILD_SUBREAPER``), so that a daemon a tool starts, even one that leaves its
+    process group, stays in the child's process tree for :func:`end_child` to find.
+    Best effort: nothing happens where ``prctl`` is unavailable."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _await_answer(
-    child: Child, tool: Any, timeout_s: float, heap_bytes: int | None,
-    cancel: threading.Event | None = None,
+def linger(channel: Channel) -> None:
+    """In a throwaway child, after its answer: wait until the parent ends it (or closes
+    the pipe), so the child keeps holding its descendants until :func:`end_child`."""
+    with contextlib.suppress(BaseException):
+        while True:
+            channel.recv()
+
+
+def end_child(proc: Any, enclosure: Enclosure | None = None) -> int | None:
+    """Kill a throwaway child and everything it started, then reap it; its exit code
+    (``None`` if it could not be reaped within 5 s). The one way a throwaway child ends
+    (declaration reads, plugin discovery, selftests).
+
+    While the child is still alive (a subreaper, see :func:`become_subreaper`, so it
+    still holds every orphan of its tree) its whole tree is killed: by ``enclosure``
+    (:meth:`~rho_actors.sandbox.enclosure.Enclosure.kill`: the tree frozen and killed,
+    ``setsid`` escapes included, then its cgroup) when there is one, else by
+    :func:`rho_actors.confinement.kill_tree`; then the child's process group. A child
+    already reaped is not walked (its pid may be reused): the caller's
+    ``enclosure.remove()`` kills what is left in its cgroup."""
+    alive = proc.exitcode is None
+    if alive:
+        if enclosure is not None:
+            enclosure.kill()
+        else:
+            with contextlib.suppress(psutil.Error):
+                kill_tree(proc.pid)
+    kill_group(proc.pid, leader=alive)
+    return reap(proc, _REAP_TIMEOUT_S)
+
+
+def await_answer(
+    child: Child, describe: Callable[[], str], tag: bytes, max_bytes: int, timeout_s: float, heap_bytes: int | None,
+    cancel: threading.Event | None = None, enclosure: Enclosure | None = None,
 ) -> bytes:
-    """The child's answer frame. In every case the child is reaped and its process group
-    killed (what a callback started dies with it)."""
+    """A throwaway child's one answer frame (tag ``tag``, at most ``max_bytes``) within
+    ``timeout_s`` seconds; ``describe()`` (``"reading the declaration of X"``, called only
+    on failure) names the read in errors. In every case the child and its whole process
+    tree are ended (:func:`end_child`, through ``enclosure`` when the child has one)
+    before this returns or raises :class:`IsolatedReadError`."""
     proc, channel = child.proc, child.channel
     deadline = time.monotonic() + timeout_s
     try:
         while True:  # in slices, to notice ``cancel``; the channel keeps partial frames
             try:
-                tag, frame = channel.recv(
-                    min(deadline, time.monotonic() + _CANCEL_POLL_S), wire.MAX_DECLARATION_BYTES
-                )
-                if tag != wire.DECLARATION:
-                    raise Malformed(f"an unexpected frame tag {tag!r}")
+                got, frame = channel.recv(min(deadline, time.monotonic() + _CANCEL_POLL_S), max_bytes)
+                if got != tag:
+                    raise Malformed(f"an unexpected frame tag {got!r}")
                 break
             except DeadlineReached:
                 if cancel is not None and cancel.is_set():
@@ -288,42 +321,36 @@ def _await_answer(
                 if time.monotonic() >= deadline:
                     raise
     except _Cancelled:
-        _end(proc)
-        raise IsolatedReadError(
-            "cancelled", f"reading the declaration of {label(tool)} was cancelled; its process group was killed"
-        ) from None
+        end_child(proc, enclosure)
+        what = describe()
+        raise IsolatedReadError("cancelled", f"{what} was cancelled; its process tree was killed") from None
     except DeadlineReached:
-        _end(proc)
+        end_child(proc, enclosure)
+        what = describe()
         raise IsolatedReadError(
-            "timeout", f"reading the declaration of {label(tool)} took longer than {timeout_s:g} s; "
-            "its process group was killed"
+            "timeout", f"{what} took longer than {timeout_s:g} s; its process tree was killed"
         ) from None
     except Malformed as exc:
-        _end(proc)
-        raise IsolatedReadError(
-            "crashed", f"the declaration read of {label(tool)} sent a malformed answer ({exc})"
-        ) from None
+        end_child(proc, enclosure)
+        what = describe()
+        raise IsolatedReadError("crashed", f"{what}: its process sent a malformed answer ({exc})") from None
     except EOFError:
         code = reap(proc, _EXIT_GRACE_S)
-        kill_group(proc.pid, leader=code is None)
+        end_child(proc, enclosure)
+        what = describe()
         if code is None:
-            reap(proc, _REAP_TIMEOUT_S)
             raise IsolatedReadError(
-                "crashed", f"the declaration read of {label(tool)} closed its pipe without an answer; "
-                "its process group was killed"
+                "crashed", f"{what}: its process closed its pipe without an answer; its process tree was killed"
             ) from None
-        raise _read_ended(tool, code, heap_bytes) from None
+        raise _read_ended(what, code, heap_bytes) from None
     except BaseException:
-        _end(proc)
+        end_child(proc, enclosure)
         raise
-    # Answered: the child is on its way out; kill whatever it leaves behind in its group.
-    kill_group(proc.pid, leader=proc.exitcode is None)
-    reap(proc, _REAP_TIMEOUT_S)
+    end_child(proc, enclosure)  # answered: nothing it started outlives the read
     return frame
 
 
-def _read_ended(tool: Any, code: int, heap_bytes: int | None) -> IsolatedReadError:
-    what = f"reading the declaration of {label(tool)}"
+def _read_ended(what: str, code: int, heap_bytes: int | None) -> IsolatedReadError:
     if code == -signal.SIGKILL:
         return IsolatedReadError(
             "memory", f"{what} was killed by SIGKILL (not by the sandbox: most likely the kernel's "

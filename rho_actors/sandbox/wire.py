@@ -14,31 +14,48 @@ tag                direction  body
 ``RESULT_RETIRE``  child ->   the same, and the worker should be retired (it ran out of memory)
 ``DECLARATION``    child ->   a declaration read's answer: JSON text
 ``SELFTEST``       child ->   a selftest's answer: JSON text
+``DISCOVERY``      child ->   which tools a plugin file holds: JSON text
 =================  =========  ========================================================
 
 What comes back from a worker is decoded by its :class:`ResultCodec`, looked up by name
-in :data:`CODECS` (today only ``"pickle"``: ``details`` may be any picklable object).
+in :data:`CODECS`, a property of the worker: ``"plain"`` (msgpack of plain data,
+validated field by field: the default, and the only codec of a worker that runs
+untrusted code) or ``"pickle"`` (``details`` may be any picklable object; decoding runs
+code, so trusted workers only). Every frame a child sends is bounded
+(:data:`MAX_REPLY_BYTES`, :data:`MAX_DECLARATION_BYTES`, :data:`MAX_SELFTEST_BYTES`);
+control frames have empty bodies; any other tag, size or shape is a protocol violation.
+Nothing a child sends is ever unpickled by the host, except by a trusted pickle worker.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import pickle
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 import cloudpickle
+import msgpack
 
 from rho_actors.encoding import describe_exception
-from rho_actors.tool import ToolResult
+from rho_actors.tool import ErrorKind, Image, ToolResult
 
 __all__ = [
     "CALL",
     "CODECS",
     "DECLARATION",
+    "DISCOVERY",
+    "MAX_CONTENT_CHARS",
     "MAX_DECLARATION_BYTES",
+    "MAX_DETAILS_BYTES",
+    "MAX_IMAGES",
+    "MAX_IMAGE_BYTES",
+    "MAX_PLAIN_DEPTH",
+    "MAX_REPLY_BYTES",
     "MAX_SELFTEST_BYTES",
     "NEED_TOOL",
     "READY",
@@ -47,12 +64,15 @@ __all__ = [
     "SELFTEST",
     "CallRequest",
     "PickleCodec",
+    "PlainCodec",
     "ResultCodec",
     "WireError",
+    "check_empty",
     "decode_call",
     "decode_json",
     "encode_call",
     "encode_json",
+    "plain_problem",
 ]
 
 READY: Final = b"R"
@@ -62,11 +82,25 @@ RESULT: Final = b"A"
 RESULT_RETIRE: Final = b"X"
 DECLARATION: Final = b"D"
 SELFTEST: Final = b"S"
+DISCOVERY: Final = b"F"
 
 MAX_DECLARATION_BYTES: Final = 32 * 2**20
 """A declaration child's answer longer than this is refused as malformed."""
 MAX_SELFTEST_BYTES: Final = 64 * 1024
 """A selftest child's answer longer than this is refused as malformed."""
+MAX_REPLY_BYTES: Final = 64 * 2**20
+"""A worker's frame longer than this is a protocol violation (the worker is killed)."""
+MAX_CONTENT_CHARS: Final = 16 * 2**20
+"""The longest ``content`` a worker may send back, in characters (the call's own
+``max_output_chars`` cap is applied in the worker)."""
+MAX_DETAILS_BYTES: Final = 2**20
+"""The longest ``details`` of a plain-data result, as msgpack bytes."""
+MAX_IMAGES: Final = 16
+"""The most images of one plain-data result."""
+MAX_IMAGE_BYTES: Final = 32 * 2**20
+"""The largest image of a plain-data result, in bytes."""
+MAX_PLAIN_DEPTH: Final = 100
+"""Plain data nested deeper than this is refused."""
 
 
 class WireError(Exception):
@@ -130,7 +164,8 @@ class ResultCodec(Protocol):
 
 class PickleCodec:
     """Results as pickles (cloudpickle for classes that came by value). Decoding a
-    pickle runs code: it trusts the worker."""
+    pickle runs code: **trusted workers only** (a trusted tool's ``process`` isolation,
+    ``codec="pickle"``); never for a worker that ran untrusted code."""
 
     def encode(self, result: ToolResult) -> bytes:
         try:
@@ -156,8 +191,185 @@ class PickleCodec:
         return result
 
 
-CODECS: Final[Mapping[str, ResultCodec]] = MappingProxyType({"pickle": PickleCodec()})
-"""Result codecs by name."""
+def _type_name(value: Any) -> str:
+    try:
+        return str(type(value).__qualname__)
+    except BaseException:
+        return "?"
+
+
+def _clip_path(path: str) -> str:
+    return path if len(path) <= 200 else path[:199] + "…"
+
+
+def plain_problem(value: Any, root: str, *, tuples: bool = False) -> str | None:
+    """Why ``value`` is not strict plain JSON data, or ``None`` when it is.
+
+    Plain JSON data: exact types ``dict`` (``str`` keys), ``list`` (and ``tuple`` when
+    ``tuples``), ``str``, ``int``, finite ``float``, ``bool`` and ``None``, nested at most
+    :data:`MAX_PLAIN_DEPTH` levels. The answer names the first part that is not, as a
+    path from ``root`` (``"details.rows[2]: a Point is not JSON data"``). Iterative, and
+    never calls the value's own code (no ``__eq__``, ``__hash__`` or ``__iter__`` of a
+    subclass: subclasses are refused)."""
+    stack: list[tuple[Any, int, str]] = [(value, 0, root)]
+    while stack:
+        item, depth, path = stack.pop()
+        kind = type(item)
+        if item is None or kind is str or kind is bool or kind is int:
+            continue
+        if kind is float:
+            if not math.isfinite(item):
+                return f"{_clip_path(path)}: {item!r} is not a JSON number"
+            continue
+        if kind is dict or kind is list or (tuples and kind is tuple):
+            if depth >= MAX_PLAIN_DEPTH:
+                return f"{_clip_path(path)}: nested deeper than {MAX_PLAIN_DEPTH} levels"
+            if kind is dict:
+                for key, sub in item.items():
+                    if type(key) is not str:
+                        return f"{_clip_path(path)}: a key of type {_type_name(key)} is not a string"
+                    stack.append((sub, depth + 1, f"{path}.{key}"))
+            else:
+                stack.extend((sub, depth + 1, f"{path}[{i}]") for i, sub in enumerate(item))
+            continue
+        return f"{_clip_path(path)}: a {_type_name(item)} is not JSON data"
+    return None
+
+
+class _Budget:
+    """Counts the containers one unpacking builds; past ``limit`` it raises."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def __call__(self, container: Any) -> Any:
+        self.left -= 1
+        if self.left < 0:
+            raise WireError("too many nested lists and maps")
+        return container
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise WireError(f"a msgpack extension type {code} (only plain data is accepted)")
+
+
+def _unpack(data: bytes, *, max_len: int, max_containers: int) -> Any:
+    """msgpack ``data`` as plain data, bounded: at most ``max_len`` items in each list
+    or map and ``max_containers`` lists and maps in all; no extension types. Raises
+    :class:`WireError`."""
+    budget = _Budget(max_containers)
+    try:
+        return msgpack.unpackb(
+            data, raw=False, use_list=True, strict_map_key=True, ext_hook=_no_ext, list_hook=budget,
+            object_hook=budget, max_array_len=max_len, max_map_len=max_len, max_ext_len=0,
+        )
+    except WireError:
+        raise
+    except MemoryError:
+        raise
+    except Exception as exc:  # msgpack's ExtraData, FormatError, StackError, ValueError...
+        raise WireError(f"not msgpack plain data ({describe_exception(exc)})") from None
+
+
+def _pack(value: Any) -> bytes:
+    try:
+        return bytes(msgpack.packb(value, use_bin_type=True, strict_types=False))
+    except MemoryError:
+        raise
+    except Exception as exc:  # an int past 64 bits...
+        raise WireError(describe_exception(exc)) from None
+
+
+_RESULT_KEYS: Final = frozenset({"ok", "content", "error_kind", "details", "images"})
+_ERROR_KINDS: Final = frozenset(kind.value for kind in ErrorKind)
+_MIME_TYPE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
+
+
+class PlainCodec:
+    """Results as plain data (msgpack): what every worker that runs untrusted code uses.
+
+    The body is a msgpack map ``{"ok": bool, "content": str, "error_kind": str | None,
+    "details": bin | None, "images": [[bin, str], ...]}``; ``details`` is itself the
+    msgpack of plain JSON data (see :func:`plain_problem`), at most
+    :data:`MAX_DETAILS_BYTES`. Decoding never runs code and checks every field before
+    the result exists: types, lengths (:data:`MAX_CONTENT_CHARS`, :data:`MAX_IMAGES`,
+    :data:`MAX_IMAGE_BYTES`), the error kind against :class:`ErrorKind`, the MIME type's
+    shape. ``call_id``, ``name`` and ``duration_ms`` are the host's own, never read."""
+
+    def encode(self, result: ToolResult) -> bytes:
+        details: bytes | None = None
+        if result.details is not None:
+            problem = plain_problem(result.details, "details", tuples=True)
+            if problem is not None:
+                raise WireError(f"{problem}; details of an untrusted tool must be plain JSON data")
+            details = _pack(result.details)
+            if len(details) > MAX_DETAILS_BYTES:
+                raise WireError(f"details of {len(details):,} bytes, more than the limit of {MAX_DETAILS_BYTES:,}")
+        images: list[list[Any]] = []
+        for i, image in enumerate(result.images):
+            data, mime = getattr(image, "data", None), getattr(image, "mime_type", None)
+            if isinstance(data, (bytearray, memoryview)):
+                data = bytes(data)
+            if type(data) is not bytes or type(mime) is not str:
+                raise WireError(f"images[{i}]: data must be bytes and mime_type a str")
+            images.append([data, mime])
+        kind = None if result.error_kind is None else str(result.error_kind.value)
+        return _pack({
+            "ok": bool(result.ok), "content": str(result.content), "error_kind": kind,
+            "details": details, "images": images,
+        })
+
+    def decode(self, body: bytes) -> ToolResult:
+        message = _unpack(body, max_len=max(len(_RESULT_KEYS), MAX_IMAGES), max_containers=MAX_IMAGES + 2)
+        if type(message) is not dict or set(message) != _RESULT_KEYS:
+            raise WireError(f"a result must be a map of exactly {', '.join(sorted(_RESULT_KEYS))}")
+        ok, content, kind = message["ok"], message["content"], message["error_kind"]
+        if type(ok) is not bool:
+            raise WireError("result.ok is not a bool")
+        if type(content) is not str or len(content) > MAX_CONTENT_CHARS:
+            raise WireError(f"result.content is not a str of at most {MAX_CONTENT_CHARS:,} characters")
+        if ok and kind is not None:
+            raise WireError("an ok result with an error_kind")
+        if not ok and kind not in _ERROR_KINDS:
+            raise WireError(f"result.error_kind {str(kind)[:40]!r} is not a known error kind")
+        raw_details = message["details"]
+        details: Any = None
+        if raw_details is not None:
+            if type(raw_details) is not bytes or len(raw_details) > MAX_DETAILS_BYTES:
+                raise WireError(f"result.details is not msgpack bytes of at most {MAX_DETAILS_BYTES:,}")
+            details = _unpack(raw_details, max_len=MAX_DETAILS_BYTES, max_containers=MAX_DETAILS_BYTES // 8)
+            problem = plain_problem(details, "result.details")
+            if problem is not None:
+                raise WireError(problem)
+        raw_images = message["images"]
+        if type(raw_images) is not list or len(raw_images) > MAX_IMAGES:
+            raise WireError(f"result.images is not a list of at most {MAX_IMAGES}")
+        images: list[Image] = []
+        for i, pair in enumerate(raw_images):
+            if type(pair) is not list or len(pair) != 2:
+                raise WireError(f"result.images[{i}] is not a [data, mime_type] pair")
+            data, mime = pair
+            if type(data) is not bytes or len(data) > MAX_IMAGE_BYTES:
+                raise WireError(f"result.images[{i}] data is not bytes of at most {MAX_IMAGE_BYTES:,}")
+            if type(mime) is not str or _MIME_TYPE.fullmatch(mime) is None:
+                raise WireError(f"result.images[{i}] has no valid MIME type")
+            images.append(Image(data, mime))
+        error_kind = None if ok else ErrorKind(kind)
+        return ToolResult("", "", ok, content, error_kind, details, tuple(images), 0.0)
+
+
+CODECS: Final[Mapping[str, ResultCodec]] = MappingProxyType({"plain": PlainCodec(), "pickle": PickleCodec()})
+"""Result codecs by name: ``"plain"`` (any worker; the only one for untrusted code) and
+``"pickle"`` (trusted workers only)."""
+
+
+def check_empty(tag: bytes, body: bytes) -> None:
+    """A control frame (``READY``, ``NEED_TOOL``) has an empty body; raises
+    :class:`WireError` otherwise."""
+    if body:
+        raise WireError(f"a {tag!r} control frame with a body of {len(body):,} bytes")
 
 
 def encode_json(value: Any) -> bytes:
@@ -165,9 +377,14 @@ def encode_json(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def decode_json(body: bytes) -> Any:
-    """JSON text back as data. Raises :class:`WireError` when it is not JSON."""
+    """JSON text back as plain data (``NaN`` and ``Infinity`` refused). Raises
+    :class:`WireError` when it is not strict JSON."""
     try:
-        return json.loads(body)
+        return json.loads(body, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise WireError(describe_exception(exc)) from None

@@ -26,6 +26,7 @@ from rho_actors.results import CANCELLED, failure, result_from_exception, result
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.processes import mib
+from rho_actors.telemetry import attached
 from rho_actors.tool import ToolResult
 
 __all__ = ["TOOL_CACHE_SIZE", "WorkerConfig", "worker_child"]
@@ -91,7 +92,8 @@ def _serve(
                 ctx["deps"] = pickle.loads(request.deps_bytes)
             except Exception:
                 logger.debug("call {}: deps could not be unpickled in the worker; left out", call_id)
-        result, retire = _call(tool, request, MappingProxyType(ctx), config.heap_bytes)
+        with attached(ctx):  # the call's span from ctx["traceparent"] is current here
+            result, retire = _call(tool, request, MappingProxyType(ctx), config.heap_bytes)
         del tool, ctx, request
         return _reply(result, retire, name, codec)
     except MemoryError:

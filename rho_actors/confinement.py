@@ -1,0 +1,561 @@
+"""OS confinement of a child process that runs untrusted code (DESIGN §5, "Confinement").
+
+A :class:`Confinement` is plain data the host builds and ships to the child; the child
+calls :func:`apply` first, before any tool code runs, and from then on it (and all it
+starts) runs as an unprivileged identity, under resource limits, inside a Landlock
+filesystem sandbox, in a session of its own, and dies with its parent. On the host:
+
+- :func:`probe` says which mechanisms this machine offers and why not (for
+  ``system.stats()``); :func:`warn_if_unconfined` logs once when neither uid separation
+  nor Landlock is available.
+- :func:`kill_tree` kills a process and every descendant (``setsid`` escapes included);
+  :class:`rho_actors.cgroups.Cgroup` bounds a worker's whole tree in the kernel, and
+  :class:`RssSampler` is the fallback when no cgroup can be created.
+- :func:`classify_ending` turns how a worker ended into the error kind that says so.
+- :func:`make_private_dir` and :func:`make_session_dir` create folders with the right
+  owner and mode ``0700``.
+
+Importing this module in a ``multiprocessing`` fork server (``set_forkserver_preload``)
+makes that fork server a child subreaper that kills its whole tree when it exits (it
+exits when the host dies or stops): see :func:`guard_fork_server`.
+
+Identity. When the host runs as root, a confined child drops to ``uid``/``gid``
+(default :data:`DEFAULT_UID` = 65534, ``nobody``), with no supplementary groups, no
+capabilities and ``PR_SET_NO_NEW_PRIVS``; it can then neither signal the host nor read
+a ``0700`` folder of the host. A host that is not root cannot change uid: its children
+keep the host's uid and rely on Landlock, which (ABI 6, Linux 6.12) also forbids
+signals to any process outside the child's own domain. A user namespace is reported by
+:func:`probe` but not used: a same-uid process in one can still signal the host.
+The Python installation must be readable by the dropped uid (not under ``/root``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import functools
+import os
+import pwd
+import resource
+import signal
+import stat
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import psutil
+from loguru import logger
+
+from rho_actors import cgroups, landlock
+from rho_actors.tool import ErrorKind
+
+__all__ = [
+    "DEFAULT_UID",
+    "SYSTEM_READ_PATHS",
+    "Confinement",
+    "ConfinementError",
+    "Ending",
+    "Probe",
+    "RssSampler",
+    "apply",
+    "classify_ending",
+    "guard_fork_server",
+    "kill_tree",
+    "make_private_dir",
+    "make_session_dir",
+    "probe",
+    "python_read_paths",
+    "warn_if_unconfined",
+]
+
+DEFAULT_UID: Final = 65534
+"""The uid (and gid) a root host's confined children drop to by default: ``nobody``."""
+
+SYSTEM_READ_PATHS: Final = (
+    "/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/localtime", "/etc/ssl",
+    "/etc/ca-certificates", "/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf",
+    "/etc/passwd", "/etc/group", "/etc/mime.types", "/dev/urandom", "/dev/random",
+    "/dev/zero", "/proc/self",
+)  # fmt: skip
+"""What any Python program reads besides its own installation (missing ones are skipped)."""
+
+_PR_SET_PDEATHSIG: Final = 1
+_PR_SET_NO_NEW_PRIVS: Final = 38
+_PR_SET_CHILD_SUBREAPER: Final = 36
+_PR_GET_CHILD_SUBREAPER: Final = 37
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ConfinementError(OSError):
+    """A confinement step failed in the child; the message names the step. The child
+    must not run tool code after it."""
+
+
+def _prctl(option: int, value: int, what: str) -> None:
+    if _libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise ConfinementError(err, f"{what}: {os.strerror(err)}")
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What :func:`apply` does in a child; plain, picklable data. Sizes are bytes,
+    ``None`` leaves a limit as inherited.
+
+    ``uid``/``gid``: identity to drop to (only when the child starts as root).
+    ``read_only``/``read_write``: Landlock paths (see :func:`python_read_paths`); the
+    ``private_dir`` is added to ``read_write`` and becomes ``HOME``, ``TMPDIR`` and the
+    working directory. ``landlock=False`` skips Landlock. ``nproc`` (``RLIMIT_NPROC``,
+    processes of the dropped uid machine-wide), ``nofile``, ``fsize``, ``address_space``
+    (``RLIMIT_AS``, per process), ``core`` (0: no core files). ``pdeathsig``: signal the
+    child gets when its parent ends (0: none); ``parent_pid``: the parent it must still
+    have once that is set (``None``: the guarded fork server, else unchecked).
+    ``new_session``: ``setsid()`` (own session and process group, no controlling
+    terminal). ``subreaper``: orphans of the tool's processes reparent to the child, so
+    :func:`kill_tree` of the child finds them. ``cgroup_procs``: ``cgroup.procs`` files the
+    child joins (:attr:`rho_actors.cgroups.Cgroup.procs_files`) before dropping root."""
+
+    uid: int | None = DEFAULT_UID
+    gid: int | None = DEFAULT_UID
+    no_new_privs: bool = True
+    landlock: bool = True
+    read_only: tuple[str, ...] = ()
+    read_write: tuple[str, ...] = ()
+    private_dir: str | None = None
+    nproc: int | None = 64
+    nofile: int | None = 256
+    fsize: int | None = 64 * 2**20
+    address_space: int | None = 256 * 2**20
+    core: int = 0
+    pdeathsig: int = signal.SIGKILL
+    parent_pid: int | None = None
+    new_session: bool = True
+    subreaper: bool = True
+    cgroup_procs: tuple[str, ...] = ()
+
+
+_fork_server: list[int] = []  # this fork server's pid, once guard_fork_server() ran in it
+
+
+def _threads() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+def apply(spec: Confinement) -> tuple[str, ...]:
+    """Confine this process as ``spec`` says; call it first in a fresh, single-threaded
+    child, before any tool code. Returns the names of the mechanisms applied (a subset of
+    ``pdeathsig``, ``session``, ``subreaper``, ``cgroup``, ``rlimits``, ``no_new_privs``,
+    ``landlock``, ``identity``): Landlock is skipped when the kernel lacks it, identity
+    when the child is not root. Raises :class:`ConfinementError` naming the failed step
+    (the caller must then exit without running tool code); if the parent already died,
+    the child kills itself with ``pdeathsig``."""
+    if _threads() != 1:
+        raise ConfinementError(0, "apply() needs a single-threaded process (Landlock and no_new_privs bind one thread)")
+    done = []
+    if spec.pdeathsig:
+        _prctl(_PR_SET_PDEATHSIG, spec.pdeathsig, "PR_SET_PDEATHSIG")
+        forked_from = [pid for pid in _fork_server if pid != os.getpid()]
+        expected = spec.parent_pid or (forked_from[0] if forked_from else None)
+        if expected is not None and os.getppid() != expected:
+            os.kill(os.getpid(), spec.pdeathsig)  # the parent died before the signal was armed
+        done.append("pdeathsig")
+    _release_fork_server()
+    if spec.new_session:
+        with contextlib.suppress(PermissionError):  # already a group leader
+            os.setsid()
+        done.append("session")
+    if spec.subreaper:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
+        done.append("subreaper")
+    for path in spec.cgroup_procs:
+        try:
+            with open(path, "w", encoding="ascii") as f:
+                f.write(str(os.getpid()))
+        except OSError as exc:
+            raise ConfinementError(exc.errno, f"joining cgroup {path}: {exc.strerror}") from None
+    if spec.cgroup_procs:
+        done.append("cgroup")
+    _set_limits(spec)
+    done.append("rlimits")
+    if spec.private_dir is not None:
+        os.chdir(spec.private_dir)
+        os.environ.update(HOME=spec.private_dir, TMPDIR=spec.private_dir)
+        tempfile.tempdir = None
+    if spec.no_new_privs:
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS")
+        done.append("no_new_privs")
+    if spec.landlock:
+        writable = (*spec.read_write, "/dev/null", *(() if spec.private_dir is None else (spec.private_dir,)))
+        try:
+            landlock.restrict_self(spec.read_only, writable)
+            done.append("landlock")
+        except landlock.LandlockError as exc:
+            if exc.errno not in (38, 95):  # ENOSYS, EOPNOTSUPP: no Landlock here (probe() said so)
+                raise ConfinementError(exc.errno, f"Landlock: {exc.strerror}") from None
+    if spec.uid is not None and os.geteuid() == 0:
+        _drop_identity(spec.uid, DEFAULT_UID if spec.gid is None else spec.gid)
+        done.append("identity")
+    return tuple(done)
+
+
+def _release_fork_server() -> None:
+    """Close this child's copy of the fork server's "alive" pipe. multiprocessing gives
+    every forkserver child one, and the fork server only exits (and, guarded, kills its
+    tree) once every copy is closed: a busy worker holding one keeps the fork server, and
+    so itself, alive after the host died."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]
+
+
+def _set_limits(spec: Confinement) -> None:
+    limits = [
+        (resource.RLIMIT_CORE, spec.core, "RLIMIT_CORE"),
+        (resource.RLIMIT_NOFILE, spec.nofile, "RLIMIT_NOFILE"),
+        (resource.RLIMIT_FSIZE, spec.fsize, "RLIMIT_FSIZE"),
+        (resource.RLIMIT_AS, spec.address_space, "RLIMIT_AS"),
+        (resource.RLIMIT_NPROC, spec.nproc, "RLIMIT_NPROC"),
+    ]
+    for which, value, name in limits:
+        if value is None:
+            continue
+        _, hard = resource.getrlimit(which)
+        limit = value if hard == resource.RLIM_INFINITY or os.geteuid() == 0 else min(value, hard)
+        try:
+            resource.setrlimit(which, (limit, limit))
+        except (OSError, ValueError) as exc:
+            raise ConfinementError(0, f"{name}={limit}: {exc}") from None
+
+
+def _drop_identity(uid: int, gid: int) -> None:
+    try:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    except OSError as exc:
+        raise ConfinementError(exc.errno, f"dropping to uid {uid} gid {gid}: {exc.strerror}") from None
+    with open("/proc/self/status", encoding="ascii") as f:
+        caps = [line.split()[1] for line in f if line.startswith(("CapPrm:", "CapEff:", "CapAmb:"))]
+    if any(int(c, 16) for c in caps) or os.getresuid() != (uid, uid, uid):
+        raise ConfinementError(0, f"capabilities or root remain after dropping to uid {uid}")
+
+
+# --- host side: what this machine offers ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Which confinement mechanisms this host offers: each field is ``None`` when
+    available, else the reason it is not (a sentence). ``detail`` says what is in use."""
+
+    identity: str | None
+    landlock: str | None
+    user_namespaces: str | None
+    cgroup: str | None
+    subreaper: str | None
+    python_readable: str | None
+    detail: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{mechanism: {"available": bool, "reason" or "detail": str}}`` for ``system.stats()``."""
+        out: dict[str, Any] = {}
+        for name, reason in asdict(self).items():
+            if name != "detail":
+                out[name] = {"available": reason is None, "reason": reason or self.detail.get(name, "")}
+        return out
+
+    def warning(self) -> str | None:
+        """The warning to give once when untrusted code would run without uid separation
+        and without Landlock (or with an identity that cannot read Python); else None."""
+        if self.identity is not None and self.landlock is not None:
+            return f"untrusted tools run unconfined: {self.identity}; {self.landlock}"
+        if self.identity is None and self.python_readable is not None:
+            return f"untrusted tools cannot run as uid {DEFAULT_UID}: {self.python_readable}"
+        return None
+
+
+def _readable_by(path: str, uid: int, gid: int) -> str | None:
+    """Why ``uid``/``gid`` cannot list and read ``path`` (by its mode bits), or None."""
+    parts = os.path.abspath(path).split(os.sep)
+    for i in range(1, len(parts) + 1):
+        current = os.sep.join(parts[:i]) or os.sep
+        st = os.stat(current)
+        shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0
+        need = stat.S_IXOTH | (stat.S_IROTH if i == len(parts) else 0)
+        if (st.st_mode >> shift) & need != need:
+            return f"{current} (mode {stat.filemode(st.st_mode)}) is closed to uid {uid}"
+    return None
+
+
+@functools.cache
+def probe(uid: int = DEFAULT_UID, gid: int = DEFAULT_UID) -> Probe:
+    """What this host offers for confining children that drop to ``uid``/``gid``;
+    computed once per process (a few syscalls and file reads, no child process)."""
+    detail: dict[str, str] = {}
+    root = os.geteuid() == 0
+    identity = None if root else f"the host runs as uid {os.geteuid()}, not root: children keep its uid"
+    if root:
+        detail["identity"] = f"children drop to uid {uid} gid {gid}"
+    try:
+        abi = landlock.abi_version()
+        lock = None
+        detail["landlock"] = f"ABI {abi}" + (
+            " (filesystem, signals, abstract sockets)" if abi >= 6 else " (filesystem)"
+        )
+    except landlock.LandlockError as exc:
+        lock = f"Landlock unavailable: {exc.strerror}"
+    userns = _userns_reason(root)
+    hierarchy = cgroups.find_hierarchy()
+    group = hierarchy if isinstance(hierarchy, str) else None
+    if not isinstance(hierarchy, str):
+        detail["cgroup"] = f"v{hierarchy.version} memory+pids under {hierarchy.dirs['memory']}"
+    reaper = None
+    if _libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(ctypes.c_int()), 0, 0, 0) != 0:
+        reaper = f"PR_GET_CHILD_SUBREAPER: {os.strerror(ctypes.get_errno())}"
+    prefixes = {sys.prefix, sys.base_prefix}
+    readable = [r for p in sorted(prefixes) if (r := _readable_by(p, uid, gid))] if root else []
+    return Probe(identity, lock, userns, group, reaper, "; ".join(readable) or None, detail)
+
+
+def _userns_reason(root: bool) -> str | None:
+    def number(path: str) -> int | None:
+        try:
+            with open(path, encoding="ascii") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    if number("/proc/sys/user/max_user_namespaces") == 0:
+        return "user.max_user_namespaces is 0"
+    if not root and number("/proc/sys/kernel/unprivileged_userns_clone") == 0:
+        return "kernel.unprivileged_userns_clone is 0"
+    if not root and number("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == 1:
+        return "AppArmor restricts unprivileged user namespaces"
+    return None
+
+
+_warned = threading.Event()
+
+
+def warn_if_unconfined() -> str | None:
+    """Log :meth:`Probe.warning` once per process (loguru, ``rho_actors`` logger) and return it."""
+    text = probe().warning()
+    if text is not None and not _warned.is_set():
+        _warned.set()
+        logger.warning(text)
+    return text
+
+
+def python_read_paths(modules: Iterable[str] = (), exclude: Iterable[str] = ()) -> tuple[str, ...]:
+    """Read-only Landlock paths for running Python and a tool: this interpreter's
+    prefixes, every ``sys.path`` folder, :data:`SYSTEM_READ_PATHS` and the given module
+    file or folder paths. A ``sys.path`` folder that contains one of ``exclude`` (say
+    ``data_dir``) is left out: pass the folders of the modules needed from it instead."""
+    shut = [os.path.realpath(p) for p in exclude]
+
+    def allowed(path: str) -> bool:
+        real = os.path.realpath(path)
+        return not any(s == real or s.startswith(real.rstrip(os.sep) + os.sep) for s in shut)
+
+    found = [sys.prefix, sys.base_prefix, sys.exec_prefix, *(p for p in sys.path if p and os.path.isdir(p))]
+    paths = [p for p in found if allowed(p)] + [*SYSTEM_READ_PATHS, *modules]
+    return tuple(dict.fromkeys(os.path.realpath(p) if p != "/proc/self" else p for p in paths))
+
+
+def make_private_dir(uid: int | None = DEFAULT_UID, gid: int | None = DEFAULT_UID) -> str:
+    """Create a fresh private temporary folder (mode ``0700``) for one worker, owned by
+    ``uid``/``gid`` when this process is root; returns its path. The caller removes it."""
+    path = tempfile.mkdtemp(prefix="rho-actors-")
+    os.chmod(path, 0o700)
+    if os.geteuid() == 0 and uid is not None:
+        os.chown(path, uid, DEFAULT_UID if gid is None else gid)
+    return path
+
+
+def make_session_dir(path: str) -> str:
+    """Create ``path`` (and missing parents) with mode ``0700`` whatever the umask, and
+    tighten it to ``0700`` if it exists; returns it. Session folders hold transcripts."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def default_identity() -> tuple[int, int]:
+    """``nobody``'s uid and gid from the password database, else ``(65534, 65534)``."""
+    try:
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return DEFAULT_UID, DEFAULT_UID
+
+
+# --- process trees ----------------------------------------------------------------------------
+
+
+def kill_tree(pid: int, timeout_s: float = 2.0, *, include_root: bool = True) -> list[int]:
+    """SIGKILL process ``pid`` and all its descendants; returns the pids signalled.
+
+    The tree is frozen first (``SIGSTOP``, re-walked until no new process appears) so
+    nothing forks past the kill. A ``setsid`` escape is found while its parent lives, and
+    after that when it reparented to a subreaper inside the tree (a confined child is
+    one, ``Confinement.subreaper``). Waits at most ``timeout_s`` seconds until each is
+    gone or a zombie (never reaps: a parent keeps its child's exit status); a process
+    that vanished meanwhile is skipped. Raises ``psutil.NoSuchProcess``
+    only when ``pid`` itself is gone."""
+    root = psutil.Process(pid)
+    seen: dict[int, psutil.Process] = {root.pid: root} if include_root else {}
+    for _ in range(64):
+        for p in seen.values():
+            with contextlib.suppress(psutil.Error):
+                p.suspend()
+        new = [p for p in _descendants(root) if p.pid not in seen]
+        if not new:
+            break
+        seen.update((p.pid, p) for p in new)
+    for p in seen.values():
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    deadline = time.monotonic() + timeout_s
+    while not all(_gone(p) for p in seen.values()) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return list(seen)
+
+
+def _descendants(root: psutil.Process) -> list[psutil.Process]:
+    try:
+        return list(root.children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def _gone(p: psutil.Process) -> bool:
+    """Ended (a zombie counts: its parent reaps it; waiting here would steal its status)."""
+    try:
+        return p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return True
+
+
+def guard_fork_server() -> bool:
+    """In a ``multiprocessing`` fork server only (a no-op elsewhere, returns False):
+    become a child subreaper, so orphans of workers reparent here, and kill the whole
+    tree at exit (the fork server exits when the host ends, even by SIGKILL, or closes
+    it). Workers forked from it then check this pid as their parent in :func:`apply`."""
+    if not any(a.startswith("from multiprocessing.forkserver import main") for a in sys.orig_argv):
+        return False
+    if _fork_server == [os.getpid()]:
+        return True
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
+    _fork_server[:] = [os.getpid()]
+    warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
+    atexit.register(kill_tree, os.getpid(), include_root=False)
+    return True
+
+
+guard_fork_server()
+
+
+# --- memory bound without a cgroup, and how a worker ended -------------------------------------
+
+
+class RssSampler:
+    """The memory bound of a process tree when no cgroup can be made: every
+    ``interval_s`` seconds, sum the tree's proportional set size (PSS: RSS with each
+    shared page divided among its sharers, so forked children are not counted for their
+    parent's pages) and :func:`kill_tree` it once the sum exceeds ``bound_bytes``.
+
+    :meth:`start` samples in a daemon thread until :meth:`stop` or the kill; :meth:`check`
+    takes one sample. ``exceeded`` is set once it killed; ``peak_bytes`` is the largest sum."""
+
+    def __init__(self, pid: int, bound_bytes: int, interval_s: float = 0.05) -> None:
+        self.pid, self.bound_bytes, self.interval_s = pid, bound_bytes, interval_s
+        self.exceeded = threading.Event()
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> bool:
+        """Sample once; kill the tree and return True if it is over the bound."""
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return False
+        total = 0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                info = p.memory_full_info()
+                total += getattr(info, "pss", info.rss)
+        self.peak_bytes = max(self.peak_bytes, total)
+        if total <= self.bound_bytes:
+            return False
+        self.exceeded.set()
+        with contextlib.suppress(psutil.Error):
+            kill_tree(self.pid)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if self.check():
+                return
+
+    def start(self) -> RssSampler:
+        """Sample in a daemon thread; returns self."""
+        self._thread = threading.Thread(target=self._run, name=f"rss-sampler-{self.pid}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling (waits for the thread, at most one interval plus a sample)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a worker ended: the error ``kind`` for its call and a message that says why."""
+
+    kind: ErrorKind
+    message: str
+
+
+def classify_ending(
+    returncode: int | None,
+    *,
+    killed_for: ErrorKind | None = None,
+    memory_bound_hit: bool = False,
+    memory_error: bool = False,
+    memory_bound: str = "its memory bound",
+) -> Ending:
+    """Classify a worker's end. ``returncode``: ``Popen``/``Process`` style (``-N`` for
+    signal N, ``None`` if unknown); ``killed_for``: the kind the pool killed it for
+    (``TIMEOUT`` at the deadline, ``CANCELLED`` at stop), else None; ``memory_bound_hit``:
+    the cgroup recorded an OOM kill or the :class:`RssSampler` killed it;
+    ``memory_error``: the tool raised ``MemoryError``. Memory wins (the pool's kill may
+    be its consequence), then the pool's reason; any other signal is ``crashed`` naming
+    it, as sent from outside the pool; an exit status is ``exited``."""
+    if memory_bound_hit or memory_error:
+        how = "raised MemoryError" if memory_error and not memory_bound_hit else "was killed"
+        return Ending(ErrorKind.MEMORY, f"the tool's process tree reached {memory_bound} and {how}")
+    if killed_for is not None:
+        return Ending(killed_for, f"the pool killed the worker ({killed_for})")
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return Ending(ErrorKind.CRASHED, f"the worker was killed by signal {name} from outside the pool")
+    status = "an unknown status" if returncode is None else f"status {returncode}"
+    return Ending(ErrorKind.EXITED, f"the worker exited with {status} during the call")

@@ -1,0 +1,135 @@
+"""Safe files under a data folder: no symlink is followed, no open can block.
+
+Every folder below a root (a system's ``data_dir``) is walked one component at a time
+with ``O_NOFOLLOW | O_DIRECTORY`` relative to its parent's descriptor (``openat``), so a
+symlink anywhere on the path is refused, not followed, and nothing is created or written
+outside the root. Each folder walked below the root is made (or tightened to) mode
+``0o700``, whatever the umask: session folders hold transcripts, and confined workers run
+as another user. A file is opened with
+``O_NOFOLLOW | O_NONBLOCK`` after an ``lstat`` of its name, and must be a regular file
+(checked again with ``fstat`` on the descriptor): a FIFO, a device, a socket or a folder
+in its place is refused at once, never opened in a way that waits.
+
+Example::
+
+    folder = private_dir(data_dir, "sessions", "session-1")   # data_dir/sessions/session-1, 0700
+    fd = open_regular(folder / "transcript.jsonl", os.O_RDWR | os.O_CREAT | os.O_APPEND)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from rho_actors.errors import RhoError
+
+__all__ = ["UnsafePathError", "open_regular", "private_dir"]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+class UnsafePathError(RhoError, OSError):
+    """A path that is not what it must be: a symlink, or not a regular file or folder.
+    ``str(err)`` names the path and what was found there."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _component(part: str) -> str:
+    if type(part) is not str or part in ("", ".", "..") or "/" in part or "\0" in part:
+        raise ValueError(f"{part!r} is not a single path component")
+    return part
+
+
+def _open_child_dir(parent_fd: int, part: str, where: Path, create: bool) -> int:
+    if create:
+        try:
+            os.mkdir(part, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            found = os.stat(part, dir_fd=parent_fd, follow_symlinks=False)
+            raise UnsafePathError(f"{where} is {_kind(found.st_mode)}, not a folder") from None
+        raise
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o700:
+            os.fchmod(fd, 0o700)  # on the descriptor: no path, so no symlink, in between
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def private_dir(root: str | Path, *parts: str, create: bool = True) -> Path:
+    """The folder ``root/parts[0]/parts[1]/...``, each part a real folder of mode
+    ``0o700`` (created when missing and ``create``; tightened when looser). ``root`` itself is the caller's choice
+    and is created (with its parents) when missing. Returns the path.
+
+    Raises :class:`UnsafePathError` when a part is a symlink or not a folder,
+    ``ValueError`` for a part that is not one path component, ``FileNotFoundError``
+    when a part is missing and not ``create``, and ``OSError``."""
+    root = Path(root)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = root
+    try:
+        for part in parts:
+            where = where / _component(part)
+            child = _open_child_dir(fd, part, where, create)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+    return where
+
+
+def open_regular(path: str | Path, flags: int, mode: int = 0o600) -> int:
+    """Open the regular file at ``path`` (a descriptor, close-on-exec) without following
+    a symlink at its last component and without blocking; its folder must be a real
+    folder too (not a symlink). ``flags`` are ``os.open`` flags (``O_CREAT`` creates it
+    with ``mode``). Raises :class:`UnsafePathError` when the file or its folder is a
+    symlink, or the file is not a regular file (a FIFO, device, socket, folder), and
+    ``OSError`` (``FileNotFoundError`` when missing without ``O_CREAT``)."""
+    path = Path(path)
+    parent = path.parent
+    try:
+        dir_fd = os.open(parent, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafePathError(f"{parent} is a symlink or not a folder") from None
+        raise
+    try:
+        try:
+            found = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            if not flags & os.O_CREAT:
+                raise
+        else:
+            if not stat.S_ISREG(found.st_mode):
+                raise UnsafePathError(f"{path} is {_kind(found.st_mode)}, not a regular file")
+        try:
+            fd = os.open(path.name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise UnsafePathError(f"{path} is a symlink or not a regular file") from None
+            raise
+    finally:
+        os.close(dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        kind = _kind(os.fstat(fd).st_mode)
+        os.close(fd)
+        raise UnsafePathError(f"{path} is {kind}, not a regular file")
+    return fd

@@ -1,0 +1,123 @@
+"""``ray`` isolation: a call runs as a Ray task (DESIGN §5); the work is done by
+:func:`rho_actors.integrations.ray.tasks.run_on_ray`, imported on first use so that a system
+without the ``ray`` extra still starts (its ``ray`` calls are then ``unavailable``).
+
+The call's CallActor runs ``run_on_ray`` and waits; it owns the deadline: at it the
+result is ``timeout`` and the task is force-cancelled (its worker killed). Each tool's
+Ray resources are given at registration (``register(tool, isolation="ray",
+resources={...})``, checked by :meth:`RayIsolation.check_options`; default: 1 CPU) and
+travel with its registry entry. Untrusted tools are refused: Ray unpickles what its
+workers return, so code that takes over a worker could forge objects in the host.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rho_actors.call import CallSpec, RunCall
+from rho_actors.isolation.base import Isolation, IsolationServices
+from rho_actors.results import error_result
+from rho_actors.tool import ErrorKind, ToolResult
+
+if TYPE_CHECKING:
+    from rho_actors.integrations.ray.tasks import RayRuntime
+
+__all__ = ["RayIsolation"]
+
+
+class _Running:
+    __slots__ = ("call",)
+
+    def __init__(self, call: CallSpec) -> None:
+        self.call = call
+
+    def cancel(self, reason: str) -> None:
+        """Set the call's token: its Ray task is force-cancelled."""
+        self.call.cancel.cancel(reason)
+
+
+class RayIsolation(Isolation):
+    """Runs each call as a Ray task through ``runtime`` (default: the process's
+    :func:`rho_actors.integrations.ray.tasks.default_runtime`, connected on the first call)."""
+
+    name: ClassVar[str] = "ray"
+    untrusted_refused: ClassVar[str | None] = (
+        "Ray unpickles what its workers return, so a compromised worker could forge objects in the host; "
+        "use isolation='process'"
+    )
+
+    def __init__(self, services: IsolationServices, runtime: RayRuntime | None = None) -> None:
+        super().__init__(services)
+        self._lock = threading.Lock()
+        self._runtime = runtime
+        self._open = False
+
+    def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``resources`` of a Ray tool: ``num_cpus``, ``num_gpus``, ``memory``,
+        ``runtime_env`` and custom resources (see
+        :meth:`rho_actors.integrations.ray.tasks.RayResources.from_mapping`). Raises
+        ``ValueError`` for bad resources and ``ImportError`` without the ``ray`` extra."""
+        from rho_actors.integrations.ray.tasks import RayResources
+
+        RayResources.from_mapping(options)
+        return MappingProxyType(dict(options))
+
+    def runtime(self) -> RayRuntime:
+        """The Ray runtime of this isolation. Raises ``ImportError`` without the ``ray`` extra."""
+        from rho_actors.integrations.ray.tasks import default_runtime
+
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = default_runtime(self.services.ray)
+            return self._runtime
+
+    def start(self, call: CallSpec) -> _Running:
+        self.services.calls.start().tell(RunCall(call, self._run))
+        return _Running(call)
+
+    def _run(self, call: CallSpec) -> ToolResult:
+        """The runner, in the CallActor's thread: the call as a Ray task, until its result."""
+        if not self._open:
+            return error_result(call.call_id, call.name, ErrorKind.CANCELLED,
+                                f"tool {call.name!r} did not run: the ray isolation is not running")
+        try:
+            from rho_actors.integrations.ray.tasks import RayResources, run_on_ray
+
+            runtime = self.runtime()
+        except ImportError as err:
+            return error_result(call.call_id, call.name, ErrorKind.UNAVAILABLE,
+                                f"tool {call.name!r} did not run: Ray is not installed "
+                                f"(pip install 'rho_actors[ray]'): {err}")
+        tools = self.services.tools
+        entry = tools.current.entries.get(call.name) if tools is not None else None
+        options = entry.placement.options if entry is not None and entry.tool is call.tool else {}
+        resources = RayResources.from_mapping(options)
+        return run_on_ray(runtime, call.tool, call.args, call.ctx, call.deadline, call.cancel, call.max_output_chars,
+                          resources, name=call.name, started=call.dispatched)
+
+    def open(self) -> None:
+        with self._lock:
+            self._open = True
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Refuse new calls (running ones are cancelled through their tokens by the
+        system). Ray itself is left running: it is shared by the process."""
+        with self._lock:
+            self._open = False
+
+    def describe(self) -> dict[str, Any]:
+        """``tasks`` in flight (call, tool, task id, time running and left) and ``actors``
+        (the Ray actors of supervised Ray servers, with their nodes), once Ray is in use."""
+        with self._lock:
+            runtime = self._runtime
+        return {"tasks": runtime.tasks(), "actors": runtime.actors()} if runtime is not None else {}
+
+    def stats(self) -> dict[str, int]:
+        """The runtime's counters (``ray_tasks_running``, ``ray_tasks_total``,
+        ``ray_actors``), none before its first use."""
+        with self._lock:
+            runtime = self._runtime
+        return runtime.stats() if runtime is not None else {}

@@ -1,0 +1,227 @@
+"""Serving a running :class:`~rho_actors.ActorSystem`'s tools to MCP clients.
+
+:func:`serve` (blocking) and :func:`aserve` (asyncio) serve over stdio, or over
+streamable HTTP with ``http=("127.0.0.1", 8000)``; ``rho-actors mcp serve`` is the
+command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel``).
+
+- Each MCP connection (one stdio process, or one ``Mcp-Session-Id``) is a rho session:
+  its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
+  connection ends.
+- ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``).
+- ``tools/call`` runs as a turn of one call (``Loop.arun_turn``) with the tool's
+  deadline and containment. Every failure (invalid arguments, unknown tool, timeout,
+  raised, crashed...) is a ``CallToolResult`` with ``isError: true`` and the text a
+  model gets; pictures are image content; ``details`` never leave the host.
+- A client's ``notifications/cancelled`` cancels the handler's task, and with it the
+  turn. Progress a tool reports with ``ctx["progress"](done, total, message)`` is sent
+  as ``notifications/progress`` when the client asked for it (a ``progressToken``).
+- A change of the system's tool set (a source's scan, ``unregister``: the registry's
+  :class:`~rho_actors.ToolSetChanged` event, no polling) sends
+  ``notifications/tools/list_changed`` to every connection (changes close together are
+  announced once).
+- Bad input (malformed JSON-RPC, an unknown method, params that fail validation, or
+  arguments over ``max_argument_bytes``) gets a JSON-RPC error from the SDK or from
+  here; the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import functools
+import itertools
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import mcp_types as types
+from loguru import logger
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+
+from rho_actors.events import ProgressEvent, ToolSetChanged
+from rho_actors.formats import to_dialect
+from rho_actors.loop import Loop
+from rho_actors.tool import ToolCall, ToolResult
+
+__all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "aserve", "build_server", "serve"]
+
+DEFAULT_MAX_ARGUMENT_BYTES = 1_000_000
+"""The largest ``tools/call`` arguments accepted (bytes of their JSON)."""
+
+_STATE_KEY = "rho_actors.session"
+
+
+@dataclass(slots=True, eq=False)
+class _Session:
+    loop: Loop
+    notify: Any = None  # a ServerSession of the connection: its standalone channel
+    offered_version: int = -1
+
+
+@dataclass(slots=True)
+class _Served:
+    """What one :func:`aserve` shares between its connections."""
+
+    system: Any
+    withheld: tuple[str, ...]
+    max_argument_bytes: int
+    sessions: set[_Session] = field(default_factory=set)
+    progress: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, Any]] = field(default_factory=dict)
+    ids: Iterator[int] = field(default_factory=itertools.count)
+
+
+def _connection(ctx: Any) -> Any:
+    # The SDK's per-connection ``Connection`` (its ``state`` and ``exit_stack`` are the
+    # documented per-connection hooks); the low-level context reaches it through its session.
+    return ctx.session._connection
+
+
+async def _session(served: _Served, ctx: Any) -> _Session:
+    """The rho session of the request's connection, started at its first use."""
+    connection = _connection(ctx)
+    state = connection.state
+    lock = state.setdefault(_STATE_KEY + ".lock", anyio.Lock())
+    async with lock:
+        session: _Session | None = state.get(_STATE_KEY)
+        if session is None:
+            session_id = f"mcp-{connection.session_id or uuid.uuid4().hex}"[:128]
+            loop = await anyio.to_thread.run_sync(
+                functools.partial(served.system.start_loop, session_id, withheld=served.withheld)
+            )
+            session = _Session(loop, ctx.session, served.system.tool_set().version)
+            state[_STATE_KEY] = session
+            served.sessions.add(session)
+
+            async def close() -> None:
+                served.sessions.discard(session)
+                await anyio.to_thread.run_sync(loop.stop)
+
+            connection.exit_stack.push_async_callback(close)
+            logger.info("MCP connection started rho session {}", session_id)
+    return session
+
+
+def _call_tool_result(result: ToolResult) -> types.CallToolResult:
+    content: list[Any] = []
+    if result.content or not result.images:
+        content.append(types.TextContent(type="text", text=result.content))
+    for image in result.images:
+        content.append(types.ImageContent(type="image", data=base64.b64encode(image.data).decode("ascii"),
+                                          mime_type=image.mime_type))
+    return types.CallToolResult(content=content, is_error=not result.ok)
+
+
+def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[str] = (),
+                 max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES) -> Server[Any]:
+    """The SDK ``Server`` serving ``system``'s tools (run it with :func:`aserve`, or
+    mount its ``streamable_http_app()``). ``withheld`` names tools not served."""
+    served = _Served(system, tuple(withheld), max_argument_bytes)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_server: Server[Any]) -> AsyncIterator[_Served]:
+        aloop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def on_event(event: Any) -> None:  # in the emitting actor's thread
+            if isinstance(event, ToolSetChanged):
+                with contextlib.suppress(RuntimeError):  # the asyncio loop has closed
+                    aloop.call_soon_threadsafe(changed.set)
+            elif isinstance(event, ProgressEvent):
+                target = served.progress.get((event.session_id, event.call_id))
+                if target is not None:
+                    with contextlib.suppress(RuntimeError):
+                        asyncio.run_coroutine_threadsafe(
+                            target[1].report_progress(event.done, event.total, event.message), target[0]
+                        )
+
+        unsubscribe = system.subscribe(on_event)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(_announce_changes, served, changed)
+            try:
+                yield served
+            finally:
+                unsubscribe()
+                tasks.cancel_scope.cancel()
+
+    async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        session = await _session(served, ctx)
+        offered = await anyio.to_thread.run_sync(session.loop.offered)
+        return types.ListToolsResult(tools=[types.Tool.model_validate(to_dialect(i, "mcp")) for i in offered])
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        arguments = params.arguments or {}
+        size = len(json.dumps(arguments, ensure_ascii=False, default=str))
+        if size > served.max_argument_bytes:
+            raise MCPError(INVALID_PARAMS, f"tools/call arguments for {params.name[:100]!r} are {size} bytes of JSON; "
+                                           f"at most {served.max_argument_bytes} are accepted")
+        session = await _session(served, ctx)
+        call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
+        key = (session.loop.session_id, call_id)
+        served.progress[key] = (asyncio.get_running_loop(), ctx.session)
+        try:
+            [result] = await session.loop.arun_turn([ToolCall(call_id, params.name, arguments)])
+        finally:
+            served.progress.pop(key, None)
+        return _call_tool_result(result)
+
+    return _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+class _Server(Server[Any]):
+    """The SDK's server, advertising ``tools.listChanged`` on every transport."""
+
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None,
+                                      *args: Any, **kwargs: Any) -> Any:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), *args, **kwargs
+        )
+
+
+async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
+    """Send ``notifications/tools/list_changed`` to each connection whose last offer is
+    older than the system's tool set, each time ``changed`` is set (by a
+    :class:`ToolSetChanged` event; several set before this wakes are announced once)."""
+    while True:
+        await changed.wait()
+        changed.clear()
+        version = served.system.tool_set().version
+        for session in list(served.sessions):
+            if session.offered_version != version:
+                session.offered_version = version
+                try:
+                    await session.notify.send_tool_list_changed()
+                except Exception as exc:  # a connection closing: it is dropped at its end
+                    logger.debug("tools/list_changed not sent: {!r}", exc)
+
+
+async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
+                 withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES) -> None:
+    """Serve ``system``'s tools until the client closes stdin (stdio) or the task is
+    cancelled (HTTP: ``http=(host, port)``, the endpoint is ``http://host:port/mcp``).
+    Raises ``OSError`` when the HTTP port cannot be bound."""
+    server = build_server(system, name=name, withheld=withheld, max_argument_bytes=max_argument_bytes)
+    options = server.create_initialization_options()
+    if http is None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, options)
+        return
+    import uvicorn
+
+    host, port = http
+    app = server.streamable_http_app(host=host)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    await uvicorn.Server(config).serve()
+
+
+def serve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
+          withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES) -> None:
+    """:func:`aserve` on a new asyncio loop in this thread (blocks until served)."""
+    anyio.run(functools.partial(aserve, system, http=http, name=name, withheld=withheld,
+                                max_argument_bytes=max_argument_bytes))

@@ -1,0 +1,496 @@
+"""An MCP server's tools as supervised, deadline-bound rho tools (a source: DESIGN §1).
+
+``system.add_source(MCPServer(command=[...], env={...}))`` (stdio) or
+``system.add_source(MCPServer(url=..., headers={...}))`` (streamable HTTP) offers the
+server's tools like any other source's:
+
+- The connection is owned by an :class:`MCPConnection` actor, the one ``permanent``
+  child of a supervisor (``mcp:<name>``, a ``temporary`` subtree of the system's
+  ``sources``: a source's actors are the system's side of the tree, DESIGN §6) with the
+  restart intensity ``max_restarts`` in ``max_seconds``. The MCP
+  client runs on an asyncio loop in a thread the actor owns; the actor never blocks on
+  it. When the server process exits, its connection closes, or a heartbeat ``ping``
+  goes unanswered (a hung server), the actor exits and is restarted (a new process):
+  calls in flight get ``crashed`` results, calls while it is down ``unavailable``, and
+  its tools leave the offer until the new connection has listed them. Past the
+  intensity the supervisor ends and the tools stay out.
+- Each tool is an :class:`MCPTool` whose ``run`` sends ``tools/call`` with the rho
+  deadline as the request timeout; at the deadline (``ctx["cancel"]``) the request is
+  abandoned, which sends ``notifications/cancelled``, and the loop's result is
+  ``timeout`` on time whatever the server does.
+- Declarations pass the checks of DESIGN §3 (a bad one is left out with its reason,
+  logged once); ``notifications/tools/list_changed`` re-lists and refreshes the offer.
+- A stdio server gets a scrubbed environment: ``PATH``, ``LANG``, ``LC_*``, ``TZ`` and
+  ``HOME`` from this process, plus the explicit ``env`` (the untrusted-boundary rule).
+
+Results: text content is the model's text, image content becomes :class:`Image`
+values, other content is given as JSON; ``isError`` is a ``tool_error`` (an ``Error``
+the tool returned). The texts of the other failures are in
+:data:`rho_actors.results.TEXTS` (the ``mcp_*`` keys).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import copy
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pykka
+from loguru import logger
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+from rho_actors.encoding import describe_exception
+from rho_actors.otp.actor import Actor, kill
+from rho_actors.otp.supervisor import ChildSpec, StartChild
+from rho_actors.results import SENT_CANCEL, TEXTS, text
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, Error, Image, ToolFailure
+
+__all__ = ["ENV_ALLOWLIST", "MCPConnection", "MCPServer", "MCPTool", "scrubbed_environment"]
+
+ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
+"""Variables a stdio server inherits from this process (with every ``LC_*``)."""
+
+_MAX_PAGES = 100
+_SOURCES = "sources"  # the system's supervisor of sources and their own subtrees
+
+
+def _fails(key: str, tool: str, **fields: Any) -> ToolFailure:
+    """The :class:`ToolFailure` of situation ``key`` of the results table."""
+    return ToolFailure(TEXTS[key][0], text(key, tool=tool, **fields))
+
+
+def scrubbed_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a stdio MCP server: :data:`ENV_ALLOWLIST` and ``LC_*`` from
+    ``os.environ``, then ``env`` over them."""
+    kept = {k: v for k, v in os.environ.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
+    return kept | dict(env or {})
+
+
+@dataclass(slots=True)
+class _Link:
+    """What the connection actor publishes for the tools (outlives its restarts)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    session: ClientSession | None = None
+    aloop: asyncio.AbstractEventLoop | None = None
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> MCP Tool (wire shape)
+    up: threading.Event = field(default_factory=threading.Event)  # set while a connection is published
+    stopping: bool = False
+    connections: int = 0  # connections made so far (1 + restarts that connected)
+    last_error: str | None = None
+
+
+class MCPTool:
+    """One tool of an MCP server, as a rho tool (trusted: its code is this class; the
+    server's code runs in its own process or host). ``run`` raises
+    :class:`~rho_actors.ToolFailure` for ``unavailable``/``crashed``/``timeout``/
+    ``cancelled``."""
+
+    def __init__(self, server: MCPServer, declared: Mapping[str, Any]) -> None:
+        self._server = server
+        self._declared = copy.deepcopy(dict(declared))
+
+    def name(self) -> Any:
+        """The server's tool name (checked like any other: ``^[A-Za-z0-9_-]{1,64}$``)."""
+        return self._declared.get("name")
+
+    def description(self) -> Any:
+        """The server's description (its title when it gives none)."""
+        return self._declared.get("description") or self._declared.get("title")
+
+    def parameter_schema(self) -> Any:
+        """The server's ``inputSchema``."""
+        return copy.deepcopy(self._declared.get("inputSchema"))
+
+    def timeout_ms(self) -> int:
+        """The server's per-call timeout (``MCPServer(timeout_ms=...)``), in milliseconds."""
+        return self._server.timeout_ms
+
+    def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
+        """Send ``tools/call`` and wait for its result, at most until ``ctx["deadline"]``."""
+        return self._server.call(str(self._declared.get("name")), args, ctx)
+
+    def __repr__(self) -> str:
+        return f"<MCPTool {self._declared.get('name')!r} of {self._server.name}>"
+
+
+class MCPServer:
+    """An MCP server as a tool source (see the module doc).
+
+    Exactly one of ``command`` (a stdio server: the program and its arguments; ``env``
+    adds variables to its scrubbed environment; ``cwd`` its working folder) or ``url``
+    (streamable HTTP; ``headers`` are sent with every request). ``name`` (default
+    ``"mcp:<program or url>"``) must be unique among a system's sources.
+    ``timeout_ms`` is each tool's per-call timeout (milliseconds); ``max_restarts`` in
+    ``max_seconds`` the restart intensity of the connection; ``connect_timeout_s``
+    bounds connecting and listing (seconds); ``ping_interval_s`` how often a quiet
+    connection is pinged (a ping unanswered within ``connect_timeout_s`` restarts it).
+
+    Raises ``ValueError`` for neither or both of ``command`` and ``url``, or an empty
+    ``command``.
+    """
+
+    contained = True  # tools stand for code elsewhere: registered trusted (see rho_actors.sources)
+
+    def __init__(
+        self,
+        command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        url: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        name: str | None = None,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        max_restarts: int = 3,
+        max_seconds: float = 5.0,
+        connect_timeout_s: float = 10.0,
+        ping_interval_s: float = 15.0,
+    ) -> None:
+        if (command is None) == (url is None):
+            raise ValueError("MCPServer takes exactly one of command=[...] (stdio) or url=... (streamable HTTP)")
+        if command is not None and (isinstance(command, str) or not command):
+            raise ValueError(f"command must be a non-empty list of program and arguments, got {command!r}")
+        self.command = list(command) if command is not None else None
+        self.env = dict(env or {})
+        self.url = url
+        self.headers = dict(headers or {})
+        self.cwd = cwd
+        self.name = name or f"mcp:{os.path.basename(self.command[0]) if self.command else url}"
+        self.timeout_ms = timeout_ms
+        self.max_restarts = max_restarts
+        self.max_seconds = max_seconds
+        self.connect_timeout_s = connect_timeout_s
+        self.ping_interval_s = ping_interval_s
+        self._link = _Link()
+        self._tools: dict[str, tuple[str, MCPTool]] = {}  # name -> (version, tool): the same object while unchanged
+        self._system: Any = None
+
+    # --- the source protocol ------------------------------------------------------------
+
+    @property
+    def child_id(self) -> str:
+        """The id of the connection's subtree under ``sources``, and the name of its
+        :class:`MCPConnection` (``system.whereis(child_id)``)."""
+        return f"mcp:{self.name}"
+
+    def attach(self, system: Any) -> None:
+        """Start the supervised connection in its own subtree under ``system``'s
+        ``sources``, with this server's restart intensity (called by
+        :func:`rho_actors.sources.add_source`). Raises ``ValueError`` when another
+        connection holds :attr:`child_id`."""
+        self._system = system
+        self._link.stopping = False
+        spec = ChildSpec(self.child_id, StartChild(MCPConnection, (self, self._link)), restart="permanent",
+                         shutdown=10_000, name=self.child_id)
+        system.start_child(spec, max_restarts=self.max_restarts, max_seconds=self.max_seconds, under=_SOURCES)
+
+    def detach(self) -> None:
+        """Stop the connection and its subtree (called by
+        :meth:`rho_actors.SourceHandle.close`); never raises."""
+        self._link.stopping = True
+        sources = self._system.whereis(_SOURCES) if self._system is not None else None
+        if sources is not None:
+            with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+                sources.proxy().terminate_child(self.child_id).get(timeout=15)
+
+    def scan(self) -> dict[str, tuple[Any, object]]:
+        """``{tool name: (MCPTool, declaration as JSON)}`` for the tools listed by the
+        live connection; ``{}`` while it is down."""
+        with self._link.lock:
+            listed = dict(self._link.tools)
+        found: dict[str, tuple[Any, object]] = {}
+        for name, declared in listed.items():
+            version = json.dumps(declared, sort_keys=True, default=str)
+            held = self._tools.get(name)
+            if held is None or held[0] != version:
+                held = (version, MCPTool(self, declared))
+                self._tools[name] = held
+            found[name] = (held[1], version)
+        for gone in set(self._tools) - set(found):
+            del self._tools[gone]
+        return found
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is up now (its tools listed)."""
+        return self._link.session is not None
+
+    def wait_connected(self, timeout_s: float | None = None) -> bool:
+        """Wait until a connection is up (its tools listed), at most ``timeout_s``
+        seconds (default ``connect_timeout_s``); returns :attr:`connected`."""
+        return self._link.up.wait(self.connect_timeout_s if timeout_s is None else timeout_s)
+
+    @property
+    def connections(self) -> int:
+        """How many connections were made so far (the first, then one per restart)."""
+        return self._link.connections
+
+    def refresh_offer(self) -> None:
+        """Ask the source's actor to scan now (without waiting)."""
+        ref = self._system.whereis(f"source:{self.name}") if self._system is not None else None
+        if ref is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.proxy().refresh()
+
+    # --- calls ----------------------------------------------------------------------------
+
+    def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
+        """Send ``tools/call`` for ``name`` over the live connection (from a call's
+        thread); returns its content as rho values or raises :class:`ToolFailure`."""
+        link = self._link
+        with link.lock:
+            session, aloop = link.session, link.aloop
+        if session is None or aloop is None:
+            raise _fails("mcp_not_connected", name, server=self.name)
+        deadline = float(ctx.get("deadline", time.monotonic() + self.timeout_ms / 1000))
+        left = max(0.001, deadline - time.monotonic())
+        report = ctx.get("progress")
+
+        async def forward(progress: float, total: float | None, message: str | None) -> None:
+            if callable(report):
+                report(progress, total, message)
+
+        request = session.call_tool(name, args, read_timeout_seconds=left, progress_callback=forward)
+        try:
+            future = asyncio.run_coroutine_threadsafe(request, aloop)
+        except RuntimeError:  # the loop closed in between
+            request.close()
+            raise _fails("mcp_not_connected", name, server=self.name) from None
+        cancel = ctx.get("cancel")
+        if cancel is not None:
+            cancel.add_callback(future.cancel)  # abandons the request: sends notifications/cancelled
+        try:
+            result = future.result(timeout=left + 5.0)
+        except concurrent.futures.CancelledError:
+            reason = getattr(cancel, "reason", None) or "cancelled"
+            if reason == "timeout":  # the deadline: the same result whichever thread answers first
+                raise self._timed_out(name) from None
+            raise _fails("cancelled", name, reason=reason) from None
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise self._timed_out(name) from None
+        except MCPError as err:
+            if err.code == REQUEST_TIMEOUT:
+                raise self._timed_out(name) from None
+            raise _failure(self.name, name, err, link.stopping) from None
+        return _values(result)
+
+    def _timed_out(self, tool: str) -> ToolFailure:
+        return _fails("timeout", tool, timeout_ms=self.timeout_ms, consequence=SENT_CANCEL)
+
+    def __repr__(self) -> str:
+        return f"MCPServer({self.name!r})"
+
+
+def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:
+    if err.code == CONNECTION_CLOSED:
+        return _fails("mcp_stopped" if stopping else "mcp_crashed", tool, server=server)
+    return _fails("mcp_refused", tool, server=server, code=err.code, message=err.error.message)
+
+
+def _values(result: types.CallToolResult) -> Any:
+    """A ``CallToolResult`` as what a rho tool returns (text, :class:`Image` values)."""
+    parts: list[Any] = []
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, types.ImageContent):
+            try:
+                parts.append(Image(base64.b64decode(block.data, validate=True), block.mime_type))
+            except ValueError:
+                parts.append(f"[an image whose base64 data is invalid ({block.mime_type})]")
+        else:
+            parts.append(json.dumps(block.model_dump(by_alias=True, mode="json", exclude_none=True)))
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content))
+    if any(isinstance(p, Image) for p in parts):
+        value: Any = parts
+    else:
+        value = "\n".join(str(p) for p in parts)
+    return Error(value if isinstance(value, str) else "\n".join(str(p) for p in parts)) if result.is_error else value
+
+
+# --------------------------------------------------------------------------- the actor
+
+
+class MCPConnection(Actor):
+    """Owns one connection to an MCP server (a child of the server's supervisor): an
+    asyncio loop in a thread of its own connects, lists the tools, publishes them and
+    keeps the connection watched. When the connection ends, this actor exits with the
+    reason (:func:`~rho_actors.kill`: an abnormal exit), so its supervisor restarts it
+    (a new process or connection)."""
+
+    def __init__(self, server: MCPServer, link: _Link) -> None:
+        super().__init__()
+        self._server = server
+        self._link = link
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._halting = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=f"{server.name}-client", daemon=True)
+
+    def on_start(self) -> None:
+        self._thread.start()
+        self._ready.wait(5.0)
+
+    def on_stop(self) -> None:
+        self._halt()
+
+    def on_failure(self, *exc_info: Any) -> None:
+        self._halt()
+
+    def _halt(self) -> None:
+        self._halting.set()
+        aloop, task = self._aloop, self._task
+        if aloop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                aloop.call_soon_threadsafe(task.cancel)
+        self._thread.join(8.0)
+        self._unpublish()
+
+    # --- the connection's own thread ---------------------------------------------------------
+
+    def _main(self) -> None:
+        reason = "the connection ended"
+        try:
+            asyncio.run(self._connect())
+        except BaseException as exc:  # whatever ends the connection: this actor exits with it
+            reason = describe_exception(exc)
+        finally:
+            self._ready.set()
+        self._unpublish()
+        if not self._halting.is_set():
+            logger.warning("MCP server {}: {}; restarting it", self._server.name, reason)
+            with self._link.lock:
+                self._link.last_error = reason
+            kill(self.actor_ref, f"MCP server {self._server.name}: {reason}")
+
+    def _unpublish(self) -> None:
+        with self._link.lock:
+            had = self._link.session is not None or bool(self._link.tools)
+            self._link.session, self._link.aloop, self._link.tools = None, None, {}
+            self._link.up.clear()
+        if had:
+            self._server.refresh_offer()
+
+    async def _connect(self) -> None:
+        self._aloop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._ready.set()
+        if self._halting.is_set():
+            return
+        server = self._server
+        relist = asyncio.Event()
+        wake = asyncio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                relist.set()
+                wake.set()
+
+        async with contextlib.AsyncExitStack() as stack:
+            if server.command is not None:
+                params = StdioServerParameters(command=_env_program(), cwd=server.cwd,
+                                               args=["-i", *_assignments(scrubbed_environment(server.env)),
+                                                     *server.command])
+                read, write = await stack.enter_async_context(stdio_client(params))
+            else:
+                assert server.url is not None
+                client = await stack.enter_async_context(create_mcp_http_client(headers=server.headers))
+                read, write = await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
+            ended = asyncio.Event()
+            relay_send, relay_receive = anyio.create_memory_object_stream[Any](16)
+            tasks = await stack.enter_async_context(anyio.create_task_group())
+            tasks.start_soon(_relay, read, relay_send, ended, wake)
+            session = await stack.enter_async_context(
+                ClientSession(relay_receive, write, message_handler=on_message)
+            )
+            with anyio.fail_after(server.connect_timeout_s):
+                await session.initialize()
+                tools = await _list_tools(session)
+            with self._link.lock:
+                self._link.connections += 1
+            self._publish(session, tools)
+            try:
+                while True:
+                    try:
+                        await asyncio.wait_for(wake.wait(), server.ping_interval_s)
+                    except TimeoutError:
+                        with anyio.fail_after(server.connect_timeout_s):
+                            await session.send_ping()
+                        continue
+                    wake.clear()
+                    if ended.is_set():
+                        raise ConnectionError("the server closed the connection (its process exited?)")
+                    if relist.is_set():
+                        relist.clear()
+                        with anyio.fail_after(server.connect_timeout_s):
+                            tools = await _list_tools(session)
+                        self._publish(session, tools)
+            finally:
+                tasks.cancel_scope.cancel()
+
+    def _publish(self, session: ClientSession, tools: dict[str, dict[str, Any]]) -> None:
+        with self._link.lock:
+            self._link.session, self._link.aloop, self._link.tools = session, self._aloop, tools
+            self._link.up.set()
+        self._server.refresh_offer()
+
+
+async def _relay(read: Any, send: Any, ended: asyncio.Event, wake: asyncio.Event) -> None:
+    """Forward the transport's messages to the session; set ``ended`` when it closes."""
+    try:
+        async with send:
+            async for item in read:
+                await send.send(item)
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+        pass
+    finally:
+        ended.set()
+        wake.set()
+
+
+async def _list_tools(session: ClientSession) -> dict[str, dict[str, Any]]:
+    tools: dict[str, dict[str, Any]] = {}
+    cursor: str | None = None
+    for _ in range(_MAX_PAGES):
+        result = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+        for tool in result.tools:
+            tools[tool.name] = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+        cursor = result.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
+def _env_program() -> str:
+    found = shutil.which("env")
+    if found is None:
+        raise FileNotFoundError("the env program is not on PATH (it starts stdio MCP servers, scrubbed)")
+    return found
+
+
+def _assignments(env: Mapping[str, str]) -> list[str]:
+    bad = [k for k in env if not k or "=" in k or "\0" in k or "\0" in env[k]]
+    if bad:
+        raise ValueError(f"environment variable names or values not allowed: {bad}")
+    return [f"{k}={v}" for k, v in env.items()]

@@ -1,0 +1,156 @@
+"""The host's handle on one worker process of a :class:`~rho_actors.sandbox.pool.WorkerPool`
+(DESIGN §5; internal): :class:`WorkerHandle`, the reply protocol of one call
+(:func:`exchange`), and how a worker that ended mid-call ended (:func:`ended`).
+
+The reply protocol: while a call runs, a worker may send one empty ``READY`` (it was
+started for this call), one empty ``NEED_TOOL`` (it lacks the tool's bytes), then one
+``RESULT`` or ``RESULT_RETIRE`` decoded by the pool's result codec; any other frame, one
+over :data:`~rho_actors.sandbox.wire.MAX_REPLY_BYTES`, or a result the codec refuses is a
+:class:`~rho_actors.sandbox.channel.Malformed` protocol violation.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import replace
+from typing import Any, Final
+
+from rho_actors.sandbox import wire
+from rho_actors.sandbox.channel import Channel, Malformed
+from rho_actors.sandbox.enclosure import Enclosure
+from rho_actors.sandbox.processes import close, kill_group, mib, reap, signal_name
+from rho_actors.sandbox.slots import WorkerSlots
+from rho_actors.sandbox.worker import TOOL_CACHE_SIZE
+from rho_actors.tool import ToolResult
+
+__all__ = ["WorkerHandle", "ended", "exchange"]
+
+_REAP_TIMEOUT_S: Final = 5.0
+
+
+class WorkerHandle:
+    """The host's record of one worker process: its process, pipe, :class:`Enclosure`
+    (confined or tree-contained workers), slot, scope, the tools it holds (by digest),
+    and whether it was killed, reaped or closed. Made and owned by a
+    :class:`~rho_actors.sandbox.pool.WorkerPool`."""
+
+    __slots__ = (
+        "_reap_lock", "channel", "closed", "enclosure", "env_key", "exitcode", "idle_since", "killed", "pid", "proc",
+        "reaped", "scope", "slots", "tools",
+    )
+
+    def __init__(
+        self, proc: Any, channel: Channel, enclosure: Enclosure | None, slots: WorkerSlots | None,
+        env_key: Hashable = None,
+    ) -> None:
+        self.proc = proc
+        self.pid: int = proc.pid
+        self.channel = channel
+        self.enclosure = enclosure
+        self.slots = slots
+        self.env_key = env_key
+        self.scope: Hashable = None
+        self.idle_since = 0.0
+        self.tools: OrderedDict[bytes, None] = OrderedDict()
+        self.killed = False
+        self.reaped = False
+        self.closed = False
+        self.exitcode: int | None = None
+        self._reap_lock = threading.Lock()
+
+    def healthy(self) -> bool:
+        """Whether an idle worker is still running and has sent nothing unasked."""
+        return not self.reaped and self.channel.quiet()
+
+    def kill(self) -> None:
+        self.killed = True
+        self.kill_tree()
+
+    def kill_tree(self) -> None:
+        """SIGKILL the worker and everything it started."""
+        if self.enclosure is not None:
+            self.enclosure.kill()
+        else:
+            kill_group(self.pid, leader=not self.reaped)
+
+    def reap(self, timeout_s: float = _REAP_TIMEOUT_S) -> int | None:
+        """Wait for the process to end and release it; its exit code (None: still running)."""
+        with self._reap_lock:
+            if self.reaped:
+                return self.exitcode
+            code = reap(self.proc, timeout_s)
+            if code is None:
+                return None
+            self.exitcode, self.reaped = code, True
+            return code
+
+    def close(self) -> None:
+        """Release the pipe and the process handle; only by the thread that owns the
+        worker (a thread polling them must never see their descriptors reused)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.channel.close()
+        if self.reaped:
+            close(self.proc)
+        if self.enclosure is not None:
+            self.enclosure.remove()
+        if self.slots is not None:
+            self.slots.release()
+
+
+def exchange(
+worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
+    codec: wire.ResultCodec,
+) -> tuple[ToolResult, bool]:
+    """Wait for the reply to the call just sent, until ``deadline``: ``(result,
+    retire)``. Raises ``DeadlineReached``, ``EOFError`` or ``Malformed`` (a protocol
+    violation: an unexpected or oversized frame, a result its codec refuses)."""
+    digest = request.digest
+    asked = greeted = False
+    while True:
+        tag, body = worker.channel.recv(deadline, wire.MAX_REPLY_BYTES)
+        if tag == wire.READY and not greeted and not body:  # a worker started for this call
+            greeted = True
+            continue
+        if tag == wire.NEED_TOOL and not asked and not body:  # once per call, and empty
+            asked = True
+            worker.channel.send(wire.CALL, wire.encode_call(replace(request, tool_bytes=tool_bytes)), deadline)
+            continue
+        if tag not in (wire.RESULT, wire.RESULT_RETIRE):
+            raise Malformed(f"an unexpected {tag!r} frame of {len(body):,} bytes in reply to a call")
+        try:
+            result = codec.decode(body)
+        except wire.WireError as exc:
+            raise Malformed(f"a result that is not one: {exc}") from None
+        worker.tools[digest] = None
+        worker.tools.move_to_end(digest)
+        while len(worker.tools) > TOOL_CACHE_SIZE:
+            worker.tools.popitem(last=False)
+        return result, tag == wire.RESULT_RETIRE
+
+
+def ended(
+    worker: WorkerHandle, code: int | None, failed: Callable[..., ToolResult], heap_bytes: int, *,
+    stopped: bool, memory_hit: bool,
+) -> ToolResult:
+    """The result of a call whose worker closed its pipe mid-call and ended with exit
+    ``code`` (``None``: still running when given up on): ``pool_stopped_mid_call`` (the
+    pool was stopped, or it killed the worker), ``memory_tree`` (its tree hit its memory
+    bound, ``heap_bytes``), ``pipe_closed``, ``killed_outside`` (a ``SIGKILL`` the pool
+    did not send), ``worker_crashed`` (another signal) or ``worker_exited``."""
+    enclosure = worker.enclosure
+    if stopped or worker.killed:
+        return failed("pool_stopped_mid_call")
+    if enclosure is not None and memory_hit:
+        return failed("memory_tree", heap=mib(heap_bytes), bound=enclosure.memory_bound)
+    if code is None:
+        return failed("pipe_closed")
+    if code == -signal.SIGKILL:
+        return failed("killed_outside", signal=signal_name(signal.SIGKILL))
+    if code < 0:
+        return failed("worker_crashed", signal=signal_name(-code))
+    return failed("worker_exited", code=code)

@@ -1,0 +1,72 @@
+"""Tools served by ``rho-actors mcp serve`` in the tests."""
+
+import time
+
+from rho_actors import Details, Error, Image, tool
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+
+
+@tool
+def add(a: int, b: int = 0) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool(timeout_ms=300)
+def slow() -> str:
+    """Take too long."""
+    time.sleep(3)
+    return "never seen"
+
+
+@tool
+def boom() -> str:
+    """Raise."""
+    raise RuntimeError("boom went the tool")
+
+
+@tool
+def refuse() -> Error:
+    """Return an error."""
+    return Error("refused on purpose")
+
+
+@tool
+def secret() -> Details:
+    """Keep details for the host."""
+    return Details("public part", {"token": "host-only-secret"})
+
+
+@tool
+def picture() -> list:
+    """Return a picture beside text."""
+    return ["a picture", Image(PNG, "image/png")]
+
+
+class WaitForCancel:
+    """Reports progress, then waits for its cancellation."""
+
+    @staticmethod
+    def name() -> str:
+        return "wait_for_cancel"
+
+    @staticmethod
+    def description() -> str:
+        return "Report progress, then wait until cancelled."
+
+    @staticmethod
+    def parameter_schema() -> dict:
+        return {"type": "object", "properties": {}}
+
+    @staticmethod
+    def timeout_ms() -> int:
+        return 20_000
+
+    @staticmethod
+    def run(args: dict, ctx: dict) -> str:
+        ctx["progress"](1, 2, "half way")
+        if ctx["cancel"].wait(15):
+            (ctx["data_dir"] / "cancelled").write_text(str(ctx["cancel"].reason))
+            return "cancelled"
+        return "not cancelled"

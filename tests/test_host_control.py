@@ -1,0 +1,244 @@
+"""Host control of turns and prompts: cancelling from asyncio and from a thread reaches
+each running call (``ctx["cancel"]``, process workers killed) and is recorded; the
+caller's contextvars reach the tools."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import ActorSystem, CancelToken, ToolCall, tool
+from rho_actors.agent import aprompt, prompt
+from rho_actors.model import Reply, ScriptedModel
+from rho_actors.tool import ErrorKind
+from rho_actors.transcript import TRANSCRIPT_NAME, read_records
+
+from .conftest import wait_for
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
+STARTED = threading.Event()
+SAW_CANCEL = threading.Event()
+
+
+@tool(timeout_ms=20_000)
+def wait_for_cancel(ctx: Mapping[str, Any]) -> str:
+    """Block until cancelled."""
+    STARTED.set()
+    if ctx["cancel"].wait(15):
+        SAW_CANCEL.set()
+        return "saw the cancel"
+    return "never cancelled"
+
+
+@tool(timeout_ms=20_000)
+def sleep_long(ctx: Mapping[str, Any]) -> str:
+    """Say it started (a file in the session's data dir), then sleep for a long time
+    (in a worker process)."""
+    (Path(ctx["data_dir"]) / "sleeping").write_text("yes")
+    time.sleep(15)
+    return "woke"
+
+
+@tool
+def request_id() -> str:
+    """The caller's request id."""
+    return REQUEST_ID.get()
+
+
+@tool
+async def arequest_id() -> str:
+    """The caller's request id, from an async tool."""
+    await asyncio.sleep(0)
+    return REQUEST_ID.get()
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[ActorSystem]:
+    STARTED.clear()
+    SAW_CANCEL.clear()
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, warm_workers=1)
+    try:
+        for t in (wait_for_cancel, request_id, arequest_id):
+            system.register(t)
+        system.register(sleep_long, isolation="process")
+        yield system
+    finally:
+        system.stop()
+
+
+def test_cancel_token_cancels_a_running_turn_from_a_thread(system: ActorSystem) -> None:
+    loop = system.start_loop("t")
+    token = CancelToken()
+    future = loop.submit_turn([ToolCall("c1", "wait_for_cancel", "{}"), ToolCall("c2", "request_id", "{}")],
+                              cancel=token)
+    assert STARTED.wait(10)
+    threading.Thread(target=token.cancel).start()
+    results = future.result(10)
+    assert results[0].error_kind == ErrorKind.CANCELLED and "cancelled by the host" in results[0].content
+    assert results[1].call_id == "c2" and (results[1].ok or results[1].error_kind == ErrorKind.CANCELLED)
+    assert SAW_CANCEL.wait(10)  # the tool saw ctx["cancel"]
+
+
+def test_a_turn_cancelled_before_it_starts_runs_nothing(system: ActorSystem) -> None:
+    loop = system.start_loop("t")
+    token = CancelToken()
+    token.cancel()
+    results = loop.run_turn([ToolCall("c1", "wait_for_cancel", "{}")], cancel=token)
+    assert results[0].error_kind == ErrorKind.CANCELLED and "did not start" in results[0].content
+    assert not STARTED.is_set()
+
+
+def test_cancelling_the_task_awaiting_arun_turn_cancels_the_turn(system: ActorSystem) -> None:
+    loop = system.start_loop("t")
+
+    async def main() -> None:
+        task = asyncio.create_task(loop.arun_turn([ToolCall("c1", "wait_for_cancel", "{}")]))
+        assert await asyncio.to_thread(STARTED.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert SAW_CANCEL.wait(10)
+    assert loop.running() == []
+
+
+def test_cancel_kills_a_process_worker(system: ActorSystem) -> None:
+    loop = system.start_loop("t")
+    token = CancelToken()
+    future = loop.submit_turn([ToolCall("c1", "sleep_long", "{}")], cancel=token)
+    assert wait_for((loop.data_dir / "sleeping").exists)  # running in its worker
+    started = time.monotonic()
+    token.cancel()
+    [result] = future.result(10)
+    assert result.error_kind == ErrorKind.CANCELLED
+    assert result.content == "tool 'sleep_long' was cancelled by the host while running"
+    assert time.monotonic() - started < 5
+    # killed at the cancel, not at its 20 s deadline (the CallActor's exchange ends once
+    # the worker is dead)
+    assert wait_for(lambda: system.stats().get("workers_killed", 0) == 1)
+
+
+def test_cancelling_aprompt_cancels_its_turn_and_records_it(system: ActorSystem) -> None:
+    loop = system.start_loop("p")
+    model = ScriptedModel([Reply(tool_calls=[ToolCall("c1", "wait_for_cancel", "{}")]), Reply(text="never")])
+
+    async def main() -> None:
+        task = asyncio.create_task(aprompt(loop, "go", model=model))
+        assert await asyncio.to_thread(STARTED.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    records = read_records(loop.data_dir / TRANSCRIPT_NAME)[0]
+    [result] = [r for r in records if r["type"] == "result"]
+    assert result["error_kind"] == "cancelled"
+    assert records[-1]["type"] == "error" and records[-1]["kind"] == "cancelled"
+    assert len(model.requests) == 1  # no request after the cancel
+
+
+def test_a_cancel_passed_to_prompt_stops_it(system: ActorSystem) -> None:
+    loop = system.start_loop("p")
+    token = CancelToken()
+    model = ScriptedModel([Reply(tool_calls=[ToolCall("c1", "wait_for_cancel", "{}")]), Reply(text="never")])
+    threading.Thread(target=lambda: STARTED.wait(10) and token.cancel()).start()
+    result = prompt(loop, "go", model=model, cancel=token)
+    assert result.error == "the host cancelled the prompt"
+    assert result.steps[0].results[0].error_kind == ErrorKind.CANCELLED
+
+
+def test_tools_see_the_callers_contextvars(system: ActorSystem) -> None:
+    loop = system.start_loop("c")
+    calls = [ToolCall("c1", "request_id", "{}"), ToolCall("c2", "arequest_id", "{}")]
+    token = REQUEST_ID.set("req-42")
+    try:
+        assert [r.content for r in loop.run_turn(calls)] == ["req-42", "req-42"]
+    finally:
+        REQUEST_ID.reset(token)
+
+    async def main() -> list[str]:
+        REQUEST_ID.set("req-async")
+        results = await loop.arun_turn(calls)
+        reply = await aprompt(loop, "go", model=ScriptedModel([Reply(tool_calls=calls), Reply(text="ok")]))
+        return [r.content for r in results] + [r.content for r in reply.steps[0].results]
+
+    assert asyncio.run(main()) == ["req-async"] * 4
+    assert [r.content for r in loop.run_turn(calls)] == ["unset", "unset"]  # a copy: nothing leaked
+
+
+def test_astream_yields_the_events_and_a_closed_stream_cancels_the_prompt(system: ActorSystem) -> None:
+    from rho_actors.agent import FinalResult, ToolCallStarted, astream
+
+    loop = system.start_loop("s")
+    model = ScriptedModel([Reply(text="hi")])
+
+    async def collect() -> list[Any]:
+        return [event async for event in astream(loop, "go", model=model)]
+
+    events = asyncio.run(collect())
+    assert [type(e).__name__ for e in events] == ["TextDelta", "StepEnded", "FinalResult"]
+    assert isinstance(events[-1], FinalResult) and events[-1].result.text == "hi"
+
+    model = ScriptedModel([Reply(tool_calls=[ToolCall("c1", "wait_for_cancel", "{}")]), Reply(text="never")])
+
+    async def leave_early() -> None:
+        events = astream(loop, "again", model=model)
+        async for event in events:
+            if isinstance(event, ToolCallStarted):
+                assert await asyncio.to_thread(STARTED.wait, 10)
+                break
+        await events.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(leave_early())
+    assert SAW_CANCEL.wait(10)
+    records = read_records(loop.data_dir / TRANSCRIPT_NAME)[0]
+    assert records[-1]["type"] == "error" and records[-1]["kind"] == "cancelled"
+
+
+def test_a_worker_pool_call_is_killed_when_its_cancel_is_set(tmp_path: Path) -> None:
+    from rho_actors import WorkerPool
+
+    marker = tmp_path / "sleeping"
+
+    def sleeper(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+        Path(args["marker"]).write_text("yes")
+        time.sleep(60)
+        return "woke"
+
+    tool_ = type("Sleeper", (), {"run": staticmethod(sleeper)})
+    with WorkerPool(warm=0) as pool:
+        token = CancelToken()
+        threading.Thread(target=lambda: wait_for(marker.exists) and token.cancel("cancelled")).start()
+        result = pool.run(tool_, {"marker": str(marker)}, {"call_id": "c1"}, time.monotonic() + 30, 1000,
+                          name="sleeper", cancel=token)
+        assert result.error_kind == ErrorKind.CANCELLED
+        assert result.content == "tool 'sleeper' was cancelled (cancelled); its worker process was killed"
+        assert pool.stats()["killed"] == 1 and result.duration_ms < 20_000
+
+        late = pool.run(tool_, {"marker": str(marker)}, {"call_id": "c2"}, time.monotonic() + 30, 1000,
+                        name="sleeper", cancel=token)  # already set: it never reaches a worker
+        assert late.content == "tool 'sleeper' was cancelled (cancelled)" and pool.stats()["started"] == 1
+
+
+def test_stopping_a_loop_kills_its_running_process_call(system: ActorSystem) -> None:
+    loop = system.start_loop("stop")
+    future = loop.submit_turn([ToolCall("c1", "sleep_long", "{}")])
+    assert wait_for((loop.data_dir / "sleeping").exists)
+    loop.stop()
+    [result] = future.result(10)
+    assert result.error_kind == ErrorKind.CANCELLED and "session stopped" in result.content
+    assert wait_for(lambda: system.stats().get("workers_killed", 0) == 1)  # one cancel path: stop kills too
+
+
+def test_a_cancel_that_is_not_a_cancel_token_is_refused(system: ActorSystem) -> None:
+    loop = system.start_loop("t")
+    with pytest.raises(TypeError, match=r"cancel must be a rho_actors\.CancelToken or None, got Event"):
+        loop.submit_turn([ToolCall("c1", "request_id", "{}")], cancel=threading.Event())  # type: ignore[arg-type]

@@ -1,0 +1,229 @@
+"""rho serving MCP: the SDK's own client against ``rho-actors mcp serve`` (stdio, a
+subprocess) and against :func:`rho_actors.mcp.aserve` over streamable HTTP (127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import socket
+import sys
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+
+import mcp_types as types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from rho_actors import ActorSystem, tool
+from rho_actors.mcp import aserve
+from tests.mcp_fixtures import served_tools
+
+TOOLS = str(Path(served_tools.__file__))
+BOUND_S = 15.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def stdio_session(tmp_path: Path) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "rho_actors.cli", "mcp", "serve", "--tools", TOOLS, "--data-dir", str(tmp_path)],
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        with anyio.fail_after(BOUND_S):
+            await session.initialize()
+        yield session
+
+
+def _text(result: types.CallToolResult) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+def test_stdio_list_call_and_every_error_kind(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with stdio_session(tmp_path) as session:
+            with anyio.fail_after(BOUND_S):
+                listed = await session.list_tools()
+                names = {t.name for t in listed.tools}
+                assert {"add", "slow", "boom", "refuse", "secret", "picture", "wait_for_cancel"} <= names
+                add = next(t for t in listed.tools if t.name == "add")
+                assert add.input_schema["properties"]["a"]["type"] == "integer"
+
+                ok = await session.call_tool("add", {"a": 1, "b": 2})
+                assert not ok.is_error and _text(ok) == "3"
+
+                bad = await session.call_tool("add", {"a": "one"})
+                assert bad.is_error and '$.a: "one" is not of type "integer"' in _text(bad)
+                unknown = await session.call_tool("nope", {})
+                assert unknown.is_error and "unknown tool 'nope'" in _text(unknown)
+                timeout = await session.call_tool("slow", {})
+                assert timeout.is_error and "did not finish within its timeout of 300 ms" in _text(timeout)
+                raised = await session.call_tool("boom", {})
+                assert raised.is_error and "RuntimeError: boom went the tool" in _text(raised)
+                refused = await session.call_tool("refuse", {})
+                assert refused.is_error and _text(refused) == "refused on purpose"
+
+                secret = await session.call_tool("secret", {})
+                assert not secret.is_error and "host-only-secret" not in secret.model_dump_json()
+                picture = await session.call_tool("picture", {})
+                images = [b for b in picture.content if isinstance(b, types.ImageContent)]
+                assert _text(picture) == "a picture"
+                assert [base64.b64decode(i.data) for i in images] == [served_tools.PNG]
+                assert images[0].mime_type == "image/png"
+
+                # bad input from the client: a protocol error, and the server goes on
+                with pytest.raises(MCPError) as err:
+                    await session.send_request(types.ListPromptsRequest(), types.ListPromptsResult)
+                assert err.value.code == types.METHOD_NOT_FOUND
+                huge = await _expect_error(session.call_tool("add", {"a": 1, "pad": "x" * 1_100_000}))
+                assert huge.code == types.INVALID_PARAMS and "at most 1000000" in huge.error.message
+                assert _text(await session.call_tool("add", {"a": 2})) == "2"
+
+    anyio.run(main)
+
+
+def test_stdio_progress_and_client_cancel(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with stdio_session(tmp_path) as session:
+            with anyio.fail_after(BOUND_S):
+                # progress, then a client-side cancel: notifications/cancelled reaches the turn
+                progress: list[tuple[float, float | None, str | None]] = []
+                got_progress = anyio.Event()
+
+                async def on_progress(done: float, total: float | None, message: str | None) -> None:
+                    progress.append((done, total, message))
+                    got_progress.set()
+
+                async with anyio.create_task_group() as tasks:
+                    async def call() -> None:
+                        await session.call_tool("wait_for_cancel", {}, progress_callback=on_progress)
+
+                    tasks.start_soon(call)
+                    await got_progress.wait()
+                    tasks.cancel_scope.cancel()  # the SDK sends notifications/cancelled
+                assert progress == [(1.0, 2.0, "half way")]
+                assert _text(await session.call_tool("add", {"a": 5})) == "5"
+                # the turn was cancelled: the tool saw ctx["cancel"] (not its 20 s deadline)
+                marks = tmp_path / "sessions"
+                while not list(marks.glob("*/cancelled")):
+                    await anyio.sleep(0.02)
+
+    anyio.run(main)
+
+
+async def _expect_error(awaitable: Any) -> MCPError:
+    try:
+        await awaitable
+    except MCPError as err:
+        return err
+    raise AssertionError("no protocol error")
+
+
+@tool
+def extra() -> str:
+    """A tool unregistered during the test."""
+    return "extra"
+
+
+@tool
+def add(a: int, b: int = 0) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def _serve_http(system: ActorSystem, port: int) -> tuple[threading.Thread, list[asyncio.AbstractEventLoop]]:
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def run() -> None:
+        loops.append(asyncio.get_running_loop())
+        await aserve(system, http=("127.0.0.1", port))
+
+    def target() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # how the test stops serving
+            asyncio.run(run())
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, loops
+
+
+async def _connect_http(url: str, bound: float = BOUND_S) -> None:
+    with anyio.fail_after(bound):
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].split("/", maxsplit=1)[0])), 0.2):
+                    return
+            except OSError:
+                await anyio.sleep(0.02)
+
+
+def test_http_list_changed_and_a_100_call_burst(system: ActorSystem) -> None:
+    system.register(add)
+    system.register(extra)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    thread, loops = _serve_http(system, port)
+
+    async def main() -> None:
+        await _connect_http(url)
+        changed = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                changed.set()
+
+        async with streamable_http_client(url) as (read, write), \
+                ClientSession(read, write, message_handler=on_message) as session:
+            with anyio.fail_after(BOUND_S):
+                init = await session.initialize()
+                assert init.capabilities.tools is not None and init.capabilities.tools.list_changed
+                assert {t.name for t in (await session.list_tools()).tools} == {"add", "extra"}
+                await anyio.to_thread.run_sync(system.unregister, "extra")
+                await changed.wait()
+                assert {t.name for t in (await session.list_tools()).tools} == {"add"}
+
+                results: dict[int, types.CallToolResult] = {}
+
+                async def one(i: int) -> None:
+                    results[i] = await session.call_tool("add", {"a": i, "b": 1})
+
+                async with anyio.create_task_group() as tasks:
+                    for i in range(100):
+                        tasks.start_soon(one, i)
+                assert {i: _text(r) for i, r in results.items()} == {i: str(i + 1) for i in range(100)}
+                assert not any(r.is_error for r in results.values())
+
+    try:
+        anyio.run(main)
+    finally:
+        if loops:  # stop serving: cancel the server's tasks
+            loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
+        thread.join(10)
+    assert not thread.is_alive()
+    sessions = list((system.data_dir / "sessions").iterdir())
+    assert [p.name.startswith("mcp-") for p in sessions] == [True]
+
+
+def test_rho_actors_mcp_serve_needs_tools(capsys: pytest.CaptureFixture[str]) -> None:
+    from rho_actors.cli import main
+
+    assert main(["mcp", "serve"]) == 2
+    assert "--tools" in capsys.readouterr().err
+    assert main(["mcp", "serve", "--tools", TOOLS, "--http", "nowhere"]) == 2
+    assert "expected HOST:PORT" in capsys.readouterr().err

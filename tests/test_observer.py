@@ -1,0 +1,177 @@
+"""The live observer and ``rho-actors top``, against a real system and real sockets."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from rho_actors import ActorSystem, ToolCall, tool
+from rho_actors.cli import main
+from rho_actors.observer import Observer
+from rho_actors.top import TopView, connect, messages
+from tests.conftest import WAIT_S
+
+RELEASE = threading.Event()
+
+
+@tool(timeout_ms=30_000)
+def hold(n: int) -> int:
+    """Wait until released."""
+    RELEASE.wait(WAIT_S)
+    return n
+
+
+@tool
+def add(a: int, b: int = 0) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short folder: Unix socket paths are limited to ~100 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="rho-obs-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def read_until(stream: Iterator[dict[str, Any]], predicate: Any) -> list[dict[str, Any]]:
+    """Messages up to and including the first that satisfies ``predicate`` (within WAIT_S)."""
+    seen = []
+    until = time.monotonic() + WAIT_S
+    for message in stream:
+        seen.append(message)
+        if predicate(message):
+            return seen
+        assert time.monotonic() < until, "the awaited message never came"
+    raise AssertionError("the observer closed the stream")
+
+
+def test_snapshot_and_stream_show_running_calls_with_time_left_then_their_end(
+    system: ActorSystem, short_dir: Path
+) -> None:
+    RELEASE.clear()
+    system.register(hold)
+    system.register(add)
+    observer = system.observe(short_dir / "obs.sock", interval_s=0.05)
+    sock = connect(observer.address)
+    sock.settimeout(WAIT_S)
+    stream = messages(sock)
+    first = next(stream)
+    assert first["type"] == "snapshot" and first["tree"]["id"] == "root" and first["calls"] == []
+    loops = [system.start_loop(f"s{i}") for i in range(3)]
+    futures = [loop.submit_turn([ToolCall(f"{loop.session_id}-c{j}", "hold", f'{{"n": {j}}}') for j in range(2)]
+                                + [ToolCall(f"{loop.session_id}-add", "add", '{"a": 1}')]) for loop in loops]
+    finished: set[str] = set()
+
+    def note(message: dict[str, Any]) -> dict[str, Any]:
+        if message["type"] == "event" and message["kind"] == "finished":
+            finished.add(message["call_id"])
+        return message
+
+    seen = read_until(map(note, stream), lambda m: m["type"] == "snapshot" and len(m["calls"]) == 6)
+    view = seen[-1]
+    assert {c["call_id"] for c in view["calls"]} == {f"s{i}-c{j}" for i in range(3) for j in range(2)}
+    assert all(0 < c["ms_left"] <= 30_000 and c["tool"] == "hold" for c in view["calls"])
+    assert {s["session_id"] for s in view["sessions"]} == {"s0", "s1", "s2"}
+    assert any(e["kind"] == "started" and e["tool"] == "hold" for e in view["events"])
+    assert view["dropped"] == 0 and "abandoned_threads_running" in view["stats"]
+    RELEASE.set()
+    read_until(map(note, stream), lambda m: len(finished) == 9)
+    assert all(f.result(WAIT_S) for f in futures)
+    sock.close()
+    observer.close()
+    assert not Path(observer.address).exists()
+
+
+def test_a_tcp_observer_asks_for_its_token(system: ActorSystem) -> None:
+    observer = system.observe(0)
+    assert observer.address.startswith("127.0.0.1:") and observer.token
+    with pytest.raises(ValueError, match="needs its token"):
+        connect(observer.address)
+    bad = connect(observer.address, "wrong")
+    bad.settimeout(WAIT_S)
+    with pytest.raises(ConnectionError, match="token"):
+        next(messages(bad))
+    bad.close()
+    good = connect(observer.address, observer.token)
+    good.settimeout(WAIT_S)
+    assert next(messages(good))["type"] == "snapshot"
+    good.sendall(b'{"stop": true}\nanything at all\n')  # nothing a viewer sends is acted upon
+    assert system.start_loop("after").run_turn([]) == []
+    good.close()
+
+
+def test_a_viewer_that_never_reads_does_not_slow_the_system_and_its_drops_are_counted(
+    system: ActorSystem, short_dir: Path
+) -> None:
+    system.register(add)
+    observer = Observer(system, short_dir / "slow.sock", interval_s=60, max_queued=5)
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(observer.address)
+    loop = system.start_loop("busy")
+    done = 0
+    while observer.dropped == 0 and done < 20_000:  # the stalled viewer's buffers fill, then it drops
+        results = loop.run_turn([ToolCall(f"c{done + i}", "add", '{"a": 1}') for i in range(100)], timeout_s=WAIT_S)
+        assert all(r.ok for r in results)
+        done += 100
+    assert observer.dropped > 0
+    stalled.close()  # a dead viewer: the system goes on
+    assert loop.run_turn([ToolCall("last", "add", '{"a": 2}')], timeout_s=WAIT_S)[0].content == "2"
+    observer.close()
+
+
+def test_top_renders_a_call_appearing_and_finishing(system: ActorSystem, short_dir: Path) -> None:
+    RELEASE.clear()
+    system.register(hold)
+    observer = system.observe(short_dir / "top.sock", interval_s=0.05)
+    sock = connect(observer.address)
+    sock.settimeout(WAIT_S)
+    stream = messages(sock)
+    view = TopView()
+
+    def screen() -> str:
+        console = Console(file=io.StringIO(), width=140, color_system=None)
+        console.print(view.render())
+        return console.file.getvalue()  # type: ignore[attr-defined]
+
+    view.update(next(stream))
+    assert "running calls (0)" in screen() and "sessions" in screen()
+    future = system.start_loop("watched").submit_turn([ToolCall("call-7", "hold", '{"n": 7}')])
+    for message in read_until(stream, lambda m: m["type"] == "event" and m["kind"] == "started"):
+        view.update(message)
+    shown = screen()
+    assert "running calls (1)" in shown and "call-7" in shown and "hold" in shown
+    RELEASE.set()
+    for message in read_until(stream, lambda m: m["type"] == "event" and m["kind"] == "finished"):
+        view.update(message)
+    shown = screen()
+    assert "running calls (0)" in shown and "finished" in shown and "ok" in shown
+    assert future.result(WAIT_S)[0].content == "7"
+    sock.close()
+
+
+def test_top_once_json_prints_one_snapshot(
+    system: ActorSystem, short_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    observer = system.observe(short_dir / "once.sock")
+    system.start_loop("s1")
+    assert main(["top", "--connect", observer.address, "--once", "--json"]) == 0
+    snapshot = json.loads(capsys.readouterr().out)
+    assert snapshot["type"] == "snapshot" and [s["session_id"] for s in snapshot["sessions"]] == ["s1"]
+    assert main(["top", "--connect", observer.address, "--once"]) == 0
+    assert "supervision tree" in capsys.readouterr().out
+    assert main(["top", "--connect", str(short_dir / "missing.sock"), "--once"]) == 2
+    assert "cannot reach the observer" in capsys.readouterr().err

@@ -1,0 +1,148 @@
+"""Safe files: session folders and transcripts are never reached through a symlink, are
+regular files or folders, never block, and nothing is written outside data_dir."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from rho_actors import ActorSystem
+from rho_actors.files import UnsafePathError, open_regular, private_dir
+from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_session_folders_are_created_0700(system: ActorSystem) -> None:
+    loop = system.start_loop("s1")
+    assert stat.S_IMODE(os.lstat(loop.data_dir).st_mode) == 0o700
+    assert loop.data_dir == system.data_dir / "sessions" / "s1"
+
+
+def test_a_looser_session_folder_is_tightened_to_0700(system: ActorSystem) -> None:
+    loose = system.data_dir / "sessions" / "loose"
+    loose.mkdir(parents=True, exist_ok=True)
+    loose.chmod(0o755)
+    (system.data_dir / "sessions").chmod(0o777)
+    loop = system.start_loop("loose")
+    assert loop.data_dir == loose
+    assert stat.S_IMODE(os.lstat(loose).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(system.data_dir / "sessions").st_mode) == 0o700
+
+
+def test_a_symlinked_session_folder_is_refused_and_nothing_is_written_outside(
+    system: ActorSystem, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    outside = tmp_path_factory.mktemp("outside")
+    (system.data_dir / "sessions").mkdir(exist_ok=True)
+    (system.data_dir / "sessions" / "evil").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ValueError, match="evil is a symlink, not a folder"):
+        system.start_loop("evil")
+    assert _files(outside) == []
+    system.start_loop("good")  # the system keeps serving
+
+
+def test_a_symlinked_sessions_folder_is_refused(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    outside = tmp_path_factory.mktemp("outside")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "sessions").symlink_to(outside, target_is_directory=True)
+    system = ActorSystem(data_dir=data)
+    try:
+        with pytest.raises(ValueError, match="sessions is a symlink"):
+            system.start_loop("s1")
+    finally:
+        system.stop()
+    assert _files(outside) == []
+
+
+def test_a_lying_str_subclass_cannot_move_the_session_folder(system: ActorSystem) -> None:
+    class Lying(str):
+        def __str__(self) -> str:
+            return "fine"
+
+        def __contains__(self, item: object) -> bool:
+            return False
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __hash__(self) -> int:
+            return 0
+
+    with pytest.raises(ValueError, match="not allowed"):
+        system.start_loop(Lying("../../escape"))
+    loop = system.start_loop(Lying("plain"))
+    assert type(loop.session_id) is str and loop.data_dir == system.data_dir / "sessions" / "plain"
+    assert not (system.data_dir.parent / "escape").exists()
+
+
+def test_a_symlinked_transcript_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep me\n")
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / TRANSCRIPT_NAME).symlink_to(target)
+    with pytest.raises(TranscriptError, match="symlink"):
+        Transcript(folder / TRANSCRIPT_NAME).open()
+    with pytest.raises(TranscriptError, match="symlink"):
+        load(folder / TRANSCRIPT_NAME)
+    assert target.read_text() == "keep me\n"
+
+
+def test_a_transcript_in_a_symlinked_folder_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    with pytest.raises(TranscriptError, match="symlink"):
+        Transcript(tmp_path / "link" / TRANSCRIPT_NAME).open()
+    assert list(real.iterdir()) == []
+
+
+def test_a_fifo_in_place_of_the_transcript_fails_at_once(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    os.mkfifo(path)
+    outcome: list[BaseException] = []
+
+    def attempt() -> None:
+        for opener in (lambda: Transcript(path).open(), lambda: load(path), lambda: read_records(path)):
+            try:
+                opener()
+            except TranscriptError as exc:
+                outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "opening a FIFO blocked"
+    assert len(outcome) == 3 and all("is a FIFO, not a regular file" in str(e) for e in outcome)
+
+
+def test_a_folder_in_place_of_the_transcript_is_refused(tmp_path: Path) -> None:
+    (tmp_path / TRANSCRIPT_NAME).mkdir()
+    with pytest.raises(TranscriptError, match="is a folder, not a regular file"):
+        Transcript(tmp_path / TRANSCRIPT_NAME).open()
+
+
+def test_a_device_in_place_of_the_transcript_is_refused(tmp_path: Path) -> None:
+    os.symlink("/dev/zero", tmp_path / "dev")
+    with pytest.raises(UnsafePathError, match="symlink"):
+        open_regular(tmp_path / "dev", os.O_RDONLY)
+    with pytest.raises(UnsafePathError, match="character device"):
+        open_regular(Path("/dev/null"), os.O_RDONLY)
+
+
+def test_private_dir_refuses_path_tricks(tmp_path: Path) -> None:
+    for part in ("..", ".", "", "a/b"):
+        with pytest.raises(ValueError):
+            private_dir(tmp_path, part)
+    assert private_dir(tmp_path, "a", "b") == tmp_path / "a" / "b"
+    assert stat.S_IMODE(os.lstat(tmp_path / "a").st_mode) == 0o700

@@ -1,0 +1,350 @@
+"""OpenTelemetry: spans and metrics as a host configuring the SDK globally sees them,
+read back with the SDK's in-memory span exporter and metric reader."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from rho_actors import Actor, ActorSystem, CancelToken, ChildSpec, StartChild, SupervisorEvent, ToolCall, tool
+from rho_actors.providers import RetryPolicy
+from rho_actors.providers.openai import OpenAIModel
+from rho_actors.telemetry import Telemetry
+from tests.conftest import WAIT_S, wait_for
+from tests.wire_server import OPENAI_PATH, Response, WireServer, openai_completion
+
+_EXPORTER = InMemorySpanExporter()
+_READER = InMemoryMetricReader()
+
+
+def _configure_once() -> None:
+    """The host's set-up: global providers (set once per process, as OpenTelemetry allows)."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        trace.set_tracer_provider(provider)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    _configure_once()
+    _EXPORTER.clear()
+    yield _EXPORTER
+    _EXPORTER.clear()
+
+
+@tool
+def add(a: int, b: int = 0) -> int:
+    """Add two integers."""
+    with trace.get_tracer("a tool").start_as_current_span("inside add"):
+        return a + b
+
+
+@tool
+def boom() -> str:
+    """Raise."""
+    raise ValueError("no")
+
+
+@tool(timeout_ms=100)
+def slow() -> str:
+    """Take too long."""
+    time.sleep(1)
+    return "late"
+
+
+class TracedInWorker:
+    """A process-isolated tool that reports, from its worker, the trace context its own
+    span got (the worker configures its own exporter, as a tool's host code would)."""
+
+    @staticmethod
+    def name() -> str:
+        return "traced_in_worker"
+
+    @staticmethod
+    def description() -> str:
+        return "Start a span in the worker and say its parent."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {}}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        from opentelemetry import trace as worker_trace
+        from opentelemetry.sdk.trace import TracerProvider as WorkerProvider
+
+        if not isinstance(worker_trace.get_tracer_provider(), WorkerProvider):
+            worker_trace.set_tracer_provider(WorkerProvider())
+        with worker_trace.get_tracer("worker").start_as_current_span("inside worker") as span:
+            parent = span.parent  # type: ignore[attr-defined]
+            return json.dumps({"trace_id": f"{span.get_span_context().trace_id:032x}",
+                               "parent_id": f"{parent.span_id:016x}" if parent else None,
+                               "traceparent": ctx.get("traceparent")})
+
+
+class ExitsInWorker(TracedInWorker):
+    @staticmethod
+    def name() -> str:
+        return "exits_in_worker"
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        sys.exit(3)
+
+
+def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in exporter.get_finished_spans()}
+
+
+def test_call_spans_are_children_of_the_host_span_with_genai_attributes_and_error_kinds(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    for t in (add, boom, slow):
+        system.register(t)
+    loop = system.start_loop("s1")
+    with trace.get_tracer("host").start_as_current_span("host request") as host:
+        results = loop.run_turn([
+            ToolCall("c1", "add", '{"a": 1, "b": 2}'),
+            ToolCall("c2", "boom", "{}"),
+            ToolCall("c3", "slow", "{}"),
+            ToolCall("c4", "nope", "{}"),
+            ToolCall("c5", "add", '{"a": "secret-value"}'),
+        ])
+    assert [r.ok for r in results] == [True, False, False, False, False]
+    finished = spans.get_finished_spans()
+    calls = {s.attributes["gen_ai.tool.call.id"]: s for s in finished if s.name.startswith("execute_tool")}
+    assert sorted(calls) == ["c1", "c2", "c3", "c4", "c5"]
+    host_context = host.get_span_context()
+    for call_id, span in calls.items():
+        assert span.context.trace_id == host_context.trace_id, call_id
+        assert span.parent is not None and span.parent.span_id == host_context.span_id, call_id
+        assert span.attributes["gen_ai.operation.name"] == "execute_tool"
+        assert span.attributes["gen_ai.tool.type"] == "function"
+        assert span.attributes["gen_ai.conversation.id"] == "s1"
+        assert "gen_ai.tool.call.arguments" not in span.attributes  # not recorded unless opted in
+        assert "gen_ai.tool.call.result" not in span.attributes
+    assert calls["c1"].name == "execute_tool add" and calls["c1"].attributes["gen_ai.tool.name"] == "add"
+    assert calls["c1"].status.status_code is StatusCode.UNSET and "error.type" not in calls["c1"].attributes
+    kinds = {cid: (s.attributes["error.type"], s.status.status_code) for cid, s in calls.items() if cid != "c1"}
+    assert kinds == {"c2": ("raised", StatusCode.ERROR), "c3": ("timeout", StatusCode.ERROR),
+                     "c4": ("unknown_tool", StatusCode.ERROR), "c5": ("invalid_arguments", StatusCode.ERROR)}
+    assert not any("secret-value" in str(s.status.description) for s in finished)
+    # the tool's own span, started in the call's thread, is a child of its call's span
+    inner = by_name(spans)["inside add"]
+    assert inner.parent is not None and inner.parent.span_id == calls["c1"].context.span_id
+
+
+@tool(concurrency="exclusive", timeout_ms=20_000)
+def wait_cancel(ctx: Any) -> str:
+    """Wait until cancelled (one at a time)."""
+    ctx["cancel"].wait(WAIT_S)
+    return "late"
+
+
+def test_a_cancelled_exclusive_turn_ends_the_running_call_s_span_once_and_starts_no_other(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    system.register(wait_cancel)
+    late = threading.Event()
+    system.subscribe(lambda e: late.set() if getattr(e, "kind", None) == "late" else None)
+    loop = system.start_loop("s1")
+    token = CancelToken()
+    future = loop.submit_turn([ToolCall("x1", "wait_cancel", "{}"), ToolCall("x2", "wait_cancel", "{}")],
+                              cancel=token)
+    assert wait_for(lambda: bool(loop.running()))
+    token.cancel()
+    assert [r.error_kind for r in future.result(WAIT_S)] == ["cancelled", "cancelled"]
+    assert late.wait(WAIT_S)  # x1 returned after its cancel: no second end of its span
+    calls = [s for s in spans.get_finished_spans() if s.name == "execute_tool wait_cancel"]
+    assert [s.attributes["gen_ai.tool.call.id"] for s in calls] == ["x1"]  # x2 never started
+    assert calls[0].attributes["error.type"] == "cancelled"
+
+
+def test_a_tool_in_a_worker_process_joins_the_trace_through_its_traceparent(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    system.register(TracedInWorker, isolation="process")
+    system.register(ExitsInWorker, isolation="process")
+    loop = system.start_loop("s1")
+    with trace.get_tracer("host").start_as_current_span("host request"):
+        first, exited = loop.run_turn([ToolCall("w1", "traced_in_worker", "{}"),
+                                       ToolCall("w2", "exits_in_worker", "{}")])
+    assert first.ok, first.content
+    seen = json.loads(first.content)
+    call_span = by_name(spans)["execute_tool traced_in_worker"]
+    assert seen["trace_id"] == f"{call_span.context.trace_id:032x}"
+    assert seen["parent_id"] == f"{call_span.context.span_id:016x}"
+    assert seen["traceparent"].startswith(f"00-{call_span.context.trace_id:032x}-{call_span.context.span_id:016x}-")
+    assert call_span.attributes["rho_actors.isolation"] == "process"
+    assert exited.error_kind == "exited"
+    assert by_name(spans)["execute_tool exits_in_worker"].attributes["error.type"] == "exited"
+
+
+def test_arguments_and_results_are_recorded_only_when_opted_in_and_cut(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    with ActorSystem(tmp_path, tracing=Telemetry(record_content=True, max_content_chars=8)) as system:
+        system.register(add)
+        [result] = system.start_loop("s1").run_turn([ToolCall("c1", "add", '{"a": 123456789, "b": 1}')])
+    assert result.content == "123456790"
+    span = by_name(spans)["execute_tool add"]
+    assert span.attributes["gen_ai.tool.call.arguments"] == '{"a": 12'
+    assert span.attributes["gen_ai.tool.call.result"] == "12345679"
+
+
+def test_tracing_false_records_nothing(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, tracing=False) as system:
+        system.register(add)
+        results = system.start_loop("s1").run_turn([ToolCall("c1", "add", '{"a": 1}'), ToolCall("c2", "nope", "")])
+    assert [r.ok for r in results] == [True, False]
+    assert [s.name for s in spans.get_finished_spans()] == ["inside add"]  # the tool's own span only
+    assert by_name(spans)["inside add"].parent is None
+
+
+def test_a_prompt_is_an_invoke_agent_span_with_chat_spans_and_its_calls(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    system.register(add)
+    loop = system.start_loop("s1")
+    fast = RetryPolicy(attempts=1)
+    with WireServer() as server, OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=fast) as model:
+        server.script(OPENAI_PATH,
+                      Response(200, openai_completion(tool_calls=[("c1", "add", '{"a": 2, "b": 3}')])),
+                      Response(200, openai_completion(text="5")),
+                      Response(400, {"error": {"message": "bad", "type": "invalid_request_error"}}))
+        result = loop.prompt("add 2 and 3", model=model)
+        assert result.ok and result.text == "5"
+        failed = loop.prompt("again", model=model)
+        assert failed.error is not None
+    finished = spans.get_finished_spans()
+    agents = [s for s in finished if s.name == "invoke_agent"]
+    chats = [s for s in finished if s.name == "chat gpt-test"]
+    assert len(agents) == 2 and len(chats) == 3
+    first = agents[0]
+    assert first.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert first.attributes["gen_ai.provider.name"] == "openai"
+    assert first.attributes["gen_ai.conversation.id"] == "s1"
+    assert first.status.status_code is StatusCode.UNSET
+    assert agents[1].status.status_code is StatusCode.ERROR
+    for chat in chats[:2]:
+        assert chat.parent is not None and chat.parent.span_id == first.context.span_id
+        assert chat.kind is trace.SpanKind.CLIENT
+        assert chat.attributes["gen_ai.operation.name"] == "chat"
+        assert chat.attributes["gen_ai.request.model"] == "gpt-test"
+        assert chat.attributes["gen_ai.usage.input_tokens"] == 10
+        assert chat.attributes["gen_ai.usage.output_tokens"] == 5
+    assert chats[0].attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    assert chats[1].attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert chats[2].attributes["error.type"] == "ModelError"
+    assert chats[2].status.status_code is StatusCode.ERROR
+    call = by_name(spans)["execute_tool add"]
+    assert call.parent is not None and call.parent.span_id == first.context.span_id
+
+
+def _points(name: str) -> list[Any]:
+    data = _READER.get_metrics_data()
+    found = []
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    found.extend(metric.data.data_points)
+    return found
+
+
+def test_metrics_count_calls_by_tool_and_outcome_timeouts_queue_waits_and_abandoned_threads(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    for t in (add, slow):
+        system.register(t)
+    loop = system.start_loop("s1")
+    loop.run_turn([ToolCall("m1", "add", '{"a": 1}'), ToolCall("m2", "add", '{"a": 2}'), ToolCall("m3", "slow", "{}")])
+    durations = {(p.attributes["gen_ai.tool.name"], p.attributes["rho_actors.call.outcome"]): p.count
+                 for p in _points("rho_actors.call.duration")}
+    assert durations[("add", "ok")] >= 2 and durations[("slow", "timeout")] >= 1
+    assert sum(p.value for p in _points("rho_actors.call.timeouts") if p.attributes["gen_ai.tool.name"] == "slow") >= 1
+    assert sum(p.count for p in _points("rho_actors.call.queue_wait")) >= 3
+    mine = [p for p in _points("rho_actors.threads.abandoned")
+            if p.attributes["rho_actors.system.id"] == system.telemetry.labels["rho_actors.system.id"]]
+    assert mine and mine[0].value == system.stats()["abandoned_threads_running"]
+
+
+class CrashOnTell(Actor):
+    """A host server that crashes on every message told to it."""
+
+    def on_receive(self, message: Any) -> Any:
+        raise RuntimeError(f"crashed on {message!r}")
+
+
+def _counted(name: str, system: ActorSystem) -> dict[str, int]:
+    """A counter's totals for ``system``, by kind of supervisor."""
+    mine = system.telemetry.labels["rho_actors.system.id"]
+    return {p.attributes["rho_actors.supervisor"]: p.value for p in _points(name)
+            if p.attributes["rho_actors.system.id"] == mine}
+
+
+def test_restarts_and_give_ups_are_counted_from_a_crash_looping_childs_supervisor_reports(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    reports: list[SupervisorEvent] = []
+    gave_up = threading.Event()
+
+    def note(event: Any) -> None:  # subscribed after the system's telemetry: it has counted the event already
+        if isinstance(event, SupervisorEvent) and event.supervisor == "server:crashy":
+            reports.append(event)
+            if event.kind == "gave_up":
+                gave_up.set()
+
+    system.subscribe(note)
+    system.start_child(ChildSpec("crashy", StartChild(CrashOnTell), name="crashy"), max_restarts=2, max_seconds=60)
+    for _ in range(3):  # the third crash is one more than 2 restarts in 60 s allow
+        ref = system.whereis("crashy")
+        assert ref is not None
+        ref.tell("crash")
+        assert wait_for(lambda: gave_up.is_set() or system.whereis("crashy") not in (None, ref))  # noqa: B023
+    assert gave_up.wait(WAIT_S)
+    kinds = [e.kind for e in reports]
+    assert kinds == ["started", "crashed", "restarted", "crashed", "restarted", "crashed", "gave_up"]
+    assert _counted("rho_actors.supervisor.restarts", system) == {"server": 2}
+    assert _counted("rho_actors.supervisor.give_ups", system) == {"server": 1}
+
+
+def test_a_supervisor_report_is_an_event_of_the_span_current_where_it_is_emitted(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    report = SupervisorEvent("restarted", "session:s1", "loop", restarts=1)
+    with trace.get_tracer("host").start_as_current_span("around a report"):
+        system.telemetry.report(report)
+        system.telemetry.report(ToolCall("not", "a report"))  # anything else on the bus is not one
+    [event] = by_name(spans)["around a report"].events
+    assert event.name == "supervisor restarted"
+    assert event.attributes["rho_actors.supervisor"] == "session:s1"
+    assert event.attributes["rho_actors.child"] == "loop" and event.attributes["rho_actors.restarts"] == 1
+
+
+def test_tracing_false_counts_no_supervisor_report(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, tracing=False) as system:
+        system.start_child(ChildSpec("crashy", StartChild(CrashOnTell), name="crashy"), max_restarts=0)
+        crashed = threading.Event()
+        system.subscribe(lambda e: crashed.set() if isinstance(e, SupervisorEvent) and e.kind == "gave_up" else None)
+        ref = system.whereis("crashy")
+        assert ref is not None
+        ref.tell("crash")
+        assert crashed.wait(WAIT_S)
+        assert _counted("rho_actors.supervisor.give_ups", system) == {}
