@@ -17,6 +17,7 @@ or on cancellation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import time
@@ -28,6 +29,7 @@ from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.otp.actor import Actor
+from rho_actors.otp.threads import ThreadPool
 from rho_actors.results import CANCELLED, error_result, failure, result_from_exception, result_from_return
 from rho_actors.telemetry import attached
 from rho_actors.tool import ToolResult
@@ -42,9 +44,10 @@ class CallSpec:
     """Everything a CallActor needs: the tool, its decoded arguments, the ``ctx`` it
     gets, when it was dispatched and its ``deadline`` (``time.monotonic()`` instants,
     seconds) and ``reply``, called exactly once with the result, from the CallActor's
-    thread. ``context``: the ``contextvars`` context the CallActor runs the call in (a
-    copy of the submitter's; ``None``: its thread's own); a worker process does not get
-    it."""
+    thread or, in ``thread`` isolation, from its deadline timer's. ``context``: the
+    ``contextvars`` context the CallActor runs the call in (a copy of the submitter's;
+    ``None``: the empty one its pooled thread starts each job in); a worker process
+    does not get it."""
 
     call_id: str
     name: str
@@ -106,11 +109,17 @@ def _attached(message: RunCall) -> ToolResult:
 class CallActor(Actor):
     """Runs one call (the first :class:`CallSpec` told to it) in its own thread,
     replies once, then stops (restart type ``temporary``: never restarted; a crash is a
-    result). It may be started ahead of its call, as a spare (see
-    :class:`rho_actors.otp.supervisor.Spares`), but never runs a second call.
+    result); it never runs a second call. Its thread is borrowed from ``thread_pool``
+    when given (see :class:`rho_actors.otp.threads.ThreadPool`), else its own.
 
     Its thread is a daemon thread, so an abandoned call cannot keep the process alive.
     """
+
+    takes_over_thread = True  # the next call of an exclusive turn runs on the thread of the one before
+
+    def __init__(self, thread_pool: ThreadPool | None = None) -> None:
+        super().__init__()
+        self.thread_pool = thread_pool
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, RunCall) and not hasattr(self, "spec"):
@@ -130,10 +139,13 @@ class CallActor(Actor):
     def on_exit(self, reason: object) -> None:
         # The reply goes last, once this actor has ended and been forgotten: the loop's
         # thread then takes the GIL from a thread that has nothing left to do.
+        # A call that the reply starts (the next of an exclusive turn) takes over this
+        # thread once this hook returns, instead of waking another.
         result: ToolResult | None = getattr(self, "_result", None)
         if result is not None:
             try:
-                self.spec.reply(result)
+                with self.thread_pool.hand_over() if self.thread_pool is not None else contextlib.nullcontext():
+                    self.spec.reply(result)
             except BaseException:
                 logger.exception("reply of call {} failed", self.spec.call_id)
 

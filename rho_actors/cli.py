@@ -106,8 +106,8 @@ def render_tree(node: dict[str, Any]) -> Any:
         text = f"[bold]{n['id']}[/] {n['kind']}, {n['restart']}, restarts {n['restarts']}, {state}"
         if "strategy" in n:
             text += f", {n['strategy']}"
-        if "spares" in n:
-            text += f", {n['running']} calls running, {n['spares']} spares"
+        if isinstance(n.get("running"), int):
+            text += f", {n['running']} calls running"
         return text
 
     def grow(tree: Any, n: dict[str, Any]) -> Any:

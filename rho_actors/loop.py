@@ -18,7 +18,7 @@ import pykka
 
 from rho_actors.cancel import CancelToken
 from rho_actors.formats import Dialect, to_dialect
-from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld, loop_name
+from rho_actors.loop_messages import Offered, Running, RunTurn, SetWithheld, loop_name, make_session_folder
 from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
@@ -82,7 +82,8 @@ class Loop:
 
     def __init__(self, session_id: str, data_dir: Path, runtime: Runtime) -> None:
         self.session_id = session_id
-        self.data_dir = data_dir
+        self._data_dir = data_dir
+        self._folder_made = False
         self._names = runtime.names
         self._whereis = runtime.names.whereis
         self._tools = runtime.tools
@@ -91,6 +92,17 @@ class Loop:
         """The system prompt of this session's prompts that give none (not recorded)."""
         self.telemetry = runtime.telemetry
         """The system's :class:`rho_actors.Telemetry` (the spans of this session's prompts)."""
+
+    @property
+    def data_dir(self) -> Path:
+        """The session's private folder, ``data_dir/sessions/<session_id>`` of its system
+        (created with mode ``0700`` on first use: here, or before the session's first
+        call). Raises :class:`rho_actors.files.UnsafePathError` (an ``OSError``) when it,
+        or ``sessions``, is a symlink or no folder, and ``OSError`` when it cannot be made."""
+        if not self._folder_made:
+            make_session_folder(self._data_dir)
+            self._folder_made = True
+        return self._data_dir
 
     @property
     def ref(self) -> pykka.ActorRef[Any]:

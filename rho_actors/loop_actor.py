@@ -13,7 +13,11 @@ through its isolation (the one path of deadlines and stops too: its ``ctx["cance
 set, a worker process is killed) and every call without a result gets a ``cancelled``
 one at once; a turn whose token is set before it starts runs no call.
 
-The LoopActor never blocks: calls report back with messages, so a hung tool delays
+The LoopActor never blocks, and a result does not pass through it: the thread that
+answers a call (its CallActor's, or the deadline timer's) settles the call's slot in
+its turn under the turn's lock, first answer wins (a later one, or one after the host
+cancelled the turn, is reported ``late``); in an exclusive turn it starts the next call,
+and the one settling the last open call completes the turn's future. A hung tool delays
 nothing but its own result, which is a ``timeout`` error at its deadline. Its host
 handle is :class:`rho_actors.loop.Loop`; its messages are in
 :mod:`rho_actors.loop_messages`.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextvars
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,7 +46,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
-from rho_actors.loop_messages import CallDone, CancelTurn, Offered, Running, RunTurn, SetWithheld
+from rho_actors.loop_messages import CancelTurn, Offered, Running, RunTurn, SetWithheld, make_session_folder
 from rho_actors.otp.actor import Actor
 from rho_actors.registry import ToolEntry, ToolSet
 from rho_actors.results import capped, error_result, failure, text
@@ -54,8 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["LoopActor"]
 
 _MAX_NAMES_LISTED = 40
-
-
 
 
 @dataclass(slots=True)
@@ -72,14 +75,23 @@ class _Slot:
 
 @dataclass(slots=True)
 class _Turn:
+    """One turn. Once its calls are dispatched, ``lock`` guards the slots' ``result``,
+    ``started``, ``span`` and ``running``, and ``waiting``, ``open``, ``stop_reason`` and
+    ``finished``: calls settle from their own threads. Whoever sets a slot's result ends
+    its span, after the lock."""
+
     id: int
     slots: list[_Slot]
     future: concurrent.futures.Future[list[ToolResult]]
+    withheld: tuple[str, ...]
     context: contextvars.Context | None = None
+    trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
-    trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
+    stop_reason: str | None = None  # "cancelled" (by the host) or "stopping" (the loop): nothing starts
+    finished: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class LoopActor(Actor):
@@ -92,26 +104,31 @@ class LoopActor(Actor):
         super().__init__()
         self.session_id = session_id
         self._data_dir = data_dir
+        self._folder_made = False  # made before the first call is dispatched
         self._deps = deps
         self._withheld = withheld
         self._withheld_list: tuple[str, ...] = tuple(sorted(withheld))
         self._runtime = runtime
+        self.thread_pool = runtime.threads
         self._tools = runtime.tools
         self._limits = runtime.limits
         self._events = runtime.events
         self._telemetry = runtime.telemetry
-        self._turns: dict[int, _Turn] = {}
+        self._turns: dict[int, _Turn] = {}  # unfinished turns; finished from call threads too
+        self._turns_lock = threading.Lock()
         self._turn_ids = itertools.count(1)
+        self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
 
     # --- messages ---------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, CallDone):
-            self._call_done(message)
-        elif isinstance(message, RunTurn):
+        if isinstance(message, RunTurn):
             self._run_turn(message)
         elif isinstance(message, CancelTurn):
-            self._cancel_turn(message.turn)
+            with self._turns_lock:
+                turn = self._turns.get(message.turn)
+            if turn is not None:
+                self._cancel_turn(turn)
         elif isinstance(message, Offered):
             return [e.info.copy() for e in self._offered(self._tools.current)]
         elif isinstance(message, Running):
@@ -126,13 +143,15 @@ class LoopActor(Actor):
     def _running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool`` and ``ms_left`` to the deadline."""
         now = time.monotonic()
+        with self._turns_lock:
+            turns = list(self._turns.values())
         return [
             {
                 "call_id": slot.call.id,
                 "tool": slot.entry.info.name,
                 "ms_left": round((slot.started + slot.entry.info.timeout_ms / 1000 - now) * 1000, 1),
             }
-            for turn in self._turns.values()
+            for turn in turns
             for slot in turn.slots
             if slot.entry is not None and slot.started and slot.result is None
         ]
@@ -142,12 +161,12 @@ class LoopActor(Actor):
 
     def _run_turn(self, message: RunTurn) -> None:
         turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future,
-                     context=message.context, trace_context=message.trace_context)
-        self._turns[turn.id] = turn
+                     self._withheld_list, context=message.context, trace_context=message.trace_context)
+        with self._turns_lock:
+            self._turns[turn.id] = turn
         if message.cancel is not None:
             if message.cancel.cancelled:  # cancelled before it started: no call starts
-                turn.open = len(turn.slots)
-                self._cancel_turn(turn.id)
+                self._cancel_turn(turn)
                 return
             ref, turn_id = self.actor_ref, turn.id
             message.cancel.add_callback(lambda: _tell(ref, CancelTurn(turn_id)))
@@ -167,11 +186,24 @@ class LoopActor(Actor):
                     turn.open += 1
                     turn.waiting.append(index)
                     turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
+            if turn.open == 0:
+                with turn.lock:
+                    finished, turn.finished = turn.finished, True
+                if not finished:  # else the host cancelled it meanwhile, and that finished it
+                    self._finish(turn)
+                return
+            if not self._folder_made:
+                try:
+                    make_session_folder(self._data_dir)
+                except OSError as exc:  # a symlink in its place, say: no call of this turn starts
+                    logger.error("loop {}: the session folder cannot be used: {}", self.session_id, exc)
+                    self._fail_open(turn, failure("not_started", "", "", problem=f"the session folder: {exc}"))
+                    return
+                self._folder_made = True
             self._dispatch_ready(turn)
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
-        self._maybe_finish(turn)
 
     def _prepare(self, slot: _Slot, tools: ToolSet) -> ToolResult | None:
         """Decode, look up and validate one call; an error result when it is refused."""
@@ -204,12 +236,35 @@ class LoopActor(Actor):
         return error_result(call_id, name, ErrorKind.UNKNOWN_TOOL, message)
 
     def _dispatch_ready(self, turn: _Turn) -> None:
-        while turn.waiting:
-            self._dispatch(turn, turn.waiting.popleft())
+        """Start the turn's waiting calls: all of them, or the first of an exclusive turn
+        (each later one is started by the thread settling the one before)."""
+        while True:
+            with turn.lock:
+                if not turn.waiting or turn.stop_reason is not None:
+                    return
+                index = turn.waiting.popleft()
+            self._start(turn, index)
             if turn.exclusive:
                 return
 
+    def _start(self, turn: _Turn, index: int) -> None:
+        """Dispatch call ``index``, then, in this thread, each call of an exclusive turn
+        whose turn came while it started (a call refused at its start settles at once):
+        one after another, never nested, however long the turn."""
+        chain: deque[tuple[_Turn, int]] | None = getattr(self._chain, "calls", None)
+        if chain is not None:  # inside a dispatch on this thread: its loop below starts it
+            chain.append((turn, index))
+            return
+        self._chain.calls = chain = deque([(turn, index)])
+        try:
+            while chain:
+                self._dispatch(*chain.popleft())
+        finally:
+            self._chain.calls = None
+
     def _dispatch(self, turn: _Turn, index: int) -> None:
+        """Start call ``index`` in its isolation (from the loop's thread, or from the
+        thread that settled the call before it in an exclusive turn)."""
         slot = turn.slots[index]
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
@@ -217,105 +272,152 @@ class LoopActor(Actor):
         deadline = now + entry.info.timeout_ms / 1000
         cancel = CancelToken()
         ref = self.actor_ref
-        turn_id = turn.id
 
         def reply(result: ToolResult) -> None:
-            _tell(ref, CallDone(turn_id, index, result))
+            try:
+                self._settle(turn, slot, result, "timed_out" if result.error_kind is ErrorKind.TIMEOUT else "finished")
+            except Exception as exc:  # a bug here must still answer every call
+                logger.exception("loop {} could not settle call {}", self.session_id, slot.call.id)
+                self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
         fields = {
             "session_id": self.session_id,
             "call_id": slot.call.id,
             "data_dir": self._data_dir,
             "loop": ref,
-            "withheld": self._withheld_list,
+            "withheld": turn.withheld,
             "deadline": deadline,
             "cancel": cancel,
             "deps": self._deps,
             "whereis": self._runtime.names.whereis,
-            "progress": _progress_reporter(self._runtime.events, self.session_id, slot.call.id, entry.info.name),
+            "progress": _progress_reporter(self._events, self.session_id, slot.call.id, entry.info.name),
         }
-        slot.span = self._telemetry.call_started(
+        span = self._telemetry.call_started(
             turn.trace_context, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
         )
-        if slot.span is not None:
-            fields.update(Telemetry.ctx_fields(slot.span))  # "traceparent": the call's span
-        ctx = MappingProxyType(fields)
+        if span is not None:
+            fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
         spec = CallSpec(
-            slot.call.id, entry.info.name, entry.tool, args, ctx, now, deadline, entry.info.timeout_ms, cancel,
-            self._limits.max_output_chars, reply, None if turn.context is None else turn.context.copy(),
+            slot.call.id, entry.info.name, entry.tool, args, MappingProxyType(fields), now, deadline,
+            entry.info.timeout_ms, cancel, self._limits.max_output_chars, reply,
+            None if turn.context is None else turn.context.copy(),
         )
-        slot.started, slot.cancel = now, cancel
+        with turn.lock:
+            dropped = turn.stop_reason is not None
+            if not dropped:
+                slot.started, slot.cancel, slot.span = now, cancel, span
+        if dropped:  # cancelled, or the loop stopped, since it left ``waiting``: it has its result
+            self._telemetry.call_ended(span, slot.result)  # type: ignore[arg-type]
+            return
         self._emit("started", slot, None)
         try:
-            slot.running = self._runtime.isolations[entry.isolation].start(spec)
+            running = self._runtime.isolations[entry.isolation].start(spec)
         except (pykka.ActorDeadError, pykka.Timeout) as err:
             self._settle(turn, slot, failure("not_started", slot.call.id, entry.info.name, problem=err))
-
-    def _call_done(self, message: CallDone) -> None:
-        turn = self._turns.get(message.turn)
-        if turn is None or turn.slots[message.index].result is not None:
-            slot = turn.slots[message.index] if turn is not None else _Slot(ToolCall(message.result.call_id, ""))
-            self._emit("late", slot, message.result)
             return
-        slot = turn.slots[message.index]
-        timed_out = message.result.error_kind is ErrorKind.TIMEOUT
-        self._settle(turn, slot, message.result, event="timed_out" if timed_out else "finished")
+        with turn.lock:
+            slot.running = running
+            stop_reason = turn.stop_reason
+        if stop_reason is not None:  # cancelled, or the loop stopped, while the call was being started
+            running.cancel(stop_reason)
 
-    def _cancel_turn(self, turn_id: int) -> None:
+    def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
+        """Record a dispatched call's result, from whichever thread has it: the first
+        answer wins, a later one is reported ``late``. Ends the call's span, starts the
+        next call of an exclusive turn, or completes the turn once this was its last
+        open call."""
+        following: int | None = None
+        last = False
+        with turn.lock:
+            late = slot.result is not None
+            if not late:
+                slot.result = result
+                turn.open -= 1
+                if turn.exclusive and turn.waiting and turn.stop_reason is None:
+                    following = turn.waiting.popleft()
+                last = turn.open == 0 and not turn.finished
+                turn.finished = turn.finished or last
+        if late:
+            self._emit("late", slot, result)
+            return
+        self._telemetry.call_ended(slot.span, result)
+        self._emit(event, slot, result)
+        if following is not None:
+            self._start(turn, following)
+        elif last:
+            self._finish(turn)
+
+    def _cancel_turn(self, turn: _Turn) -> None:
         """The host cancelled a turn: each running call is cancelled through its
         isolation (``ctx["cancel"]`` set, a worker process killed; what it returns later
         is ``late``), and every call still without a result gets a ``cancelled`` one (a
         queued call of an exclusive turn never starts)."""
-        turn = self._turns.get(turn_id)
-        if turn is None:
-            return
-        turn.waiting.clear()
-        for slot in turn.slots:
-            if slot.result is not None:
-                continue
-            name = slot.call.name
-            if slot.running is not None:
-                slot.running.cancel("cancelled")
-                result = failure("host_cancelled", slot.call.id, name, (time.monotonic() - slot.started) * 1000)
-            else:
-                result = failure("host_cancelled_before_start", slot.call.id, name)
-            slot.result = result
-            turn.open -= 1
-            self._telemetry.call_ended(slot.span, result)
-            self._emit("finished", slot, result)
-        self._maybe_finish(turn)
+        now = time.monotonic()
+        running: list[RunningCall] = []
+        settled: list[_Slot] = []
+        with turn.lock:
+            if turn.finished:
+                return
+            turn.stop_reason = "cancelled"
+            turn.finished = True
+            turn.waiting.clear()
+            turn.open = 0
+            for slot in turn.slots:
+                if slot.result is not None:
+                    continue
+                name = slot.call.name
+                if slot.started:
+                    if slot.running is not None:
+                        running.append(slot.running)  # else the dispatching thread cancels it once started
+                    slot.result = failure("host_cancelled", slot.call.id, name, (now - slot.started) * 1000)
+                else:
+                    slot.result = failure("host_cancelled_before_start", slot.call.id, name)
+                settled.append(slot)
+        for call in running:
+            call.cancel("cancelled")
+        for slot in settled:
+            assert slot.result is not None
+            self._telemetry.call_ended(slot.span, slot.result)
+            self._emit("finished", slot, slot.result)
+        self._finish(turn)
 
-    def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
-        slot.result = result
-        turn.open -= 1
-        self._telemetry.call_ended(slot.span, result)
-        self._emit(event, slot, result)
-        if turn.exclusive:
-            self._dispatch_ready(turn)
-        self._maybe_finish(turn)
-
-    def _maybe_finish(self, turn: _Turn) -> None:
-        if turn.open > 0 or turn.id not in self._turns:
-            return
-        del self._turns[turn.id]
+    def _finish(self, turn: _Turn) -> None:
+        """Complete the turn's future with its results in the model's order (once: the
+        caller decided, under the turn's lock, that the turn is finished)."""
+        with self._turns_lock:
+            self._turns.pop(turn.id, None)
         results = [slot.result for slot in turn.slots]
         assert all(r is not None for r in results)
         turn.future.set_result(results)  # type: ignore[arg-type]
-        self._runtime.calls.replenish()
 
     def _fail_open(self, turn: _Turn, failed: ToolResult) -> None:
         """Give every call of ``turn`` still without a result the error of ``failed``
-        (its kind and text), and cancel those running."""
+        (its kind and text), cancel those running, and complete the turn."""
         assert failed.error_kind is not None
-        for slot in turn.slots:
-            if slot.result is not None:
-                continue
-            if slot.running is not None:
-                slot.running.cancel("stopping")
-            duration = (time.monotonic() - slot.started) * 1000 if slot.started else 0.0
-            slot.result = error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
+        now = time.monotonic()
+        running: list[RunningCall] = []
+        settled: list[_Slot] = []
+        with turn.lock:
+            if turn.finished:
+                return
+            turn.stop_reason = "stopping"
+            turn.finished = True
+            turn.waiting.clear()
+            turn.open = 0
+            for slot in turn.slots:
+                if slot.result is not None:
+                    continue
+                if slot.running is not None:
+                    running.append(slot.running)
+                duration = (now - slot.started) * 1000 if slot.started else 0.0
+                slot.result = error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
+                settled.append(slot)
+        for call in running:
+            call.cancel("stopping")
+        for slot in settled:
+            assert slot.result is not None
             self._telemetry.call_ended(slot.span, slot.result)
-        turn.open = 0
+        self._finish(turn)
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
         if result is None:
@@ -328,9 +430,10 @@ class LoopActor(Actor):
     # --- lifecycle --------------------------------------------------------------------
 
     def _close(self, key: str) -> None:
-        for turn in list(self._turns.values()):
+        with self._turns_lock:
+            turns = list(self._turns.values())
+        for turn in turns:
             self._fail_open(turn, failure(key, "", ""))
-            self._maybe_finish(turn)
 
     def on_stop(self) -> None:
         if self._exit_cause is None:

@@ -34,6 +34,8 @@ from rho_actors.results import text
 from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:
+    import pykka
+
     from rho_actors.runtime import Runtime
 
 __all__ = [
@@ -222,12 +224,16 @@ class ToolRegistry(Actor):
         self._slots = state.slots
         self._nameless = state.nameless
         self._removed = state.removed
+        self._declarations_proxy: tuple[pykka.ActorRef[Any], Any] | None = None
 
     def _declarations(self) -> Any:
+        """A proxy of the DeclarationActor, built once per actor (anew after a restart)."""
         ref = self._names.whereis(DECLARATIONS)
         if ref is None:
             raise RuntimeError("the DeclarationActor is not running (it is being restarted); try again")
-        return ref.proxy()
+        if self._declarations_proxy is None or self._declarations_proxy[0] is not ref:
+            self._declarations_proxy = (ref, ref.proxy())
+        return self._declarations_proxy[1]
 
     def register(
         self, tool: Any, origin: str | None = None, untrusted: bool = False, isolation: IsolationName | None = None,

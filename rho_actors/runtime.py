@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from rho_actors.events import EventBus
     from rho_actors.isolation import Isolation
     from rho_actors.otp.names import Names
-    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.supervisor import ChildStarter
+    from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
     from rho_actors.registry import ToolSetView
     from rho_actors.sandbox.enclosure import ConfinePolicy
@@ -42,7 +43,8 @@ class Limits:
 class Runtime:
     """A system's shared services: ``names`` (the registry of named actors, which follows
     restarts), ``timers``, ``events`` (the event bus), ``tools`` (the published tool set),
-    ``calls`` (spare CallActors), ``isolations`` by name, ``limits``, ``untrusted``
+    ``calls`` (starts supervised CallActors), ``threads`` (the pool the CallActors and
+    LoopActors run on), ``isolations`` by name, ``limits``, ``untrusted``
     (how untrusted declarations are read), ``telemetry`` (OpenTelemetry spans and
     metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
     untrusted code are confined; ``None``: not at all, only a scrubbed environment)."""
@@ -51,7 +53,8 @@ class Runtime:
     timers: Timers
     events: EventBus
     tools: ToolSetView
-    calls: Spares
+    calls: ChildStarter
+    threads: ThreadPool
     isolations: Mapping[str, Isolation]
     limits: Limits
     untrusted: UntrustedReads

@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shutil
@@ -66,7 +67,8 @@ from rho_actors.loop_actor import LoopActor
 from rho_actors.loop_messages import loop_name
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.names import Names
-from rho_actors.otp.supervisor import ChildInfo, ChildSpec, Spares, StartChild, Supervisor, which_children
+from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartChild, Supervisor, which_children
+from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
 from rho_actors.registry import (
     IsolationName,
@@ -109,9 +111,7 @@ class ActorSystem:
     temporary folder, removed at :meth:`stop`); ``max_output_chars`` caps each result's text (characters);
     ``max_argument_depth`` and ``max_schema_depth`` bound nesting of call arguments and
     parameter schemas; ``shutdown_ms`` is how long running calls get to stop on
-    :meth:`stop` (milliseconds) before their threads are abandoned; ``spare_calls``
-    CallActors are kept started ahead of need (each still runs exactly one call), which
-    takes a thread start off each call's path; ``max_restarts`` in ``max_seconds``
+    :meth:`stop` (milliseconds) before their threads are abandoned; ``max_restarts`` in ``max_seconds``
     seconds is the restart intensity of the root (the system's own actors), of the
     sources' supervisor, of each session's supervisor, and the default of each server's
     (see :meth:`start_child`): past it, that supervisor gives up (DESIGN §6); ``untrusted`` says
@@ -147,7 +147,6 @@ class ActorSystem:
         max_argument_depth: int = DEFAULT_MAX_ARGUMENT_DEPTH,
         max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
         shutdown_ms: int = 5_000,
-        spare_calls: int = 4,
         max_restarts: int = 3,
         max_seconds: float = 5.0,
         untrusted: UntrustedReads | None = None,
@@ -164,7 +163,7 @@ class ActorSystem:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._sessions_dir = (self.data_dir / "sessions").resolve()
-        _confinement.make_session_dir(str(self._sessions_dir))
+        _confinement.make_session_dir(str(self._sessions_dir))  # a session's own folder: on first use
         self._tools = ToolSetView()
         self._names = Names()
         self._timers = Timers()
@@ -173,11 +172,15 @@ class ActorSystem:
         """``None`` unless the root supervisor gave up: then its exit reason (a
         :class:`rho_actors.RestartIntensityExceeded` naming the last failure)."""
         self._ask_timeout_s = 60.0
+        self._proxies: dict[str, tuple[pykka.ActorRef[Any], Any]] = {}
         self._untrusted = untrusted or UntrustedReads()
         self._declarations = DeclarationState()  # the state of the DeclarationActor and the registry
         self._registry = RegistryState()  # outlives their restarts
-        self._call_spares = Spares(  # CallActor.start, not start_link: it has no on_start to wait for
-            ChildSpec("call", CallActor.start, restart="temporary", shutdown=shutdown_ms), spare_calls
+        # CallActors and LoopActors run on reused threads: a fresh actor, not a fresh thread.
+        self._threads = ThreadPool()
+        self._calls = ChildStarter(  # CallActor.start, not start_link: it has no on_start to wait for
+            ChildSpec("call", functools.partial(CallActor.start, self._threads), restart="temporary",
+                      shutdown=shutdown_ms)
         )
         if confinement is None or confinement is True:
             uid, gid = _confinement.default_identity()
@@ -188,7 +191,7 @@ class ActorSystem:
             _confinement.warn_if_unconfined()
         events = EventBus()
         services = IsolationServices(
-            self._call_spares, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method,
+            self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method,
             max_workers=max_workers if max_workers is not None else 4 * (os.cpu_count() or 1),
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
@@ -201,7 +204,8 @@ class ActorSystem:
             timers=self._timers,
             events=events,
             tools=self._tools,
-            calls=self._call_spares,
+            calls=self._calls,
+            threads=self._threads,
             isolations=start_isolations(services),
             limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
             untrusted=self._untrusted,
@@ -217,7 +221,7 @@ class ActorSystem:
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
             return StartChild(Supervisor, kwargs={"names": self._names, "label": label, "report": self._events.emit,
-                                                  **kwargs})
+                                                  "thread_pool": self._threads, **kwargs})
 
         self._supervisor = supervisor
         self._shutdown_ms = shutdown_ms
@@ -226,7 +230,7 @@ class ActorSystem:
             ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),
                       name=DECLARATIONS),
             ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._runtime, self._registry)), name=REGISTRY),
-            ChildSpec(CALLS, supervisor(CALLS, spares=self._call_spares), type="supervisor", name=CALLS,
+            ChildSpec(CALLS, supervisor(CALLS, starter=self._calls), type="supervisor", name=CALLS,
                       shutdown=shutdown_ms + 1_000),
             ChildSpec(WORKERS, StartChild(IsolationOwner, (self._runtime.isolations,)), name=WORKERS,
                       shutdown=shutdown_ms),
@@ -249,7 +253,7 @@ class ActorSystem:
     def _closed(self) -> None:
         """The tree is down: fail what still waits on it."""
         self._stopped = True
-        self._call_spares.close()
+        self._calls.close()
         self._declarations.closed.set()  # cancels declaration reads in flight
         for waiting in list(self._registry.waiting.values()):
             if not waiting.done():
@@ -261,6 +265,16 @@ class ActorSystem:
             state = f"stopped ({self.exit_reason})" if self._stopped else "restarting"
             raise RuntimeError(f"the system's {name!r} actor is not running: the system is {state}")
         return ref
+
+    def _proxy(self, name: str) -> Any:
+        """A proxy of the system's actor ``name``, built once per actor (pykka inspects
+        every attribute of the actor to build one), anew after a restart. Raises as
+        :meth:`_whereis`."""
+        ref = self._whereis(name)
+        cached = self._proxies.get(name)
+        if cached is None or cached[0] is not ref:
+            cached = self._proxies[name] = (ref, ref.proxy())
+        return cached[1]
 
     # --- tools --------------------------------------------------------------------------
 
@@ -320,7 +334,7 @@ class ActorSystem:
         missing = [] if untrusted else missing_callbacks(tool)
         if missing:
             raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
-        registry = self._whereis(REGISTRY).proxy()
+        registry = self._proxy(REGISTRY)
         answer = registry.register(tool, origin, untrusted, isolation, placement).get(timeout=self._ask_timeout_s)
         if isinstance(answer, Registration):
             return answer
@@ -331,12 +345,12 @@ class ActorSystem:
         """Remove a tool (by name or object); loops stop offering it from their next
         turn, and a call naming it gets an ``unavailable`` error. Returns whether a tool
         was removed."""
-        removed: bool = self._whereis(REGISTRY).proxy().unregister(name_or_tool).get(timeout=self._ask_timeout_s)
+        removed: bool = self._proxy(REGISTRY).unregister(name_or_tool).get(timeout=self._ask_timeout_s)
         return removed
 
     def registrations(self) -> list[Registration]:
         """Every registered tool, offered or left out, in registration order."""
-        result: list[Registration] = self._whereis(REGISTRY).proxy().registrations().get(timeout=self._ask_timeout_s)
+        result: list[Registration] = self._proxy(REGISTRY).registrations().get(timeout=self._ask_timeout_s)
         return result
 
     def tool_set(self) -> ToolSet:
@@ -375,10 +389,12 @@ class ActorSystem:
         ``data_dir/sessions/<session_id>``; it must match
         ``[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}`` without ``..``, so it cannot escape
         ``data_dir`` (``ValueError`` otherwise, and also when a loop of that session is
-        running). The folder is created with mode ``0700``. ``withheld`` names tools this
-        loop does not offer; ``deps`` reaches every call of a trusted tool as
-        ``ctx["deps"]`` (untrusted tools get the ``deps`` given to :meth:`register`).
-        Raises ``RuntimeError`` once the system has stopped.
+        running). The folder is created with mode ``0700`` on first use (before the
+        session's first call, or by ``loop.data_dir``); one that already exists is
+        checked now (``ValueError`` when it, or ``sessions``, is a symlink or no folder)
+        and tightened to ``0700``. ``withheld`` names tools this loop does not offer;
+        ``deps`` reaches every call of a trusted tool as ``ctx["deps"]`` (untrusted tools
+        get the ``deps`` given to :meth:`register`). Raises ``RuntimeError`` once the system has stopped.
         """
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
@@ -393,8 +409,11 @@ class ActorSystem:
         running = self._names.whereis(loop_name(session_id))
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
-        try:  # each component a real folder, no symlink followed, each 0700 (tightened if looser)
-            session_dir = private_dir(self.data_dir, "sessions", session_id)
+        session_dir = self.data_dir / "sessions" / session_id  # the pattern admits no separator and no ".."
+        try:  # an existing folder is checked now: each component a real folder, no symlink followed, 0700
+            private_dir(self.data_dir, "sessions", session_id, create=False)
+        except FileNotFoundError:
+            pass  # made on first use (make_session_folder)
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(
@@ -409,7 +428,7 @@ class ActorSystem:
                              **self._intensity),
             restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
         )
-        self._whereis(SESSIONS).proxy().start_child(session).get(timeout=self._ask_timeout_s)
+        self._proxy(SESSIONS).start_child(session).get(timeout=self._ask_timeout_s)
         return Loop(session_id, session_dir, self._runtime)
 
     # --- sources and selftests -------------------------------------------------------------
@@ -467,7 +486,7 @@ class ActorSystem:
             restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )
-        sup: pykka.ActorRef[Any] = self._whereis(under).proxy().start_child(server).get(timeout=self._ask_timeout_s)
+        sup: pykka.ActorRef[Any] = self._proxy(under).start_child(server).get(timeout=self._ask_timeout_s)
         [started] = which_children(sup, self._ask_timeout_s)
         assert started.ref is not None
         return started.ref
@@ -488,7 +507,7 @@ class ActorSystem:
         """The live supervision tree as plain data. Each node: ``id``, ``kind``
         (``"supervisor"`` or ``"worker"``), ``restart``, ``restarts``, ``alive``;
         supervisors add ``strategy`` and ``children``; the ``calls`` supervisor gives
-        ``running`` and ``spares`` counts instead of a node per call; a session's
+        a ``running`` count instead of a node per call; a session's
         ``loop`` adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline;
         ``workers`` adds ``isolations``: what each isolation in use shows (``ray``: its
         tasks in flight and the Ray actors of its servers, with their nodes)."""
@@ -505,8 +524,7 @@ class ActorSystem:
                 node["strategy"] = proxy.strategy.get(timeout=self._ask_timeout_s)
                 children: list[ChildInfo] = proxy.which_children().get(timeout=self._ask_timeout_s)
                 if node["id"] == CALLS:
-                    node["running"] = sum(c.alive for c in children) - len(self._call_spares)
-                    node["spares"] = len(self._call_spares)
+                    node["running"] = sum(c.alive for c in children)
                     return node
                 node["children"] = [
                     self._describe(c.ref, {"id": c.id, "kind": c.type, "restart": c.restart,
@@ -607,7 +625,7 @@ class ActorSystem:
         """Stop the tree in reverse start order (servers, sessions, sources, workers,
         calls, registry, declarations), then the timers. Running calls are cancelled; a call thread still
         running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
-        self._call_spares.close()  # a call dispatched from now on does not start
+        self._calls.close()  # a call dispatched from now on does not start
         for observer in self._observers:
             observer.close()
         self._telemetry.unbind()
@@ -619,6 +637,7 @@ class ActorSystem:
             logger.error("the actor system did not stop within {} s", timeout_s)
         self._closed()
         self._timers.stop()
+        self._threads.shutdown()
         if self._holding:
             self._holding = False
             release_servers()

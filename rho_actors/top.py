@@ -138,7 +138,7 @@ def _tree(branch: Tree, node: dict[str, Any]) -> None:
     if not node.get("alive", True):
         label += " [red]down[/red]"
     if "running" in node and isinstance(node["running"], int):
-        label += f" running={node['running']} spares={node.get('spares', 0)}"
+        label += f" running={node['running']}"
     elif node.get("running"):
         label += f" running={len(node['running'])}"
     child = branch.add(label)

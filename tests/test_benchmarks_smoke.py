@@ -87,6 +87,8 @@ def test_bfcl_replay_or_skip_reason(report: dict[str, Any]) -> None:
 
 
 # --- benchmarks/bench_peers.py (issue #12): only with the peers extra installed ---------
+# Its quick run still takes about half a minute (16 x 100 ms turns and a hung tool per
+# path, the peers' imports): marked slow, so outside the default suite (run: pytest -m slow).
 
 PEERS_SCRIPT = SCRIPT.parent / "bench_peers.py"
 
@@ -115,6 +117,7 @@ def peers_report() -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow
 def test_peers_report_measures_every_path(peers_report: dict[str, Any]) -> None:
     assert peers_report["environment"]["mode"] == "quick"
     assert peers_report["environment"]["versions"]["langgraph"] != "absent"
@@ -127,6 +130,7 @@ def test_peers_report_measures_every_path(peers_report: dict[str, Any]) -> None:
         assert s["p50"] >= 100, (label, s)  # 16 calls of a 100 ms sleep cannot finish sooner
 
 
+@pytest.mark.slow
 def test_peers_hung_tool_is_answered_and_process_isolation_stops_it(peers_report: dict[str, Any]) -> None:
     hung = peers_report["hung"]
     assert set(hung) >= {"rho @tool (thread)", "rho @tool (process)", "LangGraph ToolNode.ainvoke"}
@@ -138,6 +142,7 @@ def test_peers_hung_tool_is_answered_and_process_isolation_stops_it(peers_report
     assert hung["rho @tool (thread)"]["outcome"].startswith("timeout")
 
 
+@pytest.mark.slow
 def test_peers_targets_and_bfcl(peers_report: dict[str, Any]) -> None:
     names = [t["target"] for t in peers_report["targets"]]
     assert len(names) >= 5

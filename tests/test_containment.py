@@ -226,6 +226,15 @@ def test_ctx_carries_the_session_and_call(system: ActorSystem) -> None:
     assert seen["deadline"] > time.monotonic() and not seen["cancel"].cancelled
 
 
+def test_a_session_folder_is_made_on_first_use_only(system: ActorSystem) -> None:
+    folder = system.data_dir / "sessions" / "quiet"
+    loop = system.start_loop("quiet")
+    loop.run_turn([])
+    loop.run_turn([ToolCall("c", "no_such_tool", "{}")])  # refused: nothing ran
+    assert not folder.exists()
+    assert loop.data_dir.is_dir() and loop.data_dir.resolve() == folder.resolve()  # the host asked for it
+
+
 @pytest.mark.parametrize("session_id", ["..", "../x", "a/b", "", "/abs", "a\\b", ".hidden", "x" * 129, "a..b"])
 def test_a_session_id_that_could_escape_data_dir_is_refused(system: ActorSystem, session_id: str) -> None:
     with pytest.raises(ValueError, match="session id"):

@@ -182,6 +182,28 @@ def test_a_server_whose_start_fails_says_why(system: ActorSystem) -> None:
         system.start_child(ChildSpec("store2", StartChild(Store), name="store"))
 
 
+def test_the_host_reaches_restarted_system_actors(system: ActorSystem) -> None:
+    @tool
+    def first() -> str:
+        """One."""
+        return "1"
+
+    @tool
+    def second() -> str:
+        """Two."""
+        return "2"
+
+    system.register(first)
+    system.start_loop("before")
+    crash_loop(system, "registry", 1)
+    crash_loop(system, "sessions", 1)
+    system.register(second)  # through the restarted registry, not the dead one
+    assert [r.info.name for r in system.registrations()] == ["first", "second"]
+    loop = system.start_loop("after")  # through the restarted sessions supervisor
+    [result] = loop.run_turn([ToolCall("c", "second", "{}")], timeout_s=WAIT_S)
+    assert result.ok and result.content == "2"
+
+
 def test_a_root_that_gives_up_stops_the_system_visibly(tmp_path: Path) -> None:
     reports = Reports()
     system = ActorSystem(data_dir=tmp_path, max_restarts=1, max_seconds=60)

@@ -440,7 +440,8 @@ def test_auto_shutdown_ends_a_supervisor_with_its_significant_child(journal: Jou
     downs: list[object] = []
     monitor(sup, lambda _r, reason: downs.append(reason))
     names.lookup("t").tell("crash")  # abnormal: restarted, no shutdown
-    assert wait_for(lambda: journal.starts("t") == 2) and sup.is_alive()
+    # restarted once its name is back (the start is journaled before the supervisor registers it)
+    assert wait_for(lambda: journal.starts("t") == 2 and names.whereis("t") is not None) and sup.is_alive()
     names.lookup("t").stop()  # normal: not restarted, so the supervisor ends too
     assert wait_for(lambda: downs == [NORMAL])
     assert "stop a" in journal.lines and names.exit_reason("t") == NORMAL

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from rho_actors import Actor, ActorSystem, ChildSpec, StartChild, SupervisorEvent, ToolCall, tool
+from rho_actors import Actor, ActorSystem, CancelToken, ChildSpec, StartChild, SupervisorEvent, ToolCall, tool
 from rho_actors.providers import RetryPolicy
 from rho_actors.providers.openai import OpenAIModel
 from rho_actors.telemetry import Telemetry
@@ -148,6 +148,32 @@ def test_call_spans_are_children_of_the_host_span_with_genai_attributes_and_erro
     # the tool's own span, started in the call's thread, is a child of its call's span
     inner = by_name(spans)["inside add"]
     assert inner.parent is not None and inner.parent.span_id == calls["c1"].context.span_id
+
+
+@tool(concurrency="exclusive", timeout_ms=20_000)
+def wait_cancel(ctx: Any) -> str:
+    """Wait until cancelled (one at a time)."""
+    ctx["cancel"].wait(WAIT_S)
+    return "late"
+
+
+def test_a_cancelled_exclusive_turn_ends_the_running_call_s_span_once_and_starts_no_other(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    system.register(wait_cancel)
+    late = threading.Event()
+    system.subscribe(lambda e: late.set() if getattr(e, "kind", None) == "late" else None)
+    loop = system.start_loop("s1")
+    token = CancelToken()
+    future = loop.submit_turn([ToolCall("x1", "wait_cancel", "{}"), ToolCall("x2", "wait_cancel", "{}")],
+                              cancel=token)
+    assert wait_for(lambda: bool(loop.running()))
+    token.cancel()
+    assert [r.error_kind for r in future.result(WAIT_S)] == ["cancelled", "cancelled"]
+    assert late.wait(WAIT_S)  # x1 returned after its cancel: no second end of its span
+    calls = [s for s in spans.get_finished_spans() if s.name == "execute_tool wait_cancel"]
+    assert [s.attributes["gen_ai.tool.call.id"] for s in calls] == ["x1"]  # x2 never started
+    assert calls[0].attributes["error.type"] == "cancelled"
 
 
 def test_a_tool_in_a_worker_process_joins_the_trace_through_its_traceparent(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+import weakref
 
 import pykka
 import pytest
@@ -77,3 +79,21 @@ def test_stop_ends_the_thread_and_refuses_new_timers() -> None:
     assert not timers._thread.is_alive()
     with pytest.raises(RuntimeError, match="stopped"):
         timers.call_at(time.monotonic(), lambda: None)
+
+
+def test_a_cancelled_timer_keeps_nothing_of_its_callback_alive() -> None:
+    class State:
+        pass
+
+    timers = Timers()
+    try:
+        state = State()
+        alive = weakref.ref(state)
+        timer = timers.call_at(time.monotonic() + 3600, functools.partial(id, state))
+        del state
+        assert alive() is not None  # a pending timer holds its callback
+        timer.cancel()
+        assert alive() is None  # freed at once, though the timer stays in the heap until due
+        assert timers.pending() == 1
+    finally:
+        timers.stop()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 if TYPE_CHECKING:
     from rho_actors.call import CallSpec
     from rho_actors.events import EventBus
-    from rho_actors.otp.supervisor import Spares
+    from rho_actors.otp.supervisor import ChildStarter
     from rho_actors.otp.timers import Timers
     from rho_actors.registry import ToolSetView
     from rho_actors.sandbox.enclosure import ConfinePolicy
@@ -27,8 +27,8 @@ __all__ = ["Isolation", "IsolationServices", "RunningCall"]
 
 @dataclass(frozen=True, slots=True)
 class IsolationServices:
-    """What an isolation gets from its system: ``calls``, the spare CallActors a call
-    runs in (its waiting thread); ``timers``, the system's timer service; the bounds of
+    """What an isolation gets from its system: ``calls`` starts the supervised CallActor
+    a call runs in (its waiting thread); ``timers``, the system's timer service; the bounds of
     worker processes: ``warm_workers`` idle workers, ``heap_bytes`` of address space each
     (bytes) and the ``start_method`` (``"forkserver"`` or ``"spawn"``); ``max_workers``,
     the cap on worker processes of the whole system; ``confine``, how untrusted workers
@@ -39,7 +39,7 @@ class IsolationServices:
     local Ray, started on the first ``ray`` call; see
     :class:`rho_actors.integrations.ray.tasks.RayRuntime`)."""
 
-    calls: Spares
+    calls: ChildStarter
     timers: Timers
     warm_workers: int = 2
     heap_bytes: int = 256 * 2**20

@@ -61,7 +61,7 @@ class ProcessIsolation(Isolation):
         self._open = False
 
     def start(self, call: CallSpec) -> _Running:
-        self.services.calls.take().tell(RunCall(call, self._run))
+        self.services.calls.start().tell(RunCall(call, self._run))
         return _Running(call)
 
     def _run(self, call: CallSpec) -> ToolResult:

@@ -75,7 +75,7 @@ class RayIsolation(Isolation):
             return self._runtime
 
     def start(self, call: CallSpec) -> _Running:
-        self.services.calls.take().tell(RunCall(call, self._run))
+        self.services.calls.start().tell(RunCall(call, self._run))
         return _Running(call)
 
     def _run(self, call: CallSpec) -> ToolResult:

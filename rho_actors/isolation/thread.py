@@ -136,7 +136,7 @@ class ThreadIsolation(Isolation):
                 self._emit("threads_exhausted", call.name, message)
             call.reply(failure("threads_exhausted", call.call_id, call.name, **reason))
             return running
-        actor = self.services.calls.take()
+        actor = self.services.calls.start()
         running.actor = actor
         running.timer = self.services.timers.call_at(call.deadline, running.deadline)
         actor.tell(RunCall(replace(call, reply=running.reply), self._run))

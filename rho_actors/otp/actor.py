@@ -16,6 +16,9 @@ every other actor uses the public hooks below.
   ends, with its reason (at once, with ``"noproc"``, when it has already ended).
 - **kill** (Erlang's ``exit(Pid, Reason)``): :func:`kill` makes the actor exit with a
   reason once it reaches that message (a thread cannot be interrupted).
+- **Pooled threads**: an actor whose :attr:`Actor.thread_pool` is set runs its loop on a
+  thread borrowed from that :class:`rho_actors.otp.threads.ThreadPool` and given back
+  when it ends, instead of a new thread: still a fresh actor (state, inbox, identity).
 - **Exit hooks**: :meth:`Actor.on_undelivered` sees each message still in the inbox when
   the actor ends (OTP drops them silently; a hook can answer them), and
   :meth:`Actor.on_exit` runs last in the actor's thread, once it has ended, been
@@ -40,16 +43,20 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pykka
 from loguru import logger
 
 from rho_actors.encoding import describe_exception
+
+if TYPE_CHECKING:
+    from rho_actors.otp.threads import ThreadPool
 
 __all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "kill", "monitor", "start_link"]
 
@@ -197,6 +204,18 @@ class Actor(pykka.ThreadingActor):
 
     use_daemon_thread = True
 
+    thread_pool: ThreadPool | None = None
+    """Where the actor's loop runs: ``None`` (the default) for a new thread of its own;
+    else a thread of this pool, borrowed at start and given back once the actor has
+    ended. Set it on a subclass, or on the instance in ``__init__``."""
+
+    takes_over_thread: ClassVar[bool] = False
+    """Whether a start inside :meth:`ThreadPool.hand_over` may run this actor on the
+    handing thread once that thread's job returns (only for actors that no one starting
+    them waits for, such as CallActors)."""
+
+    _thread_numbers: ClassVar[itertools.count[int]] = itertools.count()
+
     @staticmethod
     def _create_actor_inbox() -> Any:
         # A C-level queue: puts and gets cost a fraction of queue.Queue's Python-level
@@ -208,6 +227,14 @@ class Actor(pykka.ThreadingActor):
         self.exit_reason: object = None
         self._exit_cause: object = None
         self._stopped_once = False
+
+    def _start_actor_loop(self) -> None:
+        pool = self.thread_pool
+        if pool is None:
+            super()._start_actor_loop()
+        else:
+            pool.submit(self._actor_loop, f"{type(self).__name__}-{next(self._thread_numbers)}",
+                        may_take_over=self.takes_over_thread)
 
     def on_undelivered(self, message: Any) -> bool:
         """Called in the actor's thread once it has ended, for each message still in its

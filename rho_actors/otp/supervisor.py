@@ -53,8 +53,8 @@ Which failures restart a child: an exception in a ``tell`` handler, in ``on_star
 handling an ``ask`` goes back to the caller and the child lives on (pykka's rule; OTP's
 ``gen_server:call`` would crash the server).
 
-A supervisor may keep spares (:class:`Spares`): children of one spec started ahead of
-need, taken without a message round trip; each still does one job.
+A supervisor may have a :class:`ChildStarter`: children of one spec started in their
+callers' threads and supervised from then on, without a message round trip.
 
 Example::
 
@@ -82,12 +82,13 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import SupervisorEvent, SupervisorEventKind
 from rho_actors.otp.actor import NORMAL, Actor, Down, kill, monitor, start_link
 from rho_actors.otp.names import NAMES, Names
+from rho_actors.otp.threads import ThreadPool
 
 __all__ = [
     "ChildInfo",
     "ChildSpec",
+    "ChildStarter",
     "RestartIntensityExceeded",
-    "Spares",
     "StartChild",
     "Supervisor",
     "count_children",
@@ -179,16 +180,6 @@ class _Child:
 
 
 @dataclass(frozen=True, slots=True)
-class _Replenish:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class _Forget:
-    ref: pykka.ActorRef[Any]
-
-
-@dataclass(frozen=True, slots=True)
 class _Retry:
     key: int
     reason: object
@@ -199,91 +190,64 @@ class _WhichChildren:
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class _Adopt:
-    ref: pykka.ActorRef[Any]
-    spec: ChildSpec
+class ChildStarter:
+    """Starts children of one spec in the caller's thread, each handed to the bound
+    supervisor without a message (``starter=`` in :class:`Supervisor`): OTP's
+    ``simple_one_for_one`` ``start_child`` without the round trip through the
+    supervisor's inbox, so a burst of starts from many threads is not serialised
+    through its one thread. Safe from any thread. It outlives a restart of its
+    supervisor: the new one binds to it."""
 
-
-class Spares:
-    """Children of one spec started ahead of need by a supervisor (``spare=`` in
-    :class:`Supervisor`); :meth:`take` is safe from any thread. The pool outlives a
-    restart of its supervisor: the new one binds to it."""
-
-    def __init__(self, spec: ChildSpec, count: int, rebind_s: float = 1.0) -> None:
+    def __init__(self, spec: ChildSpec, rebind_s: float = 1.0) -> None:
         self.spec = spec
-        self.count = count
-        self._idle: collections.deque[pykka.ActorRef[Any]] = collections.deque()
-        self._supervisor: pykka.ActorRef[Supervisor] | None = None
+        self._supervisor: Supervisor | None = None
         self._bound = threading.Condition()
         self._rebind_s = rebind_s
         self.closed = False
 
-    def _bind(self, supervisor: pykka.ActorRef[Supervisor] | None) -> None:
+    def _bind(self, supervisor: Supervisor | None) -> None:
         with self._bound:
             self._supervisor = supervisor
             self._bound.notify_all()
 
     def close(self) -> None:
-        """No more children: :meth:`take` fails at once from now on (the system stops)."""
+        """No more children: :meth:`start` fails at once from now on (the system stops)."""
         self.closed = True
         self._bind(None)
 
-    def _running_supervisor(self) -> pykka.ActorRef[Supervisor]:
+    def _running_supervisor(self) -> Supervisor:
         """The supervisor, waiting up to ``rebind_s`` seconds while it is restarted."""
+        supervisor = self._supervisor
+        if supervisor is not None and not self.closed:
+            return supervisor
         with self._bound:
-            self._bound.wait_for(
-                lambda: self.closed or (self._supervisor is not None and self._supervisor.is_alive()), self._rebind_s
-            )
+            self._bound.wait_for(lambda: self.closed or self._supervisor is not None, self._rebind_s)
             supervisor = self._supervisor
         if self.closed:
             raise pykka.ActorDeadError("the system is stopping")
-        if supervisor is None or not supervisor.is_alive():
-            raise pykka.ActorDeadError(f"the supervisor of the spares is not running (waited {self._rebind_s} s)")
+        if supervisor is None:
+            raise pykka.ActorDeadError(f"the supervisor of {self.spec.id!r} is not running (waited {self._rebind_s} s)")
         return supervisor
 
-    def take(self) -> pykka.ActorRef[Any]:
-        """A started child for one job: a spare when one is idle, else one started now
-        in this thread and handed to the supervisor (waiting up to ``rebind_s`` seconds
-        for a supervisor being restarted). Call :meth:`replenish` later, off the hot
-        path. Raises ``pykka.ActorDeadError`` naming why when there is no supervisor."""
-        while True:
-            try:
-                ref = self._idle.popleft()
-            except IndexError:
-                break
-            if ref.is_alive():
-                return ref
+    def start(self) -> pykka.ActorRef[Any]:
+        """A child started now, in this thread, and supervised from now on (waiting up
+        to ``rebind_s`` seconds for a supervisor being restarted). Raises
+        ``pykka.ActorDeadError`` naming why when there is no supervisor."""
         supervisor = self._running_supervisor()
-        # Started in the caller's thread and handed over: a burst of calls from many
-        # loops is not serialised through the supervisor's one thread.
         started = self.spec.start()
         try:
-            supervisor.tell(_Adopt(started, self.spec))
-        except pykka.ActorDeadError:
+            supervisor.adopt(started, self.spec)
+        except BaseException:
             started.stop(block=False)
             raise
         return started
 
-    def replenish(self) -> None:
-        """Ask the supervisor to start spares up to :attr:`count` again (asynchronously)."""
-        if self._supervisor is not None:
-            try:
-                self._supervisor.tell(_Replenish())
-            except pykka.ActorDeadError:
-                pass
-
     def abandon(self, ref: pykka.ActorRef[Any]) -> None:
         """Stop supervising a child that was given up on (a call past its deadline): no
         shutdown waits for it."""
-        if self._supervisor is not None:
-            try:
-                self._supervisor.tell(_Forget(ref))
-            except pykka.ActorDeadError:
-                pass
-
-    def __len__(self) -> int:
-        return len(self._idle)
+        supervisor = self._supervisor
+        if supervisor is not None:
+            supervisor.forget(ref)
 
 
 class Supervisor(Actor):
@@ -294,8 +258,9 @@ class Supervisor(Actor):
     OTP's defaults are 1 in 5 s, this one's 3 in 5 s); ``auto_shutdown``
     (``"never"``, ``"any_significant"``, ``"all_significant"``); ``names``, where
     children with a ``name`` are registered (default: the process's
-    :data:`rho_actors.otp.names.NAMES`); ``spares``, a :class:`Spares` pool this
-    supervisor keeps filled; ``report``, called with each
+    :data:`rho_actors.otp.names.NAMES`); ``starter``, a :class:`ChildStarter` whose
+    children this supervisor takes over; ``thread_pool``, where its loop runs (see
+    :attr:`rho_actors.Actor.thread_pool`; default: a thread of its own); ``report``, called with each
     :class:`rho_actors.SupervisorEvent` (in this supervisor's thread: keep it quick).
     ``label`` names it in logs and reports. Raises ``ValueError`` for an unknown
     strategy or auto_shutdown, and the first start error of a child (the supervisor
@@ -311,7 +276,8 @@ class Supervisor(Actor):
         max_seconds: float = 5.0,
         auto_shutdown: AutoShutdown = "never",
         names: Names | None = None,
-        spares: Spares | None = None,
+        starter: ChildStarter | None = None,
+        thread_pool: ThreadPool | None = None,
         report: Callable[[SupervisorEvent], None] | None = None,
         label: str = "supervisor",
     ) -> None:
@@ -329,7 +295,9 @@ class Supervisor(Actor):
         self.auto_shutdown = auto_shutdown
         self.label = label
         self._names = names if names is not None else NAMES
-        self._spares = spares
+        self._starter = starter
+        self.thread_pool = thread_pool
+        self._adopting = True  # false once stopping: no child may join the shutdown late
         self._report_to = report
         self._static = list(children)
         self._lock = threading.Lock()
@@ -348,10 +316,8 @@ class Supervisor(Actor):
         except BaseException:
             self._shutdown_children()
             raise
-        if self._spares is not None:
-            self._spares._idle.clear()
-            self._spares._bind(self.actor_ref)
-            self._fill_spares()
+        if self._starter is not None:
+            self._starter._bind(self)
 
     def _add(self, spec: ChildSpec) -> _Child:
         child = _Child(next(self._keys), spec)
@@ -390,12 +356,27 @@ class Supervisor(Actor):
             raise RuntimeError(f"child {child.spec.id!r}: its start raised {_reason_text(exc)}") from exc
         self._watch(child, ref)
 
-    def _adopt(self, ref: pykka.ActorRef[Any], spec: ChildSpec) -> None:
-        """Supervise a child started elsewhere (see :meth:`Spares.take`)."""
-        child = _Child(next(self._keys), spec, dynamic=True)
+    def adopt(self, ref: pykka.ActorRef[Any], spec: ChildSpec) -> None:
+        """Supervise a ``temporary`` child started elsewhere (see
+        :meth:`ChildStarter.start`); safe from any thread. Raises
+        ``pykka.ActorDeadError`` once this supervisor is stopping, ``ValueError`` for a
+        spec that is not ``temporary`` or that is ``significant`` or named."""
+        if spec.restart != "temporary" or spec.significant or spec.name is not None:
+            raise ValueError(f"child {spec.id!r}: only an unnamed, temporary, insignificant child can be adopted")
+        if not issubclass(ref.actor_class, Actor):
+            raise TypeError(f"child {spec.id!r}: {ref.actor_class.__name__} is not a rho_actors.Actor")
+        child = _Child(next(self._keys), spec, dynamic=True, ref=ref)
         with self._lock:
+            if not self._adopting or self.actor_stopped.is_set():
+                raise pykka.ActorDeadError(f"{self.label} is stopping")
             self._children[child.key] = child
-        self._watch(child, ref)
+            self._by_urn[ref.actor_urn] = child.key
+        monitor(ref, self._forget_temporary)
+
+    def forget(self, ref: pykka.ActorRef[Any]) -> None:
+        """Stop supervising an adopted child (no shutdown waits for it); safe from any
+        thread."""
+        self._forget_temporary(ref, None)
 
     def _watch(self, child: _Child, ref: pykka.ActorRef[Any]) -> None:
         if not isinstance(ref, pykka.ActorRef):
@@ -425,11 +406,6 @@ class Supervisor(Actor):
             key = self._by_urn.pop(ref.actor_urn, None)
             if key is not None:
                 self._children.pop(key, None)
-
-    def _fill_spares(self) -> None:
-        assert self._spares is not None
-        while len(self._spares) < self._spares.count:
-            self._spares._idle.append(self._start_dynamic(self._spares.spec))
 
     def start_child(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
         """Add and start a child at run time (OTP's ``start_child``); returns its ref.
@@ -477,17 +453,10 @@ class Supervisor(Actor):
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Down):
             self._down(message.ref, message.reason)
-        elif isinstance(message, _Replenish):
-            if self._spares is not None:
-                self._fill_spares()
         elif isinstance(message, _Retry):
             self._try_again(message.key, message.reason)
         elif isinstance(message, _WhichChildren):
             return self.which_children()
-        elif isinstance(message, _Forget):
-            self._forget_temporary(message.ref, None)
-        elif isinstance(message, _Adopt):
-            self._adopt(message.ref, message.spec)
         else:
             logger.warning("{} ignored an unknown message {!r}", self.label, message)
         return None
@@ -629,18 +598,20 @@ class Supervisor(Actor):
                 self._stop_child(child)
 
     def on_stop(self) -> None:
-        self._release_spares()
+        self._release_starter()
         self._shutdown_children()
 
     def on_failure(self, *exc_info: Any) -> None:
         """A supervisor that fails (it gave up, or a bug) stops all its children before
         it exits, as in OTP."""
-        self._release_spares()
+        self._release_starter()
         self._shutdown_children()
 
-    def _release_spares(self) -> None:
-        if self._spares is not None and self._spares._supervisor is self.actor_ref:
-            self._spares._bind(None)
+    def _release_starter(self) -> None:
+        with self._lock:
+            self._adopting = False
+        if self._starter is not None and self._starter._supervisor is self:
+            self._starter._bind(None)
 
 
 def _reason_text(reason: object) -> str:

@@ -26,6 +26,10 @@ from loguru import logger
 
 __all__ = ["Timer", "Timers"]
 
+
+def _nothing() -> None:
+    pass
+
 _MAX_WAIT_S = 3600.0  # below threading.TIMEOUT_MAX: a far timer is waited for in steps
 
 
@@ -89,6 +93,9 @@ class Timers:
             if timer.cancelled:
                 return
             timer.cancelled = True
+            # A cancelled timer stays in the heap until due: it must not keep its
+            # callback's objects (a call's whole state) alive that long.
+            timer._callback = _nothing
             self._dead += 1
             if self._dead > 1024 and self._dead * 2 > len(self._heap):
                 self._heap = [entry for entry in self._heap if not entry[2].cancelled]
