@@ -103,7 +103,8 @@ class Session(Protocol):
     def declarations(self, dialect: Any = "neutral") -> list[dict[str, Any]]: ...
 
     def submit_turn(
-        self, calls: Sequence[ToolCall], *, cancel: CancelToken | None = None
+        self, calls: Sequence[ToolCall], *, cancel: CancelToken | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None,
     ) -> concurrent.futures.Future[list[ToolResult]]: ...
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float: ...
@@ -512,11 +513,12 @@ class _Driver:
             return True
         for call in reply.tool_calls:
             self._emit(ToolCallStarted(number, call))
-        results = [_with_text(r) for r in self._run_turn(reply.tool_calls)]
+        recorder = _Recorder(self.transcript, number)
+        results = [_with_text(r) for r in self._run_turn(reply.tool_calls, recorder.record)]
         step = Step(number, reply, tuple(results))
         self.steps.append(step)
         for index, result in enumerate(results):
-            self.transcript.result(number, index, result)
+            recorder.record(index, result, quiet=False)
             self.messages.append(Message.tool_result(result))
             self._emit(ToolCallFinished(number, result))
         self._emit(StepEnded(step))
@@ -553,13 +555,16 @@ class _Driver:
                                    f"{describe_exception(exc)}")
         self._stop("loop", f"the loop of session {self.loop.session_id!r} kept stopping while asked for its tools")
 
-    def _run_turn(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        """The turn's results, one per call in order; a turn the loop never took (it was
-        not running) gets ``cancelled`` results."""
+    def _run_turn(
+        self, calls: Sequence[ToolCall], on_result: Callable[[int, ToolResult], None]
+    ) -> list[ToolResult]:
+        """The turn's results, one per call in order (``on_result`` is told each as it
+        settles); a turn the loop never took (it was not running) gets ``cancelled``
+        results."""
         future: concurrent.futures.Future[list[ToolResult]] | None = None
         for _ in range(3):
             try:
-                future = self.loop.submit_turn(calls, cancel=self.cancel)
+                future = self.loop.submit_turn(calls, cancel=self.cancel, on_result=on_result)
                 break
             except pykka.ActorDeadError:  # not told: nothing ran; wait for the restart
                 if not self._wait_for_loop():
@@ -572,6 +577,34 @@ class _Driver:
         except concurrent.futures.TimeoutError:
             logger.error("session {}: the loop did not answer a turn within {:.1f} s", self.loop.session_id, bound)
             return [failure("loop_unanswered", c.id, c.name, bound_s=bound) for c in calls]
+
+
+class _Recorder:
+    """Writes a step's results to the transcript as each call settles (from the settling
+    threads), so a result whose call has run is never lost to a crash of the host while
+    the turn's other calls still run; each index once."""
+
+    def __init__(self, transcript: Transcript, step: int) -> None:
+        self._transcript = transcript
+        self._step = step
+        self._lock = threading.Lock()
+        self._done: set[int] = set()
+
+    def record(self, index: int, result: ToolResult, *, quiet: bool = True) -> None:
+        """Record ``result`` for call ``index`` unless it is recorded already. ``quiet``
+        (from a settling thread): a write that fails is logged and left for the end of
+        the turn, where it raises."""
+        with self._lock:
+            if index in self._done:
+                return
+            try:
+                self._transcript.result(self._step, index, _with_text(result))
+            except (OSError, ValueError, RecursionError):
+                if not quiet:
+                    raise
+                logger.exception("step {}: the result of call {} could not be recorded yet", self._step, index)
+                return
+            self._done.add(index)
 
 
 def _with_text(result: ToolResult) -> ToolResult:

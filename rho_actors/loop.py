@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,7 +112,8 @@ class Loop:
         return self._names.lookup(loop_name(self.session_id), f"the loop of session {self.session_id!r}")
 
     def submit_turn(
-        self, calls: Iterable[ToolCall], *, cancel: CancelToken | None = None
+        self, calls: Iterable[ToolCall], *, cancel: CancelToken | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None,
     ) -> concurrent.futures.Future[list[ToolResult]]:
         """Start a turn without waiting: returns a future of the results, one per call,
         in the calls' order. Setting ``cancel`` (:meth:`CancelToken.cancel`, from any
@@ -124,16 +125,20 @@ class Loop:
         get it). Raises ``TypeError`` for an item that is not a :class:`ToolCall` or
         whose ``id`` or ``name`` is not a ``str``, or a ``cancel`` that is not a
         :class:`CancelToken`, and :class:`pykka.ActorDeadError` when the loop has
-        stopped."""
-        return self._submit(_checked_calls(calls), _checked_cancel(cancel))
+        stopped. ``on_result(index, result)`` is called with each started call's result
+        as soon as it has one (from the thread that settled it: keep it quick; what it
+        raises is logged), before the future completes: a host can record each result
+        while the turn's other calls still run."""
+        return self._submit(_checked_calls(calls), _checked_cancel(cancel), on_result)
 
     def _submit(
-        self, batch: tuple[ToolCall, ...], cancel: CancelToken | None = None
+        self, batch: tuple[ToolCall, ...], cancel: CancelToken | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None,
     ) -> concurrent.futures.Future[list[ToolResult]]:
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
         trace_context = current_context() if self.telemetry.enabled else None  # the calls' parent span
-        self.ref.tell(RunTurn(batch, future, trace_context, cancel, contextvars.copy_context()))
+        self.ref.tell(RunTurn(batch, future, trace_context, cancel, contextvars.copy_context(), on_result))
         return future
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:

@@ -63,6 +63,7 @@ _MAX_NAMES_LISTED = 40
 
 @dataclass(slots=True)
 class _Slot:
+    index: int
     call: ToolCall
     entry: ToolEntry | None = None
     args: dict[str, Any] | None = None
@@ -86,6 +87,7 @@ class _Turn:
     withheld: tuple[str, ...]
     context: contextvars.Context | None = None
     trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
+    on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
@@ -160,8 +162,9 @@ class LoopActor(Actor):
         return [e for name, e in tools.entries.items() if name not in self._withheld]
 
     def _run_turn(self, message: RunTurn) -> None:
-        turn = _Turn(next(self._turn_ids), [_Slot(call) for call in message.calls], message.future,
-                     self._withheld_list, context=message.context, trace_context=message.trace_context)
+        turn = _Turn(next(self._turn_ids), [_Slot(i, call) for i, call in enumerate(message.calls)], message.future,
+                     self._withheld_list, context=message.context, trace_context=message.trace_context,
+                     on_result=message.on_result)
         with self._turns_lock:
             self._turns[turn.id] = turn
         if message.cancel is not None:
@@ -342,6 +345,11 @@ class LoopActor(Actor):
             return
         self._telemetry.call_ended(slot.span, result)
         self._emit(event, slot, result)
+        if turn.on_result is not None:
+            try:
+                turn.on_result(slot.index, result)
+            except Exception:  # the host's callback: its fault must not lose the turn
+                logger.exception("loop {}: on_result for call {} raised", self.session_id, slot.call.id)
         if following is not None:
             self._start(turn, following)
         elif last:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,13 +46,15 @@ class RunTurn:
     ``trace_context``: the OpenTelemetry context current in the submitting thread (the
     parent of the calls' spans; None while the system's telemetry is off). Setting
     ``cancel`` cancels the turn; each call runs in a copy of ``context`` (the
-    submitter's ``contextvars``)."""
+    submitter's ``contextvars``); ``on_result(index, result)`` is told each dispatched
+    call's result as it settles, from the thread settling it."""
 
     calls: tuple[ToolCall, ...]
     future: concurrent.futures.Future[list[ToolResult]]
     trace_context: Any = None
     cancel: CancelToken | None = None
     context: contextvars.Context | None = None
+    on_result: Callable[[int, ToolResult], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -505,3 +505,62 @@ def test_a_reply_cut_short_keeps_its_text_and_says_so(loop: Any) -> None:
     result = prompt(loop, "go", model=model)
     assert result.text == "half an ans"
     assert result.error is not None and "cut short" in result.error
+
+
+HOST_MID_TURN = r'''
+import sys, threading
+from pathlib import Path
+from rho_actors import ActorSystem, Reply, ScriptedModel, ToolCall, prompt, tool
+
+marker = Path(sys.argv[2])
+
+@tool
+def fast() -> str:
+    "Leave a mark and finish."
+    with marker.open("a") as f:
+        f.write("ran\n")
+    return "done"
+
+@tool(timeout_ms=600_000)
+def stuck() -> str:
+    "Never finish."
+    threading.Event().wait()
+    return "never"
+
+with ActorSystem(data_dir=sys.argv[1]) as system:
+    system.register(fast)
+    system.register(stuck)
+    model = ScriptedModel([Reply("", (ToolCall("c1", "fast", "{}"), ToolCall("c2", "stuck", "{}"))), Reply("x")])
+    prompt(system.start_loop("s"), "go", model=model)
+'''
+
+
+def test_a_host_killed_mid_turn_keeps_the_results_of_calls_that_finished(tmp_path: Path) -> None:
+    """Each result is recorded as its call settles: a host killed (SIGKILL) while one call
+    of a turn still runs loses none of the calls that finished, and resuming runs none again."""
+    import signal
+    import subprocess
+
+    data_dir, marker = tmp_path / "data", tmp_path / "ran"
+    host = subprocess.Popen([sys.executable, "-c", HOST_MID_TURN, str(data_dir), str(marker)])
+    transcript = data_dir / "sessions" / "s" / TRANSCRIPT_NAME
+
+    def fast_result_recorded() -> bool:
+        try:
+            records, _, _ = read_records(transcript)
+        except OSError:
+            return False
+        return any(r.get("type") == "result" and r.get("call_id") == "c1" for r in records)
+
+    try:
+        assert wait_for(fast_result_recorded, timeout_s=WAIT_S * 3), "the finished call was not recorded mid-turn"
+    finally:
+        host.send_signal(signal.SIGKILL)
+        host.wait(WAIT_S)
+    model = ScriptedModel([Reply("resumed")])
+    with ActorSystem(data_dir=data_dir) as system:
+        system.register(add)
+        result = prompt(system.start_loop("s"), None, model=model)
+    assert result.text == "resumed"
+    assert tool_messages(model.requests[0][0]) == [("c1", False, "done"), ("c2", True, INTERRUPTED)]
+    assert marker.read_text() == "ran\n"  # the finished call ran once, and was not run again
