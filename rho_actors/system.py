@@ -58,7 +58,7 @@ from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.call import CallActor
 from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState, UntrustedReads
 from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, describe_origin
-from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
+from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS, describe_exception
 from rho_actors.events import EventBus
 from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.isolation import ISOLATIONS, IsolationOwner, IsolationServices, start_isolations
@@ -468,8 +468,11 @@ class ActorSystem:
         with ``ctx["whereis"]``). Returns its ref (it follows no restart: use
         :meth:`whereis`). ``under="sources"`` puts the subtree under ``sources`` instead:
         for a source's own actors (an MCP server's connection), the system's side of the
-        tree. Raises ``ValueError`` when a running actor holds ``spec.name`` or for
-        another ``under``, and ``RuntimeError`` naming the child's start error."""
+        tree. The subtree starts in the caller's thread, so a server whose start is slow
+        holds up no other server. Raises ``ValueError`` when a running actor holds
+        ``spec.name``, a running server has ``spec.id`` (OTP's ``already_started``), or for
+        another ``under``; the child's start error (a ``RuntimeError`` for a
+        ``BaseException``), and ``RuntimeError`` when the system is stopping."""
         if under not in (SERVERS, SOURCES):
             raise ValueError(f"under must be {SERVERS!r} or {SOURCES!r}, got {under!r}")
         holder = self._names.whereis(spec.name) if spec.name is not None else None
@@ -486,7 +489,23 @@ class ActorSystem:
             restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )
-        sup: pykka.ActorRef[Any] = self._proxy(under).start_child(server).get(timeout=self._ask_timeout_s)
+        parent = self._proxy(under)
+        children: list[ChildInfo] = parent.which_children().get(timeout=self._ask_timeout_s)
+        if any(c.id == spec.id and c.alive for c in children):
+            raise ValueError(f"child {spec.id!r} is already started under {under!r} (OTP's already_started)")
+        # Started in this thread, then handed to the parent: a server whose start is slow
+        # holds up no other server's start (the parent's thread never waits for it).
+        try:
+            sup = server.start()
+        except Exception:
+            raise
+        except BaseException as exc:  # the server's failure (sys.exit in its start), not the caller's
+            raise RuntimeError(f"child {spec.id!r}: its start raised {describe_exception(exc)}") from exc
+        try:
+            parent.adopt(sup, server).get(timeout=self._ask_timeout_s)
+        except (pykka.ActorDeadError, pykka.Timeout) as exc:
+            sup.stop(block=False)
+            raise RuntimeError(f"child {spec.id!r} was not started: the {under!r} supervisor is stopping") from exc
         [started] = which_children(sup, self._ask_timeout_s)
         assert started.ref is not None
         return started.ref

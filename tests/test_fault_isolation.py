@@ -223,3 +223,31 @@ def test_a_root_that_gives_up_stops_the_system_visibly(tmp_path: Path) -> None:
             loop.run_turn([])
     finally:
         system.stop()
+
+
+def test_a_slow_server_start_holds_up_no_other_server(system: ActorSystem) -> None:
+    """A server whose start blocks does not hold up another server's start (each starts
+    in its caller's thread, then joins ``servers``)."""
+    release, entered, returned = threading.Event(), threading.Event(), threading.Event()
+
+    class SlowStart(Actor):
+        def on_start(self) -> None:
+            entered.set()
+            release.wait(WAIT_S)
+            returned.set()
+
+    class Quick(Actor):
+        def on_receive(self, message: Any) -> Any:
+            return "pong"
+
+    slow = threading.Thread(target=system.start_child, args=(ChildSpec("slow", StartChild(SlowStart)),))
+    slow.start()
+    try:
+        assert entered.wait(WAIT_S)
+        quick = system.start_child(ChildSpec("quick", StartChild(Quick)))  # while "slow" is still starting
+        assert quick.ask("ping", timeout=WAIT_S) == "pong"
+        assert not returned.is_set()  # "quick" did not wait for "slow"
+    finally:
+        release.set()
+        slow.join(WAIT_S)
+    assert {c["id"] for c in system.tree()["children"][-1]["children"]} >= {"slow", "quick"}
