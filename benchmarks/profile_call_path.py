@@ -26,7 +26,7 @@ from typing import Any
 
 from rho_actors import ActorSystem, ToolCall, tool
 from rho_actors import call as call_module
-from rho_actors import loop as loop_module
+from rho_actors import loop_actor as loop_module
 
 _stamps: dict[str, int] = {}
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Iterator
 
 import pykka
 import pytest
@@ -14,7 +16,7 @@ from .conftest import WAIT_S
 
 
 @pytest.fixture
-def timers() -> Timers:
+def timers() -> Iterator[Timers]:
     t = Timers()
     yield t
     t.stop()
@@ -25,7 +27,7 @@ def test_timers_fire_in_deadline_order(timers: Timers) -> None:
     done = threading.Event()
     now = time.monotonic()
     for i in (3, 1, 2):
-        timers.call_at(now + i * 0.01, lambda i=i: fired.append(i))
+        timers.call_at(now + i * 0.01, functools.partial(fired.append, i))
     timers.call_at(now + 0.05, done.set)
     assert done.wait(WAIT_S)
     assert fired == [1, 2, 3]
