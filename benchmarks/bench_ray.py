@@ -43,7 +43,7 @@ from typing import Any
 import ray
 from stats import BenchmarkError, environment, publish, summary, verdict
 
-from rho_actors.call import CancelToken
+from rho_actors.cancel import CancelToken
 from rho_actors.integrations.ray.tasks import RayResources, RayRuntime, run_on_ray
 from rho_actors.tool import ErrorKind
 

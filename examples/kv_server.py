@@ -37,7 +37,8 @@ def kv(op: str, key: str, ctx: Mapping[str, Any], value: str = "") -> str:
     server = ctx["whereis"]("kv")
     if server is None:
         raise RuntimeError("the kv server is restarting; try again")
-    return server.ask((op, key, value), timeout=1.0)
+    reply: str = server.ask((op, key, value), timeout=1.0)
+    return reply
 
 
 with tempfile.TemporaryDirectory() as data_dir, ActorSystem(data_dir=data_dir) as system:
@@ -52,6 +53,7 @@ with tempfile.TemporaryDirectory() as data_dir, ActorSystem(data_dir=data_dir) a
     print(call('{"op": "put", "key": "city", "value": "Lisbon"}'))
     print(call('{"op": "get", "key": "city"}'))
     before = system.whereis("kv")
+    assert before is not None
     kill(before)  # the server crashes (exit reason "killed")
     give_up = time.monotonic() + 5
     while system.whereis("kv") in (None, before) and time.monotonic() < give_up:

@@ -167,12 +167,12 @@ def json_text(value: Any, limit: int = _MAX_SHOWN) -> str:
 
 
 def decode_arguments(
-    arguments: str | Mapping[str, Any],
+    arguments: str | bytes | bytearray | Mapping[str, Any],
     max_depth: int = DEFAULT_MAX_ARGUMENT_DEPTH,
     max_chars: int = DEFAULT_MAX_ARGUMENT_CHARS,
 ) -> dict[str, Any]:
-    """Decode a call's arguments: raw JSON text (at most ``max_chars`` characters), or
-    a mapping already decoded.
+    """Decode a call's arguments: raw JSON text (``str``, or UTF-8 ``bytes``; at most
+    ``max_chars`` characters), or a mapping already decoded.
 
     Returns a new ``dict`` with string keys. Raises :class:`ArgumentsError`
     (``invalid_json``) naming what is wrong and where; empty text is refused with a

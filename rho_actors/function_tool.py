@@ -71,6 +71,8 @@ def _checked_options(where: str, timeout_ms: Any, concurrency: Any, selftest: An
 class FunctionTool:
     """A function wrapped as a tool; calling it calls the function."""
 
+    __name__: str  # copied from the function, with its __doc__ and __wrapped__ (functools.update_wrapper)
+
     def __init__(
         self,
         func: Callable[..., Any],

@@ -103,8 +103,15 @@ class HookedModel(ScriptedModel):
         super().__init__(replies)
         self.hooks = hooks
 
-    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Reply:
-        reply = super().complete(messages, tools)
+    def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]],
+        *,
+        on_text: Callable[[str], None] | None = None,
+        **options: Any,
+    ) -> Reply:
+        reply = super().complete(messages, tools, on_text=on_text, **options)
         hook = self.hooks.get(len(self.requests))
         if hook is not None:
             hook()
@@ -482,7 +489,7 @@ def test_odd_tool_call_arguments_fail_only_their_call(loop: Any) -> None:
         yield ToolCall("b", "add", b'{"a": 2, "b": 3}')  # type: ignore[arg-type]
         yield ToolCall("m", "add", None)  # type: ignore[arg-type]
 
-    model = ScriptedModel([Reply(tool_calls=calls()), Reply(text="done")])  # type: ignore[arg-type]
+    model = ScriptedModel([Reply(tool_calls=calls()), Reply(text="done")])
     result = prompt(loop, "go", model=model)
     assert result.error is None and result.text == "done"
     first = result.steps[0].results

@@ -65,7 +65,11 @@ class Child:
             os.close(r)
             code = 0
             try:
-                body(lambda obj: os.write(w, json.dumps(obj).encode() + b"\n"))
+
+                def send(obj: Any) -> None:
+                    os.write(w, json.dumps(obj).encode() + b"\n")
+
+                body(send)
             except BaseException as exc:
                 os.write(w, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
                 code = 1
@@ -120,7 +124,7 @@ def cgroup(request: pytest.FixtureRequest) -> Iterator[Callable[..., Cgroup]]:
     made: list[Cgroup] = []
 
     def make(**bounds: int | None) -> Cgroup:
-        made.append(Cgroup(f"test-{len(made)}-{request.node.name[:20]}", **bounds))  # type: ignore[arg-type]
+        made.append(Cgroup(f"test-{len(made)}-{request.node.name[:20]}", **bounds))
         return made[-1]
 
     yield make

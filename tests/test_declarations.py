@@ -108,7 +108,7 @@ def test_read_then_check_a_class_tool() -> None:
 
 
 def test_read_declaration_of_a_module() -> None:
-    mod = types.ModuleType("mod_tool")
+    mod: Any = types.ModuleType("mod_tool")
     mod.name = lambda: "mod_tool"
     mod.description = lambda: "From a module."
     mod.parameter_schema = lambda: {"type": "object"}

@@ -24,7 +24,7 @@ from rho_actors import (
     kill,
     tool,
 )
-from rho_actors.loop import loop_name
+from rho_actors.loop_messages import loop_name
 
 from .conftest import WAIT_S, wait_for
 
@@ -198,7 +198,7 @@ def test_the_host_reaches_restarted_system_actors(system: ActorSystem) -> None:
     crash_loop(system, "registry", 1)
     crash_loop(system, "sessions", 1)
     system.register(second)  # through the restarted registry, not the dead one
-    assert [r.info.name for r in system.registrations()] == ["first", "second"]
+    assert [r.info.name for r in system.registrations() if r.info is not None] == ["first", "second"]
     loop = system.start_loop("after")  # through the restarted sessions supervisor
     [result] = loop.run_turn([ToolCall("c", "second", "{}")], timeout_s=WAIT_S)
     assert result.ok and result.content == "2"

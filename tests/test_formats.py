@@ -118,7 +118,7 @@ def test_unknown_dialect_is_a_value_error(dialect: Any) -> None:
 
 def test_unknown_dialect_is_refused_even_for_a_failing_tool() -> None:
     with pytest.raises(ValueError, match=r"unknown dialect 'gemini'"):
-        declaration(BadName, "gemini")
+        declaration(BadName, "gemini")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

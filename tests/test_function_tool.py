@@ -248,7 +248,7 @@ def test_selftest_is_taken() -> None:
 
     assert echo.selftest is check
     with pytest.raises(TypeError, match="selftest must be a function"):
-        tool(selftest=5)  # type: ignore[arg-type]
+        tool(selftest=5)  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize(

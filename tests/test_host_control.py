@@ -128,7 +128,7 @@ def test_cancel_kills_a_process_worker(system: ActorSystem) -> None:
 
 def test_cancelling_aprompt_cancels_its_turn_and_records_it(system: ActorSystem) -> None:
     loop = system.start_loop("p")
-    model = ScriptedModel([Reply(tool_calls=[ToolCall("c1", "wait_for_cancel", "{}")]), Reply(text="never")])
+    model = ScriptedModel([Reply(tool_calls=(ToolCall("c1", "wait_for_cancel", "{}"),)), Reply(text="never")])
 
     async def main() -> None:
         task = asyncio.create_task(aprompt(loop, "go", model=model))
@@ -148,7 +148,7 @@ def test_cancelling_aprompt_cancels_its_turn_and_records_it(system: ActorSystem)
 def test_a_cancel_passed_to_prompt_stops_it(system: ActorSystem) -> None:
     loop = system.start_loop("p")
     token = CancelToken()
-    model = ScriptedModel([Reply(tool_calls=[ToolCall("c1", "wait_for_cancel", "{}")]), Reply(text="never")])
+    model = ScriptedModel([Reply(tool_calls=(ToolCall("c1", "wait_for_cancel", "{}"),)), Reply(text="never")])
     threading.Thread(target=lambda: STARTED.wait(10) and token.cancel()).start()
     result = prompt(loop, "go", model=model, cancel=token)
     assert result.error == "the host cancelled the prompt"
@@ -167,7 +167,7 @@ def test_tools_see_the_callers_contextvars(system: ActorSystem) -> None:
     async def main() -> list[str]:
         REQUEST_ID.set("req-async")
         results = await loop.arun_turn(calls)
-        reply = await aprompt(loop, "go", model=ScriptedModel([Reply(tool_calls=calls), Reply(text="ok")]))
+        reply = await aprompt(loop, "go", model=ScriptedModel([Reply(tool_calls=tuple(calls)), Reply(text="ok")]))
         return [r.content for r in results] + [r.content for r in reply.steps[0].results]
 
     assert asyncio.run(main()) == ["req-async"] * 4
@@ -187,7 +187,7 @@ def test_astream_yields_the_events_and_a_closed_stream_cancels_the_prompt(system
     assert [type(e).__name__ for e in events] == ["TextDelta", "StepEnded", "FinalResult"]
     assert isinstance(events[-1], FinalResult) and events[-1].result.text == "hi"
 
-    model = ScriptedModel([Reply(tool_calls=[ToolCall("c1", "wait_for_cancel", "{}")]), Reply(text="never")])
+    model = ScriptedModel([Reply(tool_calls=(ToolCall("c1", "wait_for_cancel", "{}"),)), Reply(text="never")])
 
     async def leave_early() -> None:
         events = astream(loop, "again", model=model)

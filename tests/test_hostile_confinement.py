@@ -68,14 +68,15 @@ def test_a_worker_cannot_reach_the_hosts_resource_tracker(hostile: ActorSystem) 
     try:
         result = call(hostile, f"attacker-{next(SESSIONS)}", "tracker", {"victim": victim})
         assert result.ok, result
-        fd = resource_tracker._resource_tracker._fd
+        fd = resource_tracker._resource_tracker._fd  # type: ignore[attr-defined]  # CPython private, not in typeshed
         assert fd is not None, "a worker started: the host's resource tracker runs"
         tracker_pipe = f"pipe:[{os.fstat(fd).st_ino}]"
         fds = json.loads(result.content)["fds"]
         assert tracker_pipe not in fds.values(), fds
         assert_serving(hostile)
         hostile.stop()
-        if resource_tracker._resource_tracker._fd is None:  # the tracker ended: it unlinked what it held
+        # the tracker ended: it unlinked what it held
+        if resource_tracker._resource_tracker._fd is None:  # type: ignore[attr-defined]
             assert shm.exists(), "the host's resource tracker unlinked a name a worker registered"
     finally:
         shm.unlink(missing_ok=True)

@@ -77,7 +77,8 @@ def two_prompts(server: WireServer, provider: str, loop: Any, first: Any, *, str
         if streamed:
             results = [list(stream(loop, text, model=model))[-1] for text in ("do it", "once more")]
             assert all(isinstance(r, FinalResult) for r in results)
-            return results[0].result, results[1].result  # type: ignore[union-attr]
+            first, second = (r.result for r in results if isinstance(r, FinalResult))
+            return first, second
         return prompt(loop, "do it", model=model), prompt(loop, "once more", model=model)
 
 

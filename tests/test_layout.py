@@ -45,8 +45,8 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
+        for sub_node in ast.iter_child_nodes(node):
+            visit(sub_node)
 
     visit(tree)
     return found

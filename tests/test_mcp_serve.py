@@ -106,11 +106,11 @@ def test_stdio_progress_and_client_cancel(tmp_path: Path) -> None:
         async with stdio_session(tmp_path) as session:
             with anyio.fail_after(BOUND_S):
                 # progress, then a client-side cancel: notifications/cancelled reaches the turn
-                progress: list[tuple[float, float | None, str | None]] = []
+                reports: list[tuple[float, float | None, str | None]] = []
                 got_progress = anyio.Event()
 
-                async def on_progress(done: float, total: float | None, message: str | None) -> None:
-                    progress.append((done, total, message))
+                async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                    reports.append((progress, total, message))
                     got_progress.set()
 
                 async with anyio.create_task_group() as tasks:
@@ -120,7 +120,7 @@ def test_stdio_progress_and_client_cancel(tmp_path: Path) -> None:
                     tasks.start_soon(call)
                     await got_progress.wait()
                     tasks.cancel_scope.cancel()  # the SDK sends notifications/cancelled
-                assert progress == [(1.0, 2.0, "half way")]
+                assert reports == [(1.0, 2.0, "half way")]
                 assert _text(await session.call_tool("add", {"a": 5})) == "5"
                 # the turn was cancelled: the tool saw ctx["cancel"] (not its 20 s deadline)
                 marks = tmp_path / "sessions"
@@ -258,7 +258,7 @@ def test_stdio_bad_lines_get_json_rpc_errors_and_the_server_goes_on(tmp_path: Pa
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "raw", "version": "0"}}}).encode() + b"\n")
         proc.stdin.flush()
-        answers = []
+        answers: list[dict[str, Any]] = []
         for _ in range(len(lines) + 1):
             ready, _, _ = select.select([proc.stdout], [], [], BOUND_S)
             assert ready, f"no answer after {answers}"

@@ -171,7 +171,7 @@ def test_mcp_server_arguments() -> None:
     with pytest.raises(ValueError, match="exactly one of"):
         MCPServer(command=["x"], url="http://127.0.0.1:1/mcp")
     with pytest.raises(ValueError, match="non-empty list"):
-        MCPServer(command="python server.py")  # type: ignore[arg-type]
+        MCPServer(command="python server.py")
 
 
 def test_chat_with_an_mcp_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

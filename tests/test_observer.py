@@ -143,9 +143,9 @@ def test_top_renders_a_call_appearing_and_finishing(system: ActorSystem, short_d
     view = TopView()
 
     def screen() -> str:
-        console = Console(file=io.StringIO(), width=140, color_system=None)
-        console.print(view.render())
-        return console.file.getvalue()  # type: ignore[attr-defined]
+        out = io.StringIO()
+        Console(file=out, width=140, color_system=None).print(view.render())
+        return out.getvalue()
 
     view.update(next(stream))
     assert "running calls (0)" in screen() and "sessions" in screen()

@@ -92,7 +92,7 @@ def test_cancelling_aprompt_while_the_model_answers(system: ActorSystem, stuck: 
 
 def test_closing_a_stream_mid_reply_stops_the_prompt(system: ActorSystem, stuck: Stuck) -> None:
     loop = system.start_loop("s")
-    events = stream(loop, "go", model=stuck)
+    events: Any = stream(loop, "go", model=stuck)  # a generator: it has close()
     first = next(events)
     assert getattr(first, "text", None) == "par"
     closer = threading.Thread(target=events.close)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem, Error, Image, ToolCall, tool
+from rho_actors import ActorSystem, Error, Image, PromptResult, ToolCall, tool
 from rho_actors.agent import FinalResult, StepEnded, TextDelta, ToolCallFinished, ToolCallStarted, prompt, stream
 from rho_actors.model import Message, Usage
 from rho_actors.provider_rules import ANTHROPIC_RULES, OPENAI_RULES, sanitise
@@ -93,7 +93,7 @@ def make_model(provider: str, server: WireServer) -> Any:
     return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=5.0)
 
 
-def script(server: WireServer, provider: str, text: str | None, calls: list[tuple[str, str, str]] = ()) -> None:
+def script(server: WireServer, provider: str, text: str | None, calls: Sequence[tuple[str, str, str]] = ()) -> None:
     if provider == "openai":
         server.script(OPENAI_PATH, Response(200, openai_completion(text, calls)))
         return
@@ -124,7 +124,9 @@ OPENAI_ONLY: dict[str, tuple[str | None, list[tuple[str, str, str]]]] = {
 }
 
 
-def two_prompts(server: WireServer, provider: str, loop: Any, text: str | None, calls: list[tuple[str, str, str]]):
+def two_prompts(
+    server: WireServer, provider: str, loop: Any, text: str | None, calls: list[tuple[str, str, str]]
+) -> tuple[PromptResult, PromptResult]:
     script(server, provider, text, calls)
     script(server, provider, "done", [])
     script(server, provider, "and again", [])
@@ -217,7 +219,7 @@ def conversations() -> list[list[Message]]:
     return [
         [Message.user("x"), Message.assistant("", [ToolCall("c", "ping", nested)])],
         [Message.user("x"), Message.assistant("", [ToolCall("c", "ping", {"n": math.nan})])],
-        [Message.user("x"), Message.assistant("", [ToolCall("c", "ping", {"n": math.inf, 1: 2})])],
+        [Message.user("x"), Message.assistant("", [ToolCall("c", "ping", {"n": math.inf, 1: 2})])],  # type: ignore[dict-item]
         [Message.user("x\ud800"), Message.assistant("y\udfff", [ToolCall("c\ud800", "p\ud800", '"\\ud800"')])],
         [Message.tool_result(ToolResult("zz", "ping", False, "")), Message.user("orphan result before")],
         [Message.user("x"), Message.assistant("", [ToolCall("c", "ping", "{}")])],  # no result
@@ -304,5 +306,5 @@ def test_an_image_in_a_recorded_result_is_sent_when_within_the_limits(server: Wi
         Message.tool_result(ToolResult("s1", "snap", True, "", images=(Image(png, "IMAGE/PNG"),))),
     ]
     _, turns = to_anthropic_request(conversation)
-    block = turns[2]["content"][0]["content"][0]  # type: ignore[index]
+    block: Any = turns[2]["content"][0]["content"][0]  # type: ignore[index]
     assert block["source"] == {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png).decode()}

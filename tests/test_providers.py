@@ -57,8 +57,9 @@ def add(a: int, b: int = 0) -> int:
     return a + b
 
 
-ADD = declaration(add, "neutral")
-assert ADD is not None
+_ADD = declaration(add, "neutral")
+assert _ADD is not None
+ADD: dict[str, Any] = _ADD
 ADD_SCHEMA = ADD["parameters"]
 
 

@@ -150,6 +150,6 @@ def test_the_python_kinds_of_the_runtime_exceptions_stay() -> None:
 
 def test_a_rho_error_is_caught_as_one() -> None:
     with rho_actors.ActorSystem() as system, pytest.raises(rho_actors.RhoError) as err:
-        system.register(rho_actors.tool(lambda: 1, name="one", description="One."))
-        system.register(rho_actors.tool(lambda: 2, name="one", description="One."))
+        system.register(rho_actors.tool(name="one", description="One.")(lambda: 1))
+        system.register(rho_actors.tool(name="one", description="One.")(lambda: 2))
     assert isinstance(err.value, rho_actors.DuplicateToolError) and "already registered" in str(err.value)

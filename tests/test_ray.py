@@ -267,7 +267,7 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         assert first.proxy().call("incr").get(timeout=WAIT_S) == 12
         [view] = runtime.actors()
         assert view["class"] == "Counter" and len(view["node_id"]) == 56
-        pid = first.ask(RayCall("pid"))
+        pid = first.ask(RayCall("pid"), block=True)
         # a call waiting on the server when its Ray actor dies gets an error, not a hang
         waiting = first.ask(RayCall("block", (60,)), block=False)
         queued = first.ask(RayCall("incr"), block=False)
@@ -283,12 +283,12 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         [info] = sup.proxy().which_children().get(timeout=WAIT_S)
         assert info.restarts == 1
         # an idle Ray actor that dies is found by the liveness ping
-        os.kill(second.ask(RayCall("pid")), signal.SIGKILL)
+        os.kill(second.ask(RayCall("pid"), block=True), signal.SIGKILL)
         assert wait_for(lambda: names.whereis("counter") not in (None, second))
         third = names.whereis("counter")
         assert third is not None and third.ask(RayCall("incr"), timeout=WAIT_S) == 11
         # a call past its deadline: the Ray actor cannot cancel a method, so it is killed
-        third_pid = third.ask(RayCall("pid"))
+        third_pid = third.ask(RayCall("pid"), block=True)
         stuck = third.ask(RayCall("block", (60,), timeout_ms=300), block=False)
         behind = third.ask(RayCall("incr"), block=False)  # queued behind the stuck call: fails with it
         with pytest.raises(RayServerDown, match="did not answer within 300 ms"):

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -63,7 +64,7 @@ def test_the_agent_loop_snippets_run_with_a_scripted_model(tmp_path: Path) -> No
 
         model = ScriptedModel([Reply(text="3"), Reply(text="3"), Reply(text="5")])
         printed = io.StringIO()
-        scope = {"loop": loop, "model": model}
+        scope: dict[str, Any] = {"loop": loop, "model": model}
         with contextlib.redirect_stdout(printed):
             exec(compile(options, "README.md", "exec"), scope)
         assert printed.getvalue().startswith("Usage(input_tokens=0, output_tokens=0)\n3")

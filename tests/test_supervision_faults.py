@@ -70,7 +70,8 @@ class Hangs(Actor):
 
 
 def test_a_start_past_its_timeout_leaves_no_actor_running() -> None:
-    gate, started = threading.Event(), []
+    gate = threading.Event()
+    started: list[pykka.ActorRef[Any]] = []
     with pytest.raises(pykka.Timeout, match=r"Hangs did not start within 0.2 s"):
         start_link(Hangs, gate, started, timeout_s=0.2)
     [ref] = started

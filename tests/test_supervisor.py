@@ -237,7 +237,11 @@ def test_monitors_report_the_reason(journal: Journal) -> None:
     watcher = Watcher.start()
     for how in ("stop", "crash", "exit", "kill"):
         ref = Worker.start(how, journal)
-        monitor(ref, lambda _r, reason, how=how: downs.append((how, reason)))
+
+        def record(_ref: object, reason: object, how: str = how) -> None:
+            downs.append((how, reason))
+
+        monitor(ref, record)
         if how == "stop":
             monitor(ref, watcher)
             ref.stop()

@@ -147,10 +147,15 @@ def test_an_actor_on_a_pooled_thread_is_fresh_each_start_and_keeps_exit_semantic
         assert wait_for(lambda: pool.idle() == 1)
         second = Probe.start(pool)
         thread2, urn2 = second.ask("who", timeout=WAIT_S)
-        assert thread1 is thread2 and urn1 != urn2 and thread2.name.startswith("Probe-")
+        assert thread1 is thread2 and urn1 != urn2 and thread2 is not None and thread2.name.startswith("Probe-")
         down = threading.Event()
         reasons: list[object] = []
-        monitor(second, lambda _ref, reason: (reasons.append(reason), down.set()))
+
+        def on_down(_ref: Any, reason: object) -> None:
+            reasons.append(reason)
+            down.set()
+
+        monitor(second, on_down)
         second.tell("crash")
         assert down.wait(WAIT_S)
         assert isinstance(reasons[0], RuntimeError)

@@ -6,6 +6,7 @@ import functools
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 
 import pykka
 import pytest
@@ -16,18 +17,22 @@ from .conftest import WAIT_S
 
 
 @pytest.fixture
-def timers() -> Timers:
+def timers() -> Iterator[Timers]:
     t = Timers()
     yield t
     t.stop()
 
+
+
+def _ignore(_value: object) -> None:
+    """A timer callback that keeps its argument alive while pending."""
 
 def test_timers_fire_in_deadline_order(timers: Timers) -> None:
     fired: list[int] = []
     done = threading.Event()
     now = time.monotonic()
     for i in (3, 1, 2):
-        timers.call_at(now + i * 0.01, lambda i=i: fired.append(i))
+        timers.call_at(now + i * 0.01, functools.partial(fired.append, i))
     timers.call_at(now + 0.05, done.set)
     assert done.wait(WAIT_S)
     assert fired == [1, 2, 3]
@@ -89,7 +94,7 @@ def test_a_cancelled_timer_keeps_nothing_of_its_callback_alive() -> None:
     try:
         state = State()
         alive = weakref.ref(state)
-        timer = timers.call_at(time.monotonic() + 3600, functools.partial(id, state))
+        timer = timers.call_at(time.monotonic() + 3600, functools.partial(_ignore, state))
         del state
         assert alive() is not None  # a pending timer holds its callback
         timer.cancel()

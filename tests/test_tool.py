@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -38,14 +38,14 @@ class InstanceTool:
 
 
 def module_tool(**overrides: Any) -> types.ModuleType:
-    mod = types.ModuleType("a_tool_module")
+    mod: Any = types.ModuleType("a_tool_module")
     mod.name = lambda: "mod"
     mod.description = lambda: "A module tool."
     mod.parameter_schema = lambda: {"type": "object"}
     mod.run = lambda args, ctx: "ok"
     for key, value in overrides.items():
         setattr(mod, key, value)
-    return mod
+    return cast(types.ModuleType, mod)
 
 
 def tool_with(**callbacks: Any) -> Any:
@@ -183,7 +183,7 @@ def test_error_kind_values() -> None:
         "cancelled",
     ]
     assert ErrorKind("timeout") is ErrorKind.TIMEOUT
-    assert ErrorKind.RAISED == "raised"  # a StrEnum
+    assert ErrorKind.RAISED == "raised"  # type: ignore[comparison-overlap]  # a StrEnum
 
 
 def test_error_kind_retryable() -> None:

@@ -29,7 +29,7 @@ from .helpers import make_tool
 FLAG = Path("/tmp/rho_actors-test-untrusted-slow-once.flag")  # the same path in the child processes
 
 
-Echo = make_tool(
+Echo: Any = make_tool(
     "echo",
     lambda args, ctx: f"{args['text']} {os.getpid()}",  # reports the process it ran in
     description="Echo the text with the pid of the process that ran it.",
@@ -188,7 +188,12 @@ def test_stop_leaves_no_worker_process_nor_anything_it_started(tmp_path: Path) -
     loop = system.start_loop("s")
     future = loop.submit_turn([ToolCall("s", "spawner", "{}")])
     sleepers: list[psutil.Process] = []
-    assert wait_for(lambda: bool(sleepers.extend(_sleepers("300.25")) or sleepers))
+
+    def found() -> bool:
+        sleepers.extend(_sleepers("300.25"))
+        return bool(sleepers)
+
+    assert wait_for(found)
     pids = [sleepers[0].pid, sleepers[0].ppid()]
     assert all(_alive(p) for p in pids)
     system.stop()

@@ -93,7 +93,7 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActorSystem]:
     os.environ["OPENAI_API_KEY"] = "sk-host-secret"
     system = ActorSystem(tmp_path_factory.mktemp("confined"), max_workers=4, warm_workers=1,
                          abandoned_threads_per_tool=2)
-    slow = {"timeout_ms": 1_500}
+    slow: dict[str, Any] = {"timeout_ms": 1_500}
     for name, run, extra in [
         ("pid", _pid, {}), ("kill", _kill, {}), ("read", _read, {}), ("escape", _escape, slow),
         ("spread", _spread, {"timeout_ms": 5_000}), ("bomb", _bomb, slow), ("other", _pid, {}),

@@ -1,6 +1,7 @@
 """Tools served by ``rho-actors mcp serve`` in the tests."""
 
 import time
+from typing import Any
 
 from rho_actors import Details, Error, Image, tool
 
@@ -39,7 +40,7 @@ def secret() -> Details:
 
 
 @tool
-def picture() -> list:
+def picture() -> list[object]:
     """Return a picture beside text."""
     return ["a picture", Image(PNG, "image/png")]
 
@@ -56,7 +57,7 @@ class WaitForCancel:
         return "Report progress, then wait until cancelled."
 
     @staticmethod
-    def parameter_schema() -> dict:
+    def parameter_schema() -> dict[str, Any]:
         return {"type": "object", "properties": {}}
 
     @staticmethod
@@ -64,7 +65,7 @@ class WaitForCancel:
         return 20_000
 
     @staticmethod
-    def run(args: dict, ctx: dict) -> str:
+    def run(args: dict[str, Any], ctx: dict[str, Any]) -> str:
         ctx["progress"](1, 2, "half way")
         if ctx["cancel"].wait(15):
             (ctx["data_dir"] / "cancelled").write_text(str(ctx["cancel"].reason))
