@@ -360,34 +360,13 @@ class LoopActor(Actor):
         isolation (``ctx["cancel"]`` set, a worker process killed; what it returns later
         is ``late``), and every call still without a result gets a ``cancelled`` one (a
         queued call of an exclusive turn never starts)."""
-        now = time.monotonic()
-        running: list[RunningCall] = []
-        settled: list[_Slot] = []
-        with turn.lock:
-            if turn.finished:
-                return
-            turn.stop_reason = "cancelled"
-            turn.finished = True
-            turn.waiting.clear()
-            turn.open = 0
-            for slot in turn.slots:
-                if slot.result is not None:
-                    continue
-                name = slot.call.name
-                if slot.started:
-                    if slot.running is not None:
-                        running.append(slot.running)  # else the dispatching thread cancels it once started
-                    slot.result = failure("host_cancelled", slot.call.id, name, (now - slot.started) * 1000)
-                else:
-                    slot.result = failure("host_cancelled_before_start", slot.call.id, name)
-                settled.append(slot)
-        for call in running:
-            call.cancel("cancelled")
-        for slot in settled:
-            assert slot.result is not None
-            self._telemetry.call_ended(slot.span, slot.result)
-            self._emit("finished", slot, slot.result)
-        self._finish(turn)
+
+        def answer(slot: _Slot, now: float) -> ToolResult:
+            if slot.started:
+                return failure("host_cancelled", slot.call.id, slot.call.name, (now - slot.started) * 1000)
+            return failure("host_cancelled_before_start", slot.call.id, slot.call.name)
+
+        self._end_turn(turn, "cancelled", answer)
 
     def _finish(self, turn: _Turn) -> None:
         """Complete the turn's future with its results in the model's order (once: the
@@ -401,30 +380,43 @@ class LoopActor(Actor):
     def _fail_open(self, turn: _Turn, failed: ToolResult) -> None:
         """Give every call of ``turn`` still without a result the error of ``failed``
         (its kind and text), cancel those running, and complete the turn."""
-        assert failed.error_kind is not None
+        kind = failed.error_kind
+        assert kind is not None
+
+        def answer(slot: _Slot, now: float) -> ToolResult:
+            duration = (now - slot.started) * 1000 if slot.started else 0.0
+            return error_result(slot.call.id, slot.call.name, kind, failed.content, duration)
+
+        self._end_turn(turn, "stopping", answer)
+
+    def _end_turn(self, turn: _Turn, reason: str, answer: Callable[[_Slot, float], ToolResult]) -> None:
+        """End ``turn`` at once (``reason``: ``"cancelled"`` by the host, ``"stopping"``:
+        the loop stops or failed), unless it has ended: nothing more starts, each running
+        call is cancelled through its isolation with ``reason``, each call without a
+        result gets ``answer(slot, now)`` (an event each), then the turn completes."""
         now = time.monotonic()
         running: list[RunningCall] = []
         settled: list[_Slot] = []
         with turn.lock:
             if turn.finished:
                 return
-            turn.stop_reason = "stopping"
+            turn.stop_reason = reason
             turn.finished = True
             turn.waiting.clear()
             turn.open = 0
             for slot in turn.slots:
                 if slot.result is not None:
                     continue
-                if slot.running is not None:
+                if slot.running is not None:  # else the dispatching thread cancels it once started
                     running.append(slot.running)
-                duration = (now - slot.started) * 1000 if slot.started else 0.0
-                slot.result = error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
+                slot.result = answer(slot, now)
                 settled.append(slot)
         for call in running:
-            call.cancel("stopping")
+            call.cancel(reason)
         for slot in settled:
             assert slot.result is not None
             self._telemetry.call_ended(slot.span, slot.result)
+            self._emit("finished", slot, slot.result)
         self._finish(turn)
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
