@@ -12,8 +12,9 @@ A pool made with a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy` confines
 worker (DESIGN §5 "Confinement"): an unprivileged uid, Landlock, a scrubbed
 environment, a cgroup (or an RSS sampler) bounding its whole tree, a private folder.
 Its workers are scoped: a worker that ran a call of scope ``S`` (one (tool, session)
-pair, or one call) only ever serves scope ``S`` again; fresh spares are kept warm and
-idle scoped workers are retired after ``idle_s``. All pools of a system share one
+pair, or one call) only ever serves scope ``S`` again; fresh spares are kept warm.
+Pools follow demand: a burst's workers stay idle up to the recent peak of busy ones
+(per scope) and are retired after ``idle_s`` idle. All pools of a system share one
 :class:`WorkerSlots` cap on worker processes; a call beyond it waits (its deadline holds).
 
 Replies: a worker's result comes back in its result codec (a property of the pool,
@@ -99,16 +100,19 @@ class WorkerPool:
     ``warm`` idle workers are started ahead of need, each leading its own process group
     under ``RLIMIT_AS`` = ``heap_bytes`` (bytes; 0 for no bound), with ``start_method``
     ``"forkserver"`` (or ``"spawn"``). A call takes an idle worker or, when none is
-    idle, starts one of its own (calls queue only at the ``slots`` cap); afterwards the
-    worker goes back to the idle set, or is stopped when ``warm`` are idle already. A
-    worker killed at a deadline or found dead is replaced in the background. ``codec``
+    idle, starts one of its own (calls queue only at the ``slots`` cap, each taking a
+    worker it may use as soon as one is idle); afterwards the worker goes back to the
+    idle set while fewer than ``warm`` or than the recent peak of busy workers (of its
+    scope; a peak lasts ``idle_s`` seconds from when it was last reached) are idle, else
+    it is stopped; idle workers beyond ``warm`` are retired after ``idle_s`` seconds
+    idle. A worker killed at a deadline or found dead is replaced in the background. ``codec``
     is how results come back: ``"plain"`` (plain data only; required for untrusted
     code) or ``"pickle"`` (trusted tools only: decoding a pickle runs code).
 
     With ``confine`` (a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy`) every
     worker is confined, ``heap_bytes`` bounds its whole tree, and workers are scoped (see
-    :meth:`run`): ``warm`` fresh spares are kept, at most ``warm`` (at least 1) idle
-    workers per scope, each retired after ``idle_s`` seconds idle.
+    :meth:`run`): ``warm`` fresh spares are kept, idle workers per scope as above (at
+    least 1), each retired after ``idle_s`` seconds idle.
 
     Raises ``ValueError`` for a negative ``warm``, a bad ``start_method`` or ``codec``, or
     ``codec="pickle"`` with a ``confine`` policy that confines (untrusted code).
