@@ -130,7 +130,8 @@ class ActorSystem:
     confinement at all: children then only get a scrubbed environment). ``max_workers``
     caps the worker processes of the whole system (default: 4 per core); calls beyond it
     wait, within their deadline. ``worker_idle_s`` is how long an untrusted tool's idle
-    worker is kept for its (tool, session) pair (seconds). ``abandoned_threads_per_tool``
+    worker is kept for its (tool, session) pair, and an idle worker beyond
+    ``warm_workers`` of the trusted pool (seconds). ``abandoned_threads_per_tool``
     and ``abandoned_threads`` cap the threads of timed-out ``thread`` calls still running:
     past either, that tool's calls are ``unavailable`` until its threads end. ``ray``
     says how ``isolation="ray"`` reaches Ray: ``{"address": ...}`` for a running cluster,

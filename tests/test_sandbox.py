@@ -780,22 +780,29 @@ def test_benchmark_smoke() -> None:
         assert pair["system_us"]["p50"] > 0 and pair["process_pool_executor_us"]["p50"] > 0 and pair["ratio"] > 0
 
 
-def test_calls_never_queue(pool: WorkerPool, tmp_path: Path) -> None:
+def test_calls_never_queue_and_idle_workers_follow_demand(tmp_path: Path) -> None:
+    """A burst starts a worker per call; the pool keeps them idle up to that peak (the
+    next burst finds them warm), then retires all but ``warm`` once idle for ``idle_s``."""
     n = 5
     results: dict[int, ToolResult] = {}
 
     def one(i: int) -> None:
         results[i] = call(pool, Rendezvous, {"path": str(tmp_path), "n": n}, call_id=f"c{i}")
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert all(r.ok for r in results.values()), [r.content for r in results.values()]
-    assert len({r.content for r in results.values()}) == n  # five different workers
-    stats = pool.stats()
-    assert stats["idle"] == 2 and stats["alive"] == 2 and stats["retired"] == n - 2
+    with WorkerPool(warm=2, idle_s=0.5) as pool:
+        assert pool.wait_warm(10.0)
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert all(r.ok for r in results.values()), [r.content for r in results.values()]
+        assert len({r.content for r in results.values()}) == n  # five different workers
+        stats = pool.stats()
+        assert stats["idle"] == n and stats["alive"] == n and stats["retired"] == 0
+        wait_for(lambda: pool.stats()["retired"] == n - 2 and pool.stats()["alive"] == 2, 10.0)
+        stats = pool.stats()
+        assert stats["idle"] == 2 and stats["alive"] == 2 and stats["retired"] == n - 2
 
 
 def test_stop_leaves_no_process(tmp_path: Path) -> None:
@@ -825,3 +832,70 @@ def test_ready_worker_killed_while_idle_is_replaced(pool: WorkerPool) -> None:
     results = [call(pool, Pid) for _ in range(3)]
     assert all(r.ok for r in results) and all(int(r.content) != pid for r in results)
     assert pool.wait_warm(10.0)
+
+
+# --- shipped code per tool version -------------------------------------------------------------
+
+
+def _closure_tool(answer: str) -> Any:
+    """An ``@tool`` of a nested function: pickled by value, its closure cell included."""
+
+    @tool
+    def answer_tool() -> str:
+        """Say the answer."""
+        return answer
+
+    return answer_tool
+
+
+def _shouting_tool(answer: str) -> Any:
+    @tool
+    def answer_tool() -> str:
+        """Say the answer, upper-case."""
+        return answer.upper()
+
+    return answer_tool
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    @tool
+    def current(self) -> int:
+        """The count."""
+        return self.count
+
+
+def test_tool_code_shipped_once_per_version(pool: WorkerPool) -> None:
+    """An ``@tool`` is pickled once per (object, version): the same version keeps what
+    was shipped even when the closure changed; a new version (a re-registration), or
+    the function's code replaced in place, ships it anew."""
+    t = _closure_tool("a")
+
+    def run(version: object) -> str:
+        deadline = time.monotonic() + 10.0
+        result = pool.run(t, {}, {"session_id": "s1", "call_id": "c1"}, deadline, MAX_CHARS, version=version)
+        assert result.ok, result.content
+        return result.content
+
+    first, second = object(), object()
+    assert run(first) == "a"
+    assert t.func.__closure__ is not None
+    t.func.__closure__[0].cell_contents = "b"
+    assert run(first) == "a"  # same version: the bytes shipped before
+    assert run(second) == "b"  # re-registered: shipped anew
+    t.func.__code__ = _shouting_tool("c").func.__code__  # as a reload patching code in place does
+    assert run(second) == "B"  # code replaced in place: shipped anew
+
+
+def test_instance_state_still_travels_each_call(pool: WorkerPool) -> None:
+    """An ``@tool`` method bound to an instance is pickled on every call, even with a
+    version: the instance's current state travels."""
+    counter = _Counter()
+    version = object()
+    for expected in (0, 1, 2):
+        counter.count = expected
+        result = pool.run(counter.current, {}, {"session_id": "s1", "call_id": "c1"}, time.monotonic() + 10.0,
+                          MAX_CHARS, version=version)
+        assert result.ok and result.content == str(expected), result.content

@@ -68,15 +68,19 @@ class ProcessIsolation(Isolation):
         """The runner, in the CallActor's thread: the call in a worker, until its result."""
         tools = self.services.tools
         entry = tools.current.entries.get(call.name) if tools is not None else None
-        untrusted = entry is not None and entry.tool is call.tool and entry.untrusted
+        if entry is not None and entry.tool is not call.tool:
+            entry = None
+        untrusted = entry is not None and entry.untrusted
         try:
             pool = self.pool(confined=untrusted)
         except RuntimeError as err:
             return failure("pool_closed", call.call_id, call.name, problem=str(err))
+        # the registry's entry is the tool's version: made anew by each registration, so a
+        # re-registered @tool is pickled anew (see ShippedTools)
         if not untrusted or entry is None:
             return pool.run(
                 call.tool, call.args, call.ctx, call.deadline, call.max_output_chars, name=call.name,
-                started=call.dispatched, cancel=call.cancel,
+                started=call.dispatched, cancel=call.cancel, version=entry,
             )
         keep = ("session_id", "call_id", "withheld", "traceparent")
         ctx: dict[str, Any] = {k: call.ctx[k] for k in keep if k in call.ctx}
@@ -85,7 +89,7 @@ class ProcessIsolation(Isolation):
         scope = CALL_SCOPE if entry.worker_scope == "call" else (call.name, ctx.get("session_id"))
         return pool.run(
             call.tool, call.args, ctx, call.deadline, call.max_output_chars, name=call.name,
-            started=call.dispatched, scope=scope, env=entry.env, cancel=call.cancel,
+            started=call.dispatched, scope=scope, env=entry.env, cancel=call.cancel, version=entry,
         )
 
     def pool(self, confined: bool = False) -> WorkerPool:
@@ -107,7 +111,7 @@ class ProcessIsolation(Isolation):
                 contain = s.confine is None or s.confine.confine
                 self._pool = WorkerPool(  # trusted tools only: replies unpickled, any Details kept
                     s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, slots=self._slots,
-                    confine=TREE_ONLY if contain else None, codec="pickle",
+                    confine=TREE_ONLY if contain else None, codec="pickle", idle_s=s.worker_idle_s,
                 )
             return self._pool
 

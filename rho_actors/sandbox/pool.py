@@ -12,8 +12,9 @@ A pool made with a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy` confines
 worker (DESIGN §5 "Confinement"): an unprivileged uid, Landlock, a scrubbed
 environment, a cgroup (or an RSS sampler) bounding its whole tree, a private folder.
 Its workers are scoped: a worker that ran a call of scope ``S`` (one (tool, session)
-pair, or one call) only ever serves scope ``S`` again; fresh spares are kept warm and
-idle scoped workers are retired after ``idle_s``. All pools of a system share one
+pair, or one call) only ever serves scope ``S`` again; fresh spares are kept warm.
+Pools follow demand: a burst's workers stay idle up to the recent peak of busy ones
+(per scope) and are retired after ``idle_s`` idle. All pools of a system share one
 :class:`WorkerSlots` cap on worker processes; a call beyond it waits (its deadline holds).
 
 Replies: a worker's result comes back in its result codec (a property of the pool,
@@ -63,7 +64,7 @@ from rho_actors.sandbox.processes import (
     spawn,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
-from rho_actors.sandbox.shipping import Unshippable, pickled_deps, ship, short_name
+from rho_actors.sandbox.shipping import ShippedTools, Unshippable, pickled_deps, short_name
 from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.sandbox.worker import WorkerConfig, worker_child
 from rho_actors.sandbox.worker_handle import WorkerHandle, ended, exchange
@@ -99,16 +100,19 @@ class WorkerPool:
     ``warm`` idle workers are started ahead of need, each leading its own process group
     under ``RLIMIT_AS`` = ``heap_bytes`` (bytes; 0 for no bound), with ``start_method``
     ``"forkserver"`` (or ``"spawn"``). A call takes an idle worker or, when none is
-    idle, starts one of its own (calls queue only at the ``slots`` cap); afterwards the
-    worker goes back to the idle set, or is stopped when ``warm`` are idle already. A
-    worker killed at a deadline or found dead is replaced in the background. ``codec``
+    idle, starts one of its own (calls queue only at the ``slots`` cap, each taking a
+    worker it may use as soon as one is idle); afterwards the worker goes back to the
+    idle set while fewer than ``warm`` or than the recent peak of busy workers (of its
+    scope; a peak lasts ``idle_s`` seconds from when it was last reached) are idle, else
+    it is stopped; idle workers beyond ``warm`` are retired after ``idle_s`` seconds
+    idle. A worker killed at a deadline or found dead is replaced in the background. ``codec``
     is how results come back: ``"plain"`` (plain data only; required for untrusted
     code) or ``"pickle"`` (trusted tools only: decoding a pickle runs code).
 
     With ``confine`` (a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy`) every
     worker is confined, ``heap_bytes`` bounds its whole tree, and workers are scoped (see
-    :meth:`run`): ``warm`` fresh spares are kept, at most ``warm`` (at least 1) idle
-    workers per scope, each retired after ``idle_s`` seconds idle.
+    :meth:`run`): ``warm`` fresh spares are kept, idle workers per scope as above (at
+    least 1), each retired after ``idle_s`` seconds idle.
 
     Raises ``ValueError`` for a negative ``warm``, a bad ``start_method`` or ``codec``, or
     ``codec="pickle"`` with a ``confine`` policy that confines (untrusted code).
@@ -145,6 +149,8 @@ class WorkerPool:
         self._busy: set[WorkerHandle] = set()
         self._starting = 0
         self._stopped = False
+        self._peaks: dict[Hashable, tuple[int, float]] = {}  # scope -> (most busy at once, when last reached)
+        self._shipped = ShippedTools()
         self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0}
         hold_servers()
         self._holding = True
@@ -168,6 +174,7 @@ class WorkerPool:
         cancel: CancelToken | None = None,
         scope: Hashable = None,
         env: Mapping[str, str] | None = None,
+        version: object = None,
     ) -> ToolResult:
         """Run ``tool.run(args, ctx)`` in a worker process and return its result. Blocks.
         Setting ``cancel`` kills the worker running the call (the result is then
@@ -188,9 +195,13 @@ class WorkerPool:
         ``asyncio.run`` with a ``wait_for`` to the deadline.
 
         The tool travels with cloudpickle. A module, class or function tool is pickled
-        once per object and kept by each worker (by digest of its bytes); an instance is
-        pickled on every call, so its current state travels. What ``run`` does to the
-        tool's state in the worker stays there (the worker may serve the next call).
+        once per object, an ``@tool`` of a plain function once per object and
+        ``version`` (compared by identity; the system passes the registry's entry of the
+        tool, made anew by each registration; see
+        :class:`~rho_actors.sandbox.shipping.ShippedTools`), and each worker keeps what
+        it got (by digest of its bytes); any other instance is pickled on every call, so
+        its current state travels. What ``run`` does to the tool's state in the worker
+        stays there (the worker may serve the next call).
 
         ``scope`` (confined pools): the worker serves only calls of this scope from now
         on (pass ``(tool name, session id)``); :data:`CALL_SCOPE` uses a fresh worker for
@@ -221,7 +232,7 @@ class WorkerPool:
         if time.monotonic() >= deadline:
             return failed("timeout", timeout_ms=timeout_ms, consequence="it did not start")
         try:
-            digest, tool_bytes = ship(tool)
+            digest, tool_bytes = self._shipped.ship(tool, version)
         except Unshippable as exc:
             return failed("unshippable", problem=str(exc))
         fields = {
@@ -370,22 +381,14 @@ class WorkerPool:
     # --- workers --------------------------------------------------------------------------
 
     def _spawn(
-        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), deadline: float | None = None
+        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), scope: Hashable = None, slot_taken: bool = False
     ) -> WorkerHandle:
-        """Start a worker process (not waiting for it to be ready) and register it. With
-        a cap: waits for a slot until ``deadline`` (raises ``_QueuedPastDeadline``); with
-        no ``deadline`` (the keeper) raises ``_Stopped`` when the cap is full."""
-        if self._slots is not None:
-            if deadline is None:  # a spare never takes a slot a call is waiting for
-                if self._slots.waiting or not self._slots.try_acquire():
-                    raise _Stopped
-            elif self._slots.try_acquire():
-                pass
-            else:
-                with self._lock:
-                    self._counts["queued"] += 1
-                if not self._slots.acquire(deadline):
-                    raise _QueuedPastDeadline
+        """Start a worker process (not waiting for it to be ready) and register it
+        (``busy``: for a call of ``scope``). With a cap and no ``slot_taken`` (a spare
+        of the keeper): raises ``_Stopped`` when the cap is full or a call waits for it."""
+        if (self._slots is not None and not slot_taken  # a spare never takes a slot a call is waiting for
+                and (self._slots.waiting or not self._slots.try_acquire())):
+            raise _Stopped
         enclosure = None
         try:
             if self._confine is not None:
@@ -409,7 +412,10 @@ class WorkerPool:
                 self._pids.add(worker.pid)
                 self._counts["started"] += 1
                 if busy:
+                    if self._scoped:
+                        worker.scope = scope
                     self._busy.add(worker)
+                    self._note_demand_locked(worker.scope)
                 return worker
         worker.kill()
         worker.reap()
@@ -421,7 +427,28 @@ class WorkerPool:
 
     def _take(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> WorkerHandle:
         """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
-        with the same ``env_key``, else a new worker."""
+        with the same ``env_key``, else a new worker. At the cap: an idle worker of
+        another scope (of any pool sharing the cap) is retired for it, else the call
+        waits for a slot or a worker it may use, until ``deadline`` (then raises
+        ``_QueuedPastDeadline``)."""
+        queued = False
+        while True:
+            worker = self._take_idle(scope, env_key)
+            if worker is not None:
+                return worker
+            if self._slots is None or self._slots.try_acquire():
+                return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
+            if not queued:
+                queued = True
+                with self._lock:
+                    self._counts["queued"] += 1
+            if self._slots.retire_idle():
+                continue
+            if not self._slots.wait(deadline):
+                raise _QueuedPastDeadline
+
+    def _take_idle(self, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> WorkerHandle | None:
+        """An idle worker this call may use, now busy (``None``: there is none)."""
         dead: list[WorkerHandle] = []
         scoped = self._scoped
         try:
@@ -437,22 +464,41 @@ class WorkerPool:
                             self._busy.add(worker)
                             if scoped:
                                 worker.scope = scope
-                                self._changed.notify_all()  # a spare was used: start another
+                                if want is None:
+                                    self._changed.notify_all()  # a spare was used: start another
+                            self._note_demand_locked(worker.scope)
                             return worker
                         dead.append(worker)
         finally:
             for worker in dead:
                 self._lose(worker, "died")
-        worker = self._spawn(busy=True, env_key=env_key, deadline=deadline)
-        if scoped:
-            worker.scope = scope
-        return worker
+        return None
+
+    def _note_demand_locked(self, scope: Hashable) -> None:
+        """A worker of ``scope`` became busy: raise (or refresh) the scope's peak of
+        busy workers, which lasts ``idle_s`` from when it was last reached."""
+        if scope == CALL_SCOPE:
+            return
+        now = time.monotonic()
+        busy = sum(1 for w in self._busy if w.scope == scope)
+        peak, at = self._peaks.get(scope, (0, 0.0))
+        if busy >= peak or now - at > self._idle_s:
+            self._peaks[scope] = (busy, now)
+
+    def _recent_peak_locked(self, scope: Hashable, now: float) -> int:
+        peak, at = self._peaks.get(scope, (0, 0.0))
+        return peak if now - at <= self._idle_s else 0
 
     def _release(self, worker: WorkerHandle, retire: bool) -> None:
+        """A call ended on ``worker``: keep it idle while its scope has fewer idle workers
+        than ``warm`` (at least 1 for a scoped worker) or than the scope's recent peak of
+        busy ones, else retire it (``retire``: always)."""
         with self._lock:
             self._busy.discard(worker)
             same = sum(1 for w in self._idle if w.scope == worker.scope)
-            if not (retire or self._stopped or same >= max(1 if worker.scope is not None else 0, self._warm)):
+            keep = max(1 if worker.scope is not None else 0, self._warm,
+                       self._recent_peak_locked(worker.scope, time.monotonic()))
+            if not (retire or self._stopped or same >= keep):
                 worker.idle_since = time.monotonic()
                 self._idle.append(worker)
                 self._warmed.notify_all()
@@ -554,39 +600,42 @@ class WorkerPool:
         return self._warm - len(self._all) - self._starting
 
     def _retire_stale(self) -> None:
-        """Retire scoped workers idle for longer than ``idle_s``."""
+        """Retire idle workers idle for longer than ``idle_s``: every scoped one, and
+        unscoped ones beyond ``warm`` (oldest first); forget peaks older than that."""
         now = time.monotonic()
         with self._lock:
             stale = [w for w in self._idle if w.scope is not None and now - w.idle_since > self._idle_s]
+            unscoped = [w for w in self._idle if w.scope is None]
+            surplus = len(unscoped) - self._warm
+            stale.extend(w for w in unscoped[:max(0, surplus)] if now - w.idle_since > self._idle_s)
             for worker in stale:
                 self._idle.remove(worker)
                 self._counts["retired"] += 1
+            for scope, (_, at) in list(self._peaks.items()):
+                if now - at > self._idle_s:
+                    del self._peaks[scope]
         for worker in stale:
             self._retire(worker)
 
     def _keep_warm(self) -> None:
-        """The background thread: keep ``warm`` workers alive, replacing lost ones."""
+        """The background thread: keep ``warm`` workers alive, replacing lost ones, and
+        retire workers idle too long."""
         backoff = 0.0
         tick = max(0.05, min(self._idle_s / 2, 5.0))
         while True:
-            if self._scoped:
-                self._retire_stale()
+            self._retire_stale()
             with self._lock:
                 while not self._stopped and (self._deficit() <= 0 or backoff):
                     if backoff:
                         self._changed.wait(backoff)
                         backoff = 0.0
-                    elif self._scoped:
+                    else:
                         self._changed.wait(tick)
                         break
-                    else:
-                        self._changed.wait()
                 if self._stopped:
                     return
                 if self._deficit() <= 0:
                     continue
-                if self._stopped:
-                    return
                 wanted = self._deficit()
                 self._starting += wanted
             new: list[WorkerHandle] = []

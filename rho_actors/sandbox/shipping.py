@@ -15,6 +15,7 @@ import sys
 import threading
 import types
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -22,8 +23,11 @@ import cloudpickle
 
 from rho_actors.declarations import describe_origin
 from rho_actors.encoding import describe_exception
+from rho_actors.function_tool import FunctionTool
 
-__all__ = ["CALLBACKS", "Unshippable", "label", "pickled_deps", "register_by_value", "ship", "short_name"]
+__all__ = [
+    "CALLBACKS", "ShippedTools", "Unshippable", "label", "pickled_deps", "register_by_value", "ship", "short_name",
+]
 
 CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
 """The declaration callbacks of a tool (DESIGN §2)."""
@@ -31,7 +35,6 @@ CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "co
 
 class Unshippable(Exception):
     """The tool could not be pickled; ``str(err)`` says why."""
-
 
 
 _by_value_lock = threading.Lock()
@@ -140,6 +143,18 @@ def register_by_value(tool: Any) -> None:
         _registered_for[key] = None
 
 
+def _pickled(tool: Any) -> tuple[bytes, bytes]:
+    """``(digest, bytes)`` of ``tool`` pickled now; raises :class:`Unshippable`."""
+    try:
+        register_by_value(tool)
+        data = bytes(cloudpickle.dumps(tool, protocol=pickle.HIGHEST_PROTOCOL))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a __reduce__ may raise anything, SystemExit included
+        raise Unshippable(describe_exception(exc)) from None
+    return hashlib.blake2b(data, digest_size=16).digest(), data
+
+
 def ship(tool: Any) -> tuple[bytes, bytes]:
     """``(digest, pickled bytes)`` of ``tool``. Raises :class:`Unshippable` naming why.
 
@@ -152,18 +167,53 @@ def ship(tool: Any) -> tuple[bytes, bytes]:
             shipped = _shipped.get(tool)
             if shipped is not None:
                 return shipped
-    try:
-        register_by_value(tool)
-        data = bytes(cloudpickle.dumps(tool, protocol=pickle.HIGHEST_PROTOCOL))
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # a __reduce__ may raise anything, SystemExit included
-        raise Unshippable(describe_exception(exc)) from None
-    shipped = hashlib.blake2b(data, digest_size=16).digest(), data
+    shipped = _pickled(tool)
     if cacheable:
         with contextlib.suppress(TypeError):
             _shipped[tool] = shipped
     return shipped
+
+
+class ShippedTools:
+    """The host's cache of pickled tools, one per tool version (thread-safe; DESIGN §5).
+
+    :meth:`ship` pickles an ``@tool`` of a plain function (a :class:`FunctionTool`, whose
+    state is its function and declaration) once per (tool object, ``version``) and keeps
+    the ``size`` most recently used; a module, class or function goes to :func:`ship`
+    (pickled once per object); any other instance, an ``@tool`` method bound to an
+    instance included, is pickled on every call, so its current state travels.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        # id(tool) -> (tool, version, function, code, digest, bytes); the tool is held, so its id stays its own
+        self._by_tool: OrderedDict[int, tuple[Any, object, Any, Any, bytes, bytes]] = OrderedDict()
+
+    def ship(self, tool: Any, version: object = None) -> tuple[bytes, bytes]:
+        """``(digest, pickled bytes)`` of ``tool``; raises :class:`Unshippable` naming why.
+
+        ``version`` is compared by identity (``ProcessIsolation`` passes the registry's
+        entry of the tool, made anew by each registration): another version, or the
+        function's code replaced in place (a reload that patches ``__code__``), pickles
+        the tool anew."""
+        if type(tool) is not FunctionTool or not isinstance(tool.func, types.FunctionType):
+            return ship(tool)
+        func = tool.func
+        code = func.__code__
+        key = id(tool)
+        with self._lock:
+            cached = self._by_tool.get(key)
+            if cached is not None and cached[1] is version and cached[2] is func and cached[3] is code:
+                self._by_tool.move_to_end(key)
+                return cached[4], cached[5]
+        digest, data = _pickled(tool)
+        with self._lock:
+            self._by_tool[key] = (tool, version, func, code, digest, data)
+            self._by_tool.move_to_end(key)
+            while len(self._by_tool) > self._size:
+                self._by_tool.popitem(last=False)
+        return digest, data
 
 
 def label(tool: Any) -> str:

@@ -23,8 +23,9 @@ class _Retiring(Protocol):
 class WorkerSlots:
     """The cap on worker processes of a whole system (alive ones: idle, busy or
     starting; a slot is freed once its process is reaped). A call that needs a worker
-    beyond it first retires an idle worker of any pool sharing the cap, else waits,
-    until its deadline. ``limit`` >= 1. ``peak`` is the most ever alive at once."""
+    beyond it takes an idle worker it may use, else retires an idle worker of any pool
+    sharing the cap, else waits (:meth:`wait`), until its deadline. ``limit`` >= 1.
+    ``peak`` is the most ever alive at once."""
 
     def __init__(self, limit: int) -> None:
         if limit < 1:
@@ -49,24 +50,27 @@ class WorkerSlots:
             self.peak = max(self.peak, self.alive)
             return True
 
-    def acquire(self, deadline: float) -> bool:
-        """Take a slot, retiring idle workers or waiting until ``deadline``
-        (``time.monotonic()``); whether one was taken."""
-        while True:
-            if self.try_acquire():
-                return True
-            if any(pool.retire_one_idle() for pool in list(self._pools)):
-                continue
-            with self._cond:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                if self.alive >= self.limit:
-                    self.waiting += 1
-                    try:
-                        self._cond.wait(min(remaining, 0.25))  # an idle worker may appear meanwhile
-                    finally:
-                        self.waiting -= 1
+    def retire_idle(self) -> bool:
+        """Stop the longest idle worker of the first pool sharing the cap that has one;
+        whether one was stopped (its slot is free once it is reaped, which is done)."""
+        return any(pool.retire_one_idle() for pool in list(self._pools))
+
+    def wait(self, deadline: float) -> bool:
+        """While the cap is full, wait until a slot is freed or a worker becomes idle
+        (at most 250 ms, and never past ``deadline``, a ``time.monotonic()`` instant);
+        ``False`` once ``deadline`` has passed. Counted in ``waiting`` meanwhile: spares
+        are not started while calls wait."""
+        with self._cond:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self.alive >= self.limit:
+                self.waiting += 1
+                try:
+                    self._cond.wait(min(remaining, 0.25))
+                finally:
+                    self.waiting -= 1
+            return True
 
     def release(self) -> None:
         """Free a slot (its process was reaped)."""
@@ -75,6 +79,7 @@ class WorkerSlots:
             self._cond.notify()
 
     def poke(self) -> None:
-        """A worker became idle: a waiting call may retire it."""
+        """A worker became idle: every waiting call looks again (it may take it, or
+        retire it)."""
         with self._cond:
-            self._cond.notify()
+            self._cond.notify_all()
