@@ -128,7 +128,8 @@ class ActorSystem:
     ``nobody`` when the host is root, Landlock, process/file/core limits; pass
     ``Confinement(uid=None, gid=None)`` to keep the host's uid, or ``False`` for no OS
     confinement at all: children then only get a scrubbed environment). ``max_workers``
-    caps the worker processes of the whole system (default: 4 per core); calls beyond it
+    caps the worker processes of the whole system (default: 4 per core, and at least 16,
+    so that one wide turn of 16 parallel calls never queues on a small machine); calls beyond it
     wait, within their deadline. ``worker_idle_s`` is how long an untrusted tool's idle
     worker is kept for its (tool, session) pair, and an idle worker beyond
     ``warm_workers`` of the trusted pool (seconds). ``abandoned_threads_per_tool``
@@ -193,7 +194,7 @@ class ActorSystem:
         events = EventBus()
         services = IsolationServices(
             self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method,
-            max_workers=max_workers if max_workers is not None else 4 * (os.cpu_count() or 1),
+            max_workers=max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1)),
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
             ray=dict(ray) if ray is not None else None,

@@ -786,12 +786,12 @@ def test_calls_never_queue_and_idle_workers_follow_demand(tmp_path: Path) -> Non
     n = 5
     results: dict[int, ToolResult] = {}
 
-    def one(i: int) -> None:
-        results[i] = call(pool, Rendezvous, {"path": str(tmp_path), "n": n}, call_id=f"c{i}")
+    def one(burst: WorkerPool, i: int) -> None:
+        results[i] = call(burst, Rendezvous, {"path": str(tmp_path), "n": n}, call_id=f"c{i}")
 
     with WorkerPool(warm=2, idle_s=0.5) as pool:
         assert pool.wait_warm(10.0)
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        threads = [threading.Thread(target=one, args=(pool, i)) for i in range(n)]
         for t in threads:
             t.start()
         for t in threads:
