@@ -240,7 +240,7 @@ class Peers:
         self.lc_sleep = lc_tool("sleep")(sleep_work)
         self.lc_hung = lc_tool("hung")(hung_work)
         self.tool_node = ToolNode([self.lc_noop, self.lc_sleep, self.lc_hung])
-        self.node_config = node_config()
+        self.node_config: Any = node_config()  # a RunnableConfig (a TypedDict) when LangGraph is typed
 
         self.oa_noop = function_tool(noop_work, name_override="noop")
         self.oa_sleep = function_tool(sleep_work, name_override="sleep")

@@ -59,6 +59,18 @@ async def arequest_id() -> str:
     return REQUEST_ID.get()
 
 
+@tool
+def request_id_p() -> str:
+    """The caller's request id, as a worker process sees it."""
+    return REQUEST_ID.get()
+
+
+@tool
+def request_id_u() -> str:
+    """The caller's request id, as an untrusted tool's worker sees it."""
+    return REQUEST_ID.get()
+
+
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[ActorSystem]:
     STARTED.clear()
@@ -172,6 +184,21 @@ def test_tools_see_the_callers_contextvars(system: ActorSystem) -> None:
 
     assert asyncio.run(main()) == ["req-async"] * 4
     assert [r.content for r in loop.run_turn(calls)] == ["unset", "unset"]  # a copy: nothing leaked
+
+
+def test_a_trusted_worker_process_gets_the_callers_plain_contextvars(system: ActorSystem) -> None:
+    """Plain values travel by the variable's name into a trusted tool's worker; an
+    untrusted tool's worker gets none of the host's context."""
+    system.register(request_id_p, isolation="process")
+    system.register(request_id_u, untrusted=True)
+    loop = system.start_loop("p")
+    calls = [ToolCall("c1", "request_id_p", "{}"), ToolCall("c2", "request_id_u", "{}")]
+    token = REQUEST_ID.set("req-7")
+    try:
+        assert [r.content for r in loop.run_turn(calls)] == ["req-7", "unset"]
+    finally:
+        REQUEST_ID.reset(token)
+    assert [r.content for r in loop.run_turn(calls[:1])] == ["unset"]  # set for one call only
 
 
 def test_astream_yields_the_events_and_a_closed_stream_cancels_the_prompt(system: ActorSystem) -> None:

@@ -66,7 +66,7 @@ from rho_actors.sandbox.processes import (
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable, pickled_deps, short_name
 from rho_actors.sandbox.slots import WorkerSlots
-from rho_actors.sandbox.worker import WorkerConfig, worker_child
+from rho_actors.sandbox.worker import CONTEXT_VALUES, WorkerConfig, worker_child
 from rho_actors.sandbox.worker_handle import WorkerHandle, ended, exchange
 from rho_actors.telemetry import TRACEPARENT
 from rho_actors.tool import ToolResult
@@ -175,6 +175,7 @@ class WorkerPool:
         scope: Hashable = None,
         env: Mapping[str, str] | None = None,
         version: object = None,
+        context_values: Mapping[str, Any] | None = None,
     ) -> ToolResult:
         """Run ``tool.run(args, ctx)`` in a worker process and return its result. Blocks.
         Setting ``cancel`` kills the worker running the call (the result is then
@@ -191,7 +192,10 @@ class WorkerPool:
         ``withheld``, ``deadline`` and ``traceparent`` (when present: the call's span, made
         current in the worker) from the given ``ctx``, ``deps`` only when it can be
         pickled (else it is left out), and ``cancel``, a :class:`CancelToken` never set:
-        at the deadline the worker is killed instead. An ``async def run`` runs under
+        at the deadline the worker is killed instead. ``context_values`` (name -> plain
+        value: the caller's ``contextvars``) are set again in the worker, on the
+        ``ContextVar`` objects of that name its loaded modules hold at top level, for the
+        call. An ``async def run`` runs under
         ``asyncio.run`` with a ``wait_for`` to the deadline.
 
         The tool travels with cloudpickle. A module, class or function tool is pickled
@@ -243,6 +247,8 @@ class WorkerPool:
         }
         if TRACEPARENT in ctx:  # the call's span, which the tool's own spans in the worker join
             fields[TRACEPARENT] = ctx[TRACEPARENT]
+        if context_values:  # the caller's contextvars that hold plain data, set again in the worker
+            fields[CONTEXT_VALUES] = dict(context_values)
         request = wire.CallRequest(
             digest, None, label, call_id, dict(args), fields, pickled_deps(ctx), deadline, timeout_ms, max_output_chars
         )

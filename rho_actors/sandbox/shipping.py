@@ -24,6 +24,7 @@ import cloudpickle
 from rho_actors.declarations import describe_origin
 from rho_actors.encoding import describe_exception
 from rho_actors.function_tool import FunctionTool
+from rho_actors.sandbox import context_values
 
 __all__ = [
     "CALLBACKS", "ShippedTools", "Unshippable", "label", "pickled_deps", "register_by_value", "ship", "short_name",
@@ -147,7 +148,7 @@ def _pickled(tool: Any) -> tuple[bytes, bytes]:
     """``(digest, bytes)`` of ``tool`` pickled now; raises :class:`Unshippable`."""
     try:
         register_by_value(tool)
-        data = bytes(cloudpickle.dumps(tool, protocol=pickle.HIGHEST_PROTOCOL))
+        data = context_values.dumps(tool)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a __reduce__ may raise anything, SystemExit included

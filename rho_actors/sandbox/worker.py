@@ -10,6 +10,7 @@ it), runs ``tool.run(args, ctx)`` and answers one ``RESULT`` (``RESULT_RETIRE`` 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import pickle
 import time
 from collections import OrderedDict
@@ -25,11 +26,15 @@ from rho_actors.encoding import describe_exception
 from rho_actors.results import CANCELLED, failure, result_from_exception, result_from_return
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel
+from rho_actors.sandbox.context_values import context_vars
 from rho_actors.sandbox.processes import mib
 from rho_actors.telemetry import attached
 from rho_actors.tool import ToolResult
 
-__all__ = ["TOOL_CACHE_SIZE", "WorkerConfig", "worker_child"]
+__all__ = ["CONTEXT_VALUES", "TOOL_CACHE_SIZE", "WorkerConfig", "worker_child"]
+
+CONTEXT_VALUES: Final = "context_values"
+"""The request field holding the caller's plain-data ``contextvars`` (name -> value)."""
 
 TOOL_CACHE_SIZE: Final = 32
 """Unpickled tools a worker keeps, by digest of their pickled bytes."""
@@ -85,6 +90,7 @@ def _serve(
         else:
             tools.move_to_end(request.digest)
         ctx: dict[str, Any] = dict(request.fields)
+        carried = ctx.pop(CONTEXT_VALUES, None) or {}
         ctx["deadline"] = request.deadline
         ctx["cancel"] = CancelToken()
         if request.deps_bytes is not None:
@@ -93,7 +99,9 @@ def _serve(
             except Exception:
                 logger.debug("call {}: deps could not be unpickled in the worker; left out", call_id)
         with attached(ctx):  # the call's span from ctx["traceparent"] is current here
-            result, retire = _call(tool, request, MappingProxyType(ctx), config.heap_bytes)
+            result, retire = contextvars.copy_context().run(
+                _call_in_context, tool, request, MappingProxyType(ctx), config.heap_bytes, carried
+            )
         del tool, ctx, request
         return _reply(result, retire, name, codec)
     except MemoryError:
@@ -102,6 +110,18 @@ def _serve(
         failed = failure("failed_in_worker", call_id, name, problem=describe_exception(exc))
         return _reply(failed, False, name, codec)
     return _reply(_memory_result(call_id, name, config.heap_bytes), True, name, codec)
+
+
+def _call_in_context(
+    tool: Any, request: wire.CallRequest, ctx: Mapping[str, Any], heap_bytes: int | None, carried: Mapping[str, Any]
+) -> tuple[ToolResult, bool]:
+    """:func:`_call` in a fresh copy of the worker's context, with the caller's plain
+    ``contextvars`` set on the variables of those names (see
+    :mod:`rho_actors.sandbox.context_values`)."""
+    for name, value in carried.items():
+        for var in context_vars(name):
+            var.set(value)
+    return _call(tool, request, ctx, heap_bytes)
 
 
 def _memory_result(call_id: str, name: str, heap_bytes: int | None) -> ToolResult:
