@@ -122,7 +122,8 @@ class Loop:
         without a result gets a ``cancelled`` one; a token set before the turn starts
         runs no call. The calls run in copies of the caller's ``contextvars`` context
         (``thread`` isolation, ``async`` tools included; a trusted tool's ``process``
-        worker gets the variables holding plain values, by name; an untrusted one none). Raises ``TypeError`` for an item that is not a :class:`ToolCall` or
+        worker gets the variables holding plain values, by name; an untrusted one none).
+        Raises ``TypeError`` for an item that is not a :class:`ToolCall` or
         whose ``id`` or ``name`` is not a ``str``, or a ``cancel`` that is not a
         :class:`CancelToken`, and :class:`pykka.ActorDeadError` when the loop has
         stopped. ``on_result(index, result)`` is called with each started call's result
