@@ -31,10 +31,10 @@ def _check_summary(s: Any) -> None:
     assert s["min"] <= s["p50"] <= s["p99"]
 
 
-@pytest.fixture(scope="module")
-def report() -> dict[str, Any]:
+def _quick_json(script: Path) -> dict[str, Any]:
+    """The report of ``script --quick --json``, which must exit 0."""
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json"],
+        [sys.executable, str(script), "--quick", "--json"],
         capture_output=True,
         check=False,
         text=True,
@@ -45,6 +45,11 @@ def report() -> dict[str, Any]:
     data = json.loads(proc.stdout)
     assert isinstance(data, dict)
     return data
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    return _quick_json(SCRIPT)
 
 
 def test_report_has_every_part(report: dict[str, Any]) -> None:
@@ -103,18 +108,7 @@ def _peers_installed() -> bool:
 def peers_report() -> dict[str, Any]:
     if not _peers_installed():
         pytest.skip("the peers extra is not installed (pip install -e '.[peers]')")
-    proc = subprocess.run(
-        [sys.executable, str(PEERS_SCRIPT), "--quick", "--json"],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=150,
-        cwd=SCRIPT.parent.parent,
-    )
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
-    assert isinstance(data, dict)
-    return data
+    return _quick_json(PEERS_SCRIPT)
 
 
 @pytest.mark.slow
