@@ -55,6 +55,9 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "withheld": (_K.WITHHELD, "tool {tool!r} is not available in this session now"),
     "unavailable_removed": (_K.UNAVAILABLE, "tool {tool!r} was unregistered"),
     "unavailable_renamed": (_K.UNAVAILABLE, "tool {tool!r} was renamed to {new!r}"),
+    "unavailable_changed": (
+        _K.UNAVAILABLE, "tool {tool!r} was unregistered or registered again before this call started; it did not run"
+    ),
     "unavailable_rejected": (
         _K.UNAVAILABLE, "tool {tool!r} is not offered: its declaration failed its checks ({reason})"
     ),

@@ -70,8 +70,10 @@ class ProcessIsolation(Isolation):
         """The runner, in the CallActor's thread: the call in a worker, until its result."""
         tools = self.services.tools
         entry = tools.current.entries.get(call.name) if tools is not None else None
-        if entry is not None and entry.tool is not call.tool:
-            entry = None
+        if tools is not None and (entry is None or entry.tool is not call.tool):
+            # unregistered or replaced since the loop dispatched it: whether it was trusted is
+            # no longer known, so it does not run (never in the trusted pool by default)
+            return failure("unavailable_changed", call.call_id, call.name)
         untrusted = entry is not None and entry.untrusted
         try:
             pool = self.pool(confined=untrusted)
