@@ -13,6 +13,8 @@ import pytest
 
 from rho_actors import ActorSystem, ToolCall, tool
 
+from .helpers import make_tool
+
 API_KEY: contextvars.ContextVar[str] = contextvars.ContextVar("api_key", default="unset")
 GATE_IN = threading.Event()
 GATE_OPEN = threading.Event()
@@ -65,3 +67,11 @@ def test_a_call_of_an_untrusted_tool_changed_meanwhile_stays_confined(system: Ac
     second = results[1]
     assert not second.ok and "sk-secret" not in second.content and "uid=" not in second.content, second.content
     assert "'snoop' was unregistered or registered again before this call started; it did not run" in second.content
+
+
+def test_an_untrusted_tool_cannot_ask_for_thread_isolation(tmp_path: Path) -> None:
+    """``isolation="thread"`` would run an untrusted tool's code in the host: refused."""
+    with ActorSystem(data_dir=tmp_path) as system:
+        with pytest.raises(ValueError, match="untrusted tools cannot use isolation='thread': its code would run in"):
+            system.register(make_tool("snoop_t"), untrusted=True, isolation="thread")
+        assert system.registrations() == []

@@ -104,6 +104,7 @@ class ThreadIsolation(Isolation):
     """Runs each call in a fresh CallActor's thread; the deadline is a timer."""
 
     name: ClassVar[str] = "thread"
+    untrusted_refused: ClassVar[str | None] = "its code would run in the host process; use isolation='process'"
 
     def __init__(self, services: IsolationServices) -> None:
         super().__init__(services)
