@@ -18,7 +18,7 @@ import tenacity
 from loguru import logger
 
 from rho_actors import sandbox
-from rho_actors.checked import forget_checked, keep_checked
+from rho_actors.checked import CheckedCache
 from rho_actors.declarations import (
     DeclarationError,
     Rejected,
@@ -105,11 +105,12 @@ class _Retry:
 @dataclass
 class DeclarationState:
     """The DeclarationActor's durable state, kept by the system (as an OTP process keeps
-    an ETS table with an heir): ``cache`` (tool id -> (tool, outcome)), ``reading``
-    (tool id -> tool, the untrusted tools whose reads or retries are wanted) and
+    an ETS table with an heir): ``cache`` (tool -> checked outcome, a
+    :class:`~rho_actors.checked.CheckedCache`), ``reading`` (tool id -> tool, the
+    untrusted tools whose reads or retries are wanted) and
     ``closed``, set when the system stops: in-flight reads are then cancelled."""
 
-    cache: dict[int, tuple[Any, ToolInfo | Rejected]] = field(default_factory=dict)
+    cache: CheckedCache[ToolInfo | Rejected] = field(default_factory=CheckedCache)
     reading: dict[int, Any] = field(default_factory=dict)
     closed: threading.Event = field(default_factory=threading.Event)
 
@@ -144,9 +145,9 @@ class DeclarationActor(Actor):
 
     def check(self, tool: Any, fresh: bool = False) -> ToolInfo | Rejected:
         """The trusted tool's checked declaration, or why it is left out. Never raises."""
-        cached = self._cache.get(id(tool))
-        if cached is not None and cached[0] is tool and not fresh:
-            return cached[1]
+        cached = self._cache.get(tool)
+        if cached is not None and not fresh:
+            return cached
         try:
             outcome: ToolInfo | Rejected = check_declaration(
                 read_declaration(tool), max_schema_depth=self._max_schema_depth
@@ -154,7 +155,7 @@ class DeclarationActor(Actor):
         except DeclarationError as err:
             outcome = Rejected(str(err), err.name)
             logger.warning("tool {} left out: {}", describe_origin(tool), outcome.reason)
-        self._cache[id(tool)] = (tool, outcome)
+        self._cache.put(tool, outcome)
         return outcome
 
     def read_untrusted(self, tool: Any, retry: int = 0) -> None:
@@ -199,8 +200,7 @@ class DeclarationActor(Actor):
             return  # forgotten (unregistered) while it was read
         origin = describe_origin(done.tool, trusted=False)
         outcome = done.outcome
-        self._cache[id(done.tool)] = (done.tool, outcome)
-        keep_checked(done.tool, outcome)
+        self._cache.put(done.tool, outcome)
         if isinstance(outcome, ToolInfo):
             self._emit("read", origin, outcome.name, None)
         elif done.timed_out and done.retry < len(self._untrusted.retry_s):
@@ -220,10 +220,7 @@ class DeclarationActor(Actor):
 
     def forget(self, tool: Any) -> None:
         """Drop the tool's cached declaration and any read or retry still to come."""
-        held = self._cache.get(id(tool))
-        if held is not None and held[0] is tool:
-            del self._cache[id(tool)]
-        forget_checked(tool)
+        self._cache.forget(tool)
         if self._state.reading.get(id(tool)) is tool:
             del self._state.reading[id(tool)]
 

@@ -29,6 +29,7 @@ from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolFailure, T
 __all__ = [
     "CANCELLED",
     "KILLED",
+    "RAY_CANCELLED",
     "SENT_CANCEL",
     "TEXTS",
     "capped",
@@ -45,6 +46,8 @@ CANCELLED: Final = "it was cancelled"
 """The ``consequence`` of a ``timeout`` in a thread (or a coroutine)."""
 SENT_CANCEL: Final = "its MCP server was sent notifications/cancelled"
 """The ``consequence`` of a ``timeout`` of an MCP server's tool (:mod:`rho_actors.mcp`)."""
+RAY_CANCELLED: Final = "its Ray task was force-cancelled (a running task's worker is killed)"
+"""The ``consequence`` of a ``timeout`` (or the end of a ``cancelled`` reason) of a Ray task."""
 
 _K = ErrorKind
 TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
@@ -131,6 +134,28 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "unreturnable": (
         _K.RAISED, "tool {tool!r} returned {what} that cannot be sent back from its worker process ({problem})"
     ),
+    # a call as a Ray task (rho_actors.integrations.ray.tasks)
+    "ray_not_running": (_K.CANCELLED, "tool {tool!r} did not run: the ray isolation is not running"),
+    "ray_not_installed": (
+        _K.UNAVAILABLE, "tool {tool!r} did not run: Ray is not installed (pip install 'rho_actors[ray]'): {problem}"
+    ),
+    "ray_untrusted": (_K.UNAVAILABLE, "tool {tool!r} is untrusted and cannot run on Ray"),
+    "ray_unreachable": (_K.UNAVAILABLE, "tool {tool!r} did not run: Ray is not reachable ({problem})"),
+    "ray_infeasible": (_K.UNAVAILABLE, "tool {tool!r} cannot run on Ray: {problem}"),
+    "ray_unshippable": (_K.RAISED, "tool {tool!r} could not be shipped to Ray: {problem}"),
+    "ray_unsendable": (
+        _K.RAISED, "tool {tool!r}: its arguments or context could not be sent to its Ray task ({problem})"
+    ),
+    "ray_refused": (_K.UNAVAILABLE, "tool {tool!r} did not run: Ray refused the task ({problem})"),
+    "ray_malformed": (_K.CRASHED, "tool {tool!r}: its Ray task sent a malformed reply ({problem})"),
+    "ray_memory": (
+        _K.MEMORY, "tool {tool!r} ran out of memory: Ray's memory monitor killed its worker ({cause})"
+    ),
+    "ray_runtime_env": (_K.UNAVAILABLE, "tool {tool!r} did not run: its Ray runtime_env could not be set up ({cause})"),
+    "ray_cancelled_outside": (_K.CANCELLED, "tool {tool!r}: its Ray task was cancelled from outside ({cause})"),
+    "ray_lost": (_K.CRASHED, "tool {tool!r} crashed: its Ray worker or node was lost ({cause})"),
+    "ray_raised": (_K.RAISED, "tool {tool!r} failed in its Ray task ({cause})"),
+    "ray_failed": (_K.CRASHED, "tool {tool!r}: Ray failed ({cause})"),
     # a tool of an MCP server (rho_actors.mcp.source), raised as a ToolFailure
     "mcp_not_connected": (
         _K.UNAVAILABLE, "tool {tool!r} cannot be called: MCP server {server} is not connected now "

@@ -158,6 +158,25 @@ def test_the_module_functions_use_the_checked_declaration_of_a_marked_tool(syste
     assert int(result.content.split()[1]) != os.getpid()
 
 
+def test_two_systems_share_no_checked_declaration(system: ActorSystem, tmp_path: Path) -> None:
+    """Each system reads an untrusted tool itself; unregistering it in one leaves the
+    other's checked declaration (and what the module functions answer) as it was."""
+
+    class Shared(Echo):
+        pass
+
+    untrusted(Shared)
+    with ActorSystem(data_dir=tmp_path / "other", untrusted=UntrustedReads(timeout_s=5.0), warm_workers=0) as other:
+        assert other.register(Shared).info is not None
+        assert timeout_ms(Shared) == 5_000
+        assert system.register(Shared).info is not None
+        system.unregister("echo")
+        assert timeout_ms(Shared) == 5_000  # still the other system's checked declaration
+        assert declaration(Shared, "mcp") is not None
+        other.unregister("echo")
+    assert timeout_ms(Shared) == 30_000 and declaration(Shared, "mcp") is None  # no live system holds it
+
+
 def test_a_trusted_tool_may_ask_for_process_isolation(system: ActorSystem) -> None:
     system.register(Echo, isolation="process")
     [result] = system.start_loop().run_turn([ToolCall("e", "echo", '{"text": "x"}')])

@@ -20,7 +20,6 @@ worker's tree, when the system's ``workers`` actor stops.
 
 from __future__ import annotations
 
-import contextvars
 import threading
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,7 +28,7 @@ from rho_actors.call import CallSpec, RunCall
 from rho_actors.isolation.base import Isolation, IsolationServices
 from rho_actors.results import failure
 from rho_actors.sandbox import WorkerPool
-from rho_actors.sandbox.context_values import PLAIN
+from rho_actors.sandbox.context_values import plain_values
 from rho_actors.sandbox.enclosure import TREE_ONLY, ConfinePolicy
 from rho_actors.sandbox.pool import CALL_SCOPE, WorkerSlots
 from rho_actors.tool import ToolResult
@@ -85,7 +84,7 @@ class ProcessIsolation(Isolation):
             return pool.run(
                 call.tool, call.args, call.ctx, call.deadline, call.max_output_chars, name=call.name,
                 started=call.dispatched, cancel=call.cancel, version=entry,
-                context_values=_plain_values(call.context),
+                context_values=plain_values(call.context),
             )
         keep = ("session_id", "call_id", "withheld", "traceparent")
         ctx: dict[str, Any] = {k: call.ctx[k] for k in keep if k in call.ctx}
@@ -150,22 +149,3 @@ class ProcessIsolation(Isolation):
         with self._lock:
             pools = [p for p in (self._pool, self._confined) if p is not None]
         return [pid for pool in pools for pid in pool.pids()]
-
-
-def _plain_values(context: contextvars.Context | None) -> dict[str, Any]:
-    """The caller's ``contextvars`` whose values are plain data (``str``, numbers,
-    ``bool``, ``None``), by name, for a trusted tool's worker. A name two variables share
-    is left out (it would be ambiguous there); so is anything else (objects do not
-    travel). Untrusted tools get none: the host's context is not theirs to see."""
-    if context is None:
-        return {}
-    values: dict[str, Any] = {}
-    seen: set[str] = set()
-    for var, value in context.items():
-        if var.name in seen:
-            values.pop(var.name, None)
-            continue
-        seen.add(var.name)
-        if type(value) in PLAIN:
-            values[var.name] = value
-    return values

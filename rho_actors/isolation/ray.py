@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from rho_actors.call import CallSpec, RunCall
 from rho_actors.isolation.base import Isolation, IsolationServices
-from rho_actors.results import error_result
-from rho_actors.tool import ErrorKind, ToolResult
+from rho_actors.results import failure
+from rho_actors.sandbox.context_values import plain_values
+from rho_actors.tool import ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.integrations.ray.tasks import RayRuntime
@@ -81,22 +82,22 @@ class RayIsolation(Isolation):
     def _run(self, call: CallSpec) -> ToolResult:
         """The runner, in the CallActor's thread: the call as a Ray task, until its result."""
         if not self._open:
-            return error_result(call.call_id, call.name, ErrorKind.CANCELLED,
-                                f"tool {call.name!r} did not run: the ray isolation is not running")
+            return failure("ray_not_running", call.call_id, call.name)
         try:
             from rho_actors.integrations.ray.tasks import RayResources, run_on_ray
 
             runtime = self.runtime()
         except ImportError as err:
-            return error_result(call.call_id, call.name, ErrorKind.UNAVAILABLE,
-                                f"tool {call.name!r} did not run: Ray is not installed "
-                                f"(pip install 'rho_actors[ray]'): {err}")
+            return failure("ray_not_installed", call.call_id, call.name, problem=str(err))
         tools = self.services.tools
         entry = tools.current.entries.get(call.name) if tools is not None else None
-        options = entry.placement.options if entry is not None and entry.tool is call.tool else {}
-        resources = RayResources.from_mapping(options)
+        if entry is not None and entry.tool is not call.tool:
+            entry = None
+        resources = RayResources.from_mapping(entry.placement.options if entry is not None else {})
+        # the registry's entry is the tool's version, as for worker processes (ShippedTools)
         return run_on_ray(runtime, call.tool, call.args, call.ctx, call.deadline, call.cancel, call.max_output_chars,
-                          resources, name=call.name, started=call.dispatched)
+                          resources, name=call.name, started=call.dispatched, version=entry,
+                          context_values=plain_values(call.context))
 
     def open(self) -> None:
         with self._lock:

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import cloudpickle
 
-__all__ = ["PLAIN", "context_vars", "dumps", "named_context_var"]
+__all__ = ["PLAIN", "context_vars", "dumps", "named_context_var", "plain_values"]
 
 PLAIN: Final = (str, int, float, bool, type(None))
 """The types of values that travel."""
@@ -75,3 +75,22 @@ def dumps(obj: Any) -> bytes:
     buffer = io.BytesIO()
     _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buffer.getvalue()
+
+
+def plain_values(context: contextvars.Context | None) -> dict[str, Any]:
+    """The caller's ``contextvars`` whose values are plain data (``str``, numbers,
+    ``bool``, ``None``), by name, for a trusted tool's worker or Ray task. A name two variables share
+    is left out (it would be ambiguous there); so is anything else (objects do not
+    travel). Untrusted tools get none: the host's context is not theirs to see."""
+    if context is None:
+        return {}
+    values: dict[str, Any] = {}
+    seen: set[str] = set()
+    for var, value in context.items():
+        if var.name in seen:
+            values.pop(var.name, None)
+            continue
+        seen.add(var.name)
+        if type(value) in PLAIN:
+            values[var.name] = value
+    return values

@@ -64,11 +64,10 @@ from rho_actors.sandbox.processes import (
     spawn,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
-from rho_actors.sandbox.shipping import ShippedTools, Unshippable, pickled_deps, short_name
+from rho_actors.sandbox.shipping import ShippedTools, Unshippable, short_name
 from rho_actors.sandbox.slots import WorkerSlots
-from rho_actors.sandbox.worker import CONTEXT_VALUES, WorkerConfig, worker_child
+from rho_actors.sandbox.worker import WorkerConfig, worker_child
 from rho_actors.sandbox.worker_handle import WorkerHandle, ended, exchange
-from rho_actors.telemetry import TRACEPARENT
 from rho_actors.tool import ToolResult
 
 __all__ = ["CALL_SCOPE", "WorkerPool", "WorkerSlots"]
@@ -239,19 +238,7 @@ class WorkerPool:
             digest, tool_bytes = self._shipped.ship(tool, version)
         except Unshippable as exc:
             return failed("unshippable", problem=str(exc))
-        fields = {
-            "session_id": ctx.get("session_id"),
-            "call_id": ctx.get("call_id"),
-            "data_dir": ctx.get("data_dir"),
-            "withheld": tuple(ctx.get("withheld", ())),
-        }
-        if TRACEPARENT in ctx:  # the call's span, which the tool's own spans in the worker join
-            fields[TRACEPARENT] = ctx[TRACEPARENT]
-        if context_values:  # the caller's contextvars that hold plain data, set again in the worker
-            fields[CONTEXT_VALUES] = dict(context_values)
-        request = wire.CallRequest(
-            digest, None, label, call_id, dict(args), fields, pickled_deps(ctx), deadline, timeout_ms, max_output_chars
-        )
+        request = wire.call_request(digest, label, args, ctx, deadline, timeout_ms, max_output_chars, context_values)
         try:
             bare = wire.encode_call(request)
         except wire.WireError as exc:

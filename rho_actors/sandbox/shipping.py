@@ -10,13 +10,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import pickle
 import sys
 import threading
 import types
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
 from typing import Any, Final
 
 import cloudpickle
@@ -27,7 +25,7 @@ from rho_actors.function_tool import FunctionTool
 from rho_actors.sandbox import context_values
 
 __all__ = [
-    "CALLBACKS", "ShippedTools", "Unshippable", "label", "pickled_deps", "register_by_value", "ship", "short_name",
+    "CALLBACKS", "ShippedTools", "Unshippable", "label", "register_by_value", "ship", "short_name",
 ]
 
 CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
@@ -229,13 +227,3 @@ def short_name(tool: Any) -> str:
     """A name for results when the caller gave none, without calling the tool's code."""
     name = getattr(tool, "__name__", None)
     return name if isinstance(name, str) else type(tool).__name__
-
-
-def pickled_deps(ctx: Mapping[str, Any]) -> bytes | None:
-    """``ctx["deps"]`` pickled, or ``None`` when absent or not picklable (left out)."""
-    if "deps" not in ctx:
-        return None
-    try:
-        return bytes(cloudpickle.dumps(ctx["deps"], protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception:
-        return None

@@ -46,6 +46,8 @@ from rho_actors.tool import ErrorKind, Image, ToolResult
 
 __all__ = [
     "CALL",
+    "CONTEXT_VALUES",
+    "PORTABLE_CTX",
     "CODECS",
     "DECLARATION",
     "DISCOVERY",
@@ -67,6 +69,7 @@ __all__ = [
     "PlainCodec",
     "ResultCodec",
     "WireError",
+    "call_request",
     "check_empty",
     "decode_call",
     "decode_json",
@@ -128,6 +131,48 @@ class CallRequest:
 
 
 _CALL_FIELDS: Final = tuple(f.name for f in fields(CallRequest))
+
+
+CONTEXT_VALUES: Final = "context_values"
+"""The request field holding the caller's plain-data ``contextvars`` (name -> value)."""
+
+PORTABLE_CTX: Final = ("session_id", "call_id", "data_dir", "withheld", "traceparent")
+"""The ``ctx`` keys that travel to another process (DESIGN §2's table): plain values."""
+
+
+def call_request(
+    digest: bytes, name: str, args: Mapping[str, Any], ctx: Mapping[str, Any], deadline: float, timeout_ms: int,
+    max_chars: int, context_values: Mapping[str, Any] | None = None,
+) -> CallRequest:
+    """The :class:`CallRequest` of a call for another process (a worker, a Ray task): the
+    portable part of its ``ctx`` (:data:`PORTABLE_CTX`, ``withheld`` as a tuple, absent
+    keys left out but ``session_id``, ``call_id``, ``data_dir`` and ``withheld``),
+    ``deps`` pickled (left out when it cannot be) and the caller's plain ``contextvars``
+    (``context_values``, name -> value). ``deadline`` is a ``time.monotonic()`` instant
+    (seconds), ``timeout_ms`` the call's budget (ms). Never raises."""
+    fields: dict[str, Any] = {
+        "session_id": ctx.get("session_id"),
+        "call_id": ctx.get("call_id"),
+        "data_dir": ctx.get("data_dir"),
+        "withheld": tuple(ctx.get("withheld", ())),
+    }
+    if "traceparent" in ctx:  # the call's span, which the tool's own spans join
+        fields["traceparent"] = ctx["traceparent"]
+    if context_values:
+        fields[CONTEXT_VALUES] = dict(context_values)
+    call_id = str(ctx.get("call_id", ""))
+    return CallRequest(digest, None, name, call_id, dict(args), fields, _pickled_deps(ctx), deadline, timeout_ms,
+                       max_chars)
+
+
+def _pickled_deps(ctx: Mapping[str, Any]) -> bytes | None:
+    """``ctx["deps"]`` pickled, or ``None`` when absent or not picklable (left out)."""
+    if "deps" not in ctx:
+        return None
+    try:
+        return bytes(cloudpickle.dumps(ctx["deps"], protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        return None
 
 
 def encode_call(request: CallRequest) -> bytes:

@@ -31,10 +31,7 @@ from rho_actors.sandbox.processes import mib
 from rho_actors.telemetry import attached
 from rho_actors.tool import ToolResult
 
-__all__ = ["CONTEXT_VALUES", "TOOL_CACHE_SIZE", "WorkerConfig", "worker_child"]
-
-CONTEXT_VALUES: Final = "context_values"
-"""The request field holding the caller's plain-data ``contextvars`` (name -> value)."""
+__all__ = ["TOOL_CACHE_SIZE", "WorkerConfig", "serve_request", "worker_child"]
 
 TOOL_CACHE_SIZE: Final = 32
 """Unpickled tools a worker keeps, by digest of their pickled bytes."""
@@ -69,10 +66,26 @@ def _serve(
     data: bytes, tools: OrderedDict[bytes, Any], config: WorkerConfig, codec: wire.ResultCodec
 ) -> tuple[bytes, bytes]:
     """One call in a worker: the reply frame."""
-    name, call_id = "?", ""
     try:
         request = wire.decode_call(data)
-        name, call_id = request.name, request.call_id
+    except MemoryError:
+        return _reply(_memory_result("", "?", config.heap_bytes), True, "?", codec)
+    except BaseException as exc:  # a broken request
+        return _reply(failure("failed_in_worker", "", "?", problem=describe_exception(exc)), False, "?", codec)
+    return serve_request(request, tools, config, codec)
+
+
+def serve_request(
+    request: wire.CallRequest, tools: OrderedDict[bytes, Any], config: WorkerConfig, codec: wire.ResultCodec
+) -> tuple[bytes, bytes]:
+    """Run one call (the tool from ``tools`` by digest, or unpickled from the request's
+    ``tool_bytes`` and kept there, at most :data:`TOOL_CACHE_SIZE`) and return its reply
+    frame: ``(NEED_TOOL, b"")`` when the tool is neither held nor sent, else
+    ``(RESULT or RESULT_RETIRE, the result encoded by codec)``. The ctx the tool gets is
+    the request's fields with ``deadline``, ``cancel`` (never set) and ``deps``. Used by
+    worker processes and by Ray tasks (:mod:`rho_actors.integrations.ray.tasks`)."""
+    name, call_id = request.name, request.call_id
+    try:
         tool = tools.get(request.digest)
         if tool is None:
             if request.tool_bytes is None:
@@ -90,7 +103,7 @@ def _serve(
         else:
             tools.move_to_end(request.digest)
         ctx: dict[str, Any] = dict(request.fields)
-        carried = ctx.pop(CONTEXT_VALUES, None) or {}
+        carried = ctx.pop(wire.CONTEXT_VALUES, None) or {}
         ctx["deadline"] = request.deadline
         ctx["cancel"] = CancelToken()
         if request.deps_bytes is not None:

@@ -2,11 +2,15 @@
 under rho's deadlines and supervision (DESIGN §5). Needs the ``ray`` extra.
 
 A call runs as one Ray task (``max_retries=0``) with its tool's resources
-(:class:`RayResources`). The tool travels once per version: its cloudpickle bytes are put
-in Ray's object store and each Ray worker keeps the unpickled tool by digest (a worker
-that lacks it says so, and the call is sent again with a reference to the bytes). In the task
-the tool's outcome becomes a result with rho's own builders and comes back as JSON text,
-which the host validates before it becomes a :class:`ToolResult`. Ray has no per-task
+(:class:`RayResources`), on the sandbox's kernel: the tool is pickled as for a worker
+process (:mod:`rho_actors.sandbox.shipping`, once per version) and put in Ray's object
+store once per digest; the call goes as a worker's ``CALL`` frame
+(:func:`rho_actors.sandbox.wire.call_request`), and the task runs it with the worker's own
+code (:func:`rho_actors.sandbox.worker.serve_request`: the tool kept by digest, the same
+ctx, the same result builders; a worker that lacks the tool says so, and the call is sent
+again with a reference to the bytes). The reply is checked by the plain codec
+(:class:`rho_actors.sandbox.wire.PlainCodec`) and capped by the host; every text is a
+:data:`rho_actors.results.TEXTS` key. Ray has no per-task
 timeout, so the host keeps the deadline: at the deadline the result is ``timeout`` and the
 task is force-cancelled (``ray.cancel(ref, force=True)`` kills its worker process).
 
@@ -25,36 +29,30 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
-import base64
+import dataclasses
 import functools
-import hashlib
 import itertools
 import json
 import os
-import pickle
-import sys
 import threading
 import time
-import types
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
-import cloudpickle
 import ray
 import ray.exceptions
 from loguru import logger
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.otp.timers import Timers
-from rho_actors.results import error_result, result_from_exception, result_from_return
-from rho_actors.tool import ErrorKind, Image, ToolResult, is_untrusted
+from rho_actors.results import RAY_CANCELLED, capped, failure
+from rho_actors.sandbox import wire
+from rho_actors.sandbox.shipping import ShippedTools, Unshippable, short_name
+from rho_actors.sandbox.worker import WorkerConfig, serve_request
+from rho_actors.tool import ToolResult, is_untrusted
 
 __all__ = [
     "RayResources",
@@ -63,7 +61,6 @@ __all__ = [
     "run_on_ray",
 ]
 
-_WORKER_TOOLS = 64  # unpickled tools a Ray worker keeps, by digest
 _NODES_TTL_S = 2.0  # how long a view of the cluster's nodes is trusted for feasibility checks
 
 
@@ -178,8 +175,8 @@ class RayRuntime:
         self._own_timers = timers is None
         self._timers = timers
         self._nodes: tuple[float, list[dict[str, float]]] = (0.0, [])
-        self._shipped: weakref.WeakKeyDictionary[Any, tuple[str, Any]] = weakref.WeakKeyDictionary()
-        self._by_digest: OrderedDict[str, Any] = OrderedDict()
+        self._shipped = ShippedTools()
+        self._by_digest: OrderedDict[bytes, Any] = OrderedDict()
         self._remotes: dict[str, tuple[Any, Any]] = {}
         self._in_flight: dict[int, _InFlight] = {}
         self._keys = itertools.count()
@@ -255,21 +252,12 @@ class RayRuntime:
 
     # --- shipping -----------------------------------------------------------------------
 
-    def ship(self, tool: Any) -> tuple[str, Any]:
-        """``(digest, object ref)`` of the tool's cloudpickle bytes in Ray's object store:
-        once per module, class or function object; an instance is pickled on every call
-        and put again only when its bytes changed. Raises what pickling raises."""
-        cacheable = isinstance(tool, (type, types.ModuleType, types.FunctionType))
-        if cacheable:
-            try:
-                shipped = self._shipped.get(tool)
-            except TypeError:
-                shipped = None
-            if shipped is not None:
-                return shipped
-        _by_value(tool)
-        data = cloudpickle.dumps(tool, protocol=pickle.HIGHEST_PROTOCOL)
-        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+    def ship(self, tool: Any, version: object = None) -> tuple[bytes, Any]:
+        """``(digest, object ref)`` of the tool's pickled bytes in Ray's object store, pickled
+        as for worker processes (:class:`~rho_actors.sandbox.shipping.ShippedTools`: once per
+        tool version; an instance on every call) and put once per digest. Raises
+        :class:`~rho_actors.sandbox.shipping.Unshippable` naming why."""
+        digest, data = self._shipped.ship(tool, version)
         with self._lock:
             ref = self._by_digest.get(digest)
             if ref is None:
@@ -279,13 +267,7 @@ class RayRuntime:
                     self._by_digest.popitem(last=False)
             else:
                 self._by_digest.move_to_end(digest)
-        shipped = (digest, ref)
-        if cacheable:
-            try:
-                self._shipped[tool] = shipped
-            except TypeError:
-                pass
-        return shipped
+        return digest, ref
 
     def _remote(self, resources: RayResources) -> tuple[Any, Any]:
         """The task functions (without and with the tool) with ``resources`` as options."""
@@ -350,142 +332,35 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-_by_value_checked: set[str] = set()
-
-
-def _by_value(tool: Any) -> None:
-    """Ship the tool's own modules by value unless they belong to an installed package:
-    the Ray workers (perhaps on other hosts) may not have the host's scripts and tests.
-    Its modules: its own (a module tool), its ``__module__``, its class's and, for a
-    wrapper such as ``@tool``, the wrapped function's."""
-    names: list[Any]
-    if isinstance(tool, types.ModuleType):
-        names = [tool.__name__]
-    else:
-        wrapped = getattr(tool, "__wrapped__", None)
-        names = [getattr(tool, "__module__", None), type(tool).__module__, getattr(wrapped, "__module__", None)]
-    for name in names:
-        if not isinstance(name, str) or name in _by_value_checked:
-            continue
-        _by_value_checked.add(name)
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
-        if module is None or path is None or name in ("__main__", "builtins") or name.split(".")[0] == "rho_actors":
-            continue
-        if "site-packages" in path or "dist-packages" in path:
-            continue
-        try:
-            cloudpickle.register_pickle_by_value(module)
-        except ValueError:
-            pass
-
-
 # --- one call ------------------------------------------------------------------------------
 
 
-_worker_tools: OrderedDict[str, Any] = OrderedDict()
-
-
-def _plain_reply(result: ToolResult) -> str:
-    """A result as the JSON text a Ray task returns (call id, name and time set by the host)."""
-    try:
-        details = json.loads(json.dumps(result.details, allow_nan=False)) if result.details is not None else None
-    except (TypeError, ValueError) as exc:
-        return _plain_reply(error_result(result.call_id, result.name, ErrorKind.RAISED,
-                                         f"tool {result.name!r} returned details that are not plain JSON data "
-                                         f"({describe_exception(exc)})"))
-    return json.dumps({
-        "ok": result.ok, "content": result.content,
-        "error_kind": None if result.error_kind is None else str(result.error_kind),
-        "details": details,
-        "images": [{"data": base64.b64encode(i.data).decode("ascii"), "mime_type": i.mime_type}
-                   for i in result.images],
-    })
-
-
-async def _until(coro: Any, deadline: float) -> Any:
-    return await asyncio.wait_for(coro, max(0.0, deadline - time.monotonic()))
-
-
-_NEED_TOOL = "\x00need-tool"  # a task's answer when its worker lacks the tool: sent again with it
+_worker_tools: OrderedDict[bytes, Any] = OrderedDict()  # a Ray worker's tools by digest, as a worker process's
+_TASK_CONFIG = WorkerConfig(codec="plain", heap_bytes=None)
 
 
 @ray.remote(max_retries=0)
-def _execute(payload: str) -> str:
-    """The Ray task of one call. ``payload`` is JSON text: ``[digest, name, call_id, args,
-    fields, seconds_left, max_chars]``. Returns the tool's outcome as JSON text (see
-    :func:`_plain_reply`), or :data:`_NEED_TOOL` when this worker does not hold the tool."""
-    return _run_task(payload, None)
+def _execute(body: bytes, seconds_left: float) -> tuple[bytes, bytes]:
+    """The Ray task of one call: ``body`` is the call's ``CALL`` frame (a
+    :class:`~rho_actors.sandbox.wire.CallRequest`, its ``deadline`` replaced by
+    ``seconds_left`` from the task's start, since clocks differ between hosts). Returns
+    the reply frame of :func:`~rho_actors.sandbox.worker.serve_request`: ``NEED_TOOL``
+    when this worker lacks the tool, else the result in the plain codec."""
+    return _run_task(body, seconds_left, None)
 
 
 @ray.remote(max_retries=0)
-def _execute_shipping(payload: str, holder: list[Any]) -> str:
+def _execute_shipping(body: bytes, seconds_left: float, holder: list[Any]) -> tuple[bytes, bytes]:
     """:func:`_execute` for a worker that lacked the tool: ``holder`` is ``[ref]`` of its
-    cloudpickle bytes in the object store (a nested ref: fetched only here)."""
-    return _run_task(payload, holder)
+    pickled bytes in the object store (a nested ref: fetched only here)."""
+    return _run_task(body, seconds_left, holder)
 
 
-def _run_task(payload: str, holder: list[Any] | None) -> str:
-    digest, name, call_id, args, fields, seconds_left, max_chars = json.loads(payload)
-    deadline = time.monotonic() + seconds_left
-    tool = _worker_tools.get(digest)
-    if tool is None:
-        if holder is None:
-            return _NEED_TOOL
-        try:
-            tool = cloudpickle.loads(ray.get(holder[0]))
-        except BaseException as exc:
-            text = f"tool {name!r} could not be unpickled in its Ray worker: {describe_exception(exc)}"
-            return _plain_reply(error_result(call_id, name, ErrorKind.RAISED, text))
-        _worker_tools[digest] = tool
-        while len(_worker_tools) > _WORKER_TOOLS:
-            _worker_tools.popitem(last=False)
-    else:
-        _worker_tools.move_to_end(digest)
-    ctx = MappingProxyType({**fields, "deadline": deadline, "cancel": CancelToken()})
-    try:
-        value = tool.run(args, ctx)
-        if asyncio.iscoroutine(value):
-            value = asyncio.run(_until(value, deadline))
-        result = result_from_return(call_id, name, value, max_chars, 0.0)
-    except TimeoutError as exc:
-        if time.monotonic() >= deadline:
-            result = error_result(call_id, name, ErrorKind.TIMEOUT, f"tool {name!r} did not finish before its deadline")
-        else:
-            result = result_from_exception(call_id, name, exc, max_chars, 0.0)
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt are `exited` results
-        result = result_from_exception(call_id, name, exc, max_chars, 0.0)
-    return _plain_reply(result)
-
-
-class _Image(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    data: str
-    mime_type: str
-
-
-class _Reply(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    ok: bool
-    content: str
-    error_kind: ErrorKind | None
-    details: Any
-    images: list[_Image]
-
-
-def _decode_reply(text: Any, call_id: str, name: str, duration_ms: float) -> ToolResult:
-    """The :class:`ToolResult` of a task's JSON reply. Raises ``ValueError`` naming what
-    is malformed."""
-    if not isinstance(text, str):
-        raise ValueError(f"expected JSON text, got {type(text).__name__}")
-    try:
-        reply = _Reply.model_validate_json(text)
-        images = tuple(Image(base64.b64decode(i.data, validate=True), i.mime_type) for i in reply.images)
-    except (ValidationError, ValueError) as exc:
-        raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-    if reply.ok != (reply.error_kind is None):
-        raise ValueError("ok and error_kind disagree")
-    return ToolResult(call_id, name, reply.ok, reply.content, reply.error_kind, reply.details, images, duration_ms)
+def _run_task(body: bytes, seconds_left: float, holder: list[Any] | None) -> tuple[bytes, bytes]:
+    request = dataclasses.replace(wire.decode_call(body), deadline=time.monotonic() + seconds_left)
+    if holder is not None and request.digest not in _worker_tools:
+        request = dataclasses.replace(request, tool_bytes=ray.get(holder[0]))
+    return serve_request(request, _worker_tools, _TASK_CONFIG, wire.CODECS["plain"])
 
 
 _LOST = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError,
@@ -495,7 +370,7 @@ _LOST = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.ex
 def run_on_ray(
     runtime: RayRuntime,
     tool: Any,
-    args: dict[str, Any],
+    args: Mapping[str, Any],
     ctx: Mapping[str, Any],
     deadline: float,
     cancel: CancelToken,
@@ -504,16 +379,22 @@ def run_on_ray(
     *,
     name: str | None = None,
     started: float | None = None,
+    version: object = None,
+    context_values: Mapping[str, Any] | None = None,
 ) -> ToolResult:
     """Run ``tool.run(args, ctx)`` as one Ray task and return its result. Blocks (call it
     from the call's own thread); never raises for anything the tool or Ray does.
 
     ``deadline`` and ``started`` (default: now; ``duration_ms`` counts from it) are
-    ``time.monotonic()`` instants, seconds. From ``ctx`` only plain data travels:
-    ``session_id``, ``call_id``, ``data_dir`` (as text) and ``withheld``; in the task,
-    ``ctx`` also holds ``deadline`` (a ``time.monotonic()`` instant of the worker) and
-    ``cancel``, a token never set (the task is killed instead). ``name`` is the tool's
-    checked name (default: its ``__name__`` or type name).
+    ``time.monotonic()`` instants, seconds. The call goes as a worker process's would
+    (:func:`~rho_actors.sandbox.wire.call_request`: the portable part of ``ctx``,
+    ``deps`` when picklable, ``context_values``; the tool shipped once per ``version``)
+    and runs in the task through the worker's own code
+    (:func:`~rho_actors.sandbox.worker.serve_request`), where ``ctx`` also holds
+    ``deadline`` (an instant of the task's host) and ``cancel``, a token never set (the
+    task is killed instead). ``name`` is the tool's checked name (default: its
+    ``__name__`` or type name). The reply is checked by the plain codec, as an untrusted
+    worker's is.
 
     The result is the tool's own (``ok``, ``raised``, ``exited``), or an error with kind
     ``timeout`` (the deadline passed: the task was force-cancelled, its worker killed),
@@ -525,69 +406,64 @@ def run_on_ray(
     """
     start = time.monotonic() if started is None else started
     call_id = str(ctx.get("call_id", ""))
-    label = name if name is not None else str(getattr(tool, "__name__", type(tool).__name__))
+    label = name if name is not None else short_name(tool)
+    timeout_ms = round((deadline - start) * 1000)
 
-    def failed(kind: ErrorKind, message: str) -> ToolResult:
-        return error_result(call_id, label, kind, message, (time.monotonic() - start) * 1000)
+    def failed(key: str, **fields: Any) -> ToolResult:
+        return failure(key, call_id, label, (time.monotonic() - start) * 1000, **fields)
 
     if is_untrusted(tool):
-        return failed(ErrorKind.UNAVAILABLE, f"tool {label!r} is untrusted and cannot run on Ray")
+        return failed("ray_untrusted")
     if cancel.cancelled:
-        return failed(ErrorKind.CANCELLED, f"tool {label!r} was cancelled ({cancel.reason}) before it ran")
+        return failed("cancelled", reason=cancel.reason)
     try:
         runtime.connect()
         problem = runtime.infeasible(resources)
     except Exception as exc:
-        return failed(ErrorKind.UNAVAILABLE, f"tool {label!r} did not run: Ray is not reachable "
-                      f"({describe_exception(exc)})")
+        return failed("ray_unreachable", problem=describe_exception(exc))
     if problem is not None:
-        return failed(ErrorKind.UNAVAILABLE, f"tool {label!r} cannot run on Ray: {problem}")
+        return failed("ray_infeasible", problem=problem)
     try:
-        digest, tool_ref = runtime.ship(tool)
-    except Exception as exc:
-        return failed(ErrorKind.RAISED, f"tool {label!r} could not be shipped to Ray: {describe_exception(exc)}")
-    fields = {
-        "session_id": ctx.get("session_id"),
-        "call_id": ctx.get("call_id"),
-        "data_dir": None if ctx.get("data_dir") is None else str(ctx.get("data_dir")),
-        "withheld": list(ctx.get("withheld", ())),
-    }
+        digest, tool_ref = runtime.ship(tool, version)
+    except Unshippable as exc:
+        return failed("ray_unshippable", problem=str(exc))
+    request = wire.call_request(digest, label, args, ctx, deadline, timeout_ms, max_output_chars, context_values)
+    try:
+        body = wire.encode_call(request)
+    except wire.WireError as exc:
+        return failed("ray_unsendable", problem=str(exc))
     bare, shipping = runtime._remote(resources)
     holder: list[Any] | None = None  # the tool goes along only to a worker that lacks it
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            return failed(ErrorKind.TIMEOUT, f"tool {label!r} did not run: its deadline had passed")
+            return failed("timeout", timeout_ms=timeout_ms, consequence="it did not start")
         try:
-            payload = json.dumps([digest, label, call_id, args, fields, left, max_output_chars], allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            return failed(ErrorKind.RAISED, f"tool {label!r}: its arguments are not plain JSON data and cannot go "
-                          f"to Ray ({describe_exception(exc)})")
-        try:
-            ref = bare.remote(payload) if holder is None else shipping.remote(payload, holder)
+            ref = bare.remote(body, left) if holder is None else shipping.remote(body, left, holder)
         except Exception as exc:
-            return failed(ErrorKind.UNAVAILABLE, f"tool {label!r} did not run: Ray refused the task "
-                          f"({describe_exception(exc)})")
+            return failed("ray_refused", problem=describe_exception(exc))
         key = runtime._track(call_id, label, ref, start, deadline)
         cancel.add_callback(functools.partial(_force_cancel, ref))
         try:
-            text = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            tag, reply = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
             _force_cancel(ref)
-            budget_ms = round((deadline - start) * 1000)
-            return failed(ErrorKind.TIMEOUT, f"tool {label!r} did not finish within its timeout of {budget_ms} ms; "
-                          "its Ray task was force-cancelled (a running task's worker is killed)")
+            return failed("timeout", timeout_ms=timeout_ms, consequence=RAY_CANCELLED)
         except BaseException as exc:
-            return _failure(exc, label, cancel, failed)
+            return _failure(exc, cancel, failed)
         finally:
             runtime._untrack(key)
-        if text != _NEED_TOOL or holder is not None:
+        if tag != wire.NEED_TOOL or holder is not None:
             break
         holder = [tool_ref]
     try:
-        return _decode_reply(text, call_id, label, (time.monotonic() - start) * 1000)
-    except ValueError as exc:
-        return failed(ErrorKind.CRASHED, f"tool {label!r}: its Ray task sent a malformed reply ({exc})")
+        if tag not in (wire.RESULT, wire.RESULT_RETIRE) or type(reply) is not bytes:
+            raise wire.WireError(f"an unexpected reply frame {tag!r}")
+        result = wire.CODECS["plain"].decode(reply)
+    except (wire.WireError, ValueError) as exc:
+        return failed("ray_malformed", problem=str(exc))
+    return dataclasses.replace(capped(result, max_output_chars), call_id=call_id, name=label,
+                               duration_ms=(time.monotonic() - start) * 1000)
 
 
 def _force_cancel(ref: Any) -> None:
@@ -597,27 +473,23 @@ def _force_cancel(ref: Any) -> None:
         logger.debug("ray.cancel of {} failed: {}", ref, describe_exception(exc))
 
 
-def _failure(exc: BaseException, label: str, cancel: CancelToken,
-             failed: Callable[[ErrorKind, str], ToolResult]) -> ToolResult:
+def _failure(exc: BaseException, cancel: CancelToken, failed: Callable[..., ToolResult]) -> ToolResult:
     cause = f"{type(exc).__name__}: {_first_line(exc)}"
     if cancel.cancelled and isinstance(exc, (ray.exceptions.TaskCancelledError, *_LOST)):
-        return failed(ErrorKind.CANCELLED, f"tool {label!r} was cancelled ({cancel.reason}); its Ray task was "
-                      "force-cancelled (a running task's worker is killed)")
+        return failed("cancelled", reason=f"{cancel.reason}; {RAY_CANCELLED}")
     if isinstance(exc, ray.exceptions.OutOfMemoryError):
-        return failed(ErrorKind.MEMORY, f"tool {label!r} ran out of memory: Ray's memory monitor killed its worker "
-                      f"({cause})")
+        return failed("ray_memory", cause=cause)
     if isinstance(exc, ray.exceptions.RuntimeEnvSetupError):
-        return failed(ErrorKind.UNAVAILABLE, f"tool {label!r} did not run: its Ray runtime_env could not be set up "
-                      f"({cause})")
+        return failed("ray_runtime_env", cause=cause)
     if isinstance(exc, ray.exceptions.TaskCancelledError):
-        return failed(ErrorKind.CANCELLED, f"tool {label!r}: its Ray task was cancelled from outside ({cause})")
+        return failed("ray_cancelled_outside", cause=cause)
     if isinstance(exc, _LOST):
-        return failed(ErrorKind.CRASHED, f"tool {label!r} crashed: its Ray worker or node was lost ({cause})")
+        return failed("ray_lost", cause=cause)
     if isinstance(exc, ray.exceptions.RayTaskError):
-        return failed(ErrorKind.RAISED, f"tool {label!r} failed in its Ray task ({cause})")
+        return failed("ray_raised", cause=cause)
     if not isinstance(exc, Exception):
         raise exc  # KeyboardInterrupt in the host: not the tool's doing
-    return failed(ErrorKind.CRASHED, f"tool {label!r}: Ray failed ({cause})")
+    return failed("ray_failed", cause=cause)
 
 
 def _first_line(exc: BaseException) -> str:
