@@ -30,7 +30,6 @@ from rho_actors.agent import (
 )
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.cancel import CancelToken
-from rho_actors.declaration_actor import UntrustedReads
 from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
 from rho_actors.encoding import EncodedOutput, encode_output
 from rho_actors.errors import RhoError
@@ -59,7 +58,8 @@ from rho_actors.otp.supervisor import (
     which_children,
 )
 from rho_actors.providers import ModelError, RetryPolicy, model_from_spec
-from rho_actors.registry import DuplicateToolError, Registration, ToolEntry, ToolSet
+from rho_actors.registry import DuplicateToolError, Registration
+from rho_actors.runtime import UntrustedReads
 from rho_actors.sandbox import IsolatedReadError, WorkerPool
 from rho_actors.selftest import LoadError, SelftestRow, run_selftests
 from rho_actors.sources import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
@@ -84,6 +84,7 @@ from rho_actors.tool import (
     timeout_ms,
     untrusted,
 )
+from rho_actors.toolset import ToolEntry, ToolSet
 from rho_actors.transcript import TranscriptError
 
 _logger.disable("rho_actors")

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import tenacity
 from loguru import logger
 
 from rho_actors import sandbox
@@ -32,7 +31,7 @@ from rho_actors.otp.actor import Actor
 from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:
-    from rho_actors.runtime import Runtime
+    from rho_actors.runtime import Runtime, UntrustedReads
     from rho_actors.sandbox.enclosure import ConfinePolicy
 
 __all__ = [
@@ -41,35 +40,11 @@ __all__ = [
     "DeclarationActor",
     "DeclarationState",
     "ReadUntrusted",
-    "UntrustedReads",
 ]
 
 
 DECLARATIONS = "declarations"
 """The name the DeclarationActor is registered under in its system."""
-
-
-@dataclass(frozen=True, slots=True)
-class UntrustedReads:
-    """How untrusted declarations are read (DESIGN §3): in a throwaway process within
-    ``timeout_s`` seconds and ``heap_bytes`` bytes; a read that runs over is tried again
-    after each of ``retry_s`` (seconds; default 1, 5 and 30 minutes, as tenacity's
-    ``wait_chain`` of ``wait_fixed`` waits), then the tool stays out."""
-
-    timeout_s: float = 2.0
-    heap_bytes: int = 256 * 2**20
-    retry_s: tuple[float, ...] = (60.0, 300.0, 1800.0)
-    start_method: str = "forkserver"
-
-    def wait(self) -> tenacity.wait.wait_base:
-        """The retry schedule as a tenacity wait strategy."""
-        return tenacity.wait_chain(*(tenacity.wait_fixed(s) for s in self.retry_s))
-
-    def retry_delay_s(self, retry: int) -> float:
-        """The wait before retry number ``retry`` (1-based), in seconds."""
-        state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
-        state.attempt_number = retry
-        return float(self.wait()(state))
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,10 +48,10 @@ from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.loop_messages import CancelTurn, Offered, Running, RunTurn, SetWithheld, make_session_folder
 from rho_actors.otp.actor import Actor
-from rho_actors.registry import ToolEntry, ToolSet
 from rho_actors.results import capped, error_result, failure, text
 from rho_actors.telemetry import CallSpan, Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
+from rho_actors.toolset import ToolEntry, ToolSet
 
 if TYPE_CHECKING:
     from rho_actors.runtime import Runtime

@@ -36,24 +36,38 @@ import socketserver
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from loguru import logger
 
 from rho_actors.events import CallEvent
 
-if TYPE_CHECKING:
-    from rho_actors.system import ActorSystem
-
-__all__ = ["Observer", "snapshot"]
+__all__ = ["ObservedSystem", "Observer", "snapshot"]
 
 MAX_QUEUED = 1_000
 RECENT = 50
 _TOKEN_WAIT_S = 5.0
 
 
-def snapshot(system: ActorSystem, reports: list[dict[str, Any]] | None = None,
+class ObservedSystem(Protocol):
+    """What an observer reads of a system (an :class:`~rho_actors.ActorSystem` is one):
+    its tree, counters, worker pids, whether it stopped, and its event bus."""
+
+    @property
+    def stopped(self) -> bool: ...
+
+    def tree(self) -> dict[str, Any]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def worker_pids(self) -> list[int]: ...
+
+    def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]: ...
+
+
+def snapshot(system: ObservedSystem, reports: list[dict[str, Any]] | None = None,
              events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One view of ``system`` as plain JSON-able data (see the module docstring)."""
     tree = system.tree()
@@ -86,7 +100,7 @@ def _find(node: dict[str, Any], node_id: str) -> dict[str, Any]:
     return {}
 
 
-def _workers(system: ActorSystem) -> list[dict[str, Any]]:
+def _workers(system: ObservedSystem) -> list[dict[str, Any]]:
     """The worker processes of ``process`` isolation, with their resident memory."""
     import psutil
 
@@ -135,7 +149,7 @@ class Observer:
     slow viewers, in all).
     """
 
-    def __init__(self, system: ActorSystem, address: str | Path | int, *, interval_s: float = 1.0,
+    def __init__(self, system: ObservedSystem, address: str | Path | int, *, interval_s: float = 1.0,
                  max_queued: int = MAX_QUEUED) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be more than 0, got {interval_s}")

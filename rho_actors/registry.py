@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -32,6 +31,7 @@ from rho_actors.events import ToolSetChanged
 from rho_actors.otp.actor import Actor
 from rho_actors.results import text
 from rho_actors.tool import ToolInfo
+from rho_actors.toolset import IsolationName, Placement, ToolEntry, ToolSet
 
 if TYPE_CHECKING:
     import pykka
@@ -40,15 +40,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DuplicateToolError",
-    "WORKER_SCOPES",
-    "IsolationName",
-    "Placement",
     "Registration",
     "RegistryState",
-    "ToolEntry",
     "ToolRegistry",
-    "ToolSet",
-    "ToolSetView",
 ]
 
 _ASK_TIMEOUT_S = 60.0
@@ -72,111 +66,6 @@ class Registration:
     def offered(self) -> bool:
         """Whether the tool passed its checks (loops may offer it)."""
         return self.info is not None
-
-
-IsolationName = str
-"""The name of an isolation (a key of :data:`rho_actors.isolation.ISOLATIONS`:
-``"thread"``, ``"process"``)."""
-
-
-WORKER_SCOPES = ("session", "call")
-"""``worker_scope`` values for untrusted tools: one worker per (tool, session) pair, or
-a fresh worker per call."""
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where and with what a tool's calls run (DESIGN §5). For an untrusted tool:
-    ``worker_scope`` (:data:`WORKER_SCOPES`), ``env`` added to its workers' scrubbed
-    environment and ``deps``, its calls' ``ctx["deps"]`` (plain JSON data); for a
-    trusted tool ``untrusted`` is False and those are unused. ``options``: what its
-    isolation was given at registration, checked by it (``resources`` of ``ray``)."""
-
-    untrusted: bool = False
-    worker_scope: str = "session"
-    env: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    deps: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-    options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-
-
-def make_placement(
-    untrusted: bool, worker_scope: str | None, env: Mapping[str, str] | None, deps: Mapping[str, Any] | None
-) -> Placement:
-    """Check and freeze what ``register`` was given. Raises ``ValueError`` naming the
-    bad argument: an unknown scope, a non-``str`` env name or value, deps that are not a
-    JSON object, or any of them for a trusted tool (whose calls get the session's deps)."""
-    if not untrusted:
-        given = [n for n, v in (("worker_scope", worker_scope), ("env", env), ("deps", deps)) if v is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} apply to untrusted tools only (register(..., untrusted=True))")
-        return Placement()
-    scope = worker_scope or "session"
-    if scope not in WORKER_SCOPES:
-        raise ValueError(f"worker_scope must be one of {', '.join(WORKER_SCOPES)}, not {scope!r}")
-    env = dict(env or {})
-    bad = [k for k, v in env.items() if type(k) is not str or type(v) is not str or not k or "=" in k or "\0" in k + v]
-    if bad:
-        raise ValueError(f"env must map variable names to str values; bad entries: {bad!r}")
-    try:
-        plain = json.loads(json.dumps(dict(deps or {}), allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"deps of an untrusted tool must be plain JSON data: {exc}") from None
-    return Placement(True, scope, MappingProxyType(env), MappingProxyType(plain))
-
-
-@dataclass(frozen=True, slots=True)
-class ToolEntry:
-    """A registered tool with a checked declaration and its compiled argument validator."""
-
-    tool: Any
-    info: ToolInfo
-    validator: Draft202012Validator
-    origin: str
-    isolation: IsolationName = "thread"
-    placement: Placement = field(default_factory=Placement)
-
-    @property
-    def untrusted(self) -> bool:
-        """Whether the tool was registered untrusted."""
-        return self.placement.untrusted
-
-    @property
-    def worker_scope(self) -> str:
-        """See :class:`Placement`."""
-        return self.placement.worker_scope
-
-    @property
-    def env(self) -> Mapping[str, str]:
-        """See :class:`Placement`."""
-        return self.placement.env
-
-    @property
-    def deps(self) -> Mapping[str, Any]:
-        """See :class:`Placement`."""
-        return self.placement.deps
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSet:
-    """One published state of the registry.
-
-    ``entries``: name -> :class:`ToolEntry` of every tool that may be offered, in
-    registration order; ``unavailable``: name -> why a known name is not offered
-    (its declaration failed its checks, or it was unregistered).
-    """
-
-    version: int = 0
-    entries: Mapping[str, ToolEntry] = field(default_factory=lambda: _EMPTY)
-    unavailable: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-
-
-class ToolSetView:
-    """The registry's latest :class:`ToolSet`; ``current`` is replaced whole, never mutated."""
-
-    __slots__ = ("current",)
-
-    def __init__(self) -> None:
-        self.current = ToolSet()
 
 
 @dataclass(slots=True)
@@ -246,7 +135,7 @@ class ToolRegistry(Actor):
         is read in a throwaway process by the DeclarationActor: this returns a future of
         its Registration (or of the DuplicateToolError). ``isolation`` defaults to
         ``"process"`` for an untrusted tool, else ``"thread"``; ``placement`` is kept with
-        the tool's entry (see :func:`make_placement`).
+        the tool's entry (see :func:`rho_actors.toolset.make_placement`).
         """
         origin = origin or describe_origin(tool, trusted=not untrusted)
         isolation = isolation or ("process" if untrusted else "thread")

@@ -11,19 +11,43 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import tenacity
+
 if TYPE_CHECKING:
-    from rho_actors.declaration_actor import UntrustedReads
     from rho_actors.events import EventBus
     from rho_actors.isolation import Isolation
     from rho_actors.otp.names import Names
     from rho_actors.otp.supervisor import ChildStarter
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
-    from rho_actors.registry import ToolSetView
     from rho_actors.sandbox.enclosure import ConfinePolicy
     from rho_actors.telemetry import Telemetry
+    from rho_actors.toolset import ToolSetView
 
-__all__ = ["Limits", "Runtime"]
+__all__ = ["Limits", "Runtime", "UntrustedReads"]
+
+
+@dataclass(frozen=True, slots=True)
+class UntrustedReads:
+    """How untrusted declarations are read (DESIGN §3): in a throwaway process within
+    ``timeout_s`` seconds and ``heap_bytes`` bytes; a read that runs over is tried again
+    after each of ``retry_s`` (seconds; default 1, 5 and 30 minutes, as tenacity's
+    ``wait_chain`` of ``wait_fixed`` waits), then the tool stays out."""
+
+    timeout_s: float = 2.0
+    heap_bytes: int = 256 * 2**20
+    retry_s: tuple[float, ...] = (60.0, 300.0, 1800.0)
+    start_method: str = "forkserver"
+
+    def wait(self) -> tenacity.wait.wait_base:
+        """The retry schedule as a tenacity wait strategy."""
+        return tenacity.wait_chain(*(tenacity.wait_fixed(s) for s in self.retry_s))
+
+    def retry_delay_s(self, retry: int) -> float:
+        """The wait before retry number ``retry`` (1-based), in seconds."""
+        state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
+        state.attempt_number = retry
+        return float(self.wait()(state))
 
 
 @dataclass(frozen=True, slots=True)

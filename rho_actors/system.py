@@ -56,7 +56,7 @@ from loguru import logger
 from rho_actors import confinement as _confinement
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.call import CallActor
-from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState, UntrustedReads
+from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
 from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, describe_origin
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS, describe_exception
 from rho_actors.events import EventBus
@@ -70,20 +70,13 @@ from rho_actors.otp.names import Names
 from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartChild, Supervisor, which_children
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
-from rho_actors.registry import (
-    IsolationName,
-    Registration,
-    RegistryState,
-    ToolRegistry,
-    ToolSet,
-    ToolSetView,
-    make_placement,
-)
-from rho_actors.runtime import Limits, Runtime
+from rho_actors.registry import Registration, RegistryState, ToolRegistry
+from rho_actors.runtime import Limits, Runtime, UntrustedReads
 from rho_actors.sandbox.enclosure import ConfinePolicy
 from rho_actors.sandbox.processes import hold_servers, release_servers
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
+from rho_actors.toolset import IsolationName, ToolSet, ToolSetView, make_placement
 
 if TYPE_CHECKING:
     from rho_actors.observer import Observer
@@ -356,7 +349,7 @@ class ActorSystem:
         return result
 
     def tool_set(self) -> ToolSet:
-        """The registry's current :class:`rho_actors.registry.ToolSet` (immutable:
+        """The registry's current :class:`rho_actors.toolset.ToolSet` (immutable:
         entries with their tools, isolation and declarations; a ``version`` that grows
         with every change)."""
         return self._tools.current

@@ -2,9 +2,10 @@
 it, no private name imported across modules, no module over 700 lines.
 
 The import graph has an edge for every ``import`` of a rho_actors module anywhere in a
-module (inside functions too), except under ``if TYPE_CHECKING:`` and except a
-submodule's import of its own package (Python initializes a package before any of its
-submodules, so that import never decides an order)."""
+module (inside functions and under ``if TYPE_CHECKING:`` too: a type-only import is a
+dependency all the same), except a submodule's import of its own package (Python
+initializes a package before any of its submodules, so that import never decides an
+order)."""
 
 from __future__ import annotations
 
@@ -27,22 +28,11 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement, at any depth (functions too), except under ``if TYPE_CHECKING``."""
+    """Every import statement, at any depth (functions and ``if TYPE_CHECKING:`` too)."""
     found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
         for sub_node in ast.iter_child_nodes(node):

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from rho_actors.events import EventBus
     from rho_actors.otp.supervisor import ChildStarter
     from rho_actors.otp.timers import Timers
-    from rho_actors.registry import ToolSetView
     from rho_actors.sandbox.enclosure import ConfinePolicy
+    from rho_actors.toolset import ToolSetView
 
 __all__ = ["Isolation", "IsolationServices", "RunningCall"]
 

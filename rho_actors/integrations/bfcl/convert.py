@@ -12,20 +12,18 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rho_actors.integrations.bfcl.data import (
     ERROR_PREFIX,
     MULTI_TURN_CLASSES,
+    BfclFunction,
     CallParseError,
     backend_config,
     bfcl_root,
     read_json_lines,
 )
 from rho_actors.tool import Error
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "NAME_RE",
@@ -123,17 +121,6 @@ def _convert_type(value: Any) -> str | list[str] | None:
     if not isinstance(value, str) or value not in _TYPE_MAP:
         raise ValueError(f"unknown BFCL type name {value!r}")
     return _TYPE_MAP[value]
-
-
-@dataclass(frozen=True, slots=True)
-class BfclFunction:
-    """One BFCL function doc: ``name``, owning backend ``class_name``, ``description``
-    and the raw BFCL ``parameters`` block."""
-
-    name: str
-    class_name: str
-    description: str
-    parameters: dict[str, Any]
 
 
 def load_functions(classes: Iterable[str] = MULTI_TURN_CLASSES) -> dict[str, BfclFunction]:

@@ -11,16 +11,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rho_actors.errors import RhoError
 
-if TYPE_CHECKING:
-
-    from rho_actors.integrations.bfcl.convert import BfclFunction
-
 __all__ = [
     "BFCL_VERSION",
+    "BfclFunction",
     "CATEGORIES",
     "ERROR_PREFIX",
     "INSTALL_HINT",
@@ -62,6 +59,17 @@ INSTALL_HINT = f"pip install --no-deps bfcl-eval=={BFCL_VERSION} mpmath"
 
 ERROR_PREFIX = "Error during execution: "
 """BFCL's text for a call that raised: this prefix, then ``str(exception)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class BfclFunction:
+    """One BFCL function doc: ``name``, owning backend ``class_name``, ``description``
+    and the raw BFCL ``parameters`` block."""
+
+    name: str
+    class_name: str
+    description: str
+    parameters: dict[str, Any]
 
 
 class BfclUnavailableError(RhoError, RuntimeError):

@@ -1,0 +1,135 @@
+"""What the registry publishes (DESIGN §3, §5): each registered tool's :class:`ToolEntry`
+(its checked declaration, compiled validator, isolation and :class:`Placement`), a
+:class:`ToolSet` of them, and the :class:`ToolSetView` through which loops and isolations
+read the latest one. Plain frozen data: a published set is replaced whole, never
+mutated, so any thread may read it without a lock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from rho_actors.tool import ToolInfo
+
+__all__ = [
+    "WORKER_SCOPES",
+    "IsolationName",
+    "Placement",
+    "ToolEntry",
+    "ToolSet",
+    "ToolSetView",
+    "make_placement",
+]
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+IsolationName = str
+"""The name of an isolation (a key of :data:`rho_actors.isolation.ISOLATIONS`:
+``"thread"``, ``"process"``)."""
+
+
+WORKER_SCOPES = ("session", "call")
+"""``worker_scope`` values for untrusted tools: one worker per (tool, session) pair, or
+a fresh worker per call."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where and with what a tool's calls run (DESIGN §5). For an untrusted tool:
+    ``worker_scope`` (:data:`WORKER_SCOPES`), ``env`` added to its workers' scrubbed
+    environment and ``deps``, its calls' ``ctx["deps"]`` (plain JSON data); for a
+    trusted tool ``untrusted`` is False and those are unused. ``options``: what its
+    isolation was given at registration, checked by it (``resources`` of ``ray``)."""
+
+    untrusted: bool = False
+    worker_scope: str = "session"
+    env: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    deps: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
+def make_placement(
+    untrusted: bool, worker_scope: str | None, env: Mapping[str, str] | None, deps: Mapping[str, Any] | None
+) -> Placement:
+    """Check and freeze what ``register`` was given. Raises ``ValueError`` naming the
+    bad argument: an unknown scope, a non-``str`` env name or value, deps that are not a
+    JSON object, or any of them for a trusted tool (whose calls get the session's deps)."""
+    if not untrusted:
+        given = [n for n, v in (("worker_scope", worker_scope), ("env", env), ("deps", deps)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to untrusted tools only (register(..., untrusted=True))")
+        return Placement()
+    scope = worker_scope or "session"
+    if scope not in WORKER_SCOPES:
+        raise ValueError(f"worker_scope must be one of {', '.join(WORKER_SCOPES)}, not {scope!r}")
+    env = dict(env or {})
+    bad = [k for k, v in env.items() if type(k) is not str or type(v) is not str or not k or "=" in k or "\0" in k + v]
+    if bad:
+        raise ValueError(f"env must map variable names to str values; bad entries: {bad!r}")
+    try:
+        plain = json.loads(json.dumps(dict(deps or {}), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"deps of an untrusted tool must be plain JSON data: {exc}") from None
+    return Placement(True, scope, MappingProxyType(env), MappingProxyType(plain))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEntry:
+    """A registered tool with a checked declaration and its compiled argument validator."""
+
+    tool: Any
+    info: ToolInfo
+    validator: Draft202012Validator
+    origin: str
+    isolation: IsolationName = "thread"
+    placement: Placement = field(default_factory=Placement)
+
+    @property
+    def untrusted(self) -> bool:
+        """Whether the tool was registered untrusted."""
+        return self.placement.untrusted
+
+    @property
+    def worker_scope(self) -> str:
+        """See :class:`Placement`."""
+        return self.placement.worker_scope
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """See :class:`Placement`."""
+        return self.placement.env
+
+    @property
+    def deps(self) -> Mapping[str, Any]:
+        """See :class:`Placement`."""
+        return self.placement.deps
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSet:
+    """One published state of the registry.
+
+    ``entries``: name -> :class:`ToolEntry` of every tool that may be offered, in
+    registration order; ``unavailable``: name -> why a known name is not offered
+    (its declaration failed its checks, or it was unregistered).
+    """
+
+    version: int = 0
+    entries: Mapping[str, ToolEntry] = field(default_factory=lambda: _EMPTY)
+    unavailable: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+
+class ToolSetView:
+    """The registry's latest :class:`ToolSet`; ``current`` is replaced whole, never mutated."""
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current = ToolSet()
