@@ -81,15 +81,11 @@ class Rejected:
 
 
 @dataclass(frozen=True, slots=True)
-class _Raised:
-    """A callback that raised while its declaration was read."""
+class Raised:
+    """The marker :func:`read_declaration` leaves for a callback that raised
+    (``Raised("TypeName: message")``), also made from an isolated read's answer."""
 
     description: str
-
-
-Raised = _Raised
-"""The marker :func:`read_declaration` leaves for a callback that raised
-(``Raised("TypeName: message")``), also made from an isolated read's answer."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -166,7 +162,7 @@ def read_declaration(tool: Any) -> dict[str, Any]:
         try:
             raw[cb_name] = cb()
         except BaseException as exc:
-            raw[cb_name] = _Raised(describe_exception(exc))
+            raw[cb_name] = Raised(describe_exception(exc))
     return raw
 
 
@@ -209,20 +205,20 @@ def check_declaration(raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MA
             problems.append(f"{key}: missing")
             return None
         value = raw[key]
-        if isinstance(value, _Raised):
+        if isinstance(value, Raised):
             problems.append(f"{key}() raised {value.description}")
             return None
         return value
 
     name = answer("name")
-    if "name" in raw and not isinstance(raw["name"], _Raised):
+    if "name" in raw and not isinstance(raw["name"], Raised):
         if type(name) is not str:
             problems.append(f"name: expected str, got {type(name).__name__}")
         elif not NAME_PATTERN.fullmatch(name):
             problems.append(f"name: {name[:80]!r} does not match ^{NAME_PATTERN.pattern}$")
 
     description = answer("description")
-    if "description" in raw and not isinstance(raw["description"], _Raised):
+    if "description" in raw and not isinstance(raw["description"], Raised):
         if type(description) is not str:
             problems.append(f"description: expected str, got {type(description).__name__}")
         elif not description.strip():
@@ -231,7 +227,7 @@ def check_declaration(raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MA
             description = scrub_text(str.__str__(description))  # what reaches a model is valid UTF-8
 
     schema = answer("parameter_schema")
-    if "parameter_schema" in raw and not isinstance(raw["parameter_schema"], _Raised):
+    if "parameter_schema" in raw and not isinstance(raw["parameter_schema"], Raised):
         problems.extend(_schema_problems(schema, max_schema_depth))
 
     if problems:
@@ -262,7 +258,7 @@ _logged_defaults: set[tuple[str, str, str]] = set()
 
 def _log_default_once(name: str, key: str, value: Any, default: str) -> None:
     """Log, once per (tool, callback, value), that a bad answer means the default."""
-    shown = value.description if isinstance(value, _Raised) else describe_value(value)
+    shown = value.description if isinstance(value, Raised) else describe_value(value)
     if (name, key, shown) in _logged_defaults:
         return
     if len(_logged_defaults) > 10_000:

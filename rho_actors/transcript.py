@@ -95,7 +95,7 @@ from rho_actors.encoding import scrub_text
 from rho_actors.errors import RhoError
 from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.model import Message, Reply
-from rho_actors.results import error_result
+from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
 
 __all__ = [
@@ -115,7 +115,7 @@ SCHEMA_VERSION: Final = 2
 VERSIONS: Final = (1, 2)
 """The record versions this module reads."""
 TRANSCRIPT_NAME: Final = "transcript.jsonl"
-INTERRUPTED: Final = "the session was interrupted before this call's result was recorded"
+INTERRUPTED: Final = text("interrupted")
 """The text of the ``cancelled`` result a recorded call without a recorded result gets."""
 
 ERROR_KINDS: Final = ("model", "max_steps", "loop", "cancelled")
@@ -337,7 +337,7 @@ def _history(records: list[dict[str, Any]], where: str) -> History:
         for index, call in enumerate(item.message.tool_calls):
             message = item.results.get(index)
             if message is None:
-                result = error_result(call.id, call.name, ErrorKind.CANCELLED, INTERRUPTED)
+                result = failure("interrupted", call.id, call.name)
                 history.pending.append((item.step, index, result))
                 message = Message.tool_result(result)
             history.messages.append(message)

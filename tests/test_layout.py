@@ -125,3 +125,38 @@ def test_no_private_name_is_imported_across_modules() -> None:
 def test_no_module_is_over_700_lines() -> None:
     sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     assert {name: n for name, n in sizes.items() if n > OVER_MAX.get(name, MAX_LINES)} == {}
+
+
+def _call_name(node: ast.Call) -> str | None:
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _written_text(node: ast.expr) -> bool:
+    """Whether ``node`` is text written in place: a string literal or an f-string."""
+    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
+
+
+def test_model_visible_text_is_written_only_in_the_results_table() -> None:
+    """Every error text a model sees comes from ``results.TEXTS`` (DESIGN §4): outside
+    ``results.py`` (and ``arguments.py``, whose per-violation texts live with the checks),
+    an error result's or a ``ToolFailure``'s message is never a literal written in place,
+    and every key given to ``failure``/``text`` is in the table."""
+    from rho_actors.results import TEXTS
+
+    written, unknown = [], []
+    for name, path in _modules().items():
+        if name in ("rho_actors.results", "rho_actors.arguments"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            called = _call_name(node)
+            message = {"error_result": 3, "ToolFailure": 1}.get(called or "")
+            if message is not None and len(node.args) > message and _written_text(node.args[message]):
+                written.append(f"{name}:{node.lineno}")
+            if called in ("failure", "text") and node.args and isinstance(node.args[0], ast.Constant):
+                key = node.args[0].value
+                if isinstance(key, str) and key not in TEXTS:
+                    unknown.append(f"{name}:{node.lineno}: {key!r}")
+    assert written == [] and unknown == []
