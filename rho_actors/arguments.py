@@ -63,9 +63,9 @@ call is refused (``invalid_arguments``). With :data:`DEFAULT_MAX_ARGUMENT_CHARS`
 bounds validation of one call (``benchmarks/bench_validation.py`` measures it)."""
 
 MAX_VALIDATION_S = 1.0
-"""The longest one call's validation may take, in seconds (less when the tool's timeout
-is shorter: validation counts against the call's deadline); past it the call is refused
-(``invalid_arguments``)."""
+"""The longest the loop lets one call's validation take, in seconds (less when the
+tool's timeout is shorter: validation counts against the call's deadline); past it the
+call is refused (``invalid_arguments``)."""
 
 MAX_REFUSAL_CHARS = 2_000
 """The longest refusal text (decoding or validation) this module gives, before the
@@ -273,7 +273,17 @@ def compile_pattern(pattern: str) -> Any:
 
 
 def _search(pattern: str, text: str) -> bool:
-    return compile_pattern(pattern).search(text) is not None
+    """Whether ``pattern`` matches in ``text``; remembered for the running validation
+    (``patternProperties``, ``additionalProperties`` and ``unevaluatedProperties`` ask
+    the same of each key)."""
+    seen = _BUDGET.searched
+    if seen is None:
+        return compile_pattern(pattern).search(text) is not None
+    key = (pattern, text)
+    found = seen.get(key)
+    if found is None:
+        found = seen[key] = compile_pattern(pattern).search(text) is not None
+    return found
 
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
@@ -343,6 +353,7 @@ class _Budget(threading.local):
     left: int | None = None
     deadline: float = math.inf
     next_clock: int = 0
+    searched: dict[tuple[str, str], bool] | None = None
 
 
 _BUDGET = _Budget()
@@ -591,15 +602,15 @@ def violations(validator: Draft202012Validator, args: dict[str, Any], max_s: flo
     counts ``3.0`` as one) are replaced in ``args`` by ``int`` s.
 
     Validation takes at most :data:`MAX_KEYWORD_CHECKS` units of work (a keyword
-    evaluated, a key looked up or searched by a pattern inside one) and at most
-    ``max_s`` seconds (default and ceiling :data:`MAX_VALIDATION_S`); past either it
-    stops with one violation saying so. Never raises for a checked schema:
-    a validator that raises (a ``$ref`` cycle's ``RecursionError``...) gives one
-    violation naming the error.
+    evaluated, a key looked up or searched by a pattern inside one) and, when
+    ``max_s`` is given, at most ``max_s`` seconds (the loop gives the tool's timeout, at
+    most :data:`MAX_VALIDATION_S`); past either it stops with one violation saying so.
+    Never raises for a checked schema: a validator that raises (a ``$ref`` cycle's
+    ``RecursionError``...) gives one violation naming the error.
     """
-    limit_s = MAX_VALIDATION_S if max_s is None else max(0.0, min(max_s, MAX_VALIDATION_S))
+    limit_s = math.inf if max_s is None else max(0.0, max_s)
     _BUDGET.left, _BUDGET.next_clock = MAX_KEYWORD_CHECKS, MAX_KEYWORD_CHECKS
-    _BUDGET.deadline = time.monotonic() + limit_s
+    _BUDGET.deadline, _BUDGET.searched = time.monotonic() + limit_s, {}
     try:
         found = [(err.json_path, _message(err, validator.schema))
                  for err in itertools.islice(validator.iter_errors(args), _MAX_COLLECTED)]
@@ -610,7 +621,7 @@ def violations(validator: Draft202012Validator, args: dict[str, Any], max_s: flo
     except (RecursionError, Exception) as err:  # an unresolvable $ref, a format check that raises...
         return [f"$: the arguments could not be validated: {type(err).__name__}: {_shorten(scrub_text(str(err)))}"]
     finally:
-        _BUDGET.left, _BUDGET.deadline = None, math.inf
+        _BUDGET.left, _BUDGET.deadline, _BUDGET.searched = None, math.inf, None
     if not found:
         _integral_floats(validator.schema, args)
         return []

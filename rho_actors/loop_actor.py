@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
-from rho_actors.arguments import ArgumentsError, decode_arguments, violations
+from rho_actors.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.call import CallSpec
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
@@ -222,7 +222,7 @@ class LoopActor(Actor):
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
         began = time.monotonic()
         try:  # validation counts against the call's deadline: it never holds the loop past it
-            problems = violations(entry.validator, args, entry.info.timeout_ms / 1000)
+            problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S))
         except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
             return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
         if problems:
