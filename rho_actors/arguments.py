@@ -15,19 +15,25 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import re2
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
+from jsonschema._utils import find_evaluated_item_indexes_by_schema
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
 from rho_actors.encoding import scrub_text
 from rho_actors.errors import RhoError
+from rho_actors.patterns import ecma_to_re2
 from rho_actors.tool import ErrorKind
 
 __all__ = [
@@ -35,6 +41,7 @@ __all__ = [
     "DEFAULT_MAX_ARGUMENT_DEPTH",
     "MAX_KEYWORD_CHECKS",
     "MAX_REFUSAL_CHARS",
+    "MAX_VALIDATION_S",
     "ArgumentsError",
     "compile_pattern",
     "decode_arguments",
@@ -55,6 +62,11 @@ MAX_KEYWORD_CHECKS = 200_000
 call is refused (``invalid_arguments``). With :data:`DEFAULT_MAX_ARGUMENT_CHARS` this
 bounds validation of one call (``benchmarks/bench_validation.py`` measures it)."""
 
+MAX_VALIDATION_S = 1.0
+"""The longest the loop lets one call's validation take, in seconds (less when the
+tool's timeout is shorter: validation counts against the call's deadline); past it the
+call is refused (``invalid_arguments``)."""
+
 MAX_REFUSAL_CHARS = 2_000
 """The longest refusal text (decoding or validation) this module gives, before the
 loop's own output cap."""
@@ -62,6 +74,8 @@ loop's own output cap."""
 _MAX_SHOWN = 120
 _MAX_PATH = 80
 _MAX_LISTED = 20
+_MAX_COLLECTED = 200
+"""Validation stops after this many violations (a refusal lists at most :data:`_MAX_LISTED`)."""
 
 
 class ArgumentsError(RhoError, ValueError):
@@ -159,11 +173,21 @@ def _json_type(value: Any) -> str:
 def json_text(value: Any, limit: int = _MAX_SHOWN) -> str:
     """``value`` as JSON text for a message (``null``, ``true``, ``"x"``), cut to about
     ``limit`` characters; never raises (what JSON cannot hold falls back to ``repr``)."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    try:  # lazily: a large value is encoded only as far as shown
+        chunks: list[str] = []
+        size = 0
+        for chunk in _PREVIEW.iterencode(value):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                break
+        text = "".join(chunks)
     except (TypeError, ValueError, RecursionError):
         text = repr(value)
     return _shorten(scrub_text(text), limit)
+
+
+_PREVIEW = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 
 
 def decode_arguments(
@@ -228,13 +252,15 @@ _PATTERNS: dict[str, Any] = {}
 
 
 def compile_pattern(pattern: str) -> Any:
-    """``pattern`` compiled by RE2 (linear-time matching, no backtracking), cached.
-    Raises ``ValueError`` naming the problem when RE2 cannot compile it (a lookaround,
-    a backreference, a repetition over 1000...)."""
+    """``pattern`` (ECMA-262, JSON Schema's dialect) compiled by RE2 (linear-time
+    matching, no backtracking), cached; ``\\s``, ``\\S`` and ``.`` keep their ECMA-262
+    meaning (:func:`rho_actors.patterns.ecma_to_re2`). Raises ``ValueError`` naming the
+    problem when RE2 cannot compile it (a lookaround, a backreference, a repetition
+    over 1000...)."""
     compiled = _PATTERNS.get(pattern)
     if compiled is None:
         try:
-            compiled = re2.compile(pattern, _RE2_OPTIONS)
+            compiled = re2.compile(ecma_to_re2(pattern), _RE2_OPTIONS)
         except re2.error as err:
             detail = err.args[0].decode("utf-8", "replace") if err.args and isinstance(err.args[0], bytes) else err
             raise ValueError(f"RE2 cannot compile {json_text(pattern, 80)}: {detail}") from None
@@ -247,7 +273,17 @@ def compile_pattern(pattern: str) -> Any:
 
 
 def _search(pattern: str, text: str) -> bool:
-    return compile_pattern(pattern).search(text) is not None
+    """Whether ``pattern`` matches in ``text``; remembered for the running validation
+    (``patternProperties``, ``additionalProperties`` and ``unevaluatedProperties`` ask
+    the same of each key)."""
+    seen = _BUDGET.searched
+    if seen is None:
+        return compile_pattern(pattern).search(text) is not None
+    key = (pattern, text)
+    found = seen.get(key)
+    if found is None:
+        found = seen[key] = compile_pattern(pattern).search(text) is not None
+    return found
 
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
@@ -260,6 +296,7 @@ def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
         return
     for pattern, subschema in patterns.items():
         for key, value in instance.items():
+            _charge(1)  # one search per key and pattern
             if _search(pattern, key):
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
@@ -269,7 +306,8 @@ def _additional_properties(validator: Any, extra_schema: Any, instance: Any, sch
         return
     properties = schema.get("properties", {})
     patterns = list(schema.get("patternProperties", {}))
-    extras = sorted(k for k in instance if k not in properties and not any(_search(p, k) for p in patterns))
+    extras = sorted(k for k in instance if _charge(1 + len(patterns))  # a look-up, a search per pattern
+                    and k not in properties and not any(_search(p, k) for p in patterns))
     if validator.is_type(extra_schema, "object"):
         for extra in extras:
             yield from validator.descend(instance[extra], extra_schema, path=extra)
@@ -295,6 +333,7 @@ def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> It
         return
     seen: set[Any] = set()
     for item in instance:  # linear: hashing, not pairwise comparison
+        _charge(1)
         key = _canonical(item)
         if key in seen:
             yield ValidationError(f"has non-unique elements ({json_text(item, 60)} repeats)")
@@ -312,6 +351,9 @@ def _required(validator: Any, required: Any, instance: Any, schema: Any) -> Iter
 
 class _Budget(threading.local):
     left: int | None = None
+    deadline: float = math.inf
+    next_clock: int = 0
+    searched: dict[tuple[str, str], bool] | None = None
 
 
 _BUDGET = _Budget()
@@ -321,16 +363,120 @@ class _BudgetExceeded(Exception):
     pass
 
 
+class _TimeUp(Exception):
+    pass
+
+
+def _charge(units: int) -> bool:
+    """Count ``units`` of work inside one keyword (a key looked up, a pattern searched)
+    against the running validation's budget and deadline; ``True`` (for use in a
+    condition), or :class:`_BudgetExceeded`/:class:`_TimeUp` raised."""
+    left = _BUDGET.left
+    if left is None:
+        return True
+    _BUDGET.left = left = left - units
+    if left < 0:
+        raise _BudgetExceeded
+    if left <= _BUDGET.next_clock:  # the clock is read every 64 units
+        _BUDGET.next_clock = left - 64
+        if time.monotonic() > _BUDGET.deadline:
+            raise _TimeUp
+    return True
+
+
 def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
     def run(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-        left = _BUDGET.left
-        if left is not None:
-            if left <= 0:
-                raise _BudgetExceeded
-            _BUDGET.left = left - 1
+        _charge(1)
         return keyword(validator, value, instance, schema)
 
     return run
+
+
+def _evaluated_keys(validator: Any, instance: dict[str, Any], schema: Any) -> set[str]:
+    """The keys of ``instance`` that ``schema`` evaluates (JSON Schema's annotation
+    results for ``unevaluatedProperties``), as a set: what jsonschema's own helper
+    finds, with RE2 for ``patternProperties`` and every key and pattern counted."""
+    if not isinstance(schema, dict):
+        return set()
+    found: set[str] = set()
+    for ref_keyword in ("$ref", "$dynamicRef"):
+        ref = schema.get(ref_keyword)
+        if isinstance(ref, str):
+            resolved = validator._resolver.lookup(ref)
+            found |= _evaluated_keys(validator.evolve(schema=resolved.contents, _resolver=resolved.resolver),
+                                     instance, resolved.contents)
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        _charge(len(properties))
+        found |= properties.keys() & instance.keys()
+    for keyword in ("additionalProperties", "unevaluatedProperties"):
+        subschema = schema.get(keyword)
+        if subschema is True or (isinstance(subschema, dict) and not subschema):
+            found |= instance.keys()
+        elif subschema is not None and subschema is not False:
+            found |= {k for k, v in instance.items()
+                      if _charge(1) and next(validator.descend(v, subschema), None) is None}
+    patterns = schema.get("patternProperties")
+    if isinstance(patterns, dict):
+        for pattern in patterns:
+            found |= {k for k in instance if _charge(1) and _search(pattern, k)}
+    dependents = schema.get("dependentSchemas")
+    if isinstance(dependents, dict):
+        for key, subschema in dependents.items():
+            if key in instance:
+                found |= _evaluated_keys(validator, instance, subschema)
+    for keyword in ("allOf", "oneOf", "anyOf"):
+        for subschema in schema.get(keyword, []):
+            if validator.evolve(schema=subschema).is_valid(instance):
+                found |= _evaluated_keys(validator, instance, subschema)
+    if "if" in schema:
+        if validator.evolve(schema=schema["if"]).is_valid(instance):
+            found |= _evaluated_keys(validator, instance, schema["if"])
+            found |= _evaluated_keys(validator, instance, schema.get("then"))
+        else:
+            found |= _evaluated_keys(validator, instance, schema.get("else"))
+    return found
+
+
+def _unevaluated_properties(validator: Any, unevaluated: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    evaluated = _evaluated_keys(validator, instance, schema)
+    extras = sorted(k for k in instance if _charge(1) and k not in evaluated)
+    if unevaluated is False:
+        if extras:
+            yield ValidationError(f"unexpected properties: {', '.join(json_text(e, 60) for e in extras[:_MAX_LISTED])}")
+        return
+    for key in extras:
+        yield from validator.descend(instance[key], unevaluated, path=key, schema_path=key)
+
+
+def _unevaluated_items(validator: Any, unevaluated: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "array"):
+        return
+    evaluated = set(find_evaluated_item_indexes_by_schema(validator, instance, schema))
+    for index, item in enumerate(instance):
+        _charge(1)
+        if index not in evaluated:
+            yield from validator.descend(item, unevaluated, path=index, schema_path=index)
+
+
+def _exact(number: int | float) -> Fraction:
+    """A JSON number as the decimal it was written as: a float's shortest repr is the
+    text it was parsed from (``4.02``, not 4.019999999999999573674358543939888477325439453125)."""
+    return Fraction(number) if isinstance(number, int) else Fraction(Decimal(repr(number)))
+
+
+def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    """``multipleOf`` on the numbers as written (``4.02`` is a multiple of ``0.01``),
+    exactly, not by float division."""
+    if not validator.is_type(instance, "number"):
+        return
+    if not (math.isfinite(instance) and isinstance(divisor, (int, float)) and math.isfinite(divisor) and divisor):
+        yield from Draft202012Validator.VALIDATORS["multipleOf"](validator, divisor, instance, schema)
+        return
+    if (_exact(instance) / _exact(divisor)).denominator != 1:
+        yield ValidationError(f"{json_text(instance)} is not a multiple of {json_text(divisor)}")
 
 
 def _regex_format(instance: object) -> bool:
@@ -350,6 +496,9 @@ _KEYWORDS: dict[str, Callable[..., Any]] = {
     "additionalProperties": _additional_properties,
     "uniqueItems": _unique_items,
     "required": _required,
+    "unevaluatedProperties": _unevaluated_properties,
+    "unevaluatedItems": _unevaluated_items,
+    "multipleOf": _multiple_of,
 }
 _Validator = validators.extend(  # type: ignore[no-untyped-call]
     Draft202012Validator, {k: _counted(v) for k, v in _KEYWORDS.items()}
@@ -366,12 +515,46 @@ def no_retrieval() -> Registry[Any]:
     return Registry(retrieve=_refuse)  # type: ignore[call-arg]
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("prefixItems", "allOf", "anyOf", "oneOf")
+_SCHEMA_ONE = ("items", "additionalItems", "unevaluatedItems", "contains", "propertyNames", "not", "if", "then",
+               "else", "additionalProperties", "unevaluatedProperties")
+_LISTING = ("additionalProperties", "unevaluatedProperties")
+"""Keywords whose ``false`` is refused with the list of the keys it does not allow."""
+_NEVER: dict[str, Any] = {"not": {}}
+"""The ``false`` schema as one that names the refused value's path (jsonschema's own
+refusal by ``false`` has none: ``$: 1 fails None null``)."""
+
+
+def _named_false(schema: Any, depth: int = 0) -> Any:
+    """A copy of ``schema`` with each ``false`` subschema (but ``additionalProperties``
+    and ``unevaluatedProperties``, refused with a list of keys) as :data:`_NEVER`: the
+    same verdicts, each refusal at its path, said as "not allowed"."""
+    if schema is False and depth:
+        return dict(_NEVER)
+    if not isinstance(schema, dict) or depth > 200:
+        return schema
+    copy = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(copy.get(key), dict):
+            copy[key] = {name: _named_false(sub, depth + 1) for name, sub in copy[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(copy.get(key), list):
+            copy[key] = [_named_false(sub, depth + 1) for sub in copy[key]]
+    for key in _SCHEMA_ONE:
+        if key in copy and not (key in _LISTING and copy[key] is False):
+            copy[key] = _named_false(copy[key], depth + 1)
+    return copy
+
+
 def make_validator(schema: dict[str, Any]) -> Draft202012Validator:
     """A Draft 2020-12 validator for a checked parameter schema, asserting ``format``,
     that never fetches a ``$ref`` (:func:`no_retrieval`), matches ``pattern`` and
     ``patternProperties`` with RE2 (:func:`compile_pattern`) and checks ``uniqueItems``
-    in linear time."""
-    validator: Draft202012Validator = _Validator(schema, registry=no_retrieval(), format_checker=_FORMATS)
+    in linear time; ``multipleOf`` is exact on the numbers as written; a refusal by a
+    ``false`` subschema names its path and says the value is not allowed there."""
+    validator: Draft202012Validator = _Validator(_named_false(schema), registry=no_retrieval(),
+                                                 format_checker=_FORMATS)
     return validator
 
 
@@ -386,42 +569,59 @@ def _message(err: ValidationError, root: Any) -> str:
         if instance is None and err.path and isinstance(err.path[-1], str):
             text += "; to leave an optional field out, omit it instead of sending null"
         return text
+    if keyword == "not" and value == _NEVER["not"]:
+        where = err.path[-1] if err.path else None
+        if isinstance(where, str):
+            return f"property {json_text(where, 80)} is not allowed here"
+        if isinstance(where, int):
+            return f"item {where} is not allowed here"
+        return f"{shown} is not allowed here"
+    if keyword is None:  # a false schema met without a path (a validator not made by make_validator)
+        return f"{shown} is not allowed here"
     if keyword in ("enum", "const"):
         return f"{shown} is not {'one of' if keyword == 'enum' else 'equal to'} {json_text(value)}"
     if keyword == "format":
         return f"{shown} is not a valid {json_text(value)}"
-    if keyword in ("pattern", "additionalProperties", "uniqueItems", "patternProperties", "required"):
+    if keyword in ("pattern", "additionalProperties", "uniqueItems", "patternProperties", "required",
+                   "unevaluatedProperties"):
         return str(err.message)
     if keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength",
                    "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"):
         return f"{shown} fails {keyword} {json_text(value)}"
     if keyword in ("anyOf", "oneOf", "not", "allOf", "if", "then", "else", "contains", "dependentRequired",
-                   "propertyNames", "unevaluatedProperties", "unevaluatedItems", "items", "prefixItems"):
+                   "propertyNames", "unevaluatedItems", "items", "prefixItems"):
         return f"{shown} is not valid under {keyword}"
     return f"{shown} fails {keyword} {json_text(value)}"
 
 
-def violations(validator: Draft202012Validator, args: dict[str, Any]) -> list[str]:
+def violations(validator: Draft202012Validator, args: dict[str, Any], max_s: float | None = None) -> list[str]:
     """Every violation of the schema by ``args``, as ``"<json path>: <message>"`` in
     JSON's words, sorted by path (at most :data:`MAX_REFUSAL_CHARS` characters in all;
     the count of those not shown is given). Empty when ``args`` is valid: then floats
     with an integral value where the schema asks for an ``integer`` (JSON Schema
     counts ``3.0`` as one) are replaced in ``args`` by ``int`` s.
 
-    Validation takes at most :data:`MAX_KEYWORD_CHECKS` keyword evaluations; past
-    that it stops with one violation saying so. Never raises for a checked schema:
-    a validator that raises (a ``$ref`` cycle's ``RecursionError``...) gives one
-    violation naming the error.
+    Validation takes at most :data:`MAX_KEYWORD_CHECKS` units of work (a keyword
+    evaluated, a key looked up or searched by a pattern inside one) and, when
+    ``max_s`` is given, at most ``max_s`` seconds (the loop gives the tool's timeout, at
+    most :data:`MAX_VALIDATION_S`); past either it stops with one violation saying so.
+    Never raises for a checked schema: a validator that raises (a ``$ref`` cycle's
+    ``RecursionError``...) gives one violation naming the error.
     """
-    _BUDGET.left = MAX_KEYWORD_CHECKS
+    limit_s = math.inf if max_s is None else max(0.0, max_s)
+    _BUDGET.left, _BUDGET.next_clock = MAX_KEYWORD_CHECKS, MAX_KEYWORD_CHECKS
+    _BUDGET.deadline, _BUDGET.searched = time.monotonic() + limit_s, {}
     try:
-        found = [(err.json_path, _message(err, validator.schema)) for err in validator.iter_errors(args)]
+        found = [(err.json_path, _message(err, validator.schema))
+                 for err in itertools.islice(validator.iter_errors(args), _MAX_COLLECTED)]
     except _BudgetExceeded:
         return [f"$: validation stopped after {MAX_KEYWORD_CHECKS:,} schema checks; send smaller arguments"]
+    except _TimeUp:
+        return [f"$: validation stopped after {limit_s:g} s; send smaller arguments"]
     except (RecursionError, Exception) as err:  # an unresolvable $ref, a format check that raises...
         return [f"$: the arguments could not be validated: {type(err).__name__}: {_shorten(scrub_text(str(err)))}"]
     finally:
-        _BUDGET.left = None
+        _BUDGET.left, _BUDGET.deadline, _BUDGET.searched = None, math.inf, None
     if not found:
         _integral_floats(validator.schema, args)
         return []
@@ -430,7 +630,8 @@ def violations(validator: Draft202012Validator, args: dict[str, Any]) -> list[st
     for path, message in sorted(found):
         line = scrub_text(f"{_shorten(path, _MAX_PATH)}: {_shorten(message)}")
         if len(lines) >= _MAX_LISTED or total + len(line) > MAX_REFUSAL_CHARS:
-            lines.append(f"... and {len(found) - len(lines)} more")
+            more = "" if len(found) < _MAX_COLLECTED else " at least (validation stopped there)"
+            lines.append(f"... and {len(found) - len(lines)} more{more}")
             break
         lines.append(line)
         total += len(line) + 2

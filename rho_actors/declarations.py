@@ -330,11 +330,10 @@ _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 def _keyword_problems(schema: dict[str, Any]) -> list[str]:
     """Every ``$ref``/``$dynamicRef`` must be local (``#...``) and resolve, ``$id`` may
     appear only at the top level, every ``pattern``/``patternProperties`` key must
-    compile with RE2, and ``unevaluatedProperties`` is not combined with
-    ``patternProperties`` (its matching would not be linear-time)."""
+    compile with RE2 (``unevaluatedProperties`` matches ``patternProperties`` with RE2
+    too: :mod:`rho_actors.arguments`)."""
     problems: list[str] = []
     refs: list[tuple[str, str]] = []
-    has = {"patternProperties": False, "unevaluatedProperties": False}
     stack: list[tuple[Any, str]] = [(schema, "parameter_schema")]
     while stack:
         node, path = stack.pop()
@@ -356,16 +355,10 @@ def _keyword_problems(schema: dict[str, Any]) -> list[str]:
             elif key == "pattern" and isinstance(value, str):
                 problems.extend(_pattern_problem(where, value))
             elif key == "patternProperties" and isinstance(value, dict):
-                has["patternProperties"] = True
                 for pattern in value:
                     problems.extend(_pattern_problem(where, pattern))
-            elif key == "unevaluatedProperties":
-                has["unevaluatedProperties"] = True
             if key not in _DATA_KEYWORDS:
                 stack.append((value, where))
-    if all(has.values()):
-        problems.append("parameter_schema: unevaluatedProperties with patternProperties is not supported "
-                        "(patterns are matched by RE2 in linear time)")
     if not problems and refs:
         resolver = no_retrieval().resolver_with_root(DRAFT202012.create_resource(schema))
         for where, ref in refs:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
-from rho_actors.arguments import ArgumentsError, decode_arguments, violations
+from rho_actors.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.call import CallSpec
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
@@ -72,6 +72,7 @@ class _Slot:
     cancel: CancelToken | None = None
     running: RunningCall | None = None
     span: CallSpan | None = None  # its execute_tool span, while telemetry records it
+    validated_s: float = 0.0  # how long its validation took: counted against its deadline
 
 
 @dataclass(slots=True)
@@ -219,13 +220,14 @@ class LoopActor(Actor):
             args = decode_arguments(call.arguments, self._limits.max_argument_depth)
         except ArgumentsError as err:
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
-        try:
-            problems = violations(entry.validator, args)
+        began = time.monotonic()
+        try:  # validation counts against the call's deadline: it never holds the loop past it
+            problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S))
         except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
             return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
         if problems:
             return failure("invalid_arguments", call.id, name, problems="; ".join(problems))
-        slot.entry, slot.args = entry, args
+        slot.entry, slot.args, slot.validated_s = entry, args, time.monotonic() - began
         return None
 
     def _lookup_error(self, call_id: str, name: str, entry: ToolEntry | None, tools: ToolSet) -> ToolResult:
@@ -272,7 +274,7 @@ class LoopActor(Actor):
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
         now = time.monotonic()
-        deadline = now + entry.info.timeout_ms / 1000
+        deadline = now + max(0.0, entry.info.timeout_ms / 1000 - slot.validated_s)
         cancel = CancelToken()
         ref = self.actor_ref
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import queue
 import secrets
@@ -42,9 +43,10 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from rho_actors.encoding import scrub_text
 from rho_actors.events import CallEvent
 
-__all__ = ["ObservedSystem", "Observer", "snapshot"]
+__all__ = ["ObservedSystem", "Observer", "json_line", "snapshot"]
 
 MAX_QUEUED = 1_000
 RECENT = 50
@@ -122,6 +124,37 @@ def _plain(event: Any) -> dict[str, Any]:
         fields = dict(getattr(event, "__dict__", {}))
     plain = {k: v if isinstance(v, (str, int, float, bool, type(None))) else repr(v) for k, v in fields.items()}
     return {"event": type(event).__name__, **plain}
+
+
+def _strict(value: Any, depth: int = 0) -> Any:
+    """``value`` as RFC 8259 data: a non-finite float is ``null``, a string is scrubbed
+    (valid UTF-8), keys are strings, anything else (or past 64 levels) is its ``repr``."""
+    if value is None or type(value) in (bool, int):
+        return value
+    if isinstance(value, int):  # an IntEnum, a bool subclass...
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        return scrub_text(value)
+    if depth < 64 and isinstance(value, dict):
+        return {scrub_text(k if isinstance(k, str) else _repr(k)): _strict(v, depth + 1) for k, v in value.items()}
+    if depth < 64 and isinstance(value, (list, tuple)):
+        return [_strict(v, depth + 1) for v in value]
+    return _repr(value)
+
+
+def _repr(value: Any) -> str:
+    try:
+        return scrub_text(repr(value))
+    except Exception:
+        return f"<{type(value).__qualname__}>"
+
+
+def json_line(message: dict[str, Any]) -> bytes:
+    """``message`` as one line of the observer's stream: a strict RFC 8259 JSON object
+    (no ``NaN``/``Infinity``: a non-finite number is ``null``), UTF-8, ending in ``\\n``."""
+    return json.dumps(_strict(message), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
 
 
 class _Viewer:
@@ -252,7 +285,7 @@ class Observer:
                     continue
                 if message is None:
                     break
-                wfile.write(json.dumps(message, default=repr).encode() + b"\n")
+                wfile.write(json_line(message))
                 wfile.flush()
         except OSError:
             pass  # the viewer went away

@@ -528,9 +528,12 @@ def load_tools(target: str, *, trusted: bool = False) -> list[Any]:
 
 
 def render_rows(rows: Iterable[SelftestRow]) -> Any:
-    """The rows as a ``rich.table.Table``: tool, outcome, duration (ms), message."""
+    """The rows as a ``rich.table.Table``: tool, outcome, duration (ms), message; each
+    text shown as written, never as markup, control characters replaced
+    (:func:`~rho_actors.terminal.terminal_text`)."""
     from rich.table import Table
-    from rich.text import Text
+
+    from rho_actors.terminal import terminal_text
 
     styles = {"passed": "green", "failed": "red", "timeout": "red", "crashed": "bold red", "no selftest": "dim"}
     table = Table(title="selftests", title_justify="left")
@@ -541,5 +544,6 @@ def render_rows(rows: Iterable[SelftestRow]) -> Any:
     for row in rows:
         ms = row.duration_ms
         duration = "" if row.outcome == "no selftest" else f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
-        table.add_row(Text(row.tool), Text(row.outcome, style=styles[row.outcome]), duration, Text(row.message))
+        table.add_row(terminal_text(row.tool), terminal_text(row.outcome, style=styles.get(row.outcome, "")),
+                      duration, terminal_text(row.message))
     return table

@@ -25,7 +25,11 @@ from typing import Any
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
+
+from rho_actors.observer import json_line
+from rho_actors.terminal import safe_text, terminal_text
 
 __all__ = ["TopView", "add_parser", "connect", "messages"]
 
@@ -77,7 +81,8 @@ class TopView:
         kind = message.get("type")
         if kind == "snapshot":
             self.snapshot = message
-            self.calls = {(c["session_id"], c["call_id"]): c for c in message.get("calls", [])}
+            calls = [c for c in message.get("calls", []) if isinstance(c, dict)]
+            self.calls = {(c.get("session_id", ""), c.get("call_id", "")): c for c in calls}
             self.events = list(message.get("events", []))[-20:]
             self.reports = list(message.get("reports", []))[-10:]
         elif kind == "event":
@@ -92,58 +97,77 @@ class TopView:
             self.reports = [*self.reports, message][-10:]
 
     def render(self) -> RenderableType:
-        """The view as a rich renderable: the tree, running calls, workers, recent events."""
+        """The view as a rich renderable: the tree, running calls, workers, recent events.
+        Every text the observer sent (call ids, tool names, reasons...) is shown as
+        written, never read as markup, control characters replaced
+        (:func:`~rho_actors.terminal.terminal_text`)."""
         snap = self.snapshot
         parts: list[RenderableType] = []
-        tree = Tree("[b]supervision tree[/b]")
-        if snap.get("tree"):
+        tree = Tree(Text("supervision tree", style="bold"))
+        if isinstance(snap.get("tree"), dict):
             _tree(tree, snap["tree"])
         parts.append(tree)
         calls = Table("session", "call", "tool", "ms left", title=f"running calls ({len(self.calls)})",
                       title_justify="left")
         for call in self.calls.values():
             left = call.get("ms_left")
-            calls.add_row(call["session_id"], call["call_id"], str(call.get("tool")),
-                          "…" if left is None else f"{left:.0f}")
+            calls.add_row(terminal_text(call.get("session_id")), terminal_text(call.get("call_id")),
+                          terminal_text(call.get("tool")), _number(left, "{:.0f}", "…"))
         parts.append(calls)
         workers = Table("pid", "rss MiB", title=f"worker processes ({len(snap.get('workers', []))})",
                         title_justify="left")
         for worker in snap.get("workers", []):
             rss = worker.get("rss_bytes")
-            workers.add_row(str(worker["pid"]), "?" if rss is None else f"{rss / 2**20:.1f}")
+            workers.add_row(terminal_text(worker.get("pid")),
+                            _number(rss / 2**20 if isinstance(rss, (int, float)) else None, "{:.1f}", "?"))
         parts.append(workers)
         events = Table("event", "session", "call", "tool", "outcome", "ms", title="recent call events",
                        title_justify="left")
         for event in self.events[-10:]:
-            events.add_row(str(event.get("kind")), str(event.get("session_id")), str(event.get("call_id")),
-                           str(event.get("tool")), str(event.get("outcome") or ""),
-                           f"{event.get('duration_ms', 0.0):.1f}")
+            events.add_row(terminal_text(event.get("kind")), terminal_text(event.get("session_id")),
+                           terminal_text(event.get("call_id")), terminal_text(event.get("tool")),
+                           terminal_text(event.get("outcome") or ""),
+                           _number(event.get("duration_ms", 0.0), "{:.1f}", "?"))
         parts.append(events)
         if self.reports:
             reports = Table("report", "fields", title="recent reports", title_justify="left")
             for report in self.reports:
                 fields = {k: v for k, v in report.items() if k not in ("type", "event")}
-                reports.add_row(str(report.get("event")), json.dumps(fields, default=repr)[:120])
+                reports.add_row(terminal_text(report.get("event")),
+                                terminal_text(json.dumps(fields, default=repr, ensure_ascii=False)[:120]))
             parts.append(reports)
         stats = snap.get("stats", {})
-        parts.append(f"abandoned threads running: {stats.get('abandoned_threads_running', 0)}   "
-                     f"dropped updates: {snap.get('dropped', 0)}")
+        stats = stats if isinstance(stats, dict) else {}
+        parts.append(terminal_text(f"abandoned threads running: {stats.get('abandoned_threads_running', 0)}   "
+                                   f"dropped updates: {snap.get('dropped', 0)}"))
         return Group(*parts)
 
 
-def _tree(branch: Tree, node: dict[str, Any]) -> None:
-    label = f"{node['id']} [dim]{node.get('kind', '')} {node.get('restart', '')}[/dim]"
+def _number(value: Any, spec: str, missing: str) -> Text:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Text(spec.format(value))
+    return Text(missing if value is None else safe_text(value))
+
+
+def _tree(branch: Tree, node: dict[str, Any], depth: int = 0) -> None:
+    label = Text.assemble(terminal_text(node.get("id")), " ",
+                          terminal_text(f"{safe_text(node.get('kind', ''))} {safe_text(node.get('restart', ''))}",
+                                        style="dim"))
     if node.get("restarts"):
-        label += f" [yellow]restarts={node['restarts']}[/yellow]"
+        label.append_text(terminal_text(f" restarts={safe_text(node['restarts'])}", style="yellow"))
     if not node.get("alive", True):
-        label += " [red]down[/red]"
-    if "running" in node and isinstance(node["running"], int):
-        label += f" running={node['running']}"
-    elif node.get("running"):
-        label += f" running={len(node['running'])}"
+        label.append_text(Text(" down", style="red"))
+    running = node.get("running")
+    if isinstance(running, int) and not isinstance(running, bool):
+        label.append(f" running={running}")
+    elif isinstance(running, (list, dict)) and running:
+        label.append(f" running={len(running)}")
     child = branch.add(label)
-    for sub in node.get("children", []):
-        _tree(child, sub)
+    children = node.get("children", [])
+    if depth < 64 and isinstance(children, list):
+        for sub in children:
+            if isinstance(sub, dict):
+                _tree(child, sub, depth + 1)
 
 
 # --------------------------------------------------------------------------- command line
@@ -182,7 +206,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
                 print("rho-actors top: the observer closed the connection", file=sys.stderr)
                 return 2
             if args.json:
-                print(json.dumps(first, default=repr))
+                sys.stdout.write(json_line(first).decode("utf-8"))
             else:
                 view.update(first)
                 console.print(view.render())

@@ -22,7 +22,10 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
   announced once).
 - Bad input (a line that is not JSON or not a JSON-RPC message, an unknown method,
   params that fail validation, or arguments over ``max_argument_bytes``) gets a JSON-RPC
-  error from the SDK or from here, at once; the server goes on.
+  error from the SDK or from here, at once; the server goes on. A request with an id MCP
+  does not allow (``null``, ``true``, ``1.5``, ``{}``...) or with a usable id but a bad
+  shape (``params`` not an object) is answered too, with its id where it is usable
+  (:mod:`rho_actors.mcp.stdio_lines`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -51,6 +54,7 @@ from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.formats import to_dialect
 from rho_actors.loop import Loop
+from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
 from rho_actors.model import Reply
 from rho_actors.tool import ToolCall, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
@@ -242,8 +246,12 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
     server = build_server(system, name=name, withheld=withheld, max_argument_bytes=max_argument_bytes)
     options = server.create_initialization_options()
     if http is None:
-        async with stdio_server() as (read, write), _answering_bad_lines(read, write) as checked:
-            await server.run(checked, write, options)
+        answers, early = anyio.create_memory_object_stream[types.JSONRPCError](16)
+        with claimed_stdin() as stdin_text:
+            lines = CheckedLines(anyio.wrap_file(stdin_text), answers)
+            async with stdio_server(stdin=cast(Any, lines)) as (read, write), \
+                    _answering_bad_lines(read, write, early) as checked:
+                await server.run(checked, write, options)
         return
     import uvicorn
 
@@ -254,13 +262,21 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
 
 
 @contextlib.asynccontextmanager
-async def _answering_bad_lines(read: Any, write: Any) -> AsyncIterator[Any]:
+async def _answering_bad_lines(read: Any, write: Any, early: Any = None) -> AsyncIterator[Any]:
     """The stdio read stream without its bad lines: the SDK's transport hands a line that
     is not a JSON-RPC message (not JSON, not a message, nested past the parser's limit)
     to the server as an exception, which it drops unanswered, so a client waits for its
     own timeout. Here each gets JSON-RPC's answer at once: a ``-32700`` parse error (or
-    ``-32600`` for JSON that is no message) with ``id: null``; the server goes on."""
+    ``-32600`` for JSON that is no message) with ``id: null``; the server goes on.
+    ``early``: the answers :class:`~rho_actors.mcp.stdio_lines.CheckedLines` gave
+    requests with a bad id or shape (the request's id where usable), sent as they come."""
     send, checked = anyio.create_memory_object_stream[Any](16)
+
+    async def answer_early() -> None:
+        async with early:
+            async for error in early:
+                logger.info("MCP stdio: a bad request from the client: {}", error.error.message[:200])
+                await write.send(SessionMessage(error))
 
     async def relay() -> None:
         async with send:
@@ -276,6 +292,8 @@ async def _answering_bad_lines(read: Any, write: Any) -> AsyncIterator[Any]:
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(relay)
+        if early is not None:
+            tasks.start_soon(answer_early)
         try:
             yield checked
         finally:

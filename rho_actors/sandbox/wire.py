@@ -41,7 +41,7 @@ from typing import Any, Final, Protocol
 import cloudpickle
 import msgpack
 
-from rho_actors.encoding import describe_exception
+from rho_actors.encoding import describe_exception, scrub_text
 from rho_actors.tool import ErrorKind, Image, ToolResult
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "WireError",
     "call_request",
     "check_empty",
+    "child_text",
     "decode_call",
     "decode_json",
     "encode_call",
@@ -400,7 +401,10 @@ class PlainCodec:
                 raise WireError(f"result.images[{i}] data is not bytes of at most {MAX_IMAGE_BYTES:,}")
             if type(mime) is not str or _MIME_TYPE.fullmatch(mime) is None:
                 raise WireError(f"result.images[{i}] has no valid MIME type")
-            images.append(Image(data, mime))
+            try:
+                images.append(Image(data, mime))
+            except (TypeError, ValueError) as exc:  # well formed, but not a picture type rho sends
+                raise WireError(f"result.images[{i}]: {exc}") from None
         error_kind = None if ok else ErrorKind(kind)
         return ToolResult("", "", ok, content, error_kind, details, tuple(images), 0.0)
 
@@ -426,10 +430,42 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+_CONTROL: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def child_text(text: str) -> str:
+    """A string a child sent, scrubbed once for every later use: lone surrogates and
+    control characters (C0 but tab, newline and carriage return; DEL; C1) become U+FFFD,
+    so it is valid UTF-8 and holds no terminal control sequence."""
+    return _CONTROL.sub("\ufffd", scrub_text(text))
+
+
+def _scrubbed(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string, keys included, through :func:`child_text`."""
+    if type(value) is str:
+        return child_text(value)
+    root: list[Any] = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        item = parent[key]
+        if type(item) is str:
+            parent[key] = child_text(item)
+        elif type(item) is list:
+            stack.extend((item, i) for i in range(len(item)))
+        elif type(item) is dict:
+            clean = {child_text(k): v for k, v in item.items()}
+            parent[key] = clean
+            stack.extend((clean, k) for k in clean)
+    return root[0]
+
+
 def decode_json(body: bytes) -> Any:
-    """JSON text back as plain data (``NaN`` and ``Infinity`` refused). Raises
-    :class:`WireError` when it is not strict JSON."""
+    """JSON text a child sent back as plain data (``NaN`` and ``Infinity`` refused),
+    every string scrubbed by :func:`child_text`. Raises :class:`WireError` when it is
+    not strict JSON."""
     try:
-        return json.loads(body, parse_constant=_no_constant)
+        value = json.loads(body, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise WireError(describe_exception(exc)) from None
+    return _scrubbed(value)
