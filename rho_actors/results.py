@@ -63,6 +63,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     ),
     "bad_arguments": (_K.INVALID_ARGUMENTS, "tool {tool!r}: {problem}"),
     "invalid_arguments": (_K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: {problems}"),
+    "cut_off": (
+        _K.INVALID_JSON, "tool {tool!r} did not run: the reply hit its token limit ({size}) before this call "
+        "was complete; send the call again in a shorter reply"
+    ),
     "unvalidatable": (_K.INVALID_ARGUMENTS, "the arguments for tool {tool!r} could not be validated: {problem}"),
     # the runtime around a call
     "not_prepared": (_K.CRASHED, "the loop could not prepare this call: {problem}"),

@@ -1,0 +1,281 @@
+"""Replies other frameworks' bug reports found mishandled, through the real SDKs against the
+loopback servers (tests/wire_server.py): parallel streamed calls sharing an ``index``,
+name pieces equal to the name so far, ``arguments`` sent as a JSON object or another
+JSON value, and replies cut off by the token limit."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import ActorSystem, tool
+from rho_actors.agent import FinalResult, PromptResult, prompt, stream
+from rho_actors.providers import RetryPolicy
+from rho_actors.providers.anthropic import AnthropicModel
+from rho_actors.providers.openai import OpenAIModel
+from rho_actors.tool import ErrorKind
+from rho_actors.transcript import TRANSCRIPT_NAME, read_records
+from tests.wire_server import (
+    ANTHROPIC_PATH,
+    OPENAI_PATH,
+    Response,
+    WireServer,
+    anthropic_message,
+    anthropic_stream,
+    openai_completion,
+    openai_stream,
+    text_block,
+    tool_use_block,
+)
+
+FAST = RetryPolicy(attempts=1, total_s=5.0)
+RUNS: list[tuple[str, Any]] = []
+
+
+@tool
+def write_file(path: str, mode: str = "overwrite") -> str:
+    """Write a file (records the call: a side effect)."""
+    RUNS.append(("write_file", (path, mode)))
+    return f"wrote {path} ({mode})"
+
+
+@tool
+def a(n: int = 0) -> str:
+    """A tool named a."""
+    RUNS.append(("a", n))
+    return f"a {n}"
+
+
+@tool
+def aa(n: int = 0) -> str:
+    """A tool named aa."""
+    RUNS.append(("aa", n))
+    return f"aa {n}"
+
+
+@tool
+def get_(n: int = 0) -> str:
+    """A tool named get_."""
+    RUNS.append(("get_", n))
+    return f"get_ {n}"
+
+
+@tool
+def get_get_(n: int = 0) -> str:
+    """A tool named get_get_."""
+    RUNS.append(("get_get_", n))
+    return f"get_get_ {n}"
+
+
+@pytest.fixture
+def server() -> Iterator[WireServer]:
+    with WireServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Iterator[Any]:
+    RUNS.clear()
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
+    try:
+        for t in (write_file, a, aa, get_, get_get_):
+            system.register(t)
+        yield system.start_loop("replies")
+    finally:
+        system.stop()
+
+
+def openai_model(server: WireServer, **options: Any) -> OpenAIModel:
+    return OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=5.0, **options)
+
+
+def anthropic_model(server: WireServer, **options: Any) -> AnthropicModel:
+    return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=5.0,
+                          **options)
+
+
+def chunk(delta: Any, finish: str | None = None) -> tuple[None, dict[str, Any]]:
+    return None, {"id": "s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                  "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def part(index: Any, cid: str | None, name: str | None, arguments: Any) -> tuple[None, dict[str, Any]]:
+    function: dict[str, Any] = {"arguments": arguments}
+    if name is not None:
+        function["name"] = name
+    call: dict[str, Any] = {"index": index, "type": "function", "function": function}
+    if cid is not None:
+        call["id"] = cid
+    return chunk({"tool_calls": [call]})
+
+
+def streamed(*chunks: Any, finish: str = "tool_calls") -> list[Any]:
+    return [chunk({"role": "assistant", "content": ""}), *chunks, chunk({}, finish), (None, "[DONE]")]
+
+
+def streamed_prompt(server: WireServer, loop: Any, reply: list[Any]) -> PromptResult:
+    server.script(OPENAI_PATH, Response(200, reply), Response(200, openai_stream(["done"])))
+    with openai_model(server) as model:
+        events = list(stream(loop, "go", model=model))
+    final = events[-1]
+    assert isinstance(final, FinalResult)
+    return final.result
+
+
+# --- streamed parallel calls that share an index (issue 23.2, 24.6) ------------------------
+
+SHARED_INDEX = {
+    # Ollama, LiteLLM and Gemini adapters: every call with index 0 and its own id, each whole
+    "each call whole": [part(0, "call_a", "write_file", '{"path": "x"}'),
+                        part(0, "call_b", "write_file", '{"path": "y"}')],
+    # each call in pieces, one call after the other
+    "each call in pieces": [part(0, "call_a", "write_file", '{"pa'), part(0, None, None, 'th": "x"}'),
+                            part(0, "call_b", "write_file", '{"path"'), part(0, None, None, ': "y"}')],
+    # the pieces interleaved, each carrying its call's id
+    "interleaved with ids": [part(0, "call_a", "write_file", '{"pa'), part(0, "call_b", "write_file", '{"path"'),
+                             part(0, "call_a", None, 'th": "x"}'), part(0, "call_b", None, ': "y"}')],
+    # interleaved without ids: the piece goes to the call still open
+    "interleaved, a whole call between": [part(0, "call_a", "write_file", '{"path": '),
+                                          part(0, "call_b", "write_file", '{"path": "y"}'),
+                                          part(0, None, None, '"x"}')],
+}
+
+
+@pytest.mark.parametrize("case", list(SHARED_INDEX))
+def test_parallel_streamed_calls_that_share_an_index_each_run(server: WireServer, loop: Any, case: str) -> None:
+    result = streamed_prompt(server, loop, streamed(*SHARED_INDEX[case]))
+    assert result.ok, result.error
+    calls = result.steps[0].reply.tool_calls
+    assert [(c.id, c.name, json.loads(str(c.arguments))) for c in calls] == [
+        ("call_a", "write_file", {"path": "x"}), ("call_b", "write_file", {"path": "y"})]
+    assert sorted(RUNS) == [("write_file", ("x", "overwrite")), ("write_file", ("y", "overwrite"))]
+    assert [r.ok for r in result.steps[0].results] == [True, True]
+
+
+def test_the_readme_example_server_shape_distinct_indexes_still_work(server: WireServer, loop: Any) -> None:
+    reply = openai_stream(tool_calls=[("c1", "a", '{"n": 1}'), ("c2", "aa", '{"n": 2}')])
+    result = streamed_prompt(server, loop, reply)
+    assert result.ok, result.error
+    assert sorted(RUNS) == [("a", 1), ("aa", 2)]
+
+
+NAME_PIECES = {
+    # a piece equal to the name so far is a piece, not a repeat (issue 24.5)
+    '"a" + "a"': ([part(0, "c1", "a", ""), part(0, None, "a", ""), part(0, None, None, '{"n": 1}')], ("aa", 1)),
+    '"get_" + "get_"': ([part(0, "c1", "get_", ""), part(0, None, "get_", '{"n": 2}')], ("get_get_", 2)),
+    # a repeat of a complete name (the arguments began, or the part repeats the id) is one
+    "the whole name again after the arguments began": (
+        [part(0, "c1", "get_", '{"n"'), part(0, None, "get_", ": 3}")], ("get_", 3)),
+    "the whole name again with the id": ([part(0, "c1", "a", '{"n"'), part(0, "c1", "a", ": 4}")], ("a", 4)),
+}
+
+
+@pytest.mark.parametrize("case", list(NAME_PIECES))
+def test_name_pieces_are_joined_and_only_a_complete_name_counts_as_a_repeat(
+    server: WireServer, loop: Any, case: str
+) -> None:
+    chunks, ran = NAME_PIECES[case]
+    result = streamed_prompt(server, loop, streamed(*chunks))
+    assert result.ok, result.error
+    assert [ran] == RUNS
+
+
+# --- arguments sent as a JSON object (issue 23.3) --------------------------------------------
+
+
+def completion_with_arguments(arguments: Any) -> dict[str, Any]:
+    body = openai_completion(None, [("c1", "write_file", "{}")])
+    body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = arguments
+    return body
+
+
+def test_arguments_sent_as_a_json_object_are_the_arguments(server: WireServer, loop: Any) -> None:
+    server.script(OPENAI_PATH, Response(200, completion_with_arguments({"path": "notes.txt", "mode": "append"})),
+                  Response(200, openai_completion("done")), Response(200, openai_completion("again")))
+    with openai_model(server) as model:
+        first = prompt(loop, "write", model=model)
+        second = prompt(loop, "more", model=model)
+    assert first.ok and second.ok, (first.error, second.error)
+    assert RUNS == [("write_file", ("notes.txt", "append"))]
+    # recorded, and replayed on every later request, as its JSON text
+    reply = next(r for r in read_records(loop.data_dir / TRANSCRIPT_NAME)[0] if r["type"] == "reply")
+    assert json.loads(reply["tool_calls"][0]["arguments"]) == {"path": "notes.txt", "mode": "append"}
+    for body in server.bodies(OPENAI_PATH)[1:]:
+        assistant = next(m for m in body["messages"] if m["role"] == "assistant" and m.get("tool_calls"))
+        sent = assistant["tool_calls"][0]["function"]["arguments"]
+        assert isinstance(sent, str) and json.loads(sent) == {"path": "notes.txt", "mode": "append"}
+
+
+@pytest.mark.parametrize(("arguments", "named"), [
+    ([1, 2], "got array: [1,2]"), (5, "got integer: 5"), (True, "got boolean: true"), (None, "got null: null"),
+])
+def test_arguments_of_another_shape_are_an_error_naming_what_arrived(
+    server: WireServer, loop: Any, arguments: Any, named: str
+) -> None:
+    server.script(OPENAI_PATH, Response(200, completion_with_arguments(arguments)),
+                  Response(200, openai_completion("done")))
+    with openai_model(server) as model:
+        result = prompt(loop, "write", model=model)
+    assert result.ok, result.error
+    [call_result] = result.steps[0].results
+    assert call_result.error_kind == ErrorKind.INVALID_JSON
+    assert "arguments must be a JSON object" in call_result.content
+    assert named.replace(" ", "") in call_result.content.replace(" ", "")
+    assert RUNS == []
+
+
+def test_streamed_arguments_sent_as_an_object_are_the_arguments(server: WireServer, loop: Any) -> None:
+    result = streamed_prompt(server, loop, streamed(part(0, "c1", "write_file", {"path": "s.txt"})))
+    assert result.ok, result.error
+    assert RUNS == [("write_file", ("s.txt", "overwrite"))]
+
+
+# --- a reply cut off by the token limit (issue 23.5) -------------------------------------------
+
+
+def test_an_openai_call_cut_off_by_the_token_limit_never_runs(server: WireServer, loop: Any) -> None:
+    cut = openai_completion(None, [("c1", "write_file", '{"path": "a.txt"}'), ("c2", "write_file", '{"path": "b')],
+                            finish_reason="length")
+    cut["usage"]["completion_tokens"] = 64
+    server.script(OPENAI_PATH, Response(200, cut), Response(200, openai_completion("again")))
+    with openai_model(server, max_tokens=64) as model:
+        result = prompt(loop, "write", model=model)
+        after = prompt(loop, "go on", model=model)
+    assert RUNS == [("write_file", ("a.txt", "overwrite"))]  # the call the model finished ran
+    first, last = result.steps[0].results
+    assert first.ok
+    assert not last.ok and last.error_kind == ErrorKind.INVALID_JSON
+    assert "token limit" in last.content and "64" in last.content and "did not run" in last.content
+    assert result.error is not None and "token limit" in result.error and "64" in result.error
+    assert after.ok and after.text == "again", after.error  # the session goes on
+
+
+@pytest.mark.parametrize("streamed_reply", [False, True])
+def test_an_anthropic_call_cut_off_by_max_tokens_never_runs(
+    server: WireServer, loop: Any, streamed_reply: bool
+) -> None:
+    if streamed_reply:  # the SDK parses the partial JSON: a dict of what came, "mode" missing
+        body: Any = anthropic_stream(tool_uses=[("t1", "write_file", {"path": "a.txt", "mode": "append"})])
+        body = body[:-4]  # the last piece of the input never comes
+        body += [("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                 ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "max_tokens",
+                                                                        "stop_sequence": None},
+                                    "usage": {"output_tokens": 32}}),
+                 ("message_stop", {"type": "message_stop"})]
+    else:
+        body = anthropic_message([tool_use_block("t1", "write_file", {"path": "a.txt"})], stop_reason="max_tokens")
+        body["usage"]["output_tokens"] = 32
+    server.script(ANTHROPIC_PATH, Response(200, body), Response(200, anthropic_message([text_block("again")])))
+    with anthropic_model(server, max_tokens=32) as model:
+        result = (list(stream(loop, "write", model=model))[-1].result  # type: ignore[union-attr]
+                  if streamed_reply else prompt(loop, "write", model=model))
+        after = prompt(loop, "go on", model=model)
+    assert RUNS == []
+    [cut] = result.steps[0].results
+    assert not cut.ok and "token limit" in cut.content and "32" in cut.content
+    assert result.error is not None and "token limit" in result.error
+    assert after.ok and after.text == "again", after.error
