@@ -279,3 +279,104 @@ def test_an_anthropic_call_cut_off_by_max_tokens_never_runs(
     assert not cut.ok and "token limit" in cut.content and "32" in cut.content
     assert result.error is not None and "token limit" in result.error
     assert after.ok and after.text == "again", after.error
+
+
+# --- declarations a provider refuses (issue 23.4) ----------------------------------------------
+
+
+class Declared:
+    """A tool whose parameter schema is given as it is (as an MCP server declares one)."""
+
+    def __init__(self, name: str, schema: dict[str, Any]) -> None:
+        self._name, self._schema = name, schema
+
+    def name(self) -> str:
+        return self._name
+
+    def description(self) -> str:
+        return f"The tool {self._name}."
+
+    def parameter_schema(self) -> dict[str, Any]:
+        return self._schema
+
+    def run(self, args: dict[str, Any], ctx: Any) -> str:
+        RUNS.append((self._name, args))
+        return "ok"
+
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "bare": {"type": "object"},
+    "either": {"type": "object", "anyOf": [
+        {"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+        {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
+    "both": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+             "allOf": [{"properties": {"y": {"type": "integer"}}, "required": ["y"]}],
+             "not": {"required": ["z"]}},
+    "spaced": {"type": "object", "properties": {"a b": {"type": "string"}}},
+}
+
+
+@pytest.fixture
+def declared_loop(tmp_path: Path) -> Iterator[Any]:
+    RUNS.clear()
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
+    try:
+        for name, schema in SCHEMAS.items():
+            system.register(Declared(name, schema))
+        yield system.start_loop("declared")
+    finally:
+        system.stop()
+
+
+def sent_schemas(body: dict[str, Any], provider: str) -> dict[str, Any]:
+    if provider == "openai":
+        return {t["function"]["name"]: t["function"]["parameters"] for t in body["tools"]}
+    return {t["name"]: t["input_schema"] for t in body["tools"]}
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_each_provider_is_sent_schemas_it_accepts_and_calls_are_held_to_the_whole_schema(
+    server: WireServer, declared_loop: Any, provider: str
+) -> None:
+    calls = [("c1", "bare", "{}"), ("c2", "either", '{"a": 1}'), ("c3", "either", '{"c": 1}'),
+             ("c4", "both", '{"x": 1}'), ("c5", "both", '{"x": 1, "y": 2}')]
+    if provider == "openai":
+        server.script(OPENAI_PATH, Response(200, openai_completion(None, calls)),
+                      Response(200, openai_completion("done")), Response(200, openai_completion("again")))
+        model: Any = openai_model(server)
+    else:
+        blocks = [tool_use_block(cid, name, json.loads(args)) for cid, name, args in calls]
+        server.script(ANTHROPIC_PATH, Response(200, anthropic_message(blocks)),
+                      Response(200, anthropic_message([text_block("done")])),
+                      Response(200, anthropic_message([text_block("again")])))
+        model = anthropic_model(server)
+    with model:
+        first = prompt(declared_loop, "go", model=model)
+        second = prompt(declared_loop, "more", model=model)
+    assert first.ok and second.ok and second.text == "again", (first.error, second.error)
+    assert [r.ok for r in first.steps[0].results] == [True, True, False, False, True]
+    assert all(r.error_kind == ErrorKind.INVALID_ARGUMENTS for r in first.steps[0].results if not r.ok)
+    bodies = server.bodies(OPENAI_PATH if provider == "openai" else ANTHROPIC_PATH)
+    assert len(bodies) == 3
+    sent = sent_schemas(bodies[0], provider)
+    assert sent["bare"] == {"type": "object", "properties": {}}
+    assert sent["either"] == {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    assert sent["both"]["required"] == ["x", "y"] and "allOf" not in sent["both"]
+    assert ("not" in sent["both"]) == (provider == "anthropic")  # the Messages API takes a top-level not
+    # a property name the Messages API refuses: no form carries it, so the tool is left out
+    assert ("spaced" in sent) == (provider == "openai")
+    # what the loop validates against, and offers, is unchanged
+    offered = {d["name"]: d["parameters"] for d in declared_loop.declarations("neutral")}
+    assert offered == SCHEMAS
+
+
+def test_provider_schema_never_changes_the_schema_it_is_given() -> None:
+    from rho_actors.provider_schemas import provider_schema
+
+    for schema in SCHEMAS.values():
+        before = json.dumps(schema, sort_keys=True)
+        for provider in ("openai", "anthropic", "neutral"):
+            provider_schema(schema, provider)
+        assert json.dumps(schema, sort_keys=True) == before
+    assert provider_schema(SCHEMAS["spaced"], "anthropic")[0] is None
+    assert "'a b'" in str(provider_schema(SCHEMAS["spaced"], "anthropic")[1])

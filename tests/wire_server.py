@@ -391,8 +391,37 @@ def _image_problem(media_type: Any, data_b64: Any, max_bytes: int, max_side: int
     return None
 
 
+def _schema_violation(schema: Any, where: str, refused_top: Sequence[str], property_names: re.Pattern[str] | None,
+                      *, needs_properties: bool) -> str | None:
+    """The 400 a provider gives a tool's parameter schema: its top level an object schema
+    (with ``properties`` when ``needs_properties``), none of ``refused_top`` there,
+    property names of the pattern."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return f"Invalid schema for {where}: schema must be a JSON Schema of 'type: \"object\"'"
+    if needs_properties and not isinstance(schema.get("properties"), dict):
+        return f"Invalid schema for {where}: In context=(), object schema missing properties"
+    for keyword in refused_top:
+        if keyword in schema:
+            return f"Invalid schema for {where}: {keyword!r} is not permitted at the top level"
+    if property_names is not None:
+        for name in schema.get("properties") or {}:
+            if not property_names.fullmatch(name):
+                return f"{where}.properties: Property keys should match pattern '^[a-zA-Z0-9_.-]{{1,64}}$'"
+    return None
+
+
+_ANTHROPIC_PROPERTY = re.compile(r"[a-zA-Z0-9_.-]{1,64}")
+
+
 def openai_violation(body: dict[str, Any]) -> str | None:
     """The 400 message Chat Completions gives ``body``, or None when it is accepted."""
+    for entry in body.get("tools") or []:
+        fn = entry.get("function", {}) if isinstance(entry, dict) else {}
+        problem = _schema_violation(fn.get("parameters"), f"function '{fn.get('name')}'",
+                                    ("anyOf", "oneOf", "allOf", "enum", "not"), None,
+                                    needs_properties=True)
+        if problem:
+            return problem
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "'messages' must be a non-empty array"
@@ -458,6 +487,12 @@ def openai_violation(body: dict[str, Any]) -> str | None:
 
 def anthropic_violation(body: dict[str, Any]) -> str | None:
     """The 400 message the Messages API gives ``body``, or None when it is accepted."""
+    for k, entry in enumerate(body.get("tools") or []):
+        schema = entry.get("input_schema") if isinstance(entry, dict) else None
+        problem = _schema_violation(schema, f"tools.{k}.custom.input_schema", ("anyOf", "oneOf", "allOf"),
+                                    _ANTHROPIC_PROPERTY, needs_properties=False)
+        if problem:
+            return f"tools.{k}.custom.input_schema: {problem}" if not problem.startswith("tools.") else problem
     system = body.get("system")
     if system is not None and (not isinstance(system, str) or not system.strip()):
         return "system: text content blocks must contain non-whitespace text"

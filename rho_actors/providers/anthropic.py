@@ -22,7 +22,8 @@ our :class:`Message`   wire message
 =====================  ==================================================================
 
 Declarations go out as ``tools=[{"name", "description", "input_schema"}]`` (left out when
-there are none). A reply's ``tool_use`` blocks become :class:`ToolCall` values whose
+there are none), each schema the copy the Messages API takes
+(:mod:`rho_actors.provider_schemas`). A reply's ``tool_use`` blocks become :class:`ToolCall` values whose
 ``arguments`` is the block's ``input`` object (a mapping); its ``text`` blocks, joined,
 are the reply's text. Other blocks (thinking, server tools) are not kept.
 
@@ -60,6 +61,7 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
 from rho_actors.formats import to_dialect
 from rho_actors.model import Message, Reply, Usage
 from rho_actors.provider_rules import ANTHROPIC_RULES, replay_arguments, sanitise
+from rho_actors.provider_schemas import provider_tools
 from rho_actors.providers import (
     DEFAULT_RETRY,
     Failure,
@@ -231,11 +233,13 @@ def _arguments(value: Any) -> str | dict[str, Any]:
 
 def to_anthropic_tools(tools: Sequence[Mapping[str, Any]]) -> list[ToolParam]:
     """Neutral declarations (``{name, description, parameters, ...}``) as Messages API
-    tools. Raises ``KeyError`` for a declaration without ``name``, ``description`` or
-    ``parameters``."""
+    tools, each with the schema copy the Messages API takes
+    (:func:`rho_actors.provider_schemas.provider_schema`; one no form can carry is left
+    out, logged). Raises ``KeyError`` for a declaration without ``name``,
+    ``description`` or ``parameters``."""
     wire: list[ToolParam] = []
-    for decl in tools:
-        info = ToolInfo(decl["name"], decl["description"], dict(decl["parameters"]))
+    for decl, schema in provider_tools(tools, PROVIDER):
+        info = ToolInfo(decl["name"], decl["description"], schema)
         dialect = to_dialect(info, "anthropic")
         wire.append(
             {"name": dialect["name"], "description": dialect["description"], "input_schema": dialect["input_schema"]}

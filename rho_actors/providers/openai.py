@@ -19,9 +19,11 @@ pictures               tool messages cannot carry images, so after a turn's tool
 =====================  ==================================================================
 
 Declarations go out as ``tools=[{"type": "function", "function": {"name", "description",
-"parameters"}}]`` (left out when there are none). A reply's function tool calls become
+"parameters"}}]`` (left out when there are none), each schema the copy Chat Completions
+takes (:mod:`rho_actors.provider_schemas`). A reply's function tool calls become
 :class:`ToolCall` values whose ``arguments`` is the model's raw ``function.arguments`` text,
-untouched: the loop's strict decoding judges it.
+untouched (arguments sent as a JSON object, as llama.cpp does, are its JSON text; any
+other JSON value too): the loop's strict decoding judges it.
 
 Every request is built from the conversation as :func:`rho_actors.provider_rules.sanitise` makes it
 under :data:`~rho_actors.provider_rules.OPENAI_RULES`, so nothing recorded can make it a 400. With
@@ -54,6 +56,7 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
 from rho_actors.formats import to_dialect
 from rho_actors.model import Message, Reply, Usage
 from rho_actors.provider_rules import OPENAI_RULES, sanitise
+from rho_actors.provider_schemas import provider_tools
 from rho_actors.providers import (
     DEFAULT_RETRY,
     Failure,
@@ -399,11 +402,13 @@ def arguments_text(value: Any) -> str:
 
 def to_openai_tools(tools: Sequence[Mapping[str, Any]]) -> list[ChatCompletionToolUnionParam]:
     """Neutral declarations (``{name, description, parameters, ...}``) as Chat
-    Completions function tools. Raises ``KeyError`` for a declaration without
-    ``name``, ``description`` or ``parameters``."""
+    Completions function tools, each with the schema copy Chat Completions takes
+    (:func:`rho_actors.provider_schemas.provider_schema`; one no form can carry is left
+    out, logged). Raises ``KeyError`` for a declaration without ``name``,
+    ``description`` or ``parameters``."""
     wire: list[ChatCompletionToolUnionParam] = []
-    for decl in tools:
-        info = ToolInfo(decl["name"], decl["description"], dict(decl["parameters"]))
+    for decl, schema in provider_tools(tools, PROVIDER):
+        info = ToolInfo(decl["name"], decl["description"], schema)
         dialect = to_dialect(info, "openai")
         wire.append({"type": "function", "function": dialect["function"]})
     return wire
