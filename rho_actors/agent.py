@@ -81,7 +81,7 @@ from rho_actors.results import failure
 from rho_actors.results import text as result_text
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolCall, ToolResult
-from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
+from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, thinking_blocks
 
 
 class Session(Protocol):
@@ -502,7 +502,7 @@ class _Driver:
         reply = replace(reply, tool_calls=calls)
         self.transcript.reply(number, reply, model_ms, sent_ids=sent_ids)  # before any call runs
         self.next_step += 1
-        self.messages.append(Message.assistant(reply.text, reply.tool_calls))
+        self.messages.append(Message.assistant(reply.text, reply.tool_calls, reply.thinking))
         if not reply.tool_calls:
             step = Step(number, reply)
             self.steps.append(step)
@@ -658,7 +658,8 @@ def _checked_reply(reply: Any) -> Reply:
         call_id = call.id if isinstance(call.id, str) else ""
         name = call.name if isinstance(call.name, str) else ""
         calls.append(ToolCall(call_id, name, _plain_arguments(call.arguments)))
-    return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason, reply.usage)
+    return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason, reply.usage,
+                 thinking_blocks(getattr(reply, "thinking", ())))
 
 
 def _plain_arguments(arguments: Any) -> str | dict[str, Any]:

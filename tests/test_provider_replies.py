@@ -271,8 +271,12 @@ def test_an_anthropic_call_cut_off_by_max_tokens_never_runs(
         body["usage"]["output_tokens"] = 32
     server.script(ANTHROPIC_PATH, Response(200, body), Response(200, anthropic_message([text_block("again")])))
     with anthropic_model(server, max_tokens=32) as model:
-        result = (list(stream(loop, "write", model=model))[-1].result  # type: ignore[union-attr]
-                  if streamed_reply else prompt(loop, "write", model=model))
+        if streamed_reply:
+            final = list(stream(loop, "write", model=model))[-1]
+            assert isinstance(final, FinalResult)
+            result = final.result
+        else:
+            result = prompt(loop, "write", model=model)
         after = prompt(loop, "go on", model=model)
     assert RUNS == []
     [cut] = result.steps[0].results
