@@ -84,6 +84,7 @@ from rho_actors.tool import (
     timeout_ms,
     untrusted,
 )
+from rho_actors.tool_context import ToolContext
 from rho_actors.transcript import TranscriptError
 
 _logger.disable("rho_actors")
@@ -154,6 +155,7 @@ __all__ = [
     "ToolCallFinished",
     "ToolCallStarted",
     "ToolEntry",
+    "ToolContext",
     "ToolFailure",
     "ToolInfo",
     "ToolResult",
