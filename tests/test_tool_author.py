@@ -59,7 +59,7 @@ def test_a_raising_tool_gives_the_host_its_traceback_and_the_model_one_line(
     with ActorSystem(data_dir=tmp_path, shutdown_ms=2_000, warm_workers=1, untrusted=READS) as system:
         system.register(divide, untrusted=untrusted)
         loop = system.start_loop("tb")
-        model = ScriptedModel([Reply(tool_calls=[ToolCall("c1", "divide", '{"a": 1, "b": 0}')]), Reply("sorry")])
+        model = ScriptedModel([Reply(tool_calls=(ToolCall("c1", "divide", '{"a": 1, "b": 0}'),)), Reply("sorry")])
         result = prompt(loop, "divide", model=model)
     assert result.ok, result.error
     [call] = result.steps[0].results
