@@ -84,6 +84,7 @@ from rho_actors.tool import (
     timeout_ms,
     untrusted,
 )
+from rho_actors.tool_context import ToolContext
 from rho_actors.toolset import ToolEntry, ToolSet
 from rho_actors.transcript import TranscriptError
 
@@ -155,6 +156,7 @@ __all__ = [
     "ToolCallFinished",
     "ToolCallStarted",
     "ToolEntry",
+    "ToolContext",
     "ToolFailure",
     "ToolInfo",
     "ToolResult",

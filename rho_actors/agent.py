@@ -81,7 +81,7 @@ from rho_actors.results import failure
 from rho_actors.results import text as result_text
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolCall, ToolResult
-from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
+from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, thinking_blocks
 
 
 class Session(Protocol):
@@ -502,19 +502,26 @@ class _Driver:
         reply = replace(reply, tool_calls=calls)
         self.transcript.reply(number, reply, model_ms, sent_ids=sent_ids)  # before any call runs
         self.next_step += 1
-        self.messages.append(Message.assistant(reply.text, reply.tool_calls))
+        self.messages.append(Message.assistant(reply.text, reply.tool_calls, reply.thinking))
         if not reply.tool_calls:
             step = Step(number, reply)
             self.steps.append(step)
             self._emit(StepEnded(step))
             if reply.stop_reason in ("incomplete", "refused"):
-                why = "was cut short (its token limit)" if reply.stop_reason == "incomplete" else "was refused"
+                why = (f"was cut short: it hit its token limit ({self._reply_size(reply)})"
+                       if reply.stop_reason == "incomplete" else "was refused")
                 self._stop("model", f"the model's reply at step {number} {why}; its text is kept")
             return True
         for call in reply.tool_calls:
             self._emit(ToolCallStarted(number, call))
         recorder = _Recorder(self.transcript, number)
-        results = [_with_text(r) for r in self._run_turn(reply.tool_calls, recorder.record)]
+        cut = reply.stop_reason == "incomplete"  # the last call is the one the token limit cut off
+        runnable = reply.tool_calls[:-1] if cut else reply.tool_calls
+        results = [_with_text(r) for r in self._run_turn(runnable, recorder.record)] if runnable else []
+        size = self._reply_size(reply)
+        if cut:
+            last = reply.tool_calls[-1]
+            results.append(failure("cut_off", last.id, last.name, size=size))
         step = Step(number, reply, tuple(results))
         self.steps.append(step)
         for index, result in enumerate(results):
@@ -522,7 +529,23 @@ class _Driver:
             self.messages.append(Message.tool_result(result))
             self._emit(ToolCallFinished(number, result))
         self._emit(StepEnded(step))
+        if cut:
+            last = reply.tool_calls[-1]
+            self._stop("model", f"the model's reply at step {number} hit its token limit ({size}): its last call "
+                                f"{last.id} ({scrub_text(last.name)[:64]}) was cut off and did not run")
         return False
+
+    def _reply_size(self, reply: Reply) -> str:
+        """How large a reply was, for a text saying it hit its token limit: the output
+        tokens the provider counted, and the limit the request had when known."""
+        used = reply.usage.output_tokens if reply.usage is not None else 0
+        limit = self.options.get("max_tokens", getattr(self.model, "max_tokens", None))
+        limit = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+        if used and limit:
+            return f"{used} output tokens, max_tokens={limit}"
+        if used:
+            return f"{used} output tokens"
+        return f"max_tokens={limit}" if limit else "its size was not reported"
 
     # --- the session's LoopActor ----------------------------------------------------------
 
@@ -635,7 +658,8 @@ def _checked_reply(reply: Any) -> Reply:
         call_id = call.id if isinstance(call.id, str) else ""
         name = call.name if isinstance(call.name, str) else ""
         calls.append(ToolCall(call_id, name, _plain_arguments(call.arguments)))
-    return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason, reply.usage)
+    return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason, reply.usage,
+                 thinking_blocks(getattr(reply, "thinking", ())))
 
 
 def _plain_arguments(arguments: Any) -> str | dict[str, Any]:

@@ -161,7 +161,6 @@ class CallActor(Actor):
                 return failure(
                     "timeout", spec.call_id, spec.name, duration_ms, timeout_ms=spec.timeout_ms, consequence=CANCELLED
                 )
-            logger.opt(exception=exc).debug("tool {} failed in call {}", spec.name, spec.call_id)
             return result_from_exception(spec.call_id, spec.name, exc, spec.max_output_chars, duration_ms)
         except BaseException:
             return failure("raised_opaque", spec.call_id, spec.name, duration_ms)

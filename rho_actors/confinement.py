@@ -297,11 +297,13 @@ class Probe:
 
     def warning(self) -> str | None:
         """The warning to give once when untrusted code would run without uid separation
-        and without Landlock (or with an identity that cannot read Python); else None."""
+        and without Landlock; else None. (A Python installed in a folder closed to the
+        dropped uid is no reason: a confined child opens its import folders while still
+        root and imports through them, :func:`rho_actors.sandbox.child.pin_imports`, so
+        it runs as that uid all the same; :attr:`python_readable` is then ``None`` and
+        ``detail`` says so.)"""
         if self.identity is not None and self.landlock is not None:
             return f"untrusted tools run unconfined: {self.identity}; {self.landlock}"
-        if self.identity is None and self.python_readable is not None:
-            return f"untrusted tools cannot run as uid {DEFAULT_UID}: {self.python_readable}"
         return None
 
 
@@ -344,8 +346,11 @@ def probe(uid: int = DEFAULT_UID, gid: int = DEFAULT_UID) -> Probe:
     if _libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(ctypes.c_int()), 0, 0, 0) != 0:
         reaper = f"PR_GET_CHILD_SUBREAPER: {os.strerror(ctypes.get_errno())}"
     prefixes = {sys.prefix, sys.base_prefix}
-    readable = [r for p in sorted(prefixes) if (r := _readable_by(p, uid, gid))] if root else []
-    return Probe(identity, lock, userns, group, reaper, "; ".join(readable) or None, detail)
+    closed = [r for p in sorted(prefixes) if (r := _readable_by(p, uid, gid))] if root else []
+    # a closed folder does not stop a child: it pins its imports while root (child.pin_imports)
+    detail["python_readable"] = (f"{'; '.join(closed)}: children import through folders opened before they drop "
+                                 f"to uid {uid}" if closed else f"Python is readable by uid {uid}")
+    return Probe(identity, lock, userns, group, reaper, None, detail)
 
 
 def _userns_reason(root: bool) -> str | None:

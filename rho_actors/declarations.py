@@ -24,6 +24,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import re
 import sys
 import types
@@ -109,6 +110,9 @@ def describe_origin(tool: Any, trusted: bool = True) -> str:
 
 
 def _static_origin(tool: Any) -> str:
+    own = _own_wrapper_origin(tool)
+    if own is not None:
+        return own
     if isinstance(tool, types.ModuleType):
         namespace = object.__getattribute__(tool, "__dict__")
         label, where = str(namespace.get("__name__", "?")), namespace.get("__file__")
@@ -119,6 +123,29 @@ def _static_origin(tool: Any) -> str:
         module = sys.modules.get(type.__getattribute__(cls, "__module__"))
         where = object.__getattribute__(module, "__dict__").get("__file__") if module is not None else None
     return f"{label} ({where})" if isinstance(where, str) else label
+
+
+def _own_wrapper_origin(tool: Any) -> str | None:
+    """The user's function or file behind one of rho's own wrappers (an ``@tool``
+    function, a plugin file's stand-in), read from the instance's own storage without
+    running any of its code; ``None`` for anything else."""
+    cls = type(tool)
+    module = type.__getattribute__(cls, "__module__")
+    if not isinstance(module, str) or not module.startswith("rho_actors."):
+        return None
+    try:
+        namespace = object.__getattribute__(tool, "__dict__")
+    except AttributeError:
+        namespace = {}
+    func = namespace.get("func")
+    if isinstance(func, types.FunctionType):
+        code = func.__code__
+        return f"{func.__module__}.{func.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+    try:
+        path = object.__getattribute__(tool, "path")
+    except AttributeError:
+        return None
+    return f"{os.path.basename(path)} ({path})" if isinstance(path, str) else None
 
 
 def _origin(tool: Any) -> str:

@@ -5,8 +5,12 @@ Field(description=...)]`` gives a parameter its description, else the docstring'
 Google/NumPy/reST ``Args:`` section does, read by ``docstring_parser``), the description
 is the docstring's text before those sections, and the arguments are validated and
 converted by pydantic before the call (so a ``datetime`` parameter gets a ``datetime``).
-A parameter named ``ctx`` is left out of the schema and receives the call's context
-mapping; ``self`` and ``cls`` (of a method) are left out too. A function without a
+A parameter annotated :class:`~rho_actors.ToolContext` (any name), or named ``ctx``, is
+left out of the schema and receives the call's context (a ``ToolContext`` when so
+annotated, else the mapping); a parameter whose name looks like a context
+(``context``...) annotated as a mapping or not at all is refused (``TypeError``: the
+model would have to fill it), see :mod:`rho_actors.tool_context`. ``self`` and ``cls``
+(of a method) are left out too. A function without a
 docstring needs ``description=``; ``timeout_ms`` and ``concurrency`` are checked at
 decoration (``TypeError``/``ValueError``); ``selftest=`` gives the tool its
 ``selftest()`` (see :mod:`rho_actors.selftest`).
@@ -46,6 +50,7 @@ import docstring_parser
 import pydantic
 
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, Concurrency
+from rho_actors.tool_context import ToolContext, looks_like_context
 
 __all__ = ["FunctionTool", "tool"]
 
@@ -100,15 +105,26 @@ class FunctionTool:
         if selftest is not None:
             self.selftest = selftest
         signature = inspect.signature(func)
-        self._wants_ctx = _CTX in signature.parameters
         fields: dict[str, Any] = {}
         hints = _type_hints(func, exclude=_CTX)
         params = list(signature.parameters.values())
         if params and params[0].name in _BOUND and "." in func.__qualname__:
             params = params[1:]  # a method's self or cls: not an argument of the model's
+        self._contexts: dict[str, bool] = {}  # parameter -> whether it gets a ToolContext
+        if _CTX in signature.parameters:
+            self._contexts[_CTX] = _is_context_type(_ctx_hint(func))
         for param in params:
             if param.name == _CTX:
                 continue
+            if _is_context_type(hints.get(param.name)):
+                self._contexts[param.name] = True
+                continue
+            if looks_like_context(param.name) and _mapping_or_none(hints.get(param.name)):
+                raise TypeError(
+                    f"@tool {self._name}: parameter {param.name!r} looks like the call's context, but only a "
+                    f"parameter annotated ToolContext (or named 'ctx') receives it; as it is, the model would "
+                    f"have to fill it. Write '{param.name}: ToolContext' (from rho_actors import ToolContext), "
+                    "or give it a type and a name that do not say context if it is the model's argument")
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
                 raise TypeError(f"@tool {self._name}: parameter {param.name!r} must be a plain keyword parameter")
             annotation = hints.get(param.name, Any)
@@ -154,8 +170,8 @@ class FunctionTool:
     def _kwargs(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         model = self._model.model_validate(args)
         kwargs = {field: getattr(model, field) for field in type(model).model_fields}
-        if self._wants_ctx:
-            kwargs[_CTX] = ctx
+        for param, typed in self._contexts.items():
+            kwargs[param] = ToolContext(ctx) if typed and not isinstance(ctx, ToolContext) else ctx
         return kwargs
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
@@ -171,6 +187,40 @@ class FunctionTool:
         return f"<tool {self._name} from {self.func.__module__}.{self.func.__qualname__}>"
 
 
+def _is_context_type(annotation: Any) -> bool:
+    """Whether ``annotation`` is :class:`ToolContext` (also ``Optional``/``Annotated``)."""
+    if annotation is ToolContext:
+        return True
+    if isinstance(annotation, str):
+        return annotation.rsplit(".", 1)[-1] == "ToolContext"
+    args = typing.get_args(annotation)
+    return bool(args) and any(_is_context_type(a) for a in args if a is not type(None))
+
+
+def _mapping_or_none(annotation: Any) -> bool:
+    """Whether ``annotation`` is missing or a mapping type (``Mapping``, ``dict``...)."""
+    if annotation is None or annotation is Any:
+        return True
+    origin = typing.get_origin(annotation) or annotation
+    return isinstance(origin, type) and issubclass(origin, Mapping)
+
+
+def _ctx_hint(func: Callable[..., Any]) -> Any:
+    """The annotation of ``ctx``, resolved when it can be (else as written)."""
+    annotation = getattr(func, "__annotations__", {}).get(_CTX)
+    if annotation is None:
+        return None
+    try:
+        return _type_hints_of(func, _CTX, annotation)
+    except Exception:
+        return annotation
+
+
+def _type_hints_of(func: Callable[..., Any], name: str, annotation: Any) -> Any:
+    holder = types.SimpleNamespace(__annotations__={name: annotation})
+    return typing.get_type_hints(holder, globalns=getattr(func, "__globals__", None), include_extras=True)[name]
+
+
 def _described(annotation: Any) -> bool:
     """Whether an ``Annotated[..., Field(description=...)]`` already describes it."""
     return any(getattr(meta, "description", None) for meta in getattr(annotation, "__metadata__", ()))
@@ -182,11 +232,8 @@ def _type_hints(func: Callable[..., Any], exclude: str) -> dict[str, Any]:
     annotations = {k: v for k, v in getattr(func, "__annotations__", {}).items() if k != exclude}
     hints: dict[str, Any] = {}
     for name, annotation in annotations.items():
-        holder = types.SimpleNamespace(__annotations__={name: annotation})
         try:
-            hints[name] = typing.get_type_hints(
-                holder, globalns=getattr(func, "__globals__", None), include_extras=True
-            )[name]
+            hints[name] = _type_hints_of(func, name, annotation)
         except Exception as err:
             raise TypeError(f"@tool {func.__name__}: cannot resolve the annotation of {name!r}: {err}") from err
     return hints

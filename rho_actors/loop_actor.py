@@ -46,9 +46,17 @@ from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
-from rho_actors.loop_messages import CancelTurn, Offered, Running, RunTurn, SetWithheld, make_session_folder
+from rho_actors.loop_messages import (
+    Allowlist,
+    CancelTurn,
+    Offered,
+    Running,
+    RunTurn,
+    SetWithheld,
+    make_session_folder,
+)
 from rho_actors.otp.actor import Actor
-from rho_actors.results import capped, error_result, failure, text
+from rho_actors.results import capped, error_result, failure, text, traceback_of
 from rho_actors.telemetry import CallSpan, Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 from rho_actors.toolset import ToolEntry, ToolSet
@@ -102,9 +110,11 @@ class LoopActor(Actor):
     :meth:`rho_actors.ActorSystem.start_loop`, which returns a :class:`Loop`."""
 
     def __init__(
-        self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str], runtime: Runtime
+        self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str], runtime: Runtime,
+        allowed: Allowlist | None = None,
     ) -> None:
         super().__init__()
+        self._allowed = allowed
         self.session_id = session_id
         self._data_dir = data_dir
         self._folder_made = False  # made before the first call is dispatched
@@ -160,7 +170,10 @@ class LoopActor(Actor):
         ]
 
     def _offered(self, tools: ToolSet) -> list[ToolEntry]:
-        return [e for name, e in tools.entries.items() if name not in self._withheld]
+        return [e for name, e in tools.entries.items() if name not in self._withheld and self._allows(e)]
+
+    def _allows(self, entry: ToolEntry) -> bool:
+        return self._allowed is None or self._allowed.allows(entry.info.name, entry.origin)
 
     def _run_turn(self, message: RunTurn) -> None:
         turn = _Turn(next(self._turn_ids), [_Slot(i, call) for i, call in enumerate(message.calls)], message.future,
@@ -214,7 +227,7 @@ class LoopActor(Actor):
         call = slot.call
         name = call.name
         entry = tools.entries.get(name)
-        if entry is None or name in self._withheld:
+        if entry is None or name in self._withheld or not self._allows(entry):
             return self._lookup_error(call.id, name, entry, tools)
         try:
             args = decode_arguments(call.arguments, self._limits.max_argument_depth)
@@ -346,6 +359,11 @@ class LoopActor(Actor):
             self._emit("late", slot, result)
             return
         self._telemetry.call_ended(slot.span, result)
+        if self._limits.log_tracebacks:
+            trace = traceback_of(result)
+            if trace is not None:
+                logger.error("session {}: tool {} {} in call {}:\n{}", self.session_id, result.name,
+                             result.error_kind, result.call_id, trace)
         self._emit(event, slot, result)
         if turn.on_result is not None:
             try:

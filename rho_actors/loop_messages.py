@@ -20,7 +20,45 @@ from rho_actors.cancel import CancelToken
 from rho_actors.files import private_dir
 from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["CancelTurn", "Offered", "RunTurn", "Running", "SetWithheld", "loop_name", "make_session_folder"]
+__all__ = ["Allowlist", "CancelTurn", "Offered", "RunTurn", "Running", "SetWithheld", "allowlist", "loop_name",
+           "make_session_folder"]
+
+
+@dataclass(frozen=True, slots=True)
+class Allowlist:
+    """The tools a loop may offer (``start_loop(tools=...)``): those named in ``names``,
+    and those served by a source named in ``sources``."""
+
+    names: frozenset[str]
+    sources: frozenset[str]
+
+    def allows(self, name: str, origin: str) -> bool:
+        """Whether the tool ``name`` registered from ``origin`` is on the list."""
+        return name in self.names or any(origin.endswith(f"(source {s})") for s in self.sources)
+
+
+def allowlist(items: Any) -> Allowlist | None:
+    """``start_loop``'s ``tools``: ``None`` (every registered tool), or a collection of
+    tool names (``str``), tools (anything with a ``name()`` method: by that name) and
+    sources (a :class:`~rho_actors.SourceHandle` or a source: anything with a ``name``
+    text attribute; every tool it serves). Raises ``TypeError`` for a lone ``str`` or an
+    item of another kind."""
+    if items is None:
+        return None
+    if isinstance(items, (str, bytes)):
+        raise TypeError(f"tools takes a collection of tool names, tools or sources, got the single string {items!r}")
+    names: set[str] = set()
+    sources: set[str] = set()
+    for item in items:
+        if isinstance(item, str):
+            names.add(str.__str__(item))
+        elif isinstance(getattr(item, "name", None), str):
+            sources.add(str(item.name))
+        elif callable(getattr(item, "name", None)) and isinstance(item.name(), str):
+            names.add(str(item.name()))
+        else:
+            raise TypeError(f"tools takes tool names, tools and sources; got a {type(item).__name__}")
+    return Allowlist(frozenset(names), frozenset(sources))
 
 
 def loop_name(session_id: str) -> str:

@@ -34,9 +34,10 @@ Role = Literal["system", "user", "assistant", "tool"]
 class Message:
     """One message of a conversation.
 
-    ``system``, ``user``: ``text``. ``assistant``: ``text`` (may be empty) and ``tool_calls``.
-    ``tool``: ``tool_call_id``, ``name``, ``text`` (the result for the model),
-    ``is_error`` and ``images``.
+    ``system``, ``user``: ``text``. ``assistant``: ``text`` (may be empty), ``tool_calls``
+    and ``thinking`` (the provider's reasoning blocks, sent back exactly as they came;
+    see :attr:`Reply.thinking`). ``tool``: ``tool_call_id``, ``name``, ``text`` (the
+    result for the model), ``is_error`` and ``images``.
     """
 
     role: Role
@@ -46,6 +47,7 @@ class Message:
     name: str | None = None
     is_error: bool = False
     images: tuple[Image, ...] = ()
+    thinking: tuple[dict[str, Any], ...] = ()
 
     @staticmethod
     def system(text: str) -> Message:
@@ -56,8 +58,10 @@ class Message:
         return Message("user", text)
 
     @staticmethod
-    def assistant(text: str = "", tool_calls: Iterable[ToolCall] = ()) -> Message:
-        return Message("assistant", text, tuple(tool_calls))
+    def assistant(
+        text: str = "", tool_calls: Iterable[ToolCall] = (), thinking: Iterable[dict[str, Any]] = ()
+    ) -> Message:
+        return Message("assistant", text, tuple(tool_calls), thinking=tuple(dict(b) for b in thinking))
 
     @staticmethod
     def tool_result(result: ToolResult) -> Message:
@@ -92,13 +96,18 @@ class Reply:
     ``"incomplete"`` when the reply was cut short (OpenAI ``length``, Anthropic
     ``max_tokens``) and ``"refused"`` when it was withheld (``content_filter``,
     ``refusal``), else None; ``raw`` is the provider's response object, for the host's
-    eyes only; ``usage``: the tokens the request used, when the provider said."""
+    eyes only; ``usage``: the tokens the request used, when the provider said.
+    ``thinking``: the reply's reasoning blocks a provider requires back unchanged
+    (Anthropic's ``thinking`` blocks ``{"type": "thinking", "thinking", "signature"}``
+    and ``redacted_thinking`` blocks ``{"type": "redacted_thinking", "data"}``, in
+    their order), recorded in the transcript and replayed as they came."""
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     raw: Any = field(default=None, compare=False, repr=False)
     stop_reason: str | None = None
     usage: Usage | None = None
+    thinking: tuple[dict[str, Any], ...] = ()
 
 
 @runtime_checkable

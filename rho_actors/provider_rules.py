@@ -34,6 +34,10 @@ tool result                     one per call, right after its call's message; an
                                 call without one gets a ``cancelled`` error result
 images                          of the provider's types (lower case), size and dimensions
                                 (:class:`WireRules`), else replaced by a text notice
+pictures of one request         within the provider's per-request limits (how many, how
+                                large a side when there are many, how many bytes in
+                                all): the newest kept, each older one left out with a
+                                text notice in its result
 ==============================  ==========================================================
 
 Building a request never raises for anything a conversation can hold (#17).
@@ -84,6 +88,9 @@ class WireRules:
     ``max_id_length``: characters. ``image_types``: the MIME types taken.
     ``max_image_bytes``: the largest picture, in bytes.
     ``max_image_side``: the largest width or height, in pixels (``None``: no bound).
+    Per request: ``max_images`` pictures at most; when it holds more than
+    ``many_images``, none wider or taller than ``many_images_side`` pixels;
+    ``max_request_bytes``: the largest request body, in bytes (pictures go base64).
     """
 
     provider: str
@@ -92,17 +99,27 @@ class WireRules:
     image_types: frozenset[str]
     max_image_bytes: int
     max_image_side: int | None
+    max_images: int | None = None
+    many_images: int | None = None
+    many_images_side: int | None = None
+    max_request_bytes: int | None = None
 
 
 _TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
-OPENAI_RULES: Final = WireRules("openai", None, 40, _TYPES, 20 * 2**20, None)
-"""Chat Completions: ids of at most 40 characters; PNG, JPEG, WebP, GIF up to 20 MB."""
+OPENAI_RULES: Final = WireRules("openai", None, 40, _TYPES, 20 * 2**20, None, max_images=500,
+                                max_request_bytes=50_000_000)
+"""Chat Completions: ids of at most 40 characters; PNG, JPEG, WebP, GIF up to 20 MB; at
+most 500 pictures and 50 MB in one request."""
 
-ANTHROPIC_RULES: Final = WireRules("anthropic", r"[^A-Za-z0-9_-]", 64, _TYPES, 5 * 2**20, 8000)
-"""Messages API: ids of ``[A-Za-z0-9_-]``; JPEG, PNG, GIF, WebP up to 5 MB and 8000 px a side."""
+ANTHROPIC_RULES: Final = WireRules("anthropic", r"[^A-Za-z0-9_-]", 64, _TYPES, 5 * 2**20, 8000, max_images=100,
+                                   many_images=20, many_images_side=2000, max_request_bytes=32_000_000)
+"""Messages API: ids of ``[A-Za-z0-9_-]``; JPEG, PNG, GIF, WebP up to 5 MB and 8000 px a
+side; at most 100 pictures in one request, none over 2000 px a side when it holds more
+than 20, and 32 MB in all."""
 
-NEUTRAL_RULES: Final = WireRules("neutral", r"[^A-Za-z0-9_-]", 40, _TYPES, 5 * 2**20, 8000)
+NEUTRAL_RULES: Final = WireRules("neutral", r"[^A-Za-z0-9_-]", 40, _TYPES, 5 * 2**20, 8000, max_images=100,
+                                 many_images=20, many_images_side=2000, max_request_bytes=32_000_000)
 """Both providers' rules at once: what is recorded for a model without rules of its own."""
 
 _ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg"}
@@ -325,12 +342,59 @@ def sanitise(messages: Sequence[Message], rules: WireRules) -> list[Message]:
                 text = ""
             if not text and not replayed:
                 continue
-            out.append(Message("assistant", text, tuple(replayed)))
+            out.append(Message("assistant", text, tuple(replayed), thinking=message.thinking))
             if replayed:
                 originals = [str(message.tool_calls[i].id) for i in sources]
                 open_ = _Open(len(out) - 1, replayed, originals, replaced, [False] * len(replayed))
     close()
-    return out
+    return _within_request_limits(out, rules)
+
+
+REQUEST_RESERVE_BYTES: Final = 2_000_000
+"""Bytes of a request kept for what is not a picture (JSON, declarations), beyond the
+conversation's text, when pictures are fitted into :attr:`WireRules.max_request_bytes`."""
+
+
+def _within_request_limits(messages: list[Message], rules: WireRules) -> list[Message]:
+    """``messages`` with their pictures fitted into ``rules``' per-request limits: the
+    newest first, each that does not fit (with the newer ones kept) left out with a
+    notice in its result's text."""
+    if not any(m.images for m in messages):
+        return messages
+    text_bytes = sum(len(m.text) + sum(len(str(c.arguments)) for c in m.tool_calls) for m in messages)
+    budget = None if rules.max_request_bytes is None else rules.max_request_bytes - REQUEST_RESERVE_BYTES - text_bytes
+    count = total = 0
+    large_kept = False
+    for position in range(len(messages) - 1, -1, -1):
+        message = messages[position]
+        if not message.images:
+            continue
+        kept: list[Image] = []
+        notes: list[str] = []
+        for image in reversed(message.images):
+            size = _pixel_size(image.data)
+            side = max(size[1], size[2]) if size is not None else 0
+            encoded = 4 * ((len(image.data) + 2) // 3)
+            large = rules.many_images_side is not None and side > rules.many_images_side
+            why = None
+            if rules.max_images is not None and count + 1 > rules.max_images:
+                why = (f"the request already holds the {rules.max_images} newest pictures, the most "
+                       f"{rules.provider} takes in one request")
+            elif budget is not None and total + encoded > budget:
+                why = f"with the newer pictures it would make the request larger than {rules.provider}'s " \
+                      f"{rules.max_request_bytes:,} bytes"
+            elif rules.many_images is not None and count + 1 > rules.many_images and (large or large_kept):
+                why = (f"{rules.provider} takes no picture over {rules.many_images_side} px a side in a request of "
+                       f"more than {rules.many_images} pictures, and newer ones are kept first")
+            if why is None:
+                kept.append(image)
+                count, total, large_kept = count + 1, total + encoded, large_kept or large
+            else:
+                notes.append(f"[an older picture was left out of this request: {why}]")
+        if notes:
+            text = "\n".join([message.text, *reversed(notes)]) if message.text else "\n".join(reversed(notes))
+            messages[position] = replace(message, text=text, images=tuple(reversed(kept)))
+    return messages
 
 
 def _match(open_: _Open, call_id: Any) -> int | None:

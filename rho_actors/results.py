@@ -19,11 +19,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import traceback
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from rho_actors.encoding import cap_text, describe_exception, encode_output
+from rho_actors.encoding import cap_text, describe_exception, encode_output, scrub_text
 from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolFailure, ToolResult
 
 __all__ = [
@@ -32,12 +35,15 @@ __all__ = [
     "RAY_CANCELLED",
     "SENT_CANCEL",
     "TEXTS",
+    "TRACEBACK",
     "capped",
     "error_result",
     "failure",
     "result_from_exception",
     "result_from_return",
     "text",
+    "tool_traceback",
+    "traceback_of",
 ]
 
 KILLED: Final = "its worker process was killed"
@@ -66,6 +72,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     ),
     "bad_arguments": (_K.INVALID_ARGUMENTS, "tool {tool!r}: {problem}"),
     "invalid_arguments": (_K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: {problems}"),
+    "cut_off": (
+        _K.INVALID_JSON, "tool {tool!r} did not run: the reply hit its token limit ({size}) before this call "
+        "was complete; send the call again in a shorter reply"
+    ),
     "unvalidatable": (_K.INVALID_ARGUMENTS, "the arguments for tool {tool!r} could not be validated: {problem}"),
     # the runtime around a call
     "not_prepared": (_K.CRASHED, "the loop could not prepare this call: {problem}"),
@@ -204,7 +214,9 @@ def result_from_exception(
 ) -> ToolResult:
     """A ``raised`` result for an ``Exception``, ``exited`` for any other ``BaseException``;
     the text (``tool 'x' raised ValueError: ...``) is capped at ``max_chars`` characters.
-    A :class:`~rho_actors.tool.ToolFailure` gives its own kind, with its message as the text."""
+    Its host-only ``details`` are ``{"traceback": text}`` (:func:`tool_traceback`; the
+    model never sees details). A :class:`~rho_actors.tool.ToolFailure` gives its own
+    kind, with its message as the text, and no traceback."""
     if isinstance(exc, ToolFailure):
         return error_result(call_id, name, exc.kind, encode_output(str(exc), max_chars).text, duration_ms)
     if isinstance(exc, Exception):
@@ -212,7 +224,63 @@ def result_from_exception(
     else:
         kind, verb = ErrorKind.EXITED, "exited with"
     message = encode_output(f"tool {name!r} {verb} {describe_exception(exc)}", max_chars).text
-    return error_result(call_id, name, kind, message, duration_ms)
+    result = error_result(call_id, name, kind, message, duration_ms)
+    return dataclasses.replace(result, details={TRACEBACK: tool_traceback(exc)})
+
+
+TRACEBACK: Final = "traceback"
+"""The key of a ``raised``/``exited`` result's ``details`` that holds the traceback."""
+MAX_TRACEBACK_CHARS: Final = 20_000
+_OWN_DIR: Final = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def tool_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as text, from the tool's own first frame (the runtime's frames
+    that called it are left out), control characters removed, at most
+    :data:`MAX_TRACEBACK_CHARS` characters (the end kept). Never raises."""
+    try:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN_DIR):
+            tb = tb.tb_next
+        report = traceback.TracebackException(type(exc), exc, tb)
+        for summary, (frame, _) in zip(report.stack, traceback.walk_tb(tb), strict=False):
+            if summary.filename == "<dynamic-code>":  # a function shipped by value: its module's file
+                where = frame.f_globals.get("__file__")
+                if isinstance(where, str):
+                    summary.filename = _real_path(where)
+                    summary._line = None  # type: ignore[attr-defined]  # read again from that file
+            elif summary.filename.startswith("/proc/self/fd/"):
+                summary.filename = _real_path(summary.filename)
+                summary._line = None  # type: ignore[attr-defined]
+        text = "".join(report.format())
+    except BaseException:
+        text = f"{type(exc).__name__} (its traceback could not be formatted)"
+    text = _CONTROL.sub("", scrub_text(text))
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "...\n" + text[-MAX_TRACEBACK_CHARS:]
+    return text
+
+
+def _real_path(path: str) -> str:
+    """``path`` with a ``/proc/self/fd/N`` folder (a worker's imports pinned before its
+    uid drop) replaced by the folder it stands for."""
+    match = re.match(r"/proc/self/fd/(\d+)(/.*)?$", path)
+    if match is None:
+        return path
+    try:
+        return os.readlink(f"/proc/self/fd/{match.group(1)}") + (match.group(2) or "")
+    except OSError:
+        return path
+
+
+def traceback_of(result: ToolResult) -> str | None:
+    """The traceback a ``raised``/``exited`` result carries in its details, or ``None``."""
+    details = result.details
+    if result.error_kind not in (ErrorKind.RAISED, ErrorKind.EXITED) or not isinstance(details, Mapping):
+        return None
+    text = details.get(TRACEBACK)
+    return _CONTROL.sub("", text)[-MAX_TRACEBACK_CHARS:] if isinstance(text, str) else None
 
 
 def result_from_return(call_id: str, name: str, value: Any, max_chars: int, duration_ms: float) -> ToolResult:

@@ -55,12 +55,13 @@ class Limits:
     """A system's limits: ``max_output_chars`` caps each result's text (characters);
     ``max_argument_depth`` and ``max_schema_depth`` bound the nesting of call arguments
     and parameter schemas; ``ask_timeout_s`` bounds the host's queries to a loop
-    (seconds)."""
+    (seconds); ``log_tracebacks``: log a tool's traceback at error level when it raises."""
 
     max_output_chars: int
     max_argument_depth: int
     max_schema_depth: int
     ask_timeout_s: float = 10.0
+    log_tracebacks: bool = True
 
 
 @dataclass(frozen=True, slots=True, eq=False)

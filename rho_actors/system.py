@@ -64,7 +64,8 @@ from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.isolation import ISOLATIONS, IsolationOwner, IsolationServices, start_isolations
 from rho_actors.loop import Loop, withheld_names
 from rho_actors.loop_actor import LoopActor
-from rho_actors.loop_messages import loop_name
+from rho_actors.loop_messages import allowlist, loop_name
+from rho_actors.main_guard import refuse_unguarded_children, refuse_unguarded_start
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.names import Names
 from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartChild, Supervisor, which_children
@@ -132,6 +133,9 @@ class ActorSystem:
     else a local Ray bound to loopback is started on the first ``ray`` call (also
     ``namespace``, ``runtime_env``, ``num_cpus``, ``num_gpus``; one Ray connection per
     process; see :class:`rho_actors.integrations.ray.tasks.RayRuntime`).
+    A tool that raises gives the host its traceback: in the result's host-only
+    ``details["traceback"]`` and in an error-level log line (``log_tracebacks=False``
+    turns the line off); the model gets one line naming the exception.
     """
 
     def __init__(
@@ -153,7 +157,9 @@ class ActorSystem:
         abandoned_threads_per_tool: int = 8,
         abandoned_threads: int = 64,
         ray: Mapping[str, Any] | None = None,
+        log_tracebacks: bool = True,
     ) -> None:
+        refuse_unguarded_start()  # a child importing an unguarded main script: stop it, saying why
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -202,7 +208,8 @@ class ActorSystem:
             calls=self._calls,
             threads=self._threads,
             isolations=start_isolations(services),
-            limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
+            limits=Limits(max_output_chars, max_argument_depth, max_schema_depth,
+                          log_tracebacks=bool(log_tracebacks)),
             untrusted=self._untrusted,
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             confine=self._confine,
@@ -308,6 +315,9 @@ class ActorSystem:
         trusted tools only (Ray unpickles what its workers return).
 
         Raises ``TypeError`` when a trusted ``tool`` lacks a required callback,
+        :class:`~rho_actors.main_guard.UnguardedStartError` when called from the top
+        level of a main script outside ``if __name__ == "__main__":`` (its child
+        processes would import the script and run it again),
         ``ValueError`` for an unknown isolation, an untrusted tool on an isolation that
         refuses them, bad ``resources``, or a bad ``env``/``deps``/``worker_scope`` (or any
         of them for a trusted tool), ``ImportError`` for ``ray`` resources without the
@@ -318,6 +328,8 @@ class ActorSystem:
         if isolation is not None and isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
         untrusted = untrusted or is_untrusted(tool)
+        if untrusted or isolation == "process":
+            refuse_unguarded_children()  # its children would import the script and start it again
         placement = make_placement(untrusted, worker_scope, env, deps)
         if isolation is not None:
             chosen = self._runtime.isolations[isolation]
@@ -371,7 +383,10 @@ class ActorSystem:
 
     # --- loops --------------------------------------------------------------------------
 
-    def start_loop(self, session_id: str | None = None, *, withheld: Iterable[str] = (), deps: Any = None) -> Loop:
+    def start_loop(
+        self, session_id: str | None = None, *, withheld: Iterable[str] = (), deps: Any = None,
+        tools: Iterable[Any] | None = None,
+    ) -> Loop:
         """Start one session's subtree under ``sessions``: a session supervisor (the
         system's restart intensity) over its LoopActor (``transient``: restarted after a
         crash, with the same arguments), and return the :class:`Loop` handle. A session
@@ -389,7 +404,12 @@ class ActorSystem:
         checked now (``ValueError`` when it, or ``sessions``, is a symlink or no folder)
         and tightened to ``0700``. ``withheld`` names tools this loop does not offer;
         ``deps`` reaches every call of a trusted tool as ``ctx["deps"]`` (untrusted tools
-        get the ``deps`` given to :meth:`register`). Raises ``RuntimeError`` once the system has stopped.
+        get the ``deps`` given to :meth:`register`). ``tools`` (default: every registered
+        tool) is this loop's allowlist: tool names, tools (by their name) and sources (a
+        :class:`SourceHandle` or a source: every tool it serves, now and later); a tool
+        off the list is not offered, and a call to it is refused as ``withheld``
+        (``TypeError`` for a lone string or an item of another kind). Raises ``RuntimeError``
+        once the system has stopped.
         """
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
@@ -413,7 +433,7 @@ class ActorSystem:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(
             session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
-            runtime=self._runtime,
+            runtime=self._runtime, allowed=allowlist(tools),
         )
         loop = ChildSpec("loop", StartChild(LoopActor, kwargs=kwargs), restart="transient", significant=True,
                          name=loop_name(session_id))
@@ -432,9 +452,12 @@ class ActorSystem:
         """Serve a source's changing set of tools (a plugin folder, an entry-point group),
         kept in step by a supervised SourceActor polling every ``poll_s`` seconds; its
         tools are untrusted unless ``trusted``. Returns once the first scan is applied.
-        See :func:`rho_actors.sources.add_source`."""
+        See :func:`rho_actors.sources.add_source` (and :meth:`register` for an unguarded
+        main script)."""
         from rho_actors.sources import add_source
 
+        if not trusted:
+            refuse_unguarded_children()
         return add_source(self, source, trusted=trusted, poll_s=poll_s)
 
     def selftest(self, timeout_s: float = 10.0) -> list[SelftestRow]:

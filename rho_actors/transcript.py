@@ -33,7 +33,10 @@ and, by type:
     (the model's raw argument text, or the decoded object a provider gave; ``"sent_id"``,
     optional, the id the model sent when the recorded one replaces it: see
     :mod:`rho_actors.provider_rules`), and
-    ``"model_ms": float`` (how long the request took, milliseconds).
+    ``"model_ms": float`` (how long the request took, milliseconds), and, when the
+    provider sent any, ``"thinking": [object]``: its reasoning blocks exactly as they
+    came (:attr:`rho_actors.model.Reply.thinking`; a transcript written before they were
+    recorded has none, see :mod:`rho_actors.providers.anthropic` for what is then sent).
 ``result`` (one call's result; written after the turn)
     ``"index": int`` (the call's position in its reply's ``tool_calls``), ``"call_id"``,
     ``"name"``, ``"ok": bool``, ``"content": str`` (the text for the model),
@@ -109,6 +112,7 @@ __all__ = [
     "checksum",
     "load",
     "read_records",
+    "thinking_blocks",
 ]
 
 SCHEMA_VERSION: Final = 2
@@ -303,7 +307,8 @@ def _history(records: list[dict[str, Any]], where: str) -> History:
                     raise ValueError(f"a second reply for step {step}")
                 _number(record, "model_ms", required=False)
                 calls = tuple(_call(c) for c in _list(record["tool_calls"]))
-                group = _Group(step, Message.assistant(_str(record["text"]), calls))
+                thinking = _thinking(record.get("thinking", []))
+                group = _Group(step, Message.assistant(_str(record["text"]), calls, thinking))
                 groups[step] = group
                 items.append(group)
                 last_step = max(last_step, step)
@@ -380,6 +385,40 @@ def _call(data: Any) -> ToolCall:
     if not isinstance(arguments, (str, dict)):
         raise TypeError(f"tool call arguments must be a string or an object, got {type(arguments).__name__}")
     return ToolCall(_str(data["id"]), _str(data["name"]), arguments)
+
+
+THINKING_FIELDS: Final = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
+"""The reasoning block types recorded, and the text fields each must have."""
+
+
+def _thinking(value: Any) -> tuple[dict[str, Any], ...]:
+    blocks = _list(value)
+    for block in blocks:
+        if not isinstance(block, dict):
+            raise TypeError(f"a thinking block must be an object, got {_json_name(block)}")
+        fields = THINKING_FIELDS.get(block.get("type"))  # type: ignore[arg-type]
+        if fields is None:
+            raise ValueError(f"a thinking block's type must be one of {', '.join(THINKING_FIELDS)}, "
+                             f"got {block.get('type')!r}")
+        for name in fields:
+            _str(block.get(name))
+    return tuple(blocks)
+
+
+def thinking_blocks(value: Any) -> tuple[dict[str, Any], ...]:
+    """The reasoning blocks of a reply that can be recorded and replayed: each a plain
+    dict of a type in :data:`THINKING_FIELDS` with its text fields; anything else is
+    left out. Never raises."""
+    kept: list[dict[str, Any]] = []
+    try:
+        for block in tuple(value or ()):
+            if isinstance(block, Mapping):
+                fields = THINKING_FIELDS.get(block.get("type"))  # type: ignore[arg-type]
+                if fields is not None and all(isinstance(block.get(name), str) for name in fields):
+                    kept.append({"type": block["type"], **{name: block[name] for name in fields}})
+    except Exception:
+        return tuple(kept)
+    return tuple(kept)
 
 
 def _result(record: Mapping[str, Any]) -> ToolResult:
@@ -495,8 +534,11 @@ class Transcript:
         ]
         for index, sent in (sent_ids or {}).items():
             calls[index]["sent_id"] = sent
-        self._append({"type": "reply", "step": step, "text": reply.text, "tool_calls": calls,
-                      "model_ms": round(model_ms, 3)})
+        record: dict[str, Any] = {"type": "reply", "step": step, "text": reply.text, "tool_calls": calls,
+                                  "model_ms": round(model_ms, 3)}
+        if reply.thinking:
+            record["thinking"] = [dict(block) for block in reply.thinking]
+        self._append(record)
 
     def result(self, step: int, index: int, result: ToolResult) -> None:
         """Record the result of call ``index`` (its position in the reply) of ``step``."""

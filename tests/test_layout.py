@@ -106,6 +106,7 @@ def test_the_circle_check_finds_a_circle() -> None:
 def test_nothing_below_the_agent_layer_imports_it() -> None:
     graph = _graph()
     agent_layer = {"rho_actors.agent", "rho_actors.model", "rho_actors.providers", "rho_actors.provider_rules",
+                   "rho_actors.provider_schemas",
                    "rho_actors.transcript", "rho_actors.prompt_events"}
     core = {"rho_actors.call", "rho_actors.registry", "rho_actors.system", "rho_actors.loop_actor",
             "rho_actors.declarations", "rho_actors.declaration_actor", "rho_actors.results"}

@@ -75,6 +75,7 @@ EXPORTED = [
     "ToolCall",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolContext",
     "ToolEntry",
     "ToolFailure",
     "ToolInfo",

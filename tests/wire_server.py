@@ -56,7 +56,10 @@ __all__ = [
     "openai_error",
     "openai_stream",
     "picture",
+    "redacted_thinking_block",
+    "signature",
     "text_block",
+    "thinking_block",
     "tool_use_block",
 ]
 
@@ -65,6 +68,11 @@ ANTHROPIC_PATH = "/v1/messages"
 SOCKET_TIMEOUT_S = 5.0
 JOIN_TIMEOUT_S = 5.0
 MAX_DELAY_S = 10.0
+ANTHROPIC_MAX_REQUEST_BYTES = 32_000_000
+"""The Messages API's request size limit (32 MB): a larger request is a 413."""
+ANTHROPIC_MAX_IMAGES = 100
+ANTHROPIC_MANY_IMAGES = 20
+ANTHROPIC_MANY_IMAGES_SIDE = 2000
 
 
 @dataclass(frozen=True)
@@ -202,11 +210,15 @@ class WireServer:
         path = handler.path.split("?", 1)[0]
         headers = {k.lower(): v for k, v in handler.headers.items()}
         violation = _violation(path, body) if self.enforce and handler.command == "POST" else None
+        too_large = self.enforce and path == ANTHROPIC_PATH and len(raw) > ANTHROPIC_MAX_REQUEST_BYTES
         with self._lock:
             self._requests.append(Recorded(handler.command, path, headers, body, raw, time.monotonic()))
             queue = self._scripts.get(path)
             if handler.command != "POST" or queue is None:
                 response = Response(404, {"error": {"message": f"no route {handler.command} {path}"}})
+            elif too_large:
+                response = Response(413, {"type": "error", "error": {
+                    "type": "request_too_large", "message": "Request exceeds the maximum allowed number of bytes."}})
             elif violation is not None:
                 error = anthropic_error(400, violation) if path == ANTHROPIC_PATH else openai_error(400, violation)
                 response = Response(400, error)
@@ -309,6 +321,35 @@ def tool_use_block(block_id: str, name: str, tool_input: Any) -> dict[str, Any]:
     return {"type": "tool_use", "id": block_id, "name": name, "input": tool_input}
 
 
+def signature(thinking: str) -> str:
+    """The signature this server gives a ``thinking`` block of ``thinking`` text (a
+    digest, so a block changed on its way back fails the check, as the real API's does)."""
+    import hashlib
+
+    return "sig-" + hashlib.sha256(thinking.encode()).hexdigest()[:24]
+
+
+def thinking_block(thinking: str) -> dict[str, Any]:
+    """A ``thinking`` block with this server's signature for it."""
+    return {"type": "thinking", "thinking": thinking, "signature": signature(thinking)}
+
+
+def redacted_thinking_block(seed: str) -> dict[str, Any]:
+    """A ``redacted_thinking`` block whose ``data`` this server can check."""
+    return {"type": "redacted_thinking", "data": "redacted-" + signature(seed)}
+
+
+def _thinking_violation(i: int, block: dict[str, Any]) -> str | None:
+    if block.get("type") == "thinking":
+        if block.get("signature") != signature(str(block.get("thinking"))):
+            return f"messages.{i}.content: Invalid `signature` in `thinking` block"
+    elif block.get("type") == "redacted_thinking":
+        data = block.get("data")
+        if not isinstance(data, str) or not data.startswith("redacted-sig-"):
+            return f"messages.{i}.content: Invalid `data` in `redacted_thinking` block"
+    return None
+
+
 def anthropic_message(
     content: list[dict[str, Any]], *, stop_reason: str | None = None, model: str = "claude-test"
 ) -> dict[str, Any]:
@@ -391,8 +432,37 @@ def _image_problem(media_type: Any, data_b64: Any, max_bytes: int, max_side: int
     return None
 
 
+def _schema_violation(schema: Any, where: str, refused_top: Sequence[str], property_names: re.Pattern[str] | None,
+                      *, needs_properties: bool) -> str | None:
+    """The 400 a provider gives a tool's parameter schema: its top level an object schema
+    (with ``properties`` when ``needs_properties``), none of ``refused_top`` there,
+    property names of the pattern."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return f"Invalid schema for {where}: schema must be a JSON Schema of 'type: \"object\"'"
+    if needs_properties and not isinstance(schema.get("properties"), dict):
+        return f"Invalid schema for {where}: In context=(), object schema missing properties"
+    for keyword in refused_top:
+        if keyword in schema:
+            return f"Invalid schema for {where}: {keyword!r} is not permitted at the top level"
+    if property_names is not None:
+        for name in schema.get("properties") or {}:
+            if not property_names.fullmatch(name):
+                return f"{where}.properties: Property keys should match pattern '^[a-zA-Z0-9_.-]{{1,64}}$'"
+    return None
+
+
+_ANTHROPIC_PROPERTY = re.compile(r"[a-zA-Z0-9_.-]{1,64}")
+
+
 def openai_violation(body: dict[str, Any]) -> str | None:
     """The 400 message Chat Completions gives ``body``, or None when it is accepted."""
+    for entry in body.get("tools") or []:
+        fn = entry.get("function", {}) if isinstance(entry, dict) else {}
+        problem = _schema_violation(fn.get("parameters"), f"function '{fn.get('name')}'",
+                                    ("anyOf", "oneOf", "allOf", "enum", "not"), None,
+                                    needs_properties=True)
+        if problem:
+            return problem
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "'messages' must be a non-empty array"
@@ -458,12 +528,20 @@ def openai_violation(body: dict[str, Any]) -> str | None:
 
 def anthropic_violation(body: dict[str, Any]) -> str | None:
     """The 400 message the Messages API gives ``body``, or None when it is accepted."""
+    for k, entry in enumerate(body.get("tools") or []):
+        schema = entry.get("input_schema") if isinstance(entry, dict) else None
+        problem = _schema_violation(schema, f"tools.{k}.custom.input_schema", ("anyOf", "oneOf", "allOf"),
+                                    _ANTHROPIC_PROPERTY, needs_properties=False)
+        if problem:
+            return f"tools.{k}.custom.input_schema: {problem}" if not problem.startswith("tools.") else problem
     system = body.get("system")
     if system is not None and (not isinstance(system, str) or not system.strip()):
         return "system: text content blocks must contain non-whitespace text"
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "messages: at least one message is required"
+    thinking = body.get("thinking")
+    thinking_on = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
     seen: set[str] = set()
     pending: list[str] = []
     for i, m in enumerate(messages):
@@ -476,8 +554,22 @@ def anthropic_violation(body: dict[str, Any]) -> str | None:
             return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
                     f"{pending[0]}. Each `tool_use` block must have a corresponding `tool_result` block in the "
                     "next message.")
+        continues = i == len(messages) - 1 and bool(results)
+        if thinking_on and continues and messages[i - 1].get("role") == "assistant":
+            first = (messages[i - 1].get("content") or [{}])[0]
+            if not isinstance(first, dict) or first.get("type") not in ("thinking", "redacted_thinking"):
+                return (f"messages.{i - 1}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+                        f"`{first.get('type') if isinstance(first, dict) else 'text'}`. When `thinking` is enabled, "
+                        "a final `assistant` message must start with a thinking block (preceeding the lastmost set "
+                        "of `tool_use` and `tool_result` blocks).")
         for b in blocks:
             kind = b.get("type")
+            if kind in ("thinking", "redacted_thinking"):
+                if m.get("role") != "assistant":
+                    return f"messages.{i}: thinking blocks belong to assistant messages"
+                problem = _thinking_violation(i, b)
+                if problem:
+                    return problem
             if kind == "text" and not str(b.get("text", "")).strip():
                 return f"messages.{i}: text content blocks must contain non-whitespace text"
             if kind == "tool_use":
@@ -512,6 +604,31 @@ def anthropic_violation(body: dict[str, Any]) -> str | None:
         pending = [b.get("id") for b in blocks if b.get("type") == "tool_use"] if m.get("role") == "assistant" else []
     if pending:
         return "the last assistant message's `tool_use` blocks have no `tool_result` blocks"
+    return _anthropic_pictures_violation(messages)
+
+
+def _anthropic_pictures_violation(messages: list[Any]) -> str | None:
+    """The Messages API's per-request picture limits: at most 100, and none over 2000 px
+    a side when a request holds more than 20."""
+    import base64
+    import io
+
+    from PIL import Image as PILImage
+
+    sides: list[int] = []
+    for m in messages:
+        content = m.get("content")
+        for block in content if isinstance(content, list) else []:
+            inner = block.get("content") if block.get("type") == "tool_result" else [block]
+            for part in inner if isinstance(inner, list) else []:
+                if part.get("type") == "image":
+                    with PILImage.open(io.BytesIO(base64.b64decode(part["source"]["data"]))) as img:
+                        sides.append(max(img.size))
+    if len(sides) > ANTHROPIC_MAX_IMAGES:
+        return f"messages: Too many images and documents: {len(sides)} > {ANTHROPIC_MAX_IMAGES}"
+    if len(sides) > ANTHROPIC_MANY_IMAGES and max(sides) > ANTHROPIC_MANY_IMAGES_SIDE:
+        return ("messages: At least one of the image dimensions exceed max allowed size for many-image requests: "
+                f"{ANTHROPIC_MANY_IMAGES_SIDE} pixels")
     return None
 
 

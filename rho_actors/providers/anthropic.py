@@ -10,10 +10,12 @@ our :class:`Message`   wire message
 ``system``             the request's ``system`` text (several are joined by a blank line)
 ``user``               ``{"role": "user", "content": text}``; right after tool results it
                        is a ``text`` block in their user message instead
-``assistant``          ``{"role": "assistant", "content": [{"type": "text"}..., {"type":
-                       "tool_use", "id", "name", "input": {...}}...]}`` (an assistant
-                       message with neither text nor calls is left out: the API refuses
-                       empty content)
+``assistant``          ``{"role": "assistant", "content": [{"type": "thinking"}...,
+                       {"type": "text"}..., {"type": "tool_use", "id", "name", "input":
+                       {...}}...]}``: its recorded ``thinking``/``redacted_thinking``
+                       blocks first, exactly as they came (signatures included), then
+                       text and calls (an assistant message with neither text nor calls
+                       is left out: the API refuses empty content)
 ``tool``               a ``tool_result`` block ``{"tool_use_id", "content", "is_error":
                        true}`` (``is_error`` only on errors); the consecutive results of a
                        turn share ONE user message. ``content`` is the text, or with
@@ -22,9 +24,19 @@ our :class:`Message`   wire message
 =====================  ==================================================================
 
 Declarations go out as ``tools=[{"name", "description", "input_schema"}]`` (left out when
-there are none). A reply's ``tool_use`` blocks become :class:`ToolCall` values whose
+there are none), each schema the copy the Messages API takes
+(:mod:`rho_actors.provider_schemas`). A reply's ``tool_use`` blocks become :class:`ToolCall` values whose
 ``arguments`` is the block's ``input`` object (a mapping); its ``text`` blocks, joined,
-are the reply's text. Other blocks (thinking, server tools) are not kept.
+are the reply's text; its ``thinking`` and ``redacted_thinking`` blocks are
+:attr:`Reply.thinking`, recorded and sent back unchanged (with extended thinking on, the
+API refuses a tool-use turn continued without them). Other blocks (server tools) are
+not kept.
+
+Extended thinking (``thinking=``, or ``"thinking"`` in ``extra_body``): a request that
+continues a tool-use turn whose assistant message has no thinking block (a transcript
+recorded before thinking blocks were kept, or a turn made with thinking off) is sent
+with thinking off for that request, the documented way to continue such a turn (a
+warning is logged); every other request has it on.
 
 Every request is built from the conversation as :func:`rho_actors.provider_rules.sanitise` makes it
 under :data:`~rho_actors.provider_rules.ANTHROPIC_RULES`, so nothing recorded can make it a 400.
@@ -39,14 +51,18 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, cast
 
+from loguru import logger
+
 try:
     import anthropic
     from anthropic.types import (
         ContentBlockParam,
         ImageBlockParam,
         MessageParam,
+        RedactedThinkingBlock,
         TextBlock,
         TextBlockParam,
+        ThinkingBlock,
         ToolParam,
         ToolResultBlockParam,
         ToolUseBlock,
@@ -60,6 +76,7 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
 from rho_actors.formats import to_dialect
 from rho_actors.model import Message, Reply, Usage
 from rho_actors.provider_rules import ANTHROPIC_RULES, replay_arguments, sanitise
+from rho_actors.provider_schemas import provider_tools
 from rho_actors.providers import (
     DEFAULT_RETRY,
     Failure,
@@ -72,6 +89,7 @@ from rho_actors.providers import (
     tokens,
 )
 from rho_actors.tool import Image, ToolCall, ToolInfo
+from rho_actors.transcript import thinking_blocks
 
 __all__ = ["IMAGE_TYPES", "AnthropicModel", "to_anthropic_messages", "to_anthropic_tools"]
 
@@ -96,6 +114,8 @@ class AnthropicModel:
     in seconds. ``retry``: the :class:`~rho_actors.providers.RetryPolicy` for
     408/429/5xx (529 "overloaded" included), timeouts and connection errors.
     ``temperature``: the default of every request (``None``: the server's).
+    ``thinking``: the request's extended thinking setting (``{"type": "enabled",
+    "budget_tokens": 2048}``; ``None``: not sent), see the module docstring.
     ``extra_body``: more fields for every request's JSON body (``{"top_k": 5}``...).
 
     Raises :class:`~rho_actors.providers.ModelError` (status ``None``) when no
@@ -113,9 +133,11 @@ class AnthropicModel:
         timeout_s: float = 60.0,
         retry: RetryPolicy = DEFAULT_RETRY,
         temperature: float | None = None,
+        thinking: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
+        self.thinking = dict(thinking) if thinking is not None else None
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.timeout_s = timeout_s
@@ -157,6 +179,12 @@ class AnthropicModel:
         system, wire_messages = to_anthropic_request(messages)
         wire_tools = to_anthropic_tools(tools)
         temperature = self.temperature if temperature is None else temperature
+        extra = dict(self.extra_body)
+        thinking = extra.pop("thinking", self.thinking)
+        if thinking is not None and _thinking_on(thinking) and not _turn_has_thinking(wire_messages):
+            logger.warning("anthropic: the tool-use turn this request continues has no thinking block (recorded "
+                           "without one); extended thinking is off for this request")
+            thinking = None
         common: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens if max_tokens is None else max_tokens,
@@ -165,9 +193,10 @@ class AnthropicModel:
             "tools": wire_tools or anthropic.omit,
             "timeout": self.timeout_s,
             # the SDK's create() has no temperature parameter of its own: the API takes it
-            "extra_body": {**({} if temperature is None else {"temperature": temperature}), **self.extra_body}
-            or None,
+            "extra_body": {**({} if temperature is None else {"temperature": temperature}), **extra} or None,
         }
+        if thinking is not None:
+            common["thinking"] = thinking
         if on_text is None:
 
             def send() -> AnthropicMessage:
@@ -205,9 +234,12 @@ def reply_from_message(message: AnthropicMessage) -> Reply:
     blocks as calls with the ``input`` object as arguments."""
     texts: list[str] = []
     calls: list[ToolCall] = []
+    thinking: list[dict[str, Any]] = []
     for block in message.content or ():
         if isinstance(block, TextBlock) and isinstance(block.text, str):  # an unknown block type is skipped
             texts.append(block.text)
+        elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
+            thinking.extend(thinking_blocks([block.model_dump()]))
         elif isinstance(block, ToolUseBlock):
             call_id, name = text_or_empty(getattr(block, "id", None)), text_or_empty(getattr(block, "name", None))
             calls.append(ToolCall(call_id, name, _arguments(getattr(block, "input", None))))
@@ -215,7 +247,8 @@ def reply_from_message(message: AnthropicMessage) -> Reply:
     usage = message.usage
     used = None if usage is None else Usage(tokens(getattr(usage, "input_tokens", 0)),
                                             tokens(getattr(usage, "output_tokens", 0)))
-    return Reply(text="".join(texts), tool_calls=tuple(calls), raw=message, stop_reason=stop, usage=used)
+    return Reply(text="".join(texts), tool_calls=tuple(calls), raw=message, stop_reason=stop, usage=used,
+                 thinking=tuple(thinking))
 
 
 def _arguments(value: Any) -> str | dict[str, Any]:
@@ -231,11 +264,13 @@ def _arguments(value: Any) -> str | dict[str, Any]:
 
 def to_anthropic_tools(tools: Sequence[Mapping[str, Any]]) -> list[ToolParam]:
     """Neutral declarations (``{name, description, parameters, ...}``) as Messages API
-    tools. Raises ``KeyError`` for a declaration without ``name``, ``description`` or
-    ``parameters``."""
+    tools, each with the schema copy the Messages API takes
+    (:func:`rho_actors.provider_schemas.provider_schema`; one no form can carry is left
+    out, logged). Raises ``KeyError`` for a declaration without ``name``,
+    ``description`` or ``parameters``."""
     wire: list[ToolParam] = []
-    for decl in tools:
-        info = ToolInfo(decl["name"], decl["description"], dict(decl["parameters"]))
+    for decl, schema in provider_tools(tools, PROVIDER):
+        info = ToolInfo(decl["name"], decl["description"], schema)
         dialect = to_dialect(info, "anthropic")
         wire.append(
             {"name": dialect["name"], "description": dialect["description"], "input_schema": dialect["input_schema"]}
@@ -271,15 +306,38 @@ def to_anthropic_request(messages: Sequence[Message]) -> tuple[str, list[Message
                 wire.append({"role": "user", "content": message.text})
         elif message.role == "assistant":
             results = None
-            blocks: list[ContentBlockParam] = []
+            blocks: list[ContentBlockParam] = [cast(ContentBlockParam, dict(b)) for b in message.thinking]
             if message.text:
                 blocks.append({"type": "text", "text": message.text})
             blocks.extend(
                 {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)} for c in message.tool_calls
             )
-            if blocks:
+            if len(blocks) > len(message.thinking):
                 wire.append({"role": "assistant", "content": blocks})
     return "\n\n".join(system), wire
+
+
+def _thinking_on(setting: Any) -> bool:
+    return isinstance(setting, Mapping) and setting.get("type") != "disabled"
+
+
+def _turn_has_thinking(wire: Sequence[MessageParam]) -> bool:
+    """Whether the request may have thinking on: unless it continues a tool-use turn
+    (it ends with tool results) whose assistant message does not start with a thinking
+    block, which the API refuses with thinking on."""
+    if len(wire) < 2 or wire[-1]["role"] != "user":
+        return True
+    last = wire[-1]["content"]
+    if isinstance(last, str) or not any(_block_type(b) == "tool_result" for b in last):
+        return True
+    assistant = wire[-2]["content"]
+    if isinstance(assistant, str) or not assistant:
+        return True
+    return _block_type(next(iter(assistant))) in ("thinking", "redacted_thinking")
+
+
+def _block_type(block: Any) -> Any:
+    return block.get("type") if isinstance(block, Mapping) else getattr(block, "type", None)
 
 
 def _input(call: ToolCall) -> dict[str, object]:

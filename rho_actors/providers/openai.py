@@ -19,9 +19,11 @@ pictures               tool messages cannot carry images, so after a turn's tool
 =====================  ==================================================================
 
 Declarations go out as ``tools=[{"type": "function", "function": {"name", "description",
-"parameters"}}]`` (left out when there are none). A reply's function tool calls become
+"parameters"}}]`` (left out when there are none), each schema the copy Chat Completions
+takes (:mod:`rho_actors.provider_schemas`). A reply's function tool calls become
 :class:`ToolCall` values whose ``arguments`` is the model's raw ``function.arguments`` text,
-untouched: the loop's strict decoding judges it.
+untouched (arguments sent as a JSON object, as llama.cpp does, are its JSON text; any
+other JSON value too): the loop's strict decoding judges it.
 
 Every request is built from the conversation as :func:`rho_actors.provider_rules.sanitise` makes it
 under :data:`~rho_actors.provider_rules.OPENAI_RULES`, so nothing recorded can make it a 400. With
@@ -54,6 +56,7 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
 from rho_actors.formats import to_dialect
 from rho_actors.model import Message, Reply, Usage
 from rho_actors.provider_rules import OPENAI_RULES, sanitise
+from rho_actors.provider_schemas import provider_tools
 from rho_actors.providers import (
     DEFAULT_RETRY,
     Failure,
@@ -213,7 +216,9 @@ def reply_from_completion(completion: ChatCompletion) -> Reply:
             name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
         else:
             name, arguments = getattr(custom, "name", None), getattr(custom, "input", None)
-        calls.append(ToolCall(text_or_empty(getattr(call, "id", None)), text_or_empty(name), text_or_empty(arguments)))
+        if arguments is None and "arguments" not in getattr(function, "model_fields_set", ()):
+            arguments = ""  # none sent: the loop says the arguments were empty
+        calls.append(ToolCall(text_or_empty(getattr(call, "id", None)), text_or_empty(name), arguments_text(arguments)))
     text = _text(message.content) if message.content is not None else _text(message.refusal)
     finish = completion.choices[0].finish_reason
     stop = _stop_reason(message.refusal is not None, finish)
@@ -245,13 +250,17 @@ def reply_from_chunks(chunks: Iterable[ChatCompletionChunk], on_text: Callable[[
     """The :class:`Reply` streamed as ``chunks`` (the first choice's deltas, the usage
     of the last chunk), calling ``on_text`` with each text delta as it comes.
 
-    A call's parts are joined by their ``index`` (a part without one belongs to the call
-    of its ``id``, else to the call before it), in the order the calls first appear; a
-    name sent again whole in a later part (as some OpenAI-compatible servers do) is
-    not doubled. A chunk without choices or delta is skipped."""
+    Which call a part belongs to (:class:`_Assembler`): a part with an ``id`` belongs to
+    the call of that id at its ``index`` (a new id on a used index starts a new call, as
+    Ollama and other servers send every parallel call with ``index: 0``); one without
+    an id to the latest call of its ``index``; one without an index to the latest call.
+    Name pieces are joined; a piece that repeats the whole name of a call whose name is
+    complete (its arguments have begun, or the part repeats its id) is not doubled.
+    Arguments sent as a JSON object are taken as its JSON text. Calls keep the order in
+    which they first appear. A chunk without choices or delta is skipped."""
     texts: list[str] = []
     refusal: list[str] = []
-    calls: dict[Any, list[str]] = {}  # index (or id) -> [id, name, arguments], in order of appearance
+    calls = _Assembler()
     finish: Any = None
     usage: Usage | None = None
     for chunk in chunks:
@@ -267,43 +276,139 @@ def reply_from_chunks(chunks: Iterable[ChatCompletionChunk], on_text: Callable[[
             if isinstance(delta.refusal, str) and delta.refusal:
                 refusal.append(delta.refusal)
             for part in delta.tool_calls or ():
-                slot = calls.setdefault(_call_key(part, calls), ["", "", ""])
-                slot[0] = part.id if isinstance(part.id, str) and part.id else slot[0]
-                function = getattr(part, "function", None)
-                if function is not None:
-                    name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
-                    if isinstance(name, str) and name != slot[1]:
-                        slot[1] += name
-                    slot[2] += arguments if isinstance(arguments, str) else ""
+                calls.add(part)
             if choice.finish_reason is not None:
                 finish = choice.finish_reason
-    tool_calls = tuple(ToolCall(cid, name, args) for cid, name, args in calls.values())
     text = "".join(texts) if texts or not refusal else "".join(refusal)
-    return Reply(text, tool_calls, None, _stop_reason(bool(refusal), finish), usage)
+    return Reply(text, calls.calls(), None, _stop_reason(bool(refusal), finish), usage)
 
 
-def _call_key(part: Any, calls: dict[Any, list[str]]) -> Any:
-    """Which streamed call ``part`` belongs to: its ``index``; without one, the call of
-    its ``id`` (a new one for a new id), else the last call."""
-    index = getattr(part, "index", None)
-    if isinstance(index, int) and not isinstance(index, bool):
-        return index
-    cid = getattr(part, "id", None)
-    if isinstance(cid, str) and cid:
-        for key, slot in calls.items():
-            if slot[0] == cid:
-                return key
-        return ("id", cid)
-    return next(reversed(calls), 0)
+class _Call:
+    """One streamed call being put together; ``depth``/``in_string``/``escaped`` scan its
+    argument text as it comes (linear time), so :attr:`complete` says whether it is a
+    whole JSON value already."""
+
+    __slots__ = ("arguments", "began", "depth", "escaped", "id", "in_string", "index", "name")
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+        self.id = ""
+        self.name = ""
+        self.arguments: list[str] = []
+        self.began = False  # an argument piece came: the name is complete
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def append(self, piece: str) -> None:
+        self.arguments.append(piece)
+        self.began = True
+        for char in piece:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.in_string = False
+            elif char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth += 1
+            elif char in "}]":
+                self.depth -= 1
+
+    @property
+    def complete(self) -> bool:
+        return self.began and self.depth <= 0 and not self.in_string
+
+
+class _Assembler:
+    """The calls of one streamed reply, put together from their parts (see
+    :func:`reply_from_chunks`)."""
+
+    def __init__(self) -> None:
+        self._calls: list[_Call] = []
+        self._latest: dict[Any, _Call] = {}  # index -> the latest call at it
+
+    def add(self, part: Any) -> None:
+        index = getattr(part, "index", None)
+        if not isinstance(index, int) or isinstance(index, bool):
+            index = None
+        cid = getattr(part, "id", None)
+        cid = cid if isinstance(cid, str) and cid else None
+        call = self._call(index, cid)
+        repeats_id = cid is not None and call.id == cid
+        if cid is not None:
+            call.id = cid
+        function = getattr(part, "function", None)
+        if function is None:
+            return
+        name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+        if isinstance(name, str) and name and not (name == call.name and (call.began or repeats_id)):
+            call.name += name
+        if arguments is not None:
+            piece = arguments_text(arguments)
+            if piece:
+                call.append(piece)
+
+    def _call(self, index: Any, cid: str | None) -> _Call:
+        if index is None:
+            if cid is not None:
+                for call in self._calls:
+                    if call.id == cid:
+                        return call
+                return self._new(("id", cid))
+            return self._calls[-1] if self._calls else self._new(None)
+        latest = self._latest.get(index)
+        if cid is None:
+            if latest is None:
+                return self._new(index)
+            if latest.complete:  # parts of calls sharing an index, interleaved: the one still open
+                for call in reversed(self._calls):
+                    if call.index == index and not call.complete:
+                        return call
+            return latest
+        for call in reversed(self._calls):
+            if call.index == index and call.id == cid:
+                return call
+        if latest is not None and not latest.id:
+            return latest  # the id of a call whose first part had none
+        return self._new(index)
+
+    def _new(self, index: Any) -> _Call:
+        call = _Call(index)
+        self._calls.append(call)
+        if index is not None:
+            self._latest[index] = call
+        return call
+
+    def calls(self) -> tuple[ToolCall, ...]:
+        return tuple(ToolCall(c.id, c.name, "".join(c.arguments)) for c in self._calls)
+
+
+def arguments_text(value: Any) -> str:
+    """A call's ``arguments`` as the text the loop decodes: text as it is; a JSON object
+    (as llama.cpp and other OpenAI-compatible servers send) as its JSON text, which is
+    what is recorded and replayed; any other value as its JSON text too (``[1]``,
+    ``5``, ``null``), which the loop refuses naming what arrived."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return f"<arguments of type {type(value).__name__}>"
 
 
 def to_openai_tools(tools: Sequence[Mapping[str, Any]]) -> list[ChatCompletionToolUnionParam]:
     """Neutral declarations (``{name, description, parameters, ...}``) as Chat
-    Completions function tools. Raises ``KeyError`` for a declaration without
-    ``name``, ``description`` or ``parameters``."""
+    Completions function tools, each with the schema copy Chat Completions takes
+    (:func:`rho_actors.provider_schemas.provider_schema`; one no form can carry is left
+    out, logged). Raises ``KeyError`` for a declaration without ``name``,
+    ``description`` or ``parameters``."""
     wire: list[ChatCompletionToolUnionParam] = []
-    for decl in tools:
-        info = ToolInfo(decl["name"], decl["description"], dict(decl["parameters"]))
+    for decl, schema in provider_tools(tools, PROVIDER):
+        info = ToolInfo(decl["name"], decl["description"], schema)
         dialect = to_dialect(info, "openai")
         wire.append({"type": "function", "function": dialect["function"]})
     return wire
