@@ -66,6 +66,8 @@ __all__ = [
     "apply",
     "classify_ending",
     "guard_fork_server",
+    "guard_zygote",
+    "release_host_pipes",
     "kill_tree",
     "make_private_dir",
     "make_session_dir",
@@ -211,6 +213,15 @@ def apply(spec: Confinement) -> tuple[str, ...]:
         _drop_identity(spec.uid, DEFAULT_UID if spec.gid is None else spec.gid)
         done.append("identity")
     return tuple(done)
+
+
+def release_host_pipes() -> None:
+    """Close this child's copies of ``multiprocessing``'s fork-server "alive" pipe and
+    resource-tracker pipe (every child of that fork server inherits both; a child that
+    wrote into or closed them could stop the fork server or make the tracker unlink the
+    host's names). :func:`apply` does it for a confined child."""
+    _release_fork_server()
+    _release_resource_tracker()
 
 
 def _release_fork_server() -> None:
@@ -484,6 +495,14 @@ def guard_fork_server() -> bool:
 
 
 guard_fork_server()
+
+
+def guard_zygote() -> None:
+    """In rho's own clean fork server (:mod:`rho_actors.sandbox.zygote`) only: become a
+    child subreaper, so orphans of its children reparent there, and make children forked
+    from it check its pid as their parent in :func:`apply`."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
+    _fork_server[:] = [os.getpid()]
 
 
 # --- memory bound without a cgroup, and how a worker ended -------------------------------------

@@ -448,11 +448,12 @@ class ActorSystem:
         """Run every offered tool's ``selftest()`` in a throwaway process with its working
         directory, ``TMPDIR`` and ``HOME`` in a fresh temp folder, each within
         ``timeout_s`` seconds; an untrusted tool's is confined as its workers are (scrubbed
-        environment, its whole process tree killed after it). See
+        environment, its whole tree bounded to ``UntrustedReads.heap_bytes`` and killed
+        after it). See
         :func:`rho_actors.selftest.run_selftests`."""
         from rho_actors.selftest import selftest_system
 
-        return selftest_system(self, timeout_s, confine=self._confine)
+        return selftest_system(self, timeout_s, confine=self._confine, heap_bytes=self._untrusted.heap_bytes)
 
     # --- the host's own actors ------------------------------------------------------------
 
