@@ -406,8 +406,10 @@ def python_read_paths(modules: Iterable[str] = (), exclude: Iterable[str] = ()) 
 
 def make_private_dir(uid: int | None = DEFAULT_UID, gid: int | None = DEFAULT_UID) -> str:
     """Create a fresh private temporary folder (mode ``0700``) for one worker, owned by
-    ``uid``/``gid`` when this process is root; returns its path. The caller removes it."""
-    path = tempfile.mkdtemp(prefix="rho-actors-")
+    ``uid``/``gid`` when this process is root; returns its path. The caller removes it;
+    its name (``rho-actors-<host pid>-...``) lets a later host sweep it when this one was
+    killed before it could (:mod:`rho_actors.sandbox.sweep`)."""
+    path = tempfile.mkdtemp(prefix=f"rho-actors-{os.getpid()}-")
     os.chmod(path, 0o700)
     if os.geteuid() == 0 and uid is not None:
         os.chown(path, uid, DEFAULT_UID if gid is None else gid)

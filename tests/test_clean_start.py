@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem
+from rho_actors import ActorSystem, Ok
 from rho_actors.sandbox import read_declaration_isolated
-from rho_actors.sandbox.clean import CleanProcess, zygote_pid
 from rho_actors.sandbox.enclosure import ConfinePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,8 +96,6 @@ Manager.register("pwn", callable=lambda: os.getpid())
 
 if __name__ == "__main__":
     from rho_actors import ActorSystem, ToolCall
-    from rho_actors.sandbox.clean import preload_modules
-
     server = Manager(address=("127.0.0.1", 0), authkey=multiprocessing.current_process().authkey).get_server()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     address = list(server.address)
@@ -201,9 +198,39 @@ def test_a_child_holds_no_descriptor_but_its_own(tmp_path: Path) -> None:
         answer = read_declaration_isolated(Descriptors, confine=ConfinePolicy(), timeout_s=60)
     finally:
         held.close()
+    from rho_actors.sandbox.clean import zygote_pid
+
     fds = [int(fd) for fd in answer["name"]["value"].split("_")[1:]]
     assert fds[:4] == [0, 1, 2, 3], fds
+    assert held.fileno() not in fds[4:] or len(fds) > 4  # its own import folders may reuse numbers
     assert zygote_pid() is not None
+
+
+HOG = '''
+def hog():
+    """6 forked processes of 150 MiB each: under each one's RLIMIT_AS, over the tree's bound."""
+    import os, time
+    kids = []
+    for _ in range(6):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                b = bytearray(150 * 2**20)
+                b[::4096] = b"x" * len(b[::4096])
+                os.write(w, b"k")
+                time.sleep(600)  # held until killed
+            finally:
+                os._exit(0)
+        os.close(w)
+        kids.append((pid, r))
+    ok = [os.read(r, 1) == b"k" for _, r in kids]  # b"": it died first
+    for pid, _ in kids:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    return "allocated" if all(ok) else "bounded"
+'''
 
 
 HOSTILE_FILE = '''
@@ -232,14 +259,9 @@ def selftest():
         secret = open({secret!r}).read()
     except OSError as exc:
         secret = type(exc).__name__
-    try:
-        hog = bytearray(600 * 2**20)  # past the 256 MiB bound of untrusted children
-        hog[::4096] = b"x" * len(hog[::4096])
-        memory = "allocated"
-    except MemoryError:
-        memory = "MemoryError"
-    return "uid=%d secret=%s memory=%s" % (os.getuid(), secret, memory)
-'''
+    from rho_actors import Ok
+    return Ok("uid=%d secret=%s memory=%s" % (os.getuid(), secret, hog()))
+''' + HOG
 
 
 def _hostile_file(tmp_path: Path) -> tuple[Path, Path]:
@@ -274,7 +296,7 @@ def test_cli_selftest_of_a_file_runs_confined_with_a_memory_bound(tmp_path: Path
     assert len(rows) == 1, done.stdout
     row = rows[0]
     assert "secret=root-only-contents" not in row["message"] and "uid=0 " not in row["message"], row
-    assert row["outcome"] != "passed" or "memory=allocated" not in row["message"], row
+    assert "memory=allocated" not in row["message"], row
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop needs a root host")
@@ -289,26 +311,26 @@ def test_cli_mcp_serve_untrusted_discovers_confined(tmp_path: Path) -> None:
 
 
 def test_system_selftest_of_an_untrusted_tool_has_the_memory_bound(system: ActorSystem, tmp_path: Path) -> None:
-    """``system.selftest()`` bounds an untrusted tool's selftest as its workers are."""
+    """``system.selftest()`` bounds an untrusted tool's selftest as its workers are: its
+    whole tree, not each process alone."""
 
     registration = system.register(Hog, untrusted=True)
     assert registration.info is not None, registration.reason
     [row] = system.selftest(timeout_s=60)
-    assert row.outcome in ("failed", "crashed"), row
     assert "allocated" not in row.message, row
 
 
 class Hog:
     name = staticmethod(lambda: "hog")
-    description = staticmethod(lambda: "Allocates 600 MiB in its selftest.")
+    description = staticmethod(lambda: "Allocates 800 MiB in 4 processes in its selftest.")
     parameter_schema = staticmethod(lambda: {"type": "object"})
     run = staticmethod(lambda args, ctx: "ran")
 
     @staticmethod
     def selftest() -> Any:
-        hog = bytearray(600 * 2**20)
-        hog[::4096] = b"x" * len(hog[::4096])
-        return "allocated"
+        scope: dict[str, Any] = {}
+        exec(HOG, scope)  # noqa: S102 - the same hog as the plugin file's
+        return Ok(scope["hog"]())
 
 
 FLOOD_HOST = '''
@@ -376,7 +398,7 @@ def test_worker_output_is_logged_prefixed_and_bounded_never_raw(tmp_path: Path) 
 
 def test_a_clean_child_reports_its_exit_code() -> None:
     """The fork server reports how a child ended: a process killed by a signal is ``-N``."""
-    from rho_actors.sandbox.clean import spawn_clean
+    from rho_actors.sandbox.clean import CleanProcess, spawn_clean
     from rho_actors.sandbox.child import ChildSetup
     proc, channel = spawn_clean(_linger_entry, None, ChildSetup(clean=True), label="test child")
     assert isinstance(proc, CleanProcess)

@@ -217,7 +217,7 @@ def read_declaration_isolated(
     try:
         try:
             child = spawn(ctx, declaration_child, payload, enclosure.setup, name="rho-declaration-read",
-                          label=f"declaration read of {label(tool)}")
+                          label="a declaration read")  # the tool's own label: only on failure
         except Exception as exc:
             raise IsolatedReadError(
                 "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
