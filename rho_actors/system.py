@@ -81,9 +81,9 @@ from rho_actors.registry import (
 )
 from rho_actors.runtime import Limits, Runtime
 from rho_actors.sandbox.enclosure import ConfinePolicy
+from rho_actors.sandbox.processes import hold_servers, release_servers
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.sweep import sweep
-from rho_actors.sandbox.processes import hold_servers, release_servers
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
 
@@ -171,7 +171,9 @@ class ActorSystem:
         process_heap_bytes: int = DEFAULT_HEAP_BYTES,
     ) -> None:
         if type(process_heap_bytes) is not int or process_heap_bytes < 0:
-            raise ValueError(f"process_heap_bytes must be an int of 0 or more (bytes; 0: none), got {process_heap_bytes!r}")
+            raise ValueError(
+                f"process_heap_bytes must be an int of 0 or more (bytes; 0: none), got {process_heap_bytes!r}"
+            )
         if isinstance(confinement, _confinement.Confinement) and confinement.address_space != _DEFAULT_AS:
             raise ValueError(
                 "Confinement(address_space=...) is not how a system bounds memory: an untrusted tool's whole tree is "

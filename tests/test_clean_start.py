@@ -164,7 +164,7 @@ def test_a_hostile_tool_finds_nothing_of_its_host(tmp_path: Path) -> None:
     (tools / "hostile_tool.py").write_text(TOOL)
     host = tmp_path / "host.py"
     host.write_text(HOST)
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
         [sys.executable, str(host), str(config), str(tmp_path / "host.log"), str(tools), str(tmp_path / "data")],
         capture_output=True, text=True, timeout=HOST_TIMEOUT_S, env=_host_env(), cwd=tmp_path,
     )
@@ -279,7 +279,7 @@ def _hostile_file(tmp_path: Path) -> tuple[Path, Path]:
 def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run(
+    return subprocess.run(  # noqa: PLW1510 - the exit code is asserted
         [sys.executable, "-m", "rho_actors.cli", *args], capture_output=True, text=True, input=stdin,
         timeout=HOST_TIMEOUT_S, env=env, cwd=ROOT,
     )
@@ -329,7 +329,7 @@ class Hog:
     @staticmethod
     def selftest() -> Any:
         scope: dict[str, Any] = {}
-        exec(HOG, scope)  # noqa: S102 - the same hog as the plugin file's
+        exec(HOG, scope)
         return Ok(scope["hog"]())
 
 
@@ -380,7 +380,7 @@ def test_worker_output_is_logged_prefixed_and_bounded_never_raw(tmp_path: Path) 
     (tools / "flood_tool.py").write_text(FLOOD_TOOL)
     host = tmp_path / "host.py"
     host.write_text(FLOOD_HOST)
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
         [sys.executable, str(host), str(tools), str(tmp_path / "data")],
         capture_output=True, timeout=HOST_TIMEOUT_S, env=_host_env(), cwd=tmp_path,
     )
@@ -398,8 +398,8 @@ def test_worker_output_is_logged_prefixed_and_bounded_never_raw(tmp_path: Path) 
 
 def test_a_clean_child_reports_its_exit_code() -> None:
     """The fork server reports how a child ended: a process killed by a signal is ``-N``."""
-    from rho_actors.sandbox.clean import CleanProcess, spawn_clean
     from rho_actors.sandbox.child import ChildSetup
+    from rho_actors.sandbox.clean import CleanProcess, spawn_clean
     proc, channel = spawn_clean(_linger_entry, None, ChildSetup(clean=True), label="test child")
     assert isinstance(proc, CleanProcess)
     assert proc.exitcode is None

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from rho_actors.sandbox.channel import Channel
-from rho_actors.sandbox.child import ChildSetup, child_main
+from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.enclosure import ENV_ALLOWLIST
 from rho_actors.sandbox.output import PUMP, OutputStream
 from rho_actors.sandbox.zygote import BOOT, FORK, SPEC, STATUS
@@ -217,11 +217,11 @@ def spawn_clean(
     entry: Callable[[Channel, Any], None], payload: Any, setup: ChildSetup, *, label: str
 ) -> tuple[CleanProcess, Channel]:
     """Fork a child in the clean fork server that runs
-    :func:`~rho_actors.sandbox.child.child_main` ``(channel, setup, entry, payload)``;
+    :func:`~rho_actors.sandbox.child.child_main` ``(channel, setup, entry, payload)``
+    (see :mod:`rho_actors.sandbox.zygote`);
     ``entry`` travels by reference, ``setup`` and ``payload`` pickled. ``label`` names
     the child in its logged output. Raises ``OSError`` when no child could be started
     (nothing is left open then)."""
-    assert child_main  # the entry point the fork server's children run
     spec = pickle.dumps((entry, setup, payload), protocol=pickle.HIGHEST_PROTOCOL)
     parent, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
