@@ -6,9 +6,9 @@ Commands (argparse subcommands; each command group registers itself in
 
     rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
                            [--limit N] [--json] [--tree]
-    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json] [--trusted]
+    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json] [--trusted] [--unconfined]
     rho-actors chat --model openai:MODEL|anthropic:MODEL [--base-url URL] [--session ID]
-                    [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--data-dir DIR]
+                    [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--unconfined] [--data-dir DIR]
                     [--system TEXT]
     rho-actors top [--connect ADDRESS] [--token TOKEN] [--once] [--json]
 

@@ -5,8 +5,9 @@ temporary folder; it passes by returning ``None``, ``Ok(...)`` or ``True`` (an
 ``async def selftest`` is awaited), and fails by returning ``Error(reason)`` (or
 ``False``) or by raising. Any other return value fails, naming the contract.
 
-:func:`run_selftests` runs each selftest in its own child process (``multiprocessing``
-with the ``forkserver`` start method: never a bare fork of this multi-threaded process).
+:func:`run_selftests` runs each selftest in its own child process (a trusted tool's
+with ``multiprocessing``'s ``forkserver``, never a bare fork of this multi-threaded
+process; an untrusted tool's from the clean fork server, confined by default: DESIGN §5).
 The tool travels with cloudpickle, by value when its module could not be imported
 there. The child leads a new process group, points its working directory, ``HOME``,
 ``TMPDIR`` (and ``TMP``, ``TEMP``) at a fresh temporary folder, sends its standard
