@@ -415,3 +415,30 @@ def _linger_entry(channel: Any, payload: Any) -> None:
 
     linger(channel)
 
+
+
+class HostPipes:
+    """A trusted tool whose selftest reports multiprocessing's pipes it still holds."""
+
+    name = staticmethod(lambda: "host_pipes")
+    description = staticmethod(lambda: "Reports the fork server's and tracker's pipes.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    run = staticmethod(lambda args, ctx: "ran")
+
+    @staticmethod
+    def selftest() -> Any:
+        from multiprocessing import forkserver, resource_tracker
+
+        alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+        tracker = getattr(resource_tracker._resource_tracker, "_fd", None)
+        return Ok(f"alive={alive} tracker={tracker}")
+
+
+def test_a_trusted_child_holds_neither_fork_server_nor_tracker_pipe() -> None:
+    """A trusted selftest's child (multiprocessing's fork server, unconfined) closes its
+    copies of the fork server's alive pipe and the resource tracker's pipe before the
+    tool runs: writing into or closing them could stop the fork server for everyone."""
+    from rho_actors import run_selftests
+
+    [row] = run_selftests([HostPipes], timeout_s=60)
+    assert (row.outcome, row.message) == ("passed", "alive=None tracker=None"), row

@@ -166,13 +166,17 @@ class CleanProcess:
         self._lock = threading.Lock()
 
     def _poll(self, timeout_s: float | None) -> int | None:
+        if self._code is not None or self._closed:
+            return self._code
+        ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
+        poller = select.poll()
+        poller.register(self.sentinel, select.POLLIN)
+        if not poller.poll(ms):  # waits without the lock: others may look meanwhile
+            return None
         with self._lock:
             if self._code is not None or self._closed:
                 return self._code
-            ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
-            poller = select.poll()
-            poller.register(self.sentinel, select.POLLIN)
-            if not poller.poll(ms):
+            if not poller.poll(0):
                 return None
             data = os.read(self.sentinel, STATUS.size)
             if len(data) == STATUS.size:
