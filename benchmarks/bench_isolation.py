@@ -25,7 +25,13 @@ and p99 of its samples; nothing here asserts a timing):
    (``warm_workers=0``: the worker is started on the call's path), each next to a new
    ``ProcessPoolExecutor(max_workers=1)`` running its first no-op (created and
    ``submit().result()``; its shutdown not timed). Samples of each pair are interleaved.
-   Reported, no target.
+   Targets: (a) / its executor <= 1.5x, (b) / a new executor's first call <= 0.25x.
+5. **Start of one confined child.** One untrusted worker with the system's default
+   confinement (uid drop, Landlock, rlimits, its cgroup and private folder), from the
+   request to its ``READY``: started clean (rho's own fork server, ``python -I``, that
+   never imported the host: what every untrusted child uses) next to the same child
+   forked by ``multiprocessing``'s fork server (with the host's ``__main__`` preloaded:
+   how untrusted children started before). Interleaved; reported, no target.
 
 Targets are reported as PASS/FAIL, never enforced: the exit code is 0 unless a
 measurement could not be made (an exception, or a call that did not come back as
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import gc
 import importlib.util
 import multiprocessing
@@ -57,13 +64,19 @@ from stats import BenchmarkError, environment, percentile, publish, summary, ver
 
 from rho_actors import ActorSystem, ToolCall
 from rho_actors.declarations import DeclarationError, check_declaration
-from rho_actors.sandbox import IsolatedReadError, WorkerPool, raw_declaration, read_declaration_isolated
+from rho_actors.sandbox import IsolatedReadError, WorkerPool, raw_declaration, read_declaration_isolated, wire
+from rho_actors.sandbox.enclosure import Enclosure, default_policy
+from rho_actors.sandbox.processes import close, context, hold_servers, release_servers, spawn
+from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
+from rho_actors.sandbox.worker import WorkerConfig, worker_child
 from rho_actors.tool import ErrorKind
 
 START_METHOD = "forkserver"
 NOOP_TARGET = 1.5
 REPLACEMENT_TARGET_MS = 100.0
 DECLARATION_TARGET_MS = 50.0
+WARM_CALL_TARGET = 1.5
+NEW_SESSION_TARGET = 0.25
 
 TOOLS = 50
 READ_CONCURRENCY = 4
@@ -395,8 +408,8 @@ def bench_untrusted(plan: Plan) -> dict[str, Any]:
         for _ in range(plan.system_calls):
             ours.append(time_turn(loop, "noop"))
             theirs.append(time_executor_call(executor))
-        out["warm_call"] = _pair(ours, theirs)
-        out["new_session_first_call"] = _pair(*_first_calls(system, plan, mp_ctx, "s"))
+        out["warm_call"] = _pair(ours, theirs, WARM_CALL_TARGET)
+        out["new_session_first_call"] = _pair(*_first_calls(system, plan, mp_ctx, "s"), NEW_SESSION_TARGET)
         ours, theirs = [], []
         for i in range(plan.worker_starts + 1):
             sample, baseline = time_turn(loop, "noop_once"), time_fresh_executor(mp_ctx)
@@ -412,10 +425,59 @@ def bench_untrusted(plan: Plan) -> dict[str, Any]:
     return out
 
 
-def _pair(ours: list[float], theirs: list[float]) -> dict[str, Any]:
-    return {
+def _pair(ours: list[float], theirs: list[float], target: float | None = None) -> dict[str, Any]:
+    ratio = percentile(ours, 50) / percentile(theirs, 50)
+    out: dict[str, Any] = {
         "system_us": summary(ours),
         "process_pool_executor_us": summary(theirs),
+        "ratio": round(ratio, 3),
+    }
+    if target is not None:
+        out["target"], out["pass"] = target, ratio <= target
+    return out
+
+
+# --- part 5: the start of one confined child ---------------------------------------------------
+
+
+def time_child_start(clean: bool) -> float:
+    """One confined worker from the request to its ``READY``, in milliseconds: started
+    clean, or (``clean=False``) by multiprocessing's fork server as before."""
+    policy = default_policy()
+    enclosure = Enclosure(policy, DEFAULT_HEAP_BYTES)
+    setup = enclosure.setup if clean else dataclasses.replace(enclosure.setup, clean=False)
+    ctx = context(START_METHOD)
+    try:
+        t0 = time.perf_counter_ns()
+        child = spawn(ctx, worker_child, WorkerConfig("plain", DEFAULT_HEAP_BYTES), setup, name="rho-bench")
+        enclosure.started(child.pid)
+        tag, _ = child.channel.recv(time.monotonic() + 30)
+        elapsed = time.perf_counter_ns() - t0
+        if tag != wire.READY:
+            raise BenchmarkError(f"a confined child answered {tag!r}, not READY")
+        enclosure.kill()
+        child.proc.join(10)
+        close(child.proc, child.channel.conn)
+    finally:
+        enclosure.remove()
+    return elapsed / 1e6
+
+
+def bench_child_start(plan: Plan) -> dict[str, Any]:
+    hold_servers()
+    try:
+        for clean in (True, False, True, False):  # warm-up: both fork servers running
+            time_child_start(clean)
+        ours: list[float] = []
+        theirs: list[float] = []
+        for _ in range(plan.worker_starts):
+            ours.append(time_child_start(True))
+            theirs.append(time_child_start(False))
+    finally:
+        release_servers()
+    return {
+        "clean_ms": summary(ours),
+        "forkserver_ms": summary(theirs),
         "ratio": round(percentile(ours, 50) / percentile(theirs, 50), 3),
     }
 
@@ -476,10 +538,17 @@ def print_text(report: Mapping[str, Any]) -> None:
         ("cold_session_first_call", "(d) (b) with no spare kept"),
     ):
         ours, theirs = u[key]["system_us"], u[key]["process_pool_executor_us"]
+        goal = f"   target <= {u[key]['target']:g}x {verdict(u[key]['pass'])}" if "target" in u[key] else ""
         print(
             f"   {label:<34} {ours['p50']:>9.0f} / {ours['p99']:>9.0f}  vs {theirs['p50']:>9.0f} / "
-            f"{theirs['p99']:>9.0f}   {u[key]['ratio']:.2f}x   n={ours['n']}"
+            f"{theirs['p99']:>9.0f}   {u[key]['ratio']:.2f}x   n={ours['n']}{goal}"
         )
+    c = report["child_start"]
+    print("\n5. start of one confined child, request -> READY (p50 / p99 in ms, n samples)")
+    for label, s in (("clean fork server (python -I)", c["clean_ms"]),
+                     ("multiprocessing forkserver (before)", c["forkserver_ms"])):
+        print(f"   {label:<40} {s['p50']:>10.2f} / {s['p99']:>10.2f}   n={s['n']}")
+    print(f"   ratio clean / forkserver (p50): {c['ratio']:.2f}x")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -497,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["replacement"] = bench_replacement(plan)
             report["declarations"] = bench_declarations(plan, tools)
             report["untrusted"] = bench_untrusted(plan)
+            report["child_start"] = bench_child_start(plan)
     except BenchmarkError as exc:
         print(f"benchmark error: {exc}", file=sys.stderr)
         return 1

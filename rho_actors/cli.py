@@ -6,9 +6,9 @@ Commands (argparse subcommands; each command group registers itself in
 
     rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
                            [--limit N] [--json] [--tree]
-    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json] [--trusted]
+    rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json] [--trusted] [--unconfined]
     rho-actors chat --model openai:MODEL|anthropic:MODEL [--base-url URL] [--session ID]
-                    [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--data-dir DIR]
+                    [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--unconfined] [--data-dir DIR]
                     [--system TEXT]
     rho-actors top [--connect ADDRESS] [--token TOKEN] [--once] [--json]
 
@@ -152,10 +152,27 @@ def _add_selftest(commands: Any) -> None:
     selftest.add_argument("--json", action="store_true", help="print the results as one JSON object")
     selftest.add_argument("--trusted", action="store_true",
                           help="import .py files and folders in this process (default: never, only in child processes)")
+    selftest.add_argument("--unconfined", action="store_true", help=_UNCONFINED_HELP)
     selftest.set_defaults(handler=_run_selftest)
 
 
-def _load_tools(targets: Sequence[str], command: str, *, trusted: bool) -> tuple[list[Any], int]:
+_UNCONFINED_HELP = (
+    "run untrusted files' top level and selftests without OS confinement (default: confined as a system's "
+    "workers are: uid nobody, Landlock, rlimits, a cgroup with a 256 MiB memory bound)"
+)
+
+
+def _policy(args: argparse.Namespace) -> Any:
+    """The confinement of untrusted input for this command: the default one, or none
+    with ``--unconfined``."""
+    from rho_actors.sandbox.enclosure import UNCONFINED, default_policy
+
+    return UNCONFINED if getattr(args, "unconfined", False) else default_policy()
+
+
+def _load_tools(
+    targets: Sequence[str], command: str, *, trusted: bool, confine: Any = None
+) -> tuple[list[Any], int]:
     """The tools of ``targets`` and how many of their files could not be loaded. Each
     ``.py`` file of a folder is loaded on its own: a broken one is reported on stderr
     (naming it) and the others are still loaded. Files are untrusted unless ``trusted``:
@@ -178,7 +195,7 @@ def _load_tools(targets: Sequence[str], command: str, *, trusted: bool) -> tuple
         loaded = 0
         for part in parts or [target]:
             try:
-                found.extend(load_tools(part, trusted=trusted))
+                found.extend(load_tools(part, trusted=trusted, confine=confine))
                 loaded += 1
             except LoadError as exc:
                 failures.append(str(exc))
@@ -199,11 +216,11 @@ def _run_selftest(args: argparse.Namespace) -> int:
     from rho_actors.selftest import FAILING, render_rows, run_selftests
 
     try:
-        tools, broken = _load_tools(args.targets, "selftest", trusted=args.trusted)
+        tools, broken = _load_tools(args.targets, "selftest", trusted=args.trusted, confine=_policy(args))
     except _ChatSetupError as exc:
         print(f"rho-actors selftest: {exc}", file=sys.stderr)
         return 2
-    rows = run_selftests(tools, timeout_s=args.timeout)
+    rows = run_selftests(tools, timeout_s=args.timeout, confine=_policy(args))
     code = 1 if broken or any(row.outcome in FAILING for row in rows) else 0
     counts = {outcome: sum(row.outcome == outcome for row in rows)
               for outcome in ("passed", "failed", "timeout", "crashed", "no selftest")}
@@ -268,6 +285,7 @@ def _add_chat(commands: Any) -> None:
                       help="module name, .py file or folder whose tools the model gets")
     chat.add_argument("--untrusted", action="store_true",
                       help="register the tools untrusted: declarations read and calls run in other processes")
+    chat.add_argument("--unconfined", action="store_true", help=_UNCONFINED_HELP)
     chat.add_argument("--system", default=None, metavar="TEXT",
                       help="instructions (a system prompt) sent first in every request; not recorded")
     chat.add_argument("--data-dir", default=None, metavar="DIR",
@@ -291,8 +309,8 @@ def _chat_model(spec: str, base_url: str | None) -> Any:
         raise _ChatSetupError(f"cannot start the model {spec!r}: {exc}") from None
 
 
-def _chat_tools(targets: Sequence[str], trusted: bool) -> list[Any]:
-    return _load_tools(targets, "chat", trusted=trusted)[0]
+def _chat_tools(targets: Sequence[str], trusted: bool, confine: Any = None) -> list[Any]:
+    return _load_tools(targets, "chat", trusted=trusted, confine=confine)[0]
 
 
 def _chat_data_dir(given: str | None) -> str:
@@ -310,11 +328,11 @@ def _run_chat(args: argparse.Namespace) -> int:
 
     try:
         model = _chat_model(args.model, args.base_url)
-        tools = _chat_tools(args.tools, trusted=not args.untrusted)
+        tools = _chat_tools(args.tools, trusted=not args.untrusted, confine=_policy(args))
     except _ChatSetupError as exc:
         print(f"rho-actors chat: {exc}", file=sys.stderr)
         return 2
-    with ActorSystem(data_dir=_chat_data_dir(args.data_dir)) as system:
+    with ActorSystem(data_dir=_chat_data_dir(args.data_dir), confinement=False if args.unconfined else None) as system:
         try:
             for tool in tools:
                 registration = system.register(tool, untrusted=args.untrusted)
@@ -443,6 +461,7 @@ def _add_mcp(commands: Any) -> None:
                        help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
     serve.add_argument("--untrusted", action="store_true",
                        help="register the tools untrusted: declarations read and calls run in other processes")
+    serve.add_argument("--unconfined", action="store_true", help=_UNCONFINED_HELP)
     serve.add_argument("--data-dir", default=None, metavar="DIR",
                        help="where sessions are kept (default: a temporary folder, removed at exit)")
     serve.set_defaults(handler=_run_mcp_serve)
@@ -457,11 +476,11 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
         print("rho-actors mcp: the MCP SDK is missing: pip install 'rho_actors[mcp]'", file=sys.stderr)
         return 2
     try:
-        tools = _chat_tools(args.tools, trusted=not args.untrusted)
+        tools = _chat_tools(args.tools, trusted=not args.untrusted, confine=_policy(args))
     except _ChatSetupError as exc:
         print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
         return 2
-    with ActorSystem(data_dir=args.data_dir) as system:
+    with ActorSystem(data_dir=args.data_dir, confinement=False if args.unconfined else None) as system:
         try:
             for tool in tools:
                 registration = system.register(tool, untrusted=args.untrusted)

@@ -66,6 +66,8 @@ __all__ = [
     "apply",
     "classify_ending",
     "guard_fork_server",
+    "guard_zygote",
+    "release_host_pipes",
     "kill_tree",
     "make_private_dir",
     "make_session_dir",
@@ -211,6 +213,15 @@ def apply(spec: Confinement) -> tuple[str, ...]:
         _drop_identity(spec.uid, DEFAULT_UID if spec.gid is None else spec.gid)
         done.append("identity")
     return tuple(done)
+
+
+def release_host_pipes() -> None:
+    """Close this child's copies of ``multiprocessing``'s fork-server "alive" pipe and
+    resource-tracker pipe (every child of that fork server inherits both; a child that
+    wrote into or closed them could stop the fork server or make the tracker unlink the
+    host's names). :func:`apply` does it for a confined child."""
+    _release_fork_server()
+    _release_resource_tracker()
 
 
 def _release_fork_server() -> None:
@@ -400,8 +411,10 @@ def python_read_paths(modules: Iterable[str] = (), exclude: Iterable[str] = ()) 
 
 def make_private_dir(uid: int | None = DEFAULT_UID, gid: int | None = DEFAULT_UID) -> str:
     """Create a fresh private temporary folder (mode ``0700``) for one worker, owned by
-    ``uid``/``gid`` when this process is root; returns its path. The caller removes it."""
-    path = tempfile.mkdtemp(prefix="rho-actors-")
+    ``uid``/``gid`` when this process is root; returns its path. The caller removes it;
+    its name (``rho-actors-<host pid>-...``) lets a later host sweep it when this one was
+    killed before it could (:mod:`rho_actors.sandbox.sweep`)."""
+    path = tempfile.mkdtemp(prefix=f"rho-actors-{os.getpid()}-")
     os.chmod(path, 0o700)
     if os.geteuid() == 0 and uid is not None:
         os.chown(path, uid, DEFAULT_UID if gid is None else gid)
@@ -489,6 +502,14 @@ def guard_fork_server() -> bool:
 
 
 guard_fork_server()
+
+
+def guard_zygote() -> None:
+    """In rho's own clean fork server (:mod:`rho_actors.sandbox.zygote`) only: become a
+    child subreaper, so orphans of its children reparent there, and make children forked
+    from it check its pid as their parent in :func:`apply`."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
+    _fork_server[:] = [os.getpid()]
 
 
 # --- memory bound without a cgroup, and how a worker ended -------------------------------------

@@ -5,8 +5,9 @@ temporary folder; it passes by returning ``None``, ``Ok(...)`` or ``True`` (an
 ``async def selftest`` is awaited), and fails by returning ``Error(reason)`` (or
 ``False``) or by raising. Any other return value fails, naming the contract.
 
-:func:`run_selftests` runs each selftest in its own child process (``multiprocessing``
-with the ``forkserver`` start method: never a bare fork of this multi-threaded process).
+:func:`run_selftests` runs each selftest in its own child process (a trusted tool's
+with ``multiprocessing``'s ``forkserver``, never a bare fork of this multi-threaded
+process; an untrusted tool's from the clean fork server, confined by default: DESIGN §5).
 The tool travels with cloudpickle, by value when its module could not be imported
 there. The child leads a new process group, points its working directory, ``HOME``,
 ``TMPDIR`` (and ``TMP``, ``TEMP``) at a fresh temporary folder, sends its standard
@@ -62,7 +63,7 @@ from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
-from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure, default_policy
 from rho_actors.sandbox.plugins import (
     NoTools,
     PluginLoadError,
@@ -72,7 +73,7 @@ from rho_actors.sandbox.plugins import (
     tools_in_module,
 )
 from rho_actors.sandbox.processes import Child, close, context, reap, signal_name, spawn
-from rho_actors.sandbox.reads import become_subreaper, end_child, linger
+from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES, become_subreaper, end_child, linger
 from rho_actors.sandbox.shipping import ship
 from rho_actors.tool import Error, Ok, callback, is_untrusted
 
@@ -99,9 +100,6 @@ _MAX_PARALLEL: Final = 8
 _MAX_MESSAGE_CHARS: Final = 2_000  # keeps the child's answer one small pipe write
 _MAX_OUTPUT_CHARS: Final = 4_000
 _EXIT_GRACE_S: Final = 1.0
-_SCRUBBED: Final = ConfinePolicy(confine=False)
-"""The policy of an untrusted tool's selftest without a system's: a scrubbed environment
-and a private folder, no OS confinement."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +345,8 @@ def _row(name: str, certain: bool, answer: dict[str, Any] | None, ended: bool, c
 
 
 def _run_one(
-    given: str | None, tool: Any, timeout_s: float, start_method: str, confine: ConfinePolicy | None = None
+    given: str | None, tool: Any, timeout_s: float, start_method: str, confine: ConfinePolicy | None = None,
+    heap_bytes: int | None = None,
 ) -> SelftestRow:
     name, certain = (given, True) if given is not None else _label(tool)
     if _surely_without_selftest(tool):
@@ -366,7 +365,7 @@ def _run_one(
     enclosure: Enclosure | None = None
     try:
         if confine is not None:  # an untrusted tool's: confined as its workers are, scrubbed environment
-            enclosure = Enclosure(confine, None)
+            enclosure = Enclosure(confine, heap_bytes or None)
             setup = dataclasses.replace(enclosure.setup, output_path=output_path)
         else:
             os.mkdir(workdir, 0o700)
@@ -402,6 +401,8 @@ def run_selftests(
     timeout_s: float = DEFAULT_SELFTEST_TIMEOUT_S,
     max_parallel: int | None = None,
     start_method: str = "forkserver",
+    confine: ConfinePolicy | None = None,
+    heap_bytes: int = DEFAULT_HEAP_BYTES,
 ) -> list[SelftestRow]:
     """Run each tool's ``selftest()`` in a throwaway child process (see the module doc).
 
@@ -409,7 +410,15 @@ def run_selftests(
     child process reads), or a mapping ``{name: tool}``. ``timeout_s``: seconds each
     selftest gets from its process's start; past it the process group is killed and the
     row is ``timeout``. ``max_parallel``: children at once (default: the CPU count,
-    between 2 and 8). ``start_method``: ``"forkserver"`` (default) or ``"spawn"``.
+    between 2 and 8). ``start_method``: ``"forkserver"`` (default) or ``"spawn"``, for
+    trusted tools (an untrusted one's child always starts clean, DESIGN §5).
+
+    An untrusted tool's selftest (a plugin file's, or a tool marked untrusted) runs
+    confined as a system's workers are, by ``confine`` (default:
+    :func:`~rho_actors.sandbox.enclosure.default_policy`; unconfined only with the explicit
+    :data:`~rho_actors.sandbox.enclosure.UNCONFINED`), its whole tree bounded to
+    ``heap_bytes`` (bytes, default 256 MiB: a cgroup, else an RSS sampler, and
+    ``RLIMIT_AS`` per process).
 
     Returns one :class:`SelftestRow` per tool, in the given order. A tool's failure,
     hang or crash is its row, never an exception here; raises ``ValueError`` for a
@@ -424,40 +433,44 @@ def run_selftests(
     named = [(str(name), tool) for name, tool in tools.items()] if isinstance(tools, Mapping) else [
         (None, tool) for tool in tools
     ]
-    # a plugin file's tool is untrusted code: a scrubbed environment and a private folder
-    items = [(name, tool, _SCRUBBED if isinstance(tool, PluginRef) else None) for name, tool in named]
-    return _run_all(items, float(timeout_s), max_parallel, start_method)
+    policy = confine or default_policy()
+    items = [(name, tool, policy if isinstance(tool, PluginRef) or is_untrusted(tool) else None)
+             for name, tool in named]
+    return _run_all(items, float(timeout_s), max_parallel, start_method, heap_bytes)
 
 
 def _run_all(
     items: list[tuple[str | None, Any, ConfinePolicy | None]], timeout_s: float, max_parallel: int | None,
-    start_method: str,
+    start_method: str, heap_bytes: int | None,
 ) -> list[SelftestRow]:
     if not items:
         return []
     workers = max_parallel or max(2, min(_MAX_PARALLEL, os.cpu_count() or 2))
     with concurrent.futures.ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="rho-selftest") as pool:
-        futures = [pool.submit(_run_one, name, tool, timeout_s, start_method, confine) for name, tool, confine in items]
+        futures = [pool.submit(_run_one, name, tool, timeout_s, start_method, confine, heap_bytes)
+                   for name, tool, confine in items]
         return [f.result() for f in futures]
 
 
 def selftest_system(
-    system: Any, timeout_s: float = DEFAULT_SELFTEST_TIMEOUT_S, confine: ConfinePolicy | None = None
+    system: Any, timeout_s: float = DEFAULT_SELFTEST_TIMEOUT_S, confine: ConfinePolicy | None = None,
+    heap_bytes: int = DEFAULT_HEAP_BYTES,
 ) -> list[SelftestRow]:
     """:func:`run_selftests` of every tool ``system`` (an :class:`rho_actors.ActorSystem`)
     offers now, named by their checked declarations, in registration order (a tool left
     out by its declaration checks is not run). ``timeout_s``: seconds per selftest.
     The selftest of a tool registered untrusted runs confined by ``confine`` (the
-    system's policy: as its workers are, with a scrubbed environment and its whole process
-    tree killed after it; ``None``: a default policy without OS confinement that still
-    scrubs the environment). Raises ``ValueError`` for a bad ``timeout_s``."""
+    system's policy: as its workers are, with a scrubbed environment, its whole tree
+    bounded to ``heap_bytes`` and killed after it; ``None``:
+    :func:`~rho_actors.sandbox.enclosure.default_policy`). Raises ``ValueError`` for a
+    bad ``timeout_s``."""
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    policy = confine or _SCRUBBED
+    policy = confine or default_policy()
     items: list[tuple[str | None, Any, ConfinePolicy | None]] = [
         (name, entry.tool, policy if entry.untrusted else None) for name, entry in system.tool_set().entries.items()
     ]
-    return _run_all(items, float(timeout_s), None, "forkserver")
+    return _run_all(items, float(timeout_s), None, "forkserver", heap_bytes)
 
 
 # --------------------------------------------------------------------------- command-line targets
@@ -495,14 +508,17 @@ def load_target(target: str) -> list[types.ModuleType]:
         raise LoadError(f"{target}: cannot import it: {describe_exception(exc)}") from None
 
 
-def load_tools(target: str, *, trusted: bool = False) -> list[Any]:
+def load_tools(target: str, *, trusted: bool = False, confine: ConfinePolicy | None = None) -> list[Any]:
     """The tools a ``rho-actors selftest`` (or ``chat --tools``) argument names.
 
     A ``.py`` file or a folder (each ``*.py`` directly in it, not starting with ``.``
     or ``_``) is untrusted unless ``trusted``: its files are never imported in this
     process; each file's tools are found in a throwaway child process
     (:func:`rho_actors.sandbox.plugins.discover_plugin`) and come back as
-    :class:`~rho_actors.sandbox.plugins.PluginRef` stand-ins that child processes load.
+    :class:`~rho_actors.sandbox.plugins.PluginRef` stand-ins that child processes load;
+    that child is confined by ``confine`` (default:
+    :func:`~rho_actors.sandbox.enclosure.default_policy`; unconfined only with the explicit
+    :data:`~rho_actors.sandbox.enclosure.UNCONFINED`).
     Trusted, or a module name (installed code, imported as ``python -m`` does), it is
     :func:`load_target` and :func:`tools_in_module`.
 
@@ -514,11 +530,11 @@ def load_tools(target: str, *, trusted: bool = False) -> list[Any]:
         files = sorted(p for p in path.iterdir() if p.suffix == ".py" and not p.name.startswith((".", "_")))
         if not files:
             raise LoadError(f"{target}: a folder with no .py files")
-        return [tool for file in files for tool in load_tools(str(file))]
+        return [tool for file in files for tool in load_tools(str(file), confine=confine)]
     if not path.is_file():
         raise LoadError(f"{target}: no such file")
     try:
-        return list(discover_plugin(path, path.read_bytes()))
+        return list(discover_plugin(path, path.read_bytes(), confine=confine or default_policy()))
     except NoTools:
         return []
     except OSError as exc:

@@ -75,6 +75,8 @@ from rho_actors.registry import Registration, RegistryState, ToolRegistry
 from rho_actors.runtime import Limits, Runtime, UntrustedReads
 from rho_actors.sandbox.enclosure import ConfinePolicy
 from rho_actors.sandbox.processes import hold_servers, release_servers
+from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
+from rho_actors.sandbox.sweep import sweep
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
 from rho_actors.toolset import IsolationName, ToolSet, ToolSetView, make_placement
@@ -85,6 +87,9 @@ if TYPE_CHECKING:
     from rho_actors.sources import Source, SourceHandle
 
 __all__ = ["ActorSystem"]
+
+
+_DEFAULT_AS = _confinement.Confinement().address_space
 
 
 def _identity(base: _confinement.Confinement) -> tuple[int, int]:
@@ -111,7 +116,10 @@ class ActorSystem:
     (see :meth:`start_child`): past it, that supervisor gives up (DESIGN §6); ``untrusted`` says
     how untrusted declarations are read (time and heap bounds, retry schedule, start
     method; see :class:`rho_actors.UntrustedReads`); ``warm_workers`` worker processes are
-    kept for ``process`` isolation once it is first used, each under the same heap bound;
+    kept for ``process`` isolation once it is first used, an untrusted tool's under the
+    same heap bound (its whole tree), a trusted ``process`` tool's under
+    ``process_heap_bytes`` (bytes, default 256 MiB, ``0`` for none: the one memory setting
+    of trusted process tools; ``resources={"memory": ...}`` is refused and names it);
     ``tracing`` turns OpenTelemetry spans and metrics off (``False``) or sets how they are
     recorded (a :class:`rho_actors.Telemetry`); they go to the host's global providers
     (see :mod:`rho_actors.telemetry`).
@@ -158,8 +166,19 @@ class ActorSystem:
         abandoned_threads: int = 64,
         ray: Mapping[str, Any] | None = None,
         log_tracebacks: bool = True,
+        process_heap_bytes: int = DEFAULT_HEAP_BYTES,
     ) -> None:
         refuse_unguarded_start()  # a child importing an unguarded main script: stop it, saying why
+        if type(process_heap_bytes) is not int or process_heap_bytes < 0:
+            raise ValueError(
+                f"process_heap_bytes must be an int of 0 or more (bytes; 0: none), got {process_heap_bytes!r}"
+            )
+        if isinstance(confinement, _confinement.Confinement) and confinement.address_space != _DEFAULT_AS:
+            raise ValueError(
+                "Confinement(address_space=...) is not how a system bounds memory: an untrusted tool's whole tree is "
+                "bounded by UntrustedReads(heap_bytes=...), a trusted process tool's by "
+                "ActorSystem(process_heap_bytes=...)"
+            )
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -190,9 +209,11 @@ class ActorSystem:
         self._confine = ConfinePolicy(base, confine=confinement is not False, exclude=(str(self.data_dir.resolve()),))
         if self._confine.confine:
             _confinement.warn_if_unconfined()
+        sweep()  # what a host killed from outside left behind
         events = EventBus()
         services = IsolationServices(
-            self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method,
+            self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, process_heap_bytes,
+            self._untrusted.start_method,
             max_workers=max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1)),
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
@@ -464,11 +485,12 @@ class ActorSystem:
         """Run every offered tool's ``selftest()`` in a throwaway process with its working
         directory, ``TMPDIR`` and ``HOME`` in a fresh temp folder, each within
         ``timeout_s`` seconds; an untrusted tool's is confined as its workers are (scrubbed
-        environment, its whole process tree killed after it). See
+        environment, its whole tree bounded to ``UntrustedReads.heap_bytes`` and killed
+        after it). See
         :func:`rho_actors.selftest.run_selftests`."""
         from rho_actors.selftest import selftest_system
 
-        return selftest_system(self, timeout_s, confine=self._confine)
+        return selftest_system(self, timeout_s, confine=self._confine, heap_bytes=self._untrusted.heap_bytes)
 
     # --- the host's own actors ------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import pytest
 from loguru import logger
 
 from rho_actors import ActorSystem
+from rho_actors.sandbox.clean import preload_modules
 
 WAIT_S = 10.0
 """Upper bound on any wait in the tests: reaching it means a failure, never a pass."""
@@ -70,3 +71,9 @@ class Recorder:
     def kinds(self, call_id: str) -> list[str]:
         with self._lock:
             return [e.kind for e in self.events if getattr(e, "call_id", None) == call_id]
+
+
+# Untrusted children start from rho's clean fork server, which never imports the host's
+# main module: have it import pytest once, as multiprocessing's fork server did through
+# the test runner's __main__, so a tool defined in a test module loads as fast as before.
+preload_modules("pytest")

@@ -23,6 +23,7 @@ import pytest
 
 from rho_actors import ActorSystem, Details, ErrorKind, Image, PluginFolder, ToolCall, ToolResult
 from rho_actors.sandbox import wire
+from rho_actors.sandbox.enclosure import UNCONFINED
 from rho_actors.selftest import load_tools, run_selftests
 
 from .conftest import WAIT_S, wait_for
@@ -279,7 +280,7 @@ def test_a_plugin_file_is_never_imported_in_the_host(tmp_path: Path, request: py
     assert handle.status()["tools"][str(path)]["offered"] is True
     result = call(hostile, f"s-{next(SESSIONS)}", "side_effects", {})
     assert result.ok and result.content != f"ran in {os.getpid()}"
-    [row] = run_selftests(load_tools(str(folder)), timeout_s=WAIT_S)
+    [row] = run_selftests(load_tools(str(folder), confine=UNCONFINED), timeout_s=WAIT_S, confine=UNCONFINED)
     assert (row.tool, row.outcome) == ("side_effects", "passed")
     pids = marker.read_text().split()
     assert len(pids) >= 4 and str(os.getpid()) not in pids  # discovery, read, call, selftest: elsewhere
@@ -344,7 +345,7 @@ def test_a_daemon_outlives_neither_a_declaration_read_nor_a_selftest(tmp_path: P
         assert handle.status()["tools"][str(folder / "daemon.py")]["offered"] is True
         pids = [int(pidfile.read_text())]  # started by the discovery child, then by the declaration read
         assert wait_for(lambda: not any(running(p) for p in pids)), "a daemon outlived its read"
-        [row] = run_selftests(load_tools(str(folder)), timeout_s=WAIT_S)
+        [row] = run_selftests(load_tools(str(folder), confine=UNCONFINED), timeout_s=WAIT_S, confine=UNCONFINED)
         assert row.outcome == "passed", row
         selftest_daemon = int(selftest_pidfile.read_text())
         assert wait_for(lambda: not running(selftest_daemon)), "a daemon outlived its selftest"

@@ -11,6 +11,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -98,15 +99,18 @@ def host(tmp_path: Path) -> Iterator[Any]:
 
 
 def _started_by(host: subprocess.Popen[bytes], tag: str) -> dict[str, list[int]]:
-    """The host's processes by role: its fork server, resource tracker, workers, and the
-    tool's child (an escape from its worker's session, still in its worker's tree)."""
+    """The host's processes by role: its clean fork server (untrusted workers never come
+    from multiprocessing's), any resource tracker, workers, and the tool's child (an
+    escape from its worker's session, still in its worker's tree)."""
     [sleeper] = _sleepers(tag)
     worker = psutil.Process(sleeper.ppid())
     fork_server = psutil.Process(worker.ppid())
     assert fork_server.ppid() == host.pid
     children = psutil.Process(host.pid).children()
     trackers = [p.pid for p in children if "resource_tracker" in " ".join(p.cmdline())]
-    assert "forkserver" in " ".join(fork_server.cmdline()) and len(trackers) == 1
+    cmdline = fork_server.cmdline()
+    assert cmdline[1:3] == ["-I", "-c"] and "rho_actors.sandbox.zygote" in cmdline[3], cmdline
+    assert len(trackers) <= 1
     workers = [p.pid for p in fork_server.children()]
     assert worker.pid in workers and os.getsid(sleeper.pid) == sleeper.pid  # it left its worker's session
     if psutil.Process(host.pid).uids().real == 0:
@@ -124,6 +128,32 @@ def test_kill_9_of_a_host_with_a_busy_worker_leaves_nothing(host: Any) -> None:
     assert wait_for(lambda: _gone(pids)), {
         role: [p for p in group if not _gone([p])] for role, group in started.items()
     }
+
+
+def _leftovers(host_pid: int) -> list[Path]:
+    """Private folders and cgroups named for the host ``host_pid``."""
+    from rho_actors import cgroups
+
+    prefix = f"rho-actors-{host_pid}-"
+    places = [Path(tempfile.gettempdir())]
+    hierarchy = cgroups.find_hierarchy()
+    if not isinstance(hierarchy, str):
+        places += [Path(d) for d in set(hierarchy.dirs.values())]
+    return [p for place in places for p in place.iterdir() if p.name.startswith(prefix)]
+
+
+def test_a_start_sweeps_what_a_host_killed_with_kill_9_left_behind(host: Any, tmp_path: Path) -> None:
+    """The busy worker's private folder and cgroup outlive a host killed with
+    ``kill -9``; the next system's start removes them."""
+    proc, tag = host
+    started = _started_by(proc, tag)
+    proc.kill()
+    assert proc.wait(WAIT_S) == -signal.SIGKILL
+    assert wait_for(lambda: _gone([pid for group in started.values() for pid in group]))
+    left = _leftovers(proc.pid)
+    assert any(p.parent == Path(tempfile.gettempdir()) for p in left), left  # the worker's private folder
+    ActorSystem(tmp_path / "next", shutdown_ms=2_000).stop()
+    assert _leftovers(proc.pid) == []
 
 
 def test_stop_ends_the_fork_server_the_resource_tracker_and_every_worker_tree(host: Any) -> None:

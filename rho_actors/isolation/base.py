@@ -29,8 +29,9 @@ __all__ = ["Isolation", "IsolationServices", "RunningCall"]
 class IsolationServices:
     """What an isolation gets from its system: ``calls`` starts the supervised CallActor
     a call runs in (its waiting thread); ``timers``, the system's timer service; the bounds of
-    worker processes: ``warm_workers`` idle workers, ``heap_bytes`` of address space each
-    (bytes) and the ``start_method`` (``"forkserver"`` or ``"spawn"``); ``max_workers``,
+    worker processes: ``warm_workers`` idle workers, ``heap_bytes`` of memory for each
+    untrusted worker's tree and ``process_heap_bytes`` for each trusted one's (bytes),
+    and the ``start_method`` (``"forkserver"`` or ``"spawn"``); ``max_workers``,
     the cap on worker processes of the whole system; ``confine``, how untrusted workers
     are confined; ``worker_idle_s``, how long an idle scoped worker is kept (seconds);
     ``tools``, the published tool set (a call's tool entry says whether it is untrusted);
@@ -43,6 +44,7 @@ class IsolationServices:
     timers: Timers
     warm_workers: int = 2
     heap_bytes: int = 256 * 2**20
+    process_heap_bytes: int = 256 * 2**20
     start_method: str = "forkserver"
     max_workers: int = 8
     confine: ConfinePolicy | None = None

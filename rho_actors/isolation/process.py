@@ -21,6 +21,7 @@ worker's tree, when the system's ``workers`` actor stops.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -96,6 +97,17 @@ class ProcessIsolation(Isolation):
             started=call.dispatched, scope=scope, env=entry.env, cancel=call.cancel, version=entry,
         )
 
+    def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``process`` isolation takes no ``resources``; its memory bound is the
+        system's. Raises ``ValueError`` naming the setting to use instead."""
+        if options:
+            hint = ""
+            if "memory" in options:
+                hint = (": a trusted process tool's memory bound is ActorSystem(process_heap_bytes=...), an "
+                        "untrusted tool's UntrustedReads(heap_bytes=...)")
+            raise ValueError(f"isolation 'process' takes no resources, got {sorted(options)}{hint}")
+        return options
+
     def pool(self, confined: bool = False) -> WorkerPool:
         """The running pool (``confined``: the untrusted tools' one), started on first
         use. Raises ``RuntimeError`` while the isolation is not open (its system is
@@ -114,7 +126,7 @@ class ProcessIsolation(Isolation):
             if self._pool is None:
                 contain = s.confine is None or s.confine.confine
                 self._pool = WorkerPool(  # trusted tools only: replies unpickled, any Details kept
-                    s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, slots=self._slots,
+                    s.warm_workers, heap_bytes=s.process_heap_bytes, start_method=s.start_method, slots=self._slots,
                     confine=TREE_ONLY if contain else None, codec="pickle", idle_s=s.worker_idle_s,
                 )
             return self._pool

@@ -7,6 +7,10 @@ read in a throwaway process, answered as JSON data) and :class:`IsolatedReadErro
 The submodules are internal:
 
 - :mod:`~rho_actors.sandbox.processes`: start method, spawning, killing process groups, reaping;
+- :mod:`~rho_actors.sandbox.zygote` and :mod:`~rho_actors.sandbox.clean`: the clean fork
+  server every untrusted child comes from (it never imported the host's code), and the
+  host's side of it; :mod:`~rho_actors.sandbox.output`: children's output, logged;
+  :mod:`~rho_actors.sandbox.sweep`: what a host killed from outside left behind;
 - :mod:`~rho_actors.sandbox.child`: :func:`~rho_actors.sandbox.child.enter_child`, run first
   in every child, and the one entry point of every child;
 - :mod:`~rho_actors.sandbox.channel`: the framed channel, the same framing on both ends;

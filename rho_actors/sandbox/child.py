@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rho_actors.confinement import Confinement, ConfinementError, apply
+from rho_actors.confinement import Confinement, ConfinementError, apply, release_host_pipes
 from rho_actors.sandbox.channel import Channel
 
 __all__ = ["ChildSetup", "child_main", "enter_child", "pin_imports", "replace_environment"]
@@ -49,7 +49,9 @@ class ChildSetup:
     ``confinement``: apply it (after ``env`` and :func:`pin_imports`); ``None``: none.
     ``env``: the child's whole environment (``None``: inherited); the inherited one is
     wiped from memory first. ``import_dirs``: folders (the tool's code) whose modules must
-    stay importable after the child drops its uid.
+    stay importable after the child drops its uid. ``clean``: the child runs untrusted
+    code, so it is forked by the clean fork server (:mod:`rho_actors.sandbox.clean`),
+    never by ``multiprocessing``.
     """
 
     heap_bytes: int | None = None
@@ -58,6 +60,7 @@ class ChildSetup:
     confinement: Confinement | None = None
     env: Mapping[str, str] | None = None
     import_dirs: tuple[str, ...] = ()
+    clean: bool = False
 
 
 def enter_child(setup: ChildSetup) -> tuple[str, ...]:
@@ -86,7 +89,8 @@ def enter_child(setup: ChildSetup) -> tuple[str, ...]:
         if setup.confinement.uid is not None:  # imports must survive the uid drop
             pin_imports(setup.import_dirs)
         applied = apply(setup.confinement)
-    else:
+    else:  # a trusted child keeps neither multiprocessing's fork-server nor its tracker pipe
+        release_host_pipes()
         os.setsid()
     if setup.workdir is not None:
         for var in ("HOME", "TMPDIR", "TMP", "TEMP"):
@@ -168,6 +172,6 @@ def child_main(conn: Any, setup: ChildSetup, entry: Callable[[Channel, Any], Non
             with contextlib.suppress(OSError):
                 os.write(2, json.dumps({"confinement_error": problem}).encode() + b"\n")
             os._exit(1)
-        entry(Channel(conn), payload)
+        entry(conn if isinstance(conn, Channel) else Channel(conn), payload)
     finally:
         os._exit(0)

@@ -27,7 +27,7 @@ from rho_actors.cgroups import Cgroup, CgroupError
 from rho_actors.confinement import Confinement, RssSampler, kill_tree, make_private_dir, python_read_paths
 from rho_actors.sandbox.child import ChildSetup
 
-__all__ = ["ENV_ALLOWLIST", "TREE_ONLY", "ConfinePolicy", "Enclosure", "scrubbed_env"]
+__all__ = ["ENV_ALLOWLIST", "TREE_ONLY", "UNCONFINED", "ConfinePolicy", "Enclosure", "default_policy", "scrubbed_env"]
 
 ENV_ALLOWLIST: Final = ("PATH", "LANG", "TZ")
 """Host variables a confined child keeps (plus every ``LC_*``); ``HOME`` and ``TMPDIR``
@@ -74,6 +74,24 @@ _TREE = Confinement(
 
 TREE_ONLY: Final = ConfinePolicy(pids_max=None, tree_only=True)
 """The policy of trusted ``process`` workers: their process tree contained, nothing else."""
+
+UNCONFINED: Final = ConfinePolicy(confine=False)
+"""The explicit opt-in to run untrusted code without OS confinement (``confine=`` of
+:func:`~rho_actors.sandbox.plugins.discover_plugin`, :func:`rho_actors.selftest.load_tools`
+and :func:`rho_actors.run_selftests`; ``--unconfined`` on the command line): the child
+still starts clean, with an allowlisted environment, a private folder and a heap bound,
+but keeps the host's uid and has no Landlock, no cgroup."""
+
+
+def default_policy() -> ConfinePolicy:
+    """The policy untrusted input gets when no system's is given (the command line,
+    :func:`rho_actors.run_selftests`, :func:`rho_actors.selftest.load_tools`): what an
+    :class:`rho_actors.ActorSystem` built with default arguments uses (drop to
+    ``nobody``, Landlock, rlimits, a cgroup per child)."""
+    from rho_actors.confinement import default_identity
+
+    uid, gid = default_identity()
+    return ConfinePolicy(Confinement(uid=uid, gid=gid))
 
 
 class _CgroupWatch(RssSampler):
@@ -140,7 +158,7 @@ class Enclosure:
             )
         self.setup = ChildSetup(
             heap_bytes, confinement=spec, env=scrubbed_env(env, self.private_dir),
-            workdir=None if policy.confine else self.private_dir, import_dirs=modules,
+            workdir=None if policy.confine else self.private_dir, import_dirs=modules, clean=True,
         )
 
     @property

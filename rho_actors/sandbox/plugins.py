@@ -30,7 +30,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel
-from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure, default_policy
 from rho_actors.sandbox.processes import close, context, spawn
 from rho_actors.sandbox.reads import (
     DEFAULT_HEAP_BYTES,
@@ -56,7 +56,6 @@ DEFAULT_DISCOVERY_TIMEOUT_S: Final = 5.0
 """Default time bound of finding the tools of an untrusted plugin file, in seconds."""
 _MAX_DISCOVERY_BYTES: Final = 64 * 1024
 _MAX_TOOLS: Final = 256
-_UNCONFINED: Final = ConfinePolicy(confine=False)
 _IDENTIFIER: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,199}")
 
 
@@ -236,7 +235,9 @@ def discover_plugin(
     child process (never imported here): one :class:`PluginRef` per tool, in definition
     order (an empty list: no tool in it). ``timeout_s`` (seconds) and ``heap_bytes``
     (``RLIMIT_AS``) bound the child; it is confined by ``confine`` as a declaration read
-    is (``None``: no OS confinement, but a scrubbed environment and a private folder);
+    is (``None``: :func:`~rho_actors.sandbox.enclosure.default_policy`, the confinement a
+    default system gives; running it unconfined takes an explicit
+    :data:`~rho_actors.sandbox.enclosure.UNCONFINED`);
     its whole process tree is killed at the end (:func:`~rho_actors.sandbox.reads.end_child`).
 
     Raises :class:`NoTools` (a :class:`PluginLoadError`) when it holds no tool, and
@@ -245,10 +246,11 @@ def discover_plugin(
     or when the child timed out, crashed or answered something malformed."""
     path = str(path)
     ctx = context(start_method)
-    enclosure = Enclosure(confine or _UNCONFINED, heap_bytes or None)
+    enclosure = Enclosure(confine or default_policy(), heap_bytes or None)
     try:
         try:
-            child = spawn(ctx, discovery_child, (path, data), enclosure.setup, name="rho-plugin-discovery")
+            child = spawn(ctx, discovery_child, (path, data), enclosure.setup, name="rho-plugin-discovery",
+                          label=f"discovery of {path}")
         except Exception as exc:
             raise PluginLoadError(
                 f"{path}: could not start a process to find its tools: {describe_exception(exc)}"

@@ -1,6 +1,8 @@
 """Starting, killing and reaping the child processes of the sandbox (internal).
 
-Children start with ``multiprocessing``'s ``forkserver`` start method (``spawn``
+Untrusted children (``ChildSetup.clean``) are forked by rho's clean fork server
+(:mod:`rho_actors.sandbox.clean`), which never imported the host's code. Trusted
+children start with ``multiprocessing``'s ``forkserver`` start method (``spawn``
 works too; a bare ``fork`` of this multi-threaded runtime is refused). The first
 :func:`context` for ``forkserver`` asks the fork server to preload
 ``rho_actors.sandbox`` (and so the rho_actors package), which makes a child ready in a
@@ -58,9 +60,10 @@ def hold_servers() -> None:
 
 
 def release_servers() -> None:
-    """One user fewer; the last one stops the fork server (which kills every process
-    left in its tree, see :func:`rho_actors.confinement.guard_fork_server`) and the
-    resource tracker. Either starts again on the next child."""
+    """One user fewer; the last one stops the fork servers (``multiprocessing``'s and
+    the clean one, :mod:`rho_actors.sandbox.clean`; each kills every process left in its
+    tree, see :func:`rho_actors.confinement.guard_fork_server`) and the resource
+    tracker. Each starts again on the next child."""
     with _preload_lock:
         _holders[0] -= 1
         if _holders[0] > 0:
@@ -73,6 +76,9 @@ def release_servers() -> None:
             if callable(stop):
                 with contextlib.suppress(Exception):
                     stop()
+        from rho_actors.sandbox.clean import stop_zygote
+
+        stop_zygote()
 
 
 def _ask_preload() -> None:
@@ -111,12 +117,21 @@ class Child:
 
 
 def spawn(
-    ctx: Any, entry: Callable[[Channel, Any], None], payload: Any, setup: ChildSetup, *, name: str
+    ctx: Any, entry: Callable[[Channel, Any], None], payload: Any, setup: ChildSetup, *, name: str,
+    label: str | None = None,
 ) -> Child:
     """Start a child that runs ``entry(channel, payload)`` after
     :func:`~rho_actors.sandbox.child.enter_child` ``(setup)``; ``entry`` must be a
-    module-level function (it travels by reference). Raises what starting a process
-    raises (``OSError``...); nothing is left open then."""
+    module-level function (it travels by reference). A ``setup.clean`` child (every
+    untrusted one) is forked by the clean fork server
+    (:func:`~rho_actors.sandbox.clean.spawn_clean`; ``ctx`` is not used, ``label``, by
+    default ``name``, names it in its logged output); any other by ``ctx``. Raises what
+    starting a process raises (``OSError``...); nothing is left open then."""
+    if setup.clean:
+        from rho_actors.sandbox.clean import spawn_clean
+
+        proc, channel = spawn_clean(entry, payload, setup, label=label or name)
+        return Child(proc, channel)
     parent_end, child_end = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=child_main, args=(child_end, setup, entry, payload), name=name)
     try:

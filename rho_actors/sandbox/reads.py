@@ -216,7 +216,8 @@ def read_declaration_isolated(
     enclosure = Enclosure(confine or _UNCONFINED, heap_bytes or None)
     try:
         try:
-            child = spawn(ctx, declaration_child, payload, enclosure.setup, name="rho-declaration-read")
+            child = spawn(ctx, declaration_child, payload, enclosure.setup, name="rho-declaration-read",
+                          label="a declaration read")  # the tool's own label: only on failure
         except Exception as exc:
             raise IsolatedReadError(
                 "crashed", f"could not start a child process to read the declaration of {label(tool)}: "

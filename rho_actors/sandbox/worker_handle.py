@@ -38,8 +38,8 @@ class WorkerHandle:
     :class:`~rho_actors.sandbox.pool.WorkerPool`."""
 
     __slots__ = (
-        "_reap_lock", "channel", "closed", "enclosure", "env_key", "exitcode", "idle_since", "killed", "pid", "proc",
-        "reaped", "scope", "slots", "tools",
+        "_reap_lock", "_scope", "channel", "closed", "enclosure", "env_key", "exitcode", "idle_since", "killed", "pid",
+        "proc", "reaped", "slots", "tools",
     )
 
     def __init__(
@@ -52,7 +52,7 @@ class WorkerHandle:
         self.enclosure = enclosure
         self.slots = slots
         self.env_key = env_key
-        self.scope: Hashable = None
+        self._scope: Hashable = None
         self.idle_since = 0.0
         self.tools: OrderedDict[bytes, None] = OrderedDict()
         self.killed = False
@@ -60,6 +60,22 @@ class WorkerHandle:
         self.closed = False
         self.exitcode: int | None = None
         self._reap_lock = threading.Lock()
+
+    @property
+    def scope(self) -> Hashable:
+        """The scope this worker serves (``None``: a fresh spare). Setting a
+        ``(tool, session)`` scope names the worker so in its logged output."""
+        return self._scope
+
+    @scope.setter
+    def scope(self, scope: Hashable) -> None:
+        self._scope = scope
+        output = getattr(self.proc, "output", None)
+        if output is not None and scope is not None:
+            if isinstance(scope, tuple) and len(scope) == 2:
+                output.label = f"tool {scope[0]} session {scope[1]} (pid {self.pid})"
+            else:
+                output.label = f"worker of {scope} (pid {self.pid})"
 
     def healthy(self) -> bool:
         """Whether an idle worker is still running and has sent nothing unasked."""

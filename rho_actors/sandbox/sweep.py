@@ -1,0 +1,98 @@
+"""Sweeping what a host killed from outside left behind (internal; DESIGN §5).
+
+A host removes its children's private folders and cgroups when they end; a host killed
+with ``SIGKILL`` cannot (its clean fork server still kills every child, see
+:mod:`rho_actors.sandbox.zygote`). Both carry the pid of the host that made them
+(``rho-actors-<pid>-...``: :func:`rho_actors.confinement.make_private_dir`,
+:class:`rho_actors.cgroups.Cgroup`), so :func:`sweep` (run once by each
+:class:`rho_actors.ActorSystem` start) removes those whose host is no longer running:
+private folders in the temporary folder, and cgroups in this process's hierarchy (any
+process still in one is killed first). A pid reused since by another process keeps its
+leftovers until a later start finds it gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import tempfile
+import time
+from typing import Final
+
+from loguru import logger
+
+from rho_actors import cgroups
+
+__all__ = ["sweep"]
+
+_LEFTOVER: Final = re.compile(r"rho-actors-(\d+)-")
+
+
+def _dead(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _leftovers(folder: str) -> list[str]:
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        match = _LEFTOVER.match(name)
+        if match and _dead(int(match.group(1))):
+            out.append(os.path.join(folder, name))
+    return out
+
+
+def _rmdir(path: str, timeout_s: float = 2.0) -> None:
+    """Remove an emptied cgroup, waiting (at most ``timeout_s``) for its killed processes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def sweep() -> dict[str, int]:
+    """Remove the private folders and cgroups of hosts no longer running; how many of
+    each: ``{"folders": n, "cgroups": m}``. Never raises: what cannot be removed is
+    logged and left."""
+    folders = 0
+    for path in _leftovers(tempfile.gettempdir()):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            folders += not os.path.exists(path)
+    removed = 0
+    hierarchy = cgroups.find_hierarchy()
+    if not isinstance(hierarchy, str):
+        for parent in sorted(set(hierarchy.dirs.values())):
+            for path in _leftovers(parent):
+                with contextlib.suppress(OSError):
+                    kill = os.path.join(path, "cgroup.kill")
+                    if os.path.exists(kill):
+                        with open(kill, "w", encoding="ascii") as f:
+                            f.write("1")
+                try:
+                    _rmdir(path)
+                    removed += 1
+                except OSError as exc:
+                    logger.warning("confinement: a leftover cgroup {} could not be removed: {}", path, exc.strerror)
+    if folders or removed:
+        logger.info("confinement: swept {} private folders and {} cgroups of hosts no longer running", folders, removed)
+    return {"folders": folders, "cgroups": removed}

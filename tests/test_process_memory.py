@@ -1,0 +1,56 @@
+"""The one memory setting of trusted ``process`` tools (DESIGN §5): ``ActorSystem(
+process_heap_bytes=...)`` bounds each trusted worker's tree; the settings that look like
+it but are not (``resources={"memory": ...}``, ``Confinement(address_space=...)``) are
+refused with a message naming the right one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import ActorSystem, ErrorKind, ToolCall
+from rho_actors.confinement import Confinement
+
+MIB = 2**20
+
+
+class Allocate:
+    """Allocates (and touches) ``mib`` MiB in its worker."""
+
+    name = staticmethod(lambda: "allocate")
+    description = staticmethod(lambda: "Allocate memory.")
+    parameter_schema = staticmethod(lambda: {"type": "object", "properties": {"mib": {"type": "integer"}}})
+    timeout_ms = staticmethod(lambda: 30_000)
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        block = bytearray(args["mib"] * MIB)
+        block[::4096] = b"x" * len(block[::4096])
+        return f"allocated {len(block) // MIB}"
+
+
+def _call(system: ActorSystem, mib: int) -> Any:
+    [result] = system.start_loop(f"s{mib}").run_turn([ToolCall(f"c{mib}", "allocate", json.dumps({"mib": mib}))])
+    return result
+
+
+def test_process_heap_bytes_bounds_a_trusted_process_tool(tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, process_heap_bytes=96 * MIB, warm_workers=0) as system:
+        system.register(Allocate, isolation="process")
+        assert _call(system, 16).content == "allocated 16"
+        assert _call(system, 160).error_kind is ErrorKind.MEMORY
+    with ActorSystem(tmp_path / "roomy", process_heap_bytes=512 * MIB, warm_workers=0) as system:
+        system.register(Allocate, isolation="process")
+        assert _call(system, 160).content == "allocated 160"
+
+
+def test_the_wrong_memory_settings_are_refused_naming_the_right_one(system: ActorSystem, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"ActorSystem\(process_heap_bytes=\.\.\.\)"):
+        system.register(Allocate, isolation="process", resources={"memory": 64 * MIB})
+    with pytest.raises(ValueError, match=r"UntrustedReads\(heap_bytes=\.\.\.\).*process_heap_bytes"):
+        ActorSystem(tmp_path / "other", confinement=Confinement(address_space=64 * MIB))
+    with pytest.raises(ValueError, match="process_heap_bytes must be an int"):
+        ActorSystem(tmp_path / "third", process_heap_bytes=-1)
