@@ -349,8 +349,10 @@ class ActorSystem:
         if isolation is not None and isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
         untrusted = untrusted or is_untrusted(tool)
-        if untrusted or isolation == "process":
-            refuse_unguarded_children()  # its children would import the script and start it again
+        if isolation == "process" and not untrusted:
+            # its workers come from multiprocessing's fork server, which imports the script (untrusted
+            # children start clean and never do): they would start the script's system again
+            refuse_unguarded_children()
         placement = make_placement(untrusted, worker_scope, env, deps)
         if isolation is not None:
             chosen = self._runtime.isolations[isolation]
@@ -473,12 +475,9 @@ class ActorSystem:
         """Serve a source's changing set of tools (a plugin folder, an entry-point group),
         kept in step by a supervised SourceActor polling every ``poll_s`` seconds; its
         tools are untrusted unless ``trusted``. Returns once the first scan is applied.
-        See :func:`rho_actors.sources.add_source` (and :meth:`register` for an unguarded
-        main script)."""
+        See :func:`rho_actors.sources.add_source`."""
         from rho_actors.sources import add_source
 
-        if not trusted:
-            refuse_unguarded_children()
         return add_source(self, source, trusted=trusted, poll_s=poll_s)
 
     def selftest(self, timeout_s: float = 10.0) -> list[SelftestRow]:

@@ -198,7 +198,7 @@ def run_script(path: Path, body: str) -> subprocess.CompletedProcess[str]:
 def test_an_unguarded_script_is_told_what_to_do_before_any_child_starts(tmp_path: Path) -> None:
     script = tmp_path / "my_agent.py"
     run = run_script(script, '''
-        system.register(hello, untrusted=True)
+        system.register(hello, isolation="process")
         system.stop()
     ''')
     assert run.returncode != 0
@@ -211,7 +211,11 @@ def test_a_child_that_imports_an_unguarded_script_stops_saying_why(tmp_path: Pat
     # registered from another thread, so the host cannot see the script's top level
     script = tmp_path / "my_agent.py"
     run = run_script(script, '''
-        thread = threading.Thread(target=lambda: system.register(hello, untrusted=True))
+        def use() -> None:
+            system.register(hello, isolation="process")
+            system.start_loop().run_turn([ToolCall("c1", "hello", '{"name": "x"}')])
+
+        thread = threading.Thread(target=use)
         thread.start()
         thread.join(60)
         system.stop()
