@@ -384,3 +384,13 @@ def test_provider_schema_never_changes_the_schema_it_is_given() -> None:
         assert json.dumps(schema, sort_keys=True) == before
     assert provider_schema(SCHEMAS["spaced"], "anthropic")[0] is None
     assert "'a b'" in str(provider_schema(SCHEMAS["spaced"], "anthropic")[1])
+
+
+def test_a_streamed_openai_call_cut_off_by_the_token_limit_never_runs(server: WireServer, loop: Any) -> None:
+    reply = streamed(part(0, "c1", "write_file", '{"path": "a.txt"}'), part(1, "c2", "write_file", '{"path": "b'),
+                     finish="length")
+    result = streamed_prompt(server, loop, reply)
+    assert RUNS == [("write_file", ("a.txt", "overwrite"))]
+    first, cut = result.steps[0].results
+    assert first.ok and not cut.ok and "token limit" in cut.content and "did not run" in cut.content
+    assert result.error is not None and "c2" in result.error and "token limit" in result.error
