@@ -187,8 +187,11 @@ class ActorSystem:
         if confinement is None or confinement is True:
             uid, gid = _confinement.default_identity()
             confinement = _confinement.Confinement(uid=uid, gid=gid)
-        base = confinement or _confinement.Confinement()
-        self._confine = ConfinePolicy(base, confine=confinement is not False, exclude=(str(self.data_dir.resolve()),))
+        base, missing = _confinement.available(confinement or _confinement.Confinement())
+        self._confine = ConfinePolicy(
+            base, confine=confinement is not False, exclude=(str(self.data_dir.resolve()),),
+            missing=missing if confinement is not False else (),
+        )
         if self._confine.confine:
             _confinement.warn_if_unconfined()
         events = EventBus()
@@ -625,7 +628,17 @@ class ActorSystem:
                 active.append("landlock")
             if found.cgroup is None:
                 active.append("cgroup")
+            spec = policy.base
+            if spec.namespaces:
+                active += ["ipc_namespace", "mount_namespace"] + ([] if spec.network else ["network_namespace"])
+                if spec.disk_bytes is not None:
+                    active.append("disk_bound")
+            if spec.seccomp:
+                active.append("seccomp")
         info["active"] = active
+        info["missing"] = list(policy.missing)
+        info["network"] = not policy.confine or not policy.base.namespaces or policy.base.network
+        info["disk_bytes"] = policy.base.disk_bytes if policy.confine and policy.base.namespaces else None
         info["memory_bound"] = ("cgroup" if found.cgroup is None else "sampler") if policy.confine else "none"
         info["uid"] = policy.base.uid if policy.confine and found.identity is None else None
         info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else
