@@ -125,7 +125,9 @@ class ActorSystem:
     Untrusted workers are confined (DESIGN §5 "Confinement"; :meth:`stats` says which
     mechanisms are active here): ``confinement`` is the
     :class:`rho_actors.confinement.Confinement` each starts from (default: drop to
-    ``nobody`` when the host is root, Landlock, process/file/core limits; pass
+    ``nobody`` when the host is root, own IPC, mount and network namespaces with a 64 MiB
+    tmpfs private folder, Landlock, a seccomp filter, process/file/core limits;
+    ``Confinement(network=True)`` lets workers use the host's network; pass
     ``Confinement(uid=None, gid=None)`` to keep the host's uid, or ``False`` for no OS
     confinement at all: children then only get a scrubbed environment). ``max_workers``
     caps the worker processes of the whole system (default: 4 per core, and at least 16,
@@ -606,7 +608,10 @@ class ActorSystem:
         ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`),
         ``workers_cap``: each isolation's counters. ``confinement``: what confines
         untrusted workers here: ``{"active": [mechanism...], "memory_bound": "cgroup" |
-        "sampler" | "none", "uid": int | None, "trusted_process": {"tree_kill": bool,
+        "sampler" | "none", "uid": int | None, "network": bool (whether workers share the
+        host's network), "disk_bytes": int | None (the private folder's bound),
+        "missing": [sentence...] (mechanisms asked for that this host lacks: each also a
+        warning and an ``IsolationEvent``), "trusted_process": {"tree_kill": bool,
         "memory_bound": "cgroup" | "sampler" | "rlimit_as"}, <mechanism>: {"available",
         "reason"}}`` (see :func:`rho_actors.confinement.probe`)."""
         out: dict[str, Any] = {
