@@ -359,3 +359,11 @@ def test_a_mechanism_the_host_lacks_is_an_event_and_a_warning(
         probe.cache_clear()
     assert [(e.kind, e.tool, e.detail) for e in events] == [("confinement_missing", "*", info["missing"][0])]
     assert any(info["missing"][0] in line for line in logs), logs
+
+
+def test_a_confinement_that_cannot_hold_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"seccomp=True\) needs no_new_privs=True"):
+        Confinement(no_new_privs=False)
+    with pytest.raises(ValueError, match=r"disk_bytes='64M'\): give bytes"):
+        Confinement(disk_bytes="64M")  # type: ignore[arg-type]
+    assert Confinement(no_new_privs=False, seccomp=False).seccomp is False
