@@ -46,16 +46,17 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
 import psutil
 from loguru import logger
 
-from rho_actors import cgroups, landlock
+from rho_actors import cgroups, landlock, namespaces, seccomp
 from rho_actors.tool import ErrorKind
 
 __all__ = [
+    "DEFAULT_DISK_BYTES",
     "DEFAULT_UID",
     "SYSTEM_READ_PATHS",
     "Confinement",
@@ -64,7 +65,9 @@ __all__ = [
     "Probe",
     "RssSampler",
     "apply",
+    "available",
     "classify_ending",
+    "disk_bound",
     "guard_fork_server",
     "guard_zygote",
     "release_host_pipes",
@@ -78,6 +81,9 @@ __all__ = [
 
 DEFAULT_UID: Final = 65534
 """The uid (and gid) a root host's confined children drop to by default: ``nobody``."""
+
+DEFAULT_DISK_BYTES: Final = 64 * 2**20
+"""The default size of a confined child's private folder (its tmpfs): 64 MiB."""
 
 SYSTEM_READ_PATHS: Final = (
     "/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/localtime", "/etc/ssl",
@@ -126,7 +132,19 @@ class Confinement:
     which every fork server child inherits (``False``: close it; that tracker runs as the
     host and unlinks every shared memory or semaphore name registered with it when it
     ends, and holds each in memory until then; a child that needs one starts its own,
-    confined as it is)."""
+    confined as it is).
+
+    ``namespaces``: new IPC and mount namespaces, and a network namespace with only its
+    own loopback unless ``network=True`` (:mod:`rho_actors.namespaces`; needs a root host).
+    ``network=True`` is the opt-in for tools that need the host's network (they can then
+    reach its loopback services too). ``disk_bytes``: the private folder is a tmpfs of
+    this size (bytes, default 64 MiB; its pages count against the memory bound too;
+    ``None``: the folder stays on the host's disk, bounded per file by ``fsize`` only).
+    ``seccomp``: the syscall filter of :mod:`rho_actors.seccomp`, loaded last (needs
+    ``no_new_privs``); ``seccomp_filter`` is its compiled program (``None``: compiled
+    in the child).
+    Raises ``ValueError`` for ``seccomp`` without ``no_new_privs`` or a ``disk_bytes``
+    below 1 MiB."""
 
     uid: int | None = DEFAULT_UID
     gid: int | None = DEFAULT_UID
@@ -146,6 +164,17 @@ class Confinement:
     subreaper: bool = True
     cgroup_procs: tuple[str, ...] = ()
     host_tracker: bool = False
+    namespaces: bool = True
+    network: bool = False
+    disk_bytes: int | None = DEFAULT_DISK_BYTES
+    seccomp: bool = True
+    seccomp_filter: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if self.seccomp and not self.no_new_privs:
+            raise ValueError("Confinement(seccomp=True) needs no_new_privs=True (seccomp filters need it)")
+        if self.disk_bytes is not None and (not isinstance(self.disk_bytes, int) or self.disk_bytes < 2**20):
+            raise ValueError(f"Confinement(disk_bytes={self.disk_bytes!r}): give bytes, at least 1 MiB, or None")
 
 
 _fork_server: list[int] = []  # this fork server's pid, once guard_fork_server() ran in it
@@ -159,9 +188,11 @@ def _threads() -> int:
 def apply(spec: Confinement) -> tuple[str, ...]:
     """Confine this process as ``spec`` says; call it first in a fresh, single-threaded
     child, before any tool code. Returns the names of the mechanisms applied (a subset of
-    ``pdeathsig``, ``session``, ``subreaper``, ``cgroup``, ``rlimits``, ``no_new_privs``,
-    ``landlock``, ``identity``): Landlock is skipped when the kernel lacks it, identity
-    when the child is not root. Raises :class:`ConfinementError` naming the failed step
+    ``pdeathsig``, ``session``, ``subreaper``, ``cgroup``, ``ipc_namespace``,
+    ``mount_namespace``, ``network_namespace``, ``disk_bound``, ``rlimits``,
+    ``no_new_privs``, ``landlock``, ``identity``, ``seccomp``, in that order): Landlock is
+    skipped when the kernel lacks it, identity when the child is not root. Raises
+    :class:`ConfinementError` naming the failed step
     (the caller must then exit without running tool code); if the parent already died,
     the child kills itself with ``pdeathsig``."""
     if _threads() != 1:
@@ -184,14 +215,10 @@ def apply(spec: Confinement) -> tuple[str, ...]:
     if spec.subreaper:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
         done.append("subreaper")
-    for path in spec.cgroup_procs:
-        try:
-            with open(path, "w", encoding="ascii") as f:
-                f.write(str(os.getpid()))
-        except OSError as exc:
-            raise ConfinementError(exc.errno, f"joining cgroup {path}: {exc.strerror}") from None
     if spec.cgroup_procs:
-        done.append("cgroup")
+        done.append(_join_cgroup(spec.cgroup_procs))
+    if spec.namespaces:  # as root, before the mounts they allow, Landlock and the uid drop
+        done += _enter_namespaces(spec)
     _set_limits(spec)
     done.append("rlimits")
     if spec.private_dir is not None:
@@ -212,6 +239,8 @@ def apply(spec: Confinement) -> tuple[str, ...]:
     if spec.uid is not None and os.geteuid() == 0:
         _drop_identity(spec.uid, DEFAULT_UID if spec.gid is None else spec.gid)
         done.append("identity")
+    if spec.seccomp:  # last: nothing after it needs a denied call
+        done.append(_load_seccomp(spec))
     return tuple(done)
 
 
@@ -222,6 +251,45 @@ def release_host_pipes() -> None:
     host's names). :func:`apply` does it for a confined child."""
     _release_fork_server()
     _release_resource_tracker()
+
+
+def _join_cgroup(procs_files: tuple[str, ...]) -> str:
+    for path in procs_files:
+        try:
+            with open(path, "w", encoding="ascii") as f:
+                f.write(str(os.getpid()))
+        except OSError as exc:
+            raise ConfinementError(exc.errno, f"joining cgroup {path}: {exc.strerror}") from None
+    return "cgroup"
+
+
+def _load_seccomp(spec: Confinement) -> str:
+    try:
+        seccomp.load(spec.seccomp_filter or seccomp.program())
+    except seccomp.SeccompError as exc:
+        raise ConfinementError(exc.errno, f"seccomp: {exc.strerror}") from None
+    return "seccomp"
+
+
+def _enter_namespaces(spec: Confinement) -> tuple[str, ...]:
+    uid = os.geteuid() if spec.uid is None else spec.uid
+    gid = os.getegid() if spec.uid is None else DEFAULT_UID if spec.gid is None else spec.gid
+    try:
+        done = namespaces.enter(
+            network=spec.network, private_dir=spec.private_dir, disk_bytes=spec.disk_bytes, uid=uid, gid=gid,
+        )
+    except namespaces.NamespaceError as exc:
+        raise ConfinementError(exc.errno, str(exc.strerror)) from None
+    _disk_bound[:] = [spec.disk_bytes] if "disk_bound" in done and spec.disk_bytes else []
+    return done
+
+
+_disk_bound: list[int] = []
+
+
+def disk_bound() -> int | None:
+    """In a confined child: the size of its private folder's tmpfs (bytes), else None."""
+    return _disk_bound[0] if _disk_bound else None
 
 
 def _release_fork_server() -> None:
@@ -296,6 +364,8 @@ class Probe:
     cgroup: str | None
     subreaper: str | None
     python_readable: str | None
+    namespaces: str | None
+    seccomp: str | None
     detail: dict[str, str]
 
     def as_dict(self) -> dict[str, Any]:
@@ -361,7 +431,38 @@ def probe(uid: int = DEFAULT_UID, gid: int = DEFAULT_UID) -> Probe:
     # a closed folder does not stop a child: it pins its imports while root (child.pin_imports)
     detail["python_readable"] = (f"{'; '.join(closed)}: children import through folders opened before they drop "
                                  f"to uid {uid}" if closed else f"Python is readable by uid {uid}")
-    return Probe(identity, lock, userns, group, reaper, None, detail)
+    spaces, syscalls = namespaces.unavailable(), seccomp.unavailable()
+    if spaces is None:
+        detail["namespaces"] = "ipc, mount (private folder on a bounded tmpfs), network (own loopback only)"
+    if syscalls is None:
+        detail["seccomp"] = f"libseccomp filter, {len(seccomp.program()) // 8} BPF instructions"
+    return Probe(identity, lock, userns, group, reaper, None, spaces, syscalls, detail)
+
+
+def available(spec: Confinement) -> tuple[Confinement, tuple[str, ...]]:
+    """``spec`` with the mechanisms this host lacks turned off (namespaces, with them
+    the disk bound and the network namespace; seccomp), and one sentence per mechanism
+    turned off, for an ``IsolationEvent`` (each is also logged as a warning, once per
+    process: never a silent downgrade). With seccomp on, the compiled filter is filled in."""
+    found = probe(*(DEFAULT_UID if v is None else v for v in (spec.uid, spec.gid)))
+    missing = []
+    if spec.namespaces and found.namespaces is not None:
+        missing.append(f"untrusted workers run without their own IPC, mount and network namespaces and without "
+                       f"a disk bound: {found.namespaces}")
+        spec = replace(spec, namespaces=False)
+    if spec.seccomp and found.seccomp is not None:
+        missing.append(f"untrusted workers run without a seccomp filter: {found.seccomp}")
+        spec = replace(spec, seccomp=False)
+    if spec.seccomp and spec.seccomp_filter is None:
+        spec = replace(spec, seccomp_filter=seccomp.program())
+    for text in missing:
+        if text not in _missing_warned:
+            _missing_warned.add(text)
+            logger.warning(text)
+    return spec, tuple(missing)
+
+
+_missing_warned: set[str] = set()
 
 
 def _userns_reason(root: bool) -> str | None:

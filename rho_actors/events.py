@@ -57,7 +57,9 @@ class CallEvent:
 @dataclass(frozen=True, slots=True)
 class IsolationEvent:
     """An isolation's state changed for a tool: ``kind`` ``"threads_exhausted"`` (its
-    calls are ``unavailable``: ``detail`` says why) or ``"threads_recovered"``."""
+    calls are ``unavailable``: ``detail`` says why) or ``"threads_recovered"``; or,
+    with ``tool`` ``"*"``, ``"confinement_missing"`` when the untrusted pool starts on a
+    host that lacks a confinement mechanism asked for (``detail`` names it and why)."""
 
     kind: str
     tool: str

@@ -142,6 +142,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.RAISED, "tool {tool!r} could not be unpickled in its worker process: {problem}"
     ),
     "failed_in_worker": (_K.RAISED, "tool {tool!r} failed in its worker process: {problem}"),
+    "disk_full": (
+        _K.RAISED, "tool {tool!r} raised {problem}: its private folder is bounded to {disk} in all "
+        "(Confinement(disk_bytes=...))"
+    ),
     "unreturnable": (
         _K.RAISED, "tool {tool!r} returned {what} that cannot be sent back from its worker process ({problem})"
     ),

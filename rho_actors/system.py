@@ -127,7 +127,9 @@ class ActorSystem:
     Untrusted workers are confined (DESIGN §5 "Confinement"; :meth:`stats` says which
     mechanisms are active here): ``confinement`` is the
     :class:`rho_actors.confinement.Confinement` each starts from (default: drop to
-    ``nobody`` when the host is root, Landlock, process/file/core limits; pass
+    ``nobody`` when the host is root, own IPC, mount and network namespaces with a 64 MiB
+    tmpfs private folder, Landlock, a seccomp filter, process/file/core limits;
+    ``Confinement(network=True)`` lets workers use the host's network; pass
     ``Confinement(uid=None, gid=None)`` to keep the host's uid, or ``False`` for no OS
     confinement at all: children then only get a scrubbed environment). ``max_workers``
     caps the worker processes of the whole system (default: 4 per core, and at least 16,
@@ -205,8 +207,11 @@ class ActorSystem:
         if confinement is None or confinement is True:
             uid, gid = _confinement.default_identity()
             confinement = _confinement.Confinement(uid=uid, gid=gid)
-        base = confinement or _confinement.Confinement()
-        self._confine = ConfinePolicy(base, confine=confinement is not False, exclude=(str(self.data_dir.resolve()),))
+        base, missing = _confinement.available(confinement or _confinement.Confinement())
+        self._confine = ConfinePolicy(
+            base, confine=confinement is not False, exclude=(str(self.data_dir.resolve()),),
+            missing=missing if confinement is not False else (),
+        )
         if self._confine.confine:
             _confinement.warn_if_unconfined()
         sweep()  # what a host killed from outside left behind
@@ -640,7 +645,10 @@ class ActorSystem:
         ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`),
         ``workers_cap``: each isolation's counters. ``confinement``: what confines
         untrusted workers here: ``{"active": [mechanism...], "memory_bound": "cgroup" |
-        "sampler" | "none", "uid": int | None, "trusted_process": {"tree_kill": bool,
+        "sampler" | "none", "uid": int | None, "network": bool (whether workers share the
+        host's network), "disk_bytes": int | None (the private folder's bound),
+        "missing": [sentence...] (mechanisms asked for that this host lacks: each also a
+        warning and an ``IsolationEvent``), "trusted_process": {"tree_kill": bool,
         "memory_bound": "cgroup" | "sampler" | "rlimit_as"}, <mechanism>: {"available",
         "reason"}}`` (see :func:`rho_actors.confinement.probe`)."""
         out: dict[str, Any] = {
@@ -662,7 +670,17 @@ class ActorSystem:
                 active.append("landlock")
             if found.cgroup is None:
                 active.append("cgroup")
+            spec = policy.base
+            if spec.namespaces:
+                active += ["ipc_namespace", "mount_namespace"] + ([] if spec.network else ["network_namespace"])
+                if spec.disk_bytes is not None:
+                    active.append("disk_bound")
+            if spec.seccomp:
+                active.append("seccomp")
         info["active"] = active
+        info["missing"] = list(policy.missing)
+        info["network"] = not policy.confine or not policy.base.namespaces or policy.base.network
+        info["disk_bytes"] = policy.base.disk_bytes if policy.confine and policy.base.namespaces else None
         info["memory_bound"] = ("cgroup" if found.cgroup is None else "sampler") if policy.confine else "none"
         info["uid"] = policy.base.uid if policy.confine and found.identity is None else None
         info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else

@@ -50,7 +50,10 @@ needs_root = pytest.mark.skipif(not ROOT, reason="uid separation and RLIMIT_NPRO
 needs_landlock = pytest.mark.skipif(HOST.landlock is not None, reason=str(HOST.landlock))
 needs_cgroup = pytest.mark.skipif(HOST.cgroup is not None, reason=str(HOST.cgroup))
 # Mechanisms under test, one at a time: the others stay off so each test can fail on its own.
-BARE = Confinement(uid=None, gid=None, landlock=False, no_new_privs=False, nproc=None, address_space=None)
+BARE = Confinement(
+    uid=None, gid=None, landlock=False, no_new_privs=False, nproc=None, address_space=None, namespaces=False,
+    disk_bytes=None, seccomp=False,
+)
 MIB = 2**20
 _ = traceback  # preloaded: a child that dropped root may not be able to import it later
 
@@ -234,6 +237,7 @@ def test_landlock_allows_only_python_and_the_private_dir(tmp_path: Path, childre
             read_only=python_read_paths(modules=[str(read_only)], exclude=[str(tmp_path / "elsewhere")]),
             private_dir=private,
             address_space=None,
+            disk_bytes=None,  # the folder stays on the host's disk: the host reads it below
         )
         answer: dict[str, Any] = {"applied": apply(spec), "before": before}
         for name, attempt in (
@@ -503,7 +507,9 @@ def test_external_sigkill_is_crashed_naming_the_signal(children: Any, cgroup: Ca
 
 def test_probe_says_what_this_host_offers() -> None:
     report = HOST.as_dict()
-    assert set(report) == {"identity", "landlock", "user_namespaces", "cgroup", "subreaper", "python_readable"}
+    assert set(report) == {
+        "identity", "landlock", "user_namespaces", "cgroup", "subreaper", "python_readable", "namespaces", "seccomp",
+    }
     assert report["identity"]["available"] is ROOT
     hierarchy = find_hierarchy()
     assert report["cgroup"]["available"] is not isinstance(hierarchy, str)

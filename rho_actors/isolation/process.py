@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rho_actors.call import CallSpec, RunCall
+from rho_actors.events import IsolationEvent
 from rho_actors.isolation.base import Isolation, IsolationServices
 from rho_actors.results import failure
 from rho_actors.sandbox import WorkerPool
@@ -122,6 +123,10 @@ class ProcessIsolation(Isolation):
                         s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, codec="plain",
                         confine=s.confine or ConfinePolicy(), slots=self._slots, idle_s=s.worker_idle_s,
                     )
+                    missing, bus = (s.confine.missing if s.confine is not None else ()), s.events
+                    if bus is not None:  # never a silent downgrade
+                        for text in missing:
+                            bus.emit(IsolationEvent("confinement_missing", "*", text))
                 return self._confined
             if self._pool is None:
                 contain = s.confine is None or s.confine.confine

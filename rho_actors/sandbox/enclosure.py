@@ -24,7 +24,14 @@ import psutil
 from loguru import logger
 
 from rho_actors.cgroups import Cgroup, CgroupError
-from rho_actors.confinement import Confinement, RssSampler, kill_tree, make_private_dir, python_read_paths
+from rho_actors.confinement import (
+    Confinement,
+    RssSampler,
+    available,
+    kill_tree,
+    make_private_dir,
+    python_read_paths,
+)
 from rho_actors.sandbox.child import ChildSetup
 
 __all__ = ["ENV_ALLOWLIST", "TREE_ONLY", "UNCONFINED", "ConfinePolicy", "Enclosure", "default_policy", "scrubbed_env"]
@@ -58,17 +65,20 @@ class ConfinePolicy:
     only the process tree is contained (its own session, a subreaper, a parent-death
     signal, the whole tree in a cgroup bounded to the heap bound, or an RSS sampler, and
     killed as one); the child keeps the host's uid, environment, files and working
-    directory, and ``base`` is not used."""
+    directory, and ``base`` is not used. ``missing``: one sentence per mechanism ``base``
+    asked for that this host lacks (see :func:`rho_actors.confinement.available`)."""
 
     base: Confinement = field(default_factory=Confinement)
     confine: bool = True
     pids_max: int | None = 64
     exclude: tuple[str, ...] = ()
     tree_only: bool = False
+    missing: tuple[str, ...] = ()
 
 
 _TREE = Confinement(
     uid=None, gid=None, no_new_privs=False, landlock=False, nproc=None, nofile=None, fsize=None, host_tracker=True,
+    namespaces=False, disk_bytes=None, seccomp=False,
 )
 
 
@@ -146,7 +156,7 @@ class Enclosure:
             return
         if policy.confine:
             spec = replace(
-                base,
+                available(base)[0],  # what this host lacks is off, and was logged
                 # RLIMIT_NPROC counts every process of the one dropped uid: a tool at it would
                 # starve every other worker of processes. A cgroup bounds this tree alone.
                 nproc=base.nproc if self.cgroup is None or policy.pids_max is None else None,

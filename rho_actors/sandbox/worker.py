@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import errno
 import pickle
 import time
 from collections import OrderedDict
@@ -22,6 +23,7 @@ from typing import Any, Final
 from loguru import logger
 
 from rho_actors.cancel import CancelToken
+from rho_actors.confinement import disk_bound
 from rho_actors.encoding import describe_exception
 from rho_actors.results import CANCELLED, failure, result_from_exception, result_from_return
 from rho_actors.sandbox import wire
@@ -164,6 +166,9 @@ def _call(
             return failure("timeout", call_id, name, timeout_ms=request.timeout_ms, consequence=CANCELLED), False
         return result_from_exception(call_id, name, exc, max_chars, 0.0), False
     except BaseException as exc:  # SystemExit and KeyboardInterrupt are `exited` results
+        disk = disk_bound()
+        if disk is not None and isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return failure("disk_full", call_id, name, problem=describe_exception(exc), disk=mib(disk)), False
         return result_from_exception(call_id, name, exc, max_chars, 0.0), False
     assert out_of_memory
     return _memory_result(call_id, name, heap_bytes), True

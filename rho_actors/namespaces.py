@@ -1,0 +1,103 @@
+"""The kernel namespaces of a confined child (DESIGN §5 "Confinement").
+
+:func:`enter` runs in the child while it is still root, before Landlock and the uid
+drop: ``unshare(2)`` moves it (and all it starts) into
+
+- a new **IPC namespace**: SysV shared memory, semaphores and message queues, and POSIX
+  message queues, seen by no other process and destroyed with the namespace when the
+  child's tree ends (the kernel frees every segment left in it);
+- a new **mount namespace**, made private (``MS_REC|MS_PRIVATE``: nothing mounted in it
+  reaches the host's), whose private folder is a fresh ``tmpfs`` of ``disk_bytes``
+  (``size=``, ``nr_inodes=``; ``nosuid``, ``nodev``, mode ``0700``, owned by the dropped
+  uid): the folder's total is bounded, its pages are charged to the child's memory
+  cgroup, and its content vanishes with the tree;
+- unless ``network`` is set, a new **network namespace** whose only interface is a
+  loopback brought up for the child alone: it reaches no address of the host (not its
+  loopback, not a cloud metadata address), and nothing it listens on can be reached from
+  outside; abstract Unix sockets are per network namespace too.
+
+Creating namespaces needs ``CAP_SYS_ADMIN``: :func:`unavailable` says why a host cannot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import socket
+import struct
+from typing import Final
+
+__all__ = ["NamespaceError", "enter", "unavailable"]
+
+CLONE_NEWNS: Final = 0x00020000
+CLONE_NEWIPC: Final = 0x08000000
+CLONE_NEWNET: Final = 0x40000000
+_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_INODE_BYTES: Final = 16 * 1024  # one inode of the tmpfs per 16 KiB of its size (at least 1024)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NamespaceError(OSError):
+    """A namespace or mount step failed; the message names it."""
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise NamespaceError(err, f"{what}: {os.strerror(err)}")
+
+
+def enter(*, network: bool, private_dir: str | None, disk_bytes: int | None, uid: int, gid: int) -> tuple[str, ...]:
+    """Move this (single-threaded, root) process into new IPC and mount namespaces, and a
+    new network namespace unless ``network``; mount a ``disk_bytes`` tmpfs owned by
+    ``uid``/``gid`` on ``private_dir`` (both given). Returns the mechanism names applied
+    (``ipc_namespace``, ``mount_namespace``, ``network_namespace``, ``disk_bound``).
+    Raises :class:`NamespaceError` naming the failed step."""
+    flags = CLONE_NEWIPC | CLONE_NEWNS | (0 if network else CLONE_NEWNET)
+    named = "unshare(CLONE_NEWIPC|CLONE_NEWNS" + "|CLONE_NEWNET" * (not network) + ")"
+    _check(_libc.unshare(ctypes.c_int(flags)), named)
+    done = ["ipc_namespace", "mount_namespace"]
+    _check(_libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None), "making / private")
+    if not network:
+        _loopback_up()
+        done.append("network_namespace")
+    if private_dir is not None and disk_bytes is not None:
+        inodes = max(1024, disk_bytes // _INODE_BYTES)
+        options = f"size={disk_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}".encode()
+        _check(
+            _libc.mount(b"rho-private", os.fsencode(private_dir), b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV),
+                        options),
+            f"mounting a {disk_bytes}-byte tmpfs on {private_dir}",
+        )
+        done.append("disk_bound")
+    return tuple(done)
+
+
+def _loopback_up() -> None:
+    """Bring up ``lo`` in this (new) network namespace: 127.0.0.1 and ::1 for the child alone."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            request = struct.pack("16sh", b"lo", 0)
+            current = struct.unpack("16sh", fcntl.ioctl(s, _SIOCGIFFLAGS, request))[1]
+            fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", current | _IFF_UP))
+    except OSError as exc:
+        raise NamespaceError(exc.errno, f"bringing up lo in the new network namespace: {exc.strerror}") from None
+
+
+def unavailable() -> str | None:
+    """Why this host cannot give children their own namespaces (a sentence), or None."""
+    if os.geteuid() != 0:
+        return f"the host runs as uid {os.geteuid()}, not root: creating namespaces needs CAP_SYS_ADMIN"
+    for kind in ("ipc", "mnt", "net"):
+        if not os.path.exists(f"/proc/self/ns/{kind}"):
+            return f"the kernel lacks {kind} namespaces"
+        try:
+            with open(f"/proc/sys/user/max_{kind}_namespaces", encoding="ascii") as f:
+                if int(f.read()) == 0:
+                    return f"user.max_{kind}_namespaces is 0"
+        except (OSError, ValueError):
+            continue
+    return None

@@ -1,0 +1,144 @@
+"""The syscall filter of a confined child (DESIGN §5 "Confinement"): seccomp-BPF.
+
+The host compiles the filter once with libseccomp (through the ``pyseccomp`` binding:
+libseccomp resolves syscall numbers per architecture, rejects foreign-ABI calls such as
+``int 0x80`` and x32 on x86_64, and emits the 64-bit argument checks); the child only
+loads the compiled program with one ``seccomp(2)`` call (:func:`load`), last before tool
+code, after ``PR_SET_NO_NEW_PRIVS`` and the uid drop. Every syscall not named here is
+allowed; a denied one fails with ``EPERM`` (``clone3`` with ``ENOSYS``, so that libc
+falls back to ``clone``, whose flags the filter can read):
+
+- namespaces: ``unshare``/``clone`` with any ``CLONE_NEW*`` flag, ``setns``;
+- other processes' memory: ``ptrace``, ``process_vm_readv``/``writev``, ``pidfd_getfd``, ``kcmp``;
+- kernel keyrings, BPF and similar attack surface: ``keyctl``, ``add_key``,
+  ``request_key``, ``bpf``, ``userfaultfd``, ``perf_event_open``, ``io_uring_*``;
+- the filesystem tree: ``mount``, ``umount2``, ``pivot_root``, ``chroot`` and the new
+  mount API (``fsopen``, ``fsmount``, ``move_mount``, ``open_tree``, ...);
+- the machine: module loading, ``kexec``, ``reboot``, swap, ``acct``, ``iopl``/``ioperm``;
+- sockets: ``socket()`` of any family but ``AF_INET``/``AF_INET6`` (so no ``AF_UNIX``
+  socket can connect to a pathname socket anywhere on the host, no netlink, netfilter
+  or packet socket), and ``SOCK_RAW``/``SOCK_PACKET`` of those two. ``socketpair`` stays
+  (pipes between a tool's own processes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+import tempfile
+from typing import Any, Final
+
+__all__ = ["DENIED", "SeccompError", "load", "program", "unavailable"]
+
+_CLONE_NEW: Final = {
+    "CLONE_NEWTIME": 0x80, "CLONE_NEWNS": 0x20000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}  # fmt: skip
+DENIED: Final = (
+    "setns", "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
+    "keyctl", "add_key", "request_key", "bpf", "userfaultfd", "perf_event_open",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
+    "open_tree", "mount_setattr",
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
+    "swapon", "swapoff", "acct", "iopl", "ioperm", "quotactl", "lookup_dcookie",
+)  # fmt: skip
+"""Syscalls denied outright (``EPERM``); names unknown on this architecture are skipped."""
+
+_AF_INET, _AF_INET6 = 2, 10
+_SOCK_TYPE_MASK, _SOCK_RAW, _SOCK_PACKET = 0xF, 3, 10
+_SECCOMP_SET_MODE_FILTER: Final = 1
+_SYS_SECCOMP: Final = {"x86_64": 317, "aarch64": 277}
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class SeccompError(OSError):
+    """The filter could not be compiled (no libseccomp) or loaded; the message says why."""
+
+
+def _compile() -> bytes:
+    try:
+        import pyseccomp as sc  # type: ignore[import-untyped]  # ctypes binding, loads libseccomp.so.2
+    except (ImportError, RuntimeError, OSError) as exc:
+        raise SeccompError(errno.ENOSYS, f"libseccomp is unavailable: {exc}") from None
+    deny: Any = sc.ERRNO(errno.EPERM)
+    f = sc.SyscallFilter(sc.ALLOW)
+    f.set_attr(sc.Attr.CTL_NNP, 0)  # apply() sets no_new_privs itself, before the uid drop
+    names = list(DENIED)
+    for name in names:
+        try:
+            f.add_rule(deny, name)
+        except (OSError, ValueError, RuntimeError):
+            continue  # not a syscall on this architecture
+    for flag in _CLONE_NEW.values():
+        f.add_rule(deny, "unshare", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+        f.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags sit behind a pointer: libc falls back to clone
+    f.add_rule(deny, "socket", sc.Arg(0, sc.LT, _AF_INET))
+    f.add_rule(deny, "socket", sc.Arg(0, sc.GT, _AF_INET6))
+    for family in range(_AF_INET + 1, _AF_INET6):
+        f.add_rule(deny, "socket", sc.Arg(0, sc.EQ, family))
+    for kind in (_SOCK_RAW, _SOCK_PACKET):
+        f.add_rule(deny, "socket", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+@functools.cache
+def program() -> bytes:
+    """The compiled filter (classic BPF ``sock_filter`` instructions, 8 bytes each),
+    built once per process. Raises :class:`SeccompError` without libseccomp."""
+    try:
+        return _compile()
+    except SeccompError:
+        raise
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise SeccompError(getattr(exc, "errno", 0) or 0, f"libseccomp refused the filter: {exc}") from None
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why this host cannot filter a child's syscalls (a sentence), or None: the kernel
+    lacks seccomp filters or their ``errno`` action, or libseccomp is missing."""
+    try:
+        with open("/proc/sys/kernel/seccomp/actions_avail", encoding="ascii") as f:
+            if "errno" not in f.read().split():
+                return "the kernel's seccomp lacks the errno action"
+    except OSError:
+        return "the kernel has no seccomp filters (/proc/sys/kernel/seccomp missing)"
+    if os.uname().machine not in _SYS_SECCOMP:
+        return f"seccomp syscall number unknown on {os.uname().machine}"
+    try:
+        program()
+    except SeccompError as exc:
+        return exc.strerror
+    return None
+
+
+def load(compiled: bytes) -> None:
+    """Install ``compiled`` (from :func:`program`) on this thread and every process it
+    starts; irreversible. Needs ``PR_SET_NO_NEW_PRIVS`` (or ``CAP_SYS_ADMIN``). Raises
+    :class:`SeccompError` when the kernel refuses it."""
+    if not compiled or len(compiled) % 8:
+        raise SeccompError(errno.EINVAL, f"not a compiled seccomp filter ({len(compiled)} bytes)")
+    buffer = ctypes.create_string_buffer(compiled, len(compiled))
+    prog = _Fprog(len(compiled) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    number = _SYS_SECCOMP.get(os.uname().machine)
+    if number is None:
+        raise SeccompError(errno.ENOSYS, f"seccomp syscall number unknown on {os.uname().machine}")
+    if _libc.syscall(ctypes.c_long(number), ctypes.c_uint(_SECCOMP_SET_MODE_FILTER), ctypes.c_uint(0),
+                    ctypes.byref(prog)) != 0:
+        err = ctypes.get_errno()
+        raise SeccompError(err, f"seccomp(SECCOMP_SET_MODE_FILTER): {os.strerror(err)}")
