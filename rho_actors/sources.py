@@ -316,6 +316,15 @@ class SourceActor(Actor):
             logger.warning("{}", message)
 
 
+def _bounds(source: Any) -> dict[str, Any]:
+    """``source.bounds()`` when it has one (plain data), else ``{}``; never raises."""
+    try:
+        found = source.bounds() if callable(getattr(source, "bounds", None)) else {}
+    except Exception:
+        return {}
+    return dict(found) if isinstance(found, Mapping) else {}
+
+
 def _same(a: object, b: object) -> bool:
     """``a == b``, false when the comparison raises or answers something odd."""
     try:
@@ -388,7 +397,8 @@ class SourceHandle:
                              "version": str,
                              "registered": bool,    # the registry holds it
                              "offered": bool,       # loops offer it now
-                             "reason": str | None}}}  # why it is not offered
+                             "reason": str | None}},  # why it is not offered
+             "bounds": {...}}          # the source's own bounds (PluginFolder.bounds()), if any
 
         ``offered`` is read from the registry's current tool set, so an untrusted tool
         whose declaration read is retried later shows up when it passes.
@@ -419,6 +429,7 @@ class SourceHandle:
                 "last_error": state.last_error,
                 "last_scan": state.last_scan,
                 "tools": tools,
+                "bounds": _bounds(self.source),
             }
 
     def close(self, timeout_s: float = 60.0) -> None:
