@@ -283,7 +283,7 @@ class ActorSystem:
     def register(
         self, tool: Any, *, origin: str | None = None, untrusted: bool = False,
         isolation: IsolationName | None = None, env: dict[str, str] | None = None, deps: dict[str, Any] | None = None,
-        worker_scope: str | None = None, resources: Mapping[str, Any] | None = None,
+        worker_scope: str | None = None, resources: Mapping[str, Any] | None = None, source: str | None = None,
     ) -> Registration:
         """Register a tool (a module, class or object with the callbacks of DESIGN §2).
         Its declaration is read and checked once; one that fails is left out of what
@@ -309,6 +309,12 @@ class ActorSystem:
         it; ``worker_scope`` is ``"session"`` (default: a worker process serves one
         (tool, session) pair only) or ``"call"`` (a fresh worker process per call).
 
+        ``source`` names the source that serves the tool (set by :func:`rho_actors.sources.add_source`;
+        ``None``, the default: the host's own registration). Names (DESIGN §3): the host's own
+        registration takes a name held by a source's tool, which is evicted (logged, a
+        ``DeclarationEvent("evicted")``; its source tries again once the name is free); a
+        source's tool never takes a name already held.
+
         ``resources`` are what its isolation runs each call with, checked by the
         isolation (``isolation="ray"``: ``num_cpus``, ``num_gpus``, ``memory`` in bytes,
         ``runtime_env`` and custom resources such as ``{"browser": 1}``). ``ray`` takes
@@ -319,7 +325,7 @@ class ActorSystem:
         refuses them, bad ``resources``, or a bad ``env``/``deps``/``worker_scope`` (or any
         of them for a trusted tool), ``ImportError`` for ``ray`` resources without the
         ``ray`` extra, :class:`rho_actors.DuplicateToolError`
-        when another registered tool has its name, and ``RuntimeError`` when the system
+        when another registered tool has its name (but see ``source``), and ``RuntimeError`` when the system
         stops while an untrusted declaration is being read.
         """
         if isolation is not None and isolation not in ISOLATIONS:
@@ -337,7 +343,9 @@ class ActorSystem:
         if missing:
             raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
         registry = self._proxy(REGISTRY)
-        answer = registry.register(tool, origin, untrusted, isolation, placement).get(timeout=self._ask_timeout_s)
+        answer = registry.register(tool, origin, untrusted, isolation, placement, source).get(
+            timeout=self._ask_timeout_s
+        )
         if isinstance(answer, Registration):
             return answer
         registration: Registration = answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)
