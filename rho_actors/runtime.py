@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rho_actors.declarations import DEFAULT_MAX_DESCRIPTION_CHARS, DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_NODES
+
 if TYPE_CHECKING:
     from rho_actors.declaration_actor import UntrustedReads
     from rho_actors.events import EventBus
@@ -31,12 +33,21 @@ class Limits:
     """A system's limits: ``max_output_chars`` caps each result's text (characters);
     ``max_argument_depth`` and ``max_schema_depth`` bound the nesting of call arguments
     and parameter schemas; ``ask_timeout_s`` bounds the host's queries to a loop
-    (seconds)."""
+    (seconds); ``max_description_chars``, ``max_schema_bytes`` and ``max_schema_nodes``
+    bound a declaration's size (see :func:`rho_actors.declarations.check_declaration`)."""
 
     max_output_chars: int
     max_argument_depth: int
     max_schema_depth: int
     ask_timeout_s: float = 10.0
+    max_description_chars: int = DEFAULT_MAX_DESCRIPTION_CHARS
+    max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES
+    max_schema_nodes: int = DEFAULT_MAX_SCHEMA_NODES
+
+    def declaration_bounds(self) -> dict[str, int]:
+        """The keyword arguments of :func:`rho_actors.declarations.check_declaration`."""
+        return {"max_schema_depth": self.max_schema_depth, "max_description_chars": self.max_description_chars,
+                "max_schema_bytes": self.max_schema_bytes, "max_schema_nodes": self.max_schema_nodes}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
