@@ -8,9 +8,10 @@ own constructor argument.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rho_actors.budgets import ResultBudgets
 from rho_actors.declarations import DEFAULT_MAX_DESCRIPTION_CHARS, DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_NODES
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ class Runtime:
     LoopActors run on), ``isolations`` by name, ``limits``, ``untrusted``
     (how untrusted declarations are read), ``telemetry`` (OpenTelemetry spans and
     metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
-    untrusted code are confined; ``None``: not at all, only a scrubbed environment)."""
+    untrusted code are confined; ``None``: not at all, only a scrubbed environment) and
+    ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.budgets`)."""
 
     names: Names
     timers: Timers
@@ -71,3 +73,4 @@ class Runtime:
     untrusted: UntrustedReads
     telemetry: Telemetry
     confine: ConfinePolicy | None = None
+    budgets: ResultBudgets = field(default_factory=ResultBudgets)
