@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
+from rho_actors.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES
 from rho_actors.tool import ToolResult
 
 __all__ = ["DEFAULT_MAX_SESSION_RESULT_BYTES", "DEFAULT_MAX_TURN_RESULT_BYTES", "ResultBudgets", "result_bytes"]
@@ -83,9 +84,11 @@ class ResultBudgets:
             self._sessions.pop(session, None)
 
     def stats(self) -> dict[str, Any]:
-        """``{"max_turn_result_bytes": int, "max_session_result_bytes": int, "sessions":
-        {session_id: {"session_bytes": int, "turn_bytes": int, "refused": int}}}``:
-        ``turn_bytes`` sums the turns under way, ``refused`` counts results left out."""
+        """``{"max_turn_result_bytes": int, "max_session_result_bytes": int,
+        "max_transcript_image_bytes": int, "sessions": {session_id: {"session_bytes": int,
+        "turn_bytes": int, "refused": int}}}``: ``turn_bytes`` sums the turns under way,
+        ``refused`` counts results left out; ``max_transcript_image_bytes`` bounds each
+        transcript's image store (:mod:`rho_actors.image_store`)."""
         with self._lock:
             sessions = {
                 sid: {"session_bytes": use.session_bytes, "turn_bytes": sum((use.turns or {}).values()),
@@ -93,4 +96,4 @@ class ResultBudgets:
                 for sid, use in self._sessions.items()
             }
         return {"max_turn_result_bytes": self.per_turn, "max_session_result_bytes": self.per_session,
-                "sessions": sessions}
+                "max_transcript_image_bytes": DEFAULT_MAX_IMAGE_STORE_BYTES, "sessions": sessions}

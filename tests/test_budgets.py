@@ -69,6 +69,7 @@ def test_the_default_budgets_are_documented_settings(system: ActorSystem) -> Non
     budgets = system.stats()["budgets"]
     assert budgets["max_turn_result_bytes"] == 64 * MIB
     assert budgets["max_session_result_bytes"] == 512 * MIB
+    assert budgets["max_transcript_image_bytes"] == 256 * MIB
     with pytest.raises(ValueError, match="max_turn_result_bytes must be a positive int"):
         ActorSystem(max_turn_result_bytes=0)
 
