@@ -206,12 +206,20 @@ class PluginFolder:
         self.confine: ConfinePolicy | None = None
         self._seen: dict[str, _Seen] = {}  # by file path: its last outcome
         self._running: dict[str, tuple[tuple[int, ...], concurrent.futures.Future[_Seen]]] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(parallel_reads, thread_name_prefix="rho-plugin-read")
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # made by the first scan
 
     def attach(self, system: Any) -> None:
         """Take ``system``'s confinement policy for discovery children (called by
         :func:`add_source`)."""
         self.confine = getattr(system, "confine_policy", None)
+
+    def detach(self) -> None:
+        """Let the threads that read files end (called by ``SourceHandle.close``; a
+        later scan starts new ones). A read under way finishes first, in the background."""
+        pool, self._pool = self._pool, None
+        self._running.clear()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def bounds(self) -> dict[str, Any]:
         """``{"max_file_bytes": int, "scan_timeout_s": float, "parallel_reads": int,
@@ -250,6 +258,9 @@ class PluginFolder:
                 continue
             running = self._running.get(key)
             if running is None or (running[1].done() and running[0] != signature):
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(self.parallel_reads,
+                                                                       thread_name_prefix="rho-plugin-read")
                 future = self._pool.submit(self._read_one, file, folder / filename, signature, seen)
                 running = self._running[key] = (signature, future)
             waiting[key] = running[1]
