@@ -7,17 +7,22 @@ serves for a key it could not turn into a tool.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import importlib.metadata
+import os
+import stat
 import threading
+import time
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from rho_actors.encoding import describe_exception
+from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.sandbox.enclosure import ConfinePolicy
 from rho_actors.sandbox.plugins import (
     DEFAULT_DISCOVERY_TIMEOUT_S,
@@ -28,7 +33,15 @@ from rho_actors.sandbox.plugins import (
 )
 from rho_actors.tool import missing_callbacks
 
-__all__ = ["DEFAULT_GROUP", "Broken", "EntryPointGroup", "PluginFolder"]
+__all__ = [
+    "DEFAULT_GROUP",
+    "DEFAULT_MAX_PLUGIN_FILE_BYTES",
+    "DEFAULT_PARALLEL_READS",
+    "DEFAULT_SCAN_TIMEOUT_S",
+    "Broken",
+    "EntryPointGroup",
+    "PluginFolder",
+]
 
 DEFAULT_GROUP = "rho_actors.tools"
 """The entry-point group :class:`EntryPointGroup` reads by default."""
@@ -114,6 +127,29 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint, dist_name: str) -> Any:
     return Broken(f"{where}: not a tool: it lacks {', '.join(missing)}") if missing else tool
 
 
+DEFAULT_MAX_PLUGIN_FILE_BYTES: Final = 1 * 2**20
+"""Default size bound of one plugin file, in bytes (1 MiB), checked with ``fstat``
+before the file is read."""
+DEFAULT_SCAN_TIMEOUT_S: Final = 30.0
+"""Default bound of one scan of a :class:`PluginFolder`, in seconds: every file still
+being read or searched for its tool then is reported, and looked at again next scan."""
+DEFAULT_PARALLEL_READS: Final = 4
+"""Default number of files of a :class:`PluginFolder` read and searched at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A file's last outcome: its ``lstat`` signature, content hash and tool (or Broken)."""
+
+    signature: tuple[int, ...]
+    version: object
+    tool: Any
+
+
+def _signature(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class PluginFolder:
     """A folder of tool modules: each ``*.py`` file directly in ``path`` (not starting
     with ``.`` or ``_``) is one tool, the module itself or the one tool defined in it
@@ -130,54 +166,183 @@ class PluginFolder:
     confinement but a scrubbed environment). Trusted: the file is imported here (its
     top-level code runs in this process).
 
+    Files are read safely (DESIGN §3 "Plugin files"): a name is ``lstat``-ed and
+    opened with ``O_NOFOLLOW | O_NONBLOCK``; only a regular file with one link of at
+    most ``max_file_bytes`` bytes (checked with ``fstat`` before reading; default
+    :data:`DEFAULT_MAX_PLUGIN_FILE_BYTES`) is read. A symlink, a FIFO, a device, a
+    hard-linked file or a larger file is a :class:`Broken` naming the file and what it
+    is, never its content. A file whose ``lstat`` is unchanged since the last scan is
+    not read again. New and changed files are read and searched ``parallel_reads`` at
+    a time (default :data:`DEFAULT_PARALLEL_READS`), and one scan waits at most
+    ``scan_timeout_s`` seconds for them all (default :data:`DEFAULT_SCAN_TIMEOUT_S`):
+    a file not done by then is a :class:`Broken` for this scan, and its outcome is
+    taken up by a later scan.
+
     ``scan()`` returns ``{str(file path): (tool or Broken, content hash)}``; it
     raises ``OSError`` (``FileNotFoundError``, ``NotADirectoryError``...) when the folder
     cannot be listed. Unchanged files are not loaded again. ``name`` defaults to
-    ``"plugins:<path>"``.
+    ``"plugins:<path>"``. ``bounds()`` gives the bounds as plain data.
     """
 
     def __init__(
         self, path: str | Path, *, name: str | None = None, trusted: bool = False,
         discovery_timeout_s: float = DEFAULT_DISCOVERY_TIMEOUT_S,
+        max_file_bytes: int = DEFAULT_MAX_PLUGIN_FILE_BYTES,
+        scan_timeout_s: float = DEFAULT_SCAN_TIMEOUT_S,
+        parallel_reads: int = DEFAULT_PARALLEL_READS,
     ) -> None:
+        for label, value in (("max_file_bytes", max_file_bytes), ("parallel_reads", parallel_reads)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{label} must be a positive int, got {value!r}")
+        if not (isinstance(scan_timeout_s, (int, float)) and scan_timeout_s > 0):
+            raise ValueError(f"scan_timeout_s must be a positive number of seconds, got {scan_timeout_s!r}")
         self.path = Path(path)
         self.name = name if name is not None else f"plugins:{self.path}"
         self.trusted = trusted
         self.discovery_timeout_s = discovery_timeout_s
+        self.max_file_bytes = max_file_bytes
+        self.scan_timeout_s = float(scan_timeout_s)
+        self.parallel_reads = parallel_reads
         self.confine: ConfinePolicy | None = None
-        self._loaded = _Loaded()  # by file path: the tool or Broken of its current version
+        self._seen: dict[str, _Seen] = {}  # by file path: its last outcome
+        self._running: dict[str, tuple[tuple[int, ...], concurrent.futures.Future[_Seen]]] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # made by the first scan
 
     def attach(self, system: Any) -> None:
         """Take ``system``'s confinement policy for discovery children (called by
         :func:`add_source`)."""
         self.confine = getattr(system, "confine_policy", None)
 
+    def detach(self) -> None:
+        """Let the threads that read files end (called by ``SourceHandle.close``; a
+        later scan starts new ones). A read under way finishes first, in the background."""
+        pool, self._pool = self._pool, None
+        self._running.clear()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def bounds(self) -> dict[str, Any]:
+        """``{"max_file_bytes": int, "scan_timeout_s": float, "parallel_reads": int,
+        "discovery_timeout_s": float}``, shown in the source's ``status()``."""
+        return {"max_file_bytes": self.max_file_bytes, "scan_timeout_s": self.scan_timeout_s,
+                "parallel_reads": self.parallel_reads, "discovery_timeout_s": self.discovery_timeout_s}
+
     def scan(self) -> dict[str, tuple[Any, object]]:
         """``{str(path): (module or Broken, content hash)}`` for the folder's files now.
         Raises ``OSError`` when the folder cannot be listed."""
-        files = sorted(
-            p for p in self.path.iterdir() if p.suffix == ".py" and not p.name.startswith((".", "_")) and p.is_file()
-        )
+        deadline = time.monotonic() + self.scan_timeout_s
+        folder = self.path.resolve()
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".py") and not n.startswith((".", "_")))
         found: dict[str, tuple[Any, object]] = {}
-        for file in files:
+        waiting: dict[str, concurrent.futures.Future[_Seen]] = {}
+        for filename in names:
+            file = self.path / filename
             key = str(file)
             try:
-                data = file.read_bytes()
+                st = os.stat(folder / filename, follow_symlinks=False)
             except FileNotFoundError:  # removed since the listing
                 continue
             except OSError as exc:
                 found[key] = (Broken(f"{file}: cannot be read: {describe_exception(exc)}"), ("unreadable", str(exc)))
                 continue
-            version = _digest(data)
-            load = (functools.partial(_load_plugin, file, data) if self.trusted
-                    else functools.partial(_discover, file, data, self.discovery_timeout_s, self.confine))
-            tool = self._loaded.get(key, version, load)
-            found[key] = (tool, version)
-        self._loaded.keep_only(found)
-        return found
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            refused = self._refusal(file, st)
+            if refused is not None:
+                found[key] = (Broken(refused), ("refused", refused))
+                continue
+            signature = _signature(st)
+            seen = self._seen.get(key)
+            if seen is not None and seen.signature == signature:
+                found[key] = (seen.tool, seen.version)
+                continue
+            running = self._running.get(key)
+            if running is None or (running[1].done() and running[0] != signature):
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(self.parallel_reads,
+                                                                       thread_name_prefix="rho-plugin-read")
+                future = self._pool.submit(self._read_one, file, folder / filename, signature, seen)
+                running = self._running[key] = (signature, future)
+            waiting[key] = running[1]
+        concurrent.futures.wait(waiting.values(), timeout=max(0.0, deadline - time.monotonic()))
+        for key, future in waiting.items():
+            if not future.done():
+                reason = (f"{key}: still being read or searched for its tool after the scan's bound of "
+                          f"{self.scan_timeout_s} s; taken up by a later scan")
+                found[key] = (Broken(reason), ("pending", self._running[key][0]))
+                continue
+            del self._running[key]
+            outcome = future.result()
+            self._seen[key] = outcome
+            found[key] = (outcome.tool, outcome.version)
+        for gone in set(self._seen) - set(found):
+            del self._seen[gone]
+        return dict(sorted(found.items()))
+
+    def _refusal(self, file: Path, st: os.stat_result) -> str | None:
+        """Why the file with status ``st`` is not read (never its content), or ``None``."""
+        if stat.S_ISLNK(st.st_mode):
+            return f"{file}: a symbolic link: plugin files must be regular files (links are not followed)"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{file}: not a regular file (a FIFO, socket or device is never opened)"
+        if st.st_nlink != 1:
+            return f"{file}: has {st.st_nlink} hard links: a plugin file must have one"
+        if st.st_size > self.max_file_bytes:
+            return f"{file}: {st.st_size} bytes, over the bound of {self.max_file_bytes} bytes of a plugin file"
+        return None
+
+    def _read_one(self, file: Path, real: Path, signature: tuple[int, ...], seen: _Seen | None) -> _Seen:
+        """Read ``file`` (at ``real``) safely and find its tool (in a pool thread)."""
+        try:
+            data = self._read(file, real)
+        except _Refused as exc:
+            return _Seen(signature, ("refused", str(exc)), Broken(str(exc)))
+        except OSError as exc:
+            reason = f"{file}: cannot be read: {describe_exception(exc)}"
+            return _Seen(signature, ("unreadable", str(exc)), Broken(reason))
+        version = _digest(data)
+        if seen is not None and seen.version == version:
+            return _Seen(signature, version, seen.tool)  # touched, not changed: the same tool
+        try:
+            tool = (_load_plugin(file, data) if self.trusted
+                    else _discover(file, data, self.discovery_timeout_s, self.confine))
+        except BaseException as exc:  # this thread must always answer
+            tool = Broken(f"{file}: finding its tool failed: {describe_exception(exc)}")
+        return _Seen(signature, version, tool)
+
+    def _read(self, file: Path, real: Path) -> bytes:
+        """The bytes of the regular file ``real``: opened without following a link or
+        blocking, its ``fstat`` checked before reading. Raises :class:`_Refused` or
+        ``OSError``."""
+        try:
+            fd = open_regular(real, os.O_RDONLY)
+        except UnsafePathError:
+            raise _Refused(f"{file}: a symbolic link or not a regular file (not followed, not opened)") from None
+        try:
+            st = os.fstat(fd)
+            refused = self._refusal(file, st)
+            if refused is not None:
+                raise _Refused(refused)
+            chunks: list[bytes] = []
+            size = 0
+            while size <= self.max_file_bytes:
+                chunk = os.read(fd, min(1 << 20, self.max_file_bytes + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            if size > self.max_file_bytes:
+                raise _Refused(f"{file}: grew over the bound of {self.max_file_bytes} bytes of a plugin file")
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
     def __repr__(self) -> str:
         return f"PluginFolder({str(self.path)!r})"
+
+
+class _Refused(Exception):
+    """A plugin file that is not read: ``str(err)`` says why (never its content)."""
 
 
 # --------------------------------------------------------------------------- entry points

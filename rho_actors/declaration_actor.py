@@ -112,7 +112,7 @@ class DeclarationActor(Actor):
         self._cache = state.cache
         self._names = runtime.names
         self._notify = notify
-        self._max_schema_depth = runtime.limits.max_schema_depth
+        self._bounds = runtime.limits.declaration_bounds()
         self._untrusted = runtime.untrusted
         self._confine = runtime.confine
         self._timers = runtime.timers
@@ -124,9 +124,7 @@ class DeclarationActor(Actor):
         if cached is not None and not fresh:
             return cached
         try:
-            outcome: ToolInfo | Rejected = check_declaration(
-                read_declaration(tool), max_schema_depth=self._max_schema_depth
-            )
+            outcome: ToolInfo | Rejected = check_declaration(read_declaration(tool), **self._bounds)
         except DeclarationError as err:
             outcome = Rejected(str(err), err.name)
             logger.warning("tool {} left out: {}", describe_origin(tool), outcome.reason)
@@ -139,7 +137,7 @@ class DeclarationActor(Actor):
         self._state.reading[id(tool)] = tool
         threading.Thread(
             target=_read_isolated,
-            args=(tool, self._untrusted, self._max_schema_depth, retry, self._deliver, self._state.closed,
+            args=(tool, self._untrusted, self._bounds, retry, self._deliver, self._state.closed,
                   self._confine),
             name="rho-declaration-read",
             daemon=True,
@@ -201,7 +199,7 @@ class DeclarationActor(Actor):
 
 
 def _read_isolated(
-    tool: Any, settings: UntrustedReads, depth: int, retry: int, deliver: Callable[[Any], None],
+    tool: Any, settings: UntrustedReads, bounds: dict[str, int], retry: int, deliver: Callable[[Any], None],
     cancel: threading.Event, confine: ConfinePolicy | None = None,
 ) -> None:
     """A helper thread's work: one isolated read and check, delivered as ``_ReadDone``."""
@@ -211,7 +209,7 @@ def _read_isolated(
             tool, timeout_s=settings.timeout_s, heap_bytes=settings.heap_bytes, start_method=settings.start_method,
             cancel=cancel, confine=confine,
         )
-        outcome: ToolInfo | Rejected = check_declaration(sandbox.raw_declaration(payload), max_schema_depth=depth)
+        outcome: ToolInfo | Rejected = check_declaration(sandbox.raw_declaration(payload), **bounds)
     except DeclarationError as err:
         outcome = Rejected(str(err), err.name)
     except sandbox.IsolatedReadError as err:

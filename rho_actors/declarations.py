@@ -6,9 +6,14 @@ callbacks (:func:`read_declaration`) and then checked (:func:`check_declaration`
 
 - ``name``: exactly a ``str`` matching :data:`NAME_PATTERN` (``^[A-Za-z0-9_-]{1,64}$``,
   the rule OpenAI and Anthropic both apply to tool names);
-- ``description``: exactly a ``str``, not blank;
+- ``description``: exactly a ``str``, not blank, of at most ``max_description_chars``
+  characters (default 16,384); control characters other than newline and tab, bidi
+  controls and zero-width characters are removed from it, and from every ``title`` and
+  ``description`` string of the schema (:func:`rho_actors.encoding.strip_controls`);
 - ``parameter_schema``: exactly a ``dict`` of plain JSON data (string keys), nested at
-  most ``max_schema_depth`` levels, valid under the JSON Schema Draft 2020-12
+  most ``max_schema_depth`` levels, of at most ``max_schema_nodes`` values (default
+  2,048) and ``max_schema_bytes`` bytes of JSON text (default 65,536), both counted
+  before anything else is checked, valid under the JSON Schema Draft 2020-12
   metaschema, whose top level is an object schema (``"type": "object"``);
 - ``timeout_ms`` (a positive ``int``, milliseconds, cut to one day) and ``concurrency`` (``"parallel"``
   or ``"exclusive"``): a bad or raising answer means the default; it does not exclude
@@ -40,12 +45,15 @@ from referencing.jsonschema import DRAFT202012
 
 from rho_actors.arguments import compile_pattern, make_validator, no_retrieval
 from rho_actors.checked import checked_untrusted
-from rho_actors.encoding import describe_exception, scrub_text
+from rho_actors.encoding import describe_exception, scrub_text, strip_controls
 from rho_actors.errors import RhoError
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback
 
 __all__ = [
+    "DEFAULT_MAX_DESCRIPTION_CHARS",
+    "DEFAULT_MAX_SCHEMA_BYTES",
     "DEFAULT_MAX_SCHEMA_DEPTH",
+    "DEFAULT_MAX_SCHEMA_NODES",
     "NAME_PATTERN",
     "DeclarationError",
     "Raised",
@@ -59,6 +67,12 @@ __all__ = [
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_MAX_SCHEMA_DEPTH = 32
 """How deeply a parameter schema may nest dicts and lists."""
+DEFAULT_MAX_DESCRIPTION_CHARS = 16_384
+"""How long a tool's description may be, in characters (it is sent in every request)."""
+DEFAULT_MAX_SCHEMA_BYTES = 65_536
+"""How long a parameter schema's JSON text may be, in bytes (UTF-8)."""
+DEFAULT_MAX_SCHEMA_NODES = 2_048
+"""How many JSON values (objects, arrays, strings, numbers...) a parameter schema may hold."""
 
 _CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
 
@@ -218,10 +232,16 @@ def _json_data_problem(value: Any, depth: int, max_depth: int, path: str) -> str
     return f"{path}: a {type(value).__name__} is not JSON data"
 
 
-def check_declaration(raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> ToolInfo:
-    """Check a declaration read by :func:`read_declaration`.
+def check_declaration(
+    raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
+    max_description_chars: int = DEFAULT_MAX_DESCRIPTION_CHARS, max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
+    max_schema_nodes: int = DEFAULT_MAX_SCHEMA_NODES,
+) -> ToolInfo:
+    """Check a declaration read by :func:`read_declaration` (see the module doc for the
+    bounds: characters, bytes and JSON values).
 
-    Returns the :class:`ToolInfo` (with a private deep copy of the schema).
+    Returns the :class:`ToolInfo` (with a private deep copy of the schema, its
+    ``title``/``description`` strings stripped of control characters).
     Raises :class:`DeclarationError` listing every failing check, e.g.
     ``"name: 'my tool' does not match ^[A-Za-z0-9_-]{1,64}$; description: empty"``.
     """
@@ -248,14 +268,18 @@ def check_declaration(raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MA
     if "description" in raw and not isinstance(raw["description"], Raised):
         if type(description) is not str:
             problems.append(f"description: expected str, got {type(description).__name__}")
-        elif not description.strip():
-            problems.append("description: empty")
+        elif len(description) > max_description_chars:
+            problems.append(f"description: {len(description)} characters, over the bound of "
+                            f"{max_description_chars}")
         else:
-            description = scrub_text(str.__str__(description))  # what reaches a model is valid UTF-8
+            description, _ = strip_controls(scrub_text(str.__str__(description)))  # valid UTF-8, no escapes
+            if not description.strip():
+                problems.append("description: empty")
 
     schema = answer("parameter_schema")
     if "parameter_schema" in raw and not isinstance(raw["parameter_schema"], Raised):
-        problems.extend(_schema_problems(schema, max_schema_depth))
+        problems.extend(_schema_problems(schema, max_schema_depth, max_schema_nodes, max_schema_bytes))
+
 
     if problems:
         valid = name if type(name) is str and NAME_PATTERN.fullmatch(name) else None
@@ -274,7 +298,7 @@ def check_declaration(raw: dict[str, Any], *, max_schema_depth: int = DEFAULT_MA
     return ToolInfo(
         name=name,
         description=description,
-        parameter_schema=copy.deepcopy(schema),
+        parameter_schema=_stripped_annotations(copy.deepcopy(schema)),
         timeout_ms=timeout,
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
     )
@@ -304,24 +328,64 @@ def describe_value(value: Any) -> str:
     return f"{scrub_text(text)[:80]} ({type(value).__name__})"
 
 
-def _schema_problems(schema: Any, max_depth: int) -> list[str]:
+def _stripped_annotations(schema: Any) -> Any:
+    """``schema`` (a private copy) with control characters removed from every string
+    ``title`` and ``description`` in it (shown to models and on terminals)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("title", "description") and type(value) is str:
+                    node[key] = strip_controls(value)[0]
+                elif key not in _DATA_KEYWORDS:
+                    stack.append(value)
+    return schema
+
+
+def _too_many_nodes(schema: Any, max_nodes: int) -> bool:
+    """Whether ``schema`` holds more than ``max_nodes`` JSON values (counting stops there)."""
+    count, stack = 0, [schema]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > max_nodes:
+            return True
+        if type(node) is dict:
+            count += len(node)  # its keys
+            stack.extend(node.values())
+        elif type(node) is list:
+            stack.extend(node)
+    return False
+
+
+def _schema_problems(
+    schema: Any, max_depth: int, max_nodes: int = DEFAULT_MAX_SCHEMA_NODES, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
+) -> list[str]:
     """Why ``schema`` cannot be offered, or ``[]``. Never raises: an unexpected error of
-    a check is itself the reason."""
+    a check is itself the reason. Its size is bounded first (``max_nodes`` JSON values,
+    ``max_bytes`` bytes of JSON text), so the costly checks only see bounded input."""
     try:
-        return _schema_checks(schema, max_depth)
+        return _schema_checks(schema, max_depth, max_bytes, max_nodes)
     except RecursionError:
         return [f"parameter_schema: nested deeper than {max_depth} levels"]
     except Exception as exc:  # registration never raises for a bad declaration
         return [f"parameter_schema: cannot be checked: {describe_exception(exc)}"]
 
 
-def _schema_checks(schema: Any, max_depth: int) -> list[str]:
+def _schema_checks(
+    schema: Any, max_depth: int, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES, max_nodes: int = DEFAULT_MAX_SCHEMA_NODES,
+) -> list[str]:
     if type(schema) is not dict:
         return [f"parameter_schema: expected dict, got {type(schema).__name__}"]
     problem = _json_data_problem(schema, 0, max_depth, "parameter_schema")
     if problem:
         return [problem]
-    problem = _wire_problem(schema)
+    if _too_many_nodes(schema, max_nodes):
+        return [f"parameter_schema: more than {max_nodes} JSON values (keys included), over its bound"]
+    problem = _wire_problem(schema, max_bytes)
     if problem:
         return [problem]
     try:  # no format checker: patterns are checked by RE2 below, never compiled by re
@@ -338,15 +402,18 @@ def _schema_checks(schema: Any, max_depth: int) -> list[str]:
     return _validator_problems(schema)
 
 
-def _wire_problem(schema: dict[str, Any]) -> str | None:
-    """Why ``schema`` cannot be sent by both SDKs (UTF-8 JSON text read back the same),
-    or ``None``: a lone surrogate, an integer of more than 4,300 digits..."""
+def _wire_problem(schema: dict[str, Any], max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> str | None:
+    """Why ``schema`` cannot be sent by both SDKs (UTF-8 JSON text read back the same,
+    of at most ``max_bytes`` bytes), or ``None``: a lone surrogate, an integer of more
+    than 4,300 digits, too long a text..."""
     try:
         text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
-        text.encode("utf-8")
+        size = len(text.encode("utf-8"))
         json.loads(text)
     except (ValueError, TypeError) as err:
         return f"parameter_schema: cannot be sent as UTF-8 JSON: {describe_exception(err)}"
+    if size > max_bytes:
+        return f"parameter_schema: {size} bytes of JSON text, over the bound of {max_bytes}"
     return None
 
 

@@ -26,6 +26,7 @@ import enum
 import json
 import math
 import pathlib
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ __all__ = [
     "describe_exception",
     "encode_output",
     "scrub_text",
+    "strip_controls",
 ]
 
 DEFAULT_MAX_OUTPUT_CHARS = 100_000
@@ -74,6 +76,21 @@ def scrub_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+_CONTROLS = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f"  # C0 but tab and newline, DEL, C1 (ESC of OSC 52, clear-screen...)
+    "\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"  # bidi, zero-width
+)
+
+
+def strip_controls(text: str) -> tuple[str, int]:
+    """``text`` without C0/C1 control characters other than newline and tab, bidi
+    controls (U+061C, U+200E/F, U+202A-E, U+2066-9) and zero-width characters (U+200B-D,
+    U+2060-4, U+FEFF), and how many were removed. What is left cannot move a terminal's
+    cursor, set its clipboard (OSC 52), clear it, or reorder what a reader sees."""
+    stripped, count = _CONTROLS.subn("", text)
+    return stripped, count
 
 
 def _jsonable(value: Any, depth: int, seen: set[int]) -> Any:

@@ -143,7 +143,7 @@ class EventBus:
                 logger.exception("event subscriber {!r} raised", subscriber)
 
 
-DeclarationEventKind = Literal["read", "rejected", "retry", "excluded"]
+DeclarationEventKind = Literal["read", "rejected", "retry", "excluded", "evicted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +151,9 @@ class DeclarationEvent:
     """An untrusted tool's declaration read (DESIGN §3): ``read`` (checked and offered),
     ``rejected`` (it failed its checks, or the read failed), ``retry`` (the read ran
     over its time bound; ``reason`` says when it is tried again) or ``excluded`` (the
-    last retry ran over too: it stays out). ``tool`` is its origin, ``name`` its name
-    when known."""
+    last retry ran over too: it stays out); and ``evicted``: a source's tool gave up its
+    name to the host's own registration of another tool (DESIGN §3 "Names"; ``reason``
+    names both). ``tool`` is its origin, ``name`` its name when known."""
 
     kind: DeclarationEventKind
     tool: str

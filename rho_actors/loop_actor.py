@@ -41,6 +41,7 @@ import pykka
 from loguru import logger
 
 from rho_actors.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
+from rho_actors.budgets import result_bytes
 from rho_actors.call import CallSpec
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
@@ -125,6 +126,7 @@ class LoopActor(Actor):
         self.thread_pool = runtime.threads
         self._tools = runtime.tools
         self._limits = runtime.limits
+        self._budgets = runtime.budgets
         self._events = runtime.events
         self._telemetry = runtime.telemetry
         self._turns: dict[int, _Turn] = {}  # unfinished turns; finished from call threads too
@@ -349,6 +351,7 @@ class LoopActor(Actor):
         with turn.lock:
             late = slot.result is not None
             if not late:
+                result = self._within_budget(turn, slot, result)
                 slot.result = result
                 turn.open -= 1
                 if turn.exclusive and turn.waiting and turn.stop_reason is None:
@@ -375,6 +378,20 @@ class LoopActor(Actor):
         elif last:
             self._finish(turn)
 
+    def _within_budget(self, turn: _Turn, slot: _Slot, result: ToolResult) -> ToolResult:
+        """``result``, or an ``over_budget`` error when it would take its turn or session
+        past its byte budget (:mod:`rho_actors.budgets`; under the turn's lock)."""
+        size = result_bytes(result)
+        over = self._budgets.charge(self.session_id, turn.id, size)
+        if over is None:
+            return result
+        scope, budget, left = over
+        logger.warning("loop {}: the result of call {} ({} bytes) is over its {}'s budget of {} bytes; left out",
+                       self.session_id, slot.call.id, size, scope, budget)
+        refusal = failure("over_budget", result.call_id, result.name, result.duration_ms, size=size, scope=scope,
+                          budget=budget, left=max(0, left))
+        return capped(refusal, self._limits.max_output_chars)
+
     def _cancel_turn(self, turn: _Turn) -> None:
         """The host cancelled a turn: each running call is cancelled through its
         isolation (``ctx["cancel"]`` set, a worker process killed; what it returns later
@@ -393,6 +410,7 @@ class LoopActor(Actor):
         caller decided, under the turn's lock, that the turn is finished)."""
         with self._turns_lock:
             self._turns.pop(turn.id, None)
+        self._budgets.turn_done(self.session_id, turn.id)
         results = [slot.result for slot in turn.slots]
         assert all(r is not None for r in results)
         turn.future.set_result(results)  # type: ignore[arg-type]
@@ -456,6 +474,7 @@ class LoopActor(Actor):
             self._fail_open(turn, failure(key, "", ""))
 
     def on_stop(self) -> None:
+        self._budgets.forget(self.session_id)
         if self._exit_cause is None:
             self._close("session_stopped")
         else:  # killed, or exited: a crash of the loop, not of the calls

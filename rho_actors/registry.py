@@ -4,7 +4,9 @@ Its state lives in a :class:`RegistryState` the system keeps (as an OTP process 
 an ETS table with an heir), so a registry restarted by its supervisor loses no tool.
 
 Registration asks the DeclarationActor for the tool's checked declaration, refuses a
-second tool with a name already taken (both origins named: no last-writer-wins), and
+second tool with a name already taken (both origins named: no last-writer-wins) except
+that the host's own registration takes a name from a tool a source serves (DESIGN §3
+"Names": the source's tool is evicted, logged and announced), and
 publishes a new immutable :class:`ToolSet` (announced as a
 :class:`~rho_actors.events.ToolSetChanged` event). Loops read the current set without a
 message round trip, the way Erlang code reads ``persistent_term``: the registry is the
@@ -27,7 +29,7 @@ from rho_actors.arguments import make_validator
 from rho_actors.declaration_actor import DECLARATIONS, Checked, ReadUntrusted
 from rho_actors.declarations import Rejected, describe_origin
 from rho_actors.errors import RhoError
-from rho_actors.events import ToolSetChanged
+from rho_actors.events import DeclarationEvent, ToolSetChanged
 from rho_actors.otp.actor import Actor
 from rho_actors.results import text
 from rho_actors.tool import ToolInfo
@@ -76,6 +78,7 @@ class _Slot:
     validator: Draft202012Validator | None
     isolation: IsolationName
     placement: Placement = field(default_factory=Placement)
+    source: str | None = None  # the source serving it; None: the host's own registration
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,7 @@ class _Untrusted:
     origin: str
     isolation: IsolationName
     placement: Placement = field(default_factory=Placement)
+    source: str | None = None
 
 
 @dataclass(slots=True)
@@ -126,11 +130,14 @@ class ToolRegistry(Actor):
 
     def register(
         self, tool: Any, origin: str | None = None, untrusted: bool = False, isolation: IsolationName | None = None,
-        placement: Placement | None = None,
+        placement: Placement | None = None, source: str | None = None,
     ) -> Registration | concurrent.futures.Future[Registration]:
         """Check and add ``tool``; registering the same object again re-reads it.
 
-        A trusted tool is read now and its :class:`Registration` returned; raises
+        ``source`` names the source serving the tool (``None``: the host's own
+        registration). A host registration takes its name from a tool a source serves
+        (that tool is evicted: unregistered, logged, a ``DeclarationEvent("evicted")``);
+        any other clash is refused. A trusted tool is read now and its :class:`Registration` returned; raises
         :class:`DuplicateToolError` when another tool holds its name. An untrusted tool
         is read in a throwaway process by the DeclarationActor: this returns a future of
         its Registration (or of the DuplicateToolError). ``isolation`` defaults to
@@ -141,8 +148,8 @@ class ToolRegistry(Actor):
         isolation = isolation or ("process" if untrusted else "thread")
         if not untrusted:
             outcome = self._declarations().check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
-            return self._apply(tool, origin, outcome, isolation, placement)
-        self._state.untrusted[id(tool)] = _Untrusted(tool, origin, isolation, placement or Placement(True))
+            return self._apply(tool, origin, outcome, isolation, placement, source)
+        self._state.untrusted[id(tool)] = _Untrusted(tool, origin, isolation, placement or Placement(True), source)
         waiting = self._state.waiting.get(id(tool))
         if waiting is None or waiting.done():
             waiting = concurrent.futures.Future()
@@ -160,7 +167,8 @@ class ToolRegistry(Actor):
                 return None  # unregistered while it was read
             waiting = self._state.waiting.pop(id(message.tool), None)
             try:
-                registration = self._apply(entry.tool, entry.origin, message.outcome, entry.isolation, entry.placement)
+                registration = self._apply(entry.tool, entry.origin, message.outcome, entry.isolation, entry.placement,
+                                           entry.source)
             except DuplicateToolError as err:
                 del self._state.untrusted[id(message.tool)]
                 if waiting is not None:
@@ -175,16 +183,18 @@ class ToolRegistry(Actor):
 
     def _apply(
         self, tool: Any, origin: str, outcome: ToolInfo | Rejected, isolation: IsolationName,
-        placement: Placement | None = None,
+        placement: Placement | None = None, source: str | None = None,
     ) -> Registration:
         placement = placement or Placement()
         name = outcome.name
         if name is None:
             assert isinstance(outcome, Rejected)
-            self._nameless[id(tool)] = _Slot(tool, origin, outcome, None, isolation, placement)
+            self._nameless[id(tool)] = _Slot(tool, origin, outcome, None, isolation, placement, source)
             return Registration(origin, None, outcome.reason)
         held = self._slots.get(name)
-        if held is not None and held.tool is not tool:
+        if held is not None and held.tool is not tool and held.source is not None and source is None:
+            self._evict(name, held, origin)
+        elif held is not None and held.tool is not tool:
             raise DuplicateToolError(
                 f"tool name {name!r} is already registered by {held.origin}; refused {origin} "
                 f"(unregister the first to replace it)"
@@ -195,12 +205,21 @@ class ToolRegistry(Actor):
         for old in renamed:  # the same tool re-registered under a new name: one name only
             del self._slots[old]
             self._removed[old] = text("unavailable_renamed", tool=old, new=name)
-        self._slots[name] = _Slot(tool, origin, outcome, validator, isolation, placement)
+        self._slots[name] = _Slot(tool, origin, outcome, validator, isolation, placement, source)
         self._removed.pop(name, None)
         self._publish()
         if isinstance(outcome, ToolInfo):
             return Registration(origin, outcome)
         return Registration(origin, None, outcome.reason)
+
+    def _evict(self, name: str, held: _Slot, origin: str) -> None:
+        """The host's registration (``origin``) takes ``name`` from a source's tool."""
+        del self._slots[name]
+        self._declarations().forget(held.tool)
+        reason = (f"tool name {name!r} is taken by the host's own registration of {origin}: "
+                  f"{held.origin} gave it up (a source's tool yields its name to the host's)")
+        logger.warning("{}", reason)
+        self._events.emit(DeclarationEvent("evicted", held.origin, name, reason))
 
     def unregister(self, name_or_tool: Any) -> bool:
         """Remove a tool by name or by object. Returns whether anything was removed."""

@@ -70,6 +70,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "unavailable_rejected": (
         _K.UNAVAILABLE, "tool {tool!r} is not offered: its declaration failed its checks ({reason})"
     ),
+    "over_budget": (
+        _K.OUTPUT_LIMIT, "tool {tool!r} returned {size} bytes, over this {scope}'s result budget of {budget} bytes "
+        "({left} left); its result was left out"
+    ),
     "bad_arguments": (_K.INVALID_ARGUMENTS, "tool {tool!r}: {problem}"),
     "invalid_arguments": (_K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: {problems}"),
     "cut_off": (

@@ -8,10 +8,13 @@ own constructor argument.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import tenacity
+
+from rho_actors.budgets import ResultBudgets
+from rho_actors.declarations import DEFAULT_MAX_DESCRIPTION_CHARS, DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_NODES
 
 if TYPE_CHECKING:
     from rho_actors.events import EventBus
@@ -55,13 +58,23 @@ class Limits:
     """A system's limits: ``max_output_chars`` caps each result's text (characters);
     ``max_argument_depth`` and ``max_schema_depth`` bound the nesting of call arguments
     and parameter schemas; ``ask_timeout_s`` bounds the host's queries to a loop
-    (seconds); ``log_tracebacks``: log a tool's traceback at error level when it raises."""
+    (seconds); ``max_description_chars``, ``max_schema_bytes`` and ``max_schema_nodes``
+    bound a declaration's size (see :func:`rho_actors.declarations.check_declaration`);
+    ``log_tracebacks``: log a tool's traceback at error level when it raises."""
 
     max_output_chars: int
     max_argument_depth: int
     max_schema_depth: int
     ask_timeout_s: float = 10.0
+    max_description_chars: int = DEFAULT_MAX_DESCRIPTION_CHARS
+    max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES
+    max_schema_nodes: int = DEFAULT_MAX_SCHEMA_NODES
     log_tracebacks: bool = True
+
+    def declaration_bounds(self) -> dict[str, int]:
+        """The keyword arguments of :func:`rho_actors.declarations.check_declaration`."""
+        return {"max_schema_depth": self.max_schema_depth, "max_description_chars": self.max_description_chars,
+                "max_schema_bytes": self.max_schema_bytes, "max_schema_nodes": self.max_schema_nodes}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -72,7 +85,8 @@ class Runtime:
     LoopActors run on), ``isolations`` by name, ``limits``, ``untrusted``
     (how untrusted declarations are read), ``telemetry`` (OpenTelemetry spans and
     metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
-    untrusted code are confined; ``None``: not at all, only a scrubbed environment)."""
+    untrusted code are confined; ``None``: not at all, only a scrubbed environment) and
+    ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.budgets`)."""
 
     names: Names
     timers: Timers
@@ -85,3 +99,4 @@ class Runtime:
     untrusted: UntrustedReads
     telemetry: Telemetry
     confine: ConfinePolicy | None = None
+    budgets: ResultBudgets = field(default_factory=ResultBudgets)

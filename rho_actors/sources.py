@@ -30,6 +30,9 @@ the system's registry:
 - a removed key unregisters its tool;
 - a scan that raises changes nothing: the last good set stays registered, and the error
   is logged (once per distinct message) and shown in :meth:`SourceHandle.status`;
+- names (DESIGN §3): the host's own ``register`` takes a name from a source's tool (the
+  tool is evicted: logged, announced, and shown in :meth:`SourceHandle.status`; it is
+  registered again once the host frees the name); a source's tool never takes a name;
 - a registration error (another tool holds the name: :class:`DuplicateToolError` names
   both origins; the registry is restarting) is recorded for its key and tried again at
   a later scan (a refused name once the registry's tool set has changed, so a name
@@ -253,7 +256,11 @@ class SourceActor(Actor):
             tool, version = found[key]
             held = keys.get(key)
             if held is not None and _same(held.version, version) and held.tool is tool:
-                if held.retry and held.retry_unless != self._system.tool_set().version:
+                evicted = _evicted_by(self._system.tool_set(), held)
+                if evicted is not None:  # the host took its name: try again once the tool set changes
+                    self._failed(held, evicted, retry=True)
+                    held.retry_unless = self._system.tool_set().version
+                elif held.retry and held.retry_unless != self._system.tool_set().version:
                     self._offer(key, held)
                 continue
             entry = _Key(tool, version)
@@ -273,7 +280,8 @@ class SourceActor(Actor):
         origin = f"{key} (source {self._label})"
         tools_version = self._system.tool_set().version
         try:
-            registration = self._system.register(entry.tool, origin=origin, untrusted=not self._trusted)
+            registration = self._system.register(entry.tool, origin=origin, untrusted=not self._trusted,
+                                                 source=self._label)
         except DuplicateToolError as err:  # tried again once the tool set has changed (a name may be free)
             self._failed(entry, str(err), retry=True)
             entry.retry_unless = tools_version
@@ -314,6 +322,27 @@ class SourceActor(Actor):
         if entry.logged != message:
             entry.logged = message
             logger.warning("{}", message)
+
+
+def _evicted_by(tools: Any, entry: _Key) -> str | None:
+    """Why ``entry``'s registered tool lost its name to another (the host's own
+    registration takes a name from a source's tool, DESIGN §3), or ``None``."""
+    if not entry.registered or entry.name is None:
+        return None
+    holder = tools.entries.get(entry.name)
+    if holder is None or holder.tool is entry.tool:
+        return None
+    return (f"tool name {entry.name!r} is taken by the host's own registration of {holder.origin}; "
+            "this tool yields it and is registered again once the name is free")
+
+
+def _bounds(source: Any) -> dict[str, Any]:
+    """``source.bounds()`` when it has one (plain data), else ``{}``; never raises."""
+    try:
+        found = source.bounds() if callable(getattr(source, "bounds", None)) else {}
+    except Exception:
+        return {}
+    return dict(found) if isinstance(found, Mapping) else {}
 
 
 def _same(a: object, b: object) -> bool:
@@ -388,7 +417,8 @@ class SourceHandle:
                              "version": str,
                              "registered": bool,    # the registry holds it
                              "offered": bool,       # loops offer it now
-                             "reason": str | None}}}  # why it is not offered
+                             "reason": str | None}},  # why it is not offered
+             "bounds": {...}}          # the source's own bounds (PluginFolder.bounds()), if any
 
         ``offered`` is read from the registry's current tool set, so an untrusted tool
         whose declaration read is retried later shows up when it passes.
@@ -402,12 +432,13 @@ class SourceHandle:
                 live = offered.get(id(entry.tool)) if entry.registered else None
                 live_entry = entries.get(live) if live is not None else None
                 is_offered = live_entry is not None and live_entry.tool is entry.tool
+                evicted = None if is_offered else _evicted_by(self._system.tool_set(), entry)
                 tools[key] = {
                     "name": live if is_offered else entry.name,
                     "version": str(entry.version),
-                    "registered": entry.registered,
+                    "registered": entry.registered and evicted is None,
                     "offered": is_offered,
-                    "reason": None if is_offered else entry.reason,
+                    "reason": None if is_offered else (evicted or entry.reason),
                 }
             return {
                 "source": self.name,
@@ -419,6 +450,7 @@ class SourceHandle:
                 "last_error": state.last_error,
                 "last_scan": state.last_scan,
                 "tools": tools,
+                "bounds": _bounds(self.source),
             }
 
     def close(self, timeout_s: float = 60.0) -> None:

@@ -54,10 +54,12 @@ import pykka
 from loguru import logger
 
 from rho_actors import confinement as _confinement
+from rho_actors import declarations as _decl
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
+from rho_actors.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
 from rho_actors.call import CallActor
 from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
-from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, describe_origin
+from rho_actors.declarations import describe_origin
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS, describe_exception
 from rho_actors.events import EventBus
 from rho_actors.files import UnsafePathError, private_dir
@@ -109,10 +111,14 @@ class ActorSystem:
     Arguments: ``data_dir`` holds one private folder per session (default: a new
     temporary folder, removed at :meth:`stop`); ``max_output_chars`` caps each result's text (characters);
     ``max_argument_depth`` and ``max_schema_depth`` bound nesting of call arguments and
-    parameter schemas; ``shutdown_ms`` is how long running calls get to stop on
-    :meth:`stop` (milliseconds) before their threads are abandoned; ``max_restarts`` in ``max_seconds``
-    seconds is the restart intensity of the root (the system's own actors), of the
-    sources' supervisor, of each session's supervisor, and the default of each server's
+    parameter schemas; ``max_description_chars`` (16,384), ``max_schema_bytes`` (65,536)
+    and ``max_schema_nodes`` (2,048) bound every declaration (DESIGN §3);
+    ``max_turn_result_bytes`` (64 MiB) and ``max_session_result_bytes`` (512 MiB) budget
+    results: past either, an ``output_limit`` error (:mod:`rho_actors.budgets`);
+    ``shutdown_ms`` is how long running calls get to stop on :meth:`stop` (milliseconds)
+    before their threads are abandoned; ``max_restarts`` in ``max_seconds`` seconds is the
+    restart intensity of the root (the system's own actors), of the sources' supervisor,
+    of each session's supervisor, and the default of each server's
     (see :meth:`start_child`): past it, that supervisor gives up (DESIGN §6); ``untrusted`` says
     how untrusted declarations are read (time and heap bounds, retry schedule, start
     method; see :class:`rho_actors.UntrustedReads`); ``warm_workers`` worker processes are
@@ -154,7 +160,12 @@ class ActorSystem:
         *,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         max_argument_depth: int = DEFAULT_MAX_ARGUMENT_DEPTH,
-        max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
+        max_schema_depth: int = _decl.DEFAULT_MAX_SCHEMA_DEPTH,
+        max_description_chars: int = _decl.DEFAULT_MAX_DESCRIPTION_CHARS,
+        max_schema_bytes: int = _decl.DEFAULT_MAX_SCHEMA_BYTES,
+        max_schema_nodes: int = _decl.DEFAULT_MAX_SCHEMA_NODES,
+        max_turn_result_bytes: int = DEFAULT_MAX_TURN_RESULT_BYTES,
+        max_session_result_bytes: int = DEFAULT_MAX_SESSION_RESULT_BYTES,
         shutdown_ms: int = 5_000,
         max_restarts: int = 3,
         max_seconds: float = 5.0,
@@ -234,11 +245,12 @@ class ActorSystem:
             calls=self._calls,
             threads=self._threads,
             isolations=start_isolations(services),
-            limits=Limits(max_output_chars, max_argument_depth, max_schema_depth,
-                          log_tracebacks=bool(log_tracebacks)),
+            limits=Limits(max_output_chars, max_argument_depth, max_schema_depth, 10.0, max_description_chars,
+                          max_schema_bytes, max_schema_nodes, log_tracebacks=bool(log_tracebacks)),
             untrusted=self._untrusted,
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             confine=self._confine,
+            budgets=ResultBudgets(max_turn_result_bytes, max_session_result_bytes),
         )
         self._events = self._runtime.events
         self._telemetry = self._runtime.telemetry
@@ -309,7 +321,7 @@ class ActorSystem:
     def register(
         self, tool: Any, *, origin: str | None = None, untrusted: bool = False,
         isolation: IsolationName | None = None, env: dict[str, str] | None = None, deps: dict[str, Any] | None = None,
-        worker_scope: str | None = None, resources: Mapping[str, Any] | None = None,
+        worker_scope: str | None = None, resources: Mapping[str, Any] | None = None, source: str | None = None,
     ) -> Registration:
         """Register a tool (a module, class or object with the callbacks of DESIGN §2).
         Its declaration is read and checked once; one that fails is left out of what
@@ -335,6 +347,9 @@ class ActorSystem:
         it; ``worker_scope`` is ``"session"`` (default: a worker process serves one
         (tool, session) pair only) or ``"call"`` (a fresh worker process per call).
 
+        ``source`` names the source serving the tool (set by ``add_source``; ``None``: the
+        host's own, which takes a name from a source's tool, evicting it: DESIGN §3 "Names").
+
         ``resources`` are what its isolation runs each call with, checked by the
         isolation (``isolation="ray"``: ``num_cpus``, ``num_gpus``, ``memory`` in bytes,
         ``runtime_env`` and custom resources such as ``{"browser": 1}``). ``ray`` takes
@@ -348,7 +363,7 @@ class ActorSystem:
         refuses them, bad ``resources``, or a bad ``env``/``deps``/``worker_scope`` (or any
         of them for a trusted tool), ``ImportError`` for ``ray`` resources without the
         ``ray`` extra, :class:`rho_actors.DuplicateToolError`
-        when another registered tool has its name, and ``RuntimeError`` when the system
+        when another registered tool has its name (but see ``source``), and ``RuntimeError`` when the system
         stops while an untrusted declaration is being read.
         """
         if isolation is not None and isolation not in ISOLATIONS:
@@ -370,7 +385,9 @@ class ActorSystem:
         if missing:
             raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
         registry = self._proxy(REGISTRY)
-        answer = registry.register(tool, origin, untrusted, isolation, placement).get(timeout=self._ask_timeout_s)
+        answer = registry.register(tool, origin, untrusted, isolation, placement, source).get(
+            timeout=self._ask_timeout_s
+        )
         if isinstance(answer, Registration):
             return answer
         registration: Registration = answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)
@@ -643,7 +660,8 @@ class ActorSystem:
         deadline or at a stop whose thread has not returned yet),
         ``abandoned_threads_total``, the worker pools' as ``workers_<name>`` and
         ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`),
-        ``workers_cap``: each isolation's counters. ``confinement``: what confines
+        ``workers_cap``: each isolation's counters. ``bounds``: the ``max_*`` bounds of
+        declarations; ``budgets``: :meth:`rho_actors.budgets.ResultBudgets.stats`. ``confinement``: what confines
         untrusted workers here: ``{"active": [mechanism...], "memory_bound": "cgroup" |
         "sampler" | "none", "uid": int | None, "network": bool (whether workers share the
         host's network), "disk_bytes": int | None (the private folder's bound),
@@ -655,6 +673,8 @@ class ActorSystem:
             k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
         }
         out["confinement"] = self._confinement_stats()
+        out["bounds"] = self._runtime.limits.declaration_bounds()
+        out["budgets"] = self._runtime.budgets.stats()
         return out
 
     def _confinement_stats(self) -> dict[str, Any]:

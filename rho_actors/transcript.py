@@ -41,8 +41,12 @@ and, by type:
     ``"index": int`` (the call's position in its reply's ``tool_calls``), ``"call_id"``,
     ``"name"``, ``"ok": bool``, ``"content": str`` (the text for the model),
     ``"error_kind": str | null``, ``"duration_ms": float`` and
-    ``"images": [{"mime_type": str, "data": str}]`` (``data`` is base64). ``details`` are
-    the host's and are not recorded.
+    ``"images": [{"mime_type": str, "sha256": str, "bytes": int}]``: each image by its
+    digest; its bytes are in the image store beside the transcript
+    (:mod:`rho_actors.image_store`, ``images/<sha256>``, bounded: an image that does not
+    fit has ``"omitted": str`` saying so, and is left out when read back, as is one whose
+    file is missing or does not match). Older records hold ``{"mime_type", "data"}``
+    (base64 inline) and still load. ``details`` are the host's and are not recorded.
 ``error`` (why a prompt stopped early; not part of the conversation a model sees)
     ``"kind"``: ``"model"`` (request ``step`` raised or gave an invalid reply: the step
     is used up), or, with ``step`` the request the prompt stopped before making (the next
@@ -97,6 +101,7 @@ from loguru import logger
 from rho_actors.encoding import scrub_text
 from rho_actors.errors import RhoError
 from rho_actors.files import UnsafePathError, open_regular
+from rho_actors.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES, ImageStore
 from rho_actors.model import Message, Reply
 from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
@@ -276,7 +281,7 @@ def load(path: str | Path) -> History:
     without changing the file. Raises :class:`TranscriptError` for a transcript that
     cannot be read (a bad record other than a cut-short last line)."""
     records, _, torn = read_records(path)
-    history = _history(records, str(path))
+    history = _history(records, str(path), ImageStore(Path(path).parent))
     history.torn = torn
     return history
 
@@ -290,7 +295,7 @@ class _Group:
     results: dict[int, Message] = field(default_factory=dict)
 
 
-def _history(records: list[dict[str, Any]], where: str) -> History:
+def _history(records: list[dict[str, Any]], where: str, images: ImageStore) -> History:
     items: list[Message | _Group] = []
     groups: dict[int, _Group] = {}
     last_step = 0
@@ -321,7 +326,7 @@ def _history(records: list[dict[str, Any]], where: str) -> History:
                     logger.warning("transcript {}: line {} repeats the result of call {} of step {}; the first counts",
                                    where, number, index, step)
                     continue
-                group_of.results[index] = Message.tool_result(_result(record))
+                group_of.results[index] = Message.tool_result(_result(record, images))
             elif kind == "error":
                 if record.get("kind") not in ERROR_KINDS:
                     raise ValueError(f"error kind must be one of {', '.join(ERROR_KINDS)}, got {record.get('kind')!r}")
@@ -421,7 +426,7 @@ def thinking_blocks(value: Any) -> tuple[dict[str, Any], ...]:
     return tuple(kept)
 
 
-def _result(record: Mapping[str, Any]) -> ToolResult:
+def _result(record: Mapping[str, Any], store: ImageStore) -> ToolResult:
     kind, ok = record["error_kind"], record["ok"]
     if type(ok) is not bool:
         raise TypeError(f"ok must be true or false, got {_json_name(ok)}")
@@ -429,17 +434,26 @@ def _result(record: Mapping[str, Any]) -> ToolResult:
         raise TypeError(f"error_kind must be a string or null, got {_json_name(kind)}")
     if ok != (kind is None):
         raise ValueError(f"ok is {json.dumps(ok)} but error_kind is {json.dumps(kind)}")
-    images = tuple(_image(i) for i in _list(record["images"]))
+    images = tuple(i for i in (_image(data, store) for data in _list(record["images"])) if i is not None)
     return ToolResult(
         _str(record["call_id"]), _str(record["name"]), ok, _str(record["content"]),
         None if kind is None else ErrorKind(kind), None, images, _number(record, "duration_ms", required=False),
     )
 
 
-def _image(data: Any) -> Image:
+def _image(data: Any, store: ImageStore) -> Image | None:
+    """A recorded image: inline (base64, older records) or by digest from ``store``;
+    ``None`` when it was omitted or its stored bytes are gone (left out, with a warning)."""
     if not isinstance(data, dict):
         raise TypeError(f"an image must be an object, got {_json_name(data)}")
-    return Image(base64.b64decode(_str(data["data"]), validate=True), _str(data["mime_type"]))
+    mime = _str(data["mime_type"])
+    if "data" in data:
+        return Image(base64.b64decode(_str(data["data"]), validate=True), mime)
+    digest = _str(data["sha256"])
+    if "omitted" in data:
+        return None
+    stored = store.get(digest)
+    return None if stored is None else Image(stored, mime)
 
 
 # --------------------------------------------------------------------------- writing
@@ -453,11 +467,13 @@ class Transcript:
     truncates a cut-short last line away. Each write method appends one record and
     returns once it is flushed and ``fsync``-ed; they raise ``OSError`` when the disk
     does, and ``ValueError`` for a value JSON cannot hold (a tool call's arguments
-    object).
+    object). Images go to :attr:`images`, an :class:`~rho_actors.image_store.ImageStore`
+    beside the file bounded to ``max_image_bytes`` (default 256 MiB).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, max_image_bytes: int = DEFAULT_MAX_IMAGE_STORE_BYTES) -> None:
         self.path = Path(path)
+        self.images = ImageStore(self.path.parent, max_image_bytes)
         self.history = History()
         self._fd: int | None = None
         self._seq = 0
@@ -487,7 +503,7 @@ class Transcript:
             if created:
                 _fsync_dir(self.path.parent)
             records, good, torn = _records(_read_all(fd), str(self.path))
-            history = _history(records, str(self.path))
+            history = _history(records, str(self.path), self.images)
             history.torn = torn
             if torn:
                 os.ftruncate(fd, good)
@@ -547,9 +563,18 @@ class Transcript:
             "ok": result.ok, "content": result.content,
             "error_kind": None if result.error_kind is None else str(result.error_kind),
             "duration_ms": round(result.duration_ms, 3),
-            "images": [{"mime_type": i.mime_type, "data": base64.b64encode(i.data).decode("ascii")}
-                       for i in result.images],
+            "images": [self._stored(i) for i in result.images],
         })
+
+    def _stored(self, image: Image) -> dict[str, Any]:
+        """An image's record: its digest, put in the image store when it fits."""
+        digest, stored = self.images.put(image.data)
+        record: dict[str, Any] = {"mime_type": image.mime_type, "sha256": digest, "bytes": len(image.data)}
+        if not stored:
+            record["omitted"] = f"the transcript's image store is full ({self.images.max_bytes} bytes)"
+            logger.warning("transcript {}: an image of {} bytes is not kept: {}", self.path, len(image.data),
+                           record["omitted"])
+        return record
 
     def error(self, step: int, kind: str, message: str) -> None:
         """Record why the prompt stopped at ``step`` (``kind``: one of ``model``,

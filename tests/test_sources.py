@@ -218,16 +218,17 @@ def test_a_duplicate_name_is_refused_naming_both_origins(system: ActorSystem, fo
     assert str(first) in entry["reason"] and str(second) in entry["reason"]
     assert handle.status()["tools"][str(first)]["offered"] is True
 
-    # a host tool with the name is refused too, naming the source's file
-    from rho_actors import DuplicateToolError
-
+    # the host's own tool takes the name from the source's (DESIGN §3 "Names"), until unregistered
     @tool(name="same")
     def host_same() -> str:
         """Mine."""
         return "host"
 
-    with pytest.raises(DuplicateToolError, match=str(first)):
-        system.register(host_same)
+    system.register(host_same)
+    assert call(loop, "same", "c1b").content == "host"
+    assert "taken by the host's own registration" in handle.refresh()["tools"][str(first)]["reason"]
+    system.unregister(host_same)
+    assert handle.refresh()["tools"][str(first)]["offered"] is True
 
     # refused again only once the tool set has changed (not at every scan)
     attempts: list[Any] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -56,7 +57,9 @@ def test_records_follow_the_schema(tmp_path: Path) -> None:
         {"id": "c2", "name": "look", "arguments": {"where": "here", "n": [1, 2]}},
     ]
     assert records[1]["model_ms"] == 12.5
-    assert records[3]["images"] == [{"mime_type": "image/png", "data": "iVBORw0KGgoA/w=="}]
+    digest = hashlib.sha256(PNG).hexdigest()
+    assert records[3]["images"] == [{"mime_type": "image/png", "sha256": digest, "bytes": len(PNG)}]
+    assert (tmp_path / "images" / digest).read_bytes() == PNG  # by digest, beside the transcript
     assert records[3]["error_kind"] == "raised" and "details" not in records[3]
     assert records[5]["kind"] == "max_steps" and records[5]["message"] == "stopped"
 

@@ -101,8 +101,9 @@ MAX_DETAILS_BYTES: Final = 2**20
 """The longest ``details`` of a plain-data result, as msgpack bytes."""
 MAX_IMAGES: Final = 16
 """The most images of one plain-data result."""
-MAX_IMAGE_BYTES: Final = 32 * 2**20
-"""The largest image of a plain-data result, in bytes."""
+MAX_IMAGE_BYTES: Final = 20 * 2**20
+"""The largest image of a plain-data result, in bytes: the largest any provider takes
+(OpenAI 20 MB per image; Anthropic 5 MB). A larger one is refused when decoded."""
 MAX_PLAIN_DEPTH: Final = 100
 """Plain data nested deeper than this is refused."""
 
