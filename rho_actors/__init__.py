@@ -4,8 +4,9 @@ Every call runs in a supervised actor with a deadline; a raise, an exit or a tim
 becomes an error result for the model and never takes the agent down. See DESIGN.md
 and README.md; the public API is re-exported here, and only what is here is public
 (submodules are documented as internal where they are; ``rho_actors.sandbox``,
-``rho_actors.isolation`` and ``rho_actors.integrations.bfcl`` also have their own public
-names).
+``rho_actors.isolation``, ``rho_actors.integrations.bfcl`` and the framework adapters
+``rho_actors.integrations.langgraph``, ``.openai_agents`` and ``.pydantic_ai``, imported
+only when used, also have their own public names).
 
 rho_actors logs with loguru and, as loguru advises for libraries, is silent until the
 host calls ``loguru.logger.enable("rho_actors")``.

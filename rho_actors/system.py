@@ -355,6 +355,11 @@ class ActorSystem:
         ``runtime_env`` and custom resources such as ``{"browser": 1}``). ``ray`` takes
         trusted tools only (Ray unpickles what its workers return).
 
+        A trusted LangChain tool (a ``langchain_core.tools.BaseTool``, ``@tool``
+        functions included) is registered as
+        :func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain` makes it:
+        its name, description and argument schema are its own.
+
         Raises ``TypeError`` when a trusted ``tool`` lacks a required callback,
         :class:`~rho_actors.main_guard.UnguardedStartError` when called from the top
         level of a main script outside ``if __name__ == "__main__":`` (its child
@@ -381,6 +386,10 @@ class ActorSystem:
             placement = dataclasses.replace(placement, options=chosen.check_options(resources or {}))
         elif resources is not None:
             raise ValueError("resources need an isolation that takes them: register(..., isolation='ray', ...)")
+        if not untrusted:
+            from rho_actors.integrations.adopt import adopted  # another framework's tool as a rho tool
+
+            tool = adopted(tool)
         missing = [] if untrusted else missing_callbacks(tool)
         if missing:
             raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
@@ -397,6 +406,9 @@ class ActorSystem:
         """Remove a tool (by name or object); loops stop offering it from their next
         turn, and a call naming it gets an ``unavailable`` error. Returns whether a tool
         was removed."""
+        from rho_actors.integrations.adopt import registered_as
+
+        name_or_tool = registered_as(name_or_tool)
         removed: bool = self._proxy(REGISTRY).unregister(name_or_tool).get(timeout=self._ask_timeout_s)
         return removed
 

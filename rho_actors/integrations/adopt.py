@@ -1,0 +1,32 @@
+"""Other frameworks' tools as rho tools, for :meth:`rho_actors.ActorSystem.register`
+(DESIGN §6c). No framework is imported here: a LangChain tool exists only once
+``langchain_core`` is loaded, and only a value's type is looked at."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["adopted", "registered_as"]
+
+
+def _langchain_tool(value: object) -> bool:
+    tools = sys.modules.get("langchain_core.tools")
+    return tools is not None and issubclass(type(value), tools.BaseTool)
+
+
+def adopted(tool: Any) -> Any:
+    """A LangChain ``BaseTool`` as its rho tool
+    (:func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain`); any other
+    value as it is."""
+    if _langchain_tool(tool):
+        from rho_actors.integrations.langgraph.langchain_tool import from_langchain
+
+        return from_langchain(tool)
+    return tool
+
+
+def registered_as(name_or_tool: Any) -> Any:
+    """What the registry knows ``name_or_tool`` by: a LangChain tool's name (its rho
+    tool is a new object), else ``name_or_tool``."""
+    return name_or_tool.name if _langchain_tool(name_or_tool) else name_or_tool

@@ -1,0 +1,65 @@
+"""A LangChain tool (a ``langchain_core.tools.BaseTool``, ``@tool`` functions included)
+as a rho tool: what :meth:`rho_actors.ActorSystem.register` makes of one (DESIGN §6c).
+
+The declaration is the tool's own: ``name``, ``description`` and the JSON Schema of its
+arguments (``tool_call_schema``: its ``args_schema`` without injected arguments). A
+call runs ``tool.invoke(args)`` (``await tool.ainvoke(args)`` for a tool with only a
+coroutine, which then gets asyncio cancellation at its deadline); what it raises, a
+``ToolException`` included, is a ``raised`` result.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.tools import BaseTool
+from pydantic import BaseModel
+
+__all__ = ["AsyncLangChainTool", "LangChainTool", "from_langchain"]
+
+
+def _schema(tool: BaseTool) -> dict[str, Any]:
+    schema = tool.tool_call_schema
+    if isinstance(schema, dict):
+        return copy.deepcopy(schema)
+    if not issubclass(schema, BaseModel):  # a pydantic.v1 model
+        raise TypeError(f"LangChain tool {tool.name!r}: its args schema is a pydantic v1 model; use pydantic v2")
+    return schema.model_json_schema()
+
+
+class LangChainTool:
+    """A rho tool standing for LangChain tool ``tool`` (its callbacks read it when
+    called, so a tool registered untrusted is read in a worker process)."""
+
+    def __init__(self, tool: BaseTool) -> None:
+        self.tool = tool
+
+    def name(self) -> str:
+        return self.tool.name
+
+    def description(self) -> str:
+        return self.tool.description
+
+    def parameter_schema(self) -> dict[str, Any]:
+        return _schema(self.tool)
+
+    def run(self, args: Mapping[str, Any], ctx: Mapping[str, Any]) -> Any:
+        return self.tool.invoke(dict(args))
+
+
+class AsyncLangChainTool(LangChainTool):
+    """:class:`LangChainTool` for a tool with a coroutine and no sync function."""
+
+    async def run(self, args: Mapping[str, Any], ctx: Mapping[str, Any]) -> Any:
+        return await self.tool.ainvoke(dict(args))
+
+
+def from_langchain(tool: BaseTool) -> LangChainTool:
+    """The rho tool for LangChain tool ``tool``; ``TypeError`` when it is no
+    ``BaseTool``."""
+    if not isinstance(tool, BaseTool):
+        raise TypeError(f"from_langchain takes a langchain_core.tools.BaseTool, got {type(tool).__name__}")
+    only_async = getattr(tool, "coroutine", None) is not None and getattr(tool, "func", None) is None
+    return AsyncLangChainTool(tool) if only_async else LangChainTool(tool)

@@ -1,0 +1,94 @@
+"""The OpenAI Agents SDK running its tools through rho (the ``openai-agents`` extra;
+DESIGN §6c).
+
+Example::
+
+    from agents import Agent, Runner
+    from rho_actors.integrations.openai_agents import function_tools
+
+    loop = system.start_loop("user-42")
+    agent = Agent(name="helper", model=model, tools=function_tools(loop))
+    result = await Runner.run(agent, "What is 1 + 2?")
+
+Each call the model makes runs as a rho turn of one call in ``loop``, under the SDK's
+``tool_call_id``: the tool's deadline stops its work (a sync tool too, which the SDK
+cannot bound), and every error, a raise or a timeout included, reaches the model as
+rho's text (never the SDK's generic "An error occurred").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from agents import FunctionTool, Tool
+from agents.tool_context import ToolContext
+
+from rho_actors.integrations.sessions import call_id
+from rho_actors.loop import Loop
+from rho_actors.tool import ToolCall, ToolInfo
+
+__all__ = ["LoopFunctionTools", "function_tools"]
+
+
+def _function_tool(loop: Loop, info: ToolInfo) -> FunctionTool:
+    name = info.name
+
+    async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> str:
+        call = ToolCall(call_id(ctx.tool_call_id), name, arguments)
+        (result,) = await loop.arun_turn([call])
+        return result.content
+
+    return FunctionTool(
+        name=name, description=info.description, params_json_schema=info.parameter_schema,
+        on_invoke_tool=on_invoke_tool, strict_json_schema=False,
+    )
+
+
+class LoopFunctionTools(list[Tool]):
+    """A ``list`` of ``agents.FunctionTool`` that follows ``loop``: each time it is
+    iterated (the SDK reads ``Agent.tools`` once per turn) it first becomes the loop's
+    offered tools now, so withheld and unregistered tools drop out and new ones join.
+    A tool whose declaration is unchanged keeps its ``FunctionTool`` object. Reading
+    the offer is one ask of the loop's actor (microseconds, made in the reading
+    thread)."""
+
+    def __init__(self, loop: Loop) -> None:
+        if not isinstance(loop, Loop):
+            raise TypeError(f"function_tools takes a rho_actors.Loop, got {type(loop).__name__}")
+        self._loop = loop
+        self._made: dict[str, tuple[ToolInfo, FunctionTool]] = {}
+        self._lock = threading.Lock()
+        super().__init__(self._current())
+
+    def _current(self) -> list[Tool]:
+        offered = self._loop.offered()
+        with self._lock:
+            made: dict[str, tuple[ToolInfo, FunctionTool]] = {}
+            for info in offered:
+                known = self._made.get(info.name)
+                made[info.name] = known if known is not None and known[0] == info else (
+                    info, _function_tool(self._loop, info))
+            self._made = made
+            return [tool for _, tool in made.values()]
+
+    def refresh(self) -> None:
+        """Become the loop's offered tools now (iteration does this by itself)."""
+        super().__init__(self._current())
+
+    def __iter__(self) -> Iterator[Tool]:
+        self.refresh()
+        return super().__iter__()
+
+
+def function_tools(loop: Loop) -> LoopFunctionTools:
+    """The tools ``loop`` offers as ``agents.FunctionTool`` values, for
+    ``Agent(tools=...)``: a :class:`LoopFunctionTools` that follows the loop's offer.
+    Each ``on_invoke_tool(ctx, arguments)`` runs ``ToolCall(ctx.tool_call_id, name,
+    arguments)`` as a turn of ``loop`` (rho checks the arguments against the tool's
+    schema: the SDK is told ``strict_json_schema=False``) and returns the result's text,
+    the text rho's own loop gives a model (an error's names what went wrong). Raises
+    ``TypeError`` when ``loop`` is not a :class:`rho_actors.Loop`, and what
+    :meth:`Loop.offered` raises when it has stopped."""
+    return LoopFunctionTools(loop)

@@ -1,0 +1,94 @@
+"""pydantic-ai running its tools through rho (the ``pydantic-ai`` extra; DESIGN §6c).
+
+Example::
+
+    from pydantic_ai import Agent
+    from rho_actors.integrations.pydantic_ai import RhoToolset
+
+    agent = Agent("openai:gpt-4o-mini", toolsets=[RhoToolset(loop)])
+    result = await agent.run("What is 1 + 2?")
+
+The toolset's tools are the loop's offered tools, read again at every step of a run.
+Each call runs as a rho turn of one call under pydantic-ai's ``tool_call_id``; invalid
+arguments become pydantic-ai's retry prompt with rho's message (``ModelRetry``), any
+other error reaches the model as rho's text as a failed tool result (``ToolFailed``)
+and the run goes on. ``exclusive`` tools are ``sequential`` for pydantic-ai. Given an
+:class:`rho_actors.ActorSystem` instead of a loop, each pydantic-ai conversation
+(``conversation_id``) is a rho session of that id.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic_ai import ModelRetry, RunContext, ToolDefinition
+from pydantic_ai.exceptions import ToolFailed
+from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+from pydantic_core import SchemaValidator, core_schema
+
+from rho_actors.integrations.sessions import SessionLoops, call_id
+from rho_actors.tool import ErrorKind, ToolCall
+
+if TYPE_CHECKING:
+    from rho_actors.loop import Loop
+    from rho_actors.system import ActorSystem
+
+__all__ = ["RhoToolset"]
+
+_ANY_ARGUMENTS = SchemaValidator(core_schema.any_schema())
+"""pydantic-ai's check of the arguments lets everything through: rho checks them
+against the tool's schema and answers with its own message."""
+_RETRY_KINDS = frozenset({ErrorKind.INVALID_ARGUMENTS, ErrorKind.INVALID_JSON})
+
+
+class RhoToolset(AbstractToolset[Any]):
+    """An ``AbstractToolset`` whose tools are what ``target`` offers now.
+
+    ``target`` is a :class:`rho_actors.Loop` (every call runs in that session) or an
+    :class:`rho_actors.ActorSystem` (the session is the run's ``conversation_id``,
+    started on first use; :meth:`close` stops those loops). ``id`` is the toolset's
+    pydantic-ai id; ``max_retries`` is how many retry prompts for invalid arguments
+    a tool gets per run. Raises ``TypeError`` for a ``target`` that is neither.
+    """
+
+    def __init__(self, target: Loop | ActorSystem, *, id: str | None = None, max_retries: int = 1) -> None:
+        self._sessions = SessionLoops(target, what="RhoToolset")
+        self._id = id
+        self._max_retries = max_retries
+
+    @property
+    def id(self) -> str | None:
+        return self._id
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        offered = self._sessions.offered(ctx.conversation_id)
+        return {
+            info.name: ToolsetTool(
+                toolset=self,
+                tool_def=ToolDefinition(
+                    name=info.name, parameters_json_schema=info.parameter_schema, description=info.description,
+                    sequential=info.concurrency == "exclusive",
+                ),
+                max_retries=self._max_retries,
+                args_validator=_ANY_ARGUMENTS,
+            )
+            for info in offered
+        }
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        """Run the call as a rho turn: the result's text when ok; raises
+        ``ModelRetry`` (invalid arguments or JSON) or ``ToolFailed`` (any other
+        error) with rho's text."""
+        loop = self._sessions.loop(ctx.conversation_id)
+        (result,) = await loop.arun_turn([ToolCall(call_id(ctx.tool_call_id), name, tool_args)])
+        if result.ok:
+            return result.content
+        if result.error_kind in _RETRY_KINDS:
+            raise ModelRetry(result.content)
+        raise ToolFailed(result.content)
+
+    def close(self) -> None:
+        """Stop the loops started for conversations (a loop given as ``target`` stays)."""
+        self._sessions.close()

@@ -1,0 +1,88 @@
+"""What the framework adapters share: which rho session a framework's call runs in,
+and the call id it runs under (DESIGN §6c).
+
+An adapter is given a :class:`rho_actors.Loop` (every call runs in that session) or an
+:class:`rho_actors.ActorSystem` (each of the framework's threads or conversations is a
+rho session of that id, started on first use and kept until :meth:`SessionLoops.close`
+or the system stops).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import TYPE_CHECKING
+
+from rho_actors.loop import Loop
+from rho_actors.tool import ToolInfo
+
+if TYPE_CHECKING:
+    from rho_actors.system import ActorSystem
+
+__all__ = ["SessionLoops", "call_id"]
+
+
+def call_id(framework_id: object) -> str:
+    """The rho call id of a framework's tool call: its own id when it is a non-empty
+    ``str``, else a fresh random one (``"call_<32 hex digits>"``)."""
+    if isinstance(framework_id, str) and framework_id:
+        return str.__str__(framework_id)
+    return f"call_{uuid.uuid4().hex}"
+
+
+class SessionLoops:
+    """The loop a framework's call runs in: ``target`` itself when it is a
+    :class:`Loop`, else (an :class:`ActorSystem`) the loop of session ``session_id``,
+    started on first use. Raises ``TypeError`` for a ``target`` that is neither."""
+
+    def __init__(self, target: Loop | ActorSystem, *, what: str) -> None:
+        from rho_actors.system import ActorSystem
+
+        if not isinstance(target, Loop | ActorSystem):
+            raise TypeError(f"{what} takes a rho_actors.Loop or ActorSystem, got {type(target).__name__}")
+        self._loop = target if isinstance(target, Loop) else None
+        self._system = target if isinstance(target, ActorSystem) else None
+        self._what = what
+        self._loops: dict[str, Loop] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def fixed(self) -> Loop | None:
+        """The one loop every call runs in, or None when sessions follow the framework's."""
+        return self._loop
+
+    def loop(self, session_id: str | None) -> Loop:
+        """The loop for the framework's thread or conversation ``session_id``. Raises
+        ``ValueError`` when sessions follow the framework's and it gave none (or one
+        rho refuses as a session id: see :meth:`ActorSystem.start_loop`)."""
+        if self._loop is not None:
+            return self._loop
+        assert self._system is not None
+        if not isinstance(session_id, str) or not session_id:
+            raise ValueError(
+                f"{self._what} was given an ActorSystem, so each call needs the framework's thread or "
+                f"conversation id as its rho session; this call has none (got {session_id!r})"
+            )
+        with self._lock:
+            loop = self._loops.get(session_id)
+            if loop is None or not loop.alive:
+                loop = self._system.start_loop(session_id)
+                self._loops[session_id] = loop
+            return loop
+
+    def offered(self, session_id: str | None = None) -> list[ToolInfo]:
+        """The declarations offered now: the fixed loop's, the session's when it has
+        one, else every checked registered tool's."""
+        if self._loop is not None:
+            return self._loop.offered()
+        assert self._system is not None
+        with self._lock:
+            loop = self._loops.get(session_id) if session_id else None
+        return loop.offered() if loop is not None and loop.alive else self._system.tools()
+
+    def close(self) -> None:
+        """Stop the loops this started (a fixed loop is the caller's and stays)."""
+        with self._lock:
+            loops, self._loops = list(self._loops.values()), {}
+        for loop in loops:
+            loop.stop()

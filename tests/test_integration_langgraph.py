@@ -1,0 +1,175 @@
+"""LangGraph's own graph run (``StateGraph`` over ``MessagesState``, ``tools_condition``)
+with rho's ``RhoToolNode`` and a scripted LangChain chat model; LangChain tools passed
+to ``system.register``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langgraph")
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import ToolException
+from langchain_core.tools import tool as lc_tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+from pydantic import Field
+
+from rho_actors import ActorSystem, ToolCall
+from rho_actors.integrations.langgraph import RhoToolNode
+from tests import adapter_tools
+from tests.adapter_tools import later, set_up
+
+Call = tuple[str, str, Any]
+
+
+class ScriptedChat(BaseChatModel):
+    """Replies ``script[i]`` at step ``i`` (tool calls or a final text), recording the
+    tool names bound for each step."""
+
+    script: list[Any]
+    between: Any = None
+    offered: list[list[str]] = Field(default_factory=list)
+    bound: list[str] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        self.bound = [t["function"]["name"] for t in tools]
+        return self
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        step = len(self.offered)
+        self.offered.append(self.bound)
+        if self.between is not None:
+            self.between(step)
+        reply = self.script[step]
+        if isinstance(reply, str):
+            message = AIMessage(reply)
+        else:
+            message = AIMessage("", tool_calls=[{"id": cid, "name": n, "args": a, "type": "tool_call"}
+                                                for cid, n, a in reply])
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def graph(node: RhoToolNode, model: ScriptedChat) -> Any:
+    bound = node.bind_model(model)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state, config: {"messages": [bound.invoke(state["messages"], config)]})
+    builder.add_node("tools", node)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile()
+
+
+def tool_messages(state: dict[str, Any]) -> list[ToolMessage]:
+    return [m for m in state["messages"] if isinstance(m, ToolMessage)]
+
+
+def chat(script: list[Any], between: Callable[[int], None] | None = None) -> ScriptedChat:
+    return ScriptedChat(script=script, between=between)
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_graph_run_gets_one_tool_message_per_call_in_order(
+    system: ActorSystem, tmp_path: Path, mode: str
+) -> None:
+    setup = set_up(system, tmp_path)
+    app = graph(RhoToolNode(setup.loop), chat([setup.calls(), "all done"]))
+    t0 = time.monotonic()
+    start = {"messages": [HumanMessage("go")]}
+    state = app.invoke(start) if mode == "invoke" else asyncio.run(app.ainvoke(start))
+    elapsed = time.monotonic() - t0
+    assert state["messages"][-1].content == "all done"
+    messages = tool_messages(state)
+    assert [m.tool_call_id for m in messages] == [cid for cid, _, _ in setup.calls()]
+    assert [m.status for m in messages] == ["success", "error", "error", "error", "success", "success"]
+    adapter_tools.check_outputs({m.tool_call_id: str(m.content) for m in messages}, setup, elapsed)
+
+
+def test_the_bound_tools_follow_the_loop(system: ActorSystem, tmp_path: Path) -> None:
+    setup = set_up(system, tmp_path, processes=False)
+
+    def between(step: int) -> None:
+        if step == 0:
+            setup.loop.set_withheld({"boom"})
+            system.register(later)
+
+    model = chat([[("c1", "add", {"a": 1, "b": 1})], [("c2", "later", {})], "ok"], between)
+    state = graph(RhoToolNode(setup.loop), model).invoke({"messages": [HumanMessage("go")]})
+    assert state["messages"][-1].content == "ok"
+    assert model.offered == [["add", "boom", "meet"], ["add", "meet", "later"], ["add", "meet", "later"]]
+    assert [(m.tool_call_id, m.content) for m in tool_messages(state)] == [("c1", "2"), ("c2", "later")]
+
+
+def test_given_a_system_each_graph_thread_is_a_rho_session(system: ActorSystem, tmp_path: Path) -> None:
+    set_up(system, tmp_path, processes=False)
+    node = RhoToolNode(system)
+    app = graph(node, chat([[("c1", "add", {"a": 2, "b": 3})], "five"]))
+    try:
+        state = app.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "thread-9"}})
+        assert state["messages"][-1].content == "five"
+        assert system.whereis("loop:thread-9") is not None
+        with pytest.raises(ValueError, match="needs the framework's thread or conversation id"):
+            node.invoke({"messages": [AIMessage("", tool_calls=[{"id": "x", "name": "add", "args": {}}])]})
+    finally:
+        node.close()
+    assert system.whereis("loop:thread-9") is None
+
+
+def test_a_state_without_an_ai_message_is_refused_by_name(system: ActorSystem, tmp_path: Path) -> None:
+    node = RhoToolNode(set_up(system, tmp_path, processes=False).loop)
+    with pytest.raises(ValueError, match="no AIMessage"):
+        node.invoke({"messages": [HumanMessage("hi")]})
+    with pytest.raises(ValueError, match="a 'messages' list"):
+        node.invoke({"text": "hi"})
+
+
+@lc_tool
+def lc_add(a: int, b: int = 0) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@lc_tool
+async def lc_echo(text: str) -> str:
+    """Echo the text."""
+    return text
+
+
+@lc_tool
+def lc_refuse() -> str:
+    """Always fail."""
+    raise ToolException("no such record")
+
+
+def test_a_langchain_tool_registers_with_its_own_declaration(system: ActorSystem) -> None:
+    for t in (lc_add, lc_echo, lc_refuse):
+        assert system.register(t).reason is None
+    info = {i.name: i for i in system.tools()}
+    assert info["lc_add"].description == "Add two integers."
+    assert info["lc_add"].parameter_schema["properties"]["a"]["type"] == "integer"
+    assert info["lc_add"].parameter_schema["required"] == ["a"]
+    loop = system.start_loop("lc")
+    results = loop.run_turn([
+        ToolCall("1", "lc_add", {"a": 1, "b": 2}), ToolCall("2", "lc_echo", {"text": "hi"}),
+        ToolCall("3", "lc_refuse", {}), ToolCall("4", "lc_add", {"b": 1}),
+    ])
+    assert [(r.ok, r.content) for r in results[:2]] == [(True, "3"), (True, "hi")]
+    assert results[2].error_kind == "raised" and "no such record" in results[2].content
+    assert results[3].error_kind == "invalid_arguments" and '"a" is a required property' in results[3].content
+    assert system.unregister(lc_add)
+    assert "lc_add" not in {i.name for i in loop.offered()}

@@ -1,0 +1,116 @@
+"""The OpenAI Agents SDK's own ``Runner.run`` with rho's ``function_tools``: a scripted
+model (the SDK's ``Model`` interface) asks for every case in one reply, then answers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import Agent, RunConfig, Runner
+from agents.items import ModelResponse
+from agents.models.interface import Model
+from agents.usage import Usage
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+from rho_actors import ActorSystem
+from rho_actors.integrations.openai_agents import function_tools
+from tests import adapter_tools
+from tests.adapter_tools import later, set_up
+
+Call = tuple[str, str, Any]
+
+
+class ScriptedModel(Model):
+    """Replies ``script[i]`` at step ``i`` (tool calls, or a final text), recording the
+    tool names and the function outputs it was given."""
+
+    def __init__(self, script: list[list[Call] | str], between: Callable[[int], None] = lambda step: None) -> None:
+        self.script = script
+        self.between = between
+        self.offered: list[list[str]] = []
+        self.outputs: dict[str, str] = {}
+
+    async def get_response(self, system_instructions: Any, input: Any, model_settings: Any, tools: Any,
+                           *args: Any, **kwargs: Any) -> ModelResponse:
+        step = len(self.offered)
+        self.offered.append([t.name for t in tools])
+        for item in input if isinstance(input, list) else []:
+            if isinstance(item, dict) and item.get("type") == "function_call_output":
+                self.outputs[item["call_id"]] = str(item["output"])
+        self.between(step)
+        reply = self.script[step]
+        output: list[Any]
+        if isinstance(reply, str):
+            text = ResponseOutputText(annotations=[], text=reply, type="output_text")
+            output = [ResponseOutputMessage(id=f"m{step}", content=[text], role="assistant", status="completed",
+                                            type="message")]
+        else:
+            output = [ResponseFunctionToolCall(arguments=a if isinstance(a, str) else _json(a), call_id=cid,
+                                               name=name, type="function_call", id=f"fc_{cid}", status="completed")
+                      for cid, name, a in reply]
+        return ModelResponse(output=output, usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def run(agent: Agent[Any]) -> Any:
+    import asyncio
+
+    return asyncio.run(Runner.run(agent, "go", run_config=RunConfig(tracing_disabled=True)))
+
+
+def test_a_run_gets_every_result_as_rho_text_and_a_hung_call_back_at_its_deadline(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    setup = set_up(system, tmp_path)
+    model = ScriptedModel([setup.calls(), "all done"])
+    agent = Agent(name="helper", model=model, tools=function_tools(setup.loop))
+    t0 = time.monotonic()
+    result = run(agent)
+    elapsed = time.monotonic() - t0
+    assert result.final_output == "all done"
+    assert "An error occurred" not in " ".join(model.outputs.values())
+    adapter_tools.check_outputs(model.outputs, setup, elapsed)
+
+
+def test_the_framework_call_id_is_the_rho_call_id(system: ActorSystem, tmp_path: Path) -> None:
+    setup = set_up(system, tmp_path, processes=False)
+    seen: list[str] = []
+    system.subscribe(lambda event: seen.append(event.call_id) if hasattr(event, "call_id") else None)
+    model = ScriptedModel([[("call_XYZ", "add", {"a": 2, "b": 2})], "four"])
+    assert run(Agent(name="a", model=model, tools=function_tools(setup.loop))).final_output == "four"
+    assert model.outputs == {"call_XYZ": "4"}
+    assert "call_XYZ" in seen
+
+
+def test_the_tools_follow_the_loop_from_one_step_to_the_next(system: ActorSystem, tmp_path: Path) -> None:
+    setup = set_up(system, tmp_path, processes=False)
+
+    def between(step: int) -> None:
+        if step == 0:
+            setup.loop.set_withheld({"boom"})
+            system.register(later)
+
+    model = ScriptedModel([[("c1", "add", {"a": 1, "b": 1})], [("c2", "later", {})], "ok"], between)
+    assert run(Agent(name="a", model=model, tools=function_tools(setup.loop))).final_output == "ok"
+    assert model.offered[0] == ["add", "boom", "meet"]
+    assert model.offered[1] == ["add", "meet", "later"]
+    assert model.outputs == {"c1": "2", "c2": "later"}
+
+
+def test_function_tools_takes_a_loop() -> None:
+    with pytest.raises(TypeError, match=r"function_tools takes a rho_actors\.Loop, got str"):
+        function_tools("s1")  # type: ignore[arg-type]

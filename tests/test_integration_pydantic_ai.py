@@ -1,0 +1,103 @@
+"""pydantic-ai's own ``Agent.run`` with rho's ``RhoToolset``: a ``FunctionModel`` asks
+for every case in one reply, then answers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from rho_actors import ActorSystem
+from rho_actors.integrations.pydantic_ai import RhoToolset
+from tests import adapter_tools
+from tests.adapter_tools import later, set_up
+
+Call = tuple[str, str, Any]
+
+
+class Script:
+    """A ``FunctionModel`` function replying ``script[i]`` at step ``i``, recording the
+    tools offered and what came back for each call id."""
+
+    def __init__(self, script: list[list[Call] | str], between: Callable[[int], None] = lambda step: None) -> None:
+        self.script = script
+        self.between = between
+        self.offered: list[list[str]] = []
+        self.outputs: dict[str, str] = {}
+        self.outcomes: dict[str, str] = {}
+
+    def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        step = len(self.offered)
+        self.offered.append([t.name for t in info.function_tools])
+        for part in messages[-1].parts:
+            if isinstance(part, ToolReturnPart):
+                self.outputs[part.tool_call_id] = str(part.content)
+                self.outcomes[part.tool_call_id] = part.outcome
+        self.between(step)
+        reply = self.script[step]
+        if isinstance(reply, str):
+            return ModelResponse(parts=[TextPart(reply)])
+        return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=cid) for cid, name, args in reply])
+
+
+def test_a_run_gets_every_result_and_a_retry_prompt_for_invalid_arguments(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    setup = set_up(system, tmp_path)
+    script = Script([setup.calls(), "all done"])
+    agent = Agent(FunctionModel(script), toolsets=[RhoToolset(setup.loop)])
+    t0 = time.monotonic()
+    result = asyncio.run(agent.run("go"))
+    elapsed = time.monotonic() - t0
+    assert result.output == "all done"
+    # invalid arguments ask the model to retry; the other errors are failed results
+    assert script.outcomes == {"c_add": "success", "c_boom": "failed", "c_hang": "failed", "c_bad": "retried",
+                               "c_meet1": "success", "c_meet2": "success"}
+    assert "$.a: \"one\" is not of type \"integer\"" in script.outputs["c_bad"]
+    adapter_tools.check_outputs(script.outputs, setup, elapsed)
+
+
+def test_the_tools_follow_the_loop_and_the_call_id_is_pydantic_ais(system: ActorSystem, tmp_path: Path) -> None:
+    setup = set_up(system, tmp_path, processes=False)
+    seen: list[str] = []
+    system.subscribe(lambda event: seen.append(event.call_id) if hasattr(event, "call_id") else None)
+
+    def between(step: int) -> None:
+        if step == 0:
+            setup.loop.set_withheld({"boom"})
+            system.register(later)
+
+    script = Script([[("pa_1", "add", {"a": 1, "b": 1})], [("pa_2", "later", {})], "ok"], between)
+    result = Agent(FunctionModel(script), toolsets=[RhoToolset(setup.loop)]).run_sync("go")
+    assert result.output == "ok"
+    assert script.offered == [["add", "boom", "meet"], ["add", "meet", "later"], ["add", "meet", "later"]]
+    assert script.outputs == {"pa_1": "2", "pa_2": "later"}
+    assert {"pa_1", "pa_2"} <= set(seen)
+
+
+def test_given_a_system_each_conversation_is_a_rho_session(system: ActorSystem, tmp_path: Path) -> None:
+    set_up(system, tmp_path, processes=False)
+    toolset = RhoToolset(system)
+    agent = Agent(FunctionModel(Script([[("c1", "add", {"a": 2, "b": 3})], "five"])), toolsets=[toolset])
+    try:
+        assert agent.run_sync("go", conversation_id="conv-7").output == "five"
+        assert system.whereis("loop:conv-7") is not None
+        assert (system.data_dir / "sessions" / "conv-7").is_dir()
+    finally:
+        toolset.close()
+    assert system.whereis("loop:conv-7") is None
+
+
+def test_rho_toolset_takes_a_loop_or_a_system() -> None:
+    with pytest.raises(TypeError, match=r"RhoToolset takes a rho_actors\.Loop or ActorSystem, got dict"):
+        RhoToolset({})  # type: ignore[arg-type]
