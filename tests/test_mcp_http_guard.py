@@ -212,3 +212,57 @@ def test_sessions_of_clients_killed_mid_call_are_reaped_within_client_gone_s(
     # each call was cancelled when its client's connection closed (not at its 20 s deadline)
     marks = list((server.system.data_dir / "sessions").glob("*/cancelled"))
     assert len(marks) == 8
+
+
+def test_rho_actors_mcp_serve_http_prints_its_token_and_refuses_requests_without_it(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RHO_MCP_TOKEN"}
+    proc = subprocess.Popen([sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", served_tools.__file__,
+                             "--http", f"127.0.0.1:{port}", "--data-dir", str(tmp_path), "--max-sessions-per-client",
+                             "2"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("MCP bearer token: "), line
+        token = line.split(": ", 1)[1].strip()
+        assert len(token) >= 32
+        assert "serving MCP at" in proc.stderr.readline()
+        url = f"http://127.0.0.1:{port}/mcp"
+
+        def answer(headers: dict[str, str]) -> int:
+            try:
+                return httpx.post(url, json=INITIALIZE, headers={**ACCEPT, **headers}, timeout=2).status_code
+            except httpx.TransportError:
+                return 0
+
+        assert wait_for(lambda: answer({}) == 401, timeout_s=WAIT_S * 2)
+        assert answer({"Authorization": f"Bearer {token}"}) == 200
+    finally:
+        proc.kill()
+        proc.wait(WAIT_S)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_the_http_settings_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    from rho_actors.cli import build_parser, main
+    from rho_actors.mcp import guard
+
+    tools = ["mcp", "serve", "--tools", served_tools.__file__]
+    assert main([*tools, "--http", "0.0.0.0:8123", "--insecure-no-auth"]) == 2
+    assert "only allowed on a loopback address" in capsys.readouterr().err
+    assert main([*tools, "--http", "127.0.0.1:8123", "--max-sessions", "0"]) == 2
+    assert "expected a number more than 0" in capsys.readouterr().err
+    os.environ["RHO_MCP_TOKEN"] = "short"
+    try:
+        assert main([*tools, "--http", "127.0.0.1:8123"]) == 2
+        assert "at least 16 characters" in capsys.readouterr().err
+    finally:
+        del os.environ["RHO_MCP_TOKEN"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["mcp", "serve", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"default {guard.DEFAULT_MAX_SESSIONS};" in shown
+    assert f"default {guard.DEFAULT_MAX_SESSIONS_PER_CLIENT};" in shown
+    assert f"(default {guard.DEFAULT_IDLE_TIMEOUT_S:g})" in shown
+    assert f"(default {guard.DEFAULT_CLIENT_GONE_S:g})" in shown
