@@ -91,10 +91,12 @@ class _Session:
         served.sessions.discard(self)
         if self.state.get(_STATE_KEY) is self:
             del self.state[_STATE_KEY]
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.loop.stop)
-        if self.transcript is not None:
-            self.transcript.close()
+        try:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.loop.stop)
+        finally:
+            if self.transcript is not None:
+                self.transcript.close()
 
     def record(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
         """Append ``call`` (``result`` None) or its result to the session's transcript,
