@@ -23,6 +23,7 @@ be loaded.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -464,7 +465,58 @@ def _add_mcp(commands: Any) -> None:
     serve.add_argument("--unconfined", action="store_true", help=_UNCONFINED_HELP)
     serve.add_argument("--data-dir", default=None, metavar="DIR",
                        help="where sessions are kept (default: a temporary folder, removed at exit)")
+    http = serve.add_argument_group(
+        "HTTP", "clients send Authorization: Bearer TOKEN, the token in $RHO_MCP_TOKEN (at least 16 "
+                "characters) or, without it, one generated and printed at start")
+    # the defaults are HTTPGuard's (rho_actors.mcp.guard; the MCP SDK is not imported here)
+    http.add_argument("--max-sessions", type=_positive(int), default=None, metavar="N",
+                      help="sessions open at once, in all (default 64; then 503)")
+    http.add_argument("--max-sessions-per-client", type=_positive(int), default=None, metavar="N",
+                      help="sessions open at once per client: a uid on loopback, else an address "
+                           "(default 8; then 429)")
+    http.add_argument("--idle-timeout", type=_positive(float), default=None, metavar="S",
+                      help="close a session with no request for S seconds (default 300)")
+    http.add_argument("--client-gone", type=_positive(float), default=None, metavar="S",
+                      help="stop a session's loop S seconds after its client's last connection closed "
+                           "(default 5)")
+    http.add_argument("--insecure-no-auth", action="store_true",
+                      help="serve without a token: loopback only, for local test suites (logged loudly)")
     serve.set_defaults(handler=_run_mcp_serve)
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a number more than 0, got {text!r}")
+        return value
+
+    return parse
+
+
+def _http_guard(args: argparse.Namespace) -> Any:
+    """The :class:`~rho_actors.mcp.HTTPGuard` of ``mcp serve --http`` (raises ``ValueError``)."""
+    import secrets
+
+    from rho_actors.mcp import HTTPGuard
+
+    given = {"max_sessions": args.max_sessions, "max_sessions_per_client": args.max_sessions_per_client,
+             "idle_timeout_s": args.idle_timeout, "client_gone_s": args.client_gone}
+    settings = {k: v for k, v in given.items() if v is not None}
+    if args.insecure_no_auth:
+        guard = HTTPGuard(auth=False, **settings)
+        guard.check_host(args.http[0])
+        print("rho-actors mcp serve: WARNING: no authentication (--insecure-no-auth): any local process "
+              "can call these tools", file=sys.stderr, flush=True)
+        return guard
+    token = os.environ.get("RHO_MCP_TOKEN")
+    guard = HTTPGuard(token or secrets.token_urlsafe(32), **settings)
+    if not token:
+        print(f"MCP bearer token: {guard.token}", file=sys.stderr, flush=True)
+    return guard
 
 
 def _run_mcp_serve(args: argparse.Namespace) -> int:
@@ -490,10 +542,16 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
         except (DuplicateToolError, TypeError, ValueError) as exc:
             print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
             return 2
+        guard = None
         if args.http is not None:
+            try:
+                guard = _http_guard(args)
+            except ValueError as exc:
+                print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
+                return 2
             print(f"serving MCP at http://{args.http[0]}:{args.http[1]}/mcp", file=sys.stderr, flush=True)
         try:
-            serve(system, http=args.http)
+            serve(system, http=args.http, guard=guard)
         except KeyboardInterrupt:
             pass
         except OSError as exc:

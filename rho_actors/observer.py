@@ -18,6 +18,12 @@ newline-delimited JSON objects, each with a ``type``:
   :class:`rho_actors.SupervisorEvent`, :class:`rho_actors.ProgressEvent`,
   :class:`rho_actors.ToolSetChanged`), with its fields and ``event``, its class name.
 
+On TCP, at most ``max_unauthenticated`` connections (default 8) may be waiting to give
+their token at once; one more is answered with an error line and closed at once, before
+any thread is given to it. Each has ``token_deadline_s`` seconds (default 2) in all to
+send its whole token line, however slowly it trickles in; then it is closed.
+:meth:`Observer.stats` shows the caps and their use.
+
 Nothing a viewer sends is acted upon (beyond the token). A slow or dead viewer never
 slows the system: each viewer has a bounded queue (``max_queued`` messages) that the
 system's threads only ever add to without blocking; what does not fit is dropped and
@@ -26,6 +32,7 @@ counted in the next snapshot's ``dropped``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -50,7 +57,11 @@ __all__ = ["ObservedSystem", "Observer", "json_line", "snapshot"]
 
 MAX_QUEUED = 1_000
 RECENT = 50
-_TOKEN_WAIT_S = 5.0
+MAX_UNAUTHENTICATED = 8
+"""TCP connections that may be waiting to give their token at once (more are refused)."""
+TOKEN_DEADLINE_S = 2.0
+"""Seconds a TCP connection has, in all, to send its whole token line."""
+_MAX_TOKEN_LINE = 1_000
 
 
 class ObservedSystem(Protocol):
@@ -179,13 +190,26 @@ class Observer:
     or a TCP port on 127.0.0.1 (an ``int``; 0 picks a free one). Attributes:
     ``address`` (the path, or ``"127.0.0.1:PORT"``), ``token`` (None for a Unix socket,
     whose file is made readable by its owner only), ``dropped`` (updates dropped for
-    slow viewers, in all).
+    slow viewers, in all). ``max_unauthenticated`` and ``token_deadline_s`` (seconds)
+    bound TCP connections that have not given their token yet (module doc).
+    Raises ``ValueError`` for an ``interval_s``, ``max_unauthenticated`` or
+    ``token_deadline_s`` that is not more than 0.
     """
 
     def __init__(self, system: ObservedSystem, address: str | Path | int, *, interval_s: float = 1.0,
-                 max_queued: int = MAX_QUEUED) -> None:
+                 max_queued: int = MAX_QUEUED, max_unauthenticated: int = MAX_UNAUTHENTICATED,
+                 token_deadline_s: float = TOKEN_DEADLINE_S) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be more than 0, got {interval_s}")
+        if max_unauthenticated < 1:
+            raise ValueError(f"max_unauthenticated must be at least 1, got {max_unauthenticated}")
+        if not token_deadline_s > 0:
+            raise ValueError(f"token_deadline_s must be more than 0, got {token_deadline_s}")
+        self.max_unauthenticated = max_unauthenticated
+        self.token_deadline_s = token_deadline_s
+        self._waiting = 0  # TCP connections not yet past the token check (under _lock)
+        self.refused = 0  # connections refused because max_unauthenticated were waiting
+        self.timed_out = 0  # connections closed at token_deadline_s
         self._system = system
         self._interval_s = interval_s
         self._max_queued = max_queued
@@ -199,7 +223,7 @@ class Observer:
         self._server: socketserver.BaseServer
         if isinstance(address, int) and not isinstance(address, bool):
             self.token: str | None = secrets.token_urlsafe(24)
-            self._server = _TCPServer(("127.0.0.1", address), handler)
+            self._server = _TCPServer(("127.0.0.1", address), handler, self._admit)
             self.address = f"127.0.0.1:{self._server.server_address[1]}"
         else:
             path = Path(str(address))
@@ -265,9 +289,40 @@ class Observer:
 
         return Handler
 
+    def stats(self) -> dict[str, Any]:
+        """``{"viewers": int, "unauthenticated": int, "max_unauthenticated": int,
+        "token_deadline_s": float, "refused": int, "timed_out": int, "dropped": int}``:
+        connected viewers, TCP connections waiting to give their token now and the cap,
+        connections refused at the cap, and closed at the token deadline, so far."""
+        with self._lock:
+            return {"viewers": len(self._viewers), "unauthenticated": self._waiting,
+                    "max_unauthenticated": self.max_unauthenticated, "token_deadline_s": self.token_deadline_s,
+                    "refused": self.refused, "timed_out": self.timed_out, "dropped": self.dropped}
+
+    def _admit(self, connection: socket.socket) -> bool:
+        """In the accepting thread, before a thread is given to ``connection``: take one of
+        the ``max_unauthenticated`` places, or answer with an error line and refuse."""
+        with self._lock:
+            if self._waiting < self.max_unauthenticated:
+                self._waiting += 1
+                return True
+            self.refused += 1
+        logger.warning("the observer refused a connection: {} are already waiting to give their token",
+                       self.max_unauthenticated)
+        with contextlib.suppress(OSError):
+            connection.setblocking(False)
+            connection.send(b'{"type": "error", "error": "too many connections are waiting to give their token"}\n')
+        return False
+
     def _serve(self, connection: socket.socket, rfile: Any, wfile: Any) -> None:
-        if self.token is not None and not self._authorised(connection, rfile, wfile):
-            return
+        if self.token is not None:
+            try:
+                authorised = self._authorised(connection, wfile)
+            finally:
+                with self._lock:
+                    self._waiting -= 1
+            if not authorised:
+                return
         viewer = _Viewer(self._max_queued)
         try:
             view = self.snapshot()
@@ -293,11 +348,26 @@ class Observer:
             with self._lock:
                 self._viewers.discard(viewer)
 
-    def _authorised(self, connection: socket.socket, rfile: Any, wfile: Any) -> bool:
-        connection.settimeout(_TOKEN_WAIT_S)
+    def _authorised(self, connection: socket.socket, wfile: Any) -> bool:
+        """Whether the first line is ``{"token": ...}`` with this observer's token, read
+        within ``token_deadline_s`` in all (each ``recv`` waits at most what is left)."""
+        deadline = time.monotonic() + self.token_deadline_s
+        line = b""
         try:
-            line = rfile.readline(1_000)
-            token = json.loads(line).get("token") if line else None
+            while b"\n" not in line and len(line) < _MAX_TOKEN_LINE:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                connection.settimeout(left)
+                chunk = connection.recv(_MAX_TOKEN_LINE - len(line))
+                if not chunk:
+                    break
+                line += chunk
+            token = json.loads(line.split(b"\n", 1)[0]).get("token") if line else None
+        except TimeoutError:
+            with self._lock:
+                self.timed_out += 1
+            token = None
         except (OSError, ValueError, AttributeError):
             token = None
         connection.settimeout(None)
@@ -335,6 +405,18 @@ class Observer:
 class _TCPServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], handler: Any, admit: Callable[[socket.socket], bool]) -> None:
+        super().__init__(address, handler)
+        self._admit = admit
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread for ``request`` only once it has a place (see :meth:`Observer._admit`)."""
+        if self._admit(request):
+            super().process_request(request, client_address)
+        else:
+            self.shutdown_request(request)
 
 
 class _UnixServer(socketserver.ThreadingUnixStreamServer):

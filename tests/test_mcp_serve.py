@@ -26,14 +26,16 @@ import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from rho_actors import ActorSystem, tool
-from rho_actors.mcp import aserve
+from rho_actors.mcp import HTTPGuard, aserve
 from tests.mcp_fixtures import served_tools
 
 TOOLS = str(Path(served_tools.__file__))
 BOUND_S = 15.0
+TOKEN = "a-test-token-of-32-characters-xx"
 
 
 def _free_port() -> int:
@@ -155,7 +157,7 @@ def _serve_http(system: ActorSystem, port: int) -> tuple[threading.Thread, list[
 
     async def run() -> None:
         loops.append(asyncio.get_running_loop())
-        await aserve(system, http=("127.0.0.1", port))
+        await aserve(system, http=("127.0.0.1", port), guard=HTTPGuard(TOKEN))
 
     def target() -> None:
         with contextlib.suppress(asyncio.CancelledError):  # how the test stops serving
@@ -191,7 +193,8 @@ def test_http_list_changed_and_a_100_call_burst(system: ActorSystem) -> None:
             if isinstance(message, types.ToolListChangedNotification):
                 changed.set()
 
-        async with streamable_http_client(url) as (read, write), \
+        client = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"})
+        async with streamable_http_client(url, http_client=client) as (read, write), \
                 ClientSession(read, write, message_handler=on_message) as session:
             with anyio.fail_after(BOUND_S):
                 init = await session.initialize()

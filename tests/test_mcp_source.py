@@ -146,6 +146,40 @@ def test_http_server_tools_and_deadline(system: ActorSystem, tmp_path: Path) -> 
         process.wait(10)
 
 
+IMPOSTOR = str(Path(__file__).parent / "mcp_fixtures" / "impostor.py")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the impostor drops from root to uid 65534")
+def test_a_loopback_url_sends_nothing_to_a_listener_of_another_uid(system: ActorSystem, tmp_path: Path) -> None:
+    """While the real server is down, a process of another user takes its port: the
+    source does not connect (no token, no request), says why, and offers no tools."""
+    from rho_actors.mcp.peers import listener_uids
+
+    port = _free_port()
+    shared = tmp_path / "impostor"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    record = shared / "received"
+    impostor = subprocess.Popen([sys.executable, IMPOSTOR, str(port), str(record)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: listener_uids("127.0.0.1", port) == {65534})
+        source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", headers={"Authorization": "Bearer host-secret"},
+                           name="pinned", connect_timeout_s=2.0, max_restarts=1, max_seconds=30)
+        handle = system.add_source(source, poll_s=None)
+        assert wait_for(lambda: source._link.last_error is not None)
+        assert "uid [65534]" in str(source._link.last_error) and "no headers sent" in str(source._link.last_error)
+        assert not source.connected and source.connections == 0 and _offered(system) == set()
+        assert not record.exists() or b"host-secret" not in record.read_bytes()
+        assert not record.exists(), record.read_bytes()  # not even a connection was made
+        handle.close()
+    finally:
+        impostor.kill()
+        impostor.wait(10)
+    with pytest.raises(ValueError, match="exactly one"):
+        MCPServer(server_uid=0)
+
+
 def test_rho_consumes_itself_through_mcp(system: ActorSystem, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", served_tools.__file__,
                "--data-dir", str(tmp_path)]

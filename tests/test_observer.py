@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shutil
@@ -175,3 +176,70 @@ def test_top_once_json_prints_one_snapshot(
     assert "supervision tree" in capsys.readouterr().out
     assert main(["top", "--connect", str(short_dir / "missing.sock"), "--once"]) == 2
     assert "cannot reach the observer" in capsys.readouterr().err
+
+
+def test_tcp_connections_that_withhold_their_token_are_capped_and_closed_at_a_deadline(system: ActorSystem) -> None:
+    """Slow connections on the TCP port get no thread past ``max_unauthenticated``; one
+    that trickles its token line a byte at a time is closed at ``token_deadline_s`` in
+    all (a per-recv timeout never fires for it); a viewer with the token is served after."""
+    observer = Observer(system, 0, max_unauthenticated=3, token_deadline_s=1.0)
+    host, port = observer.address.split(":")
+    before = threading.active_count()
+    slow = [socket.create_connection((host, int(port)), WAIT_S) for _ in range(3)]
+    for s in slow:
+        s.sendall(b'{"tok')
+    assert _wait(lambda: observer.stats()["unauthenticated"] == 3)
+    extra = [socket.create_connection((host, int(port)), WAIT_S) for _ in range(5)]
+    for s in extra:  # refused at once, with a reason, before any thread is given to them
+        s.settimeout(WAIT_S)
+        assert b"too many connections are waiting" in s.recv(200)
+        assert s.recv(200) == b""
+    assert observer.stats()["refused"] == 5
+    assert threading.active_count() <= before + 3
+    started = time.monotonic()
+    closed = 0
+    while closed < 3:  # a byte every 0.1 s: only an absolute deadline ends these
+        assert time.monotonic() - started < WAIT_S, "slow connections were never closed"
+        for s in slow:
+            with contextlib.suppress(OSError):
+                s.sendall(b"x")
+        time.sleep(0.1)
+        closed = sum(1 for s in slow if _closed(s))
+    assert 0.9 <= time.monotonic() - started < 1.0 + 2.0
+    assert observer.stats() | {"refused": 5} == {
+        "viewers": 0, "unauthenticated": 0, "max_unauthenticated": 3, "token_deadline_s": 1.0,
+        "refused": 5, "timed_out": 3, "dropped": 0}
+    good = connect(observer.address, observer.token)
+    good.settimeout(WAIT_S)
+    assert next(messages(good))["type"] == "snapshot"
+    assert observer.stats()["viewers"] == 1
+    for s in [*slow, *extra, good]:
+        s.close()
+    observer.close()
+    with pytest.raises(ValueError, match="max_unauthenticated"):
+        Observer(system, 0, max_unauthenticated=0)
+
+
+def _wait(predicate: Any) -> bool:
+    until = time.monotonic() + WAIT_S
+    while not predicate():
+        if time.monotonic() > until:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the peer has closed ``sock`` (its error line read and discarded)."""
+    sock.setblocking(False)
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.setblocking(True)

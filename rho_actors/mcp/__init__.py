@@ -6,12 +6,14 @@
   an MCP server's tools as supervised, deadline-bound rho tools.
 """
 
+from rho_actors.mcp.guard import HTTPGuard
 from rho_actors.mcp.serve import DEFAULT_MAX_ARGUMENT_BYTES, aserve, build_server, serve
 from rho_actors.mcp.source import ENV_ALLOWLIST, MCPConnection, MCPServer, MCPTool, scrubbed_environment
 
 __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",
     "ENV_ALLOWLIST",
+    "HTTPGuard",
     "MCPConnection",
     "MCPServer",
     "MCPTool",

@@ -20,6 +20,11 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
   :class:`~rho_actors.ToolSetChanged` event, no polling) sends
   ``notifications/tools/list_changed`` to every connection (changes close together are
   announced once).
+- Over HTTP an :class:`~rho_actors.mcp.guard.HTTPGuard` stands in front (a bearer
+  token, session caps per client and in all, an idle timeout). A rho session whose
+  client has had no open connection for ``client_gone_s`` is stopped (a client that
+  comes back gets it again, resumed); a call whose request's connection closed (its
+  client died) is cancelled.
 - Bad input (a line that is not JSON or not a JSON-RPC message, an unknown method,
   params that fail validation, or arguments over ``max_argument_bytes``) gets a JSON-RPC
   error from the SDK or from here, at once; the server goes on. A request with an id MCP
@@ -54,12 +59,13 @@ from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.formats import to_dialect
 from rho_actors.loop import Loop
+from rho_actors.mcp.guard import HTTPGuard, request_gone
 from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
 from rho_actors.model import Reply
 from rho_actors.tool import ToolCall, ToolResult
 from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 
-__all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "aserve", "build_server", "serve"]
+__all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "HTTPGuard", "aserve", "build_server", "serve"]
 
 DEFAULT_MAX_ARGUMENT_BYTES = 1_000_000
 """The largest ``tools/call`` arguments accepted (bytes of their JSON)."""
@@ -75,6 +81,26 @@ class _Session:
     transcript: Transcript | None = None  # the session's calls and results, as the agent loop records them
     steps: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     writing: threading.Lock = field(default_factory=threading.Lock)
+    http_id: str | None = None  # the SDK's Mcp-Session-Id (None on stdio)
+    state: dict[str, Any] = field(default_factory=dict)  # the connection's state, which holds this session
+    calls: int = 0  # tools/call requests running now
+    closed: bool = False
+
+    async def close(self, served: _Served) -> None:
+        """Stop the session's loop and close its transcript (idempotent); the connection
+        gets a new one at its next request."""
+        if self.closed:
+            return
+        self.closed = True
+        served.sessions.discard(self)
+        if self.state.get(_STATE_KEY) is self:
+            del self.state[_STATE_KEY]
+        try:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.loop.stop)
+        finally:
+            if self.transcript is not None:
+                self.transcript.close()
 
     def record(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
         """Append ``call`` (``result`` None) or its result to the session's transcript,
@@ -99,6 +125,7 @@ class _Served:
     system: Any
     withheld: tuple[str, ...]
     max_argument_bytes: int
+    guard: HTTPGuard | None = None
     sessions: set[_Session] = field(default_factory=set)
     progress: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, Any]] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=itertools.count)
@@ -122,7 +149,9 @@ async def _session(served: _Served, ctx: Any) -> _Session:
             loop = await anyio.to_thread.run_sync(
                 functools.partial(served.system.start_loop, session_id, withheld=served.withheld)
             )
-            session = _Session(loop, ctx.session, served.system.tool_set().version)
+            steps = state.setdefault(_STATE_KEY + ".steps", itertools.count(1))  # outlives a reaped session
+            session = _Session(loop, ctx.session, served.system.tool_set().version, steps=steps,
+                               http_id=connection.session_id, state=state)
             transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
             try:
                 await anyio.to_thread.run_sync(transcript.open)
@@ -131,13 +160,7 @@ async def _session(served: _Served, ctx: Any) -> _Session:
                 logger.warning("MCP session {}: calls are not recorded: {}", session_id, exc)
             state[_STATE_KEY] = session
             served.sessions.add(session)
-
-            async def close() -> None:
-                served.sessions.discard(session)
-                await anyio.to_thread.run_sync(loop.stop)
-                transcript.close()
-
-            connection.exit_stack.push_async_callback(close)
+            connection.exit_stack.push_async_callback(session.close, served)
             logger.info("MCP connection started rho session {}", session_id)
     return session
 
@@ -153,10 +176,14 @@ def _call_tool_result(result: ToolResult) -> types.CallToolResult:
 
 
 def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[str] = (),
-                 max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES) -> Server[Any]:
+                 max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES, guard: HTTPGuard | None = None) -> Server[Any]:
     """The SDK ``Server`` serving ``system``'s tools (run it with :func:`aserve`, or
-    mount its ``streamable_http_app()``). ``withheld`` names tools not served."""
-    served = _Served(system, tuple(withheld), max_argument_bytes)
+    mount its ``streamable_http_app()`` behind ``guard.wrap``). ``withheld`` names
+    tools not served; ``guard`` the HTTP endpoint's :class:`HTTPGuard` (its rho
+    sessions of absent clients are stopped)."""
+    served = _Served(system, tuple(withheld), max_argument_bytes, guard)
+    if guard is not None:
+        guard.rho_sessions = lambda: len(served.sessions)
 
     @contextlib.asynccontextmanager
     async def lifespan(_server: Server[Any]) -> AsyncIterator[_Served]:
@@ -178,6 +205,8 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
         unsubscribe = system.subscribe(on_event)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_announce_changes, served, changed)
+            if served.guard is not None:
+                tasks.start_soon(_reap_absent, served, served.guard)
             try:
                 yield served
             finally:
@@ -190,25 +219,69 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
         return types.ListToolsResult(tools=[types.Tool.model_validate(to_dialect(i, "mcp")) for i in offered])
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        arguments = params.arguments or {}
-        size = len(json.dumps(arguments, ensure_ascii=False, default=str))
-        if size > served.max_argument_bytes:
-            raise MCPError(INVALID_PARAMS, f"tools/call arguments for {params.name[:100]!r} are {size} bytes of JSON; "
-                                           f"at most {served.max_argument_bytes} are accepted")
-        session = await _session(served, ctx)
-        call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
-        key = (session.loop.session_id, call_id)
-        served.progress[key] = (asyncio.get_running_loop(), ctx.session)
-        call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
-        await anyio.to_thread.run_sync(session.record, call, None, step)
-        try:
-            [result] = await session.loop.arun_turn([call])
-        finally:
-            served.progress.pop(key, None)
-        await anyio.to_thread.run_sync(session.record, call, result, step)
-        return _call_tool_result(result)
+        return await _call_tool(served, ctx, params)
 
-    return _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool)
+    async def track(ctx: Any, call_next: Any) -> Any:
+        """Server middleware: the guard forgets a connection's session when it ends."""
+        if served.guard is not None:
+            connection = _connection(ctx)
+            if not connection.state.get(_STATE_KEY + ".tracked"):
+                connection.state[_STATE_KEY + ".tracked"] = True
+                connection.exit_stack.callback(served.guard.ended, connection.session_id)
+        return await call_next(ctx)
+
+    server = _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool)
+    server.middleware.append(track)
+    return server
+
+
+async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    """``tools/call``: a turn of one call, cancelled when the request's connection closes."""
+    arguments = params.arguments or {}
+    size = len(json.dumps(arguments, ensure_ascii=False, default=str))
+    if size > served.max_argument_bytes:
+        raise MCPError(INVALID_PARAMS, f"tools/call arguments for {params.name[:100]!r} are {size} bytes of JSON; "
+                                       f"at most {served.max_argument_bytes} are accepted")
+    session = await _session(served, ctx)
+    call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
+    key = (session.loop.session_id, call_id)
+    served.progress[key] = (asyncio.get_running_loop(), ctx.session)
+    call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
+    await anyio.to_thread.run_sync(session.record, call, None, step)
+    gone = request_gone(getattr(ctx, "request", None))
+    results: list[ToolResult] = []
+    session.calls += 1
+    try:
+        async with anyio.create_task_group() as tasks:
+            if gone is not None:
+                tasks.start_soon(_cancel_when, gone, tasks.cancel_scope)
+            results.extend(await session.loop.arun_turn([call]))
+            tasks.cancel_scope.cancel()
+    finally:
+        session.calls -= 1
+        served.progress.pop(key, None)
+    if not results:  # the request's connection closed: its client is gone, the turn was cancelled
+        logger.info("MCP session {}: call {} cancelled: its client went away", session.loop.session_id, call_id)
+        return types.CallToolResult(content=[types.TextContent(type="text", text="cancelled")], is_error=True)
+    await anyio.to_thread.run_sync(session.record, call, results[0], step)
+    return _call_tool_result(results[0])
+
+
+async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def _reap_absent(served: _Served, guard: HTTPGuard) -> None:
+    """Stop each rho session whose client has had no open connection for
+    ``guard.client_gone_s`` seconds and runs no call (checked 4 times in that time)."""
+    while True:
+        await anyio.sleep(min(guard.client_gone_s / 4, 1.0))
+        for session in list(served.sessions):
+            if session.http_id and not session.calls and guard.absent_for(session.http_id) >= guard.client_gone_s:
+                logger.info("MCP session {}: its client is gone; stopped", session.loop.session_id)
+                guard.reaped += 1
+                await session.close(served)
 
 
 class _Server(Server[Any]):
@@ -239,11 +312,19 @@ async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
 
 
 async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
-                 withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES) -> None:
+                 withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+                 guard: HTTPGuard | None = None) -> None:
     """Serve ``system``'s tools until the client closes stdin (stdio) or the task is
-    cancelled (HTTP: ``http=(host, port)``, the endpoint is ``http://host:port/mcp``).
-    Raises ``OSError`` when the HTTP port cannot be bound."""
-    server = build_server(system, name=name, withheld=withheld, max_argument_bytes=max_argument_bytes)
+    cancelled (HTTP: ``http=(host, port)``, the endpoint is ``http://host:port/mcp``,
+    behind ``guard``: an :class:`HTTPGuard` with the bearer token and the caps, needed
+    for HTTP). Raises ``ValueError`` for HTTP without a guard (or ``auth=False`` off
+    loopback), ``OSError`` when the HTTP port cannot be bound."""
+    if http is not None:
+        if guard is None:
+            raise ValueError("serving MCP over HTTP needs guard=HTTPGuard(token=...)")
+        guard.check_host(http[0])
+    server = build_server(system, name=name, withheld=withheld, max_argument_bytes=max_argument_bytes,
+                          guard=guard if http is not None else None)
     options = server.create_initialization_options()
     if http is None:
         answers, early = anyio.create_memory_object_stream[types.JSONRPCError](16)
@@ -255,9 +336,11 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
         return
     import uvicorn
 
+    assert guard is not None
     host, port = http
-    app = server.streamable_http_app(host=host)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    app = server.streamable_http_app(host=host, session_idle_timeout=guard.idle_timeout_s,
+                                     max_sessions=guard.max_sessions)
+    config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
 
 
@@ -312,7 +395,8 @@ def _not_json(exc: Exception) -> bool:
 
 
 def serve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
-          withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES) -> None:
+          withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+          guard: HTTPGuard | None = None) -> None:
     """:func:`aserve` on a new asyncio loop in this thread (blocks until served)."""
     anyio.run(functools.partial(aserve, system, http=http, name=name, withheld=withheld,
-                                max_argument_bytes=max_argument_bytes))
+                                max_argument_bytes=max_argument_bytes, guard=guard))

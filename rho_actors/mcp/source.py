@@ -22,6 +22,13 @@ server's tools like any other source's:
   logged once); ``notifications/tools/list_changed`` re-lists and refreshes the offer.
 - A stdio server gets a scrubbed environment: ``PATH``, ``LANG``, ``LC_*``, ``TZ`` and
   ``HOME`` from this process, plus the explicit ``env`` (the untrusted-boundary rule).
+- A ``url`` on a loopback address is pinned to its owner: before each connection, the
+  sockets listening on its port (the kernel's table, :mod:`rho_actors.mcp.peers`) must
+  all belong to ``server_uid`` (default: this process's uid), else nothing is sent (not
+  the ``headers``, no request) and the connection fails naming the uid found, so a
+  process of another user that took the port while the server was down gets neither
+  the token nor a call. A URL off loopback is not pinned (use ``https``: its
+  certificate is checked).
 
 Results: text content is the model's text, image content becomes :class:`Image`
 values, other content is given as JSON; ``isError`` is a ``tool_error`` (an ``Error``
@@ -41,6 +48,7 @@ import os
 import shutil
 import threading
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +65,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.encoding import describe_exception
+from rho_actors.mcp.peers import is_loopback, listener_uids
 from rho_actors.otp.actor import Actor, kill
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.results import SENT_CANCEL, TEXTS, text
@@ -142,6 +151,8 @@ class MCPServer:
     ``max_seconds`` the restart intensity of the connection; ``connect_timeout_s``
     bounds connecting and listing (seconds); ``ping_interval_s`` how often a quiet
     connection is pinged (a ping unanswered within ``connect_timeout_s`` restarts it).
+    ``server_uid``: the uid that must own a loopback ``url``'s listening socket
+    (default ``os.getuid()``; module doc).
 
     Raises ``ValueError`` for neither or both of ``command`` and ``url``, or an empty
     ``command``.
@@ -163,6 +174,7 @@ class MCPServer:
         max_seconds: float = 5.0,
         connect_timeout_s: float = 10.0,
         ping_interval_s: float = 15.0,
+        server_uid: int | None = None,
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("MCPServer takes exactly one of command=[...] (stdio) or url=... (streamable HTTP)")
@@ -179,6 +191,7 @@ class MCPServer:
         self.max_seconds = max_seconds
         self.connect_timeout_s = connect_timeout_s
         self.ping_interval_s = ping_interval_s
+        self.server_uid = os.getuid() if server_uid is None else server_uid
         self._link = _Link()
         self._tools: dict[str, tuple[str, MCPTool]] = {}  # name -> (version, tool): the same object while unchanged
         self._system: Any = None
@@ -418,6 +431,7 @@ class MCPConnection(Actor):
                 read, write = await stack.enter_async_context(stdio_client(params))
             else:
                 assert server.url is not None
+                _pin_listener(server.url, server.server_uid)
                 client = await stack.enter_async_context(create_mcp_http_client(headers=server.headers))
                 read, write = await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
             ended = asyncio.Event()
@@ -483,6 +497,25 @@ async def _list_tools(session: ClientSession) -> dict[str, dict[str, Any]]:
         if not cursor:
             break
     return tools
+
+
+def _pin_listener(url: str, uid: int) -> None:
+    """Raise ``PermissionError`` when a socket listening on loopback ``url``'s port
+    belongs to a uid other than ``uid``, ``ConnectionRefusedError`` when none listens
+    (nothing has been sent either way). A URL off loopback is left to TLS."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if not is_loopback(host):
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    hosts = ("127.0.0.1", "::1") if host.lower() == "localhost" else (host,)
+    owners = set().union(*(listener_uids(h, port) for h in hosts))
+    if not owners:
+        raise ConnectionRefusedError(f"nothing listens on {host}:{port}")
+    if owners != {uid}:
+        others = sorted(owners - {uid})
+        raise PermissionError(f"{host}:{port} is listened on by uid {others} where uid {uid} was expected "
+                              "(server_uid): not connecting, no headers sent")
 
 
 def _env_program() -> str:

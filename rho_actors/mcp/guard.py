@@ -1,0 +1,258 @@
+"""The gate of ``mcp serve --http``: a bearer token, caps on sessions, and who is still
+there (an ASGI middleware in front of the SDK's streamable HTTP app).
+
+- Every HTTP request needs ``Authorization: Bearer <token>`` (compared in constant
+  time); any other is answered ``401`` (with ``WWW-Authenticate: Bearer``) before the
+  SDK sees it, so no session is made for it. ``auth=False`` turns this off, only on a
+  loopback address, with a warning logged at start (for local conformance suites).
+- A request that would open a session (a ``POST`` without ``Mcp-Session-Id``) is
+  refused ``429`` while its client holds ``max_sessions_per_client`` sessions; the SDK
+  refuses ``503`` past ``max_sessions`` in all, and closes a session that had no
+  request in flight for ``idle_timeout_s``. A client is its uid on loopback (from the
+  kernel's socket table: every loopback client is 127.0.0.1), else its address.
+- A session's client is *present* while one of its HTTP requests is open and its
+  connection not closed (the SDK client keeps a ``GET`` stream open between calls).
+  When the last one closes, :meth:`HTTPGuard.absent_for` counts the seconds since;
+  :mod:`rho_actors.mcp.serve` stops the rho session of a client absent for
+  ``client_gone_s`` (its loop, threads, transcript descriptor; a client that comes back
+  gets it again, resumed from its transcript) and cancels a call whose request's
+  connection closed (:func:`request_gone`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+from loguru import logger
+
+from rho_actors.mcp.peers import is_loopback, socket_uid
+
+__all__ = [
+    "DEFAULT_CLIENT_GONE_S",
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_MAX_SESSIONS_PER_CLIENT",
+    "HTTPGuard",
+    "request_gone",
+]
+
+DEFAULT_MAX_SESSIONS = 64
+"""Sessions open at once over HTTP, all clients together."""
+DEFAULT_MAX_SESSIONS_PER_CLIENT = 8
+"""Sessions open at once per client (a uid on loopback, else an address)."""
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+"""Seconds a session may have no request in flight before the SDK closes it."""
+DEFAULT_CLIENT_GONE_S = 5.0
+"""Seconds after a session's last connection closed before its rho session is stopped."""
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+_GONE_KEY = "rho_actors.gone"
+_SESSION_HEADER = b"mcp-session-id"
+
+
+def request_gone(request: Any) -> anyio.Event | None:
+    """The event set when the HTTP connection of ``request`` (a Starlette request, the
+    MCP handler's ``ctx.request``) closes; None outside :class:`HTTPGuard`."""
+    scope = getattr(request, "scope", None)
+    event = scope.get(_GONE_KEY) if isinstance(scope, dict) else None
+    return event if isinstance(event, anyio.Event) else None
+
+
+class HTTPGuard:
+    """The settings and the live state of one HTTP endpoint (see the module doc); give
+    it to :func:`rho_actors.mcp.aserve` as ``guard=``.
+
+    ``token``: the bearer token clients send (at least 16 characters; make one with
+    ``secrets.token_urlsafe(32)``). ``auth=False`` serves without one (``token`` then
+    None), for a loopback address only. ``max_sessions``, ``max_sessions_per_client``,
+    ``idle_timeout_s`` and ``client_gone_s`` (seconds) as the module doc says.
+    Raises ``ValueError`` for a missing or short token, or a bound not more than 0.
+    """
+
+    def __init__(self, token: str | None = None, *, auth: bool = True, max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT,
+                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+                 client_gone_s: float = DEFAULT_CLIENT_GONE_S) -> None:
+        if auth and (not isinstance(token, str) or len(token) < 16):
+            raise ValueError("HTTP serving needs token=... of at least 16 characters "
+                             "(secrets.token_urlsafe(32)), or auth=False on a loopback address")
+        for name, value in (("max_sessions", max_sessions), ("max_sessions_per_client", max_sessions_per_client),
+                            ("idle_timeout_s", idle_timeout_s), ("client_gone_s", client_gone_s)):
+            if not value > 0:
+                raise ValueError(f"{name} must be more than 0, got {value!r}")
+        self.token = token if auth else None
+        self.auth = auth
+        self.max_sessions = max_sessions
+        self.max_sessions_per_client = max_sessions_per_client
+        self.idle_timeout_s = idle_timeout_s
+        self.client_gone_s = client_gone_s
+        self._expected = f"Bearer {token}".encode() if auth and token else b""
+        self._owner: dict[str, str] = {}  # SDK session id -> client
+        self._opening: dict[str, int] = {}  # client -> requests that may open a session, in flight
+        self._present: dict[str, int] = {}  # SDK session id -> open requests whose connection is up
+        self._absent_since: dict[str, float] = {}  # SDK session id -> monotonic time its last one closed
+        self.refused_unauthenticated = 0
+        self.refused_at_cap = 0
+        self.reaped = 0  # rho sessions stopped because their client was gone
+        self.rho_sessions: Callable[[], int] = lambda: 0  # set by serve: rho sessions open now
+
+    def check_host(self, host: str) -> None:
+        """Raise ``ValueError`` when auth is off and ``host`` is no loopback address; log
+        a warning when it is off."""
+        if self.auth:
+            return
+        if not is_loopback(host):
+            raise ValueError(f"auth=False is only allowed on a loopback address, not {host!r}")
+        logger.warning("MCP over HTTP at {} WITHOUT AUTHENTICATION: any local process can call the tools "
+                       "(auth=False is for loopback testing only)", host)
+
+    # --- what serve asks ---------------------------------------------------------------
+
+    def absent_for(self, session_id: str | None) -> float:
+        """Seconds since the last open request of SDK session ``session_id`` closed (0 while
+        one is open, or for a session this guard does not know)."""
+        since = self._absent_since.get(session_id or "")
+        return 0.0 if since is None or self._present.get(session_id or "", 0) else time.monotonic() - since
+
+    def ended(self, session_id: str | None) -> None:
+        """Forget SDK session ``session_id`` (it has ended): its place is its client's again."""
+        if session_id:
+            self._owner.pop(session_id, None)
+            self._present.pop(session_id, None)
+            self._absent_since.pop(session_id, None)
+
+    def stats(self) -> dict[str, Any]:
+        """``{"auth": bool, "sessions": int, "max_sessions": int, "clients": {client:
+        sessions}, "max_sessions_per_client": int, "rho_sessions": int, "idle_timeout_s":
+        float, "client_gone_s": float, "refused_unauthenticated": int, "refused_at_cap":
+        int, "reaped": int}``: open SDK sessions (by client) and rho sessions now, the
+        caps, and what was refused or reaped so far."""
+        clients: dict[str, int] = {}
+        for client in self._owner.values():
+            clients[client] = clients.get(client, 0) + 1
+        return {"auth": self.auth, "sessions": len(self._owner), "max_sessions": self.max_sessions,
+                "clients": clients, "max_sessions_per_client": self.max_sessions_per_client,
+                "rho_sessions": self.rho_sessions(), "idle_timeout_s": self.idle_timeout_s,
+                "client_gone_s": self.client_gone_s, "refused_unauthenticated": self.refused_unauthenticated,
+                "refused_at_cap": self.refused_at_cap, "reaped": self.reaped}
+
+    # --- the middleware ------------------------------------------------------------------
+
+    def wrap(self, app: ASGIApp) -> ASGIApp:
+        """``app`` behind this guard (an ASGI app; lifespan messages pass through)."""
+
+        async def guarded(scope: Scope, receive: Callable[[], Awaitable[Message]],
+                          send: Callable[[Message], Awaitable[None]]) -> None:
+            if scope.get("type") != "http":
+                await app(scope, receive, send)
+                return
+            headers = dict(scope.get("headers") or [])
+            if self.auth and not secrets.compare_digest(headers.get(b"authorization", b""), self._expected):
+                self.refused_unauthenticated += 1
+                await _answer(send, 401, "Unauthorized: send Authorization: Bearer <token>",
+                              [(b"www-authenticate", b'Bearer realm="rho-actors"')])
+                return
+            session_id = headers.get(_SESSION_HEADER, b"").decode("latin-1") or None
+            client = None
+            if session_id is None and scope.get("method") == "POST":
+                client = _client(scope)
+                held = sum(1 for c in self._owner.values() if c == client) + self._opening.get(client, 0)
+                if held >= self.max_sessions_per_client:
+                    self.refused_at_cap += 1
+                    logger.warning("MCP over HTTP: refused a new session of {}: it holds {} (at most {})",
+                                   client, held, self.max_sessions_per_client)
+                    await _answer(send, 429, f"Too many sessions: at most {self.max_sessions_per_client} "
+                                             "per client are open at once", [(b"retry-after", b"5")])
+                    return
+                self._opening[client] = self._opening.get(client, 0) + 1
+            await self._serve(app, scope, receive, send, session_id, client)
+
+        return guarded
+
+    async def _serve(self, app: ASGIApp, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                     send: Callable[[Message], Awaitable[None]], session_id: str | None, client: str | None) -> None:
+        gone = anyio.Event()
+        scope[_GONE_KEY] = gone
+        held = [session_id] if session_id in self._owner else []
+        if held:
+            self._arrive(held[0])
+        opening = [client] if client is not None else []  # this request's place among its client's opening ones
+
+        def opened_or_done() -> None:
+            if opening:
+                who = opening.pop()
+                self._opening[who] -= 1
+                if not self._opening[who]:
+                    del self._opening[who]
+
+        def leave() -> None:
+            if not gone.is_set():
+                gone.set()
+                if held:
+                    self._leave(held[0])
+
+        async def watched_receive() -> Message:
+            message = await receive()
+            if message.get("type") == "http.disconnect":
+                leave()
+            return message
+
+        async def watched_send(message: Message) -> None:
+            if client is not None and message.get("type") == "http.response.start" and message.get("status", 500) < 400:
+                opened = dict(message.get("headers") or []).get(_SESSION_HEADER, b"").decode("latin-1")
+                if opened and opened not in self._owner:
+                    self._owner[opened] = client  # the place moves from opening to the session
+                    opened_or_done()
+                    held.append(opened)
+                    self._arrive(opened)
+            await send(message)
+
+        try:
+            await app(scope, watched_receive, watched_send)
+        finally:
+            leave()
+            opened_or_done()
+
+    def _arrive(self, session_id: str) -> None:
+        self._present[session_id] = self._present.get(session_id, 0) + 1
+
+    def _leave(self, session_id: str) -> None:
+        if session_id not in self._owner:
+            return
+        left = self._present.get(session_id, 1) - 1
+        self._present[session_id] = left
+        if not left:
+            self._absent_since[session_id] = time.monotonic()
+
+
+def _client(scope: Scope) -> str:
+    """``uid:N`` for a loopback peer whose socket the kernel table shows, else ``ip:ADDRESS``."""
+    peer, server = scope.get("client"), scope.get("server")
+    if not peer:
+        return "unknown"
+    host = str(peer[0])
+    if server and is_loopback(host):
+        with contextlib.suppress(OSError, ValueError):
+            uid = socket_uid((host, int(peer[1])), (str(server[0]), int(server[1])))
+            if uid is not None:
+                return f"uid:{uid}"
+    return f"ip:{host}"
+
+
+async def _answer(send: Callable[[Message], Awaitable[None]], status: int, message: str,
+                  headers: list[tuple[bytes, bytes]]) -> None:
+    """A JSON-RPC error body (``id`` null) with HTTP ``status``."""
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})

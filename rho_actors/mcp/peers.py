@@ -1,0 +1,83 @@
+"""Who owns a loopback TCP socket, from the kernel's socket tables (``/proc/net/tcp``
+and ``/proc/net/tcp6``: each row gives a socket's addresses, state and owner uid).
+
+Used by :mod:`rho_actors.mcp.guard` to tell MCP clients apart by uid (every loopback
+client has the address 127.0.0.1) and by :class:`~rho_actors.mcp.MCPServer` to check
+who listens on a loopback URL's port before it sends its headers (DESIGN §6b). The
+tables are of this process's network namespace, which is the one that matters: a socket
+of another namespace is not reachable through loopback here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+
+__all__ = ["is_loopback", "listener_uids", "socket_uid"]
+
+_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+_LISTEN = "0A"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is a loopback address."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _hex(host: str, port: int, family: int) -> str:
+    """``host:port`` as the kernel's table writes it (32-bit words in host order)."""
+    packed = socket.inet_pton(family, host)
+    words = "".join(f"{int.from_bytes(packed[i:i + 4], 'little'):08X}" for i in range(0, len(packed), 4))
+    return f"{words}:{port:04X}"
+
+
+def _forms(host: str, port: int) -> set[str]:
+    """Every way the tables may write ``host:port`` (IPv4, IPv6, IPv4-mapped IPv6)."""
+    address = ipaddress.ip_address(host.strip("[]"))
+    if isinstance(address, ipaddress.IPv4Address):
+        return {_hex(str(address), port, socket.AF_INET), _hex(f"::ffff:{address}", port, socket.AF_INET6)}
+    mapped = address.ipv4_mapped
+    forms = {_hex(str(address), port, socket.AF_INET6)}
+    if mapped is not None:
+        forms.add(_hex(str(mapped), port, socket.AF_INET))
+    return forms
+
+
+def _rows() -> list[list[str]]:
+    rows: list[list[str]] = []
+    for table in _TABLES:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        rows.extend(line.split() for line in lines)
+    return [row for row in rows if len(row) > 7]
+
+
+def socket_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The owner uid of the TCP socket whose own address is ``local`` and whose peer is
+    ``remote`` (``(host, port)`` each), or None when there is no such socket here."""
+    mine, theirs = _forms(*local), _forms(*remote)
+    for row in _rows():
+        if row[1] in mine and row[2] in theirs:
+            return int(row[7])
+    return None
+
+
+def listener_uids(host: str, port: int) -> set[int]:
+    """The owner uids of the sockets listening on TCP ``port`` that take connections to
+    ``host`` (bound to that address, or to every address). An empty set: none listens."""
+    wanted = {form.split(":")[0] for form in _forms(host, port)}
+    wanted |= {"00000000", "0" * 32, "0000000000000000FFFF000000000000"}  # 0.0.0.0, ::, ::ffff:0.0.0.0
+    uids: set[int] = set()
+    for row in _rows():
+        address, _, row_port = row[1].partition(":")
+        if row[3] == _LISTEN and int(row_port, 16) == port and address in wanted:
+            uids.add(int(row[7]))
+    return uids

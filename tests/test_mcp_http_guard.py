@@ -1,0 +1,268 @@
+"""``mcp serve --http`` behind its guard: the SDK's own clients (in this process, and in
+subprocesses killed with SIGKILL) against :func:`rho_actors.mcp.aserve` on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+
+import httpx2 as httpx
+import psutil
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from rho_actors import ActorSystem
+from rho_actors.mcp import HTTPGuard, aserve
+from tests.conftest import WAIT_S, wait_for
+from tests.mcp_fixtures import served_tools
+
+TOKEN = "a-test-token-of-32-characters-xx"
+CLIENT = str(Path(__file__).parent / "mcp_fixtures" / "http_client.py")
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Served:
+    def __init__(self, system: ActorSystem, guard: HTTPGuard) -> None:
+        self.system, self.guard, self.port = system, guard, _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self._loops: list[asyncio.AbstractEventLoop] = []
+
+        async def run() -> None:
+            self._loops.append(asyncio.get_running_loop())
+            await aserve(system, http=("127.0.0.1", self.port), guard=guard)
+
+        def target() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                asyncio.run(run())
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return True
+            except OSError:
+                return False
+
+        assert wait_for(listening)
+
+    def stop(self) -> None:
+        if self._loops:
+            loop = self._loops[0]
+            loop.call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loop)])
+        self.thread.join(WAIT_S)
+
+
+@pytest.fixture
+def served(system: ActorSystem) -> Iterator[Callable[..., Served]]:
+    system.register(served_tools.add)
+    system.register(served_tools.WaitForCancel)
+    started: list[Served] = []
+
+    def start(**settings: Any) -> Served:
+        started.append(Served(system, HTTPGuard(TOKEN, **settings)))
+        return started[-1]
+
+    yield start
+    for one in started:
+        one.stop()
+
+
+def _session_folders(system: ActorSystem) -> list[Path]:
+    folder = system.data_dir / "sessions"
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
+def _client(token: str | None) -> httpx.AsyncClient:
+    return create_mcp_http_client(headers={"Authorization": f"Bearer {token}"} if token else None)
+
+
+def test_requests_without_the_token_get_401_before_any_session_is_made(served: Callable[..., Served]) -> None:
+    server = served()
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
+                    {"Authorization": f"Bearer {TOKEN}x"}):
+        answer = httpx.post(server.url, json=INITIALIZE, headers={**ACCEPT, **headers}, timeout=WAIT_S)
+        assert answer.status_code == 401, (headers, answer.text)
+        assert answer.headers["www-authenticate"].startswith("Bearer")
+        assert "mcp-session-id" not in answer.headers
+        assert "Authorization: Bearer" in answer.json()["error"]["message"]
+    assert httpx.get(server.url, headers=ACCEPT, timeout=WAIT_S).status_code == 401
+    stats = server.guard.stats()
+    assert stats["sessions"] == 0 and stats["refused_unauthenticated"] == 5 and stats["auth"] is True
+    assert _session_folders(server.system) == []
+
+    async def main() -> None:
+        with anyio.fail_after(WAIT_S):  # the SDK's client without the token: refused
+            with pytest.raises(Exception):
+                async with streamable_http_client(server.url, http_client=_client(None)) as (read, write), \
+                        ClientSession(read, write) as session:
+                    await session.initialize()
+        with anyio.fail_after(WAIT_S):  # and with it: served
+            async with streamable_http_client(server.url, http_client=_client(TOKEN)) as (read, write), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                result = await session.call_tool("add", {"a": 2, "b": 3})
+                assert not result.is_error and result.content[0].text == "5"  # type: ignore[union-attr]
+                assert server.guard.stats()["rho_sessions"] == 1
+
+    anyio.run(main)
+    assert len(_session_folders(server.system)) == 1
+
+
+def test_a_client_gets_at_most_its_share_of_sessions_and_the_caps_are_settings(served: Callable[..., Served]) -> None:
+    server = served(max_sessions_per_client=3, max_sessions=5)
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(3):
+                read, write = await stack.enter_async_context(
+                    streamable_http_client(server.url, http_client=_client(TOKEN)))
+                session = await stack.enter_async_context(ClientSession(read, write))
+                with anyio.fail_after(WAIT_S):
+                    await session.initialize()
+            async with _client(TOKEN) as raw:
+                refused = await raw.post(server.url, json=INITIALIZE, headers=ACCEPT)
+            assert refused.status_code == 429 and "at most 3 per client" in refused.json()["error"]["message"]
+            stats = server.guard.stats()
+            assert stats["sessions"] == 3 and stats["clients"] == {f"uid:{os.getuid()}": 3}
+            assert stats["max_sessions_per_client"] == 3 and stats["max_sessions"] == 5
+            assert stats["refused_at_cap"] == 1
+        # the clients ended their sessions (DELETE): their places are free again
+        assert wait_for(lambda: server.guard.stats()["sessions"] == 0)
+        async with streamable_http_client(server.url, http_client=_client(TOKEN)) as (read, write), \
+                ClientSession(read, write) as session:
+            with anyio.fail_after(WAIT_S):
+                await session.initialize()
+
+    anyio.run(main)
+    with pytest.raises(ValueError, match="token"):
+        HTTPGuard()
+    with pytest.raises(ValueError, match="max_sessions_per_client"):
+        HTTPGuard(TOKEN, max_sessions_per_client=0)
+
+
+_POOLED = ("AnyIO worker thread", "rho_actors-idle", "asyncio_")
+
+
+def _threads() -> set[str]:
+    """This process's threads other than idle ones of bounded pools (anyio's, asyncio's
+    executor, the actors' idle pool: each ends them itself)."""
+    return {f"{t.name}#{t.ident}" for t in threading.enumerate() if not t.name.startswith(_POOLED)}
+
+
+def _fds() -> list[str]:
+    """This process's open descriptors, by what they are."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return found
+
+
+def test_sessions_of_clients_killed_mid_call_are_reaped_within_client_gone_s(
+        served: Callable[..., Served]) -> None:
+    server = served(client_gone_s=1.0)
+    me = psutil.Process()
+    fds, threads, before = me.num_fds(), _threads(), _fds()
+    clients = [subprocess.Popen([sys.executable, CLIENT, server.url, TOKEN, "4"], stdout=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}) for _ in range(2)]
+    try:
+        for client in clients:  # 8 sessions, each with a call running on the server
+            assert client.stdout is not None and client.stdout.readline().strip() == "READY"
+        assert server.guard.stats()["rho_sessions"] == 8
+        assert me.num_fds() >= fds + 8 and len(_threads() - threads) >= 8
+    finally:
+        for client in clients:
+            client.send_signal(signal.SIGKILL)
+            client.wait(WAIT_S)
+            assert client.stdout is not None
+            client.stdout.close()
+    killed = time.monotonic()
+    assert wait_for(lambda: server.guard.stats()["rho_sessions"] == 0 and me.num_fds() <= fds
+                    and not _threads() - threads, timeout_s=WAIT_S), (
+        server.guard.stats(), sorted(set(_fds()) - set(before)), _threads() - threads)
+    assert time.monotonic() - killed < 1.0 + 5.0
+    stats = server.guard.stats()
+    assert stats["reaped"] == 8
+    # each call was cancelled when its client's connection closed (not at its 20 s deadline)
+    marks = list((server.system.data_dir / "sessions").glob("*/cancelled"))
+    assert len(marks) == 8
+
+
+def test_rho_actors_mcp_serve_http_prints_its_token_and_refuses_requests_without_it(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RHO_MCP_TOKEN"}
+    proc = subprocess.Popen([sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", served_tools.__file__,
+                             "--http", f"127.0.0.1:{port}", "--data-dir", str(tmp_path), "--max-sessions-per-client",
+                             "2"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("MCP bearer token: "), line
+        token = line.split(": ", 1)[1].strip()
+        assert len(token) >= 32
+        assert "serving MCP at" in proc.stderr.readline()
+        url = f"http://127.0.0.1:{port}/mcp"
+
+        def answer(headers: dict[str, str]) -> int:
+            try:
+                return httpx.post(url, json=INITIALIZE, headers={**ACCEPT, **headers}, timeout=2).status_code
+            except httpx.TransportError:
+                return 0
+
+        assert wait_for(lambda: answer({}) == 401, timeout_s=WAIT_S * 2)
+        assert answer({"Authorization": f"Bearer {token}"}) == 200
+    finally:
+        proc.kill()
+        proc.wait(WAIT_S)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_the_http_settings_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    from rho_actors.cli import build_parser, main
+    from rho_actors.mcp import guard
+
+    tools = ["mcp", "serve", "--tools", served_tools.__file__]
+    assert main([*tools, "--http", "0.0.0.0:8123", "--insecure-no-auth"]) == 2
+    assert "only allowed on a loopback address" in capsys.readouterr().err
+    assert main([*tools, "--http", "127.0.0.1:8123", "--max-sessions", "0"]) == 2
+    assert "expected a number more than 0" in capsys.readouterr().err
+    os.environ["RHO_MCP_TOKEN"] = "short"
+    try:
+        assert main([*tools, "--http", "127.0.0.1:8123"]) == 2
+        assert "at least 16 characters" in capsys.readouterr().err
+    finally:
+        del os.environ["RHO_MCP_TOKEN"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["mcp", "serve", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"default {guard.DEFAULT_MAX_SESSIONS};" in shown
+    assert f"default {guard.DEFAULT_MAX_SESSIONS_PER_CLIENT};" in shown
+    assert f"(default {guard.DEFAULT_IDLE_TIMEOUT_S:g})" in shown
+    assert f"(default {guard.DEFAULT_CLIENT_GONE_S:g})" in shown
