@@ -178,13 +178,20 @@ def test_a_hostile_tool_finds_nothing_of_its_host(tmp_path: Path) -> None:
 
 
 class Descriptors:
-    """Its name() lists the descriptors its declaration read holds."""
+    """Its description() maps the descriptors its declaration read holds to their targets."""
+
+    name = staticmethod(lambda: "descriptors")
 
     @staticmethod
-    def name() -> str:
-        return "fds_" + "_".join(sorted(os.listdir("/proc/self/fd"), key=int))
+    def description() -> str:
+        held = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+        return json.dumps(held)
 
-    description = staticmethod(lambda: "Descriptors.")
     parameter_schema = staticmethod(lambda: {"type": "object"})
     run = staticmethod(lambda args, ctx: "ran")
 
@@ -193,16 +200,22 @@ def test_a_child_holds_no_descriptor_but_its_own(tmp_path: Path) -> None:
     """Opened in the host before the child starts, neither an ordinary file nor a socket
     reaches it: it holds 0-2 (``/dev/null`` and its output pipe), 3 (its channel) and
     what it opened itself (Python's import folders; listing ``/proc/self/fd``)."""
+    import socket
+
+    from rho_actors.sandbox.clean import zygote_pid
+
     held = open(tmp_path / "held.txt", "w")  # noqa: SIM115 - held open across the read on purpose
+    listener = socket.create_server(("127.0.0.1", 0))
     try:
         answer = read_declaration_isolated(Descriptors, confine=ConfinePolicy(), timeout_s=60)
     finally:
         held.close()
-    from rho_actors.sandbox.clean import zygote_pid
-
-    fds = [int(fd) for fd in answer["name"]["value"].split("_")[1:]]
-    assert fds[:4] == [0, 1, 2, 3], fds
-    assert held.fileno() not in fds[4:] or len(fds) > 4  # its own import folders may reuse numbers
+        listener.close()
+    fds = json.loads(answer["description"]["value"])
+    assert fds["0"] == "/dev/null" and fds["1"] == fds["2"] and fds["1"].startswith("pipe:"), fds
+    assert fds["3"].startswith("socket:"), fds
+    others = {fd: target for fd, target in fds.items() if int(fd) > 3}
+    assert not any(t.startswith(("socket:", "pipe:")) or t.endswith("held.txt") for t in others.values()), others
     assert zygote_pid() is not None
 
 

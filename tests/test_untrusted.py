@@ -161,7 +161,7 @@ def test_the_module_functions_use_the_checked_declaration_of_a_marked_tool(syste
 def test_a_trusted_tool_may_ask_for_process_isolation(system: ActorSystem) -> None:
     system.register(Echo, isolation="process")
     [result] = system.start_loop().run_turn([ToolCall("e", "echo", '{"text": "x"}')])
-    assert int(result.content.split()[1]) != os.getpid()
+    assert result.ok and int(result.content.split()[1]) != os.getpid(), result
     with pytest.raises(ValueError, match="isolation must be one of"):
         system.register(BadName, isolation="gpu")
 
