@@ -216,7 +216,14 @@ def test_a_child_holds_no_descriptor_but_its_own(tmp_path: Path) -> None:
     assert fds["3"].startswith("socket:"), fds
     others = {fd: target for fd, target in fds.items() if int(fd) > 3}
     assert not any(t.startswith(("socket:", "pipe:")) or t.endswith("held.txt") for t in others.values()), others
-    assert zygote_pid() is not None
+    zygote = zygote_pid()
+    assert zygote is not None
+    cmdline = Path(f"/proc/{zygote}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[1:3] == [b"-I", b"-c"], cmdline  # isolated mode: no PYTHONPATH, user site or cwd
+    names = {entry.split(b"=", 1)[0].decode() for entry in Path(f"/proc/{zygote}/environ").read_bytes().split(b"\0")
+             if entry}
+    assert names <= {"PATH", "LANG", "TZ"} | {n for n in names if n.startswith("LC_")}, names
+    assert Path(f"/proc/{zygote}/cwd").resolve() == Path("/")
 
 
 HOG = '''
@@ -455,3 +462,28 @@ def test_a_trusted_child_holds_neither_fork_server_nor_tracker_pipe() -> None:
 
     [row] = run_selftests([HostPipes], timeout_s=60)
     assert (row.outcome, row.message) == ("passed", "alive=None tracker=None"), row
+
+
+class Authkey:
+    """Its description() is its process's multiprocessing authkey, in hex."""
+
+    name = staticmethod(lambda: "authkey")
+
+    @staticmethod
+    def description() -> str:
+        import multiprocessing
+
+        return bytes(multiprocessing.current_process().authkey).hex()
+
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    run = staticmethod(lambda args, ctx: "ran")
+
+
+def test_each_child_has_its_own_authkey() -> None:
+    """Not the host's, and not another child's (so not its fork server's either)."""
+    import multiprocessing
+
+    keys = [read_declaration_isolated(Authkey, confine=ConfinePolicy(), timeout_s=60)["description"]["value"]
+            for _ in range(2)]
+    assert keys[0] != keys[1]
+    assert bytes(multiprocessing.current_process().authkey).hex() not in keys
