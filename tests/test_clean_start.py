@@ -178,13 +178,20 @@ def test_a_hostile_tool_finds_nothing_of_its_host(tmp_path: Path) -> None:
 
 
 class Descriptors:
-    """Its name() lists the descriptors its declaration read holds."""
+    """Its description() maps the descriptors its declaration read holds to their targets."""
+
+    name = staticmethod(lambda: "descriptors")
 
     @staticmethod
-    def name() -> str:
-        return "fds_" + "_".join(sorted(os.listdir("/proc/self/fd"), key=int))
+    def description() -> str:
+        held = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+        return json.dumps(held)
 
-    description = staticmethod(lambda: "Descriptors.")
     parameter_schema = staticmethod(lambda: {"type": "object"})
     run = staticmethod(lambda args, ctx: "ran")
 
@@ -193,17 +200,30 @@ def test_a_child_holds_no_descriptor_but_its_own(tmp_path: Path) -> None:
     """Opened in the host before the child starts, neither an ordinary file nor a socket
     reaches it: it holds 0-2 (``/dev/null`` and its output pipe), 3 (its channel) and
     what it opened itself (Python's import folders; listing ``/proc/self/fd``)."""
+    import socket
+
+    from rho_actors.sandbox.clean import zygote_pid
+
     held = open(tmp_path / "held.txt", "w")  # noqa: SIM115 - held open across the read on purpose
+    listener = socket.create_server(("127.0.0.1", 0))
     try:
         answer = read_declaration_isolated(Descriptors, confine=ConfinePolicy(), timeout_s=60)
     finally:
         held.close()
-    from rho_actors.sandbox.clean import zygote_pid
-
-    fds = [int(fd) for fd in answer["name"]["value"].split("_")[1:]]
-    assert fds[:4] == [0, 1, 2, 3], fds
-    assert held.fileno() not in fds[4:] or len(fds) > 4  # its own import folders may reuse numbers
-    assert zygote_pid() is not None
+        listener.close()
+    fds = json.loads(answer["description"]["value"])
+    assert fds["0"] == "/dev/null" and fds["1"] == fds["2"] and fds["1"].startswith("pipe:"), fds
+    assert fds["3"].startswith("socket:"), fds
+    others = {fd: target for fd, target in fds.items() if int(fd) > 3}
+    assert not any(t.startswith(("socket:", "pipe:")) or t.endswith("held.txt") for t in others.values()), others
+    zygote = zygote_pid()
+    assert zygote is not None
+    cmdline = Path(f"/proc/{zygote}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[1:3] == [b"-I", b"-c"], cmdline  # isolated mode: no PYTHONPATH, user site or cwd
+    names = {entry.split(b"=", 1)[0].decode() for entry in Path(f"/proc/{zygote}/environ").read_bytes().split(b"\0")
+             if entry}
+    assert names <= {"PATH", "LANG", "TZ"} | {n for n in names if n.startswith("LC_")}, names
+    assert Path(f"/proc/{zygote}/cwd").resolve() == Path("/")
 
 
 HOG = '''
@@ -442,3 +462,28 @@ def test_a_trusted_child_holds_neither_fork_server_nor_tracker_pipe() -> None:
 
     [row] = run_selftests([HostPipes], timeout_s=60)
     assert (row.outcome, row.message) == ("passed", "alive=None tracker=None"), row
+
+
+class Authkey:
+    """Its description() is its process's multiprocessing authkey, in hex."""
+
+    name = staticmethod(lambda: "authkey")
+
+    @staticmethod
+    def description() -> str:
+        import multiprocessing
+
+        return bytes(multiprocessing.current_process().authkey).hex()
+
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    run = staticmethod(lambda args, ctx: "ran")
+
+
+def test_each_child_has_its_own_authkey() -> None:
+    """Not the host's, and not another child's (so not its fork server's either)."""
+    import multiprocessing
+
+    keys = [read_declaration_isolated(Authkey, confine=ConfinePolicy(), timeout_s=60)["description"]["value"]
+            for _ in range(2)]
+    assert keys[0] != keys[1]
+    assert bytes(multiprocessing.current_process().authkey).hex() not in keys

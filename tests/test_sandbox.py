@@ -764,12 +764,14 @@ def test_benchmark_smoke() -> None:
     """benchmarks/bench_isolation.py runs and reports every number (timings unchecked)."""
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_isolation.py"
     proc = subprocess.run(
-        [sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True, timeout=120,
+        [sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True, timeout=180,
         check=False, cwd=script.parent.parent,
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert set(report) == {"environment", "noop_call", "replacement", "declarations", "untrusted", "total_s"}
+    assert set(report) == {
+        "environment", "noop_call", "replacement", "declarations", "untrusted", "child_start", "total_s"
+    }
     for part, key in (("noop_call", "ratio"), ("replacement", "target_ms"), ("declarations", "target_ms")):
         assert report[part][key] > 0 and isinstance(report[part]["pass"], bool)
     assert report["noop_call"]["worker_pool_us"]["p50"] > 0
@@ -778,6 +780,10 @@ def test_benchmark_smoke() -> None:
     for part in ("warm_call", "new_session_first_call", "worker_scope_call", "cold_session_first_call"):
         pair = report["untrusted"][part]
         assert pair["system_us"]["p50"] > 0 and pair["process_pool_executor_us"]["p50"] > 0 and pair["ratio"] > 0
+    for part in ("warm_call", "new_session_first_call"):
+        assert report["untrusted"][part]["target"] > 0 and isinstance(report["untrusted"][part]["pass"], bool)
+    start = report["child_start"]
+    assert start["clean_ms"]["p50"] > 0 and start["forkserver_ms"]["p50"] > 0 and start["ratio"] > 0
 
 
 def test_calls_never_queue_and_idle_workers_follow_demand(tmp_path: Path) -> None:

@@ -180,7 +180,7 @@ def test_two_systems_share_no_checked_declaration(system: ActorSystem, tmp_path:
 def test_a_trusted_tool_may_ask_for_process_isolation(system: ActorSystem) -> None:
     system.register(Echo, isolation="process")
     [result] = system.start_loop().run_turn([ToolCall("e", "echo", '{"text": "x"}')])
-    assert int(result.content.split()[1]) != os.getpid()
+    assert result.ok and int(result.content.split()[1]) != os.getpid(), result
     with pytest.raises(ValueError, match="isolation must be one of"):
         system.register(BadName, isolation="gpu")
 

@@ -71,7 +71,8 @@ def _high(fd: int) -> int:
 
 
 def _become_child(channel: int, output: int) -> None:
-    """In the forked child, before anything else: descriptors 0-3 only, default signals."""
+    """In the forked child, before anything else: descriptors 0-3 only, default signals,
+    a fresh ``multiprocessing`` authkey."""
     channel, output = _high(channel), _high(output)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     os.dup2(null, 0)
@@ -83,6 +84,9 @@ def _become_child(channel: int, output: int) -> None:
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None:  # its own authkey: no two children (nor the fork server) share one
+        process.current_process().authkey = os.urandom(32)
 
 
 def _run_child() -> None:
