@@ -8,9 +8,10 @@ from __future__ import annotations
 import io
 import json
 import math
-import select
+import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -298,11 +299,20 @@ def test_stdio_requests_with_bad_ids_or_params_are_answered(tmp_path: Path) -> N
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "raw", "version": "0"}}}).encode() + b"\n")
         proc.stdin.flush()
+        received: queue.Queue[bytes] = queue.Queue()  # a thread reads: select() misses lines already buffered
+        stdout = proc.stdout
+
+        def read() -> None:
+            for answer in stdout:
+                received.put(answer)
+
+        threading.Thread(target=read, daemon=True).start()
         answers: list[dict[str, Any]] = []
         for _ in range(len(lines) + 1):
-            ready, _, _ = select.select([proc.stdout], [], [], BOUND_S)
-            assert ready, f"no answer after {answers}"
-            answers.append(json.loads(proc.stdout.readline()))
+            try:
+                answers.append(json.loads(received.get(timeout=BOUND_S)))
+            except queue.Empty:
+                raise AssertionError(f"no answer after {answers}") from None
     finally:
         proc.kill()
         proc.wait(BOUND_S)

@@ -18,8 +18,9 @@ import fcntl
 import io
 import json
 import os
+import sys
 from collections.abc import AsyncIterable, AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectSendStream
@@ -99,12 +100,17 @@ class CheckedLines:
 
 
 @contextlib.contextmanager
-def claimed_stdin() -> Iterator[io.TextIOWrapper]:
+def claimed_stdin() -> Iterator[TextIO]:
     """Standard input as UTF-8 text lines read from a private copy of fd 0, fd 0 itself
     pointed at the null device meanwhile (as the SDK does when it reads stdin itself), so
     a tool or a child that reads its stdin reads nothing of the protocol; restored at
-    the end. The private copy is never closed: a reading thread may still block on it."""
-    private = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    the end. The private copy is never closed: a reading thread may still block on it.
+    Where fd 0 cannot be copied, it is read in place (as the SDK does then)."""
+    try:
+        private = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    except OSError:
+        yield sys.stdin
+        return
     null = os.open(os.devnull, os.O_RDONLY)
     try:
         os.dup2(null, 0)

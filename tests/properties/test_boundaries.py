@@ -273,18 +273,22 @@ def test_multiple_of_is_exact_on_the_decimal_as_written(cents: int, divisor_text
     assert (violations(make_validator(schema), {"n": value}) == []) is exact
 
 
-false_schema = st.recursive(
-    st.booleans() | st.just({"type": "integer"}) | st.just({}),
-    lambda inner: st.one_of(
-        st.builds(lambda p: {"type": "object", "properties": p}, st.dictionaries(st.sampled_from("abc"), inner,
-                                                                                 max_size=3)),
-        st.builds(lambda i, pre: {"type": "array", "prefixItems": pre, "items": i}, inner,
+def _around(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Schemas holding ``inner`` schemas where ``false`` may stand: properties, items,
+    additional and unevaluated properties, pattern properties, anyOf."""
+    return st.one_of(
+        st.builds(lambda props: {"type": "object", "properties": props},
+                  st.dictionaries(st.sampled_from("abc"), inner, max_size=3)),
+        st.builds(lambda rest, first: {"type": "array", "prefixItems": first, "items": rest}, inner,
                   st.lists(inner, max_size=2)),
-        st.builds(lambda a, u: {"type": "object", "additionalProperties": a, "unevaluatedProperties": u}, inner,
-                  inner),
-        st.builds(lambda pp: {"type": "object", "patternProperties": {"^[ab]$": pp}}, inner),
-        st.builds(lambda a: {"anyOf": a}, st.lists(inner, min_size=1, max_size=2)),
-    ), max_leaves=6)
+        st.builds(lambda extra, left: {"type": "object", "additionalProperties": extra,
+                                       "unevaluatedProperties": left}, inner, inner),
+        st.builds(lambda sub: {"type": "object", "patternProperties": {"^[ab]$": sub}}, inner),
+        st.builds(lambda subs: {"anyOf": subs}, st.lists(inner, min_size=1, max_size=2)),
+    )
+
+
+false_schema = st.recursive(st.booleans() | st.just({"type": "integer"}) | st.just({}), _around, max_leaves=6)
 small_json = st.recursive(st.none() | st.integers(-3, 3) | st.sampled_from(["a", "b"]), lambda inner: st.lists(
     inner, max_size=3) | st.dictionaries(st.sampled_from("abcd"), inner, max_size=3), max_leaves=8)
 
