@@ -23,7 +23,11 @@ if TYPE_CHECKING:
     from rho_actors.sandbox.enclosure import ConfinePolicy
     from rho_actors.telemetry import Telemetry
 
-__all__ = ["Limits", "Runtime"]
+__all__ = ["DEFAULT_MAX_TIMEOUT_MS", "Limits", "Runtime"]
+
+DEFAULT_MAX_TIMEOUT_MS = 600_000
+"""The default bound on a tool's declared timeout (milliseconds: 10 minutes): a tool
+declaring more is registered with this (DESIGN §5 "Fair shares")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +35,13 @@ class Limits:
     """A system's limits: ``max_output_chars`` caps each result's text (characters);
     ``max_argument_depth`` and ``max_schema_depth`` bound the nesting of call arguments
     and parameter schemas; ``ask_timeout_s`` bounds the host's queries to a loop
-    (seconds)."""
+    (seconds); ``max_timeout_ms`` bounds every tool's declared timeout (milliseconds)."""
 
     max_output_chars: int
     max_argument_depth: int
     max_schema_depth: int
     ask_timeout_s: float = 10.0
+    max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS
 
 
 @dataclass(frozen=True, slots=True, eq=False)

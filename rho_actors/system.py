@@ -79,7 +79,7 @@ from rho_actors.registry import (
     ToolSetView,
     make_placement,
 )
-from rho_actors.runtime import Limits, Runtime
+from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime
 from rho_actors.sandbox.enclosure import ConfinePolicy
 from rho_actors.sandbox.processes import hold_servers, release_servers
 from rho_actors.telemetry import Telemetry
@@ -96,6 +96,22 @@ __all__ = ["ActorSystem"]
 def _identity(base: _confinement.Confinement) -> tuple[int, int]:
     uid = base.uid if base.uid is not None else _confinement.DEFAULT_UID
     return uid, base.gid if base.gid is not None else uid
+
+
+def _fair_shares(cap: int, per_session: int | None, threads_per_session: int, max_timeout_ms: int) -> int:
+    """Check the fair-share settings (DESIGN §5 "Fair shares"); the per-session share of
+    the worker cap (default: half the cap, at least 1). Raises ``ValueError`` naming the
+    bad setting."""
+    if type(cap) is not int or cap < 1:
+        raise ValueError(f"max_workers must be an int >= 1, not {cap!r}")
+    share = max(1, cap // 2) if per_session is None else per_session
+    if type(share) is not int or not 1 <= share <= cap:
+        raise ValueError(f"max_workers_per_session must be an int within 1..max_workers ({cap}), not {share!r}")
+    if type(threads_per_session) is not int or threads_per_session < 1:
+        raise ValueError(f"abandoned_threads_per_session must be an int >= 1, not {threads_per_session!r}")
+    if type(max_timeout_ms) is not int or max_timeout_ms < 1:
+        raise ValueError(f"max_timeout_ms must be an int of milliseconds >= 1, not {max_timeout_ms!r}")
+    return share
 
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
@@ -160,6 +176,9 @@ class ActorSystem:
         abandoned_threads_per_tool: int = 8,
         abandoned_threads: int = 64,
         ray: Mapping[str, Any] | None = None,
+        max_workers_per_session: int | None = None,
+        abandoned_threads_per_session: int = 16,
+        max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS,
     ) -> None:
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
@@ -192,9 +211,11 @@ class ActorSystem:
         if self._confine.confine:
             _confinement.warn_if_unconfined()
         events = EventBus()
+        cap = max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1))
+        share = _fair_shares(cap, max_workers_per_session, abandoned_threads_per_session, max_timeout_ms)
         services = IsolationServices(
             self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method,
-            max_workers=max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1)),
+            max_workers=cap, max_workers_per_session=share, threads_per_session=abandoned_threads_per_session,
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
             ray=dict(ray) if ray is not None else None,
@@ -209,7 +230,7 @@ class ActorSystem:
             calls=self._calls,
             threads=self._threads,
             isolations=start_isolations(services),
-            limits=Limits(max_output_chars, max_argument_depth, max_schema_depth),
+            limits=Limits(max_output_chars, max_argument_depth, max_schema_depth, max_timeout_ms=max_timeout_ms),
             untrusted=self._untrusted,
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             confine=self._confine,
@@ -609,6 +630,7 @@ class ActorSystem:
         out: dict[str, Any] = {
             k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
         }
+        out["max_timeout_ms"] = self._runtime.limits.max_timeout_ms
         out["confinement"] = self._confinement_stats()
         return out
 

@@ -769,7 +769,9 @@ def test_benchmark_smoke() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert set(report) == {"environment", "noop_call", "replacement", "declarations", "untrusted", "total_s"}
+    assert set(report) == {
+        "environment", "noop_call", "replacement", "declarations", "untrusted", "many_sessions", "total_s",
+    }
     for part, key in (("noop_call", "ratio"), ("replacement", "target_ms"), ("declarations", "target_ms")):
         assert report[part][key] > 0 and isinstance(report[part]["pass"], bool)
     assert report["noop_call"]["worker_pool_us"]["p50"] > 0
@@ -778,6 +780,8 @@ def test_benchmark_smoke() -> None:
     for part in ("warm_call", "new_session_first_call", "worker_scope_call", "cold_session_first_call"):
         pair = report["untrusted"][part]
         assert pair["system_us"]["p50"] > 0 and pair["process_pool_executor_us"]["p50"] > 0 and pair["ratio"] > 0
+    many = report["many_sessions"]
+    assert many["trusted"]["calls"] == many["untrusted"]["calls"] == 40 and many["ratio"] > 0
 
 
 def test_calls_never_queue_and_idle_workers_follow_demand(tmp_path: Path) -> None:

@@ -256,10 +256,37 @@ class WorkerPool:
             bare = wire.encode_call(request)
         except wire.WireError as exc:
             return failed("unsendable", problem=str(exc))
+        session = ctx.get("session_id")
+        if cancel is not None and self._slots is not None:
+            cancel.add_callback(self._slots.poke)  # a call waiting its turn stops waiting
+        if self._slots is not None and not self._slots.enter(
+            session, deadline, (lambda: cancel.cancelled) if cancel is not None else None
+        ):
+            if cancel is not None and cancel.cancelled:
+                return failed("cancelled", reason=cancel.reason)
+            held = self._slots.shares().get(str(session), 0)
+            return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
+                          share=self._slots.per_session, held=held)
+        granted = time.monotonic()
+        try:
+            return self._run_granted(request, bare, tool_bytes, scope, env, cancel, failed, session, start)
+        finally:
+            if self._slots is not None:
+                self._slots.leave(session, time.monotonic() - granted)
+
+    def _run_granted(
+        self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
+        env: Mapping[str, str] | None, cancel: CancelToken | None, failed: Callable[..., ToolResult],
+        session: Hashable, start: float,
+    ) -> ToolResult:
+        """:meth:`run` once the cap granted the call its place."""
+        deadline, timeout_ms, max_output_chars = request.deadline, request.timeout_ms, request.max_chars
         delivered = self._deliver(request, bare, tool_bytes, scope, tuple(sorted((env or {}).items())), failed)
         if isinstance(delivered, ToolResult):
             return delivered
         worker = delivered
+        if self._scoped and scope != CALL_SCOPE:
+            worker.session = session
         try:
             result, retire = self._exchange_or_cancel(worker, request, tool_bytes, deadline, cancel)
         except DeadlineReached:
@@ -273,7 +300,8 @@ class WorkerPool:
             self._lose(worker, "killed")
             raise
         self._release(worker, retire or scope == CALL_SCOPE)
-        result = replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
+        result = replace(result, call_id=request.call_id, name=request.name,
+                         duration_ms=(time.monotonic() - start) * 1000)
         if len(result.content) > max_output_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
             result = capped(result, max_output_chars)
         return result
@@ -368,15 +396,32 @@ class WorkerPool:
                 not self._stopped
             )
 
-    def retire_one_idle(self) -> bool:
-        """Stop the longest idle worker (for the cap); whether there was one."""
+    def retire_one_idle(self, spare: frozenset[Hashable] = frozenset()) -> bool:
+        """Stop the longest idle worker (for the cap), not one kept for a session in
+        ``spare``; whether there was one."""
         with self._lock:
-            if not self._idle or self._stopped:
+            if self._stopped:
                 return False
-            worker = self._idle.pop(0)
+            worker = next((w for w in self._idle if w.session is None or w.session not in spare), None)
+            if worker is None:
+                return False
+            self._idle.remove(worker)
             self._counts["retired"] += 1
         self._retire(worker)
         return True
+
+    def retire_scopes(self, gone: Callable[[Hashable], bool]) -> int:
+        """Retire every worker whose scope ``gone(scope)`` says is gone (its tool was
+        unregistered or registered again): idle ones by the pool's background thread
+        soon, busy ones when their call ends; they never serve another call. Returns
+        how many workers it found."""
+        with self._lock:
+            found = [w for w in self._all if w.scope is not None and w.scope != CALL_SCOPE and gone(w.scope)]
+            for worker in found:
+                worker.doomed = True
+            if found:
+                self._changed.notify_all()
+        return len(found)
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -463,7 +508,7 @@ class WorkerPool:
                     raise _Stopped
                 for want in ((scope, None) if scoped and scope != CALL_SCOPE else (None,)):
                     for worker in reversed(self._idle):
-                        if (scoped and worker.scope != want) or worker.env_key != env_key:
+                        if (scoped and worker.scope != want) or worker.env_key != env_key or worker.doomed:
                             continue
                         self._idle.remove(worker)
                         if worker.healthy():
@@ -504,7 +549,7 @@ class WorkerPool:
             same = sum(1 for w in self._idle if w.scope == worker.scope)
             keep = max(1 if worker.scope is not None else 0, self._warm,
                        self._recent_peak_locked(worker.scope, time.monotonic()))
-            if not (retire or self._stopped or same >= keep):
+            if not (retire or worker.doomed or self._stopped or same >= keep):
                 worker.idle_since = time.monotonic()
                 self._idle.append(worker)
                 self._warmed.notify_all()
@@ -610,7 +655,7 @@ class WorkerPool:
         unscoped ones beyond ``warm`` (oldest first); forget peaks older than that."""
         now = time.monotonic()
         with self._lock:
-            stale = [w for w in self._idle if w.scope is not None and now - w.idle_since > self._idle_s]
+            stale = [w for w in self._idle if w.doomed or (w.scope is not None and now - w.idle_since > self._idle_s)]
             unscoped = [w for w in self._idle if w.scope is None]
             surplus = len(unscoped) - self._warm
             stale.extend(w for w in unscoped[:max(0, surplus)] if now - w.idle_since > self._idle_s)

@@ -1,45 +1,218 @@
-"""The cap on worker processes of a whole system (internal; DESIGN §5).
+"""The cap on worker processes of a whole system, shared fairly among sessions
+(internal; DESIGN §5 "Fair shares").
 
 Every :class:`~rho_actors.sandbox.pool.WorkerPool` of a system takes a slot of one
 :class:`WorkerSlots` before it starts a worker process and frees it once the process is
-reaped, so the system never has more than ``limit`` worker processes alive.
+reaped, so the system never has more than ``limit`` worker processes alive. Before a
+call takes a worker at all it is *granted* a place (:meth:`WorkerSlots.enter`): at most
+``limit`` calls are granted at once, at most ``per_session`` of one session, and waiting
+calls are granted in fair order (the session with the fewest granted calls first, then
+the oldest call), so one session's wide turn of long calls never starves another's.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import weakref
-from typing import Protocol
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Final, Protocol
 
-__all__ = ["WorkerSlots"]
+__all__ = ["QUANTUM", "REUSE_GRACE_S", "SHORT_CALL_S", "WorkerSlots"]
+
+QUANTUM: Final = 8
+"""Calls in a row a session may run on the grant (and the warm worker) it just used
+while other sessions wait, before its grant goes to them (see :meth:`WorkerSlots.leave`)."""
+SHORT_CALL_S: Final = 0.5
+"""Only a call shorter than this (seconds) keeps its grant for its session's next call."""
+REUSE_GRACE_S: Final = 0.05
+"""How long a just-used grant is kept for its session's next call while others wait
+(seconds): the time a session's next call takes to arrive."""
 
 
 class _Retiring(Protocol):
-    def retire_one_idle(self) -> bool:
-        """Stop one idle worker; whether there was one."""
+    def retire_one_idle(self, spare: frozenset[Hashable]) -> bool:
+        """Stop one idle worker (not one of a session in ``spare``); whether there was one."""
+
+
+@dataclass(slots=True)
+class _Share:
+    """A session's use of the cap: ``granted`` calls now (running or holding a kept
+    grant), ``run``, grants it re-took in a row while others waited, and ``kept_until``,
+    until when a grant it just released is kept for it (0: none)."""
+
+    granted: int = 0
+    run: int = 0
+    kept_until: float = 0.0
+    waited_out: int = 0
+
+
+@dataclass(order=True, slots=True)
+class _Ticket:
+    seq: int
+    session: Hashable = field(compare=False)
 
 
 class WorkerSlots:
     """The cap on worker processes of a whole system (alive ones: idle, busy or
-    starting; a slot is freed once its process is reaped). A call that needs a worker
-    beyond it takes an idle worker it may use, else retires an idle worker of any pool
-    sharing the cap, else waits (:meth:`wait`), until its deadline. ``limit`` >= 1.
-    ``peak`` is the most ever alive at once."""
+    starting; a slot is freed once its process is reaped), and the fair share of it
+    each session gets. ``limit`` >= 1; ``per_session``, the most calls of one session
+    that hold a worker at once (1..``limit``; default ``limit``). ``peak`` is the most
+    processes ever alive at once.
 
-    def __init__(self, limit: int) -> None:
+    A call first :meth:`enter`\\ s (a grant: at most ``limit`` at once, ``per_session``
+    per session; waiting calls are granted in fair order) and :meth:`leave`\\ s when it
+    ends; a granted call that needs a new worker process beyond the cap retires an idle
+    worker of any pool sharing the cap (:meth:`retire_idle`), else waits (:meth:`wait`),
+    until its deadline. A session whose short call just ended keeps its grant for
+    :data:`REUSE_GRACE_S` while others wait, so that its next call finds its warm worker
+    (untrusted workers are never shared between sessions), at most :data:`QUANTUM`
+    times in a row."""
+
+    def __init__(self, limit: int, per_session: int | None = None) -> None:
         if limit < 1:
             raise ValueError(f"the worker cap must be >= 1, not {limit}")
+        per_session = limit if per_session is None else per_session
+        if not 1 <= per_session <= limit:
+            raise ValueError(f"the per-session share of workers must be within 1..{limit} (the cap), not {per_session}")
         self.limit = limit
+        self.per_session = per_session
         self.alive = 0
         self.peak = 0
         self.waiting = 0
+        self.queued = 0
+        self.waited_out = 0
+        self._granted = 0
         self._cond = threading.Condition()
         self._pools: weakref.WeakSet[_Retiring] = weakref.WeakSet()
+        self._shares: dict[Hashable, _Share] = {}
+        self._queue: list[_Ticket] = []
+        self._seq = itertools.count()
 
     def join(self, pool: _Retiring) -> None:
         """Let this cap retire ``pool``'s idle workers when it is full."""
         self._pools.add(pool)
+
+    # --- grants: the fair share of each session -------------------------------------------
+
+    def enter(self, session: Hashable, deadline: float, cancelled: Callable[[], bool] | None = None) -> bool:
+        """Wait for a grant for one call of ``session`` (fair order, see the class),
+        until ``deadline`` (a ``time.monotonic()`` instant) or ``cancelled()`` (polled
+        on every :meth:`poke`); whether it was granted (if so, :meth:`leave` must
+        follow)."""
+        with self._cond:
+            share = self._shares.setdefault(session, _Share())
+            if share.kept_until:  # its kept grant: take it again
+                share.kept_until = 0.0
+                return True
+            self._expire_kept(time.monotonic())
+            if not self._queue and self._grantable(share):
+                self._grant(share)
+                return True
+            ticket = _Ticket(next(self._seq), session)
+            self._queue.append(ticket)
+            self.queued += 1
+            try:
+                while True:
+                    now = time.monotonic()
+                    self._expire_kept(now)
+                    if share.kept_until:  # kept for it meanwhile (its previous call ended while it queued)
+                        share.kept_until = 0.0
+                        return True
+                    if self._grantable(share) and self._first(ticket):
+                        self._grant(share)
+                        return True
+                    if cancelled is not None and cancelled():
+                        return False
+                    if now >= deadline:
+                        share.waited_out += 1
+                        self.waited_out += 1
+                        return False
+                    self._cond.wait(min(deadline - now, self._next_expiry(now), 0.25))
+            finally:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
+                if not share.granted and not any(t.session == session for t in self._queue):
+                    self._shares.pop(session, None)
+
+    def leave(self, session: Hashable, held_s: float = 0.0) -> None:
+        """One call of ``session`` that :meth:`enter` granted has ended, ``held_s``
+        seconds after it was granted. While other sessions wait, the grant of a short
+        call (under :data:`SHORT_CALL_S`) is kept for :data:`REUSE_GRACE_S` for the
+        session's next call, at most :data:`QUANTUM` times in a row (so others wait at
+        most that many short calls more); else it is freed at once."""
+        with self._cond:
+            share = self._shares.get(session)
+            if share is None or not share.granted:
+                return
+            others = any(t.session != session for t in self._queue)
+            if others and share.run < QUANTUM and not share.kept_until and held_s < SHORT_CALL_S:
+                share.run += 1
+                share.kept_until = time.monotonic() + REUSE_GRACE_S
+            else:
+                if not others:
+                    share.run = 0
+                self._ungrant(session, share)
+            self._cond.notify_all()
+
+    def kept(self) -> frozenset[Hashable]:
+        """The sessions holding a kept grant now (their idle workers are spared)."""
+        with self._cond:
+            self._expire_kept(time.monotonic())
+            return frozenset(s for s, share in self._shares.items() if share.kept_until)
+
+    def shares(self) -> dict[str, int]:
+        """Granted calls by session now (sessions with none left out), for ``stats()``."""
+        with self._cond:
+            return {str(s): share.granted for s, share in self._shares.items() if share.granted}
+
+    def waiting_calls(self) -> int:
+        """Calls waiting for a grant now."""
+        with self._cond:
+            return len(self._queue)
+
+    def _grantable(self, share: _Share) -> bool:
+        return self._granted < self.limit and share.granted < self.per_session
+
+    def _first(self, ticket: _Ticket) -> bool:
+        """Whether ``ticket`` is the first, in fair order, of the waiting calls that may
+        be granted now: fewest granted calls of its session, then oldest."""
+        best: tuple[int, int] | None = None
+        for t in self._queue:
+            share = self._shares.get(t.session)
+            granted = share.granted if share is not None else 0
+            if granted >= self.per_session:
+                continue
+            key = (granted, t.seq)
+            if best is None or key < best:
+                best = key
+        return best is not None and best[1] == ticket.seq
+
+    def _grant(self, share: _Share) -> None:
+        share.granted += 1
+        share.run = 0
+        self._granted += 1
+
+    def _ungrant(self, session: Hashable, share: _Share) -> None:
+        share.granted -= 1
+        self._granted -= 1
+        if not share.granted and not any(t.session == session for t in self._queue):
+            self._shares.pop(session, None)
+
+    def _expire_kept(self, now: float) -> None:
+        for session, share in list(self._shares.items()):
+            if share.kept_until and share.kept_until <= now:
+                share.kept_until = 0.0
+                self._ungrant(session, share)
+                self._cond.notify_all()
+
+    def _next_expiry(self, now: float) -> float:
+        pending = [s.kept_until - now for s in self._shares.values() if s.kept_until]
+        return max(0.001, min(pending)) if pending else 0.25
+
+    # --- process slots ---------------------------------------------------------------------
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free now."""
@@ -51,9 +224,11 @@ class WorkerSlots:
             return True
 
     def retire_idle(self) -> bool:
-        """Stop the longest idle worker of the first pool sharing the cap that has one;
-        whether one was stopped (its slot is free once it is reaped, which is done)."""
-        return any(pool.retire_one_idle() for pool in list(self._pools))
+        """Stop the longest idle worker (of a session holding no kept grant) of the first
+        pool sharing the cap that has one; whether one was stopped (its slot is free once
+        it is reaped, which is done)."""
+        spare = self.kept()
+        return any(pool.retire_one_idle(spare) for pool in list(self._pools))
 
     def wait(self, deadline: float) -> bool:
         """While the cap is full, wait until a slot is freed or a worker becomes idle
@@ -67,16 +242,17 @@ class WorkerSlots:
             if self.alive >= self.limit:
                 self.waiting += 1
                 try:
-                    self._cond.wait(min(remaining, 0.25))
+                    self._cond.wait(min(remaining, self._next_expiry(time.monotonic()), 0.25))
                 finally:
                     self.waiting -= 1
+                self._expire_kept(time.monotonic())
             return True
 
     def release(self) -> None:
         """Free a slot (its process was reaped)."""
         with self._cond:
             self.alive -= 1
-            self._cond.notify()
+            self._cond.notify_all()
 
     def poke(self) -> None:
         """A worker became idle: every waiting call looks again (it may take it, or

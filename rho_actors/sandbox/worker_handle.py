@@ -38,8 +38,8 @@ class WorkerHandle:
     :class:`~rho_actors.sandbox.pool.WorkerPool`."""
 
     __slots__ = (
-        "_reap_lock", "channel", "closed", "enclosure", "env_key", "exitcode", "idle_since", "killed", "pid", "proc",
-        "reaped", "scope", "slots", "tools",
+        "_reap_lock", "channel", "closed", "doomed", "enclosure", "env_key", "exitcode", "idle_since", "killed", "pid",
+        "proc", "reaped", "scope", "session", "slots", "tools",
     )
 
     def __init__(
@@ -53,6 +53,8 @@ class WorkerHandle:
         self.slots = slots
         self.env_key = env_key
         self.scope: Hashable = None
+        self.session: Hashable = None  # the session whose call it runs now (busy), for the cap's shares
+        self.doomed = False  # its scope is gone (its tool unregistered or registered again): retire when free
         self.idle_since = 0.0
         self.tools: OrderedDict[bytes, None] = OrderedDict()
         self.killed = False
