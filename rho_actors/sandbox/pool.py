@@ -85,6 +85,19 @@ _DELIVERY_ATTEMPTS: Final = 3
 """Workers tried for one call when each turns out dead before the call reaches it."""
 
 
+class _Grant:
+    """A call's place under the cap: its ``session``, when the call reached its worker
+    (``at``, a ``time.monotonic()`` instant; before: when it was granted) and whether it
+    was given back (``left``)."""
+
+    __slots__ = ("at", "left", "session")
+
+    def __init__(self, session: Hashable, at: float) -> None:
+        self.session = session
+        self.at = at
+        self.left = False
+
+
 class _Stopped(Exception):
     """The pool is stopped."""
 
@@ -267,17 +280,23 @@ class WorkerPool:
             held = self._slots.shares().get(str(session), 0)
             return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
                           share=self._slots.per_session, held=held)
-        granted = time.monotonic()
+        grant = _Grant(session, time.monotonic())
         try:
-            return self._run_granted(request, bare, tool_bytes, scope, env, cancel, failed, session, start)
+            return self._run_granted(request, bare, tool_bytes, scope, env, cancel, failed, grant, start)
         finally:
-            if self._slots is not None:
-                self._slots.leave(session, time.monotonic() - granted)
+            self._leave(grant)
+
+    def _leave(self, grant: _Grant) -> None:
+        """The call's end for the cap (once): its grant goes back, or is kept for the
+        session's next call (see :meth:`WorkerSlots.leave`)."""
+        if self._slots is not None and not grant.left:
+            grant.left = True
+            self._slots.leave(grant.session, time.monotonic() - grant.at)
 
     def _run_granted(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
         env: Mapping[str, str] | None, cancel: CancelToken | None, failed: Callable[..., ToolResult],
-        session: Hashable, start: float,
+        grant: _Grant, start: float,
     ) -> ToolResult:
         """:meth:`run` once the cap granted the call its place."""
         deadline, timeout_ms, max_output_chars = request.deadline, request.timeout_ms, request.max_chars
@@ -285,8 +304,9 @@ class WorkerPool:
         if isinstance(delivered, ToolResult):
             return delivered
         worker = delivered
+        grant.at = time.monotonic()  # how long the call itself holds it (not the wait for a worker)
         if self._scoped and scope != CALL_SCOPE:
-            worker.session = session
+            worker.session = grant.session
         try:
             result, retire = self._exchange_or_cancel(worker, request, tool_bytes, deadline, cancel)
         except DeadlineReached:
@@ -299,7 +319,7 @@ class WorkerPool:
         except BaseException:
             self._lose(worker, "killed")
             raise
-        self._release(worker, retire or scope == CALL_SCOPE)
+        self._release(worker, retire or scope == CALL_SCOPE, grant)
         result = replace(result, call_id=request.call_id, name=request.name,
                          duration_ms=(time.monotonic() - start) * 1000)
         if len(result.content) > max_output_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
@@ -540,11 +560,15 @@ class WorkerPool:
         peak, at = self._peaks.get(scope, (0, 0.0))
         return peak if now - at <= self._idle_s else 0
 
-    def _release(self, worker: WorkerHandle, retire: bool) -> None:
+    def _release(self, worker: WorkerHandle, retire: bool, grant: _Grant | None = None) -> None:
         """A call ended on ``worker``: keep it idle while its scope has fewer idle workers
         than ``warm`` (at least 1 for a scoped worker) or than the scope's recent peak of
-        busy ones, else retire it (``retire``: always)."""
+        busy ones, else retire it (``retire``: always). The call's ``grant`` goes back
+        first, so that a grant kept for its session spares the worker from the moment
+        it is idle."""
         with self._lock:
+            if grant is not None:
+                self._leave(grant)
             self._busy.discard(worker)
             same = sum(1 for w in self._idle if w.scope == worker.scope)
             keep = max(1 if worker.scope is not None else 0, self._warm,

@@ -22,12 +22,12 @@ from typing import Final, Protocol
 
 __all__ = ["QUANTUM", "REUSE_GRACE_S", "SHORT_CALL_S", "WorkerSlots"]
 
-QUANTUM: Final = 8
+QUANTUM: Final = 16
 """Calls in a row a session may run on the grant (and the warm worker) it just used
 while other sessions wait, before its grant goes to them (see :meth:`WorkerSlots.leave`)."""
 SHORT_CALL_S: Final = 0.5
 """Only a call shorter than this (seconds) keeps its grant for its session's next call."""
-REUSE_GRACE_S: Final = 0.05
+REUSE_GRACE_S: Final = 0.5
 """How long a just-used grant is kept for its session's next call while others wait
 (seconds): the time a session's next call takes to arrive."""
 
