@@ -149,8 +149,15 @@ class ActorSystem:
     wait, within their deadline. ``worker_idle_s`` is how long an untrusted tool's idle
     worker is kept for its (tool, session) pair, and an idle worker beyond
     ``warm_workers`` of the trusted pool (seconds). ``abandoned_threads_per_tool``
-    and ``abandoned_threads`` cap the threads of timed-out ``thread`` calls still running:
-    past either, that tool's calls are ``unavailable`` until its threads end. ``ray``
+    (of one tool in one session), ``abandoned_threads_per_session`` and
+    ``abandoned_threads`` (the system; past it only sessions holding abandoned threads are
+    refused) cap the threads of timed-out ``thread`` calls still running: past one, that
+    tool's calls in that session are ``unavailable`` until its threads end.
+    ``max_workers_per_session`` is one session's share of ``max_workers`` (default: half,
+    at least 1); waiting calls are served fairly across sessions. ``max_timeout_ms``
+    bounds every tool's declared timeout (milliseconds; default 10 minutes): a tool
+    declaring more is registered with it, and a warning says so (DESIGN §5 "Fair
+    shares"). Raises ``ValueError`` naming a bad fair-share setting. ``ray``
     says how ``isolation="ray"`` reaches Ray: ``{"address": ...}`` for a running cluster,
     else a local Ray bound to loopback is started on the first ``ray`` call (also
     ``namespace``, ``runtime_env``, ``num_cpus``, ``num_gpus``; one Ray connection per

@@ -136,6 +136,7 @@ class ThreadIsolation(Isolation):
         super().__init__(services)
         self.abandoned = AbandonedThreads()
         self._exhausted: set[tuple[str, str]] = set()  # (session, tool) refused until its threads end
+        self._exhausted_lock = threading.Lock()
         self._refused = 0
 
     def _exhausted_reason(self, tool: str, session: str) -> dict[str, Any] | None:
@@ -148,8 +149,8 @@ class ThreadIsolation(Isolation):
         if of_tool >= s.threads_per_tool:
             return {"running": of_tool, "cap": s.threads_per_tool, "scope": "per tool in a session"}
         of_session = self.abandoned.of_session(session)
-        if of_session >= s.threads_per_session and of_tool:
-            return {"running": of_tool, "cap": s.threads_per_session, "scope": "per session"}
+        if of_session >= s.threads_per_session:
+            return {"running": of_session, "cap": s.threads_per_session, "scope": "per session, of all its tools"}
         if self.abandoned.running >= s.threads_total and of_session:
             return {"running": of_tool, "cap": s.threads_total, "scope": "for the whole system"}
         return None
@@ -164,8 +165,10 @@ class ThreadIsolation(Isolation):
         reason = self._exhausted_reason(call.name, session)
         if reason is not None:
             self._refused += 1
-            if (session, call.name) not in self._exhausted:
+            with self._exhausted_lock:
+                first = (session, call.name) not in self._exhausted
                 self._exhausted.add((session, call.name))
+            if first:
                 message = failure("threads_exhausted", call.call_id, call.name, **reason).content
                 logger.warning("{}", message)
                 self._emit("threads_exhausted", call.name, message)
@@ -188,10 +191,15 @@ class ThreadIsolation(Isolation):
                 session = _session(call)
                 left = self.abandoned.returned(call.name, session)
                 logger.info("abandoned call {} of tool {} returned; its result is late", call.call_id, call.name)
-                key = (session, call.name)
-                if key in self._exhausted and self._exhausted_reason(call.name, session) is None:
-                    self._exhausted.discard(key)
-                    self._emit("threads_recovered", call.name, f"{left} abandoned threads left")
+                with self._exhausted_lock:
+                    refused = [k for k in self._exhausted if k[0] == session]  # every tool refused in it
+                for key in refused:
+                    if self._exhausted_reason(key[1], session) is None:
+                        with self._exhausted_lock:
+                            present = key in self._exhausted
+                            self._exhausted.discard(key)
+                        if present:
+                            self._emit("threads_recovered", key[1], f"{left} abandoned threads left")
 
     def give_up(self, running: _Running, reason: str) -> bool:
         """Cancel a call; if its thread is still running, it is abandoned (and, at the

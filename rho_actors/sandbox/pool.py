@@ -291,7 +291,7 @@ class WorkerPool:
         session's next call (see :meth:`WorkerSlots.leave`)."""
         if self._slots is not None and not grant.left:
             grant.left = True
-            self._slots.leave(grant.session, time.monotonic() - grant.at)
+            self._slots.leave(grant.session, time.monotonic() - grant.at, keep=self._scoped)
 
     def _run_granted(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,

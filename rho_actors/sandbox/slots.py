@@ -137,18 +137,19 @@ class WorkerSlots:
                 if not share.granted and not any(t.session == session for t in self._queue):
                     self._shares.pop(session, None)
 
-    def leave(self, session: Hashable, held_s: float = 0.0) -> None:
+    def leave(self, session: Hashable, held_s: float = 0.0, keep: bool = True) -> None:
         """One call of ``session`` that :meth:`enter` granted has ended, ``held_s``
         seconds after it was granted. While other sessions wait, the grant of a short
         call (under :data:`SHORT_CALL_S`) is kept for :data:`REUSE_GRACE_S` for the
         session's next call, at most :data:`QUANTUM` times in a row (so others wait at
-        most that many short calls more); else it is freed at once."""
+        most that many short calls more); else (or without ``keep``: the call's worker
+        would serve any session anyway) it is freed at once."""
         with self._cond:
             share = self._shares.get(session)
             if share is None or not share.granted:
                 return
             others = any(t.session != session for t in self._queue)
-            if others and share.run < QUANTUM and not share.kept_until and held_s < SHORT_CALL_S:
+            if keep and others and share.run < QUANTUM and not share.kept_until and held_s < SHORT_CALL_S:
                 share.run += 1
                 share.kept_until = time.monotonic() + REUSE_GRACE_S
             else:
