@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rho_actors.sandbox.enclosure import ConfinePolicy
     from rho_actors.telemetry import Telemetry
 
-__all__ = ["DEFAULT_MAX_TIMEOUT_MS", "Limits", "Runtime"]
+__all__ = ["DEFAULT_MAX_TIMEOUT_MS", "Limits", "Runtime", "fair_shares"]
 
 DEFAULT_MAX_TIMEOUT_MS = 600_000
 """The default bound on a tool's declared timeout (milliseconds: 10 minutes): a tool
@@ -65,3 +65,19 @@ class Runtime:
     untrusted: UntrustedReads
     telemetry: Telemetry
     confine: ConfinePolicy | None = None
+
+
+def fair_shares(cap: int, per_session: int | None, threads_per_session: int, max_timeout_ms: int) -> int:
+    """Check the fair-share settings (DESIGN §5 "Fair shares"); the per-session share of
+    the worker cap (default: half the cap, at least 1). Raises ``ValueError`` naming the
+    bad setting."""
+    if type(cap) is not int or cap < 1:
+        raise ValueError(f"max_workers must be an int >= 1, not {cap!r}")
+    share = max(1, cap // 2) if per_session is None else per_session
+    if type(share) is not int or not 1 <= share <= cap:
+        raise ValueError(f"max_workers_per_session must be an int within 1..max_workers ({cap}), not {share!r}")
+    if type(threads_per_session) is not int or threads_per_session < 1:
+        raise ValueError(f"abandoned_threads_per_session must be an int >= 1, not {threads_per_session!r}")
+    if type(max_timeout_ms) is not int or max_timeout_ms < 1:
+        raise ValueError(f"max_timeout_ms must be an int of milliseconds >= 1, not {max_timeout_ms!r}")
+    return share

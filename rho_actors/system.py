@@ -79,7 +79,7 @@ from rho_actors.registry import (
     ToolSetView,
     make_placement,
 )
-from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime
+from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, fair_shares
 from rho_actors.sandbox.enclosure import ConfinePolicy
 from rho_actors.sandbox.processes import hold_servers, release_servers
 from rho_actors.telemetry import Telemetry
@@ -96,22 +96,6 @@ __all__ = ["ActorSystem"]
 def _identity(base: _confinement.Confinement) -> tuple[int, int]:
     uid = base.uid if base.uid is not None else _confinement.DEFAULT_UID
     return uid, base.gid if base.gid is not None else uid
-
-
-def _fair_shares(cap: int, per_session: int | None, threads_per_session: int, max_timeout_ms: int) -> int:
-    """Check the fair-share settings (DESIGN §5 "Fair shares"); the per-session share of
-    the worker cap (default: half the cap, at least 1). Raises ``ValueError`` naming the
-    bad setting."""
-    if type(cap) is not int or cap < 1:
-        raise ValueError(f"max_workers must be an int >= 1, not {cap!r}")
-    share = max(1, cap // 2) if per_session is None else per_session
-    if type(share) is not int or not 1 <= share <= cap:
-        raise ValueError(f"max_workers_per_session must be an int within 1..max_workers ({cap}), not {share!r}")
-    if type(threads_per_session) is not int or threads_per_session < 1:
-        raise ValueError(f"abandoned_threads_per_session must be an int >= 1, not {threads_per_session!r}")
-    if type(max_timeout_ms) is not int or max_timeout_ms < 1:
-        raise ValueError(f"max_timeout_ms must be an int of milliseconds >= 1, not {max_timeout_ms!r}")
-    return share
 
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
@@ -219,7 +203,7 @@ class ActorSystem:
             _confinement.warn_if_unconfined()
         events = EventBus()
         cap = max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1))
-        share = _fair_shares(cap, max_workers_per_session, abandoned_threads_per_session, max_timeout_ms)
+        share = fair_shares(cap, max_workers_per_session, abandoned_threads_per_session, max_timeout_ms)
         services = IsolationServices(
             self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, self._untrusted.start_method,
             max_workers=cap, max_workers_per_session=share, threads_per_session=abandoned_threads_per_session,

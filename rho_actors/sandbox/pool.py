@@ -11,22 +11,17 @@ never touches the caller or a sibling call. The worker's side is
 A pool made with a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy` confines each
 worker (DESIGN §5 "Confinement"): an unprivileged uid, Landlock, a scrubbed
 environment, a cgroup (or an RSS sampler) bounding its whole tree, a private folder.
-Its workers are scoped: a worker that ran a call of scope ``S`` (one (tool, session)
-pair, or one call) only ever serves scope ``S`` again; fresh spares are kept warm.
+Its workers are scoped: a worker that ran a call of scope ``S`` (one (registration,
+session) pair, or one call) only ever serves scope ``S`` again; fresh spares are kept warm.
 Pools follow demand: a burst's workers stay idle up to the recent peak of busy ones
 (per scope) and are retired after ``idle_s`` idle. All pools of a system share one
-:class:`WorkerSlots` cap on worker processes; a call beyond it waits (its deadline holds).
+:class:`WorkerSlots` cap on worker processes, shared fairly among sessions; a call beyond
+it waits its turn (its deadline holds).
 
-Replies: a worker's result comes back in its result codec (a property of the pool,
-see :mod:`rho_actors.sandbox.wire`): ``"plain"`` by default, msgpack of plain data
-checked field by field, so nothing a worker sends can run code in the host; ``"pickle"``
-(any picklable ``details``) for trusted tools only: the system's trusted pool uses
-it, its confined pool cannot. Any frame that breaks the protocol
-(an unknown tag, a control frame with a body, a second ``READY`` or ``NEED_TOOL``, a
-frame over :data:`~rho_actors.sandbox.wire.MAX_REPLY_BYTES`, a result its codec
-refuses) gets the worker killed and replaced, and the call a ``crashed`` result naming
-the violation; a worker that sends anything more after its reply is killed before it
-serves again.
+Replies come back in the pool's result codec (:mod:`rho_actors.sandbox.wire`; DESIGN
+§5): ``"plain"`` by default (plain data checked field by field), ``"pickle"`` for trusted
+tools only; a frame that breaks the protocol gets the worker killed and the call a
+``crashed`` result naming the violation.
 
 Example::
 
@@ -59,15 +54,14 @@ from rho_actors.sandbox.processes import (
     context,
     hold_servers,
     kill_groups,
-    mib,
     release_servers,
     spawn,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable, pickled_deps, short_name
-from rho_actors.sandbox.slots import WorkerSlots
+from rho_actors.sandbox.slots import Grant, WorkerSlots
 from rho_actors.sandbox.worker import CONTEXT_VALUES, WorkerConfig, worker_child
-from rho_actors.sandbox.worker_handle import WorkerHandle, ended, exchange
+from rho_actors.sandbox.worker_handle import WorkerHandle, at_deadline, died, exchange_or_cancel
 from rho_actors.telemetry import TRACEPARENT
 from rho_actors.tool import ToolResult
 
@@ -76,26 +70,11 @@ __all__ = ["CALL_SCOPE", "WorkerPool", "WorkerSlots"]
 CALL_SCOPE: Final = "call"
 """The scope of a worker used for one call only (``worker_scope="call"``)."""
 
-_EXIT_GRACE_S: Final = 1.0
-"""How long a worker that closed its pipe gets to finish exiting before it is killed."""
 _NOTICE_ROOM: Final = 200
 """Characters past a call's output cap that the worker's own truncation notice may take."""
 _READY_TIMEOUT_S: Final = 30.0
 _DELIVERY_ATTEMPTS: Final = 3
 """Workers tried for one call when each turns out dead before the call reaches it."""
-
-
-class _Grant:
-    """A call's place under the cap: its ``session``, when the call reached its worker
-    (``at``, a ``time.monotonic()`` instant; before: when it was granted) and whether it
-    was given back (``left``)."""
-
-    __slots__ = ("at", "left", "session")
-
-    def __init__(self, session: Hashable, at: float) -> None:
-        self.session = session
-        self.at = at
-        self.left = False
 
 
 class _Stopped(Exception):
@@ -211,19 +190,18 @@ class WorkerPool:
         call. An ``async def run`` runs under
         ``asyncio.run`` with a ``wait_for`` to the deadline.
 
-        The tool travels with cloudpickle. A module, class or function tool is pickled
-        once per object, an ``@tool`` of a plain function once per object and
-        ``version`` (compared by identity; the system passes the registry's entry of the
-        tool, made anew by each registration; see
-        :class:`~rho_actors.sandbox.shipping.ShippedTools`), and each worker keeps what
-        it got (by digest of its bytes); any other instance is pickled on every call, so
-        its current state travels. What ``run`` does to the tool's state in the worker
-        stays there (the worker may serve the next call).
+        The tool travels with cloudpickle, pickled once per object (an ``@tool`` of a plain
+        function once per object and ``version``, compared by identity; any other
+        instance on every call; see :class:`~rho_actors.sandbox.shipping.ShippedTools`);
+        what ``run`` does to it in the worker stays there (the worker may serve again).
 
         ``scope`` (confined pools): the worker serves only calls of this scope from now
-        on (pass ``(tool name, session id)``); :data:`CALL_SCOPE` uses a fresh worker for
-        this call alone. ``env``: variables added to a confined worker's scrubbed
-        environment (a worker started with them serves only calls that pass the same).
+        on (the system passes ``(tool name, registration serial, session id)``);
+        :data:`CALL_SCOPE` uses a fresh worker for this call alone; :meth:`retire_scopes`
+        retires a scope's workers. ``env``: variables added to a confined worker's
+        scrubbed environment (a worker started with them serves only calls that pass the
+        same). With a shared cap, the call first waits its turn in ``ctx["session_id"]``'s
+        fair share (see :class:`WorkerSlots`).
 
         Never raises for anything the tool does: the result is an error with kind
         ``timeout`` (the deadline passed: the worker's process group was killed),
@@ -280,13 +258,13 @@ class WorkerPool:
             held = self._slots.shares().get(str(session), 0)
             return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
                           share=self._slots.per_session, held=held)
-        grant = _Grant(session, time.monotonic())
+        grant = Grant(session, time.monotonic())
         try:
             return self._run_granted(request, bare, tool_bytes, scope, env, cancel, failed, grant, start)
         finally:
             self._leave(grant)
 
-    def _leave(self, grant: _Grant) -> None:
+    def _leave(self, grant: Grant) -> None:
         """The call's end for the cap (once): its grant goes back, or is kept for the
         session's next call (see :meth:`WorkerSlots.leave`)."""
         if self._slots is not None and not grant.left:
@@ -296,7 +274,7 @@ class WorkerPool:
     def _run_granted(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
         env: Mapping[str, str] | None, cancel: CancelToken | None, failed: Callable[..., ToolResult],
-        grant: _Grant, start: float,
+        grant: Grant, start: float,
     ) -> ToolResult:
         """:meth:`run` once the cap granted the call its place."""
         deadline, timeout_ms, max_output_chars = request.deadline, request.timeout_ms, request.max_chars
@@ -308,11 +286,11 @@ class WorkerPool:
         if self._scoped and scope != CALL_SCOPE:
             worker.session = grant.session
         try:
-            result, retire = self._exchange_or_cancel(worker, request, tool_bytes, deadline, cancel)
+            result, retire = exchange_or_cancel(worker, request, tool_bytes, deadline, self._codec, cancel)
         except DeadlineReached:
-            return self._at_deadline(worker, failed, timeout_ms)
+            return at_deadline(worker, failed, timeout_ms, self._heap_bytes, self._lose)
         except EOFError:
-            return self._died(worker, failed, cancel)
+            return died(worker, failed, cancel, self._heap_bytes, lambda: self._stopped, self._lose)
         except Malformed as exc:
             self._lose(worker, "killed")
             return failed("malformed_reply", problem=str(exc))
@@ -560,7 +538,7 @@ class WorkerPool:
         peak, at = self._peaks.get(scope, (0, 0.0))
         return peak if now - at <= self._idle_s else 0
 
-    def _release(self, worker: WorkerHandle, retire: bool, grant: _Grant | None = None) -> None:
+    def _release(self, worker: WorkerHandle, retire: bool, grant: Grant | None = None) -> None:
         """A call ended on ``worker``: keep it idle while its scope has fewer idle workers
         than ``warm`` (at least 1 for a scoped worker) or than the scope's recent peak of
         busy ones, else retire it (``retire``: always). The call's ``grant`` goes back
@@ -618,54 +596,6 @@ class WorkerPool:
         self._pids.discard(worker.pid)
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
-
-    def _at_deadline(self, worker: WorkerHandle, failed: Callable[..., ToolResult], timeout_ms: int) -> ToolResult:
-        """The call's deadline passed: kill the worker's tree; ``memory`` if its bound was hit."""
-        enclosure = worker.enclosure
-        memory_hit = enclosure is not None and enclosure.memory_bound_hit()
-        self._lose(worker, "killed")
-        if enclosure is not None and memory_hit:
-            return failed("memory_tree", heap=mib(self._heap_bytes), bound=enclosure.memory_bound)
-        return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
-
-    def _died(
-        self, worker: WorkerHandle, failed: Callable[..., ToolResult], cancel: CancelToken | None = None
-    ) -> ToolResult:
-        """The worker's pipe closed mid-call: find out how it ended (killed by
-        ``cancel``, among others)."""
-        if cancel is not None and cancel.cancelled and worker.killed:
-            self._lose(worker, "killed")
-            return failed("cancelled_killed", reason=cancel.reason)
-        code = worker.reap(_EXIT_GRACE_S)
-        stopped = self._stopped
-        enclosure = worker.enclosure
-        memory_hit = enclosure is not None and enclosure.memory_bound_hit()
-        self._lose(worker, "died")
-        return ended(worker, code, failed, self._heap_bytes, stopped=stopped, memory_hit=memory_hit)
-
-    def _exchange_or_cancel(
-        self, worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
-        cancel: CancelToken | None,
-    ) -> tuple[ToolResult, bool]:
-        """:func:`~rho_actors.sandbox.worker_handle.exchange`, killing the worker when
-        ``cancel`` is set meanwhile (never once the exchange has ended: the worker may be
-        reaped, its pid reused)."""
-        if cancel is None:
-            return exchange(worker, request, tool_bytes, deadline, self._codec)
-        guard = threading.Lock()
-
-        def kill() -> None:
-            if guard.acquire(blocking=False):
-                try:
-                    worker.kill()
-                finally:
-                    guard.release()
-
-        cancel.add_callback(kill)
-        try:
-            return exchange(worker, request, tool_bytes, deadline, self._codec)
-        finally:
-            guard.acquire()  # waits out a kill under way; later ones do nothing
 
     # --- keeping warm ---------------------------------------------------------------------
 

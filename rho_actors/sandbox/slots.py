@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-__all__ = ["QUANTUM", "REUSE_GRACE_S", "SHORT_CALL_S", "WorkerSlots"]
+__all__ = ["QUANTUM", "REUSE_GRACE_S", "SHORT_CALL_S", "Grant", "WorkerSlots"]
 
 QUANTUM: Final = 16
 """Calls in a row a session may run on the grant (and the warm worker) it just used
@@ -30,6 +30,19 @@ SHORT_CALL_S: Final = 0.5
 REUSE_GRACE_S: Final = 0.5
 """How long a just-used grant is kept for its session's next call while others wait
 (seconds): the time a session's next call takes to arrive."""
+
+
+class Grant:
+    """A call's place under the cap: its ``session``, when the call reached its worker
+    (``at``, a ``time.monotonic()`` instant; before: when it was granted) and whether it
+    was given back (``left``)."""
+
+    __slots__ = ("at", "left", "session")
+
+    def __init__(self, session: Hashable, at: float) -> None:
+        self.session = session
+        self.at = at
+        self.left = False
 
 
 class _Retiring(Protocol):
