@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 __all__ = ["QUANTUM", "REUSE_GRACE_S", "SHORT_CALL_S", "Grant", "WorkerSlots"]
@@ -62,10 +62,15 @@ class _Share:
     waited_out: int = 0
 
 
-@dataclass(order=True, slots=True)
+@dataclass(eq=False, slots=True)
 class _Ticket:
+    """A call waiting for a grant: ``granted`` once handed one, ``cond`` (on the cap's
+    lock) to wake it."""
+
     seq: int
-    session: Hashable = field(compare=False)
+    session: Hashable
+    cond: threading.Condition
+    granted: bool = False
 
 
 class WorkerSlots:
@@ -98,7 +103,8 @@ class WorkerSlots:
         self.queued = 0
         self.waited_out = 0
         self._granted = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # calls waiting for a process slot wait here
         self._pools: weakref.WeakSet[_Retiring] = weakref.WeakSet()
         self._shares: dict[Hashable, _Share] = {}
         self._queue: list[_Ticket] = []
@@ -114,7 +120,8 @@ class WorkerSlots:
         """Wait for a grant for one call of ``session`` (fair order, see the class),
         until ``deadline`` (a ``time.monotonic()`` instant) or ``cancelled()`` (polled
         on every :meth:`poke`); whether it was granted (if so, :meth:`leave` must
-        follow)."""
+        follow). A waiting call is woken only when the grant is handed to it (or to
+        look at its deadline), never by every change."""
         with self._cond:
             share = self._shares.setdefault(session, _Share())
             if share.kept_until:  # its kept grant: take it again
@@ -124,39 +131,37 @@ class WorkerSlots:
             if not self._queue and self._grantable(share):
                 self._grant(share)
                 return True
-            ticket = _Ticket(next(self._seq), session)
+            ticket = _Ticket(next(self._seq), session, threading.Condition(self._lock))
             self._queue.append(ticket)
             self.queued += 1
+            self._dispatch()
             try:
-                while True:
-                    now = time.monotonic()
-                    self._expire_kept(now)
-                    if share.kept_until:  # kept for it meanwhile (its previous call ended while it queued)
-                        share.kept_until = 0.0
-                        return True
-                    if self._grantable(share) and self._first(ticket):
-                        self._grant(share)
-                        return True
+                while not ticket.granted:
                     if cancelled is not None and cancelled():
                         return False
+                    now = time.monotonic()
                     if now >= deadline:
                         share.waited_out += 1
                         self.waited_out += 1
                         return False
-                    self._cond.wait(min(deadline - now, self._next_expiry(now), 0.25))
+                    ticket.cond.wait(min(deadline - now, self._next_expiry(now), 0.25))
+                    self._expire_kept(time.monotonic())
+                return True
             finally:
-                self._queue.remove(ticket)
-                self._cond.notify_all()
-                if not share.granted and not any(t.session == session for t in self._queue):
-                    self._shares.pop(session, None)
+                if not ticket.granted:
+                    self._queue.remove(ticket)
+                    if not share.granted and not any(t.session == session for t in self._queue):
+                        self._shares.pop(session, None)
+                    self._dispatch()  # it may have been first in line
 
     def leave(self, session: Hashable, held_s: float = 0.0, keep: bool = True) -> None:
         """One call of ``session`` that :meth:`enter` granted has ended, ``held_s``
         seconds after it was granted. While other sessions wait, the grant of a short
-        call (under :data:`SHORT_CALL_S`) is kept for :data:`REUSE_GRACE_S` for the
-        session's next call, at most :data:`QUANTUM` times in a row (so others wait at
-        most that many short calls more); else (or without ``keep``: the call's worker
-        would serve any session anyway) it is freed at once."""
+        call (under :data:`SHORT_CALL_S`) goes to the session's next call (handed over
+        at once when it waits, else kept for it :data:`REUSE_GRACE_S`), at most
+        :data:`QUANTUM` times in a row (so others wait at most that many short calls
+        more); else (or without ``keep``: the call's worker would serve any session
+        anyway) it is freed at once and handed on in fair order."""
         with self._cond:
             share = self._shares.get(session)
             if share is None or not share.granted:
@@ -164,12 +169,18 @@ class WorkerSlots:
             others = any(t.session != session for t in self._queue)
             if keep and others and share.run < QUANTUM and not share.kept_until and held_s < SHORT_CALL_S:
                 share.run += 1
-                share.kept_until = time.monotonic() + REUSE_GRACE_S
-            else:
-                if not others:
-                    share.run = 0
-                self._ungrant(session, share)
-            self._cond.notify_all()
+                own = next((t for t in self._queue if t.session == session), None)
+                if own is not None:  # its next call already waits: the grant is its
+                    self._queue.remove(own)
+                    own.granted = True
+                    own.cond.notify()
+                else:
+                    share.kept_until = time.monotonic() + REUSE_GRACE_S
+                return
+            if not others:
+                share.run = 0
+            self._ungrant(session, share)
+            self._dispatch()
 
     def kept(self) -> frozenset[Hashable]:
         """The sessions holding a kept grant now (their idle workers are spared)."""
@@ -190,19 +201,25 @@ class WorkerSlots:
     def _grantable(self, share: _Share) -> bool:
         return self._granted < self.limit and share.granted < self.per_session
 
-    def _first(self, ticket: _Ticket) -> bool:
-        """Whether ``ticket`` is the first, in fair order, of the waiting calls that may
-        be granted now: fewest granted calls of its session, then oldest."""
-        best: tuple[int, int] | None = None
-        for t in self._queue:
-            share = self._shares.get(t.session)
-            granted = share.granted if share is not None else 0
-            if granted >= self.per_session:
-                continue
-            key = (granted, t.seq)
-            if best is None or key < best:
-                best = key
-        return best is not None and best[1] == ticket.seq
+    def _dispatch(self) -> None:
+        """Hand free grants to waiting calls in fair order: of the sessions below their
+        share, the one with the fewest granted calls first, then the oldest call."""
+        while self._granted < self.limit and self._queue:
+            best: _Ticket | None = None
+            best_key: tuple[int, int] | None = None
+            for t in self._queue:
+                share = self._shares.get(t.session)
+                granted = share.granted if share is not None else 0
+                if granted >= self.per_session:
+                    continue
+                if best_key is None or (granted, t.seq) < best_key:
+                    best, best_key = t, (granted, t.seq)
+            if best is None:
+                return
+            self._queue.remove(best)
+            self._grant(self._shares.setdefault(best.session, _Share()))
+            best.granted = True
+            best.cond.notify()
 
     def _grant(self, share: _Share) -> None:
         share.granted += 1
@@ -216,11 +233,14 @@ class WorkerSlots:
             self._shares.pop(session, None)
 
     def _expire_kept(self, now: float) -> None:
+        expired = False
         for session, share in list(self._shares.items()):
             if share.kept_until and share.kept_until <= now:
                 share.kept_until = 0.0
                 self._ungrant(session, share)
-                self._cond.notify_all()
+                expired = True
+        if expired:
+            self._dispatch()
 
     def _next_expiry(self, now: float) -> float:
         pending = [s.kept_until - now for s in self._shares.values() if s.kept_until]
@@ -269,7 +289,9 @@ class WorkerSlots:
             self._cond.notify_all()
 
     def poke(self) -> None:
-        """A worker became idle: every waiting call looks again (it may take it, or
-        retire it)."""
+        """A worker became idle, or a call was cancelled: every waiting call looks again
+        (it may take the worker, retire it, or stop waiting)."""
         with self._cond:
             self._cond.notify_all()
+            for ticket in self._queue:
+                ticket.cond.notify()
