@@ -42,6 +42,22 @@ Usage::
     .venv/bin/python benchmarks/bench_isolation.py            # full run, about 15 s
     .venv/bin/python benchmarks/bench_isolation.py --quick    # smoke run, a few seconds
     .venv/bin/python benchmarks/bench_isolation.py --json     # one JSON object on stdout
+6. **Many sessions.** ``SESSIONS`` sessions (8 with ``--quick``) (one loop and one thread each) run turns of one
+   call of a 5 ms untrusted tool (declared timeout 20 s), ``many_calls`` calls in all,
+   next to the same tool registered trusted with ``isolation="process"`` in a system of
+   its own: throughput (calls/s), call latency p50/p99 (ms), worker processes started,
+   and calls that waited out their deadline for a worker. Target: untrusted throughput
+   / trusted >= 0.6x, and no call that waited out its deadline.
+
+Targets are reported as PASS/FAIL, never enforced: the exit code is 0 unless a
+measurement could not be made (an exception, or a call that did not come back as
+expected).
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_isolation.py            # full run, about 15 s
+    .venv/bin/python benchmarks/bench_isolation.py --quick    # smoke run, a few seconds
+    .venv/bin/python benchmarks/bench_isolation.py --json     # one JSON object on stdout
 """
 
 from __future__ import annotations
@@ -54,6 +70,7 @@ import importlib.util
 import multiprocessing
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -77,6 +94,8 @@ REPLACEMENT_TARGET_MS = 100.0
 DECLARATION_TARGET_MS = 50.0
 WARM_CALL_TARGET = 1.5
 NEW_SESSION_TARGET = 0.25
+MANY_TARGET = 0.6
+SESSIONS = 50
 
 TOOLS = 50
 READ_CONCURRENCY = 4
@@ -95,12 +114,14 @@ class Plan:
     process_starts: int
     system_calls: int
     worker_starts: int
+    many_calls: int
+    sessions: int = SESSIONS
 
 
 FULL = Plan(warmup_calls=300, rounds=20, calls_per_round=200, replacements=20, declaration_rounds=5,
-            process_starts=30, system_calls=500, worker_starts=30)
+            process_starts=30, system_calls=500, worker_starts=30, many_calls=2_000)
 QUICK = Plan(warmup_calls=50, rounds=3, calls_per_round=50, replacements=3, declaration_rounds=1,
-             process_starts=5, system_calls=30, worker_starts=3)
+             process_starts=5, system_calls=30, worker_starts=3, many_calls=40, sessions=8)
 
 
 # --- tools under test -----------------------------------------------------------------------
@@ -150,6 +171,23 @@ class Sleeper(NoOp):
     def run(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
         time.sleep(30)
         return "late"
+
+
+class FiveMs(NoOp):
+    """A 5 ms tool with a declared timeout of 20 s (part 6)."""
+
+    @staticmethod
+    def name() -> str:
+        return "five_ms"
+
+    @staticmethod
+    def timeout_ms() -> int:
+        return 20_000
+
+    @staticmethod
+    def run(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+        time.sleep(0.005)
+        return "ok"
 
 
 PLUGIN_TOOL = '''
@@ -482,6 +520,71 @@ def bench_child_start(plan: Plan) -> dict[str, Any]:
     }
 
 
+# --- part 6: many sessions -----------------------------------------------------------------------
+
+
+def _many_sessions(untrusted: bool, calls: int, sessions: int) -> dict[str, Any]:
+    """``sessions`` sessions, each a thread running turns of one ``five_ms`` call, until
+    ``calls`` calls in all: throughput, latency, workers started, waits past a deadline."""
+    per_session = max(1, calls // sessions)
+    latencies: list[float] = []
+    kinds: dict[str, int] = {}
+    lock = threading.Lock()
+    with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp, ActorSystem(tmp, warm_workers=2) as system:
+        if untrusted:
+            system.register(FiveMs, untrusted=True)
+        else:
+            system.register(FiveMs, isolation="process")
+        loops = [system.start_loop(f"m{i}") for i in range(sessions)]
+        before = system.stats()
+        go = threading.Barrier(sessions + 1)
+
+        def session(loop: Any) -> None:
+            go.wait(60)
+            for _ in range(per_session):
+                t0 = time.perf_counter_ns()
+                [result] = loop.run_turn([ToolCall("c", "five_ms", "{}")], timeout_s=120)
+                elapsed = (time.perf_counter_ns() - t0) / 1e6
+                with lock:
+                    latencies.append(elapsed)
+                    if not result.ok:
+                        key = f"{result.error_kind}: {result.content[:90]}"
+                        kinds[key] = kinds.get(key, 0) + 1
+
+        threads = [threading.Thread(target=session, args=(loop,), daemon=True) for loop in loops]
+        for thread in threads:
+            thread.start()
+        go.wait(60)
+        t0 = time.perf_counter_ns()
+        for thread in threads:
+            thread.join(600)
+        wall = (time.perf_counter_ns() - t0) / 1e9
+        after = system.stats()
+    prefix = "untrusted_workers_" if untrusted else "workers_"
+    return {
+        "calls": len(latencies),
+        "calls_per_s": round(len(latencies) / wall, 1),
+        "latency_ms": summary(latencies),
+        "workers_started": after.get(prefix + "started", 0) - before.get(prefix + "started", 0),
+        "errors": kinds,
+        "waited_out_deadline": sum(n for k, n in kinds.items() if "it did not start" in k),
+    }
+
+
+def bench_many_sessions(plan: Plan) -> dict[str, Any]:
+    trusted = _many_sessions(False, plan.many_calls, plan.sessions)
+    untrusted = _many_sessions(True, plan.many_calls, plan.sessions)
+    ratio = untrusted["calls_per_s"] / trusted["calls_per_s"]
+    return {
+        "sessions": plan.sessions,
+        "trusted": trusted,
+        "untrusted": untrusted,
+        "ratio": round(ratio, 3),
+        "target": MANY_TARGET,
+        "pass": ratio >= MANY_TARGET and untrusted["waited_out_deadline"] == 0 and not untrusted["errors"],
+    }
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -551,26 +654,51 @@ def print_text(report: Mapping[str, Any]) -> None:
     print(f"   ratio clean / forkserver (p50): {c['ratio']:.2f}x")
 
 
+def print_many(report: Mapping[str, Any]) -> None:
+    m = report["many_sessions"]
+    print(f"\n5. {m['sessions']} sessions, turns of one 5 ms call (throughput, latency p50 / p99 ms, workers started)")
+    for label in ("trusted", "untrusted"):
+        r = m[label]
+        print(
+            f"   {label + ' ' + ('(process)' if label == 'trusted' else '(confined)'):<22} {r['calls_per_s']:>7.1f} "
+            f"calls/s   {r['latency_ms']['p50']:>8.1f} / {r['latency_ms']['p99']:>8.1f} ms   "
+            f"{r['workers_started']:>5} workers for {r['calls']} calls   errors {r['errors'] or 'none'}"
+        )
+    print(
+        f"   ratio untrusted / trusted throughput: {m['ratio']:.2f}x   target >= {m['target']:g}x, no call waiting "
+        f"out its deadline ({m['untrusted']['waited_out_deadline']})   {verdict(m['pass'])}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run of a few seconds")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every number, nothing else")
+    parser.add_argument("--many", action="store_true", help="part 6 (many sessions) only")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     started = time.perf_counter_ns()
     report: dict[str, Any] = {"environment": environment(args.quick, start_method=START_METHOD)}
     try:
-        with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp:
-            tools = load_plugin(Path(tmp))
-            report["noop_call"] = bench_noop(plan)
-            report["replacement"] = bench_replacement(plan)
-            report["declarations"] = bench_declarations(plan, tools)
-            report["untrusted"] = bench_untrusted(plan)
-            report["child_start"] = bench_child_start(plan)
+        if not args.many:
+            with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp:
+                tools = load_plugin(Path(tmp))
+                report["noop_call"] = bench_noop(plan)
+                report["replacement"] = bench_replacement(plan)
+                report["declarations"] = bench_declarations(plan, tools)
+                report["untrusted"] = bench_untrusted(plan)
+                report["child_start"] = bench_child_start(plan)
+        report["many_sessions"] = bench_many_sessions(plan)
     except BenchmarkError as exc:
         print(f"benchmark error: {exc}", file=sys.stderr)
         return 1
-    return publish(report, started, args.json, print_text)
+
+    def show(r: Mapping[str, Any]) -> None:
+        if not args.many:
+            print_text(r)
+        print_many(r)
+
+    return publish(report, started, args.json, show)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -79,6 +80,7 @@ class _Slot:
     isolation: IsolationName
     placement: Placement = field(default_factory=Placement)
     source: str | None = None  # the source serving it; None: the host's own registration
+    serial: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,7 @@ class RegistryState:
     removed: dict[str, str] = field(default_factory=dict)
     untrusted: dict[int, _Untrusted] = field(default_factory=dict)
     waiting: dict[int, concurrent.futures.Future[Registration]] = field(default_factory=dict)
+    serials: int = 0  # the last registration's serial (see ToolEntry.serial)
 
 
 class ToolRegistry(Actor):
@@ -117,6 +120,7 @@ class ToolRegistry(Actor):
         self._slots = state.slots
         self._nameless = state.nameless
         self._removed = state.removed
+        self._max_timeout_ms = runtime.limits.max_timeout_ms
         self._declarations_proxy: tuple[pykka.ActorRef[Any], Any] | None = None
 
     def _declarations(self) -> Any:
@@ -200,12 +204,18 @@ class ToolRegistry(Actor):
                 f"(unregister the first to replace it)"
             )
         self._nameless.pop(id(tool), None)
+        bound = self._max_timeout_ms
+        if isinstance(outcome, ToolInfo) and outcome.timeout_ms > bound:
+            logger.warning("tool {!r} ({}) declares timeout_ms={}, above this system's max_timeout_ms={}: its calls "
+                           "get {} ms", name, origin, outcome.timeout_ms, bound, bound)
+            outcome = dataclasses.replace(outcome, timeout_ms=bound)
         validator = make_validator(copy.deepcopy(outcome.parameter_schema)) if isinstance(outcome, ToolInfo) else None
         renamed = [n for n, s in self._slots.items() if s.tool is tool and n != name]
         for old in renamed:  # the same tool re-registered under a new name: one name only
             del self._slots[old]
             self._removed[old] = text("unavailable_renamed", tool=old, new=name)
-        self._slots[name] = _Slot(tool, origin, outcome, validator, isolation, placement, source)
+        self._state.serials += 1
+        self._slots[name] = _Slot(tool, origin, outcome, validator, isolation, placement, source, self._state.serials)
         self._removed.pop(name, None)
         self._publish()
         if isinstance(outcome, ToolInfo):
@@ -257,7 +267,7 @@ class ToolRegistry(Actor):
         for name, slot in self._slots.items():
             if isinstance(slot.outcome, ToolInfo) and slot.validator is not None:
                 entries[name] = ToolEntry(
-                    slot.tool, slot.outcome, slot.validator, slot.origin, slot.isolation, slot.placement
+                    slot.tool, slot.outcome, slot.validator, slot.origin, slot.isolation, slot.placement, slot.serial
                 )
             else:
                 assert isinstance(slot.outcome, Rejected)

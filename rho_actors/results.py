@@ -135,6 +135,11 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.TIMEOUT, "tool {tool!r} did not finish within its timeout of {timeout_ms} ms; it did not start: "
         "all {cap} worker processes of the system were busy"
     ),
+    "queued_past_share": (
+        _K.TIMEOUT, "tool {tool!r} did not finish within its timeout of {timeout_ms} ms; it did not start: it "
+        "waited its turn for a worker process the whole time (the system runs at most {cap} calls in worker "
+        "processes at once, {share} of one session; this session had {held} running)"
+    ),
     "threads_exhausted": (
         _K.UNAVAILABLE, "tool {tool!r} is unavailable for now: {running} of its calls that timed out are still "
         "running in abandoned threads (the cap is {cap} {scope}); it is offered again once they end"

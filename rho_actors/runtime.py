@@ -27,7 +27,11 @@ if TYPE_CHECKING:
     from rho_actors.telemetry import Telemetry
     from rho_actors.toolset import ToolSetView
 
-__all__ = ["Limits", "Runtime", "UntrustedReads"]
+__all__ = ["DEFAULT_MAX_TIMEOUT_MS", "Limits", "Runtime", "UntrustedReads", "fair_shares"]
+
+DEFAULT_MAX_TIMEOUT_MS = 600_000
+"""The default bound on a tool's declared timeout (milliseconds: 10 minutes): a tool
+declaring more is registered with this (DESIGN §5 "Fair shares")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +64,8 @@ class Limits:
     and parameter schemas; ``ask_timeout_s`` bounds the host's queries to a loop
     (seconds); ``max_description_chars``, ``max_schema_bytes`` and ``max_schema_nodes``
     bound a declaration's size (see :func:`rho_actors.declarations.check_declaration`);
-    ``log_tracebacks``: log a tool's traceback at error level when it raises."""
+    ``log_tracebacks``: log a tool's traceback at error level when it raises;
+    ``max_timeout_ms`` bounds every tool's declared timeout (milliseconds)."""
 
     max_output_chars: int
     max_argument_depth: int
@@ -70,6 +75,7 @@ class Limits:
     max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES
     max_schema_nodes: int = DEFAULT_MAX_SCHEMA_NODES
     log_tracebacks: bool = True
+    max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS
 
     def declaration_bounds(self) -> dict[str, int]:
         """The keyword arguments of :func:`rho_actors.declarations.check_declaration`."""
@@ -100,3 +106,19 @@ class Runtime:
     telemetry: Telemetry
     confine: ConfinePolicy | None = None
     budgets: ResultBudgets = field(default_factory=ResultBudgets)
+
+
+def fair_shares(cap: int, per_session: int | None, threads_per_session: int, max_timeout_ms: int) -> int:
+    """Check the fair-share settings (DESIGN §5 "Fair shares"); the per-session share of
+    the worker cap (default: half the cap, at least 1). Raises ``ValueError`` naming the
+    bad setting."""
+    if type(cap) is not int or cap < 1:
+        raise ValueError(f"max_workers must be an int >= 1, not {cap!r}")
+    share = max(1, cap // 2) if per_session is None else per_session
+    if type(share) is not int or not 1 <= share <= cap:
+        raise ValueError(f"max_workers_per_session must be an int within 1..max_workers ({cap}), not {share!r}")
+    if type(threads_per_session) is not int or threads_per_session < 1:
+        raise ValueError(f"abandoned_threads_per_session must be an int >= 1, not {threads_per_session!r}")
+    if type(max_timeout_ms) is not int or max_timeout_ms < 1:
+        raise ValueError(f"max_timeout_ms must be an int of milliseconds >= 1, not {max_timeout_ms!r}")
+    return share

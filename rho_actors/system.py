@@ -60,22 +60,22 @@ from rho_actors.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TUR
 from rho_actors.call import CallActor
 from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
 from rho_actors.declarations import describe_origin
-from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS, describe_exception
+from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
 from rho_actors.files import UnsafePathError, private_dir
-from rho_actors.isolation import ISOLATIONS, IsolationOwner, IsolationServices, start_isolations
+from rho_actors.isolation import IsolationOwner, IsolationServices, place, start_isolations
 from rho_actors.loop import Loop, withheld_names
 from rho_actors.loop_actor import LoopActor
 from rho_actors.loop_messages import allowlist, loop_name
 from rho_actors.main_guard import refuse_unguarded_children, refuse_unguarded_start
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.names import Names
-from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartChild, Supervisor, which_children
+from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartChild, Supervisor, start_adopted
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
 from rho_actors.registry import Registration, RegistryState, ToolRegistry
-from rho_actors.runtime import Limits, Runtime, UntrustedReads
-from rho_actors.sandbox.enclosure import ConfinePolicy
+from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, fair_shares
+from rho_actors.sandbox.enclosure import ConfinePolicy, policy_stats, system_policy
 from rho_actors.sandbox.processes import hold_servers, release_servers
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.sweep import sweep
@@ -91,12 +91,6 @@ if TYPE_CHECKING:
 __all__ = ["ActorSystem"]
 
 
-_DEFAULT_AS = _confinement.Confinement().address_space
-
-
-def _identity(base: _confinement.Confinement) -> tuple[int, int]:
-    uid = base.uid if base.uid is not None else _confinement.DEFAULT_UID
-    return uid, base.gid if base.gid is not None else uid
 
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
@@ -143,8 +137,15 @@ class ActorSystem:
     wait, within their deadline. ``worker_idle_s`` is how long an untrusted tool's idle
     worker is kept for its (tool, session) pair, and an idle worker beyond
     ``warm_workers`` of the trusted pool (seconds). ``abandoned_threads_per_tool``
-    and ``abandoned_threads`` cap the threads of timed-out ``thread`` calls still running:
-    past either, that tool's calls are ``unavailable`` until its threads end. ``ray``
+    (of one tool in one session), ``abandoned_threads_per_session`` and
+    ``abandoned_threads`` (the system; past it only sessions holding abandoned threads are
+    refused) cap the threads of timed-out ``thread`` calls still running: past one, that
+    tool's calls in that session are ``unavailable`` until its threads end.
+    ``max_workers_per_session`` is one session's share of ``max_workers`` (default: half,
+    at least 1); waiting calls are served fairly across sessions. ``max_timeout_ms``
+    bounds every tool's declared timeout (milliseconds; default 10 minutes): a tool
+    declaring more is registered with it, and a warning says so (DESIGN §5 "Fair
+    shares"). Raises ``ValueError`` naming a bad fair-share setting. ``ray``
     says how ``isolation="ray"`` reaches Ray: ``{"address": ...}`` for a running cluster,
     else a local Ray bound to loopback is started on the first ``ray`` call (also
     ``namespace``, ``runtime_env``, ``num_cpus``, ``num_gpus``; one Ray connection per
@@ -180,18 +181,11 @@ class ActorSystem:
         ray: Mapping[str, Any] | None = None,
         log_tracebacks: bool = True,
         process_heap_bytes: int = DEFAULT_HEAP_BYTES,
+        max_workers_per_session: int | None = None,
+        abandoned_threads_per_session: int = 16,
+        max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS,
     ) -> None:
         refuse_unguarded_start()  # a child importing an unguarded main script: stop it, saying why
-        if type(process_heap_bytes) is not int or process_heap_bytes < 0:
-            raise ValueError(
-                f"process_heap_bytes must be an int of 0 or more (bytes; 0: none), got {process_heap_bytes!r}"
-            )
-        if isinstance(confinement, _confinement.Confinement) and confinement.address_space != _DEFAULT_AS:
-            raise ValueError(
-                "Confinement(address_space=...) is not how a system bounds memory: an untrusted tool's whole tree is "
-                "bounded by UntrustedReads(heap_bytes=...), a trusted process tool's by "
-                "ActorSystem(process_heap_bytes=...)"
-            )
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -215,22 +209,15 @@ class ActorSystem:
             ChildSpec("call", functools.partial(CallActor.start, self._threads), restart="temporary",
                       shutdown=shutdown_ms)
         )
-        if confinement is None or confinement is True:
-            uid, gid = _confinement.default_identity()
-            confinement = _confinement.Confinement(uid=uid, gid=gid)
-        base, missing = _confinement.available(confinement or _confinement.Confinement())
-        self._confine = ConfinePolicy(
-            base, confine=confinement is not False, exclude=(str(self.data_dir.resolve()),),
-            missing=missing if confinement is not False else (),
-        )
-        if self._confine.confine:
-            _confinement.warn_if_unconfined()
+        self._confine = system_policy(confinement, (str(self.data_dir.resolve()),), process_heap_bytes)
         sweep()  # what a host killed from outside left behind
         events = EventBus()
+        cap = max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1))
+        share = fair_shares(cap, max_workers_per_session, abandoned_threads_per_session, max_timeout_ms)
         services = IsolationServices(
             self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, process_heap_bytes,
             self._untrusted.start_method,
-            max_workers=max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1)),
+            max_workers=cap, max_workers_per_session=share, threads_per_session=abandoned_threads_per_session,
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
             ray=dict(ray) if ray is not None else None,
@@ -246,7 +233,8 @@ class ActorSystem:
             threads=self._threads,
             isolations=start_isolations(services),
             limits=Limits(max_output_chars, max_argument_depth, max_schema_depth, 10.0, max_description_chars,
-                          max_schema_bytes, max_schema_nodes, log_tracebacks=bool(log_tracebacks)),
+                          max_schema_bytes, max_schema_nodes, log_tracebacks=bool(log_tracebacks),
+                          max_timeout_ms=max_timeout_ms),
             untrusted=self._untrusted,
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             confine=self._confine,
@@ -371,21 +359,13 @@ class ActorSystem:
         when another registered tool has its name (but see ``source``), and ``RuntimeError`` when the system
         stops while an untrusted declaration is being read.
         """
-        if isolation is not None and isolation not in ISOLATIONS:
-            raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
         untrusted = untrusted or is_untrusted(tool)
+        placement = place(self._runtime.isolations, isolation, make_placement(untrusted, worker_scope, env, deps),
+                          resources)
         if isolation == "process" and not untrusted:
             # its workers come from multiprocessing's fork server, which imports the script (untrusted
             # children start clean and never do): they would start the script's system again
             refuse_unguarded_children()
-        placement = make_placement(untrusted, worker_scope, env, deps)
-        if isolation is not None:
-            chosen = self._runtime.isolations[isolation]
-            if untrusted and chosen.untrusted_refused:
-                raise ValueError(f"untrusted tools cannot use isolation={isolation!r}: {chosen.untrusted_refused}")
-            placement = dataclasses.replace(placement, options=chosen.check_options(resources or {}))
-        elif resources is not None:
-            raise ValueError("resources need an isolation that takes them: register(..., isolation='ray', ...)")
         if not untrusted:
             from rho_actors.integrations.adopt import adopted  # another framework's tool as a rho tool
 
@@ -562,26 +542,7 @@ class ActorSystem:
             restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )
-        parent = self._proxy(under)
-        children: list[ChildInfo] = parent.which_children().get(timeout=self._ask_timeout_s)
-        if any(c.id == spec.id and c.alive for c in children):
-            raise ValueError(f"child {spec.id!r} is already started under {under!r} (OTP's already_started)")
-        # Started in this thread, then handed to the parent: a server whose start is slow
-        # holds up no other server's start (the parent's thread never waits for it).
-        try:
-            sup = server.start()
-        except Exception:
-            raise
-        except BaseException as exc:  # the server's failure (sys.exit in its start), not the caller's
-            raise RuntimeError(f"child {spec.id!r}: its start raised {describe_exception(exc)}") from exc
-        try:
-            parent.adopt(sup, server).get(timeout=self._ask_timeout_s)
-        except (pykka.ActorDeadError, pykka.Timeout) as exc:
-            sup.stop(block=False)
-            raise RuntimeError(f"child {spec.id!r} was not started: the {under!r} supervisor is stopping") from exc
-        [started] = which_children(sup, self._ask_timeout_s)
-        assert started.ref is not None
-        return started.ref
+        return start_adopted(self._proxy(under), server, self._ask_timeout_s)
 
     def whereis(self, name: str) -> pykka.ActorRef[Any] | None:
         """The live ref of the actor registered as ``name`` in this system (it follows
@@ -684,42 +645,11 @@ class ActorSystem:
         out: dict[str, Any] = {
             k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
         }
-        out["confinement"] = self._confinement_stats()
+        out["max_timeout_ms"] = self._runtime.limits.max_timeout_ms
+        out["confinement"] = policy_stats(self._confine)
         out["bounds"] = self._runtime.limits.declaration_bounds()
         out["budgets"] = self._runtime.budgets.stats()
         return out
-
-    def _confinement_stats(self) -> dict[str, Any]:
-        policy = self._confine
-        found = _confinement.probe(*_identity(policy.base))
-        info: dict[str, Any] = found.as_dict()
-        active = ["environment", "private_dir"]
-        if policy.confine:
-            active += ["pdeathsig", "subreaper", "rlimits", "no_new_privs", "worker_cap"]
-            if found.identity is None and policy.base.uid is not None:
-                active.append("identity")
-            if found.landlock is None and policy.base.landlock:
-                active.append("landlock")
-            if found.cgroup is None:
-                active.append("cgroup")
-            spec = policy.base
-            if spec.namespaces:
-                active += ["ipc_namespace", "mount_namespace"] + ([] if spec.network else ["network_namespace"])
-                if spec.disk_bytes is not None:
-                    active.append("disk_bound")
-            if spec.seccomp:
-                active.append("seccomp")
-        info["active"] = active
-        info["missing"] = list(policy.missing)
-        info["network"] = not policy.confine or not policy.base.namespaces or policy.base.network
-        info["disk_bytes"] = policy.base.disk_bytes if policy.confine and policy.base.namespaces else None
-        info["memory_bound"] = ("cgroup" if found.cgroup is None else "sampler") if policy.confine else "none"
-        info["uid"] = policy.base.uid if policy.confine and found.identity is None else None
-        info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else
-            {"tree_kill": True, "memory_bound": "cgroup" if found.cgroup is None else "sampler"} if policy.confine
-            else {"tree_kill": False, "memory_bound": "rlimit_as"}
-        )
-        return info
 
     # --- lifecycle ------------------------------------------------------------------------
 

@@ -90,6 +90,10 @@ class ToolEntry:
     origin: str
     isolation: IsolationName = "thread"
     placement: Placement = field(default_factory=Placement)
+    serial: int = 0
+    """The registration this entry comes from: a number no other registration of this
+    system had, so a tool registered again (the same name, new code) has a new one. An
+    untrusted tool's workers are scoped by it (DESIGN §5)."""
 
     @property
     def untrusted(self) -> bool:

@@ -33,15 +33,13 @@ from rho_actors.cgroups import Cgroup, find_hierarchy
 from rho_actors.confinement import (
     Confinement,
     ConfinementError,
-    RssSampler,
     apply,
-    classify_ending,
-    kill_tree,
     make_private_dir,
     make_session_dir,
     probe,
     python_read_paths,
 )
+from rho_actors.trees import RssSampler, classify_ending, kill_tree
 from tests.conftest import WAIT_S, wait_for
 
 ROOT = os.geteuid() == 0

@@ -770,7 +770,8 @@ def test_benchmark_smoke() -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert set(report) == {
-        "environment", "noop_call", "replacement", "declarations", "untrusted", "child_start", "total_s"
+        "environment", "noop_call", "replacement", "declarations", "untrusted", "child_start", "many_sessions",
+        "total_s",
     }
     for part, key in (("noop_call", "ratio"), ("replacement", "target_ms"), ("declarations", "target_ms")):
         assert report[part][key] > 0 and isinstance(report[part]["pass"], bool)
@@ -784,6 +785,8 @@ def test_benchmark_smoke() -> None:
         assert report["untrusted"][part]["target"] > 0 and isinstance(report["untrusted"][part]["pass"], bool)
     start = report["child_start"]
     assert start["clean_ms"]["p50"] > 0 and start["forkserver_ms"]["p50"] > 0 and start["ratio"] > 0
+    many = report["many_sessions"]
+    assert many["trusted"]["calls"] == many["untrusted"]["calls"] == 40 and many["ratio"] > 0
 
 
 def test_calls_never_queue_and_idle_workers_follow_demand(tmp_path: Path) -> None:

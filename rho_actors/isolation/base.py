@@ -32,11 +32,14 @@ class IsolationServices:
     worker processes: ``warm_workers`` idle workers, ``heap_bytes`` of memory for each
     untrusted worker's tree and ``process_heap_bytes`` for each trusted one's (bytes),
     and the ``start_method`` (``"forkserver"`` or ``"spawn"``); ``max_workers``,
-    the cap on worker processes of the whole system; ``confine``, how untrusted workers
+    the cap on worker processes of the whole system, ``max_workers_per_session`` the
+    most of them one session's calls hold at once (``None``: half the cap, at least 1);
+    ``confine``, how untrusted workers
     are confined; ``worker_idle_s``, how long an idle scoped worker is kept (seconds);
     ``tools``, the published tool set (a call's tool entry says whether it is untrusted);
-    ``events``, where isolations report; ``threads_per_tool`` and ``threads_total``, the
-    caps on abandoned threads of thread calls; ``ray``, how to reach Ray (``None``: a
+    ``events``, where isolations report; ``threads_per_tool`` (per tool and session),
+    ``threads_per_session`` and ``threads_total``, the caps on abandoned threads of
+    thread calls; ``ray``, how to reach Ray (``None``: a
     local Ray, started on the first ``ray`` call; see
     :class:`rho_actors.integrations.ray.tasks.RayRuntime`)."""
 
@@ -54,6 +57,8 @@ class IsolationServices:
     threads_per_tool: int = 8
     threads_total: int = 64
     ray: Mapping[str, Any] | None = None
+    max_workers_per_session: int | None = None
+    threads_per_session: int = 16
 
 
 class RunningCall(Protocol):
@@ -106,8 +111,8 @@ class Isolation(ABC):
         (plain data; the ``workers`` node's ``isolations``). Default: nothing."""
         return {}
 
-    def stats(self) -> dict[str, int]:
-        """Counters for :meth:`rho_actors.ActorSystem.stats` (names unique across
+    def stats(self) -> dict[str, Any]:
+        """Counters (and settings) for :meth:`rho_actors.ActorSystem.stats` (names unique across
         isolations). Default: none."""
         return {}
 

@@ -21,12 +21,12 @@ worker's tree, when the system's ``workers`` actor stops.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from rho_actors.call import CallSpec, RunCall
-from rho_actors.events import IsolationEvent
+from rho_actors.events import IsolationEvent, ToolSetChanged
 from rho_actors.isolation.base import Isolation, IsolationServices
 from rho_actors.results import failure
 from rho_actors.sandbox import WorkerPool
@@ -60,8 +60,26 @@ class ProcessIsolation(Isolation):
         self._lock = threading.Lock()
         self._pool: WorkerPool | None = None
         self._confined: WorkerPool | None = None
-        self._slots = WorkerSlots(services.max_workers)
+        self._slots = WorkerSlots(services.max_workers, services.max_workers_per_session)
         self._open = False
+        if services.events is not None:
+            services.events.subscribe(self._tool_set_changed)
+
+    def _tool_set_changed(self, event: object) -> None:
+        """Retire the untrusted workers of registrations that are gone (in the
+        registry's thread: only marks them; the pool's own thread stops them)."""
+        if not isinstance(event, ToolSetChanged) or self.services.tools is None:
+            return
+        with self._lock:
+            confined = self._confined
+        if confined is None:
+            return
+        live = {(name, e.serial) for name, e in self.services.tools.current.entries.items() if e.untrusted}
+
+        def gone(scope: Hashable) -> bool:
+            return isinstance(scope, tuple) and len(scope) == 3 and (scope[0], scope[1]) not in live
+
+        confined.retire_scopes(gone)
 
     def start(self, call: CallSpec) -> _Running:
         self.services.calls.start().tell(RunCall(call, self._run))
@@ -92,7 +110,9 @@ class ProcessIsolation(Isolation):
         ctx: dict[str, Any] = {k: call.ctx[k] for k in keep if k in call.ctx}
         ctx["data_dir"] = Path(".")  # its worker's private folder (the session folder stays closed to it)
         ctx["deps"] = entry.deps  # only what the host registered for this tool, never the session's deps
-        scope = CALL_SCOPE if entry.worker_scope == "call" else (call.name, ctx.get("session_id"))
+        # scoped by the registration, not the name: a tool registered again (new code under the same
+        # name) never gets a worker the old code ran in (and whatever it left there)
+        scope = CALL_SCOPE if entry.worker_scope == "call" else (call.name, entry.serial, ctx.get("session_id"))
         return pool.run(
             call.tool, call.args, ctx, call.deadline, call.max_output_chars, name=call.name,
             started=call.dispatched, scope=scope, env=entry.env, cancel=call.cancel, version=entry,
@@ -147,14 +167,23 @@ class ProcessIsolation(Isolation):
         for pool in pools:
             pool.stop(timeout_s)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """The pools' counters as ``workers_<name>`` (trusted) and
         ``untrusted_workers_<name>`` (see :meth:`WorkerPool.stats`), none before first
         use; ``workers_cap`` and ``workers_peak``, the system's cap on worker processes
-        and the most alive at once."""
+        and the most alive at once; ``workers_per_session``, one session's share of the
+        cap, ``workers_by_session`` (session id -> its calls holding a worker now),
+        ``workers_waiting`` (calls waiting their turn now), ``workers_queued`` (calls
+        that waited, ever) and ``workers_waited_out`` (calls that waited their whole
+        deadline, ever)."""
         with self._lock:
             pool, confined = self._pool, self._confined
-        out = {"workers_cap": self._slots.limit, "workers_peak": self._slots.peak}
+        slots = self._slots
+        out: dict[str, Any] = {
+            "workers_cap": slots.limit, "workers_peak": slots.peak, "workers_per_session": slots.per_session,
+            "workers_by_session": slots.shares(), "workers_waiting": slots.waiting_calls(),
+            "workers_queued": slots.queued, "workers_waited_out": slots.waited_out,
+        }
         if pool is not None:
             out.update({f"workers_{k}": v for k, v in pool.stats().items()})
         if confined is not None:

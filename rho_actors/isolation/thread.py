@@ -36,36 +36,62 @@ __all__ = ["AbandonedThreads", "ThreadIsolation"]
 class AbandonedThreads:
     """Counts thread calls cancelled while running (timed out, or their loop stopped):
     ``total`` ever, and ``running``, those whose thread has not returned yet, also by
-    tool name (``by_tool``)."""
+    (session, tool) and by session."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.total = 0
         self.running = 0
-        self.by_tool: dict[str, int] = {}
+        self.by_tool: dict[tuple[str, str], int] = {}  # (session, tool) -> running
+        self.by_session: dict[str, int] = {}
 
-    def abandoned(self, tool: str = "") -> None:
-        """Count a running call of ``tool`` whose thread was given up on."""
+    def abandoned(self, tool: str = "", session: str = "") -> None:
+        """Count a running call of ``tool`` in ``session`` whose thread was given up on."""
         with self._lock:
             self.total += 1
             self.running += 1
-            self.by_tool[tool] = self.by_tool.get(tool, 0) + 1
+            key = (session, tool)
+            self.by_tool[key] = self.by_tool.get(key, 0) + 1
+            self.by_session[session] = self.by_session.get(session, 0) + 1
 
-    def returned(self, tool: str = "") -> int:
-        """Count an abandoned call's thread that has returned since; the tool's count left."""
+    def returned(self, tool: str = "", session: str = "") -> int:
+        """Count an abandoned call's thread that has returned since (or an abandonment
+        taken back); the (session, tool) count left."""
         with self._lock:
             self.running -= 1
-            left = self.by_tool.get(tool, 1) - 1
-            if left:
-                self.by_tool[tool] = left
+            key = (session, tool)
+            left = self.by_tool.get(key, 1) - 1
+            if left > 0:
+                self.by_tool[key] = left
             else:
-                self.by_tool.pop(tool, None)
-            return left
+                self.by_tool.pop(key, None)
+            of_session = self.by_session.get(session, 1) - 1
+            if of_session > 0:
+                self.by_session[session] = of_session
+            else:
+                self.by_session.pop(session, None)
+            return max(0, left)
 
-    def of(self, tool: str) -> int:
-        """Abandoned threads of ``tool`` still running."""
+    def taken_back(self, tool: str = "", session: str = "") -> None:
+        """Undo :meth:`abandoned`: the call was not running after all."""
+        self.returned(tool, session)
         with self._lock:
-            return self.by_tool.get(tool, 0)
+            self.total -= 1
+
+    def of(self, tool: str, session: str = "") -> int:
+        """Abandoned threads of ``tool`` in ``session`` still running."""
+        with self._lock:
+            return self.by_tool.get((session, tool), 0)
+
+    def of_session(self, session: str) -> int:
+        """Abandoned threads of ``session`` still running (any tool)."""
+        with self._lock:
+            return self.by_session.get(session, 0)
+
+    def sessions(self) -> dict[str, int]:
+        """Abandoned threads still running, by session (for ``stats()``)."""
+        with self._lock:
+            return dict(self.by_session)
 
 
 class _Running:
@@ -109,15 +135,23 @@ class ThreadIsolation(Isolation):
     def __init__(self, services: IsolationServices) -> None:
         super().__init__(services)
         self.abandoned = AbandonedThreads()
-        self._exhausted: set[str] = set()
+        self._exhausted: set[tuple[str, str]] = set()  # (session, tool) refused until its threads end
+        self._exhausted_lock = threading.Lock()
         self._refused = 0
 
-    def _exhausted_reason(self, tool: str) -> dict[str, Any] | None:
+    def _exhausted_reason(self, tool: str, session: str) -> dict[str, Any] | None:
+        """Why a call of ``tool`` in ``session`` may not start a thread now (``None``: it
+        may). Each session has its own share: ``threads_per_tool`` of one tool,
+        ``threads_per_session`` in all; at ``threads_total`` for the system only sessions
+        that hold abandoned threads themselves are refused."""
         s = self.services
-        of_tool = self.abandoned.of(tool)
+        of_tool = self.abandoned.of(tool, session)
         if of_tool >= s.threads_per_tool:
-            return {"running": of_tool, "cap": s.threads_per_tool, "scope": "per tool"}
-        if self.abandoned.running >= s.threads_total and of_tool:
+            return {"running": of_tool, "cap": s.threads_per_tool, "scope": "per tool in a session"}
+        of_session = self.abandoned.of_session(session)
+        if of_session >= s.threads_per_session:
+            return {"running": of_session, "cap": s.threads_per_session, "scope": "per session, of all its tools"}
+        if self.abandoned.running >= s.threads_total and of_session:
             return {"running": of_tool, "cap": s.threads_total, "scope": "for the whole system"}
         return None
 
@@ -127,11 +161,14 @@ class ThreadIsolation(Isolation):
 
     def start(self, call: CallSpec) -> _Running:
         running = _Running(self, call)
-        reason = self._exhausted_reason(call.name)
+        session = _session(call)
+        reason = self._exhausted_reason(call.name, session)
         if reason is not None:
             self._refused += 1
-            if call.name not in self._exhausted:
-                self._exhausted.add(call.name)
+            with self._exhausted_lock:
+                first = (session, call.name) not in self._exhausted
+                self._exhausted.add((session, call.name))
+            if first:
                 message = failure("threads_exhausted", call.call_id, call.name, **reason).content
                 logger.warning("{}", message)
                 self._emit("threads_exhausted", call.name, message)
@@ -151,26 +188,48 @@ class ThreadIsolation(Isolation):
             return failure("memory_thread", call.call_id, call.name, (time.monotonic() - call.dispatched) * 1000)
         finally:
             if call.cancel.finish():
-                left = self.abandoned.returned(call.name)
+                session = _session(call)
+                left = self.abandoned.returned(call.name, session)
                 logger.info("abandoned call {} of tool {} returned; its result is late", call.call_id, call.name)
-                if call.name in self._exhausted and self._exhausted_reason(call.name) is None:
-                    self._exhausted.discard(call.name)
-                    self._emit("threads_recovered", call.name, f"{left} abandoned threads left")
+                with self._exhausted_lock:
+                    refused = [k for k in self._exhausted if k[0] == session]  # every tool refused in it
+                for key in refused:
+                    if self._exhausted_reason(key[1], session) is None:
+                        with self._exhausted_lock:
+                            present = key in self._exhausted
+                            self._exhausted.discard(key)
+                        if present:
+                            self._emit("threads_recovered", key[1], f"{left} abandoned threads left")
 
     def give_up(self, running: _Running, reason: str) -> bool:
         """Cancel a call; if its thread is still running, it is abandoned (and, at the
         deadline or cancelled by the host, no shutdown waits for it). Returns whether it
         was still running."""
-        if not running.call.cancel.cancel(reason):
+        call = running.call
+        session = _session(call)
+        # counted before the token is set: a thread that returns in between finds the count
+        # to take back (counting after would leave one behind for ever)
+        self.abandoned.abandoned(call.name, session)
+        if not call.cancel.cancel(reason):
+            self.abandoned.taken_back(call.name, session)  # not abandoned after all
             return False
-        self.abandoned.abandoned(running.call.name)
         if reason != "stopping" and running.actor is not None:
             self.services.calls.abandon(running.actor)
         return True
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
+        s = self.services
         return {
             "abandoned_threads_running": self.abandoned.running,
             "abandoned_threads_total": self.abandoned.total,
             "abandoned_threads_refused": self._refused,
+            "abandoned_threads_caps": {
+                "per_tool": s.threads_per_tool, "per_session": s.threads_per_session, "total": s.threads_total,
+            },
+            "abandoned_threads_by_session": self.abandoned.sessions(),
         }
+
+
+def _session(call: CallSpec) -> str:
+    """The session a call belongs to ("" when it has none), for the per-session caps."""
+    return str(call.ctx.get("session_id") or "")

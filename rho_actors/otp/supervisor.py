@@ -92,6 +92,7 @@ __all__ = [
     "StartChild",
     "Supervisor",
     "count_children",
+    "start_adopted",
     "which_children",
 ]
 
@@ -637,3 +638,32 @@ def count_children(supervisor: pykka.ActorRef[Any], timeout_s: float = 10.0) -> 
         "supervisors": sum(c.type == "supervisor" for c in children),
         "workers": sum(c.type == "worker" for c in children),
     }
+
+
+def start_adopted(parent: Any, subtree: ChildSpec, timeout_s: float = 10.0) -> pykka.ActorRef[Any]:
+    """Start ``subtree`` (a ``temporary`` supervisor's spec with one child) in the calling
+    thread, hand it to ``parent`` (a proxy of a dynamic :class:`Supervisor`) to supervise,
+    and return the ref of its child. Started here, then adopted: a subtree whose start is
+    slow holds up no sibling's (the parent's thread never waits for it; OTP starts a
+    child in the supervisor's process). Raises ``ValueError`` when ``parent`` already has
+    a live child of that id (OTP's ``already_started``), the child's start error (a
+    ``RuntimeError`` for a ``BaseException``), and ``RuntimeError`` when ``parent`` is
+    stopping. ``timeout_s`` bounds each ask of ``parent`` (seconds)."""
+    children: list[ChildInfo] = parent.which_children().get(timeout=timeout_s)
+    if any(c.id == subtree.id and c.alive for c in children):
+        raise ValueError(f"child {subtree.id!r} is already started under {parent.label.get(timeout=timeout_s)!r} "
+                         "(OTP's already_started)")
+    try:
+        sup = subtree.start()
+    except Exception:
+        raise
+    except BaseException as exc:  # the child's failure (sys.exit in its start), not the caller's
+        raise RuntimeError(f"child {subtree.id!r}: its start raised {describe_exception(exc)}") from exc
+    try:
+        parent.adopt(sup, subtree).get(timeout=timeout_s)
+    except (pykka.ActorDeadError, pykka.Timeout) as exc:
+        sup.stop(block=False)
+        raise RuntimeError(f"child {subtree.id!r} was not started: its supervisor is stopping") from exc
+    [started] = which_children(sup, timeout_s)
+    assert started.ref is not None
+    return started.ref

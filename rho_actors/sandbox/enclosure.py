@@ -3,7 +3,7 @@
 An :class:`Enclosure` is made before the child starts and owns what confines it from
 outside: its private temporary folder (``0700``, owned by the dropped uid), its cgroup
 (memory and process bounds for the whole tree) or, when no cgroup can be made, an
-:class:`~rho_actors.confinement.RssSampler`; it builds the child's
+:class:`~rho_actors.trees.RssSampler`; it builds the child's
 :class:`~rho_actors.sandbox.child.ChildSetup` (scrubbed environment, Landlock paths),
 kills the child's whole tree, says whether the memory bound was hit, and removes it all
 when the child is gone.
@@ -18,23 +18,28 @@ import shutil
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Any, Final
 
 import psutil
 from loguru import logger
 
 from rho_actors.cgroups import Cgroup, CgroupError
 from rho_actors.confinement import (
+    DEFAULT_UID,
     Confinement,
-    RssSampler,
     available,
-    kill_tree,
     make_private_dir,
+    probe,
     python_read_paths,
+    warn_if_unconfined,
 )
 from rho_actors.sandbox.child import ChildSetup
+from rho_actors.trees import RssSampler, kill_tree
 
-__all__ = ["ENV_ALLOWLIST", "TREE_ONLY", "UNCONFINED", "ConfinePolicy", "Enclosure", "default_policy", "scrubbed_env"]
+__all__ = [
+    "ENV_ALLOWLIST", "TREE_ONLY", "UNCONFINED", "ConfinePolicy", "Enclosure", "default_policy", "policy_stats",
+    "scrubbed_env", "system_policy",
+]
 
 ENV_ALLOWLIST: Final = ("PATH", "LANG", "TZ")
 """Host variables a confined child keeps (plus every ``LC_*``); ``HOME`` and ``TMPDIR``
@@ -97,11 +102,76 @@ def default_policy() -> ConfinePolicy:
     """The policy untrusted input gets when no system's is given (the command line,
     :func:`rho_actors.run_selftests`, :func:`rho_actors.selftest.load_tools`): what an
     :class:`rho_actors.ActorSystem` built with default arguments uses (drop to
-    ``nobody``, Landlock, rlimits, a cgroup per child)."""
-    from rho_actors.confinement import default_identity
+    ``nobody``, Landlock, rlimits, namespaces, seccomp, a cgroup per child)."""
+    return system_policy(None)
 
-    uid, gid = default_identity()
-    return ConfinePolicy(Confinement(uid=uid, gid=gid))
+
+def system_policy(
+    confinement: Confinement | bool | None, exclude: tuple[str, ...] = (), process_heap_bytes: int = 0
+) -> ConfinePolicy:
+    """A system's policy from ``ActorSystem(confinement=...)``: ``None`` or ``True``, the
+    default :class:`Confinement` with the default identity (``nobody`` when root);
+    ``False``, none; else the one given. Mechanisms this host lacks are turned off, each
+    said (:func:`rho_actors.confinement.available`); ``exclude``: folders never readable
+    (``data_dir``). Raises ``ValueError`` for a ``process_heap_bytes`` (bytes; 0: none)
+    that is not an int >= 0, and for ``Confinement(address_space=...)``, which is not how
+    a system bounds memory (the message names the settings that are)."""
+    if type(process_heap_bytes) is not int or process_heap_bytes < 0:
+        raise ValueError(f"process_heap_bytes must be an int of 0 or more (bytes; 0: none), got {process_heap_bytes!r}")
+    if isinstance(confinement, Confinement) and confinement.address_space != Confinement().address_space:
+        raise ValueError(
+            "Confinement(address_space=...) is not how a system bounds memory: an untrusted tool's whole tree is "
+            "bounded by UntrustedReads(heap_bytes=...), a trusted process tool's by "
+            "ActorSystem(process_heap_bytes=...)"
+        )
+    if confinement is None or confinement is True:
+        from rho_actors.confinement import default_identity
+
+        uid, gid = default_identity()
+        confinement = Confinement(uid=uid, gid=gid)
+    base, missing = available(confinement or Confinement())
+    policy = ConfinePolicy(base, confine=confinement is not False, exclude=exclude,
+                           missing=missing if confinement is not False else ())
+    if policy.confine:
+        warn_if_unconfined()
+    return policy
+
+
+def policy_stats(policy: ConfinePolicy) -> dict[str, Any]:
+    """``stats()["confinement"]`` of a system with ``policy``: the probe's findings, the
+    ``active`` mechanisms, the ``missing`` ones, ``network``, ``disk_bytes`` (bytes),
+    ``memory_bound``, the dropped ``uid`` and what trusted process tools get."""
+    base = policy.base
+    uid = base.uid if base.uid is not None else DEFAULT_UID
+    found = probe(uid, base.gid if base.gid is not None else uid)
+    info: dict[str, Any] = found.as_dict()
+    active = ["environment", "private_dir"]
+    if policy.confine:
+        active += ["pdeathsig", "subreaper", "rlimits", "no_new_privs", "worker_cap"]
+        if found.identity is None and base.uid is not None:
+            active.append("identity")
+        if found.landlock is None and base.landlock:
+            active.append("landlock")
+        if found.cgroup is None:
+            active.append("cgroup")
+        if base.namespaces:
+            active += ["ipc_namespace", "mount_namespace"] + ([] if base.network else ["network_namespace"])
+            if base.disk_bytes is not None:
+                active.append("disk_bound")
+        if base.seccomp:
+            active.append("seccomp")
+    memory = "cgroup" if found.cgroup is None else "sampler"
+    info["active"] = active
+    info["missing"] = list(policy.missing)
+    info["network"] = not policy.confine or not base.namespaces or base.network
+    info["disk_bytes"] = base.disk_bytes if policy.confine and base.namespaces else None
+    info["memory_bound"] = memory if policy.confine else "none"
+    info["uid"] = base.uid if policy.confine and found.identity is None else None
+    info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else
+        {"tree_kill": True, "memory_bound": memory} if policy.confine
+        else {"tree_kill": False, "memory_bound": "rlimit_as"}
+    )
+    return info
 
 
 class _CgroupWatch(RssSampler):

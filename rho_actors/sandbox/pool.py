@@ -11,22 +11,17 @@ never touches the caller or a sibling call. The worker's side is
 A pool made with a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy` confines each
 worker (DESIGN §5 "Confinement"): an unprivileged uid, Landlock, a scrubbed
 environment, a cgroup (or an RSS sampler) bounding its whole tree, a private folder.
-Its workers are scoped: a worker that ran a call of scope ``S`` (one (tool, session)
-pair, or one call) only ever serves scope ``S`` again; fresh spares are kept warm.
+Its workers are scoped: a worker that ran a call of scope ``S`` (one (registration,
+session) pair, or one call) only ever serves scope ``S`` again; fresh spares are kept warm.
 Pools follow demand: a burst's workers stay idle up to the recent peak of busy ones
 (per scope) and are retired after ``idle_s`` idle. All pools of a system share one
-:class:`WorkerSlots` cap on worker processes; a call beyond it waits (its deadline holds).
+:class:`WorkerSlots` cap on worker processes, shared fairly among sessions; a call beyond
+it waits its turn (its deadline holds).
 
-Replies: a worker's result comes back in its result codec (a property of the pool,
-see :mod:`rho_actors.sandbox.wire`): ``"plain"`` by default, msgpack of plain data
-checked field by field, so nothing a worker sends can run code in the host; ``"pickle"``
-(any picklable ``details``) for trusted tools only: the system's trusted pool uses
-it, its confined pool cannot. Any frame that breaks the protocol
-(an unknown tag, a control frame with a body, a second ``READY`` or ``NEED_TOOL``, a
-frame over :data:`~rho_actors.sandbox.wire.MAX_REPLY_BYTES`, a result its codec
-refuses) gets the worker killed and replaced, and the call a ``crashed`` result naming
-the violation; a worker that sends anything more after its reply is killed before it
-serves again.
+Replies come back in the pool's result codec (:mod:`rho_actors.sandbox.wire`; DESIGN
+§5): ``"plain"`` by default (plain data checked field by field), ``"pickle"`` for trusted
+tools only; a frame that breaks the protocol gets the worker killed and the call a
+``crashed`` result naming the violation.
 
 Example::
 
@@ -59,15 +54,14 @@ from rho_actors.sandbox.processes import (
     context,
     hold_servers,
     kill_groups,
-    mib,
     release_servers,
     spawn,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable, short_name
-from rho_actors.sandbox.slots import WorkerSlots
+from rho_actors.sandbox.slots import Grant, WorkerSlots
 from rho_actors.sandbox.worker import WorkerConfig, worker_child
-from rho_actors.sandbox.worker_handle import WorkerHandle, ended, exchange
+from rho_actors.sandbox.worker_handle import WorkerHandle, at_deadline, died, exchange_or_cancel
 from rho_actors.tool import ToolResult
 
 __all__ = ["CALL_SCOPE", "WorkerPool", "WorkerSlots"]
@@ -75,8 +69,6 @@ __all__ = ["CALL_SCOPE", "WorkerPool", "WorkerSlots"]
 CALL_SCOPE: Final = "call"
 """The scope of a worker used for one call only (``worker_scope="call"``)."""
 
-_EXIT_GRACE_S: Final = 1.0
-"""How long a worker that closed its pipe gets to finish exiting before it is killed."""
 _NOTICE_ROOM: Final = 200
 """Characters past a call's output cap that the worker's own truncation notice may take."""
 _READY_TIMEOUT_S: Final = 30.0
@@ -197,19 +189,18 @@ class WorkerPool:
         call. An ``async def run`` runs under
         ``asyncio.run`` with a ``wait_for`` to the deadline.
 
-        The tool travels with cloudpickle. A module, class or function tool is pickled
-        once per object, an ``@tool`` of a plain function once per object and
-        ``version`` (compared by identity; the system passes the registry's entry of the
-        tool, made anew by each registration; see
-        :class:`~rho_actors.sandbox.shipping.ShippedTools`), and each worker keeps what
-        it got (by digest of its bytes); any other instance is pickled on every call, so
-        its current state travels. What ``run`` does to the tool's state in the worker
-        stays there (the worker may serve the next call).
+        The tool travels with cloudpickle, pickled once per object (an ``@tool`` of a plain
+        function once per object and ``version``, compared by identity; any other
+        instance on every call; see :class:`~rho_actors.sandbox.shipping.ShippedTools`);
+        what ``run`` does to it in the worker stays there (the worker may serve again).
 
         ``scope`` (confined pools): the worker serves only calls of this scope from now
-        on (pass ``(tool name, session id)``); :data:`CALL_SCOPE` uses a fresh worker for
-        this call alone. ``env``: variables added to a confined worker's scrubbed
-        environment (a worker started with them serves only calls that pass the same).
+        on (the system passes ``(tool name, registration serial, session id)``);
+        :data:`CALL_SCOPE` uses a fresh worker for this call alone; :meth:`retire_scopes`
+        retires a scope's workers. ``env``: variables added to a confined worker's
+        scrubbed environment (a worker started with them serves only calls that pass the
+        same). With a shared cap, the call first waits its turn in ``ctx["session_id"]``'s
+        fair share (see :class:`WorkerSlots`).
 
         Never raises for anything the tool does: the result is an error with kind
         ``timeout`` (the deadline passed: the worker's process group was killed),
@@ -243,24 +234,59 @@ class WorkerPool:
             bare = wire.encode_call(request)
         except wire.WireError as exc:
             return failed("unsendable", problem=str(exc))
+        session = ctx.get("session_id")
+        if cancel is not None and self._slots is not None:
+            cancel.add_callback(self._slots.poke)  # a call waiting its turn stops waiting
+        if self._slots is not None and not self._slots.enter(
+            session, deadline, (lambda: cancel.cancelled) if cancel is not None else None
+        ):
+            if cancel is not None and cancel.cancelled:
+                return failed("cancelled", reason=cancel.reason)
+            held = self._slots.shares().get(str(session), 0)
+            return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
+                          share=self._slots.per_session, held=held)
+        grant = Grant(session, time.monotonic())
+        try:
+            return self._run_granted(request, bare, tool_bytes, scope, env, cancel, failed, grant, start)
+        finally:
+            self._leave(grant)
+
+    def _leave(self, grant: Grant) -> None:
+        """The call's end for the cap (once): its grant goes back, or is kept for the
+        session's next call (see :meth:`WorkerSlots.leave`)."""
+        if self._slots is not None and not grant.left:
+            grant.left = True
+            self._slots.leave(grant.session, time.monotonic() - grant.at, keep=self._scoped)
+
+    def _run_granted(
+        self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
+        env: Mapping[str, str] | None, cancel: CancelToken | None, failed: Callable[..., ToolResult],
+        grant: Grant, start: float,
+    ) -> ToolResult:
+        """:meth:`run` once the cap granted the call its place."""
+        deadline, timeout_ms, max_output_chars = request.deadline, request.timeout_ms, request.max_chars
         delivered = self._deliver(request, bare, tool_bytes, scope, tuple(sorted((env or {}).items())), failed)
         if isinstance(delivered, ToolResult):
             return delivered
         worker = delivered
+        grant.at = time.monotonic()  # how long the call itself holds it (not the wait for a worker)
+        if self._scoped and scope != CALL_SCOPE:
+            worker.session = grant.session
         try:
-            result, retire = self._exchange_or_cancel(worker, request, tool_bytes, deadline, cancel)
+            result, retire = exchange_or_cancel(worker, request, tool_bytes, deadline, self._codec, cancel)
         except DeadlineReached:
-            return self._at_deadline(worker, failed, timeout_ms)
+            return at_deadline(worker, failed, timeout_ms, self._heap_bytes, self._lose)
         except EOFError:
-            return self._died(worker, failed, cancel)
+            return died(worker, failed, cancel, self._heap_bytes, lambda: self._stopped, self._lose)
         except Malformed as exc:
             self._lose(worker, "killed")
             return failed("malformed_reply", problem=str(exc))
         except BaseException:
             self._lose(worker, "killed")
             raise
-        self._release(worker, retire or scope == CALL_SCOPE)
-        result = replace(result, call_id=call_id, name=label, duration_ms=(time.monotonic() - start) * 1000)
+        self._release(worker, retire or scope == CALL_SCOPE, grant)
+        result = replace(result, call_id=request.call_id, name=request.name,
+                         duration_ms=(time.monotonic() - start) * 1000)
         if len(result.content) > max_output_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
             result = capped(result, max_output_chars)
         return result
@@ -355,15 +381,32 @@ class WorkerPool:
                 not self._stopped
             )
 
-    def retire_one_idle(self) -> bool:
-        """Stop the longest idle worker (for the cap); whether there was one."""
+    def retire_one_idle(self, spare: frozenset[Hashable] = frozenset()) -> bool:
+        """Stop the longest idle worker (for the cap), not one kept for a session in
+        ``spare``; whether there was one."""
         with self._lock:
-            if not self._idle or self._stopped:
+            if self._stopped:
                 return False
-            worker = self._idle.pop(0)
+            worker = next((w for w in self._idle if w.session is None or w.session not in spare), None)
+            if worker is None:
+                return False
+            self._idle.remove(worker)
             self._counts["retired"] += 1
         self._retire(worker)
         return True
+
+    def retire_scopes(self, gone: Callable[[Hashable], bool]) -> int:
+        """Retire every worker whose scope ``gone(scope)`` says is gone (its tool was
+        unregistered or registered again): idle ones by the pool's background thread
+        soon, busy ones when their call ends; they never serve another call. Returns
+        how many workers it found."""
+        with self._lock:
+            found = [w for w in self._all if w.scope is not None and w.scope != CALL_SCOPE and gone(w.scope)]
+            for worker in found:
+                worker.doomed = True
+            if found:
+                self._changed.notify_all()
+        return len(found)
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -450,7 +493,7 @@ class WorkerPool:
                     raise _Stopped
                 for want in ((scope, None) if scoped and scope != CALL_SCOPE else (None,)):
                     for worker in reversed(self._idle):
-                        if (scoped and worker.scope != want) or worker.env_key != env_key:
+                        if (scoped and worker.scope != want) or worker.env_key != env_key or worker.doomed:
                             continue
                         self._idle.remove(worker)
                         if worker.healthy():
@@ -482,16 +525,20 @@ class WorkerPool:
         peak, at = self._peaks.get(scope, (0, 0.0))
         return peak if now - at <= self._idle_s else 0
 
-    def _release(self, worker: WorkerHandle, retire: bool) -> None:
+    def _release(self, worker: WorkerHandle, retire: bool, grant: Grant | None = None) -> None:
         """A call ended on ``worker``: keep it idle while its scope has fewer idle workers
         than ``warm`` (at least 1 for a scoped worker) or than the scope's recent peak of
-        busy ones, else retire it (``retire``: always)."""
+        busy ones, else retire it (``retire``: always). The call's ``grant`` goes back
+        first, so that a grant kept for its session spares the worker from the moment
+        it is idle."""
         with self._lock:
+            if grant is not None:
+                self._leave(grant)
             self._busy.discard(worker)
             same = sum(1 for w in self._idle if w.scope == worker.scope)
             keep = max(1 if worker.scope is not None else 0, self._warm,
                        self._recent_peak_locked(worker.scope, time.monotonic()))
-            if not (retire or self._stopped or same >= keep):
+            if not (retire or worker.doomed or self._stopped or same >= keep):
                 worker.idle_since = time.monotonic()
                 self._idle.append(worker)
                 self._warmed.notify_all()
@@ -537,54 +584,6 @@ class WorkerPool:
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
 
-    def _at_deadline(self, worker: WorkerHandle, failed: Callable[..., ToolResult], timeout_ms: int) -> ToolResult:
-        """The call's deadline passed: kill the worker's tree; ``memory`` if its bound was hit."""
-        enclosure = worker.enclosure
-        memory_hit = enclosure is not None and enclosure.memory_bound_hit()
-        self._lose(worker, "killed")
-        if enclosure is not None and memory_hit:
-            return failed("memory_tree", heap=mib(self._heap_bytes), bound=enclosure.memory_bound)
-        return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
-
-    def _died(
-        self, worker: WorkerHandle, failed: Callable[..., ToolResult], cancel: CancelToken | None = None
-    ) -> ToolResult:
-        """The worker's pipe closed mid-call: find out how it ended (killed by
-        ``cancel``, among others)."""
-        if cancel is not None and cancel.cancelled and worker.killed:
-            self._lose(worker, "killed")
-            return failed("cancelled_killed", reason=cancel.reason)
-        code = worker.reap(_EXIT_GRACE_S)
-        stopped = self._stopped
-        enclosure = worker.enclosure
-        memory_hit = enclosure is not None and enclosure.memory_bound_hit()
-        self._lose(worker, "died")
-        return ended(worker, code, failed, self._heap_bytes, stopped=stopped, memory_hit=memory_hit)
-
-    def _exchange_or_cancel(
-        self, worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
-        cancel: CancelToken | None,
-    ) -> tuple[ToolResult, bool]:
-        """:func:`~rho_actors.sandbox.worker_handle.exchange`, killing the worker when
-        ``cancel`` is set meanwhile (never once the exchange has ended: the worker may be
-        reaped, its pid reused)."""
-        if cancel is None:
-            return exchange(worker, request, tool_bytes, deadline, self._codec)
-        guard = threading.Lock()
-
-        def kill() -> None:
-            if guard.acquire(blocking=False):
-                try:
-                    worker.kill()
-                finally:
-                    guard.release()
-
-        cancel.add_callback(kill)
-        try:
-            return exchange(worker, request, tool_bytes, deadline, self._codec)
-        finally:
-            guard.acquire()  # waits out a kill under way; later ones do nothing
-
     # --- keeping warm ---------------------------------------------------------------------
 
     def _deficit(self) -> int:
@@ -597,7 +596,7 @@ class WorkerPool:
         unscoped ones beyond ``warm`` (oldest first); forget peaks older than that."""
         now = time.monotonic()
         with self._lock:
-            stale = [w for w in self._idle if w.scope is not None and now - w.idle_since > self._idle_s]
+            stale = [w for w in self._idle if w.doomed or (w.scope is not None and now - w.idle_since > self._idle_s)]
             unscoped = [w for w in self._idle if w.scope is None]
             surplus = len(unscoped) - self._warm
             stale.extend(w for w in unscoped[:max(0, surplus)] if now - w.idle_since > self._idle_s)

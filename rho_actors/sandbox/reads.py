@@ -24,7 +24,6 @@ from typing import Any, Final, Literal
 
 import psutil
 
-from rho_actors.confinement import kill_tree
 from rho_actors.declarations import Raised, read_declaration
 from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
@@ -33,6 +32,7 @@ from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
 from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
+from rho_actors.trees import kill_tree
 
 __all__ = [
     "DEFAULT_HEAP_BYTES",
@@ -284,7 +284,7 @@ def end_child(proc: Any, enclosure: Enclosure | None = None) -> int | None:
     still holds every orphan of its tree) its whole tree is killed: by ``enclosure``
     (:meth:`~rho_actors.sandbox.enclosure.Enclosure.kill`: the tree frozen and killed,
     ``setsid`` escapes included, then its cgroup) when there is one, else by
-    :func:`rho_actors.confinement.kill_tree`; then the child's process group. A child
+    :func:`rho_actors.trees.kill_tree`; then the child's process group. A child
     already reaped is not walked (its pid may be reused): the caller's
     ``enclosure.remove()`` kills what is left in its cgroup."""
     alive = proc.exitcode is None

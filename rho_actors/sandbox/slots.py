@@ -1,45 +1,252 @@
-"""The cap on worker processes of a whole system (internal; DESIGN §5).
+"""The cap on worker processes of a whole system, shared fairly among sessions
+(internal; DESIGN §5 "Fair shares").
 
 Every :class:`~rho_actors.sandbox.pool.WorkerPool` of a system takes a slot of one
 :class:`WorkerSlots` before it starts a worker process and frees it once the process is
-reaped, so the system never has more than ``limit`` worker processes alive.
+reaped, so the system never has more than ``limit`` worker processes alive. Before a
+call takes a worker at all it is *granted* a place (:meth:`WorkerSlots.enter`): at most
+``limit`` calls are granted at once, at most ``per_session`` of one session, and waiting
+calls are granted in fair order (the session with the fewest granted calls first, then
+the oldest call), so one session's wide turn of long calls never starves another's.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import weakref
-from typing import Protocol
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Final, Protocol
 
-__all__ = ["WorkerSlots"]
+__all__ = ["QUANTUM", "REUSE_GRACE_S", "SHORT_CALL_S", "Grant", "WorkerSlots"]
+
+QUANTUM: Final = 16
+"""Calls in a row a session may run on the grant (and the warm worker) it just used
+while other sessions wait, before its grant goes to them (see :meth:`WorkerSlots.leave`)."""
+SHORT_CALL_S: Final = 0.5
+"""Only a call shorter than this (seconds) keeps its grant for its session's next call."""
+REUSE_GRACE_S: Final = 0.5
+"""How long a just-used grant is kept for its session's next call while others wait
+(seconds): the time a session's next call takes to arrive."""
+
+
+class Grant:
+    """A call's place under the cap: its ``session``, when the call reached its worker
+    (``at``, a ``time.monotonic()`` instant; before: when it was granted) and whether it
+    was given back (``left``)."""
+
+    __slots__ = ("at", "left", "session")
+
+    def __init__(self, session: Hashable, at: float) -> None:
+        self.session = session
+        self.at = at
+        self.left = False
 
 
 class _Retiring(Protocol):
-    def retire_one_idle(self) -> bool:
-        """Stop one idle worker; whether there was one."""
+    def retire_one_idle(self, spare: frozenset[Hashable]) -> bool:
+        """Stop one idle worker (not one of a session in ``spare``); whether there was one."""
+
+
+@dataclass(slots=True)
+class _Share:
+    """A session's use of the cap: ``granted`` calls now (running or holding a kept
+    grant), ``run``, grants it re-took in a row while others waited, and ``kept_until``,
+    until when a grant it just released is kept for it (0: none)."""
+
+    granted: int = 0
+    run: int = 0
+    kept_until: float = 0.0
+    waited_out: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class _Ticket:
+    """A call waiting for a grant: ``granted`` once handed one, ``cond`` (on the cap's
+    lock) to wake it."""
+
+    seq: int
+    session: Hashable
+    cond: threading.Condition
+    granted: bool = False
 
 
 class WorkerSlots:
     """The cap on worker processes of a whole system (alive ones: idle, busy or
-    starting; a slot is freed once its process is reaped). A call that needs a worker
-    beyond it takes an idle worker it may use, else retires an idle worker of any pool
-    sharing the cap, else waits (:meth:`wait`), until its deadline. ``limit`` >= 1.
-    ``peak`` is the most ever alive at once."""
+    starting; a slot is freed once its process is reaped), and the fair share of it
+    each session gets. ``limit`` >= 1; ``per_session``, the most calls of one session
+    that hold a worker at once (1..``limit``; default ``limit``). ``peak`` is the most
+    processes ever alive at once.
 
-    def __init__(self, limit: int) -> None:
+    A call first :meth:`enter`\\ s (a grant: at most ``limit`` at once, ``per_session``
+    per session; waiting calls are granted in fair order) and :meth:`leave`\\ s when it
+    ends; a granted call that needs a new worker process beyond the cap retires an idle
+    worker of any pool sharing the cap (:meth:`retire_idle`), else waits (:meth:`wait`),
+    until its deadline. A session whose short call just ended keeps its grant for
+    :data:`REUSE_GRACE_S` while others wait, so that its next call finds its warm worker
+    (untrusted workers are never shared between sessions), at most :data:`QUANTUM`
+    times in a row."""
+
+    def __init__(self, limit: int, per_session: int | None = None) -> None:
         if limit < 1:
             raise ValueError(f"the worker cap must be >= 1, not {limit}")
+        per_session = limit if per_session is None else per_session
+        if not 1 <= per_session <= limit:
+            raise ValueError(f"the per-session share of workers must be within 1..{limit} (the cap), not {per_session}")
         self.limit = limit
+        self.per_session = per_session
         self.alive = 0
         self.peak = 0
         self.waiting = 0
-        self._cond = threading.Condition()
+        self.queued = 0
+        self.waited_out = 0
+        self._granted = 0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # calls waiting for a process slot wait here
         self._pools: weakref.WeakSet[_Retiring] = weakref.WeakSet()
+        self._shares: dict[Hashable, _Share] = {}
+        self._queue: list[_Ticket] = []
+        self._seq = itertools.count()
 
     def join(self, pool: _Retiring) -> None:
         """Let this cap retire ``pool``'s idle workers when it is full."""
         self._pools.add(pool)
+
+    # --- grants: the fair share of each session -------------------------------------------
+
+    def enter(self, session: Hashable, deadline: float, cancelled: Callable[[], bool] | None = None) -> bool:
+        """Wait for a grant for one call of ``session`` (fair order, see the class),
+        until ``deadline`` (a ``time.monotonic()`` instant) or ``cancelled()`` (polled
+        on every :meth:`poke`); whether it was granted (if so, :meth:`leave` must
+        follow). A waiting call is woken only when the grant is handed to it (or to
+        look at its deadline), never by every change."""
+        with self._cond:
+            share = self._shares.setdefault(session, _Share())
+            if share.kept_until:  # its kept grant: take it again
+                share.kept_until = 0.0
+                return True
+            self._expire_kept(time.monotonic())
+            if not self._queue and self._grantable(share):
+                self._grant(share)
+                return True
+            ticket = _Ticket(next(self._seq), session, threading.Condition(self._lock))
+            self._queue.append(ticket)
+            self.queued += 1
+            self._dispatch()
+            try:
+                while not ticket.granted:
+                    if cancelled is not None and cancelled():
+                        return False
+                    now = time.monotonic()
+                    if now >= deadline:
+                        share.waited_out += 1
+                        self.waited_out += 1
+                        return False
+                    ticket.cond.wait(min(deadline - now, self._next_expiry(now), 0.25))
+                    self._expire_kept(time.monotonic())
+                return True
+            finally:
+                if not ticket.granted:
+                    self._queue.remove(ticket)
+                    if not share.granted and not any(t.session == session for t in self._queue):
+                        self._shares.pop(session, None)
+                    self._dispatch()  # it may have been first in line
+
+    def leave(self, session: Hashable, held_s: float = 0.0, keep: bool = True) -> None:
+        """One call of ``session`` that :meth:`enter` granted has ended, ``held_s``
+        seconds after it was granted. While other sessions wait, the grant of a short
+        call (under :data:`SHORT_CALL_S`) goes to the session's next call (handed over
+        at once when it waits, else kept for it :data:`REUSE_GRACE_S`), at most
+        :data:`QUANTUM` times in a row (so others wait at most that many short calls
+        more); else (or without ``keep``: the call's worker would serve any session
+        anyway) it is freed at once and handed on in fair order."""
+        with self._cond:
+            share = self._shares.get(session)
+            if share is None or not share.granted:
+                return
+            others = any(t.session != session for t in self._queue)
+            if keep and others and share.run < QUANTUM and not share.kept_until and held_s < SHORT_CALL_S:
+                share.run += 1
+                own = next((t for t in self._queue if t.session == session), None)
+                if own is not None:  # its next call already waits: the grant is its
+                    self._queue.remove(own)
+                    own.granted = True
+                    own.cond.notify()
+                else:
+                    share.kept_until = time.monotonic() + REUSE_GRACE_S
+                return
+            if not others:
+                share.run = 0
+            self._ungrant(session, share)
+            self._dispatch()
+
+    def kept(self) -> frozenset[Hashable]:
+        """The sessions holding a kept grant now (their idle workers are spared)."""
+        with self._cond:
+            self._expire_kept(time.monotonic())
+            return frozenset(s for s, share in self._shares.items() if share.kept_until)
+
+    def shares(self) -> dict[str, int]:
+        """Granted calls by session now (sessions with none left out), for ``stats()``."""
+        with self._cond:
+            return {str(s): share.granted for s, share in self._shares.items() if share.granted}
+
+    def waiting_calls(self) -> int:
+        """Calls waiting for a grant now."""
+        with self._cond:
+            return len(self._queue)
+
+    def _grantable(self, share: _Share) -> bool:
+        return self._granted < self.limit and share.granted < self.per_session
+
+    def _dispatch(self) -> None:
+        """Hand free grants to waiting calls in fair order: of the sessions below their
+        share, the one with the fewest granted calls first, then the oldest call."""
+        while self._granted < self.limit and self._queue:
+            best: _Ticket | None = None
+            best_key: tuple[int, int] | None = None
+            for t in self._queue:
+                share = self._shares.get(t.session)
+                granted = share.granted if share is not None else 0
+                if granted >= self.per_session:
+                    continue
+                if best_key is None or (granted, t.seq) < best_key:
+                    best, best_key = t, (granted, t.seq)
+            if best is None:
+                return
+            self._queue.remove(best)
+            self._grant(self._shares.setdefault(best.session, _Share()))
+            best.granted = True
+            best.cond.notify()
+
+    def _grant(self, share: _Share) -> None:
+        share.granted += 1
+        share.run = 0
+        self._granted += 1
+
+    def _ungrant(self, session: Hashable, share: _Share) -> None:
+        share.granted -= 1
+        self._granted -= 1
+        if not share.granted and not any(t.session == session for t in self._queue):
+            self._shares.pop(session, None)
+
+    def _expire_kept(self, now: float) -> None:
+        expired = False
+        for session, share in list(self._shares.items()):
+            if share.kept_until and share.kept_until <= now:
+                share.kept_until = 0.0
+                self._ungrant(session, share)
+                expired = True
+        if expired:
+            self._dispatch()
+
+    def _next_expiry(self, now: float) -> float:
+        pending = [s.kept_until - now for s in self._shares.values() if s.kept_until]
+        return max(0.001, min(pending)) if pending else 0.25
+
+    # --- process slots ---------------------------------------------------------------------
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free now."""
@@ -51,9 +258,11 @@ class WorkerSlots:
             return True
 
     def retire_idle(self) -> bool:
-        """Stop the longest idle worker of the first pool sharing the cap that has one;
-        whether one was stopped (its slot is free once it is reaped, which is done)."""
-        return any(pool.retire_one_idle() for pool in list(self._pools))
+        """Stop the longest idle worker (of a session holding no kept grant) of the first
+        pool sharing the cap that has one; whether one was stopped (its slot is free once
+        it is reaped, which is done)."""
+        spare = self.kept()
+        return any(pool.retire_one_idle(spare) for pool in list(self._pools))
 
     def wait(self, deadline: float) -> bool:
         """While the cap is full, wait until a slot is freed or a worker becomes idle
@@ -67,19 +276,22 @@ class WorkerSlots:
             if self.alive >= self.limit:
                 self.waiting += 1
                 try:
-                    self._cond.wait(min(remaining, 0.25))
+                    self._cond.wait(min(remaining, self._next_expiry(time.monotonic()), 0.25))
                 finally:
                     self.waiting -= 1
+                self._expire_kept(time.monotonic())
             return True
 
     def release(self) -> None:
         """Free a slot (its process was reaped)."""
         with self._cond:
             self.alive -= 1
-            self._cond.notify()
+            self._cond.notify_all()
 
     def poke(self) -> None:
-        """A worker became idle: every waiting call looks again (it may take it, or
-        retire it)."""
+        """A worker became idle, or a call was cancelled: every waiting call looks again
+        (it may take the worker, retire it, or stop waiting)."""
         with self._cond:
             self._cond.notify_all()
+            for ticket in self._queue:
+                ticket.cond.notify()

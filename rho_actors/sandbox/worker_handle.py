@@ -16,8 +16,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, Final, Literal
 
+from rho_actors.cancel import CancelToken
+from rho_actors.results import KILLED
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, Malformed
 from rho_actors.sandbox.enclosure import Enclosure
@@ -26,9 +28,11 @@ from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.sandbox.worker import TOOL_CACHE_SIZE
 from rho_actors.tool import ToolResult
 
-__all__ = ["WorkerHandle", "ended", "exchange"]
+__all__ = ["WorkerHandle", "at_deadline", "died", "ended", "exchange", "exchange_or_cancel"]
 
 _REAP_TIMEOUT_S: Final = 5.0
+_EXIT_GRACE_S: Final = 1.0
+"""How long a worker that closed its pipe gets to finish exiting before it is killed."""
 
 
 class WorkerHandle:
@@ -38,8 +42,8 @@ class WorkerHandle:
     :class:`~rho_actors.sandbox.pool.WorkerPool`."""
 
     __slots__ = (
-        "_reap_lock", "_scope", "channel", "closed", "enclosure", "env_key", "exitcode", "idle_since", "killed", "pid",
-        "proc", "reaped", "slots", "tools",
+        "_reap_lock", "_scope", "channel", "closed", "doomed", "enclosure", "env_key", "exitcode", "idle_since",
+        "killed", "pid", "proc", "reaped", "session", "slots", "tools",
     )
 
     def __init__(
@@ -53,6 +57,8 @@ class WorkerHandle:
         self.slots = slots
         self.env_key = env_key
         self._scope: Hashable = None
+        self.session: Hashable = None  # the session whose call it runs now (busy), for the cap's shares
+        self.doomed = False  # its scope is gone (its tool unregistered or registered again): retire when free
         self.idle_since = 0.0
         self.tools: OrderedDict[bytes, None] = OrderedDict()
         self.killed = False
@@ -72,8 +78,8 @@ class WorkerHandle:
         self._scope = scope
         output = getattr(self.proc, "output", None)
         if output is not None and scope is not None:
-            if isinstance(scope, tuple) and len(scope) == 2:
-                output.label = f"tool {scope[0]} session {scope[1]} (pid {self.pid})"
+            if isinstance(scope, tuple) and len(scope) >= 2:  # (tool, [registration,] session)
+                output.label = f"tool {scope[0]} session {scope[-1]} (pid {self.pid})"
             else:
                 output.label = f"worker of {scope} (pid {self.pid})"
 
@@ -147,6 +153,61 @@ worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: fl
         while len(worker.tools) > TOOL_CACHE_SIZE:
             worker.tools.popitem(last=False)
         return result, tag == wire.RESULT_RETIRE
+
+
+def exchange_or_cancel(
+    worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float, codec: wire.ResultCodec,
+    cancel: CancelToken | None,
+) -> tuple[ToolResult, bool]:
+    """:func:`exchange`, killing the worker when ``cancel`` is set meanwhile (never once
+    the exchange has ended: the worker may be reaped, its pid reused)."""
+    if cancel is None:
+        return exchange(worker, request, tool_bytes, deadline, codec)
+    guard = threading.Lock()
+
+    def kill() -> None:
+        if guard.acquire(blocking=False):
+            try:
+                worker.kill()
+            finally:
+                guard.release()
+
+    cancel.add_callback(kill)
+    try:
+        return exchange(worker, request, tool_bytes, deadline, codec)
+    finally:
+        guard.acquire()  # waits out a kill under way; later ones do nothing
+
+
+def at_deadline(
+    worker: WorkerHandle, failed: Callable[..., ToolResult], timeout_ms: int, heap_bytes: int,
+    lose: Callable[[WorkerHandle, Literal["killed", "died"]], None],
+) -> ToolResult:
+    """The call's deadline passed: kill the worker's tree (``lose``: the pool's way);
+    ``memory`` if its bound was hit, else ``timeout``."""
+    enclosure = worker.enclosure
+    memory_hit = enclosure is not None and enclosure.memory_bound_hit()
+    lose(worker, "killed")
+    if enclosure is not None and memory_hit:
+        return failed("memory_tree", heap=mib(heap_bytes), bound=enclosure.memory_bound)
+    return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
+
+
+def died(
+    worker: WorkerHandle, failed: Callable[..., ToolResult], cancel: CancelToken | None, heap_bytes: int,
+    stopped: Callable[[], bool], lose: Callable[[WorkerHandle, Literal["killed", "died"]], None],
+) -> ToolResult:
+    """The worker's pipe closed mid-call: find out how it ended (killed by ``cancel``,
+    among others; ``stopped()``: whether its pool was stopped) and let it go (``lose``)."""
+    if cancel is not None and cancel.cancelled and worker.killed:
+        lose(worker, "killed")
+        return failed("cancelled_killed", reason=cancel.reason)
+    code = worker.reap(_EXIT_GRACE_S)
+    was_stopped = stopped()
+    enclosure = worker.enclosure
+    memory_hit = enclosure is not None and enclosure.memory_bound_hit()
+    lose(worker, "died")
+    return ended(worker, code, failed, heap_bytes, stopped=was_stopped, memory_hit=memory_hit)
 
 
 def ended(

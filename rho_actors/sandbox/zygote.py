@@ -177,7 +177,7 @@ def main(control_fd: int, preload: tuple[str, ...] = ()) -> None:
     """The fork server's main: preload the sandbox kernel (and ``preload``: installed
     libraries the host named, see :func:`rho_actors.sandbox.clean.preload_modules`; one
     that fails to import is skipped), serve, then kill what is left."""
-    from rho_actors import confinement
+    from rho_actors import confinement, trees
 
     confinement.guard_zygote()
     for name in _PRELOAD:
@@ -191,7 +191,7 @@ def main(control_fd: int, preload: tuple[str, ...] = ()) -> None:
         _serve(control)
     finally:
         with contextlib.suppress(Exception):
-            confinement.kill_tree(os.getpid(), include_root=False)
+            trees.kill_tree(os.getpid(), include_root=False)
         os._exit(0)
 
 
