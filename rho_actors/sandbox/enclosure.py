@@ -222,7 +222,8 @@ class Enclosure:
                 _TREE, address_space=heap_bytes or None,
                 cgroup_procs=self.cgroup.procs_files if self.cgroup is not None else (),
             )
-            self.setup = ChildSetup(heap_bytes, confinement=spec)
+            # the host's environment as it is now (a fork server keeps the one it started with)
+            self.setup = ChildSetup(heap_bytes, confinement=spec, env=dict(os.environ))
             return
         if policy.confine:
             spec = replace(

@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import weakref
@@ -431,7 +432,7 @@ class WorkerPool:
                 enclosure = Enclosure(self._confine, self._heap_bytes or None, env=dict(env_key))
                 setup = enclosure.setup
             else:
-                setup = ChildSetup(self._heap_bytes)
+                setup = ChildSetup(self._heap_bytes, env=dict(os.environ))  # the host's, as it is now
             child = spawn(self._ctx, worker_child, self._config, setup, name="rho-worker")
         except BaseException:
             if enclosure is not None:
