@@ -21,8 +21,15 @@ import struct
 import time
 from dataclasses import replace
 
-from rho_actors.cgroups import Cgroup
-from rho_actors.confinement import Confinement, apply, available, make_private_dir, probe, python_read_paths
+from rho_actors.sandbox.confine.cgroups import Cgroup
+from rho_actors.sandbox.confine.confinement import (
+    Confinement,
+    apply,
+    available,
+    make_private_dir,
+    probe,
+    python_read_paths,
+)
 
 
 def _in_child(work: Confinement | None) -> float:

@@ -80,9 +80,9 @@ from typing import Any
 from stats import BenchmarkError, environment, percentile, publish, summary, verdict
 
 from rho_actors import ActorSystem, ToolCall
-from rho_actors.declarations import DeclarationError, check_declaration
+from rho_actors.declarations.checks import DeclarationError, check_declaration
 from rho_actors.sandbox import IsolatedReadError, WorkerPool, raw_declaration, read_declaration_isolated, wire
-from rho_actors.sandbox.enclosure import Enclosure, default_policy
+from rho_actors.sandbox.confine.enclosure import Enclosure, default_policy
 from rho_actors.sandbox.processes import close, context, hold_servers, release_servers, spawn
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.worker import WorkerConfig, worker_child

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rho_actors import ActorSystem, ToolCall, tool
-from rho_actors import call as call_module
-from rho_actors import loop_actor as loop_module
+from rho_actors.isolation import call as call_module
+from rho_actors.loop import actor as loop_module
 
 _stamps: dict[str, int] = {}
 

@@ -14,7 +14,7 @@ host calls ``loguru.logger.enable("rho_actors")``.
 
 from loguru import logger as _logger
 
-from rho_actors.agent import (
+from rho_actors.agent.driver import (
     FinalResult,
     PromptEvent,
     PromptResult,
@@ -29,9 +29,14 @@ from rho_actors.agent import (
     prompt,
     stream,
 )
+from rho_actors.agent.model import Message, Model, Reply, ScriptedModel, Usage
+from rho_actors.agent.providers import ModelError, RetryPolicy, model_from_spec
+from rho_actors.agent.transcript import TranscriptError
 from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.cancel import CancelToken
-from rho_actors.declarations import DeclarationError, check_declaration, read_declaration
+from rho_actors.declarations.checks import DeclarationError, check_declaration, read_declaration
+from rho_actors.declarations.formats import DIALECTS, Dialect, declaration, to_dialect
+from rho_actors.declarations.toolset import ToolEntry, ToolSet
 from rho_actors.encoding import EncodedOutput, encode_output
 from rho_actors.errors import RhoError
 from rho_actors.events import (
@@ -42,11 +47,9 @@ from rho_actors.events import (
     SupervisorEvent,
     ToolSetChanged,
 )
-from rho_actors.formats import DIALECTS, Dialect, declaration, to_dialect
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.isolation import ISOLATIONS, Isolation, IsolationServices
-from rho_actors.loop import Loop
-from rho_actors.model import Message, Model, Reply, ScriptedModel, Usage
+from rho_actors.loop.handle import Loop
 from rho_actors.otp.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
 from rho_actors.otp.names import Names, NotRunningError, whereis
 from rho_actors.otp.supervisor import (
@@ -58,12 +61,11 @@ from rho_actors.otp.supervisor import (
     count_children,
     which_children,
 )
-from rho_actors.providers import ModelError, RetryPolicy, model_from_spec
-from rho_actors.registry import DuplicateToolError, Registration
+from rho_actors.registry.tool_registry import DuplicateToolError, Registration
 from rho_actors.runtime import UntrustedReads
 from rho_actors.sandbox import IsolatedReadError, WorkerPool
 from rho_actors.selftest import LoadError, SelftestRow, run_selftests
-from rho_actors.sources import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
+from rho_actors.sources.source_actor import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
 from rho_actors.system import ActorSystem
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import (
@@ -75,6 +77,7 @@ from rho_actors.tool import (
     Image,
     Ok,
     ToolCall,
+    ToolContext,
     ToolFailure,
     ToolInfo,
     ToolResult,
@@ -85,9 +88,6 @@ from rho_actors.tool import (
     timeout_ms,
     untrusted,
 )
-from rho_actors.tool_context import ToolContext
-from rho_actors.toolset import ToolEntry, ToolSet
-from rho_actors.transcript import TranscriptError
 
 _logger.disable("rho_actors")
 

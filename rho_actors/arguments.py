@@ -31,9 +31,9 @@ from jsonschema._utils import find_evaluated_item_indexes_by_schema
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
+from rho_actors.declarations.patterns import ecma_to_re2
 from rho_actors.encoding import scrub_text
 from rho_actors.errors import RhoError
-from rho_actors.patterns import ecma_to_re2
 from rho_actors.tool import ErrorKind
 
 __all__ = [
@@ -254,7 +254,7 @@ _PATTERNS: dict[str, Any] = {}
 def compile_pattern(pattern: str) -> Any:
     """``pattern`` (ECMA-262, JSON Schema's dialect) compiled by RE2 (linear-time
     matching, no backtracking), cached; ``\\s``, ``\\S`` and ``.`` keep their ECMA-262
-    meaning (:func:`rho_actors.patterns.ecma_to_re2`). Raises ``ValueError`` naming the
+    meaning (:func:`rho_actors.declarations.patterns.ecma_to_re2`). Raises ``ValueError`` naming the
     problem when RE2 cannot compile it (a lookaround, a backreference, a repetition
     over 1000...)."""
     compiled = _PATTERNS.get(pattern)

@@ -166,7 +166,7 @@ _UNCONFINED_HELP = (
 def _policy(args: argparse.Namespace) -> Any:
     """The confinement of untrusted input for this command: the default one, or none
     with ``--unconfined``."""
-    from rho_actors.sandbox.enclosure import UNCONFINED, default_policy
+    from rho_actors.sandbox.confine.enclosure import UNCONFINED, default_policy
 
     return UNCONFINED if getattr(args, "unconfined", False) else default_policy()
 
@@ -245,7 +245,7 @@ class _ChatSetupError(Exception):
 
 
 def _model_spec(text: str) -> str:
-    from rho_actors.providers import PROVIDERS
+    from rho_actors.agent.providers import PROVIDERS
 
     provider, sep, name = text.partition(":")
     if not sep or provider not in PROVIDERS or not name:
@@ -297,10 +297,10 @@ def _add_chat(commands: Any) -> None:
 
 
 def _chat_model(spec: str, base_url: str | None) -> Any:
-    """The :class:`rho_actors.model.Model` for ``spec`` (``PROVIDER:MODEL``), its adapter
+    """The :class:`rho_actors.agent.model.Model` for ``spec`` (``PROVIDER:MODEL``), its adapter
     imported only now. Raises :class:`_ChatSetupError` naming ``pip install
     'rho_actors[PROVIDER]'`` when the provider's SDK is missing."""
-    from rho_actors.providers import model_from_spec
+    from rho_actors.agent.providers import model_from_spec
 
     try:
         return model_from_spec(spec, base_url=base_url)
@@ -325,7 +325,7 @@ def _chat_data_dir(given: str | None) -> str:
 
 def _run_chat(args: argparse.Namespace) -> int:
     from rho_actors import ActorSystem, DuplicateToolError
-    from rho_actors.transcript import TRANSCRIPT_NAME, TranscriptError, load
+    from rho_actors.agent.transcript import TRANSCRIPT_NAME, TranscriptError, load
 
     try:
         model = _chat_model(args.model, args.base_url)
@@ -386,7 +386,7 @@ def _chat_repl(system: Any, loop: Any, model: Any, max_steps: int) -> int:
     import threading
 
     from rho_actors import CallEvent
-    from rho_actors.agent import prompt
+    from rho_actors.agent.driver import prompt
 
     out_lock = threading.Lock()
 
@@ -570,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="An OTP-style actor runtime for an LLM agent's tool calls.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from rho_actors.top import add_parser as _add_top
+    from rho_actors.observe.top import add_parser as _add_top
 
     for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top):
         add(commands)

@@ -9,7 +9,7 @@ A parameter annotated :class:`~rho_actors.ToolContext` (any name), or named ``ct
 left out of the schema and receives the call's context (a ``ToolContext`` when so
 annotated, else the mapping); a parameter whose name looks like a context
 (``context``...) annotated as a mapping or not at all is refused (``TypeError``: the
-model would have to fill it), see :mod:`rho_actors.tool_context`. ``self`` and ``cls``
+model would have to fill it), see :mod:`rho_actors.tool`. ``self`` and ``cls``
 (of a method) are left out too. A function without a
 docstring needs ``description=``; ``timeout_ms`` and ``concurrency`` are checked at
 decoration (``TypeError``/``ValueError``); ``selftest=`` gives the tool its
@@ -49,8 +49,7 @@ from typing import Any, overload
 import docstring_parser
 import pydantic
 
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, Concurrency
-from rho_actors.tool_context import ToolContext, looks_like_context
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, Concurrency, ToolContext, looks_like_context
 
 __all__ = ["FunctionTool", "tool"]
 

@@ -93,7 +93,7 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "host_cancelled_before_start": (_K.CANCELLED, "tool {tool!r} did not start: the host cancelled the turn"),
     "loop_not_running": (_K.CANCELLED, "the session's loop was not running; the call did not start"),
     "loop_unanswered": (_K.CRASHED, "the session's loop did not answer this call within {bound_s:.0f} s"),
-    # a conversation replayed to a provider (rho_actors.provider_rules)
+    # a conversation replayed to a provider (rho_actors.agent.provider_rules)
     "no_result": (_K.CANCELLED, "no result was recorded for this call; it is answered as cancelled"),
     "interrupted": (_K.CANCELLED, "the session was interrupted before this call's result was recorded"),
     "empty_error": (_K.RAISED, "the call failed without a message ({kind})"),  # keeps the result's kind

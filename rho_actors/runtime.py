@@ -13,19 +13,23 @@ from typing import TYPE_CHECKING
 
 import tenacity
 
-from rho_actors.budgets import ResultBudgets
-from rho_actors.declarations import DEFAULT_MAX_DESCRIPTION_CHARS, DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_NODES
+from rho_actors.declarations.checks import (
+    DEFAULT_MAX_DESCRIPTION_CHARS,
+    DEFAULT_MAX_SCHEMA_BYTES,
+    DEFAULT_MAX_SCHEMA_NODES,
+)
+from rho_actors.loop.budgets import ResultBudgets
 
 if TYPE_CHECKING:
+    from rho_actors.declarations.toolset import ToolSetView
     from rho_actors.events import EventBus
     from rho_actors.isolation import Isolation
     from rho_actors.otp.names import Names
     from rho_actors.otp.supervisor import ChildStarter
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
-    from rho_actors.sandbox.enclosure import ConfinePolicy
+    from rho_actors.sandbox.confine.enclosure import ConfinePolicy
     from rho_actors.telemetry import Telemetry
-    from rho_actors.toolset import ToolSetView
 
 __all__ = ["DEFAULT_MAX_TIMEOUT_MS", "Limits", "Runtime", "UntrustedReads", "fair_shares"]
 
@@ -63,7 +67,7 @@ class Limits:
     ``max_argument_depth`` and ``max_schema_depth`` bound the nesting of call arguments
     and parameter schemas; ``ask_timeout_s`` bounds the host's queries to a loop
     (seconds); ``max_description_chars``, ``max_schema_bytes`` and ``max_schema_nodes``
-    bound a declaration's size (see :func:`rho_actors.declarations.check_declaration`);
+    bound a declaration's size (see :func:`rho_actors.declarations.checks.check_declaration`);
     ``log_tracebacks``: log a tool's traceback at error level when it raises;
     ``max_timeout_ms`` bounds every tool's declared timeout (milliseconds)."""
 
@@ -78,7 +82,7 @@ class Limits:
     max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS
 
     def declaration_bounds(self) -> dict[str, int]:
-        """The keyword arguments of :func:`rho_actors.declarations.check_declaration`."""
+        """The keyword arguments of :func:`rho_actors.declarations.checks.check_declaration`."""
         return {"max_schema_depth": self.max_schema_depth, "max_description_chars": self.max_description_chars,
                 "max_schema_bytes": self.max_schema_bytes, "max_schema_nodes": self.max_schema_nodes}
 
@@ -92,7 +96,7 @@ class Runtime:
     (how untrusted declarations are read), ``telemetry`` (OpenTelemetry spans and
     metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
     untrusted code are confined; ``None``: not at all, only a scrubbed environment) and
-    ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.budgets`)."""
+    ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.loop.budgets`)."""
 
     names: Names
     timers: Timers

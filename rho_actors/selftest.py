@@ -63,7 +63,7 @@ from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
-from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure, default_policy
+from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure, default_policy
 from rho_actors.sandbox.plugins import (
     NoTools,
     PluginLoadError,
@@ -415,8 +415,8 @@ def run_selftests(
 
     An untrusted tool's selftest (a plugin file's, or a tool marked untrusted) runs
     confined as a system's workers are, by ``confine`` (default:
-    :func:`~rho_actors.sandbox.enclosure.default_policy`; unconfined only with the explicit
-    :data:`~rho_actors.sandbox.enclosure.UNCONFINED`), its whole tree bounded to
+    :func:`~rho_actors.sandbox.confine.enclosure.default_policy`; unconfined only with the explicit
+    :data:`~rho_actors.sandbox.confine.enclosure.UNCONFINED`), its whole tree bounded to
     ``heap_bytes`` (bytes, default 256 MiB: a cgroup, else an RSS sampler, and
     ``RLIMIT_AS`` per process).
 
@@ -462,7 +462,7 @@ def selftest_system(
     The selftest of a tool registered untrusted runs confined by ``confine`` (the
     system's policy: as its workers are, with a scrubbed environment, its whole tree
     bounded to ``heap_bytes`` and killed after it; ``None``:
-    :func:`~rho_actors.sandbox.enclosure.default_policy`). Raises ``ValueError`` for a
+    :func:`~rho_actors.sandbox.confine.enclosure.default_policy`). Raises ``ValueError`` for a
     bad ``timeout_s``."""
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
@@ -478,7 +478,7 @@ def selftest_system(
 
 def load_target(target: str) -> list[types.ModuleType]:
     """The modules a ``rho-actors selftest`` argument names: a ``.py`` file (loaded as
-    a plugin file, see :func:`rho_actors.sources.load_module_file`), a folder (each
+    a plugin file, see :func:`rho_actors.sources.source_actor.load_module_file`), a folder (each
     ``*.py`` directly in it, not starting with ``.`` or ``_``), or a module name
     (imported with the current directory on ``sys.path``, as ``python -m`` does).
 
@@ -517,8 +517,8 @@ def load_tools(target: str, *, trusted: bool = False, confine: ConfinePolicy | N
     (:func:`rho_actors.sandbox.plugins.discover_plugin`) and come back as
     :class:`~rho_actors.sandbox.plugins.PluginRef` stand-ins that child processes load;
     that child is confined by ``confine`` (default:
-    :func:`~rho_actors.sandbox.enclosure.default_policy`; unconfined only with the explicit
-    :data:`~rho_actors.sandbox.enclosure.UNCONFINED`).
+    :func:`~rho_actors.sandbox.confine.enclosure.default_policy`; unconfined only with the explicit
+    :data:`~rho_actors.sandbox.confine.enclosure.UNCONFINED`).
     Trusted, or a module name (installed code, imported as ``python -m`` does), it is
     :func:`load_target` and :func:`tools_in_module`.
 
@@ -546,10 +546,10 @@ def load_tools(target: str, *, trusted: bool = False, confine: ConfinePolicy | N
 def render_rows(rows: Iterable[SelftestRow]) -> Any:
     """The rows as a ``rich.table.Table``: tool, outcome, duration (ms), message; each
     text shown as written, never as markup, control characters replaced
-    (:func:`~rho_actors.terminal.terminal_text`)."""
+    (:func:`~rho_actors.observe.terminal.terminal_text`)."""
     from rich.table import Table
 
-    from rho_actors.terminal import terminal_text
+    from rho_actors.observe.terminal import terminal_text
 
     styles = {"passed": "green", "failed": "red", "timeout": "red", "crashed": "bold red", "no selftest": "dim"}
     table = Table(title="selftests", title_justify="left")

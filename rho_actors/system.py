@@ -53,40 +53,40 @@ from typing import TYPE_CHECKING, Any, Literal
 import pykka
 from loguru import logger
 
-from rho_actors import confinement as _confinement
-from rho_actors import declarations as _decl
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
-from rho_actors.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
-from rho_actors.call import CallActor
-from rho_actors.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
-from rho_actors.declarations import describe_origin
+from rho_actors.declarations import checks as _decl
+from rho_actors.declarations.checks import describe_origin
+from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, make_placement
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
 from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.isolation import IsolationOwner, IsolationServices, place, start_isolations
-from rho_actors.loop import Loop, withheld_names
-from rho_actors.loop_actor import LoopActor
-from rho_actors.loop_messages import allowlist, loop_name
-from rho_actors.main_guard import refuse_unguarded_children, refuse_unguarded_start
+from rho_actors.isolation.call import CallActor
+from rho_actors.loop.actor import LoopActor
+from rho_actors.loop.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
+from rho_actors.loop.handle import Loop, withheld_names
+from rho_actors.loop.messages import allowlist, loop_name
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.names import Names
 from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartChild, Supervisor, start_adopted
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
-from rho_actors.registry import Registration, RegistryState, ToolRegistry
+from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
+from rho_actors.registry.tool_registry import Registration, RegistryState, ToolRegistry
 from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, fair_shares
-from rho_actors.sandbox.enclosure import ConfinePolicy, policy_stats, system_policy
+from rho_actors.sandbox.confine import confinement as _confinement
+from rho_actors.sandbox.confine.enclosure import ConfinePolicy, policy_stats, system_policy
+from rho_actors.sandbox.main_guard import refuse_unguarded_children, refuse_unguarded_start
 from rho_actors.sandbox.processes import hold_servers, release_servers
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.sweep import sweep
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
-from rho_actors.toolset import IsolationName, ToolSet, ToolSetView, make_placement
 
 if TYPE_CHECKING:
-    from rho_actors.observer import Observer
+    from rho_actors.observe.observer import Observer
     from rho_actors.selftest import SelftestRow
-    from rho_actors.sources import Source, SourceHandle
+    from rho_actors.sources.source_actor import Source, SourceHandle
 
 __all__ = ["ActorSystem"]
 
@@ -108,7 +108,7 @@ class ActorSystem:
     parameter schemas; ``max_description_chars`` (16,384), ``max_schema_bytes`` (65,536)
     and ``max_schema_nodes`` (2,048) bound every declaration (DESIGN §3);
     ``max_turn_result_bytes`` (64 MiB) and ``max_session_result_bytes`` (512 MiB) budget
-    results: past either, an ``output_limit`` error (:mod:`rho_actors.budgets`);
+    results: past either, an ``output_limit`` error (:mod:`rho_actors.loop.budgets`);
     ``shutdown_ms`` is how long running calls get to stop on :meth:`stop` (milliseconds)
     before their threads are abandoned; ``max_restarts`` in ``max_seconds`` seconds is the
     restart intensity of the root (the system's own actors), of the sources' supervisor,
@@ -126,7 +126,7 @@ class ActorSystem:
 
     Untrusted workers are confined (DESIGN §5 "Confinement"; :meth:`stats` says which
     mechanisms are active here): ``confinement`` is the
-    :class:`rho_actors.confinement.Confinement` each starts from (default: drop to
+    :class:`rho_actors.sandbox.confine.confinement.Confinement` each starts from (default: drop to
     ``nobody`` when the host is root, own IPC, mount and network namespaces with a 64 MiB
     tmpfs private folder, Landlock, a seccomp filter, process/file/core limits;
     ``Confinement(network=True)`` lets workers use the host's network; pass
@@ -349,7 +349,7 @@ class ActorSystem:
         its name, description and argument schema are its own.
 
         Raises ``TypeError`` when a trusted ``tool`` lacks a required callback,
-        :class:`~rho_actors.main_guard.UnguardedStartError` when called from the top
+        :class:`~rho_actors.sandbox.main_guard.UnguardedStartError` when called from the top
         level of a main script outside ``if __name__ == "__main__":`` (its child
         processes would import the script and run it again),
         ``ValueError`` for an unknown isolation, an untrusted tool on an isolation that
@@ -398,7 +398,7 @@ class ActorSystem:
         return result
 
     def tool_set(self) -> ToolSet:
-        """The registry's current :class:`rho_actors.toolset.ToolSet` (immutable:
+        """The registry's current :class:`rho_actors.declarations.toolset.ToolSet` (immutable:
         entries with their tools, isolation and declarations; a ``version`` that grows
         with every change)."""
         return self._tools.current
@@ -489,8 +489,8 @@ class ActorSystem:
         """Serve a source's changing set of tools (a plugin folder, an entry-point group),
         kept in step by a supervised SourceActor polling every ``poll_s`` seconds; its
         tools are untrusted unless ``trusted``. Returns once the first scan is applied.
-        See :func:`rho_actors.sources.add_source`."""
-        from rho_actors.sources import add_source
+        See :func:`rho_actors.sources.source_actor.add_source`."""
+        from rho_actors.sources.source_actor import add_source
 
         return add_source(self, source, trusted=trusted, poll_s=poll_s)
 
@@ -615,14 +615,14 @@ class ActorSystem:
         return [pid for isolation in self._runtime.isolations.values() for pid in isolation.pids()]
 
     def observe(self, address: str | Path | int, *, interval_s: float = 1.0) -> Observer:
-        """Serve a read-only live view of this system (see :mod:`rho_actors.observer`):
+        """Serve a read-only live view of this system (see :mod:`rho_actors.observe.observer`):
         ``address`` is a Unix socket path, or a TCP port on 127.0.0.1 (``0``: any free
         one) that asks viewers for the returned observer's ``token``. Each viewer gets a
         snapshot every ``interval_s`` seconds and every call event and supervisor report
         as newline-delimited JSON; ``rho-actors top --connect ADDRESS`` shows it. Off
         until called; closed at :meth:`stop` (or with ``observer.close()``). Raises
         ``OSError`` when the address cannot be bound."""
-        from rho_actors.observer import Observer
+        from rho_actors.observe.observer import Observer
 
         observer = Observer(self, address, interval_s=interval_s)
         self._observers.append(observer)
@@ -634,14 +634,14 @@ class ActorSystem:
         ``abandoned_threads_total``, the worker pools' as ``workers_<name>`` and
         ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`),
         ``workers_cap``: each isolation's counters. ``bounds``: the ``max_*`` bounds of
-        declarations; ``budgets``: :meth:`rho_actors.budgets.ResultBudgets.stats`. ``confinement``: what confines
+        declarations; ``budgets``: :meth:`rho_actors.loop.budgets.ResultBudgets.stats`. ``confinement``: what confines
         untrusted workers here: ``{"active": [mechanism...], "memory_bound": "cgroup" |
         "sampler" | "none", "uid": int | None, "network": bool (whether workers share the
         host's network), "disk_bytes": int | None (the private folder's bound),
         "missing": [sentence...] (mechanisms asked for that this host lacks: each also a
         warning and an ``IsolationEvent``), "trusted_process": {"tree_kill": bool,
         "memory_bound": "cgroup" | "sampler" | "rlimit_as"}, <mechanism>: {"available",
-        "reason"}}`` (see :func:`rho_actors.confinement.probe`)."""
+        "reason"}}`` (see :func:`rho_actors.sandbox.confine.confinement.probe`)."""
         out: dict[str, Any] = {
             k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
         }

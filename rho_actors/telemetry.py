@@ -51,7 +51,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loguru import logger
 
@@ -67,12 +67,25 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     TraceContextTextMapPropagator = None  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
-    from rho_actors.model import Reply
-    from rho_actors.tool import ToolResult
+    from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = ["AVAILABLE", "TRACEPARENT", "CallSpan", "Telemetry", "attached", "current_context"]
 
 AVAILABLE = otel_trace is not None
+
+
+class Reply(Protocol):
+    """What a ``chat`` span reads of a model's reply (an agent layer
+    :class:`~rho_actors.agent.model.Reply` is one; this module sits below that layer)."""
+
+    @property
+    def raw(self) -> Any: ...
+
+    @property
+    def stop_reason(self) -> str | None: ...
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]: ...
 """Whether ``opentelemetry-api`` is installed."""
 
 SCOPE = "rho_actors"
@@ -439,7 +452,7 @@ def _provider_of(model: Any) -> str | None:
 
 
 def _reply_usage(reply: Reply) -> dict[str, int]:
-    """The reply's token counts: its :class:`~rho_actors.model.Usage` (streamed replies
+    """The reply's token counts: its :class:`~rho_actors.agent.model.Usage` (streamed replies
     have it too), else what its ``raw`` response says."""
     tokens = getattr(reply, "usage", None)
     if tokens is not None:

@@ -16,9 +16,9 @@ import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall, ToolResult, kill, tool
 from rho_actors import cli as cli_module
-from rho_actors.agent import PromptResult, aprompt, prompt
-from rho_actors.model import Message, Reply, ScriptedModel
-from rho_actors.transcript import INTERRUPTED, TRANSCRIPT_NAME, Transcript, load, read_records
+from rho_actors.agent.driver import PromptResult, aprompt, prompt
+from rho_actors.agent.model import Message, Reply, ScriptedModel
+from rho_actors.agent.transcript import INTERRUPTED, TRANSCRIPT_NAME, Transcript, load, read_records
 
 from .conftest import WAIT_S, wait_for
 
@@ -356,7 +356,7 @@ def test_killing_the_loop_mid_turn(system: ActorSystem) -> None:
 
 
 def test_a_loop_gone_for_good_is_an_error_result(loop: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rho_actors import agent
+    from rho_actors.agent import driver as agent
 
     monkeypatch.setattr(agent, "LOOP_WAIT_S", 0.05)
     loop.stop()
@@ -470,7 +470,7 @@ def test_chat_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
     capsys.readouterr()
 
     monkeypatch.setitem(sys.modules, "anthropic", None)  # the SDK is not installed
-    monkeypatch.delitem(sys.modules, "rho_actors.providers.anthropic", raising=False)
+    monkeypatch.delitem(sys.modules, "rho_actors.agent.providers.anthropic", raising=False)
     assert cli_module.main(["chat", "--model", "anthropic:claude", "--data-dir", str(tmp_path)]) == 2
     assert "pip install 'rho_actors[anthropic]'" in capsys.readouterr().err
     monkeypatch.undo()

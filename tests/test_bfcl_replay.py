@@ -110,7 +110,7 @@ def test_unknown_type_name_is_an_error() -> None:
 
 
 def test_every_multi_turn_declaration_passes_the_checks() -> None:
-    from rho_actors.declarations import NAME_PATTERN, check_declaration, read_declaration
+    from rho_actors.declarations.checks import NAME_PATTERN, check_declaration, read_declaration
 
     functions = load_functions()
     assert len(functions) == 128

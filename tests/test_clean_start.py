@@ -22,7 +22,7 @@ import pytest
 
 from rho_actors import ActorSystem, Ok
 from rho_actors.sandbox import read_declaration_isolated
-from rho_actors.sandbox.enclosure import ConfinePolicy
+from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "sk-host-secret-4f1c9a"

@@ -29,8 +29,8 @@ import psutil
 import pytest
 
 from rho_actors import ErrorKind
-from rho_actors.cgroups import Cgroup, find_hierarchy
-from rho_actors.confinement import (
+from rho_actors.sandbox.confine.cgroups import Cgroup, find_hierarchy
+from rho_actors.sandbox.confine.confinement import (
     Confinement,
     ConfinementError,
     apply,
@@ -39,7 +39,7 @@ from rho_actors.confinement import (
     probe,
     python_read_paths,
 )
-from rho_actors.trees import RssSampler, classify_ending, kill_tree
+from rho_actors.sandbox.confine.trees import RssSampler, classify_ending, kill_tree
 from tests.conftest import WAIT_S, wait_for
 
 ROOT = os.geteuid() == 0
@@ -364,7 +364,7 @@ def escape(double):
     return int(os.read(r, 64))
 
 def worker(conn):
-    from rho_actors.confinement import Confinement, apply
+    from rho_actors.sandbox.confine.confinement import Confinement, apply
     apply(Confinement(uid=None, landlock=False, address_space=None))
     conn.send([os.getppid(), escape(False), escape(True)])
     while True:  # busy
@@ -372,7 +372,7 @@ def worker(conn):
 
 if __name__ == "__main__":
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["rho_actors.confinement"])
+    ctx.set_forkserver_preload(["rho_actors.sandbox.confine.confinement"])
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=worker, args=(child,))
     proc.start()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, UntrustedReads
-from rho_actors.declarations import DeclarationError, check_declaration
+from rho_actors.declarations.checks import DeclarationError, check_declaration
 from rho_actors.encoding import strip_controls
 
 ESCAPES = "\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J\x1b[H\u202eevil\u202c\u200b\u2066x\u2069\ufeff\r\x85\x9b"

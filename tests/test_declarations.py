@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rho_actors import DeclarationError, ToolInfo, check_declaration, read_declaration
-from rho_actors.declarations import DEFAULT_MAX_SCHEMA_DEPTH, describe_origin
+from rho_actors.declarations.checks import DEFAULT_MAX_SCHEMA_DEPTH, describe_origin
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

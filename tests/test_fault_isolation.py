@@ -24,7 +24,7 @@ from rho_actors import (
     kill,
     tool,
 )
-from rho_actors.loop_messages import loop_name
+from rho_actors.loop.messages import loop_name
 
 from .conftest import WAIT_S, wait_for
 

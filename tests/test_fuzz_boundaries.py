@@ -23,12 +23,12 @@ from rich.console import Console
 
 from rho_actors import ActorSystem, ErrorKind, Image, ToolCall
 from rho_actors.arguments import make_validator, violations
-from rho_actors.declarations import check_declaration
-from rho_actors.observer import json_line
+from rho_actors.declarations.checks import check_declaration
+from rho_actors.observe.observer import json_line
+from rho_actors.observe.top import TopView
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.pool import WorkerPool
 from rho_actors.selftest import SelftestRow, render_rows
-from rho_actors.top import TopView
 
 from .helpers import make_tool
 
@@ -245,7 +245,7 @@ def test_a_nan_progress_reaches_a_viewer_as_strict_json(tmp_path: Path) -> None:
     import tempfile
 
     from rho_actors import tool
-    from rho_actors.top import connect
+    from rho_actors.observe.top import connect
 
     @tool
     def odd(n: int, ctx: Any) -> int:

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, Image, ToolCall, encode_output
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, checksum, load
 from rho_actors.arguments import ArgumentsError, decode_arguments, make_validator, violations
-from rho_actors.declarations import DeclarationError, check_declaration
+from rho_actors.declarations.checks import DeclarationError, check_declaration
+from rho_actors.declarations.formats import declaration
 from rho_actors.encoding import cap_text
-from rho_actors.formats import declaration
 from rho_actors.tool import ToolResult
-from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, checksum, load
 
 from .helpers import make_tool
 
@@ -316,7 +316,7 @@ def test_remote_and_file_refs_are_left_out_and_nothing_connects(listener: Any, t
 
 def _written(tmp_path: Path) -> Path:
     path = tmp_path / TRANSCRIPT_NAME
-    from rho_actors.model import Reply
+    from rho_actors.agent.model import Reply
 
     with Transcript(path) as t:
         t.user(1, "hi")

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, CancelToken, ToolCall, tool
-from rho_actors.agent import aprompt, prompt
-from rho_actors.model import Reply, ScriptedModel
+from rho_actors.agent.driver import aprompt, prompt
+from rho_actors.agent.model import Reply, ScriptedModel
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, read_records
 from rho_actors.tool import ErrorKind
-from rho_actors.transcript import TRANSCRIPT_NAME, read_records
 
 from .conftest import wait_for
 
@@ -202,7 +202,7 @@ def test_a_trusted_worker_process_gets_the_callers_plain_contextvars(system: Act
 
 
 def test_astream_yields_the_events_and_a_closed_stream_cancels_the_prompt(system: ActorSystem) -> None:
-    from rho_actors.agent import FinalResult, ToolCallStarted, astream
+    from rho_actors.agent.driver import FinalResult, ToolCallStarted, astream
 
     loop = system.start_loop("s")
     model = ScriptedModel([Reply(text="hi")])

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, tool
-from rho_actors.agent import FinalResult, PromptResult, prompt, stream
-from rho_actors.providers import RetryPolicy
-from rho_actors.providers.anthropic import AnthropicModel
-from rho_actors.providers.openai import OpenAIModel
+from rho_actors.agent.driver import FinalResult, PromptResult, prompt, stream
+from rho_actors.agent.providers import RetryPolicy
+from rho_actors.agent.providers.anthropic import AnthropicModel
+from rho_actors.agent.providers.openai import OpenAIModel
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, read_records
 from rho_actors.tool import ErrorKind
-from rho_actors.transcript import TRANSCRIPT_NAME, read_records
 from tests.wire_server import (
     ANTHROPIC_PATH,
     OPENAI_PATH,

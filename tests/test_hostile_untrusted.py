@@ -23,7 +23,7 @@ import pytest
 
 from rho_actors import ActorSystem, Details, ErrorKind, Image, PluginFolder, ToolCall, ToolResult
 from rho_actors.sandbox import wire
-from rho_actors.sandbox.enclosure import UNCONFINED
+from rho_actors.sandbox.confine.enclosure import UNCONFINED
 from rho_actors.selftest import load_tools, run_selftests
 
 from .conftest import WAIT_S, wait_for

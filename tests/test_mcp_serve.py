@@ -225,7 +225,7 @@ def test_http_list_changed_and_a_100_call_burst(system: ActorSystem) -> None:
     sessions = list((system.data_dir / "sessions").iterdir())
     assert [p.name.startswith("mcp-") for p in sessions] == [True]
     # the session's transcript of calls: each call and its result, readable as a conversation
-    from rho_actors.transcript import TRANSCRIPT_NAME, Transcript
+    from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript
 
     with Transcript(sessions[0] / TRANSCRIPT_NAME) as transcript:
         messages = transcript.history.messages

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem, ErrorKind, IsolationEvent, ToolCall, ToolResult, UntrustedReads, seccomp
-from rho_actors.confinement import Confinement, probe
+from rho_actors import ActorSystem, ErrorKind, IsolationEvent, ToolCall, ToolResult, UntrustedReads
+from rho_actors.sandbox.confine import seccomp
+from rho_actors.sandbox.confine.confinement import Confinement, probe
 
 from .test_hostile_untrusted import SESSIONS, Echo, assert_serving, call
 

@@ -19,8 +19,8 @@ from rich.console import Console
 
 from rho_actors import ActorSystem, ToolCall, tool
 from rho_actors.cli import main
-from rho_actors.observer import Observer
-from rho_actors.top import TopView, connect, messages
+from rho_actors.observe.observer import Observer
+from rho_actors.observe.top import TopView, connect, messages
 from tests.conftest import WAIT_S
 
 RELEASE = threading.Event()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rho_actors import ActorSystem, PluginFolder
-from rho_actors.builtin_sources import Broken
+from rho_actors.sources.builtin import Broken
 from tests.test_sources import plugin, write
 
 SECRET = "s3cr3t-token-d41d8cd98f00"
@@ -45,7 +45,7 @@ def test_a_link_to_a_root_only_file_is_not_followed(
 
 
 def test_a_sparse_huge_file_is_refused_unread(system: ActorSystem, folder: Path) -> None:
-    from rho_actors.builtin_sources import DEFAULT_MAX_PLUGIN_FILE_BYTES
+    from rho_actors.sources.builtin import DEFAULT_MAX_PLUGIN_FILE_BYTES
 
     huge = folder / "huge.py"
     with huge.open("wb") as f:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
-from rho_actors.confinement import Confinement
+from rho_actors.sandbox.confine.confinement import Confinement
 
 MIB = 2**20
 

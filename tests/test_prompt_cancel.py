@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, CancelToken
-from rho_actors.agent import PromptResult, aprompt, prompt, stream
-from rho_actors.model import Message, Reply, ScriptedModel
-from rho_actors.transcript import TRANSCRIPT_NAME, read_records
+from rho_actors.agent.driver import PromptResult, aprompt, prompt, stream
+from rho_actors.agent.model import Message, Reply, ScriptedModel
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, read_records
 
 WAIT_S = 10.0
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, Image, tool
-from rho_actors.agent import prompt
-from rho_actors.model import Message
-from rho_actors.provider_rules import ANTHROPIC_RULES, NEUTRAL_RULES, sanitise
-from rho_actors.providers import RetryPolicy
-from rho_actors.providers.anthropic import AnthropicModel
+from rho_actors.agent.driver import prompt
+from rho_actors.agent.model import Message
+from rho_actors.agent.provider_rules import ANTHROPIC_RULES, NEUTRAL_RULES, sanitise
+from rho_actors.agent.providers import RetryPolicy
+from rho_actors.agent.providers.anthropic import AnthropicModel
 from rho_actors.tool import ToolCall, ToolResult
 from tests.wire_server import (
     ANTHROPIC_PATH,

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, Error, Image, PromptResult, ToolCall, tool
-from rho_actors.agent import FinalResult, StepEnded, TextDelta, ToolCallFinished, ToolCallStarted, prompt, stream
-from rho_actors.model import Message, Usage
-from rho_actors.provider_rules import ANTHROPIC_RULES, OPENAI_RULES, sanitise
-from rho_actors.providers import RetryPolicy
-from rho_actors.providers.anthropic import AnthropicModel, to_anthropic_request
-from rho_actors.providers.openai import OpenAIModel, to_openai_messages
+from rho_actors.agent.driver import FinalResult, StepEnded, TextDelta, ToolCallFinished, ToolCallStarted, prompt, stream
+from rho_actors.agent.model import Message, Usage
+from rho_actors.agent.provider_rules import ANTHROPIC_RULES, OPENAI_RULES, sanitise
+from rho_actors.agent.providers import RetryPolicy
+from rho_actors.agent.providers.anthropic import AnthropicModel, to_anthropic_request
+from rho_actors.agent.providers.openai import OpenAIModel, to_openai_messages
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, read_records
 from rho_actors.tool import ErrorKind, ToolResult
-from rho_actors.transcript import TRANSCRIPT_NAME, read_records
 from tests.helpers import unchecked_image
 from tests.wire_server import (
     ANTHROPIC_PATH,
@@ -173,7 +173,7 @@ def test_arguments_that_are_no_json_object_are_recorded_as_sent_and_replayed_as_
 
 
 def test_blank_user_input_is_refused_before_anything_is_recorded(loop: Any) -> None:
-    from rho_actors.model import ScriptedModel
+    from rho_actors.agent.model import ScriptedModel
 
     for blank in ("", "  \n\t"):
         with pytest.raises(ValueError, match="empty or only whitespace"):

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, tool
-from rho_actors.agent import FinalResult, prompt, stream
-from rho_actors.model import Reply
-from rho_actors.providers import RetryPolicy
-from rho_actors.providers.anthropic import AnthropicModel
+from rho_actors.agent.driver import FinalResult, prompt, stream
+from rho_actors.agent.model import Reply
+from rho_actors.agent.providers import RetryPolicy
+from rho_actors.agent.providers.anthropic import AnthropicModel
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, read_records
 from rho_actors.tool import ToolCall, ToolResult
-from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, read_records
 from tests.wire_server import (
     ANTHROPIC_PATH,
     Response,

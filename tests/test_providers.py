@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, Image, ToolCall, declaration, tool
-from rho_actors.agent import prompt
-from rho_actors.model import Message
-from rho_actors.provider_rules import REPLACED_ARGUMENTS
-from rho_actors.providers import ModelError, RetryPolicy, model_from_spec
-from rho_actors.providers.anthropic import AnthropicModel
-from rho_actors.providers.openai import LOCAL_API_KEY, OpenAIModel
+from rho_actors.agent.driver import prompt
+from rho_actors.agent.model import Message
+from rho_actors.agent.provider_rules import REPLACED_ARGUMENTS
+from rho_actors.agent.providers import ModelError, RetryPolicy, model_from_spec
+from rho_actors.agent.providers.anthropic import AnthropicModel
+from rho_actors.agent.providers.openai import LOCAL_API_KEY, OpenAIModel
 from rho_actors.tool import ErrorKind, ToolResult
 from tests.helpers import unchecked_image
 from tests.wire_server import (
@@ -582,14 +582,14 @@ def test_model_from_spec_refuses_bad_specs(spec: str) -> None:
 @pytest.mark.parametrize("extra", ["openai", "anthropic"])
 def test_a_missing_sdk_names_the_install_command(monkeypatch: pytest.MonkeyPatch, extra: str) -> None:
     monkeypatch.setitem(sys.modules, extra, None)  # makes `import <extra>` fail
-    monkeypatch.delitem(sys.modules, f"rho_actors.providers.{extra}")
+    monkeypatch.delitem(sys.modules, f"rho_actors.agent.providers.{extra}")
     with pytest.raises(ImportError, match=rf"pip install 'rho_actors\[{extra}\]'"):
-        importlib.import_module(f"rho_actors.providers.{extra}")
+        importlib.import_module(f"rho_actors.agent.providers.{extra}")
 
 
 def test_importing_the_providers_package_imports_no_sdk() -> None:
     code = (
-        "import sys, rho_actors, rho_actors.providers as p; "
+        "import sys, rho_actors, rho_actors.agent.providers as p; "
         "assert 'openai' not in sys.modules and 'anthropic' not in sys.modules, 'an SDK was imported'; "
         "p.OpenAIModel; assert 'openai' in sys.modules and 'anthropic' not in sys.modules"
     )

@@ -73,10 +73,10 @@ def test_the_agent_loop_snippets_run_with_a_scripted_model(tmp_path: Path) -> No
         assert model.options[0] == {"temperature": 0, "max_tokens": 256}
 
     compile(real, "README.md", "exec")  # needs a key to run: only its names are checked
-    import rho_actors.providers
+    import rho_actors.agent.providers
 
     names = set(re.findall(r"\b(\w+Model)\(", real))
-    assert names == {"OpenAIModel", "AnthropicModel"} and names <= set(rho_actors.providers.__all__)
+    assert names == {"OpenAIModel", "AnthropicModel"} and names <= set(rho_actors.agent.providers.__all__)
 
 
 def test_the_command_line_summary_is_the_parser() -> None:

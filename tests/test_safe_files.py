@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rho_actors import ActorSystem
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
 from rho_actors.files import UnsafePathError, open_regular, private_dir
-from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -27,7 +27,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from rho_actors.declarations import DeclarationError, check_declaration
+from rho_actors.declarations.checks import DeclarationError, check_declaration
 from rho_actors.function_tool import tool
 from rho_actors.sandbox import IsolatedReadError, WorkerPool, raw_declaration, read_declaration_isolated
 from rho_actors.tool import Details, Error, ErrorKind, ToolResult

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall, kill, tool
-from rho_actors.sources import (
+from rho_actors.sources.source_actor import (
     DEFAULT_GROUP,
     Broken,
     EntryPointGroup,

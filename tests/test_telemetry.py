@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from rho_actors import Actor, ActorSystem, CancelToken, ChildSpec, StartChild, SupervisorEvent, ToolCall, tool
-from rho_actors.providers import RetryPolicy
-from rho_actors.providers.openai import OpenAIModel
+from rho_actors.agent.providers import RetryPolicy
+from rho_actors.agent.providers.openai import OpenAIModel
 from rho_actors.telemetry import Telemetry
 from tests.conftest import WAIT_S, wait_for
 from tests.wire_server import OPENAI_PATH, Response, WireServer, openai_completion

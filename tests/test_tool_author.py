@@ -17,10 +17,10 @@ import pytest
 from loguru import logger
 
 from rho_actors import ActorSystem, PluginFolder, ToolCall, ToolContext, UntrustedReads, tool
-from rho_actors.agent import prompt
-from rho_actors.confinement import DEFAULT_UID, probe
-from rho_actors.declarations import describe_origin
-from rho_actors.model import Reply, ScriptedModel
+from rho_actors.agent.driver import prompt
+from rho_actors.agent.model import Reply, ScriptedModel
+from rho_actors.declarations.checks import describe_origin
+from rho_actors.sandbox.confine.confinement import DEFAULT_UID, probe
 from rho_actors.tool import ErrorKind
 
 ROOT = os.geteuid() == 0

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rho_actors.model import Message, Reply
-from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
-from rho_actors.transcript import (
+from rho_actors.agent.model import Message, Reply
+from rho_actors.agent.transcript import (
     INTERRUPTED,
     TRANSCRIPT_NAME,
     Transcript,
@@ -20,6 +19,7 @@ from rho_actors.transcript import (
     load,
     read_records,
 )
+from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
 
 pytestmark = pytest.mark.timeout(30)
 

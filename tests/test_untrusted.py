@@ -319,7 +319,7 @@ def test_stop_cancels_a_read_in_flight_and_the_waiting_register(tmp_path: Path) 
 
 
 def test_no_code_of_an_untrusted_module_runs_in_the_host_to_register_it(system: ActorSystem, tmp_path: Path) -> None:
-    from rho_actors.sources import load_module_file
+    from rho_actors.sources.source_actor import load_module_file
 
     lookups = tmp_path / "lookups"
     plugin = tmp_path / "plugin.py"

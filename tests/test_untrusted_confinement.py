@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
-from rho_actors.confinement import probe
+from rho_actors.sandbox.confine.confinement import probe
 from tests.conftest import WAIT_S, wait_for
 from tests.helpers import make_tool
 

@@ -132,7 +132,7 @@ def test_kill_9_of_a_host_with_a_busy_worker_leaves_nothing(host: Any) -> None:
 
 def _leftovers(host_pid: int) -> list[Path]:
     """Private folders and cgroups named for the host ``host_pid``."""
-    from rho_actors import cgroups
+    from rho_actors.sandbox.confine import cgroups
 
     prefix = f"rho-actors-{host_pid}-"
     places = [Path(tempfile.gettempdir())]

@@ -13,7 +13,7 @@ import threading
 import uuid
 from typing import TYPE_CHECKING
 
-from rho_actors.loop import Loop
+from rho_actors.loop.handle import Loop
 from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:

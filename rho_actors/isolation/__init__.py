@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
+from rho_actors.declarations.toolset import Placement
 from rho_actors.isolation.base import Isolation, IsolationServices, RunningCall
 from rho_actors.isolation.owner import IsolationOwner
 from rho_actors.isolation.process import ProcessIsolation
 from rho_actors.isolation.ray import RayIsolation
 from rho_actors.isolation.thread import AbandonedThreads, ThreadIsolation
-from rho_actors.toolset import Placement
 
 __all__ = [
     "ISOLATIONS",

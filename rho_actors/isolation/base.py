@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from rho_actors.call import CallSpec
+    from rho_actors.declarations.toolset import ToolSetView
     from rho_actors.events import EventBus
+    from rho_actors.isolation.call import CallSpec
     from rho_actors.otp.supervisor import ChildStarter
     from rho_actors.otp.timers import Timers
-    from rho_actors.sandbox.enclosure import ConfinePolicy
-    from rho_actors.toolset import ToolSetView
+    from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 
 __all__ = ["Isolation", "IsolationServices", "RunningCall"]
 

@@ -25,13 +25,13 @@ from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rho_actors.call import CallSpec, RunCall
 from rho_actors.events import IsolationEvent, ToolSetChanged
 from rho_actors.isolation.base import Isolation, IsolationServices
+from rho_actors.isolation.call import CallSpec, RunCall
 from rho_actors.results import failure
 from rho_actors.sandbox import WorkerPool
+from rho_actors.sandbox.confine.enclosure import TREE_ONLY, ConfinePolicy
 from rho_actors.sandbox.context_values import plain_values
-from rho_actors.sandbox.enclosure import TREE_ONLY, ConfinePolicy
 from rho_actors.sandbox.pool import CALL_SCOPE, WorkerSlots
 from rho_actors.tool import ToolResult
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rho_actors.call import CallSpec, RunCall
 from rho_actors.isolation.base import Isolation, IsolationServices
+from rho_actors.isolation.call import CallSpec, RunCall
 from rho_actors.results import failure
 from rho_actors.sandbox.context_values import plain_values
 from rho_actors.tool import ToolResult

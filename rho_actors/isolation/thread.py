@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 import pykka
 from loguru import logger
 
-from rho_actors.call import CallSpec, RunCall, run_here
 from rho_actors.events import IsolationEvent
 from rho_actors.isolation.base import Isolation, IsolationServices
+from rho_actors.isolation.call import CallSpec, RunCall, run_here
 from rho_actors.otp.timers import Timer
 from rho_actors.results import CANCELLED, failure
 from rho_actors.tool import ToolResult

@@ -56,14 +56,14 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 
+from rho_actors.agent.model import Reply
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
+from rho_actors.declarations.formats import to_dialect
 from rho_actors.events import ProgressEvent, ToolSetChanged
-from rho_actors.formats import to_dialect
-from rho_actors.loop import Loop
+from rho_actors.loop.handle import Loop
 from rho_actors.mcp.guard import HTTPGuard, request_gone
 from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
-from rho_actors.model import Reply
 from rho_actors.tool import ToolCall, ToolResult
-from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 
 __all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "HTTPGuard", "aserve", "build_server", "serve"]
 

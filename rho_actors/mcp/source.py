@@ -207,7 +207,7 @@ class MCPServer:
     def attach(self, system: Any) -> None:
         """Start the supervised connection in its own subtree under ``system``'s
         ``sources``, with this server's restart intensity (called by
-        :func:`rho_actors.sources.add_source`), and wait until it has listed the server's
+        :func:`rho_actors.sources.source_actor.add_source`), and wait until it has listed the server's
         tools, at most ``connect_timeout_s`` seconds, so that ``add_source`` returns with
         them offered (a server still down by then is offered once it connects). Raises
         ``ValueError`` when another connection holds :attr:`child_id`."""

@@ -9,7 +9,7 @@ happens.
 A confined child (``ChildSetup.confinement``, DESIGN §5 "Confinement") replaces its
 environment with ``ChildSetup.env``, pins its imports to directory descriptors opened
 while it is still root (:func:`pin_imports`), then calls
-:func:`rho_actors.confinement.apply` before anything else runs; a step that fails is
+:func:`rho_actors.sandbox.confine.confinement.apply` before anything else runs; a step that fails is
 written to standard error as one JSON line ``{"confinement_error": "..."}`` and the
 child exits with status 1 without running tool code.
 """
@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rho_actors.confinement import Confinement, ConfinementError, apply, release_host_pipes
 from rho_actors.sandbox.channel import Channel
+from rho_actors.sandbox.confine.confinement import Confinement, ConfinementError, apply, release_host_pipes
 
 __all__ = ["ChildSetup", "child_main", "enter_child", "pin_imports", "replace_environment"]
 
@@ -67,7 +67,7 @@ def enter_child(setup: ChildSetup) -> tuple[str, ...]:
     """First thing in every child: route its output, replace its environment, confine it
     (or, unconfined, lead a new process group and bound its address space), and move into
     its working folder. Returns the confinement mechanisms applied. Raises
-    :class:`~rho_actors.confinement.ConfinementError` naming a failed step."""
+    :class:`~rho_actors.sandbox.confine.confinement.ConfinementError` naming a failed step."""
     if setup.output_path is None:
         with contextlib.suppress(OSError):
             sys.stdout.flush()

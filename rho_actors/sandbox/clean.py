@@ -7,7 +7,7 @@ one re-imports the host's main script in every child (its globals, the secrets i
 level read, the files it opened) and hands each child the host's authkey. The fork
 server is started once per host process, on the first clean child, as
 ``python -I -c <boot>`` with an environment built from
-:data:`~rho_actors.sandbox.enclosure.ENV_ALLOWLIST` (not the host's, scrubbed),
+:data:`~rho_actors.sandbox.confine.enclosure.ENV_ALLOWLIST` (not the host's, scrubbed),
 ``cwd=/``, no descriptor but its control socket, and the host's ``sys.path`` folders
 named explicitly; it is restarted when found dead, and stopped by :func:`stop_zygote`
 (or when the host ends: it then kills its whole tree).
@@ -35,7 +35,7 @@ from typing import Any, Final
 
 from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.child import ChildSetup
-from rho_actors.sandbox.enclosure import ENV_ALLOWLIST
+from rho_actors.sandbox.confine.enclosure import ENV_ALLOWLIST
 from rho_actors.sandbox.output import PUMP, OutputStream
 from rho_actors.sandbox.zygote import BOOT, FORK, SPEC, STATUS
 

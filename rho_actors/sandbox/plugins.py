@@ -30,7 +30,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel
-from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure, default_policy
+from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure, default_policy
 from rho_actors.sandbox.processes import close, context, spawn
 from rho_actors.sandbox.reads import (
     DEFAULT_HEAP_BYTES,
@@ -235,9 +235,9 @@ def discover_plugin(
     child process (never imported here): one :class:`PluginRef` per tool, in definition
     order (an empty list: no tool in it). ``timeout_s`` (seconds) and ``heap_bytes``
     (``RLIMIT_AS``) bound the child; it is confined by ``confine`` as a declaration read
-    is (``None``: :func:`~rho_actors.sandbox.enclosure.default_policy`, the confinement a
+    is (``None``: :func:`~rho_actors.sandbox.confine.enclosure.default_policy`, the confinement a
     default system gives; running it unconfined takes an explicit
-    :data:`~rho_actors.sandbox.enclosure.UNCONFINED`);
+    :data:`~rho_actors.sandbox.confine.enclosure.UNCONFINED`);
     its whole process tree is killed at the end (:func:`~rho_actors.sandbox.reads.end_child`).
 
     Raises :class:`NoTools` (a :class:`PluginLoadError`) when it holds no tool, and

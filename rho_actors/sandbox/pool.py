@@ -8,7 +8,7 @@ that holds the GIL; a crash, an exit or running out of memory is an error result
 never touches the caller or a sibling call. The worker's side is
 :mod:`rho_actors.sandbox.worker`.
 
-A pool made with a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy` confines each
+A pool made with a :class:`~rho_actors.sandbox.confine.enclosure.ConfinePolicy` confines each
 worker (DESIGN §5 "Confinement"): an unprivileged uid, Landlock, a scrubbed
 environment, a cgroup (or an RSS sampler) bounding its whole tree, a private folder.
 Its workers are scoped: a worker that ran a call of scope ``S`` (one (registration,
@@ -50,7 +50,7 @@ from rho_actors.results import KILLED, capped, failure
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
-from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.processes import (
     context,
     hold_servers,
@@ -101,7 +101,7 @@ class WorkerPool:
     is how results come back: ``"plain"`` (plain data only; required for untrusted
     code) or ``"pickle"`` (trusted tools only: decoding a pickle runs code).
 
-    With ``confine`` (a :class:`~rho_actors.sandbox.enclosure.ConfinePolicy`) every
+    With ``confine`` (a :class:`~rho_actors.sandbox.confine.enclosure.ConfinePolicy`) every
     worker is confined, ``heap_bytes`` bounds its whole tree, and workers are scoped (see
     :meth:`run`): ``warm`` fresh spares are kept, idle workers per scope as above (at
     least 1), each retired after ``idle_s`` seconds idle.

@@ -62,7 +62,7 @@ def hold_servers() -> None:
 def release_servers() -> None:
     """One user fewer; the last one stops the fork servers (``multiprocessing``'s and
     the clean one, :mod:`rho_actors.sandbox.clean`; each kills every process left in its
-    tree, see :func:`rho_actors.confinement.guard_fork_server`) and the resource
+    tree, see :func:`rho_actors.sandbox.confine.confinement.guard_fork_server`) and the resource
     tracker. Each starts again on the next child."""
     with _preload_lock:
         _holders[0] -= 1

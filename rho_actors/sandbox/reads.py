@@ -4,7 +4,7 @@
 :func:`read_declaration_isolated` reads an untrusted tool's five declaration callbacks
 in a fresh child process with a time bound and a heap bound, and answers with plain
 data only (JSON text). :func:`raw_declaration` turns that answer into the dict
-:func:`rho_actors.declarations.check_declaration` checks. :func:`await_answer` and
+:func:`rho_actors.declarations.checks.check_declaration` checks. :func:`await_answer` and
 :func:`end_child` serve every throwaway child (reads, plugin discovery, selftests): one
 bounded answer, then the child's whole process tree is killed.
 """
@@ -24,15 +24,15 @@ from typing import Any, Final, Literal
 
 import psutil
 
-from rho_actors.declarations import Raised, read_declaration
+from rho_actors.declarations.checks import Raised, read_declaration
 from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
-from rho_actors.sandbox.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.confine.trees import kill_tree
 from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
 from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
-from rho_actors.trees import kill_tree
 
 __all__ = [
     "DEFAULT_HEAP_BYTES",
@@ -181,7 +181,7 @@ def read_declaration_isolated(
     there). The child leads its own process group, bounds its address space to
     ``heap_bytes`` (``RLIMIT_AS``, bytes; ``0`` for no bound), calls ``name``,
     ``description``, ``parameter_schema``, ``timeout_ms`` and ``concurrency`` (those the
-    tool has) with :func:`rho_actors.declarations.read_declaration`, and answers with
+    tool has) with :func:`rho_actors.declarations.checks.read_declaration`, and answers with
     JSON text only. ``timeout_s`` (seconds) counts from the child's start. The child is
     confined by ``confine`` as an untrusted worker is (DESIGN §5: its own uid, Landlock,
     limits, a cgroup bounding its whole tree to ``heap_bytes``); with ``None`` it is not,
@@ -282,9 +282,9 @@ def end_child(proc: Any, enclosure: Enclosure | None = None) -> int | None:
 
     While the child is still alive (a subreaper, see :func:`become_subreaper`, so it
     still holds every orphan of its tree) its whole tree is killed: by ``enclosure``
-    (:meth:`~rho_actors.sandbox.enclosure.Enclosure.kill`: the tree frozen and killed,
+    (:meth:`~rho_actors.sandbox.confine.enclosure.Enclosure.kill`: the tree frozen and killed,
     ``setsid`` escapes included, then its cgroup) when there is one, else by
-    :func:`rho_actors.trees.kill_tree`; then the child's process group. A child
+    :func:`rho_actors.sandbox.confine.trees.kill_tree`; then the child's process group. A child
     already reaped is not walked (its pid may be reused): the caller's
     ``enclosure.remove()`` kills what is left in its cgroup."""
     alive = proc.exitcode is None
@@ -380,7 +380,7 @@ class _Opaque:
 
 def raw_declaration(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Turn :func:`read_declaration_isolated`'s answer into the raw dict
-    :func:`rho_actors.declarations.check_declaration` takes.
+    :func:`rho_actors.declarations.checks.check_declaration` takes.
 
     ``{"raised": text}`` becomes the marker :func:`read_declaration` uses for a raise
     (reported as ``"name() raised ValueError: ..."``); ``{"value": v}`` becomes ``v``; an

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import cloudpickle
 
-from rho_actors.declarations import describe_origin
+from rho_actors.declarations.checks import describe_origin
 from rho_actors.encoding import describe_exception
 from rho_actors.function_tool import FunctionTool
 from rho_actors.sandbox import context_values

@@ -23,11 +23,11 @@ from typing import Any, Final
 from loguru import logger
 
 from rho_actors.cancel import CancelToken
-from rho_actors.confinement import disk_bound
 from rho_actors.encoding import describe_exception
 from rho_actors.results import CANCELLED, failure, result_from_exception, result_from_return
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel
+from rho_actors.sandbox.confine.confinement import disk_bound
 from rho_actors.sandbox.context_values import context_vars
 from rho_actors.sandbox.processes import mib
 from rho_actors.telemetry import attached

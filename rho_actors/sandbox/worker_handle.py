@@ -22,7 +22,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.results import KILLED
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, Malformed
-from rho_actors.sandbox.enclosure import Enclosure
+from rho_actors.sandbox.confine.enclosure import Enclosure
 from rho_actors.sandbox.processes import close, kill_group, mib, reap, signal_name
 from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.sandbox.worker import TOOL_CACHE_SIZE

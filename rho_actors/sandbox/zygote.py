@@ -3,7 +3,7 @@
 This module is the main program of a separate interpreter the host starts with
 ``python -I`` (isolated mode: no ``PYTHONPATH``, no user site, no working directory on
 ``sys.path``), with an environment built from the allowlist
-(:data:`rho_actors.sandbox.enclosure.ENV_ALLOWLIST`), no descriptor but its control
+(:data:`rho_actors.sandbox.confine.enclosure.ENV_ALLOWLIST`), no descriptor but its control
 socket, and the ``sys.path`` folders the host names (:func:`boot`). It imports the
 sandbox kernel only (never the host's ``__main__`` nor any other host code) and forks
 every untrusted child from there. The host's side is :mod:`rho_actors.sandbox.clean`.
@@ -177,7 +177,7 @@ def main(control_fd: int, preload: tuple[str, ...] = ()) -> None:
     """The fork server's main: preload the sandbox kernel (and ``preload``: installed
     libraries the host named, see :func:`rho_actors.sandbox.clean.preload_modules`; one
     that fails to import is skipped), serve, then kill what is left."""
-    from rho_actors import confinement, trees
+    from rho_actors.sandbox.confine import confinement, trees
 
     confinement.guard_zygote()
     for name in _PRELOAD:

@@ -32,12 +32,12 @@ from rich.console import Console
 
 from rho_actors import ErrorKind, Image, ToolResult
 from rho_actors.arguments import make_validator, violations
-from rho_actors.observer import json_line
-from rho_actors.patterns import ECMA_SPACE
+from rho_actors.declarations.patterns import ECMA_SPACE
+from rho_actors.observe.observer import json_line
+from rho_actors.observe.top import TopView
 from rho_actors.sandbox import wire
 from rho_actors.selftest import SelftestRow, render_rows
 from rho_actors.tool import IMAGE_TYPES
-from rho_actors.top import TopView
 
 pytestmark = pytest.mark.timeout(600)
 

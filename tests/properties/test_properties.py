@@ -22,11 +22,11 @@ from hypothesis_jsonschema import from_schema
 from jsonschema import Draft202012Validator
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall, encode_output
+from rho_actors.agent.model import Message, Reply
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
 from rho_actors.arguments import MAX_REFUSAL_CHARS, ArgumentsError, decode_arguments, make_validator, violations
-from rho_actors.declarations import DeclarationError, check_declaration
-from rho_actors.model import Message, Reply
+from rho_actors.declarations.checks import DeclarationError, check_declaration
 from rho_actors.tool import ToolResult
-from rho_actors.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -250,9 +250,9 @@ conversation_message = st.one_of(
 
 @given(st.lists(conversation_message, min_size=1, max_size=8))
 def test_any_recorded_conversation_is_sent_in_a_form_each_provider_accepts(messages: list[Message]) -> None:
-    from rho_actors.provider_rules import ANTHROPIC_RULES, OPENAI_RULES, sanitise
-    from rho_actors.providers.anthropic import to_anthropic_request
-    from rho_actors.providers.openai import to_openai_messages
+    from rho_actors.agent.provider_rules import ANTHROPIC_RULES, OPENAI_RULES, sanitise
+    from rho_actors.agent.providers.anthropic import to_anthropic_request
+    from rho_actors.agent.providers.openai import to_openai_messages
     from tests.wire_server import anthropic_violation, openai_violation
 
     wire = to_openai_messages(messages)

@@ -14,10 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionChunk
 
-from rho_actors.model import Message
-from rho_actors.provider_rules import ANTHROPIC_RULES, sanitise
-from rho_actors.providers.anthropic import to_anthropic_request
-from rho_actors.providers.openai import reply_from_chunks
+from rho_actors.agent.model import Message
+from rho_actors.agent.provider_rules import ANTHROPIC_RULES, sanitise
+from rho_actors.agent.providers.anthropic import to_anthropic_request
+from rho_actors.agent.providers.openai import reply_from_chunks
 from rho_actors.tool import Image, ToolCall, ToolResult
 from tests.wire_server import anthropic_violation, picture
 

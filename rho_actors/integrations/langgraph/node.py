@@ -10,12 +10,12 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 
-from rho_actors.formats import to_dialect
+from rho_actors.declarations.formats import to_dialect
 from rho_actors.integrations.sessions import SessionLoops, call_id
 from rho_actors.tool import ToolCall, ToolResult
 
 if TYPE_CHECKING:
-    from rho_actors.loop import Loop
+    from rho_actors.loop.handle import Loop
     from rho_actors.system import ActorSystem
 
 __all__ = ["RhoToolNode"]

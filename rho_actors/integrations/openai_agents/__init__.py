@@ -26,7 +26,7 @@ from agents import FunctionTool, Tool
 from agents.tool_context import ToolContext
 
 from rho_actors.integrations.sessions import call_id
-from rho_actors.loop import Loop
+from rho_actors.loop.handle import Loop
 from rho_actors.tool import ToolCall, ToolInfo
 
 __all__ = ["LoopFunctionTools", "function_tools"]

@@ -30,7 +30,7 @@ from rho_actors.integrations.sessions import SessionLoops, call_id
 from rho_actors.tool import ErrorKind, ToolCall
 
 if TYPE_CHECKING:
-    from rho_actors.loop import Loop
+    from rho_actors.loop.handle import Loop
     from rho_actors.system import ActorSystem
 
 __all__ = ["RhoToolset"]

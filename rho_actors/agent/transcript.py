@@ -1,0 +1,627 @@
+"""Durable session transcripts: one JSON Lines file per session, appended as it goes.
+
+The agent loop (:mod:`rho_actors.agent`) writes each session's conversation to
+``loop.data_dir / "transcript.jsonl"``, one record per line, each appended, flushed and
+``os.fsync``-ed before the loop moves on; a record is whole once its newline is on disk.
+A later prompt in the same session (a new process, a new :class:`~rho_actors.ActorSystem`
+on the same ``data_dir``, a LoopActor restarted by its supervisor) reads the conversation
+back from it instead of starting over.
+
+Record schema (version 2)
+-------------------------
+
+Every record is one JSON object on one line with these keys::
+
+    "v":    2                 the schema version (1: the same records without seq/sum)
+    "seq":  int               the record's number in the file: 1, 2, 3, ... with no gap
+    "type": "user" | "reply" | "result" | "error"
+    "step": int               the model request (1, 2, ... over the whole session) the
+                              record belongs to
+    "ts":   float             Unix time of the write, in seconds
+    "sum":  str               integrity check: the first 16 hex digits of the SHA-256 of
+                              the record without "sum" (JSON, keys sorted, ASCII, compact)
+
+A record may carry further keys: they are covered by ``sum`` and ignored by readers that
+do not know them, so new fields need no new version.
+
+and, by type:
+
+``user`` (a prompt's text; ``step`` is the request that will answer it)
+    ``"text": str``
+``reply`` (the model's reply to request ``step``; written *before* its calls run)
+    ``"text": str``, ``"tool_calls": [{"id": str, "name": str, "arguments": str | object}]``
+    (the model's raw argument text, or the decoded object a provider gave; ``"sent_id"``,
+    optional, the id the model sent when the recorded one replaces it: see
+    :mod:`rho_actors.agent.provider_rules`), and
+    ``"model_ms": float`` (how long the request took, milliseconds), and, when the
+    provider sent any, ``"thinking": [object]``: its reasoning blocks exactly as they
+    came (:attr:`rho_actors.agent.model.Reply.thinking`; a transcript written before they were
+    recorded has none, see :mod:`rho_actors.agent.providers.anthropic` for what is then sent).
+``result`` (one call's result; written after the turn)
+    ``"index": int`` (the call's position in its reply's ``tool_calls``), ``"call_id"``,
+    ``"name"``, ``"ok": bool``, ``"content": str`` (the text for the model),
+    ``"error_kind": str | null``, ``"duration_ms": float`` and
+    ``"images": [{"mime_type": str, "sha256": str, "bytes": int}]``: each image by its
+    digest; its bytes are in the image store beside the transcript
+    (:mod:`rho_actors.agent.image_store`, ``images/<sha256>``, bounded: an image that does not
+    fit has ``"omitted": str`` saying so, and is left out when read back, as is one whose
+    file is missing or does not match). Older records hold ``{"mime_type", "data"}``
+    (base64 inline) and still load. ``details`` are the host's and are not recorded.
+``error`` (why a prompt stopped early; not part of the conversation a model sees)
+    ``"kind"``: ``"model"`` (request ``step`` raised or gave an invalid reply: the step
+    is used up), or, with ``step`` the request the prompt stopped before making (the next
+    prompt makes it), ``"max_steps"``, ``"loop"`` (the session's LoopActor was gone) or
+    ``"cancelled"`` (the host cancelled); and ``"message": str``.
+
+Reading back (:func:`load`): ``user``, ``reply`` and ``result`` records give the
+conversation as :class:`~rho_actors.agent.model.Message` values, each result placed right after
+its reply in call order. A call whose ``reply`` was recorded but whose ``result`` was not
+(the process died mid-turn) is never run again (its tool may have had effects): it gets a
+``cancelled`` error result (:data:`INTERRUPTED`), listed in :attr:`History.pending` for the
+writer to record. A last line cut short (no newline, or holding NUL bytes, which this
+writer never writes and a file system leaves after a crash: the process or machine died
+while writing it) is skipped with a loguru warning, and :meth:`Transcript.open` truncates the file
+back to the last whole line before appending; a line that repeats the line before it
+byte for byte is skipped with a warning. Anything else is tampering or damage and raises
+:class:`TranscriptError` naming the line: a line that is not JSON, a checksum that does
+not match, a ``seq`` out of order (a gap, a duplicate, a reorder), an unknown version (or
+a version 1 record after a version 2 one), a field of the wrong type (``"ok": "false"``).
+Records of an unknown ``type`` are skipped with a warning. Version 1 transcripts (written
+before ``seq``/``sum``) still load; records appended to them are version 2.
+
+Files are opened safely (:mod:`rho_actors.files`): never through a symlink, and only a
+regular file (a FIFO, device or folder in its place is a :class:`TranscriptError` at once).
+
+Example::
+
+    with Transcript(loop.data_dir / TRANSCRIPT_NAME) as transcript:
+        history = transcript.history
+        transcript.user(history.next_step, "What is 1 + 2?")
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from loguru import logger
+
+from rho_actors.agent.image_store import ImageStore
+from rho_actors.agent.model import Message, Reply
+from rho_actors.encoding import scrub_text
+from rho_actors.errors import RhoError
+from rho_actors.files import UnsafePathError, open_regular
+from rho_actors.loop.budgets import DEFAULT_MAX_IMAGE_STORE_BYTES
+from rho_actors.results import failure, text
+from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
+
+__all__ = [
+    "INTERRUPTED",
+    "SCHEMA_VERSION",
+    "TRANSCRIPT_NAME",
+    "History",
+    "Transcript",
+    "TranscriptBusyError",
+    "TranscriptError",
+    "checksum",
+    "load",
+    "read_records",
+    "thinking_blocks",
+]
+
+SCHEMA_VERSION: Final = 2
+VERSIONS: Final = (1, 2)
+"""The record versions this module reads."""
+TRANSCRIPT_NAME: Final = "transcript.jsonl"
+INTERRUPTED: Final = text("interrupted")
+"""The text of the ``cancelled`` result a recorded call without a recorded result gets."""
+
+ERROR_KINDS: Final = ("model", "max_steps", "loop", "cancelled")
+
+
+class TranscriptError(RhoError):
+    """A transcript that cannot be used: a record that fails its checks (its JSON, its
+    ``seq``, its ``sum``, its version or a field's type) anywhere but a torn last line,
+    or a file that is a symlink or not a regular file. ``str(err)`` names the file and,
+    for a record, the line."""
+
+
+class TranscriptBusyError(TranscriptError):
+    """Another prompt (in this process or another) holds the session's transcript."""
+
+
+@dataclass(slots=True)
+class History:
+    """A session's transcript as read back.
+
+    ``messages``: the conversation (interrupted calls already answered with their
+    ``cancelled`` results); ``pending``: those results as ``(step, index, result)``, not
+    yet recorded; ``next_step``: the number of the session's next model request;
+    ``records``: how many records were read; ``torn``: whether a cut-short last line
+    was skipped.
+    """
+
+    messages: list[Message] = field(default_factory=list)
+    pending: list[tuple[int, int, ToolResult]] = field(default_factory=list)
+    next_step: int = 1
+    records: int = 0
+    torn: bool = False
+
+    @property
+    def awaiting_reply(self) -> bool:
+        """Whether the conversation ends with a message the model has not answered (a
+        ``user`` or ``tool`` message): a prompt can continue it without new text."""
+        return bool(self.messages) and self.messages[-1].role != "assistant"
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def checksum(record: Mapping[str, Any]) -> str:
+    """The ``sum`` of a record: the first 16 hex digits of the SHA-256 of the record
+    without ``sum`` (JSON, keys sorted, ASCII, compact separators)."""
+    body = {k: v for k, v in record.items() if k != "sum"}
+    text = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
+
+
+def _open_for_reading(path: Path) -> int | None:
+    try:
+        return open_regular(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except UnsafePathError as exc:
+        raise TranscriptError(f"transcript {path} cannot be used: {exc}") from None
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
+
+
+def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int, bool]:
+    """The records of the transcript at ``path``: ``(records, good_bytes, torn)``, where
+    ``good_bytes`` is the length of the file up to the end of its last whole record and
+    ``torn`` says a cut-short last line was skipped (with a loguru warning). A missing
+    file has no records. Each record's version, ``seq`` and ``sum`` are checked; a line
+    repeating the line before it byte for byte is skipped with a warning. Raises
+    :class:`TranscriptError` naming the line for anything else that is wrong (and for a
+    path that is a symlink or not a regular file), and ``OSError`` when the file
+    cannot be read."""
+    fd = _open_for_reading(Path(path))
+    if fd is None:
+        return [], 0, False
+    try:
+        return _records(_read_all(fd), str(path))
+    finally:
+        os.close(fd)
+
+
+def _records(data: bytes, path: str) -> tuple[list[dict[str, Any]], int, bool]:
+    records: list[dict[str, Any]] = []
+    offset = 0
+    number = 0
+    previous: bytes | None = None
+    version = 1
+    while offset < len(data):
+        end = data.find(b"\n", offset)
+        last = end == -1 or end == len(data) - 1
+        line = data[offset:] if end == -1 else data[offset:end]
+        number += 1
+        record = _parse(line) if end != -1 else None
+        if record is None:
+            if last and (end == -1 or b"\0" in line):
+                logger.warning(
+                    "transcript {}: line {} was cut short (the process stopped while writing it); it is skipped",
+                    path, number,
+                )
+                return records, offset, True
+            raise TranscriptError(f"transcript {path}: line {number} is not a valid record (not a JSON object)")
+        if line == previous:
+            logger.warning("transcript {}: line {} repeats line {} exactly; it is skipped", path, number, number - 1)
+            offset = end + 1
+            continue
+        problem = _integrity_problem(record, len(records) + 1, version)
+        if problem:
+            raise TranscriptError(f"transcript {path}: line {number} is not a valid record: {problem}")
+        version = record["v"]
+        records.append(record)
+        previous = line
+        offset = end + 1
+    return records, offset, False
+
+
+def _integrity_problem(record: dict[str, Any], seq: int, version: int) -> str | None:
+    """Why ``record`` cannot be the ``seq``-th record after records of ``version``."""
+    v = record.get("v")
+    if type(v) is not int or v not in VERSIONS:
+        return f"unknown version {v!r}; this reader knows versions {', '.join(map(str, VERSIONS))}"
+    if v < version:
+        return f"a version {v} record after version {version} records"
+    if v == 1:
+        return None
+    if record.get("seq") != seq or type(record.get("seq")) is not int:
+        return f"seq is {record.get('seq')!r} where {seq} was due (a record is missing, repeated or moved)"
+    if record.get("sum") != checksum(record):
+        return "its checksum does not match its content (the line was changed)"
+    return None
+
+
+def _no_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def load(path: str | Path) -> History:
+    """The :class:`History` of the transcript at ``path`` (empty when there is none),
+    without changing the file. Raises :class:`TranscriptError` for a transcript that
+    cannot be read (a bad record other than a cut-short last line)."""
+    records, _, torn = read_records(path)
+    history = _history(records, str(path), ImageStore(Path(path).parent))
+    history.torn = torn
+    return history
+
+
+@dataclass(slots=True)
+class _Group:
+    """A reply and its results, by call index."""
+
+    step: int
+    message: Message
+    results: dict[int, Message] = field(default_factory=dict)
+
+
+def _history(records: list[dict[str, Any]], where: str, images: ImageStore) -> History:
+    items: list[Message | _Group] = []
+    groups: dict[int, _Group] = {}
+    last_step = 0
+    for number, record in enumerate(records, 1):
+        try:
+            kind, step = record["type"], record["step"]
+            if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+                raise TypeError(f"step must be a positive int, got {step!r}")
+            _number(record, "ts", required=False)
+            if kind == "user":
+                items.append(Message.user(_str(record["text"])))
+            elif kind == "reply":
+                if step in groups:
+                    raise ValueError(f"a second reply for step {step}")
+                _number(record, "model_ms", required=False)
+                calls = tuple(_call(c) for c in _list(record["tool_calls"]))
+                thinking = _thinking(record.get("thinking", []))
+                group = _Group(step, Message.assistant(_str(record["text"]), calls, thinking))
+                groups[step] = group
+                items.append(group)
+                last_step = max(last_step, step)
+            elif kind == "result":
+                group_of = groups.get(step)
+                index = record["index"]
+                if group_of is None or type(index) is not int or not 0 <= index < len(group_of.message.tool_calls):
+                    raise ValueError(f"a result for call {index!r} of step {step}, which has no such call")
+                if index in group_of.results:
+                    logger.warning("transcript {}: line {} repeats the result of call {} of step {}; the first counts",
+                                   where, number, index, step)
+                    continue
+                group_of.results[index] = Message.tool_result(_result(record, images))
+            elif kind == "error":
+                if record.get("kind") not in ERROR_KINDS:
+                    raise ValueError(f"error kind must be one of {', '.join(ERROR_KINDS)}, got {record.get('kind')!r}")
+                _str(record["message"])
+                if record.get("kind") == "model":
+                    last_step = max(last_step, step)
+            else:
+                logger.warning("transcript {}: line {} has an unknown record type {!r}; it is skipped",
+                               where, number, kind)
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            raise TranscriptError(f"transcript {where}: line {number} is not a valid record: {exc}") from None
+    history = History(records=len(records), next_step=last_step + 1)
+    for item in items:
+        if isinstance(item, Message):
+            history.messages.append(item)
+            continue
+        history.messages.append(item.message)
+        for index, call in enumerate(item.message.tool_calls):
+            message = item.results.get(index)
+            if message is None:
+                result = failure("interrupted", call.id, call.name)
+                history.pending.append((item.step, index, result))
+                message = Message.tool_result(result)
+            history.messages.append(message)
+    return history
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",
+               type(None): "null"}
+
+
+def _json_name(value: Any) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {_json_name(value)}")
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected an array, got {_json_name(value)}")
+    return value
+
+
+def _number(record: Mapping[str, Any], key: str, required: bool = True) -> float:
+    if key not in record and not required:
+        return 0.0
+    value = record[key]
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise TypeError(f"{key} must be a number, got {_json_name(value)}")
+    return float(value)
+
+
+def _call(data: Any) -> ToolCall:
+    if not isinstance(data, dict):
+        raise TypeError(f"a tool call must be an object, got {_json_name(data)}")
+    arguments = data["arguments"]
+    if not isinstance(arguments, (str, dict)):
+        raise TypeError(f"tool call arguments must be a string or an object, got {type(arguments).__name__}")
+    return ToolCall(_str(data["id"]), _str(data["name"]), arguments)
+
+
+THINKING_FIELDS: Final = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
+"""The reasoning block types recorded, and the text fields each must have."""
+
+
+def _thinking(value: Any) -> tuple[dict[str, Any], ...]:
+    blocks = _list(value)
+    for block in blocks:
+        if not isinstance(block, dict):
+            raise TypeError(f"a thinking block must be an object, got {_json_name(block)}")
+        fields = THINKING_FIELDS.get(block.get("type"))  # type: ignore[arg-type]
+        if fields is None:
+            raise ValueError(f"a thinking block's type must be one of {', '.join(THINKING_FIELDS)}, "
+                             f"got {block.get('type')!r}")
+        for name in fields:
+            _str(block.get(name))
+    return tuple(blocks)
+
+
+def thinking_blocks(value: Any) -> tuple[dict[str, Any], ...]:
+    """The reasoning blocks of a reply that can be recorded and replayed: each a plain
+    dict of a type in :data:`THINKING_FIELDS` with its text fields; anything else is
+    left out. Never raises."""
+    kept: list[dict[str, Any]] = []
+    try:
+        for block in tuple(value or ()):
+            if isinstance(block, Mapping):
+                fields = THINKING_FIELDS.get(block.get("type"))  # type: ignore[arg-type]
+                if fields is not None and all(isinstance(block.get(name), str) for name in fields):
+                    kept.append({"type": block["type"], **{name: block[name] for name in fields}})
+    except Exception:
+        return tuple(kept)
+    return tuple(kept)
+
+
+def _result(record: Mapping[str, Any], store: ImageStore) -> ToolResult:
+    kind, ok = record["error_kind"], record["ok"]
+    if type(ok) is not bool:
+        raise TypeError(f"ok must be true or false, got {_json_name(ok)}")
+    if kind is not None and not isinstance(kind, str):
+        raise TypeError(f"error_kind must be a string or null, got {_json_name(kind)}")
+    if ok != (kind is None):
+        raise ValueError(f"ok is {json.dumps(ok)} but error_kind is {json.dumps(kind)}")
+    images = tuple(i for i in (_image(data, store) for data in _list(record["images"])) if i is not None)
+    return ToolResult(
+        _str(record["call_id"]), _str(record["name"]), ok, _str(record["content"]),
+        None if kind is None else ErrorKind(kind), None, images, _number(record, "duration_ms", required=False),
+    )
+
+
+def _image(data: Any, store: ImageStore) -> Image | None:
+    """A recorded image: inline (base64, older records) or by digest from ``store``;
+    ``None`` when it was omitted or its stored bytes are gone (left out, with a warning)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"an image must be an object, got {_json_name(data)}")
+    mime = _str(data["mime_type"])
+    if "data" in data:
+        return Image(base64.b64decode(_str(data["data"]), validate=True), mime)
+    digest = _str(data["sha256"])
+    if "omitted" in data:
+        return None
+    stored = store.get(digest)
+    return None if stored is None else Image(stored, mime)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class Transcript:
+    """The writer of one session's transcript at ``path``.
+
+    :meth:`open` (or ``with``) takes an exclusive ``flock`` on the file (one prompt per
+    session at a time, across processes too), reads it into :attr:`history`, and
+    truncates a cut-short last line away. Each write method appends one record and
+    returns once it is flushed and ``fsync``-ed; they raise ``OSError`` when the disk
+    does, and ``ValueError`` for a value JSON cannot hold (a tool call's arguments
+    object). Images go to :attr:`images`, an :class:`~rho_actors.agent.image_store.ImageStore`
+    beside the file bounded to ``max_image_bytes`` (default 256 MiB).
+    """
+
+    def __init__(self, path: str | Path, *, max_image_bytes: int = DEFAULT_MAX_IMAGE_STORE_BYTES) -> None:
+        self.path = Path(path)
+        self.images = ImageStore(self.path.parent, max_image_bytes)
+        self.history = History()
+        self._fd: int | None = None
+        self._seq = 0
+
+    def open(self) -> History:
+        """Lock the transcript, read it and get it ready to append; returns
+        :attr:`history`. Raises :class:`TranscriptBusyError` when another prompt holds
+        it, :class:`TranscriptError` when it cannot be read (the lock is then released),
+        and ``OSError``."""
+        if self._fd is not None:
+            return self.history
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        created = not os.path.lexists(self.path)
+        try:
+            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except UnsafePathError as exc:
+            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise TranscriptBusyError(
+                        f"transcript {self.path} is in use by another prompt of this session"
+                    ) from None
+                raise
+            if created:
+                _fsync_dir(self.path.parent)
+            records, good, torn = _records(_read_all(fd), str(self.path))
+            history = _history(records, str(self.path), self.images)
+            history.torn = torn
+            if torn:
+                os.ftruncate(fd, good)
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._seq = len(records)
+        self.history = history
+        return history
+
+    def close(self) -> None:
+        """Release the lock and close the file (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+    def __enter__(self) -> Transcript:
+        self.open()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- records ------------------------------------------------------------------------
+
+    def user(self, step: int, text: str) -> None:
+        """Record a prompt's ``text``, to be answered by request ``step``."""
+        self._append({"type": "user", "step": step, "text": text})
+
+    def reply(
+        self, step: int, reply: Reply, model_ms: float = 0.0, *, sent_ids: Mapping[int, str] | None = None
+    ) -> None:
+        """Record the model's reply to request ``step`` (before its calls run);
+        ``model_ms``: how long the request took, in milliseconds; ``sent_ids``: the id
+        the model sent for call *index*, where the recorded id replaces it."""
+        calls = [
+            {"id": c.id, "name": c.name,
+             "arguments": c.arguments if isinstance(c.arguments, str) else dict(c.arguments)}
+            for c in reply.tool_calls
+        ]
+        for index, sent in (sent_ids or {}).items():
+            calls[index]["sent_id"] = sent
+        record: dict[str, Any] = {"type": "reply", "step": step, "text": reply.text, "tool_calls": calls,
+                                  "model_ms": round(model_ms, 3)}
+        if reply.thinking:
+            record["thinking"] = [dict(block) for block in reply.thinking]
+        self._append(record)
+
+    def result(self, step: int, index: int, result: ToolResult) -> None:
+        """Record the result of call ``index`` (its position in the reply) of ``step``."""
+        self._append({
+            "type": "result", "step": step, "index": index, "call_id": result.call_id, "name": result.name,
+            "ok": result.ok, "content": result.content,
+            "error_kind": None if result.error_kind is None else str(result.error_kind),
+            "duration_ms": round(result.duration_ms, 3),
+            "images": [self._stored(i) for i in result.images],
+        })
+
+    def _stored(self, image: Image) -> dict[str, Any]:
+        """An image's record: its digest, put in the image store when it fits."""
+        digest, stored = self.images.put(image.data)
+        record: dict[str, Any] = {"mime_type": image.mime_type, "sha256": digest, "bytes": len(image.data)}
+        if not stored:
+            record["omitted"] = f"the transcript's image store is full ({self.images.max_bytes} bytes)"
+            logger.warning("transcript {}: an image of {} bytes is not kept: {}", self.path, len(image.data),
+                           record["omitted"])
+        return record
+
+    def error(self, step: int, kind: str, message: str) -> None:
+        """Record why the prompt stopped at ``step`` (``kind``: one of ``model``,
+        ``max_steps``, ``loop``, ``cancelled``)."""
+        if kind not in ERROR_KINDS:
+            raise ValueError(f"error kind must be one of {', '.join(ERROR_KINDS)}, got {kind!r}")
+        self._append({"type": "error", "step": step, "kind": kind, "message": message})
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self._fd is None:
+            raise ValueError(f"transcript {self.path} is not open")
+        full: dict[str, Any] = {"v": SCHEMA_VERSION, "seq": self._seq + 1, "type": record.pop("type"),
+                                "step": record.pop("step"), "ts": round(time.time(), 6), **_scrubbed(record)}
+        try:
+            full["sum"] = checksum(full)
+            data = (json.dumps(full, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ValueError(f"a {full['type']} record cannot be written as JSON: {exc}") from None
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+        self._seq += 1
+
+
+def _scrubbed(value: Any) -> Any:
+    """``value`` with every string (keys too) valid UTF-8 (lone surrogates replaced)."""
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, dict):
+        return {scrub_text(k) if isinstance(k, str) else k: _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrubbed(v) for v in value]
+    return value
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a new file's directory entry durable (best effort)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

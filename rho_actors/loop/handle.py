@@ -1,0 +1,256 @@
+""":class:`Loop`: the host's handle to one session's LoopActor (DESIGN §4).
+
+The LoopActor itself is :class:`rho_actors.loop.actor.LoopActor`; the handle finds it
+by name (so it follows restarts) and talks to it with the messages of
+:mod:`rho_actors.loop.messages`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pykka
+
+from rho_actors.cancel import CancelToken
+from rho_actors.declarations.formats import Dialect, to_dialect
+from rho_actors.loop.messages import Offered, Running, RunTurn, SetWithheld, loop_name, make_session_folder
+from rho_actors.telemetry import current_context
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
+
+if TYPE_CHECKING:
+    from rho_actors.agent.driver import PromptEvent, PromptResult
+    from rho_actors.agent.model import Model
+    from rho_actors.runtime import Runtime
+
+__all__ = ["Loop", "withheld_names"]
+
+_GRACE_S = 10.0
+
+
+def withheld_names(names: Iterable[str]) -> frozenset[str]:
+    """``names`` as a frozenset of plain ``str``; ``TypeError`` for a lone ``str`` or a
+    name that is not a ``str``."""
+    if isinstance(names, (str, bytes)):
+        raise TypeError(f"withheld takes a collection of tool names, got the single string {names!r}")
+    checked = set()
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"a withheld tool name must be a str, got {type(name).__name__}")
+        checked.add(str.__str__(name))
+    return frozenset(checked)
+
+
+def _checked_calls(calls: Iterable[Any]) -> tuple[ToolCall, ...]:
+    return tuple(_checked_call(i, call) for i, call in enumerate(calls))
+
+
+def _checked_call(index: int, call: Any) -> ToolCall:
+    """``call`` with a plain ``str`` id and name (a model's are always strings)."""
+    if not isinstance(call, ToolCall):
+        raise TypeError(f"call {index} of the turn: a turn takes ToolCall values, got {type(call).__name__}")
+    for field_name in ("id", "name"):
+        if not isinstance(getattr(call, field_name), str):
+            raise TypeError(
+                f"call {index} of the turn: ToolCall.{field_name} must be a str, "
+                f"got {type(getattr(call, field_name)).__name__}"
+            )
+    if type(call.id) is str and type(call.name) is str:
+        return call
+    return ToolCall(str.__str__(call.id), str.__str__(call.name), call.arguments)
+
+
+def _checked_cancel(cancel: Any) -> CancelToken | None:
+    if cancel is not None and not isinstance(cancel, CancelToken):
+        raise TypeError(f"cancel must be a rho_actors.CancelToken or None, got {type(cancel).__name__}")
+    return cancel
+
+
+class Loop:
+    """The host's handle to one session's LoopActor.
+
+    Example::
+
+        loop = system.start_loop("s1", deps={"db": conn})
+        results = loop.run_turn([ToolCall("c1", "add", '{"a": 1, "b": 2}')])
+        assert results[0].content == "3"
+    """
+
+    def __init__(self, session_id: str, data_dir: Path, runtime: Runtime) -> None:
+        self.session_id = session_id
+        self._data_dir = data_dir
+        self._folder_made = False
+        self._names = runtime.names
+        self._whereis = runtime.names.whereis
+        self._tools = runtime.tools
+        self._settings = runtime.limits
+        self.instructions: str | None = None
+        """The system prompt of this session's prompts that give none (not recorded)."""
+        self.telemetry = runtime.telemetry
+        """The system's :class:`rho_actors.Telemetry` (the spans of this session's prompts)."""
+
+    @property
+    def data_dir(self) -> Path:
+        """The session's private folder, ``data_dir/sessions/<session_id>`` of its system
+        (created with mode ``0700`` on first use: here, or before the session's first
+        call). Raises :class:`rho_actors.files.UnsafePathError` (an ``OSError``) when it,
+        or ``sessions``, is a symlink or no folder, and ``OSError`` when it cannot be made."""
+        if not self._folder_made:
+            make_session_folder(self._data_dir)
+            self._folder_made = True
+        return self._data_dir
+
+    @property
+    def ref(self) -> pykka.ActorRef[Any]:
+        """The session's LoopActor now (a restart by its supervisor gives a new one).
+        Raises :class:`rho_actors.NotRunningError` (a ``pykka.ActorDeadError``) naming
+        why when it is not running: stopped, restarting, or given up by its supervisor."""
+        return self._names.lookup(loop_name(self.session_id), f"the loop of session {self.session_id!r}")
+
+    def submit_turn(
+        self, calls: Iterable[ToolCall], *, cancel: CancelToken | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None,
+    ) -> concurrent.futures.Future[list[ToolResult]]:
+        """Start a turn without waiting: returns a future of the results, one per call,
+        in the calls' order. Setting ``cancel`` (:meth:`CancelToken.cancel`, from any
+        thread) cancels the turn: each running call is cancelled by its isolation (its
+        ``ctx["cancel"]`` is set; a ``process`` worker is killed) and each call still
+        without a result gets a ``cancelled`` one; a token set before the turn starts
+        runs no call. The calls run in copies of the caller's ``contextvars`` context
+        (``thread`` isolation, ``async`` tools included; a trusted tool's ``process``
+        worker gets the variables holding plain values, by name; an untrusted one none).
+        Raises ``TypeError`` for an item that is not a :class:`ToolCall` or
+        whose ``id`` or ``name`` is not a ``str``, or a ``cancel`` that is not a
+        :class:`CancelToken`, and :class:`pykka.ActorDeadError` when the loop has
+        stopped. ``on_result(index, result)`` is called with each started call's result
+        as soon as it has one (from the thread that settled it: keep it quick; what it
+        raises is logged), before the future completes: a host can record each result
+        while the turn's other calls still run."""
+        return self._submit(_checked_calls(calls), _checked_cancel(cancel), on_result)
+
+    def _submit(
+        self, batch: tuple[ToolCall, ...], cancel: CancelToken | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None,
+    ) -> concurrent.futures.Future[list[ToolResult]]:
+        future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        trace_context = current_context() if self.telemetry.enabled else None  # the calls' parent span
+        self.ref.tell(RunTurn(batch, future, trace_context, cancel, contextvars.copy_context(), on_result))
+        return future
+
+    def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
+        """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
+        of their tools' timeouts plus a grace period."""
+        entries = self._tools.current.entries
+        total_ms = sum(
+            entries[c.name].info.timeout_ms if type(c.name) is str and c.name in entries else DEFAULT_TIMEOUT_MS
+            for c in calls
+        )
+        return total_ms / 1000 + _GRACE_S
+
+    def run_turn(
+        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
+    ) -> list[ToolResult]:
+        """Run a turn and wait for its results (one per call, in order); ``cancel``
+        as in :meth:`submit_turn` (set it from another thread).
+
+        Waits at most ``timeout_s`` seconds (default :meth:`turn_bound_s`); raises
+        ``TimeoutError`` past that, which only a broken runtime can cause.
+        """
+        batch = _checked_calls(calls)
+        future = self._submit(batch, _checked_cancel(cancel))
+        return future.result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
+
+    async def arun_turn(
+        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
+    ) -> list[ToolResult]:
+        """:meth:`run_turn` for asyncio hosts: awaits the results without ever blocking
+        the event loop (the future is completed from the loop's thread). Cancelling the
+        awaiting task cancels the turn (as ``cancel`` does) and waits (at most the
+        system's ``ask_timeout_s``) for its ``cancelled`` results before re-raising
+        ``CancelledError``."""
+        batch = _checked_calls(calls)
+        bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
+        token = _checked_cancel(cancel) or CancelToken()
+        future = self._submit(batch, token)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), bound)
+        except asyncio.CancelledError:
+            token.cancel("cancelled")
+            await asyncio.to_thread(concurrent.futures.wait, [future], self._settings.ask_timeout_s)
+            raise
+
+    def offered(self) -> list[ToolInfo]:
+        """The checked declarations this loop offers now, in registration order."""
+        result: list[ToolInfo] = self.ref.ask(Offered(), block=True, timeout=self._settings.ask_timeout_s)
+        return result
+
+    def declarations(self, dialect: Dialect = "neutral") -> list[dict[str, Any]]:
+        """:meth:`offered` in a provider's format (see :mod:`rho_actors.declarations.formats`)."""
+        return [to_dialect(info, dialect) for info in self.offered()]
+
+    def set_withheld(self, names: Iterable[str]) -> None:
+        """Replace the set of tool names this loop does not offer (from its next turn).
+        Raises ``TypeError`` for a single ``str`` (a name list is wanted) or a name that
+        is not a ``str``."""
+        self.ref.ask(SetWithheld(withheld_names(names)), timeout=self._settings.ask_timeout_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop (a normal exit: not restarted); calls still running get
+        ``cancelled`` results."""
+        try:
+            self.ref.stop(timeout=timeout_s)
+        except pykka.ActorDeadError:
+            pass
+
+    def prompt(self, text: str | None, *, model: Model, **options: Any) -> PromptResult:
+        """Run one prompt of this session to its end (see :func:`rho_actors.agent.driver.prompt`
+        for ``options``: ``max_steps``, ``cancel``, ``instructions``, ``temperature``,
+        ``max_tokens``, ``on_event``): the final text, the steps taken and ``error``
+        (None, or why it stopped). The agent layer sits on top of the runtime and is
+        imported only here and below, when used."""
+        from rho_actors.agent.driver import prompt
+
+        return prompt(self, text, model=model, **options)
+
+    async def aprompt(self, text: str | None, *, model: Model, **options: Any) -> PromptResult:
+        """:meth:`prompt` for asyncio hosts; never blocks the event loop. Cancelling the
+        awaiting task cancels the prompt and its running turn."""
+        from rho_actors.agent.driver import aprompt
+
+        return await aprompt(self, text, model=model, **options)
+
+    def stream(self, text: str | None, *, model: Model, **options: Any) -> Iterator[PromptEvent]:
+        """:meth:`prompt`, yielding its events as they happen (see
+        :func:`rho_actors.agent.driver.stream`); the last is a ``FinalResult``."""
+        from rho_actors.agent.driver import stream
+
+        return stream(self, text, model=model, **options)
+
+    def astream(self, text: str | None, *, model: Model, **options: Any) -> AsyncIterator[PromptEvent]:
+        """:meth:`stream` for asyncio hosts (see :func:`rho_actors.agent.driver.astream`)."""
+        from rho_actors.agent.driver import astream
+
+        return astream(self, text, model=model, **options)
+
+    def running(self) -> list[dict[str, Any]]:
+        """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""
+        result: list[dict[str, Any]] = self.ref.ask(Running(), block=True, timeout=self._settings.ask_timeout_s)
+        return result
+
+    @property
+    def alive(self) -> bool:
+        """Whether the session's LoopActor is running now."""
+        return self._whereis(loop_name(self.session_id)) is not None
+
+    @property
+    def exit_reason(self) -> object:
+        """``None`` while the loop runs; else why it is not running: ``"normal"`` after
+        :meth:`stop` (or the system's stop), what killed it while it is being restarted,
+        and a :class:`rho_actors.RestartIntensityExceeded` naming the crashes once its
+        session supervisor gave up on it (it is not restarted again)."""
+        return self._names.exit_reason(loop_name(self.session_id))

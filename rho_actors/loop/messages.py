@@ -1,0 +1,119 @@
+"""The messages of a LoopActor, the name it is registered under and its session folder
+(internal).
+
+The host's :class:`~rho_actors.loop.handle.Loop` tells ``RunTurn`` and asks ``Offered``,
+``Running`` and ``SetWithheld``; a turn's cancel token tells ``CancelTurn`` when it is
+set. A call's result is no message: its ``reply`` settles it in its turn directly (see
+:mod:`rho_actors.loop.actor`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rho_actors.cancel import CancelToken
+from rho_actors.files import private_dir
+from rho_actors.tool import ToolCall, ToolResult
+
+__all__ = ["Allowlist", "CancelTurn", "Offered", "RunTurn", "Running", "SetWithheld", "allowlist", "loop_name",
+           "make_session_folder"]
+
+
+@dataclass(frozen=True, slots=True)
+class Allowlist:
+    """The tools a loop may offer (``start_loop(tools=...)``): those named in ``names``,
+    and those served by a source named in ``sources``."""
+
+    names: frozenset[str]
+    sources: frozenset[str]
+
+    def allows(self, name: str, origin: str) -> bool:
+        """Whether the tool ``name`` registered from ``origin`` is on the list."""
+        return name in self.names or any(origin.endswith(f"(source {s})") for s in self.sources)
+
+
+def allowlist(items: Any) -> Allowlist | None:
+    """``start_loop``'s ``tools``: ``None`` (every registered tool), or a collection of
+    tool names (``str``), tools (anything with a ``name()`` method: by that name) and
+    sources (a :class:`~rho_actors.SourceHandle` or a source: anything with a ``name``
+    text attribute; every tool it serves). Raises ``TypeError`` for a lone ``str`` or an
+    item of another kind."""
+    if items is None:
+        return None
+    if isinstance(items, (str, bytes)):
+        raise TypeError(f"tools takes a collection of tool names, tools or sources, got the single string {items!r}")
+    names: set[str] = set()
+    sources: set[str] = set()
+    for item in items:
+        if isinstance(item, str):
+            names.add(str.__str__(item))
+        elif isinstance(getattr(item, "name", None), str):
+            sources.add(str(item.name))
+        elif callable(getattr(item, "name", None)) and isinstance(item.name(), str):
+            names.add(str(item.name()))
+        else:
+            raise TypeError(f"tools takes tool names, tools and sources; got a {type(item).__name__}")
+    return Allowlist(frozenset(names), frozenset(sources))
+
+
+def loop_name(session_id: str) -> str:
+    """The name a session's LoopActor is registered under (``whereis``)."""
+    return f"loop:{session_id}"
+
+
+def make_session_folder(session_dir: Path) -> Path:
+    """Create a session's private folder ``session_dir`` (``data_dir/sessions/<id>``)
+    unless it exists, and return it: the one place a session folder is made, on first
+    use (before the session's first call, or when the host asks for
+    :attr:`rho_actors.Loop.data_dir`), never at the loop's start. Made safely by
+    :func:`rho_actors.files.private_dir`: ``sessions`` and the session folder are real
+    folders reached without following a symlink, mode ``0700``. Raises
+    :class:`rho_actors.files.UnsafePathError` when one is a symlink or no folder, and
+    ``OSError`` when it cannot be made."""
+    return private_dir(session_dir.parent.parent, session_dir.parent.name, session_dir.name)
+
+
+@dataclass(frozen=True, slots=True)
+class RunTurn:
+    """Run ``calls`` as one turn; ``future`` gets their results, in order.
+    ``trace_context``: the OpenTelemetry context current in the submitting thread (the
+    parent of the calls' spans; None while the system's telemetry is off). Setting
+    ``cancel`` cancels the turn; each call runs in a copy of ``context`` (the
+    submitter's ``contextvars``); ``on_result(index, result)`` is told each dispatched
+    call's result as it settles, from the thread settling it."""
+
+    calls: tuple[ToolCall, ...]
+    future: concurrent.futures.Future[list[ToolResult]]
+    trace_context: Any = None
+    cancel: CancelToken | None = None
+    context: contextvars.Context | None = None
+    on_result: Callable[[int, ToolResult], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTurn:
+    """The host cancelled turn ``turn``."""
+
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetWithheld:
+    """Replace the names the loop does not offer."""
+
+    names: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """Asks for the checked declarations the loop offers now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """Asks for the calls running now."""

@@ -1,0 +1,294 @@
+"""The host's side of one confined child (internal; DESIGN §5 "Confinement").
+
+An :class:`Enclosure` is made before the child starts and owns what confines it from
+outside: its private temporary folder (``0700``, owned by the dropped uid), its cgroup
+(memory and process bounds for the whole tree) or, when no cgroup can be made, an
+:class:`~rho_actors.sandbox.confine.trees.RssSampler`; it builds the child's
+:class:`~rho_actors.sandbox.child.ChildSetup` (scrubbed environment, Landlock paths),
+kills the child's whole tree, says whether the memory bound was hit, and removes it all
+when the child is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+import psutil
+from loguru import logger
+
+from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.confine.cgroups import Cgroup, CgroupError
+from rho_actors.sandbox.confine.confinement import (
+    DEFAULT_UID,
+    Confinement,
+    available,
+    make_private_dir,
+    probe,
+    python_read_paths,
+    warn_if_unconfined,
+)
+from rho_actors.sandbox.confine.trees import RssSampler, kill_tree
+
+__all__ = [
+    "ENV_ALLOWLIST", "TREE_ONLY", "UNCONFINED", "ConfinePolicy", "Enclosure", "default_policy", "policy_stats",
+    "scrubbed_env", "system_policy",
+]
+
+ENV_ALLOWLIST: Final = ("PATH", "LANG", "TZ")
+"""Host variables a confined child keeps (plus every ``LC_*``); ``HOME`` and ``TMPDIR``
+are its private folder; the rest is what the host passes per tool (``env=``)."""
+
+_names = itertools.count(1)
+
+
+def scrubbed_env(extra: Mapping[str, str] | None = None, private_dir: str | None = None) -> dict[str, str]:
+    """The environment of a confined child: the allowlisted host variables, ``HOME``
+    and ``TMPDIR`` set to ``private_dir``, then ``extra`` (the host's explicit choice)."""
+    env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
+    if private_dir is not None:
+        env.update(HOME=private_dir, TMPDIR=private_dir)
+    env.update(extra or {})
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class ConfinePolicy:
+    """How a system confines its untrusted children: ``base`` is the
+    :class:`~rho_actors.sandbox.confine.confinement.Confinement` each starts from (its uid/gid, limits,
+    ``landlock``), ``confine=False`` turns confinement off (children then only get a
+    scrubbed environment), ``pids_max`` bounds each child's whole tree (processes;
+    ``None``: no bound), ``exclude`` are folders never readable (``data_dir``).
+
+    ``tree_only=True`` is the policy of trusted ``process`` tools (:data:`TREE_ONLY`):
+    only the process tree is contained (its own session, a subreaper, a parent-death
+    signal, the whole tree in a cgroup bounded to the heap bound, or an RSS sampler, and
+    killed as one); the child keeps the host's uid, environment, files and working
+    directory, and ``base`` is not used. ``missing``: one sentence per mechanism ``base``
+    asked for that this host lacks (see :func:`rho_actors.sandbox.confine.confinement.available`)."""
+
+    base: Confinement = field(default_factory=Confinement)
+    confine: bool = True
+    pids_max: int | None = 64
+    exclude: tuple[str, ...] = ()
+    tree_only: bool = False
+    missing: tuple[str, ...] = ()
+
+
+_TREE = Confinement(
+    uid=None, gid=None, no_new_privs=False, landlock=False, nproc=None, nofile=None, fsize=None, host_tracker=True,
+    namespaces=False, disk_bytes=None, seccomp=False,
+)
+
+
+TREE_ONLY: Final = ConfinePolicy(pids_max=None, tree_only=True)
+"""The policy of trusted ``process`` workers: their process tree contained, nothing else."""
+
+UNCONFINED: Final = ConfinePolicy(confine=False)
+"""The explicit opt-in to run untrusted code without OS confinement (``confine=`` of
+:func:`~rho_actors.sandbox.plugins.discover_plugin`, :func:`rho_actors.selftest.load_tools`
+and :func:`rho_actors.run_selftests`; ``--unconfined`` on the command line): the child
+still starts clean, with an allowlisted environment, a private folder and a heap bound,
+but keeps the host's uid and has no Landlock, no cgroup."""
+
+
+def default_policy() -> ConfinePolicy:
+    """The policy untrusted input gets when no system's is given (the command line,
+    :func:`rho_actors.run_selftests`, :func:`rho_actors.selftest.load_tools`): what an
+    :class:`rho_actors.ActorSystem` built with default arguments uses (drop to
+    ``nobody``, Landlock, rlimits, namespaces, seccomp, a cgroup per child)."""
+    return system_policy(None)
+
+
+def system_policy(
+    confinement: Confinement | bool | None, exclude: tuple[str, ...] = (), process_heap_bytes: int = 0
+) -> ConfinePolicy:
+    """A system's policy from ``ActorSystem(confinement=...)``: ``None`` or ``True``, the
+    default :class:`Confinement` with the default identity (``nobody`` when root);
+    ``False``, none; else the one given. Mechanisms this host lacks are turned off, each
+    said (:func:`rho_actors.sandbox.confine.confinement.available`); ``exclude``: folders never readable
+    (``data_dir``). Raises ``ValueError`` for a ``process_heap_bytes`` (bytes; 0: none)
+    that is not an int >= 0, and for ``Confinement(address_space=...)``, which is not how
+    a system bounds memory (the message names the settings that are)."""
+    if type(process_heap_bytes) is not int or process_heap_bytes < 0:
+        raise ValueError(f"process_heap_bytes must be an int of 0 or more (bytes; 0: none), got {process_heap_bytes!r}")
+    if isinstance(confinement, Confinement) and confinement.address_space != Confinement().address_space:
+        raise ValueError(
+            "Confinement(address_space=...) is not how a system bounds memory: an untrusted tool's whole tree is "
+            "bounded by UntrustedReads(heap_bytes=...), a trusted process tool's by "
+            "ActorSystem(process_heap_bytes=...)"
+        )
+    if confinement is None or confinement is True:
+        from rho_actors.sandbox.confine.confinement import default_identity
+
+        uid, gid = default_identity()
+        confinement = Confinement(uid=uid, gid=gid)
+    base, missing = available(confinement or Confinement())
+    policy = ConfinePolicy(base, confine=confinement is not False, exclude=exclude,
+                           missing=missing if confinement is not False else ())
+    if policy.confine:
+        warn_if_unconfined()
+    return policy
+
+
+def policy_stats(policy: ConfinePolicy) -> dict[str, Any]:
+    """``stats()["confinement"]`` of a system with ``policy``: the probe's findings, the
+    ``active`` mechanisms, the ``missing`` ones, ``network``, ``disk_bytes`` (bytes),
+    ``memory_bound``, the dropped ``uid`` and what trusted process tools get."""
+    base = policy.base
+    uid = base.uid if base.uid is not None else DEFAULT_UID
+    found = probe(uid, base.gid if base.gid is not None else uid)
+    info: dict[str, Any] = found.as_dict()
+    active = ["environment", "private_dir"]
+    if policy.confine:
+        active += ["pdeathsig", "subreaper", "rlimits", "no_new_privs", "worker_cap"]
+        if found.identity is None and base.uid is not None:
+            active.append("identity")
+        if found.landlock is None and base.landlock:
+            active.append("landlock")
+        if found.cgroup is None:
+            active.append("cgroup")
+        if base.namespaces:
+            active += ["ipc_namespace", "mount_namespace"] + ([] if base.network else ["network_namespace"])
+            if base.disk_bytes is not None:
+                active.append("disk_bound")
+        if base.seccomp:
+            active.append("seccomp")
+    memory = "cgroup" if found.cgroup is None else "sampler"
+    info["active"] = active
+    info["missing"] = list(policy.missing)
+    info["network"] = not policy.confine or not base.namespaces or base.network
+    info["disk_bytes"] = base.disk_bytes if policy.confine and base.namespaces else None
+    info["memory_bound"] = memory if policy.confine else "none"
+    info["uid"] = base.uid if policy.confine and found.identity is None else None
+    info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else
+        {"tree_kill": True, "memory_bound": memory} if policy.confine
+        else {"tree_kill": False, "memory_bound": "rlimit_as"}
+    )
+    return info
+
+
+class _CgroupWatch(RssSampler):
+    """Kills the whole tree as soon as the cgroup records an OOM kill (cgroup v1 kills
+    one process only; v2 with ``memory.oom.group`` kills them all)."""
+
+    def __init__(self, pid: int, enclosure: Enclosure) -> None:
+        super().__init__(pid, 0, interval_s=0.05)
+        self._enclosure = enclosure
+
+    def check(self) -> bool:
+        if not self._enclosure.memory_bound_hit():
+            return False
+        self.exceeded.set()
+        self._enclosure.kill()
+        return True
+
+
+class Enclosure:
+    """One confined child's host-side resources (see the module doc). ``heap_bytes``
+    bounds the child's whole tree (bytes); ``env`` is added to its scrubbed environment;
+    ``modules`` are the tool's code folders it may read and import. With a
+    ``tree_only`` policy there is no private folder and no scrubbed environment: only the
+    cgroup (or sampler) and the tree kill."""
+
+    def __init__(
+        self, policy: ConfinePolicy, heap_bytes: int | None, *, env: Mapping[str, str] | None = None,
+        modules: tuple[str, ...] = (),
+    ) -> None:
+        self.policy = policy
+        self.heap_bytes = heap_bytes
+        base = policy.base
+        self.private_dir: str | None = None
+        if not policy.tree_only:
+            self.private_dir = make_private_dir(base.uid, base.gid) if policy.confine else make_private_dir(None, None)
+        self.cgroup: Cgroup | None = None
+        self.sampler: RssSampler | None = None
+        self.cgroup_reason: str | None = None
+        self.pid: int | None = None
+        if policy.confine:
+            try:
+                self.cgroup = Cgroup(f"w{next(_names)}", memory_max=heap_bytes, pids_max=policy.pids_max)
+            except CgroupError as exc:
+                self.cgroup_reason = exc.strerror
+        spec = None
+        if policy.tree_only:
+            spec = replace(
+                _TREE, address_space=heap_bytes or None,
+                cgroup_procs=self.cgroup.procs_files if self.cgroup is not None else (),
+            )
+            # the host's environment as it is now (a fork server keeps the one it started with)
+            self.setup = ChildSetup(heap_bytes, confinement=spec, env=dict(os.environ))
+            return
+        if policy.confine:
+            spec = replace(
+                available(base)[0],  # what this host lacks is off, and was logged
+                # RLIMIT_NPROC counts every process of the one dropped uid: a tool at it would
+                # starve every other worker of processes. A cgroup bounds this tree alone.
+                nproc=base.nproc if self.cgroup is None or policy.pids_max is None else None,
+                read_only=python_read_paths(modules=modules, exclude=policy.exclude),
+                private_dir=self.private_dir,
+                # the cgroup bounds the whole tree; RLIMIT_AS stays as a per-process backstop
+                address_space=heap_bytes or None,
+                cgroup_procs=self.cgroup.procs_files if self.cgroup is not None else (),
+            )
+        self.setup = ChildSetup(
+            heap_bytes, confinement=spec, env=scrubbed_env(env, self.private_dir),
+            workdir=None if policy.confine else self.private_dir, import_dirs=modules, clean=True,
+        )
+
+    @property
+    def memory_bound(self) -> str:
+        """Which memory bound holds the tree: ``"cgroup"``, ``"sampler"`` or ``"none"``."""
+        if not self.policy.confine or not self.heap_bytes:
+            return "none"
+        return "cgroup" if self.cgroup is not None else "sampler"
+
+    def started(self, pid: int) -> None:
+        """The child ``pid`` started: without a cgroup, sample its tree's memory."""
+        self.pid = pid
+        if self.policy.confine and self.heap_bytes:
+            self.sampler = (_CgroupWatch(pid, self) if self.cgroup is not None else RssSampler(pid, self.heap_bytes))
+            self.sampler.start()
+
+    def kill(self) -> None:
+        """SIGKILL the child and every process of its tree (``setsid`` escapes included)."""
+        if self.pid is not None:
+            with contextlib.suppress(psutil.Error):
+                kill_tree(self.pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signal.SIGKILL)
+        if self.cgroup is not None:
+            try:
+                self.cgroup.kill()
+            except CgroupError as exc:
+                logger.warning("confinement: {}", exc)
+
+    def memory_bound_hit(self) -> bool:
+        """Whether the tree reached its memory bound (the cgroup's OOM record, or the
+        sampler killed it)."""
+        if self.sampler is not None and self.sampler.exceeded.is_set():
+            return True
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                return self.cgroup.memory_bound_hit()
+        return False
+
+    def remove(self) -> None:
+        """After the child ended: kill what is left, remove the cgroup and the private
+        folder, stop the sampler. Idempotent."""
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.cgroup is not None:
+            try:
+                self.cgroup.kill()
+                self.cgroup.remove()
+            except CgroupError as exc:
+                logger.warning("confinement: {}", exc)
+        if self.private_dir is not None:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
