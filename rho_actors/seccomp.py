@@ -17,8 +17,12 @@ falls back to ``clone``, whose flags the filter can read):
 - the machine: module loading, ``kexec``, ``reboot``, swap, ``acct``, ``iopl``/``ioperm``;
 - sockets: ``socket()`` of any family but ``AF_INET``/``AF_INET6`` (so no ``AF_UNIX``
   socket can connect to a pathname socket anywhere on the host, no netlink, netfilter
-  or packet socket), and ``SOCK_RAW``/``SOCK_PACKET`` of those two. ``socketpair`` stays
-  (pipes between a tool's own processes).
+  or packet socket), and ``SOCK_RAW``/``SOCK_PACKET`` of those two; ``socketpair`` of
+  ``AF_UNIX`` ``SOCK_STREAM``/``SOCK_SEQPACKET`` only (pipes between a tool's own
+  processes: connected for life, they name no other peer). A ``SOCK_DGRAM`` pair is
+  denied: a datagram socket may ``sendto`` or ``connect`` to any pathname socket, which
+  no network namespace and no Landlock rule covers (``/dev/log``, journald, any host
+  service's datagram socket).
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ DENIED: Final = (
 """Syscalls denied outright (``EPERM``); names unknown on this architecture are skipped."""
 
 _AF_INET, _AF_INET6 = 2, 10
-_SOCK_TYPE_MASK, _SOCK_RAW, _SOCK_PACKET = 0xF, 3, 10
+_AF_UNIX: Final = 1
+_SOCK_TYPE_MASK, _SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_RAW, _SOCK_PACKET = 0xF, 1, 5, 3, 10
 _SECCOMP_SET_MODE_FILTER: Final = 1
 _SYS_SECCOMP: Final = {"x86_64": 317, "aarch64": 277}
 
@@ -90,6 +95,11 @@ def _compile() -> bytes:
         f.add_rule(deny, "socket", sc.Arg(0, sc.EQ, family))
     for kind in (_SOCK_RAW, _SOCK_PACKET):
         f.add_rule(deny, "socket", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
+    # socketpair: AF_UNIX streams only; an unconnected (datagram) Unix socket could address a pathname socket
+    f.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, _AF_UNIX))
+    for kind in range(_SOCK_TYPE_MASK + 1):
+        if kind not in (_SOCK_STREAM, _SOCK_SEQPACKET):
+            f.add_rule(deny, "socketpair", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)
