@@ -23,6 +23,13 @@ falls back to ``clone``, whose flags the filter can read):
   denied: a datagram socket may ``sendto`` or ``connect`` to any pathname socket, which
   no network namespace and no Landlock rule covers (``/dev/log``, journald, any host
   service's datagram socket).
+- other processes' scheduling and limits: every worker runs as the one dropped uid, and
+  the uid is all that ``setpriority``, ``ioprio_set``, ``prlimit64``,
+  ``sched_setaffinity``, ``sched_setscheduler``, ``sched_setparam`` and
+  ``sched_setattr`` check (Landlock scopes signals, not these), so a worker could lower
+  another session's limits or priorities, or a warm spare's; each is allowed on the
+  caller itself only (pid ``0``; ``setpriority``/``ioprio_set`` of ``who`` ``0`` and not
+  of a whole user).
 """
 
 from __future__ import annotations
@@ -100,10 +107,31 @@ def _compile() -> bytes:
     for kind in range(_SOCK_TYPE_MASK + 1):
         if kind not in (_SOCK_STREAM, _SOCK_SEQPACKET):
             f.add_rule(deny, "socketpair", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
+    _own_process_only(f, deny, sc)
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)
         return out.read()
+
+
+_PID_FIRST: Final = ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
+_WHICH_WHO: Final = {"setpriority": 2, "ioprio_set": 3}  # syscall -> its "which" value naming a whole user
+_INT: Final = 0xFFFFFFFF
+
+
+def _own_process_only(f: Any, deny: Any, sc: Any) -> None:
+    """Rules keeping the calls that act on a process by pid (gated only by the uid) to
+    the caller's own: a pid other than 0 is denied; the kernel reads these as ``int``, so
+    a value with any upper bit set is denied too, and a ``which`` is compared on its low
+    32 bits."""
+    for name in _PID_FIRST:
+        try:
+            f.add_rule(deny, name, sc.Arg(0, sc.NE, 0))
+        except (OSError, ValueError, RuntimeError):
+            continue  # not a syscall on this architecture
+    for name, user in _WHICH_WHO.items():
+        f.add_rule(deny, name, sc.Arg(1, sc.NE, 0))
+        f.add_rule(deny, name, sc.Arg(0, sc.MASKED_EQ, _INT, user))
 
 
 @functools.cache

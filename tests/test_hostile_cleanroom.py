@@ -7,9 +7,12 @@ session), written as a malicious author would write it."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
+import platform
+import resource
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -28,6 +31,16 @@ pytestmark = [
     pytest.mark.skipif(HOST.namespaces is not None, reason=str(HOST.namespaces)),
     pytest.mark.skipif(HOST.seccomp is not None, reason=str(HOST.seccomp)),
 ]
+
+
+_NR = {"x86_64": {"ioprio_set": 251, "ioprio_get": 252}, "aarch64": {"ioprio_set": 30, "ioprio_get": 31}}
+
+
+def _syscall(name: str, *args: int) -> str:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    result = libc.syscall(ctypes.c_long(_NR[platform.machine()][name]), *(ctypes.c_long(a) for a in args))
+    return str(result) if result >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
 
 
 def _errno_of(thunk: Any) -> str:
@@ -68,6 +81,30 @@ class Sneak:
             out["pipe"] = _errno_of(lambda: list(map(os.close, os.pipe())))
             out["stream_pair"] = _errno_of(lambda: list(map(socket.socket.close, socket.socketpair())))
             return out
+        if attack == "whoami":
+            return {"pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                    "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+                    "address_space": list(resource.getrlimit(resource.RLIMIT_AS)),
+                    "cpus": sorted(os.sched_getaffinity(0)), "policy": os.sched_getscheduler(0),
+                    "ioprio": _syscall("ioprio_get", 1, 0)}
+        if attack == "tamper":  # another session's worker, by pid: all workers share the one dropped uid
+            pid = args["pid"]
+            return {
+                "setpriority": _errno_of(lambda: os.setpriority(os.PRIO_PROCESS, pid, 19)),
+                "setpriority_pgrp": _errno_of(lambda: os.setpriority(os.PRIO_PGRP, pid, 19)),
+                "setpriority_user": _errno_of(lambda: os.setpriority(os.PRIO_USER, 0, os.getpriority(os.PRIO_PROCESS, 0))),
+                "prlimit_nofile": _errno_of(lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (3, 3))),
+                "prlimit_as": _errno_of(lambda: resource.prlimit(pid, resource.RLIMIT_AS, (2**20, 2**20))),
+                "sched_setaffinity": _errno_of(lambda: os.sched_setaffinity(pid, {min(os.sched_getaffinity(0))})),
+                "sched_setscheduler": _errno_of(lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))),
+                "sched_setparam": _errno_of(lambda: os.sched_setparam(pid, os.sched_param(0))),
+                "ioprio_set": _syscall("ioprio_set", 1, pid, 3 << 13),  # IOPRIO_WHO_PROCESS, idle class
+                "ioprio_set_user": _syscall("ioprio_set", 3, 0, 0),  # IOPRIO_WHO_USER: every process of the uid
+                # its own process and limits stay its own to set
+                "own_nice": _errno_of(lambda: os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0))),
+                "own_rlimit": _errno_of(lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))),
+                "own_affinity": _errno_of(lambda: os.sched_setaffinity(0, os.sched_getaffinity(0))),
+            }
         raise ValueError(f"unknown attack {attack!r}")
 
 
@@ -121,4 +158,24 @@ def test_a_socketpair_cannot_reach_a_hosts_datagram_socket(hostile: ActorSystem)
     for kind in ("SOCK_STREAM", "SOCK_SEQPACKET"):  # connected for life: they name no other peer
         assert got[f"{kind}_connect"] != "allowed", got  # (a seqpacket sendto goes to its own pair)
     assert got["pipe"] == got["stream_pair"] == "allowed", got  # a tool's own pipes still work
+    assert_serving(hostile)
+
+
+def test_a_worker_cannot_retune_another_sessions_worker(hostile: ActorSystem) -> None:
+    """Every worker runs as the one dropped uid, so the uid alone lets one worker lower
+    another's limits or priorities (setpriority, prlimit, sched_*, ioprio_set): the filter
+    keeps these to the caller's own process."""
+    if platform.machine() not in _NR:
+        pytest.skip(f"syscall numbers unknown on {platform.machine()}")
+    victim = f"victim-{next(SESSIONS)}"
+    before = json.loads(call(hostile, victim, "sneak", {"attack": "whoami"}).content)
+    got = sneak(hostile, "tamper", pid=before["pid"])
+    after = json.loads(call(hostile, victim, "sneak", {"attack": "whoami"}).content)
+    assert after == before, (got, before, after)  # the same worker, untouched
+    assert got == {
+        "setpriority": "EPERM", "setpriority_pgrp": "EPERM", "setpriority_user": "EPERM", "prlimit_nofile": "EPERM",
+        "prlimit_as": "EPERM", "sched_setaffinity": "EPERM", "sched_setscheduler": "EPERM", "sched_setparam": "EPERM",
+        "ioprio_set": "EPERM", "ioprio_set_user": "EPERM",
+        "own_nice": "allowed", "own_rlimit": "allowed", "own_affinity": "allowed",
+    }  # fmt: skip
     assert_serving(hostile)
