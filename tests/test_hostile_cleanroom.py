@@ -14,7 +14,12 @@ import os
 import platform
 import resource
 import socket
+import struct
+import sys
 import tempfile
+import threading
+import time
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +27,9 @@ import pytest
 
 from rho_actors import ActorSystem
 from rho_actors.confinement import probe
+from rho_actors.sandbox.channel import Channel
 
+from .conftest import WAIT_S
 from .test_hostile_untrusted import SESSIONS, Echo, assert_serving, call
 from .test_namespaces import make_system
 
@@ -179,3 +186,34 @@ def test_a_worker_cannot_retune_another_sessions_worker(hostile: ActorSystem) ->
         "own_nice": "allowed", "own_rlimit": "allowed", "own_affinity": "allowed",
     }  # fmt: skip
     assert_serving(hostile)
+
+
+def test_a_frame_costs_the_host_its_bytes_once_not_thrice() -> None:
+    """A worker's reply may be 64 MiB (wire.MAX_REPLY_BYTES) and 16 workers may answer at
+    once: receiving one holds its bytes about twice (the buffer, then the body), never a
+    third copy (a slice of the buffer copied again), and keeps no buffer of its size."""
+    size = 8 * 2**20
+    a, b = socket.socketpair()
+    channel = Channel(a)
+    frame = struct.pack("!cQ", b"A", size) + b"x" * size  # made before tracing: the worker's, not the host's
+
+    def send() -> None:
+        with memoryview(frame) as view:
+            while view:
+                view = view[os.write(b.fileno(), view):]
+
+    sender = threading.Thread(target=send)
+    tracemalloc.start()
+    sender.start()
+    try:
+        tracemalloc.reset_peak()
+        tag, body = channel.recv(time.monotonic() + WAIT_S, size)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        sender.join(WAIT_S)
+        a.close()
+        b.close()
+    assert tag == b"A" and len(body) == size
+    assert peak < 2.6 * size, f"receiving {size:,} bytes peaked at {peak:,}"
+    assert len(channel._buf) == 0 and sys.getsizeof(channel._buf) < 2**16
