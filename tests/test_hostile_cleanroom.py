@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import socket
 import struct
 import sys
@@ -88,6 +89,14 @@ class Sneak:
             out["pipe"] = _errno_of(lambda: list(map(os.close, os.pipe())))
             out["stream_pair"] = _errno_of(lambda: list(map(socket.socket.close, socket.socketpair())))
             return out
+        if attack == "read":  # files of a folder on the host's sys.path, by absolute path
+            def read(path: str) -> None:
+                with open(path, "rb") as f:
+                    f.read()
+
+            out = {name: _errno_of(lambda path=path: read(path)) for name, path in args["files"].items()}
+            out["listdir"] = _errno_of(lambda: os.listdir(args["folder"]))
+            return out
         if attack == "whoami":
             return {"pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
                     "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
@@ -95,11 +104,11 @@ class Sneak:
                     "cpus": sorted(os.sched_getaffinity(0)), "policy": os.sched_getscheduler(0),
                     "ioprio": _syscall("ioprio_get", 1, 0)}
         if attack == "tamper":  # another session's worker, by pid: all workers share the one dropped uid
-            pid = args["pid"]
+            pid, nice = args["pid"], os.getpriority(os.PRIO_PROCESS, 0)
             return {
                 "setpriority": _errno_of(lambda: os.setpriority(os.PRIO_PROCESS, pid, 19)),
                 "setpriority_pgrp": _errno_of(lambda: os.setpriority(os.PRIO_PGRP, pid, 19)),
-                "setpriority_user": _errno_of(lambda: os.setpriority(os.PRIO_USER, 0, os.getpriority(os.PRIO_PROCESS, 0))),
+                "setpriority_user": _errno_of(lambda: os.setpriority(os.PRIO_USER, 0, nice)),
                 "prlimit_nofile": _errno_of(lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (3, 3))),
                 "prlimit_as": _errno_of(lambda: resource.prlimit(pid, resource.RLIMIT_AS, (2**20, 2**20))),
                 "sched_setaffinity": _errno_of(lambda: os.sched_setaffinity(pid, {min(os.sched_getaffinity(0))})),
@@ -198,9 +207,10 @@ def test_a_frame_costs_the_host_its_bytes_once_not_thrice() -> None:
     frame = struct.pack("!cQ", b"A", size) + b"x" * size  # made before tracing: the worker's, not the host's
 
     def send() -> None:
+        sent = 0
         with memoryview(frame) as view:
-            while view:
-                view = view[os.write(b.fileno(), view):]
+            while sent < len(frame):
+                sent += os.write(b.fileno(), view[sent:])
 
     sender = threading.Thread(target=send)
     tracemalloc.start()
@@ -217,3 +227,35 @@ def test_a_frame_costs_the_host_its_bytes_once_not_thrice() -> None:
     assert tag == b"A" and len(body) == size
     assert peak < 2.6 * size, f"receiving {size:,} bytes peaked at {peak:,}"
     assert len(channel._buf) == 0 and sys.getsizeof(channel._buf) < 2**16
+
+
+def test_a_worker_reads_the_code_of_a_sys_path_folder_not_its_secrets(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host script's folder is on ``sys.path`` (workers import from it), and so is its
+    ``.env``: of a folder outside the installation a worker reads the code only."""
+    folder = tempfile.mkdtemp(prefix="rho-app-")  # an app's folder, readable by every uid (as most are)
+    os.chmod(folder, 0o755)
+    files = {
+        "dotenv": ".env", "credentials": "credentials.json", "config": "settings.toml", "git": ".git/config",
+        "module": "helpers.py", "package": "mypkg/__init__.py", "package_data": "mypkg/data.json",
+        "bytecode": "__pycache__/helpers.cpython-311.pyc",
+    }  # fmt: skip
+    try:
+        for relative in files.values():
+            path = os.path.join(folder, relative)
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            with open(path, "w") as f:
+                f.write("OPENAI_API_KEY=sk-live-secret\n")
+            os.chmod(path, 0o644)
+        monkeypatch.syspath_prepend(folder)
+        with make_system(tmp_path / "data") as system:
+            assert system.register(Sneak, untrusted=True).info is not None
+            got = sneak(system, "read", folder=folder, files={k: os.path.join(folder, v) for k, v in files.items()})
+    finally:
+        shutil.rmtree(folder)
+    assert got == {
+        "dotenv": "EACCES", "credentials": "EACCES", "config": "EACCES", "git": "EACCES",
+        "module": "allowed", "package": "allowed", "package_data": "allowed", "bytecode": "allowed",
+        "listdir": "allowed",
+    }  # fmt: skip
