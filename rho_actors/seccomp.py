@@ -15,6 +15,10 @@ falls back to ``clone``, whose flags the filter can read):
 - the filesystem tree: ``mount``, ``umount2``, ``pivot_root``, ``chroot`` and the new
   mount API (``fsopen``, ``fsmount``, ``move_mount``, ``open_tree``, ...);
 - the machine: module loading, ``kexec``, ``reboot``, swap, ``acct``, ``iopl``/``ioperm``;
+- kernel objects counted per uid, not per process (every worker runs as the one dropped
+  uid, so one worker holding them all would starve every other session's and every other
+  process of that uid): ``inotify_init``/``inotify_init1`` (``max_user_instances``, 128),
+  ``fanotify_init`` and ``mq_open`` (POSIX queues' bytes, ``RLIMIT_MSGQUEUE`` per user);
 - sockets: ``socket()`` of any family but ``AF_INET``/``AF_INET6`` (so no ``AF_UNIX``
   socket can connect to a pathname socket anywhere on the host, no netlink, netfilter
   or packet socket), and ``SOCK_RAW``/``SOCK_PACKET`` of those two; ``socketpair`` of
@@ -56,6 +60,7 @@ DENIED: Final = (
     "open_tree", "mount_setattr",
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
     "swapon", "swapoff", "acct", "iopl", "ioperm", "quotactl", "lookup_dcookie",
+    "inotify_init", "inotify_init1", "fanotify_init", "mq_open",
 )  # fmt: skip
 """Syscalls denied outright (``EPERM``); names unknown on this architecture are skipped."""
 

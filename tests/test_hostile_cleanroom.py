@@ -97,6 +97,21 @@ class Sneak:
             out = {name: _errno_of(lambda path=path: read(path)) for name, path in args["files"].items()}
             out["listdir"] = _errno_of(lambda: os.listdir(args["folder"]))
             return out
+        if attack == "hog":  # kernel objects the kernel counts per uid: every worker's is the same one
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+            outcome = {}
+            for name, make in (
+                ("inotify_init", libc.inotify_init),
+                ("inotify_init1", lambda: libc.inotify_init1(0)),
+                ("fanotify_init", lambda: libc.fanotify_init(0x200, 0)),  # FAN_REPORT_FID: open to any uid
+                ("mq_open", lambda: libc.mq_open(b"/rho-hog", 0o100 | 2, 0o600, None)),  # O_CREAT | O_RDWR
+            ):
+                held = 0
+                while held < args["each"] and make() >= 0:
+                    held += 1  # kept open: the worker stays for its session
+                outcome[name] = "allowed" if held else errno.errorcode.get(ctypes.get_errno(), "?")
+            return outcome
         if attack == "whoami":
             return {"pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
                     "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
@@ -259,3 +274,13 @@ def test_a_worker_reads_the_code_of_a_sys_path_folder_not_its_secrets(
         "module": "allowed", "package": "allowed", "package_data": "allowed", "bytecode": "allowed",
         "listdir": "allowed",
     }  # fmt: skip
+
+
+def test_a_worker_cannot_hold_what_the_kernel_counts_per_uid(hostile: ActorSystem) -> None:
+    """inotify instances (128 per uid), fanotify groups and POSIX queue bytes are counted
+    per uid, and every worker runs as the same one: a worker that took them all would
+    leave none to any other session's worker."""
+    got = sneak(hostile, "hog", each=256)
+    assert got == dict.fromkeys(("inotify_init", "inotify_init1", "fanotify_init", "mq_open"), "EPERM"), got
+    assert sneak(hostile, "hog", each=1) == got  # and so none for the next session either
+    assert_serving(hostile)
