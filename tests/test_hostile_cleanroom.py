@@ -16,17 +16,19 @@ import resource
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem
+from rho_actors import ActorSystem, PluginFolder
 from rho_actors.confinement import probe
 from rho_actors.sandbox.channel import Channel
 
@@ -101,12 +103,13 @@ class Sneak:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
             outcome = {}
-            for name, make in (
-                ("inotify_init", libc.inotify_init),
-                ("inotify_init1", lambda: libc.inotify_init1(0)),
-                ("fanotify_init", lambda: libc.fanotify_init(0x200, 0)),  # FAN_REPORT_FID: open to any uid
-                ("mq_open", lambda: libc.mq_open(b"/rho-hog", 0o100 | 2, 0o600, None)),  # O_CREAT | O_RDWR
-            ):
+            makers: tuple[tuple[str, Callable[[], int]], ...] = (
+                ("inotify_init", lambda: int(libc.inotify_init())),
+                ("inotify_init1", lambda: int(libc.inotify_init1(0))),
+                ("fanotify_init", lambda: int(libc.fanotify_init(0x200, 0))),  # FAN_REPORT_FID: open to any uid
+                ("mq_open", lambda: int(libc.mq_open(b"/rho-hog", 0o100 | 2, 0o600, None))),  # O_CREAT | O_RDWR
+            )
+            for name, make in makers:
                 held = 0
                 while held < args["each"] and make() >= 0:
                     held += 1  # kept open: the worker stays for its session
@@ -284,3 +287,84 @@ def test_a_worker_cannot_hold_what_the_kernel_counts_per_uid(hostile: ActorSyste
     assert got == dict.fromkeys(("inotify_init", "inotify_init1", "fanotify_init", "mq_open"), "EPERM"), got
     assert sneak(hostile, "hog", each=1) == got  # and so none for the next session either
     assert_serving(hostile)
+
+
+APP = '''
+import os, sys, tempfile
+from rho_actors import ActorSystem, PluginFolder, ToolCall, UntrustedReads
+from rho_actors.sandbox.clean import stop_zygote
+
+if __name__ == "__main__":
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.mkdir(os.path.join(here, "plugins"))
+    with open(os.path.join(here, "plugins", "greet.py"), "w") as f:
+        f.write(sys.argv[2])
+    stop_zygote()  # the fork server starts after the hostile file arrived, as after a restart
+    with open(os.path.join(here, sys.argv[3]), "w") as f:  # arrives after the host's own imports
+        f.write(sys.argv[1])
+    with ActorSystem(data_dir=tempfile.mkdtemp(), shutdown_ms=2000, untrusted=UntrustedReads(timeout_s=30.0)) as system:
+        plugins = system.add_source(PluginFolder(os.path.join(here, "plugins")))
+        plugins.refresh()
+        loop = system.start_loop("s")
+        [result] = loop.run_turn([ToolCall("c1", "greet", "{}")])
+        loop.stop()
+        print(plugins.status()["tools"], result.content)
+'''
+SHADOW = '''
+import os
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "imported-as"), "w") as f:
+    f.write(str(os.getuid()))
+'''
+GREET = '''
+def name():
+    return "greet"
+
+def description():
+    return "Say hello."
+
+def parameter_schema():
+    return {"type": "object"}
+
+def run(args, ctx):
+    return "hello"
+'''
+
+
+@pytest.mark.parametrize("shadowed", ["select", "rfc3987"])  # imported by the fork server; optional, not installed
+def test_a_file_beside_the_hosts_script_never_runs_in_the_fork_server(tmp_path: Any, shadowed: str) -> None:
+    """The host script's folder is on ``sys.path`` and may hold files the host does not
+    trust: the clean fork server (the host's uid) imports from the Python installation
+    only, so a file named as a module it imports never runs there; plugins still work."""
+    folder = tempfile.mkdtemp(prefix="rho-app-")
+    try:
+        app = os.path.join(folder, "app.py")
+        with open(app, "w") as f:
+            f.write(APP)
+        done = subprocess.run(
+            [sys.executable, app, SHADOW, GREET, f"{shadowed}.py"], check=False, capture_output=True, text=True,
+            timeout=120, cwd=folder,
+        )
+        marker = Path(folder, "imported-as")
+        imported_as = marker.read_text() if marker.exists() else None
+    finally:
+        shutil.rmtree(folder)
+    assert imported_as is None, f"{shadowed}.py ran with uid {imported_as}"
+    assert done.returncode == 0 and done.stdout.strip().endswith("hello"), done.stderr[-3000:]
+
+
+def test_a_plugin_folder_on_sys_path_gives_no_tools(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any file of a folder on ``sys.path`` could be imported by the host itself (by the
+    name of a module it looks up later, an optional dependency, say): an untrusted plugin
+    folder there is refused, file by file, saying why."""
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "greet.py").write_text(GREET)
+    monkeypatch.syspath_prepend(str(folder))
+    with make_system(tmp_path / "data") as system:
+        handle = system.add_source(PluginFolder(folder), poll_s=None)
+        row = handle.status()["tools"][str(folder / "greet.py")]
+        assert row["offered"] is False and "the plugin folder is on sys.path" in row["reason"], row
+        assert "greet" not in system.tool_set().entries
+        monkeypatch.undo()  # off sys.path: the same folder gives its tool
+        handle.refresh()
+        assert handle.status()["tools"][str(folder / "greet.py")]["offered"] is True
