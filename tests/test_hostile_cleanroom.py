@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loguru import logger
 
-from rho_actors import ActorSystem, PluginFolder
+from rho_actors import ActorSystem, ErrorKind, PluginFolder
 from rho_actors.confinement import probe
 from rho_actors.sandbox.channel import Channel
+from rho_actors.sandbox.output import BURST_BYTES, LINE_COST_BYTES, RATE_BYTES_PER_S
 
 from .conftest import WAIT_S
 from .test_hostile_untrusted import SESSIONS, Echo, assert_serving, call
@@ -115,6 +117,10 @@ class Sneak:
                     held += 1  # kept open: the worker stays for its session
                 outcome[name] = "allowed" if held else errno.errorcode.get(ctypes.get_errno(), "?")
             return outcome
+        if attack == "empty_lines":  # the cheapest output for the child, a log record each for the host
+            for _ in range(args["writes"]):
+                os.write(1, b"\n" * 65536)
+            return "printed"
         if attack == "whoami":
             return {"pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
                     "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
@@ -140,6 +146,13 @@ class Sneak:
                 "own_affinity": _errno_of(lambda: os.sched_setaffinity(0, os.sched_getaffinity(0))),
             }
         raise ValueError(f"unknown attack {attack!r}")
+
+
+class Shout(Sneak):
+    """Sneak's attacks with a short deadline (3 s)."""
+
+    name = staticmethod(lambda: "shout")
+    timeout_ms = staticmethod(lambda: 3_000)
 
 
 @pytest.fixture
@@ -368,3 +381,24 @@ def test_a_plugin_folder_on_sys_path_gives_no_tools(tmp_path: Any, monkeypatch: 
         monkeypatch.undo()  # off sys.path: the same folder gives its tool
         handle.refresh()
         assert handle.status()["tools"][str(folder / "greet.py")]["offered"] is True
+
+
+def test_output_of_empty_lines_costs_the_host_per_line(hostile: ActorSystem) -> None:
+    """Output is bounded in bytes, and each line costs a log record: a worker printing
+    empty lines gets LINE_COST_BYTES' worth of records (1,024 after the burst, 256 a
+    second), not 65,536 a second, and blocks in ``write`` until its deadline."""
+    records: list[str] = []
+    sink = logger.add(lambda message: records.append(str(message)), level="INFO",
+                      filter=lambda record: "worker_output" in record["extra"])
+    logger.enable("rho_actors")
+    assert hostile.register(Shout, untrusted=True).info is not None
+    try:
+        result = call(hostile, f"attacker-{next(SESSIONS)}", "shout", {"attack": "empty_lines", "writes": 8})
+    finally:
+        logger.remove(sink)
+        logger.disable("rho_actors")
+    burst, rate = BURST_BYTES // LINE_COST_BYTES, RATE_BYTES_PER_S // LINE_COST_BYTES
+    seconds = Shout.timeout_ms() / 1000
+    assert result.error_kind is ErrorKind.TIMEOUT, result  # 512 Ki lines: blocked long before the last
+    assert len(records) <= burst + rate * (seconds + 2), len(records)
+    assert_serving(hostile)
