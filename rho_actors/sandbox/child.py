@@ -85,13 +85,17 @@ def enter_child(setup: ChildSetup) -> tuple[str, ...]:
     if setup.env is not None:
         replace_environment(setup.env)
     applied: tuple[str, ...] = ()
+    host_paths = _host_paths()  # a clean child's: the host's folders, only once confined
     if setup.confinement is not None:
         if setup.confinement.uid is not None:  # imports must survive the uid drop
-            pin_imports(setup.import_dirs)
+            host_paths = pin_imports(setup.import_dirs, host_paths)
         applied = apply(setup.confinement)
     else:  # a trusted child keeps neither multiprocessing's fork-server nor its tracker pipe
         release_host_pipes()
         os.setsid()
+    if host_paths is not None:
+        sys.path[:] = host_paths
+        sys.path_importer_cache.clear()
     if setup.workdir is not None:
         for var in ("HOME", "TMPDIR", "TMP", "TEMP"):
             os.environ[var] = setup.workdir
@@ -126,24 +130,38 @@ def replace_environment(env: Mapping[str, str]) -> None:
         os.environ[name] = text
 
 
-def pin_imports(extra: tuple[str, ...] = ()) -> None:
-    """Keep every ``sys.path`` folder (and ``extra``) importable after this process drops
-    its uid: open each while still privileged and import through ``/proc/self/fd/N``
-    instead (``sys.path``, packages' ``__path__``, the importer cache), so a Python
-    installed in a folder closed to the dropped uid (``/root``) still loads modules while
-    the folder itself stays closed. Landlock still applies: it checks the real files."""
+def _host_paths() -> list[str] | None:
+    """The host's ``sys.path`` in a child of the clean fork server, else ``None``."""
+    zygote = sys.modules.get("rho_actors.sandbox.zygote")
+    paths = getattr(zygote, "HOST_PATHS", None)
+    return list(paths) if paths else None
+
+
+def pin_imports(extra: tuple[str, ...] = (), later: list[str] | None = None) -> list[str] | None:
+    """Keep every ``sys.path`` folder (and ``extra``, and the folders ``later`` names)
+    importable after this process drops its uid: open each while still privileged and
+    import through ``/proc/self/fd/N`` instead (``sys.path``, packages' ``__path__``, the
+    importer cache), so a Python installed in a folder closed to the dropped uid
+    (``/root``) still loads modules while the folder itself stays closed. Landlock still
+    applies: it checks the real files. Returns ``later`` pinned (``None`` stays ``None``),
+    for the caller to make ``sys.path`` once confined."""
     pinned: dict[str, str] = {}
-    entries = []
-    for entry in [*extra, *sys.path]:
-        real = os.path.realpath(entry or os.getcwd())
-        if real not in pinned:
-            try:
-                fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            pinned[real] = f"/proc/self/fd/{fd}"
-        entries.append(pinned[real])
-    sys.path[:] = list(dict.fromkeys(entries))
+
+    def pin(paths: list[str]) -> list[str]:
+        entries = []
+        for entry in paths:
+            real = os.path.realpath(entry or os.getcwd())
+            if real not in pinned:
+                try:
+                    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                pinned[real] = f"/proc/self/fd/{fd}"
+            entries.append(pinned[real])
+        return list(dict.fromkeys(entries))
+
+    sys.path[:] = pin([*extra, *sys.path])
+    pinned_later = None if later is None else pin([*extra, *later])
     sys.path_importer_cache.clear()
     roots = sorted(pinned, key=len, reverse=True)
 
@@ -157,6 +175,7 @@ def pin_imports(extra: tuple[str, ...] = ()) -> None:
         path = getattr(module, "__path__", None)
         if isinstance(path, list):
             path[:] = [moved(os.path.realpath(p)) if isinstance(p, str) else p for p in path]
+    return pinned_later
 
 
 def child_main(conn: Any, setup: ChildSetup, entry: Callable[[Channel, Any], None], payload: Any) -> None:

@@ -9,7 +9,8 @@ server is started once per host process, on the first clean child, as
 ``python -I -c <boot>`` with an environment built from
 :data:`~rho_actors.sandbox.confine.enclosure.ENV_ALLOWLIST` (not the host's, scrubbed),
 ``cwd=/``, no descriptor but its control socket, and the host's ``sys.path`` folders
-named explicitly; it is restarted when found dead, and stopped by :func:`stop_zygote`
+named explicitly (it imports from the installation's folders only, and its children
+get the others once confined); it is restarted when found dead, and stopped by :func:`stop_zygote`
 (or when the host ends: it then kills its whole tree).
 
 :func:`spawn_clean` forks one child there and returns a :class:`CleanProcess` (the
@@ -33,8 +34,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+import rho_actors
 from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.confine.code_paths import installation_prefixes
 from rho_actors.sandbox.confine.enclosure import ENV_ALLOWLIST
 from rho_actors.sandbox.output import PUMP, OutputStream
 from rho_actors.sandbox.zygote import BOOT, FORK, SPEC, STATUS
@@ -55,6 +58,18 @@ def _paths() -> list[str]:
     return list(dict.fromkeys(os.path.abspath(p or os.getcwd()) for p in sys.path if isinstance(p, str)))
 
 
+def _kernel_paths(paths: list[str]) -> list[str]:
+    """The folders the fork server itself imports from: those of ``paths`` inside the
+    Python installation, then the folder rho_actors comes from when it is elsewhere (a
+    checkout). Never the host script's folder or any other: a file there (an untrusted
+    plugin beside the script, named as a module the fork server imports, or as an
+    optional one nobody installed) would run with the host's uid."""
+    prefixes = installation_prefixes()
+    inside = [p for p in paths if any(p == f or p.startswith(f.rstrip(os.sep) + os.sep) for f in prefixes)]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(rho_actors.__file__)))
+    return list(dict.fromkeys([*inside, package] if package in paths else inside))
+
+
 class _Zygote:
     """The fork server of this host process (see the module doc)."""
 
@@ -68,9 +83,10 @@ class _Zygote:
         self._stop_locked()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            paths = _paths()
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", BOOT, json.dumps(_paths()), str(theirs.fileno()),
-                 json.dumps(_PRELOADS)],
+                [sys.executable, "-I", "-c", BOOT, json.dumps(_kernel_paths(paths)), str(theirs.fileno()),
+                 json.dumps(_PRELOADS), json.dumps(paths)],
                 pass_fds=(theirs.fileno(),), env=_zygote_env(), cwd="/", stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, close_fds=True, start_new_session=True,
             )

@@ -11,13 +11,16 @@ sink can route or drop it. The child's text is never written raw anywhere:
   (``\\x1b``), so a line cannot move the cursor or pose as one of the host's own;
 - a line is cut at :data:`MAX_LINE_BYTES` (the rest follows as further lines);
 - each child gets :data:`RATE_BYTES_PER_S` bytes a second, after a burst of
-  :data:`BURST_BYTES`: beyond that its pipe is not read until its budget refills, so a
-  child that floods blocks in its own ``write`` (a worker then reaches its call's
+  :data:`BURST_BYTES`, each line costing :data:`LINE_COST_BYTES` more (a log record
+  costs the host per line, not per byte): beyond that its pipe is not read until its
+  budget refills (what one read brought waits, and is logged as the budget allows), so
+  a child that floods blocks in its own ``write`` (a worker then reaches its call's
   deadline) and costs the host nothing.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
@@ -28,7 +31,7 @@ from typing import Final
 
 from loguru import logger
 
-__all__ = ["BURST_BYTES", "MAX_LINE_BYTES", "PUMP", "RATE_BYTES_PER_S", "OutputPump", "OutputStream"]
+__all__ = ["BURST_BYTES", "LINE_COST_BYTES", "MAX_LINE_BYTES", "PUMP", "RATE_BYTES_PER_S", "OutputPump", "OutputStream"]
 
 MAX_LINE_BYTES: Final = 2_000
 """A longer line is logged in pieces of at most this many bytes."""
@@ -36,6 +39,10 @@ RATE_BYTES_PER_S: Final = 64 * 2**10
 """What one child may have logged per second, once its burst is spent."""
 BURST_BYTES: Final = 256 * 2**10
 """What one child may have logged at once."""
+LINE_COST_BYTES: Final = 256
+"""What each logged line costs a child's budget beyond its bytes: a record costs the host
+the same whatever its length, so a child printing empty lines gets 256 a second, not
+65,536 (after a burst of 1,024)."""
 _READ_BYTES: Final = 1 << 16
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -47,9 +54,10 @@ def _shown(raw: bytes) -> str:
 
 class OutputStream:
     """One child's output pipe, as the pump reads it; ``label`` (settable) names the
-    child in each logged line."""
+    child in each logged line. Lines read wait in ``pending`` (at most one read's worth)
+    until the budget lets them be logged; the pipe is not read while any wait."""
 
-    __slots__ = ("_partial", "closed", "fd", "label", "paused_until", "tokens", "when")
+    __slots__ = ("_partial", "closed", "fd", "label", "paused_until", "pending", "tokens", "when")
 
     def __init__(self, fd: int, label: str) -> None:
         self.fd = fd
@@ -58,6 +66,7 @@ class OutputStream:
         self.when = time.monotonic()
         self.paused_until = 0.0
         self.closed = False
+        self.pending: collections.deque[bytes] = collections.deque()
         self._partial = b""
 
     def _refill(self, now: float) -> None:
@@ -65,7 +74,7 @@ class OutputStream:
         self.when = now
 
     def feed(self, data: bytes) -> None:
-        """Log the whole lines of ``data`` (a partial line waits, up to the line cap)."""
+        """Queue the whole lines of ``data`` (a partial line waits, up to the line cap)."""
         buf = self._partial + data
         lines = buf.split(b"\n")
         self._partial = lines.pop()
@@ -74,12 +83,30 @@ class OutputStream:
             self._partial = self._partial[MAX_LINE_BYTES:]
         for line in lines:
             for start in range(0, max(1, len(line)), MAX_LINE_BYTES):
-                self._log(line[start:start + MAX_LINE_BYTES])
+                self.pending.append(line[start:start + MAX_LINE_BYTES])
+
+    def drain(self, now: float) -> None:
+        """Log queued lines while the budget lasts, each costing its bytes and
+        :data:`LINE_COST_BYTES`; when lines remain, pause until it has refilled."""
+        self._refill(now)
+        while self.pending and self.tokens > 0:
+            line = self.pending.popleft()
+            self.tokens -= len(line) + LINE_COST_BYTES
+            self._log(line)
+        if self.tokens <= 0 or self.pending:
+            self.paused_until = now + (LINE_COST_BYTES - min(self.tokens, 0.0)) / RATE_BYTES_PER_S
 
     def flush(self) -> None:
+        """At the end of the pipe: the partial line, then what the budget allows of the
+        queue now; the rest is counted in one line, not logged."""
         if self._partial:
-            self._log(self._partial)
+            self.pending.append(self._partial)
             self._partial = b""
+        self.drain(time.monotonic())
+        if self.pending:
+            left, self.pending = len(self.pending), collections.deque()
+            logger.bind(worker_output=self.label).info(
+                "output of {}: ({:,} more lines not shown: over its output budget)", self.label, left)
 
     def _log(self, line: bytes) -> None:
         logger.bind(worker_output=self.label).info("output of {}: {}", self.label, _shown(line))
@@ -122,6 +149,8 @@ class OutputPump:
             with self._lock:
                 streams = list(self._streams.values())
             for stream in streams:
+                if stream.paused_until <= now and stream.pending:
+                    self._drain(stream, now)  # what waits is logged before the pipe is read again
                 if stream.paused_until > now:
                     wait = stream.paused_until - now
                     timeout = wait if timeout is None else min(timeout, wait)
@@ -139,9 +168,15 @@ class OutputPump:
                 if stream_or_none is not None:
                     self._read(stream_or_none)
 
+    @staticmethod
+    def _drain(stream: OutputStream, now: float) -> None:
+        try:
+            stream.drain(now)
+        except Exception:  # a sink that fails must not stop the pump
+            stream.pending.clear()
+
     def _read(self, stream: OutputStream) -> None:
         now = time.monotonic()
-        stream._refill(now)
         try:
             data = os.read(stream.fd, _READ_BYTES)
         except BlockingIOError:
@@ -149,19 +184,15 @@ class OutputPump:
         except OSError:
             data = b""
         if not data:
-            stream.flush()
+            with contextlib.suppress(Exception):  # a sink that fails must not stop the pump
+                stream.flush()
             with self._lock:
                 self._streams.pop(stream.fd, None)
             stream.closed = True
             os.close(stream.fd)
             return
-        stream.tokens -= len(data)
-        if stream.tokens < 0:  # over budget: not read again until it has refilled
-            stream.paused_until = now + (-stream.tokens) / RATE_BYTES_PER_S
-        try:
-            stream.feed(data)
-        except Exception:  # a sink that fails must not stop the pump
-            pass
+        stream.feed(data)
+        self._drain(stream, now)  # over budget: not read again until it has refilled
 
 
 PUMP: Final = OutputPump()

@@ -4,8 +4,10 @@ This module is the main program of a separate interpreter the host starts with
 ``python -I`` (isolated mode: no ``PYTHONPATH``, no user site, no working directory on
 ``sys.path``), with an environment built from the allowlist
 (:data:`rho_actors.sandbox.confine.enclosure.ENV_ALLOWLIST`), no descriptor but its control
-socket, and the ``sys.path`` folders the host names (:func:`boot`). It imports the
-sandbox kernel only (never the host's ``__main__`` nor any other host code) and forks
+socket, and ``sys.path`` the folders of the Python installation and of rho_actors only
+(:func:`boot`: the host's other folders are its children's once they are confined,
+:data:`HOST_PATHS`). It imports the sandbox kernel only (never the host's ``__main__``
+nor any other host code, nor any file of the host's own folders) and forks
 every untrusted child from there. The host's side is :mod:`rho_actors.sandbox.clean`.
 
 Protocol, on the control socket (``SOCK_SEQPACKET``): the host sends one ``b"F"``
@@ -195,12 +197,22 @@ def main(control_fd: int, preload: tuple[str, ...] = ()) -> None:
         os._exit(0)
 
 
+HOST_PATHS: Final[list[str]] = []
+"""The host's ``sys.path`` (in the fork server and its children; empty elsewhere):
+what a child's ``sys.path`` becomes once it is confined
+(:func:`rho_actors.sandbox.child.enter_child`). Until then ``sys.path`` holds the
+kernel's folders only (the installation's, and rho_actors' own), so no file in another
+host folder (the script's, a plugin folder) is ever imported with the host's uid."""
+
+
 def boot(argv: list[str]) -> None:
-    """``python -I -c`` entry: ``argv`` is ``[paths_json, control_fd, preload_json]``;
-    ``sys.path`` becomes the host's list of folders before anything of rho_actors is
-    imported."""
+    """``python -I -c`` entry: ``argv`` is ``[kernel_paths_json, control_fd, preload_json,
+    host_paths_json]``; ``sys.path`` is the kernel's folders before anything of
+    rho_actors is imported (:data:`BOOT`), the host's are kept in :data:`HOST_PATHS`."""
     paths: Any = json.loads(argv[0])
     sys.path[:] = [p for p in paths if isinstance(p, str)]
+    host: Any = json.loads(argv[3])
+    HOST_PATHS[:] = [p for p in host if isinstance(p, str)]
     preload: Any = json.loads(argv[2])
     main(int(argv[1]), tuple(p for p in preload if isinstance(p, str)))
 

@@ -13,6 +13,7 @@ import hashlib
 import importlib.metadata
 import os
 import stat
+import sys
 import threading
 import time
 import types
@@ -150,13 +151,28 @@ def _signature(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _on_sys_path(folder: Path) -> str | None:
+    """Why an untrusted plugin folder's files are not loaded: the folder is on this
+    process's ``sys.path`` (``""`` is the working directory), so any of its files could
+    be imported here by the name of a module looked up later (an optional dependency, a
+    module imported on first use), with this process's uid; else ``None``."""
+    real = os.path.realpath(folder)
+    if any(os.path.realpath(p or os.getcwd()) == real for p in sys.path if isinstance(p, str)):
+        return ("refused: the plugin folder is on sys.path, so this process could import its files as modules; "
+                "keep untrusted plugins in a folder of their own")
+    return None
+
+
 class PluginFolder:
     """A folder of tool modules: each ``*.py`` file directly in ``path`` (not starting
     with ``.`` or ``_``) is one tool, the module itself or the one tool defined in it
     (see the module doc).
 
     Untrusted (``trusted=False``, the default): a file is never imported in this
-    process. Which tool it holds is found in a throwaway child process (bounded by
+    process, and a folder on this process's ``sys.path`` (the script's own folder, say)
+    gives no tools: each of its files is a :class:`Broken` saying so, since any of them
+    could be imported here by a module name looked up later. Which tool it holds is
+    found in a throwaway child process (bounded by
     ``discovery_timeout_s`` seconds; its process tree is killed at the end), and the
     tool in the scan is a :class:`~rho_actors.sandbox.plugins.PluginRef` (the path, the
     tool's name in the file and the file's bytes), registered untrusted: its
@@ -235,9 +251,13 @@ class PluginFolder:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".py") and not n.startswith((".", "_")))
         found: dict[str, tuple[Any, object]] = {}
         waiting: dict[str, concurrent.futures.Future[_Seen]] = {}
+        importable = None if self.trusted else _on_sys_path(folder)
         for filename in names:
             file = self.path / filename
             key = str(file)
+            if importable is not None:
+                found[key] = (Broken(f"{file}: {importable}"), ("refused", importable))
+                continue
             try:
                 st = os.stat(folder / filename, follow_symlinks=False)
             except FileNotFoundError:  # removed since the listing

@@ -51,6 +51,7 @@ from typing import Any, Final
 from loguru import logger
 
 from rho_actors.sandbox.confine import cgroups, landlock, namespaces, seccomp
+from rho_actors.sandbox.confine.code_paths import split_sys_path
 from rho_actors.sandbox.confine.trees import kill_tree
 
 __all__ = [
@@ -111,7 +112,8 @@ class Confinement:
     ``None`` leaves a limit as inherited.
 
     ``uid``/``gid``: identity to drop to (only when the child starts as root).
-    ``read_only``/``read_write``: Landlock paths (see :func:`python_read_paths`); the
+    ``read_only``/``read_write``: Landlock paths (see :func:`python_read_paths`),
+    ``list_only``: folders whose entries may be listed, not read; the
     ``private_dir`` is added to ``read_write`` and becomes ``HOME``, ``TMPDIR`` and the
     working directory. ``landlock=False`` skips Landlock. ``nproc`` (``RLIMIT_NPROC``,
     processes of the dropped uid machine-wide), ``nofile``, ``fsize``, ``address_space``
@@ -146,6 +148,7 @@ class Confinement:
     landlock: bool = True
     read_only: tuple[str, ...] = ()
     read_write: tuple[str, ...] = ()
+    list_only: tuple[str, ...] = ()
     private_dir: str | None = None
     nproc: int | None = 64
     nofile: int | None = 256
@@ -225,7 +228,7 @@ def apply(spec: Confinement) -> tuple[str, ...]:
     if spec.landlock:
         writable = (*spec.read_write, "/dev/null", *(() if spec.private_dir is None else (spec.private_dir,)))
         try:
-            landlock.restrict_self(spec.read_only, writable)
+            landlock.restrict_self(spec.read_only, writable, spec.list_only)
             done.append("landlock")
         except landlock.LandlockError as exc:
             if exc.errno not in (38, 95):  # ENOSYS, EOPNOTSUPP: no Landlock here (probe() said so)
@@ -490,17 +493,13 @@ def warn_if_unconfined() -> str | None:
 
 def python_read_paths(modules: Iterable[str] = (), exclude: Iterable[str] = ()) -> tuple[str, ...]:
     """Read-only Landlock paths for running Python and a tool: this interpreter's
-    prefixes, every ``sys.path`` folder, :data:`SYSTEM_READ_PATHS` and the given module
-    file or folder paths. A ``sys.path`` folder that contains one of ``exclude`` (say
-    ``data_dir``) is left out: pass the folders of the modules needed from it instead."""
-    shut = [os.path.realpath(p) for p in exclude]
-
-    def allowed(path: str) -> bool:
-        real = os.path.realpath(path)
-        return not any(s == real or s.startswith(real.rstrip(os.sep) + os.sep) for s in shut)
-
-    found = [sys.prefix, sys.base_prefix, sys.exec_prefix, *(p for p in sys.path if p and os.path.isdir(p))]
-    paths = [p for p in found if allowed(p)] + [*SYSTEM_READ_PATHS, *modules]
+    prefixes, the ``sys.path`` folders inside them, the code entries of every other
+    ``sys.path`` folder (:mod:`rho_actors.sandbox.confine.code_paths`: no ``.env`` beside the host's
+    script), :data:`SYSTEM_READ_PATHS` and the given module file or folder paths. A
+    ``sys.path`` folder that contains one of ``exclude`` (say ``data_dir``) is left out:
+    pass the folders of the modules needed from it instead. The folders to list only:
+    :func:`rho_actors.sandbox.confine.code_paths.split_sys_path`."""
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, *split_sys_path(exclude)[0], *SYSTEM_READ_PATHS, *modules]
     return tuple(dict.fromkeys(os.path.realpath(p) if p != "/proc/self" else p for p in paths))
 
 

@@ -25,6 +25,7 @@ from loguru import logger
 
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.confine.cgroups import Cgroup, CgroupError
+from rho_actors.sandbox.confine.code_paths import split_sys_path
 from rho_actors.sandbox.confine.confinement import (
     DEFAULT_UID,
     Confinement,
@@ -232,6 +233,7 @@ class Enclosure:
                 # starve every other worker of processes. A cgroup bounds this tree alone.
                 nproc=base.nproc if self.cgroup is None or policy.pids_max is None else None,
                 read_only=python_read_paths(modules=modules, exclude=policy.exclude),
+                list_only=split_sys_path(policy.exclude)[1],
                 private_dir=self.private_dir,
                 # the cgroup bounds the whole tree; RLIMIT_AS stays as a per-process backstop
                 address_space=heap_bytes or None,

@@ -89,10 +89,11 @@ def _handled(abi: int) -> tuple[int, int]:
     return fs, scoped
 
 
-def restrict_self(read_only: Iterable[str], read_write: Iterable[str]) -> int:
+def restrict_self(read_only: Iterable[str], read_write: Iterable[str], list_only: Iterable[str] = ()) -> int:
     """Confine this thread (and every process it starts) to ``read_only`` paths (read,
-    list, execute) and ``read_write`` paths (every filesystem right), recursively beneath
-    each; from ABI 6 also scope signals and abstract Unix sockets to the domain.
+    list, execute), ``read_write`` paths (every filesystem right) and ``list_only``
+    folders (their entries listed, no file read), recursively beneath each; from ABI 6
+    also scope signals and abstract Unix sockets to the domain.
 
     Call it in a single-threaded process after ``PR_SET_NO_NEW_PRIVS`` (or with
     ``CAP_SYS_ADMIN``): Landlock binds the calling thread only. A path that does not
@@ -104,7 +105,7 @@ def restrict_self(read_only: Iterable[str], read_write: Iterable[str]) -> int:
     ruleset = _syscall(0, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     try:
         reading = _EXECUTE | _READ_FILE | _READ_DIR
-        for paths, access in ((read_only, reading), (read_write, fs)):
+        for paths, access in ((read_only, reading), (read_write, fs), (list_only, _READ_DIR)):
             for path in paths:
                 _add_path(ruleset, path, access)
         _syscall(2, ctypes.c_int(ruleset), ctypes.c_uint32(0))

@@ -15,10 +15,25 @@ falls back to ``clone``, whose flags the filter can read):
 - the filesystem tree: ``mount``, ``umount2``, ``pivot_root``, ``chroot`` and the new
   mount API (``fsopen``, ``fsmount``, ``move_mount``, ``open_tree``, ...);
 - the machine: module loading, ``kexec``, ``reboot``, swap, ``acct``, ``iopl``/``ioperm``;
+- kernel objects counted per uid, not per process (every worker runs as the one dropped
+  uid, so one worker holding them all would starve every other session's and every other
+  process of that uid): ``inotify_init``/``inotify_init1`` (``max_user_instances``, 128),
+  ``fanotify_init`` and ``mq_open`` (POSIX queues' bytes, ``RLIMIT_MSGQUEUE`` per user);
 - sockets: ``socket()`` of any family but ``AF_INET``/``AF_INET6`` (so no ``AF_UNIX``
   socket can connect to a pathname socket anywhere on the host, no netlink, netfilter
-  or packet socket), and ``SOCK_RAW``/``SOCK_PACKET`` of those two. ``socketpair`` stays
-  (pipes between a tool's own processes).
+  or packet socket), and ``SOCK_RAW``/``SOCK_PACKET`` of those two; ``socketpair`` of
+  ``AF_UNIX`` ``SOCK_STREAM``/``SOCK_SEQPACKET`` only (pipes between a tool's own
+  processes: connected for life, they name no other peer). A ``SOCK_DGRAM`` pair is
+  denied: a datagram socket may ``sendto`` or ``connect`` to any pathname socket, which
+  no network namespace and no Landlock rule covers (``/dev/log``, journald, any host
+  service's datagram socket).
+- other processes' scheduling and limits: every worker runs as the one dropped uid, and
+  the uid is all that ``setpriority``, ``ioprio_set``, ``prlimit64``,
+  ``sched_setaffinity``, ``sched_setscheduler``, ``sched_setparam`` and
+  ``sched_setattr`` check (Landlock scopes signals, not these), so a worker could lower
+  another session's limits or priorities, or a warm spare's; each is allowed on the
+  caller itself only (pid ``0``; ``setpriority``/``ioprio_set`` of ``who`` ``0`` and not
+  of a whole user).
 """
 
 from __future__ import annotations
@@ -45,11 +60,13 @@ DENIED: Final = (
     "open_tree", "mount_setattr",
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
     "swapon", "swapoff", "acct", "iopl", "ioperm", "quotactl", "lookup_dcookie",
+    "inotify_init", "inotify_init1", "fanotify_init", "mq_open",
 )  # fmt: skip
 """Syscalls denied outright (``EPERM``); names unknown on this architecture are skipped."""
 
 _AF_INET, _AF_INET6 = 2, 10
-_SOCK_TYPE_MASK, _SOCK_RAW, _SOCK_PACKET = 0xF, 3, 10
+_AF_UNIX: Final = 1
+_SOCK_TYPE_MASK, _SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_RAW, _SOCK_PACKET = 0xF, 1, 5, 3, 10
 _SECCOMP_SET_MODE_FILTER: Final = 1
 _SYS_SECCOMP: Final = {"x86_64": 317, "aarch64": 277}
 
@@ -90,10 +107,36 @@ def _compile() -> bytes:
         f.add_rule(deny, "socket", sc.Arg(0, sc.EQ, family))
     for kind in (_SOCK_RAW, _SOCK_PACKET):
         f.add_rule(deny, "socket", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
+    # socketpair: AF_UNIX streams only; an unconnected (datagram) Unix socket could address a pathname socket
+    f.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, _AF_UNIX))
+    for kind in range(_SOCK_TYPE_MASK + 1):
+        if kind not in (_SOCK_STREAM, _SOCK_SEQPACKET):
+            f.add_rule(deny, "socketpair", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
+    _own_process_only(f, deny, sc)
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)
         return out.read()
+
+
+_PID_FIRST: Final = ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
+_WHICH_WHO: Final = {"setpriority": 2, "ioprio_set": 3}  # syscall -> its "which" value naming a whole user
+_INT: Final = 0xFFFFFFFF
+
+
+def _own_process_only(f: Any, deny: Any, sc: Any) -> None:
+    """Rules keeping the calls that act on a process by pid (gated only by the uid) to
+    the caller's own: a pid other than 0 is denied; the kernel reads these as ``int``, so
+    a value with any upper bit set is denied too, and a ``which`` is compared on its low
+    32 bits."""
+    for name in _PID_FIRST:
+        try:
+            f.add_rule(deny, name, sc.Arg(0, sc.NE, 0))
+        except (OSError, ValueError, RuntimeError):
+            continue  # not a syscall on this architecture
+    for name, user in _WHICH_WHO.items():
+        f.add_rule(deny, name, sc.Arg(1, sc.NE, 0))
+        f.add_rule(deny, name, sc.Arg(0, sc.MASKED_EQ, _INT, user))
 
 
 @functools.cache
