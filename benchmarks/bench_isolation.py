@@ -656,7 +656,7 @@ def print_text(report: Mapping[str, Any]) -> None:
 
 def print_many(report: Mapping[str, Any]) -> None:
     m = report["many_sessions"]
-    print(f"\n5. {m['sessions']} sessions, turns of one 5 ms call (throughput, latency p50 / p99 ms, workers started)")
+    print(f"\n6. {m['sessions']} sessions, turns of one 5 ms call (throughput, latency p50 / p99 ms, workers started)")
     for label in ("trusted", "untrusted"):
         r = m[label]
         print(
