@@ -14,6 +14,8 @@ from loguru import logger
 from rho_actors import ActorSystem
 from rho_actors.sandbox.clean import preload_modules
 
+from .wire_server import WireServer
+
 WAIT_S = 10.0
 """Upper bound on any wait in the tests: reaching it means a failure, never a pass."""
 
@@ -77,3 +79,10 @@ class Recorder:
 # main module: have it import pytest once, as multiprocessing's fork server did through
 # the test runner's __main__, so a tool defined in a test module loads as fast as before.
 preload_modules("pytest")
+
+
+@pytest.fixture
+def server() -> Iterator[WireServer]:
+    """A loopback server speaking the providers' wire rules (:class:`WireServer`), per test."""
+    with WireServer() as srv:
+        yield srv

@@ -43,12 +43,6 @@ def ping(n: int = 0) -> str:
 
 
 @pytest.fixture
-def server() -> Iterator[WireServer]:
-    with WireServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def loop(tmp_path: Path) -> Iterator[Any]:
     RUNS.clear()
     system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)

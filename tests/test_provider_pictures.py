@@ -6,7 +6,6 @@ with a notice in its result."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,6 @@ WIDE = picture("PNG", (2100, 8))  # within the one-picture limit (8000 px), over
 def screenshot(n: int) -> Image:
     """Take a (wide) screenshot."""
     return Image(WIDE, "image/png")
-
-
-@pytest.fixture
-def server() -> Iterator[WireServer]:
-    with WireServer() as srv:
-        yield srv
 
 
 def claude(server: WireServer) -> AnthropicModel:

@@ -43,12 +43,6 @@ def lookup(key: str) -> str:
 
 
 @pytest.fixture
-def server() -> Iterator[WireServer]:
-    with WireServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def loop(tmp_path: Path) -> Iterator[Any]:
     system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
     try:

@@ -64,12 +64,6 @@ ADD_SCHEMA = ADD["parameters"]
 
 
 @pytest.fixture
-def server() -> Iterator[WireServer]:
-    with WireServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def oai(server: WireServer) -> Iterator[OpenAIModel]:
     with OpenAIModel("gpt-test", base_url=server.openai_url, api_key="dummy", retry=FAST, timeout_s=5.0) as m:
         yield m
