@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from loguru import logger
@@ -28,6 +29,18 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+def read_line(stream: IO[str], timeout_s: float = WAIT_S) -> str:
+    """The next line of ``stream`` (a child's pipe), failing the test when none comes within
+    ``timeout_s`` seconds (the reading thread is a daemon: a stuck pipe does not hold
+    pytest)."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout_s)
+    except queue.Empty:
+        raise AssertionError(f"no line within {timeout_s} s") from None
 
 
 def extra_threads(before: set[threading.Thread]) -> list[threading.Thread]:

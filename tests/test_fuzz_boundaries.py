@@ -264,7 +264,9 @@ def test_a_nan_progress_reaches_a_viewer_as_strict_json(tmp_path: Path) -> None:
             strict_loads(lines.readline())
             assert system.start_loop("nan").run_turn([ToolCall("c1", "odd", '{"n": 1}')])[0].ok
             seen: list[dict[str, Any]] = []
+            until = time.monotonic() + BOUND_S
             while not any(m.get("event") == "ProgressEvent" for m in seen):
+                assert time.monotonic() < until, seen
                 seen.append(strict_loads(lines.readline()))
         sock.close()
         observer.close()

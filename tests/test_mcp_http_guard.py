@@ -29,7 +29,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from rho_actors import ActorSystem
 from rho_actors.mcp import HTTPGuard, aserve
-from tests.conftest import WAIT_S, wait_for
+from tests.conftest import WAIT_S, read_line, wait_for
 from tests.mcp_fixtures import served_tools
 
 TOKEN = "a-test-token-of-32-characters-xx"
@@ -117,11 +117,14 @@ def test_requests_without_the_token_get_401_before_any_session_is_made(served: C
     assert _session_folders(server.system) == []
 
     async def main() -> None:
-        with anyio.fail_after(WAIT_S):  # the SDK's client without the token: refused
+        refused = server.guard.stats()["refused_unauthenticated"]
+        with anyio.fail_after(WAIT_S):  # the SDK's client without the token: refused by the guard
             with pytest.raises(Exception):
                 async with streamable_http_client(server.url, http_client=_client(None)) as (read, write), \
                         ClientSession(read, write) as session:
                     await session.initialize()
+        assert server.guard.stats()["refused_unauthenticated"] > refused  # the 401, not another failure
+        assert server.guard.stats()["sessions"] == 0
         with anyio.fail_after(WAIT_S):  # and with it: served
             async with streamable_http_client(server.url, http_client=_client(TOKEN)) as (read, write), \
                     ClientSession(read, write) as session:
@@ -193,7 +196,7 @@ def test_sessions_of_clients_killed_mid_call_are_reaped_within_client_gone_s(
                                 text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}) for _ in range(2)]
     try:
         for client in clients:  # 8 sessions, each with a call running on the server
-            assert client.stdout is not None and client.stdout.readline().strip() == "READY"
+            assert client.stdout is not None and read_line(client.stdout).strip() == "READY"
         assert server.guard.stats()["rho_sessions"] == 8
         assert me.num_fds() >= fds + 8 and len(_threads() - threads) >= 8
     finally:
@@ -222,11 +225,11 @@ def test_rho_actors_mcp_serve_http_prints_its_token_and_refuses_requests_without
                              "2"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()
+        line = read_line(proc.stderr)
         assert line.startswith("MCP bearer token: "), line
         token = line.split(": ", 1)[1].strip()
         assert len(token) >= 32
-        assert "serving MCP at" in proc.stderr.readline()
+        assert "serving MCP at" in read_line(proc.stderr)
         url = f"http://127.0.0.1:{port}/mcp"
 
         def answer(headers: dict[str, str]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -74,20 +75,39 @@ def test_a_tool_registered_again_never_gets_the_old_code_s_worker_or_its_implant
     assert seen["pid"] != old_pid
 
 
-def _plant_slowly(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+def _plant_until_signalled(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+    """Plant the implant, then answer only once the host sends SIGUSR1 (bounded: 30 s)."""
+    import signal
     import time
 
     answer = _plant(args, ctx)
-    time.sleep(1.0)  # long enough for the test to unregister it while it runs
+    released: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda *_: released.append(1))  # seen by the host in /proc/<pid>/status
+    until = time.monotonic() + 30
+    while not released and time.monotonic() < until:
+        time.sleep(0.005)
     return answer
 
 
+def _catches_sigusr1(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for SIGUSR1 (its ``SigCgt`` mask)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(caught & (1 << (signal.SIGUSR1 - 1)))
+
+
 def test_a_busy_worker_of_a_registration_that_went_is_retired_when_its_call_ends(system: ActorSystem) -> None:
-    system.register(make_tool("probe", _plant_slowly), untrusted=True)
+    system.register(make_tool("probe", _plant_until_signalled), untrusted=True)
     loop = system.start_loop("s1")
     future = loop.submit_turn([ToolCall("c", "probe", "{}")])
-    assert wait_for(lambda: system.stats().get("untrusted_workers_busy") == 1)  # the call is in its worker
-    system.unregister("probe")
+    busy: list[int] = []
+    assert wait_for(lambda: bool(busy.extend(p for p in system.worker_pids() if _catches_sigusr1(p)) or busy))
+    system.unregister("probe")  # while its call runs (it waits for the signal)
+    assert not future.done()
+    os.kill(busy[0], signal.SIGUSR1)
     [first] = future.result(30)
     assert first.ok, first.content
     old_pid = json.loads(first.content)["pid"]

@@ -34,8 +34,9 @@ async def main() -> None:
     async with anyio.create_task_group() as tasks:
         for _ in range(sessions):
             tasks.start_soon(one, running)
-        while len(running) < sessions:
-            await anyio.sleep(0.02)
+        with anyio.fail_after(60):  # every session's call running, or this client fails
+            while len(running) < sessions:
+                await anyio.sleep(0.02)
         print("READY", flush=True)
 
 
