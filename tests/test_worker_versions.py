@@ -103,8 +103,11 @@ def test_a_busy_worker_of_a_registration_that_went_is_retired_when_its_call_ends
     system.register(make_tool("probe", _plant_until_signalled), untrusted=True)
     loop = system.start_loop("s1")
     future = loop.submit_turn([ToolCall("c", "probe", "{}")])
-    busy: list[int] = []
-    assert wait_for(lambda: bool(busy.extend(p for p in system.worker_pids() if _catches_sigusr1(p)) or busy))
+    def waiting() -> list[int]:  # the worker whose tool now waits for the signal
+        return [p for p in system.worker_pids() if _catches_sigusr1(p)]
+
+    assert wait_for(lambda: bool(waiting()))
+    busy = waiting()
     system.unregister("probe")  # while its call runs (it waits for the signal)
     assert not future.done()
     os.kill(busy[0], signal.SIGUSR1)
