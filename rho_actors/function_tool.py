@@ -49,11 +49,10 @@ from typing import Any, overload
 import docstring_parser
 import pydantic
 
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, Concurrency, ToolContext, looks_like_context
+from rho_actors.tool import CONTEXT_NAME, DEFAULT_TIMEOUT_MS, Concurrency, ToolContext, looks_like_context
 
 __all__ = ["FunctionTool", "tool"]
 
-_CTX = "ctx"
 _BOUND = ("self", "cls")
 _CONCURRENCIES = ("parallel", "exclusive")
 
@@ -105,15 +104,15 @@ class FunctionTool:
             self.selftest = selftest
         signature = inspect.signature(func)
         fields: dict[str, Any] = {}
-        hints = _type_hints(func, exclude=_CTX)
+        hints = _type_hints(func, exclude=CONTEXT_NAME)
         params = list(signature.parameters.values())
         if params and params[0].name in _BOUND and "." in func.__qualname__:
             params = params[1:]  # a method's self or cls: not an argument of the model's
         self._contexts: dict[str, bool] = {}  # parameter -> whether it gets a ToolContext
-        if _CTX in signature.parameters:
-            self._contexts[_CTX] = _is_context_type(_ctx_hint(func))
+        if CONTEXT_NAME in signature.parameters:
+            self._contexts[CONTEXT_NAME] = _is_context_type(_ctx_hint(func))
         for param in params:
-            if param.name == _CTX:
+            if param.name == CONTEXT_NAME:
                 continue
             if _is_context_type(hints.get(param.name)):
                 self._contexts[param.name] = True
@@ -206,11 +205,11 @@ def _mapping_or_none(annotation: Any) -> bool:
 
 def _ctx_hint(func: Callable[..., Any]) -> Any:
     """The annotation of ``ctx``, resolved when it can be (else as written)."""
-    annotation = getattr(func, "__annotations__", {}).get(_CTX)
+    annotation = getattr(func, "__annotations__", {}).get(CONTEXT_NAME)
     if annotation is None:
         return None
     try:
-        return _type_hints_of(func, _CTX, annotation)
+        return _type_hints_of(func, CONTEXT_NAME, annotation)
     except Exception:
         return annotation
 

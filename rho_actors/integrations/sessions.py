@@ -46,11 +46,6 @@ class SessionLoops:
         self._loops: dict[str, Loop] = {}
         self._lock = threading.Lock()
 
-    @property
-    def fixed(self) -> Loop | None:
-        """The one loop every call runs in, or None when sessions follow the framework's."""
-        return self._loop
-
     def loop(self, session_id: str | None) -> Loop:
         """The loop for the framework's thread or conversation ``session_id``. Raises
         ``ValueError`` when sessions follow the framework's and it gave none (or one

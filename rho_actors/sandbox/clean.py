@@ -38,19 +38,14 @@ import rho_actors
 from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.confine.code_paths import installation_prefixes
-from rho_actors.sandbox.confine.enclosure import ENV_ALLOWLIST
+from rho_actors.sandbox.confine.enclosure import scrubbed_env
 from rho_actors.sandbox.output import PUMP, OutputStream
-from rho_actors.sandbox.zygote import BOOT, FORK, SPEC, STATUS
+from rho_actors.sandbox.zygote import BOOT, FORK, SPEC, SPEC_TIMEOUT_S, STATUS
 
 __all__ = ["CleanProcess", "preload_modules", "spawn_clean", "stop_zygote", "zygote_pid"]
 
 _START_TIMEOUT_S: Final = 30.0
 """How long the fork server may take to start and report a child's pid."""
-_SPEC_TIMEOUT_S: Final = 30.0
-
-
-def _zygote_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
 
 
 def _paths() -> list[str]:
@@ -87,7 +82,7 @@ class _Zygote:
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-c", BOOT, json.dumps(_kernel_paths(paths)), str(theirs.fileno()),
                  json.dumps(_PRELOADS), json.dumps(paths)],
-                pass_fds=(theirs.fileno(),), env=_zygote_env(), cwd="/", stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), env=scrubbed_env(), cwd="/", stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, close_fds=True, start_new_session=True,
             )
         except BaseException:
@@ -203,12 +198,16 @@ class CleanProcess:
 
     @property
     def exitcode(self) -> int | None:
+        """The child's exit code (negative: the signal that ended it), ``None`` while it runs."""
         return self._poll(0)
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait for the child to end, at most ``timeout`` seconds (``None``: no bound), as
+        ``multiprocessing.Process.join``; it is reaped once it has."""
         self._poll(timeout)
 
     def is_alive(self) -> bool:
+        """Whether the child still runs."""
         return self._poll(0) is None
 
     def close(self) -> None:
@@ -262,7 +261,7 @@ def spawn_clean(
     proc = CleanProcess(pid, status_r, PUMP.add(out_r, f"{label} (pid {pid})"))
     channel = Channel(parent, status_r)
     try:
-        channel.send(SPEC, spec, time.monotonic() + _SPEC_TIMEOUT_S)
+        channel.send(SPEC, spec, time.monotonic() + SPEC_TIMEOUT_S)
     except BaseException:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, 9)

@@ -39,7 +39,7 @@ import sys
 import time
 from typing import Any, Final
 
-__all__ = ["FORK", "STATUS", "SPEC", "boot", "main"]
+__all__ = ["FORK", "SPEC", "SPEC_TIMEOUT_S", "STATUS", "boot", "main"]
 
 FORK: Final = b"F"
 """The one request on the control socket: fork a child (three descriptors attached)."""
@@ -48,7 +48,8 @@ STATUS: Final = struct.Struct("!i")
 SPEC: Final = b"S"
 """The tag of the first frame on a child's channel: its pickled ``(entry, setup, payload)``."""
 CHANNEL_FD: Final = 3
-_SPEC_TIMEOUT_S: Final = 30.0
+SPEC_TIMEOUT_S: Final = 30.0
+"""How long one side waits for a child's setup (``SPEC``) frame, in seconds."""
 _PRELOAD: Final = (
     "rho_actors.sandbox.worker", "rho_actors.sandbox.reads", "rho_actors.sandbox.plugins", "rho_actors.selftest",
 )
@@ -98,7 +99,7 @@ def _run_child() -> None:
 
     channel = Channel(_Fd(CHANNEL_FD))  # one Channel: what the host sent after the spec stays in it
     try:
-        tag, body = channel.recv(time.monotonic() + _SPEC_TIMEOUT_S)
+        tag, body = channel.recv(time.monotonic() + SPEC_TIMEOUT_S)
         if tag != SPEC:
             os._exit(3)
         entry, setup, payload = pickle.loads(body)

@@ -37,15 +37,19 @@ class LangChainTool:
         self.tool = tool
 
     def name(self) -> str:
+        """The LangChain tool's own name."""
         return self.tool.name
 
     def description(self) -> str:
+        """The LangChain tool's own description."""
         return self.tool.description
 
     def parameter_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the tool's arguments, from its own args schema."""
         return _schema(self.tool)
 
     def run(self, args: Mapping[str, Any], ctx: Mapping[str, Any]) -> Any:
+        """``tool.invoke(args)``: what it returns, or what it raises (a rho error result)."""
         return self.tool.invoke(dict(args))
 
 
@@ -53,6 +57,7 @@ class AsyncLangChainTool(LangChainTool):
     """:class:`LangChainTool` for a tool with a coroutine and no sync function."""
 
     async def run(self, args: Mapping[str, Any], ctx: Mapping[str, Any]) -> Any:
+        """``await tool.ainvoke(args)``, cancelled at the call's deadline."""
         return await self.tool.ainvoke(dict(args))
 
 

@@ -78,10 +78,16 @@ class RhoToolNode(Runnable[Any, Any]):
         self._sessions = SessionLoops(target, what="RhoToolNode")
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        """Run the last ``AIMessage``'s ``tool_calls`` of ``input`` (a ``MessagesState``
+        or a list of messages) as one rho turn, in the thread's session given a system;
+        returns ``{"messages": [ToolMessage, ...]}`` (a list for a list), one per call in
+        order, ``status="error"`` for every error result. Raises ``ValueError`` for input
+        without such a message."""
         loop = self._sessions.loop(_thread_id(config))
         return _output(input, loop.run_turn(_calls(input)))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        """:meth:`invoke` for asyncio: the turn awaited, the event loop never blocked."""
         loop = self._sessions.loop(_thread_id(config))
         return _output(input, await loop.arun_turn(_calls(input)))
 

@@ -58,9 +58,11 @@ class RhoToolset(AbstractToolset[Any]):
 
     @property
     def id(self) -> str | None:
+        """The toolset's id for pydantic-ai (``id=`` given at construction), or ``None``."""
         return self._id
 
     async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        """The tools the conversation's loop offers now, by name (read at every step)."""
         offered = self._sessions.offered(ctx.conversation_id)
         return {
             info.name: ToolsetTool(
