@@ -28,6 +28,7 @@ import math
 import pathlib
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,19 +79,28 @@ def scrub_text(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-_CONTROLS = re.compile(
+_UNSAFE = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f"  # C0 but tab and newline, DEL, C1 (ESC of OSC 52, clear-screen...)
-    "\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"  # bidi, zero-width
+    "\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"  # bidi, zero-width, line breaks
 )
 
 
 def strip_controls(text: str) -> tuple[str, int]:
-    """``text`` without C0/C1 control characters other than newline and tab, bidi
-    controls (U+061C, U+200E/F, U+202A-E, U+2066-9) and zero-width characters (U+200B-D,
-    U+2060-4, U+FEFF), and how many were removed. What is left cannot move a terminal's
-    cursor, set its clipboard (OSC 52), clear it, or reorder what a reader sees."""
-    stripped, count = _CONTROLS.subn("", text)
+    """``text`` without its unsafe characters (see :func:`replace_controls`), and how
+    many were removed."""
+    stripped, count = _UNSAFE.subn("", text)
     return stripped, count
+
+
+def replace_controls(text: str, replacement: str | Callable[[re.Match[str]], str] = "\ufffd") -> str:
+    """``text`` with every unsafe character replaced by ``replacement`` (a string, or a
+    function of the match as for :func:`re.sub`): C0/C1 control characters other than
+    newline and tab (carriage return included: it overwrites a line), DEL, bidi
+    controls (U+061C, U+200E/F, U+202A-E, U+2066-9), zero-width characters (U+200B-D,
+    U+2060-4, U+FEFF) and the line/paragraph separators U+2028/9. What is left cannot
+    move a terminal's cursor, set its clipboard (OSC 52), clear it, or reorder or break
+    what a reader sees. The one rule for text from a tool, a child or a peer."""
+    return _UNSAFE.sub(replacement, text)
 
 
 def _jsonable(value: Any, depth: int, seen: set[int]) -> Any:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from rho_actors.encoding import cap_text, describe_exception, encode_output, scrub_text
+from rho_actors.encoding import cap_text, describe_exception, encode_output, replace_controls, scrub_text
 from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolFailure, ToolResult
 
 __all__ = [
@@ -245,7 +245,6 @@ TRACEBACK: Final = "traceback"
 """The key of a ``raised``/``exited`` result's ``details`` that holds the traceback."""
 MAX_TRACEBACK_CHARS: Final = 20_000
 _OWN_DIR: Final = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def tool_traceback(exc: BaseException) -> str:
@@ -269,7 +268,7 @@ def tool_traceback(exc: BaseException) -> str:
         text = "".join(report.format())
     except BaseException:
         text = f"{type(exc).__name__} (its traceback could not be formatted)"
-    text = _CONTROL.sub("", scrub_text(text))
+    text = replace_controls(scrub_text(text), "")
     if len(text) > MAX_TRACEBACK_CHARS:
         text = "...\n" + text[-MAX_TRACEBACK_CHARS:]
     return text
@@ -293,7 +292,7 @@ def traceback_of(result: ToolResult) -> str | None:
     if result.error_kind not in (ErrorKind.RAISED, ErrorKind.EXITED) or not isinstance(details, Mapping):
         return None
     text = details.get(TRACEBACK)
-    return _CONTROL.sub("", text)[-MAX_TRACEBACK_CHARS:] if isinstance(text, str) else None
+    return replace_controls(text, "")[-MAX_TRACEBACK_CHARS:] if isinstance(text, str) else None
 
 
 def result_from_return(call_id: str, name: str, value: Any, max_chars: int, duration_ms: float) -> ToolResult:

@@ -614,17 +614,19 @@ class ActorSystem:
         ``process`` isolation; [] before its first call)."""
         return [pid for isolation in self._runtime.isolations.values() for pid in isolation.pids()]
 
-    def observe(self, address: str | Path | int, *, interval_s: float = 1.0) -> Observer:
+    def observe(self, address: str | Path | int, *, interval_s: float = 1.0, **bounds: Any) -> Observer:
         """Serve a read-only live view of this system (see :mod:`rho_actors.observe.observer`):
         ``address`` is a Unix socket path, or a TCP port on 127.0.0.1 (``0``: any free
         one) that asks viewers for the returned observer's ``token``. Each viewer gets a
         snapshot every ``interval_s`` seconds and every call event and supervisor report
         as newline-delimited JSON; ``rho-actors top --connect ADDRESS`` shows it. Off
-        until called; closed at :meth:`stop` (or with ``observer.close()``). Raises
-        ``OSError`` when the address cannot be bound."""
+        until called; closed at :meth:`stop` (or with ``observer.close()``). ``bounds``:
+        the observer's ``max_queued``, ``max_unauthenticated`` and ``token_deadline_s``
+        (see :class:`~rho_actors.observe.observer.Observer`). Raises ``OSError`` when the
+        address cannot be bound, ``TypeError``/``ValueError`` for a bad bound."""
         from rho_actors.observe.observer import Observer
 
-        observer = Observer(self, address, interval_s=interval_s)
+        observer = Observer(self, address, interval_s=interval_s, **bounds)
         self._observers.append(observer)
         return observer
 

@@ -182,7 +182,7 @@ def test_tcp_connections_that_withhold_their_token_are_capped_and_closed_at_a_de
     """Slow connections on the TCP port get no thread past ``max_unauthenticated``; one
     that trickles its token line a byte at a time is closed at ``token_deadline_s`` in
     all (a per-recv timeout never fires for it); a viewer with the token is served after."""
-    observer = Observer(system, 0, max_unauthenticated=3, token_deadline_s=1.0)
+    observer = system.observe(0, max_unauthenticated=3, token_deadline_s=1.0)
     host, port = observer.address.split(":")
     before = threading.active_count()
     slow = [socket.create_connection((host, int(port)), WAIT_S) for _ in range(3)]
@@ -217,7 +217,7 @@ def test_tcp_connections_that_withhold_their_token_are_capped_and_closed_at_a_de
         s.close()
     observer.close()
     with pytest.raises(ValueError, match="max_unauthenticated"):
-        Observer(system, 0, max_unauthenticated=0)
+        system.observe(0, max_unauthenticated=0)
 
 
 def _wait(predicate: Any) -> bool:

@@ -10,30 +10,26 @@ markup) of the text with every control character and bidirectional override repl
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rich.text import Text
 
-from rho_actors.encoding import scrub_text
+from rho_actors.encoding import replace_controls, scrub_text
 
 __all__ = ["safe_text", "terminal_text"]
 
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-"""C0 controls but tab and newline, DEL, C1 controls (CSI, OSC...), and the characters
-that reorder or break lines out of sight (bidirectional marks, overrides and isolates)."""
 
 
 def safe_text(value: Any) -> str:
     """``value`` (``str()`` of it when not a string; never raises) as a plain string
-    with lone surrogates and every unsafe character (see :data:`_UNSAFE`) replaced by
+    with lone surrogates and every unsafe character (see :func:`~rho_actors.encoding.replace_controls`) replaced by
     U+FFFD. Tab and newline are kept."""
     if not isinstance(value, str):
         try:
             value = str(value)
         except Exception:
             value = f"<{type(value).__qualname__}>"
-    return _UNSAFE.sub("\ufffd", scrub_text(value))
+    return replace_controls(scrub_text(value))
 
 
 def terminal_text(value: Any, style: str = "") -> Text:

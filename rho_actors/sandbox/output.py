@@ -23,13 +23,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import re
 import select
 import threading
 import time
 from typing import Final
 
 from loguru import logger
+
+from rho_actors.encoding import replace_controls
 
 __all__ = ["BURST_BYTES", "LINE_COST_BYTES", "MAX_LINE_BYTES", "PUMP", "RATE_BYTES_PER_S", "OutputPump", "OutputStream"]
 
@@ -44,12 +45,11 @@ LINE_COST_BYTES: Final = 256
 the same whatever its length, so a child printing empty lines gets 256 a second, not
 65,536 (after a burst of 1,024)."""
 _READ_BYTES: Final = 1 << 16
-_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def _shown(raw: bytes) -> str:
     text = raw.decode("utf-8", errors="backslashreplace")
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return replace_controls(text, lambda m: ascii(m.group())[1:-1])
 
 
 class OutputStream:

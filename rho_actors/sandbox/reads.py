@@ -12,7 +12,6 @@ bounded answer, then the child's whole process tree is killed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import pickle
@@ -30,6 +29,7 @@ from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.confine.libc import LIBC, PR_SET_CHILD_SUBREAPER
 from rho_actors.sandbox.confine.trees import kill_tree
 from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
 from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
@@ -62,7 +62,6 @@ _MAX_VALUE_CHARS: Final = 4 * 2**20
 _EXIT_GRACE_S: Final = 1.0
 """How long a child that closed its pipe gets to finish exiting before it is killed."""
 _REAP_TIMEOUT_S: Final = 5.0
-_PR_SET_CHILD_SUBREAPER: Final = 36
 _CANCEL_POLL_S: Final = 0.05
 """How often a declaration read looks at its ``cancel`` event, in seconds."""
 _UNCONFINED: Final = ConfinePolicy(confine=False)
@@ -263,8 +262,7 @@ def become_subreaper() -> None:
     process group, stays in the child's process tree for :func:`end_child` to find.
     Best effort: nothing happens where ``prctl`` is unavailable."""
     with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def linger(channel: Channel) -> None:

@@ -13,13 +13,10 @@ leftovers until a later start finds it gone.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import re
 import shutil
 import tempfile
-import time
 from typing import Final
 
 from loguru import logger
@@ -56,19 +53,6 @@ def _leftovers(folder: str) -> list[str]:
     return out
 
 
-def _rmdir(path: str, timeout_s: float = 2.0) -> None:
-    """Remove an emptied cgroup, waiting (at most ``timeout_s``) for its killed processes."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            os.rmdir(path)
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.005)
-
-
 def sweep() -> dict[str, int]:
     """Remove the private folders and cgroups of hosts no longer running; how many of
     each: ``{"folders": n, "cgroups": m}``. Never raises: what cannot be removed is
@@ -81,18 +65,15 @@ def sweep() -> dict[str, int]:
     removed = 0
     hierarchy = cgroups.find_hierarchy()
     if not isinstance(hierarchy, str):
-        for parent in sorted(set(hierarchy.dirs.values())):
-            for path in _leftovers(parent):
-                with contextlib.suppress(OSError):
-                    kill = os.path.join(path, "cgroup.kill")
-                    if os.path.exists(kill):
-                        with open(kill, "w", encoding="ascii") as f:
-                            f.write("1")
-                try:
-                    _rmdir(path)
-                    removed += 1
-                except OSError as exc:
-                    logger.warning("confinement: a leftover cgroup {} could not be removed: {}", path, exc.strerror)
+        leaves = {os.path.basename(path) for parent in set(hierarchy.dirs.values()) for path in _leftovers(parent)}
+        for leaf in sorted(leaves):
+            group = cgroups.Cgroup.existing(hierarchy, leaf)
+            try:
+                group.kill()
+                group.remove()
+                removed += 1
+            except cgroups.CgroupError as exc:
+                logger.warning("confinement: a leftover cgroup {} could not be removed: {}", leaf, exc)
     if folders or removed:
         logger.info("confinement: swept {} private folders and {} cgroups of hosts no longer running", folders, removed)
     return {"folders": folders, "cgroups": removed}

@@ -41,7 +41,7 @@ from typing import Any, Final, Protocol
 import cloudpickle
 import msgpack
 
-from rho_actors.encoding import describe_exception, scrub_text
+from rho_actors.encoding import describe_exception, replace_controls, scrub_text
 from rho_actors.tool import ErrorKind, Image, ToolResult
 
 __all__ = [
@@ -431,14 +431,11 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-_CONTROL: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-
-
 def child_text(text: str) -> str:
     """A string a child sent, scrubbed once for every later use: lone surrogates and
-    control characters (C0 but tab, newline and carriage return; DEL; C1) become U+FFFD,
-    so it is valid UTF-8 and holds no terminal control sequence."""
-    return _CONTROL.sub("\ufffd", scrub_text(text))
+    unsafe characters (:func:`~rho_actors.encoding.replace_controls`) become U+FFFD, so
+    it is valid UTF-8 and holds no terminal control sequence."""
+    return replace_controls(scrub_text(text))
 
 
 def _scrubbed(value: Any) -> Any:

@@ -152,6 +152,17 @@ class Cgroup:
                     os.rmdir(directory)
             raise CgroupError(exc.errno, f"cannot create cgroup {leaf}: {exc.strerror} ({exc.filename})") from None
 
+    @classmethod
+    def existing(cls, hierarchy: CgroupHierarchy, leaf: str) -> Cgroup:
+        """The cgroup named ``leaf`` that already stands in ``hierarchy`` (a leftover
+        that :func:`~rho_actors.sandbox.sweep.sweep` kills and removes), neither created
+        nor bounded here."""
+        self = cls.__new__(cls)
+        self.version = hierarchy.version
+        self.dirs = {c: os.path.join(d, leaf) for c, d in hierarchy.dirs.items()}
+        self._unique = sorted(set(self.dirs.values()))
+        return self
+
     def _bound(self, memory_max: int | None, pids_max: int | None) -> None:
         memory, pids = self.dirs["memory"], self.dirs["pids"]
         if pids_max is not None:

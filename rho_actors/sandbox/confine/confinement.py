@@ -51,7 +51,8 @@ from typing import Any, Final
 from loguru import logger
 
 from rho_actors.sandbox.confine import cgroups, landlock, namespaces, seccomp
-from rho_actors.sandbox.confine.code_paths import split_sys_path
+from rho_actors.sandbox.confine.code_paths import installation_prefixes, split_sys_path
+from rho_actors.sandbox.confine.libc import LIBC, PR_SET_CHILD_SUBREAPER, checked
 from rho_actors.sandbox.confine.trees import kill_tree
 
 __all__ = [
@@ -90,9 +91,7 @@ SYSTEM_READ_PATHS: Final = (
 
 _PR_SET_PDEATHSIG: Final = 1
 _PR_SET_NO_NEW_PRIVS: Final = 38
-_PR_SET_CHILD_SUBREAPER: Final = 36
 _PR_GET_CHILD_SUBREAPER: Final = 37
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class ConfinementError(OSError):
@@ -101,9 +100,7 @@ class ConfinementError(OSError):
 
 
 def _prctl(option: int, value: int, what: str) -> None:
-    if _libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise ConfinementError(err, f"{what}: {os.strerror(err)}")
+    checked(LIBC.prctl(option, ctypes.c_ulong(value), 0, 0, 0), ConfinementError, what)
 
 
 @dataclass(frozen=True)
@@ -210,7 +207,7 @@ def apply(spec: Confinement) -> tuple[str, ...]:
             os.setsid()
         done.append("session")
     if spec.subreaper:
-        _prctl(_PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
+        _prctl(PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
         done.append("subreaper")
     if spec.cgroup_procs:
         done.append(_join_cgroup(spec.cgroup_procs))
@@ -421,10 +418,9 @@ def probe(uid: int = DEFAULT_UID, gid: int = DEFAULT_UID) -> Probe:
     if not isinstance(hierarchy, str):
         detail["cgroup"] = f"v{hierarchy.version} memory+pids under {hierarchy.dirs['memory']}"
     reaper = None
-    if _libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(ctypes.c_int()), 0, 0, 0) != 0:
+    if LIBC.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(ctypes.c_int()), 0, 0, 0) != 0:
         reaper = f"PR_GET_CHILD_SUBREAPER: {os.strerror(ctypes.get_errno())}"
-    prefixes = {sys.prefix, sys.base_prefix}
-    closed = [r for p in sorted(prefixes) if (r := _readable_by(p, uid, gid))] if root else []
+    closed = [r for p in installation_prefixes() if (r := _readable_by(p, uid, gid))] if root else []
     # a closed folder does not stop a child: it pins its imports while root (child.pin_imports)
     detail["python_readable"] = (f"{'; '.join(closed)}: children import through folders opened before they drop "
                                  f"to uid {uid}" if closed else f"Python is readable by uid {uid}")
@@ -499,7 +495,7 @@ def python_read_paths(modules: Iterable[str] = (), exclude: Iterable[str] = ()) 
     ``sys.path`` folder that contains one of ``exclude`` (say ``data_dir``) is left out:
     pass the folders of the modules needed from it instead. The folders to list only:
     :func:`rho_actors.sandbox.confine.code_paths.split_sys_path`."""
-    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, *split_sys_path(exclude)[0], *SYSTEM_READ_PATHS, *modules]
+    paths = [*installation_prefixes(), *split_sys_path(exclude)[0], *SYSTEM_READ_PATHS, *modules]
     return tuple(dict.fromkeys(os.path.realpath(p) if p != "/proc/self" else p for p in paths))
 
 
@@ -541,7 +537,7 @@ def guard_fork_server() -> bool:
         return False
     if _fork_server == [os.getpid()]:
         return True
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
+    _prctl(PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
     _fork_server[:] = [os.getpid()]
     warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
     atexit.register(kill_tree, os.getpid(), include_root=False)
@@ -555,5 +551,5 @@ def guard_zygote() -> None:
     """In rho's own clean fork server (:mod:`rho_actors.sandbox.zygote`) only: become a
     child subreaper, so orphans of its children reparent there, and make children forked
     from it check its pid as their parent in :func:`apply`."""
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
+    _prctl(PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
     _fork_server[:] = [os.getpid()]

@@ -23,9 +23,12 @@ import stat
 from collections.abc import Iterable
 from typing import Final
 
+from rho_actors.sandbox.confine.libc import LIBC, checked
+
 __all__ = ["LandlockError", "abi_version", "restrict_self"]
 
 _SYSCALLS: Final = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}
+_NAMES: Final = ("landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self")
 _CREATE_RULESET_VERSION: Final = 1
 _RULE_PATH_BENEATH: Final = 1
 
@@ -54,19 +57,13 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 def _syscall(index: int, *args: object) -> int:
     numbers = _SYSCALLS.get(platform.machine())
     if numbers is None:
         raise LandlockError(errno.ENOSYS, f"Landlock syscall numbers unknown on {platform.machine()}")
-    result = int(_libc.syscall(ctypes.c_long(numbers[index]), *args))
-    if result < 0:
-        err = ctypes.get_errno()
-        raise LandlockError(err, os.strerror(err))
-    return result
+    return checked(int(LIBC.syscall(ctypes.c_long(numbers[index]), *args)), LandlockError, _NAMES[index])
 
 
 def abi_version() -> int:

@@ -28,6 +28,8 @@ import socket
 import struct
 from typing import Final
 
+from rho_actors.sandbox.confine.libc import LIBC, checked
+
 __all__ = ["NamespaceError", "enter", "unavailable"]
 
 CLONE_NEWNS: Final = 0x00020000
@@ -37,17 +39,10 @@ _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _INODE_BYTES: Final = 16 * 1024  # one inode of the tmpfs per 16 KiB of its size (at least 1024)
 
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class NamespaceError(OSError):
     """A namespace or mount step failed; the message names it."""
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise NamespaceError(err, f"{what}: {os.strerror(err)}")
 
 
 def enter(*, network: bool, private_dir: str | None, disk_bytes: int | None, uid: int, gid: int) -> tuple[str, ...]:
@@ -58,18 +53,20 @@ def enter(*, network: bool, private_dir: str | None, disk_bytes: int | None, uid
     Raises :class:`NamespaceError` naming the failed step."""
     flags = CLONE_NEWIPC | CLONE_NEWNS | (0 if network else CLONE_NEWNET)
     named = "unshare(CLONE_NEWIPC|CLONE_NEWNS" + "|CLONE_NEWNET" * (not network) + ")"
-    _check(_libc.unshare(ctypes.c_int(flags)), named)
+    checked(LIBC.unshare(ctypes.c_int(flags)), NamespaceError, named)
     done = ["ipc_namespace", "mount_namespace"]
-    _check(_libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None), "making / private")
+    private = LIBC.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None)
+    checked(private, NamespaceError, "making / private")
     if not network:
         _loopback_up()
         done.append("network_namespace")
     if private_dir is not None and disk_bytes is not None:
         inodes = max(1024, disk_bytes // _INODE_BYTES)
         options = f"size={disk_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}".encode()
-        _check(
-            _libc.mount(b"rho-private", os.fsencode(private_dir), b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV),
-                        options),
+        checked(
+            LIBC.mount(b"rho-private", os.fsencode(private_dir), b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV),
+                       options),
+            NamespaceError,
             f"mounting a {disk_bytes}-byte tmpfs on {private_dir}",
         )
         done.append("disk_bound")

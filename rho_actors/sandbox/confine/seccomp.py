@@ -45,6 +45,8 @@ import os
 import tempfile
 from typing import Any, Final
 
+from rho_actors.sandbox.confine.libc import LIBC, checked
+
 __all__ = ["DENIED", "SeccompError", "load", "program", "unavailable"]
 
 _CLONE_NEW: Final = {
@@ -71,8 +73,6 @@ _SECCOMP_SET_MODE_FILTER: Final = 1
 _SYS_SECCOMP: Final = {"x86_64": 317, "aarch64": 277}
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 class _Fprog(ctypes.Structure):
@@ -181,7 +181,5 @@ def load(compiled: bytes) -> None:
     number = _SYS_SECCOMP.get(os.uname().machine)
     if number is None:
         raise SeccompError(errno.ENOSYS, f"seccomp syscall number unknown on {os.uname().machine}")
-    if _libc.syscall(ctypes.c_long(number), ctypes.c_uint(_SECCOMP_SET_MODE_FILTER), ctypes.c_uint(0),
-                    ctypes.byref(prog)) != 0:
-        err = ctypes.get_errno()
-        raise SeccompError(err, f"seccomp(SECCOMP_SET_MODE_FILTER): {os.strerror(err)}")
+    checked(LIBC.syscall(ctypes.c_long(number), ctypes.c_uint(_SECCOMP_SET_MODE_FILTER), ctypes.c_uint(0),
+                         ctypes.byref(prog)), SeccompError, "seccomp(SECCOMP_SET_MODE_FILTER)")
