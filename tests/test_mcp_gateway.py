@@ -396,6 +396,8 @@ def test_names_from_flags() -> None:
         Gateway(GatewayConfig((UpstreamSpec("a", command=("x",)), UpstreamSpec("a", command=("y",)))))
     assert python_target(["python3.11", "-u", "s.py", "--x"]) == ("path", os.path.abspath("s.py"), ["--x"])
     assert python_target(["node", "s.js"]) is None
+    assert python_target([sys.executable, "-m", "m"]) == ("module", "m", [])
+    assert python_target(["/opt/venv/bin/python", "-m", "m"]) is None  # another interpreter: exec-ed
 
 
 def test_mcp_serve_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -412,3 +414,28 @@ def test_mcp_serve_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert "--mcp-url must be an http" in capsys.readouterr().err
     assert main(["mcp", "serve", "--mcp", "x", "--collisions", "merge"]) == 2
     assert "invalid choice: 'merge'" in capsys.readouterr().err
+
+
+def test_the_readme_gateway_section_is_usable(tmp_path: Path) -> None:
+    import json
+    import re
+    import shlex
+
+    from rho_actors.cli import build_parser
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## rho as a gateway for your MCP servers\n", 1)[1].split("\n## ", 1)[0]
+    [command] = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    [toml] = re.findall(r"```toml\n(.*?)```", section, flags=re.S)
+    [desktop] = re.findall(r"```json\n(.*?)```", section, flags=re.S)
+    argv = shlex.split(command.replace("\\\n", " "), comments=True)
+    args = build_parser().parse_args(argv[1:])
+    assert args.mcp == ["python -m mcp_server_time"] and args.untrusted_mcp == ["python /opt/mcp/fetch_server.py"]
+    assert [s.name for s in gateway_config(None, args.mcp, args.mcp_url, args.untrusted_mcp).servers] == [
+        "mcp_server_time", "fetch_server", "127_0_0_1-9000"]
+    (tmp_path / "gateway.toml").write_text(toml)
+    config = load_config(tmp_path / "gateway.toml")
+    assert [(s.name, s.trusted) for s in config.servers] == [("time", True), ("search", True), ("files", False)]
+    server = json.loads(desktop)["mcpServers"]["rho"]
+    assert server["command"] == "rho-actors" and server["args"][:3] == ["mcp", "serve", "--config"]
+    assert build_parser().parse_args(server["args"]).config == server["args"][3]

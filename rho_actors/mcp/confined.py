@@ -17,7 +17,7 @@ The server speaks MCP over its standard input and output, which are one end of a
 child's output: :mod:`rho_actors.sandbox.output`). Two ways to run it:
 
 - a Python server (``python -m MODULE ...`` or ``python SCRIPT ...``, the program
-  named ``python``, ``python3``, ``python3.N`` or this interpreter) runs on rho's own
+  a bare ``python``, ``python3``, ``python3.N`` or this interpreter's path) runs on rho's own
   interpreter, in the confined child itself (``runpy``), importing the host's installed
   packages through folders opened before the uid drop; a script's folder is readable;
 - any other program is ``exec``-ed in the confined child (confinement survives
@@ -65,14 +65,16 @@ _PYTHON_FLAGS: Final = frozenset({"-u", "-I", "-B", "-E", "-s", "-S", "-O", "-OO
 
 
 def python_target(command: Sequence[str]) -> tuple[str, str, list[str]] | None:
-    """``(kind, target, args)`` when ``command`` runs Python code this interpreter can
-    run itself: kind ``"module"`` (``python -m MODULE``) or ``"path"`` (``python
-    SCRIPT``); ``None`` for any other program (it is ``exec``-ed). Flags among
-    ``-u -I -B -E -s -S -O -OO -q`` before the target are accepted and dropped."""
+    """``(kind, target, args)`` when ``command`` runs Python code this interpreter runs
+    itself: the program is a bare ``python``, ``python3`` or ``python3.N``, or this
+    interpreter's own path (``sys.executable``), and kind is ``"module"`` (``-m
+    MODULE``) or ``"path"`` (``SCRIPT``); ``None`` for any other program, another
+    interpreter's path included (it is ``exec``-ed). Flags among ``-u -I -B -E -s -S -O
+    -OO -q`` before the target are accepted and dropped."""
     program = command[0]
-    if not (_PYTHON.fullmatch(os.path.basename(program)) or os.path.realpath(program) == os.path.realpath(
-            sys.executable)):
-        return None
+    bare = os.sep not in program and _PYTHON.fullmatch(program)
+    if not (bare or os.path.abspath(program) == os.path.abspath(sys.executable)):
+        return None  # another interpreter (a venv's own python): exec-ed, with its own packages
     rest = list(command[1:])
     while rest and rest[0] in _PYTHON_FLAGS:
         rest.pop(0)
@@ -146,7 +148,8 @@ def _enclosure(policy: ConfinePolicy, heap_bytes: int, env: Mapping[str, str], r
     if spec is not None and enclosure.cgroup is not None:
         # the cgroup bounds the tree's memory; an address-space limit would break runtimes
         # that reserve more than they use (V8, Go), so it is left off then
-        enclosure.setup = dataclasses.replace(enclosure.setup, confinement=dataclasses.replace(spec, address_space=None))
+        unbounded = dataclasses.replace(spec, address_space=None)
+        enclosure.setup = dataclasses.replace(enclosure.setup, confinement=unbounded)
     return enclosure
 
 

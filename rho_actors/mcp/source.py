@@ -416,7 +416,7 @@ class MCPConnection(Actor):
         if had:
             self._server.refresh_offer()
 
-    async def _connect(self) -> None:
+    async def _connect(self) -> None:  # noqa: PLR0915 (one linear story: transport, session, watch)
         self._aloop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         self._ready.set()
