@@ -439,3 +439,26 @@ def test_the_readme_gateway_section_is_usable(tmp_path: Path) -> None:
     server = json.loads(desktop)["mcpServers"]["rho"]
     assert server["command"] == "rho-actors" and server["args"][:3] == ["mcp", "serve", "--config"]
     assert build_parser().parse_args(server["args"]).config == server["args"][3]
+
+
+PLAIN = str(Path(__file__).parent / "mcp_fixtures" / "plain_stdio_server.py")
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs a system Python at /usr/bin/python3")
+def test_an_untrusted_program_is_exec_ed_confined(system: ActorSystem) -> None:
+    from rho_actors import ToolCall
+
+    config = GatewayConfig((UpstreamSpec("plain", command=("/usr/bin/python3", PLAIN), trusted=False),))
+    gateway = Gateway(config)
+    with _host_secret() as secret:
+        gateway.start(system)
+        assert gateway.status()["plain"]["connected"]
+        loop = system.start_loop("exec")
+        [who] = loop.run_turn([ToolCall("c1", "whoami", {})])
+        assert who.ok and who.content.split()[0] == "65534" and "rho-actors-" in who.content
+        [read] = loop.run_turn([ToolCall("c2", "read_file", {"path": str(secret)})])
+        assert not read.ok and "Permission denied" in read.content and "host-secret" not in read.content
+        [own] = loop.run_turn([ToolCall("c3", "read_file", {"path": PLAIN})])  # its own folder is readable
+        assert own.ok and "standard library only" in own.content
+    gateway.close()
+    assert not system.tools()

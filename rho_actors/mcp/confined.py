@@ -22,7 +22,8 @@ child's output: :mod:`rho_actors.sandbox.output`). Two ways to run it:
   packages through folders opened before the uid drop; a script's folder is readable;
 - any other program is ``exec``-ed in the confined child (confinement survives
   ``exec``): it must be readable by uid 65534 and lie under the read paths (``/usr``,
-  ``/bin``, ``/lib``... or a ``read`` path).
+  ``/bin``, ``/lib``... or a ``read`` path); the folder of its first argument that is a
+  file (``node server.js``) is readable too.
 
 When the connection ends the server's whole tree is killed and its cgroup and folder
 removed.
@@ -39,6 +40,7 @@ import select
 import shutil
 import socket
 import sys
+import traceback
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -51,7 +53,7 @@ from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.clean import spawn_clean
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
 
-__all__ = ["DEFAULT_HEAP_BYTES", "MAX_LINE_BYTES", "confined_transport", "python_target"]
+__all__ = ["DEFAULT_HEAP_BYTES", "MAX_LINE_BYTES", "confined_transport", "python_arguments", "python_target"]
 
 DEFAULT_HEAP_BYTES: Final = 1024 * 2**20
 """The memory bound of a confined server's whole tree (bytes): 1 GiB."""
@@ -60,7 +62,7 @@ MAX_LINE_BYTES: Final = 16 * 2**20
 _PIDS_MAX: Final = 128  # processes and threads of its tree (an SDK server runs a thread pool)
 _START_TIMEOUT_S: Final = 30.0
 _READY: Final = b"R"
-_PYTHON: Final = re.compile(r"python(3(\.\d+)?)?")
+PYTHON_NAME: Final = re.compile(r"python(3(\.\d+)?)?")
 _PYTHON_FLAGS: Final = frozenset({"-u", "-I", "-B", "-E", "-s", "-S", "-O", "-OO", "-q"})
 
 
@@ -72,10 +74,17 @@ def python_target(command: Sequence[str]) -> tuple[str, str, list[str]] | None:
     interpreter's path included (it is ``exec``-ed). Flags among ``-u -I -B -E -s -S -O
     -OO -q`` before the target are accepted and dropped."""
     program = command[0]
-    bare = os.sep not in program and _PYTHON.fullmatch(program)
+    bare = os.sep not in program and PYTHON_NAME.fullmatch(program)
     if not (bare or os.path.abspath(program) == os.path.abspath(sys.executable)):
         return None  # another interpreter (a venv's own python): exec-ed, with its own packages
-    rest = list(command[1:])
+    return python_arguments(command[1:])
+
+
+def python_arguments(arguments: Sequence[str]) -> tuple[str, str, list[str]] | None:
+    """``(kind, target, args)`` of a Python interpreter's ``arguments`` (see
+    :func:`python_target`), whatever the interpreter; ``None`` when they run no module
+    or script (``-c``, no target)."""
+    rest = list(arguments)
     while rest and rest[0] in _PYTHON_FLAGS:
         rest.pop(0)
     if len(rest) >= 2 and rest[0] == "-m":
@@ -102,12 +111,21 @@ def _serve_child(channel: Channel, payload: dict[str, Any]) -> None:
     os.close(fd)
     kind, target, args = payload["kind"], payload["target"], payload["args"]
     sys.argv = [target, *args]
-    if kind == "module":
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-        return
-    folder = _pinned(payload["folder"])  # the script's folder, opened before the uid drop
-    sys.path.insert(0, folder)
-    runpy.run_path(os.path.join(folder, os.path.basename(target)), run_name="__main__")
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            return
+        folder = _pinned(payload["folder"])  # the script's folder, opened before the uid drop
+        sys.path.insert(0, folder)
+        runpy.run_path(os.path.join(folder, os.path.basename(target)), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        sys.stderr.flush()
+        os._exit(code)
+    except BaseException:  # the server's own failure, in the host's log (its stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _pinned(identity: tuple[int, int]) -> str:
@@ -128,7 +146,9 @@ def _payload(command: Sequence[str], path: str) -> tuple[dict[str, Any], tuple[s
         program = shutil.which(command[0], path=path) if os.sep not in command[0] else command[0]
         if program is None:
             raise FileNotFoundError(f"{command[0]!r} is not found on PATH={path}")
-        return {"kind": "exec", "program": os.path.realpath(program), "argv": list(command)}, ()
+        scripts = [a for a in command[1:] if not a.startswith("-") and os.path.isfile(a)][:1]
+        folders = tuple(os.path.dirname(os.path.realpath(a)) for a in scripts)  # node server.js: its folder
+        return {"kind": "exec", "program": os.path.realpath(program), "argv": list(command)}, folders
     kind, name, args = target
     if kind == "module":
         return {"kind": kind, "target": name, "args": args}, ()

@@ -62,7 +62,7 @@ from typing import Any, Final, Literal
 from loguru import logger
 
 from rho_actors.errors import RhoError
-from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, confined_transport, python_target
+from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, PYTHON_NAME, confined_transport, python_arguments
 from rho_actors.mcp.source import MCPServer
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 from rho_actors.tool import DEFAULT_TIMEOUT_MS
@@ -112,7 +112,7 @@ class UpstreamSpec:
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     max_restarts: int = 3
     max_seconds: float = 5.0
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float = 30.0
     trusted: bool = True
     network: bool = False
     read: tuple[str, ...] = ()
@@ -197,7 +197,7 @@ def _spec(where: str, name: str, table: Any) -> UpstreamSpec:
             raise GatewayConfigError(f"{where}: {key} must be {'0 or more' if key == 'max_restarts' else 'positive'}, "
                                      f"got {numbers[key]}")
     seconds = {}
-    for key, default_s in (("max_seconds", 5.0), ("connect_timeout_s", 10.0)):
+    for key, default_s in (("max_seconds", 5.0), ("connect_timeout_s", 30.0)):
         seconds[key] = float(typed(key, (int, float), default_s))
         if not seconds[key] > 0:
             raise GatewayConfigError(f"{where}: {key} must be a positive number of seconds, got {seconds[key]}")
@@ -242,16 +242,17 @@ def derived_name(command: Sequence[str] | None = None, url: str | None = None) -
         base = f"{parts.hostname or 'mcp'}-{parts.port}" if parts.port else (parts.hostname or "mcp")
     else:
         assert command
-        target = python_target(command)
+        program = os.path.basename(command[0])
+        target = python_arguments(command[1:]) if PYTHON_NAME.fullmatch(program) else None
         if target is not None:
             base = target[1].rsplit(".", 1)[-1] if target[0] == "module" else os.path.splitext(
                 os.path.basename(target[1]))[0]
-        elif os.path.basename(command[0]) in _LAUNCHERS:
+        elif program in _LAUNCHERS:
             args = [a for a in command[1:] if not a.startswith("-") and a != "run" and "=" not in a]
             base = os.path.splitext(os.path.basename(args[0].rstrip("/")))[0] if args else os.path.basename(command[0])
             base = base.rsplit("@", 1)[0] if base.rfind("@") > 0 else base
         else:
-            base = os.path.basename(command[0])
+            base = program
     return re.sub(r"[^A-Za-z0-9_-]", "_", base)[:32] or "mcp"
 
 
@@ -467,9 +468,13 @@ class Gateway:
                 handle.refresh()
         for upstream in self.upstreams:
             if not upstream.connected:
-                status = upstream.status()
-                logger.warning("MCP server {} is not connected yet ({}); it is restarted within its intensity",
-                               upstream.name, status["last_error"] or "still starting")
+                why = upstream.status()["last_error"] or "still starting"
+                if system.whereis(upstream.child_id) is None:
+                    logger.error("MCP server {} could not be started and is given up ({}); its output is in "
+                                 "the log", upstream.name, why)
+                else:
+                    logger.warning("MCP server {} is not connected yet ({}); it is restarted within its intensity",
+                                   upstream.name, why)
         if self.config.collisions == "refuse":
             clashes = names.clashes(frozenset(s.name for s in self.config.servers if s.prefix))
             if clashes:
