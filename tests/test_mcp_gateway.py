@@ -462,3 +462,27 @@ def test_an_untrusted_program_is_exec_ed_confined(system: ActorSystem) -> None:
         assert own.ok and "standard library only" in own.content
     gateway.close()
     assert not system.tools()
+
+
+def test_the_names_rule() -> None:
+    from rho_actors.mcp.gateway import _Names
+
+    names = _Names("namespace", host={"echo"}, servers={"files", "search"})
+    names.update("files", {"read", "list", "echo"})
+    names.update("search", {"query", "list", "files__read"})
+    served = {s: {n: names.served(s, n, prefix=False) for n in sorted(listed)}
+              for s, listed in {"files": {"read", "list", "echo"}, "search": {"query", "list", "files__read"}}.items()}
+    assert served == {
+        "files": {"echo": "files__echo", "list": "files__list", "read": "read"},  # echo: the host's
+        "search": {"files__read": "search__files__read", "list": "search__list", "query": "query"},
+    }
+    assert names.served("files", "read", prefix=True) == "files__read"
+    refuse = _Names("refuse", host={"echo"}, servers={"files", "search"})
+    refuse.update("files", {"read", "list", "echo"})
+    refuse.update("search", {"list"})
+    assert refuse.served("files", "list", prefix=False) == "list"
+    assert refuse.clashes(frozenset()) == [
+        "tool 'echo' of MCP server 'files' has the name of one of the host's own tools",
+        "tool 'list' is listed by both MCP servers 'files' and 'search'",
+    ]
+    assert refuse.clashes(frozenset({"files"})) == []

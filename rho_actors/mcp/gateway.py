@@ -21,9 +21,11 @@ Names. A tool name that two upstreams list, or an upstream lists and the host's 
 tools have, is served as ``<server>__<tool>`` for every upstream listing it, while it
 collides (``collisions = "namespace"``, the default; ``prefix = true`` namespaces all of
 one server's tools); with ``collisions = "refuse"`` the gateway does not start and the
-message names both servers. A collision that appears later (a ``list_changed``) under
-``"refuse"`` follows the registry's rule (DESIGN §3 "Names"): the tool that held the
-name first keeps it, the other is left out and logged naming both origins.
+message names both servers. A tool whose own name starts with another server's
+``<server>__`` is always namespaced (a server cannot take another's namespaced names).
+A collision that appears later (a ``list_changed``) under ``"refuse"`` follows the
+registry's rule (DESIGN §3 "Names"): the tool that held the name first keeps it, the
+other is left out and logged naming both origins.
 
 The configuration (:func:`load_config`, ``--config gateway.toml``) is TOML::
 
@@ -293,9 +295,10 @@ class _Names:
     """Which upstream lists which tool names now, shared by a gateway's upstreams (their
     scans run in their source actors' threads)."""
 
-    def __init__(self, mode: str, host: Iterable[str]) -> None:
+    def __init__(self, mode: str, host: Iterable[str], servers: Iterable[str] = ()) -> None:
         self.mode = mode
         self.host = frozenset(host)
+        self.servers = frozenset(servers)
         self._lock = threading.Lock()
         self._listed: dict[str, frozenset[str]] = {}
         self.upstreams: list[Upstream] = []
@@ -310,8 +313,8 @@ class _Names:
 
     def served(self, server: str, name: str, prefix: bool) -> str:
         """The name ``server``'s tool ``name`` is served under."""
-        if prefix:
-            return f"{server}{SEPARATOR}{name}"
+        if prefix or any(name.startswith(f"{s}{SEPARATOR}") for s in self.servers - {server}):
+            return f"{server}{SEPARATOR}{name}"  # never under another server's namespace
         if self.mode != "namespace":
             return name
         with self._lock:
@@ -457,7 +460,8 @@ class Gateway:
         servers are removed again), ``RuntimeError`` when called twice."""
         if self.upstreams:
             raise RuntimeError("this gateway has started already")
-        names = _Names(self.config.collisions, (info.name for info in system.tools()))
+        names = _Names(self.config.collisions, (info.name for info in system.tools()),
+                       (spec.name for spec in self.config.servers))
         policy: ConfinePolicy = system.confine_policy
         self.upstreams = [Upstream(spec, names, policy) for spec in self.config.servers]
         names.upstreams = list(self.upstreams)

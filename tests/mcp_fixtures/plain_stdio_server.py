@@ -5,6 +5,7 @@ and working folder)."""
 import json
 import os
 import sys
+from typing import Any
 
 TOOLS = [
     {"name": "read_file", "description": "The text of a file.",
@@ -14,7 +15,7 @@ TOOLS = [
 ]
 
 
-def call(name, args):
+def call(name: str, args: dict[str, Any]) -> tuple[str, bool]:
     if name == "whoami":
         return f"{os.getuid()} {os.getcwd()}", False
     try:
@@ -24,7 +25,7 @@ def call(name, args):
         return f"read_file: {exc}", True
 
 
-def answer(request):
+def answer(request: dict[str, Any]) -> dict[str, Any]:
     method = request.get("method")
     if method == "initialize":
         return {"protocolVersion": request["params"]["protocolVersion"], "capabilities": {"tools": {}},
