@@ -451,13 +451,31 @@ def _add_mcp(commands: Any) -> None:
         "serve",
         help="serve tools to MCP clients over stdio or streamable HTTP",
         description=(
-            "Serve the tools of MODULE_OR_PATH... to MCP clients: over stdio (the default: a client "
-            "starts this command), or over streamable HTTP at http://HOST:PORT/mcp. Each MCP session "
-            "is a rho session with its own data folder; each call runs supervised, with its deadline."
+            "Serve the tools of MODULE_OR_PATH... and of upstream MCP servers (rho as a gateway) to MCP "
+            "clients: over stdio (the default: a client starts this command), or over streamable HTTP at "
+            "http://HOST:PORT/mcp. Each MCP session is a rho session with its own data folder; each call "
+            "runs supervised, with its deadline."
         ),
     )
-    serve.add_argument("--tools", nargs="+", action="extend", required=True, metavar="MODULE_OR_PATH",
+    serve.add_argument("--tools", nargs="+", action="extend", default=[], metavar="MODULE_OR_PATH",
                        help="module name, .py file or folder whose tools are served")
+    upstream = serve.add_argument_group(
+        "upstream MCP servers", "serve other MCP servers' tools through rho: each server supervised (restarted "
+        "within its intensity), each call with its deadline; a tool name two servers list is served as "
+        "SERVER__TOOL (see --collisions)")
+    upstream.add_argument("--mcp", action="append", default=[], metavar='"CMD ARGS"',
+                          help="a stdio MCP server (repeatable)")
+    upstream.add_argument("--mcp-url", action="append", default=[], metavar="URL",
+                          help="a streamable HTTP MCP server (repeatable)")
+    upstream.add_argument("--untrusted-mcp", action="append", default=[], metavar='"CMD ARGS"',
+                          help="a stdio MCP server run confined as untrusted tools are: uid nobody, no network, "
+                               "its own folder, Landlock, a memory bound (repeatable)")
+    upstream.add_argument("--config", default=None, metavar="GATEWAY.TOML",
+                          help="upstream servers, one [servers.NAME] table each (command or url, env, "
+                               "timeout_ms, max_restarts, max_seconds, trusted...; see the README)")
+    upstream.add_argument("--collisions", choices=("namespace", "refuse"), default=None,
+                          help="a tool name listed by two servers: serve both as SERVER__TOOL (namespace, the "
+                               "default) or refuse to start")
     serve.add_argument("--http", type=_host_port, default=None, metavar="HOST:PORT",
                        help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
     serve.add_argument("--untrusted", action="store_true",
@@ -527,8 +545,19 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
     except ImportError:
         print("rho-actors mcp: the MCP SDK is missing: pip install 'rho_actors[mcp]'", file=sys.stderr)
         return 2
+    from rho_actors.mcp.gateway import Gateway, GatewayConfigError, GatewayError, gateway_config
+
     try:
-        tools = _chat_tools(args.tools, trusted=not args.untrusted, confine=_policy(args))
+        upstreams = gateway_config(args.config, args.mcp, args.mcp_url, args.untrusted_mcp, args.collisions)
+    except GatewayConfigError as exc:
+        print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
+        return 2
+    if not args.tools and not upstreams.servers:
+        print("rho-actors mcp serve: nothing to serve: give --tools, or MCP servers (--mcp, --mcp-url, "
+              "--untrusted-mcp, --config)", file=sys.stderr)
+        return 2
+    try:
+        tools = _chat_tools(args.tools, trusted=not args.untrusted, confine=_policy(args)) if args.tools else []
     except _ChatSetupError as exc:
         print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
         return 2
@@ -542,6 +571,16 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
         except (DuplicateToolError, TypeError, ValueError) as exc:
             print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
             return 2
+        gateway = Gateway(upstreams)
+        try:
+            gateway.start(system)
+        except GatewayError as exc:
+            print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
+            return 2
+        for name, status in gateway.status().items():
+            state = "connected" if status["connected"] else "not connected yet"
+            print(f"MCP server {name} ({'trusted' if status['trusted'] else 'confined'}): {state}, "
+                  f"{len(status['tools'])} tools", file=sys.stderr, flush=True)
         guard = None
         if args.http is not None:
             try:

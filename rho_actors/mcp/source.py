@@ -266,6 +266,14 @@ class MCPServer:
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.proxy().refresh()
 
+    async def open_transport(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any] | None:
+        """A transport of this server's own, entered into ``stack`` (closed when the
+        connection ends): ``(read, write)`` streams of the SDK's ``SessionMessage``s, as
+        ``stdio_client`` gives. ``None`` (this class): the stdio transport of ``command``
+        or the HTTP one of ``url``. A subclass overrides it
+        (:class:`rho_actors.mcp.gateway.Upstream`: a server confined as untrusted workers are)."""
+        return None
+
     # --- calls ----------------------------------------------------------------------------
 
     def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
@@ -408,7 +416,7 @@ class MCPConnection(Actor):
         if had:
             self._server.refresh_offer()
 
-    async def _connect(self) -> None:
+    async def _connect(self) -> None:  # noqa: PLR0915 (one linear story: transport, session, watch)
         self._aloop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         self._ready.set()
@@ -424,7 +432,10 @@ class MCPConnection(Actor):
                 wake.set()
 
         async with contextlib.AsyncExitStack() as stack:
-            if server.command is not None:
+            opened = await server.open_transport(stack)
+            if opened is not None:  # a transport of the server's own (the gateway's confined servers)
+                read, write = opened
+            elif server.command is not None:
                 params = StdioServerParameters(command=_env_program(), cwd=server.cwd,
                                                args=["-i", *_assignments(scrubbed_environment(server.env)),
                                                      *server.command])

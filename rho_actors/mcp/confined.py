@@ -1,0 +1,285 @@
+"""A stdio MCP server confined as untrusted workers are (DESIGN §6b "The gateway").
+
+:func:`confined_transport` starts an MCP server's process from rho's clean fork server
+(:mod:`rho_actors.sandbox.clean`, never ``multiprocessing``) under an
+:class:`~rho_actors.sandbox.confine.enclosure.Enclosure` of the untrusted policy: a
+scrubbed environment (the allowlist, ``HOME``/``TMPDIR`` its private folder, plus the
+server's ``env``), its own private folder (a bounded tmpfs, its working directory), a
+cgroup bounding its whole tree's memory and processes, its own IPC, mount and network
+namespaces (only its own loopback unless ``network=True``), ``no_new_privs``, Landlock
+(the Python installation, the system's libraries, the server's own files and the
+``read`` paths, read-only; the private folder writable), uid/gid 65534 when the host is
+root, and the seccomp filter, all applied before any of the server's code runs
+(:func:`rho_actors.sandbox.child.enter_child`).
+
+The server speaks MCP over its standard input and output, which are one end of a
+``socketpair`` (its stderr is logged by the host through loguru, bounded, as every
+child's output: :mod:`rho_actors.sandbox.output`). Two ways to run it:
+
+- a Python server (``python -m MODULE ...`` or ``python SCRIPT ...``, the program
+  a bare ``python``, ``python3``, ``python3.N`` or this interpreter's path) runs on rho's own
+  interpreter, in the confined child itself (``runpy``), importing the host's installed
+  packages through folders opened before the uid drop; a script's folder is readable;
+- any other program is ``exec``-ed in the confined child (confinement survives
+  ``exec``): it must be readable by uid 65534 and lie under the read paths (``/usr``,
+  ``/bin``, ``/lib``... or a ``read`` path); the folder of its first argument that is a
+  file (``node server.js``) is readable too.
+
+When the connection ends the server's whole tree is killed and its cgroup and folder
+removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import runpy
+import select
+import shutil
+import socket
+import sys
+import traceback
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Final
+
+import anyio
+import mcp_types as types
+from loguru import logger
+from mcp.shared.message import SessionMessage
+
+from rho_actors.sandbox.channel import Channel
+from rho_actors.sandbox.clean import spawn_clean
+from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
+
+__all__ = ["DEFAULT_HEAP_BYTES", "MAX_LINE_BYTES", "confined_transport", "python_arguments", "python_target"]
+
+DEFAULT_HEAP_BYTES: Final = 1024 * 2**20
+"""The memory bound of a confined server's whole tree (bytes): 1 GiB."""
+MAX_LINE_BYTES: Final = 16 * 2**20
+"""The longest JSON-RPC line read from a confined server (bytes); a longer one ends the connection."""
+_PIDS_MAX: Final = 128  # processes and threads of its tree (an SDK server runs a thread pool)
+_START_TIMEOUT_S: Final = 30.0
+_READY: Final = b"R"
+PYTHON_NAME: Final = re.compile(r"python(3(\.\d+)?)?")
+_PYTHON_FLAGS: Final = frozenset({"-u", "-I", "-B", "-E", "-s", "-S", "-O", "-OO", "-q"})
+
+
+def python_target(command: Sequence[str]) -> tuple[str, str, list[str]] | None:
+    """``(kind, target, args)`` when ``command`` runs Python code this interpreter runs
+    itself: the program is a bare ``python``, ``python3`` or ``python3.N``, or this
+    interpreter's own path (``sys.executable``), and kind is ``"module"`` (``-m
+    MODULE``) or ``"path"`` (``SCRIPT``); ``None`` for any other program, another
+    interpreter's path included (it is ``exec``-ed). Flags among ``-u -I -B -E -s -S -O
+    -OO -q`` before the target are accepted and dropped."""
+    program = command[0]
+    bare = os.sep not in program and PYTHON_NAME.fullmatch(program)
+    if not (bare or os.path.abspath(program) == os.path.abspath(sys.executable)):
+        return None  # another interpreter (a venv's own python): exec-ed, with its own packages
+    return python_arguments(command[1:])
+
+
+def python_arguments(arguments: Sequence[str]) -> tuple[str, str, list[str]] | None:
+    """``(kind, target, args)`` of a Python interpreter's ``arguments`` (see
+    :func:`python_target`), whatever the interpreter; ``None`` when they run no module
+    or script (``-c``, no target)."""
+    rest = list(arguments)
+    while rest and rest[0] in _PYTHON_FLAGS:
+        rest.pop(0)
+    if len(rest) >= 2 and rest[0] == "-m":
+        return "module", rest[1], rest[2:]
+    if rest and not rest[0].startswith("-"):
+        return "path", os.path.abspath(rest[0]), rest[1:]
+    return None
+
+
+def _serve_child(channel: Channel, payload: dict[str, Any]) -> None:
+    """In the confined child (entered already): make the channel's socket standard input
+    and output, tell the host, then run the server (Python here, or ``exec``)."""
+    fd = channel.conn.fileno()
+    os.set_blocking(fd, True)
+    os.write(fd, _READY)
+    os.dup2(fd, 0)
+    os.dup2(fd, 1)
+    if payload["kind"] == "exec":
+        try:
+            os.execv(payload["program"], payload["argv"])
+        except OSError as exc:
+            os.write(2, f"cannot start {payload['program']}: {exc}\n".encode())
+            os._exit(127)
+    os.close(fd)
+    kind, target, args = payload["kind"], payload["target"], payload["args"]
+    sys.argv = [target, *args]
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            return
+        folder = _pinned(payload["folder"])  # the script's folder, opened before the uid drop
+        sys.path.insert(0, folder)
+        runpy.run_path(os.path.join(folder, os.path.basename(target)), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        sys.stderr.flush()
+        os._exit(code)
+    except BaseException:  # the server's own failure, in the host's log (its stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _pinned(identity: tuple[int, int]) -> str:
+    """The ``sys.path`` entry (``/proc/self/fd/N`` once pinned) of the folder whose
+    ``(st_dev, st_ino)`` is ``identity``."""
+    for entry in sys.path:
+        with contextlib.suppress(OSError):
+            st = os.stat(entry)
+            if (st.st_dev, st.st_ino) == identity:
+                return entry
+    raise FileNotFoundError("the server script's folder is not readable in the confined process")
+
+
+def _payload(command: Sequence[str], path: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """What the child runs, and the folders it must read (a script's folder)."""
+    target = python_target(command)
+    if target is None:
+        program = shutil.which(command[0], path=path) if os.sep not in command[0] else command[0]
+        if program is None:
+            raise FileNotFoundError(f"{command[0]!r} is not found on PATH={path}")
+        scripts = [a for a in command[1:] if not a.startswith("-") and os.path.isfile(a)][:1]
+        folders = tuple(os.path.dirname(os.path.realpath(a)) for a in scripts)  # node server.js: its folder
+        return {"kind": "exec", "program": os.path.realpath(program), "argv": list(command)}, folders
+    kind, name, args = target
+    if kind == "module":
+        return {"kind": kind, "target": name, "args": args}, ()
+    if not os.path.isfile(name):
+        raise FileNotFoundError(f"the server script {name} does not exist")
+    folder = os.path.dirname(os.path.realpath(name))
+    st = os.stat(folder)
+    return {"kind": kind, "target": name, "args": args, "folder": (st.st_dev, st.st_ino)}, (folder,)
+
+
+def _enclosure(policy: ConfinePolicy, heap_bytes: int, env: Mapping[str, str], reads: tuple[str, ...],
+               network: bool) -> Enclosure:
+    base = dataclasses.replace(policy.base, network=network)
+    enclosure = Enclosure(dataclasses.replace(policy, base=base, pids_max=_PIDS_MAX), heap_bytes, env=env,
+                          modules=reads)
+    spec = enclosure.setup.confinement
+    if spec is not None and enclosure.cgroup is not None:
+        # the cgroup bounds the tree's memory; an address-space limit would break runtimes
+        # that reserve more than they use (V8, Go), so it is left off then
+        unbounded = dataclasses.replace(spec, address_space=None)
+        enclosure.setup = dataclasses.replace(enclosure.setup, confinement=unbounded)
+    return enclosure
+
+
+def _start(command: Sequence[str], policy: ConfinePolicy, heap_bytes: int, env: Mapping[str, str],
+           reads: tuple[str, ...], network: bool, label: str) -> tuple[Enclosure, Any, Channel]:
+    """Start the confined server (blocking): its enclosure, process and channel, once
+    it is confined and about to run (raises ``ConnectionError`` when it ended before)."""
+    path = env.get("PATH") or os.environ.get("PATH", os.defpath)
+    payload, folders = _payload(command, path)
+    extra = tuple(os.path.realpath(p) for p in reads)
+    enclosure = _enclosure(policy, heap_bytes, env, (*folders, *extra), network)
+    try:
+        proc, channel = spawn_clean(_serve_child, payload, enclosure.setup, label=label)
+    except BaseException:
+        enclosure.remove()
+        raise
+    enclosure.started(proc.pid)
+    sock: socket.socket = channel.conn
+    ready, _, _ = select.select([sock], [], [], _START_TIMEOUT_S)
+    first = b""
+    with contextlib.suppress(OSError):
+        first = sock.recv(1) if ready else b""
+    if first != _READY:
+        _end(enclosure, proc, channel)
+        why = f"exit code {proc.exitcode}" if ready else f"not confined within {_START_TIMEOUT_S:g} s"
+        raise ConnectionError(f"the confined MCP server ended before it started ({why}; its output is logged "
+                              f"as {label!r})")
+    return enclosure, proc, channel
+
+
+def _end(enclosure: Enclosure, proc: Any, channel: Channel) -> None:
+    """Kill the server's whole tree, reap it, and remove its cgroup and folder."""
+    channel.close()
+    enclosure.kill()
+    proc.join(5.0)
+    enclosure.remove()
+    with contextlib.suppress(ValueError):
+        proc.close()
+
+
+@contextlib.asynccontextmanager
+async def confined_transport(
+    command: Sequence[str], *, policy: ConfinePolicy, env: Mapping[str, str] | None = None,
+    reads: Sequence[str] = (), network: bool = False, heap_bytes: int = DEFAULT_HEAP_BYTES, label: str = "MCP server",
+) -> AsyncIterator[tuple[Any, Any]]:
+    """Start ``command`` (program and arguments) confined by ``policy`` (see the module
+    doc) and yield ``(read, write)``: the SDK's ``SessionMessage`` streams of its stdio,
+    as ``mcp.client.stdio.stdio_client`` gives. ``env`` is added to its scrubbed
+    environment; ``reads`` are extra read-only paths; ``network=True`` gives it the
+    host's network (else only its own loopback); ``heap_bytes`` bounds its tree's memory
+    (bytes); ``label`` names it in the host's log. Raises ``FileNotFoundError`` for a
+    program or script that does not exist, ``OSError`` when no child could be started,
+    ``ConnectionError`` when it ended before it ran."""
+    started = await anyio.to_thread.run_sync(
+        _start, list(command), policy, heap_bytes, dict(env or {}), tuple(reads), network, label
+    )
+    enclosure, proc, channel = started
+    try:
+        reader, writer = await _streams(channel.conn)
+    except BaseException:
+        await anyio.to_thread.run_sync(_end, enclosure, proc, channel)
+        raise
+    read_send, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def from_server() -> None:
+        async with read_send:
+            while True:
+                try:
+                    line = await reader.readline()
+                except (ValueError, OSError) as exc:  # a line over MAX_LINE_BYTES, a reset
+                    logger.warning("{}: connection ended: {}", label, exc)
+                    return
+                if not line:
+                    return
+                try:
+                    item: SessionMessage | Exception = SessionMessage(
+                        types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+                except ValueError as exc:
+                    item = exc
+                try:
+                    await read_send.send(item)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+
+    async def to_server() -> None:
+        try:
+            async with write_receive:
+                async for message in write_receive:
+                    text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    writer.write(text.encode() + b"\n")
+                    await writer.drain()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_send.aclose()
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(from_server)
+            tasks.start_soon(to_server)
+            try:
+                yield read_stream, write_stream
+            finally:
+                tasks.cancel_scope.cancel()
+    finally:
+        writer.close()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_end, enclosure, proc, channel)
+
+
+async def _streams(sock: socket.socket) -> tuple[Any, Any]:
+    import asyncio
+
+    return await asyncio.open_unix_connection(sock=sock, limit=MAX_LINE_BYTES)

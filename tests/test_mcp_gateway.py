@@ -1,0 +1,488 @@
+"""rho as a gateway: the SDK's client -> ``rho-actors mcp serve --config/--mcp...`` ->
+SDK-built upstream servers (a hanging tool, a crashing server restarted, an untrusted
+server confined), and the gateway serving 20 concurrent clients over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+
+import mcp_types as types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from rho_actors import ActorSystem, tool
+from rho_actors.mcp import HTTPGuard, aserve
+from rho_actors.mcp.confined import python_target
+from rho_actors.mcp.gateway import (
+    Gateway,
+    GatewayConfig,
+    GatewayConfigError,
+    GatewayError,
+    UpstreamSpec,
+    derived_name,
+    gateway_config,
+    load_config,
+    specs_from_flags,
+)
+from tests.conftest import wait_for
+
+UPSTREAM = str(Path(__file__).parent / "mcp_fixtures" / "gateway_upstream.py")
+BOUND_S = 60.0  # SDK servers take seconds to import on a loaded machine
+TOKEN = "a-test-token-of-32-characters-xx"
+
+
+def _text(result: types.CallToolResult) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _toml_list(argv: list[str]) -> str:
+    return "[" + ", ".join(f'"{a}"' for a in argv) + "]"
+
+
+@contextlib.contextmanager
+def _host_secret() -> Any:
+    """A file any local user may read (0644 in a 0755 folder), outside every read path
+    of a confined process: only Landlock keeps it from an untrusted server."""
+    folder = tempfile.mkdtemp(prefix="gateway-secret-")
+    try:
+        os.chmod(folder, 0o755)
+        secret = Path(folder) / "secret.txt"
+        secret.write_text("host-secret")
+        secret.chmod(0o644)
+        yield secret
+    finally:
+        secret.unlink(missing_ok=True)
+        os.rmdir(folder)
+
+
+@contextlib.contextmanager
+def _listener() -> Any:
+    """A TCP listener on the host's 127.0.0.1 that accepts every connection."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = sock.accept()
+                conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        stop.set()
+        sock.close()
+
+
+@asynccontextmanager
+async def _gateway_over_stdio(config: Path, tmp_path: Path, seen: list[Any]) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "rho_actors.cli", "mcp", "serve", "--config", str(config), "--data-dir", str(tmp_path / "data")],
+    )
+
+    async def on_message(message: Any) -> None:
+        seen.append(message)
+
+    async with stdio_client(params) as (read, write), \
+            ClientSession(read, write, message_handler=on_message) as session:
+        with anyio.fail_after(BOUND_S):
+            await session.initialize()
+        yield session
+
+
+def test_sdk_client_through_the_gateway_to_hanging_crashing_and_confined_servers(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    python = sys.executable
+    config = tmp_path / "gateway.toml"
+    with _host_secret() as secret, _listener() as port:
+        config.write_text(f"""
+[servers.alpha]
+command = {_toml_list([python, UPSTREAM, str(marks), "alpha"])}
+timeout_ms = 1500
+max_restarts = 5
+max_seconds = 60
+connect_timeout_s = 60
+
+[servers.jail]
+command = {_toml_list([python, UPSTREAM, str(marks), "beta"])}
+trusted = false
+connect_timeout_s = 60
+
+[servers.open]
+command = {_toml_list([python, UPSTREAM, str(marks), "beta"])}
+connect_timeout_s = 60
+""")
+        seen: list[Any] = []
+
+        async def main() -> None:
+            async with _gateway_over_stdio(config, tmp_path, seen) as session:
+                with anyio.fail_after(BOUND_S):
+                    names = {t.name for t in (await session.list_tools()).tools}
+                    # echo is listed by all three, read_file/connect/whoami by two: namespaced for each
+                    assert {"alpha__echo", "jail__echo", "open__echo", "jail__read_file", "open__read_file",
+                            "jail__connect", "open__connect", "hang", "stubborn", "crash", "grow", "pid"} <= names
+                    assert not {"echo", "read_file", "connect"} & names
+                    assert _text(await session.call_tool("alpha__echo", {"text": "hi"})) == "alpha: hi"
+
+                    # the untrusted server runs as nobody in a folder of its own; the trusted one as the host
+                    jailed = _text(await session.call_tool("jail__whoami", {}))
+                    assert jailed.split()[0] == "65534" and "rho-actors-" in jailed.split()[1]
+                    assert _text(await session.call_tool("open__whoami", {})).split()[0] == str(os.getuid())
+                    # a host file: read by the trusted server, refused to the confined one
+                    opened = await session.call_tool("open__read_file", {"path": str(secret)})
+                    assert not opened.is_error and _text(opened) == "host-secret"
+                    refused = await session.call_tool("jail__read_file", {"path": str(secret)})
+                    assert refused.is_error and "Permission denied" in _text(refused)
+                    assert "host-secret" not in refused.model_dump_json()
+                    # a socket to the host's loopback: the trusted server connects, the confined one cannot
+                    assert _text(await session.call_tool("open__connect", {"port": port})) == "connected"
+                    cut = await session.call_tool("jail__connect", {"port": port})
+                    assert cut.is_error and "connect: [Errno" in _text(cut)
+
+                    # the deadline holds though the upstream ignores the cancellation
+                    started = time.monotonic()
+                    stubborn = await session.call_tool("stubborn", {"seconds": 30})
+                    assert stubborn.is_error and "did not finish within its timeout of 1500 ms" in _text(stubborn)
+                    assert time.monotonic() - started < 1.5 + 2.0
+
+                    # the client's cancellation reaches the upstream (notifications/cancelled)
+                    async with anyio.create_task_group() as tasks:
+                        tasks.start_soon(session.call_tool, "hang", {"seconds": 30})
+                        while not (marks / "hang-started").exists():
+                            await anyio.sleep(0.02)
+                        tasks.cancel_scope.cancel()
+                    while not (marks / "cancelled").exists():
+                        await anyio.sleep(0.02)
+
+                    # list_changed from the upstream reaches the client
+                    assert _text(await session.call_tool("grow", {})) == "grew"
+                    while not any(isinstance(m, types.ToolListChangedNotification) for m in seen):
+                        await anyio.sleep(0.02)
+                    while "grown" not in {t.name for t in (await session.list_tools()).tools}:
+                        await anyio.sleep(0.05)
+                    assert _text(await session.call_tool("grown", {})) == "grown"
+
+                    # a crash: crashed; while the restarted server is held down its tools are
+                    # unavailable, naming it; let up, it is back by itself
+                    first = _text(await session.call_tool("pid", {}))
+                    os.mkfifo(marks / "gate")
+                    crashed = await session.call_tool("crash", {})
+                    assert crashed.is_error and "MCP server alpha exited" in _text(crashed)
+                    while (marks / "alpha-started").read_text() == first:
+                        await anyio.sleep(0.02)
+                    down = await session.call_tool("alpha__echo", {"text": "x"})
+                    assert down.is_error and "MCP server alpha is not connected now" in _text(down)
+                    assert "alpha__echo" in {t.name for t in (await session.list_tools()).tools}
+                    await anyio.to_thread.run_sync(lambda: open(marks / "gate", "wb").close())
+                    while True:
+                        back = await session.call_tool("alpha__echo", {"text": "back"})
+                        if not back.is_error:
+                            break
+                        await anyio.sleep(0.05)
+                    assert _text(back) == "alpha: back"
+                    assert _text(await session.call_tool("pid", {})) not in ("", first)
+                    # the other servers were not touched
+                    assert _text(await session.call_tool("jail__echo", {"text": "still"})) == "beta: still"
+
+        anyio.run(main)
+
+
+@tool
+def echo(text: str) -> str:
+    """The host's own echo."""
+    return f"host: {text}"
+
+
+def _serve_http(system: ActorSystem, port: int) -> tuple[threading.Thread, list[asyncio.AbstractEventLoop]]:
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def run() -> None:
+        loops.append(asyncio.get_running_loop())
+        await aserve(system, http=("127.0.0.1", port), guard=HTTPGuard(TOKEN, max_sessions_per_client=32))
+
+    def target() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(run())
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, loops
+
+
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        return True
+    return False
+
+
+def test_the_gateway_serves_20_concurrent_clients_from_an_http_upstream(system: ActorSystem, tmp_path: Path) -> None:
+    up_port, port = _free_port(), _free_port()
+    upstream = subprocess.Popen([sys.executable, UPSTREAM, str(tmp_path), "alpha", "--http", str(up_port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: _listening(up_port), BOUND_S)
+        system.register(echo)  # the host's own tool: the upstream's echo is served namespaced
+        config = gateway_config(mcp_url=[f"http://127.0.0.1:{up_port}/mcp"])
+        [spec] = config.servers
+        assert spec.name == "127_0_0_1-" + str(up_port)
+        gateway = Gateway(config)
+        gateway.start(system)
+        served = gateway.status()[spec.name]["tools"]
+        assert served[f"{spec.name}__echo"] == "echo" and served["pid"] == "pid"
+        thread, loops = _serve_http(system, port)
+        url = f"http://127.0.0.1:{port}/mcp"
+        assert wait_for(lambda: _listening(port), BOUND_S)
+
+        async def client(i: int) -> tuple[str, str, str]:
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"})
+            async with streamable_http_client(url, http_client=http) as (read, write), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                names = {t.name for t in (await session.list_tools()).tools}
+                assert {"echo", f"{spec.name}__echo", "pid", "hang"} <= names
+                mine = await session.call_tool(f"{spec.name}__echo", {"text": str(i)})
+                host = await session.call_tool("echo", {"text": str(i)})
+                pid = await session.call_tool("pid", {})
+                return _text(mine), _text(host), _text(pid)
+
+        async def main() -> dict[int, tuple[str, str, str]]:
+            results: dict[int, tuple[str, str, str]] = {}
+
+            async def one(i: int) -> None:
+                results[i] = await client(i)
+
+            with anyio.fail_after(BOUND_S):
+                async with anyio.create_task_group() as tasks:
+                    for i in range(20):
+                        tasks.start_soon(one, i)
+            return results
+
+        try:
+            results = anyio.run(main)
+        finally:
+            if loops:
+                loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
+            thread.join(10)
+        assert {i: r[:2] for i, r in results.items()} == {i: (f"alpha: {i}", f"host: {i}") for i in range(20)}
+        assert {r[2] for r in results.values()} == {str(upstream.pid)}  # one upstream behind 20 clients
+        assert len(list((system.data_dir / "sessions").iterdir())) == 20
+        gateway.close()
+    finally:
+        upstream.kill()
+        upstream.wait(10)
+
+
+def test_colliding_names_are_refused_at_start_naming_both_servers(system: ActorSystem, tmp_path: Path) -> None:
+    config = GatewayConfig((
+        UpstreamSpec("first", command=(sys.executable, UPSTREAM, str(tmp_path), "alpha"), connect_timeout_s=60),
+        UpstreamSpec("second", command=(sys.executable, UPSTREAM, str(tmp_path), "beta"), connect_timeout_s=60),
+    ), collisions="refuse")
+    gateway = Gateway(config)
+    with pytest.raises(GatewayError) as err:
+        gateway.start(system)
+    assert "tool 'echo' is listed by both MCP servers 'first' and 'second'" in str(err.value)
+    assert "prefix = true" in str(err.value)
+    assert not {info.name for info in system.tools()}  # nothing served: both were removed
+
+
+def test_gateway_config_file_and_its_errors(tmp_path: Path) -> None:
+    good = tmp_path / "gateway.toml"
+    good.write_text("""
+collisions = "refuse"
+[servers.files]
+command = "python -m my_files_server /srv/docs"
+env = { LOG_LEVEL = "warning" }
+timeout_ms = 20000
+max_restarts = 2
+max_seconds = 10
+trusted = false
+network = true
+read = ["/srv/docs"]
+memory_mb = 512
+[servers.search]
+url = "http://127.0.0.1:9000/mcp"
+headers = { Authorization = "Bearer abc" }
+prefix = true
+""")
+    config = load_config(good)
+    assert config.collisions == "refuse"
+    files, search = config.servers
+    assert files.command == ("python", "-m", "my_files_server", "/srv/docs") and not files.trusted
+    assert (files.env, files.timeout_ms, files.max_restarts, files.max_seconds) == ({"LOG_LEVEL": "warning"}, 20000,
+                                                                                    2, 10.0)
+    assert files.network and files.read == ("/srv/docs",) and files.memory_mb == 512
+    assert search.url == "http://127.0.0.1:9000/mcp" and search.trusted and search.prefix
+    assert search.headers == {"Authorization": "Bearer abc"}
+
+    bad = tmp_path / "bad.toml"
+    cases = {
+        "[servers.x\n": "not valid TOML",
+        "[servers.x]\ncommand = 'a'\nurl = 'http://h/'\n": "give exactly one of command",
+        "[servers.x]\n": "give exactly one of command",
+        "[servers.x]\ncommand = 'a'\ntimout_ms = 5\n": "unknown key(s) ['timout_ms']",
+        "[servers.x]\ncommand = 'a'\ntimeout_ms = '5'\n": "timeout_ms must be an integer, got '5'",
+        "[servers.x]\ncommand = 'a'\ntrusted = 1\n": "trusted must be true or false",
+        "[servers.x]\nurl = 'http://h/'\ntrusted = false\n": "an untrusted server must be a command",
+        "[servers.x]\nurl = 'ftp://h/'\n": "url must be http:// or https://",
+        "[servers.'a b']\ncommand = 'a'\n": "a server's name must match",
+        "[servers.x]\ncommand = []\n": "command must be a non-empty string or list",
+        "[servers.x]\ncommand = 'a'\nread = ['relative']\n": "read must be a list of absolute paths",
+        "[servers.x]\ncommand = 'a'\nmax_seconds = 0\n": "max_seconds must be a positive number",
+        "collisions = 'merge'\n[servers.x]\ncommand = 'a'\n": "collisions must be one of",
+        "servers = 3\n": "no [servers.NAME] table",
+        "[server.x]\ncommand = 'a'\n": "unknown top-level key(s) ['server']",
+    }
+    for text, message in cases.items():
+        bad.write_text(text)
+        with pytest.raises(GatewayConfigError) as err:
+            load_config(bad)
+        assert str(bad) in str(err.value) and message in str(err.value), (text, str(err.value))
+        if "[servers.x]" in text and not text.startswith("collisions"):
+            assert "[servers.x]" in str(err.value)
+    with pytest.raises(GatewayConfigError, match="cannot be read"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_names_from_flags() -> None:
+    specs = specs_from_flags(
+        mcp=["python -m mcp_server_time --local-timezone UTC", "npx -y @modelcontextprotocol/server-everything",
+             "python /opt/srv/server.py"],
+        untrusted_mcp=["uvx mcp-server-fetch", "/usr/local/bin/my-server --flag"],
+        mcp_url=["http://127.0.0.1:9000/mcp"], taken=["server"],
+    )
+    assert [(s.name, s.trusted) for s in specs] == [
+        ("mcp_server_time", True), ("server-everything", True), ("server-2", True), ("mcp-server-fetch", False),
+        ("my-server", False), ("127_0_0_1-9000", True),
+    ]
+    assert specs[0].command == ("python", "-m", "mcp_server_time", "--local-timezone", "UTC")
+    assert derived_name(["python3", "-u", "-m", "pkg.sub.server"]) == "server"
+    assert derived_name(["npx", "-y", "@scope/thing@1.2.3"]) == "thing"
+    with pytest.raises(GatewayConfigError, match="--mcp needs a command"):
+        specs_from_flags(mcp=["  "])
+    with pytest.raises(GatewayConfigError, match="--mcp-url must be an http"):
+        specs_from_flags(mcp_url=["localhost:9000"])
+    with pytest.raises(GatewayConfigError, match="given more than once"):
+        Gateway(GatewayConfig((UpstreamSpec("a", command=("x",)), UpstreamSpec("a", command=("y",)))))
+    assert python_target(["python3.11", "-u", "s.py", "--x"]) == ("path", os.path.abspath("s.py"), ["--x"])
+    assert python_target(["node", "s.js"]) is None
+    assert python_target([sys.executable, "-m", "m"]) == ("module", "m", [])
+    assert python_target(["/opt/venv/bin/python", "-m", "m"]) is None  # another interpreter: exec-ed
+
+
+def test_mcp_serve_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from rho_actors.cli import main
+
+    assert main(["mcp", "serve"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to serve" in err and "--tools" in err and "--mcp" in err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[servers.x]\n")
+    assert main(["mcp", "serve", "--config", str(bad)]) == 2
+    assert "give exactly one of command" in capsys.readouterr().err
+    assert main(["mcp", "serve", "--mcp-url", "nowhere"]) == 2
+    assert "--mcp-url must be an http" in capsys.readouterr().err
+    assert main(["mcp", "serve", "--mcp", "x", "--collisions", "merge"]) == 2
+    assert "invalid choice: 'merge'" in capsys.readouterr().err
+
+
+def test_the_readme_gateway_section_is_usable(tmp_path: Path) -> None:
+    import json
+    import re
+    import shlex
+
+    from rho_actors.cli import build_parser
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## rho as a gateway for your MCP servers\n", 1)[1].split("\n## ", 1)[0]
+    [command] = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    [toml] = re.findall(r"```toml\n(.*?)```", section, flags=re.S)
+    [desktop] = re.findall(r"```json\n(.*?)```", section, flags=re.S)
+    argv = shlex.split(command.replace("\\\n", " "), comments=True)
+    args = build_parser().parse_args(argv[1:])
+    assert args.mcp == ["python -m mcp_server_time"] and args.untrusted_mcp == ["python /opt/mcp/fetch_server.py"]
+    assert [s.name for s in gateway_config(None, args.mcp, args.mcp_url, args.untrusted_mcp).servers] == [
+        "mcp_server_time", "fetch_server", "127_0_0_1-9000"]
+    (tmp_path / "gateway.toml").write_text(toml)
+    config = load_config(tmp_path / "gateway.toml")
+    assert [(s.name, s.trusted) for s in config.servers] == [("time", True), ("search", True), ("files", False)]
+    server = json.loads(desktop)["mcpServers"]["rho"]
+    assert server["command"] == "rho-actors" and server["args"][:3] == ["mcp", "serve", "--config"]
+    assert build_parser().parse_args(server["args"]).config == server["args"][3]
+
+
+PLAIN = str(Path(__file__).parent / "mcp_fixtures" / "plain_stdio_server.py")
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs a system Python at /usr/bin/python3")
+def test_an_untrusted_program_is_exec_ed_confined(system: ActorSystem) -> None:
+    from rho_actors import ToolCall
+
+    config = GatewayConfig((UpstreamSpec("plain", command=("/usr/bin/python3", PLAIN), trusted=False),))
+    gateway = Gateway(config)
+    with _host_secret() as secret:
+        gateway.start(system)
+        assert gateway.status()["plain"]["connected"]
+        loop = system.start_loop("exec")
+        [who] = loop.run_turn([ToolCall("c1", "whoami", {})])
+        assert who.ok and who.content.split()[0] == "65534" and "rho-actors-" in who.content
+        [read] = loop.run_turn([ToolCall("c2", "read_file", {"path": str(secret)})])
+        assert not read.ok and "Permission denied" in read.content and "host-secret" not in read.content
+        [own] = loop.run_turn([ToolCall("c3", "read_file", {"path": PLAIN})])  # its own folder is readable
+        assert own.ok and "standard library only" in own.content
+    gateway.close()
+    assert not system.tools()
+
+
+def test_the_names_rule() -> None:
+    from rho_actors.mcp.gateway import _Names
+
+    names = _Names("namespace", host={"echo"}, servers={"files", "search"})
+    names.update("files", {"read", "list", "echo"})
+    names.update("search", {"query", "list", "files__read"})
+    served = {s: {n: names.served(s, n, prefix=False) for n in sorted(listed)}
+              for s, listed in {"files": {"read", "list", "echo"}, "search": {"query", "list", "files__read"}}.items()}
+    assert served == {
+        "files": {"echo": "files__echo", "list": "files__list", "read": "read"},  # echo: the host's
+        "search": {"files__read": "search__files__read", "list": "search__list", "query": "query"},
+    }
+    assert names.served("files", "read", prefix=True) == "files__read"
+    refuse = _Names("refuse", host={"echo"}, servers={"files", "search"})
+    refuse.update("files", {"read", "list", "echo"})
+    refuse.update("search", {"list"})
+    assert refuse.served("files", "list", prefix=False) == "list"
+    assert refuse.clashes(frozenset()) == [
+        "tool 'echo' of MCP server 'files' has the name of one of the host's own tools",
+        "tool 'list' is listed by both MCP servers 'files' and 'search'",
+    ]
+    assert refuse.clashes(frozenset({"files"})) == []
