@@ -145,7 +145,7 @@ class LoopActor(Actor):
             if turn is not None:
                 self._cancel_turn(turn)
         elif isinstance(message, Offered):
-            return [e.info.copy() for e in self._offered(self._tools.current)]
+            return [e.offered_info() for e in self._offered(self._tools.current)]
         elif isinstance(message, Running):
             return self._running()
         elif isinstance(message, SetWithheld):
@@ -172,7 +172,10 @@ class LoopActor(Actor):
         ]
 
     def _offered(self, tools: ToolSet) -> list[ToolEntry]:
-        return [e for name, e in tools.entries.items() if name not in self._withheld and self._allows(e)]
+        withheld = self._withheld
+        if self._allowed is None:
+            return [e for name, e in tools.entries.items() if name not in withheld]
+        return [e for name, e in tools.entries.items() if name not in withheld and self._allows(e)]
 
     def _allows(self, entry: ToolEntry) -> bool:
         return self._allowed is None or self._allowed.allows(entry.info.name, entry.origin)
