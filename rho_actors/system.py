@@ -381,8 +381,8 @@ class ActorSystem:
         the trusted ones are then registered as one change, all or nothing: a name held by
         a registered tool or taken twice raises :class:`rho_actors.DuplicateToolError`
         naming the tool and its index, and none is registered; loops see one new tool set.
-        Untrusted ones are then read in parallel, each registered when read (a
-        ``DuplicateToolError`` among them is raised once all are read; the others stay)."""
+        Untrusted ones are then read in parallel, each registered when read, in that order
+        (a ``DuplicateToolError`` among them is raised once all are read; the others stay)."""
         from rho_actors.integrations.adopt import adopted
         options = Options(untrusted, isolation, env, deps, worker_scope, resources, source)
         return register_many(self._proxy(REGISTRY), self._runtime.isolations, tools, options, adopted,

@@ -156,3 +156,20 @@ def test_the_inlined_metaschema_passes_what_check_schema_passes(schema: dict[str
     Draft202012Validator.check_schema(schema, format_checker=None)  # type: ignore[arg-type]
     assert next(metaschema_validator().iter_errors(schema), None) is None
     assert check_declaration(read_declaration(make_tool("x", schema=schema))).name == "x"
+
+
+UNTRUSTED_A: Any = make_tool("untrusted_a", "a")
+UNTRUSTED_B: Any = make_tool("untrusted_b", "b")
+UNTRUSTED_C: Any = make_tool("untrusted_c", "c")
+UNTRUSTED_A_AGAIN: Any = make_tool("untrusted_a", "again")
+
+
+def test_untrusted_tools_are_read_in_other_processes_each_registered_when_read(system: ActorSystem) -> None:
+    registrations = system.register_many([UNTRUSTED_A, UNTRUSTED_B], untrusted=True)
+    assert [r.info.name if r.info else None for r in registrations] == ["untrusted_a", "untrusted_b"]
+    assert all(e.untrusted and e.isolation == "process" for e in system.tool_set().entries.values())
+    with pytest.raises(DuplicateToolError, match="'untrusted_a' is already registered"):
+        system.register_many([UNTRUSTED_A_AGAIN, UNTRUSTED_C], untrusted=True)
+    # as documented: untrusted tools are registered as each read is done (in that order), so the others stay
+    assert set(system.tool_set().entries) == {"untrusted_a", "untrusted_b", "untrusted_c"}
+    assert system.tool_set().entries["untrusted_a"].tool is UNTRUSTED_A

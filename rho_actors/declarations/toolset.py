@@ -25,7 +25,9 @@ __all__ = [
     "ToolEntry",
     "ToolSet",
     "ToolSetView",
+    "copied_infos",
     "make_placement",
+    "schemas_blob",
 ]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -153,3 +155,21 @@ class ToolSetView:
 
     def __init__(self) -> None:
         self.current = ToolSet()
+
+
+def schemas_blob(entries: list[ToolEntry]) -> bytes | None:
+    """The schemas of ``entries`` marshalled as one list, for :func:`copied_infos`
+    (``None`` when one is not plain JSON data: a dict or list subclass)."""
+    try:
+        return marshal.dumps([entry.info.parameter_schema for entry in entries])
+    except ValueError:
+        return None
+
+
+def copied_infos(entries: list[ToolEntry], blob: bytes | None) -> list[ToolInfo]:
+    """:meth:`ToolEntry.offered_info` of each entry, the schemas copied in one
+    ``marshal.loads`` of ``blob`` (from :func:`schemas_blob` of the same entries)."""
+    if blob is None:
+        return [entry.offered_info() for entry in entries]
+    return [ToolInfo(i.name, i.description, schema, i.timeout_ms, i.concurrency)
+            for i, schema in zip((entry.info for entry in entries), marshal.loads(blob), strict=True)]
