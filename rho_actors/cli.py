@@ -11,11 +11,15 @@ Commands (argparse subcommands; each command group registers itself in
                     [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--unconfined] [--data-dir DIR]
                     [--system TEXT]
     rho-actors top [--connect ADDRESS] [--token TOKEN] [--once] [--json]
+    rho-actors tree [--tools MODULE_OR_PATH...] [--untrusted] [--unconfined] [--connect ADDRESS]
+                    [--token TOKEN] [--json]
+    rho-actors --version
 
 Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
 a result or a state differed other than through a listed rejection; for ``selftest``: a
 selftest failed, timed out or crashed, or a file of a folder could not be loaded (it is
-reported and the others run); for ``chat``: a prompt ended with an error, a model error
+reported and the others run, as is an explicit file that cannot be loaded, or a
+tool whose declaration fails its checks); for ``chat``: a prompt ended with an error, a model error
 included), 2 usage error, a missing optional dependency or a target of which nothing can
 be loaded.
 """
@@ -172,20 +176,21 @@ def _policy(args: argparse.Namespace) -> Any:
 
 
 def _load_tools(
-    targets: Sequence[str], command: str, *, trusted: bool, confine: Any = None
-) -> tuple[list[Any], int]:
-    """The tools of ``targets`` and how many of their files could not be loaded. Each
+    targets: Sequence[str], command: str, *, trusted: bool, confine: Any = None, keep_going: bool = False,
+) -> tuple[list[Any], list[str]]:
+    """The tools of ``targets`` and why each file that could not be loaded was not. Each
     ``.py`` file of a folder is loaded on its own: a broken one is reported on stderr
     (naming it) and the others are still loaded. Files are untrusted unless ``trusted``:
     never imported here (:func:`rho_actors.selftest.load_tools`). Raises
     :class:`_ChatSetupError` for a target of which nothing could be loaded, or that
-    holds no tools."""
+    holds no tools; with ``keep_going`` such a target is reported the same way and the
+    others go on (raises only when no target gives a tool)."""
     from pathlib import Path
 
     from rho_actors.selftest import LoadError, load_tools
 
     tools: list[Any] = []
-    broken = 0
+    broken: list[str] = []
     for target in targets:
         path = Path(target)
         parts = [target]
@@ -200,14 +205,16 @@ def _load_tools(
                 loaded += 1
             except LoadError as exc:
                 failures.append(str(exc))
-        if not loaded:
-            raise _ChatSetupError(f"cannot load {failures[0]}" if failures else f"{target}: nothing to load")
+        if loaded and not found:
+            failures.append(f"{target}: no tools found in it")
+        if not keep_going and failures and (not loaded or not found):
+            raise _ChatSetupError(f"cannot load {failures[0]}" if loaded == 0 else failures[-1])
         for failure in failures:
             print(f"rho-actors {command}: cannot load {failure}; the other files go on", file=sys.stderr)
-        broken += len(failures)
-        if not found:
-            raise _ChatSetupError(f"{target}: no tools found in it")
+        broken.extend(failures)
         tools.extend(t for t in found if all(t is not seen for seen in tools))
+    if keep_going and not tools:
+        raise _ChatSetupError(f"no tools could be loaded from {', '.join(targets)}")
     return tools, broken
 
 
@@ -217,7 +224,8 @@ def _run_selftest(args: argparse.Namespace) -> int:
     from rho_actors.selftest import FAILING, render_rows, run_selftests
 
     try:
-        tools, broken = _load_tools(args.targets, "selftest", trusted=args.trusted, confine=_policy(args))
+        tools, broken = _load_tools(args.targets, "selftest", trusted=args.trusted, confine=_policy(args),
+                                    keep_going=True)
     except _ChatSetupError as exc:
         print(f"rho-actors selftest: {exc}", file=sys.stderr)
         return 2
@@ -226,14 +234,14 @@ def _run_selftest(args: argparse.Namespace) -> int:
     counts = {outcome: sum(row.outcome == outcome for row in rows)
               for outcome in ("passed", "failed", "timeout", "crashed", "no selftest")}
     if args.json:
-        print(json.dumps({"results": [row.to_dict() for row in rows], "counts": counts, "broken_files": broken,
-                          "exit_code": code}, indent=2))
+        print(json.dumps({"results": [row.to_dict() for row in rows], "counts": counts, "broken_files": len(broken),
+                          "load_errors": broken, "exit_code": code}, indent=2))
     else:
         console = _console()
         console.print(render_rows(rows))
         summary = [f"{n} {outcome}" for outcome, n in counts.items() if n]
         if broken:
-            summary.append(f"{broken} file(s) not loaded")
+            summary.append(f"{len(broken)} file(s) not loaded")
         console.print(", ".join(summary) or "no tools")
     return code
 
@@ -602,16 +610,28 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- entry point
 
 
+def _version() -> str:
+    """The installed distribution's version (``unknown`` when run from a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rho_actors")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``rho-actors`` argument parser: one subparser per command group."""
     parser = argparse.ArgumentParser(
         prog="rho-actors",
         description="An OTP-style actor runtime for an LLM agent's tool calls.",
     )
+    parser.add_argument("--version", action="version", version=f"rho-actors {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     from rho_actors.observe.top import add_parser as _add_top
+    from rho_actors.observe.tree_command import add_parser as _add_tree
 
-    for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top):
+    for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top, _add_tree):
         add(commands)
     return parser
 

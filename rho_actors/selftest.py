@@ -58,6 +58,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from rho_actors.declarations.checks import DeclarationError, check_declaration, read_declaration
 from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
@@ -83,6 +84,7 @@ __all__ = [
     "LoadError",
     "Outcome",
     "SelftestRow",
+    "declaration_problem",
     "load_target",
     "load_tools",
     "render_rows",
@@ -161,8 +163,20 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
-def _selftest_answer(payload: bytes) -> dict[str, Any]:
-    """Load the tool and run its selftest; the answer as plain data."""
+def declaration_problem(tool: Any) -> str | None:
+    """Why ``tool``'s declaration fails the checks of a default system (so it is never
+    offered: a selftest failure), or ``None``. Runs the tool's declaration callbacks in
+    this thread: a trusted tool's here, an untrusted one's only in its selftest process."""
+    try:
+        check_declaration(read_declaration(tool))
+    except DeclarationError as err:
+        return f"its declaration fails its checks, so it is never offered: {err}"
+    return None
+
+
+def _selftest_answer(payload: bytes, check: bool = False) -> dict[str, Any]:
+    """Load the tool (``check``: and check its declaration) and run its selftest; the
+    answer as plain data."""
     try:
         tool = pickle.loads(payload)
     except BaseException as exc:
@@ -174,6 +188,9 @@ def _selftest_answer(payload: bytes) -> dict[str, Any]:
         with contextlib.suppress(BaseException):
             answer = name_cb()
             name = answer if type(answer) is str else None
+    problem = declaration_problem(tool) if check else None
+    if problem is not None:
+        return {"outcome": "failed", "message": problem, "name": name}
     run = callback(tool, "selftest")
     if run is None:
         return {"outcome": "no selftest", "message": "", "name": name}
@@ -195,13 +212,19 @@ def _selftest_answer(payload: bytes) -> dict[str, Any]:
     return {"outcome": outcome, "message": message, "duration_ms": duration_ms, "name": name}
 
 
-def selftest_child(channel: Channel, payload: bytes) -> None:
+def checked_selftest_child(channel: Channel, payload: bytes) -> None:
+    """:func:`selftest_child` that fails a tool whose declaration fails its checks
+    (:func:`declaration_problem`) before running its selftest."""
+    selftest_child(channel, payload, check=True)
+
+
+def selftest_child(channel: Channel, payload: bytes, check: bool = False) -> None:
     """Entry point of a selftest child (set up by :func:`enter_child` with its private
     folder and output file): one ``SELFTEST`` answer, then it waits to be ended with
     whatever it started."""
     become_subreaper()
     try:
-        answer = _selftest_answer(payload)
+        answer = _selftest_answer(payload, check)
     except BaseException as exc:
         answer = {"outcome": "failed", "message": f"the selftest process failed: {describe_exception(exc)}"}
     answer["message"] = _clip(str(answer.get("message", "")))
@@ -346,10 +369,15 @@ def _row(name: str, certain: bool, answer: dict[str, Any] | None, ended: bool, c
 
 def _run_one(
     given: str | None, tool: Any, timeout_s: float, start_method: str, confine: ConfinePolicy | None = None,
-    heap_bytes: int | None = None,
+    heap_bytes: int | None = None, check: bool = False,
 ) -> SelftestRow:
     name, certain = (given, True) if given is not None else _label(tool)
-    if _surely_without_selftest(tool):
+    trusted = confine is None
+    if check and trusted:  # a trusted tool's declaration is read here (an untrusted one's by its child)
+        problem = declaration_problem(tool)
+        if problem is not None:
+            return SelftestRow(name, "failed", 0.0, _clip(problem))
+    if _surely_without_selftest(tool) and (trusted or not check):
         return SelftestRow(name, "no selftest", 0.0, "")
     try:
         _, payload = ship(tool)
@@ -371,7 +399,8 @@ def _run_one(
             os.mkdir(workdir, 0o700)
             setup = ChildSetup(None, output_path, workdir)
         try:
-            child = spawn(ctx, selftest_child, payload, setup, name="rho-selftest")
+            entry = checked_selftest_child if check and not trusted else selftest_child
+            child = spawn(ctx, entry, payload, setup, name="rho-selftest")
         except Exception as exc:
             return SelftestRow(name, "crashed", 0.0,
                                _clip(f"could not start a selftest process: {describe_exception(exc)}"))
@@ -420,6 +449,9 @@ def run_selftests(
     ``heap_bytes`` (bytes, default 256 MiB: a cgroup, else an RSS sampler, and
     ``RLIMIT_AS`` per process).
 
+    A tool whose declaration fails the checks of a default system (and so would never
+    be offered) is ``failed``, naming why, whether or not it has a selftest.
+
     Returns one :class:`SelftestRow` per tool, in the given order. A tool's failure,
     hang or crash is its row, never an exception here; raises ``ValueError`` for a
     ``timeout_s`` that is not a positive number, a ``max_parallel`` below 1, or an
@@ -436,18 +468,18 @@ def run_selftests(
     policy = confine or default_policy()
     items = [(name, tool, policy if isinstance(tool, PluginRef) or is_untrusted(tool) else None)
              for name, tool in named]
-    return _run_all(items, float(timeout_s), max_parallel, start_method, heap_bytes)
+    return _run_all(items, float(timeout_s), max_parallel, start_method, heap_bytes, check=True)
 
 
 def _run_all(
     items: list[tuple[str | None, Any, ConfinePolicy | None]], timeout_s: float, max_parallel: int | None,
-    start_method: str, heap_bytes: int | None,
+    start_method: str, heap_bytes: int | None, check: bool = False,
 ) -> list[SelftestRow]:
     if not items:
         return []
     workers = max_parallel or max(2, min(_MAX_PARALLEL, os.cpu_count() or 2))
     with concurrent.futures.ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="rho-selftest") as pool:
-        futures = [pool.submit(_run_one, name, tool, timeout_s, start_method, confine, heap_bytes)
+        futures = [pool.submit(_run_one, name, tool, timeout_s, start_method, confine, heap_bytes, check)
                    for name, tool, confine in items]
         return [f.result() for f in futures]
 

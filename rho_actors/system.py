@@ -55,12 +55,11 @@ from loguru import logger
 
 from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations import checks as _decl
-from rho_actors.declarations.checks import describe_origin
-from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, make_placement
+from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
 from rho_actors.files import UnsafePathError, private_dir
-from rho_actors.isolation import IsolationOwner, IsolationServices, place, start_isolations
+from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
@@ -72,16 +71,17 @@ from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartC
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
 from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
+from rho_actors.registry.registering import Options, prepare, register_many
 from rho_actors.registry.tool_registry import Registration, RegistryState, ToolRegistry
 from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, fair_shares
 from rho_actors.sandbox.confine import confinement as _confinement
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy, policy_stats, system_policy
-from rho_actors.sandbox.main_guard import refuse_unguarded_children, refuse_unguarded_start
+from rho_actors.sandbox.main_guard import refuse_unguarded_start
 from rho_actors.sandbox.processes import hold_servers, release_servers
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.sweep import sweep
 from rho_actors.telemetry import Telemetry
-from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
+from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:
     from rho_actors.observe.observer import Observer
@@ -89,8 +89,6 @@ if TYPE_CHECKING:
     from rho_actors.sources.source_actor import Source, SourceHandle
 
 __all__ = ["ActorSystem"]
-
-
 
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
@@ -359,20 +357,10 @@ class ActorSystem:
         when another registered tool has its name (but see ``source``), and ``RuntimeError`` when the system
         stops while an untrusted declaration is being read.
         """
-        untrusted = untrusted or is_untrusted(tool)
-        placement = place(self._runtime.isolations, isolation, make_placement(untrusted, worker_scope, env, deps),
-                          resources)
-        if isolation == "process" and not untrusted:
-            # its workers come from multiprocessing's fork server, which imports the script (untrusted
-            # children start clean and never do): they would start the script's system again
-            refuse_unguarded_children()
-        if not untrusted:
-            from rho_actors.integrations.adopt import adopted  # another framework's tool as a rho tool
+        from rho_actors.integrations.adopt import adopted  # another framework's tool as a rho tool
 
-            tool = adopted(tool)
-        missing = [] if untrusted else missing_callbacks(tool)
-        if missing:
-            raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
+        options = Options(untrusted, isolation, env, deps, worker_scope, resources, source)
+        tool, untrusted, placement = prepare(self._runtime.isolations, tool, options, adopted)
         registry = self._proxy(REGISTRY)
         answer = registry.register(tool, origin, untrusted, isolation, placement, source).get(
             timeout=self._ask_timeout_s
@@ -381,6 +369,24 @@ class ActorSystem:
             return answer
         registration: Registration = answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)
         return registration
+
+    def register_many(
+        self, tools: Iterable[Any], *, untrusted: bool = False, isolation: IsolationName | None = None,
+        env: dict[str, str] | None = None, deps: dict[str, Any] | None = None, worker_scope: str | None = None,
+        resources: Mapping[str, Any] | None = None, source: str | None = None,
+    ) -> list[Registration]:
+        """Register many tools, each as :meth:`register` would with these options (same
+        checks and errors); returns their :class:`Registration` values in order. Each tool
+        is checked here first (the first bad one raises, named, before any is registered);
+        the trusted ones are then registered as one change, all or nothing: a name held by
+        a registered tool or taken twice raises :class:`rho_actors.DuplicateToolError`
+        naming the tool and its index, and none is registered; loops see one new tool set.
+        Untrusted ones are then read in parallel, each registered when read, in that order
+        (a ``DuplicateToolError`` among them is raised once all are read; the others stay)."""
+        from rho_actors.integrations.adopt import adopted
+        options = Options(untrusted, isolation, env, deps, worker_scope, resources, source)
+        return register_many(self._proxy(REGISTRY), self._runtime.isolations, tools, options, adopted,
+                             self._ask_timeout_s, self._untrusted.timeout_s)
 
     def unregister(self, name_or_tool: Any) -> bool:
         """Remove a tool (by name or object); loops stop offering it from their next
@@ -416,7 +422,7 @@ class ActorSystem:
 
     def tools(self) -> list[ToolInfo]:
         """The checked declarations of every tool that can be offered."""
-        return [entry.info.copy() for entry in self._tools.current.entries.values()]
+        return [entry.offered_info() for entry in self._tools.current.entries.values()]
 
     # --- loops --------------------------------------------------------------------------
 

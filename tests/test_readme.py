@@ -98,6 +98,9 @@ def test_the_command_line_summary_is_the_parser() -> None:
         if not subparsers:
             return {prefix.strip(): {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
                     - {"--help"}}
+        own = {o for a in parser._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
+        if own:  # options of the command itself (rho-actors --version)
+            found[prefix.strip()] = own
         for name, sub in subparsers[0].choices.items():
             found.update(leaves(sub, f"{prefix} {name}"))
         return found

@@ -8,6 +8,7 @@ mutated, so any thread may read it without a lock.
 from __future__ import annotations
 
 import json
+import marshal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -24,7 +25,9 @@ __all__ = [
     "ToolEntry",
     "ToolSet",
     "ToolSetView",
+    "copied_infos",
     "make_placement",
+    "schemas_blob",
 ]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -94,6 +97,21 @@ class ToolEntry:
     """The registration this entry comes from: a number no other registration of this
     system had, so a tool registered again (the same name, new code) has a new one. An
     untrusted tool's workers are scoped by it (DESIGN §5)."""
+    _schema: bytes | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:  # a checked schema is JSON data: marshal copies it exactly, and fast
+            object.__setattr__(self, "_schema", marshal.dumps(self.info.parameter_schema))
+        except ValueError:  # a dict or list subclass: offered_info copies it with deepcopy
+            pass
+
+    def offered_info(self) -> ToolInfo:
+        """A copy of ``info`` to hand out: its own deep copy of the schema (about 3 µs
+        for a small one, a fifth of :meth:`ToolInfo.copy`'s time)."""
+        info = self.info
+        if self._schema is None:
+            return info.copy()
+        return ToolInfo(info.name, info.description, marshal.loads(self._schema), info.timeout_ms, info.concurrency)
 
     @property
     def untrusted(self) -> bool:
@@ -137,3 +155,21 @@ class ToolSetView:
 
     def __init__(self) -> None:
         self.current = ToolSet()
+
+
+def schemas_blob(entries: list[ToolEntry]) -> bytes | None:
+    """The schemas of ``entries`` marshalled as one list, for :func:`copied_infos`
+    (``None`` when one is not plain JSON data: a dict or list subclass)."""
+    try:
+        return marshal.dumps([entry.info.parameter_schema for entry in entries])
+    except ValueError:
+        return None
+
+
+def copied_infos(entries: list[ToolEntry], blob: bytes | None) -> list[ToolInfo]:
+    """:meth:`ToolEntry.offered_info` of each entry, the schemas copied in one
+    ``marshal.loads`` of ``blob`` (from :func:`schemas_blob` of the same entries)."""
+    if blob is None:
+        return [entry.offered_info() for entry in entries]
+    return [ToolInfo(i.name, i.description, schema, i.timeout_ms, i.concurrency)
+            for i, schema in zip((entry.info for entry in entries), marshal.loads(blob), strict=True)]

@@ -42,7 +42,7 @@ from loguru import logger
 
 from rho_actors.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.cancel import CancelToken
-from rho_actors.declarations.toolset import ToolEntry, ToolSet
+from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, schemas_blob
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
@@ -60,7 +60,7 @@ from rho_actors.loop.messages import (
 from rho_actors.otp.actor import Actor
 from rho_actors.results import capped, error_result, failure, text, traceback_of
 from rho_actors.telemetry import CallSpan, Telemetry
-from rho_actors.tool import ErrorKind, ToolCall, ToolResult
+from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.runtime import Runtime
@@ -125,6 +125,8 @@ class LoopActor(Actor):
         self._runtime = runtime
         self.thread_pool = runtime.threads
         self._tools = runtime.tools
+        # (tool set, withheld, offered entries, their schemas marshalled): offered() of an unchanged set
+        self._offered_cache: tuple[ToolSet, frozenset[str], list[ToolEntry], bytes | None] | None = None
         self._limits = runtime.limits
         self._budgets = runtime.budgets
         self._events = runtime.events
@@ -145,7 +147,7 @@ class LoopActor(Actor):
             if turn is not None:
                 self._cancel_turn(turn)
         elif isinstance(message, Offered):
-            return [e.info.copy() for e in self._offered(self._tools.current)]
+            return self._offered_copies()
         elif isinstance(message, Running):
             return self._running()
         elif isinstance(message, SetWithheld):
@@ -171,8 +173,20 @@ class LoopActor(Actor):
             if slot.entry is not None and slot.started and slot.result is None
         ]
 
+    def _offered_copies(self) -> list[ToolInfo]:
+        """Copies of the offered declarations; the filtering and marshalling are redone
+        only when the tool set or the withheld names changed."""
+        tools, cached = self._tools.current, self._offered_cache
+        if cached is None or cached[0] is not tools or cached[1] is not self._withheld:
+            entries = self._offered(tools)
+            cached = self._offered_cache = (tools, self._withheld, entries, schemas_blob(entries))
+        return copied_infos(cached[2], cached[3])
+
     def _offered(self, tools: ToolSet) -> list[ToolEntry]:
-        return [e for name, e in tools.entries.items() if name not in self._withheld and self._allows(e)]
+        withheld = self._withheld
+        if self._allowed is None:
+            return [e for name, e in tools.entries.items() if name not in withheld]
+        return [e for name, e in tools.entries.items() if name not in withheld and self._allows(e)]
 
     def _allows(self, entry: ToolEntry) -> bool:
         return self._allowed is None or self._allowed.allows(entry.info.name, entry.origin)

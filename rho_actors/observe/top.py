@@ -8,7 +8,8 @@ Usage::
 :meth:`rho_actors.ActorSystem.observe` (default: ``$RHO_ACTORS_OBSERVER``); a TCP
 address needs the observer's token (``--token`` or ``$RHO_ACTORS_TOKEN``). ``--once``
 prints one snapshot and exits (``--json``: as JSON, for scripts). Exit codes: 0, or 2
-when the observer cannot be reached or refuses the token.
+when the observer cannot be reached (nothing listening is said as "connection
+refused") or refuses the token.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rich.tree import Tree
 from rho_actors.observe.observer import json_line
 from rho_actors.observe.terminal import safe_text, terminal_text
 
-__all__ = ["TopView", "add_parser", "connect", "messages"]
+__all__ = ["TopView", "add_parser", "connect", "messages", "observed_tree", "reach_error", "tree_view"]
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -39,19 +40,49 @@ CONNECT_TIMEOUT_S = 5.0
 def connect(address: str, token: str | None = None, timeout_s: float = CONNECT_TIMEOUT_S) -> socket.socket:
     """A socket connected to an observer at ``address`` (a Unix socket path, or
     ``HOST:PORT``), the token sent when it is a TCP address. Raises ``OSError`` when it
-    cannot be reached and ``ValueError`` for a TCP address without a token."""
+    cannot be reached (``ConnectionRefusedError`` when nothing listens there: checked
+    first) and ``ValueError`` for a TCP address that answers but was given no token."""
     host, _, port = address.rpartition(":")
     if host and port.isdigit():
-        if not token:
-            raise ValueError(f"the observer at {address} needs its token (--token or $RHO_ACTORS_TOKEN)")
         sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        if not token:
+            sock.close()
+            raise ValueError(f"the observer at {address} needs its token (--token or $RHO_ACTORS_TOKEN)")
         sock.sendall(json.dumps({"token": token}).encode() + b"\n")
     else:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout_s)
-        sock.connect(address)
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
     sock.settimeout(None)
     return sock
+
+
+def reach_error(address: str, exc: BaseException) -> str:
+    """What ``top`` and ``tree`` print when :func:`connect` to ``address`` failed."""
+    if isinstance(exc, ConnectionRefusedError):
+        return f"cannot reach the observer at {address}: connection refused (nothing listens there)"
+    if isinstance(exc, FileNotFoundError):
+        return f"cannot reach the observer at {address}: no such socket"
+    return f"cannot reach the observer at {address}: {exc}"
+
+
+def observed_tree(address: str, token: str | None = None) -> dict[str, Any]:
+    """The supervision tree of the system whose observer is at ``address`` (from its
+    first snapshot). Raises as :func:`connect`, ``ConnectionError`` when the observer
+    refuses the token or closes before a snapshot."""
+    sock = connect(address, token)
+    try:
+        for message in messages(sock):
+            if message.get("type") == "snapshot" and isinstance(message.get("tree"), dict):
+                tree: dict[str, Any] = message["tree"]
+                return tree
+        raise ConnectionError("the observer closed the connection before its first snapshot")
+    finally:
+        sock.close()
 
 
 def messages(sock: socket.socket) -> Iterator[dict[str, Any]]:
@@ -149,6 +180,14 @@ def _number(value: Any, spec: str, missing: str) -> Text:
     return Text(missing if value is None else safe_text(value))
 
 
+def tree_view(node: dict[str, Any], title: str = "supervision tree") -> Tree:
+    """A :meth:`rho_actors.ActorSystem.tree` node (or an observer snapshot's ``tree``)
+    as a ``rich.tree.Tree``, every text shown as written (never read as markup)."""
+    tree = Tree(Text(title, style="bold"))
+    _tree(tree, node)
+    return tree
+
+
 def _tree(branch: Tree, node: dict[str, Any], depth: int = 0) -> None:
     label = Text.assemble(terminal_text(node.get("id")), " ",
                           terminal_text(f"{safe_text(node.get('kind', ''))} {safe_text(node.get('restart', ''))}",
@@ -193,8 +232,11 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         return 2
     try:
         sock = connect(args.connect, args.token)
-    except (OSError, ValueError) as exc:
-        print(f"rho-actors top: cannot reach the observer at {args.connect}: {exc}", file=sys.stderr)
+    except ValueError as exc:
+        print(f"rho-actors top: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"rho-actors top: {reach_error(args.connect, exc)}", file=sys.stderr)
         return 2
     console = console or Console()
     view = TopView()

@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 _ASK_TIMEOUT_S = 60.0
+ASK_PER_TOOL_S = 0.01  # more time for a batch of register_many, per tool
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -122,6 +123,13 @@ class ToolRegistry(Actor):
         self._removed = state.removed
         self._max_timeout_ms = runtime.limits.max_timeout_ms
         self._declarations_proxy: tuple[pykka.ActorRef[Any], Any] | None = None
+        # indexes derived from the slots (rebuilt here after a restart, so they never
+        # disagree with the durable state): what is offered, why a slot is not, and
+        # the name each registered tool holds (by id: the slot keeps the tool alive)
+        self._entries: dict[str, ToolEntry] = {}
+        self._rejected: dict[str, str] = {}
+        self._names_of: dict[int, str] = {}
+        self._reindex()
 
     def _declarations(self) -> Any:
         """A proxy of the DeclarationActor, built once per actor (anew after a restart)."""
@@ -152,7 +160,9 @@ class ToolRegistry(Actor):
         isolation = isolation or ("process" if untrusted else "thread")
         if not untrusted:
             outcome = self._declarations().check(tool, fresh=True).get(timeout=_ASK_TIMEOUT_S)
-            return self._apply(tool, origin, outcome, isolation, placement, source)
+            registration = self._apply(tool, origin, outcome, isolation, placement, source)
+            self._publish()
+            return registration
         self._state.untrusted[id(tool)] = _Untrusted(tool, origin, isolation, placement or Placement(True), source)
         waiting = self._state.waiting.get(id(tool))
         if waiting is None or waiting.done():
@@ -164,6 +174,51 @@ class ToolRegistry(Actor):
             raise RuntimeError("the DeclarationActor did not take the read (the system is stopping?)")
         return waiting
 
+    def register_many(
+        self, tools: list[Any], isolation: IsolationName | None = None, placement: Placement | None = None,
+        source: str | None = None,
+    ) -> list[Registration]:
+        """Check and add the trusted ``tools`` (a list, in order) as one change: their
+        declarations are read in one ask of the DeclarationActor, the name rules of
+        :meth:`register` are applied to each in turn (a later tool of the batch sees the
+        earlier ones), and one :class:`ToolSet` is published. All or nothing: raises
+        :class:`DuplicateToolError` naming the first clash (with a registered tool or
+        within the batch) before any tool is added. Returns one :class:`Registration`
+        per tool, in order."""
+        isolation = isolation or "thread"
+        origins = [describe_origin(tool) for tool in tools]
+        timeout_s = _ASK_TIMEOUT_S + len(tools) * ASK_PER_TOOL_S
+        outcomes: list[ToolInfo | Rejected] = self._declarations().check_many(tools, fresh=True).get(
+            timeout=timeout_s
+        )
+        # the names as the batch leaves them, so far: (tool, origin, source), or None once freed
+        holders: dict[str, tuple[Any, str, str | None] | None] = {}
+        taken: dict[int, str] = {}  # the name each tool of the batch takes, by id
+        for index, (tool, origin, outcome) in enumerate(zip(tools, origins, outcomes, strict=True)):
+            name = outcome.name
+            if name is None:
+                continue
+            if name in holders:
+                held = holders[name]
+            else:
+                slot = self._slots.get(name)
+                held = (slot.tool, slot.origin, slot.source) if slot is not None else None
+            if held is not None and _clash(held[0], held[2], tool, source) == "refuse":
+                raise DuplicateToolError(
+                    f"{_refusal(name, held[1], origin)} (tool {index} of the batch: none of it is registered)"
+                )
+            old = taken.get(id(tool), self._names_of.get(id(tool)))
+            if old is not None and old != name:  # renamed: its old name is freed
+                holders[old] = None
+            holders[name] = (tool, origin, source)
+            taken[id(tool)] = name
+        registrations = [
+            self._apply(tool, origin, outcome, isolation, placement, source)
+            for tool, origin, outcome in zip(tools, origins, outcomes, strict=True)
+        ]
+        self._publish()
+        return registrations
+
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Checked):
             entry = self._state.untrusted.get(id(message.tool))
@@ -173,6 +228,7 @@ class ToolRegistry(Actor):
             try:
                 registration = self._apply(entry.tool, entry.origin, message.outcome, entry.isolation, entry.placement,
                                            entry.source)
+                self._publish()
             except DuplicateToolError as err:
                 del self._state.untrusted[id(message.tool)]
                 if waiting is not None:
@@ -189,6 +245,8 @@ class ToolRegistry(Actor):
         self, tool: Any, origin: str, outcome: ToolInfo | Rejected, isolation: IsolationName,
         placement: Placement | None = None, source: str | None = None,
     ) -> Registration:
+        """Add one checked tool to the slots and indexes (the caller publishes). Raises
+        :class:`DuplicateToolError` before changing anything."""
         placement = placement or Placement()
         name = outcome.name
         if name is None:
@@ -196,13 +254,13 @@ class ToolRegistry(Actor):
             self._nameless[id(tool)] = _Slot(tool, origin, outcome, None, isolation, placement, source)
             return Registration(origin, None, outcome.reason)
         held = self._slots.get(name)
-        if held is not None and held.tool is not tool and held.source is not None and source is None:
+        clash = _clash(held.tool, held.source, tool, source) if held is not None else None
+        if clash == "refuse":
+            assert held is not None
+            raise DuplicateToolError(_refusal(name, held.origin, origin))
+        if clash == "evict":
+            assert held is not None
             self._evict(name, held, origin)
-        elif held is not None and held.tool is not tool:
-            raise DuplicateToolError(
-                f"tool name {name!r} is already registered by {held.origin}; refused {origin} "
-                f"(unregister the first to replace it)"
-            )
         self._nameless.pop(id(tool), None)
         bound = self._max_timeout_ms
         if isinstance(outcome, ToolInfo) and outcome.timeout_ms > bound:
@@ -210,21 +268,56 @@ class ToolRegistry(Actor):
                            "get {} ms", name, origin, outcome.timeout_ms, bound, bound)
             outcome = dataclasses.replace(outcome, timeout_ms=bound)
         validator = make_validator(copy.deepcopy(outcome.parameter_schema)) if isinstance(outcome, ToolInfo) else None
-        renamed = [n for n, s in self._slots.items() if s.tool is tool and n != name]
-        for old in renamed:  # the same tool re-registered under a new name: one name only
-            del self._slots[old]
+        old = self._names_of.get(id(tool))
+        if old is not None and old != name:  # the same tool re-registered under a new name: one name only
+            self._drop(old)
             self._removed[old] = text("unavailable_renamed", tool=old, new=name)
         self._state.serials += 1
-        self._slots[name] = _Slot(tool, origin, outcome, validator, isolation, placement, source, self._state.serials)
+        slot = _Slot(tool, origin, outcome, validator, isolation, placement, source, self._state.serials)
+        was_offered = name in self._entries
+        self._slots[name] = slot
+        self._names_of[id(tool)] = name
         self._removed.pop(name, None)
-        self._publish()
+        if held is not None and held.tool is tool and not was_offered and isinstance(outcome, ToolInfo):
+            self._reindex()  # a left-out name now offered keeps its place in registration order
+        else:
+            self._index(name, slot)
         if isinstance(outcome, ToolInfo):
             return Registration(origin, outcome)
         return Registration(origin, None, outcome.reason)
 
+    def _index(self, name: str, slot: _Slot) -> None:
+        """Put ``slot`` (now held under ``name``) in the offered or left-out index."""
+        if isinstance(slot.outcome, ToolInfo) and slot.validator is not None:
+            self._rejected.pop(name, None)
+            self._entries[name] = ToolEntry(slot.tool, slot.outcome, slot.validator, slot.origin, slot.isolation,
+                                            slot.placement, slot.serial)
+        else:
+            assert isinstance(slot.outcome, Rejected)
+            self._entries.pop(name, None)
+            self._rejected[name] = text("unavailable_rejected", tool=name, reason=slot.outcome.reason)
+
+    def _reindex(self) -> None:
+        """Rebuild the indexes from the slots (at start, and when order must be kept)."""
+        self._entries.clear()
+        self._rejected.clear()
+        self._names_of.clear()
+        for name, slot in self._slots.items():
+            self._names_of[id(slot.tool)] = name
+            self._index(name, slot)
+
+    def _drop(self, name: str) -> _Slot | None:
+        """Remove the slot named ``name`` and its index entries; returns it (or None)."""
+        slot = self._slots.pop(name, None)
+        self._entries.pop(name, None)
+        self._rejected.pop(name, None)
+        if slot is not None and self._names_of.get(id(slot.tool)) == name:
+            del self._names_of[id(slot.tool)]
+        return slot
+
     def _evict(self, name: str, held: _Slot, origin: str) -> None:
         """The host's registration (``origin``) takes ``name`` from a source's tool."""
-        del self._slots[name]
+        self._drop(name)
         self._declarations().forget(held.tool)
         reason = (f"tool name {name!r} is taken by the host's own registration of {origin}: "
                   f"{held.origin} gave it up (a source's tool yields its name to the host's)")
@@ -234,11 +327,15 @@ class ToolRegistry(Actor):
     def unregister(self, name_or_tool: Any) -> bool:
         """Remove a tool by name or by object. Returns whether anything was removed."""
         if isinstance(name_or_tool, str):
-            slot = self._slots.pop(name_or_tool, None)
             name = name_or_tool
+            slot = self._drop(name)
         else:
-            name = next((n for n, s in self._slots.items() if s.tool is name_or_tool), "")
-            slot = self._slots.pop(name, None) or self._nameless.pop(id(name_or_tool), None)
+            name = self._names_of.get(id(name_or_tool), "")
+            held = self._slots.get(name)
+            slot = self._drop(name) if held is not None and held.tool is name_or_tool else None
+            if slot is None:
+                name = ""
+                slot = self._nameless.pop(id(name_or_tool), None)
         tool = slot.tool if slot is not None else name_or_tool
         pending = self._state.untrusted.pop(id(tool), None)
         waiting = self._state.waiting.pop(id(tool), None)
@@ -262,17 +359,24 @@ class ToolRegistry(Actor):
         ]
 
     def _publish(self) -> None:
-        entries: dict[str, ToolEntry] = {}
-        unavailable = dict(self._removed)
-        for name, slot in self._slots.items():
-            if isinstance(slot.outcome, ToolInfo) and slot.validator is not None:
-                entries[name] = ToolEntry(
-                    slot.tool, slot.outcome, slot.validator, slot.origin, slot.isolation, slot.placement, slot.serial
-                )
-            else:
-                assert isinstance(slot.outcome, Rejected)
-                reason = slot.outcome.reason
-                unavailable[name] = text("unavailable_rejected", tool=name, reason=reason)
-        published = ToolSet(self._view.current.version + 1, MappingProxyType(entries), MappingProxyType(unavailable))
+        """Publish the indexes as a new frozen :class:`ToolSet` (copies of two dicts:
+        no per-tool work) and announce it."""
+        unavailable = {**self._removed, **self._rejected}
+        published = ToolSet(self._view.current.version + 1, MappingProxyType(dict(self._entries)),
+                            MappingProxyType(unavailable))
         self._view.current = published
         self._events.emit(ToolSetChanged(published.version))
+
+
+def _clash(held: Any, held_source: str | None, tool: Any, source: str | None) -> str | None:
+    """What registering ``tool`` (served by ``source``; ``None``: the host's own) does to
+    the tool holding its name (``held``, served by ``held_source``): ``None`` (the same
+    tool: re-read), ``"evict"`` (the host takes a source's name) or ``"refuse"``."""
+    if held is tool:
+        return None
+    return "evict" if held_source is not None and source is None else "refuse"
+
+
+def _refusal(name: str, held_origin: str, origin: str) -> str:
+    return (f"tool name {name!r} is already registered by {held_origin}; refused {origin} "
+            f"(unregister the first to replace it)")
