@@ -3,7 +3,9 @@
 An isolation starts a call with its deadline and owns that deadline: whatever the tool
 does, the call's ``reply`` gets a result by the deadline (a ``timeout`` error at the
 latest), and a result that comes later is still handed to ``reply`` (the loop reports
-it as ``late``). The isolation can cancel a running call, report counters, and is
+it as ``late``). A call whose deadline passed is ``timeout``, whoever answers first:
+its :class:`rho_actors.isolation.call.Answer` replaces a result settled past the
+deadline by the ``timeout`` result. The isolation can cancel a running call, report counters, and is
 opened and shut down with its system.
 """
 
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from rho_actors.events import EventBus
     from rho_actors.isolation.call import CallSpec
     from rho_actors.otp.supervisor import ChildStarter
+    from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
     from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 
@@ -41,7 +44,9 @@ class IsolationServices:
     ``threads_per_session`` and ``threads_total``, the caps on abandoned threads of
     thread calls; ``ray``, how to reach Ray (``None``: a
     local Ray, started on the first ``ray`` call; see
-    :class:`rho_actors.integrations.ray.tasks.RayRuntime`)."""
+    :class:`rho_actors.integrations.ray.tasks.RayRuntime`); ``threads``, the system's
+    pooled threads, where a deadline's ``timeout`` is delivered off the timer thread
+    (``None``: on the timer thread)."""
 
     calls: ChildStarter
     timers: Timers
@@ -59,6 +64,7 @@ class IsolationServices:
     ray: Mapping[str, Any] | None = None
     max_workers_per_session: int | None = None
     threads_per_session: int = 16
+    threads: ThreadPool | None = None
 
 
 class RunningCall(Protocol):

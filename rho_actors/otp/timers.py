@@ -2,7 +2,11 @@
 
 pykka has no timed messages, and a ``threading.Timer`` per call deadline costs a thread
 start (~100 µs). A :class:`Timers` service keeps every pending timer in one heap served by
-one thread; a due timer's callback runs on that thread and must be quick (a ``tell``).
+one thread; a due timer's callback runs on that thread and must be quick (a ``tell``, or
+a call's deadline claiming its result slot and handing the rest to another thread: every
+deadline of the system waits behind it). A call's deadline is its own heap entry (a
+:class:`Timer` subclass given to :meth:`Timers.schedule`), and cancelling a timer takes
+no lock.
 
 Example::
 
@@ -35,19 +39,51 @@ _MAX_WAIT_S = 3600.0  # below threading.TIMEOUT_MAX: a far timer is waited for i
 
 class Timer:
     """A pending timer; :meth:`cancel` stops it from firing (a no-op once fired).
-    ``cancelled`` is true once it can no longer fire."""
+    ``cancelled`` is true once it can no longer fire; ``when`` is its
+    ``time.monotonic()`` instant (seconds).
 
-    __slots__ = ("_callback", "_owner", "cancelled", "when")
+    A subclass is its own heap entry (:meth:`Timers.schedule`): it overrides
+    :meth:`fire`, run on the timer thread when due, and :meth:`dropped`, run once it
+    can no longer fire, to let go of what it holds (it stays in the heap until due)."""
 
-    def __init__(self, owner: Timers, when: float, callback: Callable[[], None]) -> None:
-        self._owner = owner
+    __slots__ = ("_owner", "cancelled", "when")
+
+    def __init__(self, when: float) -> None:
         self.when = when
-        self._callback = callback
         self.cancelled = False
+        self._owner: Timers | None = None
+
+    def fire(self) -> None:
+        """The timer's work, on the timer thread when due (keep it quick)."""
+
+    def dropped(self) -> None:
+        """Called once when cancelled: let go of what the timer holds."""
 
     def cancel(self) -> None:
-        """Stop the timer from firing (a no-op once it has fired)."""
-        self._owner._cancel(self)
+        """Stop the timer from firing (a no-op once it has fired). Lock-free: a cancel
+        racing the firing may or may not stop it."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        self.dropped()
+        if self._owner is not None:
+            self._owner._cancelled()
+
+
+class _CallbackTimer(Timer):
+    __slots__ = ("_callback",)
+
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        super().__init__(when)
+        self._callback = callback
+
+    def fire(self) -> None:
+        self._callback()
+
+    def dropped(self) -> None:
+        # A cancelled timer stays in the heap until due: it must not keep its
+        # callback's objects (a call's whole state) alive that long.
+        self._callback = _nothing
 
 
 class Timers:
@@ -58,18 +94,26 @@ class Timers:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stopped = False
-        self._dead = 0  # cancelled timers still in the heap
+        self._dead = 0  # cancelled timers still in the heap (a count that may run short: a hint)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
         """Run ``callback()`` on the timer thread at ``when`` (a ``time.monotonic()``
         instant, seconds). Raises ``RuntimeError`` once stopped."""
-        timer = Timer(self, when, callback)
+        return self.schedule(_CallbackTimer(when, callback))
+
+    def schedule(self, timer: Timer) -> Timer:
+        """Fire ``timer`` (a :class:`Timer` subclass, not yet scheduled) at its ``when``:
+        no object besides it per timer. Returns it. Raises ``RuntimeError`` once stopped,
+        ``ValueError`` when it was scheduled before."""
+        if timer._owner is not None:
+            raise ValueError(f"{timer!r} is scheduled already")
+        timer._owner = self
         with self._cond:
             if self._stopped:
                 raise RuntimeError("timers are stopped")
-            heapq.heappush(self._heap, (when, next(self._seq), timer))
+            heapq.heappush(self._heap, (timer.when, next(self._seq), timer))
             if self._heap[0][2] is timer:
                 self._cond.notify()
         return timer
@@ -86,18 +130,12 @@ class Timers:
 
         return self.call_at(time.monotonic() + delay_s, deliver)
 
-    def _cancel(self, timer: Timer) -> None:
-        """Cancel a pending timer; drop all cancelled ones once they are most of the
+    def _cancelled(self) -> None:
+        """A timer was cancelled: drop all cancelled ones once they are most of the
         heap, so that short calls with long deadlines do not pile up."""
-        with self._cond:
-            if timer.cancelled:
-                return
-            timer.cancelled = True
-            # A cancelled timer stays in the heap until due: it must not keep its
-            # callback's objects (a call's whole state) alive that long.
-            timer._callback = _nothing
-            self._dead += 1
-            if self._dead > 1024 and self._dead * 2 > len(self._heap):
+        self._dead += 1  # unlocked: a lost count only delays the next compaction
+        if self._dead > 1024 and self._dead * 2 > len(self._heap):
+            with self._cond:
                 self._heap = [entry for entry in self._heap if not entry[2].cancelled]
                 heapq.heapify(self._heap)
                 self._dead = 0
@@ -112,11 +150,11 @@ class Timers:
                     return
                 _, _, timer = heapq.heappop(self._heap)
                 if timer.cancelled:
-                    self._dead -= 1
+                    self._dead = max(0, self._dead - 1)
                     continue
                 timer.cancelled = True  # fired: a later cancel() is a no-op
             try:
-                timer._callback()
+                timer.fire()
             except BaseException:  # this thread serves every deadline: it must not end
                 logger.exception("timer callback raised")
 
