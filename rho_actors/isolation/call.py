@@ -122,18 +122,23 @@ class Answer:
         deadline having passed); if not, it is handed on as late."""
         spec = self.spec
         late: ToolResult | None = None
-        if result.error_kind not in _AT_DEADLINE and time.monotonic() >= spec.deadline:
+        now = time.monotonic()
+        if result.error_kind not in _AT_DEADLINE and now >= spec.deadline:
             late, result = result, self.timeout(DISCARDED)
-        if not self.claim():
-            self._hand_late(late or result)
-            return False
         timer = self.timer
-        if timer is not None:
-            timer.cancel()
-        self.deliver(result)
-        if late is not None:
-            self._hand_late(late)
-        return True
+        won = self.claim()
+        if not won:
+            self._hand_late(late or result)
+        else:
+            if timer is not None:
+                timer.cancel()
+            self.deliver(result)
+            if late is not None:
+                self._hand_late(late)
+        service = timer.timers if timer is not None else None
+        if service is not None:
+            service.run_due(time.monotonic())  # other calls' passed deadlines: this thread is running
+        return won
 
     def timeout(self, consequence: str = CANCELLED) -> ToolResult:
         """The call's ``timeout`` result, its duration counted until now."""

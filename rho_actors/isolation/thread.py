@@ -18,7 +18,7 @@ A ``MemoryError`` in a thread call is a ``memory`` result.
 
 from __future__ import annotations
 
-import functools
+import queue
 import threading
 import time
 from typing import Any, ClassVar
@@ -109,6 +109,8 @@ class _Running(Timer):
 
     __slots__ = ("actor", "answer", "call", "isolation")
 
+    fire_anywhere = True  # whichever thread first sees the deadline passed claims the timeout
+
     def __init__(self, isolation: ThreadIsolation, call: CallSpec) -> None:
         super().__init__(call.deadline)
         self.isolation = isolation
@@ -123,9 +125,7 @@ class _Running(Timer):
         answer, call, actor = self.answer, self.call, self.actor
         if answer is None or call is None or not answer.claim():
             return  # a result won (or the call was cancelled) just now
-        result = answer.timeout(CANCELLED)
-        self.isolation.give_up(call, actor, "timeout")
-        self.isolation.deliver(answer, result)
+        self.isolation.timed_out(call, actor, answer, answer.timeout(CANCELLED))
 
     def cancel(self, reason: str | None = None) -> None:
         call, actor = self.call, self.actor
@@ -146,6 +146,11 @@ class ThreadIsolation(Isolation):
         self._exhausted: set[tuple[str, str]] = set()  # (session, tool) refused until its threads end
         self._exhausted_lock = threading.Lock()
         self._refused = 0
+        # timeouts claimed on the timer thread, delivered by the deadlines thread (started on first use)
+        self._deliveries: queue.SimpleQueue[tuple[CallSpec, pykka.ActorRef[Any] | None, Answer, ToolResult] | None]
+        self._deliveries = queue.SimpleQueue()
+        self._deliveries_lock = threading.Lock()
+        self._deliverer: threading.Thread | None = None
 
     def _exhausted_reason(self, tool: str, session: str) -> dict[str, Any] | None:
         """Why a call of ``tool`` in ``session`` may not start a thread now (``None``: it
@@ -192,15 +197,49 @@ class ThreadIsolation(Isolation):
             actor.stop(block=False)
             raise pykka.ActorDeadError("the system is stopping") from None
         actor.tell(RunCall(call, self._run, answer))
+        self.services.timers.run_due(call.dispatched)  # passed deadlines of other calls, while this thread runs
         return running
 
-    def deliver(self, answer: Answer, result: ToolResult) -> None:
-        """Deliver a claimed timeout off the timer thread (on it when there is no pool)."""
-        threads = self.services.threads
-        if threads is None:
+    def timed_out(self, call: CallSpec, actor: pykka.ActorRef[Any] | None, answer: Answer,
+                  result: ToolResult) -> None:
+        """A deadline claimed ``answer`` for ``result`` (its timeout): set the call's token,
+        abandon its thread, deliver the timeout. From the timer thread this is handed to
+        the deadlines thread (the timer thread serves every deadline of the system: it only
+        decides); from any other thread it is done at once."""
+        if self.services.timers.on_timer_thread():
+            with self._deliveries_lock:
+                if self._deliverer is None or not self._deliverer.is_alive():
+                    self._deliverer = threading.Thread(target=self._deliver_timeouts, name="rho_actors-deadlines",
+                                                       daemon=True)
+                    self._deliverer.start()
+            self._deliveries.put((call, actor, answer, result))
+            return
+        self._time_out(call, actor, answer, result)
+
+    def _time_out(self, call: CallSpec, actor: pykka.ActorRef[Any] | None, answer: Answer,
+                  result: ToolResult) -> None:
+        try:
+            self.give_up(call, actor, "timeout")
+        finally:
             answer.deliver(result)
-        else:
-            threads.submit(functools.partial(answer.deliver, result), f"deadline-{answer.spec.call_id}")
+
+    def _deliver_timeouts(self) -> None:
+        """The deadlines thread: each claimed timeout, in the order claimed."""
+        while True:
+            item = self._deliveries.get()
+            if item is None:
+                return
+            try:
+                self._time_out(*item)
+            except BaseException:  # it serves every thread call's deadline: it must not end
+                logger.exception("delivering the timeout of call {} failed", item[0].call_id)
+
+    def shutdown(self, timeout_s: float) -> None:
+        """End the deadlines thread once the timeouts claimed so far are delivered."""
+        with self._deliveries_lock:
+            if self._deliverer is not None:
+                self._deliveries.put(None)
+                self._deliverer = None
 
     def _run(self, call: CallSpec) -> ToolResult:
         """The runner, in the CallActor's thread."""

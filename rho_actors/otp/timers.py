@@ -23,7 +23,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pykka
 from loguru import logger
@@ -48,10 +48,20 @@ class Timer:
 
     __slots__ = ("_owner", "cancelled", "when")
 
+    fire_anywhere: ClassVar[bool] = False
+    """Whether :meth:`Timers.run_due` may fire it from any thread that passes by once it
+    is due (a deadline: whichever thread first sees it passed), not only the timer
+    thread. Its :meth:`fire` must then be safe from any thread."""
+
     def __init__(self, when: float) -> None:
         self.when = when
         self.cancelled = False
         self._owner: Timers | None = None
+
+    @property
+    def timers(self) -> Timers | None:
+        """The service it is scheduled on (``None`` before)."""
+        return self._owner
 
     def fire(self) -> None:
         """The timer's work, on the timer thread when due (keep it quick)."""
@@ -157,6 +167,44 @@ class Timers:
                 timer.fire()
             except BaseException:  # this thread serves every deadline: it must not end
                 logger.exception("timer callback raised")
+
+    def run_due(self, now: float, limit: int = 8) -> int:
+        """Fire, in this thread, up to ``limit`` timers due at ``now`` (a
+        ``time.monotonic()`` reading) that may fire anywhere (:attr:`Timer.fire_anywhere`),
+        stopping at the first due one that may not. For busy threads passing by: under
+        load the timer thread may wait long for the interpreter, a thread already
+        running fires a passed deadline first. Costs one look at the heap when nothing
+        is due; never blocks on a timer's work. Returns how many fired."""
+        heap = self._heap
+        try:
+            if heap[0][0] > now:
+                return 0
+        except IndexError:
+            return 0
+        fired = 0
+        while fired < limit:
+            with self._cond:
+                if self._stopped or not self._heap or self._heap[0][0] > now:
+                    break
+                timer = self._heap[0][2]
+                if timer.cancelled:
+                    heapq.heappop(self._heap)
+                    self._dead = max(0, self._dead - 1)
+                    continue
+                if not timer.fire_anywhere:
+                    break
+                heapq.heappop(self._heap)
+                timer.cancelled = True  # fired
+            fired += 1
+            try:
+                timer.fire()
+            except Exception:
+                logger.exception("timer callback raised")
+        return fired
+
+    def on_timer_thread(self) -> bool:
+        """Whether the calling thread is this service's timer thread."""
+        return threading.current_thread() is self._thread
 
     def pending(self) -> int:
         """How many timers are waiting (cancelled ones included until they are due)."""
