@@ -220,7 +220,7 @@ class ActorSystem:
             max_workers=cap, max_workers_per_session=share, threads_per_session=abandoned_threads_per_session,
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
-            ray=dict(ray) if ray is not None else None, threads=self._threads,
+            ray=dict(ray) if ray is not None else None,
         )
         hold_servers()
         self._holding = True

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from rho_actors.events import EventBus
     from rho_actors.isolation.call import CallSpec
     from rho_actors.otp.supervisor import ChildStarter
-    from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
     from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 
@@ -44,9 +43,7 @@ class IsolationServices:
     ``threads_per_session`` and ``threads_total``, the caps on abandoned threads of
     thread calls; ``ray``, how to reach Ray (``None``: a
     local Ray, started on the first ``ray`` call; see
-    :class:`rho_actors.integrations.ray.tasks.RayRuntime`); ``threads``, the system's
-    pooled threads, where a deadline's ``timeout`` is delivered off the timer thread
-    (``None``: on the timer thread)."""
+    :class:`rho_actors.integrations.ray.tasks.RayRuntime`)."""
 
     calls: ChildStarter
     timers: Timers
@@ -64,7 +61,6 @@ class IsolationServices:
     ray: Mapping[str, Any] | None = None
     max_workers_per_session: int | None = None
     threads_per_session: int = 16
-    threads: ThreadPool | None = None
 
 
 class RunningCall(Protocol):
