@@ -9,6 +9,8 @@ from loguru import logger
 
 __all__ = ["CancelToken"]
 
+_LOCK = threading.Lock()  # every token's: held only for a few attribute reads and writes
+
 
 class CancelToken:
     """A call's cancellation signal, in ``ctx["cancel"]``: poll :attr:`cancelled`,
@@ -23,11 +25,12 @@ class CancelToken:
                 ...
     """
 
-    __slots__ = ("_callbacks", "_event", "_finished", "_lock", "reason")
+    __slots__ = ("_callbacks", "_event", "_finished", "reason")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
-        self._lock = threading.Lock()
+        # No lock or event of its own (one token per call): the module's one lock guards a
+        # few attribute reads and writes, and the event is made only when someone waits.
+        self._event: threading.Event | None = None
         self._callbacks: list[Callable[[], None]] = []
         self._finished = False
         self.reason: str | None = None
@@ -35,23 +38,33 @@ class CancelToken:
     @property
     def cancelled(self) -> bool:
         """Whether the call was cancelled (its deadline passed, or its loop stopped)."""
-        return self._event.is_set()
+        return self.reason is not None
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until cancelled or ``timeout_s`` seconds pass; returns :attr:`cancelled`."""
-        return self._event.wait(timeout_s)
+        if self.reason is not None:
+            return True
+        with _LOCK:
+            if self.reason is not None:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        return event.wait(timeout_s)
 
     def cancel(self, reason: str = "cancelled") -> bool:
         """Set the signal (the first reason wins: ``"timeout"``, ``"stopping"``...) and
         run the callbacks in this thread. Returns whether the call was still running,
         i.e. whether its thread is now abandoned."""
-        with self._lock:
-            if self._event.is_set():
+        with _LOCK:
+            if self.reason is not None:
                 return False
-            self.reason = reason
-            self._event.set()
+            self.reason = str(reason)
+            event = self._event
             callbacks, self._callbacks = self._callbacks, []
             running = not self._finished
+        if event is not None:
+            event.set()
         for callback in callbacks:
             try:
                 callback()
@@ -61,14 +74,14 @@ class CancelToken:
 
     def finish(self) -> bool:
         """Mark the call's thread as returned. Returns whether it had been abandoned."""
-        with self._lock:
+        with _LOCK:
             self._finished = True
-            return self._event.is_set()
+            return self.reason is not None
 
     def add_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` on cancellation (at once if already cancelled)."""
-        with self._lock:
-            if not self._event.is_set():
+        with _LOCK:
+            if self.reason is None:
                 self._callbacks.append(callback)
                 return
         callback()

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pykka
 import pytest
 
-from rho_actors.otp.timers import Timers
+from rho_actors.otp.timers import Timer, Timers
 
-from .conftest import WAIT_S
+from .conftest import WAIT_S, wait_for
 
 
 @pytest.fixture
@@ -102,3 +102,56 @@ def test_a_cancelled_timer_keeps_nothing_of_its_callback_alive() -> None:
         assert timers.pending() == 1
     finally:
         timers.stop()
+
+
+class _Anywhere(Timer):
+    """A timer that any passing thread may fire; it records the thread that did."""
+
+    __slots__ = ("by",)
+    fire_anywhere = True
+
+    def __init__(self, when: float) -> None:
+        super().__init__(when)
+        self.by: list[str] = []
+
+    def fire(self) -> None:
+        self.by.append(threading.current_thread().name)
+
+
+def test_a_passing_thread_fires_a_passed_deadline_itself_and_only_those_that_allow_it(timers: Timers) -> None:
+    busy, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        busy.set()
+        release.wait(WAIT_S)
+
+    timers.call_at(time.monotonic(), hold)
+    assert busy.wait(WAIT_S)  # the timer thread is stuck in a callback: only a passing thread can fire now
+    try:
+        past = time.monotonic() - 1.0
+        fired: list[str] = []
+        anywhere, later = _Anywhere(past), _Anywhere(past + 0.5)
+        timers.schedule(anywhere)
+        timers.schedule(later)
+        assert timers.run_due(time.monotonic()) == 2
+        assert anywhere.by == later.by == [threading.current_thread().name]
+        assert anywhere.cancelled  # fired: never again
+        assert timers.run_due(time.monotonic()) == 0  # nothing due: one look at the heap
+        timers.call_at(past, lambda: fired.append(threading.current_thread().name))
+        blocked = _Anywhere(past + 0.1)
+        timers.schedule(blocked)
+        assert timers.run_due(time.monotonic()) == 0  # a callback timer is due first: it stops there
+        assert blocked.by == []
+    finally:
+        release.set()
+    assert wait_for(lambda: fired == [timers._thread.name] and blocked.by == [timers._thread.name])
+
+
+def test_a_timer_is_scheduled_once_and_not_after_stop() -> None:
+    timers = Timers()
+    timer = timers.schedule(_Anywhere(time.monotonic() + 3600))
+    with pytest.raises(ValueError, match="scheduled already"):
+        timers.schedule(timer)
+    timers.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        timers.schedule(_Anywhere(time.monotonic()))

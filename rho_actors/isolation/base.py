@@ -3,7 +3,9 @@
 An isolation starts a call with its deadline and owns that deadline: whatever the tool
 does, the call's ``reply`` gets a result by the deadline (a ``timeout`` error at the
 latest), and a result that comes later is still handed to ``reply`` (the loop reports
-it as ``late``). The isolation can cancel a running call, report counters, and is
+it as ``late``). A call whose deadline passed is ``timeout``, whoever answers first:
+its :class:`rho_actors.isolation.call.Answer` replaces a result settled past the
+deadline by the ``timeout`` result. The isolation can cancel a running call, report counters, and is
 opened and shut down with its system.
 """
 

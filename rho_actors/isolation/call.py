@@ -9,9 +9,14 @@ Nothing the tool does escapes: an ``Exception`` is a ``raised`` result, a
 ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``...) an ``exited`` result, so
 pykka never sees a ``BaseException`` (which would stop every actor in the process).
 
-The deadline is kept by the call's isolation, not here. An ``async def run`` is driven
-by a private event loop and really cancelled (``asyncio.Task.cancel``) at its deadline
-or on cancellation.
+The call's result goes through its :class:`Answer`, the call's settle-once slot, which
+decides by the deadline (DESIGN §5 "A deadline is a deadline"): whoever settles first
+(this actor's thread with the tool's result, or the isolation's deadline timer) gives
+the call its answer, and a result settled at or past the deadline is the ``timeout``
+result, whatever it says. The deadline timer is the isolation's (``thread`` isolation
+arms one; a worker pool or Ray task keeps its own deadline). An ``async def run`` is
+driven by a private event loop and really cancelled (``asyncio.Task.cancel``) at its
+deadline or on cancellation.
 """
 
 from __future__ import annotations
@@ -30,21 +35,34 @@ from loguru import logger
 from rho_actors.cancel import CancelToken
 from rho_actors.otp.actor import Actor
 from rho_actors.otp.threads import ThreadPool
-from rho_actors.results import CANCELLED, error_result, failure, result_from_exception, result_from_return
+from rho_actors.otp.timers import Timer
+from rho_actors.results import (
+    CANCELLED,
+    DISCARDED,
+    error_result,
+    failure,
+    result_from_exception,
+    result_from_return,
+)
 from rho_actors.telemetry import attached
-from rho_actors.tool import ToolResult
+from rho_actors.tool import ErrorKind, ToolResult
 
 # ``error_result`` is re-exported for modules that import it from here.
 
-__all__ = ["CallActor", "CallSpec", "RunCall", "error_result", "run_here"]
+__all__ = ["Answer", "CallActor", "CallSpec", "RunCall", "error_result", "run_here"]
+
+_AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY})
+"""Results a deadline may give itself (a worker pool's ``timeout``, or ``memory`` when the
+bound it hit is why the call ran out of time): kept when settled at the deadline."""
 
 
 @dataclass(frozen=True, slots=True)
 class CallSpec:
     """Everything a CallActor needs: the tool, its decoded arguments, the ``ctx`` it
     gets, when it was dispatched and its ``deadline`` (``time.monotonic()`` instants,
-    seconds) and ``reply``, called exactly once with the result, from the CallActor's
-    thread or, in ``thread`` isolation, from its deadline timer's. ``context``: the
+    seconds) and ``reply``, called with the call's answer first (once; see
+    :class:`Answer`) and then with any result that came after it, each from the thread
+    that settled it (the CallActor's, or a deadline's). ``context``: the
     ``contextvars`` context the CallActor runs the call in (a copy of the submitter's;
     ``None``: the empty one its pooled thread starts each job in); a worker process
     does not get it."""
@@ -63,13 +81,106 @@ class CallSpec:
     context: contextvars.Context | None = None
 
 
+class Answer:
+    """A call's settle-once slot: the first result settled is the call's answer, handed
+    to ``spec.reply``; every later one is handed to it too, after the first (the loop
+    reports it ``late``). The deadline decides: a result settled at or past
+    ``spec.deadline`` is replaced by the ``timeout`` result (the result kept, late),
+    unless it is a ``timeout`` or ``memory`` error itself, whichever thread settles it.
+    A deadline timer takes the slot first (:meth:`claim`) and delivers the timeout after it
+    (:meth:`deliver`); a result settled in between waits for that delivery.
+
+    No lock and no event: a claim is one atomic ``list.pop`` (safe from any thread).
+    ``timer``: the deadline timer an isolation armed, cancelled once a result wins."""
+
+    __slots__ = ("_claim", "_delivered", "_late", "spec", "timer")
+
+    def __init__(self, spec: CallSpec) -> None:
+        self.spec = spec
+        self.timer: Timer | None = None
+        self._claim: list[None] = [None]
+        self._late: list[ToolResult] = []
+        self._delivered = False
+
+    @property
+    def settled(self) -> bool:
+        """Whether the slot is taken (its answer may still be on its way)."""
+        return not self._claim
+
+    def claim(self) -> bool:
+        """Take the slot (its answer is then the caller's to :meth:`deliver`); returns
+        whether it was free."""
+        try:
+            self._claim.pop()
+        except IndexError:
+            return False
+        return True
+
+    def settle(self, result: ToolResult) -> bool:
+        """Settle the call with ``result`` (from the thread that has it): returns whether
+        it was the call's answer (possibly replaced by the ``timeout`` result, the
+        deadline having passed); if not, it is handed on as late."""
+        spec = self.spec
+        late: ToolResult | None = None
+        now = time.monotonic()
+        if result.error_kind not in _AT_DEADLINE and now >= spec.deadline:
+            late, result = result, self.timeout(DISCARDED)
+        timer = self.timer
+        won = self.claim()
+        if not won:
+            self._hand_late(late or result)
+        else:
+            if timer is not None:
+                timer.cancel()
+            self.deliver(result)
+            if late is not None:
+                self._hand_late(late)
+        service = timer.timers if timer is not None else None
+        if service is not None:
+            service.run_due(time.monotonic())  # other calls' passed deadlines: this thread is running
+        return won
+
+    def timeout(self, consequence: str = CANCELLED) -> ToolResult:
+        """The call's ``timeout`` result, its duration counted until now."""
+        spec = self.spec
+        return failure("timeout", spec.call_id, spec.name, (time.monotonic() - spec.dispatched) * 1000,
+                       timeout_ms=spec.timeout_ms, consequence=consequence)
+
+    def deliver(self, result: ToolResult) -> None:
+        """Hand the answer of a :meth:`claim` to ``spec.reply``, then any late result
+        that came meanwhile. Raises what ``reply`` raises (the late ones are handed on)."""
+        try:
+            self.spec.reply(result)
+        finally:
+            self._delivered = True
+            self._drain()
+
+    def _hand_late(self, result: ToolResult) -> None:
+        self._late.append(result)
+        if self._delivered:  # else the delivering thread drains it (it reads the flag after its reply)
+            self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                result = self._late.pop(0)
+            except IndexError:
+                return
+            try:
+                self.spec.reply(result)
+            except Exception:
+                logger.exception("reply of a late result of call {} failed", self.spec.call_id)
+
+
 @dataclass(frozen=True, slots=True)
 class RunCall:
     """Told to a CallActor by an isolation: run ``spec`` with ``runner`` (in the
-    CallActor's thread), which returns the call's result or raises."""
+    CallActor's thread), which returns the call's result or raises; settle it in
+    ``answer`` (the isolation's, when it keeps a deadline timer on it; else a new one)."""
 
     spec: CallSpec
     runner: Callable[[CallSpec], ToolResult]
+    answer: Answer | None = None
 
 
 def run_here(spec: CallSpec) -> ToolResult:
@@ -129,6 +240,7 @@ class CallActor(Actor):
 
     def _run(self, message: RunCall) -> None:
         self.spec = spec = message.spec
+        self._answer = message.answer if message.answer is not None else Answer(spec)
         try:
             result = spec.context.run(_attached, message) if spec.context is not None else _attached(message)
         except BaseException as exc:
@@ -145,7 +257,7 @@ class CallActor(Actor):
         if result is not None:
             try:
                 with self.thread_pool.hand_over() if self.thread_pool is not None else contextlib.nullcontext():
-                    self.spec.reply(result)
+                    self._answer.settle(result)
             except BaseException:
                 logger.exception("reply of call {} failed", self.spec.call_id)
 

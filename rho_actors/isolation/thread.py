@@ -1,10 +1,13 @@
 """``thread`` isolation: a call runs in its CallActor's own thread (DESIGN §5).
 
 At the deadline the call's result is a ``timeout`` error on time (unless C code holds
-the GIL); the call's :class:`~rho_actors.CancelToken` is set (an ``async def run`` is
-really cancelled) and its thread is abandoned: counted, and never waited for. What it
-returns later is reported as ``late``. Cancelling a call (the host cancelling its turn,
-or its loop stopping) sets the token and abandons the thread the same way.
+the GIL): the system's timer thread claims the call's :class:`Answer` for the timeout
+first, then sets the call's :class:`~rho_actors.CancelToken` (an ``async def run`` is
+really cancelled) and abandons its thread: counted, and never waited for. What it
+returns later, ``ok`` included, is reported as ``late``; a result the tool returns
+past its deadline before the timer fires is the ``timeout`` result all the same.
+Cancelling a call (the host cancelling its turn, or its loop stopping) sets the token
+and abandons the thread the same way.
 
 Abandoned threads still running are capped per tool (``threads_per_tool``) and for the
 system (``threads_total``): past a cap, the tool's calls get an ``unavailable`` result
@@ -15,9 +18,9 @@ A ``MemoryError`` in a thread call is a ``memory`` result.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import pykka
@@ -25,7 +28,7 @@ from loguru import logger
 
 from rho_actors.events import IsolationEvent
 from rho_actors.isolation.base import Isolation, IsolationServices
-from rho_actors.isolation.call import CallSpec, RunCall, run_here
+from rho_actors.isolation.call import Answer, CallSpec, RunCall, run_here
 from rho_actors.otp.timers import Timer
 from rho_actors.results import CANCELLED, failure
 from rho_actors.tool import ToolResult
@@ -94,36 +97,41 @@ class AbandonedThreads:
             return dict(self.by_session)
 
 
-class _Running:
-    """A thread call: its CallActor and its deadline timer."""
+class _Running(Timer):
+    """A thread call: its deadline timer (this object is its entry in the system's timer
+    heap: no other object per call), its :class:`Answer` and its CallActor.
 
-    __slots__ = ("actor", "call", "isolation", "timer")
+    At the deadline (:meth:`fire`, on the timer thread) the timeout claims the answer
+    first, then the call's token is set and its thread abandoned, and the timeout is
+    delivered from a pooled thread (so a burst of due deadlines is decided on time,
+    whatever delivering them costs). ``cancel()`` without a reason disarms the timer
+    (the answer did it: a result won); ``cancel(reason)`` is the isolation's cancel."""
+
+    __slots__ = ("actor", "answer", "call", "isolation")
+
+    fire_anywhere = True  # whichever thread first sees the deadline passed claims the timeout
 
     def __init__(self, isolation: ThreadIsolation, call: CallSpec) -> None:
+        super().__init__(call.deadline)
         self.isolation = isolation
-        self.call = call
+        self.call: CallSpec | None = call
+        self.answer: Answer | None = None
         self.actor: pykka.ActorRef[Any] | None = None
-        self.timer: Timer | None = None
 
-    def reply(self, result: ToolResult) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.call.reply(result)
+    def dropped(self) -> None:
+        self.call = self.answer = self.actor = None  # it stays in the heap until due: hold nothing
 
-    def deadline(self) -> None:
-        """The timer's work at the deadline: cancel, abandon the thread, answer."""
-        call = self.call
-        if not self.isolation.give_up(self, "timeout"):
-            return  # it returned just now (its result is on its way), or it was cancelled
-        call.reply(failure(
-            "timeout", call.call_id, call.name, (time.monotonic() - call.dispatched) * 1000,
-            timeout_ms=call.timeout_ms, consequence=CANCELLED,
-        ))
+    def fire(self) -> None:
+        answer, call, actor = self.answer, self.call, self.actor
+        if answer is None or call is None or not answer.claim():
+            return  # a result won (or the call was cancelled) just now
+        self.isolation.timed_out(call, actor, answer, answer.timeout(CANCELLED))
 
-    def cancel(self, reason: str) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.isolation.give_up(self, reason)
+    def cancel(self, reason: str | None = None) -> None:
+        call, actor = self.call, self.actor
+        super().cancel()
+        if reason is not None and call is not None:
+            self.isolation.give_up(call, actor, reason)
 
 
 class ThreadIsolation(Isolation):
@@ -138,6 +146,11 @@ class ThreadIsolation(Isolation):
         self._exhausted: set[tuple[str, str]] = set()  # (session, tool) refused until its threads end
         self._exhausted_lock = threading.Lock()
         self._refused = 0
+        # timeouts claimed on the timer thread, delivered by the deadlines thread (started on first use)
+        self._deliveries: queue.SimpleQueue[tuple[CallSpec, pykka.ActorRef[Any] | None, Answer, ToolResult] | None]
+        self._deliveries = queue.SimpleQueue()
+        self._deliveries_lock = threading.Lock()
+        self._deliverer: threading.Thread | None = None
 
     def _exhausted_reason(self, tool: str, session: str) -> dict[str, Any] | None:
         """Why a call of ``tool`` in ``session`` may not start a thread now (``None``: it
@@ -173,12 +186,60 @@ class ThreadIsolation(Isolation):
                 logger.warning("{}", message)
                 self._emit("threads_exhausted", call.name, message)
             call.reply(failure("threads_exhausted", call.call_id, call.name, **reason))
+            running.dropped()  # answered: nothing to cancel
             return running
-        actor = self.services.calls.start()
-        running.actor = actor
-        running.timer = self.services.timers.call_at(call.deadline, running.deadline)
-        actor.tell(RunCall(replace(call, reply=running.reply), self._run))
+        running.actor = actor = self.services.calls.start()
+        running.answer = answer = Answer(call)
+        answer.timer = running
+        try:
+            self.services.timers.schedule(running)
+        except RuntimeError:  # the timers are stopped: the system is stopping
+            actor.stop(block=False)
+            raise pykka.ActorDeadError("the system is stopping") from None
+        actor.tell(RunCall(call, self._run, answer))
+        self.services.timers.run_due(call.dispatched)  # passed deadlines of other calls, while this thread runs
         return running
+
+    def timed_out(self, call: CallSpec, actor: pykka.ActorRef[Any] | None, answer: Answer,
+                  result: ToolResult) -> None:
+        """A deadline claimed ``answer`` for ``result`` (its timeout): set the call's token,
+        abandon its thread, deliver the timeout. From the timer thread this is handed to
+        the deadlines thread (the timer thread serves every deadline of the system: it only
+        decides); from any other thread it is done at once."""
+        if self.services.timers.on_timer_thread():
+            with self._deliveries_lock:
+                if self._deliverer is None or not self._deliverer.is_alive():
+                    self._deliverer = threading.Thread(target=self._deliver_timeouts, name="rho_actors-deadlines",
+                                                       daemon=True)
+                    self._deliverer.start()
+            self._deliveries.put((call, actor, answer, result))
+            return
+        self._time_out(call, actor, answer, result)
+
+    def _time_out(self, call: CallSpec, actor: pykka.ActorRef[Any] | None, answer: Answer,
+                  result: ToolResult) -> None:
+        try:
+            self.give_up(call, actor, "timeout")
+        finally:
+            answer.deliver(result)
+
+    def _deliver_timeouts(self) -> None:
+        """The deadlines thread: each claimed timeout, in the order claimed."""
+        while True:
+            item = self._deliveries.get()
+            if item is None:
+                return
+            try:
+                self._time_out(*item)
+            except BaseException:  # it serves every thread call's deadline: it must not end
+                logger.exception("delivering the timeout of call {} failed", item[0].call_id)
+
+    def shutdown(self, timeout_s: float) -> None:
+        """End the deadlines thread once the timeouts claimed so far are delivered."""
+        with self._deliveries_lock:
+            if self._deliverer is not None:
+                self._deliveries.put(None)
+                self._deliverer = None
 
     def _run(self, call: CallSpec) -> ToolResult:
         """The runner, in the CallActor's thread."""
@@ -201,11 +262,10 @@ class ThreadIsolation(Isolation):
                         if present:
                             self._emit("threads_recovered", key[1], f"{left} abandoned threads left")
 
-    def give_up(self, running: _Running, reason: str) -> bool:
+    def give_up(self, call: CallSpec, actor: pykka.ActorRef[Any] | None, reason: str) -> bool:
         """Cancel a call; if its thread is still running, it is abandoned (and, at the
         deadline or cancelled by the host, no shutdown waits for it). Returns whether it
         was still running."""
-        call = running.call
         session = _session(call)
         # counted before the token is set: a thread that returns in between finds the count
         # to take back (counting after would leave one behind for ever)
@@ -213,8 +273,8 @@ class ThreadIsolation(Isolation):
         if not call.cancel.cancel(reason):
             self.abandoned.taken_back(call.name, session)  # not abandoned after all
             return False
-        if reason != "stopping" and running.actor is not None:
-            self.services.calls.abandon(running.actor)
+        if reason != "stopping" and actor is not None:
+            self.services.calls.abandon(actor)
         return True
 
     def stats(self) -> dict[str, Any]:
