@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import functools
 import itertools
 import json
 import threading
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -52,7 +54,7 @@ import mcp_types as types
 from loguru import logger
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 
@@ -61,6 +63,8 @@ from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptE
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.loop.handle import Loop
+from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
+from rho_actors.mcp.events import BoundedEventStore
 from rho_actors.mcp.guard import HTTPGuard, request_gone
 from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
 from rho_actors.tool import ToolCall, ToolResult
@@ -71,6 +75,8 @@ DEFAULT_MAX_ARGUMENT_BYTES = 1_000_000
 """The largest ``tools/call`` arguments accepted (bytes of their JSON)."""
 
 _STATE_KEY = "rho_actors.session"
+_PROGRESS_FLUSH_S = 2.0  # how long a result waits for its progress notifications to be sent
+_SSE_RETRY_MS = 500  # the reconnection delay suggested to a client whose SSE stream closed (SEP-1699)
 
 
 @dataclass(slots=True, eq=False)
@@ -119,6 +125,15 @@ class _Session:
 
 
 @dataclass(slots=True)
+class _Live:
+    """A running ``tools/call``: where its progress goes, and the progress sent so far."""
+
+    aloop: asyncio.AbstractEventLoop
+    session: Any  # the SDK's ServerSession of the request
+    sent: list[concurrent.futures.Future[Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _Served:
     """What one :func:`aserve` shares between its connections."""
 
@@ -127,7 +142,7 @@ class _Served:
     max_argument_bytes: int
     guard: HTTPGuard | None = None
     sessions: set[_Session] = field(default_factory=set)
-    progress: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, Any]] = field(default_factory=dict)
+    progress: dict[tuple[str, str], _Live] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=itertools.count)
 
 
@@ -195,12 +210,13 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                 with contextlib.suppress(RuntimeError):  # the asyncio loop has closed
                     aloop.call_soon_threadsafe(changed.set)
             elif isinstance(event, ProgressEvent):
-                target = served.progress.get((event.session_id, event.call_id))
-                if target is not None:
-                    with contextlib.suppress(RuntimeError):
-                        asyncio.run_coroutine_threadsafe(
-                            target[1].report_progress(event.done, event.total, event.message), target[0]
-                        )
+                live = served.progress.get((event.session_id, event.call_id))
+                if live is not None:
+                    report = live.session.report_progress(event.done, event.total, event.message)
+                    try:
+                        live.sent.append(asyncio.run_coroutine_threadsafe(report, live.aloop))
+                    except RuntimeError:  # the asyncio loop has closed
+                        report.close()
 
         unsubscribe = system.subscribe(on_event)
         async with anyio.create_task_group() as tasks:
@@ -230,7 +246,18 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                 connection.exit_stack.callback(served.guard.ended, connection.session_id)
         return await call_next(ctx)
 
-    server = _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool)
+    async def set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
+        """``logging/setLevel``: the least severe level this connection's tools log at."""
+        if params.level not in LOG_LEVELS:
+            raise MCPError(INVALID_PARAMS, f"unknown log level {str(params.level)[:40]!r}; "
+                                           f"expected one of {', '.join(LOG_LEVELS)}")
+        _connection(ctx).state[LEVEL_KEY] = params.level
+        return types.EmptyResult()
+
+    with warnings.catch_warnings():  # logging is deprecated from protocol 2026-07-28 on; clients of today use it
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        server = _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool,
+                         on_set_logging_level=set_level)
     server.middleware.append(track)
     return server
 
@@ -245,7 +272,9 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     session = await _session(served, ctx)
     call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
     key = (session.loop.session_id, call_id)
-    served.progress[key] = (asyncio.get_running_loop(), ctx.session)
+    aloop = asyncio.get_running_loop()
+    live = served.progress[key] = _Live(aloop, ctx.session)
+    bind(*key, Bound(aloop, ctx.session, ctx.request_id, _connection(ctx).state, ctx.close_sse_stream))
     call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
     await anyio.to_thread.run_sync(session.record, call, None, step)
     gone = request_gone(getattr(ctx, "request", None))
@@ -260,6 +289,9 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     finally:
         session.calls -= 1
         served.progress.pop(key, None)
+        unbind(*key)
+    if live.sent:  # the progress reported goes before the result
+        await asyncio.wait([asyncio.wrap_future(f) for f in live.sent], timeout=_PROGRESS_FLUSH_S)
     if not results:  # the request's connection closed: its client is gone, the turn was cancelled
         logger.info("MCP session {}: call {} cancelled: its client went away", session.loop.session_id, call_id)
         return types.CallToolResult(content=[types.TextContent(type="text", text="cancelled")], is_error=True)
@@ -339,7 +371,8 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
     assert guard is not None
     host, port = http
     app = server.streamable_http_app(host=host, session_idle_timeout=guard.idle_timeout_s,
-                                     max_sessions=guard.max_sessions)
+                                     max_sessions=guard.max_sessions, event_store=BoundedEventStore(),
+                                     retry_interval=_SSE_RETRY_MS)
     config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
 
