@@ -8,14 +8,25 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
   its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
   connection ends, and its transcript of calls (``transcript.jsonl``: each call, then
   its result, recorded as the agent loop records a model's tool calls).
-- ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``).
+- ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``),
+  with an ``outputSchema`` for a trusted tool that has an ``output_schema()`` callback
+  (:func:`output_schema`).
 - ``tools/call`` runs as a turn of one call (``Loop.arun_turn``) with the tool's
   deadline and containment. Every failure (invalid arguments, unknown tool, timeout,
   raised, crashed...) is a ``CallToolResult`` with ``isError: true`` and the text a
-  model gets; pictures are image content; ``details`` never leave the host.
+  model gets; pictures are image content; a result whose text is a JSON object is
+  also ``structuredContent`` (checked against the tool's ``outputSchema`` if it has
+  one: a mismatch is an error result); ``details`` never leave the host.
 - A client's ``notifications/cancelled`` cancels the handler's task, and with it the
   turn. Progress a tool reports with ``ctx["progress"](done, total, message)`` is sent
-  as ``notifications/progress`` when the client asked for it (a ``progressToken``).
+  as ``notifications/progress`` when the client asked for it (a ``progressToken``),
+  before the call's result. ``rho_actors.mcp.client_of(ctx)`` gives a tool the client
+  that called it: log messages (``logging/setLevel`` sets the least severe level
+  sent), sampling and elicitation (:mod:`rho_actors.mcp.client_requests`).
+- Over HTTP each SSE stream starts with a priming event and a ``retry`` delay, and
+  its events are kept in a :class:`~rho_actors.mcp.events.BoundedEventStore`, so a
+  client whose stream closed reconnects with ``Last-Event-ID`` and gets the rest
+  (SEP-1699; the SDK primes clients of protocol 2025-11-25 or later).
 - A change of the system's tool set (a source's scan, ``unregister``: the registry's
   :class:`~rho_actors.ToolSetChanged` event, no polling) sends
   ``notifications/tools/list_changed`` to every connection (changes close together are
@@ -39,6 +50,7 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import copy
 import functools
 import itertools
 import json
@@ -51,6 +63,7 @@ from typing import Any, cast
 
 import anyio
 import mcp_types as types
+from jsonschema import Draft202012Validator
 from loguru import logger
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
@@ -61,15 +74,17 @@ from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.declarations.formats import to_dialect
+from rho_actors.encoding import describe_exception
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.loop.handle import Loop
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.events import BoundedEventStore
 from rho_actors.mcp.guard import HTTPGuard, request_gone
 from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
-from rho_actors.tool import ToolCall, ToolResult
+from rho_actors.results import text
+from rho_actors.tool import ToolCall, ToolResult, is_untrusted
 
-__all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "HTTPGuard", "aserve", "build_server", "serve"]
+__all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "HTTPGuard", "aserve", "build_server", "output_schema", "serve"]
 
 DEFAULT_MAX_ARGUMENT_BYTES = 1_000_000
 """The largest ``tools/call`` arguments accepted (bytes of their JSON)."""
@@ -147,8 +162,19 @@ class _Served:
 
 
 def _connection(ctx: Any) -> Any:
-    # The SDK's per-connection ``Connection`` (its ``state`` and ``exit_stack`` are the
-    # documented per-connection hooks); the low-level context reaches it through its session.
+    """The SDK's per-connection ``Connection`` of a request (its ``state`` and
+    ``exit_stack`` are the SDK's documented per-connection hooks).
+
+    mcp 2.x gives a low-level handler a ``ServerRequestContext`` with no public way to
+    it: the public ``Context.connection`` exists, but ``ServerRunner`` does not build a
+    ``Context`` yet (the SDK's own TODO), so the connection is read from the request's
+    ``ServerSession._connection``, the attribute its public properties
+    (``client_params``, ``protocol_version``) read. ``tests/test_mcp_sdk_contract.py``
+    fails when either changes; a public ``ctx.connection`` is used once it exists.
+    """
+    public = getattr(ctx, "connection", None)
+    if public is not None:
+        return public
     return ctx.session._connection
 
 
@@ -180,14 +206,58 @@ async def _session(served: _Served, ctx: Any) -> _Session:
     return session
 
 
-def _call_tool_result(result: ToolResult) -> types.CallToolResult:
+def output_schema(system: Any, name: str) -> dict[str, Any] | None:
+    """The ``outputSchema`` of tool ``name``: what its ``output_schema()`` returns (an
+    optional callback: a JSON Schema of an object), for a trusted tool only (an
+    untrusted tool's code is never run in this process). None without one, or when
+    it is not a valid schema of an object (logged)."""
+    entry = system.tool_set().entries.get(name)
+    declare = getattr(entry.tool, "output_schema", None) if entry is not None else None
+    if entry is None or is_untrusted(entry.tool) or not callable(declare):
+        return None
+    try:
+        schema = declare()
+        Draft202012Validator.check_schema(schema)
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            raise ValueError('an outputSchema must be a schema of an object ("type": "object")')
+    except Exception as exc:
+        logger.warning("MCP: tool {!r}: its output_schema() is not served: {}", name, describe_exception(exc))
+        return None
+    return copy.deepcopy(schema)
+
+
+def _structured(result: ToolResult) -> Any:
+    """The result's text as a JSON object (MCP's ``structuredContent``), else None."""
+    if not result.ok or not result.content.startswith("{"):
+        return None
+    try:
+        value = json.loads(result.content)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _call_tool_result(result: ToolResult, schema: dict[str, Any] | None = None) -> types.CallToolResult:
+    """``result`` as MCP's ``CallToolResult``: the text, the images, and, when the text
+    is a JSON object, the same object as ``structuredContent``. With ``schema`` (the
+    tool's outputSchema) an ok result must be an object matching it, else the client
+    gets an error result saying why (MCP: structured results MUST conform)."""
+    structured = _structured(result)
+    if schema is not None and result.ok:
+        problem = "it is not a JSON object" if structured is None else None
+        if structured is not None:
+            error = next(iter(Draft202012Validator(schema).iter_errors(structured)), None)
+            problem = None if error is None else f"at {error.json_path}: {error.message[:300]}"
+        if problem is not None:
+            message = text("mcp_output_schema", tool=result.name, problem=problem)
+            return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
     content: list[Any] = []
     if result.content or not result.images:
         content.append(types.TextContent(type="text", text=result.content))
     for image in result.images:
         content.append(types.ImageContent(type="image", data=base64.b64encode(image.data).decode("ascii"),
                                           mime_type=image.mime_type))
-    return types.CallToolResult(content=content, is_error=not result.ok)
+    return types.CallToolResult(content=content, is_error=not result.ok, structured_content=structured)
 
 
 def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[str] = (),
@@ -232,7 +302,14 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         session = await _session(served, ctx)
         offered = await anyio.to_thread.run_sync(session.loop.offered)
-        return types.ListToolsResult(tools=[types.Tool.model_validate(to_dialect(i, "mcp")) for i in offered])
+        tools = []
+        for info in offered:
+            declared = to_dialect(info, "mcp")
+            schema = output_schema(served.system, info.name)
+            if schema is not None:
+                declared["outputSchema"] = schema
+            tools.append(types.Tool.model_validate(declared))
+        return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         return await _call_tool(served, ctx, params)
@@ -296,7 +373,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
         logger.info("MCP session {}: call {} cancelled: its client went away", session.loop.session_id, call_id)
         return types.CallToolResult(content=[types.TextContent(type="text", text="cancelled")], is_error=True)
     await anyio.to_thread.run_sync(session.record, call, results[0], step)
-    return _call_tool_result(results[0])
+    return _call_tool_result(results[0], output_schema(served.system, params.name))
 
 
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
