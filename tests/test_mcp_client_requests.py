@@ -148,13 +148,13 @@ def test_a_served_tool_logs_samples_elicits_and_reports_progress_to_its_client(s
                 elicited = await session.call_tool("ask_user", {})
                 assert _text(elicited) == 'accept: {"name": "Ada"}'
 
-                progress: list[float] = []
+                reported: list[float] = []
 
-                async def on_progress(done: float, total: float | None, message: str | None) -> None:
-                    progress.append(done)
+                async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                    reported.append(progress)
 
                 stepped = await session.call_tool("steps", {}, progress_callback=on_progress)
-                assert _text(stepped) == "stepped" and progress == [1, 2, 3]  # all of it before the result
+                assert _text(stepped) == "stepped" and reported == [1, 2, 3]  # all of it before the result
 
         # a client without the capabilities: the tool gets an error naming it, at once
         async with streamable_http_client(url, http_client=create_mcp_http_client(headers=headers)) as (r, w), \
@@ -258,7 +258,8 @@ def test_the_sdk_still_has_what_serving_reads_from_a_request_context() -> None:
     connection = Connection.__new__(Connection)
     session = ServerSession.__new__(ServerSession)
     session._connection = connection
-    ctx = ServerRequestContext(session=session, lifespan_context={}, protocol_version="2025-11-25", method="x")
+    ctx: ServerRequestContext[dict[str, Any], Any] = ServerRequestContext(
+        session=session, lifespan_context={}, protocol_version="2025-11-25", method="x")
     assert _connection(ctx) is connection
     for public in ("state", "exit_stack", "session_id"):  # what serving uses of it
         assert public in dir(Connection) or public in getattr(Connection, "__annotations__", {}), public

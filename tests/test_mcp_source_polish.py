@@ -34,7 +34,8 @@ def test_default_names_come_from_the_whole_command() -> None:
     assert default_name(["/usr/bin/python3", "/srv/tools/weather.py", "--port", "3"]) == "python3-weather.py-port-3"
     assert default_name(["npx", "-y", "@modelcontextprotocol/server-everything"]) == "npx-y-server-everything"
     assert default_name(None, "http://127.0.0.1:8000/mcp") == "127.0.0.1-8000-mcp"
-    long_a, long_b = default_name(["serve"] + ["x" * 20] * 5 + ["a"]), default_name(["serve"] + ["x" * 20] * 5 + ["b"])
+    long_a = default_name(["serve"] + ["x" * 20] * 5 + ["a"])
+    long_b = default_name(["serve"] + ["x" * 20] * 5 + ["b"])
     assert len(long_a) == 64 and long_a != long_b  # cut, and still told apart
     assert MCPServer(command=["python", "-m", "a"]).name == "python-m-a"
 
@@ -44,14 +45,18 @@ def test_two_servers_of_one_program_are_added_and_a_real_collision_names_both(
     env = {"PYTHONPATH": os.getcwd()}
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    first = MCPServer(command=[sys.executable, "-m", MODULE, str(tmp_path / "a")], env=env, connect_timeout_s=SLOW_START_S)
-    second = MCPServer(command=[sys.executable, "-m", MODULE, str(tmp_path / "b")], env=env, connect_timeout_s=SLOW_START_S)
+
+    def of(marks: str) -> MCPServer:
+        return MCPServer(command=[sys.executable, "-m", MODULE, str(tmp_path / marks)], env=env,
+                         connect_timeout_s=SLOW_START_S)
+
+    first, second = of("a"), of("b")
     assert first.name != second.name
     system.add_source(first, poll_s=None)
     system.add_source(second, poll_s=None)
     assert first.connected and second.connected
 
-    again = MCPServer(command=[sys.executable, "-m", MODULE, str(tmp_path / "a")], env=env, connect_timeout_s=SLOW_START_S)
+    again = of("a")
     with pytest.raises(ValueError) as caught:
         system.add_source(again, poll_s=None)
     message = str(caught.value)
@@ -61,13 +66,14 @@ def test_two_servers_of_one_program_are_added_and_a_real_collision_names_both(
     assert not again.connected  # nothing of it was started
 
 
-def test_a_servers_stderr_goes_to_the_log_under_its_name_and_structured_content_to_details(system: ActorSystem, tmp_path: Path,
-                                                        capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_servers_stderr_goes_to_the_log_under_its_name_and_structured_content_to_details(
+        system: ActorSystem, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     records: list[tuple[str, dict[str, object]]] = []
     logger.enable("rho_actors")
     sink = logger.add(lambda m: records.append((m.record["message"], dict(m.record["extra"]))), level="INFO")
     try:
-        source = MCPServer(command=[sys.executable, FIXTURE, str(tmp_path)], name="loud", connect_timeout_s=SLOW_START_S)
+        source = MCPServer(command=[sys.executable, FIXTURE, str(tmp_path)], name="loud",
+                           connect_timeout_s=SLOW_START_S)
         system.add_source(source, poll_s=None)
         [said] = system.start_loop("s").run_turn([ToolCall("c1", "shout", {"text": "hello there"})])
         assert said.ok and said.content == "hello there"

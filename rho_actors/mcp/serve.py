@@ -300,16 +300,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                 tasks.cancel_scope.cancel()
 
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        session = await _session(served, ctx)
-        offered = await anyio.to_thread.run_sync(session.loop.offered)
-        tools = []
-        for info in offered:
-            declared = to_dialect(info, "mcp")
-            schema = output_schema(served.system, info.name)
-            if schema is not None:
-                declared["outputSchema"] = schema
-            tools.append(types.Tool.model_validate(declared))
-        return types.ListToolsResult(tools=tools)
+        return await _list_tools(served, ctx)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         return await _call_tool(served, ctx, params)
@@ -323,20 +314,35 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                 connection.exit_stack.callback(served.guard.ended, connection.session_id)
         return await call_next(ctx)
 
-    async def set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
-        """``logging/setLevel``: the least severe level this connection's tools log at."""
-        if params.level not in LOG_LEVELS:
-            raise MCPError(INVALID_PARAMS, f"unknown log level {str(params.level)[:40]!r}; "
-                                           f"expected one of {', '.join(LOG_LEVELS)}")
-        _connection(ctx).state[LEVEL_KEY] = params.level
-        return types.EmptyResult()
-
     with warnings.catch_warnings():  # logging is deprecated from protocol 2026-07-28 on; clients of today use it
         warnings.simplefilter("ignore", MCPDeprecationWarning)
         server = _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool,
-                         on_set_logging_level=set_level)
+                         on_set_logging_level=_set_level)
     server.middleware.append(track)
     return server
+
+
+async def _list_tools(served: _Served, ctx: Any) -> types.ListToolsResult:
+    """``tools/list``: the loop's offer, with each trusted tool's ``outputSchema``."""
+    session = await _session(served, ctx)
+    offered = await anyio.to_thread.run_sync(session.loop.offered)
+    tools = []
+    for info in offered:
+        declared = to_dialect(info, "mcp")
+        schema = output_schema(served.system, info.name)
+        if schema is not None:
+            declared["outputSchema"] = schema
+        tools.append(types.Tool.model_validate(declared))
+    return types.ListToolsResult(tools=tools)
+
+
+async def _set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
+    """``logging/setLevel``: the least severe level this connection's tools log at."""
+    if params.level not in LOG_LEVELS:
+        raise MCPError(INVALID_PARAMS, f"unknown log level {str(params.level)[:40]!r}; "
+                                       f"expected one of {', '.join(LOG_LEVELS)}")
+    _connection(ctx).state[LEVEL_KEY] = params.level
+    return types.EmptyResult()
 
 
 async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:

@@ -503,13 +503,7 @@ class MCPConnection(Actor):
 
         async with contextlib.AsyncExitStack() as stack:
             if server.command is not None:
-                params = StdioServerParameters(command=_env_program(), cwd=server.cwd,
-                                               args=["-i", *_assignments(scrubbed_environment(server.env)),
-                                                     *server.command])
-                self._stderr = StderrLog(server.name)
-                stack.callback(self._stderr.close_writer)
-                read, write = await stack.enter_async_context(stdio_client(params, errlog=self._stderr.writer))
-                self._stderr.close_writer()  # the process has its copy: the reader sees EOF when it exits
+                read, write = await self._open_stdio(stack)
             else:
                 assert server.url is not None
                 _pin_listener(server.url, server.server_uid)
@@ -546,6 +540,19 @@ class MCPConnection(Actor):
                         self._publish(session, tools)
             finally:
                 tasks.cancel_scope.cancel()
+
+    async def _open_stdio(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
+        """Start the stdio server (through ``env -i``: the scrubbed environment), its
+        stderr a pipe into the log; its streams."""
+        server = self._server
+        assert server.command is not None
+        params = StdioServerParameters(command=_env_program(), cwd=server.cwd,
+                                       args=["-i", *_assignments(scrubbed_environment(server.env)), *server.command])
+        self._stderr = StderrLog(server.name)
+        stack.callback(self._stderr.close_writer)
+        streams = await stack.enter_async_context(stdio_client(params, errlog=self._stderr.writer))
+        self._stderr.close_writer()  # the process has its copy: the reader sees EOF when it exits
+        return streams[0], streams[1]
 
     def _publish(self, session: ClientSession, tools: dict[str, dict[str, Any]]) -> None:
         with self._link.changed:

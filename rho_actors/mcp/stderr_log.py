@@ -16,7 +16,7 @@ import collections
 import os
 import threading
 import time
-from typing import IO
+from typing import TextIO, cast
 
 from loguru import logger
 
@@ -39,7 +39,7 @@ class StderrLog:
     def __init__(self, name: str) -> None:
         self.name = name
         read_fd, write_fd = os.pipe()
-        self.writer: IO[str] = os.fdopen(write_fd, "w")
+        self.writer: TextIO = cast(TextIO, os.fdopen(write_fd, "w"))
         self._reader = os.fdopen(read_fd, "rb")
         self._kept: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
         self._lock = threading.Lock()
@@ -60,7 +60,7 @@ class StderrLog:
 
     def _read(self) -> None:
         window_start, in_window, skipped = time.monotonic(), 0, 0
-        log = logger.bind(mcp_server=self.name)
+        named = logger.bind(mcp_server=self.name)
         try:
             with self._reader:
                 while True:
@@ -80,17 +80,17 @@ class StderrLog:
                     now = time.monotonic()
                     if now - window_start >= WINDOW_S:
                         if skipped:
-                            log.info("MCP server {}: {} more stderr lines were not logged", self.name, skipped)
+                            named.info("MCP server {}: {} more stderr lines were not logged", self.name, skipped)
                         window_start, in_window, skipped = now, 0, 0
                     if in_window < MAX_LINES_PER_WINDOW:
                         in_window += 1
                         self.logged += 1
-                        log.info("MCP server {}: {}", self.name, line)
+                        named.info("MCP server {}: {}", self.name, line)
                     else:
                         skipped += 1
                         self.dropped += 1
             if skipped:
-                log.info("MCP server {}: {} more stderr lines were not logged", self.name, skipped)
+                named.info("MCP server {}: {} more stderr lines were not logged", self.name, skipped)
         except (OSError, ValueError):  # the pipe closed under us
             pass
         finally:
