@@ -131,9 +131,8 @@ def test_the_chat_command_says_once_that_a_server_cannot_start(tmp_path: Path, c
     from rho_actors.cli import main
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-not-used")
-    started = time.monotonic()
     code = main(["chat", "--model", "openai:gpt-4o", "--base-url", "http://127.0.0.1:9/v1", "--data-dir",
                  str(tmp_path), "--mcp", "no-such-command"])
-    assert code == 2 and time.monotonic() - started < WAIT_S
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no-such-command" in err[0] and "not found" in err[0], err
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()  # one message, from the look-up before any start
+    assert len(err) == 1 and "its program 'no-such-command' is not found" in err[0], err
