@@ -264,3 +264,36 @@ def test_the_sdk_still_has_what_serving_reads_from_a_request_context() -> None:
     for public in ("state", "exit_stack", "session_id"):  # what serving uses of it
         assert public in dir(Connection) or public in getattr(Connection, "__annotations__", {}), public
     assert "_connection" in ServerSession.__init__.__code__.co_names  # where the SDK keeps it
+
+
+def test_an_output_schema_is_served_only_when_valid_and_trusted(system: ActorSystem,
+                                                               logs: list[str]) -> None:
+    from rho_actors.mcp.serve import output_schema
+
+    class NoSchema(Forecast):
+        @staticmethod
+        def name() -> str:
+            return "no_schema"
+
+        @staticmethod
+        def output_schema() -> Any:
+            return None
+
+    class BadSchema(Forecast):
+        @staticmethod
+        def name() -> str:
+            return "bad_schema"
+
+        @staticmethod
+        def output_schema() -> Any:
+            return {"type": "string"}
+
+    for t in (Forecast, NoSchema, BadSchema, plain_json):
+        system.register(t)
+    assert output_schema(system, "forecast") == Forecast.output_schema()
+    assert output_schema(system, "no_schema") is None and output_schema(system, "plain_json") is None
+    assert output_schema(system, "missing") is None
+    assert output_schema(system, "bad_schema") is None
+    assert [m for m in logs if "output_schema() is not served" in m] == [
+        "MCP: tool 'bad_schema': its output_schema() is not served: "
+        "ValueError: an outputSchema must be a schema of an object (\"type\": \"object\")"]

@@ -209,14 +209,16 @@ async def _session(served: _Served, ctx: Any) -> _Session:
 def output_schema(system: Any, name: str) -> dict[str, Any] | None:
     """The ``outputSchema`` of tool ``name``: what its ``output_schema()`` returns (an
     optional callback: a JSON Schema of an object), for a trusted tool only (an
-    untrusted tool's code is never run in this process). None without one, or when
-    it is not a valid schema of an object (logged)."""
+    untrusted tool's code is never run in this process). None without one (or when it
+    returns None), or when it is not a valid schema of an object (logged)."""
     entry = system.tool_set().entries.get(name)
     declare = getattr(entry.tool, "output_schema", None) if entry is not None else None
     if entry is None or is_untrusted(entry.tool) or not callable(declare):
         return None
     try:
         schema = declare()
+        if schema is None:  # declares none (an MCP server's tool without one, say)
+            return None
         Draft202012Validator.check_schema(schema)
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise ValueError('an outputSchema must be a schema of an object ("type": "object")')
