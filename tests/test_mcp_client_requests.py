@@ -231,7 +231,7 @@ def test_the_event_store_replays_after_an_id_and_keeps_its_bounds() -> None:
         assert [e.event_id for e in sent] == ids
         for _ in range(5):
             await store.store_event("s3", message)
-        assert len(store) == 5  # the oldest went first
+        assert store.count == 5 and bool(BoundedEventStore())  # the oldest went first; empty is still a store
         assert await store.replay_events_after(priming, send) is None
         aged = BoundedEventStore(max_events=5, max_age_s=0.001)
         old = await aged.store_event("s", message)
@@ -297,3 +297,75 @@ def test_an_output_schema_is_served_only_when_valid_and_trusted(system: ActorSys
     assert [m for m in logs if "output_schema() is not served" in m] == [
         "MCP: tool 'bad_schema': its output_schema() is not served: "
         "ValueError: an outputSchema must be a schema of an object (\"type\": \"object\")"]
+
+
+@tool
+def polled(ctx: Any) -> str:
+    """Close the call's SSE stream, then answer (the client polls for it)."""
+    client = client_of(ctx)
+    assert client is not None
+    return f"closed={client.close_stream()}"
+
+
+def _sse_events(lines: Any) -> list[dict[str, str]]:
+    """The SSE events of ``lines`` (text lines), each ``{field: value}``, until the stream ends."""
+    events: list[dict[str, str]] = []
+    event: dict[str, str] = {}
+    for line in lines:
+        if not line:
+            if event:
+                events.append(event)
+            event = {}
+            continue
+        name, _, value = line.partition(":")
+        event[name] = event.get(name, "") + value.removeprefix(" ")
+    if event:
+        events.append(event)
+    return events
+
+
+def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(system: ActorSystem) -> None:
+    import httpx2 as httpx
+
+    system.register(polled)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    thread, loops = _serve_http(system, port)
+    version = "2025-11-25"
+    headers = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json", "MCP-Protocol-Version": version}
+    try:
+        anyio.run(_connect_http, url)
+        with httpx.Client(timeout=BOUND_S) as http:
+            init = http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+            assert init.status_code == 200, init.text
+            headers["Mcp-Session-Id"] = init.headers["mcp-session-id"]
+            assert http.post(url, headers=headers, json={"jsonrpc": "2.0",
+                                                         "method": "notifications/initialized"}).status_code == 202
+            with http.stream("POST", url, headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                                                 "params": {"name": "polled", "arguments": {}}}) as r:
+                first = _sse_events(r.iter_lines())
+            assert first[0]["data"] == "" and first[0]["retry"] == "500" and first[0]["id"]  # the priming event
+            assert not any('"id":1' in e.get("data", "").replace(" ", "") for e in first)  # closed before the result
+            with http.stream("GET", url, headers={**headers, "Last-Event-ID": first[-1]["id"]}) as resumed:
+                for event in _sse_events(_until_result(resumed.iter_lines())):
+                    if event.get("data"):
+                        answer = json.loads(event["data"])
+                        break
+            assert answer["id"] == 1 and answer["result"]["content"][0]["text"] == "closed=True"
+    finally:
+        if loops:
+            loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
+        thread.join(10)
+
+
+def _until_result(lines: Any) -> Any:
+    """``lines`` up to the end of the first event with data (a GET stream stays open)."""
+    seen_data = False
+    for line in lines:
+        yield line
+        if line.startswith("data:") and line.removeprefix("data:").strip():
+            seen_data = True
+        elif not line and seen_data:
+            return
