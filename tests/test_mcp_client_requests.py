@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import warnings
 from typing import Any
@@ -24,7 +25,7 @@ from mcp.server.streamable_http import EventMessage
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
-from rho_actors import ActorSystem, Details, tool
+from rho_actors import ActorSystem, CallEvent, Details, tool
 from rho_actors.mcp import ClientRequestError, client_of
 from rho_actors.mcp.events import BoundedEventStore
 from tests.test_mcp_serve import BOUND_S, TOKEN, _connect_http, _free_port, _serve_http, _text
@@ -328,6 +329,9 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
     import httpx2 as httpx
 
     system.register(polled)
+    finished = threading.Event()
+    system.subscribe(lambda e: finished.set() if isinstance(e, CallEvent) and e.tool == "polled"
+                     and e.kind == "finished" else None)
     port = _free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     thread, loops = _serve_http(system, port)
@@ -348,8 +352,10 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
                 first = _sse_events(r.iter_lines())
             assert first[0]["data"] == "" and first[0]["retry"] == "500" and first[0]["id"]  # the priming event
             assert not any('"id":1' in e.get("data", "").replace(" ", "") for e in first)  # closed before the result
+            assert finished.wait(BOUND_S)  # the result is in the event store (or on its way to it)
+            answer: dict[str, Any] = {}
             with http.stream("GET", url, headers={**headers, "Last-Event-ID": first[-1]["id"]}) as resumed:
-                for event in _sse_events(_until_result(resumed.iter_lines())):
+                for event in _sse_events(_until_result(resumed.iter_lines(), time.monotonic() + BOUND_S)):
                     if event.get("data"):
                         answer = json.loads(event["data"])
                         break
@@ -360,10 +366,13 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
         thread.join(10)
 
 
-def _until_result(lines: Any) -> Any:
-    """``lines`` up to the end of the first event with data (a GET stream stays open)."""
+def _until_result(lines: Any, deadline: float) -> Any:
+    """``lines`` up to the end of the first event with data (a GET stream stays open),
+    or until ``deadline`` (``time.monotonic()``) once a line comes after it."""
     seen_data = False
     for line in lines:
+        if time.monotonic() > deadline:
+            return
         yield line
         if line.startswith("data:") and line.removeprefix("data:").strip():
             seen_data = True
