@@ -379,11 +379,14 @@ def _add_mcp_server(system: Any, command: str) -> None:
     if not argv:
         raise _ChatSetupError("--mcp needs a command")
     source = MCPServer(command=argv, name=f"mcp:{len(system.registrations())}:{argv[0].rsplit('/', 1)[-1]}")
-    handle = system.add_source(source, poll_s=None)
-    if not source.wait_connected():
+    try:
+        handle = system.add_source(source, poll_s=None)
+    except FileNotFoundError as exc:  # its program is not there: nothing was started
+        raise _ChatSetupError(str(exc)) from None
+    if not source.connected:
         handle.close()
-        raise _ChatSetupError(f"the MCP server {command!r} did not start within {source.connect_timeout_s:g} s "
-                              "(see its messages on stderr)")
+        why = source.last_error or f"it did not connect within {source.connect_timeout_s:g} s"
+        raise _ChatSetupError(f"the MCP server {command!r} cannot start: {why}")
     handle.refresh()
 
 

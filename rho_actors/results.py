@@ -194,6 +194,9 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         "it is being restarted"
     ),
     "mcp_refused": (_K.RAISED, "tool {tool!r}: MCP server {server} refused the call: error {code}: {message}"),
+    "mcp_output_schema": (
+        _K.RAISED, "tool {tool!r} returned output that does not match its outputSchema: {problem}",
+    ),
 })
 """Situation -> ``(kind, template)``: every model-visible error text of the runtime.
 Templates are ``str.format`` strings; ``{tool!r}`` is the tool's name."""

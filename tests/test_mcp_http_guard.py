@@ -33,6 +33,7 @@ from tests.conftest import WAIT_S, read_line, wait_for
 from tests.mcp_fixtures import served_tools
 
 TOKEN = "a-test-token-of-32-characters-xx"
+STARTUP_S = WAIT_S * 3  # a child importing the SDK on a busy machine (10 s at a load of 15 on 2 cores)
 CLIENT = str(Path(__file__).parent / "mcp_fixtures" / "http_client.py")
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
@@ -196,7 +197,7 @@ def test_sessions_of_clients_killed_mid_call_are_reaped_within_client_gone_s(
                                 text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}) for _ in range(2)]
     try:
         for client in clients:  # 8 sessions, each with a call running on the server
-            assert client.stdout is not None and read_line(client.stdout).strip() == "READY"
+            assert client.stdout is not None and read_line(client.stdout, STARTUP_S).strip() == "READY"
         assert server.guard.stats()["rho_sessions"] == 8
         assert me.num_fds() >= fds + 8 and len(_threads() - threads) >= 8
     finally:
@@ -225,7 +226,7 @@ def test_rho_actors_mcp_serve_http_prints_its_token_and_refuses_requests_without
                              "2"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     try:
         assert proc.stderr is not None
-        line = read_line(proc.stderr)
+        line = read_line(proc.stderr, STARTUP_S)
         assert line.startswith("MCP bearer token: "), line
         token = line.split(": ", 1)[1].strip()
         assert len(token) >= 32

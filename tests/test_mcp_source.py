@@ -17,7 +17,7 @@ pytest.importorskip("mcp")
 
 from rho_actors import ActorSystem, ErrorKind, Reply, ScriptedModel, SupervisorEvent, ToolCall
 from rho_actors.mcp import MCPServer
-from tests.conftest import wait_for
+from tests.conftest import WAIT_S, wait_for
 from tests.mcp_fixtures import served_tools
 
 FIXTURE = str(Path(__file__).parent / "mcp_fixtures" / "fixture_server.py")
@@ -28,6 +28,7 @@ def _offered(system: ActorSystem) -> set[str]:
 
 
 def _stdio(marks: Path, **kwargs: object) -> MCPServer:
+    kwargs.setdefault("connect_timeout_s", 30.0)  # a server importing the SDK on a busy machine
     return MCPServer(command=[sys.executable, FIXTURE, str(marks)], env={"FIXTURE_TOKEN": "given"},
                      **kwargs)  # type: ignore[arg-type]
 
@@ -128,7 +129,7 @@ def test_http_server_tools_and_deadline(system: ActorSystem, tmp_path: Path) -> 
             except OSError:
                 return False
 
-        assert wait_for(listening)
+        assert wait_for(listening, timeout_s=WAIT_S * 3)  # a server importing the SDK on a busy machine
         source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", headers={"X-Test": "1"}, timeout_ms=600)
         system.add_source(source, poll_s=None)
         assert wait_for(lambda: "echo" in _offered(system))
@@ -183,7 +184,8 @@ def test_a_loopback_url_sends_nothing_to_a_listener_of_another_uid(system: Actor
 def test_rho_consumes_itself_through_mcp(system: ActorSystem, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", served_tools.__file__,
                "--data-dir", str(tmp_path)]
-    system.add_source(MCPServer(command=command, name="self", env={"PYTHONPATH": os.getcwd()}), poll_s=None)
+    system.add_source(MCPServer(command=command, name="self", env={"PYTHONPATH": os.getcwd()},
+                                connect_timeout_s=30.0), poll_s=None)
     assert wait_for(lambda: {"add", "picture"} <= _offered(system))
     loop = system.start_loop("e2e")
     model = ScriptedModel([

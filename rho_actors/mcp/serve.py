@@ -8,14 +8,25 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
   its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
   connection ends, and its transcript of calls (``transcript.jsonl``: each call, then
   its result, recorded as the agent loop records a model's tool calls).
-- ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``).
+- ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``),
+  with an ``outputSchema`` for a trusted tool that has an ``output_schema()`` callback
+  (:func:`output_schema`).
 - ``tools/call`` runs as a turn of one call (``Loop.arun_turn``) with the tool's
   deadline and containment. Every failure (invalid arguments, unknown tool, timeout,
   raised, crashed...) is a ``CallToolResult`` with ``isError: true`` and the text a
-  model gets; pictures are image content; ``details`` never leave the host.
+  model gets; pictures are image content; a result whose text is a JSON object is
+  also ``structuredContent`` (checked against the tool's ``outputSchema`` if it has
+  one: a mismatch is an error result); ``details`` never leave the host.
 - A client's ``notifications/cancelled`` cancels the handler's task, and with it the
   turn. Progress a tool reports with ``ctx["progress"](done, total, message)`` is sent
-  as ``notifications/progress`` when the client asked for it (a ``progressToken``).
+  as ``notifications/progress`` when the client asked for it (a ``progressToken``),
+  before the call's result. ``rho_actors.mcp.client_of(ctx)`` gives a tool the client
+  that called it: log messages (``logging/setLevel`` sets the least severe level
+  sent), sampling and elicitation (:mod:`rho_actors.mcp.client_requests`).
+- Over HTTP each SSE stream starts with a priming event and a ``retry`` delay, and
+  its events are kept in a :class:`~rho_actors.mcp.events.BoundedEventStore`, so a
+  client whose stream closed reconnects with ``Last-Event-ID`` and gets the rest
+  (SEP-1699; the SDK primes clients of protocol 2025-11-25 or later).
 - A change of the system's tool set (a source's scan, ``unregister``: the registry's
   :class:`~rho_actors.ToolSetChanged` event, no polling) sends
   ``notifications/tools/list_changed`` to every connection (changes close together are
@@ -37,40 +48,50 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
+import copy
 import functools
 import itertools
 import json
 import threading
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anyio
 import mcp_types as types
+from jsonschema import Draft202012Validator
 from loguru import logger
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 
 from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.declarations.formats import to_dialect
+from rho_actors.encoding import describe_exception
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.loop.handle import Loop
+from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
+from rho_actors.mcp.events import BoundedEventStore
 from rho_actors.mcp.guard import HTTPGuard, request_gone
 from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
-from rho_actors.tool import ToolCall, ToolResult
+from rho_actors.results import text
+from rho_actors.tool import ToolCall, ToolResult, is_untrusted
 
-__all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "HTTPGuard", "aserve", "build_server", "serve"]
+__all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "HTTPGuard", "aserve", "build_server", "output_schema", "serve"]
 
 DEFAULT_MAX_ARGUMENT_BYTES = 1_000_000
 """The largest ``tools/call`` arguments accepted (bytes of their JSON)."""
 
 _STATE_KEY = "rho_actors.session"
+_PROGRESS_FLUSH_S = 2.0  # how long a result waits for its progress notifications to be sent
+_SSE_RETRY_MS = 500  # the reconnection delay suggested to a client whose SSE stream closed (SEP-1699)
 
 
 @dataclass(slots=True, eq=False)
@@ -119,6 +140,15 @@ class _Session:
 
 
 @dataclass(slots=True)
+class _Live:
+    """A running ``tools/call``: where its progress goes, and the progress sent so far."""
+
+    aloop: asyncio.AbstractEventLoop
+    session: Any  # the SDK's ServerSession of the request
+    sent: list[concurrent.futures.Future[Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _Served:
     """What one :func:`aserve` shares between its connections."""
 
@@ -127,13 +157,24 @@ class _Served:
     max_argument_bytes: int
     guard: HTTPGuard | None = None
     sessions: set[_Session] = field(default_factory=set)
-    progress: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, Any]] = field(default_factory=dict)
+    progress: dict[tuple[str, str], _Live] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=itertools.count)
 
 
 def _connection(ctx: Any) -> Any:
-    # The SDK's per-connection ``Connection`` (its ``state`` and ``exit_stack`` are the
-    # documented per-connection hooks); the low-level context reaches it through its session.
+    """The SDK's per-connection ``Connection`` of a request (its ``state`` and
+    ``exit_stack`` are the SDK's documented per-connection hooks).
+
+    mcp 2.x gives a low-level handler a ``ServerRequestContext`` with no public way to
+    it: the public ``Context.connection`` exists, but ``ServerRunner`` does not build a
+    ``Context`` yet (the SDK's own TODO), so the connection is read from the request's
+    ``ServerSession._connection``, the attribute its public properties
+    (``client_params``, ``protocol_version``) read. ``tests/test_mcp_sdk_contract.py``
+    fails when either changes; a public ``ctx.connection`` is used once it exists.
+    """
+    public = getattr(ctx, "connection", None)
+    if public is not None:
+        return public
     return ctx.session._connection
 
 
@@ -165,14 +206,60 @@ async def _session(served: _Served, ctx: Any) -> _Session:
     return session
 
 
-def _call_tool_result(result: ToolResult) -> types.CallToolResult:
+def output_schema(system: Any, name: str) -> dict[str, Any] | None:
+    """The ``outputSchema`` of tool ``name``: what its ``output_schema()`` returns (an
+    optional callback: a JSON Schema of an object), for a trusted tool only (an
+    untrusted tool's code is never run in this process). None without one (or when it
+    returns None), or when it is not a valid schema of an object (logged)."""
+    entry = system.tool_set().entries.get(name)
+    declare = getattr(entry.tool, "output_schema", None) if entry is not None else None
+    if entry is None or is_untrusted(entry.tool) or not callable(declare):
+        return None
+    try:
+        schema = declare()
+        if schema is None:  # declares none (an MCP server's tool without one, say)
+            return None
+        Draft202012Validator.check_schema(schema)
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            raise ValueError('an outputSchema must be a schema of an object ("type": "object")')
+    except Exception as exc:
+        logger.warning("MCP: tool {!r}: its output_schema() is not served: {}", name, describe_exception(exc))
+        return None
+    return copy.deepcopy(schema)
+
+
+def _structured(result: ToolResult) -> Any:
+    """The result's text as a JSON object (MCP's ``structuredContent``), else None."""
+    if not result.ok or not result.content.startswith("{"):
+        return None
+    try:
+        value = json.loads(result.content)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _call_tool_result(result: ToolResult, schema: dict[str, Any] | None = None) -> types.CallToolResult:
+    """``result`` as MCP's ``CallToolResult``: the text, the images, and, when the text
+    is a JSON object, the same object as ``structuredContent``. With ``schema`` (the
+    tool's outputSchema) an ok result must be an object matching it, else the client
+    gets an error result saying why (MCP: structured results MUST conform)."""
+    structured = _structured(result)
+    if schema is not None and result.ok:
+        problem = "it is not a JSON object" if structured is None else None
+        if structured is not None:
+            error = next(iter(Draft202012Validator(schema).iter_errors(structured)), None)
+            problem = None if error is None else f"at {error.json_path}: {error.message[:300]}"
+        if problem is not None:
+            message = text("mcp_output_schema", tool=result.name, problem=problem)
+            return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
     content: list[Any] = []
     if result.content or not result.images:
         content.append(types.TextContent(type="text", text=result.content))
     for image in result.images:
         content.append(types.ImageContent(type="image", data=base64.b64encode(image.data).decode("ascii"),
                                           mime_type=image.mime_type))
-    return types.CallToolResult(content=content, is_error=not result.ok)
+    return types.CallToolResult(content=content, is_error=not result.ok, structured_content=structured)
 
 
 def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[str] = (),
@@ -195,12 +282,13 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                 with contextlib.suppress(RuntimeError):  # the asyncio loop has closed
                     aloop.call_soon_threadsafe(changed.set)
             elif isinstance(event, ProgressEvent):
-                target = served.progress.get((event.session_id, event.call_id))
-                if target is not None:
-                    with contextlib.suppress(RuntimeError):
-                        asyncio.run_coroutine_threadsafe(
-                            target[1].report_progress(event.done, event.total, event.message), target[0]
-                        )
+                live = served.progress.get((event.session_id, event.call_id))
+                if live is not None:
+                    report = live.session.report_progress(event.done, event.total, event.message)
+                    try:
+                        live.sent.append(asyncio.run_coroutine_threadsafe(report, live.aloop))
+                    except RuntimeError:  # the asyncio loop has closed
+                        report.close()
 
         unsubscribe = system.subscribe(on_event)
         async with anyio.create_task_group() as tasks:
@@ -214,9 +302,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                 tasks.cancel_scope.cancel()
 
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        session = await _session(served, ctx)
-        offered = await anyio.to_thread.run_sync(session.loop.offered)
-        return types.ListToolsResult(tools=[types.Tool.model_validate(to_dialect(i, "mcp")) for i in offered])
+        return await _list_tools(served, ctx)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         return await _call_tool(served, ctx, params)
@@ -230,9 +316,35 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                 connection.exit_stack.callback(served.guard.ended, connection.session_id)
         return await call_next(ctx)
 
-    server = _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool)
+    with warnings.catch_warnings():  # logging is deprecated from protocol 2026-07-28 on; clients of today use it
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        server = _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool,
+                         on_set_logging_level=_set_level)
     server.middleware.append(track)
     return server
+
+
+async def _list_tools(served: _Served, ctx: Any) -> types.ListToolsResult:
+    """``tools/list``: the loop's offer, with each trusted tool's ``outputSchema``."""
+    session = await _session(served, ctx)
+    offered = await anyio.to_thread.run_sync(session.loop.offered)
+    tools = []
+    for info in offered:
+        declared = to_dialect(info, "mcp")
+        schema = output_schema(served.system, info.name)
+        if schema is not None:
+            declared["outputSchema"] = schema
+        tools.append(types.Tool.model_validate(declared))
+    return types.ListToolsResult(tools=tools)
+
+
+async def _set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
+    """``logging/setLevel``: the least severe level this connection's tools log at."""
+    if params.level not in LOG_LEVELS:
+        raise MCPError(INVALID_PARAMS, f"unknown log level {str(params.level)[:40]!r}; "
+                                       f"expected one of {', '.join(LOG_LEVELS)}")
+    _connection(ctx).state[LEVEL_KEY] = params.level
+    return types.EmptyResult()
 
 
 async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
@@ -245,7 +357,9 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     session = await _session(served, ctx)
     call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
     key = (session.loop.session_id, call_id)
-    served.progress[key] = (asyncio.get_running_loop(), ctx.session)
+    aloop = asyncio.get_running_loop()
+    live = served.progress[key] = _Live(aloop, ctx.session)
+    bind(*key, Bound(aloop, ctx.session, ctx.request_id, _connection(ctx).state, ctx.close_sse_stream))
     call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
     await anyio.to_thread.run_sync(session.record, call, None, step)
     gone = request_gone(getattr(ctx, "request", None))
@@ -260,11 +374,14 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     finally:
         session.calls -= 1
         served.progress.pop(key, None)
+        unbind(*key)
+    if live.sent:  # the progress reported goes before the result
+        await asyncio.wait([asyncio.wrap_future(f) for f in live.sent], timeout=_PROGRESS_FLUSH_S)
     if not results:  # the request's connection closed: its client is gone, the turn was cancelled
         logger.info("MCP session {}: call {} cancelled: its client went away", session.loop.session_id, call_id)
         return types.CallToolResult(content=[types.TextContent(type="text", text="cancelled")], is_error=True)
     await anyio.to_thread.run_sync(session.record, call, results[0], step)
-    return _call_tool_result(results[0])
+    return _call_tool_result(results[0], output_schema(served.system, params.name))
 
 
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
@@ -339,7 +456,8 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
     assert guard is not None
     host, port = http
     app = server.streamable_http_app(host=host, session_idle_timeout=guard.idle_timeout_s,
-                                     max_sessions=guard.max_sessions)
+                                     max_sessions=guard.max_sessions, event_store=BoundedEventStore(),
+                                     retry_interval=_SSE_RETRY_MS)
     config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
 

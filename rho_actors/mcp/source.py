@@ -31,8 +31,9 @@ server's tools like any other source's:
   certificate is checked).
 
 Results: text content is the model's text, image content becomes :class:`Image`
-values, other content is given as JSON; ``isError`` is a ``tool_error`` (an ``Error``
-the tool returned). The texts of the other failures are in
+values, other content is given as JSON; a result's ``structuredContent`` is kept in its
+``details`` (``{"structuredContent": ...}``, for the host); ``isError`` is a
+``tool_error`` (an ``Error`` the tool returned). The texts of the other failures are in
 :data:`rho_actors.results.TEXTS` (the ``mcp_*`` keys).
 """
 
@@ -43,8 +44,11 @@ import base64
 import concurrent.futures
 import contextlib
 import copy
+import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import threading
 import time
@@ -66,17 +70,19 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.encoding import describe_exception
 from rho_actors.mcp.peers import is_loopback, listener_uids
+from rho_actors.mcp.stderr_log import StderrLog
 from rho_actors.otp.actor import Actor, kill
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.results import SENT_CANCEL, TEXTS, text
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, Error, Image, ToolFailure
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, Details, Error, Image, ToolFailure
 
-__all__ = ["ENV_ALLOWLIST", "MCPConnection", "MCPServer", "MCPTool", "scrubbed_environment"]
+__all__ = ["ENV_ALLOWLIST", "MCPConnection", "MCPServer", "MCPTool", "default_name", "scrubbed_environment"]
 
 ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
 """Variables a stdio server inherits from this process (with every ``LC_*``)."""
 
 _MAX_PAGES = 100
+_STDERR_SETTLE_S = 0.5  # how long an ended connection waits for the last stderr lines
 _SOURCES = "sources"  # the system's supervisor of sources and their own subtrees
 
 
@@ -103,7 +109,12 @@ class _Link:
     up: threading.Event = field(default_factory=threading.Event)  # set while a connection is published
     stopping: bool = False
     connections: int = 0  # connections made so far (1 + restarts that connected)
+    failures: int = 0  # attempts that ended (failed to connect, or the connection was lost)
     last_error: str | None = None
+    changed: threading.Condition = field(init=False)  # notified when up, failures or last_error change
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
 
 
 class MCPTool:
@@ -128,6 +139,10 @@ class MCPTool:
         """The server's ``inputSchema``."""
         return copy.deepcopy(self._declared.get("inputSchema"))
 
+    def output_schema(self) -> Any:
+        """The server's ``outputSchema`` (None without one): served on by ``mcp serve``."""
+        return copy.deepcopy(self._declared.get("outputSchema"))
+
     def timeout_ms(self) -> int:
         """The server's per-call timeout (``MCPServer(timeout_ms=...)``), in milliseconds."""
         return self._server.timeout_ms
@@ -145,8 +160,11 @@ class MCPServer:
 
     Exactly one of ``command`` (a stdio server: the program and its arguments; ``env``
     adds variables to its scrubbed environment; ``cwd`` its working folder) or ``url``
-    (streamable HTTP; ``headers`` are sent with every request). ``name`` (default
-    ``"mcp:<program or url>"``) must be unique among a system's sources.
+    (streamable HTTP; ``headers`` are sent with every request). ``name`` must be
+    unique among a system's sources; its default is made of the whole command (each
+    word, a path by its last part: ``python -m a`` is ``python-m-a``,
+    ``python /srv/weather.py`` is ``python-weather.py``) or of the URL's host, port and
+    path (:func:`default_name`), so two servers started by one program differ.
     ``timeout_ms`` is each tool's per-call timeout (milliseconds); ``max_restarts`` in
     ``max_seconds`` the restart intensity of the connection; ``connect_timeout_s``
     bounds connecting and listing (seconds); ``ping_interval_s`` how often a quiet
@@ -185,7 +203,7 @@ class MCPServer:
         self.url = url
         self.headers = dict(headers or {})
         self.cwd = cwd
-        self.name = name or (os.path.basename(self.command[0]) if self.command else str(url))
+        self.name = name or default_name(self.command, url)
         self.timeout_ms = timeout_ms
         self.max_restarts = max_restarts
         self.max_seconds = max_seconds
@@ -209,14 +227,22 @@ class MCPServer:
         ``sources``, with this server's restart intensity (called by
         :func:`rho_actors.sources.source_actor.add_source`), and wait until it has listed the server's
         tools, at most ``connect_timeout_s`` seconds, so that ``add_source`` returns with
-        them offered (a server still down by then is offered once it connects). Raises
-        ``ValueError`` when another connection holds :attr:`child_id`."""
+        them offered (a server still down by then is offered once it connects), or
+        until the first attempt fails (it is logged, with the server's last stderr lines;
+        the restarts go on within the intensity). Raises ``FileNotFoundError`` at once,
+        starting nothing, when a stdio server's program is not found (on the ``PATH`` it
+        would get, or from ``cwd``), ``ValueError`` when another connection holds
+        :attr:`child_id`."""
+        if self.command is not None:
+            _find_program(self.command[0], scrubbed_environment(self.env).get("PATH", ""), self.cwd, self.name)
         self._system = system
         self._link.stopping = False
+        with self._link.lock:
+            failures = self._link.failures
         spec = ChildSpec(self.child_id, StartChild(MCPConnection, (self, self._link)), restart="permanent",
                          shutdown=10_000, name=self.child_id)
         system.start_child(spec, max_restarts=self.max_restarts, max_seconds=self.max_seconds, under=_SOURCES)
-        self.wait_connected()
+        self._wait(failures, self.connect_timeout_s)
 
     def detach(self) -> None:
         """Stop the connection and its subtree (called by
@@ -250,9 +276,23 @@ class MCPServer:
         return self._link.session is not None
 
     def wait_connected(self, timeout_s: float | None = None) -> bool:
-        """Wait until a connection is up (its tools listed), at most ``timeout_s``
-        seconds (default ``connect_timeout_s``); returns :attr:`connected`."""
-        return self._link.up.wait(self.connect_timeout_s if timeout_s is None else timeout_s)
+        """Wait until a connection is up (its tools listed) or the next attempt fails,
+        at most ``timeout_s`` seconds (default ``connect_timeout_s``); returns
+        :attr:`connected` (:attr:`last_error` says why not)."""
+        with self._link.lock:
+            failures = self._link.failures
+        return self._wait(failures, self.connect_timeout_s if timeout_s is None else timeout_s)
+
+    def _wait(self, failures: int, timeout_s: float) -> bool:
+        link = self._link
+        with link.changed:
+            link.changed.wait_for(lambda: link.session is not None or link.failures != failures, timeout_s)
+            return link.session is not None
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last attempt to connect, or the last connection, ended (None: none did)."""
+        return self._link.last_error
 
     @property
     def connections(self) -> int:
@@ -321,7 +361,30 @@ class MCPServer:
         return _fails("timeout", tool, timeout_ms=self.timeout_ms, consequence=SENT_CANCEL)
 
     def __repr__(self) -> str:
-        return f"MCPServer({self.name!r})"
+        where = f"command={shlex.join(self.command)!r}" if self.command is not None else f"url={self.url!r}"
+        return f"MCPServer({where}, name={self.name!r})"
+
+
+_NAME_MAX = 64
+
+
+def default_name(command: Sequence[str] | None, url: str | None = None) -> str:
+    """The default source name of an MCP server: the words of ``command`` (each path
+    by its last part, leading dashes dropped) joined by ``-``, or ``url``'s
+    ``host-port-path``; characters outside ``[A-Za-z0-9._-]`` become ``-``. A name
+    longer than 64 characters is cut and given 8 hex digits of the whole's SHA-256, so
+    two long commands still differ."""
+    if command:
+        words = [os.path.basename(w.rstrip("/")) or w for w in command]
+        words = [words[0]] + [w.lstrip("-") for w in words[1:]]
+    else:
+        parts = urllib.parse.urlsplit(str(url))
+        words = [parts.hostname or "", str(parts.port or ""), parts.path.strip("/")]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(w for w in words if w)).strip("-.") or "mcp"
+    if len(name) > _NAME_MAX:
+        whole = "\0".join(command or [str(url)])
+        name = f"{name[:_NAME_MAX - 9]}-{hashlib.sha256(whole.encode()).hexdigest()[:8]}"
+    return name
 
 
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:
@@ -349,7 +412,11 @@ def _values(result: types.CallToolResult) -> Any:
         value: Any = parts
     else:
         value = "\n".join(str(p) for p in parts)
-    return Error(value if isinstance(value, str) else "\n".join(str(p) for p in parts)) if result.is_error else value
+    if result.is_error:
+        return Error(value if isinstance(value, str) else "\n".join(str(p) for p in parts))
+    if result.structured_content is not None:  # for the host: the result's details
+        return Details(value, {"structuredContent": result.structured_content})
+    return value
 
 
 # --------------------------------------------------------------------------- the actor
@@ -371,6 +438,7 @@ class MCPConnection(Actor):
         self._halting = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"{server.name}-client", daemon=True)
+        self._stderr: StderrLog | None = None
 
     def on_start(self) -> None:
         self._thread.start()
@@ -398,14 +466,24 @@ class MCPConnection(Actor):
         try:
             asyncio.run(self._connect())
         except BaseException as exc:  # whatever ends the connection: this actor exits with it
+            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # anyio's task groups wrap it
+                exc = exc.exceptions[0]
             reason = describe_exception(exc)
         finally:
             self._ready.set()
         self._unpublish()
         if not self._halting.is_set():
+            said = ""
+            if self._stderr is not None:
+                self._stderr.done.wait(_STDERR_SETTLE_S)  # an exited process's last lines, read
+                said = self._stderr.last()
+            if said:
+                reason = f"{reason} (its stderr: {said})"
             logger.warning("MCP server {}: {}; restarting it", self._server.name, reason)
-            with self._link.lock:
+            with self._link.changed:
                 self._link.last_error = reason
+                self._link.failures += 1
+                self._link.changed.notify_all()
             kill(self.actor_ref, f"MCP server {self._server.name}: {reason}")
 
     def _unpublish(self) -> None:
@@ -436,10 +514,7 @@ class MCPConnection(Actor):
             if opened is not None:  # a transport of the server's own (the gateway's confined servers)
                 read, write = opened
             elif server.command is not None:
-                params = StdioServerParameters(command=_env_program(), cwd=server.cwd,
-                                               args=["-i", *_assignments(scrubbed_environment(server.env)),
-                                                     *server.command])
-                read, write = await stack.enter_async_context(stdio_client(params))
+                read, write = await self._open_stdio(stack)
             else:
                 assert server.url is not None
                 _pin_listener(server.url, server.server_uid)
@@ -477,10 +552,24 @@ class MCPConnection(Actor):
             finally:
                 tasks.cancel_scope.cancel()
 
+    async def _open_stdio(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
+        """Start the stdio server (through ``env -i``: the scrubbed environment), its
+        stderr a pipe into the log; its streams."""
+        server = self._server
+        assert server.command is not None
+        params = StdioServerParameters(command=_env_program(), cwd=server.cwd,
+                                       args=["-i", *_assignments(scrubbed_environment(server.env)), *server.command])
+        self._stderr = StderrLog(server.name)
+        stack.callback(self._stderr.close_writer)
+        streams = await stack.enter_async_context(stdio_client(params, errlog=self._stderr.writer))
+        self._stderr.close_writer()  # the process has its copy: the reader sees EOF when it exits
+        return streams[0], streams[1]
+
     def _publish(self, session: ClientSession, tools: dict[str, dict[str, Any]]) -> None:
-        with self._link.lock:
+        with self._link.changed:
             self._link.session, self._link.aloop, self._link.tools = session, self._aloop, tools
             self._link.up.set()
+            self._link.changed.notify_all()
         self._server.refresh_offer()
 
 
@@ -527,6 +616,17 @@ def _pin_listener(url: str, uid: int) -> None:
         others = sorted(owners - {uid})
         raise PermissionError(f"{host}:{port} is listened on by uid {others} where uid {uid} was expected "
                               "(server_uid): not connecting, no headers sent")
+
+
+def _find_program(program: str, path: str, cwd: str | None, name: str) -> None:
+    """Raise ``FileNotFoundError`` when ``env`` would not find ``program`` (on ``path``,
+    or as a path from ``cwd``) or it is not executable."""
+    where = program if os.path.isabs(program) or not cwd else os.path.join(cwd, program)
+    found = shutil.which(where, path=path) if "/" in program else shutil.which(program, path=path)
+    if found is None:
+        place = f"on PATH={path!r}" if "/" not in program else f"at {where!r}"
+        raise FileNotFoundError(f"the MCP server {name!r} cannot start: its program {program!r} is not found "
+                                f"{place} (or is not executable)")
 
 
 def _env_program() -> str:

@@ -193,6 +193,10 @@ class SourceActor(Actor):
 
     # --- asks -----------------------------------------------------------------------------
 
+    def described(self) -> str:
+        """The source's ``repr`` (for a message naming it)."""
+        return repr(self._source)[:300]
+
     def refresh(self) -> None:
         """Scan now, apply the difference, and schedule the next periodic scan."""
         try:
@@ -476,6 +480,16 @@ class SourceHandle:
         return f"<SourceHandle {self.name!r} {'alive' if self.alive else 'stopped'}>"
 
 
+def _collision(name: str, held: Any, source: Any) -> str:
+    """The message for ``source`` whose name another running source holds."""
+    try:
+        other = held.proxy().described().get(timeout=5)
+    except (pykka.ActorDeadError, pykka.Timeout):
+        other = "a source that is stopping"
+    return (f"a source named {name!r} is already added to this system: {other} and {source!r} have that name; "
+            "give one of them another (name=...)")
+
+
 def add_source(
     system: Any,
     source: Source,
@@ -507,8 +521,8 @@ def add_source(
     if poll_s is not None and not (isinstance(poll_s, (int, float)) and poll_s > 0):
         raise ValueError(f"poll_s must be a positive number of seconds or None, got {poll_s!r}")
     child_id = f"source:{name}"
-    if system.whereis(child_id) is not None:
-        raise ValueError(f"a source named {name!r} is already added to this system")
+    if (held := system.whereis(child_id)) is not None:
+        raise ValueError(_collision(name, held, source))
     trusted = trusted or getattr(source, "contained", False) is True  # stand-ins for code elsewhere
     if callable(attach := getattr(source, "attach", None)):
         attach(system)  # the source's own actors (DESIGN §6b)

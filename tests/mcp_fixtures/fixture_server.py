@@ -3,8 +3,9 @@ rho_actors.mcp consuming servers. Usage: fixture_server.py MARKS_DIR [--http POR
 
 Tools: echo, fail (an isError result), hang (sleeps; writes MARKS_DIR/cancelled when
 its call is cancelled), crash (the process exits mid-call), grow (adds the tool "grown"
-and sends tools/list_changed), env (the server's environment), a tool named "bad name!"
-whose declaration fails rho's checks.
+and sends tools/list_changed), shout (writes to stderr), weather (structured content),
+env (the server's environment), a tool named "bad name!" whose declaration fails rho's
+checks.
 """
 
 import json
@@ -62,6 +63,19 @@ async def grow(ctx: Context) -> str:
     server.add_tool(grown)
     await ctx.session.send_tool_list_changed()
     return "grew"
+
+
+@server.tool()
+def shout(text: str) -> str:
+    """Write the text to stderr, then give it back."""
+    print(f"stderr says: {text}", file=sys.stderr, flush=True)
+    return text
+
+
+@server.tool()
+def weather(city: str) -> dict[str, object]:
+    """The weather of a city, as structured content."""
+    return {"city": city, "celsius": 21}
 
 
 @server.tool()

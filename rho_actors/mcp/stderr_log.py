@@ -1,0 +1,97 @@
+"""A stdio MCP server's stderr, into loguru under the server's name (not onto the host's
+terminal raw).
+
+:class:`StderrLog` is a pipe: its write end is the server process's stderr, a daemon
+thread reads the other end and logs each line at ``INFO`` as ``MCP server <name>:
+<line>`` (with ``extra["mcp_server"]`` set, for a sink to filter on). Bounded: a line
+is cut at :data:`MAX_LINE_BYTES`, at most :data:`MAX_LINES_PER_WINDOW` lines are logged
+per :data:`WINDOW_S` seconds (the rest are counted, and the count is logged once the
+window ends), and the last :data:`KEPT_LINES` lines are kept for the message of a
+server that exits (:meth:`StderrLog.last`).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from typing import TextIO, cast
+
+from loguru import logger
+
+__all__ = ["KEPT_LINES", "MAX_LINES_PER_WINDOW", "MAX_LINE_BYTES", "WINDOW_S", "StderrLog"]
+
+MAX_LINE_BYTES = 2000
+"""A longer stderr line is cut (the rest of it is read and dropped)."""
+MAX_LINES_PER_WINDOW = 100
+"""Lines logged per window at most; more are counted, not logged."""
+WINDOW_S = 10.0
+"""The window of :data:`MAX_LINES_PER_WINDOW`, in seconds."""
+KEPT_LINES = 3
+"""The last lines kept for the message of a server that exited."""
+
+
+class StderrLog:
+    """The stderr pipe of one server process (see the module doc). ``writer`` is the
+    file to give the process; call :meth:`close_writer` once it is started."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        read_fd, write_fd = os.pipe()
+        self.writer: TextIO = cast(TextIO, os.fdopen(write_fd, "w"))
+        self._reader = os.fdopen(read_fd, "rb")
+        self._kept: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
+        self._lock = threading.Lock()
+        self.logged = 0
+        self.dropped = 0
+        self.done = threading.Event()  # set when the pipe is at its end (every writer closed it)
+        threading.Thread(target=self._read, name=f"{name}-stderr", daemon=True).start()
+
+    def close_writer(self) -> None:
+        """Close this process's copy of the write end (idempotent)."""
+        if not self.writer.closed:
+            self.writer.close()
+
+    def last(self) -> str:
+        """The last lines read (at most :data:`KEPT_LINES`, joined by `` | ``)."""
+        with self._lock:
+            return " | ".join(self._kept)
+
+    def _read(self) -> None:
+        window_start, in_window, skipped = time.monotonic(), 0, 0
+        named = logger.bind(mcp_server=self.name)
+        try:
+            with self._reader:
+                while True:
+                    raw = self._reader.readline(MAX_LINE_BYTES)
+                    if not raw:
+                        break
+                    cut = not raw.endswith(b"\n")
+                    while cut:  # the rest of a long line: dropped
+                        rest = self._reader.readline(MAX_LINE_BYTES)
+                        if not rest or rest.endswith(b"\n"):
+                            break
+                    line = raw.decode("utf-8", "replace").rstrip("\r\n") + (" [cut]" if cut else "")
+                    if not line.strip():
+                        continue
+                    with self._lock:
+                        self._kept.append(line[:300])
+                    now = time.monotonic()
+                    if now - window_start >= WINDOW_S:
+                        if skipped:
+                            named.info("MCP server {}: {} more stderr lines were not logged", self.name, skipped)
+                        window_start, in_window, skipped = now, 0, 0
+                    if in_window < MAX_LINES_PER_WINDOW:
+                        in_window += 1
+                        self.logged += 1
+                        named.info("MCP server {}: {}", self.name, line)
+                    else:
+                        skipped += 1
+                        self.dropped += 1
+            if skipped:
+                named.info("MCP server {}: {} more stderr lines were not logged", self.name, skipped)
+        except (OSError, ValueError):  # the pipe closed under us
+            pass
+        finally:
+            self.done.set()

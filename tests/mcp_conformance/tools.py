@@ -1,0 +1,168 @@
+"""The tools the official MCP conformance suite (``@modelcontextprotocol/conformance``)
+calls, as rho tools, served by ``rho-actors mcp serve --http`` in
+``tests/test_mcp_conformance.py`` (the way each SDK's conformance server implements
+them: ``examples/servers/typescript/everything-server.ts`` of the suite).
+
+Not here: ``test_audio_content``, ``test_embedded_resource`` and
+``test_multiple_content_types`` (a rho result is text and images: no audio, no
+embedded resources), and the suite's resources, prompts and completion scenarios (a
+rho server serves tools only).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from rho_actors import Image, tool
+from rho_actors.mcp import client_of
+
+PNG = base64.b64decode(  # 1x1, red: the suite's own test image
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+
+
+def _client(ctx: Any) -> Any:
+    client = client_of(ctx)
+    if client is None:
+        raise RuntimeError("this tool must be called over MCP")
+    return client
+
+
+@tool
+def test_simple_text() -> str:
+    """Tests simple text content response."""
+    return "This is a simple text response for testing."
+
+
+@tool
+def test_image_content() -> Image:
+    """Tests image content response."""
+    return Image(PNG, "image/png")
+
+
+@tool
+def test_error_handling() -> str:
+    """Tests error response handling."""
+    raise RuntimeError("This tool intentionally returns an error for testing")
+
+
+@tool
+def test_tool_with_logging(ctx: Any) -> str:
+    """Tests tool that emits log messages during execution."""
+    client = _client(ctx)
+    for i, text in enumerate(("Tool execution started", "Tool processing data", "Tool execution completed")):
+        if i:
+            time.sleep(0.05)
+        client.log("info", text)
+    return "Tool with logging executed successfully"
+
+
+@tool
+def test_tool_with_progress(ctx: Any) -> str:
+    """Tests tool that reports progress notifications."""
+    for i, done in enumerate((0, 50, 100)):
+        if i:
+            time.sleep(0.05)
+        ctx["progress"](done, 100, f"Completed step {done} of 100")
+    return "progress reported"
+
+
+@tool
+def test_reconnection(ctx: Any) -> str:
+    """Tests SSE stream disconnection and client reconnection (SEP-1699): the server
+    closes the stream mid-call and sends the result after the client reconnects."""
+    _client(ctx).close_stream()
+    time.sleep(0.1)
+    return ("Reconnection test completed successfully. If you received this, the client properly "
+            "reconnected after stream closure.")
+
+
+@tool
+def test_sampling(prompt: str, ctx: Any) -> str:
+    """Tests server-initiated sampling (LLM completion request)."""
+    return f"LLM response: {_client(ctx).sample(prompt, max_tokens=100)}"
+
+
+@tool
+def test_elicitation(message: str, ctx: Any) -> str:
+    """Tests server-initiated elicitation (user input request)."""
+    action, content = _client(ctx).elicit(message, {
+        "type": "object",
+        "properties": {"username": {"type": "string", "description": "User's response"},
+                       "email": {"type": "string", "description": "User's email address"}},
+        "required": ["username", "email"],
+    })
+    return f"User response: action={action}, content={content}"
+
+
+@tool
+def test_elicitation_sep1034_defaults(ctx: Any) -> str:
+    """Tests elicitation with default values per SEP-1034."""
+    action, content = _client(ctx).elicit("Please review and update the form fields with defaults", {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "description": "User name", "default": "John Doe"},
+            "age": {"type": "integer", "description": "User age", "default": 30},
+            "score": {"type": "number", "description": "User score", "default": 95.5},
+            "status": {"type": "string", "description": "User status", "enum": ["active", "inactive", "pending"],
+                       "default": "active"},
+            "verified": {"type": "boolean", "description": "Verification status", "default": True},
+        },
+        "required": [],
+    })
+    return f"Elicitation completed: action={action}, content={content}"
+
+
+@tool
+def test_elicitation_sep1330_enums(ctx: Any) -> str:
+    """Tests elicitation with enum schema improvements per SEP-1330."""
+    options = ["option1", "option2", "option3"]
+    action, content = _client(ctx).elicit("Please select options from the enum fields", {
+        "type": "object",
+        "properties": {
+            "untitledSingle": {"type": "string", "description": "Select one option", "enum": options},
+            "titledSingle": {"type": "string", "description": "Select one option with titles", "oneOf": [
+                {"const": "value1", "title": "First Option"}, {"const": "value2", "title": "Second Option"},
+                {"const": "value3", "title": "Third Option"}]},
+            "legacyEnum": {"type": "string", "description": "Select one option (legacy)",
+                           "enum": ["opt1", "opt2", "opt3"], "enumNames": ["Option One", "Option Two", "Option Three"]},
+            "untitledMulti": {"type": "array", "description": "Select multiple options", "minItems": 1,
+                              "maxItems": 3, "items": {"type": "string", "enum": options}},
+            "titledMulti": {"type": "array", "description": "Select multiple options with titles", "minItems": 1,
+                            "maxItems": 3, "items": {"anyOf": [
+                                {"const": "value1", "title": "First Choice"},
+                                {"const": "value2", "title": "Second Choice"},
+                                {"const": "value3", "title": "Third Choice"}]}},
+        },
+        "required": [],
+    })
+    return f"Elicitation completed: action={action}, content={content}"
+
+
+class JsonSchema202012Tool:
+    """A tool whose schema uses JSON Schema 2020-12's ``$schema``, ``$defs`` and
+    ``additionalProperties`` (SEP-1613: they must reach the client unchanged)."""
+
+    @staticmethod
+    def name() -> str:
+        return "json_schema_2020_12_tool"
+
+    @staticmethod
+    def description() -> str:
+        return "Tool with JSON Schema 2020-12 features for conformance testing (SEP-1613)"
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "$defs": {"address": {"type": "object",
+                                  "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
+            "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+            "additionalProperties": False,
+        }
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        return f"JSON Schema 2020-12 tool called with: {args}"

@@ -1,0 +1,138 @@
+"""An MCP server as a source, as a new user meets it: default names that tell two
+servers of one program apart, a real name collision that names both, the server's
+stderr in the log under its name (bounded), a server that cannot start failing once
+and at once, and ``structuredContent`` kept in a result's details. Real SDK-built
+servers over stdio."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from loguru import logger
+
+from rho_actors import ActorSystem, ToolCall
+from rho_actors.mcp import MCPServer
+from rho_actors.mcp.source import default_name
+from rho_actors.mcp.stderr_log import MAX_LINE_BYTES, MAX_LINES_PER_WINDOW, StderrLog
+from tests.conftest import WAIT_S, wait_for
+
+FIXTURE = str(Path(__file__).parent / "mcp_fixtures" / "fixture_server.py")
+MODULE = "tests.mcp_fixtures.fixture_server"
+SLOW_START_S = WAIT_S * 3  # a server importing the SDK on a busy machine
+
+
+def test_default_names_come_from_the_whole_command() -> None:
+    assert default_name(["python", "-m", "a"]) == "python-m-a"
+    assert default_name(["python", "-m", "b"]) == "python-m-b"
+    assert default_name(["/usr/bin/python3", "/srv/tools/weather.py", "--port", "3"]) == "python3-weather.py-port-3"
+    assert default_name(["npx", "-y", "@modelcontextprotocol/server-everything"]) == "npx-y-server-everything"
+    assert default_name(None, "http://127.0.0.1:8000/mcp") == "127.0.0.1-8000-mcp"
+    long_a = default_name(["serve"] + ["x" * 20] * 5 + ["a"])
+    long_b = default_name(["serve"] + ["x" * 20] * 5 + ["b"])
+    assert len(long_a) == 64 and long_a != long_b  # cut, and still told apart
+    assert MCPServer(command=["python", "-m", "a"]).name == "python-m-a"
+
+
+def test_two_servers_of_one_program_are_added_and_a_real_collision_names_both(
+        system: ActorSystem, tmp_path: Path) -> None:
+    env = {"PYTHONPATH": os.getcwd()}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+
+    def of(marks: str) -> MCPServer:
+        return MCPServer(command=[sys.executable, "-m", MODULE, str(tmp_path / marks)], env=env,
+                         connect_timeout_s=SLOW_START_S)
+
+    first, second = of("a"), of("b")
+    assert first.name != second.name
+    system.add_source(first, poll_s=None)
+    system.add_source(second, poll_s=None)
+    assert first.connected and second.connected
+
+    again = of("a")
+    with pytest.raises(ValueError) as caught:
+        system.add_source(again, poll_s=None)
+    message = str(caught.value)
+    assert f"a source named {first.name!r} is already added" in message
+    assert message.count(f"command={sys.executable}") == 2 or message.count("MCPServer(command=") == 2
+    assert "name=..." in message
+    assert not again.connected  # nothing of it was started
+
+
+def test_a_servers_stderr_goes_to_the_log_under_its_name_and_structured_content_to_details(
+        system: ActorSystem, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    records: list[tuple[str, dict[str, object]]] = []
+    logger.enable("rho_actors")
+    sink = logger.add(lambda m: records.append((m.record["message"], dict(m.record["extra"]))), level="INFO")
+    try:
+        source = MCPServer(command=[sys.executable, FIXTURE, str(tmp_path)], name="loud",
+                           connect_timeout_s=SLOW_START_S)
+        system.add_source(source, poll_s=None)
+        [said] = system.start_loop("s").run_turn([ToolCall("c1", "shout", {"text": "hello there"})])
+        assert said.ok and said.content == "hello there"
+        assert wait_for(lambda: ("MCP server loud: stderr says: hello there", {"mcp_server": "loud"}) in records)
+        # and an upstream's structuredContent is kept in the result's details, for the host
+        [weather] = system.start_loop("s2").run_turn([ToolCall("c2", "weather", {"city": "Oslo"})])
+        assert weather.ok and weather.details == {"structuredContent": {"city": "Oslo", "celsius": 21}}
+    finally:
+        logger.remove(sink)
+        logger.disable("rho_actors")
+    raw = capfd.readouterr().err
+    assert not any(line.startswith("stderr says:") for line in raw.splitlines())  # never raw on the terminal
+
+
+def test_stderr_is_bounded_per_line_and_per_window() -> None:
+    seen: list[str] = []
+    logger.enable("rho_actors")
+    sink = logger.add(lambda m: seen.append(m.record["message"]), level="INFO")
+    try:
+        log = StderrLog("bounded")
+        log.writer.write("x" * (MAX_LINE_BYTES * 3) + "\n")  # one line of 3 reads
+        for i in range(MAX_LINES_PER_WINDOW + 50):
+            log.writer.write(f"line {i}\n")
+        log.writer.write("the last words\n")
+        log.close_writer()
+        assert log.done.wait(WAIT_S)
+    finally:
+        logger.remove(sink)
+        logger.disable("rho_actors")
+    assert log.logged == MAX_LINES_PER_WINDOW and log.dropped == 1 + MAX_LINES_PER_WINDOW + 50 + 1 - 100
+    assert seen[0] == f"MCP server bounded: {'x' * MAX_LINE_BYTES} [cut]"
+    assert seen[-1] == "MCP server bounded: 52 more stderr lines were not logged"
+    assert log.last().endswith("the last words")
+
+
+def test_a_server_that_cannot_start_fails_once_and_at_once(system: ActorSystem, tmp_path: Path) -> None:
+    missing = MCPServer(command=["no-such-command", "--flag"], connect_timeout_s=30)
+    started = time.monotonic()
+    with pytest.raises(FileNotFoundError, match="its program 'no-such-command' is not found on PATH="):
+        system.add_source(missing, poll_s=None)
+    assert time.monotonic() - started < 2.0
+    assert system.whereis(missing.child_id) is None  # nothing was started, nothing restarts
+
+    exits = MCPServer(command=[sys.executable, "-c", "import sys; sys.exit('bad config: no API key')"],
+                      name="exits", connect_timeout_s=30, max_restarts=0)
+    started = time.monotonic()
+    system.add_source(exits, poll_s=None)
+    assert time.monotonic() - started < WAIT_S  # the first failure ends the wait, not connect_timeout_s
+    assert not exits.connected
+    assert exits.last_error is not None and "bad config: no API key" in exits.last_error
+
+
+def test_the_chat_command_says_once_that_a_server_cannot_start(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from rho_actors.cli import main
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-used")
+    code = main(["chat", "--model", "openai:gpt-4o", "--base-url", "http://127.0.0.1:9/v1", "--data-dir",
+                 str(tmp_path), "--mcp", "no-such-command"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()  # one message, from the look-up before any start
+    assert len(err) == 1 and "its program 'no-such-command' is not found" in err[0], err
