@@ -57,7 +57,7 @@ import json
 import threading
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -229,8 +229,14 @@ def output_schema(system: Any, name: str) -> dict[str, Any] | None:
 
 
 def _structured(result: ToolResult) -> Any:
-    """The result's text as a JSON object (MCP's ``structuredContent``), else None."""
-    if not result.ok or not result.content.startswith("{"):
+    """The result's ``structuredContent``: an upstream MCP server's own, kept in its
+    details (a gateway passes it on), else the result's text as a JSON object, else None."""
+    if not result.ok:
+        return None
+    details = result.details
+    if isinstance(details, Mapping) and isinstance(details.get("structuredContent"), dict):
+        return details["structuredContent"]
+    if not result.content.startswith("{"):
         return None
     try:
         value = json.loads(result.content)
