@@ -1,0 +1,248 @@
+"""Node loss on a real multi-node Ray cluster: Ray's own test harness
+(``ray.cluster_utils.Cluster``: a head and worker nodes as separate raylets, on loopback
+only), with custom resources that pin calls to a node. Starting the nodes takes tens of
+seconds, so these run outside the default run: ``pytest -m ray_cluster tests/test_ray_cluster.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import ActorSystem, ChildSpec, ErrorKind, ToolCall
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_actors[ray]')")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from rho_actors.integrations.ray.connection import loopback_only  # noqa: E402
+from rho_actors.integrations.ray.servers import RayActor, RayCall  # noqa: E402
+from tests.conftest import WAIT_S, wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.ray_cluster, pytest.mark.timeout(300)]
+
+LOOPBACK: dict[str, Any] = {"node_ip_address": "127.0.0.1"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialized in this process by something else")
+    loopback_only()
+    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, **LOOPBACK})
+    try:
+        yield made
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        made.shutdown()  # type: ignore[no-untyped-call]
+
+
+class Where:
+    """A tool doing what ``args["do"]`` says in its Ray worker; ``pid_file`` gets the pid."""
+
+    @staticmethod
+    def name() -> str:
+        return "where"
+
+    @staticmethod
+    def description() -> str:
+        return "Where the call runs."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object"}
+
+    @staticmethod
+    def timeout_ms() -> int:
+        return 60_000
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> Any:
+        if "pid_file" in args:
+            Path(args["pid_file"]).write_text(str(os.getpid()))
+        if args.get("do") == "sleep":
+            time.sleep(args["s"])
+        return ray.get_runtime_context().get_node_id()
+
+
+class Pinned(Where):
+    @staticmethod
+    def name() -> str:
+        return "pinned"
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def _actors(system: ActorSystem) -> list[dict[str, Any]]:
+    workers = next(c for c in system.tree()["children"] if c["id"] == "workers")
+    actors: list[dict[str, Any]] = workers.get("isolations", {}).get("ray", {}).get("actors", [])
+    return actors
+
+
+def test_node_loss(cluster: Cluster, tmp_path: Path) -> None:
+    """A node with a running call, a queued call and a supervised server is killed
+    (its raylet and everything on it, SIGKILL): the running call is ``crashed`` naming
+    the node within seconds (not at its 60 s deadline), the queued one and a new call
+    pinned to the node are ``unavailable`` at once, later calls run on the remaining
+    node, the server is restarted there within its intensity and the tree shows where;
+    at ``stop()`` the system's Ray actors are gone and the cluster is as it was found."""
+    node_b = cluster.add_node(num_cpus=2, resources={"node_b": 1, "worker": 4}, **LOOPBACK)
+    system = ActorSystem(data_dir=tmp_path / "data", ray={"address": cluster.address})
+    box: list[Any] = []
+    try:
+        system.register(Where, isolation="ray", resources={"num_cpus": 0, "worker": 1})
+        system.register(Pinned, isolation="ray", resources={"num_cpus": 0, "node_b": 1})
+        # the server starts while node B is the only node that can hold it
+        spec = ChildSpec("counter", RayActor(Counter, resources={"num_cpus": 0, "worker": 1}, ping_ms=200),
+                         name="counter")
+        system.start_child(spec, max_restarts=2, max_seconds=60)
+        assert system.lookup("counter").ask(RayCall("incr"), timeout=WAIT_S) == 1
+        [server] = _actors(system)
+        assert server["node_id"] == node_b.node_id and server["node"] == f"node {node_b.node_id[:8]} (127.0.0.1)"
+        node_a = cluster.add_node(num_cpus=2, resources={"node_a": 1, "worker": 4}, **LOOPBACK)
+        loop = system.start_loop("s1")
+        pid_file = tmp_path / "pid"
+        turn = threading.Thread(target=lambda: box.append(loop.run_turn([
+            ToolCall("c1", "pinned", json.dumps({"do": "sleep", "s": 300, "pid_file": str(pid_file)})),
+            ToolCall("c2", "pinned", "{}"),  # node_b=1 is held by c1: queued behind it
+        ])))
+        turn.start()
+        assert wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", 60), "c1 never began on node B"
+        killed = time.monotonic()
+        cluster.remove_node(node_b, allow_graceful=False)  # SIGKILL: raylet, object store, workers
+        turn.join(30)
+        took = time.monotonic() - killed
+        assert box, "the turn did not end within 30 s of the node's loss"
+        crashed, queued = box[0]
+        assert crashed.error_kind is ErrorKind.CRASHED, crashed
+        assert f"the Ray node it ran on, node {node_b.node_id[:8]} (127.0.0.1), was lost" in crashed.content, crashed
+        assert queued.error_kind is ErrorKind.UNAVAILABLE and "node_b=1" in queued.content, queued
+        assert took < 10, f"the calls on the lost node came back {took:.1f} s after the kill"
+        # a new call pinned to the lost node: unavailable at once (Ray still lists it alive for ~15 s)
+        began = time.monotonic()
+        [pinned] = loop.run_turn([ToolCall("c3", "pinned", "{}")])
+        assert pinned.error_kind is ErrorKind.UNAVAILABLE, pinned
+        assert f"lost: node {node_b.node_id[:8]}" in pinned.content, pinned
+        assert time.monotonic() - began < 2.0
+        # later calls run on the remaining nodes
+        later = loop.run_turn([ToolCall(f"c{i}", "where", "{}") for i in range(4, 8)])
+        assert all(r.ok for r in later), later
+        assert {r.content for r in later} == {node_a.node_id}, later
+        # the server was restarted on node A, within its intensity; the tree shows where
+        assert wait_for(lambda: [a["node_id"] for a in _actors(system)] == [node_a.node_id], 30), _actors(system)
+        assert system.lookup("counter").ask(RayCall("incr"), timeout=WAIT_S) == 1  # a fresh Ray actor
+        servers = next(c for c in system.tree()["children"] if c["id"] == "servers")
+        [subtree] = servers["children"]
+        assert subtree["children"][0]["restarts"] == 1, subtree
+        assert system.stats()["ray_nodes_lost"] == 1
+    finally:
+        system.stop()
+    assert not ray.is_initialized()  # the system disconnected from the cluster it was given
+    # the cluster as found: none of the system's actors alive, no placement group
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        assert wait_for(lambda: all(a["State"] == "DEAD" for a in ray._private.state.actors().values()), 30)
+        assert len(ray._private.state.actors()) == 2  # the server's first Ray actor and its restart
+        assert ray.util.placement_group_table() == {}
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        assert len(alive) in (2, 3)  # head and node A (node B until Ray marks it dead)
+    finally:
+        ray.shutdown()
+
+
+def _own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory directory, when it can hold a child cgroup."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            own = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            return own if (own / "cgroup.procs").exists() and os.access(own, os.W_OK) else None
+    return None
+
+
+class Hog:
+    """Allocates ``mib`` MiB, 8 MiB at a time (slow enough for Ray's memory monitor)."""
+
+    @staticmethod
+    def name() -> str:
+        return "hog"
+
+    @staticmethod
+    def description() -> str:
+        return "Allocate memory."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object"}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> Any:
+        chunks = []
+        for _ in range(args["mib"] // 8):
+            chunks.append(bytearray(8 << 20))  # zero-filled: every page is touched
+            time.sleep(0.01)
+        return len(chunks)
+
+
+def test_rays_memory_monitor_kill_is_memory(cluster: Cluster, tmp_path: Path) -> None:
+    """A node whose processes live in a memory cgroup of 1.5 GiB (its own view of
+    ``/sys/fs/cgroup/memory``, so Ray's memory monitor reads that limit), killing above
+    60% of it: a call that allocates past it is ``memory``, Ray's ``OutOfMemoryError``."""
+    own = _own_memory_cgroup()
+    if own is None or shutil.which("unshare") is None:
+        pytest.skip("needs a writable cgroup v1 memory hierarchy and unshare(1)")
+    child = own / f"rho-ray-oom-{os.getpid()}"
+    child.mkdir()
+    (child / "memory.limit_in_bytes").write_text(str(3 << 29))  # 1.5 GiB
+    ray_bin = Path(sys.executable).parent / "ray"
+    script = (f"mount --bind {child} /sys/fs/cgroup/memory && echo $$ > /sys/fs/cgroup/memory/cgroup.procs && "
+              f"exec {ray_bin} start --block --address={cluster.address} --node-ip-address=127.0.0.1 "
+              "--num-cpus=1 --resources='{\"oom\": 1}' --disable-usage-stats")
+    env = {**os.environ, "RAY_memory_usage_threshold": "0.6", "RAY_memory_monitor_refresh_ms": "100",
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    node = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    system = ActorSystem(data_dir=tmp_path / "data", ray={"address": cluster.address})
+    try:
+        system.register(Hog, isolation="ray", resources={"num_cpus": 0, "oom": 1})
+        runtime = system._runtime.isolations["ray"].runtime()  # type: ignore[attr-defined]
+        runtime.connect(60)
+        assert wait_for(lambda: any(n["Alive"] and "oom" in n["Resources"] for n in ray.nodes()), 90)
+        loop = system.start_loop("s1")
+        [small] = loop.run_turn([ToolCall("c1", "hog", '{"mib": 64}')])
+        assert small.ok and small.content == "8", small
+        [big] = loop.run_turn([ToolCall("c2", "hog", '{"mib": 4096}')])
+        assert big.error_kind is ErrorKind.MEMORY, big
+        assert "ran out of memory: Ray's memory monitor killed its worker (OutOfMemoryError" in big.content, big
+    finally:
+        system.stop()
+        node.terminate()
+        try:
+            node.wait(30)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait(10)
+        for pid in (child / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        assert wait_for(lambda: (child / "cgroup.procs").read_text().strip() == "", 30)
+        child.rmdir()
