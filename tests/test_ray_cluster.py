@@ -92,6 +92,12 @@ class Counter:
         return self.n
 
 
+def _tasks(system: ActorSystem) -> list[dict[str, Any]]:
+    workers = next(c for c in system.tree()["children"] if c["id"] == "workers")
+    tasks: list[dict[str, Any]] = workers.get("isolations", {}).get("ray", {}).get("tasks", [])
+    return tasks
+
+
 def _actors(system: ActorSystem) -> list[dict[str, Any]]:
     workers = next(c for c in system.tree()["children"] if c["id"] == "workers")
     actors: list[dict[str, Any]] = workers.get("isolations", {}).get("ray", {}).get("actors", [])
@@ -121,18 +127,22 @@ def test_node_loss(cluster: Cluster, tmp_path: Path) -> None:
         node_a = cluster.add_node(num_cpus=2, resources={"node_a": 1, "worker": 4}, **LOOPBACK)
         loop = system.start_loop("s1")
         pid_file = tmp_path / "pid"
-        turn = threading.Thread(target=lambda: box.append(loop.run_turn([
-            ToolCall("c1", "pinned", json.dumps({"do": "sleep", "s": 300, "pid_file": str(pid_file)})),
-            ToolCall("c2", "pinned", "{}"),  # node_b=1 is held by c1: queued behind it
-        ])))
-        turn.start()
+        other = system.start_loop("s2")
+        turns = [threading.Thread(target=lambda: box.append(loop.run_turn([
+            ToolCall("c1", "pinned", json.dumps({"do": "sleep", "s": 300, "pid_file": str(pid_file)}))]))),
+            threading.Thread(target=lambda: box.append(other.run_turn([ToolCall("c2", "pinned", "{}")])))]
+        turns[0].start()
         assert wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", 60), "c1 never began on node B"
+        turns[1].start()  # node_b=1 is held by c1: c2 waits in Ray's queue
+        assert wait_for(lambda: {t["call_id"]: t["node_id"] for t in _tasks(system)} == {
+            "c1": node_b.node_id, "c2": ""}), _tasks(system)
         killed = time.monotonic()
         cluster.remove_node(node_b, allow_graceful=False)  # SIGKILL: raylet, object store, workers
-        turn.join(30)
+        for turn in turns:
+            turn.join(30)
         took = time.monotonic() - killed
-        assert box, "the turn did not end within 30 s of the node's loss"
-        crashed, queued = box[0]
+        assert len(box) == 2, "the turns did not end within 30 s of the node's loss"
+        [crashed], [queued] = sorted(box, key=lambda turn: turn[0].call_id)
         assert crashed.error_kind is ErrorKind.CRASHED, crashed
         assert f"the Ray node it ran on, node {node_b.node_id[:8]} (127.0.0.1), was lost" in crashed.content, crashed
         assert queued.error_kind is ErrorKind.UNAVAILABLE and "node_b=1" in queued.content, queued

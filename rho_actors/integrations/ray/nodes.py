@@ -6,7 +6,8 @@ node that has just died waits out its whole deadline. :class:`NodeTable` keeps i
 view: the nodes the GCS says are alive, minus the nodes found lost, either named by a
 call that failed with Ray's ``NodeDiedError`` (:meth:`NodeTable.mark_lost`) or found by
 :meth:`NodeTable.refresh`, which asks each node's raylet for a TCP connection (a raylet
-that is gone refuses it at once). Feasibility (:meth:`NodeTable.infeasible`) is checked
+that is gone refuses it at once; one that does not answer twice in a row is lost too).
+Feasibility (:meth:`NodeTable.infeasible`) is checked
 against that view, so a call no live node can hold is ``unavailable`` at once.
 
 A node id is never reused (a restarted raylet gets a new one), so a node found lost stays
@@ -29,6 +30,7 @@ __all__ = ["NodeTable", "short_id"]
 _TTL_S = 2.0  # how long a view of the nodes' totals is trusted for feasibility checks
 _PROBE_TIMEOUT_S = 1.0  # a raylet that does not accept a connection within this is lost
 _MAX_LOST = 4096
+_NODE_ID_LABEL = "ray.io/node-id"  # the label every Ray node has
 
 
 def short_id(node_id: str) -> str:
@@ -40,12 +42,16 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def _answers(address: str, port: int) -> bool:
+def _probe(address: str, port: int) -> str | None:
+    """None when the raylet at ``address:port`` accepts a TCP connection, else why not:
+    ``"refuses connections"`` (nothing listens: it is gone) or ``"does not answer"``."""
     try:
         with socket.create_connection((address, port), timeout=_PROBE_TIMEOUT_S):
-            return True
+            return None
+    except ConnectionRefusedError:
+        return "refuses connections"
     except OSError:
-        return False
+        return "does not answer"
 
 
 class NodeTable:
@@ -60,6 +66,7 @@ class NodeTable:
         self._alive: dict[str, dict[str, Any]] = {}  # node id -> ray.nodes() entry, the GCS's view
         self._lost: dict[str, str] = {}  # node id -> how it was found lost
         self._where: dict[str, str] = {}  # node id -> its address, for the texts
+        self._silent: dict[str, int] = {}  # node id -> probes in a row that timed out
 
     def mark_lost(self, node_id: str, why: str) -> bool:
         """Count ``node_id`` as lost (``why``: how it was found). True if it was not yet."""
@@ -80,6 +87,14 @@ class NodeTable:
         """The nodes found lost: node id -> how."""
         with self._lock:
             return dict(self._lost)
+
+    def avoid(self) -> dict[str, str]:
+        """Ray's ``label_selector`` option keeping new work off the lost nodes the GCS
+        still lists as alive (``{}`` when there are none): Ray would place work there
+        until it marks them dead."""
+        with self._lock:
+            lost = sorted(node_id for node_id in self._lost if node_id in self._alive)
+        return {_NODE_ID_LABEL: f"!in({', '.join(lost)})"} if lost else {}
 
     def describe(self, node_id: str) -> str:
         """``"node 1a2b3c4d (127.0.0.1)"`` for the texts."""
@@ -107,11 +122,15 @@ class NodeTable:
             alive[node_id] = node
         if self.probe:
             for node_id, node in alive.items():
-                if self.is_lost(node_id):
-                    continue
                 address, port = str(node.get("NodeManagerAddress", "")), int(node.get("NodeManagerPort") or 0)
-                if address and port and not _answers(address, port) and self.mark_lost(
-                        node_id, f"its raylet at {address}:{port} does not answer"):
+                if self.is_lost(node_id) or not address or not port:
+                    continue
+                why = _probe(address, port)
+                before = self._silent.pop(node_id, 0)
+                silent = before + 1 if why == "does not answer" else 0
+                if silent == 1:  # a timeout may be a passing stall: lost at the second one in a row
+                    self._silent[node_id] = silent
+                elif why is not None and self.mark_lost(node_id, f"its raylet at {address}:{port} {why}"):
                     newly.add(node_id)
         with self._lock:
             self._alive = alive

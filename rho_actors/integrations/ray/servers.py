@@ -134,8 +134,11 @@ class RayServer(Actor):
         if problem is not None:
             raise RuntimeError(f"Ray actor {self.cls.__name__} cannot start: {problem}")
         _ship_by_value(self.cls)
-        remote_cls: Any = ray.remote(self.cls).options(max_restarts=0, max_task_retries=0,
-                                                       **self.resources.options())
+        options = self.resources.options()
+        avoid = runtime.nodes.avoid()  # not on a node found lost that Ray still lists as alive
+        if avoid:
+            options["label_selector"] = avoid
+        remote_cls: Any = ray.remote(self.cls).options(max_restarts=0, max_task_retries=0, **options)
         self.handle = remote_cls.remote(*self._args, **self._kwargs)
         try:
             self.node_id, self.pid = ray.get(self.handle.__ray_call__.remote(_where),

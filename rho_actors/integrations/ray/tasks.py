@@ -56,6 +56,7 @@ from rho_actors.integrations.ray.connection import (
     loopback_only,
 )
 from rho_actors.integrations.ray.nodes import NodeTable
+from rho_actors.integrations.ray.resources import RayResources
 from rho_actors.otp.timers import Timers
 from rho_actors.results import RAY_CANCELLED, capped, failure
 from rho_actors.sandbox import wire
@@ -71,68 +72,6 @@ __all__ = [
     "default_runtime",
     "run_on_ray",
 ]
-
-
-# --- resources ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RayResources:
-    """What one call (or one Ray actor) asks Ray for, per Ray's ``.options()``:
-    ``num_cpus`` and ``num_gpus`` (logical units, fractions allowed), ``memory`` (bytes,
-    reserved for scheduling, not a limit), ``runtime_env`` (Ray's dict: ``pip``,
-    ``env_vars``, ``working_dir``...) and ``resources``, custom resources by name.
-
-    Raises ``ValueError`` naming a negative amount or a bad type.
-    """
-
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    memory: int | None = None
-    runtime_env: Mapping[str, Any] | None = None
-    resources: Mapping[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        amounts = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, **dict(self.resources)}
-        if self.memory is not None:
-            amounts["memory"] = self.memory
-        for key, value in amounts.items():
-            if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"ray resource {key!r} must be a number >= 0, got {value!r}")
-        if self.runtime_env is not None and not isinstance(self.runtime_env, Mapping):
-            raise ValueError(f"runtime_env must be a mapping (Ray's runtime_env dict), got {type(self.runtime_env)}")
-
-    @classmethod
-    def from_mapping(cls, spec: Mapping[str, Any] | RayResources | None) -> RayResources:
-        """From ``register(..., resources={...})``: the known keys above, and any other key
-        as a custom resource (``{"num_cpus": 2, "browser": 1}``). Raises ``ValueError``."""
-        if spec is None:
-            return cls()
-        if isinstance(spec, RayResources):
-            return spec
-        known = {k: spec[k] for k in ("num_cpus", "num_gpus", "memory", "runtime_env") if k in spec}
-        custom = dict(spec.get("resources", {}))
-        custom.update({k: v for k, v in spec.items() if k not in known and k != "resources"})
-        return cls(**known, resources=custom)
-
-    def demand(self) -> dict[str, float]:
-        """Ray's resource names and amounts (``CPU``, ``GPU``, ``memory``, custom), non-zero."""
-        wanted = {"CPU": float(self.num_cpus), "GPU": float(self.num_gpus), **{k: float(v) for k, v in
-                                                                                self.resources.items()}}
-        if self.memory:
-            wanted["memory"] = float(self.memory)
-        return {k: v for k, v in wanted.items() if v > 0}
-
-    def options(self) -> dict[str, Any]:
-        """Keyword arguments for Ray's ``.options()``."""
-        opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
-        if self.memory is not None:
-            opts["memory"] = self.memory
-        if self.resources:
-            opts["resources"] = dict(self.resources)
-        if self.runtime_env is not None:
-            opts["runtime_env"] = dict(self.runtime_env)
-        return opts
 
 
 # --- the runtime ----------------------------------------------------------------------------
@@ -205,6 +144,8 @@ class RayRuntime:
         self._servers: dict[str, Any] = {}  # rho_actors.integrations.ray.servers.RayServer by actor urn
         self._wake = threading.Event()
         self._closing = threading.Event()
+        self._closed = threading.Event()
+        self._round = threading.Lock()  # held by the watcher during a round
         self._watcher: threading.Thread | None = None
         self.tasks_total = 0
         self.nodes_lost = 0
@@ -213,6 +154,11 @@ class RayRuntime:
     def owns_ray(self) -> bool:
         """Whether this runtime called ``ray.init`` (and so disconnects at :meth:`shutdown`)."""
         return self.connection.owns_ray
+
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`shutdown` has begun (no new task is submitted)."""
+        return self._closing.is_set()
 
     @property
     def timers(self) -> Timers:
@@ -250,6 +196,16 @@ class RayRuntime:
         Returns the pids of Ray processes that outlived that (normally none)."""
         self._closing.set()
         self._wake.set()
+        until = time.monotonic() + timeout_s
+        got_round = self._round.acquire(timeout=timeout_s)  # no watcher round runs into ray.shutdown()
+        with self._lock:
+            flights = list(self._in_flight.values())
+        for flight in flights:  # calls still on Ray: cancelled, and their threads out of Ray's API
+            if flight.verdict is None:
+                flight.verdict = ("cancelled", {"reason": f"the system is stopping; {RAY_CANCELLED}"})
+            _force_cancel(flight.ref)
+        while self._in_flight and time.monotonic() < until:
+            time.sleep(0.01)
         if self._own_timers and self._timers is not None:
             self._timers.stop()
         with self._lock:
@@ -261,8 +217,11 @@ class RayRuntime:
                     ray.kill(handle, no_restart=True)
                 except Exception as exc:
                     logger.debug("ray.kill of a server's actor failed: {}", describe_exception(exc))
-        left = self.connection.close(timeout_s)
-        watcher = self._watcher  # it started a local Ray: it ends after ray.shutdown()
+        left = self.connection.close(max(1.0, until - time.monotonic()))
+        self._closed.set()
+        if got_round:
+            self._round.release()
+        watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join(timeout_s)
         with _default_lock:
@@ -289,26 +248,30 @@ class RayRuntime:
         self._wake.set()
 
     def _watch(self) -> None:
-        while not self._closing.is_set():
+        while True:
             woken = self._wake.wait(_WATCH_S)
             self._wake.clear()
-            if self._closing.is_set():
-                return
-            with self._lock:
-                busy = bool(self._in_flight or self._servers)
-            if not (busy or woken):
-                continue
-            try:
-                newly = self.nodes.refresh()
-            except Exception as exc:
-                logger.debug("reading Ray's node table failed: {}", describe_exception(exc))
-                continue
-            if newly:
+            with self._round:
+                if self._closing.is_set():
+                    break
                 with self._lock:
-                    self.nodes_lost += len(newly)
-                for node_id in newly:
-                    logger.warning("Ray {} was lost: {}", self.nodes.describe(node_id), self.nodes.lost()[node_id])
-            self._sweep()
+                    busy = bool(self._in_flight or self._servers)
+                if busy or woken:
+                    self._watch_round()
+        self._closed.wait()  # this thread may have started a local Ray: it ends after ray.shutdown()
+
+    def _watch_round(self) -> None:
+        try:
+            newly = self.nodes.refresh()
+        except Exception as exc:
+            logger.debug("reading Ray's node table failed: {}", describe_exception(exc))
+            return
+        if newly:
+            with self._lock:
+                self.nodes_lost += len(newly)
+            for node_id in newly:
+                logger.warning("Ray {} was lost: {}", self.nodes.describe(node_id), self.nodes.lost()[node_id])
+        self._sweep()
 
     def _sweep(self) -> None:
         """End the calls on lost nodes (``crashed``) and the queued calls no live node can
@@ -355,8 +318,12 @@ class RayRuntime:
         return digest, ref
 
     def _remote(self, resources: RayResources) -> tuple[Any, Any]:
-        """The task functions (without and with the tool) with ``resources`` as options."""
+        """The task functions (without and with the tool) with ``resources`` as options,
+        kept off the nodes found lost (see :meth:`NodeTable.avoid`)."""
         options = resources.options()
+        avoid = self.nodes.avoid()
+        if avoid:
+            options["label_selector"] = avoid
         key = json.dumps(options, sort_keys=True, default=repr)
         remote = self._remotes.get(key)
         if remote is None:
@@ -575,6 +542,8 @@ def run_on_ray(
         left = deadline - time.monotonic()
         if left <= 0:
             return failed("timeout", timeout_ms=timeout_ms, consequence="it did not start")
+        if runtime.closing:
+            return failed("ray_not_running")
         try:
             stream = bare.remote(body, left) if holder is None else shipping.remote(body, left, holder)
         except Exception as exc:
