@@ -281,14 +281,14 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
             waiting.get(timeout=WAIT_S)
         with pytest.raises((RayServerDown, pykka.ActorDeadError)):
             queued.get(timeout=WAIT_S)
-        assert wait_for(lambda: names.whereis("counter") not in (None, first))
+        assert wait_for(lambda: names.whereis("counter") not in (None, first), RAY_WAIT_S)
         second = names.whereis("counter")
         assert second is not None and second.ask(RayCall("incr"), timeout=WAIT_S) == 11  # fresh state
         [info] = sup.proxy().which_children().get(timeout=WAIT_S)
         assert info.restarts == 1
         # an idle Ray actor that dies is found by the liveness ping
         os.kill(second.ask(RayCall("pid"), block=True), signal.SIGKILL)
-        assert wait_for(lambda: names.whereis("counter") not in (None, second))
+        assert wait_for(lambda: names.whereis("counter") not in (None, second), RAY_WAIT_S)
         third = names.whereis("counter")
         assert third is not None and third.ask(RayCall("incr"), timeout=WAIT_S) == 11
         # a call past its deadline: the Ray actor cannot cancel a method, so it is killed
@@ -300,7 +300,7 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
             behind.get(timeout=WAIT_S)  # not its own 30 s deadline
         assert wait_for(lambda: pid_gone(third_pid))
-        assert wait_for(lambda: names.whereis("counter") not in (None, third))
+        assert wait_for(lambda: names.whereis("counter") not in (None, third), RAY_WAIT_S)
         assert names.whereis("counter").ask(RayCall("incr"), timeout=WAIT_S) == 11  # type: ignore[union-attr]
     finally:
         sup.stop(timeout=WAIT_S)

@@ -5,13 +5,8 @@ seconds, so these run outside the default run: ``pytest -m ray_cluster tests/tes
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -178,81 +173,3 @@ def test_node_loss(cluster: Cluster, tmp_path: Path) -> None:
     finally:
         ray.shutdown()
 
-
-def _own_memory_cgroup() -> Path | None:
-    """This process's cgroup v1 memory directory, when it can hold a child cgroup."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            own = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            return own if (own / "cgroup.procs").exists() and os.access(own, os.W_OK) else None
-    return None
-
-
-class Hog:
-    """Allocates ``mib`` MiB, 8 MiB at a time (slow enough for Ray's memory monitor)."""
-
-    @staticmethod
-    def name() -> str:
-        return "hog"
-
-    @staticmethod
-    def description() -> str:
-        return "Allocate memory."
-
-    @staticmethod
-    def parameter_schema() -> dict[str, Any]:
-        return {"type": "object"}
-
-    @staticmethod
-    def run(args: dict[str, Any], ctx: Any) -> Any:
-        chunks = []
-        for _ in range(args["mib"] // 8):
-            chunks.append(bytearray(8 << 20))  # zero-filled: every page is touched
-            time.sleep(0.01)
-        return len(chunks)
-
-
-def test_rays_memory_monitor_kill_is_memory(cluster: Cluster, tmp_path: Path) -> None:
-    """A node whose processes live in a memory cgroup of 1.5 GiB (its own view of
-    ``/sys/fs/cgroup/memory``, so Ray's memory monitor reads that limit), killing above
-    60% of it: a call that allocates past it is ``memory``, Ray's ``OutOfMemoryError``."""
-    own = _own_memory_cgroup()
-    if own is None or shutil.which("unshare") is None:
-        pytest.skip("needs a writable cgroup v1 memory hierarchy and unshare(1)")
-    child = own / f"rho-ray-oom-{os.getpid()}"
-    child.mkdir()
-    (child / "memory.limit_in_bytes").write_text(str(3 << 29))  # 1.5 GiB
-    ray_bin = Path(sys.executable).parent / "ray"
-    script = (f"mount --bind {child} /sys/fs/cgroup/memory && echo $$ > /sys/fs/cgroup/memory/cgroup.procs && "
-              f"exec {ray_bin} start --block --address={cluster.address} --node-ip-address=127.0.0.1 "
-              "--num-cpus=1 --resources='{\"oom\": 1}' --disable-usage-stats")
-    env = {**os.environ, "RAY_memory_usage_threshold": "0.6", "RAY_memory_monitor_refresh_ms": "100",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    node = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    system = ActorSystem(data_dir=tmp_path / "data", ray={"address": cluster.address})
-    try:
-        system.register(Hog, isolation="ray", resources={"num_cpus": 0, "oom": 1})
-        runtime = system._runtime.isolations["ray"].runtime()  # type: ignore[attr-defined]
-        runtime.connect(60)
-        assert wait_for(lambda: any(n["Alive"] and "oom" in n["Resources"] for n in ray.nodes()), 90)
-        loop = system.start_loop("s1")
-        [small] = loop.run_turn([ToolCall("c1", "hog", '{"mib": 64}')])
-        assert small.ok and small.content == "8", small
-        [big] = loop.run_turn([ToolCall("c2", "hog", '{"mib": 4096}')])
-        assert big.error_kind is ErrorKind.MEMORY, big
-        assert "ran out of memory: Ray's memory monitor killed its worker (OutOfMemoryError" in big.content, big
-    finally:
-        system.stop()
-        node.terminate()
-        try:
-            node.wait(30)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            node.wait(10)
-        for pid in (child / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        assert wait_for(lambda: (child / "cgroup.procs").read_text().strip() == "", 30)
-        child.rmdir()
