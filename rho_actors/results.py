@@ -181,6 +181,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "ray_runtime_env": (_K.UNAVAILABLE, "tool {tool!r} did not run: its Ray runtime_env could not be set up ({cause})"),
     "ray_cancelled_outside": (_K.CANCELLED, "tool {tool!r}: its Ray task was cancelled from outside ({cause})"),
     "ray_lost": (_K.CRASHED, "tool {tool!r} crashed: its Ray worker or node was lost ({cause})"),
+    "ray_node_lost": (
+        _K.CRASHED, "tool {tool!r} crashed: the Ray node it ran on, {node}, was lost ({cause}); later calls go to "
+        "the remaining nodes"
+    ),
     "ray_raised": (_K.RAISED, "tool {tool!r} failed in its Ray task ({cause})"),
     "ray_failed": (_K.CRASHED, "tool {tool!r}: Ray failed ({cause})"),
     # a tool of an MCP server (rho_actors.mcp.source), raised as a ToolFailure

@@ -144,10 +144,10 @@ class ActorSystem:
     bounds every tool's declared timeout (milliseconds; default 10 minutes): a tool
     declaring more is registered with it, and a warning says so (DESIGN §5 "Fair
     shares"). Raises ``ValueError`` naming a bad fair-share setting. ``ray``
-    says how ``isolation="ray"`` reaches Ray: ``{"address": ...}`` for a running cluster,
-    else a local Ray bound to loopback is started on the first ``ray`` call (also
-    ``namespace``, ``runtime_env``, ``num_cpus``, ``num_gpus``; one Ray connection per
-    process; see :class:`rho_actors.integrations.ray.tasks.RayRuntime`).
+    says how ``isolation="ray"`` and RayActor servers reach Ray (connecting in the background
+    from the start, within ``connect_timeout_s``): ``{"address": ...}`` for a cluster, else a
+    local Ray on loopback (``num_cpus``, ``resources``...), stopped with the system; see
+    :class:`rho_actors.integrations.ray.tasks.RayRuntime`.
     A tool that raises gives the host its traceback: in the result's host-only
     ``details["traceback"]`` and in an error-level log line (``log_tracebacks=False``
     turns the line off); the model gets one line naming the exception.
@@ -528,7 +528,8 @@ class ActorSystem:
         :meth:`whereis`). ``under="sources"`` puts the subtree under ``sources`` instead:
         for a source's own actors (an MCP server's connection), the system's side of the
         tree. The subtree starts in the caller's thread, so a server whose start is slow
-        holds up no other server. Raises ``ValueError`` when a running actor holds
+        holds up no other server; a ``RayActor`` without ``runtime=`` runs on the system's
+        Ray runtime, once connected. Raises ``ValueError`` when a running actor holds
         ``spec.name``, a running server has ``spec.id`` (OTP's ``already_started``), or for
         another ``under``; the child's start error (a ``RuntimeError`` for a
         ``BaseException``), and ``RuntimeError`` when the system is stopping."""
@@ -541,6 +542,9 @@ class ActorSystem:
             "max_restarts": self._intensity["max_restarts"] if max_restarts is None else max_restarts,
             "max_seconds": self._intensity["max_seconds"] if max_seconds is None else max_seconds,
         }
+        if getattr(spec.start, "wants_runtime", False):  # a RayActor without runtime=: the system's Ray runtime
+            ray_runtime = self._runtime.isolations["ray"].runtime()  # type: ignore[attr-defined]
+            spec = dataclasses.replace(spec, start=spec.start.bound_to(ray_runtime))  # type: ignore[attr-defined]
         child = spec if spec.restart == "permanent" else dataclasses.replace(spec, significant=True)
         server = ChildSpec(
             spec.id,

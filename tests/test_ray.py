@@ -29,12 +29,15 @@ from rho_actors.integrations.ray.tasks import (  # noqa: E402
 )
 from tests.conftest import WAIT_S, wait_for  # noqa: E402
 
+RAY_WAIT_S = 30.0
+"""The deadline of the tests' Ray calls: a new Ray worker takes seconds to start on a busy machine."""
+
 
 @pytest.fixture(scope="module")
 def runtime() -> Iterator[RayRuntime]:
     if ray.is_initialized():
         pytest.skip("Ray is already initialized in this process by something else")
-    rt = RayRuntime({"num_cpus": 2})
+    rt = RayRuntime({"num_cpus": 2, "connect_timeout_s": 120})
     rt.connect()
     try:
         yield rt
@@ -82,7 +85,7 @@ class Probe:
         raise AssertionError(do)
 
 
-def call(runtime: RayRuntime, args: dict[str, Any], timeout_s: float = WAIT_S, *,
+def call(runtime: RayRuntime, args: dict[str, Any], timeout_s: float = RAY_WAIT_S, *,
          cancel: CancelToken | None = None, resources: RayResources | None = None, call_id: str = "c1") -> Any:
     return run_on_ray(runtime, Probe, args, {"call_id": call_id, "session_id": "s"}, time.monotonic() + timeout_s,
                       cancel or CancelToken(), 10_000, resources or RayResources(num_cpus=0.5), name="probe")
@@ -165,7 +168,7 @@ def test_cancel_token_cancels_the_task(runtime: RayRuntime, tmp_path: Path) -> N
     thread.start()
     pid = read_pid(pid_file)
     [task] = runtime.tasks()  # the operator view: the task in flight
-    assert task["call_id"] == "c1" and task["tool"] == "probe" and 0 < task["ms_left"] <= WAIT_S * 1000
+    assert task["call_id"] == "c1" and task["tool"] == "probe" and 0 < task["ms_left"] <= RAY_WAIT_S * 1000
     assert runtime.stats()["ray_tasks_running"] == 1
     # resources that exist but are busy: the call waits in Ray's queue until its deadline, no longer
     queued = call(runtime, {}, timeout_s=0.5, resources=every_cpu, call_id="c2")
@@ -190,7 +193,7 @@ def test_instance_state_travels_and_bad_arguments_are_named(runtime: RayRuntime)
     greeter = Greeter()
 
     def greet(args: dict[str, Any]) -> Any:
-        return run_on_ray(runtime, greeter, args, {"call_id": "g"}, time.monotonic() + WAIT_S, CancelToken(),
+        return run_on_ray(runtime, greeter, args, {"call_id": "g"}, time.monotonic() + RAY_WAIT_S, CancelToken(),
                           1_000, RayResources(num_cpus=0.5), name="greet")
 
     assert greet({"who": "ann"}).content == "hello ann"
@@ -200,8 +203,8 @@ def test_instance_state_travels_and_bad_arguments_are_named(runtime: RayRuntime)
         """Upper-case the text."""
         return text.upper()
 
-    shouted = run_on_ray(runtime, shout, {"text": "hi"}, {"call_id": "s"}, time.monotonic() + WAIT_S, CancelToken(),
-                         1_000, RayResources(num_cpus=0.5), name="shout")
+    shouted = run_on_ray(runtime, shout, {"text": "hi"}, {"call_id": "s"}, time.monotonic() + RAY_WAIT_S,
+                         CancelToken(), 1_000, RayResources(num_cpus=0.5), name="shout")
     assert shouted.ok and shouted.content == "HI", shouted
     greeter.greeting = "bye"
     assert greet({"who": "ann"}).content == "bye ann"
@@ -278,14 +281,14 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
             waiting.get(timeout=WAIT_S)
         with pytest.raises((RayServerDown, pykka.ActorDeadError)):
             queued.get(timeout=WAIT_S)
-        assert wait_for(lambda: names.whereis("counter") not in (None, first))
+        assert wait_for(lambda: names.whereis("counter") not in (None, first), RAY_WAIT_S)
         second = names.whereis("counter")
         assert second is not None and second.ask(RayCall("incr"), timeout=WAIT_S) == 11  # fresh state
         [info] = sup.proxy().which_children().get(timeout=WAIT_S)
         assert info.restarts == 1
         # an idle Ray actor that dies is found by the liveness ping
         os.kill(second.ask(RayCall("pid"), block=True), signal.SIGKILL)
-        assert wait_for(lambda: names.whereis("counter") not in (None, second))
+        assert wait_for(lambda: names.whereis("counter") not in (None, second), RAY_WAIT_S)
         third = names.whereis("counter")
         assert third is not None and third.ask(RayCall("incr"), timeout=WAIT_S) == 11
         # a call past its deadline: the Ray actor cannot cancel a method, so it is killed
@@ -297,7 +300,7 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
             behind.get(timeout=WAIT_S)  # not its own 30 s deadline
         assert wait_for(lambda: pid_gone(third_pid))
-        assert wait_for(lambda: names.whereis("counter") not in (None, third))
+        assert wait_for(lambda: names.whereis("counter") not in (None, third), RAY_WAIT_S)
         assert names.whereis("counter").ask(RayCall("incr"), timeout=WAIT_S) == 11  # type: ignore[union-attr]
     finally:
         sup.stop(timeout=WAIT_S)
@@ -311,13 +314,41 @@ def test_tools_reach_a_ray_server_by_name(runtime: RayRuntime, system: ActorSyst
         return int(ctx["whereis"]("counter").ask(RayCall("incr"), timeout=WAIT_S))
 
     system.register(count)
-    system.start_child(ChildSpec("counter", RayActor(Counter, 0, resources={"num_cpus": 0}, runtime=runtime),
-                                 name="counter"))
+    # no runtime=: the system's own Ray runtime (one per system, shared with its ray calls)
+    system.start_child(ChildSpec("counter", RayActor(Counter, 0, resources={"num_cpus": 0}), name="counter"))
     loop = system.start_loop()
     results = loop.run_turn([ToolCall("c1", "count", "{}"), ToolCall("c2", "count", "{}")])
     assert sorted(r.content for r in results) == ["1", "2"], results
+    workers = next(c for c in system.tree()["children"] if c["id"] == "workers")
+    [server] = workers["isolations"]["ray"]["actors"]
+    assert server["class"] == "Counter" and server["calls"] == 2 and server["node"].startswith("node ")
     system.stop()
-    assert wait_for(lambda: runtime.actors() == [])
+    assert runtime.actors() == []  # the test's own runtime never saw it
+
+
+def test_a_ray_actor_class_from_a_local_module_runs_on_ray(runtime: RayRuntime, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A class from a local file on the host's sys.path (not installed, so not on the Ray
+    workers' path) is shipped to Ray by value, as tools are."""
+    import importlib
+
+    from rho_actors.sandbox.shipping import local_modules
+
+    name = f"local_tally_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text(
+        "class Tally:\n    def __init__(self):\n        self.n = 0\n\n"
+        "    def add(self, k):\n        self.n += k\n        return self.n\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    assert local_modules(module.Tally) == [] and local_modules(module.Tally, installed_only=True) == [module]
+    assert local_modules(Counter, installed_only=True) != []  # this test file is not installed either
+    assert local_modules(RayCall, installed_only=True) == []  # rho_actors is on every worker
+    ref = RayActor(module.Tally, resources={"num_cpus": 0}, runtime=runtime)()
+    try:
+        assert ref.ask(RayCall("add", (2,)), timeout=WAIT_S) == 2
+        assert ref.ask(RayCall("add", (3,)), timeout=WAIT_S) == 5
+    finally:
+        ref.stop()
 
 
 class WorkerPid:

@@ -8,6 +8,14 @@ Ray resources are given at registration (``register(tool, isolation="ray",
 resources={...})``, checked by :meth:`RayIsolation.check_options`; default: 1 CPU) and
 travel with its registry entry. Untrusted tools are refused: Ray unpickles what its
 workers return, so code that takes over a worker could forge objects in the host.
+
+The system has one Ray runtime (:meth:`RayIsolation.runtime`), used by its ``ray``
+calls and by every ``RayActor`` it starts (``ActorSystem.start_child`` binds it). With
+``ActorSystem(ray={...})`` connecting begins in the background when the system starts;
+without it, at the first ``ray`` call or Ray server. Connecting is bounded and never on a
+call's path: a call made meanwhile waits for it within its own deadline and is
+``unavailable`` past it. At the system's stop the runtime leaves Ray as it found it
+(:meth:`rho_actors.integrations.ray.tasks.RayRuntime.shutdown`).
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ import threading
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from loguru import logger
 
 from rho_actors.isolation.base import Isolation, IsolationServices
 from rho_actors.isolation.call import CallSpec, RunCall
@@ -54,6 +64,7 @@ class RayIsolation(Isolation):
         super().__init__(services)
         self._lock = threading.Lock()
         self._runtime = runtime
+        self._held = False  # the runtime is the process's default one, held by this isolation
         self._open = False
 
     def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -67,12 +78,16 @@ class RayIsolation(Isolation):
         return MappingProxyType(dict(options))
 
     def runtime(self) -> RayRuntime:
-        """The Ray runtime of this isolation. Raises ``ImportError`` without the ``ray`` extra."""
+        """The Ray runtime of this isolation (the system's one: the process's
+        :func:`~rho_actors.integrations.ray.tasks.default_runtime`, held until
+        :meth:`shutdown`). Raises ``ImportError`` without the ``ray`` extra, and
+        ``ValueError`` when this process already uses Ray with other settings."""
         from rho_actors.integrations.ray.tasks import default_runtime
 
         with self._lock:
             if self._runtime is None:
-                self._runtime = default_runtime(self.services.ray)
+                self._runtime = default_runtime(self.services.ray, hold=True)
+                self._held = True
             return self._runtime
 
     def start(self, call: CallSpec) -> _Running:
@@ -100,14 +115,33 @@ class RayIsolation(Isolation):
                           context_values=plain_values(call.context))
 
     def open(self) -> None:
+        """Accept calls; with ``ActorSystem(ray={...})``, begin connecting to Ray in the
+        background (Ray is imported in that thread, not here)."""
         with self._lock:
             self._open = True
+        if self.services.ray is not None:
+            threading.Thread(target=self._warm, name="rho_actors-ray-warm", daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            self.runtime().start_connecting()
+        except Exception as exc:  # no ray extra, or other settings in use: said at the first call
+            logger.warning("the ray isolation cannot connect: {}", exc)
 
     def shutdown(self, timeout_s: float) -> None:
         """Refuse new calls (running ones are cancelled through their tokens by the
-        system). Ray itself is left running: it is shared by the process."""
+        system) and release the runtime: the last system to release the process's
+        runtime leaves Ray as it found it (a local Ray it started is stopped, with its
+        processes, within ``timeout_s``)."""
         with self._lock:
             self._open = False
+            runtime, held, self._held = self._runtime, self._held, False
+            if held:
+                self._runtime = None
+        if held and runtime is not None:
+            from rho_actors.integrations.ray.tasks import release_default
+
+            release_default(runtime, timeout_s)
 
     def describe(self) -> dict[str, Any]:
         """``tasks`` in flight (call, tool, task id, time running and left) and ``actors``

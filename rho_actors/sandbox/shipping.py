@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import os
 import sys
+import sysconfig
 import threading
 import types
 import weakref
@@ -25,7 +26,7 @@ from rho_actors.function_tool import FunctionTool
 from rho_actors.sandbox import context_values
 
 __all__ = [
-    "CALLBACKS", "ShippedTools", "Unshippable", "label", "register_by_value", "ship", "short_name",
+    "CALLBACKS", "ShippedTools", "Unshippable", "label", "local_modules", "register_by_value", "ship", "short_name",
 ]
 
 CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
@@ -115,6 +116,31 @@ def _candidate_modules(tool: Any) -> list[types.ModuleType]:
         if isinstance(module, types.ModuleType):
             modules.append(module)
     return modules
+
+
+def _installed(module: types.ModuleType) -> bool:
+    """Whether ``module`` comes from an installed location (the standard library or a
+    site-packages folder), so that another machine with the same packages has it."""
+    name = module.__name__
+    if name in sys.builtin_module_names or name == "rho_actors" or name.startswith("rho_actors."):
+        return True
+    origin = getattr(module, "__file__", None)
+    if not isinstance(origin, str):
+        return True  # built-in, frozen, or a namespace package found by name
+    roots = {os.path.realpath(p) for key, p in sysconfig.get_paths().items()
+             if key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    real = os.path.realpath(origin)
+    return any(real.startswith(root + os.sep) for root in roots)
+
+
+def local_modules(obj: Any, *, installed_only: bool = False) -> list[types.ModuleType]:
+    """The modules ``obj``'s code comes from that a fresh process could not import (a
+    file not on ``sys.path``): those a pickler must ship by value. With
+    ``installed_only``, also every module not installed (a local file on ``sys.path``):
+    for processes on other machines, as Ray's workers. ``__main__`` is left out
+    (cloudpickle ships it by value anyway)."""
+    return [m for m in _candidate_modules(obj) if m.__name__ not in ("__main__", "__mp_main__")
+            and (not _importable_elsewhere(m) or (installed_only and not _installed(m)))]
 
 
 def register_by_value(tool: Any) -> None:

@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.integrations.ray.tasks import RayResources, RayRuntime, default_runtime
 from rho_actors.otp.actor import Actor, kill, start_link
 from rho_actors.otp.timers import Timer
+from rho_actors.sandbox.shipping import local_modules
 
 __all__ = ["RayActor", "RayCall", "RayServer", "RayServerDown"]
 
@@ -56,6 +59,19 @@ class RayCall:
 @dataclass(frozen=True, slots=True)
 class _Liveness:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeLost:
+    why: str
+
+
+def _ship_by_value(cls: type) -> None:
+    """Have Ray pickle ``cls`` by value when its module is not installed (a local file:
+    Ray's workers, on other machines too, could not import it), as tools are shipped."""
+    for module in local_modules(cls, installed_only=True):
+        with contextlib.suppress(ValueError):  # already registered
+            ray.cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
 
 
 def _where(_instance: Any) -> tuple[str, int]:
@@ -113,12 +129,16 @@ class RayServer(Actor):
 
     def on_start(self) -> None:
         runtime = self.runtime
-        runtime.connect()
+        runtime.connect(self.start_timeout_ms / 1000)
         problem = runtime.infeasible(self.resources)
         if problem is not None:
             raise RuntimeError(f"Ray actor {self.cls.__name__} cannot start: {problem}")
-        remote_cls: Any = ray.remote(self.cls).options(max_restarts=0, max_task_retries=0,
-                                                       **self.resources.options())
+        _ship_by_value(self.cls)
+        options = self.resources.options()
+        avoid = runtime.nodes.avoid()  # not on a node found lost that Ray still lists as alive
+        if avoid:
+            options["label_selector"] = avoid
+        remote_cls: Any = ray.remote(self.cls).options(max_restarts=0, max_task_retries=0, **options)
         self.handle = remote_cls.remote(*self._args, **self._kwargs)
         try:
             self.node_id, self.pid = ray.get(self.handle.__ray_call__.remote(_where),
@@ -129,6 +149,8 @@ class RayServer(Actor):
         self.actor_id = self.handle._actor_id.hex()
         runtime.add_server(self.actor_urn, self)
         self._schedule_ping()
+        if runtime.nodes.is_lost(self.node_id):  # placed on a node found lost meanwhile
+            self.node_lost(f"its Ray {runtime.nodes.describe(self.node_id)} was lost")
 
     def on_stop(self) -> None:
         self.runtime.remove_server(self.actor_urn)
@@ -139,7 +161,13 @@ class RayServer(Actor):
     def describe(self) -> dict[str, Any]:
         """This server as plain data (see :meth:`rho_actors.integrations.ray.tasks.RayRuntime.actors`)."""
         return {"server": self.actor_urn, "class": self.cls.__qualname__, "actor_id": self.actor_id,
-                "node_id": self.node_id, "pid": self.pid, "calls": self.calls}
+                "node_id": self.node_id, "node": self.runtime.nodes.describe(self.node_id), "pid": self.pid,
+                "calls": self.calls}
+
+    def node_lost(self, why: str) -> None:
+        """The node watcher found this server's node lost (any thread): the server goes
+        down with ``why`` as soon as it has its turn."""
+        self.actor_ref.tell(_NodeLost(why))
 
     def _schedule_ping(self) -> None:
         try:
@@ -186,6 +214,9 @@ class RayServer(Actor):
             return self._call(message)
         if isinstance(message, _Liveness):
             self._check_liveness()
+            return None
+        if isinstance(message, _NodeLost):
+            self._down(message.why)
             return None
         logger.warning("RayServer {} ignored an unknown message {!r}", self.cls.__name__, message)
         return None
@@ -254,6 +285,22 @@ class RayActor:
         set_(self, "call_timeout_ms", call_timeout_ms)
         set_(self, "ping_ms", ping_ms)
         set_(self, "start_timeout_ms", start_timeout_ms)
+
+    @property
+    def wants_runtime(self) -> bool:
+        """Whether no ``runtime=`` was given: ``ActorSystem.start_child`` then binds the
+        system's own (see :meth:`bound_to`)."""
+        return self.runtime is None
+
+    def bound_to(self, runtime: RayRuntime) -> RayActor:
+        """This start with ``runtime`` as its :class:`RayRuntime`, once that is connected
+        (a local Ray can take tens of seconds to start: waited for here, in the caller's
+        thread, at most ``start_timeout_ms``). Raises
+        :class:`~rho_actors.integrations.ray.connection.RayUnreachable` naming why not."""
+        runtime.connect(self.start_timeout_ms / 1000)
+        bound = copy.copy(self)
+        object.__setattr__(bound, "runtime", runtime)
+        return bound
 
     def __call__(self) -> pykka.ActorRef[Any]:
         runtime = self.runtime if self.runtime is not None else default_runtime()
