@@ -31,6 +31,7 @@ from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolFailure, T
 
 __all__ = [
     "CANCELLED",
+    "DISCARDED",
     "KILLED",
     "RAY_CANCELLED",
     "SENT_CANCEL",
@@ -52,6 +53,8 @@ CANCELLED: Final = "it was cancelled"
 """The ``consequence`` of a ``timeout`` in a thread (or a coroutine)."""
 SENT_CANCEL: Final = "its MCP server was sent notifications/cancelled"
 """The ``consequence`` of a ``timeout`` of an MCP server's tool (:mod:`rho_actors.mcp`)."""
+DISCARDED: Final = "what it returned after its deadline was discarded"
+"""The ``consequence`` of a ``timeout`` whose tool returned only after its deadline."""
 RAY_CANCELLED: Final = "its Ray task was force-cancelled (a running task's worker is killed)"
 """The ``consequence`` of a ``timeout`` (or the end of a ``cancelled`` reason) of a Ray task."""
 
