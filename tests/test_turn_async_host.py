@@ -109,7 +109,7 @@ async def one_at_a_time(ctx: Mapping[str, Any]) -> str:
     ORDER.append(f"start {ctx['call_id']}")
     await asyncio.sleep(0.01)
     ORDER.append(f"end {ctx['call_id']}")
-    return ctx["call_id"]
+    return str(ctx["call_id"])
 
 
 @tool(concurrency="exclusive")
@@ -118,7 +118,7 @@ def one_at_a_time_sync(ctx: Mapping[str, Any]) -> str:
     ORDER.append(f"start {ctx['call_id']}")
     time.sleep(0.01)
     ORDER.append(f"end {ctx['call_id']}")
-    return ctx["call_id"]
+    return str(ctx["call_id"])
 
 
 @pytest.fixture
