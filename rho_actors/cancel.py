@@ -23,10 +23,11 @@ class CancelToken:
                 ...
     """
 
-    __slots__ = ("_callbacks", "_event", "_finished", "_lock", "reason")
+    __slots__ = ("_callbacks", "_event", "_finished", "_lock", "_set", "reason")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._set = False
+        self._event: threading.Event | None = None  # made by the first wait: most tokens are never waited on
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
         self._finished = False
@@ -35,23 +36,32 @@ class CancelToken:
     @property
     def cancelled(self) -> bool:
         """Whether the call was cancelled (its deadline passed, or its loop stopped)."""
-        return self._event.is_set()
+        return self._set
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until cancelled or ``timeout_s`` seconds pass; returns :attr:`cancelled`."""
-        return self._event.wait(timeout_s)
+        with self._lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout_s)
 
     def cancel(self, reason: str = "cancelled") -> bool:
         """Set the signal (the first reason wins: ``"timeout"``, ``"stopping"``...) and
         run the callbacks in this thread. Returns whether the call was still running,
         i.e. whether its thread is now abandoned."""
         with self._lock:
-            if self._event.is_set():
+            if self._set:
                 return False
             self.reason = reason
-            self._event.set()
+            self._set = True
+            event = self._event
             callbacks, self._callbacks = self._callbacks, []
             running = not self._finished
+        if event is not None:
+            event.set()
         for callback in callbacks:
             try:
                 callback()
@@ -63,12 +73,12 @@ class CancelToken:
         """Mark the call's thread as returned. Returns whether it had been abandoned."""
         with self._lock:
             self._finished = True
-            return self._event.is_set()
+            return self._set
 
     def add_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` on cancellation (at once if already cancelled)."""
         with self._lock:
-            if not self._event.is_set():
+            if not self._set:
                 self._callbacks.append(callback)
                 return
         callback()
