@@ -1,4 +1,4 @@
-"""rho_actors against what users would pick instead, side by side in one run (issue #12).
+"""rho_actors against what users would pick instead, side by side in one run (issues #12, #26).
 
 Every variant runs in this one process, interleaved round by round so a noisy neighbour
 slows all of them alike; each part warms up first and reports the median (p50) and p99
@@ -22,6 +22,12 @@ printed as PASS/FAIL and the exit code is 0 unless a measurement could not be ma
    ``exclusive`` tools, withheld names per turn) and through a LangGraph ``ToolNode``
    (tools built once, the session's backends passed in ``config``, one ``invoke`` per
    turn with ``max_concurrency=1`` so calls keep their order), next to direct calls.
+5. **Throughput under concurrency.** 200 sessions x 25 turns x 8 no-op calls from 8
+   host threads (each thread runs its share of sessions one after another: start,
+   25 turns, stop): calls per second through rho_actors (a loop per session) and
+   through a LangGraph ``ToolNode.invoke`` (8 calls per invoke), one after the other.
+
+Every goal of #12 and #26 is printed with its ratio, the load average beside it.
 
 Peers come from the optional extra: ``pip install -e '.[peers]'``; without them the
 script prints ``skipped: <reason>`` and exits 0.
@@ -81,12 +87,16 @@ class Plan:
     parallel_turns: int
     bfcl_limit: int | None
     bfcl_runs: int
+    throughput_sessions: int = 200
+    throughput_turns: int = 25
 
 
 FULL = Plan(warmup=100, rounds=12, calls_per_round=100, run_calls_per_round=25, parallel_warmup=1, parallel_turns=8,
             bfcl_limit=None, bfcl_runs=3)
 QUICK = Plan(warmup=5, rounds=2, calls_per_round=10, run_calls_per_round=3, parallel_warmup=0, parallel_turns=1,
-             bfcl_limit=3, bfcl_runs=1)
+             bfcl_limit=3, bfcl_runs=1, throughput_sessions=8, throughput_turns=3)
+THROUGHPUT_THREADS = 8
+THROUGHPUT_CALLS = 8  # per turn
 
 
 def bfcl_module() -> ModuleType:
@@ -148,6 +158,17 @@ def hung_work(path: str) -> str:
 def rho_noop() -> str:
     """Do nothing."""
     return noop_work()
+
+
+@tool(name="anoop")
+async def rho_anoop() -> str:
+    """Do nothing (async)."""
+    return noop_work()
+
+
+async def anoop_work() -> str:
+    """Do nothing (async)."""
+    return "ok"
 
 
 @tool(name="noop_p")
@@ -243,6 +264,7 @@ class Peers:
         self.node_config: Any = node_config()  # a RunnableConfig (a TypedDict) when LangGraph is typed
 
         self.oa_noop = function_tool(noop_work, name_override="noop")
+        self.oa_anoop = function_tool(anoop_work, name_override="anoop")
         self.oa_sleep = function_tool(sleep_work, name_override="sleep")
 
         async def oa_hung_async(path: str) -> str:
@@ -395,10 +417,17 @@ def per_call_variants(loop: Loop, peers: Peers, echo: pykka.ActorRef[Any]) -> di
     async def rho_async() -> None:
         check_rho(await loop.arun_turn([ToolCall("c1", "noop", "{}")]), "noop")
 
+    async def rho_async_tool() -> None:
+        check_rho(await loop.arun_turn([ToolCall("c1", "anoop", "{}")]), "anoop")
+
+    async def oa_invoke_async() -> None:
+        await peers.oa_anoop.on_invoke_tool(oa_ctx, "{}")
+
     return {
         "rho run_turn @tool (thread)": ("sync", rho("noop")),
         "rho run_turn static (thread)": ("sync", rho("snoop")),
         "rho arun_turn @tool (thread)": ("async", rho_async),
+        "rho arun_turn async @tool (thread)": ("async", rho_async_tool),
         "rho run_turn @tool (process)": ("sync", rho("noop_p")),
         "rho run_turn static (process)": ("sync", rho("snoop_p")),
         "pykka ask (running actor)": ("sync", lambda: echo.ask("ping")),
@@ -406,6 +435,7 @@ def per_call_variants(loop: Loop, peers: Peers, echo: pykka.ActorRef[Any]) -> di
         "LangGraph ToolNode.invoke": ("sync", lambda: peers.tool_node.invoke(node_input, peers.node_config)),
         "LangGraph ToolNode.ainvoke": ("async", lambda: peers.tool_node.ainvoke(node_input, peers.node_config)),
         "OpenAI Agents on_invoke_tool": ("async", oa_invoke),
+        "OpenAI Agents on_invoke_tool (async tool)": ("async", oa_invoke_async),
         "OpenAI Agents Runner.run, 1 tool call": (
             "run", lambda: Runner.run(peers.oa_agent_tool, "go", run_config=peers.run_config)),
         "OpenAI Agents Runner.run, no tool call": (
@@ -727,30 +757,102 @@ def bench_bfcl(plan: Plan, data_dir: Path) -> dict[str, Any]:
     }
 
 
+# --- part 5: throughput under concurrency ----------------------------------------------------------
+
+
+def run_threads(work: Callable[[int], None], threads: int) -> float:
+    """Wall time (s) of ``work(i)`` for i in 0..threads-1, each on its own thread;
+    raises what a thread raised."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    t0 = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise BenchmarkError(f"a throughput thread failed: {errors[0]!r}")
+    return wall
+
+
+def bench_throughput(system: ActorSystem, peers: Peers, plan: Plan) -> dict[str, Any]:
+    """Calls per second of ``throughput_sessions`` sessions x ``throughput_turns``
+    turns x 8 no-op calls from 8 threads, through rho_actors and LangGraph."""
+    sessions, turns = plan.throughput_sessions, plan.throughput_turns
+    calls = [ToolCall(f"c{i}", "noop", "{}") for i in range(THROUGHPUT_CALLS)]
+    node_input = peers.ai_message([("noop", {})] * THROUGHPUT_CALLS)
+
+    def rho(thread: int) -> None:
+        for s in range(thread, sessions, THROUGHPUT_THREADS):
+            loop = system.start_loop(f"tp-{s}")
+            try:
+                for _ in range(turns):
+                    check_rho(loop.run_turn(calls), "noop")
+            finally:
+                loop.stop()
+
+    def langgraph(thread: int) -> None:
+        for _ in range(thread, sessions, THROUGHPUT_THREADS):
+            for _ in range(turns):
+                got = peers.tool_node.invoke(node_input, peers.node_config)["messages"]
+                if len(got) != THROUGHPUT_CALLS or any(m.content != "ok" for m in got):
+                    raise BenchmarkError(f"LangGraph ToolNode answered {got!r}")
+
+    total = sessions * turns * THROUGHPUT_CALLS
+    gc.collect()
+    rho_s = run_threads(rho, THROUGHPUT_THREADS)
+    gc.collect()
+    lg_s = run_threads(langgraph, THROUGHPUT_THREADS)
+    return {
+        "sessions": sessions, "turns": turns, "calls_per_turn": THROUGHPUT_CALLS, "threads": THROUGHPUT_THREADS,
+        "calls": total,
+        "rho": {"wall_s": round(rho_s, 3), "calls_per_s": round(total / rho_s, 1)},
+        "langgraph": {"wall_s": round(lg_s, 3), "calls_per_s": round(total / lg_s, 1)},
+    }
+
+
 # --- targets and report --------------------------------------------------------------------------
 
 
 def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every goal of #12 and #26: ``ratio`` against ``limit``, ``at_most`` (a ratio
+    that must stay below its limit) or not (one that must reach it)."""
     p = report["per_call"]
 
     def p50(label: str) -> float:
         return float(p[label]["p50"])
 
     rho = p50("rho run_turn @tool (thread)")
-    rows = [
-        ("no-op run_turn / OpenAI Agents on_invoke_tool", rho / p50("OpenAI Agents on_invoke_tool"), 1.0),
-        ("no-op run_turn / LangGraph ToolNode.ainvoke", rho / p50("LangGraph ToolNode.ainvoke"), 0.5),
-        ("no-op run_turn / pykka start+ask+stop", rho / p50("pykka start + ask + stop"), 0.75),
+    oa = p50("OpenAI Agents on_invoke_tool")
+    rows: list[tuple[str, float, float, bool]] = [
+        ("no-op run_turn / OpenAI Agents on_invoke_tool", rho / oa, 1.0, True),
+        ("no-op run_turn / pykka start+ask+stop", rho / p50("pykka start + ask + stop"), 0.6, True),
+        ("no-op run_turn / LangGraph ToolNode.ainvoke", rho / p50("LangGraph ToolNode.ainvoke"), 0.35, True),
+        ("async host: arun_turn sync tool / on_invoke_tool", p50("rho arun_turn @tool (thread)") / oa, 1.0, True),
+        ("async host: arun_turn async tool / on_invoke_tool",
+         p50("rho arun_turn async @tool (thread)") / p50("OpenAI Agents on_invoke_tool (async tool)"), 1.0, True),
         ("process isolation @tool / static", p50("rho run_turn @tool (process)") / p50("rho run_turn static (process)"),
-         1.15),
+         1.15, True),
     ]
     b = report["bfcl"]
     if not b.get("skipped"):
         rows.append(("BFCL whole sessions rho / LangGraph ToolNode",
-                     b["wall_s"]["rho"]["p50"] / b["wall_s"]["langgraph"]["p50"], 0.5))
+                     b["wall_s"]["rho"]["p50"] / b["wall_s"]["langgraph"]["p50"], 0.25, True))
+    t = report["throughput"]
+    rows.append((f"{t['sessions']}x{t['turns']}x{t['calls_per_turn']} calls/s from {t['threads']} threads: "
+                 "rho / LangGraph", t["rho"]["calls_per_s"] / t["langgraph"]["calls_per_s"], 2.0, False))
     rows.append(("16 x 100 ms untrusted (process) / ideal",
-                 report["parallel"]["rho run_turn untrusted (process, default pool)"]["ratio_to_ideal"], 1.2))
-    return [{"target": name, "ratio": round(r, 3), "limit": lim, "pass": r <= lim} for name, r, lim in rows]
+                 report["parallel"]["rho run_turn untrusted (process, default pool)"]["ratio_to_ideal"], 1.2, True))
+    return [{"target": name, "ratio": round(r, 3), "limit": lim, "at_most": at_most,
+             "pass": r <= lim if at_most else r >= lim} for name, r, lim, at_most in rows]
 
 
 def print_text(report: Mapping[str, Any]) -> None:
@@ -785,9 +887,16 @@ def print_text(report: Mapping[str, Any]) -> None:
         for k in ("rho", "langgraph", "direct"):
             print(f"   {k:<10} p50 {w[k]['p50']:.4f}  min {w[k]['min']:.4f}  ratio to rho "
                   f"{w[k]['p50'] / w['rho']['p50']:.2f}")
-    print("\n#12 targets")
+    t = report["throughput"]
+    print(f"\n5. throughput: {t['sessions']} sessions x {t['turns']} turns x {t['calls_per_turn']} no-op calls "
+          f"from {t['threads']} threads ({t['calls']} calls)")
+    for k in ("rho", "langgraph"):
+        print(f"   {k:<10} {t[k]['wall_s']:>8.3f} s  {t[k]['calls_per_s']:>10.1f} calls/s")
+    print(f"\n#12 and #26 goals (load average {env['load_avg_1m']} at the start, "
+          f"{report['environment'].get('load_avg_end')} at the end)")
     for t in report["targets"]:
-        print(f"   {t['target']:<50} {t['ratio']:>6.2f}x  <= {t['limit']:g}x  {verdict(t['pass'])}")
+        sign = "<=" if t["at_most"] else ">="
+        print(f"   {t['target']:<58} {t['ratio']:>6.2f}x  {sign} {t['limit']:g}x  {verdict(t['pass'])}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -809,7 +918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         peers = Peers()
         with tempfile.TemporaryDirectory(prefix="rho-peers-") as tmp, ActorSystem(data_dir=tmp) as system:
-            for t in (rho_noop, StaticNoop, rho_sleep, rho_hung):
+            for t in (rho_noop, rho_anoop, StaticNoop, rho_sleep, rho_hung):
                 system.register(t)
             for t in (rho_noop_p, StaticNoopP, rho_hung_p):
                 system.register(t, isolation="process")
@@ -821,6 +930,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report["hung"] = bench_hung(loop, peers, aio, Path(tmp))
             finally:
                 loop.stop()
+            report["throughput"] = bench_throughput(system, peers, plan)
         with tempfile.TemporaryDirectory(prefix="rho-peers-bfcl-") as tmp:
             report["bfcl"] = bench_bfcl(plan, Path(tmp))
         report["targets"] = targets(report)
@@ -830,6 +940,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         aio.close()
     report["environment"]["threads_at_end"] = threading.active_count()
+    report["environment"]["load_avg_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     report["environment"]["pid"] = os.getpid()
     return publish(report, started, args.json, print_text)
 

@@ -1,7 +1,7 @@
 """Where one no-op ``run_turn`` spends its time, hop by hop.
 
 A measuring aid for issue #12, not a benchmark with targets. It wraps (never edits)
-methods of ``LoopActor`` and ``CallActor`` in this process only, to stamp each step of
+methods of the loop's ``Turns`` and of ``CallActor`` in this process only, to stamp each step of
 one call with ``time.perf_counter_ns``.
 
 Usage::
@@ -20,15 +20,15 @@ from typing import Any
 
 from rho_actors import ActorSystem, ToolCall, tool
 from rho_actors.isolation import call as call_module
-from rho_actors.loop import actor as loop_module
+from rho_actors.loop import turns as turns_module
 
 _stamps: dict[str, int] = {}
 
 
 def stamp(name: str, method: Callable[..., Any], after: str | None = None) -> Callable[..., Any]:
-    def wrapped(*args: Any) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
         _stamps[name] = time.perf_counter_ns()
-        out = method(*args)
+        out = method(*args, **kwargs)
         if after is not None:
             _stamps[after] = time.perf_counter_ns()
         return out
@@ -37,8 +37,8 @@ def stamp(name: str, method: Callable[..., Any], after: str | None = None) -> Ca
 
 
 def instrument() -> None:
-    loop_cls, call_cls = loop_module.LoopActor, call_module.CallActor
-    loop_cls._run_turn = stamp("loop_got_turn", loop_cls._run_turn)  # type: ignore[method-assign]
+    loop_cls, call_cls = turns_module.Turns, call_module.CallActor
+    loop_cls.submit = stamp("loop_got_turn", loop_cls.submit)  # type: ignore[method-assign]
     loop_cls._dispatch = stamp("dispatch_start", loop_cls._dispatch, "dispatch_told")  # type: ignore[method-assign]
     call_cls._run = stamp("call_got_spec", call_cls._run, "call_stopped")  # type: ignore[method-assign]
     call_cls.on_exit = stamp("call_ended", call_cls.on_exit)  # type: ignore[method-assign]
@@ -46,15 +46,15 @@ def instrument() -> None:
 
 
 STEPS = (
-    ("host submit -> loop has the turn (hop 1)", "t0", "loop_got_turn"),
-    ("loop: decode + look up + validate", "loop_got_turn", "dispatch_start"),
-    ("loop: dispatch (ctx, CancelToken, timer, take, tell)", "dispatch_start", "dispatch_told"),
-    ("loop told -> CallActor has the spec (hop 2)", "dispatch_told", "call_got_spec"),
+    ("host: checks, future, find the loop's turns", "t0", "loop_got_turn"),
+    ("host: decode + look up + validate", "loop_got_turn", "dispatch_start"),
+    ("host: dispatch (ctx, CancelToken, timer, CallActor, tell)", "dispatch_start", "dispatch_told"),
+    ("host told -> CallActor has the spec (hop 1)", "dispatch_told", "call_got_spec"),
     ("call: run the tool, build the result, stop()", "call_got_spec", "call_stopped"),
     ("call: pykka teardown, monitors, to on_exit", "call_stopped", "call_ended"),
     ("call: reply settles the turn (timer, event, lock)", "call_ended", "settled"),
     ("call: set the turn's future", "settled", "loop_done"),
-    ("future set -> host returns (hop 3; < 0: the host woke first)", "loop_done", "t1"),
+    ("future set -> host returns (hop 2; < 0: the host woke first)", "loop_done", "t1"),
     ("run_turn, whole", "t0", "t1"),
 )
 
@@ -82,7 +82,7 @@ def main() -> None:
             _stamps["t1"] = time.perf_counter_ns()
             if not result.ok:
                 raise SystemExit(f"the no-op call failed: {result.content}")
-            waited = time.monotonic() + 1.0  # the loop thread stamps its last step after the host wakes
+            waited = time.monotonic() + 1.0  # the call's thread stamps its last step after the host wakes
             while "loop_done" not in _stamps and time.monotonic() < waited:
                 time.sleep(0)
             if i >= 300:

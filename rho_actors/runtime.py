@@ -7,9 +7,10 @@ own constructor argument.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import tenacity
 
@@ -96,7 +97,9 @@ class Runtime:
     (how untrusted declarations are read), ``telemetry`` (OpenTelemetry spans and
     metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
     untrusted code are confined; ``None``: not at all, only a scrubbed environment) and
-    ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.loop.budgets`)."""
+    ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.loop.budgets`);
+    ``loop_turns``, each running LoopActor's :class:`~rho_actors.loop.turns.Turns` by the
+    actor's urn (weakly held: a host's :class:`~rho_actors.Loop` finds them there)."""
 
     names: Names
     timers: Timers
@@ -110,6 +113,7 @@ class Runtime:
     telemetry: Telemetry
     confine: ConfinePolicy | None = None
     budgets: ResultBudgets = field(default_factory=ResultBudgets)
+    loop_turns: MutableMapping[str, Any] = field(default_factory=weakref.WeakValueDictionary)
 
 
 def fair_shares(cap: int, per_session: int | None, threads_per_session: int, max_timeout_ms: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import marshal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -157,7 +157,7 @@ class ToolSetView:
         self.current = ToolSet()
 
 
-def schemas_blob(entries: list[ToolEntry]) -> bytes | None:
+def schemas_blob(entries: Sequence[ToolEntry]) -> bytes | None:
     """The schemas of ``entries`` marshalled as one list, for :func:`copied_infos`
     (``None`` when one is not plain JSON data: a dict or list subclass)."""
     try:
@@ -166,7 +166,7 @@ def schemas_blob(entries: list[ToolEntry]) -> bytes | None:
         return None
 
 
-def copied_infos(entries: list[ToolEntry], blob: bytes | None) -> list[ToolInfo]:
+def copied_infos(entries: Sequence[ToolEntry], blob: bytes | None) -> list[ToolInfo]:
     """:meth:`ToolEntry.offered_info` of each entry, the schemas copied in one
     ``marshal.loads`` of ``blob`` (from :func:`schemas_blob` of the same entries)."""
     if blob is None:

@@ -67,13 +67,17 @@ class SessionLoops:
 
     def offered(self, session_id: str | None = None) -> list[ToolInfo]:
         """The declarations offered now: the fixed loop's, the session's when it has
-        one, else every checked registered tool's."""
+        one, else every checked registered tool's. Read in the calling thread, no
+        actor asked; the values are the registry's own (immutable, shared: a caller
+        must copy a schema before changing it)."""
         if self._loop is not None:
-            return self._loop.offered()
+            return [entry.info for entry in self._loop.offered_entries()]
         assert self._system is not None
         with self._lock:
             loop = self._loops.get(session_id) if session_id else None
-        return loop.offered() if loop is not None and loop.alive else self._system.tools()
+        if loop is not None and loop.alive:
+            return [entry.info for entry in loop.offered_entries()]
+        return [entry.info for entry in self._system.tool_set().entries.values()]
 
     def close(self) -> None:
         """Stop the loops this started (a fixed loop is the caller's and stays)."""

@@ -1,8 +1,10 @@
 """:class:`Loop`: the host's handle to one session's LoopActor (DESIGN §4).
 
 The LoopActor itself is :class:`rho_actors.loop.actor.LoopActor`; the handle finds it
-by name (so it follows restarts) and talks to it with the messages of
-:mod:`rho_actors.loop.messages`.
+by name (so it follows restarts). A turn is prepared and started in the caller's thread
+through the LoopActor's :class:`~rho_actors.loop.turns.Turns` (no message, no thread
+woken on the way in); the offer and the running calls are read there too. Withheld
+changes and stops are messages of :mod:`rho_actors.loop.messages`.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import pykka
 
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
-from rho_actors.loop.messages import Offered, Running, RunTurn, SetWithheld, loop_name, make_session_folder
+from rho_actors.declarations.toolset import ToolEntry
+from rho_actors.loop.messages import SetWithheld, loop_name, make_session_folder
 from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.agent.driver import PromptEvent, PromptResult
     from rho_actors.agent.model import Model
+    from rho_actors.loop.turns import Turns
     from rho_actors.runtime import Runtime
 
 __all__ = ["Loop", "withheld_names"]
@@ -88,6 +92,8 @@ class Loop:
         self._whereis = runtime.names.whereis
         self._tools = runtime.tools
         self._settings = runtime.limits
+        self._loop_turns = runtime.loop_turns
+        self._current: tuple[pykka.ActorRef[Any], Turns] | None = None  # the running LoopActor's
         self.instructions: str | None = None
         """The system prompt of this session's prompts that give none (not recorded)."""
         self.telemetry = runtime.telemetry
@@ -111,6 +117,18 @@ class Loop:
         why when it is not running: stopped, restarting, or given up by its supervisor."""
         return self._names.lookup(loop_name(self.session_id), f"the loop of session {self.session_id!r}")
 
+    def _turns(self) -> Turns:
+        """The running LoopActor's turns; raises as :attr:`ref`."""
+        ref = self.ref
+        current = self._current
+        if current is not None and current[0] is ref:
+            return current[1]
+        turns: Turns | None = self._loop_turns.get(ref.actor_urn)
+        if turns is None:  # it ended an instant ago
+            raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running: it has just ended")
+        self._current = (ref, turns)
+        return turns
+
     def submit_turn(
         self, calls: Iterable[ToolCall], *, cancel: CancelToken | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None,
@@ -129,17 +147,24 @@ class Loop:
         stopped. ``on_result(index, result)`` is called with each started call's result
         as soon as it has one (from the thread that settled it: keep it quick; what it
         raises is logged), before the future completes: a host can record each result
-        while the turn's other calls still run."""
+        while the turn's other calls still run.
+
+        The turn is prepared in the calling thread (arguments decoded, tools looked up
+        among those offered now, arguments validated: a bounded step, at most 1 s per
+        call) and its calls are started from it; the future may be complete on return
+        (every call refused)."""
         return self._submit(_checked_calls(calls), _checked_cancel(cancel), on_result)
 
     def _submit(
         self, batch: tuple[ToolCall, ...], cancel: CancelToken | None = None,
-        on_result: Callable[[int, ToolResult], None] | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
     ) -> concurrent.futures.Future[list[ToolResult]]:
+        turns = self._turns()
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
         trace_context = current_context() if self.telemetry.enabled else None  # the calls' parent span
-        self.ref.tell(RunTurn(batch, future, trace_context, cancel, contextvars.copy_context(), on_result))
+        turns.submit(batch, future, trace_context=trace_context, cancel=cancel, context=contextvars.copy_context(),
+                     on_result=on_result, aio=aio)
         return future
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
@@ -169,25 +194,41 @@ class Loop:
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
     ) -> list[ToolResult]:
         """:meth:`run_turn` for asyncio hosts: awaits the results without ever blocking
-        the event loop (the future is completed from the loop's thread). Cancelling the
-        awaiting task cancels the turn (as ``cancel`` does) and waits (at most the
-        system's ``ask_timeout_s``) for its ``cancelled`` results before re-raising
-        ``CancelledError``."""
+        the event loop. A call of a trusted ``async`` tool in ``thread`` isolation runs
+        as a task on this event loop, with its deadline (DESIGN §4: no thread is
+        crossed; a tool that blocks the event loop blocks it as the host's own code
+        would); every other call runs in its isolation and its result comes back with
+        one hop. Cancelling the awaiting task cancels the turn (as ``cancel`` does) and
+        waits (at most the system's ``ask_timeout_s``) for its ``cancelled`` results
+        before re-raising ``CancelledError``."""
         batch = _checked_calls(calls)
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
         token = _checked_cancel(cancel) or CancelToken()
-        future = self._submit(batch, token)
+        aio = asyncio.get_running_loop()
+        future = self._submit(batch, token, aio=aio)
+        waiter = _awaitable(future, aio)
+        expiry = aio.call_later(bound, _expire, waiter, bound)
         try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), bound)
+            return await waiter
         except asyncio.CancelledError:
             token.cancel("cancelled")
-            await asyncio.to_thread(concurrent.futures.wait, [future], self._settings.ask_timeout_s)
+            if not future.done():
+                await asyncio.to_thread(concurrent.futures.wait, [future], self._settings.ask_timeout_s)
             raise
+        finally:
+            expiry.cancel()
 
     def offered(self) -> list[ToolInfo]:
-        """The checked declarations this loop offers now, in registration order."""
-        result: list[ToolInfo] = self.ref.ask(Offered(), block=True, timeout=self._settings.ask_timeout_s)
-        return result
+        """The checked declarations this loop offers now, in registration order (each
+        its own copy; read in the calling thread)."""
+        return self._turns().offered()
+
+    def offered_entries(self) -> tuple[ToolEntry, ...]:
+        """The registry entries this loop offers now, in registration order: shared,
+        immutable values (their ``info`` must not be changed), read in the calling
+        thread without a copy; for adapters that build a framework's tools from the
+        offer at every step."""
+        return self._turns().offered_entries()
 
     def declarations(self, dialect: Dialect = "neutral") -> list[dict[str, Any]]:
         """:meth:`offered` in a provider's format (see :mod:`rho_actors.declarations.formats`)."""
@@ -239,8 +280,7 @@ class Loop:
 
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""
-        result: list[dict[str, Any]] = self.ref.ask(Running(), block=True, timeout=self._settings.ask_timeout_s)
-        return result
+        return self._turns().running()
 
     @property
     def alive(self) -> bool:
@@ -254,3 +294,43 @@ class Loop:
         and a :class:`rho_actors.RestartIntensityExceeded` naming the crashes once its
         session supervisor gave up on it (it is not restarted again)."""
         return self._names.exit_reason(loop_name(self.session_id))
+
+
+def _awaitable(
+    future: concurrent.futures.Future[list[ToolResult]], aio: asyncio.AbstractEventLoop
+) -> asyncio.Future[list[ToolResult]]:
+    """An asyncio future on ``aio`` completed with ``future``'s results: at once when
+    ``future`` completes on ``aio``'s own thread (a turn whose calls ran on it), else
+    through ``call_soon_threadsafe`` (one hop)."""
+    waiter: asyncio.Future[list[ToolResult]] = aio.create_future()
+
+    def done(completed: concurrent.futures.Future[list[ToolResult]]) -> None:
+        try:
+            on_aio = asyncio.get_running_loop() is aio
+        except RuntimeError:
+            on_aio = False
+        if on_aio:
+            _copy(completed, waiter)
+            return
+        try:
+            aio.call_soon_threadsafe(_copy, completed, waiter)
+        except RuntimeError:  # the event loop has closed: nobody awaits the turn any more
+            pass
+
+    future.add_done_callback(done)
+    return waiter
+
+
+def _copy(completed: concurrent.futures.Future[list[ToolResult]], waiter: asyncio.Future[list[ToolResult]]) -> None:
+    if waiter.done():  # timed out, or its task was cancelled
+        return
+    error = completed.exception()
+    if error is not None:
+        waiter.set_exception(error)
+    else:
+        waiter.set_result(completed.result())
+
+
+def _expire(waiter: asyncio.Future[list[ToolResult]], bound_s: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError(f"the turn did not finish within {bound_s} s"))

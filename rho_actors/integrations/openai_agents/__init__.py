@@ -18,6 +18,7 @@ rho's text (never the SDK's generic "An error occurred").
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -41,7 +42,7 @@ def _function_tool(loop: Loop, info: ToolInfo) -> FunctionTool:
         return result.content
 
     return FunctionTool(
-        name=name, description=info.description, params_json_schema=info.parameter_schema,
+        name=name, description=info.description, params_json_schema=copy.deepcopy(info.parameter_schema),
         on_invoke_tool=on_invoke_tool, strict_json_schema=False,
     )
 
@@ -50,9 +51,8 @@ class LoopFunctionTools(list[Tool]):
     """A ``list`` of ``agents.FunctionTool`` that follows ``loop``: each time it is
     iterated (the SDK reads ``Agent.tools`` once per turn) it first becomes the loop's
     offered tools now, so withheld and unregistered tools drop out and new ones join.
-    A tool whose declaration is unchanged keeps its ``FunctionTool`` object. Reading
-    the offer is one ask of the loop's actor (microseconds, made in the reading
-    thread)."""
+    A tool whose declaration is unchanged keeps its ``FunctionTool`` object. The offer
+    is read in the iterating thread from the loop's snapshot (no actor is asked)."""
 
     def __init__(self, loop: Loop) -> None:
         if not isinstance(loop, Loop):
@@ -63,13 +63,13 @@ class LoopFunctionTools(list[Tool]):
         super().__init__(self._current())
 
     def _current(self) -> list[Tool]:
-        offered = self._loop.offered()
+        offered = [entry.info for entry in self._loop.offered_entries()]
         with self._lock:
             made: dict[str, tuple[ToolInfo, FunctionTool]] = {}
             for info in offered:
                 known = self._made.get(info.name)
-                made[info.name] = known if known is not None and known[0] == info else (
-                    info, _function_tool(self._loop, info))
+                kept = known is not None and (known[0] is info or known[0] == info)
+                made[info.name] = known if kept and known is not None else (info, _function_tool(self._loop, info))
             self._made = made
             return [tool for _, tool in made.values()]
 

@@ -19,6 +19,8 @@ and the run goes on. ``exclusive`` tools are ``sequential`` for pydantic-ai. Giv
 
 from __future__ import annotations
 
+import copy
+import threading
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai import ModelRetry, RunContext, ToolDefinition
@@ -27,7 +29,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
 from rho_actors.integrations.sessions import SessionLoops, call_id
-from rho_actors.tool import ErrorKind, ToolCall
+from rho_actors.tool import ErrorKind, ToolCall, ToolInfo
 
 if TYPE_CHECKING:
     from rho_actors.loop.handle import Loop
@@ -55,6 +57,8 @@ class RhoToolset(AbstractToolset[Any]):
         self._sessions = SessionLoops(target, what="RhoToolset")
         self._id = id
         self._max_retries = max_retries
+        self._made: dict[str, tuple[ToolInfo, ToolsetTool[Any]]] = {}  # by name: kept while unchanged
+        self._lock = threading.Lock()
 
     @property
     def id(self) -> str | None:
@@ -62,20 +66,29 @@ class RhoToolset(AbstractToolset[Any]):
         return self._id
 
     async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
-        """The tools the conversation's loop offers now, by name (read at every step)."""
+        """The tools the conversation's loop offers now, by name (read at every step,
+        from the loop's snapshot in this thread: no actor is asked). A tool whose
+        declaration is unchanged keeps its ``ToolsetTool``."""
         offered = self._sessions.offered(ctx.conversation_id)
-        return {
-            info.name: ToolsetTool(
-                toolset=self,
-                tool_def=ToolDefinition(
-                    name=info.name, parameters_json_schema=info.parameter_schema, description=info.description,
-                    sequential=info.concurrency == "exclusive",
-                ),
-                max_retries=self._max_retries,
-                args_validator=_ANY_ARGUMENTS,
-            )
-            for info in offered
-        }
+        with self._lock:
+            made: dict[str, tuple[ToolInfo, ToolsetTool[Any]]] = {}
+            for info in offered:
+                known = self._made.get(info.name)
+                kept = known is not None and (known[0] is info or known[0] == info)
+                made[info.name] = known if kept and known is not None else (info, self._tool(info))
+            self._made = made
+            return {name: tool for name, (_, tool) in made.items()}
+
+    def _tool(self, info: ToolInfo) -> ToolsetTool[Any]:
+        return ToolsetTool(
+            toolset=self,
+            tool_def=ToolDefinition(
+                name=info.name, parameters_json_schema=copy.deepcopy(info.parameter_schema),
+                description=info.description, sequential=info.concurrency == "exclusive",
+            ),
+            max_retries=self._max_retries,
+            args_validator=_ANY_ARGUMENTS,
+        )
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]

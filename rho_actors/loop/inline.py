@@ -1,0 +1,166 @@
+"""A call of a trusted ``async`` tool run on the host's own event loop (DESIGN §4).
+
+When a turn is awaited with :meth:`rho_actors.Loop.arun_turn`, a call whose tool is
+trusted, in ``thread`` isolation and ``async`` runs as a task on the awaiting event
+loop, as the host's own coroutines do: no thread is woken, no thread crossed. What
+holds for every call holds here too:
+
+- **Its deadline is a deadline**: a timer on the same event loop answers ``timeout``
+  and then cancels the task (``ctx["cancel"]`` is set, ``asyncio.Task.cancel``),
+  without waiting for the task to end; a result that comes after it is ``late``, and one
+  that comes past the deadline before the timer could run is a ``timeout`` all the same
+  (the result follows as ``late``).
+  A tool that blocks the event loop (a sync sleep inside ``async def``) blocks the host's
+  loop as it would in the host's own code: its result, once it returns past its
+  deadline, is still a ``timeout``.
+- **A crash is a result**: an ``Exception`` is a ``raised`` result, a
+  ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``) an ``exited`` one; nothing
+  the tool raises reaches the host's event loop.
+- **Cancelling works the same**: the host cancelling the turn, or the loop stopping,
+  sets ``ctx["cancel"]`` and cancels the task (from any thread).
+- It runs in a copy of the submitter's ``contextvars`` context, with its span current.
+
+A task that swallows its cancellation goes on running on the host's loop after its
+``timeout`` (as an abandoned thread goes on in ``thread`` isolation; it holds no
+thread, so it is not counted among abandoned threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import time
+
+import pykka
+
+from rho_actors.isolation.call import CallSpec
+from rho_actors.results import CANCELLED, DISCARDED, failure, result_from_exception, result_from_return
+from rho_actors.telemetry import attached
+from rho_actors.tool import ErrorKind, ToolResult
+
+__all__ = ["InlineCall"]
+
+_AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY})
+"""Results kept as the answer when settled past the deadline (the deadline's own)."""
+
+
+def _on(aio: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread is running ``aio`` now."""
+    try:
+        return asyncio.get_running_loop() is aio
+    except RuntimeError:
+        return False
+
+
+class InlineCall:
+    """One call running as a task on ``aio`` (a :class:`rho_actors.isolation.RunningCall`)."""
+
+    __slots__ = ("_aio", "_answered", "_spec", "_task", "_timer")
+
+    def __init__(self, aio: asyncio.AbstractEventLoop, spec: CallSpec) -> None:
+        self._aio = aio
+        self._spec = spec
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._answered = False  # set on ``aio`` only: by the task's end or by the deadline, first one wins
+
+    @classmethod
+    def start(cls, aio: asyncio.AbstractEventLoop, spec: CallSpec, stopping: bool = False) -> InlineCall:
+        """Start ``spec`` as a task on ``aio`` (from any thread; at once when this thread
+        runs ``aio``). Raises ``pykka.ActorDeadError`` when the system is ``stopping`` or
+        ``aio`` is closed: the call does not start."""
+        if stopping:
+            raise pykka.ActorDeadError("the system is stopping")
+        if aio.is_closed():
+            raise pykka.ActorDeadError("the event loop awaiting the turn is closed")
+        call = cls(aio, spec)
+        if _on(aio):
+            call._begin()
+        else:
+            try:
+                aio.call_soon_threadsafe(call._begin)
+            except RuntimeError as exc:  # closed just now
+                raise pykka.ActorDeadError(f"the event loop awaiting the turn is closed ({exc})") from None
+        return call
+
+    def _begin(self) -> None:
+        """On ``aio``: arm the deadline and start the task."""
+        spec = self._spec
+        if spec.cancel.cancelled:  # cancelled before it began: its result is given already
+            spec.cancel.finish()
+            return
+        self._timer = self._aio.call_later(max(0.0, spec.deadline - time.monotonic()), self._deadline)
+        context = spec.context if spec.context is not None else contextvars.Context()
+        self._task = self._aio.create_task(self._main(), context=context)
+        spec.cancel.add_callback(self._cancel_task)
+
+    async def _main(self) -> None:
+        spec = self._spec
+        try:
+            with attached(spec.ctx, spec.dispatched, spec.name):
+                value = spec.tool.run(spec.args, spec.ctx)
+                if inspect.iscoroutine(value):
+                    value = await value
+            result = result_from_return(
+                spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - spec.dispatched) * 1000
+            )
+        except BaseException as exc:  # CancelledError, SystemExit and KeyboardInterrupt too: a result
+            result = self._failure(exc)
+        spec.cancel.finish()
+        if self._answered:  # the deadline answered first: this one is late
+            spec.reply(result)
+            return
+        self._answered = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if result.error_kind not in _AT_DEADLINE and time.monotonic() >= spec.deadline:
+            spec.reply(self._timed_out(DISCARDED))  # past its deadline before the timer ran: a timeout
+        spec.reply(result)  # the answer, or late after the timeout
+
+    def _deadline(self) -> None:
+        """On ``aio``, at the deadline: answer ``timeout``, then cancel the task."""
+        if self._answered:
+            return
+        self._answered = True
+        self._spec.reply(self._timed_out(CANCELLED))
+        self._spec.cancel.cancel("timeout")  # what the task returns now is late
+
+    def _timed_out(self, consequence: str) -> ToolResult:
+        spec = self._spec
+        return failure("timeout", spec.call_id, spec.name, (time.monotonic() - spec.dispatched) * 1000,
+                       timeout_ms=spec.timeout_ms, consequence=consequence)
+
+    def _cancel_task(self) -> None:
+        """The call's token was set (any thread): cancel the task on its loop."""
+        task = self._task
+        if task is None or task.done():
+            return
+        if _on(self._aio):
+            task.cancel()
+            return
+        try:
+            self._aio.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # the event loop has closed: the task is gone with it
+            pass
+
+    def cancel(self, reason: str) -> None:
+        """Signal the call to stop (``ctx["cancel"]`` set with ``reason``, the task
+        cancelled); what it returns later is late."""
+        self._spec.cancel.cancel(reason)
+
+    def _failure(self, exc: BaseException) -> ToolResult:
+        spec = self._spec
+        duration_ms = (time.monotonic() - spec.dispatched) * 1000
+        try:
+            cancelled = isinstance(exc, (asyncio.CancelledError, TimeoutError)) and spec.cancel.cancelled
+            if cancelled and spec.cancel.reason != "timeout":
+                return failure("cancelled", spec.call_id, spec.name, duration_ms, reason=spec.cancel.reason)
+            if cancelled or (isinstance(exc, TimeoutError) and time.monotonic() >= spec.deadline):
+                return self._timed_out(CANCELLED)
+            if isinstance(exc, MemoryError):
+                return failure("memory_thread", spec.call_id, spec.name, duration_ms)
+            return result_from_exception(spec.call_id, spec.name, exc, spec.max_output_chars, duration_ms)
+        except BaseException:
+            return failure("raised_opaque", spec.call_id, spec.name, duration_ms)
+

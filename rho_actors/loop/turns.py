@@ -1,0 +1,568 @@
+"""A session's turns, prepared and started in the submitting thread (DESIGN §4).
+
+:class:`Turns` is the part of a LoopActor that runs turns. The host's
+:class:`~rho_actors.loop.handle.Loop` calls :meth:`Turns.submit` in its own thread:
+for each call of the turn, in the model's order, its arguments are decoded strictly,
+its tool is looked up among those offered now (an immutable snapshot: the published
+:class:`~rho_actors.declarations.toolset.ToolSet` and the loop's withheld names), and
+its arguments are validated against the checked schema; a call failing any of these
+gets its error result and its tool never runs. The rest are started in their tool's
+isolation (:mod:`rho_actors.isolation`), each with a deadline (``timeout_ms`` from
+dispatch) that the isolation keeps. A turn with any ``exclusive`` call runs its calls
+one at a time in the model's order, each deadline counted from that call's own start.
+Results come back in the model's order, exactly one per call. Each call runs in a copy
+of the submitter's ``contextvars`` context. A turn given a cancel token is cancelled
+when the token is set: each running call is cancelled through its isolation (the one
+path of deadlines and stops too: its ``ctx["cancel"]`` is set, a worker process is
+killed) and every call without a result gets a ``cancelled`` one at once; a turn whose
+token is set before it starts runs no call. A turn awaited on an asyncio event loop
+(``arun_turn``) runs its calls of trusted ``async`` tools in ``thread`` isolation on
+that event loop (:mod:`rho_actors.loop.inline`), with their deadlines.
+
+A result does not pass through the LoopActor: the thread that answers a call (its
+CallActor's, its deadline timer's, the event loop's) settles the call's slot in its turn
+under the turn's lock, first answer wins (a later one, or one after the host cancelled
+the turn, is reported ``late``); in an exclusive turn it starts the next call, and the
+one settling the last open call completes the turn's future. A hung tool delays nothing
+but its own result, which is a ``timeout`` error at its deadline.
+
+What must be serial stays with the LoopActor, which owns this object: it swaps the
+withheld snapshot (``SetWithheld``), answers ``Running`` and ``CancelTurn``, and at its
+stop or crash :meth:`Turns.close` refuses new turns and answers every open call (under
+the lock that also admits turns, so no turn slips past a close).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import inspect
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import pykka
+from loguru import logger
+
+from rho_actors.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
+from rho_actors.cancel import CancelToken
+from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, schemas_blob
+from rho_actors.encoding import describe_exception
+from rho_actors.events import CallEvent, EventBus, ProgressEvent
+from rho_actors.isolation import RunningCall
+from rho_actors.isolation.call import CallSpec
+from rho_actors.loop.budgets import result_bytes
+from rho_actors.loop.inline import InlineCall
+from rho_actors.loop.messages import Allowlist, CancelTurn, make_session_folder
+from rho_actors.results import capped, error_result, failure, text, traceback_of
+from rho_actors.telemetry import CallSpan, Telemetry
+from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from rho_actors.runtime import Runtime
+
+__all__ = ["Turns"]
+
+_MAX_NAMES_LISTED = 40
+
+
+@dataclass(slots=True)
+class _Slot:
+    index: int
+    call: ToolCall
+    entry: ToolEntry | None = None
+    args: dict[str, Any] | None = None
+    result: ToolResult | None = None
+    started: float = 0.0
+    cancel: CancelToken | None = None
+    running: RunningCall | None = None
+    span: CallSpan | None = None  # its execute_tool span, while telemetry records it
+    validated_s: float = 0.0  # how long its validation took: counted against its deadline
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One turn. Once it is admitted, ``lock`` guards the slots' ``result``, ``started``,
+    ``span`` and ``running``, and ``waiting``, ``open``, ``stop_reason`` and
+    ``finished``: calls settle from their own threads. Whoever sets a slot's result ends
+    its span, after the lock."""
+
+    id: int
+    slots: list[_Slot]
+    future: concurrent.futures.Future[list[ToolResult]]
+    withheld: tuple[str, ...]
+    context: contextvars.Context | None = None
+    trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
+    on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
+    aio: asyncio.AbstractEventLoop | None = None  # the event loop awaiting it (arun_turn): async tools run there
+    waiting: deque[int] = field(default_factory=deque)
+    exclusive: bool = False
+    open: int = 0
+    stop_reason: str | None = None  # "cancelled" (by the host) or "stopping" (the loop): nothing starts
+    finished: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True, slots=True)
+class _Withheld:
+    """The loop's withheld names, swapped whole: as a set (look-ups) and sorted (ctx)."""
+
+    names: frozenset[str]
+    listed: tuple[str, ...]
+
+
+def _withheld(names: frozenset[str]) -> _Withheld:
+    return _Withheld(names, tuple(sorted(names)))
+
+
+class Turns:
+    """One session's turns (see the module doc): safe from any thread. Built by the
+    session's LoopActor (``ref`` is its ref: the calls' ``ctx["loop"]``, and where a
+    cancel token's ``CancelTurn`` goes)."""
+
+    def __init__(
+        self, *, ref: pykka.ActorRef[Any], session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str],
+        runtime: Runtime, allowed: Allowlist | None = None,
+    ) -> None:
+        self.ref = ref
+        self.session_id = session_id
+        self._data_dir = data_dir
+        self._folder_made = False  # made before the first call is dispatched
+        self._deps = deps
+        self._withheld = _withheld(withheld)
+        self._allowed = allowed
+        self._runtime = runtime
+        self._tools = runtime.tools
+        self._limits = runtime.limits
+        self._budgets = runtime.budgets
+        self._events = runtime.events
+        self._telemetry = runtime.telemetry
+        self._turns: dict[int, _Turn] = {}  # admitted, unfinished turns; finished from call threads too
+        self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
+        self.closed: str | None = None  # once closed: the key of the result open calls got
+        self._turn_ids = itertools.count(1)
+        self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
+        # the last offer, by version: its entries and their schemas marshalled (offered() copies)
+        self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], bytes | None] | None = None
+
+    # --- what is offered ----------------------------------------------------------------
+
+    def set_withheld(self, names: frozenset[str]) -> None:
+        """Replace the withheld names (from the next turn prepared)."""
+        self._withheld = _withheld(names)
+
+    def offered_entries(self) -> tuple[ToolEntry, ...]:
+        """The entries offered now, in registration order (kept until the tool set or
+        the withheld names change)."""
+        tools, withheld = self._tools.current, self._withheld
+        offer = self._offer
+        if offer is not None and offer[0] == tools.version and offer[1] is withheld:
+            return offer[2]
+        entries = tuple(self._offered(tools, withheld.names))
+        self._offer = (tools.version, withheld, entries, schemas_blob(entries))
+        return entries
+
+    def offered(self) -> list[ToolInfo]:
+        """The checked declarations offered now, each its own copy (the schemas copied
+        in one ``marshal.loads``: see :func:`~rho_actors.declarations.toolset.copied_infos`)."""
+        entries = self.offered_entries()
+        offer = self._offer
+        return copied_infos(entries, offer[3] if offer is not None and offer[2] is entries else None)
+
+    def _offered(self, tools: ToolSet, withheld: frozenset[str]) -> list[ToolEntry]:
+        return [e for name, e in tools.entries.items() if name not in withheld and self._allows(e)]
+
+    def _allows(self, entry: ToolEntry) -> bool:
+        return self._allowed is None or self._allowed.allows(entry.info.name, entry.origin)
+
+    def running(self) -> list[dict[str, Any]]:
+        """The calls running now: ``call_id``, ``tool`` and ``ms_left`` to the deadline."""
+        now = time.monotonic()
+        with self._lock:
+            turns = list(self._turns.values())
+        return [
+            {
+                "call_id": slot.call.id,
+                "tool": slot.entry.info.name,
+                "ms_left": round((slot.started + slot.entry.info.timeout_ms / 1000 - now) * 1000, 1),
+            }
+            for turn in turns
+            for slot in turn.slots
+            if slot.entry is not None and slot.started and slot.result is None
+        ]
+
+    # --- a turn -------------------------------------------------------------------------
+
+    def submit(
+        self, calls: tuple[ToolCall, ...], future: concurrent.futures.Future[list[ToolResult]], *,
+        trace_context: Any = None, cancel: CancelToken | None = None, context: contextvars.Context | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
+        results (see :class:`~rho_actors.loop.messages.RunTurn` for the rest). Never
+        raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
+        result for each call."""
+        if self.closed is not None:
+            future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
+            return
+        withheld = self._withheld
+        turn = _Turn(next(self._turn_ids), [_Slot(i, call) for i, call in enumerate(calls)], future,
+                     withheld.listed, context=context, trace_context=trace_context, on_result=on_result, aio=aio)
+        refused: list[_Slot] = []
+        if cancel is None or not cancel.cancelled:
+            tools = self._tools.current
+            for index, slot in enumerate(turn.slots):
+                try:
+                    refusal = self._prepare(slot, tools, withheld.names)
+                except Exception as exc:  # a bug, or a checker that broke: this call only
+                    logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
+                    refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
+                if refusal is not None:
+                    slot.result = capped(refusal, self._limits.max_output_chars)  # refusals are capped too
+                    refused.append(slot)
+                else:
+                    turn.open += 1
+                    turn.waiting.append(index)
+                    turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
+        with self._lock:
+            admitted = self.closed is None
+            if admitted:
+                self._turns[turn.id] = turn
+        if not admitted:  # the loop stopped while the turn was being prepared
+            future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
+            return
+        try:
+            self._admitted(turn, refused, cancel)
+        except Exception as exc:  # a bug here must still answer every call
+            logger.exception("loop {} failed to run a turn", self.session_id)
+            self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
+
+    def _admitted(self, turn: _Turn, refused: list[_Slot], cancel: CancelToken | None) -> None:
+        for slot in refused:
+            assert slot.result is not None
+            self._telemetry.call_refused(turn.trace_context, self.session_id, slot.result, slot.call.arguments)
+            self._emit("finished", slot, slot.result)
+        if cancel is not None:
+            if cancel.cancelled:  # cancelled before it started: no call starts
+                self._cancel_turn(turn)
+                return
+            ref, turn_id = self.ref, turn.id
+            cancel.add_callback(lambda: _tell(ref, CancelTurn(turn_id)))
+        if turn.open == 0:
+            with turn.lock:
+                finished, turn.finished = turn.finished, True
+            if not finished:  # else the host cancelled it meanwhile, and that finished it
+                self._finish(turn)
+            return
+        if not self._folder_made:
+            try:
+                make_session_folder(self._data_dir)
+            except OSError as exc:  # a symlink in its place, say: no call of this turn starts
+                logger.error("loop {}: the session folder cannot be used: {}", self.session_id, exc)
+                self._fail_open(turn, failure("not_started", "", "", problem=f"the session folder: {exc}"))
+                return
+            self._folder_made = True
+        self._dispatch_ready(turn)
+
+    def _prepare(self, slot: _Slot, tools: ToolSet, withheld: frozenset[str]) -> ToolResult | None:
+        """Decode, look up and validate one call; an error result when it is refused."""
+        call = slot.call
+        name = call.name
+        entry = tools.entries.get(name)
+        if entry is None or name in withheld or not self._allows(entry):
+            return self._lookup_error(call.id, name, entry, tools, withheld)
+        try:
+            args = decode_arguments(call.arguments, self._limits.max_argument_depth)
+        except ArgumentsError as err:
+            return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
+        began = time.monotonic()
+        try:  # validation counts against the call's deadline
+            problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S))
+        except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
+            return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
+        if problems:
+            return failure("invalid_arguments", call.id, name, problems="; ".join(problems))
+        slot.entry, slot.args, slot.validated_s = entry, args, time.monotonic() - began
+        return None
+
+    def _lookup_error(
+        self, call_id: str, name: str, entry: ToolEntry | None, tools: ToolSet, withheld: frozenset[str]
+    ) -> ToolResult:
+        if entry is not None:
+            return failure("withheld", call_id, name)
+        if name in tools.unavailable:
+            return error_result(call_id, name, ErrorKind.UNAVAILABLE, tools.unavailable[name])
+        offered = [e.info.name for e in self._offered(tools, withheld)]
+        shown = ", ".join(offered[:_MAX_NAMES_LISTED]) + (", ..." if len(offered) > _MAX_NAMES_LISTED else "")
+        message = text("unknown_tool", tool=name[:100], offered=shown or "(none)")
+        return error_result(call_id, name, ErrorKind.UNKNOWN_TOOL, message)
+
+    def _dispatch_ready(self, turn: _Turn) -> None:
+        """Start the turn's waiting calls: all of them, or the first of an exclusive turn
+        (each later one is started by the thread settling the one before)."""
+        while True:
+            with turn.lock:
+                if not turn.waiting or turn.stop_reason is not None:
+                    return
+                index = turn.waiting.popleft()
+            self._start(turn, index)
+            if turn.exclusive:
+                return
+
+    def _start(self, turn: _Turn, index: int) -> None:
+        """Dispatch call ``index``, then, in this thread, each call of an exclusive turn
+        whose turn came while it started (a call refused at its start settles at once):
+        one after another, never nested, however long the turn."""
+        chain: deque[tuple[_Turn, int]] | None = getattr(self._chain, "calls", None)
+        if chain is not None:  # inside a dispatch on this thread: its loop below starts it
+            chain.append((turn, index))
+            return
+        self._chain.calls = chain = deque([(turn, index)])
+        try:
+            while chain:
+                self._dispatch(*chain.popleft())
+        finally:
+            self._chain.calls = None
+
+    def _dispatch(self, turn: _Turn, index: int) -> None:
+        """Start call ``index`` in its isolation (from the submitting thread, or from the
+        thread that settled the call before it in an exclusive turn)."""
+        slot = turn.slots[index]
+        entry, args = slot.entry, slot.args
+        assert entry is not None and args is not None
+        now = time.monotonic()
+        deadline = now + max(0.0, entry.info.timeout_ms / 1000 - slot.validated_s)
+        cancel = CancelToken()
+
+        def reply(result: ToolResult) -> None:
+            try:
+                self._settle(turn, slot, result, "timed_out" if result.error_kind is ErrorKind.TIMEOUT else "finished")
+            except Exception as exc:  # a bug here must still answer every call
+                logger.exception("loop {} could not settle call {}", self.session_id, slot.call.id)
+                self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
+
+        fields = {
+            "session_id": self.session_id,
+            "call_id": slot.call.id,
+            "data_dir": self._data_dir,
+            "loop": self.ref,
+            "withheld": turn.withheld,
+            "deadline": deadline,
+            "cancel": cancel,
+            "deps": self._deps,
+            "whereis": self._runtime.names.whereis,
+            "progress": _progress_reporter(self._events, self.session_id, slot.call.id, entry.info.name),
+        }
+        span = self._telemetry.call_started(
+            turn.trace_context, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
+        )
+        if span is not None:
+            fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
+        spec = CallSpec(
+            slot.call.id, entry.info.name, entry.tool, args, MappingProxyType(fields), now, deadline,
+            entry.info.timeout_ms, cancel, self._limits.max_output_chars, reply,
+            None if turn.context is None else turn.context.copy(),
+        )
+        with turn.lock:
+            dropped = turn.stop_reason is not None
+            if not dropped:
+                slot.started, slot.cancel, slot.span = now, cancel, span
+        if dropped:  # cancelled, or the loop stopped, since it left ``waiting``: it has its result
+            self._telemetry.call_ended(span, slot.result)  # type: ignore[arg-type]
+            return
+        self._emit("started", slot, None)
+        try:
+            if turn.aio is not None and _runs_inline(entry):
+                running: RunningCall = InlineCall.start(turn.aio, spec, self._runtime.calls.closed)
+            else:
+                running = self._runtime.isolations[entry.isolation].start(spec)
+        except (pykka.ActorDeadError, pykka.Timeout) as err:
+            self._settle(turn, slot, failure("not_started", slot.call.id, entry.info.name, problem=err))
+            return
+        with turn.lock:
+            slot.running = running
+            stop_reason = turn.stop_reason
+        if stop_reason is not None:  # cancelled, or the loop stopped, while the call was being started
+            running.cancel(stop_reason)
+
+    def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
+        """Record a dispatched call's result, from whichever thread has it: the first
+        answer wins, a later one is reported ``late``. Ends the call's span, starts the
+        next call of an exclusive turn, or completes the turn once this was its last
+        open call."""
+        following: int | None = None
+        last = False
+        with turn.lock:
+            late = slot.result is not None
+            if not late:
+                result = self._within_budget(turn, slot, result)
+                slot.result = result
+                turn.open -= 1
+                if turn.exclusive and turn.waiting and turn.stop_reason is None:
+                    following = turn.waiting.popleft()
+                last = turn.open == 0 and not turn.finished
+                turn.finished = turn.finished or last
+        if late:
+            self._emit("late", slot, result)
+            return
+        self._telemetry.call_ended(slot.span, result)
+        if self._limits.log_tracebacks:
+            trace = traceback_of(result)
+            if trace is not None:
+                logger.error("session {}: tool {} {} in call {}:\n{}", self.session_id, result.name,
+                             result.error_kind, result.call_id, trace)
+        self._emit(event, slot, result)
+        if turn.on_result is not None:
+            try:
+                turn.on_result(slot.index, result)
+            except Exception:  # the host's callback: its fault must not lose the turn
+                logger.exception("loop {}: on_result for call {} raised", self.session_id, slot.call.id)
+        if following is not None:
+            self._start(turn, following)
+        elif last:
+            self._finish(turn)
+
+    def _within_budget(self, turn: _Turn, slot: _Slot, result: ToolResult) -> ToolResult:
+        """``result``, or an ``over_budget`` error when it would take its turn or session
+        past its byte budget (:mod:`rho_actors.loop.budgets`; under the turn's lock)."""
+        size = result_bytes(result)
+        over = self._budgets.charge(self.session_id, turn.id, size)
+        if over is None:
+            return result
+        scope, budget, left = over
+        logger.warning("loop {}: the result of call {} ({} bytes) is over its {}'s budget of {} bytes; left out",
+                       self.session_id, slot.call.id, size, scope, budget)
+        refusal = failure("over_budget", result.call_id, result.name, result.duration_ms, size=size, scope=scope,
+                          budget=budget, left=max(0, left))
+        return capped(refusal, self._limits.max_output_chars)
+
+    def cancel_turn(self, turn_id: int) -> None:
+        """The host cancelled turn ``turn_id`` (a no-op once it has finished)."""
+        with self._lock:
+            turn = self._turns.get(turn_id)
+        if turn is not None:
+            self._cancel_turn(turn)
+
+    def _cancel_turn(self, turn: _Turn) -> None:
+        """Each running call is cancelled through its isolation (``ctx["cancel"]`` set, a
+        worker process killed; what it returns later is ``late``), and every call still
+        without a result gets a ``cancelled`` one (a queued call of an exclusive turn
+        never starts)."""
+
+        def answer(slot: _Slot, now: float) -> ToolResult:
+            if slot.started:
+                return failure("host_cancelled", slot.call.id, slot.call.name, (now - slot.started) * 1000)
+            return failure("host_cancelled_before_start", slot.call.id, slot.call.name)
+
+        self._end_turn(turn, "cancelled", answer)
+
+    def _finish(self, turn: _Turn) -> None:
+        """Complete the turn's future with its results in the model's order (once: the
+        caller decided, under the turn's lock, that the turn is finished)."""
+        with self._lock:
+            self._turns.pop(turn.id, None)
+        self._budgets.turn_done(self.session_id, turn.id)
+        results = [slot.result for slot in turn.slots]
+        assert all(r is not None for r in results)
+        turn.future.set_result(results)  # type: ignore[arg-type]
+
+    def _fail_open(self, turn: _Turn, failed: ToolResult) -> None:
+        """Give every call of ``turn`` still without a result the error of ``failed``
+        (its kind and text), cancel those running, and complete the turn."""
+        kind = failed.error_kind
+        assert kind is not None
+
+        def answer(slot: _Slot, now: float) -> ToolResult:
+            duration = (now - slot.started) * 1000 if slot.started else 0.0
+            return error_result(slot.call.id, slot.call.name, kind, failed.content, duration)
+
+        self._end_turn(turn, "stopping", answer)
+
+    def _end_turn(self, turn: _Turn, reason: str, answer: Callable[[_Slot, float], ToolResult]) -> None:
+        """End ``turn`` at once (``reason``: ``"cancelled"`` by the host, ``"stopping"``:
+        the loop stops or failed), unless it has ended: nothing more starts, each running
+        call is cancelled through its isolation with ``reason``, each call without a
+        result gets ``answer(slot, now)`` (an event each), then the turn completes."""
+        now = time.monotonic()
+        running: list[RunningCall] = []
+        settled: list[_Slot] = []
+        with turn.lock:
+            if turn.finished:
+                return
+            turn.stop_reason = reason
+            turn.finished = True
+            turn.waiting.clear()
+            turn.open = 0
+            for slot in turn.slots:
+                if slot.result is not None:
+                    continue
+                if slot.running is not None:  # else the dispatching thread cancels it once started
+                    running.append(slot.running)
+                slot.result = answer(slot, now)
+                settled.append(slot)
+        for call in running:
+            call.cancel(reason)
+        for slot in settled:
+            assert slot.result is not None
+            self._telemetry.call_ended(slot.span, slot.result)
+            self._emit("finished", slot, slot.result)
+        self._finish(turn)
+
+    def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
+        if result is None:
+            outcome, duration = None, 0.0
+        else:
+            outcome = "ok" if result.ok else str(result.error_kind)
+            duration = result.duration_ms
+        self._events.emit(CallEvent(kind, self.session_id, slot.call.id, slot.call.name, outcome, duration))
+
+    # --- the end ------------------------------------------------------------------------
+
+    def close(self, key: str) -> None:
+        """Refuse new turns from now on and give every open call the result ``key``
+        (``"session_stopped"``, ``"loop_crashed"``), cancelling those running. Once
+        only: a second close does nothing."""
+        with self._lock:
+            if self.closed is not None:
+                return
+            self.closed = key
+            turns = list(self._turns.values())
+        for turn in turns:
+            self._fail_open(turn, failure(key, "", ""))
+
+
+def _runs_inline(entry: ToolEntry) -> bool:
+    """Whether a call of ``entry`` awaited on an event loop runs on that loop: a trusted
+    ``thread`` tool whose ``run`` is ``async``."""
+    return entry.isolation == "thread" and not entry.untrusted and inspect.iscoroutinefunction(entry.tool.run)
+
+
+def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass
+
+
+def _progress_reporter(events: EventBus, session_id: str, call_id: str, tool: str) -> Callable[..., None]:
+    """``ctx["progress"](done, total=None, message=None)``: emits a :class:`ProgressEvent`
+    (an MCP client gets it as ``notifications/progress``). Never raises: a report whose
+    values are not numbers (or text) is dropped."""
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        try:
+            total_f = None if total is None else float(total)
+            note = None if message is None else str(message)
+            events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
+        except Exception:
+            logger.debug("call {}: a bad progress report was dropped", call_id)
+
+    return progress

@@ -1,0 +1,165 @@
+"""A turn is prepared and started in the caller's thread, against a snapshot of the
+loop's tool set and withheld names; the LoopActor owns the end (its stop or crash
+answers every open call, and refuses new turns), and the handle follows its restart.
+Every call id gets exactly one result, also when turns race the loop's stop."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from rho_actors import ActorSystem, CallEvent, ToolCall, tool
+from rho_actors.loop.messages import loop_name
+from rho_actors.otp.actor import kill
+from rho_actors.tool import ErrorKind
+
+from .conftest import WAIT_S, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+RELEASE = threading.Event()
+
+
+@tool
+def where() -> int:
+    """The thread running this call."""
+    return threading.get_ident()
+
+
+@tool(timeout_ms=20_000)
+def held(ctx: Mapping[str, Any]) -> str:
+    """Wait until released or cancelled."""
+    while not RELEASE.is_set():
+        if ctx["cancel"].wait(0.01):
+            return "cancelled"
+    return "released"
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[ActorSystem]:
+    RELEASE.clear()
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=1_000)
+    try:
+        for t in (where, held, add):
+            system.register(t)
+        yield system
+    finally:
+        RELEASE.set()
+        system.stop()
+
+
+def test_a_refused_turn_is_answered_in_the_callers_thread_before_submit_turn_returns(system: ActorSystem) -> None:
+    loop = system.start_loop("s")
+    future = loop.submit_turn([
+        ToolCall("c1", "nope", "{}"),
+        ToolCall("c2", "add", '{"a": 1}'),
+        ToolCall("c3", "add", '{"a": 1, "b": 2'),
+    ])
+    assert future.done()  # decoded, looked up and validated here: no other thread was needed
+    unknown, invalid, bad_json = future.result(0)
+    assert unknown.error_kind == ErrorKind.UNKNOWN_TOOL and "add" in unknown.content
+    assert invalid.error_kind == ErrorKind.INVALID_ARGUMENTS and '$: "b" is a required property' in invalid.content
+    assert bad_json.error_kind == ErrorKind.INVALID_JSON
+
+
+def test_a_call_runs_on_another_thread_than_the_caller(system: ActorSystem) -> None:
+    loop = system.start_loop("s")
+    [result] = loop.run_turn([ToolCall("c1", "where", "{}")], timeout_s=WAIT_S)
+    assert result.ok and int(result.content) != threading.get_ident()  # the deadline needs a thread of its own
+
+
+def test_withheld_names_and_new_tools_apply_from_the_next_turn(system: ActorSystem) -> None:
+    loop = system.start_loop("s")
+    loop.set_withheld(["add"])
+    assert [i.name for i in loop.offered()] == ["where", "held"]
+    [refused] = loop.run_turn([ToolCall("c1", "add", '{"a": 1, "b": 2}')], timeout_s=WAIT_S)
+    assert refused.error_kind == ErrorKind.WITHHELD
+    loop.set_withheld([])
+    [ok] = loop.run_turn([ToolCall("c2", "add", '{"a": 1, "b": 2}')], timeout_s=WAIT_S)
+    assert ok.ok and ok.content == "3"
+    system.unregister("add")
+    assert [i.name for i in loop.offered()] == ["where", "held"]
+    [gone] = loop.run_turn([ToolCall("c3", "add", '{"a": 1, "b": 2}')], timeout_s=WAIT_S)
+    assert gone.error_kind == ErrorKind.UNAVAILABLE
+
+
+def test_offered_hands_out_copies(system: ActorSystem) -> None:
+    loop = system.start_loop("s")
+    first = loop.offered()
+    first[0].parameter_schema["properties"]["mutated"] = {"type": "string"}
+    assert "mutated" not in loop.offered()[0].parameter_schema["properties"]
+
+
+def test_a_crash_of_the_loop_answers_its_open_calls_and_the_handle_follows_the_restart(system: ActorSystem) -> None:
+    loop = system.start_loop("s")
+    future = loop.submit_turn([ToolCall("c1", "held", "{}")])
+    assert wait_for(lambda: len(loop.running()) == 1)
+    before = loop.ref
+    kill(before)
+    [crashed] = future.result(WAIT_S)
+    assert crashed.error_kind == ErrorKind.CRASHED and "loop crashed" in crashed.content
+    assert wait_for(lambda: system.whereis(loop_name("s")) not in (None, before))
+    [result] = loop.run_turn([ToolCall("c2", "add", '{"a": 2, "b": 3}')], timeout_s=WAIT_S)
+    assert result.ok and result.content == "5"
+
+
+def test_a_stopped_loop_refuses_new_turns_naming_why(system: ActorSystem) -> None:
+    loop = system.start_loop("s")
+    loop.stop()
+    with pytest.raises(pykka.ActorDeadError, match="the loop of session 's' is not running: it was stopped"):
+        loop.submit_turn([ToolCall("c1", "where", "{}")])
+
+
+def test_turns_racing_the_loops_stop_get_exactly_one_result_per_call(system: ActorSystem) -> None:
+    events: list[CallEvent] = []
+    system.subscribe(lambda e: events.append(e) if isinstance(e, CallEvent) else None)
+    loop = system.start_loop("race")
+    futures: list[tuple[list[str], concurrent.futures.Future[Any]]] = []
+    refused = []
+    lock = threading.Lock()
+    go = threading.Event()
+
+    def submit(worker: int) -> None:
+        go.wait(WAIT_S)
+        for n in range(40):
+            ids = [f"w{worker}-t{n}-c{i}" for i in range(3)]
+            try:
+                future = loop.submit_turn([ToolCall(ids[0], "where", "{}"), ToolCall(ids[1], "held", "{}"),
+                                           ToolCall(ids[2], "add", '{"a": 1, "b": 1}')])
+            except pykka.ActorDeadError as exc:
+                with lock:
+                    refused.append(exc)
+                continue
+            with lock:
+                futures.append((ids, future))
+
+    threads = [threading.Thread(target=submit, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    go.set()
+    assert wait_for(lambda: len(futures) >= 8)
+    loop.stop()
+    for t in threads:
+        t.join(WAIT_S)
+    assert futures and all(not t.is_alive() for t in threads)
+    for ids, future in futures:
+        results = future.result(WAIT_S)
+        assert [r.call_id for r in results] == ids  # one result per call id, in order
+        for r in results:  # done before the stop, or answered by it (running, or not admitted)
+            assert r.ok or (r.error_kind == ErrorKind.CANCELLED and "the session stopped before" in r.content)
+        assert not results[1].ok  # the held call never finishes on its own
+    assert all("is not running" in str(exc) for exc in refused)
+    settled = [(e.call_id, e.kind) for e in events if e.kind in ("finished", "timed_out")]
+    assert len(settled) == len(set(settled))  # no call settled twice
