@@ -400,3 +400,29 @@ def test_a_tampered_result_is_a_difference(monkeypatch: pytest.MonkeyPatch) -> N
     (difference,) = report.differences
     assert difference.got == difference.expected + " (tampered)"
     assert report.exit_code == 1
+
+
+# --------------------------------------------------------------------------- isolations
+
+
+def test_replay_with_backends_in_server_processes_gives_the_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host's copy of the backends' call path is tampered with: a call that ran in the
+    # host would differ; in process isolation every call runs in its session's server process.
+    from rho_actors.integrations.bfcl import backends
+
+    monkeypatch.setattr(backends, "execute_direct", lambda *args: ("tampered in the host", False))
+    assert bfcl.replay(category="base", limit=1, isolation="thread").differences != []
+    report = bfcl.replay(category="base", ids=["multi_turn_base_0", "multi_turn_base_173"], isolation="process")
+    # the verdicts of thread isolation (test_known_validation_rejection_is_listed, test_replay_is_identical)
+    assert report.differences == [] and report.exit_code == 0
+    assert report.identical == report.calls - 1 and report.calls > 1
+    assert [(r.entry_id, r.kind) for r in report.rejections] == [("multi_turn_base_173", "invalid_arguments")]
+    assert [(d.class_name, d.attributed_to_rejection) for d in report.state_differences] == [("TicketAPI", True)]
+    assert report.sessions_identical_state == 1
+    data = json.loads(report.to_json())
+    assert data["isolation"] == "process" and data["replay_sessions_wall_s"] > 0
+
+
+def test_an_unknown_isolation_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown isolation 'gpu'; choose one of thread, process, ray"):
+        bfcl.replay(category="base", limit=1, isolation="gpu")

@@ -18,7 +18,7 @@ from typing import Any, Final
 from rho_actors.integrations.bfcl.convert import execute_direct
 from rho_actors.integrations.bfcl.data import ERROR_PREFIX, BfclEntry, build_instances, public_state
 
-__all__ = ["ISOLATIONS", "SERVER_DEP", "BfclBackends", "server_name", "server_start"]
+__all__ = ["ISOLATIONS", "SERVER_DEP", "BfclBackends", "connect", "server_name", "server_start"]
 
 ISOLATIONS: Final = ("thread", "process", "ray")
 """Where a replay's backends may live (``replay(isolation=...)``)."""
@@ -67,3 +67,26 @@ def server_start(isolation: str, entry: BfclEntry) -> Callable[[], Any]:
 
         return RayActor(BfclBackends, entry, resources={"num_cpus": 0})
     raise ValueError(f"unknown isolation {isolation!r}; choose one of {', '.join(ISOLATIONS)}")
+
+
+def connect(isolation: str) -> None:
+    """Before the system starts: for ``process``, have the trusted fork server import
+    BFCL's backend modules once (:func:`rho_actors.sandbox.processes.preload_modules`),
+    so each session's server process starts with them, and start it; for ``ray``, connect to (or
+    start) Ray. Both are one-time costs, like the system's start, kept out of every
+    session's time."""
+    if isolation == "process":
+        from rho_actors.integrations.bfcl.data import backend_config
+        from rho_actors.sandbox.processes import preload_modules
+
+        preload_modules(__name__, *backend_config().CLASS_FILE_PATH_MAPPING.values())
+        from multiprocessing import forkserver
+
+        from rho_actors.sandbox.processes import context
+
+        context("forkserver")  # its preload list set, then started now, not in the first session
+        forkserver.ensure_running()
+    if isolation == "ray":
+        from rho_actors.integrations.ray.tasks import default_runtime
+
+        default_runtime().connect()

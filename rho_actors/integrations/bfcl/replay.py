@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rho_actors.integrations.bfcl.backends import ISOLATIONS, SERVER_DEP, server_name, server_start
+from rho_actors.integrations.bfcl.backends import ISOLATIONS, SERVER_DEP, connect, server_name, server_start
 from rho_actors.integrations.bfcl.convert import (
     BfclFunction,
     bind_arguments,
@@ -113,6 +113,7 @@ def replay(
 
     from rho_actors import ActorSystem
 
+    connect(isolation)
     with (
         tempfile.TemporaryDirectory(prefix="rho-bfcl-") as tmp,
         ActorSystem(data_dir=data_dir if data_dir is not None else Path(tmp)) as system,
