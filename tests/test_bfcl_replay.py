@@ -426,3 +426,21 @@ def test_replay_with_backends_in_server_processes_gives_the_same_verdicts(monkey
 def test_an_unknown_isolation_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown isolation 'gpu'; choose one of thread, process, ray"):
         bfcl.replay(category="base", limit=1, isolation="gpu")
+
+
+def test_a_backends_server_that_cannot_start_makes_its_session_differ_not_the_replay_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rho_actors.integrations.bfcl import backends
+
+    replay_module = importlib.import_module("rho_actors.integrations.bfcl.replay")  # the package's name is the function
+
+    def broken(isolation: str, entry: Any) -> Any:
+        raise RuntimeError("no room for the server")
+
+    monkeypatch.setattr(replay_module, "server_start", broken)
+    report = bfcl.replay(category="base", limit=2)
+    assert report.sessions == 2 and report.identical == 0 and len(report.differences) == report.calls
+    assert all("server 'bfcl:multi_turn_base_" in d.got and "is not running" in d.got for d in report.differences)
+    assert report.unexplained_state_differences and report.exit_code == 1
+    assert backends.server_name(bfcl.load_entries("base", 1)[0]) == "bfcl:multi_turn_base_0"

@@ -248,7 +248,12 @@ class _Session:
         self.withheld = self._withheld(0)
         t0 = time.perf_counter()
         name = server_name(entry)  # the session's backends: built in their server, its calls run there
-        self.system.start_child(ChildSpec(name, server_start(report.isolation, entry), restart="permanent", name=name))
+        self.start_error = ""
+        try:
+            self.system.start_child(ChildSpec(name, server_start(report.isolation, entry), restart="permanent",
+                                              name=name))
+        except Exception as exc:  # every call then differs (its server is not running), the replay goes on
+            self.start_error = f": its start failed ({type(exc).__name__}: {exc})"
         loop = self.system.start_loop(session_id=entry.id, withheld=sorted(self.withheld), deps={SERVER_DEP: name})
         report.replay_sessions_wall_s += time.perf_counter() - t0
         try:
@@ -276,7 +281,7 @@ class _Session:
         """The server's public states by class, or why they could not be read."""
         ref = self.system.whereis(name)
         if ref is None:
-            return f"the backends server {name!r} is not running"
+            return f"the backends server {name!r} is not running{self.start_error}"
         try:
             states: dict[str, dict[str, Any]] = ref.ask(ServerCall("states"), timeout=60)
         except Exception as exc:
