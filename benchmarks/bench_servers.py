@@ -31,6 +31,7 @@ import contextlib
 import importlib.util
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from stats import environment, publish, summary
@@ -64,8 +65,7 @@ def _start(kind: str) -> Any:
 def bench_calls(system: ActorSystem, rounds: int) -> dict[str, Any]:
     refs = {}
     for kind in KINDS:
-        system.start_child(ChildSpec(f"calls-{kind}", _start(kind), name=f"calls-{kind}"))
-        refs[kind] = system.whereis(f"calls-{kind}")
+        refs[kind] = system.start_child(ChildSpec(f"calls-{kind}", _start(kind), name=f"calls-{kind}"))
     samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
     call = ServerCall("get", ("k",))
     for i in range(rounds):
@@ -150,7 +150,7 @@ def bench_replay(sessions: int, isolations: list[str]) -> dict[str, Any]:
     return out
 
 
-def print_text(report: dict[str, Any]) -> None:
+def print_text(report: Mapping[str, Any]) -> None:
     env = report["environment"]
     print(f"servers benchmark ({env['mode']}, {env['cpus']} CPUs, load {env['load_avg_1m']})")
     calls = report["calls"]
