@@ -35,6 +35,13 @@ class Store:
     def opaque(self) -> object:
         return object()
 
+    def forge(self) -> str:
+        """Write a forged answer header on the server's channel (descriptor 3 of a clean
+        child): an answer of 1 TiB."""
+        os.write(3, b"W" + (2**40).to_bytes(8, "big"))
+        time.sleep(30)
+        return "unreachable"
+
     def fail(self) -> None:
         raise LookupError("no such thing")
 

@@ -15,7 +15,7 @@ import pykka
 import pytest
 
 from rho_actors import ActorSystem, ChildSpec, ErrorKind, SupervisorEvent, ToolCall, tool
-from rho_actors.isolation.servers import ProcessActor, ServerCall, ServerError, ThreadActor, call_server
+from rho_actors.isolation.servers import ProcessActor, ServerCall, ServerDown, ServerError, ThreadActor, call_server
 from rho_actors.results import text
 from tests.server_classes import Broken, Store
 
@@ -202,6 +202,20 @@ def test_an_untrusted_server_is_confined_and_answers_plain_data_only(
     assert _server_node(system, name)["server"]["trusted"] is False
 
 
+def test_a_forged_answer_from_an_untrusted_server_gets_it_killed_as_crashed(
+    system: ActorSystem, request: pytest.FixtureRequest
+) -> None:
+    name = _name(request)
+    system.start_child(ChildSpec(name, ProcessActor(Store, trusted=False), name=name))
+    ref = system.whereis(name)
+    assert ref is not None
+    pid = ask(ref, ServerCall("where"))["pid"]
+    with pytest.raises(ServerDown) as down:
+        ask(ref, ServerCall("forge", timeout_ms=20_000))
+    assert down.value.key == "server_crashed" and "more than the limit" in str(down.value)
+    assert not Path(f"/proc/{pid}").exists()
+
+
 def test_an_untrusted_server_killed_at_its_deadline_is_gone(
     system: ActorSystem, request: pytest.FixtureRequest
 ) -> None:
@@ -236,3 +250,23 @@ def test_bad_server_specs_are_refused() -> None:
         ProcessActor(Store, call_timeout_ms=0)
     with pytest.raises(ValueError, match="heap_bytes"):
         ProcessActor(Store, heap_bytes=-1)
+
+
+def test_a_malformed_answer_from_an_untrusted_server_is_refused_without_running_code() -> None:
+    import msgpack
+
+    from rho_actors.sandbox import wire
+
+    assert wire.decode_served("plain", wire.encode_served("plain", True, {"k": ["\x1b[2Jv", 1]})) == (
+        True, {"k": ["\ufffd[2Jv", 1]}, "", "")  # a terminal escape reaches no host screen
+    for body, problem in [
+        (msgpack.packb({"ok": True}), "exactly"),
+        (msgpack.packb({"ok": 1, "value": None, "type": None, "message": None}), "not a bool"),
+        (msgpack.packb({"ok": True, "value": b"raw", "type": None, "message": None}), "not JSON data"),
+        (msgpack.packb({"ok": True, "value": [0] * (wire.MAX_SERVED_ITEMS + 1), "type": None, "message": None}),
+         "msgpack"),
+        (b"\x80" * (wire.MAX_SERVED_BYTES + 1), "more than the limit"),
+        (__import__("pickle").dumps((True, 1, None, None)), "msgpack"),  # a pickle is never loaded
+    ]:
+        with pytest.raises(wire.WireError, match=problem):
+            wire.decode_served("plain", body)

@@ -253,7 +253,7 @@ class ProcessServer(Actor):
         self.calls += 1
         try:
             channel.send(wire.SERVE, body, deadline)
-            tag, reply = channel.recv(deadline, wire.MAX_REPLY_BYTES)
+            tag, reply = channel.recv(deadline, wire.MAX_REPLY_BYTES if self.trusted else wire.MAX_SERVED_BYTES)
             if tag != wire.SERVED:
                 raise Malformed(f"an unexpected frame {tag!r}")
             ok, value, type_name, error = wire.decode_served(self.codec, reply)

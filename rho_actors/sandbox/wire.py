@@ -484,6 +484,12 @@ def decode_json(body: bytes) -> Any:
 _SERVED_KEYS: Final = frozenset({"ok", "value", "type", "message"})
 MAX_SERVED_MESSAGE_CHARS: Final = 4_000
 """The longest error message a server sends back (longer ones are cut), in characters."""
+MAX_SERVED_BYTES: Final = 16 * 2**20
+"""The longest answer frame of an untrusted (plain) server; a longer one is a protocol
+violation (the server is killed)."""
+MAX_SERVED_ITEMS: Final = 2**20
+"""The most items of one list or map, and the most lists and maps in all, of a plain
+server's answer (what decoding it may build in the host is bounded)."""
 
 
 def encode_served(codec: str, ok: bool, value: Any) -> bytes:
@@ -517,7 +523,9 @@ def decode_served(codec: str, body: bytes) -> tuple[bool, Any, str, str]:
         except Exception as exc:
             raise WireError(f"not a server answer ({describe_exception(exc)})") from None
         return bool(ok), value, str(name or ""), str(message or "")
-    answer = _unpack(body, max_len=MAX_REPLY_BYTES, max_containers=MAX_REPLY_BYTES // 8)
+    if len(body) > MAX_SERVED_BYTES:
+        raise WireError(f"a server answer of {len(body):,} bytes, more than the limit of {MAX_SERVED_BYTES:,}")
+    answer = _unpack(body, max_len=MAX_SERVED_ITEMS, max_containers=MAX_SERVED_ITEMS)
     if type(answer) is not dict or set(answer) != _SERVED_KEYS:
         raise WireError(f"a server answer must be a map of exactly {', '.join(sorted(_SERVED_KEYS))}")
     ok = answer["ok"]
