@@ -443,4 +443,5 @@ def test_a_backends_server_that_cannot_start_makes_its_session_differ_not_the_re
     assert report.sessions == 2 and report.identical == 0 and len(report.differences) == report.calls
     assert all("server 'bfcl:multi_turn_base_" in d.got and "is not running" in d.got for d in report.differences)
     assert report.unexplained_state_differences and report.exit_code == 1
+    assert "its start failed (RuntimeError: no room for the server)" in report.state_differences[0].attributes[0]
     assert backends.server_name(bfcl.load_entries("base", 1)[0]) == "bfcl:multi_turn_base_0"

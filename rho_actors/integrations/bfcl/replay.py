@@ -377,8 +377,8 @@ class _Session:
         same = True
         for class_name in self.entry.involved_classes:
             expected = public_state(self.direct_instances[class_name])
-            if isinstance(states, str):  # unreadable: every attribute differs
-                differing = sorted(expected) or [states]
+            if isinstance(states, str):  # unreadable: the difference is why
+                differing = [states]
             else:
                 differing = differing_attributes(states.get(class_name, {}), expected)
             if differing:
