@@ -5,7 +5,7 @@ Commands (argparse subcommands; each command group registers itself in
 ``selftest``, ``tree`` or ``chat`` are added as siblings)::
 
     rho-actors replay bfcl [--category base|miss_func|miss_param|long_context]
-                           [--limit N] [--json] [--tree]
+                           [--limit N] [--json] [--tree] [--isolation thread|process|ray]
     rho-actors selftest MODULE_OR_PATH... [--timeout S] [--json] [--trusted] [--unconfined]
     rho-actors chat --model openai:MODEL|anthropic:MODEL [--base-url URL] [--session ID]
                     [--max-steps N] [--tools MODULE_OR_PATH...] [--untrusted] [--unconfined] [--data-dir DIR]
@@ -72,6 +72,11 @@ def _add_replay(commands: Any) -> None:
     )
     bfcl.add_argument("--json", action="store_true", help="print the summary as one JSON object (no progress bar)")
     bfcl.add_argument(
+        "--isolation", choices=("thread", "process", "ray"), default="thread",
+        help="where each session's backend instances live and its calls run: a host actor, a process of its own, "
+        "a Ray actor (default: thread)",
+    )
+    bfcl.add_argument(
         "--tree", action="store_true", help="also print the live supervision tree, taken after the last session"
     )
     bfcl.set_defaults(handler=_run_replay_bfcl)
@@ -81,7 +86,8 @@ def _run_replay_bfcl(args: argparse.Namespace) -> int:
     from rho_actors.integrations.bfcl import BfclUnavailableError, replay
 
     try:
-        report = replay(category=args.category, limit=args.limit, progress=not args.json, tree=args.tree)
+        report = replay(category=args.category, limit=args.limit, progress=not args.json, tree=args.tree,
+                        isolation=args.isolation)
     except BfclUnavailableError as exc:
         print(f"rho-actors: {exc}", file=sys.stderr)
         return 2

@@ -187,6 +187,24 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     ),
     "ray_raised": (_K.RAISED, "tool {tool!r} failed in its Ray task ({cause})"),
     "ray_failed": (_K.CRASHED, "tool {tool!r}: Ray failed ({cause})"),
+    # a stateful server reached from a tool (rho_actors.isolation.servers.call_server)
+    "server_not_running": (
+        _K.UNAVAILABLE, "server {server!r} is not running now (it is restarting, or its supervisor gave it up); "
+        "{method}() did not run"
+    ),
+    "server_killed": (
+        _K.TIMEOUT, "server {server!r} did not answer {method}() within {timeout_ms} ms: its process was killed, "
+        "so everything it held is lost; it is restarted with fresh state"
+    ),
+    "server_crashed": (
+        _K.CRASHED, "server {server!r} died during {method}() ({cause}), so everything it held is lost; it is "
+        "restarted with fresh state"
+    ),
+    "server_memory": (
+        _K.MEMORY, "server {server!r} ran out of memory during {method}() (its process tree reached its bound of "
+        "{heap} and was killed), so everything it held is lost; it is restarted with fresh state"
+    ),
+    "server_unanswered": (_K.TIMEOUT, "server {server!r} did not answer {method}() before this call's deadline"),
     # a tool of an MCP server (rho_actors.mcp.source), raised as a ToolFailure
     "mcp_not_connected": (
         _K.UNAVAILABLE, "tool {tool!r} cannot be called: MCP server {server} is not connected now "

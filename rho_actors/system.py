@@ -17,15 +17,13 @@ each node has its strategy and intensity)::
         └── <spec id>       Supervisor, its own intensity    (start_child's, default I)
             └── <spec id>   the host's actor      its spec's restart type
 
-``I`` is ``ActorSystem(max_restarts=..., max_seconds=...)``. A session or server that
-crash-loops exhausts the intensity of its own subtree only: that subtree is given up
-(reported, and its handle's errors say so) and nothing else is touched. The state of
-the DeclarationActor and of the registry is kept by the system, so either one restarted
-by the root loses no tool and no checked declaration; calls in flight do not depend on
-them. A failure escalating past the root's restart intensity stops the system:
-:attr:`ActorSystem.stopped` turns true and :attr:`ActorSystem.exit_reason` holds the
-cause. Every supervisor's reports are :class:`rho_actors.SupervisorEvent` values on
-:meth:`ActorSystem.subscribe`, and are logged.
+``I`` is ``ActorSystem(max_restarts=..., max_seconds=...)``. A session or server that crash-loops exhausts the
+intensity of its own subtree only: that subtree is given up (reported, and its handle's errors say so) and nothing
+else is touched. The state of the DeclarationActor and of the registry is kept by the system, so either one
+restarted by the root loses no tool and no checked declaration; calls in flight do not depend on them. A failure
+escalating past the root's restart intensity stops the system: :attr:`ActorSystem.stopped` turns true and
+:attr:`ActorSystem.exit_reason` holds the cause. Every supervisor's reports are :class:`rho_actors.SupervisorEvent`
+values on :meth:`ActorSystem.subscribe`, and are logged.
 
 Example::
 
@@ -554,6 +552,13 @@ class ActorSystem:
         )
         return start_adopted(self._proxy(under), server, self._ask_timeout_s)
 
+    def stop_child(self, child_id: str, *, under: Literal["servers", "sources"] = "servers") -> bool:
+        """Stop the subtree :meth:`start_child` started for ``child_id`` and forget it (OTP's
+        ``terminate_child``: a process server's process is killed); whether there was one."""
+        if under not in (SERVERS, SOURCES):
+            raise ValueError(f"under must be {SERVERS!r} or {SOURCES!r}, got {under!r}")
+        return bool(self._proxy(under).terminate_child(child_id).get(timeout=self._ask_timeout_s + 30))
+
     def whereis(self, name: str) -> pykka.ActorRef[Any] | None:
         """The live ref of the actor registered as ``name`` in this system (it follows
         restarts), or None (Erlang's ``whereis/1``)."""
@@ -567,13 +572,12 @@ class ActorSystem:
         return self._names.lookup(name)
 
     def tree(self) -> dict[str, Any]:
-        """The live supervision tree as plain data. Each node: ``id``, ``kind``
-        (``"supervisor"`` or ``"worker"``), ``restart``, ``restarts``, ``alive``;
-        supervisors add ``strategy`` and ``children``; the ``calls`` supervisor gives
-        a ``running`` count instead of a node per call; a session's
-        ``loop`` adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline;
-        ``workers`` adds ``isolations``: what each isolation in use shows (``ray``: its
-        tasks in flight and the Ray actors of its servers, with their nodes)."""
+        """The live supervision tree as plain data. Each node: ``id``, ``kind`` (``"supervisor"`` or ``"worker"``),
+        ``restart``, ``restarts``, ``alive``; supervisors add ``strategy`` and ``children``; the ``calls``
+        supervisor gives a ``running`` count instead of a node per call; a session's ``loop`` adds
+        ``running``: its calls with ``tool`` and ``ms_left`` to the deadline; a stateful server adds
+        ``server``: its ``isolation``, ``class``, ``pid``... (:mod:`rho_actors.isolation.servers`);
+        ``workers`` adds ``isolations``: what each isolation in use shows (``ray``: its tasks in flight)."""
         node: dict[str, Any] = {"id": ROOT, "kind": "supervisor", "restart": "permanent", "restarts": 0,
                                 "alive": self._root.is_alive()}
         return self._describe(self._root, node)
@@ -597,6 +601,8 @@ class ActorSystem:
             elif node["id"] == WORKERS and parent == ROOT:
                 isolations = self._runtime.isolations.items()
                 node["isolations"] = {name: view for name, isolation in isolations if (view := isolation.describe())}
+            elif callable(getattr(ref.actor_class, "server_info", None)):  # a stateful server: where it runs
+                node["server"] = ref.proxy().server_info().get(timeout=self._ask_timeout_s)
             elif issubclass(ref.actor_class, LoopActor):
                 loop = Loop(parent, self._sessions_dir / parent, self._runtime)
                 node["running"] = loop.running()

@@ -400,3 +400,48 @@ def test_a_tampered_result_is_a_difference(monkeypatch: pytest.MonkeyPatch) -> N
     (difference,) = report.differences
     assert difference.got == difference.expected + " (tampered)"
     assert report.exit_code == 1
+
+
+# --------------------------------------------------------------------------- isolations
+
+
+def test_replay_with_backends_in_server_processes_gives_the_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host's copy of the backends' call path is tampered with: a call that ran in the
+    # host would differ; in process isolation every call runs in its session's server process.
+    from rho_actors.integrations.bfcl import backends
+
+    monkeypatch.setattr(backends, "execute_direct", lambda *args: ("tampered in the host", False))
+    assert bfcl.replay(category="base", limit=1, isolation="thread").differences != []
+    report = bfcl.replay(category="base", ids=["multi_turn_base_0", "multi_turn_base_173"], isolation="process")
+    # the verdicts of thread isolation (test_known_validation_rejection_is_listed, test_replay_is_identical)
+    assert report.differences == [] and report.exit_code == 0
+    assert report.identical == report.calls - 1 and report.calls > 1
+    assert [(r.entry_id, r.kind) for r in report.rejections] == [("multi_turn_base_173", "invalid_arguments")]
+    assert [(d.class_name, d.attributed_to_rejection) for d in report.state_differences] == [("TicketAPI", True)]
+    assert report.sessions_identical_state == 1
+    data = json.loads(report.to_json())
+    assert data["isolation"] == "process" and data["replay_sessions_wall_s"] > 0
+
+
+def test_an_unknown_isolation_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown isolation 'gpu'; choose one of thread, process, ray"):
+        bfcl.replay(category="base", limit=1, isolation="gpu")
+
+
+def test_a_backends_server_that_cannot_start_makes_its_session_differ_not_the_replay_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rho_actors.integrations.bfcl import backends
+
+    replay_module = importlib.import_module("rho_actors.integrations.bfcl.replay")  # the package's name is the function
+
+    def broken(isolation: str, entry: Any) -> Any:
+        raise RuntimeError("no room for the server")
+
+    monkeypatch.setattr(replay_module, "server_start", broken)
+    report = bfcl.replay(category="base", limit=2)
+    assert report.sessions == 2 and report.identical == 0 and len(report.differences) == report.calls
+    assert all("server 'bfcl:multi_turn_base_" in d.got and "is not running" in d.got for d in report.differences)
+    assert report.unexplained_state_differences and report.exit_code == 1
+    assert "its start failed (RuntimeError: no room for the server)" in report.state_differences[0].attributes[0]
+    assert backends.server_name(bfcl.load_entries("base", 1)[0]) == "bfcl:multi_turn_base_0"

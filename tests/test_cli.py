@@ -18,6 +18,7 @@ SUMMARY_KEYS = {
     "sessions",
     "turns",
     "calls",
+    "isolation",
     "identical",
     "rejected",
     "rejections",
@@ -38,12 +39,15 @@ def test_parser_has_replay_bfcl() -> None:
     args = build_parser().parse_args(["replay", "bfcl", "--category", "miss_func", "--limit", "2", "--json"])
     assert (args.command, args.target, args.category, args.limit, args.json) == ("replay", "bfcl", "miss_func", 2, True)
     defaults = build_parser().parse_args(["replay", "bfcl"])
-    assert (defaults.category, defaults.limit, defaults.json) == ("base", None, False)
+    assert (defaults.category, defaults.limit, defaults.json, defaults.isolation) == ("base", None, False, "thread")
+    for isolation in ("thread", "process", "ray"):
+        assert build_parser().parse_args(["replay", "bfcl", "--isolation", isolation]).isolation == isolation
 
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["replay"], ["replay", "bfcl", "--category", "simple"], ["replay", "bfcl", "--limit", "-1"], ["nope"]],
+    [[], ["replay"], ["replay", "bfcl", "--category", "simple"], ["replay", "bfcl", "--limit", "-1"],
+     ["replay", "bfcl", "--isolation", "gpu"], ["nope"]],
 )
 def test_usage_errors_return_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -77,7 +81,7 @@ def test_replay_bfcl_json(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert data.keys() >= SUMMARY_KEYS
-    assert data["category"] == "base" and data["sessions"] == 2
+    assert data["category"] == "base" and data["sessions"] == 2 and data["isolation"] == "thread"
     assert data["identical"] == data["calls"] > 0
     assert data["different"] == 0 and data["exit_code"] == 0
     assert set(data["overhead_us"]) == {"n", "p50", "p99", "mean"}

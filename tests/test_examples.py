@@ -19,6 +19,15 @@ def test_the_kv_server_survives_a_crash_with_fresh_state() -> None:
     assert run("kv_server.py").splitlines() == ["stored", "Lisbon", "(not set)", "restarts: 1"]
 
 
+def test_the_process_server_is_killed_at_its_deadline_and_restarted_fresh() -> None:
+    assert run("process_server.py").splitlines() == [
+        "stored", "Lisbon",
+        "[timeout] server 'kv' did not answer slow() within 500 ms: its process was killed, so everything it held "
+        "is lost; it is restarted with fresh state",
+        "old process gone: True", "(not set)", "restarts: 1 isolation: process",
+    ]
+
+
 def test_the_fastapi_demo_serves_two_users_at_once_and_stops() -> None:
     assert run("fastapi_app.py").splitlines() == [
         "ann ['noted', '42', '[\"buy milk\"]']", "bob ['noted', '42', '[\"call mum\"]']",

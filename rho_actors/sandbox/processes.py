@@ -8,7 +8,8 @@ works too; a bare ``fork`` of this multi-threaded runtime is refused). The first
 ``rho_actors.sandbox`` (and so the rho_actors package), which makes a child ready in a
 few milliseconds; that only takes effect when the fork server is not running yet, and
 it replaces the preload list (``["__main__"]`` by default) with
-``["__main__", "rho_actors.sandbox"]``. Nothing happens at import.
+``["__main__", "rho_actors.sandbox"]`` (and what :func:`preload_modules` adds).
+Nothing happens at import.
 
 Every child is started by :func:`spawn` with one entry point,
 :func:`rho_actors.sandbox.child.child_main`, which runs
@@ -39,6 +40,7 @@ __all__ = [
     "kill_group",
     "kill_groups",
     "mib",
+    "preload_modules",
     "reap",
     "release_servers",
     "signal_name",
@@ -49,6 +51,7 @@ START_METHODS: Final = ("forkserver", "spawn")
 
 _preload_lock = threading.Lock()
 _preload_asked: list[bool] = []
+_PRELOADS = ["__main__", "rho_actors.sandbox"]
 _holders = [0]  # systems and pools using the fork server now
 
 
@@ -86,8 +89,25 @@ def _ask_preload() -> None:
         if not _preload_asked:
             from multiprocessing import forkserver
 
-            forkserver.set_forkserver_preload(["__main__", "rho_actors.sandbox"])
+            forkserver.set_forkserver_preload(list(_PRELOADS))
             _preload_asked.append(True)
+
+
+def preload_modules(*names: str) -> None:
+    """Have ``multiprocessing``'s fork server (trusted children's) import the modules
+    ``names`` once, before it forks, so a trusted worker or server does not pay for
+    importing them; from the fork server's next start on (the last holder's
+    :func:`release_servers` stops it). Raises ``TypeError`` for a name that is not a
+    ``str``. (Untrusted children: :func:`rho_actors.sandbox.clean.preload_modules`.)"""
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"a module name must be a str, not {type(name).__name__}")
+    with _preload_lock:
+        _PRELOADS.extend(name for name in dict.fromkeys(names) if name not in _PRELOADS)
+        if _preload_asked:
+            from multiprocessing import forkserver
+
+            forkserver.set_forkserver_preload(list(_PRELOADS))
 
 
 def context(start_method: str) -> Any:

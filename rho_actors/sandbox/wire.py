@@ -15,6 +15,9 @@ tag                direction  body
 ``DECLARATION``    child ->   a declaration read's answer: JSON text
 ``SELFTEST``       child ->   a selftest's answer: JSON text
 ``DISCOVERY``      child ->   which tools a plugin file holds: JSON text
+``SERVE``          -> child   a server call: ``(method, args, kwargs)`` pickled (host data)
+``SERVED``         child ->   a server's answer (or its start's failure), in its codec:
+                              :func:`encode_served` / :func:`decode_served`
 =================  =========  ========================================================
 
 What comes back from a worker is decoded by its :class:`ResultCodec`, looked up by name
@@ -64,6 +67,8 @@ __all__ = [
     "RESULT",
     "RESULT_RETIRE",
     "SELFTEST",
+    "SERVE",
+    "SERVED",
     "CallRequest",
     "PickleCodec",
     "PlainCodec",
@@ -74,8 +79,10 @@ __all__ = [
     "child_text",
     "decode_call",
     "decode_json",
+    "decode_served",
     "encode_call",
     "encode_json",
+    "encode_served",
     "plain_problem",
 ]
 
@@ -87,6 +94,8 @@ RESULT_RETIRE: Final = b"X"
 DECLARATION: Final = b"D"
 SELFTEST: Final = b"S"
 DISCOVERY: Final = b"F"
+SERVE: Final = b"V"
+SERVED: Final = b"W"
 
 MAX_DECLARATION_BYTES: Final = 32 * 2**20
 """A declaration child's answer longer than this is refused as malformed."""
@@ -467,3 +476,64 @@ def decode_json(body: bytes) -> Any:
     except (ValueError, RecursionError) as exc:
         raise WireError(describe_exception(exc)) from None
     return _scrubbed(value)
+
+
+_SERVED_KEYS: Final = frozenset({"ok", "value", "type", "message"})
+MAX_SERVED_MESSAGE_CHARS: Final = 4_000
+"""The longest error message a server sends back (longer ones are cut), in characters."""
+MAX_SERVED_BYTES: Final = 16 * 2**20
+"""The longest answer frame of an untrusted (plain) server; a longer one is a protocol
+violation (the server is killed)."""
+MAX_SERVED_ITEMS: Final = 2**20
+"""The most items of one list or map, and the most lists and maps in all, of a plain
+server's answer (what decoding it may build in the host is bounded)."""
+
+
+def encode_served(codec: str, ok: bool, value: Any) -> bytes:
+    """A server's answer (the child's side): ``value`` returned (``ok``) or the exception
+    it raised, in the server's codec (``"plain"``: msgpack of plain JSON data, tuples as
+    lists; ``"pickle"``: cloudpickle, trusted servers only). Raises :class:`WireError`
+    when a returned value cannot be encoded (the message names its first bad part)."""
+    if ok:
+        if codec == "plain":
+            problem = plain_problem(value, "the returned value", tuples=True)
+            if problem is not None:
+                raise WireError(f"{problem}; an untrusted server returns plain JSON data only")
+            return _pack({"ok": True, "value": value, "type": None, "message": None})
+        try:
+            return bytes(cloudpickle.dumps((True, value, None, None)))
+        except Exception as exc:
+            raise WireError(f"the returned {_type_name(value)} cannot be pickled ({describe_exception(exc)})") from None
+    name, message = _type_name(value), str(describe_exception(value))[:MAX_SERVED_MESSAGE_CHARS]
+    if codec == "plain":
+        return _pack({"ok": False, "value": None, "type": name, "message": message})
+    return bytes(pickle.dumps((False, None, name, message)))
+
+
+def decode_served(codec: str, body: bytes) -> tuple[bool, Any, str, str]:
+    """A server's answer (the host's side) as ``(ok, value, error type name, error
+    message)``; ``"plain"`` never runs code: bounded msgpack, every field checked, every
+    string scrubbed by :func:`child_text`. Raises :class:`WireError` for anything else."""
+    if codec == "pickle":
+        try:
+            ok, value, name, message = pickle.loads(body)
+        except Exception as exc:
+            raise WireError(f"not a server answer ({describe_exception(exc)})") from None
+        return bool(ok), value, str(name or ""), str(message or "")
+    if len(body) > MAX_SERVED_BYTES:
+        raise WireError(f"a server answer of {len(body):,} bytes, more than the limit of {MAX_SERVED_BYTES:,}")
+    answer = _unpack(body, max_len=MAX_SERVED_ITEMS, max_containers=MAX_SERVED_ITEMS)
+    if type(answer) is not dict or set(answer) != _SERVED_KEYS:
+        raise WireError(f"a server answer must be a map of exactly {', '.join(sorted(_SERVED_KEYS))}")
+    ok = answer["ok"]
+    if type(ok) is not bool:
+        raise WireError("answer.ok is not a bool")
+    if ok:
+        problem = plain_problem(answer["value"], "answer.value")
+        if problem is not None:
+            raise WireError(problem)
+        return True, _scrubbed(answer["value"]), "", ""
+    name, message = answer["type"], answer["message"]
+    if type(name) is not str or type(message) is not str or len(name) > 200 or len(message) > MAX_SERVED_MESSAGE_CHARS:
+        raise WireError("answer.type and answer.message must be short strings")
+    return False, None, child_text(name), child_text(message)

@@ -176,8 +176,10 @@ class BfclTool:
     """A BFCL backend method as a runtime tool (DESIGN §2).
 
     ``run(args, ctx)`` calls the method on ``ctx["deps"][class_name]`` (the session's
-    instance) and returns BFCL's result text (a ``str``), or ``Error(text)`` with BFCL's
-    error text when the method raised. Tools are ``"exclusive"``: the methods of a
+    instance), or, when ``ctx["deps"]["server"]`` names a server holding the session's
+    :class:`~rho_actors.integrations.bfcl.backends.BfclBackends`, on that server; it
+    returns BFCL's result text (a ``str``), or ``Error(text)`` with BFCL's error text
+    when the method raised. Tools are ``"exclusive"``: the methods of a
     session share state, so a turn runs its calls one at a time, in order.
     """
 
@@ -202,6 +204,12 @@ class BfclTool:
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> str | Error:
         deps = ctx.get("deps") or {}
+        server = deps.get("server") if isinstance(deps, Mapping) else None
+        if isinstance(server, str):  # the session's backends live in a server (replay(isolation=...))
+            from rho_actors.isolation.servers import call_server
+
+            text, raised = call_server(ctx, server, "call", self.function.class_name, self.function.name, args)
+            return Error(text) if raised else text
         instance = deps.get(self.function.class_name) if isinstance(deps, Mapping) else None
         if instance is None:
             return Error(f"{ERROR_PREFIX}no {self.function.class_name} instance in this session")

@@ -240,5 +240,11 @@ def public_state(instance: object) -> dict[str, Any]:
 def state_differences(got: object, expected: object) -> list[str]:
     """Names of the public attributes whose values differ (``!=``, deep for containers)
     between two instances of one class, or that only one of them has; sorted."""
-    a, b = public_state(got), public_state(expected)
+    return differing_attributes(public_state(got), public_state(expected))
+
+
+def differing_attributes(got: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
+    """Names of the keys of two public states (:func:`public_state`) whose values differ
+    (``!=``), or that only one of them has; sorted."""
+    a, b = got, expected
     return sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or a[k] != b[k])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rho_actors.integrations.bfcl.backends import ISOLATIONS, SERVER_DEP, connect, server_name, server_start
 from rho_actors.integrations.bfcl.convert import (
     BfclFunction,
     bind_arguments,
@@ -27,11 +28,14 @@ from rho_actors.integrations.bfcl.data import (
     CallParseError,
     backend_class,
     build_instances,
+    differing_attributes,
     load_entries,
-    state_differences,
+    public_state,
     withheld_for_turn,
 )
 from rho_actors.integrations.bfcl.report import Difference, Rejection, ReplayReport, StateDifference
+from rho_actors.isolation.servers import ServerCall
+from rho_actors.otp.supervisor import ChildSpec
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -75,6 +79,7 @@ def replay(
     withhold_excluded: bool = True,
     data_dir: Path | None = None,
     tree: bool = False,
+    isolation: str = "thread",
 ) -> ReplayReport:
     """Replay the first ``limit`` (all if ``None``) conversations of BFCL's
     ``multi_turn_{category}`` through an :class:`~rho_actors.ActorSystem` and compare.
@@ -89,19 +94,26 @@ def replay(
     ``progress`` shows a rich progress bar on stderr. ``ids`` restricts the replay to
     those entry ids (see :func:`load_entries`). ``data_dir`` is the system's data
     directory (a temporary one if ``None``). ``tree`` keeps the system's supervision
-    tree, taken after the last session, in :attr:`ReplayReport.tree`. Returns a :class:`ReplayReport`; raises
+    tree, taken after the last session, in :attr:`ReplayReport.tree`. ``isolation``
+    (``"thread"``, ``"process"`` or ``"ray"``) is where each session's backend instances
+    live: in a server of that isolation started for the session (a host actor, a
+    process of its own, a Ray actor; :mod:`rho_actors.integrations.bfcl.backends`), where
+    every call of the session runs and whose states are compared at its end. Returns a :class:`ReplayReport`; raises
     :class:`BfclUnavailableError` when ``bfcl_eval`` is missing and ``ValueError`` for an
-    unknown category.
+    unknown category or isolation.
     """
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"unknown isolation {isolation!r}; choose one of {', '.join(ISOLATIONS)}")
     started = time.perf_counter()
     entries = load_entries(category, limit, ids)
     functions = load_functions()
     validator_class = importlib.import_module("jsonschema").Draft202012Validator
     validators = {name: validator_class(convert_schema(f.parameters)) for name, f in functions.items()}
-    report = ReplayReport(category=category)
+    report = ReplayReport(category=category, isolation=isolation)
 
     from rho_actors import ActorSystem
 
+    connect(isolation)
     with (
         tempfile.TemporaryDirectory(prefix="rho-bfcl-") as tmp,
         ActorSystem(data_dir=data_dir if data_dir is not None else Path(tmp)) as system,
@@ -225,11 +237,8 @@ class _Session:
         self.system, self.entry, self.functions, self.validators = system, entry, functions, validators
         self.report, self.withhold_excluded, self.clock = report, withhold_excluded, clock
         t0 = time.perf_counter()
-        self.runtime_instances = build_instances(entry)
-        t1 = time.perf_counter()
         self.direct_instances = build_instances(entry)
-        report.replay_sessions_wall_s += t1 - t0
-        report.direct_sessions_wall_s += time.perf_counter() - t1
+        report.direct_sessions_wall_s += time.perf_counter() - t0
         self.rejected = False
         self.withheld: set[str] = set()
 
@@ -238,7 +247,14 @@ class _Session:
         report.sessions += 1
         self.withheld = self._withheld(0)
         t0 = time.perf_counter()
-        loop = self.system.start_loop(session_id=entry.id, withheld=sorted(self.withheld), deps=self.runtime_instances)
+        name = server_name(entry)  # the session's backends: built in their server, its calls run there
+        self.start_error = ""
+        try:
+            self.system.start_child(ChildSpec(name, server_start(report.isolation, entry), restart="permanent",
+                                              name=name))
+        except Exception as exc:  # every call then differs (its server is not running), the replay goes on
+            self.start_error = f": its start failed ({type(exc).__name__}: {exc})"
+        loop = self.system.start_loop(session_id=entry.id, withheld=sorted(self.withheld), deps={SERVER_DEP: name})
         report.replay_sessions_wall_s += time.perf_counter() - t0
         try:
             for turn_index, turn in enumerate(entry.ground_truth):
@@ -254,8 +270,23 @@ class _Session:
         finally:
             t0 = time.perf_counter()
             loop.stop()
-            report.replay_sessions_wall_s += time.perf_counter() - t0
-        self._compare_states()
+            try:
+                states = self._states(name)
+            finally:
+                self.system.stop_child(name)
+                report.replay_sessions_wall_s += time.perf_counter() - t0
+        self._compare_states(states)
+
+    def _states(self, name: str) -> dict[str, dict[str, Any]] | str:
+        """The server's public states by class, or why they could not be read."""
+        ref = self.system.whereis(name)
+        if ref is None:
+            return f"the backends server {name!r} is not running{self.start_error}"
+        try:
+            states: dict[str, dict[str, Any]] = ref.ask(ServerCall("states"), timeout=60)
+        except Exception as exc:
+            return f"the backends server {name!r} did not give its states: {type(exc).__name__}: {exc}"
+        return states
 
     def _withheld(self, turn_index: int) -> set[str]:
         return withheld_for_turn(self.entry, turn_index, self.functions, withhold_excluded=self.withhold_excluded)
@@ -342,10 +373,14 @@ class _Session:
             )
         return True
 
-    def _compare_states(self) -> None:
+    def _compare_states(self, states: dict[str, dict[str, Any]] | str) -> None:
         same = True
         for class_name in self.entry.involved_classes:
-            differing = state_differences(self.runtime_instances[class_name], self.direct_instances[class_name])
+            expected = public_state(self.direct_instances[class_name])
+            if isinstance(states, str):  # unreadable: the difference is why
+                differing = [states]
+            else:
+                differing = differing_attributes(states.get(class_name, {}), expected)
             if differing:
                 same = False
                 self.report.state_differences.append(

@@ -78,7 +78,8 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 @dataclass
 class ReplayReport:
-    """The outcome of :func:`replay` for one category.
+    """The outcome of :func:`replay` for one category, with its backends in one
+    ``isolation`` (``"thread"``, ``"process"`` or ``"ray"``).
 
     Counts: ``sessions`` (entries), ``turns`` (ground-truth turns, empty ones included),
     ``calls`` (ground-truth calls), ``identical`` (calls whose runtime result has the
@@ -91,8 +92,9 @@ class ReplayReport:
     ``loop.run_turn`` (seconds); ``direct_wall_s`` the sum over calls of the direct
     method call plus BFCL formatting (seconds). Whole sessions:
     ``replay_sessions_wall_s`` adds to the turns each session's set-up and tear-down
-    through the runtime (building its backend instances, ``start_loop``,
-    ``set_withheld``, ``loop.stop``); ``direct_sessions_wall_s`` adds to the direct calls
+    through the runtime (starting its backends server, which builds the instances where
+    it runs, ``start_loop``, ``set_withheld``, ``loop.stop``, reading the server's states
+    and stopping it); ``direct_sessions_wall_s`` adds to the direct calls
     the building of the direct instances, which is all direct execution needs.
     ``total_wall_s`` is the whole replay (loading data, registering tools, both sides,
     the comparisons, system start and stop).
@@ -110,6 +112,7 @@ class ReplayReport:
     """
 
     category: str
+    isolation: str = "thread"
     sessions: int = 0
     turns: int = 0
     calls: int = 0
@@ -165,6 +168,7 @@ class ReplayReport:
         """The report as plain JSON data (the keys of :meth:`to_json`)."""
         return {
             "category": self.category,
+            "isolation": self.isolation,
             "sessions": self.sessions,
             "turns": self.turns,
             "calls": self.calls,
@@ -207,6 +211,7 @@ class ReplayReport:
         table.add_column(style="bold")
         table.add_column()
         rows = [
+            ("isolation of the backends", self.isolation),
             ("sessions", str(self.sessions)),
             ("turns", str(self.turns)),
             ("calls", str(self.calls)),

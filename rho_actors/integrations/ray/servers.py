@@ -27,6 +27,7 @@ from loguru import logger
 
 from rho_actors.encoding import describe_exception
 from rho_actors.integrations.ray.tasks import RayResources, RayRuntime, default_runtime
+from rho_actors.isolation.servers import ServerCall
 from rho_actors.otp.actor import Actor, kill, start_link
 from rho_actors.otp.timers import Timer
 from rho_actors.sandbox.shipping import local_modules
@@ -169,6 +170,10 @@ class RayServer(Actor):
         down with ``why`` as soon as it has its turn."""
         self.actor_ref.tell(_NodeLost(why))
 
+    def server_info(self) -> dict[str, Any]:
+        """:meth:`describe` with ``isolation`` ``"ray"``, for the supervision tree."""
+        return {"isolation": "ray", **self.describe()}
+
     def _schedule_ping(self) -> None:
         try:
             self._timer = self.runtime.timers.send_after(self.ping_ms / 1000, self.actor_ref, _Liveness())
@@ -210,7 +215,7 @@ class RayServer(Actor):
                 logger.debug("ray.kill of {} failed: {}", self.actor_id, describe_exception(exc))
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, RayCall):
+        if isinstance(message, (RayCall, ServerCall)):  # a ServerCall: as every server kind answers
             return self._call(message)
         if isinstance(message, _Liveness):
             self._check_liveness()
@@ -226,7 +231,7 @@ class RayServer(Actor):
         ``ref.proxy().call(...)``). Raises as :class:`RayCall` does."""
         return self._call(RayCall(method, args, kwargs))
 
-    def _call(self, message: RayCall) -> Any:
+    def _call(self, message: RayCall | ServerCall) -> Any:
         if self._down_error is not None:
             raise self._down_error
         timeout_ms = self.call_timeout_ms if message.timeout_ms is None else message.timeout_ms
