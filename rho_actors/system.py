@@ -74,12 +74,19 @@ from rho_actors.otp.timers import Timers
 from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
 from rho_actors.registry.tool_registry import Registration, RegistryState, ToolRegistry
 from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, fair_shares
-from rho_actors.sandbox.confine import confinement as _confinement
-from rho_actors.sandbox.confine.enclosure import ConfinePolicy, policy_stats, system_policy
-from rho_actors.sandbox.main_guard import refuse_unguarded_children, refuse_unguarded_start
-from rho_actors.sandbox.processes import hold_servers, release_servers
-from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
-from rho_actors.sandbox.sweep import sweep
+from rho_actors.sandbox import (
+    DEFAULT_HEAP_BYTES,
+    Confinement,
+    ConfinePolicy,
+    hold_servers,
+    make_session_dir,
+    policy_stats,
+    refuse_unguarded_children,
+    refuse_unguarded_start,
+    release_servers,
+    sweep_leftovers,
+    system_policy,
+)
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo, is_untrusted, missing_callbacks
 
@@ -173,7 +180,7 @@ class ActorSystem:
         untrusted: UntrustedReads | None = None,
         warm_workers: int = 2,
         tracing: bool | Telemetry = True,
-        confinement: _confinement.Confinement | bool | None = None,
+        confinement: Confinement | bool | None = None,
         max_workers: int | None = None,
         worker_idle_s: float = 30.0,
         abandoned_threads_per_tool: int = 8,
@@ -190,7 +197,7 @@ class ActorSystem:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._sessions_dir = (self.data_dir / "sessions").resolve()
-        _confinement.make_session_dir(str(self._sessions_dir))  # a session's own folder: on first use
+        make_session_dir(str(self._sessions_dir))  # a session's own folder: on first use
         self._tools = ToolSetView()
         self._names = Names()
         self._timers = Timers()
@@ -210,7 +217,7 @@ class ActorSystem:
                       shutdown=shutdown_ms)
         )
         self._confine = system_policy(confinement, (str(self.data_dir.resolve()),), process_heap_bytes)
-        sweep()  # what a host killed from outside left behind
+        sweep_leftovers()  # what a host killed from outside left behind
         events = EventBus()
         cap = max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1))
         share = fair_shares(cap, max_workers_per_session, abandoned_threads_per_session, max_timeout_ms)
@@ -373,14 +380,11 @@ class ActorSystem:
         missing = [] if untrusted else missing_callbacks(tool)
         if missing:
             raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
-        registry = self._proxy(REGISTRY)
-        answer = registry.register(tool, origin, untrusted, isolation, placement, source).get(
-            timeout=self._ask_timeout_s
-        )
+        answer = self._proxy(REGISTRY).register(tool, origin, untrusted, isolation, placement, source).get(
+            timeout=self._ask_timeout_s)
         if isinstance(answer, Registration):
             return answer
-        registration: Registration = answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)
-        return registration
+        return answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)  # type: ignore[no-any-return]
 
     def unregister(self, name_or_tool: Any) -> bool:
         """Remove a tool (by name or object); loops stop offering it from their next

@@ -1,5 +1,6 @@
-"""The package's layout rules: no import circle, nothing below the agent layer imports
-it, no private name imported across modules, no module over 700 lines.
+"""The package's layout rules: no import circle, imports run down the layers (all but
+the few listed), a package's internal modules are imported only inside it, no private
+name imported across modules, no module over 700 lines.
 
 The import graph has an edge for every ``import`` of a rho_actors module anywhere in a
 module (inside functions and under ``if TYPE_CHECKING:`` too: a type-only import is a
@@ -10,6 +11,7 @@ order)."""
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "rho_actors"
@@ -214,3 +216,60 @@ def test_model_visible_text_is_written_only_in_the_results_table() -> None:
                 if isinstance(key, str) and key not in TEXTS:
                     unknown.append(f"{name}:{node.lineno}: {key!r}")
     assert written == [] and unknown == []
+
+
+FACES: tuple[str, ...] = ("rho_actors.sandbox",)
+"""Packages whose submodules are internal: every module under one (its subpackages'
+included, as ``sandbox/confine/``) is imported only by modules inside that package;
+anything outside imports the package's face, the names its ``__init__.py`` re-exports
+(DESIGN §7). Importing a submodule through the face (``from rho_actors.sandbox import
+wire``), under another name, or by its dotted name as text (``import_module``) counts
+the same."""
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _internal_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every import of a :data:`FACES` package's submodule from outside the package."""
+    return {(m, t) for m, targets in graph.items() for t in targets for face in FACES
+            if t.startswith(face + ".") and not _inside(m, face)}
+
+
+def _named_internals() -> set[tuple[str, str]]:
+    """Internal modules named as text (an ``import_module("rho_actors.sandbox.pool")``)
+    outside their package."""
+    modules = _modules()
+    found = set()
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in modules:
+                found |= {(name, node.value) for face in FACES
+                          if node.value.startswith(face + ".") and not _inside(name, face)}
+    return found
+
+
+def test_internal_modules_are_imported_only_inside_their_package() -> None:
+    assert sorted(_internal_imports(_graph()) | _named_internals()) == []
+
+
+def test_the_internals_check_finds_an_import_from_outside() -> None:
+    graph = {"rho_actors.system": {"rho_actors.sandbox.pool", "rho_actors.sandbox"},
+             "rho_actors.sandbox.pool": {"rho_actors.sandbox.confine.enclosure"},
+             "rho_actors.sandbox": {"rho_actors.sandbox.pool"}}
+    assert _internal_imports(graph) == {("rho_actors.system", "rho_actors.sandbox.pool")}
+
+
+def test_every_name_of_a_face_is_its_own() -> None:
+    """A face lists what it re-exports in ``__all__``, and each name is importable from it
+    (no name of the face stands for one of its submodules: that would be the module)."""
+    import importlib
+
+    for face in FACES:
+        package = importlib.import_module(face)
+        exported = list(package.__all__)
+        assert len(set(exported)) == len(exported), face
+        for name in exported:
+            value = getattr(package, name)
+            assert not (inspect.ismodule(value)), f"{face}.{name} is a module, not a name of the face"

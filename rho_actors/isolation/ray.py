@@ -17,10 +17,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rho_actors.isolation.base import Isolation, IsolationServices
+from rho_actors.isolation.base import Isolation, IsolationServices, worker_call
 from rho_actors.isolation.call import CallSpec, RunCall
 from rho_actors.results import failure
-from rho_actors.sandbox.context_values import plain_values
 from rho_actors.tool import ToolResult
 
 if TYPE_CHECKING:
@@ -84,7 +83,7 @@ class RayIsolation(Isolation):
         if not self._open:
             return failure("ray_not_running", call.call_id, call.name)
         try:
-            from rho_actors.integrations.ray.tasks import RayResources, run_on_ray
+            from rho_actors.integrations.ray.tasks import RayResources, run_call
 
             runtime = self.runtime()
         except ImportError as err:
@@ -95,9 +94,7 @@ class RayIsolation(Isolation):
             entry = None
         resources = RayResources.from_mapping(entry.placement.options if entry is not None else {})
         # the registry's entry is the tool's version, as for worker processes (ShippedTools)
-        return run_on_ray(runtime, call.tool, call.args, call.ctx, call.deadline, call.cancel, call.max_output_chars,
-                          resources, name=call.name, started=call.dispatched, version=entry,
-                          context_values=plain_values(call.context))
+        return run_call(runtime, worker_call(call, version=entry), resources)
 
     def open(self) -> None:
         with self._lock:
