@@ -44,10 +44,9 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from rho_actors.arguments import compile_pattern, make_validator, no_retrieval
-from rho_actors.declarations.checked import checked_untrusted
 from rho_actors.encoding import describe_exception, scrub_text, strip_controls
 from rho_actors.errors import RhoError
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback, checked_untrusted
 
 __all__ = [
     "DEFAULT_MAX_DESCRIPTION_CHARS",
