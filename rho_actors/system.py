@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import pykka
 from loguru import logger
 
-from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations import checks as _decl
+from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.checks import describe_origin
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, make_placement
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
@@ -156,7 +156,7 @@ class ActorSystem:
     says how ``isolation="ray"`` reaches Ray: ``{"address": ...}`` for a running cluster,
     else a local Ray bound to loopback is started on the first ``ray`` call (also
     ``namespace``, ``runtime_env``, ``num_cpus``, ``num_gpus``; one Ray connection per
-    process; see :class:`rho_actors.integrations.ray.tasks.RayRuntime`).
+    process; see :class:`rho_actors.isolation.ray_tasks.RayRuntime`).
     A tool that raises gives the host its traceback: in the result's host-only
     ``details["traceback"]`` and in an error-level log line (``log_tracebacks=False``
     turns the line off); the model gets one line naming the exception.

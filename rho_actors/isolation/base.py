@@ -53,7 +53,7 @@ class IsolationServices:
     ``threads_per_session`` and ``threads_total``, the caps on abandoned threads of
     thread calls; ``ray``, how to reach Ray (``None``: a
     local Ray, started on the first ``ray`` call; see
-    :class:`rho_actors.integrations.ray.tasks.RayRuntime`)."""
+    :class:`rho_actors.isolation.ray_tasks.RayRuntime`)."""
 
     calls: ChildStarter
     timers: Timers

@@ -1,5 +1,5 @@
 """``ray`` isolation: a call runs as a Ray task (DESIGN §5); the work is done by
-:func:`rho_actors.integrations.ray.tasks.run_on_ray`, imported on first use so that a system
+:func:`rho_actors.isolation.ray_tasks.run_on_ray`, imported on first use so that a system
 without the ``ray`` extra still starts (its ``ray`` calls are then ``unavailable``).
 
 The call's CallActor runs ``run_on_ray`` and waits; it owns the deadline: at it the
@@ -23,7 +23,7 @@ from rho_actors.results import failure
 from rho_actors.tool import ToolResult
 
 if TYPE_CHECKING:
-    from rho_actors.integrations.ray.tasks import RayRuntime
+    from rho_actors.isolation.ray_tasks import RayRuntime
 
 __all__ = ["RayIsolation"]
 
@@ -41,7 +41,7 @@ class _Running:
 
 class RayIsolation(Isolation):
     """Runs each call as a Ray task through ``runtime`` (default: the process's
-    :func:`rho_actors.integrations.ray.tasks.default_runtime`, connected on the first call)."""
+    :func:`rho_actors.isolation.ray_tasks.default_runtime`, connected on the first call)."""
 
     name: ClassVar[str] = "ray"
     untrusted_refused: ClassVar[str | None] = (
@@ -58,16 +58,16 @@ class RayIsolation(Isolation):
     def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
         """``resources`` of a Ray tool: ``num_cpus``, ``num_gpus``, ``memory``,
         ``runtime_env`` and custom resources (see
-        :meth:`rho_actors.integrations.ray.tasks.RayResources.from_mapping`). Raises
+        :meth:`rho_actors.isolation.ray_tasks.RayResources.from_mapping`). Raises
         ``ValueError`` for bad resources and ``ImportError`` without the ``ray`` extra."""
-        from rho_actors.integrations.ray.tasks import RayResources
+        from rho_actors.isolation.ray_tasks import RayResources
 
         RayResources.from_mapping(options)
         return MappingProxyType(dict(options))
 
     def runtime(self) -> RayRuntime:
         """The Ray runtime of this isolation. Raises ``ImportError`` without the ``ray`` extra."""
-        from rho_actors.integrations.ray.tasks import default_runtime
+        from rho_actors.isolation.ray_tasks import default_runtime
 
         with self._lock:
             if self._runtime is None:
@@ -83,7 +83,7 @@ class RayIsolation(Isolation):
         if not self._open:
             return failure("ray_not_running", call.call_id, call.name)
         try:
-            from rho_actors.integrations.ray.tasks import RayResources, run_call
+            from rho_actors.isolation.ray_tasks import RayResources, run_call
 
             runtime = self.runtime()
         except ImportError as err:

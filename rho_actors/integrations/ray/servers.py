@@ -24,7 +24,7 @@ import ray.exceptions
 from loguru import logger
 
 from rho_actors.encoding import describe_exception
-from rho_actors.integrations.ray.tasks import RayResources, RayRuntime, default_runtime
+from rho_actors.isolation.ray_tasks import RayResources, RayRuntime, default_runtime
 from rho_actors.otp.actor import Actor, kill, start_link
 from rho_actors.otp.timers import Timer
 
@@ -137,7 +137,7 @@ class RayServer(Actor):
         self._kill_ray_actor()
 
     def describe(self) -> dict[str, Any]:
-        """This server as plain data (see :meth:`rho_actors.integrations.ray.tasks.RayRuntime.actors`)."""
+        """This server as plain data (see :meth:`rho_actors.isolation.ray_tasks.RayRuntime.actors`)."""
         return {"server": self.actor_urn, "class": self.cls.__qualname__, "actor_id": self.actor_id,
                 "node_id": self.node_id, "pid": self.pid, "calls": self.calls}
 
