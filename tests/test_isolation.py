@@ -3,6 +3,7 @@ the sandbox's channel frames messages the same way on both ends."""
 
 from __future__ import annotations
 
+import contextvars
 import socket
 import threading
 import time
@@ -148,3 +149,29 @@ def test_each_isolation_gives_the_ctx_of_design_2s_table(tmp_path: Path) -> None
     assert [thread["ids"], process["ids"], confined["ids"]] == [["s1", "c1"], ["s1", "c2"], ["s1", "c3"]]
     assert all(r["withheld"] == ["other"] and r["cancelled"] is False and r["deadline"]
                for r in (thread, process, confined))
+
+
+_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("rho_test_request_id")
+
+
+def test_call_request_is_the_one_cut_of_a_calls_ctx() -> None:
+    """What crosses to another process: the portable keys, deps when picklable, the
+    submitter's plain contextvars; an untrusted call its registered deps instead of the
+    session's, its worker's folder, and no contextvars."""
+    import dataclasses
+    import pickle
+
+    from rho_actors.sandbox import WorkerCall, call_request
+
+    _REQUEST_ID.set("r1")
+    ctx = {"session_id": "s", "call_id": "c", "data_dir": Path("/x"), "withheld": ["w"], "loop": object(),
+           "deps": {"session": 1}, "whereis": print, "traceparent": "00-ab-cd-01"}
+    trusted = WorkerCall("c", "t", object(), {"a": 1}, ctx, 0.0, 5.0, 5_000, 100, context=contextvars.copy_context())
+    request = call_request(b"digest", trusted)
+    assert request.fields == {"session_id": "s", "call_id": "c", "data_dir": Path("/x"), "withheld": ("w",),
+                              "traceparent": "00-ab-cd-01", "context_values": {"rho_test_request_id": "r1"}}
+    assert request.deps_bytes is not None and pickle.loads(request.deps_bytes) == {"session": 1}
+    assert (request.call_id, request.name, request.timeout_ms, request.max_chars) == ("c", "t", 5_000, 100)
+    confined = call_request(b"digest", dataclasses.replace(trusted, deps={"own": 2}))
+    assert confined.fields["data_dir"] == Path(".") and "context_values" not in confined.fields
+    assert confined.deps_bytes is not None and pickle.loads(confined.deps_bytes) == {"own": 2}
