@@ -1,4 +1,4 @@
-"""Benchmarks of ``ray`` isolation (rho_actors.integrations.ray.tasks), against its targets.
+"""Benchmarks of ``ray`` isolation (rho_actors.isolation.ray_tasks), against its targets.
 
 Everything is measured in one run, on a local Ray started here (loopback, no dashboard,
 16 logical CPUs so that 16 tasks can run at once), next to its own baseline:
@@ -44,7 +44,7 @@ import ray
 from stats import BenchmarkError, environment, publish, summary, verdict
 
 from rho_actors.cancel import CancelToken
-from rho_actors.integrations.ray.tasks import RayResources, RayRuntime, run_on_ray
+from rho_actors.isolation.ray_tasks import RayResources, RayRuntime, run_on_ray
 from rho_actors.tool import ErrorKind
 
 NOOP_TARGET = 1.2

@@ -19,8 +19,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from rho_actors import arguments
-from rho_actors.arguments import make_validator, violations
+from rho_actors.declarations import arguments
+from rho_actors.declarations.arguments import make_validator, violations
 
 CASES: dict[str, dict[str, Any]] = {
     "unevaluatedProperties": {"type": "object", "properties": {f"k{i}": {} for i in range(10)},

@@ -32,8 +32,8 @@ from rho_actors.agent.driver import (
 from rho_actors.agent.model import Message, Model, Reply, ScriptedModel, Usage
 from rho_actors.agent.providers import ModelError, RetryPolicy, model_from_spec
 from rho_actors.agent.transcript import TranscriptError
-from rho_actors.arguments import ArgumentsError, decode_arguments
 from rho_actors.cancel import CancelToken
+from rho_actors.declarations.arguments import ArgumentsError, decode_arguments
 from rho_actors.declarations.checks import DeclarationError, check_declaration, read_declaration
 from rho_actors.declarations.formats import DIALECTS, Dialect, declaration, to_dialect
 from rho_actors.declarations.toolset import ToolEntry, ToolSet

@@ -176,7 +176,7 @@ _UNCONFINED_HELP = (
 def _policy(args: argparse.Namespace) -> Any:
     """The confinement of untrusted input for this command: the default one, or none
     with ``--unconfined``."""
-    from rho_actors.sandbox.confine.enclosure import UNCONFINED, default_policy
+    from rho_actors.sandbox import UNCONFINED, default_policy
 
     return UNCONFINED if getattr(args, "unconfined", False) else default_policy()
 

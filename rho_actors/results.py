@@ -4,7 +4,7 @@ functions that build :class:`~rho_actors.tool.ToolResult` values (DESIGN §4).
 Every error result a model sees is written here: :data:`TEXTS` maps a situation (a
 key such as ``"timeout"``) to its :class:`~rho_actors.tool.ErrorKind` and the
 template of its text, and :func:`failure` fills one in. The per-violation texts of
-argument checks live with those checks (:mod:`rho_actors.arguments`) and reach a
+argument checks live with those checks (:mod:`rho_actors.declarations.arguments`) and reach a
 result through :func:`error_result`. Like a tool's output, a refusal's text is held to
 the output cap by :func:`capped`.
 
@@ -161,7 +161,7 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "unreturnable": (
         _K.RAISED, "tool {tool!r} returned {what} that cannot be sent back from its worker process ({problem})"
     ),
-    # a call as a Ray task (rho_actors.integrations.ray.tasks)
+    # a call as a Ray task (rho_actors.isolation.ray_tasks)
     "ray_not_running": (_K.CANCELLED, "tool {tool!r} did not run: the ray isolation is not running"),
     "ray_not_installed": (
         _K.UNAVAILABLE, "tool {tool!r} did not run: Ray is not installed (pip install 'rho_actors[ray]'): {problem}"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from rho_actors.otp.supervisor import ChildStarter
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
-    from rho_actors.sandbox.confine.enclosure import ConfinePolicy
+    from rho_actors.sandbox import ConfinePolicy
     from rho_actors.telemetry import Telemetry
 
 __all__ = ["DEFAULT_MAX_TIMEOUT_MS", "Limits", "Runtime", "UntrustedReads", "fair_shares"]

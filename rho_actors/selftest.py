@@ -61,21 +61,37 @@ from typing import Any, Final, Literal
 from rho_actors.declarations.checks import DeclarationError, check_declaration, read_declaration
 from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
-from rho_actors.sandbox import wire
-from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
-from rho_actors.sandbox.child import ChildSetup
-from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure, default_policy
-from rho_actors.sandbox.plugins import (
+from rho_actors.sandbox import (
+    DEFAULT_HEAP_BYTES,
+    MAX_SELFTEST_BYTES,
+    SELFTEST,
+    Channel,
+    Child,
+    ChildSetup,
+    ConfinePolicy,
+    DeadlineReached,
+    Enclosure,
+    Malformed,
     NoTools,
     PluginLoadError,
     PluginRef,
+    WireError,
+    become_subreaper,
+    close,
+    context,
+    decode_json,
+    default_policy,
     discover_plugin,
+    encode_json,
+    end_child,
+    linger,
     load_module_file,
+    reap,
+    ship,
+    signal_name,
+    spawn,
     tools_in_module,
 )
-from rho_actors.sandbox.processes import Child, close, context, reap, signal_name, spawn
-from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES, become_subreaper, end_child, linger
-from rho_actors.sandbox.shipping import ship
 from rho_actors.tool import Error, Ok, callback, is_untrusted
 
 __all__ = [
@@ -231,7 +247,7 @@ def selftest_child(channel: Channel, payload: bytes, check: bool = False) -> Non
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
-    channel.send(wire.SELFTEST, wire.encode_json(answer))
+    channel.send(SELFTEST, encode_json(answer))
     linger(channel)
 
 
@@ -312,14 +328,14 @@ def _await_answer(child: Child, deadline: float) -> tuple[dict[str, Any] | None,
     """``(answer, ended)``: the child's answer, or ``None`` and whether the child ended
     without one (``False``: the deadline passed first)."""
     try:
-        tag, body = child.channel.recv(deadline, wire.MAX_SELFTEST_BYTES)
+        tag, body = child.channel.recv(deadline, MAX_SELFTEST_BYTES)
     except DeadlineReached:
         return None, False
     except (EOFError, Malformed):  # closed without an answer, or an oversized one
         return None, True
     try:
-        answer = wire.decode_json(body) if tag == wire.SELFTEST else None
-    except wire.WireError:
+        answer = decode_json(body) if tag == SELFTEST else None
+    except WireError:
         answer = None
     return (answer if _well_formed(answer) else {"outcome": "malformed"}), True
 

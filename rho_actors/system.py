@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import pykka
 from loguru import logger
 
-from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations import checks as _decl
+from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus
@@ -72,12 +72,18 @@ from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor
 from rho_actors.registry.registering import Options, prepare, register_many
 from rho_actors.registry.tool_registry import Registration, RegistryState, ToolRegistry
 from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, fair_shares
-from rho_actors.sandbox.confine import confinement as _confinement
-from rho_actors.sandbox.confine.enclosure import ConfinePolicy, policy_stats, system_policy
-from rho_actors.sandbox.main_guard import refuse_unguarded_start
-from rho_actors.sandbox.processes import hold_servers, release_servers
-from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
-from rho_actors.sandbox.sweep import sweep
+from rho_actors.sandbox import (
+    DEFAULT_HEAP_BYTES,
+    Confinement,
+    ConfinePolicy,
+    hold_servers,
+    make_session_dir,
+    policy_stats,
+    refuse_unguarded_start,
+    release_servers,
+    sweep_leftovers,
+    system_policy,
+)
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo
 
@@ -145,7 +151,7 @@ class ActorSystem:
     says how ``isolation="ray"`` and RayActor servers reach Ray (connecting in the background
     from the start, within ``connect_timeout_s``): ``{"address": ...}`` for a cluster, else a
     local Ray on loopback (``num_cpus``, ``resources``...), stopped with the system; see
-    :class:`rho_actors.integrations.ray.tasks.RayRuntime`.
+    :class:`rho_actors.isolation.ray_tasks.RayRuntime`.
     A tool that raises gives the host its traceback: in the result's host-only
     ``details["traceback"]`` and in an error-level log line (``log_tracebacks=False``
     turns the line off); the model gets one line naming the exception.
@@ -169,7 +175,7 @@ class ActorSystem:
         untrusted: UntrustedReads | None = None,
         warm_workers: int = 2,
         tracing: bool | Telemetry = True,
-        confinement: _confinement.Confinement | bool | None = None,
+        confinement: Confinement | bool | None = None,
         max_workers: int | None = None,
         worker_idle_s: float = 30.0,
         abandoned_threads_per_tool: int = 8,
@@ -186,7 +192,7 @@ class ActorSystem:
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._sessions_dir = (self.data_dir / "sessions").resolve()
-        _confinement.make_session_dir(str(self._sessions_dir))  # a session's own folder: on first use
+        make_session_dir(str(self._sessions_dir))  # a session's own folder: on first use
         self._tools = ToolSetView()
         self._names = Names()
         self._timers = Timers()
@@ -206,7 +212,7 @@ class ActorSystem:
                       shutdown=shutdown_ms)
         )
         self._confine = system_policy(confinement, (str(self.data_dir.resolve()),), process_heap_bytes)
-        sweep()  # what a host killed from outside left behind
+        sweep_leftovers()  # what a host killed from outside left behind
         events = EventBus()
         cap = max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1))
         share = fair_shares(cap, max_workers_per_session, abandoned_threads_per_session, max_timeout_ms)
@@ -365,8 +371,7 @@ class ActorSystem:
         )
         if isinstance(answer, Registration):
             return answer
-        registration: Registration = answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)
-        return registration
+        return answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)  # type: ignore[no-any-return]
 
     def register_many(
         self, tools: Iterable[Any], *, untrusted: bool = False, isolation: IsolationName | None = None,

@@ -36,6 +36,8 @@ import copy
 import dataclasses
 import enum
 import re
+import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +63,7 @@ __all__ = [
     "ToolFailure",
     "ToolInfo",
     "ToolResult",
+    "checked_untrusted",
     "concurrency",
     "default_timeout_ms",
     "is_tool",
@@ -68,6 +71,7 @@ __all__ = [
     "looks_like_context",
     "missing_callbacks",
     "timeout_ms",
+    "track_checked",
     "untrusted",
 ]
 
@@ -298,6 +302,32 @@ def is_tool(obj: Any) -> bool:
     return not missing_callbacks(obj)
 
 
+_checked_lock = threading.Lock()
+_checked: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track_checked(cache: Any) -> None:
+    """Consult ``cache`` while it lives: one system's checked declarations of untrusted
+    tools (:class:`rho_actors.declarations.checked.CheckedCache`: ``get(tool)`` gives a
+    ``ToolInfo``, a ``Rejected`` or ``None``), which :func:`timeout_ms`,
+    :func:`concurrency` and ``declaration`` answer from (they never run an untrusted
+    tool's code)."""
+    with _checked_lock:
+        _checked.add(cache)
+
+
+def checked_untrusted(tool: Any) -> object | None:
+    """The checked declaration (a ``ToolInfo``) or the rejection (a ``Rejected``) of an
+    untrusted tool that a live system has read, or ``None`` when none has (yet)."""
+    with _checked_lock:
+        caches = list(_checked)
+    for cache in caches:
+        outcome: object | None = cache.get(tool)
+        if outcome is not None:
+            return outcome
+    return None
+
+
 def default_timeout_ms() -> int:
     """The per-call timeout of a tool without ``timeout_ms()``: 30 000 ms."""
     return DEFAULT_TIMEOUT_MS
@@ -312,8 +342,6 @@ def timeout_ms(tool: Any) -> int:
     declaration a system checked (the default until one has).
     """
     if is_untrusted(tool):
-        from rho_actors.declarations.checked import checked_untrusted
-
         checked = checked_untrusted(tool)
         return checked.timeout_ms if isinstance(checked, ToolInfo) else DEFAULT_TIMEOUT_MS
     cb = callback(tool, "timeout_ms")
@@ -334,8 +362,6 @@ def concurrency(tool: Any) -> Concurrency:
     the declaration a system checked (``"parallel"`` until one has).
     """
     if is_untrusted(tool):
-        from rho_actors.declarations.checked import checked_untrusted
-
         checked = checked_untrusted(tool)
         return checked.concurrency if isinstance(checked, ToolInfo) else "parallel"
     cb = callback(tool, "concurrency")

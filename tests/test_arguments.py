@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ArgumentsError, ErrorKind, decode_arguments
-from rho_actors.arguments import DEFAULT_MAX_ARGUMENT_DEPTH, make_validator, violations
+from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH, make_validator, violations
 
 PREFIX = "arguments are not valid JSON: "
 
@@ -269,7 +269,7 @@ def test_long_violation_messages_are_shortened() -> None:
 _BOUNDED_CHILD = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-from rho_actors.arguments import ArgumentsError, decode_arguments
+from rho_actors.declarations.arguments import ArgumentsError, decode_arguments
 key = "K" * 100_000
 items = ",".join(["0"] * 60_000)
 assert decode_arguments('{"%s": [%s]}' % (key, items))["K" * 100_000][-1] == 0

@@ -22,7 +22,7 @@ import pytest
 from rich.console import Console
 
 from rho_actors import ActorSystem, ErrorKind, Image, ToolCall
-from rho_actors.arguments import make_validator, violations
+from rho_actors.declarations.arguments import make_validator, violations
 from rho_actors.declarations.checks import check_declaration
 from rho_actors.observe.observer import json_line
 from rho_actors.observe.top import TopView
@@ -71,7 +71,7 @@ def test_unevaluated_properties_is_linear_in_the_keys() -> None:
 ])
 def test_every_key_and_pattern_counts_against_the_budget(monkeypatch: pytest.MonkeyPatch,
                                                          schema: dict[str, Any]) -> None:
-    monkeypatch.setattr("rho_actors.arguments.MAX_KEYWORD_CHECKS", 1_000)
+    monkeypatch.setattr("rho_actors.declarations.arguments.MAX_KEYWORD_CHECKS", 1_000)
     found = violations(checked(schema), {f"k{i}": i for i in range(2_000)})  # a handful of keywords
     assert found == ["$: validation stopped after 1,000 schema checks; send smaller arguments"]
     assert violations(checked(schema), {}) == []

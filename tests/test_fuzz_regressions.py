@@ -14,7 +14,7 @@ import pytest
 
 from rho_actors import ActorSystem, ErrorKind, Image, ToolCall, encode_output
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, checksum, load
-from rho_actors.arguments import ArgumentsError, decode_arguments, make_validator, violations
+from rho_actors.declarations.arguments import ArgumentsError, decode_arguments, make_validator, violations
 from rho_actors.declarations.checks import DeclarationError, check_declaration
 from rho_actors.declarations.formats import declaration
 from rho_actors.encoding import cap_text

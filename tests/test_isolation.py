@@ -3,6 +3,7 @@ the sandbox's channel frames messages the same way on both ends."""
 
 from __future__ import annotations
 
+import contextvars
 import socket
 import threading
 import time
@@ -98,3 +99,79 @@ def test_a_custom_isolation_only_needs_start() -> None:
     assert Inline.__abstractmethods__ == frozenset()
     with pytest.raises(TypeError):
         Isolation(None)  # type: ignore[abstract, arg-type]
+
+
+class CtxReport:
+    """A tool that answers what its ctx holds (keys, and the values the table of DESIGN
+    §2 speaks of)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def name(self) -> str:
+        return self._name
+
+    def description(self) -> str:
+        return "Says what its ctx holds."
+
+    def parameter_schema(self) -> dict[str, Any]:
+        return {"type": "object"}
+
+    def run(self, args: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return {"keys": sorted(ctx), "data_dir": str(ctx["data_dir"]), "deps": ctx.get("deps"),
+                "withheld": list(ctx["withheld"]), "ids": [ctx["session_id"], ctx["call_id"]],
+                "cancelled": ctx["cancel"].cancelled, "deadline": isinstance(ctx["deadline"], float)}
+
+
+def test_each_isolation_gives_the_ctx_of_design_2s_table(tmp_path: Path) -> None:
+    """The host's ctx is built once, by the loop; a worker gets the part that
+    ``call_request`` cuts from it, as ``serve_request`` rebuilds it: an untrusted tool its
+    registered deps and its worker's own folder, never the session's."""
+    import json
+
+    from rho_actors import untrusted
+
+    portable = ["call_id", "cancel", "data_dir", "deadline", "deps", "session_id", "withheld"]
+    with ActorSystem(data_dir=tmp_path, warm_workers=0, shutdown_ms=2_000) as system:
+        system.register(CtxReport("in_thread"))
+        system.register(CtxReport("in_process"), isolation="process")
+        system.register(untrusted(CtxReport("untrusted")), deps={"plain": [1, 2]})
+        loop = system.start_loop("s1", deps={"session": "secret"}, withheld=["other"])
+        results = loop.run_turn([ToolCall("c1", "in_thread", "{}"), ToolCall("c2", "in_process", "{}"),
+                                 ToolCall("c3", "untrusted", "{}")])
+        assert [r.ok for r in results] == [True, True, True], [r.content for r in results]
+        thread, process, confined = (json.loads(r.content) for r in results)
+        session_dir = str(loop.data_dir)
+    assert thread["keys"] == sorted([*portable, "loop", "progress", "whereis"])
+    assert process["keys"] == confined["keys"] == portable
+    assert thread["data_dir"] == process["data_dir"] == session_dir and confined["data_dir"] == "."
+    assert thread["deps"] == process["deps"] == {"session": "secret"} and confined["deps"] == {"plain": [1, 2]}
+    assert [thread["ids"], process["ids"], confined["ids"]] == [["s1", "c1"], ["s1", "c2"], ["s1", "c3"]]
+    assert all(r["withheld"] == ["other"] and r["cancelled"] is False and r["deadline"]
+               for r in (thread, process, confined))
+
+
+_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("rho_test_request_id")
+
+
+def test_call_request_is_the_one_cut_of_a_calls_ctx() -> None:
+    """What crosses to another process: the portable keys, deps when picklable, the
+    submitter's plain contextvars; an untrusted call its registered deps instead of the
+    session's, its worker's folder, and no contextvars."""
+    import dataclasses
+    import pickle
+
+    from rho_actors.sandbox import WorkerCall, call_request
+
+    _REQUEST_ID.set("r1")
+    ctx = {"session_id": "s", "call_id": "c", "data_dir": Path("/x"), "withheld": ["w"], "loop": object(),
+           "deps": {"session": 1}, "whereis": print, "traceparent": "00-ab-cd-01"}
+    trusted = WorkerCall("c", "t", object(), {"a": 1}, ctx, 0.0, 5.0, 5_000, 100, context=contextvars.copy_context())
+    request = call_request(b"digest", trusted)
+    assert request.fields == {"session_id": "s", "call_id": "c", "data_dir": Path("/x"), "withheld": ("w",),
+                              "traceparent": "00-ab-cd-01", "context_values": {"rho_test_request_id": "r1"}}
+    assert request.deps_bytes is not None and pickle.loads(request.deps_bytes) == {"session": 1}
+    assert (request.call_id, request.name, request.timeout_ms, request.max_chars) == ("c", "t", 5_000, 100)
+    confined = call_request(b"digest", dataclasses.replace(trusted, deps={"own": 2}))
+    assert confined.fields["data_dir"] == Path(".") and "context_values" not in confined.fields
+    assert confined.deps_bytes is not None and pickle.loads(confined.deps_bytes) == {"own": 2}

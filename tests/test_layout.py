@@ -1,5 +1,6 @@
-"""The package's layout rules: no import circle, nothing below the agent layer imports
-it, no private name imported across modules, no module over 700 lines.
+"""The package's layout rules: no import circle, imports run down the layers (all but
+the few listed), a package's internal modules are imported only inside it, no private
+name imported across modules, no module over 700 lines.
 
 The import graph has an edge for every ``import`` of a rho_actors module anywhere in a
 module (inside functions and under ``if TYPE_CHECKING:`` too: a type-only import is a
@@ -10,6 +11,7 @@ order)."""
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "rho_actors"
@@ -106,31 +108,27 @@ def test_the_circle_check_finds_a_circle() -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     # 1. the tool contract
     ("rho_actors.errors", "rho_actors.encoding", "rho_actors.tool", "rho_actors.function_tool", "rho_actors.cancel",
-     "rho_actors.files", "rho_actors.events", "rho_actors.results", "rho_actors.arguments", "rho_actors.declarations"),
-    # 2. OTP and telemetry; 3. child processes; 4. calls
+     "rho_actors.files", "rho_actors.events", "rho_actors.results", "rho_actors.declarations"),
+    # 2. OTP and telemetry; 3. child processes; 4. calls; 5. the agent loop (a model driving a Session)
     ("rho_actors.otp", "rho_actors.telemetry"),
     ("rho_actors.sandbox",),
     ("rho_actors.isolation",),
-    # 5. the runtime core
-    ("rho_actors.registry", "rho_actors.loop", "rho_actors.runtime", "rho_actors.system"),
-    # 6. on top
-    ("rho_actors.sources", "rho_actors.selftest", "rho_actors.agent", "rho_actors.mcp", "rho_actors.observe",
-     "rho_actors.integrations", "rho_actors.cli", "rho_actors"),
+    ("rho_actors.agent",),
+    # 6. the runtime core
+    ("rho_actors.registry", "rho_actors.loop", "rho_actors.runtime"),
+    # 7. what the system puts together: sources, selftests, the live view, foreign tools taken in
+    ("rho_actors.sources", "rho_actors.selftest", "rho_actors.observe", "rho_actors.integrations.adopt",
+     "rho_actors.integrations.langgraph.langchain_tool"),
+    # 8. the system; 9. on top
+    ("rho_actors.system",),
+    ("rho_actors.mcp", "rho_actors.integrations", "rho_actors.cli", "rho_actors"),
 )
 """The layers of DESIGN §7, lowest first: a module is in the layer of the longest
 prefix listed (a package stands for every module in it)."""
 
-UPWARD: frozenset[tuple[str, str]] = frozenset({
-    # each made inside the function that needs it, when it is called (DESIGN §7)
-    ("rho_actors.isolation.ray", "rho_actors.integrations.ray.tasks"),  # Ray on the first ray call
-    ("rho_actors.loop.handle", "rho_actors.agent.driver"),  # Loop.prompt/stream
-    ("rho_actors.loop.handle", "rho_actors.agent.model"),  # the type of Loop.prompt's model (type-only)
-    ("rho_actors.system", "rho_actors.integrations.adopt"),  # register/unregister of a framework's tool
-    ("rho_actors.system", "rho_actors.observe.observer"),  # ActorSystem.observe
-    ("rho_actors.system", "rho_actors.selftest"),  # ActorSystem.selftest
-    ("rho_actors.system", "rho_actors.sources.source_actor"),  # ActorSystem.add_source
-})
-"""The imports that run from a layer to a higher one, all of them: a new one fails."""
+UPWARD: frozenset[tuple[str, str]] = frozenset()
+"""The imports that run from a layer to a higher one, all of them (none now: a lazy import
+made inside a function counts too): a new one fails."""
 
 
 def _layer(module: str) -> int:
@@ -155,11 +153,15 @@ def test_the_layer_check_finds_an_upward_import() -> None:
         ("rho_actors.tool", "rho_actors.system")}
 
 
-def test_nothing_below_the_agent_layer_imports_it_but_the_loops_prompt() -> None:
+def test_the_agent_loop_needs_no_runtime() -> None:
+    """The agent loop drives a ``Session`` (DESIGN §7): nothing of the agent layer imports
+    the sandbox, the isolations or the runtime core above it."""
     graph = _graph()
-    below = {m for m in graph if _layer(m) < len(LAYERS) - 1}
-    found = {(m, t) for m in below for t in graph[m] if t.startswith("rho_actors.agent")}
-    assert found <= UPWARD, sorted(found - UPWARD)
+    runtime = ("rho_actors.sandbox", "rho_actors.isolation", "rho_actors.registry", "rho_actors.loop",
+               "rho_actors.runtime", "rho_actors.system")
+    found = {(m, t) for m in graph if m.startswith("rho_actors.agent") for t in graph[m]
+             if any(_inside(t, package) for package in runtime)}
+    assert found == set()
 
 
 def test_at_most_15_modules_stand_at_the_package_root() -> None:
@@ -200,7 +202,7 @@ def test_model_visible_text_is_written_only_in_the_results_table() -> None:
 
     written, unknown = [], []
     for name, path in _modules().items():
-        if name in ("rho_actors.results", "rho_actors.arguments"):
+        if name in ("rho_actors.results", "rho_actors.declarations.arguments"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
@@ -214,3 +216,60 @@ def test_model_visible_text_is_written_only_in_the_results_table() -> None:
                 if isinstance(key, str) and key not in TEXTS:
                     unknown.append(f"{name}:{node.lineno}: {key!r}")
     assert written == [] and unknown == []
+
+
+FACES: tuple[str, ...] = ("rho_actors.sandbox",)
+"""Packages whose submodules are internal: every module under one (its subpackages'
+included, as ``sandbox/confine/``) is imported only by modules inside that package;
+anything outside imports the package's face, the names its ``__init__.py`` re-exports
+(DESIGN §7). Importing a submodule through the face (``from rho_actors.sandbox import
+wire``), under another name, or by its dotted name as text (``import_module``) counts
+the same."""
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _internal_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every import of a :data:`FACES` package's submodule from outside the package."""
+    return {(m, t) for m, targets in graph.items() for t in targets for face in FACES
+            if t.startswith(face + ".") and not _inside(m, face)}
+
+
+def _named_internals() -> set[tuple[str, str]]:
+    """Internal modules named as text (an ``import_module("rho_actors.sandbox.pool")``)
+    outside their package."""
+    modules = _modules()
+    found = set()
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in modules:
+                found |= {(name, node.value) for face in FACES
+                          if node.value.startswith(face + ".") and not _inside(name, face)}
+    return found
+
+
+def test_internal_modules_are_imported_only_inside_their_package() -> None:
+    assert sorted(_internal_imports(_graph()) | _named_internals()) == []
+
+
+def test_the_internals_check_finds_an_import_from_outside() -> None:
+    graph = {"rho_actors.system": {"rho_actors.sandbox.pool", "rho_actors.sandbox"},
+             "rho_actors.sandbox.pool": {"rho_actors.sandbox.confine.enclosure"},
+             "rho_actors.sandbox": {"rho_actors.sandbox.pool"}}
+    assert _internal_imports(graph) == {("rho_actors.system", "rho_actors.sandbox.pool")}
+
+
+def test_every_name_of_a_face_is_its_own() -> None:
+    """A face lists what it re-exports in ``__all__``, and each name is importable from it
+    (no name of the face stands for one of its submodules: that would be the module)."""
+    import importlib
+
+    for face in FACES:
+        package = importlib.import_module(face)
+        exported = list(package.__all__)
+        assert len(set(exported)) == len(exported), face
+        for name in exported:
+            value = getattr(package, name)
+            assert not (inspect.ismodule(value)), f"{face}.{name} is a module, not a name of the face"

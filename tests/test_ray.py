@@ -21,7 +21,7 @@ from rho_actors.otp.names import Names
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_actors[ray]')")
 
 from rho_actors.integrations.ray.servers import RayActor, RayCall, RayServerDown  # noqa: E402
-from rho_actors.integrations.ray.tasks import (  # noqa: E402
+from rho_actors.isolation.ray_tasks import (  # noqa: E402
     RayResources,
     RayRuntime,
     default_runtime,

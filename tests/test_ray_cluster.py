@@ -21,8 +21,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from rho_actors.integrations.ray.connection import loopback_only  # noqa: E402
 from rho_actors.integrations.ray.servers import RayActor, RayCall  # noqa: E402
+from rho_actors.isolation.ray_connection import loopback_only  # noqa: E402
 from tests.conftest import WAIT_S, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray_cluster, pytest.mark.timeout(300)]

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from rho_actors import Image, Reply, ToolCall, ToolResult
+from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
-from rho_actors.loop.budgets import DEFAULT_MAX_IMAGE_STORE_BYTES
 
 MIB = 2**20
 

@@ -4,7 +4,7 @@
 A transcript records an image as its SHA-256 digest, MIME type and size; its bytes are
 one file, ``images/<sha256 hex>``, in the transcript's folder (a private folder, made
 ``0700``, no symlink followed: :mod:`rho_actors.files`). The same image is stored once.
-The store holds at most ``max_bytes`` (default :data:`rho_actors.loop.budgets.DEFAULT_MAX_IMAGE_STORE_BYTES`);
+The store holds at most ``max_bytes`` (default :data:`DEFAULT_MAX_IMAGE_STORE_BYTES`);
 an image that does not fit is not stored, and its record says so (``"omitted"``). On
 reading back, an image whose file is missing, too large or does not match its digest
 is left out of the result, with a warning: the transcript itself stays small (no
@@ -22,9 +22,11 @@ from typing import Final
 from loguru import logger
 
 from rho_actors.files import UnsafePathError, open_regular, private_dir
-from rho_actors.loop.budgets import DEFAULT_MAX_IMAGE_STORE_BYTES
 
-__all__ = ["IMAGES_DIR", "ImageStore"]
+__all__ = ["DEFAULT_MAX_IMAGE_STORE_BYTES", "IMAGES_DIR", "ImageStore"]
+
+DEFAULT_MAX_IMAGE_STORE_BYTES: Final = 256 * 2**20
+"""Default bound of a session transcript's image store, in bytes (256 MiB)."""
 
 IMAGES_DIR: Final = "images"
 """The store's folder, beside the transcript."""

@@ -98,12 +98,11 @@ from typing import Any, Final
 
 from loguru import logger
 
-from rho_actors.agent.image_store import ImageStore
+from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES, ImageStore
 from rho_actors.agent.model import Message, Reply
 from rho_actors.encoding import scrub_text
 from rho_actors.errors import RhoError
 from rho_actors.files import UnsafePathError, open_regular
-from rho_actors.loop.budgets import DEFAULT_MAX_IMAGE_STORE_BYTES
 from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
 

@@ -41,12 +41,11 @@ from loguru import logger
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from rho_actors.arguments import compile_pattern, make_validator, no_retrieval
-from rho_actors.declarations.checked import checked_untrusted
+from rho_actors.declarations.arguments import compile_pattern, make_validator, no_retrieval
 from rho_actors.declarations.metaschema import metaschema_validator
 from rho_actors.encoding import describe_exception, scrub_text, strip_controls
 from rho_actors.errors import RhoError
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback, checked_untrusted
 
 __all__ = [
     "DEFAULT_MAX_DESCRIPTION_CHARS",
@@ -424,7 +423,7 @@ def _keyword_problems(schema: dict[str, Any]) -> list[str]:
     """Every ``$ref``/``$dynamicRef`` must be local (``#...``) and resolve, ``$id`` may
     appear only at the top level, every ``pattern``/``patternProperties`` key must
     compile with RE2 (``unevaluatedProperties`` matches ``patternProperties`` with RE2
-    too: :mod:`rho_actors.arguments`)."""
+    too: :mod:`rho_actors.declarations.arguments`)."""
     problems: list[str] = []
     refs: list[tuple[str, str]] = []
     stack: list[tuple[Any, str]] = [(schema, "parameter_schema")]

@@ -16,15 +16,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from rho_actors.sandbox import ConfinePolicy, WorkerCall
+
 if TYPE_CHECKING:
     from rho_actors.declarations.toolset import ToolSetView
     from rho_actors.events import EventBus
     from rho_actors.isolation.call import CallSpec
     from rho_actors.otp.supervisor import ChildStarter
     from rho_actors.otp.timers import Timers
-    from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 
-__all__ = ["Isolation", "IsolationServices", "RunningCall"]
+__all__ = ["Isolation", "IsolationServices", "RunningCall", "worker_call"]
+
+
+def worker_call(call: CallSpec, version: object = None, deps: Mapping[str, Any] | None = None) -> WorkerCall:
+    """``call`` as the one value another process's isolation takes (a worker pool's
+    :meth:`~rho_actors.sandbox.WorkerPool.run_call`, a Ray task): its fields as they are,
+    ``version`` the tool's (its registry entry: made anew by each registration, so a
+    re-registered ``@tool`` is pickled anew), ``deps`` an untrusted tool's registered
+    plain ``deps`` (``None``: a trusted tool, whose ctx's ``deps`` travel). What of its
+    ctx crosses is cut by :func:`rho_actors.sandbox.wire.call_request`, the one place."""
+    return WorkerCall(call.call_id, call.name, call.tool, call.args, call.ctx, call.dispatched, call.deadline,
+                      call.timeout_ms, call.max_output_chars, call.cancel, call.context, version, deps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +55,7 @@ class IsolationServices:
     ``threads_per_session`` and ``threads_total``, the caps on abandoned threads of
     thread calls; ``ray``, how to reach Ray (``None``: a
     local Ray, started on the first ``ray`` call; see
-    :class:`rho_actors.integrations.ray.tasks.RayRuntime`)."""
+    :class:`rho_actors.isolation.ray_tasks.RayRuntime`)."""
 
     calls: ChildStarter
     timers: Timers

@@ -22,17 +22,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable, Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 from rho_actors.events import IsolationEvent, ToolSetChanged
-from rho_actors.isolation.base import Isolation, IsolationServices
+from rho_actors.isolation.base import Isolation, IsolationServices, worker_call
 from rho_actors.isolation.call import CallSpec, RunCall
 from rho_actors.results import failure
-from rho_actors.sandbox import WorkerPool
-from rho_actors.sandbox.confine.enclosure import TREE_ONLY, ConfinePolicy
-from rho_actors.sandbox.context_values import plain_values
-from rho_actors.sandbox.pool import CALL_SCOPE, WorkerSlots
+from rho_actors.sandbox import CALL_SCOPE, TREE_ONLY, ConfinePolicy, WorkerPool, WorkerSlots
 from rho_actors.tool import ToolResult
 
 __all__ = ["ProcessIsolation"]
@@ -98,25 +94,14 @@ class ProcessIsolation(Isolation):
             pool = self.pool(confined=untrusted)
         except RuntimeError as err:
             return failure("pool_closed", call.call_id, call.name, problem=str(err))
-        # the registry's entry is the tool's version: made anew by each registration, so a
-        # re-registered @tool is pickled anew (see ShippedTools)
         if not untrusted or entry is None:
-            return pool.run(
-                call.tool, call.args, call.ctx, call.deadline, call.max_output_chars, name=call.name,
-                started=call.dispatched, cancel=call.cancel, version=entry,
-                context_values=plain_values(call.context),
-            )
-        keep = ("session_id", "call_id", "withheld", "traceparent")
-        ctx: dict[str, Any] = {k: call.ctx[k] for k in keep if k in call.ctx}
-        ctx["data_dir"] = Path(".")  # its worker's private folder (the session folder stays closed to it)
-        ctx["deps"] = entry.deps  # only what the host registered for this tool, never the session's deps
+            return pool.run_call(worker_call(call, version=entry))
         # scoped by the registration, not the name: a tool registered again (new code under the same
         # name) never gets a worker the old code ran in (and whatever it left there)
-        scope = CALL_SCOPE if entry.worker_scope == "call" else (call.name, entry.serial, ctx.get("session_id"))
-        return pool.run(
-            call.tool, call.args, ctx, call.deadline, call.max_output_chars, name=call.name,
-            started=call.dispatched, scope=scope, env=entry.env, cancel=call.cancel, version=entry,
-        )
+        session = call.ctx.get("session_id")
+        scope = CALL_SCOPE if entry.worker_scope == "call" else (call.name, entry.serial, session)
+        # only what the host registered for this tool, never the session's deps (nor its folder)
+        return pool.run_call(worker_call(call, version=entry, deps=entry.deps), scope=scope, env=entry.env)
 
     def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
         """``process`` isolation takes no ``resources``; its memory bound is the

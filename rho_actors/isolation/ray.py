@@ -1,5 +1,5 @@
 """``ray`` isolation: a call runs as a Ray task (DESIGN §5); the work is done by
-:func:`rho_actors.integrations.ray.tasks.run_on_ray`, imported on first use so that a system
+:func:`rho_actors.isolation.ray_tasks.run_on_ray`, imported on first use so that a system
 without the ``ray`` extra still starts (its ``ray`` calls are then ``unavailable``).
 
 The call's CallActor runs ``run_on_ray`` and waits; it owns the deadline: at it the
@@ -15,7 +15,7 @@ calls and by every ``RayActor`` it starts (``ActorSystem.start_child`` binds it)
 without it, at the first ``ray`` call or Ray server. Connecting is bounded and never on a
 call's path: a call made meanwhile waits for it within its own deadline and is
 ``unavailable`` past it. At the system's stop the runtime leaves Ray as it found it
-(:meth:`rho_actors.integrations.ray.tasks.RayRuntime.shutdown`).
+(:meth:`rho_actors.isolation.ray_tasks.RayRuntime.shutdown`).
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
-from rho_actors.isolation.base import Isolation, IsolationServices
+from rho_actors.isolation.base import Isolation, IsolationServices, worker_call
 from rho_actors.isolation.call import CallSpec, RunCall
 from rho_actors.results import failure
-from rho_actors.sandbox.context_values import plain_values
 from rho_actors.tool import ToolResult
 
 if TYPE_CHECKING:
-    from rho_actors.integrations.ray.tasks import RayRuntime
+    from rho_actors.isolation.ray_tasks import RayRuntime
 
 __all__ = ["RayIsolation"]
 
@@ -52,7 +51,7 @@ class _Running:
 
 class RayIsolation(Isolation):
     """Runs each call as a Ray task through ``runtime`` (default: the process's
-    :func:`rho_actors.integrations.ray.tasks.default_runtime`, connected on the first call)."""
+    :func:`rho_actors.isolation.ray_tasks.default_runtime`, connected on the first call)."""
 
     name: ClassVar[str] = "ray"
     untrusted_refused: ClassVar[str | None] = (
@@ -70,19 +69,19 @@ class RayIsolation(Isolation):
     def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
         """``resources`` of a Ray tool: ``num_cpus``, ``num_gpus``, ``memory``,
         ``runtime_env`` and custom resources (see
-        :meth:`rho_actors.integrations.ray.tasks.RayResources.from_mapping`). Raises
+        :meth:`rho_actors.isolation.ray_tasks.RayResources.from_mapping`). Raises
         ``ValueError`` for bad resources and ``ImportError`` without the ``ray`` extra."""
-        from rho_actors.integrations.ray.tasks import RayResources
+        from rho_actors.isolation.ray_tasks import RayResources
 
         RayResources.from_mapping(options)
         return MappingProxyType(dict(options))
 
     def runtime(self) -> RayRuntime:
         """The Ray runtime of this isolation (the system's one: the process's
-        :func:`~rho_actors.integrations.ray.tasks.default_runtime`, held until
+        :func:`~rho_actors.isolation.ray_tasks.default_runtime`, held until
         :meth:`shutdown`). Raises ``ImportError`` without the ``ray`` extra, and
         ``ValueError`` when this process already uses Ray with other settings."""
-        from rho_actors.integrations.ray.tasks import default_runtime
+        from rho_actors.isolation.ray_tasks import default_runtime
 
         with self._lock:
             if self._runtime is None:
@@ -99,7 +98,7 @@ class RayIsolation(Isolation):
         if not self._open:
             return failure("ray_not_running", call.call_id, call.name)
         try:
-            from rho_actors.integrations.ray.tasks import RayResources, run_on_ray
+            from rho_actors.isolation.ray_tasks import RayResources, run_call
 
             runtime = self.runtime()
         except ImportError as err:
@@ -110,9 +109,7 @@ class RayIsolation(Isolation):
             entry = None
         resources = RayResources.from_mapping(entry.placement.options if entry is not None else {})
         # the registry's entry is the tool's version, as for worker processes (ShippedTools)
-        return run_on_ray(runtime, call.tool, call.args, call.ctx, call.deadline, call.cancel, call.max_output_chars,
-                          resources, name=call.name, started=call.dispatched, version=entry,
-                          context_values=plain_values(call.context))
+        return run_call(runtime, worker_call(call, version=entry), resources)
 
     def open(self) -> None:
         """Accept calls; with ``ActorSystem(ray={...})``, begin connecting to Ray in the
@@ -139,7 +136,7 @@ class RayIsolation(Isolation):
             if held:
                 self._runtime = None
         if held and runtime is not None:
-            from rho_actors.integrations.ray.tasks import release_default
+            from rho_actors.isolation.ray_tasks import release_default
 
             release_default(runtime, timeout_s)
 

@@ -17,10 +17,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
+from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES
 from rho_actors.tool import ToolResult
 
 __all__ = [
-    "DEFAULT_MAX_IMAGE_STORE_BYTES", "DEFAULT_MAX_SESSION_RESULT_BYTES", "DEFAULT_MAX_TURN_RESULT_BYTES",
+    "DEFAULT_MAX_SESSION_RESULT_BYTES", "DEFAULT_MAX_TURN_RESULT_BYTES",
     "ResultBudgets", "result_bytes",
 ]
 
@@ -28,9 +29,6 @@ DEFAULT_MAX_TURN_RESULT_BYTES: Final = 64 * 2**20
 """Default budget of the results of one turn, in bytes (64 MiB)."""
 DEFAULT_MAX_SESSION_RESULT_BYTES: Final = 512 * 2**20
 """Default budget of the results of one session's loop, in bytes (512 MiB)."""
-DEFAULT_MAX_IMAGE_STORE_BYTES: Final = 256 * 2**20
-"""Default bound of a session transcript's image store, in bytes (256 MiB; see
-:class:`rho_actors.agent.image_store.ImageStore`)."""
 
 
 def result_bytes(result: ToolResult) -> int:

@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
-from rho_actors.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.cancel import CancelToken
+from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, schemas_blob
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus, ProgressEvent

@@ -32,7 +32,7 @@ from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:
     from rho_actors.runtime import Runtime, UntrustedReads
-    from rho_actors.sandbox.confine.enclosure import ConfinePolicy
+    from rho_actors.sandbox import ConfinePolicy
 
 __all__ = [
     "DECLARATIONS",

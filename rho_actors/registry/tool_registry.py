@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from jsonschema import Draft202012Validator
 from loguru import logger
 
-from rho_actors.arguments import make_validator
+from rho_actors.declarations.arguments import make_validator
 from rho_actors.declarations.checks import Rejected, describe_origin
 from rho_actors.declarations.toolset import IsolationName, Placement, ToolEntry, ToolSet
 from rho_actors.errors import RhoError

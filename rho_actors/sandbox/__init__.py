@@ -1,10 +1,16 @@
 """Child processes for untrusted tools (DESIGN §3 and §5): throwaway declaration reads,
 the worker processes of ``process`` isolation, and selftests all use this one core.
 
-Public here: :class:`WorkerPool` (warm workers; a call's worker is killed at its
-deadline), :func:`read_declaration_isolated` and :func:`raw_declaration` (a declaration
-read in a throwaway process, answered as JSON data) and :class:`IsolatedReadError`.
-The submodules are internal:
+This package's face is the names below (``__all__``): modules outside ``sandbox/``
+import only these, never a submodule (``tests/test_layout.py`` checks it), so the
+submodules may change shape freely. The main ones: :class:`WorkerPool` (warm workers; a
+call's worker is killed at its deadline) and the :class:`WorkerCall` it runs,
+:func:`read_declaration_isolated` and :func:`raw_declaration` (a declaration read in a
+throwaway process, answered as JSON data), the confinement policy
+(:class:`ConfinePolicy`, :func:`default_policy`, :data:`UNCONFINED`), plugin files
+(:func:`discover_plugin`, :class:`PluginRef`), the pieces of a throwaway child that
+selftests use, and the call frames a Ray task serves (:func:`call_request`,
+:func:`serve_request`). The submodules are internal:
 
 - :mod:`~rho_actors.sandbox.processes`: start method, spawning, killing process groups, reaping;
 - :mod:`~rho_actors.sandbox.zygote` and :mod:`~rho_actors.sandbox.clean`: the clean fork
@@ -29,22 +35,126 @@ tool started, unless it left the group itself) and lives under ``RLIMIT_AS`` =
 about 45 MiB of it).
 """
 
-from rho_actors.sandbox.pool import WorkerPool
+from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
+from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.clean import preload_modules
+from rho_actors.sandbox.confine.confinement import Confinement, make_session_dir
+from rho_actors.sandbox.confine.enclosure import (
+    TREE_ONLY,
+    UNCONFINED,
+    ConfinePolicy,
+    Enclosure,
+    default_policy,
+    policy_stats,
+    system_policy,
+)
+from rho_actors.sandbox.main_guard import UnguardedStartError, refuse_unguarded_children, refuse_unguarded_start
+from rho_actors.sandbox.plugins import (
+    DEFAULT_DISCOVERY_TIMEOUT_S,
+    NoTools,
+    PluginLoadError,
+    PluginRef,
+    discover_plugin,
+    load_module_file,
+    tools_in_module,
+)
+from rho_actors.sandbox.pool import CALL_SCOPE, WorkerPool
+from rho_actors.sandbox.processes import Child, close, context, hold_servers, reap, release_servers, signal_name, spawn
 from rho_actors.sandbox.reads import (
     DEFAULT_HEAP_BYTES,
     DEFAULT_READ_TIMEOUT_S,
     IsolatedReadError,
     ReadFailure,
+    become_subreaper,
+    end_child,
+    linger,
     raw_declaration,
     read_declaration_isolated,
 )
+from rho_actors.sandbox.shipping import ShippedTools, Unshippable, ship
+from rho_actors.sandbox.slots import WorkerSlots
+from rho_actors.sandbox.sweep import sweep_leftovers
+from rho_actors.sandbox.wire import (
+    CODECS,
+    MAX_SELFTEST_BYTES,
+    NEED_TOOL,
+    RESULT,
+    RESULT_RETIRE,
+    SELFTEST,
+    CallRequest,
+    WireError,
+    WorkerCall,
+    call_request,
+    decode_call,
+    decode_json,
+    encode_call,
+    encode_json,
+)
+from rho_actors.sandbox.worker import WorkerConfig, serve_request
 
 __all__ = [
+    "CALL_SCOPE",
+    "CODECS",
+    "DEFAULT_DISCOVERY_TIMEOUT_S",
     "DEFAULT_HEAP_BYTES",
     "DEFAULT_READ_TIMEOUT_S",
+    "MAX_SELFTEST_BYTES",
+    "NEED_TOOL",
+    "RESULT",
+    "RESULT_RETIRE",
+    "SELFTEST",
+    "TREE_ONLY",
+    "UNCONFINED",
+    "UnguardedStartError",
+    "CallRequest",
+    "Channel",
+    "Child",
+    "ChildSetup",
+    "ConfinePolicy",
+    "Confinement",
+    "DeadlineReached",
+    "Enclosure",
     "IsolatedReadError",
+    "Malformed",
+    "NoTools",
+    "PluginLoadError",
+    "PluginRef",
     "ReadFailure",
+    "ShippedTools",
+    "Unshippable",
+    "WireError",
+    "WorkerCall",
+    "WorkerConfig",
     "WorkerPool",
+    "WorkerSlots",
+    "become_subreaper",
+    "call_request",
+    "close",
+    "context",
+    "decode_call",
+    "decode_json",
+    "default_policy",
+    "discover_plugin",
+    "encode_call",
+    "encode_json",
+    "end_child",
+    "hold_servers",
+    "linger",
+    "load_module_file",
+    "make_session_dir",
+    "policy_stats",
+    "preload_modules",
     "raw_declaration",
     "read_declaration_isolated",
+    "reap",
+    "refuse_unguarded_children",
+    "refuse_unguarded_start",
+    "release_servers",
+    "serve_request",
+    "ship",
+    "signal_name",
+    "spawn",
+    "sweep_leftovers",
+    "system_policy",
+    "tools_in_module",
 ]

@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-import rho_actors
 from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.confine.code_paths import installation_prefixes
@@ -61,7 +60,7 @@ def _kernel_paths(paths: list[str]) -> list[str]:
     optional one nobody installed) would run with the host's uid."""
     prefixes = installation_prefixes()
     inside = [p for p in paths if any(p == f or p.startswith(f.rstrip(os.sep) + os.sep) for f in prefixes)]
-    package = os.path.dirname(os.path.dirname(os.path.abspath(rho_actors.__file__)))
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rho_actors' folder's
     return list(dict.fromkeys([*inside, package] if package in paths else inside))
 
 

@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
 import time
@@ -59,8 +60,9 @@ from rho_actors.sandbox.processes import (
     spawn,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
-from rho_actors.sandbox.shipping import ShippedTools, Unshippable, short_name
+from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import Grant, WorkerSlots
+from rho_actors.sandbox.wire import WorkerCall
 from rho_actors.sandbox.worker import WorkerConfig, worker_child
 from rho_actors.sandbox.worker_handle import WorkerHandle, at_deadline, died, exchange_or_cancel
 from rho_actors.tool import ToolResult
@@ -167,31 +169,39 @@ class WorkerPool:
         scope: Hashable = None,
         env: Mapping[str, str] | None = None,
         version: object = None,
-        context_values: Mapping[str, Any] | None = None,
+        context: contextvars.Context | None = None,
     ) -> ToolResult:
-        """Run ``tool.run(args, ctx)`` in a worker process and return its result. Blocks.
-        Setting ``cancel`` kills the worker running the call (the result is then
-        ``cancelled``); a call whose ``cancel`` is set before it reaches a worker does
-        not run.
+        """Run ``tool.run(args, ctx)`` in a worker process and return its result: the call
+        made by :meth:`WorkerCall.of <rho_actors.sandbox.wire.WorkerCall.of>` from these
+        parts (``call_id`` from ``ctx``; ``deadline`` and ``started``, default now, are
+        ``time.monotonic()`` instants; ``name`` by default the tool's ``__name__`` or type
+        name; ``context``, the ``contextvars`` whose plain values travel), then
+        :meth:`run_call`. Blocks; never raises for anything the tool does."""
+        call = WorkerCall.of(tool, args, ctx, deadline, max_output_chars, name=name, started=started, cancel=cancel,
+                             version=version, context=context)
+        return self.run_call(call, scope=scope, env=env)
 
-        ``deadline`` and ``started`` are ``time.monotonic()`` instants (seconds);
-        ``started`` (default: now) is where the result's ``duration_ms`` counts from.
-        ``max_output_chars`` caps the result's text (it is encoded and capped in the
-        worker). ``name`` is the tool's checked name, used in the result (default: the
-        tool's ``__name__`` or type name; the tool's own ``name()`` is not called here).
+    def run_call(self, call: WorkerCall, *, scope: Hashable = None, env: Mapping[str, str] | None = None) -> ToolResult:
+        """Run one call (:class:`~rho_actors.sandbox.wire.WorkerCall`) in a worker process
+        and return its result. Blocks. Setting ``call.cancel`` kills the worker running the
+        call (the result is then ``cancelled``); a call whose ``cancel`` is set before it
+        reaches a worker does not run.
 
-        In the worker, ``ctx`` holds ``session_id``, ``call_id``, ``data_dir``,
-        ``withheld``, ``deadline`` and ``traceparent`` (when present: the call's span, made
-        current in the worker) from the given ``ctx``, ``deps`` only when it can be
-        pickled (else it is left out), and ``cancel``, a :class:`CancelToken` never set:
-        at the deadline the worker is killed instead. ``context_values`` (name -> plain
-        value: the caller's ``contextvars``) are set again in the worker, on the
+        ``call.max_output_chars`` caps the result's text (it is encoded and capped in the
+        worker); the result's ``duration_ms`` counts from ``call.started``. In the worker,
+        ``ctx`` is what :func:`~rho_actors.sandbox.wire.call_request` cuts from
+        ``call.ctx`` (``session_id``, ``call_id``, ``data_dir``, ``withheld``,
+        ``traceparent``, ``deps`` when picklable; an untrusted call's registered ``deps``
+        and its worker's private folder), rebuilt by
+        :func:`~rho_actors.sandbox.worker.serve_request` with ``deadline`` and
+        ``cancel``, a :class:`CancelToken` never set: at the deadline the worker is killed
+        instead. The plain values of ``call.context`` are set again in the worker, on the
         ``ContextVar`` objects of that name its loaded modules hold at top level, for the
-        call. An ``async def run`` runs under
-        ``asyncio.run`` with a ``wait_for`` to the deadline.
+        call. An ``async def run`` runs under ``asyncio.run`` with a ``wait_for`` to the
+        deadline.
 
         The tool travels with cloudpickle, pickled once per object (an ``@tool`` of a plain
-        function once per object and ``version``, compared by identity; any other
+        function once per object and ``call.version``, compared by identity; any other
         instance on every call; see :class:`~rho_actors.sandbox.shipping.ShippedTools`);
         what ``run`` does to it in the worker stays there (the worker may serve again).
 
@@ -212,13 +222,10 @@ class WorkerPool:
         not be pickled there) or ``cancelled`` (the pool was stopped, or ``cancel`` was
         set).
         """
-        start = time.monotonic() if started is None else started
-        call_id = str(ctx.get("call_id", ""))
-        label = name if name is not None else short_name(tool)
-        timeout_ms = round((deadline - start) * 1000)
+        start, deadline, timeout_ms, cancel = call.started, call.deadline, call.timeout_ms, call.cancel
 
         def failed(key: str, **fields: Any) -> ToolResult:
-            return failure(key, call_id, label, (time.monotonic() - start) * 1000, **fields)
+            return failure(key, call.call_id, call.name, (time.monotonic() - start) * 1000, **fields)
 
         if self._stopped:
             return failed("pool_stopped")
@@ -227,15 +234,15 @@ class WorkerPool:
         if time.monotonic() >= deadline:
             return failed("timeout", timeout_ms=timeout_ms, consequence="it did not start")
         try:
-            digest, tool_bytes = self._shipped.ship(tool, version)
+            digest, tool_bytes = self._shipped.ship(call.tool, call.version)
         except Unshippable as exc:
             return failed("unshippable", problem=str(exc))
-        request = wire.call_request(digest, label, args, ctx, deadline, timeout_ms, max_output_chars, context_values)
+        request = wire.call_request(digest, call)
         try:
             bare = wire.encode_call(request)
         except wire.WireError as exc:
             return failed("unsendable", problem=str(exc))
-        session = ctx.get("session_id")
+        session = call.ctx.get("session_id")
         if cancel is not None and self._slots is not None:
             cancel.add_callback(self._slots.poke)  # a call waiting its turn stops waiting
         if self._slots is not None and not self._slots.enter(

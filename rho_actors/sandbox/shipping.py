@@ -26,7 +26,7 @@ from rho_actors.function_tool import FunctionTool
 from rho_actors.sandbox import context_values
 
 __all__ = [
-    "CALLBACKS", "ShippedTools", "Unshippable", "label", "local_modules", "register_by_value", "ship", "short_name",
+    "CALLBACKS", "ShippedTools", "Unshippable", "label", "local_modules", "register_by_value", "ship",
 ]
 
 CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
@@ -247,9 +247,3 @@ def label(tool: Any) -> str:
         return describe_origin(tool)
     except BaseException:
         return f"a {type(tool).__qualname__}"
-
-
-def short_name(tool: Any) -> str:
-    """A name for results when the caller gave none, without calling the tool's code."""
-    name = getattr(tool, "__name__", None)
-    return name if isinstance(name, str) else type(tool).__name__

@@ -23,7 +23,7 @@ from loguru import logger
 
 from rho_actors.sandbox.confine import cgroups
 
-__all__ = ["sweep"]
+__all__ = ["sweep_leftovers"]
 
 _LEFTOVER: Final = re.compile(r"rho-actors-(\d+)-")
 
@@ -53,7 +53,7 @@ def _leftovers(folder: str) -> list[str]:
     return out
 
 
-def sweep() -> dict[str, int]:
+def sweep_leftovers() -> dict[str, int]:
     """Remove the private folders and cgroups of hosts no longer running; how many of
     each: ``{"folders": n, "cgroups": m}``. Never raises: what cannot be removed is
     logged and left."""

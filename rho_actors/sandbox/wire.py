@@ -32,19 +32,24 @@ Nothing a child sends is ever unpickled by the host, except by a trusted pickle 
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 import pickle
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 import cloudpickle
 import msgpack
 
+from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, replace_controls, scrub_text
+from rho_actors.sandbox.context_values import plain_values
 from rho_actors.tool import ErrorKind, Image, ToolResult
 
 __all__ = [
@@ -69,11 +74,13 @@ __all__ = [
     "SELFTEST",
     "SERVE",
     "SERVED",
+    "UNTRUSTED_DATA_DIR",
     "CallRequest",
     "PickleCodec",
     "PlainCodec",
     "ResultCodec",
     "WireError",
+    "WorkerCall",
     "call_request",
     "check_empty",
     "child_text",
@@ -84,6 +91,7 @@ __all__ = [
     "encode_json",
     "encode_served",
     "plain_problem",
+    "short_name",
 ]
 
 READY: Final = b"R"
@@ -151,29 +159,89 @@ PORTABLE_CTX: Final = ("session_id", "call_id", "data_dir", "withheld", "tracepa
 """The ``ctx`` keys that travel to another process (DESIGN §2's table): plain values."""
 
 
-def call_request(
-    digest: bytes, name: str, args: Mapping[str, Any], ctx: Mapping[str, Any], deadline: float, timeout_ms: int,
-    max_chars: int, context_values: Mapping[str, Any] | None = None,
-) -> CallRequest:
-    """The :class:`CallRequest` of a call for another process (a worker, a Ray task): the
-    portable part of its ``ctx`` (:data:`PORTABLE_CTX`, ``withheld`` as a tuple, absent
-    keys left out but ``session_id``, ``call_id``, ``data_dir`` and ``withheld``),
-    ``deps`` pickled (left out when it cannot be) and the caller's plain ``contextvars``
-    (``context_values``, name -> value). ``deadline`` is a ``time.monotonic()`` instant
-    (seconds), ``timeout_ms`` the call's budget (ms). Never raises."""
+def short_name(tool: Any) -> str:
+    """A name for results when the caller gave none, without calling the tool's code."""
+    name = getattr(tool, "__name__", None)
+    return name if isinstance(name, str) else type(tool).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCall:
+    """One call for another process (a worker process, a Ray task), as the host holds it:
+    cut from the isolation's ``CallSpec`` (:func:`rho_actors.isolation.base.worker_call`)
+    or made by :meth:`of`. ``call_id`` and ``name`` (the tool's checked name) go into the
+    result; ``tool`` is shipped (once per ``version``, compared by identity: see
+    :class:`~rho_actors.sandbox.shipping.ShippedTools`); ``ctx`` is the host's ctx, of
+    which :func:`call_request` cuts what travels; ``started`` (where ``duration_ms``
+    counts from) and ``deadline`` are ``time.monotonic()`` instants (seconds),
+    ``timeout_ms`` the call's budget (ms), ``max_output_chars`` the cap of its text.
+    ``cancel`` set kills the process running it. ``context``: the submitter's
+    ``contextvars`` (their plain values travel by name). ``deps``: ``None`` for a trusted
+    tool (its ctx's ``deps`` travel, when picklable); an untrusted tool's registered plain
+    ``deps``, which replace the session's (see :func:`call_request`)."""
+
+    call_id: str
+    name: str
+    tool: Any
+    args: Mapping[str, Any]
+    ctx: Mapping[str, Any]
+    started: float
+    deadline: float
+    timeout_ms: int
+    max_output_chars: int
+    cancel: CancelToken | None = None
+    context: contextvars.Context | None = None
+    version: object = None
+    deps: Mapping[str, Any] | None = None
+
+    @property
+    def untrusted(self) -> bool:
+        """Whether this is an untrusted tool's call (it has its registered ``deps``)."""
+        return self.deps is not None
+
+    @classmethod
+    def of(
+        cls, tool: Any, args: Mapping[str, Any], ctx: Mapping[str, Any], deadline: float, max_output_chars: int, *,
+        name: str | None = None, started: float | None = None, cancel: CancelToken | None = None,
+        version: object = None, context: contextvars.Context | None = None,
+    ) -> WorkerCall:
+        """A trusted tool's call made from its parts, for a caller without a ``CallSpec``:
+        ``call_id`` from ``ctx``, ``name`` by default the tool's ``__name__`` or type
+        name, ``started`` by default now, ``timeout_ms`` from ``started`` to ``deadline``."""
+        start = time.monotonic() if started is None else started
+        return cls(str(ctx.get("call_id", "")), name if name is not None else short_name(tool), tool, args, ctx, start,
+                   deadline, round((deadline - start) * 1000), max_output_chars, cancel, context, version)
+
+
+UNTRUSTED_DATA_DIR: Final = Path(".")
+"""``ctx["data_dir"]`` of an untrusted call in its worker: the worker's private folder
+(its working directory; the session's folder stays closed to it)."""
+
+
+def call_request(digest: bytes, call: WorkerCall) -> CallRequest:
+    """The :class:`CallRequest` of ``call`` for another process (a worker, a Ray task), the
+    tool not attached (``digest`` names it): the portable part of its ``ctx``
+    (:data:`PORTABLE_CTX`, ``withheld`` as a tuple, absent keys left out but
+    ``session_id``, ``call_id``, ``data_dir`` and ``withheld``), ``deps`` pickled (left
+    out when it cannot be) and the plain values of ``call.context`` by name. An untrusted
+    call (``call.deps`` given) gets those ``deps`` instead of the session's,
+    :data:`UNTRUSTED_DATA_DIR` as ``data_dir``, and no ``contextvars``. The other side
+    rebuilds the ctx in :func:`rho_actors.sandbox.worker.serve_request`. Never raises."""
+    ctx = call.ctx
     fields: dict[str, Any] = {
         "session_id": ctx.get("session_id"),
         "call_id": ctx.get("call_id"),
-        "data_dir": ctx.get("data_dir"),
+        "data_dir": UNTRUSTED_DATA_DIR if call.untrusted else ctx.get("data_dir"),
         "withheld": tuple(ctx.get("withheld", ())),
     }
     if "traceparent" in ctx:  # the call's span, which the tool's own spans join
         fields["traceparent"] = ctx["traceparent"]
+    context_values = {} if call.untrusted else plain_values(call.context)
     if context_values:
-        fields[CONTEXT_VALUES] = dict(context_values)
-    call_id = str(ctx.get("call_id", ""))
-    return CallRequest(digest, None, name, call_id, dict(args), fields, _pickled_deps(ctx), deadline, timeout_ms,
-                       max_chars)
+        fields[CONTEXT_VALUES] = context_values
+    deps = _pickled_deps({"deps": dict(call.deps or {})} if call.untrusted else ctx)  # plain JSON data
+    return CallRequest(digest, None, call.name, call.call_id, dict(call.args), fields, deps, call.deadline,
+                       call.timeout_ms, call.max_output_chars)
 
 
 def _pickled_deps(ctx: Mapping[str, Any]) -> bytes | None:

@@ -85,7 +85,7 @@ def serve_request(
     frame: ``(NEED_TOOL, b"")`` when the tool is neither held nor sent, else
     ``(RESULT or RESULT_RETIRE, the result encoded by codec)``. The ctx the tool gets is
     the request's fields with ``deadline``, ``cancel`` (never set) and ``deps``. Used by
-    worker processes and by Ray tasks (:mod:`rho_actors.integrations.ray.tasks`)."""
+    worker processes and by Ray tasks (:mod:`rho_actors.isolation.ray_tasks`)."""
     name, call_id = request.name, request.call_id
     try:
         tool = tools.get(request.digest)

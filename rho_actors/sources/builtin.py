@@ -24,9 +24,9 @@ from typing import Any, Final
 
 from rho_actors.encoding import describe_exception
 from rho_actors.files import UnsafePathError, open_regular
-from rho_actors.sandbox.confine.enclosure import ConfinePolicy
-from rho_actors.sandbox.plugins import (
+from rho_actors.sandbox import (
     DEFAULT_DISCOVERY_TIMEOUT_S,
+    ConfinePolicy,
     PluginLoadError,
     discover_plugin,
     load_module_file,

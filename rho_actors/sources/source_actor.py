@@ -78,7 +78,7 @@ from rho_actors.otp.actor import Actor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.otp.timers import Timer
 from rho_actors.registry.tool_registry import DuplicateToolError
-from rho_actors.sandbox.plugins import PluginLoadError, load_module_file, tools_in_module
+from rho_actors.sandbox import PluginLoadError, load_module_file, tools_in_module
 from rho_actors.sources.builtin import DEFAULT_GROUP, Broken, EntryPointGroup, PluginFolder
 
 __all__ = [

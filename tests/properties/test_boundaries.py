@@ -31,7 +31,7 @@ from jsonschema import Draft202012Validator
 from rich.console import Console
 
 from rho_actors import ErrorKind, Image, ToolResult
-from rho_actors.arguments import make_validator, violations
+from rho_actors.declarations.arguments import make_validator, violations
 from rho_actors.declarations.patterns import ECMA_SPACE
 from rho_actors.observe.observer import json_line
 from rho_actors.observe.top import TopView

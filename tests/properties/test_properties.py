@@ -24,7 +24,13 @@ from jsonschema import Draft202012Validator
 from rho_actors import ActorSystem, ErrorKind, ToolCall, encode_output
 from rho_actors.agent.model import Message, Reply
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
-from rho_actors.arguments import MAX_REFUSAL_CHARS, ArgumentsError, decode_arguments, make_validator, violations
+from rho_actors.declarations.arguments import (
+    MAX_REFUSAL_CHARS,
+    ArgumentsError,
+    decode_arguments,
+    make_validator,
+    violations,
+)
 from rho_actors.declarations.checks import DeclarationError, check_declaration
 from rho_actors.tool import ToolResult
 

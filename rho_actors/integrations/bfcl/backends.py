@@ -87,6 +87,6 @@ def connect(isolation: str) -> None:
         context("forkserver")  # its preload list set, then started now, not in the first session
         forkserver.ensure_running()
     if isolation == "ray":
-        from rho_actors.integrations.ray.tasks import default_runtime
+        from rho_actors.isolation.ray_tasks import default_runtime
 
         default_runtime().connect()

@@ -26,7 +26,7 @@ import ray.exceptions
 from loguru import logger
 
 from rho_actors.encoding import describe_exception
-from rho_actors.integrations.ray.tasks import RayResources, RayRuntime, default_runtime
+from rho_actors.isolation.ray_tasks import RayResources, RayRuntime, default_runtime
 from rho_actors.isolation.servers import ServerCall
 from rho_actors.otp.actor import Actor, kill, start_link
 from rho_actors.otp.timers import Timer
@@ -160,7 +160,7 @@ class RayServer(Actor):
         self._kill_ray_actor()
 
     def describe(self) -> dict[str, Any]:
-        """This server as plain data (see :meth:`rho_actors.integrations.ray.tasks.RayRuntime.actors`)."""
+        """This server as plain data (see :meth:`rho_actors.isolation.ray_tasks.RayRuntime.actors`)."""
         return {"server": self.actor_urn, "class": self.cls.__qualname__, "actor_id": self.actor_id,
                 "node_id": self.node_id, "node": self.runtime.nodes.describe(self.node_id), "pid": self.pid,
                 "calls": self.calls}
@@ -301,7 +301,7 @@ class RayActor:
         """This start with ``runtime`` as its :class:`RayRuntime`, once that is connected
         (a local Ray can take tens of seconds to start: waited for here, in the caller's
         thread, at most ``start_timeout_ms``). Raises
-        :class:`~rho_actors.integrations.ray.connection.RayUnreachable` naming why not."""
+        :class:`~rho_actors.isolation.ray_connection.RayUnreachable` naming why not."""
         runtime.connect(self.start_timeout_ms / 1000)
         bound = copy.copy(self)
         object.__setattr__(bound, "runtime", runtime)

@@ -155,7 +155,7 @@ class Cgroup:
     @classmethod
     def existing(cls, hierarchy: CgroupHierarchy, leaf: str) -> Cgroup:
         """The cgroup named ``leaf`` that already stands in ``hierarchy`` (a leftover
-        that :func:`~rho_actors.sandbox.sweep.sweep` kills and removes), neither created
+        that :func:`~rho_actors.sandbox.sweep.sweep_leftovers` kills and removes), neither created
         nor bounded here."""
         self = cls.__new__(cls)
         self.version = hierarchy.version

@@ -5,7 +5,7 @@ A call runs as one Ray task (``max_retries=0``) with its tool's resources
 (:class:`RayResources`), on the sandbox's kernel: the tool is pickled as for a worker
 process (:mod:`rho_actors.sandbox.shipping`, once per version) and put in Ray's object
 store once per digest; the call goes as a worker's ``CALL`` frame
-(:func:`rho_actors.sandbox.wire.call_request`), and the task runs it with the worker's own
+(:func:`rho_actors.sandbox.call_request`), and the task runs it with the worker's own
 code (:func:`rho_actors.sandbox.worker.serve_request`: the tool kept by digest, the same
 ctx, the same result builders; a worker that lacks the tool says so, and the call is sent
 again with a reference to the bytes). The reply is checked by the plain codec
@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import itertools
@@ -48,20 +49,32 @@ from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
-from rho_actors.integrations.ray.connection import (
+from rho_actors.isolation.ray_connection import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_START_TIMEOUT_S,
     Connection,
     RayUnreachable,
     loopback_only,
 )
-from rho_actors.integrations.ray.nodes import NodeTable
-from rho_actors.integrations.ray.resources import RayResources
+from rho_actors.isolation.ray_nodes import NodeTable
+from rho_actors.isolation.ray_resources import RayResources
 from rho_actors.otp.timers import Timers
 from rho_actors.results import RAY_CANCELLED, capped, failure
-from rho_actors.sandbox import wire
-from rho_actors.sandbox.shipping import ShippedTools, Unshippable, short_name
-from rho_actors.sandbox.worker import WorkerConfig, serve_request
+from rho_actors.sandbox import (
+    CODECS,
+    NEED_TOOL,
+    RESULT,
+    RESULT_RETIRE,
+    ShippedTools,
+    Unshippable,
+    WireError,
+    WorkerCall,
+    WorkerConfig,
+    call_request,
+    decode_call,
+    encode_call,
+    serve_request,
+)
 from rho_actors.tool import ToolResult, is_untrusted
 
 __all__ = [
@@ -70,6 +83,7 @@ __all__ = [
     "RayUnreachable",
     "RayRuntime",
     "default_runtime",
+    "run_call",
     "run_on_ray",
 ]
 
@@ -103,17 +117,17 @@ class RayRuntime:
     ``config`` is ``ActorSystem(ray={...})``: ``address`` (``"auto"``, ``"ray://host:10001"``
     or ``"host:6379"``) connects to a running cluster; without it a local Ray is started
     (or a running one in this process is attached) on this host, with no dashboard,
-    bound to loopback only (see :func:`~rho_actors.integrations.ray.connection.loopback_only`),
+    bound to loopback only (see :func:`~rho_actors.isolation.ray_connection.loopback_only`),
     with ``num_cpus``, ``num_gpus`` and ``resources`` (custom resources by name) from the
     config when given. ``namespace`` and ``runtime_env`` go to ``ray.init``;
     ``connect_timeout_s`` (default 30, or 120 to start a local Ray) bounds connecting, which runs in a thread of its own
-    (:class:`~rho_actors.integrations.ray.connection.Connection`): a caller waits for it
+    (:class:`~rho_actors.isolation.ray_connection.Connection`): a caller waits for it
     within its own bound and gets
-    :class:`~rho_actors.integrations.ray.connection.RayUnreachable` past it. ``timers``
+    :class:`~rho_actors.isolation.ray_connection.RayUnreachable` past it. ``timers``
     serve the servers' liveness pings (default: a timer thread of its own).
 
     Once connected, a node watcher thread keeps :attr:`nodes` (the live nodes, see
-    :class:`~rho_actors.integrations.ray.nodes.NodeTable`) while calls or servers are on
+    :class:`~rho_actors.isolation.ray_nodes.NodeTable`) while calls or servers are on
     Ray: a call running on a node found lost is ended ``crashed`` naming the node, a call
     still queued that no live node can hold is ended ``unavailable``, and a server whose
     Ray actor was on it is told (it goes down and its supervisor restarts it elsewhere).
@@ -175,7 +189,7 @@ class RayRuntime:
     def connect(self, wait_s: float | None = None) -> None:
         """Connect to (or start) Ray, waiting at most ``wait_s`` seconds (default: the
         ``connect_timeout_s``); at once when connected. Raises
-        :class:`~rho_actors.integrations.ray.connection.RayUnreachable` naming why not."""
+        :class:`~rho_actors.isolation.ray_connection.RayUnreachable` naming why not."""
         self.connection.wait(self.connection.connect_timeout_s if wait_s is None else wait_s)
 
     def _on_connected(self) -> None:
@@ -407,7 +421,7 @@ _TASK_CONFIG = WorkerConfig(codec="plain", heap_bytes=None)
 def _execute(body: bytes, seconds_left: float) -> Iterator[Any]:
     """The Ray task of one call, a stream of two items: ``(node id, pid)`` where it
     began, then the reply frame. ``body`` is the call's ``CALL`` frame (a
-    :class:`~rho_actors.sandbox.wire.CallRequest`, its ``deadline`` replaced by
+    :class:`~rho_actors.sandbox.CallRequest`, its ``deadline`` replaced by
     ``seconds_left`` from the task's start, since clocks differ between hosts). The reply
     is that of :func:`~rho_actors.sandbox.worker.serve_request`: ``NEED_TOOL`` when this
     worker lacks the tool, else the result in the plain codec."""
@@ -428,10 +442,10 @@ def _here() -> tuple[str, int]:
 
 
 def _run_task(body: bytes, seconds_left: float, holder: list[Any] | None) -> tuple[bytes, bytes]:
-    request = dataclasses.replace(wire.decode_call(body), deadline=time.monotonic() + seconds_left)
+    request = dataclasses.replace(decode_call(body), deadline=time.monotonic() + seconds_left)
     if holder is not None and request.digest not in _worker_tools:
         request = dataclasses.replace(request, tool_bytes=ray.get(holder[0]))
-    return serve_request(request, _worker_tools, _TASK_CONFIG, wire.CODECS["plain"])
+    return serve_request(request, _worker_tools, _TASK_CONFIG, CODECS["plain"])
 
 
 _LOST = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError,
@@ -451,22 +465,20 @@ def _next_item(stream: Any, deadline: float) -> Any:
     try:
         ref = next(stream)
     except StopIteration:
-        raise wire.WireError("the task ended without a reply") from None
+        raise WireError("the task ended without a reply") from None
     return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _prepare(runtime: RayRuntime, tool: Any, args: Mapping[str, Any], ctx: Mapping[str, Any], deadline: float,
-             cancel: CancelToken, max_output_chars: int, resources: RayResources, label: str, version: object,
-             context_values: Mapping[str, Any] | None, timeout_ms: int,
+def _prepare(runtime: RayRuntime, call: WorkerCall, cancel: CancelToken, resources: RayResources,
              failed: Callable[..., ToolResult]) -> tuple[bytes, Any] | ToolResult:
     """The call's ``CALL`` frame and its tool's object ref, once Ray is reached (within
     the deadline) and the resources found feasible; or the result saying why not."""
-    if is_untrusted(tool):
+    if is_untrusted(call.tool) or call.untrusted:
         return failed("ray_untrusted")
     if cancel.cancelled:
         return failed("cancelled", reason=cancel.reason)
     try:
-        runtime.connect(deadline - time.monotonic())
+        runtime.connect(call.deadline - time.monotonic())
         problem = runtime.infeasible(resources)
     except RayUnreachable as exc:
         return failed("ray_unreachable", problem=str(exc))
@@ -475,13 +487,12 @@ def _prepare(runtime: RayRuntime, tool: Any, args: Mapping[str, Any], ctx: Mappi
     if problem is not None:
         return failed("ray_infeasible", problem=problem)
     try:
-        digest, tool_ref = runtime.ship(tool, version)
+        digest, tool_ref = runtime.ship(call.tool, call.version)
     except Unshippable as exc:
         return failed("ray_unshippable", problem=str(exc))
-    request = wire.call_request(digest, label, args, ctx, deadline, timeout_ms, max_output_chars, context_values)
     try:
-        return wire.encode_call(request), tool_ref
-    except wire.WireError as exc:
+        return encode_call(call_request(digest, call)), tool_ref
+    except WireError as exc:
         return failed("ray_unsendable", problem=str(exc))
 
 
@@ -498,41 +509,48 @@ def run_on_ray(
     name: str | None = None,
     started: float | None = None,
     version: object = None,
-    context_values: Mapping[str, Any] | None = None,
+    context: contextvars.Context | None = None,
 ) -> ToolResult:
-    """Run ``tool.run(args, ctx)`` as one Ray task and return its result. Blocks (call it
-    from the call's own thread); never raises for anything the tool or Ray does.
+    """Run ``tool.run(args, ctx)`` as one Ray task: the call made by
+    :meth:`WorkerCall.of <rho_actors.sandbox.WorkerCall.of>` from these parts
+    (``call_id`` from ``ctx``; ``deadline`` and ``started``, default now, are
+    ``time.monotonic()`` instants; ``name`` by default the tool's ``__name__`` or type
+    name), then :func:`run_call`. Blocks; never raises for anything the tool or Ray does."""
+    call = WorkerCall.of(tool, args, ctx, deadline, max_output_chars, name=name, started=started, cancel=cancel,
+                              version=version, context=context)
+    return run_call(runtime, call, resources)
 
-    ``deadline`` and ``started`` (default: now; ``duration_ms`` counts from it) are
-    ``time.monotonic()`` instants, seconds. The call goes as a worker process's would
-    (:func:`~rho_actors.sandbox.wire.call_request`: the portable part of ``ctx``,
-    ``deps`` when picklable, ``context_values``; the tool shipped once per ``version``)
-    and runs in the task through the worker's own code
-    (:func:`~rho_actors.sandbox.worker.serve_request`), where ``ctx`` also holds
-    ``deadline`` (an instant of the task's host) and ``cancel``, a token never set (the
-    task is killed instead). ``name`` is the tool's checked name (default: its
-    ``__name__`` or type name). The reply is checked by the plain codec, as an untrusted
-    worker's is.
+
+def run_call(runtime: RayRuntime, call: WorkerCall, resources: RayResources) -> ToolResult:
+    """Run one call (:class:`~rho_actors.sandbox.WorkerCall`) as one Ray task with
+    ``resources`` and return its result. Blocks (call it from the call's own thread);
+    never raises for anything the tool or Ray does.
+
+    The call goes as a worker process's would (:func:`~rho_actors.sandbox.call_request`:
+    the portable part of ``call.ctx``, ``deps`` when picklable, the plain values of
+    ``call.context``; the tool shipped once per ``call.version``) and runs in the task
+    through the worker's own code (:func:`~rho_actors.sandbox.worker.serve_request`), where
+    ``ctx`` also holds ``deadline`` (an instant of the task's host) and ``cancel``, a token
+    never set (the task is killed instead). The reply is checked by the plain codec, as an
+    untrusted worker's is; ``duration_ms`` counts from ``call.started``.
 
     The result is the tool's own (``ok``, ``raised``, ``exited``), or an error with kind
     ``timeout`` (the deadline passed: the task was force-cancelled, its worker killed),
-    ``cancelled`` (``cancel`` was set: the task was force-cancelled too), ``crashed``
+    ``cancelled`` (``call.cancel`` was set: the task was force-cancelled too), ``crashed``
     (the worker or its node was lost: the Ray error, or the lost node, is named; or the
     reply was malformed), ``memory`` (Ray's memory monitor killed the worker) or
     ``unavailable`` (an untrusted tool; no live node of the cluster can hold the
     resources, checked again when a node is lost while the call waits in Ray's queue; the
     runtime env could not be set up; Ray is not reachable by the deadline).
     """
-    start = time.monotonic() if started is None else started
-    call_id = str(ctx.get("call_id", ""))
-    label = name if name is not None else short_name(tool)
-    timeout_ms = round((deadline - start) * 1000)
+    start, deadline, timeout_ms = call.started, call.deadline, call.timeout_ms
+    call_id, label, max_output_chars = call.call_id, call.name, call.max_output_chars
+    cancel = call.cancel if call.cancel is not None else CancelToken()
 
     def failed(key: str, **fields: Any) -> ToolResult:
         return failure(key, call_id, label, (time.monotonic() - start) * 1000, **fields)
 
-    prepared = _prepare(runtime, tool, args, ctx, deadline, cancel, max_output_chars, resources, label, version,
-                        context_values, timeout_ms, failed)
+    prepared = _prepare(runtime, call, cancel, resources, failed)
     if isinstance(prepared, ToolResult):
         return prepared
     body, tool_ref = prepared
@@ -568,14 +586,14 @@ def run_on_ray(
             return _failure(exc, cancel, failed, runtime, flight)
         finally:
             runtime._untrack(key)
-        if tag != wire.NEED_TOOL or holder is not None:
+        if tag != NEED_TOOL or holder is not None:
             break
         holder = [tool_ref]
     try:
-        if tag not in (wire.RESULT, wire.RESULT_RETIRE) or type(reply) is not bytes:
-            raise wire.WireError(f"an unexpected reply frame {tag!r}")
-        result = wire.CODECS["plain"].decode(reply)
-    except (wire.WireError, ValueError) as exc:
+        if tag not in (RESULT, RESULT_RETIRE) or type(reply) is not bytes:
+            raise WireError(f"an unexpected reply frame {tag!r}")
+        result = CODECS["plain"].decode(reply)
+    except (WireError, ValueError) as exc:
         return failed("ray_malformed", problem=str(exc))
     return dataclasses.replace(capped(result, max_output_chars), call_id=call_id, name=label,
                                duration_ms=(time.monotonic() - start) * 1000)
@@ -610,7 +628,7 @@ def _failure(exc: BaseException, cancel: CancelToken, failed: Callable[..., Tool
         return failed("ray_lost", cause=cause)
     if isinstance(exc, ray.exceptions.RayTaskError):
         return failed("ray_raised", cause=cause)
-    if isinstance(exc, wire.WireError):
+    if isinstance(exc, WireError):
         return failed("ray_malformed", problem=str(exc))
     if not isinstance(exc, Exception):
         raise exc  # KeyboardInterrupt in the host: not the tool's doing
