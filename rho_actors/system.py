@@ -63,9 +63,10 @@ from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
 from rho_actors.loop.handle import Loop, withheld_names
 from rho_actors.loop.messages import allowlist, loop_name
+from rho_actors.observe.tree import describe_tree
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.names import Names
-from rho_actors.otp.supervisor import ChildInfo, ChildSpec, ChildStarter, StartChild, Supervisor, start_adopted
+from rho_actors.otp.supervisor import ChildSpec, ChildStarter, StartChild, Supervisor, start_adopted
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
 from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
@@ -583,37 +584,8 @@ class ActorSystem:
         ``running``: its calls with ``tool`` and ``ms_left`` to the deadline; a stateful server adds
         ``server``: its ``isolation``, ``class``, ``pid``... (:mod:`rho_actors.isolation.servers`);
         ``workers`` adds ``isolations``: what each isolation in use shows (``ray``: its tasks in flight)."""
-        node: dict[str, Any] = {"id": ROOT, "kind": "supervisor", "restart": "permanent", "restarts": 0,
-                                "alive": self._root.is_alive()}
-        return self._describe(self._root, node)
-
-    def _describe(self, ref: pykka.ActorRef[Any] | None, node: dict[str, Any], parent: str = "") -> dict[str, Any]:
-        if ref is None or not node["alive"]:
-            return node
-        try:
-            if node["kind"] == "supervisor":
-                proxy = ref.proxy()
-                node["strategy"] = proxy.strategy.get(timeout=self._ask_timeout_s)
-                children: list[ChildInfo] = proxy.which_children().get(timeout=self._ask_timeout_s)
-                if node["id"] == CALLS:
-                    node["running"] = sum(c.alive for c in children)
-                    return node
-                node["children"] = [
-                    self._describe(c.ref, {"id": c.id, "kind": c.type, "restart": c.restart,
-                                           "restarts": c.restarts, "alive": c.alive}, node["id"])
-                    for c in children
-                ]
-            elif node["id"] == WORKERS and parent == ROOT:
-                isolations = self._runtime.isolations.items()
-                node["isolations"] = {name: view for name, isolation in isolations if (view := isolation.describe())}
-            elif callable(getattr(ref.actor_class, "server_info", None)):  # a stateful server: where it runs
-                node["server"] = ref.proxy().server_info().get(timeout=self._ask_timeout_s)
-            elif issubclass(ref.actor_class, LoopActor):
-                loop = Loop(parent, self._sessions_dir / parent, self._runtime)
-                node["running"] = loop.running()
-        except (pykka.ActorDeadError, pykka.Timeout):
-            node["alive"] = False
-        return node
+        return describe_tree(self._root, self._runtime, self._sessions_dir, root_id=ROOT, calls_id=CALLS,
+                             workers_id=WORKERS, ask_timeout_s=self._ask_timeout_s)
 
     # --- events and state -----------------------------------------------------------------
 

@@ -47,13 +47,25 @@ from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.otp.actor import Actor, kill, start_link
 from rho_actors.results import TEXTS, text
-from rho_actors.sandbox import wire
-from rho_actors.sandbox.channel import DeadlineReached, Malformed
-from rho_actors.sandbox.confine.enclosure import TREE_ONLY, ConfinePolicy, Enclosure, default_policy
-from rho_actors.sandbox.processes import Child, context, hold_servers, mib, release_servers, signal_name, spawn
-from rho_actors.sandbox.reads import end_child
-from rho_actors.sandbox.server_child import server_child
-from rho_actors.sandbox.shipping import register_by_value
+from rho_actors.sandbox import (
+    TREE_ONLY,
+    Child,
+    ConfinePolicy,
+    DeadlineReached,
+    Enclosure,
+    Malformed,
+    context,
+    default_policy,
+    end_child,
+    hold_servers,
+    mib,
+    register_by_value,
+    release_servers,
+    server_child,
+    signal_name,
+    spawn,
+    wire,
+)
 from rho_actors.tool import ToolFailure
 
 __all__ = [

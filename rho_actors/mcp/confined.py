@@ -49,9 +49,7 @@ import mcp_types as types
 from loguru import logger
 from mcp.shared.message import SessionMessage
 
-from rho_actors.sandbox.channel import Channel
-from rho_actors.sandbox.clean import spawn_clean
-from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox import Channel, ConfinePolicy, Enclosure, spawn_clean
 
 __all__ = ["DEFAULT_HEAP_BYTES", "MAX_LINE_BYTES", "confined_transport", "python_arguments", "python_target"]
 

@@ -66,7 +66,7 @@ from loguru import logger
 from rho_actors.errors import RhoError
 from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, PYTHON_NAME, confined_transport, python_arguments
 from rho_actors.mcp.source import MCPServer
-from rho_actors.sandbox.confine.enclosure import ConfinePolicy
+from rho_actors.sandbox import ConfinePolicy
 from rho_actors.tool import DEFAULT_TIMEOUT_MS
 
 __all__ = [

@@ -53,7 +53,7 @@ def fresh_tree(targets: list[str], *, untrusted: bool = False, unconfined: bool 
     of ``targets`` registered, and the names of the tools it offers. Raises
     :class:`rho_actors.selftest.LoadError`, and what ``register_many`` raises."""
     from rho_actors import ActorSystem
-    from rho_actors.sandbox.confine.enclosure import UNCONFINED, default_policy
+    from rho_actors.sandbox import UNCONFINED, default_policy
     from rho_actors.selftest import load_tools
 
     policy = UNCONFINED if unconfined else default_policy()

@@ -15,7 +15,7 @@ from rho_actors.declarations.checks import describe_origin
 from rho_actors.declarations.toolset import IsolationName, Placement, make_placement
 from rho_actors.isolation import Isolation, place
 from rho_actors.registry.tool_registry import ASK_PER_TOOL_S, Registration
-from rho_actors.sandbox.main_guard import refuse_unguarded_children
+from rho_actors.sandbox import refuse_unguarded_children
 from rho_actors.tool import is_untrusted, missing_callbacks
 
 __all__ = ["Options", "prepare", "register_many"]

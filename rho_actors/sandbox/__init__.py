@@ -37,7 +37,7 @@ about 45 MiB of it).
 
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
-from rho_actors.sandbox.clean import preload_modules
+from rho_actors.sandbox.clean import preload_modules, spawn_clean
 from rho_actors.sandbox.confine.confinement import Confinement, make_session_dir
 from rho_actors.sandbox.confine.enclosure import (
     TREE_ONLY,
@@ -59,7 +59,18 @@ from rho_actors.sandbox.plugins import (
     tools_in_module,
 )
 from rho_actors.sandbox.pool import CALL_SCOPE, WorkerPool
-from rho_actors.sandbox.processes import Child, close, context, hold_servers, reap, release_servers, signal_name, spawn
+from rho_actors.sandbox.processes import (
+    Child,
+    close,
+    context,
+    hold_servers,
+    mib,
+    preload_trusted_modules,
+    reap,
+    release_servers,
+    signal_name,
+    spawn,
+)
 from rho_actors.sandbox.reads import (
     DEFAULT_HEAP_BYTES,
     DEFAULT_READ_TIMEOUT_S,
@@ -71,7 +82,8 @@ from rho_actors.sandbox.reads import (
     raw_declaration,
     read_declaration_isolated,
 )
-from rho_actors.sandbox.shipping import ShippedTools, Unshippable, ship
+from rho_actors.sandbox.server_child import server_child
+from rho_actors.sandbox.shipping import ShippedTools, Unshippable, local_modules, register_by_value, ship
 from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.sandbox.sweep import sweep_leftovers
 from rho_actors.sandbox.wire import (
@@ -95,32 +107,32 @@ from rho_actors.sandbox.worker import WorkerConfig, serve_request
 __all__ = [
     "CALL_SCOPE",
     "CODECS",
-    "DEFAULT_DISCOVERY_TIMEOUT_S",
-    "DEFAULT_HEAP_BYTES",
-    "DEFAULT_READ_TIMEOUT_S",
-    "MAX_SELFTEST_BYTES",
-    "NEED_TOOL",
-    "RESULT",
-    "RESULT_RETIRE",
-    "SELFTEST",
-    "TREE_ONLY",
-    "UNCONFINED",
-    "UnguardedStartError",
     "CallRequest",
     "Channel",
     "Child",
     "ChildSetup",
     "ConfinePolicy",
     "Confinement",
+    "DEFAULT_DISCOVERY_TIMEOUT_S",
+    "DEFAULT_HEAP_BYTES",
+    "DEFAULT_READ_TIMEOUT_S",
     "DeadlineReached",
     "Enclosure",
     "IsolatedReadError",
+    "MAX_SELFTEST_BYTES",
     "Malformed",
+    "NEED_TOOL",
     "NoTools",
     "PluginLoadError",
     "PluginRef",
+    "RESULT",
+    "RESULT_RETIRE",
     "ReadFailure",
+    "SELFTEST",
     "ShippedTools",
+    "TREE_ONLY",
+    "UNCONFINED",
+    "UnguardedStartError",
     "Unshippable",
     "WireError",
     "WorkerCall",
@@ -141,19 +153,25 @@ __all__ = [
     "hold_servers",
     "linger",
     "load_module_file",
+    "local_modules",
     "make_session_dir",
+    "mib",
     "policy_stats",
     "preload_modules",
+    "preload_trusted_modules",
     "raw_declaration",
     "read_declaration_isolated",
     "reap",
     "refuse_unguarded_children",
     "refuse_unguarded_start",
+    "register_by_value",
     "release_servers",
     "serve_request",
+    "server_child",
     "ship",
     "signal_name",
     "spawn",
+    "spawn_clean",
     "sweep_leftovers",
     "system_policy",
     "tools_in_module",

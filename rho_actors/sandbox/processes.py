@@ -8,7 +8,7 @@ works too; a bare ``fork`` of this multi-threaded runtime is refused). The first
 ``rho_actors.sandbox`` (and so the rho_actors package), which makes a child ready in a
 few milliseconds; that only takes effect when the fork server is not running yet, and
 it replaces the preload list (``["__main__"]`` by default) with
-``["__main__", "rho_actors.sandbox"]`` (and what :func:`preload_modules` adds).
+``["__main__", "rho_actors.sandbox"]`` (and what :func:`preload_trusted_modules` adds).
 Nothing happens at import.
 
 Every child is started by :func:`spawn` with one entry point,
@@ -40,7 +40,7 @@ __all__ = [
     "kill_group",
     "kill_groups",
     "mib",
-    "preload_modules",
+    "preload_trusted_modules",
     "reap",
     "release_servers",
     "signal_name",
@@ -93,7 +93,7 @@ def _ask_preload() -> None:
             _preload_asked.append(True)
 
 
-def preload_modules(*names: str) -> None:
+def preload_trusted_modules(*names: str) -> None:
     """Have ``multiprocessing``'s fork server (trusted children's) import the modules
     ``names`` once, before it forks, so a trusted worker or server does not pay for
     importing them; from the fork server's next start on (the last holder's

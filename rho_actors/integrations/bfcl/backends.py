@@ -71,18 +71,18 @@ def server_start(isolation: str, entry: BfclEntry) -> Callable[[], Any]:
 
 def connect(isolation: str) -> None:
     """Before the system starts: for ``process``, have the trusted fork server import
-    BFCL's backend modules once (:func:`rho_actors.sandbox.processes.preload_modules`),
+    BFCL's backend modules once (:func:`rho_actors.sandbox.preload_trusted_modules`),
     so each session's server process starts with them, and start it; for ``ray``, connect to (or
     start) Ray. Both are one-time costs, like the system's start, kept out of every
     session's time."""
     if isolation == "process":
         from rho_actors.integrations.bfcl.data import backend_config
-        from rho_actors.sandbox.processes import preload_modules
+        from rho_actors.sandbox import preload_trusted_modules
 
-        preload_modules(__name__, *backend_config().CLASS_FILE_PATH_MAPPING.values())
+        preload_trusted_modules(__name__, *backend_config().CLASS_FILE_PATH_MAPPING.values())
         from multiprocessing import forkserver
 
-        from rho_actors.sandbox.processes import context
+        from rho_actors.sandbox import context
 
         context("forkserver")  # its preload list set, then started now, not in the first session
         forkserver.ensure_running()

@@ -30,7 +30,7 @@ from rho_actors.isolation.ray_tasks import RayResources, RayRuntime, default_run
 from rho_actors.isolation.servers import ServerCall
 from rho_actors.otp.actor import Actor, kill, start_link
 from rho_actors.otp.timers import Timer
-from rho_actors.sandbox.shipping import local_modules
+from rho_actors.sandbox import local_modules
 
 __all__ = ["RayActor", "RayCall", "RayServer", "RayServerDown"]
 

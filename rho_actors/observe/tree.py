@@ -1,0 +1,55 @@
+"""The live supervision tree of a system as plain data (``ActorSystem.tree()``, DESIGN
+§6a): each supervisor asked for its children, each node described by what it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from rho_actors.loop.actor import LoopActor
+from rho_actors.loop.handle import Loop
+from rho_actors.otp.supervisor import ChildInfo
+from rho_actors.runtime import Runtime
+
+__all__ = ["describe_tree"]
+
+
+def describe_tree(root: pykka.ActorRef[Any], runtime: Runtime, sessions_dir: Path, *, root_id: str,
+                  calls_id: str, workers_id: str, ask_timeout_s: float) -> dict[str, Any]:
+    """The tree under ``root`` (see :meth:`rho_actors.ActorSystem.tree` for the shape of a
+    node): ``calls_id``'s supervisor is a count of running calls, ``workers_id`` under the
+    root shows each isolation's view. Each ask waits at most ``ask_timeout_s`` seconds; a
+    node that died or did not answer meanwhile is ``alive: False``. Never raises for a
+    node's failure."""
+
+    def describe(ref: pykka.ActorRef[Any] | None, node: dict[str, Any], parent: str = "") -> dict[str, Any]:
+        if ref is None or not node["alive"]:
+            return node
+        try:
+            if node["kind"] == "supervisor":
+                proxy = ref.proxy()
+                node["strategy"] = proxy.strategy.get(timeout=ask_timeout_s)
+                children: list[ChildInfo] = proxy.which_children().get(timeout=ask_timeout_s)
+                if node["id"] == calls_id:
+                    node["running"] = sum(c.alive for c in children)
+                    return node
+                node["children"] = [
+                    describe(c.ref, {"id": c.id, "kind": c.type, "restart": c.restart,
+                                     "restarts": c.restarts, "alive": c.alive}, node["id"])
+                    for c in children
+                ]
+            elif node["id"] == workers_id and parent == root_id:
+                isolations = runtime.isolations.items()
+                node["isolations"] = {name: view for name, isolation in isolations if (view := isolation.describe())}
+            elif callable(getattr(ref.actor_class, "server_info", None)):  # a stateful server: where it runs
+                node["server"] = ref.proxy().server_info().get(timeout=ask_timeout_s)
+            elif issubclass(ref.actor_class, LoopActor):
+                node["running"] = Loop(parent, sessions_dir / parent, runtime).running()
+        except (pykka.ActorDeadError, pykka.Timeout):
+            node["alive"] = False
+        return node
+
+    return describe(root, {"id": root_id, "kind": "supervisor", "restart": "permanent", "restarts": 0,
+                           "alive": root.is_alive()})
