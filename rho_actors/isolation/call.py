@@ -51,9 +51,11 @@ from rho_actors.tool import ErrorKind, ToolResult
 
 __all__ = ["Answer", "CallActor", "CallSpec", "RunCall", "error_result", "run_here"]
 
-_AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY})
-"""Results a deadline may give itself (a worker pool's ``timeout``, or ``memory`` when the
-bound it hit is why the call ran out of time): kept when settled at the deadline."""
+_AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY, ErrorKind.UNAVAILABLE})
+"""Results a deadline may give itself, kept when settled at the deadline: a worker pool's
+``timeout``, ``memory`` when the bound it hit is why the call ran out of time, and
+``unavailable`` (the call never started: nothing ran to be discarded, and the result says
+why, e.g. Ray still connecting at the deadline)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,8 @@ class Answer:
     to ``spec.reply``; every later one is handed to it too, after the first (the loop
     reports it ``late``). The deadline decides: a result settled at or past
     ``spec.deadline`` is replaced by the ``timeout`` result (the result kept, late),
-    unless it is a ``timeout`` or ``memory`` error itself, whichever thread settles it.
+    unless it is a ``timeout``, ``memory`` or ``unavailable`` error itself (see
+    :data:`_AT_DEADLINE`), whichever thread settles it.
     A deadline timer takes the slot first (:meth:`claim`) and delivers the timeout after it
     (:meth:`deliver`); a result settled in between waits for that delivery.
 

@@ -48,13 +48,20 @@ from rho_actors.errors import RhoError
 from rho_actors.otp.actor import Actor, kill, start_link
 from rho_actors.results import TEXTS, text
 from rho_actors.sandbox import (
+    MAX_REPLY_BYTES,
+    MAX_SERVED_BYTES,
+    READY,
+    SERVE,
+    SERVED,
     TREE_ONLY,
     Child,
     ConfinePolicy,
     DeadlineReached,
     Enclosure,
     Malformed,
+    WireError,
     context,
+    decode_served,
     default_policy,
     end_child,
     hold_servers,
@@ -64,7 +71,6 @@ from rho_actors.sandbox import (
     server_child,
     signal_name,
     spawn,
-    wire,
 )
 from rho_actors.tool import ToolFailure
 
@@ -213,16 +219,16 @@ class ProcessServer(Actor):
         assert self.child is not None
         deadline = time.monotonic() + self.start_timeout_ms / 1000
         try:
-            tag, body = self.child.channel.recv(deadline, wire.MAX_REPLY_BYTES)
+            tag, body = self.child.channel.recv(deadline, MAX_REPLY_BYTES)
         except DeadlineReached:
             raise RuntimeError(f"{self.label} was not ready within {self.start_timeout_ms} ms") from None
         except (EOFError, Malformed) as exc:
             raise RuntimeError(f"{self.label} ended before it was ready ({exc})") from None
-        if tag == wire.READY:
+        if tag == READY:
             return
         try:
-            _, _, _, message = wire.decode_served(self.codec, body) if tag == wire.SERVED else (0, 0, "", "")
-        except wire.WireError as exc:
+            _, _, _, message = decode_served(self.codec, body) if tag == SERVED else (0, 0, "", "")
+        except WireError as exc:
             message = f"a malformed answer ({exc})"
         raise RuntimeError(f"{self.label} could not start: {message or f'an unexpected frame {tag!r}'}")
 
@@ -264,16 +270,16 @@ class ProcessServer(Actor):
         channel = self.child.channel
         self.calls += 1
         try:
-            channel.send(wire.SERVE, body, deadline)
-            tag, reply = channel.recv(deadline, wire.MAX_REPLY_BYTES if self.trusted else wire.MAX_SERVED_BYTES)
-            if tag != wire.SERVED:
+            channel.send(SERVE, body, deadline)
+            tag, reply = channel.recv(deadline, MAX_REPLY_BYTES if self.trusted else MAX_SERVED_BYTES)
+            if tag != SERVED:
                 raise Malformed(f"an unexpected frame {tag!r}")
-            ok, value, type_name, error = wire.decode_served(self.codec, reply)
+            ok, value, type_name, error = decode_served(self.codec, reply)
         except DeadlineReached:
             raise self._down("server_killed", method=method, timeout_ms=timeout_ms) from None
         except EOFError:
             raise self._lost(method) from None
-        except (Malformed, wire.WireError) as exc:
+        except (Malformed, WireError) as exc:
             raise self._down("server_crashed", method=method, cause=f"it sent a malformed answer: {exc}") from None
         if ok:
             return value
