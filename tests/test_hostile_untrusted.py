@@ -228,9 +228,18 @@ def test_pickle_payloads_in_every_field(hostile: ActorSystem, tmp_path: Path) ->
         run = staticmethod(lambda args, ctx: "x")
         selftest = staticmethod(lambda: Evil(str(marker)))
 
+    class EvilSelftest:
+        name = staticmethod(lambda: "evil_selftest")
+        description = staticmethod(lambda: "x")
+        parameter_schema = staticmethod(lambda: {"type": "object"})
+        run = staticmethod(lambda args, ctx: "x")
+        selftest = staticmethod(lambda: Evil(str(marker)))
+
     registration = hostile.register(EvilName, untrusted=True)
     assert registration.info is None and "got Evil" in str(registration.reason)
-    [row] = run_selftests([EvilName], timeout_s=WAIT_S)
+    [row] = run_selftests([EvilName], timeout_s=WAIT_S)  # never offered: failed before its selftest runs
+    assert row.outcome == "failed" and "got Evil" in row.message
+    [row] = run_selftests([EvilSelftest], timeout_s=WAIT_S)
     assert row.outcome == "failed" and "returned a Evil" in row.message
     assert not marker.exists(), marker.read_text()
     assert_serving(hostile)
