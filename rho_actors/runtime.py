@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import tenacity
 
+from rho_actors.budgets import ResultBudgets
 from rho_actors.declarations.checks import (
     DEFAULT_MAX_DESCRIPTION_CHARS,
     DEFAULT_MAX_SCHEMA_BYTES,
     DEFAULT_MAX_SCHEMA_NODES,
 )
-from rho_actors.loop.budgets import ResultBudgets
 
 if TYPE_CHECKING:
     from rho_actors.declarations.toolset import ToolSetView
@@ -97,7 +97,7 @@ class Runtime:
     (how untrusted declarations are read), ``telemetry`` (OpenTelemetry spans and
     metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
     untrusted code are confined; ``None``: not at all, only a scrubbed environment) and
-    ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.loop.budgets`);
+    ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.budgets`);
     ``loop_turns``, each running LoopActor's :class:`~rho_actors.loop.turns.Turns` by the
     actor's urn (weakly held: a host's :class:`~rho_actors.Loop` finds them there)."""
 

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pykka
 from loguru import logger
 
+from rho_actors.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
 from rho_actors.declarations import checks as _decl
 from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView
@@ -60,7 +61,6 @@ from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
-from rho_actors.loop.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
 from rho_actors.loop.handle import Loop, withheld_names
 from rho_actors.loop.messages import allowlist, loop_name
 from rho_actors.observe.tree import describe_tree
@@ -72,7 +72,13 @@ from rho_actors.otp.timers import Timers
 from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
 from rho_actors.registry.registering import Options, prepare, register_many
 from rho_actors.registry.tool_registry import Registration, RegistryState, ToolRegistry
-from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, fair_shares
+from rho_actors.runtime import (
+    DEFAULT_MAX_TIMEOUT_MS,
+    Limits,
+    Runtime,
+    UntrustedReads,
+    fair_shares,
+)
 from rho_actors.sandbox import (
     DEFAULT_HEAP_BYTES,
     Confinement,
@@ -111,7 +117,7 @@ class ActorSystem:
     parameter schemas; ``max_description_chars`` (16,384), ``max_schema_bytes`` (65,536)
     and ``max_schema_nodes`` (2,048) bound every declaration (DESIGN §3);
     ``max_turn_result_bytes`` (64 MiB) and ``max_session_result_bytes`` (512 MiB) budget
-    results: past either, an ``output_limit`` error (:mod:`rho_actors.loop.budgets`);
+    results: past either, an ``output_limit`` error (:mod:`rho_actors.runtime`);
     ``shutdown_ms`` is how long running calls get to stop on :meth:`stop` (milliseconds)
     before their threads are abandoned; ``max_restarts`` in ``max_seconds`` seconds is the
     restart intensity of the root (the system's own actors), of the sources' supervisor,
@@ -629,7 +635,7 @@ class ActorSystem:
         ``abandoned_threads_total``, the worker pools' as ``workers_<name>`` and
         ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`),
         ``workers_cap``: each isolation's counters. ``bounds``: the ``max_*`` bounds of
-        declarations; ``budgets``: :meth:`rho_actors.loop.budgets.ResultBudgets.stats`. ``confinement``: what confines
+        declarations; ``budgets``: :meth:`rho_actors.runtime.ResultBudgets.stats`. ``confinement``: what confines
         untrusted workers here: ``{"active": [mechanism...], "memory_bound": "cgroup" |
         "sampler" | "none", "uid": int | None, "network": bool (whether workers share the
         host's network), "disk_bytes": int | None (the private folder's bound),

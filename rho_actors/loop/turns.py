@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
+from rho_actors.budgets import result_bytes
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, schemas_blob
@@ -57,7 +58,6 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
-from rho_actors.loop.budgets import result_bytes
 from rho_actors.loop.inline import InlineCall
 from rho_actors.loop.messages import Allowlist, CancelTurn, make_session_folder
 from rho_actors.results import capped, error_result, failure, text, traceback_of
@@ -432,7 +432,7 @@ class Turns:
 
     def _within_budget(self, turn: _Turn, slot: _Slot, result: ToolResult) -> ToolResult:
         """``result``, or an ``over_budget`` error when it would take its turn or session
-        past its byte budget (:mod:`rho_actors.loop.budgets`; under the turn's lock)."""
+        past its byte budget (:mod:`rho_actors.runtime`; under the turn's lock)."""
         size = result_bytes(result)
         over = self._budgets.charge(self.session_id, turn.id, size)
         if over is None:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from rho_actors import sandbox
 from rho_actors.declarations.checked import CheckedCache
 from rho_actors.declarations.checks import (
     DeclarationError,
@@ -28,6 +27,7 @@ from rho_actors.declarations.checks import (
 from rho_actors.encoding import describe_exception
 from rho_actors.events import DeclarationEvent
 from rho_actors.otp.actor import Actor
+from rho_actors.sandbox import IsolatedReadError, raw_declaration, read_declaration_isolated
 from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:
@@ -209,14 +209,14 @@ def _read_isolated(
     """A helper thread's work: one isolated read and check, delivered as ``_ReadDone``."""
     timed_out = False
     try:
-        payload = sandbox.read_declaration_isolated(
+        payload = read_declaration_isolated(
             tool, timeout_s=settings.timeout_s, heap_bytes=settings.heap_bytes, start_method=settings.start_method,
             cancel=cancel, confine=confine,
         )
-        outcome: ToolInfo | Rejected = check_declaration(sandbox.raw_declaration(payload), **bounds)
+        outcome: ToolInfo | Rejected = check_declaration(raw_declaration(payload), **bounds)
     except DeclarationError as err:
         outcome = Rejected(str(err), err.name)
-    except sandbox.IsolatedReadError as err:
+    except IsolatedReadError as err:
         timed_out = err.kind == "timeout"
         outcome = Rejected(f"reading its declaration failed ({err.kind}): {err}")
     except BaseException as err:  # this thread must always answer

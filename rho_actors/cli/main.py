@@ -637,8 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rho-actors {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from rho_actors.cli.tree import add_parser as _add_tree
     from rho_actors.observe.top import add_parser as _add_top
-    from rho_actors.observe.tree_command import add_parser as _add_tree
 
     for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top, _add_tree):
         add(commands)
