@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rho_actors import cli as cli_module
+import rho_actors.cli.commands as cli_module
 from rho_actors.agent.model import Message, Reply, ScriptedModel
 from tests.wire_server import OPENAI_PATH, Response, WireServer, openai_completion, openai_error
 

@@ -214,7 +214,7 @@ def test_chat_with_an_mcp_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                  capsys: pytest.CaptureFixture[str]) -> None:
     import io
 
-    from rho_actors import cli
+    import rho_actors.cli.commands as cli
 
     model = ScriptedModel([Reply(tool_calls=(ToolCall("c1", "echo", '{"text": "via mcp"}'),)), Reply("echoed")])
     monkeypatch.setattr(cli, "_chat_model", lambda spec, base_url: model)

@@ -55,7 +55,7 @@ def test_build_makes_a_wheel_and_an_sdist_with_the_package_and_its_extras(dist: 
         names = set(zf.namelist())
         metadata = zf.read(f"rho_actors-{VERSION}.dist-info/METADATA").decode()
         entry_points = zf.read(f"rho_actors-{VERSION}.dist-info/entry_points.txt").decode()
-    assert {"rho_actors/py.typed", "rho_actors/cli/main.py", "rho_actors/declarations/metaschema.py"} <= names
+    assert {"rho_actors/py.typed", "rho_actors/cli/commands.py", "rho_actors/declarations/metaschema.py"} <= names
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
     assert "rho-actors = rho_actors.cli:main" in entry_points
     assert set(EXTRAS) <= set(re.findall(r"^Provides-Extra: (\S+)$", metadata, flags=re.M))

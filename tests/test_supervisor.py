@@ -467,7 +467,7 @@ def test_which_and_count_children_are_plain_calls_and_names_need_no_registry_obj
 
 def test_the_readme_supervision_snippet_runs_as_written() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Supervision (OTP)", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("## Supervision (OTP)", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     [snippet] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -37,7 +37,8 @@ and, by type:
     provider sent any, ``"thinking": [object]``: its reasoning blocks exactly as they
     came (:attr:`rho_actors.agent.model.Reply.thinking`; a transcript written before they were
     recorded has none, see :mod:`rho_actors.agent.providers.anthropic` for what is then sent).
-``result`` (one call's result; written after the turn)
+``result`` (one call's result; written as the call settles, so a turn's results are in the
+    order they settled, each once, all of them by the turn's end)
     ``"index": int`` (the call's position in its reply's ``tool_calls``), ``"call_id"``,
     ``"name"``, ``"ok": bool``, ``"content": str`` (the text for the model),
     ``"error_kind": str | null``, ``"duration_ms": float`` and
