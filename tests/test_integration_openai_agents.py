@@ -114,3 +114,13 @@ def test_the_tools_follow_the_loop_from_one_step_to_the_next(system: ActorSystem
 def test_function_tools_takes_a_loop() -> None:
     with pytest.raises(TypeError, match=r"function_tools takes a rho_actors\.Loop, got str"):
         function_tools("s1")  # type: ignore[arg-type]
+
+
+def test_an_unchanged_declaration_keeps_its_function_tool(system: ActorSystem, tmp_path: Path) -> None:
+    setup = set_up(system, tmp_path, processes=False)
+    tools = function_tools(setup.loop)
+    first = {t.name: t for t in tools}
+    system.register(later)
+    second = {t.name: t for t in tools}
+    assert set(second) == set(first) | {"later"}
+    assert all(second[name] is tool for name, tool in first.items())  # the same objects: nothing rebuilt

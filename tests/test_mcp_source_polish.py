@@ -109,6 +109,22 @@ def test_stderr_is_bounded_per_line_and_per_window() -> None:
     assert log.last().endswith("the last words")
 
 
+def test_stderr_control_characters_are_shown_escaped() -> None:
+    seen: list[str] = []
+    logger.enable("rho_actors")
+    sink = logger.add(lambda m: seen.append(m.record["message"]), level="INFO")
+    try:
+        log = StderrLog("sly")
+        os.write(log.writer.fileno(), "\x1b[2Jcleared\rover \u202eevil\n".encode())  # as a process writes it
+        log.close_writer()
+        assert log.done.wait(WAIT_S)
+    finally:
+        logger.remove(sink)
+        logger.disable("rho_actors")
+    assert seen == ["MCP server sly: \\x1b[2Jcleared\\rover \\u202eevil"]
+    assert log.last() == "\\x1b[2Jcleared\\rover \\u202eevil"
+
+
 def test_a_server_that_cannot_start_fails_once_and_at_once(system: ActorSystem, tmp_path: Path) -> None:
     missing = MCPServer(command=["no-such-command", "--flag"], connect_timeout_s=30)
     started = time.monotonic()

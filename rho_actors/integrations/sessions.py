@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from rho_actors.loop.handle import Loop
 from rho_actors.tool import ToolInfo
@@ -19,7 +20,22 @@ from rho_actors.tool import ToolInfo
 if TYPE_CHECKING:
     from rho_actors.system import ActorSystem
 
-__all__ = ["SessionLoops", "call_id"]
+__all__ = ["SessionLoops", "call_id", "kept_while_unchanged"]
+
+_Made = TypeVar("_Made")
+
+
+def kept_while_unchanged(
+    made: Mapping[str, tuple[ToolInfo, _Made]], offered: Iterable[ToolInfo], make: Callable[[ToolInfo], _Made],
+) -> dict[str, tuple[ToolInfo, _Made]]:
+    """A framework's tools for the ``offered`` declarations, by name: the one in ``made``
+    (what the last call returned) for a declaration unchanged since (the same object, or
+    equal), else ``make(info)``. The caller keeps the result for its next call."""
+    now: dict[str, tuple[ToolInfo, _Made]] = {}
+    for info in offered:
+        known = made.get(info.name)
+        now[info.name] = known if known is not None and (known[0] is info or known[0] == info) else (info, make(info))
+    return now
 
 
 def call_id(framework_id: object) -> str:

@@ -34,7 +34,7 @@ def worker_call(call: CallSpec, version: object = None, deps: Mapping[str, Any] 
     ``version`` the tool's (its registry entry: made anew by each registration, so a
     re-registered ``@tool`` is pickled anew), ``deps`` an untrusted tool's registered
     plain ``deps`` (``None``: a trusted tool, whose ctx's ``deps`` travel). What of its
-    ctx crosses is cut by :func:`rho_actors.sandbox.wire.call_request`, the one place."""
+    ctx crosses is cut by :func:`rho_actors.sandbox.call_request`, the one place."""
     return WorkerCall(call.call_id, call.name, call.tool, call.args, call.ctx, call.dispatched, call.deadline,
                       call.timeout_ms, call.max_output_chars, call.cancel, call.context, version, deps)
 

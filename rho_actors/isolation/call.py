@@ -39,7 +39,6 @@ from rho_actors.otp.timers import Timer
 from rho_actors.results import (
     CANCELLED,
     DISCARDED,
-    error_result,
     failure,
     result_from_exception,
     result_from_return,
@@ -47,9 +46,7 @@ from rho_actors.results import (
 from rho_actors.telemetry import attached
 from rho_actors.tool import ErrorKind, ToolResult
 
-# ``error_result`` is re-exported for modules that import it from here.
-
-__all__ = ["Answer", "CallActor", "CallSpec", "RunCall", "error_result", "run_here"]
+__all__ = ["Answer", "CallActor", "CallSpec", "RunCall", "call_failure", "run_here"]
 
 _AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY, ErrorKind.UNAVAILABLE})
 """Results a deadline may give itself, kept when settled at the deadline: a worker pool's
@@ -265,19 +262,23 @@ class CallActor(Actor):
                 logger.exception("reply of call {} failed", self.spec.call_id)
 
     def _failure(self, exc: BaseException, started: float) -> ToolResult:
-        spec = self.spec
-        duration_ms = (time.monotonic() - started) * 1000
-        try:
-            cancelled = isinstance(exc, (asyncio.CancelledError, TimeoutError)) and spec.cancel.cancelled
-            if cancelled and spec.cancel.reason != "timeout":
-                return failure("cancelled", spec.call_id, spec.name, duration_ms, reason=spec.cancel.reason)
-            if cancelled or (isinstance(exc, TimeoutError) and time.monotonic() >= spec.deadline):
-                # the deadline's own result may still be on its way: this one reads the same
-                return failure(
-                    "timeout", spec.call_id, spec.name, duration_ms, timeout_ms=spec.timeout_ms, consequence=CANCELLED
-                )
-            return result_from_exception(spec.call_id, spec.name, exc, spec.max_output_chars, duration_ms)
-        except BaseException:
-            return failure("raised_opaque", spec.call_id, spec.name, duration_ms)
+        return call_failure(self.spec, exc, (time.monotonic() - started) * 1000)
 
 
+def call_failure(spec: CallSpec, exc: BaseException, duration_ms: float) -> ToolResult:
+    """The result of a call whose run raised ``exc`` after ``duration_ms`` milliseconds:
+    ``cancelled`` (its token set, for another reason than its deadline), ``timeout`` (a
+    ``CancelledError``/``TimeoutError`` at its deadline: the deadline's own result may
+    still be on its way, and this one reads the same), else ``raised``/``exited``
+    (:func:`rho_actors.results.result_from_exception`). Never raises."""
+    try:
+        cancelled = isinstance(exc, (asyncio.CancelledError, TimeoutError)) and spec.cancel.cancelled
+        if cancelled and spec.cancel.reason != "timeout":
+            return failure("cancelled", spec.call_id, spec.name, duration_ms, reason=spec.cancel.reason)
+        if cancelled or (isinstance(exc, TimeoutError) and time.monotonic() >= spec.deadline):
+            return failure(
+                "timeout", spec.call_id, spec.name, duration_ms, timeout_ms=spec.timeout_ms, consequence=CANCELLED
+            )
+        return result_from_exception(spec.call_id, spec.name, exc, spec.max_output_chars, duration_ms)
+    except BaseException:
+        return failure("raised_opaque", spec.call_id, spec.name, duration_ms)

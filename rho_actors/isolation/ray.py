@@ -1,8 +1,9 @@
 """``ray`` isolation: a call runs as a Ray task (DESIGN §5); the work is done by
-:func:`rho_actors.isolation.ray_tasks.run_on_ray`, imported on first use so that a system
-without the ``ray`` extra still starts (its ``ray`` calls are then ``unavailable``).
+:func:`rho_actors.isolation.ray_tasks.run_call` (given the call as one ``WorkerCall``),
+imported on first use so that a system without the ``ray`` extra still starts (its
+``ray`` calls are then ``unavailable``).
 
-The call's CallActor runs ``run_on_ray`` and waits; it owns the deadline: at it the
+The call's CallActor runs ``run_call`` and waits; it owns the deadline: at it the
 result is ``timeout`` and the task is force-cancelled (its worker killed). Each tool's
 Ray resources are given at registration (``register(tool, isolation="ray",
 resources={...})``, checked by :meth:`RayIsolation.check_options`; default: 1 CPU) and

@@ -28,6 +28,7 @@ import ray
 from loguru import logger
 
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
 
 __all__ = ["Connection", "RayUnreachable", "loopback_only"]
 
@@ -36,7 +37,7 @@ DEFAULT_START_TIMEOUT_S = 120.0  # to start a local Ray: tens of seconds on a bu
 RETRY_S = 5.0
 
 
-class RayUnreachable(Exception):
+class RayUnreachable(RhoError):
     """Ray could not be reached (yet); ``str(err)`` says why."""
 
 

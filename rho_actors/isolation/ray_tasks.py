@@ -517,7 +517,7 @@ def run_on_ray(
     ``time.monotonic()`` instants; ``name`` by default the tool's ``__name__`` or type
     name), then :func:`run_call`. Blocks; never raises for anything the tool or Ray does."""
     call = WorkerCall.of(tool, args, ctx, deadline, max_output_chars, name=name, started=started, cancel=cancel,
-                              version=version, context=context)
+                         version=version, context=context)
     return run_call(runtime, call, resources)
 
 

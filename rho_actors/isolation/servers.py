@@ -12,7 +12,7 @@ start, name=...))``) whose ``start`` says where its state lives:
   cgroup; answers as plain data only). A call past its deadline gets the process killed:
   the server's state is lost, the caller gets :class:`ServerDown`, the actor exits and
   its supervisor starts a fresh one within its restart intensity.
-- ``rho_actors.integrations.ray.RayActor`` — a Ray actor, supervised the same way.
+- ``rho_actors.integrations.ray.servers.RayActor`` — a Ray actor, supervised the same way.
 
 All three answer a :class:`ServerCall` (``ref.ask(ServerCall("get", ("k",)))``); from a
 tool in ``thread`` isolation, :func:`call_server` finds a server by name and turns its

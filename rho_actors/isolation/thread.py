@@ -103,9 +103,11 @@ class _Running(Timer):
 
     At the deadline (:meth:`fire`, on the timer thread) the timeout claims the answer
     first, then the call's token is set and its thread abandoned, and the timeout is
-    delivered from a pooled thread (so a burst of due deadlines is decided on time,
-    whatever delivering them costs). ``cancel()`` without a reason disarms the timer
-    (the answer did it: a result won); ``cancel(reason)`` is the isolation's cancel."""
+    delivered, from the isolation's one deadlines thread when it fired on the timer
+    thread (so a burst of due deadlines is decided on time, whatever delivering them
+    costs), else at once by the thread that saw it passed (:meth:`Timers.run_due`).
+    ``cancel()`` without a reason disarms the timer (the answer did it: a result won);
+    ``cancel(reason)`` is the isolation's cancel."""
 
     __slots__ = ("actor", "answer", "call", "isolation")
 

@@ -19,6 +19,9 @@ holds for every call holds here too:
 - **Cancelling works the same**: the host cancelling the turn, or the loop stopping,
   sets ``ctx["cancel"]`` and cancels the task (from any thread).
 - It runs in a copy of the submitter's ``contextvars`` context, with its span current.
+- Its result is settled in the call's :class:`rho_actors.isolation.call.Answer`, as a
+  CallActor's is: the task's end and the deadline timer, both on the event loop, race
+  for it, and a result settled at or past the deadline reads ``timeout``.
 
 A task that swallows its cancellation goes on running on the host's loop after its
 ``timeout`` (as an abandoned thread goes on in ``thread`` isolation; it holds no
@@ -34,15 +37,12 @@ import time
 
 import pykka
 
-from rho_actors.isolation.call import CallSpec
-from rho_actors.results import CANCELLED, DISCARDED, failure, result_from_exception, result_from_return
+from rho_actors.isolation.call import Answer, CallSpec, call_failure
+from rho_actors.results import CANCELLED, failure, result_from_return
 from rho_actors.telemetry import attached
-from rho_actors.tool import ErrorKind, ToolResult
+from rho_actors.tool import ToolResult
 
 __all__ = ["InlineCall"]
-
-_AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY})
-"""Results kept as the answer when settled past the deadline (the deadline's own)."""
 
 
 def _on(aio: asyncio.AbstractEventLoop) -> bool:
@@ -56,14 +56,14 @@ def _on(aio: asyncio.AbstractEventLoop) -> bool:
 class InlineCall:
     """One call running as a task on ``aio`` (a :class:`rho_actors.isolation.RunningCall`)."""
 
-    __slots__ = ("_aio", "_answered", "_spec", "_task", "_timer")
+    __slots__ = ("_aio", "_answer", "_spec", "_task", "_timer")
 
     def __init__(self, aio: asyncio.AbstractEventLoop, spec: CallSpec) -> None:
         self._aio = aio
         self._spec = spec
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._answered = False  # set on ``aio`` only: by the task's end or by the deadline, first one wins
+        self._answer = Answer(spec)  # settled on ``aio`` only: by the task's end or by the deadline, first one wins
 
     @classmethod
     def start(cls, aio: asyncio.AbstractEventLoop, spec: CallSpec, stopping: bool = False) -> InlineCall:
@@ -108,28 +108,15 @@ class InlineCall:
         except BaseException as exc:  # CancelledError, SystemExit and KeyboardInterrupt too: a result
             result = self._failure(exc)
         spec.cancel.finish()
-        if self._answered:  # the deadline answered first: this one is late
-            spec.reply(result)
-            return
-        self._answered = True
-        if self._timer is not None:
+        if self._answer.settle(result) and self._timer is not None:  # the answer: its deadline is not needed
             self._timer.cancel()
-        if result.error_kind not in _AT_DEADLINE and time.monotonic() >= spec.deadline:
-            spec.reply(self._timed_out(DISCARDED))  # past its deadline before the timer ran: a timeout
-        spec.reply(result)  # the answer, or late after the timeout
 
     def _deadline(self) -> None:
         """On ``aio``, at the deadline: answer ``timeout``, then cancel the task."""
-        if self._answered:
+        if not self._answer.claim():
             return
-        self._answered = True
-        self._spec.reply(self._timed_out(CANCELLED))
+        self._answer.deliver(self._answer.timeout(CANCELLED))
         self._spec.cancel.cancel("timeout")  # what the task returns now is late
-
-    def _timed_out(self, consequence: str) -> ToolResult:
-        spec = self._spec
-        return failure("timeout", spec.call_id, spec.name, (time.monotonic() - spec.dispatched) * 1000,
-                       timeout_ms=spec.timeout_ms, consequence=consequence)
 
     def _cancel_task(self) -> None:
         """The call's token was set (any thread): cancel the task on its loop."""
@@ -152,15 +139,6 @@ class InlineCall:
     def _failure(self, exc: BaseException) -> ToolResult:
         spec = self._spec
         duration_ms = (time.monotonic() - spec.dispatched) * 1000
-        try:
-            cancelled = isinstance(exc, (asyncio.CancelledError, TimeoutError)) and spec.cancel.cancelled
-            if cancelled and spec.cancel.reason != "timeout":
-                return failure("cancelled", spec.call_id, spec.name, duration_ms, reason=spec.cancel.reason)
-            if cancelled or (isinstance(exc, TimeoutError) and time.monotonic() >= spec.deadline):
-                return self._timed_out(CANCELLED)
-            if isinstance(exc, MemoryError):
-                return failure("memory_thread", spec.call_id, spec.name, duration_ms)
-            return result_from_exception(spec.call_id, spec.name, exc, spec.max_output_chars, duration_ms)
-        except BaseException:
-            return failure("raised_opaque", spec.call_id, spec.name, duration_ms)
-
+        if isinstance(exc, MemoryError):
+            return failure("memory_thread", spec.call_id, spec.name, duration_ms)
+        return call_failure(spec, exc, duration_ms)

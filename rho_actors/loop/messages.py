@@ -1,10 +1,13 @@
 """The messages of a LoopActor, the name it is registered under and its session folder
 (internal).
 
-The host's :class:`~rho_actors.loop.handle.Loop` tells ``RunTurn`` and asks ``Offered``,
-``Running`` and ``SetWithheld``; a turn's cancel token tells ``CancelTurn`` when it is
-set. A call's result is no message: its ``reply`` settles it in its turn directly (see
-:mod:`rho_actors.loop.actor`).
+The host's :class:`~rho_actors.loop.handle.Loop` starts turns and reads the offer and
+the running calls through the LoopActor's :class:`~rho_actors.loop.turns.Turns` in its
+own thread (no message), and tells ``SetWithheld``; a turn's cancel token tells
+``CancelTurn`` when it is set. ``RunTurn``, ``Offered`` and ``Running`` give the same as
+messages, to a caller holding only the actor's ref (rho itself sends none of them). A
+call's result is no message: its ``reply`` settles it in its turn directly (see
+:mod:`rho_actors.loop.turns`).
 """
 
 from __future__ import annotations

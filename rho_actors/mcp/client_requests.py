@@ -33,13 +33,15 @@ from typing import Any
 import mcp_types as types
 from mcp.shared.message import ServerMessageMetadata
 
+from rho_actors.errors import RhoError
+
 __all__ = ["LOG_LEVELS", "ClientRequestError", "MCPClient", "client_of"]
 
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 """MCP's log levels (RFC 5424's severities), least severe first."""
 
 
-class ClientRequestError(RuntimeError):
+class ClientRequestError(RhoError, RuntimeError):
     """A request to the client failed: it lacks the capability, answered an error, or
     did not answer before the call's deadline (the message says which)."""
 

@@ -123,6 +123,10 @@ class UpstreamSpec:
     cwd: str | None = None
 
 
+_DEFAULT: Final = UpstreamSpec("default")
+"""The defaults a configuration's table falls back to."""
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """The upstream servers and the collision rule (``"namespace"`` or ``"refuse"``)."""
@@ -193,13 +197,14 @@ def _spec(where: str, name: str, table: Any) -> UpstreamSpec:
     if url is not None and urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         raise GatewayConfigError(f"{where}: url must be http:// or https://, got {url!r}")
     numbers = {}
-    for key, default in (("timeout_ms", DEFAULT_TIMEOUT_MS), ("max_restarts", 3), ("memory_mb", 1024)):
+    for key, default in (("timeout_ms", _DEFAULT.timeout_ms), ("max_restarts", _DEFAULT.max_restarts),
+                         ("memory_mb", _DEFAULT.memory_mb)):
         numbers[key] = typed(key, int, default)
         if numbers[key] < (0 if key == "max_restarts" else 1):
             raise GatewayConfigError(f"{where}: {key} must be {'0 or more' if key == 'max_restarts' else 'positive'}, "
                                      f"got {numbers[key]}")
     seconds = {}
-    for key, default_s in (("max_seconds", 5.0), ("connect_timeout_s", 30.0)):
+    for key, default_s in (("max_seconds", _DEFAULT.max_seconds), ("connect_timeout_s", _DEFAULT.connect_timeout_s)):
         seconds[key] = float(typed(key, (int, float), default_s))
         if not seconds[key] > 0:
             raise GatewayConfigError(f"{where}: {key} must be a positive number of seconds, got {seconds[key]}")

@@ -106,12 +106,11 @@ class _Link:
     session: ClientSession | None = None
     aloop: asyncio.AbstractEventLoop | None = None
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> MCP Tool (wire shape)
-    up: threading.Event = field(default_factory=threading.Event)  # set while a connection is published
     stopping: bool = False
     connections: int = 0  # connections made so far (1 + restarts that connected)
     failures: int = 0  # attempts that ended (failed to connect, or the connection was lost)
     last_error: str | None = None
-    changed: threading.Condition = field(init=False)  # notified when up, failures or last_error change
+    changed: threading.Condition = field(init=False)  # notified when a connection is published or an attempt ends
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)
@@ -490,7 +489,6 @@ class MCPConnection(Actor):
         with self._link.lock:
             had = self._link.session is not None or bool(self._link.tools)
             self._link.session, self._link.aloop, self._link.tools = None, None, {}
-            self._link.up.clear()
         if had:
             self._server.refresh_offer()
 
@@ -568,7 +566,6 @@ class MCPConnection(Actor):
     def _publish(self, session: ClientSession, tools: dict[str, dict[str, Any]]) -> None:
         with self._link.changed:
             self._link.session, self._link.aloop, self._link.tools = session, self._aloop, tools
-            self._link.up.set()
             self._link.changed.notify_all()
         self._server.refresh_offer()
 

@@ -4,7 +4,7 @@ A host removes its children's private folders and cgroups when they end; a host 
 with ``SIGKILL`` cannot (its clean fork server still kills every child, see
 :mod:`rho_actors.sandbox.zygote`). Both carry the pid of the host that made them
 (``rho-actors-<pid>-...``: :func:`rho_actors.sandbox.confine.confinement.make_private_dir`,
-:class:`rho_actors.sandbox.confine.cgroups.Cgroup`), so :func:`sweep` (run once by each
+:class:`rho_actors.sandbox.confine.cgroups.Cgroup`), so :func:`sweep_leftovers` (run once by each
 :class:`rho_actors.ActorSystem` start) removes those whose host is no longer running:
 private folders in the temporary folder, and cgroups in this process's hierarchy (any
 process still in one is killed first). A pid reused since by another process keeps its

@@ -5,7 +5,7 @@
 instances (:class:`BfclBackends`): ``thread`` a :class:`~rho_actors.isolation.servers.ThreadActor`
 in the host, ``process`` a trusted :class:`~rho_actors.isolation.servers.ProcessActor`
 (the instances are built and kept in the server's own process), ``ray`` a
-:class:`~rho_actors.integrations.ray.RayActor` (in a Ray actor). Every call of the
+:class:`~rho_actors.integrations.ray.servers.RayActor` (in a Ray actor). Every call of the
 session runs there: its :class:`~rho_actors.integrations.bfcl.BfclTool` (in ``thread``
 isolation) finds the server by the name in ``deps["server"]`` and asks it.
 """

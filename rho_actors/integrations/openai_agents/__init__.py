@@ -26,7 +26,7 @@ from typing import Any
 from agents import FunctionTool, Tool
 from agents.tool_context import ToolContext
 
-from rho_actors.integrations.sessions import call_id
+from rho_actors.integrations.sessions import call_id, kept_while_unchanged
 from rho_actors.loop.handle import Loop
 from rho_actors.tool import ToolCall, ToolInfo
 
@@ -65,13 +65,8 @@ class LoopFunctionTools(list[Tool]):
     def _current(self) -> list[Tool]:
         offered = [entry.info for entry in self._loop.offered_entries()]
         with self._lock:
-            made: dict[str, tuple[ToolInfo, FunctionTool]] = {}
-            for info in offered:
-                known = self._made.get(info.name)
-                kept = known is not None and (known[0] is info or known[0] == info)
-                made[info.name] = known if kept and known is not None else (info, _function_tool(self._loop, info))
-            self._made = made
-            return [tool for _, tool in made.values()]
+            self._made = kept_while_unchanged(self._made, offered, lambda info: _function_tool(self._loop, info))
+            return [tool for _, tool in self._made.values()]
 
     def refresh(self) -> None:
         """Become the loop's offered tools now (iteration does this by itself)."""

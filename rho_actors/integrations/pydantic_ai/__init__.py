@@ -28,7 +28,7 @@ from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
-from rho_actors.integrations.sessions import SessionLoops, call_id
+from rho_actors.integrations.sessions import SessionLoops, call_id, kept_while_unchanged
 from rho_actors.tool import ErrorKind, ToolCall, ToolInfo
 
 if TYPE_CHECKING:
@@ -71,13 +71,8 @@ class RhoToolset(AbstractToolset[Any]):
         declaration is unchanged keeps its ``ToolsetTool``."""
         offered = self._sessions.offered(ctx.conversation_id)
         with self._lock:
-            made: dict[str, tuple[ToolInfo, ToolsetTool[Any]]] = {}
-            for info in offered:
-                known = self._made.get(info.name)
-                kept = known is not None and (known[0] is info or known[0] == info)
-                made[info.name] = known if kept and known is not None else (info, self._tool(info))
-            self._made = made
-            return {name: tool for name, (_, tool) in made.items()}
+            self._made = kept_while_unchanged(self._made, offered, self._tool)
+            return {name: tool for name, (_, tool) in self._made.items()}
 
     def _tool(self, info: ToolInfo) -> ToolsetTool[Any]:
         return ToolsetTool(
