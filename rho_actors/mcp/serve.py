@@ -26,7 +26,8 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 - Over HTTP each SSE stream starts with a priming event and a ``retry`` delay, and
   its events are kept in a :class:`~rho_actors.mcp.events.BoundedEventStore`, so a
   client whose stream closed reconnects with ``Last-Event-ID`` and gets the rest
-  (SEP-1699; the SDK primes clients of protocol 2025-11-25 or later).
+  (SEP-1699; the SDK primes clients of protocol 2025-11-25 or later); each session
+  has its own view of the store, so an event id of another session replays nothing.
 - A change of the system's tool set (a source's scan, ``unregister``: the registry's
   :class:`~rho_actors.ToolSetChanged` event, no polling) sends
   ``notifications/tools/list_changed`` to every connection (changes close together are
@@ -78,7 +79,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.loop.handle import Loop
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
-from rho_actors.mcp.events import BoundedEventStore
+from rho_actors.mcp.events import BoundedEventStore, own_event_stores
 from rho_actors.mcp.guard import HTTPGuard, request_gone
 from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
 from rho_actors.results import text
@@ -461,9 +462,11 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
 
     assert guard is not None
     host, port = http
+    events = BoundedEventStore()
     app = server.streamable_http_app(host=host, session_idle_timeout=guard.idle_timeout_s,
-                                     max_sessions=guard.max_sessions, event_store=BoundedEventStore(),
+                                     max_sessions=guard.max_sessions, event_store=events,
                                      retry_interval=_SSE_RETRY_MS)
+    own_event_stores(server.session_manager, events)  # one session never replays another's events
     config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
 
