@@ -31,7 +31,8 @@ def _session(http: Any, url: str, headers: dict[str, str]) -> dict[str, str]:
         "protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
     assert init.status_code == 200, init.text
     own = {**headers, "Mcp-Session-Id": init.headers["mcp-session-id"]}
-    assert http.post(url, headers=own, json={"jsonrpc": "2.0", "method": "notifications/initialized"}).status_code == 202
+    initialized = http.post(url, headers=own, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    assert initialized.status_code == 202
     return own
 
 

@@ -76,7 +76,10 @@ from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, Details, Error, Image, ToolFailure
 
-__all__ = ["ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "MCPConnection", "MCPServer", "MCPTool", "default_name", "scrubbed_environment"]
+__all__ = [
+    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "MCPConnection", "MCPServer", "MCPTool", "default_name",
+    "scrubbed_environment",
+]
 
 ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
 """Variables a stdio server inherits from this process (with every ``LC_*``)."""
