@@ -170,3 +170,24 @@ def _load(load: Any, text: str) -> Any:
         return load(f.name)
     finally:
         os.unlink(f.name)
+
+
+def test_an_mcp_servers_stderr_cannot_send_terminal_controls_to_the_log() -> None:
+    from loguru import logger
+
+    from rho_actors.mcp.stderr_log import StderrLog
+
+    seen: list[str] = []
+    logger.enable("rho_actors")
+    sink = logger.add(lambda m: seen.append(m.record["message"]), level="INFO")
+    try:
+        log = StderrLog("inky")
+        log.writer.write("\x1b]0;owned\x07title \x1b[2J\x9bcleared\u202eevil\n")
+        log.close_writer()
+        assert log.done.wait(BOUND_S)
+    finally:
+        logger.remove(sink)
+        logger.disable("rho_actors")
+    [line] = seen
+    assert not any(c in line + log.last() for c in "\x1b\x07\x9b\u202e"), repr(line)
+    assert line.startswith("MCP server inky: ") and "title" in line and "cleared" in line

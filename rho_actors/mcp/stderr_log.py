@@ -3,7 +3,9 @@ terminal raw).
 
 :class:`StderrLog` is a pipe: its write end is the server process's stderr, a daemon
 thread reads the other end and logs each line at ``INFO`` as ``MCP server <name>:
-<line>`` (with ``extra["mcp_server"]`` set, for a sink to filter on). Bounded: a line
+<line>`` (with ``extra["mcp_server"]`` set, for a sink to filter on), its control and
+bidirectional characters escaped as a confined child's output is (no terminal control
+sequence reaches the host's terminal or log through it). Bounded: a line
 is cut at :data:`MAX_LINE_BYTES`, at most :data:`MAX_LINES_PER_WINDOW` lines are logged
 per :data:`WINDOW_S` seconds (the rest are counted, and the count is logged once the
 window ends), and the last :data:`KEPT_LINES` lines are kept for the message of a
@@ -20,6 +22,8 @@ from typing import TextIO, cast
 
 from loguru import logger
 
+from rho_actors.encoding import replace_controls
+
 __all__ = ["KEPT_LINES", "MAX_LINES_PER_WINDOW", "MAX_LINE_BYTES", "WINDOW_S", "StderrLog"]
 
 MAX_LINE_BYTES = 2000
@@ -30,6 +34,11 @@ WINDOW_S = 10.0
 """The window of :data:`MAX_LINES_PER_WINDOW`, in seconds."""
 KEPT_LINES = 3
 """The last lines kept for the message of a server that exited."""
+
+
+def _shown(raw: bytes) -> str:
+    """A stderr line as logged: invalid UTF-8 and unsafe characters escaped (``\\x1b``)."""
+    return replace_controls(raw.decode("utf-8", errors="backslashreplace"), lambda m: ascii(m.group())[1:-1])
 
 
 class StderrLog:
@@ -72,7 +81,7 @@ class StderrLog:
                         rest = self._reader.readline(MAX_LINE_BYTES)
                         if not rest or rest.endswith(b"\n"):
                             break
-                    line = raw.decode("utf-8", "replace").rstrip("\r\n") + (" [cut]" if cut else "")
+                    line = _shown(raw.rstrip(b"\r\n")) + (" [cut]" if cut else "")
                     if not line.strip():
                         continue
                     with self._lock:
