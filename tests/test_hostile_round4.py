@@ -191,3 +191,58 @@ def test_an_mcp_servers_stderr_cannot_send_terminal_controls_to_the_log() -> Non
     [line] = seen
     assert not any(c in line + log.last() for c in "\x1b\x07\x9b\u202e"), repr(line)
     assert line.startswith("MCP server inky: ") and "title" in line and "cleared" in line
+
+
+class _Catastrophic:
+    """A tool whose outputSchema has a pattern Python's re takes exponential time on."""
+
+    @staticmethod
+    def name() -> str:
+        return "catastrophic"
+
+    @staticmethod
+    def description() -> str:
+        return "Answer a structured value."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {}}
+
+    @staticmethod
+    def output_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a+)+$"}}}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> Any:
+        from rho_actors import Details
+
+        return Details("a structured value", {"structuredContent": {"a": "a" * 40 + "!"}})
+
+
+def test_an_output_schema_is_checked_in_linear_time_and_within_the_declaration_bounds(system: ActorSystem) -> None:
+    from rho_actors import ToolCall
+    from rho_actors.mcp.serve import _call_tool_result, output_schema
+
+    class Huge(_Catastrophic):
+        @staticmethod
+        def name() -> str:
+            return "huge"
+
+        @staticmethod
+        def output_schema() -> dict[str, Any]:  # valid JSON Schema, far past the bounds of a parameter schema
+            return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20_000)}}
+
+    system.register(_Catastrophic)
+    system.register(Huge)
+    assert output_schema(system, "huge") is None
+    schema = output_schema(system, "catastrophic")
+    assert schema == _Catastrophic.output_schema()  # RE2 takes the pattern: it is served
+    [result] = system.start_loop("redos").run_turn([ToolCall("c1", "catastrophic", {})])
+    verdict: list[Any] = []
+    checking = threading.Thread(target=lambda: verdict.append(_call_tool_result(result, schema)), daemon=True)
+    checking.start()
+    checking.join(BOUND_S)  # Python's re would take hours over 40 a's: serving's event loop would hang
+    assert verdict, "checking a result against its outputSchema did not finish"
+    [answer] = verdict
+    assert answer.is_error and "does not match its outputSchema" in answer.content[0].text
+    assert "$.a" in answer.content[0].text
