@@ -6,6 +6,7 @@ name, and server names cannot make two namespaced names meet."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -246,3 +247,24 @@ def test_an_output_schema_is_checked_in_linear_time_and_within_the_declaration_b
     [answer] = verdict
     assert answer.is_error and "does not match its outputSchema" in answer.content[0].text
     assert "$.a" in answer.content[0].text
+
+
+def test_a_list_changed_flood_relists_at_a_bounded_rate(system: ActorSystem, tmp_path: Path) -> None:
+    from rho_actors.mcp import MCPServer
+    from rho_actors.mcp.source import RELIST_MIN_S
+    from tests.conftest import wait_for
+
+    marks = tmp_path / "listed"
+    # answers every tools/list with another list_changed: unbounded, the host relists back to back
+    server = MCPServer(command=[sys.executable, HOSTILE, "flood", "0", str(marks)], name="flood",
+                       connect_timeout_s=60.0)
+    handle = system.add_source(server, poll_s=None)
+    try:
+        assert server.connected, server.last_error
+        assert wait_for(lambda: marks.exists() and len(marks.read_text().split()) >= 3, RELIST_MIN_S * 3 + 30)
+        times = [float(t) for t in marks.read_text().split()]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert min(gaps) >= RELIST_MIN_S * 0.9, gaps
+        assert "echo" in {t.name for t in system.tools()}
+    finally:
+        handle.close()

@@ -77,14 +77,17 @@ from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, Details, Error, Image, ToolFailure
 
 __all__ = [
-    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "MCPConnection", "MCPServer", "MCPTool", "default_name",
-    "scrubbed_environment",
+    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_MIN_S", "MCPConnection", "MCPServer", "MCPTool",
+    "default_name", "scrubbed_environment",
 ]
 
 ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
 """Variables a stdio server inherits from this process (with every ``LC_*``)."""
 
 _MAX_PAGES = 100
+RELIST_MIN_S = 1.0
+"""The least time between two listings of one connection (seconds): ``list_changed``
+notifications closer together are answered by one listing, once that time is up."""
 MAX_TOOLS = 4096
 """The tools kept of one server's listing at most (``MCPServer(max_tools=...)``); the rest are left out, logged."""
 MAX_LISTED_BYTES = 32 * 2**20
@@ -545,21 +548,27 @@ class MCPConnection(Actor):
             with self._link.lock:
                 self._link.connections += 1
             self._publish(session, tools)
+            listed_at = time.monotonic()
             try:
                 while True:
+                    # a list_changed flood relists at most once per RELIST_MIN_S (the host's CPU)
+                    early = listed_at + RELIST_MIN_S - time.monotonic()
                     try:
-                        await asyncio.wait_for(wake.wait(), server.ping_interval_s)
+                        await asyncio.wait_for(wake.wait(), max(0.0, early) if relist.is_set()
+                                               else server.ping_interval_s)
                     except TimeoutError:
-                        with anyio.fail_after(server.connect_timeout_s):
-                            await session.send_ping()
-                        continue
+                        if not relist.is_set():
+                            with anyio.fail_after(server.connect_timeout_s):
+                                await session.send_ping()
+                            continue
                     wake.clear()
                     if ended.is_set():
                         raise ConnectionError("the server closed the connection (its process exited?)")
-                    if relist.is_set():
+                    if relist.is_set() and time.monotonic() >= listed_at + RELIST_MIN_S:
                         relist.clear()
                         with anyio.fail_after(server.connect_timeout_s):
                             tools = await _list_tools(session, server)
+                        listed_at = time.monotonic()
                         self._publish(session, tools)
             finally:
                 tasks.cancel_scope.cancel()

@@ -3,11 +3,14 @@ Usage: hostile_upstream.py MODE [N].
 
 many: tools/list answers pages of N tools each, forever (every page has a next cursor).
 selfname: lists ``echo`` and ``<own server name>__echo`` (argv[3]), two different tools.
+flood: after each tools/list answer, sends tools/list_changed at once, and appends the
+time of each tools/list (time.monotonic()) to the file argv[3].
 Every mode has ``echo`` (gives back its text, with the tool's own name).
 """
 
 import json
 import sys
+import time
 from typing import Any
 
 MODE = sys.argv[1]
@@ -44,4 +47,8 @@ for line in sys.stdin:
     request = json.loads(line)
     if "id" in request and "method" in request:
         sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": answer(request)}) + "\n")
+        if MODE == "flood" and request["method"] == "tools/list":
+            with open(sys.argv[3], "a") as marks:
+                marks.write(f"{time.monotonic()}\n")
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}) + "\n")
         sys.stdout.flush()
