@@ -1,7 +1,10 @@
 """Hostile clients and upstreams against what serving and the gateway keep: one HTTP
 session cannot replay another's SSE events (its results), whatever event id it sends; an
-upstream's endless tools/list is bounded; an upstream cannot serve two tools under one
-name, and server names cannot make two namespaced names meet."""
+upstream's endless tools/list is bounded and its list_changed flood rate-bounded; an
+upstream cannot serve two tools under one name, and server names cannot make two
+namespaced names meet; a namespaced tool keeps its outputSchema; an outputSchema is
+checked in linear time within the declaration bounds; an MCP server's stderr cannot
+send terminal controls to the host's log."""
 
 from __future__ import annotations
 
@@ -268,3 +271,14 @@ def test_a_list_changed_flood_relists_at_a_bounded_rate(system: ActorSystem, tmp
         assert "echo" in {t.name for t in system.tools()}
     finally:
         handle.close()
+
+
+def test_a_namespaced_upstream_tool_keeps_its_output_schema() -> None:
+    from rho_actors.mcp.gateway import _Served
+    from rho_actors.mcp.source import MCPTool
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    tool = MCPTool(None, {"name": "count", "description": "Count.", "inputSchema": {"type": "object"},  # type: ignore[arg-type]
+                          "outputSchema": schema})
+    served = _Served(tool, "files__count")
+    assert served.name() == "files__count" and served.output_schema() == schema

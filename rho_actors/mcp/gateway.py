@@ -358,6 +358,10 @@ class _Served:
         """The upstream's ``inputSchema``."""
         return self._tool.parameter_schema()
 
+    def output_schema(self) -> Any:
+        """The upstream's ``outputSchema`` (None without one): served on, as an un-namespaced tool's is."""
+        return self._tool.output_schema()
+
     def timeout_ms(self) -> int:
         """The upstream server's per-call timeout (milliseconds)."""
         return int(self._tool.timeout_ms())
