@@ -103,6 +103,13 @@ def replace_controls(text: str, replacement: str | Callable[[re.Match[str]], str
     return _UNSAFE.sub(replacement, text)
 
 
+def shown_bytes(raw: bytes) -> str:
+    """Bytes a child or a server wrote (a line of its output), as the host logs them:
+    invalid UTF-8 and every unsafe character (:func:`replace_controls`) escaped as
+    Python writes them (``\\x1b``, ``\\u202e``)."""
+    return replace_controls(raw.decode("utf-8", errors="backslashreplace"), lambda m: ascii(m.group())[1:-1])
+
+
 def _jsonable(value: Any, depth: int, seen: set[int]) -> Any:
     """``value`` as plain JSON data (dict/list/str/int/float/bool/None)."""
     if value is None or value is True or value is False:

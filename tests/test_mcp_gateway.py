@@ -355,7 +355,7 @@ prefix = true
         "[servers.x]\ncommand = 'a'\ntrusted = 1\n": "trusted must be true or false",
         "[servers.x]\nurl = 'http://h/'\ntrusted = false\n": "an untrusted server must be a command",
         "[servers.x]\nurl = 'ftp://h/'\n": "url must be http:// or https://",
-        "[servers.'a b']\ncommand = 'a'\n": "a server's name must match",
+        "[servers.'a b']\ncommand = 'a'\n": "a server's name must be 1 to 32 of",
         "[servers.x]\ncommand = []\n": "command must be a non-empty string or list",
         "[servers.x]\ncommand = 'a'\nread = ['relative']\n": "read must be a list of absolute paths",
         "[servers.x]\ncommand = 'a'\nmax_seconds = 0\n": "max_seconds must be a positive number",

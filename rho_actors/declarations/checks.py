@@ -59,6 +59,7 @@ __all__ = [
     "checked_untrusted",
     "check_declaration",
     "describe_origin",
+    "output_schema_problems",
     "read_declaration",
 ]
 
@@ -357,6 +358,14 @@ def _too_many_nodes(schema: Any, max_nodes: int) -> bool:
         elif type(node) is list:
             stack.extend(node)
     return False
+
+
+def output_schema_problems(schema: Any, max_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> list[str]:
+    """Why ``schema`` cannot be served as a tool's ``outputSchema`` (MCP), or ``[]``: the
+    checks and bounds of a parameter schema (its size, depth and JSON values, a valid
+    Draft 2020-12 object schema, local ``$ref`` s that resolve, RE2 patterns), each
+    problem named from ``outputSchema``. Never raises."""
+    return [p.replace("parameter_schema", "outputSchema", 1) for p in _schema_problems(schema, max_depth)]
 
 
 def _schema_problems(

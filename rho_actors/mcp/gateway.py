@@ -21,8 +21,10 @@ Names. A tool name that two upstreams list, or an upstream lists and the host's 
 tools have, is served as ``<server>__<tool>`` for every upstream listing it, while it
 collides (``collisions = "namespace"``, the default; ``prefix = true`` namespaces all of
 one server's tools); with ``collisions = "refuse"`` the gateway does not start and the
-message names both servers. A tool whose own name starts with another server's
-``<server>__`` is always namespaced (a server cannot take another's namespaced names).
+message names both servers. A tool whose own name starts with any server's
+``<server>__`` (its own included) is always namespaced: a server can take neither
+another's namespaced names nor, with a second tool, one of its own. A server's name has
+no ``__`` and does not end in ``_``, so two servers' namespaced names never meet.
 A collision that appears later (a ``list_changed``) under ``"refuse"`` follows the
 registry's rule (DESIGN §3 "Names"): the tool that held the name first keeps it, the
 other is left out and logged naming both origins.
@@ -31,7 +33,7 @@ The configuration (:func:`load_config`, ``--config gateway.toml``) is TOML::
 
     collisions = "namespace"          # or "refuse"
 
-    [servers.files]                   # the server's name: [A-Za-z0-9_-]{1,32}
+    [servers.files]                   # the server's name: [A-Za-z0-9_-]{1,32}, no "__", no "_" last
     command = ["python", "-m", "my_files_server", "/srv/docs"]   # or one string, split as a shell does
     env = { LOG_LEVEL = "warning" }   # added to its scrubbed environment
     timeout_ms = 20000                # each call's deadline
@@ -77,7 +79,7 @@ __all__ = [
 SEPARATOR: Final = "__"
 """Between a server's name and its tool's name in a namespaced tool name."""
 COLLISIONS: Final = ("namespace", "refuse")
-_SERVER_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,32}")
+_SERVER_NAME: Final = re.compile(r"(?!.*__)[A-Za-z0-9_-]{0,31}[A-Za-z0-9-]")  # no "__", no "_" at the end
 _LAUNCHERS: Final = frozenset({"node", "npx", "uv", "uvx", "pipx", "deno", "bun", "bunx", "env"})
 _KEYS: Final = frozenset({
     "command", "url", "env", "headers", "timeout_ms", "max_restarts", "max_seconds", "trusted", "network", "read",
@@ -167,8 +169,8 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
 
 def _spec(where: str, name: str, table: Any) -> UpstreamSpec:
     if not _SERVER_NAME.fullmatch(name):
-        raise GatewayConfigError(f"{where}: a server's name must match [A-Za-z0-9_-]{{1,32}} (it prefixes "
-                                 f"its tools' names), got {name!r}")
+        raise GatewayConfigError(f"{where}: a server's name must be 1 to 32 of [A-Za-z0-9_-], without '__' and "
+                                 f"not ending in '_' (it prefixes its tools' names as NAME__TOOL), got {name!r}")
     if not isinstance(table, dict):
         raise GatewayConfigError(f"{where}: must be a table")
     unknown = sorted(set(table) - _KEYS)
@@ -243,7 +245,8 @@ def derived_name(command: Sequence[str] | None = None, url: str | None = None) -
     """A server's default name from its command or URL: the module or script of a
     Python server, the package or script a launcher (``npx``, ``uvx``, ``node``...)
     runs, else the program's own name; a URL's host and port. Characters outside
-    ``[A-Za-z0-9_-]`` become ``_``; at most 32 characters."""
+    ``[A-Za-z0-9_-]`` become ``_``, a run of ``_`` one, none at the end; at most 32
+    characters."""
     if url is not None:
         parts = urllib.parse.urlsplit(url)
         base = f"{parts.hostname or 'mcp'}-{parts.port}" if parts.port else (parts.hostname or "mcp")
@@ -260,7 +263,8 @@ def derived_name(command: Sequence[str] | None = None, url: str | None = None) -
             base = base.rsplit("@", 1)[0] if base.rfind("@") > 0 else base
         else:
             base = program
-    return re.sub(r"[^A-Za-z0-9_-]", "_", base)[:32] or "mcp"
+    name = re.sub(r"_{2,}", "_", re.sub(r"[^A-Za-z0-9_-]", "_", base))[:32].rstrip("_")
+    return name or "mcp"
 
 
 def specs_from_flags(mcp: Iterable[str] = (), mcp_url: Iterable[str] = (), untrusted_mcp: Iterable[str] = (),
@@ -318,8 +322,8 @@ class _Names:
 
     def served(self, server: str, name: str, prefix: bool) -> str:
         """The name ``server``'s tool ``name`` is served under."""
-        if prefix or any(name.startswith(f"{s}{SEPARATOR}") for s in self.servers - {server}):
-            return f"{server}{SEPARATOR}{name}"  # never under another server's namespace
+        if prefix or any(name.startswith(f"{s}{SEPARATOR}") for s in self.servers):
+            return f"{server}{SEPARATOR}{name}"  # never in a namespace: not another's, nor its own namespaced names
         if self.mode != "namespace":
             return name
         with self._lock:
@@ -358,6 +362,10 @@ class _Served:
     def parameter_schema(self) -> Any:
         """The upstream's ``inputSchema``."""
         return self._tool.parameter_schema()
+
+    def output_schema(self) -> Any:
+        """The upstream's ``outputSchema`` (None without one): served on, as an un-namespaced tool's is."""
+        return self._tool.output_schema()
 
     def timeout_ms(self) -> int:
         """The upstream server's per-call timeout (milliseconds)."""

@@ -26,7 +26,8 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 - Over HTTP each SSE stream starts with a priming event and a ``retry`` delay, and
   its events are kept in a :class:`~rho_actors.mcp.events.BoundedEventStore`, so a
   client whose stream closed reconnects with ``Last-Event-ID`` and gets the rest
-  (SEP-1699; the SDK primes clients of protocol 2025-11-25 or later).
+  (SEP-1699; the SDK primes clients of protocol 2025-11-25 or later); each session
+  has its own view of the store, so an event id of another session replays nothing.
 - A change of the system's tool set (a source's scan, ``unregister``: the registry's
   :class:`~rho_actors.ToolSetChanged` event, no polling) sends
   ``notifications/tools/list_changed`` to every connection (changes close together are
@@ -63,7 +64,6 @@ from typing import Any, cast
 
 import anyio
 import mcp_types as types
-from jsonschema import Draft202012Validator
 from loguru import logger
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
@@ -73,12 +73,14 @@ from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 
 from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
+from rho_actors.declarations.arguments import MAX_VALIDATION_S, make_validator, violations
+from rho_actors.declarations.checks import output_schema_problems
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.encoding import describe_exception
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.loop.handle import Loop
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
-from rho_actors.mcp.events import BoundedEventStore
+from rho_actors.mcp.events import BoundedEventStore, own_event_stores
 from rho_actors.mcp.guard import HTTPGuard, request_gone
 from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
 from rho_actors.results import text
@@ -219,13 +221,29 @@ def output_schema(system: Any, name: str) -> dict[str, Any] | None:
         schema = declare()
         if schema is None:  # declares none (an MCP server's tool without one, say)
             return None
-        Draft202012Validator.check_schema(schema)
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise ValueError('an outputSchema must be a schema of an object ("type": "object")')
+        checked = _checked_output_schema(json.dumps(schema, sort_keys=True, allow_nan=False))
+        if isinstance(checked, str):
+            raise ValueError(checked)
     except Exception as exc:
         logger.warning("MCP: tool {!r}: its output_schema() is not served: {}", name, describe_exception(exc))
         return None
     return copy.deepcopy(schema)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_output_schema(text: str) -> Any:
+    """The validator of the outputSchema whose JSON text (keys sorted) is ``text``, or why
+    it is not served: the checks and bounds of a parameter schema
+    (:func:`~rho_actors.declarations.checks.output_schema_problems`), so an upstream's
+    schema cannot make checking a result slow; its validator matches patterns with RE2
+    and is bounded in work (:func:`~rho_actors.declarations.arguments.violations`)."""
+    schema = json.loads(text)
+    problems = output_schema_problems(schema)
+    if problems:
+        return "; ".join(problems)
+    return make_validator(schema)
 
 
 def _structured(result: ToolResult) -> Any:
@@ -254,8 +272,12 @@ def _call_tool_result(result: ToolResult, schema: dict[str, Any] | None = None) 
     if schema is not None and result.ok:
         problem = "it is not a JSON object" if structured is None else None
         if structured is not None:
-            error = next(iter(Draft202012Validator(schema).iter_errors(structured)), None)
-            problem = None if error is None else f"at {error.json_path}: {error.message[:300]}"
+            checked = _checked_output_schema(json.dumps(schema, sort_keys=True, allow_nan=False))
+            if isinstance(checked, str):
+                problem = f"the outputSchema cannot be used: {checked[:300]}"
+            else:
+                found = violations(checked, copy.deepcopy(structured), MAX_VALIDATION_S)
+                problem = f"at {found[0][:300]}" if found else None
         if problem is not None:
             message = text("mcp_output_schema", tool=result.name, problem=problem)
             return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
@@ -461,9 +483,11 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
 
     assert guard is not None
     host, port = http
+    events = BoundedEventStore()
     app = server.streamable_http_app(host=host, session_idle_timeout=guard.idle_timeout_s,
-                                     max_sessions=guard.max_sessions, event_store=BoundedEventStore(),
+                                     max_sessions=guard.max_sessions, event_store=events,
                                      retry_interval=_SSE_RETRY_MS)
+    own_event_stores(server.session_manager, events)  # one session never replays another's events
     config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
 

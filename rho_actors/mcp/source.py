@@ -76,12 +76,23 @@ from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, Details, Error, Image, ToolFailure
 
-__all__ = ["ENV_ALLOWLIST", "MCPConnection", "MCPServer", "MCPTool", "default_name", "scrubbed_environment"]
+__all__ = [
+    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_MIN_S", "MCPConnection", "MCPServer", "MCPTool",
+    "default_name", "scrubbed_environment",
+]
 
 ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
 """Variables a stdio server inherits from this process (with every ``LC_*``)."""
 
 _MAX_PAGES = 100
+RELIST_MIN_S = 1.0
+"""The least time between two listings of one connection (seconds): ``list_changed``
+notifications closer together are answered by one listing, once that time is up."""
+MAX_TOOLS = 4096
+"""The tools kept of one server's listing at most (``MCPServer(max_tools=...)``); the rest are left out, logged."""
+MAX_LISTED_BYTES = 32 * 2**20
+"""The bytes of declarations (as JSON) kept of one server's listing at most (a sane one is
+under 100 KiB: :data:`rho_actors.declarations.checks.DEFAULT_MAX_SCHEMA_BYTES`)."""
 _STDERR_SETTLE_S = 0.5  # how long an ended connection waits for the last stderr lines
 _SOURCES = "sources"  # the system's supervisor of sources and their own subtrees
 
@@ -169,7 +180,8 @@ class MCPServer:
     bounds connecting and listing (seconds); ``ping_interval_s`` how often a quiet
     connection is pinged (a ping unanswered within ``connect_timeout_s`` restarts it).
     ``server_uid``: the uid that must own a loopback ``url``'s listening socket
-    (default ``os.getuid()``; module doc).
+    (default ``os.getuid()``; module doc). ``max_tools``: the tools kept of its listing
+    at most (and :data:`MAX_LISTED_BYTES` of declarations); the rest are left out, logged.
 
     Raises ``ValueError`` for neither or both of ``command`` and ``url``, or an empty
     ``command``.
@@ -192,6 +204,7 @@ class MCPServer:
         connect_timeout_s: float = 10.0,
         ping_interval_s: float = 15.0,
         server_uid: int | None = None,
+        max_tools: int = MAX_TOOLS,
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("MCPServer takes exactly one of command=[...] (stdio) or url=... (streamable HTTP)")
@@ -209,6 +222,8 @@ class MCPServer:
         self.connect_timeout_s = connect_timeout_s
         self.ping_interval_s = ping_interval_s
         self.server_uid = os.getuid() if server_uid is None else server_uid
+        self.max_tools = max_tools
+        self.listing_cut = False  # whether a listing went over the bounds (logged once)
         self._link = _Link()
         self._tools: dict[str, tuple[str, MCPTool]] = {}  # name -> (version, tool): the same object while unchanged
         self._system: Any = None
@@ -527,25 +542,31 @@ class MCPConnection(Actor):
             )
             with anyio.fail_after(server.connect_timeout_s):
                 await session.initialize()
-                tools = await _list_tools(session)
+                tools = await _list_tools(session, server)
             with self._link.lock:
                 self._link.connections += 1
             self._publish(session, tools)
+            listed_at = time.monotonic()
             try:
                 while True:
+                    # a list_changed flood relists at most once per RELIST_MIN_S (the host's CPU)
+                    early = listed_at + RELIST_MIN_S - time.monotonic()
                     try:
-                        await asyncio.wait_for(wake.wait(), server.ping_interval_s)
+                        await asyncio.wait_for(wake.wait(), max(0.0, early) if relist.is_set()
+                                               else server.ping_interval_s)
                     except TimeoutError:
-                        with anyio.fail_after(server.connect_timeout_s):
-                            await session.send_ping()
-                        continue
+                        if not relist.is_set():
+                            with anyio.fail_after(server.connect_timeout_s):
+                                await session.send_ping()
+                            continue
                     wake.clear()
                     if ended.is_set():
                         raise ConnectionError("the server closed the connection (its process exited?)")
-                    if relist.is_set():
+                    if relist.is_set() and time.monotonic() >= listed_at + RELIST_MIN_S:
                         relist.clear()
                         with anyio.fail_after(server.connect_timeout_s):
-                            tools = await _list_tools(session)
+                            tools = await _list_tools(session, server)
+                        listed_at = time.monotonic()
                         self._publish(session, tools)
             finally:
                 tasks.cancel_scope.cancel()
@@ -583,13 +604,27 @@ async def _relay(read: Any, send: Any, ended: asyncio.Event, wake: asyncio.Event
         wake.set()
 
 
-async def _list_tools(session: ClientSession) -> dict[str, dict[str, Any]]:
+async def _list_tools(session: ClientSession, server: MCPServer) -> dict[str, dict[str, Any]]:
+    """The server's tools (every page, at most :data:`_MAX_PAGES`), bounded: once
+    ``server.max_tools`` tools or :data:`MAX_LISTED_BYTES` of declarations (as JSON)
+    are kept, the rest of the listing is left out, logged once per server."""
+    max_tools, max_bytes = server.max_tools, MAX_LISTED_BYTES
     tools: dict[str, dict[str, Any]] = {}
     cursor: str | None = None
+    size = 0
     for _ in range(_MAX_PAGES):
         result = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
         for tool in result.tools:
-            tools[tool.name] = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+            declared = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+            size += len(json.dumps(declared))
+            if len(tools) >= max_tools or size > max_bytes:
+                if not server.listing_cut:
+                    server.listing_cut = True
+                    logger.warning("MCP server {} lists more than {} tools or {:,} bytes of declarations; the {} "
+                                   "tools listed first are kept, the rest left out", server.name, max_tools,
+                                   max_bytes, len(tools))
+                return tools
+            tools[tool.name] = declared
         cursor = result.next_cursor
         if not cursor:
             break

@@ -3,7 +3,9 @@ terminal raw).
 
 :class:`StderrLog` is a pipe: its write end is the server process's stderr, a daemon
 thread reads the other end and logs each line at ``INFO`` as ``MCP server <name>:
-<line>`` (with ``extra["mcp_server"]`` set, for a sink to filter on). Bounded: a line
+<line>`` (with ``extra["mcp_server"]`` set, for a sink to filter on), its control and
+bidirectional characters escaped as a confined child's output is (no terminal control
+sequence reaches the host's terminal or log through it). Bounded: a line
 is cut at :data:`MAX_LINE_BYTES`, at most :data:`MAX_LINES_PER_WINDOW` lines are logged
 per :data:`WINDOW_S` seconds (the rest are counted, and the count is logged once the
 window ends), control characters are shown escaped (``\\x1b``: a line cannot move the
@@ -15,14 +17,11 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import threading
 import time
 from typing import TextIO, cast
 
 from loguru import logger
-
-from rho_actors.encoding import replace_controls
 
 __all__ = ["KEPT_LINES", "MAX_LINES_PER_WINDOW", "MAX_LINE_BYTES", "WINDOW_S", "StderrLog"]
 
@@ -36,9 +35,6 @@ KEPT_LINES = 3
 """The last lines kept for the message of a server that exited."""
 
 
-def _escaped(match: re.Match[str]) -> str:
-    """A control character as its escape (``\\x1b``), as every child's output is shown."""
-    return ascii(match.group())[1:-1]
 
 
 class StderrLog:
@@ -81,8 +77,7 @@ class StderrLog:
                         rest = self._reader.readline(MAX_LINE_BYTES)
                         if not rest or rest.endswith(b"\n"):
                             break
-                    text = raw.decode("utf-8", "backslashreplace").rstrip("\r\n")
-                    line = replace_controls(text, _escaped) + (" [cut]" if cut else "")
+                    line = shown_bytes(raw.rstrip(b"\r\n")) + (" [cut]" if cut else "")
                     if not line.strip():
                         continue
                     with self._lock:

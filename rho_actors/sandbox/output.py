@@ -30,7 +30,7 @@ from typing import Final
 
 from loguru import logger
 
-from rho_actors.encoding import replace_controls
+from rho_actors.encoding import shown_bytes
 
 __all__ = ["BURST_BYTES", "LINE_COST_BYTES", "MAX_LINE_BYTES", "PUMP", "RATE_BYTES_PER_S", "OutputPump", "OutputStream"]
 
@@ -45,11 +45,6 @@ LINE_COST_BYTES: Final = 256
 the same whatever its length, so a child printing empty lines gets 256 a second, not
 65,536 (after a burst of 1,024)."""
 _READ_BYTES: Final = 1 << 16
-
-
-def _shown(raw: bytes) -> str:
-    text = raw.decode("utf-8", errors="backslashreplace")
-    return replace_controls(text, lambda m: ascii(m.group())[1:-1])
 
 
 class OutputStream:
@@ -109,7 +104,7 @@ class OutputStream:
                 "output of {}: ({:,} more lines not shown: over its output budget)", self.label, left)
 
     def _log(self, line: bytes) -> None:
-        logger.bind(worker_output=self.label).info("output of {}: {}", self.label, _shown(line))
+        logger.bind(worker_output=self.label).info("output of {}: {}", self.label, shown_bytes(line))
 
 
 class OutputPump:
