@@ -23,6 +23,8 @@ from typing import TextIO, cast
 
 from loguru import logger
 
+from rho_actors.encoding import shown_bytes
+
 __all__ = ["KEPT_LINES", "MAX_LINES_PER_WINDOW", "MAX_LINE_BYTES", "WINDOW_S", "StderrLog"]
 
 MAX_LINE_BYTES = 2000
