@@ -183,7 +183,8 @@ def test_an_mcp_servers_stderr_cannot_send_terminal_controls_to_the_log() -> Non
 
     seen: list[str] = []
     logger.enable("rho_actors")
-    sink = logger.add(lambda m: seen.append(m.record["message"]), level="INFO")
+    sink = logger.add(lambda m: seen.append(m.record["message"]), level="INFO",  # this server's lines only
+                      filter=lambda record: record["extra"].get("mcp_server") == "inky")
     try:
         log = StderrLog("inky")
         log.writer.write("\x1b]0;owned\x07title \x1b[2J\x9bcleared\u202eevil\n")

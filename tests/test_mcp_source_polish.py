@@ -91,7 +91,8 @@ def test_a_servers_stderr_goes_to_the_log_under_its_name_and_structured_content_
 def test_stderr_is_bounded_per_line_and_per_window() -> None:
     seen: list[str] = []
     logger.enable("rho_actors")
-    sink = logger.add(lambda m: seen.append(m.record["message"]), level="INFO")
+    sink = logger.add(lambda m: seen.append(m.record["message"]), level="INFO",  # this server's lines only
+                      filter=lambda record: record["extra"].get("mcp_server") == "bounded")
     try:
         log = StderrLog("bounded")
         log.writer.write("x" * (MAX_LINE_BYTES * 3) + "\n")  # one line of 3 reads
@@ -112,7 +113,8 @@ def test_stderr_is_bounded_per_line_and_per_window() -> None:
 def test_stderr_control_characters_are_shown_escaped() -> None:
     seen: list[str] = []
     logger.enable("rho_actors")
-    sink = logger.add(lambda m: seen.append(m.record["message"]), level="INFO")
+    sink = logger.add(lambda m: seen.append(m.record["message"]), level="INFO",  # this server's lines only
+                      filter=lambda record: record["extra"].get("mcp_server") == "sly")
     try:
         log = StderrLog("sly")
         os.write(log.writer.fileno(), "\x1b[2Jcleared\rover \u202eevil\n".encode())  # as a process writes it
