@@ -387,7 +387,15 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     key = (session.loop.session_id, call_id)
     aloop = asyncio.get_running_loop()
     live = served.progress[key] = _Live(aloop, ctx.session)
-    bind(*key, Bound(aloop, ctx.session, ctx.request_id, _connection(ctx).state, ctx.close_sse_stream))
+    closed_on_purpose: list[bool] = []  # the tool closed its own SSE stream (SEP-1699 polling): not a client gone
+    close = ctx.close_sse_stream
+
+    def close_for_polling() -> Any:
+        closed_on_purpose.append(True)
+        return close()
+
+    bind(*key, Bound(aloop, ctx.session, ctx.request_id, _connection(ctx).state,
+                     close_for_polling if close is not None else None))
     call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
     await anyio.to_thread.run_sync(session.record, call, None, step)
     gone = request_gone(getattr(ctx, "request", None))
@@ -396,7 +404,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     try:
         async with anyio.create_task_group() as tasks:
             if gone is not None:
-                tasks.start_soon(_cancel_when, gone, tasks.cancel_scope)
+                tasks.start_soon(_cancel_when, gone, tasks.cancel_scope, closed_on_purpose)
             results.extend(await session.loop.arun_turn([call]))
             tasks.cancel_scope.cancel()
     finally:
@@ -412,9 +420,12 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     return _call_tool_result(results[0], output_schema(served.system, params.name))
 
 
-async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope, closed_on_purpose: list[bool]) -> None:
+    """Cancel ``scope`` when the request's connection is gone, unless the call closed
+    its stream itself (the client then polls for the result from the event store)."""
     await event.wait()
-    scope.cancel()
+    if not closed_on_purpose:
+        scope.cancel()
 
 
 async def _reap_absent(served: _Served, guard: HTTPGuard) -> None:
