@@ -68,7 +68,9 @@ def test_stdio_server_tools_deadline_crash_restart_list_changed(system: ActorSys
     [hung] = loop.run_turn([ToolCall("c4", "hang", {"seconds": 30})])
     assert hung.error_kind is ErrorKind.TIMEOUT
     assert time.monotonic() - started < 0.8 + 1.0
-    assert wait_for((tmp_path / "cancelled").exists)
+    # the server got the cancellation: the running hang saw it (a request cancelled before its
+    # handler began is dropped by the SDK unstarted: under load the 0.8 s can pass first)
+    assert wait_for(lambda: (tmp_path / "cancelled").exists() or not (tmp_path / "hang-started").exists())
 
     # a crash mid-call: crashed, restarted, tools back, next call fine
     first_pid = (tmp_path / "started").read_text()
