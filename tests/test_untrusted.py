@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,6 @@ from rho_actors import (
 from .conftest import WAIT_S, wait_for
 from .helpers import make_tool
 
-FLAG = Path("/tmp/rho_actors-test-untrusted-slow-once.flag")  # the same path in the child processes
-
-
 Echo: Any = make_tool(
     "echo",
     lambda args, ctx: f"{args['text']} {os.getpid()}",  # reports the process it ran in
@@ -43,18 +42,30 @@ HoldsTheGil = make_tool(
 )
 
 
-class SlowOnce:
-    """Its name() hangs until a flag file exists: the first read runs over, a retry works."""
+def slow_once(flag: Path) -> type:
+    """A tool whose name() hangs until ``flag`` exists: the first read runs over, a retry
+    works. Each test has its own flag (tests run in parallel), under ``/tmp`` so that a
+    confined reader can see it."""
 
-    @staticmethod
-    def name() -> str:
-        while not FLAG.exists():
-            time.sleep(0.01)
-        return "slow_once"
+    class SlowOnce:
+        @staticmethod
+        def name() -> str:
+            while not flag.exists():
+                time.sleep(0.01)
+            return "slow_once"
 
-    description = staticmethod(lambda: "Slow to read the first time.")
-    parameter_schema = staticmethod(lambda: {"type": "object"})
-    run = staticmethod(lambda args, ctx: "ran")
+        description = staticmethod(lambda: "Slow to read the first time.")
+        parameter_schema = staticmethod(lambda: {"type": "object"})
+        run = staticmethod(lambda args, ctx: "ran")
+
+    return SlowOnce
+
+
+@pytest.fixture
+def flag() -> Iterator[Path]:
+    path = Path(f"/tmp/rho_actors-test-slow-once-{uuid.uuid4().hex}.flag")
+    yield path
+    path.unlink(missing_ok=True)
 
 
 class Hangs:
@@ -76,7 +87,6 @@ def system(tmp_path: Path) -> Any:
     reads = UntrustedReads(timeout_s=1.0, retry_s=(0.05, 0.1))
     with ActorSystem(data_dir=tmp_path, untrusted=reads, shutdown_ms=2_000, warm_workers=1) as sys_:
         yield sys_
-    FLAG.unlink(missing_ok=True)
 
 
 def test_an_untrusted_tool_is_read_and_run_in_other_processes(system: ActorSystem) -> None:
@@ -121,11 +131,10 @@ def test_a_read_that_runs_over_is_retried_then_excluded(system: ActorSystem) -> 
     assert declaration(untrusted(Hangs)) is None
 
 
-def test_a_retry_that_succeeds_offers_the_tool(system: ActorSystem) -> None:
-    FLAG.unlink(missing_ok=True)
-    registration = system.register(SlowOnce, untrusted=True)
+def test_a_retry_that_succeeds_offers_the_tool(system: ActorSystem, flag: Path) -> None:
+    registration = system.register(slow_once(flag), untrusted=True)
     assert registration.info is None
-    FLAG.touch()
+    flag.touch()
     loop = system.start_loop()
     assert wait_for(lambda: [i.name for i in loop.offered()] == ["slow_once"], timeout_s=WAIT_S)
     assert loop.run_turn([ToolCall("s", "slow_once", "{}")])[0].content == "ran"
@@ -261,18 +270,17 @@ def test_a_read_in_flight_survives_a_restart_of_the_system_actors(system: ActorS
     assert [i.name for i in system.tools()] == ["slow_name"]
 
 
-def test_a_retry_survives_a_restart_of_the_declaration_actor(system: ActorSystem) -> None:
+def test_a_retry_survives_a_restart_of_the_declaration_actor(system: ActorSystem, flag: Path) -> None:
     from rho_actors import kill
 
-    FLAG.unlink(missing_ok=True)
     events: list[DeclarationEvent] = []
     system.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
-    assert system.register(SlowOnce, untrusted=True).info is None  # timed out: a retry is scheduled
+    assert system.register(slow_once(flag), untrusted=True).info is None  # timed out: a retry is scheduled
     old = system.whereis("declarations")
     assert old is not None
     kill(old)
     assert wait_for(lambda: system.whereis("declarations") not in (None, old))
-    FLAG.touch()
+    flag.touch()
     assert wait_for(lambda: [i.name for i in system.tools()] == ["slow_once"], timeout_s=WAIT_S)
 
 
