@@ -149,3 +149,40 @@ def test_a_tool_ignoring_its_cancel_still_times_out_on_time_and_its_thread_is_co
         release.set()
         assert wait_for(lambda: system.stats()["abandoned_threads_running"] == 0)
         assert system.stats()["abandoned_threads_total"] == 1
+
+
+def test_a_host_cancel_landing_after_the_deadline_before_its_timeout_is_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host cancels a call whose deadline has passed but whose timeout is not yet
+    delivered (its timer is late under load): the answer is ``timeout``, not ``cancelled``.
+    The turn's clock is moved past the deadline once the call runs, so the race is certain."""
+    from rho_actors.loop import turns
+
+    started, release = threading.Event(), threading.Event()
+
+    def blocks(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+        started.set()
+        release.wait(WAIT_S)
+        return "done"
+
+    class Clock:
+        shift = 0.0
+
+        @staticmethod
+        def monotonic() -> float:
+            return time.monotonic() + Clock.shift
+
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=500) as system:
+        system.register(make_tool("blocks", blocks, timeout_ms=60_000))
+        loop = system.start_loop("s")
+        cancel = CancelToken()
+        monkeypatch.setattr(turns, "time", Clock)
+        future = loop.submit_turn([ToolCall("a", "blocks", "{}"), ToolCall("b", "blocks", "{}")], cancel=cancel)
+        assert started.wait(WAIT_S)
+        Clock.shift = 3600.0  # the deadlines (60 s) have passed; their timers have not fired
+        cancel.cancel()
+        results = future.result(WAIT_S)
+        release.set()
+        assert [r.error_kind for r in results] == [ErrorKind.TIMEOUT] * 2
+        assert "did not finish within its timeout of 60000 ms" in results[0].content

@@ -60,7 +60,7 @@ from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.loop.inline import InlineCall
 from rho_actors.loop.messages import Allowlist, CancelTurn, make_session_folder
-from rho_actors.results import capped, error_result, failure, text, traceback_of
+from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
 from rho_actors.telemetry import CallSpan, Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
 
@@ -82,6 +82,7 @@ class _Slot:
     args: dict[str, Any] | None = None
     result: ToolResult | None = None
     started: float = 0.0
+    deadline: float = 0.0  # once started: its deadline (time.monotonic() s)
     cancel: CancelToken | None = None
     running: RunningCall | None = None
     span: CallSpan | None = None  # its execute_tool span, while telemetry records it
@@ -374,7 +375,7 @@ class Turns:
         with turn.lock:
             dropped = turn.stop_reason is not None
             if not dropped:
-                slot.started, slot.cancel, slot.span = now, cancel, span
+                slot.started, slot.deadline, slot.cancel, slot.span = now, deadline, cancel, span
         if dropped:  # cancelled, or the loop stopped, since it left ``waiting``: it has its result
             self._telemetry.call_ended(span, slot.result)  # type: ignore[arg-type]
             return
@@ -458,6 +459,10 @@ class Turns:
         never starts)."""
 
         def answer(slot: _Slot, now: float) -> ToolResult:
+            if slot.started and now >= slot.deadline:  # its deadline passed first: a deadline is a deadline
+                assert slot.entry is not None
+                return failure("timeout", slot.call.id, slot.call.name, (now - slot.started) * 1000,
+                               timeout_ms=slot.entry.info.timeout_ms, consequence=CANCELLED)
             if slot.started:
                 return failure("host_cancelled", slot.call.id, slot.call.name, (now - slot.started) * 1000)
             return failure("host_cancelled_before_start", slot.call.id, slot.call.name)
