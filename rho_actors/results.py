@@ -35,6 +35,7 @@ __all__ = [
     "KILLED",
     "RAY_CANCELLED",
     "SENT_CANCEL",
+    "STOPPED",
     "TEXTS",
     "TRACEBACK",
     "capped",
@@ -53,6 +54,8 @@ CANCELLED: Final = "it was cancelled"
 """The ``consequence`` of a ``timeout`` in a thread (or a coroutine)."""
 SENT_CANCEL: Final = "its MCP server was sent notifications/cancelled"
 """The ``consequence`` of a ``timeout`` of an MCP server's tool (:mod:`rho_actors.mcp`)."""
+STOPPED: Final = "its worker process was killed, or the call was kept from reaching one"
+"""The ``consequence`` of a ``timeout`` that a process call's pool had not answered in time."""
 DISCARDED: Final = "what it returned after its deadline was discarded"
 """The ``consequence`` of a ``timeout`` whose tool returned only after its deadline."""
 RAY_CANCELLED: Final = "its Ray task was force-cancelled (a running task's worker is killed)"

@@ -102,6 +102,7 @@ if TYPE_CHECKING:
 __all__ = ["ActorSystem"]
 
 
+RESTART_PATIENCE_S = 5.0  # seconds a call into a system actor being restarted waits for it (then raises)
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
 REGISTRY, CALLS, WORKERS, ROOT = "registry", "calls", "workers", "root"
 SOURCES, SESSIONS, SERVERS = "sources", "sessions", "servers"
@@ -297,7 +298,11 @@ class ActorSystem:
                 waiting.set_exception(RuntimeError("the actor system stopped before the declaration was read"))
 
     def _whereis(self, name: str) -> pykka.ActorRef[Any]:
+        """The live ref of the system's actor ``name`` (waiting :data:`RESTART_PATIENCE_S`
+        while it restarts); raises ``RuntimeError`` naming the system's state."""
         ref = self._names.whereis(name)
+        if ref is None and not self._stopped:  # restarting: its supervisor brings it back at once
+            ref = self._names.await_name(name, RESTART_PATIENCE_S, lambda: self._stopped)
         if ref is None:
             state = f"stopped ({self.exit_reason})" if self._stopped else "restarting"
             raise RuntimeError(f"the system's {name!r} actor is not running: the system is {state}")

@@ -186,3 +186,44 @@ def test_a_host_cancel_landing_after_the_deadline_before_its_timeout_is_the_time
         release.set()
         assert [r.error_kind for r in results] == [ErrorKind.TIMEOUT] * 2
         assert "did not finish within its timeout of 60000 ms" in results[0].content
+
+
+class _SlowToShip:
+    """Pickling it (shipping the tool that holds it to a worker) sets ``shipping`` and
+    blocks until ``gate`` is set."""
+
+    shipping = threading.Event()
+    gate = threading.Event()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        _SlowToShip.shipping.set()
+        _SlowToShip.gate.wait(WAIT_S)
+        return (str, ("shipped",))
+
+
+def test_a_process_call_the_pool_cannot_answer_is_timeout_at_its_backstop(tmp_path: Path) -> None:
+    """A process call held on its way to a worker (its tool is still being shipped, as a
+    worker still starting under load holds it) is answered ``timeout`` by its backstop,
+    ``BACKSTOP_S`` after its deadline, while it is still held; what the pool answers once
+    let go is ``late``."""
+    from rho_actors.results import STOPPED
+
+    _SlowToShip.shipping.clear()
+    _SlowToShip.gate.clear()
+    held = _SlowToShip()
+    slow = make_tool("slow", lambda args, ctx: str(held), timeout_ms=1_000)
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=500) as system:
+        recorder = Recorder()
+        system.subscribe(recorder)
+        system.register(slow, isolation="process")
+        future = system.start_loop("s").submit_turn([ToolCall("p", "slow", "{}")])
+        assert wait_for(lambda: _SlowToShip.shipping.is_set() or future.done())
+        if not _SlowToShip.shipping.is_set():  # so loaded that the pool saw the deadline passed before shipping
+            assert future.result(WAIT_S)[0].content.endswith("it did not start")
+            return
+        [result] = future.result(WAIT_S)  # without the backstop: no answer until the gate opens
+        assert not _SlowToShip.gate.is_set()
+        assert result.error_kind is ErrorKind.TIMEOUT
+        assert result.content == f"tool 'slow' did not finish within its timeout of 1000 ms; {STOPPED}"
+        _SlowToShip.gate.set()
+        assert wait_for(lambda: recorder.kinds("p") == ["started", "timed_out", "late"])

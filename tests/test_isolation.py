@@ -41,7 +41,11 @@ def test_a_deadline_gives_one_timeout_result_with_one_wording(
         recorder = Recorder()
         system.subscribe(recorder)
         system.register(hangs, isolation=isolation)
-        [result] = system.start_loop("s").run_turn([ToolCall("h", "hangs", "{}")])
+        loop = system.start_loop("s")
+        if isolation == "process":  # the pool started (a first worker can take seconds under load): the kill is timed
+            system.register(make_tool("ready", timeout_ms=int(WAIT_S * 1000)), isolation="process")
+            assert loop.run_turn([ToolCall("r", "ready", "{}")])[0].ok
+        [result] = loop.run_turn([ToolCall("h", "hangs", "{}")])
         assert result.error_kind is ErrorKind.TIMEOUT
         assert result.content == f"tool 'hangs' did not finish within its timeout of 200 ms; {consequence}"
         if isolation == "process":  # the pool kept the deadline: no second, discarded result

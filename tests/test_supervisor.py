@@ -475,3 +475,37 @@ def test_the_readme_supervision_snippet_runs_as_written() -> None:
     after = section.split(snippet, 1)[1]  # the output block follows the snippet
     expected = re.findall(r"```text\n(.*?)```", after, flags=re.S)[0]
     assert printed.getvalue() == expected
+
+
+class HeldRestart(Worker):
+    """Its restarts (not its first start) wait for ``GATE``."""
+
+    GATE = threading.Event()
+
+    def on_start(self) -> None:
+        if self.journal.starts(self.name):
+            HeldRestart.GATE.wait(WAIT_S)
+        super().on_start()
+
+
+def test_await_name_waits_for_a_restart_and_not_for_a_name_given_up(journal: Journal, names: Names) -> None:
+    HeldRestart.GATE.clear()
+    sup = started_sup([ChildSpec("kv", StartChild(HeldRestart, ("kv", journal)), name="kv")], names)
+    old = names.whereis("kv")
+    assert old is not None
+    old.tell("crash")
+    assert wait_for(lambda: names.whereis("kv") is None)  # held in its restart
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(names.await_name("kv", WAIT_S)))
+    waiter.start()
+    assert names.await_name("kv", 0.0) is None  # no patience: none now
+    HeldRestart.GATE.set()
+    waiter.join(WAIT_S)
+    assert got and got[0] is not None and got[0] is not old and got[0].ask("hi", timeout=WAIT_S) == 1
+    sup.stop()
+    # a name whose supervisor gave up, or a wait abandoned, returns at once, not at the bound
+    names.gave_up("gone", RestartIntensityExceeded("gone: more than 1 restart in 1 s"))
+    began = time.monotonic()
+    assert names.await_name("gone", 60.0) is None
+    assert names.await_name("never", 60.0, abandon=lambda: True) is None
+    assert time.monotonic() - began < 30

@@ -2,7 +2,9 @@
 
 The call's CallActor hands it to one of the system's two
 :class:`rho_actors.sandbox.WorkerPool`\\ s and waits; the pool owns the deadline: at it,
-the worker's whole process tree is killed and the result is a ``timeout`` error.
+the worker's whole process tree is killed and the result is a ``timeout`` error; a call
+the pool has not answered :data:`BACKSTOP_S` after its deadline (still on its way to a
+worker: a worker starting under load) is answered ``timeout`` then, and stopped.
 Cancelling the call (its loop stopping, or the host cancelling its turn) kills the
 worker the same way.
 Trusted tools share the other pool, whose workers keep the host's identity, environment
@@ -24,14 +26,21 @@ import threading
 from collections.abc import Hashable, Mapping
 from typing import Any, ClassVar
 
+import pykka
+
 from rho_actors.events import IsolationEvent, ToolSetChanged
 from rho_actors.isolation.base import Isolation, IsolationServices, worker_call
-from rho_actors.isolation.call import CallSpec, RunCall
-from rho_actors.results import failure
+from rho_actors.isolation.call import Answer, CallSpec, RunCall
+from rho_actors.otp.timers import Timer
+from rho_actors.results import STOPPED, failure
 from rho_actors.sandbox import CALL_SCOPE, TREE_ONLY, ConfinePolicy, WorkerPool, WorkerSlots
 from rho_actors.tool import ToolResult
 
-__all__ = ["ProcessIsolation"]
+__all__ = ["BACKSTOP_S", "ProcessIsolation"]
+
+BACKSTOP_S = 1.0
+"""How long after a call's deadline its backstop answers ``timeout`` if the pool has
+not (seconds; see :class:`_Backstop`)."""
 
 
 class _Running:
@@ -44,6 +53,33 @@ class _Running:
         """Set the call's token, which kills the worker running the call (see
         :meth:`WorkerPool.run`); a call not yet in a worker does not start."""
         self.call.cancel.cancel(reason)
+
+
+class _Backstop(Timer):
+    """The deadline's backstop, :data:`BACKSTOP_S` after it: the pool answers a call's
+    deadline itself (killing its worker), but a call still on its way to a worker
+    (shipping its tool, waiting for a worker to start under load) is not yet in its
+    hands. If the call is still unanswered then, the backstop claims its answer for a
+    ``timeout``, sets its token (the worker, once it has one, is killed; a call not yet in
+    a worker does not start) and delivers the timeout from a thread of its own (rare: the
+    timer thread must stay quick); what the pool answers later is ``late``."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(answer.spec.deadline + BACKSTOP_S)
+        self.answer: Answer | None = answer
+
+    def dropped(self) -> None:
+        self.answer = None  # it stays in the heap until due: hold nothing
+
+    def fire(self) -> None:
+        answer = self.answer
+        if answer is None or not answer.claim():
+            return  # the pool answered
+        answer.spec.cancel.cancel("timeout")
+        threading.Thread(target=answer.deliver, args=(answer.timeout(STOPPED),), name="rho_actors-backstop",
+                         daemon=True).start()
 
 
 class ProcessIsolation(Isolation):
@@ -78,7 +114,15 @@ class ProcessIsolation(Isolation):
         confined.retire_scopes(gone)
 
     def start(self, call: CallSpec) -> _Running:
-        self.services.calls.start().tell(RunCall(call, self._run))
+        actor = self.services.calls.start()
+        answer = Answer(call)
+        answer.timer = backstop = _Backstop(answer)
+        try:
+            self.services.timers.schedule(backstop)
+        except RuntimeError:  # the timers are stopped: the system is stopping
+            actor.stop(block=False)
+            raise pykka.ActorDeadError("the system is stopping") from None
+        actor.tell(RunCall(call, self._run, answer))
         return _Running(call)
 
     def _run(self, call: CallSpec) -> ToolResult:

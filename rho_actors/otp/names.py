@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -52,6 +53,7 @@ class Names:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._registered = threading.Condition(self._lock)  # notified when a name is registered or given up
         self._refs: dict[str, pykka.ActorRef[Any]] = {}
         self._ended: dict[str, object] = {}  # name -> exit reason of its last holder
         self._given_up: set[str] = set()  # names whose supervisor gave up on their actor
@@ -66,6 +68,7 @@ class Names:
             self._refs[name] = ref
             self._ended.pop(name, None)
             self._given_up.discard(name)
+            self._registered.notify_all()
         monitor(ref, lambda r, reason: self._release(name, r, reason))
 
     def _release(self, name: str, ref: pykka.ActorRef[Any], reason: object) -> None:
@@ -92,12 +95,30 @@ class Names:
                 self._refs.pop(name, None)
                 self._remember(name, reason)
                 self._given_up.add(name)
+                self._registered.notify_all()
 
     def whereis(self, name: str) -> pykka.ActorRef[Any] | None:
         """The live ref holding ``name``, or ``None``."""
         with self._lock:
             ref = self._refs.get(name)
         return ref if ref is not None and ref.is_alive() else None
+
+    def await_name(
+        self, name: str, timeout_s: float, abandon: Callable[[], bool] = lambda: False
+    ) -> pykka.ActorRef[Any] | None:
+        """The live ref holding ``name``, waiting up to ``timeout_s`` seconds for its
+        supervisor to restart it; ``None`` if none came by then, its supervisor gave up on
+        it, or ``abandon()`` became true (checked every 50 ms: the system stopped)."""
+        until = time.monotonic() + timeout_s
+        with self._registered:
+            while True:
+                ref = self._refs.get(name)
+                if ref is not None and ref.is_alive():
+                    return ref
+                left = until - time.monotonic()
+                if left <= 0 or name in self._given_up or abandon():
+                    return None
+                self._registered.wait(min(left, 0.05))
 
     def exit_reason(self, name: str) -> object:
         """``None`` while an actor holds ``name`` (or none ever did); else the exit reason
