@@ -32,13 +32,13 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from rho_actors import ActorSystem, tool
 from rho_actors.mcp import HTTPGuard, aserve
 from rho_actors.mcp.confined import python_target
+from rho_actors.mcp.names import default_name
 from rho_actors.mcp.gateway import (
     Gateway,
     GatewayConfig,
     GatewayConfigError,
     GatewayError,
     UpstreamSpec,
-    derived_name,
     gateway_config,
     load_config,
     specs_from_flags,
@@ -386,8 +386,8 @@ def test_names_from_flags() -> None:
         ("my-server", False), ("127_0_0_1-9000", True),
     ]
     assert specs[0].command == ("python", "-m", "mcp_server_time", "--local-timezone", "UTC")
-    assert derived_name(["python3", "-u", "-m", "pkg.sub.server"]) == "server"
-    assert derived_name(["npx", "-y", "@scope/thing@1.2.3"]) == "thing"
+    assert default_name(["python3", "-u", "-m", "pkg.sub.server"]) == "server"
+    assert default_name(["npx", "-y", "@scope/thing@1.2.3"]) == "thing"
     with pytest.raises(GatewayConfigError, match="--mcp needs a command"):
         specs_from_flags(mcp=["  "])
     with pytest.raises(GatewayConfigError, match="--mcp-url must be an http"):

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import runpy
 import select
 import shutil
@@ -49,6 +48,7 @@ import mcp_types as types
 from loguru import logger
 from mcp.shared.message import SessionMessage
 
+from rho_actors.mcp.names import PYTHON_NAME, python_arguments
 from rho_actors.sandbox import Channel, ConfinePolicy, Enclosure, spawn_clean
 
 __all__ = ["DEFAULT_HEAP_BYTES", "MAX_LINE_BYTES", "confined_transport", "python_arguments", "python_target"]
@@ -60,8 +60,6 @@ MAX_LINE_BYTES: Final = 16 * 2**20
 _PIDS_MAX: Final = 128  # processes and threads of its tree (an SDK server runs a thread pool)
 _START_TIMEOUT_S: Final = 30.0
 _READY: Final = b"R"
-PYTHON_NAME: Final = re.compile(r"python(3(\.\d+)?)?")
-_PYTHON_FLAGS: Final = frozenset({"-u", "-I", "-B", "-E", "-s", "-S", "-O", "-OO", "-q"})
 
 
 def python_target(command: Sequence[str]) -> tuple[str, str, list[str]] | None:
@@ -76,20 +74,6 @@ def python_target(command: Sequence[str]) -> tuple[str, str, list[str]] | None:
     if not (bare or os.path.abspath(program) == os.path.abspath(sys.executable)):
         return None  # another interpreter (a venv's own python): exec-ed, with its own packages
     return python_arguments(command[1:])
-
-
-def python_arguments(arguments: Sequence[str]) -> tuple[str, str, list[str]] | None:
-    """``(kind, target, args)`` of a Python interpreter's ``arguments`` (see
-    :func:`python_target`), whatever the interpreter; ``None`` when they run no module
-    or script (``-c``, no target)."""
-    rest = list(arguments)
-    while rest and rest[0] in _PYTHON_FLAGS:
-        rest.pop(0)
-    if len(rest) >= 2 and rest[0] == "-m":
-        return "module", rest[1], rest[2:]
-    if rest and not rest[0].startswith("-"):
-        return "path", os.path.abspath(rest[0]), rest[1:]
-    return None
 
 
 def _serve_child(channel: Channel, payload: dict[str, Any]) -> None:

@@ -59,28 +59,28 @@ import shlex
 import threading
 import tomllib
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from loguru import logger
 
 from rho_actors.errors import RhoError
-from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, PYTHON_NAME, confined_transport, python_arguments
+from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, confined_transport
+from rho_actors.mcp.names import default_name, numbered
 from rho_actors.mcp.source import MCPServer
 from rho_actors.sandbox import ConfinePolicy
 from rho_actors.tool import DEFAULT_TIMEOUT_MS
 
 __all__ = [
     "COLLISIONS", "SEPARATOR", "Gateway", "GatewayConfig", "GatewayConfigError", "GatewayError", "Upstream",
-    "UpstreamSpec", "derived_name", "gateway_config", "load_config", "specs_from_flags",
+    "UpstreamSpec", "gateway_config", "load_config", "specs_from_flags",
 ]
 
 SEPARATOR: Final = "__"
 """Between a server's name and its tool's name in a namespaced tool name."""
 COLLISIONS: Final = ("namespace", "refuse")
 _SERVER_NAME: Final = re.compile(r"(?!.*__)[A-Za-z0-9_-]{0,31}[A-Za-z0-9-]")  # no "__", no "_" at the end
-_LAUNCHERS: Final = frozenset({"node", "npx", "uv", "uvx", "pipx", "deno", "bun", "bunx", "env"})
 _KEYS: Final = frozenset({
     "command", "url", "env", "headers", "timeout_ms", "max_restarts", "max_seconds", "trusted", "network", "read",
     "memory_mb", "prefix", "connect_timeout_s", "cwd",
@@ -241,47 +241,18 @@ def _paths(where: str, value: Any) -> list[str]:
     return list(value)
 
 
-def derived_name(command: Sequence[str] | None = None, url: str | None = None) -> str:
-    """A server's default name from its command or URL: the module or script of a
-    Python server, the package or script a launcher (``npx``, ``uvx``, ``node``...)
-    runs, else the program's own name; a URL's host and port. Characters outside
-    ``[A-Za-z0-9_-]`` become ``_``, a run of ``_`` one, none at the end; at most 32
-    characters."""
-    if url is not None:
-        parts = urllib.parse.urlsplit(url)
-        base = f"{parts.hostname or 'mcp'}-{parts.port}" if parts.port else (parts.hostname or "mcp")
-    else:
-        assert command
-        program = os.path.basename(command[0])
-        target = python_arguments(command[1:]) if PYTHON_NAME.fullmatch(program) else None
-        if target is not None:
-            base = target[1].rsplit(".", 1)[-1] if target[0] == "module" else os.path.splitext(
-                os.path.basename(target[1]))[0]
-        elif program in _LAUNCHERS:
-            args = [a for a in command[1:] if not a.startswith("-") and a != "run" and "=" not in a]
-            base = os.path.splitext(os.path.basename(args[0].rstrip("/")))[0] if args else os.path.basename(command[0])
-            base = base.rsplit("@", 1)[0] if base.rfind("@") > 0 else base
-        else:
-            base = program
-    name = re.sub(r"_{2,}", "_", re.sub(r"[^A-Za-z0-9_-]", "_", base))[:32].rstrip("_")
-    return name or "mcp"
-
-
 def specs_from_flags(mcp: Iterable[str] = (), mcp_url: Iterable[str] = (), untrusted_mcp: Iterable[str] = (),
                      taken: Iterable[str] = ()) -> list[UpstreamSpec]:
     """The servers of ``--mcp "CMD ARGS"``, ``--mcp-url URL`` and ``--untrusted-mcp "CMD
-    ARGS"`` (commands split as a shell does), named by :func:`derived_name`, with
-    ``-2``, ``-3``... for repeats and for names in ``taken``. Raises
+    ARGS"`` (commands split as a shell does), named by
+    :func:`rho_actors.mcp.names.default_name`, with ``-2``, ``-3``... for repeats and
+    for names in ``taken`` (:func:`~rho_actors.mcp.names.numbered`). Raises
     :class:`GatewayConfigError` for an empty command or a URL that is not http(s)."""
     used = set(taken)
     specs: list[UpstreamSpec] = []
 
     def named(base: str) -> str:
-        name, n = base, 1
-        while name in used:
-            n += 1
-            name = f"{base[:29]}-{n}"
-        used.add(name)
+        used.add(name := numbered(base, used))
         return name
 
     for flag, commands, trusted in (("--mcp", mcp, True), ("--untrusted-mcp", untrusted_mcp, False)):
@@ -289,11 +260,11 @@ def specs_from_flags(mcp: Iterable[str] = (), mcp_url: Iterable[str] = (), untru
             argv = shlex.split(text)
             if not argv:
                 raise GatewayConfigError(f"{flag} needs a command, got {text!r}")
-            specs.append(UpstreamSpec(named(derived_name(argv)), command=tuple(argv), trusted=trusted))
+            specs.append(UpstreamSpec(named(default_name(argv)), command=tuple(argv), trusted=trusted))
     for url in mcp_url:
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             raise GatewayConfigError(f"--mcp-url must be an http:// or https:// URL, got {url!r}")
-        specs.append(UpstreamSpec(named(derived_name(url=url)), url=url))
+        specs.append(UpstreamSpec(named(default_name(url=url)), url=url))
     return specs
 
 

@@ -44,10 +44,8 @@ import base64
 import concurrent.futures
 import contextlib
 import copy
-import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import threading
@@ -69,6 +67,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.encoding import describe_exception
+from rho_actors.mcp.names import default_name
 from rho_actors.mcp.peers import is_loopback, listener_uids
 from rho_actors.mcp.stderr_log import StderrLog
 from rho_actors.otp.actor import Actor, kill
@@ -171,10 +170,10 @@ class MCPServer:
     Exactly one of ``command`` (a stdio server: the program and its arguments; ``env``
     adds variables to its scrubbed environment; ``cwd`` its working folder) or ``url``
     (streamable HTTP; ``headers`` are sent with every request). ``name`` must be
-    unique among a system's sources; its default is made of the whole command (each
-    word, a path by its last part: ``python -m a`` is ``python-m-a``,
-    ``python /srv/weather.py`` is ``python-weather.py``) or of the URL's host, port and
-    path (:func:`default_name`), so two servers started by one program differ.
+    unique among a system's sources; its default is what the command runs (``python -m
+    mcp_server_time`` is ``mcp_server_time``, ``uvx mcp-server-git`` is
+    ``mcp-server-git``) or the URL's host and port: the rule of
+    :func:`rho_actors.mcp.names.default_name`, which the gateway uses too.
     ``timeout_ms`` is each tool's per-call timeout (milliseconds); ``max_restarts`` in
     ``max_seconds`` the restart intensity of the connection; ``connect_timeout_s``
     bounds connecting and listing (seconds); ``ping_interval_s`` how often a quiet
@@ -377,28 +376,6 @@ class MCPServer:
     def __repr__(self) -> str:
         where = f"command={shlex.join(self.command)!r}" if self.command is not None else f"url={self.url!r}"
         return f"MCPServer({where}, name={self.name!r})"
-
-
-_NAME_MAX = 64
-
-
-def default_name(command: Sequence[str] | None, url: str | None = None) -> str:
-    """The default source name of an MCP server: the words of ``command`` (each path
-    by its last part, leading dashes dropped) joined by ``-``, or ``url``'s
-    ``host-port-path``; characters outside ``[A-Za-z0-9._-]`` become ``-``. A name
-    longer than 64 characters is cut and given 8 hex digits of the whole's SHA-256, so
-    two long commands still differ."""
-    if command:
-        words = [os.path.basename(w.rstrip("/")) or w for w in command]
-        words = [words[0]] + [w.lstrip("-") for w in words[1:]]
-    else:
-        parts = urllib.parse.urlsplit(str(url))
-        words = [parts.hostname or "", str(parts.port or ""), parts.path.strip("/")]
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(w for w in words if w)).strip("-.") or "mcp"
-    if len(name) > _NAME_MAX:
-        whole = "\0".join(command or [str(url)])
-        name = f"{name[:_NAME_MAX - 9]}-{hashlib.sha256(whole.encode()).hexdigest()[:8]}"
-    return name
 
 
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:
