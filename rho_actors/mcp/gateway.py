@@ -11,7 +11,8 @@ server, each call with rho's guarantees:
 - each upstream's connection is supervised with its own restart intensity: a server
   that exits, drops its connection or stops answering pings is restarted; meanwhile its
   tools stay listed and a call gets an ``unavailable`` result naming the server; past
-  its intensity it is given up alone (its tools keep answering ``unavailable``);
+  its intensity it is given up alone: its tools are withdrawn (the clients get
+  ``tools/list_changed``; a call naming one gets ``unavailable``, an unknown tool);
 - ``notifications/tools/list_changed`` from an upstream re-lists it, and the gateway's
   clients get ``tools/list_changed`` (through the registry's ``ToolSetChanged``);
 - an untrusted upstream (``trusted = false``, ``--untrusted-mcp``) runs confined as
@@ -66,7 +67,7 @@ from typing import Any, Final, Literal
 from loguru import logger
 
 from rho_actors.errors import RhoError
-from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, confined_transport
+from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, check_startable, confined_transport
 from rho_actors.mcp.names import default_name, numbered
 from rho_actors.mcp.source import MCPServer
 from rho_actors.sandbox import ConfinePolicy
@@ -371,6 +372,16 @@ class Upstream(MCPServer):
         self._held: dict[str, tuple[Any, object]] = {}  # what it listed last (kept while it is down)
         self._offered: dict[str, tuple[object, Any]] = {}  # served name -> (version, tool): one object while unchanged
 
+    def attach(self, system: Any) -> None:
+        """:meth:`MCPServer.attach`, an untrusted server first checked to be startable
+        confined (:func:`rho_actors.mcp.confined.check_startable`: raises
+        ``FileNotFoundError`` or ``PermissionError`` naming the path and the uid,
+        before anything is started)."""
+        if not self.spec.trusted:
+            assert self.command is not None
+            check_startable(self.command, policy=self._policy, env=self.env, reads=self.spec.read, name=self.name)
+        super().attach(system)
+
     async def open_transport(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any] | None:
         """A trusted server's usual transport (``None``); an untrusted one's confined process."""
         if self.spec.trusted:
@@ -386,7 +397,12 @@ class Upstream(MCPServer):
         """``{served name: (tool, version)}``: what the server lists now, or listed last
         while it is down."""
         listed = super().scan()
-        if listed or self.connected:
+        if self.given_up is not None:  # past its restart intensity: its tools are withdrawn
+            if self._held:
+                logger.error("MCP server {} is given up ({}): its {} tools are withdrawn; it is not restarted "
+                             "again", self.name, self.given_up, len(self._held))
+            self._held = listed = {}
+        elif listed or self.connected:
             self._held = listed
         else:
             listed = self._held
@@ -408,14 +424,16 @@ class Upstream(MCPServer):
         return found
 
     def status(self) -> dict[str, Any]:
-        """``connected``, ``connections`` made, ``last_error``, ``trusted`` and the
+        """``connected``, ``connections`` made, ``last_error``, ``given_up`` (why, or
+        ``None``), ``trusted``, ``server_info`` (its own ``serverInfo``) and the
         ``tools`` served (served name -> the upstream's name)."""
         with self._link.lock:
             error = self._link.last_error
         served = {name: str(tool._tool.name()) if isinstance(tool, _Served) else name
                   for name, (_, tool) in self._offered.items()}
         return {"connected": self.connected, "connections": self.connections, "last_error": error,
-                "trusted": self.spec.trusted, "tools": served}
+                "given_up": self.given_up, "trusted": self.spec.trusted, "server_info": self.server_info,
+                "tools": served}
 
 
 # --------------------------------------------------------------------------- the gateway
@@ -439,9 +457,11 @@ class Gateway:
         """Add every server to ``system`` (connecting them at once, each within its
         ``connect_timeout_s``; one still down then keeps being restarted within its
         intensity, and is logged). The host's own tools must be registered before (they
-        count for collisions). Raises :class:`GatewayError` under ``collisions =
-        "refuse"`` for a name listed by two servers, or by a server and the host (the
-        servers are removed again), ``RuntimeError`` when called twice."""
+        count for collisions). Raises :class:`GatewayError` (the servers are removed
+        again) when a server cannot start at all (its program is not found; an untrusted
+        one cannot run confined: the message names the path and the uid) and, under
+        ``collisions = "refuse"``, for a name listed by two servers, or by a server and
+        the host; ``RuntimeError`` when called twice."""
         if self.upstreams:
             raise RuntimeError("this gateway has started already")
         names = _Names(self.config.collisions, (info.name for info in system.tools()),
@@ -449,8 +469,18 @@ class Gateway:
         policy: ConfinePolicy = system.confine_policy
         self.upstreams = [Upstream(spec, names, policy) for spec in self.config.servers]
         names.upstreams = list(self.upstreams)
+        def add(upstream: Upstream) -> Any:
+            try:
+                return system.add_source(upstream, poll_s=None)
+            except (OSError, ValueError) as exc:  # cannot start (its program, confined), a name taken
+                return exc
+
         with concurrent.futures.ThreadPoolExecutor(max(1, len(self.upstreams)), "gateway-start") as pool:
-            self._handles = list(pool.map(lambda up: system.add_source(up, poll_s=None), self.upstreams))
+            added = list(pool.map(add, self.upstreams))
+        self._handles = [h for h in added if not isinstance(h, Exception)]
+        if failed := [str(h) for h in added if isinstance(h, Exception)]:
+            self.close()
+            raise GatewayError("; ".join(failed))
         for handle in self._handles:  # each one's names as the others' first listings make them
             with contextlib.suppress(Exception):
                 handle.refresh()

@@ -70,7 +70,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.mcp.names import default_name
 from rho_actors.mcp.peers import is_loopback, listener_uids
 from rho_actors.mcp.stderr_log import StderrLog
-from rho_actors.otp.actor import Actor, kill
+from rho_actors.otp.actor import Actor, kill, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, Details, Error, Image, ToolFailure
@@ -120,6 +120,8 @@ class _Link:
     connections: int = 0  # connections made so far (1 + restarts that connected)
     failures: int = 0  # attempts that ended (failed to connect, or the connection was lost)
     last_error: str | None = None
+    server_info: dict[str, Any] | None = None  # the last initialize's serverInfo (name, version...)
+    given_up: str | None = None  # why its supervisor gave up on it (past the restart intensity)
     changed: threading.Condition = field(init=False)  # notified when a connection is published or an attempt ends
 
     def __post_init__(self) -> None:
@@ -252,10 +254,38 @@ class MCPServer:
         self._link.stopping = False
         with self._link.lock:
             failures = self._link.failures
+            self._link.given_up = None
         spec = ChildSpec(self.child_id, StartChild(MCPConnection, (self, self._link)), restart="permanent",
                          shutdown=10_000, name=self.child_id)
         system.start_child(spec, max_restarts=self.max_restarts, max_seconds=self.max_seconds, under=_SOURCES)
+        self._watch_subtree(system)
         self._wait(failures, self.connect_timeout_s)
+
+    def _watch_subtree(self, system: Any) -> None:
+        """Monitor the connection's supervisor: when it ends while this server is not
+        being stopped (it gave up, past the restart intensity), record why in
+        :attr:`given_up`, wake waiters and scan again."""
+        sources = system.whereis(_SOURCES)
+        children = sources.proxy().which_children().get(timeout=15) if sources is not None else []
+        subtree = next((c.ref for c in children if c.id == self.child_id and c.ref is not None), None)
+
+        def down(_ref: Any, reason: object) -> None:
+            link = self._link
+            if link.stopping:
+                return
+            with link.changed:
+                link.given_up = describe_exception(reason) if isinstance(reason, BaseException) else str(reason)
+                link.failures += 1
+                link.changed.notify_all()
+            self.refresh_offer()
+
+        if subtree is not None:
+            monitor(subtree, down)
+        else:  # it gave up already
+            try:
+                system.lookup(self.child_id)
+            except pykka.ActorDeadError as exc:  # NotRunningError, naming why
+                down(None, getattr(exc, "reason", None) or exc)
 
     def detach(self) -> None:
         """Stop the connection and its subtree (called by
@@ -306,6 +336,19 @@ class MCPServer:
     def last_error(self) -> str | None:
         """Why the last attempt to connect, or the last connection, ended (None: none did)."""
         return self._link.last_error
+
+    @property
+    def given_up(self) -> str | None:
+        """Why the connection's supervisor gave up on it, past ``max_restarts`` in
+        ``max_seconds`` (``None`` while it is supervised): it is not restarted again."""
+        return self._link.given_up
+
+    @property
+    def server_info(self) -> dict[str, Any] | None:
+        """The server's ``serverInfo`` of its last ``initialize`` (``name``,
+        ``version``...; ``None`` before it connected): what it says of itself, shown,
+        never its source name (:mod:`rho_actors.mcp.names`)."""
+        return copy.deepcopy(self._link.server_info)
 
     @property
     def connections(self) -> int:
@@ -518,10 +561,11 @@ class MCPConnection(Actor):
                 ClientSession(relay_receive, write, message_handler=on_message)
             )
             with anyio.fail_after(server.connect_timeout_s):
-                await session.initialize()
+                initialized = await session.initialize()
                 tools = await _list_tools(session, server)
             with self._link.lock:
                 self._link.connections += 1
+                self._link.server_info = initialized.server_info.model_dump(mode="json", exclude_none=True)
             self._publish(session, tools)
             listed_at = time.monotonic()
             try:
