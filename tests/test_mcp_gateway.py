@@ -486,3 +486,53 @@ def test_the_names_rule() -> None:
         "tool 'list' is listed by both MCP servers 'files' and 'search'",
     ]
     assert refuse.clashes(frozenset({"files"})) == []
+
+
+def test_an_upstream_given_up_past_its_intensity_has_its_tools_withdrawn(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    config = tmp_path / "gateway.toml"
+    config.write_text(f"""
+[servers.alpha]
+command = {_toml_list([sys.executable, UPSTREAM, str(marks), "alpha"])}
+max_restarts = 0
+connect_timeout_s = 60
+
+[servers.other]
+command = {_toml_list([sys.executable, UPSTREAM, str(marks), "beta"])}
+connect_timeout_s = 60
+""")
+    seen: list[Any] = []
+
+    async def main() -> None:
+        async with _gateway_over_stdio(config, tmp_path, seen) as session:
+            with anyio.fail_after(BOUND_S):
+                names = {t.name for t in (await session.list_tools()).tools}
+                assert {"alpha__echo", "other__echo", "pid", "crash"} <= names
+                crashed = await session.call_tool("crash", {})
+                assert crashed.is_error and "MCP server alpha exited" in _text(crashed)
+                # past its intensity (no restart allowed): its tools leave, and the client is told
+                while True:
+                    while not any(isinstance(m, types.ToolListChangedNotification) for m in seen):
+                        await anyio.sleep(0.02)
+                    seen.clear()
+                    names = {t.name for t in (await session.list_tools()).tools}
+                    if "pid" not in names:
+                        break
+                assert not {"alpha__echo", "pid", "crash", "hang"} & names
+                assert "echo" in names  # other's echo collides with nothing now
+                gone = await session.call_tool("pid", {})
+                assert gone.is_error and "pid" in _text(gone)
+                assert _text(await session.call_tool("echo", {"text": "still"})) == "beta: still"
+
+    anyio.run(main)
+
+
+def test_a_server_that_cannot_start_stops_the_gateway_at_once_with_one_message(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from rho_actors.cli import main
+
+    assert main(["mcp", "serve", "--mcp", "no-such-mcp-server --flag", "--mcp", f"{sys.executable} -m x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("its program 'no-such-mcp-server' is not found") == 1 and "Traceback" not in err
+    assert err.startswith("rho-actors mcp serve: the MCP server 'no-such-mcp-server' cannot start")
