@@ -430,12 +430,16 @@ def test_the_readme_gateway_section_is_usable(tmp_path: Path) -> None:
     [desktop] = re.findall(r"```json\n(.*?)```", section, flags=re.S)
     argv = shlex.split(command.replace("\\\n", " "), comments=True)
     args = build_parser().parse_args(argv[1:])
-    assert args.mcp == ["python -m mcp_server_time"] and args.untrusted_mcp == ["python /opt/mcp/fetch_server.py"]
-    assert [s.name for s in gateway_config(None, args.mcp, args.mcp_url, args.untrusted_mcp).servers] == [
-        "mcp_server_time", "fetch_server", "127_0_0_1-9000"]
+    assert args.mcp[0] == "python -m mcp_server_time --local-timezone Europe/Paris"
+    assert args.untrusted_mcp == ["python -m mcp_server_fetch"]
+    assert [(s.name, s.trusted) for s in gateway_config(None, args.mcp, args.mcp_url, args.untrusted_mcp).servers] == [
+        ("mcp_server_time", True), ("mcp_server_git", True), ("mcp_server_fetch", False)]
     (tmp_path / "gateway.toml").write_text(toml)
     config = load_config(tmp_path / "gateway.toml")
-    assert [(s.name, s.trusted) for s in config.servers] == [("time", True), ("search", True), ("files", False)]
+    assert [(s.name, s.trusted) for s in config.servers] == [("time", True), ("git", True), ("fetch", False),
+                                                             ("search", True)]
+    fetch = config.servers[2]
+    assert fetch.command == ("python", "-m", "mcp_server_fetch") and fetch.network and fetch.memory_mb == 512
     server = json.loads(desktop)["mcpServers"]["rho"]
     assert server["command"] == "rho-actors" and server["args"][:3] == ["mcp", "serve", "--config"]
     assert build_parser().parse_args(server["args"]).config == server["args"][3]
