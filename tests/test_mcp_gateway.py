@@ -540,3 +540,27 @@ def test_a_server_that_cannot_start_stops_the_gateway_at_once_with_one_message(
     err = capsys.readouterr().err
     assert err.count("its program 'no-such-mcp-server' is not found") == 1 and "Traceback" not in err
     assert err.startswith("rho-actors mcp serve: the MCP server 'no-such-mcp-server' cannot start")
+
+
+def test_an_untrusted_programs_venv_opens_its_installation_only(tmp_path: Path) -> None:
+    from rho_actors.mcp.confined import _venv_of
+
+    # a venv made in a project's folder, its pyvenv.cfg naming a folder of secrets as its "home"
+    project, secrets = tmp_path / "project", tmp_path / "secrets"
+    (project / "bin").mkdir(parents=True)
+    (project / "lib").mkdir()
+    (project / ".env").write_text("TOKEN=x")
+    (project / "bin" / "server").write_text("#!/usr/bin/python3\n")
+    (secrets / "bin").mkdir(parents=True)
+    (secrets / "bin" / "python3").write_text("")
+    (project / "pyvenv.cfg").write_text(f"home = {secrets / 'bin'}\n")
+    granted = _venv_of(str(project / "bin" / "server"))
+    assert set(granted) == {str(project / "pyvenv.cfg"), str(project / "bin"), str(project / "lib")}
+    # a real installation named as home: its interpreter, standard library and libpython only
+    (secrets / "lib" / "python3.11").mkdir(parents=True)
+    (secrets / "lib" / "python3.11" / "os.py").write_text("")
+    (secrets / "lib" / "keys.txt").write_text("secret")
+    granted = _venv_of(str(project / "bin" / "server"))
+    assert str(secrets / "lib" / "python3.11") in granted and str(secrets / "bin" / "python3") in granted
+    assert not [g for g in granted if g in (str(secrets), str(secrets / "lib"), str(project))]
+    assert _venv_of(str(tmp_path / "elsewhere" / "bin" / "x")) == ()

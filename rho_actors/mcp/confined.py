@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import importlib.machinery
 import os
 import runpy
@@ -153,6 +154,8 @@ def _exec_chain(program: str, path: str) -> list[tuple[str, str]]:
     chain = [(program, "its program")]
     current = program
     for _ in range(4):
+        if not os.path.isfile(current):  # never open a FIFO or a device
+            break
         try:
             with open(current, "rb") as f:
                 head = f.read(512)
@@ -176,20 +179,31 @@ def _exec_chain(program: str, path: str) -> list[tuple[str, str]]:
 
 
 def _venv_of(program: str) -> tuple[str, ...]:
-    """The virtualenv ``program`` lies in (``<venv>/bin/<name>`` beside a
-    ``<venv>/pyvenv.cfg``) and the prefix of the interpreter it was made from (its
-    ``home``'s parent), real paths; ``()`` for a program in no venv."""
+    """What of the virtualenv ``program`` lies in (``<venv>/bin/<name>`` beside a
+    ``<venv>/pyvenv.cfg``) a confined process may read: its ``pyvenv.cfg``, ``bin``,
+    ``lib`` and ``lib64`` (never the rest of the folder: a venv made in a project's
+    folder is beside that project's files), and of the Python its ``home`` names, only
+    an installation's interpreter files, standard library and ``libpython`` (so a
+    ``pyvenv.cfg`` saying ``home = /home/me`` opens nothing); real paths, ``()`` for a
+    program in no venv."""
     venv = os.path.dirname(os.path.dirname(os.path.abspath(program)))
-    found = [venv]
-    try:
-        with open(os.path.join(venv, "pyvenv.cfg"), encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition("=")
-                if sep and key.strip() == "home" and value.strip():
-                    found.append(os.path.dirname(value.strip().rstrip("/")))
-    except OSError:
+    config = os.path.join(venv, "pyvenv.cfg")
+    if not os.path.isfile(config):
         return ()
-    return tuple(os.path.realpath(p) for p in found)
+    found = [config, *(os.path.join(venv, d) for d in ("bin", "lib", "lib64") if os.path.isdir(os.path.join(venv, d)))]
+    home = None
+    with contextlib.suppress(OSError), open(config, encoding="utf-8", errors="replace") as f:
+        for line in f.read(65536).splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() == "home" and value.strip():
+                home = os.path.realpath(value.strip())
+    if home is not None and os.path.isdir(home):
+        prefix = os.path.dirname(home)
+        stdlib = [os.path.dirname(p) for p in glob.glob(os.path.join(glob.escape(prefix), "lib", "python3*", "os.py"))]
+        if stdlib:  # a Python installation: its interpreters, standard library and shared library
+            found += [os.path.join(home, n) for n in os.listdir(home) if PYTHON_NAME.fullmatch(n)]
+            found += stdlib + glob.glob(os.path.join(glob.escape(prefix), "lib", "libpython3*"))
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in found))
 
 
 def _closed_to(path: str, uid: int, gid: int) -> str | None:
