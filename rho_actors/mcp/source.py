@@ -50,7 +50,6 @@ import shlex
 import shutil
 import threading
 import time
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,9 +67,9 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.encoding import describe_exception
 from rho_actors.mcp.names import default_name
-from rho_actors.mcp.peers import is_loopback, listener_uids
+from rho_actors.mcp.peers import pin_listener
 from rho_actors.mcp.stderr_log import StderrLog
-from rho_actors.otp.actor import Actor, kill, monitor
+from rho_actors.otp.actor import NORMAL, Actor, kill, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, Details, Error, Image, ToolFailure
@@ -271,7 +270,7 @@ class MCPServer:
 
         def down(_ref: Any, reason: object) -> None:
             link = self._link
-            if link.stopping:
+            if link.stopping or reason == NORMAL:  # detached, or the system is stopping
                 return
             with link.changed:
                 link.given_up = describe_exception(reason) if isinstance(reason, BaseException) else str(reason)
@@ -550,7 +549,7 @@ class MCPConnection(Actor):
                 read, write = await self._open_stdio(stack)
             else:
                 assert server.url is not None
-                _pin_listener(server.url, server.server_uid)
+                pin_listener(server.url, server.server_uid)
                 client = await stack.enter_async_context(create_mcp_http_client(headers=server.headers))
                 read, write = await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
             ended = asyncio.Event()
@@ -650,25 +649,6 @@ async def _list_tools(session: ClientSession, server: MCPServer) -> dict[str, di
         if not cursor:
             break
     return tools
-
-
-def _pin_listener(url: str, uid: int) -> None:
-    """Raise ``PermissionError`` when a socket listening on loopback ``url``'s port
-    belongs to a uid other than ``uid``, ``ConnectionRefusedError`` when none listens
-    (nothing has been sent either way). A URL off loopback is left to TLS."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if not is_loopback(host):
-        return
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    hosts = ("127.0.0.1", "::1") if host.lower() == "localhost" else (host,)
-    owners = set().union(*(listener_uids(h, port) for h in hosts))
-    if not owners:
-        raise ConnectionRefusedError(f"nothing listens on {host}:{port}")
-    if owners != {uid}:
-        others = sorted(owners - {uid})
-        raise PermissionError(f"{host}:{port} is listened on by uid {others} where uid {uid} was expected "
-                              "(server_uid): not connecting, no headers sent")
 
 
 def _find_program(program: str, path: str, cwd: str | None, name: str) -> None:
