@@ -32,7 +32,6 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from rho_actors import ActorSystem, tool
 from rho_actors.mcp import HTTPGuard, aserve
 from rho_actors.mcp.confined import python_target
-from rho_actors.mcp.names import default_name
 from rho_actors.mcp.gateway import (
     Gateway,
     GatewayConfig,
@@ -43,6 +42,7 @@ from rho_actors.mcp.gateway import (
     load_config,
     specs_from_flags,
 )
+from rho_actors.mcp.names import default_name
 from tests.conftest import wait_for
 
 UPSTREAM = str(Path(__file__).parent / "mcp_fixtures" / "gateway_upstream.py")
@@ -386,6 +386,12 @@ def test_names_from_flags() -> None:
         ("my-server", False), ("127_0_0_1-9000", True),
     ]
     assert specs[0].command == ("python", "-m", "mcp_server_time", "--local-timezone", "UTC")
+    # one rule: a flag's server and a source without name= are named alike
+    from rho_actors.mcp import MCPServer
+
+    for spec in specs[:2] + specs[3:5]:
+        assert MCPServer(command=list(spec.command or ())).name == spec.name
+    assert MCPServer(url="http://127.0.0.1:9000/mcp").name == specs[5].name
     assert default_name(["python3", "-u", "-m", "pkg.sub.server"]) == "server"
     assert default_name(["npx", "-y", "@scope/thing@1.2.3"]) == "thing"
     with pytest.raises(GatewayConfigError, match="--mcp needs a command"):

@@ -602,8 +602,10 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
             return 2
         for name, status in gateway.status().items():
             state = "connected" if status["connected"] else "not connected yet"
+            info = status["server_info"] or {}
+            itself = f" (it says it is {info.get('name')} {info.get('version', '')})".rstrip() if info else ""
             print(f"MCP server {name} ({'trusted' if status['trusted'] else 'confined'}): {state}, "
-                  f"{len(status['tools'])} tools", file=sys.stderr, flush=True)
+                  f"{len(status['tools'])} tools{itself}", file=sys.stderr, flush=True)
         guard = None
         if args.http is not None:
             try:
