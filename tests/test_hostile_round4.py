@@ -153,13 +153,14 @@ def test_an_upstream_cannot_serve_two_tools_under_one_name(system: ActorSystem) 
 
 
 def test_server_names_cannot_make_two_namespaced_names_meet() -> None:
-    from rho_actors.mcp.gateway import GatewayConfigError, _Names, derived_name, load_config
+    from rho_actors.mcp.gateway import GatewayConfigError, _Names, load_config
+    from rho_actors.mcp.names import default_name
 
     # with servers "a" and "a_", a's "_x" and a_'s "x" were both "a___x"
     for bad in ("a_", "a__b"):
         with pytest.raises(GatewayConfigError, match="without '__' and not ending in '_'"):
             _load(load_config, f"[servers.{bad}]\ncommand = 'x'\n")
-    assert derived_name(["python", "-m", "my__srv_"]) == "my_srv"
+    assert default_name(["python", "-m", "my__srv_"]) == "my_srv"
     names = _Names("namespace", host=(), servers={"a", "a-b"})
     names.update("a", {"b__x", "a__y"})
     assert names.served("a", "a__y", prefix=False) == "a__a__y" and names.served("a", "b__x", prefix=True) == "a__b__x"

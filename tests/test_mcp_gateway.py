@@ -38,11 +38,11 @@ from rho_actors.mcp.gateway import (
     GatewayConfigError,
     GatewayError,
     UpstreamSpec,
-    derived_name,
     gateway_config,
     load_config,
     specs_from_flags,
 )
+from rho_actors.mcp.names import default_name
 from tests.conftest import wait_for
 
 UPSTREAM = str(Path(__file__).parent / "mcp_fixtures" / "gateway_upstream.py")
@@ -386,8 +386,14 @@ def test_names_from_flags() -> None:
         ("my-server", False), ("127_0_0_1-9000", True),
     ]
     assert specs[0].command == ("python", "-m", "mcp_server_time", "--local-timezone", "UTC")
-    assert derived_name(["python3", "-u", "-m", "pkg.sub.server"]) == "server"
-    assert derived_name(["npx", "-y", "@scope/thing@1.2.3"]) == "thing"
+    # one rule: a flag's server and a source without name= are named alike
+    from rho_actors.mcp import MCPServer
+
+    for spec in specs[:2] + specs[3:5]:
+        assert MCPServer(command=list(spec.command or ())).name == spec.name
+    assert MCPServer(url="http://127.0.0.1:9000/mcp").name == specs[5].name
+    assert default_name(["python3", "-u", "-m", "pkg.sub.server"]) == "server"
+    assert default_name(["npx", "-y", "@scope/thing@1.2.3"]) == "thing"
     with pytest.raises(GatewayConfigError, match="--mcp needs a command"):
         specs_from_flags(mcp=["  "])
     with pytest.raises(GatewayConfigError, match="--mcp-url must be an http"):
@@ -430,12 +436,16 @@ def test_the_readme_gateway_section_is_usable(tmp_path: Path) -> None:
     [desktop] = re.findall(r"```json\n(.*?)```", section, flags=re.S)
     argv = shlex.split(command.replace("\\\n", " "), comments=True)
     args = build_parser().parse_args(argv[1:])
-    assert args.mcp == ["python -m mcp_server_time"] and args.untrusted_mcp == ["python /opt/mcp/fetch_server.py"]
-    assert [s.name for s in gateway_config(None, args.mcp, args.mcp_url, args.untrusted_mcp).servers] == [
-        "mcp_server_time", "fetch_server", "127_0_0_1-9000"]
+    assert args.mcp[0] == "python -m mcp_server_time --local-timezone Europe/Paris"
+    assert args.untrusted_mcp == ["python -m mcp_server_fetch"]
+    assert [(s.name, s.trusted) for s in gateway_config(None, args.mcp, args.mcp_url, args.untrusted_mcp).servers] == [
+        ("mcp_server_time", True), ("mcp_server_git", True), ("mcp_server_fetch", False)]
     (tmp_path / "gateway.toml").write_text(toml)
     config = load_config(tmp_path / "gateway.toml")
-    assert [(s.name, s.trusted) for s in config.servers] == [("time", True), ("search", True), ("files", False)]
+    assert [(s.name, s.trusted) for s in config.servers] == [("time", True), ("git", True), ("fetch", False),
+                                                             ("search", True)]
+    fetch = config.servers[2]
+    assert fetch.command == ("python", "-m", "mcp_server_fetch") and fetch.network and fetch.memory_mb == 512
     server = json.loads(desktop)["mcpServers"]["rho"]
     assert server["command"] == "rho-actors" and server["args"][:3] == ["mcp", "serve", "--config"]
     assert build_parser().parse_args(server["args"]).config == server["args"][3]
@@ -486,3 +496,77 @@ def test_the_names_rule() -> None:
         "tool 'list' is listed by both MCP servers 'files' and 'search'",
     ]
     assert refuse.clashes(frozenset({"files"})) == []
+
+
+def test_an_upstream_given_up_past_its_intensity_has_its_tools_withdrawn(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    config = tmp_path / "gateway.toml"
+    config.write_text(f"""
+[servers.alpha]
+command = {_toml_list([sys.executable, UPSTREAM, str(marks), "alpha"])}
+max_restarts = 0
+connect_timeout_s = 60
+
+[servers.other]
+command = {_toml_list([sys.executable, UPSTREAM, str(marks), "beta"])}
+connect_timeout_s = 60
+""")
+    seen: list[Any] = []
+
+    async def main() -> None:
+        async with _gateway_over_stdio(config, tmp_path, seen) as session:
+            with anyio.fail_after(BOUND_S):
+                names = {t.name for t in (await session.list_tools()).tools}
+                assert {"alpha__echo", "other__echo", "pid", "crash"} <= names
+                crashed = await session.call_tool("crash", {})
+                assert crashed.is_error and "MCP server alpha exited" in _text(crashed)
+                # past its intensity (no restart allowed): its tools leave, and the client is told
+                while True:
+                    while not any(isinstance(m, types.ToolListChangedNotification) for m in seen):
+                        await anyio.sleep(0.02)
+                    seen.clear()
+                    names = {t.name for t in (await session.list_tools()).tools}
+                    if "pid" not in names:
+                        break
+                assert not {"alpha__echo", "pid", "crash", "hang"} & names
+                assert "echo" in names  # other's echo collides with nothing now
+                gone = await session.call_tool("pid", {})
+                assert gone.is_error and "pid" in _text(gone)
+                assert _text(await session.call_tool("echo", {"text": "still"})) == "beta: still"
+
+    anyio.run(main)
+
+
+def test_a_server_that_cannot_start_stops_the_gateway_at_once_with_one_message(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from rho_actors.cli import main
+
+    assert main(["mcp", "serve", "--mcp", "no-such-mcp-server --flag", "--mcp", f"{sys.executable} -m x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("its program 'no-such-mcp-server' is not found") == 1 and "Traceback" not in err
+    assert err.startswith("rho-actors mcp serve: the MCP server 'no-such-mcp-server' cannot start")
+
+
+def test_an_untrusted_programs_venv_opens_its_installation_only(tmp_path: Path) -> None:
+    from rho_actors.mcp.confined import _venv_of
+
+    # a venv made in a project's folder, its pyvenv.cfg naming a folder of secrets as its "home"
+    project, secrets = tmp_path / "project", tmp_path / "secrets"
+    (project / "bin").mkdir(parents=True)
+    (project / "lib").mkdir()
+    (project / ".env").write_text("TOKEN=x")
+    (project / "bin" / "server").write_text("#!/usr/bin/python3\n")
+    (secrets / "bin").mkdir(parents=True)
+    (secrets / "bin" / "python3").write_text("")
+    (project / "pyvenv.cfg").write_text(f"home = {secrets / 'bin'}\n")
+    granted = _venv_of(str(project / "bin" / "server"))
+    assert set(granted) == {str(project / "pyvenv.cfg"), str(project / "bin"), str(project / "lib")}
+    # a real installation named as home: its interpreter, standard library and libpython only
+    (secrets / "lib" / "python3.11").mkdir(parents=True)
+    (secrets / "lib" / "python3.11" / "os.py").write_text("")
+    (secrets / "lib" / "keys.txt").write_text("secret")
+    granted = _venv_of(str(project / "bin" / "server"))
+    assert str(secrets / "lib" / "python3.11") in granted and str(secrets / "bin" / "python3") in granted
+    assert not [g for g in granted if g in (str(secrets), str(secrets / "lib"), str(project))]
+    assert _venv_of(str(tmp_path / "elsewhere" / "bin" / "x")) == ()

@@ -1,5 +1,5 @@
-"""An MCP server as a source, as a new user meets it: default names that tell two
-servers of one program apart, a real name collision that names both, the server's
+"""An MCP server as a source, as a new user meets it: default names that say what the
+command runs (``python -m a`` and ``python -m b`` differ), a name collision that names both, the server's
 stderr in the log under its name (bounded), a server that cannot start failing once
 and at once, and ``structuredContent`` kept in a result's details. Real SDK-built
 servers over stdio."""
@@ -28,42 +28,48 @@ MODULE = "tests.mcp_fixtures.fixture_server"
 SLOW_START_S = WAIT_S * 3  # a server importing the SDK on a busy machine
 
 
-def test_default_names_come_from_the_whole_command() -> None:
-    assert default_name(["python", "-m", "a"]) == "python-m-a"
-    assert default_name(["python", "-m", "b"]) == "python-m-b"
-    assert default_name(["/usr/bin/python3", "/srv/tools/weather.py", "--port", "3"]) == "python3-weather.py-port-3"
-    assert default_name(["npx", "-y", "@modelcontextprotocol/server-everything"]) == "npx-y-server-everything"
-    assert default_name(None, "http://127.0.0.1:8000/mcp") == "127.0.0.1-8000-mcp"
-    long_a = default_name(["serve"] + ["x" * 20] * 5 + ["a"])
-    long_b = default_name(["serve"] + ["x" * 20] * 5 + ["b"])
-    assert len(long_a) == 64 and long_a != long_b  # cut, and still told apart
-    assert MCPServer(command=["python", "-m", "a"]).name == "python-m-a"
+def test_default_names_say_what_the_command_runs_by_the_gateways_rule() -> None:
+    from rho_actors.mcp.names import numbered
+
+    assert default_name(["python", "-m", "a"]) == "a" and default_name(["python", "-m", "b"]) == "b"
+    assert default_name(["/usr/bin/python3", "/srv/tools/weather.py", "--port", "3"]) == "weather"
+    assert default_name(["npx", "-y", "@modelcontextprotocol/server-everything"]) == "server-everything"
+    assert default_name(["uvx", "mcp-server-git", "--repository", "/srv/repo"]) == "mcp-server-git"
+    assert default_name(["docker", "run", "-i", "--rm", "mcp/time:latest"]) == "time"
+    assert default_name(None, "http://127.0.0.1:8000/mcp") == "127_0_0_1-8000"
+    assert default_name(["python", "-c", "..."]) == "python"  # nothing better in the command: give name=
+    long = default_name(["python", "-m", "a_module_with_a_name_longer_than_thirty_two_characters_"])
+    assert len(long) == 32 and "__" not in long and not long.endswith("_")
+    assert numbered("time", {"time", "time-2"}) == "time-3" and len(numbered(long, {long})) == 32
+    assert MCPServer(command=["python", "-m", "a"]).name == "a"
+    with pytest.raises(ValueError, match="needs a command"):
+        default_name([])
 
 
-def test_two_servers_of_one_program_are_added_and_a_real_collision_names_both(
+def test_two_servers_of_one_module_collide_by_name_and_the_message_names_both(
         system: ActorSystem, tmp_path: Path) -> None:
     env = {"PYTHONPATH": os.getcwd()}
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
 
-    def of(marks: str) -> MCPServer:
-        return MCPServer(command=[sys.executable, "-m", MODULE, str(tmp_path / marks)], env=env,
+    def of(marks: str, name: str | None = None) -> MCPServer:
+        return MCPServer(command=[sys.executable, "-m", MODULE, str(tmp_path / marks)], env=env, name=name,
                          connect_timeout_s=SLOW_START_S)
 
-    first, second = of("a"), of("b")
-    assert first.name != second.name
+    first, again = of("a"), of("b")
+    assert first.name == again.name == "fixture_server"
     system.add_source(first, poll_s=None)
-    system.add_source(second, poll_s=None)
-    assert first.connected and second.connected
-
-    again = of("a")
+    assert first.connected
     with pytest.raises(ValueError) as caught:
         system.add_source(again, poll_s=None)
     message = str(caught.value)
-    assert f"a source named {first.name!r} is already added" in message
-    assert message.count(f"command={sys.executable}") == 2 or message.count("MCPServer(command=") == 2
+    assert "a source named 'fixture_server' is already added" in message
+    assert str(tmp_path / "a") in message and str(tmp_path / "b") in message  # both commands, in full
     assert "name=..." in message
     assert not again.connected  # nothing of it was started
+    second = of("b", name="fixture-b")
+    system.add_source(second, poll_s=None)
+    assert second.connected and second.child_id == "mcp:fixture-b"
 
 
 def test_a_servers_stderr_goes_to_the_log_under_its_name_and_structured_content_to_details(

@@ -384,7 +384,13 @@ def _add_mcp_server(system: Any, command: str) -> None:
     argv = shlex.split(command)
     if not argv:
         raise _ChatSetupError("--mcp needs a command")
-    source = MCPServer(command=argv, name=f"mcp:{len(system.registrations())}:{argv[0].rsplit('/', 1)[-1]}")
+    from rho_actors.mcp.names import default_name, numbered
+
+    class _Held:  # the names of the system's running sources
+        def __contains__(self, name: object) -> bool:
+            return system.whereis(f"source:{name}") is not None
+
+    source = MCPServer(command=argv, name=numbered(default_name(argv), _Held()))
     try:
         handle = system.add_source(source, poll_s=None)
     except FileNotFoundError as exc:  # its program is not there: nothing was started
@@ -596,8 +602,10 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
             return 2
         for name, status in gateway.status().items():
             state = "connected" if status["connected"] else "not connected yet"
+            info = status["server_info"] or {}
+            itself = f" (it says it is {info.get('name')} {info.get('version', '')})".rstrip() if info else ""
             print(f"MCP server {name} ({'trusted' if status['trusted'] else 'confined'}): {state}, "
-                  f"{len(status['tools'])} tools", file=sys.stderr, flush=True)
+                  f"{len(status['tools'])} tools{itself}", file=sys.stderr, flush=True)
         guard = None
         if args.http is not None:
             try:

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
+import importlib.machinery
 import os
-import re
 import runpy
 import select
 import shutil
 import socket
+import stat
 import sys
 import traceback
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -49,9 +51,13 @@ import mcp_types as types
 from loguru import logger
 from mcp.shared.message import SessionMessage
 
+from rho_actors.mcp.names import PYTHON_NAME, python_arguments
 from rho_actors.sandbox import Channel, ConfinePolicy, Enclosure, spawn_clean
 
-__all__ = ["DEFAULT_HEAP_BYTES", "MAX_LINE_BYTES", "confined_transport", "python_arguments", "python_target"]
+__all__ = [
+    "DEFAULT_HEAP_BYTES", "MAX_LINE_BYTES", "check_startable", "confined_transport", "python_arguments",
+    "python_target",
+]
 
 DEFAULT_HEAP_BYTES: Final = 1024 * 2**20
 """The memory bound of a confined server's whole tree (bytes): 1 GiB."""
@@ -60,8 +66,6 @@ MAX_LINE_BYTES: Final = 16 * 2**20
 _PIDS_MAX: Final = 128  # processes and threads of its tree (an SDK server runs a thread pool)
 _START_TIMEOUT_S: Final = 30.0
 _READY: Final = b"R"
-PYTHON_NAME: Final = re.compile(r"python(3(\.\d+)?)?")
-_PYTHON_FLAGS: Final = frozenset({"-u", "-I", "-B", "-E", "-s", "-S", "-O", "-OO", "-q"})
 
 
 def python_target(command: Sequence[str]) -> tuple[str, str, list[str]] | None:
@@ -76,20 +80,6 @@ def python_target(command: Sequence[str]) -> tuple[str, str, list[str]] | None:
     if not (bare or os.path.abspath(program) == os.path.abspath(sys.executable)):
         return None  # another interpreter (a venv's own python): exec-ed, with its own packages
     return python_arguments(command[1:])
-
-
-def python_arguments(arguments: Sequence[str]) -> tuple[str, str, list[str]] | None:
-    """``(kind, target, args)`` of a Python interpreter's ``arguments`` (see
-    :func:`python_target`), whatever the interpreter; ``None`` when they run no module
-    or script (``-c``, no target)."""
-    rest = list(arguments)
-    while rest and rest[0] in _PYTHON_FLAGS:
-        rest.pop(0)
-    if len(rest) >= 2 and rest[0] == "-m":
-        return "module", rest[1], rest[2:]
-    if rest and not rest[0].startswith("-"):
-        return "path", os.path.abspath(rest[0]), rest[1:]
-    return None
 
 
 def _serve_child(channel: Channel, payload: dict[str, Any]) -> None:
@@ -146,7 +136,8 @@ def _payload(command: Sequence[str], path: str) -> tuple[dict[str, Any], tuple[s
             raise FileNotFoundError(f"{command[0]!r} is not found on PATH={path}")
         scripts = [a for a in command[1:] if not a.startswith("-") and os.path.isfile(a)][:1]
         folders = tuple(os.path.dirname(os.path.realpath(a)) for a in scripts)  # node server.js: its folder
-        return {"kind": "exec", "program": os.path.realpath(program), "argv": list(command)}, folders
+        venvs = tuple(v for p, _ in _exec_chain(program, path) for v in _venv_of(p))  # its own installation
+        return {"kind": "exec", "program": os.path.realpath(program), "argv": list(command)}, (*folders, *venvs)
     kind, name, args = target
     if kind == "module":
         return {"kind": kind, "target": name, "args": args}, ()
@@ -155,6 +146,129 @@ def _payload(command: Sequence[str], path: str) -> tuple[dict[str, Any], tuple[s
     folder = os.path.dirname(os.path.realpath(name))
     st = os.stat(folder)
     return {"kind": kind, "target": name, "args": args, "folder": (st.st_dev, st.st_ino)}, (folder,)
+
+
+def _exec_chain(program: str, path: str) -> list[tuple[str, str]]:
+    """``(path, what)`` of each file ``exec`` of ``program`` needs: the program, then
+    the interpreter of each ``#!`` line (``/usr/bin/env NAME``: both), 4 deep at most."""
+    chain = [(program, "its program")]
+    current = program
+    for _ in range(4):
+        if not os.path.isfile(current):  # never open a FIFO or a device
+            break
+        try:
+            with open(current, "rb") as f:
+                head = f.read(512)
+        except OSError:
+            break
+        words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split() if head.startswith(b"#!") else []
+        if not words:
+            break
+        interpreter = words[0]
+        said = f"the interpreter on the #! line of {current}"
+        if os.path.basename(interpreter) == "env":
+            chain.append((interpreter, said))
+            named = [w for w in words[1:] if not w.startswith("-")][:1]
+            found = shutil.which(named[0], path=path) if named else None
+            if found is None:
+                break  # exec fails as it would unconfined; the server's output says so
+            interpreter = found
+        chain.append((interpreter, said))
+        current = interpreter
+    return chain
+
+
+def _venv_of(program: str) -> tuple[str, ...]:
+    """What of the virtualenv ``program`` lies in (``<venv>/bin/<name>`` beside a
+    ``<venv>/pyvenv.cfg``) a confined process may read: its ``pyvenv.cfg``, ``bin``,
+    ``lib`` and ``lib64`` (never the rest of the folder: a venv made in a project's
+    folder is beside that project's files), and of the Python its ``home`` names, only
+    an installation's interpreter files, standard library and ``libpython`` (so a
+    ``pyvenv.cfg`` saying ``home = /home/me`` opens nothing); real paths, ``()`` for a
+    program in no venv."""
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(program)))
+    config = os.path.join(venv, "pyvenv.cfg")
+    if not os.path.isfile(config):
+        return ()
+    found = [config, *(os.path.join(venv, d) for d in ("bin", "lib", "lib64") if os.path.isdir(os.path.join(venv, d)))]
+    home = None
+    with contextlib.suppress(OSError), open(config, encoding="utf-8", errors="replace") as f:
+        for line in f.read(65536).splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() == "home" and value.strip():
+                home = os.path.realpath(value.strip())
+    if home is not None and os.path.isdir(home):
+        prefix = os.path.dirname(home)
+        stdlib = [os.path.dirname(p) for p in glob.glob(os.path.join(glob.escape(prefix), "lib", "python3*", "os.py"))]
+        if stdlib:  # a Python installation: its interpreters, standard library and shared library
+            found += [os.path.join(home, n) for n in os.listdir(home) if PYTHON_NAME.fullmatch(n)]
+            found += stdlib + glob.glob(os.path.join(glob.escape(prefix), "lib", "libpython3*"))
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in found))
+
+
+def _closed_to(path: str, uid: int, gid: int) -> str | None:
+    """Why ``uid``/``gid`` cannot reach and read ``path`` by its mode bits (each folder
+    on the way searchable, the file readable and executable), or ``None``."""
+    parts = os.path.abspath(path).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        current = os.sep.join(parts[:i])
+        try:
+            st = os.stat(current)
+        except OSError as exc:
+            return f"{current}: {exc.strerror}"
+        shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0
+        need = stat.S_IXOTH | (stat.S_IROTH if i == len(parts) else 0)
+        if (st.st_mode >> shift) & need != need:
+            return f"{current} (mode {stat.filemode(st.st_mode)}, owner uid {st.st_uid}) is closed to it"
+    return None
+
+
+def check_startable(command: Sequence[str], *, policy: ConfinePolicy, env: Mapping[str, str] | None = None,
+                    reads: Sequence[str] = (), name: str = "MCP server") -> None:
+    """Check, before anything is started, that ``command`` can run confined by
+    ``policy`` (as :func:`confined_transport` would run it): a Python module is
+    installed for this interpreter; an ``exec``-ed program, and the interpreter of each
+    ``#!`` line it starts, lie under the paths the confined process may read (the
+    read paths, its script's folder, its own virtualenv and that venv's interpreter,
+    ``reads``) and can be reached and read by the uid it drops to. Raises
+    ``FileNotFoundError`` (no such program, script or module) or ``PermissionError``
+    naming ``name``, the path, the uid and what to do; nothing when confinement is off."""
+    path = dict(env or {}).get("PATH") or os.environ.get("PATH", os.defpath)
+    target = python_target(command)
+    if target is not None and target[0] == "module":
+        top = target[1].split(".", 1)[0]  # found, not imported: its code must not run here
+        if importlib.machinery.PathFinder.find_spec(top, sys.path) is None and top not in sys.builtin_module_names:
+            raise FileNotFoundError(f"the MCP server {name!r} cannot start: the module {target[1]!r} is not "
+                                    f"installed for {sys.executable} (rho's interpreter, which runs `python -m`): "
+                                    "install it beside rho_actors, or give the interpreter that has it by its path")
+    payload, folders = _payload(command, path)
+    if payload["kind"] != "exec":
+        return
+    enclosure = _enclosure(policy, DEFAULT_HEAP_BYTES, dict(env or {}),
+                           (*folders, *(os.path.realpath(p) for p in reads)), False)
+    try:
+        spec = enclosure.setup.confinement
+    finally:
+        enclosure.remove()
+    if spec is None:
+        return
+    readable = tuple(spec.read_only)
+    uid = spec.uid if spec.uid is not None and os.geteuid() == 0 else None
+    gid = spec.gid if spec.gid is not None else 65534
+    program = command[0] if os.sep in command[0] else (shutil.which(command[0], path=path) or command[0])
+    for file, what in _exec_chain(program, path):
+        real = os.path.realpath(file)
+        if uid is not None and (why := _closed_to(file, uid, gid) or _closed_to(real, uid, gid)) is not None:
+            raise PermissionError(
+                f"the MCP server {name!r} cannot start confined: {what}, {file}, cannot be read by uid {uid}, "
+                f"which it runs as: {why}. Start a Python server as `python -m MODULE` (it runs on rho's own "
+                f"interpreter and packages), or install it where uid {uid} can read it (a virtualenv made from "
+                "a system Python, e.g. `/usr/bin/python3 -m venv /opt/mcp/NAME`)")
+        if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in readable):
+            raise PermissionError(
+                f"the MCP server {name!r} cannot start confined: {what}, {file} ({real}), is outside the paths "
+                "it may read (the Python installation, /usr, /bin, /lib..., its script's folder, its own "
+                "virtualenv): give its folder in the server's read = [...]")
 
 
 def _enclosure(policy: ConfinePolicy, heap_bytes: int, env: Mapping[str, str], reads: tuple[str, ...],

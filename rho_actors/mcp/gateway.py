@@ -11,7 +11,8 @@ server, each call with rho's guarantees:
 - each upstream's connection is supervised with its own restart intensity: a server
   that exits, drops its connection or stops answering pings is restarted; meanwhile its
   tools stay listed and a call gets an ``unavailable`` result naming the server; past
-  its intensity it is given up alone (its tools keep answering ``unavailable``);
+  its intensity it is given up alone: its tools are withdrawn (the clients get
+  ``tools/list_changed``; a call naming one gets ``unavailable``, an unknown tool);
 - ``notifications/tools/list_changed`` from an upstream re-lists it, and the gateway's
   clients get ``tools/list_changed`` (through the registry's ``ToolSetChanged``);
 - an untrusted upstream (``trusted = false``, ``--untrusted-mcp``) runs confined as
@@ -59,28 +60,28 @@ import shlex
 import threading
 import tomllib
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from loguru import logger
 
 from rho_actors.errors import RhoError
-from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, PYTHON_NAME, confined_transport, python_arguments
+from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, check_startable, confined_transport
+from rho_actors.mcp.names import default_name, numbered
 from rho_actors.mcp.source import MCPServer
 from rho_actors.sandbox import ConfinePolicy
 from rho_actors.tool import DEFAULT_TIMEOUT_MS
 
 __all__ = [
     "COLLISIONS", "SEPARATOR", "Gateway", "GatewayConfig", "GatewayConfigError", "GatewayError", "Upstream",
-    "UpstreamSpec", "derived_name", "gateway_config", "load_config", "specs_from_flags",
+    "UpstreamSpec", "gateway_config", "load_config", "specs_from_flags",
 ]
 
 SEPARATOR: Final = "__"
 """Between a server's name and its tool's name in a namespaced tool name."""
 COLLISIONS: Final = ("namespace", "refuse")
 _SERVER_NAME: Final = re.compile(r"(?!.*__)[A-Za-z0-9_-]{0,31}[A-Za-z0-9-]")  # no "__", no "_" at the end
-_LAUNCHERS: Final = frozenset({"node", "npx", "uv", "uvx", "pipx", "deno", "bun", "bunx", "env"})
 _KEYS: Final = frozenset({
     "command", "url", "env", "headers", "timeout_ms", "max_restarts", "max_seconds", "trusted", "network", "read",
     "memory_mb", "prefix", "connect_timeout_s", "cwd",
@@ -241,47 +242,18 @@ def _paths(where: str, value: Any) -> list[str]:
     return list(value)
 
 
-def derived_name(command: Sequence[str] | None = None, url: str | None = None) -> str:
-    """A server's default name from its command or URL: the module or script of a
-    Python server, the package or script a launcher (``npx``, ``uvx``, ``node``...)
-    runs, else the program's own name; a URL's host and port. Characters outside
-    ``[A-Za-z0-9_-]`` become ``_``, a run of ``_`` one, none at the end; at most 32
-    characters."""
-    if url is not None:
-        parts = urllib.parse.urlsplit(url)
-        base = f"{parts.hostname or 'mcp'}-{parts.port}" if parts.port else (parts.hostname or "mcp")
-    else:
-        assert command
-        program = os.path.basename(command[0])
-        target = python_arguments(command[1:]) if PYTHON_NAME.fullmatch(program) else None
-        if target is not None:
-            base = target[1].rsplit(".", 1)[-1] if target[0] == "module" else os.path.splitext(
-                os.path.basename(target[1]))[0]
-        elif program in _LAUNCHERS:
-            args = [a for a in command[1:] if not a.startswith("-") and a != "run" and "=" not in a]
-            base = os.path.splitext(os.path.basename(args[0].rstrip("/")))[0] if args else os.path.basename(command[0])
-            base = base.rsplit("@", 1)[0] if base.rfind("@") > 0 else base
-        else:
-            base = program
-    name = re.sub(r"_{2,}", "_", re.sub(r"[^A-Za-z0-9_-]", "_", base))[:32].rstrip("_")
-    return name or "mcp"
-
-
 def specs_from_flags(mcp: Iterable[str] = (), mcp_url: Iterable[str] = (), untrusted_mcp: Iterable[str] = (),
                      taken: Iterable[str] = ()) -> list[UpstreamSpec]:
     """The servers of ``--mcp "CMD ARGS"``, ``--mcp-url URL`` and ``--untrusted-mcp "CMD
-    ARGS"`` (commands split as a shell does), named by :func:`derived_name`, with
-    ``-2``, ``-3``... for repeats and for names in ``taken``. Raises
+    ARGS"`` (commands split as a shell does), named by
+    :func:`rho_actors.mcp.names.default_name`, with ``-2``, ``-3``... for repeats and
+    for names in ``taken`` (:func:`~rho_actors.mcp.names.numbered`). Raises
     :class:`GatewayConfigError` for an empty command or a URL that is not http(s)."""
     used = set(taken)
     specs: list[UpstreamSpec] = []
 
     def named(base: str) -> str:
-        name, n = base, 1
-        while name in used:
-            n += 1
-            name = f"{base[:29]}-{n}"
-        used.add(name)
+        used.add(name := numbered(base, used))
         return name
 
     for flag, commands, trusted in (("--mcp", mcp, True), ("--untrusted-mcp", untrusted_mcp, False)):
@@ -289,11 +261,11 @@ def specs_from_flags(mcp: Iterable[str] = (), mcp_url: Iterable[str] = (), untru
             argv = shlex.split(text)
             if not argv:
                 raise GatewayConfigError(f"{flag} needs a command, got {text!r}")
-            specs.append(UpstreamSpec(named(derived_name(argv)), command=tuple(argv), trusted=trusted))
+            specs.append(UpstreamSpec(named(default_name(argv)), command=tuple(argv), trusted=trusted))
     for url in mcp_url:
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             raise GatewayConfigError(f"--mcp-url must be an http:// or https:// URL, got {url!r}")
-        specs.append(UpstreamSpec(named(derived_name(url=url)), url=url))
+        specs.append(UpstreamSpec(named(default_name(url=url)), url=url))
     return specs
 
 
@@ -400,6 +372,16 @@ class Upstream(MCPServer):
         self._held: dict[str, tuple[Any, object]] = {}  # what it listed last (kept while it is down)
         self._offered: dict[str, tuple[object, Any]] = {}  # served name -> (version, tool): one object while unchanged
 
+    def attach(self, system: Any) -> None:
+        """:meth:`MCPServer.attach`, an untrusted server first checked to be startable
+        confined (:func:`rho_actors.mcp.confined.check_startable`: raises
+        ``FileNotFoundError`` or ``PermissionError`` naming the path and the uid,
+        before anything is started)."""
+        if not self.spec.trusted:
+            assert self.command is not None
+            check_startable(self.command, policy=self._policy, env=self.env, reads=self.spec.read, name=self.name)
+        super().attach(system)
+
     async def open_transport(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any] | None:
         """A trusted server's usual transport (``None``); an untrusted one's confined process."""
         if self.spec.trusted:
@@ -415,7 +397,12 @@ class Upstream(MCPServer):
         """``{served name: (tool, version)}``: what the server lists now, or listed last
         while it is down."""
         listed = super().scan()
-        if listed or self.connected:
+        if self.given_up is not None:  # past its restart intensity: its tools are withdrawn
+            if self._held:
+                logger.error("MCP server {} is given up ({}): its {} tools are withdrawn; it is not restarted "
+                             "again", self.name, self.given_up, len(self._held))
+            self._held = listed = {}
+        elif listed or self.connected:
             self._held = listed
         else:
             listed = self._held
@@ -437,14 +424,16 @@ class Upstream(MCPServer):
         return found
 
     def status(self) -> dict[str, Any]:
-        """``connected``, ``connections`` made, ``last_error``, ``trusted`` and the
+        """``connected``, ``connections`` made, ``last_error``, ``given_up`` (why, or
+        ``None``), ``trusted``, ``server_info`` (its own ``serverInfo``) and the
         ``tools`` served (served name -> the upstream's name)."""
         with self._link.lock:
             error = self._link.last_error
         served = {name: str(tool._tool.name()) if isinstance(tool, _Served) else name
                   for name, (_, tool) in self._offered.items()}
         return {"connected": self.connected, "connections": self.connections, "last_error": error,
-                "trusted": self.spec.trusted, "tools": served}
+                "given_up": self.given_up, "trusted": self.spec.trusted, "server_info": self.server_info,
+                "tools": served}
 
 
 # --------------------------------------------------------------------------- the gateway
@@ -468,9 +457,11 @@ class Gateway:
         """Add every server to ``system`` (connecting them at once, each within its
         ``connect_timeout_s``; one still down then keeps being restarted within its
         intensity, and is logged). The host's own tools must be registered before (they
-        count for collisions). Raises :class:`GatewayError` under ``collisions =
-        "refuse"`` for a name listed by two servers, or by a server and the host (the
-        servers are removed again), ``RuntimeError`` when called twice."""
+        count for collisions). Raises :class:`GatewayError` (the servers are removed
+        again) when a server cannot start at all (its program is not found; an untrusted
+        one cannot run confined: the message names the path and the uid) and, under
+        ``collisions = "refuse"``, for a name listed by two servers, or by a server and
+        the host; ``RuntimeError`` when called twice."""
         if self.upstreams:
             raise RuntimeError("this gateway has started already")
         names = _Names(self.config.collisions, (info.name for info in system.tools()),
@@ -478,8 +469,18 @@ class Gateway:
         policy: ConfinePolicy = system.confine_policy
         self.upstreams = [Upstream(spec, names, policy) for spec in self.config.servers]
         names.upstreams = list(self.upstreams)
+        def add(upstream: Upstream) -> Any:
+            try:
+                return system.add_source(upstream, poll_s=None)
+            except (OSError, ValueError) as exc:  # cannot start (its program, confined), a name taken
+                return exc
+
         with concurrent.futures.ThreadPoolExecutor(max(1, len(self.upstreams)), "gateway-start") as pool:
-            self._handles = list(pool.map(lambda up: system.add_source(up, poll_s=None), self.upstreams))
+            added = list(pool.map(add, self.upstreams))
+        self._handles = [h for h in added if not isinstance(h, Exception)]
+        if failed := [str(h) for h in added if isinstance(h, Exception)]:
+            self.close()
+            raise GatewayError("; ".join(failed))
         for handle in self._handles:  # each one's names as the others' first listings make them
             with contextlib.suppress(Exception):
                 handle.refresh()

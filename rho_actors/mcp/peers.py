@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import urllib.parse
 from pathlib import Path
 
-__all__ = ["is_loopback", "listener_uids", "socket_uid"]
+__all__ = ["is_loopback", "listener_uids", "pin_listener", "socket_uid"]
 
 _TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 _LISTEN = "0A"
@@ -81,3 +82,22 @@ def listener_uids(host: str, port: int) -> set[int]:
         if row[3] == _LISTEN and int(row_port, 16) == port and address in wanted:
             uids.add(int(row[7]))
     return uids
+
+
+def pin_listener(url: str, uid: int) -> None:
+    """Raise ``PermissionError`` when a socket listening on loopback ``url``'s port
+    belongs to a uid other than ``uid``, ``ConnectionRefusedError`` when none listens
+    (nothing has been sent either way). A URL off loopback is left to TLS."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if not is_loopback(host):
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    hosts = ("127.0.0.1", "::1") if host.lower() == "localhost" else (host,)
+    owners = set().union(*(listener_uids(h, port) for h in hosts))
+    if not owners:
+        raise ConnectionRefusedError(f"nothing listens on {host}:{port}")
+    if owners != {uid}:
+        others = sorted(owners - {uid})
+        raise PermissionError(f"{host}:{port} is listened on by uid {others} where uid {uid} was expected "
+                              "(server_uid): not connecting, no headers sent")

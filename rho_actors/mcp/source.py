@@ -44,15 +44,12 @@ import base64
 import concurrent.futures
 import contextlib
 import copy
-import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import threading
 import time
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,9 +66,10 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.encoding import describe_exception
-from rho_actors.mcp.peers import is_loopback, listener_uids
+from rho_actors.mcp.names import default_name
+from rho_actors.mcp.peers import pin_listener
 from rho_actors.mcp.stderr_log import StderrLog
-from rho_actors.otp.actor import Actor, kill
+from rho_actors.otp.actor import NORMAL, Actor, kill, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, Details, Error, Image, ToolFailure
@@ -121,6 +119,8 @@ class _Link:
     connections: int = 0  # connections made so far (1 + restarts that connected)
     failures: int = 0  # attempts that ended (failed to connect, or the connection was lost)
     last_error: str | None = None
+    server_info: dict[str, Any] | None = None  # the last initialize's serverInfo (name, version...)
+    given_up: str | None = None  # why its supervisor gave up on it (past the restart intensity)
     changed: threading.Condition = field(init=False)  # notified when a connection is published or an attempt ends
 
     def __post_init__(self) -> None:
@@ -171,10 +171,10 @@ class MCPServer:
     Exactly one of ``command`` (a stdio server: the program and its arguments; ``env``
     adds variables to its scrubbed environment; ``cwd`` its working folder) or ``url``
     (streamable HTTP; ``headers`` are sent with every request). ``name`` must be
-    unique among a system's sources; its default is made of the whole command (each
-    word, a path by its last part: ``python -m a`` is ``python-m-a``,
-    ``python /srv/weather.py`` is ``python-weather.py``) or of the URL's host, port and
-    path (:func:`default_name`), so two servers started by one program differ.
+    unique among a system's sources; its default is what the command runs (``python -m
+    mcp_server_time`` is ``mcp_server_time``, ``uvx mcp-server-git`` is
+    ``mcp-server-git``) or the URL's host and port: the rule of
+    :func:`rho_actors.mcp.names.default_name`, which the gateway uses too.
     ``timeout_ms`` is each tool's per-call timeout (milliseconds); ``max_restarts`` in
     ``max_seconds`` the restart intensity of the connection; ``connect_timeout_s``
     bounds connecting and listing (seconds); ``ping_interval_s`` how often a quiet
@@ -253,10 +253,38 @@ class MCPServer:
         self._link.stopping = False
         with self._link.lock:
             failures = self._link.failures
+            self._link.given_up = None
         spec = ChildSpec(self.child_id, StartChild(MCPConnection, (self, self._link)), restart="permanent",
                          shutdown=10_000, name=self.child_id)
         system.start_child(spec, max_restarts=self.max_restarts, max_seconds=self.max_seconds, under=_SOURCES)
+        self._watch_subtree(system)
         self._wait(failures, self.connect_timeout_s)
+
+    def _watch_subtree(self, system: Any) -> None:
+        """Monitor the connection's supervisor: when it ends while this server is not
+        being stopped (it gave up, past the restart intensity), record why in
+        :attr:`given_up`, wake waiters and scan again."""
+        sources = system.whereis(_SOURCES)
+        children = sources.proxy().which_children().get(timeout=15) if sources is not None else []
+        subtree = next((c.ref for c in children if c.id == self.child_id and c.ref is not None), None)
+
+        def down(_ref: Any, reason: object) -> None:
+            link = self._link
+            if link.stopping or reason == NORMAL:  # detached, or the system is stopping
+                return
+            with link.changed:
+                link.given_up = describe_exception(reason) if isinstance(reason, BaseException) else str(reason)
+                link.failures += 1
+                link.changed.notify_all()
+            self.refresh_offer()
+
+        if subtree is not None:
+            monitor(subtree, down)
+        else:  # it gave up already
+            try:
+                system.lookup(self.child_id)
+            except pykka.ActorDeadError as exc:  # NotRunningError, naming why
+                down(None, getattr(exc, "reason", None) or exc)
 
     def detach(self) -> None:
         """Stop the connection and its subtree (called by
@@ -307,6 +335,19 @@ class MCPServer:
     def last_error(self) -> str | None:
         """Why the last attempt to connect, or the last connection, ended (None: none did)."""
         return self._link.last_error
+
+    @property
+    def given_up(self) -> str | None:
+        """Why the connection's supervisor gave up on it, past ``max_restarts`` in
+        ``max_seconds`` (``None`` while it is supervised): it is not restarted again."""
+        return self._link.given_up
+
+    @property
+    def server_info(self) -> dict[str, Any] | None:
+        """The server's ``serverInfo`` of its last ``initialize`` (``name``,
+        ``version``...; ``None`` before it connected): what it says of itself, shown,
+        never its source name (:mod:`rho_actors.mcp.names`)."""
+        return copy.deepcopy(self._link.server_info)
 
     @property
     def connections(self) -> int:
@@ -377,28 +418,6 @@ class MCPServer:
     def __repr__(self) -> str:
         where = f"command={shlex.join(self.command)!r}" if self.command is not None else f"url={self.url!r}"
         return f"MCPServer({where}, name={self.name!r})"
-
-
-_NAME_MAX = 64
-
-
-def default_name(command: Sequence[str] | None, url: str | None = None) -> str:
-    """The default source name of an MCP server: the words of ``command`` (each path
-    by its last part, leading dashes dropped) joined by ``-``, or ``url``'s
-    ``host-port-path``; characters outside ``[A-Za-z0-9._-]`` become ``-``. A name
-    longer than 64 characters is cut and given 8 hex digits of the whole's SHA-256, so
-    two long commands still differ."""
-    if command:
-        words = [os.path.basename(w.rstrip("/")) or w for w in command]
-        words = [words[0]] + [w.lstrip("-") for w in words[1:]]
-    else:
-        parts = urllib.parse.urlsplit(str(url))
-        words = [parts.hostname or "", str(parts.port or ""), parts.path.strip("/")]
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(w for w in words if w)).strip("-.") or "mcp"
-    if len(name) > _NAME_MAX:
-        whole = "\0".join(command or [str(url)])
-        name = f"{name[:_NAME_MAX - 9]}-{hashlib.sha256(whole.encode()).hexdigest()[:8]}"
-    return name
 
 
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:
@@ -530,7 +549,7 @@ class MCPConnection(Actor):
                 read, write = await self._open_stdio(stack)
             else:
                 assert server.url is not None
-                _pin_listener(server.url, server.server_uid)
+                pin_listener(server.url, server.server_uid)
                 client = await stack.enter_async_context(create_mcp_http_client(headers=server.headers))
                 read, write = await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
             ended = asyncio.Event()
@@ -541,10 +560,11 @@ class MCPConnection(Actor):
                 ClientSession(relay_receive, write, message_handler=on_message)
             )
             with anyio.fail_after(server.connect_timeout_s):
-                await session.initialize()
+                initialized = await session.initialize()
                 tools = await _list_tools(session, server)
             with self._link.lock:
                 self._link.connections += 1
+                self._link.server_info = initialized.server_info.model_dump(mode="json", exclude_none=True)
             self._publish(session, tools)
             listed_at = time.monotonic()
             try:
@@ -629,25 +649,6 @@ async def _list_tools(session: ClientSession, server: MCPServer) -> dict[str, di
         if not cursor:
             break
     return tools
-
-
-def _pin_listener(url: str, uid: int) -> None:
-    """Raise ``PermissionError`` when a socket listening on loopback ``url``'s port
-    belongs to a uid other than ``uid``, ``ConnectionRefusedError`` when none listens
-    (nothing has been sent either way). A URL off loopback is left to TLS."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if not is_loopback(host):
-        return
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    hosts = ("127.0.0.1", "::1") if host.lower() == "localhost" else (host,)
-    owners = set().union(*(listener_uids(h, port) for h in hosts))
-    if not owners:
-        raise ConnectionRefusedError(f"nothing listens on {host}:{port}")
-    if owners != {uid}:
-        others = sorted(owners - {uid})
-        raise PermissionError(f"{host}:{port} is listened on by uid {others} where uid {uid} was expected "
-                              "(server_uid): not connecting, no headers sent")
 
 
 def _find_program(program: str, path: str, cwd: str | None, name: str) -> None:
