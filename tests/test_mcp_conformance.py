@@ -35,16 +35,16 @@ SUITE_TIMEOUT_S = 90
 # Scenarios of the suite (0.1.10's "all") a rho server passes: lifecycle, logging, tools, SSE.
 PASSED = {
     "server-initialize", "ping", "logging-set-level", "tools-list", "tools-call-simple-text", "tools-call-image",
+    "tools-call-audio", "tools-call-embedded-resource", "tools-call-mixed-content",
     "tools-call-error", "tools-call-with-logging", "tools-call-with-progress", "tools-call-sampling",
     "tools-call-elicitation", "elicitation-sep1034-defaults", "elicitation-sep1330-enums", "json-schema-2020-12",
     "server-sse-polling", "server-sse-multiple-streams",
 }
-# Out of rho's scope (it serves tools only; a result is text and images): README, "MCP".
+# Out of rho's scope (it serves tools only): README, "MCP".
 NOT_SERVED = {
-    "completion-complete", "tools-call-audio", "tools-call-embedded-resource", "tools-call-mixed-content",
-    "resources-list", "resources-read-text", "resources-read-binary", "resources-templates-read",
-    "resources-subscribe", "resources-unsubscribe", "prompts-list", "prompts-get-simple", "prompts-get-with-args",
-    "prompts-get-embedded-resource", "prompts-get-with-image",
+    "completion-complete", "resources-list", "resources-read-text", "resources-read-binary",
+    "resources-templates-read", "resources-subscribe", "resources-unsubscribe", "prompts-list",
+    "prompts-get-simple", "prompts-get-with-args", "prompts-get-embedded-resource", "prompts-get-with-image",
 }
 
 
