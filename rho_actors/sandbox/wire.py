@@ -421,8 +421,8 @@ class PlainCodec:
     The body is a msgpack map ``{"ok": bool, "content": str, "error_kind": str | None,
     "details": bin | None, "images": [[bin, str], ...], "blocks": [block, ...]}``;
     ``details`` is itself the msgpack of plain JSON data (see :func:`plain_problem`), at
-    most :data:`MAX_DETAILS_BYTES`. ``blocks`` (a result's ordered content, empty for a
-    text-only one; ``images`` is empty then) are ``["text", str]``, ``["image", bin,
+    most :data:`MAX_DETAILS_BYTES`. ``blocks`` (a result's ordered content, empty or left
+    out for a text-only one; ``images`` is empty when it is not) are ``["text", str]``, ``["image", bin,
     mime]``, ``["audio", bin, mime]`` or ``["resource", uri, mime | None, text | None,
     bin | None]``. Decoding never runs code and checks every field before the result
     exists: types, lengths (:data:`MAX_CONTENT_CHARS`, :data:`MAX_IMAGES`,
@@ -455,8 +455,9 @@ class PlainCodec:
     def decode(self, body: bytes) -> ToolResult:
         message = _unpack(body, max_len=max(len(_RESULT_KEYS), MAX_IMAGES, MAX_BLOCKS),
                           max_containers=MAX_IMAGES + MAX_BLOCKS + 3)
-        if type(message) is not dict or set(message) != _RESULT_KEYS:
-            raise WireError(f"a result must be a map of exactly {', '.join(sorted(_RESULT_KEYS))}")
+        if type(message) is not dict or set(message) not in (_RESULT_KEYS, _RESULT_KEYS - {"blocks"}):
+            raise WireError(f"a result must be a map of exactly {', '.join(sorted(_RESULT_KEYS))} "
+                            "(blocks may be left out)")
         ok, content, kind = message["ok"], message["content"], message["error_kind"]
         if type(ok) is not bool:
             raise WireError("result.ok is not a bool")
@@ -491,7 +492,7 @@ class PlainCodec:
                 images.append(Image(data, mime))
             except (TypeError, ValueError) as exc:  # well formed, but not a picture type rho sends
                 raise WireError(f"result.images[{i}]: {exc}") from None
-        raw_blocks = message["blocks"]
+        raw_blocks = message.get("blocks", [])
         if type(raw_blocks) is not list or len(raw_blocks) > MAX_BLOCKS:
             raise WireError(f"result.blocks is not a list of at most {MAX_BLOCKS}")
         if raw_blocks and images:
