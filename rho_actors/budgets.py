@@ -1,15 +1,14 @@
 """Byte budgets for tool results, per turn and per session (DESIGN §4 "Budgets").
 
 A result's size is the UTF-8 length of its text plus the bytes of its images, sounds
-and embedded resources (:func:`result_bytes`). Each
-session's LoopActor charges every result of a dispatched call to its turn and to its
-session before recording it; a result that would take either past its budget is
-replaced by an ``output_limit`` error saying so (its text, images, sounds and resources are dropped), so
-that what the host keeps for one turn, or one session, stays bounded whatever tools
-return: 16 parallel calls each returning two 31 MiB images cost one turn at most its
-budget, not 1 GiB. A session's use counts from its loop's start and never refills;
-:meth:`ResultBudgets.stats` (in ``ActorSystem.stats()["budgets"]``) shows both caps and
-each running session's use.
+and embedded resources (:func:`result_bytes`). Each session's LoopActor charges every
+result of a dispatched call to its turn and to its session before recording it; a
+result that would take either past its budget is replaced by an ``output_limit`` error
+saying so (its text and blocks are dropped), so that what the host keeps for one
+turn, or one session, stays bounded whatever tools return: 16 parallel calls each
+returning two 31 MiB images cost one turn at most its budget, not 1 GiB. A session's
+use counts from its loop's start and never refills; :meth:`ResultBudgets.stats` (in
+``ActorSystem.stats()["budgets"]``) shows both caps and each running session's use.
 """
 
 from __future__ import annotations

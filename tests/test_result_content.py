@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from rho_actors import ActorSystem, Audio, ErrorKind, Image, Resource, ToolCall, ToolResult, tool
+from rho_actors import ActorSystem, Audio, ErrorKind, Image, Reply, Resource, ToolCall, ToolResult, tool
 from rho_actors.agent.driver import prompt
 from rho_actors.agent.providers import RetryPolicy
 from rho_actors.agent.providers.anthropic import AnthropicModel
@@ -207,6 +207,19 @@ def test_providers_get_the_pictures_and_a_line_naming_each_sound_and_resource(se
     [tool_message] = [m for m in messages if m["role"] == "tool"]
     assert tool_message["content"].startswith(expected)
     assert "input_audio" not in str(messages) and "data:image/png;base64," in str(messages)
+
+
+def test_a_transcript_keeps_what_the_model_saw_of_mixed_content(tmp_path: Path) -> None:
+    from rho_actors.agent.transcript import Transcript, load
+
+    path = tmp_path / "transcript.jsonl"
+    with Transcript(path) as transcript:
+        transcript.user(1, "listen")
+        transcript.reply(1, Reply("", (ToolCall("c1", "mixed", "{}"),)))
+        transcript.result(1, 0, _result(MIXED))
+    [_, _, message] = load(path).messages
+    assert message.text == _result(MIXED).content and "[audio: audio/wav, 8 bytes" in message.text
+    assert message.images == (MIXED[0],)
 
 
 # --------------------------------------------------------------------------- MCP
