@@ -329,8 +329,10 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
     ``Error(reason)`` is a ``tool_error`` (the tool's own report of a failure, told apart
     from an exception it ``raised``) with ``reason`` as text. An :class:`Image`,
     :class:`Audio` or :class:`Resource`, alone or in a list or tuple beside text (and
-    other values, JSON-encoded), makes the result's ``blocks``, in order; its
-    ``content`` is then :func:`model_text` of them, capped at ``max_chars``."""
+    other values, JSON-encoded), makes the result's ``blocks``, in order (its text parts
+    held to ``max_chars`` in all: past it they give way to one capped text at the first
+    one's place); its ``content`` is then :func:`model_text` of them, capped at
+    ``max_chars``."""
     ok = True
     if isinstance(value, Ok):
         value = value.output
@@ -345,13 +347,13 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
     elif isinstance(value, (list, tuple)) and any(isinstance(v, MEDIA) for v in value):
         blocks = tuple(v if isinstance(v, (str, *MEDIA)) else encode_output(v, max_chars).text for v in value)
     if blocks:
-        content = model_text(blocks)
-        capped_content = encode_output(content, max_chars).text
-        if capped_content != content:  # the text parts give way to one capped text, at the first one's place
-            first = next((i for i, b in enumerate(blocks) if isinstance(b, str)), 0)
+        content = encode_output(model_text(blocks), max_chars).text
+        texts = "\n".join(b for b in blocks if isinstance(b, str))
+        capped_texts = encode_output(texts, max_chars).text
+        if capped_texts != texts:  # the text parts give way to one capped text, at the first one's place
+            first = next(i for i, b in enumerate(blocks) if isinstance(b, str))
             media = [b for b in blocks if not isinstance(b, str)]
-            blocks = (*media[:first], capped_content, *media[first:])
-            content = capped_content
+            blocks = (*media[:first], capped_texts, *media[first:])
     else:
         content = encode_output(value, max_chars).text
     kind = None if ok else ErrorKind.TOOL_ERROR

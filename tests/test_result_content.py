@@ -104,8 +104,14 @@ def test_mixed_content_keeps_its_order_and_the_model_text_names_what_it_cannot_s
     assert error.error_kind is ErrorKind.TOOL_ERROR and error.audio == (Audio(b"a"),)
     # over the output cap: the text parts give way to one capped text at the first one's place
     capped = _result(["x" * 500, Audio(b"a"), "y" * 500], max_chars=200)
-    assert [type(b) for b in capped.blocks] == [str, Audio] and capped.blocks[0] == capped.content
-    assert len(capped.content) < 400 and "x" * 50 in capped.content
+    text, sound = capped.blocks
+    assert isinstance(text, str) and isinstance(sound, Audio) and "x" * 50 in text
+    assert len(text) < 400 and "[audio" not in text and "1,001 characters in all" in text
+    assert capped.content.startswith(text[:100]) and len(capped.content) < 400
+    assert "1,053 characters in all" in capped.content  # one notice: the model's whole text
+    long_resource = _result(["short", Resource("test://r", text="z" * 1000)], max_chars=200)
+    assert long_resource.blocks[0] == "short" and long_resource.resources[0].text == "z" * 1000  # kept whole
+    assert len(long_resource.content) < 400  # the model's text is capped
 
 
 # --------------------------------------------------------------------------- budgets and the wire
