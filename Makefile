@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 BFCL = bfcl-eval==2026.3.23
+# The official MCP conformance suite (npm) that tests/test_mcp_conformance.py runs.
+CONFORMANCE = @modelcontextprotocol/conformance@0.1.10
+CONFORMANCE_DIR = .mcp-conformance
 
 .PHONY: demo test lint install clean
 
@@ -16,12 +19,21 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps $(BFCL)
 	touch $@
 
-install: $(VENV)/.installed
+# Installed when npm is on PATH (Node 20+); without it, or when the install fails, the
+# conformance test is skipped, saying why, and nothing else changes.
+$(CONFORMANCE_DIR)/.installed: Makefile
+	@if command -v npm >/dev/null 2>&1; then \
+		if npm install --prefix $(CONFORMANCE_DIR) --no-audit --no-fund --loglevel=error $(CONFORMANCE); \
+		then touch $@; \
+		else echo "warning: npm could not install $(CONFORMANCE): tests/test_mcp_conformance.py will be skipped"; fi; \
+	else echo "npm is not on PATH: tests/test_mcp_conformance.py will be skipped (it needs Node 20+)"; fi
+
+install: $(VENV)/.installed $(CONFORMANCE_DIR)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/rho-actors replay bfcl --category base
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(CONFORMANCE_DIR)/.installed
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed
@@ -29,4 +41,4 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(CONFORMANCE_DIR)

@@ -1,14 +1,14 @@
 """Byte budgets for tool results, per turn and per session (DESIGN §4 "Budgets").
 
-A result's size is the UTF-8 length of its text plus the bytes of its images. Each
-session's LoopActor charges every result of a dispatched call to its turn and to its
-session before recording it; a result that would take either past its budget is
-replaced by an ``output_limit`` error saying so (its text and images are dropped), so
-that what the host keeps for one turn, or one session, stays bounded whatever tools
-return: 16 parallel calls each returning two 31 MiB images cost one turn at most its
-budget, not 1 GiB. A session's use counts from its loop's start and never refills;
-:meth:`ResultBudgets.stats` (in ``ActorSystem.stats()["budgets"]``) shows both caps and
-each running session's use.
+A result's size is the UTF-8 length of its text plus the bytes of its images, sounds
+and embedded resources (:func:`result_bytes`). Each session's LoopActor charges every
+result of a dispatched call to its turn and to its session before recording it; a
+result that would take either past its budget is replaced by an ``output_limit`` error
+saying so (its text and blocks are dropped), so that what the host keeps for one
+turn, or one session, stays bounded whatever tools return: 16 parallel calls each
+returning two 31 MiB images cost one turn at most its budget, not 1 GiB. A session's
+use counts from its loop's start and never refills; :meth:`ResultBudgets.stats` (in
+``ActorSystem.stats()["budgets"]``) shows both caps and each running session's use.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ DEFAULT_MAX_SESSION_RESULT_BYTES: Final = 512 * 2**20
 
 
 def result_bytes(result: ToolResult) -> int:
-    """The bytes ``result`` costs a budget: its text (UTF-8) and its images' data."""
-    return len(result.content.encode("utf-8", "surrogatepass")) + sum(len(i.data) for i in result.images)
+    """The bytes ``result`` costs a budget: its text (UTF-8), its images' and sounds'
+    data, and its embedded resources' text (UTF-8) or blob (a text resource's text
+    counts twice: it is also in the model's text)."""
+    return (len(result.content.encode("utf-8", "surrogatepass")) + sum(len(i.data) for i in result.images)
+            + sum(len(a.data) for a in result.audio) + sum(r.size for r in result.resources))
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from rho_actors.encoding import cap_text, describe_exception, encode_output, replace_controls, scrub_text
-from rho_actors.tool import Details, Error, ErrorKind, Image, Ok, ToolFailure, ToolResult
+from rho_actors.tool import MEDIA, Audio, Block, Details, Error, ErrorKind, Ok, Resource, ToolFailure, ToolResult
 
 __all__ = [
     "CANCELLED",
@@ -41,6 +41,7 @@ __all__ = [
     "capped",
     "error_result",
     "failure",
+    "model_text",
     "result_from_exception",
     "result_from_return",
     "text",
@@ -327,9 +328,14 @@ def traceback_of(result: ToolResult) -> str | None:
 
 
 def result_from_return(call_id: str, name: str, value: Any, max_chars: int, duration_ms: float) -> ToolResult:
-    """The result for what ``run`` returned: ``Ok``/plain value/``Details``/``Image``
-    parts are ok; ``Error(reason)`` is a ``tool_error`` (the tool's own report of a
-    failure, told apart from an exception it ``raised``) with ``reason`` as text."""
+    """The result for what ``run`` returned: ``Ok``/plain value/``Details`` are ok;
+    ``Error(reason)`` is a ``tool_error`` (the tool's own report of a failure, told apart
+    from an exception it ``raised``) with ``reason`` as text. An :class:`Image`,
+    :class:`Audio` or :class:`Resource`, alone or in a list or tuple beside text (and
+    other values, JSON-encoded), makes the result's ``blocks``, in order (its text parts
+    held to ``max_chars`` in all: past it they give way to one capped text at the first
+    one's place); its ``content`` is then :func:`model_text` of them, capped at
+    ``max_chars``."""
     ok = True
     if isinstance(value, Ok):
         value = value.output
@@ -338,13 +344,40 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
     details = None
     if isinstance(value, Details):
         value, details = value.output, value.details
-    images: tuple[Image, ...] = ()
-    if isinstance(value, Image):
-        value, images = "", (value,)
-    elif isinstance(value, list) and any(isinstance(v, Image) for v in value):
-        images = tuple(v for v in value if isinstance(v, Image))
-        value = "\n".join(
-            v if isinstance(v, str) else encode_output(v, max_chars).text for v in value if not isinstance(v, Image)
-        )
-    content = encode_output(value, max_chars).text
-    return ToolResult(call_id, name, ok, content, None if ok else ErrorKind.TOOL_ERROR, details, images, duration_ms)
+    blocks: tuple[Block, ...] = ()
+    if isinstance(value, MEDIA):
+        blocks = (value,)
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, MEDIA) for v in value):
+        blocks = tuple(v if isinstance(v, (str, *MEDIA)) else encode_output(v, max_chars).text for v in value)
+    if blocks:
+        content = encode_output(model_text(blocks), max_chars).text
+        texts = "\n".join(b for b in blocks if isinstance(b, str))
+        capped_texts = encode_output(texts, max_chars).text
+        if capped_texts != texts:  # the text parts give way to one capped text, at the first one's place
+            first = next(i for i, b in enumerate(blocks) if isinstance(b, str))
+            media = [b for b in blocks if not isinstance(b, str)]
+            blocks = (*media[:first], capped_texts, *media[first:])
+    else:
+        content = encode_output(value, max_chars).text
+    kind = None if ok else ErrorKind.TOOL_ERROR
+    return ToolResult(call_id, name, ok, content, kind, details, (), duration_ms, blocks)
+
+
+def model_text(blocks: tuple[Block, ...]) -> str:
+    """The text a model gets for ``blocks``, one line per part: text as it is, a line
+    naming each :class:`Audio` and :class:`Resource` (providers take neither from a
+    tool; a text resource's text follows its line), images left out (they go to the
+    model as pictures)."""
+    lines: list[str] = []
+    for block in blocks:
+        if isinstance(block, str):
+            lines.append(block)
+        elif isinstance(block, Audio):
+            lines.append(f"[audio: {block.mime_type}, {len(block.data):,} bytes, not shown to the model]")
+        elif isinstance(block, Resource):
+            mime = f"{block.mime_type}, " if block.mime_type else ""
+            if block.text is not None:
+                lines.append(f"[resource {block.uri} ({mime}text):]\n{block.text}")
+            else:
+                lines.append(f"[resource {block.uri} ({mime}{block.size:,} bytes), not shown to the model]")
+    return "\n".join(lines)

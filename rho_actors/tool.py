@@ -50,12 +50,17 @@ __all__ = [
     "CONTEXT_NAME",
     "DEFAULT_TIMEOUT_MS",
     "IMAGE_TYPES",
+    "MAX_URI_CHARS",
     "MAX_TIMEOUT_MS",
+    "MEDIA",
     "REQUIRED_CALLBACKS",
+    "Resource",
     "Concurrency",
     "Details",
     "Error",
     "ErrorKind",
+    "Audio",
+    "Block",
     "Image",
     "Ok",
     "ToolCall",
@@ -151,6 +156,113 @@ class Image:
         object.__setattr__(self, "mime_type", normalised)
 
 
+_MIME_TYPE: Final = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,126}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}")
+_URI: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\x00-\x20\x7f]+")
+MAX_URI_CHARS: Final = 8192
+"""The longest :attr:`Resource.uri`, in characters."""
+
+
+def _bytes(owner: str, field_name: str, data: Any) -> bytes:
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    if type(data) is not bytes:
+        raise TypeError(f"{owner} {field_name} must be bytes, got {type(data).__name__}")
+    return data
+
+
+def _shown(value: str) -> str:
+    return value[:40].encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _mime(owner: str, mime: Any, kind: str | None) -> str:
+    """``mime`` as a lower-case ``type/subtype`` (RFC 6838 names, no parameters), of
+    top-level type ``kind`` when given; else ``TypeError``/``ValueError`` naming it."""
+    if not isinstance(mime, str):
+        raise TypeError(f"{owner} mime_type must be a str, got {type(mime).__name__}")
+    normalised = str.__str__(mime).strip().lower()
+    if _MIME_TYPE.fullmatch(normalised) is None:
+        raise ValueError(f"{owner} mime_type {_shown(normalised)!r} is not a MIME type (type/subtype)")
+    if kind is not None and normalised.partition("/")[0] != kind:
+        raise ValueError(f"{owner} mime_type {_shown(normalised)!r} is not an {kind} type; use {kind}/<subtype>, "
+                         f"e.g. audio/wav or audio/mpeg")
+    return normalised
+
+
+@dataclass(frozen=True, slots=True)
+class Audio:
+    """A sound: raw bytes and their MIME type (``"audio/wav"``, ``"audio/mpeg"``...),
+    MCP's ``AudioContent``.
+
+    Return it alone, or in a list or tuple beside text, :class:`Image` and
+    :class:`Resource` parts; it ends up in :attr:`ToolResult.blocks` in its place (and
+    :attr:`ToolResult.audio`), the model's text naming it (providers take no audio from
+    a tool). Checked when made: ``data`` must be ``bytes`` (a ``bytearray`` or
+    ``memoryview`` is copied) and ``mime_type`` an ``audio/<subtype>`` type, kept in
+    lower case; else ``TypeError`` or ``ValueError`` naming the problem. Its bytes count
+    against the result budgets as an image's do."""
+
+    data: bytes
+    mime_type: str = "audio/wav"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", _bytes("Audio", "data", self.data))
+        object.__setattr__(self, "mime_type", _mime("Audio", self.mime_type, "audio"))
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """An embedded resource: MCP's ``EmbeddedResource``, the contents of ``uri``
+    (``"file:///report.csv"``, ``"test://x"``: an absolute URI with a scheme, at most
+    :data:`MAX_URI_CHARS` characters, no spaces or control characters), as ``text``
+    (a ``str``) or ``blob`` (``bytes``): exactly one of them. ``mime_type`` is optional
+    (a ``type/subtype``, kept in lower case).
+
+    Return it like an :class:`Image` (alone or in a list or tuple beside other parts);
+    it ends up in :attr:`ToolResult.blocks` in its place (and
+    :attr:`ToolResult.resources`). The model's text gets a line naming it and, for a
+    text resource, its text. Raises ``TypeError`` or ``ValueError`` naming the problem.
+    Its text (UTF-8) or blob bytes count against the result budgets."""
+
+    uri: str
+    mime_type: str | None = None
+    text: str | None = None
+    blob: bytes | None = None
+
+    def __post_init__(self) -> None:
+        uri = self.uri
+        if not isinstance(uri, str):
+            raise TypeError(f"Resource uri must be a str, got {type(uri).__name__}")
+        uri = str.__str__(uri)
+        if len(uri) > MAX_URI_CHARS or _URI.fullmatch(uri) is None:
+            raise ValueError(f"Resource uri {_shown(uri)!r} is not an absolute URI (scheme:rest, no spaces or "
+                             f"control characters, at most {MAX_URI_CHARS} characters)")
+        object.__setattr__(self, "uri", uri)
+        if self.mime_type is not None:
+            object.__setattr__(self, "mime_type", _mime("Resource", self.mime_type, None))
+        if (self.text is None) == (self.blob is None):
+            raise ValueError(f"Resource {_shown(uri)!r} needs exactly one of text and blob")
+        if self.text is not None:
+            if not isinstance(self.text, str):
+                raise TypeError(f"Resource text must be a str, got {type(self.text).__name__}")
+            object.__setattr__(self, "text", scrub_text(str.__str__(self.text)))
+        else:
+            object.__setattr__(self, "blob", _bytes("Resource", "blob", self.blob))
+
+    @property
+    def size(self) -> int:
+        """The bytes of its contents: the text's UTF-8 length or the blob's."""
+        if self.text is not None:
+            return len(self.text.encode("utf-8", "surrogatepass"))
+        return len(self.blob or b"")
+
+
+Block = str | Image | Audio | Resource
+"""One part of a result's content in order (:attr:`ToolResult.blocks`): text, a
+picture, a sound or an embedded resource."""
+MEDIA: Final = (Image, Audio, Resource)
+"""The non-text parts a tool may return (alone or in a list or tuple)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolInfo:
     """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
@@ -236,6 +348,13 @@ class ToolResult:
     ``details`` is for the host only; ``images`` are :class:`Image` values;
     ``duration_ms`` is the wall time from the call's start (its dispatch to a
     CallActor) to its result, in milliseconds (0.0 for a call refused before dispatch).
+
+    ``blocks`` is the content in the tool's order when it returned more than text
+    (:data:`Block` values: ``str``, :class:`Image`, :class:`Audio`, :class:`Resource`),
+    what an MCP client is served; empty for a text-only result. When given, ``images``
+    is its images, and ``content`` is the model's view of it: the text parts and a
+    line naming each sound and resource (with a text resource's text), images aside.
+    Raises ``TypeError`` for a block of another type.
     """
 
     call_id: str
@@ -246,10 +365,29 @@ class ToolResult:
     details: Any = None
     images: tuple[Image, ...] = field(default=())
     duration_ms: float = 0.0
+    blocks: tuple[Block, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if isinstance(self.content, str):  # the one place result text is made valid UTF-8
             object.__setattr__(self, "content", scrub_text(self.content))
+        if self.blocks:
+            blocks = tuple(scrub_text(b) if isinstance(b, str) else b for b in self.blocks)
+            for i, block in enumerate(blocks):
+                if not isinstance(block, (str, *MEDIA)):
+                    raise TypeError(f"ToolResult blocks[{i}] is a {type(block).__name__}, not text, Image, Audio "
+                                    "or Resource")
+            object.__setattr__(self, "blocks", blocks)
+            object.__setattr__(self, "images", tuple(b for b in blocks if isinstance(b, Image)))
+
+    @property
+    def audio(self) -> tuple[Audio, ...]:
+        """The :class:`Audio` values of :attr:`blocks`, in order."""
+        return tuple(b for b in self.blocks if isinstance(b, Audio))
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        """The :class:`Resource` values of :attr:`blocks`, in order."""
+        return tuple(b for b in self.blocks if isinstance(b, Resource))
 
     @property
     def retryable(self) -> bool:

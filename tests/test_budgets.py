@@ -1,7 +1,7 @@
 """Result budgets (DESIGN §4 "Budgets"): the results of one turn and of one session are
 bounded in bytes; a result past either is an ``output_limit`` error saying so, and
 ``stats()`` shows the caps and each session's use. Images over the largest provider
-limit are refused when a worker's reply is decoded."""
+limit are refused before they leave a worker (and when its reply is decoded)."""
 
 from __future__ import annotations
 
@@ -74,12 +74,13 @@ def test_the_default_budgets_are_documented_settings(system: ActorSystem) -> Non
         ActorSystem(max_turn_result_bytes=0)
 
 
-def test_an_image_over_the_largest_provider_limit_is_refused_when_decoded(system: ActorSystem) -> None:
+def test_an_image_over_the_largest_provider_limit_is_refused_when_sent_back(system: ActorSystem) -> None:
     assert wire.MAX_IMAGE_BYTES == 20 * MIB
     system.register(Pictures, untrusted=True)
     loop = system.start_loop("s1")
     [big] = _turn(loop, 1, 21.0)
-    assert big.error_kind is ErrorKind.CRASHED
-    assert f"at most {wire.MAX_IMAGE_BYTES:,}" in big.content
+    assert big.error_kind is ErrorKind.RAISED  # the worker refuses to send it (the host would refuse it too)
+    assert "returned content blocks that cannot be sent back" in big.content
+    assert f"{21 * MIB:,} bytes of data, more than the limit of {wire.MAX_IMAGE_BYTES:,}" in big.content
     [small] = _turn(loop, 1, 0.5, "g")
     assert small.ok and len(small.images) == 2

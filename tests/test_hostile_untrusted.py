@@ -182,7 +182,8 @@ OVERSIZED = {
         [frame(wire.RESULT, result_body(details=b"\xc0" * (wire.MAX_DETAILS_BYTES + 1)))], False, "details"
     ),
     "too many images": (
-        [frame(wire.RESULT, result_body(images=[[b"", "image/png"]] * (wire.MAX_IMAGES + 1)))], False, "msgpack"
+        [frame(wire.RESULT, result_body(images=[[b"", "image/png"]] * (wire.MAX_IMAGES + 1)))], False,
+        f"at most {wire.MAX_IMAGES}",
     ),
     "deeply nested details": (
         [frame(wire.RESULT, result_body(details=b"\x91" * 2000 + b"\xc0"))], False, "not msgpack plain data"

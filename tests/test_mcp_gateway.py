@@ -154,6 +154,13 @@ connect_timeout_s = 60
                             "jail__connect", "open__connect", "hang", "stubborn", "crash", "grow", "pid"} <= names
                     assert not {"echo", "read_file", "connect"} & names
                     assert _text(await session.call_tool("alpha__echo", {"text": "hi"})) == "alpha: hi"
+                    # an upstream's audio and embedded resource are served on, in its order
+                    media = (await session.call_tool("media", {})).content
+                    assert [b.type for b in media] == ["text", "audio", "resource"]
+                    assert isinstance(media[1], types.AudioContent) and media[1].data == "UklGRg=="
+                    assert isinstance(media[2], types.EmbeddedResource)
+                    assert media[2].resource.model_dump(by_alias=True, exclude_none=True) == {
+                        "uri": "test://alpha", "mimeType": "text/plain", "text": "alpha's notes"}
 
                     # the untrusted server runs as nobody in a folder of its own; the trusted one as the host
                     jailed = _text(await session.call_tool("jail__whoami", {}))

@@ -47,7 +47,9 @@ and, by type:
     (:mod:`rho_actors.agent.image_store`, ``images/<sha256>``, bounded: an image that does not
     fit has ``"omitted": str`` saying so, and is left out when read back, as is one whose
     file is missing or does not match). Older records hold ``{"mime_type", "data"}``
-    (base64 inline) and still load. ``details`` are the host's and are not recorded.
+    (base64 inline) and still load. ``details`` are the host's and are not recorded; nor
+    are a result's other blocks (sounds, embedded resources): ``content`` is what the
+    model saw of them (a line naming each, a text resource's text).
 ``error`` (why a prompt stopped early; not part of the conversation a model sees)
     ``"kind"``: ``"model"`` (request ``step`` raised or gave an invalid reply: the step
     is used up), or, with ``step`` the request the prompt stopped before making (the next

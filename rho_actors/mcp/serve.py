@@ -14,7 +14,8 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 - ``tools/call`` runs as a turn of one call (``Loop.arun_turn``) with the tool's
   deadline and containment. Every failure (invalid arguments, unknown tool, timeout,
   raised, crashed...) is a ``CallToolResult`` with ``isError: true`` and the text a
-  model gets; pictures are image content; a result whose text is a JSON object is
+  model gets; a result's blocks are served in order as text, image, audio and
+  embedded-resource content (else its text, then its pictures); a result whose text is a JSON object is
   also ``structuredContent`` (checked against the tool's ``outputSchema`` if it has
   one: a mismatch is an error result); ``details`` never leave the host.
 - A client's ``notifications/cancelled`` cancels the handler's task, and with it the
@@ -48,7 +49,6 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
 import copy
@@ -80,6 +80,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.loop.handle import Loop
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
+from rho_actors.mcp.content import mcp_content
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
 from rho_actors.mcp.guard import HTTPGuard, request_gone
 from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
@@ -282,11 +283,14 @@ def _call_tool_result(result: ToolResult, schema: dict[str, Any] | None = None) 
             message = text("mcp_output_schema", tool=result.name, problem=problem)
             return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
     content: list[Any] = []
-    if result.content or not result.images:
-        content.append(types.TextContent(type="text", text=result.content))
-    for image in result.images:
-        content.append(types.ImageContent(type="image", data=base64.b64encode(image.data).decode("ascii"),
-                                          mime_type=image.mime_type))
+    if result.blocks:
+        content.extend(mcp_content(block) for block in result.blocks if not isinstance(block, str) or block)
+    else:
+        if result.content or not result.images:
+            content.append(types.TextContent(type="text", text=result.content))
+        content.extend(mcp_content(image) for image in result.images)
+    if not content:
+        content.append(types.TextContent(type="text", text=""))
     return types.CallToolResult(content=content, is_error=not result.ok, structured_content=structured)
 
 

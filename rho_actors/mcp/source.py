@@ -30,8 +30,9 @@ server's tools like any other source's:
   the token nor a call. A URL off loopback is not pinned (use ``https``: its
   certificate is checked).
 
-Results: text content is the model's text, image content becomes :class:`Image`
-values, other content is given as JSON; a result's ``structuredContent`` is kept in its
+Results: text, image, audio and embedded-resource content become a rho result's
+blocks in order (:func:`rho_actors.mcp.content.rho_value`), other content is given as
+JSON; a result's ``structuredContent`` is kept in its
 ``details`` (``{"structuredContent": ...}``, for the host); ``isError`` is a
 ``tool_error`` (an ``Error`` the tool returned). The texts of the other failures are in
 :data:`rho_actors.results.TEXTS` (the ``mcp_*`` keys).
@@ -40,7 +41,6 @@ values, other content is given as JSON; a result's ``structuredContent`` is kept
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
 import copy
@@ -66,13 +66,14 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.encoding import describe_exception
+from rho_actors.mcp.content import rho_value
 from rho_actors.mcp.names import default_name
 from rho_actors.mcp.peers import pin_listener
 from rho_actors.mcp.stderr_log import StderrLog
 from rho_actors.otp.actor import NORMAL, Actor, kill, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.results import SENT_CANCEL, TEXTS, text
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, Details, Error, Image, ToolFailure
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolFailure
 
 __all__ = [
     "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_MIN_S", "MCPConnection", "MCPServer", "MCPTool",
@@ -410,7 +411,7 @@ class MCPServer:
             if err.code == REQUEST_TIMEOUT:
                 raise self._timed_out(name) from None
             raise _failure(self.name, name, err, link.stopping) from None
-        return _values(result)
+        return rho_value(result)
 
     def _timed_out(self, tool: str) -> ToolFailure:
         return _fails("timeout", tool, timeout_ms=self.timeout_ms, consequence=SENT_CANCEL)
@@ -424,32 +425,6 @@ def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailu
     if err.code == CONNECTION_CLOSED:
         return _fails("mcp_stopped" if stopping else "mcp_crashed", tool, server=server)
     return _fails("mcp_refused", tool, server=server, code=err.code, message=err.error.message)
-
-
-def _values(result: types.CallToolResult) -> Any:
-    """A ``CallToolResult`` as what a rho tool returns (text, :class:`Image` values)."""
-    parts: list[Any] = []
-    for block in result.content:
-        if isinstance(block, types.TextContent):
-            parts.append(block.text)
-        elif isinstance(block, types.ImageContent):
-            try:
-                parts.append(Image(base64.b64decode(block.data, validate=True), block.mime_type))
-            except ValueError:
-                parts.append(f"[an image whose base64 data is invalid ({block.mime_type})]")
-        else:
-            parts.append(json.dumps(block.model_dump(by_alias=True, mode="json", exclude_none=True)))
-    if not parts and result.structured_content is not None:
-        parts.append(json.dumps(result.structured_content))
-    if any(isinstance(p, Image) for p in parts):
-        value: Any = parts
-    else:
-        value = "\n".join(str(p) for p in parts)
-    if result.is_error:
-        return Error(value if isinstance(value, str) else "\n".join(str(p) for p in parts))
-    if result.structured_content is not None:  # for the host: the result's details
-        return Details(value, {"structuredContent": result.structured_content})
-    return value
 
 
 # --------------------------------------------------------------------------- the actor

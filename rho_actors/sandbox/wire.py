@@ -50,7 +50,7 @@ import msgpack
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, replace_controls, scrub_text
 from rho_actors.sandbox.context_values import plain_values
-from rho_actors.tool import ErrorKind, Image, ToolResult
+from rho_actors.tool import MAX_URI_CHARS, Audio, Block, ErrorKind, Image, Resource, ToolResult
 
 __all__ = [
     "CALL",
@@ -121,6 +121,10 @@ MAX_IMAGES: Final = 16
 MAX_IMAGE_BYTES: Final = 20 * 2**20
 """The largest image of a plain-data result, in bytes: the largest any provider takes
 (OpenAI 20 MB per image; Anthropic 5 MB). A larger one is refused when decoded."""
+MAX_BLOCKS: Final = 64
+"""The most content blocks (text, images, sounds, resources) of one plain-data result."""
+MAX_MEDIA_BYTES: Final = MAX_IMAGE_BYTES
+"""The largest sound or resource blob of a plain-data result, in bytes (an image's bound)."""
 MAX_PLAIN_DEPTH: Final = 100
 """Plain data nested deeper than this is refused."""
 
@@ -406,7 +410,7 @@ def _pack(value: Any) -> bytes:
         raise WireError(describe_exception(exc)) from None
 
 
-_RESULT_KEYS: Final = frozenset({"ok", "content", "error_kind", "details", "images"})
+_RESULT_KEYS: Final = frozenset({"ok", "content", "error_kind", "details", "images", "blocks"})
 _ERROR_KINDS: Final = frozenset(kind.value for kind in ErrorKind)
 _MIME_TYPE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
 
@@ -415,12 +419,17 @@ class PlainCodec:
     """Results as plain data (msgpack): what every worker that runs untrusted code uses.
 
     The body is a msgpack map ``{"ok": bool, "content": str, "error_kind": str | None,
-    "details": bin | None, "images": [[bin, str], ...]}``; ``details`` is itself the
-    msgpack of plain JSON data (see :func:`plain_problem`), at most
-    :data:`MAX_DETAILS_BYTES`. Decoding never runs code and checks every field before
-    the result exists: types, lengths (:data:`MAX_CONTENT_CHARS`, :data:`MAX_IMAGES`,
-    :data:`MAX_IMAGE_BYTES`), the error kind against :class:`ErrorKind`, the MIME type's
-    shape. ``call_id``, ``name`` and ``duration_ms`` are the host's own, never read."""
+    "details": bin | None, "images": [[bin, str], ...], "blocks": [block, ...]}``;
+    ``details`` is itself the msgpack of plain JSON data (see :func:`plain_problem`), at
+    most :data:`MAX_DETAILS_BYTES`. ``blocks`` (a result's ordered content, empty or left
+    out for a text-only one; ``images`` is empty when it is not) are ``["text", str]``, ``["image", bin,
+    mime]``, ``["audio", bin, mime]`` or ``["resource", uri, mime | None, text | None,
+    bin | None]``. Decoding never runs code and checks every field before the result
+    exists: types, lengths (:data:`MAX_CONTENT_CHARS`, :data:`MAX_IMAGES`,
+    :data:`MAX_IMAGE_BYTES`, :data:`MAX_BLOCKS`, :data:`MAX_MEDIA_BYTES`), the error kind
+    against :class:`ErrorKind`, the MIME type's shape, and each value as
+    :class:`~rho_actors.tool.Audio` or :class:`~rho_actors.tool.Resource` checks it.
+    ``call_id``, ``name`` and ``duration_ms`` are the host's own, never read."""
 
     def encode(self, result: ToolResult) -> bytes:
         details: bytes | None = None
@@ -432,23 +441,23 @@ class PlainCodec:
             if len(details) > MAX_DETAILS_BYTES:
                 raise WireError(f"details of {len(details):,} bytes, more than the limit of {MAX_DETAILS_BYTES:,}")
         images: list[list[Any]] = []
-        for i, image in enumerate(result.images):
-            data, mime = getattr(image, "data", None), getattr(image, "mime_type", None)
-            if isinstance(data, (bytearray, memoryview)):
-                data = bytes(data)
-            if type(data) is not bytes or type(mime) is not str:
-                raise WireError(f"images[{i}]: data must be bytes and mime_type a str")
-            images.append([data, mime])
+        for i, image in enumerate(() if result.blocks else result.images):
+            images.append(_media(f"images[{i}]", image)[1:])
+        if len(result.blocks) > MAX_BLOCKS:
+            raise WireError(f"{len(result.blocks)} content blocks, more than the limit of {MAX_BLOCKS}")
+        blocks = [_encode_block(i, block) for i, block in enumerate(result.blocks)]
         kind = None if result.error_kind is None else str(result.error_kind.value)
         return _pack({
             "ok": bool(result.ok), "content": str(result.content), "error_kind": kind,
-            "details": details, "images": images,
+            "details": details, "images": images, "blocks": blocks,
         })
 
     def decode(self, body: bytes) -> ToolResult:
-        message = _unpack(body, max_len=max(len(_RESULT_KEYS), MAX_IMAGES), max_containers=MAX_IMAGES + 2)
-        if type(message) is not dict or set(message) != _RESULT_KEYS:
-            raise WireError(f"a result must be a map of exactly {', '.join(sorted(_RESULT_KEYS))}")
+        message = _unpack(body, max_len=max(len(_RESULT_KEYS), MAX_IMAGES, MAX_BLOCKS),
+                          max_containers=MAX_IMAGES + MAX_BLOCKS + 3)
+        if type(message) is not dict or set(message) not in (_RESULT_KEYS, _RESULT_KEYS - {"blocks"}):
+            raise WireError(f"a result must be a map of exactly {', '.join(sorted(_RESULT_KEYS))} "
+                            "(blocks may be left out)")
         ok, content, kind = message["ok"], message["content"], message["error_kind"]
         if type(ok) is not bool:
             raise WireError("result.ok is not a bool")
@@ -483,8 +492,79 @@ class PlainCodec:
                 images.append(Image(data, mime))
             except (TypeError, ValueError) as exc:  # well formed, but not a picture type rho sends
                 raise WireError(f"result.images[{i}]: {exc}") from None
+        raw_blocks = message.get("blocks", [])
+        if type(raw_blocks) is not list or len(raw_blocks) > MAX_BLOCKS:
+            raise WireError(f"result.blocks is not a list of at most {MAX_BLOCKS}")
+        if raw_blocks and images:
+            raise WireError("a result with both blocks and images (its images are among its blocks)")
+        blocks = tuple(_decode_block(i, raw) for i, raw in enumerate(raw_blocks))
+        if sum(isinstance(b, Image) for b in blocks) > MAX_IMAGES:
+            raise WireError(f"result.blocks holds more than {MAX_IMAGES} images")
         error_kind = None if ok else ErrorKind(kind)
-        return ToolResult("", "", ok, content, error_kind, details, tuple(images), 0.0)
+        return ToolResult("", "", ok, content, error_kind, details, tuple(images), 0.0, blocks)
+
+
+def _media(where: str, value: Any) -> list[Any]:
+    """``[kind, data, mime]`` of an Image or Audio ``value``, its data's size checked."""
+    data, mime = getattr(value, "data", None), getattr(value, "mime_type", None)
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if type(data) is not bytes or type(mime) is not str:
+        raise WireError(f"{where}: data must be bytes and mime_type a str")
+    limit = MAX_IMAGE_BYTES if isinstance(value, Image) else MAX_MEDIA_BYTES
+    if len(data) > limit:
+        raise WireError(f"{where}: {len(data):,} bytes of data, more than the limit of {limit:,}")
+    return ["image" if isinstance(value, Image) else "audio", data, mime]
+
+
+def _encode_block(i: int, block: Block) -> list[Any]:
+    where = f"blocks[{i}]"
+    if isinstance(block, str):
+        if len(block) > MAX_CONTENT_CHARS:
+            raise WireError(f"{where}: a text of more than {MAX_CONTENT_CHARS:,} characters")
+        return ["text", str(block)]
+    if isinstance(block, (Image, Audio)):
+        return _media(where, block)
+    if isinstance(block, Resource):
+        if block.text is not None and len(block.text) > MAX_CONTENT_CHARS:
+            raise WireError(f"{where}: a resource text of more than {MAX_CONTENT_CHARS:,} characters")
+        if block.blob is not None and len(block.blob) > MAX_MEDIA_BYTES:
+            raise WireError(f"{where}: a resource blob of {len(block.blob):,} bytes, more than the limit of "
+                            f"{MAX_MEDIA_BYTES:,}")
+        return ["resource", str(block.uri), block.mime_type, block.text, block.blob]
+    raise WireError(f"{where}: a {type(block).__name__}, not text, Image, Audio or Resource")
+
+
+def _decode_block(i: int, raw: Any) -> Block:
+    where = f"result.blocks[{i}]"
+    if type(raw) is not list or not raw or type(raw[0]) is not str:
+        raise WireError(f"{where} is not a [kind, ...] list")
+    kind, fields = raw[0], raw[1:]
+    try:
+        if kind == "text" and len(fields) == 1 and type(fields[0]) is str and len(fields[0]) <= MAX_CONTENT_CHARS:
+            return str(fields[0])
+        if kind in ("image", "audio") and len(fields) == 2:
+            data, mime = fields
+            limit = MAX_IMAGE_BYTES if kind == "image" else MAX_MEDIA_BYTES
+            if type(data) is not bytes or len(data) > limit:
+                raise WireError(f"{where} data is not bytes of at most {limit:,}")
+            if type(mime) is not str or _MIME_TYPE.fullmatch(mime) is None:
+                raise WireError(f"{where} has no valid MIME type")
+            return Image(data, mime) if kind == "image" else Audio(data, mime)
+        if kind == "resource" and len(fields) == 4:
+            uri, mime, text, blob = fields
+            if type(uri) is not str or len(uri) > MAX_URI_CHARS:
+                raise WireError(f"{where} uri is not a str of at most {MAX_URI_CHARS:,} characters")
+            if mime is not None and (type(mime) is not str or _MIME_TYPE.fullmatch(mime) is None):
+                raise WireError(f"{where} has no valid MIME type")
+            if text is not None and (type(text) is not str or len(text) > MAX_CONTENT_CHARS):
+                raise WireError(f"{where} text is not a str of at most {MAX_CONTENT_CHARS:,} characters")
+            if blob is not None and (type(blob) is not bytes or len(blob) > MAX_MEDIA_BYTES):
+                raise WireError(f"{where} blob is not bytes of at most {MAX_MEDIA_BYTES:,}")
+            return Resource(uri, mime, text, blob)
+    except (TypeError, ValueError) as exc:  # well formed, but refused by the value's own checks
+        raise WireError(f"{where}: {exc}") from None
+    raise WireError(f"{where} is not a text, image, audio or resource block of the right shape")
 
 
 CODECS: Final[Mapping[str, ResultCodec]] = MappingProxyType({"plain": PlainCodec(), "pickle": PickleCodec()})

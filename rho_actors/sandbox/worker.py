@@ -181,6 +181,7 @@ def _reply(result: ToolResult, retire: bool, name: str, codec: wire.ResultCodec)
     except MemoryError:
         raise
     except wire.WireError as exc:
-        what = f"details of type {type(result.details).__qualname__}" if result.details is not None else "images"
+        what = (f"details of type {type(result.details).__qualname__}" if result.details is not None
+                else "content blocks" if result.blocks else "images")
         failed = failure("unreturnable", result.call_id, result.name, what=what, problem=str(exc))
     return tag, codec.encode(failed)

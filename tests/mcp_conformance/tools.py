@@ -3,10 +3,8 @@ calls, as rho tools, served by ``rho-actors mcp serve --http`` in
 ``tests/test_mcp_conformance.py`` (the way each SDK's conformance server implements
 them: ``examples/servers/typescript/everything-server.ts`` of the suite).
 
-Not here: ``test_audio_content``, ``test_embedded_resource`` and
-``test_multiple_content_types`` (a rho result is text and images: no audio, no
-embedded resources), and the suite's resources, prompts and completion scenarios (a
-rho server serves tools only).
+Not here: the suite's resources, prompts and completion scenarios (a rho server
+serves tools only).
 """
 
 from __future__ import annotations
@@ -15,11 +13,17 @@ import base64
 import time
 from typing import Any
 
-from rho_actors import Image, tool
+from rho_actors import Audio, Image, Resource, tool
 from rho_actors.mcp import client_of
 
 PNG = base64.b64decode(  # 1x1, red: the suite's own test image
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+
+WAV = (  # a minimal RIFF/WAVE file: 8 kHz, mono, 8-bit, four samples of silence
+    b"RIFF" + (36 + 4).to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
+    + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + (8000).to_bytes(4, "little")
+    + (8000).to_bytes(4, "little") + (1).to_bytes(2, "little") + (8).to_bytes(2, "little")
+    + b"data" + (4).to_bytes(4, "little") + bytes([128] * 4))
 
 
 def _client(ctx: Any) -> Any:
@@ -39,6 +43,25 @@ def test_simple_text() -> str:
 def test_image_content() -> Image:
     """Tests image content response."""
     return Image(PNG, "image/png")
+
+
+@tool
+def test_audio_content() -> Audio:
+    """Tests audio content response."""
+    return Audio(WAV, "audio/wav")
+
+
+@tool
+def test_embedded_resource() -> Resource:
+    """Tests embedded resource content response."""
+    return Resource("test://embedded-resource", "text/plain", text="This is an embedded resource content.")
+
+
+@tool
+def test_multiple_content_types() -> list[str | Image | Resource]:
+    """Tests response with multiple content types (text, image, resource)."""
+    return ["Multiple content types test:", Image(PNG, "image/png"),
+            Resource("test://mixed-content-resource", "application/json", text='{"test":"data","value":123}')]
 
 
 @tool

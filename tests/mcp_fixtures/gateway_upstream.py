@@ -2,11 +2,11 @@
 Usage: gateway_upstream.py MARKS_DIR alpha|beta [--http PORT].
 
 alpha: echo, hang (writes MARKS_DIR/hang-started, then MARKS_DIR/cancelled when its call
-is cancelled), stubborn
-(ignores cancellation), crash (the process exits mid-call), grow (adds "grown" and sends
-tools/list_changed), pid. At start it writes MARKS_DIR/alpha-started (its pid); when the
-FIFO MARKS_DIR/gate exists it first waits until someone opens it for writing, then
-removes it (so a restarted server stays down until the test lets it up).
+is cancelled), stubborn (ignores cancellation), crash (the process exits mid-call), grow
+(adds "grown" and sends tools/list_changed), pid, media (text, audio and an embedded
+resource). At start it writes MARKS_DIR/alpha-started (its pid); when the FIFO
+MARKS_DIR/gate exists it first waits until someone opens it for writing, then removes
+it (so a restarted server stays down until the test lets it up).
 beta: echo, read_file (a file's text), connect (a TCP connection to 127.0.0.1:PORT), whoami.
 """
 
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -70,6 +71,14 @@ if kind == "alpha":
     def pid() -> str:
         """This server's process id."""
         return str(os.getpid())
+
+    @server.tool()
+    def media() -> list[types.ContentBlock]:
+        """Text, a sound and an embedded resource, in that order."""
+        return [types.TextContent(type="text", text="listen"),
+                types.AudioContent(type="audio", data="UklGRg==", mime_type="audio/wav"),
+                types.EmbeddedResource(type="resource", resource=types.TextResourceContents(
+                    uri="test://alpha", mime_type="text/plain", text="alpha's notes"))]
 
 else:
 

@@ -3,9 +3,13 @@
 import time
 from typing import Any
 
-from rho_actors import Details, Error, Image, tool
+from rho_actors import Audio, Details, Error, Image, Resource, tool
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+WAV = b"RIFF" + b"\0" * 40
+MEDIA = (Image(PNG, "image/png"), "between", Audio(WAV, "audio/wav"),
+         Resource("file:///notes.txt", "text/plain", text="the notes"),
+         Resource("test://blob", "application/octet-stream", blob=b"\x00\xffbytes"), "last")
 
 
 @tool
@@ -37,6 +41,12 @@ def refuse() -> Error:
 def secret() -> Details:
     """Keep details for the host."""
     return Details("public part", {"token": "host-only-secret"})
+
+
+@tool
+def media() -> tuple[object, ...]:
+    """Return a picture, a sound and two embedded resources between texts, in that order."""
+    return MEDIA
 
 
 @tool
