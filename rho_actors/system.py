@@ -56,7 +56,7 @@ from rho_actors.declarations import checks as _decl
 from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
-from rho_actors.events import EventBus
+from rho_actors.events import EventBus, SupervisorEvent
 from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
@@ -254,7 +254,7 @@ class ActorSystem:
         self._telemetry = self._runtime.telemetry
         self._telemetry.bind(uuid.uuid4().hex[:12], self.stats)
         if self._telemetry.enabled:
-            self._events.subscribe(self._telemetry.report)  # supervisor reports, counted and traced
+            self._events.subscribe(self._telemetry.report, only=(SupervisorEvent,))  # counted and traced
         self._observers: list[Observer] = []
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
