@@ -30,6 +30,7 @@ import functools
 import hashlib
 import inspect
 import json
+import marshal
 import math
 import os
 import re
@@ -300,7 +301,7 @@ def check_declaration(
     return ToolInfo(
         name=name,
         description=description,
-        parameter_schema=_stripped_annotations(copy.deepcopy(schema)),
+        parameter_schema=_stripped_annotations(marshal.loads(marshal.dumps(schema))),  # plain JSON: a deep copy
         timeout_ms=timeout,
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
     )
