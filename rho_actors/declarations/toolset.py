@@ -8,6 +8,7 @@ mutated, so any thread may read it without a lock.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import json
 import marshal
@@ -167,6 +168,15 @@ def schemas_blob(entries: Sequence[ToolEntry]) -> bytes | None:
         return marshal.dumps([entry.info.parameter_schema for entry in entries])
     except ValueError:
         return None
+
+
+def plain_copy(value: Any) -> Any:
+    """A deep copy of ``value``: one ``marshal`` round trip for plain JSON data (exact
+    ``dict``/``list``/``str``/numbers), ``copy.deepcopy`` for anything else."""
+    try:
+        return marshal.loads(marshal.dumps(value))
+    except ValueError:
+        return copy.deepcopy(value)
 
 
 def copied_infos(entries: Sequence[ToolEntry], blob: bytes | None) -> list[ToolInfo]:
