@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from loguru import logger
 
@@ -98,26 +98,45 @@ Event = Union["CallEvent", "DeclarationEvent", "IsolationEvent", "ProgressEvent"
 class EventBus:
     """Delivers each event to every subscriber, in the emitting actor's thread.
 
-    A subscriber that raises is logged and kept; it cannot fail the call.
+    A subscriber that raises is logged and kept; it cannot fail the call. A subscriber
+    may take only some event types (``subscribe(..., only=...)``); :meth:`wants_calls`
+    tells an emitter whether a :class:`CallEvent` would reach anyone, so that none is
+    built when nobody listens.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._subscribers: tuple[Callable[[Event], None], ...] = ()
+        self._subscribers: tuple[tuple[Callable[[Event], None], tuple[type, ...] | None], ...] = ()
+        self._call_subscribers = 0  # subscribers that take CallEvents
 
-    def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
-        """Add ``callback``; returns a function that removes it again."""
+    def subscribe(
+        self, callback: Callable[[Event], None], *, only: tuple[type, ...] | None = None
+    ) -> Callable[[], None]:
+        """Add ``callback`` (for the event types in ``only``; default: every event);
+        returns a function that removes it again."""
+        entry = (callback, only)
         with self._lock:
-            self._subscribers += (callback,)
+            self._subscribers += (entry,)
+            self._count()
 
         def unsubscribe() -> None:
             with self._lock:
-                self._subscribers = tuple(s for s in self._subscribers if s is not callback)
+                self._subscribers = tuple(s for s in self._subscribers if s is not entry)
+                self._count()
 
         return unsubscribe
 
+    def _count(self) -> None:
+        self._call_subscribers = sum(only is None or CallEvent in only for _, only in self._subscribers)
+
+    def wants_calls(self, kind: EventKind) -> bool:
+        """Whether a :class:`CallEvent` of ``kind`` would reach anyone now: a subscriber
+        taking call events, or a loguru sink taking the line it is logged as
+        (``WARNING`` for ``timed_out``, else ``DEBUG``, from ``rho_actors``)."""
+        return self._call_subscribers > 0 or _log_wanted(_WARNING if kind == "timed_out" else _DEBUG)
+
     def emit(self, event: Event) -> None:
-        """Log ``event`` and give it to every subscriber (a raising one is logged)."""
+        """Log ``event`` and give it to every subscriber that takes it (a raising one is logged)."""
         if isinstance(event, SupervisorEvent):
             pass  # the supervisor logged it already (it reports without a bus, too)
         elif isinstance(event, DeclarationEvent):
@@ -136,11 +155,38 @@ class EventBus:
                 "call {} ({}) in session {}: {} {} {:.3f} ms",
                 event.call_id, event.tool, event.session_id, event.kind, event.outcome or "", event.duration_ms,
             )
-        for subscriber in self._subscribers:
+        for subscriber, only in self._subscribers:
+            if only is not None and not isinstance(event, only):
+                continue
             try:
                 subscriber(event)
             except BaseException:  # a subscriber's exit must not stop the emitting actor
                 logger.exception("event subscriber {!r} raised", subscriber)
+
+
+_DEBUG, _WARNING = 10, 30  # loguru's level numbers
+
+
+def _log_wanted(level_no: int) -> bool:
+    """Whether loguru would write a line of ``level_no`` logged from this module: some
+    sink takes that level and ``rho_actors`` is enabled (``logger.enable``). Loguru has
+    no public question for it, so this reads what its ``_log`` reads (0.7: the core's
+    ``min_level``, its cache of enabled modules, else its activation list, as
+    ``_log`` does), and says yes whenever they cannot be read."""
+    core: Any = getattr(logger, "_core", None)
+    try:
+        if level_no < core.min_level:
+            return False
+        enabled = core.enabled.get(__name__)
+        if enabled is not None:
+            return bool(enabled)
+        dotted = __name__ + "."
+        for prefix, status in core.activation_list:  # most specific first, as loguru keeps it
+            if dotted[: len(prefix)] == prefix:
+                return bool(status)
+        return True
+    except (AttributeError, TypeError):
+        return True
 
 
 DeclarationEventKind = Literal["read", "rejected", "retry", "excluded", "evicted"]

@@ -10,9 +10,9 @@ each node has its strategy and intensity)::
     ├── workers             IsolationOwner        permanent  the isolations: processes for ``process`` isolation
     ├── sources             Supervisor, I         permanent  SourceActors (add_source): permanent;
     │                                                        a source's own subtrees: temporary
-    ├── sessions            Supervisor            permanent  one subtree per session: temporary
-    │   └── <session id>    Supervisor, I, auto_shutdown     the session's own children
-    │       └── loop        LoopActor             transient, significant
+    ├── sessions            LazySupervisor        permanent  one subtree per session: temporary
+    │   └── <session id>    Supervisor, I, auto_shutdown     the session's own children (lazy: started
+    │       └── loop        LoopActor             transient, significant   at the loop's first crash)
     └── servers             Supervisor            permanent  one subtree per host server: temporary
         └── <spec id>       Supervisor, its own intensity    (start_child's, default I)
             └── <spec id>   the host's actor      its spec's restart type
@@ -56,7 +56,7 @@ from rho_actors.declarations import checks as _decl
 from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
-from rho_actors.events import EventBus
+from rho_actors.events import EventBus, SupervisorEvent
 from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
@@ -65,6 +65,7 @@ from rho_actors.loop.handle import Loop, withheld_names
 from rho_actors.loop.messages import allowlist, loop_name
 from rho_actors.observe.tree import describe_tree
 from rho_actors.otp.actor import NORMAL, monitor, start_link
+from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
 from rho_actors.otp.names import Names
 from rho_actors.otp.supervisor import ChildSpec, ChildStarter, StartChild, Supervisor, start_adopted
 from rho_actors.otp.threads import ThreadPool
@@ -254,7 +255,7 @@ class ActorSystem:
         self._telemetry = self._runtime.telemetry
         self._telemetry.bind(uuid.uuid4().hex[:12], self.stats)
         if self._telemetry.enabled:
-            self._events.subscribe(self._telemetry.report)  # supervisor reports, counted and traced
+            self._events.subscribe(self._telemetry.report, only=(SupervisorEvent,))  # counted and traced
         self._observers: list[Observer] = []
 
         def supervisor(label: str, **kwargs: Any) -> StartChild:
@@ -264,6 +265,8 @@ class ActorSystem:
         self._supervisor = supervisor
         self._shutdown_ms = shutdown_ms
         self._intensity = intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
+        self._sessions = LazyStarter()  # session subtrees started in the caller's thread
+        sessions = dataclasses.replace(supervisor(SESSIONS, starter=self._sessions), actor_class=LazySupervisor)
         children = [
             ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),
                       name=DECLARATIONS),
@@ -275,7 +278,7 @@ class ActorSystem:
             ChildSpec(SOURCES, supervisor(SOURCES, **intensity), type="supervisor", name=SOURCES,
                       shutdown=shutdown_ms + 1_000),
             # Only temporary children below: nothing is restarted here, so the intensity is moot.
-            ChildSpec(SESSIONS, supervisor(SESSIONS), type="supervisor", name=SESSIONS, shutdown=shutdown_ms + 2_000),
+            ChildSpec(SESSIONS, sessions, type="supervisor", name=SESSIONS, shutdown=shutdown_ms + 2_000),
             ChildSpec(SERVERS, supervisor(SERVERS), type="supervisor", name=SERVERS, shutdown=shutdown_ms + 2_000),
         ]
         self._root = start_link(Supervisor, children, names=self._names, label=ROOT, report=self._events.emit,
@@ -292,6 +295,7 @@ class ActorSystem:
         """The tree is down: fail what still waits on it."""
         self._stopped = True
         self._calls.close()
+        self._sessions.close()
         self._declarations.closed.set()  # cancels declaration reads in flight
         for waiting in list(self._registry.waiting.values()):
             if not waiting.done():
@@ -447,7 +451,8 @@ class ActorSystem:
     ) -> Loop:
         """Start one session's subtree under ``sessions``: a session supervisor (the
         system's restart intensity) over its LoopActor (``transient``: restarted after a
-        crash, with the same arguments), and return the :class:`Loop` handle. A session
+        crash, with the same arguments), and return the :class:`Loop` handle (the loop
+        starts in this thread, its supervisor at its first crash: :mod:`rho_actors.otp.lazy`). A session
         whose loop crashes more often than the intensity allows is given up alone: its
         handle then raises :class:`rho_actors.NotRunningError` naming why, and
         ``loop.exit_reason`` is the :class:`rho_actors.RestartIntensityExceeded`. A
@@ -493,15 +498,15 @@ class ActorSystem:
             session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
             runtime=self._runtime, allowed=allowlist(tools),
         )
-        loop = ChildSpec("loop", StartChild(LoopActor, kwargs=kwargs), restart="transient", significant=True,
-                         name=loop_name(session_id))
+        loop = ChildSpec("loop", functools.partial(LoopActor.start, **kwargs), restart="transient",
+                         significant=True, name=loop_name(session_id))
         session = ChildSpec(
             session_id,
             self._supervisor(f"session:{session_id}", children=[loop], auto_shutdown="any_significant",
                              **self._intensity),
             restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
         )
-        self._proxy(SESSIONS).start_child(session).get(timeout=self._ask_timeout_s)
+        self._sessions.start(LazySubtree(session, loop))  # its supervisor starts at the loop's first crash
         return Loop(session_id, session_dir, self._runtime)
 
     # --- sources and selftests -------------------------------------------------------------

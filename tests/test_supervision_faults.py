@@ -221,3 +221,29 @@ def test_when_gave_up_is_reported_the_names_and_the_supervisor_already_say_so() 
     assert "its supervisor gave up on it (RestartIntensityExceeded" in seen["lookup"]
     assert seen["alive"] is False
     assert isinstance(names.exit_reason("w"), RestartIntensityExceeded)
+
+
+def test_an_actors_stop_flag_wakes_a_waiter_however_the_set_and_the_wait_interleave() -> None:
+    from rho_actors.otp.actor import StopFlag
+
+    flag = StopFlag()
+    assert not flag.is_set() and flag.wait(0) is False
+    waiting = threading.Event()
+    woke: list[bool] = []
+
+    def waiter() -> None:
+        waiting.set()
+        woke.append(flag.wait(10))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert waiting.wait(10)
+    flag.set()
+    thread.join(10)
+    assert woke == [True] and flag.is_set() and flag.wait(0)
+    flag.clear()
+    assert not flag.is_set() and flag.wait(0.01) is False
+    ref = Actor.start()
+    assert isinstance(ref.actor_stopped, StopFlag) and ref.is_alive()
+    ref.stop()
+    assert ref.actor_stopped.wait(10) and not ref.is_alive()

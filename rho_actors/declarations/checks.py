@@ -24,14 +24,18 @@ A tool failing any check is left out of what loops offer, with its reason logged
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
+import hashlib
 import inspect
 import json
+import marshal
 import math
 import os
 import re
 import sys
+import threading
 import types
 import typing
 from dataclasses import dataclass
@@ -297,7 +301,7 @@ def check_declaration(
     return ToolInfo(
         name=name,
         description=description,
-        parameter_schema=_stripped_annotations(copy.deepcopy(schema)),
+        parameter_schema=_stripped_annotations(marshal.loads(marshal.dumps(schema))),  # plain JSON: a deep copy
         timeout_ms=timeout,
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
     )
@@ -392,9 +396,47 @@ def _schema_checks(
         return [problem]
     if _too_many_nodes(schema, max_nodes):
         return [f"parameter_schema: more than {max_nodes} JSON values (keys included), over its bound"]
-    problem = _wire_problem(schema, max_bytes)
+    problem, text = _wire_problem(schema, max_bytes)
     if problem:
         return [problem]
+    # The checks below depend on the JSON value alone, which the text (of exact JSON types
+    # only, checked above) identifies: one schema offered by many tools is checked once.
+    key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    known = _SCHEMA_VERDICTS.get(key)
+    if known is None:
+        known = _SCHEMA_VERDICTS.put(key, tuple(_costly_checks(schema)))
+    return list(known)
+
+
+class _Verdicts:
+    """The last ``size`` schema verdicts by the SHA-256 of the schema's JSON text (an LRU,
+    safe from any thread)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._held: collections.OrderedDict[bytes, tuple[str, ...]] = collections.OrderedDict()
+
+    def get(self, key: bytes) -> tuple[str, ...] | None:
+        with self._lock:
+            found = self._held.get(key)
+            if found is not None:
+                self._held.move_to_end(key)
+            return found
+
+    def put(self, key: bytes, verdict: tuple[str, ...]) -> tuple[str, ...]:
+        with self._lock:
+            self._held[key] = verdict
+            if len(self._held) > self._size:
+                self._held.popitem(last=False)
+        return verdict
+
+
+_SCHEMA_VERDICTS = _Verdicts(4_096)
+
+
+def _costly_checks(schema: dict[str, Any]) -> list[str]:
+    """The meta-schema, the keywords and a validator's compilation (bounded input)."""
     # check_schema's first error at half its time (no format checker: patterns are checked by RE2 below)
     err = next(metaschema_validator().iter_errors(schema), None)
     if err is not None:
@@ -409,19 +451,19 @@ def _schema_checks(
     return _validator_problems(schema)
 
 
-def _wire_problem(schema: dict[str, Any], max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> str | None:
+def _wire_problem(schema: dict[str, Any], max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> tuple[str | None, str]:
     """Why ``schema`` cannot be sent by both SDKs (UTF-8 JSON text read back the same,
     of at most ``max_bytes`` bytes), or ``None``: a lone surrogate, an integer of more
-    than 4,300 digits, too long a text..."""
+    than 4,300 digits, too long a text...; and the JSON text (``""`` when it has none)."""
     try:
         text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
         size = len(text.encode("utf-8"))
         json.loads(text)
     except (ValueError, TypeError) as err:
-        return f"parameter_schema: cannot be sent as UTF-8 JSON: {describe_exception(err)}"
+        return f"parameter_schema: cannot be sent as UTF-8 JSON: {describe_exception(err)}", ""
     if size > max_bytes:
-        return f"parameter_schema: {size} bytes of JSON text, over the bound of {max_bytes}"
-    return None
+        return f"parameter_schema: {size} bytes of JSON text, over the bound of {max_bytes}", text
+    return None, text
 
 
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})

@@ -7,9 +7,13 @@ mutated, so any thread may read it without a lock.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import gc
 import json
 import marshal
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -166,10 +170,59 @@ def schemas_blob(entries: Sequence[ToolEntry]) -> bytes | None:
         return None
 
 
+def plain_copy(value: Any) -> Any:
+    """A deep copy of ``value``: one ``marshal`` round trip for plain JSON data (exact
+    ``dict``/``list``/``str``/numbers), ``copy.deepcopy`` for anything else."""
+    try:
+        return marshal.loads(marshal.dumps(value))
+    except ValueError:
+        return copy.deepcopy(value)
+
+
 def copied_infos(entries: Sequence[ToolEntry], blob: bytes | None) -> list[ToolInfo]:
     """:meth:`ToolEntry.offered_info` of each entry, the schemas copied in one
-    ``marshal.loads`` of ``blob`` (from :func:`schemas_blob` of the same entries)."""
-    if blob is None:
-        return [entry.offered_info() for entry in entries]
-    return [ToolInfo(i.name, i.description, schema, i.timeout_ms, i.concurrency)
-            for i, schema in zip((entry.info for entry in entries), marshal.loads(blob), strict=True)]
+    ``marshal.loads`` of ``blob`` (from :func:`schemas_blob` of the same entries). A
+    large offer is copied with the cyclic garbage collector paused
+    (:func:`no_collection`)."""
+    with no_collection() if len(entries) >= _PAUSE_FROM else contextlib.nullcontext():
+        if blob is None:
+            return [entry.offered_info() for entry in entries]
+        return [ToolInfo(i.name, i.description, schema, i.timeout_ms, i.concurrency)
+                for i, schema in zip((entry.info for entry in entries), marshal.loads(blob), strict=True)]
+
+
+_PAUSE_FROM = 256  # entries
+
+
+class _Pauses:
+    """How many :func:`no_collection` blocks run now, and whether the first disabled
+    the collector (under ``lock``)."""
+
+    lock = threading.Lock()
+    running = 0
+    disabled_here = False
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """Run the block with Python's cyclic garbage collector disabled, then enabled again
+    if it was enabled on entry (nested and concurrent blocks count: the last to leave
+    restores it). For a bounded burst of new containers that are all alive when it ends
+    (a copy of a large offer: tens of thousands of dicts), which would otherwise trigger
+    collections that walk the whole heap and promote the copies to the oldest
+    generation, only for them to be freed by reference counting soon after. Reference
+    counting frees garbage as usual meanwhile. A host that calls ``gc.disable()``
+    inside such a block gets the collector enabled again at its end."""
+    with _Pauses.lock:
+        if _Pauses.running == 0:
+            _Pauses.disabled_here = gc.isenabled()
+            gc.disable()
+        _Pauses.running += 1
+    try:
+        yield
+    finally:
+        with _Pauses.lock:
+            _Pauses.running -= 1
+            if _Pauses.running == 0 and _Pauses.disabled_here:
+                _Pauses.disabled_here = False
+                gc.enable()

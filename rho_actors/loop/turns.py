@@ -522,6 +522,8 @@ class Turns:
         self._finish(turn)
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
+        if not self._events.wants_calls(kind):  # nobody listens: no event built, no line logged
+            return
         if result is None:
             outcome, duration = None, 0.0
         else:

@@ -35,11 +35,7 @@ def describe_tree(root: pykka.ActorRef[Any], runtime: Runtime, sessions_dir: Pat
                 if node["id"] == calls_id:
                     node["running"] = sum(c.alive for c in children)
                     return node
-                node["children"] = [
-                    describe(c.ref, {"id": c.id, "kind": c.type, "restart": c.restart,
-                                     "restarts": c.restarts, "alive": c.alive}, node["id"])
-                    for c in children
-                ]
+                node["children"] = [describe_child(c, node["id"]) for c in children]
             elif node["id"] == workers_id and parent == root_id:
                 isolations = runtime.isolations.items()
                 node["isolations"] = {name: view for name, isolation in isolations if (view := isolation.describe())}
@@ -49,6 +45,15 @@ def describe_tree(root: pykka.ActorRef[Any], runtime: Runtime, sessions_dir: Pat
                 node["running"] = Loop(parent, sessions_dir / parent, runtime).running()
         except (pykka.ActorDeadError, pykka.Timeout):
             node["alive"] = False
+        return node
+
+    def describe_child(c: ChildInfo, parent: str) -> dict[str, Any]:
+        node = {"id": c.id, "kind": c.type, "restart": c.restart, "restarts": c.restarts, "alive": c.alive}
+        if c.children is None:
+            return describe(c.ref, node, parent)
+        # a lazy subtree (rho_actors.otp.lazy): its supervisor is not started, its child is
+        node["strategy"] = "one_for_one"
+        node["children"] = [describe_child(inner, c.id) for inner in c.children]
         return node
 
     return describe(root, {"id": root_id, "kind": "supervisor", "restart": "permanent", "restarts": 0,

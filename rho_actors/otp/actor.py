@@ -46,6 +46,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -58,7 +59,7 @@ from rho_actors.encoding import describe_exception
 if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
 
-__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "kill", "monitor", "start_link"]
+__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "StopFlag", "kill", "monitor", "start_link"]
 
 NORMAL = "normal"
 """The exit reason of an actor that was stopped (``ref.stop()``): not a failure."""
@@ -193,6 +194,46 @@ def kill(ref: pykka.ActorRef[Any], reason: object = KILLED) -> None:
         pass
 
 
+class StopFlag:
+    """``threading.Event``'s interface (``is_set``, ``set``, ``clear``, ``wait``) for an
+    actor's ``actor_stopped``: a plain flag until a thread waits on it, then backed by
+    an Event made for that wait. Safe from any thread."""
+
+    __slots__ = ("_event", "_flag")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        event = self._event
+        if event is not None:
+            event.set()
+
+    def clear(self) -> None:
+        self._flag = False
+        event = self._event
+        if event is not None:
+            event.clear()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until set or ``timeout`` seconds pass (``None``: no bound); returns
+        whether it is set."""
+        if self._flag:
+            return True
+        with _lock:
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if self._flag:  # set before the event existed
+            event.set()
+        return event.wait(timeout)
+
+
 class Actor(pykka.ThreadingActor):
     """A pykka actor with an exit reason, monitors and exit hooks (see the module doc).
 
@@ -223,7 +264,12 @@ class Actor(pykka.ThreadingActor):
         return queue.SimpleQueue()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        # pykka's Actor.__init__, with a stop flag whose Event (a Condition and a Lock) is
+        # made only when someone waits on it: one of each per CallActor otherwise.
+        self.actor_urn = uuid.uuid4().urn
+        self.actor_inbox = self._create_actor_inbox()
+        self.actor_stopped = StopFlag()  # type: ignore[assignment]
+        self._actor_ref = pykka.ActorRef(self)
         self.exit_reason: object = None
         self._exit_cause: object = None
         self._stopped_once = False

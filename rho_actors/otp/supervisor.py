@@ -92,6 +92,7 @@ __all__ = [
     "StartChild",
     "Supervisor",
     "count_children",
+    "send_report",
     "start_adopted",
     "which_children",
 ]
@@ -155,7 +156,10 @@ class ChildSpec:
 
 @dataclass(frozen=True, slots=True)
 class ChildInfo:
-    """A child as :meth:`Supervisor.which_children` reports it."""
+    """A child as :meth:`Supervisor.which_children` reports it. ``children`` is set only
+    for a lazy subtree whose supervisor has not started yet
+    (:class:`rho_actors.otp.lazy.LazySubtree`): then ``ref`` is ``None`` and ``children``
+    are the subtree's children as its supervisor would report them."""
 
     id: str
     ref: pykka.ActorRef[Any] | None
@@ -163,6 +167,7 @@ class ChildInfo:
     restart: str
     restarts: int
     alive: bool
+    children: tuple[ChildInfo, ...] | None = None
 
 
 class RestartIntensityExceeded(Exception):
@@ -172,7 +177,10 @@ class RestartIntensityExceeded(Exception):
 
 
 @dataclass(slots=True)
-class _Child:
+class ChildRecord:
+    """A supervisor's record of one child (for subclasses such as
+    :class:`rho_actors.otp.lazy.LazySupervisor`): its spec and its ref now."""
+
     key: int
     spec: ChildSpec
     dynamic: bool = False
@@ -263,7 +271,10 @@ class Supervisor(Actor):
     children this supervisor takes over; ``thread_pool``, where its loop runs (see
     :attr:`rho_actors.Actor.thread_pool`; default: a thread of its own); ``report``, called with each
     :class:`rho_actors.SupervisorEvent` (in this supervisor's thread: keep it quick).
-    ``label`` names it in logs and reports. Raises ``ValueError`` for an unknown
+    ``label`` names it in logs and reports. ``crashed`` (``(child id, reason)``) starts
+    it as if that static child had just crashed: the child is not started with the
+    others but restarted by the strategy, counting one restart (a lazy subtree's
+    supervisor woken by its child's crash: :mod:`rho_actors.otp.lazy`). Raises ``ValueError`` for an unknown
     strategy or auto_shutdown, and the first start error of a child (the supervisor
     does not start then).
     """
@@ -281,6 +292,7 @@ class Supervisor(Actor):
         thread_pool: ThreadPool | None = None,
         report: Callable[[SupervisorEvent], None] | None = None,
         label: str = "supervisor",
+        crashed: tuple[str, object] | None = None,
     ) -> None:
         super().__init__()
         if strategy not in STRATEGIES:
@@ -301,8 +313,9 @@ class Supervisor(Actor):
         self._adopting = True  # false once stopping: no child may join the shutdown late
         self._report_to = report
         self._static = list(children)
+        self._crashed = crashed
         self._lock = threading.Lock()
-        self._children: dict[int, _Child] = {}  # start order
+        self._children: dict[int, ChildRecord] = {}  # start order
         self._by_urn: dict[str, int] = {}
         self._keys = itertools.count()
         self._restart_times: collections.deque[float] = collections.deque()
@@ -311,44 +324,40 @@ class Supervisor(Actor):
     # --- starting -----------------------------------------------------------------------
 
     def on_start(self) -> None:
+        crashed: ChildRecord | None = None
         try:
             for spec in self._static:
-                self._add(spec)
+                if self._crashed is not None and spec.id == self._crashed[0]:  # ran before this supervisor
+                    crashed = ChildRecord(next(self._keys), spec)
+                    with self._lock:
+                        self._children[crashed.key] = crashed
+                else:
+                    self._add(spec)
         except BaseException:
             self._shutdown_children()
             raise
         if self._starter is not None:
             self._starter._bind(self)
+        if crashed is not None and self._crashed is not None:
+            self._report("crashed", crashed, self._crashed[1])
+            self.actor_ref.tell(_Retry(crashed.key, self._crashed[1]))  # restarted as any crashed child
 
-    def _add(self, spec: ChildSpec) -> _Child:
-        child = _Child(next(self._keys), spec)
+    def _add(self, spec: ChildSpec) -> ChildRecord:
+        child = ChildRecord(next(self._keys), spec)
         with self._lock:
             self._children[child.key] = child
         self._launch(child)
         self._report_started(child)
         return child
 
-    def _report_started(self, child: _Child) -> None:
+    def _report_started(self, child: ChildRecord) -> None:
         if child.spec.restart != "temporary":
             self._report("started", child)
 
-    def _report(self, kind: SupervisorEventKind, child: _Child, reason: object = None) -> None:
-        """Log one report and give it to ``report`` (whose failure is logged, never raised)."""
-        text = None if reason is None else _reason_text(reason)
-        event = SupervisorEvent(kind, self.label, child.spec.id, text, child.restarts)
-        if kind in {"started", "restarted"}:
-            logger.info("{}: child {} {}", self.label, child.spec.id, kind)
-        elif kind in ("gave_up", "escalated"):
-            logger.error("{}: {} (child {}): {}", self.label, kind.replace("_", " "), child.spec.id, text)
-        else:
-            logger.warning("{}: child {} {}: {}", self.label, child.spec.id, kind.replace("_", " "), text)
-        if self._report_to is not None:
-            try:
-                self._report_to(event)
-            except BaseException:  # a host's callback must not fail the supervisor
-                logger.exception("{}: the report callback raised", self.label)
+    def _report(self, kind: SupervisorEventKind, child: ChildRecord, reason: object = None) -> None:
+        send_report(self._report_to, self.label, kind, child.spec.id, reason, child.restarts)
 
-    def _launch(self, child: _Child) -> None:
+    def _launch(self, child: ChildRecord) -> None:
         try:
             ref = child.spec.start()
         except Exception:
@@ -366,7 +375,7 @@ class Supervisor(Actor):
             raise ValueError(f"child {spec.id!r}: only an unnamed, temporary, insignificant child can be adopted")
         if not issubclass(ref.actor_class, Actor):
             raise TypeError(f"child {spec.id!r}: {ref.actor_class.__name__} is not a rho_actors.Actor")
-        child = _Child(next(self._keys), spec, dynamic=True, ref=ref)
+        child = ChildRecord(next(self._keys), spec, dynamic=True, ref=ref)
         with self._lock:
             if not self._adopting or self.actor_stopped.is_set():
                 raise pykka.ActorDeadError(f"{self.label} is stopping")
@@ -379,7 +388,7 @@ class Supervisor(Actor):
         thread."""
         self._forget_temporary(ref, None)
 
-    def _watch(self, child: _Child, ref: pykka.ActorRef[Any]) -> None:
+    def _watch(self, child: ChildRecord, ref: pykka.ActorRef[Any]) -> None:
         if not isinstance(ref, pykka.ActorRef):
             raise TypeError(
                 f"child {child.spec.id!r}: its start returned {ref!r}, not the ref of a started rho_actors.Actor"
@@ -421,7 +430,7 @@ class Supervisor(Actor):
         return self._start_dynamic(spec)
 
     def _start_dynamic(self, spec: ChildSpec) -> pykka.ActorRef[Any]:
-        child = _Child(next(self._keys), spec, dynamic=True)
+        child = ChildRecord(next(self._keys), spec, dynamic=True)
         self._launch(child)
         with self._lock:
             self._children[child.key] = child
@@ -444,10 +453,11 @@ class Supervisor(Actor):
         """The children, in start order (OTP's ``which_children``)."""
         with self._lock:
             children = list(self._children.values())
-        return [
-            ChildInfo(c.spec.id, c.ref, c.spec.type, c.spec.restart, c.restarts, c.ref is not None and c.ref.is_alive())
-            for c in children
-        ]
+        return [self._info(c) for c in children]
+
+    def _info(self, c: ChildRecord) -> ChildInfo:
+        alive = c.ref is not None and c.ref.is_alive()
+        return ChildInfo(c.spec.id, c.ref, c.spec.type, c.spec.restart, c.restarts, alive)
 
     # --- failures -----------------------------------------------------------------------
 
@@ -498,7 +508,7 @@ class Supervisor(Actor):
         if child is not None and child.ref is None:
             self._restart(child, reason)
 
-    def _restart(self, child: _Child, reason: object) -> None:
+    def _restart(self, child: ChildRecord, reason: object) -> None:
         """Restart ``child`` by the strategy; this counts as one restart. A start that
         raises is reported and tried again through the inbox (OTP's
         ``try_again_restart``), counting again; past the intensity the supervisor gives up."""
@@ -534,7 +544,7 @@ class Supervisor(Actor):
                 return
             self._report("restarted", member)
 
-    def _give_up(self, child: _Child, reason: object) -> None:
+    def _give_up(self, child: ChildRecord, reason: object) -> None:
         """Past the restart intensity: stop every child, mark their names, stop taking
         messages, then report and exit with :class:`RestartIntensityExceeded` (raised
         here). A host reacting to the ``gave_up`` report already sees the names say why
@@ -555,10 +565,10 @@ class Supervisor(Actor):
 
     # --- shutdown -----------------------------------------------------------------------
 
-    def _stop_child(self, child: _Child) -> None:
+    def _stop_child(self, child: ChildRecord) -> None:
         self._await_stop(child, self._signal_stop(child))
 
-    def _signal_stop(self, child: _Child) -> threading.Event | None:
+    def _signal_stop(self, child: ChildRecord) -> threading.Event | None:
         """Ask a child to stop; returns an event set once it has ended (its ``on_stop``
         done), or None when there is nothing to wait for."""
         ref, child.ref = child.ref, None
@@ -577,7 +587,7 @@ class Supervisor(Actor):
             pass
         return ended
 
-    def _await_stop(self, child: _Child, ended: threading.Event | None, since: float | None = None) -> None:
+    def _await_stop(self, child: ChildRecord, ended: threading.Event | None, since: float | None = None) -> None:
         if ended is None or child.spec.shutdown == "brutal_kill":
             return
         left = child.spec.shutdown / 1000 - (time.monotonic() - since if since is not None else 0.0)
@@ -613,6 +623,24 @@ class Supervisor(Actor):
             self._adopting = False
         if self._starter is not None and self._starter._supervisor is self:
             self._starter._bind(None)
+
+
+def send_report(report_to: Callable[[SupervisorEvent], None] | None, label: str, kind: SupervisorEventKind,
+                child_id: str, reason: object = None, restarts: int = 0) -> None:
+    """Log one supervisor report and give it to ``report_to`` (whose failure is logged,
+    never raised): the reports of the supervisor labelled ``label``."""
+    text = None if reason is None else _reason_text(reason)
+    if kind in ("started", "restarted"):
+        logger.info("{}: child {} {}", label, child_id, kind)
+    elif kind in ("gave_up", "escalated"):
+        logger.error("{}: {} (child {}): {}", label, kind.replace("_", " "), child_id, text)
+    else:
+        logger.warning("{}: child {} {}: {}", label, child_id, kind.replace("_", " "), text)
+    if report_to is not None:
+        try:
+            report_to(SupervisorEvent(kind, label, child_id, text, restarts))
+        except BaseException:  # a host's callback must not fail the supervisor
+            logger.exception("{}: the report callback raised", label)
 
 
 def _reason_text(reason: object) -> str:

@@ -16,7 +16,6 @@ only writer and every published set is frozen.
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from loguru import logger
 
 from rho_actors.declarations.arguments import make_validator
 from rho_actors.declarations.checks import Rejected, describe_origin
-from rho_actors.declarations.toolset import IsolationName, Placement, ToolEntry, ToolSet
+from rho_actors.declarations.toolset import IsolationName, Placement, ToolEntry, ToolSet, plain_copy
 from rho_actors.errors import RhoError
 from rho_actors.events import DeclarationEvent, ToolSetChanged
 from rho_actors.otp.actor import Actor
@@ -267,7 +266,7 @@ class ToolRegistry(Actor):
             logger.warning("tool {!r} ({}) declares timeout_ms={}, above this system's max_timeout_ms={}: its calls "
                            "get {} ms", name, origin, outcome.timeout_ms, bound, bound)
             outcome = dataclasses.replace(outcome, timeout_ms=bound)
-        validator = make_validator(copy.deepcopy(outcome.parameter_schema)) if isinstance(outcome, ToolInfo) else None
+        validator = make_validator(plain_copy(outcome.parameter_schema)) if isinstance(outcome, ToolInfo) else None
         old = self._names_of.get(id(tool))
         if old is not None and old != name:  # the same tool re-registered under a new name: one name only
             self._drop(old)

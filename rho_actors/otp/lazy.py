@@ -1,0 +1,260 @@
+"""Lazy subtrees: a subtree whose supervisor starts only when its child first needs a
+restart (DESIGN §6 "Sessions").
+
+A session is a subtree of one supervisor over one ``transient``, ``significant`` child
+(its LoopActor) under ``auto_shutdown="any_significant"``: until that child crashes,
+the supervisor has nothing to do. A :class:`LazySupervisor` (the system's ``sessions``)
+therefore starts such a :class:`LazySubtree`'s child alone, in the caller's thread, and
+supervises it itself, standing for the subtree's supervisor:
+
+- the child is registered under its name and reported ``started`` with the subtree's
+  label, as its own supervisor would;
+- a normal end (a ``transient`` child not restarted: the subtree's ``auto_shutdown``)
+  forgets the subtree, in the ending thread: no supervisor wakes up;
+- an abnormal end wakes the subtree up: its supervisor is started then (in the
+  ``LazySupervisor``'s thread, as OTP restarts in the supervisor) with the crash
+  (``Supervisor(crashed=...)``), reports it, restarts the child by its spec and counts
+  the restart within its own intensity; from then on the subtree is an ordinary one;
+- a stop of the ``LazySupervisor`` stops the child within the subtree's ``shutdown``;
+- :meth:`Supervisor.which_children` shows the subtree as a ``supervisor`` child whose
+  ``children`` are its child (:class:`rho_actors.otp.supervisor.ChildInfo`), so a tree
+  reads the same before and after the wake-up.
+
+Fault isolation is the subtree's: a child crashing more often than the intensity allows
+gives up that subtree only, and its name says why (:meth:`Names.lookup`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from rho_actors.otp.actor import NORMAL, monitor
+from rho_actors.otp.supervisor import ChildInfo, ChildRecord, ChildSpec, StartChild, Supervisor, send_report
+
+__all__ = ["LazyStarter", "LazySubtree", "LazySupervisor"]
+
+
+@dataclass(frozen=True, slots=True)
+class LazySubtree:
+    """A subtree that may start lazily: ``spec`` is its supervisor's child spec (a
+    ``temporary`` ``supervisor`` child whose ``start`` is a :class:`StartChild` of a
+    :class:`Supervisor` with ``auto_shutdown="any_significant"`` and the default
+    ``one_for_one`` strategy, over ``child`` alone); ``child`` is that one child (named,
+    ``transient`` and ``significant``). Raises ``ValueError`` naming what does not fit."""
+
+    spec: ChildSpec
+    child: ChildSpec
+
+    def __post_init__(self) -> None:
+        start, child = self.spec.start, self.child
+        if not (isinstance(start, StartChild) and issubclass(start.actor_class, Supervisor)):
+            raise ValueError(f"lazy subtree {self.spec.id!r}: its start must be a StartChild of a Supervisor")
+        if self.spec.restart != "temporary" or self.spec.type != "supervisor":
+            raise ValueError(f"lazy subtree {self.spec.id!r}: it must be a temporary supervisor child")
+        if start.kwargs.get("children") != [child] or start.kwargs.get("auto_shutdown") != "any_significant":
+            raise ValueError(f"lazy subtree {self.spec.id!r}: its supervisor must have child {child.id!r} alone, "
+                             "with auto_shutdown='any_significant'")
+        if start.kwargs.get("strategy", "one_for_one") != "one_for_one":
+            raise ValueError(f"lazy subtree {self.spec.id!r}: its strategy must be one_for_one")
+        if child.restart != "transient" or not child.significant or child.name is None:
+            raise ValueError(f"lazy subtree {self.spec.id!r}: its child must be named, transient and significant")
+
+    @property
+    def label(self) -> str:
+        """The subtree supervisor's label (its reports' ``supervisor``)."""
+        return str(self.spec.start.kwargs.get("label", "supervisor"))  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class _Wake:
+    key: int
+    ref: pykka.ActorRef[Any]
+    reason: object
+
+
+class LazyStarter:
+    """Starts lazy subtrees under the bound :class:`LazySupervisor` from any thread,
+    without a message (``starter=`` of :class:`LazySupervisor`); it outlives a restart of
+    that supervisor (the new one binds to it)."""
+
+    def __init__(self, rebind_s: float = 1.0) -> None:
+        self._supervisor: LazySupervisor | None = None
+        self._bound = threading.Condition()
+        self._rebind_s = rebind_s
+        self.closed = False
+
+    def _bind(self, supervisor: LazySupervisor | None) -> None:
+        with self._bound:
+            self._supervisor = supervisor
+            self._bound.notify_all()
+
+    def close(self) -> None:
+        """No more subtrees: :meth:`start` fails at once from now on."""
+        self.closed = True
+        self._bind(None)
+
+    def start(self, subtree: LazySubtree) -> pykka.ActorRef[Any]:
+        """Start ``subtree``'s child now, in this thread, supervised lazily; returns its
+        ref. Raises ``ValueError`` when a live subtree has its id (OTP's
+        ``already_started``) or a live actor holds the child's name, the child's start
+        error, and ``pykka.ActorDeadError`` when no supervisor is running (waiting up to
+        ``rebind_s`` seconds for one being restarted)."""
+        with self._bound:
+            self._bound.wait_for(lambda: self.closed or self._supervisor is not None, self._rebind_s)
+            supervisor = self._supervisor
+        if self.closed or supervisor is None:
+            raise pykka.ActorDeadError("the supervisor of lazy subtrees is not running")
+        return supervisor.start_lazy(subtree)
+
+
+class LazySupervisor(Supervisor):
+    """A :class:`Supervisor` of dynamic children that also starts :class:`LazySubtree`
+    values (see the module doc) through its ``starter`` (a :class:`LazyStarter`). Its
+    other arguments are :class:`Supervisor`'s."""
+
+    def __init__(self, *args: Any, starter: LazyStarter | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy_starter = starter
+        self._lazy: dict[int, LazySubtree] = {}  # key -> subtree whose supervisor has not started
+        self._ids: dict[str, int] = {}  # id -> key of every subtree started here (lazy or woken)
+
+    def on_start(self) -> None:
+        super().on_start()
+        if self._lazy_starter is not None:
+            self._lazy_starter._bind(self)
+
+    def on_stop(self) -> None:
+        self._unbind()
+        super().on_stop()
+
+    def on_failure(self, *exc_info: Any) -> None:
+        self._unbind()
+        super().on_failure(*exc_info)
+
+    def _unbind(self) -> None:
+        with self._lock:
+            self._adopting = False
+        if self._lazy_starter is not None and self._lazy_starter._supervisor is self:
+            self._lazy_starter._bind(None)
+
+    def start_lazy(self, subtree: LazySubtree) -> pykka.ActorRef[Any]:
+        """Start ``subtree`` lazily (see :meth:`LazyStarter.start`, which calls this from
+        any thread; raises as it does, and ``pykka.ActorDeadError`` once stopping)."""
+        key = next(self._keys)
+        sid = subtree.spec.id
+        with self._lock:
+            if not self._adopting or self.actor_stopped.is_set():
+                raise pykka.ActorDeadError(f"{self.label} is stopping")
+            held = self._ids.get(sid)
+            if held is not None:
+                raise ValueError(f"child {sid!r} is already started (OTP's already_started)")
+            self._ids[sid] = key  # reserved while its child starts
+        try:
+            ref = subtree.child.start()
+            try:
+                self._names.register(subtree.child.name, ref)  # type: ignore[arg-type]
+            except ValueError:
+                ref.stop(block=False)
+                raise
+        except BaseException:
+            with self._lock:
+                self._ids.pop(sid, None)
+            raise
+        child = ChildRecord(key, subtree.spec, dynamic=True, ref=ref)
+        with self._lock:
+            stopping = not self._adopting
+            if not stopping:
+                self._children[key] = child
+                self._by_urn[ref.actor_urn] = key
+                self._lazy[key] = subtree
+            else:
+                self._ids.pop(sid, None)
+        if stopping:
+            ref.stop(block=False)
+            raise pykka.ActorDeadError(f"{self.label} is stopping")
+        monitor(ref, lambda r, reason: self._lazy_down(key, r, reason))
+        send_report(self._report_to, subtree.label, "started", subtree.child.id)
+        return ref
+
+    def _lazy_down(self, key: int, ref: pykka.ActorRef[Any], reason: object) -> None:
+        """A lazy subtree's child ended (in its thread): a normal end ends the subtree
+        here; a crash wakes the subtree's supervisor up in this supervisor's thread."""
+        with self._lock:
+            child = self._children.get(key)
+            if child is None or child.ref is not ref or key not in self._lazy:
+                return  # stopped by this supervisor (shutdown, terminate_child)
+            if reason == NORMAL:
+                self._drop(key)
+                return
+        try:
+            self.actor_ref.tell(_Wake(key, ref, reason))
+        except pykka.ActorDeadError:
+            pass  # stopping: nothing is restarted
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _Wake):
+            self._wake(message)
+            return None
+        return super().on_receive(message)
+
+    def _wake(self, wake: _Wake) -> None:
+        with self._lock:
+            child = self._children.get(wake.key)
+            subtree = self._lazy.pop(wake.key, None)
+            if child is None or subtree is None or child.ref is not wake.ref or not self._adopting:
+                return
+            self._by_urn.pop(wake.ref.actor_urn, None)
+            child.ref = None
+        start = subtree.spec.start
+        assert isinstance(start, StartChild)
+        woken = dataclasses.replace(start, kwargs={**start.kwargs, "crashed": (subtree.child.id, wake.reason)})
+        try:
+            sup = woken()
+        except Exception as exc:  # it gave up at once (an intensity of 0), or could not start
+            logger.debug("{}: subtree {} ended: {}", self.label, subtree.spec.id, exc)
+            with self._lock:
+                self._drop(wake.key)
+            return
+        with self._lock:
+            child.ref = sup
+            self._by_urn[sup.actor_urn] = wake.key
+        monitor(sup, self._forget_temporary)
+
+    def _drop(self, key: int) -> None:
+        """Forget the subtree of ``key`` (under the lock)."""
+        child = self._children.pop(key, None)
+        self._lazy.pop(key, None)
+        if child is not None:
+            if child.ref is not None:
+                self._by_urn.pop(child.ref.actor_urn, None)
+            if self._ids.get(child.spec.id) == key:
+                del self._ids[child.spec.id]
+
+    def _forget_temporary(self, ref: pykka.ActorRef[Any], _reason: object) -> None:
+        with self._lock:
+            key = self._by_urn.get(ref.actor_urn)
+            if key is not None:
+                self._drop(key)
+
+    def terminate_child(self, child_id: str) -> bool:
+        found = super().terminate_child(child_id)
+        with self._lock:
+            key = self._ids.get(child_id)
+            if key is not None and key not in self._children:
+                del self._ids[child_id]
+                self._lazy.pop(key, None)
+        return found
+
+    def _info(self, c: ChildRecord) -> ChildInfo:
+        subtree = self._lazy.get(c.key)
+        if subtree is None:
+            return super()._info(c)
+        alive = c.ref is not None and c.ref.is_alive()
+        inner = ChildInfo(subtree.child.id, c.ref, subtree.child.type, subtree.child.restart, 0, alive)
+        return ChildInfo(c.spec.id, None, c.spec.type, c.spec.restart, 0, alive, children=(inner,))

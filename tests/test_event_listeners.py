@@ -1,0 +1,111 @@
+"""Call events are built only for someone (rho_actors.events): a subscriber taking them,
+or a loguru sink at their level with rho_actors enabled; what listeners get is unchanged."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from loguru import logger
+
+import rho_actors.loop.turns as turns_module
+from rho_actors import ActorSystem, CallEvent, SupervisorEvent, ToolCall, tool
+from rho_actors.events import EventBus
+
+
+@tool
+def noop() -> str:
+    """Do nothing."""
+    return "ok"
+
+
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[CallEvent]]:
+    """Every CallEvent the loop's turns build during the test."""
+    made: list[CallEvent] = []
+
+    def counting(*args: Any) -> CallEvent:
+        event = CallEvent(*args)
+        made.append(event)
+        return event
+
+    monkeypatch.setattr(turns_module, "CallEvent", counting)
+    yield made
+
+
+def one_call(system: ActorSystem) -> None:
+    loop = system.start_loop()
+    [result] = loop.run_turn([ToolCall("c1", "noop", "{}")], timeout_s=10)
+    assert result.ok
+    loop.stop()
+
+
+def test_no_call_event_is_built_when_nobody_listens(system: ActorSystem, built: list[CallEvent]) -> None:
+    system.register(noop)
+    one_call(system)
+    assert built == []
+
+
+def test_a_subscriber_gets_every_call_event_as_before(system: ActorSystem, built: list[CallEvent]) -> None:
+    system.register(noop)
+    seen: list[Any] = []
+    unsubscribe = system.subscribe(seen.append)
+    one_call(system)
+    calls = [e for e in seen if isinstance(e, CallEvent)]
+    assert [(e.kind, e.call_id, e.tool, e.outcome) for e in calls] == [
+        ("started", "c1", "noop", None), ("finished", "c1", "noop", "ok")]
+    assert calls == built
+    unsubscribe()
+    built.clear()
+    one_call(system)
+    assert built == []  # the last listener gone: none built again
+
+
+def test_a_debug_sink_gets_the_call_lines(system: ActorSystem, built: list[CallEvent],
+                                          logs: list[str]) -> None:
+    system.register(noop)
+    one_call(system)
+    assert [e.kind for e in built] == ["started", "finished"]
+    assert any("call c1 (noop) in session" in line and "finished ok" in line for line in logs)
+
+
+def test_a_sink_above_debug_or_a_disabled_package_builds_none(system: ActorSystem, built: list[CallEvent]) -> None:
+    system.register(noop)
+    lines: list[str] = []
+    logger.remove()  # loguru's default stderr sink takes DEBUG: only INFO is taken here
+    try:
+        logger.enable("rho_actors")
+        sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+        try:
+            one_call(system)
+        finally:
+            logger.remove(sink)
+            logger.disable("rho_actors")
+        assert built == [] and not any("call c1" in line for line in lines)
+        sink = logger.add(lambda m: lines.append(m.record["message"]), level="DEBUG")  # rho_actors disabled
+        try:
+            one_call(system)
+        finally:
+            logger.remove(sink)
+        assert built == []
+    finally:
+        logger.add(sys.stderr)  # loguru's default again
+
+
+def test_a_subscriber_of_some_types_gets_only_those_and_wants_no_call_events() -> None:
+    bus = EventBus()
+    got: list[Any] = []
+    unsubscribe = bus.subscribe(got.append, only=(SupervisorEvent,))
+    assert not bus.wants_calls("finished") and not bus.wants_calls("timed_out")
+    report = SupervisorEvent("started", "sessions", "s1", None, 0)
+    bus.emit(CallEvent("finished", "s", "c", "t", "ok", 1.0))
+    bus.emit(report)
+    assert got == [report]
+    everything: list[Any] = []
+    bus.subscribe(everything.append)
+    assert bus.wants_calls("started")
+    unsubscribe()
+    bus.emit(report)
+    assert got == [report] and everything == [report]
