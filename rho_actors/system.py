@@ -450,9 +450,9 @@ class ActorSystem:
         tools: Iterable[Any] | None = None,
     ) -> Loop:
         """Start one session's subtree under ``sessions``: a session supervisor (the
-        system's restart intensity) over its LoopActor (``transient``: restarted after a
-        crash, with the same arguments), and return the :class:`Loop` handle (the loop
-        starts in this thread, its supervisor at its first crash: :mod:`rho_actors.otp.lazy`). A session
+        system's restart intensity; started at the loop's first crash, :mod:`rho_actors.otp.lazy`)
+        over its LoopActor (``transient``: restarted after a crash, with the same arguments,
+        started in this thread), and return the :class:`Loop` handle. A session
         whose loop crashes more often than the intensity allows is given up alone: its
         handle then raises :class:`rho_actors.NotRunningError` naming why, and
         ``loop.exit_reason`` is the :class:`rho_actors.RestartIntensityExceeded`. A
@@ -606,11 +606,10 @@ class ActorSystem:
     # --- events and state -----------------------------------------------------------------
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
-        """Call ``callback(event)`` for every :class:`rho_actors.CallEvent`,
-        :class:`rho_actors.DeclarationEvent`, :class:`rho_actors.SupervisorEvent`,
-        :class:`rho_actors.IsolationEvent`, :class:`rho_actors.ProgressEvent` and
-        :class:`rho_actors.ToolSetChanged` (from actor threads: keep it quick). Returns a
-        function that unsubscribes."""
+        """Call ``callback(event)`` for every :class:`rho_actors.CallEvent`, :class:`rho_actors.DeclarationEvent`,
+        :class:`rho_actors.SupervisorEvent`, :class:`rho_actors.IsolationEvent`, :class:`rho_actors.ProgressEvent`
+        and :class:`rho_actors.ToolSetChanged` (from actor threads: keep it quick). Returns a function that
+        unsubscribes."""
         return self._events.subscribe(callback)
 
     @property
@@ -619,20 +618,18 @@ class ActorSystem:
         return self._telemetry
 
     def worker_pids(self) -> list[int]:
-        """The process ids of the isolations' worker processes alive now (those of
-        ``process`` isolation; [] before its first call)."""
+        """The process ids of the isolations' worker processes alive now (those of ``process`` isolation; [] before its
+        first call)."""
         return [pid for isolation in self._runtime.isolations.values() for pid in isolation.pids()]
 
     def observe(self, address: str | Path | int, *, interval_s: float = 1.0, **bounds: Any) -> Observer:
-        """Serve a read-only live view of this system (see :mod:`rho_actors.observe.observer`):
-        ``address`` is a Unix socket path, or a TCP port on 127.0.0.1 (``0``: any free
-        one) that asks viewers for the returned observer's ``token``. Each viewer gets a
-        snapshot every ``interval_s`` seconds and every call event and supervisor report
-        as newline-delimited JSON; ``rho-actors top --connect ADDRESS`` shows it. Off
-        until called; closed at :meth:`stop` (or with ``observer.close()``). ``bounds``:
-        the observer's ``max_queued``, ``max_unauthenticated`` and ``token_deadline_s``
-        (see :class:`~rho_actors.observe.observer.Observer`). Raises ``OSError`` when the
-        address cannot be bound, ``TypeError``/``ValueError`` for a bad bound."""
+        """Serve a read-only live view of this system (see :mod:`rho_actors.observe.observer`): ``address`` is a Unix
+        socket path, or a TCP port on 127.0.0.1 (``0``: any free one) that asks viewers for the returned observer's
+        ``token``. Each viewer gets a snapshot every ``interval_s`` seconds and every call event and supervisor
+        report as newline-delimited JSON; ``rho-actors top --connect ADDRESS`` shows it. Off until called; closed at
+        :meth:`stop` (or with ``observer.close()``). ``bounds``: the observer's ``max_queued``,
+        ``max_unauthenticated`` and ``token_deadline_s`` (see :class:`~rho_actors.observe.observer.Observer`).
+        Raises ``OSError`` when the address cannot be bound, ``TypeError``/``ValueError`` for a bad bound."""
         from rho_actors.observe.observer import Observer
 
         observer = Observer(self, address, interval_s=interval_s, **bounds)
@@ -640,19 +637,17 @@ class ActorSystem:
         return observer
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``abandoned_threads_running`` (thread calls cancelled at their
-        deadline or at a stop whose thread has not returned yet),
-        ``abandoned_threads_total``, the worker pools' as ``workers_<name>`` and
-        ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`),
-        ``workers_cap``: each isolation's counters. ``bounds``: the ``max_*`` bounds of
-        declarations; ``budgets``: :meth:`rho_actors.runtime.ResultBudgets.stats`. ``confinement``: what confines
-        untrusted workers here: ``{"active": [mechanism...], "memory_bound": "cgroup" |
-        "sampler" | "none", "uid": int | None, "network": bool (whether workers share the
-        host's network), "disk_bytes": int | None (the private folder's bound),
-        "missing": [sentence...] (mechanisms asked for that this host lacks: each also a
-        warning and an ``IsolationEvent``), "trusted_process": {"tree_kill": bool,
-        "memory_bound": "cgroup" | "sampler" | "rlimit_as"}, <mechanism>: {"available",
-        "reason"}}`` (see :func:`rho_actors.sandbox.confine.confinement.probe`)."""
+        """Counters: ``abandoned_threads_running`` (thread calls cancelled at their deadline or at a stop whose thread
+        has not returned yet), ``abandoned_threads_total``, the worker pools' as ``workers_<name>`` and
+        ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`), ``workers_cap``: each
+        isolation's counters. ``bounds``: the ``max_*`` bounds of declarations; ``budgets``:
+        :meth:`rho_actors.runtime.ResultBudgets.stats`. ``confinement``: what confines untrusted workers here:
+        ``{"active": [mechanism...], "memory_bound": "cgroup" | "sampler" | "none", "uid": int | None, "network":
+        bool (whether workers share the host's network), "disk_bytes": int | None (the private folder's bound),
+        "missing": [sentence...] (mechanisms asked for that this host lacks: each also a warning and an
+        ``IsolationEvent``), "trusted_process": {"tree_kill": bool, "memory_bound": "cgroup" | "sampler" |
+        "rlimit_as"}, <mechanism>: {"available", "reason"}}`` (see
+        :func:`rho_actors.sandbox.confine.confinement.probe`)."""
         out: dict[str, Any] = {
             k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
         }
@@ -671,9 +666,9 @@ class ActorSystem:
         return self._stopped
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the tree in reverse start order (servers, sessions, sources, workers,
-        calls, registry, declarations), then the timers. Running calls are cancelled; a call thread still
-        running after ``shutdown_ms`` is abandoned (counted in :meth:`stats`). Idempotent."""
+        """Stop the tree in reverse start order (servers, sessions, sources, workers, calls, registry, declarations),
+        then the timers. Running calls are cancelled; a call thread still running after ``shutdown_ms`` is abandoned
+        (counted in :meth:`stats`). Idempotent."""
         self._calls.close()  # a call dispatched from now on does not start
         for observer in self._observers:
             observer.close()
