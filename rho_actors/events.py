@@ -104,17 +104,31 @@ class EventBus:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._subscribers: tuple[Callable[[Event], None], ...] = ()
+        self._only: tuple[tuple[type, ...] | None, ...] = ()  # each subscriber's types (None: every type)
 
-    def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
-        """Add ``callback``; returns a function that removes it again."""
+    def subscribe(
+        self, callback: Callable[[Event], None], *, only: tuple[type, ...] | None = None
+    ) -> Callable[[], None]:
+        """Add ``callback``; returns a function that removes it again. ``only``: the
+        event types it takes (it is still handed every event, as before; an emitter may
+        skip building events of other types that nobody takes: see :meth:`listens_to`)."""
         with self._lock:
             self._subscribers += (callback,)
+            self._only += (only,)
 
         def unsubscribe() -> None:
             with self._lock:
-                self._subscribers = tuple(s for s in self._subscribers if s is not callback)
+                kept = [(s, o) for s, o in zip(self._subscribers, self._only, strict=True) if s is not callback]
+                self._subscribers = tuple(s for s, _ in kept)
+                self._only = tuple(o for _, o in kept)
 
         return unsubscribe
+
+    def listens_to(self, event_type: type) -> bool:
+        """Whether some subscriber takes events of ``event_type`` now (an emitter may skip
+        building an event that is only logged at ``DEBUG`` when nobody does and that
+        level is logged nowhere)."""
+        return any(only is None or issubclass(event_type, only) for only in self._only)
 
     def emit(self, event: Event) -> None:
         """Log ``event`` and give it to every subscriber (a raising one is logged)."""

@@ -59,7 +59,7 @@ class ProcessIsolation(Isolation):
         self._slots = WorkerSlots(services.max_workers, services.max_workers_per_session)
         self._open = False
         if services.events is not None:
-            services.events.subscribe(self._tool_set_changed)
+            services.events.subscribe(self._tool_set_changed, only=(ToolSetChanged,))
 
     def _tool_set_changed(self, event: object) -> None:
         """Retire the untrusted workers of registrations that are gone (in the
