@@ -170,6 +170,7 @@ class ThreadIsolation(Isolation):
         self._pool = services.threads if services.threads is not None else ThreadPool(name="rho_actors-call-idle")
         self._live = 0  # call threads running a call now
         self._forgotten = 0  # of those, given up at their deadline or by the host: no stop waits for them
+        self._draining = False  # a shutdown waits for them: each one ending tells it
         self._live_changed = threading.Condition()
 
     def _exhausted_reason(self, tool: str, session: str) -> dict[str, Any] | None:
@@ -211,10 +212,11 @@ class ThreadIsolation(Isolation):
             s.timers.schedule(running)
         except RuntimeError:  # the timers are stopped: the system is stopping
             raise pykka.ActorDeadError("the system is stopping") from None
+        s.timers.run_due(call.dispatched)  # passed deadlines of other calls, while this thread runs
         with self._live_changed:
             self._live += 1
+        # the hand-off last: the call thread, woken by it, finds little left before this thread waits
         self._pool.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
-        s.timers.run_due(call.dispatched)  # passed deadlines of other calls, while this thread runs
         return running
 
     def _refuse(self, call: CallSpec, session: str, reason: dict[str, Any]) -> None:
@@ -240,10 +242,10 @@ class ThreadIsolation(Isolation):
         finally:
             with self._live_changed:
                 self._live -= 1
-                self._live_changed.notify_all()
+                if self._draining:
+                    self._live_changed.notify_all()
         try:
-            with self._pool.hand_over():
-                answer.settle(result)
+            self._pool.run_handing_over(functools.partial(answer.settle, result))
         except BaseException:
             logger.exception("reply of call {} failed", call.call_id)
 
@@ -294,6 +296,7 @@ class ThreadIsolation(Isolation):
         ``timeout_s`` seconds to return, then abandon them (never waited for again);
         end the deadlines thread once the timeouts claimed so far are delivered."""
         with self._live_changed:
+            self._draining = True
             if not self._live_changed.wait_for(lambda: self._live <= self._forgotten, timeout_s):
                 logger.warning("{} call threads still running at the stop are abandoned", self._live)
         with self._deliveries_lock:

@@ -52,7 +52,11 @@ def withheld_names(names: Iterable[str]) -> frozenset[str]:
 
 
 def _checked_calls(calls: Iterable[Any]) -> tuple[ToolCall, ...]:
-    return tuple(_checked_call(i, call) for i, call in enumerate(calls))
+    batch = tuple(calls)
+    for call in batch:  # the usual case: ToolCalls with plain str ids and names, kept as they are
+        if type(call) is not ToolCall or type(call.id) is not str or type(call.name) is not str:
+            return tuple(_checked_call(i, call) for i, call in enumerate(batch))
+    return batch
 
 
 def _checked_call(index: int, call: Any) -> ToolCall:
@@ -214,10 +218,10 @@ class Loop:
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
         token = _checked_cancel(cancel) or CancelToken()
         landing = _Landing(asyncio.get_running_loop())
-        self._start_turn(batch, landing, token, aio=landing.aio)
         waiter = landing.waiter
-        expiry = landing.aio.call_later(bound, _expire, waiter, bound)
+        expiry = landing.aio.call_later(bound, _expire, waiter, bound)  # armed first: the calls' hand-off goes last
         try:
+            self._start_turn(batch, landing, token, aio=landing.aio)
             return await waiter
         except asyncio.CancelledError:
             token.cancel("cancelled")
