@@ -100,7 +100,12 @@ def test_a_running_call_thread_is_counted_and_a_stop_gives_it_its_time(tmp_path:
     assert ENTERED.wait(WAIT_S)
     assert {c["id"]: c for c in system.tree()["children"]}["calls"]["running"] == 1
     returned = threading.Event()
-    done = threading.Thread(target=lambda: (system.stop(), returned.set()))
+
+    def stop() -> None:
+        system.stop()
+        returned.set()
+
+    done = threading.Thread(target=stop)
     done.start()
     [result] = future.result(WAIT_S)  # the stop answers the call at once...
     assert result.error_kind is ErrorKind.CANCELLED or result.content == "cancelled"
