@@ -1,8 +1,9 @@
 """Where one no-op ``run_turn`` spends its time, hop by hop.
 
 A measuring aid for issue #12, not a benchmark with targets. It wraps (never edits)
-methods of the loop's ``Turns`` and of ``CallActor`` in this process only, to stamp each step of
-one call with ``time.perf_counter_ns``.
+methods of the loop's ``Turns``, of ``ThreadIsolation`` (the call thread's job) and of
+the call's ``Answer`` in this process only, to stamp each step of one call with
+``time.perf_counter_ns``.
 
 Usage::
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from rho_actors import ActorSystem, ToolCall, tool
 from rho_actors.isolation import call as call_module
+from rho_actors.isolation import thread as thread_module
 from rho_actors.loop import turns as turns_module
 
 _stamps: dict[str, int] = {}
@@ -37,23 +39,24 @@ def stamp(name: str, method: Callable[..., Any], after: str | None = None) -> Ca
 
 
 def instrument() -> None:
-    loop_cls, call_cls = turns_module.Turns, call_module.CallActor
+    loop_cls, thread_cls, answer_cls = turns_module.Turns, thread_module.ThreadIsolation, call_module.Answer
     loop_cls.submit = stamp("loop_got_turn", loop_cls.submit)  # type: ignore[method-assign]
     loop_cls._dispatch = stamp("dispatch_start", loop_cls._dispatch, "dispatch_told")  # type: ignore[method-assign]
-    call_cls._run = stamp("call_got_spec", call_cls._run, "call_stopped")  # type: ignore[method-assign]
-    call_cls.on_exit = stamp("call_ended", call_cls.on_exit)  # type: ignore[method-assign]
+    thread_cls._call_thread = stamp("call_got_spec", thread_cls._call_thread)  # type: ignore[method-assign]
+    thread_cls._attached = stamp("call_ran_start", thread_cls._attached, "call_ran")  # type: ignore[method-assign]
+    answer_cls.settle = stamp("call_ended", answer_cls.settle)  # type: ignore[method-assign]
     loop_cls._finish = stamp("settled", loop_cls._finish, "loop_done")  # type: ignore[method-assign]
 
 
 STEPS = (
-    ("host: checks, future, find the loop's turns", "t0", "loop_got_turn"),
+    ("host: checks, find the loop's turns", "t0", "loop_got_turn"),
     ("host: decode + look up + validate", "loop_got_turn", "dispatch_start"),
-    ("host: dispatch (ctx, CancelToken, timer, CallActor, tell)", "dispatch_start", "dispatch_told"),
-    ("host told -> CallActor has the spec (hop 1)", "dispatch_told", "call_got_spec"),
-    ("call: run the tool, build the result, stop()", "call_got_spec", "call_stopped"),
-    ("call: pykka teardown, monitors, to on_exit", "call_stopped", "call_ended"),
-    ("call: reply settles the turn (timer, event, lock)", "call_ended", "settled"),
-    ("call: set the turn's future", "settled", "loop_done"),
+    ("host: dispatch (ctx, CancelToken, timer, hand-off)", "dispatch_start", "dispatch_told"),
+    ("host hand-off -> the call thread runs the job (hop 1)", "dispatch_told", "call_got_spec"),
+    ("call: run the tool, build the result", "call_got_spec", "call_ran"),
+    ("call: count itself ended, to the reply", "call_ran", "call_ended"),
+    ("call: reply settles the turn (timer, lock, budget)", "call_ended", "settled"),
+    ("call: hand the results to the turn's future", "settled", "loop_done"),
     ("future set -> host returns (hop 2; < 0: the host woke first)", "loop_done", "t1"),
     ("run_turn, whole", "t0", "t1"),
 )

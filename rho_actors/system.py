@@ -231,7 +231,7 @@ class ActorSystem:
             max_workers=cap, max_workers_per_session=share, threads_per_session=abandoned_threads_per_session,
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
-            ray=dict(ray) if ray is not None else None,
+            ray=dict(ray) if ray is not None else None, threads=self._threads,
         )
         hold_servers()
         self._holding = True
@@ -273,7 +273,7 @@ class ActorSystem:
             ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._runtime, self._registry)), name=REGISTRY),
             ChildSpec(CALLS, supervisor(CALLS, starter=self._calls), type="supervisor", name=CALLS,
                       shutdown=shutdown_ms + 1_000),
-            ChildSpec(WORKERS, StartChild(IsolationOwner, (self._runtime.isolations,)), name=WORKERS,
+            ChildSpec(WORKERS, StartChild(IsolationOwner, (self._runtime.isolations, shutdown_ms / 1000)), name=WORKERS,
                       shutdown=shutdown_ms),
             ChildSpec(SOURCES, supervisor(SOURCES, **intensity), type="supervisor", name=SOURCES,
                       shutdown=shutdown_ms + 1_000),

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rho_actors.events import EventBus
     from rho_actors.isolation.call import CallSpec
     from rho_actors.otp.supervisor import ChildStarter
+    from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
 
 __all__ = ["Isolation", "IsolationServices", "RunningCall", "worker_call"]
@@ -55,7 +56,8 @@ class IsolationServices:
     ``threads_per_session`` and ``threads_total``, the caps on abandoned threads of
     thread calls; ``ray``, how to reach Ray (``None``: a
     local Ray, started on the first ``ray`` call; see
-    :class:`rho_actors.isolation.ray_tasks.RayRuntime`)."""
+    :class:`rho_actors.isolation.ray_tasks.RayRuntime`); ``threads``, the system's pool of
+    reused threads that ``thread`` calls run on (``None``: the isolation keeps its own)."""
 
     calls: ChildStarter
     timers: Timers
@@ -73,6 +75,7 @@ class IsolationServices:
     ray: Mapping[str, Any] | None = None
     max_workers_per_session: int | None = None
     threads_per_session: int = 16
+    threads: ThreadPool | None = None
 
 
 class RunningCall(Protocol):
@@ -119,6 +122,11 @@ class Isolation(ABC):
     def shutdown(self, timeout_s: float) -> None:  # noqa: B027 (optional hook)
         """Stop every call and release every resource within ``timeout_s`` seconds.
         Default: nothing."""
+
+    def running_calls(self) -> int:
+        """How many of its calls run outside a CallActor now (counted with the ``calls``
+        supervisor's in :meth:`rho_actors.ActorSystem.tree`). Default: 0."""
+        return 0
 
     def describe(self) -> dict[str, Any]:
         """What an operator sees of this isolation in :meth:`rho_actors.ActorSystem.tree`

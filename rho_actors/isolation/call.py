@@ -161,6 +161,8 @@ class Answer:
             self._drain()
 
     def _drain(self) -> None:
+        if not self._late:  # the usual case; one handed on later sees ``_delivered`` and drains it
+            return
         while True:
             try:
                 result = self._late.pop(0)

@@ -35,7 +35,8 @@ class IsolationOwner(Actor):
         self._shutdown()
 
     def _shutdown(self) -> None:
-        for isolation in self._isolations.values():
+        # ``thread`` last: it may wait for call threads, and no worker process waits meanwhile
+        for isolation in sorted(self._isolations.values(), key=lambda isolation: isolation.name == "thread"):
             isolation.shutdown(self._timeout_s)
 
     def stats(self) -> dict[str, int]:

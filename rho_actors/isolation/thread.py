@@ -18,6 +18,7 @@ A ``MemoryError`` in a thread call is a ``memory`` result.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -28,12 +29,16 @@ from loguru import logger
 
 from rho_actors.events import IsolationEvent
 from rho_actors.isolation.base import Isolation, IsolationServices
-from rho_actors.isolation.call import Answer, CallSpec, RunCall, run_here
+from rho_actors.isolation.call import Answer, CallSpec, call_failure, run_here
+from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timer
 from rho_actors.results import CANCELLED, failure
+from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ToolResult
 
 __all__ = ["AbandonedThreads", "ThreadIsolation"]
+
+_CALL_THREAD = "rho_actors-call"
 
 
 class AbandonedThreads:
@@ -99,7 +104,7 @@ class AbandonedThreads:
 
 class _Running(Timer):
     """A thread call: its deadline timer (this object is its entry in the system's timer
-    heap: no other object per call), its :class:`Answer` and its CallActor.
+    heap: no other object per call) and its :class:`Answer`.
 
     At the deadline (:meth:`fire`, on the timer thread) the timeout claims the answer
     first, then the call's token is set and its thread abandoned, and the timeout is
@@ -109,7 +114,7 @@ class _Running(Timer):
     ``cancel()`` without a reason disarms the timer (the answer did it: a result won);
     ``cancel(reason)`` is the isolation's cancel."""
 
-    __slots__ = ("actor", "answer", "call", "isolation")
+    __slots__ = ("answer", "call", "isolation")
 
     fire_anywhere = True  # whichever thread first sees the deadline passed claims the timeout
 
@@ -118,26 +123,35 @@ class _Running(Timer):
         self.isolation = isolation
         self.call: CallSpec | None = call
         self.answer: Answer | None = None
-        self.actor: pykka.ActorRef[Any] | None = None
 
     def dropped(self) -> None:
-        self.call = self.answer = self.actor = None  # it stays in the heap until due: hold nothing
+        self.call = self.answer = None  # it stays in the heap until due: hold nothing
 
     def fire(self) -> None:
-        answer, call, actor = self.answer, self.call, self.actor
+        answer, call = self.answer, self.call
         if answer is None or call is None or not answer.claim():
             return  # a result won (or the call was cancelled) just now
-        self.isolation.timed_out(call, actor, answer, answer.timeout(CANCELLED))
+        self.isolation.timed_out(call, answer, answer.timeout(CANCELLED))
 
     def cancel(self, reason: str | None = None) -> None:
-        call, actor = self.call, self.actor
+        call = self.call
         super().cancel()
         if reason is not None and call is not None:
-            self.isolation.give_up(call, actor, reason)
+            self.isolation.give_up(call, reason)
 
 
 class ThreadIsolation(Isolation):
-    """Runs each call in a fresh CallActor's thread; the deadline is a timer."""
+    """Runs each call as one job on a reused thread of the system's pool (its call
+    thread: one hand-off there, the reply from it back); the deadline is a timer.
+
+    A call thread is what a CallActor was for ``thread`` calls, without the actor's
+    inbox, registry entry and monitors: it runs exactly one call, turns whatever
+    happens into exactly one result (an ``Exception`` is ``raised``, a
+    ``BaseException`` ``exited``: nothing escapes into the pool), replies once it has
+    counted itself ended, and is never restarted. A call thread past its deadline is
+    abandoned (counted; the pool never waits for it, the next call gets another
+    thread). At :meth:`shutdown` (the system's stop, after the sessions cancelled their
+    calls) the call threads still running get ``timeout_s`` seconds to return."""
 
     name: ClassVar[str] = "thread"
     untrusted_refused: ClassVar[str | None] = "its code would run in the host process; use isolation='process'"
@@ -149,10 +163,15 @@ class ThreadIsolation(Isolation):
         self._exhausted_lock = threading.Lock()
         self._refused = 0
         # timeouts claimed on the timer thread, delivered by the deadlines thread (started on first use)
-        self._deliveries: queue.SimpleQueue[tuple[CallSpec, pykka.ActorRef[Any] | None, Answer, ToolResult] | None]
+        self._deliveries: queue.SimpleQueue[tuple[CallSpec, Answer, ToolResult] | None]
         self._deliveries = queue.SimpleQueue()
         self._deliveries_lock = threading.Lock()
         self._deliverer: threading.Thread | None = None
+        self._pool = services.threads if services.threads is not None else ThreadPool(name="rho_actors-call-idle")
+        self._live = 0  # call threads running a call now
+        self._forgotten = 0  # of those, given up at their deadline or by the host: no stop waits for them
+        self._draining = False  # a shutdown waits for them: each one ending tells it
+        self._live_changed = threading.Condition()
 
     def _exhausted_reason(self, tool: str, session: str) -> dict[str, Any] | None:
         """Why a call of ``tool`` in ``session`` may not start a thread now (``None``: it
@@ -175,35 +194,72 @@ class ThreadIsolation(Isolation):
             self.services.events.emit(IsolationEvent(kind, tool, detail))
 
     def start(self, call: CallSpec) -> _Running:
+        s = self.services
+        if s.calls.closed:
+            raise pykka.ActorDeadError("the system is stopping")
         running = _Running(self, call)
-        session = _session(call)
-        reason = self._exhausted_reason(call.name, session)
-        if reason is not None:
-            self._refused += 1
-            with self._exhausted_lock:
-                first = (session, call.name) not in self._exhausted
-                self._exhausted.add((session, call.name))
-            if first:
-                message = failure("threads_exhausted", call.call_id, call.name, **reason).content
-                logger.warning("{}", message)
-                self._emit("threads_exhausted", call.name, message)
-            call.reply(failure("threads_exhausted", call.call_id, call.name, **reason))
-            running.dropped()  # answered: nothing to cancel
-            return running
-        running.actor = actor = self.services.calls.start()
+        # no abandoned thread anywhere (the usual case): no cap can refuse, no lock taken
+        if self.abandoned.running or s.threads_per_tool <= 0 or s.threads_per_session <= 0:
+            session = _session(call)
+            reason = self._exhausted_reason(call.name, session)
+            if reason is not None:
+                self._refuse(call, session, reason)
+                running.dropped()  # answered: nothing to cancel
+                return running
         running.answer = answer = Answer(call)
         answer.timer = running
         try:
-            self.services.timers.schedule(running)
+            s.timers.schedule(running)
         except RuntimeError:  # the timers are stopped: the system is stopping
-            actor.stop(block=False)
             raise pykka.ActorDeadError("the system is stopping") from None
-        actor.tell(RunCall(call, self._run, answer))
-        self.services.timers.run_due(call.dispatched)  # passed deadlines of other calls, while this thread runs
+        s.timers.run_due(call.dispatched)  # passed deadlines of other calls, while this thread runs
+        with self._live_changed:
+            self._live += 1
+        # the hand-off last: the call thread, woken by it, finds little left before this thread waits
+        self._pool.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
         return running
 
-    def timed_out(self, call: CallSpec, actor: pykka.ActorRef[Any] | None, answer: Answer,
-                  result: ToolResult) -> None:
+    def _refuse(self, call: CallSpec, session: str, reason: dict[str, Any]) -> None:
+        self._refused += 1
+        with self._exhausted_lock:
+            first = (session, call.name) not in self._exhausted
+            self._exhausted.add((session, call.name))
+        if first:
+            message = failure("threads_exhausted", call.call_id, call.name, **reason).content
+            logger.warning("{}", message)
+            self._emit("threads_exhausted", call.name, message)
+        call.reply(failure("threads_exhausted", call.call_id, call.name, **reason))
+
+    def _call_thread(self, call: CallSpec, answer: Answer) -> None:
+        """A call thread's one job: run ``call`` (in its copy of the submitter's context,
+        with its span current), count itself ended, then settle ``answer`` (the reply
+        goes last; the next call of an exclusive turn that it starts takes over this
+        thread once this returns, instead of waking another)."""
+        try:
+            result = call.context.run(self._attached, call) if call.context is not None else self._attached(call)
+        except BaseException as exc:  # nothing the tool raises escapes into the pool
+            result = call_failure(call, exc, (time.monotonic() - call.dispatched) * 1000)
+        finally:
+            with self._live_changed:
+                self._live -= 1
+                if self._draining:
+                    self._live_changed.notify_all()
+        try:
+            self._pool.run_handing_over(functools.partial(answer.settle, result))
+        except BaseException:
+            logger.exception("reply of call {} failed", call.call_id)
+
+    def _attached(self, call: CallSpec) -> ToolResult:
+        if TRACEPARENT not in call.ctx:  # telemetry off: no span to make current
+            return self._run(call)
+        with attached(call.ctx, call.dispatched, call.name):
+            return self._run(call)
+
+    def running_calls(self) -> int:
+        """How many call threads are running a call now (abandoned ones included)."""
+        return self._live
+
+    def timed_out(self, call: CallSpec, answer: Answer, result: ToolResult) -> None:
         """A deadline claimed ``answer`` for ``result`` (its timeout): set the call's token,
         abandon its thread, deliver the timeout. From the timer thread this is handed to
         the deadlines thread (the timer thread serves every deadline of the system: it only
@@ -214,14 +270,13 @@ class ThreadIsolation(Isolation):
                     self._deliverer = threading.Thread(target=self._deliver_timeouts, name="rho_actors-deadlines",
                                                        daemon=True)
                     self._deliverer.start()
-            self._deliveries.put((call, actor, answer, result))
+            self._deliveries.put((call, answer, result))
             return
-        self._time_out(call, actor, answer, result)
+        self._time_out(call, answer, result)
 
-    def _time_out(self, call: CallSpec, actor: pykka.ActorRef[Any] | None, answer: Answer,
-                  result: ToolResult) -> None:
+    def _time_out(self, call: CallSpec, answer: Answer, result: ToolResult) -> None:
         try:
-            self.give_up(call, actor, "timeout")
+            self.give_up(call, "timeout")
         finally:
             answer.deliver(result)
 
@@ -237,7 +292,13 @@ class ThreadIsolation(Isolation):
                 logger.exception("delivering the timeout of call {} failed", item[0].call_id)
 
     def shutdown(self, timeout_s: float) -> None:
-        """End the deadlines thread once the timeouts claimed so far are delivered."""
+        """Give the call threads still running a call (their calls cancelled by now)
+        ``timeout_s`` seconds to return, then abandon them (never waited for again);
+        end the deadlines thread once the timeouts claimed so far are delivered."""
+        with self._live_changed:
+            self._draining = True
+            if not self._live_changed.wait_for(lambda: self._live <= self._forgotten, timeout_s):
+                logger.warning("{} call threads still running at the stop are abandoned", self._live)
         with self._deliveries_lock:
             if self._deliverer is not None:
                 self._deliveries.put(None)
@@ -251,6 +312,8 @@ class ThreadIsolation(Isolation):
             return failure("memory_thread", call.call_id, call.name, (time.monotonic() - call.dispatched) * 1000)
         finally:
             if call.cancel.finish():
+                if call.cancel.reason != "stopping":
+                    self._forget(-1)
                 session = _session(call)
                 left = self.abandoned.returned(call.name, session)
                 logger.info("abandoned call {} of tool {} returned; its result is late", call.call_id, call.name)
@@ -264,7 +327,7 @@ class ThreadIsolation(Isolation):
                         if present:
                             self._emit("threads_recovered", key[1], f"{left} abandoned threads left")
 
-    def give_up(self, call: CallSpec, actor: pykka.ActorRef[Any] | None, reason: str) -> bool:
+    def give_up(self, call: CallSpec, reason: str) -> bool:
         """Cancel a call; if its thread is still running, it is abandoned (and, at the
         deadline or cancelled by the host, no shutdown waits for it). Returns whether it
         was still running."""
@@ -272,12 +335,20 @@ class ThreadIsolation(Isolation):
         # counted before the token is set: a thread that returns in between finds the count
         # to take back (counting after would leave one behind for ever)
         self.abandoned.abandoned(call.name, session)
+        forgotten = reason != "stopping"  # a stop waits for its call threads, within its timeout
+        if forgotten:
+            self._forget(1)
         if not call.cancel.cancel(reason):
             self.abandoned.taken_back(call.name, session)  # not abandoned after all
+            if forgotten:
+                self._forget(-1)
             return False
-        if reason != "stopping" and actor is not None:
-            self.services.calls.abandon(actor)
         return True
+
+    def _forget(self, n: int) -> None:
+        with self._live_changed:
+            self._forgotten += n
+            self._live_changed.notify_all()
 
     def stats(self) -> dict[str, Any]:
         s = self.services

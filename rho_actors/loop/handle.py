@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +30,7 @@ from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 if TYPE_CHECKING:
     from rho_actors.agent.driver import PromptEvent, PromptResult
     from rho_actors.agent.model import Model
-    from rho_actors.loop.turns import Turns
+    from rho_actors.loop.turns import ResultSink, Turns
     from rho_actors.runtime import Runtime
 
 __all__ = ["Loop", "withheld_names"]
@@ -50,7 +52,11 @@ def withheld_names(names: Iterable[str]) -> frozenset[str]:
 
 
 def _checked_calls(calls: Iterable[Any]) -> tuple[ToolCall, ...]:
-    return tuple(_checked_call(i, call) for i, call in enumerate(calls))
+    batch = tuple(calls)
+    for call in batch:  # the usual case: ToolCalls with plain str ids and names, kept as they are
+        if type(call) is not ToolCall or type(call.id) is not str or type(call.name) is not str:
+            return tuple(_checked_call(i, call) for i, call in enumerate(batch))
+    return batch
 
 
 def _checked_call(index: int, call: Any) -> ToolCall:
@@ -118,11 +124,12 @@ class Loop:
         return self._names.lookup(loop_name(self.session_id), f"the loop of session {self.session_id!r}")
 
     def _turns(self) -> Turns:
-        """The running LoopActor's turns; raises as :attr:`ref`."""
-        ref = self.ref
+        """The running LoopActor's turns; raises as :attr:`ref`. Kept until they close
+        (the LoopActor's stop or crash closes them first): no name look-up per turn."""
         current = self._current
-        if current is not None and current[0] is ref:
+        if current is not None and current[1].closed is None:
             return current[1]
+        ref = self.ref
         turns: Turns | None = self._loop_turns.get(ref.actor_urn)
         if turns is None:  # it ended an instant ago
             raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running: it has just ended")
@@ -157,15 +164,21 @@ class Loop:
 
     def _submit(
         self, batch: tuple[ToolCall, ...], cancel: CancelToken | None = None,
-        on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None,
     ) -> concurrent.futures.Future[list[ToolResult]]:
-        turns = self._turns()
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        trace_context = current_context() if self.telemetry.enabled else None  # the calls' parent span
-        turns.submit(batch, future, trace_context=trace_context, cancel=cancel, context=contextvars.copy_context(),
-                     on_result=on_result, aio=aio)
+        self._start_turn(batch, future, cancel, on_result)
         return future
+
+    def _start_turn(
+        self, batch: tuple[ToolCall, ...], sink: ResultSink, cancel: CancelToken | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        turns = self._turns()
+        trace_context = current_context() if self.telemetry.enabled else None  # the calls' parent span
+        turns.submit(batch, sink, trace_context=trace_context, cancel=cancel, context=contextvars.copy_context(),
+                     on_result=on_result, aio=aio)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
@@ -204,16 +217,17 @@ class Loop:
         batch = _checked_calls(calls)
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
         token = _checked_cancel(cancel) or CancelToken()
-        aio = asyncio.get_running_loop()
-        future = self._submit(batch, token, aio=aio)
-        waiter = _awaitable(future, aio)
-        expiry = aio.call_later(bound, _expire, waiter, bound)
+        landing = _Landing(asyncio.get_running_loop())
+        waiter = landing.waiter
+        expiry = landing.aio.call_later(bound, _expire, waiter, bound)  # armed first: the calls' hand-off goes last
         try:
+            self._start_turn(batch, landing, token, aio=landing.aio)
             return await waiter
         except asyncio.CancelledError:
             token.cancel("cancelled")
-            if not future.done():
-                await asyncio.to_thread(concurrent.futures.wait, [future], self._settings.ask_timeout_s)
+            if not landing.landed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(landing.wait_landed(), self._settings.ask_timeout_s)
             raise
         finally:
             expiry.cancel()
@@ -296,39 +310,46 @@ class Loop:
         return self._names.exit_reason(loop_name(self.session_id))
 
 
-def _awaitable(
-    future: concurrent.futures.Future[list[ToolResult]], aio: asyncio.AbstractEventLoop
-) -> asyncio.Future[list[ToolResult]]:
-    """An asyncio future on ``aio`` completed with ``future``'s results: at once when
-    ``future`` completes on ``aio``'s own thread (a turn whose calls ran on it), else
-    through ``call_soon_threadsafe`` (one hop)."""
-    waiter: asyncio.Future[list[ToolResult]] = aio.create_future()
+class _Landing:
+    """Where the results of a turn awaited on ``aio`` land (the turn's sink): handed to
+    :attr:`waiter`, an asyncio future of ``aio``, at once when they are set on ``aio``'s
+    own thread (every call refused, or run on it), else with one ``call_soon_threadsafe``
+    from the thread that settled the turn's last call (one hop, no
+    ``concurrent.futures.Future`` in between). Built on ``aio``'s thread."""
 
-    def done(completed: concurrent.futures.Future[list[ToolResult]]) -> None:
-        try:
-            on_aio = asyncio.get_running_loop() is aio
-        except RuntimeError:
-            on_aio = False
-        if on_aio:
-            _copy(completed, waiter)
+    __slots__ = ("_thread", "_waiting", "aio", "landed", "waiter")
+
+    def __init__(self, aio: asyncio.AbstractEventLoop) -> None:
+        self.aio = aio
+        self._thread = threading.get_ident()
+        self.waiter: asyncio.Future[list[ToolResult]] = aio.create_future()
+        self.landed = False  # read and set on aio's thread only
+        self._waiting: asyncio.Future[None] | None = None
+
+    def set_result(self, results: list[ToolResult]) -> None:
+        """The turn's results (from any thread; once)."""
+        if threading.get_ident() == self._thread:
+            self._land(results)
             return
         try:
-            aio.call_soon_threadsafe(_copy, completed, waiter)
+            self.aio.call_soon_threadsafe(self._land, results)
         except RuntimeError:  # the event loop has closed: nobody awaits the turn any more
             pass
 
-    future.add_done_callback(done)
-    return waiter
+    def _land(self, results: list[ToolResult]) -> None:
+        self.landed = True
+        if not self.waiter.done():  # else timed out, or its task was cancelled
+            self.waiter.set_result(results)
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(None)
 
-
-def _copy(completed: concurrent.futures.Future[list[ToolResult]], waiter: asyncio.Future[list[ToolResult]]) -> None:
-    if waiter.done():  # timed out, or its task was cancelled
-        return
-    error = completed.exception()
-    if error is not None:
-        waiter.set_exception(error)
-    else:
-        waiter.set_result(completed.result())
+    def wait_landed(self) -> asyncio.Future[None]:
+        """An asyncio future done once the results have landed (on aio's thread)."""
+        if self._waiting is None:
+            self._waiting = self.aio.create_future()
+            if self.landed:
+                self._waiting.set_result(None)
+        return self._waiting
 
 
 def _expire(waiter: asyncio.Future[list[ToolResult]], bound_s: float) -> None:

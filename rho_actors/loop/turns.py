@@ -34,10 +34,10 @@ the lock that also admits turns, so no turn slips past a close).
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextvars
 import inspect
 import itertools
+import marshal
 import threading
 import time
 from collections import deque
@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pykka
 from loguru import logger
@@ -69,9 +69,19 @@ if TYPE_CHECKING:
 
     from rho_actors.runtime import Runtime
 
-__all__ = ["Turns"]
+__all__ = ["ResultSink", "Turns"]
+
+
+class ResultSink(Protocol):
+    """Where a turn's results go, once, from the thread that settles its last call: a
+    ``concurrent.futures.Future`` (running), or an asyncio host's landing."""
+
+    def set_result(self, results: list[ToolResult], /) -> object: ...
+
 
 _MAX_NAMES_LISTED = 40
+_VALID_CHARS = 4096  # arguments texts up to this long are remembered once found valid...
+_VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
 
 
 @dataclass(slots=True)
@@ -87,6 +97,7 @@ class _Slot:
     running: RunningCall | None = None
     span: CallSpan | None = None  # its execute_tool span, while telemetry records it
     validated_s: float = 0.0  # how long its validation took: counted against its deadline
+    inline: bool | None = None  # whether it runs on the awaiting event loop (None: not known yet)
 
 
 @dataclass(slots=True)
@@ -98,7 +109,7 @@ class _Turn:
 
     id: int
     slots: list[_Slot]
-    future: concurrent.futures.Future[list[ToolResult]]
+    future: ResultSink
     withheld: tuple[str, ...]
     context: contextvars.Context | None = None
     trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
@@ -151,6 +162,9 @@ class Turns:
         self.closed: str | None = None  # once closed: the key of the result open calls got
         self._turn_ids = itertools.count(1)
         self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
+        # arguments texts found valid, by (tool name, text): the entry they were valid for,
+        # the decoded value marshalled and whether the tool runs inline (decoded, checked once)
+        self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes, bool]] = {}
         # the last offer, by version: its entries and their schemas marshalled (offered() copies)
         self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], bytes | None] | None = None
 
@@ -203,7 +217,7 @@ class Turns:
     # --- a turn -------------------------------------------------------------------------
 
     def submit(
-        self, calls: tuple[ToolCall, ...], future: concurrent.futures.Future[list[ToolResult]], *,
+        self, calls: tuple[ToolCall, ...], future: ResultSink, *,
         trace_context: Any = None, cancel: CancelToken | None = None, context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
     ) -> None:
@@ -280,6 +294,13 @@ class Turns:
         entry = tools.entries.get(name)
         if entry is None or name in withheld or not self._allows(entry):
             return self._lookup_error(call.id, name, entry, tools, withheld)
+        arguments = call.arguments
+        key = (name, arguments) if type(arguments) is str and len(arguments) <= _VALID_CHARS else None
+        if key is not None:
+            known = self._valid.get(key)
+            if known is not None and known[0] is entry:  # this text was valid for this very registration
+                slot.entry, slot.args, slot.inline = entry, marshal.loads(known[1]), known[2]
+                return None
         try:
             args = decode_arguments(call.arguments, self._limits.max_argument_depth)
         except ArgumentsError as err:
@@ -292,7 +313,20 @@ class Turns:
         if problems:
             return failure("invalid_arguments", call.id, name, problems="; ".join(problems))
         slot.entry, slot.args, slot.validated_s = entry, args, time.monotonic() - began
+        if key is not None:
+            self._remember(key, entry, args)
         return None
+
+    def _remember(self, key: tuple[str, str], entry: ToolEntry, args: dict[str, Any]) -> None:
+        """Keep valid arguments text of ``entry``'s tool with its decoded value (marshalled:
+        each later call with the same text gets its own copy, as if decoded afresh)."""
+        try:
+            blob = marshal.dumps(args)
+        except ValueError:  # not plain JSON data: decoded afresh each time
+            return
+        if len(self._valid) >= _VALID_KEPT:
+            self._valid.clear()
+        self._valid[key] = (entry, blob, _runs_inline(entry))
 
     def _lookup_error(
         self, call_id: str, name: str, entry: ToolEntry | None, tools: ToolSet, withheld: frozenset[str]
@@ -381,7 +415,8 @@ class Turns:
             return
         self._emit("started", slot, None)
         try:
-            if turn.aio is not None and _runs_inline(entry):
+            inline = slot.inline if slot.inline is not None else _runs_inline(entry)
+            if turn.aio is not None and inline:
                 running: RunningCall = InlineCall.start(turn.aio, spec, self._runtime.calls.closed)
             else:
                 running = self._runtime.isolations[entry.isolation].start(spec)

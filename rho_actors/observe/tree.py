@@ -32,8 +32,9 @@ def describe_tree(root: pykka.ActorRef[Any], runtime: Runtime, sessions_dir: Pat
                 proxy = ref.proxy()
                 node["strategy"] = proxy.strategy.get(timeout=ask_timeout_s)
                 children: list[ChildInfo] = proxy.which_children().get(timeout=ask_timeout_s)
-                if node["id"] == calls_id:
-                    node["running"] = sum(c.alive for c in children)
+                if node["id"] == calls_id:  # CallActors, and the call threads of ``thread`` calls
+                    threads = sum(isolation.running_calls() for isolation in runtime.isolations.values())
+                    node["running"] = sum(c.alive for c in children) + threads
                     return node
                 node["children"] = [describe_child(c, node["id"]) for c in children]
             elif node["id"] == workers_id and parent == root_id:
