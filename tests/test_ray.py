@@ -16,7 +16,10 @@ import pykka
 import pytest
 
 from rho_actors import ActorSystem, CancelToken, ChildSpec, ErrorKind, Supervisor, ToolCall, start_link, tool, untrusted
+from rho_actors.errors import RhoError
+from rho_actors.isolation.servers import call_server
 from rho_actors.otp.names import Names
+from rho_actors.results import text
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_actors[ray]')")
 
@@ -258,6 +261,9 @@ class Counter:
     def block(self, s: float) -> None:
         time.sleep(s)
 
+    def die(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
 
 def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
     names = Names()
@@ -277,8 +283,10 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         queued = first.ask(RayCall("incr"), block=False)
         time.sleep(0.2)
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises((RayServerDown, pykka.ActorDeadError)):
+        with pytest.raises((RayServerDown, pykka.ActorDeadError)) as died:
             waiting.get(timeout=WAIT_S)
+        if isinstance(died.value, RayServerDown):
+            assert died.value.key == "server_crashed" and "died during block()" in str(died.value), died.value
         with pytest.raises((RayServerDown, pykka.ActorDeadError)):
             queued.get(timeout=WAIT_S)
         assert wait_for(lambda: names.whereis("counter") not in (None, first), RAY_WAIT_S)
@@ -295,9 +303,10 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         third_pid = third.ask(RayCall("pid"), block=True)
         stuck = third.ask(RayCall("block", (60,), timeout_ms=300), block=False)
         behind = third.ask(RayCall("incr"), block=False)  # queued behind the stuck call: fails with it
-        with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
+        with pytest.raises(RayServerDown, match=r"did not answer block\(\) within 300 ms") as down:
             stuck.get(timeout=WAIT_S)
-        with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
+        assert down.value.key == "server_killed" and isinstance(down.value, RhoError)
+        with pytest.raises(RayServerDown, match=r"did not answer block\(\) within 300 ms"):
             behind.get(timeout=WAIT_S)  # not its own 30 s deadline
         assert wait_for(lambda: pid_gone(third_pid))
         assert wait_for(lambda: names.whereis("counter") not in (None, third), RAY_WAIT_S)
@@ -324,6 +333,38 @@ def test_tools_reach_a_ray_server_by_name(runtime: RayRuntime, system: ActorSyst
     assert server["class"] == "Counter" and server["calls"] == 2 and server["node"].startswith("node ")
     system.stop()
     assert runtime.actors() == []  # the test's own runtime never saw it
+
+
+def test_call_server_turns_a_down_ray_server_into_the_models_text(runtime: RayRuntime, system: ActorSystem) -> None:
+    """From a tool, a Ray server past a call's deadline and one whose Ray actor dies are
+    the model's error texts of ``results.TEXTS`` (``server_killed``, ``server_crashed``),
+    not a raise; the restarted server then answers with fresh state."""
+    @tool(timeout_ms=60_000)
+    def kv(method: str, ctx: Any) -> Any:
+        """Call the counter."""
+        if method == "block":
+            return call_server(ctx, "counter", "block", 60, timeout_ms=500)
+        return call_server(ctx, "counter", method)
+
+    system.register(kv)
+    system.start_child(ChildSpec("counter", RayActor(Counter, 0, resources={"num_cpus": 0}, ping_ms=200),
+                                 name="counter"), max_restarts=3, max_seconds=60)
+    loop = system.start_loop()
+    [one] = loop.run_turn([ToolCall("c1", "kv", '{"method": "incr"}')])
+    assert one.ok and one.content == "1", one
+    first = system.whereis("counter")
+    [stuck] = loop.run_turn([ToolCall("c2", "kv", '{"method": "block"}')])
+    assert stuck.error_kind is ErrorKind.TIMEOUT, stuck
+    assert stuck.content == text("server_killed", server="counter", method="block", timeout_ms=500), stuck
+    assert wait_for(lambda: system.whereis("counter") not in (None, first), RAY_WAIT_S)
+    second = system.whereis("counter")
+    [died] = loop.run_turn([ToolCall("c3", "kv", '{"method": "die"}')])
+    assert died.error_kind is ErrorKind.CRASHED, died
+    assert died.content.startswith("server 'counter' died during die() (its Ray actor "), died
+    assert "ActorDiedError" in died.content and "everything it held is lost" in died.content, died
+    assert wait_for(lambda: system.whereis("counter") not in (None, second), RAY_WAIT_S)
+    [fresh] = loop.run_turn([ToolCall("c4", "kv", '{"method": "incr"}')])
+    assert fresh.ok and fresh.content == "1", fresh  # a fresh Ray actor
 
 
 def test_a_ray_actor_class_from_a_local_module_runs_on_ray(runtime: RayRuntime, tmp_path: Path,

@@ -113,7 +113,8 @@ class ServerDown(RhoError):
     """A server's process was killed at a call's deadline, died, or ran out of memory:
     its state is lost, and its actor exits so that its supervisor restarts it fresh.
     ``key`` is the situation of ``results.TEXTS`` (``server_killed``, ``server_crashed``,
-    ``server_memory``) and ``fields`` its fields; ``str(err)`` is that text."""
+    ``server_memory``; ``server_ray_memory`` for a Ray server's ``RayServerDown``) and
+    ``fields`` its fields; ``str(err)`` is that text."""
 
     def __init__(self, key: str, fields: Mapping[str, Any]) -> None:
         super().__init__(text(key, **fields))
@@ -447,8 +448,10 @@ def call_server(ctx: Mapping[str, Any], name: str, method: str, *args: Any, time
     method's value; raises :class:`ServerError` when it raised, and
     :class:`~rho_actors.tool.ToolFailure` with the text of ``results.TEXTS`` for the
     model otherwise: ``server_not_running`` (no live server by that name),
-    ``server_killed``/``server_crashed``/``server_memory`` (its state is lost; it is
-    being restarted), ``server_unanswered`` (no answer before the tool's own deadline,
+    ``server_killed``/``server_crashed``/``server_memory``, and
+    ``server_ray_memory`` for a Ray server Ray's memory monitor killed (a
+    :class:`ServerDown`, a Ray server's included: its state is lost; it is being
+    restarted), ``server_unanswered`` (no answer before the tool's own deadline,
     or ``timeout_ms`` plus 10 s: a thread server cannot be killed). Raises ``KeyError`` when ``ctx`` has
     no ``whereis`` (a tool outside ``thread`` isolation)."""
     whereis = ctx["whereis"]
