@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +27,9 @@ import ray.exceptions
 from loguru import logger
 
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
 from rho_actors.isolation.ray_tasks import RayResources, RayRuntime, default_runtime
-from rho_actors.isolation.servers import ServerCall, ServerDown
+from rho_actors.isolation.servers import ServerCall, ServerDown, ServerUnreachable
 from rho_actors.otp.actor import Actor, kill, start_link
 from rho_actors.otp.timers import Timer
 from rho_actors.sandbox import local_modules
@@ -155,6 +157,7 @@ class RayServer(Actor):
         self._ping: Any = None
         self._timer: Timer | None = None
         self._down_error: RayServerDown | None = None
+        self._unreachable_since: float | None = None  # when pings began to find the Ray actor unavailable
 
     def on_start(self) -> None:
         runtime = self.runtime
@@ -217,12 +220,53 @@ class RayServer(Actor):
                 ping, self._ping = self._ping, None
                 try:
                     ray.get(ping)
+                    self._unreachable_since = None
+                except ray.exceptions.ActorUnavailableError as exc:  # Ray: temporary, the actor may be back
+                    if self._still_unreachable(exc):
+                        return
                 except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as exc:
                     self._died("(between calls)", exc)
                     return
         if self._ping is None:
             self._ping = self.handle.__ray_ready__.remote()
         self._schedule_ping()
+
+    def _still_unreachable(self, exc: BaseException) -> bool:
+        """A liveness ping found the Ray actor unavailable (Ray's ``ActorUnavailableError``:
+        a connection lost for a moment, the actor possibly alive). The server goes down
+        only once that has lasted ``call_timeout_ms``; returns whether it went down."""
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+        waited_ms = round((now - self._unreachable_since) * 1000)
+        if waited_ms < self.call_timeout_ms:
+            logger.info("Ray server {} (Ray actor {}) is unavailable for now ({} ms): {}", self.cls.__name__,
+                        self.actor_id, waited_ms, _first_line(exc))
+            return False
+        self._down("server_crashed", method="(between calls)",
+                   cause=f"its Ray actor {self.actor_id} could not be reached for {waited_ms} ms "
+                         f"({type(exc).__name__}: {_first_line(exc)})")
+        return True
+
+    def _unavailable(self, method: str, exc: BaseException, deadline: float) -> RhoError:
+        """A call got Ray's ``ActorUnavailableError`` (it may or may not have run): ask the
+        Ray actor whether it is alive, by the call's ``deadline``. Alive (or still
+        unavailable): :class:`ServerUnreachable`, the server keeps its state; dead: down."""
+        try:
+            ray.get(self.handle.__ray_ready__.remote(), timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError:
+            return self._down("server_crashed", method=method,
+                              cause=f"its Ray actor {self.actor_id} was unavailable and did not answer by the "
+                                    f"call's deadline ({type(exc).__name__}: {_first_line(exc)})")
+        except ray.exceptions.ActorUnavailableError:
+            pass
+        except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as died:
+            return self._died(method, died)
+        logger.warning("Ray server {} (Ray actor {}): {}() got {}", self.cls.__name__, self.actor_id, method,
+                       _first_line(exc))
+        return ServerUnreachable("server_unreachable", {
+            "server": self.cls.__name__, "method": method,
+            "cause": f"Ray actor {self.actor_id}: {type(exc).__name__}: {_first_line(exc)}"})
 
     def _died(self, method: str, exc: BaseException) -> RayServerDown:
         """:meth:`_down` for a Ray error saying the Ray actor died (during ``method``)."""
@@ -278,11 +322,14 @@ class RayServer(Actor):
         except AttributeError:
             raise AttributeError(f"Ray server {self.cls.__name__} has no method {message.method!r}") from None
         self.calls += 1
+        deadline = time.monotonic() + timeout_ms / 1000
         ref = bound.remote(*message.args, **dict(message.kwargs))
         try:
             return ray.get(ref, timeout=timeout_ms / 1000)
         except ray.exceptions.GetTimeoutError:  # a Ray actor method cannot be cancelled: the Ray actor is killed
             raise self._down("server_killed", method=message.method, timeout_ms=timeout_ms) from None
+        except ray.exceptions.ActorUnavailableError as exc:  # Ray: temporary; the call may or may not have run
+            raise self._unavailable(message.method, exc, deadline) from None
         except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as exc:
             raise self._died(message.method, exc) from None
 
