@@ -231,14 +231,29 @@ def _cmdline(pid: int) -> str:
         return "(gone)"
 
 
-def _hold(mib: int) -> str:
+def _hold(mib: int, began: str = "") -> str:
     """Take ``mib`` MiB in 16 MiB steps, each written to, 20 ms apart (Ray's monitor looks
-    every 100 ms)."""
+    every 100 ms); ``began``, a file, gets the pid first."""
+    if began:
+        Path(began).write_text(str(os.getpid()))
     held = []
     for _ in range(mib // 16):
         held.append(bytearray(16 * 2**20))
         time.sleep(0.02)
     return f"held {len(held) * 16} MiB"
+
+
+def _timed_turn(loop: Any, call: ToolCall, began: Path) -> tuple[list[Any], float]:
+    """``loop.run_turn([call])`` and the seconds from the call's start in its Ray worker
+    (``began`` written) to its result (a fresh Ray worker may take long to start here)."""
+    box: list[Any] = []
+    turn = threading.Thread(target=lambda: box.append(loop.run_turn([call])))
+    turn.start()
+    assert wait_for(began.exists, 100), f"{call.id} never began in its Ray worker"
+    start = time.monotonic()
+    turn.join(110)
+    assert box, f"{call.id} got no result within 110 s of its start"
+    return box[0], time.monotonic() - start
 
 
 class Hog:
@@ -258,18 +273,18 @@ class Hog:
 
     @staticmethod
     def timeout_ms() -> int:
-        return 60_000
+        return 120_000
 
     @staticmethod
     def run(args: dict[str, Any], ctx: Any) -> Any:
-        return _hold(args["mib"])
+        return _hold(args["mib"], args.get("began", ""))
 
 
 class Store(Counter):
     """A stateful Ray server that can be made to take memory."""
 
-    def hog(self, mib: int) -> str:
-        return _hold(mib)
+    def hog(self, mib: int, began: str) -> str:
+        return _hold(mib, began)
 
 
 def test_ray_out_of_memory_kill(memory_node: dict[str, Any], tmp_path: Path) -> None:
@@ -278,24 +293,23 @@ def test_ray_out_of_memory_kill(memory_node: dict[str, Any], tmp_path: Path) -> 
     and the next call runs. A supervised Ray server killed the same way answers the tool
     that called it with ``memory`` (its state lost) and is restarted, within its
     intensity, with fresh state."""
-    @tool(timeout_ms=60_000)
-    def store(method: str, ctx: Any, mib: int = 0) -> Any:
+    @tool(timeout_ms=120_000)
+    def store(method: str, ctx: Any, mib: int = 0, began: str = "") -> Any:
         """Call the store."""
-        return call_server(ctx, "store", method, *([mib] if method == "hog" else []))
+        return call_server(ctx, "store", method, *([mib, began] if method == "hog" else []), timeout_ms=110_000)
 
     system = ActorSystem(data_dir=tmp_path / "data", ray={"address": memory_node["address"]})
     try:
         system.register(Hog, isolation="ray", resources={"num_cpus": 1})
         system.register(store)
         loop = system.start_loop("s1")
-        began = time.monotonic()
-        [killed] = loop.run_turn([ToolCall("c1", "hog", '{"mib": 1536}')])
-        took = time.monotonic() - began
+        hog = {"mib": 1536, "began": str(tmp_path / "c1")}
+        [killed], took = _timed_turn(loop, ToolCall("c1", "hog", json.dumps(hog)), tmp_path / "c1")
         assert killed.error_kind is ErrorKind.MEMORY, killed
         assert re.match(r"tool 'hog' ran out of memory: Ray's memory monitor killed its worker \(OutOfMemoryError: "
                         r"\d+ worker\(s\) were killed due to the node running low on memory", killed.content), killed
         assert "2.00GB limit" in killed.content, killed  # the node's limit is its cgroup's
-        assert took < 30, f"the memory kill came back after {took:.1f} s"
+        assert took < 30, f"the memory kill came back {took:.1f} s after the call began (its deadline: 120 s)"
         [after] = loop.run_turn([ToolCall("c2", "hog", '{"mib": 64}')])
         assert after.ok and after.content == "held 64 MiB", after  # the node is usable
         # a supervised server on Ray, killed by the memory monitor, restarted fresh
@@ -305,14 +319,13 @@ def test_ray_out_of_memory_kill(memory_node: dict[str, Any], tmp_path: Path) -> 
         results = loop.run_turn([ToolCall("c3", "store", '{"method": "incr"}')])
         results += loop.run_turn([ToolCall("c4", "store", '{"method": "incr"}')])
         assert [r.content for r in results] == ["1", "2"], results
-        began = time.monotonic()
-        [lost] = loop.run_turn([ToolCall("c5", "store", '{"method": "hog", "mib": 1536}')])
-        took = time.monotonic() - began
+        hog = {"method": "hog", "mib": 1536, "began": str(tmp_path / "c5")}
+        [lost], took = _timed_turn(loop, ToolCall("c5", "store", json.dumps(hog)), tmp_path / "c5")
         assert lost.error_kind is ErrorKind.MEMORY and TEXTS["server_ray_memory"][0] is ErrorKind.MEMORY, lost
         assert lost.content.startswith("server 'store' ran out of memory during hog(): Ray's memory monitor "
                                        "killed its Ray actor (Ray actor "), lost
         assert "running low on memory" in lost.content and "everything it held is lost" in lost.content, lost
-        assert took < 30, f"the server's memory kill came back after {took:.1f} s"
+        assert took < 30, f"the server's memory kill came back {took:.1f} s after the call began"
         assert wait_for(lambda: system.whereis("store") not in (None, first), 60)
         [fresh] = loop.run_turn([ToolCall("c6", "store", '{"method": "incr"}')])
         assert fresh.ok and fresh.content == "1", fresh  # a fresh Ray actor: the state was lost
