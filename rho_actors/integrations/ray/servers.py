@@ -118,11 +118,15 @@ class RayServer(Actor):
     ``ref.proxy().call(method, *args, **kwargs).get()``, served one at a time, each
     within its deadline. A call raising in the Ray actor raises the same error type to the
     caller (Ray's ``RayTaskError`` subclass). When the Ray actor is found dead (a call
-    raises ``RayActorError``, or the liveness ping every ``ping_ms`` does) or a call
-    passes its deadline (a Ray actor method cannot be cancelled, so the Ray actor is
-    killed), the caller gets :class:`RayServerDown` naming the cause and this actor exits
-    with it as reason; calls queued behind get ``RayServerDown`` or
-    ``pykka.ActorDeadError``, never a hang. The Ray actor is killed when this actor stops.
+    raises Ray's ``ActorDiedError`` or ``OutOfMemoryError``, or the liveness ping every
+    ``ping_ms`` does) or a call passes its deadline (a Ray actor method cannot be
+    cancelled, so the Ray actor is killed), the caller gets :class:`RayServerDown` naming
+    the cause and this actor exits with it as reason; calls queued behind get
+    ``RayServerDown`` or ``pykka.ActorDeadError``, never a hang. Ray's
+    ``ActorUnavailableError`` (a connection lost for a moment) is no death: the call gets
+    :class:`~rho_actors.isolation.servers.ServerUnreachable` once a ping by its deadline
+    finds the Ray actor alive, and the server keeps its state; pings take the server down
+    only after ``call_timeout_ms`` of it. The Ray actor is killed when this actor stops.
 
     Raises the Ray error on start (the supervisor's start error) when the Ray actor cannot
     be created within ``start_timeout_ms`` or no node can hold its resources.
