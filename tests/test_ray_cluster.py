@@ -335,3 +335,26 @@ def test_ray_out_of_memory_kill(memory_node: dict[str, Any], tmp_path: Path) -> 
     finally:
         system.stop()
     assert not ray.is_initialized()
+
+
+def test_a_local_ray_never_joins_another_cluster_of_this_machine(memory_node: dict[str, Any],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """With another Ray cluster running on this machine and advertised (the test harness
+    writes its address where a plain ``ray.init()`` looks, as ``ray start`` does), a
+    runtime without an address starts a Ray of its own instead of joining it; and stops
+    it at shutdown."""
+    from rho_actors.isolation.ray_tasks import RayRuntime
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    advertised = ray._private.utils.read_ray_address()
+    assert advertised is not None, "no cluster of this machine is advertised"
+    runtime = RayRuntime({"num_cpus": 1})
+    try:
+        runtime.connect()
+        assert runtime.owns_ray
+        context = ray.get_runtime_context()
+        assert context.gcs_address != advertised
+        assert context.get_node_id() != memory_node["node_id"]
+    finally:
+        runtime.shutdown()
+    assert not ray.is_initialized()
