@@ -411,7 +411,7 @@ def test_a_ray_server_keeps_its_state_through_a_network_blip(runtime: RayRuntime
     assert one.ok and one.content == "1", one
     server = system.whereis("counter")
     assert server is not None
-    ports = server.ask(RayCall("ports"), timeout=RAY_WAIT_S)
+    ports = list(server.ask(RayCall("ports"), block=True, timeout=RAY_WAIT_S))
     marker = tmp_path / "began"
     blocked = server.ask(RayCall("block_marked", (str(marker), 3.0)), block=False)
     assert wait_for(marker.exists, RAY_WAIT_S)
