@@ -556,9 +556,13 @@ class ActorSystem:
             ray_runtime = self._runtime.isolations["ray"].runtime()  # type: ignore[attr-defined]
             spec = dataclasses.replace(spec, start=spec.start.bound_to(ray_runtime))  # type: ignore[attr-defined]
         child = spec if spec.restart == "permanent" else dataclasses.replace(spec, significant=True)
+        subtree = self._supervisor(f"{under[:-1]}:{spec.id}", children=[child], auto_shutdown="any_significant",
+                                   **intensity)  # its start waits for the child's: its bound covers the child's own
+        own_s = getattr(spec.start, "timeout_s", 0) or getattr(spec.start, "start_timeout_ms", 0) / 1000 + 5
+        subtree = dataclasses.replace(subtree, timeout_s=max(subtree.timeout_s, float(own_s) + 10))
         server = ChildSpec(
             spec.id,
-            self._supervisor(f"{under[:-1]}:{spec.id}", children=[child], auto_shutdown="any_significant", **intensity),
+            subtree,
             restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )

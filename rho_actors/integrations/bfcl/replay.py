@@ -151,10 +151,13 @@ class _CallClock:
 
     def __call__(self, event: Any) -> None:
         now = time.perf_counter()
+        kind = getattr(event, "kind", None)
+        if kind not in ("started", "finished", "timed_out"):  # not a call's event (a tool set changed...)
+            return
         key = (event.session_id, event.call_id)
-        if event.kind == "started":
+        if kind == "started":
             self._started[key] = now
-        elif event.kind in ("finished", "timed_out"):
+        else:
             self._finished[key] = now
 
     def wall_s(self, session_id: str, call_id: str) -> float | None:
