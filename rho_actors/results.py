@@ -208,6 +208,14 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.MEMORY, "server {server!r} ran out of memory during {method}() (its process tree reached its bound of "
         "{heap} and was killed), so everything it held is lost; it is restarted with fresh state"
     ),
+    "server_ray_memory": (
+        _K.MEMORY, "server {server!r} ran out of memory during {method}(): Ray's memory monitor killed its Ray "
+        "actor ({cause}), so everything it held is lost; it is restarted with fresh state"
+    ),
+    "server_unreachable": (
+        _K.UNAVAILABLE, "server {server!r} could not be reached during {method}() ({cause}): the call may or may "
+        "not have run; the server keeps its state"
+    ),
     "server_unanswered": (_K.TIMEOUT, "server {server!r} did not answer {method}() before this call's deadline"),
     # a tool of an MCP server (rho_actors.mcp.source), raised as a ToolFailure
     "mcp_not_connected": (

@@ -547,12 +547,13 @@ class ActorSystem:
         with ``ctx["whereis"]``). Returns its ref (it follows no restart: use
         :meth:`whereis`). ``under="sources"`` puts the subtree under ``sources`` instead:
         for a source's own actors (an MCP server's connection), the system's side of the
-        tree. The subtree starts in the caller's thread, so a server whose start is slow
-        holds up no other server; a ``RayActor`` without ``runtime=`` runs on the system's
-        Ray runtime, once connected. Raises ``ValueError`` when a running actor holds
-        ``spec.name``, a running server has ``spec.id`` (OTP's ``already_started``), or for
-        another ``under``; the child's start error (a ``RuntimeError`` for a
-        ``BaseException``), and ``RuntimeError`` when the system is stopping."""
+        tree. The subtree starts in the caller's thread (within the child's own start
+        bound plus 10 s), so a slow server start holds up no other server; a ``RayActor``
+        without ``runtime=`` runs on the system's Ray runtime, once connected. Raises
+        ``ValueError`` when a running actor holds ``spec.name``, a running server has
+        ``spec.id`` (OTP's ``already_started``), or for another ``under``; the child's
+        start error (a ``RuntimeError`` for a ``BaseException``), and ``RuntimeError``
+        when the system is stopping."""
         if under not in (SERVERS, SOURCES):
             raise ValueError(f"under must be {SERVERS!r} or {SOURCES!r}, got {under!r}")
         holder = self._names.whereis(spec.name) if spec.name is not None else None
@@ -566,9 +567,13 @@ class ActorSystem:
             ray_runtime = self._runtime.isolations["ray"].runtime()  # type: ignore[attr-defined]
             spec = dataclasses.replace(spec, start=spec.start.bound_to(ray_runtime))  # type: ignore[attr-defined]
         child = spec if spec.restart == "permanent" else dataclasses.replace(spec, significant=True)
+        subtree = self._supervisor(f"{under[:-1]}:{spec.id}", children=[child], auto_shutdown="any_significant",
+                                   **intensity)  # its start waits for the child's: its bound covers the child's own
+        own_s = getattr(spec.start, "timeout_s", 0) or getattr(spec.start, "start_timeout_ms", 0) / 1000 + 5
+        subtree = dataclasses.replace(subtree, timeout_s=max(subtree.timeout_s, float(own_s) + 10))
         server = ChildSpec(
             spec.id,
-            self._supervisor(f"{under[:-1]}:{spec.id}", children=[child], auto_shutdown="any_significant", **intensity),
+            subtree,
             restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )

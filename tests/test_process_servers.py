@@ -270,3 +270,23 @@ def test_a_malformed_answer_from_an_untrusted_server_is_refused_without_running_
     ]:
         with pytest.raises(wire.WireError, match=problem):
             wire.decode_served("plain", body)
+
+
+class _SlowStart(Store):
+    """A server whose construction takes ``seconds``, as a Ray actor's fresh worker can
+    on a loaded machine."""
+
+    def __init__(self, seconds: float) -> None:
+        threading.Event().wait(seconds)  # the slow start itself, not a synchronisation
+        super().__init__()
+
+
+@pytest.mark.slow
+def test_a_server_start_longer_than_30_s_is_waited_for_within_its_own_bound(system: ActorSystem) -> None:
+    """The subtree ``start_child`` makes for a server waits as long as the server's own
+    start bound (here 60 s), not a fixed 30 s: a server taking 32 s to start is running
+    afterwards, with its name."""
+    spec = ChildSpec("slow", ProcessActor(_SlowStart, 32.0, start_timeout_ms=60_000), name="slow")
+    ref = system.start_child(spec)
+    assert system.whereis("slow") is ref
+    assert ref.ask(ServerCall("put", ("k", 1)), timeout=WAIT_S) == "stored"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -16,7 +18,10 @@ import pykka
 import pytest
 
 from rho_actors import ActorSystem, CancelToken, ChildSpec, ErrorKind, Supervisor, ToolCall, start_link, tool, untrusted
+from rho_actors.errors import RhoError
+from rho_actors.isolation.servers import ServerUnreachable, call_server
 from rho_actors.otp.names import Names
+from rho_actors.results import text
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_actors[ray]')")
 
@@ -258,6 +263,19 @@ class Counter:
     def block(self, s: float) -> None:
         time.sleep(s)
 
+    def die(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def ports(self) -> list[int]:
+        import psutil
+
+        return sorted({c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"})
+
+    def block_marked(self, path: str, s: float) -> int:
+        Path(path).write_text("began")
+        time.sleep(s)
+        return self.n
+
 
 def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
     names = Names()
@@ -277,8 +295,10 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         queued = first.ask(RayCall("incr"), block=False)
         time.sleep(0.2)
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises((RayServerDown, pykka.ActorDeadError)):
+        with pytest.raises((RayServerDown, pykka.ActorDeadError)) as died:
             waiting.get(timeout=WAIT_S)
+        if isinstance(died.value, RayServerDown):
+            assert died.value.key == "server_crashed" and "died during block()" in str(died.value), died.value
         with pytest.raises((RayServerDown, pykka.ActorDeadError)):
             queued.get(timeout=WAIT_S)
         assert wait_for(lambda: names.whereis("counter") not in (None, first), RAY_WAIT_S)
@@ -295,9 +315,10 @@ def test_ray_actor_server_restarted_by_rho(runtime: RayRuntime) -> None:
         third_pid = third.ask(RayCall("pid"), block=True)
         stuck = third.ask(RayCall("block", (60,), timeout_ms=300), block=False)
         behind = third.ask(RayCall("incr"), block=False)  # queued behind the stuck call: fails with it
-        with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
+        with pytest.raises(RayServerDown, match=r"did not answer block\(\) within 300 ms") as down:
             stuck.get(timeout=WAIT_S)
-        with pytest.raises(RayServerDown, match="did not answer within 300 ms"):
+        assert down.value.key == "server_killed" and isinstance(down.value, RhoError)
+        with pytest.raises(RayServerDown, match=r"did not answer block\(\) within 300 ms"):
             behind.get(timeout=WAIT_S)  # not its own 30 s deadline
         assert wait_for(lambda: pid_gone(third_pid))
         assert wait_for(lambda: names.whereis("counter") not in (None, third), RAY_WAIT_S)
@@ -324,6 +345,91 @@ def test_tools_reach_a_ray_server_by_name(runtime: RayRuntime, system: ActorSyst
     assert server["class"] == "Counter" and server["calls"] == 2 and server["node"].startswith("node ")
     system.stop()
     assert runtime.actors() == []  # the test's own runtime never saw it
+
+
+def test_call_server_turns_a_down_ray_server_into_the_models_text(runtime: RayRuntime, system: ActorSystem) -> None:
+    """From a tool, a Ray server past a call's deadline and one whose Ray actor dies are
+    the model's error texts of ``results.TEXTS`` (``server_killed``, ``server_crashed``),
+    not a raise; the restarted server then answers with fresh state."""
+    @tool(timeout_ms=60_000)
+    def kv(method: str, ctx: Any) -> Any:
+        """Call the counter."""
+        if method == "block":
+            return call_server(ctx, "counter", "block", 60, timeout_ms=500)
+        return call_server(ctx, "counter", method)
+
+    system.register(kv)
+    system.start_child(ChildSpec("counter", RayActor(Counter, 0, resources={"num_cpus": 0}, ping_ms=200),
+                                 name="counter"), max_restarts=3, max_seconds=60)
+    loop = system.start_loop()
+    [one] = loop.run_turn([ToolCall("c1", "kv", '{"method": "incr"}')])
+    assert one.ok and one.content == "1", one
+    first = system.whereis("counter")
+    [stuck] = loop.run_turn([ToolCall("c2", "kv", '{"method": "block"}')])
+    assert stuck.error_kind is ErrorKind.TIMEOUT, stuck
+    assert stuck.content == text("server_killed", server="counter", method="block", timeout_ms=500), stuck
+    assert wait_for(lambda: system.whereis("counter") not in (None, first), RAY_WAIT_S)
+    second = system.whereis("counter")
+    [died] = loop.run_turn([ToolCall("c3", "kv", '{"method": "die"}')])
+    assert died.error_kind is ErrorKind.CRASHED, died
+    assert died.content.startswith("server 'counter' died during die() (its Ray actor "), died
+    assert "ActorDiedError" in died.content and "everything it held is lost" in died.content, died
+    assert wait_for(lambda: system.whereis("counter") not in (None, second), RAY_WAIT_S)
+    [fresh] = loop.run_turn([ToolCall("c4", "kv", '{"method": "incr"}')])
+    assert fresh.ok and fresh.content == "1", fresh  # a fresh Ray actor
+
+
+def _abort_connections_to(ports: list[int]) -> int:
+    """Abort this process's TCP connections to ``ports`` (``ss -K``: a network blip, as
+    an overloaded machine's gRPC sees); returns how many there were."""
+    import psutil
+
+    mine = [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port in ports]
+    for conn in mine:
+        subprocess.run(["ss", "-K", "sport", "=", f":{conn.laddr.port}", "dport", "=", f":{conn.raddr.port}"],
+                       check=False, capture_output=True, timeout=WAIT_S)
+    return len(mine)
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to abort a connection")
+def test_a_ray_server_keeps_its_state_through_a_network_blip(runtime: RayRuntime, system: ActorSystem,
+                                                             tmp_path: Path) -> None:
+    """A connection to a Ray server's actor aborted mid-call (Ray's
+    ``ActorUnavailableError``: temporary, the actor alive) fails that call with
+    ``server_unreachable`` (it may or may not have run), but the server is not taken
+    down: same Ray actor, same state, and the tool gets the model's text."""
+    @tool(timeout_ms=60_000)
+    def count(ctx: Any) -> Any:
+        """Count one more."""
+        return call_server(ctx, "counter", "incr")
+
+    system.register(count)
+    system.start_child(ChildSpec("counter", RayActor(Counter, 0, resources={"num_cpus": 0}, ping_ms=200),
+                                 name="counter"), max_restarts=3, max_seconds=60)
+    loop = system.start_loop()
+    [one] = loop.run_turn([ToolCall("c1", "count", "{}")])
+    assert one.ok and one.content == "1", one
+    server = system.whereis("counter")
+    assert server is not None
+    ports = list(server.ask(RayCall("ports"), block=True, timeout=RAY_WAIT_S))
+    marker = tmp_path / "began"
+    blocked = server.ask(RayCall("block_marked", (str(marker), 3.0)), block=False)
+    assert wait_for(marker.exists, RAY_WAIT_S)
+    if _abort_connections_to(ports) == 0:
+        pytest.skip("no connection of this process to the Ray actor was found")
+    try:
+        blocked.get(timeout=RAY_WAIT_S)
+    except ServerUnreachable as exc:
+        assert exc.key == "server_unreachable" and "may or may not have run" in str(exc), exc
+        assert "ActorUnavailableError" in str(exc), exc
+    except Exception as exc:
+        raise AssertionError(f"the blip took the server down: {exc!r}") from None
+    else:
+        pytest.skip("the aborted connection was not the one carrying the call (it succeeded)")
+    [two] = loop.run_turn([ToolCall("c2", "count", "{}")])
+    assert two.ok and two.content == "2", two  # the same Ray actor, its state kept
+    assert system.whereis("counter") is server
+    assert wait_for(lambda: server.ask(RayCall("incr"), timeout=RAY_WAIT_S) == 3)
 
 
 def test_a_ray_actor_class_from_a_local_module_runs_on_ray(runtime: RayRuntime, tmp_path: Path,

@@ -87,8 +87,9 @@ def _ray_processes() -> list[psutil.Process]:
 class Connection:
     """The process's connection to Ray, made in a thread of its own.
 
-    ``config``: ``address`` (none: start a local Ray on loopback, or attach to the one
-    this process already runs), ``namespace``, ``runtime_env``, and for a local Ray
+    ``config``: ``address`` (none: start a local Ray of its own on loopback, never
+    joining another cluster of this machine unless ``RAY_ADDRESS`` says so, or attach to
+    the one this process already runs), ``namespace``, ``runtime_env``, and for a local Ray
     ``num_cpus``, ``num_gpus`` and ``resources`` (custom resources by name).
     ``connect_timeout_s`` bounds each attempt; ``on_connected`` runs once connected, in
     the connecting thread, and should keep it alive until :meth:`close` (a local Ray's
@@ -172,6 +173,11 @@ class Connection:
                     local = False
                 else:
                     loopback_only()
+                    # "local": a Ray of its own, never another cluster of this machine that a
+                    # plain ray.init() would join (the latest `ray start` or test harness);
+                    # RAY_ADDRESS, when set, still says where to go
+                    if not os.environ.get("RAY_ADDRESS"):
+                        kwargs["address"] = "local"
                     kwargs.update(_node_ip_address="127.0.0.1", include_dashboard=False,
                                   num_cpus=self.config.get("num_cpus"), num_gpus=self.config.get("num_gpus"),
                                   resources=self.config.get("resources"))

@@ -115,8 +115,10 @@ class RayRuntime:
     """One connection to Ray for a host (Ray's client state is per process).
 
     ``config`` is ``ActorSystem(ray={...})``: ``address`` (``"auto"``, ``"ray://host:10001"``
-    or ``"host:6379"``) connects to a running cluster; without it a local Ray is started
-    (or a running one in this process is attached) on this host, with no dashboard,
+    or ``"host:6379"``) connects to a running cluster; without it a local Ray of its own
+    is started (or a running one in this process is attached) on this host, never another
+    cluster of this machine that a plain ``ray.init()`` would join (``RAY_ADDRESS``, when
+    set, is followed), with no dashboard,
     bound to loopback only (see :func:`~rho_actors.isolation.ray_connection.loopback_only`),
     with ``num_cpus``, ``num_gpus`` and ``resources`` (custom resources by name) from the
     config when given. ``namespace`` and ``runtime_env`` go to ``ray.init``;

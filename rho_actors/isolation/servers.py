@@ -76,7 +76,7 @@ from rho_actors.tool import ToolFailure
 
 __all__ = [
     "DEFAULT_SERVER_HEAP_BYTES", "ProcessActor", "ProcessServer", "ServerCall", "ServerDown", "ServerError",
-    "ThreadActor", "ThreadServer", "call_server",
+    "ServerUnreachable", "ThreadActor", "ThreadServer", "call_server",
 ]
 
 DEFAULT_SERVER_HEAP_BYTES = 256 * 2**20
@@ -113,7 +113,23 @@ class ServerDown(RhoError):
     """A server's process was killed at a call's deadline, died, or ran out of memory:
     its state is lost, and its actor exits so that its supervisor restarts it fresh.
     ``key`` is the situation of ``results.TEXTS`` (``server_killed``, ``server_crashed``,
-    ``server_memory``) and ``fields`` its fields; ``str(err)`` is that text."""
+    ``server_memory``; ``server_ray_memory`` for a Ray server's ``RayServerDown``) and
+    ``fields`` its fields; ``str(err)`` is that text."""
+
+    def __init__(self, key: str, fields: Mapping[str, Any]) -> None:
+        super().__init__(text(key, **fields))
+        self.key = key
+        self.fields = dict(fields)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.fields))
+
+
+class ServerUnreachable(RhoError):
+    """A server could not be reached for one call, which may or may not have run; the
+    server lives on with its state (a Ray server whose Ray actor is alive but was
+    unavailable for a moment: Ray's ``ActorUnavailableError``). ``key`` is the situation
+    of ``results.TEXTS`` (``server_unreachable``) and ``fields`` its fields."""
 
     def __init__(self, key: str, fields: Mapping[str, Any]) -> None:
         super().__init__(text(key, **fields))
@@ -447,8 +463,11 @@ def call_server(ctx: Mapping[str, Any], name: str, method: str, *args: Any, time
     method's value; raises :class:`ServerError` when it raised, and
     :class:`~rho_actors.tool.ToolFailure` with the text of ``results.TEXTS`` for the
     model otherwise: ``server_not_running`` (no live server by that name),
-    ``server_killed``/``server_crashed``/``server_memory`` (its state is lost; it is
-    being restarted), ``server_unanswered`` (no answer before the tool's own deadline,
+    ``server_killed``/``server_crashed``/``server_memory``, and
+    ``server_ray_memory`` for a Ray server Ray's memory monitor killed (a
+    :class:`ServerDown`, a Ray server's included: its state is lost; it is being
+    restarted), ``server_unreachable`` (:class:`ServerUnreachable`: the call may not
+    have run; the server keeps its state), ``server_unanswered`` (no answer before the tool's own deadline,
     or ``timeout_ms`` plus 10 s: a thread server cannot be killed). Raises ``KeyError`` when ``ctx`` has
     no ``whereis`` (a tool outside ``thread`` isolation)."""
     whereis = ctx["whereis"]
@@ -462,7 +481,7 @@ def call_server(ctx: Mapping[str, Any], name: str, method: str, *args: Any, time
         wait_s = min(wait_s if wait_s is not None else float("inf"), max(0.0, deadline - time.monotonic()))
     try:
         return ref.ask(ServerCall(method, args, kwargs, timeout_ms), timeout=wait_s)
-    except ServerDown as exc:
+    except (ServerDown, ServerUnreachable) as exc:
         raise ToolFailure(TEXTS[exc.key][0], text(exc.key, **{**exc.fields, "server": name})) from None
     except pykka.ActorDeadError:
         raise ToolFailure(TEXTS["server_not_running"][0], text("server_not_running", **fields)) from None

@@ -22,6 +22,7 @@ __all__ = ["ISOLATIONS", "SERVER_DEP", "BfclBackends", "connect", "server_name",
 
 ISOLATIONS: Final = ("thread", "process", "ray")
 """Where a replay's backends may live (``replay(isolation=...)``)."""
+_RAY_START_TIMEOUT_MS: Final = 300_000
 SERVER_DEP: Final = "server"
 """The ``deps`` key naming the session's backends server."""
 
@@ -65,7 +66,8 @@ def server_start(isolation: str, entry: BfclEntry) -> Callable[[], Any]:
     if isolation == "ray":
         from rho_actors.integrations.ray.servers import RayActor
 
-        return RayActor(BfclBackends, entry, resources={"num_cpus": 0})
+        # a fresh Ray worker per session: on a loaded machine its start can take over a minute
+        return RayActor(BfclBackends, entry, resources={"num_cpus": 0}, start_timeout_ms=_RAY_START_TIMEOUT_MS)
     raise ValueError(f"unknown isolation {isolation!r}; choose one of {', '.join(ISOLATIONS)}")
 
 

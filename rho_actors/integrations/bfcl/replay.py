@@ -151,10 +151,13 @@ class _CallClock:
 
     def __call__(self, event: Any) -> None:
         now = time.perf_counter()
-        key = (event.session_id, event.call_id)
-        if event.kind == "started":
+        kind, session_id, call_id = (getattr(event, a, None) for a in ("kind", "session_id", "call_id"))
+        if kind not in ("started", "finished", "timed_out") or session_id is None or call_id is None:
+            return  # not a call's event (a supervisor's, a tool set's...)
+        key = (str(session_id), str(call_id))
+        if kind == "started":
             self._started[key] = now
-        elif event.kind in ("finished", "timed_out"):
+        else:
             self._finished[key] = now
 
     def wall_s(self, session_id: str, call_id: str) -> float | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +27,9 @@ import ray.exceptions
 from loguru import logger
 
 from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
 from rho_actors.isolation.ray_tasks import RayResources, RayRuntime, default_runtime
-from rho_actors.isolation.servers import ServerCall
+from rho_actors.isolation.servers import ServerCall, ServerDown, ServerUnreachable
 from rho_actors.otp.actor import Actor, kill, start_link
 from rho_actors.otp.timers import Timer
 from rho_actors.sandbox import local_modules
@@ -40,9 +42,28 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else "no message"
 
 
-class RayServerDown(Exception):
-    """A call to a :class:`RayServer` whose Ray actor died (or was killed past the call's
-    deadline); the server exits and its supervisor decides whether it restarts."""
+class RayServerDown(ServerDown):
+    """A call to a :class:`RayServer` whose Ray actor died, was killed by Ray's memory
+    monitor, was lost with its node, or was killed past the call's deadline: its state
+    is lost, the server exits and its supervisor decides whether it restarts. A
+    :class:`~rho_actors.isolation.servers.ServerDown` (so a
+    :class:`~rho_actors.errors.RhoError`): ``key`` is the situation of
+    ``results.TEXTS`` (``server_killed`` at the deadline, ``server_ray_memory`` for
+    Ray's out-of-memory kill, ``server_crashed`` otherwise), ``fields`` its fields
+    (``server``: the class's name, ``method``), ``str(err)`` that text."""
+
+
+_OOM_MARKS = ("NODE_OUT_OF_MEMORY", "running low on memory", "memory monitor")
+
+
+def _killed_for_memory(exc: BaseException) -> bool:
+    """Whether Ray's error says its memory monitor killed the worker (Ray's
+    ``OutOfMemoryError``, or an ``ActorDiedError`` whose exit type is
+    ``NODE_OUT_OF_MEMORY``)."""
+    if isinstance(exc, ray.exceptions.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return any(mark in text for mark in _OOM_MARKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +96,15 @@ def _ship_by_value(cls: type) -> None:
             ray.cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
 
 
+def _oom_line(exc: BaseException) -> str:
+    """The line of Ray's error that says why the worker was killed (its first line
+    otherwise)."""
+    for line in str(exc).splitlines():
+        if any(mark in line for mark in _OOM_MARKS):
+            return line.strip()
+    return _first_line(exc)
+
+
 def _where(_instance: Any) -> tuple[str, int]:
     return ray.get_runtime_context().get_node_id(), os.getpid()
 
@@ -88,11 +118,15 @@ class RayServer(Actor):
     ``ref.proxy().call(method, *args, **kwargs).get()``, served one at a time, each
     within its deadline. A call raising in the Ray actor raises the same error type to the
     caller (Ray's ``RayTaskError`` subclass). When the Ray actor is found dead (a call
-    raises ``RayActorError``, or the liveness ping every ``ping_ms`` does) or a call
-    passes its deadline (a Ray actor method cannot be cancelled, so the Ray actor is
-    killed), the caller gets :class:`RayServerDown` naming the cause and this actor exits
-    with it as reason; calls queued behind get ``RayServerDown`` or
-    ``pykka.ActorDeadError``, never a hang. The Ray actor is killed when this actor stops.
+    raises Ray's ``ActorDiedError`` or ``OutOfMemoryError``, or the liveness ping every
+    ``ping_ms`` does) or a call passes its deadline (a Ray actor method cannot be
+    cancelled, so the Ray actor is killed), the caller gets :class:`RayServerDown` naming
+    the cause and this actor exits with it as reason; calls queued behind get
+    ``RayServerDown`` or ``pykka.ActorDeadError``, never a hang. Ray's
+    ``ActorUnavailableError`` (a connection lost for a moment) is no death: the call gets
+    :class:`~rho_actors.isolation.servers.ServerUnreachable` once a ping by its deadline
+    finds the Ray actor alive, and the server keeps its state; pings take the server down
+    only after ``call_timeout_ms`` of it. The Ray actor is killed when this actor stops.
 
     Raises the Ray error on start (the supervisor's start error) when the Ray actor cannot
     be created within ``start_timeout_ms`` or no node can hold its resources.
@@ -127,6 +161,7 @@ class RayServer(Actor):
         self._ping: Any = None
         self._timer: Timer | None = None
         self._down_error: RayServerDown | None = None
+        self._unreachable_since: float | None = None  # when pings began to find the Ray actor unavailable
 
     def on_start(self) -> None:
         runtime = self.runtime
@@ -189,22 +224,73 @@ class RayServer(Actor):
                 ping, self._ping = self._ping, None
                 try:
                     ray.get(ping)
-                except ray.exceptions.RayActorError as exc:
-                    self._down(f"its Ray actor died ({type(exc).__name__}: {_first_line(exc)})")
+                    self._unreachable_since = None
+                except ray.exceptions.ActorUnavailableError as exc:  # Ray: temporary, the actor may be back
+                    if self._still_unreachable(exc):
+                        return
+                except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as exc:
+                    self._died("(between calls)", exc)
                     return
         if self._ping is None:
             self._ping = self.handle.__ray_ready__.remote()
         self._schedule_ping()
 
-    def _down(self, why: str) -> RayServerDown:
-        """Mark the server failed: its Ray actor is killed, the calls already queued get
-        the returned error at once, and then this actor exits with it as reason."""
-        error = RayServerDown(f"Ray server {self.cls.__name__} ({self.actor_id}) is down: {why}")
-        if self._down_error is None:
-            self._down_error = error
-            logger.warning("{}", error)
-            self._kill_ray_actor()
-            kill(self.actor_ref, error)
+    def _still_unreachable(self, exc: BaseException) -> bool:
+        """A liveness ping found the Ray actor unavailable (Ray's ``ActorUnavailableError``:
+        a connection lost for a moment, the actor possibly alive). The server goes down
+        only once that has lasted ``call_timeout_ms``; returns whether it went down."""
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+        waited_ms = round((now - self._unreachable_since) * 1000)
+        if waited_ms < self.call_timeout_ms:
+            logger.info("Ray server {} (Ray actor {}) is unavailable for now ({} ms): {}", self.cls.__name__,
+                        self.actor_id, waited_ms, _first_line(exc))
+            return False
+        self._down("server_crashed", method="(between calls)",
+                   cause=f"its Ray actor {self.actor_id} could not be reached for {waited_ms} ms "
+                         f"({type(exc).__name__}: {_first_line(exc)})")
+        return True
+
+    def _unavailable(self, method: str, exc: BaseException, deadline: float) -> RhoError:
+        """A call got Ray's ``ActorUnavailableError`` (it may or may not have run): ask the
+        Ray actor whether it is alive, by the call's ``deadline``. Alive (or still
+        unavailable): :class:`ServerUnreachable`, the server keeps its state; dead: down."""
+        try:
+            ray.get(self.handle.__ray_ready__.remote(), timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError:
+            return self._down("server_crashed", method=method,
+                              cause=f"its Ray actor {self.actor_id} was unavailable and did not answer by the "
+                                    f"call's deadline ({type(exc).__name__}: {_first_line(exc)})")
+        except ray.exceptions.ActorUnavailableError:
+            pass
+        except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as died:
+            return self._died(method, died)
+        logger.warning("Ray server {} (Ray actor {}): {}() got {}", self.cls.__name__, self.actor_id, method,
+                       _first_line(exc))
+        return ServerUnreachable("server_unreachable", {
+            "server": self.cls.__name__, "method": method,
+            "cause": f"Ray actor {self.actor_id}: {type(exc).__name__}: {_first_line(exc)}"})
+
+    def _died(self, method: str, exc: BaseException) -> RayServerDown:
+        """:meth:`_down` for a Ray error saying the Ray actor died (during ``method``)."""
+        cause = f"its Ray actor {self.actor_id} died: {type(exc).__name__}: {_first_line(exc)}"
+        if _killed_for_memory(exc):
+            return self._down("server_ray_memory", method=method,
+                              cause=f"Ray actor {self.actor_id}: {type(exc).__name__}: {_oom_line(exc)}")
+        return self._down("server_crashed", method=method, cause=cause)
+
+    def _down(self, key: str, **fields: Any) -> RayServerDown:
+        """Mark the server failed (``key`` and ``fields``: the situation of
+        ``results.TEXTS``): its Ray actor is killed, the calls already queued get the
+        returned error at once, and then this actor exits with it as reason."""
+        if self._down_error is not None:
+            return self._down_error
+        error = RayServerDown(key, {"server": self.cls.__name__, **fields})
+        self._down_error = error
+        logger.warning("Ray server {} (Ray actor {}) is down: {}", self.cls.__name__, self.actor_id, error)
+        self._kill_ray_actor()
+        kill(self.actor_ref, error)
         return error
 
     def _kill_ray_actor(self) -> None:
@@ -221,7 +307,7 @@ class RayServer(Actor):
             self._check_liveness()
             return None
         if isinstance(message, _NodeLost):
-            self._down(message.why)
+            self._down("server_crashed", method="(between calls)", cause=message.why)
             return None
         logger.warning("RayServer {} ignored an unknown message {!r}", self.cls.__name__, message)
         return None
@@ -240,14 +326,16 @@ class RayServer(Actor):
         except AttributeError:
             raise AttributeError(f"Ray server {self.cls.__name__} has no method {message.method!r}") from None
         self.calls += 1
+        deadline = time.monotonic() + timeout_ms / 1000
         ref = bound.remote(*message.args, **dict(message.kwargs))
         try:
             return ray.get(ref, timeout=timeout_ms / 1000)
-        except ray.exceptions.GetTimeoutError:
-            raise self._down(f"{message.method}() did not answer within {timeout_ms} ms; a Ray actor method "
-                             "cannot be cancelled, so the Ray actor was killed") from None
-        except ray.exceptions.RayActorError as exc:
-            raise self._down(f"its Ray actor died ({type(exc).__name__}: {_first_line(exc)})") from None
+        except ray.exceptions.GetTimeoutError:  # a Ray actor method cannot be cancelled: the Ray actor is killed
+            raise self._down("server_killed", method=message.method, timeout_ms=timeout_ms) from None
+        except ray.exceptions.ActorUnavailableError as exc:  # Ray: temporary; the call may or may not have run
+            raise self._unavailable(message.method, exc, deadline) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as exc:
+            raise self._died(message.method, exc) from None
 
 
 @dataclass(frozen=True, slots=True, init=False)
