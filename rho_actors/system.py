@@ -537,23 +537,19 @@ class ActorSystem:
         self, spec: ChildSpec, *, max_restarts: int | None = None, max_seconds: float | None = None,
         under: Literal["servers", "sources"] = "servers",
     ) -> pykka.ActorRef[Any]:
-        """Start one of the host's actors (a stateful tool server, say) in its own
-        subtree under ``servers``: a supervisor with this server's own restart intensity
-        (``max_restarts`` in ``max_seconds`` seconds; default: the system's) over the
-        child of ``spec`` (restarted by its restart type). A server that crash-loops is
-        given up alone: its subtree stops, :meth:`whereis` gives ``None``,
-        :meth:`lookup` raises naming why, and the other servers, sources and sessions
-        go on. With ``spec.name`` it can be found with :meth:`whereis` (and from a tool,
-        with ``ctx["whereis"]``). Returns its ref (it follows no restart: use
-        :meth:`whereis`). ``under="sources"`` puts the subtree under ``sources`` instead:
-        for a source's own actors (an MCP server's connection), the system's side of the
-        tree. The subtree starts in the caller's thread (within the child's own start
-        bound plus 10 s), so a slow server start holds up no other server; a ``RayActor``
-        without ``runtime=`` runs on the system's Ray runtime, once connected. Raises
-        ``ValueError`` when a running actor holds ``spec.name``, a running server has
-        ``spec.id`` (OTP's ``already_started``), or for another ``under``; the child's
-        start error (a ``RuntimeError`` for a ``BaseException``), and ``RuntimeError``
-        when the system is stopping."""
+        """Start one of the host's actors (a stateful tool server, say) in its own subtree under ``servers``: a
+        supervisor with this server's own restart intensity (``max_restarts`` in ``max_seconds`` seconds; default:
+        the system's) over the child of ``spec`` (restarted by its restart type). A server that crash-loops is given
+        up alone: its subtree stops, :meth:`whereis` gives ``None``, :meth:`lookup` raises naming why, and the other
+        servers, sources and sessions go on. With ``spec.name`` it can be found with :meth:`whereis` (and from a
+        tool, with ``ctx["whereis"]``). Returns its ref (it follows no restart: use :meth:`whereis`).
+        ``under="sources"`` puts the subtree under ``sources`` instead: for a source's own actors (an MCP server's
+        connection), the system's side of the tree. The subtree starts in the caller's thread (within the child's
+        own start bound plus 10 s), so a slow server start holds up no other server; a ``RayActor`` without
+        ``runtime=`` runs on the system's Ray runtime, once connected. Raises ``ValueError`` when a running actor
+        holds ``spec.name``, a running server has ``spec.id`` (OTP's ``already_started``), or for another ``under``;
+        the child's start error (a ``RuntimeError`` for a ``BaseException``), and ``RuntimeError`` when the system
+        is stopping."""
         if under not in (SERVERS, SOURCES):
             raise ValueError(f"under must be {SERVERS!r} or {SOURCES!r}, got {under!r}")
         holder = self._names.whereis(spec.name) if spec.name is not None else None
@@ -572,9 +568,7 @@ class ActorSystem:
         own_s = getattr(spec.start, "timeout_s", 0) or getattr(spec.start, "start_timeout_ms", 0) / 1000 + 5
         subtree = dataclasses.replace(subtree, timeout_s=max(subtree.timeout_s, float(own_s) + 10))
         server = ChildSpec(
-            spec.id,
-            subtree,
-            restart="temporary", type="supervisor",
+            spec.id, subtree, restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )
         return start_adopted(self._proxy(under), server, self._ask_timeout_s)
