@@ -6,6 +6,7 @@ nothing listens."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import tempfile
@@ -86,6 +87,7 @@ def test_tree_of_a_running_system_through_its_observer(
     assert main(["tree", "--connect", observer.address]) == 0
     assert "session-7" in capsys.readouterr().out
     tcp = Observer(system, 0)
+    assert tcp.token is not None and re.fullmatch(r"[0-9a-f]{48}", tcp.token)  # never read as an option ("-x...")
     try:
         assert main(["tree", "--connect", tcp.address, "--token", "wrong-token-0123456789"]) == 2
         assert "token" in capsys.readouterr().err

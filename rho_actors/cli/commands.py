@@ -554,7 +554,7 @@ def _http_guard(args: argparse.Namespace) -> Any:
               "can call these tools", file=sys.stderr, flush=True)
         return guard
     token = os.environ.get("RHO_MCP_TOKEN")
-    guard = HTTPGuard(token or secrets.token_urlsafe(32), **settings)
+    guard = HTTPGuard(token or secrets.token_hex(32), **settings)
     if not token:
         print(f"MCP bearer token: {guard.token}", file=sys.stderr, flush=True)
     return guard

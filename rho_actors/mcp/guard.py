@@ -72,7 +72,7 @@ class HTTPGuard:
     it to :func:`rho_actors.mcp.aserve` as ``guard=``.
 
     ``token``: the bearer token clients send (at least 16 characters; make one with
-    ``secrets.token_urlsafe(32)``). ``auth=False`` serves without one (``token`` then
+    ``secrets.token_hex(32)``). ``auth=False`` serves without one (``token`` then
     None), for a loopback address only. ``max_sessions``, ``max_sessions_per_client``,
     ``idle_timeout_s`` and ``client_gone_s`` (seconds) as the module doc says.
     Raises ``ValueError`` for a missing or short token, or a bound not more than 0.
@@ -84,7 +84,7 @@ class HTTPGuard:
                  client_gone_s: float = DEFAULT_CLIENT_GONE_S) -> None:
         if auth and (not isinstance(token, str) or len(token) < 16):
             raise ValueError("HTTP serving needs token=... of at least 16 characters "
-                             "(secrets.token_urlsafe(32)), or auth=False on a loopback address")
+                             "(secrets.token_hex(32)), or auth=False on a loopback address")
         for name, value in (("max_sessions", max_sessions), ("max_sessions_per_client", max_sessions_per_client),
                             ("idle_timeout_s", idle_timeout_s), ("client_gone_s", client_gone_s)):
             if not value > 0:

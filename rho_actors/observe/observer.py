@@ -222,7 +222,7 @@ class Observer:
         handler = self._handler_class()
         self._server: socketserver.BaseServer
         if isinstance(address, int) and not isinstance(address, bool):
-            self.token: str | None = secrets.token_urlsafe(24)
+            self.token: str | None = secrets.token_hex(24)
             self._server = _TCPServer(("127.0.0.1", address), handler, self._admit)
             self.address = f"127.0.0.1:{self._server.server_address[1]}"
         else:
