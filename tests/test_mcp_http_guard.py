@@ -199,8 +199,9 @@ def test_sessions_of_clients_killed_mid_call_are_reaped_within_client_gone_s(
         for client in clients:  # 8 sessions, each with a call running on the server
             assert client.stdout is not None and read_line(client.stdout, STARTUP_S).strip() == "READY"
         assert server.guard.stats()["rho_sessions"] == 8
-        # a precondition (the sessions hold resources): leftovers of other tests may close fds meanwhile
-        assert me.num_fds() > fds and len(_threads() - threads) >= 8
+        # a precondition (the sessions hold resources), by threads: new ones are this test's, whereas the
+        # process's fd count also moves as other tests' leftovers close theirs (34 at once, seen under xdist)
+        assert len(_threads() - threads) >= 8
     finally:
         for client in clients:
             client.send_signal(signal.SIGKILL)
