@@ -4,12 +4,13 @@ session supervisors, the name wait of system actors, the process call backstop."
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 import anyio
 import pytest
 
-from rho_actors import Resource
+from rho_actors import ActorSystem, CallEvent, Loop, Resource, ToolCall, ToolResult, tool
 from rho_actors.sandbox import wire
 
 BOUND_S = 20.0
@@ -73,7 +74,9 @@ def test_mcp_serve_survives_a_tool_returning_a_resource_whose_uri_cannot_be_sent
     tools = tmp_path / "tools.py"
     tools.write_text(TOOLS)
 
-    async def main() -> tuple[object, object]:
+    import mcp_types as types
+
+    async def main() -> tuple[types.CallToolResult, types.CallToolResult]:
         params = StdioServerParameters(command=sys.executable, args=[
             "-m", "rho_actors.cli", "mcp", "serve", "--tools", str(tools), "--data-dir", str(tmp_path / "d")])
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -84,5 +87,93 @@ def test_mcp_serve_survives_a_tool_returning_a_resource_whose_uri_cannot_be_sent
         return bad, good
 
     bad, good = anyio.run(main)
-    assert bad.is_error and "Resource uri 'test://\\\\ud800' is not an absolute URI" in bad.content[0].text
-    assert not good.is_error and good.content[0].text == "fine"
+    [bad_text], [good_text] = bad.content, good.content
+    assert isinstance(bad_text, types.TextContent) and isinstance(good_text, types.TextContent)
+    assert bad.is_error and "Resource uri 'test://\\\\ud800' is not an absolute URI" in bad_text.text
+    assert not good.is_error and good_text.text == "fine"
+
+
+# --------------------------------------------------------------------------- call threads and the host's callbacks
+
+GATE = threading.Event()
+
+
+def _echo_system(tmp_path: Path) -> tuple[ActorSystem, Loop, Loop]:
+    @tool(timeout_ms=5000)
+    def gated(x: str) -> str:
+        """Echo ``x`` once the test opens the gate."""
+        GATE.wait(BOUND_S)
+        return x
+
+    @tool(timeout_ms=3000)
+    def echo(x: str) -> str:
+        """Echo ``x``."""
+        return x
+
+    @tool(timeout_ms=3000, concurrency="exclusive")
+    def one_at_a_time(x: str) -> str:
+        """Echo ``x``, one call of a turn after another."""
+        return x
+
+    system = ActorSystem(data_dir=tmp_path)
+    system.register(echo)
+    system.register(one_at_a_time)
+    system.register(gated)
+    return system, system.start_loop("a"), system.start_loop("b")
+
+
+def _inner(loop: Loop, call_id: str, got: list[tuple[bool, str]], done: threading.Event) -> None:
+    [result] = loop.run_turn([ToolCall(call_id, "echo", '{"x": "inner"}')], timeout_s=BOUND_S)
+    got.append((result.ok, result.content))
+    done.set()
+
+
+@pytest.mark.parametrize("tool_name", ["echo", "one_at_a_time"])
+def test_a_turn_run_from_on_result_gets_its_calls_run(tmp_path: Path, tool_name: str) -> None:
+    """Before: the inner call was held back for the callback's call thread, which waited
+    for it: it timed out after 3 s without having run."""
+    system, a, b = _echo_system(tmp_path)
+    with system:
+        got: list[tuple[bool, str]] = []
+        done = threading.Event()
+        calls = [ToolCall(f"c{i}", tool_name, '{"x": "outer"}') for i in range(2)]
+
+        def on_result(index: int, _result: ToolResult) -> None:
+            if index == 0:
+                _inner(b, "in", got, done)
+
+        future = a.submit_turn(calls, on_result=on_result)
+        assert [r.content for r in future.result(timeout=BOUND_S)] == ["outer", "outer"]
+        assert done.wait(BOUND_S)
+    assert got == [(True, "inner")]
+
+
+def test_a_turn_run_from_a_futures_done_callback_gets_its_calls_run(tmp_path: Path) -> None:
+    system, a, b = _echo_system(tmp_path)
+    with system:
+        got: list[tuple[bool, str]] = []
+        done = threading.Event()
+        GATE.clear()
+        future = a.submit_turn([ToolCall("c1", "gated", '{"x": "outer"}')])
+        future.add_done_callback(lambda _f: _inner(b, "in", got, done))  # before the call ends: on its thread
+        GATE.set()
+        assert done.wait(BOUND_S)
+    assert got == [(True, "inner")]
+
+
+def test_a_turn_run_from_an_event_subscriber_gets_its_calls_run(tmp_path: Path) -> None:
+    system, a, b = _echo_system(tmp_path)
+    with system:
+        got: list[tuple[bool, str]] = []
+        done = threading.Event()
+
+        def on_event(event: object) -> None:
+            if (isinstance(event, CallEvent) and event.session_id == "a" and event.kind == "finished"
+                    and not done.is_set()):
+                _inner(b, "in", got, done)
+
+        system.subscribe(on_event)
+        a.run_turn([ToolCall("c1", "one_at_a_time", '{"x": "outer"}'),
+                    ToolCall("c2", "one_at_a_time", '{"x": "outer"}')], timeout_s=BOUND_S)
+        assert done.wait(BOUND_S)
+    assert got == [(True, "inner")]
