@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from rho_actors.encoding import scrub_text
+from rho_actors.encoding import replace_controls, scrub_text
 from rho_actors.errors import RhoError
 
 __all__ = [
@@ -213,7 +213,8 @@ class Audio:
 class Resource:
     """An embedded resource: MCP's ``EmbeddedResource``, the contents of ``uri``
     (``"file:///report.csv"``, ``"test://x"``: an absolute URI with a scheme, at most
-    :data:`MAX_URI_CHARS` characters, no spaces or control characters), as ``text``
+    :data:`MAX_URI_CHARS` characters, valid UTF-8 with no spaces, control, bidi or
+    zero-width characters), as ``text``
     (a ``str``) or ``blob`` (``bytes``): exactly one of them. ``mime_type`` is optional
     (a ``type/subtype``, kept in lower case).
 
@@ -233,9 +234,12 @@ class Resource:
         if not isinstance(uri, str):
             raise TypeError(f"Resource uri must be a str, got {type(uri).__name__}")
         uri = str.__str__(uri)
-        if len(uri) > MAX_URI_CHARS or _URI.fullmatch(uri) is None:
-            raise ValueError(f"Resource uri {_shown(uri)!r} is not an absolute URI (scheme:rest, no spaces or "
-                             f"control characters, at most {MAX_URI_CHARS} characters)")
+        # a lone surrogate cannot be sent (the JSON of an MCP reply fails: the server's
+        # writer dies), and a C1, bidi or zero-width character would reach terminals
+        if (len(uri) > MAX_URI_CHARS or _URI.fullmatch(uri) is None or scrub_text(uri) != uri
+                or replace_controls(uri) != uri):
+            raise ValueError(f"Resource uri {_shown(uri)!r} is not an absolute URI (scheme:rest, valid UTF-8, no "
+                             f"spaces, control, bidi or zero-width characters, at most {MAX_URI_CHARS} characters)")
         object.__setattr__(self, "uri", uri)
         if self.mime_type is not None:
             object.__setattr__(self, "mime_type", _mime("Resource", self.mime_type, None))

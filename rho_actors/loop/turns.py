@@ -60,6 +60,7 @@ from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.loop.inline import InlineCall
 from rho_actors.loop.messages import Allowlist, CancelTurn, make_session_folder
+from rho_actors.otp.threads import host_code
 from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
 from rho_actors.telemetry import CallSpan, Telemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
@@ -458,7 +459,8 @@ class Turns:
         self._emit(event, slot, result)
         if turn.on_result is not None:
             try:
-                turn.on_result(slot.index, result)
+                with host_code():  # it may run a turn itself: no call held back for it
+                    turn.on_result(slot.index, result)
             except Exception:  # the host's callback: its fault must not lose the turn
                 logger.exception("loop {}: on_result for call {} raised", self.session_id, slot.call.id)
         if following is not None:
@@ -512,7 +514,8 @@ class Turns:
         self._budgets.turn_done(self.session_id, turn.id)
         results = [slot.result for slot in turn.slots]
         assert all(r is not None for r in results)
-        turn.future.set_result(results)  # type: ignore[arg-type]
+        with host_code():  # the future's done callbacks are the host's
+            turn.future.set_result(results)  # type: ignore[arg-type]
 
     def _fail_open(self, turn: _Turn, failed: ToolResult) -> None:
         """Give every call of ``turn`` still without a result the error of ``failed``
@@ -564,7 +567,8 @@ class Turns:
         else:
             outcome = "ok" if result.ok else str(result.error_kind)
             duration = result.duration_ms
-        self._events.emit(CallEvent(kind, self.session_id, slot.call.id, slot.call.name, outcome, duration))
+        with host_code():  # its subscribers are the host's
+            self._events.emit(CallEvent(kind, self.session_id, slot.call.id, slot.call.name, outcome, duration))
 
     # --- the end ------------------------------------------------------------------------
 

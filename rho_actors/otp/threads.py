@@ -19,7 +19,11 @@ every start (its own state, inbox and identity); only the OS thread is reused.
 
 A job that is about to end can hand its thread over (:meth:`ThreadPool.hand_over`): the
 next job it submits runs on the same thread right after it, with no other thread woken
-(the next call of an exclusive turn, started as the call before it replies).
+(the next call of an exclusive turn, started as the call before it replies). The host's
+own code run by such a job (a turn's ``on_result``, its future's done callbacks, event
+subscribers) runs inside :func:`host_code`: a job handed over before it goes to another
+thread at once, and none is handed over within it, so what the host's code waits for
+(a turn of another session, run from a callback) never waits for that code to return.
 
 After :meth:`ThreadPool.shutdown` idle threads end, busy ones end with their job, and
 each new job runs on its own thread, not kept.
@@ -41,10 +45,30 @@ from collections.abc import Callable, Iterator
 
 from loguru import logger
 
-__all__ = ["ThreadPool"]
+__all__ = ["ThreadPool", "host_code"]
 
 Job = Callable[[], object]
 _Handoff = tuple[Job | None, str]
+_THREAD = threading.local()  # per thread: ``pool`` (the ThreadPool it serves), ``host`` (host_code depth)
+
+
+@contextlib.contextmanager
+def host_code() -> Iterator[None]:
+    """Around the host's code run on this thread (a callback that may block, e.g. on a
+    turn of another session): a job this thread's pool holds back for it
+    (:meth:`ThreadPool.hand_over`) is started on another thread now, and no job
+    submitted within the block is held back. Elsewhere a cheap no-op."""
+    pool: ThreadPool | None = getattr(_THREAD, "pool", None)
+    if pool is None:
+        yield
+        return
+    pool.release()
+    depth = getattr(_THREAD, "host", 0)
+    _THREAD.host = depth + 1
+    try:
+        yield
+    finally:
+        _THREAD.host = depth
 
 
 class ThreadPool:
@@ -74,7 +98,8 @@ class ThreadPool:
         ``may_take_over``, inside :meth:`hand_over` it runs on this thread instead, once
         the current job returns: only for a job that nothing in the current job waits for."""
         local = self._local
-        if may_take_over and getattr(local, "handing", False) and getattr(local, "next", None) is None:
+        if (may_take_over and getattr(local, "handing", False) and getattr(local, "next", None) is None
+                and not getattr(_THREAD, "host", 0)):
             local.next = (job, name)  # runs on this thread once its current job returns
             return
         with self._lock:
@@ -116,6 +141,14 @@ class ThreadPool:
         finally:
             local.handing = False
 
+    def release(self) -> None:
+        """Start the job held back on this thread by :meth:`hand_over` (if any) on
+        another thread now, as :meth:`submit` would."""
+        pending = getattr(self._local, "next", None)
+        if pending is not None:
+            self._local.next = None
+            self.submit(pending[0], pending[1])
+
     def idle(self) -> int:
         """How many threads wait for a job now."""
         with self._lock:
@@ -134,6 +167,7 @@ class ThreadPool:
         thread = threading.current_thread()
         local = self._local
         local.next = None
+        _THREAD.pool = self
         handoff: queue.SimpleQueue[_Handoff] = queue.SimpleQueue()
         next_job: Job | None = job
         while next_job is not None:
