@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -312,6 +313,17 @@ class ActorSystem:
             raise RuntimeError(f"the system's {name!r} actor is not running: the system is {state}")
         return ref
 
+    def _ask(self, name: str, method: str, *args: Any) -> Any:
+        """``method(*args)`` of the system's actor ``name``, answered; asked again while it restarts
+        (:data:`RESTART_PATIENCE_S`) when it died before handling the message (``ActorDeadError``)."""
+        until = time.monotonic() + RESTART_PATIENCE_S
+        while True:
+            try:
+                return getattr(self._proxy(name), method)(*args).get(timeout=self._ask_timeout_s)
+            except pykka.ActorDeadError:
+                if self._stopped or time.monotonic() >= until:
+                    raise
+
     def _proxy(self, name: str) -> Any:
         """A proxy of the system's actor ``name``, built once per actor (pykka inspects
         every attribute of the actor to build one), anew after a restart. Raises as
@@ -329,62 +341,51 @@ class ActorSystem:
         isolation: IsolationName | None = None, env: dict[str, str] | None = None, deps: dict[str, Any] | None = None,
         worker_scope: str | None = None, resources: Mapping[str, Any] | None = None, source: str | None = None,
     ) -> Registration:
-        """Register a tool (a module, class or object with the callbacks of DESIGN §2).
-        Its declaration is read and checked once; one that fails is left out of what
-        loops offer (see :attr:`Registration.reason`, also logged once).
+        """Register a tool (a module, class or object with the callbacks of DESIGN §2). Its declaration is read and
+        checked once; one that fails is left out of what loops offer (see :attr:`Registration.reason`, also logged
+        once).
 
-        A trusted tool is read in the DeclarationActor's thread. An untrusted one
-        (``untrusted=True``, or marked with :func:`rho_actors.untrusted`) is read in a
-        throwaway process within the time and heap bounds of ``untrusted`` reads; this
-        returns when that first read is done (a read that ran over leaves the tool out
-        for now and is retried on the schedule). ``isolation`` is where its calls run:
-        ``"thread"`` (the default for trusted tools) or ``"process"`` (the default for
-        untrusted ones): a name in :data:`rho_actors.isolation.ISOLATIONS`. ``origin``
-        names where the tool comes from in messages (default: its module, qualified
-        name, file and line).
+        A trusted tool is read in the DeclarationActor's thread. An untrusted one (``untrusted=True``, or marked
+        with :func:`rho_actors.untrusted`) is read in a throwaway process within the time and heap bounds of
+        ``untrusted`` reads; this returns when that first read is done (a read that ran over leaves the tool out for
+        now and is retried on the schedule). ``isolation`` is where its calls run: ``"thread"`` (the default for
+        trusted tools) or ``"process"`` (the default for untrusted ones): a name in
+        :data:`rho_actors.isolation.ISOLATIONS`. ``origin`` names where the tool comes from in messages (default:
+        its module, qualified name, file and line).
 
-        No code of an untrusted tool runs in this process: not even an attribute lookup
-        (a missing callback shows in its declaration check, or as the call's error).
+        No code of an untrusted tool runs in this process: not even an attribute lookup (a missing callback shows in
+        its declaration check, or as the call's error).
 
-        For untrusted tools only (DESIGN §5): ``env`` (str -> str) is added to its
-        workers' scrubbed environment (which holds only ``PATH``, ``LANG``, ``LC_*``,
-        ``TZ``, and ``HOME``/``TMPDIR`` set to a private folder); ``deps`` (plain JSON data,
-        default ``{}``) is its calls' ``ctx["deps"]``: the session's ``deps`` never reach
-        it; ``worker_scope`` is ``"session"`` (default: a worker process serves one
-        (tool, session) pair only) or ``"call"`` (a fresh worker process per call).
+        For untrusted tools only (DESIGN §5): ``env`` (str -> str) is added to its workers' scrubbed environment
+        (which holds only ``PATH``, ``LANG``, ``LC_*``, ``TZ``, and ``HOME``/``TMPDIR`` set to a private folder);
+        ``deps`` (plain JSON data, default ``{}``) is its calls' ``ctx["deps"]``: the session's ``deps`` never reach
+        it; ``worker_scope`` is ``"session"`` (default: a worker process serves one (tool, session) pair only) or
+        ``"call"`` (a fresh worker process per call).
 
-        ``source`` names the source serving the tool (set by ``add_source``; ``None``: the
-        host's own, which takes a name from a source's tool, evicting it: DESIGN §3 "Names").
+        ``source`` names the source serving the tool (set by ``add_source``; ``None``: the host's own, which takes a
+        name from a source's tool, evicting it: DESIGN §3 "Names").
 
-        ``resources`` are what its isolation runs each call with, checked by the
-        isolation (``isolation="ray"``: ``num_cpus``, ``num_gpus``, ``memory`` in bytes,
-        ``runtime_env`` and custom resources such as ``{"browser": 1}``). ``ray`` takes
-        trusted tools only (Ray unpickles what its workers return).
+        ``resources`` are what its isolation runs each call with, checked by the isolation (``isolation="ray"``:
+        ``num_cpus``, ``num_gpus``, ``memory`` in bytes, ``runtime_env`` and custom resources such as ``{"browser":
+        1}``). ``ray`` takes trusted tools only (Ray unpickles what its workers return).
 
-        A trusted LangChain tool (a ``langchain_core.tools.BaseTool``, ``@tool``
-        functions included) is registered as
-        :func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain` makes it:
-        its name, description and argument schema are its own.
+        A trusted LangChain tool (a ``langchain_core.tools.BaseTool``, ``@tool`` functions included) is registered
+        as :func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain` makes it: its name, description
+        and argument schema are its own.
 
         Raises ``TypeError`` when a trusted ``tool`` lacks a required callback,
-        :class:`~rho_actors.sandbox.main_guard.UnguardedStartError` when called from the top
-        level of a main script outside ``if __name__ == "__main__":`` (its child
-        processes would import the script and run it again),
-        ``ValueError`` for an unknown isolation, an untrusted tool on an isolation that
-        refuses them, bad ``resources``, or a bad ``env``/``deps``/``worker_scope`` (or any
-        of them for a trusted tool), ``ImportError`` for ``ray`` resources without the
-        ``ray`` extra, :class:`rho_actors.DuplicateToolError`
-        when another registered tool has its name (but see ``source``), and ``RuntimeError`` when the system
-        stops while an untrusted declaration is being read.
-        """
+        :class:`~rho_actors.sandbox.main_guard.UnguardedStartError` when called from the top level of a main script
+        outside ``if __name__ == "__main__":`` (its child processes would import the script and run it again),
+        ``ValueError`` for an unknown isolation, an untrusted tool on an isolation that refuses them, bad
+        ``resources``, or a bad ``env``/``deps``/``worker_scope`` (or any of them for a trusted tool),
+        ``ImportError`` for ``ray`` resources without the ``ray`` extra, :class:`rho_actors.DuplicateToolError` when
+        another registered tool has its name (but see ``source``), and ``RuntimeError`` when the system stops while
+        an untrusted declaration is being read."""
         from rho_actors.integrations.adopt import adopted  # another framework's tool as a rho tool
 
         options = Options(untrusted, isolation, env, deps, worker_scope, resources, source)
         tool, untrusted, placement = prepare(self._runtime.isolations, tool, options, adopted)
-        registry = self._proxy(REGISTRY)
-        answer = registry.register(tool, origin, untrusted, isolation, placement, source).get(
-            timeout=self._ask_timeout_s
-        )
+        answer = self._ask(REGISTRY, "register", tool, origin, untrusted, isolation, placement, source)
         if isinstance(answer, Registration):
             return answer
         return answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)  # type: ignore[no-any-return]
@@ -394,32 +395,29 @@ class ActorSystem:
         env: dict[str, str] | None = None, deps: dict[str, Any] | None = None, worker_scope: str | None = None,
         resources: Mapping[str, Any] | None = None, source: str | None = None,
     ) -> list[Registration]:
-        """Register many tools, each as :meth:`register` would with these options (same
-        checks and errors); returns their :class:`Registration` values in order. Each tool
-        is checked here first (the first bad one raises, named, before any is registered);
-        the trusted ones are then registered as one change, all or nothing: a name held by
-        a registered tool or taken twice raises :class:`rho_actors.DuplicateToolError`
-        naming the tool and its index, and none is registered; loops see one new tool set.
-        Untrusted ones are then read in parallel, each registered when read, in that order
-        (a ``DuplicateToolError`` among them is raised once all are read; the others stay)."""
+        """Register many tools, each as :meth:`register` would with these options (same checks and errors); returns
+        their :class:`Registration` values in order. Each tool is checked here first (the first bad one raises,
+        named, before any is registered); the trusted ones are then registered as one change, all or nothing: a name
+        held by a registered tool or taken twice raises :class:`rho_actors.DuplicateToolError` naming the tool and
+        its index, and none is registered; loops see one new tool set. Untrusted ones are then read in parallel,
+        each registered when read, in that order (a ``DuplicateToolError`` among them is raised once all are read;
+        the others stay)."""
         from rho_actors.integrations.adopt import adopted
         options = Options(untrusted, isolation, env, deps, worker_scope, resources, source)
         return register_many(self._proxy(REGISTRY), self._runtime.isolations, tools, options, adopted,
                              self._ask_timeout_s, self._untrusted.timeout_s)
 
     def unregister(self, name_or_tool: Any) -> bool:
-        """Remove a tool (by name or object); loops stop offering it from their next
-        turn, and a call naming it gets an ``unavailable`` error. Returns whether a tool
-        was removed."""
+        """Remove a tool (by name or object); loops stop offering it from their next turn, and a call naming it gets an
+        ``unavailable`` error. Returns whether a tool was removed."""
         from rho_actors.integrations.adopt import registered_as
 
         name_or_tool = registered_as(name_or_tool)
-        removed: bool = self._proxy(REGISTRY).unregister(name_or_tool).get(timeout=self._ask_timeout_s)
-        return removed
+        return bool(self._ask(REGISTRY, "unregister", name_or_tool))
 
     def registrations(self) -> list[Registration]:
         """Every registered tool, offered or left out, in registration order."""
-        result: list[Registration] = self._proxy(REGISTRY).registrations().get(timeout=self._ask_timeout_s)
+        result: list[Registration] = self._ask(REGISTRY, "registrations")
         return result
 
     def tool_set(self) -> ToolSet:

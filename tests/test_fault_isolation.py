@@ -204,6 +204,28 @@ def test_the_host_reaches_restarted_system_actors(system: ActorSystem) -> None:
     assert result.ok and result.content == "2"
 
 
+def test_a_call_meeting_a_system_actor_that_died_before_taking_it_is_asked_again(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``register`` found the registry's ref an instant before it was killed: the ask meets
+    a dead actor (the message never handled), and is asked again of the restarted one."""
+
+    @tool
+    def third() -> str:
+        """Three."""
+        return "3"
+
+    old = system.whereis("registry")
+    assert old is not None
+    kill(old)
+    assert wait_for(lambda: system.whereis("registry") not in (None, old))
+    names = system._names  # the instant of the race, made certain
+    real, stale = names.whereis, [old]
+    monkeypatch.setattr(names, "whereis", lambda name: stale.pop() if name == "registry" and stale else real(name))
+    registration = system.register(third)
+    assert not stale and registration.info is not None and registration.info.name == "third"
+
+
 def test_a_root_that_gives_up_stops_the_system_visibly(tmp_path: Path) -> None:
     reports = Reports()
     system = ActorSystem(data_dir=tmp_path, max_restarts=1, max_seconds=60)
