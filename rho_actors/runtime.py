@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from rho_actors.events import EventBus
     from rho_actors.isolation import Isolation
     from rho_actors.otp.names import Names
-    from rho_actors.otp.supervisor import ChildStarter
+    from rho_actors.otp.starters import ChildStarter
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
     from rho_actors.sandbox import ConfinePolicy

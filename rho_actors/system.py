@@ -68,7 +68,8 @@ from rho_actors.observe.tree import describe_tree
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
 from rho_actors.otp.names import Names
-from rho_actors.otp.supervisor import ChildSpec, ChildStarter, StartChild, Supervisor, start_adopted
+from rho_actors.otp.starters import ChildStarter
+from rho_actors.otp.supervisor import ChildSpec, StartChild, Supervisor, start_adopted
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
 from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rho_actors.declarations.toolset import ToolSetView
     from rho_actors.events import EventBus
     from rho_actors.isolation.call import CallSpec
-    from rho_actors.otp.supervisor import ChildStarter
+    from rho_actors.otp.starters import ChildStarter
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
 

@@ -109,35 +109,32 @@ class ServerError(RhoError):
         return (type(self), (self.type_name, str(self)))
 
 
-class ServerDown(RhoError):
+class _ServerSituation(RhoError):
+    """A server error told as the ``results.TEXTS`` situation ``key`` with its ``fields``
+    (``str(err)`` is that text); it pickles as its key and fields."""
+
+    def __init__(self, key: str, fields: Mapping[str, Any]) -> None:
+        super().__init__(text(key, **fields))
+        self.key = key
+        self.fields = dict(fields)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.fields))
+
+
+class ServerDown(_ServerSituation):
     """A server's process was killed at a call's deadline, died, or ran out of memory:
     its state is lost, and its actor exits so that its supervisor restarts it fresh.
     ``key`` is the situation of ``results.TEXTS`` (``server_killed``, ``server_crashed``,
     ``server_memory``; ``server_ray_memory`` for a Ray server's ``RayServerDown``) and
     ``fields`` its fields; ``str(err)`` is that text."""
 
-    def __init__(self, key: str, fields: Mapping[str, Any]) -> None:
-        super().__init__(text(key, **fields))
-        self.key = key
-        self.fields = dict(fields)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.key, self.fields))
-
-
-class ServerUnreachable(RhoError):
+class ServerUnreachable(_ServerSituation):
     """A server could not be reached for one call, which may or may not have run; the
     server lives on with its state (a Ray server whose Ray actor is alive but was
     unavailable for a moment: Ray's ``ActorUnavailableError``). ``key`` is the situation
     of ``results.TEXTS`` (``server_unreachable``) and ``fields`` its fields."""
-
-    def __init__(self, key: str, fields: Mapping[str, Any]) -> None:
-        super().__init__(text(key, **fields))
-        self.key = key
-        self.fields = dict(fields)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.key, self.fields))
 
 
 def _timeout_ms(value: int | None, default: int) -> int:

@@ -27,7 +27,6 @@ gives up that subtree only, and its name says why (:meth:`Names.lookup`).
 from __future__ import annotations
 
 import dataclasses
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +34,7 @@ import pykka
 from loguru import logger
 
 from rho_actors.otp.actor import NORMAL, monitor
+from rho_actors.otp.starters import StarterBinding
 from rho_actors.otp.supervisor import ChildInfo, ChildRecord, ChildSpec, StartChild, Supervisor, send_report
 
 __all__ = ["LazyStarter", "LazySubtree", "LazySupervisor"]
@@ -78,26 +78,10 @@ class _Wake:
     reason: object
 
 
-class LazyStarter:
+class LazyStarter(StarterBinding):
     """Starts lazy subtrees under the bound :class:`LazySupervisor` from any thread,
     without a message (``starter=`` of :class:`LazySupervisor`); it outlives a restart of
     that supervisor (the new one binds to it)."""
-
-    def __init__(self, rebind_s: float = 1.0) -> None:
-        self._supervisor: LazySupervisor | None = None
-        self._bound = threading.Condition()
-        self._rebind_s = rebind_s
-        self.closed = False
-
-    def _bind(self, supervisor: LazySupervisor | None) -> None:
-        with self._bound:
-            self._supervisor = supervisor
-            self._bound.notify_all()
-
-    def close(self) -> None:
-        """No more subtrees: :meth:`start` fails at once from now on."""
-        self.closed = True
-        self._bind(None)
 
     def start(self, subtree: LazySubtree) -> pykka.ActorRef[Any]:
         """Start ``subtree``'s child now, in this thread, supervised lazily; returns its
@@ -105,11 +89,8 @@ class LazyStarter:
         ``already_started``) or a live actor holds the child's name, the child's start
         error, and ``pykka.ActorDeadError`` when no supervisor is running (waiting up to
         ``rebind_s`` seconds for one being restarted)."""
-        with self._bound:
-            self._bound.wait_for(lambda: self.closed or self._supervisor is not None, self._rebind_s)
-            supervisor = self._supervisor
-        if self.closed or supervisor is None:
-            raise pykka.ActorDeadError("the supervisor of lazy subtrees is not running")
+        supervisor = self.running_supervisor("lazy subtrees")
+        assert isinstance(supervisor, LazySupervisor)
         return supervisor.start_lazy(subtree)
 
 
@@ -119,29 +100,9 @@ class LazySupervisor(Supervisor):
     other arguments are :class:`Supervisor`'s."""
 
     def __init__(self, *args: Any, starter: LazyStarter | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._lazy_starter = starter
+        super().__init__(*args, starter=starter, **kwargs)  # bound on start, unbound at the end, as any starter
         self._lazy: dict[int, LazySubtree] = {}  # key -> subtree whose supervisor has not started
         self._ids: dict[str, int] = {}  # id -> key of every subtree started here (lazy or woken)
-
-    def on_start(self) -> None:
-        super().on_start()
-        if self._lazy_starter is not None:
-            self._lazy_starter._bind(self)
-
-    def on_stop(self) -> None:
-        self._unbind()
-        super().on_stop()
-
-    def on_failure(self, *exc_info: Any) -> None:
-        self._unbind()
-        super().on_failure(*exc_info)
-
-    def _unbind(self) -> None:
-        with self._lock:
-            self._adopting = False
-        if self._lazy_starter is not None and self._lazy_starter._supervisor is self:
-            self._lazy_starter._bind(None)
 
     def start_lazy(self, subtree: LazySubtree) -> pykka.ActorRef[Any]:
         """Start ``subtree`` lazily (see :meth:`LazyStarter.start`, which calls this from

@@ -53,7 +53,7 @@ Which failures restart a child: an exception in a ``tell`` handler, in ``on_star
 handling an ``ask`` goes back to the caller and the child lives on (pykka's rule; OTP's
 ``gen_server:call`` would crash the server).
 
-A supervisor may have a :class:`ChildStarter`: children of one spec started in their
+A supervisor may have a :class:`~rho_actors.otp.starters.ChildStarter`: children of one spec started in their
 callers' threads and supervised from then on, without a message round trip.
 
 Example::
@@ -73,7 +73,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import pykka
 from loguru import logger
@@ -87,9 +87,9 @@ from rho_actors.otp.threads import ThreadPool
 __all__ = [
     "ChildInfo",
     "ChildSpec",
-    "ChildStarter",
     "RestartIntensityExceeded",
     "StartChild",
+    "Starter",
     "Supervisor",
     "count_children",
     "send_report",
@@ -199,64 +199,13 @@ class _WhichChildren:
     pass
 
 
-class ChildStarter:
-    """Starts children of one spec in the caller's thread, each handed to the bound
-    supervisor without a message (``starter=`` in :class:`Supervisor`): OTP's
-    ``simple_one_for_one`` ``start_child`` without the round trip through the
-    supervisor's inbox, so a burst of starts from many threads is not serialised
-    through its one thread. Safe from any thread. It outlives a restart of its
-    supervisor: the new one binds to it."""
+class Starter(Protocol):
+    """What a ``starter=`` is to its :class:`Supervisor`, which binds itself to it on
+    start and unbinds at its end (a :class:`rho_actors.otp.starters.StarterBinding`)."""
 
-    def __init__(self, spec: ChildSpec, rebind_s: float = 1.0) -> None:
-        self.spec = spec
-        self._supervisor: Supervisor | None = None
-        self._bound = threading.Condition()
-        self._rebind_s = rebind_s
-        self.closed = False
+    _supervisor: Supervisor | None
 
-    def _bind(self, supervisor: Supervisor | None) -> None:
-        with self._bound:
-            self._supervisor = supervisor
-            self._bound.notify_all()
-
-    def close(self) -> None:
-        """No more children: :meth:`start` fails at once from now on (the system stops)."""
-        self.closed = True
-        self._bind(None)
-
-    def _running_supervisor(self) -> Supervisor:
-        """The supervisor, waiting up to ``rebind_s`` seconds while it is restarted."""
-        supervisor = self._supervisor
-        if supervisor is not None and not self.closed:
-            return supervisor
-        with self._bound:
-            self._bound.wait_for(lambda: self.closed or self._supervisor is not None, self._rebind_s)
-            supervisor = self._supervisor
-        if self.closed:
-            raise pykka.ActorDeadError("the system is stopping")
-        if supervisor is None:
-            raise pykka.ActorDeadError(f"the supervisor of {self.spec.id!r} is not running (waited {self._rebind_s} s)")
-        return supervisor
-
-    def start(self) -> pykka.ActorRef[Any]:
-        """A child started now, in this thread, and supervised from now on (waiting up
-        to ``rebind_s`` seconds for a supervisor being restarted). Raises
-        ``pykka.ActorDeadError`` naming why when there is no supervisor."""
-        supervisor = self._running_supervisor()
-        started = self.spec.start()
-        try:
-            supervisor.adopt(started, self.spec)
-        except BaseException:
-            started.stop(block=False)
-            raise
-        return started
-
-    def abandon(self, ref: pykka.ActorRef[Any]) -> None:
-        """Stop supervising a child that was given up on (a call past its deadline): no
-        shutdown waits for it."""
-        supervisor = self._supervisor
-        if supervisor is not None:
-            supervisor.forget(ref)
+    def _bind(self, supervisor: Supervisor | None) -> None: ...
 
 
 class Supervisor(Actor):
@@ -267,7 +216,7 @@ class Supervisor(Actor):
     OTP's defaults are 1 in 5 s, this one's 3 in 5 s); ``auto_shutdown``
     (``"never"``, ``"any_significant"``, ``"all_significant"``); ``names``, where
     children with a ``name`` are registered (default: the process's
-    :data:`rho_actors.otp.names.NAMES`); ``starter``, a :class:`ChildStarter` whose
+    :data:`rho_actors.otp.names.NAMES`); ``starter``, a :class:`~rho_actors.otp.starters.ChildStarter` whose
     children this supervisor takes over; ``thread_pool``, where its loop runs (see
     :attr:`rho_actors.Actor.thread_pool`; default: a thread of its own); ``report``, called with each
     :class:`rho_actors.SupervisorEvent` (in this supervisor's thread: keep it quick).
@@ -288,7 +237,7 @@ class Supervisor(Actor):
         max_seconds: float = 5.0,
         auto_shutdown: AutoShutdown = "never",
         names: Names | None = None,
-        starter: ChildStarter | None = None,
+        starter: Starter | None = None,
         thread_pool: ThreadPool | None = None,
         report: Callable[[SupervisorEvent], None] | None = None,
         label: str = "supervisor",
@@ -368,7 +317,7 @@ class Supervisor(Actor):
 
     def adopt(self, ref: pykka.ActorRef[Any], spec: ChildSpec) -> None:
         """Supervise a ``temporary`` child started elsewhere (see
-        :meth:`ChildStarter.start`); safe from any thread. Raises
+        :meth:`~rho_actors.otp.starters.ChildStarter.start`); safe from any thread. Raises
         ``pykka.ActorDeadError`` once this supervisor is stopping, ``ValueError`` for a
         spec that is not ``temporary`` or that is ``significant`` or named."""
         if spec.restart != "temporary" or spec.significant or spec.name is not None:
