@@ -341,6 +341,7 @@ def test_killing_the_loop_mid_turn(system: ActorSystem) -> None:
     driver = threading.Thread(target=lambda: outcome.append(prompt(loop, "go", model=model)))
     driver.start()
     assert started.wait(WAIT_S)
+    assert wait_for(lambda: runs.get("add") == 1)  # c2 ran: the kill lands mid-turn, with only c1 still running
     kill(old_ref)
     driver.join(WAIT_S)
     assert not driver.is_alive()
