@@ -35,7 +35,10 @@ def result_bytes(result: ToolResult) -> int:
     """The bytes ``result`` costs a budget: its text (UTF-8), its images' and sounds'
     data, and its embedded resources' text (UTF-8) or blob (a text resource's text
     counts twice: it is also in the model's text)."""
-    return (len(result.content.encode("utf-8", "surrogatepass")) + sum(len(i.data) for i in result.images)
+    text = len(result.content.encode("utf-8", "surrogatepass"))
+    if not result.blocks and not result.images:  # text only, the usual case
+        return text
+    return (text + sum(len(i.data) for i in result.images)
             + sum(len(a.data) for a in result.audio) + sum(r.size for r in result.resources))
 
 
@@ -64,7 +67,9 @@ class ResultBudgets:
         """Charge ``size`` bytes to ``turn`` of ``session``: ``None`` when admitted, else
         ``(scope, budget, left)`` (``scope`` ``"turn"`` or ``"session"``; nothing is charged)."""
         with self._lock:
-            use = self._sessions.setdefault(session, _Use(turns={}))
+            use = self._sessions.get(session)
+            if use is None:
+                use = self._sessions[session] = _Use(turns={})
             assert use.turns is not None
             in_turn = use.turns.get(turn, 0)
             if in_turn + size > self.per_turn:

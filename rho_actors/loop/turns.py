@@ -451,7 +451,7 @@ class Turns:
             self._emit("late", slot, result)
             return
         self._telemetry.call_ended(slot.span, result)
-        if self._limits.log_tracebacks:
+        if not result.ok and self._limits.log_tracebacks:
             trace = traceback_of(result)
             if trace is not None:
                 logger.error("session {}: tool {} {} in call {}:\n{}", self.session_id, result.name,
@@ -512,8 +512,7 @@ class Turns:
         with self._lock:
             self._turns.pop(turn.id, None)
         self._budgets.turn_done(self.session_id, turn.id)
-        results = [slot.result for slot in turn.slots]
-        assert all(r is not None for r in results)
+        results = [slot.result for slot in turn.slots]  # each has its result: the turn is finished
         with host_code():  # the future's done callbacks are the host's
             turn.future.set_result(results)  # type: ignore[arg-type]
 
