@@ -63,22 +63,25 @@ class ResultBudgets:
         self._lock = threading.Lock()
         self._sessions: dict[str, _Use] = {}
 
-    def charge(self, session: str, turn: int, size: int) -> tuple[str, int, int] | None:
+    def charge(self, session: str, turn: int, size: int, *, alone: bool = False) -> tuple[str, int, int] | None:
         """Charge ``size`` bytes to ``turn`` of ``session``: ``None`` when admitted, else
-        ``(scope, budget, left)`` (``scope`` ``"turn"`` or ``"session"``; nothing is charged)."""
+        ``(scope, budget, left)`` (``scope`` ``"turn"`` or ``"session"``; nothing is charged).
+        ``alone``: the turn's one call, nothing else is charged to it (its share is not
+        kept, and it needs no :meth:`turn_done`)."""
         with self._lock:
             use = self._sessions.get(session)
             if use is None:
                 use = self._sessions[session] = _Use(turns={})
             assert use.turns is not None
-            in_turn = use.turns.get(turn, 0)
+            in_turn = 0 if alone else use.turns.get(turn, 0)
             if in_turn + size > self.per_turn:
                 use.refused += 1
                 return "turn", self.per_turn, self.per_turn - in_turn
             if use.session_bytes + size > self.per_session:
                 use.refused += 1
                 return "session", self.per_session, self.per_session - use.session_bytes
-            use.turns[turn] = in_turn + size
+            if not alone:
+                use.turns[turn] = in_turn + size
             use.session_bytes += size
             return None
 

@@ -472,7 +472,7 @@ class Turns:
         """``result``, or an ``over_budget`` error when it would take its turn or session
         past its byte budget (:mod:`rho_actors.runtime`; under the turn's lock)."""
         size = result_bytes(result)
-        over = self._budgets.charge(self.session_id, turn.id, size)
+        over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
         if over is None:
             return result
         scope, budget, left = over
@@ -511,7 +511,8 @@ class Turns:
         caller decided, under the turn's lock, that the turn is finished)."""
         with self._lock:
             self._turns.pop(turn.id, None)
-        self._budgets.turn_done(self.session_id, turn.id)
+        if len(turn.slots) > 1:  # a one-call turn kept no share of its own
+            self._budgets.turn_done(self.session_id, turn.id)
         results = [slot.result for slot in turn.slots]  # each has its result: the turn is finished
         with host_code():  # the future's done callbacks are the host's
             turn.future.set_result(results)  # type: ignore[arg-type]
