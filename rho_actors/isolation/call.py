@@ -154,7 +154,8 @@ class Answer:
             self.spec.reply(result)
         finally:
             self._delivered = True
-            self._drain()
+            if self._late:  # else the usual case; one handed on later sees ``_delivered`` and drains it
+                self._drain()
 
     def _hand_late(self, result: ToolResult) -> None:
         self._late.append(result)
@@ -162,8 +163,6 @@ class Answer:
             self._drain()
 
     def _drain(self) -> None:
-        if not self._late:  # the usual case; one handed on later sees ``_delivered`` and drains it
-            return
         while True:
             try:
                 result = self._late.pop(0)
