@@ -200,8 +200,9 @@ class Loop:
         ``TimeoutError`` past that, which only a broken runtime can cause.
         """
         batch = _checked_calls(calls)
-        future = self._submit(batch, _checked_cancel(cancel))
-        return future.result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
+        latch = _Latch()
+        self._start_turn(batch, latch, _checked_cancel(cancel))
+        return latch.wait(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
 
     async def arun_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
@@ -308,6 +309,30 @@ class Loop:
         and a :class:`rho_actors.RestartIntensityExceeded` naming the crashes once its
         session supervisor gave up on it (it is not restarted again)."""
         return self._names.exit_reason(loop_name(self.session_id))
+
+
+class _Latch:
+    """Where the results of a turn waited for by :meth:`Loop.run_turn` land (the turn's
+    sink): one lock, held until they are set; lighter than a
+    ``concurrent.futures.Future``, which nothing else would see."""
+
+    __slots__ = ("_held", "_results")
+
+    def __init__(self) -> None:
+        self._results: list[ToolResult] = []
+        self._held = threading.Lock()
+        self._held.acquire()
+
+    def set_result(self, results: list[ToolResult]) -> None:
+        """The turn's results (from any thread; once)."""
+        self._results = results
+        self._held.release()
+
+    def wait(self, timeout_s: float) -> list[ToolResult]:
+        """The results, once set; raises ``TimeoutError`` after ``timeout_s`` seconds."""
+        if not self._held.acquire(timeout=min(max(0.0, timeout_s), threading.TIMEOUT_MAX)):
+            raise TimeoutError(f"the turn did not finish within {timeout_s} s")
+        return self._results
 
 
 class _Landing:

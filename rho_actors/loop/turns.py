@@ -451,7 +451,7 @@ class Turns:
             self._emit("late", slot, result)
             return
         self._telemetry.call_ended(slot.span, result)
-        if self._limits.log_tracebacks:
+        if not result.ok and self._limits.log_tracebacks:
             trace = traceback_of(result)
             if trace is not None:
                 logger.error("session {}: tool {} {} in call {}:\n{}", self.session_id, result.name,
@@ -472,7 +472,7 @@ class Turns:
         """``result``, or an ``over_budget`` error when it would take its turn or session
         past its byte budget (:mod:`rho_actors.runtime`; under the turn's lock)."""
         size = result_bytes(result)
-        over = self._budgets.charge(self.session_id, turn.id, size)
+        over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
         if over is None:
             return result
         scope, budget, left = over
@@ -511,9 +511,9 @@ class Turns:
         caller decided, under the turn's lock, that the turn is finished)."""
         with self._lock:
             self._turns.pop(turn.id, None)
-        self._budgets.turn_done(self.session_id, turn.id)
-        results = [slot.result for slot in turn.slots]
-        assert all(r is not None for r in results)
+        if len(turn.slots) > 1:  # a one-call turn kept no share of its own
+            self._budgets.turn_done(self.session_id, turn.id)
+        results = [slot.result for slot in turn.slots]  # each has its result: the turn is finished
         with host_code():  # the future's done callbacks are the host's
             turn.future.set_result(results)  # type: ignore[arg-type]
 
