@@ -35,13 +35,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import marshal
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, final
 
 from rho_actors.encoding import replace_controls, scrub_text
 from rho_actors.errors import RhoError
@@ -53,6 +54,7 @@ __all__ = [
     "MAX_URI_CHARS",
     "MAX_TIMEOUT_MS",
     "MEDIA",
+    "MarshalledSchema",
     "REQUIRED_CALLBACKS",
     "Resource",
     "Concurrency",
@@ -73,6 +75,7 @@ __all__ = [
     "default_timeout_ms",
     "is_tool",
     "is_untrusted",
+    "lazy_copies",
     "looks_like_context",
     "missing_callbacks",
     "timeout_ms",
@@ -272,7 +275,10 @@ class ToolInfo:
     """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
 
     ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of
-    the tool's JSON Schema (Draft 2020-12, top level ``"type": "object"``).
+    the tool's JSON Schema (Draft 2020-12, top level ``"type": "object"``). A copy
+    handed out by :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first
+    read of ``parameter_schema`` (equality, ``repr``, pickling, ``dataclasses.replace``
+    and ``asdict`` read it too), so an offer whose schemas are not read costs no copy.
     """
 
     name: str
@@ -282,8 +288,89 @@ class ToolInfo:
     concurrency: Concurrency = "parallel"
 
     def copy(self) -> ToolInfo:
-        """A copy with its own deep copy of the schema, for handing out."""
-        return dataclasses.replace(self, parameter_schema=copy.deepcopy(self.parameter_schema))
+        """A copy with its own deep copy of the schema, for handing out (made on its
+        first read when this one's is not made yet)."""
+        schema = _SCHEMA_SLOT.__get__(self, ToolInfo)
+        if type(schema) is not MarshalledSchema:
+            schema = copy.deepcopy(schema)
+        return dataclasses.replace(self, parameter_schema=schema)
+
+
+@final
+class MarshalledSchema:
+    """A plain JSON schema (exact ``dict``/``list``/``str``/numbers/``bool``/``None``)
+    marshalled once: immutable bytes, shared by every :class:`ToolInfo` that
+    :func:`lazy_copies` makes of it, each of which decodes its own copy on the first
+    read of its ``parameter_schema``. Raises ``ValueError`` for a value ``marshal``
+    cannot copy exactly (a ``dict`` or ``list`` subclass, an object)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.data: Final = marshal.dumps(schema)
+
+    def __repr__(self) -> str:
+        return f"MarshalledSchema({len(self.data)} bytes)"
+
+
+class _OwnSchema:
+    """``ToolInfo.parameter_schema``: the slot ``dataclass(slots=True)`` made, except
+    that a :class:`MarshalledSchema` in it is decoded into it on the first read (once:
+    concurrent first reads get the same copy)."""
+
+    __slots__ = ("_delete", "_get", "_set")
+
+    def __init__(self, slot: Any) -> None:
+        self._get, self._set, self._delete = slot.__get__, slot.__set__, slot.__delete__
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        value = self._get(obj)
+        if type(value) is not MarshalledSchema:
+            return value
+        with _decoding:  # re-entrant: a finalizer run by a collection inside loads may read one
+            value = self._get(obj)
+            if type(value) is MarshalledSchema:
+                value = marshal.loads(value.data)
+                self._set(obj, value)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self._set(obj, value)
+
+    def __delete__(self, obj: Any) -> None:
+        self._delete(obj)
+
+
+_decoding = threading.RLock()
+_SCHEMA_SLOT: Final = ToolInfo.__dict__["parameter_schema"]
+type.__setattr__(ToolInfo, "parameter_schema", _OwnSchema(_SCHEMA_SLOT))
+
+
+def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[MarshalledSchema | None]) -> list[ToolInfo]:
+    """A copy of each of ``infos`` to hand out, equal to it; its schema is decoded from
+    the matching ``schemas`` entry (a :class:`MarshalledSchema` of that info's schema)
+    on its first read, or deep-copied now (:meth:`ToolInfo.copy`) where that is
+    ``None``. Made without ``__init__`` (about half its time): ``ToolInfo`` checks
+    nothing when made. Raises ``ValueError`` when the two differ in length."""
+    new, put_schema = object.__new__, _SCHEMA_SLOT.__set__
+    put_name, put_description, put_timeout, put_concurrency = (
+        ToolInfo.__dict__[name].__set__ for name in ("name", "description", "timeout_ms", "concurrency"))
+    copies: list[ToolInfo] = []
+    append = copies.append
+    for info, schema in zip(infos, schemas, strict=True):
+        if schema is None:
+            append(info.copy())
+            continue
+        made = new(ToolInfo)
+        put_name(made, info.name)
+        put_description(made, info.description)
+        put_schema(made, schema)
+        put_timeout(made, info.timeout_ms)
+        put_concurrency(made, info.concurrency)
+        append(made)
+    return copies
 
 
 class ErrorKind(enum.StrEnum):

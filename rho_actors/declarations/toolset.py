@@ -20,7 +20,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from rho_actors.tool import ToolInfo
+from rho_actors.tool import MarshalledSchema, ToolInfo, lazy_copies
 
 __all__ = [
     "WORKER_SCOPES",
@@ -31,7 +31,7 @@ __all__ = [
     "ToolSetView",
     "copied_infos",
     "make_placement",
-    "schemas_blob",
+    "paused_for",
 ]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -101,21 +101,20 @@ class ToolEntry:
     """The registration this entry comes from: a number no other registration of this
     system had, so a tool registered again (the same name, new code) has a new one. An
     untrusted tool's workers are scoped by it (DESIGN §5)."""
-    _schema: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    _schema: MarshalledSchema | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:  # a checked schema is JSON data: marshal copies it exactly, and fast
-            object.__setattr__(self, "_schema", marshal.dumps(self.info.parameter_schema))
+            object.__setattr__(self, "_schema", MarshalledSchema(self.info.parameter_schema))
         except ValueError:  # a dict or list subclass: offered_info copies it with deepcopy
             pass
 
     def offered_info(self) -> ToolInfo:
-        """A copy of ``info`` to hand out: its own deep copy of the schema (about 3 µs
-        for a small one, a fifth of :meth:`ToolInfo.copy`'s time)."""
-        info = self.info
-        if self._schema is None:
-            return info.copy()
-        return ToolInfo(info.name, info.description, marshal.loads(self._schema), info.timeout_ms, info.concurrency)
+        """A copy of ``info`` to hand out, equal to it, whose schema is its own deep
+        copy, decoded from the entry's marshalled schema on its first read
+        (:func:`~rho_actors.tool.lazy_copies`)."""
+        [info] = lazy_copies((self.info,), (self._schema,))
+        return info
 
     @property
     def untrusted(self) -> bool:
@@ -161,15 +160,6 @@ class ToolSetView:
         self.current = ToolSet()
 
 
-def schemas_blob(entries: Sequence[ToolEntry]) -> bytes | None:
-    """The schemas of ``entries`` marshalled as one list, for :func:`copied_infos`
-    (``None`` when one is not plain JSON data: a dict or list subclass)."""
-    try:
-        return marshal.dumps([entry.info.parameter_schema for entry in entries])
-    except ValueError:
-        return None
-
-
 def plain_copy(value: Any) -> Any:
     """A deep copy of ``value``: one ``marshal`` round trip for plain JSON data (exact
     ``dict``/``list``/``str``/numbers), ``copy.deepcopy`` for anything else."""
@@ -179,19 +169,21 @@ def plain_copy(value: Any) -> Any:
         return copy.deepcopy(value)
 
 
-def copied_infos(entries: Sequence[ToolEntry], blob: bytes | None) -> list[ToolInfo]:
-    """:meth:`ToolEntry.offered_info` of each entry, the schemas copied in one
-    ``marshal.loads`` of ``blob`` (from :func:`schemas_blob` of the same entries). A
-    large offer is copied with the cyclic garbage collector paused
-    (:func:`no_collection`)."""
-    with no_collection() if len(entries) >= _PAUSE_FROM else contextlib.nullcontext():
-        if blob is None:
-            return [entry.offered_info() for entry in entries]
-        return [ToolInfo(i.name, i.description, schema, i.timeout_ms, i.concurrency)
-                for i, schema in zip((entry.info for entry in entries), marshal.loads(blob), strict=True)]
+def copied_infos(entries: Sequence[ToolEntry]) -> list[ToolInfo]:
+    """:meth:`ToolEntry.offered_info` of each entry, in order: light copies, each
+    schema decoded on its first read (:func:`~rho_actors.tool.lazy_copies`). A large
+    offer is made with the cyclic garbage collector paused (:func:`no_collection`)."""
+    with paused_for(len(entries)):
+        return lazy_copies([entry.info for entry in entries], [entry._schema for entry in entries])
 
 
 _PAUSE_FROM = 256  # entries
+
+
+def paused_for(entries: int) -> contextlib.AbstractContextManager[None]:
+    """:func:`no_collection` for a burst of work over ``entries`` offered tools from
+    256 of them (copies, declarations), else a block that changes nothing."""
+    return no_collection() if entries >= _PAUSE_FROM else contextlib.nullcontext()
 
 
 class _Pauses:
