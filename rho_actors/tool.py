@@ -36,6 +36,7 @@ import copy
 import dataclasses
 import enum
 import marshal
+import os
 import re
 import threading
 import weakref
@@ -309,19 +310,22 @@ class MarshalledSchema:
     def __init__(self, schema: dict[str, Any]) -> None:
         self.data: Final = marshal.dumps(schema)
 
-    def __repr__(self) -> str:
-        return f"MarshalledSchema({len(self.data)} bytes)"
+    def __reduce__(self) -> tuple[Any, ...]:  # by value: marshal's format is per Python version
+        return (MarshalledSchema, (marshal.loads(self.data),))
 
 
 class _OwnSchema:
     """``ToolInfo.parameter_schema``: the slot ``dataclass(slots=True)`` made, except
-    that a :class:`MarshalledSchema` in it is decoded into it on the first read (once:
-    concurrent first reads get the same copy)."""
+    that a :class:`MarshalledSchema` in it is decoded into it on the first read, under
+    ``lock`` (re-entrant: a finalizer run by a collection inside ``loads`` may read one;
+    new in a fork child, where the thread holding it may not exist): concurrent first
+    reads get the same copy."""
 
-    __slots__ = ("_delete", "_get", "_set")
+    __slots__ = ("_delete", "_get", "_set", "lock")
 
     def __init__(self, slot: Any) -> None:
         self._get, self._set, self._delete = slot.__get__, slot.__set__, slot.__delete__
+        self.lock = threading.RLock()
 
     def __get__(self, obj: Any, owner: Any = None) -> Any:
         if obj is None:
@@ -329,7 +333,7 @@ class _OwnSchema:
         value = self._get(obj)
         if type(value) is not MarshalledSchema:
             return value
-        with _decoding:  # re-entrant: a finalizer run by a collection inside loads may read one
+        with self.lock:
             value = self._get(obj)
             if type(value) is MarshalledSchema:
                 value = marshal.loads(value.data)
@@ -342,10 +346,14 @@ class _OwnSchema:
     def __delete__(self, obj: Any) -> None:
         self._delete(obj)
 
+    def renew_lock(self) -> None:
+        self.lock = threading.RLock()
 
-_decoding = threading.RLock()
+
 _SCHEMA_SLOT: Final = ToolInfo.__dict__["parameter_schema"]
-type.__setattr__(ToolInfo, "parameter_schema", _OwnSchema(_SCHEMA_SLOT))
+_OWN_SCHEMA: Final = _OwnSchema(_SCHEMA_SLOT)
+type.__setattr__(ToolInfo, "parameter_schema", _OWN_SCHEMA)
+os.register_at_fork(after_in_child=_OWN_SCHEMA.renew_lock)
 
 
 def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[MarshalledSchema | None]) -> list[ToolInfo]:

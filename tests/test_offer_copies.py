@@ -12,7 +12,10 @@ import copy
 import dataclasses
 import gc
 import json
+import os
 import pickle
+import select
+import signal
 import subprocess
 import sys
 import threading
@@ -304,3 +307,63 @@ def test_lazy_copies_refuses_unequal_lengths() -> None:
     info = _checked(Nested(0))
     with pytest.raises(ValueError, match="zip"):
         lazy_copies([info, info], [MarshalledSchema(info.parameter_schema)])
+
+
+@pytest.mark.parametrize("count", [3, 300])
+def test_declarations_and_system_tools_are_the_callers_own_too(tmp_path: Path, count: int) -> None:
+    tools = [Nested(i) for i in range(count)]
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register_many(tools)
+        loop = system.start_loop()
+        expected = [_checked(t) for t in tools]
+        for dialect, key in (("openai", None), ("anthropic", "input_schema"), ("mcp", "inputSchema"),
+                             ("neutral", "parameters")):
+            for declaration in loop.declarations(dialect):  # type: ignore[arg-type]
+                _vandalise(declaration["function"]["parameters"] if key is None else declaration[key])
+        for info in system.tools():
+            _vandalise(info.parameter_schema)
+        assert system.tools() == expected == loop.offered()
+        assert loop.declarations("mcp") == [to_dialect(i, "mcp") for i in expected]
+        assert loop.declarations("mcp")[0]["inputSchema"] == NESTED
+        assert gc.isenabled()
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_marshalled_schema_pickles_by_value(protocol: int) -> None:
+    schema = MarshalledSchema(NESTED)
+    back = pickle.loads(pickle.dumps(schema, protocol=protocol))
+    [info] = lazy_copies([ToolInfo("t", "d", {})], [back])
+    assert type(back) is MarshalledSchema and info.parameter_schema == NESTED
+
+
+def test_a_fork_child_decodes_although_another_thread_held_the_lock() -> None:
+    decoding = ToolInfo.__dict__["parameter_schema"].lock
+    [info], _ = _unread(1)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another thread mid-decode when the host forks
+        with decoding:
+            held.set()
+            release.wait(WAIT_S)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(WAIT_S)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first read must not wait for a lock nobody there will release
+        os.write(write, json.dumps(info.parameter_schema).encode())
+        os._exit(0)
+    release.set()
+    holder.join(WAIT_S)
+    os.close(write)
+    ready: list[int] = []
+    try:
+        ready, _, _ = select.select([read], [], [], WAIT_S)
+        assert ready, "the child hung on the decoding lock"
+        with os.fdopen(read, "rb") as pipe:
+            assert json.loads(pipe.read()) == NESTED
+    finally:
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
