@@ -35,7 +35,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-import marshal
 import os
 import re
 import threading
@@ -43,7 +42,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal
 
 from rho_actors.encoding import replace_controls, scrub_text
 from rho_actors.errors import RhoError
@@ -55,8 +54,9 @@ __all__ = [
     "MAX_URI_CHARS",
     "MAX_TIMEOUT_MS",
     "MEDIA",
-    "MarshalledSchema",
+    "PendingSchema",
     "REQUIRED_CALLBACKS",
+    "SCHEMA_SLOT",
     "Resource",
     "Concurrency",
     "Details",
@@ -271,7 +271,7 @@ MEDIA: Final = (Image, Audio, Resource)
 """The non-text parts a tool may return (alone or in a list or tuple)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class ToolInfo:
     """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
 
@@ -289,34 +289,24 @@ class ToolInfo:
     concurrency: Concurrency = "parallel"
 
     def copy(self) -> ToolInfo:
-        """A copy with its own deep copy of the schema, for handing out (made on its
-        first read when this one's is not made yet)."""
-        schema = _SCHEMA_SLOT.__get__(self, ToolInfo)
-        if type(schema) is not MarshalledSchema:
-            schema = copy.deepcopy(schema)
-        return dataclasses.replace(self, parameter_schema=schema)
+        """A copy with its own deep copy of the schema, for handing out."""
+        return dataclasses.replace(self, parameter_schema=copy.deepcopy(self.parameter_schema))
 
 
-@final
-class MarshalledSchema:
-    """A plain JSON schema (exact ``dict``/``list``/``str``/numbers/``bool``/``None``)
-    marshalled once: immutable bytes, shared by every :class:`ToolInfo` that
-    :func:`lazy_copies` makes of it, each of which decodes its own copy on the first
-    read of its ``parameter_schema``. Raises ``ValueError`` for a value ``marshal``
-    cannot copy exactly (a ``dict`` or ``list`` subclass, an object)."""
+class PendingSchema:
+    """A schema copy not made yet, in the ``parameter_schema`` slot of a
+    :class:`ToolInfo` from :func:`lazy_copies`: the first read of that attribute calls
+    ``take(info)`` once (under a lock) and keeps the dict it returns."""
 
-    __slots__ = ("data",)
+    __slots__ = ()
 
-    def __init__(self, schema: dict[str, Any]) -> None:
-        self.data: Final = marshal.dumps(schema)
-
-    def __reduce__(self) -> tuple[Any, ...]:  # by value: marshal's format is per Python version
-        return (MarshalledSchema, (marshal.loads(self.data),))
+    def take(self, info: ToolInfo) -> dict[str, Any]:
+        raise NotImplementedError
 
 
 class _OwnSchema:
     """``ToolInfo.parameter_schema``: the slot ``dataclass(slots=True)`` made, except
-    that a :class:`MarshalledSchema` in it is decoded into it on the first read, under
+    that a :class:`PendingSchema` in it is replaced by its copy on the first read, under
     ``lock`` (re-entrant: a finalizer run by a collection inside ``loads`` may read one;
     new in a fork child, where the thread holding it may not exist): concurrent first
     reads get the same copy."""
@@ -331,12 +321,12 @@ class _OwnSchema:
         if obj is None:
             return self
         value = self._get(obj)
-        if type(value) is not MarshalledSchema:
+        if not isinstance(value, PendingSchema):
             return value
         with self.lock:
             value = self._get(obj)
-            if type(value) is MarshalledSchema:
-                value = marshal.loads(value.data)
+            if isinstance(value, PendingSchema):
+                value = value.take(obj)
                 self._set(obj, value)
         return value
 
@@ -350,19 +340,21 @@ class _OwnSchema:
         self.lock = threading.RLock()
 
 
-_SCHEMA_SLOT: Final = ToolInfo.__dict__["parameter_schema"]
-_OWN_SCHEMA: Final = _OwnSchema(_SCHEMA_SLOT)
+SCHEMA_SLOT: Final = ToolInfo.__dict__["parameter_schema"]
+"""The slot of ``ToolInfo.parameter_schema`` itself (its ``__get__``/``__set__`` never
+take a :class:`PendingSchema`), for pending copies that fill several copies at once."""
+_OWN_SCHEMA: Final = _OwnSchema(SCHEMA_SLOT)
 type.__setattr__(ToolInfo, "parameter_schema", _OWN_SCHEMA)
 os.register_at_fork(after_in_child=_OWN_SCHEMA.renew_lock)
 
 
-def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[MarshalledSchema | None]) -> list[ToolInfo]:
-    """A copy of each of ``infos`` to hand out, equal to it; its schema is decoded from
-    the matching ``schemas`` entry (a :class:`MarshalledSchema` of that info's schema)
-    on its first read, or deep-copied now (:meth:`ToolInfo.copy`) where that is
-    ``None``. Made without ``__init__`` (about half its time): ``ToolInfo`` checks
-    nothing when made. Raises ``ValueError`` when the two differ in length."""
-    new, put_schema = object.__new__, _SCHEMA_SLOT.__set__
+def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | None]) -> list[ToolInfo]:
+    """A copy of each of ``infos`` to hand out, equal to it; its schema is taken from
+    the matching ``schemas`` entry (a :class:`PendingSchema` of that info's schema) on
+    its first read, or deep-copied now (:meth:`ToolInfo.copy`) where that is ``None``.
+    Made without ``__init__`` (about half its time): ``ToolInfo`` checks nothing when
+    made. Raises ``ValueError`` when the two differ in length."""
+    new, put_schema = object.__new__, SCHEMA_SLOT.__set__
     put_name, put_description, put_timeout, put_concurrency = (
         ToolInfo.__dict__[name].__set__ for name in ("name", "description", "timeout_ms", "concurrency"))
     copies: list[ToolInfo] = []

@@ -28,8 +28,8 @@ import pytest
 from rho_actors import ActorSystem, ToolCall, ToolInfo, to_dialect
 from rho_actors.declarations.arguments import make_validator
 from rho_actors.declarations.checks import check_declaration, read_declaration
-from rho_actors.declarations.toolset import ToolEntry, copied_infos, no_collection
-from rho_actors.tool import MarshalledSchema, lazy_copies
+from rho_actors.declarations.toolset import MarshalledSchema, ToolEntry, copied_infos, no_collection, offer_chunks
+from rho_actors.tool import lazy_copies
 from tests.conftest import WAIT_S
 
 
@@ -98,7 +98,7 @@ def test_a_collector_the_host_disabled_stays_disabled() -> None:
 # --- each returned ToolInfo copies its schema on its first read (tool.lazy_copies) -----------
 
 
-NESTED = {
+NESTED: dict[str, Any] = {
     "type": "object",
     "properties": {
         "text": {"type": "string", "enum": ["a", "b"], "default": "a"},
@@ -196,24 +196,40 @@ def test_offered_values_equal_the_checked_declarations_in_registration_order(tmp
         assert offered[0] != offered[1]  # equality compares values, not only types
 
 
-def _unread(count: int = 2) -> tuple[list[ToolInfo], list[ToolInfo]]:
-    """Fresh lazy copies (no schema read yet) and the declarations they copy."""
-    originals = [_checked(Nested(i)) for i in range(count)]
-    return lazy_copies(originals, [MarshalledSchema(i.parameter_schema) for i in originals]), originals
+def _info(i: int) -> ToolInfo:  # what _checked(Nested(i)) gives
+    return ToolInfo(f"nested_{i}", f"Tool number {i}.", copy.deepcopy(NESTED), 1_000 + i,
+                    "exclusive" if i % 2 else "parallel")
 
 
-def test_equality_repr_and_hash_of_unread_copies_give_the_values() -> None:
-    [a, b], [oa, ob] = _unread()
+_VALIDATOR = make_validator({"type": "object"})
+KINDS = ["own", "chunked"]  # each copy from its entry's MarshalledSchema, or 512 decoded together
+
+
+def _unread(count: int = 2, kind: str = "own") -> tuple[list[ToolInfo], list[ToolInfo]]:
+    """Fresh lazy copies (no schema read yet) and the declarations they copy; chunked:
+    copies 510.. of an offer of 600 (its first two chunks, of 512 and 88)."""
+    if kind == "own":
+        originals = [_info(i) for i in range(count)]
+        return lazy_copies(originals, [MarshalledSchema(i.parameter_schema) for i in originals]), originals
+    entries = [ToolEntry(tool=None, info=_info(i), validator=_VALIDATOR, origin="test") for i in range(600)]
+    copies = copied_infos(entries, offer_chunks(entries))
+    return copies[510:510 + count], [entry.info for entry in entries[510:510 + count]]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_equality_repr_and_hash_of_unread_copies_give_the_values(kind: str) -> None:
+    [a, b], [oa, ob] = _unread(kind=kind)
     assert repr(a) == repr(oa) and "'enum': ['a', 'b']" in repr(a) and "MarshalledSchema" not in repr(a)
-    [c], _ = _unread(1)
+    [c], _ = _unread(1, kind)
     assert c == oa and a == c and a != b and b == ob and str(b) == str(ob)
     with pytest.raises(TypeError, match="unhashable"):  # as any ToolInfo: its schema is a dict
         hash(c)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
-def test_unread_copies_pickle_to_their_values(protocol: int) -> None:
-    copies, originals = _unread()
+def test_unread_copies_pickle_to_their_values(protocol: int, kind: str) -> None:
+    copies, originals = _unread(kind=kind)
     for dumps in (pickle.dumps, cloudpickle.dumps):
         data = dumps(copies, protocol=protocol)
         assert b"MarshalledSchema" not in data
@@ -223,8 +239,9 @@ def test_unread_copies_pickle_to_their_values(protocol: int) -> None:
         assert copies[0] == originals[0]
 
 
-def test_copies_cross_to_another_process_by_cloudpickle(tmp_path: Path) -> None:
-    copies, originals = _unread()
+@pytest.mark.parametrize("kind", KINDS)
+def test_copies_cross_to_another_process_by_cloudpickle(tmp_path: Path, kind: str) -> None:
+    copies, originals = _unread(kind=kind)
     script = ("import pickle, sys, json, dataclasses\n"
               "infos = pickle.loads(sys.stdin.buffer.read())\n"
               "print(json.dumps([dataclasses.asdict(i) for i in infos]))\n")
@@ -233,14 +250,15 @@ def test_copies_cross_to_another_process_by_cloudpickle(tmp_path: Path) -> None:
     assert json.loads(proc.stdout) == [dataclasses.asdict(i) for i in originals]
 
 
-def test_replace_asdict_astuple_and_copies_give_own_values() -> None:
-    [a, b, c, d, e], [original, *_] = _unread(5)
+@pytest.mark.parametrize("kind", KINDS)
+def test_replace_asdict_astuple_and_copies_give_own_values(kind: str) -> None:
+    [a, b, c, d, e], [original, _, of_c, *_] = _unread(5, kind)
     moved = dataclasses.replace(a, name="other")
     assert moved.name == "other" and moved.parameter_schema == original.parameter_schema
     assert dataclasses.replace(b, parameter_schema={"type": "object"}).parameter_schema == {"type": "object"}
     as_dict = dataclasses.asdict(c)
-    assert as_dict == {"name": "nested_2", "description": "Tool number 2.", "parameter_schema": NESTED,
-                       "timeout_ms": 1_002, "concurrency": "parallel"}
+    assert as_dict == {"name": of_c.name, "description": of_c.description, "parameter_schema": NESTED,
+                       "timeout_ms": of_c.timeout_ms, "concurrency": of_c.concurrency}
     assert json.loads(json.dumps(as_dict)) == as_dict
     assert dataclasses.astuple(c)[2] == NESTED
     own, deep, shallow = d.copy(), copy.deepcopy(d), copy.copy(e)
@@ -254,16 +272,18 @@ def test_replace_asdict_astuple_and_copies_give_own_values() -> None:
     assert "extra" not in read.parameter_schema and e.copy().parameter_schema["extra"] == 1
 
 
-def test_pydantic_reads_unread_copies() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_pydantic_reads_unread_copies(kind: str) -> None:
     pydantic = pytest.importorskip("pydantic")
-    [a], [original] = _unread(1)
+    [a], [original] = _unread(1, kind)
     adapter = pydantic.TypeAdapter(ToolInfo)
     assert adapter.dump_python(a) == dataclasses.asdict(original)
     assert json.loads(adapter.dump_json(a)) == json.loads(json.dumps(dataclasses.asdict(original)))
 
 
-def test_a_copy_keeps_one_schema_across_reads_and_threads() -> None:
-    copies, _ = _unread(64)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_copy_keeps_one_schema_across_reads_and_threads(kind: str) -> None:
+    copies, _ = _unread(64, kind)
     barrier = threading.Barrier(4)
     seen: list[list[int]] = [[] for _ in range(4)]
 
@@ -280,8 +300,9 @@ def test_a_copy_keeps_one_schema_across_reads_and_threads() -> None:
     assert len(set(seen[0])) == 64  # and each copy its own
 
 
-def test_a_copy_is_frozen_as_any_tool_info() -> None:
-    [a], _ = _unread(1)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_copy_is_frozen_as_any_tool_info(kind: str) -> None:
+    [a], _ = _unread(1, kind)
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.parameter_schema = {}  # type: ignore[misc]
     object.__setattr__(a, "parameter_schema", {"type": "object"})  # what __init__ and pickle do
@@ -367,3 +388,35 @@ def test_a_fork_child_decodes_although_another_thread_held_the_lock() -> None:
         if not ready:
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def test_chunked_copies_map_to_their_entries_across_chunk_boundaries() -> None:
+    entries = [ToolEntry(tool=None, info=_info(i), validator=_VALIDATOR, origin="test") for i in range(1_100)]
+    chunks = offer_chunks(entries)
+    assert chunks is not None and len(chunks) == 3  # 512, 512, 76
+    assert offer_chunks(entries[:255]) is None  # a small offer: each copy from its own entry
+    copies = copied_infos(entries, chunks)
+    order = [*range(1_099, 1_020, -1), 0, 511, 512, 513, 1_020, *range(600, 700)]
+    assert len(set(order)) == len(order)
+    for index in order:  # first reads in any order, each chunk decoded on its first
+        copies[index].parameter_schema["properties"]["text"]["enum"].append(index)
+    for index, (made, entry) in enumerate(zip(copies, entries, strict=True)):
+        enum = NESTED["properties"]["text"]["enum"]
+        expected = [*enum, index] if index in order else enum
+        assert made.name == entry.info.name and made.parameter_schema["properties"]["text"]["enum"] == expected
+        assert entry.info.parameter_schema == NESTED
+    again = copied_infos(entries, chunks)  # the cached chunks give fresh copies again
+    assert again == [entry.info for entry in entries]
+    fresh = copied_infos(entries, chunks)
+    del fresh[:700]  # copies dropped unread leave the others of their chunks theirs
+    assert [(c.name, c.parameter_schema) for c in fresh] == [(f"nested_{i}", NESTED) for i in range(700, 1_100)]
+
+
+def test_a_large_offer_of_a_loop_copies_in_chunks(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register_many([Nested(i) for i in range(600)])
+        loop = system.start_loop()
+        offered = loop.offered()
+        assert type(ToolInfo.__dict__["parameter_schema"]._get(offered[0])).__name__ == "_Chunk"
+        _vandalise(offered[599].parameter_schema)
+        assert offered[598].parameter_schema == NESTED == loop.offered()[599].parameter_schema

@@ -13,24 +13,27 @@ import gc
 import json
 import marshal
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final, final
 
 from jsonschema import Draft202012Validator
 
-from rho_actors.tool import MarshalledSchema, ToolInfo, lazy_copies
+from rho_actors.tool import SCHEMA_SLOT, PendingSchema, ToolInfo, lazy_copies
 
 __all__ = [
     "WORKER_SCOPES",
     "IsolationName",
+    "MarshalledSchema",
     "Placement",
     "ToolEntry",
     "ToolSet",
     "ToolSetView",
     "copied_infos",
     "make_placement",
+    "offer_chunks",
     "paused_for",
 ]
 
@@ -85,6 +88,27 @@ def make_placement(
     except (TypeError, ValueError) as exc:
         raise ValueError(f"deps of an untrusted tool must be plain JSON data: {exc}") from None
     return Placement(True, scope, MappingProxyType(env), MappingProxyType(plain))
+
+
+@final
+class MarshalledSchema(PendingSchema):
+    """A plain JSON schema (exact ``dict``/``list``/``str``/numbers/``bool``/``None``)
+    marshalled once: immutable bytes, shared by every :class:`ToolInfo` that
+    :func:`~rho_actors.tool.lazy_copies` makes of it, each of which decodes its own
+    copy on the first read of its ``parameter_schema``. Raises ``ValueError`` for a value ``marshal``
+    cannot copy exactly (a ``dict`` or ``list`` subclass, an object)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.data: Final = marshal.dumps(schema)
+
+    def take(self, info: ToolInfo) -> dict[str, Any]:
+        schema: dict[str, Any] = marshal.loads(self.data)
+        return schema
+
+    def __reduce__(self) -> tuple[Any, ...]:  # by value: marshal's format is per Python version
+        return (MarshalledSchema, (marshal.loads(self.data),))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,15 +193,65 @@ def plain_copy(value: Any) -> Any:
         return copy.deepcopy(value)
 
 
-def copied_infos(entries: Sequence[ToolEntry]) -> list[ToolInfo]:
-    """:meth:`ToolEntry.offered_info` of each entry, in order: light copies, each
-    schema decoded on its first read (:func:`~rho_actors.tool.lazy_copies`). A large
-    offer is made with the cyclic garbage collector paused (:func:`no_collection`)."""
-    with paused_for(len(entries)):
-        return lazy_copies([entry.info for entry in entries], [entry._schema for entry in entries])
-
-
 _PAUSE_FROM = 256  # entries
+_CHUNK = 512  # schemas of one offer decoded together
+
+
+def offer_chunks(entries: Sequence[ToolEntry]) -> tuple[bytes, ...] | None:
+    """The schemas of ``entries`` marshalled as lists of 512, for :func:`copied_infos`
+    (``None`` for an offer under 256 entries, or when a schema is not plain JSON data:
+    a dict or list subclass)."""
+    if len(entries) < _PAUSE_FROM:
+        return None
+    try:
+        return tuple(marshal.dumps([entry.info.parameter_schema for entry in entries[start:start + _CHUNK]])
+                     for start in range(0, len(entries), _CHUNK))
+    except ValueError:
+        return None
+
+
+class _Chunk(PendingSchema):
+    """The schemas of up to 512 consecutive copies of one offer (``copies``: weak
+    references to them, in order), decoded together on the first read of any of them:
+    one ``marshal.loads`` with the collector paused, each copy still alive and pending
+    given its own (far fewer collections and calls than 512 decodes in the caller's
+    code)."""
+
+    __slots__ = ("_blob", "copies")
+
+    def __init__(self, blob: bytes) -> None:
+        self._blob = blob
+        self.copies: list[weakref.ref[ToolInfo]] = []
+
+    def take(self, info: ToolInfo) -> dict[str, Any]:
+        peek, put = SCHEMA_SLOT.__get__, SCHEMA_SLOT.__set__
+        with no_collection():
+            values = marshal.loads(self._blob)
+            for ref, value in zip(self.copies, values, strict=True):
+                made = ref()
+                if made is not None and peek(made, ToolInfo) is self:
+                    put(made, value)
+        self.copies = []
+        schema: dict[str, Any] = peek(info, ToolInfo)
+        return schema
+
+
+def copied_infos(entries: Sequence[ToolEntry], chunks: tuple[bytes, ...] | None = None) -> list[ToolInfo]:
+    """:meth:`ToolEntry.offered_info` of each entry, in order: light copies, each
+    schema copied on its first read (:func:`~rho_actors.tool.lazy_copies`): from the
+    entry's own marshalled schema, or with ``chunks`` (:func:`offer_chunks` of the same
+    entries) with the 511 next to it in one decode. A large offer is made with the
+    cyclic garbage collector paused (:func:`no_collection`)."""
+    with paused_for(len(entries)):
+        infos = [entry.info for entry in entries]
+        if chunks is None:
+            return lazy_copies(infos, [entry._schema for entry in entries])
+        pending = [_Chunk(blob) for blob in chunks]
+        copies = lazy_copies(infos, [pending[i // _CHUNK] for i in range(len(infos))])
+        refs = list(map(weakref.ref, copies))
+        for number, chunk in enumerate(pending):
+            chunk.copies = refs[number * _CHUNK:(number + 1) * _CHUNK]
+        return copies
 
 
 def paused_for(entries: int) -> contextlib.AbstractContextManager[None]:
