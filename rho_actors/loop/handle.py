@@ -22,7 +22,7 @@ import pykka
 
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
-from rho_actors.declarations.toolset import ToolEntry
+from rho_actors.declarations.toolset import ToolEntry, paused_for
 from rho_actors.loop.messages import SetWithheld, loop_name, make_session_folder
 from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
@@ -246,8 +246,11 @@ class Loop:
         return self._turns().offered_entries()
 
     def declarations(self, dialect: Dialect = "neutral") -> list[dict[str, Any]]:
-        """:meth:`offered` in a provider's format (see :mod:`rho_actors.declarations.formats`)."""
-        return [to_dialect(info, dialect) for info in self.offered()]
+        """:meth:`offered` in a provider's format (see :mod:`rho_actors.declarations.formats`):
+        fresh dicts, each schema its own deep copy."""
+        entries = self.offered_entries()
+        with paused_for(len(entries)):  # a large offer: tens of thousands of new dicts
+            return [to_dialect(entry.info, dialect) for entry in entries]
 
     def set_withheld(self, names: Iterable[str]) -> None:
         """Replace the set of tool names this loop does not offer (from its next turn).

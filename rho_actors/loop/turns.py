@@ -53,7 +53,7 @@ from loguru import logger
 from rho_actors.budgets import result_bytes
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
-from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, schemas_blob
+from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, offer_chunks
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
@@ -166,8 +166,8 @@ class Turns:
         # arguments texts found valid, by (tool name, text): the entry they were valid for,
         # the decoded value marshalled and whether the tool runs inline (decoded, checked once)
         self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes, bool]] = {}
-        # the last offer, by version: its entries and their schemas marshalled (offered() copies)
-        self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], bytes | None] | None = None
+        # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
+        self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
 
     # --- what is offered ----------------------------------------------------------------
 
@@ -183,12 +183,12 @@ class Turns:
         if offer is not None and offer[0] == tools.version and offer[1] is withheld:
             return offer[2]
         entries = tuple(self._offered(tools, withheld.names))
-        self._offer = (tools.version, withheld, entries, schemas_blob(entries))
+        self._offer = (tools.version, withheld, entries, offer_chunks(entries))
         return entries
 
     def offered(self) -> list[ToolInfo]:
-        """The checked declarations offered now, each its own copy (the schemas copied
-        in one ``marshal.loads``: see :func:`~rho_actors.declarations.toolset.copied_infos`)."""
+        """The checked declarations offered now, each its own copy (its schema copied on
+        its first read: see :func:`~rho_actors.declarations.toolset.copied_infos`)."""
         entries = self.offered_entries()
         offer = self._offer
         return copied_infos(entries, offer[3] if offer is not None and offer[2] is entries else None)
