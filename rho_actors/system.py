@@ -252,6 +252,7 @@ class ActorSystem:
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             confine=self._confine,
             budgets=ResultBudgets(max_turn_result_bytes, max_session_result_bytes),
+            sessions=(lazy_sessions := LazyStarter()),  # session subtrees started and stopped in the caller's thread
         )
         self._events = self._runtime.events
         self._telemetry = self._runtime.telemetry
@@ -267,7 +268,7 @@ class ActorSystem:
         self._supervisor = supervisor
         self._shutdown_ms = shutdown_ms
         self._intensity = intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
-        self._sessions = LazyStarter()  # session subtrees started in the caller's thread
+        self._sessions = lazy_sessions
         sessions = dataclasses.replace(supervisor(SESSIONS, starter=self._sessions), actor_class=LazySupervisor)
         children = [
             ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),

@@ -99,6 +99,7 @@ class Loop:
         self._tools = runtime.tools
         self._settings = runtime.limits
         self._loop_turns = runtime.loop_turns
+        self._sessions = runtime.sessions
         self._current: tuple[pykka.ActorRef[Any], Turns] | None = None  # the running LoopActor's
         self.instructions: str | None = None
         """The system prompt of this session's prompts that give none (not recorded)."""
@@ -255,8 +256,16 @@ class Loop:
         self.ref.ask(SetWithheld(withheld_names(names)), timeout=self._settings.ask_timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the loop (a normal exit: not restarted); calls still running get
-        ``cancelled`` results."""
+        """Stop the loop (a normal exit: not restarted, even when it crashed an instant
+        before or is being restarted) and end its session's subtree, waiting at most
+        ``timeout_s`` seconds for it; calls still running get ``cancelled`` results."""
+        sessions = self._sessions
+        if sessions is not None:
+            try:
+                if sessions.stop(self.session_id, timeout_s):
+                    return
+            except pykka.ActorDeadError:  # the system is stopping: its stop ends the loop
+                return
         try:
             self.ref.stop(timeout=timeout_s)
         except pykka.ActorDeadError:

@@ -271,7 +271,7 @@ class Turns:
                 self._cancel_turn(turn)
                 return
             ref, turn_id = self.ref, turn.id
-            cancel.add_callback(lambda: _tell(ref, CancelTurn(turn_id)))
+            cancel.add_inline_callback(lambda: _tell(ref, CancelTurn(turn_id)))
         if turn.open == 0:
             with turn.lock:
                 finished, turn.finished = turn.finished, True

@@ -1,0 +1,356 @@
+"""Hostile tests of round 6: lazy session supervisors under crashes that race a stop, a
+restart or the takeover; call threads whose tools use their cancel token against the
+runtime (callbacks that block or exit, a tool cancelling its own token)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from rho_actors import (
+    ActorSystem,
+    CancelToken,
+    ErrorKind,
+    Loop,
+    RestartIntensityExceeded,
+    Supervisor,
+    SupervisorEvent,
+    ToolCall,
+    ToolContext,
+    kill,
+    tool,
+)
+
+from .conftest import WAIT_S, wait_for
+
+
+@tool
+def echo(text: str) -> str:
+    """Return the text."""
+    return text
+
+
+def _echoed(loop: Loop, text: str) -> str:
+    [result] = loop.run_turn([ToolCall("e", "echo", f'{{"text": "{text}"}}')], timeout_s=WAIT_S)
+    assert result.ok, result.content
+    return str(result.content)
+
+
+def _sessions(system: ActorSystem) -> list[str]:
+    node = next(c for c in system.tree()["children"] if c["id"] == "sessions")
+    return [s["id"] for s in node["children"]]
+
+
+def _session_supervisors(label: str) -> list[pykka.ActorRef[Any]]:
+    found = []
+    for ref in pykka.ActorRegistry.get_by_class(Supervisor):
+        try:
+            if ref.proxy().label.get(timeout=WAIT_S) == label:
+                found.append(ref)
+        except pykka.ActorDeadError:
+            pass
+    return found
+
+
+class _Reports:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: list[tuple[str, str]] = []
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, SupervisorEvent):
+            with self.lock:
+                self.seen.append((event.supervisor, event.kind))
+
+    def kinds(self, label: str) -> list[str]:
+        with self.lock:
+            return [kind for supervisor, kind in self.seen if supervisor == label]
+
+
+# --------------------------------------------------------------------------- a stop racing a crash
+
+
+def test_a_stop_racing_a_crash_of_a_lazy_loop_ends_the_session(tmp_path: Path) -> None:
+    """Before: the kill landed first, the stop met a dead loop and returned, and the
+    session's supervisor woke up and restarted the loop: the stopped session ran on
+    (50 of 50 tries), and start_loop of its id was refused as already started."""
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(echo)
+        for i in range(5):
+            loop = system.start_loop(f"s{i}")
+            kill(loop.ref)  # told first: the loop ends killed, not stopped
+            loop.stop()
+            assert not loop.alive
+            assert f"s{i}" not in _sessions(system)
+            again = system.start_loop(f"s{i}")  # its id is free at once
+            assert _echoed(again, "x") == "x"
+            assert _sessions(system).count(f"s{i}") == 1
+            again.stop()
+
+
+def test_a_stop_racing_a_crash_of_a_woken_session_ends_it(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60) as system:
+        system.register(echo)
+        loop = system.start_loop("w")
+        first = loop.ref
+        kill(first)
+        assert wait_for(lambda: loop.alive and loop.ref is not first)  # its supervisor runs now
+        assert len(_session_supervisors("session:w")) == 1
+        kill(loop.ref)
+        loop.stop()
+        assert wait_for(lambda: _session_supervisors("session:w") == [])
+        assert not loop.alive and "w" not in _sessions(system)
+        assert _echoed(system.start_loop("w"), "back") == "back"
+
+
+def test_a_stop_while_the_sessions_supervisor_is_being_woken_stops_it_once_woken(tmp_path: Path) -> None:
+    """The stop comes while ``sessions`` is starting the session's supervisor (from its
+    ``crashed`` report, sent by that supervisor's start): once started it is stopped,
+    never left running outside the tree."""
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=200) as system:
+        system.register(echo)
+        loop = system.start_loop("r")
+        stopped = threading.Event()
+
+        def on_report(event: object) -> None:
+            if isinstance(event, SupervisorEvent) and event.supervisor == "session:r" and event.kind == "crashed":
+                loop.stop(timeout_s=0.2)  # its supervisor is mid-start: the wait is cut at 0.2 s
+                stopped.set()
+
+        system.subscribe(on_report)
+        kill(loop.ref)
+        assert stopped.wait(WAIT_S)
+        assert wait_for(lambda: _session_supervisors("session:r") == [])
+        assert wait_for(lambda: not loop.alive)
+        assert "r" not in _sessions(system)
+        assert _echoed(system.start_loop("r"), "again") == "again"
+
+
+# --------------------------------------------------------------------------- a session given up
+
+
+def test_a_session_given_up_can_start_again_from_the_gave_up_report(tmp_path: Path) -> None:
+    """Before: its id stayed held until the given-up supervisor's end was seen, so a host
+    starting the session again on ``gave_up`` got ``already started``."""
+    for intensity in (0, 1):
+        with ActorSystem(data_dir=tmp_path / str(intensity), max_restarts=intensity, max_seconds=60) as system:
+            system.register(echo)
+            started: list[object] = []
+            done = threading.Event()
+
+            def on_report(event: object, system: ActorSystem = system, started: list[object] = started,
+                          done: threading.Event = done) -> None:
+                if isinstance(event, SupervisorEvent) and event.supervisor == "session:v" and event.kind == "gave_up":
+                    try:
+                        started.append(system.start_loop("v"))
+                    except Exception as exc:
+                        started.append(exc)
+                    done.set()
+
+            system.subscribe(on_report)
+            loop = system.start_loop("v")
+            healthy = system.start_loop("ok")
+            while not done.is_set():
+                try:
+                    kill(loop.ref)
+                except pykka.ActorDeadError:  # being restarted
+                    pass
+                done.wait(0.01)
+            [again] = started
+            assert isinstance(again, Loop), again
+            assert _echoed(again, "new") == "new"
+            assert _echoed(healthy, "still") == "still"
+            assert wait_for(lambda: sorted(_sessions(system)) == ["ok", "v"])
+
+
+def test_crash_storms_in_many_sessions_give_each_up_alone(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    @tool(timeout_ms=20_000)
+    def held(i: int) -> int:
+        """Wait for the test."""
+        release.wait(WAIT_S)
+        return i
+
+    reports = _Reports()
+    with ActorSystem(data_dir=tmp_path, max_restarts=2, max_seconds=60, shutdown_ms=300) as system:
+        system.subscribe(reports)
+        system.register(held)
+        system.register(echo)
+        loops = [system.start_loop(f"c{i}") for i in range(12)]
+        healthy = system.start_loop("healthy")
+        turns = [loop.submit_turn([ToolCall(f"h{i}", "held", f'{{"i": {i}}}')]) for i, loop in enumerate(loops)]
+        trees: list[list[str]] = []
+        stop_tree = threading.Event()
+
+        def read_trees() -> None:
+            while not stop_tree.is_set():
+                trees.append(_sessions(system))
+
+        def storm(loop: Loop) -> None:
+            until = time.monotonic() + WAIT_S
+            while not isinstance(loop.exit_reason, RestartIntensityExceeded) and time.monotonic() < until:
+                try:
+                    kill(loop.ref)
+                except pykka.ActorDeadError:
+                    time.sleep(0.001)  # being restarted
+
+        reader = threading.Thread(target=read_trees)
+        reader.start()
+        stormers = [threading.Thread(target=storm, args=(loop,)) for loop in loops]
+        for thread in stormers:
+            thread.start()
+        for thread in stormers:
+            thread.join(WAIT_S)
+        stop_tree.set()
+        reader.join(WAIT_S)
+        assert all(isinstance(loop.exit_reason, RestartIntensityExceeded) for loop in loops)
+        for i, turn in enumerate(turns):
+            [result] = turn.result(WAIT_S)
+            assert result.call_id == f"h{i}" and result.error_kind is ErrorKind.CRASHED  # loop_crashed
+        assert _echoed(healthy, "fine") == "fine"
+        assert wait_for(lambda: _sessions(system) == ["healthy"])
+        assert all("healthy" in seen for seen in trees)
+        for i in range(12):
+            assert reports.kinds(f"session:c{i}").count("gave_up") == 1
+            assert reports.kinds(f"session:c{i}").count("restarted") == 2
+        assert reports.kinds("session:healthy") == ["started"]
+        release.set()
+
+
+# --------------------------------------------------------------------------- cancel callbacks
+
+
+def test_a_cancel_callback_that_blocks_holds_up_no_deadline(tmp_path: Path) -> None:
+    """Before: the callback ran on the deadlines thread, so the call's own timeout and
+    every later one of the system waited for it (the turn did not finish in 5 s)."""
+    hold = threading.Event()
+
+    @tool(timeout_ms=100)
+    def trap(ctx: ToolContext) -> str:
+        """Block the canceller."""
+        ctx.cancel.add_callback(lambda: hold.wait(WAIT_S))
+        ctx.cancel.wait(WAIT_S)
+        return "late"
+
+    @tool(timeout_ms=100)
+    def slow(ctx: ToolContext) -> str:
+        """Overrun the deadline."""
+        ctx.cancel.wait(WAIT_S)
+        return "late"
+
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=300) as system:
+        system.register(trap)
+        system.register(slow)
+        try:
+            [trapped] = system.start_loop("a").run_turn([ToolCall("t", "trap", "{}")], timeout_s=WAIT_S)
+            [other] = system.start_loop("b").run_turn([ToolCall("s", "slow", "{}")], timeout_s=WAIT_S)
+            assert trapped.error_kind is ErrorKind.TIMEOUT and other.error_kind is ErrorKind.TIMEOUT
+            assert max(trapped.duration_ms, other.duration_ms) < WAIT_S * 1000 / 2
+        finally:
+            hold.set()
+
+
+def test_a_cancel_callback_that_exits_loses_no_result_and_crashes_no_loop(tmp_path: Path) -> None:
+    """Before: the host's cancel ran the callback on the LoopActor's thread; its
+    SystemExit ended the loop in the middle of the turn, whose future was never set."""
+    ran = threading.Event()
+
+    @tool(timeout_ms=5_000)
+    def exiter(ctx: ToolContext) -> str:
+        """Exit from the cancel callback."""
+        ctx.cancel.add_callback(lambda: sys.exit(3))
+        ran.set()
+        ctx.cancel.wait(WAIT_S)
+        return "late"
+
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=300) as system:
+        system.register(exiter)
+        system.register(echo)
+        loop = system.start_loop("c")
+        first = loop.ref
+        token = CancelToken()
+        future = loop.submit_turn([ToolCall("x", "exiter", "{}")], cancel=token)
+        assert ran.wait(WAIT_S)
+        token.cancel()
+        [result] = future.result(WAIT_S)
+        assert result.error_kind is ErrorKind.CANCELLED
+        assert loop.ref is first and _echoed(loop, "alive") == "alive"
+        ran.clear()
+        future = loop.submit_turn([ToolCall("y", "exiter", "{}")])
+        assert ran.wait(WAIT_S)
+        loop.stop()  # the stop's cancel runs the callback too
+        [result] = future.result(WAIT_S)
+        assert result.error_kind is ErrorKind.CANCELLED
+
+
+def test_cancel_callbacks_run_once_in_order_apart_from_the_canceller() -> None:
+    token = CancelToken()
+    seen: list[tuple[str, bool]] = []
+    done = threading.Event()
+    here = threading.current_thread()
+
+    def note(name: str) -> None:
+        seen.append((name, threading.current_thread() is here))
+        if name == "last":
+            done.set()
+
+    token.add_callback(lambda: note("first"))
+    token.add_callback(lambda: sys.exit(1))  # logged; the next one still runs
+    token.add_inline_callback(lambda: note("inline"))
+    token.add_callback(lambda: note("last"))
+    assert token.cancel("timeout") and not token.cancel("again")
+    assert done.wait(WAIT_S)
+    assert seen == [("inline", True), ("first", False), ("last", False)]
+    late = threading.Event()
+    token.add_callback(late.set)  # already cancelled: run at once, apart
+    assert late.wait(WAIT_S)
+
+
+# --------------------------------------------------------------------------- a tool cancelling its own token
+
+
+def test_a_tool_cancelling_its_own_token_leaves_the_thread_counts_true(tmp_path: Path) -> None:
+    """Before: its return was counted as an abandoned thread returning although none was
+    abandoned: ``abandoned_threads_running`` went to -3, and the stop waited its whole
+    ``shutdown_ms`` for call threads that did not exist."""
+    gate = threading.Event()
+
+    @tool
+    def self_cancel(ctx: ToolContext) -> str:
+        """Cancel its own token, then return."""
+        ctx.cancel.cancel("mine")
+        return "done"
+
+    @tool(timeout_ms=100)
+    def self_cancel_then_hang(ctx: ToolContext) -> str:
+        """Cancel its own token, then overrun its deadline."""
+        ctx.cancel.cancel("mine")
+        gate.wait(WAIT_S)
+        return "late"
+
+    system = ActorSystem(data_dir=tmp_path, shutdown_ms=5_000)
+    try:
+        system.register(self_cancel)
+        system.register(self_cancel_then_hang)
+        loop = system.start_loop("s")
+        results = loop.run_turn([ToolCall(f"t{i}", "self_cancel", "{}") for i in range(3)], timeout_s=WAIT_S)
+        assert [r.content for r in results] == ["done"] * 3
+        assert system.stats()["abandoned_threads_running"] == 0
+        [hung] = loop.run_turn([ToolCall("h", "self_cancel_then_hang", "{}")], timeout_s=WAIT_S)
+        assert hung.error_kind is ErrorKind.TIMEOUT
+        assert system.stats()["abandoned_threads_running"] == 1  # abandoned at its deadline all the same
+        assert system.stats()["abandoned_threads_by_session"] == {"s": 1}
+        gate.set()
+        assert wait_for(lambda: system.stats()["abandoned_threads_running"] == 0)
+        began = time.monotonic()
+        system.stop()
+        assert time.monotonic() - began < 2.5  # nothing left to wait for (its shutdown_ms is 5 s)
+    finally:
+        gate.set()
+        system.stop()
