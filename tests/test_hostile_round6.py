@@ -131,6 +131,36 @@ def test_a_stop_while_the_sessions_supervisor_is_being_woken_stops_it_once_woken
         assert _echoed(system.start_loop("r"), "again") == "again"
 
 
+def test_a_turn_submitted_while_its_loop_restarts_waits_for_the_restart(tmp_path: Path) -> None:
+    """Before: a turn submitted between the crash and the restart raised NotRunningError
+    ("may be restarting"; 158 of 200 turns right after a kill), so its call ids got no
+    result. The restart is held back here (the session supervisor's ``crashed`` report
+    is sent before it restarts the loop) for the turn to meet the gap."""
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60) as system:
+        system.register(echo)
+        loop = system.start_loop("g")
+        entered = threading.Event()
+
+        def on_report(event: object) -> None:
+            if isinstance(event, SupervisorEvent) and event.supervisor == "session:g" and event.kind == "crashed":
+                entered.set()
+                threading.Event().wait(0.3)  # holds the restart back: the turn below meets the gap
+
+        system.subscribe(on_report)
+        kill(loop.ref)
+        assert entered.wait(WAIT_S)
+        assert not loop.alive
+        assert _echoed(loop, "after") == "after"  # it waited for the restarted loop
+        loop.stop()
+        began = time.monotonic()
+        try:
+            loop.run_turn([ToolCall("x", "echo", '{"text": "x"}')], timeout_s=WAIT_S)
+            raise AssertionError("a stopped loop ran a turn")
+        except pykka.ActorDeadError as exc:
+            assert "it was stopped" in str(exc)
+        assert time.monotonic() - began < 1.0  # a stopped loop is not waited for
+
+
 # --------------------------------------------------------------------------- a session given up
 
 

@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.loop.messages import SetWithheld, loop_name, make_session_folder
+from rho_actors.otp.actor import NORMAL
 from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
@@ -36,6 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["Loop", "withheld_names"]
 
 _GRACE_S = 10.0
+
+RESTART_PATIENCE_S = 5.0
+"""How long a turn (or another look at the loop) waits for a crashed loop's restart by
+its session's supervisor before it raises (seconds)."""
 
 
 def withheld_names(names: Iterable[str]) -> frozenset[str]:
@@ -125,17 +131,33 @@ class Loop:
         return self._names.lookup(loop_name(self.session_id), f"the loop of session {self.session_id!r}")
 
     def _turns(self) -> Turns:
-        """The running LoopActor's turns; raises as :attr:`ref`. Kept until they close
-        (the LoopActor's stop or crash closes them first): no name look-up per turn."""
+        """The running LoopActor's turns, waiting up to :data:`RESTART_PATIENCE_S` for
+        a crashed one's restart; raises as :attr:`ref` when it was stopped, given up, or
+        not back by then. Kept until they close (the LoopActor's stop or crash closes
+        them first): no name look-up per turn."""
         current = self._current
         if current is not None and current[1].closed is None:
             return current[1]
-        ref = self.ref
-        turns: Turns | None = self._loop_turns.get(ref.actor_urn)
-        if turns is None:  # it ended an instant ago
-            raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running: it has just ended")
-        self._current = (ref, turns)
-        return turns
+        name = loop_name(self.session_id)
+        until = time.monotonic() + RESTART_PATIENCE_S
+        while True:
+            ref = self._whereis(name)
+            turns: Turns | None = None if ref is None else self._loop_turns.get(ref.actor_urn)
+            if ref is not None and turns is not None:
+                self._current = (ref, turns)
+                return turns
+            left = until - time.monotonic()
+            if left <= 0 or self._sessions_closed() or self._names.exit_reason(name) == NORMAL:
+                break
+            # crashed an instant ago: its supervisor is restarting it (await_name stops at a give-up)
+            if self._names.await_name(name, left, self._sessions_closed, unless_stopped=True) is None:
+                break
+        ref = self.ref  # raises naming why
+        raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running: it has just ended")
+
+    def _sessions_closed(self) -> bool:
+        return self._sessions is not None and self._sessions.closed
+
 
     def submit_turn(
         self, calls: Iterable[ToolCall], *, cancel: CancelToken | None = None,
