@@ -63,7 +63,7 @@ from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolat
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.handle import Loop, withheld_names
-from rho_actors.loop.messages import allowlist, loop_name
+from rho_actors.loop.messages import SessionWithheld, allowlist, loop_name
 from rho_actors.observe.tree import describe_tree
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
@@ -495,7 +495,7 @@ class ActorSystem:
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(
-            session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
+            session_id=session_id, data_dir=session_dir, deps=deps, withheld=SessionWithheld(withheld_names(withheld)),
             runtime=self._runtime, allowed=allowlist(tools),
         )
         loop = ChildSpec("loop", functools.partial(LoopActor.start, **kwargs), restart="transient",

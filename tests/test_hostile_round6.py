@@ -161,6 +161,33 @@ def test_a_turn_submitted_while_its_loop_restarts_waits_for_the_restart(tmp_path
         assert time.monotonic() - began < 1.0  # a stopped loop is not waited for
 
 
+def test_names_withheld_by_set_withheld_stay_withheld_after_a_restart(tmp_path: Path) -> None:
+    """Before: the restarted loop started with the names given to start_loop, so a tool
+    the host had withheld since was offered again, and ran, after a crash."""
+
+    @tool
+    def danger() -> str:
+        """Something the host stopped offering."""
+        return "ran"
+
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60) as system:
+        system.register(echo)
+        system.register(danger)
+        loop = system.start_loop("w", withheld=["echo"])
+        loop.set_withheld(["danger"])
+        for _ in range(2):  # the lazy subtree's first crash, then one its supervisor restarts
+            first = loop.ref
+            kill(first)
+            assert wait_for(lambda first=first: loop.alive and loop.ref is not first)
+            [result] = loop.run_turn([ToolCall("d", "danger", "{}")], timeout_s=WAIT_S)
+            assert result.error_kind is ErrorKind.WITHHELD, result
+            assert [info.name for info in loop.offered()] == ["echo"]
+        loop.set_withheld([])
+        kill(loop.ref)
+        loop.set_withheld(["echo"])  # meets the crash: given to the restarted loop
+        assert [info.name for info in loop.offered()] == ["danger"]
+
+
 # --------------------------------------------------------------------------- a session given up
 
 

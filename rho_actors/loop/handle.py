@@ -274,8 +274,21 @@ class Loop:
     def set_withheld(self, names: Iterable[str]) -> None:
         """Replace the set of tool names this loop does not offer (from its next turn).
         Raises ``TypeError`` for a single ``str`` (a name list is wanted) or a name that
-        is not a ``str``."""
-        self.ref.ask(SetWithheld(withheld_names(names)), timeout=self._settings.ask_timeout_s)
+        is not a ``str``, and as a turn does when the loop is not running (a crashed
+        loop's restart is waited for; it keeps these names)."""
+        message = SetWithheld(withheld_names(names))
+        until = time.monotonic() + RESTART_PATIENCE_S
+        while True:
+            self._turns()  # the running loop, waiting for a restart under way
+            current = self._current
+            assert current is not None
+            try:
+                current[0].ask(message, timeout=self._settings.ask_timeout_s)
+                return
+            except pykka.ActorDeadError:  # it crashed before taking the message: ask its restart
+                self._current = None
+                if time.monotonic() >= until:
+                    raise
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the loop (a normal exit: not restarted, even when it crashed an instant
