@@ -4,6 +4,7 @@ runtime (callbacks that block or exit, a tool cancelling its own token)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -39,6 +40,10 @@ def _echoed(loop: Loop, text: str) -> str:
     [result] = loop.run_turn([ToolCall("e", "echo", f'{{"text": "{text}"}}')], timeout_s=WAIT_S)
     assert result.ok, result.content
     return str(result.content)
+
+
+def _restarted(loop: Loop, before: pykka.ActorRef[Any]) -> bool:
+    return loop.alive and loop.ref is not before
 
 
 def _sessions(system: ActorSystem) -> list[str]:
@@ -178,7 +183,7 @@ def test_names_withheld_by_set_withheld_stay_withheld_after_a_restart(tmp_path: 
         for _ in range(2):  # the lazy subtree's first crash, then one its supervisor restarts
             first = loop.ref
             kill(first)
-            assert wait_for(lambda first=first: loop.alive and loop.ref is not first)
+            assert wait_for(functools.partial(_restarted, loop, first))
             [result] = loop.run_turn([ToolCall("d", "danger", "{}")], timeout_s=WAIT_S)
             assert result.error_kind is ErrorKind.WITHHELD, result
             assert [info.name for info in loop.offered()] == ["echo"]
