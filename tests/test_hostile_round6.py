@@ -193,6 +193,31 @@ def test_names_withheld_by_set_withheld_stay_withheld_after_a_restart(tmp_path: 
         assert [info.name for info in loop.offered()] == ["danger"]
 
 
+def test_a_stop_from_the_sessions_own_supervisor_report_returns_at_once(tmp_path: Path) -> None:
+    """A subscriber stopping a session on its ``restarted`` report runs in that session's
+    supervisor's thread: the stop must not wait for the supervisor it is holding."""
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60, shutdown_ms=2_000) as system:
+        system.register(echo)
+        loop = system.start_loop("o")
+        took: list[float] = []
+        done = threading.Event()
+
+        def on_report(event: object) -> None:
+            if isinstance(event, SupervisorEvent) and event.supervisor == "session:o" and event.kind == "restarted":
+                began = time.monotonic()
+                loop.stop()
+                took.append(time.monotonic() - began)
+                done.set()
+
+        system.subscribe(on_report)
+        kill(loop.ref)
+        assert done.wait(WAIT_S)
+        assert took[0] < 1.0  # its shutdown bound is 3 s
+        assert wait_for(lambda: _session_supervisors("session:o") == [])
+        assert not loop.alive and "o" not in _sessions(system)
+        assert _echoed(system.start_loop("o"), "again") == "again"
+
+
 # --------------------------------------------------------------------------- a session given up
 
 

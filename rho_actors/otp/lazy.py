@@ -34,7 +34,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from rho_actors.otp.actor import NORMAL, monitor
+from rho_actors.otp.actor import NORMAL, monitor, on_actor_thread
 from rho_actors.otp.starters import StarterBinding
 from rho_actors.otp.supervisor import (
     ChildInfo,
@@ -193,7 +193,10 @@ class LazySupervisor(Supervisor):
             bound = timeout_s if bound is None else min(bound, timeout_s)
         if waking is not None:  # its supervisor is being started: it is stopped once it runs
             waking.wait(bound)
+        own = child.ref is not None and on_actor_thread(child.ref)  # from its supervisor's report, say
         ended = self._signal_stop(child)
+        if own:
+            return True  # it stops once the handler or callback this thread runs returns
         if ended is not None and not ended.wait(bound):
             logger.warning("{}: subtree {} did not stop within {} s; abandoned", self.label, subtree_id, bound)
         return True
