@@ -218,6 +218,40 @@ def test_a_stop_from_the_sessions_own_supervisor_report_returns_at_once(tmp_path
         assert _echoed(system.start_loop("o"), "again") == "again"
 
 
+def test_the_tree_shows_a_lazy_session_whose_loop_crashed_as_a_woken_one_restarting(tmp_path: Path) -> None:
+    """Between its loop's crash and the wake-up a lazy session read ``alive: False``, as
+    if it were gone, where a woken session restarting its loop reads ``alive: True``
+    with the loop not alive. ``sessions`` is held in another session's wake-up (its
+    ``crashed`` report) while the children are asked for and the loop is killed, so the
+    answer is given between the crash and the wake-up."""
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60) as system:
+        a, b = system.start_loop("a"), system.start_loop("b")
+        entered, release = threading.Event(), threading.Event()
+
+        def on_report(event: object) -> None:
+            if isinstance(event, SupervisorEvent) and event.supervisor == "session:b" and event.kind == "crashed":
+                entered.set()
+                release.wait(WAIT_S)
+
+        system.subscribe(on_report)
+        sessions = system.whereis("sessions")
+        assert sessions is not None
+        kill(b.ref)
+        assert entered.wait(WAIT_S)  # sessions waits for b's supervisor to start
+        asked = sessions.proxy().which_children()
+        kill(a.ref)
+        assert wait_for(lambda: a.exit_reason == "killed")
+        release.set()
+        children = {c.id: c for c in asked.get(timeout=WAIT_S)}
+        node = children["a"]
+        assert node.alive and node.children is not None
+        [inner] = node.children
+        assert (inner.id, inner.alive) == ("loop", False)
+        assert wait_for(lambda: a.alive and b.alive)
+        tree = {s_["id"]: s_ for s_ in next(c for c in system.tree()["children"] if c["id"] == "sessions")["children"]}
+        assert tree["a"]["alive"] and tree["a"]["children"][0]["alive"]
+
+
 # --------------------------------------------------------------------------- a session given up
 
 

@@ -285,4 +285,6 @@ class LazySupervisor(Supervisor):
             return super()._info(c)
         alive = c.ref is not None and c.ref.is_alive()
         inner = ChildInfo(subtree.child.id, c.ref, subtree.child.type, subtree.child.restart, 0, alive)
-        return ChildInfo(c.spec.id, None, c.spec.type, c.spec.restart, 0, alive, children=(inner,))
+        # the subtree stands until it is forgotten: a crashed child is about to be restarted by it,
+        # as a woken subtree's supervisor is alive while it restarts its child
+        return ChildInfo(c.spec.id, None, c.spec.type, c.spec.restart, 0, True, children=(inner,))
