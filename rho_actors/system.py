@@ -669,6 +669,9 @@ class ActorSystem:
         then the timers. Running calls are cancelled; a call thread still running after ``shutdown_ms`` is abandoned
         (counted in :meth:`stats`). Idempotent."""
         self._calls.close()  # a call dispatched from now on does not start
+        if not self._stopped:
+            for isolation in self._runtime.isolations.values():
+                isolation.stopping_from_here()  # a tool stopping the system: its own call thread is not waited for
         for observer in self._observers:
             observer.close()
         self._telemetry.unbind()

@@ -475,3 +475,32 @@ def test_a_tool_cancelling_its_own_token_leaves_the_thread_counts_true(tmp_path:
     finally:
         gate.set()
         system.stop()
+
+
+# --------------------------------------------------------------------------- a tool stopping the system
+
+
+def test_a_tool_stopping_the_system_is_not_waited_for_by_that_stop(tmp_path: Path) -> None:
+    """Before: the stop waited the whole ``shutdown_ms`` for the call thread it was
+    running on, which could only return once that stop had."""
+    systems: list[ActorSystem] = []
+    took: list[float] = []
+
+    @tool(timeout_ms=20_000)
+    def quit_all() -> str:
+        """Stop the whole system."""
+        began = time.monotonic()
+        systems[0].stop()
+        took.append(time.monotonic() - began)
+        return "stopped"
+
+    system = ActorSystem(data_dir=tmp_path, shutdown_ms=5_000)
+    systems.append(system)
+    try:
+        system.register(quit_all)
+        [result] = system.start_loop("q").run_turn([ToolCall("q", "quit_all", "{}")], timeout_s=WAIT_S)
+        assert result.error_kind is ErrorKind.CANCELLED  # session_stopped: the system stopped under it
+        assert wait_for(lambda: bool(took))
+        assert took[0] < 2.5 and system.stopped
+    finally:
+        system.stop()

@@ -255,6 +255,12 @@ class ThreadIsolation(Isolation):
         with attached(call.ctx, call.dispatched, call.name):
             return self._run(call)
 
+    def stopping_from_here(self) -> None:
+        """A call thread stopping the system (a tool calling ``stop()``) is not waited
+        for by :meth:`shutdown`: it returns only once that stop has."""
+        if threading.current_thread().name == _CALL_THREAD:  # the pool names a call thread so while it runs
+            self._forget(1)
+
     def running_calls(self) -> int:
         """How many call threads are running a call now (abandoned ones included)."""
         return self._live
