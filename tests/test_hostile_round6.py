@@ -504,3 +504,28 @@ def test_a_tool_stopping_the_system_is_not_waited_for_by_that_stop(tmp_path: Pat
         assert took[0] < 2.5 and system.stopped
     finally:
         system.stop()
+
+
+# --------------------------------------------------------------------------- arguments crossing the API
+
+
+def test_an_integer_too_long_for_json_text_is_refused_the_same_as_text_or_as_a_mapping(system: ActorSystem) -> None:
+    """Before: as a decoded mapping it reached the tool (whose str() of it then raised);
+    as text its refusal read Python's advice (``use sys.set_int_max_str_digits()``)."""
+
+    @tool
+    def takes(v: dict[str, int]) -> str:
+        """Take a mapping of integers."""
+        return "ran"
+
+    system.register(takes)
+    loop = system.start_loop("n")
+    huge = 10**5000
+    as_text = '{"v": {"n": ' + "9" * 5000 + "}}"
+    results = loop.run_turn([ToolCall("t", "takes", as_text), ToolCall("m", "takes", {"v": {"n": huge}}),
+                             ToolCall("ok", "takes", {"v": {"n": 10**600}})], timeout_s=WAIT_S)
+    assert [r.error_kind for r in results[:2]] == [ErrorKind.INVALID_JSON] * 2
+    assert results[0].content.endswith("an integer of more than 4,300 digits (the most JSON text here may hold)")
+    assert results[1].content.endswith("$.v.n: an integer of more than 4,300 digits (the most JSON text here may hold)")
+    assert "sys." not in results[0].content
+    assert results[2].ok

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -140,9 +141,22 @@ def _problem(value: Any, max_depth: int) -> str | None:
         elif isinstance(item, float):
             if not math.isfinite(item):
                 return f"{_path_text(link)}: {item} is not JSON"
+        elif type(item) is int and item.bit_length() > _INT_BITS_SHORT and _too_many_digits(item):
+            return f"{_path_text(link)}: {_DIGITS_TEXT.format(limit=sys.get_int_max_str_digits())}"
         elif item is not None and not isinstance(item, (bool, int)):
             return f"{_path_text(link)}: a {type(item).__name__} is not JSON data"
     return None
+
+
+_INT_BITS_SHORT = 2_000  # an int of fewer bits has at most 603 digits: below any limit Python allows (640 at least)
+_DIGITS_TEXT = "an integer of more than {limit:,} digits (the most JSON text here may hold)"
+
+
+def _too_many_digits(value: int) -> bool:
+    """Whether ``value`` has more digits than JSON text may hold here (Python's
+    ``sys.get_int_max_str_digits()``, 4,300 by default; 0: no limit)."""
+    limit = sys.get_int_max_str_digits()
+    return limit > 0 and abs(value) >= 10**limit
 
 
 def _path_text(link: _Link) -> str:
@@ -226,7 +240,10 @@ def decode_arguments(
         except ArgumentsError:
             raise
         except ValueError as err:  # UnicodeDecodeError included: JSON text is UTF-8 (RFC 8259)
-            raise ArgumentsError(ErrorKind.INVALID_JSON, f"arguments are not valid JSON: {err}") from None
+            said = str(err)
+            if said.startswith("Exceeds the limit"):  # Python's int conversion limit: said for the model
+                said = _DIGITS_TEXT.format(limit=sys.get_int_max_str_digits())
+            raise ArgumentsError(ErrorKind.INVALID_JSON, f"arguments are not valid JSON: {said}") from None
         if not isinstance(value, dict):
             raise ArgumentsError(
                 ErrorKind.INVALID_JSON,
