@@ -529,3 +529,45 @@ def test_an_integer_too_long_for_json_text_is_refused_the_same_as_text_or_as_a_m
     assert results[1].content.endswith("$.v.n: an integer of more than 4,300 digits (the most JSON text here may hold)")
     assert "sys." not in results[0].content
     assert results[2].ok
+
+
+# --------------------------------------------------------------------------- the host's callbacks exiting
+
+
+def test_host_callbacks_that_exit_lose_no_turn_and_crash_no_loop(system: ActorSystem) -> None:
+    """Before: an ``on_result`` raising SystemExit escaped the settling of its call, so
+    the turn's future was never set (each turn hung); a done callback's SystemExit
+    escaped ``Future.set_result`` (futures catch only ``Exception``) into whichever
+    thread finished the turn: the LoopActor's, for a cancelled turn, which it ended."""
+
+    @tool(concurrency="exclusive")
+    def one_by_one(text: str) -> str:
+        """Return the text, one call of the turn after another."""
+        return text
+
+    @tool(timeout_ms=5_000)
+    def waits(ctx: ToolContext) -> str:
+        """Wait to be cancelled."""
+        ctx.cancel.wait(WAIT_S)
+        return "late"
+
+    system.register(echo)
+    system.register(one_by_one)
+    system.register(waits)
+    loop = system.start_loop("h")
+
+    def exits(_index: int, _result: object) -> None:
+        sys.exit(1)
+
+    for name in ("echo", "one_by_one"):
+        calls = [ToolCall(f"{name}{i}", name, '{"text": "x"}') for i in range(3)]
+        future = loop.submit_turn(calls, on_result=exits)
+        assert [r.content for r in future.result(WAIT_S)] == ["x"] * 3
+    first = loop.ref
+    token = CancelToken()
+    future = loop.submit_turn([ToolCall("w", "waits", "{}")], cancel=token)
+    future.add_done_callback(lambda _f: sys.exit(2))
+    token.cancel()  # the LoopActor's thread finishes the turn, and runs the callback
+    [result] = future.result(WAIT_S)
+    assert result.error_kind is ErrorKind.CANCELLED
+    assert loop.ref is first and _echoed(loop, "alive") == "alive"

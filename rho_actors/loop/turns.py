@@ -461,7 +461,7 @@ class Turns:
             try:
                 with host_code():  # it may run a turn itself: no call held back for it
                     turn.on_result(slot.index, result)
-            except Exception:  # the host's callback: its fault must not lose the turn
+            except BaseException:  # the host's callback (a SystemExit too): its fault must not lose the turn
                 logger.exception("loop {}: on_result for call {} raised", self.session_id, slot.call.id)
         if following is not None:
             self._start(turn, following)
@@ -514,8 +514,11 @@ class Turns:
         self._budgets.turn_done(self.session_id, turn.id)
         results = [slot.result for slot in turn.slots]
         assert all(r is not None for r in results)
-        with host_code():  # the future's done callbacks are the host's
-            turn.future.set_result(results)  # type: ignore[arg-type]
+        try:
+            with host_code():  # the future's done callbacks are the host's
+                turn.future.set_result(results)  # type: ignore[arg-type]
+        except BaseException:  # a done callback's SystemExit (futures catch only Exception): set, and logged
+            logger.exception("loop {}: a callback of turn {}'s results raised", self.session_id, turn.id)
 
     def _fail_open(self, turn: _Turn, failed: ToolResult) -> None:
         """Give every call of ``turn`` still without a result the error of ``failed``
