@@ -147,16 +147,19 @@ class Loop:
                 self._current = (ref, turns)
                 return turns
             left = until - time.monotonic()
-            if left <= 0 or self._sessions_closed() or self._names.exit_reason(name) == NORMAL:
+            if left <= 0 or self._not_restarting() or self._names.exit_reason(name) == NORMAL:
                 break
             # crashed an instant ago: its supervisor is restarting it (await_name stops at a give-up)
-            if self._names.await_name(name, left, self._sessions_closed, unless_stopped=True) is None:
+            if self._names.await_name(name, left, self._not_restarting, unless_stopped=True) is None:
                 break
         ref = self.ref  # raises naming why
         raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running: it has just ended")
 
-    def _sessions_closed(self) -> bool:
-        return self._sessions is not None and self._sessions.closed
+    def _not_restarting(self) -> bool:
+        """Whether nothing will bring this session's loop back: the system is stopping, or
+        ``sessions`` holds no subtree of it (a restart under way keeps it held)."""
+        sessions = self._sessions
+        return sessions is None or sessions.closed or not sessions.holds(self.session_id)
 
 
     def submit_turn(

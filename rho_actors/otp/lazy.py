@@ -102,6 +102,12 @@ class LazyStarter(StarterBinding):
         assert isinstance(supervisor, LazySupervisor)
         return supervisor.start_lazy(subtree)
 
+    def holds(self, subtree_id: str) -> bool:
+        """Whether the bound supervisor holds a subtree of that id now (running, or
+        restarting its child); never waits, never raises."""
+        supervisor = self._supervisor
+        return isinstance(supervisor, LazySupervisor) and subtree_id in supervisor._ids
+
     def stop(self, subtree_id: str, timeout_s: float | None = None) -> bool:
         """Stop the subtree ``subtree_id`` now, in this thread, and forget it (OTP's
         ``terminate_child``: never restarted, whatever crash races it); returns whether
