@@ -494,10 +494,8 @@ class ActorSystem:
             pass  # made on first use (make_session_folder)
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
-        kwargs = dict(
-            session_id=session_id, data_dir=session_dir, deps=deps, withheld=SessionWithheld(withheld_names(withheld)),
-            runtime=self._runtime, allowed=allowlist(tools),
-        )
+        kwargs = dict(session_id=session_id, data_dir=session_dir, deps=deps, runtime=self._runtime,
+                      withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools))
         loop = ChildSpec("loop", functools.partial(LoopActor.start, **kwargs), restart="transient",
                          significant=True, name=loop_name(session_id))
         session = ChildSpec(
@@ -669,9 +667,8 @@ class ActorSystem:
         then the timers. Running calls are cancelled; a call thread still running after ``shutdown_ms`` is abandoned
         (counted in :meth:`stats`). Idempotent."""
         self._calls.close()  # a call dispatched from now on does not start
-        if not self._stopped:
-            for isolation in self._runtime.isolations.values():
-                isolation.stopping_from_here()  # a tool stopping the system: its own call thread is not waited for
+        for isolation in self._runtime.isolations.values():  # a tool stopping the system: its thread is not waited
+            isolation.stopping_from_here()
         for observer in self._observers:
             observer.close()
         self._telemetry.unbind()
