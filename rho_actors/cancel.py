@@ -25,14 +25,16 @@ class CancelToken:
                 ...
     """
 
-    __slots__ = ("_callbacks", "_event", "_finished", "reason")
+    __slots__ = ("_abandoned", "_callbacks", "_event", "_finished", "_inline", "reason")
 
     def __init__(self) -> None:
         # No lock or event of its own (one token per call): the module's one lock guards a
         # few attribute reads and writes, and the event is made only when someone waits.
         self._event: threading.Event | None = None
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[Callable[[], object]] = []  # add_callback's: run on a thread of their own
+        self._inline: list[Callable[[], object]] = []  # add_inline_callback's: run by the cancelling thread
         self._finished = False
+        self._abandoned: str | None = None  # why the runtime gave up on the call's running thread
         self.reason: str | None = None
 
     @property
@@ -53,35 +55,81 @@ class CancelToken:
         return event.wait(timeout_s)
 
     def cancel(self, reason: str = "cancelled") -> bool:
-        """Set the signal (the first reason wins: ``"timeout"``, ``"stopping"``...) and
-        run the callbacks in this thread. Returns whether the call was still running,
-        i.e. whether its thread is now abandoned."""
+        """Set the signal (the first reason wins: ``"timeout"``, ``"stopping"``...), run
+        the runtime's callbacks in this thread and start the others
+        (:meth:`add_callback`) on a thread of their own. Returns whether this call set
+        it while the call was still running. Never raises, and never waits for a
+        callback given to :meth:`add_callback`."""
+        return self._set(reason, abandon=False)
+
+    def abandon(self, reason: str) -> bool:
+        """The runtime gives up on the call's running thread: :meth:`cancel` with
+        ``reason`` (unless set already), and, when the call is still running, marks it
+        abandoned for :meth:`finish`. Returns whether it was abandoned by this call (a
+        tool that cancelled its own token is still abandoned here)."""
+        return self._set(reason, abandon=True)
+
+    def _set(self, reason: str, *, abandon: bool) -> bool:
         with _LOCK:
+            running = not self._finished
+            abandoned = abandon and running and self._abandoned is None
+            if abandoned:
+                self._abandoned = str(reason)
             if self.reason is not None:
-                return False
+                return abandoned
             self.reason = str(reason)
             event = self._event
+            inline, self._inline = self._inline, []
             callbacks, self._callbacks = self._callbacks, []
-            running = not self._finished
         if event is not None:
             event.set()
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                logger.exception("cancel callback raised")
-        return running
+        for callback in inline:
+            _run_callback(callback)
+        if callbacks:
+            _run_apart(callbacks)
+        return abandoned or (running and not abandon)
 
-    def finish(self) -> bool:
-        """Mark the call's thread as returned. Returns whether it had been abandoned."""
+    def finish(self) -> str | None:
+        """Mark the call's thread as returned. Returns why it had been abandoned
+        (:meth:`abandon`'s reason), or ``None``."""
         with _LOCK:
             self._finished = True
-            return self.reason is not None
+            return self._abandoned
 
-    def add_callback(self, callback: Callable[[], None]) -> None:
-        """Run ``callback()`` on cancellation (at once if already cancelled)."""
+    def add_callback(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once cancelled (at once if already cancelled), on a thread
+        of its own: a callback that blocks or raises holds up neither the deadline nor
+        the loop that cancels (what it raises is logged)."""
         with _LOCK:
             if self.reason is None:
                 self._callbacks.append(callback)
                 return
+        _run_apart([callback])
+
+    def add_inline_callback(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` in the cancelling thread as the token is set (at once, in
+        this thread, if already cancelled): for the runtime's own callbacks, which are
+        quick and never block (a tool's go through :meth:`add_callback`). What it raises
+        is logged."""
+        with _LOCK:
+            if self.reason is None:
+                self._inline.append(callback)
+                return
+        _run_callback(callback)
+
+
+def _run_callback(callback: Callable[[], object]) -> None:
+    try:
         callback()
+    except BaseException:  # a callback's failure is its own: the cancelling thread goes on
+        logger.exception("cancel callback raised")
+
+
+def _run_apart(callbacks: list[Callable[[], object]]) -> None:
+    """Run ``callbacks`` in order on a new daemon thread."""
+
+    def run() -> None:
+        for callback in callbacks:
+            _run_callback(callback)
+
+    threading.Thread(target=run, name="rho_actors-cancel-callbacks", daemon=True).start()

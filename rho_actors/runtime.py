@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rho_actors.declarations.toolset import ToolSetView
     from rho_actors.events import EventBus
     from rho_actors.isolation import Isolation
+    from rho_actors.otp.lazy import LazyStarter
     from rho_actors.otp.names import Names
     from rho_actors.otp.starters import ChildStarter
     from rho_actors.otp.threads import ThreadPool
@@ -99,7 +100,9 @@ class Runtime:
     untrusted code are confined; ``None``: not at all, only a scrubbed environment) and
     ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.budgets`);
     ``loop_turns``, each running LoopActor's :class:`~rho_actors.loop.turns.Turns` by the
-    actor's urn (weakly held: a host's :class:`~rho_actors.Loop` finds them there)."""
+    actor's urn (weakly held: a host's :class:`~rho_actors.Loop` finds them there);
+    ``sessions``, what starts and stops session subtrees under the system's ``sessions``
+    supervisor (``None`` outside a system)."""
 
     names: Names
     timers: Timers
@@ -114,6 +117,7 @@ class Runtime:
     confine: ConfinePolicy | None = None
     budgets: ResultBudgets = field(default_factory=ResultBudgets)
     loop_turns: MutableMapping[str, Any] = field(default_factory=weakref.WeakValueDictionary)
+    sessions: LazyStarter | None = None
 
 
 def fair_shares(cap: int, per_session: int | None, threads_per_session: int, max_timeout_ms: int) -> int:

@@ -63,7 +63,7 @@ from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolat
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.handle import Loop, withheld_names
-from rho_actors.loop.messages import allowlist, loop_name
+from rho_actors.loop.messages import SessionWithheld, allowlist, loop_name
 from rho_actors.observe.tree import describe_tree
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
@@ -252,6 +252,7 @@ class ActorSystem:
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             confine=self._confine,
             budgets=ResultBudgets(max_turn_result_bytes, max_session_result_bytes),
+            sessions=(lazy_sessions := LazyStarter()),  # session subtrees started and stopped in the caller's thread
         )
         self._events = self._runtime.events
         self._telemetry = self._runtime.telemetry
@@ -267,7 +268,7 @@ class ActorSystem:
         self._supervisor = supervisor
         self._shutdown_ms = shutdown_ms
         self._intensity = intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
-        self._sessions = LazyStarter()  # session subtrees started in the caller's thread
+        self._sessions = lazy_sessions
         sessions = dataclasses.replace(supervisor(SESSIONS, starter=self._sessions), actor_class=LazySupervisor)
         children = [
             ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),
@@ -494,10 +495,8 @@ class ActorSystem:
             pass  # made on first use (make_session_folder)
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
-        kwargs = dict(
-            session_id=session_id, data_dir=session_dir, deps=deps, withheld=withheld_names(withheld),
-            runtime=self._runtime, allowed=allowlist(tools),
-        )
+        kwargs = dict(session_id=session_id, data_dir=session_dir, deps=deps, runtime=self._runtime,
+                      withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools))
         loop = ChildSpec("loop", functools.partial(LoopActor.start, **kwargs), restart="transient",
                          significant=True, name=loop_name(session_id))
         session = ChildSpec(
@@ -669,6 +668,8 @@ class ActorSystem:
         then the timers. Running calls are cancelled; a call thread still running after ``shutdown_ms`` is abandoned
         (counted in :meth:`stats`). Idempotent."""
         self._calls.close()  # a call dispatched from now on does not start
+        for isolation in self._runtime.isolations.values():  # a tool stopping the system: its thread is not waited
+            isolation.stopping_from_here()
         for observer in self._observers:
             observer.close()
         self._telemetry.unbind()

@@ -112,8 +112,9 @@ HELD: dict[str, threading.Event] = {}
 
 
 def _returns_when_cancelled(args: Any, ctx: Mapping[str, Any]) -> str:
-    """Block until cancelled, then return ok; the timer thread's cancel callback waits
-    until this thread is returning, so the ok races the timeout as closely as it can."""
+    """Block until cancelled, then return ok, so the ok races the timeout as closely as it
+    can (its cancel callback, run on a thread of its own, waits until this thread is
+    returning)."""
     returning = HELD.setdefault(ctx["call_id"], threading.Event())
     ctx["cancel"].add_callback(lambda: returning.wait(WAIT_S))
     ctx["cancel"].wait(WAIT_S)

@@ -462,7 +462,7 @@ class _Driver:
             except BaseException as exc:  # handed to the prompt's thread, which decides
                 inbox.put(("error", exc))
 
-        cancel.add_callback(lambda: inbox.put(("cancelled", None)))
+        cancel.add_inline_callback(lambda: inbox.put(("cancelled", None)))
         context = contextvars.copy_context()
         threading.Thread(target=context.run, args=(ask,), name=f"model:{self.loop.session_id}:{number}",
                          daemon=True).start()

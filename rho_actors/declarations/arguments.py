@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -140,9 +141,20 @@ def _problem(value: Any, max_depth: int) -> str | None:
         elif isinstance(item, float):
             if not math.isfinite(item):
                 return f"{_path_text(link)}: {item} is not JSON"
+        elif type(item) is int and item.bit_length() > 2_000 and _too_many_digits(item):  # fewer: < 640 digits
+            return f"{_path_text(link)}: {_DIGITS_TEXT.format(limit=sys.get_int_max_str_digits())}"
         elif item is not None and not isinstance(item, (bool, int)):
             return f"{_path_text(link)}: a {type(item).__name__} is not JSON data"
     return None
+
+
+_DIGITS_TEXT = "an integer of more than {limit:,} digits (the most JSON text here may hold)"
+
+
+def _too_many_digits(value: int) -> bool:
+    """Whether ``value`` has more digits than JSON text may hold (``sys.get_int_max_str_digits()``, 0: no limit)."""
+    limit = sys.get_int_max_str_digits()
+    return limit > 0 and abs(value) >= 10**limit
 
 
 def _path_text(link: _Link) -> str:
@@ -225,8 +237,9 @@ def decode_arguments(
             ) from None
         except ArgumentsError:
             raise
-        except ValueError as err:  # UnicodeDecodeError included: JSON text is UTF-8 (RFC 8259)
-            raise ArgumentsError(ErrorKind.INVALID_JSON, f"arguments are not valid JSON: {err}") from None
+        except ValueError as err:  # UnicodeDecodeError included (JSON text is UTF-8); an int past Python's limit
+            said = _DIGITS_TEXT.format(limit=sys.get_int_max_str_digits()) if "integer string" in str(err) else err
+            raise ArgumentsError(ErrorKind.INVALID_JSON, f"arguments are not valid JSON: {said}") from None
         if not isinstance(value, dict):
             raise ArgumentsError(
                 ErrorKind.INVALID_JSON,

@@ -123,6 +123,11 @@ class Isolation(ABC):
         """Stop every call and release every resource within ``timeout_s`` seconds.
         Default: nothing."""
 
+    def stopping_from_here(self) -> None:  # noqa: B027 (optional hook)
+        """The system's stop was called in this thread (before it begins): if this is
+        one of the isolation's call threads (a tool stopping the system), its
+        :meth:`shutdown` must not wait for it, which waits for that stop. Default: nothing."""
+
     def running_calls(self) -> int:
         """How many of its calls run outside a CallActor now (counted with the ``calls``
         supervisor's in :meth:`rho_actors.ActorSystem.tree`). Default: 0."""

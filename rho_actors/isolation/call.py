@@ -207,7 +207,7 @@ async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: Cancel
         except RuntimeError:  # the loop has already closed
             pass
 
-    cancel.add_callback(cancel_task)
+    cancel.add_inline_callback(cancel_task)
     return await asyncio.wait_for(task, max(0.0, deadline - time.monotonic()))
 
 

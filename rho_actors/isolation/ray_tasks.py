@@ -569,7 +569,7 @@ def run_call(runtime: RayRuntime, call: WorkerCall, resources: RayResources) -> 
         except Exception as exc:
             return failed("ray_refused", problem=describe_exception(exc))
         key = runtime._track(call_id, label, stream, start, deadline, resources.demand())
-        cancel.add_callback(functools.partial(_force_cancel, stream))
+        cancel.add_inline_callback(functools.partial(_force_cancel, stream))
         flight: _InFlight | None = None
         try:
             node_id, pid = _next_item(stream, deadline)

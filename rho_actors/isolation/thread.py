@@ -256,6 +256,12 @@ class ThreadIsolation(Isolation):
         with attached(call.ctx, call.dispatched, call.name):
             return self._run(call)
 
+    def stopping_from_here(self) -> None:
+        """A call thread stopping the system (a tool calling ``stop()``) is not waited
+        for by :meth:`shutdown`: it returns only once that stop has."""
+        if threading.current_thread().name == _CALL_THREAD:  # the pool names a call thread so while it runs
+            self._forget(1)
+
     def running_calls(self) -> int:
         """How many call threads are running a call now (abandoned ones included)."""
         return self._live
@@ -312,8 +318,9 @@ class ThreadIsolation(Isolation):
         except MemoryError:
             return failure("memory_thread", call.call_id, call.name, (time.monotonic() - call.dispatched) * 1000)
         finally:
-            if call.cancel.finish():
-                if call.cancel.reason != "stopping":
+            abandoned = call.cancel.finish()  # why it was given up on (not a reason the tool set itself)
+            if abandoned is not None:
+                if abandoned != "stopping":
                     self._forget(-1)
                 session = _session(call)
                 left = self.abandoned.returned(call.name, session)
@@ -339,7 +346,7 @@ class ThreadIsolation(Isolation):
         forgotten = reason != "stopping"  # a stop waits for its call threads, within its timeout
         if forgotten:
             self._forget(1)
-        if not call.cancel.cancel(reason):
+        if not call.cancel.abandon(reason):
             self.abandoned.taken_back(call.name, session)  # not abandoned after all
             if forgotten:
                 self._forget(-1)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from rho_actors.loop.messages import Allowlist, CancelTurn, Offered, Running, RunTurn, SetWithheld
+from rho_actors.loop.messages import Allowlist, CancelTurn, Offered, Running, RunTurn, SessionWithheld, SetWithheld
 from rho_actors.loop.turns import Turns
 from rho_actors.otp.actor import Actor
 from rho_actors.results import failure
@@ -34,15 +34,20 @@ __all__ = ["LoopActor"]
 
 class LoopActor(Actor):
     """One agent session: owns its :class:`Turns` (DESIGN §4). Start it through
-    :meth:`rho_actors.ActorSystem.start_loop`, which returns a :class:`Loop`."""
+    :meth:`rho_actors.ActorSystem.start_loop`, which returns a :class:`Loop`.
+    ``withheld`` is a set of names, or the session's :class:`SessionWithheld`, which
+    ``SetWithheld`` updates too, so a restart starts with the names withheld last."""
 
     def __init__(
-        self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str], runtime: Runtime,
-        allowed: Allowlist | None = None,
+        self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str] | SessionWithheld,
+        runtime: Runtime, allowed: Allowlist | None = None,
     ) -> None:
         super().__init__()
         self.session_id = session_id
         self._runtime = runtime
+        self._withheld = withheld if isinstance(withheld, SessionWithheld) else None
+        if isinstance(withheld, SessionWithheld):
+            withheld = withheld.names
         self.thread_pool = runtime.threads
         self.turns = Turns(ref=self.actor_ref, session_id=session_id, data_dir=data_dir, deps=deps,
                            withheld=withheld, runtime=runtime, allowed=allowed)
@@ -61,6 +66,8 @@ class LoopActor(Actor):
         elif isinstance(message, Running):
             return self.turns.running()
         elif isinstance(message, SetWithheld):
+            if self._withheld is not None:  # kept for a restart
+                self._withheld.names = message.names
             self.turns.set_withheld(message.names)
         else:
             logger.warning("loop {} ignored an unknown message {!r}", self.session_id, message)

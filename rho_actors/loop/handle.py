@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry, paused_for
 from rho_actors.loop.messages import SetWithheld, loop_name, make_session_folder
+from rho_actors.otp.actor import NORMAL
 from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
@@ -36,6 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["Loop", "withheld_names"]
 
 _GRACE_S = 10.0
+
+RESTART_PATIENCE_S = 5.0
+"""How long a turn (or another look at the loop) waits for a crashed loop's restart by
+its session's supervisor before it raises (seconds)."""
 
 
 def withheld_names(names: Iterable[str]) -> frozenset[str]:
@@ -99,6 +105,7 @@ class Loop:
         self._tools = runtime.tools
         self._settings = runtime.limits
         self._loop_turns = runtime.loop_turns
+        self._sessions = runtime.sessions
         self._current: tuple[pykka.ActorRef[Any], Turns] | None = None  # the running LoopActor's
         self.instructions: str | None = None
         """The system prompt of this session's prompts that give none (not recorded)."""
@@ -124,17 +131,36 @@ class Loop:
         return self._names.lookup(loop_name(self.session_id), f"the loop of session {self.session_id!r}")
 
     def _turns(self) -> Turns:
-        """The running LoopActor's turns; raises as :attr:`ref`. Kept until they close
-        (the LoopActor's stop or crash closes them first): no name look-up per turn."""
+        """The running LoopActor's turns, waiting up to :data:`RESTART_PATIENCE_S` for
+        a crashed one's restart; raises as :attr:`ref` when it was stopped, given up, or
+        not back by then. Kept until they close (the LoopActor's stop or crash closes
+        them first): no name look-up per turn."""
         current = self._current
         if current is not None and current[1].closed is None:
             return current[1]
-        ref = self.ref
-        turns: Turns | None = self._loop_turns.get(ref.actor_urn)
-        if turns is None:  # it ended an instant ago
-            raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running: it has just ended")
-        self._current = (ref, turns)
-        return turns
+        name = loop_name(self.session_id)
+        until = time.monotonic() + RESTART_PATIENCE_S
+        while True:
+            ref = self._whereis(name)
+            turns: Turns | None = None if ref is None else self._loop_turns.get(ref.actor_urn)
+            if ref is not None and turns is not None:
+                self._current = (ref, turns)
+                return turns
+            left = until - time.monotonic()
+            if left <= 0 or self._not_restarting() or self._names.exit_reason(name) == NORMAL:
+                break
+            # crashed an instant ago: its supervisor is restarting it (await_name stops at a give-up)
+            if self._names.await_name(name, left, self._not_restarting, unless_stopped=True) is None:
+                break
+        ref = self.ref  # raises naming why
+        raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running: it has just ended")
+
+    def _not_restarting(self) -> bool:
+        """Whether nothing will bring this session's loop back: the system is stopping, or
+        ``sessions`` holds no subtree of it (a restart under way keeps it held)."""
+        sessions = self._sessions
+        return sessions is None or sessions.closed or not sessions.holds(self.session_id)
+
 
     def submit_turn(
         self, calls: Iterable[ToolCall], *, cancel: CancelToken | None = None,
@@ -255,12 +281,33 @@ class Loop:
     def set_withheld(self, names: Iterable[str]) -> None:
         """Replace the set of tool names this loop does not offer (from its next turn).
         Raises ``TypeError`` for a single ``str`` (a name list is wanted) or a name that
-        is not a ``str``."""
-        self.ref.ask(SetWithheld(withheld_names(names)), timeout=self._settings.ask_timeout_s)
+        is not a ``str``, and as a turn does when the loop is not running (a crashed
+        loop's restart is waited for; it keeps these names)."""
+        message = SetWithheld(withheld_names(names))
+        until = time.monotonic() + RESTART_PATIENCE_S
+        while True:
+            self._turns()  # the running loop, waiting for a restart under way
+            current = self._current
+            assert current is not None
+            try:
+                current[0].ask(message, timeout=self._settings.ask_timeout_s)
+                return
+            except pykka.ActorDeadError:  # it crashed before taking the message: ask its restart
+                self._current = None
+                if time.monotonic() >= until:
+                    raise
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the loop (a normal exit: not restarted); calls still running get
-        ``cancelled`` results."""
+        """Stop the loop (a normal exit: not restarted, even when it crashed an instant
+        before or is being restarted) and end its session's subtree, waiting at most
+        ``timeout_s`` seconds for it; calls still running get ``cancelled`` results."""
+        sessions = self._sessions
+        if sessions is not None:
+            try:
+                if sessions.stop(self.session_id, timeout_s):
+                    return
+            except pykka.ActorDeadError:  # the system is stopping: its stop ends the loop
+                return
         try:
             self.ref.stop(timeout=timeout_s)
         except pykka.ActorDeadError:

@@ -96,7 +96,7 @@ class InlineCall:
         self._timer = self._aio.call_later(max(0.0, spec.deadline - time.monotonic()), self._deadline)
         context = spec.context if spec.context is not None else contextvars.Context()
         self._task = self._aio.create_task(self._main(), context=context)
-        spec.cancel.add_callback(self._cancel_task)
+        spec.cancel.add_inline_callback(self._cancel_task)
 
     async def _main(self) -> None:
         spec = self._spec

@@ -23,8 +23,18 @@ from rho_actors.cancel import CancelToken
 from rho_actors.files import private_dir
 from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["Allowlist", "CancelTurn", "Offered", "RunTurn", "Running", "SetWithheld", "allowlist", "loop_name",
-           "make_session_folder"]
+__all__ = ["Allowlist", "CancelTurn", "Offered", "RunTurn", "Running", "SessionWithheld", "SetWithheld", "allowlist",
+           "loop_name", "make_session_folder"]
+
+
+@dataclass(slots=True)
+class SessionWithheld:
+    """A session's withheld names now, shared by its LoopActors one after another (each
+    restart starts with the same arguments, this holder among them): what ``SetWithheld``
+    set outlives a crash of the loop, so a withheld tool is never offered again by its
+    restart."""
+
+    names: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)

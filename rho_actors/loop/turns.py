@@ -271,7 +271,7 @@ class Turns:
                 self._cancel_turn(turn)
                 return
             ref, turn_id = self.ref, turn.id
-            cancel.add_callback(lambda: _tell(ref, CancelTurn(turn_id)))
+            cancel.add_inline_callback(lambda: _tell(ref, CancelTurn(turn_id)))
         if turn.open == 0:
             with turn.lock:
                 finished, turn.finished = turn.finished, True
@@ -461,7 +461,7 @@ class Turns:
             try:
                 with host_code():  # it may run a turn itself: no call held back for it
                     turn.on_result(slot.index, result)
-            except Exception:  # the host's callback: its fault must not lose the turn
+            except BaseException:  # the host's callback (a SystemExit too): its fault must not lose the turn
                 logger.exception("loop {}: on_result for call {} raised", self.session_id, slot.call.id)
         if following is not None:
             self._start(turn, following)
@@ -514,8 +514,11 @@ class Turns:
         if len(turn.slots) > 1:  # a one-call turn kept no share of its own
             self._budgets.turn_done(self.session_id, turn.id)
         results = [slot.result for slot in turn.slots]  # each has its result: the turn is finished
-        with host_code():  # the future's done callbacks are the host's
-            turn.future.set_result(results)  # type: ignore[arg-type]
+        try:
+            with host_code():  # the future's done callbacks are the host's
+                turn.future.set_result(results)  # type: ignore[arg-type]
+        except BaseException:  # a done callback's SystemExit (futures catch only Exception): set, and logged
+            logger.exception("loop {}: a callback of turn {}'s results raised", self.session_id, turn.id)
 
     def _fail_open(self, turn: _Turn, failed: ToolResult) -> None:
         """Give every call of ``turn`` still without a result the error of ``failed``

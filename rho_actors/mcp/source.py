@@ -396,7 +396,7 @@ class MCPServer:
             raise _fails("mcp_not_connected", name, server=self.name) from None
         cancel = ctx.get("cancel")
         if cancel is not None:
-            cancel.add_callback(future.cancel)  # abandons the request: sends notifications/cancelled
+            cancel.add_inline_callback(future.cancel)  # abandons the request: sends notifications/cancelled
         try:
             result = future.result(timeout=left + 5.0)
         except concurrent.futures.CancelledError:

@@ -59,7 +59,8 @@ from rho_actors.encoding import describe_exception
 if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
 
-__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "StopFlag", "kill", "monitor", "start_link"]
+__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "StopFlag", "kill", "monitor",
+           "on_actor_thread", "start_link"]
 
 NORMAL = "normal"
 """The exit reason of an actor that was stopped (``ref.stop()``): not a failure."""
@@ -184,6 +185,14 @@ def _teller(watcher: pykka.ActorRef[Any]) -> DownCallback:
     return tell_down
 
 
+def on_actor_thread(ref: pykka.ActorRef[Any]) -> bool:
+    """Whether the calling thread is the one running the :class:`Actor` behind ``ref``
+    (in one of its handlers or hooks, or a callback they call): such a caller must not
+    wait for that actor to handle a message."""
+    actor = ref._actor_weakref()
+    return actor is not None and getattr(actor, "_thread_ident", None) == threading.get_ident()
+
+
 def kill(ref: pykka.ActorRef[Any], reason: object = KILLED) -> None:
     """Make the actor exit with ``reason`` (abnormal: its supervisor restarts it by its
     restart type) once it reaches this message. A thread cannot be interrupted, so a
@@ -272,6 +281,7 @@ class Actor(pykka.ThreadingActor):
         self._actor_ref = pykka.ActorRef(self)
         self.exit_reason: object = None
         self._exit_cause: object = None
+        self._thread_ident: int | None = None  # the thread running its loop, once it runs
         self._stopped_once = False
 
     def _start_actor_loop(self) -> None:
@@ -337,6 +347,7 @@ class Actor(pykka.ThreadingActor):
         super()._handle_failure(*exc_info)
 
     def _actor_loop(self) -> None:
+        self._thread_ident = threading.get_ident()
         try:
             super()._actor_loop()
         except BaseException as exc:  # a BaseException in on_start or on_stop

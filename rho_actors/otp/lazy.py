@@ -27,15 +27,24 @@ gives up that subtree only, and its name says why (:meth:`Names.lookup`).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import pykka
 from loguru import logger
 
-from rho_actors.otp.actor import NORMAL, monitor
+from rho_actors.otp.actor import NORMAL, monitor, on_actor_thread
 from rho_actors.otp.starters import StarterBinding
-from rho_actors.otp.supervisor import ChildInfo, ChildRecord, ChildSpec, StartChild, Supervisor, send_report
+from rho_actors.otp.supervisor import (
+    ChildInfo,
+    ChildRecord,
+    ChildSpec,
+    RestartIntensityExceeded,
+    StartChild,
+    Supervisor,
+    send_report,
+)
 
 __all__ = ["LazyStarter", "LazySubtree", "LazySupervisor"]
 
@@ -93,6 +102,21 @@ class LazyStarter(StarterBinding):
         assert isinstance(supervisor, LazySupervisor)
         return supervisor.start_lazy(subtree)
 
+    def holds(self, subtree_id: str) -> bool:
+        """Whether the bound supervisor holds a subtree of that id now (running, or
+        restarting its child); never waits, never raises."""
+        supervisor = self._supervisor
+        return isinstance(supervisor, LazySupervisor) and subtree_id in supervisor._ids
+
+    def stop(self, subtree_id: str, timeout_s: float | None = None) -> bool:
+        """Stop the subtree ``subtree_id`` now, in this thread, and forget it (OTP's
+        ``terminate_child``: never restarted, whatever crash races it); returns whether
+        one was running. Waits for it within its ``shutdown`` (and ``timeout_s``
+        seconds, when given). Raises ``pykka.ActorDeadError`` as :meth:`start` does."""
+        supervisor = self.running_supervisor("lazy subtrees")
+        assert isinstance(supervisor, LazySupervisor)
+        return supervisor.stop_subtree(subtree_id, timeout_s)
+
 
 class LazySupervisor(Supervisor):
     """A :class:`Supervisor` of dynamic children that also starts :class:`LazySubtree`
@@ -103,6 +127,7 @@ class LazySupervisor(Supervisor):
         super().__init__(*args, starter=starter, **kwargs)  # bound on start, unbound at the end, as any starter
         self._lazy: dict[int, LazySubtree] = {}  # key -> subtree whose supervisor has not started
         self._ids: dict[str, int] = {}  # id -> key of every subtree started here (lazy or woken)
+        self._waking: dict[int, threading.Event] = {}  # key -> set once its supervisor's start is over
 
     def start_lazy(self, subtree: LazySubtree) -> pykka.ActorRef[Any]:
         """Start ``subtree`` lazily (see :meth:`LazyStarter.start`, which calls this from
@@ -113,6 +138,9 @@ class LazySupervisor(Supervisor):
             if not self._adopting or self.actor_stopped.is_set():
                 raise pykka.ActorDeadError(f"{self.label} is stopping")
             held = self._ids.get(sid)
+            if held is not None and self._gone(held, subtree.child.name):
+                self._drop(held)  # its supervisor ended (it gave up, or shut down): forgotten now
+                held = None
             if held is not None:
                 raise ValueError(f"child {sid!r} is already started (OTP's already_started)")
             self._ids[sid] = key  # reserved while its child starts
@@ -143,6 +171,42 @@ class LazySupervisor(Supervisor):
         send_report(self._report_to, subtree.label, "started", subtree.child.id)
         return ref
 
+    def _gone(self, key: int, name: str | None) -> bool:
+        """Whether the subtree of ``key`` has ended but is not forgotten yet (under the
+        lock): its supervisor gave up (its child's ``name`` says so from then on, while
+        the supervisor may still be starting) or has ended (its monitor has not run yet)."""
+        child = self._children.get(key)
+        if child is None or key in self._lazy:
+            return False
+        if name is not None and isinstance(self._names.exit_reason(name), RestartIntensityExceeded):
+            return True
+        return key not in self._waking and child.ref is not None and not child.ref.is_alive()
+
+    def stop_subtree(self, subtree_id: str, timeout_s: float | None = None) -> bool:
+        """Stop and forget the subtree ``subtree_id`` (see :meth:`LazyStarter.stop`);
+        safe from any thread."""
+        with self._lock:
+            key = self._ids.get(subtree_id)
+            child = self._children.pop(key, None) if key is not None else None
+            if key is None or child is None:
+                return False
+            del self._ids[subtree_id]
+            self._lazy.pop(key, None)
+            waking = self._waking.get(key)
+        shutdown = child.spec.shutdown
+        bound = None if shutdown == "brutal_kill" else shutdown / 1000
+        if timeout_s is not None:
+            bound = timeout_s if bound is None else min(bound, timeout_s)
+        if waking is not None:  # its supervisor is being started: it is stopped once it runs
+            waking.wait(bound)
+        own = child.ref is not None and on_actor_thread(child.ref)  # from its supervisor's report, say
+        ended = self._signal_stop(child)
+        if own:
+            return True  # it stops once the handler or callback this thread runs returns
+        if ended is not None and not ended.wait(bound):
+            logger.warning("{}: subtree {} did not stop within {} s; abandoned", self.label, subtree_id, bound)
+        return True
+
     def _lazy_down(self, key: int, ref: pykka.ActorRef[Any], reason: object) -> None:
         """A lazy subtree's child ended (in its thread): a normal end ends the subtree
         here; a crash wakes the subtree's supervisor up in this supervisor's thread."""
@@ -172,6 +236,15 @@ class LazySupervisor(Supervisor):
                 return
             self._by_urn.pop(wake.ref.actor_urn, None)
             child.ref = None
+            waking = self._waking[wake.key] = threading.Event()
+        try:
+            self._start_woken(wake, child, subtree)
+        finally:
+            with self._lock:
+                self._waking.pop(wake.key, None)
+            waking.set()
+
+    def _start_woken(self, wake: _Wake, child: ChildRecord, subtree: LazySubtree) -> None:
         start = subtree.spec.start
         assert isinstance(start, StartChild)
         woken = dataclasses.replace(start, kwargs={**start.kwargs, "crashed": (subtree.child.id, wake.reason)})
@@ -180,12 +253,18 @@ class LazySupervisor(Supervisor):
         except Exception as exc:  # it gave up at once (an intensity of 0), or could not start
             logger.debug("{}: subtree {} ended: {}", self.label, subtree.spec.id, exc)
             with self._lock:
-                self._drop(wake.key)
+                if self._children.get(wake.key) is child:
+                    self._drop(wake.key)
             return
         with self._lock:
-            child.ref = sup
-            self._by_urn[sup.actor_urn] = wake.key
-        monitor(sup, self._forget_temporary)
+            child.ref = sup  # a stop_subtree that took the record meanwhile stops it once woken is set
+            kept = self._children.get(wake.key) is child
+            if kept:
+                self._by_urn[sup.actor_urn] = wake.key
+        if kept:
+            monitor(sup, self._forget_temporary)
+        else:  # stopped meanwhile (stop_subtree, which also waits for this end)
+            sup.stop(block=False)
 
     def _drop(self, key: int) -> None:
         """Forget the subtree of ``key`` (under the lock)."""
@@ -204,13 +283,7 @@ class LazySupervisor(Supervisor):
                 self._drop(key)
 
     def terminate_child(self, child_id: str) -> bool:
-        found = super().terminate_child(child_id)
-        with self._lock:
-            key = self._ids.get(child_id)
-            if key is not None and key not in self._children:
-                del self._ids[child_id]
-                self._lazy.pop(key, None)
-        return found
+        return self.stop_subtree(child_id) or super().terminate_child(child_id)
 
     def _info(self, c: ChildRecord) -> ChildInfo:
         subtree = self._lazy.get(c.key)
@@ -218,4 +291,6 @@ class LazySupervisor(Supervisor):
             return super()._info(c)
         alive = c.ref is not None and c.ref.is_alive()
         inner = ChildInfo(subtree.child.id, c.ref, subtree.child.type, subtree.child.restart, 0, alive)
-        return ChildInfo(c.spec.id, None, c.spec.type, c.spec.restart, 0, alive, children=(inner,))
+        # the subtree stands until it is forgotten: a crashed child is about to be restarted by it,
+        # as a woken subtree's supervisor is alive while it restarts its child
+        return ChildInfo(c.spec.id, None, c.spec.type, c.spec.restart, 0, True, children=(inner,))

@@ -104,11 +104,14 @@ class Names:
         return ref if ref is not None and ref.is_alive() else None
 
     def await_name(
-        self, name: str, timeout_s: float, abandon: Callable[[], bool] = lambda: False
+        self, name: str, timeout_s: float, abandon: Callable[[], bool] = lambda: False, *,
+        unless_stopped: bool = False,
     ) -> pykka.ActorRef[Any] | None:
         """The live ref holding ``name``, waiting up to ``timeout_s`` seconds for its
         supervisor to restart it; ``None`` if none came by then, its supervisor gave up on
-        it, or ``abandon()`` became true (checked every 50 ms: the system stopped)."""
+        it, ``abandon()`` became true (checked every 50 ms: the system stopped; called
+        under this registry's lock, so it must not use this registry) or, with
+        ``unless_stopped``, its last holder was stopped (exit reason ``"normal"``)."""
         until = time.monotonic() + timeout_s
         with self._registered:
             while True:
@@ -116,7 +119,8 @@ class Names:
                 if ref is not None and ref.is_alive():
                     return ref
                 left = until - time.monotonic()
-                if left <= 0 or name in self._given_up or abandon():
+                stopped = unless_stopped and self._ended.get(name) == NORMAL
+                if left <= 0 or name in self._given_up or stopped or abandon():
                     return None
                 self._registered.wait(min(left, 0.05))
 

@@ -244,7 +244,7 @@ class WorkerPool:
             return failed("unsendable", problem=str(exc))
         session = call.ctx.get("session_id")
         if cancel is not None and self._slots is not None:
-            cancel.add_callback(self._slots.poke)  # a call waiting its turn stops waiting
+            cancel.add_inline_callback(self._slots.poke)  # a call waiting its turn stops waiting
         if self._slots is not None and not self._slots.enter(
             session, deadline, (lambda: cancel.cancelled) if cancel is not None else None
         ):

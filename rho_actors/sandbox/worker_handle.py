@@ -172,7 +172,7 @@ def exchange_or_cancel(
             finally:
                 guard.release()
 
-    cancel.add_callback(kill)
+    cancel.add_inline_callback(kill)
     try:
         return exchange(worker, request, tool_bytes, deadline, codec)
     finally:

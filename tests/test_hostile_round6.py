@@ -1,0 +1,573 @@
+"""Hostile tests of round 6: lazy session supervisors under crashes that race a stop, a
+restart or the takeover; call threads whose tools use their cancel token against the
+runtime (callbacks that block or exit, a tool cancelling its own token)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from rho_actors import (
+    ActorSystem,
+    CancelToken,
+    ErrorKind,
+    Loop,
+    RestartIntensityExceeded,
+    Supervisor,
+    SupervisorEvent,
+    ToolCall,
+    ToolContext,
+    kill,
+    tool,
+)
+
+from .conftest import WAIT_S, wait_for
+
+
+@tool
+def echo(text: str) -> str:
+    """Return the text."""
+    return text
+
+
+def _echoed(loop: Loop, text: str) -> str:
+    [result] = loop.run_turn([ToolCall("e", "echo", f'{{"text": "{text}"}}')], timeout_s=WAIT_S)
+    assert result.ok, result.content
+    return str(result.content)
+
+
+def _restarted(loop: Loop, before: pykka.ActorRef[Any]) -> bool:
+    return loop.alive and loop.ref is not before
+
+
+def _sessions(system: ActorSystem) -> list[str]:
+    node = next(c for c in system.tree()["children"] if c["id"] == "sessions")
+    return [s["id"] for s in node["children"]]
+
+
+def _session_supervisors(label: str) -> list[pykka.ActorRef[Any]]:
+    found = []
+    for ref in pykka.ActorRegistry.get_by_class(Supervisor):
+        try:
+            if ref.proxy().label.get(timeout=WAIT_S) == label:
+                found.append(ref)
+        except pykka.ActorDeadError:
+            pass
+    return found
+
+
+class _Reports:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: list[tuple[str, str]] = []
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, SupervisorEvent):
+            with self.lock:
+                self.seen.append((event.supervisor, event.kind))
+
+    def kinds(self, label: str) -> list[str]:
+        with self.lock:
+            return [kind for supervisor, kind in self.seen if supervisor == label]
+
+
+# --------------------------------------------------------------------------- a stop racing a crash
+
+
+def test_a_stop_racing_a_crash_of_a_lazy_loop_ends_the_session(tmp_path: Path) -> None:
+    """Before: the kill landed first, the stop met a dead loop and returned, and the
+    session's supervisor woke up and restarted the loop: the stopped session ran on
+    (50 of 50 tries), and start_loop of its id was refused as already started."""
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(echo)
+        for i in range(5):
+            loop = system.start_loop(f"s{i}")
+            kill(loop.ref)  # told first: the loop ends killed, not stopped
+            loop.stop()
+            assert not loop.alive
+            assert f"s{i}" not in _sessions(system)
+            again = system.start_loop(f"s{i}")  # its id is free at once
+            assert _echoed(again, "x") == "x"
+            assert _sessions(system).count(f"s{i}") == 1
+            again.stop()
+
+
+def test_a_stop_racing_a_crash_of_a_woken_session_ends_it(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60) as system:
+        system.register(echo)
+        loop = system.start_loop("w")
+        first = loop.ref
+        kill(first)
+        assert wait_for(lambda: loop.alive and loop.ref is not first)  # its supervisor runs now
+        assert len(_session_supervisors("session:w")) == 1
+        kill(loop.ref)
+        loop.stop()
+        assert wait_for(lambda: _session_supervisors("session:w") == [])
+        assert not loop.alive and "w" not in _sessions(system)
+        assert _echoed(system.start_loop("w"), "back") == "back"
+
+
+def test_a_stop_while_the_sessions_supervisor_is_being_woken_stops_it_once_woken(tmp_path: Path) -> None:
+    """The stop comes while ``sessions`` is starting the session's supervisor (from its
+    ``crashed`` report, sent by that supervisor's start): once started it is stopped,
+    never left running outside the tree."""
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=200) as system:
+        system.register(echo)
+        loop = system.start_loop("r")
+        stopped = threading.Event()
+
+        def on_report(event: object) -> None:
+            if isinstance(event, SupervisorEvent) and event.supervisor == "session:r" and event.kind == "crashed":
+                loop.stop(timeout_s=0.2)  # its supervisor is mid-start: the wait is cut at 0.2 s
+                stopped.set()
+
+        system.subscribe(on_report)
+        kill(loop.ref)
+        assert stopped.wait(WAIT_S)
+        assert wait_for(lambda: _session_supervisors("session:r") == [])
+        assert wait_for(lambda: not loop.alive)
+        assert "r" not in _sessions(system)
+        assert _echoed(system.start_loop("r"), "again") == "again"
+
+
+def test_a_turn_submitted_while_its_loop_restarts_waits_for_the_restart(tmp_path: Path) -> None:
+    """Before: a turn submitted between the crash and the restart raised NotRunningError
+    ("may be restarting"; 158 of 200 turns right after a kill), so its call ids got no
+    result. The restart is held back here (the session supervisor's ``crashed`` report
+    is sent before it restarts the loop) for the turn to meet the gap."""
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60) as system:
+        system.register(echo)
+        loop = system.start_loop("g")
+        entered = threading.Event()
+
+        def on_report(event: object) -> None:
+            if isinstance(event, SupervisorEvent) and event.supervisor == "session:g" and event.kind == "crashed":
+                entered.set()
+                threading.Event().wait(0.3)  # holds the restart back: the turn below meets the gap
+
+        system.subscribe(on_report)
+        kill(loop.ref)
+        assert entered.wait(WAIT_S)
+        assert not loop.alive
+        assert _echoed(loop, "after") == "after"  # it waited for the restarted loop
+        loop.stop()
+        began = time.monotonic()
+        try:
+            loop.run_turn([ToolCall("x", "echo", '{"text": "x"}')], timeout_s=WAIT_S)
+            raise AssertionError("a stopped loop ran a turn")
+        except pykka.ActorDeadError as exc:
+            assert "it was stopped" in str(exc)
+        assert time.monotonic() - began < 1.0  # a stopped loop is not waited for
+
+
+def test_names_withheld_by_set_withheld_stay_withheld_after_a_restart(tmp_path: Path) -> None:
+    """Before: the restarted loop started with the names given to start_loop, so a tool
+    the host had withheld since was offered again, and ran, after a crash."""
+
+    @tool
+    def danger() -> str:
+        """Something the host stopped offering."""
+        return "ran"
+
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60) as system:
+        system.register(echo)
+        system.register(danger)
+        loop = system.start_loop("w", withheld=["echo"])
+        loop.set_withheld(["danger"])
+        for _ in range(2):  # the lazy subtree's first crash, then one its supervisor restarts
+            first = loop.ref
+            kill(first)
+            assert wait_for(functools.partial(_restarted, loop, first))
+            [result] = loop.run_turn([ToolCall("d", "danger", "{}")], timeout_s=WAIT_S)
+            assert result.error_kind is ErrorKind.WITHHELD, result
+            assert [info.name for info in loop.offered()] == ["echo"]
+        loop.set_withheld([])
+        kill(loop.ref)
+        loop.set_withheld(["echo"])  # meets the crash: given to the restarted loop
+        assert [info.name for info in loop.offered()] == ["danger"]
+
+
+def test_a_stop_from_the_sessions_own_supervisor_report_returns_at_once(tmp_path: Path) -> None:
+    """A subscriber stopping a session on its ``restarted`` report runs in that session's
+    supervisor's thread: the stop must not wait for the supervisor it is holding."""
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60, shutdown_ms=2_000) as system:
+        system.register(echo)
+        loop = system.start_loop("o")
+        took: list[float] = []
+        done = threading.Event()
+
+        def on_report(event: object) -> None:
+            if isinstance(event, SupervisorEvent) and event.supervisor == "session:o" and event.kind == "restarted":
+                began = time.monotonic()
+                loop.stop()
+                took.append(time.monotonic() - began)
+                done.set()
+
+        system.subscribe(on_report)
+        kill(loop.ref)
+        assert done.wait(WAIT_S)
+        assert took[0] < 1.0  # its shutdown bound is 3 s
+        assert wait_for(lambda: _session_supervisors("session:o") == [])
+        assert not loop.alive and "o" not in _sessions(system)
+        assert _echoed(system.start_loop("o"), "again") == "again"
+
+
+def test_the_tree_shows_a_lazy_session_whose_loop_crashed_as_a_woken_one_restarting(tmp_path: Path) -> None:
+    """Between its loop's crash and the wake-up a lazy session read ``alive: False``, as
+    if it were gone, where a woken session restarting its loop reads ``alive: True``
+    with the loop not alive. ``sessions`` is held in another session's wake-up (its
+    ``crashed`` report) while the children are asked for and the loop is killed, so the
+    answer is given between the crash and the wake-up."""
+    with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60) as system:
+        a, b = system.start_loop("a"), system.start_loop("b")
+        entered, release = threading.Event(), threading.Event()
+
+        def on_report(event: object) -> None:
+            if isinstance(event, SupervisorEvent) and event.supervisor == "session:b" and event.kind == "crashed":
+                entered.set()
+                release.wait(WAIT_S)
+
+        system.subscribe(on_report)
+        sessions = system.whereis("sessions")
+        assert sessions is not None
+        kill(b.ref)
+        assert entered.wait(WAIT_S)  # sessions waits for b's supervisor to start
+        asked = sessions.proxy().which_children()
+        kill(a.ref)
+        assert wait_for(lambda: a.exit_reason == "killed")
+        release.set()
+        children = {c.id: c for c in asked.get(timeout=WAIT_S)}
+        node = children["a"]
+        assert node.alive and node.children is not None
+        [inner] = node.children
+        assert (inner.id, inner.alive) == ("loop", False)
+        assert wait_for(lambda: a.alive and b.alive)
+        tree = {s_["id"]: s_ for s_ in next(c for c in system.tree()["children"] if c["id"] == "sessions")["children"]}
+        assert tree["a"]["alive"] and tree["a"]["children"][0]["alive"]
+
+
+# --------------------------------------------------------------------------- a session given up
+
+
+def test_a_session_given_up_can_start_again_from_the_gave_up_report(tmp_path: Path) -> None:
+    """Before: its id stayed held until the given-up supervisor's end was seen, so a host
+    starting the session again on ``gave_up`` got ``already started``."""
+    for intensity in (0, 1):
+        with ActorSystem(data_dir=tmp_path / str(intensity), max_restarts=intensity, max_seconds=60) as system:
+            system.register(echo)
+            started: list[object] = []
+            done = threading.Event()
+
+            def on_report(event: object, system: ActorSystem = system, started: list[object] = started,
+                          done: threading.Event = done) -> None:
+                if isinstance(event, SupervisorEvent) and event.supervisor == "session:v" and event.kind == "gave_up":
+                    try:
+                        started.append(system.start_loop("v"))
+                    except Exception as exc:
+                        started.append(exc)
+                    done.set()
+
+            system.subscribe(on_report)
+            loop = system.start_loop("v")
+            healthy = system.start_loop("ok")
+            while not done.is_set():
+                try:
+                    kill(loop.ref)
+                except pykka.ActorDeadError:  # being restarted
+                    pass
+                done.wait(0.01)
+            [again] = started
+            assert isinstance(again, Loop), again
+            assert _echoed(again, "new") == "new"
+            assert _echoed(healthy, "still") == "still"
+            assert wait_for(lambda: sorted(_sessions(system)) == ["ok", "v"])
+
+
+def test_crash_storms_in_many_sessions_give_each_up_alone(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    @tool(timeout_ms=20_000)
+    def held(i: int) -> int:
+        """Wait for the test."""
+        release.wait(WAIT_S)
+        return i
+
+    reports = _Reports()
+    with ActorSystem(data_dir=tmp_path, max_restarts=2, max_seconds=60, shutdown_ms=300) as system:
+        system.subscribe(reports)
+        system.register(held)
+        system.register(echo)
+        loops = [system.start_loop(f"c{i}") for i in range(12)]
+        healthy = system.start_loop("healthy")
+        turns = [loop.submit_turn([ToolCall(f"h{i}", "held", f'{{"i": {i}}}')]) for i, loop in enumerate(loops)]
+        trees: list[list[str]] = []
+        stop_tree = threading.Event()
+
+        def read_trees() -> None:
+            while not stop_tree.is_set():
+                trees.append(_sessions(system))
+
+        def storm(loop: Loop) -> None:
+            until = time.monotonic() + WAIT_S
+            while not isinstance(loop.exit_reason, RestartIntensityExceeded) and time.monotonic() < until:
+                try:
+                    kill(loop.ref)
+                except pykka.ActorDeadError:
+                    time.sleep(0.001)  # being restarted
+
+        reader = threading.Thread(target=read_trees)
+        reader.start()
+        stormers = [threading.Thread(target=storm, args=(loop,)) for loop in loops]
+        for thread in stormers:
+            thread.start()
+        for thread in stormers:
+            thread.join(WAIT_S)
+        stop_tree.set()
+        reader.join(WAIT_S)
+        assert all(isinstance(loop.exit_reason, RestartIntensityExceeded) for loop in loops)
+        for i, turn in enumerate(turns):
+            [result] = turn.result(WAIT_S)
+            assert result.call_id == f"h{i}" and result.error_kind is ErrorKind.CRASHED  # loop_crashed
+        assert _echoed(healthy, "fine") == "fine"
+        assert wait_for(lambda: _sessions(system) == ["healthy"])
+        assert all("healthy" in seen for seen in trees)
+        for i in range(12):
+            assert reports.kinds(f"session:c{i}").count("gave_up") == 1
+            assert reports.kinds(f"session:c{i}").count("restarted") == 2
+        assert reports.kinds("session:healthy") == ["started"]
+        release.set()
+
+
+# --------------------------------------------------------------------------- cancel callbacks
+
+
+def test_a_cancel_callback_that_blocks_holds_up_no_deadline(tmp_path: Path) -> None:
+    """Before: the callback ran on the deadlines thread, so the call's own timeout and
+    every later one of the system waited for it (the turn did not finish in 5 s)."""
+    hold = threading.Event()
+
+    @tool(timeout_ms=100)
+    def trap(ctx: ToolContext) -> str:
+        """Block the canceller."""
+        ctx.cancel.add_callback(lambda: hold.wait(WAIT_S))
+        ctx.cancel.wait(WAIT_S)
+        return "late"
+
+    @tool(timeout_ms=100)
+    def slow(ctx: ToolContext) -> str:
+        """Overrun the deadline."""
+        ctx.cancel.wait(WAIT_S)
+        return "late"
+
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=300) as system:
+        system.register(trap)
+        system.register(slow)
+        try:
+            [trapped] = system.start_loop("a").run_turn([ToolCall("t", "trap", "{}")], timeout_s=WAIT_S)
+            [other] = system.start_loop("b").run_turn([ToolCall("s", "slow", "{}")], timeout_s=WAIT_S)
+            assert trapped.error_kind is ErrorKind.TIMEOUT and other.error_kind is ErrorKind.TIMEOUT
+            assert max(trapped.duration_ms, other.duration_ms) < WAIT_S * 1000 / 2
+        finally:
+            hold.set()
+
+
+def test_a_cancel_callback_that_exits_loses_no_result_and_crashes_no_loop(tmp_path: Path) -> None:
+    """Before: the host's cancel ran the callback on the LoopActor's thread; its
+    SystemExit ended the loop in the middle of the turn, whose future was never set."""
+    ran = threading.Event()
+
+    @tool(timeout_ms=5_000)
+    def exiter(ctx: ToolContext) -> str:
+        """Exit from the cancel callback."""
+        ctx.cancel.add_callback(lambda: sys.exit(3))
+        ran.set()
+        ctx.cancel.wait(WAIT_S)
+        return "late"
+
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=300) as system:
+        system.register(exiter)
+        system.register(echo)
+        loop = system.start_loop("c")
+        first = loop.ref
+        token = CancelToken()
+        future = loop.submit_turn([ToolCall("x", "exiter", "{}")], cancel=token)
+        assert ran.wait(WAIT_S)
+        token.cancel()
+        [result] = future.result(WAIT_S)
+        assert result.error_kind is ErrorKind.CANCELLED
+        assert loop.ref is first and _echoed(loop, "alive") == "alive"
+        ran.clear()
+        future = loop.submit_turn([ToolCall("y", "exiter", "{}")])
+        assert ran.wait(WAIT_S)
+        loop.stop()  # the stop's cancel runs the callback too
+        [result] = future.result(WAIT_S)
+        assert result.error_kind is ErrorKind.CANCELLED
+
+
+def test_cancel_callbacks_run_once_in_order_apart_from_the_canceller() -> None:
+    token = CancelToken()
+    seen: list[tuple[str, bool]] = []
+    done = threading.Event()
+    here = threading.current_thread()
+
+    def note(name: str) -> None:
+        seen.append((name, threading.current_thread() is here))
+        if name == "last":
+            done.set()
+
+    token.add_callback(lambda: note("first"))
+    token.add_callback(lambda: sys.exit(1))  # logged; the next one still runs
+    token.add_inline_callback(lambda: note("inline"))
+    token.add_callback(lambda: note("last"))
+    assert token.cancel("timeout") and not token.cancel("again")
+    assert done.wait(WAIT_S)
+    assert seen == [("inline", True), ("first", False), ("last", False)]
+    late = threading.Event()
+    token.add_callback(late.set)  # already cancelled: run at once, apart
+    assert late.wait(WAIT_S)
+
+
+# --------------------------------------------------------------------------- a tool cancelling its own token
+
+
+def test_a_tool_cancelling_its_own_token_leaves_the_thread_counts_true(tmp_path: Path) -> None:
+    """Before: its return was counted as an abandoned thread returning although none was
+    abandoned: ``abandoned_threads_running`` went to -3, and the stop waited its whole
+    ``shutdown_ms`` for call threads that did not exist."""
+    gate = threading.Event()
+
+    @tool
+    def self_cancel(ctx: ToolContext) -> str:
+        """Cancel its own token, then return."""
+        ctx.cancel.cancel("mine")
+        return "done"
+
+    @tool(timeout_ms=100)
+    def self_cancel_then_hang(ctx: ToolContext) -> str:
+        """Cancel its own token, then overrun its deadline."""
+        ctx.cancel.cancel("mine")
+        gate.wait(WAIT_S)
+        return "late"
+
+    system = ActorSystem(data_dir=tmp_path, shutdown_ms=5_000)
+    try:
+        system.register(self_cancel)
+        system.register(self_cancel_then_hang)
+        loop = system.start_loop("s")
+        results = loop.run_turn([ToolCall(f"t{i}", "self_cancel", "{}") for i in range(3)], timeout_s=WAIT_S)
+        assert [r.content for r in results] == ["done"] * 3
+        assert system.stats()["abandoned_threads_running"] == 0
+        [hung] = loop.run_turn([ToolCall("h", "self_cancel_then_hang", "{}")], timeout_s=WAIT_S)
+        assert hung.error_kind is ErrorKind.TIMEOUT
+        assert system.stats()["abandoned_threads_running"] == 1  # abandoned at its deadline all the same
+        assert system.stats()["abandoned_threads_by_session"] == {"s": 1}
+        gate.set()
+        assert wait_for(lambda: system.stats()["abandoned_threads_running"] == 0)
+        began = time.monotonic()
+        system.stop()
+        assert time.monotonic() - began < 2.5  # nothing left to wait for (its shutdown_ms is 5 s)
+    finally:
+        gate.set()
+        system.stop()
+
+
+# --------------------------------------------------------------------------- a tool stopping the system
+
+
+def test_a_tool_stopping_the_system_is_not_waited_for_by_that_stop(tmp_path: Path) -> None:
+    """Before: the stop waited the whole ``shutdown_ms`` for the call thread it was
+    running on, which could only return once that stop had."""
+    systems: list[ActorSystem] = []
+    took: list[float] = []
+
+    @tool(timeout_ms=20_000)
+    def quit_all() -> str:
+        """Stop the whole system."""
+        began = time.monotonic()
+        systems[0].stop()
+        took.append(time.monotonic() - began)
+        return "stopped"
+
+    system = ActorSystem(data_dir=tmp_path, shutdown_ms=5_000)
+    systems.append(system)
+    try:
+        system.register(quit_all)
+        [result] = system.start_loop("q").run_turn([ToolCall("q", "quit_all", "{}")], timeout_s=WAIT_S)
+        assert result.error_kind is ErrorKind.CANCELLED  # session_stopped: the system stopped under it
+        assert wait_for(lambda: bool(took))
+        assert took[0] < 2.5 and system.stopped
+    finally:
+        system.stop()
+
+
+# --------------------------------------------------------------------------- arguments crossing the API
+
+
+def test_an_integer_too_long_for_json_text_is_refused_the_same_as_text_or_as_a_mapping(system: ActorSystem) -> None:
+    """Before: as a decoded mapping it reached the tool (whose str() of it then raised);
+    as text its refusal read Python's advice (``use sys.set_int_max_str_digits()``)."""
+
+    @tool
+    def takes(v: dict[str, int]) -> str:
+        """Take a mapping of integers."""
+        return "ran"
+
+    system.register(takes)
+    loop = system.start_loop("n")
+    huge = 10**5000
+    as_text = '{"v": {"n": ' + "9" * 5000 + "}}"
+    results = loop.run_turn([ToolCall("t", "takes", as_text), ToolCall("m", "takes", {"v": {"n": huge}}),
+                             ToolCall("ok", "takes", {"v": {"n": 10**600}})], timeout_s=WAIT_S)
+    assert [r.error_kind for r in results[:2]] == [ErrorKind.INVALID_JSON] * 2
+    assert results[0].content.endswith("an integer of more than 4,300 digits (the most JSON text here may hold)")
+    assert results[1].content.endswith("$.v.n: an integer of more than 4,300 digits (the most JSON text here may hold)")
+    assert "sys." not in results[0].content
+    assert results[2].ok
+
+
+# --------------------------------------------------------------------------- the host's callbacks exiting
+
+
+def test_host_callbacks_that_exit_lose_no_turn_and_crash_no_loop(system: ActorSystem) -> None:
+    """Before: an ``on_result`` raising SystemExit escaped the settling of its call, so
+    the turn's future was never set (each turn hung); a done callback's SystemExit
+    escaped ``Future.set_result`` (futures catch only ``Exception``) into whichever
+    thread finished the turn: the LoopActor's, for a cancelled turn, which it ended."""
+
+    @tool(concurrency="exclusive")
+    def one_by_one(text: str) -> str:
+        """Return the text, one call of the turn after another."""
+        return text
+
+    @tool(timeout_ms=5_000)
+    def waits(ctx: ToolContext) -> str:
+        """Wait to be cancelled."""
+        ctx.cancel.wait(WAIT_S)
+        return "late"
+
+    system.register(echo)
+    system.register(one_by_one)
+    system.register(waits)
+    loop = system.start_loop("h")
+
+    def exits(_index: int, _result: object) -> None:
+        sys.exit(1)
+
+    for name in ("echo", "one_by_one"):
+        calls = [ToolCall(f"{name}{i}", name, '{"text": "x"}') for i in range(3)]
+        future = loop.submit_turn(calls, on_result=exits)
+        assert [r.content for r in future.result(WAIT_S)] == ["x"] * 3
+    first = loop.ref
+    token = CancelToken()
+    future = loop.submit_turn([ToolCall("w", "waits", "{}")], cancel=token)
+    future.add_done_callback(lambda _f: sys.exit(2))
+    token.cancel()  # the LoopActor's thread finishes the turn, and runs the callback
+    [result] = future.result(WAIT_S)
+    assert result.error_kind is ErrorKind.CANCELLED
+    assert loop.ref is first and _echoed(loop, "alive") == "alive"
