@@ -4,9 +4,10 @@ A turn does not pass through the LoopActor's inbox: the host's
 :class:`~rho_actors.loop.handle.Loop` prepares and starts it in its own thread through
 the session's :class:`~rho_actors.loop.turns.Turns`, which the LoopActor builds and
 owns, and each call's result is settled in the thread that has it. The LoopActor keeps
-what must be serial and what supervision needs: the withheld names (``SetWithheld``
-swaps the snapshot turns are prepared against), the host's cancels (``CancelTurn``),
-the view of running calls (``Running``), and the session's end: at its stop or crash,
+what must be serial and what supervision needs: the host's cancels (``CancelTurn``),
+the view of running calls (``Running``; the handle reads it directly), a ``SetWithheld``
+told to it (the handle sets the withheld snapshot on the :class:`Turns` itself), and
+the session's end: at its stop or crash,
 :meth:`Turns.close` refuses new turns and answers every open call (``session_stopped``
 or ``loop_crashed``); its supervisor restarts a crashed loop with a fresh
 :class:`~rho_actors.loop.turns.Turns`, which the handle finds by the new actor's urn.

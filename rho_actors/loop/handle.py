@@ -3,8 +3,8 @@
 The LoopActor itself is :class:`rho_actors.loop.actor.LoopActor`; the handle finds it
 by name (so it follows restarts). A turn is prepared and started in the caller's thread
 through the LoopActor's :class:`~rho_actors.loop.turns.Turns` (no message, no thread
-woken on the way in); the offer and the running calls are read there too. Withheld
-changes and stops are messages of :mod:`rho_actors.loop.messages`.
+woken on the way in); the offer and the running calls are read there too, and withheld
+changes are set there. Stops are messages to the LoopActor.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pykka
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry
-from rho_actors.loop.messages import SetWithheld, loop_name, make_session_folder
+from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
@@ -43,6 +43,10 @@ def withheld_names(names: Iterable[str]) -> frozenset[str]:
     name that is not a ``str``."""
     if isinstance(names, (str, bytes)):
         raise TypeError(f"withheld takes a collection of tool names, got the single string {names!r}")
+    if type(names) in (list, tuple, set, frozenset):  # the usual case: plain strs, hashed and compared as str
+        items = tuple(names)
+        if all(type(name) is str for name in items):
+            return frozenset(items)
     checked = set()
     for name in names:
         if not isinstance(name, str):
@@ -249,10 +253,14 @@ class Loop:
         return [to_dialect(info, dialect) for info in self.offered()]
 
     def set_withheld(self, names: Iterable[str]) -> None:
-        """Replace the set of tool names this loop does not offer (from its next turn).
-        Raises ``TypeError`` for a single ``str`` (a name list is wanted) or a name that
-        is not a ``str``."""
-        self.ref.ask(SetWithheld(withheld_names(names)), timeout=self._settings.ask_timeout_s)
+        """Replace the set of tool names this loop does not offer, from its next turn: a
+        turn started after this returns (from any thread) sees the new set, one being
+        prepared meanwhile sees the old or the new set whole, never a mix. Set in the
+        calling thread, on the running loop's turns (no message). Raises ``TypeError``
+        for a single ``str`` (a name list is wanted) or a name that is not a ``str``,
+        and :class:`rho_actors.NotRunningError` (a ``pykka.ActorDeadError``) naming why
+        when the loop is not running."""
+        self._turns().set_withheld(withheld_names(names))
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the loop (a normal exit: not restarted); calls still running get

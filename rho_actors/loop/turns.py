@@ -26,10 +26,13 @@ the turn, is reported ``late``); in an exclusive turn it starts the next call, a
 one settling the last open call completes the turn's future. A hung tool delays nothing
 but its own result, which is a ``timeout`` error at its deadline.
 
-What must be serial stays with the LoopActor, which owns this object: it swaps the
-withheld snapshot (``SetWithheld``), answers ``Running`` and ``CancelTurn``, and at its
-stop or crash :meth:`Turns.close` refuses new turns and answers every open call (under
-the lock that also admits turns, so no turn slips past a close).
+The withheld names are one immutable snapshot, swapped whole by :meth:`Turns.set_withheld`
+(from the host's thread through the handle, or the LoopActor's on a ``SetWithheld``): a
+turn reads it once, so it is prepared against the old set or the new one, never a mix.
+What must be serial stays with the LoopActor, which owns this object: it answers
+``Running`` and ``CancelTurn``, and at its stop or crash :meth:`Turns.close` refuses new
+turns and answers every open call (under the lock that also admits turns, so no turn
+slips past a close).
 """
 
 from __future__ import annotations
@@ -172,7 +175,8 @@ class Turns:
     # --- what is offered ----------------------------------------------------------------
 
     def set_withheld(self, names: frozenset[str]) -> None:
-        """Replace the withheld names (from the next turn prepared)."""
+        """Replace the withheld names (from the next turn prepared), from any thread: one
+        assignment of a new snapshot, which a turn being prepared reads once."""
         self._withheld = _withheld(names)
 
     def offered_entries(self) -> tuple[ToolEntry, ...]:
