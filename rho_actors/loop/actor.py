@@ -35,7 +35,12 @@ __all__ = ["LoopActor"]
 
 class LoopActor(Actor):
     """One agent session: owns its :class:`Turns` (DESIGN §4). Start it through
-    :meth:`rho_actors.ActorSystem.start_loop`, which returns a :class:`Loop`."""
+    :meth:`rho_actors.ActorSystem.start_loop`, which returns a :class:`Loop`. Its turns
+    run in the host's threads, so it takes a thread only at its first message (a
+    cancel, a kill, a message told by a tool), and a session that got none is ended in
+    the thread of :meth:`Loop.stop` (:attr:`rho_actors.Actor.starts_on_first_message`)."""
+
+    starts_on_first_message = True
 
     def __init__(
         self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str], runtime: Runtime,

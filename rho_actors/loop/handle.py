@@ -24,6 +24,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.loop.messages import loop_name, make_session_folder
+from rho_actors.otp.actor import stop
 from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
@@ -263,10 +264,12 @@ class Loop:
         self._turns().set_withheld(withheld_names(names))
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the loop (a normal exit: not restarted); calls still running get
-        ``cancelled`` results."""
+        """Stop the loop (a normal exit: not restarted) and wait, at most ``timeout_s``
+        seconds, until it has stopped; calls still running get ``session_stopped``
+        results. A loop that has had no message (its turns need none) is stopped in
+        this thread. A loop already stopped is left as it is."""
         try:
-            self.ref.stop(timeout=timeout_s)
+            stop(self.ref, timeout_s)
         except pykka.ActorDeadError:
             pass
 
