@@ -5,6 +5,8 @@ run in order; a session's LoopActor is one (its turns need no message)."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -77,6 +79,27 @@ def test_stop_before_any_message_runs_every_hook_in_the_stopping_thread() -> Non
     with pytest.raises(pykka.ActorDeadError):
         ref.tell("late")
     assert stop(ref, WAIT_S) is False  # already stopped: left as it is
+
+
+class InterruptedOnStop(Lazy):
+    def on_stop(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the stop runs in the host's thread
+        super().on_stop()
+
+
+def test_ctrl_c_during_a_stop_in_the_main_thread_reaches_the_host_after_a_normal_end() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("Python runs signal handlers in the main thread only")
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT does not raise KeyboardInterrupt in this process")
+    log: list[tuple[str, int]] = []
+    ref = InterruptedOnStop.start(log)
+    downs: list[object] = []
+    monitor(ref, lambda _ref, reason: downs.append(reason))
+    with pytest.raises(KeyboardInterrupt):
+        stop(ref, WAIT_S)
+    assert downs == [NORMAL]  # not taken for a crash of the actor (which a supervisor would restart)
+    assert [entry for entry, _ in log] == ["start", "stop", "exit normal"]
 
 
 def test_a_kill_as_first_message_ends_it_with_that_reason() -> None:

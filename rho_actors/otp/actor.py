@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import queue
+import signal
 import threading
 import uuid
 from collections.abc import Callable
@@ -262,8 +263,31 @@ class _WakingInbox:
         if actor is None:
             return False
         self._queue.put(Envelope(_ActorStop()))
-        contextvars.Context().run(actor._actor_loop)
+        if threading.current_thread() is not threading.main_thread():
+            contextvars.Context().run(actor._actor_loop)
+            return True
+        # Python runs signal handlers in the main thread only: one that raises (Ctrl-C's
+        # KeyboardInterrupt) inside the actor's hooks would be taken for its crash and lost
+        # to the host. Its handler runs once the actor has ended instead, here.
+        caught: list[tuple[int, Any]] = []
+        held: dict[signal.Signals, Callable[[int, Any], Any]] = {}
+        for signum in _ASYNC_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                held[signum] = handler
+                signal.signal(signum, lambda number, frame: caught.append((number, frame)))
+        try:
+            contextvars.Context().run(actor._actor_loop)
+        finally:
+            for signum, handler in held.items():
+                signal.signal(signum, handler)
+            for number, frame in caught:
+                held[signal.Signals(number)](number, frame)
         return True
+
+
+_ASYNC_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
+                  signal.SIGUSR2)
 
 
 class StopFlag:
