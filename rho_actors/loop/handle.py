@@ -46,7 +46,7 @@ def withheld_names(names: Iterable[str]) -> frozenset[str]:
         raise TypeError(f"withheld takes a collection of tool names, got the single string {names!r}")
     if type(names) in (list, tuple, set, frozenset):  # the usual case: plain strs, hashed and compared as str
         items = tuple(names)
-        if all(type(name) is str for name in items):
+        if not items or set(map(type, items)) == {str}:
             return frozenset(items)
     checked = set()
     for name in names:
