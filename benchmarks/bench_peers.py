@@ -9,9 +9,12 @@ printed as PASS/FAIL and the exit code is 0 unless a measurement could not be ma
    running actor; pykka start + ask + stop; rho_actors ``loop.run_turn`` of one call in
    ``thread`` and ``process`` isolation, each for an ``@tool`` function and a static
    class tool; LangGraph ``ToolNode.invoke`` / ``.ainvoke``; OpenAI Agents SDK
-   ``FunctionTool.on_invoke_tool``; and the cost of one tool call inside an OpenAI
-   Agents ``Runner.run`` and a pydantic-ai ``Agent.run`` (a run whose scripted model
-   calls the tool once, minus a run whose model answers at once; no network).
+   ``FunctionTool.on_invoke_tool``; the floor of any async call whose deadline holds
+   against a tool that swallows its cancellation (the tool as its own asyncio task, a
+   timer and a future; the SDK's async path has none of them); and the cost of one
+   tool call inside an OpenAI Agents ``Runner.run`` and a pydantic-ai ``Agent.run`` (a
+   run whose scripted model calls the tool once, minus a run whose model answers at
+   once; no network).
 2. **16 parallel 100 ms calls.** Wall time of one batch of 16 sleeping calls through
    each path, against the ideal 100 ms (untrusted rho tools use the default worker pool).
 3. **A hung tool, 200 ms timeout.** A tool that appends a byte to a file every 10 ms
@@ -426,6 +429,24 @@ def per_call_variants(loop: Loop, peers: Peers, echo: pykka.ActorRef[Any]) -> di
     async def oa_invoke_async() -> None:
         await peers.oa_anoop.on_invoke_tool(oa_ctx, "{}")
 
+    async def bounded_floor() -> None:
+        """The least a deadline that holds costs an async call: the tool as its own task
+        (its caller is not held by one that swallows its cancellation), a timer, a future."""
+        aio = asyncio.get_running_loop()
+        landed: asyncio.Future[str] = aio.create_future()
+
+        async def run() -> None:
+            value = await anoop_work()
+            if not landed.done():
+                landed.set_result(value)
+
+        task = aio.create_task(run())
+        timer = aio.call_later(30.0, task.cancel)
+        try:
+            await landed
+        finally:
+            timer.cancel()
+
     return {
         "rho run_turn @tool (thread)": ("sync", rho("noop")),
         "rho run_turn static (thread)": ("sync", rho("snoop")),
@@ -439,6 +460,7 @@ def per_call_variants(loop: Loop, peers: Peers, echo: pykka.ActorRef[Any]) -> di
         "LangGraph ToolNode.ainvoke": ("async", lambda: peers.tool_node.ainvoke(node_input, peers.node_config)),
         "OpenAI Agents on_invoke_tool": ("async", oa_invoke),
         "OpenAI Agents on_invoke_tool (async tool)": ("async", oa_invoke_async),
+        "asyncio task + deadline timer (floor)": ("async", bounded_floor),
         "OpenAI Agents Runner.run, 1 tool call": (
             "run", lambda: Runner.run(peers.oa_agent_tool, "go", run_config=peers.run_config)),
         "OpenAI Agents Runner.run, no tool call": (

@@ -9,7 +9,12 @@ revision ``REV`` (extracted to a temporary folder and run in a child process), f
 ``--before-tools`` tools (default 1,000: before the change every registration rebuilt
 the whole tool set, so N tools took time growing as N²).
 
-    .venv/bin/python benchmarks/bench_registry.py [--tools N] [--quick] [--json] [--before REV]
+Also printed: ``offered()`` followed by a read of every schema, and
+``declarations("openai")``, the costs of callers that read every schema. ``--no-loop``
+skips the ``register`` loop (for repeated ``offered()`` runs, e.g. alternating with an
+older tree put first on ``PYTHONPATH``).
+
+    .venv/bin/python benchmarks/bench_registry.py [--tools N] [--quick] [--json] [--before REV] [--no-loop]
 """
 
 from __future__ import annotations
@@ -81,15 +86,29 @@ def measure(n: int, bulk: bool, loop: bool, offered_samples: int) -> dict[str, A
                 if not all(r.offered for r in registrations):
                     raise RuntimeError("a tool was left out")
                 session = system.start_loop("bench")
-                times = []
+                times, cpu_times, read_all, declarations = [], [], [], []
                 for _ in range(offered_samples):
-                    started = time.perf_counter()
+                    started, cpu = time.perf_counter(), time.thread_time()
                     offered = session.offered()
                     times.append((time.perf_counter() - started) * 1000)
+                    cpu_times.append((time.thread_time() - cpu) * 1000)
                     if len(offered) != n:
                         raise RuntimeError(f"offered {len(offered)} tools, not {n}")
+                    del offered
+                for _ in range(max(1, offered_samples // 4)) if offered_samples else ():
+                    started = time.perf_counter()  # a caller that reads every schema
+                    if sum(len(info.parameter_schema) for info in session.offered()) != 4 * n:
+                        raise RuntimeError("a schema is not the registered one")
+                    read_all.append((time.perf_counter() - started) * 1000)
+                    started = time.perf_counter()
+                    if len(session.declarations("openai")) != n:
+                        raise RuntimeError("a declaration is missing")
+                    declarations.append((time.perf_counter() - started) * 1000)
                 if times:
                     report["offered_ms"] = summary(times)
+                    report["offered_cpu_ms"] = summary(cpu_times)
+                    report["offered_read_all_ms"] = summary(read_all)
+                    report["declarations_ms"] = summary(declarations)
                 [result] = session.run_turn([ToolCall("c1", f"add_{n - 1}", '{"a": 1, "b": 2}')])
                 if result.content != "3":
                     raise RuntimeError(f"the last tool answered {result.content!r}")
@@ -123,13 +142,14 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--before", default=None, metavar="REV", help="also time the register loop at git REV")
     parser.add_argument("--before-tools", type=int, default=1000, metavar="N", help="tools for --before")
+    parser.add_argument("--no-loop", action="store_true", help="skip the register loop (offered() runs)")
     parser.add_argument("--loop-only", action="store_true", help=argparse.SUPPRESS)  # the --before child
     args = parser.parse_args()
     n = args.tools or (1000 if args.quick else 10_000)
     if args.loop_only:
         print(json.dumps(measure(n, bulk=False, loop=True, offered_samples=0)))
         return
-    report = measure(n, bulk=True, loop=True, offered_samples=5 if args.quick else 20)
+    report = measure(n, bulk=True, loop=not args.no_loop, offered_samples=5 if args.quick else 20)
     report["environment"] = environment(args.quick)
     scale = n / 10_000  # the goals are for 10,000 tools; both costs grow linearly
     goal_s, goal_ms = GOAL_REGISTER_S * scale, GOAL_OFFERED_MS * scale
@@ -153,11 +173,15 @@ def main() -> None:
     print(f"{n} tools (load {report['environment']['load_avg_1m']}); goals scaled to {n} tools")
     print(f"  register_many         {report['register_many_s']:8.3f} s   goal <= {goals['register_many_s']['goal']:g} s"
           f"   {verdict(goals['register_many_s']['ok'])}   (CPU {report['register_many_cpu_s']} s, all threads)")
-    print(f"  register loop         {report['register_loop_s']:8.3f} s   "
-          f"(register_many / loop = {report['register_many_s'] / report['register_loop_s']:.3f}; "
-          f"CPU {report['register_loop_cpu_s']} s)")
+    if "register_loop_s" in report:
+        print(f"  register loop         {report['register_loop_s']:8.3f} s   "
+              f"(register_many / loop = {report['register_many_s'] / report['register_loop_s']:.3f}; "
+              f"CPU {report['register_loop_cpu_s']} s)")
     print(f"  offered() p50         {report['offered_ms']['p50']:8.2f} ms  goal <= {goals['offered_ms']['goal']:g} ms"
-          f"  {verdict(goals['offered_ms']['ok'])}   (p99 {report['offered_ms']['p99']} ms)")
+          f"  {verdict(goals['offered_ms']['ok'])}   (p99 {report['offered_ms']['p99']} ms; "
+          f"thread CPU p50 {report['offered_cpu_ms']['p50']} ms)")
+    print(f"  offered(), every schema read p50 {report['offered_read_all_ms']['p50']:8.2f} ms; "
+          f"declarations('openai') p50 {report['declarations_ms']['p50']:8.2f} ms")
     if "before" in report:
         b = report["before"]
         print(f"  before ({b['rev']}, {b['tools']} tools): register loop {b['register_loop_s']:.3f} s "

@@ -35,7 +35,10 @@ def result_bytes(result: ToolResult) -> int:
     """The bytes ``result`` costs a budget: its text (UTF-8), its images' and sounds'
     data, and its embedded resources' text (UTF-8) or blob (a text resource's text
     counts twice: it is also in the model's text)."""
-    return (len(result.content.encode("utf-8", "surrogatepass")) + sum(len(i.data) for i in result.images)
+    text = len(result.content.encode("utf-8", "surrogatepass"))
+    if not result.blocks and not result.images:  # text only, the usual case
+        return text
+    return (text + sum(len(i.data) for i in result.images)
             + sum(len(a.data) for a in result.audio) + sum(r.size for r in result.resources))
 
 
@@ -60,20 +63,25 @@ class ResultBudgets:
         self._lock = threading.Lock()
         self._sessions: dict[str, _Use] = {}
 
-    def charge(self, session: str, turn: int, size: int) -> tuple[str, int, int] | None:
+    def charge(self, session: str, turn: int, size: int, *, alone: bool = False) -> tuple[str, int, int] | None:
         """Charge ``size`` bytes to ``turn`` of ``session``: ``None`` when admitted, else
-        ``(scope, budget, left)`` (``scope`` ``"turn"`` or ``"session"``; nothing is charged)."""
+        ``(scope, budget, left)`` (``scope`` ``"turn"`` or ``"session"``; nothing is charged).
+        ``alone``: the turn's one call, nothing else is charged to it (its share is not
+        kept, and it needs no :meth:`turn_done`)."""
         with self._lock:
-            use = self._sessions.setdefault(session, _Use(turns={}))
+            use = self._sessions.get(session)
+            if use is None:
+                use = self._sessions[session] = _Use(turns={})
             assert use.turns is not None
-            in_turn = use.turns.get(turn, 0)
+            in_turn = 0 if alone else use.turns.get(turn, 0)
             if in_turn + size > self.per_turn:
                 use.refused += 1
                 return "turn", self.per_turn, self.per_turn - in_turn
             if use.session_bytes + size > self.per_session:
                 use.refused += 1
                 return "session", self.per_session, self.per_session - use.session_bytes
-            use.turns[turn] = in_turn + size
+            if not alone:
+                use.turns[turn] = in_turn + size
             use.session_bytes += size
             return None
 

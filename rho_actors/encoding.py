@@ -191,7 +191,11 @@ def _safe_repr(value: Any) -> str:
 def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
     """``text`` cut to ``max_chars`` characters with a notice giving the original size
     (the one cap for every result text, refusals included)."""
-    text = scrub_text(text)
+    return _cut(scrub_text(text), max_chars)
+
+
+def _cut(text: str, max_chars: int) -> tuple[str, bool]:
+    """:func:`cap_text` of a ``text`` already scrubbed."""
     if len(text) <= max_chars:
         return text, False
     notice = f"\n[output truncated: {len(text):,} characters in all, the first {max_chars:,} shown]"
@@ -204,6 +208,10 @@ def encode_output(value: Any, max_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> Enco
     Never raises: an unencodable value (or one whose encoding raises) falls back to its
     ``repr`` behind :data:`REPR_MARK`.
     """
+    if type(value) is str:  # the usual case: scrubbed once, then cut
+        text = scrub_text(value)
+        capped, truncated = _cut(text, max_chars)
+        return EncodedOutput(capped, False, truncated, len(text))
     is_repr = False
     try:
         if isinstance(value, str):

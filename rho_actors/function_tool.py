@@ -133,6 +133,7 @@ class FunctionTool:
         self._model = pydantic.create_model(
             f"{self._name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
         )
+        self._fields = tuple(self._model.model_fields)  # the arguments, read once: not on every call
         schema = self._model.model_json_schema()
         schema.pop("title", None)
         self._schema = schema
@@ -167,7 +168,7 @@ class FunctionTool:
 
     def _kwargs(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         model = self._model.model_validate(args)
-        kwargs = {field: getattr(model, field) for field in type(model).model_fields}
+        kwargs = {field: getattr(model, field) for field in self._fields}
         for param, typed in self._contexts.items():
             kwargs[param] = ToolContext(ctx) if typed and not isinstance(ctx, ToolContext) else ctx
         return kwargs

@@ -344,6 +344,8 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
     held to ``max_chars`` in all: past it they give way to one capped text at the first
     one's place); its ``content`` is then :func:`model_text` of them, capped at
     ``max_chars``."""
+    if type(value) is str:  # the usual case
+        return ToolResult(call_id, name, True, encode_output(value, max_chars).text, None, None, (), duration_ms)
     ok = True
     if isinstance(value, Ok):
         value = value.output

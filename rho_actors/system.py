@@ -55,7 +55,7 @@ from loguru import logger
 from rho_actors.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
 from rho_actors.declarations import checks as _decl
 from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
-from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView
+from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus, SupervisorEvent
 from rho_actors.files import UnsafePathError, private_dir
@@ -439,8 +439,9 @@ class ActorSystem:
         return self._timers
 
     def tools(self) -> list[ToolInfo]:
-        """The checked declarations of every tool that can be offered."""
-        return [entry.offered_info() for entry in self._tools.current.entries.values()]
+        """The checked declarations of every tool that can be offered, in registration
+        order, each the caller's own copy (as :meth:`Loop.offered`)."""
+        return copied_infos(list(self._tools.current.entries.values()))
 
     # --- loops --------------------------------------------------------------------------
 

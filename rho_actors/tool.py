@@ -35,10 +35,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import os
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -53,7 +54,9 @@ __all__ = [
     "MAX_URI_CHARS",
     "MAX_TIMEOUT_MS",
     "MEDIA",
+    "PendingSchema",
     "REQUIRED_CALLBACKS",
+    "SCHEMA_SLOT",
     "Resource",
     "Concurrency",
     "Details",
@@ -73,6 +76,7 @@ __all__ = [
     "default_timeout_ms",
     "is_tool",
     "is_untrusted",
+    "lazy_copies",
     "looks_like_context",
     "missing_callbacks",
     "timeout_ms",
@@ -267,12 +271,15 @@ MEDIA: Final = (Image, Audio, Resource)
 """The non-text parts a tool may return (alone or in a list or tuple)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class ToolInfo:
     """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
 
     ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of
-    the tool's JSON Schema (Draft 2020-12, top level ``"type": "object"``).
+    the tool's JSON Schema (Draft 2020-12, top level ``"type": "object"``). A copy
+    handed out by :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first
+    read of ``parameter_schema`` (equality, ``repr``, pickling, ``dataclasses.replace``
+    and ``asdict`` read it too), so an offer whose schemas are not read costs no copy.
     """
 
     name: str
@@ -284,6 +291,86 @@ class ToolInfo:
     def copy(self) -> ToolInfo:
         """A copy with its own deep copy of the schema, for handing out."""
         return dataclasses.replace(self, parameter_schema=copy.deepcopy(self.parameter_schema))
+
+
+class PendingSchema:
+    """A schema copy not made yet, in the ``parameter_schema`` slot of a
+    :class:`ToolInfo` from :func:`lazy_copies`: the first read of that attribute calls
+    ``take(info)`` once (under a lock) and keeps the dict it returns."""
+
+    __slots__ = ()
+
+    def take(self, info: ToolInfo) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _OwnSchema:
+    """``ToolInfo.parameter_schema``: the slot ``dataclass(slots=True)`` made, except
+    that a :class:`PendingSchema` in it is replaced by its copy on the first read, under
+    ``lock`` (re-entrant: a finalizer run by a collection inside ``loads`` may read one;
+    new in a fork child, where the thread holding it may not exist): concurrent first
+    reads get the same copy."""
+
+    __slots__ = ("_delete", "_get", "_set", "lock")
+
+    def __init__(self, slot: Any) -> None:
+        self._get, self._set, self._delete = slot.__get__, slot.__set__, slot.__delete__
+        self.lock = threading.RLock()
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        value = self._get(obj)
+        if not isinstance(value, PendingSchema):
+            return value
+        with self.lock:
+            value = self._get(obj)
+            if isinstance(value, PendingSchema):
+                value = value.take(obj)
+                self._set(obj, value)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self._set(obj, value)
+
+    def __delete__(self, obj: Any) -> None:
+        self._delete(obj)
+
+    def renew_lock(self) -> None:
+        self.lock = threading.RLock()
+
+
+SCHEMA_SLOT: Final = ToolInfo.__dict__["parameter_schema"]
+"""The slot of ``ToolInfo.parameter_schema`` itself (its ``__get__``/``__set__`` never
+take a :class:`PendingSchema`), for pending copies that fill several copies at once."""
+_OWN_SCHEMA: Final = _OwnSchema(SCHEMA_SLOT)
+type.__setattr__(ToolInfo, "parameter_schema", _OWN_SCHEMA)
+os.register_at_fork(after_in_child=_OWN_SCHEMA.renew_lock)
+
+
+def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | None]) -> list[ToolInfo]:
+    """A copy of each of ``infos`` to hand out, equal to it; its schema is taken from
+    the matching ``schemas`` entry (a :class:`PendingSchema` of that info's schema) on
+    its first read, or deep-copied now (:meth:`ToolInfo.copy`) where that is ``None``.
+    Made without ``__init__`` (about half its time): ``ToolInfo`` checks nothing when
+    made. Raises ``ValueError`` when the two differ in length."""
+    new, put_schema = object.__new__, SCHEMA_SLOT.__set__
+    put_name, put_description, put_timeout, put_concurrency = (
+        ToolInfo.__dict__[name].__set__ for name in ("name", "description", "timeout_ms", "concurrency"))
+    copies: list[ToolInfo] = []
+    append = copies.append
+    for info, schema in zip(infos, schemas, strict=True):
+        if schema is None:
+            append(info.copy())
+            continue
+        made = new(ToolInfo)
+        put_name(made, info.name)
+        put_description(made, info.description)
+        put_schema(made, schema)
+        put_timeout(made, info.timeout_ms)
+        put_concurrency(made, info.concurrency)
+        append(made)
+    return copies
 
 
 class ErrorKind(enum.StrEnum):

@@ -163,3 +163,18 @@ def test_turns_racing_the_loops_stop_get_exactly_one_result_per_call(system: Act
     assert all("is not running" in str(exc) for exc in refused)
     settled = [(e.call_id, e.kind) for e in events if e.kind in ("finished", "timed_out")]
     assert len(settled) == len(set(settled))  # no call settled twice
+
+
+def test_run_turn_past_its_wait_raises_and_the_turn_still_ends(system: ActorSystem) -> None:
+    """``run_turn(timeout_s=...)`` bounds the caller's wait: past it, ``TimeoutError``
+    naming the bound (the call goes on, and gets its one result); a negative bound does
+    not wait, an absurdly large one is clamped rather than overflowing."""
+    loop = system.start_loop("s")
+    with pytest.raises(TimeoutError, match=r"did not finish within 0.05 s"):
+        loop.run_turn([ToolCall("c1", "held", "{}")], timeout_s=0.05)
+    with pytest.raises(TimeoutError, match=r"did not finish within -1 s"):
+        loop.run_turn([ToolCall("c2", "held", "{}")], timeout_s=-1)
+    RELEASE.set()
+    [ok] = loop.run_turn([ToolCall("c3", "add", '{"a": 1, "b": 2}')], timeout_s=1e300)
+    assert ok.ok and ok.content == "3"
+    assert wait_for(lambda: not loop.running())  # the held calls end once released

@@ -13,10 +13,10 @@ dialect         shape
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Literal
 
 from rho_actors.declarations.checks import DeclarationError, check_declaration, checked_untrusted, read_declaration
+from rho_actors.declarations.toolset import plain_copy
 from rho_actors.tool import ToolInfo, is_untrusted
 
 __all__ = ["DIALECTS", "Dialect", "declaration", "to_dialect"]
@@ -26,11 +26,12 @@ DIALECTS: tuple[Dialect, ...] = ("openai", "anthropic", "mcp", "neutral")
 
 
 def to_dialect(info: ToolInfo, dialect: Dialect) -> dict[str, Any]:
-    """``info`` in a provider's format (a fresh dict; the schema is a deep copy).
+    """``info`` in a provider's format (a fresh dict; the schema is a deep copy: one
+    ``marshal`` round trip for plain JSON data).
 
     Raises ``ValueError`` for a dialect not in :data:`DIALECTS`.
     """
-    schema = copy.deepcopy(info.parameter_schema)
+    schema = plain_copy(info.parameter_schema)
     if dialect == "openai":
         return {
             "type": "function",

@@ -13,25 +13,28 @@ import gc
 import json
 import marshal
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final, final
 
 from jsonschema import Draft202012Validator
 
-from rho_actors.tool import ToolInfo
+from rho_actors.tool import SCHEMA_SLOT, PendingSchema, ToolInfo, lazy_copies
 
 __all__ = [
     "WORKER_SCOPES",
     "IsolationName",
+    "MarshalledSchema",
     "Placement",
     "ToolEntry",
     "ToolSet",
     "ToolSetView",
     "copied_infos",
     "make_placement",
-    "schemas_blob",
+    "offer_chunks",
+    "paused_for",
 ]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -87,6 +90,27 @@ def make_placement(
     return Placement(True, scope, MappingProxyType(env), MappingProxyType(plain))
 
 
+@final
+class MarshalledSchema(PendingSchema):
+    """A plain JSON schema (exact ``dict``/``list``/``str``/numbers/``bool``/``None``)
+    marshalled once: immutable bytes, shared by every :class:`ToolInfo` that
+    :func:`~rho_actors.tool.lazy_copies` makes of it, each of which decodes its own
+    copy on the first read of its ``parameter_schema``. Raises ``ValueError`` for a value ``marshal``
+    cannot copy exactly (a ``dict`` or ``list`` subclass, an object)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.data: Final = marshal.dumps(schema)
+
+    def take(self, info: ToolInfo) -> dict[str, Any]:
+        schema: dict[str, Any] = marshal.loads(self.data)
+        return schema
+
+    def __reduce__(self) -> tuple[Any, ...]:  # by value: marshal's format is per Python version
+        return (MarshalledSchema, (marshal.loads(self.data),))
+
+
 @dataclass(frozen=True, slots=True)
 class ToolEntry:
     """A registered tool with a checked declaration and its compiled argument validator."""
@@ -101,21 +125,20 @@ class ToolEntry:
     """The registration this entry comes from: a number no other registration of this
     system had, so a tool registered again (the same name, new code) has a new one. An
     untrusted tool's workers are scoped by it (DESIGN §5)."""
-    _schema: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    _schema: MarshalledSchema | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:  # a checked schema is JSON data: marshal copies it exactly, and fast
-            object.__setattr__(self, "_schema", marshal.dumps(self.info.parameter_schema))
+            object.__setattr__(self, "_schema", MarshalledSchema(self.info.parameter_schema))
         except ValueError:  # a dict or list subclass: offered_info copies it with deepcopy
             pass
 
     def offered_info(self) -> ToolInfo:
-        """A copy of ``info`` to hand out: its own deep copy of the schema (about 3 µs
-        for a small one, a fifth of :meth:`ToolInfo.copy`'s time)."""
-        info = self.info
-        if self._schema is None:
-            return info.copy()
-        return ToolInfo(info.name, info.description, marshal.loads(self._schema), info.timeout_ms, info.concurrency)
+        """A copy of ``info`` to hand out, equal to it, whose schema is its own deep
+        copy, decoded from the entry's marshalled schema on its first read
+        (:func:`~rho_actors.tool.lazy_copies`)."""
+        [info] = lazy_copies((self.info,), (self._schema,))
+        return info
 
     @property
     def untrusted(self) -> bool:
@@ -161,15 +184,6 @@ class ToolSetView:
         self.current = ToolSet()
 
 
-def schemas_blob(entries: Sequence[ToolEntry]) -> bytes | None:
-    """The schemas of ``entries`` marshalled as one list, for :func:`copied_infos`
-    (``None`` when one is not plain JSON data: a dict or list subclass)."""
-    try:
-        return marshal.dumps([entry.info.parameter_schema for entry in entries])
-    except ValueError:
-        return None
-
-
 def plain_copy(value: Any) -> Any:
     """A deep copy of ``value``: one ``marshal`` round trip for plain JSON data (exact
     ``dict``/``list``/``str``/numbers), ``copy.deepcopy`` for anything else."""
@@ -179,19 +193,71 @@ def plain_copy(value: Any) -> Any:
         return copy.deepcopy(value)
 
 
-def copied_infos(entries: Sequence[ToolEntry], blob: bytes | None) -> list[ToolInfo]:
-    """:meth:`ToolEntry.offered_info` of each entry, the schemas copied in one
-    ``marshal.loads`` of ``blob`` (from :func:`schemas_blob` of the same entries). A
-    large offer is copied with the cyclic garbage collector paused
-    (:func:`no_collection`)."""
-    with no_collection() if len(entries) >= _PAUSE_FROM else contextlib.nullcontext():
-        if blob is None:
-            return [entry.offered_info() for entry in entries]
-        return [ToolInfo(i.name, i.description, schema, i.timeout_ms, i.concurrency)
-                for i, schema in zip((entry.info for entry in entries), marshal.loads(blob), strict=True)]
-
-
 _PAUSE_FROM = 256  # entries
+_CHUNK = 512  # schemas of one offer decoded together
+
+
+def offer_chunks(entries: Sequence[ToolEntry]) -> tuple[bytes, ...] | None:
+    """The schemas of ``entries`` marshalled as lists of 512, for :func:`copied_infos`
+    (``None`` for an offer under 256 entries, or when a schema is not plain JSON data:
+    a dict or list subclass)."""
+    if len(entries) < _PAUSE_FROM:
+        return None
+    try:
+        return tuple(marshal.dumps([entry.info.parameter_schema for entry in entries[start:start + _CHUNK]])
+                     for start in range(0, len(entries), _CHUNK))
+    except ValueError:
+        return None
+
+
+class _Chunk(PendingSchema):
+    """The schemas of up to 512 consecutive copies of one offer (``copies``: weak
+    references to them, in order), decoded together on the first read of any of them:
+    one ``marshal.loads`` with the collector paused, each copy still alive and pending
+    given its own (far fewer collections and calls than 512 decodes in the caller's
+    code)."""
+
+    __slots__ = ("_blob", "copies")
+
+    def __init__(self, blob: bytes) -> None:
+        self._blob = blob
+        self.copies: list[weakref.ref[ToolInfo]] = []
+
+    def take(self, info: ToolInfo) -> dict[str, Any]:
+        peek, put = SCHEMA_SLOT.__get__, SCHEMA_SLOT.__set__
+        with no_collection():
+            values = marshal.loads(self._blob)
+            for ref, value in zip(self.copies, values, strict=True):
+                made = ref()
+                if made is not None and peek(made, ToolInfo) is self:
+                    put(made, value)
+        self.copies = []
+        schema: dict[str, Any] = peek(info, ToolInfo)
+        return schema
+
+
+def copied_infos(entries: Sequence[ToolEntry], chunks: tuple[bytes, ...] | None = None) -> list[ToolInfo]:
+    """:meth:`ToolEntry.offered_info` of each entry, in order: light copies, each
+    schema copied on its first read (:func:`~rho_actors.tool.lazy_copies`): from the
+    entry's own marshalled schema, or with ``chunks`` (:func:`offer_chunks` of the same
+    entries) with the 511 next to it in one decode. A large offer is made with the
+    cyclic garbage collector paused (:func:`no_collection`)."""
+    with paused_for(len(entries)):
+        infos = [entry.info for entry in entries]
+        if chunks is None:
+            return lazy_copies(infos, [entry._schema for entry in entries])
+        pending = [_Chunk(blob) for blob in chunks]
+        copies = lazy_copies(infos, [pending[i // _CHUNK] for i in range(len(infos))])
+        refs = list(map(weakref.ref, copies))
+        for number, chunk in enumerate(pending):
+            chunk.copies = refs[number * _CHUNK:(number + 1) * _CHUNK]
+        return copies
+
+
+def paused_for(entries: int) -> contextlib.AbstractContextManager[None]:
+    """:func:`no_collection` for a burst of work over ``entries`` offered tools from
+    256 of them (copies, declarations), else a block that changes nothing."""
+    return no_collection() if entries >= _PAUSE_FROM else contextlib.nullcontext()
 
 
 class _Pauses:

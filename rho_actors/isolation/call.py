@@ -55,16 +55,17 @@ _AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY, ErrorKind.UNAVAIL
 why, e.g. Ray still connecting at the deadline)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallSpec:
-    """Everything a CallActor needs: the tool, its decoded arguments, the ``ctx`` it
-    gets, when it was dispatched and its ``deadline`` (``time.monotonic()`` instants,
-    seconds) and ``reply``, called with the call's answer first (once; see
-    :class:`Answer`) and then with any result that came after it, each from the thread
-    that settled it (the CallActor's, or a deadline's). ``context``: the
+    """Everything a CallActor needs (read-only once built; not ``frozen`` only because a
+    frozen dataclass costs microseconds to build, on every call): the tool, its decoded
+    arguments, the ``ctx`` it gets, when it was dispatched and its ``deadline``
+    (``time.monotonic()`` instants, seconds) and ``reply``, called with the call's answer
+    first (once; see :class:`Answer`) and then with any result that came after it, each
+    from the thread that settled it (the CallActor's, or a deadline's). ``context``: the
     ``contextvars`` context the CallActor runs the call in (a copy of the submitter's;
-    ``None``: the empty one its pooled thread starts each job in); a worker process
-    does not get it."""
+    ``None``: the empty one its pooled thread starts each job in); a worker process does
+    not get it."""
 
     call_id: str
     name: str
@@ -153,7 +154,8 @@ class Answer:
             self.spec.reply(result)
         finally:
             self._delivered = True
-            self._drain()
+            if self._late:  # else the usual case; one handed on later sees ``_delivered`` and drains it
+                self._drain()
 
     def _hand_late(self, result: ToolResult) -> None:
         self._late.append(result)
@@ -161,8 +163,6 @@ class Answer:
             self._drain()
 
     def _drain(self) -> None:
-        if not self._late:  # the usual case; one handed on later sees ``_delivered`` and drains it
-            return
         while True:
             try:
                 result = self._late.pop(0)

@@ -171,7 +171,8 @@ class ThreadIsolation(Isolation):
         self._live = 0  # call threads running a call now
         self._forgotten = 0  # of those, given up at their deadline or by the host: no stop waits for them
         self._draining = False  # a shutdown waits for them: each one ending tells it
-        self._live_changed = threading.Condition()
+        self._live_lock = threading.Lock()  # guards the counts (taken as itself on every call: no Python frame)
+        self._live_changed = threading.Condition(self._live_lock)
 
     def _exhausted_reason(self, tool: str, session: str) -> dict[str, Any] | None:
         """Why a call of ``tool`` in ``session`` may not start a thread now (``None``: it
@@ -213,7 +214,7 @@ class ThreadIsolation(Isolation):
         except RuntimeError:  # the timers are stopped: the system is stopping
             raise pykka.ActorDeadError("the system is stopping") from None
         s.timers.run_due(call.dispatched)  # passed deadlines of other calls, while this thread runs
-        with self._live_changed:
+        with self._live_lock:
             self._live += 1
         # the hand-off last: the call thread, woken by it, finds little left before this thread waits
         self._pool.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
@@ -240,7 +241,7 @@ class ThreadIsolation(Isolation):
         except BaseException as exc:  # nothing the tool raises escapes into the pool
             result = call_failure(call, exc, (time.monotonic() - call.dispatched) * 1000)
         finally:
-            with self._live_changed:
+            with self._live_lock:
                 self._live -= 1
                 if self._draining:
                     self._live_changed.notify_all()

@@ -22,7 +22,7 @@ import pykka
 
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
-from rho_actors.declarations.toolset import ToolEntry
+from rho_actors.declarations.toolset import ToolEntry, paused_for
 from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.otp.actor import stop
 from rho_actors.telemetry import current_context
@@ -205,8 +205,9 @@ class Loop:
         ``TimeoutError`` past that, which only a broken runtime can cause.
         """
         batch = _checked_calls(calls)
-        future = self._submit(batch, _checked_cancel(cancel))
-        return future.result(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
+        latch = _Latch()
+        self._start_turn(batch, latch, _checked_cancel(cancel))
+        return latch.wait(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
 
     async def arun_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
@@ -250,8 +251,11 @@ class Loop:
         return self._turns().offered_entries()
 
     def declarations(self, dialect: Dialect = "neutral") -> list[dict[str, Any]]:
-        """:meth:`offered` in a provider's format (see :mod:`rho_actors.declarations.formats`)."""
-        return [to_dialect(info, dialect) for info in self.offered()]
+        """:meth:`offered` in a provider's format (see :mod:`rho_actors.declarations.formats`):
+        fresh dicts, each schema its own deep copy."""
+        entries = self.offered_entries()
+        with paused_for(len(entries)):  # a large offer: tens of thousands of new dicts
+            return [to_dialect(entry.info, dialect) for entry in entries]
 
     def set_withheld(self, names: Iterable[str]) -> None:
         """Replace the set of tool names this loop does not offer, from its next turn: a
@@ -319,6 +323,30 @@ class Loop:
         and a :class:`rho_actors.RestartIntensityExceeded` naming the crashes once its
         session supervisor gave up on it (it is not restarted again)."""
         return self._names.exit_reason(loop_name(self.session_id))
+
+
+class _Latch:
+    """Where the results of a turn waited for by :meth:`Loop.run_turn` land (the turn's
+    sink): one lock, held until they are set; lighter than a
+    ``concurrent.futures.Future``, which nothing else would see."""
+
+    __slots__ = ("_held", "_results")
+
+    def __init__(self) -> None:
+        self._results: list[ToolResult] = []
+        self._held = threading.Lock()
+        self._held.acquire()
+
+    def set_result(self, results: list[ToolResult]) -> None:
+        """The turn's results (from any thread; once)."""
+        self._results = results
+        self._held.release()
+
+    def wait(self, timeout_s: float) -> list[ToolResult]:
+        """The results, once set; raises ``TimeoutError`` after ``timeout_s`` seconds."""
+        if not self._held.acquire(timeout=min(max(0.0, timeout_s), threading.TIMEOUT_MAX)):
+            raise TimeoutError(f"the turn did not finish within {timeout_s} s")
+        return self._results
 
 
 class _Landing:

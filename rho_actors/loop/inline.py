@@ -31,6 +31,7 @@ thread, so it is not counted among abandoned threads).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import time
@@ -39,10 +40,12 @@ import pykka
 
 from rho_actors.isolation.call import Answer, CallSpec, call_failure
 from rho_actors.results import CANCELLED, failure, result_from_return
-from rho_actors.telemetry import attached
+from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ToolResult
 
 __all__ = ["InlineCall"]
+
+_NO_SPAN = contextlib.nullcontext()
 
 
 def _on(aio: asyncio.AbstractEventLoop) -> bool:
@@ -98,7 +101,8 @@ class InlineCall:
     async def _main(self) -> None:
         spec = self._spec
         try:
-            with attached(spec.ctx, spec.dispatched, spec.name):
+            # telemetry off: no span to make current, and no generator entered for none
+            with attached(spec.ctx, spec.dispatched, spec.name) if TRACEPARENT in spec.ctx else _NO_SPAN:
                 value = spec.tool.run(spec.args, spec.ctx)
                 if inspect.iscoroutine(value):
                     value = await value

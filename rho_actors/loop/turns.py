@@ -56,7 +56,7 @@ from loguru import logger
 from rho_actors.budgets import result_bytes
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
-from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, schemas_blob
+from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, offer_chunks
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
@@ -169,8 +169,8 @@ class Turns:
         # arguments texts found valid, by (tool name, text): the entry they were valid for,
         # the decoded value marshalled and whether the tool runs inline (decoded, checked once)
         self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes, bool]] = {}
-        # the last offer, by version: its entries and their schemas marshalled (offered() copies)
-        self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], bytes | None] | None = None
+        # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
+        self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
 
     # --- what is offered ----------------------------------------------------------------
 
@@ -187,12 +187,12 @@ class Turns:
         if offer is not None and offer[0] == tools.version and offer[1] is withheld:
             return offer[2]
         entries = tuple(self._offered(tools, withheld.names))
-        self._offer = (tools.version, withheld, entries, schemas_blob(entries))
+        self._offer = (tools.version, withheld, entries, offer_chunks(entries))
         return entries
 
     def offered(self) -> list[ToolInfo]:
-        """The checked declarations offered now, each its own copy (the schemas copied
-        in one ``marshal.loads``: see :func:`~rho_actors.declarations.toolset.copied_infos`)."""
+        """The checked declarations offered now, each its own copy (its schema copied on
+        its first read: see :func:`~rho_actors.declarations.toolset.copied_infos`)."""
         entries = self.offered_entries()
         offer = self._offer
         return copied_infos(entries, offer[3] if offer is not None and offer[2] is entries else None)
@@ -455,7 +455,7 @@ class Turns:
             self._emit("late", slot, result)
             return
         self._telemetry.call_ended(slot.span, result)
-        if self._limits.log_tracebacks:
+        if not result.ok and self._limits.log_tracebacks:
             trace = traceback_of(result)
             if trace is not None:
                 logger.error("session {}: tool {} {} in call {}:\n{}", self.session_id, result.name,
@@ -476,7 +476,7 @@ class Turns:
         """``result``, or an ``over_budget`` error when it would take its turn or session
         past its byte budget (:mod:`rho_actors.runtime`; under the turn's lock)."""
         size = result_bytes(result)
-        over = self._budgets.charge(self.session_id, turn.id, size)
+        over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
         if over is None:
             return result
         scope, budget, left = over
@@ -515,9 +515,9 @@ class Turns:
         caller decided, under the turn's lock, that the turn is finished)."""
         with self._lock:
             self._turns.pop(turn.id, None)
-        self._budgets.turn_done(self.session_id, turn.id)
-        results = [slot.result for slot in turn.slots]
-        assert all(r is not None for r in results)
+        if len(turn.slots) > 1:  # a one-call turn kept no share of its own
+            self._budgets.turn_done(self.session_id, turn.id)
+        results = [slot.result for slot in turn.slots]  # each has its result: the turn is finished
         with host_code():  # the future's done callbacks are the host's
             turn.future.set_result(results)  # type: ignore[arg-type]
 

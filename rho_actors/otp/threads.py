@@ -52,23 +52,32 @@ _Handoff = tuple[Job | None, str]
 _THREAD = threading.local()  # per thread: ``pool`` (the ThreadPool it serves), ``host`` (host_code depth)
 
 
-@contextlib.contextmanager
-def host_code() -> Iterator[None]:
+class _HostCode:
+    """:func:`host_code`'s context manager (a class, not a generator: it is entered
+    around every result handed to the host)."""
+
+    __slots__ = ("_depth",)
+
+    def __enter__(self) -> None:
+        pool: ThreadPool | None = getattr(_THREAD, "pool", None)
+        if pool is None:
+            self._depth = -1
+            return
+        pool.release()
+        self._depth = depth = getattr(_THREAD, "host", 0)
+        _THREAD.host = depth + 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._depth >= 0:
+            _THREAD.host = self._depth
+
+
+def host_code() -> contextlib.AbstractContextManager[None]:
     """Around the host's code run on this thread (a callback that may block, e.g. on a
     turn of another session): a job this thread's pool holds back for it
     (:meth:`ThreadPool.hand_over`) is started on another thread now, and no job
     submitted within the block is held back. Elsewhere a cheap no-op."""
-    pool: ThreadPool | None = getattr(_THREAD, "pool", None)
-    if pool is None:
-        yield
-        return
-    pool.release()
-    depth = getattr(_THREAD, "host", 0)
-    _THREAD.host = depth + 1
-    try:
-        yield
-    finally:
-        _THREAD.host = depth
+    return _HostCode()
 
 
 class ThreadPool:

@@ -102,7 +102,8 @@ class Timers:
     def __init__(self, name: str = "rho_actors-timers") -> None:
         self._heap: list[tuple[float, int, Timer]] = []
         self._seq = itertools.count()
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # taken as itself where nothing waits (no Python frame per call)
+        self._cond = threading.Condition(self._lock)
         self._stopped = False
         self._dead = 0  # cancelled timers still in the heap (a count that may run short: a hint)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -120,7 +121,7 @@ class Timers:
         if timer._owner is not None:
             raise ValueError(f"{timer!r} is scheduled already")
         timer._owner = self
-        with self._cond:
+        with self._lock:
             if self._stopped:
                 raise RuntimeError("timers are stopped")
             heapq.heappush(self._heap, (timer.when, next(self._seq), timer))
@@ -183,7 +184,7 @@ class Timers:
             return 0
         fired = 0
         while fired < limit:
-            with self._cond:
+            with self._lock:
                 if self._stopped or not self._heap or self._heap[0][0] > now:
                     break
                 timer = self._heap[0][2]
