@@ -40,12 +40,15 @@ Usage::
     .venv/bin/python benchmarks/bench_peers.py            # full run, a few minutes
     .venv/bin/python benchmarks/bench_peers.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_peers.py --json     # one JSON object on stdout
+    .venv/bin/python benchmarks/bench_peers.py --only bfcl --bfcl-runs 5   # part 4 alone
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import functools
 import gc
 import importlib
 import json
@@ -655,6 +658,18 @@ def plan_entry(bfcl: ModuleType, entry: Any, functions: Mapping[str, Any]) -> li
     return turns
 
 
+def planned_withheld(bfcl: ModuleType, entry: Any, turns: int, functions: Mapping[str, Any]) -> list[list[str] | None]:
+    """The names a session withholds, sorted: at its start (index 0), then at each turn
+    where they change (None where they stay as they were)."""
+    planned: list[list[str] | None] = []
+    before: set[str] | None = None
+    for t in range(turns):
+        now = bfcl.withheld_for_turn(entry, t, functions)
+        planned.append(sorted(now) if t == 0 or now != before else None)
+        before = now
+    return planned
+
+
 def langgraph_bfcl_node(bfcl: ModuleType, functions: Mapping[str, Any]) -> Any:
     """One ToolNode over every BFCL function, built once; each tool finds its session's
     backend in ``config["configurable"]["deps"]`` and returns BFCL's result text."""
@@ -675,33 +690,43 @@ def langgraph_bfcl_node(bfcl: ModuleType, functions: Mapping[str, Any]) -> Any:
     return ToolNode([make(f) for f in functions.values()], handle_tool_errors=True)
 
 
+def timed(run: Callable[[], object]) -> tuple[float, float]:
+    """Wall and process CPU seconds (every thread's) of ``run()``."""
+    gc.collect()
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 def time_bfcl_runs(
     plan: Plan,
     data_dir: Path,
     bfcl: ModuleType,
     functions: Mapping[str, Any],
-    rho_sessions: Callable[[ActorSystem, bool], float],
-    langgraph_sessions: Callable[[bool], float],
-    direct_sessions: Callable[[], float],
-) -> dict[str, list[float]]:
-    """The whole-session wall times (s) of each path, interleaved run by run; run 0
-    warms up and checks every result against direct calls."""
+    rho_sessions: Callable[[ActorSystem, bool], None],
+    langgraph_sessions: Callable[[bool], None],
+    direct_sessions: Callable[[], None],
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """The whole-session wall and process CPU times (s) of each path, interleaved run
+    by run; run 0 warms up and checks every result against direct calls."""
     walls: dict[str, list[float]] = {"rho": [], "langgraph": [], "direct": []}
+    cpus: dict[str, list[float]] = {"rho": [], "langgraph": [], "direct": []}
     with ActorSystem(data_dir=data_dir) as system:
         for tool_ in bfcl.make_tools(functions):
             system.register(tool_, origin=f"bfcl {tool_.function.class_name}.{tool_.function.name}")
         for run in range(plan.bfcl_runs + 1):  # run 0 warms up and checks every result
-            gc.collect()
-            rho_s = rho_sessions(system, run == 0)
-            gc.collect()
-            lg_s = langgraph_sessions(run == 0)
-            gc.collect()
-            direct_s = direct_sessions()
-            if run:
-                walls["rho"].append(rho_s)
-                walls["langgraph"].append(lg_s)
-                walls["direct"].append(direct_s)
-    return walls
+            check = run == 0
+            paths: dict[str, Callable[[], object]] = {
+                "rho": functools.partial(rho_sessions, system, check),
+                "langgraph": functools.partial(langgraph_sessions, check),
+                "direct": direct_sessions,
+            }
+            for name, path in paths.items():
+                wall_s, cpu_s = timed(path)
+                if run:
+                    walls[name].append(wall_s)
+                    cpus[name].append(cpu_s)
+    return walls, cpus
 
 
 def bench_bfcl(plan: Plan, data_dir: Path) -> dict[str, Any]:
@@ -714,6 +739,9 @@ def bench_bfcl(plan: Plan, data_dir: Path) -> dict[str, Any]:
     except Exception as exc:  # BfclUnavailableError, or bfcl_eval missing
         return {"skipped": True, "reason": f"BFCL is unavailable ({exc})"}
     plans = [plan_entry(bfcl, e, functions) for e in entries]
+    # each turn's withheld names, sorted, or None where they do not change: the data set's
+    # answer, worked out once outside the timings as the calls are
+    withheld_plans = [planned_withheld(bfcl, e, len(p), functions) for e, p in zip(entries, plans, strict=True)]
     calls = sum(len(t) for p in plans for t in p)
     node = langgraph_bfcl_node(bfcl, functions)
     mismatches = {"rho": 0, "langgraph": 0}
@@ -725,28 +753,23 @@ def bench_bfcl(plan: Plan, data_dir: Path) -> dict[str, Any]:
 
     expected = [direct_texts(e, p) for e, p in zip(entries, plans, strict=True)]
 
-    def rho_sessions(system: ActorSystem, check: bool) -> float:
-        t0 = time.perf_counter()
-        for entry, turns, want in zip(entries, plans, expected, strict=True):
+    def rho_sessions(system: ActorSystem, check: bool) -> None:
+        for entry, turns, withheld, want in zip(entries, plans, withheld_plans, expected, strict=True):
             instances = bfcl.build_instances(entry)
-            withheld = bfcl.withheld_for_turn(entry, 0, functions)
-            loop = system.start_loop(session_id=entry.id, withheld=sorted(withheld), deps=instances)
+            loop = system.start_loop(session_id=entry.id, withheld=withheld[0] or (), deps=instances)
             try:
                 for t, turn in enumerate(turns):
-                    now = bfcl.withheld_for_turn(entry, t, functions)
-                    if now != withheld:
-                        loop.set_withheld(sorted(now))
-                        withheld = now
+                    changed = withheld[t] if t else None
+                    if changed is not None:
+                        loop.set_withheld(changed)
                     if turn:
                         results = loop.run_turn([ToolCall(p.call_id, p.name, p.arguments_json) for p in turn])
                         if check:
                             mismatches["rho"] += sum(r.content != w for r, w in zip(results, want[t], strict=True))
             finally:
                 loop.stop()
-        return time.perf_counter() - t0
 
-    def langgraph_sessions(check: bool) -> float:
-        t0 = time.perf_counter()
+    def langgraph_sessions(check: bool) -> None:
         for entry, turns, want in zip(entries, plans, expected, strict=True):
             config = node_config(configurable={"deps": bfcl.build_instances(entry)}, max_concurrency=1)
             for t, turn in enumerate(turns):
@@ -757,24 +780,22 @@ def bench_bfcl(plan: Plan, data_dir: Path) -> dict[str, Any]:
                     got = node.invoke({"messages": [message]}, config)["messages"]
                     if check:
                         mismatches["langgraph"] += sum(m.content != w for m, w in zip(got, want[t], strict=True))
-        return time.perf_counter() - t0
 
-    def direct_sessions() -> float:
-        t0 = time.perf_counter()
+    def direct_sessions() -> None:
         for entry, turns in zip(entries, plans, strict=True):
             instances = bfcl.build_instances(entry)
             for turn in turns:
                 for p in turn:
                     bfcl.execute_direct(instances[functions[p.name].class_name], p.name, p.args)
-        return time.perf_counter() - t0
 
-    walls = time_bfcl_runs(plan, data_dir, bfcl, functions, rho_sessions, langgraph_sessions, direct_sessions)
+    walls, cpus = time_bfcl_runs(plan, data_dir, bfcl, functions, rho_sessions, langgraph_sessions, direct_sessions)
     return {
         "skipped": False,
         "sessions": len(entries),
         "calls": calls,
         "runs": plan.bfcl_runs,
         "wall_s": {k: summary(v, 4) for k, v in walls.items()},
+        "cpu_s": {k: summary(v, 4) for k, v in cpus.items()},
         "result_mismatches": mismatches,
     }
 
@@ -847,6 +868,28 @@ def bench_throughput(system: ActorSystem, peers: Peers, plan: Plan) -> dict[str,
 def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every goal of #12 and #26: ``ratio`` against ``limit``, ``at_most`` (a ratio
     that must stay below its limit) or not (one that must reach it)."""
+    rows: list[tuple[str, float, float, bool]] = []
+    if "per_call" in report:
+        rows += per_call_targets(report)
+    b = report["bfcl"]
+    if not b.get("skipped"):
+        rows.append(("BFCL whole sessions rho / LangGraph ToolNode",
+                     b["wall_s"]["rho"]["p50"] / b["wall_s"]["langgraph"]["p50"], 0.25, True))
+        rows.append(("BFCL whole sessions, process CPU: rho / LangGraph",
+                     b["cpu_s"]["rho"]["p50"] / b["cpu_s"]["langgraph"]["p50"], 0.25, True))
+    if "throughput" in report:
+        t = report["throughput"]
+        rows.append((f"{t['sessions']}x{t['turns']}x{t['calls_per_turn']} calls/s from {t['threads']} threads: "
+                     "rho / LangGraph", t["rho"]["calls_per_s"] / t["langgraph"]["calls_per_s"], 2.0, False))
+    if "parallel" in report:
+        rows.append(("16 x 100 ms untrusted (process) / ideal",
+                     report["parallel"]["rho run_turn untrusted (process, default pool)"]["ratio_to_ideal"], 1.2, True))
+    return [{"target": name, "ratio": round(r, 3), "limit": lim, "at_most": at_most,
+             "pass": r <= lim if at_most else r >= lim} for name, r, lim, at_most in rows]
+
+
+def per_call_targets(report: Mapping[str, Any]) -> list[tuple[str, float, float, bool]]:
+    """The goals of part 1 (a no-op call)."""
     p = report["per_call"]
 
     def p50(label: str) -> float:
@@ -854,7 +897,7 @@ def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     rho = p50("rho run_turn @tool (thread)")
     oa = p50("OpenAI Agents on_invoke_tool")
-    rows: list[tuple[str, float, float, bool]] = [
+    rows = [
         ("no-op run_turn / OpenAI Agents on_invoke_tool", rho / oa, 1.0, True),
         ("no-op run_turn / pykka start+ask+stop", rho / p50("pykka start + ask + stop"), 0.6, True),
         ("no-op run_turn / LangGraph ToolNode.ainvoke", rho / p50("LangGraph ToolNode.ainvoke"), 0.35, True),
@@ -864,17 +907,7 @@ def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         ("process isolation @tool / static", p50("rho run_turn @tool (process)") / p50("rho run_turn static (process)"),
          1.15, True),
     ]
-    b = report["bfcl"]
-    if not b.get("skipped"):
-        rows.append(("BFCL whole sessions rho / LangGraph ToolNode",
-                     b["wall_s"]["rho"]["p50"] / b["wall_s"]["langgraph"]["p50"], 0.25, True))
-    t = report["throughput"]
-    rows.append((f"{t['sessions']}x{t['turns']}x{t['calls_per_turn']} calls/s from {t['threads']} threads: "
-                 "rho / LangGraph", t["rho"]["calls_per_s"] / t["langgraph"]["calls_per_s"], 2.0, False))
-    rows.append(("16 x 100 ms untrusted (process) / ideal",
-                 report["parallel"]["rho run_turn untrusted (process, default pool)"]["ratio_to_ideal"], 1.2, True))
-    return [{"target": name, "ratio": round(r, 3), "limit": lim, "at_most": at_most,
-             "pass": r <= lim if at_most else r >= lim} for name, r, lim, at_most in rows]
+    return rows
 
 
 def print_text(report: Mapping[str, Any]) -> None:
@@ -882,6 +915,24 @@ def print_text(report: Mapping[str, Any]) -> None:
     vs = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
     print(f"rho_actors vs peers ({env['mode']} run; python {env['python']}, {env['cpus']} CPUs, "
           f"load {env['load_avg_1m']}; {vs})")
+    if "per_call" in report:
+        print_calls(report)
+    print_bfcl(report["bfcl"])
+    if "throughput" in report:
+        t = report["throughput"]
+        print(f"\n5. throughput: {t['sessions']} sessions x {t['turns']} turns x {t['calls_per_turn']} no-op calls "
+              f"from {t['threads']} threads ({t['calls']} calls)")
+        for k in ("rho", "langgraph"):
+            print(f"   {k:<10} {t[k]['wall_s']:>8.3f} s  {t[k]['calls_per_s']:>10.1f} calls/s")
+    print(f"\n#12 and #26 goals (load average {env['load_avg_1m']} at the start, "
+          f"{report['environment'].get('load_avg_end')} at the end)")
+    for t in report["targets"]:
+        sign = "<=" if t["at_most"] else ">="
+        print(f"   {t['target']:<58} {t['ratio']:>6.2f}x  {sign} {t['limit']:g}x  {verdict(t['pass'])}")
+
+
+def print_calls(report: Mapping[str, Any]) -> None:
+    """Parts 1 to 3 as text."""
     pc = report["per_call"]
     rho = pc["rho run_turn @tool (thread)"]["p50"]
     print("\n1. no-op tool, one call (us; ratio = p50 / rho run_turn @tool thread p50)")
@@ -898,35 +949,35 @@ def print_text(report: Mapping[str, Any]) -> None:
         state = "stopped" if h["stopped"] else "STILL RUNNING"
         print(f"   {label:<42} {h['to_result_ms']:>7.1f} ms  {h['ticks_at_result']:>3} -> {h['ticks_after']:>3} "
               f"{state:<13}  {h['outcome']}")
-    b = report["bfcl"]
+
+
+def print_bfcl(b: Mapping[str, Any]) -> None:
+    """Part 4 as text."""
     print("\n4. BFCL multi_turn_base, whole sessions (s)")
     if b.get("skipped"):
         print(f"   skipped: {b['reason']}")
     else:
-        w = b["wall_s"]
+        w, c = b["wall_s"], b["cpu_s"]
         print(f"   {b['sessions']} sessions, {b['calls']} calls, {b['runs']} run(s) after a warm-up; "
               f"results differing from direct calls: {b['result_mismatches']}")
         for k in ("rho", "langgraph", "direct"):
             print(f"   {k:<10} p50 {w[k]['p50']:.4f}  min {w[k]['min']:.4f}  ratio to rho "
-                  f"{w[k]['p50'] / w['rho']['p50']:.2f}")
-    t = report["throughput"]
-    print(f"\n5. throughput: {t['sessions']} sessions x {t['turns']} turns x {t['calls_per_turn']} no-op calls "
-          f"from {t['threads']} threads ({t['calls']} calls)")
-    for k in ("rho", "langgraph"):
-        print(f"   {k:<10} {t[k]['wall_s']:>8.3f} s  {t[k]['calls_per_s']:>10.1f} calls/s")
-    print(f"\n#12 and #26 goals (load average {env['load_avg_1m']} at the start, "
-          f"{report['environment'].get('load_avg_end')} at the end)")
-    for t in report["targets"]:
-        sign = "<=" if t["at_most"] else ">="
-        print(f"   {t['target']:<58} {t['ratio']:>6.2f}x  {sign} {t['limit']:g}x  {verdict(t['pass'])}")
+                  f"{w[k]['p50'] / w['rho']['p50']:.2f}   process CPU p50 {c[k]['p50']:.4f}  ratio to rho "
+                  f"{c[k]['p50'] / c['rho']['p50']:.2f}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every number, nothing else")
+    parser.add_argument("--only", choices=("bfcl",), help="run this part alone (bfcl: part 4, BFCL whole sessions)")
+    parser.add_argument("--bfcl-runs", type=int, metavar="N", help="timed runs of part 4 (default: 3, --quick 1)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    if args.bfcl_runs is not None:
+        if args.bfcl_runs < 1:
+            parser.error(f"--bfcl-runs must be at least 1, got {args.bfcl_runs}")
+        plan = dataclasses.replace(plan, bfcl_runs=args.bfcl_runs)
     started = time.perf_counter_ns()
     reason = missing_peers()
     if reason is not None:
@@ -938,21 +989,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {"environment": environment(args.quick, versions=versions())}
     aio = asyncio.new_event_loop()
     try:
-        peers = Peers()
-        with tempfile.TemporaryDirectory(prefix="rho-peers-") as tmp, ActorSystem(data_dir=tmp) as system:
-            for t in (rho_noop, rho_anoop, StaticNoop, rho_sleep, rho_hung):
-                system.register(t)
-            for t in (rho_noop_p, StaticNoopP, rho_hung_p):
-                system.register(t, isolation="process")
-            system.register(rho_sleep_untrusted, untrusted=True)
-            loop = system.start_loop("bench-peers")
-            try:
-                report["per_call"] = bench_per_call(loop, peers, aio, plan)
-                report["parallel"] = bench_parallel(loop, peers, aio, plan)
-                report["hung"] = bench_hung(loop, peers, aio, Path(tmp))
-            finally:
-                loop.stop()
-            report["throughput"] = bench_throughput(system, peers, plan)
+        if args.only is None:
+            measure_calls(report, aio, plan)
         with tempfile.TemporaryDirectory(prefix="rho-peers-bfcl-") as tmp:
             report["bfcl"] = bench_bfcl(plan, Path(tmp))
         report["targets"] = targets(report)
@@ -965,6 +1003,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["environment"]["load_avg_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     report["environment"]["pid"] = os.getpid()
     return publish(report, started, args.json, print_text)
+
+
+def measure_calls(report: dict[str, Any], aio: asyncio.AbstractEventLoop, plan: Plan) -> None:
+    """Parts 1, 2, 3 and 5 into ``report``."""
+    peers = Peers()
+    with tempfile.TemporaryDirectory(prefix="rho-peers-") as tmp, ActorSystem(data_dir=tmp) as system:
+        for t in (rho_noop, rho_anoop, StaticNoop, rho_sleep, rho_hung):
+            system.register(t)
+        for t in (rho_noop_p, StaticNoopP, rho_hung_p):
+            system.register(t, isolation="process")
+        system.register(rho_sleep_untrusted, untrusted=True)
+        loop = system.start_loop("bench-peers")
+        try:
+            report["per_call"] = bench_per_call(loop, peers, aio, plan)
+            report["parallel"] = bench_parallel(loop, peers, aio, plan)
+            report["hung"] = bench_hung(loop, peers, aio, Path(tmp))
+        finally:
+            loop.stop()
+        report["throughput"] = bench_throughput(system, peers, plan)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ Example::
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from rho_actors.errors import RhoError
@@ -50,18 +52,19 @@ def _component(part: str) -> str:
     return part
 
 
-def _open_child_dir(parent_fd: int, part: str, where: Path, create: bool) -> int:
-    if create:
+def _open_child_dir(parent_fd: int, part: str, where: Callable[[], Path], create: bool) -> int:
+    try:  # opened first: a folder that exists (the usual case) costs no mkdir
+        fd = os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if not create:
+            raise
         try:
             os.mkdir(part, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
+        except FileExistsError:  # made meanwhile by another thread or process: opened and checked below
             pass
-    try:
-        fd = os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = _open_made_dir(parent_fd, part, where)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            found = os.stat(part, dir_fd=parent_fd, follow_symlinks=False)
-            raise UnsafePathError(f"{where} is {_kind(found.st_mode)}, not a folder") from None
+        _raise_unsafe(exc, parent_fd, part, where)
         raise
     try:
         if stat.S_IMODE(os.fstat(fd).st_mode) != 0o700:
@@ -70,6 +73,21 @@ def _open_child_dir(parent_fd: int, part: str, where: Path, create: bool) -> int
         os.close(fd)
         raise
     return fd
+
+
+def _open_made_dir(parent_fd: int, part: str, where: Callable[[], Path]) -> int:
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        _raise_unsafe(exc, parent_fd, part, where)
+        raise
+
+
+def _raise_unsafe(exc: OSError, parent_fd: int, part: str, where: Callable[[], Path]) -> None:
+    """Raise :class:`UnsafePathError` when opening ``part`` failed on a symlink or a non-folder."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        found = os.stat(part, dir_fd=parent_fd, follow_symlinks=False)
+        raise UnsafePathError(f"{where()} is {_kind(found.st_mode)}, not a folder") from None
 
 
 def private_dir(root: str | Path, *parts: str, create: bool = True) -> Path:
@@ -81,19 +99,23 @@ def private_dir(root: str | Path, *parts: str, create: bool = True) -> Path:
     ``ValueError`` for a part that is not one path component, ``FileNotFoundError``
     when a part is missing and not ``create``, and ``OSError``."""
     root = Path(root)
-    if create:
-        root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    where = root
+    for part in parts:
+        _component(part)
     try:
-        for part in parts:
-            where = where / _component(part)
-            child = _open_child_dir(fd, part, where, create)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if not create:
+            raise
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for depth, part in enumerate(parts, 1):
+            child = _open_child_dir(fd, part, functools.partial(root.joinpath, *parts[:depth]), create)
             os.close(fd)
             fd = child
     finally:
         os.close(fd)
-    return where
+    return root.joinpath(*parts)
 
 
 def open_regular(path: str | Path, flags: int, mode: int = 0o600) -> int:

@@ -31,10 +31,10 @@ def _check_summary(s: Any) -> None:
     assert s["min"] <= s["p50"] <= s["p99"]
 
 
-def _quick_json(script: Path) -> dict[str, Any]:
-    """The report of ``script --quick --json``, which must exit 0."""
+def _quick_json(script: Path, *options: str) -> dict[str, Any]:
+    """The report of ``script --quick --json [options]``, which must exit 0."""
     proc = subprocess.run(
-        [sys.executable, str(script), "--quick", "--json"],
+        [sys.executable, str(script), "--quick", "--json", *options],
         capture_output=True,
         check=False,
         text=True,
@@ -148,6 +148,22 @@ def test_peers_targets_and_bfcl(peers_report: dict[str, Any]) -> None:
         assert all(0 <= n <= b["calls"] for n in b["result_mismatches"].values())
         for k in ("rho", "langgraph", "direct"):
             _check_summary(b["wall_s"][k])
+            _check_summary(b["cpu_s"][k])
+
+
+@pytest.mark.slow
+def test_peers_bfcl_part_alone() -> None:
+    if not _peers_installed():
+        pytest.skip("the peers extra is not installed (pip install -e '.[peers]')")
+    report = _quick_json(PEERS_SCRIPT, "--only", "bfcl", "--bfcl-runs", "2")
+    assert "per_call" not in report and "throughput" not in report  # part 4 only
+    b = report["bfcl"]
+    if b["skipped"]:
+        assert report["targets"] == []
+        return
+    assert b["runs"] == 2 and b["wall_s"]["rho"]["n"] == 2
+    assert [t["target"] for t in report["targets"]] == [
+        "BFCL whole sessions rho / LangGraph ToolNode", "BFCL whole sessions, process CPU: rho / LangGraph"]
 
 
 def test_deadlines_bench_reports_lateness_and_no_ok_after_a_deadline() -> None:
@@ -162,3 +178,9 @@ def test_deadlines_bench_reports_lateness_and_no_ok_after_a_deadline() -> None:
     assert late["n"] >= 100 and late["p50"] <= late["p99"] <= late["max"]
     assert figures["decided_ms"]["p50"] <= figures["decided_ms"]["p99"]
     assert isinstance(data["environment"]["load_avg_1m"], float | int)
+
+
+def test_peers_bench_refuses_a_run_count_below_one() -> None:
+    proc = subprocess.run([sys.executable, str(PEERS_SCRIPT), "--only", "bfcl", "--bfcl-runs", "0"],
+                          capture_output=True, check=False, text=True, timeout=60, cwd=SCRIPT.parent.parent)
+    assert proc.returncode == 2 and "--bfcl-runs must be at least 1, got 0" in proc.stderr

@@ -146,3 +146,24 @@ def test_private_dir_refuses_path_tricks(tmp_path: Path) -> None:
             private_dir(tmp_path, part)
     assert private_dir(tmp_path, "a", "b") == tmp_path / "a" / "b"
     assert stat.S_IMODE(os.lstat(tmp_path / "a").st_mode) == 0o700
+
+
+def test_private_dir_opens_an_existing_folder_and_refuses_what_is_no_folder(tmp_path: Path) -> None:
+    root = tmp_path / "new" / "root"
+    with pytest.raises(FileNotFoundError):
+        private_dir(root, "a", create=False)  # nothing is made without create
+    assert not root.exists()
+    assert private_dir(root, "a", "b") == root / "a" / "b"  # root made with its parents, then each part
+    os.chmod(root / "a" / "b", 0o755)
+    assert private_dir(root, "a", "b", create=False) == root / "a" / "b"  # it exists: opened, checked, tightened
+    assert stat.S_IMODE(os.lstat(root / "a" / "b").st_mode) == 0o700
+    (root / "a" / "file").write_text("x")
+    with pytest.raises(UnsafePathError, match=r"a/file is not a regular file|a/file is .*not a folder"):
+        private_dir(root, "a", "file")
+    os.symlink(tmp_path / "missing", root / "a" / "dangling")
+    with pytest.raises(UnsafePathError, match="a/dangling is a symlink, not a folder"):
+        private_dir(root, "a", "dangling")  # a dangling symlink is not made into a folder through
+    assert not (tmp_path / "missing").exists()
+    with pytest.raises(ValueError, match="single path component"):
+        private_dir(root, "a", "..", "c")  # refused before anything is opened or made
+    assert not (root / "a" / "c").exists()

@@ -4,9 +4,10 @@ A turn does not pass through the LoopActor's inbox: the host's
 :class:`~rho_actors.loop.handle.Loop` prepares and starts it in its own thread through
 the session's :class:`~rho_actors.loop.turns.Turns`, which the LoopActor builds and
 owns, and each call's result is settled in the thread that has it. The LoopActor keeps
-what must be serial and what supervision needs: the withheld names (``SetWithheld``
-swaps the snapshot turns are prepared against), the host's cancels (``CancelTurn``),
-the view of running calls (``Running``), and the session's end: at its stop or crash,
+what must be serial and what supervision needs: the host's cancels (``CancelTurn``),
+the view of running calls (``Running``; the handle reads it directly), a ``SetWithheld``
+told to it (the handle sets the withheld snapshot on the :class:`Turns` itself), and
+the session's end: at its stop or crash,
 :meth:`Turns.close` refuses new turns and answers every open call (``session_stopped``
 or ``loop_crashed``); its supervisor restarts a crashed loop with a fresh
 :class:`~rho_actors.loop.turns.Turns`, which the handle finds by the new actor's urn.
@@ -36,7 +37,12 @@ class LoopActor(Actor):
     """One agent session: owns its :class:`Turns` (DESIGN §4). Start it through
     :meth:`rho_actors.ActorSystem.start_loop`, which returns a :class:`Loop`.
     ``withheld`` is a set of names, or the session's :class:`SessionWithheld`, which
-    ``SetWithheld`` updates too, so a restart starts with the names withheld last."""
+    ``SetWithheld`` updates too, so a restart starts with the names withheld last. Its
+    turns run in the host's threads, so it takes a thread only at its first message (a
+    cancel, a kill, a message told by a tool), and a session that got none is ended in
+    the thread of :meth:`Loop.stop` (:attr:`rho_actors.Actor.starts_on_first_message`)."""
+
+    starts_on_first_message = True
 
     def __init__(
         self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str] | SessionWithheld,
@@ -45,9 +51,6 @@ class LoopActor(Actor):
         super().__init__()
         self.session_id = session_id
         self._runtime = runtime
-        self._withheld = withheld if isinstance(withheld, SessionWithheld) else None
-        if isinstance(withheld, SessionWithheld):
-            withheld = withheld.names
         self.thread_pool = runtime.threads
         self.turns = Turns(ref=self.actor_ref, session_id=session_id, data_dir=data_dir, deps=deps,
                            withheld=withheld, runtime=runtime, allowed=allowed)
@@ -66,9 +69,7 @@ class LoopActor(Actor):
         elif isinstance(message, Running):
             return self.turns.running()
         elif isinstance(message, SetWithheld):
-            if self._withheld is not None:  # kept for a restart
-                self._withheld.names = message.names
-            self.turns.set_withheld(message.names)
+            self.turns.set_withheld(message.names)  # kept for a restart too
         else:
             logger.warning("loop {} ignored an unknown message {!r}", self.session_id, message)
         return None

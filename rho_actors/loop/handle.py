@@ -3,8 +3,8 @@
 The LoopActor itself is :class:`rho_actors.loop.actor.LoopActor`; the handle finds it
 by name (so it follows restarts). A turn is prepared and started in the caller's thread
 through the LoopActor's :class:`~rho_actors.loop.turns.Turns` (no message, no thread
-woken on the way in); the offer and the running calls are read there too. Withheld
-changes and stops are messages of :mod:`rho_actors.loop.messages`.
+woken on the way in); the offer and the running calls are read there too, and withheld
+changes are set there. Stops are messages to the LoopActor.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import pykka
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry, paused_for
-from rho_actors.loop.messages import SetWithheld, loop_name, make_session_folder
-from rho_actors.otp.actor import NORMAL
+from rho_actors.loop.messages import loop_name, make_session_folder
+from rho_actors.otp.actor import NORMAL, stop
 from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
@@ -49,6 +49,10 @@ def withheld_names(names: Iterable[str]) -> frozenset[str]:
     name that is not a ``str``."""
     if isinstance(names, (str, bytes)):
         raise TypeError(f"withheld takes a collection of tool names, got the single string {names!r}")
+    if type(names) in (list, tuple, set, frozenset):  # the usual case: plain strs, hashed and compared as str
+        items = tuple(names)
+        if not items or set(map(type, items)) == {str}:
+            return frozenset(items)
     checked = set()
     for name in names:
         if not isinstance(name, str):
@@ -279,23 +283,23 @@ class Loop:
             return [to_dialect(entry.info, dialect) for entry in entries]
 
     def set_withheld(self, names: Iterable[str]) -> None:
-        """Replace the set of tool names this loop does not offer (from its next turn).
-        Raises ``TypeError`` for a single ``str`` (a name list is wanted) or a name that
-        is not a ``str``, and as a turn does when the loop is not running (a crashed
-        loop's restart is waited for; it keeps these names)."""
-        message = SetWithheld(withheld_names(names))
+        """Replace the set of tool names this loop does not offer, from its next turn: a
+        turn started after this returns (from any thread) sees the new set, one being
+        prepared meanwhile sees the old or the new set whole, never a mix. Set in the
+        calling thread, on the running loop's turns (no message), and kept for the
+        session: a restart of the loop starts with these names (one under way is waited
+        for, as a turn waits). Raises ``TypeError`` for a single ``str`` (a name list is
+        wanted) or a name that is not a ``str``, and :class:`rho_actors.NotRunningError`
+        (a ``pykka.ActorDeadError``) naming why when the loop is not running."""
+        checked = withheld_names(names)
         until = time.monotonic() + RESTART_PATIENCE_S
         while True:
-            self._turns()  # the running loop, waiting for a restart under way
-            current = self._current
-            assert current is not None
-            try:
-                current[0].ask(message, timeout=self._settings.ask_timeout_s)
+            turns = self._turns()  # the running loop, waiting for a restart under way
+            turns.set_withheld(checked)  # the session's names too: a restart from now on starts with them
+            if turns.closed is None or time.monotonic() >= until:  # else it ended meanwhile: on its restart too
                 return
-            except pykka.ActorDeadError:  # it crashed before taking the message: ask its restart
-                self._current = None
-                if time.monotonic() >= until:
-                    raise
+            self._current = None
+            time.sleep(0.001)  # its end is being recorded: the restart's turns follow
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the loop (a normal exit: not restarted, even when it crashed an instant
@@ -309,7 +313,7 @@ class Loop:
             except pykka.ActorDeadError:  # the system is stopping: its stop ends the loop
                 return
         try:
-            self.ref.stop(timeout=timeout_s)
+            stop(self.ref, timeout_s)
         except pykka.ActorDeadError:
             pass
 

@@ -2,10 +2,11 @@
 (internal).
 
 The host's :class:`~rho_actors.loop.handle.Loop` starts turns and reads the offer and
-the running calls through the LoopActor's :class:`~rho_actors.loop.turns.Turns` in its
-own thread (no message), and tells ``SetWithheld``; a turn's cancel token tells
-``CancelTurn`` when it is set. ``RunTurn``, ``Offered`` and ``Running`` give the same as
-messages, to a caller holding only the actor's ref (rho itself sends none of them). A
+the running calls and sets the withheld names through the LoopActor's
+:class:`~rho_actors.loop.turns.Turns` in its own thread (no message); a turn's cancel
+token tells ``CancelTurn`` when it is set. ``RunTurn``, ``Offered``, ``Running`` and
+``SetWithheld`` give the same as messages, to a caller holding only the actor's ref
+(rho itself sends none of them). A
 call's result is no message: its ``reply`` settles it in its turn directly (see
 :mod:`rho_actors.loop.turns`).
 """

@@ -26,10 +26,13 @@ the turn, is reported ``late``); in an exclusive turn it starts the next call, a
 one settling the last open call completes the turn's future. A hung tool delays nothing
 but its own result, which is a ``timeout`` error at its deadline.
 
-What must be serial stays with the LoopActor, which owns this object: it swaps the
-withheld snapshot (``SetWithheld``), answers ``Running`` and ``CancelTurn``, and at its
-stop or crash :meth:`Turns.close` refuses new turns and answers every open call (under
-the lock that also admits turns, so no turn slips past a close).
+The withheld names are one immutable snapshot, swapped whole by :meth:`Turns.set_withheld`
+(from the host's thread through the handle, or the LoopActor's on a ``SetWithheld``): a
+turn reads it once, so it is prepared against the old set or the new one, never a mix.
+What must be serial stays with the LoopActor, which owns this object: it answers
+``Running`` and ``CancelTurn``, and at its stop or crash :meth:`Turns.close` refuses new
+turns and answers every open call (under the lock that also admits turns, so no turn
+slips past a close).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.loop.inline import InlineCall
-from rho_actors.loop.messages import Allowlist, CancelTurn, make_session_folder
+from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder
 from rho_actors.otp.threads import host_code
 from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
 from rho_actors.telemetry import CallSpan, Telemetry
@@ -139,18 +142,21 @@ def _withheld(names: frozenset[str]) -> _Withheld:
 class Turns:
     """One session's turns (see the module doc): safe from any thread. Built by the
     session's LoopActor (``ref`` is its ref: the calls' ``ctx["loop"]``, and where a
-    cancel token's ``CancelTurn`` goes)."""
+    cancel token's ``CancelTurn`` goes). ``withheld``: the names, or the session's
+    :class:`SessionWithheld`, which :meth:`set_withheld` updates too (a restart of the
+    loop starts with the names withheld last)."""
 
     def __init__(
-        self, *, ref: pykka.ActorRef[Any], session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str],
-        runtime: Runtime, allowed: Allowlist | None = None,
+        self, *, ref: pykka.ActorRef[Any], session_id: str, data_dir: Path, deps: Any,
+        withheld: frozenset[str] | SessionWithheld, runtime: Runtime, allowed: Allowlist | None = None,
     ) -> None:
         self.ref = ref
         self.session_id = session_id
         self._data_dir = data_dir
         self._folder_made = False  # made before the first call is dispatched
         self._deps = deps
-        self._withheld = _withheld(withheld)
+        self._kept = withheld if isinstance(withheld, SessionWithheld) else None
+        self._withheld = _withheld(withheld.names if isinstance(withheld, SessionWithheld) else withheld)
         self._allowed = allowed
         self._runtime = runtime
         self._tools = runtime.tools
@@ -172,7 +178,11 @@ class Turns:
     # --- what is offered ----------------------------------------------------------------
 
     def set_withheld(self, names: frozenset[str]) -> None:
-        """Replace the withheld names (from the next turn prepared)."""
+        """Replace the withheld names (from the next turn prepared), from any thread: one
+        assignment of a new snapshot, which a turn being prepared reads once; kept for
+        the session's restarts."""
+        if self._kept is not None:
+            self._kept.names = names
         self._withheld = _withheld(names)
 
     def offered_entries(self) -> tuple[ToolEntry, ...]:

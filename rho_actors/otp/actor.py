@@ -19,6 +19,10 @@ every other actor uses the public hooks below.
 - **Pooled threads**: an actor whose :attr:`Actor.thread_pool` is set runs its loop on a
   thread borrowed from that :class:`rho_actors.otp.threads.ThreadPool` and given back
   when it ends, instead of a new thread: still a fresh actor (state, inbox, identity).
+- **A thread only when there is work**: an actor whose :attr:`Actor.starts_on_first_message`
+  is set takes its thread (and runs ``on_start``) at its first message, not at its start;
+  :func:`stop` of one that has had none ends it in the stopping thread, with every hook
+  run as a stop's would be, so an actor that only lives and is stopped wakes no thread.
 - **Exit hooks**: :meth:`Actor.on_undelivered` sees each message still in the inbox when
   the actor ends (OTP drops them silently; a hook can answer them), and
   :meth:`Actor.on_exit` runs last in the actor's thread, once it has ended, been
@@ -43,8 +47,10 @@ Example::
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import queue
+import signal
 import threading
 import uuid
 from collections.abc import Callable
@@ -53,6 +59,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pykka
 from loguru import logger
+from pykka._envelope import Envelope
+from pykka.messages import _ActorStop
 
 from rho_actors.encoding import describe_exception
 
@@ -60,7 +68,7 @@ if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
 
 __all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "StopFlag", "kill", "monitor",
-           "on_actor_thread", "start_link"]
+           "on_actor_thread", "start_link", "stop"]
 
 NORMAL = "normal"
 """The exit reason of an actor that was stopped (``ref.stop()``): not a failure."""
@@ -203,6 +211,93 @@ def kill(ref: pykka.ActorRef[Any], reason: object = KILLED) -> None:
         pass
 
 
+def stop(ref: pykka.ActorRef[Any], timeout_s: float | None = None) -> bool:
+    """Stop the actor behind ``ref`` (a normal exit) and wait until it has stopped, at
+    most ``timeout_s`` seconds (``None``: no bound), as ``ref.stop()`` does; returns
+    whether it was running. An actor whose loop has not started
+    (:attr:`Actor.starts_on_first_message`, no message yet) is ended in this thread, in
+    a context of its own: ``on_start``, any message that arrived meanwhile, the stop,
+    ``on_stop``, the undelivered messages, the monitors and ``on_exit``, in that order,
+    as its own thread would run them. Raises ``pykka.Timeout`` past ``timeout_s``."""
+    inbox = ref.actor_inbox
+    if isinstance(inbox, _WakingInbox) and ref.is_alive() and inbox.end_here():
+        return True
+    try:
+        return bool(ref.stop(timeout=timeout_s))
+    except pykka.ActorDeadError:
+        return False
+
+
+class _WakingInbox:
+    """The inbox of an actor that takes its thread at its first message: a
+    ``SimpleQueue`` whose first ``put`` starts the actor's loop (once, whoever puts).
+    It holds the actor until then (a pykka actor is otherwise held by its thread only)."""
+
+    __slots__ = ("_actor", "_claim", "_queue", "started")
+
+    def __init__(self, actor: Actor) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._actor: Actor | None = actor
+        self._claim = threading.Lock()
+        self.started = False
+
+    def _claimed(self) -> Actor | None:
+        """The actor, to the one caller that starts its loop (at most one ever is)."""
+        if self.started:
+            return None
+        with self._claim:
+            if self.started:
+                return None
+            self.started = True
+            actor, self._actor = self._actor, None  # from now on its loop holds it
+            return actor
+
+    def put(self, envelope: Any, block: bool = True, timeout: float | None = None) -> None:
+        self._queue.put(envelope)
+        actor = self._claimed()
+        if actor is not None:
+            actor._start_loop_now()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        return self._queue.get(block, timeout)
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def end_here(self) -> bool:
+        """Run the actor's loop to its end in this thread, a stop queued last, when it
+        has not started; returns whether it did."""
+        actor = self._claimed()
+        if actor is None:
+            return False
+        self._queue.put(Envelope(_ActorStop()))
+        if threading.current_thread() is not threading.main_thread():
+            contextvars.Context().run(actor._actor_loop)
+            return True
+        # Python runs signal handlers in the main thread only: one that raises (Ctrl-C's
+        # KeyboardInterrupt) inside the actor's hooks would be taken for its crash and lost
+        # to the host. Its handler runs once the actor has ended instead, here.
+        caught: list[tuple[int, Any]] = []
+        held: dict[signal.Signals, Callable[[int, Any], Any]] = {}
+        for signum in _ASYNC_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                held[signum] = handler
+                signal.signal(signum, lambda number, frame: caught.append((number, frame)))
+        try:
+            contextvars.Context().run(actor._actor_loop)
+        finally:
+            for signum, handler in held.items():
+                signal.signal(signum, handler)
+            for number, frame in caught:
+                held[signal.Signals(number)](number, frame)
+        return True
+
+
+_ASYNC_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
+                  signal.SIGUSR2)
+
+
 class StopFlag:
     """``threading.Event``'s interface (``is_set``, ``set``, ``clear``, ``wait``) for an
     actor's ``actor_stopped``: a plain flag until a thread waits on it, then backed by
@@ -264,6 +359,13 @@ class Actor(pykka.ThreadingActor):
     handing thread once that thread's job returns (only for actors that no one starting
     them waits for, such as CallActors)."""
 
+    starts_on_first_message: ClassVar[bool] = False
+    """Whether the actor's loop takes its thread (and runs ``on_start``) at the actor's
+    first message instead of at its start, and :func:`stop` of an actor that has had
+    none ends it in the stopping thread: for actors that mostly just live (a session's
+    LoopActor, whose turns run in the host's thread). Its messages pay one more Python
+    call each."""
+
     _thread_numbers: ClassVar[itertools.count[int]] = itertools.count()
 
     @staticmethod
@@ -276,7 +378,7 @@ class Actor(pykka.ThreadingActor):
         # pykka's Actor.__init__, with a stop flag whose Event (a Condition and a Lock) is
         # made only when someone waits on it: one of each per CallActor otherwise.
         self.actor_urn = uuid.uuid4().urn
-        self.actor_inbox = self._create_actor_inbox()
+        self.actor_inbox = _WakingInbox(self) if self.starts_on_first_message else self._create_actor_inbox()
         self.actor_stopped = StopFlag()  # type: ignore[assignment]
         self._actor_ref = pykka.ActorRef(self)
         self.exit_reason: object = None
@@ -285,6 +387,10 @@ class Actor(pykka.ThreadingActor):
         self._stopped_once = False
 
     def _start_actor_loop(self) -> None:
+        if not self.starts_on_first_message:
+            self._start_loop_now()
+
+    def _start_loop_now(self) -> None:
         pool = self.thread_pool
         if pool is None:
             super()._start_actor_loop()
