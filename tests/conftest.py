@@ -9,10 +9,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import pykka
 import pytest
 from loguru import logger
 
 from rho_actors import ActorSystem
+from rho_actors.otp.supervisor import Supervisor
 from rho_actors.sandbox.clean import preload_modules
 
 from .wire_server import WireServer
@@ -99,3 +101,15 @@ def server() -> Iterator[WireServer]:
     """A loopback server speaking the providers' wire rules (:class:`WireServer`), per test."""
     with WireServer() as srv:
         yield srv
+
+
+def supervisors_labelled(label: str) -> list[pykka.ActorRef[Any]]:
+    """The running supervisors whose ``label`` is ``label`` (``"session:s1"``...)."""
+    found = []
+    for ref in pykka.ActorRegistry.get_by_class(Supervisor):
+        try:
+            if ref.proxy().label.get(timeout=WAIT_S) == label:
+                found.append(ref)
+        except pykka.ActorDeadError:
+            pass
+    return found

@@ -19,7 +19,6 @@ from rho_actors import (
     ErrorKind,
     Loop,
     RestartIntensityExceeded,
-    Supervisor,
     SupervisorEvent,
     ToolCall,
     ToolContext,
@@ -27,7 +26,7 @@ from rho_actors import (
     tool,
 )
 
-from .conftest import WAIT_S, wait_for
+from .conftest import WAIT_S, supervisors_labelled, wait_for
 
 
 @tool
@@ -49,17 +48,6 @@ def _restarted(loop: Loop, before: pykka.ActorRef[Any]) -> bool:
 def _sessions(system: ActorSystem) -> list[str]:
     node = next(c for c in system.tree()["children"] if c["id"] == "sessions")
     return [s["id"] for s in node["children"]]
-
-
-def _session_supervisors(label: str) -> list[pykka.ActorRef[Any]]:
-    found = []
-    for ref in pykka.ActorRegistry.get_by_class(Supervisor):
-        try:
-            if ref.proxy().label.get(timeout=WAIT_S) == label:
-                found.append(ref)
-        except pykka.ActorDeadError:
-            pass
-    return found
 
 
 class _Reports:
@@ -105,10 +93,10 @@ def test_a_stop_racing_a_crash_of_a_woken_session_ends_it(tmp_path: Path) -> Non
         first = loop.ref
         kill(first)
         assert wait_for(lambda: loop.alive and loop.ref is not first)  # its supervisor runs now
-        assert len(_session_supervisors("session:w")) == 1
+        assert len(supervisors_labelled("session:w")) == 1
         kill(loop.ref)
         loop.stop()
-        assert wait_for(lambda: _session_supervisors("session:w") == [])
+        assert wait_for(lambda: supervisors_labelled("session:w") == [])
         assert not loop.alive and "w" not in _sessions(system)
         assert _echoed(system.start_loop("w"), "back") == "back"
 
@@ -130,7 +118,7 @@ def test_a_stop_while_the_sessions_supervisor_is_being_woken_stops_it_once_woken
         system.subscribe(on_report)
         kill(loop.ref)
         assert stopped.wait(WAIT_S)
-        assert wait_for(lambda: _session_supervisors("session:r") == [])
+        assert wait_for(lambda: supervisors_labelled("session:r") == [])
         assert wait_for(lambda: not loop.alive)
         assert "r" not in _sessions(system)
         assert _echoed(system.start_loop("r"), "again") == "again"
@@ -213,7 +201,7 @@ def test_a_stop_from_the_sessions_own_supervisor_report_returns_at_once(tmp_path
         kill(loop.ref)
         assert done.wait(WAIT_S)
         assert took[0] < 1.0  # its shutdown bound is 3 s
-        assert wait_for(lambda: _session_supervisors("session:o") == [])
+        assert wait_for(lambda: supervisors_labelled("session:o") == [])
         assert not loop.alive and "o" not in _sessions(system)
         assert _echoed(system.start_loop("o"), "again") == "again"
 

@@ -26,24 +26,13 @@ from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.messages import loop_name
 from rho_actors.otp.lazy import LazySubtree
 
-from .conftest import WAIT_S, wait_for
+from .conftest import WAIT_S, supervisors_labelled, wait_for
 
 
 @tool
 def echo(text: str) -> str:
     """Return the text."""
     return text
-
-
-def supervisors_labelled(label: str) -> list[pykka.ActorRef[Any]]:
-    found = []
-    for ref in pykka.ActorRegistry.get_by_class(Supervisor):
-        try:
-            if ref.proxy().label.get(timeout=WAIT_S) == label:
-                found.append(ref)
-        except pykka.ActorDeadError:
-            pass
-    return found
 
 
 def session_node(system: ActorSystem, session_id: str) -> dict[str, Any]:

@@ -292,15 +292,7 @@ class Loop:
         wanted) or a name that is not a ``str``, and :class:`rho_actors.NotRunningError`
         (a ``pykka.ActorDeadError``) naming why when the loop is not running."""
         turns = self._turns()  # the running loop, waiting for a restart under way (a stop is what is wrong first)
-        checked = withheld_names(names)
-        until = time.monotonic() + RESTART_PATIENCE_S
-        while True:
-            turns.set_withheld(checked)  # the session's names too: a restart from now on starts with them
-            if turns.closed is None or time.monotonic() >= until:  # else it ended meanwhile: on its restart too
-                return
-            self._current = None
-            time.sleep(0.001)  # its end is being recorded: the restart's turns follow
-            turns = self._turns()
+        turns.set_withheld(withheld_names(names))  # the session's: its loop's restarts read the same names
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the loop (a normal exit: not restarted, even when it crashed an instant

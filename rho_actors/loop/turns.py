@@ -155,8 +155,9 @@ class Turns:
         self._data_dir = data_dir
         self._folder_made = False  # made before the first call is dispatched
         self._deps = deps
-        self._kept = withheld if isinstance(withheld, SessionWithheld) else None
-        self._withheld = _withheld(withheld.names if isinstance(withheld, SessionWithheld) else withheld)
+        # the session's names, shared with its loop's restarts; the snapshot made of them
+        self._kept = withheld if isinstance(withheld, SessionWithheld) else SessionWithheld(withheld)
+        self._snapshot = _withheld(self._kept.names)
         self._allowed = allowed
         self._runtime = runtime
         self._tools = runtime.tools
@@ -179,11 +180,18 @@ class Turns:
 
     def set_withheld(self, names: frozenset[str]) -> None:
         """Replace the withheld names (from the next turn prepared), from any thread: one
-        assignment of a new snapshot, which a turn being prepared reads once; kept for
-        the session's restarts."""
-        if self._kept is not None:
-            self._kept.names = names
-        self._withheld = _withheld(names)
+        assignment of the session's names, which its loop's restarts share and a turn
+        being prepared reads once."""
+        self._kept.names = names
+
+    @property
+    def _withheld(self) -> _Withheld:
+        """The snapshot of the session's withheld names now (read once per turn; remade
+        only when they changed, here or on another loop of the session)."""
+        snapshot, names = self._snapshot, self._kept.names
+        if snapshot.names is not names:
+            snapshot = self._snapshot = _withheld(names)
+        return snapshot
 
     def offered_entries(self) -> tuple[ToolEntry, ...]:
         """The entries offered now, in registration order (kept until the tool set or
