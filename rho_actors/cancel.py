@@ -34,7 +34,7 @@ class CancelToken:
         self._callbacks: list[Callable[[], object]] = []  # add_callback's: run on a thread of their own
         self._inline: list[Callable[[], object]] = []  # add_inline_callback's: run by the cancelling thread
         self._finished = False
-        self._abandoned: str | None = None  # why the runtime gave up on the call's running thread
+        self._abandoned: tuple[object, str] | None = None  # who gave up on the call's running thread, and why
         self.reason: str | None = None
 
     @property
@@ -60,21 +60,24 @@ class CancelToken:
         (:meth:`add_callback`) on a thread of their own. Returns whether this call set
         it while the call was still running. Never raises, and never waits for a
         callback given to :meth:`add_callback`."""
-        return self._set(reason, abandon=False)
+        return self._set(reason)
 
-    def abandon(self, reason: str) -> bool:
+    def abandon(self, reason: str, owner: object) -> bool:
         """The runtime gives up on the call's running thread: :meth:`cancel` with
         ``reason`` (unless set already), and, when the call is still running, marks it
-        abandoned for :meth:`finish`. Returns whether it was abandoned by this call (a
-        tool that cancelled its own token is still abandoned here)."""
-        return self._set(reason, abandon=True)
+        abandoned by ``owner`` (the isolation counting abandoned threads) for
+        :meth:`finish`. Returns whether it was abandoned by this call (a tool that
+        cancelled its own token is still abandoned here; one that abandons it with
+        another ``owner`` counts for nobody's :meth:`finish`)."""
+        return self._set(reason, owner)
 
-    def _set(self, reason: str, *, abandon: bool) -> bool:
+    def _set(self, reason: str, owner: object = None) -> bool:
+        abandon = owner is not None
         with _LOCK:
             running = not self._finished
             abandoned = abandon and running and self._abandoned is None
             if abandoned:
-                self._abandoned = str(reason)
+                self._abandoned = (owner, str(reason))
             if self.reason is not None:
                 return abandoned
             self.reason = str(reason)
@@ -89,12 +92,13 @@ class CancelToken:
             _run_apart(callbacks)
         return abandoned or (running and not abandon)
 
-    def finish(self) -> str | None:
-        """Mark the call's thread as returned. Returns why it had been abandoned
-        (:meth:`abandon`'s reason), or ``None``."""
+    def finish(self, owner: object = None) -> str | None:
+        """Mark the call's thread as returned. Returns why ``owner`` had abandoned it
+        (its :meth:`abandon`'s reason), or ``None`` (not abandoned, or by another)."""
         with _LOCK:
             self._finished = True
-            return self._abandoned
+            abandoned = self._abandoned
+        return abandoned[1] if abandoned is not None and abandoned[0] is owner else None
 
     def add_callback(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once cancelled (at once if already cancelled), on a thread
@@ -132,4 +136,7 @@ def _run_apart(callbacks: list[Callable[[], object]]) -> None:
         for callback in callbacks:
             _run_callback(callback)
 
-    threading.Thread(target=run, name="rho_actors-cancel-callbacks", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="rho_actors-cancel-callbacks", daemon=True).start()
+    except RuntimeError as exc:  # no thread to be had: the callbacks are lost, the cancel is not
+        logger.error("{} cancel callbacks were not run: no thread for them ({})", len(callbacks), exc)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pykka
+import pytest
 
 from rho_actors import (
     ActorSystem,
@@ -463,6 +464,55 @@ def test_a_tool_cancelling_its_own_token_leaves_the_thread_counts_true(tmp_path:
     finally:
         gate.set()
         system.stop()
+
+
+def test_a_tool_abandoning_its_own_token_leaves_the_thread_counts_true(tmp_path: Path) -> None:
+    """Before: ``ctx["cancel"].abandon(...)`` by the tool made its return undo counts no
+    one had made (``abandoned_threads_running`` -1, a stop waiting its whole
+    ``shutdown_ms``); an abandonment counts only for the isolation that made it."""
+
+    @tool
+    def self_abandon(ctx: ToolContext) -> str:
+        """Abandon its own token, then return."""
+        ctx.cancel.abandon("mine", object())
+        return "done"
+
+    system = ActorSystem(data_dir=tmp_path, shutdown_ms=5_000)
+    try:
+        system.register(self_abandon)
+        loop = system.start_loop("s")
+        results = loop.run_turn([ToolCall(f"a{i}", "self_abandon", "{}") for i in range(3)], timeout_s=WAIT_S)
+        assert [r.content for r in results] == ["done"] * 3
+        assert system.stats()["abandoned_threads_running"] == 0
+        began = time.monotonic()
+        system.stop()
+        assert time.monotonic() - began < 2.5  # nothing to wait for (its shutdown_ms is 5 s)
+    finally:
+        system.stop()
+
+
+def test_a_cancel_whose_callback_thread_cannot_start_still_cancels(
+    monkeypatch: pytest.MonkeyPatch, logs: list[str]
+) -> None:
+    """Out of threads, ``cancel()`` keeps its word: it never raises, the token is set and
+    the runtime's inline callbacks run; the callbacks that needed a thread are logged as
+    not run."""
+    start = threading.Thread.start
+
+    def refuse(thread: threading.Thread) -> None:
+        if thread.name == "rho_actors-cancel-callbacks":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    token = CancelToken()
+    ran: list[str] = []
+    token.add_inline_callback(lambda: ran.append("inline"))
+    token.add_callback(lambda: ran.append("apart"))
+    assert token.cancel("timeout") is True
+    token.add_callback(lambda: ran.append("late"))  # already cancelled: started at once, refused too
+    assert token.cancelled and token.reason == "timeout" and ran == ["inline"]
+    assert sum("cancel callbacks were not run" in line for line in logs) == 2
 
 
 # --------------------------------------------------------------------------- a tool stopping the system

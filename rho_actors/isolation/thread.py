@@ -318,7 +318,7 @@ class ThreadIsolation(Isolation):
         except MemoryError:
             return failure("memory_thread", call.call_id, call.name, (time.monotonic() - call.dispatched) * 1000)
         finally:
-            abandoned = call.cancel.finish()  # why it was given up on (not a reason the tool set itself)
+            abandoned = call.cancel.finish(self)  # why it was given up on (not a reason the tool set itself)
             if abandoned is not None:
                 if abandoned != "stopping":
                     self._forget(-1)
@@ -346,7 +346,7 @@ class ThreadIsolation(Isolation):
         forgotten = reason != "stopping"  # a stop waits for its call threads, within its timeout
         if forgotten:
             self._forget(1)
-        if not call.cancel.abandon(reason):
+        if not call.cancel.abandon(reason, self):
             self.abandoned.taken_back(call.name, session)  # not abandoned after all
             if forgotten:
                 self._forget(-1)
