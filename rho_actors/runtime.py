@@ -7,6 +7,7 @@ own constructor argument.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -118,6 +119,18 @@ class Runtime:
     budgets: ResultBudgets = field(default_factory=ResultBudgets)
     loop_turns: MutableMapping[str, Any] = field(default_factory=weakref.WeakValueDictionary)
     sessions: LazyStarter | None = None
+
+
+MIN_WORKER_CAP = 32
+"""The least default cap on worker processes: its half, one session's default share, holds
+a turn of 16 parallel calls (the widest a model sends in one turn of the peers'
+benchmarks) on a machine of any size."""
+
+
+def default_worker_cap() -> int:
+    """The default ``max_workers`` of a system: 4 worker processes per core (as
+    ``os.cpu_count()`` counts them), at least :data:`MIN_WORKER_CAP`."""
+    return max(MIN_WORKER_CAP, 4 * (os.cpu_count() or 1))
 
 
 def fair_shares(cap: int, per_session: int | None, threads_per_session: int, max_timeout_ms: int) -> int:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import re
 import shutil
 import tempfile
@@ -80,6 +79,7 @@ from rho_actors.runtime import (
     Limits,
     Runtime,
     UntrustedReads,
+    default_worker_cap,
     fair_shares,
 )
 from rho_actors.sandbox import (
@@ -145,10 +145,10 @@ class ActorSystem:
     ``Confinement(network=True)`` lets workers use the host's network; pass
     ``Confinement(uid=None, gid=None)`` to keep the host's uid, or ``False`` for no OS
     confinement at all: children then only get a scrubbed environment). ``max_workers``
-    caps the worker processes of the whole system (default: 4 per core, and at least 16,
-    so that one wide turn of 16 parallel calls never queues on a small machine); calls beyond it
-    wait, within their deadline. ``worker_idle_s`` is how long an untrusted tool's idle
-    worker is kept for its (tool, session) pair, and an idle worker beyond
+    caps the worker processes of the whole system (default: 4 per core, and at least 32,
+    so that one session's default share, half the cap, holds a wide turn of 16 parallel calls
+    on a small machine); calls beyond it wait, within their deadline. ``worker_idle_s`` is
+    how long an untrusted tool's idle worker is kept for its (tool, session) pair, and an idle worker beyond
     ``warm_workers`` of the trusted pool (seconds). ``abandoned_threads_per_tool``
     (of one tool in one session), ``abandoned_threads_per_session`` and
     ``abandoned_threads`` (the system; past it only sessions holding abandoned threads are
@@ -225,7 +225,7 @@ class ActorSystem:
         self._confine = system_policy(confinement, (str(self.data_dir.resolve()),), process_heap_bytes)
         sweep_leftovers()  # what a host killed from outside left behind
         events = EventBus()
-        cap = max_workers if max_workers is not None else max(16, 4 * (os.cpu_count() or 1))
+        cap = max_workers if max_workers is not None else default_worker_cap()
         share = fair_shares(cap, max_workers_per_session, abandoned_threads_per_session, max_timeout_ms)
         services = IsolationServices(
             self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, process_heap_bytes,

@@ -4,6 +4,8 @@ than the system's bound on declared timeouts."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, CancelToken, ToolCall
+from rho_actors.runtime import default_worker_cap
 from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.tool import ErrorKind
 
@@ -128,6 +131,10 @@ def test_fair_share_settings_have_defaults_and_bad_ones_are_refused(tmp_path: Pa
     with ActorSystem(tmp_path / "a", max_workers=6) as system:
         stats = system.stats()
         assert stats["workers_per_session"] == 3 and stats["max_timeout_ms"] == 600_000
+    with ActorSystem(tmp_path / "d") as system:
+        stats = system.stats()
+        assert stats["workers_cap"] == max(32, 4 * (os.cpu_count() or 1)) == default_worker_cap()
+        assert stats["workers_per_session"] == stats["workers_cap"] // 2 >= 16
     for kwargs, message in (
         ({"max_workers": 4, "max_workers_per_session": 5}, r"max_workers_per_session must be an int within 1\.\.max"),
         ({"abandoned_threads_per_session": 0}, "abandoned_threads_per_session must be an int >= 1, not 0"),
@@ -135,3 +142,26 @@ def test_fair_share_settings_have_defaults_and_bad_ones_are_refused(tmp_path: Pa
     ):
         with pytest.raises(ValueError, match=message):
             ActorSystem(tmp_path / "b", **kwargs)
+
+
+def _meet(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+    """In a worker process: leave a mark in ``args["dir"]``, then wait (bounded) until
+    ``args["n"]`` marks are there, i.e. until that many calls run at once."""
+    folder = Path(args["dir"])
+    (folder / str(os.getpid())).touch()
+    deadline = time.monotonic() + WAIT_S
+    while len(list(folder.iterdir())) < args["n"] and time.monotonic() < deadline:
+        time.sleep(0.005)  # polling other processes' marks; bounded by WAIT_S
+    return str(len(list(folder.iterdir())))
+
+
+def test_one_session_s_turn_of_16_parallel_process_calls_runs_at_once_with_default_settings(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with ActorSystem(tmp_path / "system", warm_workers=0) as system:
+        system.register(make_tool("meet", _meet, timeout_ms=60_000), isolation="process")
+        args = json.dumps({"dir": str(marks), "n": 16})
+        results = system.start_loop("wide").run_turn([ToolCall(f"c{i}", "meet", args) for i in range(16)],
+                                                      timeout_s=WAIT_S * 2)
+    # each call saw all 16 running: none waited for a worker another call of its turn held
+    assert [r.content for r in results] == ["16"] * 16, [r.content for r in results]
