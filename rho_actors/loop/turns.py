@@ -326,7 +326,8 @@ class Turns:
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
         began = time.monotonic()
         try:  # validation counts against the call's deadline
-            problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S))
+            size = len(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
+            problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S), size)
         except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
             return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
         if problems:
