@@ -32,24 +32,15 @@ from jsonschema._utils import find_evaluated_item_indexes_by_schema
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
+from rho_actors.declarations.linear import quick_valid
 from rho_actors.declarations.patterns import ecma_to_re2
 from rho_actors.encoding import scrub_text
 from rho_actors.errors import RhoError
 from rho_actors.tool import ErrorKind
 
-__all__ = [
-    "DEFAULT_MAX_ARGUMENT_CHARS",
-    "DEFAULT_MAX_ARGUMENT_DEPTH",
-    "MAX_KEYWORD_CHECKS",
-    "MAX_REFUSAL_CHARS",
-    "MAX_VALIDATION_S",
-    "ArgumentsError",
-    "compile_pattern",
-    "decode_arguments",
-    "json_text",
-    "make_validator",
-    "no_retrieval",
-    "violations",
+__all__ = ["DEFAULT_MAX_ARGUMENT_CHARS", "DEFAULT_MAX_ARGUMENT_DEPTH", "MAX_KEYWORD_CHECKS", "MAX_REFUSAL_CHARS",
+    "MAX_VALIDATION_S", "ArgumentsError", "compile_pattern", "decode_arguments", "json_text", "make_validator",
+    "no_retrieval", "violations",
 ]
 
 DEFAULT_MAX_ARGUMENT_DEPTH = 64
@@ -402,6 +393,7 @@ def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
         _charge(1)
         return keyword(validator, value, instance, schema)
 
+    run.__wrapped__ = keyword  # type: ignore[attr-defined]  # the check uncounted (declarations.linear)
     return run
 
 
@@ -607,7 +599,9 @@ def _message(err: ValidationError, root: Any) -> str:
     return f"{shown} fails {keyword} {json_text(value)}"
 
 
-def violations(validator: Draft202012Validator, args: dict[str, Any], max_s: float | None = None) -> list[str]:
+def violations(
+    validator: Draft202012Validator, args: dict[str, Any], max_s: float | None = None, size: int | None = None
+) -> list[str]:
     """Every violation of the schema by ``args``, as ``"<json path>: <message>"`` in
     JSON's words, sorted by path (at most :data:`MAX_REFUSAL_CHARS` characters in all;
     the count of those not shown is given). Empty when ``args`` is valid: then floats
@@ -619,8 +613,13 @@ def violations(validator: Draft202012Validator, args: dict[str, Any], max_s: flo
     ``max_s`` is given, at most ``max_s`` seconds (the loop gives the tool's timeout, at
     most :data:`MAX_VALIDATION_S`); past either it stops with one violation saying so.
     Never raises for a checked schema: a validator that raises (a ``$ref`` cycle's
-    ``RecursionError``...) gives one violation naming the error.
+    ``RecursionError``...) gives one violation naming the error. ``size``: the length of the
+    JSON text ``args`` came from, if known: a linear schema is then checked uncounted first
+    (:func:`~rho_actors.declarations.linear.quick_valid`; counted only to find violations).
     """
+    if quick_valid(validator, args, size, MAX_KEYWORD_CHECKS):  # linear, checked uncounted: the same verdict
+        _integral_floats(validator.schema, args)
+        return []
     limit_s = math.inf if max_s is None else max(0.0, max_s)
     _BUDGET.left, _BUDGET.next_clock = MAX_KEYWORD_CHECKS, MAX_KEYWORD_CHECKS
     _BUDGET.deadline, _BUDGET.searched = time.monotonic() + limit_s, {}

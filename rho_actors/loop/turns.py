@@ -101,7 +101,6 @@ class _Slot:
     running: RunningCall | None = None
     span: CallSpan | None = None  # its execute_tool span, while telemetry records it
     validated_s: float = 0.0  # how long its validation took: counted against its deadline
-    inline: bool | None = None  # whether it runs on the awaiting event loop (None: not known yet)
 
 
 @dataclass(slots=True)
@@ -170,9 +169,9 @@ class Turns:
         self.closed: str | None = None  # once closed: the key of the result open calls got
         self._turn_ids = itertools.count(1)
         self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
-        # arguments texts found valid, by (tool name, text): the entry they were valid for,
-        # the decoded value marshalled and whether the tool runs inline (decoded, checked once)
-        self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes, bool]] = {}
+        # arguments texts found valid, by (tool name, text): the entry they were valid for and
+        # the decoded value marshalled (decoded, checked once)
+        self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes]] = {}
         # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
         self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
 
@@ -318,7 +317,7 @@ class Turns:
         if key is not None:
             known = self._valid.get(key)
             if known is not None and known[0] is entry:  # this text was valid for this very registration
-                slot.entry, slot.args, slot.inline = entry, marshal.loads(known[1]), known[2]
+                slot.entry, slot.args = entry, marshal.loads(known[1])
                 return None
         try:
             args = decode_arguments(call.arguments, self._limits.max_argument_depth)
@@ -326,7 +325,8 @@ class Turns:
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
         began = time.monotonic()
         try:  # validation counts against the call's deadline
-            problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S))
+            size = len(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
+            problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S), size)
         except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
             return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
         if problems:
@@ -345,7 +345,7 @@ class Turns:
             return
         if len(self._valid) >= _VALID_KEPT:
             self._valid.clear()
-        self._valid[key] = (entry, blob, _runs_inline(entry))
+        self._valid[key] = (entry, blob)
 
     def _lookup_error(
         self, call_id: str, name: str, entry: ToolEntry | None, tools: ToolSet, withheld: frozenset[str]
@@ -434,8 +434,7 @@ class Turns:
             return
         self._emit("started", slot, None)
         try:
-            inline = slot.inline if slot.inline is not None else _runs_inline(entry)
-            if turn.aio is not None and inline:
+            if turn.aio is not None and _runs_inline(entry):  # asked only of a turn awaited on an event loop
                 running: RunningCall = InlineCall.start(turn.aio, spec, self._runtime.calls.closed)
             else:
                 running = self._runtime.isolations[entry.isolation].start(spec)

@@ -67,8 +67,8 @@ from rho_actors.encoding import describe_exception
 if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
 
-__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "StopFlag", "kill", "monitor",
-           "on_actor_thread", "start_link", "stop"]
+__all__ = ["KILLED", "NORMAL", "Actor", "ActorExit", "Down", "Monitor", "StopFlag", "end_unstarted", "kill",
+           "monitor", "on_actor_thread", "start_link", "stop"]
 
 NORMAL = "normal"
 """The exit reason of an actor that was stopped (``ref.stop()``): not a failure."""
@@ -219,13 +219,21 @@ def stop(ref: pykka.ActorRef[Any], timeout_s: float | None = None) -> bool:
     a context of its own: ``on_start``, any message that arrived meanwhile, the stop,
     ``on_stop``, the undelivered messages, the monitors and ``on_exit``, in that order,
     as its own thread would run them. Raises ``pykka.Timeout`` past ``timeout_s``."""
-    inbox = ref.actor_inbox
-    if isinstance(inbox, _WakingInbox) and ref.is_alive() and inbox.end_here():
+    if end_unstarted(ref):
         return True
     try:
         return bool(ref.stop(timeout=timeout_s))
     except pykka.ActorDeadError:
         return False
+
+
+def end_unstarted(ref: pykka.ActorRef[Any]) -> bool:
+    """End the actor behind ``ref`` in this thread when its loop has not started
+    (:attr:`Actor.starts_on_first_message`, no message yet), every hook in order as
+    :func:`stop` does; returns whether it did (``False``: it has a thread, or has ended:
+    nothing was done)."""
+    inbox = ref.actor_inbox
+    return isinstance(inbox, _WakingInbox) and ref.is_alive() and inbox.end_here()
 
 
 class _WakingInbox:

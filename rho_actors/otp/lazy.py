@@ -34,7 +34,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from rho_actors.otp.actor import NORMAL, monitor, on_actor_thread
+from rho_actors.otp.actor import NORMAL, end_unstarted, monitor, on_actor_thread
 from rho_actors.otp.starters import StarterBinding
 from rho_actors.otp.supervisor import (
     ChildInfo,
@@ -200,12 +200,30 @@ class LazySupervisor(Supervisor):
         if waking is not None:  # its supervisor is being started: it is stopped once it runs
             waking.wait(bound)
         own = child.ref is not None and on_actor_thread(child.ref)  # from its supervisor's report, say
+        if not own and self._ended_here(child):
+            return True
         ended = self._signal_stop(child)
         if own:
             return True  # it stops once the handler or callback this thread runs returns
         if ended is not None and not ended.wait(bound):
             logger.warning("{}: subtree {} did not stop within {} s; abandoned", self.label, subtree_id, bound)
         return True
+
+    def _ended_here(self, child: ChildRecord) -> bool:
+        """End ``child``'s actor in this thread if its loop never took one (a session's
+        LoopActor that got no message: :func:`~rho_actors.otp.actor.end_unstarted`), as
+        :meth:`_signal_stop` would have it stopped (no longer known by its urn first, so
+        its end is nobody's crash); returns whether it did."""
+        ref = child.ref
+        if ref is None:
+            return False
+        child.ref = None
+        with self._lock:
+            self._by_urn.pop(ref.actor_urn, None)
+        if end_unstarted(ref):
+            return True
+        child.ref = ref  # it took a thread meanwhile: stopped as any child is
+        return False
 
     def _lazy_down(self, key: int, ref: pykka.ActorRef[Any], reason: object) -> None:
         """A lazy subtree's child ended (in its thread): a normal end ends the subtree

@@ -1,0 +1,206 @@
+"""Which checked schemas validate in work linear in the instance, and their unbudgeted check.
+
+:func:`~rho_actors.declarations.arguments.violations` counts every keyword a validation
+evaluates against a budget, so that hostile arguments cannot make a schema with
+applicators (``anyOf``, ``$ref``, ``unevaluatedProperties``...) or patterns take
+unbounded host work. Most tool schemas need no such bound: an object of ``properties``
+with ``type``, ``required``, ``enum``, ``items`` and size limits validates each value of
+the instance against at most one subschema, so its work is at most the instance's size
+times the most keywords one subschema has. For such a schema and arguments text of
+``size`` characters (a JSON text of ``size`` characters holds at most ``size`` values),
+:func:`quick_valid` gives the verdict of jsonschema's validator of the same keywords,
+without the per-keyword count, when that bound is within :data:`QUICK_MAX_CHECKS`; the
+budgeted validation then could not have stopped, so the verdict is the same. Messages
+for invalid arguments still come from the budgeted validation.
+
+Example::
+
+    >>> linear_cost({"type": "object", "properties": {"a": {"type": "string"}}})
+    3
+    >>> linear_cost({"anyOf": [{"type": "string"}]}) is None
+    True
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError, validators
+
+__all__ = ["LINEAR_KEYWORDS", "QUICK_MAX_CHECKS", "linear_cost", "quick_valid"]
+
+LINEAR_KEYWORDS = frozenset({
+    "type", "properties", "required", "enum", "const", "items", "additionalProperties",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+    "minItems", "maxItems", "minProperties", "maxProperties",
+    "description", "title", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment",
+})
+"""The keywords a schema may use for :func:`linear_cost` to find it linear (and ``not``
+of the empty schema, which :func:`~rho_actors.declarations.arguments.make_validator`
+puts for a ``false`` subschema)."""
+
+QUICK_MAX_CHECKS = 20_000
+"""The most keyword evaluations (bounded as :func:`linear_cost` says) that
+:func:`quick_valid` lets a validation take uncounted: a few milliseconds at most, so
+that the budgeted validation's time bound could not have stopped it earlier by much
+(and validation counts against the call's deadline anyway)."""
+
+_MAX_DEPTH = 64
+
+
+def linear_cost(schema: Any) -> int | None:
+    """The work bound of validating against ``schema`` per value of the instance (the
+    most keywords one of its subschemas evaluates, plus one for a key looked up by
+    ``additionalProperties``), or None when ``schema`` uses a keyword outside
+    :data:`LINEAR_KEYWORDS` (a ``$ref``, an applicator, a ``pattern``, ``format``,
+    ``uniqueItems``, ``multipleOf``...) or nests past 64 levels. Never raises."""
+    most = 0
+    stack: list[tuple[Any, int]] = [(schema, 0)]
+    while stack:
+        sub, depth = stack.pop()
+        if isinstance(sub, bool):
+            continue
+        if not isinstance(sub, dict) or depth > _MAX_DEPTH:
+            return None
+        for key, value in sub.items():
+            if key == "not" and value == {}:
+                continue
+            if key not in LINEAR_KEYWORDS:
+                return None
+            if key == "properties":
+                if not isinstance(value, dict):
+                    return None
+                stack.extend((child, depth + 1) for child in value.values())
+            elif key in ("items", "additionalProperties"):
+                stack.append((value, depth + 1))
+        most = max(most, len(sub))
+    return most + 1
+
+
+_LOCK = threading.Lock()
+_PLAIN: dict[type, type] = {}  # a budgeted validator class -> the same keywords, uncounted
+_QUICK: dict[int, tuple[weakref.ref[Any], Any, int]] = {}  # id(validator) -> (it, plain validator, cost)
+_CHILDREN: dict[int, Any] = {}  # id(subschema) of a linear schema -> its plain validator, made once
+_KEPT = 4096
+_KEPT_CHILDREN = 65_536
+
+
+def _descend(validator: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    """``validator.descend(instance, schema)`` by the plain validator made once for
+    ``schema`` (a linear schema resolves no reference: the subresource jsonschema's
+    ``descend`` makes for each value, and its fresh validator, change nothing)."""
+    child = _CHILDREN.get(id(schema))
+    if child is None or child.schema is not schema:  # not made (or forgotten): as jsonschema does it
+        return validator.descend(instance, schema)  # type: ignore[no-any-return]
+    return child.iter_errors(instance)  # type: ignore[no-any-return]
+
+
+def _properties(validator: Any, properties: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "object"):
+        for name, subschema in properties.items():
+            if name in instance:
+                yield from _descend(validator, instance[name], subschema)
+
+
+def _items(validator: Any, items: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "array") or not instance:
+        return
+    if items is False:
+        yield ValidationError("items are not allowed")
+        return
+    for item in instance:
+        yield from _descend(validator, item, items)
+
+
+def _additional_properties(validator: Any, extra: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    if validator.is_type(extra, "object"):
+        for key, value in instance.items():
+            if key not in properties:
+                yield from _descend(validator, value, extra)
+    elif not extra and any(key not in properties for key in instance):
+        yield ValidationError("unexpected properties")
+
+
+_APPLICATORS = {"properties": _properties, "items": _items, "additionalProperties": _additional_properties}
+"""The keywords of a linear schema that reach into its subschemas, for verdicts only:
+the errors they give carry no path or message of their own (messages come from the
+budgeted validation)."""
+
+
+def _plain_class(cls: type) -> type:
+    """``cls``'s keywords unwrapped of their budget count (``__wrapped__``), with
+    :data:`_APPLICATORS`, as a Draft 2020-12 validator class (for linear schemas)."""
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        keywords = {k: getattr(f, "__wrapped__", f) for k, f in cls.VALIDATORS.items()}  # type: ignore[attr-defined]
+        keywords.update(_APPLICATORS)
+        plain = _PLAIN[cls] = validators.extend(Draft202012Validator, keywords)  # type: ignore[no-untyped-call]
+    return plain
+
+
+def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every object subschema of linear ``schema`` that a value is validated against."""
+    stack = [schema]
+    while stack:
+        sub = stack.pop()
+        if not isinstance(sub, dict):
+            continue
+        for key, value in sub.items():
+            if key == "properties":
+                children = [c for c in value.values() if isinstance(c, dict)]
+                yield from children
+                stack.extend(children)
+            elif key in ("items", "additionalProperties") and isinstance(value, dict):
+                yield value
+                stack.append(value)
+
+
+def _quick_of(validator: Any) -> tuple[Any, int]:
+    """The plain validator of ``validator``'s schema and its :func:`linear_cost`
+    (``None, 0`` when it is not linear); made once per validator, with one plain
+    validator per subschema (kept for the latest :data:`_KEPT` validators, and at most
+    :data:`_KEPT_CHILDREN` subschemas: then all are forgotten at once, and made again
+    as they are used)."""
+    key = id(validator)
+    known = _QUICK.get(key)
+    if known is not None and known[0]() is validator:
+        return known[1], known[2]
+    cost = linear_cost(validator.schema)
+    plain = None
+    with _LOCK:
+        if len(_QUICK) >= _KEPT or len(_CHILDREN) >= _KEPT_CHILDREN:
+            _QUICK.clear()
+            _CHILDREN.clear()
+        if cost is not None:
+            cls = _plain_class(type(validator))
+            plain = cls(validator.schema)
+            made = [(id(sub), cls(sub)) for sub in _subschemas(validator.schema)]
+            _CHILDREN.update(made)
+        _QUICK[key] = (weakref.ref(validator), plain, cost or 0)
+    return plain, cost or 0
+
+
+def quick_valid(validator: Any, instance: Any, size: int | None, max_checks: int = QUICK_MAX_CHECKS) -> bool:
+    """Whether ``instance``, decoded from JSON text of ``size`` characters, is known valid
+    for ``validator`` without a budget: ``True`` only when ``validator``'s schema is
+    linear (:func:`linear_cost`), ``size`` times its cost is at most both
+    :data:`QUICK_MAX_CHECKS` and ``max_checks`` (the budget this check stands for), and
+    jsonschema's validator of the same keywords, uncounted, finds no violation.
+    ``False`` says nothing (``size`` None: not known; not linear; too large; invalid; a
+    check that raised): the caller validates with its budget. ``validator`` is one of
+    :func:`~rho_actors.declarations.arguments.make_validator`'s (its keywords carry
+    their uncounted function as ``__wrapped__``). Never raises."""
+    if size is None:
+        return False
+    try:
+        plain, cost = _quick_of(validator)
+        return (plain is not None and size * cost <= min(QUICK_MAX_CHECKS, max_checks)
+                and bool(plain.is_valid(instance)))
+    except Exception:  # the budgeted validation says what is wrong
+        return False

@@ -1,0 +1,190 @@
+"""The uncounted check of linear schemas (``declarations/linear.py``): which schemas are
+linear, the same verdicts and messages as the budgeted validation, the budget still
+stopping hostile arguments, and the loop's calls taking it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import ActorSystem, ErrorKind, ToolCall
+from rho_actors.declarations import linear
+from rho_actors.declarations.arguments import MAX_KEYWORD_CHECKS, decode_arguments, make_validator, violations
+from rho_actors.declarations.checks import check_declaration
+from rho_actors.declarations.linear import QUICK_MAX_CHECKS, linear_cost, quick_valid
+
+from .helpers import make_tool
+
+pytestmark = pytest.mark.timeout(120)
+
+STOPPED = f"$: validation stopped after {MAX_KEYWORD_CHECKS:,} schema checks; send smaller arguments"
+
+
+def checked(schema: dict[str, Any]) -> Any:
+    return make_validator(check_declaration({"name": "t", "description": "d", "parameter_schema": schema})
+                          .parameter_schema)
+
+
+LINEAR: list[dict[str, Any]] = [
+    {"type": "object", "properties": {"a": {"type": "string", "description": "x"}}, "required": ["a"]},
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+     "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 3},
+                                               "minItems": 1, "maxItems": 4}},
+     "additionalProperties": {"type": "number"}},
+    {"type": "object", "properties": {"mode": {"enum": ["r", "w"], "default": "r"}, "k": {"const": 1},
+                                      "o": {"type": "object", "properties": {"x": {"type": ["integer", "null"]}},
+                                            "required": ["x"], "maxProperties": 2}}},
+    {"type": "object", "properties": {"never": False, "always": True, "items": {"items": False}}},
+]
+
+NOT_LINEAR: list[dict[str, Any]] = [
+    {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}},
+    {"type": "object", "patternProperties": {"^a": {}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "$defs": {"a": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}},
+    {"type": "object", "properties": {"a": {"type": "string", "format": "date"}}},
+    {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}},
+    {"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.01}}},
+    {"type": "object", "unevaluatedProperties": False},
+    {"type": "object", "properties": {"a": {"type": "array", "prefixItems": [{"type": "string"}]}}},
+    {"type": "object", "dependentRequired": {"a": ["b"]}},
+]
+
+
+@pytest.mark.parametrize("schema", LINEAR)
+def test_linear_schemas_are_found_linear(schema: dict[str, Any]) -> None:
+    cost = linear_cost(checked(schema).schema)
+    assert cost is not None and cost >= 2
+
+
+@pytest.mark.parametrize("schema", NOT_LINEAR)
+def test_schemas_with_other_keywords_are_not(schema: dict[str, Any]) -> None:
+    validator = checked(schema)
+    assert linear_cost(validator.schema) is None
+    assert not quick_valid(validator, {}, 2)  # budgeted, always
+
+
+def test_nesting_past_64_levels_is_not_linear() -> None:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(70):
+        schema = {"type": "array", "items": schema}
+    assert linear_cost(schema) is None
+
+
+INSTANCES = [
+    '{"a": "x"}', '{"a": 1}', "{}", '{"n": 3}', '{"n": 3.0}', '{"n": -1}', '{"n": 3, "m": 1}', '{"n": null}',
+    '{"tags": ["ab"], "z": 1.5}', '{"tags": []}', '{"tags": ["abcd", 1]}', '{"z": "no"}',
+    '{"mode": "w", "k": 1, "o": {"x": null}}', '{"mode": "x", "k": 1.0, "o": {"x": 2.0, "y": 1, "z": 2}}',
+    '{"o": {}}', '{"never": 1}', '{"always": [1]}', '{"items": []}', '{"items": [1]}', '{"items": "s"}',
+]
+
+
+@pytest.mark.parametrize("schema", LINEAR)
+def test_verdicts_messages_and_integral_floats_are_unchanged(schema: dict[str, Any]) -> None:
+    validator = checked(schema)
+    for text in INSTANCES:
+        counted, quick = decode_arguments(text), decode_arguments(text)
+        assert violations(validator, quick, 1.0, len(text)) == violations(validator, counted, 1.0), text
+        assert json.dumps(quick) == json.dumps(counted), text  # 3.0 at an integer position is 3 both ways
+        assert quick_valid(validator, decode_arguments(text), len(text)) == (violations(validator, counted) == [])
+
+
+def random_value(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(9 if depth < 3 else 6)
+    scalars: list[Any] = [None, True, 0, -1, 3, 2.0, 2.5, "r", "w", "ab", "abcd", "", 1]
+    if kind < 6:
+        return rng.choice(scalars)
+    keys = ["a", "n", "m", "tags", "z", "mode", "k", "o", "x", "y", "never", "always", "items"]
+    if kind < 8:
+        return {rng.choice(keys): random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+    return [random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+
+
+def test_random_instances_get_the_budgeted_verdict() -> None:
+    rng = random.Random(26)
+    validators = [checked(s) for s in LINEAR]
+    for _ in range(3_000):
+        value = random_value(rng)
+        if not isinstance(value, dict):
+            continue
+        text = json.dumps(value)
+        for validator in validators:
+            assert violations(validator, decode_arguments(text), 1.0, len(text)) == \
+                violations(validator, decode_arguments(text), 1.0), (text, validator.schema)
+
+
+def test_the_budget_still_stops_hostile_arguments_of_a_non_linear_schema() -> None:
+    schema = {"type": "object", "patternProperties": {"^a": {}, "^b": {}}, "additionalProperties": {"type": "integer"}}
+    text = json.dumps({f"k{i}": i for i in range(40_000)})
+    assert violations(checked(schema), decode_arguments(text), 5.0, len(text)) == [STOPPED]
+
+
+def test_the_budget_still_stops_large_arguments_of_a_linear_schema() -> None:
+    """Past the quick bound, a linear schema is validated with the budget: the same refusal."""
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
+    text = json.dumps({"a": [0] * 250_000})
+    validator = checked(schema)
+    assert not quick_valid(validator, decode_arguments(text), len(text))
+    assert violations(validator, decode_arguments(text), 5.0, len(text)) == [STOPPED]
+    small = json.dumps({"a": list(range(100))})
+    assert len(small) * (linear_cost(validator.schema) or 0) <= QUICK_MAX_CHECKS
+    assert quick_valid(validator, decode_arguments(small), len(small))
+
+
+def test_a_lower_budget_bounds_the_quick_check_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rho_actors.declarations.arguments.MAX_KEYWORD_CHECKS", 1_000)
+    schema = {"type": "object", "properties": {"x": {"type": "array", "items": {"type": "integer"}}}}
+    text = json.dumps({"x": [0] * 2_000})
+    assert len(text) * (linear_cost(checked(schema).schema) or 0) <= QUICK_MAX_CHECKS  # within the usual bound
+    assert violations(checked(schema), decode_arguments(text), 5.0, len(text)) == \
+        ["$: validation stopped after 1,000 schema checks; send smaller arguments"]
+
+
+def test_the_quick_check_takes_no_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A valid call of a linear schema is not counted at all (the budget is never set)."""
+    validator = checked(LINEAR[2])
+    counted: list[int] = []
+    def charge(units: int) -> bool:
+        counted.append(units)
+        return True
+
+    monkeypatch.setattr("rho_actors.declarations.arguments._charge", charge)
+    assert violations(validator, decode_arguments('{"tags": ["ab"]}'), 1.0, 16) == []
+    assert counted == []
+
+
+def test_forgotten_subschema_validators_give_the_same_verdicts() -> None:
+    validator = checked(LINEAR[3])
+    good, bad = '{"o": {"x": 1}}', '{"o": {"x": "s"}}'
+    assert quick_valid(validator, decode_arguments(good), len(good))
+    linear._CHILDREN.clear()  # as when the cache is full: each value descended as jsonschema does it
+    assert quick_valid(validator, decode_arguments(good), len(good))
+    assert not quick_valid(validator, decode_arguments(bad), len(bad))
+    assert not quick_valid(validator, decode_arguments(good), None)  # the text's size not known
+
+
+def test_calls_of_a_linear_schema_are_refused_with_the_same_text(tmp_path: Path) -> None:
+    ran: list[Any] = []
+    schema = LINEAR[1]
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
+    try:
+        def count(args: Any, ctx: Any) -> str:
+            ran.append(args)
+            return "ok"
+
+        system.register(make_tool("count", count, schema=schema))
+        loop = system.start_loop("linear")
+        results = loop.run_turn([ToolCall("c1", "count", '{"n": 3.0}'), ToolCall("c2", "count", '{"n": 10}'),
+                                 ToolCall("c3", "count", {"n": 4}), ToolCall("c4", "count", '{"n": 5, "m": 0}')],
+                                timeout_s=10.0)
+    finally:
+        system.stop()
+    assert [r.ok for r in results] == [True, False, True, False]
+    assert ran == [{"n": 3}, {"n": 4}] and type(ran[0]["n"]) is int
+    assert results[1].error_kind is ErrorKind.INVALID_ARGUMENTS and "$.n: 10 fails maximum 9" in results[1].content
+    assert results[3].error_kind is ErrorKind.INVALID_ARGUMENTS and '"m"' in results[3].content
