@@ -121,6 +121,20 @@ class CancelToken:
                 return
         _run_callback(callback)
 
+    def remove_callback(self, callback: Callable[[], object]) -> bool:
+        """Forget ``callback`` (the very object given to :meth:`add_callback` or
+        :meth:`add_inline_callback`; its latest registration) before it runs: what a
+        user of a token that outlives it does when done (a host's token reused for many
+        turns keeps no callback per turn). Returns whether it was still waiting (not
+        when the token was set: it runs, or ran, then)."""
+        with _LOCK:
+            for kept in (self._inline, self._callbacks):
+                for index in range(len(kept) - 1, -1, -1):
+                    if kept[index] is callback:
+                        del kept[index]
+                        return True
+        return False
+
 
 def _run_callback(callback: Callable[[], object]) -> None:
     try:

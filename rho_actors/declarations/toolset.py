@@ -12,12 +12,13 @@ import copy
 import gc
 import json
 import marshal
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, final
+from typing import Any, ClassVar, Final, final
 
 from jsonschema import Draft202012Validator
 
@@ -261,12 +262,38 @@ def paused_for(entries: int) -> contextlib.AbstractContextManager[None]:
 
 
 class _Pauses:
-    """How many :func:`no_collection` blocks run now, and whether the first disabled
-    the collector (under ``lock``)."""
+    """How many :func:`no_collection` blocks run now, in all threads and in each (by
+    thread id), and whether the first disabled the collector (under ``lock``)."""
 
     lock = threading.Lock()
     running = 0
+    by_thread: ClassVar[dict[int, int]] = {}
     disabled_here = False
+
+
+def _before_fork() -> None:
+    _Pauses.lock.acquire()  # no block is half entered or left in the child
+
+
+def _after_fork_in_parent() -> None:
+    _Pauses.lock.release()
+
+
+def _after_fork_in_child() -> None:
+    """The child has one thread: the blocks of the others never end there, so only the
+    forking thread's count; the collector enabled again when none of its blocks runs
+    and a block had disabled it (else the child would run without one for good)."""
+    _Pauses.lock = threading.Lock()
+    me = threading.get_ident()
+    own = _Pauses.by_thread.get(me, 0)
+    _Pauses.by_thread = {me: own} if own else {}
+    _Pauses.running = own
+    if own == 0 and _Pauses.disabled_here:
+        _Pauses.disabled_here = False
+        gc.enable()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
@@ -278,17 +305,24 @@ def no_collection() -> Iterator[None]:
     collections that walk the whole heap and promote the copies to the oldest
     generation, only for them to be freed by reference counting soon after. Reference
     counting frees garbage as usual meanwhile. A host that calls ``gc.disable()``
-    inside such a block gets the collector enabled again at its end."""
+    inside such a block gets the collector enabled again at its end. A child forked
+    meanwhile counts only its forking thread's blocks: it gets the collector back as
+    soon as none of those runs (at once when that thread ran none)."""
+    me = threading.get_ident()
     with _Pauses.lock:
         if _Pauses.running == 0:
             _Pauses.disabled_here = gc.isenabled()
             gc.disable()
         _Pauses.running += 1
+        _Pauses.by_thread[me] = _Pauses.by_thread.get(me, 0) + 1
     try:
         yield
     finally:
         with _Pauses.lock:
             _Pauses.running -= 1
+            left = _Pauses.by_thread.pop(me, 1) - 1
+            if left:
+                _Pauses.by_thread[me] = left
             if _Pauses.running == 0 and _Pauses.disabled_here:
                 _Pauses.disabled_here = False
                 gc.enable()
