@@ -9,23 +9,38 @@ import gc
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import pykka
 import pytest
 
-from rho_actors import ActorSystem, CancelToken, ToolCall, tool
+from rho_actors import ActorSystem, CancelToken, Loop, ToolCall, kill, tool
 from rho_actors.agent.driver import prompt
 from rho_actors.agent.model import Reply, ScriptedModel
 from rho_actors.declarations.toolset import no_collection
+from rho_actors.loop.messages import loop_name
+from rho_actors.otp.actor import Actor, monitor, stop
 
-from .conftest import WAIT_S
+from .conftest import WAIT_S, supervisors_labelled, wait_for
 
 
 @tool
 def echo(text: str) -> str:
     """Return the text."""
     return text
+
+
+def _echoed(loop: Loop, text: str) -> str:
+    [result] = loop.run_turn([ToolCall("e", "echo", f'{{"text": "{text}"}}')], timeout_s=WAIT_S)
+    assert result.ok, result.content
+    return str(result.content)
+
+
+def _sessions(system: ActorSystem) -> list[str]:
+    node = next(c for c in system.tree()["children"] if c["id"] == "sessions")
+    return [s["id"] for s in node["children"]]
 
 
 @pytest.fixture
@@ -173,3 +188,91 @@ def test_remove_callback_forgets_only_a_waiting_callback() -> None:
     token.cancel()
     assert ran == ["second"]
     assert not token.remove_callback(second)  # it ran
+
+
+# --------------------------------------------------------------------------- a lazy loop ended as it starts
+
+
+def _ended_as_registered(system: ActorSystem, session_id: str, end: Callable[[pykka.ActorRef[Any]], None]) -> None:
+    """Make the system's next registration of ``session_id``'s loop name run ``end`` on
+    the new loop at once (another thread that found it by name, before its start was
+    over)."""
+    names = system._names
+    register = names.register
+
+    def ending(name: str, ref: pykka.ActorRef[Any]) -> None:
+        register(name, ref)
+        if name == loop_name(session_id):
+            names.register = register  # type: ignore[method-assign]
+            end(ref)
+
+    names.register = ending  # type: ignore[method-assign]
+
+
+def _settled(system: ActorSystem) -> None:
+    system.tree()  # the sessions supervisor has handled what it was told before (a wake-up)
+
+
+def test_a_lazy_loop_stopped_as_it_starts_stays_stopped(tmp_path: Path) -> None:
+    """Before: the stop came before the loop was watched, its monitor said ``noproc``,
+    taken for a crash: the session's supervisor woke up and brought the stopped session
+    back."""
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(echo)
+        _ended_as_registered(system, "x", lambda ref: stop(ref, WAIT_S))
+        loop = system.start_loop("x")
+        _settled(system)
+        assert supervisors_labelled("session:x") == []
+        assert not loop.alive and loop.exit_reason == "normal"
+        assert "x" not in _sessions(system)
+        assert _echoed(system.start_loop("x"), "again") == "again"  # its id is free
+
+
+def test_a_lazy_loop_killed_as_it_starts_is_restarted(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(echo)
+        _ended_as_registered(system, "k", kill)
+        loop = system.start_loop("k")
+        assert wait_for(lambda: len(supervisors_labelled("session:k")) == 1)
+        assert _echoed(loop, "back") == "back"  # a crash is a crash, whenever it comes
+        loop.stop()
+        assert not loop.alive and "k" not in _sessions(system)
+
+
+# --------------------------------------------------------------------------- watching an actor that is stopping
+
+
+class _SlowStop(Actor):
+    def __init__(self, entered: threading.Event, release: threading.Event) -> None:
+        super().__init__()
+        self.entered, self.release = entered, release
+
+    def on_stop(self) -> None:
+        self.entered.set()
+        self.release.wait(WAIT_S)
+
+
+def test_a_monitor_of_an_actor_that_is_stopping_reports_its_real_end() -> None:
+    """Before: the actor counted as dead from the start of its stop, so a monitor made
+    while its ``on_stop`` ran reported ``noproc`` at once: a supervisor's stop that
+    waited for it (a session's, woken by a crash) returned while its ``on_stop`` still
+    stopped its children (a stopped session's loop seen alive after ``stop``)."""
+    entered, release = threading.Event(), threading.Event()
+    ref = _SlowStop.start(entered, release)
+    ref.stop(block=False)
+    assert entered.wait(WAIT_S)
+    seen: list[object] = []
+    ended = threading.Event()
+
+    def down(_ref: pykka.ActorRef[Any], reason: object) -> None:
+        seen.append(reason)
+        ended.set()
+
+    monitor(ref, down)
+    assert seen == []  # it has not ended: its on_stop runs
+    release.set()
+    assert ended.wait(WAIT_S)
+    assert seen == ["normal"]
+    late: list[object] = []
+    monitor(ref, lambda _ref, reason: late.append(reason))
+    assert late == ["noproc"]  # ended: at once, as OTP's
