@@ -193,7 +193,7 @@ def test_remove_callback_forgets_only_a_waiting_callback() -> None:
 # --------------------------------------------------------------------------- a lazy loop ended as it starts
 
 
-def _ended_as_registered(system: ActorSystem, session_id: str, end: Callable[[pykka.ActorRef[Any]], None]) -> None:
+def _ended_as_registered(system: ActorSystem, session_id: str, end: Callable[[pykka.ActorRef[Any]], object]) -> None:
     """Make the system's next registration of ``session_id``'s loop name run ``end`` on
     the new loop at once (another thread that found it by name, before its start was
     over)."""
