@@ -19,9 +19,10 @@ import pytest
 from rho_actors import ActorSystem, CancelToken, Loop, ToolCall, kill, tool
 from rho_actors.agent.driver import prompt
 from rho_actors.agent.model import Reply, ScriptedModel
-from rho_actors.declarations.toolset import no_collection
+from rho_actors.declarations.toolset import MarshalledSchema, no_collection
 from rho_actors.loop.messages import loop_name
 from rho_actors.otp.actor import Actor, monitor, stop
+from rho_actors.tool import SCHEMA_SLOT, ToolInfo
 
 from .conftest import WAIT_S, supervisors_labelled, wait_for
 
@@ -276,3 +277,73 @@ def test_a_monitor_of_an_actor_that_is_stopping_reports_its_real_end() -> None:
     late: list[object] = []
     monitor(ref, lambda _ref, reason: late.append(reason))
     assert late == ["noproc"]  # ended: at once, as OTP's
+
+
+# --------------------------------------------------------------------------- copies of a large offer
+
+
+class _Numbered:
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def name(self) -> str:
+        return f"n{self.number}"
+
+    def description(self) -> str:
+        return "A numbered tool."
+
+    def parameter_schema(self) -> dict[str, Any]:
+        return {"type": "object", "properties": {"x": {"type": "string", "enum": ["a", str(self.number)]}}}
+
+    def run(self, args: dict[str, Any], ctx: Any) -> str:
+        return "ok"
+
+
+@pytest.fixture
+def large_loop(tmp_path: Path) -> Iterator[Loop]:
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register_many([_Numbered(i) for i in range(1_100)])  # three chunks of copies
+        yield system.start_loop("big")
+
+
+def test_one_copy_kept_of_a_large_offer_keeps_no_other_schemas(large_loop: Loop) -> None:
+    """Before: the one copy kept held its chunk, the marshalled schemas of 511 others
+    (and 512 weak references), until read, for as long as it lived."""
+    kept = [large_loop.offered()[i] for i in (3, 700, 1_099)]
+    for info in kept:
+        held = SCHEMA_SLOT.__get__(info, ToolInfo)
+        assert isinstance(held, MarshalledSchema)  # its entry's own: no chunk of 512 behind it
+    numbers = [info.parameter_schema["properties"]["x"]["enum"][1] for info in kept]
+    assert numbers == ["3", "700", "1099"]
+
+
+def test_copies_of_a_large_offer_are_each_their_own(large_loop: Loop) -> None:
+    first, second = large_loop.offered(), large_loop.offered()
+    first[5].parameter_schema["properties"]["x"]["enum"].append("mine")
+    first[5].parameter_schema["type"] = "changed"
+    assert first[6].parameter_schema["properties"]["x"]["enum"] == ["a", "6"]  # a sibling of its chunk
+    assert second[5].parameter_schema == {"type": "object", "properties": {"x": {"type": "string", "enum": ["a", "5"]}}}
+    assert large_loop.offered()[5] == second[5]
+    assert first[5].parameter_schema is not first[5].copy().parameter_schema
+
+
+def test_first_reads_of_a_large_offer_from_many_threads_agree(large_loop: Loop) -> None:
+    offer = large_loop.offered()
+    start = threading.Barrier(8)
+    seen: list[list[int]] = []
+
+    def read(offset: int) -> None:
+        start.wait(WAIT_S)
+        seen.append([id(info.parameter_schema) for info in offer[offset::7]])
+
+    threads = [threading.Thread(target=read, args=(i % 7,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert len(seen) == 8
+    by_info = [id(info.parameter_schema) for info in offer]
+    assert len(set(by_info)) == len(offer)  # one dict per copy, the same for every reader
+    for ids in seen:
+        assert set(ids) <= set(by_info)
+    assert [info.parameter_schema["properties"]["x"]["enum"][1] for info in offer] == [str(i) for i in range(1_100)]
