@@ -347,3 +347,65 @@ def test_first_reads_of_a_large_offer_from_many_threads_agree(large_loop: Loop) 
     for ids in seen:
         assert set(ids) <= set(by_info)
     assert [info.parameter_schema["properties"]["x"]["enum"][1] for info in offer] == [str(i) for i in range(1_100)]
+
+
+# --------------------------------------------------------------------------- a cancel reason that blocks
+
+
+class _SlowText:
+    """A reason whose text waits: ``str()`` of it blocks until ``release``."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def __str__(self) -> str:
+        type(self).entered.set()
+        type(self).release.wait(WAIT_S)
+        return "slow"
+
+
+def test_a_cancel_reason_whose_text_blocks_holds_up_no_other_token() -> None:
+    """Before: the reason was turned into text under the lock every token shares, so a
+    tool cancelling its own token with such a reason stopped every cancel and deadline
+    of the process until it returned."""
+    _SlowText.entered.clear()
+    _SlowText.release.clear()
+    own = CancelToken()
+    blocked = threading.Thread(target=own.cancel, args=(_SlowText(),), daemon=True)
+    blocked.start()
+    try:
+        assert _SlowText.entered.wait(WAIT_S)
+        other = CancelToken()
+        done = threading.Event()
+
+        def cancel_other() -> None:
+            other.cancel("timeout")
+            done.set()
+
+        threading.Thread(target=cancel_other, daemon=True).start()
+        assert done.wait(WAIT_S)
+        assert other.reason == "timeout"
+    finally:
+        _SlowText.release.set()
+        blocked.join(WAIT_S)
+    assert own.reason == "slow"
+
+
+def test_a_cancel_reason_of_a_str_subclass_is_its_own_text() -> None:
+    class Lying(str):
+        def __str__(self) -> str:
+            raise AssertionError("not called")
+
+    token = CancelToken()
+    assert token.abandon(Lying("timeout"), owner=object())
+    assert token.reason == "timeout" and type(token.reason) is str
+
+
+def test_a_cancel_reason_whose_text_raises_still_cancels() -> None:
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    token = CancelToken()
+    assert token.cancel(Broken())  # type: ignore[arg-type]
+    assert token.cancelled and token.reason == "cancelled"
