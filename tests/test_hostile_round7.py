@@ -16,7 +16,20 @@ from typing import Any
 import pykka
 import pytest
 
-from rho_actors import ActorSystem, CancelToken, Loop, ToolCall, kill, tool
+from rho_actors import (
+    ActorSystem,
+    CancelToken,
+    ChildSpec,
+    Loop,
+    Names,
+    StartChild,
+    Supervisor,
+    ToolCall,
+    kill,
+    start_link,
+    tool,
+    which_children,
+)
 from rho_actors.agent.driver import prompt
 from rho_actors.agent.model import Reply, ScriptedModel
 from rho_actors.declarations.toolset import MarshalledSchema, no_collection
@@ -409,3 +422,38 @@ def test_a_cancel_reason_whose_text_raises_still_cancels() -> None:
     token = CancelToken()
     assert token.cancel(Broken())  # type: ignore[arg-type]
     assert token.cancelled and token.reason == "cancelled"
+
+
+# --------------------------------------------------------------------------- a child ended as it is watched
+
+
+class _Idle(Actor):
+    def on_receive(self, message: Any) -> Any:
+        return message
+
+
+def test_a_transient_child_stopped_as_its_name_is_given_is_not_restarted() -> None:
+    """Before: a stop from a thread that found the child by its name came before its
+    supervisor watched it; the monitor said ``noproc``, taken for a crash: the stopped
+    child was restarted."""
+    names = Names()
+    register = names.register
+    stopped: list[pykka.ActorRef[Any]] = []
+
+    def ending(name: str, ref: pykka.ActorRef[Any]) -> None:
+        register(name, ref)
+        if not stopped:
+            stopped.append(ref)
+            stop(ref, WAIT_S)
+
+    names.register = ending  # type: ignore[method-assign]
+    reports: list[str] = []
+    child = ChildSpec("w", StartChild(_Idle), restart="transient", name="w")
+    sup = start_link(Supervisor, [child], names=names, report=lambda event: reports.append(event.kind))
+    try:
+        assert len(stopped) == 1 and not stopped[0].is_alive()
+        assert which_children(sup)  # the supervisor has handled what it was told (the child's end)
+        assert names.whereis("w") is None and names.exit_reason("w") == "normal"
+        assert "restarted" not in reports
+    finally:
+        sup.stop(timeout=WAIT_S)
