@@ -59,7 +59,10 @@ class CancelToken:
         the runtime's callbacks in this thread and start the others
         (:meth:`add_callback`) on a thread of their own. Returns whether this call set
         it while the call was still running. Never raises, and never waits for a
-        callback given to :meth:`add_callback`."""
+        callback given to :meth:`add_callback`. :attr:`reason` is a plain ``str``: a
+        ``str`` subclass's own characters, another value's ``str()`` (made before any
+        lock is taken: a slow one holds up only this caller), ``"cancelled"`` if that
+        raises."""
         return self._set(reason)
 
     def abandon(self, reason: str, owner: object) -> bool:
@@ -73,14 +76,15 @@ class CancelToken:
 
     def _set(self, reason: str, owner: object = None) -> bool:
         abandon = owner is not None
+        text = reason if type(reason) is str else _text(reason)  # no code of the caller's under the lock
         with _LOCK:
             running = not self._finished
             abandoned = abandon and running and self._abandoned is None
             if abandoned:
-                self._abandoned = (owner, str(reason))
+                self._abandoned = (owner, text)
             if self.reason is not None:
                 return abandoned
-            self.reason = str(reason)
+            self.reason = text
             event = self._event
             inline, self._inline = self._inline, []
             callbacks, self._callbacks = self._callbacks, []
@@ -120,6 +124,31 @@ class CancelToken:
                 self._inline.append(callback)
                 return
         _run_callback(callback)
+
+    def remove_callback(self, callback: Callable[[], object]) -> bool:
+        """Forget ``callback`` (the very object given to :meth:`add_callback` or
+        :meth:`add_inline_callback`; its latest registration) before it runs: what a
+        user of a token that outlives it does when done (a host's token reused for many
+        turns keeps no callback per turn). Returns whether it was still waiting (not
+        when the token was set: it runs, or ran, then)."""
+        with _LOCK:
+            for kept in (self._inline, self._callbacks):
+                for index in range(len(kept) - 1, -1, -1):
+                    if kept[index] is callback:
+                        del kept[index]
+                        return True
+        return False
+
+
+def _text(reason: object) -> str:
+    """``reason`` as a plain ``str``: a ``str`` subclass's own characters (its methods
+    are not called), anything else's ``str()``, or ``"cancelled"`` when that raises."""
+    if isinstance(reason, str):
+        return str.__str__(reason)
+    try:
+        return str(reason)
+    except BaseException:  # a cancel never raises
+        return "cancelled"
 
 
 def _run_callback(callback: Callable[[], object]) -> None:

@@ -79,6 +79,7 @@ __all__ = [
     "lazy_copies",
     "looks_like_context",
     "missing_callbacks",
+    "schema_lock",
     "timeout_ms",
     "track_checked",
     "untrusted",
@@ -346,6 +347,12 @@ take a :class:`PendingSchema`), for pending copies that fill several copies at o
 _OWN_SCHEMA: Final = _OwnSchema(SCHEMA_SLOT)
 type.__setattr__(ToolInfo, "parameter_schema", _OWN_SCHEMA)
 os.register_at_fork(after_in_child=_OWN_SCHEMA.renew_lock)
+
+
+def schema_lock() -> threading.RLock:
+    """The lock under which a pending schema is replaced by its copy (re-entrant): held
+    by whatever else re-points a pending copy's slot, so no read decodes it meanwhile."""
+    return _OWN_SCHEMA.lock
 
 
 def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | None]) -> list[ToolInfo]:

@@ -462,7 +462,21 @@ class _Driver:
             except BaseException as exc:  # handed to the prompt's thread, which decides
                 inbox.put(("error", exc))
 
-        cancel.add_inline_callback(lambda: inbox.put(("cancelled", None)))
+        def on_cancel() -> None:
+            inbox.put(("cancelled", None))
+
+        cancel.add_inline_callback(on_cancel)
+        try:
+            return self._answer(number, inbox, given_up, ask)
+        finally:  # the host's token may serve many prompts: it keeps no callback per request
+            cancel.remove_callback(on_cancel)
+
+    def _answer(
+        self, number: int, inbox: queue.SimpleQueue[tuple[str, Any]], given_up: threading.Event,
+        ask: Callable[[], None],
+    ) -> Any:
+        """Start ``ask`` on a thread of its own and serve ``inbox`` until its reply, its
+        error or a cancel (:meth:`_cancellable`)."""
         context = contextvars.copy_context()
         threading.Thread(target=context.run, args=(ask,), name=f"model:{self.loop.session_id}:{number}",
                          daemon=True).start()

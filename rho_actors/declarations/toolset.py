@@ -10,18 +10,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import itertools
 import json
 import marshal
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, final
+from typing import Any, ClassVar, Final, final
 
 from jsonschema import Draft202012Validator
 
-from rho_actors.tool import SCHEMA_SLOT, PendingSchema, ToolInfo, lazy_copies
+from rho_actors.tool import SCHEMA_SLOT, PendingSchema, ToolInfo, lazy_copies, schema_lock
 
 __all__ = [
     "WORKER_SCOPES",
@@ -195,6 +197,7 @@ def plain_copy(value: Any) -> Any:
 
 _PAUSE_FROM = 256  # entries
 _CHUNK = 512  # schemas of one offer decoded together
+_SAMPLE = 8  # one copy in 8 of a chunk tells it when dropped
 
 
 def offer_chunks(entries: Sequence[ToolEntry]) -> tuple[bytes, ...] | None:
@@ -215,25 +218,70 @@ class _Chunk(PendingSchema):
     references to them, in order), decoded together on the first read of any of them:
     one ``marshal.loads`` with the collector paused, each copy still alive and pending
     given its own (far fewer collections and calls than 512 decodes in the caller's
-    code)."""
+    code). ``own``: each copy's entry's :class:`MarshalledSchema`, in the same order.
 
-    __slots__ = ("_blob", "copies")
+    Once nearly all of its copies are gone unread (all but an eighth of one in 8 of
+    them, which tell it), the survivors are handed their entries' own schemas (shared
+    with the registry) and the chunk lets go of its bytes: a caller keeping one copy of
+    a large offer keeps no other 511 schemas alive."""
 
-    def __init__(self, blob: bytes) -> None:
-        self._blob = blob
+    __slots__ = ("__weakref__", "_blob", "_floor", "_left", "_taking", "copies", "own")
+
+    def __init__(self, blob: bytes, own: list[MarshalledSchema]) -> None:
+        self._blob: bytes | None = blob
+        self.own = own
         self.copies: list[weakref.ref[ToolInfo]] = []
+        self._left = 0  # watched copies not dropped yet (watch)
+        self._floor = 0  # at most this many of them left: the survivors take their own schemas
+        self._taking = False
+
+    def watch(self, copies: list[ToolInfo]) -> None:
+        """Keep weak references to ``copies`` (this chunk's, in order), one in 8 telling
+        the chunk when its copy is dropped (through a weak reference: no cycle keeps it)."""
+        chunk = weakref.ref(self)
+
+        def gone(_ref: object) -> None:
+            held = chunk()
+            if held is not None:
+                held._left -= 1
+                if held._left <= held._floor and held.copies and not held._taking:
+                    held._let_go()
+
+        # one copy in _SAMPLE tells (its drop costs a call): enough to see nearly all gone
+        self.copies = list(map(weakref.ref, copies, itertools.cycle((gone, *(None,) * (_SAMPLE - 1)))))
+        self._left = len(self.copies[::_SAMPLE])
+        self._floor = self._left // 8
+
+    def _let_go(self) -> None:
+        """Hand each copy still pending its entry's own schema, and drop the bytes."""
+        peek, put = SCHEMA_SLOT.__get__, SCHEMA_SLOT.__set__
+        with schema_lock():  # not while another thread's read of a copy decodes it
+            if self._taking or not self.copies:
+                return
+            for ref, own in zip(self.copies, self.own, strict=True):
+                made = ref()
+                if made is not None and peek(made, ToolInfo) is self:
+                    put(made, own)
+            self.copies, self.own, self._blob = [], [], None
 
     def take(self, info: ToolInfo) -> dict[str, Any]:
         peek, put = SCHEMA_SLOT.__get__, SCHEMA_SLOT.__set__
-        with no_collection():
-            values = marshal.loads(self._blob)
-            for ref, value in zip(self.copies, values, strict=True):
-                made = ref()
-                if made is not None and peek(made, ToolInfo) is self:
-                    put(made, value)
-        self.copies = []
-        schema: dict[str, Any] = peek(info, ToolInfo)
-        return schema
+        self._taking = True
+        try:
+            with no_collection():
+                values = marshal.loads(self._blob) if self._blob is not None else ()
+                for ref, value in zip(self.copies, values, strict=True):
+                    made = ref()
+                    if made is not None and peek(made, ToolInfo) is self:
+                        put(made, value)
+            self.copies, self.own, self._blob = [], [], None
+        finally:
+            self._taking = False
+        schema = peek(info, ToolInfo)
+        if isinstance(schema, PendingSchema):  # handed its own schema meanwhile, not this decode's
+            schema = schema.take(info)
+        taken: dict[str, Any] = schema
+        return taken
 
 
 def copied_infos(entries: Sequence[ToolEntry], chunks: tuple[bytes, ...] | None = None) -> list[ToolInfo]:
@@ -246,11 +294,13 @@ def copied_infos(entries: Sequence[ToolEntry], chunks: tuple[bytes, ...] | None 
         infos = [entry.info for entry in entries]
         if chunks is None:
             return lazy_copies(infos, [entry._schema for entry in entries])
-        pending = [_Chunk(blob) for blob in chunks]
+        own = [entry._schema for entry in entries]
+        if None in own:  # a schema marshal cannot copy: no chunks of them were made either
+            return lazy_copies(infos, own)
+        pending = [_Chunk(blob, own[i * _CHUNK:(i + 1) * _CHUNK]) for i, blob in enumerate(chunks)]  # type: ignore[arg-type]
         copies = lazy_copies(infos, [pending[i // _CHUNK] for i in range(len(infos))])
-        refs = list(map(weakref.ref, copies))
         for number, chunk in enumerate(pending):
-            chunk.copies = refs[number * _CHUNK:(number + 1) * _CHUNK]
+            chunk.watch(copies[number * _CHUNK:(number + 1) * _CHUNK])
         return copies
 
 
@@ -261,12 +311,38 @@ def paused_for(entries: int) -> contextlib.AbstractContextManager[None]:
 
 
 class _Pauses:
-    """How many :func:`no_collection` blocks run now, and whether the first disabled
-    the collector (under ``lock``)."""
+    """How many :func:`no_collection` blocks run now, in all threads and in each (by
+    thread id), and whether the first disabled the collector (under ``lock``)."""
 
     lock = threading.Lock()
     running = 0
+    by_thread: ClassVar[dict[int, int]] = {}
     disabled_here = False
+
+
+def _before_fork() -> None:
+    _Pauses.lock.acquire()  # no block is half entered or left in the child
+
+
+def _after_fork_in_parent() -> None:
+    _Pauses.lock.release()
+
+
+def _after_fork_in_child() -> None:
+    """The child has one thread: the blocks of the others never end there, so only the
+    forking thread's count; the collector enabled again when none of its blocks runs
+    and a block had disabled it (else the child would run without one for good)."""
+    _Pauses.lock = threading.Lock()
+    me = threading.get_ident()
+    own = _Pauses.by_thread.get(me, 0)
+    _Pauses.by_thread = {me: own} if own else {}
+    _Pauses.running = own
+    if own == 0 and _Pauses.disabled_here:
+        _Pauses.disabled_here = False
+        gc.enable()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
@@ -278,17 +354,24 @@ def no_collection() -> Iterator[None]:
     collections that walk the whole heap and promote the copies to the oldest
     generation, only for them to be freed by reference counting soon after. Reference
     counting frees garbage as usual meanwhile. A host that calls ``gc.disable()``
-    inside such a block gets the collector enabled again at its end."""
+    inside such a block gets the collector enabled again at its end. A child forked
+    meanwhile counts only its forking thread's blocks: it gets the collector back as
+    soon as none of those runs (at once when that thread ran none)."""
+    me = threading.get_ident()
     with _Pauses.lock:
         if _Pauses.running == 0:
             _Pauses.disabled_here = gc.isenabled()
             gc.disable()
         _Pauses.running += 1
+        _Pauses.by_thread[me] = _Pauses.by_thread.get(me, 0) + 1
     try:
         yield
     finally:
         with _Pauses.lock:
             _Pauses.running -= 1
+            left = _Pauses.by_thread.pop(me, 1) - 1
+            if left:
+                _Pauses.by_thread[me] = left
             if _Pauses.running == 0 and _Pauses.disabled_here:
                 _Pauses.disabled_here = False
                 gc.enable()

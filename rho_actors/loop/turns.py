@@ -124,6 +124,7 @@ class _Turn:
     stop_reason: str | None = None  # "cancelled" (by the host) or "stopping" (the loop): nothing starts
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    hooked: tuple[CancelToken, Callable[[], None]] | None = None  # the host's token and its callback, until done
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +289,16 @@ class Turns:
                 self._cancel_turn(turn)
                 return
             ref, turn_id = self.ref, turn.id
-            cancel.add_inline_callback(lambda: _tell(ref, CancelTurn(turn_id)))
+
+            def hook() -> None:
+                _tell(ref, CancelTurn(turn_id))
+
+            turn.hooked = (cancel, hook)  # forgotten by the token once the turn is done: it may serve many
+            cancel.add_inline_callback(hook)
+            with turn.lock:
+                done = turn.finished
+            if done:  # finished meanwhile (its loop stopped), before the callback was there to forget
+                cancel.remove_callback(hook)
         if turn.open == 0:
             with turn.lock:
                 finished, turn.finished = turn.finished, True
@@ -528,6 +538,8 @@ class Turns:
         caller decided, under the turn's lock, that the turn is finished)."""
         with self._lock:
             self._turns.pop(turn.id, None)
+        if turn.hooked is not None:
+            turn.hooked[0].remove_callback(turn.hooked[1])
         if len(turn.slots) > 1:  # a one-call turn kept no share of its own
             self._budgets.turn_done(self.session_id, turn.id)
         results = [slot.result for slot in turn.slots]  # each has its result: the turn is finished

@@ -165,7 +165,8 @@ def monitor(ref: pykka.ActorRef[Any], notify: DownCallback | pykka.ActorRef[Any]
     """Report once when the :class:`Actor` behind ``ref`` ends, with its exit reason:
     ``notify`` is an actor's ref, which is told :class:`Down`, or a callback
     ``notify(ref, reason)``, called from the ending actor's thread (keep it quick). An
-    actor that has already ended is reported at once, with reason ``"noproc"``.
+    actor that has already ended is reported at once, with reason ``"noproc"``; one that
+    is stopping (its ``on_stop`` running) is reported when it has ended, with its reason.
 
     Raises ``TypeError`` when ``ref`` is not the ref of an :class:`Actor`.
     """
@@ -173,10 +174,12 @@ def monitor(ref: pykka.ActorRef[Any], notify: DownCallback | pykka.ActorRef[Any]
         raise TypeError(f"{ref} is not a rho_actors.Actor: it cannot be monitored")
     callback = _teller(notify) if isinstance(notify, pykka.ActorRef) else notify
     handle = Monitor(ref.actor_urn, callback)
+    actor = ref._actor_weakref()
     with _lock:
-        # The actor sets ``actor_stopped`` before it takes its monitors (under this
-        # lock), so a live actor's entry made here is always taken and reported.
-        if ref.is_alive():
+        # The actor takes its monitors once (under this lock) when it has fully ended, so
+        # an entry made before is always taken and reported: also while it is stopping
+        # (``is_alive()`` false from the start of its stop, its ``on_stop`` still running).
+        if actor is not None and not actor._monitors_taken:
             _monitors.setdefault(ref.actor_urn, []).append(handle)
             return handle
     callback(ref, "noproc")
@@ -393,6 +396,7 @@ class Actor(pykka.ThreadingActor):
         self._exit_cause: object = None
         self._thread_ident: int | None = None  # the thread running its loop, once it runs
         self._stopped_once = False
+        self._monitors_taken = False  # set once, under the monitors' lock, when it has fully ended
 
     def _start_actor_loop(self) -> None:
         if not self.starts_on_first_message:
@@ -493,6 +497,7 @@ class Actor(pykka.ThreadingActor):
         """Set the exit reason, tell the monitors, then run :meth:`on_exit`."""
         self.exit_reason = self._exit_cause if self._exit_cause is not None else NORMAL
         with _lock:
+            self._monitors_taken = True
             callbacks = _monitors.pop(self.actor_urn, [])
             if self.exit_reason != NORMAL:
                 _exits[self.actor_urn] = self.exit_reason

@@ -128,6 +128,8 @@ class LazySupervisor(Supervisor):
         self._lazy: dict[int, LazySubtree] = {}  # key -> subtree whose supervisor has not started
         self._ids: dict[str, int] = {}  # id -> key of every subtree started here (lazy or woken)
         self._waking: dict[int, threading.Event] = {}  # key -> set once its supervisor's start is over
+        self._starting: set[int] = set()  # keys of subtrees whose child is starting (start_lazy)
+        self._early: dict[int, tuple[object]] = {}  # key -> the exit reason of a child that ended as it started
 
     def start_lazy(self, subtree: LazySubtree) -> pykka.ActorRef[Any]:
         """Start ``subtree`` lazily (see :meth:`LazyStarter.start`, which calls this from
@@ -144,8 +146,12 @@ class LazySupervisor(Supervisor):
             if held is not None:
                 raise ValueError(f"child {sid!r} is already started (OTP's already_started)")
             self._ids[sid] = key  # reserved while its child starts
+            self._starting.add(key)
         try:
             ref = subtree.child.start()
+            # watched before anyone can find it by its name (its end comes with its real
+            # reason, never "noproc", which a stop from another thread would be taken for)
+            monitor(ref, lambda r, reason: self._lazy_down(key, r, reason))
             try:
                 self._names.register(subtree.child.name, ref)  # type: ignore[arg-type]
             except ValueError:
@@ -154,10 +160,14 @@ class LazySupervisor(Supervisor):
         except BaseException:
             with self._lock:
                 self._ids.pop(sid, None)
+                self._starting.discard(key)
+                self._early.pop(key, None)
             raise
         child = ChildRecord(key, subtree.spec, dynamic=True, ref=ref)
         with self._lock:
             stopping = not self._adopting
+            self._starting.discard(key)
+            early = self._early.pop(key, None)  # it ended already: found by its name and stopped or killed
             if not stopping:
                 self._children[key] = child
                 self._by_urn[ref.actor_urn] = key
@@ -167,8 +177,9 @@ class LazySupervisor(Supervisor):
         if stopping:
             ref.stop(block=False)
             raise pykka.ActorDeadError(f"{self.label} is stopping")
-        monitor(ref, lambda r, reason: self._lazy_down(key, r, reason))
         send_report(self._report_to, subtree.label, "started", subtree.child.id)
+        if early is not None:
+            self._lazy_down(key, ref, early[0])
         return ref
 
     def _gone(self, key: int, name: str | None) -> bool:
@@ -230,6 +241,9 @@ class LazySupervisor(Supervisor):
         here; a crash wakes the subtree's supervisor up in this supervisor's thread."""
         with self._lock:
             child = self._children.get(key)
+            if child is None and key in self._starting:  # its start is not over: it takes this up
+                self._early[key] = (reason,)
+                return
             if child is None or child.ref is not ref or key not in self._lazy:
                 return  # stopped by this supervisor (shutdown, terminate_child)
             if reason == NORMAL:

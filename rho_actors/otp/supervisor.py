@@ -345,20 +345,26 @@ class Supervisor(Actor):
         if not issubclass(ref.actor_class, Actor):
             ref.stop(block=False)
             raise TypeError(f"child {child.spec.id!r}: {ref.actor_class.__name__} is not a rho_actors.Actor")
-        if child.spec.name is not None and self._names is not None:
-            try:
-                self._names.register(child.spec.name, ref)
-            except ValueError:
-                ref.stop(block=False)
-                raise
         with self._lock:
             child.ref = ref
             self._by_urn[ref.actor_urn] = child.key
+        # watched before anyone can find it by its name: a stop from a thread that did comes
+        # with its real reason (never "noproc", which would be taken for a crash)
         if child.spec.restart == "temporary" and not child.spec.significant:
             # Forgotten when it ends: no message, so no wake-up of this supervisor per exit.
             monitor(ref, self._forget_temporary)
         else:
             monitor(ref, self.actor_ref)
+        if child.spec.name is not None and self._names is not None:
+            try:
+                self._names.register(child.spec.name, ref)
+            except ValueError:
+                with self._lock:  # not this supervisor's child after all: its end is nobody's news
+                    if child.ref is ref:
+                        child.ref = None
+                    self._by_urn.pop(ref.actor_urn, None)
+                ref.stop(block=False)
+                raise
 
     def _forget_temporary(self, ref: pykka.ActorRef[Any], _reason: object) -> None:
         with self._lock:
