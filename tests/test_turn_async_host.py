@@ -239,9 +239,21 @@ async def instant_exclusive(ctx: Mapping[str, Any]) -> str:
     return str(ctx["call_id"])
 
 
-EAGER_TOOLS = (instant, suspends_on_gate, interrupts, raises_cancelled, own_timeout, cancels_itself_then_waits,
-               cancels_itself_then_yields, cancels_itself_then_returns, context_steps, overruns_then_suspends,
-               swallows_then_waits, instant_exclusive)
+LOOPS: list[Any] = []  # the session's Loop handle, for a tool that runs a turn of its own session
+
+
+@tool
+async def runs_a_turn_of_its_session() -> str:
+    """In its first step, run a sync turn of its own session (blocking the loop, as host code may)."""
+    [inner] = LOOPS[0].run_turn([ToolCall("inner", "sync_where", "{}")], timeout_s=WAIT_S)
+    return "inner ok" if inner.ok else str(inner.content)
+
+
+EAGER_TOOLS = (
+    runs_a_turn_of_its_session, instant, suspends_on_gate, interrupts, raises_cancelled, own_timeout,
+    cancels_itself_then_waits, cancels_itself_then_yields, cancels_itself_then_returns, context_steps,
+    overruns_then_suspends, swallows_then_waits, instant_exclusive,
+)
 
 
 @pytest.fixture
@@ -252,6 +264,7 @@ def system(tmp_path: Path) -> Iterator[ActorSystem]:
     TASKS.clear()
     HOST.clear()
     GATE.clear()
+    LOOPS.clear()
     system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=1_000)
     try:
         for t in (on_which_loop, sync_where, sleeps, stubborn, blocks_the_loop, raises, exits, tagged, waits,
@@ -553,3 +566,27 @@ def test_the_turns_bound_on_one_event_loop_expires_each_turn_at_its_own(system: 
 
     [result] = asyncio.run(main())
     assert result.ok and result.content == "through"
+
+
+def test_a_turn_run_in_a_first_step_starts_at_once(system: ActorSystem) -> None:
+    """A tool's first step runs inside the dispatch of its call: a turn it runs there (of
+    its own session, waited for in that step) is started then, not held for after it."""
+    loop = system.start_loop("s")
+    LOOPS.append(loop)
+    [result] = asyncio.run(asyncio.wait_for(loop.arun_turn([call("runs_a_turn_of_its_session")]), 2 * WAIT_S))
+    assert result.ok and result.content == "inner ok"
+
+
+def test_a_long_exclusive_turn_of_calls_settled_in_their_first_steps_does_not_nest(system: ActorSystem) -> None:
+    """Each next call is started by the dispatch loop of the one before, never from inside it."""
+    loop = system.start_loop("s")
+    calls = [call("instant_exclusive", f"x{i}") for i in range(1_500)]  # past the default recursion limit
+
+    async def main() -> list[Any]:
+        results: list[Any] = finished_at_once(loop.arun_turn(calls))
+        return results
+
+    results = asyncio.run(main())
+    ids = [c.id for c in calls]
+    assert [r.content for r in results] == ids
+    assert ids == ORDER
