@@ -169,7 +169,7 @@ class Turns:
         self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
         self.closed: str | None = None  # once closed: the key of the result open calls got
         self._turn_ids = itertools.count(1)
-        self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
+        self._chain = threading.local()  # per thread: ``held``, the turn whose calls it is starting and those left
         # arguments texts found valid, by (tool name, text): the entry they were valid for,
         # the decoded value marshalled and whether the tool runs inline (decoded, checked once)
         self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes, bool]] = {}
@@ -378,18 +378,17 @@ class Turns:
         the turn. Another turn started meanwhile on this thread (by a tool's first step
         run in the dispatch, say) gets its own chain at once: it may be waited for there."""
         local = self._chain
-        chain: deque[tuple[_Turn, int]] | None = getattr(local, "calls", None)
-        if chain is not None and local.turn is turn:  # inside this turn's dispatch: its loop below starts it
-            chain.append((turn, index))
+        outer: tuple[_Turn, deque[tuple[_Turn, int]]] | None = getattr(local, "held", None)
+        if outer is not None and outer[0] is turn:  # inside this turn's dispatch: its loop below starts it
+            outer[1].append((turn, index))
             return
-        outer = (chain, getattr(local, "turn", None))
         chain = deque([(turn, index)])
-        local.calls, local.turn = chain, turn
+        local.held = (turn, chain)
         try:
             while chain:
                 self._dispatch(*chain.popleft())
         finally:
-            local.calls, local.turn = outer
+            local.held = outer
 
     def _dispatch(self, turn: _Turn, index: int) -> None:
         """Start call ``index`` in its isolation (from the submitting thread, or from the
