@@ -169,7 +169,7 @@ class Turns:
         self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
         self.closed: str | None = None  # once closed: the key of the result open calls got
         self._turn_ids = itertools.count(1)
-        self._chain = threading.local()  # per thread: ``held``, the turn whose calls it is starting and those left
+        self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
         # arguments texts found valid, by (tool name, text): the entry they were valid for,
         # the decoded value marshalled and whether the tool runs inline (decoded, checked once)
         self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes, bool]] = {}
