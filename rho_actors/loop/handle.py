@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -111,6 +112,7 @@ class Loop:
         self._loop_turns = runtime.loop_turns
         self._sessions = runtime.sessions
         self._current: tuple[pykka.ActorRef[Any], Turns] | None = None  # the running LoopActor's
+        self._bounds: _Bounds | None = None  # the bounds of the turns awaited on the last event loop used
         self.instructions: str | None = None
         """The system prompt of this session's prompts that give none (not recorded)."""
         self.telemetry = runtime.telemetry
@@ -241,27 +243,36 @@ class Loop:
         the event loop. A call of a trusted ``async`` tool in ``thread`` isolation runs
         as a task on this event loop, with its deadline (DESIGN §4: no thread is
         crossed; a tool that blocks the event loop blocks it as the host's own code
-        would); every other call runs in its isolation and its result comes back with
-        one hop. Cancelling the awaiting task cancels the turn (as ``cancel`` does) and
-        waits (at most the system's ``ask_timeout_s``) for its ``cancelled`` results
-        before re-raising ``CancelledError``."""
+        would), its first step run at once (:mod:`rho_actors.loop.inline`): a turn
+        whose every call is refused or returns without suspending is answered without
+        this coroutine suspending. Every other call runs in its isolation and its result
+        comes back with one hop. Cancelling the awaiting task cancels the turn (as
+        ``cancel`` does) and waits (at most the system's ``ask_timeout_s``) for its
+        ``cancelled`` results before re-raising ``CancelledError``. Raises
+        ``TimeoutError`` past ``timeout_s`` seconds (default :meth:`turn_bound_s`),
+        which only a broken runtime can cause."""
         batch = _checked_calls(calls)
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
         token = _checked_cancel(cancel) or CancelToken()
-        landing = _Landing(asyncio.get_running_loop())
-        waiter = landing.waiter
-        expiry = landing.aio.call_later(bound, _expire, waiter, bound)  # armed first: the calls' hand-off goes last
+        aio = asyncio.get_running_loop()
+        landing = _Landing(aio, bound)
+        bounds = self._bounds
+        if bounds is None or bounds.aio is not aio:
+            bounds = self._bounds = _Bounds(aio)
+        bounds.add(landing)  # armed first (one timer per event loop): the calls' hand-off goes last
         try:
-            self._start_turn(batch, landing, token, aio=landing.aio)
-            return await waiter
+            self._start_turn(batch, landing, token, aio=aio)
+            if landing.results is not None:  # landed already: every call refused, or settled in its first step
+                return landing.results
+            return await landing.wait()
         except asyncio.CancelledError:
             token.cancel("cancelled")
-            if not landing.landed:
+            if landing.results is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(landing.wait_landed(), self._settings.ask_timeout_s)
             raise
         finally:
-            expiry.cancel()
+            bounds.discard(landing)
 
     def offered(self) -> list[ToolInfo]:
         """The checked declarations this loop offers now, in registration order (each
@@ -383,19 +394,21 @@ class _Latch:
 
 
 class _Landing:
-    """Where the results of a turn awaited on ``aio`` land (the turn's sink): handed to
-    :attr:`waiter`, an asyncio future of ``aio``, at once when they are set on ``aio``'s
-    own thread (every call refused, or run on it), else with one ``call_soon_threadsafe``
-    from the thread that settled the turn's last call (one hop, no
-    ``concurrent.futures.Future`` in between). Built on ``aio``'s thread."""
+    """Where the results of a turn awaited on ``aio`` land (the turn's sink), bounded by
+    ``bound_s`` seconds: kept in :attr:`results` at once when they are set on ``aio``'s
+    own thread (every call refused, or settled there), and handed to the future of
+    :meth:`wait` with one ``call_soon_threadsafe`` from the thread that settled the
+    turn's last call (one hop, no ``concurrent.futures.Future`` in between). Built on
+    ``aio``'s thread; the future is made only when the host has to wait."""
 
-    __slots__ = ("_thread", "_waiting", "aio", "landed", "waiter")
+    __slots__ = ("_thread", "_waiter", "_waiting", "aio", "bound_s", "results")
 
-    def __init__(self, aio: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, aio: asyncio.AbstractEventLoop, bound_s: float) -> None:
         self.aio = aio
+        self.bound_s = bound_s
         self._thread = threading.get_ident()
-        self.waiter: asyncio.Future[list[ToolResult]] = aio.create_future()
-        self.landed = False  # read and set on aio's thread only
+        self.results: list[ToolResult] | None = None  # read and set on aio's thread only
+        self._waiter: asyncio.Future[list[ToolResult]] | None = None
         self._waiting: asyncio.Future[None] | None = None
 
     def set_result(self, results: list[ToolResult]) -> None:
@@ -409,21 +422,70 @@ class _Landing:
             pass
 
     def _land(self, results: list[ToolResult]) -> None:
-        self.landed = True
-        if not self.waiter.done():  # else timed out, or its task was cancelled
-            self.waiter.set_result(results)
+        self.results = results
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():  # else timed out, or its task was cancelled
+            waiter.set_result(results)
         if self._waiting is not None and not self._waiting.done():
             self._waiting.set_result(None)
+
+    def wait(self) -> asyncio.Future[list[ToolResult]]:
+        """The future of the results (on aio's thread, before they have landed)."""
+        waiter = self._waiter = self.aio.create_future()
+        return waiter
+
+    def expire(self) -> None:
+        """The bound has passed (on aio's thread): the awaiting host gets ``TimeoutError``."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(TimeoutError(f"the turn did not finish within {self.bound_s} s"))
 
     def wait_landed(self) -> asyncio.Future[None]:
         """An asyncio future done once the results have landed (on aio's thread)."""
         if self._waiting is None:
             self._waiting = self.aio.create_future()
-            if self.landed:
+            if self.results is not None:
                 self._waiting.set_result(None)
         return self._waiting
 
 
-def _expire(waiter: asyncio.Future[list[ToolResult]], bound_s: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError(f"the turn did not finish within {bound_s} s"))
+class _Bounds:
+    """The bounds of the turns awaited on ``aio`` through one handle: one timer, armed
+    at the earliest bound (a turn whose bound comes after it costs a dict entry, not a
+    ``call_later``), which expires every turn due and re-arms for the next. Used on
+    ``aio``'s thread only."""
+
+    __slots__ = ("_at", "_due", "_timer", "aio")
+
+    def __init__(self, aio: asyncio.AbstractEventLoop) -> None:
+        self.aio = aio
+        self._due: dict[_Landing, float] = {}  # each turn awaited: when its bound passes (aio.time() s)
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf  # when the timer fires (inf: none armed)
+
+    def add(self, landing: _Landing) -> None:
+        """Bound ``landing``'s turn from now (it must be discarded once awaited)."""
+        at = self._due[landing] = self.aio.time() + landing.bound_s
+        if at < self._at:
+            self._arm(at)
+
+    def discard(self, landing: _Landing) -> None:
+        self._due.pop(landing, None)
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.aio.call_at(at, self._fire) if at < math.inf else None
+        self._at = at
+
+    def _fire(self) -> None:
+        self._timer, self._at = None, math.inf
+        now = self.aio.time()
+        soonest = math.inf
+        for landing, at in list(self._due.items()):
+            if at <= now:
+                del self._due[landing]
+                landing.expire()
+            elif at < soonest:
+                soonest = at
+        self._arm(soonest)

@@ -2,26 +2,51 @@
 
 When a turn is awaited with :meth:`rho_actors.Loop.arun_turn`, a call whose tool is
 trusted, in ``thread`` isolation and ``async`` runs as a task on the awaiting event
-loop, as the host's own coroutines do: no thread is woken, no thread crossed. What
-holds for every call holds here too:
+loop, as the host's own coroutines do: no thread is woken, no thread crossed.
+
+**Its first step runs at once** (as Python 3.12's eager tasks do; this works on 3.11
+too): the call's task is made, and the tool's coroutine is driven to its first
+suspension in the thread that starts the call, which is the awaiting host task's own
+step under ``arun_turn`` (or an event-loop callback when an exclusive turn's next call
+is started from a call thread), with the call's task swapped in as the current task
+while it runs (``asyncio.current_task()`` is the call's task in every step of the tool,
+so ``asyncio.timeout()``, a ``TaskGroup`` and ``current_task().cancel()`` in the first
+step act on the call, never on the host's task). Then:
+
+- **A tool that returns without suspending** (a no-op, a cached answer) has its result
+  settled in that first step: no deadline timer is armed, no event-loop iteration is
+  waited for, and ``arun_turn`` returns without suspending (so a cancellation of the
+  host's task requested meanwhile is seen at the host's next ``await``, as for any
+  coroutine that does not suspend). Its task's own first step, already scheduled, finds
+  the coroutine ended and ends at once, off the host's path.
+- **A tool that suspends** is continued by its task (:class:`_Rest`: the task's first
+  step hands the task what the coroutine yielded, then every step goes to the
+  coroutine), with its deadline timer armed then, counted from its dispatch as always.
+
+What holds for every call holds here too:
 
 - **Its deadline is a deadline**: a timer on the same event loop answers ``timeout``
   and then cancels the task (``ctx["cancel"]`` is set, ``asyncio.Task.cancel``),
   without waiting for the task to end; a result that comes after it is ``late``, and one
-  that comes past the deadline before the timer could run is a ``timeout`` all the same
-  (the result follows as ``late``).
+  that comes past the deadline before the timer could run (a first step or a step that
+  overran it) is a ``timeout`` all the same (the result follows as ``late``).
   A tool that blocks the event loop (a sync sleep inside ``async def``) blocks the host's
   loop as it would in the host's own code: its result, once it returns past its
   deadline, is still a ``timeout``.
-- **A crash is a result**: an ``Exception`` is a ``raised`` result, a
-  ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``) an ``exited`` one; nothing
-  the tool raises reaches the host's event loop.
-- **Cancelling works the same**: the host cancelling the turn, or the loop stopping,
-  sets ``ctx["cancel"]`` and cancels the task (from any thread).
-- It runs in a copy of the submitter's ``contextvars`` context, with its span current.
+- **A crash is a result**, in the first step as in any other: an ``Exception`` is a
+  ``raised`` result, a ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``, a
+  ``CancelledError`` the tool raises itself) an ``exited`` one (``cancelled`` or
+  ``timeout`` once its token is set); nothing the tool raises reaches the host's task
+  or event loop.
+- **Cancelling works the same**: the host cancelling the turn (or its awaiting task),
+  or the loop stopping, sets ``ctx["cancel"]`` and cancels the task (from any thread);
+  a cancel that comes before the task's first step reaches the coroutine where it
+  suspended (the future it waits on is cancelled, as a task's would be).
+- It runs in a copy of the submitter's ``contextvars`` context, its first step and every
+  later one in the same copy (what the tool sets stays its own), with its span current.
 - Its result is settled in the call's :class:`rho_actors.isolation.call.Answer`, as a
-  CallActor's is: the task's end and the deadline timer, both on the event loop, race
-  for it, and a result settled at or past the deadline reads ``timeout``.
+  call thread's is: the coroutine's end and the deadline timer, both on the event loop,
+  race for it, and a result settled at or past the deadline reads ``timeout``.
 
 A task that swallows its cancellation goes on running on the host's loop after its
 ``timeout`` (as an abandoned thread goes on in ``thread`` isolation; it holds no
@@ -35,6 +60,9 @@ import contextlib
 import contextvars
 import inspect
 import time
+from asyncio.tasks import _enter_task, _leave_task
+from collections.abc import Coroutine, Generator
+from typing import Any
 
 import pykka
 
@@ -46,6 +74,9 @@ from rho_actors.tool import ToolResult
 __all__ = ["InlineCall"]
 
 _NO_SPAN = contextlib.nullcontext()
+_UNSTARTED = object()  # _Rest.pending: the coroutine's first step has not run yet
+_NOTHING = object()  # _Rest.pending: nothing left over from the first step to hand to the task
+_ENDED = object()  # _Rest.pending: the coroutine ended in its first step (or never ran)
 
 
 def _on(aio: asyncio.AbstractEventLoop) -> bool:
@@ -66,13 +97,13 @@ class InlineCall:
         self._spec = spec
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._answer = Answer(spec)  # settled on ``aio`` only: by the task's end or by the deadline, first one wins
+        self._answer = Answer(spec)  # settled on ``aio`` only: by the coroutine's end or the deadline, first wins
 
     @classmethod
     def start(cls, aio: asyncio.AbstractEventLoop, spec: CallSpec, stopping: bool = False) -> InlineCall:
-        """Start ``spec`` as a task on ``aio`` (from any thread; at once when this thread
-        runs ``aio``). Raises ``pykka.ActorDeadError`` when the system is ``stopping`` or
-        ``aio`` is closed: the call does not start."""
+        """Start ``spec`` as a task on ``aio`` (from any thread; at once, its first step
+        included, when this thread runs ``aio``). Raises ``pykka.ActorDeadError`` when
+        the system is ``stopping`` or ``aio`` is closed: the call does not start."""
         if stopping:
             raise pykka.ActorDeadError("the system is stopping")
         if aio.is_closed():
@@ -88,15 +119,29 @@ class InlineCall:
         return call
 
     def _begin(self) -> None:
-        """On ``aio``: arm the deadline and start the task."""
+        """On ``aio``: make the task, run the coroutine's first step as that task, and arm
+        the deadline if it suspended."""
         spec = self._spec
         if spec.cancel.cancelled:  # cancelled before it began: its result is given already
             spec.cancel.finish()
             return
-        self._timer = self._aio.call_later(max(0.0, spec.deadline - time.monotonic()), self._deadline)
+        aio = self._aio
         context = spec.context if spec.context is not None else contextvars.Context()
-        self._task = self._aio.create_task(self._main(), context=context)
+        coro = self._main()
+        rest = _Rest(coro)
+        task: asyncio.Task[None] = aio.create_task(rest, context=context)  # its first step (_Rest.send) is scheduled
+        self._task = task
         spec.cancel.add_inline_callback(self._cancel_task)
+        if rest.pending is _UNSTARTED:  # else an eager task factory ran the first step in create_task
+            if spec.cancel.cancelled:  # by another thread meanwhile: the tool never runs, its task ends at once
+                coro.close()
+                rest.pending = _ENDED
+                spec.cancel.finish()
+                return
+            rest.pending = _ENDED  # kept if the first step raises (a bug: nothing is left to run)
+            rest.pending = _first_step(aio, task, context, coro)
+        if not self._answer.settled:  # suspended: its task goes on, the deadline kept from now on
+            self._timer = aio.call_later(max(0.0, spec.deadline - time.monotonic()), self._deadline)
 
     async def _main(self) -> None:
         spec = self._spec
@@ -146,3 +191,74 @@ class InlineCall:
         if isinstance(exc, MemoryError):
             return failure("memory_thread", spec.call_id, spec.name, duration_ms)
         return call_failure(spec, exc, duration_ms)
+
+
+def _first_step(
+    aio: asyncio.AbstractEventLoop, task: asyncio.Task[None], context: contextvars.Context,
+    coro: Coroutine[Any, Any, None],
+) -> Any:
+    """Run ``coro``'s first step now, in ``context``, with ``task`` the current task of
+    ``aio`` meanwhile (the one running before, the host's task or none, is current again
+    after). Returns what the coroutine yielded as it suspended, or :data:`_ENDED` when
+    it ended."""
+    host = asyncio.current_task(aio)
+    if host is not None:
+        _leave_task(aio, host)
+    _enter_task(aio, task)
+    try:
+        return context.run(coro.send, None)
+    except StopIteration:
+        return _ENDED
+    finally:
+        _leave_task(aio, task)
+        if host is not None:
+            _enter_task(aio, host)
+
+
+class _Rest(Coroutine[Any, Any, None]):
+    """What a call's task drives: the call's coroutine, whose first step ran before the
+    task's (:meth:`InlineCall._begin`). ``pending``: what the coroutine yielded when it
+    suspended there (a future it waits on, or ``None`` for a bare yield), handed to the
+    task by the task's first step; :data:`_NOTHING` once handed; :data:`_ENDED` when
+    the coroutine ended in its first step (the task's first step then ends the task);
+    :data:`_UNSTARTED` until the first step ran (an eager task factory runs it as the
+    task's own). Every later step is the coroutine's own ``send``/``throw``."""
+
+    __slots__ = ("_coro", "pending")
+
+    def __init__(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._coro = coro
+        self.pending: Any = _UNSTARTED
+
+    def send(self, value: Any) -> Any:
+        pending = self.pending
+        if pending is _NOTHING or pending is _UNSTARTED:
+            self.pending = _NOTHING
+            return self._coro.send(value)
+        if pending is _ENDED:
+            raise StopIteration
+        self.pending = _NOTHING
+        return pending  # the task waits on it, as if the coroutine had yielded it in this step
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        exc = typ if val is None and tb is None else typ(val) if tb is None else typ(val).with_traceback(tb)
+        pending = self.pending
+        if pending is _ENDED:  # nothing left to cancel
+            raise StopIteration
+        self.pending = _NOTHING
+        # cancelled before the task's first step: as a task cancels the future it waits on
+        if isinstance(exc, asyncio.CancelledError) and asyncio.isfuture(pending) and pending.cancel(*exc.args[:1]):
+            return pending
+        return self._coro.throw(exc)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from self
+
+    def __iter__(self) -> _Rest:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)

@@ -383,18 +383,22 @@ class Turns:
 
     def _start(self, turn: _Turn, index: int) -> None:
         """Dispatch call ``index``, then, in this thread, each call of an exclusive turn
-        whose turn came while it started (a call refused at its start settles at once):
-        one after another, never nested, however long the turn."""
-        chain: deque[tuple[_Turn, int]] | None = getattr(self._chain, "calls", None)
-        if chain is not None:  # inside a dispatch on this thread: its loop below starts it
-            chain.append((turn, index))
+        whose turn came while it started (a call refused at its start, or one whose first
+        step settled it, settles at once): one after another, never nested, however long
+        the turn. Another turn started meanwhile on this thread (by a tool's first step
+        run in the dispatch, say) gets its own chain at once: it may be waited for there."""
+        local = self._chain
+        outer: tuple[_Turn, deque[tuple[_Turn, int]]] | None = getattr(local, "held", None)
+        if outer is not None and outer[0] is turn:  # inside this turn's dispatch: its loop below starts it
+            outer[1].append((turn, index))
             return
-        self._chain.calls = chain = deque([(turn, index)])
+        chain = deque([(turn, index)])
+        local.held = (turn, chain)
         try:
             while chain:
                 self._dispatch(*chain.popleft())
         finally:
-            self._chain.calls = None
+            local.held = outer
 
     def _dispatch(self, turn: _Turn, index: int) -> None:
         """Start call ``index`` in its isolation (from the submitting thread, or from the
