@@ -1,0 +1,95 @@
+"""Hostile tests of round 8: the uncounted check of linear schemas
+(``declarations/linear.py``) doing work its bound does not count, and its caches
+keeping the schemas of dropped validators."""
+
+from __future__ import annotations
+
+import gc
+import json
+import types
+from typing import Any
+
+import jsonschema._keywords
+import pytest
+
+from rho_actors.declarations import linear
+from rho_actors.declarations.arguments import decode_arguments, make_validator, violations
+from rho_actors.declarations.checks import check_declaration
+from rho_actors.declarations.linear import QUICK_MAX_CHECKS, quick_valid
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def checked(schema: dict[str, Any]) -> Any:
+    return make_validator(check_declaration({"name": "t", "description": "d", "parameter_schema": schema})
+                          .parameter_schema)
+
+
+def test_a_large_enum_counts_each_value_it_compares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An enum of 2,000 values is one keyword, but each value checked against it is
+    compared with all 2,000: 1,300 array items took 2.6 M uncounted comparisons (a
+    second of the loop's thread, where the budgeted validation stops at its time bound)."""
+    items = {"enum": list(range(2000))}
+    validator = checked({"type": "object", "properties": {"a": {"type": "array", "items": items}}})
+    text = json.dumps({"a": [1999] * 1300}, separators=(",", ":"))
+    compared = [0]
+    equal = jsonschema._keywords.equal  # type: ignore[attr-defined]
+
+    def counted(one: Any, two: Any) -> bool:
+        compared[0] += 1
+        return bool(equal(one, two))
+
+    monkeypatch.setattr(jsonschema._keywords, "equal", counted)
+    quick_valid(validator, decode_arguments(text), len(text))
+    assert compared[0] <= QUICK_MAX_CHECKS
+    small = json.dumps({"a": [1999] * 3}, separators=(",", ":"))
+    assert violations(validator, decode_arguments(small), 1.0, len(small)) == []
+    assert not quick_valid(validator, decode_arguments('{"a":[2000]}'), 12)
+
+
+class _Looked(dict):  # type: ignore[type-arg]
+    """An object instance counting the keys looked up in it."""
+
+    looked = 0
+
+    def __contains__(self, key: object) -> bool:
+        _Looked.looked += 1
+        return dict.__contains__(self, key)
+
+
+def test_many_properties_are_not_looked_up_per_object() -> None:
+    """``properties`` of 1,000 names looked each name up in every object of the instance:
+    ``[{}, {}, ...]`` cost 1,000 look-ups per three characters, uncounted."""
+    item = {"type": "object", "properties": {f"p{i}": {} for i in range(1000)}}
+    validator = checked({"type": "object", "properties": {"a": {"type": "array", "items": item}}})
+    count = 2000
+    args = {"a": [_Looked() for _ in range(count)]}
+    size = len(json.dumps({"a": [{}] * count}, separators=(",", ":")))
+    _Looked.looked = 0
+    assert quick_valid(validator, args, size) in (True, False)
+    assert _Looked.looked <= QUICK_MAX_CHECKS
+    assert violations(validator, {"a": [{"p1": 1}, {}]}, 1.0, 24) == []
+
+
+def _held_by_other_than(target: Any, *allowed: Any) -> list[Any]:
+    return [r for r in gc.get_referrers(target) if not isinstance(r, types.FrameType) and
+            not any(r is a for a in allowed)]
+
+
+def test_a_dropped_validator_leaves_nothing_of_its_schema_in_the_caches() -> None:
+    """The plain validators of a schema were kept after its validator was dropped (a tool
+    re-registered): with a reused address only the subschemas' entries grew, up to 65,536
+    of them, each holding its schema's large ``enum`` (172 MB for 1,000 re-registrations
+    of one 60 KB schema)."""
+    roots, subs = [], []
+    for i in range(50):
+        validator = checked({"type": "object", "properties": {"a": {"enum": [f"{i}-{j}" for j in range(200)]}}})
+        assert quick_valid(validator, {"a": f"{i}-5"}, 16)
+        roots.append(validator.schema)
+        subs.append(validator.schema["properties"]["a"])
+        del validator
+    gc.collect()
+    for i in range(len(roots)):
+        assert _held_by_other_than(roots[i], roots) == [], i
+        assert _held_by_other_than(subs[i], subs, roots[i]["properties"]) == [], i
+    assert len(linear._QUICK) <= 1
