@@ -1,21 +1,31 @@
 """Hostile tests of round 8: the uncounted check of linear schemas
 (``declarations/linear.py``) doing work its bound does not count, and its caches
-keeping the schemas of dropped validators."""
+keeping the schemas of dropped validators; a LoopActor whose first message found no
+thread to start on."""
 
 from __future__ import annotations
 
 import gc
 import json
+import threading
 import types
+from pathlib import Path
 from typing import Any
 
 import jsonschema._keywords
+import pykka
 import pytest
 
+from rho_actors import ActorSystem, ToolCall
 from rho_actors.declarations import linear
 from rho_actors.declarations.arguments import decode_arguments, make_validator, violations
 from rho_actors.declarations.checks import check_declaration
 from rho_actors.declarations.linear import QUICK_MAX_CHECKS, quick_valid
+from rho_actors.loop.messages import SetWithheld
+from rho_actors.otp.actor import monitor
+
+from .conftest import WAIT_S
+from .helpers import make_tool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -93,3 +103,37 @@ def test_a_dropped_validator_leaves_nothing_of_its_schema_in_the_caches() -> Non
         assert _held_by_other_than(roots[i], roots) == [], i
         assert _held_by_other_than(subs[i], subs, roots[i]["properties"]) == [], i
     assert len(linear._QUICK) <= 1
+
+
+class _NoThreads:
+    """A thread pool that cannot start a thread (the host at its thread or pid limit)."""
+
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+def test_a_loop_whose_first_message_found_no_thread_is_still_ended_by_its_stop(tmp_path: Path) -> None:
+    """A LoopActor takes its thread at its first message: when that thread could not be
+    started, the actor stayed claimed as started, with no loop: its stop was queued and
+    never run (``Loop.stop`` waited its bound and abandoned it), its monitors never fired,
+    its turns never closed. Now the start is undone: the teller gets the error, and the
+    stop ends the actor in the stopping thread, the queued message first."""
+    with ActorSystem(tmp_path / "data", shutdown_ms=2_000) as system:
+        system.register(make_tool("echo", lambda args, ctx: "ok"))
+        loop = system.start_loop("no-threads")
+        ref = loop.ref
+        actor = ref._actor_weakref()
+        assert actor is not None
+        actor.thread_pool = _NoThreads()  # type: ignore[assignment]
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            ref.tell(SetWithheld(frozenset({"echo"})))
+        ended = threading.Event()
+        reasons: list[object] = []
+        monitor(ref, lambda _ref, reason: (reasons.append(reason), ended.set()))
+        loop.stop(timeout_s=WAIT_S)
+        assert ended.wait(WAIT_S) and reasons == ["normal"]
+        assert not ref.is_alive()
+        assert actor.turns.closed is not None
+        assert actor.turns._kept.names == frozenset({"echo"})  # the queued message ran before the stop
+        with pytest.raises(pykka.ActorDeadError):
+            loop.run_turn([ToolCall("c1", "echo", "{}")], timeout_s=WAIT_S)
