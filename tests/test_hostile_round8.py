@@ -16,7 +16,7 @@ import jsonschema._keywords
 import pykka
 import pytest
 
-from rho_actors import ActorSystem, ToolCall
+from rho_actors import ActorSystem, ErrorKind, ToolCall
 from rho_actors.declarations import linear
 from rho_actors.declarations.arguments import decode_arguments, make_validator, violations
 from rho_actors.declarations.checks import check_declaration
@@ -137,3 +137,30 @@ def test_a_loop_whose_first_message_found_no_thread_is_still_ended_by_its_stop(t
         assert actor.turns._kept.names == frozenset({"echo"})  # the queued message ran before the stop
         with pytest.raises(pykka.ActorDeadError):
             loop.run_turn([ToolCall("c1", "echo", "{}")], timeout_s=WAIT_S)
+
+
+class _Short(str):
+    """Arguments text whose ``len()`` says it is empty."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return 0
+
+
+def test_the_length_of_arguments_text_is_its_own_not_what_len_says(tmp_path: Path) -> None:
+    """A ``str`` subclass whose ``__len__`` lied passed the 1,000,000-character bound
+    and, said to be empty, had a linear schema's arguments of any size checked
+    uncounted: both now count the text's own characters."""
+    ran: list[int] = []
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
+    with ActorSystem(tmp_path / "data", shutdown_ms=2_000) as system:
+        system.register(make_tool("count", lambda args, ctx: ran.append(len(args["a"])) or "ok", schema=schema))
+        loop = system.start_loop("lying")
+        huge = _Short(json.dumps({"a": [0] * 600_000}, separators=(",", ":")))
+        large = _Short(json.dumps({"a": [0] * 250_000}, separators=(",", ":")))
+        results = loop.run_turn([ToolCall("c1", "count", huge), ToolCall("c2", "count", large)], timeout_s=WAIT_S * 3)
+    assert [r.error_kind for r in results] == [ErrorKind.INVALID_JSON, ErrorKind.INVALID_ARGUMENTS], results
+    assert "1,200,007 characters long" in results[0].content
+    assert "$: validation stopped after " in results[1].content  # its budget, or its time bound
+    assert ran == []

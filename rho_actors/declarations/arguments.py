@@ -34,7 +34,7 @@ from referencing.exceptions import NoSuchResource
 
 from rho_actors.declarations.linear import quick_valid
 from rho_actors.declarations.patterns import ecma_to_re2
-from rho_actors.encoding import scrub_text
+from rho_actors.encoding import scrub_text, text_length
 from rho_actors.errors import RhoError
 from rho_actors.tool import ErrorKind
 
@@ -209,10 +209,11 @@ def decode_arguments(
     if isinstance(arguments, Mapping):
         value = dict(arguments)
     elif isinstance(arguments, (str, bytes, bytearray)):
-        if len(arguments) > max_chars:
+        length = text_length(arguments)
+        if length > max_chars:
             raise ArgumentsError(
                 ErrorKind.INVALID_JSON,
-                f"arguments are {len(arguments):,} characters long; at most {max_chars:,} are accepted",
+                f"arguments are {length:,} characters long; at most {max_chars:,} are accepted",
             )
         try:
             text = str.__str__(arguments) if isinstance(arguments, str) else bytes(arguments).decode("utf-8")

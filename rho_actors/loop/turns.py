@@ -57,7 +57,7 @@ from rho_actors.budgets import result_bytes
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, offer_chunks
-from rho_actors.encoding import describe_exception
+from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
@@ -335,7 +335,7 @@ class Turns:
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
         began = time.monotonic()
         try:  # validation counts against the call's deadline
-            size = len(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
+            size = text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
             problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S), size)
         except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
             return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
