@@ -17,7 +17,7 @@ import pykka
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
-from rho_actors.declarations import linear
+from rho_actors.declarations import arguments, linear
 from rho_actors.declarations.arguments import decode_arguments, make_validator, violations
 from rho_actors.declarations.checks import check_declaration
 from rho_actors.declarations.linear import QUICK_MAX_CHECKS, quick_valid
@@ -124,12 +124,17 @@ def test_a_loop_whose_first_message_found_no_thread_is_still_ended_by_its_stop(t
         ref = loop.ref
         actor = ref._actor_weakref()
         assert actor is not None
-        actor.thread_pool = _NoThreads()  # type: ignore[assignment]
+        actor.thread_pool = _NoThreads()
         with pytest.raises(RuntimeError, match="can't start new thread"):
             ref.tell(SetWithheld(frozenset({"echo"})))
         ended = threading.Event()
         reasons: list[object] = []
-        monitor(ref, lambda _ref, reason: (reasons.append(reason), ended.set()))
+
+        def down(_ref: Any, reason: object) -> None:
+            reasons.append(reason)
+            ended.set()
+
+        monitor(ref, down)
         loop.stop(timeout_s=WAIT_S)
         assert ended.wait(WAIT_S) and reasons == ["normal"]
         assert not ref.is_alive()
@@ -154,8 +159,13 @@ def test_the_length_of_arguments_text_is_its_own_not_what_len_says(tmp_path: Pat
     uncounted: both now count the text's own characters."""
     ran: list[int] = []
     schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
+
+    def count(args: Any, ctx: Any) -> str:
+        ran.append(len(args["a"]))
+        return "ok"
+
     with ActorSystem(tmp_path / "data", shutdown_ms=2_000) as system:
-        system.register(make_tool("count", lambda args, ctx: ran.append(len(args["a"])) or "ok", schema=schema))
+        system.register(make_tool("count", count, schema=schema))
         loop = system.start_loop("lying")
         huge = _Short(json.dumps({"a": [0] * 600_000}, separators=(",", ":")))
         large = _Short(json.dumps({"a": [0] * 250_000}, separators=(",", ":")))
@@ -164,3 +174,24 @@ def test_the_length_of_arguments_text_is_its_own_not_what_len_says(tmp_path: Pat
     assert "1,200,007 characters long" in results[0].content
     assert "$: validation stopped after " in results[1].content  # its budget, or its time bound
     assert ran == []
+
+
+def test_a_large_enum_cannot_hold_the_validation_past_its_time_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock was read every 64 units of work, and one unit (an ``enum`` of 2,030
+    values) compares each of them: a validation ran 64 scans, 130,000 comparisons, past
+    its bound (0.15 s for a tool of a 10 ms timeout). Now an ``enum`` or ``const`` reads
+    the clock before its scan. The clock here is a count of comparisons, in ms."""
+    items = {"enum": list(range(2030))}
+    validator = checked({"type": "object", "properties": {"a": {"type": "array", "items": items}}})
+    compared = [0]
+    equal = jsonschema._keywords.equal  # type: ignore[attr-defined]
+
+    def counted(one: Any, two: Any) -> bool:
+        compared[0] += 1
+        return bool(equal(one, two))
+
+    monkeypatch.setattr(jsonschema._keywords, "equal", counted)
+    monkeypatch.setattr(arguments, "time", types.SimpleNamespace(monotonic=lambda: compared[0] / 1000))
+    found = violations(validator, {"a": [2029] * 1000}, 0.05)  # 50 comparisons' time
+    assert found == ["$: validation stopped after 0.05 s; send smaller arguments"]
+    assert compared[0] <= 50 + 2 * 2030
