@@ -16,7 +16,7 @@ import jsonschema._keywords
 import pykka
 import pytest
 
-from rho_actors import ActorSystem, ErrorKind, ToolCall
+from rho_actors import ActorSystem, CancelToken, ErrorKind, ToolCall
 from rho_actors.declarations import arguments, linear
 from rho_actors.declarations.arguments import decode_arguments, make_validator, violations
 from rho_actors.declarations.checks import check_declaration
@@ -195,3 +195,31 @@ def test_a_large_enum_cannot_hold_the_validation_past_its_time_bound(monkeypatch
     found = violations(validator, {"a": [2029] * 1000}, 0.05)  # 50 comparisons' time
     assert found == ["$: validation stopped after 0.05 s; send smaller arguments"]
     assert compared[0] <= 50 + 2 * 2030
+
+
+class _Hostile(str):
+    """A reason text whose methods raise: none of them may be called by the runtime."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise RuntimeError("len")
+
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("format")
+
+
+class _Reason:
+    def __str__(self) -> str:
+        return _Hostile("its own words")
+
+
+def test_a_cancel_reason_whose_str_gives_a_str_subclass_is_kept_as_plain_text() -> None:
+    """``str()`` returns what ``__str__`` gives, a ``str`` subclass included: the reason
+    was kept as that subclass, whose methods ran wherever the reason was used."""
+    token = CancelToken()
+    assert token.cancel(_Reason())  # type: ignore[arg-type]
+    assert type(token.reason) is str and token.reason == "its own words"
+    other = CancelToken()
+    other.abandon(_Reason(), object())  # type: ignore[arg-type]
+    assert type(other.reason) is str and other.reason == "its own words"
