@@ -132,11 +132,17 @@ def _descend(validator: Any, instance: Any, schema: Any) -> Iterator[ValidationE
 
 
 def _properties(validator: Any, properties: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
-    if validator.is_type(instance, "object"):  # by the instance's keys: the same verdict, work counted per key
-        for name, value in instance.items():
-            subschema = properties.get(name, _ABSENT)
-            if subschema is not _ABSENT:
-                yield from _descend(validator, value, subschema)
+    if not validator.is_type(instance, "object"):
+        return
+    if len(properties) < len(instance):  # as jsonschema does it
+        for name, subschema in properties.items():
+            if name in instance:
+                yield from _descend(validator, instance[name], subschema)
+        return
+    for name, value in instance.items():  # by the instance's keys: at most one look-up per key, counted
+        subschema = properties.get(name, _ABSENT)
+        if subschema is not _ABSENT:
+            yield from _descend(validator, value, subschema)
 
 
 def _items(validator: Any, items: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
