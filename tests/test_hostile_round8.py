@@ -223,3 +223,24 @@ def test_a_cancel_reason_whose_str_gives_a_str_subclass_is_kept_as_plain_text() 
     other = CancelToken()
     other.abandon(_Reason(), object())  # type: ignore[arg-type]
     assert type(other.reason) is str and other.reason == "its own words"
+
+
+def test_a_cancel_whose_message_finds_no_thread_for_the_loop_still_cancels_the_turn(tmp_path: Path) -> None:
+    """The host's cancel of a turn is a ``CancelTurn`` told to the loop: when that first
+    message could not start the loop's thread, the cancel was lost (the calls ran on to
+    their end). Now the turn is cancelled in the cancelling thread instead."""
+    def wait(args: Any, ctx: Any) -> str:
+        return "cancelled" if ctx["cancel"].wait(WAIT_S) else "ran to its end"
+
+    with ActorSystem(tmp_path / "data", shutdown_ms=2_000) as system:
+        system.register(make_tool("wait", wait, timeout_ms=60_000))
+        loop = system.start_loop("no-threads")
+        actor = loop.ref._actor_weakref()
+        assert actor is not None
+        actor.thread_pool = _NoThreads()
+        token = CancelToken()
+        future = loop.submit_turn([ToolCall("c1", "wait", "{}")], cancel=token)
+        token.cancel("enough")
+        results = future.result(WAIT_S)
+        loop.stop(timeout_s=WAIT_S)
+    assert [r.error_kind for r in results] == [ErrorKind.CANCELLED], results

@@ -291,7 +291,8 @@ class Turns:
             ref, turn_id = self.ref, turn.id
 
             def hook() -> None:
-                _tell(ref, CancelTurn(turn_id))
+                if not _tell(ref, CancelTurn(turn_id)):  # no thread for the loop: cancelled here
+                    self.cancel_turn(turn_id)
 
             turn.hooked = (cancel, hook)  # forgotten by the token once the turn is done: it may serve many
             cancel.add_inline_callback(hook)
@@ -623,11 +624,16 @@ def _runs_inline(entry: ToolEntry) -> bool:
     return entry.isolation == "thread" and not entry.untrusted and inspect.iscoroutinefunction(entry.tool.run)
 
 
-def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+def _tell(ref: pykka.ActorRef[Any], message: Any) -> bool:
+    """Tell ``message`` to the loop (dropped once it has ended); ``False`` when no thread
+    could be started for its first message (it waits in the inbox, unstarted)."""
     try:
         ref.tell(message)
     except pykka.ActorDeadError:
         pass
+    except RuntimeError:  # "can't start new thread": the host at its thread limit
+        return False
+    return True
 
 
 def _progress_reporter(events: EventBus, session_id: str, call_id: str, tool: str) -> Callable[..., None]:
