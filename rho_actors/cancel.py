@@ -142,11 +142,13 @@ class CancelToken:
 
 def _text(reason: object) -> str:
     """``reason`` as a plain ``str``: a ``str`` subclass's own characters (its methods
-    are not called), anything else's ``str()``, or ``"cancelled"`` when that raises."""
+    are not called), anything else's ``str()`` (its own characters when that is a ``str``
+    subclass), or ``"cancelled"`` when that raises."""
     if isinstance(reason, str):
         return str.__str__(reason)
     try:
-        return str(reason)
+        text = str(reason)  # what __str__ gave: a str subclass, maybe
+        return text if type(text) is str else str.__str__(text)
     except BaseException:  # a cancel never raises
         return "cancelled"
 

@@ -41,6 +41,7 @@ __all__ = [
     "encode_output",
     "scrub_text",
     "strip_controls",
+    "text_length",
 ]
 
 DEFAULT_MAX_OUTPUT_CHARS = 100_000
@@ -65,6 +66,12 @@ class EncodedOutput:
     is_repr: bool = False
     truncated: bool = False
     original_chars: int = 0
+
+
+def text_length(text: str | bytes | bytearray) -> int:
+    """The characters of ``text`` (its bytes, for ``bytes`` or ``bytearray``) as held,
+    whatever a subclass's ``__len__`` says (a bound on input size counts these)."""
+    return str.__len__(text) if isinstance(text, str) else memoryview(text).nbytes
 
 
 def scrub_text(text: str) -> str:

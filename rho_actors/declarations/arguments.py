@@ -32,9 +32,10 @@ from jsonschema._utils import find_evaluated_item_indexes_by_schema
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
+from rho_actors.declarations.integral import integral_floats
 from rho_actors.declarations.linear import quick_valid
 from rho_actors.declarations.patterns import ecma_to_re2
-from rho_actors.encoding import scrub_text
+from rho_actors.encoding import scrub_text, text_length
 from rho_actors.errors import RhoError
 from rho_actors.tool import ErrorKind
 
@@ -209,10 +210,11 @@ def decode_arguments(
     if isinstance(arguments, Mapping):
         value = dict(arguments)
     elif isinstance(arguments, (str, bytes, bytearray)):
-        if len(arguments) > max_chars:
+        length = text_length(arguments)
+        if length > max_chars:
             raise ArgumentsError(
                 ErrorKind.INVALID_JSON,
-                f"arguments are {len(arguments):,} characters long; at most {max_chars:,} are accepted",
+                f"arguments are {length:,} characters long; at most {max_chars:,} are accepted",
             )
         try:
             text = str.__str__(arguments) if isinstance(arguments, str) else bytes(arguments).decode("utf-8")
@@ -397,6 +399,20 @@ def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _scanning(keyword: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_counted` for ``enum`` and ``const``, one unit that compares the instance
+    with every value they hold: the clock is read before each, so a large one cannot run
+    the validation past its time bound by 64 scans."""
+    def run(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        _charge(1)
+        if _BUDGET.left is not None and time.monotonic() > _BUDGET.deadline:
+            raise _TimeUp
+        return keyword(validator, value, instance, schema)
+
+    run.__wrapped__ = keyword  # type: ignore[attr-defined]
+    return run
+
+
 def _evaluated_keys(validator: Any, instance: dict[str, Any], schema: Any) -> set[str]:
     """The keys of ``instance`` that ``schema`` evaluates (JSON Schema's annotation
     results for ``unevaluatedProperties``), as a set: what jsonschema's own helper
@@ -506,7 +522,7 @@ _KEYWORDS: dict[str, Callable[..., Any]] = {
     "multipleOf": _multiple_of,
 }
 _Validator = validators.extend(  # type: ignore[no-untyped-call]
-    Draft202012Validator, {k: _counted(v) for k, v in _KEYWORDS.items()}
+    Draft202012Validator, {k: (_scanning if k in ("enum", "const") else _counted)(v) for k, v in _KEYWORDS.items()}
 )
 
 
@@ -618,7 +634,7 @@ def violations(
     (:func:`~rho_actors.declarations.linear.quick_valid`; counted only to find violations).
     """
     if quick_valid(validator, args, size, MAX_KEYWORD_CHECKS):  # linear, checked uncounted: the same verdict
-        _integral_floats(validator.schema, args)
+        integral_floats(validator.schema, args)
         return []
     limit_s = math.inf if max_s is None else max(0.0, max_s)
     _BUDGET.left, _BUDGET.next_clock = MAX_KEYWORD_CHECKS, MAX_KEYWORD_CHECKS
@@ -635,7 +651,7 @@ def violations(
     finally:
         _BUDGET.left, _BUDGET.deadline, _BUDGET.searched = None, math.inf, None
     if not found:
-        _integral_floats(validator.schema, args)
+        integral_floats(validator.schema, args)
         return []
     lines: list[str] = []
     total = 0
@@ -648,52 +664,3 @@ def violations(
         lines.append(line)
         total += len(line) + 2
     return lines
-
-
-def _integer_only(schema: Any) -> bool:
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    kinds = kind if isinstance(kind, list) else [kind]
-    return "integer" in kinds and "number" not in kinds
-
-
-def _integral_floats(schema: Any, args: dict[str, Any]) -> None:
-    """Replace integral floats at ``integer`` positions of ``args`` (in place), following
-    ``properties``, ``additionalProperties``, ``items``, ``prefixItems``, ``allOf`` and
-    local ``$ref`` s; positions reached only through ``anyOf``/``oneOf`` are left as sent."""
-    root = schema
-    stack: list[tuple[Any, Any, int]] = [(schema, args, 0)]
-    while stack:
-        sub, value, hops = stack.pop()
-        if not isinstance(sub, dict) or hops > 64:
-            continue
-        ref = sub.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/"):
-            target: Any = root
-            for escaped in ref[2:].split("/"):
-                key = escaped.replace("~1", "/").replace("~0", "~")
-                target = target.get(key) if isinstance(target, dict) else None
-            stack.append((target, value, hops + 1))
-        for part in sub.get("allOf", []) if isinstance(sub.get("allOf"), list) else []:
-            stack.append((part, value, hops + 1))
-        if isinstance(value, dict):
-            props: dict[str, Any] = sub["properties"] if isinstance(sub.get("properties"), dict) else {}
-            extra = sub.get("additionalProperties")
-            for key, item in value.items():
-                child = props.get(key, extra if isinstance(extra, dict) else None)
-                if child is None:
-                    continue
-                if isinstance(item, float) and item.is_integer() and _integer_only(child):
-                    value[key] = int(item)
-                else:
-                    stack.append((child, item, hops + 1))
-        elif isinstance(value, list):
-            prefix: list[Any] = sub["prefixItems"] if isinstance(sub.get("prefixItems"), list) else []
-            rest = sub.get("items")
-            for i, item in enumerate(value):
-                child = prefix[i] if i < len(prefix) else (rest if isinstance(rest, dict) else None)
-                if child is None:
-                    continue
-                if isinstance(item, float) and item.is_integer() and _integer_only(child):
-                    value[i] = int(item)
-                else:
-                    stack.append((child, item, hops + 1))

@@ -6,7 +6,8 @@ applicators (``anyOf``, ``$ref``, ``unevaluatedProperties``...) or patterns take
 unbounded host work. Most tool schemas need no such bound: an object of ``properties``
 with ``type``, ``required``, ``enum``, ``items`` and size limits validates each value of
 the instance against at most one subschema, so its work is at most the instance's size
-times the most keywords one subschema has. For such a schema and arguments text of
+times the most work one subschema does for a value (its keywords, and the values of
+its ``enum`` or ``const`` compared one by one). For such a schema and arguments text of
 ``size`` characters (a JSON text of ``size`` characters holds at most ``size`` values),
 :func:`quick_valid` gives the verdict of jsonschema's validator of the same keywords,
 without the per-keyword count, when that bound is within :data:`QUICK_MAX_CHECKS`; the
@@ -49,11 +50,14 @@ that the budgeted validation's time bound could not have stopped it earlier by m
 (and validation counts against the call's deadline anyway)."""
 
 _MAX_DEPTH = 64
+_ABSENT = object()
 
 
 def linear_cost(schema: Any) -> int | None:
     """The work bound of validating against ``schema`` per value of the instance (the
-    most keywords one of its subschemas evaluates, plus one for a key looked up by
+    most work one of its subschemas does for a value: one per keyword, one per JSON
+    value of an ``enum`` or ``const`` it is compared with, one per name of ``required``
+    or of a ``type`` list; plus one for a key looked up by ``properties`` or
     ``additionalProperties``), or None when ``schema`` uses a keyword outside
     :data:`LINEAR_KEYWORDS` (a ``$ref``, an applicator, a ``pattern``, ``format``,
     ``uniqueItems``, ``multipleOf``...) or nests past 64 levels. Never raises."""
@@ -65,8 +69,10 @@ def linear_cost(schema: Any) -> int | None:
             continue
         if not isinstance(sub, dict) or depth > _MAX_DEPTH:
             return None
+        work = 0
         for key, value in sub.items():
             if key == "not" and value == {}:
+                work += 1
                 continue
             if key not in LINEAR_KEYWORDS:
                 return None
@@ -76,13 +82,40 @@ def linear_cost(schema: Any) -> int | None:
                 stack.extend((child, depth + 1) for child in value.values())
             elif key in ("items", "additionalProperties"):
                 stack.append((value, depth + 1))
-        most = max(most, len(sub))
+            work += _work(key, value)
+        most = max(most, work)
     return most + 1
+
+
+def _work(keyword: str, value: Any) -> int:
+    """The most units keyword ``keyword`` of value ``value`` takes for one value of the
+    instance: an ``enum`` or ``const`` is compared value by value (jsonschema's
+    ``equal`` stops at the smaller side), ``required`` and a ``type`` list test each name."""
+    if keyword in ("enum", "const"):
+        return _values(value)
+    if keyword in ("required", "type") and isinstance(value, list):
+        return 1 + len(value)
+    return 1
+
+
+def _values(value: Any) -> int:
+    """How many JSON values ``value`` holds, itself included (keys not counted)."""
+    count = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
 
 
 _LOCK = threading.Lock()
 _PLAIN: dict[type, type] = {}  # a budgeted validator class -> the same keywords, uncounted
 _QUICK: dict[int, tuple[weakref.ref[Any], Any, int]] = {}  # id(validator) -> (it, plain validator, cost)
+# (an entry and its subschemas' go when the validator is collected: _forgetter)
 _CHILDREN: dict[int, Any] = {}  # id(subschema) of a linear schema -> its plain validator, made once
 _KEPT = 4096
 _KEPT_CHILDREN = 65_536
@@ -99,10 +132,17 @@ def _descend(validator: Any, instance: Any, schema: Any) -> Iterator[ValidationE
 
 
 def _properties(validator: Any, properties: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
-    if validator.is_type(instance, "object"):
+    if not validator.is_type(instance, "object"):
+        return
+    if len(properties) < len(instance):  # as jsonschema does it
         for name, subschema in properties.items():
             if name in instance:
                 yield from _descend(validator, instance[name], subschema)
+        return
+    for name, value in instance.items():  # by the instance's keys: at most one look-up per key, counted
+        subschema = properties.get(name, _ABSENT)
+        if subschema is not _ABSENT:
+            yield from _descend(validator, value, subschema)
 
 
 def _items(validator: Any, items: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
@@ -164,15 +204,17 @@ def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
 def _quick_of(validator: Any) -> tuple[Any, int]:
     """The plain validator of ``validator``'s schema and its :func:`linear_cost`
     (``None, 0`` when it is not linear); made once per validator, with one plain
-    validator per subschema (kept for the latest :data:`_KEPT` validators, and at most
-    :data:`_KEPT_CHILDREN` subschemas: then all are forgotten at once, and made again
-    as they are used)."""
+    validator per subschema, and kept while ``validator`` lives (it is forgotten, with
+    its subschemas' validators, when ``validator`` is collected), for at most
+    :data:`_KEPT` live validators and :data:`_KEPT_CHILDREN` subschemas: then all are
+    forgotten at once, and made again as they are used."""
     key = id(validator)
     known = _QUICK.get(key)
     if known is not None and known[0]() is validator:
         return known[1], known[2]
     cost = linear_cost(validator.schema)
     plain = None
+    made: list[tuple[int, Any]] = []
     with _LOCK:
         if len(_QUICK) >= _KEPT or len(_CHILDREN) >= _KEPT_CHILDREN:
             _QUICK.clear()
@@ -182,8 +224,25 @@ def _quick_of(validator: Any) -> tuple[Any, int]:
             plain = cls(validator.schema)
             made = [(id(sub), cls(sub)) for sub in _subschemas(validator.schema)]
             _CHILDREN.update(made)
-        _QUICK[key] = (weakref.ref(validator), plain, cost or 0)
+        _QUICK[key] = (weakref.ref(validator, _forgetter(key, made)), plain, cost or 0)
     return plain, cost or 0
+
+
+def _forgetter(key: int, made: list[tuple[int, Any]]) -> Any:
+    """The weakref callback that drops the entries of a collected validator (at ``key``
+    of :data:`_QUICK`, its subschemas' ``made`` in :data:`_CHILDREN`), each only if it is
+    still its own: run wherever the collector runs, it takes no lock (a look-up and a
+    removal racing one of another thread costs at most a validator made again)."""
+
+    def forget(ref: Any) -> None:
+        known = _QUICK.get(key)
+        if known is not None and known[0] is ref:
+            _QUICK.pop(key, None)
+        for sub_key, child in made:  # each child holds its subschema: no other can take its id meanwhile
+            if _CHILDREN.get(sub_key) is child:
+                _CHILDREN.pop(sub_key, None)
+
+    return forget
 
 
 def quick_valid(validator: Any, instance: Any, size: int | None, max_checks: int = QUICK_MAX_CHECKS) -> bool:

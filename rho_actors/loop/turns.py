@@ -57,7 +57,7 @@ from rho_actors.budgets import result_bytes
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, offer_chunks
-from rho_actors.encoding import describe_exception
+from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventBus, ProgressEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
@@ -291,7 +291,8 @@ class Turns:
             ref, turn_id = self.ref, turn.id
 
             def hook() -> None:
-                _tell(ref, CancelTurn(turn_id))
+                if not _tell(ref, CancelTurn(turn_id)):  # no thread for the loop: cancelled here
+                    self.cancel_turn(turn_id)
 
             turn.hooked = (cancel, hook)  # forgotten by the token once the turn is done: it may serve many
             cancel.add_inline_callback(hook)
@@ -335,7 +336,7 @@ class Turns:
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
         began = time.monotonic()
         try:  # validation counts against the call's deadline
-            size = len(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
+            size = text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
             problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S), size)
         except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
             return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
@@ -627,11 +628,16 @@ def _runs_inline(entry: ToolEntry) -> bool:
     return entry.isolation == "thread" and not entry.untrusted and inspect.iscoroutinefunction(entry.tool.run)
 
 
-def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+def _tell(ref: pykka.ActorRef[Any], message: Any) -> bool:
+    """Tell ``message`` to the loop (dropped once it has ended); ``False`` when no thread
+    could be started for its first message (it waits in the inbox, unstarted)."""
     try:
         ref.tell(message)
     except pykka.ActorDeadError:
         pass
+    except RuntimeError:  # "can't start new thread": the host at its thread limit
+        return False
+    return True
 
 
 def _progress_reporter(events: EventBus, session_id: str, call_id: str, tool: str) -> Callable[..., None]:

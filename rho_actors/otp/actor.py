@@ -242,7 +242,9 @@ def end_unstarted(ref: pykka.ActorRef[Any]) -> bool:
 class _WakingInbox:
     """The inbox of an actor that takes its thread at its first message: a
     ``SimpleQueue`` whose first ``put`` starts the actor's loop (once, whoever puts).
-    It holds the actor until then (a pykka actor is otherwise held by its thread only)."""
+    It holds the actor until then (a pykka actor is otherwise held by its thread only).
+    A ``put`` whose start raises (no thread could be started) raises that error with its
+    message queued and the actor still unstarted."""
 
     __slots__ = ("_actor", "_claim", "_queue", "started")
 
@@ -267,7 +269,13 @@ class _WakingInbox:
         self._queue.put(envelope)
         actor = self._claimed()
         if actor is not None:
-            actor._start_loop_now()
+            try:
+                actor._start_loop_now()
+            except BaseException:  # no thread for it (the host at its limit): not started after all
+                with self._claim:
+                    self._actor, self.started = actor, False
+                raise  # the message stays queued: a later one or the stop (in its thread) runs it
+
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         return self._queue.get(block, timeout)
