@@ -231,7 +231,7 @@ def decode_arguments(
         except ArgumentsError:
             raise
         except ValueError as err:  # UnicodeDecodeError included (JSON text is UTF-8); an int past Python's limit
-            said = _DIGITS_TEXT.format(limit=sys.get_int_max_str_digits()) if "integer string" in str(err) else err
+            said = _DIGITS_TEXT.format(limit=sys.get_int_max_str_digits()) if "integer string" in str(err) else str(err)
             raise ArgumentsError(ErrorKind.INVALID_JSON, f"arguments are not valid JSON: {said}") from None
         if not isinstance(value, dict):
             raise ArgumentsError(

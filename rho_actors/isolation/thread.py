@@ -131,6 +131,7 @@ class _Running(Timer):
         answer, call = self.answer, self.call
         if answer is None or call is None or not answer.claim():
             return  # a result won (or the call was cancelled) just now
+        self.dropped()  # fired: the call's objects are no cycle through this timer (freed by refcount)
         self.isolation.timed_out(call, answer, answer.timeout(CANCELLED))
 
     def cancel(self, reason: str | None = None) -> None:

@@ -61,7 +61,7 @@ import contextvars
 import inspect
 import time
 from asyncio.tasks import _enter_task, _leave_task
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 import pykka
@@ -90,7 +90,7 @@ def _on(aio: asyncio.AbstractEventLoop) -> bool:
 class InlineCall:
     """One call running as a task on ``aio`` (a :class:`rho_actors.isolation.RunningCall`)."""
 
-    __slots__ = ("_aio", "_answer", "_spec", "_task", "_timer")
+    __slots__ = ("_aio", "_answer", "_on_cancel", "_spec", "_task", "_timer")
 
     def __init__(self, aio: asyncio.AbstractEventLoop, spec: CallSpec) -> None:
         self._aio = aio
@@ -98,6 +98,7 @@ class InlineCall:
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._answer = Answer(spec)  # settled on ``aio`` only: by the coroutine's end or the deadline, first wins
+        self._on_cancel: Callable[[], None] | None = None  # its callback on the token, until the call ends
 
     @classmethod
     def start(cls, aio: asyncio.AbstractEventLoop, spec: CallSpec, stopping: bool = False) -> InlineCall:
@@ -131,7 +132,8 @@ class InlineCall:
         rest = _Rest(coro)
         task: asyncio.Task[None] = aio.create_task(rest, context=context)  # its first step (_Rest.send) is scheduled
         self._task = task
-        spec.cancel.add_inline_callback(self._cancel_task)
+        self._on_cancel = hook = self._cancel_task  # the very object, forgotten at the end: no cycle kept
+        spec.cancel.add_inline_callback(hook)
         if rest.pending is _UNSTARTED:  # else an eager task factory ran the first step in create_task
             if spec.cancel.cancelled:  # by another thread meanwhile: the tool never runs, its task ends at once
                 coro.close()
@@ -157,11 +159,15 @@ class InlineCall:
         except BaseException as exc:  # CancelledError, SystemExit and KeyboardInterrupt too: a result
             result = self._failure(exc)
         spec.cancel.finish()
+        hook, self._on_cancel = self._on_cancel, None
+        if hook is not None:
+            spec.cancel.remove_callback(hook)
         if self._answer.settle(result) and self._timer is not None:  # the answer: its deadline is not needed
             self._timer.cancel()
 
     def _deadline(self) -> None:
         """On ``aio``, at the deadline: answer ``timeout``, then cancel the task."""
+        self._timer = None  # fired: its handle holds this call no longer (no cycle left to collect)
         if not self._answer.claim():
             return
         self._answer.deliver(self._answer.timeout(CANCELLED))

@@ -457,7 +457,8 @@ class Turns:
             self._settle(turn, slot, failure("not_started", slot.call.id, entry.info.name, problem=err))
             return
         with turn.lock:
-            slot.running = running
+            if slot.result is None:  # else answered already (its running call holds this slot: no cycle)
+                slot.running = running
             stop_reason = turn.stop_reason
         if stop_reason is not None:  # cancelled, or the loop stopped, while the call was being started
             running.cancel(stop_reason)
@@ -473,7 +474,7 @@ class Turns:
             late = slot.result is not None
             if not late:
                 result = self._within_budget(turn, slot, result)
-                slot.result = result
+                slot.result, slot.running = result, None  # answered: nothing to cancel (and no cycle kept)
                 turn.open -= 1
                 if turn.exclusive and turn.waiting and turn.stop_reason is None:
                     following = turn.waiting.popleft()
