@@ -42,6 +42,7 @@ import functools
 import inspect
 import itertools
 import marshal
+import operator
 import threading
 import time
 from collections import deque
@@ -102,6 +103,9 @@ class _Slot:
     running: RunningCall | None = None
     span: CallSpan | None = None  # its execute_tool span, while telemetry records it
     validated_s: float = 0.0  # how long its validation took: counted against its deadline
+
+
+_result_of = operator.attrgetter("result")  # a slot's result (in C: no frame per turn)
 
 
 @dataclass(slots=True)
@@ -251,7 +255,7 @@ class Turns:
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return
         withheld = self._withheld
-        turn = _Turn(next(self._turn_ids), [_Slot(i, call) for i, call in enumerate(calls)], future,
+        turn = _Turn(next(self._turn_ids), list(map(_Slot, range(len(calls)), calls)), future,
                      withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio)
         refused: list[_Slot] = []
         if cancel is None or not cancel.cancelled:
@@ -554,10 +558,10 @@ class Turns:
             turn.hooked[0].remove_callback(turn.hooked[1])
         if len(turn.slots) > 1:  # a one-call turn kept no share of its own
             self._budgets.turn_done(self.session_id, turn.id)
-        results = [slot.result for slot in turn.slots]  # each has its result: the turn is finished
+        results: list[ToolResult] = list(map(_result_of, turn.slots))  # each has its result: the turn is finished
         try:
             with host_code():  # the future's done callbacks are the host's
-                turn.future.set_result(results)  # type: ignore[arg-type]
+                turn.future.set_result(results)
         except BaseException:  # a done callback's SystemExit (futures catch only Exception): set, and logged
             logger.exception("loop {}: a callback of turn {}'s results raised", self.session_id, turn.id)
 
