@@ -132,8 +132,27 @@ class EventBus:
     def wants_calls(self, kind: EventKind) -> bool:
         """Whether a :class:`CallEvent` of ``kind`` would reach anyone now: a subscriber
         taking call events, or a loguru sink taking the line it is logged as
-        (``WARNING`` for ``timed_out``, else ``DEBUG``, from ``rho_actors``)."""
-        return self._call_subscribers > 0 or _log_wanted(_WARNING if kind == "timed_out" else _DEBUG)
+        (``WARNING`` for ``timed_out``, else ``DEBUG``, from ``rho_actors``). Loguru has
+        no public question for the latter, so this reads what its ``_log`` reads (0.7:
+        the core's ``min_level``, its cache of enabled modules, else its activation list,
+        as ``_log`` does), and says yes whenever they cannot be read. Asked twice a call:
+        one frame, inline."""
+        if self._call_subscribers > 0:
+            return True
+        core: Any = getattr(logger, "_core", None)
+        try:
+            if (_WARNING if kind == "timed_out" else _DEBUG) < core.min_level:
+                return False
+            enabled = core.enabled.get(__name__)
+            if enabled is not None:
+                return bool(enabled)
+            dotted = __name__ + "."
+            for prefix, status in core.activation_list:  # most specific first, as loguru keeps it
+                if dotted[: len(prefix)] == prefix:
+                    return bool(status)
+            return True
+        except (AttributeError, TypeError):
+            return True
 
     def emit(self, event: Event) -> None:
         """Log ``event`` and give it to every subscriber that takes it (a raising one is logged)."""
@@ -165,28 +184,6 @@ class EventBus:
 
 
 _DEBUG, _WARNING = 10, 30  # loguru's level numbers
-
-
-def _log_wanted(level_no: int) -> bool:
-    """Whether loguru would write a line of ``level_no`` logged from this module: some
-    sink takes that level and ``rho_actors`` is enabled (``logger.enable``). Loguru has
-    no public question for it, so this reads what its ``_log`` reads (0.7: the core's
-    ``min_level``, its cache of enabled modules, else its activation list, as
-    ``_log`` does), and says yes whenever they cannot be read."""
-    core: Any = getattr(logger, "_core", None)
-    try:
-        if level_no < core.min_level:
-            return False
-        enabled = core.enabled.get(__name__)
-        if enabled is not None:
-            return bool(enabled)
-        dotted = __name__ + "."
-        for prefix, status in core.activation_list:  # most specific first, as loguru keeps it
-            if dotted[: len(prefix)] == prefix:
-                return bool(status)
-        return True
-    except (AttributeError, TypeError):
-        return True
 
 
 DeclarationEventKind = Literal["read", "rejected", "retry", "excluded", "evicted"]

@@ -69,7 +69,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 if TYPE_CHECKING:
     from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["AVAILABLE", "TRACEPARENT", "CallSpan", "Telemetry", "attached", "current_context"]
+__all__ = ["AVAILABLE", "TRACEPARENT", "CallSpan", "Telemetry", "TurnTelemetry", "attached", "current_context"]
 
 AVAILABLE = otel_trace is not None
 
@@ -99,11 +99,15 @@ def current_context() -> Any:
     return otel_context.get_current() if otel_context is not None else None
 
 
+# the class names of the API's own providers (a proxy or a no-op): not configured
+_DEFAULT_PROVIDERS = frozenset({
+    "ProxyTracerProvider", "NoOpTracerProvider", "_ProxyMeterProvider", "NoOpMeterProvider",
+})
+
+
 def _configured(provider: Any) -> bool:
     """Whether the host set a real provider (the API's default is a proxy or a no-op)."""
-    return type(provider).__name__ not in {
-        "ProxyTracerProvider", "NoOpTracerProvider", "_ProxyMeterProvider", "NoOpMeterProvider",
-    }
+    return type(provider).__name__ not in _DEFAULT_PROVIDERS
 
 
 class _Instruments:
@@ -175,12 +179,26 @@ def _observe_workers(_options: Any) -> Iterator[Any]:
 @dataclasses.dataclass(slots=True)
 class CallSpan:
     """One call's ``execute_tool`` span (None when no tracer is configured), its W3C
-    ``traceparent`` and the ``time.perf_counter()`` instant it started."""
+    ``traceparent``, the ``time.perf_counter()`` instant it started and the metric
+    instruments its end is recorded in (None when no meter provider is configured)."""
 
     span: Any
     traceparent: str | None
     started: float
     tool: str
+    instruments: _Instruments | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class TurnTelemetry:
+    """What one turn's calls report to, decided once when the turn starts
+    (:meth:`Telemetry.turn`): the tracer (None when no tracer provider is configured),
+    the metric instruments (None when no meter provider is) and the parent context of
+    the calls' spans (None without a tracer)."""
+
+    tracer: Any
+    instruments: _Instruments | None
+    parent: Any
 
 
 class Telemetry:
@@ -230,6 +248,24 @@ class Telemetry:
     def _metrics(self) -> _Instruments | None:
         return _meter_instruments() if self.enabled else None
 
+    def turn(self, parent: Any = None, *, current: bool = True) -> TurnTelemetry | None:
+        """Decide once, as a turn starts, what its calls report to: None when telemetry
+        is off or neither a tracer nor a meter provider is configured now (then the
+        turn's calls cost nothing more; a provider configured later is used from the
+        next turn on). ``parent``: the calls' spans' parent context; with ``current``
+        (default) the context current in this thread is read instead, only when a
+        tracer is configured."""
+        if not self.enabled:
+            return None
+        tracers = otel_trace.get_tracer_provider()
+        if (type(tracers).__name__ in _DEFAULT_PROVIDERS
+                and type(otel_metrics.get_meter_provider()).__name__ in _DEFAULT_PROVIDERS):
+            return None  # nothing configured (the usual case): two look-ups, inline
+        instruments = _meter_instruments()
+        if not _configured(tracers):
+            return TurnTelemetry(None, instruments, None)
+        return TurnTelemetry(tracers.get_tracer(SCOPE), instruments, current_context() if current else parent)
+
     def _content(self, value: Any) -> str:
         text = value if isinstance(value, str) else repr(value)
         return text[: self.max_content_chars]
@@ -243,16 +279,16 @@ class Telemetry:
         return {} if call is None else {TRACEPARENT: call.traceparent}
 
     def call_started(
-        self, parent: Any, session_id: str, call_id: str, tool: str, isolation: str, arguments: Any
+        self, turn: TurnTelemetry | None, session_id: str, call_id: str, tool: str, isolation: str, arguments: Any
     ) -> CallSpan | None:
-        """Start a call's ``execute_tool`` span as a child of ``parent`` (an OpenTelemetry
-        context, see :func:`current_context`). None when telemetry is off or nothing is
-        configured: then the call costs nothing more."""
-        if not self.enabled:
+        """Start a call's ``execute_tool`` span, a child of the turn's parent context,
+        with what ``turn`` (:meth:`turn`) found configured. None when ``turn`` is None
+        (telemetry off or nothing configured): then the call costs nothing more."""
+        if turn is None:
             return None
-        tracer = self._tracer()
+        tracer = turn.tracer
         if tracer is None:
-            return None if self._metrics() is None else CallSpan(None, None, time.perf_counter(), tool)
+            return CallSpan(None, None, time.perf_counter(), tool, turn.instruments)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": tool,
@@ -263,11 +299,11 @@ class Telemetry:
         }
         if self.record_content:
             attributes["gen_ai.tool.call.arguments"] = self._content(arguments)
-        span = tracer.start_span(f"execute_tool {tool}", context=parent,
+        span = tracer.start_span(f"execute_tool {tool}", context=turn.parent,
                                  kind=otel_trace.SpanKind.INTERNAL, attributes=attributes)
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, otel_trace.set_span_in_context(span))  # type: ignore[union-attr]
-        return CallSpan(span, carrier.get(TRACEPARENT), time.perf_counter(), tool)
+        return CallSpan(span, carrier.get(TRACEPARENT), time.perf_counter(), tool, turn.instruments)
 
     def call_ended(self, call: CallSpan | None, result: ToolResult) -> None:
         """End a call's span with its result: ``error.type`` and an ``ERROR`` status for
@@ -284,7 +320,7 @@ class Telemetry:
             if self.record_content:
                 span.set_attribute("gen_ai.tool.call.result", self._content(result.content))
             span.end()
-        instruments = self._metrics()
+        instruments = call.instruments
         if instruments is not None:
             labels = {"gen_ai.tool.name": call.tool, "rho_actors.call.outcome": outcome}
             if not result.ok:
@@ -293,10 +329,10 @@ class Telemetry:
             if outcome == "timeout":
                 instruments.timeouts.add(1, {"gen_ai.tool.name": call.tool})
 
-    def call_refused(self, parent: Any, session_id: str, result: ToolResult, arguments: Any) -> None:
+    def call_refused(self, turn: TurnTelemetry | None, session_id: str, result: ToolResult, arguments: Any) -> None:
         """A call refused before dispatch (unknown tool, bad arguments...): a span that
         starts and ends at once, with its error."""
-        call = self.call_started(parent, session_id, result.call_id, result.name, "none", arguments)
+        call = self.call_started(turn, session_id, result.call_id, result.name, "none", arguments)
         self.call_ended(call, result)
 
     # --- supervisor reports ------------------------------------------------------------

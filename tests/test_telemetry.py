@@ -218,6 +218,23 @@ def test_tracing_false_records_nothing(spans: InMemorySpanExporter, tmp_path: Pa
     assert by_name(spans)["inside add"].parent is None
 
 
+def test_what_a_turn_reports_to_is_decided_once_with_the_submitting_thread_s_context(
+    spans: InMemorySpanExporter,
+) -> None:
+    assert Telemetry(enabled=False).turn() is None  # off: nothing looked up, nothing recorded
+    telemetry = Telemetry()
+    with trace.get_tracer("host").start_as_current_span("host request") as host:
+        turn = telemetry.turn()
+    assert turn is not None and turn.tracer is not None and turn.instruments is not None
+    assert trace.get_current_span(turn.parent) is host  # the calls' parent: the span current where it started
+    given = telemetry.turn("a parent", current=False)  # a turn that came as a message carries its own
+    assert given is not None and given.parent == "a parent"
+    span = telemetry.call_started(turn, "s1", "c1", "add", "thread", "{}")
+    assert span is not None and span.traceparent is not None and span.instruments is turn.instruments
+    span.span.end()
+    assert telemetry.call_started(None, "s1", "c2", "add", "thread", "{}") is None  # nothing configured
+
+
 def test_a_prompt_is_an_invoke_agent_span_with_chat_spans_and_its_calls(
     spans: InMemorySpanExporter, system: ActorSystem
 ) -> None:

@@ -60,7 +60,8 @@ class LoopActor(Actor):
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, RunTurn):
-            self.turns.submit(message.calls, message.future, trace_context=message.trace_context,
+            telemetry = self._runtime.telemetry.turn(message.trace_context, current=False)
+            self.turns.submit(message.calls, message.future, telemetry=telemetry,
                               cancel=message.cancel, context=message.context, on_result=message.on_result)
         elif isinstance(message, CancelTurn):
             self.turns.cancel_turn(message.turn)

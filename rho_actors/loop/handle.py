@@ -27,7 +27,6 @@ from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry, paused_for
 from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.otp.actor import NORMAL, stop
-from rho_actors.telemetry import current_context
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -208,18 +207,18 @@ class Loop:
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         turns = self._turns()
-        trace_context = current_context() if self.telemetry.enabled else None  # the calls' parent span
-        turns.submit(batch, sink, trace_context=trace_context, cancel=cancel, context=contextvars.copy_context(),
+        telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
+        turns.submit(batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(),
                      on_result=on_result, aio=aio)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
         of their tools' timeouts plus a grace period."""
         entries = self._tools.current.entries
-        total_ms = sum(
-            entries[c.name].info.timeout_ms if type(c.name) is str and c.name in entries else DEFAULT_TIMEOUT_MS
-            for c in calls
-        )
+        total_ms = 0
+        for c in calls:  # a plain loop: no generator made per turn
+            entry = entries.get(c.name) if type(c.name) is str else None
+            total_ms += DEFAULT_TIMEOUT_MS if entry is None else entry.info.timeout_ms
         return total_ms / 1000 + _GRACE_S
 
     def run_turn(

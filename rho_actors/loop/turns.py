@@ -38,9 +38,11 @@ slips past a close).
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import itertools
 import marshal
+import operator
 import threading
 import time
 from collections import deque
@@ -58,14 +60,14 @@ from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, offer_chunks
 from rho_actors.encoding import describe_exception, text_length
-from rho_actors.events import CallEvent, EventBus, ProgressEvent
+from rho_actors.events import CallEvent, EventBus, EventKind, ProgressEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.loop.inline import InlineCall
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder
 from rho_actors.otp.threads import host_code
 from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
-from rho_actors.telemetry import CallSpan, Telemetry
+from rho_actors.telemetry import CallSpan, Telemetry, TurnTelemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -103,6 +105,9 @@ class _Slot:
     validated_s: float = 0.0  # how long its validation took: counted against its deadline
 
 
+_result_of = operator.attrgetter("result")  # a slot's result (in C: no frame per turn)
+
+
 @dataclass(slots=True)
 class _Turn:
     """One turn. Once it is admitted, ``lock`` guards the slots' ``result``, ``started``,
@@ -115,7 +120,7 @@ class _Turn:
     future: ResultSink
     withheld: tuple[str, ...]
     context: contextvars.Context | None = None
-    trace_context: Any = None  # the parent of its calls' spans (RunTurn.trace_context)
+    telemetry: TurnTelemetry | None = None  # what its calls report to (None: nothing configured)
     on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
     aio: asyncio.AbstractEventLoop | None = None  # the event loop awaiting it (arun_turn): async tools run there
     waiting: deque[int] = field(default_factory=deque)
@@ -237,19 +242,21 @@ class Turns:
 
     def submit(
         self, calls: tuple[ToolCall, ...], future: ResultSink, *,
-        trace_context: Any = None, cancel: CancelToken | None = None, context: contextvars.Context | None = None,
+        telemetry: TurnTelemetry | None = None, cancel: CancelToken | None = None,
+        context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
-        results (see :class:`~rho_actors.loop.messages.RunTurn` for the rest). Never
+        results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
+        decided once per turn); see :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
         raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
         result for each call."""
         if self.closed is not None:
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return
         withheld = self._withheld
-        turn = _Turn(next(self._turn_ids), [_Slot(i, call) for i, call in enumerate(calls)], future,
-                     withheld.listed, context=context, trace_context=trace_context, on_result=on_result, aio=aio)
+        turn = _Turn(next(self._turn_ids), list(map(_Slot, range(len(calls)), calls)), future,
+                     withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio)
         refused: list[_Slot] = []
         if cancel is None or not cancel.cancelled:
             tools = self._tools.current
@@ -282,7 +289,7 @@ class Turns:
     def _admitted(self, turn: _Turn, refused: list[_Slot], cancel: CancelToken | None) -> None:
         for slot in refused:
             assert slot.result is not None
-            self._telemetry.call_refused(turn.trace_context, self.session_id, slot.result, slot.call.arguments)
+            self._telemetry.call_refused(turn.telemetry, self.session_id, slot.result, slot.call.arguments)
             self._emit("finished", slot, slot.result)
         if cancel is not None:
             if cancel.cancelled:  # cancelled before it started: no call starts
@@ -321,7 +328,7 @@ class Turns:
         call = slot.call
         name = call.name
         entry = tools.entries.get(name)
-        if entry is None or name in withheld or not self._allows(entry):
+        if entry is None or name in withheld or (self._allowed is not None and not self._allows(entry)):
             return self._lookup_error(call.id, name, entry, tools, withheld)
         arguments = call.arguments
         key = (name, arguments) if type(arguments) is str and len(arguments) <= _VALID_CHARS else None
@@ -428,10 +435,11 @@ class Turns:
             "cancel": cancel,
             "deps": self._deps,
             "whereis": self._runtime.names.whereis,
-            "progress": _progress_reporter(self._events, self.session_id, slot.call.id, entry.info.name),
+            "progress": functools.partial(_report_progress, self._events, self.session_id, slot.call.id,
+                                          entry.info.name),
         }
-        span = self._telemetry.call_started(
-            turn.trace_context, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
+        span = None if turn.telemetry is None else self._telemetry.call_started(  # None: nothing configured
+            turn.telemetry, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
         )
         if span is not None:
             fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
@@ -447,7 +455,8 @@ class Turns:
         if dropped:  # cancelled, or the loop stopped, since it left ``waiting``: it has its result
             self._telemetry.call_ended(span, slot.result)  # type: ignore[arg-type]
             return
-        self._emit("started", slot, None)
+        if self._events.wants_calls("started"):  # asked here: no frame when nobody listens
+            self._emit_event("started", slot, None)
         try:
             if turn.aio is not None and _runs_inline(entry):  # asked only of a turn awaited on an event loop
                 running: RunningCall = InlineCall.start(turn.aio, spec, self._runtime.calls.closed)
@@ -463,7 +472,7 @@ class Turns:
         if stop_reason is not None:  # cancelled, or the loop stopped, while the call was being started
             running.cancel(stop_reason)
 
-    def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: str = "finished") -> None:
+    def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: EventKind = "finished") -> None:
         """Record a dispatched call's result, from whichever thread has it: the first
         answer wins, a later one is reported ``late``. Ends the call's span, starts the
         next call of an exclusive turn, or completes the turn once this was its last
@@ -483,13 +492,15 @@ class Turns:
         if late:
             self._emit("late", slot, result)
             return
-        self._telemetry.call_ended(slot.span, result)
+        if slot.span is not None:
+            self._telemetry.call_ended(slot.span, result)
         if not result.ok and self._limits.log_tracebacks:
             trace = traceback_of(result)
             if trace is not None:
                 logger.error("session {}: tool {} {} in call {}:\n{}", self.session_id, result.name,
                              result.error_kind, result.call_id, trace)
-        self._emit(event, slot, result)
+        if self._events.wants_calls(event):  # asked here: no frame when nobody listens
+            self._emit_event(event, slot, result)
         if turn.on_result is not None:
             try:
                 with host_code():  # it may run a turn itself: no call held back for it
@@ -548,10 +559,10 @@ class Turns:
             turn.hooked[0].remove_callback(turn.hooked[1])
         if len(turn.slots) > 1:  # a one-call turn kept no share of its own
             self._budgets.turn_done(self.session_id, turn.id)
-        results = [slot.result for slot in turn.slots]  # each has its result: the turn is finished
+        results: list[ToolResult] = list(map(_result_of, turn.slots))  # each has its result: the turn is finished
         try:
             with host_code():  # the future's done callbacks are the host's
-                turn.future.set_result(results)  # type: ignore[arg-type]
+                turn.future.set_result(results)
         except BaseException:  # a done callback's SystemExit (futures catch only Exception): set, and logged
             logger.exception("loop {}: a callback of turn {}'s results raised", self.session_id, turn.id)
 
@@ -598,8 +609,11 @@ class Turns:
         self._finish(turn)
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
-        if not self._events.wants_calls(kind):  # nobody listens: no event built, no line logged
-            return
+        if self._events.wants_calls(kind):  # else nobody listens: no event built, no line logged
+            self._emit_event(kind, slot, result)
+
+    def _emit_event(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
+        """Build and emit a call's :class:`CallEvent` (someone listens: :meth:`EventBus.wants_calls`)."""
         if result is None:
             outcome, duration = None, 0.0
         else:
@@ -641,17 +655,17 @@ def _tell(ref: pykka.ActorRef[Any], message: Any) -> bool:
     return True
 
 
-def _progress_reporter(events: EventBus, session_id: str, call_id: str, tool: str) -> Callable[..., None]:
-    """``ctx["progress"](done, total=None, message=None)``: emits a :class:`ProgressEvent`
-    (an MCP client gets it as ``notifications/progress``). Never raises: a report whose
-    values are not numbers (or text) is dropped."""
-
-    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
-        try:
-            total_f = None if total is None else float(total)
-            note = None if message is None else str(message)
-            events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
-        except Exception:
-            logger.debug("call {}: a bad progress report was dropped", call_id)
-
-    return progress
+def _report_progress(
+    events: EventBus, session_id: str, call_id: str, tool: str,
+    done: float, total: float | None = None, message: str | None = None,
+) -> None:
+    """A call's ``ctx["progress"](done, total=None, message=None)`` (this, with the
+    first four bound by ``functools.partial``: no closure made per call): emits a
+    :class:`ProgressEvent` (an MCP client gets it as ``notifications/progress``). Never
+    raises: a report whose values are not numbers (or text) is dropped."""
+    try:
+        total_f = None if total is None else float(total)
+        note = None if message is None else str(message)
+        events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
+    except Exception:
+        logger.debug("call {}: a bad progress report was dropped", call_id)

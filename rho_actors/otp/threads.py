@@ -53,8 +53,12 @@ _THREAD = threading.local()  # per thread: ``pool`` (the ThreadPool it serves), 
 
 
 class _HostCode:
-    """:func:`host_code`'s context manager (a class, not a generator: it is entered
-    around every result handed to the host)."""
+    """Around the host's code run on this thread (a callback that may block, e.g. on a
+    turn of another session): a job this thread's pool holds back for it
+    (:meth:`ThreadPool.hand_over`) is started on another thread now, and no job
+    submitted within the block is held back. Elsewhere a cheap no-op. A class, not a
+    generator, and :func:`host_code` is the class itself (no call around its making):
+    it is entered around every result handed to the host."""
 
     __slots__ = ("_depth",)
 
@@ -72,12 +76,8 @@ class _HostCode:
             _THREAD.host = self._depth
 
 
-def host_code() -> contextlib.AbstractContextManager[None]:
-    """Around the host's code run on this thread (a callback that may block, e.g. on a
-    turn of another session): a job this thread's pool holds back for it
-    (:meth:`ThreadPool.hand_over`) is started on another thread now, and no job
-    submitted within the block is held back. Elsewhere a cheap no-op."""
-    return _HostCode()
+host_code: Callable[[], contextlib.AbstractContextManager[None]] = _HostCode
+"""``with host_code(): ...`` around the host's code run on this thread (see :class:`_HostCode`)."""
 
 
 class ThreadPool:
