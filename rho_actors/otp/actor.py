@@ -244,38 +244,28 @@ class _WakingInbox:
     ``SimpleQueue`` whose first ``put`` starts the actor's loop (once, whoever puts).
     It holds the actor until then (a pykka actor is otherwise held by its thread only).
     A ``put`` whose start raises (no thread could be started) raises that error with its
-    message queued and the actor still unstarted."""
+    message queued and the actor still unstarted. A ``put`` that returns has its message
+    run by the actor's loop: one that finds a start under way waits for its outcome
+    (and starts the loop itself when that start failed)."""
 
     __slots__ = ("_actor", "_claim", "_queue", "started")
 
     def __init__(self, actor: Actor) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._actor: Actor | None = actor
-        self._claim = threading.Lock()
-        self.started = False
-
-    def _claimed(self) -> Actor | None:
-        """The actor, to the one caller that starts its loop (at most one ever is)."""
-        if self.started:
-            return None
-        with self._claim:
-            if self.started:
-                return None
-            self.started = True
-            actor, self._actor = self._actor, None  # from now on its loop holds it
-            return actor
+        self._claim = threading.Lock()  # held through a start: its outcome is known to the next
+        self.started = False  # set once the loop has a thread, or is run by end_here
 
     def put(self, envelope: Any, block: bool = True, timeout: float | None = None) -> None:
         self._queue.put(envelope)
-        actor = self._claimed()
-        if actor is not None:
-            try:
-                actor._start_loop_now()
-            except BaseException:  # no thread for it (the host at its limit): not started after all
-                with self._claim:
-                    self._actor, self.started = actor, False
-                raise  # the message stays queued: a later one or the stop (in its thread) runs it
-
+        if self.started:
+            return
+        with self._claim:
+            actor = self._actor
+            if self.started or actor is None:
+                return
+            actor._start_loop_now()  # raises with the message queued, the actor unstarted
+            self._actor, self.started = None, True  # from now on its loop holds it
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         return self._queue.get(block, timeout)
@@ -286,9 +276,11 @@ class _WakingInbox:
     def end_here(self) -> bool:
         """Run the actor's loop to its end in this thread, a stop queued last, when it
         has not started; returns whether it did."""
-        actor = self._claimed()
-        if actor is None:
-            return False
+        with self._claim:
+            actor = self._actor
+            if self.started or actor is None:
+                return False
+            self._actor, self.started = None, True
         self._queue.put(Envelope(_ActorStop()))
         if threading.current_thread() is not threading.main_thread():
             contextvars.Context().run(actor._actor_loop)
