@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem
+from rho_actors import ActorSystem, CancelToken, ErrorKind, ToolCall
 from rho_actors.loop.messages import Offered
 from rho_actors.otp.actor import monitor
 
@@ -175,3 +175,62 @@ def test_many_first_messages_racing_failing_starts_and_a_stop_each_get_one_answe
             assert all("can't start new thread" in str(exc) for exc in raised)
             for future in told:
                 assert future.get(timeout=WAIT_S) is not None
+
+
+class _ClaimsStr:
+    """A reason whose ``__class__`` says ``str`` (``isinstance`` believes it)."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return str
+
+    def __str__(self) -> str:
+        return "claims str"
+
+
+class _ClassRaises:
+    """A reason whose ``__class__`` raises."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise ValueError("no class")
+
+    def __str__(self) -> str:
+        return "class raises"
+
+
+@pytest.mark.parametrize(("kind", "text"), [(_ClaimsStr, "claims str"), (_ClassRaises, "class raises")])
+def test_a_reason_whose_class_lies_or_raises_is_still_made_text(kind: Any, text: str) -> None:
+    """``CancelToken.cancel`` never raises, but a reason whose ``__class__`` claimed
+    ``str`` (``isinstance`` asks it) had ``str.__str__`` called on a non-str (a
+    ``TypeError``), and one whose ``__class__`` raised made the cancel raise that:
+    the cancel, the abandon and a turn's cancel through its host's token."""
+    reason = kind()
+    token = CancelToken()
+    assert token.cancel(reason)
+    assert type(token.reason) is str and token.reason == text
+    other = CancelToken()
+    assert other.abandon(reason, object())
+    assert type(other.reason) is str and other.reason == text
+
+
+def test_a_turn_cancelled_by_a_reason_whose_class_lies_is_cancelled(tmp_path: Path) -> None:
+    def wait(args: Any, ctx: Any) -> str:
+        return "cancelled" if ctx["cancel"].wait(WAIT_S) else "ran to its end"
+
+    started = threading.Event()
+
+    def waiting(args: Any, ctx: Any) -> str:
+        started.set()
+        return wait(args, ctx)
+
+    with ActorSystem(tmp_path / "data", shutdown_ms=2_000) as system:
+        system.register(make_tool("wait", waiting, timeout_ms=60_000))
+        loop = system.start_loop("liar")
+        token = CancelToken()
+        future = loop.submit_turn([ToolCall("c1", "wait", "{}")], cancel=token)
+        assert started.wait(WAIT_S)
+        token.cancel(_ClaimsStr())  # type: ignore[arg-type]
+        results = future.result(WAIT_S)
+        loop.stop(timeout_s=WAIT_S)
+    assert [r.error_kind for r in results] == [ErrorKind.CANCELLED], results
