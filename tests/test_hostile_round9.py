@@ -234,3 +234,64 @@ def test_a_turn_cancelled_by_a_reason_whose_class_lies_is_cancelled(tmp_path: Pa
         results = future.result(WAIT_S)
         loop.stop(timeout_s=WAIT_S)
     assert [r.error_kind for r in results] == [ErrorKind.CANCELLED], results
+
+
+def _offer_of(count: int) -> tuple[list[Any], tuple[bytes, ...]]:
+    from rho_actors import ToolInfo
+    from rho_actors.declarations.arguments import make_validator
+    from rho_actors.declarations.toolset import ToolEntry, offer_chunks
+
+    validator = make_validator({"type": "object"})
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    entries = [ToolEntry(tool=None, info=ToolInfo(f"t{i}", "d", dict(schema), 1_000, "parallel"), validator=validator,
+                         origin="test") for i in range(count)]
+    chunks = offer_chunks(entries)
+    assert chunks is not None
+    return entries, chunks
+
+
+def test_copies_dropped_by_many_threads_at_once_are_each_counted_by_their_chunk() -> None:
+    """A chunk of 512 copies counts the drops of one copy in 8 and lets go of its bytes
+    once at most an eighth of those are left: ``_left -= 1`` from the dropping threads
+    was a read and a write, and two drops at once could count one (the chunk then kept
+    its bytes, and every decoded schema of them, for as long as one copy lived). With
+    exactly that eighth kept, every other copy dropped by 16 threads at once, the
+    chunk must have let go, and the kept copies still read their schemas."""
+    import sys
+
+    from rho_actors.declarations import toolset
+
+    entries, chunks = _offer_of(512)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # thread switches as often as they can come
+    try:
+        for _ in range(20):
+            copies = toolset.copied_infos(entries, chunks)
+            chunk = toolset.ToolInfo.__dict__["parameter_schema"]._get(copies[0])
+            assert type(chunk) is toolset._Chunk
+            tellers = len(copies[::toolset._SAMPLE])
+            kept = copies[:tellers // 8 * toolset._SAMPLE:toolset._SAMPLE]  # the floor's telling copies
+            assert len(kept) == tellers // 8
+            shares: list[list[Any]] = [[] for _ in range(16)]
+            for index, made in enumerate(copies):
+                if index % toolset._SAMPLE or index >= len(kept) * toolset._SAMPLE:
+                    shares[index % 16].append(made)
+            del copies, made
+            barrier = threading.Barrier(16)
+
+            def drop(share: list[Any], barrier: threading.Barrier = barrier) -> None:
+                barrier.wait(WAIT_S)
+                share.clear()
+
+            threads = [threading.Thread(target=drop, args=(share,)) for share in shares]
+            del shares
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(WAIT_S)
+                assert not thread.is_alive()
+            assert chunk._blob is None and chunk.copies == []  # let go: every drop was counted
+            schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+            assert [made.parameter_schema for made in kept] == [schema] * len(kept)
+    finally:
+        sys.setswitchinterval(switch)
