@@ -5,6 +5,7 @@ and cancel reasons whose text misbehaves."""
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem, CancelToken, ErrorKind, ToolCall
+from rho_actors import ActorSystem, CancelToken, ErrorKind, ToolCall, ToolInfo
 from rho_actors.loop.messages import Offered
 from rho_actors.otp.actor import monitor
 
@@ -72,7 +73,7 @@ def test_a_message_told_while_a_failing_first_start_is_under_way_is_not_stranded
         ref = loop.ref
         actor = ref._actor_weakref()
         assert actor is not None
-        inbox = ref.actor_inbox
+        inbox: Any = ref.actor_inbox
         counting = _CountingQueue()
         inbox._queue = counting
         pool = _FailsOnceWhenSecondQueued(actor.thread_pool, counting.second)
@@ -237,7 +238,6 @@ def test_a_turn_cancelled_by_a_reason_whose_class_lies_is_cancelled(tmp_path: Pa
 
 
 def _offer_of(count: int) -> tuple[list[Any], tuple[bytes, ...]]:
-    from rho_actors import ToolInfo
     from rho_actors.declarations.arguments import make_validator
     from rho_actors.declarations.toolset import ToolEntry, offer_chunks
 
@@ -267,7 +267,7 @@ def test_copies_dropped_by_many_threads_at_once_are_each_counted_by_their_chunk(
     try:
         for _ in range(20):
             copies = toolset.copied_infos(entries, chunks)
-            chunk = toolset.ToolInfo.__dict__["parameter_schema"]._get(copies[0])
+            chunk = ToolInfo.__dict__["parameter_schema"]._get(copies[0])
             assert type(chunk) is toolset._Chunk
             tellers = len(copies[::toolset._SAMPLE])
             kept = copies[:tellers // 8 * toolset._SAMPLE:toolset._SAMPLE]  # the floor's telling copies
@@ -295,3 +295,152 @@ def test_copies_dropped_by_many_threads_at_once_are_each_counted_by_their_chunk(
             assert [made.parameter_schema for made in kept] == [schema] * len(kept)
     finally:
         sys.setswitchinterval(switch)
+
+
+@pytest.mark.parametrize("failures", [1, 100])
+@pytest.mark.parametrize("racer", ["finish", "stop", "both"])
+def test_a_cancel_carried_out_in_the_cancelling_thread_races_the_turn_end_once(
+        tmp_path: Path, failures: int, racer: str) -> None:
+    """The cancel's ``CancelTurn`` finds no thread (the loop's starts fail), so the
+    cancelling thread ends the turn itself, while its calls finish on their own, the
+    loop stops, or both, and (one failure only) another message starts the loop,
+    which then runs the queued ``CancelTurn`` too: each call gets one result, one
+    ``finished`` event, the future completes once."""
+    from rho_actors.events import CallEvent
+
+    with ActorSystem(tmp_path / "data", shutdown_ms=2_000) as system:
+        events: list[CallEvent] = []
+        system.subscribe(lambda e: events.append(e) if isinstance(e, CallEvent) else None)
+        for round_ in range(6):
+            go = threading.Event()
+            started = threading.Barrier(3)
+
+            def hold(args: Any, ctx: Any, go: threading.Event = go, started: threading.Barrier = started) -> str:
+                started.wait(WAIT_S)
+                go.wait(WAIT_S)
+                return "done"
+
+            name = f"hold{round_}"
+            system.register(make_tool(name, hold, timeout_ms=60_000))
+            loop = system.start_loop(f"cancel-race-{round_}")
+            actor = loop.ref._actor_weakref()
+            assert actor is not None
+            actor.thread_pool = _FailsFirst(actor.thread_pool, failures)
+            token = CancelToken()
+            calls = [ToolCall(f"r{round_}-c{i}", name, "{}") for i in range(2)]
+            future = loop.submit_turn(calls, cancel=token)
+            started.wait(WAIT_S)
+            barrier = threading.Barrier(3)
+
+            def cancel(barrier: threading.Barrier = barrier, token: CancelToken = token) -> None:
+                barrier.wait(WAIT_S)
+                token.cancel("enough")
+                token.cancel("again")
+
+            def other(barrier: threading.Barrier = barrier, go: threading.Event = go, loop: Any = loop) -> None:
+                barrier.wait(WAIT_S)
+                if racer in ("finish", "both"):
+                    go.set()
+                if racer in ("stop", "both"):
+                    loop.stop(timeout_s=WAIT_S)
+                else:
+                    try:
+                        loop.ref.tell(Offered())  # may start the loop: the queued CancelTurn runs there too
+                    except RuntimeError:
+                        pass
+
+            threads = [threading.Thread(target=cancel), threading.Thread(target=other)]
+            for thread in threads:
+                thread.start()
+            barrier.wait(WAIT_S)
+            for thread in threads:
+                thread.join(WAIT_S)
+                assert not thread.is_alive()
+            results = future.result(WAIT_S)
+            go.set()
+            loop.stop(timeout_s=WAIT_S)
+            assert [r.call_id for r in results] == [c.id for c in calls]
+            assert all(r.error_kind in (None, ErrorKind.CANCELLED) for r in results), results
+            for call in calls:
+                finished = [e for e in events if e.call_id == call.id and e.kind == "finished"]
+                assert len(finished) == 1, (call.id, finished)
+
+
+def _linear_schema(seed: int) -> dict[str, Any]:
+    kinds = ["integer", "string", "boolean", "number"]
+    return {
+        "type": "object",
+        "properties": {
+            "a": {"type": kinds[seed % 4]},
+            "b": {"type": "array", "items": {"type": "object", "properties": {"n": {"type": kinds[(seed + 1) % 4]}},
+                                             "required": ["n"]}},
+            "c": {"enum": [seed, str(seed), None]},
+        },
+        "required": ["a"] if seed % 2 else [],
+        "additionalProperties": seed % 3 != 0,
+    }
+
+
+_INSTANCES: list[Any] = [
+    {"a": 1}, {"a": "x"}, {"a": True}, {"a": 1.5}, {}, {"a": 1, "b": [{"n": 1}, {"n": "s"}]},
+    {"a": 1, "b": [{"m": 1}]}, {"a": 1, "c": 0}, {"a": 1, "c": "1"}, {"a": 1, "c": None}, {"a": 1, "z": 2},
+    {"a": "x", "b": [{"n": True}, {"n": 2.0}]},
+]
+
+
+def test_linear_caches_under_threads_registering_collecting_and_validating_give_the_budgeted_verdicts() -> None:
+    """Eight threads make validators (fresh schemas and the same schema objects again,
+    as a re-registration does), validate, drop them and collect, while the caches'
+    entries go by weak-reference callbacks that take no lock: every verdict is the
+    budgeted validation's, nothing raises, and once all are dropped the caches hold none
+    of their entries."""
+    import copy
+    import gc
+
+    from rho_actors.declarations import linear
+    from rho_actors.declarations.arguments import make_validator, violations
+
+    shared = [_linear_schema(seed) for seed in range(8)]
+    expected = {}
+    for seed, schema in enumerate(shared):
+        budgeted = make_validator(copy.deepcopy(schema))
+        for number, instance in enumerate(_INSTANCES):
+            expected[seed, number] = violations(budgeted, copy.deepcopy(instance), None, None)
+    del budgeted
+    errors: list[BaseException] = []
+    wrong: list[Any] = []
+    barrier = threading.Barrier(8)
+
+    def work(worker: int) -> None:
+        try:
+            barrier.wait(WAIT_S)
+            kept: list[Any] = []
+            for round_ in range(40):
+                seed = (worker + round_) % 8
+                schema = shared[seed] if round_ % 2 else copy.deepcopy(shared[seed])
+                validator = make_validator(schema)
+                kept.append((seed, validator))
+                for held_seed, held in kept[-3:]:
+                    for number, instance in enumerate(_INSTANCES):
+                        text = json.dumps(instance)
+                        got = violations(held, copy.deepcopy(instance), None, len(text))
+                        if got != expected[held_seed, number]:
+                            wrong.append((held_seed, number, got, expected[held_seed, number]))
+                if round_ % 3 == 0:
+                    del kept[: len(kept) // 2]
+                    gc.collect()
+            kept.clear()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S * 6)
+        assert not thread.is_alive()
+    gc.collect()
+    assert errors == [] and wrong == []
+    assert len(linear._QUICK) <= linear._KEPT and len(linear._CHILDREN) <= linear._KEPT_CHILDREN
+    children = {id(sub) for schema in shared for sub in linear._subschemas(schema)}
+    assert not children & set(linear._CHILDREN)  # the shared schemas' validators all dropped: none kept
