@@ -444,3 +444,37 @@ def test_linear_caches_under_threads_registering_collecting_and_validating_give_
     assert len(linear._QUICK) <= linear._KEPT and len(linear._CHILDREN) <= linear._KEPT_CHILDREN
     children = {id(sub) for schema in shared for sub in linear._subschemas(schema)}
     assert not children & set(linear._CHILDREN)  # the shared schemas' validators all dropped: none kept
+
+
+class _StartsThenInterrupted:
+    """A thread pool whose start is interrupted (Ctrl-C in ``Thread.start``'s wait) once
+    the thread runs: the loop has its thread, the teller gets ``KeyboardInterrupt``."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.starts = 0
+
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+        self.starts += 1
+        self._real.submit(job, name, may_take_over=may_take_over)
+        if self.starts == 1:
+            raise KeyboardInterrupt
+
+
+def test_a_start_interrupted_after_its_thread_runs_never_starts_a_second_loop(tmp_path: Path) -> None:
+    """A start that raised anything was undone, so the next message started a second
+    loop on the same actor when the first had its thread already (an interrupt arriving
+    in ``Thread.start`` once the thread runs): two threads taking one actor's messages.
+    Only a start's ``Exception`` (no thread could be started) is undone now."""
+    with ActorSystem(tmp_path / "data", shutdown_ms=2_000) as system:
+        loop = system.start_loop("interrupted")
+        ref = loop.ref
+        actor = ref._actor_weakref()
+        assert actor is not None
+        pool = _StartsThenInterrupted(actor.thread_pool)
+        actor.thread_pool = pool
+        with pytest.raises(KeyboardInterrupt):
+            ref.tell(Offered())
+        assert ref.ask(Offered(), timeout=WAIT_S) is not None
+        loop.stop(timeout_s=WAIT_S)
+        assert pool.starts == 1

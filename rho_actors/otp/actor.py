@@ -243,8 +243,9 @@ class _WakingInbox:
     """The inbox of an actor that takes its thread at its first message: a
     ``SimpleQueue`` whose first ``put`` starts the actor's loop (once, whoever puts).
     It holds the actor until then (a pykka actor is otherwise held by its thread only).
-    A ``put`` whose start raises (no thread could be started) raises that error with its
-    message queued and the actor still unstarted. A ``put`` that returns has its message
+    A ``put`` whose start raises an ``Exception`` (no thread could be started) raises that
+    error with its message queued and the actor still unstarted (any other exception, an
+    interrupt, leaves it taken as started: its thread may run). A ``put`` that returns has its message
     run by the actor's loop: one that finds a start under way waits for its outcome
     (and starts the loop itself when that start failed)."""
 
@@ -264,7 +265,13 @@ class _WakingInbox:
             actor = self._actor
             if self.started or actor is None:
                 return
-            actor._start_loop_now()  # raises with the message queued, the actor unstarted
+            try:
+                actor._start_loop_now()
+            except Exception:  # no thread could be started: the message queued, the actor unstarted
+                raise
+            except BaseException:  # an interrupt (Ctrl-C) in the start: its thread may run, never a second
+                self._actor, self.started = None, True
+                raise
             self._actor, self.started = None, True  # from now on its loop holds it
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
