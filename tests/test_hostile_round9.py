@@ -478,3 +478,21 @@ def test_a_start_interrupted_after_its_thread_runs_never_starts_a_second_loop(tm
         assert ref.ask(Offered(), timeout=WAIT_S) is not None
         loop.stop(timeout_s=WAIT_S)
         assert pool.starts == 1
+
+
+def test_a_thread_that_could_not_be_started_is_not_counted_as_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rho_actors.otp.threads import ThreadPool
+
+    pool = ThreadPool(idle_s=1.0)
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            pool.submit(lambda: None, "refused")
+    assert pool.threads_started == 0
+    ran = threading.Event()
+    pool.submit(ran.set, "started")
+    assert ran.wait(WAIT_S) and pool.threads_started == 1
