@@ -15,7 +15,7 @@ import pytest
 
 from rho_actors import ActorSystem, CancelToken, ErrorKind, ToolCall, ToolInfo
 from rho_actors.loop.messages import Offered
-from rho_actors.otp.actor import monitor
+from rho_actors.otp.actor import Actor, kill, monitor
 
 from .conftest import WAIT_S
 from .helpers import make_tool
@@ -496,3 +496,50 @@ def test_a_thread_that_could_not_be_started_is_not_counted_as_started(monkeypatc
     ran = threading.Event()
     pool.submit(ran.set, "started")
     assert ran.wait(WAIT_S) and pool.threads_started == 1
+
+
+class _NoThreadsPool:
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+def test_a_system_shutdown_at_the_thread_limit_ends_every_idle_loop(tmp_path: Path) -> None:
+    """Loops that never got a message are ended by the system's shutdown: at the host's
+    thread limit (no thread for any stop message), each must still end once, its
+    monitor told, and the shutdown return."""
+    reasons: dict[str, list[object]] = {}
+    ended: dict[str, threading.Event] = {}
+
+    def down(ref: Any, reason: object) -> None:
+        reasons[ref.actor_urn].append(reason)
+        ended[ref.actor_urn].set()
+
+    with ActorSystem(tmp_path / "data", shutdown_ms=2_000) as system:
+        refs = [system.start_loop(f"idle-{i}").ref for i in range(3)]
+        for ref in refs:
+            actor = ref._actor_weakref()
+            assert actor is not None
+            actor.thread_pool = _NoThreadsPool()
+            reasons[ref.actor_urn], ended[ref.actor_urn] = [], threading.Event()
+            monitor(ref, down)
+    for key, event in ended.items():
+        assert event.wait(WAIT_S) and len(reasons[key]) == 1, key
+    assert all(not ref.is_alive() for ref in refs)
+
+
+class _WakingLazy(Actor):
+    starts_on_first_message = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread_pool = _NoThreadsPool()  # type: ignore[assignment]
+
+
+def test_a_kill_of_a_waking_actor_with_no_thread_ends_it_with_its_reason() -> None:
+    """``kill`` of an actor that never got a message, at the host's thread limit: the
+    ``RuntimeError`` of its start escaped ``kill`` and the actor lived on."""
+    ref = _WakingLazy.start()
+    reasons: list[object] = []
+    monitor(ref, lambda _ref, reason: reasons.append(reason))
+    kill(ref, "enough")
+    assert not ref.is_alive() and reasons == ["enough"]

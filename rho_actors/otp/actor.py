@@ -207,11 +207,28 @@ def on_actor_thread(ref: pykka.ActorRef[Any]) -> bool:
 def kill(ref: pykka.ActorRef[Any], reason: object = KILLED) -> None:
     """Make the actor exit with ``reason`` (abnormal: its supervisor restarts it by its
     restart type) once it reaches this message. A thread cannot be interrupted, so a
-    busy actor exits when its current message is done. No-op for a dead actor."""
+    busy actor exits when its current message is done. No-op for a dead actor. An actor
+    whose loop has not started and finds no thread to start on (the host at its thread
+    limit) is ended in this thread, with ``reason``."""
     try:
         ref.tell(_Kill(reason))
     except pykka.ActorDeadError:
         pass
+    except RuntimeError:  # a waking actor with no thread to start on (the host at its limit): ended here
+        end_unstarted(ref)
+
+
+def stop_soon(ref: pykka.ActorRef[Any]) -> None:
+    """Tell the actor behind ``ref`` to stop, not waiting (``ref.stop(block=False)``);
+    an actor whose loop has not started and finds no thread to start on (the host at
+    its thread limit) is ended in this thread instead, as :func:`stop` does. No-op for a
+    dead actor."""
+    try:
+        ref.stop(block=False)
+    except pykka.ActorDeadError:
+        pass
+    except RuntimeError:  # the stop is queued first: run before the end's own
+        end_unstarted(ref)
 
 
 def stop(ref: pykka.ActorRef[Any], timeout_s: float | None = None) -> bool:
