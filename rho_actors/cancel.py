@@ -144,7 +144,7 @@ def _text(reason: object) -> str:
     """``reason`` as a plain ``str``: a ``str`` subclass's own characters (its methods
     are not called), anything else's ``str()`` (its own characters when that is a ``str``
     subclass), or ``"cancelled"`` when that raises."""
-    if isinstance(reason, str):
+    if issubclass(type(reason), str):  # its type, not isinstance(): that asks its __class__, which may lie or raise
         return str.__str__(reason)
     try:
         text = str(reason)  # what __str__ gave: a str subclass, maybe

@@ -198,6 +198,7 @@ def plain_copy(value: Any) -> Any:
 _PAUSE_FROM = 256  # entries
 _CHUNK = 512  # schemas of one offer decoded together
 _SAMPLE = 8  # one copy in 8 of a chunk tells it when dropped
+_DROPS = threading.Lock()  # every chunk's count of its dropped copies (held for one decrement, nothing else)
 
 
 def offer_chunks(entries: Sequence[ToolEntry]) -> tuple[bytes, ...] | None:
@@ -243,8 +244,10 @@ class _Chunk(PendingSchema):
         def gone(_ref: object) -> None:
             held = chunk()
             if held is not None:
-                held._left -= 1
-                if held._left <= held._floor and held.copies and not held._taking:
+                with _DROPS:  # copies are dropped in any thread: no drop is lost to another's
+                    held._left -= 1
+                    left = held._left
+                if left <= held._floor and held.copies and not held._taking:
                     held._let_go()
 
         # one copy in _SAMPLE tells (its drop costs a call): enough to see nearly all gone

@@ -207,11 +207,28 @@ def on_actor_thread(ref: pykka.ActorRef[Any]) -> bool:
 def kill(ref: pykka.ActorRef[Any], reason: object = KILLED) -> None:
     """Make the actor exit with ``reason`` (abnormal: its supervisor restarts it by its
     restart type) once it reaches this message. A thread cannot be interrupted, so a
-    busy actor exits when its current message is done. No-op for a dead actor."""
+    busy actor exits when its current message is done. No-op for a dead actor. An actor
+    whose loop has not started and finds no thread to start on (the host at its thread
+    limit) is ended in this thread, with ``reason``."""
     try:
         ref.tell(_Kill(reason))
     except pykka.ActorDeadError:
         pass
+    except RuntimeError:  # a waking actor with no thread to start on (the host at its limit): ended here
+        end_unstarted(ref)
+
+
+def stop_soon(ref: pykka.ActorRef[Any]) -> None:
+    """Tell the actor behind ``ref`` to stop, not waiting (``ref.stop(block=False)``);
+    an actor whose loop has not started and finds no thread to start on (the host at
+    its thread limit) is ended in this thread instead, as :func:`stop` does. No-op for a
+    dead actor."""
+    try:
+        ref.stop(block=False)
+    except pykka.ActorDeadError:
+        pass
+    except RuntimeError:  # the stop is queued first: run before the end's own
+        end_unstarted(ref)
 
 
 def stop(ref: pykka.ActorRef[Any], timeout_s: float | None = None) -> bool:
@@ -243,39 +260,36 @@ class _WakingInbox:
     """The inbox of an actor that takes its thread at its first message: a
     ``SimpleQueue`` whose first ``put`` starts the actor's loop (once, whoever puts).
     It holds the actor until then (a pykka actor is otherwise held by its thread only).
-    A ``put`` whose start raises (no thread could be started) raises that error with its
-    message queued and the actor still unstarted."""
+    A ``put`` whose start raises an ``Exception`` (no thread could be started) raises that
+    error with its message queued and the actor still unstarted (any other exception, an
+    interrupt, leaves it taken as started: its thread may run). A ``put`` that returns has its message
+    run by the actor's loop: one that finds a start under way waits for its outcome
+    (and starts the loop itself when that start failed)."""
 
     __slots__ = ("_actor", "_claim", "_queue", "started")
 
     def __init__(self, actor: Actor) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._actor: Actor | None = actor
-        self._claim = threading.Lock()
-        self.started = False
-
-    def _claimed(self) -> Actor | None:
-        """The actor, to the one caller that starts its loop (at most one ever is)."""
-        if self.started:
-            return None
-        with self._claim:
-            if self.started:
-                return None
-            self.started = True
-            actor, self._actor = self._actor, None  # from now on its loop holds it
-            return actor
+        self._claim = threading.Lock()  # held through a start: its outcome is known to the next
+        self.started = False  # set once the loop has a thread, or is run by end_here
 
     def put(self, envelope: Any, block: bool = True, timeout: float | None = None) -> None:
         self._queue.put(envelope)
-        actor = self._claimed()
-        if actor is not None:
+        if self.started:
+            return
+        with self._claim:
+            actor = self._actor
+            if self.started or actor is None:
+                return
             try:
                 actor._start_loop_now()
-            except BaseException:  # no thread for it (the host at its limit): not started after all
-                with self._claim:
-                    self._actor, self.started = actor, False
-                raise  # the message stays queued: a later one or the stop (in its thread) runs it
-
+            except Exception:  # no thread could be started: the message queued, the actor unstarted
+                raise
+            except BaseException:  # an interrupt (Ctrl-C) in the start: its thread may run, never a second
+                self._actor, self.started = None, True
+                raise
+            self._actor, self.started = None, True  # from now on its loop holds it
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         return self._queue.get(block, timeout)
@@ -286,9 +300,11 @@ class _WakingInbox:
     def end_here(self) -> bool:
         """Run the actor's loop to its end in this thread, a stop queued last, when it
         has not started; returns whether it did."""
-        actor = self._claimed()
-        if actor is None:
-            return False
+        with self._claim:
+            actor = self._actor
+            if self.started or actor is None:
+                return False
+            self._actor, self.started = None, True
         self._queue.put(Envelope(_ActorStop()))
         if threading.current_thread() is not threading.main_thread():
             contextvars.Context().run(actor._actor_loop)

@@ -34,7 +34,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
-from rho_actors.otp.actor import NORMAL, end_unstarted, monitor, on_actor_thread
+from rho_actors.otp.actor import NORMAL, end_unstarted, monitor, on_actor_thread, stop_soon
 from rho_actors.otp.starters import StarterBinding
 from rho_actors.otp.supervisor import (
     ChildInfo,
@@ -155,7 +155,7 @@ class LazySupervisor(Supervisor):
             try:
                 self._names.register(subtree.child.name, ref)  # type: ignore[arg-type]
             except ValueError:
-                ref.stop(block=False)
+                stop_soon(ref)
                 raise
         except BaseException:
             with self._lock:
@@ -175,7 +175,7 @@ class LazySupervisor(Supervisor):
             else:
                 self._ids.pop(sid, None)
         if stopping:
-            ref.stop(block=False)
+            stop_soon(ref)
             raise pykka.ActorDeadError(f"{self.label} is stopping")
         send_report(self._report_to, subtree.label, "started", subtree.child.id)
         if early is not None:

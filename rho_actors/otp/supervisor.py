@@ -80,7 +80,7 @@ from loguru import logger
 
 from rho_actors.encoding import describe_exception
 from rho_actors.events import SupervisorEvent, SupervisorEventKind
-from rho_actors.otp.actor import NORMAL, Actor, Down, kill, monitor, start_link
+from rho_actors.otp.actor import NORMAL, Actor, Down, kill, monitor, start_link, stop_soon
 from rho_actors.otp.names import NAMES, Names
 from rho_actors.otp.threads import ThreadPool
 
@@ -536,10 +536,7 @@ class Supervisor(Actor):
             return None
         ended = threading.Event()
         monitor(ref, lambda _ref, _reason: ended.set())
-        try:
-            ref.stop(block=False)
-        except pykka.ActorDeadError:
-            pass
+        stop_soon(ref)  # a waking child with no thread for its stop is ended here
         return ended
 
     def _await_stop(self, child: ChildRecord, ended: threading.Event | None, since: float | None = None) -> None:

@@ -103,7 +103,8 @@ class ThreadPool:
 
     def submit(self, job: Job, name: str, *, may_take_over: bool = False) -> None:
         """Run ``job()`` on an idle thread (renamed ``name``) or on a new daemon thread.
-        Never blocks on other jobs. What ``job`` raises is logged. With
+        Never blocks on other jobs. What ``job`` raises is logged; what starting a
+        thread raises (``RuntimeError``: the host at its thread limit) is raised. With
         ``may_take_over``, inside :meth:`hand_over` it runs on this thread instead, once
         the current job returns: only for a job that nothing in the current job waits for."""
         local = self._local
@@ -118,7 +119,12 @@ class ThreadPool:
         if handoff is not None:
             handoff.put((job, name))
             return
-        threading.Thread(target=self._serve, args=(job,), name=name, daemon=True).start()
+        try:
+            threading.Thread(target=self._serve, args=(job,), name=name, daemon=True).start()
+        except Exception:  # no thread could be started (the host at its limit): none counted
+            with self._lock:
+                self.threads_started -= 1
+            raise
 
     @contextlib.contextmanager
     def hand_over(self) -> Iterator[None]:
