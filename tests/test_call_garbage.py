@@ -169,3 +169,4 @@ def test_an_inline_async_call_leaves_no_cycle(system: ActorSystem, loop: Loop, n
         await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), WAIT_S)  # cancelled tools end
 
     assert _cyclic_leftovers(system, lambda: asyncio.run(turns())) == []
+

@@ -14,7 +14,7 @@ from typing import Any
 import pykka
 import pytest
 
-from rho_actors import ActorSystem, CallEvent, ToolCall, tool
+from rho_actors import ActorSystem, CallEvent, CancelToken, ToolCall, tool
 from rho_actors.loop.messages import loop_name
 from rho_actors.otp.actor import kill
 from rho_actors.tool import ErrorKind
@@ -178,3 +178,18 @@ def test_run_turn_past_its_wait_raises_and_the_turn_still_ends(system: ActorSyst
     [ok] = loop.run_turn([ToolCall("c3", "add", '{"a": 1, "b": 2}')], timeout_s=1e300)
     assert ok.ok and ok.content == "3"
     assert wait_for(lambda: not loop.running())  # the held calls end once released
+
+
+def test_on_result_gets_the_result_of_a_started_call_the_host_cancels(system: ActorSystem) -> None:
+    """``submit_turn``'s promise: ``on_result`` is called with each started call's result,
+    the ``cancelled`` answer of a running call the host's cancel ended included."""
+    told: list[tuple[int, str]] = []
+    cancel = CancelToken()
+    future = system.start_loop("told").submit_turn(
+        [ToolCall("a", "add", '{"a": 1, "b": 2}'), ToolCall("h", "held", "{}")], cancel=cancel,
+        on_result=lambda i, r: told.append((i, str(r.error_kind))))
+    assert wait_for(lambda: len(told) == 1)  # the addition answered; the held call runs
+    cancel.cancel("enough")
+    results = future.result(WAIT_S)
+    assert [str(r.error_kind) for r in results] == ["None", "cancelled"]
+    assert sorted(told) == [(0, "None"), (1, "cancelled")]

@@ -502,11 +502,7 @@ class Turns:
         if self._events.wants_calls(event):  # asked here: no frame when nobody listens
             self._emit_event(event, slot, result)
         if turn.on_result is not None:
-            try:
-                with host_code():  # it may run a turn itself: no call held back for it
-                    turn.on_result(slot.index, result)
-            except BaseException:  # the host's callback (a SystemExit too): its fault must not lose the turn
-                logger.exception("loop {}: on_result for call {} raised", self.session_id, slot.call.id)
+            self._tell_host(turn, slot, result)
         if following is not None:
             self._start(turn, following)
         elif last:
@@ -606,7 +602,18 @@ class Turns:
             assert slot.result is not None
             self._telemetry.call_ended(slot.span, slot.result)
             self._emit("finished", slot, slot.result)
+            if turn.on_result is not None and slot.started:  # a started call's result, as _settle gives it
+                self._tell_host(turn, slot, slot.result)
         self._finish(turn)
+
+    def _tell_host(self, turn: _Turn, slot: _Slot, result: ToolResult) -> None:
+        """``on_result(index, result)`` of the turn's host; what it raises is logged."""
+        assert turn.on_result is not None
+        try:
+            with host_code():  # it may run a turn itself: no call held back for it
+                turn.on_result(slot.index, result)
+        except BaseException:  # the host's callback (a SystemExit too): its fault must not lose the turn
+            logger.exception("loop {}: on_result for call {} raised", self.session_id, slot.call.id)
 
     def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
         if self._events.wants_calls(kind):  # else nobody listens: no event built, no line logged
