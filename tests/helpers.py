@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
 from typing import Any
 
+from rho_actors import Loop, ToolCall, tool
+
 OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+@tool
+def echo(text: str) -> str:
+    """Return the text."""
+    return text
+
+
+def echoed(loop: Loop, text: str) -> str:
+    """What :func:`echo` returns for ``text`` through a turn of ``loop`` (it must be ok)."""
+    [result] = loop.run_turn([ToolCall("e", "echo", json.dumps({"text": text}))], timeout_s=10.0)
+    assert result.ok, result.content
+    return str(result.content)
 
 
 def make_tool(

@@ -27,6 +27,7 @@ from rho_actors import (
 from rho_actors.loop.messages import loop_name
 
 from .conftest import WAIT_S, wait_for
+from .helpers import echo
 
 
 class Reports:
@@ -44,12 +45,6 @@ class Reports:
     def of(self, supervisor: str) -> list[str]:
         with self.lock:
             return [e.kind for e in self.events if e.supervisor == supervisor]
-
-
-@tool
-def echo(text: str) -> str:
-    """Return the text."""
-    return text
 
 
 def crash_loop(system: ActorSystem, name: str, times: int) -> None:

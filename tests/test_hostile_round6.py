@@ -28,18 +28,7 @@ from rho_actors import (
 )
 
 from .conftest import WAIT_S, supervisors_labelled, wait_for
-
-
-@tool
-def echo(text: str) -> str:
-    """Return the text."""
-    return text
-
-
-def _echoed(loop: Loop, text: str) -> str:
-    [result] = loop.run_turn([ToolCall("e", "echo", f'{{"text": "{text}"}}')], timeout_s=WAIT_S)
-    assert result.ok, result.content
-    return str(result.content)
+from .helpers import echo, echoed
 
 
 def _restarted(loop: Loop, before: pykka.ActorRef[Any]) -> bool:
@@ -82,7 +71,7 @@ def test_a_stop_racing_a_crash_of_a_lazy_loop_ends_the_session(tmp_path: Path) -
             assert not loop.alive
             assert f"s{i}" not in _sessions(system)
             again = system.start_loop(f"s{i}")  # its id is free at once
-            assert _echoed(again, "x") == "x"
+            assert echoed(again, "x") == "x"
             assert _sessions(system).count(f"s{i}") == 1
             again.stop()
 
@@ -99,7 +88,7 @@ def test_a_stop_racing_a_crash_of_a_woken_session_ends_it(tmp_path: Path) -> Non
         loop.stop()
         assert wait_for(lambda: supervisors_labelled("session:w") == [])
         assert not loop.alive and "w" not in _sessions(system)
-        assert _echoed(system.start_loop("w"), "back") == "back"
+        assert echoed(system.start_loop("w"), "back") == "back"
 
 
 def test_a_stop_while_the_sessions_supervisor_is_being_woken_stops_it_once_woken(tmp_path: Path) -> None:
@@ -122,7 +111,7 @@ def test_a_stop_while_the_sessions_supervisor_is_being_woken_stops_it_once_woken
         assert wait_for(lambda: supervisors_labelled("session:r") == [])
         assert wait_for(lambda: not loop.alive)
         assert "r" not in _sessions(system)
-        assert _echoed(system.start_loop("r"), "again") == "again"
+        assert echoed(system.start_loop("r"), "again") == "again"
 
 
 def test_a_turn_submitted_while_its_loop_restarts_waits_for_the_restart(tmp_path: Path) -> None:
@@ -144,7 +133,7 @@ def test_a_turn_submitted_while_its_loop_restarts_waits_for_the_restart(tmp_path
         kill(loop.ref)
         assert entered.wait(WAIT_S)
         assert not loop.alive
-        assert _echoed(loop, "after") == "after"  # it waited for the restarted loop
+        assert echoed(loop, "after") == "after"  # it waited for the restarted loop
         loop.stop()
         began = time.monotonic()
         try:
@@ -205,7 +194,7 @@ def test_a_stop_from_the_sessions_own_supervisor_report_returns_at_once(tmp_path
         # the supervisor counts as gone from the start of its stop, its on_stop still stopping the loop
         assert wait_for(lambda: supervisors_labelled("session:o") == [] and not loop.alive)
         assert "o" not in _sessions(system)
-        assert _echoed(system.start_loop("o"), "again") == "again"
+        assert echoed(system.start_loop("o"), "again") == "again"
 
 
 def test_the_tree_shows_a_lazy_session_whose_loop_crashed_as_a_woken_one_restarting(tmp_path: Path) -> None:
@@ -274,8 +263,8 @@ def test_a_session_given_up_can_start_again_from_the_gave_up_report(tmp_path: Pa
                 done.wait(0.01)
             [again] = started
             assert isinstance(again, Loop), again
-            assert _echoed(again, "new") == "new"
-            assert _echoed(healthy, "still") == "still"
+            assert echoed(again, "new") == "new"
+            assert echoed(healthy, "still") == "still"
             assert wait_for(lambda: sorted(_sessions(system)) == ["ok", "v"])
 
 
@@ -324,7 +313,7 @@ def test_crash_storms_in_many_sessions_give_each_up_alone(tmp_path: Path) -> Non
         for i, turn in enumerate(turns):
             [result] = turn.result(WAIT_S)
             assert result.call_id == f"h{i}" and result.error_kind is ErrorKind.CRASHED  # loop_crashed
-        assert _echoed(healthy, "fine") == "fine"
+        assert echoed(healthy, "fine") == "fine"
         assert wait_for(lambda: _sessions(system) == ["healthy"])
         assert all("healthy" in seen for seen in trees)
         for i in range(12):
@@ -391,7 +380,7 @@ def test_a_cancel_callback_that_exits_loses_no_result_and_crashes_no_loop(tmp_pa
         token.cancel()
         [result] = future.result(WAIT_S)
         assert result.error_kind is ErrorKind.CANCELLED
-        assert loop.ref is first and _echoed(loop, "alive") == "alive"
+        assert loop.ref is first and echoed(loop, "alive") == "alive"
         ran.clear()
         future = loop.submit_turn([ToolCall("y", "exiter", "{}")])
         assert ran.wait(WAIT_S)
@@ -609,4 +598,4 @@ def test_host_callbacks_that_exit_lose_no_turn_and_crash_no_loop(system: ActorSy
     token.cancel()  # the LoopActor's thread finishes the turn, and runs the callback
     [result] = future.result(WAIT_S)
     assert result.error_kind is ErrorKind.CANCELLED
-    assert loop.ref is first and _echoed(loop, "alive") == "alive"
+    assert loop.ref is first and echoed(loop, "alive") == "alive"

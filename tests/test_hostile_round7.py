@@ -27,7 +27,6 @@ from rho_actors import (
     ToolCall,
     kill,
     start_link,
-    tool,
     which_children,
 )
 from rho_actors.agent.driver import prompt
@@ -38,18 +37,7 @@ from rho_actors.otp.actor import Actor, monitor, stop
 from rho_actors.tool import SCHEMA_SLOT, ToolInfo
 
 from .conftest import WAIT_S, supervisors_labelled, wait_for
-
-
-@tool
-def echo(text: str) -> str:
-    """Return the text."""
-    return text
-
-
-def _echoed(loop: Loop, text: str) -> str:
-    [result] = loop.run_turn([ToolCall("e", "echo", f'{{"text": "{text}"}}')], timeout_s=WAIT_S)
-    assert result.ok, result.content
-    return str(result.content)
+from .helpers import echo, echoed
 
 
 def _sessions(system: ActorSystem) -> list[str]:
@@ -239,7 +227,7 @@ def test_a_lazy_loop_stopped_as_it_starts_stays_stopped(tmp_path: Path) -> None:
         assert supervisors_labelled("session:x") == []
         assert not loop.alive and loop.exit_reason == "normal"
         assert "x" not in _sessions(system)
-        assert _echoed(system.start_loop("x"), "again") == "again"  # its id is free
+        assert echoed(system.start_loop("x"), "again") == "again"  # its id is free
 
 
 def test_a_lazy_loop_killed_as_it_starts_is_restarted(tmp_path: Path) -> None:
@@ -248,7 +236,7 @@ def test_a_lazy_loop_killed_as_it_starts_is_restarted(tmp_path: Path) -> None:
         _ended_as_registered(system, "k", kill)
         loop = system.start_loop("k")
         assert wait_for(lambda: len(supervisors_labelled("session:k")) == 1)
-        assert _echoed(loop, "back") == "back"  # a crash is a crash, whenever it comes
+        assert echoed(loop, "back") == "back"  # a crash is a crash, whenever it comes
         loop.stop()
         assert not loop.alive and "k" not in _sessions(system)
 

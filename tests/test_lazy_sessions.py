@@ -27,12 +27,7 @@ from rho_actors.loop.messages import loop_name
 from rho_actors.otp.lazy import LazySubtree
 
 from .conftest import WAIT_S, supervisors_labelled, wait_for
-
-
-@tool
-def echo(text: str) -> str:
-    """Return the text."""
-    return text
+from .helpers import echo
 
 
 def session_node(system: ActorSystem, session_id: str) -> dict[str, Any]:
