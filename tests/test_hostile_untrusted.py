@@ -307,11 +307,14 @@ def start_daemon(pidfile):
         os.setsid()  # leaves the process group
         if os.fork():
             os._exit(0)
-        with open(pidfile + ".tmp", "w") as f:
-            f.write(str(os.getpid()))
-        os.rename(pidfile + ".tmp", pidfile)
-        time.sleep(60)
-        os._exit(0)
+        try:  # each daemon its own temporary file: reads of the declaration overlap
+            tmp = pidfile + "." + str(os.getpid()) + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(tmp, pidfile)
+            time.sleep(60)
+        finally:
+            os._exit(0)
     os.waitpid(child, 0)
     until = time.monotonic() + 10
     while not os.path.exists(pidfile) and time.monotonic() < until:
