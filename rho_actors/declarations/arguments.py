@@ -39,9 +39,19 @@ from rho_actors.encoding import scrub_text, text_length
 from rho_actors.errors import RhoError
 from rho_actors.tool import ErrorKind
 
-__all__ = ["DEFAULT_MAX_ARGUMENT_CHARS", "DEFAULT_MAX_ARGUMENT_DEPTH", "MAX_KEYWORD_CHECKS", "MAX_REFUSAL_CHARS",
-    "MAX_VALIDATION_S", "ArgumentsError", "compile_pattern", "decode_arguments", "json_text", "make_validator",
-    "no_retrieval", "violations",
+__all__ = [
+    "DEFAULT_MAX_ARGUMENT_CHARS",
+    "DEFAULT_MAX_ARGUMENT_DEPTH",
+    "MAX_KEYWORD_CHECKS",
+    "MAX_REFUSAL_CHARS",
+    "MAX_VALIDATION_S",
+    "ArgumentsError",
+    "compile_pattern",
+    "decode_arguments",
+    "json_text",
+    "make_validator",
+    "no_retrieval",
+    "violations",
 ]
 
 DEFAULT_MAX_ARGUMENT_DEPTH = 64

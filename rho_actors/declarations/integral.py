@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["integral_floats"]
@@ -45,25 +46,23 @@ def integral_floats(schema: Any, args: dict[str, Any]) -> None:
             stack.append((target, value, hops + 1))
         for part in sub.get("allOf", []) if isinstance(sub.get("allOf"), list) else []:
             stack.append((part, value, hops + 1))
+        children: Iterator[tuple[Any, Any, Any]]  # (key or index, item, its subschema or None)
         if isinstance(value, dict):
             props: dict[str, Any] = sub["properties"] if isinstance(sub.get("properties"), dict) else {}
             extra = sub.get("additionalProperties")
-            for key, item in value.items():
-                child = props.get(key, extra if isinstance(extra, dict) else None)
-                if child is None:
-                    continue
-                if isinstance(item, float) and item.is_integer() and _integer_only(child):
-                    value[key] = int(item)
-                else:
-                    stack.append((child, item, hops + 1))
+            default = extra if isinstance(extra, dict) else None
+            children = ((key, item, props.get(key, default)) for key, item in value.items())
         elif isinstance(value, list):
             prefix: list[Any] = sub["prefixItems"] if isinstance(sub.get("prefixItems"), list) else []
             rest = sub.get("items")
-            for i, item in enumerate(value):
-                child = prefix[i] if i < len(prefix) else (rest if isinstance(rest, dict) else None)
-                if child is None:
-                    continue
-                if isinstance(item, float) and item.is_integer() and _integer_only(child):
-                    value[i] = int(item)
-                else:
-                    stack.append((child, item, hops + 1))
+            tail = rest if isinstance(rest, dict) else None
+            children = ((i, item, prefix[i] if i < len(prefix) else tail) for i, item in enumerate(value))
+        else:
+            continue
+        for key, item, child in children:  # a value replaced in place: the container's size is unchanged
+            if child is None:
+                continue
+            if isinstance(item, float) and item.is_integer() and _integer_only(child):
+                value[key] = int(item)
+            else:
+                stack.append((child, item, hops + 1))
