@@ -193,3 +193,39 @@ def test_on_result_gets_the_result_of_a_started_call_the_host_cancels(system: Ac
     results = future.result(WAIT_S)
     assert [str(r.error_kind) for r in results] == ["None", "cancelled"]
     assert sorted(told) == [(0, "None"), (1, "cancelled")]
+
+
+class _NoThreadFor:
+    """A thread pool whose start of a thread for the call named ``name`` fails, as at
+    the host's thread limit (``RuntimeError: can't start new thread``)."""
+
+    def __init__(self, real: Any, name: str) -> None:
+        self._real, self._name = real, name
+
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+        call = getattr(job, "args", (None,))[0]
+        if getattr(call, "name", None) == self._name:
+            raise RuntimeError("can't start new thread")
+        self._real.submit(job, name, may_take_over=may_take_over)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._real, attr)
+
+
+def test_a_call_no_thread_could_be_started_for_is_not_started_and_the_turn_goes_on(system: ActorSystem) -> None:
+    """At the host's thread limit a call whose thread cannot start is answered
+    ``not_started`` alone: the turn's other calls run, its deadline timer is disarmed and
+    no abandoned thread is counted for it (it never ran), so the tool stays available."""
+    isolation: Any = system._runtime.isolations["thread"]
+    real = isolation._pool
+    loop = system.start_loop("limit")
+    isolation._pool = _NoThreadFor(real, "where")
+    try:
+        results = loop.run_turn([ToolCall("a", "add", '{"a": 1, "b": 2}'), ToolCall("w", "where", "{}")])
+    finally:
+        isolation._pool = real
+    assert results[0].ok and results[0].content == "3", results[0].content
+    assert results[1].error_kind is ErrorKind.CANCELLED and "no thread could be started" in str(results[1].content)
+    assert isolation.running_calls() == 0 and system.stats()["abandoned_threads_running"] == 0
+    [again] = loop.run_turn([ToolCall("w2", "where", "{}")])
+    assert again.ok, again.content

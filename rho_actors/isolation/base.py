@@ -106,7 +106,8 @@ class Isolation(ABC):
         """Start ``call`` (from the loop's thread: never block). ``call.reply`` gets
         exactly one on-time result, a ``timeout`` error at ``call.deadline`` at the latest.
         Raises ``pykka.ActorDeadError`` or ``pykka.Timeout`` when the call cannot start
-        (the system is stopping)."""
+        (the system is stopping, or no thread could be started for it): then it has no
+        result, and the loop answers it ``not_started``."""
 
     def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
         """Check what ``register(..., resources=...)`` gave a tool of this isolation and

@@ -218,7 +218,16 @@ class ThreadIsolation(Isolation):
         with self._live_lock:
             self._live += 1
         # the hand-off last: the call thread, woken by it, finds little left before this thread waits
-        self._pool.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
+        try:
+            self._pool.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
+        except RuntimeError as exc:  # no thread could be started (the host at its thread limit): not started
+            if answer.claim():  # else its deadline passed meanwhile and answered it
+                running.cancel()
+            with self._live_lock:
+                self._live -= 1
+                if self._draining:
+                    self._live_changed.notify_all()
+            raise pykka.ActorDeadError(f"no thread could be started for the call ({exc})") from None
         return running
 
     def _refuse(self, call: CallSpec, session: str, reason: dict[str, Any]) -> None:
