@@ -48,6 +48,7 @@ from rho_actors.events import (
     ToolSetChanged,
 )
 from rho_actors.function_tool import FunctionTool, tool
+from rho_actors.governor import GovernorSettings
 from rho_actors.isolation import ISOLATIONS, Isolation, IsolationServices
 from rho_actors.loop.handle import Loop
 from rho_actors.otp.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
@@ -120,6 +121,7 @@ __all__ = [
     "ErrorKind",
     "FinalResult",
     "FunctionTool",
+    "GovernorSettings",
     "Image",
     "IsolationEvent",
     "IsolatedReadError",

@@ -38,7 +38,7 @@ __all__ = [
     "ToolSetChanged",
 ]
 
-EventKind = Literal["started", "finished", "timed_out", "late"]
+EventKind = Literal["started", "finished", "timed_out", "late", "queued", "retried"]
 
 
 @dataclass(frozen=True, slots=True)

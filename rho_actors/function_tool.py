@@ -13,7 +13,9 @@ model would have to fill it), see :mod:`rho_actors.tool`. ``self`` and ``cls``
 (of a method) are left out too. A function without a
 docstring needs ``description=``; ``timeout_ms`` and ``concurrency`` are checked at
 decoration (``TypeError``/``ValueError``); ``selftest=`` gives the tool its
-``selftest()`` (see :mod:`rho_actors.selftest`).
+``selftest()`` (see :mod:`rho_actors.selftest`). ``max_concurrency``,
+``max_concurrency_per_session``, ``max_calls``, ``rate``, ``idempotent`` and ``retry``
+are its call policy (:mod:`rho_actors.declarations.policy`, checked at decoration too).
 
 Example::
 
@@ -49,6 +51,7 @@ from typing import Any, overload
 import docstring_parser
 import pydantic
 
+from rho_actors.declarations.policy import NO_POLICY, CallPolicy, RetryPolicy, call_policy
 from rho_actors.tool import CONTEXT_NAME, DEFAULT_TIMEOUT_MS, Concurrency, ToolContext, looks_like_context
 
 __all__ = ["FunctionTool", "tool"]
@@ -85,6 +88,7 @@ class FunctionTool:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         concurrency: Concurrency = "parallel",
         selftest: Callable[[], Any] | None = None,
+        policy: CallPolicy = NO_POLICY,
     ) -> None:
         functools.update_wrapper(self, func)
         self.func = func
@@ -100,6 +104,7 @@ class FunctionTool:
         arg_docs = {p.arg_name: p.description for p in doc.params if p.description}
         self._timeout_ms = timeout_ms
         self._concurrency = concurrency
+        self._policy = policy
         if selftest is not None:
             self.selftest = selftest
         signature = inspect.signature(func)
@@ -165,6 +170,25 @@ class FunctionTool:
 
     def concurrency(self) -> Concurrency:
         return self._concurrency
+
+    # the call policy's callbacks (rho_actors.declarations.policy.POLICY_CALLBACKS)
+    def max_concurrency(self) -> int | None:
+        return self._policy.max_concurrency
+
+    def max_concurrency_per_session(self) -> int | None:
+        return self._policy.max_concurrency_per_session
+
+    def max_calls(self) -> int | None:
+        return self._policy.max_calls
+
+    def rate_limit(self) -> str | None:
+        return None if self._policy.rate is None else self._policy.rate.text
+
+    def idempotent(self) -> bool:
+        return self._policy.idempotent
+
+    def retry_policy(self) -> RetryPolicy | None:
+        return self._policy.retry
 
     def _kwargs(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         model = self._model.model_validate(args)
@@ -248,6 +272,12 @@ def tool(
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
     concurrency: Concurrency = "parallel",
     selftest: Callable[[], Any] | None = None,
+    max_concurrency: int | None = None,
+    max_concurrency_per_session: int | None = None,
+    max_calls: int | None = None,
+    rate: str | None = None,
+    idempotent: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -260,6 +290,12 @@ def tool(
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
     concurrency: Concurrency = "parallel",
     selftest: Callable[[], Any] | None = None,
+    max_concurrency: int | None = None,
+    max_concurrency_per_session: int | None = None,
+    max_calls: int | None = None,
+    rate: str | None = None,
+    idempotent: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed function into a tool, bare (``@tool``) or with options
     (``@tool(name=..., description=..., timeout_ms=..., concurrency=..., selftest=...)``).
@@ -272,13 +308,25 @@ def tool(
     is not callable; ``ValueError`` for ``timeout_ms <= 0`` or another
     ``concurrency``; and pydantic's errors for annotations it cannot turn into a
     schema. All at decoration.
+
+    The call policy (DESIGN §4 "The governor"): ``max_concurrency`` (its calls running
+    at once in the system), ``max_concurrency_per_session``, ``max_calls`` (per
+    session: the next is ``budget_exhausted``), each an ``int`` >= 1; ``rate``
+    (``"10/s"``, ``"600/min"``, ``"1000/h"``: a token bucket, burst = the count);
+    ``idempotent=True`` (a failed call may run again) with ``retry`` (a
+    :class:`~rho_actors.RetryPolicy`, default ``RetryPolicy()``: 3 attempts). Raises
+    ``TypeError``/``ValueError`` naming a bad one (``retry`` without ``idempotent=True`` too).
     """
-    _checked_options(f"@tool{'' if func is None else ' ' + getattr(func, '__name__', '?')}", timeout_ms,
-                     concurrency, selftest)
+    where = f"@tool{'' if func is None else ' ' + getattr(func, '__name__', '?')}"
+    _checked_options(where, timeout_ms, concurrency, selftest)
+    try:
+        policy = call_policy(max_concurrency=max_concurrency, max_concurrency_per_session=max_concurrency_per_session,
+                             max_calls=max_calls, rate=rate, idempotent=idempotent, retry=retry)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{where}: {err}") from None
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
-        return FunctionTool(
-            f, name=name, description=description, timeout_ms=timeout_ms, concurrency=concurrency, selftest=selftest
-        )
+        return FunctionTool(f, name=name, description=description, timeout_ms=timeout_ms, concurrency=concurrency,
+                            selftest=selftest, policy=policy)
 
     return wrap(func) if func is not None else wrap

@@ -81,6 +81,30 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.OUTPUT_LIMIT, "tool {tool!r} returned {size} bytes, over this {scope}'s result budget of {budget} bytes "
         "({left} left); its result was left out"
     ),
+    # the governor (rho_actors.governor): a bound of the tool, the session, the prompt or the system
+    "concurrency_bound": (
+        _K.UNAVAILABLE, "{running} calls of tool {tool!r} are running; the bound is {bound} (max_concurrency), "
+        "and none ended before this call's deadline; it did not run"
+    ),
+    "session_concurrency_bound": (
+        _K.UNAVAILABLE, "{running} calls of tool {tool!r} are running in this session; the bound is {bound} "
+        "(max_concurrency_per_session), and none ended before this call's deadline; it did not run"
+    ),
+    "thread_calls_bound": (
+        _K.UNAVAILABLE, "{running} calls are running in threads; the bound is {bound} (max_thread_calls), and none "
+        "ended before this call's deadline; tool {tool!r} did not run"
+    ),
+    "budget_exhausted": (
+        _K.BUDGET_EXHAUSTED, "tool {tool!r} did not run: {scope} has used its budget of {budget} {what} ({name})"
+    ),
+    "repeated_call": (
+        _K.REPEATED_CALL, "tool {tool!r} did not run: it already ran {count} times in this session with these same "
+        "arguments (max_repeats={count}); you already have its result, use it instead of calling it again"
+    ),
+    "rate_limited": (
+        _K.RATE_LIMITED, "tool {tool!r} did not run: its rate limit of {rate} would let it start only in {wait_ms} "
+        "ms, after this call's deadline"
+    ),
     "bad_arguments": (_K.INVALID_ARGUMENTS, "tool {tool!r}: {problem}"),
     "invalid_arguments": (_K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: {problems}"),
     "cut_off": (
@@ -271,7 +295,8 @@ def result_from_exception(
     model never sees details). A :class:`~rho_actors.tool.ToolFailure` gives its own
     kind, with its message as the text, and no traceback."""
     if isinstance(exc, ToolFailure):
-        return error_result(call_id, name, exc.kind, encode_output(str(exc), max_chars).text, duration_ms)
+        failed = error_result(call_id, name, exc.kind, encode_output(str(exc), max_chars).text, duration_ms)
+        return dataclasses.replace(failed, details={"retryable": True}) if exc.retryable else failed
     if isinstance(exc, Exception):
         kind, verb = ErrorKind.RAISED, "raised"
     else:

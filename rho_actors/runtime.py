@@ -25,6 +25,7 @@ from rho_actors.declarations.checks import (
 if TYPE_CHECKING:
     from rho_actors.declarations.toolset import ToolSetView
     from rho_actors.events import EventBus
+    from rho_actors.governor import Governor
     from rho_actors.isolation import Isolation
     from rho_actors.otp.lazy import LazyStarter
     from rho_actors.otp.names import Names
@@ -100,6 +101,7 @@ class Runtime:
     metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
     untrusted code are confined; ``None``: not at all, only a scrubbed environment) and
     ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.budgets`);
+    ``governor``, the bounds on calls (:mod:`rho_actors.governor`);
     ``loop_turns``, each running LoopActor's :class:`~rho_actors.loop.turns.Turns` by the
     actor's urn (weakly held: a host's :class:`~rho_actors.Loop` finds them there);
     ``sessions``, what starts and stops session subtrees under the system's ``sessions``
@@ -115,6 +117,7 @@ class Runtime:
     limits: Limits
     untrusted: UntrustedReads
     telemetry: Telemetry
+    governor: Governor
     confine: ConfinePolicy | None = None
     budgets: ResultBudgets = field(default_factory=ResultBudgets)
     loop_turns: MutableMapping[str, Any] = field(default_factory=weakref.WeakValueDictionary)

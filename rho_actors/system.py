@@ -58,6 +58,7 @@ from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView,
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus, SupervisorEvent
 from rho_actors.files import UnsafePathError, private_dir
+from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
@@ -74,14 +75,7 @@ from rho_actors.otp.timers import Timers
 from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
 from rho_actors.registry.registering import Options, prepare, register_many
 from rho_actors.registry.tool_registry import Registration, RegistryState, ToolRegistry
-from rho_actors.runtime import (
-    DEFAULT_MAX_TIMEOUT_MS,
-    Limits,
-    Runtime,
-    UntrustedReads,
-    default_worker_cap,
-    fair_shares,
-)
+from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, default_worker_cap, fair_shares
 from rho_actors.sandbox import (
     DEFAULT_HEAP_BYTES,
     Confinement,
@@ -165,7 +159,9 @@ class ActorSystem:
     :class:`rho_actors.isolation.ray_tasks.RayRuntime`.
     A tool that raises gives the host its traceback: in the result's host-only
     ``details["traceback"]`` and in an error-level log line (``log_tracebacks=False``
-    turns the line off); the model gets one line naming the exception.
+    turns the line off); the model gets one line naming the exception. ``governor``:
+    the system's bounds on calls (:class:`rho_actors.GovernorSettings`: ``max_thread_calls``,
+    ``max_calls_per_session``, ``max_repeats``; DESIGN §4 "The governor").
     """
 
     def __init__(
@@ -197,6 +193,7 @@ class ActorSystem:
         max_workers_per_session: int | None = None,
         abandoned_threads_per_session: int = 16,
         max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS,
+        governor: GovernorSettings | None = None,
     ) -> None:
         refuse_unguarded_start()  # a child importing an unguarded main script: stop it, saying why
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
@@ -250,6 +247,7 @@ class ActorSystem:
                           max_timeout_ms=max_timeout_ms),
             untrusted=self._untrusted,
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
+            governor=Governor(governor or GovernorSettings(), self._timers, events, self._threads),
             confine=self._confine,
             budgets=ResultBudgets(max_turn_result_bytes, max_session_result_bytes),
             sessions=(lazy_sessions := LazyStarter()),  # session subtrees started and stopped in the caller's thread
@@ -593,11 +591,12 @@ class ActorSystem:
 
     def tree(self) -> dict[str, Any]:
         """The live supervision tree as plain data. Each node: ``id``, ``kind`` (``"supervisor"`` or ``"worker"``),
-        ``restart``, ``restarts``, ``alive``; supervisors add ``strategy`` and ``children``; the ``calls``
-        supervisor gives a ``running`` count instead of a node per call; a session's ``loop`` adds
-        ``running``: its calls with ``tool`` and ``ms_left`` to the deadline; a stateful server adds
-        ``server``: its ``isolation``, ``class``, ``pid``... (:mod:`rho_actors.isolation.servers`);
-        ``workers`` adds ``isolations``: what each isolation in use shows (``ray``: its tasks in flight)."""
+        ``restart``, ``restarts``, ``alive``; supervisors add ``strategy`` and ``children``; the ``calls`` supervisor
+        gives a ``running`` count instead of a node per call, and ``governor``, the bounds on calls with each bounded
+        tool's ``running`` and ``queued`` calls (:meth:`rho_actors.governor.Governor.describe`); a session's ``loop``
+        adds ``running``: its calls with ``tool`` and ``ms_left`` to the deadline; a stateful server adds ``server``:
+        its ``isolation``, ``class``, ``pid``... (:mod:`rho_actors.isolation.servers`); ``workers`` adds
+        ``isolations``: what each isolation in use shows (``ray``: its tasks in flight)."""
         return describe_tree(self._root, self._runtime, self._sessions_dir, root_id=ROOT, calls_id=CALLS,
                              workers_id=WORKERS, ask_timeout_s=self._ask_timeout_s)
 
@@ -639,13 +638,13 @@ class ActorSystem:
         has not returned yet), ``abandoned_threads_total``, the worker pools' as ``workers_<name>`` and
         ``untrusted_workers_<name>`` (see :meth:`rho_actors.sandbox.WorkerPool.stats`), ``workers_cap``: each
         isolation's counters. ``bounds``: the ``max_*`` bounds of declarations; ``budgets``:
-        :meth:`rho_actors.runtime.ResultBudgets.stats`. ``confinement``: what confines untrusted workers here:
+        :meth:`rho_actors.runtime.ResultBudgets.stats`; ``governor``: running, queued, refused per reason
+        (:meth:`rho_actors.governor.Governor.stats`). ``confinement``: what confines untrusted workers here:
         ``{"active": [mechanism...], "memory_bound": "cgroup" | "sampler" | "none", "uid": int | None, "network":
         bool (whether workers share the host's network), "disk_bytes": int | None (the private folder's bound),
         "missing": [sentence...] (mechanisms asked for that this host lacks: each also a warning and an
         ``IsolationEvent``), "trusted_process": {"tree_kill": bool, "memory_bound": "cgroup" | "sampler" |
-        "rlimit_as"}, <mechanism>: {"available", "reason"}}`` (see
-        :func:`rho_actors.sandbox.confine.confinement.probe`)."""
+        "rlimit_as"}, <mechanism>: {"available", "reason"}}`` (:func:`rho_actors.sandbox.confine.confinement.probe`)."""
         out: dict[str, Any] = {
             k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
         }
@@ -653,6 +652,7 @@ class ActorSystem:
         out["confinement"] = policy_stats(self._confine)
         out["bounds"] = self._runtime.limits.declaration_bounds()
         out["budgets"] = self._runtime.budgets.stats()
+        out["governor"] = self._runtime.governor.stats()
         return out
 
     # --- lifecycle ------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from rho_actors.declarations.policy import NO_POLICY, CallPolicy
 from rho_actors.encoding import replace_controls, scrub_text
 from rho_actors.errors import RhoError
 
@@ -288,6 +289,8 @@ class ToolInfo:
     parameter_schema: dict[str, Any]
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     concurrency: Concurrency = "parallel"
+    policy: CallPolicy = NO_POLICY
+    """Its bounds and retries (:mod:`rho_actors.declarations.policy`): the governor's data."""
 
     def copy(self) -> ToolInfo:
         """A copy with its own deep copy of the schema, for handing out."""
@@ -362,8 +365,8 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
     Made without ``__init__`` (about half its time): ``ToolInfo`` checks nothing when
     made. Raises ``ValueError`` when the two differ in length."""
     new, put_schema = object.__new__, SCHEMA_SLOT.__set__
-    put_name, put_description, put_timeout, put_concurrency = (
-        ToolInfo.__dict__[name].__set__ for name in ("name", "description", "timeout_ms", "concurrency"))
+    put_name, put_description, put_timeout, put_concurrency, put_policy = (
+        ToolInfo.__dict__[name].__set__ for name in ("name", "description", "timeout_ms", "concurrency", "policy"))
     copies: list[ToolInfo] = []
     append = copies.append
     for info, schema in zip(infos, schemas, strict=True):
@@ -376,6 +379,7 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
         put_schema(made, schema)
         put_timeout(made, info.timeout_ms)
         put_concurrency(made, info.concurrency)
+        put_policy(made, info.policy)
         append(made)
     return copies
 
@@ -398,6 +402,10 @@ class ErrorKind(enum.StrEnum):
     MEMORY = "memory"
     OUTPUT_LIMIT = "output_limit"
     CANCELLED = "cancelled"
+    # the governor's refusals (DESIGN §4): a call budget used up, the same call too often, a rate limit
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    REPEATED_CALL = "repeated_call"
+    RATE_LIMITED = "rate_limited"
 
     @property
     def retryable(self) -> bool:
@@ -405,7 +413,7 @@ class ErrorKind(enum.StrEnum):
         return self in _RETRYABLE
 
 
-_RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED})
+_RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED, ErrorKind.RATE_LIMITED})
 
 
 class ToolFailure(RhoError):
@@ -413,15 +421,16 @@ class ToolFailure(RhoError):
     ``raised``): a tool standing for one elsewhere (an MCP server's) reports
     ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it. ``str(err)`` is
     the text for the model (capped like any result's). Raises ``ValueError`` for a
-    ``kind`` that is not an :class:`ErrorKind` value. The result is built by
-    :func:`rho_actors.results.result_from_exception`."""
+    ``kind`` that is not an :class:`ErrorKind` value. ``retryable=True``: running the
+    same call again may succeed (an idempotent tool's call is then retried; its result's
+    ``details["retryable"]``). The result is built by :func:`rho_actors.results.result_from_exception`."""
 
-    def __init__(self, kind: ErrorKind | str, message: str) -> None:
+    def __init__(self, kind: ErrorKind | str, message: str, retryable: bool = False) -> None:
         super().__init__(message)
-        self.kind = ErrorKind(kind)
+        self.kind, self.retryable = ErrorKind(kind), retryable is True
 
-    def __reduce__(self) -> tuple[Any, ...]:  # pickled by its two arguments (from a worker process)
-        return (type(self), (self.kind, str(self)))
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by its arguments (from a worker process)
+        return (type(self), (self.kind, str(self), self.retryable))
 
 
 @dataclass(frozen=True, slots=True)

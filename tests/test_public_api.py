@@ -35,6 +35,7 @@ EXPORTED = [
     "ErrorKind",
     "FinalResult",
     "FunctionTool",
+    "GovernorSettings",
     "ISOLATIONS",
     "Image",
     "IsolatedReadError",

@@ -25,13 +25,9 @@ time) for its supervisor to restart it and goes on. A process that died mid-turn
 calls recorded without results: the next prompt gives them ``cancelled`` results and
 never runs them again.
 
-Options of a prompt: ``instructions`` (a system prompt, sent first in every request and
-never recorded; default ``loop.instructions``), ``temperature`` and ``max_tokens``
-(passed to the model), ``cancel`` (a :class:`~rho_actors.CancelToken`: setting it
-cancels the running turn, whose calls get ``cancelled`` results, and stops the prompt
-before its next request, or at once during a model request, whose reply is then
-dropped) and ``on_event`` (called with each :data:`PromptEvent`).
-:func:`stream` and :func:`astream` yield those events. Every reply is checked against
+The options of a prompt (``instructions``, ``temperature``, ``max_tokens``, ``cancel``,
+``on_event``, ``max_calls_per_prompt``) are :func:`prompt`'s; :func:`stream` and
+:func:`astream` yield its events. Every reply is checked against
 the wire rules (:mod:`rho_actors.agent.provider_rules`) before it is recorded: unique call ids (the ids
 the model sent are kept as ``sent_id`` in the transcript), an exact duplicate call once.
 
@@ -159,34 +155,34 @@ def prompt(
     temperature: float | None = None,
     max_tokens: int | None = None,
     on_event: Callable[[PromptEvent], None] | None = None,
+    max_calls_per_prompt: int | None = None,
 ) -> PromptResult:
     """Run one prompt of ``loop``'s session to its end and return its :class:`PromptResult`.
 
-    ``text``: the user's message; ``None`` continues the recorded conversation without
-    a new message (after an interrupted prompt, a model error or ``max_steps``: the
-    model is asked again). ``model``: any :class:`~rho_actors.agent.model.Model`.
-    ``max_steps``: at most this many model requests (>= 1) in this prompt; a reply with
-    tool calls at the last one stops the prompt with an error (its calls have run and
-    are recorded). ``cancel``: setting it (from any thread) cancels the running turn
-    (its calls get ``cancelled`` results, recorded) and stops the prompt before its
-    next request; during a model request it stops the prompt at once, without waiting
-    for the model (the request runs in a thread of its own; its reply is dropped, a
-    stream ended). ``instructions``: the system prompt (default ``loop.instructions``;
-    not recorded). ``temperature``, ``max_tokens``: passed to ``model.complete`` when
-    given. ``on_event``: called (in this thread) with each :data:`PromptEvent`; with it
-    the model is asked to stream (``on_text``).
+    ``text``: the user's message; ``None`` continues the recorded conversation without a new message (after an
+    interrupted prompt, a model error or ``max_steps``: the model is asked again). ``model``: any
+    :class:`~rho_actors.agent.model.Model`. ``max_steps``: at most this many model requests (>= 1) in this prompt; a
+    reply with tool calls at the last one stops the prompt with an error (its calls have run and are recorded).
+    ``max_calls_per_prompt``: at most this many tool calls run in this prompt (>= 1; ``None``: no bound); a call
+    past it gets a ``budget_exhausted`` result and does not run, and the model is asked again with it. ``cancel``:
+    setting it (from any thread) cancels the running turn (its calls get ``cancelled`` results, recorded) and stops
+    the prompt before its next request; during a model request it stops the prompt at once, without waiting for the
+    model (the request runs in a thread of its own; its reply is dropped, a stream ended). ``instructions``: the
+    system prompt (default ``loop.instructions``; not recorded). ``temperature``, ``max_tokens``: passed to
+    ``model.complete`` when given. ``on_event``: called (in this thread) with each :data:`PromptEvent`; with it the
+    model is asked to stream (``on_text``).
 
     The conversation comes from, and goes to, ``loop.data_dir / "transcript.jsonl"``
-    (:mod:`rho_actors.agent.transcript`); one prompt per session runs at a time (another one
-    gets an error result at once). Blocks the calling thread: from asyncio use
-    :func:`aprompt`. Errors of the model, the tools, the runtime or the transcript are
-    reported in :attr:`PromptResult.error`, never raised; raises ``TypeError`` for a
-    ``text`` or ``instructions`` that is not a ``str`` or ``None``, a ``model`` without
-    ``complete`` or a ``cancel`` that is not a :class:`~rho_actors.CancelToken`, and
-    ``ValueError`` for a blank ``text`` (empty or only whitespace: providers refuse it;
-    nothing is recorded) or ``max_steps < 1``.
+    (:mod:`rho_actors.agent.transcript`); one prompt per session runs at a time (another one gets an error result at
+    once). Blocks the calling thread: from asyncio use :func:`aprompt`. Errors of the model, the tools, the runtime
+    or the transcript are reported in :attr:`PromptResult.error`, never raised; raises ``TypeError`` for a ``text``
+    or ``instructions`` that is not a ``str`` or ``None``, a ``model`` without ``complete`` or a ``cancel`` that is
+    not a :class:`~rho_actors.CancelToken`, and ``ValueError`` for a blank ``text`` (empty or only whitespace:
+    providers refuse it; nothing is recorded), ``max_steps < 1`` or ``max_calls_per_prompt < 1``.
     """
     options = _checked(text, model, max_steps, cancel, instructions, temperature, max_tokens)
+    if max_calls_per_prompt is not None:
+        _checked(text, model, max_calls_per_prompt, cancel, instructions, None, None, "max_calls_per_prompt")
     if instructions is None:
         instructions = getattr(loop, "instructions", None)
         instructions = instructions if isinstance(instructions, str) and instructions.strip() else None
@@ -201,6 +197,7 @@ def prompt(
     telemetry = getattr(loop, "telemetry", None) or Telemetry(enabled=False)
     with transcript, telemetry.invoke_agent(loop.session_id, model) as outcome:  # telemetry: the prompt's span
         driver = _Driver(loop, transcript, model, max_steps, cancel, instructions, options, on_event, telemetry)
+        driver.max_calls = max_calls_per_prompt
         result = driver.run(text)
         outcome(result.error)
     if on_event is not None:
@@ -209,7 +206,8 @@ def prompt(
 
 
 def _checked(
-    text: Any, model: Any, max_steps: Any, cancel: Any, instructions: Any, temperature: Any, max_tokens: Any
+    text: Any, model: Any, max_steps: Any, cancel: Any, instructions: Any, temperature: Any, max_tokens: Any,
+    steps_name: str = "max_steps",
 ) -> dict[str, Any]:
     """The model options given, after checking every argument of :func:`prompt`."""
     if text is not None and not isinstance(text, str):
@@ -222,7 +220,7 @@ def _checked(
     if not callable(getattr(model, "complete", None)):
         raise TypeError(f"model must have a complete(messages, tools) method, got {type(model).__name__}")
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-        raise ValueError(f"max_steps must be an int of 1 or more, got {max_steps!r}")
+        raise ValueError(f"{steps_name} must be an int of 1 or more, got {max_steps!r}")
     if cancel is not None and not isinstance(cancel, CancelToken):
         raise TypeError(f"cancel must be a rho_actors.CancelToken or None, got {type(cancel).__name__}")
     options: dict[str, Any] = {}
@@ -371,6 +369,8 @@ class _Driver:
         self.next_step = history.next_step
         self.steps: list[Step] = []
         self.recovered: list[ToolResult] = []
+        self.max_calls: int | None = None  # max_calls_per_prompt, and the calls run so far
+        self.calls_run = 0
 
     def _emit(self, event: PromptEvent) -> None:
         if self.on_event is not None:
@@ -440,11 +440,10 @@ class _Driver:
         self, number: int, messages: list[Message], tools: list[dict[str, Any]], options: dict[str, Any],
         cancel: CancelToken,
     ) -> Any:
-        """The model's answer, asked for in a thread of its own (in a copy of this
-        thread's ``contextvars``), so that ``cancel`` stops the prompt without waiting
-        for the model: raises :class:`_Cancelled` at once, the request's reply, when it
-        comes, is dropped, and a streaming request is ended at its next text piece.
-        Text pieces are emitted in this thread, in order."""
+        """The model's answer, asked for in a thread of its own (in a copy of this thread's ``contextvars``), so that
+        ``cancel`` stops the prompt without waiting for the model: raises :class:`_Cancelled` at once, the request's
+        reply, when it comes, is dropped, and a streaming request is ended at its next text piece. Text pieces are
+        emitted in this thread, in order."""
         inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         given_up = threading.Event()
         if self.on_event is not None:
@@ -531,7 +530,7 @@ class _Driver:
         recorder = _Recorder(self.transcript, number)
         cut = reply.stop_reason == "incomplete"  # the last call is the one the token limit cut off
         runnable = reply.tool_calls[:-1] if cut else reply.tool_calls
-        results = [_with_text(r) for r in self._run_turn(runnable, recorder.record)] if runnable else []
+        results = self._run_calls(runnable, recorder.record)
         size = self._reply_size(reply)
         if cut:
             last = reply.tool_calls[-1]
@@ -592,12 +591,17 @@ class _Driver:
                                    f"{describe_exception(exc)}")
         self._stop("loop", f"the loop of session {self.loop.session_id!r} kept stopping while asked for its tools")
 
-    def _run_turn(
-        self, calls: Sequence[ToolCall], on_result: Callable[[int, ToolResult], None]
-    ) -> list[ToolResult]:
-        """The turn's results, one per call in order (``on_result`` is told each as it
-        settles); a turn the loop never took (it was not running) gets ``cancelled``
-        results."""
+    def _run_calls(self, calls: Sequence[ToolCall], on_result: Callable[[int, ToolResult], None]) -> list[ToolResult]:
+        """The calls' results: those within ``max_calls_per_prompt`` run as one turn, the rest ``budget_exhausted``."""
+        allowed = len(calls) if self.max_calls is None else max(0, min(len(calls), self.max_calls - self.calls_run))
+        self.calls_run += allowed
+        results = [_with_text(r) for r in self._run_turn(calls[:allowed], on_result)] if allowed else []
+        return results + [failure("budget_exhausted", c.id, c.name, scope="this prompt", budget=self.max_calls,
+                                  what="tool calls", name="max_calls_per_prompt") for c in calls[allowed:]]
+
+    def _run_turn(self, calls: Sequence[ToolCall], on_result: Callable[[int, ToolResult], None]) -> list[ToolResult]:
+        """The turn's results, one per call in order (``on_result`` is told each as it settles); a turn the loop never
+        took (it was not running) gets ``cancelled`` results."""
         future: concurrent.futures.Future[list[ToolResult]] | None = None
         for _ in range(3):
             try:
@@ -617,9 +621,8 @@ class _Driver:
 
 
 class _Recorder:
-    """Writes a step's results to the transcript as each call settles (from the settling
-    threads), so a result whose call has run is never lost to a crash of the host while
-    the turn's other calls still run; each index once."""
+    """Writes a step's results to the transcript as each call settles (from the settling threads), so a result whose
+    call has run is never lost to a crash of the host while the turn's other calls still run; each index once."""
 
     def __init__(self, transcript: Transcript, step: int) -> None:
         self._transcript = transcript
@@ -628,9 +631,8 @@ class _Recorder:
         self._done: set[int] = set()
 
     def record(self, index: int, result: ToolResult, *, quiet: bool = True) -> None:
-        """Record ``result`` for call ``index`` unless it is recorded already. ``quiet``
-        (from a settling thread): a write that fails is logged and left for the end of
-        the turn, where it raises."""
+        """Record ``result`` for call ``index`` unless it is recorded already. ``quiet`` (from a settling thread): a
+        write that fails is logged and left for the end of the turn, where it raises."""
         with self._lock:
             if index in self._done:
                 return
@@ -652,15 +654,12 @@ def _with_text(result: ToolResult) -> ToolResult:
 
 
 def _checked_reply(reply: Any) -> Reply:
-    """``reply`` made safe to record and run: a :class:`Reply` with its tool calls as a
-    tuple (a generator is read once), each call's id and name as ``str`` (a missing or
-    non-text id becomes ``""``, for which the wire rules make one; a missing name
-    becomes ``""``, an unknown tool) and its arguments as JSON text or a plain dict;
-    arguments of any other type become their text (``5`` -> ``"5"``), which the loop's
-    strict decoding then refuses as ``invalid_json`` for that call only. Lone
-    surrogates in the text are replaced. Raises ``TypeError`` for a reply that is not a
-    :class:`Reply`, text that is not a ``str``, or a call that is not a
-    :class:`ToolCall`."""
+    """``reply`` made safe to record and run: a :class:`Reply` with its tool calls as a tuple (a generator is read
+    once), each call's id and name as ``str`` (a missing or non-text id becomes ``""``, for which the wire rules
+    make one; a missing name becomes ``""``, an unknown tool) and its arguments as JSON text or a plain dict;
+    arguments of any other type become their text (``5`` -> ``"5"``), which the loop's strict decoding then refuses
+    as ``invalid_json`` for that call only. Lone surrogates in the text are replaced. Raises ``TypeError`` for a
+    reply that is not a :class:`Reply`, text that is not a ``str``, or a call that is not a :class:`ToolCall`."""
     if not isinstance(reply, Reply):
         raise TypeError(f"the model returned a {type(reply).__name__}, not a Reply")
     if not isinstance(reply.text, str):

@@ -17,7 +17,8 @@ callbacks (:func:`read_declaration`) and then checked (:func:`check_declaration`
   metaschema, whose top level is an object schema (``"type": "object"``);
 - ``timeout_ms`` (a positive ``int``, milliseconds, cut to one day) and ``concurrency`` (``"parallel"``
   or ``"exclusive"``): a bad or raising answer means the default; it does not exclude
-  the tool.
+  the tool; so for the call policy's callbacks (:mod:`rho_actors.declarations.policy`):
+  a bad answer sets no bound.
 
 A tool failing any check is left out of what loops offer, with its reason logged once.
 """
@@ -47,6 +48,7 @@ from referencing.jsonschema import DRAFT202012
 
 from rho_actors.declarations.arguments import compile_pattern, make_validator, no_retrieval
 from rho_actors.declarations.metaschema import metaschema_validator
+from rho_actors.declarations.policy import POLICY_CALLBACKS, policy_from_answers
 from rho_actors.encoding import describe_exception, scrub_text, strip_controls
 from rho_actors.errors import RhoError
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback, checked_untrusted
@@ -77,7 +79,7 @@ DEFAULT_MAX_SCHEMA_BYTES = 65_536
 DEFAULT_MAX_SCHEMA_NODES = 2_048
 """How many JSON values (objects, arrays, strings, numbers...) a parameter schema may hold."""
 
-_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
+_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", *POLICY_CALLBACKS)
 
 
 class DeclarationError(RhoError, ValueError):
@@ -304,6 +306,7 @@ def check_declaration(
         parameter_schema=_stripped_annotations(marshal.loads(marshal.dumps(schema))),  # plain JSON: a deep copy
         timeout_ms=timeout,
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
+        policy=policy_from_answers(raw, lambda key, value, problem: _log_default_once(name, key, value, problem)),
     )
 
 
@@ -318,8 +321,11 @@ def _log_default_once(name: str, key: str, value: Any, default: str) -> None:
     if len(_logged_defaults) > 10_000:
         _logged_defaults.clear()
     _logged_defaults.add((name, key, shown))
-    logger.warning("tool {}: {}() gave {}, not {}; using {}", name, key, shown,
-                   "a positive int (milliseconds)" if key == "timeout_ms" else '"parallel" or "exclusive"', default)
+    wanted = {"timeout_ms": "a positive int (milliseconds)", "concurrency": '"parallel" or "exclusive"'}.get(key)
+    if wanted is None:  # a call policy's callback: no bound
+        logger.warning("tool {}: {}() gave {}: {}; no such bound is set", name, key, shown, default)
+        return
+    logger.warning("tool {}: {}() gave {}, not {}; using {}", name, key, shown, wanted, default)
 
 
 def describe_value(value: Any) -> str:

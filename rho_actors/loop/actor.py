@@ -79,6 +79,7 @@ class LoopActor(Actor):
 
     def on_stop(self) -> None:
         self._runtime.budgets.forget(self.session_id)
+        self._runtime.governor.forget(self.session_id)
         # a normal stop, or killed / exited: a crash of the loop, not of the calls
         self.turns.close("session_stopped" if self._exit_cause is None else "loop_crashed")
         self._runtime.loop_turns.pop(self.actor_urn, None)

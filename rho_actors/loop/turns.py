@@ -170,6 +170,7 @@ class Turns:
         self._budgets = runtime.budgets
         self._events = runtime.events
         self._telemetry = runtime.telemetry
+        self._governor = runtime.governor
         self._turns: dict[int, _Turn] = {}  # admitted, unfinished turns; finished from call threads too
         self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
         self.closed: str | None = None  # once closed: the key of the result open calls got
@@ -459,9 +460,11 @@ class Turns:
             self._emit_event("started", slot, None)
         try:
             if turn.aio is not None and _runs_inline(entry):  # asked only of a turn awaited on an event loop
-                running: RunningCall = InlineCall.start(turn.aio, spec, self._runtime.calls.closed)
+                start: Any = functools.partial(InlineCall.start, turn.aio, stopping=self._runtime.calls.closed)
+                threaded = False  # it holds no thread
             else:
-                running = self._runtime.isolations[entry.isolation].start(spec)
+                start, threaded = self._runtime.isolations[entry.isolation].start, entry.isolation == "thread"
+            running: RunningCall = self._governor.start(entry.info, spec, self.session_id, start, threaded)  # bounds
         except (pykka.ActorDeadError, pykka.Timeout) as err:
             self._settle(turn, slot, failure("not_started", slot.call.id, entry.info.name, problem=err))
             return

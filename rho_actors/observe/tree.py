@@ -35,6 +35,8 @@ def describe_tree(root: pykka.ActorRef[Any], runtime: Runtime, sessions_dir: Pat
                 if node["id"] == calls_id:  # CallActors, and the call threads of ``thread`` calls
                     threads = sum(isolation.running_calls() for isolation in runtime.isolations.values())
                     node["running"] = sum(c.alive for c in children) + threads
+                    entries = runtime.tools.current.entries.items()  # the bounds on calls, and their use now
+                    node["governor"] = runtime.governor.describe({name: e.info for name, e in entries})
                     return node
                 node["children"] = [describe_child(c, node["id"]) for c in children]
             elif node["id"] == workers_id and parent == root_id:

@@ -43,6 +43,8 @@ from tenacity import (
     wait_random,
 )
 
+from rho_actors.declarations.policy import RetryPolicy
+
 if TYPE_CHECKING:
     from rho_actors.agent.model import Model
     from rho_actors.agent.providers.anthropic import AnthropicModel
@@ -85,35 +87,6 @@ class ModelError(Exception):
 
 def _model_error(provider: str, status: int | None, message: str, attempts: int, retryable: bool) -> ModelError:
     return ModelError(provider, status, message, attempts=attempts, retryable=retryable)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How provider errors that retrying can help are retried (all times in seconds).
-
-    At most ``attempts`` requests in all. Before attempt *n* + 1 the wait is
-    ``min(initial_s * 2 ** (n - 1) + uniform(0, jitter_s), max_wait_s)`` (tenacity's
-    ``wait_exponential`` plus ``wait_random``), or the server's ``Retry-After`` / ``retry-after-ms``
-    when it gave one (cut to ``max_wait_s``). No attempt starts later than ``total_s``
-    after the first began (a wait is cut short to that bound), and none at all once it
-    has passed. Within an attempt, the adapter's ``timeout_s`` bounds connecting and
-    each wait for data (the SDK's httpx timeouts), not the whole response: a server
-    that keeps sending a little at a time can hold one attempt longer. Raises
-    ``ValueError`` for ``attempts < 1`` or a negative time.
-    """
-
-    attempts: int = 4
-    initial_s: float = 0.5
-    max_wait_s: float = 8.0
-    jitter_s: float = 0.5
-    total_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError(f"attempts must be at least 1, not {self.attempts}")
-        for name in ("initial_s", "max_wait_s", "jitter_s", "total_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative, not {getattr(self, name)}")
 
 
 DEFAULT_RETRY = RetryPolicy()

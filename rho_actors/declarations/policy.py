@@ -1,0 +1,221 @@
+"""A tool's call policy: the governor's bounds as part of its checked declaration
+(DESIGN §4 "The governor").
+
+A tool declares them with ``@tool(max_concurrency=4, rate="10/s", idempotent=True,
+retry=RetryPolicy(attempts=3))``, or, as a class or module tool, with the optional
+callbacks of :data:`POLICY_CALLBACKS`:
+
+=============================== ===========================================================
+``max_concurrency()``           its calls running at once in the whole system (an ``int`` >= 1)
+``max_concurrency_per_session()`` its calls running at once in one session (an ``int`` >= 1)
+``max_calls()``                 its calls in one session (an ``int`` >= 1): the next is ``budget_exhausted``
+``rate_limit()``                a token bucket: ``"10/s"``, ``"600/min"``, ``"1000/h"`` (burst = the count)
+``idempotent()``                ``True``: a failed call may be run again (retried, see :class:`RetryPolicy`)
+``retry_policy()``              a :class:`RetryPolicy` (or its fields as a dict) for an idempotent tool
+=============================== ===========================================================
+
+:func:`call_policy` checks the options of ``@tool`` (``TypeError``/``ValueError`` at
+decoration); :func:`policy_from_answers` reads the callbacks' answers in a declaration,
+where a bad answer means no bound (logged once), as a bad ``timeout_ms`` means the default.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Final
+
+import tenacity
+
+__all__ = ["NO_POLICY", "POLICY_CALLBACKS", "CallPolicy", "Rate", "RetryPolicy", "TOOL_RETRY", "call_policy",
+           "parse_rate", "policy_from_answers"]
+
+POLICY_CALLBACKS: Final = ("max_concurrency", "max_concurrency_per_session", "max_calls", "rate_limit",
+                           "idempotent", "retry_policy")
+"""The optional callbacks of the tool contract that make its :class:`CallPolicy`."""
+
+_UNITS: Final = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
+_RATE: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*/\s*([a-z]+)\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A token bucket's rate: ``per_s`` tokens a second, at most ``burst`` saved up
+    (a call takes one); ``text`` is how it was written (``"10/s"``)."""
+
+    per_s: float
+    burst: int
+    text: str
+
+
+def parse_rate(text: Any) -> Rate:
+    """``"N/s"``, ``"N/min"`` or ``"N/h"`` (N > 0, a decimal; burst = N, at least 1) as
+    a :class:`Rate`. Raises ``TypeError`` for a non-``str``, ``ValueError`` naming the
+    forms for another text."""
+    if not isinstance(text, str):
+        raise TypeError(f"rate must be a str such as '10/s', got {type(text).__name__} {text!r}")
+    match = _RATE.fullmatch(text.lower())
+    if match is None or match.group(2) not in _UNITS or float(match.group(1)) <= 0:
+        raise ValueError(f"rate must be 'N/s', 'N/min' or 'N/h' with N > 0, got {text!r}")
+    count = float(match.group(1))
+    return Rate(count / _UNITS[match.group(2)], max(1, math.floor(count)), text.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failure that retrying can help is retried: a model provider's errors
+    (:mod:`rho_actors.agent.providers`), and an idempotent tool's failed calls (the
+    governor). All times in seconds.
+
+    At most ``attempts`` tries in all. Before try *n* + 1 the wait is
+    ``min(initial_s * 2 ** (n - 1) + uniform(0, jitter_s), max_wait_s)`` (tenacity's
+    ``wait_exponential`` plus ``wait_random``; a provider uses the server's
+    ``Retry-After`` instead when it gave one). No try starts later than ``total_s``
+    after the first began, and a tool's call's none past its deadline. A tool's call is
+    retried when it failed ``crashed``, ``exited`` or ``unavailable``, with a
+    ``ToolFailure(..., retryable=True)``, or, with ``on_timeout``, ``timeout`` (one the
+    tool reported before its deadline: at the deadline no time is left). Raises
+    ``ValueError`` for ``attempts < 1`` or a negative time.
+    """
+
+    attempts: int = 4
+    initial_s: float = 0.5
+    max_wait_s: float = 8.0
+    jitter_s: float = 0.5
+    total_s: float = 120.0
+    on_timeout: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ValueError(f"attempts must be at least 1, not {self.attempts}")
+        for name in ("initial_s", "max_wait_s", "jitter_s", "total_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must not be negative, not {value}")
+        if not isinstance(self.on_timeout, bool):
+            raise ValueError(f"on_timeout must be a bool, not {self.on_timeout!r}")
+
+    def wait(self) -> tenacity.wait.wait_base:
+        """The backoff as a tenacity wait strategy (before the ``max_wait_s`` cut)."""
+        return tenacity.wait_exponential(multiplier=self.initial_s, max=self.max_wait_s) + tenacity.wait_random(
+            0, self.jitter_s)
+
+    def wait_s(self, retry: int) -> float:
+        """The wait before retry number ``retry`` (1-based), in seconds (random within
+        the jitter, at most ``max_wait_s``)."""
+        state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
+        state.attempt_number = retry
+        return min(float(self.wait()(state)), self.max_wait_s)
+
+    def as_data(self) -> dict[str, Any]:
+        """Its fields as plain data (``tree()``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallPolicy:
+    """A tool's bounds and retries (every field ``None``/``False``: none). See the
+    module doc; ``retry`` is used only when ``idempotent`` (default then:
+    ``RetryPolicy()``)."""
+
+    max_concurrency: int | None = None
+    max_concurrency_per_session: int | None = None
+    max_calls: int | None = None
+    rate: Rate | None = None
+    idempotent: bool = False
+    retry: RetryPolicy | None = None
+
+    @property
+    def retries(self) -> RetryPolicy | None:
+        """The retry policy in force: ``None`` unless idempotent (and more than one attempt)."""
+        if not self.idempotent:
+            return None
+        policy = self.retry if self.retry is not None else TOOL_RETRY
+        return policy if policy.attempts > 1 else None
+
+    def as_data(self) -> dict[str, Any]:
+        """The bounds set, as plain data (``tree()``): ``{"max_concurrency": 4, "rate": "10/s", ...}``."""
+        out: dict[str, Any] = {}
+        for name in ("max_concurrency", "max_concurrency_per_session", "max_calls"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.rate is not None:
+            out["rate"] = self.rate.text
+        if self.idempotent:
+            out["idempotent"] = True
+            retries = self.retries
+            out["retry"] = retries.as_data() if retries is not None else None
+        return out
+
+
+NO_POLICY: Final = CallPolicy()
+"""The policy of a tool that declares none (checked by identity on the call path)."""
+TOOL_RETRY: Final = RetryPolicy(attempts=3, initial_s=0.05, max_wait_s=2.0, jitter_s=0.05)
+"""The retries of an idempotent tool that gives no ``retry``: 3 attempts, waits from 50 ms."""
+
+
+def _count(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 1 or None, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1 or None, got {value}")
+    return value
+
+
+def _retry(value: Any) -> RetryPolicy | None:
+    if value is None or isinstance(value, RetryPolicy):
+        return value
+    if isinstance(value, Mapping):
+        known = {f.name for f in fields(RetryPolicy)}
+        unknown = sorted(str(k) for k in value if k not in known)
+        if unknown:
+            raise ValueError(f"retry: unknown fields {unknown}; RetryPolicy takes {sorted(known)}")
+        return RetryPolicy(**value)
+    raise TypeError(f"retry must be a RetryPolicy (or its fields as a dict), got {type(value).__name__}")
+
+
+def call_policy(
+    *, max_concurrency: Any = None, max_concurrency_per_session: Any = None, max_calls: Any = None,
+    rate: Any = None, idempotent: Any = False, retry: Any = None,
+) -> CallPolicy:
+    """The checked :class:`CallPolicy` of these options (:data:`NO_POLICY` when none is
+    set). Raises ``TypeError``/``ValueError`` naming the bad option (a ``retry`` given
+    to a tool that is not ``idempotent`` too: it would never be used)."""
+    if not isinstance(idempotent, bool):
+        raise TypeError(f"idempotent must be a bool, got {type(idempotent).__name__} {idempotent!r}")
+    policy = CallPolicy(
+        max_concurrency=_count("max_concurrency", max_concurrency),
+        max_concurrency_per_session=_count("max_concurrency_per_session", max_concurrency_per_session),
+        max_calls=_count("max_calls", max_calls),
+        rate=None if rate is None else parse_rate(rate),
+        idempotent=idempotent,
+        retry=_retry(retry),
+    )
+    if policy.retry is not None and not idempotent:
+        raise ValueError("retry is given but the tool is not idempotent=True: a non-idempotent call is never retried")
+    return NO_POLICY if policy == NO_POLICY else policy
+
+
+def policy_from_answers(raw: Mapping[str, Any], warn: Callable[[str, Any, str], None]) -> CallPolicy:
+    """The :class:`CallPolicy` of a declaration's answers to :data:`POLICY_CALLBACKS`
+    (absent: unset). A bad or raising answer leaves that bound unset, and
+    ``warn(callback, answer, problem)`` is called for it."""
+    options: dict[str, Any] = {}
+    names = {"rate_limit": "rate", "retry_policy": "retry"}
+    for callback in POLICY_CALLBACKS:
+        if callback not in raw:
+            continue
+        option = names.get(callback, callback)
+        try:
+            call_policy(**{option: raw[callback]})
+        except (TypeError, ValueError) as err:
+            warn(callback, raw[callback], str(err))
+            continue
+        options[option] = raw[callback]
+    if "retry" in options and options.get("idempotent") is not True:
+        warn("retry_policy", options.pop("retry"), "the tool is not idempotent: it is never retried")
+    return call_policy(**options)

@@ -1,0 +1,513 @@
+"""The governor: every bound on calls, kept at the one point where a call starts
+(DESIGN §4 "The governor").
+
+The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
+:meth:`Governor.start`, which, in order:
+
+1. **budgets and the breaker** (per session): the system's ``max_calls_per_session``,
+   the tool's ``max_calls`` and the system's ``max_repeats`` (the same tool with the same
+   arguments) refuse the call at once, ``budget_exhausted`` or ``repeated_call``;
+2. **the rate** (the tool's token bucket, :mod:`rho_actors.governor.buckets`): the call
+   starts when its token comes, if that is before its deadline, else ``rate_limited``;
+3. **places** (:mod:`rho_actors.governor.places`): the tool's ``max_concurrency`` (the
+   whole system), its ``max_concurrency_per_session`` and, for a call on a thread, the
+   system's ``max_thread_calls``; a call without a place waits in arrival order, served
+   fairly across sessions, until one frees, or its deadline: ``unavailable``, naming
+   the bound;
+4. **retries**: an ``idempotent`` tool's call that fails retryably is run again
+   after tenacity's backoff (its :class:`~rho_actors.declarations.policy.RetryPolicy`),
+   every attempt within the call's one deadline; ``details["attempts"]`` and
+   ``details["failures"]`` of its result say how many ran and why each failed.
+
+A place is held from the call's start until its answer (a ``thread`` call abandoned at
+its deadline is counted among the abandoned threads then). A call of a tool with no
+policy (``NO_POLICY``) and no session bound, not on a thread, passes straight through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import pykka
+from loguru import logger
+
+from rho_actors.declarations.policy import NO_POLICY, CallPolicy, RetryPolicy
+from rho_actors.events import CallEvent, EventBus
+from rho_actors.governor.buckets import TokenBucket
+from rho_actors.governor.places import Gate, Waiting, blocking, fits, release, take
+from rho_actors.results import failure
+from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
+
+if TYPE_CHECKING:
+    from rho_actors.isolation import RunningCall
+    from rho_actors.isolation.call import CallSpec
+    from rho_actors.otp.threads import ThreadPool
+    from rho_actors.otp.timers import Timer, Timers
+
+__all__ = ["Governor", "GovernorSettings", "default_max_thread_calls"]
+
+_RETRIED_KINDS: Final = frozenset({ErrorKind.CRASHED, ErrorKind.EXITED, ErrorKind.UNAVAILABLE})
+_MAX_REPEAT_KEYS: Final = 4096  # distinct (tool, arguments) remembered per session (then forgotten at once)
+_MAX_FAILURE_CHARS: Final = 500
+_BOUND_TEXTS: Final = {"tool": "concurrency_bound", "session": "session_concurrency_bound",
+                       "thread": "thread_calls_bound"}
+
+
+def default_max_thread_calls() -> int:
+    """The default ``max_thread_calls``: 32 per core (as ``os.cpu_count()`` counts
+    them), at least 256 (a thread call mostly waits on I/O; each holds a thread)."""
+    return max(256, 32 * (os.cpu_count() or 1))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GovernorSettings:
+    """The system's bounds on calls: ``max_thread_calls`` (calls running on threads at
+    once, the whole system; default :func:`default_max_thread_calls`),
+    ``max_calls_per_session`` (calls a session may make, ``None``: no bound) and
+    ``max_repeats`` (how many times one session may call the same tool with the same
+    arguments, ``None``: off). Raises ``ValueError`` for a bound that is not an ``int`` >= 1."""
+
+    max_thread_calls: int = field(default_factory=default_max_thread_calls)
+    max_calls_per_session: int | None = None
+    max_repeats: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_thread_calls", "max_calls_per_session", "max_repeats"):
+            value = getattr(self, name)
+            if (value is not None or name == "max_thread_calls") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1{'' if name == 'max_thread_calls' else ' or None'}, "
+                                 f"got {value!r}")
+
+
+class _Session:
+    """A session's counts: its calls, per tool, and per (tool, arguments)."""
+
+    __slots__ = ("calls", "per_tool", "repeats")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.per_tool: dict[str, int] = {}
+        self.repeats: dict[tuple[str, str], int] = {}
+
+
+class _Refused:
+    """The running call of a call answered at its start (nothing to cancel)."""
+
+    __slots__ = ()
+
+    def cancel(self, reason: str) -> None:
+        pass
+
+
+_REFUSED: Final = _Refused()
+# a governed call's states
+_PLACES, _RATE, _BACKOFF, _STARTING, _RUNNING, _DONE = range(6)
+
+
+class _Call:
+    """One governed call, the :class:`~rho_actors.isolation.RunningCall` its turn holds:
+    waiting (for a token, a place or a retry), or running one attempt. Its fields change
+    under the governor's lock."""
+
+    __slots__ = ("attempt", "bucket", "failures", "final", "gates", "gov", "has_answer", "held", "reply", "retry",
+                 "running", "seq", "session", "spec", "start", "state", "stop", "timer", "tool")
+
+    def __init__(self, gov: Governor, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
+                 gates: tuple[Gate, ...], retry: RetryPolicy | None, bucket: TokenBucket | None) -> None:
+        self.gov, self.spec, self.session, self.start = gov, spec, session, start
+        self.tool = spec.name
+        self.gates, self.retry, self.bucket = gates, retry, bucket
+        self.reply = spec.reply  # the turn's: gets the answer (attempts decided), then late results
+        spec.reply = functools.partial(self.answered, 1)
+        self.attempt, self.final, self.seq = 1, 0, 0
+        self.has_answer = self.held = False
+        self.state = _PLACES
+        self.running: RunningCall | None = None
+        self.timer: Timer | None = None
+        self.stop: str | None = None  # the cancel's reason, once cancelled
+        self.failures: list[dict[str, Any]] = []
+
+    # --- waiting and starting ------------------------------------------------------------
+
+    def proceed(self) -> None:
+        """Take a rate token (maybe waiting for it), then places; from the starting
+        thread, or a timer's."""
+        bucket = self.bucket
+        if bucket is not None:
+            now = time.monotonic()
+            when, ok = bucket.reserve(now, self.spec.deadline)
+            if not ok:
+                self.gov.count("rate_limited")
+                self.refuse(failure("rate_limited", self.spec.call_id, self.tool, rate=bucket.rate.text,
+                                    wait_ms=round((when - now) * 1000)))
+                return
+            if when > now:
+                with self.gov.lock:
+                    if self.stop is not None:
+                        return
+                    self.state = _RATE
+                    self.timer = self.gov.later(when, self.places)
+                if self.timer is None:  # the system is stopping
+                    self.refuse(failure("not_started", self.spec.call_id, self.tool, problem="the system is stopping"))
+                else:
+                    self.gov.emit("queued", self)
+                return
+        self.places()
+
+    def places(self) -> None:
+        """Take a place in each gate, or wait for them (until the deadline)."""
+        gov = self.gov
+        with gov.lock:
+            if self.stop is not None:
+                return
+            if fits(self.gates):
+                take(self.gates)
+                self.held, self.state = True, _STARTING
+                waits = False
+            else:
+                self.timer = gov.later(self.spec.deadline, self.expired)
+                waits = self.timer is not None
+                if waits:
+                    self.state, self.seq = _PLACES, next(gov.seq)
+                    gov.waiting.add(self)
+                    gov.queued_total += 1
+        if waits:
+            gov.emit("queued", self)
+        elif self.held:
+            self.launch()
+        else:  # no timer for its deadline: the system is stopping
+            self.refuse(failure("not_started", self.spec.call_id, self.tool, problem="the system is stopping"))
+
+    def launch(self) -> None:
+        """Start the current attempt in its isolation (it holds its places)."""
+        attempt = self.attempt
+        spec = self.spec if attempt == 1 else dataclasses.replace(
+            self.spec, reply=functools.partial(self.answered, attempt))
+        try:
+            running = self.start(spec)
+        except (pykka.ActorDeadError, pykka.Timeout) as err:
+            self.answered_now(attempt, failure("not_started", spec.call_id, self.tool, problem=err))
+            return
+        with self.gov.lock:
+            current = self.attempt == attempt and not self.has_answer
+            if current:
+                self.running, self.state = running, _RUNNING
+            stop = self.stop
+        if current and stop is not None:
+            running.cancel(stop)
+
+    def expired(self) -> None:
+        """Its deadline came while it waited for places: ``unavailable``, naming the bound."""
+        gov = self.gov
+        with gov.lock:
+            if self.state != _PLACES or self.stop is not None or not gov.waiting.remove(self):
+                return
+            self.state = _DONE
+            gate = blocking(self.gates) or self.gates[0]
+            running, bound = gate.running, gate.bound
+        gov.count("unavailable")
+        key = _BOUND_TEXTS[gate.key[0]]
+        self.finish(failure(key, self.spec.call_id, self.tool, (time.monotonic() - self.spec.dispatched) * 1000,
+                            running=running, bound=bound))
+
+    def refuse(self, result: ToolResult) -> None:
+        with self.gov.lock:
+            self.state = _DONE
+        self.finish(result)
+
+    def cancel(self, reason: str) -> None:
+        """The turn was cancelled or its loop stops (it answered the call itself)."""
+        gov = self.gov
+        with gov.lock:
+            if self.stop is not None:
+                return
+            self.stop = reason
+            timer, running = self.timer, self.running if self.state == _RUNNING else None
+            if self.state == _PLACES:
+                gov.waiting.remove(self)
+            if self.state in (_PLACES, _RATE, _BACKOFF):
+                self.state = _DONE
+        if timer is not None:
+            timer.cancel()
+        if running is not None:
+            running.cancel(reason)
+
+    # --- answers -------------------------------------------------------------------------
+
+    def answered(self, attempt: int, result: ToolResult) -> None:
+        """The reply of attempt ``attempt`` (its isolation's; the first is its answer,
+        then any late result)."""
+        gov = self.gov
+        with gov.lock:
+            late = attempt != self.attempt or self.has_answer
+            if not late:
+                self.has_answer, self.running = True, None
+                ready = gov.released(self) if self.held else ()
+        if late:
+            if attempt == self.final:  # a late result of the attempt that answered: the loop reports it
+                self.reply(result)
+            return
+        if not self.retried(result):
+            self.final, self.state = attempt, _DONE
+            self.finish(result)
+        gov.launch(ready)
+
+    def answered_now(self, attempt: int, result: ToolResult) -> None:
+        """An attempt that could not start: its answer, no retry."""
+        gov = self.gov
+        with gov.lock:
+            self.has_answer, self.state = True, _DONE
+            ready = gov.released(self) if self.held else ()
+        self.finish(result)
+        gov.launch(ready)
+
+    def retried(self, result: ToolResult) -> bool:
+        """Whether ``result`` is retried (the next attempt waits its backoff)."""
+        retry = self.retry
+        if retry is None or result.ok or self.attempt >= retry.attempts:
+            return False
+        kind = result.error_kind
+        flagged = isinstance(result.details, dict) and result.details.get("retryable") is True
+        if not (kind in _RETRIED_KINDS or flagged or (kind is ErrorKind.TIMEOUT and retry.on_timeout)):
+            return False
+        now = time.monotonic()
+        when = now + retry.wait_s(self.attempt)
+        if when >= self.spec.deadline:
+            return False
+        gov = self.gov
+        with gov.lock:
+            if self.stop is not None:
+                return False
+            self.timer = gov.later(when, self.proceed)
+            if self.timer is None:  # the system is stopping: this answer stands
+                return False
+            self.failures.append({"attempt": self.attempt, "error_kind": str(kind),
+                                  "message": result.content[:_MAX_FAILURE_CHARS]})
+            self.has_answer, self.state = False, _BACKOFF
+            self.attempt += 1
+            gov.retried += 1
+        gov.emit("retried", self, str(kind))
+        return True
+
+    def finish(self, result: ToolResult) -> None:
+        """Hand the call's answer to its turn (with its attempts, when it had more than one)."""
+        if self.failures:
+            details = result.details if isinstance(result.details, dict) else (
+                {} if result.details is None else {"details": result.details})
+            result = dataclasses.replace(result, details={**details, "attempts": self.attempt,
+                                                          "failures": list(self.failures)})
+        self.reply(result)
+
+
+class Governor:
+    """The bounds of one system's calls (see the module doc). Thread-safe."""
+
+    def __init__(self, settings: GovernorSettings, timers: Timers, events: EventBus, threads: ThreadPool) -> None:
+        self.settings = settings
+        self.timers = timers
+        self.events = events
+        self._pool = threads
+        self.lock = threading.Lock()
+        self.seq = itertools.count()
+        self.waiting = Waiting()
+        self._threads = Gate(("thread",), settings.max_thread_calls)
+        self._tools: dict[str, Gate] = {}
+        self._per_session: dict[tuple[str, str], Gate] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self._sessions: dict[str, _Session] = {}
+        self._counted = settings.max_calls_per_session is not None or settings.max_repeats is not None
+        self.refused: dict[str, int] = {"budget_exhausted": 0, "repeated_call": 0, "rate_limited": 0,
+                                        "unavailable": 0}
+        self.retried = 0
+        self.queued_total = 0
+
+    def start(self, info: ToolInfo, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
+              threaded: bool) -> RunningCall:
+        """Start ``spec`` (a call of the tool declared ``info`` in ``session``) with
+        ``start`` (its isolation's), within its bounds (the module doc); ``threaded``:
+        it would hold a thread. Its ``reply`` gets exactly one answer, a refusal
+        included (maybe before this returns). Raises what ``start`` raises when the call
+        goes straight through."""
+        policy = info.policy
+        if policy is NO_POLICY and not self._counted:
+            if not threaded:
+                return start(spec)
+            gates: tuple[Gate, ...] = (self._threads,)
+            call = _Call(self, spec, session, start, gates, None, None)
+        else:
+            refusal = self._counts(policy, spec, session) if self._counted or policy.max_calls else None
+            if refusal is not None:
+                spec.reply(refusal)
+                return _REFUSED
+            gates = self._gates(policy, spec.name, session, threaded)
+            bucket = None if policy.rate is None else self._bucket(spec.name, policy)
+            call = _Call(self, spec, session, start, gates, policy.retries, bucket)
+            call.proceed()
+            return call
+        call.places()
+        return call
+
+    def _gates(self, policy: CallPolicy, name: str, session: str, threaded: bool) -> tuple[Gate, ...]:
+        gates: list[Gate] = []
+        with self.lock:
+            if policy.max_concurrency_per_session is not None:
+                gate = self._per_session.get((name, session))
+                if gate is None:
+                    gate = self._per_session[name, session] = Gate(("session", name, session), 1)
+                gate.bound = policy.max_concurrency_per_session
+                gates.append(gate)
+            if policy.max_concurrency is not None:
+                gate = self._tools.get(name)
+                if gate is None:
+                    gate = self._tools[name] = Gate(("tool", name), 1)
+                gate.bound = policy.max_concurrency  # a tool registered again may bring another bound
+                gates.append(gate)
+        if threaded:
+            gates.append(self._threads)
+        return tuple(gates)
+
+    def _bucket(self, name: str, policy: CallPolicy) -> TokenBucket:
+        bucket = self._buckets.get(name)
+        if bucket is None or bucket.rate != policy.rate:
+            assert policy.rate is not None
+            with self.lock:
+                bucket = self._buckets.get(name)
+                if bucket is None or bucket.rate != policy.rate:
+                    bucket = self._buckets[name] = TokenBucket(policy.rate, time.monotonic())
+        return bucket
+
+    def _counts(self, policy: CallPolicy, spec: CallSpec, session: str) -> ToolResult | None:
+        """Count the call against its session's budgets, or its refusal."""
+        settings, name = self.settings, spec.name
+        key = (name, _arguments_key(spec.args)) if settings.max_repeats is not None else None
+        refusal: tuple[str, dict[str, Any]] | None
+        with self.lock:
+            counts = self._sessions.get(session)
+            if counts is None:
+                counts = self._sessions[session] = _Session()
+            if settings.max_calls_per_session is not None and counts.calls >= settings.max_calls_per_session:
+                refusal = ("budget_exhausted", dict(scope="this session", budget=settings.max_calls_per_session,
+                                                    what="tool calls", name="max_calls_per_session"))
+            elif policy.max_calls is not None and counts.per_tool.get(name, 0) >= policy.max_calls:
+                refusal = ("budget_exhausted", dict(scope="this session", budget=policy.max_calls,
+                                                    what=f"calls of tool {name!r}", name="max_calls"))
+            elif key is not None and counts.repeats.get(key, 0) >= settings.max_repeats:  # type: ignore[operator]
+                refusal = ("repeated_call", dict(count=settings.max_repeats))
+            else:
+                refusal = None
+                counts.calls += 1
+                counts.per_tool[name] = counts.per_tool.get(name, 0) + 1
+                if key is not None:
+                    if len(counts.repeats) >= _MAX_REPEAT_KEYS:
+                        counts.repeats.clear()
+                    counts.repeats[key] = counts.repeats.get(key, 0) + 1
+            if refusal is not None:
+                self.refused[refusal[0]] += 1
+        if refusal is None:
+            return None
+        return failure(refusal[0], spec.call_id, name, **refusal[1])
+
+    # --- places freed ----------------------------------------------------------------------
+
+    def released(self, call: _Call) -> list[_Call]:
+        """Give back ``call``'s places and take the waiting calls that fit now (under the lock)."""
+        call.held = False
+        release(call.gates)
+        if not self.waiting.count:
+            return []
+        ready = list(self.waiting.ready())
+        for waiter in ready:
+            waiter.held, waiter.state = True, _STARTING
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+                waiter.timer = None
+        return ready
+
+    def launch(self, ready: list[_Call] | tuple[()]) -> None:
+        """Start the calls that took places (outside the lock)."""
+        for call in ready:
+            try:
+                call.launch()
+            except Exception:  # a bug here must still answer the call
+                logger.exception("the governor could not start call {}", call.spec.call_id)
+
+    def later(self, when: float, job: Callable[[], None]) -> Timer | None:
+        """Run ``job`` at ``when`` (a ``time.monotonic()`` instant) on a pooled thread
+        (the timer thread only hands it over); ``None`` once the timers are stopped."""
+        try:
+            return self.timers.call_at(when, functools.partial(self._elsewhere, job))
+        except RuntimeError:
+            return None
+
+    def _elsewhere(self, job: Callable[[], None]) -> None:
+        try:
+            self._pool.submit(job, "rho_actors-governor")
+        except RuntimeError:  # no thread could be started: run it here
+            job()
+
+    def count(self, reason: str) -> None:
+        with self.lock:
+            self.refused[reason] += 1
+
+    def emit(self, kind: Any, call: _Call, outcome: str | None = None) -> None:
+        """A :class:`CallEvent` (``queued``, ``retried``) of ``call``, when someone listens."""
+        if self.events.wants_calls(kind):
+            spec = call.spec
+            self.events.emit(CallEvent(kind, call.session, spec.call_id, spec.name, outcome,
+                                       (time.monotonic() - spec.dispatched) * 1000))
+
+    def forget(self, session: str) -> None:
+        """The session ended: drop its counts (and its idle per-session places)."""
+        with self.lock:
+            self._sessions.pop(session, None)
+            for key in [k for k, gate in self._per_session.items() if k[1] == session and gate.running == 0]:
+                del self._per_session[key]
+
+    # --- what an operator sees ---------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """``max_thread_calls``, ``thread_calls_running``, ``max_calls_per_session``,
+        ``max_repeats``; ``running`` and ``queued`` (calls waiting for a place) per
+        capped tool; ``queued_total`` (calls that ever waited for one), ``refused`` per
+        reason (``budget_exhausted``, ``repeated_call``, ``rate_limited``,
+        ``unavailable``) and ``retried`` (retries made)."""
+        settings = self.settings
+        with self.lock:
+            return {
+                "max_thread_calls": settings.max_thread_calls, "thread_calls_running": self._threads.running,
+                "max_calls_per_session": settings.max_calls_per_session, "max_repeats": settings.max_repeats,
+                "running": {name: gate.running for name, gate in self._tools.items()},
+                "queued": self.waiting.per_tool(), "queued_total": self.queued_total,
+                "refused": dict(self.refused), "retried": self.retried,
+            }
+
+    def describe(self, infos: Mapping[str, ToolInfo]) -> dict[str, Any]:
+        """The bounds of each tool of ``infos`` that has any, with its ``running`` and
+        ``queued`` calls now (``tree()``), and the system's own."""
+        stats = self.stats()
+        tools = {}
+        for name, info in infos.items():
+            if info.policy is not NO_POLICY:
+                tools[name] = {**info.policy.as_data(), "running": stats["running"].get(name, 0),
+                               "queued": stats["queued"].get(name, 0)}
+        return {"max_thread_calls": stats["max_thread_calls"], "thread_calls_running": stats["thread_calls_running"],
+                "max_calls_per_session": stats["max_calls_per_session"], "max_repeats": stats["max_repeats"],
+                "tools": tools}
+
+
+def _arguments_key(args: Mapping[str, Any]) -> str:
+    """The arguments as canonical JSON text (keys sorted): equal arguments, equal keys."""
+    try:
+        return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(sorted(args.items(), key=lambda kv: kv[0]))

@@ -1,0 +1,139 @@
+"""Concurrency places: bounded counts of running calls, and the calls waiting for a place
+(DESIGN §4 "The governor").
+
+A :class:`Gate` is one bound (a tool's ``max_concurrency``, its ``max_concurrency_per_session``
+in one session, or the system's ``max_thread_calls``) and how many calls hold a place in
+it. A call needs a place in each of its gates, taken all at once or not at all. A call
+that finds no place waits in :class:`Waiting`: by session, by tool, in arrival order;
+when places free, sessions are served in turn (round robin), and within a session the
+earliest call that fits. Not thread-safe: the governor holds its lock around every use.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+__all__ = ["Gate", "Waiter", "Waiting", "blocking", "fits", "release", "take"]
+
+
+class Gate:
+    """One bound: ``bound`` places, ``running`` taken; ``key`` names it in messages and
+    ``stats()`` (``("tool", name)``, ``("session", name, session_id)``, ``("thread",)``)."""
+
+    __slots__ = ("bound", "key", "running")
+
+    def __init__(self, key: tuple[str, ...], bound: int) -> None:
+        self.key = key
+        self.bound = bound
+        self.running = 0
+
+    def __repr__(self) -> str:
+        return f"Gate({self.key}, {self.running}/{self.bound})"
+
+
+def fits(gates: Sequence[Gate]) -> bool:
+    """Whether each of ``gates`` has a free place."""
+    for gate in gates:  # noqa: SIM110 (a loop: no generator made on the call path)
+        if gate.running >= gate.bound:
+            return False
+    return True
+
+
+def blocking(gates: Sequence[Gate]) -> Gate | None:
+    """The first of ``gates`` without a free place (what a refusal names), or ``None``."""
+    for gate in gates:
+        if gate.running >= gate.bound:
+            return gate
+    return None
+
+
+def take(gates: Sequence[Gate]) -> None:
+    """Take a place in each of ``gates`` (they fit)."""
+    for gate in gates:
+        gate.running += 1
+
+
+def release(gates: Sequence[Gate]) -> None:
+    """Give back a place in each of ``gates``."""
+    for gate in gates:
+        gate.running -= 1
+
+
+class Waiter(Protocol):
+    """A call waiting for places: its ``session``, ``tool``, arrival ``seq`` and ``gates``."""
+
+    session: str
+    tool: str
+    seq: int
+    gates: tuple[Gate, ...]
+
+
+class Waiting:
+    """The calls waiting for places: per session, per tool, in arrival order."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, dict[str, deque[Any]]] = {}
+        self._turn: deque[str] = deque()  # sessions with waiting calls, the next to serve first
+        self.count = 0
+
+    def add(self, call: Waiter) -> None:
+        """Queue ``call`` behind the calls of its session and tool."""
+        queues = self._by_session.get(call.session)
+        if queues is None:
+            queues = self._by_session[call.session] = {}
+            self._turn.append(call.session)
+        queues.setdefault(call.tool, deque()).append(call)
+        self.count += 1
+
+    def remove(self, call: Waiter) -> bool:
+        """Take ``call`` out (its deadline came, or it was cancelled); whether it waited."""
+        queues = self._by_session.get(call.session)
+        queue = queues.get(call.tool) if queues is not None else None
+        if queue is None or call not in queue:
+            return False
+        queue.remove(call)
+        self._forget_empty(call.session, call.tool)
+        self.count -= 1
+        return True
+
+    def _forget_empty(self, session: str, tool: str) -> None:
+        queues = self._by_session[session]
+        if not queues[tool]:
+            del queues[tool]
+            if not queues:
+                del self._by_session[session]
+                self._turn.remove(session)
+
+    def ready(self) -> Iterator[Any]:
+        """Take the calls that fit now, each with its places taken, sessions served in
+        turn (one call each per round) until none fits: yields them in that order."""
+        while self._turn:
+            served = False
+            for _ in range(len(self._turn)):
+                session = self._turn[0]
+                best: Any = None
+                for queue in self._by_session[session].values():
+                    head = queue[0]
+                    if (best is None or head.seq < best.seq) and fits(head.gates):
+                        best = head
+                self._turn.rotate(-1)  # the next session is served next, whether or not this one was
+                if best is None:
+                    continue
+                self._by_session[session][best.tool].popleft()
+                self._forget_empty(session, best.tool)
+                self.count -= 1
+                take(best.gates)
+                served = True
+                yield best
+            if not served:
+                return
+
+    def per_tool(self) -> dict[str, int]:
+        """How many calls of each tool wait now."""
+        out: dict[str, int] = {}
+        for queues in self._by_session.values():
+            for tool, queue in queues.items():
+                out[tool] = out.get(tool, 0) + len(queue)
+        return out
