@@ -21,6 +21,7 @@ from rho_actors.agent.driver import (
     Session,
     Step,
     StepEnded,
+    TaskFinished,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
@@ -68,6 +69,7 @@ from rho_actors.sandbox import IsolatedReadError, WorkerPool
 from rho_actors.selftest import LoadError, SelftestRow, run_selftests
 from rho_actors.sources.source_actor import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
 from rho_actors.system import ActorSystem
+from rho_actors.tasks import TaskError, TaskInfo, TaskSettings
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
@@ -157,6 +159,10 @@ __all__ = [
     "StepEnded",
     "Supervisor",
     "SupervisorEvent",
+    "TaskError",
+    "TaskFinished",
+    "TaskInfo",
+    "TaskSettings",
     "Telemetry",
     "TextDelta",
     "ToolCall",

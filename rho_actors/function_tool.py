@@ -190,6 +190,12 @@ class FunctionTool:
     def retry_policy(self) -> RetryPolicy | None:
         return self._policy.retry
 
+    def background(self) -> bool:
+        return self._policy.background
+
+    def background_timeout_ms(self) -> int | None:
+        return self._policy.background_timeout_ms
+
     def _kwargs(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         model = self._model.model_validate(args)
         kwargs = {field: getattr(model, field) for field in self._fields}
@@ -278,6 +284,8 @@ def tool(
     rate: str | None = None,
     idempotent: bool = False,
     retry: RetryPolicy | None = None,
+    background: bool = False,
+    background_timeout_ms: int | None = None,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -296,6 +304,8 @@ def tool(
     rate: str | None = None,
     idempotent: bool = False,
     retry: RetryPolicy | None = None,
+    background: bool = False,
+    background_timeout_ms: int | None = None,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed function into a tool, bare (``@tool``) or with options
     (``@tool(name=..., description=..., timeout_ms=..., concurrency=..., selftest=...)``).
@@ -316,12 +326,15 @@ def tool(
     ``idempotent=True`` (a failed call may run again) with ``retry`` (a
     :class:`~rho_actors.RetryPolicy`, default ``RetryPolicy()``: 3 attempts). Raises
     ``TypeError``/``ValueError`` naming a bad one (``retry`` without ``idempotent=True`` too).
+    ``background=True``: its calls run as tasks that outlive their turn, each with a
+    deadline of ``background_timeout_ms`` (ms; default 1 h; DESIGN §4 "Background calls").
     """
     where = f"@tool{'' if func is None else ' ' + getattr(func, '__name__', '?')}"
     _checked_options(where, timeout_ms, concurrency, selftest)
     try:
         policy = call_policy(max_concurrency=max_concurrency, max_concurrency_per_session=max_concurrency_per_session,
-                             max_calls=max_calls, rate=rate, idempotent=idempotent, retry=retry)
+                             max_calls=max_calls, rate=rate, idempotent=idempotent, retry=retry,
+                             background=background, background_timeout_ms=background_timeout_ms)
     except (TypeError, ValueError) as err:
         raise type(err)(f"{where}: {err}") from None
 

@@ -105,6 +105,14 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.RATE_LIMITED, "tool {tool!r} did not run: its rate limit of {rate} would let it start only in {wait_ms} "
         "ms, after this call's deadline"
     ),
+    # background calls (rho_actors.tasks)
+    "tasks_bound": (
+        _K.UNAVAILABLE, "tool {tool!r} did not run: {count} background calls are open in {scope}; the bound is "
+        "{bound} ({setting})"
+    ),
+    "task_interrupted": (
+        _K.CANCELLED, "the host stopped before the background call of tool {tool!r} finished; it was not run again"
+    ),
     "bad_arguments": (_K.INVALID_ARGUMENTS, "tool {tool!r}: {problem}"),
     "invalid_arguments": (_K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: {problems}"),
     "cut_off": (

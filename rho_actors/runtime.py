@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
     from rho_actors.sandbox import ConfinePolicy
+    from rho_actors.tasks import TaskRegistry
     from rho_actors.telemetry import Telemetry
 
 __all__ = ["DEFAULT_MAX_TIMEOUT_MS", "Limits", "Runtime", "UntrustedReads", "fair_shares"]
@@ -101,7 +102,8 @@ class Runtime:
     metrics, see :mod:`rho_actors.telemetry`) and ``confine`` (how children running
     untrusted code are confined; ``None``: not at all, only a scrubbed environment) and
     ``budgets`` (the result budgets of turns and sessions, :mod:`rho_actors.budgets`);
-    ``governor``, the bounds on calls (:mod:`rho_actors.governor`);
+    ``governor``, the bounds on calls (:mod:`rho_actors.governor`); ``tasks``, the background
+    calls (:mod:`rho_actors.tasks`);
     ``loop_turns``, each running LoopActor's :class:`~rho_actors.loop.turns.Turns` by the
     actor's urn (weakly held: a host's :class:`~rho_actors.Loop` finds them there);
     ``sessions``, what starts and stops session subtrees under the system's ``sessions``
@@ -118,6 +120,7 @@ class Runtime:
     untrusted: UntrustedReads
     telemetry: Telemetry
     governor: Governor
+    tasks: TaskRegistry
     confine: ConfinePolicy | None = None
     budgets: ResultBudgets = field(default_factory=ResultBudgets)
     loop_turns: MutableMapping[str, Any] = field(default_factory=weakref.WeakValueDictionary)

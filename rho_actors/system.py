@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 import shutil
 import tempfile
 import time
@@ -63,7 +62,7 @@ from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolat
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.handle import Loop, withheld_names
-from rho_actors.loop.messages import SessionWithheld, allowlist, loop_name
+from rho_actors.loop.messages import SessionWithheld, allowlist, checked_session_id, loop_name
 from rho_actors.observe.tree import describe_tree
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
@@ -88,6 +87,7 @@ from rho_actors.sandbox import (
     sweep_leftovers,
     system_policy,
 )
+from rho_actors.tasks import TaskRegistry, TaskSettings
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo
 
@@ -100,7 +100,6 @@ __all__ = ["ActorSystem"]
 
 
 RESTART_PATIENCE_S = 5.0  # seconds a call into a system actor being restarted waits for it (then raises)
-_SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
 REGISTRY, CALLS, WORKERS, ROOT = "registry", "calls", "workers", "root"
 SOURCES, SESSIONS, SERVERS = "sources", "sessions", "servers"
 
@@ -161,7 +160,8 @@ class ActorSystem:
     ``details["traceback"]`` and in an error-level log line (``log_tracebacks=False``
     turns the line off); the model gets one line naming the exception. ``governor``:
     the system's bounds on calls (:class:`rho_actors.GovernorSettings`: ``max_thread_calls``,
-    ``max_calls_per_session``, ``max_repeats``; DESIGN §4 "The governor").
+    ``max_calls_per_session``, ``max_repeats``; DESIGN §4 "The governor"); ``tasks``: the bounds on background
+    calls (:class:`rho_actors.TaskSettings`; DESIGN §4 "Background calls").
     """
 
     def __init__(
@@ -194,6 +194,7 @@ class ActorSystem:
         abandoned_threads_per_session: int = 16,
         max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS,
         governor: GovernorSettings | None = None,
+        tasks: TaskSettings | None = None,
     ) -> None:
         refuse_unguarded_start()  # a child importing an unguarded main script: stop it, saying why
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
@@ -248,8 +249,10 @@ class ActorSystem:
             untrusted=self._untrusted,
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             governor=Governor(governor or GovernorSettings(), self._timers, events, self._threads),
+            tasks=TaskRegistry(tasks or TaskSettings(), budgets := ResultBudgets(max_turn_result_bytes,
+                                                                                 max_session_result_bytes)),
             confine=self._confine,
-            budgets=ResultBudgets(max_turn_result_bytes, max_session_result_bytes),
+            budgets=budgets,
             sessions=(lazy_sessions := LazyStarter()),  # session subtrees started and stopped in the caller's thread
         )
         self._events = self._runtime.events
@@ -475,14 +478,7 @@ class ActorSystem:
         """
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
-        session_id = session_id if session_id is not None else uuid.uuid4().hex
-        if isinstance(session_id, str):
-            session_id = str.__str__(session_id)  # an exact copy: a subclass's methods cannot lie
-        if type(session_id) is not str or not _SESSION_ID.fullmatch(session_id) or ".." in session_id:
-            raise ValueError(
-                f"session id {session_id!r} is not allowed: use 1-128 of A-Z a-z 0-9 _ . @ : -, "
-                "starting with a letter, digit or _, and no '..'"
-            )
+        session_id = checked_session_id(session_id if session_id is not None else uuid.uuid4().hex)
         running = self._names.whereis(loop_name(session_id))
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
@@ -653,6 +649,7 @@ class ActorSystem:
         out["bounds"] = self._runtime.limits.declaration_bounds()
         out["budgets"] = self._runtime.budgets.stats()
         out["governor"] = self._runtime.governor.stats()
+        out["tasks"] = self._runtime.tasks.stats()
         return out
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -667,6 +664,7 @@ class ActorSystem:
         """Stop the tree in reverse start order (servers, sessions, sources, workers, calls, registry, declarations),
         then the timers. Running calls are cancelled; a call thread still running after ``shutdown_ms`` is abandoned
         (counted in :meth:`stats`). Idempotent."""
+        self._runtime.tasks.stop()  # no task starts, each running one is cancelled
         self._calls.close()  # a call dispatched from now on does not start
         for isolation in self._runtime.isolations.values():  # a tool stopping the system: its thread is not waited
             isolation.stopping_from_here()

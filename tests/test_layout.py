@@ -116,7 +116,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rho_actors.isolation",),
     ("rho_actors.agent",),
     # 6. the runtime core
-    ("rho_actors.registry", "rho_actors.loop", "rho_actors.runtime", "rho_actors.budgets", "rho_actors.governor"),
+    ("rho_actors.registry", "rho_actors.loop", "rho_actors.runtime", "rho_actors.budgets", "rho_actors.governor",
+     "rho_actors.tasks"),
     # 7. what the system puts together: sources, selftests, the live view, foreign tools taken in
     ("rho_actors.sources", "rho_actors.selftest", "rho_actors.observe", "rho_actors.integrations.adopt",
      "rho_actors.integrations.langgraph.langchain_tool"),

@@ -29,7 +29,7 @@ def test_every_state_has_its_moves_and_settled_is_terminal() -> None:
     assert set(TRANSITIONS) == set(STATES)
     assert TRANSITIONS["settled"] == frozenset()
     assert all(after in STATES for moves in TRANSITIONS.values() for after in moves)
-    assert {"pending", "queued", "running", "settled"} == FIRST_STATES
+    assert {"pending", "queued", "running", "backgrounded", "settled"} == FIRST_STATES
     assert allowed(None, "pending") and not allowed(None, "decided")
     assert allowed("running", "pending")  # a tool that returned Deferred
     assert allowed("retried", "queued") and allowed("backgrounded", "pending")

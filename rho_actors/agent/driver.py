@@ -46,11 +46,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import json
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, NoReturn, Protocol
@@ -58,19 +57,22 @@ from typing import Any, Final, NoReturn, Protocol
 import pykka
 from loguru import logger
 
+from rho_actors.agent.background import TaskSource, await_tasks, deliver_tasks
 from rho_actors.agent.events import (
     FinalResult,
     PromptEvent,
     PromptResult,
     Step,
     StepEnded,
+    TaskFinished,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
 )
 from rho_actors.agent.model import Message, Model, Reply
-from rho_actors.agent.provider_rules import NEUTRAL_RULES, WireRules, replay_arguments, sanitise_calls
-from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, thinking_blocks
+from rho_actors.agent.provider_rules import NEUTRAL_RULES, WireRules, sanitise_calls
+from rho_actors.agent.replies import checked_reply
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
 from rho_actors.otp.actor import ActorExit
@@ -114,6 +116,7 @@ __all__ = [
     "Session",
     "Step",
     "StepEnded",
+    "TaskFinished",
     "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
@@ -156,6 +159,7 @@ def prompt(
     max_tokens: int | None = None,
     on_event: Callable[[PromptEvent], None] | None = None,
     max_calls_per_prompt: int | None = None,
+    wait_for_tasks: bool = False,
 ) -> PromptResult:
     """Run one prompt of ``loop``'s session to its end and return its :class:`PromptResult`.
 
@@ -164,7 +168,9 @@ def prompt(
     :class:`~rho_actors.agent.model.Model`. ``max_steps``: at most this many model requests (>= 1) in this prompt; a
     reply with tool calls at the last one stops the prompt with an error (its calls have run and are recorded).
     ``max_calls_per_prompt``: at most this many tool calls run in this prompt (>= 1; ``None``: no bound); a call
-    past it gets a ``budget_exhausted`` result and does not run, and the model is asked again with it. ``cancel``:
+    past it gets a ``budget_exhausted`` result and does not run, and the model is asked again with it. Each request
+    first gives the model the results of ended background calls (:mod:`rho_actors.agent.background`);
+    ``wait_for_tasks=True``: a final reply while tasks are open waits for one to end and asks again. ``cancel``:
     setting it (from any thread) cancels the running turn (its calls get ``cancelled`` results, recorded) and stops
     the prompt before its next request; during a model request it stops the prompt at once, without waiting for the
     model (the request runs in a thread of its own; its reply is dropped, a stream ended). ``instructions``: the
@@ -197,7 +203,7 @@ def prompt(
     telemetry = getattr(loop, "telemetry", None) or Telemetry(enabled=False)
     with transcript, telemetry.invoke_agent(loop.session_id, model) as outcome:  # telemetry: the prompt's span
         driver = _Driver(loop, transcript, model, max_steps, cancel, instructions, options, on_event, telemetry)
-        driver.max_calls = max_calls_per_prompt
+        driver.max_calls, driver.wait_for_tasks = max_calls_per_prompt, wait_for_tasks
         result = driver.run(text)
         outcome(result.error)
     if on_event is not None:
@@ -370,6 +376,8 @@ class _Driver:
         self.steps: list[Step] = []
         self.recovered: list[ToolResult] = []
         self.max_calls: int | None = None  # max_calls_per_prompt, and the calls run so far
+        self.wait_for_tasks = False
+        self.tasks: TaskSource | None = getattr(loop, "task_registry", None)  # a Loop's background calls
         self.calls_run = 0
 
     def _emit(self, event: PromptEvent) -> None:
@@ -386,9 +394,10 @@ class _Driver:
                 text = scrub_text(text)  # a lone surrogate would break every later request
                 self.transcript.user(self.next_step, text)
                 self.messages.append(Message.user(text))
-            elif not self.transcript.history.awaiting_reply:
+            elif not self.transcript.history.awaiting_reply and not self._deliver_tasks():
                 return self._result("there is nothing to continue: the conversation is empty or ends with a reply")
             while True:
+                self._deliver_tasks()
                 if self.cancel is not None and self.cancel.cancelled:
                     self._stop("cancelled", "the host cancelled the prompt")
                 if len(self.steps) >= self.max_steps:
@@ -401,6 +410,11 @@ class _Driver:
         except (OSError, ValueError, RecursionError) as exc:  # the transcript could not be written
             logger.exception("session {}: the transcript could not be written", self.loop.session_id)
             return self._result(f"the session's transcript could not be written: {describe_exception(exc)}")
+
+    def _deliver_tasks(self) -> bool:
+        return self.tasks is not None and deliver_tasks(self.tasks, self.loop.session_id, self.loop.data_dir,
+                                                        self.transcript, self.next_step, self.messages,
+                                                        lambda info: self._emit(TaskFinished(info)))
 
     def _result(self, error: str | None) -> PromptResult:
         text = self.steps[-1].reply.text if self.steps else ""
@@ -428,10 +442,10 @@ class _Driver:
             messages.insert(0, Message.system(self.instructions))
         options = dict(self.options)
         if self.cancel is not None:
-            return _checked_reply(self._cancellable(number, messages, tools, options, self.cancel))
+            return checked_reply(self._cancellable(number, messages, tools, options, self.cancel))
         if self.on_event is not None:
             options["on_text"] = lambda piece: self._emit(TextDelta(number, piece))
-        return _checked_reply(self._complete(messages, tools, options))
+        return checked_reply(self._complete(messages, tools, options))
 
     def _complete(self, messages: list[Message], tools: list[dict[str, Any]], options: dict[str, Any]) -> Any:
         return self.model.complete(messages, tools, **options) if options else self.model.complete(messages, tools)
@@ -524,7 +538,8 @@ class _Driver:
                 why = (f"was cut short: it hit its token limit ({self._reply_size(reply)})"
                        if reply.stop_reason == "incomplete" else "was refused")
                 self._stop("model", f"the model's reply at step {number} {why}; its text is kept")
-            return True
+            return not (self.wait_for_tasks and self.tasks is not None and
+                        await_tasks(self.tasks, self.loop.session_id, self.loop.data_dir, self.cancel))
         for call in reply.tool_calls:
             self._emit(ToolCallStarted(number, call))
         recorder = _Recorder(self.transcript, number)
@@ -637,6 +652,10 @@ class _Recorder:
             if index in self._done:
                 return
             try:
+                task_id = result.details.get("task_id") if result.ok and isinstance(result.details, dict) else None
+                if isinstance(task_id, str):  # a background call: its lifecycle goes on as a task
+                    self._transcript.call(self._step, index, "backgrounded", call_id=result.call_id,
+                                          name=result.name, task_id=task_id)
                 self._transcript.result(self._step, index, _with_text(result))
             except (OSError, ValueError, RecursionError):
                 if not quiet:
@@ -651,47 +670,3 @@ def _with_text(result: ToolResult) -> ToolResult:
     if result.ok or result.content.strip():
         return result
     return replace(result, content=result_text("empty_error", kind=result.error_kind))
-
-
-def _checked_reply(reply: Any) -> Reply:
-    """``reply`` made safe to record and run: a :class:`Reply` with its tool calls as a tuple (a generator is read
-    once), each call's id and name as ``str`` (a missing or non-text id becomes ``""``, for which the wire rules
-    make one; a missing name becomes ``""``, an unknown tool) and its arguments as JSON text or a plain dict;
-    arguments of any other type become their text (``5`` -> ``"5"``), which the loop's strict decoding then refuses
-    as ``invalid_json`` for that call only. Lone surrogates in the text are replaced. Raises ``TypeError`` for a
-    reply that is not a :class:`Reply`, text that is not a ``str``, or a call that is not a :class:`ToolCall`."""
-    if not isinstance(reply, Reply):
-        raise TypeError(f"the model returned a {type(reply).__name__}, not a Reply")
-    if not isinstance(reply.text, str):
-        raise TypeError(f"the model's reply text is a {type(reply.text).__name__}, not a str")
-    calls = []
-    for index, call in enumerate(tuple(reply.tool_calls)):
-        if not isinstance(call, ToolCall):
-            raise TypeError(f"the model's tool call {index} is not a ToolCall: {call!r}")
-        call_id = call.id if isinstance(call.id, str) else ""
-        name = call.name if isinstance(call.name, str) else ""
-        calls.append(ToolCall(call_id, name, _plain_arguments(call.arguments)))
-    return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason, reply.usage,
-                 thinking_blocks(getattr(reply, "thinking", ())))
-
-
-def _plain_arguments(arguments: Any) -> str | dict[str, Any]:
-    if isinstance(arguments, str):
-        return arguments
-    if isinstance(arguments, Mapping):
-        plain = dict(arguments)
-        if replay_arguments(plain) is not None:  # a JSON object the transcript and a provider take
-            return plain
-        try:  # NaN, Infinity or nested too deep: recorded as the text, which the loop refuses
-            return json.dumps(plain)
-        except (TypeError, ValueError, RecursionError):
-            return f"<arguments of type {type(arguments).__name__} that cannot be written as JSON>"
-    if isinstance(arguments, (bytes, bytearray)):
-        try:
-            return bytes(arguments).decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-    try:
-        return repr(arguments)
-    except BaseException:
-        return f"<{type(arguments).__name__}>"

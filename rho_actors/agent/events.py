@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from rho_actors.agent.model import Reply, Usage
+from rho_actors.lifecycle.tasks import TaskInfo
 from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "PromptResult",
     "Step",
     "StepEnded",
+    "TaskFinished",
     "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
@@ -114,11 +116,19 @@ class StepEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskFinished:
+    """A background call ended and its result was given to the model (recorded):
+    ``task``, a :class:`rho_actors.TaskInfo` with its ``result``."""
+
+    task: TaskInfo
+
+
+@dataclass(frozen=True, slots=True)
 class FinalResult:
     """The prompt ended: its ``result`` (always the last event)."""
 
     result: PromptResult
 
 
-PromptEvent: TypeAlias = TextDelta | ToolCallStarted | ToolCallFinished | StepEnded | FinalResult
+PromptEvent: TypeAlias = TextDelta | ToolCallStarted | ToolCallFinished | TaskFinished | StepEnded | FinalResult
 """What :func:`stream`, :func:`astream` and ``on_event`` give, in order of happening."""

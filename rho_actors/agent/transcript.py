@@ -27,7 +27,8 @@ do not know them, so new fields need no new version.
 and, by type:
 
 ``user`` (a prompt's text; ``step`` is the request that will answer it)
-    ``"text": str``
+    ``"text": str``; ``"tasks": [str]`` when it gives the model the results of those
+    background calls (:mod:`rho_actors.tasks`), each given once
 ``reply`` (the model's reply to request ``step``; written *before* its calls run)
     ``"text": str``, ``"tool_calls": [{"id": str, "name": str, "arguments": str | object}]``
     (the model's raw argument text, or the decoded object a provider gave; ``"sent_id"``,
@@ -100,7 +101,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -163,13 +164,16 @@ class History:
     ``records``: how many records were read; ``torn``: whether a cut-short last line
     was skipped; ``calls``: the :class:`~rho_actors.lifecycle.CallTrack` of each call
     that has ``call`` records, by call id; ``open_calls``: those of them without a
-    result that wait for a decision or to run once decided (no result in ``messages``).
+    result that wait for a decision or to run once decided (no result in ``messages``);
+    ``delivered_tasks``: the ids of the background calls whose results a ``user``
+    record gave the model (its ``"tasks"`` field: :mod:`rho_actors.tasks`).
     """
 
     messages: list[Message] = field(default_factory=list)
     pending: list[tuple[int, int, ToolResult]] = field(default_factory=list)
     calls: dict[str, CallTrack] = field(default_factory=dict)
     open_calls: dict[str, CallTrack] = field(default_factory=dict)
+    delivered_tasks: set[str] = field(default_factory=set)
     next_step: int = 1
     records: int = 0
     torn: bool = False
@@ -314,6 +318,7 @@ class _Group:
 def _history(records: list[dict[str, Any]], where: str, images: ImageStore) -> History:
     items: list[Message | _Group] = []
     groups: dict[int, _Group] = {}
+    delivered: set[str] = set()  # the background calls whose results a user record gave
     last_step = 0
     for number, record in enumerate(records, 1):
         try:
@@ -323,6 +328,7 @@ def _history(records: list[dict[str, Any]], where: str, images: ImageStore) -> H
             _number(record, "ts", required=False)
             if kind == "user":
                 items.append(Message.user(_str(record["text"])))
+                delivered.update(_str(t) for t in _list(record.get("tasks", [])))
             elif kind == "reply":
                 if step in groups:
                     raise ValueError(f"a second reply for step {step}")
@@ -356,7 +362,8 @@ def _history(records: list[dict[str, Any]], where: str, images: ImageStore) -> H
                                where, number, kind)
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise TranscriptError(f"transcript {where}: line {number} is not a valid record: {exc}") from None
-    history = History(records=len(records), next_step=last_step + 1, calls=_tracks(records, where))
+    history = History(records=len(records), next_step=last_step + 1, calls=_tracks(records, where),
+                      delivered_tasks=delivered)
     _assemble(history, items)
     return history
 
@@ -576,9 +583,11 @@ class Transcript:
 
     # --- records ------------------------------------------------------------------------
 
-    def user(self, step: int, text: str) -> None:
-        """Record a prompt's ``text``, to be answered by request ``step``."""
-        self._append({"type": "user", "step": step, "text": text})
+    def user(self, step: int, text: str, *, tasks: Sequence[str] = ()) -> None:
+        """Record a prompt's ``text``, to be answered by request ``step``; ``tasks``:
+        the background calls whose results it gives the model (each once, ever)."""
+        self._append({"type": "user", "step": step, "text": text, **({"tasks": list(tasks)} if tasks else {})})
+        self.history.delivered_tasks.update(tasks)
 
     def reply(
         self, step: int, reply: Reply, model_ms: float = 0.0, *, sent_ids: Mapping[int, str] | None = None

@@ -12,6 +12,8 @@ callbacks of :data:`POLICY_CALLBACKS`:
 ``rate_limit()``                a token bucket: ``"10/s"``, ``"600/min"``, ``"1000/h"`` (burst = the count)
 ``idempotent()``                ``True``: a failed call may be run again (retried, see :class:`RetryPolicy`)
 ``retry_policy()``              a :class:`RetryPolicy` (or its fields as a dict) for an idempotent tool
+``background()``                ``True``: its calls run as tasks, past their turn (:mod:`rho_actors.tasks`)
+``background_timeout_ms()``     a background call's deadline in ms (an ``int`` >= 1; default 1 h)
 =============================== ===========================================================
 
 :func:`call_policy` checks the options of ``@tool`` (``TypeError``/``ValueError`` at
@@ -33,7 +35,7 @@ __all__ = ["NO_POLICY", "POLICY_CALLBACKS", "CallPolicy", "Rate", "RetryPolicy",
            "parse_rate", "policy_from_answers"]
 
 POLICY_CALLBACKS: Final = ("max_concurrency", "max_concurrency_per_session", "max_calls", "rate_limit",
-                           "idempotent", "retry_policy")
+                           "idempotent", "retry_policy", "background", "background_timeout_ms")
 """The optional callbacks of the tool contract that make its :class:`CallPolicy`."""
 
 _UNITS: Final = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
@@ -126,6 +128,8 @@ class CallPolicy:
     rate: Rate | None = None
     idempotent: bool = False
     retry: RetryPolicy | None = None
+    background: bool = False
+    background_timeout_ms: int | None = None
 
     @property
     def retries(self) -> RetryPolicy | None:
@@ -147,6 +151,10 @@ class CallPolicy:
             out["idempotent"] = True
             retries = self.retries
             out["retry"] = retries.as_data() if retries is not None else None
+        if self.background:
+            out["background"] = True
+        if self.background_timeout_ms is not None:
+            out["background_timeout_ms"] = self.background_timeout_ms
         return out
 
 
@@ -180,13 +188,15 @@ def _retry(value: Any) -> RetryPolicy | None:
 
 def call_policy(
     *, max_concurrency: Any = None, max_concurrency_per_session: Any = None, max_calls: Any = None,
-    rate: Any = None, idempotent: Any = False, retry: Any = None,
+    rate: Any = None, idempotent: Any = False, retry: Any = None, background: Any = False,
+    background_timeout_ms: Any = None,
 ) -> CallPolicy:
     """The checked :class:`CallPolicy` of these options (:data:`NO_POLICY` when none is
     set). Raises ``TypeError``/``ValueError`` naming the bad option (a ``retry`` given
     to a tool that is not ``idempotent`` too: it would never be used)."""
-    if not isinstance(idempotent, bool):
-        raise TypeError(f"idempotent must be a bool, got {type(idempotent).__name__} {idempotent!r}")
+    for flag, value in (("idempotent", idempotent), ("background", background)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, got {type(value).__name__} {value!r}")
     policy = CallPolicy(
         max_concurrency=_count("max_concurrency", max_concurrency),
         max_concurrency_per_session=_count("max_concurrency_per_session", max_concurrency_per_session),
@@ -194,6 +204,8 @@ def call_policy(
         rate=None if rate is None else parse_rate(rate),
         idempotent=idempotent,
         retry=_retry(retry),
+        background=background,
+        background_timeout_ms=_count("background_timeout_ms", background_timeout_ms),
     )
     if policy.retry is not None and not idempotent:
         raise ValueError("retry is given but the tool is not idempotent=True: a non-idempotent call is never retried")

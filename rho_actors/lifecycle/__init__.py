@@ -83,9 +83,10 @@ STATES: Final[tuple[CallState, ...]] = (
 """Every state of a call, in the order a call may pass them."""
 RECORDED_STATES: Final[frozenset[str]] = frozenset(STATES) - {"settled"}
 """The states a ``call`` record holds: ``settled`` is the ``result`` record."""
-FIRST_STATES: Final[frozenset[str]] = frozenset({"pending", "queued", "running", "settled"})
+FIRST_STATES: Final[frozenset[str]] = frozenset({"pending", "queued", "running", "backgrounded", "settled"})
 """The states a call enters in from its turn: held for a decision, waiting for a place,
-started, or settled at once (refused before it ran)."""
+started, run on as a task (a call that only ran needs no record before that), or
+settled at once (refused before it ran)."""
 DECISIONS: Final[tuple[Decision, ...]] = ("approved", "rejected", "expired", "resolved")
 """How a pending call is decided: by a person (``approved``, ``rejected``), by its clock
 (``expired``, past ``approval_timeout_s``) or by the system it waited for

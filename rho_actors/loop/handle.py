@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rho_actors.agent.model import Model
     from rho_actors.loop.turns import ResultSink, Turns
     from rho_actors.runtime import Runtime
+    from rho_actors.tasks import TaskInfo
 
 __all__ = ["Loop", "withheld_names"]
 
@@ -110,6 +111,8 @@ class Loop:
         self._settings = runtime.limits
         self._loop_turns = runtime.loop_turns
         self._sessions = runtime.sessions
+        self.task_registry = runtime.tasks
+        """The system's background calls (:class:`rho_actors.tasks.TaskRegistry`): what the agent loop delivers."""
         self._current: tuple[pykka.ActorRef[Any], Turns] | None = None  # the running LoopActor's
         self._bounds: _Bounds | None = None  # the bounds of the turns awaited on the last event loop used
         self.instructions: str | None = None
@@ -349,6 +352,26 @@ class Loop:
         from rho_actors.agent.driver import astream
 
         return astream(self, text, model=model, **options)
+
+    def tasks(self) -> list[TaskInfo]:
+        """This session's background calls (DESIGN §4 "Background calls"), open and
+        ended (an ended one until ``task_ttl_s`` after its end), in the order they
+        started: :class:`rho_actors.TaskInfo` values. A task a host that died left
+        running is ``failed`` ("interrupted"), never run again."""
+        return self.task_registry.tasks(self.session_id, self._data_dir)
+
+    def task_result(self, task_id: str, timeout_s: float | None = None) -> TaskInfo:
+        """Task ``task_id`` once it has ended (its ``result`` set), waiting at most
+        ``timeout_s`` seconds (``None``: until it ends; its deadline bounds that).
+        Raises :class:`rho_actors.TaskError` (a ``LookupError``) when this session has
+        no such task and ``TimeoutError`` when it is still open."""
+        return self.task_registry.wait(self.session_id, self._data_dir, task_id, timeout_s)
+
+    def cancel_task(self, task_id: str) -> TaskInfo:
+        """Cancel task ``task_id`` as a turn's call is cancelled (its worker process
+        killed, its thread signalled) and return it ended (``cancelled``, or as it ended
+        first). Raises :class:`rho_actors.TaskError` when this session has no such task."""
+        return self.task_registry.cancel(self.session_id, self._data_dir, task_id)
 
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""

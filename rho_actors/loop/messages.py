@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from rho_actors.cancel import CancelToken
 from rho_actors.files import private_dir
@@ -78,6 +79,23 @@ def allowlist(items: Any) -> Allowlist | None:
 def loop_name(session_id: str) -> str:
     """The name a session's LoopActor is registered under (``whereis``)."""
     return f"loop:{session_id}"
+
+
+_SESSION_ID: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,127}")
+
+
+def checked_session_id(session_id: Any) -> str:
+    """``session_id`` as an exact ``str`` (a subclass's methods cannot lie) when it is
+    1-128 of ``A-Z a-z 0-9 _ . @ : -``, starting with a letter, digit or ``_``, without
+    ``..`` (so it names one folder under ``sessions``); ``ValueError`` otherwise."""
+    if isinstance(session_id, str):
+        session_id = str.__str__(session_id)
+    if type(session_id) is not str or not _SESSION_ID.fullmatch(session_id) or ".." in session_id:
+        raise ValueError(
+            f"session id {session_id!r} is not allowed: use 1-128 of A-Z a-z 0-9 _ . @ : -, "
+            "starting with a letter, digit or _, and no '..'"
+        )
+    return session_id
 
 
 def make_session_folder(session_dir: Path) -> Path:

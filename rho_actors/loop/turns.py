@@ -63,10 +63,12 @@ from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventBus, EventKind, ProgressEvent
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
+from rho_actors.lifecycle.tasks import acknowledgement
 from rho_actors.loop.inline import InlineCall
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder
 from rho_actors.otp.threads import host_code
 from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
+from rho_actors.tasks import Task
 from rho_actors.telemetry import CallSpan, Telemetry, TurnTelemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
 
@@ -171,6 +173,7 @@ class Turns:
         self._events = runtime.events
         self._telemetry = runtime.telemetry
         self._governor = runtime.governor
+        self._tasks = runtime.tasks
         self._turns: dict[int, _Turn] = {}  # admitted, unfinished turns; finished from call threads too
         self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
         self.closed: str | None = None  # once closed: the key of the result open calls got
@@ -415,8 +418,12 @@ class Turns:
         slot = turn.slots[index]
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
+        task, timeout_ms = (self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info)
+                            if entry.info.policy.background else (None, entry.info.timeout_ms))
+        if isinstance(task, ToolResult):  # a background call past a bound: refused
+            return self._settle(turn, slot, task)
         now = time.monotonic()
-        deadline = now + max(0.0, entry.info.timeout_ms / 1000 - slot.validated_s)
+        deadline = now + max(0.0, timeout_ms / 1000 - slot.validated_s)
         cancel = CancelToken()
 
         def reply(result: ToolResult) -> None:
@@ -446,7 +453,8 @@ class Turns:
             fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
         spec = CallSpec(
             slot.call.id, entry.info.name, entry.tool, args, MappingProxyType(fields), now, deadline,
-            entry.info.timeout_ms, cancel, self._limits.max_output_chars, reply,
+            timeout_ms, cancel, self._limits.max_output_chars,
+            reply if task is None else functools.partial(self._tasks.settle, task),
             None if turn.context is None else turn.context.copy(),
         )
         with turn.lock:
@@ -455,6 +463,8 @@ class Turns:
                 slot.started, slot.deadline, slot.cancel, slot.span = now, deadline, cancel, span
         if dropped:  # cancelled, or the loop stopped, since it left ``waiting``: it has its result
             self._telemetry.call_ended(span, slot.result)  # type: ignore[arg-type]
+            if task is not None:
+                self._tasks.discard(task)
             return
         if self._events.wants_calls("started"):  # asked here: no frame when nobody listens
             self._emit_event("started", slot, None)
@@ -466,14 +476,23 @@ class Turns:
                 start, threaded = self._runtime.isolations[entry.isolation].start, entry.isolation == "thread"
             running: RunningCall = self._governor.start(entry.info, spec, self.session_id, start, threaded)  # bounds
         except (pykka.ActorDeadError, pykka.Timeout) as err:
-            self._settle(turn, slot, failure("not_started", slot.call.id, entry.info.name, problem=err))
-            return
+            return self._not_started(turn, slot, task, failure("not_started", slot.call.id, entry.info.name,
+                                                               problem=err))
+        if task is not None:  # a task: it runs on past its turn, which has its acknowledgement now
+            self._tasks.started(task, running, deadline)
+            return self._settle(turn, slot, acknowledgement(task.task_id, slot.call.id, entry.info.name))
         with turn.lock:
             if slot.result is None:  # else answered already (its running call holds this slot: no cycle)
                 slot.running = running
             stop_reason = turn.stop_reason
         if stop_reason is not None:  # cancelled, or the loop stopped, while the call was being started
             running.cancel(stop_reason)
+
+    def _not_started(self, turn: _Turn, slot: _Slot, task: Task | None, refusal: ToolResult) -> None:
+        """Call ``slot`` could not be started: ``refusal`` is its result (and its task's)."""
+        if task is not None:
+            self._tasks.settle(task, refusal)
+        self._settle(turn, slot, refusal)
 
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: EventKind = "finished") -> None:
         """Record a dispatched call's result, from whichever thread has it: the first

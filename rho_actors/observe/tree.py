@@ -59,5 +59,7 @@ def describe_tree(root: pykka.ActorRef[Any], runtime: Runtime, sessions_dir: Pat
         node["children"] = [describe_child(inner, c.id) for inner in c.children]
         return node
 
-    return describe(root, {"id": root_id, "kind": "supervisor", "restart": "permanent", "restarts": 0,
+    tree = describe(root, {"id": root_id, "kind": "supervisor", "restart": "permanent", "restarts": 0,
                            "alive": root.is_alive()})
+    tree.setdefault("children", []).append(runtime.tasks.describe())  # background calls (rho_actors.tasks)
+    return tree

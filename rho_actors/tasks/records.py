@@ -1,0 +1,129 @@
+"""Task records on disk: one JSON file per background call in its session's folder
+(DESIGN §4 "Background calls").
+
+A task's record is ``<session folder>/tasks/<task_id>.json``, written whole each time
+its status changes: to a temporary file beside it (``0600``, never through a symlink),
+``fsync``-ed, renamed over the record, and the folder ``fsync``-ed, so a reader (a host
+started after ``kill -9``) finds the last whole record or none. Record fields::
+
+    "v": 1, "task_id": str, "call_id": str, "name": str, "session_id": str,
+    "status": "working" | "input_required" | "completed" | "failed" | "cancelled",
+    "started": float, "finished": float | null      (Unix time, seconds)
+    "result": {"ok": bool, "content": str, "error_kind": str | null, "duration_ms": float} | null
+    "delivered": bool                               (its result reached the model)
+
+:func:`read_all` skips (with a warning) a file that is not a whole, valid record: it
+never raises for what is in the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Final
+
+from loguru import logger
+
+from rho_actors.files import UnsafePathError, open_regular, private_dir
+
+__all__ = ["FOLDER", "STATUSES", "read_all", "remove", "write"]
+
+FOLDER: Final = "tasks"
+"""The folder of a session's task records, inside the session's folder."""
+STATUSES: Final = ("working", "input_required", "completed", "failed", "cancelled")
+"""A task's statuses, MCP's names (the tasks extension): the first two are open."""
+_NAME: Final = re.compile(r"t_[0-9a-f]{32}\.json")
+_MAX_RECORD_BYTES: Final = 4 << 20  # a record holds one result's text (capped by max_output_chars)
+
+
+def write(session_dir: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` (the module doc's fields) as ``tasks/<task_id>.json`` in
+    ``session_dir``, atomically and durably. Raises ``OSError`` (and
+    :class:`~rho_actors.files.UnsafePathError`) when it cannot."""
+    folder = private_dir(session_dir, FOLDER)
+    name = f"{record['task_id']}.json"
+    data = json.dumps({"v": 1, **record}, ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass")
+    temporary = folder / f".{name}.tmp"
+    fd = open_regular(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, folder / name)
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def remove(session_dir: Path, task_id: str) -> None:
+    """Remove task ``task_id``'s record (gone already: nothing to do)."""
+    try:
+        os.unlink(session_dir / FOLDER / f"{task_id}.json")
+    except FileNotFoundError:
+        pass
+
+
+def read_all(session_dir: Path) -> list[dict[str, Any]]:
+    """Every whole, valid task record of the session in ``session_dir`` (none when it
+    has no ``tasks`` folder), in no particular order."""
+    folder = session_dir / FOLDER
+    try:
+        names = sorted(n for n in os.listdir(folder) if _NAME.fullmatch(n))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    records = []
+    for name in names:
+        record = _read(folder / name)
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        fd = open_regular(path, os.O_RDONLY)
+    except (OSError, UnsafePathError) as exc:
+        logger.warning("task record {} cannot be read: {}", path, exc)
+        return None
+    try:
+        data = os.read(fd, _MAX_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    problem = "it is larger than 4 MiB" if len(data) > _MAX_RECORD_BYTES else None
+    record: Any = None
+    if problem is None:
+        try:
+            record = json.loads(data)
+        except ValueError as exc:
+            problem = f"it is not JSON ({exc})"
+    if problem is None:
+        problem = _problem(record, path.name[:-5])
+    if problem is not None:
+        logger.warning("task record {} is skipped: {}", path, problem)
+        return None
+    return record  # type: ignore[no-any-return]
+
+
+def _problem(record: Any, task_id: str) -> str | None:
+    """Why ``record`` is not a valid task record named ``task_id``, or ``None``."""
+    if not isinstance(record, dict) or record.get("v") != 1:
+        return "it is not a version 1 task record"
+    if record.get("task_id") != task_id:
+        return f"its task_id is not {task_id}"
+    for key in ("call_id", "name", "session_id"):
+        if not isinstance(record.get(key), str):
+            return f"its {key} is not a string"
+    if record.get("status") not in STATUSES:
+        return f"its status is not one of {', '.join(STATUSES)}"
+    if type(record.get("started")) not in (int, float) or not isinstance(record.get("delivered"), bool):
+        return "its started or delivered field is wrong"
+    result = record.get("result")
+    if result is not None and not (isinstance(result, dict) and isinstance(result.get("ok"), bool)
+                                   and isinstance(result.get("content"), str)):
+        return "its result is not {ok, content, ...}"
+    return None

@@ -1,0 +1,380 @@
+"""Background calls as tasks: the system's registry of them (DESIGN §4 "Background calls").
+
+A tool declared ``background`` (``@tool(background=True)``, contract ``background()``)
+is called as a task: its turn gets at once an ``ok`` result naming task ``T``
+(``details={"task_id": T}``) and the call runs on in its isolation with its own deadline
+(``background_timeout_ms``, default 1 h, at most :attr:`TaskSettings.max_timeout_ms`).
+Its end (a result, a crash, its deadline, a cancel) is the task's result, never a
+restart: a task is ``temporary``. :class:`TaskRegistry` (one per system, the ``tasks``
+node of ``tree()``) holds every task of this host's sessions and keeps each one's
+record in its session's folder (:mod:`rho_actors.tasks.records`), so a host started
+after ``kill -9`` lists a task that was running as ``failed`` ("interrupted"; never run
+again) and a finished one with its result.
+
+Statuses are MCP's: ``working``, ``input_required`` (open), then ``completed``,
+``failed`` or ``cancelled``. Bounds: at most ``max_tasks_per_session`` open tasks in a
+session and ``max_tasks`` in the system (a background call past either is
+``unavailable``, naming the bound); a task's result is charged to its session's result
+budget; an ended task stays listed for ``task_ttl_s`` after it ends, then its record is
+removed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from loguru import logger
+
+from rho_actors.budgets import ResultBudgets, result_bytes
+from rho_actors.errors import RhoError
+from rho_actors.isolation import RunningCall
+from rho_actors.lifecycle.tasks import OPEN, TaskInfo, TaskStatus
+from rho_actors.results import failure
+from rho_actors.tasks import records
+from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
+
+__all__ = ["DEFAULT_BACKGROUND_TIMEOUT_MS", "Task", "TaskError", "TaskRegistry", "TaskSettings"]
+
+DEFAULT_BACKGROUND_TIMEOUT_MS: Final = 3_600_000
+"""A background call's deadline when its tool declares none: 1 hour, in milliseconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSettings:
+    """The system's bounds on background calls (``ActorSystem(tasks=TaskSettings(...))``):
+    ``max_tasks_per_session`` open tasks in one session (16) and ``max_tasks`` in the
+    system (256); ``task_ttl_s``: how long an ended task stays listed, in seconds (1 h);
+    ``max_timeout_ms``: the longest deadline a background call may have (1 h,
+    milliseconds). Raises ``ValueError`` for a bound below 1 (a negative ttl)."""
+
+    max_tasks_per_session: int = 16
+    max_tasks: int = 256
+    task_ttl_s: float = 3600.0
+    max_timeout_ms: int = DEFAULT_BACKGROUND_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        for name in ("max_tasks_per_session", "max_tasks", "max_timeout_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TaskSettings.{name} must be an int >= 1, not {value!r}")
+        if isinstance(self.task_ttl_s, bool) or not isinstance(self.task_ttl_s, (int, float)) or \
+                not self.task_ttl_s >= 0:
+            raise ValueError(f"TaskSettings.task_ttl_s must be a number >= 0, not {self.task_ttl_s!r}")
+
+
+class TaskError(RhoError, LookupError):
+    """A task id this session does not have (unknown, expired, or another session's);
+    ``str(err)`` names the task and the session."""
+
+
+class Task:
+    """A background call as the registry holds it (the host sees :class:`TaskInfo`)."""
+
+    __slots__ = (
+        "call_id",
+        "deadline",
+        "delivered",
+        "done",
+        "finished",
+        "name",
+        "result",
+        "running",
+        "session_dir",
+        "session_id",
+        "started",
+        "status",
+        "task_id",
+    )
+
+    def __init__(self, task_id: str, session_id: str, session_dir: Path, call_id: str, name: str) -> None:
+        self.task_id, self.session_id, self.session_dir = task_id, session_id, session_dir
+        self.call_id, self.name = call_id, name
+        self.status: TaskStatus = "working"
+        self.started: float = time.time()
+        self.finished: float | None = None
+        self.result: ToolResult | None = None
+        self.delivered = False
+        self.running: RunningCall | None = None
+        self.deadline = 0.0  # time.monotonic() s, while open in this host
+        self.done = threading.Event()
+
+    def info(self) -> TaskInfo:
+        return TaskInfo(self.task_id, self.call_id, self.name, self.session_id, self.status, self.started,
+                        self.finished, self.result, self.delivered)
+
+    def record(self) -> dict[str, Any]:
+        result = None if self.result is None else {
+            "ok": self.result.ok, "content": self.result.content, "duration_ms": self.result.duration_ms,
+            "error_kind": None if self.result.error_kind is None else str(self.result.error_kind)}
+        return {"task_id": self.task_id, "call_id": self.call_id, "name": self.name, "session_id": self.session_id,
+                "status": self.status, "started": self.started, "finished": self.finished, "result": result,
+                "delivered": self.delivered}
+
+    @classmethod
+    def loaded(cls, record: dict[str, Any], session_dir: Path) -> Task:
+        task = cls(record["task_id"], record["session_id"], session_dir, record["call_id"], record["name"])
+        task.status, task.started, task.finished = record["status"], record["started"], record.get("finished")
+        task.delivered = record["delivered"]
+        data = record.get("result")
+        if data is not None:
+            kind = data.get("error_kind")
+            duration = data.get("duration_ms")
+            task.result = ToolResult(task.call_id, task.name, data["ok"], data["content"],
+                                     ErrorKind(kind) if kind in ErrorKind.__members__.values() else
+                                     (None if data["ok"] else ErrorKind.CRASHED),
+                                     duration_ms=float(duration) if type(duration) in (int, float) else 0.0)
+        if task.status not in OPEN:
+            task.done.set()
+        return task
+
+
+def _status(result: ToolResult) -> TaskStatus:
+    if result.ok:
+        return "completed"
+    return "cancelled" if result.error_kind is ErrorKind.CANCELLED else "failed"
+
+
+class TaskRegistry:
+    """Every background call of a system's sessions (see the module doc); safe from any
+    thread. ``budgets``: the system's result budgets (a task's result is charged to its
+    session); ``max_output_chars``: the cap of the refusals it writes."""
+
+    def __init__(self, settings: TaskSettings, budgets: ResultBudgets) -> None:
+        self.settings = settings
+        self._budgets = budgets
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified when a task ends or is delivered
+        self._sessions: dict[str, dict[str, Task]] = {}  # by session, by task id: read from its folder once
+        self._open_count = 0
+        self._counts = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0, "refused": 0, "interrupted": 0}
+        self.stopped = False
+
+    # --- the call path ------------------------------------------------------------------
+
+    def open(self, session_id: str, session_dir: Path, call_id: str, info: ToolInfo) -> tuple[Task | ToolResult, int]:
+        """A new ``working`` task for call ``call_id`` of the tool of ``info``, its record
+        written, and its deadline in ms (its ``background_timeout_ms``, or 1 h, at most
+        ``max_timeout_ms``); or the ``unavailable`` refusal when a bound is reached (or
+        its record cannot be written: ``not_started``)."""
+        declared = info.policy.background_timeout_ms
+        timeout_ms = min(declared or DEFAULT_BACKGROUND_TIMEOUT_MS, self.settings.max_timeout_ms)
+        return self._open(session_id, session_dir, call_id, info.name), timeout_ms
+
+    def _open(self, session_id: str, session_dir: Path, call_id: str, name: str) -> Task | ToolResult:
+        with self._lock:
+            tasks = self._session(session_id, session_dir)
+            settings = self.settings
+            open_here = sum(t.status in OPEN for t in tasks.values())
+            refusal = None
+            if self.stopped:
+                refusal = failure("not_started", call_id, name, problem="the system is stopping")
+            elif open_here >= settings.max_tasks_per_session:
+                refusal = failure("tasks_bound", call_id, name, count=open_here, scope="this session",
+                                  bound=settings.max_tasks_per_session, setting="max_tasks_per_session")
+            elif self._open_count >= settings.max_tasks:
+                refusal = failure("tasks_bound", call_id, name, count=self._open_count, scope="the system",
+                                  bound=settings.max_tasks, setting="max_tasks")
+            if refusal is not None:
+                self._counts["refused"] += 1
+                return refusal
+            task = Task(f"t_{uuid.uuid4().hex}", session_id, session_dir, call_id, name)
+            tasks[task.task_id] = task
+            self._open_count += 1
+        try:
+            records.write(session_dir, task.record())
+        except OSError as exc:
+            self._forget(task)
+            return failure("not_started", call_id, name, problem=f"its task record cannot be written: {exc}")
+        return task
+
+    def started(self, task: Task, running: RunningCall, deadline: float) -> None:
+        """``task``'s call was started as ``running`` (cancelled by :meth:`cancel`)."""
+        with self._lock:
+            if task.status in OPEN:
+                task.running, task.deadline = running, deadline
+                self._counts["started"] += 1
+                return
+        # it ended while it was being started: nothing to keep
+
+    def discard(self, task: Task) -> None:
+        """``task``'s call never started (its turn was cancelled first): forget it."""
+        self._forget(task)
+        records.remove(task.session_dir, task.task_id)
+
+    def settle(self, task: Task, result: ToolResult) -> None:
+        """The answer of ``task``'s call (its ``CallSpec.reply``; the first one wins):
+        charged to its session's budget, recorded, and waiters woken."""
+        size = result_bytes(result)
+        over = self._budgets.charge(task.session_id, 0, size, alone=True)
+        if over is not None:
+            scope, budget, left = over
+            result = failure("over_budget", result.call_id, result.name, result.duration_ms, size=size, scope=scope,
+                             budget=budget, left=max(0, left))
+        with self._lock:
+            if task.status not in OPEN:
+                return  # late
+            task.status, task.result, task.finished, task.running = _status(result), result, time.time(), None
+            self._open_count -= 1
+            self._counts[task.status] += 1
+        self._persist(task)
+        with self._lock:
+            task.done.set()
+            self._changed.notify_all()
+
+    # --- the host's view ----------------------------------------------------------------
+
+    def tasks(self, session_id: str, session_dir: Path) -> list[TaskInfo]:
+        """The session's tasks, in the order they started (ended ones until their ttl)."""
+        with self._lock:
+            tasks = self._session(session_id, session_dir)
+            self._expire(tasks)
+            return sorted((t.info() for t in tasks.values()), key=lambda i: i.started)
+
+    def get(self, session_id: str, session_dir: Path, task_id: Any) -> TaskInfo:
+        """Task ``task_id`` of the session. Raises :class:`TaskError` when it has none."""
+        with self._lock:
+            return self._task(session_id, session_dir, task_id).info()
+
+    def wait(self, session_id: str, session_dir: Path, task_id: Any, timeout_s: float | None) -> TaskInfo:
+        """Task ``task_id`` once it has ended, waiting at most ``timeout_s`` seconds
+        (``None``: until it ends, which its deadline bounds). Raises :class:`TaskError`
+        for an unknown task and ``TimeoutError`` naming it when it is still open."""
+        with self._lock:
+            task = self._task(session_id, session_dir, task_id)
+        if not task.done.wait(timeout_s):
+            raise TimeoutError(f"task {task.task_id} ({task.name}) is still {task.status} after {timeout_s} s")
+        return task.info()
+
+    def cancel(self, session_id: str, session_dir: Path, task_id: Any) -> TaskInfo:
+        """Cancel task ``task_id`` (its call cancelled through its isolation: a worker
+        killed, a thread signalled) and return it once it has ended (an ended task is
+        returned as it is). Raises :class:`TaskError` for an unknown task."""
+        with self._lock:
+            task = self._task(session_id, session_dir, task_id)
+            running = task.running if task.status in OPEN else None
+        if running is not None:
+            running.cancel("cancelled")
+        elif task.status in OPEN:  # not started yet in this host: ended here
+            self.settle(task, failure("cancelled", task.call_id, task.name, reason="the host cancelled its task"))
+        task.done.wait(10.0)  # the isolation answers a cancel at once
+        return task.info()
+
+    def undelivered(self, session_id: str, session_dir: Path) -> list[TaskInfo]:
+        """The session's ended tasks whose result the model has not had, oldest first."""
+        return [i for i in self.tasks(session_id, session_dir) if not i.open and not i.delivered]
+
+    def delivered(self, session_id: str, session_dir: Path, task_id: str) -> None:
+        """Task ``task_id``'s result reached the model: recorded so, never given again."""
+        with self._lock:
+            task = self._task(session_id, session_dir, task_id)
+            task.delivered = True
+        self._persist(task)
+
+    def wait_any(self, session_id: str, session_dir: Path, timeout_s: float) -> bool:
+        """Wait until the session has an ended, undelivered task or no open one; False
+        when ``timeout_s`` seconds passed first."""
+        def ready() -> bool:
+            tasks = self._session(session_id, session_dir).values()
+            return not any(t.status in OPEN for t in tasks) or any(not t.delivered for t in tasks
+                                                                     if t.status not in OPEN)
+        with self._lock:
+            return self._changed.wait_for(ready, timeout_s)
+
+    def has_open(self, session_id: str, session_dir: Path) -> bool:
+        """Whether the session has a task that has not ended."""
+        with self._lock:
+            return any(t.status in OPEN for t in self._session(session_id, session_dir).values())
+
+    def stop(self) -> None:
+        """The system stops: no task starts, each open one is cancelled (its result
+        recorded as its isolation answers; a host that dies first leaves it for the next
+        host to find ``failed``, interrupted)."""
+        with self._lock:
+            self.stopped = True
+            running = [t.running for tasks in self._sessions.values() for t in tasks.values()
+                       if t.status in OPEN and t.running is not None]
+        for call in running:
+            call.cancel("stopping")
+
+    def describe(self) -> dict[str, Any]:
+        """The ``tasks`` node of ``tree()``: a supervisor whose ``temporary`` children are
+        the open tasks (``id`` the task id, ``session``, ``tool``, ``status``, ``ms_left``
+        to the deadline)."""
+        now = time.monotonic()
+        with self._lock:
+            running = [{"id": t.task_id, "kind": "worker", "restart": "temporary", "restarts": 0, "alive": True,
+                        "session": t.session_id, "tool": t.name, "status": t.status,
+                        "ms_left": max(0, round((t.deadline - now) * 1000)) if t.deadline else None}
+                       for tasks in self._sessions.values() for t in tasks.values() if t.status in OPEN]
+        return {"id": "tasks", "kind": "supervisor", "restart": "permanent", "restarts": 0, "strategy": "one_for_one",
+                "alive": not self.stopped, "children": running}
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``open`` now, and ``started``, ``completed``, ``failed``,
+        ``cancelled``, ``refused`` and ``interrupted`` (found running after a host died)
+        since the start; the bounds."""
+        with self._lock:
+            return {"open": self._open_count, **self._counts, "max_tasks": self.settings.max_tasks,
+                    "max_tasks_per_session": self.settings.max_tasks_per_session,
+                    "task_ttl_s": self.settings.task_ttl_s}
+
+    # --- inside -------------------------------------------------------------------------
+
+    def _task(self, session_id: str, session_dir: Path, task_id: Any) -> Task:
+        tasks = self._session(session_id, session_dir)
+        self._expire(tasks)
+        task = tasks.get(task_id) if isinstance(task_id, str) else None
+        if task is None:
+            raise TaskError(f"session {session_id!r} has no task {task_id!r} (unknown, another session's, or "
+                            f"ended more than task_ttl_s={self.settings.task_ttl_s:g} s ago)")
+        return task
+
+    def _session(self, session_id: str, session_dir: Path) -> dict[str, Task]:
+        """The session's tasks (under the lock), read from its folder the first time:
+        a task found open there was running in a host that died, and is ``failed``."""
+        tasks = self._sessions.get(session_id)
+        if tasks is None:
+            tasks = self._sessions[session_id] = {}
+            for record in records.read_all(session_dir):
+                if record["session_id"] != session_id:
+                    continue
+                task = Task.loaded(record, session_dir)
+                if task.status in OPEN:
+                    task.status, task.finished = "failed", time.time()
+                    task.result = failure("task_interrupted", task.call_id, task.name)
+                    task.done.set()
+                    self._counts["interrupted"] += 1
+                    self._write_quietly(task)
+                tasks[task.task_id] = task
+        return tasks
+
+    def _expire(self, tasks: dict[str, Task]) -> None:
+        """Forget (and remove the records of) tasks that ended over ``task_ttl_s`` ago."""
+        horizon = time.time() - self.settings.task_ttl_s
+        for task in [t for t in tasks.values() if t.finished is not None and t.finished < horizon]:
+            del tasks[task.task_id]
+            records.remove(task.session_dir, task.task_id)
+
+    def _forget(self, task: Task) -> None:
+        with self._lock:
+            tasks = self._sessions.get(task.session_id, {})
+            if tasks.pop(task.task_id, None) is not None and task.status in OPEN:
+                self._open_count -= 1
+
+    def _persist(self, task: Task) -> None:
+        with self._lock:
+            record = task.record()
+        self._write_quietly(task, record)
+
+    @staticmethod
+    def _write_quietly(task: Task, record: dict[str, Any] | None = None) -> None:
+        try:
+            records.write(task.session_dir, record or task.record())
+        except OSError as exc:
+            logger.error("session {}: task {} ({}) could not be recorded: {}", task.session_id, task.task_id,
+                         task.name, exc)

@@ -1,0 +1,274 @@
+"""Background calls: calls that outlive their turn, supervised as tasks (DESIGN §4
+"Background calls"), through a real ActorSystem, a real worker process and a real host
+killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rho_actors import ActorSystem, ErrorKind, TaskError, TaskFinished, TaskSettings, ToolCall, tool
+from rho_actors.agent.model import Reply, ScriptedModel
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
+from rho_actors.tasks import records
+
+from .conftest import WAIT_S, read_line, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+release = threading.Event()
+
+
+@pytest.fixture(autouse=True)
+def _released() -> None:
+    release.clear()
+
+
+@tool(background=True, background_timeout_ms=60_000)
+def crawl(site: str) -> str:
+    """Crawl a site (takes long: waits until the test lets it finish, 30 s at most)."""
+    release.wait(30)
+    return f"crawled {site}"
+
+
+@tool(background=True, background_timeout_ms=60_000)
+def sleeper(seconds: float) -> int:
+    """Sleep in a worker process and return its pid."""
+    time.sleep(seconds)
+    return os.getpid()
+
+
+@tool(background=True, background_timeout_ms=300)
+def overdue() -> str:
+    """Run past its background deadline."""
+    release.wait(30)
+    return "never"
+
+
+def call(call_id: str, name: str, arguments: str = "{}") -> ToolCall:
+    return ToolCall(call_id, name, arguments)
+
+
+def test_a_background_call_answers_its_turn_at_once_and_its_result_follows(system: ActorSystem) -> None:
+    system.register(crawl)
+    loop = system.start_loop("s1")
+    began = time.monotonic()
+    [ack] = loop.run_turn([call("c1", "crawl", '{"site": "example.com"}')])
+    took = time.monotonic() - began
+    assert ack.ok and ack.details is not None
+    task_id = ack.details["task_id"]
+    assert f"runs in the background as task {task_id}" in ack.content
+    assert took < 30  # the tool waits 30 s unless released: the turn did not wait for it
+    [info] = loop.tasks()
+    assert (info.task_id, info.call_id, info.name, info.status, info.result) == (task_id, "c1", "crawl", "working",
+                                                                                 None)
+    tasks_node = system.tree()["children"][-1]
+    assert tasks_node["id"] == "tasks" and [c["id"] for c in tasks_node["children"]] == [task_id]
+    assert 0 < tasks_node["children"][0]["ms_left"] <= 60_000
+    with pytest.raises(TimeoutError, match=f"task {task_id} \\(crawl\\) is still working"):
+        loop.task_result(task_id, timeout_s=0.05)
+    release.set()
+    done = loop.task_result(task_id, timeout_s=WAIT_S)
+    assert done.status == "completed" and done.result is not None and done.result.content == "crawled example.com"
+    assert done.finished is not None and done.finished >= done.started
+    assert system.stats()["tasks"]["completed"] == 1 and system.stats()["tasks"]["open"] == 0
+
+
+def test_a_task_past_its_background_deadline_failed_with_timeout(system: ActorSystem) -> None:
+    system.register(overdue)
+    loop = system.start_loop("s1")
+    [ack] = loop.run_turn([call("c1", "overdue")])
+    done = loop.task_result(ack.details["task_id"], timeout_s=WAIT_S)
+    assert done.status == "failed" and done.result is not None
+    assert done.result.error_kind is ErrorKind.TIMEOUT and "300 ms" in done.result.content
+
+
+def test_cancel_task_kills_the_worker_process_of_a_process_task(system: ActorSystem) -> None:
+    system.register(sleeper, isolation="process")
+    loop = system.start_loop("s1")
+    [ack] = loop.run_turn([call("c1", "sleeper", '{"seconds": 30}')])
+    assert ack.ok, ack.content
+    task_id = ack.details["task_id"]
+    assert wait_for(lambda: system.tree()["children"][-1]["children"] != [])
+    workers = {p.pid for p in psutil.Process().children(recursive=True)}
+    cancelled = loop.cancel_task(task_id)
+    assert cancelled.status == "cancelled" and cancelled.result is not None
+    assert cancelled.result.error_kind is ErrorKind.CANCELLED
+    assert loop.cancel_task(task_id) == cancelled  # cancelling an ended task returns it as it is
+    assert wait_for(lambda: not any(p.pid in workers and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                    for p in psutil.Process().children(recursive=True)
+                                    if "sleeper" in " ".join(p.cmdline()))), "the sleeping worker still runs"
+
+
+def test_a_turn_cancelled_after_the_acknowledgement_leaves_its_task_running(system: ActorSystem) -> None:
+    from rho_actors import CancelToken
+
+    system.register(crawl)
+    loop = system.start_loop("s1")
+    token = CancelToken()
+    [ack] = loop.run_turn([call("c1", "crawl", '{"site": "a"}')], cancel=token)
+    token.cancel("the host moved on")
+    assert loop.tasks()[0].status == "working"
+    release.set()
+    assert loop.task_result(ack.details["task_id"], timeout_s=WAIT_S).status == "completed"
+
+
+def test_the_bounds_refuse_a_background_call_past_them_naming_the_bound(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, tasks=TaskSettings(max_tasks_per_session=2, max_tasks=3)) as system:
+        system.register(crawl)
+        first, second = system.start_loop("s1"), system.start_loop("s2")
+        acks = first.run_turn([call(f"c{i}", "crawl", '{"site": "a"}') for i in range(3)])
+        assert [a.ok for a in acks] == [True, True, False]
+        assert acks[2].error_kind is ErrorKind.UNAVAILABLE
+        assert acks[2].content == ("tool 'crawl' did not run: 2 background calls are open in this session; the bound "
+                                   "is 2 (max_tasks_per_session)")
+        one, two = second.run_turn([call("d1", "crawl", '{"site": "b"}'), call("d2", "crawl", '{"site": "b"}')])
+        assert one.ok and not two.ok and "3 background calls are open in the system; the bound is 3 (max_tasks)" \
+            in two.content
+        assert system.stats()["tasks"]["refused"] == 2
+        release.set()
+
+
+@pytest.mark.parametrize("bad", [{"max_tasks": 0}, {"max_tasks_per_session": True}, {"task_ttl_s": -1.0},
+                                 {"max_timeout_ms": 1.5}])
+def test_bad_task_settings_are_refused_naming_the_setting(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=f"TaskSettings.{next(iter(bad))}"):
+        TaskSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_an_unknown_or_another_sessions_task_is_refused_naming_it(system: ActorSystem) -> None:
+    system.register(crawl)
+    mine, other = system.start_loop("mine"), system.start_loop("other")
+    [ack] = mine.run_turn([call("c1", "crawl", '{"site": "a"}')])
+    with pytest.raises(TaskError, match=f"session 'other' has no task '{ack.details['task_id']}'"):
+        other.task_result(ack.details["task_id"])
+    with pytest.raises(TaskError, match="session 'mine' has no task 't_nope'"):
+        mine.cancel_task("t_nope")
+    release.set()
+
+
+def test_an_ended_task_is_forgotten_after_its_ttl_record_and_all(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, tasks=TaskSettings(task_ttl_s=0)) as system:
+        system.register(crawl)
+        loop = system.start_loop("s1")
+        release.set()
+        [ack] = loop.run_turn([call("c1", "crawl", '{"site": "a"}')])
+        assert ack.ok
+        assert wait_for(lambda: loop.tasks() == [])  # ended, and forgotten at once
+        assert records.read_all(loop.data_dir) == []
+        with pytest.raises(TaskError, match="ended more than task_ttl_s=0 s ago"):
+            loop.task_result(ack.details["task_id"])
+
+
+def test_the_agent_loop_gives_the_model_a_finished_tasks_result_at_its_next_step(system: ActorSystem) -> None:
+    system.register(crawl)
+    loop = system.start_loop("s1")
+    model = ScriptedModel([
+        Reply("", (call("c1", "crawl", '{"site": "example.com"}'),)),
+        Reply("The crawl is under way."),
+        Reply("The crawl found it."),
+    ])
+    threading.Timer(0.2, release.set).start()  # the task ends while the prompt waits for it
+    events = list(loop.stream("Crawl example.com", model=model, wait_for_tasks=True))
+    finished = [e for e in events if isinstance(e, TaskFinished)]
+    assert len(finished) == 1 and finished[0].task.result is not None
+    assert finished[0].task.result.content == "crawled example.com"
+    last_request = model.requests[2][0]
+    delivered = last_request[-1]
+    assert delivered.role == "user" and f"Background task {finished[0].task.task_id}" in delivered.text
+    assert "crawled example.com" in delivered.text
+    assert loop.tasks()[0].delivered
+    track = load(loop.data_dir / TRANSCRIPT_NAME).calls["c1"]  # the call's lifecycle, in the transcript
+    assert track.state == "settled" and track.states["backgrounded"] == {"task_id": finished[0].task.task_id}
+    # the next prompt does not give it again
+    again = ScriptedModel([Reply("ok")])
+    loop.prompt("Anything else?", model=again)
+    texts = [m.text for m in again.requests[0][0] if m.role == "user"]
+    assert sum("Background task" in t for t in texts) == 1
+
+
+def test_without_wait_for_tasks_a_prompt_ends_and_the_next_one_gets_the_result(system: ActorSystem) -> None:
+    system.register(crawl)
+    loop = system.start_loop("s1")
+    first = loop.prompt("Crawl a", model=ScriptedModel([Reply("", (call("c1", "crawl", '{"site": "a"}'),)),
+                                                        Reply("started")]))
+    assert first.ok and first.text == "started"
+    release.set()
+    loop.task_result(loop.tasks()[0].task_id, timeout_s=WAIT_S)
+    model = ScriptedModel([Reply("it is done")])
+    assert loop.prompt(None, model=model).text == "it is done"  # the result is something to continue with
+    assert "crawled a" in model.requests[0][0][-1].text
+
+
+_HOST = textwrap.dedent("""
+    import sys, threading
+    from rho_actors import ActorSystem, ToolCall, tool
+
+    @tool(background=True)
+    def crawl(site: str) -> str:
+        \"\"\"Crawl a site.\"\"\"
+        threading.Event().wait(600)
+        return "never"
+
+    if __name__ == "__main__":
+        system = ActorSystem(data_dir=sys.argv[1])
+        system.register(crawl)
+        loop = system.start_loop("s1")
+        [ack] = loop.run_turn([ToolCall("c1", "crawl", '{"site": "a"}')])
+        print(ack.details["task_id"], flush=True)
+        threading.Event().wait(600)
+""")
+
+
+def test_a_host_killed_mid_task_leaves_it_failed_interrupted_for_the_next_host_delivered_once(
+        tmp_path: Path) -> None:
+    script = tmp_path / "host.py"
+    script.write_text(_HOST)
+    data = tmp_path / "data"
+    host = subprocess.Popen([sys.executable, str(script), str(data)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        task_id = read_line(host.stdout).strip()  # type: ignore[arg-type]
+    finally:
+        host.send_signal(signal.SIGKILL)
+        host.wait(WAIT_S)
+    assert task_id.startswith("t_")
+    with ActorSystem(data_dir=data) as system:
+        loop = system.start_loop("s1")
+        [info] = loop.tasks()
+        assert (info.task_id, info.status) == (task_id, "failed")
+        assert info.result is not None and info.result.error_kind is ErrorKind.CANCELLED
+        assert info.result.content == \
+            "the host stopped before the background call of tool 'crawl' finished; it was not run again"
+        assert system.stats()["tasks"]["interrupted"] == 1
+        model = ScriptedModel([Reply("noted"), Reply("still noted")])
+        loop.prompt("What happened?", model=model)
+        loop.prompt("And now?", model=model)
+        sent = [m for m in model.requests[1][0] if m.role == "user" and task_id in m.text]
+        assert len(sent) == 1 and "failed (cancelled)" in sent[0].text
+    with ActorSystem(data_dir=data) as system:  # a third host: still failed, delivered, nothing re-run
+        [again] = system.start_loop("s1").tasks()
+        assert again.status == "failed" and again.delivered
+
+
+def test_a_damaged_task_record_is_skipped_with_the_others_kept(tmp_path: Path) -> None:
+    session = tmp_path / "sessions" / "s1"
+    folder = session / records.FOLDER
+    folder.mkdir(parents=True)
+    (folder / f"t_{'0' * 32}.json").write_text("{not json")
+    good = {"task_id": f"t_{'1' * 32}", "call_id": "c1", "name": "crawl", "session_id": "s1",
+            "status": "completed", "started": time.time(), "finished": time.time(), "delivered": False,
+            "result": {"ok": True, "content": "done", "error_kind": None, "duration_ms": 1.0}}
+    records.write(session, good)
+    with ActorSystem(data_dir=tmp_path) as system:
+        [info] = system.start_loop("s1").tasks()
+    assert info.task_id == good["task_id"] and info.result is not None and info.result.content == "done"
