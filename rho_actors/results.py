@@ -95,7 +95,7 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         "ended before this call's deadline; tool {tool!r} did not run"
     ),
     "budget_exhausted": (
-        _K.BUDGET_EXHAUSTED, "tool {tool!r} did not run: {scope} has used its budget of {budget} {what} ({name})"
+        _K.BUDGET_EXHAUSTED, "tool {tool!r} did not run: {scope} has used its budget of {budget} {what} ({setting})"
     ),
     "repeated_call": (
         _K.REPEATED_CALL, "tool {tool!r} did not run: it already ran {count} times in this session with these same "

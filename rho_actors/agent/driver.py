@@ -597,7 +597,7 @@ class _Driver:
         self.calls_run += allowed
         results = [_with_text(r) for r in self._run_turn(calls[:allowed], on_result)] if allowed else []
         return results + [failure("budget_exhausted", c.id, c.name, scope="this prompt", budget=self.max_calls,
-                                  what="tool calls", name="max_calls_per_prompt") for c in calls[allowed:]]
+                                  what="tool calls", setting="max_calls_per_prompt") for c in calls[allowed:]]
 
     def _run_turn(self, calls: Sequence[ToolCall], on_result: Callable[[int, ToolResult], None]) -> list[ToolResult]:
         """The turn's results, one per call in order (``on_result`` is told each as it settles); a turn the loop never
