@@ -85,6 +85,7 @@ class FunctionTool:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         concurrency: Concurrency = "parallel",
         selftest: Callable[[], Any] | None = None,
+        requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
     ) -> None:
         functools.update_wrapper(self, func)
         self.func = func
@@ -102,6 +103,12 @@ class FunctionTool:
         self._concurrency = concurrency
         if selftest is not None:
             self.selftest = selftest
+        if not isinstance(requires_approval, bool) and not callable(requires_approval):
+            raise TypeError(f"{where}: requires_approval must be a bool or a policy (args, ctx) -> bool, got "
+                            f"{type(requires_approval).__name__}")
+        self.requires_approval = requires_approval
+        """Whether a call needs a decision before it runs: a bool, or a policy over the call
+        (DESIGN §4 "Approvals")."""
         signature = inspect.signature(func)
         fields: dict[str, Any] = {}
         hints = _type_hints(func, exclude=CONTEXT_NAME)
@@ -248,6 +255,7 @@ def tool(
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
     concurrency: Concurrency = "parallel",
     selftest: Callable[[], Any] | None = None,
+    requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -260,13 +268,17 @@ def tool(
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
     concurrency: Concurrency = "parallel",
     selftest: Callable[[], Any] | None = None,
+    requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed function into a tool, bare (``@tool``) or with options
-    (``@tool(name=..., description=..., timeout_ms=..., concurrency=..., selftest=...)``).
+    (``@tool(name=..., description=..., timeout_ms=..., concurrency=..., selftest=...,
+    requires_approval=...)``).
 
     ``timeout_ms``: an ``int`` of milliseconds, > 0. ``concurrency``: ``"parallel"`` or
     ``"exclusive"``. ``selftest``: a function of no arguments, the tool's
-    ``selftest()``. Raises ``TypeError`` for a function without a docstring (and no
+    ``selftest()``. ``requires_approval``: ``True`` (every call waits for a decision
+    before it runs), or a policy ``(args, ctx) -> bool`` over each call (a raise counts
+    as ``True``); see :meth:`rho_actors.Loop.approve`. Raises ``TypeError`` for a function without a docstring (and no
     ``description``), ``*args``, ``**kwargs`` or positional-only parameters, a
     ``timeout_ms`` that is not an ``int`` (``2.5e3``, ``True``) or a ``selftest`` that
     is not callable; ``ValueError`` for ``timeout_ms <= 0`` or another
@@ -278,7 +290,8 @@ def tool(
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
         return FunctionTool(
-            f, name=name, description=description, timeout_ms=timeout_ms, concurrency=concurrency, selftest=selftest
+            f, name=name, description=description, timeout_ms=timeout_ms, concurrency=concurrency, selftest=selftest,
+            requires_approval=requires_approval,
         )
 
     return wrap(func) if func is not None else wrap

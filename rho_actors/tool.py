@@ -398,6 +398,10 @@ class ErrorKind(enum.StrEnum):
     MEMORY = "memory"
     OUTPUT_LIMIT = "output_limit"
     CANCELLED = "cancelled"
+    PENDING_APPROVAL = "pending_approval"  # waits for a person's decision: it has not run (DESIGN §4)
+    DEFERRED = "deferred"  # its tool returned Deferred: it waits for loop.resolve
+    REJECTED = "rejected"
+    APPROVAL_EXPIRED = "approval_expired"
 
     @property
     def retryable(self) -> bool:

@@ -57,6 +57,7 @@ from typing import Any, Final, Literal
 
 __all__ = [
     "DECISIONS",
+    "Deferred",
     "FIRST_STATES",
     "PENDING_KINDS",
     "RECORDED_STATES",
@@ -279,3 +280,18 @@ class PendingCall:
     kind: PendingKind = "approval"
     expires_at: float | None = None
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """What a tool's ``run`` returns when its result will come from outside (a person, a
+    queue, a webhook): the call becomes pending with ``kind="external"`` and
+    ``loop.resolve(call_id, output)`` gives its result later. ``reason`` (a ``str``)
+    tells the model and the host what it waits for. Raises ``TypeError`` for a reason
+    that is not a ``str``."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reason, str):
+            raise TypeError(f"Deferred reason must be a str, got {type(self.reason).__name__}")
