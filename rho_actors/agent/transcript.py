@@ -14,7 +14,7 @@ Every record is one JSON object on one line with these keys::
 
     "v":    2                 the schema version (1: the same records without seq/sum)
     "seq":  int               the record's number in the file: 1, 2, 3, ... with no gap
-    "type": "user" | "reply" | "result" | "error"
+    "type": "user" | "reply" | "result" | "error" | "call"
     "step": int               the model request (1, 2, ... over the whole session) the
                               record belongs to
     "ts":   float             Unix time of the write, in seconds
@@ -50,6 +50,10 @@ and, by type:
     (base64 inline) and still load. ``details`` are the host's and are not recorded; nor
     are a result's other blocks (sounds, embedded resources): ``content`` is what the
     model saw of them (a line naming each, a text resource's text).
+``call`` (a call's state changed between its reply and its result: held for approval,
+    decided, started once approved...; not part of the conversation a model sees)
+    ``"index"``, ``"call_id"``, ``"name"``, ``"state"``, ``"at"`` and the state's fields,
+    as :mod:`rho_actors.lifecycle` defines and checks them.
 ``error`` (why a prompt stopped early; not part of the conversation a model sees)
     ``"kind"``: ``"model"`` (request ``step`` raised or gave an invalid reply: the step
     is used up), or, with ``step`` the request the prompt stopped before making (the next
@@ -61,10 +65,13 @@ conversation as :class:`~rho_actors.agent.model.Message` values, each result pla
 its reply in call order. A call whose ``reply`` was recorded but whose ``result`` was not
 (the process died mid-turn) is never run again (its tool may have had effects): it gets a
 ``cancelled`` error result (:data:`INTERRUPTED`), listed in :attr:`History.pending` for the
-writer to record. A last line cut short (no newline, or holding NUL bytes, which this
-writer never writes and a file system leaves after a crash: the process or machine died
-while writing it) is skipped with a loguru warning, and :meth:`Transcript.open` truncates the file
-back to the last whole line before appending; a line that repeats the line before it
+writer to record; unless its ``call`` records say it is still waiting for a decision, or
+was decided and has not started (``pending``, or ``decided`` without a later state and not
+``resolved``): such a call is in :attr:`History.open_calls`, with no result yet. A last
+line cut short (no newline, or holding NUL bytes, which this writer never writes and a
+file system leaves after a crash: the process or machine died while writing it) is
+skipped with a loguru warning, and :meth:`Transcript.open` truncates the file back to
+the last whole line before appending; a line that repeats the line before it
 byte for byte is skipped with a warning. Anything else is tampering or damage and raises
 :class:`TranscriptError` naming the line: a line that is not JSON, a checksum that does
 not match, a ``seq`` out of order (a gap, a duplicate, a reorder), an unknown version (or
@@ -106,6 +113,7 @@ from rho_actors.agent.model import Message, Reply
 from rho_actors.encoding import scrub_text
 from rho_actors.errors import RhoError
 from rho_actors.files import UnsafePathError, open_regular
+from rho_actors.lifecycle import CallTrack, LifecycleError, call_record, fold
 from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
 
@@ -131,6 +139,7 @@ INTERRUPTED: Final = text("interrupted")
 """The text of the ``cancelled`` result a recorded call without a recorded result gets."""
 
 ERROR_KINDS: Final = ("model", "max_steps", "loop", "cancelled")
+_WAITING: Final = ("pending", "decided")  # a call without result in these states is open, not interrupted
 
 
 class TranscriptError(RhoError):
@@ -152,11 +161,15 @@ class History:
     ``cancelled`` results); ``pending``: those results as ``(step, index, result)``, not
     yet recorded; ``next_step``: the number of the session's next model request;
     ``records``: how many records were read; ``torn``: whether a cut-short last line
-    was skipped.
+    was skipped; ``calls``: the :class:`~rho_actors.lifecycle.CallTrack` of each call
+    that has ``call`` records, by call id; ``open_calls``: those of them without a
+    result that wait for a decision or to run once decided (no result in ``messages``).
     """
 
     messages: list[Message] = field(default_factory=list)
     pending: list[tuple[int, int, ToolResult]] = field(default_factory=list)
+    calls: dict[str, CallTrack] = field(default_factory=dict)
+    open_calls: dict[str, CallTrack] = field(default_factory=dict)
     next_step: int = 1
     records: int = 0
     torn: bool = False
@@ -330,6 +343,8 @@ def _history(records: list[dict[str, Any]], where: str, images: ImageStore) -> H
                                    where, number, index, step)
                     continue
                 group_of.results[index] = Message.tool_result(_result(record, images))
+            elif kind == "call":
+                _placed(record, groups.get(step))
             elif kind == "error":
                 if record.get("kind") not in ERROR_KINDS:
                     raise ValueError(f"error kind must be one of {', '.join(ERROR_KINDS)}, got {record.get('kind')!r}")
@@ -341,7 +356,15 @@ def _history(records: list[dict[str, Any]], where: str, images: ImageStore) -> H
                                where, number, kind)
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise TranscriptError(f"transcript {where}: line {number} is not a valid record: {exc}") from None
-    history = History(records=len(records), next_step=last_step + 1)
+    history = History(records=len(records), next_step=last_step + 1, calls=_tracks(records, where))
+    _assemble(history, items)
+    return history
+
+
+def _assemble(history: History, items: list[Message | _Group]) -> None:
+    """Put the conversation of ``items`` in ``history``: each reply followed by its
+    results in call order, an interrupted call's ``cancelled`` result in its place."""
+    tracks = history.calls
     for item in items:
         if isinstance(item, Message):
             history.messages.append(item)
@@ -349,12 +372,29 @@ def _history(records: list[dict[str, Any]], where: str, images: ImageStore) -> H
         history.messages.append(item.message)
         for index, call in enumerate(item.message.tool_calls):
             message = item.results.get(index)
+            track = tracks.get(call.id)
+            if message is None and track is not None and track.state in _WAITING and track.decision != "resolved":
+                history.open_calls[call.id] = track
+                continue
             if message is None:
                 result = failure("interrupted", call.id, call.name)
                 history.pending.append((item.step, index, result))
                 message = Message.tool_result(result)
             history.messages.append(message)
-    return history
+
+
+def _placed(record: Mapping[str, Any], group: _Group | None) -> None:
+    """Raise ``ValueError`` unless ``call`` record ``record`` is of a call of a reply before it."""
+    index = record.get("index")
+    if group is None or type(index) is not int or not 0 <= index < len(group.message.tool_calls):
+        raise ValueError(f"a call record for call {index!r} of step {record['step']}, which has no such call")
+
+
+def _tracks(records: list[dict[str, Any]], where: str) -> dict[str, CallTrack]:
+    try:
+        return fold(records)
+    except LifecycleError as exc:
+        raise TranscriptError(f"transcript {where}: a call record is not valid: {exc}") from None
 
 
 _JSON_NAMES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",
@@ -578,6 +618,14 @@ class Transcript:
             logger.warning("transcript {}: an image of {} bytes is not kept: {}", self.path, len(image.data),
                            record["omitted"])
         return record
+
+    def call(self, step: int, index: int, state: str, *, call_id: str, name: str, **fields: Any) -> None:
+        """Record that call ``index`` of ``step`` (``call_id``, of tool ``name``) moved to
+        ``state`` with the state's ``fields`` (:func:`rho_actors.lifecycle.call_record`,
+        which raises :class:`~rho_actors.lifecycle.LifecycleError`, a ``ValueError``, for a
+        state or a field it does not take)."""
+        self._append({"type": "call", "step": step, **call_record(state, call_id=call_id, name=name, index=index,
+                                                                  **fields)})
 
     def error(self, step: int, kind: str, message: str) -> None:
         """Record why the prompt stopped at ``step`` (``kind``: one of ``model``,

@@ -51,6 +51,7 @@ from rho_actors.results import failure
 from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
+    from rho_actors.declarations.toolset import ToolEntry
     from rho_actors.isolation import RunningCall
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timer, Timers
@@ -359,14 +360,15 @@ class Governor:
         self.retried = 0
         self.queued_total = 0
 
-    def start(self, info: ToolInfo, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
-              threaded: bool) -> RunningCall:
-        """Start ``spec`` (a call of the tool declared ``info`` in ``session``) with
-        ``start`` (its isolation's), within its bounds (the module doc); ``threaded``:
-        it would hold a thread. Its ``reply`` gets exactly one answer, a refusal
-        included (maybe before this returns). Raises what ``start`` raises when the call
-        goes straight through."""
-        policy = info.policy
+    def start(self, entry: ToolEntry, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
+              inline: bool) -> RunningCall:
+        """Start ``spec`` (a call of ``entry``'s tool in ``session``) with ``start`` (its
+        isolation's), within its bounds (the module doc); ``inline``: it runs on the
+        awaiting event loop (it holds no thread even in ``thread`` isolation). Its
+        ``reply`` gets exactly one answer, a refusal included (maybe before this
+        returns). Raises what ``start`` raises when the call goes straight through."""
+        policy = entry.info.policy
+        threaded = not inline and entry.isolation == "thread"
         if policy is NO_POLICY and not self._counted:
             if not threaded:
                 return start(spec)

@@ -73,6 +73,7 @@ from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
 if TYPE_CHECKING:
     import asyncio
 
+    from rho_actors.loop.approvals import SessionApprovals
     from rho_actors.runtime import Runtime
 
 __all__ = ["ResultSink", "Turns"]
@@ -154,6 +155,7 @@ class Turns:
     def __init__(
         self, *, ref: pykka.ActorRef[Any], session_id: str, data_dir: Path, deps: Any,
         withheld: frozenset[str] | SessionWithheld, runtime: Runtime, allowed: Allowlist | None = None,
+        approvals: SessionApprovals | None = None,
     ) -> None:
         self.ref = ref
         self.session_id = session_id
@@ -164,13 +166,14 @@ class Turns:
         self._kept = withheld if isinstance(withheld, SessionWithheld) else SessionWithheld(withheld)
         self._snapshot = _withheld(self._kept.names)
         self._allowed = allowed
+        self.approvals = approvals  # the session's pending calls (loop/approvals.py), kept across restarts
+        self.max_output_chars = runtime.limits.max_output_chars
         self._runtime = runtime
         self._tools = runtime.tools
         self._limits = runtime.limits
         self._budgets = runtime.budgets
         self._events = runtime.events
         self._telemetry = runtime.telemetry
-        self._governor = runtime.governor
         self._turns: dict[int, _Turn] = {}  # admitted, unfinished turns; finished from call threads too
         self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
         self.closed: str | None = None  # once closed: the key of the result open calls got
@@ -181,6 +184,8 @@ class Turns:
         self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes]] = {}
         # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
         self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
+        if approvals is not None:
+            approvals.attach(self, runtime.timers, runtime.threads)
 
     # --- what is offered ----------------------------------------------------------------
 
@@ -246,10 +251,12 @@ class Turns:
         telemetry: TurnTelemetry | None = None, cancel: CancelToken | None = None,
         context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
+        approved: bool = False,
     ) -> None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
-        decided once per turn); see :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
+        decided once per turn); ``approved``: its calls were approved (none is held for
+        approval); see :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
         raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
         result for each call."""
         if self.closed is not None:
@@ -274,6 +281,8 @@ class Turns:
                     turn.open += 1
                     turn.waiting.append(index)
                     turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
+            if self.approvals is not None and turn.waiting and not approved:
+                self._hold(turn, refused, tools.version)
         with self._lock:
             admitted = self.closed is None
             if admitted:
@@ -286,6 +295,18 @@ class Turns:
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
+
+    def _hold(self, turn: _Turn, refused: list[_Slot], version: int) -> None:
+        """The calls that wait for a decision (:mod:`rho_actors.loop.approvals`) leave the
+        turn's waiting calls with their ``pending_approval`` result: they never start."""
+        assert self.approvals is not None
+        prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
+        ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
+        for index, result in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
+            turn.slots[index].result = result
+            refused.append(turn.slots[index])
+            turn.waiting.remove(index)
+            turn.open -= 1
 
     def _admitted(self, turn: _Turn, refused: list[_Slot], cancel: CancelToken | None) -> None:
         for slot in refused:
@@ -459,12 +480,10 @@ class Turns:
         if self._events.wants_calls("started"):  # asked here: no frame when nobody listens
             self._emit_event("started", slot, None)
         try:
-            if turn.aio is not None and _runs_inline(entry):  # asked only of a turn awaited on an event loop
-                start: Any = functools.partial(InlineCall.start, turn.aio, stopping=self._runtime.calls.closed)
-                threaded = False  # it holds no thread
-            else:
-                start, threaded = self._runtime.isolations[entry.isolation].start, entry.isolation == "thread"
-            running: RunningCall = self._governor.start(entry.info, spec, self.session_id, start, threaded)  # bounds
+            inline = turn.aio is not None and _runs_inline(entry)  # asked only of a turn awaited on an event loop
+            start: Any = (self._runtime.isolations[entry.isolation].start if not inline or turn.aio is None else
+                          functools.partial(InlineCall.start, turn.aio, stopping=self._runtime.calls.closed))
+            running: RunningCall = self._runtime.governor.start(entry, spec, self.session_id, start, inline)  # bounds
         except (pykka.ActorDeadError, pykka.Timeout) as err:
             self._settle(turn, slot, failure("not_started", slot.call.id, entry.info.name, problem=err))
             return
@@ -485,6 +504,8 @@ class Turns:
         with turn.lock:
             late = slot.result is not None
             if not late:
+                if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
+                    result = self.approvals.defer(slot.call, slot.args, result)  # it waits for loop.resolve
                 result = self._within_budget(turn, slot, result)
                 slot.result, slot.running = result, None  # answered: nothing to cancel (and no cycle kept)
                 turn.open -= 1
@@ -669,10 +690,8 @@ def _report_progress(
     events: EventBus, session_id: str, call_id: str, tool: str,
     done: float, total: float | None = None, message: str | None = None,
 ) -> None:
-    """A call's ``ctx["progress"](done, total=None, message=None)`` (this, with the
-    first four bound by ``functools.partial``: no closure made per call): emits a
-    :class:`ProgressEvent` (an MCP client gets it as ``notifications/progress``). Never
-    raises: a report whose values are not numbers (or text) is dropped."""
+    """A call's ``ctx["progress"](done, total=None, message=None)`` (the first four bound
+    by ``functools.partial``): emits a :class:`ProgressEvent`; a bad report is dropped."""
     try:
         total_f = None if total is None else float(total)
         note = None if message is None else str(message)
