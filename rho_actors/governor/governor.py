@@ -125,6 +125,29 @@ _DONE_SPEC: Final = CallSpec("", "", None, {}, MappingProxyType({}), 0.0, 0.0, 0
 _PLACES, _RATE, _BACKOFF, _STARTING, _RUNNING, _DONE = range(6)
 
 
+class _ThreadPlace:
+    """The reply of a ``thread`` call of a tool without a policy, which holds a place
+    among the system's thread calls: its answer (the first result, delivered before any
+    later one by the call's :class:`~rho_actors.isolation.call.Answer`) gives the place back."""
+
+    __slots__ = ("gov", "reply")
+
+    def __init__(self, gov: Governor, reply: Callable[[ToolResult], None]) -> None:
+        self.gov: Governor | None = gov
+        self.reply = reply
+
+    def __call__(self, result: ToolResult) -> None:
+        gov = self.gov
+        if gov is not None:
+            self.gov = None
+            try:
+                self.reply(result)
+            finally:
+                gov.thread_call_ended()
+        else:
+            self.reply(result)
+
+
 class _Call:
     """One governed call, the :class:`~rho_actors.isolation.RunningCall` its turn holds:
     waiting (for a token, a place or a retry), or running one attempt. Its fields change
@@ -372,7 +395,21 @@ class Governor:
         if policy is NO_POLICY and not self._counted:
             if not threaded:
                 return start(spec)
-            gates: tuple[Gate, ...] = (self._threads,)
+            gate = self._threads
+            with self.lock:  # the usual case: a place among the thread calls, nobody waiting for one
+                free = gate.running < gate.bound and not self.waiting.count
+                if free:
+                    gate.running += 1
+            if free:
+                spec.reply = place = _ThreadPlace(self, spec.reply)
+                try:
+                    return start(spec)
+                except BaseException:  # it did not start: no answer comes, the place is given back here
+                    if place.gov is not None:
+                        place.gov = None
+                        self.thread_call_ended()
+                    raise
+            gates: tuple[Gate, ...] = (gate,)
             call = _Call(self, spec, session, start, gates, None, None)
         else:
             refusal = self._counts(policy, spec, session) if self._counted or policy.max_calls else None
@@ -453,8 +490,10 @@ class Governor:
         """Give back ``call``'s places and take the waiting calls that fit now (under the lock)."""
         call.held = False
         release(call.gates)
-        if not self.waiting.count:
-            return []
+        return self._ready() if self.waiting.count else []
+
+    def _ready(self) -> list[_Call]:
+        """The waiting calls that fit now, their places taken (under the lock)."""
         ready = list(self.waiting.ready())
         for waiter in ready:
             waiter.held, waiter.state = True, _STARTING
@@ -462,6 +501,14 @@ class Governor:
                 waiter.timer.cancel()
                 waiter.timer = None
         return ready
+
+    def thread_call_ended(self) -> None:
+        """A thread call of a tool without a policy was answered: its place is free."""
+        with self.lock:
+            self._threads.running -= 1
+            ready = self._ready() if self.waiting.count else []
+        if ready:
+            self.launch(ready)
 
     def launch(self, ready: list[_Call] | tuple[()]) -> None:
         """Start the calls that took places (outside the lock)."""
