@@ -465,8 +465,11 @@ def print_text(report: Mapping[str, Any]) -> None:
     print(f"\n2. one turn of {p['calls']} parallel calls, each sleeping {p['sleep_ms']} ms")
     print(f"   wall time p50 / p99: {w['p50']:.1f} / {w['p99']:.1f} ms   n={w['n']}   ideal {p['ideal_ms']} ms")
     print(ratio_line("(p50 / ideal)", p))
+    print_bfcl(report["bfcl_replay"])
     print_governor(report["governor"])
-    b = report["bfcl_replay"]
+
+
+def print_bfcl(b: Mapping[str, Any]) -> None:
     print("\n3. BFCL multi_turn_base replay vs direct execution")
     if b["skipped"]:
         print(f"   skipped: {b['reason']}")
