@@ -359,7 +359,7 @@ def governor_batch(system: ActorSystem, name: str, governed: bool) -> float:
     from rho_actors.cancel import CancelToken
     from rho_actors.isolation.call import CallSpec
 
-    runtime = system._runtime  # noqa: SLF001 (the benchmark reaches the governor itself)
+    runtime = system._runtime  # the benchmark reaches the governor itself
     entry = runtime.tools.current.entries[name]
     governor = runtime.governor
     answered: list[Any] = []
@@ -387,7 +387,7 @@ def governor_batch(system: ActorSystem, name: str, governed: bool) -> float:
 
 def bench_governor(system: ActorSystem, bounded: ActorSystem, plan: Plan) -> dict[str, Any]:
     """``system`` has the default settings, ``bounded`` every system bound too."""
-    runtime = system._runtime  # noqa: SLF001
+    runtime = system._runtime
     loop, bounded_loop = system.start_loop("bench-governor-loop"), bounded.start_loop("bench-governor-loop")
     calls = {"plain": ToolCall("c1", "noop", "{}"), "bounded": ToolCall("c1", "bounded", "{}")}
     governed = runtime.governor.start
