@@ -46,11 +46,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import json
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, NoReturn, Protocol
@@ -69,10 +68,11 @@ from rho_actors.agent.events import (
     ToolCallStarted,
 )
 from rho_actors.agent.model import Message, Model, Reply
-from rho_actors.agent.provider_rules import NEUTRAL_RULES, WireRules, replay_arguments, sanitise_calls
-from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, thinking_blocks
+from rho_actors.agent.provider_rules import NEUTRAL_RULES, WireRules, checked_reply, sanitise_calls
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
+from rho_actors.lifecycle import PendingCall, open_pending, pending_call
 from rho_actors.otp.actor import ActorExit
 from rho_actors.results import failure
 from rho_actors.results import text as result_text
@@ -371,6 +371,7 @@ class _Driver:
         self.recovered: list[ToolResult] = []
         self.max_calls: int | None = None  # max_calls_per_prompt, and the calls run so far
         self.calls_run = 0
+        self.pending: list[PendingCall] = []
 
     def _emit(self, event: PromptEvent) -> None:
         if self.on_event is not None:
@@ -381,7 +382,16 @@ class _Driver:
 
     def run(self, text: str | None) -> PromptResult:
         try:
+            running = _running_now(self.loop, self.transcript.history.pending)
+            if running:  # an approved call runs in this host now: not interrupted, and not answered yet
+                return self._result(f"approved call(s) {', '.join(running)} are running now; prompt again once "
+                                    "they have finished")
             self._recover()
+            if self.transcript.history.open_calls:  # calls wait for a decision: nothing goes to the model yet
+                history = self.transcript.history
+                self.pending = open_pending(history.open_calls, [c for m in history.messages for c in m.tool_calls])
+                return self._result(_WAITING.format(n=len(self.pending), calls=", ".join(
+                    f"{p.call_id} ({p.name})" for p in self.pending)))
             if text is not None:
                 text = scrub_text(text)  # a lone surrogate would break every later request
                 self.transcript.user(self.next_step, text)
@@ -404,7 +414,7 @@ class _Driver:
 
     def _result(self, error: str | None) -> PromptResult:
         text = self.steps[-1].reply.text if self.steps else ""
-        return PromptResult(text, tuple(self.steps), error, tuple(self.recovered))
+        return PromptResult(text, tuple(self.steps), error, tuple(self.recovered), tuple(self.pending))
 
     def _stop(self, kind: str, message: str) -> NoReturn:
         """Record why the prompt stops (at the request it did not make, or that failed),
@@ -428,10 +438,10 @@ class _Driver:
             messages.insert(0, Message.system(self.instructions))
         options = dict(self.options)
         if self.cancel is not None:
-            return _checked_reply(self._cancellable(number, messages, tools, options, self.cancel))
+            return checked_reply(self._cancellable(number, messages, tools, options, self.cancel))
         if self.on_event is not None:
             options["on_text"] = lambda piece: self._emit(TextDelta(number, piece))
-        return _checked_reply(self._complete(messages, tools, options))
+        return checked_reply(self._complete(messages, tools, options))
 
     def _complete(self, messages: list[Message], tools: list[dict[str, Any]], options: dict[str, Any]) -> Any:
         return self.model.complete(messages, tools, **options) if options else self.model.complete(messages, tools)
@@ -537,16 +547,29 @@ class _Driver:
             results.append(failure("cut_off", last.id, last.name, size=size))
         step = Step(number, reply, tuple(results))
         self.steps.append(step)
-        for index, result in enumerate(results):
-            recorder.record(index, result, quiet=False)
-            self.messages.append(Message.tool_result(result))
-            self._emit(ToolCallFinished(number, result))
+        self._take(number, results, recorder)
         self._emit(StepEnded(step))
         if cut:
             last = reply.tool_calls[-1]
             self._stop("model", f"the model's reply at step {number} hit its token limit ({size}): its last call "
                                 f"{last.id} ({scrub_text(last.name)[:64]}) was cut off and did not run")
-        return False
+        return bool(self.pending)  # calls wait: the prompt returns, the host decides, prompt(None) goes on
+
+    def _take(self, number: int, results: list[ToolResult], recorder: _Recorder) -> None:
+        """Record step ``number``'s results and add them to the conversation in call
+        order; a call that waits for a decision is recorded ``pending`` instead (no
+        result yet: the prompt returns once the step ends)."""
+        for index, result in enumerate(results):
+            pending = pending_call(result)
+            if pending is not None:
+                self.transcript.call(number, index, "pending", call_id=result.call_id, name=result.name,
+                                     kind=pending.kind, arguments_sha256=pending.arguments_sha256,
+                                     expires_at=pending.expires_at, reason=pending.reason)
+                self.pending.append(pending)
+            else:
+                recorder.record(index, result, quiet=False)
+                self.messages.append(Message.tool_result(result))
+            self._emit(ToolCallFinished(number, result))
 
     def _reply_size(self, reply: Reply) -> str:
         """How large a reply was, for a text saying it hit its token limit: the output
@@ -631,8 +654,11 @@ class _Recorder:
         self._done: set[int] = set()
 
     def record(self, index: int, result: ToolResult, *, quiet: bool = True) -> None:
-        """Record ``result`` for call ``index`` unless it is recorded already. ``quiet`` (from a settling thread): a
-        write that fails is logged and left for the end of the turn, where it raises."""
+        """Record ``result`` for call ``index`` unless it is recorded already. ``quiet``
+        (from a settling thread): a write that fails is logged and left for the end of
+        the turn, where it raises."""
+        if pending_call(result) is not None:  # a deferred call's: it waits, recorded as pending
+            return
         with self._lock:
             if index in self._done:
                 return
@@ -646,52 +672,25 @@ class _Recorder:
             self._done.add(index)
 
 
+_WAITING: Final = ("{n} call(s) wait for a decision: decide them first (loop.approve, loop.reject or "
+                   "loop.resolve), then prompt(None) goes on; no new message is taken meanwhile: {calls}")
+
+
+def _running_now(loop: Session, unanswered: list[tuple[int, int, ToolResult]]) -> list[str]:
+    """The ids of calls a transcript has no result for that run in ``loop`` now (an
+    approved call run by ``loop.approve`` or a decision from another process)."""
+    running = getattr(loop, "running", None)
+    if not unanswered or running is None:
+        return []
+    try:
+        now = {call["call_id"] for call in running()}
+    except Exception:
+        return []
+    return [r.call_id for _, _, r in unanswered if r.call_id in now]
+
+
 def _with_text(result: ToolResult) -> ToolResult:
     """An error result always carries text (providers refuse an empty one)."""
     if result.ok or result.content.strip():
         return result
     return replace(result, content=result_text("empty_error", kind=result.error_kind))
-
-
-def _checked_reply(reply: Any) -> Reply:
-    """``reply`` made safe to record and run: a :class:`Reply` with its tool calls as a tuple (a generator is read
-    once), each call's id and name as ``str`` (a missing or non-text id becomes ``""``, for which the wire rules
-    make one; a missing name becomes ``""``, an unknown tool) and its arguments as JSON text or a plain dict;
-    arguments of any other type become their text (``5`` -> ``"5"``), which the loop's strict decoding then refuses
-    as ``invalid_json`` for that call only. Lone surrogates in the text are replaced. Raises ``TypeError`` for a
-    reply that is not a :class:`Reply`, text that is not a ``str``, or a call that is not a :class:`ToolCall`."""
-    if not isinstance(reply, Reply):
-        raise TypeError(f"the model returned a {type(reply).__name__}, not a Reply")
-    if not isinstance(reply.text, str):
-        raise TypeError(f"the model's reply text is a {type(reply.text).__name__}, not a str")
-    calls = []
-    for index, call in enumerate(tuple(reply.tool_calls)):
-        if not isinstance(call, ToolCall):
-            raise TypeError(f"the model's tool call {index} is not a ToolCall: {call!r}")
-        call_id = call.id if isinstance(call.id, str) else ""
-        name = call.name if isinstance(call.name, str) else ""
-        calls.append(ToolCall(call_id, name, _plain_arguments(call.arguments)))
-    return Reply(scrub_text(reply.text), tuple(calls), reply.raw, reply.stop_reason, reply.usage,
-                 thinking_blocks(getattr(reply, "thinking", ())))
-
-
-def _plain_arguments(arguments: Any) -> str | dict[str, Any]:
-    if isinstance(arguments, str):
-        return arguments
-    if isinstance(arguments, Mapping):
-        plain = dict(arguments)
-        if replay_arguments(plain) is not None:  # a JSON object the transcript and a provider take
-            return plain
-        try:  # NaN, Infinity or nested too deep: recorded as the text, which the loop refuses
-            return json.dumps(plain)
-        except (TypeError, ValueError, RecursionError):
-            return f"<arguments of type {type(arguments).__name__} that cannot be written as JSON>"
-    if isinstance(arguments, (bytes, bytearray)):
-        try:
-            return bytes(arguments).decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-    try:
-        return repr(arguments)
-    except BaseException:
-        return f"<{type(arguments).__name__}>"

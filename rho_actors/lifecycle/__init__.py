@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
+from rho_actors.tool import ErrorKind, ToolCall, ToolResult
+
 __all__ = [
     "DECISIONS",
     "Deferred",
@@ -73,6 +75,8 @@ __all__ = [
     "arguments_sha256",
     "call_record",
     "fold",
+    "open_pending",
+    "pending_call",
 ]
 
 CallState = Literal["pending", "queued", "running", "retried", "backgrounded", "decided", "settled"]
@@ -295,3 +299,35 @@ class Deferred:
     def __post_init__(self) -> None:
         if not isinstance(self.reason, str):
             raise TypeError(f"Deferred reason must be a str, got {type(self.reason).__name__}")
+
+
+def pending_call(result: ToolResult) -> PendingCall | None:
+    """The :class:`PendingCall` a turn's result stands for (``pending_approval`` or
+    ``deferred``, with it in ``details["pending"]``), else ``None``."""
+    if result.error_kind not in (ErrorKind.PENDING_APPROVAL, ErrorKind.DEFERRED):
+        return None
+    details = result.details
+    pending = details.get("pending") if isinstance(details, Mapping) else None
+    return pending if isinstance(pending, PendingCall) else None
+
+
+def open_pending(tracks: Mapping[str, CallTrack], calls: Iterable[ToolCall]) -> list[PendingCall]:
+    """The :class:`PendingCall` of each open call's ``tracks`` (a transcript's
+    ``History.open_calls``), its arguments decoded from its reply's ``calls`` (``{}``
+    when they cannot be); one decided and not run yet says so in its ``reason``."""
+    by_id = {c.id: c for c in calls}
+    found = []
+    for call_id, track in tracks.items():
+        pending = track.states.get("pending", {})
+        call = by_id.get(call_id)
+        arguments: Any = {} if call is None else call.arguments
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = {}
+        reason = pending.get("reason", "") if track.state == "pending" else f"{track.decision}, not run yet"
+        found.append(PendingCall(call_id, track.name, MappingProxyType(dict(arguments) if isinstance(
+            arguments, Mapping) else {}), pending.get("arguments_sha256", ""), pending.get("at", 0.0),
+            pending.get("kind", "approval"), pending.get("expires_at"), reason))
+    return found

@@ -31,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import inspect
 import marshal
 import os
@@ -178,10 +179,10 @@ class SessionApprovals:
         The first attach recovers the open calls of the session's transcript (a host
         that died with calls pending, decided or approved-and-unstarted)."""
         self._turns, self._timers, self._threads = turns, timers, threads
-        if not self._recovered:
+        if not self._recovered:  # read here (its pending calls listed at once); a decided one runs on a pool thread
             self._recovered = True
             if os.path.lexists(self.path):
-                self._later(self._recover, "recover")
+                self._recover()
 
     def _later(self, job: Callable[[], object], what: str) -> None:
         assert self._threads is not None
@@ -579,7 +580,7 @@ class SessionApprovals:
         if history.open_calls:
             self._watch()
         for held, track in decided:
-            self._act(held, track)
+            self._later(functools.partial(self._act, held, track), "act")
 
 
 def _decided_result(held: _Held, decided: Mapping[str, Any], timeout_s: float) -> ToolResult:
