@@ -18,6 +18,14 @@ and p99 of its samples; nothing here asserts a timing):
    replay / direct <= 10x. The calls-only ratio (summed ``run_turn`` against summed
    direct calls) is printed beside it. Skipped, with the reason printed, when
    ``bfcl_eval`` is missing.
+4. **The governor** (issue #38). What :meth:`rho_actors.governor.Governor.start` adds to
+   a no-op call: (a) alone, starting a call whose isolation answers at once (the
+   governor's own work: its admission, places, reply and release), against the same
+   start made directly, for a tool with no bound and for one with every bound (a
+   system and a per-session place, a call budget, the repeated-call breaker, a rate and
+   retries, none of them reached); (b) through ``loop.run_turn`` of the no-op, the same
+   three ways, rounds interleaved. Targets (issue #38): (a) no bound <= 3 us, every
+   bound <= 10 us, p50 difference.
 
 Targets are reported as PASS/FAIL, never enforced: the exit code is 0 unless a
 measurement could not be made (an exception, or a call that did not return ``ok``).
@@ -44,11 +52,14 @@ from typing import Any
 import pykka
 from stats import BenchmarkError, environment, percentile, publish, summary, verdict
 
-from rho_actors import ActorSystem, Loop, ToolCall
+from rho_actors import ActorSystem, GovernorSettings, Loop, ToolCall, ToolResult
 
 NOOP_TARGET = 2.0
 PARALLEL_TARGET = 1.5
 BFCL_TARGET = 10.0
+GOVERNOR_PLAIN_TARGET_US = 3.0
+GOVERNOR_BOUNDED_TARGET_US = 10.0
+GOVERNOR_BATCH = 200
 
 PARALLEL_CALLS = 16
 SLEEP_MS = 100
@@ -311,6 +322,118 @@ def bench_bfcl(plan: Plan) -> dict[str, Any]:
     return out
 
 
+# --- part 4: the governor ------------------------------------------------------------------
+
+
+class Bounded(NoOp):
+    """The no-op with every bound of the governor, none of them reached."""
+
+    @staticmethod
+    def name() -> str:
+        return "bounded"
+
+    @staticmethod
+    def max_concurrency() -> int:
+        return 64
+
+    @staticmethod
+    def max_concurrency_per_session() -> int:
+        return 32
+
+    @staticmethod
+    def max_calls() -> int:
+        return 10**9
+
+    @staticmethod
+    def rate_limit() -> str:
+        return "1000000/s"
+
+    @staticmethod
+    def idempotent() -> bool:
+        return True
+
+
+def governor_batch(system: ActorSystem, name: str, governed: bool) -> float:
+    """``GOVERNOR_BATCH`` starts of a call of tool ``name`` whose isolation answers at
+    once: through the governor, or made directly; the mean per call, in microseconds."""
+    from rho_actors.cancel import CancelToken
+    from rho_actors.isolation.call import CallSpec
+
+    runtime = system._runtime  # the benchmark reaches the governor itself
+    entry = runtime.tools.current.entries[name]
+    governor = runtime.governor
+    answered: list[Any] = []
+
+    def start(spec: CallSpec) -> Any:  # an isolation that answers at once: what is left is the governor's
+        spec.reply(ok_result)
+        return start
+
+    ok_result = ToolResult("c", name, True, "ok")
+    deadline = time.monotonic() + 3600
+    specs = [CallSpec("c", name, entry.tool, {"i": i}, {}, 0.0, deadline, 30_000, CancelToken(), 1000,
+                      answered.append) for i in range(GOVERNOR_BATCH)]
+    t0 = time.perf_counter_ns()
+    if governed:
+        for spec in specs:
+            governor.start(entry, spec, "bench-governor", start, False)
+    else:
+        for spec in specs:
+            start(spec)
+    elapsed = time.perf_counter_ns() - t0
+    if len(answered) != GOVERNOR_BATCH or any(not r.ok for r in answered):
+        raise BenchmarkError(f"the governor did not answer every call of {name} ok")
+    return elapsed / 1_000 / GOVERNOR_BATCH
+
+
+def bench_governor(system: ActorSystem, bounded: ActorSystem, plan: Plan) -> dict[str, Any]:
+    """``system`` has the default settings, ``bounded`` every system bound too."""
+    runtime = system._runtime
+    loop, bounded_loop = system.start_loop("bench-governor-loop"), bounded.start_loop("bench-governor-loop")
+    calls = {"plain": ToolCall("c1", "noop", "{}"), "bounded": ToolCall("c1", "bounded", "{}")}
+    governed = runtime.governor.start
+    bypass = lambda entry, spec, session, start, inline: start(spec)  # noqa: E731 (the governor left out)
+    samples: dict[str, list[float]] = {k: [] for k in ("direct", "plain", "bounded")}
+    turns: dict[str, list[float]] = {k: [] for k in ("bypassed", "plain", "bounded")}
+    try:
+        for _ in range(plan.warmup_calls // 10 + 1):
+            for name, flag in (("noop", False), ("noop", True)):
+                governor_batch(system, name, flag)
+            governor_batch(bounded, "bounded", True)
+            time_loop_call(bounded_loop, calls["bounded"])
+            time_loop_call(loop, calls["plain"])
+        for _ in range(plan.rounds):
+            gc.collect()
+            for _ in range(plan.direct_batches_per_round // 10 + 1):
+                samples["direct"].append(governor_batch(system, "noop", False))
+                samples["plain"].append(governor_batch(system, "noop", True))
+                samples["bounded"].append(governor_batch(bounded, "bounded", True))
+            for _ in range(plan.calls_per_round // 3 + 1):
+                runtime.governor.start = bypass  # type: ignore[method-assign]
+                turns["bypassed"].append(time_loop_call(loop, calls["plain"]))
+                runtime.governor.start = governed  # type: ignore[method-assign]
+                turns["plain"].append(time_loop_call(loop, calls["plain"]))
+                turns["bounded"].append(time_loop_call(bounded_loop, calls["bounded"]))
+    finally:
+        runtime.governor.start = governed  # type: ignore[method-assign]
+        loop.stop()
+        bounded_loop.stop()
+    direct = percentile(samples["direct"], 50)
+    plain_us = percentile(samples["plain"], 50) - direct
+    bounded_us = percentile(samples["bounded"], 50) - direct
+    bypassed = percentile(turns["bypassed"], 50)
+    return {
+        "start_us": {k: summary(v, 3) for k, v in samples.items()},
+        "added_plain_us": round(plain_us, 3),
+        "added_bounded_us": round(bounded_us, 3),
+        "run_turn_us": {k: summary(v) for k, v in turns.items()},
+        "run_turn_added_plain_us": round(percentile(turns["plain"], 50) - bypassed, 1),
+        "run_turn_added_bounded_us": round(percentile(turns["bounded"], 50) - bypassed, 1),
+        "target_plain_us": GOVERNOR_PLAIN_TARGET_US,
+        "target_bounded_us": GOVERNOR_BOUNDED_TARGET_US,
+        "pass": plain_us <= GOVERNOR_PLAIN_TARGET_US and bounded_us <= GOVERNOR_BOUNDED_TARGET_US,
+    }
+
+
 # --- report -------------------------------------------------------------------------------
 
 
@@ -342,7 +465,11 @@ def print_text(report: Mapping[str, Any]) -> None:
     print(f"\n2. one turn of {p['calls']} parallel calls, each sleeping {p['sleep_ms']} ms")
     print(f"   wall time p50 / p99: {w['p50']:.1f} / {w['p99']:.1f} ms   n={w['n']}   ideal {p['ideal_ms']} ms")
     print(ratio_line("(p50 / ideal)", p))
-    b = report["bfcl_replay"]
+    print_bfcl(report["bfcl_replay"])
+    print_governor(report["governor"])
+
+
+def print_bfcl(b: Mapping[str, Any]) -> None:
     print("\n3. BFCL multi_turn_base replay vs direct execution")
     if b["skipped"]:
         print(f"   skipped: {b['reason']}")
@@ -365,6 +492,20 @@ def print_text(report: Mapping[str, Any]) -> None:
         print(f"   note: the replay found result differences (its exit code is {b['replay_exit_code']})")
 
 
+def print_governor(g: Mapping[str, Any]) -> None:
+    s, t = g["start_us"], g["run_turn_us"]
+    print(f"\n4. the governor: what Governor.start adds to a no-op call (p50 / p99 in us, batches of {GOVERNOR_BATCH})")
+    for label, key in (("start made directly", "direct"), ("through the governor, no bound", "plain"),
+                       ("through the governor, every bound", "bounded")):
+        print(f"   {label:<40} {s[key]['p50']:>10.3f} / {s[key]['p99']:>10.3f}   n={s[key]['n']}")
+    for label, key, target in (("no bound", "added_plain_us", "target_plain_us"),
+                               ("every bound", "added_bounded_us", "target_bounded_us")):
+        print(f"   added, {label}: {g[key]:.2f} us   target <= {g[target]:g} us   {verdict(g[key] <= g[target])}")
+    print(f"   loop.run_turn p50: governor left out {t['bypassed']['p50']:.1f}, no bound {t['plain']['p50']:.1f} "
+          f"(+{g['run_turn_added_plain_us']}), every bound {t['bounded']['p50']:.1f} "
+          f"(+{g['run_turn_added_bounded_us']}) us (noisier: the whole call path)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run of a few seconds")
@@ -379,6 +520,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             system.register(Sleep)
             report["noop_call"] = bench_noop(system, plan)
             report["parallel_turn"] = bench_parallel(system, plan)
+            with ActorSystem(data_dir=f"{tmp}/bounded", governor=GovernorSettings(
+                    max_calls_per_session=10**9, max_repeats=10**9)) as bounded:
+                bounded.register(Bounded)
+                report["governor"] = bench_governor(system, bounded, plan)
         report["bfcl_replay"] = bench_bfcl(plan)
     except BenchmarkError as exc:
         print(f"benchmark error: {exc}", file=sys.stderr)

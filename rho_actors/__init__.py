@@ -51,6 +51,8 @@ from rho_actors.events import (
 from rho_actors.function_tool import FunctionTool, tool
 from rho_actors.governor import GovernorSettings
 from rho_actors.isolation import ISOLATIONS, Isolation, IsolationServices
+from rho_actors.lifecycle import Deferred, PendingCall
+from rho_actors.loop.approvals import ApprovalError, CallInfo
 from rho_actors.loop.handle import Loop
 from rho_actors.otp.actor import NORMAL, Actor, ActorExit, Down, Monitor, kill, monitor, start_link
 from rho_actors.otp.names import Names, NotRunningError, whereis
@@ -97,6 +99,10 @@ from rho_actors.tool import (
 _logger.disable("rho_actors")
 
 __all__ = [
+    "PendingCall",
+    "Deferred",
+    "CallInfo",
+    "ApprovalError",
     "DEFAULT_TIMEOUT_MS",
     "DIALECTS",
     "ISOLATIONS",

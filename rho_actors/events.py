@@ -36,6 +36,7 @@ __all__ = [
     "SupervisorEvent",
     "SupervisorEventKind",
     "ToolSetChanged",
+    "report_progress",
 ]
 
 EventKind = Literal["started", "finished", "timed_out", "late", "queued", "retried"]
@@ -231,3 +232,17 @@ class SupervisorEvent:
     child: str
     reason: str | None = None
     restarts: int = 0
+
+
+def report_progress(
+    events: EventBus, session_id: str, call_id: str, tool: str,
+    done: float, total: float | None = None, message: str | None = None,
+) -> None:
+    """A call's ``ctx["progress"](done, total=None, message=None)`` (the first four bound
+    by ``functools.partial``): emits a :class:`ProgressEvent`; a bad report is dropped."""
+    try:
+        total_f = None if total is None else float(total)
+        note = None if message is None else str(message)
+        events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
+    except Exception:
+        logger.debug("call {}: a bad progress report was dropped", call_id)

@@ -89,6 +89,7 @@ class FunctionTool:
         concurrency: Concurrency = "parallel",
         selftest: Callable[[], Any] | None = None,
         policy: CallPolicy = NO_POLICY,
+        requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
     ) -> None:
         functools.update_wrapper(self, func)
         self.func = func
@@ -107,6 +108,12 @@ class FunctionTool:
         self._policy = policy
         if selftest is not None:
             self.selftest = selftest
+        if not isinstance(requires_approval, bool) and not callable(requires_approval):
+            raise TypeError(f"{where}: requires_approval must be a bool or a policy (args, ctx) -> bool, got "
+                            f"{type(requires_approval).__name__}")
+        self.requires_approval = requires_approval
+        """Whether a call needs a decision before it runs: a bool, or a policy over the call
+        (DESIGN §4 "Approvals")."""
         signature = inspect.signature(func)
         fields: dict[str, Any] = {}
         hints = _type_hints(func, exclude=CONTEXT_NAME)
@@ -286,6 +293,7 @@ def tool(
     retry: RetryPolicy | None = None,
     background: bool = False,
     background_timeout_ms: int | None = None,
+    requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -306,13 +314,17 @@ def tool(
     retry: RetryPolicy | None = None,
     background: bool = False,
     background_timeout_ms: int | None = None,
+    requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed function into a tool, bare (``@tool``) or with options
-    (``@tool(name=..., description=..., timeout_ms=..., concurrency=..., selftest=...)``).
+    (``@tool(name=..., description=..., timeout_ms=..., concurrency=..., selftest=...,
+    requires_approval=...)``).
 
     ``timeout_ms``: an ``int`` of milliseconds, > 0. ``concurrency``: ``"parallel"`` or
     ``"exclusive"``. ``selftest``: a function of no arguments, the tool's
-    ``selftest()``. Raises ``TypeError`` for a function without a docstring (and no
+    ``selftest()``. ``requires_approval``: ``True`` (every call waits for a decision
+    before it runs), or a policy ``(args, ctx) -> bool`` over each call (a raise counts
+    as ``True``); see :meth:`rho_actors.Loop.approve`. Raises ``TypeError`` for a function without a docstring (and no
     ``description``), ``*args``, ``**kwargs`` or positional-only parameters, a
     ``timeout_ms`` that is not an ``int`` (``2.5e3``, ``True``) or a ``selftest`` that
     is not callable; ``ValueError`` for ``timeout_ms <= 0`` or another
@@ -340,6 +352,6 @@ def tool(
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
         return FunctionTool(f, name=name, description=description, timeout_ms=timeout_ms, concurrency=concurrency,
-                            selftest=selftest, policy=policy)
+                            selftest=selftest, policy=policy, requires_approval=requires_approval)
 
     return wrap(func) if func is not None else wrap

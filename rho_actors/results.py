@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from rho_actors.encoding import cap_text, describe_exception, encode_output, replace_controls, scrub_text
+from rho_actors.lifecycle import Deferred
 from rho_actors.tool import MEDIA, Audio, Block, Details, Error, ErrorKind, Ok, Resource, ToolFailure, ToolResult
 
 __all__ = [
@@ -95,7 +96,7 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         "ended before this call's deadline; tool {tool!r} did not run"
     ),
     "budget_exhausted": (
-        _K.BUDGET_EXHAUSTED, "tool {tool!r} did not run: {scope} has used its budget of {budget} {what} ({name})"
+        _K.BUDGET_EXHAUSTED, "tool {tool!r} did not run: {scope} has used its budget of {budget} {what} ({setting})"
     ),
     "repeated_call": (
         _K.REPEATED_CALL, "tool {tool!r} did not run: it already ran {count} times in this session with these same "
@@ -135,6 +136,13 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     # a conversation replayed to a provider (rho_actors.agent.provider_rules)
     "no_result": (_K.CANCELLED, "no result was recorded for this call; it is answered as cancelled"),
     "interrupted": (_K.CANCELLED, "the session was interrupted before this call's result was recorded"),
+    # a call that waits for a decision (DESIGN §4 "Approvals")
+    "pending_approval": (_K.PENDING_APPROVAL, "call {call} of tool {tool!r} requires approval and has not run; "
+                                              "it waits for a decision{reason}"),
+    "deferred": (_K.DEFERRED, "call {call} of tool {tool!r} waits for its result from outside: {reason}"),
+    "rejected": (_K.REJECTED, "{message}"),
+    "approval_expired": (_K.APPROVAL_EXPIRED, "call {call} of tool {tool!r} was not decided within its approval "
+                                              "timeout of {timeout_s:g} s; it did not run"),
     "empty_error": (_K.RAISED, "the call failed without a message ({kind})"),  # keeps the result's kind
     "raised_opaque": (_K.RAISED, "tool {tool!r} raised"),
     # a call in a worker process
@@ -379,6 +387,9 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
     ``max_chars``."""
     if type(value) is str:  # the usual case
         return ToolResult(call_id, name, True, encode_output(value, max_chars).text, None, None, (), duration_ms)
+    if isinstance(value, Deferred):  # it waits for loop.resolve (DESIGN §4 "Approvals")
+        deferred = failure("deferred", call_id, name, duration_ms, call=call_id, reason=value.reason)
+        return dataclasses.replace(deferred, details={"deferred": value.reason})
     ok = True
     if isinstance(value, Ok):
         value = value.output

@@ -61,6 +61,7 @@ from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
+from rho_actors.loop.approvals import DEFAULT_APPROVAL_TIMEOUT_S, CallInfo, SessionApprovals
 from rho_actors.loop.handle import Loop, withheld_names
 from rho_actors.loop.messages import SessionWithheld, allowlist, checked_session_id, loop_name
 from rho_actors.observe.tree import describe_tree
@@ -97,7 +98,6 @@ if TYPE_CHECKING:
     from rho_actors.sources.source_actor import Source, SourceHandle
 
 __all__ = ["ActorSystem"]
-
 
 RESTART_PATIENCE_S = 5.0  # seconds a call into a system actor being restarted waits for it (then raises)
 REGISTRY, CALLS, WORKERS, ROOT = "registry", "calls", "workers", "root"
@@ -424,9 +424,8 @@ class ActorSystem:
         return result
 
     def tool_set(self) -> ToolSet:
-        """The registry's current :class:`rho_actors.declarations.toolset.ToolSet` (immutable:
-        entries with their tools, isolation and declarations; a ``version`` that grows
-        with every change)."""
+        """The registry's current :class:`rho_actors.declarations.toolset.ToolSet` (immutable: entries with their
+        tools, isolation and declarations; a ``version`` that grows with every change)."""
         return self._tools.current
 
     @property
@@ -449,7 +448,8 @@ class ActorSystem:
 
     def start_loop(
         self, session_id: str | None = None, *, withheld: Iterable[str] = (), deps: Any = None,
-        tools: Iterable[Any] | None = None,
+        tools: Iterable[Any] | None = None, approval: Callable[[CallInfo], Any] | None = None,
+        approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S,
     ) -> Loop:
         """Start one session's subtree under ``sessions``: a session supervisor (the
         system's restart intensity; started at the loop's first crash, :mod:`rho_actors.otp.lazy`)
@@ -473,9 +473,10 @@ class ActorSystem:
         tool) is this loop's allowlist: tool names, tools (by their name) and sources (a
         :class:`SourceHandle` or a source: every tool it serves, now and later); a tool
         off the list is not offered, and a call to it is refused as ``withheld``
-        (``TypeError`` for a lone string or an item of another kind). Raises ``RuntimeError``
-        once the system has stopped.
-        """
+        (``TypeError`` for a lone string or an item of another kind). ``approval(call_info) -> bool`` (a
+        :class:`CallInfo`) requires a decision for a call it says ``True`` to (or raises for), beside each tool's
+        ``requires_approval``; a pending call expires after ``approval_timeout_s`` seconds (DESIGN §4 "Approvals";
+        ``TypeError``/``ValueError`` for a bad one). Raises ``RuntimeError`` once the system has stopped."""
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
         session_id = checked_session_id(session_id if session_id is not None else uuid.uuid4().hex)
@@ -490,7 +491,8 @@ class ActorSystem:
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(session_id=session_id, data_dir=session_dir, deps=deps, runtime=self._runtime,
-                      withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools))
+                      withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools),
+                      approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s))
         loop = ChildSpec("loop", functools.partial(LoopActor.start, **kwargs), restart="transient",
                          significant=True, name=loop_name(session_id))
         session = ChildSpec(
@@ -579,10 +581,9 @@ class ActorSystem:
         return self._names.whereis(name)
 
     def lookup(self, name: str) -> pykka.ActorRef[Any]:
-        """The live ref registered as ``name``; raises :class:`rho_actors.NotRunningError`
-        naming why there is none: never started, stopped, restarting (with the crash),
-        or given up by its supervisor (with the :class:`rho_actors.RestartIntensityExceeded`
-        as ``reason``)."""
+        """The live ref registered as ``name``; raises :class:`rho_actors.NotRunningError` naming why there is none:
+        never started, stopped, restarting (with the crash), or given up by its supervisor (with the
+        :class:`rho_actors.RestartIntensityExceeded` as ``reason``)."""
         return self._names.lookup(name)
 
     def tree(self) -> dict[str, Any]:
@@ -611,8 +612,7 @@ class ActorSystem:
         return self._telemetry
 
     def worker_pids(self) -> list[int]:
-        """The process ids of the isolations' worker processes alive now (those of ``process`` isolation; [] before its
-        first call)."""
+        """The pids of the isolations' worker processes alive now (``process`` isolation's; [] before a call)."""
         return [pid for isolation in self._runtime.isolations.values() for pid in isolation.pids()]
 
     def observe(self, address: str | Path | int, *, interval_s: float = 1.0, **bounds: Any) -> Observer:

@@ -289,8 +289,7 @@ class ToolInfo:
     parameter_schema: dict[str, Any]
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     concurrency: Concurrency = "parallel"
-    policy: CallPolicy = NO_POLICY
-    """Its bounds and retries (:mod:`rho_actors.declarations.policy`): the governor's data."""
+    policy: CallPolicy = NO_POLICY  # its bounds and retries (rho_actors.declarations.policy): the governor's data
 
     def copy(self) -> ToolInfo:
         """A copy with its own deep copy of the schema, for handing out."""
@@ -406,6 +405,10 @@ class ErrorKind(enum.StrEnum):
     BUDGET_EXHAUSTED = "budget_exhausted"
     REPEATED_CALL = "repeated_call"
     RATE_LIMITED = "rate_limited"
+    PENDING_APPROVAL = "pending_approval"  # waits for a person's decision: it has not run (DESIGN §4)
+    DEFERRED = "deferred"  # its tool returned Deferred: it waits for loop.resolve
+    REJECTED = "rejected"
+    APPROVAL_EXPIRED = "approval_expired"
 
     @property
     def retryable(self) -> bool:
@@ -417,13 +420,11 @@ _RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLE
 
 
 class ToolFailure(RhoError):
-    """Raised by a tool's ``run`` for an error result of kind ``kind`` (instead of
-    ``raised``): a tool standing for one elsewhere (an MCP server's) reports
-    ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it. ``str(err)`` is
-    the text for the model (capped like any result's). Raises ``ValueError`` for a
-    ``kind`` that is not an :class:`ErrorKind` value. ``retryable=True``: running the
-    same call again may succeed (an idempotent tool's call is then retried; its result's
-    ``details["retryable"]``). The result is built by :func:`rho_actors.results.result_from_exception`."""
+    """Raised by a tool's ``run`` for an error result of kind ``kind`` (instead of ``raised``): a tool standing for
+    one elsewhere (an MCP server's) reports ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it.
+    ``str(err)`` is the text for the model (capped like any result's). Raises ``ValueError`` for a ``kind`` that is
+    not an :class:`ErrorKind` value. ``retryable=True``: the same call run again may succeed (an idempotent tool's
+    call is retried; its result's ``details["retryable"]``; made by ``results.result_from_exception``)."""
 
     def __init__(self, kind: ErrorKind | str, message: str, retryable: bool = False) -> None:
         super().__init__(message)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem, CancelToken, Loop, ToolCall, tool
+from rho_actors import ActorSystem, CancelToken, Loop, RetryPolicy, ToolCall, ToolFailure, tool
 
 from .conftest import WAIT_S, wait_for
 
@@ -76,10 +76,35 @@ async def asleep() -> str:
     return "late"
 
 
+@tool(timeout_ms=10_000, max_concurrency=1, rate="1000/s")
+def capped() -> str:
+    """Return at once (one at a time: the others wait for a place)."""
+    return "ok"
+
+
+_tries = iter(range(1_000_000))
+
+
+@tool(timeout_ms=10_000, idempotent=True, retry=RetryPolicy(attempts=2, initial_s=0.001, max_wait_s=0.001))
+def flaky() -> str:
+    """Fail every other try (retried)."""
+    if next(_tries) % 2 == 0:
+        raise ToolFailure("unavailable", "busy")
+    return "ok"
+
+
+@tool(timeout_ms=10_000, max_concurrency=1)
+def capped_until_host_cancels(ctx: Mapping[str, Any]) -> str:
+    """Block until the host cancels the turn (one at a time)."""
+    ctx["cancel"].wait(WAIT_S)
+    return "late"
+
+
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[ActorSystem]:
     with ActorSystem(tmp_path) as system:
-        for t in (noop, boom, until_cancelled, exclusive_until_cancelled, until_host_cancels, anoop, asuspend, asleep):
+        for t in (noop, boom, until_cancelled, exclusive_until_cancelled, until_host_cancels, anoop, asuspend, asleep,
+                  capped, flaky, capped_until_host_cancels):
             system.register(t)
         yield system
 
@@ -137,7 +162,9 @@ def _cyclic_leftovers(system: ActorSystem, run: Callable[[], None]) -> list[str]
     ("until_cancelled", "until_cancelled"),
     ("exclusive_until_cancelled", "exclusive_until_cancelled"),
     ("bad", "unknown_tool", "noop"),
-], ids=["ok", "raised", "timeout", "exclusive-timeouts", "refused"])
+    ("capped", "capped", "capped"),
+    ("flaky",),
+], ids=["ok", "raised", "timeout", "exclusive-timeouts", "refused", "waited-for-places", "retried"])
 def test_a_thread_call_leaves_no_cycle(system: ActorSystem, loop: Loop, names: tuple[str, ...]) -> None:
     def run() -> None:
         for _ in range(5):
@@ -147,14 +174,15 @@ def test_a_thread_call_leaves_no_cycle(system: ActorSystem, loop: Loop, names: t
     assert _cyclic_leftovers(system, run) == []
 
 
-def test_a_turn_the_host_cancels_leaves_no_cycle(system: ActorSystem, loop: Loop) -> None:
+@pytest.mark.parametrize("names", [("until_host_cancels",), ("capped_until_host_cancels",) * 2],
+                         ids=["running", "waiting-for-a-place"])
+def test_a_turn_the_host_cancels_leaves_no_cycle(system: ActorSystem, loop: Loop, names: tuple[str, ...]) -> None:
     def run() -> None:
         for _ in range(5):
             cancel = CancelToken()
-            future = loop.submit_turn(_calls("until_host_cancels"), cancel=cancel)
+            future = loop.submit_turn(_calls(*names), cancel=cancel)
             cancel.cancel("enough")
-            [result] = future.result(WAIT_S)
-            assert not result.ok
+            assert not any(result.ok for result in future.result(WAIT_S))
 
     assert _cyclic_leftovers(system, run) == []
 

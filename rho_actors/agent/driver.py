@@ -70,14 +70,14 @@ from rho_actors.agent.events import (
     ToolCallStarted,
 )
 from rho_actors.agent.model import Message, Model, Reply
-from rho_actors.agent.provider_rules import NEUTRAL_RULES, WireRules, sanitise_calls
-from rho_actors.agent.replies import checked_reply
+from rho_actors.agent.provider_rules import NEUTRAL_RULES, WireRules, checked_reply, sanitise_calls
+from rho_actors.agent.recorder import Recorder, with_text
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
+from rho_actors.lifecycle import PendingCall, open_pending, pending_call
 from rho_actors.otp.actor import ActorExit
 from rho_actors.results import failure
-from rho_actors.results import text as result_text
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolCall, ToolResult
 
@@ -379,6 +379,7 @@ class _Driver:
         self.wait_for_tasks = False
         self.tasks: TaskSource | None = getattr(loop, "task_registry", None)  # a Loop's background calls
         self.calls_run = 0
+        self.pending: list[PendingCall] = []
 
     def _emit(self, event: PromptEvent) -> None:
         if self.on_event is not None:
@@ -389,7 +390,16 @@ class _Driver:
 
     def run(self, text: str | None) -> PromptResult:
         try:
+            running = _running_now(self.loop, self.transcript.history.pending)
+            if running:  # an approved call runs in this host now: not interrupted, and not answered yet
+                return self._result(f"approved call(s) {', '.join(running)} are running now; prompt again once "
+                                    "they have finished")
             self._recover()
+            if self.transcript.history.open_calls:  # calls wait for a decision: nothing goes to the model yet
+                history = self.transcript.history
+                self.pending = open_pending(history.open_calls, [c for m in history.messages for c in m.tool_calls])
+                return self._result(_WAITING.format(n=len(self.pending), calls=", ".join(
+                    f"{p.call_id} ({p.name})" for p in self.pending)))
             if text is not None:
                 text = scrub_text(text)  # a lone surrogate would break every later request
                 self.transcript.user(self.next_step, text)
@@ -418,7 +428,7 @@ class _Driver:
 
     def _result(self, error: str | None) -> PromptResult:
         text = self.steps[-1].reply.text if self.steps else ""
-        return PromptResult(text, tuple(self.steps), error, tuple(self.recovered))
+        return PromptResult(text, tuple(self.steps), error, tuple(self.recovered), tuple(self.pending))
 
     def _stop(self, kind: str, message: str) -> NoReturn:
         """Record why the prompt stops (at the request it did not make, or that failed),
@@ -542,7 +552,7 @@ class _Driver:
                         await_tasks(self.tasks, self.loop.session_id, self.loop.data_dir, self.cancel))
         for call in reply.tool_calls:
             self._emit(ToolCallStarted(number, call))
-        recorder = _Recorder(self.transcript, number)
+        recorder = Recorder(self.transcript, number)
         cut = reply.stop_reason == "incomplete"  # the last call is the one the token limit cut off
         runnable = reply.tool_calls[:-1] if cut else reply.tool_calls
         results = self._run_calls(runnable, recorder.record)
@@ -552,16 +562,29 @@ class _Driver:
             results.append(failure("cut_off", last.id, last.name, size=size))
         step = Step(number, reply, tuple(results))
         self.steps.append(step)
-        for index, result in enumerate(results):
-            recorder.record(index, result, quiet=False)
-            self.messages.append(Message.tool_result(result))
-            self._emit(ToolCallFinished(number, result))
+        self._take(number, results, recorder)
         self._emit(StepEnded(step))
         if cut:
             last = reply.tool_calls[-1]
             self._stop("model", f"the model's reply at step {number} hit its token limit ({size}): its last call "
                                 f"{last.id} ({scrub_text(last.name)[:64]}) was cut off and did not run")
-        return False
+        return bool(self.pending)  # calls wait: the prompt returns, the host decides, prompt(None) goes on
+
+    def _take(self, number: int, results: list[ToolResult], recorder: Recorder) -> None:
+        """Record step ``number``'s results and add them to the conversation in call
+        order; a call that waits for a decision is recorded ``pending`` instead (no
+        result yet: the prompt returns once the step ends)."""
+        for index, result in enumerate(results):
+            pending = pending_call(result)
+            if pending is not None:
+                self.transcript.call(number, index, "pending", call_id=result.call_id, name=result.name,
+                                     kind=pending.kind, arguments_sha256=pending.arguments_sha256,
+                                     expires_at=pending.expires_at, reason=pending.reason)
+                self.pending.append(pending)
+            else:
+                recorder.record(index, result, quiet=False)
+                self.messages.append(Message.tool_result(result))
+            self._emit(ToolCallFinished(number, result))
 
     def _reply_size(self, reply: Reply) -> str:
         """How large a reply was, for a text saying it hit its token limit: the output
@@ -610,9 +633,9 @@ class _Driver:
         """The calls' results: those within ``max_calls_per_prompt`` run as one turn, the rest ``budget_exhausted``."""
         allowed = len(calls) if self.max_calls is None else max(0, min(len(calls), self.max_calls - self.calls_run))
         self.calls_run += allowed
-        results = [_with_text(r) for r in self._run_turn(calls[:allowed], on_result)] if allowed else []
+        results = [with_text(r) for r in self._run_turn(calls[:allowed], on_result)] if allowed else []
         return results + [failure("budget_exhausted", c.id, c.name, scope="this prompt", budget=self.max_calls,
-                                  what="tool calls", name="max_calls_per_prompt") for c in calls[allowed:]]
+                                  what="tool calls", setting="max_calls_per_prompt") for c in calls[allowed:]]
 
     def _run_turn(self, calls: Sequence[ToolCall], on_result: Callable[[int, ToolResult], None]) -> list[ToolResult]:
         """The turn's results, one per call in order (``on_result`` is told each as it settles); a turn the loop never
@@ -635,38 +658,18 @@ class _Driver:
             return [failure("loop_unanswered", c.id, c.name, bound_s=bound) for c in calls]
 
 
-class _Recorder:
-    """Writes a step's results to the transcript as each call settles (from the settling threads), so a result whose
-    call has run is never lost to a crash of the host while the turn's other calls still run; each index once."""
-
-    def __init__(self, transcript: Transcript, step: int) -> None:
-        self._transcript = transcript
-        self._step = step
-        self._lock = threading.Lock()
-        self._done: set[int] = set()
-
-    def record(self, index: int, result: ToolResult, *, quiet: bool = True) -> None:
-        """Record ``result`` for call ``index`` unless it is recorded already. ``quiet`` (from a settling thread): a
-        write that fails is logged and left for the end of the turn, where it raises."""
-        with self._lock:
-            if index in self._done:
-                return
-            try:
-                task_id = result.details.get("task_id") if result.ok and isinstance(result.details, dict) else None
-                if isinstance(task_id, str):  # a background call: its lifecycle goes on as a task
-                    self._transcript.call(self._step, index, "backgrounded", call_id=result.call_id,
-                                          name=result.name, task_id=task_id)
-                self._transcript.result(self._step, index, _with_text(result))
-            except (OSError, ValueError, RecursionError):
-                if not quiet:
-                    raise
-                logger.exception("step {}: the result of call {} could not be recorded yet", self._step, index)
-                return
-            self._done.add(index)
+_WAITING: Final = ("{n} call(s) wait for a decision: decide them first (loop.approve, loop.reject or "
+                   "loop.resolve), then prompt(None) goes on; no new message is taken meanwhile: {calls}")
 
 
-def _with_text(result: ToolResult) -> ToolResult:
-    """An error result always carries text (providers refuse an empty one)."""
-    if result.ok or result.content.strip():
-        return result
-    return replace(result, content=result_text("empty_error", kind=result.error_kind))
+def _running_now(loop: Session, unanswered: list[tuple[int, int, ToolResult]]) -> list[str]:
+    """The ids of calls a transcript has no result for that run in ``loop`` now (an
+    approved call run by ``loop.approve`` or a decision from another process)."""
+    running = getattr(loop, "running", None)
+    if not unanswered or running is None:
+        return []
+    try:
+        now = {call["call_id"] for call in running()}
+    except Exception:
+        return []
+    return [r.call_id for _, _, r in unanswered if r.call_id in now]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from rho_actors.agent.model import Reply, Usage
+from rho_actors.lifecycle import PendingCall
 from rho_actors.lifecycle.tasks import TaskInfo
 from rho_actors.tool import ToolCall, ToolResult
 
@@ -59,13 +60,17 @@ class PromptResult:
     why the prompt stopped early (``max_steps`` reached, the model raised, the session's
     loop was gone, the transcript failed), as a sentence for the host. ``recovered``:
     ``cancelled`` results given to calls an earlier, interrupted prompt recorded but
-    never answered (see :mod:`rho_actors.agent.transcript`).
+    never answered (see :mod:`rho_actors.agent.transcript`). ``pending``: the calls that
+    wait for a decision (:class:`~rho_actors.PendingCall`): the prompt returned to let
+    the host decide them (``loop.approve``/``reject``/``resolve``), after which
+    ``prompt(None)`` goes on.
     """
 
     text: str
     steps: tuple[Step, ...] = ()
     error: str | None = None
     recovered: tuple[ToolResult, ...] = field(default=())
+    pending: tuple[PendingCall, ...] = field(default=())
 
     @property
     def ok(self) -> bool:

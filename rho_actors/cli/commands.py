@@ -13,6 +13,8 @@ Commands (argparse subcommands; each command group registers itself in
     rho-actors top [--connect ADDRESS] [--token TOKEN] [--once] [--json]
     rho-actors tree [--tools MODULE_OR_PATH...] [--untrusted] [--unconfined] [--connect ADDRESS]
                     [--token TOKEN] [--json]
+    rho-actors approve DATA_DIR SESSION CALL_ID [--by NAME]
+    rho-actors reject DATA_DIR SESSION CALL_ID --message TEXT [--by NAME]
     rho-actors --version
 
 Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
@@ -645,10 +647,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rho-actors {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from rho_actors.cli.decisions import add_parsers as _add_decisions
     from rho_actors.cli.tree import add_parser as _add_tree
     from rho_actors.observe.top import add_parser as _add_top
 
-    for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top, _add_tree):
+    for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top, _add_tree, _add_decisions):
         add(commands)
     return parser
 

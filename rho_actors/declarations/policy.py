@@ -222,8 +222,8 @@ def policy_from_answers(raw: Mapping[str, Any], warn: Callable[[str, Any, str], 
         if callback not in raw:
             continue
         option = names.get(callback, callback)
-        try:
-            call_policy(**{option: raw[callback]})
+        try:  # each alone (a retry policy as if idempotent: whether it is is checked below)
+            call_policy(**{option: raw[callback]}, **({"idempotent": True} if option == "retry" else {}))
         except (TypeError, ValueError) as err:
             warn(callback, raw[callback], str(err))
             continue

@@ -35,21 +35,24 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 import pykka
 from loguru import logger
 
+from rho_actors.cancel import CancelToken
 from rho_actors.declarations.policy import NO_POLICY, CallPolicy, RetryPolicy
 from rho_actors.events import CallEvent, EventBus
 from rho_actors.governor.buckets import TokenBucket
 from rho_actors.governor.places import Gate, Waiting, blocking, fits, release, take
+from rho_actors.isolation.call import CallSpec
 from rho_actors.results import failure
 from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
+    from rho_actors.declarations.toolset import ToolEntry
     from rho_actors.isolation import RunningCall
-    from rho_actors.isolation.call import CallSpec
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timer, Timers
 
@@ -110,8 +113,39 @@ class _Refused:
 
 
 _REFUSED: Final = _Refused()
+
+
+def _nothing(result: ToolResult) -> None:
+    """The reply of a governed call that is done (its late results go to the turn's directly)."""
+
+
+_DONE_SPEC: Final = CallSpec("", "", None, {}, MappingProxyType({}), 0.0, 0.0, 0, CancelToken(), 0, _nothing)
+"""What a done call holds instead of its spec."""
 # a governed call's states
 _PLACES, _RATE, _BACKOFF, _STARTING, _RUNNING, _DONE = range(6)
+
+
+class _ThreadPlace:
+    """The reply of a ``thread`` call of a tool without a policy, which holds a place
+    among the system's thread calls: its answer (the first result, delivered before any
+    later one by the call's :class:`~rho_actors.isolation.call.Answer`) gives the place back."""
+
+    __slots__ = ("gov", "reply")
+
+    def __init__(self, gov: Governor, reply: Callable[[ToolResult], None]) -> None:
+        self.gov: Governor | None = gov
+        self.reply = reply
+
+    def __call__(self, result: ToolResult) -> None:
+        gov = self.gov
+        if gov is not None:
+            self.gov = None
+            try:
+                self.reply(result)
+            finally:
+                gov.thread_call_ended()
+        else:
+            self.reply(result)
 
 
 class _Call:
@@ -119,8 +153,8 @@ class _Call:
     waiting (for a token, a place or a retry), or running one attempt. Its fields change
     under the governor's lock."""
 
-    __slots__ = ("attempt", "bucket", "failures", "final", "gates", "gov", "has_answer", "held", "reply", "retry",
-                 "running", "seq", "session", "spec", "start", "state", "stop", "timer", "tool")
+    __slots__ = ("attempt", "bucket", "current", "failures", "final", "gates", "gov", "has_answer", "held", "reply",
+                 "retry", "running", "seq", "session", "spec", "start", "state", "stop", "timer", "tool")
 
     def __init__(self, gov: Governor, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
                  gates: tuple[Gate, ...], retry: RetryPolicy | None, bucket: TokenBucket | None) -> None:
@@ -129,6 +163,7 @@ class _Call:
         self.gates, self.retry, self.bucket = gates, retry, bucket
         self.reply = spec.reply  # the turn's: gets the answer (attempts decided), then late results
         spec.reply = functools.partial(self.answered, 1)
+        self.current = spec  # the spec of the attempt running (or last run)
         self.attempt, self.final, self.seq = 1, 0, 0
         self.has_answer = self.held = False
         self.state = _PLACES
@@ -142,6 +177,7 @@ class _Call:
     def proceed(self) -> None:
         """Take a rate token (maybe waiting for it), then places; from the starting
         thread, or a timer's."""
+        self.timer = None  # a retry's timer, fired
         bucket = self.bucket
         if bucket is not None:
             now = time.monotonic()
@@ -168,6 +204,7 @@ class _Call:
         """Take a place in each gate, or wait for them (until the deadline)."""
         gov = self.gov
         with gov.lock:
+            self.timer = None  # a rate's timer, fired
             if self.stop is not None:
                 return
             if fits(self.gates):
@@ -193,6 +230,7 @@ class _Call:
         attempt = self.attempt
         spec = self.spec if attempt == 1 else dataclasses.replace(
             self.spec, reply=functools.partial(self.answered, attempt))
+        self.current = spec
         try:
             running = self.start(spec)
         except (pykka.ActorDeadError, pykka.Timeout) as err:
@@ -210,6 +248,7 @@ class _Call:
         """Its deadline came while it waited for places: ``unavailable``, naming the bound."""
         gov = self.gov
         with gov.lock:
+            self.timer = None
             if self.state != _PLACES or self.stop is not None or not gov.waiting.remove(self):
                 return
             self.state = _DONE
@@ -233,10 +272,12 @@ class _Call:
                 return
             self.stop = reason
             timer, running = self.timer, self.running if self.state == _RUNNING else None
+            self.timer = None
             if self.state == _PLACES:
                 gov.waiting.remove(self)
-            if self.state in (_PLACES, _RATE, _BACKOFF):
+            if self.state in (_PLACES, _RATE, _BACKOFF):  # nothing runs: the loop answered it
                 self.state = _DONE
+                self.let_go()
         if timer is not None:
             timer.cancel()
         if running is not None:
@@ -300,13 +341,24 @@ class _Call:
         return True
 
     def finish(self, result: ToolResult) -> None:
-        """Hand the call's answer to its turn (with its attempts, when it had more than one)."""
+        """Hand the call's answer to its turn (with its attempts, when it had more than one).
+        Its spec's ``reply`` is the turn's again from now on (no reference cycle is left:
+        a call's objects are freed by reference counting, DESIGN §4)."""
+        reply = self.reply
+        self.let_go()
         if self.failures:
             details = result.details if isinstance(result.details, dict) else (
                 {} if result.details is None else {"details": result.details})
             result = dataclasses.replace(result, details={**details, "attempts": self.attempt,
                                                           "failures": list(self.failures)})
-        self.reply(result)
+        reply(result)
+
+    def let_go(self) -> None:
+        """The call is done: its attempt's late results go to the turn's reply directly,
+        and this object holds nothing of the turn (its slot may still hold this)."""
+        self.spec.reply = self.current.reply = self.reply
+        self.reply = _nothing
+        self.spec = self.current = _DONE_SPEC
 
 
 class Governor:
@@ -331,18 +383,33 @@ class Governor:
         self.retried = 0
         self.queued_total = 0
 
-    def start(self, info: ToolInfo, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
-              threaded: bool) -> RunningCall:
-        """Start ``spec`` (a call of the tool declared ``info`` in ``session``) with
-        ``start`` (its isolation's), within its bounds (the module doc); ``threaded``:
-        it would hold a thread. Its ``reply`` gets exactly one answer, a refusal
-        included (maybe before this returns). Raises what ``start`` raises when the call
-        goes straight through."""
-        policy = info.policy
+    def start(self, entry: ToolEntry, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
+              inline: bool) -> RunningCall:
+        """Start ``spec`` (a call of ``entry``'s tool in ``session``) with ``start`` (its
+        isolation's), within its bounds (the module doc); ``inline``: it runs on the
+        awaiting event loop (it holds no thread even in ``thread`` isolation). Its
+        ``reply`` gets exactly one answer, a refusal included (maybe before this
+        returns). Raises what ``start`` raises when the call goes straight through."""
+        policy = entry.info.policy
+        threaded = not inline and entry.isolation == "thread"
         if policy is NO_POLICY and not self._counted:
             if not threaded:
                 return start(spec)
-            gates: tuple[Gate, ...] = (self._threads,)
+            gate = self._threads
+            with self.lock:  # the usual case: a place among the thread calls, nobody waiting for one
+                free = gate.running < gate.bound and not self.waiting.count
+                if free:
+                    gate.running += 1
+            if free:
+                spec.reply = place = _ThreadPlace(self, spec.reply)
+                try:
+                    return start(spec)
+                except BaseException:  # it did not start: no answer comes, the place is given back here
+                    if place.gov is not None:
+                        place.gov = None
+                        self.thread_call_ended()
+                    raise
+            gates: tuple[Gate, ...] = (gate,)
             call = _Call(self, spec, session, start, gates, None, None)
         else:
             refusal = self._counts(policy, spec, session) if self._counted or policy.max_calls else None
@@ -397,10 +464,10 @@ class Governor:
                 counts = self._sessions[session] = _Session()
             if settings.max_calls_per_session is not None and counts.calls >= settings.max_calls_per_session:
                 refusal = ("budget_exhausted", dict(scope="this session", budget=settings.max_calls_per_session,
-                                                    what="tool calls", name="max_calls_per_session"))
+                                                    what="tool calls", setting="max_calls_per_session"))
             elif policy.max_calls is not None and counts.per_tool.get(name, 0) >= policy.max_calls:
                 refusal = ("budget_exhausted", dict(scope="this session", budget=policy.max_calls,
-                                                    what=f"calls of tool {name!r}", name="max_calls"))
+                                                    what=f"calls of tool {name!r}", setting="max_calls"))
             elif key is not None and counts.repeats.get(key, 0) >= settings.max_repeats:  # type: ignore[operator]
                 refusal = ("repeated_call", dict(count=settings.max_repeats))
             else:
@@ -423,8 +490,10 @@ class Governor:
         """Give back ``call``'s places and take the waiting calls that fit now (under the lock)."""
         call.held = False
         release(call.gates)
-        if not self.waiting.count:
-            return []
+        return self._ready() if self.waiting.count else []
+
+    def _ready(self) -> list[_Call]:
+        """The waiting calls that fit now, their places taken (under the lock)."""
         ready = list(self.waiting.ready())
         for waiter in ready:
             waiter.held, waiter.state = True, _STARTING
@@ -432,6 +501,14 @@ class Governor:
                 waiter.timer.cancel()
                 waiter.timer = None
         return ready
+
+    def thread_call_ended(self) -> None:
+        """A thread call of a tool without a policy was answered: its place is free."""
+        with self.lock:
+            self._threads.running -= 1
+            ready = self._ready() if self.waiting.count else []
+        if ready:
+            self.launch(ready)
 
     def launch(self, ready: list[_Call] | tuple[()]) -> None:
         """Start the calls that took places (outside the lock)."""

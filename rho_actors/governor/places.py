@@ -5,8 +5,9 @@ A :class:`Gate` is one bound (a tool's ``max_concurrency``, its ``max_concurrenc
 in one session, or the system's ``max_thread_calls``) and how many calls hold a place in
 it. A call needs a place in each of its gates, taken all at once or not at all. A call
 that finds no place waits in :class:`Waiting`: by session, by tool, in arrival order;
-when places free, sessions are served in turn (round robin), and within a session the
-earliest call that fits. Not thread-safe: the governor holds its lock around every use.
+when places free, sessions are served in turn (round robin: a session served goes to
+the back), and within a session its earliest call that fits. Not thread-safe: the
+governor holds its lock around every use.
 """
 
 from __future__ import annotations
@@ -107,28 +108,28 @@ class Waiting:
                 self._turn.remove(session)
 
     def ready(self) -> Iterator[Any]:
-        """Take the calls that fit now, each with its places taken, sessions served in
-        turn (one call each per round) until none fits: yields them in that order."""
-        while self._turn:
-            served = False
-            for _ in range(len(self._turn)):
-                session = self._turn[0]
+        """Take the calls that fit now, each with its places taken, and yield them: the
+        first session in turn with a call that fits gives its earliest such call and
+        goes to the back of the turn (a session whose calls do not fit keeps its
+        place), until none fits."""
+        while True:
+            for session in self._turn:
                 best: Any = None
                 for queue in self._by_session[session].values():
                     head = queue[0]
                     if (best is None or head.seq < best.seq) and fits(head.gates):
                         best = head
-                self._turn.rotate(-1)  # the next session is served next, whether or not this one was
-                if best is None:
-                    continue
-                self._by_session[session][best.tool].popleft()
-                self._forget_empty(session, best.tool)
-                self.count -= 1
-                take(best.gates)
-                served = True
-                yield best
-            if not served:
+                if best is not None:
+                    break
+            else:
                 return
+            self._turn.remove(session)
+            self._turn.append(session)
+            self._by_session[session][best.tool].popleft()
+            self._forget_empty(session, best.tool)
+            self.count -= 1
+            take(best.gates)
+            yield best
 
     def per_tool(self) -> dict[str, int]:
         """How many calls of each tool wait now."""

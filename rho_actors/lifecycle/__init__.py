@@ -55,8 +55,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
+from rho_actors.tool import ErrorKind, ToolCall, ToolResult
+
 __all__ = [
     "DECISIONS",
+    "Deferred",
     "FIRST_STATES",
     "PENDING_KINDS",
     "RECORDED_STATES",
@@ -72,6 +75,8 @@ __all__ = [
     "arguments_sha256",
     "call_record",
     "fold",
+    "open_pending",
+    "pending_call",
 ]
 
 CallState = Literal["pending", "queued", "running", "retried", "backgrounded", "decided", "settled"]
@@ -280,3 +285,50 @@ class PendingCall:
     kind: PendingKind = "approval"
     expires_at: float | None = None
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """What a tool's ``run`` returns when its result will come from outside (a person, a
+    queue, a webhook): the call becomes pending with ``kind="external"`` and
+    ``loop.resolve(call_id, output)`` gives its result later. ``reason`` (a ``str``)
+    tells the model and the host what it waits for. Raises ``TypeError`` for a reason
+    that is not a ``str``."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reason, str):
+            raise TypeError(f"Deferred reason must be a str, got {type(self.reason).__name__}")
+
+
+def pending_call(result: ToolResult) -> PendingCall | None:
+    """The :class:`PendingCall` a turn's result stands for (``pending_approval`` or
+    ``deferred``, with it in ``details["pending"]``), else ``None``."""
+    if result.error_kind not in (ErrorKind.PENDING_APPROVAL, ErrorKind.DEFERRED):
+        return None
+    details = result.details
+    pending = details.get("pending") if isinstance(details, Mapping) else None
+    return pending if isinstance(pending, PendingCall) else None
+
+
+def open_pending(tracks: Mapping[str, CallTrack], calls: Iterable[ToolCall]) -> list[PendingCall]:
+    """The :class:`PendingCall` of each open call's ``tracks`` (a transcript's
+    ``History.open_calls``), its arguments decoded from its reply's ``calls`` (``{}``
+    when they cannot be); one decided and not run yet says so in its ``reason``."""
+    by_id = {c.id: c for c in calls}
+    found = []
+    for call_id, track in tracks.items():
+        pending = track.states.get("pending", {})
+        call = by_id.get(call_id)
+        arguments: Any = {} if call is None else call.arguments
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = {}
+        reason = pending.get("reason", "") if track.state == "pending" else f"{track.decision}, not run yet"
+        found.append(PendingCall(call_id, track.name, MappingProxyType(dict(arguments) if isinstance(
+            arguments, Mapping) else {}), pending.get("arguments_sha256", ""), pending.get("at", 0.0),
+            pending.get("kind", "approval"), pending.get("expires_at"), reason))
+    return found

@@ -28,6 +28,7 @@ from rho_actors.otp.actor import Actor
 from rho_actors.results import failure
 
 if TYPE_CHECKING:
+    from rho_actors.loop.approvals import SessionApprovals
     from rho_actors.runtime import Runtime
 
 __all__ = ["LoopActor"]
@@ -46,14 +47,14 @@ class LoopActor(Actor):
 
     def __init__(
         self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str] | SessionWithheld,
-        runtime: Runtime, allowed: Allowlist | None = None,
+        runtime: Runtime, allowed: Allowlist | None = None, approvals: SessionApprovals | None = None,
     ) -> None:
         super().__init__()
         self.session_id = session_id
         self._runtime = runtime
         self.thread_pool = runtime.threads
         self.turns = Turns(ref=self.actor_ref, session_id=session_id, data_dir=data_dir, deps=deps,
-                           withheld=withheld, runtime=runtime, allowed=allowed)
+                           withheld=withheld, runtime=runtime, allowed=allowed, approvals=approvals)
         runtime.loop_turns[self.actor_urn] = self.turns  # how the host's handle finds them
 
     # --- messages ---------------------------------------------------------------------

@@ -16,7 +16,7 @@ import contextvars
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,8 @@ import pykka
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry, paused_for
+from rho_actors.lifecycle import PendingCall
+from rho_actors.loop.approvals import ApprovalError
 from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.otp.actor import NORMAL, stop
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
@@ -32,6 +34,7 @@ from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 if TYPE_CHECKING:
     from rho_actors.agent.driver import PromptEvent, PromptResult
     from rho_actors.agent.model import Model
+    from rho_actors.loop.approvals import SessionApprovals
     from rho_actors.loop.turns import ResultSink, Turns
     from rho_actors.runtime import Runtime
     from rho_actors.tasks import TaskInfo
@@ -376,6 +379,52 @@ class Loop:
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""
         return self._turns().running()
+
+    # --- calls that wait for a decision (DESIGN §4 "Approvals") ----------------------------
+
+    def _approvals(self) -> SessionApprovals:
+        approvals = self._turns().approvals
+        if approvals is None:  # a LoopActor started by hand, not by start_loop
+            raise ApprovalError(f"the loop of session {self.session_id!r} keeps no pending calls")
+        return approvals
+
+    def pending(self) -> list[PendingCall]:
+        """The calls of this session waiting for a decision, oldest first: each a
+        :class:`~rho_actors.PendingCall` (``call_id``, ``name``, decoded and validated
+        ``arguments``, ``arguments_sha256``, ``requested_at``, ``kind``: ``"approval"``
+        or ``"external"``, ``expires_at``, ``reason``). Raises as :attr:`ref` when the
+        loop is not running."""
+        return self._approvals().pending()
+
+    def approve(self, call_id: str, arguments: Mapping[str, Any] | str | None = None,
+                decided_by: str | None = None) -> ToolResult:
+        """Approve pending call ``call_id``: it runs once, now (its deadline counts from
+        here), in its tool's isolation, and its :class:`ToolResult` is returned (and
+        recorded in the session's transcript when the agent loop recorded the call).
+        ``arguments``: edited arguments (an object or JSON text) to run instead, decoded
+        and validated again; invalid ones return an ``invalid_json``/``invalid_arguments``
+        result and leave the call pending. The approval binds to the SHA-256 of the
+        arguments that run (recorded). ``decided_by``: who decided (recorded). Raises
+        :class:`~rho_actors.ApprovalError` naming the call for an unknown call id (or
+        another session's), a call decided already (naming the first decision, also one
+        made by another process), a deferred call, or one behind an undecided earlier
+        call of its exclusive turn; ``TypeError`` for a ``call_id`` that is not a ``str``.
+        Blocks while the call runs (at most its timeout plus 10 s)."""
+        return self._approvals().approve(call_id, arguments, decided_by)
+
+    def reject(self, call_id: str, message: str, decided_by: str | None = None) -> ToolResult:
+        """Reject pending call ``call_id``: it never runs; its result is ``rejected`` with
+        ``message`` (a non-empty ``str``, ``ValueError`` otherwise) as the model's text,
+        returned and recorded. Raises :class:`~rho_actors.ApprovalError` as :meth:`approve`."""
+        return self._approvals().reject(call_id, message, decided_by)
+
+    def resolve(self, call_id: str, output: Any) -> ToolResult:
+        """Give deferred call ``call_id`` (its tool returned :class:`~rho_actors.Deferred`)
+        its result: ``output`` is taken as ``run`` would return it (a value, ``Ok``,
+        ``Error``, ``Details``, pictures...), returned and recorded. Raises
+        :class:`~rho_actors.ApprovalError` for an unknown call id, one decided already or
+        one that waits for an approval."""
+        return self._approvals().resolve(call_id, output)
 
     @property
     def alive(self) -> bool:

@@ -66,12 +66,13 @@ from typing import Any
 
 import pykka
 
+from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.isolation.call import Answer, CallSpec, call_failure
 from rho_actors.results import CANCELLED, failure, result_from_return
 from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ToolResult
 
-__all__ = ["InlineCall"]
+__all__ = ["InlineCall", "runs_inline"]
 
 _NO_SPAN = contextlib.nullcontext()
 _UNSTARTED = object()  # _Rest.pending: the coroutine's first step has not run yet
@@ -268,3 +269,9 @@ class _Rest(Coroutine[Any, Any, None]):
 
     def __next__(self) -> Any:
         return self.send(None)
+
+
+def runs_inline(entry: ToolEntry) -> bool:
+    """Whether a call of ``entry`` awaited on an event loop runs on that loop: a trusted
+    ``thread`` tool whose ``run`` is ``async``."""
+    return entry.isolation == "thread" and not entry.untrusted and inspect.iscoroutinefunction(entry.tool.run)

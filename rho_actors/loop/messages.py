@@ -21,12 +21,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import pykka
+
 from rho_actors.cancel import CancelToken
 from rho_actors.files import private_dir
 from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["Allowlist", "CancelTurn", "Offered", "RunTurn", "Running", "SessionWithheld", "SetWithheld", "allowlist",
-           "loop_name", "make_session_folder"]
+__all__ = [
+    "Allowlist",
+    "CancelTurn",
+    "Offered",
+    "RunTurn",
+    "Running",
+    "SessionWithheld",
+    "SetWithheld",
+    "allowlist",
+    "checked_session_id",
+    "loop_name",
+    "make_session_folder",
+    "tell_loop",
+]
 
 
 @dataclass(slots=True)
@@ -149,3 +163,15 @@ class Offered:
 @dataclass(frozen=True, slots=True)
 class Running:
     """Asks for the calls running now."""
+
+
+def tell_loop(ref: pykka.ActorRef[Any], message: Any) -> bool:
+    """Tell ``message`` to the loop (dropped once it has ended); ``False`` when no thread
+    could be started for its first message (it waits in the inbox, unstarted)."""
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass
+    except RuntimeError:  # "can't start new thread": the host at its thread limit
+        return False
+    return True

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import inspect
 import itertools
 import marshal
 import operator
@@ -60,12 +59,12 @@ from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, offer_chunks
 from rho_actors.encoding import describe_exception, text_length
-from rho_actors.events import CallEvent, EventBus, EventKind, ProgressEvent
+from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle.tasks import acknowledgement
-from rho_actors.loop.inline import InlineCall
-from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder
+from rho_actors.loop.inline import InlineCall, runs_inline
+from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
 from rho_actors.otp.threads import host_code
 from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
 from rho_actors.tasks import Task
@@ -75,6 +74,7 @@ from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
 if TYPE_CHECKING:
     import asyncio
 
+    from rho_actors.loop.approvals import SessionApprovals
     from rho_actors.runtime import Runtime
 
 __all__ = ["ResultSink", "Turns"]
@@ -156,6 +156,7 @@ class Turns:
     def __init__(
         self, *, ref: pykka.ActorRef[Any], session_id: str, data_dir: Path, deps: Any,
         withheld: frozenset[str] | SessionWithheld, runtime: Runtime, allowed: Allowlist | None = None,
+        approvals: SessionApprovals | None = None,
     ) -> None:
         self.ref = ref
         self.session_id = session_id
@@ -166,13 +167,14 @@ class Turns:
         self._kept = withheld if isinstance(withheld, SessionWithheld) else SessionWithheld(withheld)
         self._snapshot = _withheld(self._kept.names)
         self._allowed = allowed
+        self.approvals = approvals  # the session's pending calls (loop/approvals.py), kept across restarts
+        self.max_output_chars = runtime.limits.max_output_chars
         self._runtime = runtime
         self._tools = runtime.tools
         self._limits = runtime.limits
         self._budgets = runtime.budgets
         self._events = runtime.events
         self._telemetry = runtime.telemetry
-        self._governor = runtime.governor
         self._tasks = runtime.tasks
         self._turns: dict[int, _Turn] = {}  # admitted, unfinished turns; finished from call threads too
         self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
@@ -184,6 +186,8 @@ class Turns:
         self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes]] = {}
         # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
         self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
+        if approvals is not None:
+            approvals.attach(self, runtime.timers, runtime.threads)
 
     # --- what is offered ----------------------------------------------------------------
 
@@ -249,10 +253,12 @@ class Turns:
         telemetry: TurnTelemetry | None = None, cancel: CancelToken | None = None,
         context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
+        approved: bool = False,
     ) -> None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
-        decided once per turn); see :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
+        decided once per turn); ``approved``: its calls were approved (none is held for
+        approval); see :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
         raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
         result for each call."""
         if self.closed is not None:
@@ -277,6 +283,8 @@ class Turns:
                     turn.open += 1
                     turn.waiting.append(index)
                     turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
+            if self.approvals is not None and turn.waiting and not approved:
+                self._hold(turn, refused, tools.version)
         with self._lock:
             admitted = self.closed is None
             if admitted:
@@ -290,6 +298,18 @@ class Turns:
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
+    def _hold(self, turn: _Turn, refused: list[_Slot], version: int) -> None:
+        """The calls that wait for a decision (:mod:`rho_actors.loop.approvals`) leave the
+        turn's waiting calls with their ``pending_approval`` result: they never start."""
+        assert self.approvals is not None
+        prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
+        ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
+        for index, result in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
+            turn.slots[index].result = result
+            refused.append(turn.slots[index])
+            turn.waiting.remove(index)
+            turn.open -= 1
+
     def _admitted(self, turn: _Turn, refused: list[_Slot], cancel: CancelToken | None) -> None:
         for slot in refused:
             assert slot.result is not None
@@ -302,7 +322,7 @@ class Turns:
             ref, turn_id = self.ref, turn.id
 
             def hook() -> None:
-                if not _tell(ref, CancelTurn(turn_id)):  # no thread for the loop: cancelled here
+                if not tell_loop(ref, CancelTurn(turn_id)):  # no thread for the loop: cancelled here
                     self.cancel_turn(turn_id)
 
             turn.hooked = (cancel, hook)  # forgotten by the token once the turn is done: it may serve many
@@ -443,7 +463,7 @@ class Turns:
             "cancel": cancel,
             "deps": self._deps,
             "whereis": self._runtime.names.whereis,
-            "progress": functools.partial(_report_progress, self._events, self.session_id, slot.call.id,
+            "progress": functools.partial(report_progress, self._events, self.session_id, slot.call.id,
                                           entry.info.name),
         }
         span = None if turn.telemetry is None else self._telemetry.call_started(  # None: nothing configured
@@ -469,12 +489,10 @@ class Turns:
         if self._events.wants_calls("started"):  # asked here: no frame when nobody listens
             self._emit_event("started", slot, None)
         try:
-            if turn.aio is not None and _runs_inline(entry):  # asked only of a turn awaited on an event loop
-                start: Any = functools.partial(InlineCall.start, turn.aio, stopping=self._runtime.calls.closed)
-                threaded = False  # it holds no thread
-            else:
-                start, threaded = self._runtime.isolations[entry.isolation].start, entry.isolation == "thread"
-            running: RunningCall = self._governor.start(entry.info, spec, self.session_id, start, threaded)  # bounds
+            inline = turn.aio is not None and runs_inline(entry)  # asked only of a turn awaited on an event loop
+            start: Any = (self._runtime.isolations[entry.isolation].start if not inline or turn.aio is None else
+                          functools.partial(InlineCall.start, turn.aio, stopping=self._runtime.calls.closed))
+            running: RunningCall = self._runtime.governor.start(entry, spec, self.session_id, start, inline)  # bounds
         except (pykka.ActorDeadError, pykka.Timeout) as err:
             return self._not_started(turn, slot, task, failure("not_started", slot.call.id, entry.info.name,
                                                                problem=err))
@@ -504,6 +522,8 @@ class Turns:
         with turn.lock:
             late = slot.result is not None
             if not late:
+                if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
+                    result = self.approvals.defer(slot.call, slot.args, result)  # it waits for loop.resolve
                 result = self._within_budget(turn, slot, result)
                 slot.result, slot.running = result, None  # answered: nothing to cancel (and no cycle kept)
                 turn.open -= 1
@@ -664,37 +684,3 @@ class Turns:
             turns = list(self._turns.values())
         for turn in turns:
             self._fail_open(turn, failure(key, "", ""))
-
-
-def _runs_inline(entry: ToolEntry) -> bool:
-    """Whether a call of ``entry`` awaited on an event loop runs on that loop: a trusted
-    ``thread`` tool whose ``run`` is ``async``."""
-    return entry.isolation == "thread" and not entry.untrusted and inspect.iscoroutinefunction(entry.tool.run)
-
-
-def _tell(ref: pykka.ActorRef[Any], message: Any) -> bool:
-    """Tell ``message`` to the loop (dropped once it has ended); ``False`` when no thread
-    could be started for its first message (it waits in the inbox, unstarted)."""
-    try:
-        ref.tell(message)
-    except pykka.ActorDeadError:
-        pass
-    except RuntimeError:  # "can't start new thread": the host at its thread limit
-        return False
-    return True
-
-
-def _report_progress(
-    events: EventBus, session_id: str, call_id: str, tool: str,
-    done: float, total: float | None = None, message: str | None = None,
-) -> None:
-    """A call's ``ctx["progress"](done, total=None, message=None)`` (this, with the
-    first four bound by ``functools.partial``: no closure made per call): emits a
-    :class:`ProgressEvent` (an MCP client gets it as ``notifications/progress``). Never
-    raises: a report whose values are not numbers (or text) is dropped."""
-    try:
-        total_f = None if total is None else float(total)
-        note = None if message is None else str(message)
-        events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
-    except Exception:
-        logger.debug("call {}: a bad progress report was dropped", call_id)

@@ -356,7 +356,7 @@ class TaskRegistry:
     def _expire(self, tasks: dict[str, Task]) -> None:
         """Forget (and remove the records of) tasks that ended over ``task_ttl_s`` ago."""
         horizon = time.time() - self.settings.task_ttl_s
-        for task in [t for t in tasks.values() if t.finished is not None and t.finished < horizon]:
+        for task in [t for t in tasks.values() if t.done.is_set() and t.finished is not None and t.finished < horizon]:
             del tasks[task.task_id]
             records.remove(task.session_dir, task.task_id)
 

@@ -1,0 +1,659 @@
+"""Calls that wait for a decision: approvals and deferred results (DESIGN §4 "Approvals").
+
+A session's :class:`SessionApprovals` (made by ``start_loop``, kept across restarts of
+its LoopActor) is the ``pending`` part of the call lifecycle (:mod:`rho_actors.lifecycle`):
+
+- **the gate**: a turn's :class:`~rho_actors.loop.turns.Turns` asks :meth:`hold` which
+  of its prepared calls require approval (the tool's ``requires_approval``: an
+  attribute, a method of no arguments, or a policy ``requires_approval(args, ctx)``;
+  the loop's ``approval(call_info)``; a raise counts as "requires"; an untrusted tool's
+  own code is never read here, so it can never lift what the loop requires). Those
+  never start: their result is ``pending_approval`` and they hold no thread, only a
+  heap entry for their expiry (``approval_timeout_s``). In an exclusive turn the calls
+  after a held one are held too, each behind the one before it. A call whose tool
+  returned ``Deferred`` is registered by :meth:`defer` (``kind="external"``).
+- **deciding**: :meth:`approve` (optionally edited arguments, validated again; the
+  approval binds to the SHA-256 of the arguments that run), :meth:`reject`,
+  :meth:`resolve` and the expiry. Each decision is made once: claimed in memory, and,
+  for a call the session's transcript records (the agent loop records each pending
+  call), appended to the transcript under its ``flock`` after checking that no other
+  process decided it first. An approved call's ``running`` record is written before
+  it starts, so a host killed mid-call never runs it again (its outcome is unknown:
+  ``cancelled``).
+- **from another process**: :func:`decide` writes a decision into a session's
+  transcript (``rho-actors approve/reject``); a host with journaled pending calls checks
+  the transcript every :data:`POLL_S` seconds (a timer, no thread of its own) and acts on
+  what it finds, as after a restart (:meth:`attach` recovers the transcript's open calls).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import functools
+import inspect
+import marshal
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from loguru import logger
+
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptBusyError, load
+from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
+from rho_actors.declarations.toolset import ToolEntry
+from rho_actors.encoding import describe_exception
+from rho_actors.errors import RhoError
+from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256
+from rho_actors.results import error_result, failure, result_from_return, text
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
+
+if TYPE_CHECKING:
+    from rho_actors.otp.threads import ThreadPool
+    from rho_actors.otp.timers import Timer, Timers
+
+__all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "POLL_S", "ApprovalError", "CallInfo", "SessionApprovals", "decide"]
+
+DEFAULT_APPROVAL_TIMEOUT_S: Final = 24 * 3600.0
+"""How long a call waits for its decision by default (seconds): past it, ``approval_expired``."""
+POLL_S: Final = 0.25
+"""How often (seconds) a host with pending calls looks for decisions made by another process."""
+LOCK_WAIT_S: Final = 30.0
+"""How long (seconds) a decision waits for the session's transcript held by a running prompt."""
+_GRACE_S = 10.0  # past an approved call's timeout, how long its result is waited for
+_KEPT_DECISIONS = 10_000  # decided call ids remembered per session, to name the first decision
+
+
+class Turns(Protocol):
+    """What deciding needs of a session's :class:`~rho_actors.loop.turns.Turns`."""
+
+    closed: str | None
+    max_output_chars: int
+
+    def offered_entries(self) -> tuple[ToolEntry, ...]: ...
+
+    def submit(self, calls: tuple[ToolCall, ...], future: Any, *, approved: bool = False) -> None: ...
+
+
+class ApprovalError(RhoError):
+    """A decision that cannot be made: an unknown call id (or another session's), a call
+    decided already (``str(err)`` names the first decision: what, by whom, when), one of
+    another kind (``approve`` of a deferred call), or one that waits behind an earlier
+    call of its exclusive turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """What a loop's ``approval`` policy sees of a call: its ``session_id``,
+    ``call_id``, tool ``name``, decoded and validated ``arguments`` (read-only) and the
+    tool's checked declaration ``tool``."""
+
+    session_id: str
+    call_id: str
+    name: str
+    arguments: Mapping[str, Any]
+    tool: ToolInfo
+
+
+@dataclass(slots=True)
+class _Held:
+    pending: PendingCall
+    args: dict[str, Any]
+    after: str | None = None  # the earlier call of its exclusive turn it waits behind
+    timer: Timer | None = None
+    claimed: bool = False  # a decision is being made
+
+
+def _first_decision(track: CallTrack) -> str:
+    decided = track.states.get("decided")
+    if decided is None:
+        return f"it has its result already ({track.state})"
+    by = decided.get("decided_by")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(decided.get("at", 0)))
+    return f"it was {decided['decision']}{'' if by is None else f' by {by}'} at {when}"
+
+
+def approval_rule(entry: ToolEntry) -> bool | Callable[..., Any]:
+    """What a tool says of approval: ``True``/``False``, or its policy
+    ``requires_approval(args, ctx)``. An untrusted tool's code is never read in the host:
+    ``False`` (only the loop's policy applies to it). A ``requires_approval()`` that
+    raises, or returns anything but ``False``/``None``, means ``True``."""
+    if entry.untrusted:
+        return False
+    try:
+        rule = getattr(entry.tool, "requires_approval", None)
+    except BaseException:
+        return True
+    if rule is None or isinstance(rule, bool):
+        return bool(rule)
+    if not callable(rule):
+        return True
+    try:
+        takes = len(inspect.signature(rule).parameters)
+    except (TypeError, ValueError):
+        takes = 0
+    if takes >= 2:
+        return rule  # type: ignore[no-any-return]
+    try:
+        return rule() not in (False, None)
+    except BaseException:
+        return True
+
+
+class SessionApprovals:
+    """One session's pending calls (see the module doc). ``policy``: the loop's
+    ``approval(call_info) -> bool``, or ``None``; ``timeout_s``: each approval's
+    deadline, seconds from the request."""
+
+    def __init__(self, session_id: str, data_dir: Path, policy: Callable[[CallInfo], Any] | None = None,
+                 timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S) -> None:
+        if policy is not None and not callable(policy):
+            raise TypeError(f"approval must be a callable(call_info) -> bool or None, got {type(policy).__name__}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < 1e9:
+            raise ValueError(f"approval_timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        self.session_id = session_id
+        self.path = data_dir / TRANSCRIPT_NAME
+        self.policy = policy
+        self.timeout_s = float(timeout_s)
+        self._held: dict[str, _Held] = {}
+        self._decided: dict[str, str] = {}  # call id -> its decision, described
+        self._lock = threading.Lock()
+        self._turns: Turns | None = None
+        self._timers: Timers | None = None
+        self._threads: ThreadPool | None = None
+        self._rules: tuple[int, dict[int, bool | Callable[..., Any]]] = (-1, {})  # by tool set version, serial
+        self._poll: Timer | None = None
+        self._seen: tuple[int, int] | None = None  # the transcript's (size, mtime) at the last look
+        self._recovered = False
+
+    # --- the loop's side ------------------------------------------------------------------
+
+    def attach(self, turns: Turns, timers: Timers, threads: ThreadPool) -> None:
+        """The session's (new) LoopActor runs ``turns``: decisions run their calls there.
+        The first attach recovers the open calls of the session's transcript (a host
+        that died with calls pending, decided or approved-and-unstarted)."""
+        self._turns, self._timers, self._threads = turns, timers, threads
+        if not self._recovered:  # read here (its pending calls listed at once); a decided one runs on a pool thread
+            self._recovered = True
+            if os.path.lexists(self.path):
+                self._recover()
+
+    def _later(self, job: Callable[[], object], what: str) -> None:
+        assert self._threads is not None
+        try:
+            self._threads.submit(job, f"approvals:{self.session_id}:{what}")
+        except RuntimeError:  # no thread could be started: done at the next look
+            logger.warning("session {}: no thread to {} its pending calls now", self.session_id, what)
+
+    def _rule(self, entry: ToolEntry, version: int) -> bool | Callable[..., Any]:
+        known, rules = self._rules
+        if known != version:
+            self._rules = (version, rules := {})
+        rule = rules.get(entry.serial)
+        if rule is None:
+            rule = rules[entry.serial] = approval_rule(entry)
+        return rule
+
+    def hold(self, prepared: list[tuple[int, ToolCall, ToolEntry, dict[str, Any]]], exclusive: bool, version: int,
+             ctx: Mapping[str, Any]) -> dict[int, ToolResult]:
+        """Which of a turn's ``prepared`` calls (index, call, entry, validated args, in
+        the model's order) wait for approval: their ``pending_approval`` results, by
+        index (their ``details["pending"]`` the :class:`PendingCall`). ``version``: the
+        tool set's; ``ctx``: what a tool's policy gets as its context."""
+        held: dict[int, ToolResult] = {}
+        before: str | None = None
+        for index, call, entry, args in prepared:
+            if before is not None and exclusive:
+                reason = f" (it runs after call {before} of its exclusive turn)"
+            elif self._requires(call, entry, args, version, ctx):
+                reason = ""
+            else:
+                continue
+            held[index] = self._register(call, entry.info.name, args, "approval", reason, before if exclusive else None)
+            before = call.id
+        return held
+
+    def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], version: int,
+                  ctx: Mapping[str, Any]) -> bool:
+        rule = self._rule(entry, version)
+        if callable(rule):
+            try:
+                if rule(_copy(args), MappingProxyType({**ctx, "call_id": call.id})) not in (False, None):
+                    return True
+            except BaseException:
+                return True
+        elif rule:
+            return True
+        if self.policy is None:
+            return False
+        try:
+            info = CallInfo(self.session_id, call.id, entry.info.name, MappingProxyType(_copy(args)),
+                            entry.offered_info())
+            return self.policy(info) not in (False, None)
+        except BaseException:
+            return True
+
+    def defer(self, call: ToolCall, args: dict[str, Any], result: ToolResult) -> ToolResult:
+        """``result`` (a tool's ``Deferred``, :data:`~rho_actors.ErrorKind.DEFERRED`) with
+        its call registered as pending, ``kind="external"``."""
+        reason = result.details.get("deferred", "") if isinstance(result.details, Mapping) else ""
+        pending = self._register(call, result.name, args, "external", str(reason), None)
+        return dataclasses.replace(pending, duration_ms=result.duration_ms)
+
+    def _register(self, call: ToolCall, name: str, args: dict[str, Any], kind: str, reason: str,
+                  after: str | None) -> ToolResult:
+        now = time.time()
+        expires = None if kind == "external" else now + self.timeout_s
+        pending = PendingCall(call.id, name, MappingProxyType(_copy(args)), arguments_sha256(args), now,
+                              kind, expires, reason.strip(" ()"))  # type: ignore[arg-type]
+        held = _Held(pending, args, after)
+        with self._lock:
+            self._held[call.id] = held
+        if expires is not None:
+            self._arm(held, self.timeout_s)
+        self._watch()
+        if kind == "external":
+            result = failure("deferred", call.id, name, call=call.id, reason=reason)
+        else:
+            result = failure("pending_approval", call.id, name, call=call.id, reason=reason)
+        return dataclasses.replace(result, details={"pending": pending})
+
+    def _arm(self, held: _Held, delay_s: float) -> None:
+        """Expire ``held`` in ``delay_s`` seconds: one timer heap entry, no thread."""
+        if self._timers is None:
+            return
+        call_id = held.pending.call_id
+
+        def expire() -> None:
+            self._later(lambda: self._expire(call_id), "expire")
+
+        held.timer = self._timers.call_at(time.monotonic() + delay_s, expire)
+
+    # --- seeing ---------------------------------------------------------------------------
+
+    def pending(self) -> list[PendingCall]:
+        """The calls waiting for a decision, oldest first."""
+        with self._lock:
+            return sorted((h.pending for h in self._held.values() if not h.claimed), key=lambda p: p.requested_at)
+
+    # --- deciding -------------------------------------------------------------------------
+
+    def approve(self, call_id: str, arguments: Mapping[str, Any] | str | None = None,
+                decided_by: str | None = None) -> ToolResult:
+        """Run the pending call ``call_id`` once and return its result (see
+        :meth:`rho_actors.Loop.approve`)."""
+        held = self._claim(call_id, "approval")
+        try:
+            args = held.args
+            if arguments is not None:
+                problem = self._edited(held, arguments)
+                if isinstance(problem, ToolResult):
+                    self._unclaim(held)
+                    return problem
+                args = problem
+            sha = arguments_sha256(args)
+            edited = {"arguments": args} if arguments is not None else {}
+            with self._journal(held) as journal:
+                if journal is not None:
+                    transcript, track = journal
+                    transcript.call(track.step, track.index, "decided", call_id=call_id, name=held.pending.name,
+                                    decision="approved", decided_by=decided_by, arguments_sha256=sha, **edited)
+                    transcript.call(track.step, track.index, "running", call_id=call_id, name=held.pending.name,
+                                    arguments_sha256=sha, attempt=1)
+        except BaseException:
+            self._unclaim(held)
+            raise
+        self._decide(held, f"approved{'' if decided_by is None else f' by {decided_by}'}")
+        result = self._run(held, args)
+        self._record(held, result)
+        return result
+
+    def reject(self, call_id: str, message: str, decided_by: str | None = None) -> ToolResult:
+        """Give the pending call ``call_id`` a ``rejected`` result with ``message`` as
+        the model's text (see :meth:`rho_actors.Loop.reject`)."""
+        if not isinstance(message, str) or not message.strip():
+            raise ValueError("a rejection needs a message for the model (a non-empty str)")
+        held = self._claim(call_id, "approval")
+        result = failure("rejected", call_id, held.pending.name, message=message)
+        self._settle(held, "rejected", decided_by, result, message=message)
+        return result
+
+    def resolve(self, call_id: str, output: Any) -> ToolResult:
+        """Give the deferred call ``call_id`` its result from ``output`` (what a tool's
+        ``run`` may return) (see :meth:`rho_actors.Loop.resolve`)."""
+        held = self._claim(call_id, "external")
+        max_chars = 100_000 if self._turns is None else self._turns.max_output_chars
+        try:
+            result = result_from_return(call_id, held.pending.name, output, max_chars, 0.0)
+        except BaseException:
+            self._unclaim(held)
+            raise
+        self._settle(held, "resolved", None, result)
+        return result
+
+    def _expire(self, call_id: str) -> None:
+        try:
+            held = self._claim(call_id, "approval")
+        except ApprovalError:
+            return  # decided meanwhile
+        if held.pending.expires_at is not None and time.time() < held.pending.expires_at - 0.001:
+            self._unclaim(held)
+            return
+        result = failure("approval_expired", call_id, held.pending.name, call=call_id, timeout_s=self.timeout_s)
+        try:
+            self._settle(held, "expired", None, result)
+        except (ApprovalError, OSError, ValueError) as exc:
+            logger.warning("session {}: call {} could not expire now: {}", self.session_id, call_id, exc)
+
+    def _settle(self, held: _Held, decision: str, decided_by: str | None, result: ToolResult, **fields: Any) -> None:
+        """Record ``decision`` and its ``result`` at once (a decision that runs nothing)."""
+        try:
+            with self._journal(held) as journal:
+                if journal is not None:
+                    transcript, track = journal
+                    transcript.call(track.step, track.index, "decided", call_id=held.pending.call_id,
+                                    name=held.pending.name, decision=decision, decided_by=decided_by,
+                                    arguments_sha256=held.pending.arguments_sha256, **fields)
+                    transcript.result(track.step, track.index, result)
+        except BaseException:
+            self._unclaim(held)
+            raise
+        self._decide(held, f"{decision}{'' if decided_by is None else f' by {decided_by}'}")
+
+    def _claim(self, call_id: Any, kind: str) -> _Held:
+        """The held call ``call_id``, claimed for one decision; raises :class:`ApprovalError`."""
+        if not isinstance(call_id, str):
+            raise TypeError(f"call_id must be a str, got {type(call_id).__name__}")
+        with self._lock:
+            held = self._held.get(call_id)
+            if held is None:
+                first = self._decided.get(call_id)
+                if first is not None:
+                    raise ApprovalError(f"call {call_id} of session {self.session_id!r} is decided already: {first}")
+                raise ApprovalError(f"no call {call_id!r} waits for a decision in session {self.session_id!r} "
+                                    "(an unknown call id, or another session's call)")
+            if held.claimed:
+                raise ApprovalError(f"call {call_id} of session {self.session_id!r} is being decided already")
+            if held.pending.kind != kind:
+                what = "a result from outside: resolve" if held.pending.kind == "external" else "approval: decide"
+                raise ApprovalError(f"call {call_id} waits for {what} it")
+            if held.after is not None and held.after in self._held:
+                raise ApprovalError(f"call {call_id} runs after call {held.after} of its exclusive turn: "
+                                    f"decide {held.after} first")
+            held.claimed = True
+            return held
+
+    def _unclaim(self, held: _Held) -> None:
+        with self._lock:
+            held.claimed = False
+
+    def _decide(self, held: _Held, decision: str) -> None:
+        """``held`` is decided: forgotten as pending, its decision remembered."""
+        call_id = held.pending.call_id
+        if held.timer is not None:
+            held.timer.cancel()
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        with self._lock:
+            self._held.pop(call_id, None)
+            if len(self._decided) >= _KEPT_DECISIONS:
+                self._decided.clear()
+            self._decided[call_id] = f"it was {decision} at {when}"
+            idle = not self._held
+        if idle and self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
+
+    def _edited(self, held: _Held, arguments: Mapping[str, Any] | str) -> dict[str, Any] | ToolResult:
+        """Edited ``arguments`` decoded and validated against the tool's schema now, or
+        the ``invalid_json``/``invalid_arguments`` result (the call stays pending)."""
+        name = held.pending.name
+        entry = self._entry(name)
+        try:
+            args = decode_arguments(arguments)
+        except ArgumentsError as err:
+            return error_result(held.pending.call_id, name, err.kind, text("bad_arguments", tool=name, problem=err))
+        if entry is None:
+            return failure("not_prepared", held.pending.call_id, name, problem="the tool is not offered now")
+        problems = violations(entry.validator, args, MAX_VALIDATION_S)
+        if problems:
+            return failure("invalid_arguments", held.pending.call_id, name, problems="; ".join(problems))
+        return args
+
+    def _run(self, held: _Held, args: dict[str, Any]) -> ToolResult:
+        """Run the approved call as a turn of its own (prepared again: looked up among the
+        tools offered now, validated) and wait for its result."""
+        call = ToolCall(held.pending.call_id, held.pending.name, args)
+        turns = self._turns
+        if turns is None or turns.closed is not None:
+            return failure("turn_not_started", call.id, call.name)
+        future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        turns.submit((call,), future, approved=True)
+        entry = self._entry(call.name)
+        bound = (DEFAULT_TIMEOUT_MS if entry is None else entry.info.timeout_ms) / 1000 + _GRACE_S
+        try:
+            return future.result(timeout=bound)[0]
+        except concurrent.futures.TimeoutError:
+            return failure("loop_unanswered", call.id, call.name, bound_s=bound)
+
+    def _entry(self, name: str) -> ToolEntry | None:
+        """The entry of tool ``name`` among those the loop offers now."""
+        turns = self._turns
+        for entry in () if turns is None else turns.offered_entries():
+            if entry.info.name == name:
+                return entry
+        return None
+
+    def _record(self, held: _Held, result: ToolResult) -> None:
+        with self._journal(held, claimed=False) as journal:
+            if journal is not None:
+                transcript, track = journal
+                transcript.result(track.step, track.index, result)
+
+    # --- the transcript -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _journal(self, held: _Held | None, claimed: bool = True) -> Iterator[tuple[Transcript, CallTrack] | None]:
+        """The session's transcript, locked (waiting at most :data:`LOCK_WAIT_S` for a
+        prompt holding it), and ``held``'s track in it; ``None`` when the transcript does
+        not record the call (a turn run directly). With ``claimed``, raises
+        :class:`ApprovalError` when the transcript says it was decided already (by
+        another process)."""
+        if held is None or not os.path.lexists(self.path):
+            yield None
+            return
+        with _locked(self.path) as transcript:
+            track = transcript.history.calls.get(held.pending.call_id)
+            if track is None:
+                yield None
+                return
+            if claimed and track.state != "pending":
+                with self._lock:
+                    self._held.pop(held.pending.call_id, None)
+                    self._decided[held.pending.call_id] = _first_decision(track)
+                raise ApprovalError(f"call {held.pending.call_id} of session {self.session_id!r} is decided "
+                                    f"already: {_first_decision(track)}")
+            yield transcript, track
+
+    def _watch(self) -> None:
+        """Look at the transcript every :data:`POLL_S` seconds while calls are pending."""
+        if self._poll is not None or self._timers is None:
+            return
+        self._poll = self._timers.call_at(time.monotonic() + POLL_S, self._look)
+
+    def _look(self) -> None:
+        """On the timer thread: a stat of the transcript; a change is read on a pool thread."""
+        self._poll = None
+        with self._lock:
+            if not self._held:
+                return
+        try:
+            st = os.stat(self.path)
+            seen = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            seen = None
+        if seen is not None and seen != self._seen:
+            self._seen = seen
+            self._later(self._sync, "sync")
+        self._watch()
+
+    def _sync(self) -> None:
+        """Act on decisions the transcript holds for this host's pending calls."""
+        try:
+            history = load(self.path)
+        except Exception as exc:
+            logger.warning("session {}: its transcript could not be read for decisions: {}", self.session_id,
+                           describe_exception(exc))
+            return
+        for call_id, track in history.calls.items():
+            with self._lock:
+                held = self._held.get(call_id)
+                ours = held is not None and not held.claimed
+            if ours and track.state != "pending":
+                assert held is not None
+                self._act(held, track)
+
+    def _act(self, held: _Held, track: CallTrack) -> None:
+        """``held`` was decided in the transcript (by another process, or before a
+        restart): run it once when approved and not started, else give it its result."""
+        try:
+            held = self._claim(held.pending.call_id, held.pending.kind)
+        except ApprovalError:
+            return
+        decided = track.states.get("decided", {})
+        try:
+            with _locked(self.path) as transcript:
+                now = transcript.history.calls.get(held.pending.call_id)
+                if now is None or now.state != "decided":  # settled or started meanwhile: nothing to do here
+                    self._decide(held, _first_decision(track) if now is None else _first_decision(now))
+                    return
+                args = decided.get("arguments", held.args)
+                if decided.get("decision") == "approved":
+                    transcript.call(now.step, now.index, "running", call_id=now.call_id, name=now.name,
+                                    arguments_sha256=arguments_sha256(args), attempt=1)
+                else:
+                    transcript.result(now.step, now.index, _decided_result(held, decided, self.timeout_s))
+        except BaseException:
+            self._unclaim(held)
+            raise
+        by = decided.get("decided_by")
+        self._decide(held, f"{decided.get('decision')}{'' if by is None else f' by {by}'}")
+        if decided.get("decision") == "approved":
+            self._record(held, self._run(held, args))
+
+    def _recover(self) -> None:
+        """Rebuild the pending calls a transcript left open (a restart of the host) and act
+        on those decided meanwhile."""
+        try:
+            history = load(self.path)
+        except Exception as exc:
+            logger.warning("session {}: its transcript could not be read for pending calls: {}", self.session_id,
+                           describe_exception(exc))
+            return
+        calls = {c.id: c for m in history.messages for c in m.tool_calls}
+        decided = []
+        for call_id, track in history.open_calls.items():
+            call = calls.get(call_id)
+            pending = track.states.get("pending", {})
+            if call is None or call_id in self._held:
+                continue
+            try:
+                args = decode_arguments(call.arguments)
+            except ArgumentsError:
+                args = {}
+            expires = pending.get("expires_at")
+            info = PendingCall(call_id, track.name, MappingProxyType(_copy(args)), pending["arguments_sha256"],
+                               pending.get("at", time.time()), pending["kind"], expires, pending.get("reason", ""))
+            held = _Held(info, args)
+            with self._lock:
+                self._held[call_id] = held
+            if track.state == "decided":
+                decided.append((held, track))
+            elif expires is not None:
+                self._arm(held, max(0.0, expires - time.time()))
+        if history.open_calls:
+            self._watch()
+        for held, track in decided:
+            self._later(functools.partial(self._act, held, track), "act")
+
+
+def _decided_result(held: _Held, decided: Mapping[str, Any], timeout_s: float) -> ToolResult:
+    call_id, name = held.pending.call_id, held.pending.name
+    if decided.get("decision") == "rejected":
+        return failure("rejected", call_id, name, message=decided.get("message") or "rejected")
+    if decided.get("decision") == "expired":
+        return failure("approval_expired", call_id, name, call=call_id, timeout_s=timeout_s)
+    return failure("interrupted", call_id, name)
+
+
+def _copy(args: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return marshal.loads(marshal.dumps(args))  # type: ignore[no-any-return]
+    except ValueError:
+        return dict(args)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[Transcript]:
+    """The transcript at ``path``, opened under its lock, waiting up to ``wait_s`` for
+    another holder (a running prompt, another process deciding)."""
+    until = time.monotonic() + wait_s
+    delay = 0.001
+    transcript = Transcript(path)
+    while True:
+        try:
+            transcript.open()
+            break
+        except TranscriptBusyError:
+            if time.monotonic() >= until:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+    try:
+        yield transcript
+    finally:
+        transcript.close()
+
+
+def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *, message: str | None = None,
+           decided_by: str | None = None) -> str:
+    """Write a decision (``"approved"`` or ``"rejected"``, with ``message``) for pending
+    call ``call_id`` of session ``session_id`` into its transcript under
+    ``data_dir/sessions/<session_id>``, from any process: the host running the session
+    acts on it within :data:`POLL_S` seconds (or the next host, at its start). Returns
+    a line saying what was recorded. Raises :class:`ApprovalError` naming the call and
+    the first decision when it is unknown, not pending or decided already, past its
+    approval deadline, or waiting for an external result; ``ValueError`` for a bad
+    decision or a rejection without message; ``OSError`` when the transcript cannot be
+    used."""
+    if decision not in ("approved", "rejected"):
+        raise ValueError(f"decision must be 'approved' or 'rejected', got {decision!r}")
+    if decision == "rejected" and (not isinstance(message, str) or not message.strip()):
+        raise ValueError("a rejection needs a message for the model")
+    path = Path(data_dir) / "sessions" / session_id / TRANSCRIPT_NAME
+    if not os.path.lexists(path):
+        raise ApprovalError(f"session {session_id!r} has no transcript under {data_dir}: no call waits there")
+    with _locked(path) as transcript:
+        track = transcript.history.calls.get(call_id)
+        if track is None or (call_id not in transcript.history.open_calls and track.state == "pending"):
+            raise ApprovalError(f"no call {call_id!r} waits for a decision in session {session_id!r}")
+        if track.state != "pending":
+            raise ApprovalError(f"call {call_id} of session {session_id!r} is decided already: "
+                                f"{_first_decision(track)}")
+        pending = track.states["pending"]
+        if pending["kind"] != "approval":
+            raise ApprovalError(f"call {call_id} waits for a result from outside, not an approval")
+        expires = pending.get("expires_at")
+        if expires is not None and time.time() >= expires:
+            raise ApprovalError(f"call {call_id} of session {session_id!r} is past its approval deadline")
+        extra = {"message": message} if decision == "rejected" and message is not None else {}
+        transcript.call(track.step, track.index, "decided", call_id=call_id, name=track.name, decision=decision,
+                        decided_by=decided_by, arguments_sha256=pending["arguments_sha256"], **extra)
+    return f"call {call_id} of session {session_id} {decision}{'' if decided_by is None else f' by {decided_by}'}"
+

@@ -1,0 +1,35 @@
+"""A host process for tests/test_approvals_durable.py: ``python -m tests.approval_host
+DATA_DIR ACTION``. ``prompt``: a prompt whose reply asks for two deletions and a look,
+then prints ``PENDING <ids>`` and waits to be killed; ``approve CALL_ID``: approves a
+call (printing ``APPROVING``), ``serve``: keeps the session's loop running."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rho_actors import ActorSystem, Reply, ScriptedModel, ToolCall
+from tests.approval_tools import delete, look
+
+REPLY = Reply(tool_calls=(ToolCall("c1", "delete", '{"path": "/a"}'), ToolCall("c2", "delete", '{"path": "/b"}'),
+                          ToolCall("c3", "look", '{"path": "/"}')))
+
+
+def main(data_dir: str, action: str, *rest: str) -> None:
+    system = ActorSystem(data_dir=data_dir)
+    system.register(delete)
+    system.register(look)
+    loop = system.start_loop("s1")
+    if action == "prompt":
+        result = loop.prompt("clean up", model=ScriptedModel([REPLY]))
+        print("PENDING", " ".join(p.call_id for p in result.pending), flush=True)
+    elif action == "approve":
+        print("APPROVING", flush=True)
+        loop.approve(rest[0], decided_by="host")
+        print("APPROVED", flush=True)
+    print("READY", flush=True)
+    time.sleep(300)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,250 @@
+"""Calls that wait for a person (DESIGN §4 "Approvals"): declaring, holding (no thread,
+never started), seeing, deciding once (approve with edited arguments, reject, expiry),
+deferred results, and the clear errors of a wrong decision."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from rho_actors import (
+    ActorSystem,
+    ApprovalError,
+    CallInfo,
+    Deferred,
+    ErrorKind,
+    ToolCall,
+    tool,
+)
+from rho_actors.lifecycle import arguments_sha256
+from tests.conftest import WAIT_S, wait_for
+
+RAN: list[dict[str, Any]] = []
+
+
+@tool(requires_approval=True)
+def delete(path: str) -> str:
+    """Delete a file."""
+    RAN.append({"path": path})
+    return f"deleted {path}"
+
+
+@tool
+def look(path: str) -> str:
+    """Look at a file."""
+    return f"looked at {path}"
+
+
+def _big_only(args: dict[str, Any], ctx: Mapping[str, Any]) -> bool:
+    return bool(args["amount"] > 100)
+
+
+@tool(requires_approval=_big_only)
+def pay(amount: int) -> str:
+    """Pay an amount."""
+    return f"paid {amount}"
+
+
+@tool
+def wait_for_human(question: str) -> Deferred:
+    """Ask a human; the answer comes later."""
+    return Deferred(f"asked: {question}")
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    RAN.clear()
+
+
+def _system(system: ActorSystem) -> ActorSystem:
+    for t in (delete, look, pay, wait_for_human):
+        system.register(t)
+    return system
+
+
+def test_a_call_that_requires_approval_never_starts_and_its_siblings_run(system: ActorSystem) -> None:
+    loop = _system(system).start_loop("s1")
+    results = loop.run_turn([ToolCall("c1", "delete", '{"path": "/a"}'), ToolCall("c2", "look", '{"path": "/a"}')])
+    assert results[0].error_kind is ErrorKind.PENDING_APPROVAL and "c1" in results[0].content
+    assert "requires approval" in results[0].content
+    assert results[1].ok and results[1].content == "looked at /a"
+    assert RAN == []
+    [pending] = loop.pending()
+    assert (pending.call_id, pending.name, dict(pending.arguments), pending.kind) == ("c1", "delete", {"path": "/a"},
+                                                                                        "approval")
+    assert pending.arguments_sha256 == arguments_sha256({"path": "/a"})
+    assert pending.expires_at is not None and pending.expires_at > pending.requested_at
+    assert loop.running() == []
+
+
+def test_two_pending_calls_of_one_turn_one_rejected_one_approved(system: ActorSystem) -> None:
+    loop = _system(system).start_loop("s1")
+    loop.run_turn([ToolCall("c1", "delete", '{"path": "/a"}'), ToolCall("c2", "delete", '{"path": "/b"}')])
+    assert {p.call_id for p in loop.pending()} == {"c1", "c2"}
+    rejected = loop.reject("c1", "not that one", decided_by="ann")
+    assert (rejected.ok, rejected.error_kind, rejected.content) == (False, ErrorKind.REJECTED, "not that one")
+    approved = loop.approve("c2", decided_by="ann")
+    assert approved.ok and approved.content == "deleted /b"
+    assert RAN == [{"path": "/b"}]
+    assert loop.pending() == []
+
+
+def test_an_approval_with_edited_arguments_runs_those_and_invalid_ones_leave_it_pending(
+    system: ActorSystem,
+) -> None:
+    loop = _system(system).start_loop("s1")
+    loop.run_turn([ToolCall("c1", "delete", '{"path": "/etc"}')])
+    invalid = loop.approve("c1", arguments={"path": 5})
+    assert invalid.error_kind is ErrorKind.INVALID_ARGUMENTS and "path" in invalid.content
+    assert [p.call_id for p in loop.pending()] == ["c1"] and RAN == []
+    result = loop.approve("c1", arguments={"path": "/tmp/x"})
+    assert result.ok and RAN == [{"path": "/tmp/x"}]
+
+
+def test_a_second_decision_an_unknown_id_and_another_sessions_call_are_refused(system: ActorSystem) -> None:
+    _system(system)
+    loop, other = system.start_loop("s1"), system.start_loop("s2")
+    loop.run_turn([ToolCall("c1", "delete", '{"path": "/a"}')])
+    loop.approve("c1", decided_by="ann")
+    with pytest.raises(ApprovalError, match=r"call c1 of session 's1' is decided already: it was approved by ann"):
+        loop.reject("c1", "no")
+    with pytest.raises(ApprovalError, match="no call 'c9' waits"):
+        loop.approve("c9")
+    other.run_turn([ToolCall("x1", "delete", '{"path": "/b"}')])
+    with pytest.raises(ApprovalError, match="no call 'x1' waits for a decision in session 's1'"):
+        loop.approve("x1")
+    with pytest.raises(ValueError, match="needs a message"):
+        other.reject("x1", "  ")
+    assert RAN == [{"path": "/a"}]
+
+
+def test_two_threads_racing_to_decide_exactly_one_wins(system: ActorSystem) -> None:
+    loop = _system(system).start_loop("s1")
+    loop.run_turn([ToolCall("c1", "delete", '{"path": "/a"}')])
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def decide(how: str) -> None:
+        barrier.wait(WAIT_S)
+        try:
+            if how == "approve":
+                loop.approve("c1")
+            else:
+                loop.reject("c1", "no")
+            outcomes.append("won")
+        except ApprovalError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=decide, args=(h,)) for h in ("approve", "reject")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert sorted(outcomes) == ["refused", "won"]
+    assert len(RAN) <= 1
+
+
+def test_a_pending_call_expires(tmp_path: Any) -> None:
+    with ActorSystem(data_dir=tmp_path / "data") as system:
+        loop = _system(system).start_loop("s1", approval_timeout_s=0.05)
+        loop.run_turn([ToolCall("c1", "delete", '{"path": "/a"}')])
+        assert wait_for(lambda: loop.pending() == [])
+        with pytest.raises(ApprovalError, match="it was expired"):
+            loop.approve("c1")
+        assert RAN == []
+
+
+def test_a_policy_over_the_call_and_the_loops_policy(system: ActorSystem) -> None:
+    seen: list[CallInfo] = []
+
+    def destructive(info: CallInfo) -> bool:
+        seen.append(info)
+        return info.name == "look" and info.arguments["path"] == "/secret"
+
+    loop = _system(system).start_loop("s1", approval=destructive)
+    results = loop.run_turn([
+        ToolCall("c1", "pay", '{"amount": 5}'), ToolCall("c2", "pay", '{"amount": 500}'),
+        ToolCall("c3", "look", '{"path": "/secret"}'), ToolCall("c4", "look", '{"path": "/"}'),
+    ])
+    assert [r.error_kind for r in results] == [None, ErrorKind.PENDING_APPROVAL, ErrorKind.PENDING_APPROVAL, None]
+    assert {i.call_id for i in seen} == {"c1", "c3", "c4"}  # c2 was held by its tool's own policy
+    assert seen[0].tool.name == "pay"
+
+
+def test_a_policy_that_raises_requires_approval(system: ActorSystem) -> None:
+    def broken(info: CallInfo) -> bool:
+        raise RuntimeError("policy down")
+
+    loop = _system(system).start_loop("s1", approval=broken)
+    [result] = loop.run_turn([ToolCall("c1", "look", '{"path": "/"}')])
+    assert result.error_kind is ErrorKind.PENDING_APPROVAL
+
+
+def test_an_untrusted_tools_own_code_cannot_lift_the_loops_requirement(tmp_path: Any) -> None:
+    from rho_actors import untrusted
+
+    @untrusted
+    class Lax:
+        @staticmethod
+        def name() -> str:
+            return "lax"
+
+        @staticmethod
+        def description() -> str:
+            return "A tool that says no approval is needed."
+
+        @staticmethod
+        def parameter_schema() -> dict[str, Any]:
+            return {"type": "object"}
+
+        @staticmethod
+        def requires_approval() -> bool:
+            return False
+
+        @staticmethod
+        def run(args: dict[str, Any], ctx: Any) -> str:
+            return "ran"
+
+    with ActorSystem(data_dir=tmp_path / "data", confinement=False) as system:
+        system.register(Lax)
+        loop = system.start_loop("s1", approval=lambda info: True)
+        [result] = loop.run_turn([ToolCall("c1", "lax", "{}")], timeout_s=60)
+        assert result.error_kind is ErrorKind.PENDING_APPROVAL, result.content
+        assert loop.approve("c1").content == "ran"
+
+
+def test_an_exclusive_turn_holds_the_calls_after_a_pending_one_in_order(system: ActorSystem) -> None:
+    @tool(concurrency="exclusive")
+    def step(n: int) -> str:
+        """One step."""
+        RAN.append({"step": n})
+        return f"step {n}"
+
+    _system(system).register(step)
+    loop = system.start_loop("s1")
+    results = loop.run_turn([ToolCall("c1", "step", '{"n": 1}'), ToolCall("c2", "delete", '{"path": "/a"}'),
+                             ToolCall("c3", "step", '{"n": 3}')])
+    assert [r.error_kind for r in results] == [None, ErrorKind.PENDING_APPROVAL, ErrorKind.PENDING_APPROVAL]
+    assert "runs after call c2" in results[2].content
+    with pytest.raises(ApprovalError, match="decide c2 first"):
+        loop.approve("c3")
+    loop.approve("c2")
+    assert loop.approve("c3").content == "step 3"
+    assert RAN == [{"step": 1}, {"path": "/a"}, {"step": 3}]
+
+
+def test_a_deferred_result_is_resolved_later(system: ActorSystem) -> None:
+    loop = _system(system).start_loop("s1")
+    [result] = loop.run_turn([ToolCall("c1", "wait_for_human", '{"question": "colour?"}')])
+    assert result.error_kind is ErrorKind.DEFERRED and "asked: colour?" in result.content
+    [pending] = loop.pending()
+    assert pending.kind == "external" and pending.expires_at is None
+    with pytest.raises(ApprovalError, match="resolve it"):
+        loop.approve("c1")
+    resolved = loop.resolve("c1", "blue")
+    assert resolved.ok and resolved.content == "blue"
+    with pytest.raises(ApprovalError, match="decided already"):
+        loop.resolve("c1", "red")

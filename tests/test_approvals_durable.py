@@ -1,0 +1,220 @@
+"""Approvals through the agent loop and across processes (DESIGN §4 "Approvals"): a
+prompt returns with its pending calls, decisions are recorded in the session's
+transcript, a host killed with ``kill -9`` (mid-wait, mid-approved-call) and a new host
+on the same data folder never lose a pending call and never run a call twice, and
+``rho-actors approve/reject`` decides from another process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import ActorSystem, ApprovalError, ErrorKind, Reply, ScriptedModel
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
+from tests.approval_host import REPLY
+from tests.approval_tools import delete, look
+from tests.conftest import WAIT_S, read_line, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "runs.log"
+    path.touch()
+    monkeypatch.setenv("RHO_TEST_RUNS", str(path))
+    return path
+
+
+def _runs(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def _system(data: Path) -> ActorSystem:
+    system = ActorSystem(data_dir=data, shutdown_ms=2_000)
+    system.register(delete)
+    system.register(look)
+    return system
+
+
+@pytest.fixture
+def host_env(runs: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+class _Host:
+    def __init__(self, data: Path, env: dict[str, str], *action: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.approval_host", str(data), *action], cwd=ROOT,
+                                     env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        self.stdout = self.proc.stdout
+
+    def line(self) -> str:
+        return read_line(self.stdout, WAIT_S * 3).strip()
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(WAIT_S)
+        self.stdout.close()
+
+
+@pytest.fixture
+def hosts() -> Iterator[list[_Host]]:
+    started: list[_Host] = []
+    yield started
+    for host in started:
+        if host.proc.poll() is None:
+            host.kill()
+
+
+def test_a_prompt_returns_with_its_pending_calls_and_goes_on_once_they_are_decided(tmp_path: Path,
+                                                                                    runs: Path) -> None:
+    model = ScriptedModel([REPLY, Reply(text="one deleted, one kept")])
+    with _system(tmp_path / "data") as system:
+        loop = system.start_loop("s1")
+        first = loop.prompt("clean up", model=model)
+        assert first.error is None and [p.call_id for p in first.pending] == ["c1", "c2"]
+        assert [r.error_kind for r in first.steps[0].results] == [ErrorKind.PENDING_APPROVAL] * 2 + [None]
+        refused = loop.prompt("and the rest", model=model)
+        assert refused.error is not None and "decide them first" in refused.error and "c1 (delete)" in refused.error
+        assert loop.prompt(None, model=model).error is not None  # still pending: nothing sent
+        assert len(model.requests) == 1
+        assert loop.reject("c1", "keep /a", decided_by="ann").error_kind is ErrorKind.REJECTED
+        assert loop.approve("c2", decided_by="ann").content == "deleted /b"
+        final = loop.prompt(None, model=model)
+        assert final.error is None and final.text == "one deleted, one kept"
+    sent = [m for m in model.requests[1][0] if m.role == "tool"]
+    assert [(m.tool_call_id, m.text) for m in sent] == [
+        ("c1", "keep /a"), ("c2", "deleted /b"), ("c3", "looked at /")]
+    assert _runs(runs) == ["delete /b"]
+    records = [r for r in _records(tmp_path / "data") if r["type"] == "call"]
+    assert [(r["call_id"], r["state"], r.get("decision")) for r in records] == [
+        ("c1", "pending", None), ("c2", "pending", None), ("c1", "decided", "rejected"),
+        ("c2", "decided", "approved"), ("c2", "running", None)]
+    assert records[3]["decided_by"] == "ann" and len(records[3]["arguments_sha256"]) == 64
+
+
+def _records(data: Path) -> list[dict[str, Any]]:
+    import json
+
+    path = data / "sessions" / "s1" / TRANSCRIPT_NAME
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_kill_9_mid_wait_then_a_new_host_still_has_the_pending_calls(tmp_path: Path, runs: Path,
+                                                                     host_env: dict[str, str],
+                                                                     hosts: list[_Host]) -> None:
+    data = tmp_path / "data"
+    host = _Host(data, host_env, "prompt")
+    hosts.append(host)
+    assert host.line() == "PENDING c1 c2"
+    host.kill()
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        assert [p.call_id for p in loop.pending()] == ["c1", "c2"]
+        assert loop.approve("c1").content == "deleted /a"
+        loop.reject("c2", "no")
+        final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert final.error is None and final.text == "done"
+    assert _runs(runs) == ["delete /a"]
+
+
+def test_kill_9_mid_approved_call_never_runs_it_again(tmp_path: Path, runs: Path, host_env: dict[str, str],
+                                                      hosts: list[_Host]) -> None:
+    data = tmp_path / "data"
+    first = _Host(data, host_env, "prompt")
+    hosts.append(first)
+    assert first.line() == "PENDING c1 c2"
+    first.kill()
+    hold = tmp_path / "hold"
+    hold.touch()
+    second = _Host(data, {**host_env, "RHO_TEST_HOLD": str(hold)}, "approve", "c1")
+    hosts.append(second)
+    assert second.line() == "APPROVING"
+    assert wait_for(lambda: _runs(runs) == ["delete /a"], WAIT_S * 3)  # it runs, held
+    second.kill()
+    hold.unlink()
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        assert [p.call_id for p in loop.pending()] == ["c2"]
+        with pytest.raises(ApprovalError, match="no call 'c1' waits"):
+            loop.approve("c1")
+        loop.approve("c2")
+        final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert final.error is None
+        [recovered] = final.recovered
+        assert recovered.call_id == "c1" and recovered.error_kind is ErrorKind.CANCELLED
+    assert _runs(runs) == ["delete /a", "delete /b"]
+
+
+def _cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "rho_actors.cli", *args[:1], str(data), *args[1:]], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=WAIT_S * 6, check=False)
+
+
+def test_a_decision_from_another_process_is_acted_on_by_the_running_host(tmp_path: Path, runs: Path) -> None:
+    data = tmp_path / "data"
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        loop.prompt("clean up", model=ScriptedModel([REPLY]))
+        approved = _cli(data, "approve", "s1", "c1", "--by", "bob")
+        assert approved.returncode == 0, approved.stdout + approved.stderr
+        assert "c1 of session s1 approved by bob" in approved.stdout
+        rejected = _cli(data, "reject", "s1", "c2", "--message", "keep /b")
+        assert rejected.returncode == 0, rejected.stdout + rejected.stderr
+        transcript = data / "sessions" / "s1" / TRANSCRIPT_NAME
+        assert wait_for(lambda: loop.pending() == [] and all(
+            load(transcript).calls[c].state == "settled" for c in ("c1", "c2")))
+        again = _cli(data, "reject", "s1", "c1", "--message", "too late")
+        assert again.returncode == 1 and "decided already: it was approved by bob" in again.stdout
+        final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert final.error is None
+    assert _runs(runs) == ["delete /a"]
+
+
+def test_an_approval_recorded_while_no_host_ran_runs_once_at_the_next_host(tmp_path: Path, runs: Path,
+                                                                           host_env: dict[str, str],
+                                                                           hosts: list[_Host]) -> None:
+    data = tmp_path / "data"
+    host = _Host(data, host_env, "prompt")
+    hosts.append(host)
+    assert host.line() == "PENDING c1 c2"
+    host.kill()
+    assert _cli(data, "approve", "s1", "c1").returncode == 0
+    unknown = _cli(data, "approve", "s1", "c9")
+    assert unknown.returncode == 1 and "no call 'c9' waits" in unknown.stdout
+    for _ in range(2):  # the second host finds it run: never again
+        with _system(data) as system:
+            loop = system.start_loop("s1")
+            assert wait_for(lambda: load(data / "sessions" / "s1" / TRANSCRIPT_NAME).calls["c1"].state == "settled")
+            assert [p.call_id for p in loop.pending()] == ["c2"]
+    assert _runs(runs) == ["delete /a"]
+
+
+def test_two_processes_racing_to_decide_one_call_exactly_one_wins(tmp_path: Path, runs: Path,
+                                                                  host_env: dict[str, str],
+                                                                  hosts: list[_Host]) -> None:
+    data = tmp_path / "data"
+    host = _Host(data, host_env, "prompt")
+    hosts.append(host)
+    assert host.line() == "PENDING c1 c2"
+    host.kill()
+    env = {**host_env}
+    racers = [subprocess.Popen([sys.executable, "-m", "rho_actors.cli", verb, str(data), "s1", "c1", *extra],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+              for verb, extra in (("approve", []), ("reject", ["--message", "no"]))]
+    codes = sorted(p.wait(WAIT_S * 6) for p in racers)
+    for p in racers:
+        assert p.stdout is not None
+        p.stdout.close()
+    assert codes == [0, 1]
+    decided = [r for r in _records(data) if r["type"] == "call" and r["state"] == "decided"]
+    assert len(decided) == 1

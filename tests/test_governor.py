@@ -1,0 +1,459 @@
+"""The governor (DESIGN §4 "The governor"): concurrency places, call budgets, the
+repeated-call breaker, rate limits and retries of idempotent calls, through real loops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import (
+    ActorSystem,
+    CancelToken,
+    ErrorKind,
+    GovernorSettings,
+    Reply,
+    RetryPolicy,
+    ScriptedModel,
+    ToolCall,
+    ToolContext,
+    ToolFailure,
+    prompt,
+    tool,
+)
+from rho_actors.declarations.policy import parse_rate
+
+from .conftest import WAIT_S, wait_for
+
+
+class Running:
+    """How many calls run at once, and the most seen."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.order: list[str] = []
+
+    def enter(self, label: str = "") -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.order.append(label)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+def calls(name: str, n: int, prefix: str = "c", args: dict[str, Any] | None = None) -> list[ToolCall]:
+    return [ToolCall(f"{prefix}{i}", name, json.dumps(args if args is not None else {"i": i})) for i in range(n)]
+
+
+# --- concurrency ------------------------------------------------------------------------------
+
+
+def test_a_fan_out_of_800_calls_to_a_capped_tool_never_runs_more_than_its_bound(system: ActorSystem) -> None:
+    seen = Running()
+
+    @tool(max_concurrency=4, timeout_ms=120_000)
+    def capped(i: int) -> int:
+        """Work a little."""
+        seen.enter()
+        time.sleep(0.001)
+        seen.leave()
+        return i
+
+    system.register(capped)
+    results = system.start_loop("fan").run_turn(calls("capped", 800), timeout_s=120)
+    assert [r.call_id for r in results] == [f"c{i}" for i in range(800)]  # one result each, in the model's order
+    assert all(r.ok for r in results) and [r.content for r in results] == [str(i) for i in range(800)]
+    assert seen.most == 4  # the bound was reached, and never passed
+    stats = system.stats()["governor"]
+    assert stats["queued_total"] > 0 and stats["running"] == {"capped": 0} and stats["queued"] == {}
+
+
+def held_tool(name: str, gate: threading.Event, seen: Running, **policy: Any) -> Any:
+    @tool(name=name, **policy)
+    def held(label: str) -> str:
+        """Wait for the gate."""
+        seen.enter(label)
+        try:
+            gate.wait(WAIT_S)
+        finally:
+            seen.leave()
+        return label
+
+    return held
+
+
+def test_a_call_finding_no_place_waits_until_its_deadline_then_is_unavailable_naming_the_bound(
+        system: ActorSystem) -> None:
+    gate, seen = threading.Event(), Running()
+    system.register(held_tool("slow", gate, seen, max_concurrency=1, timeout_ms=30_000))
+    first = system.start_loop("a").submit_turn([ToolCall("h", "slow", '{"label": "h"}')])
+    assert wait_for(lambda: seen.now == 1)
+    # registered again with a shorter timeout: the bound is the tool name's, so the running call holds it
+    system.unregister("slow")
+    system.register(held_tool("slow", gate, seen, max_concurrency=1, timeout_ms=400))
+    [refused] = system.start_loop("b").run_turn([ToolCall("w", "slow", '{"label": "w"}')], timeout_s=WAIT_S)
+    gate.set()
+    assert refused.error_kind is ErrorKind.UNAVAILABLE
+    assert refused.content == ("1 calls of tool 'slow' are running; the bound is 1 (max_concurrency), and none "
+                               "ended before this call's deadline; it did not run")
+    assert refused.duration_ms >= 350  # it waited for a place, within its own deadline
+    assert seen.order == ["h"]  # it never ran
+    assert first.result(WAIT_S)[0].ok
+    assert system.stats()["governor"]["refused"]["unavailable"] == 1
+
+
+def test_waiting_calls_are_served_in_arrival_order_fairly_across_sessions(system: ActorSystem) -> None:
+    gate, seen = threading.Event(), Running()
+    system.register(held_tool("one", gate, seen, max_concurrency=1, timeout_ms=30_000))
+    holder = system.start_loop("h").submit_turn([ToolCall("h", "one", '{"label": "h"}')])
+    assert wait_for(lambda: seen.now == 1)
+    wide = system.start_loop("a").submit_turn(
+        [ToolCall(f"a{i}", "one", json.dumps({"label": f"a{i}"})) for i in range(3)])
+    assert wait_for(lambda: system.stats()["governor"]["queued"].get("one") == 3)
+    narrow = system.start_loop("b").submit_turn([ToolCall("b0", "one", '{"label": "b0"}')])
+    assert wait_for(lambda: system.stats()["governor"]["queued"].get("one") == 4)
+    gate.set()
+    assert [r.ok for r in holder.result(WAIT_S) + wide.result(WAIT_S) + narrow.result(WAIT_S)] == [True] * 5
+    assert seen.order == ["h", "a0", "b0", "a1", "a2"]  # session b is not kept behind all of a's calls
+
+
+def test_a_per_session_bound_holds_each_session_and_the_system_bound_all_of_them(system: ActorSystem) -> None:
+    seen: dict[str, Running] = {"a": Running(), "b": Running(), "all": Running()}
+
+    @tool(max_concurrency=3, max_concurrency_per_session=2, timeout_ms=60_000)
+    def shared(i: int, ctx: ToolContext) -> int:
+        """Work a little."""
+        for key in (ctx.session_id, "all"):
+            seen[key].enter()
+        time.sleep(0.005)
+        for key in (ctx.session_id, "all"):
+            seen[key].leave()
+        return i
+
+    system.register(shared)
+    turns = [system.start_loop(s).submit_turn(calls("shared", 40)) for s in ("a", "b")]
+    assert all(r.ok for t in turns for r in t.result(60))
+    assert seen["a"].most == 2 and seen["b"].most == 2 and seen["all"].most == 3
+
+
+def test_max_thread_calls_bounds_thread_calls_of_every_tool(tmp_path: Path) -> None:
+    seen = Running()
+
+    @tool(timeout_ms=60_000)
+    def plain(i: int) -> int:
+        """Work a little."""
+        seen.enter()
+        time.sleep(0.002)
+        seen.leave()
+        return i
+
+    with ActorSystem(tmp_path, governor=GovernorSettings(max_thread_calls=3)) as system:
+        system.register(plain)
+        assert all(r.ok for r in system.start_loop("t").run_turn(calls("plain", 60), timeout_s=60))
+        assert seen.most == 3
+        stats = system.stats()["governor"]
+        assert stats["max_thread_calls"] == 3 and stats["thread_calls_running"] == 0
+
+
+def test_a_cancelled_waiting_call_never_runs(system: ActorSystem) -> None:
+    gate, seen = threading.Event(), Running()
+    system.register(held_tool("one", gate, seen, max_concurrency=1, timeout_ms=30_000))
+    holder = system.start_loop("h").submit_turn([ToolCall("h", "one", '{"label": "h"}')])
+    assert wait_for(lambda: seen.now == 1)
+    token = CancelToken()
+    waiting = system.start_loop("w").submit_turn([ToolCall("w", "one", '{"label": "w"}')], cancel=token)
+    assert wait_for(lambda: system.stats()["governor"]["queued"].get("one") == 1)
+    token.cancel("cancelled")
+    assert waiting.result(WAIT_S)[0].error_kind is ErrorKind.CANCELLED
+    assert system.stats()["governor"]["queued"] == {}
+    gate.set()
+    assert holder.result(WAIT_S)[0].ok and seen.order == ["h"]
+
+
+# --- budgets and the breaker, through the agent loop ------------------------------------------
+
+
+@tool(max_calls=2)
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return key.upper()
+
+
+@tool
+def same(key: str) -> str:
+    """Return the key."""
+    return key
+
+
+@tool(rate="1/min", timeout_ms=500)
+def rare(key: str) -> str:
+    """Return the key (an upstream that allows one call a minute)."""
+    return key
+
+
+def test_a_tool_budget_refuses_the_call_past_it_through_the_agent_loop(system: ActorSystem) -> None:
+    system.register(lookup)
+    loop = system.start_loop("s")
+    model = ScriptedModel([
+        Reply("", tuple(ToolCall(f"k{i}", "lookup", json.dumps({"key": key})) for i, key in enumerate("xyz"))),
+        Reply("done"),
+    ])
+    result = prompt(loop, "look up three keys", model=model)
+    assert result.error is None and result.text == "done"
+    [first, second, third] = result.steps[0].results
+    assert first.ok and second.ok
+    assert third.error_kind is ErrorKind.BUDGET_EXHAUSTED
+    assert third.content == ("tool 'lookup' did not run: this session has used its budget of 2 calls of tool "
+                             "'lookup' (max_calls)")
+    assert system.stats()["governor"]["refused"]["budget_exhausted"] == 1
+
+
+def test_the_repeated_call_breaker_refuses_the_same_call_past_max_repeats(tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, governor=GovernorSettings(max_repeats=2)) as system:
+        system.register(same)
+        loop = system.start_loop("s")
+        repeated = '{"key": "q"}'
+        model = ScriptedModel([Reply("", (ToolCall(f"r{i}", "same", repeated),)) for i in range(3)]
+                              + [Reply("", (ToolCall("r3", "same", '{"key": "other"}'),)), Reply("ok")])
+        result = prompt(loop, "loop", model=model)
+        kinds = [step.results[0].error_kind for step in result.steps[:4]]
+        assert kinds == [None, None, ErrorKind.REPEATED_CALL, None]  # other arguments still run
+        refused = result.steps[2].results[0]
+        assert "already ran 2 times in this session with these same arguments" in refused.content
+        assert "you already have its result" in refused.content
+
+
+def test_max_calls_per_prompt_refuses_the_calls_past_it_and_asks_the_model_again(system: ActorSystem) -> None:
+    system.register(same)
+    loop = system.start_loop("s")
+    model = ScriptedModel([Reply("", tuple(calls("same", 3, "p", {"key": "k"}))), Reply("stopped")])
+    result = prompt(loop, "go", model=model, max_calls_per_prompt=2)
+    assert result.text == "stopped"
+    assert [r.error_kind for r in result.steps[0].results] == [None, None, ErrorKind.BUDGET_EXHAUSTED]
+    assert result.steps[0].results[2].content.endswith("this prompt has used its budget of 2 tool calls "
+                                                       "(max_calls_per_prompt)")
+    with pytest.raises(ValueError, match="max_calls_per_prompt must be an int of 1 or more, got 0"):
+        prompt(loop, "go", model=model, max_calls_per_prompt=0)
+
+
+def test_max_calls_per_session_counts_every_tool(tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, governor=GovernorSettings(max_calls_per_session=3)) as system:
+        system.register(lookup)
+        system.register(same)
+        loop = system.start_loop("s")
+        results = loop.run_turn([ToolCall("a", "lookup", '{"key": "a"}'), ToolCall("b", "same", '{"key": "b"}'),
+                                 ToolCall("c", "same", '{"key": "c"}'), ToolCall("d", "same", '{"key": "d"}')])
+        assert [r.error_kind for r in results] == [None, None, None, ErrorKind.BUDGET_EXHAUSTED]
+        assert "its budget of 3 tool calls (max_calls_per_session)" in results[3].content
+        other = system.start_loop("t").run_turn([ToolCall("e", "same", '{"key": "e"}')])  # per session
+        assert other[0].ok
+
+
+# --- rate limits ---------------------------------------------------------------------------------
+
+
+def test_a_rate_limited_tool_under_8_host_threads_runs_at_its_rate(system: ActorSystem) -> None:
+    starts: list[float] = []
+    lock = threading.Lock()
+
+    @tool(rate="200/s", timeout_ms=60_000)
+    def metered(i: int) -> int:
+        """A call an upstream meters."""
+        with lock:
+            starts.append(time.monotonic())
+        return i
+
+    system.register(metered)
+    loops = [system.start_loop(f"r{t}") for t in range(8)]
+    failures: list[Any] = []
+
+    def host(t: int) -> None:
+        for i in range(100):
+            [result] = loops[t].run_turn([ToolCall(f"t{t}c{i}", "metered", json.dumps({"i": i}))], timeout_s=60)
+            if not result.ok:
+                failures.append(result)
+
+    threads = [threading.Thread(target=host, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert failures == [] and len(starts) == 800
+    starts.sort()
+    # the first 200 (the burst) may start at once; each later one waits for its token
+    for k in range(200, 800):  # never faster than the bucket allows (burst + rate x time), whatever the load
+        assert k + 1 <= 200 + 200 * (starts[k] - starts[0]) + 1
+    observed = (800 - 200) / (starts[-1] - starts[0])
+    assert 180 <= observed <= 220, observed  # within 10 % of the limit, over 3 s of tokens
+
+
+def test_a_call_whose_token_comes_after_its_deadline_is_rate_limited(system: ActorSystem) -> None:
+    system.register(rare)
+    loop = system.start_loop("s")
+    [first] = loop.run_turn([ToolCall("a", "rare", '{"key": "a"}')])
+    [second] = loop.run_turn([ToolCall("b", "rare", '{"key": "b"}')])
+    assert first.ok and second.error_kind is ErrorKind.RATE_LIMITED and second.error_kind.retryable
+    assert second.content.startswith("tool 'rare' did not run: its rate limit of 1/min would let it start only in ")
+    assert second.content.endswith(" ms, after this call's deadline")
+    assert system.stats()["governor"]["refused"]["rate_limited"] == 1
+
+
+def test_rates_are_parsed_and_bad_ones_refused() -> None:
+    assert parse_rate("10/s").per_s == 10 and parse_rate("90/min").per_s == 1.5 and parse_rate("90/min").burst == 90
+    assert parse_rate("0.5/s").burst == 1
+    for bad in ("10", "10/day", "-1/s", "0/s", "fast"):
+        with pytest.raises(ValueError, match="rate must be 'N/s', 'N/min' or 'N/h' with N > 0"):
+            parse_rate(bad)
+
+
+# --- retries ---------------------------------------------------------------------------------------
+
+
+def killed_until(attempts_file: Path, kills: int) -> int:
+    """Count this attempt in ``attempts_file``; the first ``kills`` attempts kill their worker."""
+    with attempts_file.open("a") as f:
+        f.write("x")
+    attempt = len(attempts_file.read_text())
+    if attempt <= kills:
+        os.kill(os.getpid(), signal.SIGABRT)
+        time.sleep(30)
+    return attempt
+
+
+@tool(idempotent=True, retry=RetryPolicy(attempts=3, initial_s=0.01, max_wait_s=0.05, jitter_s=0.01),
+      timeout_ms=30_000)
+def flaky_read(kills: int, ctx: ToolContext) -> int:
+    """Read something; its worker dies the first times."""
+    return killed_until(ctx.data_dir / "attempts", kills)
+
+
+@tool(timeout_ms=30_000)
+def flaky_write(kills: int, ctx: ToolContext) -> int:
+    """Write something; its worker dies the first time."""
+    return killed_until(ctx.data_dir / "attempts", kills)
+
+
+def test_an_idempotent_process_call_whose_worker_is_killed_twice_is_retried_to_success(system: ActorSystem) -> None:
+    system.register(flaky_read, isolation="process")
+    events: list[Any] = []
+    system.subscribe(lambda e: events.append(e) if getattr(e, "kind", None) == "retried" else None)
+    [result] = system.start_loop("r").run_turn([ToolCall("c", "flaky_read", '{"kills": 2}')], timeout_s=60)
+    assert result.ok and result.content == "3"
+    assert result.details["attempts"] == 3
+    assert [f["error_kind"] for f in result.details["failures"]] == ["crashed", "crashed"]
+    assert all("SIGABRT" in f["message"] for f in result.details["failures"])
+    assert [(e.call_id, e.outcome) for e in events] == [("c", "crashed"), ("c", "crashed")]
+    assert system.stats()["governor"]["retried"] == 2
+
+
+def test_a_non_idempotent_process_call_killed_once_is_crashed_after_one_attempt(system: ActorSystem) -> None:
+    system.register(flaky_write, isolation="process")
+    loop = system.start_loop("w")
+    [result] = loop.run_turn([ToolCall("c", "flaky_write", '{"kills": 1}')], timeout_s=60)
+    assert result.error_kind is ErrorKind.CRASHED and "SIGABRT" in result.content
+    assert not (isinstance(result.details, dict) and "attempts" in result.details)
+    assert (loop.data_dir / "attempts").read_text() == "x"  # one attempt
+    assert system.stats()["governor"]["retried"] == 0
+
+
+def test_retries_never_outlive_the_deadline(system: ActorSystem) -> None:
+    starts: list[tuple[float, float]] = []
+
+    @tool(idempotent=True, retry=RetryPolicy(attempts=100, initial_s=0.03, max_wait_s=0.03, jitter_s=0.0),
+          timeout_ms=400)
+    def upstream(ctx: ToolContext) -> str:
+        """An upstream that is always busy."""
+        assert ctx.deadline is not None
+        starts.append((time.monotonic(), ctx.deadline))
+        raise ToolFailure("raised", "the upstream is busy (429)", retryable=True)
+
+    system.register(upstream)
+    [result] = system.start_loop("d").run_turn([ToolCall("c", "upstream", "{}")], timeout_s=WAIT_S)
+    assert result.error_kind is ErrorKind.RAISED and result.content == "the upstream is busy (429)"
+    assert 2 <= result.details["attempts"] == len(starts) < 100
+    assert all(started < deadline for started, deadline in starts)  # every attempt began within the one deadline
+    assert len({deadline for _, deadline in starts}) == 1
+    assert result.details["retryable"] is True and len(result.details["failures"]) == len(starts) - 1
+
+
+def test_a_timeout_is_retried_only_when_opted_in(system: ActorSystem) -> None:
+    tries: list[int] = []
+
+    def run(optin: bool) -> Any:
+        @tool(name=f"timing_{optin}", idempotent=True, timeout_ms=5_000,
+              retry=RetryPolicy(attempts=2, initial_s=0.01, max_wait_s=0.01, jitter_s=0.0, on_timeout=optin))
+        def timing() -> str:
+            """An upstream that times out once."""
+            tries.append(1)
+            if len(tries) % 2:
+                raise ToolFailure("timeout", "the upstream did not answer within 1 s")
+            return "answered"
+
+        return timing
+
+    system.register(run(False))
+    system.register(run(True))
+    loop = system.start_loop("t")
+    [plain] = loop.run_turn([ToolCall("a", "timing_False", "{}")])
+    tries.clear()
+    [opted] = loop.run_turn([ToolCall("b", "timing_True", "{}")])
+    assert plain.error_kind is ErrorKind.TIMEOUT and opted.ok and opted.details["attempts"] == 2
+
+
+# --- the declaration, tree() and stats() ---------------------------------------------------------
+
+
+def test_bad_policy_options_are_refused_at_decoration() -> None:
+    def f(x: int) -> int:
+        """F."""
+        return x
+
+    with pytest.raises(ValueError, match="@tool: max_concurrency must be an int >= 1 or None, got 0"):
+        tool(max_concurrency=0)(f)
+    with pytest.raises(TypeError, match=r"max_calls must be an int >= 1 or None, got float 2\.0"):
+        tool(max_calls=2.0)(f)  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="retry is given but the tool is not idempotent=True"):
+        tool(retry=RetryPolicy())(f)
+    with pytest.raises(ValueError, match="rate must be"):
+        tool(rate="often")(f)
+    with pytest.raises(ValueError, match="attempts must be at least 1, not 0"):
+        RetryPolicy(attempts=0)
+    with pytest.raises(ValueError, match="max_repeats must be an int >= 1 or None, got 0"):
+        GovernorSettings(max_repeats=0)
+
+
+def test_a_class_tool_declares_its_policy_by_callbacks_and_a_bad_answer_sets_no_bound(
+        system: ActorSystem, logs: list[str]) -> None:
+    from .helpers import make_tool
+
+    system.register(make_tool("classy", max_concurrency=2, rate_limit="5/s", idempotent=True, max_calls="many"))
+    [info] = [i for i in system.tools() if i.name == "classy"]
+    assert info.policy.max_concurrency == 2 and info.policy.rate is not None and info.policy.rate.per_s == 5
+    assert info.policy.idempotent and info.policy.max_calls is None
+    assert any("max_calls() gave 'many' (str): max_calls must be an int >= 1 or None" in line for line in logs)
+
+
+def test_tree_and_stats_show_the_bounds_and_their_use(system: ActorSystem) -> None:
+    gate, seen = threading.Event(), Running()
+    system.register(held_tool("shown", gate, seen, max_concurrency=1, rate="50/s", timeout_ms=30_000))
+    holder = system.start_loop("h").submit_turn([ToolCall("h", "shown", '{"label": "h"}')])
+    waiter = system.start_loop("w").submit_turn([ToolCall("w", "shown", '{"label": "w"}')])
+    assert wait_for(lambda: system.stats()["governor"]["queued"].get("shown") == 1)
+    [calls_node] = [n for n in system.tree()["children"] if n["id"] == "calls"]
+    view = calls_node["governor"]
+    assert view["tools"]["shown"] == {"max_concurrency": 1, "rate": "50/s", "running": 1, "queued": 1}
+    assert view["max_thread_calls"] == system.stats()["governor"]["max_thread_calls"] >= 256
+    gate.set()
+    assert holder.result(WAIT_S)[0].ok and waiter.result(WAIT_S)[0].ok
+    assert system.stats()["governor"]["running"] == {"shown": 0}
