@@ -212,6 +212,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.MEMORY, "server {server!r} ran out of memory during {method}(): Ray's memory monitor killed its Ray "
         "actor ({cause}), so everything it held is lost; it is restarted with fresh state"
     ),
+    "server_restarted": (
+        _K.UNAVAILABLE, "server {server!r} was restarted since its last call ({cause}), so everything it held is "
+        "lost; {method}() did not run: call it again to run it on the fresh state"
+    ),
     "server_unreachable": (
         _K.UNAVAILABLE, "server {server!r} could not be reached during {method}() ({cause}): the call may or may "
         "not have run; the server keeps its state"
