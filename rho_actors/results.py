@@ -127,15 +127,16 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         "(most likely the kernel's out-of-memory killer)"
     ),
     "memory": (
-        _K.MEMORY, "tool {tool!r} ran out of memory: it exceeded its worker's heap bound of {heap} (MemoryError)"
+        _K.MEMORY, "tool {tool!r} ran out of memory: it exceeded its worker's {bound} of {heap} (MemoryError); "
+        "raise it with {setting}"
     ),
     "worker_crashed": (_K.CRASHED, "tool {tool!r} crashed: its worker process died of {signal}"),
     "killed_outside": (
         _K.CRASHED, "tool {tool!r} crashed: its worker process was killed by {signal}, sent from outside the pool"
     ),
     "memory_tree": (
-        _K.MEMORY, "tool {tool!r} ran out of memory: its process tree reached its bound of {heap} ({bound}) "
-        "and was killed"
+        _K.MEMORY, "tool {tool!r} ran out of memory: its process tree reached its {bound} of {heap} and was killed; "
+        "raise it with {setting}"
     ),
     "memory_thread": (_K.MEMORY, "tool {tool!r} ran out of memory (MemoryError in its thread)"),
     "queued_past_deadline": (
