@@ -167,15 +167,16 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         "(most likely the kernel's out-of-memory killer)"
     ),
     "memory": (
-        _K.MEMORY, "tool {tool!r} ran out of memory: it exceeded its worker's heap bound of {heap} (MemoryError)"
+        _K.MEMORY, "tool {tool!r} ran out of memory: it exceeded its worker's {bound} of {heap} (MemoryError); "
+        "raise it with {setting}"
     ),
     "worker_crashed": (_K.CRASHED, "tool {tool!r} crashed: its worker process died of {signal}"),
     "killed_outside": (
         _K.CRASHED, "tool {tool!r} crashed: its worker process was killed by {signal}, sent from outside the pool"
     ),
     "memory_tree": (
-        _K.MEMORY, "tool {tool!r} ran out of memory: its process tree reached its bound of {heap} ({bound}) "
-        "and was killed"
+        _K.MEMORY, "tool {tool!r} ran out of memory: its process tree reached its {bound} of {heap} and was killed; "
+        "raise it with {setting}"
     ),
     "memory_thread": (_K.MEMORY, "tool {tool!r} ran out of memory (MemoryError in its thread)"),
     "queued_past_deadline": (
@@ -251,6 +252,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "server_ray_memory": (
         _K.MEMORY, "server {server!r} ran out of memory during {method}(): Ray's memory monitor killed its Ray "
         "actor ({cause}), so everything it held is lost; it is restarted with fresh state"
+    ),
+    "server_restarted": (
+        _K.UNAVAILABLE, "server {server!r} was restarted since its last call ({cause}), so everything it held is "
+        "lost; {method}() did not run: call it again to run it on the fresh state"
     ),
     "server_unreachable": (
         _K.UNAVAILABLE, "server {server!r} could not be reached during {method}() ({cause}): the call may or may "

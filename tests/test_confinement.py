@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -279,12 +280,14 @@ def test_landlock_alone_keeps_a_child_from_signalling_the_host(children: Any) ->
     assert children(body).read() == {"signal": "EPERM", "uid": os.getuid()}
 
 
-def test_apply_refuses_a_multithreaded_process(children: Any) -> None:
+@pytest.mark.parametrize("binding", [{"no_new_privs": True}, {"landlock": True}, {"uid": os.geteuid()},
+                                     {"namespaces": True}, {"no_new_privs": True, "seccomp": True}])
+def test_apply_refuses_a_multithreaded_process_what_binds_one_thread(children: Any, binding: dict[str, Any]) -> None:
     def body(send: Callable[[Any], None]) -> None:
         stop = threading.Event()
         threading.Thread(target=stop.wait).start()
         try:
-            apply(BARE)
+            apply(replace(BARE, **binding))
             send({"applied": True})
         except ConfinementError as exc:
             send({"refused": str(exc)})
@@ -292,6 +295,20 @@ def test_apply_refuses_a_multithreaded_process(children: Any) -> None:
             stop.set()
 
     assert "single-threaded" in children(body).read()["refused"]
+
+
+def test_apply_contains_a_multithreaded_process_when_nothing_binds_one_thread(children: Any) -> None:
+    """A trusted worker's containment (session, subreaper, rlimits) applies in a process
+    whose import started threads (numpy's OpenBLAS): nothing there binds one thread."""
+    def body(send: Callable[[Any], None]) -> None:
+        stop = threading.Event()
+        threading.Thread(target=stop.wait).start()
+        try:
+            send({"applied": list(apply(BARE)), "threads": threading.active_count()})
+        finally:
+            stop.set()
+
+    assert children(body).read() == {"applied": ["pdeathsig", "session", "subreaper", "rlimits"], "threads": 2}
 
 
 # --- process tree -----------------------------------------------------------------------------

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
-from rho_actors.sandbox.confine.confinement import Confinement
+from rho_actors.sandbox.confine.confinement import Confinement, probe
 
 MIB = 2**20
+HOST = probe()
+CGROUP = HOST.cgroup is None  # this host gives a memory cgroup: the bound is on resident memory
 
 
 class Allocate:
@@ -32,6 +34,23 @@ class Allocate:
         return f"allocated {len(block) // MIB}"
 
 
+class Reserving:
+    """Imports a module that maps 2 GiB it never touches, then allocates ``mib`` MiB."""
+
+    name = staticmethod(lambda: "reserving")
+    description = staticmethod(lambda: "Reserve address space, use a little.")
+    parameter_schema = staticmethod(lambda: {"type": "object", "properties": {"mib": {"type": "integer"}}})
+    timeout_ms = staticmethod(lambda: 30_000)
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        from tests import reserving_module
+
+        block = bytearray(args["mib"] * MIB)
+        block[::4096] = b"x" * len(block[::4096])
+        return f"reserved {(len(reserving_module.RESERVED) + len(reserving_module.UNTOUCHED)) // 2**30} GiB"
+
+
 def _call(system: ActorSystem, mib: int) -> Any:
     [result] = system.start_loop(f"s{mib}").run_turn([ToolCall(f"c{mib}", "allocate", json.dumps({"mib": mib}))])
     return result
@@ -41,10 +60,26 @@ def test_process_heap_bytes_bounds_a_trusted_process_tool(tmp_path: Path) -> Non
     with ActorSystem(tmp_path, process_heap_bytes=96 * MIB, warm_workers=0) as system:
         system.register(Allocate, isolation="process")
         assert _call(system, 16).content == "allocated 16"
-        assert _call(system, 160).error_kind is ErrorKind.MEMORY
+        over = _call(system, 160)
+        assert over.error_kind is ErrorKind.MEMORY
+        bound = "resident-memory bound" if CGROUP else "address-space bound (RLIMIT_AS"
+        assert f"{bound}" in over.content and "of 96 MiB" in over.content, over.content
+        assert "raise it with ActorSystem(process_heap_bytes=...)" in over.content, over.content
     with ActorSystem(tmp_path / "roomy", process_heap_bytes=512 * MIB, warm_workers=0) as system:
         system.register(Allocate, isolation="process")
         assert _call(system, 160).content == "allocated 160"
+
+
+@pytest.mark.skipif(not CGROUP, reason=f"no memory cgroup on this host: {HOST.cgroup}")
+def test_address_space_a_library_reserves_is_not_charged_where_a_cgroup_bounds_resident_memory(tmp_path: Path) -> None:
+    """2 GiB mapped at import and never touched, 16 MiB used: within a 256 MiB bound
+    (an address-space bound failed every call with MemoryError)."""
+    with ActorSystem(tmp_path, process_heap_bytes=256 * MIB, warm_workers=0) as system:
+        system.register(Reserving, isolation="process")
+        [result] = system.start_loop("s").run_turn([ToolCall("r", "reserving", json.dumps({"mib": 16}))])
+        assert result.ok, result.content
+        assert result.content == "reserved 2 GiB"
+        assert system.stats()["confinement"]["trusted_process"]["memory_bound"] == "cgroup"
 
 
 def test_the_wrong_memory_settings_are_refused_naming_the_right_one(system: ActorSystem, tmp_path: Path) -> None:

@@ -15,8 +15,18 @@ import pykka
 import pytest
 
 from rho_actors import ActorSystem, ChildSpec, ErrorKind, SupervisorEvent, ToolCall, tool
-from rho_actors.isolation.servers import ProcessActor, ServerCall, ServerDown, ServerError, ThreadActor, call_server
+from rho_actors.isolation.servers import (
+    ProcessActor,
+    ServerCall,
+    ServerDown,
+    ServerError,
+    ServerRestarted,
+    ThreadActor,
+    call_server,
+)
+from rho_actors.otp.actor import kill
 from rho_actors.results import text
+from tests.conftest import wait_for
 from tests.server_classes import Broken, Store
 
 WAIT_S = 30.0
@@ -158,8 +168,38 @@ def test_a_server_killed_from_outside_between_calls_restarts(
     os.kill(pid, signal.SIGKILL)
     assert restarted.wait(WAIT_S)
     fresh = system.whereis(name)
-    assert fresh is not None and ask(fresh, ServerCall("get", ("k",))) is None
+    assert fresh is not None
+    with pytest.raises(ServerRestarted) as told:  # its next caller is told, and the call did not run
+        ask(fresh, ServerCall("get", ("k",)))
+    assert told.value.key == "server_restarted" and "everything it held is lost" in str(told.value)
+    assert "get() did not run" in str(told.value) and "died of SIGKILL" in str(told.value)
+    assert ask(fresh, ServerCall("get", ("k",))) is None  # told once: then fresh state
     assert ask(fresh, ServerCall("get", ("first",))) == "kept"  # built again from its arguments
+
+
+@pytest.mark.parametrize("how", ["killed_idle", "actor_killed"])
+def test_a_server_restarted_while_idle_tells_its_next_caller_from_a_tool(
+    system: ActorSystem, request: pytest.FixtureRequest, how: str
+) -> None:
+    """The idle paths say what the timeout and crash paths say: everything the server
+    held is lost, in the model's text; the call after that runs on the fresh state."""
+    name = _name(request)[:30] + how[:4]
+    system.start_child(ChildSpec(name, ProcessActor(Store), name=name), max_restarts=3, max_seconds=60)
+    restarted = _restarted(system, name)
+    assert _call(system, name, '{"op": "put", "key": "city", "value": "Lisbon"}').content == "stored"
+    ref = system.whereis(name)
+    assert ref is not None
+    if how == "killed_idle":
+        os.kill(ask(ref, ServerCall("where"))["pid"], signal.SIGKILL)  # between calls: its watcher notices
+    else:
+        kill(ref, "a reason of the host's")  # the actor, not its process: its supervisor restarts it
+    assert restarted.wait(WAIT_S)
+    assert wait_for(lambda: system.whereis(name) not in (None, ref), WAIT_S)
+    told = _call(system, name, '{"op": "get", "key": "city"}')
+    assert told.error_kind is ErrorKind.UNAVAILABLE
+    assert "everything it held is lost" in told.content and "get() did not run" in told.content
+    assert _call(system, name, '{"op": "get", "key": "city"}').content == "null"
+    system.stop_child(name)
 
 
 def test_a_start_that_raises_is_the_childs_start_error(

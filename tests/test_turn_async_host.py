@@ -411,6 +411,14 @@ def test_an_exclusive_turn_of_async_and_sync_calls_runs_one_at_a_time_in_order(s
     assert ORDER == ["start a1", "end a1", "start s1", "end s1", "start a2", "end a2"]
 
 
+def used_loop(system: ActorSystem) -> Any:
+    """A session's loop past its first turn (which suspends once: the session's folder is
+    made off the event loop), so that its turns can end in their first step."""
+    loop = system.start_loop("s")
+    asyncio.run(loop.arun_turn([call("instant", "w")]))
+    return loop
+
+
 def finished_at_once(awaitable: Any) -> Any:
     """What ``awaitable`` (a coroutine) returns when it ends in its first step; fails if it suspends."""
     try:
@@ -422,7 +430,7 @@ def finished_at_once(awaitable: Any) -> Any:
 
 
 def test_a_tool_that_does_not_suspend_is_answered_without_the_host_suspending(system: ActorSystem) -> None:
-    loop = system.start_loop("s")
+    loop = used_loop(system)
 
     async def main() -> list[Any]:
         results: list[Any] = finished_at_once(loop.arun_turn([call("instant", "a"), call("instant", "b")]))
@@ -456,7 +464,7 @@ def test_the_first_step_runs_as_the_calls_own_task_which_goes_on_after_it_suspen
 
 
 def test_a_raise_in_the_first_step_is_a_result_and_the_host_goes_on(system: ActorSystem) -> None:
-    loop = system.start_loop("s")
+    loop = used_loop(system)
 
     async def main() -> tuple[list[Any], int]:
         results: list[Any] = finished_at_once(loop.arun_turn(
@@ -534,7 +542,7 @@ def test_a_tool_that_swallows_the_cancel_after_suspending_is_a_timeout_and_its_r
 
 
 def test_the_host_task_cancelled_before_the_calls_task_steps_cancels_the_call(system: ActorSystem) -> None:
-    loop = system.start_loop("s")
+    loop = used_loop(system)
 
     async def main() -> None:
         pending = asyncio.ensure_future(loop.arun_turn([call("waits")]))
@@ -579,7 +587,7 @@ def test_a_turn_run_in_a_first_step_starts_at_once(system: ActorSystem) -> None:
 
 def test_a_long_exclusive_turn_of_calls_settled_in_their_first_steps_does_not_nest(system: ActorSystem) -> None:
     """Each next call is started by the dispatch loop of the one before, never from inside it."""
-    loop = system.start_loop("s")
+    loop = used_loop(system)
     calls = [call("instant_exclusive", f"x{i}") for i in range(1_500)]  # past the default recursion limit
 
     async def main() -> list[Any]:

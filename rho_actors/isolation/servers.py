@@ -76,7 +76,7 @@ from rho_actors.tool import ToolFailure
 
 __all__ = [
     "DEFAULT_SERVER_HEAP_BYTES", "ProcessActor", "ProcessServer", "ServerCall", "ServerDown", "ServerError",
-    "ServerUnreachable", "ThreadActor", "ThreadServer", "call_server",
+    "ServerRestarted", "ServerUnreachable", "ThreadActor", "ThreadServer", "call_server",
 ]
 
 DEFAULT_SERVER_HEAP_BYTES = 256 * 2**20
@@ -137,6 +137,33 @@ class ServerUnreachable(_ServerSituation):
     of ``results.TEXTS`` (``server_unreachable``) and ``fields`` its fields."""
 
 
+class ServerRestarted(_ServerSituation):
+    """The server was restarted since its last call without any caller being told
+    (its process died between calls, or its actor was ended and restarted): everything
+    it held is lost. Raised to the first call after such a restart, which did not run;
+    the server lives on with fresh state, and the next call runs. ``key`` is
+    ``server_restarted`` and ``fields`` its fields (``cause``: what ended the old one)."""
+
+
+class _Lineage:
+    """What one :class:`ProcessActor`'s successive servers share: the loss no caller was
+    told of yet (a cause, for :class:`ServerRestarted`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._untold: str | None = None
+
+    def lost(self, cause: str) -> None:
+        with self._lock:
+            if self._untold is None:
+                self._untold = cause
+
+    def take(self) -> str | None:
+        with self._lock:
+            cause, self._untold = self._untold, None
+            return cause
+
+
 def _timeout_ms(value: int | None, default: int) -> int:
     timeout_ms = default if value is None else value
     if type(timeout_ms) is not int or timeout_ms <= 0:
@@ -178,8 +205,12 @@ class ProcessServer(Actor):
     """
 
     def __init__(self, cls: type, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, trusted: bool,
-                 confine: ConfinePolicy | None, heap_bytes: int, call_timeout_ms: int, start_timeout_ms: int) -> None:
+                 confine: ConfinePolicy | None, heap_bytes: int, call_timeout_ms: int, start_timeout_ms: int,
+                 lineage: _Lineage | None = None) -> None:
         super().__init__()
+        self._lineage = lineage if lineage is not None else _Lineage()
+        self._untold = self._lineage.take()  # a predecessor's loss: told to this server's first caller
+        self._told = False  # a ServerDown of this server reached a caller
         self.cls, self._args, self._kwargs = cls, args, dict(kwargs)
         self.trusted = trusted
         self.policy = TREE_ONLY if trusted else (confine if confine is not None else default_policy())
@@ -253,7 +284,11 @@ class ProcessServer(Actor):
         with contextlib.suppress(OSError, ValueError):
             ready, _, _ = select.select([sentinel, self._wake_r], [], [])
             if sentinel in ready and not self._process_ended:
-                self._down("server_crashed", method="(between calls)", cause="its process ended")
+                code = self.child.proc.exitcode
+                cause = ("its process ended between calls" if code is None else
+                         f"its process died of {signal_name(-code)} between calls" if code < 0 else
+                         f"its process exited with code {code} between calls")
+                self._down("server_crashed", method="(between calls)", cause=cause)
 
     def server_info(self) -> dict[str, Any]:
         """This server as plain data, for the supervision tree: ``isolation``
@@ -274,8 +309,12 @@ class ProcessServer(Actor):
 
     def _call(self, message: ServerCall) -> Any:
         if self._down_error is not None:
+            self._told = True
             raise self._down_error
         method = _method(message)
+        if self._untold is not None:
+            cause, self._untold = self._untold, None
+            raise ServerRestarted("server_restarted", {"server": self.cls.__name__, "method": method, "cause": cause})
         timeout_ms = _timeout_ms(message.timeout_ms, self.call_timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
         body = pickle.dumps((method, tuple(message.args), dict(message.kwargs)))  # a bad argument raises here
@@ -289,10 +328,13 @@ class ProcessServer(Actor):
                 raise Malformed(f"an unexpected frame {tag!r}")
             ok, value, type_name, error = decode_served(self.codec, reply)
         except DeadlineReached:
+            self._told = True
             raise self._down("server_killed", method=method, timeout_ms=timeout_ms) from None
         except EOFError:
+            self._told = True
             raise self._lost(method) from None
         except (Malformed, WireError) as exc:
+            self._told = True
             raise self._down("server_crashed", method=method, cause=f"it sent a malformed answer: {exc}") from None
         if ok:
             return value
@@ -322,11 +364,18 @@ class ProcessServer(Actor):
         return self._down_error or error
 
     def _end_process(self) -> None:
-        """Kill the process tree and reap it, remove its enclosure; idempotent."""
+        """Kill the process tree and reap it, remove its enclosure; idempotent. A loss no
+        caller was told of (an end between calls, by the watcher or the actor's own end)
+        is left for the next server of the same :class:`ProcessActor` to tell."""
         with self._lock:
             if self._process_ended:
                 return
             self._process_ended = True
+        if self._untold is not None:  # never told: the next server tells it
+            self._lineage.lost(self._untold)
+        elif not self._told and self.child is not None:
+            down = self._down_error
+            self._lineage.lost(down.fields.get("cause", str(down)) if down is not None else "its actor was ended")
         if self._wake_w >= 0:
             with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
@@ -375,6 +424,7 @@ class ProcessActor:
     heap_bytes: int
     call_timeout_ms: int
     start_timeout_ms: int
+    lineage: _Lineage
 
     def __init__(self, cls: type, *args: Any, trusted: bool = True, confine: ConfinePolicy | None = None,
                  heap_bytes: int = DEFAULT_SERVER_HEAP_BYTES, call_timeout_ms: int = 30_000,
@@ -385,14 +435,16 @@ class ProcessActor:
         if type(heap_bytes) is not int or heap_bytes < 0:
             raise ValueError(f"heap_bytes must be an int of 0 or more (bytes; 0: none), got {heap_bytes!r}")
         values = {"cls": cls, "args": args, "kwargs": kwargs, "trusted": bool(trusted), "confine": confine,
-                  "heap_bytes": heap_bytes, "call_timeout_ms": call_timeout_ms, "start_timeout_ms": start_timeout_ms}
+                  "heap_bytes": heap_bytes, "call_timeout_ms": call_timeout_ms, "start_timeout_ms": start_timeout_ms,
+                  "lineage": _Lineage()}
         for key, value in values.items():
             object.__setattr__(self, key, value)
 
     def __call__(self) -> pykka.ActorRef[Any]:
         return start_link(ProcessServer, self.cls, self.args, self.kwargs, trusted=self.trusted, confine=self.confine,
                           heap_bytes=self.heap_bytes, call_timeout_ms=self.call_timeout_ms,
-                          start_timeout_ms=self.start_timeout_ms, timeout_s=self.start_timeout_ms / 1000 + 5)
+                          start_timeout_ms=self.start_timeout_ms, lineage=self.lineage,
+                          timeout_s=self.start_timeout_ms / 1000 + 5)
 
 
 # --------------------------------------------------------------------------- in a thread
@@ -463,10 +515,12 @@ def call_server(ctx: Mapping[str, Any], name: str, method: str, *args: Any, time
     ``server_killed``/``server_crashed``/``server_memory``, and
     ``server_ray_memory`` for a Ray server Ray's memory monitor killed (a
     :class:`ServerDown`, a Ray server's included: its state is lost; it is being
-    restarted), ``server_unreachable`` (:class:`ServerUnreachable`: the call may not
-    have run; the server keeps its state), ``server_unanswered`` (no answer before the tool's own deadline,
-    or ``timeout_ms`` plus 10 s: a thread server cannot be killed). Raises ``KeyError`` when ``ctx`` has
-    no ``whereis`` (a tool outside ``thread`` isolation)."""
+    restarted), ``server_restarted`` (:class:`ServerRestarted`: the server was restarted
+    while idle, everything it held is lost, the call did not run), ``server_unreachable``
+    (:class:`ServerUnreachable`: the call may not have run; the server keeps its
+    state), ``server_unanswered`` (no answer before the tool's own deadline, or
+    ``timeout_ms`` plus 10 s: a thread server cannot be killed). Raises ``KeyError``
+    when ``ctx`` has no ``whereis`` (a tool outside ``thread`` isolation)."""
     whereis = ctx["whereis"]
     ref = whereis(name)
     fields = {"server": name, "method": method}
@@ -478,7 +532,7 @@ def call_server(ctx: Mapping[str, Any], name: str, method: str, *args: Any, time
         wait_s = min(wait_s if wait_s is not None else float("inf"), max(0.0, deadline - time.monotonic()))
     try:
         return ref.ask(ServerCall(method, args, kwargs, timeout_ms), timeout=wait_s)
-    except (ServerDown, ServerUnreachable) as exc:
+    except (ServerDown, ServerRestarted, ServerUnreachable) as exc:
         raise ToolFailure(TEXTS[exc.key][0], text(exc.key, **{**exc.fields, "server": name})) from None
     except pykka.ActorDeadError:
         raise ToolFailure(TEXTS["server_not_running"][0], text("server_not_running", **fields)) from None

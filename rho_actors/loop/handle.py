@@ -255,11 +255,20 @@ class Loop:
         ``cancel`` does) and waits (at most the system's ``ask_timeout_s``) for its
         ``cancelled`` results before re-raising ``CancelledError``. Raises
         ``TimeoutError`` past ``timeout_s`` seconds (default :meth:`turn_bound_s`),
-        which only a broken runtime can cause."""
+        which only a broken runtime can cause.
+
+        No file work runs on the event loop: the session's folder is made (and checked)
+        in a thread of rho's before the loop's first turn that calls a registered tool,
+        which so suspends once (a folder that cannot be used is then the turn's
+        ``not_started`` results, as in :meth:`run_turn`)."""
         batch = _checked_calls(calls)
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
         token = _checked_cancel(cancel) or CancelToken()
         aio = asyncio.get_running_loop()
+        turns = self._turns()
+        if not turns.folder_made and any(type(c.name) is str and c.name in self._tools.current.entries
+                                         for c in batch):
+            await self._make_folder_off_loop(turns)
         landing = _Landing(aio, bound)
         bounds = self._bounds
         if bounds is None or bounds.aio is not aio:
@@ -278,6 +287,26 @@ class Loop:
             raise
         finally:
             bounds.discard(landing)
+
+    async def _make_folder_off_loop(self, turns: Turns) -> None:
+        """Make the session's folder in a thread of its own (never on the event loop)
+        and tell ``turns``; an ``OSError`` is left for the turn to report."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def make() -> None:
+            try:
+                make_session_folder(self._data_dir)
+            except OSError:
+                done.set_result(None)
+                return
+            except BaseException as exc:  # surfaced to the awaiting task
+                done.set_exception(exc)
+                return
+            turns.folder_made = self._folder_made = True
+            done.set_result(None)
+
+        threading.Thread(target=make, name=f"rho-folder-{self.session_id}", daemon=True).start()
+        await asyncio.wrap_future(done)
 
     def offered(self) -> list[ToolInfo]:
         """The checked declarations this loop offers now, in registration order (each

@@ -161,7 +161,8 @@ class Turns:
         self.ref = ref
         self.session_id = session_id
         self._data_dir = data_dir
-        self._folder_made = False  # made before the first call is dispatched
+        self.folder_made = False
+        """Whether the session's folder was made (checked) by these turns: before the first call is dispatched."""
         self._deps = deps
         # the session's names, shared with its loop's restarts; the snapshot made of them
         self._kept = withheld if isinstance(withheld, SessionWithheld) else SessionWithheld(withheld)
@@ -337,14 +338,14 @@ class Turns:
             if not finished:  # else the host cancelled it meanwhile, and that finished it
                 self._finish(turn)
             return
-        if not self._folder_made:
+        if not self.folder_made:
             try:
                 make_session_folder(self._data_dir)
             except OSError as exc:  # a symlink in its place, say: no call of this turn starts
                 logger.error("loop {}: the session folder cannot be used: {}", self.session_id, exc)
                 self._fail_open(turn, failure("not_started", "", "", problem=f"the session folder: {exc}"))
                 return
-            self._folder_made = True
+            self.folder_made = True
         self._dispatch_ready(turn)
 
     def _prepare(self, slot: _Slot, tools: ToolSet, withheld: frozenset[str]) -> ToolResult | None:

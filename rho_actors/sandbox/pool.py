@@ -124,7 +124,9 @@ class WorkerPool:
         if codec != "plain" and confine is not None and not confine.tree_only:
             raise ValueError(f"a confined pool runs untrusted code: its codec must be 'plain', not {codec!r}")
         self._codec = wire.CODECS[codec]
-        self._config = WorkerConfig(codec, heap_bytes)
+        trusted = confine is None or confine.tree_only
+        self._setting = "ActorSystem(process_heap_bytes=...)" if trusted else "UntrustedReads(heap_bytes=...)"
+        self._config = WorkerConfig(codec, heap_bytes, setting=self._setting)
         self._ctx = context(start_method)
         self._warm = warm
         self._heap_bytes = heap_bytes
@@ -225,6 +227,8 @@ class WorkerPool:
         start, deadline, timeout_ms, cancel = call.started, call.deadline, call.timeout_ms, call.cancel
 
         def failed(key: str, **fields: Any) -> ToolResult:
+            if key == "memory_tree":
+                fields["setting"] = self._setting
             return failure(key, call.call_id, call.name, (time.monotonic() - start) * 1000, **fields)
 
         if self._stopped:
@@ -440,7 +444,9 @@ class WorkerPool:
                 setup = enclosure.setup
             else:
                 setup = ChildSetup(self._heap_bytes, env=dict(os.environ))  # the host's, as it is now
-            child = spawn(self._ctx, worker_child, self._config, setup, name="rho-worker")
+            words = enclosure.memory_bound_words if enclosure is not None else None
+            config = self._config if words is None else replace(self._config, bound=words)
+            child = spawn(self._ctx, worker_child, config, setup, name="rho-worker")
         except BaseException:
             if enclosure is not None:
                 enclosure.remove()

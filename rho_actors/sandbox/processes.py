@@ -7,8 +7,11 @@ works too; a bare ``fork`` of this multi-threaded runtime is refused). The first
 :func:`context` for ``forkserver`` asks the fork server to preload
 ``rho_actors.sandbox`` (and so the rho_actors package), which makes a child ready in a
 few milliseconds; that only takes effect when the fork server is not running yet, and
-it replaces the preload list (``["__main__"]`` by default) with
-``["__main__", "rho_actors.sandbox"]`` (and what :func:`preload_trusted_modules` adds).
+it adds ``"__main__"`` and ``"rho_actors.sandbox"`` (and what
+:func:`preload_trusted_modules` adds) to the host's preload list (``["__main__"]`` by
+default), which the last :func:`release_servers` gives back. A fork server rho did not
+start, or that the host's own processes use, is never stopped, nor a resource tracker
+another process holds.
 Nothing happens at import.
 
 Every child is started by :func:`spawn` with one entry point,
@@ -50,7 +53,8 @@ __all__ = [
 START_METHODS: Final = ("forkserver", "spawn")
 
 _preload_lock = threading.Lock()
-_preload_asked: list[bool] = []
+_preload_asked: list[tuple[list[str], list[str], bool, bool]] = []
+"""Once asked: (the host's preload list, rho's, whether rho starts the fork server, and the resource tracker)."""
 _PRELOADS = ["__main__", "rho_actors.sandbox"]
 _holders = [0]  # systems and pools using the fork server now
 
@@ -63,34 +67,98 @@ def hold_servers() -> None:
 
 
 def release_servers() -> None:
-    """One user fewer; the last one stops the fork servers (``multiprocessing``'s and
-    the clean one, :mod:`rho_actors.sandbox.clean`; each kills every process left in its
-    tree, see :func:`rho_actors.sandbox.confine.confinement.guard_fork_server`) and the resource
-    tracker. Each starts again on the next child."""
+    """One user fewer; the last one stops rho's clean fork server
+    (:mod:`rho_actors.sandbox.clean`, which kills every process left in its tree) and
+    gives back what rho took of the host's process-wide state (:func:`_give_back`).
+    Each starts again on the next child."""
     with _preload_lock:
         _holders[0] -= 1
         if _holders[0] > 0:
             return
         _holders[0] = 0
-        from multiprocessing import forkserver, resource_tracker
-
-        for server in (forkserver._forkserver, resource_tracker._resource_tracker):
-            stop = getattr(server, "_stop", None)
-            if callable(stop):
-                with contextlib.suppress(Exception):
-                    stop()
+        _give_back()
         from rho_actors.sandbox.clean import stop_zygote
 
         stop_zygote()
 
 
+def _give_back() -> None:
+    """The host's ``multiprocessing`` state as rho found it (holding the lock): the fork
+    server's preload list back to the host's (unless the host changed it meanwhile),
+    and the fork server stopped only when rho started it and no process of the host's
+    own runs from it (it kills its tree when it ends: :func:`rho_actors.sandbox.confine.
+    confinement.guard_fork_server`), with the resource tracker it started, unless
+    another process holds that tracker's pipe (a host's own pool's workers: stopping it
+    would wait for them to end)."""
+    if not _preload_asked:
+        return
+    from multiprocessing import forkserver, resource_tracker
+
+    server, tracker = forkserver._forkserver, resource_tracker._resource_tracker
+    host_preload, ours, server_ours, tracker_ours = _preload_asked.pop()
+    if list(getattr(server, "_preload_modules", ())) == ours:
+        forkserver.set_forkserver_preload(host_preload)
+    pid = getattr(server, "_forkserver_pid", None)
+    if not server_ours or pid is None or _runs_host_children(pid):
+        return
+    for ended in (server, tracker):
+        if ended is tracker and (not tracker_ours or _shared_pipe(getattr(tracker, "_fd", None))):
+            continue  # the host's, or another process writes to it (a host's pool's workers)
+        stop = getattr(ended, "_stop", None)
+        if callable(stop):
+            with contextlib.suppress(Exception):
+                stop()
+
+
+def _shared_pipe(fd: int | None) -> bool:
+    """Whether a process other than this one holds the pipe whose end ``fd`` is
+    (``/proc/*/fd``; a process it cannot read is taken to hold it)."""
+    if fd is None:
+        return False
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return True
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except FileNotFoundError:
+            continue
+        except OSError:
+            continue  # another user's process: never one of this host's children
+        for name in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{name}") == target:
+                    return True
+    return False
+
+
+def _runs_host_children(pid: int) -> bool:
+    """Whether the fork server ``pid`` has a live child (rho's are all reaped by now:
+    any left is the host's own)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return bool(f.read().split())
+    except OSError:
+        return True  # unknown: leave it running
+
+
 def _ask_preload() -> None:
+    """Add rho's modules to the fork server's preload list (the host's own choices
+    kept), once until :func:`release_servers`; remember whether rho starts the fork server."""
     with _preload_lock:
         if not _preload_asked:
-            from multiprocessing import forkserver
+            from multiprocessing import forkserver, resource_tracker
 
-            forkserver.set_forkserver_preload(list(_PRELOADS))
-            _preload_asked.append(True)
+            server = forkserver._forkserver
+            host_preload = list(getattr(server, "_preload_modules", ["__main__"]))
+            ours = host_preload + [name for name in _PRELOADS if name not in host_preload]
+            forkserver.set_forkserver_preload(ours)
+            _preload_asked.append((host_preload, ours, getattr(server, "_forkserver_pid", None) is None,
+                                   getattr(resource_tracker._resource_tracker, "_pid", None) is None))
 
 
 def preload_trusted_modules(*names: str) -> None:
@@ -107,7 +175,10 @@ def preload_trusted_modules(*names: str) -> None:
         if _preload_asked:
             from multiprocessing import forkserver
 
-            forkserver.set_forkserver_preload(list(_PRELOADS))
+            host_preload, ours, server_ours, tracker_ours = _preload_asked[0]
+            ours = ours + [name for name in _PRELOADS if name not in ours]
+            forkserver.set_forkserver_preload(ours)
+            _preload_asked[0] = (host_preload, ours, server_ours, tracker_ours)
 
 
 def context(start_method: str) -> Any:

@@ -33,19 +33,28 @@ from rho_actors.sandbox.processes import mib
 from rho_actors.telemetry import attached
 from rho_actors.tool import ToolResult
 
-__all__ = ["TOOL_CACHE_SIZE", "WorkerConfig", "serve_request", "worker_child"]
+__all__ = ["ADDRESS_SPACE_BOUND", "TOOL_CACHE_SIZE", "WorkerConfig", "serve_request", "worker_child"]
 
 TOOL_CACHE_SIZE: Final = 32
 """Unpickled tools a worker keeps, by digest of their pickled bytes."""
 
 
+ADDRESS_SPACE_BOUND: Final = "address-space bound (RLIMIT_AS: this host gives no memory cgroup)"
+"""How a worker's memory bound is named when it is ``RLIMIT_AS`` (no cgroup, no sampler)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     """A worker's settings (plain data): its result ``codec`` (a name in
-    :data:`rho_actors.sandbox.wire.CODECS`) and its ``heap_bytes`` bound, for messages."""
+    :data:`rho_actors.sandbox.wire.CODECS`) and, for messages, its ``heap_bytes`` bound,
+    what that ``bound`` is (:data:`ADDRESS_SPACE_BOUND`, or a resident-memory bound:
+    :attr:`rho_actors.sandbox.confine.enclosure.Enclosure.memory_bound_words`) and the
+    ``setting`` that raises it."""
 
     codec: str
     heap_bytes: int | None
+    bound: str = ADDRESS_SPACE_BOUND
+    setting: str = "ActorSystem(process_heap_bytes=...)"
 
 
 def worker_child(channel: Channel, config: WorkerConfig) -> None:
@@ -71,7 +80,7 @@ def _serve(
     try:
         request = wire.decode_call(data)
     except MemoryError:
-        return _reply(_memory_result("", "?", config.heap_bytes), True, "?", codec)
+        return _reply(_memory_result("", "?", config), True, "?", codec)
     except BaseException as exc:  # a broken request
         return _reply(failure("failed_in_worker", "", "?", problem=describe_exception(exc)), False, "?", codec)
     return serve_request(request, tools, config, codec)
@@ -115,7 +124,7 @@ def serve_request(
                 logger.debug("call {}: deps could not be unpickled in the worker; left out", call_id)
         with attached(ctx):  # the call's span from ctx["traceparent"] is current here
             result, retire = contextvars.copy_context().run(
-                _call_in_context, tool, request, MappingProxyType(ctx), config.heap_bytes, carried
+                _call_in_context, tool, request, MappingProxyType(ctx), config, carried
             )
         del tool, ctx, request
         return _reply(result, retire, name, codec)
@@ -124,11 +133,11 @@ def serve_request(
     except BaseException as exc:  # a broken request, or a BaseException from an odd place
         failed = failure("failed_in_worker", call_id, name, problem=describe_exception(exc))
         return _reply(failed, False, name, codec)
-    return _reply(_memory_result(call_id, name, config.heap_bytes), True, name, codec)
+    return _reply(_memory_result(call_id, name, config), True, name, codec)
 
 
 def _call_in_context(
-    tool: Any, request: wire.CallRequest, ctx: Mapping[str, Any], heap_bytes: int | None, carried: Mapping[str, Any]
+    tool: Any, request: wire.CallRequest, ctx: Mapping[str, Any], config: WorkerConfig, carried: Mapping[str, Any]
 ) -> tuple[ToolResult, bool]:
     """:func:`_call` in a fresh copy of the worker's context, with the caller's plain
     ``contextvars`` set on the variables of those names (see
@@ -136,11 +145,11 @@ def _call_in_context(
     for name, value in carried.items():
         for var in context_vars(name):
             var.set(value)
-    return _call(tool, request, ctx, heap_bytes)
+    return _call(tool, request, ctx, config)
 
 
-def _memory_result(call_id: str, name: str, heap_bytes: int | None) -> ToolResult:
-    return failure("memory", call_id, name, heap=mib(heap_bytes))
+def _memory_result(call_id: str, name: str, config: WorkerConfig) -> ToolResult:
+    return failure("memory", call_id, name, heap=mib(config.heap_bytes), bound=config.bound, setting=config.setting)
 
 
 async def _until(coro: Any, deadline: float) -> Any:
@@ -148,7 +157,7 @@ async def _until(coro: Any, deadline: float) -> Any:
 
 
 def _call(
-    tool: Any, request: wire.CallRequest, ctx: Mapping[str, Any], heap_bytes: int | None
+    tool: Any, request: wire.CallRequest, ctx: Mapping[str, Any], config: WorkerConfig
 ) -> tuple[ToolResult, bool]:
     """Run the tool and make its result (``duration_ms`` is set by the host); ``True``
     beside it when the worker should be retired (it ran out of memory)."""
@@ -171,7 +180,7 @@ def _call(
             return failure("disk_full", call_id, name, problem=describe_exception(exc), disk=mib(disk)), False
         return result_from_exception(call_id, name, exc, max_chars, 0.0), False
     assert out_of_memory
-    return _memory_result(call_id, name, heap_bytes), True
+    return _memory_result(call_id, name, config), True
 
 
 def _reply(result: ToolResult, retire: bool, name: str, codec: wire.ResultCodec) -> tuple[bytes, bytes]:

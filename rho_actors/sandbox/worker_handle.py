@@ -189,7 +189,7 @@ def at_deadline(
     memory_hit = enclosure is not None and enclosure.memory_bound_hit()
     lose(worker, "killed")
     if enclosure is not None and memory_hit:
-        return failed("memory_tree", heap=mib(heap_bytes), bound=enclosure.memory_bound)
+        return failed("memory_tree", heap=mib(heap_bytes), bound=enclosure.memory_bound_words)
     return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED)
 
 
@@ -223,7 +223,7 @@ def ended(
     if stopped or worker.killed:
         return failed("pool_stopped_mid_call")
     if enclosure is not None and memory_hit:
-        return failed("memory_tree", heap=mib(heap_bytes), bound=enclosure.memory_bound)
+        return failed("memory_tree", heap=mib(heap_bytes), bound=enclosure.memory_bound_words)
     if code is None:
         return failed("pipe_closed")
     if code == -signal.SIGKILL:

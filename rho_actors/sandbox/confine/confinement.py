@@ -64,6 +64,7 @@ __all__ = [
     "Probe",
     "apply",
     "available",
+    "binds_threads",
     "disk_bound",
     "guard_fork_server",
     "guard_zygote",
@@ -188,8 +189,14 @@ def apply(spec: Confinement) -> tuple[str, ...]:
     skipped when the kernel lacks it, identity when the child is not root. Raises
     :class:`ConfinementError` naming the failed step
     (the caller must then exit without running tool code); if the parent already died,
-    the child kills itself with ``pdeathsig``."""
-    if _threads() != 1:
+    the child kills itself with ``pdeathsig``.
+
+    A ``spec`` that binds threads (``no_new_privs``, ``landlock``, ``seccomp``,
+    ``namespaces``, or a uid to drop to) needs a single-threaded process: a thread
+    already running would escape them, so it is refused (:func:`binds_threads`). A
+    spec that contains the tree only (a trusted worker's: session, subreaper, cgroup,
+    rlimits) applies in any process, one whose import started threads included."""
+    if binds_threads(spec) and _threads() != 1:
         raise ConfinementError(0, "apply() needs a single-threaded process (Landlock and no_new_privs bind one thread)")
     done = []
     if spec.pdeathsig:
@@ -236,6 +243,13 @@ def apply(spec: Confinement) -> tuple[str, ...]:
     if spec.seccomp:  # last: nothing after it needs a denied call
         done.append(_load_seccomp(spec))
     return tuple(done)
+
+
+def binds_threads(spec: Confinement) -> bool:
+    """Whether ``spec`` asks for a mechanism that binds only the threads it is applied in
+    (or that the kernel refuses in a multi-threaded process): ``no_new_privs``,
+    Landlock, seccomp, namespaces, a uid to drop to."""
+    return spec.no_new_privs or spec.landlock or spec.seccomp or spec.namespaces or spec.uid is not None
 
 
 def release_host_pipes() -> None:

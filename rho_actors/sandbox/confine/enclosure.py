@@ -219,8 +219,8 @@ class Enclosure:
                 self.cgroup_reason = exc.strerror
         spec = None
         if policy.tree_only:
-            spec = replace(
-                _TREE, address_space=heap_bytes or None,
+            spec = replace(  # a cgroup bounds resident memory: no address-space bound then
+                _TREE, address_space=heap_bytes or None if self.cgroup is None else None,
                 cgroup_procs=self.cgroup.procs_files if self.cgroup is not None else (),
             )
             # the host's environment as it is now (a fork server keeps the one it started with)
@@ -235,8 +235,9 @@ class Enclosure:
                 read_only=python_read_paths(modules=modules, exclude=policy.exclude),
                 list_only=split_sys_path(policy.exclude)[1],
                 private_dir=self.private_dir,
-                # the cgroup bounds the whole tree; RLIMIT_AS stays as a per-process backstop
-                address_space=heap_bytes or None,
+                # the cgroup bounds the whole tree's resident memory; RLIMIT_AS only without one
+                # (it counts what a library maps and never touches: 1 GiB reserved fails every call)
+                address_space=heap_bytes or None if self.cgroup is None else None,
                 cgroup_procs=self.cgroup.procs_files if self.cgroup is not None else (),
             )
         self.setup = ChildSetup(
@@ -250,6 +251,15 @@ class Enclosure:
         if not self.policy.confine or not self.heap_bytes:
             return "none"
         return "cgroup" if self.cgroup is not None else "sampler"
+
+    @property
+    def memory_bound_words(self) -> str | None:
+        """The tree's memory bound named for a message (``"resident-memory bound (cgroup
+        v2)"``, ``"resident-memory bound (sampled)"``), ``None`` when there is none."""
+        if self.memory_bound == "none":
+            return None
+        return (f"resident-memory bound (cgroup v{self.cgroup.version})" if self.cgroup is not None
+                else "resident-memory bound (sampled)")
 
     def started(self, pid: int) -> None:
         """The child ``pid`` started: without a cgroup, sample its tree's memory."""
