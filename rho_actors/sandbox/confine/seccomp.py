@@ -162,11 +162,15 @@ def _own_process_only(f: Any, deny: Any, sc: Any) -> None:
         f.add_rule(deny, name, sc.Arg(0, sc.MASKED_EQ, _INT, user))
 
 
-@functools.cache
 def program(network: bool = False) -> bytes:
     """The compiled filter (classic BPF ``sock_filter`` instructions, 8 bytes each) of a
     worker without the network (``network=True``: ``AF_INET``/``AF_INET6`` sockets
     allowed), built once per process. Raises :class:`SeccompError` without libseccomp."""
+    return _program(bool(network))
+
+
+@functools.cache
+def _program(network: bool) -> bytes:
     try:
         return _compile(network)
     except SeccompError:
