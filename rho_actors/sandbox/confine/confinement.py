@@ -473,7 +473,8 @@ def available(spec: Confinement) -> tuple[Confinement, tuple[str, ...]]:
         missing.append(f"untrusted workers run without a seccomp filter (file locks, AIO and sockets stay open to "
                        f"them): {found.seccomp}")
         spec = replace(spec, seccomp=False)
-    if spec.uid_range is not None and found.identity is None and (reason := uids.unavailable(spec.uid_range)):
+    own_uids = spec.uid_range is not None and spec.uid is not None and found.identity is None
+    if own_uids and spec.uid_range is not None and (reason := uids.unavailable(spec.uid_range)):
         missing.append(f"untrusted workers share uid {spec.uid} and its per-uid kernel counters, "
                        f"no uid of their own: {reason}")
         spec = replace(spec, uid_range=None)

@@ -105,7 +105,7 @@ def default_policy() -> ConfinePolicy:
     """The policy untrusted input gets when no system's is given (the command line,
     :func:`rho_actors.run_selftests`, :func:`rho_actors.selftest.load_tools`): what an
     :class:`rho_actors.ActorSystem` built with default arguments uses (drop to
-    ``nobody``, Landlock, rlimits, namespaces, seccomp, a cgroup per child)."""
+    a uid of its own, Landlock, rlimits, namespaces, seccomp, a cgroup per child)."""
     return system_policy(None)
 
 
@@ -113,7 +113,7 @@ def system_policy(
     confinement: Confinement | bool | None, exclude: tuple[str, ...] = (), process_heap_bytes: int = 0
 ) -> ConfinePolicy:
     """A system's policy from ``ActorSystem(confinement=...)``: ``None`` or ``True``, the
-    default :class:`Confinement` with the default identity (``nobody`` when root);
+    default :class:`Confinement` (when root: each child a uid of its own, else ``nobody``);
     ``False``, none; else the one given. Mechanisms this host lacks are turned off, each
     said (:func:`rho_actors.sandbox.confine.confinement.available`); ``exclude``: folders never readable
     (``data_dir``). Raises ``ValueError`` for a ``process_heap_bytes`` (bytes; 0: none)
@@ -171,7 +171,7 @@ def policy_stats(policy: ConfinePolicy) -> dict[str, Any]:
     info["network"] = not policy.confine or not base.namespaces or base.network
     info["disk_bytes"] = base.disk_bytes if policy.confine and base.namespaces else None
     info["memory_bound"] = memory if policy.confine else "none"
-    own = policy.confine and found.identity is None and base.uid_range is not None
+    own = policy.confine and found.identity is None and base.uid_range is not None and base.uid is not None
     info["uid"] = base.uid if policy.confine and found.identity is None and not own else None
     info["uid_range"] = str(base.uid_range) if own else None
     info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else
@@ -217,8 +217,9 @@ class Enclosure:
         self.cgroup_reason: str | None = None
         self.pid: int | None = None
         self.uid_lease: UidLease | None = None
-        if policy.confine and not policy.tree_only and base.uid_range is not None and os.geteuid() == 0:
-            self.uid_lease = lease(base.uid_range)  # raises UidRangeExhausted: the child is refused
+        uids = base.uid_range if base.uid is not None else None  # uid=None: the host's uid
+        if policy.confine and not policy.tree_only and uids is not None and os.geteuid() == 0:
+            self.uid_lease = lease(uids)  # raises UidRangeExhausted: the child is refused
             base = replace(base, uid=self.uid_lease.uid, gid=self.uid_lease.uid)
         try:
             self._make(policy, base, heap_bytes, env, modules)

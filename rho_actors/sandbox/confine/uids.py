@@ -14,8 +14,8 @@ child's whole tree is gone. Leases are ``flock`` locks on files in
 ``/run/rho-actors/uids`` (or the temporary folder's ``rho-actors-uids``), so the hosts on
 one machine never lease one uid twice, and a host that dies releases its leases with it.
 A uid is refused (the next one tried) while a process runs with it or it owns an entry
-of a shared writable folder (``/tmp``, ``/var/tmp``, ``/dev/shm``) other than a
-rho_actors private folder: it belongs to someone else. :func:`unavailable` says why a
+of a shared writable folder (``/tmp``, ``/var/tmp``, ``/dev/shm``; read once a minute)
+other than a rho_actors private folder: it belongs to someone else. :func:`unavailable` says why a
 host cannot use a range at all (not root; the password or group database names a uid of
 it).
 """
@@ -31,6 +31,7 @@ import os
 import pwd
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -38,6 +39,7 @@ __all__ = ["DEFAULT_UID_RANGE", "UidLease", "UidRange", "UidRangeExhausted", "le
 
 _SHARED_FOLDERS: Final = ("/tmp", "/var/tmp", "/dev/shm")
 _PRIVATE_PREFIX: Final = "rho-actors-"
+_OWNERS_PERIOD_S: Final = 60.0
 
 
 @dataclass(frozen=True)
@@ -128,10 +130,11 @@ def _lease_folder() -> str:
     raise OSError(errno.EACCES, "neither /run/rho-actors/uids nor a temporary folder is usable")
 
 
-@functools.cache
-def _file_owners(uids: UidRange) -> frozenset[int]:
+@functools.lru_cache(maxsize=8)
+def _file_owners(uids: UidRange, period: int) -> frozenset[int]:
     """The uids of ``uids`` that own an entry of a shared writable folder (not a
-    rho_actors private folder); read once per range and process."""
+    rho_actors private folder); read once per range and ``period`` (a minute: reading
+    the folders costs milliseconds, too much for every child)."""
     owners = set()
     for folder in _SHARED_FOLDERS:
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
@@ -160,7 +163,7 @@ def lease(uids: UidRange) -> UidLease:
     range's first uid on (so the leases stay few and dense). Raises :class:`UidRangeExhausted` when none is free, or
     ``OSError`` when the lease folder is unusable (:func:`unavailable` says so first)."""
     folder = _lease_folder()
-    owners = _file_owners(uids)
+    owners = _file_owners(uids, int(time.monotonic() // _OWNERS_PERIOD_S))
     for uid in range(uids.first, uids.last + 1):
         if uid in owners:
             continue
