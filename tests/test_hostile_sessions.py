@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import sqlite3
 import struct
 import threading
@@ -107,6 +108,14 @@ def _send(channel: str, secret: int, shared: str) -> dict[str, Any]:
         while _errno(lambda: signal.pthread_kill(threading.get_ident(), _SIGNAL)) is None and queued < 200_000:
             queued += 1
         return {"queued": queued}
+    if channel == "inflight":  # descriptors in flight over Unix sockets, counted per uid up to RLIMIT_NOFILE
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        _HELD.extend((a, b))
+        sent = 0
+        while _errno(lambda: socket.send_fds(a, [b"x"], [b.fileno()] * 100)) == 1 and sent < 10_000:
+            sent += 100
+        return {"in_flight": sent}
     if channel == "aio":  # a share of the machine's fs.aio-max-nr: when it is spent, no io_setup works
         return {"io_setup": _io_setup(secret)}
     raise ValueError(f"unknown channel {channel!r}")
@@ -142,6 +151,10 @@ def _receive(channel: str, shared: str, sent: dict[str, Any]) -> dict[str, Any]:
         if sent_one is None:
             signal.sigtimedwait({_SIGNAL}, 0)
         return {"kill": "allowed" if sent_one is None else sent_one}
+    if channel == "inflight":
+        a, b = socket.socketpair()
+        with a, b:
+            return {"send_fds": _errno(lambda: socket.send_fds(a, [b"x"], [b.fileno()]) and "allowed")}
     if channel == "aio":
         return {"io_setup": _io_setup(1)}
     raise ValueError(f"unknown channel {channel!r}")
@@ -246,6 +259,12 @@ def test_per_uid_pipe_pages_are_per_session(system: ActorSystem) -> None:
 def test_per_uid_queued_signals_are_per_session(system: ActorSystem) -> None:
     sent, got = across(system, "signals")
     assert sent["queued"] > 0 and got == {"kill": "allowed"}, (sent, got)
+
+
+@needs_confinement
+def test_per_uid_descriptors_in_flight_are_per_session(system: ActorSystem) -> None:
+    sent, got = across(system, "inflight")
+    assert sent["in_flight"] > 256 and got == {"send_fds": "allowed"}, (sent, got)  # past the victim's RLIMIT_NOFILE
 
 
 @needs_confinement
