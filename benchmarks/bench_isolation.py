@@ -483,7 +483,12 @@ def time_child_start(clean: bool) -> float:
     clean, or (``clean=False``) by multiprocessing's fork server as before."""
     policy = default_policy()
     enclosure = Enclosure(policy, DEFAULT_HEAP_BYTES)
-    setup = enclosure.setup if clean else dataclasses.replace(enclosure.setup, clean=False)
+    setup = enclosure.setup
+    if not clean:  # multiprocessing forks no child into a PID namespace of its own
+        spec = setup.confinement
+        if spec is not None and getattr(spec, "pid_namespace", False):
+            spec = dataclasses.replace(spec, pid_namespace=False)
+        setup = dataclasses.replace(setup, clean=False, confinement=spec)
     ctx = context(START_METHOD)
     try:
         t0 = time.perf_counter_ns()

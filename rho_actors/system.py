@@ -133,7 +133,7 @@ class ActorSystem:
     Untrusted workers are confined (DESIGN §5 "Confinement"; :meth:`stats` says which
     mechanisms are active here): ``confinement`` is the
     :class:`rho_actors.sandbox.confine.confinement.Confinement` each starts from (default: drop to
-    ``nobody`` when the host is root, own IPC, mount and network namespaces with a 64 MiB
+    a uid of its own when the host is root, own PID, IPC, mount and network namespaces with a 64 MiB
     tmpfs private folder, Landlock, a seccomp filter, process/file/core limits;
     ``Confinement(network=True)`` lets workers use the host's network; pass
     ``Confinement(uid=None, gid=None)`` to keep the host's uid, or ``False`` for no OS

@@ -166,7 +166,7 @@ def test_dropped_uid_cannot_signal_the_host_nor_read_another_sessions_file(child
         host = os.getpid()
 
         def body(send: Callable[[Any], None]) -> None:
-            applied = apply(Confinement(landlock=False, nproc=None, address_space=None))
+            applied = apply(Confinement(pid_namespace=False, landlock=False, nproc=None, address_space=None))
             answer: dict[str, Any] = {"applied": applied, "uid": os.getuid()}
             for name, attempt in (
                 ("signal", lambda: os.kill(host, signal.SIGTERM)),
@@ -232,6 +232,7 @@ def test_landlock_allows_only_python_and_the_private_dir(tmp_path: Path, childre
     def body(send: Callable[[Any], None]) -> None:
         before = secret.read_text()
         spec = Confinement(
+            pid_namespace=False,  # forked by multiprocessing: no PID namespace of its own
             uid=None,
             read_only=python_read_paths(modules=[str(read_only)], exclude=[str(tmp_path / "elsewhere")]),
             private_dir=private,
@@ -270,7 +271,7 @@ def test_landlock_alone_keeps_a_child_from_signalling_the_host(children: Any) ->
     host = os.getpid()
 
     def body(send: Callable[[Any], None]) -> None:
-        apply(Confinement(uid=None, read_only=python_read_paths(), address_space=None))
+        apply(Confinement(pid_namespace=False, uid=None, read_only=python_read_paths(), address_space=None))
         try:
             os.kill(host, signal.SIGTERM)
             send({"signal": "allowed"})
@@ -356,7 +357,7 @@ def test_kill_tree_kills_setsid_escapes(children: Any) -> None:
 
 def test_child_whose_parent_already_died_kills_itself(children: Any) -> None:
     def body(send: Callable[[Any], None]) -> None:
-        apply(Confinement(uid=None, landlock=False, parent_pid=1, address_space=None))
+        apply(Confinement(pid_namespace=False, uid=None, landlock=False, parent_pid=1, address_space=None))
         send({"survived": True})
 
     child = children(body)
@@ -382,7 +383,7 @@ def escape(double):
 
 def worker(conn):
     from rho_actors.sandbox.confine.confinement import Confinement, apply
-    apply(Confinement(uid=None, landlock=False, address_space=None))
+    apply(Confinement(pid_namespace=False, uid=None, landlock=False, address_space=None))
     conn.send([os.getppid(), escape(False), escape(True)])
     while True:  # busy
         pass
@@ -429,7 +430,8 @@ def test_fork_bomb_is_contained_and_killed(children: Any, cgroup: Callable[..., 
 
     def body(send: Callable[[Any], None]) -> None:
         procs = () if group is None else group.procs_files
-        apply(Confinement(uid=uid, gid=uid, landlock=False, nproc=cap, address_space=None, cgroup_procs=procs))
+        apply(Confinement(pid_namespace=False, uid=uid, gid=uid, landlock=False, nproc=cap, address_space=None,
+                          cgroup_procs=procs))
         send({"uid": os.getuid()})
         while True:
             try:
@@ -458,7 +460,7 @@ def test_fork_bomb_is_contained_and_killed(children: Any, cgroup: Callable[..., 
 
 
 def _spread_memory(send: Callable[[Any], None], procs: tuple[str, ...], each: int) -> None:
-    apply(Confinement(uid=None, landlock=False, address_space=512 * MIB, cgroup_procs=procs))
+    apply(Confinement(pid_namespace=False, uid=None, landlock=False, address_space=512 * MIB, cgroup_procs=procs))
     pids = []
     for _ in range(8):
         pid = os.fork()
@@ -506,7 +508,8 @@ def test_external_sigkill_is_crashed_naming_the_signal(children: Any, cgroup: Ca
     group = cgroup(memory_max=256 * MIB, pids_max=8)
 
     def body(send: Callable[[Any], None]) -> None:
-        apply(Confinement(uid=None, landlock=False, address_space=None, cgroup_procs=group.procs_files))
+        apply(Confinement(pid_namespace=False, uid=None, landlock=False, address_space=None,
+                          cgroup_procs=group.procs_files))
         send({"ready": True})
         _sleep_forever()
 

@@ -17,6 +17,7 @@ import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
 from rho_actors.sandbox.confine.confinement import probe
+from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
 from tests.conftest import WAIT_S, wait_for
 from tests.helpers import make_tool
 
@@ -27,7 +28,8 @@ GATE = threading.Event()
 
 
 def _pid(args: Any, ctx: Any) -> str:
-    return f"{os.getpid()} {os.getuid()}"
+    """Which worker process this is (its PID namespace: in one of its own, every worker is pid 1) and its uid."""
+    return f"{os.getpid()}@{os.readlink('/proc/self/ns/pid')} {os.getuid()}"
 
 
 def _kill(args: Any, ctx: Any) -> str:
@@ -139,8 +141,9 @@ def still_serving(system: ActorSystem) -> None:
 @needs_root
 def test_a_worker_cannot_signal_the_host(system: ActorSystem) -> None:
     result = call(system, "s1", "kill", {"pid": os.getpid()})
-    assert result.error_kind is ErrorKind.RAISED and "PermissionError" in result.content
-    assert call(system, "s1", "pid").content.split()[1] == "65534"
+    # in its own PID namespace the host's pid names no process it can see
+    assert result.error_kind is ErrorKind.RAISED and "ProcessLookupError" in result.content
+    assert int(call(system, "s1", "pid").content.split()[1]) in DEFAULT_UID_RANGE
     still_serving(system)
 
 
@@ -236,7 +239,7 @@ def test_stats_say_which_mechanisms_are_active(system: ActorSystem) -> None:
     info = system.stats()["confinement"]
     assert "environment" in info["active"] and info["memory_bound"] in ("cgroup", "sampler")
     if ROOT:
-        assert "identity" in info["active"] and info["uid"] == 65534
+        assert "identity" in info["active"] and info["uid"] is None and info["uid_range"] == str(DEFAULT_UID_RANGE)
 
 
 def _seen(tag: str) -> str:
@@ -285,7 +288,7 @@ def test_declaration_reads_and_selftests_are_confined_and_leave_nothing(
         assert wait_for(lambda: not _sleepers("303.5"))
         for seen in (read, tested):
             assert seen["key"] is None and seen["home"] != os.environ.get("HOME")
-            assert seen["uid"] == (65534 if ROOT else os.getuid())
+            assert seen["uid"] in DEFAULT_UID_RANGE if ROOT else seen["uid"] == os.getuid()
         result = system.start_loop("s").run_turn([ToolCall("c", "snooper", "{}")])[0]
         assert result.ok and result.content == "ran"
 

@@ -171,7 +171,7 @@ def _add_selftest(commands: Any) -> None:
 
 _UNCONFINED_HELP = (
     "run untrusted files' top level and selftests without OS confinement (default: confined as a system's "
-    "workers are: uid nobody, Landlock, rlimits, a cgroup with a 256 MiB memory bound)"
+    "workers are: a uid of their own, Landlock, rlimits, a cgroup with a 256 MiB memory bound)"
 )
 
 
@@ -493,7 +493,7 @@ def _add_mcp(commands: Any) -> None:
     upstream.add_argument("--mcp-url", action="append", default=[], metavar="URL",
                           help="a streamable HTTP MCP server (repeatable)")
     upstream.add_argument("--untrusted-mcp", action="append", default=[], metavar='"CMD ARGS"',
-                          help="a stdio MCP server run confined as untrusted tools are: uid nobody, no network, "
+                          help="a stdio MCP server run confined as untrusted tools are: a uid of its own, no network, "
                                "its own folder, Landlock, a memory bound (repeatable)")
     upstream.add_argument("--config", default=None, metavar="GATEWAY.TOML",
                           help="upstream servers, one [servers.NAME] table each (command or url, env, "

@@ -8,8 +8,8 @@ server's ``env``), its own private folder (a bounded tmpfs, its working director
 cgroup bounding its whole tree's memory and processes, its own IPC, mount and network
 namespaces (only its own loopback unless ``network=True``), ``no_new_privs``, Landlock
 (the Python installation, the system's libraries, the server's own files and the
-``read`` paths, read-only; the private folder writable), uid/gid 65534 when the host is
-root, and the seccomp filter, all applied before any of the server's code runs
+``read`` paths, read-only; the private folder writable), a uid/gid of its own when the
+host is root, and the seccomp filter, all applied before any of the server's code runs
 (:func:`rho_actors.sandbox.child.enter_child`).
 
 The server speaks MCP over its standard input and output, which are one end of a

@@ -39,7 +39,7 @@ from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.confine.code_paths import installation_prefixes
 from rho_actors.sandbox.confine.enclosure import scrubbed_env
 from rho_actors.sandbox.output import PUMP, OutputStream
-from rho_actors.sandbox.zygote import BOOT, FORK, SPEC, SPEC_TIMEOUT_S, STATUS
+from rho_actors.sandbox.zygote import BOOT, FORK, FORK_PID_NAMESPACE, SPEC, SPEC_TIMEOUT_S, STATUS
 
 __all__ = ["CleanProcess", "preload_modules", "spawn_clean", "stop_zygote", "zygote_pid"]
 
@@ -104,8 +104,9 @@ class _Zygote:
                 proc.kill()
                 proc.wait(5.0)
 
-    def fork(self, fds: list[int]) -> None:
-        """Ask the fork server for one child with these three descriptors; raises
+    def fork(self, fds: list[int], request: bytes = FORK) -> None:
+        """Ask the fork server for one child with these three descriptors (``request``:
+        :data:`~rho_actors.sandbox.zygote.FORK` or ``FORK_PID_NAMESPACE``); raises
         ``OSError`` when it cannot be reached even once restarted."""
         with self._lock:
             for attempt in (1, 2):
@@ -115,7 +116,7 @@ class _Zygote:
                 ):
                     control = self._start_locked()
                 try:
-                    socket.send_fds(control, [FORK], fds)
+                    socket.send_fds(control, [request], fds)
                     return
                 except OSError:
                     if attempt == 2:
@@ -246,7 +247,9 @@ def spawn_clean(
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     try:
         try:
-            _ZYGOTE.fork([child_end.fileno(), status_w, out_w])
+            confinement = setup.confinement
+            own_pids = confinement is not None and confinement.namespaces and confinement.pid_namespace
+            _ZYGOTE.fork([child_end.fileno(), status_w, out_w], FORK_PID_NAMESPACE if own_pids else FORK)
         finally:
             child_end.close()
             os.close(status_w)

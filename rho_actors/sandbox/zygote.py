@@ -11,8 +11,10 @@ nor any other host code, nor any file of the host's own folders) and forks
 every untrusted child from there. The host's side is :mod:`rho_actors.sandbox.clean`.
 
 Protocol, on the control socket (``SOCK_SEQPACKET``): the host sends one ``b"F"``
-message carrying three descriptors: the child's end of its channel, the write end of
-its status pipe and the write end of its output pipe. The fork server forks; it writes
+message (``b"P"``: the child is PID 1 of a new PID namespace, for a confined child with
+``Confinement.pid_namespace``; when the kernel refuses one the child is forked as for
+``F`` and refuses itself) carrying three descriptors: the child's end of its channel,
+the write end of its status pipe and the write end of its output pipe. The fork server forks; it writes
 the child's pid (``!i``) to the status pipe at once, and its exit code (``!i``, ``-N``
 for signal ``N``) when it ends, then closes the pipe. The child first makes descriptor
 0 ``/dev/null``, 1 and 2 its output pipe, 3 its channel, and closes every other
@@ -39,10 +41,12 @@ import sys
 import time
 from typing import Any, Final
 
-__all__ = ["FORK", "SPEC", "SPEC_TIMEOUT_S", "STATUS", "boot", "main"]
+__all__ = ["FORK", "FORK_PID_NAMESPACE", "SPEC", "SPEC_TIMEOUT_S", "STATUS", "boot", "main"]
 
 FORK: Final = b"F"
-"""The one request on the control socket: fork a child (three descriptors attached)."""
+"""The request on the control socket: fork a child (three descriptors attached)."""
+FORK_PID_NAMESPACE: Final = b"P"
+"""The request to fork a child as PID 1 of a new PID namespace (three descriptors attached)."""
 STATUS: Final = struct.Struct("!i")
 """A pid, then an exit code, on a child's status pipe."""
 SPEC: Final = b"S"
@@ -140,12 +144,12 @@ def _serve(control: socket.socket) -> None:
             for fd in fds:
                 os.close(fd)
             return
-        if data != FORK or len(fds) != 3:
+        if data not in (FORK, FORK_PID_NAMESPACE) or len(fds) != 3:
             for fd in fds:
                 os.close(fd)
             continue
         channel, report, output = fds
-        pid = os.fork()
+        pid = _fork(data == FORK_PID_NAMESPACE)
         if pid == 0:
             try:
                 _become_child(channel, output)
@@ -157,6 +161,16 @@ def _serve(control: socket.socket) -> None:
         with contextlib.suppress(OSError):
             os.write(report, STATUS.pack(pid))
         status[pid] = report
+
+
+def _fork(pid_namespace: bool) -> int:
+    """``os.fork()``, the child PID 1 of a new PID namespace when asked and possible."""
+    if pid_namespace:
+        from rho_actors.sandbox.confine import namespaces
+
+        with contextlib.suppress(namespaces.NamespaceError):
+            return namespaces.fork_into_pid_namespace()
+    return os.fork()
 
 
 def _reap(status: dict[int, int]) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
 
-__all__ = ["Cgroup", "CgroupError", "CgroupHierarchy", "find_hierarchy"]
+__all__ = ["Cgroup", "CgroupError", "CgroupHierarchy", "find_hierarchy", "tcp_unbounded"]
 
 _CONTROLLERS: Final = ("memory", "pids")
 
@@ -122,6 +122,23 @@ def find_hierarchy() -> CgroupHierarchy | str:
     return "; ".join(reasons)
 
 
+_V1_TCP: Final = "memory.kmem.tcp.limit_in_bytes"
+
+
+@functools.cache
+def tcp_unbounded() -> str | None:
+    """Why a worker's TCP buffers would not count against its memory bound (a sentence),
+    or None. cgroup v2 charges socket memory to the cgroup; v1 only once
+    ``memory.kmem.tcp.limit_in_bytes`` is set (:class:`Cgroup` sets it to the memory
+    bound: TCP buffers then have a bound of that size of their own)."""
+    hierarchy = find_hierarchy()
+    if isinstance(hierarchy, str):
+        return f"no cgroup: {hierarchy}"
+    if hierarchy.version == 1 and not os.path.exists(os.path.join(hierarchy.dirs["memory"], _V1_TCP)):
+        return f"cgroup v1 without {_V1_TCP} (a kernel that no longer accounts TCP memory on v1)"
+    return None
+
+
 class Cgroup:
     """One worker's process tree, bounded: ``memory_max`` bytes of memory (no swap) and
     ``pids_max`` processes for the whole tree (``None``: unbounded).
@@ -176,8 +193,9 @@ class Cgroup:
                     _write(os.path.join(memory, name), value)
         else:
             _write(os.path.join(memory, "memory.limit_in_bytes"), str(memory_max))
-            if os.path.exists(os.path.join(memory, "memory.memsw.limit_in_bytes")):
-                _write(os.path.join(memory, "memory.memsw.limit_in_bytes"), str(memory_max))
+            for name in ("memory.memsw.limit_in_bytes", _V1_TCP):  # v1 counts TCP buffers apart, once bounded
+                if os.path.exists(os.path.join(memory, name)):
+                    _write(os.path.join(memory, name), str(memory_max))
 
     @property
     def procs_files(self) -> tuple[str, ...]:

@@ -19,13 +19,16 @@ Importing this module in a ``multiprocessing`` fork server (``set_forkserver_pre
 makes that fork server a child subreaper that kills its whole tree when it exits (it
 exits when the host dies or stops): see :func:`guard_fork_server`.
 
-Identity. When the host runs as root, a confined child drops to ``uid``/``gid``
-(default :data:`DEFAULT_UID` = 65534, ``nobody``), with no supplementary groups, no
-capabilities and ``PR_SET_NO_NEW_PRIVS``; it can then neither signal the host nor read
-a ``0700`` folder of the host. A host that is not root cannot change uid: its children
-keep the host's uid and rely on Landlock, which (ABI 6, Linux 6.12) also forbids
-signals to any process outside the child's own domain. A user namespace is reported by
-:func:`probe` but not used: a same-uid process in one can still signal the host.
+Identity. When the host runs as root, a confined child drops to a uid (and gid) of its
+own, leased from ``uid_range`` (:mod:`rho_actors.sandbox.confine.uids`; the host fills
+in ``uid``/``gid`` per child), else to ``uid``/``gid`` (default :data:`DEFAULT_UID` =
+65534, ``nobody``), with no supplementary groups, no capabilities and
+``PR_SET_NO_NEW_PRIVS``; it can then neither signal the host nor read a ``0700`` folder
+of the host, nor share a per-uid kernel counter with another child. A host that is not
+root cannot change uid: its children keep the host's uid and rely on Landlock, which
+(ABI 6, Linux 6.12) also forbids signals to any process outside the child's own domain.
+A user namespace is reported by :func:`probe` but not used: a same-uid process in one
+can still signal the host.
 The Python installation must be readable by the dropped uid (not under ``/root``).
 """
 
@@ -50,7 +53,7 @@ from typing import Any, Final
 
 from loguru import logger
 
-from rho_actors.sandbox.confine import cgroups, landlock, namespaces, seccomp
+from rho_actors.sandbox.confine import cgroups, landlock, namespaces, seccomp, uids
 from rho_actors.sandbox.confine.code_paths import installation_prefixes, split_sys_path
 from rho_actors.sandbox.confine.libc import LIBC, PR_SET_CHILD_SUBREAPER, checked
 from rho_actors.sandbox.confine.trees import kill_tree
@@ -128,8 +131,15 @@ class Confinement:
     ends, and holds each in memory until then; a child that needs one starts its own,
     confined as it is).
 
+    ``uid_range``: the :class:`~rho_actors.sandbox.confine.uids.UidRange` each child's own
+    uid comes from (a root host leases one per child and sets ``uid``/``gid`` to it;
+    ``None``: every child drops to ``uid``/``gid``).
+
     ``namespaces``: new IPC and mount namespaces, and a network namespace with only its
-    own loopback unless ``network=True`` (:mod:`rho_actors.sandbox.confine.namespaces`; needs a root host).
+    own loopback unless ``network=True``, and with ``pid_namespace`` a PID namespace of
+    which the child is PID 1, with its own ``/proc`` (the clean fork server forks it
+    there; a child not forked so refuses to run)
+    (:mod:`rho_actors.sandbox.confine.namespaces`; needs a root host).
     ``network=True`` is the opt-in for tools that need the host's network (they can then
     reach its loopback services too). ``disk_bytes``: the private folder is a tmpfs of
     this size (bytes, default 64 MiB; its pages count against the memory bound too;
@@ -164,6 +174,8 @@ class Confinement:
     disk_bytes: int | None = DEFAULT_DISK_BYTES
     seccomp: bool = True
     seccomp_filter: bytes | None = None
+    uid_range: uids.UidRange | None = uids.DEFAULT_UID_RANGE
+    pid_namespace: bool = True
 
     def __post_init__(self) -> None:
         if self.seccomp and not self.no_new_privs:
@@ -183,7 +195,7 @@ def _threads() -> int:
 def apply(spec: Confinement) -> tuple[str, ...]:
     """Confine this process as ``spec`` says; call it first in a fresh, single-threaded
     child, before any tool code. Returns the names of the mechanisms applied (a subset of
-    ``pdeathsig``, ``session``, ``subreaper``, ``cgroup``, ``ipc_namespace``,
+    ``pdeathsig``, ``session``, ``subreaper``, ``cgroup``, ``pid_namespace``, ``ipc_namespace``,
     ``mount_namespace``, ``network_namespace``, ``disk_bound``, ``rlimits``,
     ``no_new_privs``, ``landlock``, ``identity``, ``seccomp``, in that order): Landlock is
     skipped when the kernel lacks it, identity when the child is not root. Raises
@@ -203,8 +215,9 @@ def apply(spec: Confinement) -> tuple[str, ...]:
         _prctl(_PR_SET_PDEATHSIG, spec.pdeathsig, "PR_SET_PDEATHSIG")
         forked_from = [pid for pid in _fork_server if pid != os.getpid()]
         expected = spec.parent_pid or (forked_from[0] if forked_from else None)
-        if expected is not None and os.getppid() != expected:
-            os.kill(os.getpid(), spec.pdeathsig)  # the parent died before the signal was armed
+        if expected is not None and _parent_pid() != expected:  # it died before the signal was armed
+            os.kill(os.getpid(), spec.pdeathsig)
+            os._exit(1)  # PID 1 of a PID namespace ignores a signal it sends itself
         done.append("pdeathsig")
     _release_fork_server()
     if not spec.host_tracker:
@@ -250,6 +263,14 @@ def binds_threads(spec: Confinement) -> bool:
     (or that the kernel refuses in a multi-threaded process): ``no_new_privs``,
     Landlock, seccomp, namespaces, a uid to drop to."""
     return spec.no_new_privs or spec.landlock or spec.seccomp or spec.namespaces or spec.uid is not None
+def _parent_pid() -> int:
+    """This process's parent's pid; as PID 1 of a PID namespace (whose ``getppid()`` is
+    0) the one the host's ``/proc`` shows, read before the namespace's own is mounted."""
+    parent = os.getppid()
+    if parent:
+        return parent
+    with open("/proc/self/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
 
 
 def release_host_pipes() -> None:
@@ -273,7 +294,7 @@ def _join_cgroup(procs_files: tuple[str, ...]) -> str:
 
 def _load_seccomp(spec: Confinement) -> str:
     try:
-        seccomp.load(spec.seccomp_filter or seccomp.program())
+        seccomp.load(spec.seccomp_filter or seccomp.program(spec.network))
     except seccomp.SeccompError as exc:
         raise ConfinementError(exc.errno, f"seccomp: {exc.strerror}") from None
     return "seccomp"
@@ -285,6 +306,7 @@ def _enter_namespaces(spec: Confinement) -> tuple[str, ...]:
     try:
         done = namespaces.enter(
             network=spec.network, private_dir=spec.private_dir, disk_bytes=spec.disk_bytes, uid=uid, gid=gid,
+            pid=spec.pid_namespace,
         )
     except namespaces.NamespaceError as exc:
         raise ConfinementError(exc.errno, str(exc.strerror)) from None
@@ -440,7 +462,8 @@ def probe(uid: int = DEFAULT_UID, gid: int = DEFAULT_UID) -> Probe:
                                  f"to uid {uid}" if closed else f"Python is readable by uid {uid}")
     spaces, syscalls = namespaces.unavailable(), seccomp.unavailable()
     if spaces is None:
-        detail["namespaces"] = "ipc, mount (private folder on a bounded tmpfs), network (own loopback only)"
+        detail["namespaces"] = ("pid (its own /proc), ipc, mount (private folder on a bounded tmpfs), "
+                                "network (own loopback only)")
     if syscalls is None:
         detail["seccomp"] = f"libseccomp filter, {len(seccomp.program()) // 8} BPF instructions"
     return Probe(identity, lock, userns, group, reaper, None, spaces, syscalls, detail)
@@ -448,20 +471,29 @@ def probe(uid: int = DEFAULT_UID, gid: int = DEFAULT_UID) -> Probe:
 
 def available(spec: Confinement) -> tuple[Confinement, tuple[str, ...]]:
     """``spec`` with the mechanisms this host lacks turned off (namespaces, with them
-    the disk bound and the network namespace; seccomp), and one sentence per mechanism
-    turned off, for an ``IsolationEvent`` (each is also logged as a warning, once per
-    process: never a silent downgrade). With seccomp on, the compiled filter is filled in."""
+    the disk bound, the PID and network namespaces; seccomp; the uid range, then every
+    child drops to ``uid``), and one sentence per mechanism turned off or gap left, for an
+    ``IsolationEvent`` (each is also logged as a warning, once per process: never a
+    silent downgrade). With seccomp on, the compiled filter is filled in."""
     found = probe(*(DEFAULT_UID if v is None else v for v in (spec.uid, spec.gid)))
     missing = []
     if spec.namespaces and found.namespaces is not None:
-        missing.append(f"untrusted workers run without their own IPC, mount and network namespaces and without "
-                       f"a disk bound: {found.namespaces}")
+        missing.append(f"untrusted workers run without their own PID, IPC, mount and network namespaces and "
+                       f"without a disk bound: {found.namespaces}")
         spec = replace(spec, namespaces=False)
     if spec.seccomp and found.seccomp is not None:
-        missing.append(f"untrusted workers run without a seccomp filter: {found.seccomp}")
+        missing.append(f"untrusted workers run without a seccomp filter (file locks, AIO and sockets stay open to "
+                       f"them): {found.seccomp}")
         spec = replace(spec, seccomp=False)
-    if spec.seccomp and spec.seccomp_filter is None:
-        spec = replace(spec, seccomp_filter=seccomp.program())
+    own_uids = spec.uid_range is not None and spec.uid is not None and found.identity is None
+    if own_uids and spec.uid_range is not None and (reason := uids.unavailable(spec.uid_range)):
+        missing.append(f"untrusted workers share uid {spec.uid} and its per-uid kernel counters, "
+                       f"no uid of their own: {reason}")
+        spec = replace(spec, uid_range=None)
+    if (spec.network or not spec.seccomp) and (reason := cgroups.tcp_unbounded()):
+        missing.append(f"untrusted workers' TCP buffers are outside their memory bound: {reason}")
+    if spec.seccomp:  # the filter of this spec's network (a spec may be a copy with another)
+        spec = replace(spec, seccomp_filter=seccomp.program(spec.network))
     for text in missing:
         if text not in _missing_warned:
             _missing_warned.add(text)

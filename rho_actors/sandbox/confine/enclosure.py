@@ -1,7 +1,8 @@
 """The host's side of one confined child (internal; DESIGN §5 "Confinement").
 
 An :class:`Enclosure` is made before the child starts and owns what confines it from
-outside: its private temporary folder (``0700``, owned by the dropped uid), its cgroup
+outside: its own uid, leased from the policy's range (:mod:`rho_actors.sandbox.confine.uids`),
+its private temporary folder (``0700``, owned by that uid), its cgroup
 (memory and process bounds for the whole tree) or, when no cgroup can be made, an
 :class:`~rho_actors.sandbox.confine.trees.RssSampler`; it builds the child's
 :class:`~rho_actors.sandbox.child.ChildSetup` (scrubbed environment, Landlock paths),
@@ -36,6 +37,7 @@ from rho_actors.sandbox.confine.confinement import (
     warn_if_unconfined,
 )
 from rho_actors.sandbox.confine.trees import RssSampler, kill_tree
+from rho_actors.sandbox.confine.uids import UidLease, lease
 
 __all__ = [
     "ENV_ALLOWLIST", "TREE_ONLY", "UNCONFINED", "ConfinePolicy", "Enclosure", "default_policy", "policy_stats",
@@ -103,7 +105,7 @@ def default_policy() -> ConfinePolicy:
     """The policy untrusted input gets when no system's is given (the command line,
     :func:`rho_actors.run_selftests`, :func:`rho_actors.selftest.load_tools`): what an
     :class:`rho_actors.ActorSystem` built with default arguments uses (drop to
-    ``nobody``, Landlock, rlimits, namespaces, seccomp, a cgroup per child)."""
+    a uid of its own, Landlock, rlimits, namespaces, seccomp, a cgroup per child)."""
     return system_policy(None)
 
 
@@ -111,7 +113,7 @@ def system_policy(
     confinement: Confinement | bool | None, exclude: tuple[str, ...] = (), process_heap_bytes: int = 0
 ) -> ConfinePolicy:
     """A system's policy from ``ActorSystem(confinement=...)``: ``None`` or ``True``, the
-    default :class:`Confinement` with the default identity (``nobody`` when root);
+    default :class:`Confinement` (when root: each child a uid of its own, else ``nobody``);
     ``False``, none; else the one given. Mechanisms this host lacks are turned off, each
     said (:func:`rho_actors.sandbox.confine.confinement.available`); ``exclude``: folders never readable
     (``data_dir``). Raises ``ValueError`` for a ``process_heap_bytes`` (bytes; 0: none)
@@ -141,7 +143,8 @@ def system_policy(
 def policy_stats(policy: ConfinePolicy) -> dict[str, Any]:
     """``stats()["confinement"]`` of a system with ``policy``: the probe's findings, the
     ``active`` mechanisms, the ``missing`` ones, ``network``, ``disk_bytes`` (bytes),
-    ``memory_bound``, the dropped ``uid`` and what trusted process tools get."""
+    ``memory_bound``, the ``uid`` every child drops to (``None``: none, or each its own
+    from ``uid_range``, ``"FIRST-LAST"``) and what trusted process tools get."""
     base = policy.base
     uid = base.uid if base.uid is not None else DEFAULT_UID
     found = probe(uid, base.gid if base.gid is not None else uid)
@@ -156,7 +159,8 @@ def policy_stats(policy: ConfinePolicy) -> dict[str, Any]:
         if found.cgroup is None:
             active.append("cgroup")
         if base.namespaces:
-            active += ["ipc_namespace", "mount_namespace"] + ([] if base.network else ["network_namespace"])
+            active += ["pid_namespace"] * base.pid_namespace + ["ipc_namespace", "mount_namespace"]
+            active += [] if base.network else ["network_namespace"]
             if base.disk_bytes is not None:
                 active.append("disk_bound")
         if base.seccomp:
@@ -167,7 +171,9 @@ def policy_stats(policy: ConfinePolicy) -> dict[str, Any]:
     info["network"] = not policy.confine or not base.namespaces or base.network
     info["disk_bytes"] = base.disk_bytes if policy.confine and base.namespaces else None
     info["memory_bound"] = memory if policy.confine else "none"
-    info["uid"] = base.uid if policy.confine and found.identity is None else None
+    own = policy.confine and found.identity is None and base.uid_range is not None and base.uid is not None
+    info["uid"] = base.uid if policy.confine and found.identity is None and not own else None
+    info["uid_range"] = str(base.uid_range) if own else None
     info["trusted_process"] = (  # trusted process tools: the tree contained, nothing else
         {"tree_kill": True, "memory_bound": memory} if policy.confine
         else {"tree_kill": False, "memory_bound": "rlimit_as"}
@@ -206,12 +212,27 @@ class Enclosure:
         self.heap_bytes = heap_bytes
         base = policy.base
         self.private_dir: str | None = None
-        if not policy.tree_only:
-            self.private_dir = make_private_dir(base.uid, base.gid) if policy.confine else make_private_dir(None, None)
         self.cgroup: Cgroup | None = None
         self.sampler: RssSampler | None = None
         self.cgroup_reason: str | None = None
         self.pid: int | None = None
+        self.uid_lease: UidLease | None = None
+        uids = base.uid_range if base.uid is not None else None  # uid=None: the host's uid
+        if policy.confine and not policy.tree_only and uids is not None and os.geteuid() == 0:
+            self.uid_lease = lease(uids)  # raises UidRangeExhausted: the child is refused
+            base = replace(base, uid=self.uid_lease.uid, gid=self.uid_lease.uid)
+        try:
+            self._make(policy, base, heap_bytes, env, modules)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _make(
+        self, policy: ConfinePolicy, base: Confinement, heap_bytes: int | None, env: Mapping[str, str] | None,
+        modules: tuple[str, ...],
+    ) -> None:
+        if not policy.tree_only:
+            self.private_dir = make_private_dir(base.uid, base.gid) if policy.confine else make_private_dir(None, None)
         if policy.confine:
             try:
                 self.cgroup = Cgroup(f"w{next(_names)}", memory_max=heap_bytes, pids_max=policy.pids_max)
@@ -229,8 +250,8 @@ class Enclosure:
         if policy.confine:
             spec = replace(
                 available(base)[0],  # what this host lacks is off, and was logged
-                # RLIMIT_NPROC counts every process of the one dropped uid: a tool at it would
-                # starve every other worker of processes. A cgroup bounds this tree alone.
+                # RLIMIT_NPROC counts every process of the uid: with a uid shared by every
+                # worker, a tool at it would starve the others. A cgroup bounds this tree alone.
                 nproc=base.nproc if self.cgroup is None or policy.pids_max is None else None,
                 read_only=python_read_paths(modules=modules, exclude=policy.exclude),
                 list_only=split_sys_path(policy.exclude)[1],
@@ -304,3 +325,5 @@ class Enclosure:
                 logger.warning("confinement: {}", exc)
         if self.private_dir is not None:
             shutil.rmtree(self.private_dir, ignore_errors=True)
+        if self.uid_lease is not None and (self.cgroup is None or not self.cgroup.pids()):
+            self.uid_lease.release()  # its tree is gone: another child may have the uid

@@ -3,6 +3,12 @@
 :func:`enter` runs in the child while it is still root, before Landlock and the uid
 drop: ``unshare(2)`` moves it (and all it starts) into
 
+- a new **PID namespace** (made by the clean fork server, which forks the child into it:
+  :data:`CLONE_NEWPID` moves only the children of the caller) of which the child is
+  PID 1, with a ``/proc`` of its own mounted here: it sees and addresses no process but
+  its own tree (not another worker, not the host: ``kill``, ``getpriority``,
+  ``sched_getaffinity``, ``ioprio_get`` of any other pid fail with ``ESRCH``, and ``/proc``
+  lists its tree alone), and when it ends the kernel kills every process left in it;
 - a new **IPC namespace**: SysV shared memory, semaphores and message queues, and POSIX
   message queues, seen by no other process and destroyed with the namespace when the
   child's tree ends (the kernel frees every segment left in it);
@@ -30,12 +36,13 @@ from typing import Final
 
 from rho_actors.sandbox.confine.libc import LIBC, checked
 
-__all__ = ["NamespaceError", "enter", "unavailable"]
+__all__ = ["CLONE_NEWPID", "NamespaceError", "enter", "fork_into_pid_namespace", "unavailable"]
 
 CLONE_NEWNS: Final = 0x00020000
 CLONE_NEWIPC: Final = 0x08000000
 CLONE_NEWNET: Final = 0x40000000
-_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+CLONE_NEWPID: Final = 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _INODE_BYTES: Final = 16 * 1024  # one inode of the tmpfs per 16 KiB of its size (at least 1024)
 
@@ -45,18 +52,29 @@ class NamespaceError(OSError):
     """A namespace or mount step failed; the message names it."""
 
 
-def enter(*, network: bool, private_dir: str | None, disk_bytes: int | None, uid: int, gid: int) -> tuple[str, ...]:
+def enter(
+    *, network: bool, private_dir: str | None, disk_bytes: int | None, uid: int, gid: int, pid: bool = True,
+) -> tuple[str, ...]:
     """Move this (single-threaded, root) process into new IPC and mount namespaces, and a
-    new network namespace unless ``network``; mount a ``disk_bytes`` tmpfs owned by
-    ``uid``/``gid`` on ``private_dir`` (both given). Returns the mechanism names applied
-    (``ipc_namespace``, ``mount_namespace``, ``network_namespace``, ``disk_bound``).
-    Raises :class:`NamespaceError` naming the failed step."""
+    new network namespace unless ``network``; with ``pid``, this process must be PID 1
+    of a new PID namespace (forked into it) and gets a ``/proc`` of that namespace; mount
+    a ``disk_bytes`` tmpfs owned by ``uid``/``gid`` on ``private_dir`` (both given).
+    Returns the mechanism names applied (``pid_namespace``, ``ipc_namespace``,
+    ``mount_namespace``, ``network_namespace``, ``disk_bound``). Raises
+    :class:`NamespaceError` naming the failed step."""
+    if pid and os.getpid() != 1:
+        raise NamespaceError(0, f"not PID 1 of a PID namespace of its own (pid {os.getpid()}): only the clean fork "
+                                "server starts a child in one")
     flags = CLONE_NEWIPC | CLONE_NEWNS | (0 if network else CLONE_NEWNET)
     named = "unshare(CLONE_NEWIPC|CLONE_NEWNS" + "|CLONE_NEWNET" * (not network) + ")"
     checked(LIBC.unshare(ctypes.c_int(flags)), NamespaceError, named)
     done = ["ipc_namespace", "mount_namespace"]
     private = LIBC.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None)
     checked(private, NamespaceError, "making / private")
+    if pid:
+        proc = LIBC.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC), None)
+        checked(proc, NamespaceError, "mounting the PID namespace's own /proc")
+        done.insert(0, "pid_namespace")
     if not network:
         _loopback_up()
         done.append("network_namespace")
@@ -88,7 +106,7 @@ def unavailable() -> str | None:
     """Why this host cannot give children their own namespaces (a sentence), or None."""
     if os.geteuid() != 0:
         return f"the host runs as uid {os.geteuid()}, not root: creating namespaces needs CAP_SYS_ADMIN"
-    for kind in ("ipc", "mnt", "net"):
+    for kind in ("pid", "ipc", "mnt", "net"):
         if not os.path.exists(f"/proc/self/ns/{kind}"):
             return f"the kernel lacks {kind} namespaces"
         try:
@@ -98,3 +116,22 @@ def unavailable() -> str | None:
         except (OSError, ValueError):
             continue
     return None
+
+
+_own_pid_namespace: list[int] = []  # a descriptor of this process's PID namespace, once opened
+
+
+def fork_into_pid_namespace() -> int:
+    """``os.fork()`` with the child as PID 1 of a new PID namespace (the caller stays in
+    its own: it unshares ``CLONE_NEWPID`` for the one fork, then rejoins its namespace
+    with ``setns``). Returns as ``os.fork``. Raises :class:`NamespaceError` when the
+    kernel refuses the namespace (no ``CAP_SYS_ADMIN``); the caller then has not forked."""
+    if not _own_pid_namespace:
+        _own_pid_namespace.append(os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC))
+    checked(LIBC.unshare(ctypes.c_int(CLONE_NEWPID)), NamespaceError, "unshare(CLONE_NEWPID)")
+    try:
+        return os.fork()
+    finally:
+        if os.getpid() != 1:  # the parent: its next children are born in its own namespace again
+            checked(LIBC.setns(ctypes.c_int(_own_pid_namespace[0]), ctypes.c_int(CLONE_NEWPID)), NamespaceError,
+                    "setns(its own PID namespace)")

@@ -19,9 +19,23 @@ falls back to ``clone``, whose flags the filter can read):
   uid, so one worker holding them all would starve every other session's and every other
   process of that uid): ``inotify_init``/``inotify_init1`` (``max_user_instances``, 128),
   ``fanotify_init`` and ``mq_open`` (POSIX queues' bytes, ``RLIMIT_MSGQUEUE`` per user);
+- the kernel's asynchronous I/O (``io_setup`` and the other ``io_*`` calls): its budget,
+  ``fs.aio-max-nr``, is one for the whole machine, so one worker holding it would starve
+  every other session's (and every other program's); ``io_uring_*`` are denied above;
+- file locks: ``flock`` and the ``fcntl`` commands that place one (``F_SETLK``,
+  ``F_SETLKW``, ``F_OFD_SETLK``, ``F_OFD_SETLKW``) succeed without placing anything
+  (``errno`` 0): a lock on a file every worker can read (an installed module) is seen by
+  every other (``F_GETLK``/``F_OFD_GETLK`` read back its offsets, a blocked ``flock``
+  times it), so no confined worker ever holds one, and ``F_GETLK`` always answers
+  "unlocked" as far as workers go. SQLite in the private folder works (one process
+  needs no file locks; its own in-process locking still holds); a tool's *several*
+  processes that lock one file against each other are not serialized;
 - sockets: ``socket()`` of any family but ``AF_INET``/``AF_INET6`` (so no ``AF_UNIX``
   socket can connect to a pathname socket anywhere on the host, no netlink, netfilter
-  or packet socket), and ``SOCK_RAW``/``SOCK_PACKET`` of those two; ``socketpair`` of
+  or packet socket), and ``SOCK_RAW``/``SOCK_PACKET`` of those two; without the network
+  (``program(network=False)``, the default) no ``socket()`` at all: the worker's own
+  loopback is no use to a tool, and its buffers live outside the memory bound on cgroup
+  v1; ``socketpair`` of
   ``AF_UNIX`` ``SOCK_STREAM``/``SOCK_SEQPACKET`` only (pipes between a tool's own
   processes: connected for life, they name no other peer). A ``SOCK_DGRAM`` pair is
   denied: a datagram socket may ``sendto`` or ``connect`` to any pathname socket, which
@@ -63,12 +77,14 @@ DENIED: Final = (
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
     "swapon", "swapoff", "acct", "iopl", "ioperm", "quotactl", "lookup_dcookie",
     "inotify_init", "inotify_init1", "fanotify_init", "mq_open",
+    "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents",
 )  # fmt: skip
 """Syscalls denied outright (``EPERM``); names unknown on this architecture are skipped."""
 
 _AF_INET, _AF_INET6 = 2, 10
 _AF_UNIX: Final = 1
 _SOCK_TYPE_MASK, _SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_RAW, _SOCK_PACKET = 0xF, 1, 5, 3, 10
+_LOCK_COMMANDS: Final = {"F_SETLK": 6, "F_SETLKW": 7, "F_OFD_SETLK": 37, "F_OFD_SETLKW": 38}
 _SECCOMP_SET_MODE_FILTER: Final = 1
 _SYS_SECCOMP: Final = {"x86_64": 317, "aarch64": 277}
 
@@ -83,7 +99,7 @@ class SeccompError(OSError):
     """The filter could not be compiled (no libseccomp) or loaded; the message says why."""
 
 
-def _compile() -> bytes:
+def _compile(network: bool) -> bytes:
     try:
         import pyseccomp as sc  # type: ignore[import-untyped]  # ctypes binding, loads libseccomp.so.2
     except (ImportError, RuntimeError, OSError) as exc:
@@ -101,12 +117,19 @@ def _compile() -> bytes:
         f.add_rule(deny, "unshare", sc.Arg(0, sc.MASKED_EQ, flag, flag))
         f.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags sit behind a pointer: libc falls back to clone
-    f.add_rule(deny, "socket", sc.Arg(0, sc.LT, _AF_INET))
-    f.add_rule(deny, "socket", sc.Arg(0, sc.GT, _AF_INET6))
-    for family in range(_AF_INET + 1, _AF_INET6):
-        f.add_rule(deny, "socket", sc.Arg(0, sc.EQ, family))
-    for kind in (_SOCK_RAW, _SOCK_PACKET):
-        f.add_rule(deny, "socket", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
+    no_effect: Any = sc.ERRNO(0)  # the call "succeeds" and does nothing
+    f.add_rule(no_effect, "flock")
+    for command in _LOCK_COMMANDS.values():  # fcntl's cmd is an unsigned int: its low 32 bits
+        f.add_rule(no_effect, "fcntl", sc.Arg(1, sc.MASKED_EQ, _INT, command))
+    if not network:
+        f.add_rule(deny, "socket")
+    else:
+        f.add_rule(deny, "socket", sc.Arg(0, sc.LT, _AF_INET))
+        f.add_rule(deny, "socket", sc.Arg(0, sc.GT, _AF_INET6))
+        for family in range(_AF_INET + 1, _AF_INET6):
+            f.add_rule(deny, "socket", sc.Arg(0, sc.EQ, family))
+        for kind in (_SOCK_RAW, _SOCK_PACKET):
+            f.add_rule(deny, "socket", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
     # socketpair: AF_UNIX streams only; an unconnected (datagram) Unix socket could address a pathname socket
     f.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, _AF_UNIX))
     for kind in range(_SOCK_TYPE_MASK + 1):
@@ -139,12 +162,17 @@ def _own_process_only(f: Any, deny: Any, sc: Any) -> None:
         f.add_rule(deny, name, sc.Arg(0, sc.MASKED_EQ, _INT, user))
 
 
+def program(network: bool = False) -> bytes:
+    """The compiled filter (classic BPF ``sock_filter`` instructions, 8 bytes each) of a
+    worker without the network (``network=True``: ``AF_INET``/``AF_INET6`` sockets
+    allowed), built once per process. Raises :class:`SeccompError` without libseccomp."""
+    return _program(bool(network))
+
+
 @functools.cache
-def program() -> bytes:
-    """The compiled filter (classic BPF ``sock_filter`` instructions, 8 bytes each),
-    built once per process. Raises :class:`SeccompError` without libseccomp."""
+def _program(network: bool) -> bytes:
     try:
-        return _compile()
+        return _compile(network)
     except SeccompError:
         raise
     except (OSError, ValueError, RuntimeError) as exc:
