@@ -59,13 +59,13 @@ import mcp_types as types
 import pykka
 from loguru import logger
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.encoding import describe_exception
+from rho_actors.mcp.bounds import route_sdk_logging, shown_text, stdio_transport
 from rho_actors.mcp.content import rho_value
 from rho_actors.mcp.names import default_name
 from rho_actors.mcp.peers import pin_listener
@@ -226,6 +226,7 @@ class MCPServer:
         self.max_tools = max_tools
         self.listing_cut = False  # whether a listing went over the bounds (logged once)
         self._link = _Link()
+        route_sdk_logging()  # the SDK's own log records: into loguru, escaped, never raw onto stderr
         self._tools: dict[str, tuple[str, MCPTool]] = {}  # name -> (version, tool): the same object while unchanged
         self._system: Any = None
 
@@ -388,7 +389,11 @@ class MCPServer:
             if callable(report):
                 report(progress, total, message)
 
-        request = session.call_tool(name, args, read_timeout_seconds=left, progress_callback=forward)
+        # sent as a bare request: the SDK's own result check (its jsonschema, Python's re on
+        # the server's patterns) never runs here; rho's bounded validator checks it (mcp serve)
+        request = session.send_request(
+            types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args)),
+            types.CallToolResult, request_read_timeout_seconds=left, progress_callback=forward)
         try:
             future = asyncio.run_coroutine_threadsafe(request, aloop)
         except RuntimeError:  # the loop closed in between
@@ -424,7 +429,7 @@ class MCPServer:
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:
     if err.code == CONNECTION_CLOSED:
         return _fails("mcp_stopped" if stopping else "mcp_crashed", tool, server=server)
-    return _fails("mcp_refused", tool, server=server, code=err.code, message=err.error.message)
+    return _fails("mcp_refused", tool, server=server, code=err.code, message=shown_text(err.error.message, 2000))
 
 
 # --------------------------------------------------------------------------- the actor
@@ -539,7 +544,7 @@ class MCPConnection(Actor):
                 tools = await _list_tools(session, server)
             with self._link.lock:
                 self._link.connections += 1
-                self._link.server_info = initialized.server_info.model_dump(mode="json", exclude_none=True)
+                self._link.server_info = _shown_info(initialized.server_info.model_dump(mode="json", exclude_none=True))
             self._publish(session, tools)
             listed_at = time.monotonic()
             try:
@@ -568,14 +573,15 @@ class MCPConnection(Actor):
 
     async def _open_stdio(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
         """Start the stdio server (through ``env -i``: the scrubbed environment), its
-        stderr a pipe into the log; its streams."""
+        stderr a pipe into the log; its streams, every message bounded before it is
+        parsed (:func:`rho_actors.mcp.bounds.stdio_transport`)."""
         server = self._server
         assert server.command is not None
-        params = StdioServerParameters(command=_env_program(), cwd=server.cwd,
-                                       args=["-i", *_assignments(scrubbed_environment(server.env)), *server.command])
+        args = ["-i", *_assignments(scrubbed_environment(server.env)), *server.command]
         self._stderr = StderrLog(server.name)
         stack.callback(self._stderr.close_writer)
-        streams = await stack.enter_async_context(stdio_client(params, errlog=self._stderr.writer))
+        streams = await stack.enter_async_context(stdio_transport(
+            _env_program(), args, cwd=server.cwd, stderr=self._stderr.writer, label=f"MCP server {server.name}"))
         self._stderr.close_writer()  # the process has its copy: the reader sees EOF when it exits
         return streams[0], streams[1]
 
@@ -624,6 +630,13 @@ async def _list_tools(session: ClientSession, server: MCPServer) -> dict[str, di
         if not cursor:
             break
     return tools
+
+
+def _shown_info(info: dict[str, Any]) -> dict[str, Any]:
+    """A server's ``serverInfo`` as kept for display: its strings escaped and cut
+    (:func:`~rho_actors.mcp.bounds.shown_text`), its ``name`` and ``version`` alone kept
+    with ``title`` and ``websiteUrl``."""
+    return {k: shown_text(v) for k, v in info.items() if k in ("name", "version", "title", "websiteUrl")}
 
 
 def _find_program(program: str, path: str, cwd: str | None, name: str) -> None:
