@@ -138,3 +138,19 @@ def test_message_bounds_directly() -> None:
     assert sum(a is not None for a in admitted) <= NOTIFICATION_BURST + 5 and bounds.dropped >= 45
     assert isinstance(bounds.admit(b"not json"), ValueError)
     assert shown_text("a\x1b[2J\nb\t" + "z" * 300) == "a\\x1b[2J\\nb\\t" + "z" * 192 + "..."
+
+
+def test_a_list_changed_flood_relists_ever_more_rarely(system: ActorSystem, tmp_path: Path) -> None:
+    import itertools
+
+    from rho_actors.mcp.source import RELIST_COST_FACTOR, RELIST_MAX_S, RELIST_MIN_S, relisting_wait
+
+    marks = tmp_path / "listed"
+    _source(system, "flood", "50", str(marks))  # answers each tools/list with another list_changed
+    assert wait_for(lambda: len(marks.read_text().split()) >= 4, 1 + 2 + 4 + WAIT_S * 3)
+    times = [float(t) for t in marks.read_text().split()]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(later >= earlier * 1.8 for earlier, later in itertools.pairwise(gaps)), gaps  # today: 1 s each
+    assert relisting_wait(RELIST_MIN_S, 0.01, flooded=False) == RELIST_MIN_S
+    assert relisting_wait(40.0, 0.01, flooded=True) == RELIST_MAX_S
+    assert relisting_wait(RELIST_MIN_S, 0.5, flooded=False) == 0.5 * RELIST_COST_FACTOR

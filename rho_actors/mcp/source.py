@@ -76,8 +76,8 @@ from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolFailure
 
 __all__ = [
-    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_MIN_S", "MCPConnection", "MCPServer", "MCPTool",
-    "default_name", "scrubbed_environment",
+    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_COST_FACTOR", "RELIST_MAX_S", "RELIST_MIN_S",
+    "MCPConnection", "MCPServer", "MCPTool", "default_name", "relisting_wait", "scrubbed_environment",
 ]
 
 ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
@@ -87,6 +87,20 @@ _MAX_PAGES = 100
 RELIST_MIN_S = 1.0
 """The least time between two listings of one connection (seconds): ``list_changed``
 notifications closer together are answered by one listing, once that time is up."""
+RELIST_MAX_S = 60.0
+"""The most time a flood of ``list_changed`` can put between two listings (seconds)."""
+RELIST_COST_FACTOR = 20.0
+"""A listing that took ``t`` seconds is followed by the next one ``t`` times this at the
+earliest: relisting takes at most about 5 % of the host's time."""
+
+
+def relisting_wait(last_s: float, cost_s: float, flooded: bool) -> float:
+    """The least time (seconds) before the next listing of a connection, after a listing
+    that took ``cost_s`` seconds: :data:`RELIST_COST_FACTOR` times the cost, at least
+    :data:`RELIST_MIN_S`; doubled from ``last_s`` when the ``list_changed`` it answered
+    came before ``last_s`` was up (a flood), at most :data:`RELIST_MAX_S` then."""
+    own = max(RELIST_MIN_S, cost_s * RELIST_COST_FACTOR)
+    return min(RELIST_MAX_S, max(own, last_s * 2)) if flooded else own
 MAX_TOOLS = 4096
 """The tools kept of one server's listing at most (``MCPServer(max_tools=...)``); the rest are left out, logged."""
 MAX_LISTED_BYTES = 32 * 2**20
@@ -515,9 +529,12 @@ class MCPConnection(Actor):
         server = self._server
         relist = asyncio.Event()
         wake = asyncio.Event()
+        changed_at: list[float] = []  # when the first list_changed since the last listing came
 
         async def on_message(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification):
+                if not relist.is_set():
+                    changed_at[:] = [time.monotonic()]
                 relist.set()
                 wake.set()
 
@@ -546,11 +563,11 @@ class MCPConnection(Actor):
                 self._link.connections += 1
                 self._link.server_info = _shown_info(initialized.server_info.model_dump(mode="json", exclude_none=True))
             self._publish(session, tools)
-            listed_at = time.monotonic()
+            listed_at, wait_s = time.monotonic(), RELIST_MIN_S
             try:
                 while True:
-                    # a list_changed flood relists at most once per RELIST_MIN_S (the host's CPU)
-                    early = listed_at + RELIST_MIN_S - time.monotonic()
+                    # a list_changed flood relists ever more rarely (the host's CPU: relisting_wait)
+                    early = listed_at + wait_s - time.monotonic()
                     try:
                         await asyncio.wait_for(wake.wait(), max(0.0, early) if relist.is_set()
                                                else server.ping_interval_s)
@@ -562,12 +579,16 @@ class MCPConnection(Actor):
                     wake.clear()
                     if ended.is_set():
                         raise ConnectionError("the server closed the connection (its process exited?)")
-                    if relist.is_set() and time.monotonic() >= listed_at + RELIST_MIN_S:
+                    if relist.is_set() and time.monotonic() >= listed_at + wait_s:
                         relist.clear()
+                        began = time.monotonic()
                         with anyio.fail_after(server.connect_timeout_s):
                             tools = await _list_tools(session, server)
+                        flooded = bool(changed_at) and changed_at[0] < listed_at + wait_s
+                        wait_s = relisting_wait(wait_s, time.monotonic() - began, flooded)
                         listed_at = time.monotonic()
-                        self._publish(session, tools)
+                        if tools != self._link.tools:  # an unchanged listing costs the offer nothing
+                            self._publish(session, tools)
             finally:
                 tasks.cancel_scope.cancel()
 

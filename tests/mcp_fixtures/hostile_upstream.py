@@ -4,7 +4,8 @@ Usage: hostile_upstream.py MODE [N].
 many: tools/list answers pages of N tools each, forever (every page has a next cursor).
 selfname: lists ``echo`` and ``<own server name>__echo`` (argv[3]), two different tools.
 flood: after each tools/list answer, sends tools/list_changed at once, and appends the
-time of each tools/list (time.monotonic()) to the file argv[3]; it lists N tools more.
+time of each tools/list (time.monotonic()) to the file argv[3]; it lists N tools more,
+their descriptions another each time.
 big: a tools/call answers with a text of N MiB (one message of that size).
 nested: a tools/call answers with structuredContent of N MiB of nested objects
 (``{"a":{"a":...}}``) when the text is "deep", else a list of empty objects (``[{},{},...]``).
@@ -27,6 +28,7 @@ from typing import Any
 MODE = sys.argv[1]
 N = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 0
 MIB = 2**20
+LISTED: list[int] = []
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}}
 
 
@@ -36,8 +38,10 @@ def tools(cursor: Any) -> dict[str, Any]:
         listed = [{"name": f"t{page}_{i}", "description": "d", "inputSchema": {"type": "object"}} for i in range(N)]
         return {"tools": listed, "nextCursor": str(page + 1)}
     listed = [{"name": "echo", "description": "Give the text back.", "inputSchema": SCHEMA}]
-    if MODE == "flood":  # N tools more: a large listing
-        listed += [{"name": f"t{i}", "description": "d" * 200, "inputSchema": SCHEMA} for i in range(N)]
+    if MODE == "flood":  # N tools more: a large listing, another each time
+        LISTED.append(1)
+        listed += [{"name": f"t{i}", "description": f"{len(LISTED)} " + "d" * 3000, "inputSchema": SCHEMA}
+                   for i in range(N)]
     if MODE == "regex":
         listed[0]["outputSchema"] = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}
     if MODE == "selfname":
