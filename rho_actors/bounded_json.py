@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["JSONBoundError", "loads_bounded"]
+__all__ = ["JSONBoundError", "bound_problem", "loads_bounded"]
 
 _STRING: Final = re.compile(r'"[^"]*"')  # a string once its escaped quotes are dropped
 _NOT_BRACKET: Final = re.compile(r"[^\[\]{}]+")
@@ -41,6 +41,25 @@ def _outside_strings(text: str) -> str:
     return _STRING.sub("", text.replace("\\\\", "").replace('\\"', ""))
 
 
+def bound_problem(text: str, *, max_containers: int, max_depth: int) -> str | None:
+    """Why the JSON ``text`` is over ``max_containers`` arrays and objects or nested
+    deeper than ``max_depth`` (``"JSON of more than 10 arrays and objects (12)"``), or
+    ``None``; counted on the text, nothing decoded. Linear in the text."""
+    rough = text.count("[") + text.count("{")  # brackets in strings too: at least the containers
+    if rough <= max_containers and rough <= max_depth:
+        return None
+    bare = _outside_strings(text)
+    containers = bare.count("[") + bare.count("{")
+    if containers > max_containers:
+        return f"JSON of more than {max_containers:,} arrays and objects ({containers:,})"
+    skeleton = _NOT_BRACKET.sub("", bare).replace("{", "[").replace("}", "]")
+    for _ in range(max_depth):  # each pass takes the innermost level away
+        skeleton = skeleton.replace("[]", "")
+        if not skeleton:
+            return None
+    return f"JSON nested deeper than {max_depth} levels" if skeleton else None
+
+
 def loads_bounded(text: str | bytes, *, max_containers: int, max_depth: int, max_bytes: int | None = None,
                   parse_constant: Callable[[str], Any] | None = None) -> Any:
     """``json.loads(text)`` once ``text`` is known to hold at most ``max_containers``
@@ -53,19 +72,9 @@ def loads_bounded(text: str | bytes, *, max_containers: int, max_depth: int, max
         raise JSONBoundError(f"JSON text of {len(text):,} bytes, over the bound of {max_bytes:,}")
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8")
-    rough = text.count("[") + text.count("{")  # brackets in strings too: at least the containers
-    if rough > max_containers or rough > max_depth:
-        bare = _outside_strings(text)
-        containers = bare.count("[") + bare.count("{")
-        if containers > max_containers:
-            raise JSONBoundError(f"JSON of more than {max_containers:,} arrays and objects ({containers:,})")
-        skeleton = _NOT_BRACKET.sub("", bare).replace("{", "[").replace("}", "]")
-        for _ in range(max_depth):  # each pass takes the innermost level away
-            skeleton = skeleton.replace("[]", "")
-            if not skeleton:
-                break
-        if skeleton:
-            raise JSONBoundError(f"JSON nested deeper than {max_depth} levels")
+    problem = bound_problem(text, max_containers=max_containers, max_depth=max_depth)
+    if problem is not None:
+        raise JSONBoundError(problem)
     try:
         return json.loads(text, parse_constant=parse_constant)
     except RecursionError:  # unbalanced brackets the count did not pair
