@@ -154,3 +154,26 @@ def test_a_list_changed_flood_relists_ever_more_rarely(system: ActorSystem, tmp_
     assert relisting_wait(RELIST_MIN_S, 0.01, flooded=False) == RELIST_MIN_S
     assert relisting_wait(40.0, 0.01, flooded=True) == RELIST_MAX_S
     assert relisting_wait(RELIST_MIN_S, 0.5, flooded=False) == 0.5 * RELIST_COST_FACTOR
+
+
+@pytest.mark.parametrize(("mode", "text", "said"), [
+    ("nested", "wide", f"more than {MAX_CONTAINERS:,} arrays and objects"),
+    ("structured", "x", f"over rho's bound of {MAX_STRUCTURED_BYTES:,} bytes"),
+])
+def test_a_confined_upstream_is_bounded_the_same(system: ActorSystem, logs: list[str], mode: str, text: str,
+                                                  said: str) -> None:
+    from rho_actors.mcp.gateway import Gateway, GatewayConfig, UpstreamSpec
+
+    spec = UpstreamSpec("h", command=(sys.executable, HOSTILE, mode, "8"), trusted=False, connect_timeout_s=60.0,
+                        timeout_ms=60_000)
+    gateway = Gateway(GatewayConfig((spec,)))
+    try:
+        gateway.start(system)
+        assert gateway.status()["h"]["connected"], gateway.status()
+        before = _rss()
+        [result] = system.start_loop("s").run_turn([ToolCall("c1", "echo", {"text": text})])
+        assert not result.ok
+        assert said in result.content or any(said in line for line in logs), (result.content, logs[-5:])
+        assert _rss() - before < 48 * _MIB
+    finally:
+        gateway.close()
