@@ -107,9 +107,9 @@ def test_the_circle_check_finds_a_circle() -> None:
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # 1. the tool contract
-    ("rho_actors.errors", "rho_actors.encoding", "rho_actors.tool", "rho_actors.function_tool", "rho_actors.cancel",
-     "rho_actors.files", "rho_actors.events", "rho_actors.results", "rho_actors.declarations",
-     "rho_actors.lifecycle"),
+    ("rho_actors.errors", "rho_actors.encoding", "rho_actors.bounded_json", "rho_actors.tool",
+     "rho_actors.function_tool", "rho_actors.cancel", "rho_actors.files", "rho_actors.events", "rho_actors.results",
+     "rho_actors.declarations", "rho_actors.lifecycle"),
     # 2. OTP and telemetry; 3. child processes; 4. calls; 5. the agent loop (a model driving a Session)
     ("rho_actors.otp", "rho_actors.telemetry"),
     ("rho_actors.sandbox",),

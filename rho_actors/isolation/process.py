@@ -97,6 +97,11 @@ class ProcessIsolation(Isolation):
         if services.events is not None:
             services.events.subscribe(self._tool_set_changed, only=(ToolSetChanged,))
 
+    @property
+    def slots(self) -> WorkerSlots:
+        """The system's cap on worker processes (declaration reads take places under it too)."""
+        return self._slots
+
     def _tool_set_changed(self, event: object) -> None:
         """Retire the untrusted workers of registrations that are gone (in the
         registry's thread: only marks them; the pool's own thread stops them)."""

@@ -13,7 +13,8 @@ host is root, and the seccomp filter, all applied before any of the server's cod
 (:func:`rho_actors.sandbox.child.enter_child`).
 
 The server speaks MCP over its standard input and output, which are one end of a
-``socketpair`` (its stderr is logged by the host through loguru, bounded, as every
+``socketpair``, every message it sends bounded before it is parsed
+(:mod:`rho_actors.mcp.bounds`) (its stderr is logged by the host through loguru, bounded, as every
 child's output: :mod:`rho_actors.sandbox.output`). Two ways to run it:
 
 - a Python server (``python -m MODULE ...`` or ``python SCRIPT ...``, the program
@@ -47,10 +48,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final
 
 import anyio
-import mcp_types as types
-from loguru import logger
-from mcp.shared.message import SessionMessage
 
+from rho_actors.mcp.bounds import MAX_MESSAGE_BYTES, message_streams
 from rho_actors.mcp.names import PYTHON_NAME, python_arguments
 from rho_actors.sandbox import Channel, ConfinePolicy, Enclosure, spawn_clean
 
@@ -61,8 +60,9 @@ __all__ = [
 
 DEFAULT_HEAP_BYTES: Final = 1024 * 2**20
 """The memory bound of a confined server's whole tree (bytes): 1 GiB."""
-MAX_LINE_BYTES: Final = 16 * 2**20
-"""The longest JSON-RPC line read from a confined server (bytes); a longer one ends the connection."""
+MAX_LINE_BYTES: Final = MAX_MESSAGE_BYTES
+"""The longest JSON-RPC line read from a confined server (bytes); a longer one ends the
+connection (every message passes :class:`rho_actors.mcp.bounds.MessageBounds`)."""
 _PIDS_MAX: Final = 128  # processes and threads of its tree (an SDK server runs a thread pool)
 _START_TIMEOUT_S: Final = 30.0
 _READY: Final = b"R"
@@ -344,47 +344,9 @@ async def confined_transport(
     except BaseException:
         await anyio.to_thread.run_sync(_end, enclosure, proc, channel)
         raise
-    read_send, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
-
-    async def from_server() -> None:
-        async with read_send:
-            while True:
-                try:
-                    line = await reader.readline()
-                except (ValueError, OSError) as exc:  # a line over MAX_LINE_BYTES, a reset
-                    logger.warning("{}: connection ended: {}", label, exc)
-                    return
-                if not line:
-                    return
-                try:
-                    item: SessionMessage | Exception = SessionMessage(
-                        types.jsonrpc_message_adapter.validate_json(line, by_name=False))
-                except ValueError as exc:
-                    item = exc
-                try:
-                    await read_send.send(item)
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    return
-
-    async def to_server() -> None:
-        try:
-            async with write_receive:
-                async for message in write_receive:
-                    text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    writer.write(text.encode() + b"\n")
-                    await writer.drain()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await read_send.aclose()
-
     try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(from_server)
-            tasks.start_soon(to_server)
-            try:
-                yield read_stream, write_stream
-            finally:
-                tasks.cancel_scope.cancel()
+        async with message_streams(reader, writer, label) as streams:
+            yield streams
     finally:
         writer.close()
         with anyio.CancelScope(shield=True):

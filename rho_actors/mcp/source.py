@@ -59,13 +59,13 @@ import mcp_types as types
 import pykka
 from loguru import logger
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.encoding import describe_exception
+from rho_actors.mcp.bounds import route_sdk_logging, shown_text, stdio_transport
 from rho_actors.mcp.content import rho_value
 from rho_actors.mcp.names import default_name
 from rho_actors.mcp.peers import pin_listener
@@ -76,8 +76,8 @@ from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolFailure
 
 __all__ = [
-    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_MIN_S", "MCPConnection", "MCPServer", "MCPTool",
-    "default_name", "scrubbed_environment",
+    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_COST_FACTOR", "RELIST_MAX_S", "RELIST_MIN_S",
+    "MCPConnection", "MCPServer", "MCPTool", "default_name", "relisting_wait", "scrubbed_environment",
 ]
 
 ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
@@ -87,6 +87,20 @@ _MAX_PAGES = 100
 RELIST_MIN_S = 1.0
 """The least time between two listings of one connection (seconds): ``list_changed``
 notifications closer together are answered by one listing, once that time is up."""
+RELIST_MAX_S = 60.0
+"""The most time a flood of ``list_changed`` can put between two listings (seconds)."""
+RELIST_COST_FACTOR = 20.0
+"""A listing that took ``t`` seconds is followed by the next one ``t`` times this at the
+earliest: relisting takes at most about 5 % of the host's time."""
+
+
+def relisting_wait(last_s: float, cost_s: float, flooded: bool) -> float:
+    """The least time (seconds) before the next listing of a connection, after a listing
+    that took ``cost_s`` seconds: :data:`RELIST_COST_FACTOR` times the cost, at least
+    :data:`RELIST_MIN_S`; doubled from ``last_s`` when the ``list_changed`` it answered
+    came before ``last_s`` was up (a flood), at most :data:`RELIST_MAX_S` then."""
+    own = max(RELIST_MIN_S, cost_s * RELIST_COST_FACTOR)
+    return min(RELIST_MAX_S, max(own, last_s * 2)) if flooded else own
 MAX_TOOLS = 4096
 """The tools kept of one server's listing at most (``MCPServer(max_tools=...)``); the rest are left out, logged."""
 MAX_LISTED_BYTES = 32 * 2**20
@@ -226,6 +240,7 @@ class MCPServer:
         self.max_tools = max_tools
         self.listing_cut = False  # whether a listing went over the bounds (logged once)
         self._link = _Link()
+        route_sdk_logging()  # the SDK's own log records: into loguru, escaped, never raw onto stderr
         self._tools: dict[str, tuple[str, MCPTool]] = {}  # name -> (version, tool): the same object while unchanged
         self._system: Any = None
 
@@ -388,7 +403,11 @@ class MCPServer:
             if callable(report):
                 report(progress, total, message)
 
-        request = session.call_tool(name, args, read_timeout_seconds=left, progress_callback=forward)
+        # sent as a bare request: the SDK's own result check (its jsonschema, Python's re on
+        # the server's patterns) never runs here; rho's bounded validator checks it (mcp serve)
+        request = session.send_request(
+            types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args)),
+            types.CallToolResult, request_read_timeout_seconds=left, progress_callback=forward)
         try:
             future = asyncio.run_coroutine_threadsafe(request, aloop)
         except RuntimeError:  # the loop closed in between
@@ -424,7 +443,7 @@ class MCPServer:
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:
     if err.code == CONNECTION_CLOSED:
         return _fails("mcp_stopped" if stopping else "mcp_crashed", tool, server=server)
-    return _fails("mcp_refused", tool, server=server, code=err.code, message=err.error.message)
+    return _fails("mcp_refused", tool, server=server, code=err.code, message=shown_text(err.error.message, 2000))
 
 
 # --------------------------------------------------------------------------- the actor
@@ -510,9 +529,12 @@ class MCPConnection(Actor):
         server = self._server
         relist = asyncio.Event()
         wake = asyncio.Event()
+        changed_at: list[float] = []  # when the first list_changed since the last listing came
 
         async def on_message(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification):
+                if not relist.is_set():
+                    changed_at[:] = [time.monotonic()]
                 relist.set()
                 wake.set()
 
@@ -539,13 +561,13 @@ class MCPConnection(Actor):
                 tools = await _list_tools(session, server)
             with self._link.lock:
                 self._link.connections += 1
-                self._link.server_info = initialized.server_info.model_dump(mode="json", exclude_none=True)
+                self._link.server_info = _shown_info(initialized.server_info.model_dump(mode="json", exclude_none=True))
             self._publish(session, tools)
-            listed_at = time.monotonic()
+            listed_at, wait_s = time.monotonic(), RELIST_MIN_S
             try:
                 while True:
-                    # a list_changed flood relists at most once per RELIST_MIN_S (the host's CPU)
-                    early = listed_at + RELIST_MIN_S - time.monotonic()
+                    # a list_changed flood relists ever more rarely (the host's CPU: relisting_wait)
+                    early = listed_at + wait_s - time.monotonic()
                     try:
                         await asyncio.wait_for(wake.wait(), max(0.0, early) if relist.is_set()
                                                else server.ping_interval_s)
@@ -557,25 +579,30 @@ class MCPConnection(Actor):
                     wake.clear()
                     if ended.is_set():
                         raise ConnectionError("the server closed the connection (its process exited?)")
-                    if relist.is_set() and time.monotonic() >= listed_at + RELIST_MIN_S:
+                    if relist.is_set() and time.monotonic() >= listed_at + wait_s:
                         relist.clear()
+                        began = time.monotonic()
                         with anyio.fail_after(server.connect_timeout_s):
                             tools = await _list_tools(session, server)
+                        flooded = bool(changed_at) and changed_at[0] < listed_at + wait_s
+                        wait_s = relisting_wait(wait_s, time.monotonic() - began, flooded)
                         listed_at = time.monotonic()
-                        self._publish(session, tools)
+                        if tools != self._link.tools:  # an unchanged listing costs the offer nothing
+                            self._publish(session, tools)
             finally:
                 tasks.cancel_scope.cancel()
 
     async def _open_stdio(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
         """Start the stdio server (through ``env -i``: the scrubbed environment), its
-        stderr a pipe into the log; its streams."""
+        stderr a pipe into the log; its streams, every message bounded before it is
+        parsed (:func:`rho_actors.mcp.bounds.stdio_transport`)."""
         server = self._server
         assert server.command is not None
-        params = StdioServerParameters(command=_env_program(), cwd=server.cwd,
-                                       args=["-i", *_assignments(scrubbed_environment(server.env)), *server.command])
+        args = ["-i", *_assignments(scrubbed_environment(server.env)), *server.command]
         self._stderr = StderrLog(server.name)
         stack.callback(self._stderr.close_writer)
-        streams = await stack.enter_async_context(stdio_client(params, errlog=self._stderr.writer))
+        streams = await stack.enter_async_context(stdio_transport(
+            _env_program(), args, cwd=server.cwd, stderr=self._stderr.writer, label=f"MCP server {server.name}"))
         self._stderr.close_writer()  # the process has its copy: the reader sees EOF when it exits
         return streams[0], streams[1]
 
@@ -624,6 +651,13 @@ async def _list_tools(session: ClientSession, server: MCPServer) -> dict[str, di
         if not cursor:
             break
     return tools
+
+
+def _shown_info(info: dict[str, Any]) -> dict[str, Any]:
+    """A server's ``serverInfo`` as kept for display: its strings escaped and cut
+    (:func:`~rho_actors.mcp.bounds.shown_text`), its ``name`` and ``version`` alone kept
+    with ``title`` and ``websiteUrl``."""
+    return {k: shown_text(v) for k, v in info.items() if k in ("name", "version", "title", "websiteUrl")}
 
 
 def _find_program(program: str, path: str, cwd: str | None, name: str) -> None:

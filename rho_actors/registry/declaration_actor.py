@@ -27,7 +27,7 @@ from rho_actors.declarations.checks import (
 from rho_actors.encoding import describe_exception
 from rho_actors.events import DeclarationEvent
 from rho_actors.otp.actor import Actor
-from rho_actors.sandbox import IsolatedReadError, raw_declaration, read_declaration_isolated
+from rho_actors.sandbox import IsolatedReadError, WorkerSlots, raw_declaration, read_declaration_isolated
 from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ class DeclarationActor(Actor):
         self._bounds = runtime.limits.declaration_bounds()
         self._untrusted = runtime.untrusted
         self._confine = runtime.confine
+        # reads take places under the worker cap, as workers do (the process isolation's)
+        self._slots: WorkerSlots | None = getattr(runtime.isolations.get("process"), "slots", None)
         self._timers = runtime.timers
         self._events = runtime.events
 
@@ -142,7 +144,7 @@ class DeclarationActor(Actor):
         threading.Thread(
             target=_read_isolated,
             args=(tool, self._untrusted, self._bounds, retry, self._deliver, self._state.closed,
-                  self._confine),
+                  self._confine, self._slots),
             name="rho-declaration-read",
             daemon=True,
         ).start()
@@ -204,14 +206,15 @@ class DeclarationActor(Actor):
 
 def _read_isolated(
     tool: Any, settings: UntrustedReads, bounds: dict[str, int], retry: int, deliver: Callable[[Any], None],
-    cancel: threading.Event, confine: ConfinePolicy | None = None,
+    cancel: threading.Event, confine: ConfinePolicy | None = None, slots: WorkerSlots | None = None,
 ) -> None:
-    """A helper thread's work: one isolated read and check, delivered as ``_ReadDone``."""
+    """A helper thread's work: one isolated read (under the worker cap ``slots``) and
+    check, delivered as ``_ReadDone``."""
     timed_out = False
     try:
         payload = read_declaration_isolated(
             tool, timeout_s=settings.timeout_s, heap_bytes=settings.heap_bytes, start_method=settings.start_method,
-            cancel=cancel, confine=confine,
+            cancel=cancel, confine=confine, bounds=bounds, slots=slots,
         )
         outcome: ToolInfo | Rejected = check_declaration(raw_declaration(payload), **bounds)
     except DeclarationError as err:

@@ -23,7 +23,15 @@ from typing import Any, Final, Literal
 
 import psutil
 
-from rho_actors.declarations.checks import Raised, read_declaration
+from rho_actors.bounded_json import bound_problem
+from rho_actors.declarations.checks import (
+    DEFAULT_MAX_DESCRIPTION_CHARS,
+    DEFAULT_MAX_SCHEMA_BYTES,
+    DEFAULT_MAX_SCHEMA_DEPTH,
+    DEFAULT_MAX_SCHEMA_NODES,
+    Raised,
+    read_declaration,
+)
 from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
@@ -33,6 +41,7 @@ from rho_actors.sandbox.confine.libc import LIBC, PR_SET_CHILD_SUBREAPER
 from rho_actors.sandbox.confine.trees import kill_tree
 from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
 from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
+from rho_actors.sandbox.slots import WorkerSlots
 
 __all__ = [
     "DEFAULT_HEAP_BYTES",
@@ -43,9 +52,11 @@ __all__ = [
     "become_subreaper",
     "declaration_child",
     "end_child",
+    "declaration_answer_bytes",
     "linger",
     "raw_declaration",
     "read_declaration_isolated",
+    "value_bounds",
 ]
 
 DEFAULT_HEAP_BYTES: Final = 256 * 2**20
@@ -57,8 +68,14 @@ DEFAULT_READ_TIMEOUT_S: Final = 2.0
 ReadFailure = Literal["timeout", "memory", "crashed", "exited", "unpicklable", "cancelled"]
 """How an isolated read can fail (:attr:`IsolatedReadError.kind`)."""
 
-_MAX_VALUE_CHARS: Final = 4 * 2**20
-"""Declaration values longer than this as JSON text are reported unencodable."""
+_MAX_TEXT_CHARS: Final = 1_000
+"""The longest text of a raised callback or a value's type name an answer carries (cut)."""
+_ESCAPED_CHARS: Final = 12
+"""ASCII JSON characters a character may take at most (``\\ud83d\\ude00``)."""
+_ENVELOPE_BYTES: Final = 4 * 1024 + 5 * 2 * _MAX_TEXT_CHARS * _ESCAPED_CHARS
+"""An answer's bytes beside its values: keys, type names, reasons, raised texts."""
+_SLOT_WAIT_S: Final = 60.0
+"""How long a declaration read waits for a place under the worker cap (seconds)."""
 _EXIT_GRACE_S: Final = 1.0
 """How long a child that closed its pipe gets to finish exiting before it is killed."""
 _REAP_TIMEOUT_S: Final = 5.0
@@ -85,6 +102,37 @@ class _Cancelled(Exception):
     pass
 
 
+def value_bounds(max_description_chars: int = DEFAULT_MAX_DESCRIPTION_CHARS,
+                 max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES, max_schema_nodes: int = DEFAULT_MAX_SCHEMA_NODES,
+                 max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> dict[str, Any]:
+    """What each declaration callback's value may be, as the child's ASCII JSON, for the
+    checks' bounds (:func:`rho_actors.declarations.checks.check_declaration`'s): ``chars``
+    by callback (a description of ``max_description_chars`` characters, each escaped as
+    12 at most; a schema of ``max_schema_bytes`` UTF-8 bytes, each 3 ASCII characters at
+    most), ``containers`` and ``depth`` of a schema (looser than the checks' own node and
+    depth bounds, whose messages say more). A larger value could not pass the checks:
+    the child reports it unencodable, naming the bound."""
+    return {
+        "chars": {"name": 1024, "description": max_description_chars * _ESCAPED_CHARS + 2,
+                  "parameter_schema": max_schema_bytes * 3, "timeout_ms": 64, "concurrency": 64},
+        "containers": 8 * max_schema_nodes, "depth": max_schema_depth + 2,
+    }
+
+
+def declaration_answer_bytes(max_description_chars: int = DEFAULT_MAX_DESCRIPTION_CHARS,
+                             max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> int:
+    """The largest declaration answer read from a child (bytes): every callback's value
+    at its bound (:func:`value_bounds`) and the answer's envelope; about 400 KiB with the
+    default bounds. A larger frame is a malformed answer, refused before it is read."""
+    chars = value_bounds(max_description_chars, max_schema_bytes)["chars"]
+    return int(sum(chars.values())) + _ENVELOPE_BYTES
+
+
+def _answer_limits(bounds: Mapping[str, int] | None) -> dict[str, Any]:
+    known = ("max_description_chars", "max_schema_bytes", "max_schema_nodes", "max_schema_depth")
+    return value_bounds(**{k: v for k, v in (bounds or {}).items() if k in known})
+
+
 
 
 def _type_name(value: Any) -> str:
@@ -94,25 +142,33 @@ def _type_name(value: Any) -> str:
         return "?"
 
 
-def _payload_json(cb_name: str, value: Any) -> str:
-    """One callback's answer as JSON text (see :func:`read_declaration_isolated`)."""
+def _payload_json(cb_name: str, value: Any, limits: Mapping[str, Any]) -> str:
+    """One callback's answer as JSON text (see :func:`read_declaration_isolated`), within
+    ``limits`` (:func:`value_bounds`)."""
     if isinstance(value, Raised):
-        return json.dumps({"raised": value.description})
-    type_json = json.dumps(_type_name(value))
+        return json.dumps({"raised": value.description[:_MAX_TEXT_CHARS]})
+    type_json = json.dumps(_type_name(value)[:_MAX_TEXT_CHARS])
     problem = wire.plain_problem(value, cb_name)
+    over = False
     if problem is None:
         try:
             text = json.dumps(value, ensure_ascii=True, allow_nan=False)
         except (ValueError, RecursionError) as exc:  # e.g. an int past the digit limit
             problem = f"{cb_name}: {describe_exception(exc)}"
         else:
-            if len(text) <= _MAX_VALUE_CHARS:
+            max_chars = limits["chars"].get(cb_name, 64)
+            found = bound_problem(text, max_containers=limits["containers"], max_depth=limits["depth"])
+            if found is not None:
+                problem, over = f"{cb_name}: {found}, over what a valid declaration can have", True
+            elif len(text) > max_chars:
+                problem, over = f"{cb_name}: {len(text):,} characters as JSON, more than {max_chars:,}", True
+            else:
                 return f'{{"type": {type_json}, "value": {text}}}'
-            problem = f"{cb_name}: {len(text):,} characters as JSON, more than {_MAX_VALUE_CHARS:,}"
-    return f'{{"type": {type_json}, "unencodable": true, "reason": {json.dumps(problem)}}}'
+    marks = ', "over": true' if over else ""
+    return f'{{"type": {type_json}, "unencodable": true{marks}, "reason": {json.dumps(problem[:_MAX_TEXT_CHARS])}}}'
 
 
-def _declaration_answer(payload: bytes) -> str:
+def _declaration_answer(payload: bytes, limits: Mapping[str, Any]) -> str:
     """The child's whole answer, as JSON text."""
     try:
         tool = pickle.loads(payload)
@@ -125,16 +181,17 @@ def _declaration_answer(payload: bytes) -> str:
     for cb_name, value in raw.items():
         if isinstance(value, Raised) and value.description.split(":", 1)[0] == "MemoryError":
             return json.dumps({"error": "memory", "message": f"{cb_name}() raised {value.description}"})
-    parts = [f"{json.dumps(cb_name)}: {_payload_json(cb_name, value)}" for cb_name, value in raw.items()]
+    parts = [f"{json.dumps(cb_name)}: {_payload_json(cb_name, value, limits)}" for cb_name, value in raw.items()]
     return '{"answers": {' + ", ".join(parts) + "}}"
 
 
-def declaration_child(channel: Channel, payload: bytes) -> None:
-    """Entry point of a declaration-read child: one ``DECLARATION`` answer, then it
-    waits to be ended with whatever it started."""
+def declaration_child(channel: Channel, payload: tuple[bytes, dict[str, Any]]) -> None:
+    """Entry point of a declaration-read child (``payload``: the shipped tool and the
+    :func:`value_bounds`): one ``DECLARATION`` answer, then it waits to be ended with
+    whatever it started."""
     become_subreaper()
     try:
-        text = _declaration_answer(payload)
+        text = _declaration_answer(*payload)
     except MemoryError:
         text = '{"error": "memory", "message": "MemoryError"}'
     except BaseException as exc:
@@ -157,7 +214,7 @@ def _check_answer(answer: Any) -> dict[str, dict[str, Any]]:
         else:
             ok = type(payload.get("type")) is str and (
                 set(payload) == {"type", "value"}
-                or (payload.get("unencodable") is True and set(payload) <= {"type", "unencodable", "reason"})
+                or (payload.get("unencodable") is True and set(payload) <= {"type", "unencodable", "over", "reason"})
             )
         if not ok:
             raise ValueError(f"a bad entry {cb_name!r}")
@@ -173,6 +230,8 @@ def read_declaration_isolated(
     start_method: str = "forkserver",
     cancel: threading.Event | None = None,
     confine: ConfinePolicy | None = None,
+    bounds: Mapping[str, int] | None = None,
+    slots: WorkerSlots | None = None,
 ) -> dict[str, Any]:
     """Read an untrusted tool's declaration callbacks in a fresh, throwaway child process.
 
@@ -192,10 +251,19 @@ def read_declaration_isolated(
     strict plain JSON data (exact types dict/list/str/int/float/bool/None, ``str`` keys,
     finite floats); else ``{"type": "<qualname>", "unencodable": True, "reason": "..."}``
     (a ``str`` subclass, a tuple inside a schema...; ``reason`` names the first part that
-    is not plain data). Feed it to :func:`raw_declaration` to check it.
+    is not plain data; with ``"over": True`` when it is plain data over what a valid
+    declaration can be, :func:`value_bounds` of ``bounds``, the checks' keyword
+    arguments). Feed it to :func:`raw_declaration` to check it.
+
+    The answer is bounded before it is decoded: at most :func:`declaration_answer_bytes`
+    bytes, its arrays and objects counted on the text
+    (:func:`rho_actors.bounded_json.loads_bounded`). With ``slots`` (the system's worker
+    cap) the child takes a place under the cap first, as a worker does (an idle worker
+    may be retired for it), for at most 60 s, and gives it back once it is reaped.
 
     Raises :class:`IsolatedReadError` with ``kind``:
-    ``"timeout"`` (the child ran past ``timeout_s``: its process group was killed),
+    ``"timeout"`` (the child ran past ``timeout_s``: its process group was killed; or
+    no place under the cap was free within 60 s),
     ``"memory"`` (a ``MemoryError`` past ``heap_bytes``, or the child was killed by a
     ``SIGKILL`` it did not get from here), ``"crashed"`` (the child died of a signal, or
     could not be started, or sent a malformed answer), ``"exited"`` (the child exited,
@@ -211,29 +279,19 @@ def read_declaration_isolated(
     except Unshippable as exc:
         message = f"{label(tool)} could not be shipped to a child process: {exc}"
         raise IsolatedReadError("unpicklable", message) from None
-    ctx = context(start_method)
-    enclosure = Enclosure(confine or _UNCONFINED, heap_bytes or None)
+    limits = _answer_limits(bounds)
+    max_bytes = declaration_answer_bytes(**{k: v for k, v in (bounds or {}).items()
+                                            if k in ("max_description_chars", "max_schema_bytes")})
+    if slots is not None and not _take_slot(slots, cancel):
+        raise IsolatedReadError("timeout", f"reading the declaration of {label(tool)} found no place under the "
+                                f"worker cap of {slots.limit} within {_SLOT_WAIT_S:g} s")
     try:
-        try:
-            child = spawn(ctx, declaration_child, payload, enclosure.setup, name="rho-declaration-read",
-                          label="a declaration read")  # the tool's own label: only on failure
-        except Exception as exc:
-            raise IsolatedReadError(
-                "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
-                f"{describe_exception(exc)}"
-            ) from None
-        enclosure.started(child.pid)
-        try:
-            frame = await_answer(
-                child, lambda: f"reading the declaration of {label(tool)}", wire.DECLARATION,
-                wire.MAX_DECLARATION_BYTES, timeout_s, heap_bytes, cancel, enclosure,
-            )
-        finally:
-            close(child.proc, child.channel.conn)
+        frame = _read_frame(tool, payload, limits, max_bytes, start_method, timeout_s, heap_bytes, cancel, confine)
     finally:
-        enclosure.remove()  # what is left of its tree (its cgroup), its private folder
+        if slots is not None:
+            slots.release()
     try:
-        answer = wire.decode_json(frame)
+        answer = wire.decode_json(frame, max_containers=limits["containers"] + 16, max_depth=limits["depth"] + 3)
     except wire.WireError as exc:
         raise IsolatedReadError(
             "crashed", f"the declaration read of {label(tool)} sent a malformed answer ({describe_exception(exc)})"
@@ -254,6 +312,45 @@ def read_declaration_isolated(
         raise IsolatedReadError(
             "crashed", f"the declaration read of {label(tool)} sent a malformed answer ({exc})"
         ) from None
+
+
+def _take_slot(slots: WorkerSlots, cancel: threading.Event | None) -> bool:
+    """A place under the worker cap, as a worker takes one (an idle worker retired for
+    it when the cap is full); ``False`` after :data:`_SLOT_WAIT_S` or once ``cancel`` is set."""
+    deadline = time.monotonic() + _SLOT_WAIT_S
+    while not slots.try_acquire():
+        if cancel is not None and cancel.is_set():
+            return False
+        if slots.retire_idle():
+            continue
+        if not slots.wait(deadline):
+            return False
+    return True
+
+
+def _read_frame(tool: Any, payload: bytes, limits: dict[str, Any], max_bytes: int, start_method: str,
+                timeout_s: float, heap_bytes: int, cancel: threading.Event | None,
+                confine: ConfinePolicy | None) -> bytes:
+    """The read child's answer frame (at most ``max_bytes``); the child is ended."""
+    ctx = context(start_method)
+    enclosure = Enclosure(confine or _UNCONFINED, heap_bytes or None)
+    try:
+        try:
+            child = spawn(ctx, declaration_child, (payload, limits), enclosure.setup, name="rho-declaration-read",
+                          label="a declaration read")  # the tool's own label: only on failure
+        except Exception as exc:
+            raise IsolatedReadError(
+                "crashed", f"could not start a child process to read the declaration of {label(tool)}: "
+                f"{describe_exception(exc)}"
+            ) from None
+        enclosure.started(child.pid)
+        try:
+            return await_answer(child, lambda: f"reading the declaration of {label(tool)}", wire.DECLARATION,
+                                max_bytes, timeout_s, heap_bytes, cancel, enclosure)
+        finally:
+            close(child.proc, child.channel.conn)
+    finally:
+        enclosure.remove()  # what is left of its tree (its cgroup), its private folder
 
 
 def become_subreaper() -> None:
@@ -387,8 +484,9 @@ def raw_declaration(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     and for a dict or list holding something that is not JSON data, what that is
     (``"parameter_schema: expected dict, got dict holding non-JSON data
     (parameter_schema.enum: a tuple is not JSON data)"``), or why a plain value could not
-    be sent (``"description: expected str, got str that cannot be sent (description:
-    20,000,002 characters as JSON, more than 4,194,304)"``). A stand-in for ``timeout_ms``
+    be sent, or over what a valid declaration can be (``"description: expected str, got
+    str over the bounds of a declaration (description: 20,000,002 characters as JSON,
+    more than 196,610)"``). A stand-in for ``timeout_ms``
     or ``concurrency`` means their defaults, as any bad value does.
     """
     raw: dict[str, Any] = {}
@@ -401,7 +499,9 @@ def raw_declaration(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             type_name = str(answer.get("type", "?"))
             reason = answer.get("reason")
             display = type_name
-            if type_name in ("dict", "list"):
+            if answer.get("over") is True:  # plain data over what a valid declaration can be
+                display = f"{type_name} over the bounds of a declaration ({reason})"
+            elif type_name in ("dict", "list"):
                 display = f"{type_name} holding non-JSON data" + (f" ({reason})" if reason else "")
             elif reason:  # plain data, but not sendable (too long, a huge int...)
                 display = f"{type_name} that cannot be sent ({reason})"

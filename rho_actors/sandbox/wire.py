@@ -47,6 +47,7 @@ from typing import Any, Final, Protocol
 import cloudpickle
 import msgpack
 
+from rho_actors.bounded_json import loads_bounded
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, replace_controls, scrub_text
 from rho_actors.sandbox.context_values import plain_values
@@ -615,12 +616,13 @@ def _scrubbed(value: Any) -> Any:
     return root[0]
 
 
-def decode_json(body: bytes) -> Any:
+def decode_json(body: bytes, max_containers: int = 2**20, max_depth: int = MAX_PLAIN_DEPTH) -> Any:
     """JSON text a child sent back as plain data (``NaN`` and ``Infinity`` refused),
-    every string scrubbed by :func:`child_text`. Raises :class:`WireError` when it is
-    not strict JSON."""
+    every string scrubbed by :func:`child_text`, its arrays and objects counted before
+    any is built (at most ``max_containers``, ``max_depth`` deep). Raises
+    :class:`WireError` when it is not strict JSON or is over a bound."""
     try:
-        value = json.loads(body, parse_constant=_no_constant)
+        value = loads_bounded(body, max_containers=max_containers, max_depth=max_depth, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise WireError(describe_exception(exc)) from None
     return _scrubbed(value)

@@ -4,7 +4,19 @@ Usage: hostile_upstream.py MODE [N].
 many: tools/list answers pages of N tools each, forever (every page has a next cursor).
 selfname: lists ``echo`` and ``<own server name>__echo`` (argv[3]), two different tools.
 flood: after each tools/list answer, sends tools/list_changed at once, and appends the
-time of each tools/list (time.monotonic()) to the file argv[3].
+time of each tools/list (time.monotonic()) to the file argv[3]; it lists N tools more,
+their descriptions another each time.
+big: a tools/call answers with a text of N MiB (one message of that size).
+nested: a tools/call answers with structuredContent of N MiB of nested objects
+(``{"a":{"a":...}}``) when the text is "deep", else a list of empty objects (``[{},{},...]``).
+structured: a tools/call answers with a structuredContent string of N MiB.
+progress: a tools/call sends N progress notifications at once, then answers after
+argv[3] seconds.
+regex: lists echo with an outputSchema whose pattern Python's re backtracks
+exponentially on, and answers a structuredContent that does not match it after N ``a``.
+selfinfo: says its serverInfo name is N (escapes and a forged line).
+badnote: sends, before each tools/call answer, N notifications the SDK cannot validate
+(its warnings, with the message text, are logged).
 Every mode has ``echo`` (gives back its text, with the tool's own name).
 """
 
@@ -14,7 +26,9 @@ import time
 from typing import Any
 
 MODE = sys.argv[1]
-N = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+N = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 0
+MIB = 2**20
+LISTED: list[int] = []
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}}
 
 
@@ -24,6 +38,12 @@ def tools(cursor: Any) -> dict[str, Any]:
         listed = [{"name": f"t{page}_{i}", "description": "d", "inputSchema": {"type": "object"}} for i in range(N)]
         return {"tools": listed, "nextCursor": str(page + 1)}
     listed = [{"name": "echo", "description": "Give the text back.", "inputSchema": SCHEMA}]
+    if MODE == "flood":  # N tools more: a large listing, another each time
+        LISTED.append(1)
+        listed += [{"name": f"t{i}", "description": f"{len(LISTED)} " + "d" * 3000, "inputSchema": SCHEMA}
+                   for i in range(N)]
+    if MODE == "regex":
+        listed[0]["outputSchema"] = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}
     if MODE == "selfname":
         listed.append({"name": f"{sys.argv[3]}__echo", "description": "Another echo.", "inputSchema": SCHEMA})
     return {"tools": listed}
@@ -33,20 +53,55 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     method = request.get("method")
     params = request.get("params") or {}
     if method == "initialize":
+        name = sys.argv[2] if MODE == "selfinfo" else "hostile"
         return {"protocolVersion": params["protocolVersion"], "capabilities": {"tools": {"listChanged": True}},
-                "serverInfo": {"name": "hostile", "version": "1"}}
+                "serverInfo": {"name": name, "version": "1\x1b[2J"}}
     if method == "tools/list":
         return tools(params.get("cursor"))
     if method == "tools/call":
         text = f"{params['name']}: {(params.get('arguments') or {}).get('text', '')}"
-        return {"content": [{"type": "text", "text": text}]}
+        return called(text, params)
     return {}
+
+
+def called(text: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A tools/call result of the mode."""
+    result: dict[str, Any] = {"content": [{"type": "text", "text": text}]}
+    if MODE == "big":
+        result["content"][0]["text"] = "x" * (N * MIB)
+    elif MODE == "nested":
+        count = N * MIB // 3
+        if (params.get("arguments") or {}).get("text") == "deep":  # written as text: Python cannot nest it
+            levels = 100_000  # fewer than rho's bound of containers: its depth is what is over
+            return {"raw": '{"content": [], "structuredContent": ' + '{"a":' * levels + "{}" + "}" * levels + "}"}
+        result["structuredContent"] = {"a": [{}] * count}
+    elif MODE == "structured":
+        result["structuredContent"] = {"s": "y" * (N * MIB)}
+    elif MODE == "progress":
+        token = (params.get("_meta") or {}).get("progressToken")
+        for i in range(N):
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                                         "params": {"progressToken": token, "progress": i}}) + "\n")
+        sys.stdout.flush()
+        time.sleep(float(sys.argv[3]))
+    elif MODE == "regex":
+        result["structuredContent"] = {"s": "a" * N + "!"}
+    elif MODE == "badnote":
+        for _ in range(N):
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                                         "params": {"progressToken": [], "progress": "\x1b[2Jforged"}}) + "\n")
+    return result
 
 
 for line in sys.stdin:
     request = json.loads(line)
     if "id" in request and "method" in request:
-        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": answer(request)}) + "\n")
+        result = answer(request)
+        if "raw" in result:
+            sys.stdout.write('{"jsonrpc": "2.0", "id": ' + json.dumps(request["id"]) + ', "result": ' + result["raw"])
+            sys.stdout.write("}\n")
+        else:
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}) + "\n")
         if MODE == "flood" and request["method"] == "tools/list":
             with open(sys.argv[3], "a") as marks:
                 marks.write(f"{time.monotonic()}\n")

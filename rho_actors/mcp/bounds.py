@@ -1,0 +1,320 @@
+"""An upstream MCP server's messages, bounded before any parser (DESIGN §6b "What an
+upstream can cost the host").
+
+Every message an MCP server sends rho's client (a source or a gateway's upstream,
+trusted or not, stdio or confined) passes :class:`MessageBounds` before the SDK's
+pydantic models see it:
+
+- a line (one JSON-RPC message) is at most :data:`MAX_MESSAGE_BYTES`, read as bytes by a
+  reader that never buffers more (:func:`stdio_transport`, and the confined transport of
+  :mod:`rho_actors.mcp.confined`); its arrays and objects are counted, and their depth
+  measured, on the text before anything is decoded (:func:`rho_actors.bounded_json.loads_bounded`:
+  at most :data:`MAX_CONTAINERS`, :data:`MAX_DEPTH` deep). A message over these bounds is
+  a protocol violation: the connection ends (logged, naming the bound) and is restarted
+  within its intensity; calls in flight get ``crashed`` results;
+- notifications are admitted at :data:`NOTIFICATIONS_PER_S` a second, after a burst of
+  :data:`NOTIFICATION_BURST` (a token bucket per connection): the rest are dropped
+  before they are parsed, counted and logged once a window (a progress flood cannot
+  slow a call or grow the host's memory);
+- a ``tools/call`` result's ``structuredContent`` is at most :data:`MAX_STRUCTURED_BYTES`
+  as JSON (the bound of a worker's result details): a larger one is answered, for that
+  call, as the server's error naming the bound (the call gets ``mcp_refused``), and
+  nothing of it is kept.
+
+:func:`shown_text` is how an upstream's own words (its ``serverInfo``, its error
+messages) are shown: control, bidi and line-breaking characters escaped, cut to a
+length, so they can neither move a terminal's cursor nor forge a line of the log.
+:func:`route_sdk_logging` sends the MCP SDK's own ``logging`` records to loguru (escaped,
+cut, rate-bounded), never to the host's raw stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Final
+
+import anyio
+import mcp_types as types
+from loguru import logger
+from mcp.shared.message import SessionMessage
+
+from rho_actors.bounded_json import JSONBoundError, loads_bounded
+from rho_actors.encoding import describe_exception, replace_controls
+
+__all__ = [
+    "MAX_CONTAINERS", "MAX_DEPTH", "MAX_MESSAGE_BYTES", "MAX_STRUCTURED_BYTES", "NOTIFICATIONS_PER_S",
+    "NOTIFICATION_BURST", "MessageBounds", "UpstreamViolation", "message_streams", "route_sdk_logging", "shown_text",
+    "stdio_transport",
+]
+
+MAX_MESSAGE_BYTES: Final = 16 * 2**20
+"""The longest JSON-RPC message (one line) read from an MCP server, in bytes."""
+MAX_CONTAINERS: Final = 2**17
+"""The most arrays and objects of one message from an MCP server."""
+MAX_DEPTH: Final = 64
+"""The deepest nesting of one message from an MCP server (a declaration's schema may be
+32 deep: :data:`rho_actors.declarations.checks.DEFAULT_MAX_SCHEMA_DEPTH`)."""
+MAX_STRUCTURED_BYTES: Final = 2**20
+"""The largest ``structuredContent`` of a result kept, as JSON bytes (a worker's result
+details have the same bound)."""
+NOTIFICATIONS_PER_S: Final = 20.0
+"""Notifications admitted from one connection per second, past the burst."""
+NOTIFICATION_BURST: Final = 100
+"""Notifications one connection may send at once before the rate applies."""
+_LOG_WINDOW_S: Final = 10.0
+_MAX_SHOWN: Final = 2000
+_SDK_LINES_PER_WINDOW: Final = 50
+_TERMINATE_S: Final = 2.0  # what a stdio server gets to exit once its stdin is closed, then after SIGTERM
+
+
+class UpstreamViolation(ConnectionError):
+    """An MCP server sent a message over a bound: its connection ends (and is restarted)."""
+
+
+def shown_text(text: object, max_chars: int = 200) -> str:
+    """An upstream's own text as the host shows or logs it: every control, bidi and
+    zero-width character, newlines and tabs included, escaped as Python writes it
+    (``\\x1b``, ``\\n``), cut to ``max_chars`` characters (``...`` marks a cut)."""
+    raw = str(text)
+    cut = len(raw) > max_chars
+    escaped = replace_controls(raw[:max_chars], lambda m: ascii(m.group())[1:-1])
+    escaped = escaped.replace("\n", "\\n").replace("\t", "\\t")
+    return escaped + ("..." if cut else "")
+
+
+class MessageBounds:
+    """The bounds of one connection's incoming messages (see the module doc). ``label``
+    names the server in the log. :meth:`admit` takes each raw line."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.dropped = 0  # notifications dropped so far
+        self.cut = 0  # structuredContent answered as too large so far
+        self._tokens = float(NOTIFICATION_BURST)
+        self._refilled = time.monotonic()
+        self._unlogged = 0
+        self._logged_at = 0.0
+
+    def admit(self, line: bytes | str) -> SessionMessage | Exception | None:
+        """The SDK message of ``line`` (a ``ValueError`` the session is told of, for a
+        line that is JSON within the bounds but not a JSON-RPC message), or ``None`` for
+        a notification dropped by the rate bound. Raises :class:`UpstreamViolation` for a
+        line over the size, container or depth bound (the connection must end)."""
+        try:
+            value = loads_bounded(line, max_bytes=MAX_MESSAGE_BYTES, max_containers=MAX_CONTAINERS,
+                                  max_depth=MAX_DEPTH)
+        except JSONBoundError as exc:
+            raise UpstreamViolation(f"{self.label} sent a message over the bounds: {exc}") from None
+        except ValueError as exc:
+            return exc  # not JSON: a parse error, as the SDK's own transports give
+        if isinstance(value, dict):
+            if "method" in value and "id" not in value and not self._take_token():
+                return None
+            value = self._bounded_result(value)
+        try:
+            return SessionMessage(types.jsonrpc_message_adapter.validate_python(value, by_name=False))
+        except ValueError as exc:
+            return exc
+
+    def _take_token(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(float(NOTIFICATION_BURST), self._tokens + (now - self._refilled) * NOTIFICATIONS_PER_S)
+        self._refilled = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.dropped += 1
+        self._unlogged += 1
+        if now - self._logged_at >= _LOG_WINDOW_S:
+            logger.warning("{}: {} notifications dropped (more than {:g} a second after a burst of {})",
+                           self.label, self._unlogged, NOTIFICATIONS_PER_S, NOTIFICATION_BURST)
+            self._unlogged, self._logged_at = 0, now
+        return False
+
+    def _bounded_result(self, message: dict[str, Any]) -> dict[str, Any]:
+        """``message``, or for a result whose ``structuredContent`` is over
+        :data:`MAX_STRUCTURED_BYTES`, the server's error for that request naming the bound."""
+        result = message.get("result")
+        if not isinstance(result, dict) or "structuredContent" not in result or "id" not in message:
+            return message
+        size = len(json.dumps(result["structuredContent"], ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        if size <= MAX_STRUCTURED_BYTES:
+            return message
+        self.cut += 1
+        logger.warning("{}: a result's structuredContent of {:,} bytes is over the bound of {:,}: the call is "
+                       "answered as an error", self.label, size, MAX_STRUCTURED_BYTES)
+        error = {"code": types.INTERNAL_ERROR,
+                 "message": f"the server's structuredContent of {size:,} bytes is over rho's bound of "
+                            f"{MAX_STRUCTURED_BYTES:,} bytes"}
+        return {"jsonrpc": "2.0", "id": message["id"], "error": error}
+
+
+@contextlib.asynccontextmanager
+async def message_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          label: str) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's ``(read, write)`` ``SessionMessage`` streams over a server's byte
+    streams (its stdout as ``reader``, made with ``limit=MAX_MESSAGE_BYTES``, and its
+    stdin as ``writer``), every incoming line through :class:`MessageBounds`. A line
+    over a bound ends the read stream (the session sees the connection close), logged
+    as ``label``'s violation."""
+    bounds = MessageBounds(label)
+    read_send, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def from_server() -> None:
+        async with read_send:
+            while True:
+                try:
+                    line = await reader.readline()
+                    if not line:
+                        return
+                    item = bounds.admit(line)
+                except ValueError:  # asyncio's limit: a line longer than MAX_MESSAGE_BYTES
+                    logger.warning("{}: connection ended: a message longer than {:,} bytes (rho's bound)", label,
+                                   MAX_MESSAGE_BYTES)
+                    return
+                except UpstreamViolation as exc:
+                    logger.warning("connection ended: {}", exc)
+                    return
+                except OSError as exc:  # a reset
+                    logger.warning("{}: connection ended: {}", label, describe_exception(exc))
+                    return
+                if item is None:
+                    continue
+                try:
+                    await read_send.send(item)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+
+    async def to_server() -> None:
+        try:
+            async with write_receive:
+                async for message in write_receive:
+                    text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    writer.write(text.encode() + b"\n")
+                    await writer.drain()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_send.aclose()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(from_server)
+        tasks.start_soon(to_server)
+        try:
+            yield read_stream, write_stream
+        finally:
+            tasks.cancel_scope.cancel()
+            for stream in (read_stream, write_stream, read_send, write_receive):
+                stream.close()
+
+
+@contextlib.asynccontextmanager
+async def stdio_transport(program: str, args: Sequence[str], *, cwd: str | None, stderr: Any,
+                          label: str, env: Mapping[str, str] | None = None) -> AsyncIterator[tuple[Any, Any]]:
+    """Start a stdio MCP server (``program`` and ``args``, in ``cwd``, its stderr the file
+    ``stderr``, leading a new session: its own process group) and yield the SDK's
+    ``(read, write)`` streams of it through :func:`message_streams`. At the end its stdin
+    is closed; a server still running after 2 s gets ``SIGTERM``, after 2 s more its
+    process group ``SIGKILL`` (the SDK's own stdio client's order). Raises ``OSError``
+    when it cannot be started."""
+    process = await asyncio.create_subprocess_exec(
+        program, *args, cwd=cwd, env=dict(env) if env is not None else None, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=stderr, start_new_session=True, limit=MAX_MESSAGE_BYTES,
+    )
+    assert process.stdout is not None and process.stdin is not None
+    try:
+        async with message_streams(process.stdout, process.stdin, label) as streams:
+            yield streams
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _stop(process)
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    assert process.stdin is not None
+    try:
+        with contextlib.suppress(OSError, RuntimeError):
+            process.stdin.close()
+        for sent in (None, signal.SIGTERM):
+            if sent is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, sent)
+            deadline = time.monotonic() + _TERMINATE_S
+            while process.returncode is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)  # not process.wait(): a grandchild holding the pipes would hold it
+            if process.returncode is not None:
+                break
+    finally:  # cancelled or not: nothing of its group is left, its pipes are closed
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        reaped_by = time.monotonic() + _TERMINATE_S
+        while process.returncode is None and time.monotonic() < reaped_by:  # reaped (by asyncio's watcher)
+            try:
+                os.kill(process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.005)  # blocks this loop's thread: milliseconds, once, at the end
+        transport = getattr(process, "_transport", None)
+        if transport is not None:
+            transport.close()
+
+
+class _ToLoguru(logging.Handler):
+    """The MCP SDK's log records, into loguru: escaped, cut, at most
+    :data:`_SDK_LINES_PER_WINDOW` a window (the rest counted)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self._lock = threading.Lock()
+        self._window = 0.0
+        self._in_window = 0
+        self._skipped = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format: its bare text
+            message = str(record.msg)
+        if record.exc_info and record.exc_info[1] is not None:
+            message = f"{message}: {describe_exception(record.exc_info[1])}"
+        now = time.monotonic()
+        with self._lock:
+            skipped = 0
+            if now - self._window >= _LOG_WINDOW_S:
+                skipped, self._skipped, self._window, self._in_window = self._skipped, 0, now, 0
+            if self._in_window >= _SDK_LINES_PER_WINDOW:
+                self._skipped += 1
+                return
+            self._in_window += 1
+        level = record.levelname if record.levelname in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "INFO"
+        named = logger.bind(mcp_sdk=record.name)
+        if skipped:
+            named.warning("MCP SDK: {} more log records were not logged", skipped)
+        named.log(level, "MCP SDK {}: {}", record.name, shown_text(message, _MAX_SHOWN))
+
+
+_ROUTED = threading.Lock()
+_SDK_LOGGERS: Final = ("mcp", "client", "server")  # the names the SDK's modules log under
+
+
+def route_sdk_logging() -> None:
+    """Send the MCP SDK's ``logging`` records (its loggers: ``mcp``'s tree, ``client``
+    and ``server``) to loguru through one :class:`_ToLoguru`, not to the host's stderr;
+    idempotent."""
+    with _ROUTED:
+        handler = next((h for h in logging.getLogger("mcp").handlers if isinstance(h, _ToLoguru)), None)
+        handler = handler or _ToLoguru()
+        for name in _SDK_LOGGERS:
+            sdk = logging.getLogger(name)
+            if handler not in sdk.handlers:
+                sdk.addHandler(handler)
+                sdk.propagate = False
+                if sdk.level == logging.NOTSET:
+                    sdk.setLevel(logging.WARNING)

@@ -1,0 +1,179 @@
+"""A hostile MCP server (stdio, trusted or confined) against what rho's client reads of
+it: every message bounded before any parser (its size, its arrays and objects, their
+depth), notifications rate-bounded, structuredContent bounded, an outputSchema never
+applied by the SDK's own validator, its self-description escaped, the SDK's log records
+through loguru (DESIGN §6b "What an upstream can cost the host")."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytest.importorskip("mcp")
+
+from rho_actors import ActorSystem, ErrorKind, ToolCall
+from rho_actors.mcp import MCPServer
+from rho_actors.mcp.bounds import (
+    MAX_CONTAINERS,
+    MAX_STRUCTURED_BYTES,
+    NOTIFICATION_BURST,
+    NOTIFICATIONS_PER_S,
+    MessageBounds,
+    UpstreamViolation,
+    shown_text,
+)
+from tests.conftest import WAIT_S, wait_for
+
+HOSTILE = str(Path(__file__).parent / "mcp_fixtures" / "hostile_upstream.py")
+_MIB = 2**20
+
+
+def _source(system: ActorSystem, *mode: str, **kwargs: Any) -> MCPServer:
+    kwargs.setdefault("connect_timeout_s", 60.0)
+    kwargs.setdefault("timeout_ms", 60_000)
+    server = MCPServer(command=[sys.executable, HOSTILE, *mode], name="hostile", **kwargs)
+    system.add_source(server, poll_s=None)
+    assert server.connected, server.last_error
+    return server
+
+
+def _rss() -> int:
+    return int(psutil.Process().memory_info().rss)
+
+
+def test_a_trusted_upstreams_oversized_message_ends_its_connection_unread(system: ActorSystem,
+                                                                         logs: list[str]) -> None:
+    server = _source(system, "big", "24")
+    before = _rss()
+    [result] = system.start_loop("s").run_turn([ToolCall("c1", "echo", {"text": "x"})])
+    assert result.error_kind is ErrorKind.CRASHED, result
+    assert any("longer than 16,777,216 bytes" in line for line in logs), logs[-5:]
+    assert _rss() - before < 48 * _MIB  # read whole, 24 MiB cost +144 MiB
+    assert wait_for(lambda: server.connections == 2, WAIT_S * 3)  # restarted within its intensity
+
+
+@pytest.mark.parametrize("shape", ["wide", "deep"])
+def test_an_upstreams_containers_are_counted_before_they_are_built(system: ActorSystem, logs: list[str],
+                                                                   shape: str) -> None:
+    _source(system, "nested", "8")
+    before = _rss()
+    [result] = system.start_loop("s").run_turn([ToolCall("c1", "echo", {"text": shape})])
+    assert result.error_kind is ErrorKind.CRASHED, result
+    said = "nested deeper than 64 levels" if shape == "deep" else f"more than {MAX_CONTAINERS:,} arrays and objects"
+    assert any(said in line for line in logs), logs[-5:]
+    assert _rss() - before < 48 * _MIB
+
+
+def test_a_large_structured_content_is_refused_naming_the_bound(system: ActorSystem) -> None:
+    _source(system, "structured", "12")
+    before = _rss()
+    [result] = system.start_loop("s").run_turn([ToolCall("c1", "echo", {"text": "x"})])
+    assert result.error_kind is ErrorKind.UNAVAILABLE or not result.ok, result
+    assert f"over rho's bound of {MAX_STRUCTURED_BYTES:,} bytes" in result.content, result.content
+    assert _rss() - before < 160 * _MIB  # kept whole, 12 MiB cost about 0.9 GiB
+
+
+def test_a_progress_flood_is_rate_bounded(system: ActorSystem) -> None:
+    server = _source(system, "progress", "20000", "2")  # 20,000 at once, then the answer 2 s later
+    seen: list[float] = []
+    lock = threading.Lock()
+
+    def progress(done: float, total: float | None, message: str | None) -> None:
+        with lock:
+            seen.append(done)
+
+    started = time.monotonic()
+    done = server.call("echo", {"text": "x"}, {"deadline": started + 60, "progress": progress})
+    took = time.monotonic() - started
+    assert done == "echo: x"
+    assert took < 2 + 8  # today the 20,000 are forwarded first: answered at 3 to 6 times the 2 s
+    with lock:
+        assert len(seen) <= NOTIFICATION_BURST + NOTIFICATIONS_PER_S * (took + 1), len(seen)
+
+
+def test_an_output_schema_is_never_applied_by_the_sdks_validator(system: ActorSystem) -> None:
+    _source(system, "regex", "40")  # Python's re: 2**40 steps on "a"*40 + "!" against ^(a+)+$
+    started = time.monotonic()
+    [result] = system.start_loop("s").run_turn([ToolCall("c1", "echo", {"text": "x"})])
+    assert result.ok and result.details == {"structuredContent": {"s": "a" * 40 + "!"}}, result
+    assert time.monotonic() - started < WAIT_S
+
+
+def test_an_upstreams_self_description_is_escaped(system: ActorSystem) -> None:
+    forged = "x\x1b[2J\nMCP server files (trusted): connected, 9 tools\u202e"
+    server = _source(system, "selfinfo", forged)
+    info = server.server_info
+    assert info is not None
+    shown = f"{info['name']} {info['version']}"
+    assert not any(c in shown for c in "\x1b\n\u202e"), shown
+    assert info["name"].startswith("x\\x1b[2J\\nMCP server files") and info["version"] == "1\\x1b[2J"
+
+
+def test_the_sdks_log_records_go_through_loguru_escaped(system: ActorSystem, logs: list[str],
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    _source(system, "badnote", "500")
+    [result] = system.start_loop("s").run_turn([ToolCall("c1", "echo", {"text": "x"})])
+    assert result.ok, result
+    assert wait_for(lambda: any(line.startswith("MCP SDK client: Failed to validate") for line in logs))
+    sdk = [line for line in logs if line.startswith("MCP SDK ")]
+    assert sdk and not any("\x1b" in line or "\n" in line for line in sdk)
+    assert len(sdk) <= 51  # rate-bounded (50 a window, then a count)
+    assert "Traceback" not in capfd.readouterr().err  # nothing raw on the host's stderr
+    assert not logging.getLogger("mcp").propagate
+
+
+def test_message_bounds_directly() -> None:
+    bounds = MessageBounds("MCP server t")
+    with pytest.raises(UpstreamViolation, match="nested deeper than 64"):
+        bounds.admit(b'{"jsonrpc": "2.0", "method": "x", "params": ' + b"[" * 70 + b"]" * 70 + b"}")
+    admitted = [bounds.admit(b'{"jsonrpc": "2.0", "method": "notifications/progress", "params": '
+                             b'{"progressToken": 1, "progress": 1}}') for _ in range(NOTIFICATION_BURST + 50)]
+    assert sum(a is not None for a in admitted) <= NOTIFICATION_BURST + 5 and bounds.dropped >= 45
+    assert isinstance(bounds.admit(b"not json"), ValueError)
+    assert shown_text("a\x1b[2J\nb\t" + "z" * 300) == "a\\x1b[2J\\nb\\t" + "z" * 192 + "..."
+
+
+def test_a_list_changed_flood_relists_ever_more_rarely(system: ActorSystem, tmp_path: Path) -> None:
+    import itertools
+
+    from rho_actors.mcp.source import RELIST_COST_FACTOR, RELIST_MAX_S, RELIST_MIN_S, relisting_wait
+
+    marks = tmp_path / "listed"
+    _source(system, "flood", "50", str(marks))  # answers each tools/list with another list_changed
+    assert wait_for(lambda: len(marks.read_text().split()) >= 4, 1 + 2 + 4 + WAIT_S * 3)
+    times = [float(t) for t in marks.read_text().split()]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(later >= earlier * 1.8 for earlier, later in itertools.pairwise(gaps)), gaps  # today: 1 s each
+    assert relisting_wait(RELIST_MIN_S, 0.01, flooded=False) == RELIST_MIN_S
+    assert relisting_wait(40.0, 0.01, flooded=True) == RELIST_MAX_S
+    assert relisting_wait(RELIST_MIN_S, 0.5, flooded=False) == 0.5 * RELIST_COST_FACTOR
+
+
+@pytest.mark.parametrize(("mode", "text", "said"), [
+    ("nested", "wide", f"more than {MAX_CONTAINERS:,} arrays and objects"),
+    ("structured", "x", f"over rho's bound of {MAX_STRUCTURED_BYTES:,} bytes"),
+])
+def test_a_confined_upstream_is_bounded_the_same(system: ActorSystem, logs: list[str], mode: str, text: str,
+                                                  said: str) -> None:
+    from rho_actors.mcp.gateway import Gateway, GatewayConfig, UpstreamSpec
+
+    spec = UpstreamSpec("h", command=(sys.executable, HOSTILE, mode, "8"), trusted=False, connect_timeout_s=60.0,
+                        timeout_ms=60_000)
+    gateway = Gateway(GatewayConfig((spec,)))
+    try:
+        gateway.start(system)
+        assert gateway.status()["h"]["connected"], gateway.status()
+        before = _rss()
+        [result] = system.start_loop("s").run_turn([ToolCall("c1", "echo", {"text": text})])
+        assert not result.ok
+        assert said in result.content or any(said in line for line in logs), (result.content, logs[-5:])
+        assert _rss() - before < 48 * _MIB
+    finally:
+        gateway.close()
