@@ -108,7 +108,7 @@ if __name__ == "__main__":
         assert reg.info is not None, reg.reason
         loop = system.start_loop("attacker")
         [result] = loop.run_turn([ToolCall("c1", "probe", json.dumps({"manager": address}))])
-        rows = system.selftest(timeout_s=WAIT_S)
+        rows = system.selftest(timeout_s=60)
         print(json.dumps({
             "worker": result.content if result.ok else {"error": result.content},
             "declaration": reg.info.description,

@@ -17,9 +17,8 @@ import pytest
 from rho_actors import ActorSystem, ChildSpec, ErrorKind, SupervisorEvent, ToolCall, tool
 from rho_actors.isolation.servers import ProcessActor, ServerCall, ServerDown, ServerError, ThreadActor, call_server
 from rho_actors.results import text
+from tests.conftest import WAIT_S
 from tests.server_classes import Broken, Store
-
-WAIT_S = 30.0
 
 
 @tool(timeout_ms=20_000, concurrency="exclusive")
