@@ -1,13 +1,31 @@
-"""Shared fixtures: a fresh ActorSystem per test, and helpers that wait with a bound."""
+"""Shared fixtures: a fresh ActorSystem per test, and helpers that wait with a bound.
+
+Time in the tests comes from here, and scales with the machine. A test either waits on
+an event (a future, a line, a process's exit) bounded by :data:`WAIT_S`, a bound only a
+hang reaches, or checks a duration the product promises (a deadline met "within 0.5 s
+of slack") against :func:`slack`, which grows with the machine's load per core at the
+moment of the check. ``RHO_TEST_TIME_FACTOR`` (a number, default 1) multiplies both, and
+every test's pytest-timeout too, for a machine slower than load alone shows (an emulated
+or instrumented interpreter). ``make test-loaded`` runs the suite while busy loops keep
+every core busy (``tests/loaded.py``): it must pass as a quiet run does.
+
+Files a confined process (uid 65534) must read go in :func:`open_folder`, never in the
+checkout or ``tmp_path``, which may lie in folders only their owner can enter.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import shutil
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import pykka
 import pytest
@@ -17,10 +35,83 @@ from rho_actors import ActorSystem
 from rho_actors.otp.supervisor import Supervisor
 from rho_actors.sandbox.clean import preload_modules
 
-from .wire_server import WireServer
+if TYPE_CHECKING:
+    from .wire_server import WireServer
 
-WAIT_S = 10.0
-"""Upper bound on any wait in the tests: reaching it means a failure, never a pass."""
+def _time_factor() -> float:
+    text = os.environ.get("RHO_TEST_TIME_FACTOR", "").strip()
+    try:
+        factor = float(text) if text else 1.0
+    except ValueError:
+        raise ValueError(f"RHO_TEST_TIME_FACTOR must be a number, not {text!r}") from None
+    if not factor >= 1.0:
+        raise ValueError(f"RHO_TEST_TIME_FACTOR must be at least 1, not {text!r}")
+    return factor
+
+
+TIME_FACTOR = _time_factor()
+"""``RHO_TEST_TIME_FACTOR`` (default 1): multiplies every time bound of the tests."""
+
+WAIT_S = 60.0 * TIME_FACTOR
+"""Upper bound on any wait for an event in the tests: reaching it means a hang (a
+failure), never a pass; a working run on a machine at a load of 15 on 2 cores stays
+far below it."""
+
+
+def load_per_core() -> float:
+    """The machine's load per core now, at least 1: the tasks runnable this instant or,
+    when more, the last minute's load average, over the cores."""
+    runnable = 0.0
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/loadavg") as f:
+        runnable = float(f.read().split()[3].split("/")[0]) - 1  # less the reader itself
+    return max(1.0, max(runnable, os.getloadavg()[0]) / (os.cpu_count() or 1))
+
+
+def slack(seconds: float) -> float:
+    """``seconds`` of slack, a quiet machine's, as this machine allows now: times
+    :data:`TIME_FACTOR` and :func:`load_per_core`. For a duration the product promises
+    (``elapsed < deadline + slack(0.5)``); a wait for an event takes :data:`WAIT_S`."""
+    return seconds * TIME_FACTOR * load_per_core()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test's pytest-timeout (its mark's, else the configured one) is a hang bound
+    too: scaled by :data:`TIME_FACTOR` and the load per core at the start, at least
+    twice :data:`WAIT_S`."""
+    factor = TIME_FACTOR * load_per_core()
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        given = marker.args[0] if marker is not None and marker.args else item.config.getini("timeout")
+        if not given:
+            continue
+        item.add_marker(pytest.mark.timeout(max(float(given) * factor, 2 * WAIT_S)), append=False)
+
+
+def closed_to_others(path: Path) -> str | None:
+    """Why a user other than this file's owner (uid 65534, a confined process) cannot
+    reach ``path`` by mode bits: the first folder on the way not searchable by others,
+    or ``None``."""
+    for folder in [*reversed(path.resolve().parents), path.resolve()]:
+        mode = folder.stat().st_mode
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            return f"{folder} (mode {stat.filemode(mode)}) is closed to other users"
+    return None
+
+
+@contextlib.contextmanager
+def open_folder(*copies: Path | str) -> Iterator[Path]:
+    """A fresh folder every user can enter and read (mode 0755, in the system's
+    temporary folder, not under ``tmp_path``'s 0700 parents), holding a readable copy of
+    each file of ``copies``; removed afterwards. For files a confined process must read."""
+    folder = Path(tempfile.mkdtemp(prefix="rho-open-"))
+    try:
+        folder.chmod(0o755)
+        for copy in copies:
+            shutil.copy(copy, folder / Path(copy).name)
+            (folder / Path(copy).name).chmod(0o644)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
@@ -99,6 +190,8 @@ preload_modules("pytest")
 @pytest.fixture
 def server() -> Iterator[WireServer]:
     """A loopback server speaking the providers' wire rules (:class:`WireServer`), per test."""
+    from .wire_server import WireServer
+
     with WireServer() as srv:
         yield srv
 

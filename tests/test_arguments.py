@@ -11,6 +11,7 @@ import pytest
 
 from rho_actors import ArgumentsError, ErrorKind, decode_arguments
 from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH, make_validator, violations
+from tests.conftest import WAIT_S
 
 PREFIX = "arguments are not valid JSON: "
 
@@ -287,7 +288,7 @@ def test_a_long_key_over_a_large_array_decodes_in_memory_bounded_by_the_input() 
     import sys
 
     command = [sys.executable, "-c", _BOUNDED_CHILD]
-    child = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    child = subprocess.run(command, check=False, capture_output=True, text=True, timeout=WAIT_S)
     assert child.returncode == 0, child.stderr[-2000:]
     message = child.stdout.strip()
     assert message.startswith("arguments are not valid JSON: $.KKK")

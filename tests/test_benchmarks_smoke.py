@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import WAIT_S
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_calls.py"
 
 pytestmark = pytest.mark.timeout(180)
@@ -38,7 +40,7 @@ def _quick_json(script: Path, *options: str) -> dict[str, Any]:
         capture_output=True,
         check=False,
         text=True,
-        timeout=150,
+        timeout=3 * WAIT_S,
         cwd=SCRIPT.parent.parent,
     )
     assert proc.returncode == 0, proc.stderr
@@ -182,5 +184,5 @@ def test_deadlines_bench_reports_lateness_and_no_ok_after_a_deadline() -> None:
 
 def test_peers_bench_refuses_a_run_count_below_one() -> None:
     proc = subprocess.run([sys.executable, str(PEERS_SCRIPT), "--only", "bfcl", "--bfcl-runs", "0"],
-                          capture_output=True, check=False, text=True, timeout=60, cwd=SCRIPT.parent.parent)
+                          capture_output=True, check=False, text=True, timeout=WAIT_S, cwd=SCRIPT.parent.parent)
     assert proc.returncode == 2 and "--bfcl-runs must be at least 1, got 0" in proc.stderr

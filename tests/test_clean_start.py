@@ -23,11 +23,12 @@ import pytest
 from rho_actors import ActorSystem, Ok
 from rho_actors.sandbox import read_declaration_isolated
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy
+from tests.conftest import WAIT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "sk-host-secret-4f1c9a"
 PASSWORD = "config-password-77d2e1"
-HOST_TIMEOUT_S = 240.0  # a whole host process, started from nothing, on a loaded machine
+HOST_TIMEOUT_S = 4 * WAIT_S  # a whole host process, started from nothing, on a loaded machine
 
 PROBE = '''
 import gc, json, os, sys
@@ -207,7 +208,7 @@ def test_a_child_holds_no_descriptor_but_its_own(tmp_path: Path) -> None:
     held = open(tmp_path / "held.txt", "w")  # noqa: SIM115 - held open across the read on purpose
     listener = socket.create_server(("127.0.0.1", 0))
     try:
-        answer = read_declaration_isolated(Descriptors, confine=ConfinePolicy(), timeout_s=60)
+        answer = read_declaration_isolated(Descriptors, confine=ConfinePolicy(), timeout_s=WAIT_S)
     finally:
         held.close()
         listener.close()
@@ -336,7 +337,7 @@ def test_system_selftest_of_an_untrusted_tool_has_the_memory_bound(system: Actor
 
     registration = system.register(Hog, untrusted=True)
     assert registration.info is not None, registration.reason
-    [row] = system.selftest(timeout_s=60)
+    [row] = system.selftest(timeout_s=WAIT_S)
     assert "allocated" not in row.message, row
 
 
@@ -424,7 +425,7 @@ def test_a_clean_child_reports_its_exit_code() -> None:
     assert isinstance(proc, CleanProcess)
     assert proc.exitcode is None
     os.kill(proc.pid, 9)
-    proc.join(30)
+    proc.join(WAIT_S)
     assert proc.exitcode == -9
     channel.close()
     proc.close()
@@ -460,7 +461,7 @@ def test_a_trusted_child_holds_neither_fork_server_nor_tracker_pipe() -> None:
     tool runs: writing into or closing them could stop the fork server for everyone."""
     from rho_actors import run_selftests
 
-    [row] = run_selftests([HostPipes], timeout_s=60)
+    [row] = run_selftests([HostPipes], timeout_s=WAIT_S)
     assert (row.outcome, row.message) == ("passed", "alive=None tracker=None"), row
 
 
@@ -483,7 +484,31 @@ def test_each_child_has_its_own_authkey() -> None:
     """Not the host's, and not another child's (so not its fork server's either)."""
     import multiprocessing
 
-    keys = [read_declaration_isolated(Authkey, confine=ConfinePolicy(), timeout_s=60)["description"]["value"]
+    keys = [read_declaration_isolated(Authkey, confine=ConfinePolicy(), timeout_s=WAIT_S)["description"]["value"]
             for _ in range(2)]
     assert keys[0] != keys[1]
     assert bytes(multiprocessing.current_process().authkey).hex() not in keys
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="runs in a virtualenv only")
+def test_a_host_run_through_a_linked_virtualenv_starts_clean_children(tmp_path: Path) -> None:
+    """The fork server imports from the installation's folders: a virtualenv reached
+    through a symbolic link (``ln -s /shared/.venv .venv``, as a worktree links its
+    checkout's) was left out, its folders' paths compared with the prefix's real path,
+    so the fork server could not import rho_actors' dependencies and no clean child (a
+    confined MCP server) ever started."""
+    link = tmp_path / "venv"
+    link.symlink_to(Path(sys.prefix).resolve())
+    code = (
+        "import os\n"
+        "from rho_actors.sandbox.child import ChildSetup\n"
+        "from rho_actors.sandbox.clean import spawn_clean\n"
+        "from tests.test_clean_start import _linger_entry\n"
+        "proc, channel = spawn_clean(_linger_entry, None, ChildSetup(clean=True), label='linked')\n"
+        "os.kill(proc.pid, 9)\n"
+        f"proc.join({WAIT_S})\n"
+        "print(proc.exitcode)\n"
+    )
+    done = subprocess.run([str(link / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                          timeout=WAIT_S, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert done.returncode == 0 and done.stdout.split() == ["-9"], done.stderr[-2000:]

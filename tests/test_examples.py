@@ -6,11 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import WAIT_S
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def run(name: str) -> str:
-    done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=WAIT_S,
                           check=True)
     return done.stdout
 
@@ -73,7 +75,7 @@ def test_the_fastapi_app_keeps_one_session_per_user_and_shuts_down_cleanly(tmp_p
             return results + bad[1:]
 
         async def users() -> list[list[dict[str, object]]]:
-            async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            async with httpx.AsyncClient(base_url=base, timeout=WAIT_S) as client:
                 return list(await asyncio.gather(*(user(client, f"u{i}") for i in range(4))))
 
         for i, got in enumerate(asyncio.run(users())):
@@ -84,7 +86,7 @@ def test_the_fastapi_app_keeps_one_session_per_user_and_shuts_down_cleanly(tmp_p
         assert httpx.delete(f"{base}/sessions/u0").json() == {"stopped": True}
     finally:
         server.send_signal(signal.SIGTERM)
-        out, _ = server.communicate(timeout=30)
+        out, _ = server.communicate(timeout=WAIT_S)
     assert server.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it shut down on
     assert out.decode().splitlines() == ["shut down: 4 sessions stopped"]  # probe and u1-u3 (u0 was stopped)
     assert (tmp_path / "sessions" / "u3" / "notes.txt").read_text() == "u3's note\nu3's note\n"

@@ -29,12 +29,12 @@ from rho_actors.observe.top import TopView
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.pool import WorkerPool
 from rho_actors.selftest import SelftestRow, render_rows
+from tests.conftest import WAIT_S, slack
 
 from .helpers import make_tool
 
 pytestmark = pytest.mark.timeout(120)
 
-BOUND_S = 15.0
 
 
 def checked(schema: dict[str, Any]) -> Any:
@@ -57,7 +57,7 @@ def test_unevaluated_properties_is_linear_in_the_keys() -> None:
     keys = {f"k{i}": i for i in range(30_000)}
     started = time.perf_counter()
     found = violations(checked(schema), keys)
-    assert time.perf_counter() - started < 2.0  # a list membership per key took 6.8 s
+    assert time.perf_counter() - started < slack(2.0)  # a list membership per key took 6.8 s
     assert found[0].startswith('$: unexpected properties: "k10", "k100"')
     assert violations(checked(schema), {"k1": 1}) == []
 
@@ -84,7 +84,7 @@ def test_validation_is_bounded_in_time() -> None:
     started = time.monotonic()
     found = violations(validator, {f"k{i}": i for i in range(30_000)}, 0.05)
     assert found == ["$: validation stopped after 0.05 s; send smaller arguments"]
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 0.05 + slack(0.95)
 
 
 def test_validation_never_holds_the_loop_past_the_calls_deadline(tmp_path: Path) -> None:
@@ -100,14 +100,14 @@ def test_validation_never_holds_the_loop_past_the_calls_deadline(tmp_path: Path)
         arguments = json.dumps({f"key_{i:06}": i for i in range(30_000)})
         assert len(arguments) > 300_000
         started = time.monotonic()
-        [result] = loop.run_turn([ToolCall("c1", "counts", arguments)], timeout_s=5.0)
+        [result] = loop.run_turn([ToolCall("c1", "counts", arguments)], timeout_s=WAIT_S)
         elapsed = time.monotonic() - started
-        [after] = loop.run_turn([ToolCall("c2", "counts", '{"a": 1}')], timeout_s=5.0)
+        [after] = loop.run_turn([ToolCall("c2", "counts", '{"a": 1}')], timeout_s=WAIT_S)
     finally:
         system.stop()
     assert result.error_kind is ErrorKind.INVALID_ARGUMENTS
     assert "validation stopped after" in result.content
-    assert elapsed < 3.0
+    assert elapsed < 1.0 + slack(2.0)  # its 1 s deadline
     assert after.ok and ran == [{"a": 1}]
 
 
@@ -189,7 +189,7 @@ def test_translated_patterns_stay_linear() -> None:
     validator = checked(schema)
     started = time.perf_counter()
     assert violations(validator, {"s": " a" * 20_000 + "\u00a0"}) == []
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < slack(2.0)
 
 
 # --- 2. text others wrote reaches the terminal as text -------------------------------------------
@@ -259,12 +259,12 @@ def test_a_nan_progress_reaches_a_viewer_as_strict_json(tmp_path: Path) -> None:
         system.register(odd)
         observer = system.observe(folder / "o.sock", interval_s=60)
         sock = connect(observer.address)
-        sock.settimeout(BOUND_S)
+        sock.settimeout(WAIT_S)
         with sock.makefile("rb") as lines:
             strict_loads(lines.readline())
             assert system.start_loop("nan").run_turn([ToolCall("c1", "odd", '{"n": 1}')])[0].ok
             seen: list[dict[str, Any]] = []
-            until = time.monotonic() + BOUND_S
+            until = time.monotonic() + WAIT_S
             while not any(m.get("event") == "ProgressEvent" for m in seen):
                 assert time.monotonic() < until, seen
                 seen.append(strict_loads(lines.readline()))
@@ -312,12 +312,12 @@ def test_stdio_requests_with_bad_ids_or_params_are_answered(tmp_path: Path) -> N
         answers: list[dict[str, Any]] = []
         for _ in range(len(lines) + 1):
             try:
-                answers.append(json.loads(received.get(timeout=BOUND_S)))
+                answers.append(json.loads(received.get(timeout=WAIT_S)))
             except queue.Empty:
                 raise AssertionError(f"no answer after {answers}") from None
     finally:
         proc.kill()
-        proc.wait(BOUND_S)
+        proc.wait(WAIT_S)
     errors = [(a["id"], a["error"]["code"]) for a in answers if "error" in a]
     assert errors == [(None, -32600)] * len(bad_ids) + [(7, -32600), ("s", -32600), (8, -32600)], answers
     assert "params" in next(a for a in answers if a.get("id") == 7)["error"]["message"]
@@ -344,7 +344,7 @@ def test_a_hostile_selftest_answer_reaches_the_table_as_safe_text(tmp_path: Path
     from rho_actors.tool import Error
 
     hostile = make_tool("hostile", selftest=lambda: Error("\ud800 \x1b]52;c;ZXZpbA==\x07 \x1b[2J [/]"))
-    [row] = run_selftests([hostile], timeout_s=BOUND_S)
+    [row] = run_selftests([hostile], timeout_s=WAIT_S)
     assert row.outcome == "failed"
     assert "\x1b" not in row.message and "\x07" not in row.message and row.message.encode("utf-8")
     out = rendered(render_rows([row]))
@@ -391,7 +391,7 @@ class ForgedImage:
 def test_a_worker_sending_an_unsupported_image_type_is_killed_and_the_call_crashed() -> None:
     with WorkerPool(warm=0) as pool:
         ctx = {"session_id": "s1", "call_id": "c1"}
-        result = pool.run(ForgedImage, {}, ctx, time.monotonic() + BOUND_S, 10_000)
+        result = pool.run(ForgedImage, {}, ctx, time.monotonic() + WAIT_S, 10_000)
         assert result.error_kind is ErrorKind.CRASHED, result
         assert "image/svg+xml" in result.content and "not supported" in result.content
-        assert pool.run(ForgedImage, {}, ctx, time.monotonic() + BOUND_S, 10_000).error_kind is ErrorKind.CRASHED
+        assert pool.run(ForgedImage, {}, ctx, time.monotonic() + WAIT_S, 10_000).error_kind is ErrorKind.CRASHED

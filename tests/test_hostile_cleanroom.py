@@ -355,7 +355,7 @@ def test_a_file_beside_the_hosts_script_never_runs_in_the_fork_server(tmp_path: 
             f.write(APP)
         done = subprocess.run(
             [sys.executable, app, SHADOW, GREET, f"{shadowed}.py"], check=False, capture_output=True, text=True,
-            timeout=120, cwd=folder,
+            timeout=2 * WAIT_S, cwd=folder,
         )
         marker = Path(folder, "imported-as")
         imported_as = marker.read_text() if marker.exists() else None

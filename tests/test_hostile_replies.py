@@ -19,6 +19,7 @@ from rho_actors.agent.providers.anthropic import AnthropicModel
 from rho_actors.agent.providers.openai import OpenAIModel
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, read_records
 from rho_actors.tool import ErrorKind
+from tests.conftest import WAIT_S
 from tests.wire_server import (
     ANTHROPIC_PATH,
     OPENAI_PATH,
@@ -64,9 +65,10 @@ def two_prompts(server: WireServer, provider: str, loop: Any, first: Any, *, str
             server.script(path, Response(200, openai_completion(text)))
         else:
             server.script(path, Response(200, anthropic_message([text_block(text)])))
-    model: Any = (OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=5.0)
+    model: Any = (OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=WAIT_S)
                   if provider == "openai" else
-                  AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=5.0))
+                  AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST,
+                                 timeout_s=WAIT_S))
     with model:
         if streamed:
             results = [list(stream(loop, text, model=model))[-1] for text in ("do it", "once more")]

@@ -23,8 +23,9 @@ import pytest
 pytest.importorskip("mcp")
 
 from rho_actors import ActorSystem, CallEvent
+from tests.conftest import WAIT_S
 from tests.test_mcp_client_requests import _sse_events, _until_result, polled
-from tests.test_mcp_serve import BOUND_S, TOKEN, _connect_http, _free_port, _serve_http
+from tests.test_mcp_serve import TOKEN, _connect_http, _free_port, _serve_http
 
 VERSION = "2025-11-25"
 
@@ -55,16 +56,16 @@ def test_a_session_cannot_replay_another_sessions_events(system: ActorSystem) ->
                "Content-Type": "application/json", "MCP-Protocol-Version": VERSION}
     try:
         anyio.run(_connect_http, url)
-        with httpx.Client(timeout=BOUND_S) as http:
+        with httpx.Client(timeout=WAIT_S) as http:
             victim = _session(http, url, headers)
             thief = _session(http, url, headers)
             with http.stream("POST", url, headers=victim, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                                                                 "params": {"name": "polled", "arguments": {}}}) as r:
                 first = _sse_events(r.iter_lines())
-            assert finished.wait(BOUND_S)
+            assert finished.wait(WAIT_S)
             answer: dict[str, Any] = {}  # the victim gets its result (so it is in the store)
             with http.stream("GET", url, headers={**victim, "Last-Event-ID": first[-1]["id"]}) as resumed:
-                for event in _sse_events(_until_result(resumed.iter_lines(), time.monotonic() + BOUND_S)):
+                for event in _sse_events(_until_result(resumed.iter_lines(), time.monotonic() + WAIT_S)):
                     if event.get("data"):
                         answer = json.loads(event["data"])
                         break
@@ -79,7 +80,7 @@ def test_a_session_cannot_replay_another_sessions_events(system: ActorSystem) ->
     finally:
         if loops:
             loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
-        thread.join(10)
+        thread.join(WAIT_S)
 
 
 def test_session_views_of_the_event_store_are_apart() -> None:
@@ -119,7 +120,7 @@ def test_an_upstream_listing_endless_pages_of_tools_is_bounded(system: ActorSyst
     from rho_actors.mcp.source import MAX_TOOLS
 
     spec = UpstreamSpec("many", command=(sys.executable, HOSTILE, "many", "50"), trusted=False,
-                        connect_timeout_s=60.0)
+                        connect_timeout_s=WAIT_S)
     gateway = Gateway(GatewayConfig((spec,)))
     try:
         gateway.start(system)
@@ -190,7 +191,7 @@ def test_an_mcp_servers_stderr_cannot_send_terminal_controls_to_the_log() -> Non
         log = StderrLog("inky")
         log.writer.write("\x1b]0;owned\x07title \x1b[2J\x9bcleared\u202eevil\n")
         log.close_writer()
-        assert log.done.wait(BOUND_S)
+        assert log.done.wait(WAIT_S)
     finally:
         logger.remove(sink)
         logger.disable("rho_actors")
@@ -247,7 +248,7 @@ def test_an_output_schema_is_checked_in_linear_time_and_within_the_declaration_b
     verdict: list[Any] = []
     checking = threading.Thread(target=lambda: verdict.append(_call_tool_result(result, schema)), daemon=True)
     checking.start()
-    checking.join(BOUND_S)  # Python's re would take hours over 40 a's: serving's event loop would hang
+    checking.join(WAIT_S)  # Python's re would take hours over 40 a's: serving's event loop would hang
     assert verdict, "checking a result against its outputSchema did not finish"
     [answer] = verdict
     assert answer.is_error and "does not match its outputSchema" in answer.content[0].text
@@ -262,7 +263,7 @@ def test_a_list_changed_flood_relists_at_a_bounded_rate(system: ActorSystem, tmp
     marks = tmp_path / "listed"
     # answers every tools/list with another list_changed: unbounded, the host relists back to back
     server = MCPServer(command=[sys.executable, HOSTILE, "flood", "0", str(marks)], name="flood",
-                       connect_timeout_s=60.0)
+                       connect_timeout_s=WAIT_S)
     handle = system.add_source(server, poll_s=None)
     try:
         assert server.connected, server.last_error

@@ -12,8 +12,7 @@ import pytest
 
 from rho_actors import ActorSystem, CallEvent, Loop, Resource, ToolCall, ToolResult, tool
 from rho_actors.sandbox import wire
-
-BOUND_S = 20.0
+from tests.conftest import WAIT_S
 
 # --------------------------------------------------------------------------- Resource uris
 
@@ -80,7 +79,7 @@ def test_mcp_serve_survives_a_tool_returning_a_resource_whose_uri_cannot_be_sent
         params = StdioServerParameters(command=sys.executable, args=[
             "-m", "rho_actors.cli", "mcp", "serve", "--tools", str(tools), "--data-dir", str(tmp_path / "d")])
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            with anyio.fail_after(BOUND_S):
+            with anyio.fail_after(WAIT_S):
                 await session.initialize()
                 bad = await session.call_tool("surrogate_uri", {})
                 good = await session.call_tool("fine", {})
@@ -102,7 +101,7 @@ def _echo_system(tmp_path: Path) -> tuple[ActorSystem, Loop, Loop]:
     @tool(timeout_ms=5000)
     def gated(x: str) -> str:
         """Echo ``x`` once the test opens the gate."""
-        GATE.wait(BOUND_S)
+        GATE.wait(WAIT_S)
         return x
 
     @tool(timeout_ms=3000)
@@ -123,7 +122,7 @@ def _echo_system(tmp_path: Path) -> tuple[ActorSystem, Loop, Loop]:
 
 
 def _inner(loop: Loop, call_id: str, got: list[tuple[bool, str]], done: threading.Event) -> None:
-    [result] = loop.run_turn([ToolCall(call_id, "echo", '{"x": "inner"}')], timeout_s=BOUND_S)
+    [result] = loop.run_turn([ToolCall(call_id, "echo", '{"x": "inner"}')], timeout_s=WAIT_S)
     got.append((result.ok, result.content))
     done.set()
 
@@ -143,8 +142,8 @@ def test_a_turn_run_from_on_result_gets_its_calls_run(tmp_path: Path, tool_name:
                 _inner(b, "in", got, done)
 
         future = a.submit_turn(calls, on_result=on_result)
-        assert [r.content for r in future.result(timeout=BOUND_S)] == ["outer", "outer"]
-        assert done.wait(BOUND_S)
+        assert [r.content for r in future.result(timeout=WAIT_S)] == ["outer", "outer"]
+        assert done.wait(WAIT_S)
     assert got == [(True, "inner")]
 
 
@@ -157,7 +156,7 @@ def test_a_turn_run_from_a_futures_done_callback_gets_its_calls_run(tmp_path: Pa
         future = a.submit_turn([ToolCall("c1", "gated", '{"x": "outer"}')])
         future.add_done_callback(lambda _f: _inner(b, "in", got, done))  # before the call ends: on its thread
         GATE.set()
-        assert done.wait(BOUND_S)
+        assert done.wait(WAIT_S)
     assert got == [(True, "inner")]
 
 
@@ -174,6 +173,6 @@ def test_a_turn_run_from_an_event_subscriber_gets_its_calls_run(tmp_path: Path) 
 
         system.subscribe(on_event)
         a.run_turn([ToolCall("c1", "one_at_a_time", '{"x": "outer"}'),
-                    ToolCall("c2", "one_at_a_time", '{"x": "outer"}')], timeout_s=BOUND_S)
-        assert done.wait(BOUND_S)
+                    ToolCall("c2", "one_at_a_time", '{"x": "outer"}')], timeout_s=WAIT_S)
+        assert done.wait(WAIT_S)
     assert got == [(True, "inner")]

@@ -28,7 +28,8 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from rho_actors import ActorSystem, CallEvent, Details, tool
 from rho_actors.mcp import ClientRequestError, client_of
 from rho_actors.mcp.events import BoundedEventStore
-from tests.test_mcp_serve import BOUND_S, TOKEN, _connect_http, _free_port, _serve_http, _text
+from tests.conftest import WAIT_S
+from tests.test_mcp_serve import TOKEN, _connect_http, _free_port, _serve_http, _text
 
 
 @tool
@@ -130,7 +131,7 @@ def test_a_served_tool_logs_samples_elicits_and_reports_progress_to_its_client(s
         async with streamable_http_client(url, http_client=create_mcp_http_client(headers=headers)) as (r, w), \
                 ClientSession(r, w, logging_callback=on_log, sampling_callback=on_sampling,
                               elicitation_callback=on_elicit) as session:
-            with anyio.fail_after(BOUND_S):
+            with anyio.fail_after(WAIT_S):
                 init = await session.initialize()
                 assert init.capabilities.logging is not None
                 first = await session.call_tool("chatty", {})
@@ -160,7 +161,7 @@ def test_a_served_tool_logs_samples_elicits_and_reports_progress_to_its_client(s
         # a client without the capabilities: the tool gets an error naming it, at once
         async with streamable_http_client(url, http_client=create_mcp_http_client(headers=headers)) as (r, w), \
                 ClientSession(r, w) as bare:
-            with anyio.fail_after(BOUND_S):
+            with anyio.fail_after(WAIT_S):
                 await bare.initialize()
                 refused = await bare.call_tool("ask_user", {})
                 assert _text(refused) == "no elicitation: the client did not declare the elicitation capability"
@@ -170,7 +171,7 @@ def test_a_served_tool_logs_samples_elicits_and_reports_progress_to_its_client(s
     finally:
         if loops:
             loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
-        thread.join(10)
+        thread.join(WAIT_S)
 
 
 def test_structured_content_beside_the_text_and_the_declared_output_schema(system: ActorSystem) -> None:
@@ -185,7 +186,7 @@ def test_structured_content_beside_the_text_and_the_declared_output_schema(syste
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with streamable_http_client(url, http_client=create_mcp_http_client(headers=headers)) as (r, w), \
                 ClientSession(r, w) as session:
-            with anyio.fail_after(BOUND_S):
+            with anyio.fail_after(WAIT_S):
                 await session.initialize()
                 listed = {t.name: t for t in (await session.list_tools()).tools}
                 assert listed["forecast"].output_schema == Forecast.output_schema()
@@ -204,7 +205,7 @@ def test_structured_content_beside_the_text_and_the_declared_output_schema(syste
     finally:
         if loops:
             loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
-        thread.join(10)
+        thread.join(WAIT_S)
 
 
 def test_client_of_is_none_outside_an_mcp_request(system: ActorSystem) -> None:
@@ -340,7 +341,7 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
                "Content-Type": "application/json", "MCP-Protocol-Version": version}
     try:
         anyio.run(_connect_http, url)
-        with httpx.Client(timeout=BOUND_S) as http:
+        with httpx.Client(timeout=WAIT_S) as http:
             init = http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
                 "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
             assert init.status_code == 200, init.text
@@ -352,10 +353,10 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
                 first = _sse_events(r.iter_lines())
             assert first[0]["data"] == "" and first[0]["retry"] == "500" and first[0]["id"]  # the priming event
             assert not any('"id":1' in e.get("data", "").replace(" ", "") for e in first)  # closed before the result
-            assert finished.wait(BOUND_S)  # the result is in the event store (or on its way to it)
+            assert finished.wait(WAIT_S)  # the result is in the event store (or on its way to it)
             answer: dict[str, Any] = {}
             with http.stream("GET", url, headers={**headers, "Last-Event-ID": first[-1]["id"]}) as resumed:
-                for event in _sse_events(_until_result(resumed.iter_lines(), time.monotonic() + BOUND_S)):
+                for event in _sse_events(_until_result(resumed.iter_lines(), time.monotonic() + WAIT_S)):
                     if event.get("data"):
                         answer = json.loads(event["data"])
                         break
@@ -363,7 +364,7 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
     finally:
         if loops:
             loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
-        thread.join(10)
+        thread.join(WAIT_S)
 
 
 def _until_result(lines: Any, deadline: float) -> Any:

@@ -31,10 +31,10 @@ from mcp.shared.exceptions import MCPError
 
 from rho_actors import ActorSystem, tool
 from rho_actors.mcp import HTTPGuard, aserve
+from tests.conftest import WAIT_S
 from tests.mcp_fixtures import served_tools
 
 TOOLS = str(Path(served_tools.__file__))
-BOUND_S = 15.0
 TOKEN = "a-test-token-of-32-characters-xx"
 
 
@@ -51,7 +51,7 @@ async def stdio_session(tmp_path: Path) -> AsyncIterator[ClientSession]:
         args=["-m", "rho_actors.cli", "mcp", "serve", "--tools", TOOLS, "--data-dir", str(tmp_path)],
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        with anyio.fail_after(BOUND_S):
+        with anyio.fail_after(WAIT_S):
             await session.initialize()
         yield session
 
@@ -63,7 +63,7 @@ def _text(result: types.CallToolResult) -> str:
 def test_stdio_list_call_and_every_error_kind(tmp_path: Path) -> None:
     async def main() -> None:
         async with stdio_session(tmp_path) as session:
-            with anyio.fail_after(BOUND_S):
+            with anyio.fail_after(WAIT_S):
                 listed = await session.list_tools()
                 names = {t.name for t in listed.tools}
                 assert {"add", "slow", "boom", "refuse", "secret", "picture", "wait_for_cancel"} <= names
@@ -106,7 +106,7 @@ def test_stdio_list_call_and_every_error_kind(tmp_path: Path) -> None:
 def test_stdio_progress_and_client_cancel(tmp_path: Path) -> None:
     async def main() -> None:
         async with stdio_session(tmp_path) as session:
-            with anyio.fail_after(BOUND_S):
+            with anyio.fail_after(WAIT_S):
                 # progress, then a client-side cancel: notifications/cancelled reaches the turn
                 reports: list[tuple[float, float | None, str | None]] = []
                 got_progress = anyio.Event()
@@ -168,7 +168,7 @@ def _serve_http(system: ActorSystem, port: int) -> tuple[threading.Thread, list[
     return thread, loops
 
 
-async def _connect_http(url: str, bound: float = BOUND_S) -> None:
+async def _connect_http(url: str, bound: float = WAIT_S) -> None:
     with anyio.fail_after(bound):
         while True:
             try:
@@ -196,7 +196,7 @@ def test_http_list_changed_and_a_100_call_burst(system: ActorSystem) -> None:
         client = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"})
         async with streamable_http_client(url, http_client=client) as (read, write), \
                 ClientSession(read, write, message_handler=on_message) as session:
-            with anyio.fail_after(BOUND_S):
+            with anyio.fail_after(WAIT_S):
                 init = await session.initialize()
                 assert init.capabilities.tools is not None and init.capabilities.tools.list_changed
                 assert {t.name for t in (await session.list_tools()).tools} == {"add", "extra"}
@@ -220,7 +220,7 @@ def test_http_list_changed_and_a_100_call_burst(system: ActorSystem) -> None:
     finally:
         if loops:  # stop serving: cancel the server's tasks
             loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
-        thread.join(10)
+        thread.join(WAIT_S)
     assert not thread.is_alive()
     sessions = list((system.data_dir / "sessions").iterdir())
     assert [p.name.startswith("mcp-") for p in sessions] == [True]
@@ -263,7 +263,7 @@ def test_stdio_bad_lines_get_json_rpc_errors_and_the_server_goes_on(tmp_path: Pa
         proc.stdin.flush()
         answers: list[dict[str, Any]] = []
         for _ in range(len(lines) + 1):
-            ready, _, _ = select.select([proc.stdout], [], [], BOUND_S)
+            ready, _, _ = select.select([proc.stdout], [], [], WAIT_S)
             assert ready, f"no answer after {answers}"
             answers.append(json.loads(proc.stdout.readline()))
         errors = [a for a in answers if "error" in a]
@@ -274,4 +274,4 @@ def test_stdio_bad_lines_get_json_rpc_errors_and_the_server_goes_on(tmp_path: Pa
         assert ok["result"]["serverInfo"]["name"] == "rho-actors"
     finally:
         proc.kill()
-        proc.wait(BOUND_S)
+        proc.wait(WAIT_S)

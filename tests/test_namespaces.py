@@ -23,6 +23,7 @@ import pytest
 from rho_actors import ActorSystem, ErrorKind, IsolationEvent, ToolCall, ToolResult, UntrustedReads
 from rho_actors.sandbox.confine import seccomp
 from rho_actors.sandbox.confine.confinement import Confinement, probe
+from tests.conftest import WAIT_S
 
 from .test_hostile_untrusted import SESSIONS, Echo, assert_serving, call
 
@@ -166,7 +167,7 @@ class Attack:
 
 def make_system(data_dir: Path, **options: Any) -> ActorSystem:
     """A system whose declaration reads may take 30 s: this machine may be loaded."""
-    return ActorSystem(data_dir=data_dir, shutdown_ms=2_000, untrusted=UntrustedReads(timeout_s=30.0), **options)
+    return ActorSystem(data_dir=data_dir, shutdown_ms=2_000, untrusted=UntrustedReads(timeout_s=WAIT_S), **options)
 
 
 @pytest.fixture

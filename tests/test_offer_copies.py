@@ -78,10 +78,10 @@ def test_nested_and_concurrent_pauses_restore_the_collector_once_all_have_left()
             assert not gc.isenabled()
         assert not gc.isenabled()
         thread.start()
-        assert inside.wait(10)
+        assert inside.wait(WAIT_S)
     assert not gc.isenabled()  # the other thread's block still runs
     release.set()
-    thread.join(10)
+    thread.join(WAIT_S)
     assert gc.isenabled()
 
 
@@ -246,7 +246,7 @@ def test_copies_cross_to_another_process_by_cloudpickle(tmp_path: Path, kind: st
               "infos = pickle.loads(sys.stdin.buffer.read())\n"
               "print(json.dumps([dataclasses.asdict(i) for i in infos]))\n")
     proc = subprocess.run([sys.executable, "-c", script], input=cloudpickle.dumps(copies), capture_output=True,
-                          timeout=60, check=True, cwd=tmp_path)
+                          timeout=WAIT_S, check=True, cwd=tmp_path)
     assert json.loads(proc.stdout) == [dataclasses.asdict(i) for i in originals]
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import WAIT_S
+
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +31,8 @@ EXTRAS = ("mcp", "openai", "anthropic", "otel", "ray", "langgraph", "openai-agen
 
 
 def _run(*argv: str | Path, cwd: Path | None = None) -> str:
-    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=240, cwd=cwd, check=False)
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=4 * WAIT_S, cwd=cwd,
+                          check=False)
     assert done.returncode == 0, f"{argv} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 

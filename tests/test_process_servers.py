@@ -26,11 +26,9 @@ from rho_actors.isolation.servers import (
 )
 from rho_actors.otp.actor import kill
 from rho_actors.results import text
-from tests.conftest import wait_for
 from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
+from tests.conftest import WAIT_S, wait_for
 from tests.server_classes import Broken, Store
-
-WAIT_S = 30.0
 
 
 @tool(timeout_ms=20_000, concurrency="exclusive")

@@ -15,8 +15,7 @@ from rho_actors import ActorSystem, CancelToken
 from rho_actors.agent.driver import PromptResult, aprompt, prompt, stream
 from rho_actors.agent.model import Message, Reply, ScriptedModel
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, read_records
-
-WAIT_S = 10.0
+from tests.conftest import WAIT_S
 
 
 class Stuck:

@@ -18,6 +18,7 @@ from rho_actors.agent.provider_rules import ANTHROPIC_RULES, NEUTRAL_RULES, sani
 from rho_actors.agent.providers import RetryPolicy
 from rho_actors.agent.providers.anthropic import AnthropicModel
 from rho_actors.tool import ToolCall, ToolResult
+from tests.conftest import WAIT_S
 from tests.wire_server import (
     ANTHROPIC_PATH,
     Response,
@@ -39,7 +40,7 @@ def screenshot(n: int) -> Image:
 
 
 def claude(server: WireServer) -> AnthropicModel:
-    return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=20.0)
+    return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=WAIT_S)
 
 
 def sent_pictures(body: dict[str, Any]) -> list[tuple[str, int]]:

@@ -19,6 +19,7 @@ from rho_actors.agent.providers.anthropic import AnthropicModel
 from rho_actors.agent.providers.openai import OpenAIModel
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, read_records
 from rho_actors.tool import ErrorKind
+from tests.conftest import WAIT_S
 from tests.wire_server import (
     ANTHROPIC_PATH,
     OPENAI_PATH,
@@ -84,11 +85,11 @@ def loop(tmp_path: Path) -> Iterator[Any]:
 
 
 def openai_model(server: WireServer, **options: Any) -> OpenAIModel:
-    return OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=5.0, **options)
+    return OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=WAIT_S, **options)
 
 
 def anthropic_model(server: WireServer, **options: Any) -> AnthropicModel:
-    return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=5.0,
+    return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=WAIT_S,
                           **options)
 
 

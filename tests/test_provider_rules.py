@@ -23,6 +23,7 @@ from rho_actors.agent.providers.anthropic import AnthropicModel, to_anthropic_re
 from rho_actors.agent.providers.openai import OpenAIModel, to_openai_messages
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, read_records
 from rho_actors.tool import ErrorKind, ToolResult
+from tests.conftest import WAIT_S
 from tests.helpers import unchecked_image
 from tests.wire_server import (
     ANTHROPIC_PATH,
@@ -83,8 +84,8 @@ def loop(tmp_path: Path) -> Iterator[Any]:
 
 def make_model(provider: str, server: WireServer) -> Any:
     if provider == "openai":
-        return OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=5.0)
-    return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=5.0)
+        return OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=WAIT_S)
+    return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=WAIT_S)
 
 
 def script(server: WireServer, provider: str, text: str | None, calls: Sequence[tuple[str, str, str]] = ()) -> None:

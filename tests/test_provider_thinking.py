@@ -19,6 +19,7 @@ from rho_actors.agent.providers import RetryPolicy
 from rho_actors.agent.providers.anthropic import AnthropicModel
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, read_records
 from rho_actors.tool import ToolCall, ToolResult
+from tests.conftest import WAIT_S
 from tests.wire_server import (
     ANTHROPIC_PATH,
     Response,
@@ -53,7 +54,7 @@ def loop(tmp_path: Path) -> Iterator[Any]:
 
 
 def model(server: WireServer) -> AnthropicModel:
-    return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=5.0,
+    return AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST, timeout_s=WAIT_S,
                           max_tokens=2048, thinking=THINKING)
 
 

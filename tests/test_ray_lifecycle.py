@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import WAIT_S, slack
+
 pytest.importorskip("ray", reason="ray is not installed (pip install 'rho_actors[ray]')")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,12 +64,12 @@ def test_an_unreachable_cluster_makes_calls_unavailable_on_time() -> None:
     out = _run(UNREACHABLE, 90)
     kind, text, took = out["c1"]
     assert kind == "unavailable" and "still connecting to the Ray cluster at 127.0.0.1:" in text, out
-    assert 1.9 < took < 3.5, out
+    assert 1.9 < took < 2.0 + slack(1.5), out
     for call_id in ("c2", "c3"):
         kind, text, took = out[call_id]
-        assert kind == "unavailable" and took < 3.5, out
+        assert kind == "unavailable" and took < 2.0 + slack(1.5), out
     kind, text, took = out["c3"]
-    assert "no answer within 4 s" in text and took < 0.5, out  # the bound has passed: at once
+    assert "no answer within 4 s" in text and took < slack(0.5), out  # the bound has passed: at once
     assert out["stop_s"] < 5, out
 
 
@@ -100,7 +102,7 @@ def test_the_readme_ray_example_runs_as_written_and_stop_leaves_no_ray_process()
     own Ray runtime and is reached from the tool; after the ``with`` block no Ray process
     the system started is left (GCS, raylet, workers: all children of the host)."""
     code = "SNIPPET = " + repr(_snippet()) + "\n" + README_RUN
-    run = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
+    run = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=5 * WAIT_S,
                          cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import WAIT_S
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
@@ -26,7 +28,7 @@ def test_the_quickstart_is_the_example_and_prints_what_the_readme_says() -> None
     assert code in example
     expected = _blocks("text")[0]
     run = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], capture_output=True,
-                         text=True, timeout=60, check=True)
+                         text=True, timeout=WAIT_S, check=True)
     assert run.stdout == expected
 
 

@@ -205,7 +205,7 @@ def test_providers_get_the_pictures_and_a_line_naming_each_sound_and_resource(se
         with AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST,
                             timeout_s=20.0) as claude:
             assert prompt(system.start_loop("a"), "listen", model=claude).text == "heard"
-        with OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=20.0) as gpt:
+        with OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=WAIT_S) as gpt:
             assert prompt(system.start_loop("o"), "listen", model=gpt).text == "heard"
     expected = _result(MIXED).content
     [result] = [b for m in server.bodies(ANTHROPIC_PATH)[1]["messages"] if isinstance(m["content"], list)
@@ -237,11 +237,11 @@ def test_a_transcript_keeps_what_the_model_saw_of_mixed_content(tmp_path: Path) 
 def test_mcp_serve_serves_each_block_in_order_to_the_sdk_client(tmp_path: Path) -> None:
     import mcp_types as types
 
-    from tests.test_mcp_serve import BOUND_S, stdio_session
+    from tests.test_mcp_serve import stdio_session
 
     async def main() -> types.CallToolResult:
         async with stdio_session(tmp_path) as session:
-            with anyio.fail_after(BOUND_S):
+            with anyio.fail_after(WAIT_S):
                 return await session.call_tool("media", {})
 
     served = anyio.run(main)
@@ -266,7 +266,7 @@ def test_an_mcp_source_keeps_an_upstreams_audio_and_resources(tmp_path: Path) ->
                "--data-dir", str(tmp_path / "upstream")]
     with ActorSystem(data_dir=tmp_path / "data") as system:
         system.add_source(MCPServer(command=command, name="upstream", env={"PYTHONPATH": os.getcwd()},
-                                    connect_timeout_s=30.0), poll_s=None)
+                                    connect_timeout_s=WAIT_S), poll_s=None)
         assert wait_for(lambda: "media" in {info.name for info in system.tools()}, WAIT_S * 3)
         [result] = system.start_loop("s").run_turn([ToolCall("c1", "media", "{}")], timeout_s=WAIT_S * 2)
     assert result.ok, result.content

@@ -13,6 +13,7 @@ import pytest
 from rho_actors import ActorSystem
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
 from rho_actors.files import UnsafePathError, open_regular, private_dir
+from tests.conftest import WAIT_S
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -121,7 +122,7 @@ def test_a_fifo_in_place_of_the_transcript_fails_at_once(tmp_path: Path) -> None
 
     worker = threading.Thread(target=attempt, daemon=True)
     worker.start()
-    worker.join(timeout=10)
+    worker.join(WAIT_S)
     assert not worker.is_alive(), "opening a FIFO blocked"
     assert len(outcome) == 3 and all("is a FIFO, not a regular file" in str(e) for e in outcome)
 

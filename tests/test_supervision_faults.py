@@ -233,17 +233,17 @@ def test_an_actors_stop_flag_wakes_a_waiter_however_the_set_and_the_wait_interle
 
     def waiter() -> None:
         waiting.set()
-        woke.append(flag.wait(10))
+        woke.append(flag.wait(WAIT_S))
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    assert waiting.wait(10)
+    assert waiting.wait(WAIT_S)
     flag.set()
-    thread.join(10)
+    thread.join(WAIT_S)
     assert woke == [True] and flag.is_set() and flag.wait(0)
     flag.clear()
     assert not flag.is_set() and flag.wait(0.01) is False
     ref = Actor.start()
     assert isinstance(ref.actor_stopped, StopFlag) and ref.is_alive()
     ref.stop()
-    assert ref.actor_stopped.wait(10) and not ref.is_alive()
+    assert ref.actor_stopped.wait(WAIT_S) and not ref.is_alive()

@@ -5,6 +5,7 @@ with what to do, and messages about untrusted tools name the user's own file."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -23,9 +24,10 @@ from rho_actors.declarations.checks import describe_origin
 from rho_actors.sandbox.confine.confinement import probe
 from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
 from rho_actors.tool import ErrorKind
+from tests.conftest import WAIT_S, open_folder
 
 ROOT = os.geteuid() == 0
-READS = UntrustedReads(timeout_s=30.0)  # a loaded machine: reads are slow, never left out
+READS = UntrustedReads(timeout_s=WAIT_S)  # a loaded machine: reads are slow, never left out
 
 
 def _divide(a: int, b: int) -> float:
@@ -53,10 +55,41 @@ def errors() -> Iterator[list[tuple[str, str]]]:
 # --- a traceback for the host -----------------------------------------------------------------
 
 
+DIVIDER = '''
+from rho_actors import tool
+
+
+def _divide(a: int, b: int) -> float:
+    return a / b
+
+
+@tool
+def divide(a: int, b: int) -> float:
+    """Divide a by b."""
+    return _divide(a, b)
+'''
+
+
+@pytest.fixture
+def divider(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
+    """The :data:`DIVIDER` module's ``divide`` and its file, imported from a folder on
+    ``sys.path`` that a confined worker (uid 65534) can read: its traceback shows the
+    tool's source lines wherever the checkout lies."""
+    with open_folder() as folder:
+        path = folder / "divider.py"
+        path.write_text(DIVIDER)
+        path.chmod(0o644)
+        monkeypatch.syspath_prepend(str(folder))
+        monkeypatch.delitem(sys.modules, "divider", raising=False)
+        yield importlib.import_module("divider").divide, str(path)
+        sys.modules.pop("divider", None)
+
+
 @pytest.mark.parametrize("untrusted", [False, True])
 def test_a_raising_tool_gives_the_host_its_traceback_and_the_model_one_line(
-    tmp_path: Path, errors: list[tuple[str, str]], untrusted: bool
+    tmp_path: Path, errors: list[tuple[str, str]], untrusted: bool, divider: tuple[Any, str]
 ) -> None:
+    divide, source = divider
     with ActorSystem(data_dir=tmp_path, shutdown_ms=2_000, warm_workers=1, untrusted=READS) as system:
         system.register(divide, untrusted=untrusted)
         loop = system.start_loop("tb")
@@ -68,7 +101,7 @@ def test_a_raising_tool_gives_the_host_its_traceback_and_the_model_one_line(
     assert call.content == "tool 'divide' raised ZeroDivisionError: division by zero"
     trace = call.details["traceback"]
     assert trace.startswith("Traceback") and "ZeroDivisionError" in trace
-    assert __file__ in trace and "_divide" in trace and "return a / b" in trace  # the tool's own frames
+    assert source in trace and "_divide" in trace and "return a / b" in trace  # the tool's own frames
     assert "rho_actors/call.py" not in trace and "rho_actors/sandbox" not in trace  # not the runtime's
     sent = model.requests[1][0]  # what the model was sent: the one line, no traceback
     assert not any("Traceback" in m.text for m in sent)
@@ -192,7 +225,7 @@ system = ActorSystem()
 
 def run_script(path: Path, body: str) -> subprocess.CompletedProcess[str]:
     path.write_text(SCRIPT + textwrap.dedent(body))
-    return subprocess.run([sys.executable, str(path)], check=False, capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, str(path)], check=False, capture_output=True, text=True, timeout=2 * WAIT_S,
                           cwd=path.parent, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
 
 

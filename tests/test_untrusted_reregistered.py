@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rho_actors import ActorSystem, ToolCall, tool
+from tests.conftest import WAIT_S
 
 from .helpers import make_tool
 
@@ -56,14 +57,14 @@ def test_a_call_of_an_untrusted_tool_changed_meanwhile_stays_confined(system: Ac
         future = loop.submit_turn([ToolCall("c1", "gate", "{}"), ToolCall("c2", "snoop", "{}")])
     finally:
         API_KEY.reset(token)
-    assert GATE_IN.wait(20)
+    assert GATE_IN.wait(WAIT_S)
     if change == "unregister":
         system.unregister("snoop")
     else:
         system.unregister("snoop")  # a new version of it: another object, registered untrusted again
         system.register(tool(snoop.func), untrusted=True)
     GATE_OPEN.set()
-    results = future.result(30)
+    results = future.result(WAIT_S)
     second = results[1]
     assert not second.ok and "sk-secret" not in second.content and "uid=" not in second.content, second.content
     assert "'snoop' was unregistered or registered again before this call started; it did not run" in second.content

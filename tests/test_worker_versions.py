@@ -15,7 +15,7 @@ import pytest
 
 from rho_actors import ActorSystem, ToolCall
 
-from .conftest import wait_for
+from .conftest import WAIT_S, wait_for
 from .helpers import make_tool
 
 
@@ -111,7 +111,7 @@ def test_a_busy_worker_of_a_registration_that_went_is_retired_when_its_call_ends
     system.unregister("probe")  # while its call runs (it waits for the signal)
     assert not future.done()
     os.kill(busy[0], signal.SIGUSR1)
-    [first] = future.result(30)
+    [first] = future.result(WAIT_S)
     assert first.ok, first.content
     old_pid = json.loads(first.content)["pid"]
     assert wait_for(lambda: old_pid not in system.worker_pids())  # not kept idle: retired at the call's end

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.conftest import WAIT_S
+
 __all__ = [
     "ANTHROPIC_PATH",
     "OPENAI_PATH",
@@ -65,9 +67,9 @@ __all__ = [
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
-SOCKET_TIMEOUT_S = 5.0
-JOIN_TIMEOUT_S = 5.0
-MAX_DELAY_S = 10.0
+SOCKET_TIMEOUT_S = WAIT_S
+JOIN_TIMEOUT_S = WAIT_S
+MAX_DELAY_S = WAIT_S
 ANTHROPIC_MAX_REQUEST_BYTES = 32_000_000
 """The Messages API's request size limit (32 MB): a larger request is a 413."""
 ANTHROPIC_MAX_IMAGES = 100

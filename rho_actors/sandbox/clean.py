@@ -57,9 +57,11 @@ def _kernel_paths(paths: list[str]) -> list[str]:
     Python installation, then the folder rho_actors comes from when it is elsewhere (a
     checkout). Never the host script's folder or any other: a file there (an untrusted
     plugin beside the script, named as a module the fork server imports, or as an
-    optional one nobody installed) would run with the host's uid."""
+    optional one nobody installed) would run with the host's uid. A folder is inside by
+    its real path, as the prefixes are (a virtualenv reached through a symbolic link)."""
     prefixes = installation_prefixes()
-    inside = [p for p in paths if any(p == f or p.startswith(f.rstrip(os.sep) + os.sep) for f in prefixes)]
+    inside = [p for p in paths if any((real := os.path.realpath(p)) == f or real.startswith(f.rstrip(os.sep) + os.sep)
+                                      for f in prefixes)]
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rho_actors' folder's
     return list(dict.fromkeys([*inside, package] if package in paths else inside))
 
