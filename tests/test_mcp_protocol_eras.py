@@ -228,3 +228,19 @@ def test_http_another_client_with_the_same_token_cannot_name_a_session(system: A
             assert "unknown session handle" in said, said
     folder = system.data_dir / "sessions" / first.splitlines()[0]
     assert "intruder" not in (folder / "notes.txt").read_text()
+
+
+def test_http_a_2026_client_hears_of_a_changed_tool_list_on_its_listen_stream(system: ActorSystem) -> None:
+    with _served_http(system) as (url, _guard):
+        async def main() -> set[str]:
+            with anyio.fail_after(WAIT_S * 3):
+                async with _http_client(url, "2026-07-28") as client:
+                    assert (await client.list_tools()).tools
+                    async with client.listen(tools_list_changed=True) as listening:
+                        await anyio.to_thread.run_sync(system.unregister, "ask_name")
+                        async for event in listening:
+                            assert type(event).__name__ == "ToolsListChanged", event
+                            break
+                    return {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
+
+        assert anyio.run(main) == {"note"}

@@ -69,9 +69,9 @@ from mcp.server.caching import CacheHint
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
-from mcp.shared.message import SessionMessage
-from mcp_types import INVALID_PARAMS, INVALID_REQUEST, MISSING_REQUIRED_CLIENT_CAPABILITY, PARSE_ERROR
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST, MISSING_REQUIRED_CLIENT_CAPABILITY
 
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, make_validator, violations
@@ -92,7 +92,7 @@ from rho_actors.mcp.sessions import (
     session_handle,
     unknown_handle,
 )
-from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
+from rho_actors.mcp.stdio_lines import CheckedLines, answering_bad_lines, claimed_stdin
 from rho_actors.results import text
 from rho_actors.tool import ToolCall, ToolResult, is_untrusted
 
@@ -102,6 +102,8 @@ DEFAULT_MAX_ARGUMENT_BYTES = 1_000_000
 """The largest ``tools/call`` arguments accepted (bytes of their JSON)."""
 
 _STATE_KEY = "rho_actors.session"
+_LISTEN_BACKLOG = 64  # changes a subscriptions/listen stream may have unsent before it is ended
+_STDIO_LISTENERS = 8  # subscriptions/listen streams of one stdio client at once
 _STATE_TTL_S = 600.0  # how long a client may take to answer an input_required result
 _PROGRESS_FLUSH_S = 2.0  # how long a result waits for its progress notifications to be sent
 _SSE_RETRY_MS = 500  # the reconnection delay suggested to a client whose SSE stream closed (SEP-1699)
@@ -136,6 +138,7 @@ class _Served:
     opening: anyio.Lock = field(default_factory=anyio.Lock)
     progress: dict[tuple[str, str], _Live] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=itertools.count)
+    bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)  # subscriptions/listen (2026-07-28)
 
 
 def _connection(ctx: Any) -> Any:
@@ -348,6 +351,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     tools not served; ``guard`` the HTTP endpoint's :class:`HTTPGuard` (its rho
     sessions of absent clients are stopped)."""
     served = _Served(system, tuple(withheld), max_argument_bytes, guard)
+    listeners = guard.max_sessions if guard is not None else _STDIO_LISTENERS
     if guard is not None:
         guard.rho_sessions = lambda: len(served.sessions)
 
@@ -402,6 +406,8 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
         server = _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool,
                          on_set_logging_level=_set_level, on_list_prompts=_no_prompts, on_list_resources=_no_resources,
                          on_list_resource_templates=_no_templates, on_read_resource=_no_resource,
+                         on_subscriptions_listen=ListenHandler(served.bus, max_subscriptions=listeners,
+                                                               max_buffered_events=_LISTEN_BACKLOG),
                          cache_hints={"tools/list": LIST_CACHE_HINT, "prompts/list": _NONE_CACHE_HINT,
                                       "resources/list": _NONE_CACHE_HINT,
                                       "resources/templates/list": _NONE_CACHE_HINT})
@@ -589,12 +595,14 @@ class _Server(Server[Any]):
 
 async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
     """Send ``notifications/tools/list_changed`` to each connection whose last offer is
-    older than the system's tool set, each time ``changed`` is set (by a
-    :class:`ToolSetChanged` event; several set before this wakes are announced once)."""
+    older than the system's tool set, and to every ``subscriptions/listen`` stream
+    (2026-07-28), each time ``changed`` is set (by a :class:`ToolSetChanged` event;
+    several set before this wakes are announced once)."""
     while True:
         await changed.wait()
         changed.clear()
         version = served.system.tool_set().version
+        await served.bus.publish(ToolsListChanged())  # to 2026-07-28 clients' subscriptions/listen streams
         for session in list(served.sessions):
             if session.offered_version != version:
                 session.offered_version = version
@@ -624,7 +632,7 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
         with claimed_stdin() as stdin_text:
             lines = CheckedLines(anyio.wrap_file(stdin_text), answers)
             async with stdio_server(stdin=cast(Any, lines)) as (read, write), \
-                    _answering_bad_lines(read, write, early) as checked:
+                    answering_bad_lines(read, write, early) as checked:
                 await server.run(checked, write, options)
         return
     import uvicorn
@@ -638,56 +646,6 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
     own_event_stores(server.session_manager, events)  # one session never replays another's events
     config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
-
-
-@contextlib.asynccontextmanager
-async def _answering_bad_lines(read: Any, write: Any, early: Any = None) -> AsyncIterator[Any]:
-    """The stdio read stream without its bad lines: the SDK's transport hands a line that
-    is not a JSON-RPC message (not JSON, not a message, nested past the parser's limit)
-    to the server as an exception, which it drops unanswered, so a client waits for its
-    own timeout. Here each gets JSON-RPC's answer at once: a ``-32700`` parse error (or
-    ``-32600`` for JSON that is no message) with ``id: null``; the server goes on.
-    ``early``: the answers :class:`~rho_actors.mcp.stdio_lines.CheckedLines` gave
-    requests with a bad id or shape (the request's id where usable), sent as they come."""
-    send, checked = anyio.create_memory_object_stream[Any](16)
-
-    async def answer_early() -> None:
-        async with early:
-            async for error in early:
-                logger.info("MCP stdio: a bad request from the client: {}", error.error.message[:200])
-                await write.send(SessionMessage(error))
-
-    async def relay() -> None:
-        async with send:
-            async for item in read:
-                if not isinstance(item, Exception):
-                    await send.send(item)
-                    continue
-                code, what = (PARSE_ERROR, "Parse error") if _not_json(item) else (INVALID_REQUEST, "Invalid Request")
-                logger.info("MCP stdio: a bad line from the client: {}", str(item)[:200])
-                error = types.JSONRPCError(jsonrpc="2.0", id=None,
-                                           error=types.ErrorData(code=code, message=f"{what}: {str(item)[:200]}"))
-                await write.send(SessionMessage(error))
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(relay)
-        if early is not None:
-            tasks.start_soon(answer_early)
-        try:
-            yield checked
-        finally:
-            tasks.cancel_scope.cancel()
-
-
-def _not_json(exc: Exception) -> bool:
-    """Whether the SDK's parse of a line failed as JSON (else: JSON, but no message)."""
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return True
-    try:
-        return any(e.get("type") == "json_invalid" for e in errors())
-    except Exception:
-        return True
 
 
 def serve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
