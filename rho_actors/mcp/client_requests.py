@@ -18,24 +18,41 @@ on the server's asyncio loop) and each waits at most until the call's deadline::
 test's), so the same tool runs anywhere. It works for tools whose ``run`` executes in
 the server's process (trusted tools, ``thread`` isolation): ``ctx`` holds no handle a
 worker process could use, and none is given to untrusted code.
+
+The same tool code serves both protocol eras. On a handshake-era connection each
+question is a server-initiated request, answered while the tool waits. Protocol
+2026-07-28 has no server-initiated requests: a question the client has not answered
+yet ends the run (the method raises :class:`InputRequired`, a
+:class:`ClientRequestError`) and the client gets an ``input_required`` result asking
+every question the run asked (SEP-2322); the client answers them and sends the call
+again, which runs the tool again from its start, each question now answered from the
+client's ``inputResponses`` or from the answers the earlier rounds carried in the
+sealed ``requestState``. A question is known by its ``key`` (default: its kind and
+its place among the run's questions, ``elicitation-1``, ``sampling-2``...), so a tool
+asks its questions in the same order each run, and does its side effects after them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import mcp_types as types
+from mcp.server.connection import allowed_log_levels
+from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.shared.message import ServerMessageMetadata
+from pydantic import BaseModel, ValidationError
 
 from rho_actors.errors import RhoError
 
-__all__ = ["LOG_LEVELS", "ClientRequestError", "MCPClient", "client_of"]
+__all__ = ["LOG_LEVELS", "ClientRequestError", "InputRequired", "MCPClient", "client_of"]
 
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 """MCP's log levels (RFC 5424's severities), least severe first."""
@@ -44,6 +61,12 @@ LOG_LEVELS: tuple[str, ...] = ("debug", "info", "notice", "warning", "error", "c
 class ClientRequestError(RhoError, RuntimeError):
     """A request to the client failed: it lacks the capability, answered an error, or
     did not answer before the call's deadline (the message says which)."""
+
+
+class InputRequired(ClientRequestError):
+    """Protocol 2026-07-28: the client has not answered the run's question(s) yet; the
+    call is answered with an ``input_required`` result and run again with the answers
+    (see the module doc). A tool that catches it is answered the same way."""
 
 
 @dataclass(slots=True)
@@ -55,8 +78,15 @@ class Bound:
     request_id: Any
     level: Mapping[str, str]  # the connection's state: "rho_actors.log_level" as logging/setLevel set it
     close_stream: Any = None  # the SDK's close_sse_stream callback (streamable HTTP with an event store)
+    modern: bool = False  # protocol 2026-07-28: questions become an input_required result
+    answers: Mapping[str, Any] = field(default_factory=dict)  # key -> the client's answer (wire JSON), known now
+    asked: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> an unanswered question (wire JSON)
+    used: dict[str, Any] = field(default_factory=dict)  # key -> an answer the run read (kept in requestState)
+    missing: set[str] = field(default_factory=set)  # capabilities asked for that the client did not declare
+    questions: Iterator[int] = field(default_factory=lambda: itertools.count(1))  # the default keys' numbers
 
 
+_R = TypeVar("_R", bound=BaseModel)
 _live: dict[tuple[str, str], Bound] = {}
 _lock = threading.Lock()
 LEVEL_KEY = "rho_actors.log_level"
@@ -117,9 +147,11 @@ class MCPClient:
     def _metadata(self) -> ServerMessageMetadata:
         return ServerMessageMetadata(related_request_id=self._bound.request_id)
 
-    def _has(self, capability: types.ClientCapabilities, what: str) -> None:
-        if not self._bound.session.check_client_capability(capability):
-            raise ClientRequestError(f"the client did not declare the {what} capability")
+    def _has(self, capability: str) -> None:
+        if not self.supports(capability):
+            if self._bound.modern:  # 2026-07-28: the request is answered MissingRequiredClientCapabilityError
+                self._bound.missing.add(capability)
+            raise ClientRequestError(f"the client did not declare the {capability} capability")
 
     def log(self, level: str, data: Any, logger: str | None = None) -> bool:
         """Send ``notifications/message`` (``level`` one of :data:`LOG_LEVELS`; ``data``
@@ -129,38 +161,93 @@ class MCPClient:
         connection has closed."""
         if level not in LOG_LEVELS:
             raise ValueError(f"log level {level!r} is not one of {', '.join(LOG_LEVELS)}")
-        wanted = self._bound.level.get(LEVEL_KEY, "debug")
+        bound = self._bound
+        wanted = bound.level.get(LEVEL_KEY, "debug")
         if LOG_LEVELS.index(level) < LOG_LEVELS.index(wanted):
             return False
-        note = types.LoggingMessageNotification(
-            params=types.LoggingMessageNotificationParams(level=level, data=data, logger=logger))  # type: ignore[arg-type]
-        self._run(self._bound.session.send_notification(note, related_request_id=self._bound.request_id))
+        if bound.modern and level not in allowed_log_levels(bound.session.protocol_version, bound.level):
+            return False  # 2026-07-28: only what the request's _meta logLevel opted in to
+        with warnings.catch_warnings():  # logging is deprecated from 2026-07-28 on; clients of today use it
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            sending = bound.session.send_log_message(level, data, logger, related_request_id=bound.request_id)
+        self._run(sending)
         return True
 
-    def sample(self, prompt: str, *, max_tokens: int, system_prompt: str | None = None) -> str:
+    def supports(self, capability: str) -> bool:
+        """Whether the client declared ``capability`` (``"sampling"``, ``"elicitation"``
+        or ``"roots"``), so a tool asks only what it can be answered. Raises
+        ``ValueError`` for another name."""
+        kinds = {"sampling": types.ClientCapabilities(sampling=types.SamplingCapability()),
+                 "elicitation": types.ClientCapabilities(elicitation=types.ElicitationCapability()),
+                 "roots": types.ClientCapabilities(roots=types.RootsCapability())}
+        if capability not in kinds:
+            raise ValueError(f"capability {capability!r} is not one of {', '.join(kinds)}")
+        return bool(self._bound.session.check_client_capability(kinds[capability]))
+
+    def sample(self, prompt: str, *, max_tokens: int, system_prompt: str | None = None,
+               key: str | None = None) -> str:
         """Ask the client's model (``sampling/createMessage``) to answer ``prompt`` (one
         user message) in at most ``max_tokens`` tokens; returns the text of its answer
-        ("" for an answer without text). Raises :class:`ClientRequestError`."""
-        self._has(types.ClientCapabilities(sampling=types.SamplingCapability()), "sampling")
+        ("" for an answer without text). ``key`` names the question (2026-07-28; see the
+        module doc). Raises :class:`ClientRequestError` (:class:`InputRequired` too)."""
+        self._has("sampling")
         request = types.CreateMessageRequest(params=types.CreateMessageRequestParams(
             messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text=prompt))],
             max_tokens=max_tokens, system_prompt=system_prompt))
-        result = self._run(self._bound.session.send_request(request, types.CreateMessageResult,
-                                                            metadata=self._metadata()))
-        content = result.content
+        result = self.ask({self._key(key, "sampling"): request}, types.CreateMessageResult)
+        content = next(iter(result.values())).content
         return content.text if isinstance(content, types.TextContent) else ""
 
-    def elicit(self, message: str, schema: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    def elicit(self, message: str, schema: Mapping[str, Any], *, key: str | None = None) -> tuple[str, dict[str, Any]]:
         """Ask the client's user (``elicitation/create``, form mode) for the fields of
         ``schema`` (an object schema of primitive properties), showing ``message``.
         Returns ``(action, content)``: ``action`` is ``"accept"``, ``"decline"`` or
-        ``"cancel"``, ``content`` the fields given (``{}`` unless accepted). Raises
-        :class:`ClientRequestError`."""
-        self._has(types.ClientCapabilities(elicitation=types.ElicitationCapability()), "elicitation")
+        ``"cancel"``, ``content`` the fields given (``{}`` unless accepted). ``key``
+        names the question (2026-07-28; see the module doc). Raises
+        :class:`ClientRequestError` (:class:`InputRequired` too)."""
+        self._has("elicitation")
         request = types.ElicitRequest(params=types.ElicitRequestFormParams(message=message,
                                                                           requested_schema=dict(schema)))
-        result = self._run(self._bound.session.send_request(request, types.ElicitResult, metadata=self._metadata()))
+        result = next(iter(self.ask({self._key(key, "elicitation"): request}, types.ElicitResult).values()))
         return str(result.action), dict(result.content or {})
+
+    def list_roots(self, *, key: str | None = None) -> list[dict[str, Any]]:
+        """The client's roots (``roots/list``): ``[{"uri": str, "name": str?}]``. ``key``
+        names the question (2026-07-28). Raises :class:`ClientRequestError`."""
+        self._has("roots")
+        asked = self.ask({self._key(key, "roots"): types.ListRootsRequest()}, types.ListRootsResult)
+        result = next(iter(asked.values()))
+        return [root.model_dump(mode="json", by_alias=True, exclude_none=True) for root in result.roots]
+
+    def ask(self, requests: Mapping[str, Any], result_type: type[_R] | None = None) -> dict[str, Any]:
+        """Ask several questions at once: ``requests`` maps each key to an SDK request
+        (``types.ElicitRequest``, ``CreateMessageRequest``, ``ListRootsRequest``); returns
+        ``{key: its result}`` (of ``result_type`` when given, else the result type of its
+        method). On 2026-07-28 the unanswered ones go to the client together, in one
+        ``input_required`` result. Raises :class:`ClientRequestError` (``InputRequired``)."""
+        bound = self._bound
+        answers: dict[str, Any] = {}
+        for key, request in requests.items():
+            wanted = result_type or _RESULT_TYPES[request.method]
+            if not bound.modern:
+                answers[key] = self._run(bound.session.send_request(request, wanted, metadata=self._metadata()))
+            elif key in bound.answers:
+                try:
+                    answers[key] = wanted.model_validate(bound.answers[key])
+                except ValidationError:
+                    raise ClientRequestError(f"the client's answer to {key!r} is not a "
+                                             f"{request.method} result") from None
+                bound.used[key] = bound.answers[key]
+            else:
+                bound.asked[key] = request.model_dump(mode="json", by_alias=True, exclude_none=True)
+        missing = [key for key in requests if key not in answers]
+        if missing:
+            raise InputRequired(f"the client's input is required ({', '.join(missing)}): the call is answered "
+                                "input_required and runs again with the answers")
+        return answers
+
+    def _key(self, key: str | None, kind: str) -> str:
+        return key if key is not None else f"{kind}-{next(self._bound.questions)}"
 
     def close_stream(self) -> bool:
         """Close the SSE stream of the call's HTTP request, so the client reconnects
@@ -172,6 +259,11 @@ class MCPClient:
             return False
         self._run(_awaited(close))
         return True
+
+
+_RESULT_TYPES: dict[str, type[BaseModel]] = {"sampling/createMessage": types.CreateMessageResult,
+                                            "elicitation/create": types.ElicitResult,
+                                            "roots/list": types.ListRootsResult}
 
 
 async def _awaited(close: Any) -> None:

@@ -10,6 +10,9 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
   refuses ``503`` past ``max_sessions`` in all, and closes a session that had no
   request in flight for ``idle_timeout_s``. A client is its uid on loopback (from the
   kernel's socket table: every loopback client is 127.0.0.1), else its address.
+- A session is its client's: a request naming another client's ``Mcp-Session-Id`` is
+  answered ``404`` (as an unknown one is), and the client is the principal a 2026-07-28
+  session handle is bound to (:mod:`rho_actors.mcp.sessions`).
 - A session's client is *present* while one of its HTTP requests is open and its
   connection not closed (the SDK client keeps a ``GET`` stream open between calls).
   When the last one closes, :meth:`HTTPGuard.absent_for` counts the seconds since;
@@ -32,6 +35,7 @@ import anyio
 from loguru import logger
 
 from rho_actors.mcp.peers import is_loopback, socket_uid
+from rho_actors.mcp.sessions import PRINCIPAL_KEY
 
 __all__ = [
     "DEFAULT_CLIENT_GONE_S",
@@ -102,6 +106,7 @@ class HTTPGuard:
         self._absent_since: dict[str, float] = {}  # SDK session id -> monotonic time its last one closed
         self.refused_unauthenticated = 0
         self.refused_at_cap = 0
+        self.refused_foreign = 0  # requests naming another client's session
         self.reaped = 0  # rho sessions stopped because their client was gone
         self.rho_sessions: Callable[[], int] = lambda: 0  # set by serve: rho sessions open now
 
@@ -134,8 +139,8 @@ class HTTPGuard:
         """``{"auth": bool, "sessions": int, "max_sessions": int, "clients": {client:
         sessions}, "max_sessions_per_client": int, "rho_sessions": int, "idle_timeout_s":
         float, "client_gone_s": float, "refused_unauthenticated": int, "refused_at_cap":
-        int, "reaped": int}``: open SDK sessions (by client) and rho sessions now, the
-        caps, and what was refused or reaped so far."""
+        int, "refused_foreign": int, "reaped": int}``: open SDK sessions (by client) and
+        rho sessions now, the caps, and what was refused or reaped so far."""
         clients: dict[str, int] = {}
         for client in self._owner.values():
             clients[client] = clients.get(client, 0) + 1
@@ -143,7 +148,8 @@ class HTTPGuard:
                 "clients": clients, "max_sessions_per_client": self.max_sessions_per_client,
                 "rho_sessions": self.rho_sessions(), "idle_timeout_s": self.idle_timeout_s,
                 "client_gone_s": self.client_gone_s, "refused_unauthenticated": self.refused_unauthenticated,
-                "refused_at_cap": self.refused_at_cap, "reaped": self.reaped}
+                "refused_at_cap": self.refused_at_cap, "refused_foreign": self.refused_foreign,
+                "reaped": self.reaped}
 
     # --- the middleware ------------------------------------------------------------------
 
@@ -162,9 +168,16 @@ class HTTPGuard:
                               [(b"www-authenticate", b'Bearer realm="rho-actors"')])
                 return
             session_id = headers.get(_SESSION_HEADER, b"").decode("latin-1") or None
+            principal = scope[PRINCIPAL_KEY] = _client(scope)  # a 2026-07-28 session's owner too
+            owner = self._owner.get(session_id or "")
+            if owner is not None and not secrets.compare_digest(owner, principal):
+                self.refused_foreign += 1
+                logger.warning("MCP over HTTP: refused {}: it named a session of another client", principal)
+                await _answer(send, 404, "Not Found: no such session for this client", [])
+                return
             client = None
             if session_id is None and scope.get("method") == "POST":
-                client = _client(scope)
+                client = principal
                 held = sum(1 for c in self._owner.values() if c == client) + self._opening.get(client, 0)
                 if held >= self.max_sessions_per_client:
                     self.refused_at_cap += 1

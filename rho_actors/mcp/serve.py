@@ -55,8 +55,8 @@ import copy
 import functools
 import itertools
 import json
-import threading
-import uuid
+import secrets
+import time
 import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -65,25 +65,34 @@ from typing import Any, cast
 import anyio
 import mcp_types as types
 from loguru import logger
+from mcp.server.caching import CacheHint
 from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
-from mcp.shared.message import SessionMessage
-from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST, MISSING_REQUIRED_CLIENT_CAPABILITY
 
-from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, make_validator, violations
 from rho_actors.declarations.checks import output_schema_problems
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.encoding import describe_exception
 from rho_actors.events import ProgressEvent, ToolSetChanged
-from rho_actors.loop.handle import Loop
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.content import mcp_content
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
 from rho_actors.mcp.guard import HTTPGuard, request_gone
-from rho_actors.mcp.stdio_lines import CheckedLines, claimed_stdin
+from rho_actors.mcp.sessions import (
+    SESSION_META_KEY,
+    Session,
+    is_modern,
+    new_session_id,
+    principal_of,
+    session_handle,
+    unknown_handle,
+)
+from rho_actors.mcp.stdio_lines import CheckedLines, answering_bad_lines, claimed_stdin
 from rho_actors.results import text
 from rho_actors.tool import ToolCall, ToolResult, is_untrusted
 
@@ -93,53 +102,17 @@ DEFAULT_MAX_ARGUMENT_BYTES = 1_000_000
 """The largest ``tools/call`` arguments accepted (bytes of their JSON)."""
 
 _STATE_KEY = "rho_actors.session"
+_LISTEN_BACKLOG = 64  # changes a subscriptions/listen stream may have unsent before it is ended
+_STDIO_LISTENERS = 8  # subscriptions/listen streams of one stdio client at once
+_STATE_TTL_S = 600.0  # how long a client may take to answer an input_required result
 _PROGRESS_FLUSH_S = 2.0  # how long a result waits for its progress notifications to be sent
 _SSE_RETRY_MS = 500  # the reconnection delay suggested to a client whose SSE stream closed (SEP-1699)
-
-
-@dataclass(slots=True, eq=False)
-class _Session:
-    loop: Loop
-    notify: Any = None  # a ServerSession of the connection: its standalone channel
-    offered_version: int = -1
-    transcript: Transcript | None = None  # the session's calls and results, as the agent loop records them
-    steps: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-    writing: threading.Lock = field(default_factory=threading.Lock)
-    http_id: str | None = None  # the SDK's Mcp-Session-Id (None on stdio)
-    state: dict[str, Any] = field(default_factory=dict)  # the connection's state, which holds this session
-    calls: int = 0  # tools/call requests running now
-    closed: bool = False
-
-    async def close(self, served: _Served) -> None:
-        """Stop the session's loop and close its transcript (idempotent); the connection
-        gets a new one at its next request."""
-        if self.closed:
-            return
-        self.closed = True
-        served.sessions.discard(self)
-        if self.state.get(_STATE_KEY) is self:
-            del self.state[_STATE_KEY]
-        try:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.loop.stop)
-        finally:
-            if self.transcript is not None:
-                self.transcript.close()
-
-    def record(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
-        """Append ``call`` (``result`` None) or its result to the session's transcript,
-        in a worker thread (each record is fsync-ed). A transcript that cannot be
-        written is logged, never the call's failure."""
-        if self.transcript is None:
-            return
-        try:
-            with self.writing:
-                if result is None:
-                    self.transcript.reply(step, Reply(tool_calls=(call,)))
-                else:
-                    self.transcript.result(step, 0, result)
-        except (OSError, ValueError) as exc:
-            logger.warning("MCP session {}: transcript not written: {}", self.loop.session_id, exc)
+MAX_STATE_BYTES = 256 * 1024
+"""The most JSON of earlier rounds' answers a 2026-07-28 ``requestState`` carries."""
+LIST_CACHE_HINT = CacheHint(ttl_ms=10_000, scope="private")
+"""How long a client may keep a ``tools/list`` result (SEP-2549): 10 s, for its own
+authorization only; a change is announced before then (``list_changed``)."""
+_NONE_CACHE_HINT = CacheHint(ttl_ms=3_600_000, scope="public")  # the empty listings of prompts and resources
 
 
 @dataclass(slots=True)
@@ -159,9 +132,13 @@ class _Served:
     withheld: tuple[str, ...]
     max_argument_bytes: int
     guard: HTTPGuard | None = None
-    sessions: set[_Session] = field(default_factory=set)
+    sessions: set[Session] = field(default_factory=set)
+    handles: dict[str, Session] = field(default_factory=dict)  # 2026-07-28 sessions by their handle
+    local: Session | None = None  # over stdio: the process's one 2026-07-28 session
+    opening: anyio.Lock = field(default_factory=anyio.Lock)
     progress: dict[tuple[str, str], _Live] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=itertools.count)
+    bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)  # subscriptions/listen (2026-07-28)
 
 
 def _connection(ctx: Any) -> Any:
@@ -181,32 +158,105 @@ def _connection(ctx: Any) -> Any:
     return ctx.session._connection
 
 
-async def _session(served: _Served, ctx: Any) -> _Session:
-    """The rho session of the request's connection, started at its first use."""
+async def _session(served: _Served, ctx: Any) -> Session:
+    """The rho session of the request: its connection's (handshake era), started at its
+    first use, or the one its handle names (2026-07-28; see :mod:`rho_actors.mcp.sessions`)."""
+    if is_modern(ctx):
+        return await _named_session(served, ctx)
     connection = _connection(ctx)
     state = connection.state
     lock = state.setdefault(_STATE_KEY + ".lock", anyio.Lock())
     async with lock:
-        session: _Session | None = state.get(_STATE_KEY)
+        session: Session | None = state.get(_STATE_KEY)
         if session is None:
-            session_id = f"mcp-{connection.session_id or uuid.uuid4().hex}"[:128]
-            loop = await anyio.to_thread.run_sync(
-                functools.partial(served.system.start_loop, session_id, withheld=served.withheld)
-            )
-            steps = state.setdefault(_STATE_KEY + ".steps", itertools.count(1))  # outlives a reaped session
-            session = _Session(loop, ctx.session, served.system.tool_set().version, steps=steps,
-                               http_id=connection.session_id, state=state)
-            transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
-            try:
-                await anyio.to_thread.run_sync(transcript.open)
-                session.transcript = transcript
-            except (OSError, TranscriptError) as exc:
-                logger.warning("MCP session {}: calls are not recorded: {}", session_id, exc)
+            session_id = state.setdefault(_STATE_KEY + ".id", new_session_id())  # outlives a reaped session
+            steps = state.setdefault(_STATE_KEY + ".steps", itertools.count(1))
+            session = await _start_session(served, session_id, ctx.session, steps=steps,
+                                           http_id=connection.session_id, state=state)
             state[_STATE_KEY] = session
-            served.sessions.add(session)
-            connection.exit_stack.push_async_callback(session.close, served)
+            connection.exit_stack.push_async_callback(_close, served, session)
             logger.info("MCP connection started rho session {}", session_id)
     return session
+
+
+async def _start_session(served: _Served, session_id: str, notify: Any = None, **fields: Any) -> Session:
+    """A new rho session: its loop started, its transcript opened (or logged why not)."""
+    loop = await anyio.to_thread.run_sync(
+        functools.partial(served.system.start_loop, session_id, withheld=served.withheld))
+    session = Session(loop, notify, served.system.tool_set().version, **fields)
+    transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
+    try:
+        await anyio.to_thread.run_sync(transcript.open)
+        session.transcript = transcript
+    except (OSError, TranscriptError) as exc:
+        logger.warning("MCP session {}: calls are not recorded: {}", session_id, exc)
+    served.sessions.add(session)
+    return session
+
+
+async def _named_session(served: _Served, ctx: Any) -> Session:
+    """The 2026-07-28 session the request names by its handle (refused when unknown or
+    another principal's), or a new one for a request naming none (over stdio the
+    process's one session)."""
+    principal, handle = principal_of(ctx), session_handle(ctx)
+    async with served.opening:
+        if handle is not None:
+            found = served.handles.get(handle)
+            if found is None or found.closed or not secrets.compare_digest(found.principal, principal):
+                raise unknown_handle()
+            session = found
+        elif served.guard is None and served.local is not None and not served.local.closed:
+            session = served.local
+        else:
+            await _make_room(served, principal)
+            session_id = new_session_id()
+            session = await _start_session(served, session_id, principal=principal,
+                                           handle=secrets.token_urlsafe(24))
+            assert session.handle is not None
+            served.handles[session.handle] = session
+            if served.guard is None:
+                served.local = session
+            logger.info("MCP: a 2026-07-28 client started rho session {}", session_id)
+    session.used = time.monotonic()
+    return session
+
+
+async def _make_room(served: _Served, principal: str) -> None:
+    """Stop the principal's least recently used idle session when it holds as many as the
+    guard allows one client (or all clients hold the most in all); raise ``MCPError``
+    when every one of them is running a call."""
+    guard = served.guard
+    if guard is None:
+        return
+    mine = [s for s in served.handles.values() if s.principal == principal]
+    full = [s for s in served.handles.values()] if len(served.handles) >= guard.max_sessions else []
+    crowd = mine if len(mine) >= guard.max_sessions_per_client else full
+    if not crowd:
+        return
+    idle = [s for s in crowd if not s.calls]
+    if not idle:
+        raise MCPError(INVALID_REQUEST, f"too many sessions: at most {guard.max_sessions_per_client} per client "
+                                        f"and {guard.max_sessions} in all, each running a call now")
+    oldest = min(idle, key=lambda s: s.used)
+    logger.info("MCP session {}: stopped to make room for a new one of {}", oldest.loop.session_id, principal)
+    await _close(served, oldest)
+
+
+async def _close(served: _Served, session: Session) -> None:
+    """Stop ``session`` and forget it (its handle, its connection's hold on it)."""
+    if session.handle is not None and served.handles.get(session.handle) is session:
+        del served.handles[session.handle]
+    await session.close(served.sessions, _STATE_KEY)
+
+
+def _input_schema(served: _Served, name: str) -> dict[str, Any] | None:
+    """The ``inputSchema`` of tool ``name`` as listed (for the SDK's ``Mcp-Param-*``
+    header checks of a 2026-07-28 call), or None for a tool not served."""
+    entry = served.system.tool_set().entries.get(name)
+    if entry is None or name in served.withheld:
+        return None
+    schema: dict[str, Any] = to_dialect(entry.info, "mcp")["inputSchema"]
+    return schema
 
 
 def output_schema(system: Any, name: str) -> dict[str, Any] | None:
@@ -301,6 +351,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     tools not served; ``guard`` the HTTP endpoint's :class:`HTTPGuard` (its rho
     sessions of absent clients are stopped)."""
     served = _Served(system, tuple(withheld), max_argument_bytes, guard)
+    listeners = guard.max_sessions if guard is not None else _STDIO_LISTENERS
     if guard is not None:
         guard.rho_sessions = lambda: len(served.sessions)
 
@@ -332,11 +383,13 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
             finally:
                 unsubscribe()
                 tasks.cancel_scope.cancel()
+                for session in list(served.handles.values()):  # 2026-07-28 sessions: no connection ends them
+                    await _close(served, session)
 
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return await _list_tools(served, ctx)
 
-    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
         return await _call_tool(served, ctx, params)
 
     async def track(ctx: Any, call_next: Any) -> Any:
@@ -351,15 +404,31 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     with warnings.catch_warnings():  # logging is deprecated from protocol 2026-07-28 on; clients of today use it
         warnings.simplefilter("ignore", MCPDeprecationWarning)
         server = _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool,
-                         on_set_logging_level=_set_level)
+                         on_set_logging_level=_set_level, on_list_prompts=_no_prompts, on_list_resources=_no_resources,
+                         on_list_resource_templates=_no_templates, on_read_resource=_no_resource,
+                         on_subscriptions_listen=ListenHandler(served.bus, max_subscriptions=listeners,
+                                                               max_buffered_events=_LISTEN_BACKLOG),
+                         cache_hints={"tools/list": LIST_CACHE_HINT, "prompts/list": _NONE_CACHE_HINT,
+                                      "resources/list": _NONE_CACHE_HINT,
+                                      "resources/templates/list": _NONE_CACHE_HINT})
     server.middleware.append(track)
+    # 2026-07-28's requestState: sealed (AES-GCM, a key of this process), bound to the
+    # call, the tool, its arguments and the principal, checked before the handler runs
+    security = RequestStateSecurity.ephemeral(ttl=_STATE_TTL_S)
+    security.bind_principal = principal_of
+    server.middleware.append(RequestStateBoundary(security, default_audience=name))
+    server.get_tool_input_schema = functools.partial(_input_schema, served)
     return server
 
 
 async def _list_tools(served: _Served, ctx: Any) -> types.ListToolsResult:
     """``tools/list``: the loop's offer, with each trusted tool's ``outputSchema``."""
-    session = await _session(served, ctx)
-    offered = await anyio.to_thread.run_sync(session.loop.offered)
+    if is_modern(ctx):  # 2026-07-28: a listing depends on no session (SEP-2567)
+        entries = served.system.tool_set().entries
+        offered = [entry.info for name, entry in entries.items() if name not in served.withheld]
+    else:
+        session = await _session(served, ctx)
+        offered = await anyio.to_thread.run_sync(session.loop.offered)
     tools = []
     for info in offered:
         declared = to_dialect(info, "mcp")
@@ -368,6 +437,28 @@ async def _list_tools(served: _Served, ctx: Any) -> types.ListToolsResult:
             declared["outputSchema"] = schema
         tools.append(types.Tool.model_validate(declared))
     return types.ListToolsResult(tools=tools)
+
+
+async def _no_prompts(ctx: Any, params: Any) -> types.ListPromptsResult:
+    """``prompts/list``: rho serves tools only, so none (listed, for clients that ask)."""
+    return types.ListPromptsResult(prompts=[])
+
+
+async def _no_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+    """``resources/list``: none (rho serves tools only)."""
+    return types.ListResourcesResult(resources=[])
+
+
+async def _no_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
+    """``resources/templates/list``: none (rho serves tools only)."""
+    return types.ListResourceTemplatesResult(resource_templates=[])
+
+
+async def _no_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    """``resources/read``: no resource is served: invalid params naming the URI (SEP-2164)."""
+    uri = str(params.uri)
+    raise MCPError(INVALID_PARAMS, f"resource not found: {uri[:200]!r} (this server serves tools only)",
+                   {"uri": uri})
 
 
 async def _set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
@@ -379,13 +470,18 @@ async def _set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.Emp
     return types.EmptyResult()
 
 
-async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-    """``tools/call``: a turn of one call, cancelled when the request's connection closes."""
+async def _call_tool(served: _Served, ctx: Any,
+                     params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
+    """``tools/call``: a turn of one call, cancelled when the request's connection closes;
+    on 2026-07-28 an ``input_required`` result when the tool asked the client what it
+    has not answered yet (:mod:`rho_actors.mcp.client_requests`)."""
     arguments = params.arguments or {}
     size = len(json.dumps(arguments, ensure_ascii=False, default=str))
     if size > served.max_argument_bytes:
         raise MCPError(INVALID_PARAMS, f"tools/call arguments for {params.name[:100]!r} are {size} bytes of JSON; "
                                        f"at most {served.max_argument_bytes} are accepted")
+    modern = is_modern(ctx)
+    answers = _answers(params) if modern else {}
     session = await _session(served, ctx)
     call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
     key = (session.loop.session_id, call_id)
@@ -398,8 +494,10 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
         closed_on_purpose.append(True)
         return close()
 
-    bind(*key, Bound(aloop, ctx.session, ctx.request_id, _connection(ctx).state,
-                     close_for_polling if close is not None else None))
+    level = ((ctx.params or {}).get("_meta") or {}) if modern else _connection(ctx).state
+    bound = Bound(aloop, ctx.session, ctx.request_id, level, close_for_polling if close is not None else None,
+                  modern=modern, answers=answers)
+    bind(*key, bound)
     call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
     await anyio.to_thread.run_sync(session.record, call, None, step)
     gone = request_gone(getattr(ctx, "request", None))
@@ -413,6 +511,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
             tasks.cancel_scope.cancel()
     finally:
         session.calls -= 1
+        session.used = time.monotonic()
         served.progress.pop(key, None)
         unbind(*key)
     if live.sent:  # the progress reported goes before the result
@@ -421,7 +520,38 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
         logger.info("MCP session {}: call {} cancelled: its client went away", session.loop.session_id, call_id)
         return types.CallToolResult(content=[types.TextContent(type="text", text="cancelled")], is_error=True)
     await anyio.to_thread.run_sync(session.record, call, results[0], step)
-    return _call_tool_result(results[0], output_schema(served.system, params.name))
+    said = {SESSION_META_KEY: session.handle} if session.handle is not None else None
+    if bound.missing:
+        raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY,
+                       f"{params.name[:100]!r} needs the client capabilities {', '.join(sorted(bound.missing))}",
+                       {"requiredCapabilities": {name: {} for name in sorted(bound.missing)}})
+    if bound.asked:
+        state = json.dumps({"answers": bound.used}, separators=(",", ":"))
+        if len(state) > MAX_STATE_BYTES:
+            raise MCPError(INVALID_REQUEST, f"the answers of {params.name[:100]!r}'s earlier rounds are {len(state)} "
+                                            f"bytes of JSON; at most {MAX_STATE_BYTES} are carried")
+        return types.InputRequiredResult.model_validate(
+            {"inputRequests": bound.asked, "requestState": state, "_meta": said})
+    answer = _call_tool_result(results[0], output_schema(served.system, params.name))
+    return answer.model_copy(update={"meta": said}) if said is not None else answer
+
+
+def _answers(params: types.CallToolRequestParams) -> dict[str, Any]:
+    """The client's answers a 2026-07-28 call carries: those of the earlier rounds (in its
+    ``requestState``, sealed by the server and checked by the SDK's boundary), then its
+    ``inputResponses``."""
+    answers: dict[str, Any] = {}
+    if params.request_state is not None:
+        try:
+            kept = json.loads(params.request_state)["answers"]
+        except (ValueError, KeyError, TypeError):
+            kept = None
+        if not isinstance(kept, dict):
+            raise MCPError(INVALID_PARAMS, "Invalid or expired requestState")
+        answers.update(kept)
+    for key, response in (params.input_responses or {}).items():
+        answers[key] = response.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return answers
 
 
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope, closed_on_purpose: list[bool]) -> None:
@@ -433,15 +563,24 @@ async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope, closed_on_p
 
 
 async def _reap_absent(served: _Served, guard: HTTPGuard) -> None:
-    """Stop each rho session whose client has had no open connection for
-    ``guard.client_gone_s`` seconds and runs no call (checked 4 times in that time)."""
+    """Stop each rho session running no call whose client has had no open connection for
+    ``guard.client_gone_s`` seconds (checked 4 times in that time), or, a 2026-07-28
+    session, that no request named for ``guard.idle_timeout_s`` seconds."""
     while True:
         await anyio.sleep(min(guard.client_gone_s / 4, 1.0))
+        now = time.monotonic()
         for session in list(served.sessions):
-            if session.http_id and not session.calls and guard.absent_for(session.http_id) >= guard.client_gone_s:
+            if session.calls:
+                continue
+            if session.http_id and guard.absent_for(session.http_id) >= guard.client_gone_s:
                 logger.info("MCP session {}: its client is gone; stopped", session.loop.session_id)
-                guard.reaped += 1
-                await session.close(served)
+            elif session.handle and now - session.used >= guard.idle_timeout_s:
+                logger.info("MCP session {}: not named for {:.0f} s; stopped", session.loop.session_id,
+                            now - session.used)
+            else:
+                continue
+            guard.reaped += 1
+            await _close(served, session)
 
 
 class _Server(Server[Any]):
@@ -456,12 +595,14 @@ class _Server(Server[Any]):
 
 async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
     """Send ``notifications/tools/list_changed`` to each connection whose last offer is
-    older than the system's tool set, each time ``changed`` is set (by a
-    :class:`ToolSetChanged` event; several set before this wakes are announced once)."""
+    older than the system's tool set, and to every ``subscriptions/listen`` stream
+    (2026-07-28), each time ``changed`` is set (by a :class:`ToolSetChanged` event;
+    several set before this wakes are announced once)."""
     while True:
         await changed.wait()
         changed.clear()
         version = served.system.tool_set().version
+        await served.bus.publish(ToolsListChanged())  # to 2026-07-28 clients' subscriptions/listen streams
         for session in list(served.sessions):
             if session.offered_version != version:
                 session.offered_version = version
@@ -491,7 +632,7 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
         with claimed_stdin() as stdin_text:
             lines = CheckedLines(anyio.wrap_file(stdin_text), answers)
             async with stdio_server(stdin=cast(Any, lines)) as (read, write), \
-                    _answering_bad_lines(read, write, early) as checked:
+                    answering_bad_lines(read, write, early) as checked:
                 await server.run(checked, write, options)
         return
     import uvicorn
@@ -505,56 +646,6 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
     own_event_stores(server.session_manager, events)  # one session never replays another's events
     config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
-
-
-@contextlib.asynccontextmanager
-async def _answering_bad_lines(read: Any, write: Any, early: Any = None) -> AsyncIterator[Any]:
-    """The stdio read stream without its bad lines: the SDK's transport hands a line that
-    is not a JSON-RPC message (not JSON, not a message, nested past the parser's limit)
-    to the server as an exception, which it drops unanswered, so a client waits for its
-    own timeout. Here each gets JSON-RPC's answer at once: a ``-32700`` parse error (or
-    ``-32600`` for JSON that is no message) with ``id: null``; the server goes on.
-    ``early``: the answers :class:`~rho_actors.mcp.stdio_lines.CheckedLines` gave
-    requests with a bad id or shape (the request's id where usable), sent as they come."""
-    send, checked = anyio.create_memory_object_stream[Any](16)
-
-    async def answer_early() -> None:
-        async with early:
-            async for error in early:
-                logger.info("MCP stdio: a bad request from the client: {}", error.error.message[:200])
-                await write.send(SessionMessage(error))
-
-    async def relay() -> None:
-        async with send:
-            async for item in read:
-                if not isinstance(item, Exception):
-                    await send.send(item)
-                    continue
-                code, what = (PARSE_ERROR, "Parse error") if _not_json(item) else (INVALID_REQUEST, "Invalid Request")
-                logger.info("MCP stdio: a bad line from the client: {}", str(item)[:200])
-                error = types.JSONRPCError(jsonrpc="2.0", id=None,
-                                           error=types.ErrorData(code=code, message=f"{what}: {str(item)[:200]}"))
-                await write.send(SessionMessage(error))
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(relay)
-        if early is not None:
-            tasks.start_soon(answer_early)
-        try:
-            yield checked
-        finally:
-            tasks.cancel_scope.cancel()
-
-
-def _not_json(exc: Exception) -> bool:
-    """Whether the SDK's parse of a line failed as JSON (else: JSON, but no message)."""
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return True
-    try:
-        return any(e.get("type") == "json_invalid" for e in errors())
-    except Exception:
-        return True
 
 
 def serve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",

@@ -22,11 +22,14 @@ import sys
 from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from typing import Any, TextIO
 
+import anyio
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectSendStream
-from mcp_types import INVALID_REQUEST
+from loguru import logger
+from mcp.shared.message import SessionMessage
+from mcp_types import INVALID_REQUEST, PARSE_ERROR
 
-__all__ = ["CheckedLines", "claimed_stdin", "early_answer"]
+__all__ = ["CheckedLines", "answering_bad_lines", "claimed_stdin", "early_answer"]
 
 _MAX_SHOWN = 200
 
@@ -120,3 +123,53 @@ def claimed_stdin() -> Iterator[TextIO]:
         yield io.TextIOWrapper(os.fdopen(private, "rb", closefd=False), encoding="utf-8", errors="replace")
     finally:
         os.dup2(private, 0)
+
+
+@contextlib.asynccontextmanager
+async def answering_bad_lines(read: Any, write: Any, early: Any = None) -> AsyncIterator[Any]:
+    """The stdio read stream without its bad lines: the SDK's transport hands a line that
+    is not a JSON-RPC message (not JSON, not a message, nested past the parser's limit)
+    to the server as an exception, which it drops unanswered, so a client waits for its
+    own timeout. Here each gets JSON-RPC's answer at once: a ``-32700`` parse error (or
+    ``-32600`` for JSON that is no message) with ``id: null``; the server goes on.
+    ``early``: the answers :class:`~rho_actors.mcp.stdio_lines.CheckedLines` gave
+    requests with a bad id or shape (the request's id where usable), sent as they come."""
+    send, checked = anyio.create_memory_object_stream[Any](16)
+
+    async def answer_early() -> None:
+        async with early:
+            async for error in early:
+                logger.info("MCP stdio: a bad request from the client: {}", error.error.message[:200])
+                await write.send(SessionMessage(error))
+
+    async def relay() -> None:
+        async with send:
+            async for item in read:
+                if not isinstance(item, Exception):
+                    await send.send(item)
+                    continue
+                code, what = (PARSE_ERROR, "Parse error") if _not_json(item) else (INVALID_REQUEST, "Invalid Request")
+                logger.info("MCP stdio: a bad line from the client: {}", str(item)[:200])
+                error = types.JSONRPCError(jsonrpc="2.0", id=None,
+                                           error=types.ErrorData(code=code, message=f"{what}: {str(item)[:200]}"))
+                await write.send(SessionMessage(error))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(relay)
+        if early is not None:
+            tasks.start_soon(answer_early)
+        try:
+            yield checked
+        finally:
+            tasks.cancel_scope.cancel()
+
+
+def _not_json(exc: Exception) -> bool:
+    """Whether the SDK's parse of a line failed as JSON (else: JSON, but no message)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return True
+    try:
+        return any(e.get("type") == "json_invalid" for e in errors())
+    except Exception:
+        return True

@@ -13,6 +13,8 @@ import base64
 import time
 from typing import Any
 
+import mcp_types as types
+
 from rho_actors import Audio, Image, Resource, tool
 from rho_actors.mcp import client_of
 
@@ -164,8 +166,10 @@ def test_elicitation_sep1330_enums(ctx: Any) -> str:
 
 
 class JsonSchema202012Tool:
-    """A tool whose schema uses JSON Schema 2020-12's ``$schema``, ``$defs`` and
-    ``additionalProperties`` (SEP-1613: they must reach the client unchanged)."""
+    """A tool whose schema uses JSON Schema 2020-12's ``$schema``, ``$defs`` (with an
+    ``$anchor``), ``additionalProperties``, composition (``allOf``/``anyOf``) and
+    conditional (``if``/``then``/``else``) keywords: SEP-1613 and SEP-2106 say they reach
+    the client as declared."""
 
     @staticmethod
     def name() -> str:
@@ -173,19 +177,139 @@ class JsonSchema202012Tool:
 
     @staticmethod
     def description() -> str:
-        return "Tool with JSON Schema 2020-12 features for conformance testing (SEP-1613)"
+        return "Tool with JSON Schema 2020-12 features for conformance testing (SEP-1613, SEP-2106)"
 
     @staticmethod
     def parameter_schema() -> dict[str, Any]:
         return {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "type": "object",
-            "$defs": {"address": {"type": "object",
+            "$defs": {"address": {"$anchor": "addressDef", "type": "object",
                                   "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
-            "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+            "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"},
+                           "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+                           "phone": {"type": "string"}, "email": {"type": "string"}},
+            "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+            "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+            "then": {"required": ["phone"]},
+            "else": {"required": ["email"]},
             "additionalProperties": False,
         }
 
     @staticmethod
     def run(args: dict[str, Any], ctx: Any) -> str:
         return f"JSON Schema 2020-12 tool called with: {args}"
+
+
+# --- protocol 2026-07-28 -------------------------------------------------------------
+
+
+@tool
+def test_missing_capability(ctx: Any) -> str:
+    """Asks the client's model, whatever the client declared (a 2026-07-28 client that did
+    not declare sampling gets MissingRequiredClientCapabilityError)."""
+    return str(_client(ctx).sample("Say hello", max_tokens=10))
+
+
+@tool
+def test_input_required_result_elicitation(ctx: Any) -> str:
+    """Asks the user's name (SEP-2322: an input_required result on 2026-07-28)."""
+    _, content = _client(ctx).elicit("What is your name?", {
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}, key="user_name")
+    return f"Hello, {content.get('name', '')}!"
+
+
+@tool
+def test_input_required_result_sampling(ctx: Any) -> str:
+    """Asks the client's model a question."""
+    return str(_client(ctx).sample("What is the capital of France?", max_tokens=100, key="capital_question"))
+
+
+@tool
+def test_input_required_result_list_roots(ctx: Any) -> str:
+    """Asks the client's roots."""
+    roots = _client(ctx).list_roots(key="client_roots")
+    return "Roots: " + ", ".join(root["uri"] for root in roots)
+
+
+@tool
+def test_input_required_result_request_state(ctx: Any) -> str:
+    """Asks for a confirmation; the answer comes back with the sealed requestState."""
+    _, content = _client(ctx).elicit("Please confirm", {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}, key="confirm")
+    return f"state-ok: confirmed={content.get('ok')}"
+
+
+@tool
+def test_input_required_result_multiple_inputs(ctx: Any) -> str:
+    """Asks three questions at once: the user, the model and the roots."""
+    answers = _client(ctx).ask({
+        "user_name": types.ElicitRequest(params=types.ElicitRequestFormParams(
+            message="What is your name?", requested_schema={
+                "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})),
+        "greeting": types.CreateMessageRequest(params=types.CreateMessageRequestParams(
+            messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text",
+                                                                                   text="Generate a greeting"))],
+            max_tokens=50)),
+        "client_roots": types.ListRootsRequest(),
+    })
+    return f"All inputs received: {sorted(answers)}"
+
+
+@tool
+def test_input_required_result_multi_round(ctx: Any) -> str:
+    """Asks two questions, one per round; the first answer rides the requestState."""
+    client = _client(ctx)
+    _, name = client.elicit("Step 1: What is your name?", {
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}, key="step1")
+    _, color = client.elicit("Step 2: What is your favorite color?", {
+        "type": "object", "properties": {"color": {"type": "string"}}, "required": ["color"]}, key="step2")
+    return f"{name.get('name')} likes {color.get('color')}"
+
+
+@tool
+def test_input_required_result_tampered_state(ctx: Any) -> str:
+    """Asks a question; a tampered requestState on the retry is refused by the server."""
+    _client(ctx).elicit("Please confirm", {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}, key="confirm")
+    return "confirmed"
+
+
+@tool
+def test_input_required_result_capabilities(ctx: Any) -> str:
+    """Asks only what the client declared it can answer."""
+    client = _client(ctx)
+    requests: dict[str, Any] = {}
+    if client.supports("sampling"):
+        requests["model"] = types.CreateMessageRequest(params=types.CreateMessageRequestParams(
+            messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text="Hi"))],
+            max_tokens=10))
+    if client.supports("elicitation"):
+        requests["user"] = types.ElicitRequest(params=types.ElicitRequestFormParams(
+            message="Hi?", requested_schema={"type": "object", "properties": {"x": {"type": "string"}}}))
+    answers = client.ask(requests) if requests else {}
+    return f"asked: {sorted(answers)}"
+
+
+class CustomHeadersTool:
+    """A tool whose ``region`` argument a 2026-07-28 client mirrors in the
+    ``Mcp-Param-Region`` header (SEP-2243: ``x-mcp-header``), which the server checks
+    against the body before the call runs."""
+
+    @staticmethod
+    def name() -> str:
+        return "test_custom_headers"
+
+    @staticmethod
+    def description() -> str:
+        return "Mirrors its region argument in the Mcp-Param-Region header (SEP-2243)"
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object",
+                "properties": {"region": {"type": "string", "x-mcp-header": "Region"}, "query": {"type": "string"}},
+                "required": ["region", "query"]}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        return f"region={args['region']} query={args['query']}"

@@ -1,0 +1,138 @@
+"""The rho sessions of MCP clients, in both protocol eras, each bound to its principal.
+
+- **Handshake era** (protocol 2025-11-25 and before): a connection (one stdio process,
+  or one ``Mcp-Session-Id``) is a rho session, started at its first request and stopped
+  when the connection ends; the HTTP guard refuses a request naming another
+  principal's ``Mcp-Session-Id`` (:mod:`rho_actors.mcp.guard`).
+- **2026-07-28** (no handshake, no ``Mcp-Session-Id``: every request stands alone): a
+  session is an *explicit state handle* (SEP-2567). A request that names none starts a
+  new session (over stdio: the process's one session, the process being the client),
+  and every result says which one served it in ``_meta["rho-actors/session"]``; a
+  request naming that handle in its own ``_meta`` runs in the same session: its folder,
+  transcript, ordering and fair share. A handle is bound to the principal that created
+  it: a request from another principal naming it is refused, with the same error as a
+  handle this server does not know (a restart forgets them all).
+- A principal is who the transport says the client is: over HTTP the guard's client
+  (its uid on loopback, else its address) holding the bearer token; over stdio the
+  process. A tool never sees a transport id or a handle: its session id is
+  ``mcp-<32 random hex digits>``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from loguru import logger
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from rho_actors.agent.model import Reply
+from rho_actors.agent.transcript import Transcript
+from rho_actors.tool import ToolCall, ToolResult
+
+__all__ = ["PRINCIPAL_KEY", "SESSION_META_KEY", "Session", "is_modern", "new_session_id", "principal_of",
+           "session_handle"]
+
+SESSION_META_KEY = "rho-actors/session"
+"""The ``_meta`` key of a 2026-07-28 request naming its session, and of a result saying it."""
+PRINCIPAL_KEY = "rho_actors.principal"
+"""The ASGI scope key under which :class:`~rho_actors.mcp.guard.HTTPGuard` puts the
+request's principal."""
+_LOCAL = "local"  # the principal of a stdio process (and of HTTP served without a guard)
+_HANDLE_CHARS = 128  # the longest handle a request may name
+
+
+def new_session_id() -> str:
+    """A session id a tool may see: random, unrelated to any transport id or handle."""
+    return f"mcp-{secrets.token_hex(16)}"
+
+
+def is_modern(ctx: Any) -> bool:
+    """Whether the request ``ctx`` is of protocol 2026-07-28 or later (no handshake)."""
+    return getattr(ctx, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
+
+
+def principal_of(ctx: Any) -> str:
+    """The principal of request ``ctx``: the guard's client over HTTP, else the process."""
+    scope = getattr(getattr(ctx, "request", None), "scope", None)
+    found = scope.get(PRINCIPAL_KEY) if isinstance(scope, dict) else None
+    return found if isinstance(found, str) else _LOCAL
+
+
+def session_handle(ctx: Any) -> str | None:
+    """The handle request ``ctx`` names in ``_meta["rho-actors/session"]``, or None.
+    Raises ``MCPError`` (invalid params) for one that is not a short string."""
+    params = getattr(ctx, "params", None)
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    handle = meta.get(SESSION_META_KEY) if isinstance(meta, dict) else None
+    if handle is None:
+        return None
+    if not isinstance(handle, str) or not 0 < len(handle) <= _HANDLE_CHARS:
+        raise MCPError(INVALID_PARAMS, f"_meta[{SESSION_META_KEY!r}] must be a session handle "
+                                       f"(a string of at most {_HANDLE_CHARS} characters)")
+    return handle
+
+
+def unknown_handle() -> MCPError:
+    """The error for a handle this server does not know, or that is another principal's."""
+    return MCPError(INVALID_PARAMS, f"unknown session handle in _meta[{SESSION_META_KEY!r}]: this server does not "
+                                    "know it (it may have restarted) or it belongs to another client; call "
+                                    "without one to start a new session")
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """One rho session of an MCP client: its loop, transcript and the calls running."""
+
+    loop: Any  # a rho_actors.loop.handle.Loop
+    notify: Any = None  # a ServerSession of the connection: its standalone channel (handshake era)
+    offered_version: int = -1
+    transcript: Transcript | None = None  # the session's calls and results, as the agent loop records them
+    steps: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    writing: threading.Lock = field(default_factory=threading.Lock)
+    http_id: str | None = None  # the SDK's Mcp-Session-Id (None on stdio and for a handle)
+    state: dict[str, Any] = field(default_factory=dict)  # the connection's state, which holds this session
+    handle: str | None = None  # its explicit state handle (2026-07-28)
+    principal: str = _LOCAL
+    used: float = field(default_factory=time.monotonic)  # when a request last named it
+    calls: int = 0  # tools/call requests running now
+    closed: bool = False
+
+    async def close(self, sessions: Any, state_key: str) -> None:
+        """Stop the session's loop and close its transcript (idempotent); ``sessions``
+        (a set) forgets it, and the connection state's ``state_key`` too."""
+        if self.closed:
+            return
+        self.closed = True
+        sessions.discard(self)
+        if self.state.get(state_key) is self:
+            del self.state[state_key]
+        try:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.loop.stop)
+        finally:
+            if self.transcript is not None:
+                self.transcript.close()
+
+    def record(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
+        """Append ``call`` (``result`` None) or its result to the session's transcript,
+        in a worker thread (each record is fsync-ed). A transcript that cannot be
+        written is logged, never the call's failure."""
+        if self.transcript is None:
+            return
+        try:
+            with self.writing:
+                if result is None:
+                    self.transcript.reply(step, Reply(tool_calls=(call,)))
+                else:
+                    self.transcript.result(step, 0, result)
+        except (OSError, ValueError) as exc:
+            logger.warning("MCP session {}: transcript not written: {}", self.loop.session_id, exc)
