@@ -13,9 +13,10 @@ each node has its strategy and intensity)::
     ├── sessions            LazySupervisor        permanent  one subtree per session: temporary
     │   └── <session id>    Supervisor, I, auto_shutdown     the session's own children (lazy: started
     │       └── loop        LoopActor             transient, significant   at the loop's first crash)
-    └── servers             Supervisor            permanent  one subtree per host server: temporary
-        └── <spec id>       Supervisor, its own intensity    (start_child's, default I)
-            └── <spec id>   the host's actor      its spec's restart type
+    ├── servers             Supervisor            permanent  one subtree per host server: temporary
+    │   └── <spec id>       Supervisor, its own intensity    (start_child's, default I)
+    │       └── <spec id>   the host's actor      its spec's restart type
+    └── tasks               TaskRegistry          permanent  background calls, each in its isolation: temporary
 
 ``I`` is ``ActorSystem(max_restarts=..., max_seconds=...)``. A session or server that crash-loops exhausts the
 intensity of its own subtree only: that subtree is given up (reported, and its handle's errors say so) and nothing

@@ -118,10 +118,11 @@ def test_tree_prints_the_supervision_tree(capsys: pytest.CaptureFixture[str]) ->
     assert main(["replay", "bfcl", "--limit", "1", "--tree"]) == 0
     out = capsys.readouterr().out
     for line in ("root supervisor, permanent", "├── declarations worker, permanent", "├── sessions supervisor",
-                 "calls running", "├── workers worker, permanent", "└── servers supervisor"):
+                 "calls running", "├── workers worker, permanent", "├── servers supervisor",
+                 "└── tasks supervisor"):
         assert line in out
     assert main(["replay", "bfcl", "--limit", "1", "--tree", "--json"]) == 0
     tree = json.loads(capsys.readouterr().out)["tree"]
     assert [c["id"] for c in tree["children"]] == [
-        "declarations", "registry", "calls", "workers", "sources", "sessions", "servers",
+        "declarations", "registry", "calls", "workers", "sources", "sessions", "servers", "tasks",
     ]

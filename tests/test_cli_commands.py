@@ -66,7 +66,7 @@ def test_tree_of_a_fresh_system_with_the_given_tools(tmp_path: Path, capsys: pyt
     report = json.loads(capsys.readouterr().out)
     assert report["tools"] == ["one", "two"]
     assert [c["id"] for c in report["tree"]["children"]] == [
-        "declarations", "registry", "calls", "workers", "sources", "sessions", "servers",
+        "declarations", "registry", "calls", "workers", "sources", "sessions", "servers", "tasks",
     ]
     assert main(["tree", "--tools", str(path)]) == 0
     out = capsys.readouterr().out

@@ -171,7 +171,8 @@ def test_the_tree_is_plain_data_with_running_calls(system: ActorSystem) -> None:
     tree = system.tree()
     assert (tree["id"], tree["kind"], tree["strategy"], tree["alive"]) == ("root", "supervisor", "one_for_one", True)
     children = {c["id"]: c for c in tree["children"]}
-    assert list(children) == ["declarations", "registry", "calls", "workers", "sources", "sessions", "servers"]
+    assert list(children) == ["declarations", "registry", "calls", "workers", "sources", "sessions", "servers",
+                              "tasks"]
     assert children["declarations"]["restart"] == "permanent" and children["declarations"]["kind"] == "worker"
     assert children["calls"]["running"] >= 1 and "spares" not in children["calls"]
     [session] = children["sessions"]["children"]
