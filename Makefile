@@ -9,7 +9,7 @@ BFCL = bfcl-eval==2026.3.23
 CONFORMANCE = @modelcontextprotocol/conformance@0.1.10
 CONFORMANCE_DIR = .mcp-conformance
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint docs install clean
 
 # BFCL's declared dependencies serve its model handlers, which rho_actors does not use;
 # its eight multi-turn backends need only mpmath (the `bfcl` extra): hence --no-deps.
@@ -36,9 +36,13 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed $(CONFORMANCE_DIR)/.installed
 	$(BIN)/python -m pytest
 
+# The documentation site, into site/: a broken link, anchor or docstring reference fails it.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info $(CONFORMANCE_DIR)
+	rm -rf $(VENV) build *.egg-info $(CONFORMANCE_DIR) site

@@ -41,7 +41,7 @@ PASSED = {
     "tools-call-elicitation", "elicitation-sep1034-defaults", "elicitation-sep1330-enums", "json-schema-2020-12",
     "server-sse-polling", "server-sse-multiple-streams",
 }
-# Out of rho's scope (it serves tools only): README, "MCP".
+# Out of rho's scope (it serves tools only): docs/guides/mcp-gateway.md, "Details".
 NOT_SERVED = {
     "completion-complete", "resources-list", "resources-read-text", "resources-read-binary",
     "resources-templates-read", "resources-subscribe", "resources-unsubscribe", "prompts-list",
