@@ -82,7 +82,7 @@ def examples(path: Path) -> list[Example]:
             elif kind == "output":
                 raise ValueError(f"{where}: an output marker before a Python block")
             else:
-                reason = (marker["reason"] or None) if kind == "skip" else None
+                reason = (marker["reason"] or None) if marker is not None and kind == "skip" else None
                 if kind == "skip" and not reason:
                     raise ValueError(f"{where}: a skip marker must say why")
                 page.examples.append(Example(path, line, body, skip=reason))

@@ -44,8 +44,9 @@ def test_the_example_runs_and_prints_what_its_page_shows(example: Example) -> No
 
 
 def test_most_examples_run_and_every_skip_says_why() -> None:
-    runnable = [e for e in EXAMPLES if not e.skip]
-    assert len(runnable) >= 20 and len(runnable) >= 3 * (len(EXAMPLES) - len(runnable)), [e.id for e in EXAMPLES]
+    runnable = [e.id for e in EXAMPLES if not e.skip]
+    skipped = [e.id for e in EXAMPLES if e.skip]
+    assert len(runnable) >= 20 and 3 * len(skipped) <= len(runnable), (runnable, skipped)
     assert all(len(e.skip or "needs nothing") >= 12 for e in EXAMPLES)
 
 
