@@ -58,7 +58,9 @@ def test_the_site_builds_strict_with_every_page_of_its_nav(site: Path) -> None:
 
 def test_every_page_under_docs_is_in_the_nav() -> None:
     on_disk = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
-    assert on_disk == set(_nav_pages())
+    nav = set(_nav_pages())
+    assert not on_disk - nav, f"pages missing from mkdocs.yml's nav (one line each): {sorted(on_disk - nav)}"
+    assert not nav - on_disk, f"mkdocs.yml's nav names pages that do not exist: {sorted(nav - on_disk)}"
 
 
 def test_the_reference_has_an_entry_for_every_exported_name(site: Path) -> None:
