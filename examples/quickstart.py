@@ -1,4 +1,4 @@
-"""The README's quickstart: two tools, one session, one turn of three calls.
+"""The README's quickstart (and docs/getting-started.md's first turn): two tools, one session, one turn of three calls.
 
 Run: .venv/bin/python examples/quickstart.py
 """

@@ -1,8 +1,9 @@
 """rho_actors: an OTP-style actor runtime for an LLM agent's tool calls.
 
 Every call runs in a supervised actor with a deadline; a raise, an exit or a timeout
-becomes an error result for the model and never takes the agent down. See DESIGN.md
-and README.md; the public API is re-exported here, and only what is here is public
+becomes an error result for the model and never takes the agent down. See the
+documentation site (docs/: the guides, the design in docs/design/, the reference); the
+public API is re-exported here, and only what is here is public
 (submodules are documented as internal where they are; ``rho_actors.sandbox``,
 ``rho_actors.isolation``, ``rho_actors.integrations.bfcl`` and the framework adapters
 ``rho_actors.integrations.langgraph``, ``.openai_agents`` and ``.pydantic_ai``, imported

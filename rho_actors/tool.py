@@ -9,7 +9,7 @@ A tool is any module, class or object with the required callbacks::
 
 and optionally ``timeout_ms() -> int`` (default :data:`DEFAULT_TIMEOUT_MS`),
 ``concurrency() -> "parallel" | "exclusive"`` (default ``"parallel"``) and
-``selftest() -> Ok | Error``. The contract is DESIGN.md §2, translated from the
+``selftest() -> Ok | Error``. The contract is DESIGN §2 (docs/design/tool-contract.md), translated from the
 ``Rho.Tool`` behaviour of an Elixir agent runtime.
 
 Example::

@@ -51,7 +51,7 @@ PASSED = {
     "tools-call-elicitation", "elicitation-sep1034-defaults", "elicitation-sep1330-enums", "json-schema-2020-12",
     "server-sse-polling", "server-sse-multiple-streams", "resources-list", "prompts-list",
 }
-# Out of rho's scope (it serves tools only; it lists no prompt or resource): README, "MCP".
+# Out of rho's scope (it serves tools only; it lists no prompt or resource): docs/guides/mcp-gateway.md.
 NOT_SERVED = {
     "completion-complete", "resources-read-text", "resources-read-binary", "resources-templates-read",
     "resources-subscribe", "resources-unsubscribe", "prompts-get-simple", "prompts-get-with-args",

@@ -429,15 +429,15 @@ def test_mcp_serve_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert "invalid choice: 'merge'" in capsys.readouterr().err
 
 
-def test_the_readme_gateway_section_is_usable(tmp_path: Path) -> None:
+def test_the_guide_s_gateway_section_is_usable(tmp_path: Path) -> None:
     import json
     import re
     import shlex
 
     from rho_actors.cli import build_parser
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("\n## rho as a gateway for your MCP servers\n", 1)[1].split("\n## ", 1)[0]
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "mcp-gateway.md").read_text()
+    section = guide.split("\n## rho as a gateway for your MCP servers\n", 1)[1].split("\n## ", 1)[0]
     [command] = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
     [toml] = re.findall(r"```toml\n(.*?)```", section, flags=re.S)
     [desktop] = re.findall(r"```json\n(.*?)```", section, flags=re.S)

@@ -124,9 +124,8 @@ EXPORTED = [
     "which_children",
 ]
 
-DOCS = "\n".join(
-    (Path(__file__).resolve().parent.parent / name).read_text() for name in ("README.md", "docs/DESIGN.md")
-)
+_ROOT = Path(__file__).resolve().parent.parent
+DOCS = "\n".join(path.read_text() for path in [_ROOT / "README.md", *sorted((_ROOT / "docs").rglob("*.md"))])
 
 
 def test_the_exported_names_are_pinned() -> None:
@@ -139,7 +138,7 @@ def test_each_name_is_importable_and_documented(name: str) -> None:
     value = getattr(rho_actors, name)
     if inspect.isclass(value) or inspect.isfunction(value):
         assert value.__doc__ and value.__doc__.strip(), f"{name} has no docstring of its own"
-    else:  # constants and type aliases: named in README.md or docs/DESIGN.md
+    else:  # constants and type aliases: named in README.md or the site's pages
         assert f"`{name}`" in DOCS or f"{name} " in DOCS, f"{name} is documented nowhere"
 
 

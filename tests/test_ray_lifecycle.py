@@ -1,4 +1,4 @@
-"""Reaching Ray and leaving it: an unreachable cluster never hangs a call, the README's Ray
+"""Reaching Ray and leaving it: an unreachable cluster never hangs a call, the Ray guide's
 example runs as written, and ``stop()`` leaves no Ray process behind. Each runs in a
 fresh Python (Ray's connection is per process), on loopback only."""
 
@@ -74,18 +74,17 @@ def test_an_unreachable_cluster_makes_calls_unavailable_on_time() -> None:
 
 
 def _snippet() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Ray\n", 1)[1].split("\n## ", 1)[0]
-    [code] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    guide = (ROOT / "docs" / "guides" / "ray.md").read_text()
+    [code] = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
     return str(code)
 
 
-README_RUN = '''
+GUIDE_RUN = '''
 import ctypes, json, time
 import psutil
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphaned Ray processes stay ours to see
 seen = set()
-exec(compile(SNIPPET, "README.md", "exec"))  # stops its system as written: the with block
+exec(compile(SNIPPET, "ray.md", "exec"))  # stops its system as written: the with block
 left, until = [], time.monotonic() + 15
 while time.monotonic() < until:
     left = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
@@ -96,12 +95,12 @@ print(json.dumps({"left": [" ".join(p.cmdline()[:2]) for p in left], "counted": 
 '''
 
 
-def test_the_readme_ray_example_runs_as_written_and_stop_leaves_no_ray_process() -> None:
-    """The README's snippet, unchanged, in a fresh process: a local Ray is started, the
-    ``ray`` tool runs on it, the RayActor server (no ``runtime=``) runs on the system's
+def test_the_guide_s_ray_example_runs_as_written_and_stop_leaves_no_ray_process() -> None:
+    """The Ray guide's snippet (docs/guides/ray.md), unchanged, in a fresh process: a
+    local Ray is started, the ``ray`` tool runs on it, the RayActor server (no ``runtime=``) runs on the system's
     own Ray runtime and is reached from the tool; after the ``with`` block no Ray process
     the system started is left (GCS, raylet, workers: all children of the host)."""
-    code = "SNIPPET = " + repr(_snippet()) + "\n" + README_RUN
+    code = "SNIPPET = " + repr(_snippet()) + "\n" + GUIDE_RUN
     run = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=5 * WAIT_S,
                          cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -465,13 +465,13 @@ def test_which_and_count_children_are_plain_calls_and_names_need_no_registry_obj
         which_children(sup)
 
 
-def test_the_readme_supervision_snippet_runs_as_written() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Supervision (OTP)", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+def test_the_guide_s_supervision_snippet_runs_as_written() -> None:
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "supervision.md").read_text()
+    section = guide.split("## Supervision (OTP)", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     [snippet] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(snippet, "README.md", "exec"), {"__name__": "readme_snippet"})
+        exec(compile(snippet, "supervision.md", "exec"), {"__name__": "guide_snippet"})
     after = section.split(snippet, 1)[1]  # the output block follows the snippet
     expected = re.findall(r"```text\n(.*?)```", after, flags=re.S)[0]
     assert printed.getvalue() == expected

@@ -497,7 +497,7 @@ def _add_mcp(commands: Any) -> None:
                                "its own folder, Landlock, a memory bound (repeatable)")
     upstream.add_argument("--config", default=None, metavar="GATEWAY.TOML",
                           help="upstream servers, one [servers.NAME] table each (command or url, env, "
-                               "timeout_ms, max_restarts, max_seconds, trusted...; see the README)")
+                               "timeout_ms, max_restarts, max_seconds, trusted...; see docs/guides/mcp-gateway.md)")
     upstream.add_argument("--collisions", choices=("namespace", "refuse"), default=None,
                           help="a tool name listed by two servers: serve both as SERVER__TOOL (namespace, the "
                                "default) or refuse to start")
