@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem, ToolCall, tool
+from rho_actors import ActorSystem, TaskFinished, TaskSettings, ToolCall, tool
+from rho_actors.agent.model import Reply, ScriptedModel
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.tasks import records
@@ -175,3 +176,29 @@ def test_the_system_stopping_with_tasks_open_records_each_cancelled(tmp_path: Pa
         saw_cancel.set()
     statuses = sorted((r["call_id"], r["status"], r["result"]["content"]) for r in records.read_all(data_dir))
     assert statuses == [(f"c{n}", "cancelled", "tool 'deaf' was cancelled (the system is stopping)") for n in range(3)]
+
+
+@tool(background=True, background_timeout_ms=60_000)
+def quick(site: str) -> str:
+    """Crawl a site at once."""
+    return f"crawled {site}"
+
+
+def test_a_task_past_its_ttl_before_the_next_step_is_still_given_to_the_model_once(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, tasks=TaskSettings(task_ttl_s=0)) as system:
+        system.register(quick)
+        loop = system.start_loop("s1")
+        model = ScriptedModel([
+            Reply("", (ToolCall("c1", "quick", '{"site": "example.com"}'),)),
+            Reply("The crawl is under way."),
+            Reply("The crawl found it."),
+        ])
+        events = list(loop.stream("Crawl example.com", model=model, wait_for_tasks=True))
+        finished = [e for e in events if isinstance(e, TaskFinished)]
+        assert len(finished) == 1, "a result past its ttl was forgotten before the model had it"
+        texts = [m.text for m in model.requests[-1][0] if m.role == "user"]
+        assert sum("crawled example.com" in t for t in texts) == 1
+        assert wait_for(lambda: loop.tasks() == [])  # given, then forgotten at its ttl
+        again = ScriptedModel([Reply("ok")])
+        loop.prompt("Anything else?", model=again)
+        assert sum("Background task" in m.text for m in again.requests[0][0] if m.role == "user") == 1

@@ -276,13 +276,21 @@ class TaskRegistry:
         return task.info()
 
     def undelivered(self, session_id: str, session_dir: Path) -> list[TaskInfo]:
-        """The session's ended tasks whose result the model has not had, oldest first."""
-        return [i for i in self.tasks(session_id, session_dir) if not i.open and not i.delivered]
+        """The session's ended tasks whose result the model has not had, oldest first:
+        one past its ``task_ttl_s`` but not forgotten yet among them (the ttl bounds how
+        long a task is kept, never whether the agent loop gives it)."""
+        with self._lock:
+            tasks = self._session(session_id, session_dir).values()
+            return sorted((t.info() for t in tasks if t.status not in OPEN and not t.delivered),
+                          key=lambda i: i.started)
 
     def delivered(self, session_id: str, session_dir: Path, task_id: str) -> None:
-        """Task ``task_id``'s result reached the model: recorded so, never given again."""
+        """Task ``task_id``'s result reached the model: recorded so, never given again (a
+        task forgotten meanwhile at its ttl: nothing to record)."""
         with self._lock:
-            task = self._task(session_id, session_dir, task_id)
+            task = self._session(session_id, session_dir).get(task_id)
+            if task is None:
+                return
             task.delivered = True
         self._persist(task)
 
