@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import threading
@@ -128,10 +129,18 @@ def _problem(record: Any, task_id: str) -> str | None:
             return f"its {key} is not a string"
     if record.get("status") not in STATUSES:
         return f"its status is not one of {', '.join(STATUSES)}"
-    if type(record.get("started")) not in (int, float) or not isinstance(record.get("delivered"), bool):
-        return "its started or delivered field is wrong"
+    if not _time(record.get("started")) or not (record.get("finished") is None or _time(record.get("finished"))) \
+            or not isinstance(record.get("delivered"), bool):
+        return "its started, finished or delivered field is wrong"
     result = record.get("result")
     if result is not None and not (isinstance(result, dict) and isinstance(result.get("ok"), bool)
-                                   and isinstance(result.get("content"), str)):
-        return "its result is not {ok, content, ...}"
+                                   and isinstance(result.get("content"), str)
+                                   and isinstance(result.get("error_kind"), (str, type(None)))
+                                   and (result.get("duration_ms") is None or _time(result.get("duration_ms")))):
+        return "its result is not {ok, content, error_kind, duration_ms}"
     return None
+
+
+def _time(value: Any) -> bool:
+    """Whether ``value`` is a finite number (not a bool): a time or a duration."""
+    return type(value) in (int, float) and math.isfinite(value)
