@@ -202,3 +202,41 @@ def test_a_task_past_its_ttl_before_the_next_step_is_still_given_to_the_model_on
         again = ScriptedModel([Reply("ok")])
         loop.prompt("Anything else?", model=again)
         assert sum("Background task" in m.text for m in again.requests[0][0] if m.role == "user") == 1
+
+
+@tool(background=True, background_timeout_ms=60_000)
+def flaky(n: int) -> str:
+    """Answer at once; every third call raises."""
+    if n % 3 == 0:
+        raise RuntimeError(f"call {n} failed")
+    return f"result {n}"
+
+
+def test_background_calls_from_eight_threads_past_the_bounds_are_each_answered_once_and_counted(
+        tmp_path: Path) -> None:
+    settings = TaskSettings(max_tasks=6, max_tasks_per_session=3, task_ttl_s=0)
+    with ActorSystem(data_dir=tmp_path, tasks=settings) as system:
+        system.register(flaky)
+        loops = [system.start_loop(f"s{n}") for n in range(3)]
+        answers: dict[str, int] = {}
+        lock = threading.Lock()
+
+        def turns(t: int) -> None:
+            for k in range(10):
+                calls = [ToolCall(f"c{t}_{k}_{i}", "flaky", f'{{"n": {i}}}') for i in range(6)]
+                for result in loops[t % 3].run_turn(calls):
+                    assert result.ok or "tasks_bound" in repr(result) or "max_tasks" in result.content, result
+                    with lock:
+                        answers[result.call_id] = answers.get(result.call_id, 0) + 1
+
+        threads = [threading.Thread(target=turns, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S * 6)
+        assert len(answers) == 8 * 10 * 6 and set(answers.values()) == {1}
+        assert wait_for(lambda: system.stats()["tasks"]["open"] == 0)
+        stats = system.stats()["tasks"]
+        assert stats["started"] + stats["refused"] == 8 * 10 * 6
+        assert stats["completed"] + stats["failed"] + stats["cancelled"] == stats["started"], stats
+        assert stats["failed"] > 0 and stats["refused"] > 0

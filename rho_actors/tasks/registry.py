@@ -200,12 +200,14 @@ class TaskRegistry:
         """``task``'s call was started as ``running`` (cancelled by :meth:`cancel`)."""
         with self._lock:
             stopping = self.stopped
+            self._counts["started"] += 1
             if task.status in OPEN:
                 task.running, task.deadline = running, deadline
-                self._counts["started"] += 1
                 if not stopping:
                     return
-        # it ended (a cancel, the system's stop) while it was being started: so must its call
+            elif task.status != "cancelled":
+                return  # its call answered already
+        # it was cancelled (by the host, the system's stop) while it was being started: so must its call be
         if stopping:
             self.settle(task, failure("cancelled", task.call_id, task.name, reason="the system is stopping"))
         running.cancel("stopping" if stopping else "cancelled")
