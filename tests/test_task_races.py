@@ -4,6 +4,7 @@ threads at once, through a real ActorSystem and real files."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Mapping
@@ -240,3 +241,24 @@ def test_background_calls_from_eight_threads_past_the_bounds_are_each_answered_o
         assert stats["started"] + stats["refused"] == 8 * 10 * 6
         assert stats["completed"] + stats["failed"] + stats["cancelled"] == stats["started"], stats
         assert stats["failed"] > 0 and stats["refused"] > 0
+
+
+@tool(background=True, background_timeout_ms=60_000)
+async def async_crawl(site: str) -> str:
+    """Crawl a site, awaiting (longer than its turn)."""
+    await asyncio.sleep(0.2)
+    return f"crawled {site}"
+
+
+def test_an_async_background_call_of_arun_turn_outlives_the_callers_event_loop(system: ActorSystem) -> None:
+    system.register(async_crawl)
+    loop = system.start_loop("s1")
+
+    async def turn() -> list[Any]:
+        return await loop.arun_turn([ToolCall(f"c{n}", "async_crawl", f'{{"site": "s{n}"}}') for n in range(3)])
+
+    acks = asyncio.run(turn())  # the caller's event loop ends with its turn
+    assert all(a.ok for a in acks), acks
+    results = [loop.task_result(a.details["task_id"], timeout_s=WAIT_S) for a in acks]
+    assert [(i.status, i.result.content if i.result else None) for i in results] == [
+        ("completed", f"crawled s{n}") for n in range(3)]
