@@ -4,6 +4,7 @@ killed with SIGKILL."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -272,3 +273,23 @@ def test_a_damaged_task_record_is_skipped_with_the_others_kept(tmp_path: Path) -
     with ActorSystem(data_dir=tmp_path) as system:
         [info] = system.start_loop("s1").tasks()
     assert info.task_id == good["task_id"] and info.result is not None and info.result.content == "done"
+
+
+@pytest.mark.parametrize("damage", [
+    {"finished": "yesterday"}, {"finished": float("nan")}, {"started": float("inf")}, {"started": True},
+    {"result": {"ok": True, "content": "done", "duration_ms": "slow"}},
+    {"result": {"ok": False, "content": "x", "error_kind": ["crashed"]}},
+])
+def test_a_task_record_with_a_field_of_the_wrong_type_is_skipped(tmp_path: Path, damage: dict[str, object]) -> None:
+    session = tmp_path / "sessions" / "s1"
+    good = {"task_id": f"t_{'1' * 32}", "call_id": "c1", "name": "crawl", "session_id": "s1",
+            "status": "completed", "started": time.time(), "finished": time.time(), "delivered": False,
+            "result": {"ok": True, "content": "done", "error_kind": None, "duration_ms": 1.0}}
+    records.write(session, good)
+    damaged = {**good, "task_id": f"t_{'2' * 32}", **damage}
+    folder = session / records.FOLDER
+    (folder / f"{damaged['task_id']}.json").write_text(json.dumps({"v": 1, **damaged}))  # NaN, inf: as Python writes
+    with ActorSystem(data_dir=tmp_path) as system:
+        loop = system.start_loop("s1")
+        assert [i.task_id for i in loop.tasks()] == [good["task_id"]]
+        assert loop.run_turn([call("c2", "crawl", '{"site": "a"}')])[0].error_kind is ErrorKind.UNKNOWN_TOOL

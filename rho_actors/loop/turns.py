@@ -490,7 +490,8 @@ class Turns:
         if self._events.wants_calls("started"):  # asked here: no frame when nobody listens
             self._emit_event("started", slot, None)
         try:
-            inline = turn.aio is not None and runs_inline(entry)  # asked only of a turn awaited on an event loop
+            # asked only of a turn awaited on an event loop; a task outlives its turn (and the caller's loop)
+            inline = turn.aio is not None and task is None and runs_inline(entry)
             start: Any = (self._runtime.isolations[entry.isolation].start if not inline or turn.aio is None else
                           functools.partial(InlineCall.start, turn.aio, stopping=self._runtime.calls.closed))
             running: RunningCall = self._runtime.governor.start(entry, spec, self.session_id, start, inline)  # bounds

@@ -2,9 +2,10 @@
 (DESIGN §4 "Background calls").
 
 A task's record is ``<session folder>/tasks/<task_id>.json``, written whole each time
-its status changes: to a temporary file beside it (``0600``, never through a symlink),
-``fsync``-ed, renamed over the record, and the folder ``fsync``-ed, so a reader (a host
-started after ``kill -9``) finds the last whole record or none. Record fields::
+its status changes: to a temporary file beside it (``0600``, never through a symlink,
+named for its writer: two threads writing one record never share one), ``fsync``-ed,
+renamed over the record, and the folder ``fsync``-ed, so a reader (a host started
+after ``kill -9``) finds the last whole record or none. Record fields::
 
     "v": 1, "task_id": str, "call_id": str, "name": str, "session_id": str,
     "status": "working" | "input_required" | "completed" | "failed" | "cancelled",
@@ -18,9 +19,12 @@ never raises for what is in the folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,14 +49,19 @@ def write(session_dir: Path, record: dict[str, Any]) -> None:
     folder = private_dir(session_dir, FOLDER)
     name = f"{record['task_id']}.json"
     data = json.dumps({"v": 1, **record}, ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass")
-    temporary = folder / f".{name}.tmp"
+    temporary = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
     fd = open_regular(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, folder / name)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, folder / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dir_fd)
@@ -120,10 +129,18 @@ def _problem(record: Any, task_id: str) -> str | None:
             return f"its {key} is not a string"
     if record.get("status") not in STATUSES:
         return f"its status is not one of {', '.join(STATUSES)}"
-    if type(record.get("started")) not in (int, float) or not isinstance(record.get("delivered"), bool):
-        return "its started or delivered field is wrong"
+    if not _time(record.get("started")) or not (record.get("finished") is None or _time(record.get("finished"))) \
+            or not isinstance(record.get("delivered"), bool):
+        return "its started, finished or delivered field is wrong"
     result = record.get("result")
     if result is not None and not (isinstance(result, dict) and isinstance(result.get("ok"), bool)
-                                   and isinstance(result.get("content"), str)):
-        return "its result is not {ok, content, ...}"
+                                   and isinstance(result.get("content"), str)
+                                   and isinstance(result.get("error_kind"), (str, type(None)))
+                                   and (result.get("duration_ms") is None or _time(result.get("duration_ms")))):
+        return "its result is not {ok, content, error_kind, duration_ms}"
     return None
+
+
+def _time(value: Any) -> bool:
+    """Whether ``value`` is a finite number (not a bool): a time or a duration."""
+    return type(value) in (int, float) and math.isfinite(value)

@@ -89,6 +89,8 @@ class Task:
         "started",
         "status",
         "task_id",
+        "writing",
+        "written",
     )
 
     def __init__(self, task_id: str, session_id: str, session_dir: Path, call_id: str, name: str) -> None:
@@ -102,6 +104,8 @@ class Task:
         self.running: RunningCall | None = None
         self.deadline = 0.0  # time.monotonic() s, while open in this host
         self.done = threading.Event()
+        self.writing = threading.Lock()  # one writer of its record at a time, each writing its latest state
+        self.written = True  # False once its record is removed: never written again
 
     def info(self) -> TaskInfo:
         return TaskInfo(self.task_id, self.call_id, self.name, self.session_id, self.status, self.started,
@@ -186,29 +190,39 @@ class TaskRegistry:
             tasks[task.task_id] = task
             self._open_count += 1
         try:
-            records.write(session_dir, task.record())
+            self._persist(task, strict=True)  # a cancel may have ended it already: its record says so
         except OSError as exc:
-            self._forget(task)
+            self.discard(task)
             return failure("not_started", call_id, name, problem=f"its task record cannot be written: {exc}")
         return task
 
     def started(self, task: Task, running: RunningCall, deadline: float) -> None:
         """``task``'s call was started as ``running`` (cancelled by :meth:`cancel`)."""
         with self._lock:
+            stopping = self.stopped
+            self._counts["started"] += 1
             if task.status in OPEN:
                 task.running, task.deadline = running, deadline
-                self._counts["started"] += 1
-                return
-        # it ended while it was being started: nothing to keep
+                if not stopping:
+                    return
+            elif task.status != "cancelled":
+                return  # its call answered already
+        # it was cancelled (by the host, the system's stop) while it was being started: so must its call be
+        if stopping:
+            self.settle(task, failure("cancelled", task.call_id, task.name, reason="the system is stopping"))
+        running.cancel("stopping" if stopping else "cancelled")
 
     def discard(self, task: Task) -> None:
         """``task``'s call never started (its turn was cancelled first): forget it."""
         self._forget(task)
-        records.remove(task.session_dir, task.task_id)
+        self._remove(task)
 
     def settle(self, task: Task, result: ToolResult) -> None:
         """The answer of ``task``'s call (its ``CallSpec.reply``; the first one wins):
         charged to its session's budget, recorded, and waiters woken."""
+        with self._lock:
+            if task.status not in OPEN:
+                return  # late (a cancelled task's call answering after all): not charged either
         size = result_bytes(result)
         over = self._budgets.charge(task.session_id, 0, size, alone=True)
         if over is not None:
@@ -251,27 +265,34 @@ class TaskRegistry:
         return task.info()
 
     def cancel(self, session_id: str, session_dir: Path, task_id: Any) -> TaskInfo:
-        """Cancel task ``task_id`` (its call cancelled through its isolation: a worker
-        killed, a thread signalled) and return it once it has ended (an ended task is
-        returned as it is). Raises :class:`TaskError` for an unknown task."""
+        """Cancel task ``task_id`` as a turn's call is cancelled: it ends ``cancelled``
+        at once (its record written), and its call is cancelled through its isolation (a
+        worker killed, a thread's ``ctx["cancel"]`` set; what it answers after is late).
+        An ended task is returned as it is. Raises :class:`TaskError` for an unknown task."""
         with self._lock:
             task = self._task(session_id, session_dir, task_id)
             running = task.running if task.status in OPEN else None
+        self.settle(task, failure("cancelled", task.call_id, task.name, reason="the host cancelled its task"))
         if running is not None:
             running.cancel("cancelled")
-        elif task.status in OPEN:  # not started yet in this host: ended here
-            self.settle(task, failure("cancelled", task.call_id, task.name, reason="the host cancelled its task"))
-        task.done.wait(10.0)  # the isolation answers a cancel at once
         return task.info()
 
     def undelivered(self, session_id: str, session_dir: Path) -> list[TaskInfo]:
-        """The session's ended tasks whose result the model has not had, oldest first."""
-        return [i for i in self.tasks(session_id, session_dir) if not i.open and not i.delivered]
+        """The session's ended tasks whose result the model has not had, oldest first:
+        one past its ``task_ttl_s`` but not forgotten yet among them (the ttl bounds how
+        long a task is kept, never whether the agent loop gives it)."""
+        with self._lock:
+            tasks = self._session(session_id, session_dir).values()
+            return sorted((t.info() for t in tasks if t.status not in OPEN and not t.delivered),
+                          key=lambda i: i.started)
 
     def delivered(self, session_id: str, session_dir: Path, task_id: str) -> None:
-        """Task ``task_id``'s result reached the model: recorded so, never given again."""
+        """Task ``task_id``'s result reached the model: recorded so, never given again (a
+        task forgotten meanwhile at its ttl: nothing to record)."""
         with self._lock:
-            task = self._task(session_id, session_dir, task_id)
+            task = self._session(session_id, session_dir).get(task_id)
+            if task is None:
+                return
             task.delivered = True
         self._persist(task)
 
@@ -291,15 +312,17 @@ class TaskRegistry:
             return any(t.status in OPEN for t in self._session(session_id, session_dir).values())
 
     def stop(self) -> None:
-        """The system stops: no task starts, each open one is cancelled (its result
-        recorded as its isolation answers; a host that dies first leaves it for the next
-        host to find ``failed``, interrupted)."""
+        """The system stops: no task starts, and each open one ends ``cancelled`` (its
+        record written; a host that dies first leaves it for the next host to find
+        ``failed``, interrupted) with its call cancelled through its isolation."""
         with self._lock:
             self.stopped = True
-            running = [t.running for tasks in self._sessions.values() for t in tasks.values()
-                       if t.status in OPEN and t.running is not None]
-        for call in running:
-            call.cancel("stopping")
+            open_tasks = [t for tasks in self._sessions.values() for t in tasks.values() if t.status in OPEN]
+        for task in open_tasks:
+            running = task.running
+            self.settle(task, failure("cancelled", task.call_id, task.name, reason="the system is stopping"))
+            if running is not None:
+                running.cancel("stopping")
 
     def describe(self) -> dict[str, Any]:
         """The ``tasks`` node of ``tree()``: a supervisor whose ``temporary`` children are
@@ -358,7 +381,13 @@ class TaskRegistry:
         horizon = time.time() - self.settings.task_ttl_s
         for task in [t for t in tasks.values() if t.done.is_set() and t.finished is not None and t.finished < horizon]:
             del tasks[task.task_id]
+            task.written = False
             records.remove(task.session_dir, task.task_id)
+
+    def _remove(self, task: Task) -> None:
+        with self._lock:
+            task.written = False
+        records.remove(task.session_dir, task.task_id)
 
     def _forget(self, task: Task) -> None:
         with self._lock:
@@ -366,10 +395,24 @@ class TaskRegistry:
             if tasks.pop(task.task_id, None) is not None and task.status in OPEN:
                 self._open_count -= 1
 
-    def _persist(self, task: Task) -> None:
-        with self._lock:
-            record = task.record()
-        self._write_quietly(task, record)
+    def _persist(self, task: Task, strict: bool = False) -> None:
+        """Write ``task``'s record as it is now: writers take turns, each taking the
+        task's state when its turn comes, so the last record written is its latest state
+        (a record removed meanwhile is not brought back). ``strict``: raise ``OSError``
+        rather than log it."""
+        with task.writing:
+            with self._lock:
+                if not task.written:
+                    return
+                record = task.record()
+            if strict:
+                records.write(task.session_dir, record)
+            else:
+                self._write_quietly(task, record)
+            with self._lock:
+                removed = not task.written
+            if removed:  # expired while it was written
+                records.remove(task.session_dir, task.task_id)
 
     @staticmethod
     def _write_quietly(task: Task, record: dict[str, Any] | None = None) -> None:
