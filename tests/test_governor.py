@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -457,3 +458,54 @@ def test_tree_and_stats_show_the_bounds_and_their_use(system: ActorSystem) -> No
     gate.set()
     assert holder.result(WAIT_S)[0].ok and waiter.result(WAIT_S)[0].ok
     assert system.stats()["governor"]["running"] == {"shown": 0}
+
+
+# --- the call lifecycle in the transcript ------------------------------------------------------
+
+
+def call_records(loop: Any) -> list[dict[str, Any]]:
+    lines = (loop.data_dir / "transcript.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] in ("call", "result")]
+
+
+def test_the_agent_loop_records_queued_and_retried_calls_as_lifecycle_moves(system: ActorSystem) -> None:
+    from rho_actors.lifecycle import fold
+
+    answers: Iterator[ToolFailure | str] = iter([ToolFailure("unavailable", "busy"), ToolFailure("crashed", "dropped"),
+                                                  "ok"])
+
+    @tool(idempotent=True, retry=RetryPolicy(attempts=3, initial_s=0.001, max_wait_s=0.002, jitter_s=0.0))
+    def fetch_once() -> str:
+        """Fails twice, then answers."""
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    @tool(max_concurrency=1)
+    def single(label: str) -> str:
+        """One at a time; the first waits until the second is queued behind it."""
+        if label == "first":
+            assert wait_for(lambda: system.stats()["governor"]["queued"].get("single") == 1)
+        return label
+
+    system.register(fetch_once)
+    system.register(single)
+    loop = system.start_loop("moves")
+    model = ScriptedModel([
+        Reply("", (ToolCall("r", "fetch_once", "{}"),)),
+        Reply("", (ToolCall("s1", "single", '{"label": "first"}'), ToolCall("s2", "single", '{"label": "second"}'))),
+        Reply("done"),
+    ])
+    result = prompt(loop, "go", model=model)
+    assert result.error is None and result.steps[0].results[0].details["attempts"] == 3
+    records = call_records(loop)
+    moves = [(r["call_id"], r["state"], r.get("attempt"), r.get("error_kind")) for r in records if r["type"] == "call"]
+    assert moves == [
+        ("r", "running", 1, None), ("r", "retried", 1, "unavailable"), ("r", "running", 2, None),
+        ("r", "retried", 2, "crashed"), ("r", "running", 3, None), ("s2", "queued", None, None),
+    ]
+    [queued] = [r for r in records if r.get("state") == "queued"]
+    assert queued["reason"] == "1 running, the bound is 1 (max_concurrency)" and queued["index"] == 1
+    tracks = fold(records)  # the lifecycle reads them back: every move allowed
+    assert tracks["r"].state == "settled" and tracks["s2"].state == "settled"
