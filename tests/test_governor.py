@@ -445,6 +445,23 @@ def test_a_class_tool_declares_its_policy_by_callbacks_and_a_bad_answer_sets_no_
     assert any("max_calls() gave 'many' (str): max_calls must be an int >= 1 or None" in line for line in logs)
 
 
+@tool(max_concurrency=2, rate="5/s", idempotent=True, retry=RetryPolicy(attempts=2, initial_s=0.01))
+def outside(key: str) -> str:
+    """Return the key (read and run out of process)."""
+    return key
+
+
+def test_an_untrusted_tools_policy_is_read_out_of_process_as_plain_data(system: ActorSystem) -> None:
+    from rho_actors import untrusted
+
+    system.register(untrusted(outside))
+    [info] = [i for i in system.tools() if i.name == "outside"]
+    assert info.policy.as_data() == {"max_concurrency": 2, "rate": "5/s", "idempotent": True, "retry": {
+        "attempts": 2, "initial_s": 0.01, "max_wait_s": 8.0, "jitter_s": 0.5, "total_s": 120.0, "on_timeout": False}}
+    [result] = system.start_loop("u").run_turn([ToolCall("c", "outside", '{"key": "k"}')], timeout_s=60)
+    assert result.ok and result.content == "k"
+
+
 def test_tree_and_stats_show_the_bounds_and_their_use(system: ActorSystem) -> None:
     gate, seen = threading.Event(), Running()
     system.register(held_tool("shown", gate, seen, max_concurrency=1, rate="50/s", timeout_ms=30_000))
