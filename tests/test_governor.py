@@ -526,3 +526,51 @@ def test_the_agent_loop_records_queued_and_retried_calls_as_lifecycle_moves(syst
     assert queued["reason"] == "1 running, the bound is 1 (max_concurrency)" and queued["index"] == 1
     tracks = fold(records)  # the lifecycle reads them back: every move allowed
     assert tracks["r"].state == "settled" and tracks["s2"].state == "settled"
+
+
+# --- an MCP server's rate and idempotent hints -----------------------------------------------------
+
+
+def test_an_mcp_servers_rate_is_one_bucket_for_all_its_tools(system: ActorSystem, tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    import sys
+
+    from rho_actors.mcp import MCPServer
+
+    fixture = str(Path(__file__).parent / "mcp_fixtures" / "fixture_server.py")
+    source = MCPServer(command=[sys.executable, fixture, str(tmp_path)], name="metered", rate="1/min",
+                       timeout_ms=2_000, connect_timeout_s=30.0)
+    system.add_source(source, poll_s=None)
+    assert wait_for(lambda: {"echo", "shout"} <= {info.name for info in system.tools()}, 60)
+    [echo_info] = [info for info in system.tools() if info.name == "echo"]
+    assert echo_info.policy.as_data() == {"rate": "1/min", "rate_group": "mcp:metered"}
+    loop = system.start_loop("m")
+    [first] = loop.run_turn([ToolCall("c1", "echo", {"text": "hi"})], timeout_s=WAIT_S)
+    [second] = loop.run_turn([ToolCall("c2", "shout", {"text": "hi"})], timeout_s=WAIT_S)  # another tool, one bucket
+    assert first.ok and second.error_kind is ErrorKind.RATE_LIMITED and "1/min" in second.content
+    with pytest.raises(ValueError, match="rate must be 'N/s', 'N/min' or 'N/h'"):
+        MCPServer(command=[sys.executable, fixture], rate="fast")
+
+
+def test_an_mcp_tools_idempotent_hint_counts_only_when_the_host_trusts_the_hints() -> None:
+    pytest.importorskip("mcp")
+    from rho_actors.mcp import MCPServer
+    from rho_actors.mcp.source import MCPTool
+
+    declared = {"name": "lookup", "inputSchema": {"type": "object"}, "annotations": {"idempotentHint": True}}
+    trusting, wary = MCPServer(command=["srv"], idempotent_hints=True), MCPServer(command=["srv"])
+    assert MCPTool(trusting, declared).idempotent() is True
+    assert MCPTool(wary, declared).idempotent() is False
+    assert MCPTool(trusting, {**declared, "annotations": {"idempotentHint": "yes"}}).idempotent() is False
+
+
+def test_a_gateway_configuration_gives_an_upstream_server_a_rate(tmp_path: Path) -> None:
+    from rho_actors.mcp.gateway import GatewayConfigError, load_config
+
+    config = tmp_path / "gateway.toml"
+    config.write_text('[servers.search]\ncommand = "python -m search"\nrate = "600/min"\nidempotent_hints = true\n')
+    [spec] = load_config(config).servers
+    assert spec.rate == "600/min" and spec.idempotent_hints is True
+    config.write_text('[servers.search]\ncommand = "python -m search"\nrate = "often"\n')
+    with pytest.raises(GatewayConfigError, match=r"\[servers.search\]: rate must be 'N/s', 'N/min' or 'N/h'"):
+        load_config(config)

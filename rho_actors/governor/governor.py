@@ -457,13 +457,15 @@ class Governor:
         return tuple(gates)
 
     def _bucket(self, name: str, policy: CallPolicy) -> TokenBucket:
-        bucket = self._buckets.get(name)
+        """The tool's token bucket (its rate group's, when it has one: ``group:<name>``)."""
+        key = name if policy.rate_group is None else f"group:{policy.rate_group}"
+        bucket = self._buckets.get(key)
         if bucket is None or bucket.rate != policy.rate:
             assert policy.rate is not None
             with self.lock:
-                bucket = self._buckets.get(name)
+                bucket = self._buckets.get(key)
                 if bucket is None or bucket.rate != policy.rate:
-                    bucket = self._buckets[name] = TokenBucket(policy.rate, time.monotonic())
+                    bucket = self._buckets[key] = TokenBucket(policy.rate, time.monotonic())
         return bucket
 
     def _counts(self, policy: CallPolicy, spec: CallSpec, session: str) -> ToolResult | None:
