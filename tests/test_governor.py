@@ -381,11 +381,13 @@ def test_retries_never_outlive_the_deadline(system: ActorSystem) -> None:
 
     system.register(upstream)
     [result] = system.start_loop("d").run_turn([ToolCall("c", "upstream", "{}")], timeout_s=WAIT_S)
-    assert result.error_kind is ErrorKind.RAISED and result.content == "the upstream is busy (429)"
+    # the last attempt's own answer, or (it began just before the deadline and answered past it) the timeout
+    assert result.error_kind in (ErrorKind.RAISED, ErrorKind.TIMEOUT), result.content
     assert 2 <= result.details["attempts"] == len(starts) < 100
     assert all(started < deadline for started, deadline in starts)  # every attempt began within the one deadline
     assert len({deadline for _, deadline in starts}) == 1
-    assert result.details["retryable"] is True and len(result.details["failures"]) == len(starts) - 1
+    assert len(result.details["failures"]) == len(starts) - 1
+    assert {f["message"] for f in result.details["failures"]} == {"the upstream is busy (429)"}
 
 
 def test_a_timeout_is_retried_only_when_opted_in(system: ActorSystem) -> None:
