@@ -65,8 +65,10 @@ def test_a_fan_out_of_800_calls_to_a_capped_tool_never_runs_more_than_its_bound(
 
     @tool(max_concurrency=4, timeout_ms=120_000)
     def capped(i: int) -> int:
-        """Work a little."""
+        """Work a little (the first four wait until four run: the bound is reached)."""
         seen.enter()
+        if i < 4:
+            assert wait_for(lambda: seen.most >= 4)
         time.sleep(0.001)
         seen.leave()
         return i
@@ -134,9 +136,11 @@ def test_a_per_session_bound_holds_each_session_and_the_system_bound_all_of_them
 
     @tool(max_concurrency=3, max_concurrency_per_session=2, timeout_ms=60_000)
     def shared(i: int, ctx: ToolContext) -> int:
-        """Work a little."""
+        """Work a little (the first calls wait until three run: a's two and one of b's)."""
         for key in (ctx.session_id, "all"):
             seen[key].enter()
+        if i == 0 or (ctx.session_id == "a" and i == 1):
+            assert wait_for(lambda: seen["all"].most >= 3)
         time.sleep(0.005)
         for key in (ctx.session_id, "all"):
             seen[key].leave()
@@ -145,7 +149,7 @@ def test_a_per_session_bound_holds_each_session_and_the_system_bound_all_of_them
     system.register(shared)
     turns = [system.start_loop(s).submit_turn(calls("shared", 40)) for s in ("a", "b")]
     assert all(r.ok for t in turns for r in t.result(60))
-    assert seen["a"].most == 2 and seen["b"].most == 2 and seen["all"].most == 3
+    assert seen["a"].most == 2 and seen["b"].most <= 2 and seen["all"].most == 3
 
 
 def test_max_thread_calls_bounds_thread_calls_of_every_tool(tmp_path: Path) -> None:
@@ -153,8 +157,10 @@ def test_max_thread_calls_bounds_thread_calls_of_every_tool(tmp_path: Path) -> N
 
     @tool(timeout_ms=60_000)
     def plain(i: int) -> int:
-        """Work a little."""
+        """Work a little (the first three wait until three run)."""
         seen.enter()
+        if i < 3:
+            assert wait_for(lambda: seen.most >= 3)
         time.sleep(0.002)
         seen.leave()
         return i
