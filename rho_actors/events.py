@@ -45,7 +45,9 @@ EventKind = Literal["started", "finished", "timed_out", "late", "queued", "retri
 @dataclass(frozen=True, slots=True)
 class CallEvent:
     """One step of one call. ``outcome`` is ``"ok"`` or an error kind's value (``None``
-    for ``started``); ``duration_ms`` is milliseconds since the call's start."""
+    for ``started`` and ``queued``; for ``retried``, the failed attempt's); ``duration_ms``
+    is milliseconds since the call's start. ``queued``: it waits for a place or a rate
+    token, ``retried``: an attempt failed and the next waits its backoff (the governor)."""
 
     kind: EventKind
     session_id: str

@@ -194,8 +194,8 @@ class FunctionTool:
     def idempotent(self) -> bool:
         return self._policy.idempotent
 
-    def retry_policy(self) -> RetryPolicy | None:
-        return self._policy.retry
+    def retry_policy(self) -> dict[str, Any] | None:  # plain data: an untrusted tool's answer crosses as JSON
+        return None if self._policy.retry is None else self._policy.retry.as_data()
 
     def background(self) -> bool:
         return self._policy.background

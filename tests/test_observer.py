@@ -150,6 +150,8 @@ def test_top_renders_a_call_appearing_and_finishing(system: ActorSystem, short_d
 
     view.update(next(stream))
     assert "running calls (0)" in screen() and "sessions" in screen()
+    bound = system.stats()["governor"]["max_thread_calls"]
+    assert f"governor: thread calls 0/{bound}   running: -   queued: -   refused: -   retried: 0" in screen()
     future = system.start_loop("watched").submit_turn([ToolCall("call-7", "hold", '{"n": 7}')])
     for message in read_until(stream, lambda m: m["type"] == "event" and m["kind"] == "started"):
         view.update(message)

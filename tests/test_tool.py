@@ -181,6 +181,13 @@ def test_error_kind_values() -> None:
         "memory",
         "output_limit",
         "cancelled",
+        "budget_exhausted",
+        "repeated_call",
+        "rate_limited",
+        "pending_approval",
+        "deferred",
+        "rejected",
+        "approval_expired",
     ]
     assert ErrorKind("timeout") is ErrorKind.TIMEOUT
     assert ErrorKind.RAISED == "raised"  # type: ignore[comparison-overlap]  # a StrEnum
@@ -188,8 +195,9 @@ def test_error_kind_values() -> None:
 
 def test_error_kind_retryable() -> None:
     retryable = {k for k in ErrorKind if k.retryable}
-    assert retryable == {ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED}
-    for kind in (ErrorKind.INVALID_JSON, ErrorKind.INVALID_ARGUMENTS, ErrorKind.UNKNOWN_TOOL, ErrorKind.RAISED):
+    assert retryable == {ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLED, ErrorKind.RATE_LIMITED}
+    for kind in (ErrorKind.INVALID_JSON, ErrorKind.INVALID_ARGUMENTS, ErrorKind.UNKNOWN_TOOL, ErrorKind.RAISED,
+                 ErrorKind.BUDGET_EXHAUSTED, ErrorKind.REPEATED_CALL):
         assert kind.retryable is False
 
 

@@ -70,6 +70,7 @@ from rho_actors.agent.events import (
     ToolCallStarted,
 )
 from rho_actors.agent.model import Message, Model, Reply
+from rho_actors.agent.moves import recording_moves
 from rho_actors.agent.provider_rules import NEUTRAL_RULES, WireRules, checked_reply, sanitise_calls
 from rho_actors.agent.recorder import Recorder, with_text
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
@@ -555,7 +556,8 @@ class _Driver:
         recorder = Recorder(self.transcript, number)
         cut = reply.stop_reason == "incomplete"  # the last call is the one the token limit cut off
         runnable = reply.tool_calls[:-1] if cut else reply.tool_calls
-        results = self._run_calls(runnable, recorder.record)
+        with recording_moves(self.loop, self.transcript, number, runnable):  # the governor's: queued, retried
+            results = self._run_calls(runnable, recorder.record)
         size = self._reply_size(reply)
         if cut:
             last = reply.tool_calls[-1]

@@ -100,6 +100,7 @@ import hashlib
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -527,6 +528,7 @@ class Transcript:
         self.history = History()
         self._fd: int | None = None
         self._seq = 0
+        self._writing = threading.Lock()  # records come from the threads that settle or move calls too
 
     def open(self) -> History:
         """Lock the transcript, read it and get it ready to append; returns
@@ -644,6 +646,10 @@ class Transcript:
         self._append({"type": "error", "step": step, "kind": kind, "message": message})
 
     def _append(self, record: dict[str, Any]) -> None:
+        with self._writing:
+            self._append_now(record)
+
+    def _append_now(self, record: dict[str, Any]) -> None:
         if self._fd is None:
             raise ValueError(f"transcript {self.path} is not open")
         full: dict[str, Any] = {"v": SCHEMA_VERSION, "seq": self._seq + 1, "type": record.pop("type"),

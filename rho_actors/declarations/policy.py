@@ -10,6 +10,7 @@ callbacks of :data:`POLICY_CALLBACKS`:
 ``max_concurrency_per_session()`` its calls running at once in one session (an ``int`` >= 1)
 ``max_calls()``                 its calls in one session (an ``int`` >= 1): the next is ``budget_exhausted``
 ``rate_limit()``                a token bucket: ``"10/s"``, ``"600/min"``, ``"1000/h"`` (burst = the count)
+``rate_group()``                a name: the tools answering it share one bucket (an MCP server's)
 ``idempotent()``                ``True``: a failed call may be run again (retried, see :class:`RetryPolicy`)
 ``retry_policy()``              a :class:`RetryPolicy` (or its fields as a dict) for an idempotent tool
 ``background()``                ``True``: its calls run as tasks, past their turn (:mod:`rho_actors.tasks`)
@@ -35,7 +36,7 @@ __all__ = ["NO_POLICY", "POLICY_CALLBACKS", "CallPolicy", "Rate", "RetryPolicy",
            "parse_rate", "policy_from_answers"]
 
 POLICY_CALLBACKS: Final = ("max_concurrency", "max_concurrency_per_session", "max_calls", "rate_limit",
-                           "idempotent", "retry_policy", "background", "background_timeout_ms")
+                           "rate_group", "idempotent", "retry_policy", "background", "background_timeout_ms")
 """The optional callbacks of the tool contract that make its :class:`CallPolicy`."""
 
 _UNITS: Final = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
@@ -126,6 +127,7 @@ class CallPolicy:
     max_concurrency_per_session: int | None = None
     max_calls: int | None = None
     rate: Rate | None = None
+    rate_group: str | None = None  # tools of one group share one token bucket (default: the tool's own)
     idempotent: bool = False
     retry: RetryPolicy | None = None
     background: bool = False
@@ -147,6 +149,8 @@ class CallPolicy:
                 out[name] = getattr(self, name)
         if self.rate is not None:
             out["rate"] = self.rate.text
+        if self.rate_group is not None:
+            out["rate_group"] = self.rate_group
         if self.idempotent:
             out["idempotent"] = True
             retries = self.retries
@@ -188,7 +192,7 @@ def _retry(value: Any) -> RetryPolicy | None:
 
 def call_policy(
     *, max_concurrency: Any = None, max_concurrency_per_session: Any = None, max_calls: Any = None,
-    rate: Any = None, idempotent: Any = False, retry: Any = None, background: Any = False,
+    rate: Any = None, idempotent: Any = False, retry: Any = None, rate_group: Any = None, background: Any = False,
     background_timeout_ms: Any = None,
 ) -> CallPolicy:
     """The checked :class:`CallPolicy` of these options (:data:`NO_POLICY` when none is
@@ -197,11 +201,14 @@ def call_policy(
     for flag, value in (("idempotent", idempotent), ("background", background)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__} {value!r}")
+    if rate_group is not None and (type(rate_group) is not str or not 1 <= len(rate_group) <= 128):
+        raise ValueError(f"rate_group must be a str of 1 to 128 characters, got {rate_group!r}")
     policy = CallPolicy(
         max_concurrency=_count("max_concurrency", max_concurrency),
         max_concurrency_per_session=_count("max_concurrency_per_session", max_concurrency_per_session),
         max_calls=_count("max_calls", max_calls),
         rate=None if rate is None else parse_rate(rate),
+        rate_group=rate_group,
         idempotent=idempotent,
         retry=_retry(retry),
         background=background,

@@ -47,6 +47,7 @@ from rho_actors.events import CallEvent, EventBus
 from rho_actors.governor.buckets import TokenBucket
 from rho_actors.governor.places import Gate, Waiting, blocking, fits, release, take
 from rho_actors.isolation.call import CallSpec
+from rho_actors.lifecycle import arguments_sha256
 from rho_actors.results import failure
 from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
 
@@ -63,6 +64,8 @@ _MAX_REPEAT_KEYS: Final = 4096  # distinct (tool, arguments) remembered per sess
 _MAX_FAILURE_CHARS: Final = 500
 _BOUND_TEXTS: Final = {"tool": "concurrency_bound", "session": "session_concurrency_bound",
                        "thread": "thread_calls_bound"}
+_BOUND_NAMES: Final = {"tool": "max_concurrency", "session": "max_concurrency_per_session",
+                       "thread": "max_thread_calls"}
 
 
 def default_max_thread_calls() -> int:
@@ -197,6 +200,8 @@ class _Call:
                     self.refuse(failure("not_started", self.spec.call_id, self.tool, problem="the system is stopping"))
                 else:
                     self.gov.emit("queued", self)
+                    self.gov.moved(self, "queued", reason=f"rate {bucket.rate.text}: its token comes in "
+                                                          f"{round((when - now) * 1000)} ms")
                 return
         self.places()
 
@@ -220,6 +225,10 @@ class _Call:
                     gov.queued_total += 1
         if waits:
             gov.emit("queued", self)
+            gate = blocking(self.gates)
+            if gate is not None:
+                gov.moved(self, "queued", reason=f"{gate.running} running, the bound is {gate.bound} "
+                                                 f"({_BOUND_NAMES[gate.key[0]]})")
         elif self.held:
             self.launch()
         else:  # no timer for its deadline: the system is stopping
@@ -231,6 +240,8 @@ class _Call:
         spec = self.spec if attempt == 1 else dataclasses.replace(
             self.spec, reply=functools.partial(self.answered, attempt))
         self.current = spec
+        if attempt > 1:
+            self.gov.moved(self, "running", attempt=attempt)
         try:
             running = self.start(spec)
         except (pykka.ActorDeadError, pykka.Timeout) as err:
@@ -338,6 +349,7 @@ class _Call:
             self.attempt += 1
             gov.retried += 1
         gov.emit("retried", self, str(kind))
+        gov.moved(self, "retried", attempt=self.attempt - 1, error_kind=str(kind), delay_s=round(when - now, 6))
         return True
 
     def finish(self, result: ToolResult) -> None:
@@ -380,6 +392,7 @@ class Governor:
         self._counted = settings.max_calls_per_session is not None or settings.max_repeats is not None
         self.refused: dict[str, int] = {"budget_exhausted": 0, "repeated_call": 0, "rate_limited": 0,
                                         "unavailable": 0}
+        self._watchers: dict[str, Callable[[str, str, dict[str, Any], str], None]] = {}
         self.retried = 0
         self.queued_total = 0
 
@@ -444,13 +457,15 @@ class Governor:
         return tuple(gates)
 
     def _bucket(self, name: str, policy: CallPolicy) -> TokenBucket:
-        bucket = self._buckets.get(name)
+        """The tool's token bucket (its rate group's, when it has one: ``group:<name>``)."""
+        key = name if policy.rate_group is None else f"group:{policy.rate_group}"
+        bucket = self._buckets.get(key)
         if bucket is None or bucket.rate != policy.rate:
             assert policy.rate is not None
             with self.lock:
-                bucket = self._buckets.get(name)
+                bucket = self._buckets.get(key)
                 if bucket is None or bucket.rate != policy.rate:
-                    bucket = self._buckets[name] = TokenBucket(policy.rate, time.monotonic())
+                    bucket = self._buckets[key] = TokenBucket(policy.rate, time.monotonic())
         return bucket
 
     def _counts(self, policy: CallPolicy, spec: CallSpec, session: str) -> ToolResult | None:
@@ -542,6 +557,31 @@ class Governor:
             spec = call.spec
             self.events.emit(CallEvent(kind, call.session, spec.call_id, spec.name, outcome,
                                        (time.monotonic() - spec.dispatched) * 1000))
+
+    def watch(self, session: str, moved: Callable[[str, str, dict[str, Any], str], None]) -> Callable[[], None]:
+        """Call ``moved(call_id, state, fields, arguments_sha256)`` for each move of a
+        ``session``'s calls through the governor, as the call lifecycle names them
+        (:mod:`rho_actors.lifecycle`: ``queued`` with its ``reason``, ``retried`` with
+        ``attempt``, ``error_kind`` and ``delay_s``, ``running`` with ``attempt`` for
+        each attempt after the first), from the thread that moves it (one watcher a
+        session: the prompt running). Returns the function that stops it."""
+        self._watchers[session] = moved
+
+        def unwatch() -> None:
+            if self._watchers.get(session) is moved:
+                del self._watchers[session]
+
+        return unwatch
+
+    def moved(self, call: _Call, state: str, **fields: Any) -> None:
+        """Tell the session's watcher (if any) that ``call`` moved to ``state``."""
+        watcher = self._watchers.get(call.session)
+        if watcher is None:
+            return
+        try:
+            watcher(call.spec.call_id, state, fields, arguments_sha256(call.spec.args))
+        except Exception:  # the host's: its fault must not lose the call
+            logger.exception("the watcher of session {} failed on call {}", call.session, call.spec.call_id)
 
     def forget(self, session: str) -> None:
         """The session ended: drop its counts (and its idle per-session places)."""

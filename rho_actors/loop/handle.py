@@ -116,6 +116,7 @@ class Loop:
         self._sessions = runtime.sessions
         self.task_registry = runtime.tasks
         """The system's background calls (:class:`rho_actors.tasks.TaskRegistry`): what the agent loop delivers."""
+        self._governor = runtime.governor
         self._current: tuple[pykka.ActorRef[Any], Turns] | None = None  # the running LoopActor's
         self._bounds: _Bounds | None = None  # the bounds of the turns awaited on the last event loop used
         self.instructions: str | None = None
@@ -408,6 +409,14 @@ class Loop:
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""
         return self._turns().running()
+
+    def watch_calls(self, moved: Callable[[str, str, dict[str, Any], str], None]) -> Callable[[], None]:
+        """Call ``moved(call_id, state, fields, arguments_sha256)`` for each move the
+        governor makes of this session's calls (``queued``, ``retried``, ``running``
+        again: the call lifecycle's states and fields, DESIGN §4), from the thread that
+        makes it; the agent loop records them in the transcript. One watcher at a time;
+        returns the function that stops it (see :meth:`rho_actors.governor.Governor.watch`)."""
+        return self._governor.watch(self.session_id, moved)
 
     # --- calls that wait for a decision (DESIGN §4 "Approvals") ----------------------------
 

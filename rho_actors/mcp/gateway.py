@@ -44,6 +44,8 @@ The configuration (:func:`load_config`, ``--config gateway.toml``) is TOML::
     network = false                   # untrusted only: the host's network (default: none)
     read = ["/srv/docs"]              # untrusted only: extra read-only paths
     memory_mb = 1024                  # untrusted only: its whole tree's memory bound
+    rate = "10/s"                     # one token bucket for all its tools (or "600/min", "1000/h")
+    idempotent_hints = true           # its tools' idempotentHint is trusted: their failed calls are retried
 
     [servers.search]
     url = "http://127.0.0.1:9000/mcp" # streamable HTTP (trusted only)
@@ -66,6 +68,7 @@ from typing import Any, Final, Literal
 
 from loguru import logger
 
+from rho_actors.declarations.policy import parse_rate
 from rho_actors.errors import RhoError
 from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, check_startable, confined_transport
 from rho_actors.mcp.names import default_name, numbered
@@ -84,7 +87,7 @@ COLLISIONS: Final = ("namespace", "refuse")
 _SERVER_NAME: Final = re.compile(r"(?!.*__)[A-Za-z0-9_-]{0,31}[A-Za-z0-9-]")  # no "__", no "_" at the end
 _KEYS: Final = frozenset({
     "command", "url", "env", "headers", "timeout_ms", "max_restarts", "max_seconds", "trusted", "network", "read",
-    "memory_mb", "prefix", "connect_timeout_s", "cwd",
+    "memory_mb", "prefix", "connect_timeout_s", "cwd", "rate", "idempotent_hints",
 })
 
 
@@ -107,7 +110,9 @@ class UpstreamSpec:
     listing (seconds). ``trusted=False``: confined (:mod:`rho_actors.mcp.confined`),
     with ``network`` (the host's network), ``read`` (extra read-only paths) and
     ``memory_mb`` (its tree's memory bound, MiB). ``prefix``: serve every tool as
-    ``<name>__<tool>``. ``cwd``: a trusted stdio server's working folder."""
+    ``<name>__<tool>``. ``cwd``: a trusted stdio server's working folder. ``rate``
+    (``"10/s"``...): one token bucket for all its tools; ``idempotent_hints``: its
+    ``idempotentHint`` annotations are trusted (such a tool's failed calls are retried)."""
 
     name: str
     command: tuple[str, ...] | None = None
@@ -124,6 +129,8 @@ class UpstreamSpec:
     memory_mb: int = DEFAULT_HEAP_BYTES // 2**20
     prefix: bool = False
     cwd: str | None = None
+    rate: str | None = None
+    idempotent_hints: bool = False
 
 
 _DEFAULT: Final = UpstreamSpec("default")
@@ -199,6 +206,11 @@ def _spec(where: str, name: str, table: Any) -> UpstreamSpec:
                                  "a url's server runs elsewhere")
     if url is not None and urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         raise GatewayConfigError(f"{where}: url must be http:// or https://, got {url!r}")
+    rate = typed("rate", (str, type(None)), None)
+    try:
+        rate = None if rate is None else parse_rate(rate).text
+    except ValueError as exc:
+        raise GatewayConfigError(f"{where}: {exc}") from None
     numbers = {}
     for key, default in (("timeout_ms", _DEFAULT.timeout_ms), ("max_restarts", _DEFAULT.max_restarts),
                          ("memory_mb", _DEFAULT.memory_mb)):
@@ -217,7 +229,8 @@ def _spec(where: str, name: str, table: Any) -> UpstreamSpec:
         timeout_ms=numbers["timeout_ms"], max_restarts=numbers["max_restarts"], max_seconds=seconds["max_seconds"],
         connect_timeout_s=seconds["connect_timeout_s"], trusted=trusted, network=typed("network", bool, False),
         read=tuple(_paths(where, table.get("read", []))), memory_mb=numbers["memory_mb"],
-        prefix=typed("prefix", bool, False), cwd=typed("cwd", (str, type(None)), None),
+        prefix=typed("prefix", bool, False), cwd=typed("cwd", (str, type(None)), None), rate=rate,
+        idempotent_hints=typed("idempotent_hints", bool, False),
     )
 
 
@@ -347,6 +360,17 @@ class _Served:
         """The upstream's ``tools/call`` under its own name."""
         return self._tool.run(args, ctx)
 
+    def rate_limit(self) -> Any:
+        """The upstream server's rate (``rate`` in its table), shared by its tools."""
+        return self._tool.rate_limit()
+
+    def rate_group(self) -> Any:
+        return self._tool.rate_group()
+
+    def idempotent(self) -> Any:
+        """The upstream's ``idempotentHint``, when its table trusts the hints."""
+        return self._tool.idempotent()
+
     def __repr__(self) -> str:
         return f"<{self._served!r}: {self._tool!r}>"
 
@@ -360,7 +384,8 @@ class Upstream(MCPServer):
     def __init__(self, spec: UpstreamSpec, names: _Names, policy: ConfinePolicy) -> None:
         common: dict[str, Any] = {
             "name": spec.name, "timeout_ms": spec.timeout_ms, "max_restarts": spec.max_restarts,
-            "max_seconds": spec.max_seconds, "connect_timeout_s": spec.connect_timeout_s,
+            "max_seconds": spec.max_seconds, "connect_timeout_s": spec.connect_timeout_s, "rate": spec.rate,
+            "idempotent_hints": spec.idempotent_hints,
         }
         if spec.command is not None:
             super().__init__(command=list(spec.command), env=dict(spec.env), cwd=spec.cwd, **common)

@@ -64,6 +64,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+from rho_actors.declarations.policy import parse_rate
 from rho_actors.encoding import describe_exception
 from rho_actors.mcp.bounds import route_sdk_logging, shown_text, stdio_transport
 from rho_actors.mcp.content import rho_value
@@ -172,6 +173,21 @@ class MCPTool:
         """The server's per-call timeout (``MCPServer(timeout_ms=...)``), in milliseconds."""
         return self._server.timeout_ms
 
+    def rate_limit(self) -> str | None:
+        """The server's rate (``MCPServer(rate=...)``), shared by all its tools (:meth:`rate_group`)."""
+        return self._server.rate
+
+    def rate_group(self) -> str | None:
+        """``mcp:<server>`` when the server has a rate: its tools take tokens from one bucket."""
+        return None if self._server.rate is None else f"mcp:{self._server.name}"
+
+    def idempotent(self) -> bool:
+        """The tool's ``idempotentHint`` annotation, when the host trusts the server's hints
+        (``MCPServer(idempotent_hints=True)``): its failed calls may then be retried."""
+        annotations = self._declared.get("annotations")
+        return self._server.idempotent_hints and isinstance(annotations, dict) and (
+            annotations.get("idempotentHint") is True)
+
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         """Send ``tools/call`` and wait for its result, at most until ``ctx["deadline"]``."""
         return self._server.call(str(self._declared.get("name")), args, ctx)
@@ -197,9 +213,13 @@ class MCPServer:
     ``server_uid``: the uid that must own a loopback ``url``'s listening socket
     (default ``os.getuid()``; module doc). ``max_tools``: the tools kept of its listing
     at most (and :data:`MAX_LISTED_BYTES` of declarations); the rest are left out, logged.
+    ``rate`` (``"10/s"``, ``"600/min"``...): one token bucket for all the server's tools
+    (DESIGN §4 "The governor"); ``idempotent_hints=True``: the host trusts the server's
+    ``idempotentHint`` annotations, and a tool so annotated is retried as an idempotent
+    tool is.
 
-    Raises ``ValueError`` for neither or both of ``command`` and ``url``, or an empty
-    ``command``.
+    Raises ``ValueError`` for neither or both of ``command`` and ``url``, an empty
+    ``command`` or a bad ``rate``.
     """
 
     contained = True  # tools stand for code elsewhere: registered trusted (see rho_actors.sources)
@@ -220,6 +240,8 @@ class MCPServer:
         ping_interval_s: float = 15.0,
         server_uid: int | None = None,
         max_tools: int = MAX_TOOLS,
+        rate: str | None = None,
+        idempotent_hints: bool = False,
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("MCPServer takes exactly one of command=[...] (stdio) or url=... (streamable HTTP)")
@@ -238,6 +260,8 @@ class MCPServer:
         self.ping_interval_s = ping_interval_s
         self.server_uid = os.getuid() if server_uid is None else server_uid
         self.max_tools = max_tools
+        self.rate = None if rate is None else parse_rate(rate).text  # checked now: ValueError names the forms
+        self.idempotent_hints = idempotent_hints is True
         self.listing_cut = False  # whether a listing went over the bounds (logged once)
         self._link = _Link()
         route_sdk_logging()  # the SDK's own log records: into loguru, escaped, never raw onto stderr

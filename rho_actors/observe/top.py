@@ -171,7 +171,22 @@ class TopView:
         stats = stats if isinstance(stats, dict) else {}
         parts.append(terminal_text(f"abandoned threads running: {stats.get('abandoned_threads_running', 0)}   "
                                    f"dropped updates: {snap.get('dropped', 0)}"))
+        governor = stats.get("governor")
+        if isinstance(governor, dict):
+            parts.append(terminal_text(governor_line(governor)))
         return Group(*parts)
+
+
+def governor_line(governor: dict[str, Any]) -> str:
+    """One line of the governor's counts (``stats()["governor"]``): thread calls
+    against their bound, running and queued calls per bounded tool, refusals per reason
+    and retries (DESIGN §4 "The governor")."""
+    def counts(value: Any) -> str:
+        return ", ".join(f"{k} {v}" for k, v in value.items() if v) if isinstance(value, dict) else ""
+
+    return (f"governor: thread calls {governor.get('thread_calls_running', 0)}/{governor.get('max_thread_calls')}   "
+            f"running: {counts(governor.get('running')) or '-'}   queued: {counts(governor.get('queued')) or '-'}   "
+            f"refused: {counts(governor.get('refused')) or '-'}   retried: {governor.get('retried', 0)}")
 
 
 def _number(value: Any, spec: str, missing: str) -> Text:

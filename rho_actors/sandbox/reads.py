@@ -238,7 +238,7 @@ def read_declaration_isolated(
     The tool is shipped with cloudpickle (by value when its module could not be imported
     there). The child leads its own process group, bounds its address space to
     ``heap_bytes`` (``RLIMIT_AS``, bytes; ``0`` for no bound), calls ``name``,
-    ``description``, ``parameter_schema``, ``timeout_ms`` and ``concurrency`` (those the
+    ``description``, ``parameter_schema``, ``timeout_ms``, ``concurrency`` and the call policy's (those the
     tool has) with :func:`rho_actors.declarations.checks.read_declaration`, and answers with
     JSON text only. ``timeout_s`` (seconds) counts from the child's start. The child is
     confined by ``confine`` as an untrusted worker is (DESIGN §5: its own uid, Landlock,

@@ -21,6 +21,7 @@ from typing import Any, Final
 import cloudpickle
 
 from rho_actors.declarations.checks import describe_origin
+from rho_actors.declarations.policy import POLICY_CALLBACKS
 from rho_actors.encoding import describe_exception
 from rho_actors.function_tool import FunctionTool
 from rho_actors.sandbox import context_values
@@ -29,7 +30,7 @@ __all__ = [
     "CALLBACKS", "ShippedTools", "Unshippable", "label", "local_modules", "register_by_value", "ship",
 ]
 
-CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
+CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", *POLICY_CALLBACKS)
 """The declaration callbacks of a tool (DESIGN §2)."""
 
 
