@@ -174,7 +174,7 @@ def test_a_decision_from_another_process_is_acted_on_by_the_running_host(tmp_pat
         assert wait_for(lambda: loop.pending() == [] and all(
             load(transcript).calls[c].state == "settled" for c in ("c1", "c2")))
         again = _cli(data, "reject", "s1", "c1", "--message", "too late")
-        assert again.returncode == 1 and "decided already: it was approved by bob" in again.stdout
+        assert again.returncode == 1 and "decided already: it was approved by bob at 20" in again.stdout
         final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
         assert final.error is None
     assert _runs(runs) == ["delete /a"]

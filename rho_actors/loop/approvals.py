@@ -191,15 +191,6 @@ class SessionApprovals:
         except RuntimeError:  # no thread could be started: done at the next look
             logger.warning("session {}: no thread to {} its pending calls now", self.session_id, what)
 
-    def _rule(self, entry: ToolEntry, version: int) -> bool | Callable[..., Any]:
-        known, rules = self._rules
-        if known != version:
-            self._rules = (version, rules := {})
-        rule = rules.get(entry.serial)
-        if rule is None:
-            rule = rules[entry.serial] = approval_rule(entry)
-        return rule
-
     def hold(self, prepared: list[tuple[int, ToolCall, ToolEntry, dict[str, Any]]], exclusive: bool, version: int,
              ctx: Mapping[str, Any]) -> dict[int, ToolResult]:
         """Which of a turn's ``prepared`` calls (index, call, entry, validated args, in
@@ -208,10 +199,18 @@ class SessionApprovals:
         tool set's; ``ctx``: what a tool's policy gets as its context."""
         held: dict[int, ToolResult] = {}
         before: str | None = None
+        known, rules = self._rules
+        if known != version:
+            self._rules = (version, rules := {})
         for index, call, entry, args in prepared:
+            rule = rules.get(entry.serial)
+            if rule is None:
+                rule = rules[entry.serial] = approval_rule(entry)
+            if rule is False and self.policy is None and before is None:  # the usual case: nothing to ask
+                continue
             if before is not None and exclusive:
                 reason = f" (it runs after call {before} of its exclusive turn)"
-            elif self._requires(call, entry, args, version, ctx):
+            elif self._requires(call, entry, args, rule, ctx):
                 reason = ""
             else:
                 continue
@@ -219,9 +218,8 @@ class SessionApprovals:
             before = call.id
         return held
 
-    def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], version: int,
+    def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
                   ctx: Mapping[str, Any]) -> bool:
-        rule = self._rule(entry, version)
         if callable(rule):
             try:
                 if rule(_copy(args), MappingProxyType({**ctx, "call_id": call.id})) not in (False, None):
@@ -303,7 +301,8 @@ class SessionApprovals:
                 if journal is not None:
                     transcript, track = journal
                     transcript.call(track.step, track.index, "decided", call_id=call_id, name=held.pending.name,
-                                    decision="approved", decided_by=decided_by, arguments_sha256=sha, **edited)
+                                    decision="approved", decided_by=decided_by, arguments_sha256=sha, sync=False,
+                                    **edited)
                     transcript.call(track.step, track.index, "running", call_id=call_id, name=held.pending.name,
                                     arguments_sha256=sha, attempt=1)
         except BaseException:
@@ -359,7 +358,7 @@ class SessionApprovals:
                     transcript, track = journal
                     transcript.call(track.step, track.index, "decided", call_id=held.pending.call_id,
                                     name=held.pending.name, decision=decision, decided_by=decided_by,
-                                    arguments_sha256=held.pending.arguments_sha256, **fields)
+                                    arguments_sha256=held.pending.arguments_sha256, sync=False, **fields)
                     transcript.result(track.step, track.index, result)
         except BaseException:
             self._unclaim(held)
@@ -482,8 +481,9 @@ class SessionApprovals:
             yield transcript, track
 
     def _watch(self) -> None:
-        """Look at the transcript every :data:`POLL_S` seconds while calls are pending."""
-        if self._poll is not None or self._timers is None:
+        """Look at the transcript every :data:`POLL_S` seconds while calls are pending
+        (not for a session with no transcript: nothing can decide its calls elsewhere)."""
+        if self._poll is not None or self._timers is None or not os.path.lexists(self.path):
             return
         self._poll = self._timers.call_at(time.monotonic() + POLL_S, self._look)
 
