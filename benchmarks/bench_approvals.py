@@ -141,12 +141,12 @@ def agent(data_dir: Path, sessions: int, calls: int) -> dict[str, Any]:
         for s in range(sessions):  # the last call of each: decided as another process would
             call_id = f"a{s}-{calls - 1}"
             RAN.discard(str(1000 + calls - 1))
-            started = time.perf_counter()
+            began = time.perf_counter()
             decide(data_dir, f"a{s}", call_id, "approved", decided_by="bench")
-            until = started + 10
+            until = began + 10
             while str(1000 + calls - 1) not in RAN and time.perf_counter() < until:
                 time.sleep(0.001)
-            remote_s.append(time.perf_counter() - started)
+            remote_s.append(time.perf_counter() - began)
     approve, base = summary(approve_ms, 3), summary(base_ms, 3)
     overhead = float(approve["p50"]) - float(base["p50"])
     remote = summary(remote_s, 3)

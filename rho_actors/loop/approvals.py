@@ -652,7 +652,7 @@ def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *
         expires = pending.get("expires_at")
         if expires is not None and time.time() >= expires:
             raise ApprovalError(f"call {call_id} of session {session_id!r} is past its approval deadline")
-        extra = {"message": message} if decision == "rejected" and message is not None else {}
+        extra: dict[str, Any] = {"message": message} if decision == "rejected" and message is not None else {}
         transcript.call(track.step, track.index, "decided", call_id=call_id, name=track.name, decision=decision,
                         decided_by=decided_by, arguments_sha256=pending["arguments_sha256"], **extra)
     return f"call {call_id} of session {session_id} {decision}{'' if decided_by is None else f' by {decided_by}'}"
