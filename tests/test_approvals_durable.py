@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -218,3 +219,25 @@ def test_two_processes_racing_to_decide_one_call_exactly_one_wins(tmp_path: Path
     assert codes == [0, 1]
     decided = [r for r in _records(data) if r["type"] == "call" and r["state"] == "decided"]
     assert len(decided) == 1
+
+
+def test_a_prompt_while_an_approved_call_runs_is_refused_not_answered_cancelled(
+    tmp_path: Path, runs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()
+    monkeypatch.setenv("RHO_TEST_HOLD", str(hold))
+    with _system(tmp_path / "data") as system:
+        loop = system.start_loop("s1")
+        loop.prompt("clean up", model=ScriptedModel([REPLY]))
+        loop.reject("c2", "no")
+        approving = threading.Thread(target=loop.approve, args=("c1",))
+        approving.start()
+        assert wait_for(lambda: _runs(runs) == ["delete /a"])
+        busy = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert busy.error is not None and "approved call(s) c1 are running now" in busy.error
+        hold.unlink()
+        approving.join(WAIT_S)
+        final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert final.error is None and final.recovered == ()
+    assert load(tmp_path / "data" / "sessions" / "s1" / TRANSCRIPT_NAME).calls["c1"].state == "settled"

@@ -163,6 +163,7 @@ class SessionApprovals:
         self.timeout_s = float(timeout_s)
         self._held: dict[str, _Held] = {}
         self._decided: dict[str, str] = {}  # call id -> its decision, described
+        self._in_flight: dict[str, str] = {}  # approved calls until their result is recorded: id -> tool
         self._lock = threading.Lock()
         self._turns: Turns | None = None
         self._timers: Timers | None = None
@@ -276,9 +277,9 @@ class SessionApprovals:
     # --- seeing ---------------------------------------------------------------------------
 
     def pending(self) -> list[PendingCall]:
-        """The calls waiting for a decision, oldest first."""
+        """The calls waiting for a decision (one being decided included), oldest first."""
         with self._lock:
-            return sorted((h.pending for h in self._held.values() if not h.claimed), key=lambda p: p.requested_at)
+            return sorted((h.pending for h in self._held.values()), key=lambda p: p.requested_at)
 
     # --- deciding -------------------------------------------------------------------------
 
@@ -308,7 +309,7 @@ class SessionApprovals:
         except BaseException:
             self._unclaim(held)
             raise
-        self._decide(held, f"approved{'' if decided_by is None else f' by {decided_by}'}")
+        self._decide(held, f"approved{'' if decided_by is None else f' by {decided_by}'}", running=True)
         result = self._run(held, args)
         self._record(held, result)
         return result
@@ -392,8 +393,9 @@ class SessionApprovals:
         with self._lock:
             held.claimed = False
 
-    def _decide(self, held: _Held, decision: str) -> None:
-        """``held`` is decided: forgotten as pending, its decision remembered."""
+    def _decide(self, held: _Held, decision: str, running: bool = False) -> None:
+        """``held`` is decided: forgotten as pending, its decision remembered; with
+        ``running``, in flight until :meth:`_record` has its result."""
         call_id = held.pending.call_id
         if held.timer is not None:
             held.timer.cancel()
@@ -403,6 +405,8 @@ class SessionApprovals:
             if len(self._decided) >= _KEPT_DECISIONS:
                 self._decided.clear()
             self._decided[call_id] = f"it was {decision} at {when}"
+            if running:
+                self._in_flight[call_id] = held.pending.name
             idle = not self._held
         if idle and self._poll is not None:
             self._poll.cancel()
@@ -450,10 +454,20 @@ class SessionApprovals:
         return None
 
     def _record(self, held: _Held, result: ToolResult) -> None:
-        with self._journal(held, claimed=False) as journal:
-            if journal is not None:
-                transcript, track = journal
-                transcript.result(track.step, track.index, result)
+        try:
+            with self._journal(held, claimed=False) as journal:
+                if journal is not None:
+                    transcript, track = journal
+                    transcript.result(track.step, track.index, result)
+        finally:
+            with self._lock:
+                self._in_flight.pop(held.pending.call_id, None)
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """The approved calls starting or running, their results not recorded yet:
+        ``call_id`` and ``tool``."""
+        with self._lock:
+            return [{"call_id": c, "tool": t} for c, t in self._in_flight.items()]
 
     # --- the transcript -------------------------------------------------------------------
 
@@ -543,7 +557,8 @@ class SessionApprovals:
             self._unclaim(held)
             raise
         by = decided.get("decided_by")
-        self._decide(held, f"{decided.get('decision')}{'' if by is None else f' by {by}'}")
+        self._decide(held, f"{decided.get('decision')}{'' if by is None else f' by {by}'}",
+                     running=decided.get("decision") == "approved")
         if decided.get("decision") == "approved":
             self._record(held, self._run(held, args))
 

@@ -354,8 +354,16 @@ class Loop:
         return astream(self, text, model=model, **options)
 
     def running(self) -> list[dict[str, Any]]:
-        """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""
-        return self._turns().running()
+        """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline);
+        then approved calls being started or whose result is being recorded (``call_id``,
+        ``tool``, ``ms_left`` ``None``)."""
+        turns = self._turns()
+        running = turns.running()
+        if turns.approvals is not None:
+            listed = {call["call_id"] for call in running}
+            running += [{**call, "ms_left": None} for call in turns.approvals.in_flight()
+                        if call["call_id"] not in listed]
+        return running
 
     # --- calls that wait for a decision (DESIGN §4 "Approvals") ----------------------------
 
