@@ -38,13 +38,16 @@ __all__ = [
     "ToolSetChanged",
 ]
 
-EventKind = Literal["started", "finished", "timed_out", "late"]
+EventKind = Literal["started", "finished", "timed_out", "late", "pending", "decided"]
 
 
 @dataclass(frozen=True, slots=True)
 class CallEvent:
     """One step of one call. ``outcome`` is ``"ok"`` or an error kind's value (``None``
-    for ``started``); ``duration_ms`` is milliseconds since the call's start."""
+    for ``started``); ``duration_ms`` is milliseconds since the call's start. A call
+    held for a decision is ``pending`` (``outcome``: ``"approval"`` or ``"external"``),
+    its decision ``decided`` (``outcome``: ``"approved"``, ``"rejected"``, ``"expired"``
+    or ``"resolved"``, with `` by <who>`` when known) (DESIGN §4 "Approvals")."""
 
     kind: EventKind
     session_id: str

@@ -248,3 +248,20 @@ def test_a_deferred_result_is_resolved_later(system: ActorSystem) -> None:
     assert resolved.ok and resolved.content == "blue"
     with pytest.raises(ApprovalError, match="decided already"):
         loop.resolve("c1", "red")
+
+
+def test_each_decision_is_an_event_and_a_line_in_the_tree(system: ActorSystem) -> None:
+    from rho_actors import CallEvent
+
+    seen: list[tuple[str, str, str | None]] = []
+    system.subscribe(lambda e: seen.append((e.kind, e.call_id, e.outcome)) if isinstance(e, CallEvent) else None)
+    loop = _system(system).start_loop("s1")
+    loop.run_turn([ToolCall("c1", "delete", '{"path": "/a"}'), ToolCall("c2", "delete", '{"path": "/b"}')])
+    [sessions] = [c for c in system.tree()["children"] if c["id"] == "sessions"]
+    [session] = sessions["children"]
+    [node] = session["children"]
+    assert [p["call_id"] for p in node["pending"]] == ["c1", "c2"]
+    loop.approve("c1", decided_by="ann")
+    loop.reject("c2", "no")
+    assert ("pending", "c1", "approval") in seen
+    assert ("decided", "c1", "approved by ann") in seen and ("decided", "c2", "rejected") in seen

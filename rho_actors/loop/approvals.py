@@ -20,7 +20,7 @@ its LoopActor) is the ``pending`` part of the call lifecycle (:mod:`rho_actors.l
   process decided it first. An approved call's ``running`` record is written before
   it starts, so a host killed mid-call never runs it again (its outcome is unknown:
   ``cancelled``).
-- **from another process**: :func:`decide` writes a decision into a session's
+- **from another process**: :func:`~rho_actors.loop.decisions.decide` writes a decision into a session's
   transcript (``rho-actors approve/reject``); a host with journaled pending calls checks
   the transcript every :data:`POLL_S` seconds (a timer, no thread of its own) and acts on
   what it finds, as after a restart (:meth:`attach` recovers the transcript's open calls).
@@ -45,27 +45,28 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from loguru import logger
 
-from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptBusyError, load
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.encoding import describe_exception
-from rho_actors.errors import RhoError
+from rho_actors.events import CallEvent
 from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256
+from rho_actors.loop.decisions import ApprovalError, decide, first_decision, locked_transcript
 from rho_actors.results import error_result, failure, result_from_return, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timer, Timers
+    from rho_actors.runtime import Runtime
 
 __all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "POLL_S", "ApprovalError", "CallInfo", "SessionApprovals", "decide"]
+
 
 DEFAULT_APPROVAL_TIMEOUT_S: Final = 24 * 3600.0
 """How long a call waits for its decision by default (seconds): past it, ``approval_expired``."""
 POLL_S: Final = 0.25
 """How often (seconds) a host with pending calls looks for decisions made by another process."""
-LOCK_WAIT_S: Final = 30.0
-"""How long (seconds) a decision waits for the session's transcript held by a running prompt."""
 _GRACE_S = 10.0  # past an approved call's timeout, how long its result is waited for
 _KEPT_DECISIONS = 10_000  # decided call ids remembered per session, to name the first decision
 
@@ -79,13 +80,6 @@ class Turns(Protocol):
     def offered_entries(self) -> tuple[ToolEntry, ...]: ...
 
     def submit(self, calls: tuple[ToolCall, ...], future: Any, *, approved: bool = False) -> None: ...
-
-
-class ApprovalError(RhoError):
-    """A decision that cannot be made: an unknown call id (or another session's), a call
-    decided already (``str(err)`` names the first decision: what, by whom, when), one of
-    another kind (``approve`` of a deferred call), or one that waits behind an earlier
-    call of its exclusive turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,15 +102,6 @@ class _Held:
     after: str | None = None  # the earlier call of its exclusive turn it waits behind
     timer: Timer | None = None
     claimed: bool = False  # a decision is being made
-
-
-def _first_decision(track: CallTrack) -> str:
-    decided = track.states.get("decided")
-    if decided is None:
-        return f"it has its result already ({track.state})"
-    by = decided.get("decided_by")
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(decided.get("at", 0)))
-    return f"it was {decided['decision']}{'' if by is None else f' by {by}'} at {when}"
 
 
 def approval_rule(entry: ToolEntry) -> bool | Callable[..., Any]:
@@ -166,6 +151,7 @@ class SessionApprovals:
         self._in_flight: dict[str, str] = {}  # approved calls until their result is recorded: id -> tool
         self._lock = threading.Lock()
         self._turns: Turns | None = None
+        self._runtime: Runtime | None = None
         self._timers: Timers | None = None
         self._threads: ThreadPool | None = None
         self._rules: tuple[int, dict[int, bool | Callable[..., Any]]] = (-1, {})  # by tool set version, serial
@@ -175,11 +161,15 @@ class SessionApprovals:
 
     # --- the loop's side ------------------------------------------------------------------
 
-    def attach(self, turns: Turns, timers: Timers, threads: ThreadPool) -> None:
-        """The session's (new) LoopActor runs ``turns``: decisions run their calls there.
-        The first attach recovers the open calls of the session's transcript (a host
-        that died with calls pending, decided or approved-and-unstarted)."""
-        self._turns, self._timers, self._threads = turns, timers, threads
+    def attach(self, turns: Turns, runtime: Runtime) -> None:
+        """The session's (new) LoopActor runs ``turns`` in ``runtime``: decisions run
+        their calls there. The first attach recovers the open calls of the session's
+        transcript (a host that died with calls pending, decided or approved and not
+        started); a later one (a restart) looks at the transcript again while calls wait."""
+        self._turns, self._runtime = turns, runtime
+        self._timers, self._threads = runtime.timers, runtime.threads
+        if self._recovered:
+            self._watch()
         if not self._recovered:  # read here (its pending calls listed at once); a decided one runs on a pool thread
             self._recovered = True
             if os.path.lexists(self.path):
@@ -257,6 +247,8 @@ class SessionApprovals:
         if expires is not None:
             self._arm(held, self.timeout_s)
         self._watch()
+        if self._runtime is not None and self._runtime.events.wants_calls("pending"):
+            self._runtime.events.emit(CallEvent("pending", self.session_id, call.id, name, kind))
         if kind == "external":
             result = failure("deferred", call.id, name, call=call.id, reason=reason)
         else:
@@ -309,7 +301,7 @@ class SessionApprovals:
         except BaseException:
             self._unclaim(held)
             raise
-        self._decide(held, f"approved{'' if decided_by is None else f' by {decided_by}'}", running=True)
+        self._decide(held, "approved", decided_by, running=True)
         result = self._run(held, args)
         self._record(held, result)
         return result
@@ -364,7 +356,7 @@ class SessionApprovals:
         except BaseException:
             self._unclaim(held)
             raise
-        self._decide(held, f"{decision}{'' if decided_by is None else f' by {decided_by}'}")
+        self._decide(held, decision, decided_by)
 
     def _claim(self, call_id: Any, kind: str) -> _Held:
         """The held call ``call_id``, claimed for one decision; raises :class:`ApprovalError`."""
@@ -393,18 +385,26 @@ class SessionApprovals:
         with self._lock:
             held.claimed = False
 
-    def _decide(self, held: _Held, decision: str, running: bool = False) -> None:
-        """``held`` is decided: forgotten as pending, its decision remembered; with
-        ``running``, in flight until :meth:`_record` has its result."""
+    def _decide(self, held: _Held, decision: str, decided_by: str | None, *, running: bool = False,
+                first: str | None = None) -> None:
+        """``held`` is decided: forgotten as pending, its decision remembered (``first``:
+        as the transcript tells one made elsewhere, not announced here) and announced (a
+        ``decided`` event and span); with ``running``, in flight until :meth:`_record`
+        has its result."""
         call_id = held.pending.call_id
         if held.timer is not None:
             held.timer.cancel()
+        by = "" if decided_by is None else f" by {decided_by}"
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        if first is None and self._runtime is not None:
+            self._runtime.telemetry.decision(self.session_id, call_id, held.pending.name, decision, decided_by)
+            self._runtime.events.emit(CallEvent("decided", self.session_id, call_id, held.pending.name,
+                                                f"{decision}{by}"))
         with self._lock:
             self._held.pop(call_id, None)
             if len(self._decided) >= _KEPT_DECISIONS:
                 self._decided.clear()
-            self._decided[call_id] = f"it was {decision} at {when}"
+            self._decided[call_id] = first or f"it was {decision}{by} at {when}"
             if running:
                 self._in_flight[call_id] = held.pending.name
             idle = not self._held
@@ -481,7 +481,7 @@ class SessionApprovals:
         if held is None or not os.path.lexists(self.path):
             yield None
             return
-        with _locked(self.path) as transcript:
+        with locked_transcript(self.path) as transcript:
             track = transcript.history.calls.get(held.pending.call_id)
             if track is None:
                 yield None
@@ -489,9 +489,9 @@ class SessionApprovals:
             if claimed and track.state != "pending":
                 with self._lock:
                     self._held.pop(held.pending.call_id, None)
-                    self._decided[held.pending.call_id] = _first_decision(track)
+                    self._decided[held.pending.call_id] = first_decision(track)
                 raise ApprovalError(f"call {held.pending.call_id} of session {self.session_id!r} is decided "
-                                    f"already: {_first_decision(track)}")
+                                    f"already: {first_decision(track)}")
             yield transcript, track
 
     def _watch(self) -> None:
@@ -505,8 +505,8 @@ class SessionApprovals:
         """On the timer thread: a stat of the transcript; a change is read on a pool thread."""
         self._poll = None
         with self._lock:
-            if not self._held:
-                return
+            if not self._held or self._turns is None or self._turns.closed is not None:
+                return  # nothing waits, or the loop stopped (a restart's attach looks again)
         try:
             st = os.stat(self.path)
             seen = (st.st_size, st.st_mtime_ns)
@@ -535,17 +535,20 @@ class SessionApprovals:
 
     def _act(self, held: _Held, track: CallTrack) -> None:
         """``held`` was decided in the transcript (by another process, or before a
-        restart): run it once when approved and not started, else give it its result."""
+        restart): run it once when approved and not started, else give it its result.
+        Nothing while the loop is stopped: the next host or restart acts on it."""
+        if self._turns is None or self._turns.closed is not None:
+            return
         try:
             held = self._claim(held.pending.call_id, held.pending.kind)
         except ApprovalError:
             return
         decided = track.states.get("decided", {})
         try:
-            with _locked(self.path) as transcript:
+            with locked_transcript(self.path) as transcript:
                 now = transcript.history.calls.get(held.pending.call_id)
                 if now is None or now.state != "decided":  # settled or started meanwhile: nothing to do here
-                    self._decide(held, _first_decision(track) if now is None else _first_decision(now))
+                    self._decide(held, "", None, first=first_decision(track if now is None else now))
                     return
                 args = decided.get("arguments", held.args)
                 if decided.get("decision") == "approved":
@@ -556,8 +559,7 @@ class SessionApprovals:
         except BaseException:
             self._unclaim(held)
             raise
-        by = decided.get("decided_by")
-        self._decide(held, f"{decided.get('decision')}{'' if by is None else f' by {by}'}",
+        self._decide(held, str(decided.get("decision")), decided.get("decided_by"),
                      running=decided.get("decision") == "approved")
         if decided.get("decision") == "approved":
             self._record(held, self._run(held, args))
@@ -612,63 +614,3 @@ def _copy(args: dict[str, Any]) -> dict[str, Any]:
         return marshal.loads(marshal.dumps(args))  # type: ignore[no-any-return]
     except ValueError:
         return dict(args)
-
-
-@contextlib.contextmanager
-def _locked(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[Transcript]:
-    """The transcript at ``path``, opened under its lock, waiting up to ``wait_s`` for
-    another holder (a running prompt, another process deciding)."""
-    until = time.monotonic() + wait_s
-    delay = 0.001
-    transcript = Transcript(path)
-    while True:
-        try:
-            transcript.open()
-            break
-        except TranscriptBusyError:
-            if time.monotonic() >= until:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
-    try:
-        yield transcript
-    finally:
-        transcript.close()
-
-
-def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *, message: str | None = None,
-           decided_by: str | None = None) -> str:
-    """Write a decision (``"approved"`` or ``"rejected"``, with ``message``) for pending
-    call ``call_id`` of session ``session_id`` into its transcript under
-    ``data_dir/sessions/<session_id>``, from any process: the host running the session
-    acts on it within :data:`POLL_S` seconds (or the next host, at its start). Returns
-    a line saying what was recorded. Raises :class:`ApprovalError` naming the call and
-    the first decision when it is unknown, not pending or decided already, past its
-    approval deadline, or waiting for an external result; ``ValueError`` for a bad
-    decision or a rejection without message; ``OSError`` when the transcript cannot be
-    used."""
-    if decision not in ("approved", "rejected"):
-        raise ValueError(f"decision must be 'approved' or 'rejected', got {decision!r}")
-    if decision == "rejected" and (not isinstance(message, str) or not message.strip()):
-        raise ValueError("a rejection needs a message for the model")
-    path = Path(data_dir) / "sessions" / session_id / TRANSCRIPT_NAME
-    if not os.path.lexists(path):
-        raise ApprovalError(f"session {session_id!r} has no transcript under {data_dir}: no call waits there")
-    with _locked(path) as transcript:
-        track = transcript.history.calls.get(call_id)
-        if track is None or (call_id not in transcript.history.open_calls and track.state == "pending"):
-            raise ApprovalError(f"no call {call_id!r} waits for a decision in session {session_id!r}")
-        if track.state != "pending":
-            raise ApprovalError(f"call {call_id} of session {session_id!r} is decided already: "
-                                f"{_first_decision(track)}")
-        pending = track.states["pending"]
-        if pending["kind"] != "approval":
-            raise ApprovalError(f"call {call_id} waits for a result from outside, not an approval")
-        expires = pending.get("expires_at")
-        if expires is not None and time.time() >= expires:
-            raise ApprovalError(f"call {call_id} of session {session_id!r} is past its approval deadline")
-        extra: dict[str, Any] = {"message": message} if decision == "rejected" and message is not None else {}
-        transcript.call(track.step, track.index, "decided", call_id=call_id, name=track.name, decision=decision,
-                        decided_by=decided_by, arguments_sha256=pending["arguments_sha256"], **extra)
-    return f"call {call_id} of session {session_id} {decision}{'' if decided_by is None else f' by {decided_by}'}"
-

@@ -379,7 +379,8 @@ class Loop:
         ``arguments``, ``arguments_sha256``, ``requested_at``, ``kind``: ``"approval"``
         or ``"external"``, ``expires_at``, ``reason``). Raises as :attr:`ref` when the
         loop is not running."""
-        return self._approvals().pending()
+        approvals = self._turns().approvals
+        return [] if approvals is None else approvals.pending()
 
     def approve(self, call_id: str, arguments: Mapping[str, Any] | str | None = None,
                 decided_by: str | None = None) -> ToolResult:
