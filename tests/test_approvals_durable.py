@@ -20,7 +20,7 @@ import pytest
 from rho_actors import ActorSystem, ApprovalError, ErrorKind, Reply, ScriptedModel
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
 from tests.approval_host import REPLY
-from tests.approval_tools import delete, look
+from tests.approval_tools import Put, delete, look
 from tests.conftest import WAIT_S, read_line, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +42,7 @@ def _system(data: Path) -> ActorSystem:
     system = ActorSystem(data_dir=data, shutdown_ms=2_000)
     system.register(delete)
     system.register(look)
+    system.register(Put)
     return system
 
 
@@ -241,3 +242,32 @@ def test_a_prompt_while_an_approved_call_runs_is_refused_not_answered_cancelled(
         final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
         assert final.error is None and final.recovered == ()
     assert load(tmp_path / "data" / "sessions" / "s1" / TRANSCRIPT_NAME).calls["c1"].state == "settled"
+
+
+def test_kill_9_mid_approved_call_of_an_idempotent_tool_runs_it_again_once(tmp_path: Path, runs: Path,
+                                                                          host_env: dict[str, str],
+                                                                          hosts: list[_Host]) -> None:
+    data = tmp_path / "data"
+    first = _Host(data, host_env, "prompt_put")
+    hosts.append(first)
+    assert first.line() == "PENDING p1"
+    first.kill()
+    hold = tmp_path / "hold"
+    hold.touch()
+    second = _Host(data, {**host_env, "RHO_TEST_HOLD": str(hold)}, "approve", "p1")
+    hosts.append(second)
+    assert second.line() == "APPROVING"
+    assert wait_for(lambda: _runs(runs) == ["delete k"], WAIT_S * 3)
+    second.kill()
+    hold.unlink()
+    transcript = data / "sessions" / "s1" / TRANSCRIPT_NAME
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        assert wait_for(lambda: load(transcript).calls["p1"].state == "settled")
+        final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert final.error is None and final.recovered == ()
+    assert _runs(runs) == ["delete k", "delete k"]
+    attempts = [r["attempt"] for r in _records(data) if r["type"] == "call" and r["state"] == "running"]
+    assert attempts == [1, 2]
+    [result] = [r for r in _records(data) if r["type"] == "result"]
+    assert result["ok"] and result["content"] == "stored k"

@@ -580,10 +580,7 @@ class SessionApprovals:
             pending = track.states.get("pending", {})
             if call is None or call_id in self._held:
                 continue
-            try:
-                args = decode_arguments(call.arguments)
-            except ArgumentsError:
-                args = {}
+            args = _decoded(call)
             expires = pending.get("expires_at")
             info = PendingCall(call_id, track.name, MappingProxyType(_copy(args)), pending["arguments_sha256"],
                                pending.get("at", time.time()), pending["kind"], expires, pending.get("reason", ""))
@@ -598,6 +595,60 @@ class SessionApprovals:
             self._watch()
         for held, track in decided:
             self._later(functools.partial(self._act, held, track), "act")
+        for _, _, interrupted in history.pending:  # started once approved, no result: again only if idempotent
+            started = history.calls.get(interrupted.call_id)
+            call = calls.get(interrupted.call_id)
+            entry = None if started is None else self._entry(started.name)
+            if started is None or call is None or started.state != "running" or entry is None or not idempotent(entry):
+                continue
+            args = started.states.get("decided", {}).get("arguments") or _decoded(call)
+            held = _Held(PendingCall(call.id, started.name, MappingProxyType(_copy(args)), arguments_sha256(args),
+                                     time.time()), args)
+            with self._lock:
+                self._in_flight[call.id] = started.name  # a prompt meanwhile waits for it
+            self._later(functools.partial(self._rerun, held), "rerun")
+
+    def _rerun(self, held: _Held) -> None:
+        """Run again an approved call of an idempotent tool that a host died running
+        (its ``running`` record has no result): that attempt ``retried``, the next one
+        ``running``, then its result."""
+        try:
+            with locked_transcript(self.path) as transcript:
+                now = transcript.history.calls.get(held.pending.call_id)
+                if now is None or now.state != "running":  # answered meanwhile (a prompt recovered it)
+                    return
+                attempt = int(now.states["running"].get("attempt") or 1)
+                transcript.call(now.step, now.index, "retried", call_id=now.call_id, name=now.name, attempt=attempt,
+                                error_kind="cancelled", sync=False)  # the attempt the host died in
+                transcript.call(now.step, now.index, "running", call_id=now.call_id, name=now.name,
+                                arguments_sha256=held.pending.arguments_sha256, attempt=attempt + 1)
+        except BaseException:
+            with self._lock:
+                self._in_flight.pop(held.pending.call_id, None)
+            raise
+        logger.warning("session {}: call {} ({}) was running when its host stopped; its tool is idempotent: run "
+                       "again (attempt {})", self.session_id, held.pending.call_id, held.pending.name, attempt + 1)
+        self._record(held, self._run(held, held.args))
+
+
+def idempotent(entry: ToolEntry) -> bool:
+    """Whether a trusted tool says running a call of it twice does no harm (an
+    ``idempotent`` attribute or method that is ``True``); an untrusted tool's code is never
+    read: ``False``."""
+    if entry.untrusted:
+        return False
+    try:
+        value = getattr(entry.tool, "idempotent", False)
+        return (value() if callable(value) else value) is True
+    except BaseException:
+        return False
+
+
+def _decoded(call: ToolCall) -> dict[str, Any]:
+    try:
+        return decode_arguments(call.arguments)
+    except ArgumentsError:
+        return {}
 
 
 def _decided_result(held: _Held, decided: Mapping[str, Any], timeout_s: float) -> ToolResult:
