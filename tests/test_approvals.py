@@ -216,6 +216,48 @@ def test_an_untrusted_tools_own_code_cannot_lift_the_loops_requirement(tmp_path:
         assert loop.approve("c1").content == "ran"
 
 
+class AsksForApproval:
+    """An untrusted tool whose declaration asks that its calls be approved."""
+
+    @staticmethod
+    def name() -> str:
+        return "asks"
+
+    @staticmethod
+    def description() -> str:
+        return "A tool that asks for approval."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object"}
+
+    @staticmethod
+    def requires_approval() -> bool:
+        return True
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        return "ran"
+
+
+def test_an_untrusted_tools_declaration_can_ask_for_approval(tmp_path: Any) -> None:
+    from rho_actors import untrusted
+
+    with ActorSystem(data_dir=tmp_path / "data", confinement=False) as system:
+        system.register(untrusted(AsksForApproval))
+        loop = system.start_loop("s1")
+        [result] = loop.run_turn([ToolCall("c1", "asks", "{}")], timeout_s=60)
+        assert result.error_kind is ErrorKind.PENDING_APPROVAL, result.content
+        assert [info.requires_approval for info in loop.offered()] == [True]
+        assert loop.approve("c1").content == "ran"
+
+
+def test_a_declaration_says_whether_calls_may_need_approval(system: ActorSystem) -> None:
+    _system(system)
+    assert {i.name: i.requires_approval for i in system.tools()} == {
+        "delete": True, "look": False, "pay": True, "wait_for_human": False}
+
+
 def test_an_exclusive_turn_holds_the_calls_after_a_pending_one_in_order(system: ActorSystem) -> None:
     @tool(concurrency="exclusive")
     def step(n: int) -> str:

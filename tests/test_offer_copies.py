@@ -258,7 +258,8 @@ def test_replace_asdict_astuple_and_copies_give_own_values(kind: str) -> None:
     assert dataclasses.replace(b, parameter_schema={"type": "object"}).parameter_schema == {"type": "object"}
     as_dict = dataclasses.asdict(c)
     assert as_dict == {"name": of_c.name, "description": of_c.description, "parameter_schema": NESTED,
-                       "timeout_ms": of_c.timeout_ms, "concurrency": of_c.concurrency}
+                       "timeout_ms": of_c.timeout_ms, "concurrency": of_c.concurrency,
+                       "requires_approval": of_c.requires_approval}
     assert json.loads(json.dumps(as_dict)) == as_dict
     assert dataclasses.astuple(c)[2] == NESTED
     own, deep, shallow = d.copy(), copy.deepcopy(d), copy.copy(e)

@@ -77,7 +77,7 @@ DEFAULT_MAX_SCHEMA_BYTES = 65_536
 DEFAULT_MAX_SCHEMA_NODES = 2_048
 """How many JSON values (objects, arrays, strings, numbers...) a parameter schema may hold."""
 
-_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
+_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "requires_approval")
 
 
 class DeclarationError(RhoError, ValueError):
@@ -194,12 +194,16 @@ def read_declaration(tool: Any) -> dict[str, Any]:
     """Call the tool's declaration callbacks in this thread.
 
     Returns a dict with the keys ``name``, ``description``, ``parameter_schema``,
-    ``timeout_ms``, ``concurrency``: each the callback's answer, absent when the tool
-    has no such callback, or a marker when it raised (any ``BaseException`` is caught:
-    a tool's ``SystemExit`` must not stop the reading actor).
+    ``timeout_ms``, ``concurrency``, ``requires_approval``: each the callback's answer,
+    absent when the tool has no such callback, or a marker when it raised (any
+    ``BaseException`` is caught: a tool's ``SystemExit`` must not stop the reading
+    actor). ``requires_approval`` may also be a ``bool`` attribute; a policy over the
+    call (a method taking arguments) is not called and reads as ``True``.
     """
     raw: dict[str, Any] = {}
     for cb_name in _CALLBACKS:
+        if cb_name == "requires_approval" and _approval_answer(tool, raw):
+            continue
         cb = callback(tool, cb_name)
         if cb is None:
             continue
@@ -208,6 +212,26 @@ def read_declaration(tool: Any) -> dict[str, Any]:
         except BaseException as exc:
             raw[cb_name] = Raised(describe_exception(exc))
     return raw
+
+
+def _approval_answer(tool: Any, raw: dict[str, Any]) -> bool:
+    """Put a ``requires_approval`` that is a bool attribute, or a policy over the call
+    (``True``: its calls may need a decision), in ``raw``; whether it did."""
+    try:
+        value = getattr(tool, "requires_approval", None)
+        if isinstance(value, bool):
+            raw["requires_approval"] = value
+            return True
+        if callable(value) and any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                   for p in inspect.signature(value).parameters.values()):
+            raw["requires_approval"] = True
+            return True
+    except (TypeError, ValueError):  # no signature to read: called as a method of no arguments
+        return False
+    except BaseException as exc:
+        raw["requires_approval"] = Raised(describe_exception(exc))
+        return True
+    return False
 
 
 def _json_data_problem(value: Any, depth: int, max_depth: int, path: str) -> str | None:
@@ -304,6 +328,7 @@ def check_declaration(
         parameter_schema=_stripped_annotations(marshal.loads(marshal.dumps(schema))),  # plain JSON: a deep copy
         timeout_ms=timeout,
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
+        requires_approval=not (raw.get("requires_approval") is False or raw.get("requires_approval") is None),
     )
 
 

@@ -107,10 +107,11 @@ class _Held:
 def approval_rule(entry: ToolEntry) -> bool | Callable[..., Any]:
     """What a tool says of approval: ``True``/``False``, or its policy
     ``requires_approval(args, ctx)``. An untrusted tool's code is never read in the host:
-    ``False`` (only the loop's policy applies to it). A ``requires_approval()`` that
-    raises, or returns anything but ``False``/``None``, means ``True``."""
+    its checked declaration says (it may ask; the loop's policy applies to it all the
+    same). A ``requires_approval()`` that raises, or returns anything but
+    ``False``/``None``, means ``True``."""
     if entry.untrusted:
-        return False
+        return entry.info.requires_approval
     try:
         rule = getattr(entry.tool, "requires_approval", None)
     except BaseException:

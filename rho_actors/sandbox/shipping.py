@@ -29,7 +29,7 @@ __all__ = [
     "CALLBACKS", "ShippedTools", "Unshippable", "label", "local_modules", "register_by_value", "ship",
 ]
 
-CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
+CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "requires_approval")
 """The declaration callbacks of a tool (DESIGN §2)."""
 
 
