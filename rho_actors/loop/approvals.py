@@ -229,6 +229,21 @@ class SessionApprovals:
         except BaseException:
             return True
 
+    def would_hold(self, call: ToolCall, ctx: Mapping[str, Any]) -> bool:
+        """Whether ``call`` would wait for approval if run now (its tool offered, its
+        arguments valid; ``False`` for one that would be refused): for an adapter that
+        asks its framework's approval before it runs the call."""
+        entry = self._entry(call.name)
+        if entry is None:
+            return False
+        try:
+            args = decode_arguments(call.arguments)
+        except ArgumentsError:
+            return False
+        if violations(entry.validator, args, MAX_VALIDATION_S):
+            return False
+        return self._requires(call, entry, args, approval_rule(entry), ctx)
+
     def defer(self, call: ToolCall, args: dict[str, Any], result: ToolResult) -> ToolResult:
         """``result`` (a tool's ``Deferred``, :data:`~rho_actors.ErrorKind.DEFERRED`) with
         its call registered as pending, ``kind="external"``."""

@@ -382,6 +382,22 @@ class Loop:
         approvals = self._turns().approvals
         return [] if approvals is None else approvals.pending()
 
+    @property
+    def approval_policy(self) -> Callable[[Any], Any] | None:
+        """The loop's ``approval`` policy (``start_loop(approval=...)``), or ``None``."""
+        approvals = self._turns().approvals
+        return None if approvals is None else approvals.policy
+
+    def requires_approval(self, call: ToolCall) -> bool:
+        """Whether ``call`` would wait for a decision if run now (by its tool's
+        ``requires_approval`` or the loop's ``approval`` policy; ``False`` for a call
+        that would be refused: an unknown tool, invalid arguments). For a framework
+        adapter that asks its own approval first. Raises as :attr:`ref` when the loop is
+        not running."""
+        approvals = self._turns().approvals
+        ctx = {"session_id": self.session_id, "data_dir": self._data_dir}
+        return approvals is not None and approvals.would_hold(call, ctx)
+
     def approve(self, call_id: str, arguments: Mapping[str, Any] | str | None = None,
                 decided_by: str | None = None) -> ToolResult:
         """Approve pending call ``call_id``: it runs once, now (its deadline counts from
