@@ -307,3 +307,37 @@ def test_each_decision_is_an_event_and_a_line_in_the_tree(system: ActorSystem) -
     loop.reject("c2", "no")
     assert ("pending", "c1", "approval") in seen
     assert ("decided", "c1", "approved by ann") in seen and ("decided", "c2", "rejected") in seen
+
+
+class Lookup:
+    """A tool that declares an output schema (as an MCP tool does) and defers its result."""
+
+    @staticmethod
+    def name() -> str:
+        return "lookup"
+
+    @staticmethod
+    def description() -> str:
+        return "Look a record up; the answer comes later."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object"}
+
+    @staticmethod
+    def output_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> Deferred:
+        return Deferred("asked the records office")
+
+
+def test_a_resolved_output_is_checked_against_the_tools_output_schema(system: ActorSystem) -> None:
+    system.register(Lookup)
+    loop = system.start_loop("s1")
+    loop.run_turn([ToolCall("c1", "lookup", "{}")])
+    with pytest.raises(ValueError, match=r"does not match tool 'lookup'.s output schema: \$\['id'\]: 'x' is not"):
+        loop.resolve("c1", {"id": "x"})
+    assert [p.call_id for p in loop.pending()] == ["c1"]
+    assert loop.resolve("c1", {"id": 7}).content == '{"id": 7}'

@@ -43,6 +43,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from jsonschema import Draft202012Validator
 from loguru import logger
 
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
@@ -338,6 +339,10 @@ class SessionApprovals:
         held = self._claim(call_id, "external")
         max_chars = 100_000 if self._turns is None else self._turns.max_output_chars
         try:
+            problems = output_problems(self._entry(held.pending.name), output)
+            if problems:
+                raise ValueError(f"call {call_id}: the output does not match tool {held.pending.name!r}'s output "
+                                 f"schema: {'; '.join(problems)}; the call is still pending")
             result = result_from_return(call_id, held.pending.name, output, max_chars, 0.0)
         except BaseException:
             self._unclaim(held)
@@ -645,6 +650,24 @@ class SessionApprovals:
         logger.warning("session {}: call {} ({}) was running when its host stopped; its tool is idempotent: run "
                        "again (attempt {})", self.session_id, held.pending.call_id, held.pending.name, attempt + 1)
         self._record(held, self._run(held, held.args))
+
+
+def output_problems(entry: ToolEntry | None, output: Any) -> list[str]:
+    """What is wrong with ``output`` (or the ``output`` of an ``Ok``/``Details``) for
+    the output schema a trusted tool declares (an ``output_schema()`` method, as an MCP
+    tool has: JSON Schema); ``[]`` when it has none or the output fits."""
+    if entry is None or entry.untrusted:
+        return []
+    try:
+        declared = getattr(entry.tool, "output_schema", None)
+        schema = declared() if callable(declared) else None
+    except Exception:
+        return []
+    if not isinstance(schema, dict):
+        return []
+    value = getattr(output, "output", output)  # Ok(...), Details(...)
+    validator = Draft202012Validator(schema)
+    return [f"{'$' + ''.join(f'[{p!r}]' for p in e.absolute_path)}: {e.message}" for e in validator.iter_errors(value)]
 
 
 def idempotent(entry: ToolEntry) -> bool:

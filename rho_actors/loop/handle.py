@@ -425,7 +425,9 @@ class Loop:
         its result: ``output`` is taken as ``run`` would return it (a value, ``Ok``,
         ``Error``, ``Details``, pictures...), returned and recorded. Raises
         :class:`~rho_actors.ApprovalError` for an unknown call id, one decided already or
-        one that waits for an approval."""
+        one that waits for an approval, and ``ValueError`` naming each problem for an
+        output that does not match the tool's output schema (a tool with an
+        ``output_schema()``, as an MCP tool has; the call stays pending)."""
         return self._approvals().resolve(call_id, output)
 
     @property
