@@ -181,6 +181,10 @@ def test_error_kind_values() -> None:
         "memory",
         "output_limit",
         "cancelled",
+        "pending_approval",
+        "deferred",
+        "rejected",
+        "approval_expired",
     ]
     assert ErrorKind("timeout") is ErrorKind.TIMEOUT
     assert ErrorKind.RAISED == "raised"  # type: ignore[comparison-overlap]  # a StrEnum

@@ -216,22 +216,23 @@ def read_declaration(tool: Any) -> dict[str, Any]:
 
 def _approval_answer(tool: Any, raw: dict[str, Any]) -> bool:
     """Put a ``requires_approval`` that is a bool attribute, or a policy over the call
-    (``True``: its calls may need a decision), in ``raw``; whether it did."""
+    (``True``: its calls may need a decision), in ``raw``; whether it was read here (an
+    attribute that cannot be read is absent: the default)."""
     try:
         value = getattr(tool, "requires_approval", None)
-        if isinstance(value, bool):
-            raw["requires_approval"] = value
-            return True
-        if callable(value) and any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                                   for p in inspect.signature(value).parameters.values()):
-            raw["requires_approval"] = True
-            return True
+    except BaseException:
+        return True
+    if isinstance(value, bool):
+        raw["requires_approval"] = value
+        return True
+    try:
+        policy = callable(value) and any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                         for p in inspect.signature(value).parameters.values())
     except (TypeError, ValueError):  # no signature to read: called as a method of no arguments
         return False
-    except BaseException as exc:
-        raw["requires_approval"] = Raised(describe_exception(exc))
-        return True
-    return False
+    if policy:
+        raw["requires_approval"] = True
+    return policy
 
 
 def _json_data_problem(value: Any, depth: int, max_depth: int, path: str) -> str | None:

@@ -110,13 +110,13 @@ def approval_rule(entry: ToolEntry) -> bool | Callable[..., Any]:
     ``requires_approval(args, ctx)``. An untrusted tool's code is never read in the host:
     its checked declaration says (it may ask; the loop's policy applies to it all the
     same). A ``requires_approval()`` that raises, or returns anything but
-    ``False``/``None``, means ``True``."""
+    ``False``/``None``, means ``True``; one that cannot be read is absent."""
     if entry.untrusted:
         return entry.info.requires_approval
     try:
         rule = getattr(entry.tool, "requires_approval", None)
-    except BaseException:
-        return True
+    except BaseException:  # an attribute that cannot be read is absent (a policy that raises requires)
+        return False
     if rule is None or isinstance(rule, bool):
         return bool(rule)
     if not callable(rule):
