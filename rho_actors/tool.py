@@ -278,7 +278,8 @@ class ToolInfo:
     """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
 
     ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of
-    the tool's JSON Schema (Draft 2020-12, top level ``"type": "object"``). A copy
+    the tool's JSON Schema (Draft 2020-12, top level ``"type": "object"``);
+    ``requires_approval``: its calls may wait for a decision (DESIGN §4 "Approvals"). A copy
     handed out by :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first
     read of ``parameter_schema`` (equality, ``repr``, pickling, ``dataclasses.replace``
     and ``asdict`` read it too), so an offer whose schemas are not read costs no copy.
@@ -290,6 +291,7 @@ class ToolInfo:
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     concurrency: Concurrency = "parallel"
     policy: CallPolicy = NO_POLICY  # its bounds and retries (rho_actors.declarations.policy): the governor's data
+    requires_approval: bool = False
 
     def copy(self) -> ToolInfo:
         """A copy with its own deep copy of the schema, for handing out."""
@@ -364,8 +366,9 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
     Made without ``__init__`` (about half its time): ``ToolInfo`` checks nothing when
     made. Raises ``ValueError`` when the two differ in length."""
     new, put_schema = object.__new__, SCHEMA_SLOT.__set__
-    put_name, put_description, put_timeout, put_concurrency, put_policy = (
-        ToolInfo.__dict__[name].__set__ for name in ("name", "description", "timeout_ms", "concurrency", "policy"))
+    put_name, put_description, put_timeout, put_concurrency, put_policy, put_approval = (
+        ToolInfo.__dict__[name].__set__
+        for name in ("name", "description", "timeout_ms", "concurrency", "policy", "requires_approval"))
     copies: list[ToolInfo] = []
     append = copies.append
     for info, schema in zip(infos, schemas, strict=True):
@@ -379,6 +382,7 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
         put_timeout(made, info.timeout_ms)
         put_concurrency(made, info.concurrency)
         put_policy(made, info.policy)
+        put_approval(made, info.requires_approval)
         append(made)
     return copies
 
