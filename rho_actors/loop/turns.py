@@ -416,7 +416,9 @@ class Turns:
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
         now = time.monotonic()
-        deadline = now + max(0.0, entry.info.timeout_ms / 1000 - slot.validated_s)
+        # the tool's own time, after what its isolation may take to start it (a worker process)
+        deadline = (now + self._runtime.isolations[entry.isolation].start_bound_s
+                    + max(0.0, entry.info.timeout_ms / 1000 - slot.validated_s))
         cancel = CancelToken()
 
         def reply(result: ToolResult) -> None:
