@@ -48,6 +48,9 @@ Usage::
    its own: throughput (calls/s), call latency p50/p99 (ms), worker processes started,
    and calls that waited out their deadline for a worker. Target: untrusted throughput
    / trusted >= 0.6x, and no call that waited out its deadline.
+7. **A system's first process calls** (``cold_start.py``): the first trusted ``process``
+   call after registration / a warm call (target <= 2x), and 30 concurrent first calls
+   at a 2 s deadline on a loaded machine (target: no ``timeout``). ``--cold``: this part only.
 
 Targets are reported as PASS/FAIL, never enforced: the exit code is 0 unless a
 measurement could not be made (an exception, or a call that did not come back as
@@ -77,6 +80,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cold_start import bench_cold_start, print_cold_start
 from stats import BenchmarkError, environment, percentile, publish, summary, verdict
 
 from rho_actors import ActorSystem, ToolCall
@@ -680,12 +684,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run of a few seconds")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every number, nothing else")
     parser.add_argument("--many", action="store_true", help="part 6 (many sessions) only")
+    parser.add_argument("--cold", action="store_true", help="part 7 (a system's first process calls) only")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     started = time.perf_counter_ns()
     report: dict[str, Any] = {"environment": environment(args.quick, start_method=START_METHOD)}
     try:
-        if not args.many:
+        if args.cold:
+            report["cold_start"] = bench_cold_start(args.quick)
+        elif not args.many:
             with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp:
                 tools = load_plugin(Path(tmp))
                 report["noop_call"] = bench_noop(plan)
@@ -693,15 +700,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report["declarations"] = bench_declarations(plan, tools)
                 report["untrusted"] = bench_untrusted(plan)
                 report["child_start"] = bench_child_start(plan)
-        report["many_sessions"] = bench_many_sessions(plan)
+        if not args.cold:
+            report["many_sessions"] = bench_many_sessions(plan)
+        if not (args.cold or args.many):
+            report["cold_start"] = bench_cold_start(args.quick)
     except BenchmarkError as exc:
         print(f"benchmark error: {exc}", file=sys.stderr)
         return 1
 
     def show(r: Mapping[str, Any]) -> None:
-        if not args.many:
+        if "noop_call" in r:
             print_text(r)
-        print_many(r)
+        if "many_sessions" in r:
+            print_many(r)
+        if "cold_start" in r:
+            print_cold_start(dict(r))
 
     return publish(report, started, args.json, show)
 

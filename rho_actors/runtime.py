@@ -21,6 +21,7 @@ from rho_actors.declarations.checks import (
     DEFAULT_MAX_SCHEMA_BYTES,
     DEFAULT_MAX_SCHEMA_NODES,
 )
+from rho_actors.sandbox import policy_stats
 
 if TYPE_CHECKING:
     from rho_actors.declarations.toolset import ToolSetView
@@ -125,6 +126,18 @@ class Runtime:
     budgets: ResultBudgets = field(default_factory=ResultBudgets)
     loop_turns: MutableMapping[str, Any] = field(default_factory=weakref.WeakValueDictionary)
     sessions: LazyStarter | None = None
+
+    def stats(self) -> dict[str, Any]:
+        """What :meth:`rho_actors.ActorSystem.stats` gives: each isolation's counters, the
+        bounds, the budgets, the governor's, the background calls' and the confinement."""
+        out: dict[str, Any] = {k: v for isolation in self.isolations.values() for k, v in isolation.stats().items()}
+        out["max_timeout_ms"] = self.limits.max_timeout_ms
+        out["confinement"] = policy_stats(self.confine)
+        out["bounds"] = self.limits.declaration_bounds()
+        out["budgets"] = self.budgets.stats()
+        out["governor"] = self.governor.stats()
+        out["tasks"] = self.tasks.stats()
+        return out
 
 
 MIN_WORKER_CAP = 32

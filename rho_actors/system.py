@@ -59,7 +59,7 @@ from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import EventBus, SupervisorEvent
 from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.governor import Governor, GovernorSettings
-from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
+from rho_actors.isolation import DEFAULT_START_TIMEOUT_MS, IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.approvals import DEFAULT_APPROVAL_TIMEOUT_S, CallInfo, SessionApprovals
@@ -83,7 +83,6 @@ from rho_actors.sandbox import (
     ConfinePolicy,
     hold_servers,
     make_session_dir,
-    policy_stats,
     refuse_unguarded_start,
     release_servers,
     sweep_leftovers,
@@ -141,7 +140,7 @@ class ActorSystem:
     confinement at all: children then only get a scrubbed environment). ``max_workers``
     caps the worker processes of the whole system (default: 4 per core, and at least 32,
     so that one session's default share, half the cap, holds a wide turn of 16 parallel calls
-    on a small machine); calls beyond it wait, within their deadline. ``worker_idle_s`` is
+    on a small machine); calls beyond it wait, within ``start_timeout_ms``. ``worker_idle_s`` is
     how long an untrusted tool's idle worker is kept for its (tool, session) pair, and an idle worker beyond
     ``warm_workers`` of the trusted pool (seconds). ``abandoned_threads_per_tool``
     (of one tool in one session), ``abandoned_threads_per_session`` and
@@ -152,7 +151,12 @@ class ActorSystem:
     at least 1); waiting calls are served fairly across sessions. ``max_timeout_ms``
     bounds every tool's declared timeout (milliseconds; default 10 minutes): a tool
     declaring more is registered with it, and a warning says so (DESIGN §5 "Fair
-    shares"). Raises ``ValueError`` naming a bad fair-share setting. ``ray``
+    shares"). ``start_timeout_ms`` bounds how long a ``process`` call waits for a worker
+    to start or become free (milliseconds, default 10 s), apart from its tool's
+    ``timeout_ms``, which counts from when its worker has it: a call that gets no worker
+    within it is ``unavailable`` and did not run (DESIGN §5 "Starting a worker");
+    registering a ``process`` tool starts its pool's ``warm_workers`` at once.
+    Raises ``ValueError`` naming a bad fair-share setting or ``start_timeout_ms``. ``ray``
     says how ``isolation="ray"`` and RayActor servers reach Ray (connecting in the background
     from the start, within ``connect_timeout_s``): ``{"address": ...}`` for a cluster, else a
     local Ray on loopback (``num_cpus``, ``resources``...), stopped with the system; see
@@ -196,8 +200,11 @@ class ActorSystem:
         max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS,
         governor: GovernorSettings | None = None,
         tasks: TaskSettings | None = None,
+        start_timeout_ms: int = DEFAULT_START_TIMEOUT_MS,
     ) -> None:
         refuse_unguarded_start()  # a child importing an unguarded main script: stop it, saying why
+        if type(start_timeout_ms) is not int or start_timeout_ms <= 0:
+            raise ValueError(f"start_timeout_ms must be milliseconds > 0, got {start_timeout_ms!r}")
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +239,7 @@ class ActorSystem:
             max_workers=cap, max_workers_per_session=share, threads_per_session=abandoned_threads_per_session,
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
-            ray=dict(ray) if ray is not None else None, threads=self._threads,
+            ray=dict(ray) if ray is not None else None, threads=self._threads, start_timeout_ms=start_timeout_ms,
         )
         hold_servers()
         self._holding = True
@@ -642,16 +649,7 @@ class ActorSystem:
         "missing": [sentence...] (mechanisms asked for that this host lacks: each also a warning and an
         ``IsolationEvent``), "trusted_process": {"tree_kill": bool, "memory_bound": "cgroup" | "sampler" |
         "rlimit_as"}, <mechanism>: {"available", "reason"}}`` (:func:`rho_actors.sandbox.confine.confinement.probe`)."""
-        out: dict[str, Any] = {
-            k: v for isolation in self._runtime.isolations.values() for k, v in isolation.stats().items()
-        }
-        out["max_timeout_ms"] = self._runtime.limits.max_timeout_ms
-        out["confinement"] = policy_stats(self._confine)
-        out["bounds"] = self._runtime.limits.declaration_bounds()
-        out["budgets"] = self._runtime.budgets.stats()
-        out["governor"] = self._runtime.governor.stats()
-        out["tasks"] = self._runtime.tasks.stats()
-        return out
+        return self._runtime.stats()
 
     # --- lifecycle ------------------------------------------------------------------------
 

@@ -205,15 +205,15 @@ class _SlowToShip:
 def test_a_process_call_the_pool_cannot_answer_is_timeout_at_its_backstop(tmp_path: Path) -> None:
     """A process call held on its way to a worker (its tool is still being shipped, as a
     worker still starting under load holds it) is answered ``timeout`` by its backstop,
-    ``BACKSTOP_S`` after its deadline, while it is still held; what the pool answers once
-    let go is ``late``."""
+    ``BACKSTOP_S`` after its deadline (its timeout after its start bound), while it is
+    still held; what the pool answers once let go is ``late``."""
     from rho_actors.results import STOPPED
 
     _SlowToShip.shipping.clear()
     _SlowToShip.gate.clear()
     held = _SlowToShip()
     slow = make_tool("slow", lambda args, ctx: str(held), timeout_ms=1_000)
-    with ActorSystem(data_dir=tmp_path, shutdown_ms=500) as system:
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=500, start_timeout_ms=500) as system:  # backstop at 2.5 s
         recorder = Recorder()
         system.subscribe(recorder)
         system.register(slow, isolation="process")

@@ -11,13 +11,14 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from rho_actors.declarations.toolset import Placement
-from rho_actors.isolation.base import Isolation, IsolationServices, RunningCall
+from rho_actors.isolation.base import DEFAULT_START_TIMEOUT_MS, Isolation, IsolationServices, RunningCall
 from rho_actors.isolation.owner import IsolationOwner
 from rho_actors.isolation.process import ProcessIsolation
 from rho_actors.isolation.ray import RayIsolation
 from rho_actors.isolation.thread import AbandonedThreads, ThreadIsolation
 
 __all__ = [
+    "DEFAULT_START_TIMEOUT_MS",
     "ISOLATIONS",
     "AbandonedThreads",
     "Isolation",

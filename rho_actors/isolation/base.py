@@ -26,18 +26,25 @@ if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timers
 
-__all__ = ["Isolation", "IsolationServices", "RunningCall", "worker_call"]
+__all__ = ["DEFAULT_START_TIMEOUT_MS", "Isolation", "IsolationServices", "RunningCall", "worker_call"]
+
+DEFAULT_START_TIMEOUT_MS = 10_000
+"""How long a ``process`` call may wait for a worker to start or become free by
+default (milliseconds), apart from its tool's own ``timeout_ms``."""
 
 
-def worker_call(call: CallSpec, version: object = None, deps: Mapping[str, Any] | None = None) -> WorkerCall:
+def worker_call(
+    call: CallSpec, version: object = None, deps: Mapping[str, Any] | None = None, start_by: float | None = None,
+) -> WorkerCall:
     """``call`` as the one value another process's isolation takes (a worker pool's
     :meth:`~rho_actors.sandbox.WorkerPool.run_call`, a Ray task): its fields as they are,
     ``version`` the tool's (its registry entry: made anew by each registration, so a
     re-registered ``@tool`` is pickled anew), ``deps`` an untrusted tool's registered
-    plain ``deps`` (``None``: a trusted tool, whose ctx's ``deps`` travel). What of its
-    ctx crosses is cut by :func:`rho_actors.sandbox.call_request`, the one place."""
+    plain ``deps`` (``None``: a trusted tool, whose ctx's ``deps`` travel), ``start_by``
+    when it must have reached a worker (see :class:`~rho_actors.sandbox.WorkerCall`). What
+    of its ctx crosses is cut by :func:`rho_actors.sandbox.call_request`, the one place."""
     return WorkerCall(call.call_id, call.name, call.tool, call.args, call.ctx, call.dispatched, call.deadline,
-                      call.timeout_ms, call.max_output_chars, call.cancel, call.context, version, deps)
+                      call.timeout_ms, call.max_output_chars, call.cancel, call.context, version, deps, start_by)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +64,8 @@ class IsolationServices:
     thread calls; ``ray``, how to reach Ray (``None``: a
     local Ray, started on the first ``ray`` call; see
     :class:`rho_actors.isolation.ray_tasks.RayRuntime`); ``threads``, the system's pool of
-    reused threads that ``thread`` calls run on (``None``: the isolation keeps its own)."""
+    reused threads that ``thread`` calls run on (``None``: the isolation keeps its own);
+    ``start_timeout_ms``, how long a ``process`` call may wait for a worker."""
 
     calls: ChildStarter
     timers: Timers
@@ -76,6 +84,7 @@ class IsolationServices:
     max_workers_per_session: int | None = None
     threads_per_session: int = 16
     threads: ThreadPool | None = None
+    start_timeout_ms: int = DEFAULT_START_TIMEOUT_MS
 
 
 class RunningCall(Protocol):
@@ -97,6 +106,11 @@ class Isolation(ABC):
     untrusted_refused: ClassVar[str | None] = None
     """Why untrusted tools may not use this isolation (``register`` raises
     ``ValueError`` with it), or ``None``: they may."""
+
+    start_bound_s: float = 0.0
+    """How long a call may wait to start before its tool's ``timeout_ms`` begins
+    (seconds): the loop gives the call that much on top of it (``process``: the wait for
+    a worker, ``start_timeout_ms``)."""
 
     def __init__(self, services: IsolationServices) -> None:
         self.services = services

@@ -22,6 +22,7 @@ worker's tree, when the system's ``workers`` actor stops.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Hashable, Mapping
 from typing import Any, ClassVar
@@ -33,7 +34,15 @@ from rho_actors.isolation.base import Isolation, IsolationServices, worker_call
 from rho_actors.isolation.call import Answer, CallSpec, RunCall
 from rho_actors.otp.timers import Timer
 from rho_actors.results import STOPPED, failure
-from rho_actors.sandbox import CALL_SCOPE, TREE_ONLY, ConfinePolicy, WorkerPool, WorkerSlots
+from rho_actors.sandbox import (
+    CALL_SCOPE,
+    TREE_ONLY,
+    ConfinePolicy,
+    WorkerPool,
+    WorkerSlots,
+    importable_modules,
+    preload_trusted_modules,
+)
 from rho_actors.tool import ToolResult
 
 __all__ = ["BACKSTOP_S", "ProcessIsolation"]
@@ -94,6 +103,7 @@ class ProcessIsolation(Isolation):
         self._confined: WorkerPool | None = None
         self._slots = WorkerSlots(services.max_workers, services.max_workers_per_session)
         self._open = False
+        self.start_bound_s = services.start_timeout_ms / 1000
         if services.events is not None:
             services.events.subscribe(self._tool_set_changed, only=(ToolSetChanged,))
 
@@ -103,10 +113,21 @@ class ProcessIsolation(Isolation):
         return self._slots
 
     def _tool_set_changed(self, event: object) -> None:
-        """Retire the untrusted workers of registrations that are gone (in the
-        registry's thread: only marks them; the pool's own thread stops them)."""
+        """Warm the trusted pool once a trusted ``process`` tool is registered (its
+        keeper starts ``warm_workers`` in the background; the untrusted pool's confined
+        spares start at its first call, as they cost a confined start each) and retire
+        the untrusted workers of registrations that are gone (in the registry's thread:
+        only marks them; the pool's own thread stops them)."""
         if not isinstance(event, ToolSetChanged) or self.services.tools is None:
             return
+        trusted = [e for e in self.services.tools.current.entries.values() if e.isolation == self.name
+                   and not e.untrusted]
+        if trusted:
+            # the fork server imports the tools' modules once, when it starts (now, for the first one):
+            # a worker then unpickles a tool by reference at once
+            preload_trusted_modules(*dict.fromkeys(m for e in trusted for m in importable_modules(e.tool)))
+            with contextlib.suppress(RuntimeError):  # not open (stopping, restarting): the first call starts it
+                self.pool()
         with self._lock:
             confined = self._confined
         if confined is None:
@@ -143,14 +164,16 @@ class ProcessIsolation(Isolation):
             pool = self.pool(confined=untrusted)
         except RuntimeError as err:
             return failure("pool_closed", call.call_id, call.name, problem=str(err))
+        start_by = call.dispatched + self.start_bound_s  # then its tool's timeout_ms, from when a worker has it
         if not untrusted or entry is None:
-            return pool.run_call(worker_call(call, version=entry))
+            return pool.run_call(worker_call(call, version=entry, start_by=start_by))
         # scoped by the registration, not the name: a tool registered again (new code under the same
         # name) never gets a worker the old code ran in (and whatever it left there)
         session = call.ctx.get("session_id")
         scope = CALL_SCOPE if entry.worker_scope == "call" else (call.name, entry.serial, session)
         # only what the host registered for this tool, never the session's deps (nor its folder)
-        return pool.run_call(worker_call(call, version=entry, deps=entry.deps), scope=scope, env=entry.env)
+        return pool.run_call(worker_call(call, version=entry, deps=entry.deps, start_by=start_by), scope=scope,
+                             env=entry.env)
 
     def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
         """``process`` isolation takes no ``resources``; its memory bound is the
@@ -176,6 +199,7 @@ class ProcessIsolation(Isolation):
                     self._confined = WorkerPool(  # replies decoded as plain data only
                         s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, codec="plain",
                         confine=s.confine or ConfinePolicy(), slots=self._slots, idle_s=s.worker_idle_s,
+                        start_timeout_ms=s.start_timeout_ms,
                     )
                     missing, bus = (s.confine.missing if s.confine is not None else ()), s.events
                     if bus is not None:  # never a silent downgrade
@@ -187,6 +211,7 @@ class ProcessIsolation(Isolation):
                 self._pool = WorkerPool(  # trusted tools only: replies unpickled, any Details kept
                     s.warm_workers, heap_bytes=s.process_heap_bytes, start_method=s.start_method, slots=self._slots,
                     confine=TREE_ONLY if contain else None, codec="pickle", idle_s=s.worker_idle_s,
+                    start_timeout_ms=s.start_timeout_ms,
                 )
             return self._pool
 

@@ -111,6 +111,7 @@ class Loop:
         self._names = runtime.names
         self._whereis = runtime.names.whereis
         self._tools = runtime.tools
+        self._isolations = runtime.isolations
         self._settings = runtime.limits
         self._loop_turns = runtime.loop_turns
         self._sessions = runtime.sessions
@@ -220,13 +221,18 @@ class Loop:
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
-        of their tools' timeouts plus a grace period."""
+        of their tools' timeouts and of what their isolations may take to start them
+        (``start_timeout_ms`` of a ``process`` call), plus a grace period."""
         entries = self._tools.current.entries
-        total_ms = 0
+        total_s = 0.0
         for c in calls:  # a plain loop: no generator made per turn
             entry = entries.get(c.name) if type(c.name) is str else None
-            total_ms += DEFAULT_TIMEOUT_MS if entry is None else entry.info.timeout_ms
-        return total_ms / 1000 + _GRACE_S
+            if entry is None:
+                total_s += DEFAULT_TIMEOUT_MS / 1000
+            else:
+                isolation = self._isolations.get(entry.isolation)
+                total_s += entry.info.timeout_ms / 1000 + (isolation.start_bound_s if isolation is not None else 0.0)
+        return total_s + _GRACE_S
 
     def run_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None

@@ -444,7 +444,9 @@ class Turns:
         if isinstance(task, ToolResult):  # a background call past a bound: refused
             return self._settle(turn, slot, task)
         now = time.monotonic()
-        deadline = now + max(0.0, timeout_ms / 1000 - slot.validated_s)
+        # the tool's own time, after what its isolation may take to start it (a worker process)
+        deadline = (now + self._runtime.isolations[entry.isolation].start_bound_s
+                    + max(0.0, timeout_ms / 1000 - slot.validated_s))
         cancel = CancelToken()
 
         def reply(result: ToolResult) -> None:

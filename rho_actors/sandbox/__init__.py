@@ -84,7 +84,14 @@ from rho_actors.sandbox.reads import (
     read_declaration_isolated,
 )
 from rho_actors.sandbox.server_process import server_child
-from rho_actors.sandbox.shipping import ShippedTools, Unshippable, local_modules, register_by_value, ship
+from rho_actors.sandbox.shipping import (
+    ShippedTools,
+    Unshippable,
+    importable_modules,
+    local_modules,
+    register_by_value,
+    ship,
+)
 from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.sandbox.sweep import sweep_leftovers
 from rho_actors.sandbox.wire import (
@@ -167,6 +174,7 @@ __all__ = [
     "hold_servers",
     "linger",
     "load_module_file",
+    "importable_modules",
     "local_modules",
     "make_session_dir",
     "mib",

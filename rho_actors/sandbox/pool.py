@@ -87,6 +87,10 @@ class _QueuedPastDeadline(Exception):
     """Every worker slot stayed busy until the call's deadline."""
 
 
+class _NotStarted(Exception):
+    """A worker started for a call did not say ``READY`` by the call's ``start_by``."""
+
+
 class WorkerPool:
     """Warm worker processes for ``process`` isolation (DESIGN §5). Thread-safe: call
     :meth:`run` from any number of threads at once.
@@ -110,12 +114,18 @@ class WorkerPool:
 
     Raises ``ValueError`` for a negative ``warm``, a bad ``start_method`` or ``codec``, or
     ``codec="pickle"`` with a ``confine`` policy that confines (untrusted code).
+
+    A call with a ``start_by`` (:class:`~rho_actors.sandbox.wire.WorkerCall`) waits for
+    its place, a free worker or a new one's ``READY`` until then (the pool's
+    ``start_timeout_ms`` names that bound in the result of a call that got none:
+    ``unavailable``), and its tool's deadline is ``timeout_ms`` from when its worker has
+    it (never past the call's ``deadline``).
     """
 
     def __init__(
         self, warm: int = 2, *, heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver",
         codec: str = "plain", confine: ConfinePolicy | None = None, slots: WorkerSlots | None = None,
-        idle_s: float = 30.0,
+        idle_s: float = 30.0, start_timeout_ms: int = 10_000,
     ) -> None:
         if warm < 0:
             raise ValueError(f"warm must be >= 0, not {warm}")
@@ -134,6 +144,7 @@ class WorkerPool:
         self._scoped = confine is not None and not confine.tree_only
         self._slots = slots
         self._idle_s = idle_s
+        self._start_timeout_ms = start_timeout_ms
         if slots is not None:
             slots.join(self)
         self._lock = threading.Lock()
@@ -225,6 +236,7 @@ class WorkerPool:
         set).
         """
         start, deadline, timeout_ms, cancel = call.started, call.deadline, call.timeout_ms, call.cancel
+        start_by = call.start_by if call.start_by is not None else deadline
 
         def failed(key: str, **fields: Any) -> ToolResult:
             if key == "memory_tree":
@@ -250,16 +262,21 @@ class WorkerPool:
         if cancel is not None and self._slots is not None:
             cancel.add_inline_callback(self._slots.poke)  # a call waiting its turn stops waiting
         if self._slots is not None and not self._slots.enter(
-            session, deadline, (lambda: cancel.cancelled) if cancel is not None else None
+            session, start_by, (lambda: cancel.cancelled) if cancel is not None else None
         ):
             if cancel is not None and cancel.cancelled:
                 return failed("cancelled", reason=cancel.reason)
             held = self._slots.shares().get(str(session), 0)
+            if call.start_by is not None:
+                return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
+                              why=f"its session held {held} of its share of {self._slots.per_session} workers, "
+                                  f"the system's cap is {self._slots.limit}")
             return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
                           share=self._slots.per_session, held=held)
         grant = Grant(session, time.monotonic())
         try:
-            return self._run_granted(request, bare, tool_bytes, scope, env, cancel, failed, grant, start)
+            return self._run_granted(request, bare, tool_bytes, scope, env, cancel, failed, grant, start,
+                                     call.start_by)
         finally:
             self._leave(grant)
 
@@ -273,14 +290,15 @@ class WorkerPool:
     def _run_granted(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
         env: Mapping[str, str] | None, cancel: CancelToken | None, failed: Callable[..., ToolResult],
-        grant: Grant, start: float,
+        grant: Grant, start: float, start_by: float | None,
     ) -> ToolResult:
         """:meth:`run` once the cap granted the call its place."""
-        deadline, timeout_ms, max_output_chars = request.deadline, request.timeout_ms, request.max_chars
-        delivered = self._deliver(request, bare, tool_bytes, scope, tuple(sorted((env or {}).items())), failed)
+        delivered = self._deliver(request, bare, tool_bytes, scope, tuple(sorted((env or {}).items())), failed,
+                                  start_by)
         if isinstance(delivered, ToolResult):
             return delivered
-        worker = delivered
+        worker, request = delivered
+        deadline, timeout_ms, max_output_chars = request.deadline, request.timeout_ms, request.max_chars
         grant.at = time.monotonic()  # how long the call itself holds it (not the wait for a worker)
         if self._scoped and scope != CALL_SCOPE:
             worker.session = grant.session
@@ -305,28 +323,44 @@ class WorkerPool:
 
     def _deliver(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
-        env_key: tuple[tuple[str, str], ...], failed: Callable[..., ToolResult],
-    ) -> WorkerHandle | ToolResult:
+        env_key: tuple[tuple[str, str], ...], failed: Callable[..., ToolResult], start_by: float | None,
+    ) -> tuple[WorkerHandle, wire.CallRequest] | ToolResult:
         """Send the call to a worker of ``scope`` (the tool's bytes only to one that lacks
-        them); the worker it went to, or the error result when none could take it."""
+        them); the worker it went to and the request as sent (with ``start_by``: its
+        deadline ``timeout_ms`` from now, once the worker is ready), or the error result
+        when none could take it."""
         deadline, timeout_ms = request.deadline, request.timeout_ms
         for _ in range(_DELIVERY_ATTEMPTS):
             try:
-                worker = self._take(scope, env_key, deadline)
+                worker = self._take(scope, env_key, deadline if start_by is None else start_by)
             except _QueuedPastDeadline:
                 cap = self._slots.limit if self._slots is not None else 0
+                if start_by is not None:
+                    return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
+                                  why=f"every one of the system's {cap} workers stayed busy")
                 return failed("queued_past_deadline", timeout_ms=timeout_ms, cap=cap)
             except _Stopped:
                 return failed("pool_stopped")
             except Exception as exc:
                 return failed("no_worker", problem=describe_exception(exc))
             try:
-                body = bare if request.digest in worker.tools else wire.encode_call(
-                    replace(request, tool_bytes=tool_bytes))
+                if start_by is not None:
+                    if not worker.ready:  # started for this call: its start is not the tool's time
+                        self._await_start(worker, start_by)
+                    deadline = min(request.deadline, time.monotonic() + timeout_ms / 1000)
+                    request, bare = replace(request, deadline=deadline), b""
+                body = bare if bare and request.digest in worker.tools else wire.encode_call(
+                    request if request.digest in worker.tools else replace(request, tool_bytes=tool_bytes))
                 worker.channel.send(wire.CALL, body, deadline)
-                return worker
-            except EOFError:  # it died while idle, before the call reached it: try another
+                return worker, request
+            except _NotStarted:
+                self._lose(worker, "killed")
+                return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
+                              why="a worker started for it was not ready in time")
+            except EOFError:  # it died while idle, or while starting, before the call reached it: try another
                 self._lose(worker, "died")
+            except Malformed:  # a frame other than READY from a starting worker: try another
+                self._lose(worker, "killed")
             except DeadlineReached:
                 self._lose(worker, "killed")
                 return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED + " while the call was sent to it")
@@ -663,6 +697,17 @@ class WorkerPool:
             if failures:
                 backoff = 0.5
 
+    def _await_start(self, worker: WorkerHandle, start_by: float) -> None:
+        """Read the ``READY`` of a worker started for a call, until ``start_by``. Raises
+        ``_NotStarted`` past it, ``EOFError`` when it ended, ``Malformed`` for another frame."""
+        try:
+            tag, body = worker.channel.recv(start_by, wire.MAX_REPLY_BYTES)
+        except DeadlineReached:
+            raise _NotStarted from None
+        if (tag, body) != (wire.READY, b""):
+            raise Malformed(f"an unexpected {tag!r} frame of {len(body):,} bytes before READY")
+        worker.ready = True
+
     def _await_ready(self, worker: WorkerHandle) -> bool:
         """Wait for a new worker's hello and make it idle (or stop it when calls started
         enough workers of their own meanwhile); whether it became ready."""
@@ -671,12 +716,15 @@ class WorkerPool:
         except (DeadlineReached, EOFError, Malformed):
             ok = False
         surplus = False
+        worker.ready = ok
         with self._lock:
             if ok and worker in self._all and not self._stopped:
                 if self._fresh() < self._warm:
                     worker.idle_since = time.monotonic()
                     self._idle.append(worker)
                     self._warmed.notify_all()
+                    if self._slots is not None:
+                        self._slots.poke()  # a call waiting for a worker may take it now
                     return True
                 self._counts["retired"] += 1
                 surplus = True

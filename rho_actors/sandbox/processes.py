@@ -57,6 +57,7 @@ _preload_asked: list[tuple[list[str], list[str], bool, bool]] = []
 """Once asked: (the host's preload list, rho's, whether rho starts the fork server, and the resource tracker)."""
 _PRELOADS = ["__main__", "rho_actors.sandbox"]
 _holders = [0]  # systems and pools using the fork server now
+_spawned: list[int] = []  # the pids of the children rho started from the fork server since it was last given back
 
 
 def hold_servers() -> None:
@@ -137,13 +138,25 @@ def _shared_pipe(fd: int | None) -> bool:
 
 
 def _runs_host_children(pid: int) -> bool:
-    """Whether the fork server ``pid`` has a live child (rho's are all reaped by now:
-    any left is the host's own)."""
+    """Whether the fork server ``pid`` has a live child that rho did not start (rho's
+    were all killed by now, though the fork server may not have reaped them yet)."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
-            return bool(f.read().split())
-    except OSError:
+            children = [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
         return True  # unknown: leave it running
+    ours, _spawned[:] = set(_spawned), []
+    for child in children:
+        if child in ours:
+            continue
+        try:
+            with open(f"/proc/{child}/stat", encoding="ascii") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    continue  # ended, not yet reaped
+        except (OSError, IndexError):
+            continue  # gone
+        return True
+    return False
 
 
 def _ask_preload() -> None:
@@ -238,6 +251,10 @@ def spawn(
     children = getattr(multiprocessing.process, "_children", None)
     if children is not None:
         children.discard(proc)
+    with _preload_lock:
+        _spawned.append(proc.pid)
+        if len(_spawned) > 1024:  # a long-lived system: only the ones still running matter
+            _spawned[:] = [p for p in _spawned if os.path.exists(f"/proc/{p}")]
     return Child(proc, Channel(parent_end, proc.sentinel))
 
 

@@ -183,7 +183,10 @@ class WorkerCall:
     ``cancel`` set kills the process running it. ``context``: the submitter's
     ``contextvars`` (their plain values travel by name). ``deps``: ``None`` for a trusted
     tool (its ctx's ``deps`` travel, when picklable); an untrusted tool's registered plain
-    ``deps``, which replace the session's (see :func:`call_request`)."""
+    ``deps``, which replace the session's (see :func:`call_request`). ``start_by``: the
+    instant by which a worker must have the call (waiting for a slot, a free worker or a
+    new one's start); the tool then gets ``timeout_ms`` from when its worker has it, at
+    most until ``deadline`` (``None``: ``deadline`` bounds both)."""
 
     call_id: str
     name: str
@@ -198,6 +201,7 @@ class WorkerCall:
     context: contextvars.Context | None = None
     version: object = None
     deps: Mapping[str, Any] | None = None
+    start_by: float | None = None
 
     @property
     def untrusted(self) -> bool:

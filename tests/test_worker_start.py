@@ -1,0 +1,74 @@
+"""A ``process`` call's ``timeout_ms`` is the tool's own time, start to close (DESIGN §5
+"Starting a worker"): waiting for a worker to start or to become free is bounded
+separately by ``ActorSystem(start_timeout_ms=...)``, and a call that never got a worker is
+``unavailable`` naming that bound, not a ``timeout`` of its tool. Registration warms the
+tool's workers. Real workers, a real cap: one worker for the whole system, held by a
+call of the test's choosing. A fresh fork server's first worker can take seconds on a
+loaded machine: warm workers are waited for up to 3 x WAIT_S."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import ActorSystem, ErrorKind, ToolCall
+from tests.conftest import WAIT_S, wait_for
+from tests.helpers import make_tool
+
+
+def _sleep(args: dict[str, Any], ctx: Any) -> str:
+    time.sleep(args["s"])
+    return f"slept {args['s']}"
+
+
+def _sleeper(timeout_ms: int) -> Any:
+    return make_tool("sleeper", _sleep, timeout_ms=timeout_ms,
+                     schema={"type": "object", "properties": {"s": {"type": "number"}}, "required": ["s"]})
+
+
+def _turn(system: ActorSystem, session: str, seconds: float, tool: str = "sleeper") -> Any:
+    return system.start_loop(session).submit_turn([ToolCall(f"{session}-c", tool, json.dumps({"s": seconds}))])
+
+
+def test_registration_warms_the_tools_workers_before_any_call(tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, warm_workers=2) as system:
+        system.register(_sleeper(5_000), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 2, 3 * WAIT_S), system.stats()
+        assert system.stats()["workers_started"] == 2
+
+
+def test_waiting_for_a_worker_does_not_count_against_the_calls_timeout(tmp_path: Path) -> None:
+    """The only worker is busy for 1.5 s; a call with a 1 s timeout waits for it, then runs
+    its 50 ms within its own second."""
+    with ActorSystem(tmp_path, max_workers=1, warm_workers=1) as system:
+        system.register(_sleeper(1_000), isolation="process")
+        system.register(make_tool("hog", _sleep, timeout_ms=20_000, schema={"type": "object"}), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 1, 3 * WAIT_S)
+        hog = _turn(system, "hog", 1.5, tool="hog")
+        assert wait_for(lambda: system.stats()["workers_busy"] == 1)
+        [waited] = _turn(system, "waits", 0.05).result(WAIT_S)
+        assert waited.ok and waited.content == "slept 0.05", waited.content
+        assert waited.duration_ms > 1_000  # it did wait past its timeout, for the worker
+        assert hog.result(WAIT_S)[0].ok
+
+
+def test_a_call_that_never_gets_a_worker_is_unavailable_naming_the_start_bound(tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, max_workers=1, warm_workers=1, start_timeout_ms=300) as system:
+        system.register(_sleeper(5_000), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 1, 3 * WAIT_S)
+        hog = _turn(system, "hog", 3.0)
+        assert wait_for(lambda: system.stats()["workers_busy"] == 1)
+        [never] = _turn(system, "never", 0.0).result(WAIT_S)
+        assert never.error_kind is ErrorKind.UNAVAILABLE, never.content
+        assert "start_timeout_ms=300" in never.content and "did not run" in never.content, never.content
+        assert "did not finish" not in never.content  # not a timeout of the tool
+        assert hog.result(WAIT_S)[0].ok
+
+
+def test_a_bad_start_timeout_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"start_timeout_ms must be milliseconds > 0, got 0"):
+        ActorSystem(tmp_path, start_timeout_ms=0)
