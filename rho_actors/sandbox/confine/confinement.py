@@ -195,7 +195,7 @@ def apply(spec: Confinement) -> tuple[str, ...]:
     """Confine this process as ``spec`` says; call it first in a fresh, single-threaded
     child, before any tool code. Returns the names of the mechanisms applied (a subset of
     ``pdeathsig``, ``session``, ``subreaper``, ``cgroup``, ``pid_namespace``, ``ipc_namespace``,
-    ``mount_namespace``, ``network_namespace``, ``disk_bound``, ``rlimits``,
+    ``mount_namespace``, ``no_atime``, ``network_namespace``, ``disk_bound``, ``rlimits``,
     ``no_new_privs``, ``landlock``, ``identity``, ``seccomp``, in that order): Landlock is
     skipped when the kernel lacks it, identity when the child is not root. Raises
     :class:`ConfinementError` naming the failed step
@@ -294,7 +294,7 @@ def _enter_namespaces(spec: Confinement) -> tuple[str, ...]:
     try:
         done = namespaces.enter(
             network=spec.network, private_dir=spec.private_dir, disk_bytes=spec.disk_bytes, uid=uid, gid=gid,
-            pid=spec.pid_namespace,
+            pid=spec.pid_namespace, reads=(*spec.read_only, *spec.list_only),
         )
     except namespaces.NamespaceError as exc:
         raise ConfinementError(exc.errno, str(exc.strerror)) from None
