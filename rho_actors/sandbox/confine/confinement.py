@@ -294,7 +294,7 @@ def _enter_namespaces(spec: Confinement) -> tuple[str, ...]:
     try:
         done = namespaces.enter(
             network=spec.network, private_dir=spec.private_dir, disk_bytes=spec.disk_bytes, uid=uid, gid=gid,
-            pid=spec.pid_namespace, reads=(*spec.read_only, *spec.list_only),
+            pid=spec.pid_namespace,
         )
     except namespaces.NamespaceError as exc:
         raise ConfinementError(exc.errno, str(exc.strerror)) from None
