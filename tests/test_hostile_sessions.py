@@ -18,6 +18,7 @@ import socket
 import sqlite3
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,10 @@ def _send(channel: str, secret: int, shared: str) -> dict[str, Any]:
         while _errno(lambda: socket.send_fds(a, [b"x"], [b.fileno()] * 100)) == 1 and sent < 10_000:
             sent += 100
         return {"in_flight": sent}
+    if channel == "atime":  # reading a file whose access time is a day old updates it (relatime)
+        with open(shared, "rb") as f:
+            f.read(1)
+        return {"read": True}
     if channel == "aio":  # a share of the machine's fs.aio-max-nr: when it is spent, no io_setup works
         return {"io_setup": _io_setup(secret)}
     raise ValueError(f"unknown channel {channel!r}")
@@ -151,6 +156,8 @@ def _receive(channel: str, shared: str, sent: dict[str, Any]) -> dict[str, Any]:
         if sent_one is None:
             signal.sigtimedwait({_SIGNAL}, 0)
         return {"kill": "allowed" if sent_one is None else sent_one}
+    if channel == "atime":
+        return {"atime": os.stat(shared).st_atime}
     if channel == "inflight":
         a, b = socket.socketpair()
         with a, b:
@@ -211,12 +218,14 @@ def call(loop: Any, args: dict[str, Any]) -> ToolResult:
     return result
 
 
-def across(system: ActorSystem, channel: str, host_pid: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+def across(
+    system: ActorSystem, channel: str, host_pid: bool = False, shared: str = os.path.abspath(__file__),
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The victim's call in one session (its loop kept open: its worker stays warm with
     what it holds), then the receiver's in another; both answers. ``host_pid``: the
-    receiver gets the victim's pid as the host sees it (an attacker may guess it)."""
+    receiver gets the victim's pid as the host sees it (an attacker may guess it);
+    ``shared``: a file every worker reads (by default this tool's own module)."""
     n = next(SESSIONS)
-    shared = os.path.abspath(__file__)  # a file every worker reads: this tool's own module
     victim, receiver = system.start_loop(f"victim-{n}"), system.start_loop(f"receiver-{n}")
     try:
         sent = json.loads(call(victim, {"role": "send", "channel": channel, "secret": PIN, "shared": shared}).content)
@@ -265,6 +274,19 @@ def test_per_uid_queued_signals_are_per_session(system: ActorSystem) -> None:
 def test_per_uid_descriptors_in_flight_are_per_session(system: ActorSystem) -> None:
     sent, got = across(system, "inflight")
     assert sent["in_flight"] > 256 and got == {"send_fds": "allowed"}, (sent, got)  # past the victim's RLIMIT_NOFILE
+
+
+@needs_confinement
+def test_reading_a_shared_file_leaves_no_access_time_behind(system: ActorSystem) -> None:
+    shared = Path(__file__).with_name(f"atime_probe_{os.getpid()}.txt")  # readable: in the tool's folder
+    shared.write_text("an installed file nobody read for days")
+    try:
+        days_ago = time.time() - 3 * 86400
+        os.utime(shared, (days_ago, days_ago - 60))
+        sent, got = across(system, "atime", shared=str(shared))
+        assert sent == {"read": True} and got["atime"] == days_ago == shared.stat().st_atime, got
+    finally:
+        shared.unlink()
 
 
 @needs_confinement

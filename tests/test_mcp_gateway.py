@@ -43,6 +43,7 @@ from rho_actors.mcp.gateway import (
     specs_from_flags,
 )
 from rho_actors.mcp.names import default_name
+from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
 from tests.conftest import WAIT_S, open_folder, slack, wait_for
 
 UPSTREAM = str(Path(__file__).parent / "mcp_fixtures" / "gateway_upstream.py")
@@ -162,9 +163,9 @@ connect_timeout_s = {WAIT_S}
                     assert media[2].resource.model_dump(by_alias=True, exclude_none=True) == {
                         "uri": "test://alpha", "mimeType": "text/plain", "text": "alpha's notes"}
 
-                    # the untrusted server runs as nobody in a folder of its own; the trusted one as the host
+                    # the untrusted server runs as a uid of its own in a folder of its own; the trusted one as the host
                     jailed = _text(await session.call_tool("jail__whoami", {}))
-                    assert jailed.split()[0] == "65534" and "rho-actors-" in jailed.split()[1]
+                    assert int(jailed.split()[0]) in DEFAULT_UID_RANGE and "rho-actors-" in jailed.split()[1]
                     assert _text(await session.call_tool("open__whoami", {})).split()[0] == str(os.getuid())
                     # a host file: read by the trusted server, refused to the confined one
                     opened = await session.call_tool("open__read_file", {"path": str(secret)})
@@ -472,7 +473,7 @@ def test_an_untrusted_program_is_exec_ed_confined(system: ActorSystem) -> None:
         assert gateway.status()["plain"]["connected"]
         loop = system.start_loop("exec")
         [who] = loop.run_turn([ToolCall("c1", "whoami", {})])
-        assert who.ok and who.content.split()[0] == "65534" and "rho-actors-" in who.content
+        assert who.ok and int(who.content.split()[0]) in DEFAULT_UID_RANGE and "rho-actors-" in who.content
         [read] = loop.run_turn([ToolCall("c2", "read_file", {"path": str(secret)})])
         assert not read.ok and "Permission denied" in read.content and "host-secret" not in read.content
         [own] = loop.run_turn([ToolCall("c3", "read_file", {"path": plain})])  # its own folder is readable

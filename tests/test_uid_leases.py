@@ -71,7 +71,7 @@ def test_leases_are_apart_and_given_back() -> None:
 
 @needs_root
 def test_a_uid_that_runs_a_process_is_not_leased() -> None:
-    uids = _range(2)
+    uids = _range(2, part=3)  # a range not leased from before in this process (processes are read once a minute)
     squatter = subprocess.Popen(
         [sys.executable, "-c", f"import os, sys; os.setgid({uids.first}); os.setuid({uids.first}); "
                                "print('ready', flush=True); sys.stdin.read()"],
@@ -109,3 +109,15 @@ def test_a_system_whose_range_is_taken_warns_and_shares_nobody(tmp_path: Path) -
     assert result.ok and result.content == "65534", result
     [gap] = [m for m in missing if "per-uid kernel counters" in m]
     assert "uid 1 of the password database" in gap and any(e.detail == gap for e in events), (missing, events)
+
+
+@needs_root
+def test_a_worker_with_no_uid_left_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    uids = _range(1, part=2)
+    spec = Confinement(uid_range=uids)
+    with ActorSystem(data_dir=tmp_path, shutdown_ms=2_000, confinement=spec, warm_workers=0) as system:
+        assert system.register(make_tool("whoami", _whoami), untrusted=True).info
+        first = system.start_loop("alice").run_turn([ToolCall("c", "whoami", "{}")])[0]  # its worker stays, warm
+        refused = system.start_loop("bob").run_turn([ToolCall("c", "whoami", "{}")])[0]
+    assert first.ok and first.content == str(uids.first), first
+    assert not refused.ok and f"every uid of the range {uids} is leased" in refused.content, refused

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from rho_actors import ActorSystem, ToolCall
@@ -34,7 +35,7 @@ def _plant(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
 
     setattr(worker, "_call", implant)  # noqa: B010
     threading.Thread(target=threading.Event().wait, name="implant", daemon=True).start()
-    return json.dumps({"pid": os.getpid(), "version": 1})
+    return json.dumps({"pid": os.getpid(), "uid": os.getuid(), "version": 1})
 
 
 def _honest(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
@@ -42,7 +43,17 @@ def _honest(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
     import threading
 
     names = [t.name for t in threading.enumerate()]
-    return json.dumps({"pid": os.getpid(), "version": 2, "deps": dict(ctx["deps"]), "implant": "implant" in names})
+    return json.dumps({"pid": os.getpid(), "uid": os.getuid(), "version": 2, "deps": dict(ctx["deps"]),
+                       "implant": "implant" in names})
+
+
+def _host_pid(answer: Mapping[str, Any]) -> int:
+    """The answering worker's pid as the host sees it: in a PID namespace of its own it is
+    pid 1 inside, and the one process of its own uid outside."""
+    if answer["pid"] != 1:
+        return int(answer["pid"])
+    [pid] = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == answer["uid"]]
+    return pid
 
 
 @pytest.fixture
@@ -61,7 +72,7 @@ def test_a_tool_registered_again_never_gets_the_old_code_s_worker_or_its_implant
     loop = system.start_loop("s1")
     first = _call(loop)
     assert first.ok, first.content
-    old_pid = json.loads(first.content)["pid"]
+    old_pid = _host_pid(json.loads(first.content))
     assert old_pid in system.worker_pids()  # kept idle for (probe, s1)
 
     system.unregister("probe")  # e.g. its plugin file was replaced
@@ -71,8 +82,9 @@ def test_a_tool_registered_again_never_gets_the_old_code_s_worker_or_its_implant
     second = _call(loop, {"card": "4111"})
     assert second.ok, second.content
     seen = json.loads(second.content)  # the new code's own answer, not the implant's
-    assert seen == {"pid": seen["pid"], "version": 2, "deps": {"token": "new-deps"}, "implant": False}
-    assert seen["pid"] != old_pid
+    assert seen == {"pid": seen["pid"], "uid": seen["uid"], "version": 2, "deps": {"token": "new-deps"},
+                    "implant": False}
+    assert _host_pid(seen) != old_pid
 
 
 def _plant_until_signalled(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
@@ -113,7 +125,7 @@ def test_a_busy_worker_of_a_registration_that_went_is_retired_when_its_call_ends
     os.kill(busy[0], signal.SIGUSR1)
     [first] = future.result(WAIT_S)
     assert first.ok, first.content
-    old_pid = json.loads(first.content)["pid"]
+    old_pid = busy[0]
     assert wait_for(lambda: old_pid not in system.worker_pids())  # not kept idle: retired at the call's end
     system.register(make_tool("probe", _honest), untrusted=True)
     result = _call(loop)

@@ -5,8 +5,8 @@
 :class:`~rho_actors.sandbox.confine.enclosure.Enclosure` of the untrusted policy: a
 scrubbed environment (the allowlist, ``HOME``/``TMPDIR`` its private folder, plus the
 server's ``env``), its own private folder (a bounded tmpfs, its working directory), a
-cgroup bounding its whole tree's memory and processes, its own IPC, mount and network
-namespaces (only its own loopback unless ``network=True``), ``no_new_privs``, Landlock
+cgroup bounding its whole tree's memory and processes, its own PID, IPC, mount and network
+namespaces (no socket at all unless ``network=True``), ``no_new_privs``, Landlock
 (the Python installation, the system's libraries, the server's own files and the
 ``read`` paths, read-only; the private folder writable), a uid/gid of its own when the
 host is root, and the seccomp filter, all applied before any of the server's code runs
@@ -331,7 +331,7 @@ async def confined_transport(
     doc) and yield ``(read, write)``: the SDK's ``SessionMessage`` streams of its stdio,
     as ``mcp.client.stdio.stdio_client`` gives. ``env`` is added to its scrubbed
     environment; ``reads`` are extra read-only paths; ``network=True`` gives it the
-    host's network (else only its own loopback); ``heap_bytes`` bounds its tree's memory
+    host's network (else no socket at all); ``heap_bytes`` bounds its tree's memory
     (bytes); ``label`` names it in the host's log. Raises ``FileNotFoundError`` for a
     program or script that does not exist, ``OSError`` when no child could be started,
     ``ConnectionError`` when it ended before it ran."""

@@ -48,6 +48,7 @@ from rho_actors.sandbox.confine.enclosure import (
     policy_stats,
     system_policy,
 )
+from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE, UidRange, UidRangeExhausted
 from rho_actors.sandbox.main_guard import UnguardedStartError, refuse_unguarded_children, refuse_unguarded_start
 from rho_actors.sandbox.plugins import (
     DEFAULT_DISCOVERY_TIMEOUT_S,
@@ -128,6 +129,7 @@ __all__ = [
     "ConfinePolicy",
     "Confinement",
     "DEFAULT_DISCOVERY_TIMEOUT_S",
+    "DEFAULT_UID_RANGE",
     "DEFAULT_HEAP_BYTES",
     "DEFAULT_READ_TIMEOUT_S",
     "DeadlineReached",
@@ -151,6 +153,8 @@ __all__ = [
     "ShippedTools",
     "TREE_ONLY",
     "UNCONFINED",
+    "UidRange",
+    "UidRangeExhausted",
     "UnguardedStartError",
     "Unshippable",
     "WireError",

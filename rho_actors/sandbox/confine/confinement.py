@@ -196,7 +196,7 @@ def apply(spec: Confinement) -> tuple[str, ...]:
     """Confine this process as ``spec`` says; call it first in a fresh, single-threaded
     child, before any tool code. Returns the names of the mechanisms applied (a subset of
     ``pdeathsig``, ``session``, ``subreaper``, ``cgroup``, ``pid_namespace``, ``ipc_namespace``,
-    ``mount_namespace``, ``network_namespace``, ``disk_bound``, ``rlimits``,
+    ``mount_namespace``, ``no_atime``, ``network_namespace``, ``disk_bound``, ``rlimits``,
     ``no_new_privs``, ``landlock``, ``identity``, ``seccomp``, in that order): Landlock is
     skipped when the kernel lacks it, identity when the child is not root. Raises
     :class:`ConfinementError` naming the failed step

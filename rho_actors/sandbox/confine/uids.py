@@ -14,8 +14,11 @@ child's whole tree is gone. Leases are ``flock`` locks on files in
 ``/run/rho-actors/uids`` (or the temporary folder's ``rho-actors-uids``), so the hosts on
 one machine never lease one uid twice, and a host that dies releases its leases with it.
 A uid is refused (the next one tried) while a process runs with it or it owns an entry
-of a shared writable folder (``/tmp``, ``/var/tmp``, ``/dev/shm``; read once a minute)
-other than a rho_actors private folder: it belongs to someone else. :func:`unavailable` says why a
+of a shared writable folder (``/tmp``, ``/var/tmp``, ``/dev/shm``) other than a
+rho_actors private folder: it belongs to someone else. Both are read once a minute
+(reading them costs milliseconds, too much for every child); a child's own processes need
+no such check, since none outlives it: its PID namespace (or its cgroup) ends them all
+before its lease is released. :func:`unavailable` says why a
 host cannot use a range at all (not root; the password or group database names a uid of
 it).
 """
@@ -131,11 +134,16 @@ def _lease_folder() -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _file_owners(uids: UidRange, period: int) -> frozenset[int]:
-    """The uids of ``uids`` that own an entry of a shared writable folder (not a
-    rho_actors private folder); read once per range and ``period`` (a minute: reading
-    the folders costs milliseconds, too much for every child)."""
+def _owners(uids: UidRange, period: int) -> frozenset[int]:
+    """The uids of ``uids`` that run a process (visible here) or own an entry of a shared
+    writable folder (not a rho_actors private folder); read once per range and ``period``."""
     owners = set()
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if (owner := entry.stat(follow_symlinks=False).st_uid) in uids:
+                        owners.add(owner)
     for folder in _SHARED_FOLDERS:
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
             for entry in entries:
@@ -146,24 +154,14 @@ def _file_owners(uids: UidRange, period: int) -> frozenset[int]:
     return frozenset(owners)
 
 
-def _running(uid: int) -> bool:
-    """Whether a process (visible here) runs with effective uid ``uid``."""
-    with os.scandir("/proc") as entries:
-        for entry in entries:
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_uid == uid:
-                        return True
-    return False
-
-
 def lease(uids: UidRange) -> UidLease:
     """Lease a uid of ``uids`` that no other child (of this host or another on this
-    machine) holds, that runs no process and owns no shared file; tried from the
-    range's first uid on (so the leases stay few and dense). Raises :class:`UidRangeExhausted` when none is free, or
-    ``OSError`` when the lease folder is unusable (:func:`unavailable` says so first)."""
+    machine) holds, that ran no process and owned no shared file when last looked (at
+    most a minute ago); tried from the range's first uid on (so the leases stay few and
+    dense). Raises :class:`UidRangeExhausted` when none is free, or ``OSError`` when the
+    lease folder is unusable (:func:`unavailable` says so first)."""
     folder = _lease_folder()
-    owners = _file_owners(uids, int(time.monotonic() // _OWNERS_PERIOD_S))
+    owners = _owners(uids, int(time.monotonic() // _OWNERS_PERIOD_S))
     for uid in range(uids.first, uids.last + 1):
         if uid in owners:
             continue
@@ -171,9 +169,6 @@ def lease(uids: UidRange) -> UidLease:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            os.close(fd)
-            continue
-        if _running(uid):
             os.close(fd)
             continue
         return UidLease(uid, fd)
