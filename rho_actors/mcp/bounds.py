@@ -19,7 +19,10 @@ pydantic models see it:
 - a ``tools/call`` result's ``structuredContent`` is at most :data:`MAX_STRUCTURED_BYTES`
   as JSON (the bound of a worker's result details): a larger one is answered, for that
   call, as the server's error naming the bound (the call gets ``mcp_refused``), and
-  nothing of it is kept.
+  nothing of it is kept;
+- a ``list_changed`` flood relists ever more rarely (:func:`relisting_wait`: a wait of
+  20 times the last listing's cost, doubled while each listing is answered by another
+  ``list_changed``, up to a minute).
 
 :func:`shown_text` is how an upstream's own words (its ``serverInfo``, its error
 messages) are shown: control, bidi and line-breaking characters escaped, cut to a
@@ -51,8 +54,8 @@ from rho_actors.encoding import describe_exception, replace_controls
 
 __all__ = [
     "MAX_CONTAINERS", "MAX_DEPTH", "MAX_MESSAGE_BYTES", "MAX_STRUCTURED_BYTES", "NOTIFICATIONS_PER_S",
-    "NOTIFICATION_BURST", "MessageBounds", "UpstreamViolation", "message_streams", "route_sdk_logging", "shown_text",
-    "stdio_transport",
+    "NOTIFICATION_BURST", "RELIST_COST_FACTOR", "RELIST_MAX_S", "RELIST_MIN_S", "MessageBounds", "UpstreamViolation",
+    "message_streams", "relisting_wait", "route_sdk_logging", "shown_info", "shown_text", "stdio_transport",
 ]
 
 MAX_MESSAGE_BYTES: Final = 16 * 2**20
@@ -74,6 +77,24 @@ _MAX_SHOWN: Final = 2000
 _SDK_LINES_PER_WINDOW: Final = 50
 _TERMINATE_S: Final = 2.0  # what a stdio server gets to exit once its stdin is closed, then after SIGTERM
 
+RELIST_MIN_S = 1.0
+"""The least time between two listings of one connection (seconds): ``list_changed``
+notifications closer together are answered by one listing, once that time is up."""
+RELIST_MAX_S = 60.0
+"""The most time a flood of ``list_changed`` can put between two listings (seconds)."""
+RELIST_COST_FACTOR = 20.0
+"""A listing that took ``t`` seconds is followed by the next one ``t`` times this at the
+earliest: relisting takes at most about 5 % of the host's time."""
+
+
+def relisting_wait(last_s: float, cost_s: float, flooded: bool) -> float:
+    """The least time (seconds) before the next listing of a connection, after a listing
+    that took ``cost_s`` seconds: :data:`RELIST_COST_FACTOR` times the cost, at least
+    :data:`RELIST_MIN_S`; doubled from ``last_s`` when the ``list_changed`` it answered
+    came before ``last_s`` was up (a flood), at most :data:`RELIST_MAX_S` then."""
+    own = max(RELIST_MIN_S, cost_s * RELIST_COST_FACTOR)
+    return min(RELIST_MAX_S, max(own, last_s * 2)) if flooded else own
+
 
 class UpstreamViolation(ConnectionError):
     """An MCP server sent a message over a bound: its connection ends (and is restarted)."""
@@ -88,6 +109,13 @@ def shown_text(text: object, max_chars: int = 200) -> str:
     escaped = replace_controls(raw[:max_chars], lambda m: ascii(m.group())[1:-1])
     escaped = escaped.replace("\n", "\\n").replace("\t", "\\t")
     return escaped + ("..." if cut else "")
+
+
+def shown_info(info: dict[str, Any]) -> dict[str, Any]:
+    """A server's ``serverInfo`` as kept for display: its strings escaped and cut
+    (:func:`shown_text`), its ``name`` and ``version`` alone kept
+    with ``title`` and ``websiteUrl``."""
+    return {k: shown_text(v) for k, v in info.items() if k in ("name", "version", "title", "websiteUrl")}
 
 
 class MessageBounds:
