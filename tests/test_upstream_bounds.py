@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -240,3 +242,39 @@ def test_session_processes_are_bounded(system: ActorSystem) -> None:
         assert result.ok and result.content.endswith(": back") and set(servers.sessions()) == {"a"}
     finally:
         gateway.close()
+
+
+def test_an_http_upstreams_oversized_message_is_cut_before_it_is_parsed(system: ActorSystem, tmp_path: Path,
+                                                                       logs: list[str]) -> None:
+    from tests.test_mcp_source import FIXTURE, _free_port
+
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, FIXTURE, str(tmp_path), "--http", str(port)],
+                               env={**os.environ, "FIXTURE_JSON": "1"},  # a JSON body: unbounded in the SDK
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: _listening(port), timeout_s=WAIT_S * 3)
+        server = MCPServer(url=f"http://127.0.0.1:{port}/mcp", timeout_ms=60_000, name="web")
+        system.add_source(server, poll_s=None)
+        assert wait_for(lambda: "big" in {info.name for info in system.tools()})
+        loop = system.start_loop("h")
+        [small] = loop.run_turn([ToolCall("c1", "big", {"mib": 1})])
+        assert small.ok and "1,048,576 characters in all" in small.content  # within the bound (the output cap cuts it)
+        before = _rss()
+        [result] = loop.run_turn([ToolCall("c2", "big", {"mib": 24})])
+        assert not result.ok, result.content[:200]
+        assert any("longer than 16,777,216 bytes" in line for line in logs), logs[-5:]
+        assert _rss() - before < 64 * _MIB
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.2).close()
+        return True
+    except OSError:
+        return False

@@ -45,8 +45,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final
 
 import anyio
+import httpx2
 import mcp_types as types
 from loguru import logger
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.message import SessionMessage
 
 from rho_actors.bounded_json import JSONBoundError, loads_bounded
@@ -55,7 +57,8 @@ from rho_actors.encoding import describe_exception, replace_controls
 __all__ = [
     "MAX_CONTAINERS", "MAX_DEPTH", "MAX_MESSAGE_BYTES", "MAX_STRUCTURED_BYTES", "NOTIFICATIONS_PER_S",
     "NOTIFICATION_BURST", "RELIST_COST_FACTOR", "RELIST_MAX_S", "RELIST_MIN_S", "MessageBounds", "UpstreamViolation",
-    "message_streams", "relisting_wait", "route_sdk_logging", "shown_info", "shown_text", "stdio_transport",
+    "bounded_http_client", "message_streams", "relisting_wait", "route_sdk_logging", "shown_info", "shown_text",
+    "stdio_transport",
 ]
 
 MAX_MESSAGE_BYTES: Final = 16 * 2**20
@@ -292,6 +295,55 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
         transport = getattr(process, "_transport", None)
         if transport is not None:
             transport.close()
+
+
+class _BoundedBody(httpx2.AsyncByteStream):
+    """A response body of an HTTP MCP server, ended with a ``ReadError`` once more than
+    :data:`MAX_MESSAGE_BYTES` arrive without a blank line (the end of a server-sent event;
+    a JSON body has none): no one message the SDK parses is larger."""
+
+    def __init__(self, inner: Any, label: str) -> None:
+        self._inner = inner
+        self._label = label
+        self._run = 0
+        self._last = b""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            data = self._last + chunk  # a blank line may be split between two chunks
+            cut = max((at + len(sep) for sep in (b"\n\n", b"\n\r\n") if (at := data.rfind(sep)) >= 0), default=-1)
+            self._run = len(data) - cut if cut >= 0 else self._run + len(chunk)
+            self._last = data[-2:]
+            if self._run > MAX_MESSAGE_BYTES:
+                logger.warning("{}: connection ended: a message longer than {:,} bytes (rho's bound)", self._label,
+                               MAX_MESSAGE_BYTES)
+                raise httpx2.ReadError(f"{self._label} sent a message longer than {MAX_MESSAGE_BYTES:,} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _BoundedTransport(httpx2.AsyncBaseTransport):
+    def __init__(self, label: str) -> None:
+        self._inner = httpx2.AsyncHTTPTransport()
+        self._label = label
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        return httpx2.Response(response.status_code, headers=response.headers, request=request,
+                               stream=_BoundedBody(response.stream, self._label), extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def bounded_http_client(headers: Mapping[str, str], label: str) -> httpx2.AsyncClient:
+    """The HTTP client of a streamable-HTTP MCP server (the SDK's defaults: 30 s, 300 s to
+    read a stream), every response read through a bound of :data:`MAX_MESSAGE_BYTES` a
+    message before the SDK parses it; ``label`` names the server in the log."""
+    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+    return httpx2.AsyncClient(headers=dict(headers), timeout=timeout, transport=_BoundedTransport(label))
 
 
 class _ToLoguru(logging.Handler):

@@ -60,13 +60,13 @@ import pykka
 from loguru import logger
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.encoding import describe_exception
 from rho_actors.mcp.bounds import (
     RELIST_MIN_S,
+    bounded_http_client,
     relisting_wait,
     route_sdk_logging,
     shown_info,
@@ -550,7 +550,8 @@ class MCPConnection(Actor):
             else:
                 assert server.url is not None
                 pin_listener(server.url, server.server_uid)
-                client = await stack.enter_async_context(create_mcp_http_client(headers=server.headers))
+                label = f"MCP server {server.name}"
+                client = await stack.enter_async_context(bounded_http_client(server.headers, label))
                 read, write = await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
             ended = asyncio.Event()
             relay_send, relay_receive = anyio.create_memory_object_stream[Any](16)
