@@ -46,6 +46,7 @@ from typing import Any, Final
 
 import anyio
 import httpx2
+import mcp
 import mcp_types as types
 from loguru import logger
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
@@ -381,20 +382,37 @@ class _ToLoguru(logging.Handler):
 
 
 _ROUTED = threading.Lock()
-_SDK_LOGGERS: Final = ("mcp", "client", "server")  # the names the SDK's modules log under
+_SDK_FOLDER: Final = os.path.dirname(os.path.abspath(mcp.__file__)) + os.sep
+
+
+class _SDKRecords(logging.Filter):
+    """On a logger the SDK shares with others by its bare name (``client``): the SDK's
+    own records (made in its package's files) go to loguru and no further; others pass."""
+
+    def __init__(self, handler: _ToLoguru) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not os.path.abspath(record.pathname).startswith(_SDK_FOLDER):
+            return True
+        if record.levelno >= logging.WARNING:
+            self.handler.handle(record)
+        return False
 
 
 def route_sdk_logging() -> None:
-    """Send the MCP SDK's ``logging`` records (its loggers: ``mcp``'s tree, ``client``
-    and ``server``) to loguru through one :class:`_ToLoguru`, not to the host's stderr;
-    idempotent."""
+    """Send the MCP SDK's ``logging`` records at ``WARNING`` and above to loguru through
+    one :class:`_ToLoguru` (escaped, cut, rate-bounded), never to the host's stderr: the
+    ``mcp`` logger's tree wholly, and the SDK's own records of the loggers it names
+    ``client`` and ``server`` (a host's records there pass as before); idempotent."""
     with _ROUTED:
-        handler = next((h for h in logging.getLogger("mcp").handlers if isinstance(h, _ToLoguru)), None)
-        handler = handler or _ToLoguru()
-        for name in _SDK_LOGGERS:
-            sdk = logging.getLogger(name)
-            if handler not in sdk.handlers:
-                sdk.addHandler(handler)
-                sdk.propagate = False
-                if sdk.level == logging.NOTSET:
-                    sdk.setLevel(logging.WARNING)
+        sdk = logging.getLogger("mcp")
+        if any(isinstance(h, _ToLoguru) for h in sdk.handlers):
+            return
+        handler = _ToLoguru()
+        handler.setLevel(logging.WARNING)
+        sdk.addHandler(handler)
+        sdk.propagate = False
+        for name in ("client", "server"):
+            logging.getLogger(name).addFilter(_SDKRecords(handler))

@@ -20,6 +20,10 @@ server's tools like any other source's:
   ``timeout`` on time whatever the server does.
 - Declarations pass the checks of DESIGN §3 (a bad one is left out with its reason,
   logged once); ``notifications/tools/list_changed`` re-lists and refreshes the offer.
+- Every message a server sends is bounded before any parser sees it, trusted or not
+  (:mod:`rho_actors.mcp.bounds`: rho's own stdio transport, size, arrays and objects,
+  depth, notification rate, ``structuredContent``, relisting cost), and ``tools/call``
+  is sent bare, so the SDK never applies a server's ``outputSchema``.
 - A stdio server gets a scrubbed environment: ``PATH``, ``LANG``, ``LC_*``, ``TZ`` and
   ``HOME`` from this process, plus the explicit ``env`` (the untrusted-boundary rule).
 - A ``url`` on a loopback address is pinned to its owner: before each connection, the
