@@ -148,7 +148,7 @@ def test_a_list_changed_flood_relists_ever_more_rarely(system: ActorSystem, tmp_
 
     marks = tmp_path / "listed"
     _source(system, "flood", "50", str(marks))  # answers each tools/list with another list_changed
-    assert wait_for(lambda: len(marks.read_text().split()) >= 4, 1 + 2 + 4 + WAIT_S * 3)
+    assert wait_for(lambda: marks.exists() and len(marks.read_text().split()) >= 4, 1 + 2 + 4 + WAIT_S * 3)
     times = [float(t) for t in marks.read_text().split()]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     # each wait at least doubles (1, 2, 4 s...); a gap is its wait and the next listing's own time

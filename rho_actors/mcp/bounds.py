@@ -12,10 +12,11 @@ pydantic models see it:
   at most :data:`MAX_CONTAINERS`, :data:`MAX_DEPTH` deep). A message over these bounds is
   a protocol violation: the connection ends (logged, naming the bound) and is restarted
   within its intensity; calls in flight get ``crashed`` results;
-- notifications are admitted at :data:`NOTIFICATIONS_PER_S` a second, after a burst of
-  :data:`NOTIFICATION_BURST` (a token bucket per connection): the rest are dropped
-  before they are parsed, counted and logged once a window (a progress flood cannot
-  slow a call or grow the host's memory);
+- notifications (and the server's own requests: pings, elicitations) are admitted at
+  :data:`NOTIFICATIONS_PER_S` a second, after a burst of :data:`NOTIFICATION_BURST` (a
+  token bucket per connection): the rest are dropped before the SDK's models see them,
+  counted and logged once a window (a progress flood cannot slow a call or grow the
+  host's memory; a dropped request is never answered);
 - a ``tools/call`` result's ``structuredContent`` is at most :data:`MAX_STRUCTURED_BYTES`
   as JSON (the bound of a worker's result details): a larger one is answered, for that
   call, as the server's error naming the bound (the call gets ``mcp_refused``), and
@@ -148,7 +149,7 @@ class MessageBounds:
         except ValueError as exc:
             return exc  # not JSON: a parse error, as the SDK's own transports give
         if isinstance(value, dict):
-            if "method" in value and "id" not in value and not self._take_token():
+            if "method" in value and not self._take_token():  # a notification, or a request (a ping flood)
                 return None
             value = self._bounded_result(value)
         try:
@@ -166,7 +167,7 @@ class MessageBounds:
         self.dropped += 1
         self._unlogged += 1
         if now - self._logged_at >= _LOG_WINDOW_S:
-            logger.warning("{}: {} notifications dropped (more than {:g} a second after a burst of {})",
+            logger.warning("{}: {} notifications or requests dropped (more than {:g} a second after a burst of {})",
                            self.label, self._unlogged, NOTIFICATIONS_PER_S, NOTIFICATION_BURST)
             self._unlogged, self._logged_at = 0, now
         return False
