@@ -276,6 +276,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.CRASHED, "tool {tool!r}: MCP server {server} exited or dropped the connection during the call; "
         "it is being restarted"
     ),
+    "mcp_session_cap": (
+        _K.UNAVAILABLE, "tool {tool!r} cannot be called now: MCP server {server} runs a process for each session "
+        "and its {count} processes are all busy"
+    ),
     "mcp_refused": (_K.RAISED, "tool {tool!r}: MCP server {server} refused the call: error {code}: {message}"),
     "mcp_output_schema": (
         _K.RAISED, "tool {tool!r} returned output that does not match its outputSchema: {problem}",

@@ -6,7 +6,10 @@ through loguru (DESIGN §6b "What an upstream can cost the host")."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -141,16 +144,15 @@ def test_message_bounds_directly() -> None:
 
 
 def test_a_list_changed_flood_relists_ever_more_rarely(system: ActorSystem, tmp_path: Path) -> None:
-    import itertools
-
-    from rho_actors.mcp.source import RELIST_COST_FACTOR, RELIST_MAX_S, RELIST_MIN_S, relisting_wait
+    from rho_actors.mcp.bounds import RELIST_COST_FACTOR, RELIST_MAX_S, RELIST_MIN_S, relisting_wait
 
     marks = tmp_path / "listed"
     _source(system, "flood", "50", str(marks))  # answers each tools/list with another list_changed
-    assert wait_for(lambda: len(marks.read_text().split()) >= 4, 1 + 2 + 4 + WAIT_S * 3)
+    assert wait_for(lambda: marks.exists() and len(marks.read_text().split()) >= 4, 1 + 2 + 4 + WAIT_S * 3)
     times = [float(t) for t in marks.read_text().split()]
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert all(later >= earlier * 1.8 for earlier, later in itertools.pairwise(gaps)), gaps  # today: 1 s each
+    # each wait at least doubles (1, 2, 4 s...); a gap is its wait and the next listing's own time
+    assert all(gap >= RELIST_MIN_S * 2**i * 0.95 for i, gap in enumerate(gaps)), gaps  # today: 1 s each
     assert relisting_wait(RELIST_MIN_S, 0.01, flooded=False) == RELIST_MIN_S
     assert relisting_wait(40.0, 0.01, flooded=True) == RELIST_MAX_S
     assert relisting_wait(RELIST_MIN_S, 0.5, flooded=False) == 0.5 * RELIST_COST_FACTOR
@@ -177,3 +179,102 @@ def test_a_confined_upstream_is_bounded_the_same(system: ActorSystem, logs: list
         assert _rss() - before < 48 * _MIB
     finally:
         gateway.close()
+
+
+def _untrusted_gateway(system: ActorSystem, **spec: Any) -> Any:
+    from rho_actors.mcp.gateway import Gateway, GatewayConfig, UpstreamSpec
+
+    gateway = Gateway(GatewayConfig((UpstreamSpec("m", command=(sys.executable, HOSTILE, "memory"), trusted=False,
+                                                  connect_timeout_s=60.0, timeout_ms=60_000, **spec),)))
+    gateway.start(system)
+    assert gateway.status()["m"]["connected"], gateway.status()
+    return gateway
+
+
+def test_an_untrusted_upstream_runs_a_process_per_session(system: ActorSystem) -> None:
+    gateway = _untrusted_gateway(system)
+    try:
+        victim, receiver = system.start_loop("victim"), system.start_loop("receiver")
+        [paid] = victim.run_turn([ToolCall("c1", "echo", {"text": "card 4111 1111 1111 1111, PIN 1234"})])
+        [seen] = receiver.run_turn([ToolCall("c2", "echo", {"text": "anything?"})])
+        [again] = victim.run_turn([ToolCall("c3", "echo", {"text": "second"})])
+        assert paid.ok and seen.ok and again.ok, (paid, seen, again)
+        assert "4111" not in seen.content and seen.content.endswith(": anything?"), seen.content  # today: it is
+        victim_pid, receiver_pid = paid.content.split(":")[0], seen.content.split(":")[0]
+        assert victim_pid != receiver_pid and again.content.startswith(f"{victim_pid}: card 4111")
+        servers = gateway.upstreams[0].session_servers
+        assert servers is not None and set(servers.sessions()) == {"victim", "receiver"} and servers.started == 2
+    finally:
+        gateway.close()
+
+
+def test_one_process_for_every_session_is_an_explicit_opt_in(system: ActorSystem, tmp_path: Path) -> None:
+    from rho_actors.mcp.gateway import load_config
+
+    config = tmp_path / "gateway.toml"
+    config.write_text('[servers.m]\ncommand = ["python", "x.py"]\ntrusted = false\nshared = true\n')
+    assert load_config(config).servers[0].shared
+    gateway = _untrusted_gateway(system, shared=True)
+    try:
+        [first] = system.start_loop("a").run_turn([ToolCall("c1", "echo", {"text": "mine"})])
+        assert first.ok, first
+        [second] = system.start_loop("b").run_turn([ToolCall("c2", "echo", {"text": "yours"})])
+        assert second.content.endswith(": mine | yours") and gateway.upstreams[0].session_servers is None
+    finally:
+        gateway.close()
+
+
+def test_session_processes_are_bounded(system: ActorSystem) -> None:
+    gateway = _untrusted_gateway(system)
+    try:
+        servers = gateway.upstreams[0].session_servers
+        assert servers is not None
+        servers.max_servers = 2
+        pids = []
+        loops = {session: system.start_loop(session) for session in ("a", "b", "c")}
+        for session in ("a", "b", "c"):  # the third stops the least recently used idle one
+            [result] = loops[session].run_turn([ToolCall(f"c-{session}", "echo", {"text": session})])
+            assert result.ok, result
+            pids.append(result.content.split(":")[0])
+        assert len(set(pids)) == 3 and set(servers.sessions()) == {"b", "c"}
+        servers.idle_s = 0.0  # every idle one is stopped at the next call's look
+        [result] = loops["a"].run_turn([ToolCall("c-a2", "echo", {"text": "back"})])
+        assert result.ok and result.content.endswith(": back") and set(servers.sessions()) == {"a"}
+    finally:
+        gateway.close()
+
+
+def test_an_http_upstreams_oversized_message_is_cut_before_it_is_parsed(system: ActorSystem, tmp_path: Path,
+                                                                       logs: list[str]) -> None:
+    from tests.test_mcp_source import FIXTURE, _free_port
+
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, FIXTURE, str(tmp_path), "--http", str(port)],
+                               env={**os.environ, "FIXTURE_JSON": "1"},  # a JSON body: unbounded in the SDK
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: _listening(port), timeout_s=WAIT_S * 3)
+        server = MCPServer(url=f"http://127.0.0.1:{port}/mcp", timeout_ms=60_000, name="web")
+        system.add_source(server, poll_s=None)
+        assert wait_for(lambda: "big" in {info.name for info in system.tools()})
+        loop = system.start_loop("h")
+        [small] = loop.run_turn([ToolCall("c1", "big", {"mib": 1})])
+        assert small.ok and "1,048,576 characters in all" in small.content  # within the bound (the output cap cuts it)
+        before = _rss()
+        [result] = loop.run_turn([ToolCall("c2", "big", {"mib": 24})])
+        assert not result.ok, result.content[:200]
+        assert any("longer than 16,777,216 bytes" in line for line in logs), logs[-5:]
+        assert _rss() - before < 64 * _MIB
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.2).close()
+        return True
+    except OSError:
+        return False

@@ -12,14 +12,18 @@ pydantic models see it:
   at most :data:`MAX_CONTAINERS`, :data:`MAX_DEPTH` deep). A message over these bounds is
   a protocol violation: the connection ends (logged, naming the bound) and is restarted
   within its intensity; calls in flight get ``crashed`` results;
-- notifications are admitted at :data:`NOTIFICATIONS_PER_S` a second, after a burst of
-  :data:`NOTIFICATION_BURST` (a token bucket per connection): the rest are dropped
-  before they are parsed, counted and logged once a window (a progress flood cannot
-  slow a call or grow the host's memory);
+- notifications (and the server's own requests: pings, elicitations) are admitted at
+  :data:`NOTIFICATIONS_PER_S` a second, after a burst of :data:`NOTIFICATION_BURST` (a
+  token bucket per connection): the rest are dropped before the SDK's models see them,
+  counted and logged once a window (a progress flood cannot slow a call or grow the
+  host's memory; a dropped request is never answered);
 - a ``tools/call`` result's ``structuredContent`` is at most :data:`MAX_STRUCTURED_BYTES`
   as JSON (the bound of a worker's result details): a larger one is answered, for that
   call, as the server's error naming the bound (the call gets ``mcp_refused``), and
-  nothing of it is kept.
+  nothing of it is kept;
+- a ``list_changed`` flood relists ever more rarely (:func:`relisting_wait`: a wait of
+  20 times the last listing's cost, doubled while each listing is answered by another
+  ``list_changed``, up to a minute).
 
 :func:`shown_text` is how an upstream's own words (its ``serverInfo``, its error
 messages) are shown: control, bidi and line-breaking characters escaped, cut to a
@@ -42,8 +46,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final
 
 import anyio
+import httpx2
+import mcp
 import mcp_types as types
 from loguru import logger
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.message import SessionMessage
 
 from rho_actors.bounded_json import JSONBoundError, loads_bounded
@@ -51,7 +58,8 @@ from rho_actors.encoding import describe_exception, replace_controls
 
 __all__ = [
     "MAX_CONTAINERS", "MAX_DEPTH", "MAX_MESSAGE_BYTES", "MAX_STRUCTURED_BYTES", "NOTIFICATIONS_PER_S",
-    "NOTIFICATION_BURST", "MessageBounds", "UpstreamViolation", "message_streams", "route_sdk_logging", "shown_text",
+    "NOTIFICATION_BURST", "RELIST_COST_FACTOR", "RELIST_MAX_S", "RELIST_MIN_S", "MessageBounds", "UpstreamViolation",
+    "bounded_http_client", "message_streams", "relisting_wait", "route_sdk_logging", "shown_info", "shown_text",
     "stdio_transport",
 ]
 
@@ -74,6 +82,24 @@ _MAX_SHOWN: Final = 2000
 _SDK_LINES_PER_WINDOW: Final = 50
 _TERMINATE_S: Final = 2.0  # what a stdio server gets to exit once its stdin is closed, then after SIGTERM
 
+RELIST_MIN_S = 1.0
+"""The least time between two listings of one connection (seconds): ``list_changed``
+notifications closer together are answered by one listing, once that time is up."""
+RELIST_MAX_S = 60.0
+"""The most time a flood of ``list_changed`` can put between two listings (seconds)."""
+RELIST_COST_FACTOR = 20.0
+"""A listing that took ``t`` seconds is followed by the next one ``t`` times this at the
+earliest: relisting takes at most about 5 % of the host's time."""
+
+
+def relisting_wait(last_s: float, cost_s: float, flooded: bool) -> float:
+    """The least time (seconds) before the next listing of a connection, after a listing
+    that took ``cost_s`` seconds: :data:`RELIST_COST_FACTOR` times the cost, at least
+    :data:`RELIST_MIN_S`; doubled from ``last_s`` when the ``list_changed`` it answered
+    came before ``last_s`` was up (a flood), at most :data:`RELIST_MAX_S` then."""
+    own = max(RELIST_MIN_S, cost_s * RELIST_COST_FACTOR)
+    return min(RELIST_MAX_S, max(own, last_s * 2)) if flooded else own
+
 
 class UpstreamViolation(ConnectionError):
     """An MCP server sent a message over a bound: its connection ends (and is restarted)."""
@@ -88,6 +114,13 @@ def shown_text(text: object, max_chars: int = 200) -> str:
     escaped = replace_controls(raw[:max_chars], lambda m: ascii(m.group())[1:-1])
     escaped = escaped.replace("\n", "\\n").replace("\t", "\\t")
     return escaped + ("..." if cut else "")
+
+
+def shown_info(info: dict[str, Any]) -> dict[str, Any]:
+    """A server's ``serverInfo`` as kept for display: its strings escaped and cut
+    (:func:`shown_text`), its ``name`` and ``version`` alone kept
+    with ``title`` and ``websiteUrl``."""
+    return {k: shown_text(v) for k, v in info.items() if k in ("name", "version", "title", "websiteUrl")}
 
 
 class MessageBounds:
@@ -116,7 +149,7 @@ class MessageBounds:
         except ValueError as exc:
             return exc  # not JSON: a parse error, as the SDK's own transports give
         if isinstance(value, dict):
-            if "method" in value and "id" not in value and not self._take_token():
+            if "method" in value and not self._take_token():  # a notification, or a request (a ping flood)
                 return None
             value = self._bounded_result(value)
         try:
@@ -134,7 +167,7 @@ class MessageBounds:
         self.dropped += 1
         self._unlogged += 1
         if now - self._logged_at >= _LOG_WINDOW_S:
-            logger.warning("{}: {} notifications dropped (more than {:g} a second after a burst of {})",
+            logger.warning("{}: {} notifications or requests dropped (more than {:g} a second after a burst of {})",
                            self.label, self._unlogged, NOTIFICATIONS_PER_S, NOTIFICATION_BURST)
             self._unlogged, self._logged_at = 0, now
         return False
@@ -266,6 +299,55 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
             transport.close()
 
 
+class _BoundedBody(httpx2.AsyncByteStream):
+    """A response body of an HTTP MCP server, ended with a ``ReadError`` once more than
+    :data:`MAX_MESSAGE_BYTES` arrive without a blank line (the end of a server-sent event;
+    a JSON body has none): no one message the SDK parses is larger."""
+
+    def __init__(self, inner: Any, label: str) -> None:
+        self._inner = inner
+        self._label = label
+        self._run = 0
+        self._last = b""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            data = self._last + chunk  # a blank line may be split between two chunks
+            cut = max((at + len(sep) for sep in (b"\n\n", b"\n\r\n") if (at := data.rfind(sep)) >= 0), default=-1)
+            self._run = len(data) - cut if cut >= 0 else self._run + len(chunk)
+            self._last = data[-2:]
+            if self._run > MAX_MESSAGE_BYTES:
+                logger.warning("{}: connection ended: a message longer than {:,} bytes (rho's bound)", self._label,
+                               MAX_MESSAGE_BYTES)
+                raise httpx2.ReadError(f"{self._label} sent a message longer than {MAX_MESSAGE_BYTES:,} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _BoundedTransport(httpx2.AsyncBaseTransport):
+    def __init__(self, label: str) -> None:
+        self._inner = httpx2.AsyncHTTPTransport()
+        self._label = label
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        return httpx2.Response(response.status_code, headers=response.headers, request=request,
+                               stream=_BoundedBody(response.stream, self._label), extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def bounded_http_client(headers: Mapping[str, str], label: str) -> httpx2.AsyncClient:
+    """The HTTP client of a streamable-HTTP MCP server (the SDK's defaults: 30 s, 300 s to
+    read a stream), every response read through a bound of :data:`MAX_MESSAGE_BYTES` a
+    message before the SDK parses it; ``label`` names the server in the log."""
+    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+    return httpx2.AsyncClient(headers=dict(headers), timeout=timeout, transport=_BoundedTransport(label))
+
+
 class _ToLoguru(logging.Handler):
     """The MCP SDK's log records, into loguru: escaped, cut, at most
     :data:`_SDK_LINES_PER_WINDOW` a window (the rest counted)."""
@@ -301,20 +383,37 @@ class _ToLoguru(logging.Handler):
 
 
 _ROUTED = threading.Lock()
-_SDK_LOGGERS: Final = ("mcp", "client", "server")  # the names the SDK's modules log under
+_SDK_FOLDER: Final = os.path.dirname(os.path.abspath(mcp.__file__)) + os.sep
+
+
+class _SDKRecords(logging.Filter):
+    """On a logger the SDK shares with others by its bare name (``client``): the SDK's
+    own records (made in its package's files) go to loguru and no further; others pass."""
+
+    def __init__(self, handler: _ToLoguru) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not os.path.abspath(record.pathname).startswith(_SDK_FOLDER):
+            return True
+        if record.levelno >= logging.WARNING:
+            self.handler.handle(record)
+        return False
 
 
 def route_sdk_logging() -> None:
-    """Send the MCP SDK's ``logging`` records (its loggers: ``mcp``'s tree, ``client``
-    and ``server``) to loguru through one :class:`_ToLoguru`, not to the host's stderr;
-    idempotent."""
+    """Send the MCP SDK's ``logging`` records at ``WARNING`` and above to loguru through
+    one :class:`_ToLoguru` (escaped, cut, rate-bounded), never to the host's stderr: the
+    ``mcp`` logger's tree wholly, and the SDK's own records of the loggers it names
+    ``client`` and ``server`` (a host's records there pass as before); idempotent."""
     with _ROUTED:
-        handler = next((h for h in logging.getLogger("mcp").handlers if isinstance(h, _ToLoguru)), None)
-        handler = handler or _ToLoguru()
-        for name in _SDK_LOGGERS:
-            sdk = logging.getLogger(name)
-            if handler not in sdk.handlers:
-                sdk.addHandler(handler)
-                sdk.propagate = False
-                if sdk.level == logging.NOTSET:
-                    sdk.setLevel(logging.WARNING)
+        sdk = logging.getLogger("mcp")
+        if any(isinstance(h, _ToLoguru) for h in sdk.handlers):
+            return
+        handler = _ToLoguru()
+        handler.setLevel(logging.WARNING)
+        sdk.addHandler(handler)
+        sdk.propagate = False
+        for name in ("client", "server"):
+            logging.getLogger(name).addFilter(_SDKRecords(handler))

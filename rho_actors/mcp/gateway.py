@@ -16,7 +16,9 @@ server, each call with rho's guarantees:
 - ``notifications/tools/list_changed`` from an upstream re-lists it, and the gateway's
   clients get ``tools/list_changed`` (through the registry's ``ToolSetChanged``);
 - an untrusted upstream (``trusted = false``, ``--untrusted-mcp``) runs confined as
-  untrusted workers are (:mod:`rho_actors.mcp.confined`).
+  untrusted workers are (:mod:`rho_actors.mcp.confined`), one process for each session
+  that calls it (:mod:`rho_actors.mcp.session_servers`; ``shared = true``: one for all,
+  which then sees every session's arguments).
 
 Names. A tool name that two upstreams list, or an upstream lists and the host's own
 tools have, is served as ``<server>__<tool>`` for every upstream listing it, while it
@@ -43,9 +45,10 @@ The configuration (:func:`load_config`, ``--config gateway.toml``) is TOML::
     trusted = false                   # run it confined (default true)
     network = false                   # untrusted only: the host's network (default: none)
     read = ["/srv/docs"]              # untrusted only: extra read-only paths
-    memory_mb = 1024                  # untrusted only: its whole tree's memory bound
+    memory_mb = 1024                  # untrusted only: its whole tree's memory bound (each process's)
     rate = "10/s"                     # one token bucket for all its tools (or "600/min", "1000/h")
     idempotent_hints = true           # its tools' idempotentHint is trusted: their failed calls are retried
+    shared = false                    # untrusted only: one process for every session (default: one each)
 
     [servers.search]
     url = "http://127.0.0.1:9000/mcp" # streamable HTTP (trusted only)
@@ -72,7 +75,8 @@ from rho_actors.declarations.policy import parse_rate
 from rho_actors.errors import RhoError
 from rho_actors.mcp.confined import DEFAULT_HEAP_BYTES, check_startable, confined_transport
 from rho_actors.mcp.names import default_name, numbered
-from rho_actors.mcp.source import MCPServer
+from rho_actors.mcp.session_servers import SessionServers
+from rho_actors.mcp.source import Link, MCPServer
 from rho_actors.sandbox import ConfinePolicy
 from rho_actors.tool import DEFAULT_TIMEOUT_MS
 
@@ -87,7 +91,7 @@ COLLISIONS: Final = ("namespace", "refuse")
 _SERVER_NAME: Final = re.compile(r"(?!.*__)[A-Za-z0-9_-]{0,31}[A-Za-z0-9-]")  # no "__", no "_" at the end
 _KEYS: Final = frozenset({
     "command", "url", "env", "headers", "timeout_ms", "max_restarts", "max_seconds", "trusted", "network", "read",
-    "memory_mb", "prefix", "connect_timeout_s", "cwd", "rate", "idempotent_hints",
+    "memory_mb", "prefix", "connect_timeout_s", "cwd", "rate", "idempotent_hints", "shared",
 })
 
 
@@ -109,10 +113,12 @@ class UpstreamSpec:
     ``max_seconds`` its restart intensity; ``connect_timeout_s`` bounds connecting and
     listing (seconds). ``trusted=False``: confined (:mod:`rho_actors.mcp.confined`),
     with ``network`` (the host's network), ``read`` (extra read-only paths) and
-    ``memory_mb`` (its tree's memory bound, MiB). ``prefix``: serve every tool as
-    ``<name>__<tool>``. ``cwd``: a trusted stdio server's working folder. ``rate``
-    (``"10/s"``...): one token bucket for all its tools; ``idempotent_hints``: its
-    ``idempotentHint`` annotations are trusted (such a tool's failed calls are retried)."""
+    ``memory_mb`` (its tree's memory bound, MiB), and one process for each session that
+    calls it unless ``shared`` (one for all: it sees every session's arguments).
+    ``prefix``: serve every tool as ``<name>__<tool>``. ``cwd``: a trusted stdio
+    server's working folder. ``rate`` (``"10/s"``...): one token bucket for all its
+    tools; ``idempotent_hints``: its ``idempotentHint`` annotations are trusted (such a
+    tool's failed calls are retried)."""
 
     name: str
     command: tuple[str, ...] | None = None
@@ -131,6 +137,7 @@ class UpstreamSpec:
     cwd: str | None = None
     rate: str | None = None
     idempotent_hints: bool = False
+    shared: bool = False
 
 
 _DEFAULT: Final = UpstreamSpec("default")
@@ -231,6 +238,7 @@ def _spec(where: str, name: str, table: Any) -> UpstreamSpec:
         read=tuple(_paths(where, table.get("read", []))), memory_mb=numbers["memory_mb"],
         prefix=typed("prefix", bool, False), cwd=typed("cwd", (str, type(None)), None), rate=rate,
         idempotent_hints=typed("idempotent_hints", bool, False),
+        shared=typed("shared", bool, False),
     )
 
 
@@ -395,6 +403,8 @@ class Upstream(MCPServer):
         self._names = names
         self._policy = policy
         self._held: dict[str, tuple[Any, object]] = {}  # what it listed last (kept while it is down)
+        # an untrusted server's calls go to a process of the call's session (its listing never gets one)
+        self.session_servers = SessionServers(self) if not spec.trusted and not spec.shared else None
         self._offered: dict[str, tuple[object, Any]] = {}  # served name -> (version, tool): one object while unchanged
 
     def attach(self, system: Any) -> None:
@@ -406,6 +416,19 @@ class Upstream(MCPServer):
             assert self.command is not None
             check_startable(self.command, policy=self._policy, env=self.env, reads=self.spec.read, name=self.name)
         super().attach(system)
+
+    def call_link(self, tool: str, ctx: Mapping[str, Any]) -> contextlib.AbstractContextManager[Link]:
+        """The connection of the call's session's own process (an untrusted server, not
+        ``shared``), else the server's one connection."""
+        if self.session_servers is None:
+            return super().call_link(tool, ctx)
+        return self.session_servers.link(tool, ctx)
+
+    def detach(self) -> None:
+        """:meth:`MCPServer.detach`, every session's process stopped first."""
+        if self.session_servers is not None:
+            self.session_servers.close()
+        super().detach()
 
     async def open_transport(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any] | None:
         """A trusted server's usual transport (``None``); an untrusted one's confined process."""

@@ -20,6 +20,10 @@ server's tools like any other source's:
   ``timeout`` on time whatever the server does.
 - Declarations pass the checks of DESIGN §3 (a bad one is left out with its reason,
   logged once); ``notifications/tools/list_changed`` re-lists and refreshes the offer.
+- Every message a server sends is bounded before any parser sees it, trusted or not
+  (:mod:`rho_actors.mcp.bounds`: rho's own stdio transport, size, arrays and objects,
+  depth, notification rate, ``structuredContent``, relisting cost), and ``tools/call``
+  is sent bare, so the SDK never applies a server's ``outputSchema``.
 - A stdio server gets a scrubbed environment: ``PATH``, ``LANG``, ``LC_*``, ``TZ`` and
   ``HOME`` from this process, plus the explicit ``env`` (the untrusted-boundary rule).
 - A ``url`` on a loopback address is pinned to its owner: before each connection, the
@@ -60,13 +64,20 @@ import pykka
 from loguru import logger
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.declarations.policy import parse_rate
 from rho_actors.encoding import describe_exception
-from rho_actors.mcp.bounds import route_sdk_logging, shown_text, stdio_transport
+from rho_actors.mcp.bounds import (
+    RELIST_MIN_S,
+    bounded_http_client,
+    relisting_wait,
+    route_sdk_logging,
+    shown_info,
+    shown_text,
+    stdio_transport,
+)
 from rho_actors.mcp.content import rho_value
 from rho_actors.mcp.names import default_name
 from rho_actors.mcp.peers import pin_listener
@@ -77,31 +88,14 @@ from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolFailure
 
 __all__ = [
-    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_COST_FACTOR", "RELIST_MAX_S", "RELIST_MIN_S",
-    "MCPConnection", "MCPServer", "MCPTool", "default_name", "relisting_wait", "scrubbed_environment",
+    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_MIN_S", "Link", "MCPConnection", "MCPServer", "MCPTool",
+    "default_name", "scrubbed_environment",
 ]
 
 ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
 """Variables a stdio server inherits from this process (with every ``LC_*``)."""
 
 _MAX_PAGES = 100
-RELIST_MIN_S = 1.0
-"""The least time between two listings of one connection (seconds): ``list_changed``
-notifications closer together are answered by one listing, once that time is up."""
-RELIST_MAX_S = 60.0
-"""The most time a flood of ``list_changed`` can put between two listings (seconds)."""
-RELIST_COST_FACTOR = 20.0
-"""A listing that took ``t`` seconds is followed by the next one ``t`` times this at the
-earliest: relisting takes at most about 5 % of the host's time."""
-
-
-def relisting_wait(last_s: float, cost_s: float, flooded: bool) -> float:
-    """The least time (seconds) before the next listing of a connection, after a listing
-    that took ``cost_s`` seconds: :data:`RELIST_COST_FACTOR` times the cost, at least
-    :data:`RELIST_MIN_S`; doubled from ``last_s`` when the ``list_changed`` it answered
-    came before ``last_s`` was up (a flood), at most :data:`RELIST_MAX_S` then."""
-    own = max(RELIST_MIN_S, cost_s * RELIST_COST_FACTOR)
-    return min(RELIST_MAX_S, max(own, last_s * 2)) if flooded else own
 MAX_TOOLS = 4096
 """The tools kept of one server's listing at most (``MCPServer(max_tools=...)``); the rest are left out, logged."""
 MAX_LISTED_BYTES = 32 * 2**20
@@ -124,7 +118,7 @@ def scrubbed_environment(env: Mapping[str, str] | None = None) -> dict[str, str]
 
 
 @dataclass(slots=True)
-class _Link:
+class Link:
     """What the connection actor publishes for the tools (outlives its restarts)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -263,10 +257,11 @@ class MCPServer:
         self.rate = None if rate is None else parse_rate(rate).text  # checked now: ValueError names the forms
         self.idempotent_hints = idempotent_hints is True
         self.listing_cut = False  # whether a listing went over the bounds (logged once)
-        self._link = _Link()
+        self._link = Link()
         route_sdk_logging()  # the SDK's own log records: into loguru, escaped, never raw onto stderr
         self._tools: dict[str, tuple[str, MCPTool]] = {}  # name -> (version, tool): the same object while unchanged
         self._system: Any = None
+        self.subtree: Any = None  # the connection's supervisor (its own subtree under sources), once attached
 
     # --- the source protocol ------------------------------------------------------------
 
@@ -307,6 +302,7 @@ class MCPServer:
         sources = system.whereis(_SOURCES)
         children = sources.proxy().which_children().get(timeout=15) if sources is not None else []
         subtree = next((c.ref for c in children if c.id == self.child_id and c.ref is not None), None)
+        self.subtree = subtree
 
         def down(_ref: Any, reason: object) -> None:
             link = self._link
@@ -414,7 +410,16 @@ class MCPServer:
     def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         """Send ``tools/call`` for ``name`` over the live connection (from a call's
         thread); returns its content as rho values or raises :class:`ToolFailure`."""
-        link = self._link
+        with self.call_link(name, ctx) as link:
+            return self._call_on(link, name, args, ctx)
+
+    def call_link(self, tool: str, ctx: Mapping[str, Any]) -> contextlib.AbstractContextManager[Link]:
+        """The connection a call of ``tool`` in ``ctx`` goes to, held while it runs: this
+        server's one connection. :class:`rho_actors.mcp.gateway.Upstream` overrides it (an
+        untrusted server's process of the call's session). Raises :class:`ToolFailure`."""
+        return contextlib.nullcontext(self._link)
+
+    def _call_on(self, link: Link, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         with link.lock:
             session, aloop = link.session, link.aloop
         if session is None or aloop is None:
@@ -480,10 +485,11 @@ class MCPConnection(Actor):
     reason (:func:`~rho_actors.kill`: an abnormal exit), so its supervisor restarts it
     (a new process or connection)."""
 
-    def __init__(self, server: MCPServer, link: _Link) -> None:
+    def __init__(self, server: MCPServer, link: Link, lister: bool = True) -> None:
         super().__init__()
         self._server = server
         self._link = link
+        self._lister = lister  # False: a connection for calls only (a session's own process), never listed
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._halting = threading.Event()
@@ -530,7 +536,8 @@ class MCPConnection(Actor):
                 said = self._stderr.last()
             if said:
                 reason = f"{reason} (its stderr: {said})"
-            logger.warning("MCP server {}: {}; restarting it", self._server.name, reason)
+            logger.warning("MCP server {}: {}; {}", self._server.name, reason,
+                           "restarting it" if self._lister else "a session's process: the next call starts another")
             with self._link.changed:
                 self._link.last_error = reason
                 self._link.failures += 1
@@ -541,7 +548,7 @@ class MCPConnection(Actor):
         with self._link.lock:
             had = self._link.session is not None or bool(self._link.tools)
             self._link.session, self._link.aloop, self._link.tools = None, None, {}
-        if had:
+        if had and self._lister:
             self._server.refresh_offer()
 
     async def _connect(self) -> None:  # noqa: PLR0915 (one linear story: transport, session, watch)
@@ -556,7 +563,7 @@ class MCPConnection(Actor):
         changed_at: list[float] = []  # when the first list_changed since the last listing came
 
         async def on_message(message: Any) -> None:
-            if isinstance(message, types.ToolListChangedNotification):
+            if isinstance(message, types.ToolListChangedNotification) and self._lister:
                 if not relist.is_set():
                     changed_at[:] = [time.monotonic()]
                 relist.set()
@@ -571,7 +578,8 @@ class MCPConnection(Actor):
             else:
                 assert server.url is not None
                 pin_listener(server.url, server.server_uid)
-                client = await stack.enter_async_context(create_mcp_http_client(headers=server.headers))
+                label = f"MCP server {server.name}"
+                client = await stack.enter_async_context(bounded_http_client(server.headers, label))
                 read, write = await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
             ended = asyncio.Event()
             relay_send, relay_receive = anyio.create_memory_object_stream[Any](16)
@@ -582,10 +590,10 @@ class MCPConnection(Actor):
             )
             with anyio.fail_after(server.connect_timeout_s):
                 initialized = await session.initialize()
-                tools = await _list_tools(session, server)
+                tools = await _list_tools(session, server) if self._lister else {}
             with self._link.lock:
                 self._link.connections += 1
-                self._link.server_info = _shown_info(initialized.server_info.model_dump(mode="json", exclude_none=True))
+                self._link.server_info = shown_info(initialized.server_info.model_dump(mode="json", exclude_none=True))
             self._publish(session, tools)
             listed_at, wait_s = time.monotonic(), RELIST_MIN_S
             try:
@@ -634,7 +642,8 @@ class MCPConnection(Actor):
         with self._link.changed:
             self._link.session, self._link.aloop, self._link.tools = session, self._aloop, tools
             self._link.changed.notify_all()
-        self._server.refresh_offer()
+        if self._lister:
+            self._server.refresh_offer()
 
 
 async def _relay(read: Any, send: Any, ended: asyncio.Event, wake: asyncio.Event) -> None:
@@ -675,13 +684,6 @@ async def _list_tools(session: ClientSession, server: MCPServer) -> dict[str, di
         if not cursor:
             break
     return tools
-
-
-def _shown_info(info: dict[str, Any]) -> dict[str, Any]:
-    """A server's ``serverInfo`` as kept for display: its strings escaped and cut
-    (:func:`~rho_actors.mcp.bounds.shown_text`), its ``name`` and ``version`` alone kept
-    with ``title`` and ``websiteUrl``."""
-    return {k: shown_text(v) for k, v in info.items() if k in ("name", "version", "title", "websiteUrl")}
 
 
 def _find_program(program: str, path: str, cwd: str | None, name: str) -> None:

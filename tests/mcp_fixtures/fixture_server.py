@@ -1,10 +1,11 @@
 """An MCP server built with the SDK's MCPServer (FastMCP), for the tests of
-rho_actors.mcp consuming servers. Usage: fixture_server.py MARKS_DIR [--http PORT].
+rho_actors.mcp consuming servers. Usage: fixture_server.py MARKS_DIR [--http PORT]
+(with FIXTURE_JSON=1 in its environment, its HTTP answers are JSON bodies, not SSE).
 
 Tools: echo, fail (an isError result), hang (sleeps; writes MARKS_DIR/cancelled when
 its call is cancelled), crash (the process exits mid-call), grow (adds the tool "grown"
 and sends tools/list_changed), shout (writes to stderr), weather (structured content),
-env (the server's environment), a tool named "bad name!" whose declaration fails rho's
+env (the server's environment), big (a text of N MiB), a tool named "bad name!" whose declaration fails rho's
 checks.
 """
 
@@ -37,6 +38,12 @@ async def hang(seconds: float) -> str:
         (marks / "cancelled").write_text("1")
         raise
     return "woke up"
+
+
+@server.tool()
+def big(mib: int) -> str:
+    """A text of ``mib`` MiB."""
+    return "x" * (mib * 2**20)
 
 
 @server.tool()
@@ -94,6 +101,7 @@ server.add_tool(bad, name="bad name!")
 if __name__ == "__main__":
     (marks / "started").write_text(str(os.getpid()))
     if len(sys.argv) > 3 and sys.argv[2] == "--http":
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[3]))
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[3]),
+                   json_response=os.environ.get("FIXTURE_JSON") == "1")
     else:
         server.run()

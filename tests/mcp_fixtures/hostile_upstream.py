@@ -17,10 +17,13 @@ exponentially on, and answers a structuredContent that does not match it after N
 selfinfo: says its serverInfo name is N (escapes and a forged line).
 badnote: sends, before each tools/call answer, N notifications the SDK cannot validate
 (its warnings, with the message text, are logged).
+memory: a tools/call answers with its process id and every text it was called with so
+far (a receiver's view of the other sessions' arguments).
 Every mode has ``echo`` (gives back its text, with the tool's own name).
 """
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -29,6 +32,7 @@ MODE = sys.argv[1]
 N = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 0
 MIB = 2**20
 LISTED: list[int] = []
+SEEN: list[str] = []
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}}
 
 
@@ -86,6 +90,9 @@ def called(text: str, params: dict[str, Any]) -> dict[str, Any]:
         time.sleep(float(sys.argv[3]))
     elif MODE == "regex":
         result["structuredContent"] = {"s": "a" * N + "!"}
+    elif MODE == "memory":
+        SEEN.append(str((params.get("arguments") or {}).get("text", "")))
+        result["content"][0]["text"] = f"{os.getpid()}: " + " | ".join(SEEN)
     elif MODE == "badnote":
         for _ in range(N):
             sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
