@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,10 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command under load; returns its exit status."""
     parser = argparse.ArgumentParser(prog="python -m tests.loaded", description=__doc__.split("\n\n")[0])
@@ -33,13 +38,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     options = parser.parse_args(argv)
     command = [c for c in options.command if c != "--"] or [sys.executable, "-m", "pytest"]
+    signal.signal(signal.SIGTERM, _interrupted)  # a stopped run stops its command and its loops too
     loops = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(options.loops)]
     print(f"[loaded] {len(loops)} busy loops started; load average {_load()}", flush=True)
     began = time.monotonic()
+    run = None
     try:
-        status = subprocess.call(command)
+        run = subprocess.Popen(command, start_new_session=True)  # its group: pytest and its workers
+        status = run.wait()
+    except KeyboardInterrupt:
+        status = 130
     finally:
         ended = _load()
+        if run is not None and run.poll() is None:
+            os.killpg(run.pid, signal.SIGTERM)
+            status = run.wait()
         for loop in loops:
             loop.kill()
         for loop in loops:

@@ -13,12 +13,14 @@ import tempfile
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rho_actors import ActorSystem
 from rho_actors.cli import main
 from rho_actors.observe.observer import Observer
+from tests.conftest import WAIT_S, wait_for
 from tests.test_selftest import tools_file
 
 pytestmark = pytest.mark.timeout(120)
@@ -144,3 +146,65 @@ def test_a_tool_whose_declaration_fails_is_a_selftest_failure(
     assert "parameter_schema.properties.a.type" in rows["sloppy"]["message"]
     assert rows["untested"]["outcome"] == "failed"  # no selftest, and never offered either
     assert "the top level must be an object schema" in rows["untested"]["message"]
+
+
+def test_top_says_why_it_exits_when_the_observer_closes(
+    system: ActorSystem, short_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A live ``top`` whose observer closes (the system stopped) ends with 0 saying so
+    on stderr: it used to return without a word."""
+    import argparse
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from rho_actors.observe.top import run as top
+
+    observer = system.observe(short_dir / "live.sock", interval_s=0.05)
+    codes: list[int] = []
+    args = argparse.Namespace(connect=observer.address, token=None, once=False, json=False)
+    watching = threading.Thread(target=lambda: codes.append(top(args, Console(file=io.StringIO()))))
+    watching.start()
+    assert wait_for(lambda: observer.stats()["viewers"] == 1)
+    observer.close()
+    watching.join(WAIT_S)
+    assert codes == [0]
+    assert f"the observer at {observer.address} closed the connection: the system stopped" in capsys.readouterr().err
+
+
+def test_verbose_shows_rhos_log_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``-v`` (before or after the command) shows rho's log from INFO up, ``-vv`` from
+    DEBUG up; without it rho is silent."""
+    path = tools_file(tmp_path, "one.py", "class One(_Base):\n    pass\n")
+    assert main(["tree", "--tools", str(path), "--json"]) == 0
+    assert "child registry started" not in capsys.readouterr().err
+    for argv in (["-v", "tree", "--tools", str(path), "--json"], ["tree", "--json", "-v", "--tools", str(path)]):
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert "INFO" in err and "root: child registry started" in err and "DEBUG" not in err, err
+    assert main(["-vv", "tree", "--tools", str(path), "--json"]) == 0
+    assert "root: child registry started" in capsys.readouterr().err
+
+
+def _subcommands(parser: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _subcommands(sub, (*path, name))
+
+
+def test_every_subcommand_help_has_a_description() -> None:
+    """``rho-actors COMMAND --help`` says what the command does, for every command and
+    action (``replay``, ``mcp``, ``top`` had none; ``tree`` showed its usage line)."""
+    from rho_actors.cli import build_parser
+
+    found = dict(_subcommands(build_parser()))
+    assert {" ".join(p) for p in found} >= {"replay", "replay bfcl", "selftest", "chat", "mcp", "mcp serve", "top",
+                                             "tree"}
+    for path, sub in found.items():
+        text = sub.description or ""
+        assert len(text.split()) >= 8 and not text.startswith("rho-actors"), (path, text)

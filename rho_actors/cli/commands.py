@@ -16,6 +16,7 @@ Commands (argparse subcommands; each command group registers itself in
     rho-actors approve DATA_DIR SESSION CALL_ID [--by NAME]
     rho-actors reject DATA_DIR SESSION CALL_ID --message TEXT [--by NAME]
     rho-actors --version
+    rho-actors -v|-vv COMMAND ...   # rho's log on stderr: INFO (-v) or DEBUG (-vv) and above
 
 Exit codes: 0 success, 1 the command ran and found a failure (for ``replay bfcl``:
 a result or a state differed other than through a listed rejection; for ``selftest``: a
@@ -53,7 +54,11 @@ def _non_negative_int(text: str) -> int:
 
 
 def _add_replay(commands: Any) -> None:
-    replay = commands.add_parser("replay", help="replay recorded conversations through the runtime")
+    replay = commands.add_parser(
+        "replay", help="replay recorded conversations through the runtime",
+        description="Replay recorded conversations through the runtime, each tool call run supervised with "
+                    "its deadline, and compare the results with the recorded ones. TARGET: bfcl (the "
+                    "Berkeley Function Calling Leaderboard's multi-turn conversations).")
     targets = replay.add_subparsers(dest="target", metavar="TARGET", required=True)
 
     # light: bfcl_eval itself is imported only when a replay runs
@@ -470,7 +475,10 @@ def _host_port(text: str) -> tuple[str, int]:
 
 
 def _add_mcp(commands: Any) -> None:
-    mcp = commands.add_parser("mcp", help="the Model Context Protocol: serve tools to MCP clients")
+    mcp = commands.add_parser(
+        "mcp", help="the Model Context Protocol: serve tools to MCP clients",
+        description="The Model Context Protocol. ACTION: serve (serve your tools, and those of upstream MCP "
+                    "servers, to MCP clients over stdio or streamable HTTP).")
     actions = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     serve = actions.add_parser(
         "serve",
@@ -646,6 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="An OTP-style actor runtime for an LLM agent's tool calls.",
     )
     parser.add_argument("--version", action="version", version=f"rho-actors {_version()}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=_VERBOSE)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     from rho_actors.cli.decisions import add_parsers as _add_decisions
     from rho_actors.cli.tree import add_parser as _add_tree
@@ -653,7 +662,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top, _add_tree, _add_decisions):
         add(commands)
+    _verbose_everywhere(parser)
     return parser
+
+
+_VERBOSE = "show rho's log on stderr (-v: INFO and above, -vv: DEBUG too)"
+
+
+def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand ``-v``/``--verbose`` too (``rho-actors mcp serve -v``),
+    counted with one given before the command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=_VERBOSE)
+                _verbose_everywhere(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -665,7 +688,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help and on usage errors
         return exc.code if isinstance(exc.code, int) else 2
     handler: Handler = args.handler
-    return handler(args)
+    if not args.verbose:
+        return handler(args)
+    import contextlib
+
+    from loguru import logger
+
+    with contextlib.suppress(ValueError):  # loguru's default sink (stderr, every level): ours replaces it
+        logger.remove(0)
+    sink = logger.add(sys.stderr, level="DEBUG" if args.verbose > 1 else "INFO", filter="rho_actors")
+    logger.enable("rho_actors")
+    try:
+        return handler(args)
+    finally:
+        logger.disable("rho_actors")
+        logger.remove(sink)
 
 
 if __name__ == "__main__":

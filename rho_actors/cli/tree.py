@@ -31,7 +31,7 @@ def add_parser(commands: Any) -> None:
     """Add ``tree`` to the ``rho-actors`` subcommands."""
     tree = commands.add_parser(
         "tree", help="print the supervision tree of a fresh system with your tools, or of a running one",
-        description=__doc__.split("\n\n")[2].replace("\n", " ") if __doc__ else None,
+        description=__doc__.split("\n\n")[3].replace("\n", " ") if __doc__ else None,
     )
     tree.add_argument("--tools", nargs="+", action="extend", default=[], metavar="MODULE_OR_PATH",
                       help="module name, .py file or folder whose tools the fresh system registers")

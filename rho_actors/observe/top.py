@@ -7,7 +7,9 @@ Usage::
 ``ADDRESS`` is the Unix socket path or ``127.0.0.1:PORT`` given to
 :meth:`rho_actors.ActorSystem.observe` (default: ``$RHO_ACTORS_OBSERVER``); a TCP
 address needs the observer's token (``--token`` or ``$RHO_ACTORS_TOKEN``). ``--once``
-prints one snapshot and exits (``--json``: as JSON, for scripts). Exit codes: 0, or 2
+prints one snapshot and exits (``--json``: as JSON, for scripts); otherwise it runs until
+Ctrl-C, or until the observer closes the connection, which it says on stderr (the system
+stopped). Exit codes: 0, or 2
 when the observer cannot be reached (nothing listening is said as "connection
 refused") or refuses the token.
 """
@@ -232,7 +234,11 @@ def _tree(branch: Tree, node: dict[str, Any], depth: int = 0) -> None:
 
 def add_parser(commands: Any) -> None:
     """Add ``top`` to the ``rho-actors`` subcommands."""
-    top = commands.add_parser("top", help="watch a running system's tree and calls live")
+    top = commands.add_parser(
+        "top", help="watch a running system's tree and calls live",
+        description="Watch a running system's supervision tree and its calls live, through the observer "
+                    "it serves (ActorSystem.observe); until Ctrl-C, or until the observer closes the "
+                    "connection, which it says (the system stopped).")
     top.add_argument("--connect", metavar="ADDRESS", default=os.environ.get("RHO_ACTORS_OBSERVER"),
                      help="the observer's Unix socket path or 127.0.0.1:PORT (default: $RHO_ACTORS_OBSERVER)")
     top.add_argument("--token", default=os.environ.get("RHO_ACTORS_TOKEN"),
@@ -279,6 +285,8 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
                 if message.get("type") == "snapshot" or now - last > 0.1:
                     live.update(view.render(), refresh=True)
                     last = now
+        print(f"rho-actors top: the observer at {args.connect} closed the connection: the system stopped, "
+              "or stopped being observed", file=sys.stderr)
         return 0
     except ConnectionError as exc:
         print(f"rho-actors top: the observer refused: {exc}", file=sys.stderr)

@@ -1,61 +1,39 @@
-"""Hostile tests of round 6: lazy session supervisors under crashes that race a stop, a
-restart or the takeover; call threads whose tools use their cancel token against the
-runtime (callbacks that block or exit, a tool cancelling its own token)."""
+"""A session's life racing itself: a stop racing a crash of a lazy or woken session, a
+stop while its supervisor wakes, a turn submitted while its loop restarts, a stop from the
+session's own supervisor report, a session given up and started again, crash storms in
+many sessions, a lazy loop stopped or killed as it starts, a tool stopping the system."""
 
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pykka
-import pytest
 
 from rho_actors import (
     ActorSystem,
-    CancelToken,
     ErrorKind,
     Loop,
     RestartIntensityExceeded,
     SupervisorEvent,
     ToolCall,
-    ToolContext,
     kill,
     tool,
 )
+from rho_actors.loop.messages import loop_name
+from rho_actors.otp.actor import stop
 
 from .conftest import WAIT_S, slack, supervisors_labelled, wait_for
 from .helpers import echo, echoed
 
 
-def _restarted(loop: Loop, before: pykka.ActorRef[Any]) -> bool:
-    return loop.alive and loop.ref is not before
-
-
 def _sessions(system: ActorSystem) -> list[str]:
     node = next(c for c in system.tree()["children"] if c["id"] == "sessions")
     return [s["id"] for s in node["children"]]
-
-
-class _Reports:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.seen: list[tuple[str, str]] = []
-
-    def __call__(self, event: object) -> None:
-        if isinstance(event, SupervisorEvent):
-            with self.lock:
-                self.seen.append((event.supervisor, event.kind))
-
-    def kinds(self, label: str) -> list[str]:
-        with self.lock:
-            return [kind for supervisor, kind in self.seen if supervisor == label]
-
-
-# --------------------------------------------------------------------------- a stop racing a crash
 
 
 def test_a_stop_racing_a_crash_of_a_lazy_loop_ends_the_session(tmp_path: Path) -> None:
@@ -142,6 +120,10 @@ def test_a_turn_submitted_while_its_loop_restarts_waits_for_the_restart(tmp_path
         except pykka.ActorDeadError as exc:
             assert "it was stopped" in str(exc)
         assert time.monotonic() - began < slack(1.0)  # a stopped loop is not waited for
+
+
+def _restarted(loop: Loop, before: pykka.ActorRef[Any]) -> bool:
+    return loop.alive and loop.ref is not before
 
 
 def test_names_withheld_by_set_withheld_stay_withheld_after_a_restart(tmp_path: Path) -> None:
@@ -231,9 +213,6 @@ def test_the_tree_shows_a_lazy_session_whose_loop_crashed_as_a_woken_one_restart
         assert tree["a"]["alive"] and tree["a"]["children"][0]["alive"]
 
 
-# --------------------------------------------------------------------------- a session given up
-
-
 def test_a_session_given_up_can_start_again_from_the_gave_up_report(tmp_path: Path) -> None:
     """Before: its id stayed held until the given-up supervisor's end was seen, so a host
     starting the session again on ``gave_up`` got ``already started``."""
@@ -266,6 +245,21 @@ def test_a_session_given_up_can_start_again_from_the_gave_up_report(tmp_path: Pa
             assert echoed(again, "new") == "new"
             assert echoed(healthy, "still") == "still"
             assert wait_for(lambda: sorted(_sessions(system)) == ["ok", "v"])
+
+
+class _Reports:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: list[tuple[str, str]] = []
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, SupervisorEvent):
+            with self.lock:
+                self.seen.append((event.supervisor, event.kind))
+
+    def kinds(self, label: str) -> list[str]:
+        with self.lock:
+            return [kind for supervisor, kind in self.seen if supervisor == label]
 
 
 def test_crash_storms_in_many_sessions_give_each_up_alone(tmp_path: Path) -> None:
@@ -323,191 +317,6 @@ def test_crash_storms_in_many_sessions_give_each_up_alone(tmp_path: Path) -> Non
         release.set()
 
 
-# --------------------------------------------------------------------------- cancel callbacks
-
-
-def test_a_cancel_callback_that_blocks_holds_up_no_deadline(tmp_path: Path) -> None:
-    """Before: the callback ran on the deadlines thread, so the call's own timeout and
-    every later one of the system waited for it (the turn did not finish in 5 s)."""
-    hold = threading.Event()
-
-    @tool(timeout_ms=100)
-    def trap(ctx: ToolContext) -> str:
-        """Block the canceller."""
-        ctx.cancel.add_callback(lambda: hold.wait(WAIT_S))
-        ctx.cancel.wait(WAIT_S)
-        return "late"
-
-    @tool(timeout_ms=100)
-    def slow(ctx: ToolContext) -> str:
-        """Overrun the deadline."""
-        ctx.cancel.wait(WAIT_S)
-        return "late"
-
-    with ActorSystem(data_dir=tmp_path, shutdown_ms=300) as system:
-        system.register(trap)
-        system.register(slow)
-        try:
-            [trapped] = system.start_loop("a").run_turn([ToolCall("t", "trap", "{}")], timeout_s=WAIT_S)
-            [other] = system.start_loop("b").run_turn([ToolCall("s", "slow", "{}")], timeout_s=WAIT_S)
-            assert trapped.error_kind is ErrorKind.TIMEOUT and other.error_kind is ErrorKind.TIMEOUT
-            assert max(trapped.duration_ms, other.duration_ms) < WAIT_S * 1000 / 2
-        finally:
-            hold.set()
-
-
-def test_a_cancel_callback_that_exits_loses_no_result_and_crashes_no_loop(tmp_path: Path) -> None:
-    """Before: the host's cancel ran the callback on the LoopActor's thread; its
-    SystemExit ended the loop in the middle of the turn, whose future was never set."""
-    ran = threading.Event()
-
-    @tool(timeout_ms=5_000)
-    def exiter(ctx: ToolContext) -> str:
-        """Exit from the cancel callback."""
-        ctx.cancel.add_callback(lambda: sys.exit(3))
-        ran.set()
-        ctx.cancel.wait(WAIT_S)
-        return "late"
-
-    with ActorSystem(data_dir=tmp_path, shutdown_ms=300) as system:
-        system.register(exiter)
-        system.register(echo)
-        loop = system.start_loop("c")
-        first = loop.ref
-        token = CancelToken()
-        future = loop.submit_turn([ToolCall("x", "exiter", "{}")], cancel=token)
-        assert ran.wait(WAIT_S)
-        token.cancel()
-        [result] = future.result(WAIT_S)
-        assert result.error_kind is ErrorKind.CANCELLED
-        assert loop.ref is first and echoed(loop, "alive") == "alive"
-        ran.clear()
-        future = loop.submit_turn([ToolCall("y", "exiter", "{}")])
-        assert ran.wait(WAIT_S)
-        loop.stop()  # the stop's cancel runs the callback too
-        [result] = future.result(WAIT_S)
-        assert result.error_kind is ErrorKind.CANCELLED
-
-
-def test_cancel_callbacks_run_once_in_order_apart_from_the_canceller() -> None:
-    token = CancelToken()
-    seen: list[tuple[str, bool]] = []
-    done = threading.Event()
-    here = threading.current_thread()
-
-    def note(name: str) -> None:
-        seen.append((name, threading.current_thread() is here))
-        if name == "last":
-            done.set()
-
-    token.add_callback(lambda: note("first"))
-    token.add_callback(lambda: sys.exit(1))  # logged; the next one still runs
-    token.add_inline_callback(lambda: note("inline"))
-    token.add_callback(lambda: note("last"))
-    assert token.cancel("timeout") and not token.cancel("again")
-    assert done.wait(WAIT_S)
-    assert seen == [("inline", True), ("first", False), ("last", False)]
-    late = threading.Event()
-    token.add_callback(late.set)  # already cancelled: run at once, apart
-    assert late.wait(WAIT_S)
-
-
-# --------------------------------------------------------------------------- a tool cancelling its own token
-
-
-def test_a_tool_cancelling_its_own_token_leaves_the_thread_counts_true(tmp_path: Path) -> None:
-    """Before: its return was counted as an abandoned thread returning although none was
-    abandoned: ``abandoned_threads_running`` went to -3, and the stop waited its whole
-    ``shutdown_ms`` for call threads that did not exist."""
-    gate = threading.Event()
-
-    @tool
-    def self_cancel(ctx: ToolContext) -> str:
-        """Cancel its own token, then return."""
-        ctx.cancel.cancel("mine")
-        return "done"
-
-    @tool(timeout_ms=100)
-    def self_cancel_then_hang(ctx: ToolContext) -> str:
-        """Cancel its own token, then overrun its deadline."""
-        ctx.cancel.cancel("mine")
-        gate.wait(WAIT_S)
-        return "late"
-
-    system = ActorSystem(data_dir=tmp_path, shutdown_ms=5_000)
-    try:
-        system.register(self_cancel)
-        system.register(self_cancel_then_hang)
-        loop = system.start_loop("s")
-        results = loop.run_turn([ToolCall(f"t{i}", "self_cancel", "{}") for i in range(3)], timeout_s=WAIT_S)
-        assert [r.content for r in results] == ["done"] * 3
-        assert system.stats()["abandoned_threads_running"] == 0
-        [hung] = loop.run_turn([ToolCall("h", "self_cancel_then_hang", "{}")], timeout_s=WAIT_S)
-        assert hung.error_kind is ErrorKind.TIMEOUT
-        assert system.stats()["abandoned_threads_running"] == 1  # abandoned at its deadline all the same
-        assert system.stats()["abandoned_threads_by_session"] == {"s": 1}
-        gate.set()
-        assert wait_for(lambda: system.stats()["abandoned_threads_running"] == 0)
-        began = time.monotonic()
-        system.stop()
-        assert time.monotonic() - began < slack(2.5)  # nothing left to wait for (its shutdown_ms is 5 s)
-    finally:
-        gate.set()
-        system.stop()
-
-
-def test_a_tool_abandoning_its_own_token_leaves_the_thread_counts_true(tmp_path: Path) -> None:
-    """Before: ``ctx["cancel"].abandon(...)`` by the tool made its return undo counts no
-    one had made (``abandoned_threads_running`` -1, a stop waiting its whole
-    ``shutdown_ms``); an abandonment counts only for the isolation that made it."""
-
-    @tool
-    def self_abandon(ctx: ToolContext) -> str:
-        """Abandon its own token, then return."""
-        ctx.cancel.abandon("mine", object())
-        return "done"
-
-    system = ActorSystem(data_dir=tmp_path, shutdown_ms=5_000)
-    try:
-        system.register(self_abandon)
-        loop = system.start_loop("s")
-        results = loop.run_turn([ToolCall(f"a{i}", "self_abandon", "{}") for i in range(3)], timeout_s=WAIT_S)
-        assert [r.content for r in results] == ["done"] * 3
-        assert system.stats()["abandoned_threads_running"] == 0
-        began = time.monotonic()
-        system.stop()
-        assert time.monotonic() - began < slack(2.5)  # nothing to wait for (its shutdown_ms is 5 s)
-    finally:
-        system.stop()
-
-
-def test_a_cancel_whose_callback_thread_cannot_start_still_cancels(
-    monkeypatch: pytest.MonkeyPatch, logs: list[str]
-) -> None:
-    """Out of threads, ``cancel()`` keeps its word: it never raises, the token is set and
-    the runtime's inline callbacks run; the callbacks that needed a thread are logged as
-    not run."""
-    start = threading.Thread.start
-
-    def refuse(thread: threading.Thread) -> None:
-        if thread.name == "rho_actors-cancel-callbacks":
-            raise RuntimeError("can't start new thread")
-        start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", refuse)
-    token = CancelToken()
-    ran: list[str] = []
-    token.add_inline_callback(lambda: ran.append("inline"))
-    token.add_callback(lambda: ran.append("apart"))
-    assert token.cancel("timeout") is True
-    token.add_callback(lambda: ran.append("late"))  # already cancelled: started at once, refused too
-    assert token.cancelled and token.reason == "timeout" and ran == ["inline"]
-    assert sum("cancel callbacks were not run" in line for line in logs) == 2
-
-
-# --------------------------------------------------------------------------- a tool stopping the system
-
-
 def test_a_tool_stopping_the_system_is_not_waited_for_by_that_stop(tmp_path: Path) -> None:
     """Before: the stop waited the whole ``shutdown_ms`` for the call thread it was
     running on, which could only return once that stop had."""
@@ -534,68 +343,47 @@ def test_a_tool_stopping_the_system_is_not_waited_for_by_that_stop(tmp_path: Pat
         system.stop()
 
 
-# --------------------------------------------------------------------------- arguments crossing the API
+def _ended_as_registered(system: ActorSystem, session_id: str, end: Callable[[pykka.ActorRef[Any]], object]) -> None:
+    """Make the system's next registration of ``session_id``'s loop name run ``end`` on
+    the new loop at once (another thread that found it by name, before its start was
+    over)."""
+    names = system._names
+    register = names.register
+
+    def ending(name: str, ref: pykka.ActorRef[Any]) -> None:
+        register(name, ref)
+        if name == loop_name(session_id):
+            names.register = register  # type: ignore[method-assign]
+            end(ref)
+
+    names.register = ending  # type: ignore[method-assign]
 
 
-def test_an_integer_too_long_for_json_text_is_refused_the_same_as_text_or_as_a_mapping(system: ActorSystem) -> None:
-    """Before: as a decoded mapping it reached the tool (whose str() of it then raised);
-    as text its refusal read Python's advice (``use sys.set_int_max_str_digits()``)."""
-
-    @tool
-    def takes(v: dict[str, int]) -> str:
-        """Take a mapping of integers."""
-        return "ran"
-
-    system.register(takes)
-    loop = system.start_loop("n")
-    huge = 10**5000
-    as_text = '{"v": {"n": ' + "9" * 5000 + "}}"
-    results = loop.run_turn([ToolCall("t", "takes", as_text), ToolCall("m", "takes", {"v": {"n": huge}}),
-                             ToolCall("ok", "takes", {"v": {"n": 10**600}})], timeout_s=WAIT_S)
-    assert [r.error_kind for r in results[:2]] == [ErrorKind.INVALID_JSON] * 2
-    assert results[0].content.endswith("an integer of more than 4,300 digits (the most JSON text here may hold)")
-    assert results[1].content.endswith("$.v.n: an integer of more than 4,300 digits (the most JSON text here may hold)")
-    assert "sys." not in results[0].content
-    assert results[2].ok
+def _settled(system: ActorSystem) -> None:
+    system.tree()  # the sessions supervisor has handled what it was told before (a wake-up)
 
 
-# --------------------------------------------------------------------------- the host's callbacks exiting
+def test_a_lazy_loop_stopped_as_it_starts_stays_stopped(tmp_path: Path) -> None:
+    """Before: the stop came before the loop was watched, its monitor said ``noproc``,
+    taken for a crash: the session's supervisor woke up and brought the stopped session
+    back."""
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(echo)
+        _ended_as_registered(system, "x", lambda ref: stop(ref, WAIT_S))
+        loop = system.start_loop("x")
+        _settled(system)
+        assert supervisors_labelled("session:x") == []
+        assert not loop.alive and loop.exit_reason == "normal"
+        assert "x" not in _sessions(system)
+        assert echoed(system.start_loop("x"), "again") == "again"  # its id is free
 
 
-def test_host_callbacks_that_exit_lose_no_turn_and_crash_no_loop(system: ActorSystem) -> None:
-    """Before: an ``on_result`` raising SystemExit escaped the settling of its call, so
-    the turn's future was never set (each turn hung); a done callback's SystemExit
-    escaped ``Future.set_result`` (futures catch only ``Exception``) into whichever
-    thread finished the turn: the LoopActor's, for a cancelled turn, which it ended."""
-
-    @tool(concurrency="exclusive")
-    def one_by_one(text: str) -> str:
-        """Return the text, one call of the turn after another."""
-        return text
-
-    @tool(timeout_ms=5_000)
-    def waits(ctx: ToolContext) -> str:
-        """Wait to be cancelled."""
-        ctx.cancel.wait(WAIT_S)
-        return "late"
-
-    system.register(echo)
-    system.register(one_by_one)
-    system.register(waits)
-    loop = system.start_loop("h")
-
-    def exits(_index: int, _result: object) -> None:
-        sys.exit(1)
-
-    for name in ("echo", "one_by_one"):
-        calls = [ToolCall(f"{name}{i}", name, '{"text": "x"}') for i in range(3)]
-        future = loop.submit_turn(calls, on_result=exits)
-        assert [r.content for r in future.result(WAIT_S)] == ["x"] * 3
-    first = loop.ref
-    token = CancelToken()
-    future = loop.submit_turn([ToolCall("w", "waits", "{}")], cancel=token)
-    future.add_done_callback(lambda _f: sys.exit(2))
-    token.cancel()  # the LoopActor's thread finishes the turn, and runs the callback
-    [result] = future.result(WAIT_S)
-    assert result.error_kind is ErrorKind.CANCELLED
-    assert loop.ref is first and echoed(loop, "alive") == "alive"
+def test_a_lazy_loop_killed_as_it_starts_is_restarted(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(echo)
+        _ended_as_registered(system, "k", kill)
+        loop = system.start_loop("k")
+        assert wait_for(lambda: len(supervisors_labelled("session:k")) == 1)
+        assert echoed(loop, "back") == "back"  # a crash is a crash, whenever it comes
+        loop.stop()
+        assert not loop.alive and "k" not in _sessions(system)

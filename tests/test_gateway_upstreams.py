@@ -1,20 +1,14 @@
-"""Hostile clients and upstreams against what serving and the gateway keep: one HTTP
-session cannot replay another's SSE events (its results), whatever event id it sends; an
-upstream's endless tools/list is bounded and its list_changed flood rate-bounded; an
-upstream cannot serve two tools under one name, and server names cannot make two
-namespaced names meet; a namespaced tool keeps its outputSchema; an outputSchema is
-checked in linear time within the declaration bounds; an MCP server's stderr cannot
-send terminal controls to the host's log."""
+"""What an upstream MCP server can do to the gateway and the host, bounded: an endless
+tools/list, a list_changed flood, two tools under one name, server names that would make
+two namespaced names meet, an outputSchema too costly to check, terminal controls on its
+stderr; a namespaced tool keeps its outputSchema."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import json
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,95 +16,8 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from rho_actors import ActorSystem, CallEvent
+from rho_actors import ActorSystem
 from tests.conftest import WAIT_S
-from tests.test_mcp_client_requests import _sse_events, _until_result, polled
-from tests.test_mcp_serve import TOKEN, _connect_http, _free_port, _serve_http
-
-VERSION = "2025-11-25"
-
-
-def _session(http: Any, url: str, headers: dict[str, str]) -> dict[str, str]:
-    """A new MCP session's headers (initialized)."""
-    init = http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
-    assert init.status_code == 200, init.text
-    own = {**headers, "Mcp-Session-Id": init.headers["mcp-session-id"]}
-    initialized = http.post(url, headers=own, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-    assert initialized.status_code == 202
-    return own
-
-
-def test_a_session_cannot_replay_another_sessions_events(system: ActorSystem) -> None:
-    import anyio
-    import httpx2 as httpx
-
-    system.register(polled)
-    finished = threading.Event()
-    system.subscribe(lambda e: finished.set() if isinstance(e, CallEvent) and e.tool == "polled"
-                     and e.kind == "finished" else None)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}/mcp"
-    thread, loops = _serve_http(system, port)
-    headers = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream",
-               "Content-Type": "application/json", "MCP-Protocol-Version": VERSION}
-    try:
-        anyio.run(_connect_http, url)
-        with httpx.Client(timeout=WAIT_S) as http:
-            victim = _session(http, url, headers)
-            thief = _session(http, url, headers)
-            with http.stream("POST", url, headers=victim, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                                                                "params": {"name": "polled", "arguments": {}}}) as r:
-                first = _sse_events(r.iter_lines())
-            assert finished.wait(WAIT_S)
-            answer: dict[str, Any] = {}  # the victim gets its result (so it is in the store)
-            with http.stream("GET", url, headers={**victim, "Last-Event-ID": first[-1]["id"]}) as resumed:
-                for event in _sse_events(_until_result(resumed.iter_lines(), time.monotonic() + WAIT_S)):
-                    if event.get("data"):
-                        answer = json.loads(event["data"])
-                        break
-            assert answer["id"] == 1 and answer["result"]["content"][0]["text"] == "closed=True"
-            # the thief resumes with the victim's event id (ids are "<request id>/<n>": guessable)
-            seen: list[dict[str, Any]] = []
-            with http.stream("GET", url, headers={**thief, "Last-Event-ID": first[-1]["id"]}) as stolen:
-                for event in _sse_events(_until_result(stolen.iter_lines(), time.monotonic() + 2.0)):
-                    if event.get("data"):
-                        seen.append(json.loads(event["data"]))
-            assert not any(m.get("id") == 1 and "result" in m for m in seen), seen
-    finally:
-        if loops:
-            loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
-        thread.join(WAIT_S)
-
-
-def test_session_views_of_the_event_store_are_apart() -> None:
-    import anyio
-    import mcp_types as types
-    from mcp.server.streamable_http import EventMessage
-
-    from rho_actors.mcp.events import BoundedEventStore
-
-    async def main() -> None:
-        store = BoundedEventStore(max_events=4)
-        a, b = store.session("a"), store.session("b")
-        message = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"n": 1})
-        primed_a, primed_b = await a.store_event("1", None), await b.store_event("1", None)
-        mine = [await a.store_event("1", message), await b.store_event("1", message)]
-        sent: list[EventMessage] = []
-
-        async def send(event: EventMessage) -> None:
-            sent.append(event)
-
-        assert bool(a) and await b.replay_events_after(primed_a, send) is None and not sent  # a's id, in b
-        assert await a.replay_events_after(primed_a, send) == "1" and [e.event_id for e in sent] == mine[:1]
-        sent.clear()
-        assert await b.replay_events_after(primed_b, send) == "1" and [e.event_id for e in sent] == mine[1:]
-        for _ in range(4):  # the bound is over every session together
-            await b.store_event("2", message)
-        assert store.count == 4 and await a.replay_events_after(primed_a, send) is None
-
-    anyio.run(main)
-
 
 HOSTILE = str(Path(__file__).parent / "mcp_fixtures" / "hostile_upstream.py")
 
@@ -153,6 +60,17 @@ def test_an_upstream_cannot_serve_two_tools_under_one_name(system: ActorSystem) 
         gateway.close()
 
 
+def _load(load: Any, text: str) -> Any:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(text)
+    try:
+        return load(f.name)
+    finally:
+        os.unlink(f.name)
+
+
 def test_server_names_cannot_make_two_namespaced_names_meet() -> None:
     from rho_actors.mcp.gateway import GatewayConfigError, _Names, load_config
     from rho_actors.mcp.names import default_name
@@ -165,17 +83,6 @@ def test_server_names_cannot_make_two_namespaced_names_meet() -> None:
     names = _Names("namespace", host=(), servers={"a", "a-b"})
     names.update("a", {"b__x", "a__y"})
     assert names.served("a", "a__y", prefix=False) == "a__a__y" and names.served("a", "b__x", prefix=True) == "a__b__x"
-
-
-def _load(load: Any, text: str) -> Any:
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write(text)
-    try:
-        return load(f.name)
-    finally:
-        os.unlink(f.name)
 
 
 def test_an_mcp_servers_stderr_cannot_send_terminal_controls_to_the_log() -> None:
