@@ -49,6 +49,7 @@ from typing import Any, overload
 import docstring_parser
 import pydantic
 
+from rho_actors.declarations.annotations import Annotations, checked_annotations
 from rho_actors.tool import CONTEXT_NAME, DEFAULT_TIMEOUT_MS, Concurrency, ToolContext, looks_like_context
 
 __all__ = ["FunctionTool", "tool"]
@@ -85,12 +86,14 @@ class FunctionTool:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         concurrency: Concurrency = "parallel",
         selftest: Callable[[], Any] | None = None,
+        annotations: Mapping[str, Any] | None = None,
     ) -> None:
         functools.update_wrapper(self, func)
         self.func = func
         self._name = name or func.__name__
         where = f"@tool {self._name}"
         _checked_options(where, timeout_ms, concurrency, selftest)
+        self._annotations = dict(_checked_annotations(where, annotations))
         doc = docstring_parser.parse(inspect.getdoc(func) or "")
         summary = "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
         if description is None and not summary.strip():
@@ -166,6 +169,10 @@ class FunctionTool:
     def concurrency(self) -> Concurrency:
         return self._concurrency
 
+    def annotations(self) -> dict[str, Any]:
+        """MCP's title and hints given as ``@tool(annotations=...)`` (``{}`` without)."""
+        return dict(self._annotations)
+
     def _kwargs(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         model = self._model.model_validate(args)
         kwargs = {field: getattr(model, field) for field in self._fields}
@@ -184,6 +191,14 @@ class FunctionTool:
 
     def __repr__(self) -> str:
         return f"<tool {self._name} from {self.func.__module__}.{self.func.__qualname__}>"
+
+
+def _checked_annotations(where: str, annotations: Mapping[str, Any] | None) -> Annotations:
+    """``annotations`` checked (:func:`checked_annotations`), its errors naming ``where``."""
+    try:
+        return checked_annotations(annotations)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def _is_context_type(annotation: Any) -> bool:
@@ -248,6 +263,7 @@ def tool(
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
     concurrency: Concurrency = "parallel",
     selftest: Callable[[], Any] | None = None,
+    annotations: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -260,25 +276,30 @@ def tool(
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
     concurrency: Concurrency = "parallel",
     selftest: Callable[[], Any] | None = None,
+    annotations: Mapping[str, Any] | None = None,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed function into a tool, bare (``@tool``) or with options
-    (``@tool(name=..., description=..., timeout_ms=..., concurrency=..., selftest=...)``).
+    (``@tool(name=..., description=..., timeout_ms=..., concurrency=..., selftest=...,
+    annotations=...)``).
 
     ``timeout_ms``: an ``int`` of milliseconds, > 0. ``concurrency``: ``"parallel"`` or
     ``"exclusive"``. ``selftest``: a function of no arguments, the tool's
-    ``selftest()``. Raises ``TypeError`` for a function without a docstring (and no
-    ``description``), ``*args``, ``**kwargs`` or positional-only parameters, a
-    ``timeout_ms`` that is not an ``int`` (``2.5e3``, ``True``) or a ``selftest`` that
-    is not callable; ``ValueError`` for ``timeout_ms <= 0`` or another
-    ``concurrency``; and pydantic's errors for annotations it cannot turn into a
+    ``selftest()``. ``annotations``: MCP's ``title`` and hints (``readOnlyHint``,
+    ``destructiveHint``, ``idempotentHint``, ``openWorldHint``: bools), the tool's
+    ``annotations()`` (:mod:`rho_actors.declarations.annotations`). Raises ``TypeError``
+    for a function without a docstring (and no ``description``), ``*args``,
+    ``**kwargs`` or positional-only parameters, a ``timeout_ms`` that is not an ``int``
+    (``2.5e3``, ``True``), a ``selftest`` that is not callable or an annotation of the
+    wrong type; ``ValueError`` for ``timeout_ms <= 0``, another ``concurrency`` or an
+    unknown annotation; and pydantic's errors for annotations it cannot turn into a
     schema. All at decoration.
     """
-    _checked_options(f"@tool{'' if func is None else ' ' + getattr(func, '__name__', '?')}", timeout_ms,
-                     concurrency, selftest)
+    where = f"@tool{'' if func is None else ' ' + getattr(func, '__name__', '?')}"
+    _checked_options(where, timeout_ms, concurrency, selftest)
+    _checked_annotations(where, annotations)
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
-        return FunctionTool(
-            f, name=name, description=description, timeout_ms=timeout_ms, concurrency=concurrency, selftest=selftest
-        )
+        return FunctionTool(f, name=name, description=description, timeout_ms=timeout_ms, concurrency=concurrency,
+                            selftest=selftest, annotations=annotations)
 
     return wrap(func) if func is not None else wrap

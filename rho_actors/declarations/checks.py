@@ -45,6 +45,7 @@ from loguru import logger
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from rho_actors.declarations.annotations import checked_annotations
 from rho_actors.declarations.arguments import compile_pattern, make_validator, no_retrieval
 from rho_actors.declarations.metaschema import metaschema_validator
 from rho_actors.encoding import describe_exception, scrub_text, strip_controls
@@ -77,7 +78,7 @@ DEFAULT_MAX_SCHEMA_BYTES = 65_536
 DEFAULT_MAX_SCHEMA_NODES = 2_048
 """How many JSON values (objects, arrays, strings, numbers...) a parameter schema may hold."""
 
-_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency")
+_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "annotations")
 
 
 class DeclarationError(RhoError, ValueError):
@@ -298,12 +299,18 @@ def check_declaration(
     if not (type(concurrency) is str and concurrency in ("parallel", "exclusive")):
         _log_default_once(name, "concurrency", concurrency, '"parallel"')
         concurrency = "parallel"
+    try:
+        annotations = checked_annotations(raw.get("annotations"))
+    except (TypeError, ValueError) as exc:  # hints: a bad one is left out, as a bad timeout is
+        _log_default_once(name, "annotations", raw.get("annotations"), f"none ({exc})")
+        annotations = ()
     return ToolInfo(
         name=name,
         description=description,
         parameter_schema=_stripped_annotations(marshal.loads(marshal.dumps(schema))),  # plain JSON: a deep copy
         timeout_ms=timeout,
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
+        annotations=annotations,
     )
 
 

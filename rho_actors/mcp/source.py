@@ -65,6 +65,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+from rho_actors.declarations.annotations import HINTS
 from rho_actors.encoding import describe_exception
 from rho_actors.mcp.content import rho_value
 from rho_actors.mcp.names import default_name
@@ -157,6 +158,15 @@ class MCPTool:
     def timeout_ms(self) -> int:
         """The server's per-call timeout (``MCPServer(timeout_ms=...)``), in milliseconds."""
         return self._server.timeout_ms
+
+    def annotations(self) -> Any:
+        """The server's ``annotations`` (its title and hints) with its tool's ``title``:
+        checked as any tool's, served on as hints (they never lift a host policy)."""
+        said = self._declared.get("annotations")
+        kept = {k: v for k, v in said.items() if k in ("title", *HINTS)} if isinstance(said, dict) else {}
+        if isinstance(self._declared.get("title"), str):
+            kept["title"] = self._declared["title"]
+        return kept
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         """Send ``tools/call`` and wait for its result, at most until ``ctx["deadline"]``."""
