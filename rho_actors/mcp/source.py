@@ -67,9 +67,11 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from rho_actors.declarations.annotations import HINTS
 from rho_actors.encoding import describe_exception
+from rho_actors.mcp.client_requests import client_of
 from rho_actors.mcp.content import rho_value
 from rho_actors.mcp.names import default_name
 from rho_actors.mcp.peers import pin_listener
+from rho_actors.mcp.relay import Listener, forget, relay_log
 from rho_actors.mcp.stderr_log import StderrLog
 from rho_actors.otp.actor import NORMAL, Actor, kill, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
@@ -123,6 +125,7 @@ class _Link:
     last_error: str | None = None
     server_info: dict[str, Any] | None = None  # the last initialize's serverInfo (name, version...)
     given_up: str | None = None  # why its supervisor gave up on it (past the restart intensity)
+    listeners: dict[int, Any] = field(default_factory=dict)  # calls in flight -> their MCP client (log relay)
     changed: threading.Condition = field(init=False)  # notified when a connection is published or an attempt ends
 
     def __post_init__(self) -> None:
@@ -398,12 +401,17 @@ class MCPServer:
             if callable(report):
                 report(progress, total, message)
 
+        caller = client_of(ctx)  # a served call's MCP client (a gateway's): the server's log messages go to it
         request = session.call_tool(name, args, read_timeout_seconds=left, progress_callback=forward)
         try:
             future = asyncio.run_coroutine_threadsafe(request, aloop)
         except RuntimeError:  # the loop closed in between
             request.close()
             raise _fails("mcp_not_connected", name, server=self.name) from None
+        if caller is not None:
+            with link.lock:
+                link.listeners[id(future)] = Listener(caller)
+            future.add_done_callback(lambda done: forget(link.lock, link.listeners, id(done)))
         cancel = ctx.get("cancel")
         if cancel is not None:
             cancel.add_inline_callback(future.cancel)  # abandons the request: sends notifications/cancelled
@@ -541,8 +549,11 @@ class MCPConnection(Actor):
             relay_send, relay_receive = anyio.create_memory_object_stream[Any](16)
             tasks = await stack.enter_async_context(anyio.create_task_group())
             tasks.start_soon(_relay, read, relay_send, ended, wake)
+            async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+                relay_log(self._link.lock, self._link.listeners, server.name, params)
+
             session = await stack.enter_async_context(
-                ClientSession(relay_receive, write, message_handler=on_message)
+                ClientSession(relay_receive, write, message_handler=on_message, logging_callback=on_log)
             )
             with anyio.fail_after(server.connect_timeout_s):
                 initialized = await session.initialize()

@@ -1,8 +1,9 @@
 """An MCP server built with the SDK's MCPServer whose tools carry annotations (a title
-and hints), for ``tests/test_tool_annotations.py``. Run as a script (stdio)."""
+and hints), and one that logs (``chatty``), for ``tests/test_tool_annotations.py`` and
+``tests/test_mcp_gateway_relay.py``. Run as a script (stdio)."""
 
 import mcp_types as types
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("annotated")
 
@@ -18,6 +19,14 @@ def lookup(key: str) -> str:
 def wipe() -> str:
     """Destroy everything (pretend)."""
     return "wiped"
+
+
+@server.tool()
+async def chatty(ctx: Context) -> str:
+    """Log two messages, then answer."""
+    await ctx.info("starting", logger_name="work")
+    await ctx.warning({"step": 2})
+    return "done"
 
 
 if __name__ == "__main__":
