@@ -28,8 +28,8 @@ def test_the_gateway_relays_an_upstreams_log_messages_to_the_calling_client(tmp_
         "-m", "rho_actors.cli", "mcp", "serve", "--mcp", upstream, "--data-dir", str(tmp_path)])
     heard: list[types.LoggingMessageNotificationParams] = []
 
-    async def on_log(said: types.LoggingMessageNotificationParams) -> None:
-        heard.append(said)
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(params)
 
     async def main() -> Any:
         with anyio.fail_after(WAIT_S * 3):
