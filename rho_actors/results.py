@@ -227,6 +227,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.CRASHED, "tool {tool!r}: MCP server {server} exited or dropped the connection during the call; "
         "it is being restarted"
     ),
+    "mcp_session_gone": (
+        _K.UNAVAILABLE, "tool {tool!r}: MCP server {server} no longer knew this client's session (it restarted?): "
+        "a new session is being opened; the call was not sent again, as the tool is not declared idempotent"
+    ),
     "mcp_refused": (_K.RAISED, "tool {tool!r}: MCP server {server} refused the call: error {code}: {message}"),
     "mcp_output_schema": (
         _K.RAISED, "tool {tool!r} returned output that does not match its outputSchema: {problem}",

@@ -30,7 +30,7 @@ from loguru import logger
 
 from rho_actors.encoding import replace_controls, scrub_text
 
-__all__ = ["MAX_RELAYED_LOGS", "Listener", "forget", "relay_log"]
+__all__ = ["MAX_RELAYED_LOGS", "Listener", "forget", "listen", "relay_log"]
 
 MAX_RELAYED_LOGS = 100
 """The most log messages of an upstream relayed to one served call (the rest dropped)."""
@@ -43,6 +43,16 @@ class Listener:
 
     client: Any
     relayed: int = 0
+
+
+def listen(lock: threading.Lock, listeners: dict[int, Listener], client: Any, call: Any) -> None:
+    """Relay the server's log messages to ``client`` (a served call's MCP client, or
+    None: nothing to relay to) while the upstream ``call`` (a future) runs."""
+    if client is None:
+        return
+    with lock:
+        listeners[id(call)] = Listener(client)
+    call.add_done_callback(lambda done: forget(lock, listeners, id(done)))
 
 
 def forget(lock: threading.Lock, listeners: dict[int, Listener], key: int) -> None:

@@ -71,7 +71,8 @@ from rho_actors.mcp.client_requests import client_of
 from rho_actors.mcp.content import rho_value
 from rho_actors.mcp.names import default_name
 from rho_actors.mcp.peers import pin_listener
-from rho_actors.mcp.relay import Listener, forget, relay_log
+from rho_actors.mcp.relay import listen, relay_log
+from rho_actors.mcp.sessions import SessionGone, session_unknown
 from rho_actors.mcp.stderr_log import StderrLog
 from rho_actors.otp.actor import NORMAL, Actor, kill, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
@@ -126,6 +127,7 @@ class _Link:
     server_info: dict[str, Any] | None = None  # the last initialize's serverInfo (name, version...)
     given_up: str | None = None  # why its supervisor gave up on it (past the restart intensity)
     listeners: dict[int, Any] = field(default_factory=dict)  # calls in flight -> their MCP client (log relay)
+    renew: Any = None  # ends the live connection at once (its session unknown to the server): a callable
     changed: threading.Condition = field(init=False)  # notified when a connection is published or an attempt ends
 
     def __post_init__(self) -> None:
@@ -163,8 +165,7 @@ class MCPTool:
         return self._server.timeout_ms
 
     def annotations(self) -> Any:
-        """The server's ``annotations`` (its title and hints) with its tool's ``title``:
-        checked as any tool's, served on as hints (they never lift a host policy)."""
+        """The server's ``annotations`` and its tool's ``title``: hints, checked as any tool's."""
         said = self._declared.get("annotations")
         kept = {k: v for k, v in said.items() if k in ("title", *HINTS)} if isinstance(said, dict) else {}
         if isinstance(self._declared.get("title"), str):
@@ -385,9 +386,26 @@ class MCPServer:
 
     # --- calls ----------------------------------------------------------------------------
 
-    def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
-        """Send ``tools/call`` for ``name`` over the live connection (from a call's
-        thread); returns its content as rho values or raises :class:`ToolFailure`."""
+    def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any], *, retry: bool = True) -> Any:
+        """Send ``tools/call`` for ``name`` over the live connection (from a call's thread);
+        its content as rho values, or :class:`ToolFailure`. A server that no longer knows
+        the session (restarted) gets a new connection at once, and the call again on it
+        (once) for a tool declared idempotent, else ``mcp_session_gone``."""
+        link = self._link
+        with link.lock:
+            said = link.tools.get(name, {}).get("annotations")
+        try:
+            return self._call(name, args, ctx)
+        except SessionGone as gone:
+            if not (retry and isinstance(said, dict) and said.get("idempotentHint") is True):
+                raise _fails("mcp_session_gone", name, server=self.name) from None
+            old, left = gone.session, float(ctx.get("deadline", 0.0)) - time.monotonic()
+            with link.changed:
+                if not link.changed.wait_for(lambda: link.session not in (None, old), max(0.0, left)):
+                    raise _fails("mcp_not_connected", name, server=self.name) from None
+            return self.call(name, args, ctx, retry=False)
+
+    def _call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         link = self._link
         with link.lock:
             session, aloop = link.session, link.aloop
@@ -401,17 +419,13 @@ class MCPServer:
             if callable(report):
                 report(progress, total, message)
 
-        caller = client_of(ctx)  # a served call's MCP client (a gateway's): the server's log messages go to it
         request = session.call_tool(name, args, read_timeout_seconds=left, progress_callback=forward)
         try:
             future = asyncio.run_coroutine_threadsafe(request, aloop)
         except RuntimeError:  # the loop closed in between
             request.close()
             raise _fails("mcp_not_connected", name, server=self.name) from None
-        if caller is not None:
-            with link.lock:
-                link.listeners[id(future)] = Listener(caller)
-            future.add_done_callback(lambda done: forget(link.lock, link.listeners, id(done)))
+        listen(link.lock, link.listeners, client_of(ctx), future)  # the server's log messages: to a served call
         cancel = ctx.get("cancel")
         if cancel is not None:
             cancel.add_inline_callback(future.cancel)  # abandons the request: sends notifications/cancelled
@@ -428,6 +442,10 @@ class MCPServer:
         except MCPError as err:
             if err.code == REQUEST_TIMEOUT:
                 raise self._timed_out(name) from None
+            if session_unknown(err):  # the connection is replaced (its end logged): a new session
+                if callable(link.renew) and link.session is session:
+                    link.renew()
+                raise SessionGone(session) from None
             raise _failure(self.name, name, err, link.stopping) from None
         return rho_value(result)
 
@@ -528,6 +546,11 @@ class MCPConnection(Actor):
         server = self._server
         relist = asyncio.Event()
         wake = asyncio.Event()
+        renewing = asyncio.Event()
+
+        def renew_now() -> None:
+            renewing.set()
+            wake.set()
 
         async def on_message(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification):
@@ -561,6 +584,8 @@ class MCPConnection(Actor):
             with self._link.lock:
                 self._link.connections += 1
                 self._link.server_info = initialized.server_info.model_dump(mode="json", exclude_none=True)
+            aloop = asyncio.get_running_loop()
+            self._link.renew = lambda: aloop.call_soon_threadsafe(renew_now)
             self._publish(session, tools)
             listed_at = time.monotonic()
             try:
@@ -576,6 +601,9 @@ class MCPConnection(Actor):
                                 await session.send_ping()
                             continue
                     wake.clear()
+                    if renewing.is_set():
+                        raise ConnectionError("the server no longer knows this connection's session "
+                                              "(it restarted?)")
                     if ended.is_set():
                         raise ConnectionError("the server closed the connection (its process exited?)")
                     if relist.is_set() and time.monotonic() >= listed_at + RELIST_MIN_S:

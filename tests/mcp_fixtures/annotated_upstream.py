@@ -1,6 +1,6 @@
 """An MCP server built with the SDK's MCPServer whose tools carry annotations (a title
 and hints), and one that logs (``chatty``), for ``tests/test_tool_annotations.py`` and
-``tests/test_mcp_gateway_relay.py``. Run as a script (stdio)."""
+``tests/test_mcp_gateway_relay.py``. Run as a script: stdio, or ``--http PORT``."""
 
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
@@ -30,4 +30,9 @@ async def chatty(ctx: Context) -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    import sys
+
+    if len(sys.argv) > 2 and sys.argv[1] == "--http":  # streamable HTTP on 127.0.0.1:PORT
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")
