@@ -51,6 +51,7 @@ from typing import Any, overload
 import docstring_parser
 import pydantic
 
+from rho_actors.declarations.annotations import Annotations, checked_annotations
 from rho_actors.declarations.policy import NO_POLICY, CallPolicy, RetryPolicy, call_policy
 from rho_actors.tool import CONTEXT_NAME, DEFAULT_TIMEOUT_MS, Concurrency, ToolContext, looks_like_context
 
@@ -90,12 +91,14 @@ class FunctionTool:
         selftest: Callable[[], Any] | None = None,
         policy: CallPolicy = NO_POLICY,
         requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
+        annotations: Mapping[str, Any] | None = None,
     ) -> None:
         functools.update_wrapper(self, func)
         self.func = func
         self._name = name or func.__name__
         where = f"@tool {self._name}"
         _checked_options(where, timeout_ms, concurrency, selftest)
+        self._annotations = dict(_checked_annotations(where, annotations))
         doc = docstring_parser.parse(inspect.getdoc(func) or "")
         summary = "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
         if description is None and not summary.strip():
@@ -103,9 +106,7 @@ class FunctionTool:
                             "write a docstring or pass description=")
         self._description = description if description is not None else summary
         arg_docs = {p.arg_name: p.description for p in doc.params if p.description}
-        self._timeout_ms = timeout_ms
-        self._concurrency = concurrency
-        self._policy = policy
+        self._timeout_ms, self._concurrency, self._policy = timeout_ms, concurrency, policy
         if selftest is not None:
             self.selftest = selftest
         if not isinstance(requires_approval, bool) and not callable(requires_approval):
@@ -203,6 +204,10 @@ class FunctionTool:
     def background_timeout_ms(self) -> int | None:
         return self._policy.background_timeout_ms
 
+    def annotations(self) -> dict[str, Any]:
+        """MCP's title and hints given as ``@tool(annotations=...)`` (``{}`` without)."""
+        return dict(self._annotations)
+
     def _kwargs(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         model = self._model.model_validate(args)
         kwargs = {field: getattr(model, field) for field in self._fields}
@@ -221,6 +226,14 @@ class FunctionTool:
 
     def __repr__(self) -> str:
         return f"<tool {self._name} from {self.func.__module__}.{self.func.__qualname__}>"
+
+
+def _checked_annotations(where: str, annotations: Mapping[str, Any] | None) -> Annotations:
+    """``annotations`` checked (:func:`checked_annotations`), its errors naming ``where``."""
+    try:
+        return checked_annotations(annotations)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def _is_context_type(annotation: Any) -> bool:
@@ -294,6 +307,7 @@ def tool(
     background: bool = False,
     background_timeout_ms: int | None = None,
     requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
+    annotations: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -315,16 +329,21 @@ def tool(
     background: bool = False,
     background_timeout_ms: int | None = None,
     requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
+    annotations: Mapping[str, Any] | None = None,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed function into a tool, bare (``@tool``) or with options
     (``@tool(name=..., description=..., timeout_ms=..., concurrency=..., selftest=...,
-    requires_approval=...)``).
+    requires_approval=..., annotations=...)``).
 
     ``timeout_ms``: an ``int`` of milliseconds, > 0. ``concurrency``: ``"parallel"`` or
     ``"exclusive"``. ``selftest``: a function of no arguments, the tool's
     ``selftest()``. ``requires_approval``: ``True`` (every call waits for a decision
     before it runs), or a policy ``(args, ctx) -> bool`` over each call (a raise counts
-    as ``True``); see :meth:`rho_actors.Loop.approve`. Raises ``TypeError`` for a function without a docstring (and no
+    as ``True``); see :meth:`rho_actors.Loop.approve`. ``annotations``: MCP's ``title``
+    and hints (``readOnlyHint``, ``destructiveHint``, ``idempotentHint``,
+    ``openWorldHint``: bools), the tool's ``annotations()``
+    (:mod:`rho_actors.declarations.annotations`; a wrong type or an unknown one is a
+    ``TypeError``/``ValueError``). Raises ``TypeError`` for a function without a docstring (and no
     ``description``), ``*args``, ``**kwargs`` or positional-only parameters, a
     ``timeout_ms`` that is not an ``int`` (``2.5e3``, ``True``) or a ``selftest`` that
     is not callable; ``ValueError`` for ``timeout_ms <= 0`` or another
@@ -343,6 +362,7 @@ def tool(
     """
     where = f"@tool{'' if func is None else ' ' + getattr(func, '__name__', '?')}"
     _checked_options(where, timeout_ms, concurrency, selftest)
+    _checked_annotations(where, annotations)
     try:
         policy = call_policy(max_concurrency=max_concurrency, max_concurrency_per_session=max_concurrency_per_session,
                              max_calls=max_calls, rate=rate, idempotent=idempotent, retry=retry,
@@ -352,6 +372,7 @@ def tool(
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
         return FunctionTool(f, name=name, description=description, timeout_ms=timeout_ms, concurrency=concurrency,
-                            selftest=selftest, policy=policy, requires_approval=requires_approval)
+                            selftest=selftest, policy=policy, requires_approval=requires_approval,
+                            annotations=annotations)
 
     return wrap(func) if func is not None else wrap

@@ -280,6 +280,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.UNAVAILABLE, "tool {tool!r} cannot be called now: MCP server {server} runs a process for each session "
         "and its {count} processes are all busy"
     ),
+    "mcp_session_gone": (
+        _K.UNAVAILABLE, "tool {tool!r}: MCP server {server} no longer knew this client's session (it restarted?): "
+        "a new session is being opened; the call was not sent again, as the tool is not declared idempotent"
+    ),
     "mcp_refused": (_K.RAISED, "tool {tool!r}: MCP server {server} refused the call: error {code}: {message}"),
     "mcp_output_schema": (
         _K.RAISED, "tool {tool!r} returned output that does not match its outputSchema: {problem}",

@@ -132,7 +132,7 @@ class Runtime:
         bounds, the budgets, the governor's, the background calls' and the confinement."""
         out: dict[str, Any] = {k: v for isolation in self.isolations.values() for k, v in isolation.stats().items()}
         out["max_timeout_ms"] = self.limits.max_timeout_ms
-        out["confinement"] = policy_stats(self.confine)
+        out["confinement"] = policy_stats(self.confine) if self.confine is not None else {}
         out["bounds"] = self.limits.declaration_bounds()
         out["budgets"] = self.budgets.stats()
         out["governor"] = self.governor.stats()

@@ -8,8 +8,9 @@ A tool is any module, class or object with the required callbacks::
     run(args: dict[str, Any], ctx: Mapping[str, Any]) -> result
 
 and optionally ``timeout_ms() -> int`` (default :data:`DEFAULT_TIMEOUT_MS`),
-``concurrency() -> "parallel" | "exclusive"`` (default ``"parallel"``) and
-``selftest() -> Ok | Error``. The contract is DESIGN §2 (docs/design/tool-contract.md), translated from the
+``concurrency() -> "parallel" | "exclusive"`` (default ``"parallel"``),
+``annotations() -> dict`` (MCP's title and hints: :mod:`rho_actors.declarations.annotations`)
+and ``selftest() -> Ok | Error``. The contract is DESIGN §2 (docs/design/tool-contract.md), translated from the
 ``Rho.Tool`` behaviour of an Elixir agent runtime.
 
 Example::
@@ -292,6 +293,7 @@ class ToolInfo:
     concurrency: Concurrency = "parallel"
     policy: CallPolicy = NO_POLICY  # its bounds and retries (rho_actors.declarations.policy): the governor's data
     requires_approval: bool = False
+    annotations: tuple[tuple[str, Any], ...] = ()  # MCP's title and hints, checked: (key, value) pairs
 
     def copy(self) -> ToolInfo:
         """A copy with its own deep copy of the schema, for handing out."""
@@ -366,9 +368,9 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
     Made without ``__init__`` (about half its time): ``ToolInfo`` checks nothing when
     made. Raises ``ValueError`` when the two differ in length."""
     new, put_schema = object.__new__, SCHEMA_SLOT.__set__
-    put_name, put_description, put_timeout, put_concurrency, put_policy, put_approval = (
+    put_name, put_description, put_timeout, put_concurrency, put_policy, put_approval, put_annotations = (
         ToolInfo.__dict__[name].__set__
-        for name in ("name", "description", "timeout_ms", "concurrency", "policy", "requires_approval"))
+        for name in ("name", "description", "timeout_ms", "concurrency", "policy", "requires_approval", "annotations"))
     copies: list[ToolInfo] = []
     append = copies.append
     for info, schema in zip(infos, schemas, strict=True):
@@ -383,6 +385,7 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
         put_concurrency(made, info.concurrency)
         put_policy(made, info.policy)
         put_approval(made, info.requires_approval)
+        put_annotations(made, info.annotations)
         append(made)
     return copies
 

@@ -98,8 +98,8 @@ def test_stdio_list_call_and_every_error_kind(tmp_path: Path) -> None:
                         ref=types.PromptReference(type="ref/prompt", name="p"),
                         argument=types.CompletionArgument(name="a", value="b"))), types.CompleteResult)
                 assert err.value.code == types.METHOD_NOT_FOUND
-                listed = await session.send_request(types.ListPromptsRequest(), types.ListPromptsResult)
-                assert listed.prompts == []  # it serves tools: no prompt, no resource
+                prompts = await session.list_prompts()
+                assert prompts.prompts == []  # it serves tools: no prompt, no resource
                 huge = await _expect_error(session.call_tool("add", {"a": 1, "pad": "x" * 1_100_000}))
                 assert huge.code == types.INVALID_PARAMS and "at most 1000000" in huge.error.message
                 assert _text(await session.call_tool("add", {"a": 2})) == "2"

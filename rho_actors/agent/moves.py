@@ -53,8 +53,8 @@ def recording_moves(loop: Any, transcript: Transcript, step: int, calls: Sequenc
                 if not allowed(before, state):
                     logger.warning("call {}: no move from {} to {}; not recorded", call_id, before, state)
                     return
-                extra = {"arguments_sha256": sha} if state == "running" else {}
-                transcript.call(step, i, state, call_id=call_id, name=name, **fields, **extra)
+                given: dict[str, Any] = {**fields, **({"arguments_sha256": sha} if state == "running" else {})}
+                transcript.call(step, i, state, call_id=call_id, name=name, **given)
                 states[call_id] = state
             except (OSError, ValueError) as exc:
                 logger.warning("call {}: its move to {} could not be recorded: {}", call_id, state, exc)

@@ -46,6 +46,7 @@ from loguru import logger
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from rho_actors.declarations.annotations import checked_annotations
 from rho_actors.declarations.arguments import compile_pattern, make_validator, no_retrieval
 from rho_actors.declarations.metaschema import metaschema_validator
 from rho_actors.declarations.policy import POLICY_CALLBACKS, policy_from_answers
@@ -79,8 +80,8 @@ DEFAULT_MAX_SCHEMA_BYTES = 65_536
 DEFAULT_MAX_SCHEMA_NODES = 2_048
 """How many JSON values (objects, arrays, strings, numbers...) a parameter schema may hold."""
 
-_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "requires_approval",
-              *POLICY_CALLBACKS)
+_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "annotations",
+              "requires_approval", *POLICY_CALLBACKS)
 
 
 class DeclarationError(RhoError, ValueError):
@@ -326,6 +327,11 @@ def check_declaration(
     if not (type(concurrency) is str and concurrency in ("parallel", "exclusive")):
         _log_default_once(name, "concurrency", concurrency, '"parallel"')
         concurrency = "parallel"
+    try:
+        annotations = checked_annotations(raw.get("annotations"))
+    except (TypeError, ValueError) as exc:  # hints: a bad one is left out, as a bad timeout is
+        _log_default_once(name, "annotations", raw.get("annotations"), f"none ({exc})")
+        annotations = ()
     return ToolInfo(
         name=name,
         description=description,
@@ -334,6 +340,7 @@ def check_declaration(
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
         policy=policy_from_answers(raw, lambda key, value, problem: _log_default_once(name, key, value, problem)),
         requires_approval=not (raw.get("requires_approval") is False or raw.get("requires_approval") is None),
+        annotations=annotations,
     )
 
 

@@ -40,7 +40,13 @@ def to_dialect(info: ToolInfo, dialect: Dialect) -> dict[str, Any]:
     if dialect == "anthropic":
         return {"name": info.name, "description": info.description, "input_schema": schema}
     if dialect == "mcp":
-        return {"name": info.name, "description": info.description, "inputSchema": schema}
+        declared = {"name": info.name, "description": info.description, "inputSchema": schema}
+        if info.annotations:  # MCP's title (also the tool's) and hints
+            declared["annotations"] = dict(info.annotations)
+            title = declared["annotations"].get("title")
+            if title is not None:
+                declared["title"] = title
+        return declared
     if dialect == "neutral":
         return {
             "name": info.name,
@@ -48,6 +54,7 @@ def to_dialect(info: ToolInfo, dialect: Dialect) -> dict[str, Any]:
             "parameters": schema,
             "timeout_ms": info.timeout_ms,
             "concurrency": info.concurrency,
+            **({"annotations": dict(info.annotations)} if info.annotations else {}),
         }
     raise ValueError(f"unknown dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
 

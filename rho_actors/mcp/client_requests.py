@@ -153,12 +153,13 @@ class MCPClient:
                 self._bound.missing.add(capability)
             raise ClientRequestError(f"the client did not declare the {capability} capability")
 
-    def log(self, level: str, data: Any, logger: str | None = None) -> bool:
+    def log(self, level: str, data: Any, logger: str | None = None, *, wait: bool = True) -> bool:
         """Send ``notifications/message`` (``level`` one of :data:`LOG_LEVELS`; ``data``
         any JSON value) on the call's stream, unless the client's ``logging/setLevel``
-        asked for a more severe level. Returns whether it was sent. Raises
-        ``ValueError`` for an unknown level, :class:`ClientRequestError` when the
-        connection has closed."""
+        asked for a more severe level. Returns whether it was sent (``wait=False``:
+        handed to the server's loop, not waited for: from an asyncio loop's thread).
+        Raises ``ValueError`` for an unknown level, :class:`ClientRequestError` when
+        the connection has closed."""
         if level not in LOG_LEVELS:
             raise ValueError(f"log level {level!r} is not one of {', '.join(LOG_LEVELS)}")
         bound = self._bound
@@ -170,6 +171,13 @@ class MCPClient:
         with warnings.catch_warnings():  # logging is deprecated from 2026-07-28 on; clients of today use it
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             sending = bound.session.send_log_message(level, data, logger, related_request_id=bound.request_id)
+        if not wait:
+            try:
+                asyncio.run_coroutine_threadsafe(sending, bound.aloop)
+            except RuntimeError:  # the server's loop has closed
+                sending.close()
+                raise ClientRequestError("the MCP connection has closed") from None
+            return True
         self._run(sending)
         return True
 

@@ -364,6 +364,10 @@ class _Served:
         """The upstream server's per-call timeout (milliseconds)."""
         return int(self._tool.timeout_ms())
 
+    def annotations(self) -> Any:
+        """The upstream's title and hints (checked as any tool's: hints only)."""
+        return self._tool.annotations()
+
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         """The upstream's ``tools/call`` under its own name."""
         return self._tool.run(args, ctx)

@@ -18,8 +18,9 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
   When the last one closes, :meth:`HTTPGuard.absent_for` counts the seconds since;
   :mod:`rho_actors.mcp.serve` stops the rho session of a client absent for
   ``client_gone_s`` (its loop, threads, transcript descriptor; a client that comes back
-  gets it again, resumed from its transcript) and cancels a call whose request's
-  connection closed (:func:`request_gone`).
+  gets it again, resumed from its transcript) once it runs no call: a call whose
+  request's connection closed runs on within its deadline (:func:`request_gone` tells
+  when a request's connection closes).
 """
 
 from __future__ import annotations

@@ -10,8 +10,12 @@ of another namespace is not reachable through loopback here.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import ipaddress
+import os
 import socket
+import struct
 import urllib.parse
 from pathlib import Path
 
@@ -63,12 +67,51 @@ def _rows() -> list[list[str]]:
 
 def socket_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
     """The owner uid of the TCP socket whose own address is ``local`` and whose peer is
-    ``remote`` (``(host, port)`` each), or None when there is no such socket here."""
+    ``remote`` (``(host, port)`` each), or None when there is no such socket here.
+    Asked of the kernel for that one socket (netlink ``sock_diag``, about 0.1 ms), else
+    read from the tables (which cost a read of every socket's row)."""
+    with contextlib.suppress(OSError, ValueError):
+        return _diag_uid(local, remote)
     mine, theirs = _forms(*local), _forms(*remote)
     for row in _rows():
         if row[1] in mine and row[2] in theirs:
             return int(row[7])
     return None
+
+
+_SOCK_DIAG_BY_FAMILY = 20
+_NLMSG_ERROR = 2
+_NLM_F_REQUEST = 1
+_NETLINK_SOCK_DIAG = 4
+_NO_COOKIE = 0xFFFFFFFF
+
+
+def _diag_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """:func:`socket_uid` by netlink ``sock_diag`` (``inet_diag_req_v2`` naming the exact
+    socket, every state). Raises ``OSError`` where the kernel does not answer it, and
+    ``ValueError`` for an address of two families."""
+    local_ip, remote_ip = ipaddress.ip_address(local[0].strip("[]")), ipaddress.ip_address(remote[0].strip("[]"))
+    if local_ip.version != remote_ip.version:
+        raise ValueError("addresses of two families")
+    family = socket.AF_INET if local_ip.version == 4 else socket.AF_INET6
+    sockid = (struct.pack("!HH", local[1], remote[1]) + local_ip.packed.ljust(16, b"\0")
+              + remote_ip.packed.ljust(16, b"\0") + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE))
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as link:
+        link.settimeout(1.0)
+        link.sendto(header + request, (0, 0))
+        answer = link.recv(8192)
+    length, kind = struct.unpack_from("=IH", answer)
+    if kind == _NLMSG_ERROR:
+        (error,) = struct.unpack_from("=i", answer, 16)
+        if error == -errno.ENOENT:
+            return None
+        raise OSError(-error, os.strerror(-error))
+    if kind != _SOCK_DIAG_BY_FAMILY or length < 16 + 4 + 48 + 12:
+        raise OSError(errno.EPROTO, "an unexpected sock_diag answer")
+    (uid,) = struct.unpack_from("=I", answer, 16 + 4 + 48 + 12)  # inet_diag_msg: after expires, rqueue, wqueue
+    return int(uid)
 
 
 def listener_uids(host: str, port: int) -> set[int]:

@@ -35,9 +35,10 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
   announced once).
 - Over HTTP an :class:`~rho_actors.mcp.guard.HTTPGuard` stands in front (a bearer
   token, session caps per client and in all, an idle timeout). A rho session whose
-  client has had no open connection for ``client_gone_s`` is stopped (a client that
-  comes back gets it again, resumed); a call whose request's connection closed (its
-  client died) is cancelled.
+  client has had no open connection for ``client_gone_s`` and that runs no call is
+  stopped (a client that comes back gets it again, resumed); a call whose request's
+  connection dropped runs on within its deadline, its result kept in the event store
+  for the client to fetch (a disconnect is no cancellation: the 2025-11-25 spec).
 - Bad input (a line that is not JSON or not a JSON-RPC message, an unknown method,
   params that fail validation, or arguments over ``max_argument_bytes``) gets a JSON-RPC
   error from the SDK or from here, at once; the server goes on. A request with an id MCP
@@ -82,7 +83,7 @@ from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.content import mcp_content
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
-from rho_actors.mcp.guard import HTTPGuard, request_gone
+from rho_actors.mcp.guard import HTTPGuard
 from rho_actors.mcp.sessions import (
     SESSION_META_KEY,
     Session,
@@ -472,9 +473,13 @@ async def _set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.Emp
 
 async def _call_tool(served: _Served, ctx: Any,
                      params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
-    """``tools/call``: a turn of one call, cancelled when the request's connection closes;
-    on 2026-07-28 an ``input_required`` result when the tool asked the client what it
-    has not answered yet (:mod:`rho_actors.mcp.client_requests`)."""
+    """``tools/call``: a turn of one call; on 2026-07-28 an ``input_required`` result when
+    the tool asked the client what it has not answered yet
+    (:mod:`rho_actors.mcp.client_requests`). A handshake-era request whose HTTP
+    connection drops is not cancelled (the spec: a disconnect is no cancellation): the
+    call runs on within its deadline and its result goes to the event store, for the
+    client to fetch by reconnecting with ``Last-Event-ID``; at 2026-07-28 closing the
+    response stream is the cancellation (the SDK cancels this handler)."""
     arguments = params.arguments or {}
     size = len(json.dumps(arguments, ensure_ascii=False, default=str))
     if size > served.max_argument_bytes:
@@ -487,28 +492,16 @@ async def _call_tool(served: _Served, ctx: Any,
     key = (session.loop.session_id, call_id)
     aloop = asyncio.get_running_loop()
     live = served.progress[key] = _Live(aloop, ctx.session)
-    closed_on_purpose: list[bool] = []  # the tool closed its own SSE stream (SEP-1699 polling): not a client gone
     close = ctx.close_sse_stream
-
-    def close_for_polling() -> Any:
-        closed_on_purpose.append(True)
-        return close()
-
     level = ((ctx.params or {}).get("_meta") or {}) if modern else _connection(ctx).state
-    bound = Bound(aloop, ctx.session, ctx.request_id, level, close_for_polling if close is not None else None,
+    bound = Bound(aloop, ctx.session, ctx.request_id, level, close,
                   modern=modern, answers=answers)
     bind(*key, bound)
     call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
     await anyio.to_thread.run_sync(session.record, call, None, step)
-    gone = request_gone(getattr(ctx, "request", None))
-    results: list[ToolResult] = []
     session.calls += 1
-    try:
-        async with anyio.create_task_group() as tasks:
-            if gone is not None:
-                tasks.start_soon(_cancel_when, gone, tasks.cancel_scope, closed_on_purpose)
-            results.extend(await session.loop.arun_turn([call]))
-            tasks.cancel_scope.cancel()
+    try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
+        results = await session.loop.arun_turn([call])
     finally:
         session.calls -= 1
         session.used = time.monotonic()
@@ -516,9 +509,6 @@ async def _call_tool(served: _Served, ctx: Any,
         unbind(*key)
     if live.sent:  # the progress reported goes before the result
         await asyncio.wait([asyncio.wrap_future(f) for f in live.sent], timeout=_PROGRESS_FLUSH_S)
-    if not results:  # the request's connection closed: its client is gone, the turn was cancelled
-        logger.info("MCP session {}: call {} cancelled: its client went away", session.loop.session_id, call_id)
-        return types.CallToolResult(content=[types.TextContent(type="text", text="cancelled")], is_error=True)
     await anyio.to_thread.run_sync(session.record, call, results[0], step)
     said = {SESSION_META_KEY: session.handle} if session.handle is not None else None
     if bound.missing:
@@ -552,14 +542,6 @@ def _answers(params: types.CallToolRequestParams) -> dict[str, Any]:
     for key, response in (params.input_responses or {}).items():
         answers[key] = response.model_dump(mode="json", by_alias=True, exclude_none=True)
     return answers
-
-
-async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope, closed_on_purpose: list[bool]) -> None:
-    """Cancel ``scope`` when the request's connection is gone, unless the call closed
-    its stream itself (the client then polls for the result from the event store)."""
-    await event.wait()
-    if not closed_on_purpose:
-        scope.cancel()
 
 
 async def _reap_absent(served: _Served, guard: HTTPGuard) -> None:

@@ -12,6 +12,9 @@
   transcript, ordering and fair share. A handle is bound to the principal that created
   it: a request from another principal naming it is refused, with the same error as a
   handle this server does not know (a restart forgets them all).
+- On the client side (a source's connection to an HTTP server), a server that answers
+  it does not know the connection's session (it restarted) makes the connection be
+  replaced at once (:func:`session_unknown`, :class:`SessionGone`).
 - A principal is who the transport says the client is: over HTTP the guard's client
   (its uid on loopback, else its address) holding the bearer token; over stdio the
   process. A tool never sees a transport id or a handle: its session id is
@@ -31,15 +34,15 @@ from typing import Any
 import anyio
 from loguru import logger
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import Transcript
 from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["PRINCIPAL_KEY", "SESSION_META_KEY", "Session", "is_modern", "new_session_id", "principal_of",
-           "session_handle"]
+__all__ = ["PRINCIPAL_KEY", "SESSION_META_KEY", "Session", "SessionGone", "is_modern", "new_session_id",
+           "principal_of", "session_handle", "session_unknown"]
 
 SESSION_META_KEY = "rho-actors/session"
 """The ``_meta`` key of a 2026-07-28 request naming its session, and of a result saying it."""
@@ -86,6 +89,24 @@ def unknown_handle() -> MCPError:
     return MCPError(INVALID_PARAMS, f"unknown session handle in _meta[{SESSION_META_KEY!r}]: this server does not "
                                     "know it (it may have restarted) or it belongs to another client; call "
                                     "without one to start a new session")
+
+
+class SessionGone(Exception):
+    """A server answered a call that it does not know the connection's ``session`` (the
+    SDK's client session the call was sent on)."""
+
+    def __init__(self, session: Any) -> None:
+        super().__init__("the server does not know this connection's session")
+        self.session = session
+
+
+def session_unknown(err: MCPError) -> bool:
+    """Whether ``err`` says the server does not know the session: its HTTP ``404`` for a
+    request naming an ``Mcp-Session-Id`` (the SDK server's "Session not found", the SDK
+    client's "Session terminated", rho's guard's "no such session")."""
+    message = str(err.error.message).lower()
+    return err.code in (INVALID_REQUEST, -32001) and any(
+        said in message for said in ("session not found", "session terminated", "no such session"))
 
 
 @dataclass(slots=True, eq=False)

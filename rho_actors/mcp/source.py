@@ -51,7 +51,6 @@ import copy
 import json
 import os
 import shlex
-import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -67,6 +66,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+from rho_actors.declarations.annotations import HINTS
 from rho_actors.declarations.policy import parse_rate
 from rho_actors.encoding import describe_exception
 from rho_actors.mcp.bounds import (
@@ -78,9 +78,13 @@ from rho_actors.mcp.bounds import (
     shown_text,
     stdio_transport,
 )
+from rho_actors.mcp.client_requests import client_of
 from rho_actors.mcp.content import rho_value
+from rho_actors.mcp.launch import ENV_ALLOWLIST, env_command, find_program, scrubbed_environment
 from rho_actors.mcp.names import default_name
 from rho_actors.mcp.peers import pin_listener
+from rho_actors.mcp.relay import listen, relay_log
+from rho_actors.mcp.sessions import SessionGone, session_unknown
 from rho_actors.mcp.stderr_log import StderrLog
 from rho_actors.otp.actor import NORMAL, Actor, kill, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
@@ -91,9 +95,6 @@ __all__ = [
     "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_MIN_S", "Link", "MCPConnection", "MCPServer", "MCPTool",
     "default_name", "scrubbed_environment",
 ]
-
-ENV_ALLOWLIST = ("PATH", "LANG", "TZ", "HOME")
-"""Variables a stdio server inherits from this process (with every ``LC_*``)."""
 
 _MAX_PAGES = 100
 MAX_TOOLS = 4096
@@ -110,13 +111,6 @@ def _fails(key: str, tool: str, **fields: Any) -> ToolFailure:
     return ToolFailure(TEXTS[key][0], text(key, tool=tool, **fields))
 
 
-def scrubbed_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a stdio MCP server: :data:`ENV_ALLOWLIST` and ``LC_*`` from
-    ``os.environ``, then ``env`` over them."""
-    kept = {k: v for k, v in os.environ.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
-    return kept | dict(env or {})
-
-
 @dataclass(slots=True)
 class Link:
     """What the connection actor publishes for the tools (outlives its restarts)."""
@@ -131,6 +125,8 @@ class Link:
     last_error: str | None = None
     server_info: dict[str, Any] | None = None  # the last initialize's serverInfo (name, version...)
     given_up: str | None = None  # why its supervisor gave up on it (past the restart intensity)
+    listeners: dict[int, Any] = field(default_factory=dict)  # calls in flight -> their MCP client (log relay)
+    renew: Any = None  # ends the live connection at once (its session unknown to the server): a callable
     changed: threading.Condition = field(init=False)  # notified when a connection is published or an attempt ends
 
     def __post_init__(self) -> None:
@@ -181,6 +177,14 @@ class MCPTool:
         annotations = self._declared.get("annotations")
         return self._server.idempotent_hints and isinstance(annotations, dict) and (
             annotations.get("idempotentHint") is True)
+
+    def annotations(self) -> Any:
+        """The server's ``annotations`` and its tool's ``title``: hints, checked as any tool's."""
+        said = self._declared.get("annotations")
+        kept = {k: v for k, v in said.items() if k in ("title", *HINTS)} if isinstance(said, dict) else {}
+        if isinstance(self._declared.get("title"), str):
+            kept["title"] = self._declared["title"]
+        return kept
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         """Send ``tools/call`` and wait for its result, at most until ``ctx["deadline"]``."""
@@ -283,7 +287,7 @@ class MCPServer:
         would get, or from ``cwd``), ``ValueError`` when another connection holds
         :attr:`child_id`."""
         if self.command is not None:
-            _find_program(self.command[0], scrubbed_environment(self.env).get("PATH", ""), self.cwd, self.name)
+            find_program(self.command[0], scrubbed_environment(self.env).get("PATH", ""), self.cwd, self.name)
         self._system = system
         self._link.stopping = False
         with self._link.lock:
@@ -407,11 +411,24 @@ class MCPServer:
 
     # --- calls ----------------------------------------------------------------------------
 
-    def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
-        """Send ``tools/call`` for ``name`` over the live connection (from a call's
-        thread); returns its content as rho values or raises :class:`ToolFailure`."""
+    def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any], *, retry: bool = True) -> Any:
+        """Send ``tools/call`` for ``name`` over the call's connection (:meth:`call_link`; from a
+        call's thread); its content as rho values, or :class:`ToolFailure`. A server that no
+        longer knows the session (restarted) gets a new connection at once, and the call
+        again on it (once) for a tool declared idempotent, else ``mcp_session_gone``."""
         with self.call_link(name, ctx) as link:
-            return self._call_on(link, name, args, ctx)
+            with link.lock:
+                said = link.tools.get(name, {}).get("annotations")
+            try:
+                return self._call_on(link, name, args, ctx)
+            except SessionGone as gone:
+                if not (retry and isinstance(said, dict) and said.get("idempotentHint") is True):
+                    raise _fails("mcp_session_gone", name, server=self.name) from None
+                old, left = gone.session, float(ctx.get("deadline", 0.0)) - time.monotonic()
+                with link.changed:
+                    if not link.changed.wait_for(lambda: link.session not in (None, old), max(0.0, left)):
+                        raise _fails("mcp_not_connected", name, server=self.name) from None
+        return self.call(name, args, ctx, retry=False)
 
     def call_link(self, tool: str, ctx: Mapping[str, Any]) -> contextlib.AbstractContextManager[Link]:
         """The connection a call of ``tool`` in ``ctx`` goes to, held while it runs: this
@@ -442,6 +459,7 @@ class MCPServer:
         except RuntimeError:  # the loop closed in between
             request.close()
             raise _fails("mcp_not_connected", name, server=self.name) from None
+        listen(link.lock, link.listeners, client_of(ctx), future)  # the server's log messages: to a served call
         cancel = ctx.get("cancel")
         if cancel is not None:
             cancel.add_inline_callback(future.cancel)  # abandons the request: sends notifications/cancelled
@@ -458,6 +476,10 @@ class MCPServer:
         except MCPError as err:
             if err.code == REQUEST_TIMEOUT:
                 raise self._timed_out(name) from None
+            if session_unknown(err):  # the connection is replaced (its end logged): a new session
+                if callable(link.renew) and link.session is session:
+                    link.renew()
+                raise SessionGone(session) from None
             raise _failure(self.name, name, err, link.stopping) from None
         return rho_value(result)
 
@@ -561,6 +583,11 @@ class MCPConnection(Actor):
         relist = asyncio.Event()
         wake = asyncio.Event()
         changed_at: list[float] = []  # when the first list_changed since the last listing came
+        renewing = asyncio.Event()
+
+        def renew_now() -> None:
+            renewing.set()
+            wake.set()
 
         async def on_message(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification) and self._lister:
@@ -585,8 +612,11 @@ class MCPConnection(Actor):
             relay_send, relay_receive = anyio.create_memory_object_stream[Any](16)
             tasks = await stack.enter_async_context(anyio.create_task_group())
             tasks.start_soon(_relay, read, relay_send, ended, wake)
+            async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+                relay_log(self._link.lock, self._link.listeners, server.name, params)
+
             session = await stack.enter_async_context(
-                ClientSession(relay_receive, write, message_handler=on_message)
+                ClientSession(relay_receive, write, message_handler=on_message, logging_callback=on_log)
             )
             with anyio.fail_after(server.connect_timeout_s):
                 initialized = await session.initialize()
@@ -594,6 +624,8 @@ class MCPConnection(Actor):
             with self._link.lock:
                 self._link.connections += 1
                 self._link.server_info = shown_info(initialized.server_info.model_dump(mode="json", exclude_none=True))
+            aloop = asyncio.get_running_loop()
+            self._link.renew = lambda: aloop.call_soon_threadsafe(renew_now)
             self._publish(session, tools)
             listed_at, wait_s = time.monotonic(), RELIST_MIN_S
             try:
@@ -609,6 +641,9 @@ class MCPConnection(Actor):
                                 await session.send_ping()
                             continue
                     wake.clear()
+                    if renewing.is_set():
+                        raise ConnectionError("the server no longer knows this connection's session "
+                                              "(it restarted?)")
                     if ended.is_set():
                         raise ConnectionError("the server closed the connection (its process exited?)")
                     if relist.is_set() and time.monotonic() >= listed_at + wait_s:
@@ -630,11 +665,11 @@ class MCPConnection(Actor):
         parsed (:func:`rho_actors.mcp.bounds.stdio_transport`)."""
         server = self._server
         assert server.command is not None
-        args = ["-i", *_assignments(scrubbed_environment(server.env)), *server.command]
+        program, args = env_command(server.env, server.command)
         self._stderr = StderrLog(server.name)
         stack.callback(self._stderr.close_writer)
         streams = await stack.enter_async_context(stdio_transport(
-            _env_program(), args, cwd=server.cwd, stderr=self._stderr.writer, label=f"MCP server {server.name}"))
+            program, args, cwd=server.cwd, stderr=self._stderr.writer, label=f"MCP server {server.name}"))
         self._stderr.close_writer()  # the process has its copy: the reader sees EOF when it exits
         return streams[0], streams[1]
 
@@ -684,28 +719,3 @@ async def _list_tools(session: ClientSession, server: MCPServer) -> dict[str, di
         if not cursor:
             break
     return tools
-
-
-def _find_program(program: str, path: str, cwd: str | None, name: str) -> None:
-    """Raise ``FileNotFoundError`` when ``env`` would not find ``program`` (on ``path``,
-    or as a path from ``cwd``) or it is not executable."""
-    where = program if os.path.isabs(program) or not cwd else os.path.join(cwd, program)
-    found = shutil.which(where, path=path) if "/" in program else shutil.which(program, path=path)
-    if found is None:
-        place = f"on PATH={path!r}" if "/" not in program else f"at {where!r}"
-        raise FileNotFoundError(f"the MCP server {name!r} cannot start: its program {program!r} is not found "
-                                f"{place} (or is not executable)")
-
-
-def _env_program() -> str:
-    found = shutil.which("env")
-    if found is None:
-        raise FileNotFoundError("the env program is not on PATH (it starts stdio MCP servers, scrubbed)")
-    return found
-
-
-def _assignments(env: Mapping[str, str]) -> list[str]:
-    bad = [k for k in env if not k or "=" in k or "\0" in k or "\0" in env[k]]
-    if bad:
-        raise ValueError(f"environment variable names or values not allowed: {bad}")
-    return [f"{k}={v}" for k, v in env.items()]

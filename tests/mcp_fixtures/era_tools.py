@@ -7,7 +7,8 @@ from rho_actors import tool
 from rho_actors.mcp import client_of
 
 
-@tool
+@tool(annotations={"title": "Take a note", "readOnlyHint": False, "destructiveHint": False,
+                    "idempotentHint": False, "openWorldHint": False})
 def note(text: str, ctx: Any) -> str:
     """Append ``text`` to the session's notes (a file in its folder); return the session
     id and every note so far, one a line."""
@@ -17,7 +18,7 @@ def note(text: str, ctx: Any) -> str:
     return f"{ctx['session_id']}\n{notes.read_text()}"
 
 
-@tool
+@tool(annotations={"readOnlyHint": True})
 def ask_name(ctx: Any) -> str:
     """Ask the client's user for a name, then greet them."""
     client = client_of(ctx)

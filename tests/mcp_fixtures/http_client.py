@@ -1,8 +1,9 @@
 """An MCP client over streamable HTTP (the SDK's), for the tests of ``mcp serve --http``.
 
-Usage: http_client.py URL TOKEN SESSIONS. Opens SESSIONS sessions with the bearer
-TOKEN, starts a ``wait_for_cancel`` call in each, prints ``READY`` once every call has
-reported progress (it is running on the server), then waits to be killed.
+Usage: http_client.py URL TOKEN SESSIONS [HOLD_S]. Opens SESSIONS sessions with the
+bearer TOKEN, starts a ``wait_for_cancel`` call in each (holding at most HOLD_S seconds
+when given), prints ``READY`` once every call has reported progress (it is running on
+the server), then waits to be killed.
 """
 
 import sys
@@ -14,6 +15,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 url, token, sessions = sys.argv[1], sys.argv[2], int(sys.argv[3])
+hold = {"hold_s": float(sys.argv[4])} if len(sys.argv) > 4 else {}
 
 
 async def one(running: list[int]) -> None:
@@ -24,7 +26,7 @@ async def one(running: list[int]) -> None:
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
             running.append(1)
 
-        arguments: dict[str, Any] = {}
+        arguments: dict[str, Any] = dict(hold)
         await session.call_tool("wait_for_cancel", arguments, progress_callback=on_progress)
         await anyio.sleep_forever()
 

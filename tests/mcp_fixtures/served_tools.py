@@ -56,7 +56,8 @@ def picture() -> list[object]:
 
 
 class WaitForCancel:
-    """Reports progress, then waits for its cancellation."""
+    """Reports progress, then waits for its cancellation (at most ``hold_s`` seconds,
+    default 15: then it marks its folder ``finished`` and ends)."""
 
     @staticmethod
     def name() -> str:
@@ -68,7 +69,7 @@ class WaitForCancel:
 
     @staticmethod
     def parameter_schema() -> dict[str, Any]:
-        return {"type": "object", "properties": {}}
+        return {"type": "object", "properties": {"hold_s": {"type": "number", "minimum": 0, "maximum": 15}}}
 
     @staticmethod
     def timeout_ms() -> int:
@@ -77,7 +78,8 @@ class WaitForCancel:
     @staticmethod
     def run(args: dict[str, Any], ctx: dict[str, Any]) -> str:
         ctx["progress"](1, 2, "half way")
-        if ctx["cancel"].wait(15):
+        if ctx["cancel"].wait(float(args.get("hold_s", 15))):
             (ctx["data_dir"] / "cancelled").write_text(str(ctx["cancel"].reason))
             return "cancelled"
+        (ctx["data_dir"] / "finished").write_text("ran to its end")
         return "not cancelled"

@@ -1,0 +1,179 @@
+"""Benchmark of ``rho-actors mcp serve --http`` against the official SDK's own server.
+
+One run, one machine, each server in its own process on loopback, the client (the SDK's
+``Client``) in this one: a no-op ``tools/call`` through rho (a supervised turn: deadline,
+argument validation, transcript) next to the same tool on the SDK's ``MCPServer``
+(FastMCP), in both protocol eras: the handshake era (``mode="legacy"``: one
+``Mcp-Session-Id``) and 2026-07-28 (every request stands alone; rho's calls name their
+session by its handle, as a client keeping one session does). Calls of the four
+(server, era) pairs are interleaved round by round after a warm-up; the median (p50)
+and p99 of each are reported in milliseconds, and the ratio of the p50s, rho ÷ SDK, per
+era. Target: <= 1.2x. Reported as PASS/FAIL, never enforced: the exit code is 0 unless a
+measurement could not be made.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_mcp_serve.py            # 300 calls a pair, about 30 s
+    .venv/bin/python benchmarks/bench_mcp_serve.py --quick    # smoke run: 30 calls a pair
+    .venv/bin/python benchmarks/bench_mcp_serve.py --json     # one JSON object on stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = 1.2
+SESSION_META_KEY = "rho-actors/session"
+
+RHO_TOOL = '''
+from rho_actors import tool
+
+@tool
+def noop() -> str:
+    """Do nothing."""
+    return "ok"
+'''
+
+SDK_SERVER = '''
+import sys
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("sdk")
+
+@server.tool()
+def noop() -> str:
+    """Do nothing."""
+    return "ok"
+
+uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(port: int, process: subprocess.Popen[bytes], bound_s: float = 60.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode} before it listened")
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listened on port {port} within {bound_s} s")
+
+
+@contextlib.contextmanager
+def _servers(folder: Path, token: str) -> Iterator[dict[str, str]]:
+    """Both servers started, each in its own process: ``{"rho": url, "sdk": url}``."""
+    tools = folder / "bench_tools.py"
+    tools.write_text(RHO_TOOL)
+    rho_port, sdk_port = _free_port(), _free_port()
+    env = {**os.environ, "RHO_MCP_TOKEN": token, "PYTHONPATH": os.pathsep.join([str(ROOT), str(folder)])}
+    started = [
+        subprocess.Popen([sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", str(tools), "--http",
+                          f"127.0.0.1:{rho_port}", "--data-dir", str(folder / "data"), "--unconfined"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL),
+        subprocess.Popen([sys.executable, "-c", SDK_SERVER, str(sdk_port)], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL),
+    ]
+    try:
+        _wait_listening(rho_port, started[0])
+        _wait_listening(sdk_port, started[1])
+        yield {"rho": f"http://127.0.0.1:{rho_port}/mcp", "sdk": f"http://127.0.0.1:{sdk_port}/mcp"}
+    finally:
+        for process in started:
+            process.kill()
+            process.wait(10)
+
+
+@contextlib.asynccontextmanager
+async def _client(url: str, mode: str, token: str) -> AsyncIterator[Client]:
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+        yield client
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {"p50_ms": round(statistics.median(ordered) * 1000, 3),
+            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3)}
+
+
+async def _measure(urls: dict[str, str], token: str, calls: int, warmup: int) -> dict[str, Any]:
+    pairs = [(server, era) for era in ("legacy", "2026-07-28") for server in ("rho", "sdk")]
+    samples: dict[tuple[str, str], list[float]] = {pair: [] for pair in pairs}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {pair: await stack.enter_async_context(_client(urls[pair[0]], pair[1], token)) for pair in pairs}
+        metas: dict[tuple[str, str], Any] = {pair: None for pair in pairs}
+        for pair, client in clients.items():  # the warm-up; a 2026-07-28 rho client keeps the session it got
+            for _ in range(warmup):
+                result = await client.call_tool("noop", {}, meta=metas[pair])
+                if result.is_error:
+                    raise RuntimeError(f"{pair}: the no-op call failed: {result.content}")
+                said = (result.meta or {}).get(SESSION_META_KEY)
+                if said is not None:
+                    metas[pair] = {SESSION_META_KEY: said}
+        for _ in range(calls):
+            for pair, client in clients.items():
+                began = time.perf_counter()
+                result = await client.call_tool("noop", {}, meta=metas[pair])
+                samples[pair].append(time.perf_counter() - began)
+                if result.is_error:
+                    raise RuntimeError(f"{pair}: the no-op call failed: {result.content}")
+    report: dict[str, Any] = {"calls_per_pair": calls}
+    for era in ("legacy", "2026-07-28"):
+        rho, sdk = _summary(samples[("rho", era)]), _summary(samples[("sdk", era)])
+        ratio = rho["p50_ms"] / sdk["p50_ms"]
+        report[era] = {"rho": rho, "sdk": sdk, "ratio_p50": round(ratio, 3),
+                       "target": f"<= {TARGET}x", "verdict": "PASS" if ratio <= TARGET else "FAIL"}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="a smoke run with few samples")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    options = parser.parse_args(argv)
+    calls, warmup = (30, 5) if options.quick else (300, 30)
+    token = secrets.token_hex(32)
+    with tempfile.TemporaryDirectory() as folder, _servers(Path(folder), token) as urls:
+        report = anyio.run(_measure, urls, token, calls, warmup)
+    if options.json:
+        print(json.dumps(report))
+        return 0
+    print(f"no-op tools/call over HTTP, {calls} calls a pair, interleaved (ms)")
+    for era in ("legacy", "2026-07-28"):
+        r = report[era]
+        print(f"  {era:>10}: rho p50 {r['rho']['p50_ms']:.2f} p99 {r['rho']['p99_ms']:.2f} | "
+              f"SDK p50 {r['sdk']['p50_ms']:.2f} p99 {r['sdk']['p99_ms']:.2f} | "
+              f"rho/SDK {r['ratio_p50']:.2f}x (target {r['target']}): {r['verdict']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

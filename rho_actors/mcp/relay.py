@@ -1,0 +1,80 @@
+"""What an upstream MCP server sends that no call of ours asked for: each notification
+kind relayed to the clients of a gateway (``rho-actors mcp serve --mcp ...``) or
+dropped, on purpose:
+
+- ``notifications/progress`` of a call: relayed to that call's client as the call's own
+  progress (``ctx["progress"]``: :meth:`rho_actors.mcp.MCPServer.call`);
+- ``notifications/message`` (a log message): relayed to the clients of the calls in
+  flight on that server's connection (the message names no request), its ``logger``
+  prefixed with the server's name, at most :data:`MAX_RELAYED_LOGS` a call, each
+  client's own level filter applied; with no call in flight it goes to the host's log,
+  escaped (:func:`relay_log`);
+- ``notifications/tools/list_changed``: the server is listed again (at most once a
+  second), and a change reaches the clients as the registry's ``list_changed``;
+- ``notifications/resources/list_changed``, ``notifications/resources/updated``,
+  ``notifications/prompts/list_changed``: dropped (a gateway serves tools only);
+- ``notifications/cancelled`` of a request of the server's own, and
+  ``notifications/elicitation/complete``: dropped (a gateway sends the server no
+  request that could be cancelled or completed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from loguru import logger
+
+from rho_actors.encoding import replace_controls, scrub_text
+
+__all__ = ["MAX_RELAYED_LOGS", "Listener", "forget", "listen", "relay_log"]
+
+MAX_RELAYED_LOGS = 100
+"""The most log messages of an upstream relayed to one served call (the rest dropped)."""
+
+
+@dataclass(slots=True)
+class Listener:
+    """A served call's MCP client (:class:`rho_actors.mcp.MCPClient`) waiting on an
+    upstream call, and how many log messages it was relayed."""
+
+    client: Any
+    relayed: int = 0
+
+
+def listen(lock: threading.Lock, listeners: dict[int, Listener], client: Any, call: Any) -> None:
+    """Relay the server's log messages to ``client`` (a served call's MCP client, or
+    None: nothing to relay to) while the upstream ``call`` (a future) runs."""
+    if client is None:
+        return
+    with lock:
+        listeners[id(call)] = Listener(client)
+    call.add_done_callback(lambda done: forget(lock, listeners, id(done)))
+
+
+def forget(lock: threading.Lock, listeners: dict[int, Listener], key: int) -> None:
+    """Drop listener ``key`` (its upstream call has ended)."""
+    with lock:
+        listeners.pop(key, None)
+
+
+def relay_log(lock: threading.Lock, listeners: dict[int, Listener], server: str,
+              params: types.LoggingMessageNotificationParams) -> None:
+    """Relay server ``server``'s log message to ``listeners`` (the calls in flight on its
+    connection; see the module doc), or to the host's log when there is none."""
+    who = f"{server}/{params.logger}"[:200] if params.logger else server
+    with lock:
+        waiting = list(listeners.values())
+    if not waiting:
+        logger.info("MCP server {} logged ({}): {}", server, params.level,
+                    replace_controls(scrub_text(repr(params.data)[:500])))
+        return
+    for listener in waiting:
+        if listener.relayed >= MAX_RELAYED_LOGS:
+            continue
+        listener.relayed += 1
+        with contextlib.suppress(Exception):  # a client gone: its call ends on its own
+            listener.client.log(params.level, params.data, who, wait=False)

@@ -1,0 +1,77 @@
+"""A source's HTTP server that restarts (and so no longer knows the connection's
+session): the connection is replaced at once, a call of an idempotent tool is sent again
+on the new session, any other call fails saying why, and the next call works."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from rho_actors import ActorSystem, ErrorKind
+from rho_actors.mcp import MCPServer
+from rho_actors.tool import ToolCall
+from tests.conftest import WAIT_S, wait_for
+
+UPSTREAM = str(Path(__file__).parent / "mcp_fixtures" / "annotated_upstream.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _upstream(port: int) -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen([sys.executable, UPSTREAM, "--http", str(port)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: _listening(port) or process.poll() is not None, timeout_s=WAIT_S * 2)
+        assert process.poll() is None
+        yield process
+    finally:
+        process.kill()
+        process.wait(WAIT_S)
+
+
+def test_a_restarted_server_gets_a_new_session_at_once(system: ActorSystem) -> None:
+    port = _free_port()
+    source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="up", connect_timeout_s=WAIT_S,
+                       ping_interval_s=300.0)  # nothing but the calls finds the session gone
+    with _upstream(port):
+        system.add_source(source, poll_s=None)
+        assert wait_for(lambda: {"wipe", "lookup"} <= set(system.tool_set().entries))
+        loop = system.start_loop("restarts")
+        [first] = loop.run_turn([ToolCall("c1", "wipe", {})])
+        assert first.ok, first.content
+        connections = source.connections
+    with _upstream(port):  # the same port, a new process: it knows no session
+        began = time.monotonic()
+        [again] = loop.run_turn([ToolCall("c2", "wipe", {})])  # idempotent: sent again on a new session
+        assert again.ok and again.content == "wiped", again.content
+        assert time.monotonic() - began < 5.0 and source.connections == connections + 1
+    with _upstream(port):
+        [refused] = loop.run_turn([ToolCall("c3", "lookup", {"key": "k"})])  # not idempotent: not sent again
+        assert not refused.ok and refused.error_kind is ErrorKind.UNAVAILABLE
+        assert "no longer knew this client's session" in refused.content
+        assert "not declared idempotent" in refused.content
+        assert wait_for(lambda: source.connections == connections + 2 and "lookup" in system.tool_set().entries)
+        [after] = loop.run_turn([ToolCall("c4", "lookup", {"key": "k"})])
+        assert after.ok and after.content == "value of k", after.content
