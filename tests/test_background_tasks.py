@@ -293,3 +293,17 @@ def test_a_task_record_with_a_field_of_the_wrong_type_is_skipped(tmp_path: Path,
         loop = system.start_loop("s1")
         assert [i.task_id for i in loop.tasks()] == [good["task_id"]]
         assert loop.run_turn([call("c2", "crawl", '{"site": "a"}')])[0].error_kind is ErrorKind.UNKNOWN_TOOL
+
+
+def test_a_temporary_record_left_by_a_killed_host_is_removed_at_the_next_hosts_first_look(tmp_path: Path) -> None:
+    folder = tmp_path / "sessions" / "s1" / records.FOLDER
+    folder.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(WAIT_S)
+    left = folder / f".t_{'3' * 32}.json.{dead.pid}.140000.tmp"  # a host killed between its write and its rename
+    left.write_text('{"v": 1, "task_')
+    ours = folder / f".t_{'4' * 32}.json.{os.getpid()}.140000.tmp"  # a writer still at work in a live process
+    ours.write_text("{")
+    with ActorSystem(data_dir=tmp_path) as system:
+        assert system.start_loop("s1").tasks() == []
+    assert not left.exists() and ours.exists()

@@ -13,7 +13,8 @@ after ``kill -9``) finds the last whole record or none. Record fields::
     "result": {"ok": bool, "content": str, "error_kind": str | null, "duration_ms": float} | null
     "delivered": bool                               (its result reached the model)
 
-:func:`read_all` skips (with a warning) a file that is not a whole, valid record: it
+:func:`read_all` skips (with a warning) a file that is not a whole, valid record, and
+removes a temporary file whose writer's process has ended (a host killed mid-write): it
 never raises for what is in the folder.
 """
 
@@ -39,6 +40,7 @@ FOLDER: Final = "tasks"
 STATUSES: Final = ("working", "input_required", "completed", "failed", "cancelled")
 """A task's statuses, MCP's names (the tasks extension): the first two are open."""
 _NAME: Final = re.compile(r"t_[0-9a-f]{32}\.json")
+_TEMPORARY: Final = re.compile(r"\.t_[0-9a-f]{32}\.json\.([0-9]{1,10})\.[0-9]+\.tmp")
 _MAX_RECORD_BYTES: Final = 4 << 20  # a record holds one result's text (capped by max_output_chars)
 
 
@@ -82,9 +84,15 @@ def read_all(session_dir: Path) -> list[dict[str, Any]]:
     has no ``tasks`` folder), in no particular order."""
     folder = session_dir / FOLDER
     try:
-        names = sorted(n for n in os.listdir(folder) if _NAME.fullmatch(n))
+        found = os.listdir(folder)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    names = sorted(n for n in found if _NAME.fullmatch(n))
+    for name in found:  # a temporary file of a writer whose process is gone (killed mid-write): never renamed
+        left = _TEMPORARY.fullmatch(name)
+        if left is not None and not _alive(int(left[1])):
+            with contextlib.suppress(OSError):
+                os.unlink(folder / name)
     records = []
     for name in names:
         record = _read(folder / name)
@@ -139,6 +147,17 @@ def _problem(record: Any, task_id: str) -> str | None:
                                    and (result.get("duration_ms") is None or _time(result.get("duration_ms")))):
         return "its result is not {ok, content, error_kind, duration_ms}"
     return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs (one of another user: yes)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def _time(value: Any) -> bool:
