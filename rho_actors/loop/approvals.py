@@ -254,6 +254,15 @@ class SessionApprovals:
 
         held.timer = self._timers.call_at(time.monotonic() + delay_s, expire)
 
+    def forget(self, call_ids: list[str]) -> None:
+        """Unregister held calls of a turn that was not started after all (its loop
+        stopped while it was prepared): they got ``turn_not_started``, nothing waits."""
+        with self._lock:
+            gone = [held for c in call_ids if (held := self._held.pop(c, None)) is not None]
+        for held in gone:
+            if held.timer is not None:
+                held.timer.cancel()
+
     # --- seeing ---------------------------------------------------------------------------
 
     def pending(self) -> list[PendingCall]:
