@@ -341,3 +341,18 @@ def test_a_resolved_output_is_checked_against_the_tools_output_schema(system: Ac
         loop.resolve("c1", {"id": "x"})
     assert [p.call_id for p in loop.pending()] == ["c1"]
     assert loop.resolve("c1", {"id": 7}).content == '{"id": 7}'
+
+
+def test_a_turn_whose_loop_stops_while_it_is_prepared_leaves_no_call_waiting(system: ActorSystem) -> None:
+    loops: list[Any] = []
+
+    def stop_then_require(info: CallInfo) -> bool:
+        loops[0].stop()  # the loop stops while this turn is prepared: it is not started
+        return True
+
+    loop = _system(system).start_loop("s1", approval=stop_then_require)
+    loops.append(loop)
+    approvals = loop._turns().approvals
+    [result] = loop.run_turn([ToolCall("c1", "look", '{"path": "/"}')])
+    assert result.error_kind is ErrorKind.CANCELLED and "stopped before this turn started" in result.content
+    assert approvals is not None and approvals.pending() == []

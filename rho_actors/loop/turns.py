@@ -290,7 +290,9 @@ class Turns:
             admitted = self.closed is None
             if admitted:
                 self._turns[turn.id] = turn
-        if not admitted:  # the loop stopped while the turn was being prepared
+        if not admitted:  # the loop stopped while the turn was being prepared: none of its calls waits either
+            if self.approvals is not None:
+                self.approvals.forget([slot.call.id for slot in refused])
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return
         try:
@@ -300,8 +302,7 @@ class Turns:
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
     def _hold(self, turn: _Turn, refused: list[_Slot], version: int) -> None:
-        """The calls that wait for a decision (:mod:`rho_actors.loop.approvals`) leave the
-        turn's waiting calls with their ``pending_approval`` result: they never start."""
+        """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never start."""
         assert self.approvals is not None
         prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
         ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
@@ -517,10 +518,9 @@ class Turns:
         self._settle(turn, slot, refusal)
 
     def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: EventKind = "finished") -> None:
-        """Record a dispatched call's result, from whichever thread has it: the first
-        answer wins, a later one is reported ``late``. Ends the call's span, starts the
-        next call of an exclusive turn, or completes the turn once this was its last
-        open call."""
+        """Record a dispatched call's result, from whichever thread has it: the first answer wins, a
+        later one is ``late``. Ends the call's span, starts the next call of an exclusive turn, or
+        completes the turn once this was its last open call."""
         following: int | None = None
         last = False
         with turn.lock:
@@ -593,8 +593,8 @@ class Turns:
         self._end_turn(turn, "cancelled", answer)
 
     def _finish(self, turn: _Turn) -> None:
-        """Complete the turn's future with its results in the model's order (once: the
-        caller decided, under the turn's lock, that the turn is finished)."""
+        """Complete the turn's future with its results in the model's order (once: the caller decided,
+        under the turn's lock, that the turn is finished)."""
         with self._lock:
             self._turns.pop(turn.id, None)
         if turn.hooked is not None:
