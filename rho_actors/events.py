@@ -38,15 +38,18 @@ __all__ = [
     "ToolSetChanged",
 ]
 
-EventKind = Literal["started", "finished", "timed_out", "late", "queued", "retried"]
+EventKind = Literal["started", "finished", "timed_out", "late", "pending", "decided", "queued", "retried"]
 
 
 @dataclass(frozen=True, slots=True)
 class CallEvent:
     """One step of one call. ``outcome`` is ``"ok"`` or an error kind's value (``None``
     for ``started`` and ``queued``; for ``retried``, the failed attempt's); ``duration_ms``
-    is milliseconds since the call's start. ``queued``: it waits for a place or a rate
-    token, ``retried``: an attempt failed and the next waits its backoff (the governor)."""
+    is milliseconds since the call's start. A call held for a decision is ``pending``
+    (``outcome``: ``"approval"`` or ``"external"``), its decision ``decided``
+    (``outcome``: ``"approved"``, ``"rejected"``, ``"expired"`` or ``"resolved"``, with
+    `` by <who>`` when known) (DESIGN §4 "Approvals"). ``queued``: it waits for a place or a
+    rate token, ``retried``: an attempt failed and the next waits its backoff (the governor)."""
 
     kind: EventKind
     session_id: str

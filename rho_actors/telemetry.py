@@ -335,6 +335,19 @@ class Telemetry:
         call = self.call_started(turn, session_id, result.call_id, result.name, "none", arguments)
         self.call_ended(call, result)
 
+    def decision(self, session_id: str, call_id: str, tool: str, decision: str, decided_by: str | None) -> None:
+        """A pending call was decided (DESIGN §4 "Approvals"): an ``approval {decision}
+        {tool}`` span that starts and ends at once, in the current context."""
+        tracer = self._tracer()
+        if tracer is None:
+            return
+        attributes = {"gen_ai.tool.name": tool, "gen_ai.tool.call.id": call_id, "gen_ai.conversation.id": session_id,
+                      "rho_actors.decision": decision}
+        if decided_by is not None:
+            attributes["rho_actors.decided_by"] = decided_by
+        tracer.start_span(f"approval {decision} {tool}", kind=otel_trace.SpanKind.INTERNAL,
+                          attributes=attributes).end()
+
     # --- supervisor reports ------------------------------------------------------------
 
     def report(self, event: Any) -> None:

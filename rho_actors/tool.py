@@ -277,11 +277,11 @@ MEDIA: Final = (Image, Audio, Resource)
 class ToolInfo:
     """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
 
-    ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of
-    the tool's JSON Schema (Draft 2020-12, top level ``"type": "object"``). A copy
-    handed out by :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first
-    read of ``parameter_schema`` (equality, ``repr``, pickling, ``dataclasses.replace``
-    and ``asdict`` read it too), so an offer whose schemas are not read costs no copy.
+    ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of the tool's JSON Schema (Draft
+    2020-12, top level ``"type": "object"``); ``requires_approval``: its calls may wait for a decision (DESIGN §4
+    "Approvals"). A copy handed out by :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first read of
+    ``parameter_schema`` (equality, ``repr``, pickling, ``dataclasses.replace`` and ``asdict`` read it too), so an
+    offer whose schemas are not read costs no copy.
     """
 
     name: str
@@ -289,7 +289,8 @@ class ToolInfo:
     parameter_schema: dict[str, Any]
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     concurrency: Concurrency = "parallel"
-    policy: CallPolicy = NO_POLICY  # its bounds and retries (rho_actors.declarations.policy): the governor's data
+    requires_approval: bool = False
+    policy: CallPolicy = NO_POLICY  # its bounds and retries (rho_actors.declarations.policy: the governor's)
 
     def copy(self) -> ToolInfo:
         """A copy with its own deep copy of the schema, for handing out."""
@@ -364,8 +365,8 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
     Made without ``__init__`` (about half its time): ``ToolInfo`` checks nothing when
     made. Raises ``ValueError`` when the two differ in length."""
     new, put_schema = object.__new__, SCHEMA_SLOT.__set__
-    put_name, put_description, put_timeout, put_concurrency, put_policy = (
-        ToolInfo.__dict__[name].__set__ for name in ("name", "description", "timeout_ms", "concurrency", "policy"))
+    put_name, put_description, put_timeout, put_concurrency, put_approval, put_policy = (ToolInfo.__dict__[n].__set__
+        for n in ("name", "description", "timeout_ms", "concurrency", "requires_approval", "policy"))
     copies: list[ToolInfo] = []
     append = copies.append
     for info, schema in zip(infos, schemas, strict=True):
@@ -378,6 +379,7 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
         put_schema(made, schema)
         put_timeout(made, info.timeout_ms)
         put_concurrency(made, info.concurrency)
+        put_approval(made, info.requires_approval)
         put_policy(made, info.policy)
         append(made)
     return copies
@@ -401,8 +403,7 @@ class ErrorKind(enum.StrEnum):
     MEMORY = "memory"
     OUTPUT_LIMIT = "output_limit"
     CANCELLED = "cancelled"
-    # the governor's refusals (DESIGN §4): a call budget used up, the same call too often, a rate limit
-    BUDGET_EXHAUSTED = "budget_exhausted"
+    BUDGET_EXHAUSTED = "budget_exhausted"  # the governor's refusals (DESIGN §4), with the next two
     REPEATED_CALL = "repeated_call"
     RATE_LIMITED = "rate_limited"
     PENDING_APPROVAL = "pending_approval"  # waits for a person's decision: it has not run (DESIGN §4)
@@ -420,11 +421,10 @@ _RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLE
 
 
 class ToolFailure(RhoError):
-    """Raised by a tool's ``run`` for an error result of kind ``kind`` (instead of ``raised``): a tool standing for
-    one elsewhere (an MCP server's) reports ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it.
-    ``str(err)`` is the text for the model (capped like any result's). Raises ``ValueError`` for a ``kind`` that is
-    not an :class:`ErrorKind` value. ``retryable=True``: the same call run again may succeed (an idempotent tool's
-    call is retried; its result's ``details["retryable"]``; made by ``results.result_from_exception``)."""
+    """Raised by a tool's ``run`` for an error result of kind ``kind`` (not ``raised``): a tool standing for one
+    elsewhere (an MCP server's) reports ``unavailable``, ``crashed``, ``timeout`` or ``cancelled``. ``str(err)`` is
+    the model's text (capped). ``ValueError`` for a ``kind`` not an :class:`ErrorKind` value. ``retryable=True``: run
+    again it may succeed (an idempotent tool's call is retried; ``details["retryable"]``; ``result_from_exception``)."""
 
     def __init__(self, kind: ErrorKind | str, message: str, retryable: bool = False) -> None:
         super().__init__(message)

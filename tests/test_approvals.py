@@ -216,6 +216,48 @@ def test_an_untrusted_tools_own_code_cannot_lift_the_loops_requirement(tmp_path:
         assert loop.approve("c1").content == "ran"
 
 
+class AsksForApproval:
+    """An untrusted tool whose declaration asks that its calls be approved."""
+
+    @staticmethod
+    def name() -> str:
+        return "asks"
+
+    @staticmethod
+    def description() -> str:
+        return "A tool that asks for approval."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object"}
+
+    @staticmethod
+    def requires_approval() -> bool:
+        return True
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        return "ran"
+
+
+def test_an_untrusted_tools_declaration_can_ask_for_approval(tmp_path: Any) -> None:
+    from rho_actors import untrusted
+
+    with ActorSystem(data_dir=tmp_path / "data", confinement=False) as system:
+        system.register(untrusted(AsksForApproval))
+        loop = system.start_loop("s1")
+        [result] = loop.run_turn([ToolCall("c1", "asks", "{}")], timeout_s=60)
+        assert result.error_kind is ErrorKind.PENDING_APPROVAL, result.content
+        assert [info.requires_approval for info in loop.offered()] == [True]
+        assert loop.approve("c1").content == "ran"
+
+
+def test_a_declaration_says_whether_calls_may_need_approval(system: ActorSystem) -> None:
+    _system(system)
+    assert {i.name: i.requires_approval for i in system.tools()} == {
+        "delete": True, "look": False, "pay": True, "wait_for_human": False}
+
+
 def test_an_exclusive_turn_holds_the_calls_after_a_pending_one_in_order(system: ActorSystem) -> None:
     @tool(concurrency="exclusive")
     def step(n: int) -> str:
@@ -248,3 +290,54 @@ def test_a_deferred_result_is_resolved_later(system: ActorSystem) -> None:
     assert resolved.ok and resolved.content == "blue"
     with pytest.raises(ApprovalError, match="decided already"):
         loop.resolve("c1", "red")
+
+
+def test_each_decision_is_an_event_and_a_line_in_the_tree(system: ActorSystem) -> None:
+    from rho_actors import CallEvent
+
+    seen: list[tuple[str, str, str | None]] = []
+    system.subscribe(lambda e: seen.append((e.kind, e.call_id, e.outcome)) if isinstance(e, CallEvent) else None)
+    loop = _system(system).start_loop("s1")
+    loop.run_turn([ToolCall("c1", "delete", '{"path": "/a"}'), ToolCall("c2", "delete", '{"path": "/b"}')])
+    [sessions] = [c for c in system.tree()["children"] if c["id"] == "sessions"]
+    [session] = sessions["children"]
+    [node] = session["children"]
+    assert [p["call_id"] for p in node["pending"]] == ["c1", "c2"]
+    loop.approve("c1", decided_by="ann")
+    loop.reject("c2", "no")
+    assert ("pending", "c1", "approval") in seen
+    assert ("decided", "c1", "approved by ann") in seen and ("decided", "c2", "rejected") in seen
+
+
+class Lookup:
+    """A tool that declares an output schema (as an MCP tool does) and defers its result."""
+
+    @staticmethod
+    def name() -> str:
+        return "lookup"
+
+    @staticmethod
+    def description() -> str:
+        return "Look a record up; the answer comes later."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object"}
+
+    @staticmethod
+    def output_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> Deferred:
+        return Deferred("asked the records office")
+
+
+def test_a_resolved_output_is_checked_against_the_tools_output_schema(system: ActorSystem) -> None:
+    system.register(Lookup)
+    loop = system.start_loop("s1")
+    loop.run_turn([ToolCall("c1", "lookup", "{}")])
+    with pytest.raises(ValueError, match=r"does not match tool 'lookup'.s output schema: \$\['id'\]: 'x' is not"):
+        loop.resolve("c1", {"id": "x"})
+    assert [p.call_id for p in loop.pending()] == ["c1"]
+    assert loop.resolve("c1", {"id": 7}).content == '{"id": 7}'

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from rho_actors import ActorSystem, ApprovalError, ErrorKind, Reply, ScriptedModel
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
 from tests.approval_host import REPLY
-from tests.approval_tools import delete, look
+from tests.approval_tools import Put, delete, look
 from tests.conftest import WAIT_S, read_line, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,7 @@ def _system(data: Path) -> ActorSystem:
     system = ActorSystem(data_dir=data, shutdown_ms=2_000)
     system.register(delete)
     system.register(look)
+    system.register(Put)
     return system
 
 
@@ -174,7 +176,7 @@ def test_a_decision_from_another_process_is_acted_on_by_the_running_host(tmp_pat
         assert wait_for(lambda: loop.pending() == [] and all(
             load(transcript).calls[c].state == "settled" for c in ("c1", "c2")))
         again = _cli(data, "reject", "s1", "c1", "--message", "too late")
-        assert again.returncode == 1 and "decided already: it was approved by bob" in again.stdout
+        assert again.returncode == 1 and "decided already: it was approved by bob at 20" in again.stdout
         final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
         assert final.error is None
     assert _runs(runs) == ["delete /a"]
@@ -218,3 +220,54 @@ def test_two_processes_racing_to_decide_one_call_exactly_one_wins(tmp_path: Path
     assert codes == [0, 1]
     decided = [r for r in _records(data) if r["type"] == "call" and r["state"] == "decided"]
     assert len(decided) == 1
+
+
+def test_a_prompt_while_an_approved_call_runs_is_refused_not_answered_cancelled(
+    tmp_path: Path, runs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()
+    monkeypatch.setenv("RHO_TEST_HOLD", str(hold))
+    with _system(tmp_path / "data") as system:
+        loop = system.start_loop("s1")
+        loop.prompt("clean up", model=ScriptedModel([REPLY]))
+        loop.reject("c2", "no")
+        approving = threading.Thread(target=loop.approve, args=("c1",))
+        approving.start()
+        assert wait_for(lambda: _runs(runs) == ["delete /a"])
+        busy = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert busy.error is not None and "approved call(s) c1 are running now" in busy.error
+        hold.unlink()
+        approving.join(WAIT_S)
+        final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert final.error is None and final.recovered == ()
+    assert load(tmp_path / "data" / "sessions" / "s1" / TRANSCRIPT_NAME).calls["c1"].state == "settled"
+
+
+def test_kill_9_mid_approved_call_of_an_idempotent_tool_runs_it_again_once(tmp_path: Path, runs: Path,
+                                                                          host_env: dict[str, str],
+                                                                          hosts: list[_Host]) -> None:
+    data = tmp_path / "data"
+    first = _Host(data, host_env, "prompt_put")
+    hosts.append(first)
+    assert first.line() == "PENDING p1"
+    first.kill()
+    hold = tmp_path / "hold"
+    hold.touch()
+    second = _Host(data, {**host_env, "RHO_TEST_HOLD": str(hold)}, "approve", "p1")
+    hosts.append(second)
+    assert second.line() == "APPROVING"
+    assert wait_for(lambda: _runs(runs) == ["delete k"], WAIT_S * 3)
+    second.kill()
+    hold.unlink()
+    transcript = data / "sessions" / "s1" / TRANSCRIPT_NAME
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        assert wait_for(lambda: load(transcript).calls["p1"].state == "settled")
+        final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert final.error is None and final.recovered == ()
+    assert _runs(runs) == ["delete k", "delete k"]
+    attempts = [r["attempt"] for r in _records(data) if r["type"] == "call" and r["state"] == "running"]
+    assert attempts == [1, 2]
+    [result] = [r for r in _records(data) if r["type"] == "result"]
+    assert result["ok"] and result["content"] == "stored k"

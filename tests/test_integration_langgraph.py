@@ -173,3 +173,50 @@ def test_a_langchain_tool_registers_with_its_own_declaration(system: ActorSystem
     assert results[3].error_kind == "invalid_arguments" and '"a" is a required property' in results[3].content
     assert system.unregister(lc_add)
     assert "lc_add" not in {i.name for i in loop.offered()}
+
+
+def test_calls_rho_holds_pause_the_graph_and_resume_with_the_decisions(system: ActorSystem) -> None:
+    from langgraph.checkpoint.memory import MemorySaver
+    from langgraph.types import Command
+
+    from rho_actors import tool
+
+    ran: list[str] = []
+
+    @tool(requires_approval=True)
+    def wipe(path: str) -> str:
+        """Wipe a folder."""
+        ran.append(path)
+        return f"wiped {path}"
+
+    @tool
+    def peek(path: str) -> str:
+        """Look at a folder."""
+        ran.append(f"peek {path}")
+        return f"saw {path}"
+
+    system.register(wipe)
+    system.register(peek)
+    loop = system.start_loop("lg-approval")
+    node = RhoToolNode(loop)
+    model = chat([[("c1", "wipe", {"path": "/a"}), ("c2", "wipe", {"path": "/b"}), ("c3", "peek", {"path": "/"})],
+                  "done"])
+    bound = node.bind_model(model)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state, config: {"messages": [bound.invoke(state["messages"], config)]})
+    builder.add_node("tools", node)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    app = builder.compile(checkpointer=MemorySaver())
+    config: Any = {"configurable": {"thread_id": "t1"}}
+    paused = app.invoke({"messages": [HumanMessage("clean up")]}, config)
+    [pause] = paused["__interrupt__"]
+    assert [p["call_id"] for p in pause.value["pending"]] == ["c1", "c2"] and ran == []  # nothing ran yet
+    resume: Command[Any] = Command(resume={"c1": {"arguments": {"path": "/tmp/a"}}, "c2": "keep /b"})
+    done = app.invoke(resume, config)
+    assert done["messages"][-1].content == "done"
+    assert ran == ["peek /", "/tmp/a"]
+    assert [(m.tool_call_id, m.content, m.status) for m in tool_messages(done)] == [
+        ("c1", "wiped /tmp/a", "success"), ("c2", "keep /b", "error"), ("c3", "saw /", "success")]
+    assert loop.pending() == []

@@ -124,3 +124,34 @@ def test_an_unchanged_declaration_keeps_its_function_tool(system: ActorSystem, t
     second = {t.name: t for t in tools}
     assert set(second) == set(first) | {"later"}
     assert all(second[name] is tool for name, tool in first.items())  # the same objects: nothing rebuilt
+
+
+def test_a_call_rho_holds_for_approval_is_an_sdk_interruption_approved_or_rejected(system: ActorSystem) -> None:
+    from rho_actors import ToolCall as RhoCall
+    from rho_actors import tool
+
+    ran: list[str] = []
+
+    @tool(requires_approval=True)
+    def wipe(path: str) -> str:
+        """Wipe a folder."""
+        ran.append(path)
+        return f"wiped {path}"
+
+    system.register(wipe)
+    loop = system.start_loop("agents-approval")
+    assert loop.requires_approval(RhoCall("x", "wipe", '{"path": "/a"}'))
+    model = ScriptedModel([[("c1", "wipe", {"path": "/a"}), ("c2", "wipe", {"path": "/b"})], "done"])
+    agent = Agent(name="helper", model=model, tools=function_tools(loop))
+    first = run(agent)
+    assert sorted(item.call_id for item in first.interruptions) == ["c1", "c2"] and ran == []
+    state = first.to_state()
+    approve, reject = sorted(first.interruptions, key=lambda item: item.call_id)
+    state.approve(approve)
+    state.reject(reject)
+    import asyncio
+
+    second = asyncio.run(Runner.run(agent, state, run_config=RunConfig(tracing_disabled=True)))
+    assert second.final_output == "done" and ran == ["/a"]
+    assert model.outputs["c1"] == "wiped /a" and "c2" in model.outputs and "wiped" not in model.outputs["c2"]
+    assert loop.pending() == []

@@ -101,3 +101,30 @@ def test_given_a_system_each_conversation_is_a_rho_session(system: ActorSystem, 
 def test_rho_toolset_takes_a_loop_or_a_system() -> None:
     with pytest.raises(TypeError, match=r"RhoToolset takes a rho_actors\.Loop or ActorSystem, got dict"):
         RhoToolset({})  # type: ignore[arg-type]
+
+
+def test_a_call_rho_holds_is_a_deferred_approval_run_once_approved_never_when_denied(system: ActorSystem) -> None:
+    from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
+
+    from rho_actors import tool
+
+    ran: list[str] = []
+
+    @tool(requires_approval=True)
+    def wipe(path: str) -> str:
+        """Wipe a folder."""
+        ran.append(path)
+        return f"wiped {path}"
+
+    system.register(wipe)
+    loop = system.start_loop("pai-approval")
+    script = Script([[("c1", "wipe", {"path": "/a"}), ("c2", "wipe", {"path": "/b"})], "done"])
+    agent = Agent(FunctionModel(script), toolsets=[RhoToolset(loop)], output_type=[str, DeferredToolRequests])
+    first = asyncio.run(agent.run("go"))
+    assert isinstance(first.output, DeferredToolRequests)
+    assert sorted(c.tool_call_id for c in first.output.approvals) == ["c1", "c2"] and ran == []
+    results = DeferredToolResults(approvals={"c1": True, "c2": ToolDenied("keep /b")})
+    second = asyncio.run(agent.run(message_history=first.all_messages(), deferred_tool_results=results))
+    assert second.output == "done" and ran == ["/a"]
+    assert script.outputs["c1"] == "wiped /a" and script.outputs["c2"] == "keep /b"
+    assert loop.pending() == []

@@ -65,6 +65,7 @@ def test_fold_follows_each_call_and_refuses_a_wrong_move() -> None:
                           arguments_sha256=SHA, message="no")
     tracks = fold(_records(pending, decided))
     assert tracks["c1"].state == "decided" and tracks["c1"].decision == "rejected" and tracks["c1"].kind == "approval"
+    assert tracks["c1"].states["decided"]["at"] == decided["at"]
     running = call_record("running", call_id="c1", name="t", index=0, arguments_sha256=SHA)
     with pytest.raises(LifecycleError, match="a call rejected can only settle"):
         fold(_records(pending, decided, running))

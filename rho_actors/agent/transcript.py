@@ -621,13 +621,15 @@ class Transcript:
                            record["omitted"])
         return record
 
-    def call(self, step: int, index: int, state: str, *, call_id: str, name: str, **fields: Any) -> None:
+    def call(self, step: int, index: int, state: str, *, call_id: str, name: str, sync: bool = True,
+             **fields: Any) -> None:
         """Record that call ``index`` of ``step`` (``call_id``, of tool ``name``) moved to
         ``state`` with the state's ``fields`` (:func:`rho_actors.lifecycle.call_record`,
         which raises :class:`~rho_actors.lifecycle.LifecycleError`, a ``ValueError``, for a
-        state or a field it does not take)."""
+        state or a field it does not take). ``sync=False``: written but not ``fsync``-ed
+        yet (the next record written with ``sync`` makes both durable)."""
         self._append({"type": "call", "step": step, **call_record(state, call_id=call_id, name=name, index=index,
-                                                                  **fields)})
+                                                                  **fields)}, sync)
 
     def error(self, step: int, kind: str, message: str) -> None:
         """Record why the prompt stopped at ``step`` (``kind``: one of ``model``,
@@ -636,11 +638,11 @@ class Transcript:
             raise ValueError(f"error kind must be one of {', '.join(ERROR_KINDS)}, got {kind!r}")
         self._append({"type": "error", "step": step, "kind": kind, "message": message})
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, record: dict[str, Any], sync: bool = True) -> None:
         with self._writing:
-            self._append_now(record)
+            self._append_now(record, sync)
 
-    def _append_now(self, record: dict[str, Any]) -> None:
+    def _append_now(self, record: dict[str, Any], sync: bool) -> None:
         if self._fd is None:
             raise ValueError(f"transcript {self.path} is not open")
         full: dict[str, Any] = {"v": SCHEMA_VERSION, "seq": self._seq + 1, "type": record.pop("type"),
@@ -654,7 +656,8 @@ class Transcript:
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
-        os.fsync(self._fd)
+        if sync:
+            os.fsync(self._fd)
         self._seq += 1
 
 

@@ -39,7 +39,7 @@ def add_parsers(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Record the decision; print what was recorded, or why not (exit codes: see above)."""
     from rho_actors.agent.transcript import TranscriptError
-    from rho_actors.loop.approvals import ApprovalError, decide
+    from rho_actors.loop.decisions import ApprovalError, decide
 
     by = args.by
     if by is None:

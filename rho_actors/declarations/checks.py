@@ -79,7 +79,8 @@ DEFAULT_MAX_SCHEMA_BYTES = 65_536
 DEFAULT_MAX_SCHEMA_NODES = 2_048
 """How many JSON values (objects, arrays, strings, numbers...) a parameter schema may hold."""
 
-_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", *POLICY_CALLBACKS)
+_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "requires_approval",
+              *POLICY_CALLBACKS)
 
 
 class DeclarationError(RhoError, ValueError):
@@ -196,12 +197,16 @@ def read_declaration(tool: Any) -> dict[str, Any]:
     """Call the tool's declaration callbacks in this thread.
 
     Returns a dict with the keys ``name``, ``description``, ``parameter_schema``,
-    ``timeout_ms``, ``concurrency``: each the callback's answer, absent when the tool
-    has no such callback, or a marker when it raised (any ``BaseException`` is caught:
-    a tool's ``SystemExit`` must not stop the reading actor).
+    ``timeout_ms``, ``concurrency``, ``requires_approval``: each the callback's answer,
+    absent when the tool has no such callback, or a marker when it raised (any
+    ``BaseException`` is caught: a tool's ``SystemExit`` must not stop the reading
+    actor). ``requires_approval`` may also be a ``bool`` attribute; a policy over the
+    call (a method taking arguments) is not called and reads as ``True``.
     """
     raw: dict[str, Any] = {}
     for cb_name in _CALLBACKS:
+        if cb_name == "requires_approval" and _approval_answer(tool, raw):
+            continue
         cb = callback(tool, cb_name)
         if cb is None:
             continue
@@ -210,6 +215,27 @@ def read_declaration(tool: Any) -> dict[str, Any]:
         except BaseException as exc:
             raw[cb_name] = Raised(describe_exception(exc))
     return raw
+
+
+def _approval_answer(tool: Any, raw: dict[str, Any]) -> bool:
+    """Put a ``requires_approval`` that is a bool attribute, or a policy over the call
+    (``True``: its calls may need a decision), in ``raw``; whether it was read here (an
+    attribute that cannot be read is absent: the default)."""
+    try:
+        value = getattr(tool, "requires_approval", None)
+    except BaseException:
+        return True
+    if isinstance(value, bool):
+        raw["requires_approval"] = value
+        return True
+    try:
+        policy = callable(value) and any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                         for p in inspect.signature(value).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: called as a method of no arguments
+        return False
+    if policy:
+        raw["requires_approval"] = True
+    return policy
 
 
 def _json_data_problem(value: Any, depth: int, max_depth: int, path: str) -> str | None:
@@ -307,6 +333,7 @@ def check_declaration(
         timeout_ms=timeout,
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
         policy=policy_from_answers(raw, lambda key, value, problem: _log_default_once(name, key, value, problem)),
+        requires_approval=not (raw.get("requires_approval") is False or raw.get("requires_approval") is None),
     )
 
 

@@ -203,8 +203,8 @@ def call_record(state: str, *, call_id: str, name: str, index: int, at: float | 
 @dataclass(slots=True)
 class CallTrack:
     """One call's lifecycle as its ``call`` records tell it: ``state`` now (``settled``
-    once its ``result`` record is read), and the latest fields of each state it passed
-    (``states["pending"]["kind"]``...). ``step`` and ``index`` place it in its reply."""
+    once its ``result`` record is read), and the latest fields of each state it passed,
+    with its ``at`` (``states["pending"]["kind"]``...). ``step`` and ``index`` place it in its reply."""
 
     call_id: str
     name: str
@@ -259,7 +259,7 @@ def fold(records: Iterable[Mapping[str, Any]]) -> dict[str, CallTrack]:
         track = tracks.get(call_id)  # type: ignore[arg-type]
         if track is None:
             track = tracks[str(call_id)] = CallTrack(str(call_id), str(record["name"]), record["step"], record["index"])
-        track.move(str(state), fields)
+        track.move(str(state), {**fields, "at": record.get("at")})
     return tracks
 
 

@@ -20,7 +20,7 @@ its LoopActor) is the ``pending`` part of the call lifecycle (:mod:`rho_actors.l
   process decided it first. An approved call's ``running`` record is written before
   it starts, so a host killed mid-call never runs it again (its outcome is unknown:
   ``cancelled``).
-- **from another process**: :func:`decide` writes a decision into a session's
+- **from another process**: :func:`~rho_actors.loop.decisions.decide` writes a decision into a session's
   transcript (``rho-actors approve/reject``); a host with journaled pending calls checks
   the transcript every :data:`POLL_S` seconds (a timer, no thread of its own) and acts on
   what it finds, as after a restart (:meth:`attach` recovers the transcript's open calls).
@@ -43,29 +43,31 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from jsonschema import Draft202012Validator
 from loguru import logger
 
-from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptBusyError, load
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.encoding import describe_exception
-from rho_actors.errors import RhoError
+from rho_actors.events import CallEvent
 from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256
+from rho_actors.loop.decisions import ApprovalError, decide, first_decision, locked_transcript
 from rho_actors.results import error_result, failure, result_from_return, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timer, Timers
+    from rho_actors.runtime import Runtime
 
 __all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "POLL_S", "ApprovalError", "CallInfo", "SessionApprovals", "decide"]
+
 
 DEFAULT_APPROVAL_TIMEOUT_S: Final = 24 * 3600.0
 """How long a call waits for its decision by default (seconds): past it, ``approval_expired``."""
 POLL_S: Final = 0.25
 """How often (seconds) a host with pending calls looks for decisions made by another process."""
-LOCK_WAIT_S: Final = 30.0
-"""How long (seconds) a decision waits for the session's transcript held by a running prompt."""
 _GRACE_S = 10.0  # past an approved call's timeout, how long its result is waited for
 _KEPT_DECISIONS = 10_000  # decided call ids remembered per session, to name the first decision
 
@@ -79,13 +81,6 @@ class Turns(Protocol):
     def offered_entries(self) -> tuple[ToolEntry, ...]: ...
 
     def submit(self, calls: tuple[ToolCall, ...], future: Any, *, approved: bool = False) -> None: ...
-
-
-class ApprovalError(RhoError):
-    """A decision that cannot be made: an unknown call id (or another session's), a call
-    decided already (``str(err)`` names the first decision: what, by whom, when), one of
-    another kind (``approve`` of a deferred call), or one that waits behind an earlier
-    call of its exclusive turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,26 +105,18 @@ class _Held:
     claimed: bool = False  # a decision is being made
 
 
-def _first_decision(track: CallTrack) -> str:
-    decided = track.states.get("decided")
-    if decided is None:
-        return f"it has its result already ({track.state})"
-    by = decided.get("decided_by")
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(decided.get("at", 0)))
-    return f"it was {decided['decision']}{'' if by is None else f' by {by}'} at {when}"
-
-
 def approval_rule(entry: ToolEntry) -> bool | Callable[..., Any]:
     """What a tool says of approval: ``True``/``False``, or its policy
     ``requires_approval(args, ctx)``. An untrusted tool's code is never read in the host:
-    ``False`` (only the loop's policy applies to it). A ``requires_approval()`` that
-    raises, or returns anything but ``False``/``None``, means ``True``."""
+    its checked declaration says (it may ask; the loop's policy applies to it all the
+    same). A ``requires_approval()`` that raises, or returns anything but
+    ``False``/``None``, means ``True``; one that cannot be read is absent."""
     if entry.untrusted:
-        return False
+        return entry.info.requires_approval
     try:
         rule = getattr(entry.tool, "requires_approval", None)
-    except BaseException:
-        return True
+    except BaseException:  # an attribute that cannot be read is absent (a policy that raises requires)
+        return False
     if rule is None or isinstance(rule, bool):
         return bool(rule)
     if not callable(rule):
@@ -163,8 +150,10 @@ class SessionApprovals:
         self.timeout_s = float(timeout_s)
         self._held: dict[str, _Held] = {}
         self._decided: dict[str, str] = {}  # call id -> its decision, described
+        self._in_flight: dict[str, str] = {}  # approved calls until their result is recorded: id -> tool
         self._lock = threading.Lock()
         self._turns: Turns | None = None
+        self._runtime: Runtime | None = None
         self._timers: Timers | None = None
         self._threads: ThreadPool | None = None
         self._rules: tuple[int, dict[int, bool | Callable[..., Any]]] = (-1, {})  # by tool set version, serial
@@ -174,11 +163,15 @@ class SessionApprovals:
 
     # --- the loop's side ------------------------------------------------------------------
 
-    def attach(self, turns: Turns, timers: Timers, threads: ThreadPool) -> None:
-        """The session's (new) LoopActor runs ``turns``: decisions run their calls there.
-        The first attach recovers the open calls of the session's transcript (a host
-        that died with calls pending, decided or approved-and-unstarted)."""
-        self._turns, self._timers, self._threads = turns, timers, threads
+    def attach(self, turns: Turns, runtime: Runtime) -> None:
+        """The session's (new) LoopActor runs ``turns`` in ``runtime``: decisions run
+        their calls there. The first attach recovers the open calls of the session's
+        transcript (a host that died with calls pending, decided or approved and not
+        started); a later one (a restart) looks at the transcript again while calls wait."""
+        self._turns, self._runtime = turns, runtime
+        self._timers, self._threads = runtime.timers, runtime.threads
+        if self._recovered:
+            self._watch()
         if not self._recovered:  # read here (its pending calls listed at once); a decided one runs on a pool thread
             self._recovered = True
             if os.path.lexists(self.path):
@@ -191,15 +184,6 @@ class SessionApprovals:
         except RuntimeError:  # no thread could be started: done at the next look
             logger.warning("session {}: no thread to {} its pending calls now", self.session_id, what)
 
-    def _rule(self, entry: ToolEntry, version: int) -> bool | Callable[..., Any]:
-        known, rules = self._rules
-        if known != version:
-            self._rules = (version, rules := {})
-        rule = rules.get(entry.serial)
-        if rule is None:
-            rule = rules[entry.serial] = approval_rule(entry)
-        return rule
-
     def hold(self, prepared: list[tuple[int, ToolCall, ToolEntry, dict[str, Any]]], exclusive: bool, version: int,
              ctx: Mapping[str, Any]) -> dict[int, ToolResult]:
         """Which of a turn's ``prepared`` calls (index, call, entry, validated args, in
@@ -208,10 +192,18 @@ class SessionApprovals:
         tool set's; ``ctx``: what a tool's policy gets as its context."""
         held: dict[int, ToolResult] = {}
         before: str | None = None
+        known, rules = self._rules
+        if known != version:
+            self._rules = (version, rules := {})
         for index, call, entry, args in prepared:
+            rule = rules.get(entry.serial)
+            if rule is None:
+                rule = rules[entry.serial] = approval_rule(entry)
+            if rule is False and self.policy is None and before is None:  # the usual case: nothing to ask
+                continue
             if before is not None and exclusive:
                 reason = f" (it runs after call {before} of its exclusive turn)"
-            elif self._requires(call, entry, args, version, ctx):
+            elif self._requires(call, entry, args, rule, ctx):
                 reason = ""
             else:
                 continue
@@ -219,9 +211,8 @@ class SessionApprovals:
             before = call.id
         return held
 
-    def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], version: int,
+    def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
                   ctx: Mapping[str, Any]) -> bool:
-        rule = self._rule(entry, version)
         if callable(rule):
             try:
                 if rule(_copy(args), MappingProxyType({**ctx, "call_id": call.id})) not in (False, None):
@@ -238,6 +229,21 @@ class SessionApprovals:
             return self.policy(info) not in (False, None)
         except BaseException:
             return True
+
+    def would_hold(self, call: ToolCall, ctx: Mapping[str, Any]) -> bool:
+        """Whether ``call`` would wait for approval if run now (its tool offered, its
+        arguments valid; ``False`` for one that would be refused): for an adapter that
+        asks its framework's approval before it runs the call."""
+        entry = self._entry(call.name)
+        if entry is None:
+            return False
+        try:
+            args = decode_arguments(call.arguments)
+        except ArgumentsError:
+            return False
+        if violations(entry.validator, args, MAX_VALIDATION_S):
+            return False
+        return self._requires(call, entry, args, approval_rule(entry), ctx)
 
     def defer(self, call: ToolCall, args: dict[str, Any], result: ToolResult) -> ToolResult:
         """``result`` (a tool's ``Deferred``, :data:`~rho_actors.ErrorKind.DEFERRED`) with
@@ -258,6 +264,8 @@ class SessionApprovals:
         if expires is not None:
             self._arm(held, self.timeout_s)
         self._watch()
+        if self._runtime is not None and self._runtime.events.wants_calls("pending"):
+            self._runtime.events.emit(CallEvent("pending", self.session_id, call.id, name, kind))
         if kind == "external":
             result = failure("deferred", call.id, name, call=call.id, reason=reason)
         else:
@@ -278,9 +286,9 @@ class SessionApprovals:
     # --- seeing ---------------------------------------------------------------------------
 
     def pending(self) -> list[PendingCall]:
-        """The calls waiting for a decision, oldest first."""
+        """The calls waiting for a decision (one being decided included), oldest first."""
         with self._lock:
-            return sorted((h.pending for h in self._held.values() if not h.claimed), key=lambda p: p.requested_at)
+            return sorted((h.pending for h in self._held.values()), key=lambda p: p.requested_at)
 
     # --- deciding -------------------------------------------------------------------------
 
@@ -303,13 +311,14 @@ class SessionApprovals:
                 if journal is not None:
                     transcript, track = journal
                     transcript.call(track.step, track.index, "decided", call_id=call_id, name=held.pending.name,
-                                    decision="approved", decided_by=decided_by, arguments_sha256=sha, **edited)
+                                    decision="approved", decided_by=decided_by, arguments_sha256=sha, sync=False,
+                                    **edited)
                     transcript.call(track.step, track.index, "running", call_id=call_id, name=held.pending.name,
                                     arguments_sha256=sha, attempt=1)
         except BaseException:
             self._unclaim(held)
             raise
-        self._decide(held, f"approved{'' if decided_by is None else f' by {decided_by}'}")
+        self._decide(held, "approved", decided_by, running=True)
         result = self._run(held, args)
         self._record(held, result)
         return result
@@ -330,6 +339,10 @@ class SessionApprovals:
         held = self._claim(call_id, "external")
         max_chars = 100_000 if self._turns is None else self._turns.max_output_chars
         try:
+            problems = output_problems(self._entry(held.pending.name), output)
+            if problems:
+                raise ValueError(f"call {call_id}: the output does not match tool {held.pending.name!r}'s output "
+                                 f"schema: {'; '.join(problems)}; the call is still pending")
             result = result_from_return(call_id, held.pending.name, output, max_chars, 0.0)
         except BaseException:
             self._unclaim(held)
@@ -359,12 +372,12 @@ class SessionApprovals:
                     transcript, track = journal
                     transcript.call(track.step, track.index, "decided", call_id=held.pending.call_id,
                                     name=held.pending.name, decision=decision, decided_by=decided_by,
-                                    arguments_sha256=held.pending.arguments_sha256, **fields)
+                                    arguments_sha256=held.pending.arguments_sha256, sync=False, **fields)
                     transcript.result(track.step, track.index, result)
         except BaseException:
             self._unclaim(held)
             raise
-        self._decide(held, f"{decision}{'' if decided_by is None else f' by {decided_by}'}")
+        self._decide(held, decision, decided_by)
 
     def _claim(self, call_id: Any, kind: str) -> _Held:
         """The held call ``call_id``, claimed for one decision; raises :class:`ApprovalError`."""
@@ -393,17 +406,28 @@ class SessionApprovals:
         with self._lock:
             held.claimed = False
 
-    def _decide(self, held: _Held, decision: str) -> None:
-        """``held`` is decided: forgotten as pending, its decision remembered."""
+    def _decide(self, held: _Held, decision: str, decided_by: str | None, *, running: bool = False,
+                first: str | None = None) -> None:
+        """``held`` is decided: forgotten as pending, its decision remembered (``first``:
+        as the transcript tells one made elsewhere, not announced here) and announced (a
+        ``decided`` event and span); with ``running``, in flight until :meth:`_record`
+        has its result."""
         call_id = held.pending.call_id
         if held.timer is not None:
             held.timer.cancel()
+        by = "" if decided_by is None else f" by {decided_by}"
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        if first is None and self._runtime is not None:
+            self._runtime.telemetry.decision(self.session_id, call_id, held.pending.name, decision, decided_by)
+            self._runtime.events.emit(CallEvent("decided", self.session_id, call_id, held.pending.name,
+                                                f"{decision}{by}"))
         with self._lock:
             self._held.pop(call_id, None)
             if len(self._decided) >= _KEPT_DECISIONS:
                 self._decided.clear()
-            self._decided[call_id] = f"it was {decision} at {when}"
+            self._decided[call_id] = first or f"it was {decision}{by} at {when}"
+            if running:
+                self._in_flight[call_id] = held.pending.name
             idle = not self._held
         if idle and self._poll is not None:
             self._poll.cancel()
@@ -451,10 +475,20 @@ class SessionApprovals:
         return None
 
     def _record(self, held: _Held, result: ToolResult) -> None:
-        with self._journal(held, claimed=False) as journal:
-            if journal is not None:
-                transcript, track = journal
-                transcript.result(track.step, track.index, result)
+        try:
+            with self._journal(held, claimed=False) as journal:
+                if journal is not None:
+                    transcript, track = journal
+                    transcript.result(track.step, track.index, result)
+        finally:
+            with self._lock:
+                self._in_flight.pop(held.pending.call_id, None)
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """The approved calls starting or running, their results not recorded yet:
+        ``call_id`` and ``tool``."""
+        with self._lock:
+            return [{"call_id": c, "tool": t} for c, t in self._in_flight.items()]
 
     # --- the transcript -------------------------------------------------------------------
 
@@ -468,7 +502,7 @@ class SessionApprovals:
         if held is None or not os.path.lexists(self.path):
             yield None
             return
-        with _locked(self.path) as transcript:
+        with locked_transcript(self.path) as transcript:
             track = transcript.history.calls.get(held.pending.call_id)
             if track is None:
                 yield None
@@ -476,14 +510,15 @@ class SessionApprovals:
             if claimed and track.state != "pending":
                 with self._lock:
                     self._held.pop(held.pending.call_id, None)
-                    self._decided[held.pending.call_id] = _first_decision(track)
+                    self._decided[held.pending.call_id] = first_decision(track)
                 raise ApprovalError(f"call {held.pending.call_id} of session {self.session_id!r} is decided "
-                                    f"already: {_first_decision(track)}")
+                                    f"already: {first_decision(track)}")
             yield transcript, track
 
     def _watch(self) -> None:
-        """Look at the transcript every :data:`POLL_S` seconds while calls are pending."""
-        if self._poll is not None or self._timers is None:
+        """Look at the transcript every :data:`POLL_S` seconds while calls are pending
+        (not for a session with no transcript: nothing can decide its calls elsewhere)."""
+        if self._poll is not None or self._timers is None or not os.path.lexists(self.path):
             return
         self._poll = self._timers.call_at(time.monotonic() + POLL_S, self._look)
 
@@ -491,8 +526,8 @@ class SessionApprovals:
         """On the timer thread: a stat of the transcript; a change is read on a pool thread."""
         self._poll = None
         with self._lock:
-            if not self._held:
-                return
+            if not self._held or self._turns is None or self._turns.closed is not None:
+                return  # nothing waits, or the loop stopped (a restart's attach looks again)
         try:
             st = os.stat(self.path)
             seen = (st.st_size, st.st_mtime_ns)
@@ -521,17 +556,20 @@ class SessionApprovals:
 
     def _act(self, held: _Held, track: CallTrack) -> None:
         """``held`` was decided in the transcript (by another process, or before a
-        restart): run it once when approved and not started, else give it its result."""
+        restart): run it once when approved and not started, else give it its result.
+        Nothing while the loop is stopped: the next host or restart acts on it."""
+        if self._turns is None or self._turns.closed is not None:
+            return
         try:
             held = self._claim(held.pending.call_id, held.pending.kind)
         except ApprovalError:
             return
         decided = track.states.get("decided", {})
         try:
-            with _locked(self.path) as transcript:
+            with locked_transcript(self.path) as transcript:
                 now = transcript.history.calls.get(held.pending.call_id)
                 if now is None or now.state != "decided":  # settled or started meanwhile: nothing to do here
-                    self._decide(held, _first_decision(track) if now is None else _first_decision(now))
+                    self._decide(held, "", None, first=first_decision(track if now is None else now))
                     return
                 args = decided.get("arguments", held.args)
                 if decided.get("decision") == "approved":
@@ -542,8 +580,8 @@ class SessionApprovals:
         except BaseException:
             self._unclaim(held)
             raise
-        by = decided.get("decided_by")
-        self._decide(held, f"{decided.get('decision')}{'' if by is None else f' by {by}'}")
+        self._decide(held, str(decided.get("decision")), decided.get("decided_by"),
+                     running=decided.get("decision") == "approved")
         if decided.get("decision") == "approved":
             self._record(held, self._run(held, args))
 
@@ -563,10 +601,7 @@ class SessionApprovals:
             pending = track.states.get("pending", {})
             if call is None or call_id in self._held:
                 continue
-            try:
-                args = decode_arguments(call.arguments)
-            except ArgumentsError:
-                args = {}
+            args = _decoded(call)
             expires = pending.get("expires_at")
             info = PendingCall(call_id, track.name, MappingProxyType(_copy(args)), pending["arguments_sha256"],
                                pending.get("at", time.time()), pending["kind"], expires, pending.get("reason", ""))
@@ -581,6 +616,78 @@ class SessionApprovals:
             self._watch()
         for held, track in decided:
             self._later(functools.partial(self._act, held, track), "act")
+        for _, _, interrupted in history.pending:  # started once approved, no result: again only if idempotent
+            started = history.calls.get(interrupted.call_id)
+            call = calls.get(interrupted.call_id)
+            entry = None if started is None else self._entry(started.name)
+            if started is None or call is None or started.state != "running" or entry is None or not idempotent(entry):
+                continue
+            args = started.states.get("decided", {}).get("arguments") or _decoded(call)
+            held = _Held(PendingCall(call.id, started.name, MappingProxyType(_copy(args)), arguments_sha256(args),
+                                     time.time()), args)
+            with self._lock:
+                self._in_flight[call.id] = started.name  # a prompt meanwhile waits for it
+            self._later(functools.partial(self._rerun, held), "rerun")
+
+    def _rerun(self, held: _Held) -> None:
+        """Run again an approved call of an idempotent tool that a host died running
+        (its ``running`` record has no result): that attempt ``retried``, the next one
+        ``running``, then its result."""
+        try:
+            with locked_transcript(self.path) as transcript:
+                now = transcript.history.calls.get(held.pending.call_id)
+                if now is None or now.state != "running":  # answered meanwhile (a prompt recovered it)
+                    return
+                attempt = int(now.states["running"].get("attempt") or 1)
+                transcript.call(now.step, now.index, "retried", call_id=now.call_id, name=now.name, attempt=attempt,
+                                error_kind="cancelled", sync=False)  # the attempt the host died in
+                transcript.call(now.step, now.index, "running", call_id=now.call_id, name=now.name,
+                                arguments_sha256=held.pending.arguments_sha256, attempt=attempt + 1)
+        except BaseException:
+            with self._lock:
+                self._in_flight.pop(held.pending.call_id, None)
+            raise
+        logger.warning("session {}: call {} ({}) was running when its host stopped; its tool is idempotent: run "
+                       "again (attempt {})", self.session_id, held.pending.call_id, held.pending.name, attempt + 1)
+        self._record(held, self._run(held, held.args))
+
+
+def output_problems(entry: ToolEntry | None, output: Any) -> list[str]:
+    """What is wrong with ``output`` (or the ``output`` of an ``Ok``/``Details``) for
+    the output schema a trusted tool declares (an ``output_schema()`` method, as an MCP
+    tool has: JSON Schema); ``[]`` when it has none or the output fits."""
+    if entry is None or entry.untrusted:
+        return []
+    try:
+        declared = getattr(entry.tool, "output_schema", None)
+        schema = declared() if callable(declared) else None
+    except Exception:
+        return []
+    if not isinstance(schema, dict):
+        return []
+    value = getattr(output, "output", output)  # Ok(...), Details(...)
+    validator = Draft202012Validator(schema)
+    return [f"{'$' + ''.join(f'[{p!r}]' for p in e.absolute_path)}: {e.message}" for e in validator.iter_errors(value)]
+
+
+def idempotent(entry: ToolEntry) -> bool:
+    """Whether a trusted tool says running a call of it twice does no harm (an
+    ``idempotent`` attribute or method that is ``True``); an untrusted tool's code is never
+    read: ``False``."""
+    if entry.untrusted:
+        return False
+    try:
+        value = getattr(entry.tool, "idempotent", False)
+        return (value() if callable(value) else value) is True
+    except BaseException:
+        return False
+
+
+def _decoded(call: ToolCall) -> dict[str, Any]:
+    try:
+        return decode_arguments(call.arguments)
+    except ArgumentsError:
+        return {}
 
 
 def _decided_result(held: _Held, decided: Mapping[str, Any], timeout_s: float) -> ToolResult:
@@ -597,63 +704,3 @@ def _copy(args: dict[str, Any]) -> dict[str, Any]:
         return marshal.loads(marshal.dumps(args))  # type: ignore[no-any-return]
     except ValueError:
         return dict(args)
-
-
-@contextlib.contextmanager
-def _locked(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[Transcript]:
-    """The transcript at ``path``, opened under its lock, waiting up to ``wait_s`` for
-    another holder (a running prompt, another process deciding)."""
-    until = time.monotonic() + wait_s
-    delay = 0.001
-    transcript = Transcript(path)
-    while True:
-        try:
-            transcript.open()
-            break
-        except TranscriptBusyError:
-            if time.monotonic() >= until:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
-    try:
-        yield transcript
-    finally:
-        transcript.close()
-
-
-def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *, message: str | None = None,
-           decided_by: str | None = None) -> str:
-    """Write a decision (``"approved"`` or ``"rejected"``, with ``message``) for pending
-    call ``call_id`` of session ``session_id`` into its transcript under
-    ``data_dir/sessions/<session_id>``, from any process: the host running the session
-    acts on it within :data:`POLL_S` seconds (or the next host, at its start). Returns
-    a line saying what was recorded. Raises :class:`ApprovalError` naming the call and
-    the first decision when it is unknown, not pending or decided already, past its
-    approval deadline, or waiting for an external result; ``ValueError`` for a bad
-    decision or a rejection without message; ``OSError`` when the transcript cannot be
-    used."""
-    if decision not in ("approved", "rejected"):
-        raise ValueError(f"decision must be 'approved' or 'rejected', got {decision!r}")
-    if decision == "rejected" and (not isinstance(message, str) or not message.strip()):
-        raise ValueError("a rejection needs a message for the model")
-    path = Path(data_dir) / "sessions" / session_id / TRANSCRIPT_NAME
-    if not os.path.lexists(path):
-        raise ApprovalError(f"session {session_id!r} has no transcript under {data_dir}: no call waits there")
-    with _locked(path) as transcript:
-        track = transcript.history.calls.get(call_id)
-        if track is None or (call_id not in transcript.history.open_calls and track.state == "pending"):
-            raise ApprovalError(f"no call {call_id!r} waits for a decision in session {session_id!r}")
-        if track.state != "pending":
-            raise ApprovalError(f"call {call_id} of session {session_id!r} is decided already: "
-                                f"{_first_decision(track)}")
-        pending = track.states["pending"]
-        if pending["kind"] != "approval":
-            raise ApprovalError(f"call {call_id} waits for a result from outside, not an approval")
-        expires = pending.get("expires_at")
-        if expires is not None and time.time() >= expires:
-            raise ApprovalError(f"call {call_id} of session {session_id!r} is past its approval deadline")
-        extra = {"message": message} if decision == "rejected" and message is not None else {}
-        transcript.call(track.step, track.index, "decided", call_id=call_id, name=track.name, decision=decision,
-                        decided_by=decided_by, arguments_sha256=pending["arguments_sha256"], **extra)
-    return f"call {call_id} of session {session_id} {decision}{'' if decided_by is None else f' by {decided_by}'}"
-

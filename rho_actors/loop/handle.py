@@ -355,8 +355,16 @@ class Loop:
         return astream(self, text, model=model, **options)
 
     def running(self) -> list[dict[str, Any]]:
-        """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline)."""
-        return self._turns().running()
+        """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline);
+        then approved calls being started or whose result is being recorded (``call_id``,
+        ``tool``, ``ms_left`` ``None``)."""
+        turns = self._turns()
+        running = turns.running()
+        if turns.approvals is not None:
+            listed = {call["call_id"] for call in running}
+            running += [{**call, "ms_left": None} for call in turns.approvals.in_flight()
+                        if call["call_id"] not in listed]
+        return running
 
     def watch_calls(self, moved: Callable[[str, str, dict[str, Any], str], None]) -> Callable[[], None]:
         """Call ``moved(call_id, state, fields, arguments_sha256)`` for each move the
@@ -380,7 +388,24 @@ class Loop:
         ``arguments``, ``arguments_sha256``, ``requested_at``, ``kind``: ``"approval"``
         or ``"external"``, ``expires_at``, ``reason``). Raises as :attr:`ref` when the
         loop is not running."""
-        return self._approvals().pending()
+        approvals = self._turns().approvals
+        return [] if approvals is None else approvals.pending()
+
+    @property
+    def approval_policy(self) -> Callable[[Any], Any] | None:
+        """The loop's ``approval`` policy (``start_loop(approval=...)``), or ``None``."""
+        approvals = self._turns().approvals
+        return None if approvals is None else approvals.policy
+
+    def requires_approval(self, call: ToolCall) -> bool:
+        """Whether ``call`` would wait for a decision if run now (by its tool's
+        ``requires_approval`` or the loop's ``approval`` policy; ``False`` for a call
+        that would be refused: an unknown tool, invalid arguments). For a framework
+        adapter that asks its own approval first. Raises as :attr:`ref` when the loop is
+        not running."""
+        approvals = self._turns().approvals
+        ctx = {"session_id": self.session_id, "data_dir": self._data_dir}
+        return approvals is not None and approvals.would_hold(call, ctx)
 
     def approve(self, call_id: str, arguments: Mapping[str, Any] | str | None = None,
                 decided_by: str | None = None) -> ToolResult:
@@ -409,7 +434,9 @@ class Loop:
         its result: ``output`` is taken as ``run`` would return it (a value, ``Ok``,
         ``Error``, ``Details``, pictures...), returned and recorded. Raises
         :class:`~rho_actors.ApprovalError` for an unknown call id, one decided already or
-        one that waits for an approval."""
+        one that waits for an approval, and ``ValueError`` naming each problem for an
+        output that does not match the tool's output schema (a tool with an
+        ``output_schema()``, as an MCP tool has; the call stays pending)."""
         return self._approvals().resolve(call_id, output)
 
     @property

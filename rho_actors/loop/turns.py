@@ -185,7 +185,7 @@ class Turns:
         # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
         self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
         if approvals is not None:
-            approvals.attach(self, runtime.timers, runtime.threads)
+            approvals.attach(self, runtime)
 
     # --- what is offered ----------------------------------------------------------------
 

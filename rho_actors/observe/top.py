@@ -216,6 +216,9 @@ def _tree(branch: Tree, node: dict[str, Any], depth: int = 0) -> None:
         label.append(f" running={running}")
     elif isinstance(running, (list, dict)) and running:
         label.append(f" running={len(running)}")
+    pending = node.get("pending")
+    if isinstance(pending, list) and pending:
+        label.append_text(Text(f" pending={len(pending)}", style="yellow"))
     child = branch.add(label)
     children = node.get("children", [])
     if depth < 64 and isinstance(children, list):

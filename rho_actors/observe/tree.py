@@ -45,7 +45,9 @@ def describe_tree(root: pykka.ActorRef[Any], runtime: Runtime, sessions_dir: Pat
             elif callable(getattr(ref.actor_class, "server_info", None)):  # a stateful server: where it runs
                 node["server"] = ref.proxy().server_info().get(timeout=ask_timeout_s)
             elif issubclass(ref.actor_class, LoopActor):
-                node["running"] = Loop(parent, sessions_dir / parent, runtime).running()
+                loop = Loop(parent, sessions_dir / parent, runtime)
+                node["running"] = loop.running()
+                node["pending"] = [{"call_id": p.call_id, "tool": p.name, "kind": p.kind} for p in loop.pending()]
         except (pykka.ActorDeadError, pykka.Timeout):
             node["alive"] = False
         return node

@@ -30,7 +30,8 @@ __all__ = [
     "CALLBACKS", "ShippedTools", "Unshippable", "label", "local_modules", "register_by_value", "ship",
 ]
 
-CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", *POLICY_CALLBACKS)
+CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "requires_approval",
+                    *POLICY_CALLBACKS)
 """The declaration callbacks of a tool (DESIGN §2)."""
 
 

@@ -1,18 +1,30 @@
 """:class:`RhoToolNode`: a LangGraph node running the last ``AIMessage``'s tool calls
-as one rho turn (DESIGN §6c)."""
+as one rho turn (DESIGN §6c).
+
+Calls rho would hold for approval (their tool's ``requires_approval``, the loop's
+``approval`` policy) pause the graph with LangGraph's ``interrupt`` before any call of
+the turn runs (the node runs again from its start when resumed: nothing has run twice).
+The interrupt's value is ``{"session": id, "pending": [{"call_id", "name", "arguments"},
+...]}``; resume with ``Command(resume={call_id: decision})``, a decision being ``True``
+(approve), ``{"arguments": {...}}`` (approve these edited arguments), or a ``str``
+(reject, the text for the model; ``False`` or a missing decision rejects too). Each is a
+rho decision, ``decided_by="langgraph"``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langgraph.types import interrupt
 
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.integrations.sessions import SessionLoops, call_id
-from rho_actors.tool import ToolCall, ToolResult
+from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.loop.handle import Loop
@@ -58,6 +70,35 @@ def _output(state: Any, results: Sequence[ToolResult]) -> Any:
     return messages if isinstance(state, list) else {"messages": messages}
 
 
+def _decisions(loop: Loop, calls: list[ToolCall]) -> dict[str, Any]:
+    """The graph's decisions on the calls rho would hold: none asked when none would be
+    held, else LangGraph's ``interrupt`` (which pauses the graph the first time and
+    returns the ``Command(resume=...)`` value when resumed)."""
+    held = [c for c in calls if loop.requires_approval(c)]
+    if not held:
+        return {}
+    answer = interrupt({"session": loop.session_id, "pending": [
+        {"call_id": c.id, "name": c.name, "arguments": c.arguments} for c in held]})
+    return dict(answer) if isinstance(answer, dict) else {}
+
+
+def _decided(loop: Loop, results: list[ToolResult], decisions: dict[str, Any]) -> list[ToolResult]:
+    """``results`` with each held call decided, in the model's order: as the graph said,
+    or approved when it was held only behind an earlier call of its exclusive turn."""
+    decided = list(results)
+    for index, result in enumerate(results):
+        if result.error_kind is not ErrorKind.PENDING_APPROVAL:
+            continue
+        decision = decisions.get(result.call_id, None if "runs after call" not in result.content else True)
+        if decision is True or (isinstance(decision, dict) and "arguments" in decision):
+            arguments = decision["arguments"] if isinstance(decision, dict) else None
+            decided[index] = loop.approve(result.call_id, arguments, "langgraph")
+        else:
+            why = decision if isinstance(decision, str) and decision.strip() else "the call was not approved"
+            decided[index] = loop.reject(result.call_id, why, "langgraph")
+    return decided
+
+
 class RhoToolNode(Runnable[Any, Any]):
     """A node for a ``StateGraph`` over ``MessagesState``: runs the tool calls of the
     last ``AIMessage`` as one rho turn (so ``exclusive`` tools keep their rule) and
@@ -81,15 +122,21 @@ class RhoToolNode(Runnable[Any, Any]):
         """Run the last ``AIMessage``'s ``tool_calls`` of ``input`` (a ``MessagesState``
         or a list of messages) as one rho turn, in the thread's session given a system;
         returns ``{"messages": [ToolMessage, ...]}`` (a list for a list), one per call in
-        order, ``status="error"`` for every error result. Raises ``ValueError`` for input
-        without such a message."""
+        order, ``status="error"`` for every error result. Calls that need approval first
+        pause the graph (see the module doc). Raises ``ValueError`` for input without
+        such a message."""
         loop = self._sessions.loop(_thread_id(config))
-        return _output(input, loop.run_turn(_calls(input)))
+        calls = _calls(input)
+        decisions = _decisions(loop, calls)
+        return _output(input, _decided(loop, loop.run_turn(calls), decisions))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         """:meth:`invoke` for asyncio: the turn awaited, the event loop never blocked."""
         loop = self._sessions.loop(_thread_id(config))
-        return _output(input, await loop.arun_turn(_calls(input)))
+        calls = _calls(input)
+        decisions = _decisions(loop, calls)
+        results = await loop.arun_turn(calls)
+        return _output(input, await asyncio.to_thread(_decided, loop, results, decisions))
 
     def declarations(self, config: RunnableConfig | None = None) -> list[dict[str, Any]]:
         """The tools offered now (the thread's session's, given a system), in

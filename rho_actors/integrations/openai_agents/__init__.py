@@ -13,22 +13,28 @@ Example::
 Each call the model makes runs as a rho turn of one call in ``loop``, under the SDK's
 ``tool_call_id``: the tool's deadline stops its work (a sync tool too, which the SDK
 cannot bound), and every error, a raise or a timeout included, reaches the model as
-rho's text (never the SDK's generic "An error occurred").
+rho's text (never the SDK's generic "An error occurred"). A call that rho would hold
+for approval (its tool's ``requires_approval``, the loop's ``approval`` policy) is a
+``needs_approval`` call for the SDK: the run stops with it in ``result.interruptions``;
+``state.approve(item)`` runs it once (approved in rho too, ``decided_by="openai-agents"``)
+and ``state.reject(item)`` never runs it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from agents import FunctionTool, Tool
+from agents.run_context import RunContextWrapper
 from agents.tool_context import ToolContext
 
 from rho_actors.integrations.sessions import call_id, kept_while_unchanged
 from rho_actors.loop.handle import Loop
-from rho_actors.tool import ToolCall, ToolInfo
+from rho_actors.tool import ErrorKind, ToolCall, ToolInfo
 
 __all__ = ["LoopFunctionTools", "function_tools"]
 
@@ -39,11 +45,17 @@ def _function_tool(loop: Loop, info: ToolInfo) -> FunctionTool:
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> str:
         call = ToolCall(call_id(ctx.tool_call_id), name, arguments)
         (result,) = await loop.arun_turn([call])
+        if result.error_kind is ErrorKind.PENDING_APPROVAL:  # the SDK approved it (needs_approval): rho runs it
+            result = await asyncio.to_thread(loop.approve, call.id, None, "openai-agents")
         return result.content
 
+    async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any], sdk_call_id: str) -> bool:
+        return loop.requires_approval(ToolCall(call_id(sdk_call_id), name, params))
+
+    asks = info.requires_approval or loop.approval_policy is not None  # else no call of it is ever held
     return FunctionTool(
         name=name, description=info.description, params_json_schema=copy.deepcopy(info.parameter_schema),
-        on_invoke_tool=on_invoke_tool, strict_json_schema=False,
+        on_invoke_tool=on_invoke_tool, strict_json_schema=False, needs_approval=needs_approval if asks else False,
     )
 
 

@@ -14,17 +14,24 @@ arguments become pydantic-ai's retry prompt with rho's message (``ModelRetry``),
 other error reaches the model as rho's text as a failed tool result (``ToolFailed``)
 and the run goes on. ``exclusive`` tools are ``sequential`` for pydantic-ai. Given an
 :class:`rho_actors.ActorSystem` instead of a loop, each pydantic-ai conversation
-(``conversation_id``) is a rho session of that id.
+(``conversation_id``) is a rho session of that id. A call rho would hold for approval
+(its tool's ``requires_approval``, the loop's ``approval`` policy) raises pydantic-ai's
+``ApprovalRequired`` before anything runs: with ``DeferredToolRequests`` among the
+agent's output types the run ends with it in ``approvals``; the next run given
+``DeferredToolResults(approvals={call_id: True})`` runs it once (approved in rho too,
+``decided_by="pydantic-ai"``, with the ``override_args`` of a ``ToolApproved`` when given),
+and ``ToolDenied`` never runs it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import threading
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai import ModelRetry, RunContext, ToolDefinition
-from pydantic_ai.exceptions import ToolFailed
+from pydantic_ai.exceptions import ApprovalRequired, ToolFailed
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
@@ -89,10 +96,16 @@ class RhoToolset(AbstractToolset[Any]):
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
         """Run the call as a rho turn: the result's text when ok; raises
-        ``ModelRetry`` (invalid arguments or JSON) or ``ToolFailed`` (any other
-        error) with rho's text."""
+        ``ApprovalRequired`` for a call rho would hold that pydantic-ai has not approved,
+        ``ModelRetry`` (invalid arguments or JSON) or ``ToolFailed`` (any other error)
+        with rho's text."""
         loop = self._sessions.loop(ctx.conversation_id)
-        (result,) = await loop.arun_turn([ToolCall(call_id(ctx.tool_call_id), name, tool_args)])
+        call = ToolCall(call_id(ctx.tool_call_id), name, tool_args)
+        if not ctx.tool_call_approved and loop.requires_approval(call):
+            raise ApprovalRequired(metadata={"rho_session": loop.session_id})
+        (result,) = await loop.arun_turn([call])
+        if result.error_kind is ErrorKind.PENDING_APPROVAL:  # approved in pydantic-ai: rho runs it once
+            result = await asyncio.to_thread(loop.approve, call.id, None, "pydantic-ai")
         if result.ok:
             return result.content
         if result.error_kind in _RETRY_KINDS:
