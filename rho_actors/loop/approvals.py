@@ -32,7 +32,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import inspect
 import marshal
 import os
 import threading
@@ -43,7 +42,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from jsonschema import Draft202012Validator
 from loguru import logger
 
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
@@ -52,6 +50,7 @@ from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
 from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256
+from rho_actors.loop.approval_rules import approval_rule, idempotent, output_problems
 from rho_actors.loop.decisions import ApprovalError, decide, first_decision, locked_transcript
 from rho_actors.results import error_result, failure, result_from_return, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
@@ -103,34 +102,6 @@ class _Held:
     after: str | None = None  # the earlier call of its exclusive turn it waits behind
     timer: Timer | None = None
     claimed: bool = False  # a decision is being made
-
-
-def approval_rule(entry: ToolEntry) -> bool | Callable[..., Any]:
-    """What a tool says of approval: ``True``/``False``, or its policy
-    ``requires_approval(args, ctx)``. An untrusted tool's code is never read in the host:
-    its checked declaration says (it may ask; the loop's policy applies to it all the
-    same). A ``requires_approval()`` that raises, or returns anything but
-    ``False``/``None``, means ``True``; one that cannot be read is absent."""
-    if entry.untrusted:
-        return entry.info.requires_approval
-    try:
-        rule = getattr(entry.tool, "requires_approval", None)
-    except BaseException:  # an attribute that cannot be read is absent (a policy that raises requires)
-        return False
-    if rule is None or isinstance(rule, bool):
-        return bool(rule)
-    if not callable(rule):
-        return True
-    try:
-        takes = len(inspect.signature(rule).parameters)
-    except (TypeError, ValueError):
-        takes = 0
-    if takes >= 2:
-        return rule  # type: ignore[no-any-return]
-    try:
-        return rule() not in (False, None)
-    except BaseException:
-        return True
 
 
 class SessionApprovals:
@@ -650,37 +621,6 @@ class SessionApprovals:
         logger.warning("session {}: call {} ({}) was running when its host stopped; its tool is idempotent: run "
                        "again (attempt {})", self.session_id, held.pending.call_id, held.pending.name, attempt + 1)
         self._record(held, self._run(held, held.args))
-
-
-def output_problems(entry: ToolEntry | None, output: Any) -> list[str]:
-    """What is wrong with ``output`` (or the ``output`` of an ``Ok``/``Details``) for
-    the output schema a trusted tool declares (an ``output_schema()`` method, as an MCP
-    tool has: JSON Schema); ``[]`` when it has none or the output fits."""
-    if entry is None or entry.untrusted:
-        return []
-    try:
-        declared = getattr(entry.tool, "output_schema", None)
-        schema = declared() if callable(declared) else None
-    except Exception:
-        return []
-    if not isinstance(schema, dict):
-        return []
-    value = getattr(output, "output", output)  # Ok(...), Details(...)
-    validator = Draft202012Validator(schema)
-    return [f"{'$' + ''.join(f'[{p!r}]' for p in e.absolute_path)}: {e.message}" for e in validator.iter_errors(value)]
-
-
-def idempotent(entry: ToolEntry) -> bool:
-    """Whether a trusted tool says running a call of it twice does no harm (an
-    ``idempotent`` attribute or method that is ``True``); an untrusted tool's code is never
-    read: ``False``."""
-    if entry.untrusted:
-        return False
-    try:
-        value = getattr(entry.tool, "idempotent", False)
-        return (value() if callable(value) else value) is True
-    except BaseException:
-        return False
 
 
 def _decoded(call: ToolCall) -> dict[str, Any]:
