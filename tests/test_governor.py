@@ -391,7 +391,10 @@ def test_retries_never_outlive_the_deadline(system: ActorSystem) -> None:
     assert result.error_kind in (ErrorKind.RAISED, ErrorKind.TIMEOUT), result.content
     attempts = result.details["attempts"]
     assert 2 <= attempts < 100 and 2 <= len(starts) <= attempts  # (a last attempt may not have begun by then)
-    assert all(started < deadline for started, deadline in starts)  # every attempt began within the one deadline
+    # every attempt but the last began within the one deadline; the last too when it answered itself (an attempt
+    # started just before the deadline may find its thread only after it: the deadline answers it, `timeout`)
+    assert all(started < deadline for started, deadline in starts[:-1])
+    assert result.error_kind is ErrorKind.TIMEOUT or starts[-1][0] < starts[-1][1]
     assert len({deadline for _, deadline in starts}) == 1
     assert len(result.details["failures"]) == attempts - 1
     assert {f["message"] for f in result.details["failures"]} == {"the upstream is busy (429)"}
