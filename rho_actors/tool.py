@@ -278,12 +278,11 @@ MEDIA: Final = (Image, Audio, Resource)
 class ToolInfo:
     """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
 
-    ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of
-    the tool's JSON Schema (Draft 2020-12, top level ``"type": "object"``);
-    ``requires_approval``: its calls may wait for a decision (DESIGN §4 "Approvals"). A copy
-    handed out by :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first
-    read of ``parameter_schema`` (equality, ``repr``, pickling, ``dataclasses.replace``
-    and ``asdict`` read it too), so an offer whose schemas are not read costs no copy.
+    ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of the tool's JSON Schema (Draft
+    2020-12, top level ``"type": "object"``); ``requires_approval``: its calls may wait for a decision (DESIGN §4
+    "Approvals"). A copy handed out by :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first read of
+    ``parameter_schema`` (equality, ``repr``, pickling, ``dataclasses.replace`` and ``asdict`` read it too), so an
+    offer whose schemas are not read costs no copy.
     """
 
     name: str
@@ -408,8 +407,7 @@ class ErrorKind(enum.StrEnum):
     MEMORY = "memory"
     OUTPUT_LIMIT = "output_limit"
     CANCELLED = "cancelled"
-    # the governor's refusals (DESIGN §4): a call budget used up, the same call too often, a rate limit
-    BUDGET_EXHAUSTED = "budget_exhausted"
+    BUDGET_EXHAUSTED = "budget_exhausted"  # the governor's refusals (DESIGN §4), with the next two
     REPEATED_CALL = "repeated_call"
     RATE_LIMITED = "rate_limited"
     PENDING_APPROVAL = "pending_approval"  # waits for a person's decision: it has not run (DESIGN §4)
@@ -427,11 +425,10 @@ _RETRYABLE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.CANCELLE
 
 
 class ToolFailure(RhoError):
-    """Raised by a tool's ``run`` for an error result of kind ``kind`` (instead of ``raised``): a tool standing for
-    one elsewhere (an MCP server's) reports ``unavailable``, ``crashed``, ``timeout`` or ``cancelled`` with it.
-    ``str(err)`` is the text for the model (capped like any result's). Raises ``ValueError`` for a ``kind`` that is
-    not an :class:`ErrorKind` value. ``retryable=True``: the same call run again may succeed (an idempotent tool's
-    call is retried; its result's ``details["retryable"]``; made by ``results.result_from_exception``)."""
+    """Raised by a tool's ``run`` for an error result of kind ``kind`` (not ``raised``): a tool standing for one
+    elsewhere (an MCP server's) reports ``unavailable``, ``crashed``, ``timeout`` or ``cancelled``. ``str(err)`` is
+    the model's text (capped). ``ValueError`` for a ``kind`` not an :class:`ErrorKind` value. ``retryable=True``: run
+    again it may succeed (an idempotent tool's call is retried; ``details["retryable"]``; ``result_from_exception``)."""
 
     def __init__(self, kind: ErrorKind | str, message: str, retryable: bool = False) -> None:
         super().__init__(message)

@@ -377,8 +377,8 @@ def test_a_non_idempotent_process_call_killed_once_is_crashed_after_one_attempt(
 def test_retries_never_outlive_the_deadline(system: ActorSystem) -> None:
     starts: list[tuple[float, float]] = []
 
-    @tool(idempotent=True, retry=RetryPolicy(attempts=100, initial_s=0.03, max_wait_s=0.03, jitter_s=0.0),
-          timeout_ms=400)
+    @tool(idempotent=True, retry=RetryPolicy(attempts=100, initial_s=0.05, max_wait_s=0.05, jitter_s=0.0),
+          timeout_ms=1_500)
     def upstream(ctx: ToolContext) -> str:
         """An upstream that is always busy."""
         assert ctx.deadline is not None
@@ -389,10 +389,14 @@ def test_retries_never_outlive_the_deadline(system: ActorSystem) -> None:
     [result] = system.start_loop("d").run_turn([ToolCall("c", "upstream", "{}")], timeout_s=WAIT_S)
     # the last attempt's own answer, or (it began just before the deadline and answered past it) the timeout
     assert result.error_kind in (ErrorKind.RAISED, ErrorKind.TIMEOUT), result.content
-    assert 2 <= result.details["attempts"] == len(starts) < 100
-    assert all(started < deadline for started, deadline in starts)  # every attempt began within the one deadline
+    attempts = result.details["attempts"]
+    assert 2 <= attempts < 100 and 2 <= len(starts) <= attempts  # (a last attempt may not have begun by then)
+    # every attempt but the last began within the one deadline; the last too when it answered itself (an attempt
+    # started just before the deadline may find its thread only after it: the deadline answers it, `timeout`)
+    assert all(started < deadline for started, deadline in starts[:-1])
+    assert result.error_kind is ErrorKind.TIMEOUT or starts[-1][0] < starts[-1][1]
     assert len({deadline for _, deadline in starts}) == 1
-    assert len(result.details["failures"]) == len(starts) - 1
+    assert len(result.details["failures"]) == attempts - 1
     assert {f["message"] for f in result.details["failures"]} == {"the upstream is busy (429)"}
 
 

@@ -54,7 +54,8 @@ def recording_moves(loop: Any, transcript: Transcript, step: int, calls: Sequenc
                     logger.warning("call {}: no move from {} to {}; not recorded", call_id, before, state)
                     return
                 given: dict[str, Any] = {**fields, **({"arguments_sha256": sha} if state == "running" else {})}
-                transcript.call(step, i, state, call_id=call_id, name=name, **given)
+                transcript.call(step, i, state, call_id=call_id, name=name, sync=state != "queued",  # a wait: the
+                                **given)  # next record makes it durable (one fsync a wait saved)
                 states[call_id] = state
             except (OSError, ValueError) as exc:
                 logger.warning("call {}: its move to {} could not be recorded: {}", call_id, state, exc)
