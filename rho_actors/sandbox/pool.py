@@ -269,8 +269,8 @@ class WorkerPool:
             held = self._slots.shares().get(str(session), 0)
             if call.start_by is not None:
                 return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
-                              why=f"its session held {held} of its share of {self._slots.per_session} workers, "
-                                  f"the system's cap is {self._slots.limit}")
+                              why=f"the system's {self._slots.limit} worker(s) were in use, its session holding "
+                                  f"{held} of its share of {self._slots.per_session}")
             return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
                           share=self._slots.per_session, held=held)
         grant = Grant(session, time.monotonic())
@@ -337,7 +337,7 @@ class WorkerPool:
                 cap = self._slots.limit if self._slots is not None else 0
                 if start_by is not None:
                     return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
-                                  why=f"every one of the system's {cap} workers stayed busy")
+                                  why=f"the system's {cap} worker(s) stayed busy")
                 return failed("queued_past_deadline", timeout_ms=timeout_ms, cap=cap)
             except _Stopped:
                 return failed("pool_stopped")
