@@ -91,16 +91,17 @@ def test_the_command_line_summary_is_the_parser() -> None:
         if line.startswith("rho-actors "):
             words = line.split()[1:]
             command = " ".join(w for w in words[:2] if w.isalpha() and w.islower())
-            documented[command] = set()
+            documented.setdefault(command, set())
         documented[command].update(re.findall(r"--[a-z][a-z-]*", line))
 
     def leaves(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, set[str]]:
         found: dict[str, set[str]] = {}
         subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subparsers:
+        if not subparsers:  # --verbose: the command line's own, documented once, taken after any command too
             return {prefix.strip(): {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
-                    - {"--help"}}
+                    - {"--help", "--verbose"}}
         own = {o for a in parser._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
+        own -= {"--verbose"} if prefix else set()
         if own:  # options of the command itself (rho-actors --version)
             found[prefix.strip()] = own
         for name, sub in subparsers[0].choices.items():
