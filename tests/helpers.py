@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rho_actors import Loop, ToolCall, tool
+from tests.conftest import WAIT_S
 
 OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
@@ -20,7 +21,7 @@ def echo(text: str) -> str:
 
 def echoed(loop: Loop, text: str) -> str:
     """What :func:`echo` returns for ``text`` through a turn of ``loop`` (it must be ok)."""
-    [result] = loop.run_turn([ToolCall("e", "echo", json.dumps({"text": text}))], timeout_s=10.0)
+    [result] = loop.run_turn([ToolCall("e", "echo", json.dumps({"text": text}))], timeout_s=WAIT_S)
     assert result.ok, result.content
     return str(result.content)
 

@@ -13,6 +13,7 @@ from loguru import logger
 import rho_actors.loop.turns as turns_module
 from rho_actors import ActorSystem, CallEvent, SupervisorEvent, ToolCall, tool
 from rho_actors.events import EventBus
+from tests.conftest import WAIT_S
 
 
 @tool
@@ -37,7 +38,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[CallEvent]]:
 
 def one_call(system: ActorSystem) -> None:
     loop = system.start_loop()
-    [result] = loop.run_turn([ToolCall("c1", "noop", "{}")], timeout_s=10)
+    [result] = loop.run_turn([ToolCall("c1", "noop", "{}")], timeout_s=WAIT_S)
     assert result.ok
     loop.stop()
 

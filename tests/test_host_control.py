@@ -244,13 +244,13 @@ def test_a_worker_pool_call_is_killed_when_its_cancel_is_set(tmp_path: Path) -> 
     with WorkerPool(warm=0) as pool:
         token = CancelToken()
         threading.Thread(target=lambda: wait_for(marker.exists) and token.cancel("cancelled")).start()
-        result = pool.run(tool_, {"marker": str(marker)}, {"call_id": "c1"}, time.monotonic() + 30, 1000,
+        result = pool.run(tool_, {"marker": str(marker)}, {"call_id": "c1"}, time.monotonic() + WAIT_S, 1000,
                           name="sleeper", cancel=token)
         assert result.error_kind == ErrorKind.CANCELLED
         assert result.content == "tool 'sleeper' was cancelled (cancelled); its worker process was killed"
         assert pool.stats()["killed"] == 1 and result.duration_ms < 20_000
 
-        late = pool.run(tool_, {"marker": str(marker)}, {"call_id": "c2"}, time.monotonic() + 30, 1000,
+        late = pool.run(tool_, {"marker": str(marker)}, {"call_id": "c2"}, time.monotonic() + WAIT_S, 1000,
                         name="sleeper", cancel=token)  # already set: it never reaches a worker
         assert late.content == "tool 'sleeper' was cancelled (cancelled)" and pool.stats()["started"] == 1
 

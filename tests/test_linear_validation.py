@@ -17,6 +17,7 @@ from rho_actors.declarations.arguments import MAX_KEYWORD_CHECKS, decode_argumen
 from rho_actors.declarations.checks import check_declaration
 from rho_actors.declarations.linear import QUICK_MAX_CHECKS, linear_cost, quick_valid
 
+from .conftest import WAIT_S
 from .helpers import make_tool
 
 pytestmark = pytest.mark.timeout(120)
@@ -130,7 +131,7 @@ def test_the_budget_still_stops_large_arguments_of_a_linear_schema() -> None:
     text = json.dumps({"a": [0] * 250_000})
     validator = checked(schema)
     assert not quick_valid(validator, decode_arguments(text), len(text))
-    assert violations(validator, decode_arguments(text), 5.0, len(text)) == [STOPPED]
+    assert violations(validator, decode_arguments(text), WAIT_S, len(text)) == [STOPPED]  # the checks' bound
     small = json.dumps({"a": list(range(100))})
     assert len(small) * (linear_cost(validator.schema) or 0) <= QUICK_MAX_CHECKS
     assert quick_valid(validator, decode_arguments(small), len(small))
@@ -181,7 +182,7 @@ def test_calls_of_a_linear_schema_are_refused_with_the_same_text(tmp_path: Path)
         loop = system.start_loop("linear")
         results = loop.run_turn([ToolCall("c1", "count", '{"n": 3.0}'), ToolCall("c2", "count", '{"n": 10}'),
                                  ToolCall("c3", "count", {"n": 4}), ToolCall("c4", "count", '{"n": 5, "m": 0}')],
-                                timeout_s=10.0)
+                                timeout_s=WAIT_S)
     finally:
         system.stop()
     assert [r.ok for r in results] == [True, False, True, False]

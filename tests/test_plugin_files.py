@@ -70,7 +70,7 @@ def test_a_fifo_is_reported_never_opened(system: ActorSystem, folder: Path) -> N
     fifo = folder / "pipe.py"
     os.mkfifo(fifo)  # opening it to read would wait for a writer forever
     handle = system.add_source(PluginFolder(folder), poll_s=None)
-    reason = handle.refresh(timeout_s=5.0)["tools"][str(fifo)]["reason"]
+    reason = handle.refresh(timeout_s=WAIT_S)["tools"][str(fifo)]["reason"]
     assert "not a regular file" in reason
 
 
@@ -78,9 +78,9 @@ SLOW = "import time\ntime.sleep(60)\n"
 
 
 def test_slow_files_are_searched_at_once_under_one_bound(folder: Path) -> None:
-    timeout_s = round(slack(2.0), 1)  # a search's own time, scaled: three in a row take three times it
+    timeout_s = round(slack(2.0), 1)  # a search's own bound, scaled: the good file's search stays within it
     good = write(folder, "good.py", plugin("good", "fine"))
-    source = PluginFolder(folder, discovery_timeout_s=timeout_s)
+    source = PluginFolder(folder, discovery_timeout_s=timeout_s, scan_timeout_s=3 * timeout_s)
     source.scan()  # the forkserver started: its first start is no part of what is measured
     slow = [write(folder, f"slow{i}.py", SLOW) for i in range(3)]
     started = time.monotonic()
@@ -94,13 +94,13 @@ def test_slow_files_are_searched_at_once_under_one_bound(folder: Path) -> None:
 
 def test_a_scan_waits_at_most_its_bound(folder: Path) -> None:
     path = write(folder, "slow.py", SLOW)
-    source = PluginFolder(folder, discovery_timeout_s=WAIT_S, scan_timeout_s=0.2)
+    source = PluginFolder(folder, discovery_timeout_s=3.0, scan_timeout_s=0.2)
     started = time.monotonic()
     found = source.scan()
     assert time.monotonic() - started < 0.2 + slack(1.0)
     assert "still being read or searched" in found[str(path)][0].reason
     # a later scan takes up the outcome once the search is done
-    until = time.monotonic() + 15.0
+    until = time.monotonic() + WAIT_S
     while "still being read" in found[str(path)][0].reason and time.monotonic() < until:
         found = source.scan()
     assert "still being read" not in found[str(path)][0].reason

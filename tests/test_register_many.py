@@ -4,7 +4,7 @@ withheld tools, serials), all or nothing when a tool is refused."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -173,3 +173,39 @@ def test_untrusted_tools_are_read_in_other_processes_each_registered_when_read(s
     # as documented: untrusted tools are registered as each read is done (in that order), so the others stay
     assert set(system.tool_set().entries) == {"untrusted_a", "untrusted_b", "untrusted_c"}
     assert system.tool_set().entries["untrusted_a"].tool is UNTRUSTED_A
+
+
+def _plain(text: str) -> str:
+    """Not decorated."""
+    return text
+
+
+class _Values:
+    name = "values"
+    description = "A class whose callbacks are values."
+    parameter_schema: ClassVar[dict[str, str]] = {"type": "object"}
+
+    @staticmethod
+    def run(args: Any, ctx: Any) -> str:
+        return "ran"
+
+
+def test_not_a_tool_says_what_was_found_and_what_to_do(system: ActorSystem) -> None:
+    """A newcomer's three near-misses each get what was found and what to do (the
+    message said only which callbacks were missing)."""
+    import types
+
+    with pytest.raises(TypeError, match=r"is not a tool: it lacks name, .*; it is a plain function: "
+                                        r"decorate it with @tool \(from rho_actors import tool\)"):
+        system.register(_plain)
+    with pytest.raises(TypeError, match=r"it lacks name, description, parameter_schema; in this class _Values "
+                                        r"name is a str, description is a str, parameter_schema is a dict, "
+                                        r"not a function"):
+        system.register(_Values)
+    module = types.ModuleType("settings")
+    module.name = "x"  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"in this module name is a str, not a function"):
+        system.register(module)
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    with pytest.raises(TypeError, match=r"it is a pydantic-ai Tool: register its function \(decorated with @tool"):
+        system.register(pydantic_ai.Tool(_plain))

@@ -203,7 +203,7 @@ def test_providers_get_the_pictures_and_a_line_naming_each_sound_and_resource(se
         server.script(OPENAI_PATH, Response(200, openai_completion(None, [("o1", "mixed", "{}")])),
                       Response(200, openai_completion("heard")))
         with AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST,
-                            timeout_s=20.0) as claude:
+                            timeout_s=WAIT_S) as claude:
             assert prompt(system.start_loop("a"), "listen", model=claude).text == "heard"
         with OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=WAIT_S) as gpt:
             assert prompt(system.start_loop("o"), "listen", model=gpt).text == "heard"

@@ -156,7 +156,7 @@ class WaitForFile(Base):
     @staticmethod
     def run(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
         Path(args["path"] + ".started").write_text(str(os.getpid()))
-        until = time.monotonic() + 20
+        until = time.monotonic() + WAIT_S
         while not Path(args["path"] + ".go").exists():
             if time.monotonic() > until:
                 return "never released"
@@ -243,7 +243,7 @@ class Rendezvous(Base):
     def run(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> int:
         folder = Path(args["path"])
         (folder / f"{ctx['call_id']}.started").write_text(str(os.getpid()))
-        until = time.monotonic() + 10
+        until = time.monotonic() + WAIT_S
         while len(list(folder.glob("*.started"))) < args["n"]:
             if time.monotonic() > until:
                 raise TimeoutError("the other calls never started")
@@ -586,7 +586,7 @@ def test_concurrent_reads() -> None:
 
 
 def test_run_ok_with_context(pool: WorkerPool, tmp_path: Path) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT_S
     ctx = {
         "session_id": "s9", "call_id": "c7", "data_dir": tmp_path, "withheld": ("x", "y"),
         "loop": object(), "deadline": deadline, "deps": {"db": "conn-string"},
@@ -883,7 +883,7 @@ def test_tool_code_shipped_once_per_version(pool: WorkerPool) -> None:
     t = _closure_tool("a")
 
     def run(version: object) -> str:
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + WAIT_S
         result = pool.run(t, {}, {"session_id": "s1", "call_id": "c1"}, deadline, MAX_CHARS, version=version)
         assert result.ok, result.content
         return result.content
@@ -905,6 +905,6 @@ def test_instance_state_still_travels_each_call(pool: WorkerPool) -> None:
     version = object()
     for expected in (0, 1, 2):
         counter.count = expected
-        result = pool.run(counter.current, {}, {"session_id": "s1", "call_id": "c1"}, time.monotonic() + 10.0,
+        result = pool.run(counter.current, {}, {"session_id": "s1", "call_id": "c1"}, time.monotonic() + WAIT_S,
                           MAX_CHARS, version=version)
         assert result.ok and result.content == str(expected), result.content

@@ -5,7 +5,6 @@ with what to do, and messages about untrusted tools name the user's own file."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from rho_actors.declarations.checks import describe_origin
 from rho_actors.sandbox.confine.confinement import probe
 from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
 from rho_actors.tool import ErrorKind
-from tests.conftest import WAIT_S, open_folder
+from tests.conftest import WAIT_S, closed_to_others
 
 ROOT = os.geteuid() == 0
 READS = UntrustedReads(timeout_s=WAIT_S)  # a loaded machine: reads are slow, never left out
@@ -55,41 +54,12 @@ def errors() -> Iterator[list[tuple[str, str]]]:
 # --- a traceback for the host -----------------------------------------------------------------
 
 
-DIVIDER = '''
-from rho_actors import tool
-
-
-def _divide(a: int, b: int) -> float:
-    return a / b
-
-
-@tool
-def divide(a: int, b: int) -> float:
-    """Divide a by b."""
-    return _divide(a, b)
-'''
-
-
-@pytest.fixture
-def divider(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
-    """The :data:`DIVIDER` module's ``divide`` and its file, imported from a folder on
-    ``sys.path`` that a confined worker (uid 65534) can read: its traceback shows the
-    tool's source lines wherever the checkout lies."""
-    with open_folder() as folder:
-        path = folder / "divider.py"
-        path.write_text(DIVIDER)
-        path.chmod(0o644)
-        monkeypatch.syspath_prepend(str(folder))
-        monkeypatch.delitem(sys.modules, "divider", raising=False)
-        yield importlib.import_module("divider").divide, str(path)
-        sys.modules.pop("divider", None)
-
-
 @pytest.mark.parametrize("untrusted", [False, True])
 def test_a_raising_tool_gives_the_host_its_traceback_and_the_model_one_line(
-    tmp_path: Path, errors: list[tuple[str, str]], untrusted: bool, divider: tuple[Any, str]
+    tmp_path: Path, errors: list[tuple[str, str]], untrusted: bool
 ) -> None:
-    divide, source = divider
+    if untrusted and ROOT and (closed := closed_to_others(Path(__file__))) is not None:
+        pytest.skip(f"a confined worker (uid 65534) cannot read this test's source lines: {closed}")
     with ActorSystem(data_dir=tmp_path, shutdown_ms=2_000, warm_workers=1, untrusted=READS) as system:
         system.register(divide, untrusted=untrusted)
         loop = system.start_loop("tb")
@@ -101,7 +71,7 @@ def test_a_raising_tool_gives_the_host_its_traceback_and_the_model_one_line(
     assert call.content == "tool 'divide' raised ZeroDivisionError: division by zero"
     trace = call.details["traceback"]
     assert trace.startswith("Traceback") and "ZeroDivisionError" in trace
-    assert source in trace and "_divide" in trace and "return a / b" in trace  # the tool's own frames
+    assert __file__ in trace and "_divide" in trace and "return a / b" in trace  # the tool's own frames
     assert "rho_actors/call.py" not in trace and "rho_actors/sandbox" not in trace  # not the runtime's
     sent = model.requests[1][0]  # what the model was sent: the one line, no traceback
     assert not any("Traceback" in m.text for m in sent)

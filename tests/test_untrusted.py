@@ -84,7 +84,9 @@ BadName = make_tool("bad name!", "never", description="A name with a space.")
 
 @pytest.fixture
 def system(tmp_path: Path) -> Any:
-    reads = UntrustedReads(timeout_s=1.0, retry_s=(0.05, 0.1))
+    # a read the machine's load slows down stays within it; one that hangs (slow_once) is cut
+    # at it, three times within WAIT_S
+    reads = UntrustedReads(timeout_s=min(slack(2.0), WAIT_S / 4), retry_s=(0.05, 0.1))
     with ActorSystem(data_dir=tmp_path, untrusted=reads, shutdown_ms=2_000, warm_workers=1) as sys_:
         yield sys_
 
@@ -175,7 +177,7 @@ def test_two_systems_share_no_checked_declaration(system: ActorSystem, tmp_path:
         pass
 
     untrusted(Shared)
-    with ActorSystem(data_dir=tmp_path / "other", untrusted=UntrustedReads(timeout_s=5.0), warm_workers=0) as other:
+    with ActorSystem(data_dir=tmp_path / "other", untrusted=UntrustedReads(timeout_s=WAIT_S), warm_workers=0) as other:
         assert other.register(Shared).info is not None
         assert timeout_ms(Shared) == 5_000
         assert system.register(Shared).info is not None

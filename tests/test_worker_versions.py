@@ -95,7 +95,7 @@ def _plant_until_signalled(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> s
     answer = _plant(args, ctx)
     released: list[int] = []
     signal.signal(signal.SIGUSR1, lambda *_: released.append(1))  # seen by the host in /proc/<pid>/status
-    until = time.monotonic() + 30
+    until = time.monotonic() + WAIT_S
     while not released and time.monotonic() < until:
         time.sleep(0.005)
     return answer

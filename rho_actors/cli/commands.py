@@ -35,6 +35,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rho_actors.cli.verbose import add_verbose, showing_log
+
 __all__ = ["build_parser", "main", "render_tree"]
 
 Handler = Callable[[argparse.Namespace], int]
@@ -654,7 +656,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="An OTP-style actor runtime for an LLM agent's tool calls.",
     )
     parser.add_argument("--version", action="version", version=f"rho-actors {_version()}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help=_VERBOSE)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     from rho_actors.cli.decisions import add_parsers as _add_decisions
     from rho_actors.cli.tree import add_parser as _add_tree
@@ -662,21 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for add in (_add_replay, _add_selftest, _add_chat, _add_mcp, _add_top, _add_tree, _add_decisions):
         add(commands)
-    _verbose_everywhere(parser)
+    add_verbose(parser)
     return parser
-
-
-_VERBOSE = "show rho's log on stderr (-v: INFO and above, -vv: DEBUG too)"
-
-
-def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
-    """Give every subcommand ``-v``/``--verbose`` too (``rho-actors mcp serve -v``),
-    counted with one given before the command."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=_VERBOSE)
-                _verbose_everywhere(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -688,21 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help and on usage errors
         return exc.code if isinstance(exc.code, int) else 2
     handler: Handler = args.handler
-    if not args.verbose:
+    with showing_log(args.verbose):
         return handler(args)
-    import contextlib
-
-    from loguru import logger
-
-    with contextlib.suppress(ValueError):  # loguru's default sink (stderr, every level): ours replaces it
-        logger.remove(0)
-    sink = logger.add(sys.stderr, level="DEBUG" if args.verbose > 1 else "INFO", filter="rho_actors")
-    logger.enable("rho_actors")
-    try:
-        return handler(args)
-    finally:
-        logger.disable("rho_actors")
-        logger.remove(sink)
 
 
 if __name__ == "__main__":

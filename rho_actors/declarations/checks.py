@@ -52,7 +52,15 @@ from rho_actors.declarations.metaschema import metaschema_validator
 from rho_actors.declarations.policy import POLICY_CALLBACKS, policy_from_answers
 from rho_actors.encoding import describe_exception, scrub_text, strip_controls
 from rho_actors.errors import RhoError
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolInfo, callback, checked_untrusted
+from rho_actors.tool import (
+    DEFAULT_TIMEOUT_MS,
+    MAX_TIMEOUT_MS,
+    REQUIRED_CALLBACKS,
+    ToolInfo,
+    callback,
+    checked_untrusted,
+    missing_callbacks,
+)
 
 __all__ = [
     "DEFAULT_MAX_DESCRIPTION_CHARS",
@@ -66,6 +74,7 @@ __all__ = [
     "checked_untrusted",
     "check_declaration",
     "describe_origin",
+    "not_a_tool",
     "output_schema_problems",
     "read_declaration",
 ]
@@ -571,3 +580,30 @@ def _validator_problems(schema: dict[str, Any]) -> list[str]:
     except Exception as exc:
         return [f"parameter_schema: cannot be used to validate: {describe_exception(exc)}"]
     return []
+
+
+
+def not_a_tool(obj: Any) -> str:
+    """Why ``obj`` is not a tool, for a message: what it lacks, what was found instead and
+    what to do (``"it lacks name, ...; it is a plain function: decorate it with @tool"``)."""
+    import inspect
+    import types
+
+    said = f"it lacks {', '.join(missing_callbacks(obj))}"
+    kind = type(obj)
+    if inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.ismethod(obj):
+        return f"{said}; it is a plain function: decorate it with @tool (from rho_actors import tool)"
+    if kind.__name__ == "Tool" and kind.__module__.split(".")[0] == "pydantic_ai":
+        return (f"{said}; it is a pydantic-ai Tool: register its function (decorated with @tool) instead, or "
+                "give rho's tools to a pydantic-ai agent with rho_actors.integrations.pydantic_ai.RhoToolset")
+    values = [cb for cb in REQUIRED_CALLBACKS
+              if hasattr(obj, cb) and not callable(getattr(obj, cb, None))]
+    if values:
+        found = ", ".join(f"{cb} is a {type(getattr(obj, cb)).__name__}" for cb in values)
+        where = ("module" if isinstance(obj, types.ModuleType)
+                 else f"class {obj.__name__}" if inspect.isclass(obj) else type(obj).__name__)
+        return (f"{said}; in this {where} {found}, not a function: each callback is a function "
+                f"(def name() -> str: return ...), or define the tool as an @tool function")
+    if isinstance(obj, types.ModuleType):
+        return f"{said}; it is a module without them: define them at its top level, or one @tool function in it"
+    return f"{said}; it is a {kind.__name__}: a tool is an @tool function or a class or module with those callbacks"

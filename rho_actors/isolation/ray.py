@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
+from rho_actors.errors import needs_extra
 from rho_actors.isolation.base import Isolation, IsolationServices, worker_call
 from rho_actors.isolation.call import CallSpec, RunCall
 from rho_actors.results import failure
@@ -72,7 +73,8 @@ class RayIsolation(Isolation):
         ``runtime_env`` and custom resources (see
         :meth:`rho_actors.isolation.ray_tasks.RayResources.from_mapping`). Raises
         ``ValueError`` for bad resources and ``ImportError`` without the ``ray`` extra."""
-        from rho_actors.isolation.ray_tasks import RayResources
+        with needs_extra("ray", 'isolation="ray"'):
+            from rho_actors.isolation.ray_tasks import RayResources
 
         RayResources.from_mapping(options)
         return MappingProxyType(dict(options))

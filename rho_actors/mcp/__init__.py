@@ -8,10 +8,13 @@
   sampling, elicitation).
 """
 
-from rho_actors.mcp.client_requests import ClientRequestError, MCPClient, client_of
-from rho_actors.mcp.guard import HTTPGuard
-from rho_actors.mcp.serve import DEFAULT_MAX_ARGUMENT_BYTES, aserve, build_server, serve
-from rho_actors.mcp.source import ENV_ALLOWLIST, MCPConnection, MCPServer, MCPTool, scrubbed_environment
+from rho_actors.errors import needs_extra
+
+with needs_extra("mcp", "rho_actors.mcp"):
+    from rho_actors.mcp.client_requests import ClientRequestError, MCPClient, client_of
+    from rho_actors.mcp.guard import HTTPGuard
+    from rho_actors.mcp.serve import DEFAULT_MAX_ARGUMENT_BYTES, aserve, build_server, serve
+    from rho_actors.mcp.source import ENV_ALLOWLIST, MCPConnection, MCPServer, MCPTool, scrubbed_environment
 
 __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",

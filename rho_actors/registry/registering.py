@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rho_actors.declarations.checks import describe_origin
+from rho_actors.declarations.checks import describe_origin, not_a_tool
 from rho_actors.declarations.toolset import IsolationName, Placement, make_placement
 from rho_actors.isolation import Isolation, place
 from rho_actors.registry.tool_registry import ASK_PER_TOOL_S, Registration
@@ -56,7 +56,7 @@ def prepare(
         tool = adopt(tool)
     missing = [] if untrusted else missing_callbacks(tool)
     if missing:
-        raise TypeError(f"{describe_origin(tool)} is not a tool: it lacks {', '.join(missing)}")
+        raise TypeError(f"{describe_origin(tool)} is not a tool: {not_a_tool(tool)}")
     return tool, untrusted, placement
 
 

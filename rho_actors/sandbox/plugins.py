@@ -26,6 +26,7 @@ import types
 from pathlib import Path
 from typing import Any, Final
 
+from rho_actors.declarations.checks import not_a_tool
 from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.sandbox import wire
@@ -39,7 +40,7 @@ from rho_actors.sandbox.reads import (
     become_subreaper,
     linger,
 )
-from rho_actors.tool import is_tool, missing_callbacks
+from rho_actors.tool import is_tool
 
 __all__ = [
     "DEFAULT_DISCOVERY_TIMEOUT_S",
@@ -215,8 +216,7 @@ def discovery_child(channel: Channel, payload: tuple[str, bytes]) -> None:
         module = load_module_file(path, data)
         answer: dict[str, Any] = {"tools": tool_attributes(module)}
         if not answer["tools"]:
-            answer = {"error": f"{path}: not a tool: it lacks {', '.join(missing_callbacks(module))} at module "
-                      "level, and defines no tool either", "no_tools": True}
+            answer = {"error": f"{path}: not a tool: {not_a_tool(module)}", "no_tools": True}
     except PluginLoadError as exc:
         answer = {"error": str(exc)[:2000]}
     except KeyboardInterrupt:  # raised by the file itself: this child has no terminal

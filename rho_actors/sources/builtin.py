@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from rho_actors.declarations.checks import not_a_tool
 from rho_actors.encoding import describe_exception
 from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.sandbox import (
@@ -67,8 +68,7 @@ def _the_tool(file: Path, module: types.ModuleType) -> Any:
     if len(found) == 1:
         return found[0]
     if not found:
-        missing = ", ".join(missing_callbacks(module))
-        return Broken(f"{file}: not a tool: it lacks {missing} at module level, and defines no tool either")
+        return Broken(f"{file}: not a tool: {not_a_tool(module)}")
     return Broken(f"{file}: defines {len(found)} tools; a plugin file holds one")
 
 
@@ -124,8 +124,7 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint, dist_name: str) -> Any:
         return Broken(f"{where}: loading it raised KeyboardInterrupt")
     except BaseException as exc:
         return Broken(f"{where}: loading it raised {describe_exception(exc)}")
-    missing = missing_callbacks(tool)
-    return Broken(f"{where}: not a tool: it lacks {', '.join(missing)}") if missing else tool
+    return Broken(f"{where}: not a tool: {not_a_tool(tool)}") if missing_callbacks(tool) else tool
 
 
 DEFAULT_MAX_PLUGIN_FILE_BYTES: Final = 1 * 2**20

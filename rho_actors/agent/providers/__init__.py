@@ -258,12 +258,3 @@ def __getattr__(name: str) -> Any:
 
         return AnthropicModel
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def missing_sdk(extra: str, err: ImportError) -> ImportError:
-    """The ``ImportError`` raised when the SDK of ``extra`` is not installed."""
-    message = (
-        f"the {extra} provider needs the {extra!r} package, which is not installed ({err}); "
-        f"install it with: pip install 'rho_actors[{extra}]'"
-    )
-    return ImportError(message, name=extra)

@@ -69,9 +69,9 @@ try:
     )
     from anthropic.types import Message as AnthropicMessage
 except ImportError as _err:  # pragma: no cover - exercised only without the extra
-    from rho_actors.agent.providers import missing_sdk
+    from rho_actors.errors import missing_extra
 
-    raise missing_sdk("anthropic", _err) from _err
+    raise missing_extra("anthropic", "the anthropic provider", _err) from _err
 
 from rho_actors.agent.model import Message, Reply, Usage
 from rho_actors.agent.provider_rules import ANTHROPIC_RULES, replay_arguments, sanitise

@@ -49,9 +49,9 @@ try:
         ChatCompletionToolUnionParam,
     )
 except ImportError as _err:  # pragma: no cover - exercised only without the extra
-    from rho_actors.agent.providers import missing_sdk
+    from rho_actors.errors import missing_extra
 
-    raise missing_sdk("openai", _err) from _err
+    raise missing_extra("openai", "the openai provider", _err) from _err
 
 from rho_actors.agent.model import Message, Reply, Usage
 from rho_actors.agent.provider_rules import OPENAI_RULES, sanitise

@@ -21,6 +21,9 @@ A LangChain tool (``BaseTool``, ``@langchain_core.tools.tool``) can be passed to
 
 from __future__ import annotations
 
-from rho_actors.integrations.langgraph.node import RhoToolNode
+from rho_actors.errors import needs_extra
+
+with needs_extra("langgraph", "rho_actors.integrations.langgraph"):
+    from rho_actors.integrations.langgraph.node import RhoToolNode
 
 __all__ = ["RhoToolNode"]

@@ -28,9 +28,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from agents import FunctionTool, Tool
-from agents.run_context import RunContextWrapper
-from agents.tool_context import ToolContext
+from rho_actors.errors import needs_extra
+
+with needs_extra("openai-agents", "rho_actors.integrations.openai_agents"):
+    from agents import FunctionTool, Tool
+    from agents.run_context import RunContextWrapper
+    from agents.tool_context import ToolContext
 
 from rho_actors.integrations.sessions import call_id, kept_while_unchanged
 from rho_actors.loop.handle import Loop

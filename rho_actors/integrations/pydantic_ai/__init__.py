@@ -30,9 +30,12 @@ import copy
 import threading
 from typing import TYPE_CHECKING, Any
 
-from pydantic_ai import ModelRetry, RunContext, ToolDefinition
-from pydantic_ai.exceptions import ApprovalRequired, ToolFailed
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+from rho_actors.errors import needs_extra
+
+with needs_extra("pydantic-ai", "rho_actors.integrations.pydantic_ai"):
+    from pydantic_ai import ModelRetry, RunContext, ToolDefinition
+    from pydantic_ai.exceptions import ApprovalRequired, ToolFailed
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
 from rho_actors.integrations.sessions import SessionLoops, call_id, kept_while_unchanged
