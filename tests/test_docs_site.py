@@ -92,7 +92,7 @@ def test_the_command_line_page_is_the_parser() -> None:
         if line.startswith("rho-actors "):
             words = line.split()[1:]
             command = " ".join(w for w in words[:2] if w.isalpha() and w.islower())
-            documented[command] = set()
+            documented.setdefault(command, set())
         documented[command].update(re.findall(r"--[a-z][a-z-]*", line))
 
     def leaves(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, set[str]]:
