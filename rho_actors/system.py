@@ -151,12 +151,9 @@ class ActorSystem:
     at least 1); waiting calls are served fairly across sessions. ``max_timeout_ms``
     bounds every tool's declared timeout (milliseconds; default 10 minutes): a tool
     declaring more is registered with it, and a warning says so (DESIGN §5 "Fair
-    shares"). ``start_timeout_ms`` bounds how long a ``process`` call waits for a worker
-    to start or become free (milliseconds, default 10 s), apart from its tool's
-    ``timeout_ms``, which counts from when its worker has it: a call that gets no worker
-    within it is ``unavailable`` and did not run (DESIGN §5 "Starting a worker");
-    registering a ``process`` tool starts its pool's ``warm_workers`` at once.
-    Raises ``ValueError`` naming a bad fair-share setting or ``start_timeout_ms``. ``ray``
+    shares"). ``start_timeout_ms``: how long a ``process`` call may wait for a worker
+    apart from its ``timeout_ms`` (DESIGN §5 "Starting a worker"). Raises
+    ``ValueError`` naming a bad fair-share setting or ``start_timeout_ms``. ``ray``
     says how ``isolation="ray"`` and RayActor servers reach Ray (connecting in the background
     from the start, within ``connect_timeout_s``): ``{"address": ...}`` for a cluster, else a
     local Ray on loopback (``num_cpus``, ``resources``...), stopped with the system; see

@@ -40,8 +40,6 @@ from rho_actors.sandbox import (
     ConfinePolicy,
     WorkerPool,
     WorkerSlots,
-    importable_modules,
-    preload_trusted_modules,
 )
 from rho_actors.tool import ToolResult
 
@@ -123,9 +121,6 @@ class ProcessIsolation(Isolation):
         trusted = [e for e in self.services.tools.current.entries.values() if e.isolation == self.name
                    and not e.untrusted]
         if trusted:
-            # the fork server imports the tools' modules once, when it starts (now, for the first one):
-            # a worker then unpickles a tool by reference at once
-            preload_trusted_modules(*dict.fromkeys(m for e in trusted for m in importable_modules(e.tool)))
             with contextlib.suppress(RuntimeError):  # not open (stopping, restarting): the first call starts it
                 self.pool()
         with self._lock:

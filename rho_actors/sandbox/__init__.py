@@ -88,7 +88,6 @@ from rho_actors.sandbox.server_process import server_child
 from rho_actors.sandbox.shipping import (
     ShippedTools,
     Unshippable,
-    importable_modules,
     local_modules,
     register_by_value,
     ship,
@@ -178,7 +177,6 @@ __all__ = [
     "hold_servers",
     "linger",
     "load_module_file",
-    "importable_modules",
     "local_modules",
     "make_session_dir",
     "mib",

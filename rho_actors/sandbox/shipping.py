@@ -27,8 +27,7 @@ from rho_actors.function_tool import FunctionTool
 from rho_actors.sandbox import context_values
 
 __all__ = [
-    "CALLBACKS", "ShippedTools", "Unshippable", "importable_modules", "label", "local_modules", "register_by_value",
-    "ship",
+    "CALLBACKS", "ShippedTools", "Unshippable", "label", "local_modules", "register_by_value", "ship",
 ]
 
 CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "requires_approval",
@@ -134,13 +133,6 @@ def _installed(module: types.ModuleType) -> bool:
              if key in ("stdlib", "platstdlib", "purelib", "platlib")}
     real = os.path.realpath(origin)
     return any(real.startswith(root + os.sep) for root in roots)
-
-
-def importable_modules(tool: Any) -> list[str]:
-    """The names of the modules ``tool``'s code comes from that a fresh process imports by
-    name (not ``__main__``, not rho_actors'), for a fork server to preload."""
-    return [m.__name__ for m in _candidate_modules(tool) if m.__name__ not in ("__main__", "__mp_main__")
-            and not m.__name__.startswith("rho_actors") and _importable_elsewhere(m)]
 
 
 def local_modules(obj: Any, *, installed_only: bool = False) -> list[types.ModuleType]:
