@@ -40,7 +40,7 @@ import threading
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from loguru import logger
 from referencing.exceptions import Unresolvable
@@ -63,6 +63,7 @@ from rho_actors.tool import (
 )
 
 __all__ = [
+    "DECLARATION_CALLBACKS",
     "DEFAULT_MAX_DESCRIPTION_CHARS",
     "DEFAULT_MAX_SCHEMA_BYTES",
     "DEFAULT_MAX_SCHEMA_DEPTH",
@@ -89,8 +90,10 @@ DEFAULT_MAX_SCHEMA_BYTES = 65_536
 DEFAULT_MAX_SCHEMA_NODES = 2_048
 """How many JSON values (objects, arrays, strings, numbers...) a parameter schema may hold."""
 
-_CALLBACKS = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "annotations",
-              "requires_approval", *POLICY_CALLBACKS)
+DECLARATION_CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency",
+                                "annotations", "requires_approval", *POLICY_CALLBACKS)
+"""Every callback a declaration is read from (DESIGN §2): what :func:`read_declaration`
+asks, here and in an untrusted tool's reading process alike."""
 
 
 class DeclarationError(RhoError, ValueError):
@@ -214,7 +217,7 @@ def read_declaration(tool: Any) -> dict[str, Any]:
     call (a method taking arguments) is not called and reads as ``True``.
     """
     raw: dict[str, Any] = {}
-    for cb_name in _CALLBACKS:
+    for cb_name in DECLARATION_CALLBACKS:
         if cb_name == "requires_approval" and _approval_answer(tool, raw):
             continue
         cb = callback(tool, cb_name)

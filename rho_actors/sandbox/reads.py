@@ -25,6 +25,7 @@ import psutil
 
 from rho_actors.bounded_json import bound_problem
 from rho_actors.declarations.checks import (
+    DECLARATION_CALLBACKS,
     DEFAULT_MAX_DESCRIPTION_CHARS,
     DEFAULT_MAX_SCHEMA_BYTES,
     DEFAULT_MAX_SCHEMA_DEPTH,
@@ -111,10 +112,15 @@ def value_bounds(max_description_chars: int = DEFAULT_MAX_DESCRIPTION_CHARS,
     12 at most; a schema of ``max_schema_bytes`` UTF-8 bytes, each 3 ASCII characters at
     most), ``containers`` and ``depth`` of a schema (looser than the checks' own node and
     depth bounds, whose messages say more). A larger value could not pass the checks:
-    the child reports it unencodable, naming the bound."""
+    the child reports it unencodable, naming the bound. Every other callback of
+    :data:`~rho_actors.declarations.checks.DECLARATION_CALLBACKS` (a call policy's bound, a
+    flag) may be 64 characters; ``retry_policy`` a :class:`~rho_actors.RetryPolicy`'s
+    fields, ``annotations`` a title of 1,024 characters and the four hints."""
     return {
-        "chars": {"name": 1024, "description": max_description_chars * _ESCAPED_CHARS + 2,
-                  "parameter_schema": max_schema_bytes * 3, "timeout_ms": 64, "concurrency": 64},
+        "chars": {**dict.fromkeys(DECLARATION_CALLBACKS, 64),  # a number, a bool, a short text
+                  "name": 1024, "description": max_description_chars * _ESCAPED_CHARS + 2,
+                  "parameter_schema": max_schema_bytes * 3, "rate_group": 128 * _ESCAPED_CHARS + 2,
+                  "retry_policy": 512, "annotations": 1024 * _ESCAPED_CHARS + 256},
         "containers": 8 * max_schema_nodes, "depth": max_schema_depth + 2,
     }
 

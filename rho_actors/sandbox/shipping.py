@@ -20,8 +20,7 @@ from typing import Any, Final
 
 import cloudpickle
 
-from rho_actors.declarations.checks import describe_origin
-from rho_actors.declarations.policy import POLICY_CALLBACKS
+from rho_actors.declarations.checks import DECLARATION_CALLBACKS, describe_origin
 from rho_actors.encoding import describe_exception
 from rho_actors.function_tool import FunctionTool
 from rho_actors.sandbox import context_values
@@ -30,9 +29,8 @@ __all__ = [
     "CALLBACKS", "ShippedTools", "Unshippable", "label", "local_modules", "register_by_value", "ship",
 ]
 
-CALLBACKS: Final = ("name", "description", "parameter_schema", "timeout_ms", "concurrency", "requires_approval",
-                   *POLICY_CALLBACKS)
-"""The declaration callbacks of a tool (DESIGN §2)."""
+CALLBACKS: Final = DECLARATION_CALLBACKS
+"""The declaration callbacks of a tool (DESIGN §2): the one list the checks read."""
 
 
 class Unshippable(Exception):
