@@ -91,8 +91,10 @@ class Probe:
 
 def call(runtime: RayRuntime, args: dict[str, Any], timeout_s: float = WAIT_S, *,
          cancel: CancelToken | None = None, resources: RayResources | None = None, call_id: str = "c1") -> Any:
-    return run_on_ray(runtime, Probe, args, {"call_id": call_id, "session_id": "s"}, time.monotonic() + timeout_s,
-                      cancel or CancelToken(), 10_000, resources or RayResources(num_cpus=0.5), name="probe")
+    now = time.monotonic()  # the deadline's start is the call's: read later, it would shorten the stated timeout
+    return run_on_ray(runtime, Probe, args, {"call_id": call_id, "session_id": "s"}, now + timeout_s,
+                      cancel or CancelToken(), 10_000, resources or RayResources(num_cpus=0.5), name="probe",
+                      started=now)
 
 
 def pid_gone(pid: int) -> bool:

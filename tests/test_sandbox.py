@@ -61,11 +61,15 @@ def read_pid(path: Path) -> int:
 
 
 def call(
-    pool: WorkerPool, tool: Any, args: Mapping[str, Any] | None = None, *, timeout_s: float = 10.0,
+    pool: WorkerPool, tool: Any, args: Mapping[str, Any] | None = None, *, timeout_s: float = WAIT_S,
     started: float | None = None, **ctx: Any,
 ) -> ToolResult:
+    """``tool`` run in ``pool``; its deadline ``timeout_s`` after its start (the same
+    instant: a start read later, on a loaded machine, would shorten the timeout it states)."""
     ctx = {"session_id": "s1", "call_id": "c1", **ctx}
-    return pool.run(tool, dict(args or {}), ctx, time.monotonic() + timeout_s, MAX_CHARS, started=started)
+    now = time.monotonic()
+    start = now if started is None else started
+    return pool.run(tool, dict(args or {}), ctx, now + timeout_s, MAX_CHARS, started=start)
 
 
 @pytest.fixture
