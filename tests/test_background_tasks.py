@@ -189,7 +189,7 @@ def test_the_agent_loop_gives_the_model_a_finished_tasks_result_at_its_next_step
     assert "crawled example.com" in delivered.text
     assert loop.tasks()[0].delivered
     track = load(loop.data_dir / TRANSCRIPT_NAME).calls["c1"]  # the call's lifecycle, in the transcript
-    assert track.state == "settled" and track.states["backgrounded"] == {"task_id": finished[0].task.task_id}
+    assert track.state == "settled" and track.states["backgrounded"]["task_id"] == finished[0].task.task_id
     # the next prompt does not give it again
     again = ScriptedModel([Reply("ok")])
     loop.prompt("Anything else?", model=again)
