@@ -33,6 +33,7 @@ N = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 0
 MIB = 2**20
 LISTED: list[int] = []
 SEEN: list[str] = []
+PROCESS = os.urandom(8).hex()  # names this process (in its own PID namespace every confined one is pid 1)
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}}
 
 
@@ -92,7 +93,7 @@ def called(text: str, params: dict[str, Any]) -> dict[str, Any]:
         result["structuredContent"] = {"s": "a" * N + "!"}
     elif MODE == "memory":
         SEEN.append(str((params.get("arguments") or {}).get("text", "")))
-        result["content"][0]["text"] = f"{os.getpid()}: " + " | ".join(SEEN)
+        result["content"][0]["text"] = f"{PROCESS}: " + " | ".join(SEEN)
     elif MODE == "badnote":
         for _ in range(N):
             sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
