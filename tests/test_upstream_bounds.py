@@ -200,8 +200,8 @@ def test_an_untrusted_upstream_runs_a_process_per_session(system: ActorSystem) -
         [again] = victim.run_turn([ToolCall("c3", "echo", {"text": "second"})])
         assert paid.ok and seen.ok and again.ok, (paid, seen, again)
         assert "4111" not in seen.content and seen.content.endswith(": anything?"), seen.content  # today: it is
-        victim, receiver = paid.content.split(":")[0], seen.content.split(":")[0]  # each process names itself
-        assert victim != receiver and again.content.startswith(f"{victim}: card 4111")
+        victim_id, receiver_id = paid.content.split(":")[0], seen.content.split(":")[0]  # each process names itself
+        assert victim_id != receiver_id and again.content.startswith(f"{victim_id}: card 4111")
         servers = gateway.upstreams[0].session_servers
         assert servers is not None and set(servers.sessions()) == {"victim", "receiver"} and servers.started == 2
     finally:
