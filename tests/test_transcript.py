@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from rho_actors.agent import transcript as transcript_module
 from rho_actors.agent.model import Message, Reply
 from rho_actors.agent.transcript import (
     INTERRUPTED,
+    PROMPT_LOCK_NAME,
     TRANSCRIPT_NAME,
     Transcript,
     TranscriptBusyError,
@@ -19,7 +24,9 @@ from rho_actors.agent.transcript import (
     load,
     read_records,
 )
+from rho_actors.loop.decisions import locked_transcript
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
+from tests.conftest import WAIT_S, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -173,6 +180,56 @@ def test_one_writer_at_a_time(tmp_path: Path) -> None:
     with Transcript(path) as again:  # released on close
         again.user(1, "hi")
     assert load(path).messages == [Message.user("hi")]
+
+
+def _held(path: Path) -> bool:
+    """Whether a lock holds ``path`` (a non-blocking ``flock`` of it fails)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_writer_waits_for_a_record_being_written_not_for_a_prompt(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    opened: list[Transcript | BaseException] = []
+
+    def prompt() -> None:
+        transcript = Transcript(path)
+        try:
+            transcript.open()
+            opened.append(transcript)
+        except BaseException as exc:
+            opened.append(exc)
+
+    with locked_transcript(path) as brief:  # a decision or a result being recorded, as another host writes one
+        brief.user(1, "hi")
+        waiting = threading.Thread(target=prompt)
+        waiting.start()
+        assert wait_for(lambda: _held(path.with_name(PROMPT_LOCK_NAME)))  # the prompt's own lock: taken
+        assert opened == []  # and it waits for the record being written
+    waiting.join(WAIT_S)
+    [prompting] = opened
+    assert isinstance(prompting, Transcript) and prompting.history.messages == [Message.user("hi")]
+    prompting.close()
+
+
+def test_a_record_held_past_its_bound_is_named_in_the_error(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    monkeypatch.setattr(transcript_module, "RECORD_WAIT_S", 0.05)
+    with locked_transcript(path), pytest.raises(TranscriptBusyError, match=r"a decision or a result being "
+                                                                          r"recorded .* more than 0.05 s"):
+        Transcript(path).open()
+    with Transcript(path) as again:  # both locks released on the error
+        again.user(1, "hi")
 
 
 def test_a_missing_transcript_is_empty(tmp_path: Path) -> None:

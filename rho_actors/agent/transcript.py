@@ -121,6 +121,8 @@ from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
 
 __all__ = [
     "INTERRUPTED",
+    "PROMPT_LOCK_NAME",
+    "RECORD_WAIT_S",
     "SCHEMA_VERSION",
     "TRANSCRIPT_NAME",
     "History",
@@ -137,6 +139,11 @@ SCHEMA_VERSION: Final = 2
 VERSIONS: Final = (1, 2)
 """The record versions this module reads."""
 TRANSCRIPT_NAME: Final = "transcript.jsonl"
+PROMPT_LOCK_NAME: Final = "prompt.lock"
+"""The file beside the transcript whose ``flock`` a prompt holds (one prompt per session)."""
+RECORD_WAIT_S: Final = 30.0
+"""How long (seconds) a prompt waits for a brief holder of the transcript: a decision or
+a result being recorded (by this host or another process)."""
 INTERRUPTED: Final = text("interrupted")
 """The text of the ``cancelled`` result a recorded call without a recorded result gets."""
 
@@ -152,7 +159,8 @@ class TranscriptError(RhoError):
 
 
 class TranscriptBusyError(TranscriptError):
-    """Another prompt (in this process or another) holds the session's transcript."""
+    """Another prompt (in this process or another) holds the session's transcript, or a
+    decision or result being recorded held it for more than :data:`RECORD_WAIT_S`."""
 
 
 @dataclass(slots=True)
@@ -510,12 +518,28 @@ def _image(data: Any, store: ImageStore) -> Image | None:
 # --------------------------------------------------------------------------- writing
 
 
+def _flock(fd: int) -> bool:
+    """An exclusive ``flock`` on ``fd`` without waiting: whether it was taken."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return False
+        raise
+    return True
+
+
 class Transcript:
     """The writer of one session's transcript at ``path``.
 
-    :meth:`open` (or ``with``) takes an exclusive ``flock`` on the file (one prompt per
-    session at a time, across processes too), reads it into :attr:`history`, and
-    truncates a cut-short last line away. Each write method appends one record and
+    :meth:`open` (or ``with``) takes two exclusive ``flock`` s: first the prompt's, on
+    :data:`PROMPT_LOCK_NAME` beside the file (one prompt per session at a time, across
+    processes too: another prompt is refused at once), then the file's own, which a
+    brief writer (``open(brief=True)``: a decision, a result recorded after an approval)
+    holds alone for a record or two and a prompt waits for (at most
+    :data:`RECORD_WAIT_S`); then it reads the file into :attr:`history` and truncates a
+    cut-short last line away. A process that dies holding them (``kill -9``) releases
+    both with its descriptors (close-on-exec; rho's fork servers are started by exec). Each write method appends one record and
     returns once it is flushed and ``fsync``-ed; they raise ``OSError`` when the disk
     does, and ``ValueError`` for a value JSON cannot hold (a tool call's arguments
     object). Images go to :attr:`images`, an :class:`~rho_actors.agent.image_store.ImageStore`
@@ -527,31 +551,59 @@ class Transcript:
         self.images = ImageStore(self.path.parent, max_image_bytes)
         self.history = History()
         self._fd: int | None = None
+        self._prompt_fd: int | None = None
         self._seq = 0
         self._writing = threading.Lock()  # records come from the threads that settle or move calls too
 
-    def open(self) -> History:
+    def open(self, *, brief: bool = False) -> History:
         """Lock the transcript, read it and get it ready to append; returns
-        :attr:`history`. Raises :class:`TranscriptBusyError` when another prompt holds
-        it, :class:`TranscriptError` when it cannot be read (the lock is then released),
-        and ``OSError``."""
+        :attr:`history`. ``brief``: the holder writes a record or two and closes (a
+        decision, a recorded result): it takes only the file's lock, and does not wait
+        for it. Raises :class:`TranscriptBusyError` when another prompt holds it (or,
+        ``brief``, anyone), or a brief writer held it for more than
+        :data:`RECORD_WAIT_S`; :class:`TranscriptError` when it cannot be read (the
+        locks are then released), and ``OSError``."""
         if self._fd is not None:
             return self.history
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not brief:
+            self._prompt_fd = self._locked(self.path.with_name(PROMPT_LOCK_NAME))
+        try:
+            return self._open(0.0 if brief else RECORD_WAIT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    def _locked(self, path: Path) -> int:
+        """``path`` opened (created) under an exclusive ``flock``, or
+        :class:`TranscriptBusyError` at once."""
+        try:
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except UnsafePathError as exc:
+            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
+        if not _flock(fd):
+            os.close(fd)
+            raise TranscriptBusyError(f"transcript {self.path} is in use by another prompt of this session")
+        return fd
+
+    def _open(self, wait_s: float) -> History:
         created = not os.path.lexists(self.path)
         try:
             fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         except UnsafePathError as exc:
             raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            until, delay = time.monotonic() + wait_s, 0.001
+            while not _flock(fd):
+                if not wait_s:
+                    raise TranscriptBusyError(f"transcript {self.path} is in use by another prompt of this session")
+                if time.monotonic() >= until:
                     raise TranscriptBusyError(
-                        f"transcript {self.path} is in use by another prompt of this session"
-                    ) from None
-                raise
+                        f"transcript {self.path} is held by a decision or a result being recorded (by this host or "
+                        f"another process) for more than {wait_s:g} s; try again once it is written"
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 0.02)
             if created:
                 _fsync_dir(self.path.parent)
             records, good, torn = _records(_read_all(fd), str(self.path))
@@ -569,10 +621,13 @@ class Transcript:
         return history
 
     def close(self) -> None:
-        """Release the lock and close the file (idempotent)."""
+        """Release the locks and close the files (idempotent)."""
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # releases the flock
+        prompt_fd, self._prompt_fd = self._prompt_fd, None
+        if prompt_fd is not None:
+            os.close(prompt_fd)  # after the file's own: a prompt waiting for it never holds the file first
 
     def __enter__(self) -> Transcript:
         self.open()

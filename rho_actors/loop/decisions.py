@@ -40,14 +40,15 @@ def first_decision(track: CallTrack) -> str:
 
 @contextlib.contextmanager
 def locked_transcript(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[Transcript]:
-    """The transcript at ``path``, opened under its lock, waiting up to ``wait_s`` for
-    another holder (a running prompt, another process deciding)."""
+    """The transcript at ``path``, opened under its lock as a brief writer (a prompt
+    waits for it: :meth:`Transcript.open`), waiting up to ``wait_s`` for another holder
+    (a running prompt, another process deciding)."""
     until = time.monotonic() + wait_s
     delay = 0.001
     transcript = Transcript(path)
     while True:
         try:
-            transcript.open()
+            transcript.open(brief=True)
             break
         except TranscriptBusyError:
             if time.monotonic() >= until:
