@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rho_actors.agent import transcript as transcript_module
+from rho_actors.agent import transcript_lock
 from rho_actors.agent.model import Message, Reply
 from rho_actors.agent.transcript import (
     INTERRUPTED,
-    PROMPT_LOCK_NAME,
     TRANSCRIPT_NAME,
     Transcript,
     TranscriptBusyError,
@@ -213,7 +212,7 @@ def test_a_writer_waits_for_a_record_being_written_not_for_a_prompt(tmp_path: Pa
         brief.user(1, "hi")
         waiting = threading.Thread(target=prompt)
         waiting.start()
-        assert wait_for(lambda: _held(path.with_name(PROMPT_LOCK_NAME)))  # the prompt's own lock: taken
+        assert wait_for(lambda: _held(path.with_name(transcript_lock.PROMPT_LOCK_NAME)))  # the prompt's own lock: taken
         assert opened == []  # and it waits for the record being written
     waiting.join(WAIT_S)
     [prompting] = opened
@@ -224,7 +223,7 @@ def test_a_writer_waits_for_a_record_being_written_not_for_a_prompt(tmp_path: Pa
 def test_a_record_held_past_its_bound_is_named_in_the_error(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / TRANSCRIPT_NAME
-    monkeypatch.setattr(transcript_module, "RECORD_WAIT_S", 0.05)
+    monkeypatch.setattr(transcript_lock, "RECORD_WAIT_S", 0.05)
     with locked_transcript(path), pytest.raises(TranscriptBusyError, match=r"a decision or a result being "
                                                                           r"recorded .* more than 0.05 s"):
         Transcript(path).open()

@@ -94,8 +94,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import errno
-import fcntl
 import hashlib
 import json
 import math
@@ -110,6 +108,7 @@ from typing import Any, Final
 
 from loguru import logger
 
+from rho_actors.agent import transcript_lock
 from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES, ImageStore
 from rho_actors.agent.model import Message, Reply
 from rho_actors.encoding import scrub_text
@@ -121,8 +120,6 @@ from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
 
 __all__ = [
     "INTERRUPTED",
-    "PROMPT_LOCK_NAME",
-    "RECORD_WAIT_S",
     "SCHEMA_VERSION",
     "TRANSCRIPT_NAME",
     "History",
@@ -139,11 +136,6 @@ SCHEMA_VERSION: Final = 2
 VERSIONS: Final = (1, 2)
 """The record versions this module reads."""
 TRANSCRIPT_NAME: Final = "transcript.jsonl"
-PROMPT_LOCK_NAME: Final = "prompt.lock"
-"""The file beside the transcript whose ``flock`` a prompt holds (one prompt per session)."""
-RECORD_WAIT_S: Final = 30.0
-"""How long (seconds) a prompt waits for a brief holder of the transcript: a decision or
-a result being recorded (by this host or another process)."""
 INTERRUPTED: Final = text("interrupted")
 """The text of the ``cancelled`` result a recorded call without a recorded result gets."""
 
@@ -160,7 +152,7 @@ class TranscriptError(RhoError):
 
 class TranscriptBusyError(TranscriptError):
     """Another prompt (in this process or another) holds the session's transcript, or a
-    decision or result being recorded held it for more than :data:`RECORD_WAIT_S`."""
+    decision or a result being recorded held it past ``RECORD_WAIT_S`` (30 s)."""
 
 
 @dataclass(slots=True)
@@ -518,31 +510,15 @@ def _image(data: Any, store: ImageStore) -> Image | None:
 # --------------------------------------------------------------------------- writing
 
 
-def _flock(fd: int) -> bool:
-    """An exclusive ``flock`` on ``fd`` without waiting: whether it was taken."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            return False
-        raise
-    return True
-
-
 class Transcript:
     """The writer of one session's transcript at ``path``.
 
-    :meth:`open` (or ``with``) takes two exclusive ``flock`` s: first the prompt's, on
-    :data:`PROMPT_LOCK_NAME` beside the file (one prompt per session at a time, across
-    processes too: another prompt is refused at once), then the file's own, which a
-    brief writer (``open(brief=True)``: a decision, a result recorded after an approval)
-    holds alone for a record or two and a prompt waits for (at most
-    :data:`RECORD_WAIT_S`); then it reads the file into :attr:`history` and truncates a
-    cut-short last line away. A process that dies holding them (``kill -9``) releases
-    both with its descriptors (close-on-exec; rho's fork servers are started by exec). Each write method appends one record and
-    returns once it is flushed and ``fsync``-ed; they raise ``OSError`` when the disk
-    does, and ``ValueError`` for a value JSON cannot hold (a tool call's arguments
-    object). Images go to :attr:`images`, an :class:`~rho_actors.agent.image_store.ImageStore`
+    :meth:`open` (or ``with``) locks it (one prompt per session at a time, across
+    processes too: :mod:`~rho_actors.agent.transcript_lock`), reads it into
+    :attr:`history`, and truncates a cut-short last line away. Each write method appends
+    one record and returns once it is flushed and ``fsync``-ed; they raise ``OSError``
+    when the disk does, and ``ValueError`` for a value JSON cannot hold (a tool call's
+    arguments object). Images go to :attr:`images`, an :class:`~rho_actors.agent.image_store.ImageStore`
     beside the file bounded to ``max_image_bytes`` (default 256 MiB).
     """
 
@@ -557,77 +533,51 @@ class Transcript:
 
     def open(self, *, brief: bool = False) -> History:
         """Lock the transcript, read it and get it ready to append; returns
-        :attr:`history`. ``brief``: the holder writes a record or two and closes (a
-        decision, a recorded result): it takes only the file's lock, and does not wait
-        for it. Raises :class:`TranscriptBusyError` when another prompt holds it (or,
-        ``brief``, anyone), or a brief writer held it for more than
-        :data:`RECORD_WAIT_S`; :class:`TranscriptError` when it cannot be read (the
-        locks are then released), and ``OSError``."""
+        :attr:`history`. ``brief``: a writer of a record or two (a decision, a result).
+        Raises :class:`TranscriptBusyError` (another prompt holds it, or ``brief``:
+        anyone), :class:`TranscriptError` when it cannot be read (the locks are then
+        released), and ``OSError``."""
         if self._fd is not None:
             return self.history
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not brief:
-            self._prompt_fd = self._locked(self.path.with_name(PROMPT_LOCK_NAME))
         try:
-            return self._open(0.0 if brief else RECORD_WAIT_S)
-        except BaseException:
-            self.close()
-            raise
-
-    def _locked(self, path: Path) -> int:
-        """``path`` opened (created) under an exclusive ``flock``, or
-        :class:`TranscriptBusyError` at once."""
-        try:
-            fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except UnsafePathError as exc:
-            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
-        if not _flock(fd):
-            os.close(fd)
-            raise TranscriptBusyError(f"transcript {self.path} is in use by another prompt of this session")
-        return fd
-
-    def _open(self, wait_s: float) -> History:
-        created = not os.path.lexists(self.path)
-        try:
-            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-        except UnsafePathError as exc:
-            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
-        try:
-            until, delay = time.monotonic() + wait_s, 0.001
-            while not _flock(fd):
-                if not wait_s:
-                    raise TranscriptBusyError(f"transcript {self.path} is in use by another prompt of this session")
-                if time.monotonic() >= until:
-                    raise TranscriptBusyError(
-                        f"transcript {self.path} is held by a decision or a result being recorded (by this host or "
-                        f"another process) for more than {wait_s:g} s; try again once it is written"
-                    )
-                time.sleep(delay)
-                delay = min(delay * 2, 0.02)
+            if not brief:
+                self._prompt_fd = self._lock(transcript_lock.PROMPT_LOCK_NAME, 0.0)
+            created = not os.path.lexists(self.path)
+            self._fd = self._lock(self.path.name, 0.0 if brief else transcript_lock.RECORD_WAIT_S, os.O_APPEND)
             if created:
                 _fsync_dir(self.path.parent)
-            records, good, torn = _records(_read_all(fd), str(self.path))
+            records, good, torn = _records(_read_all(self._fd), str(self.path))
             history = _history(records, str(self.path), self.images)
             history.torn = torn
             if torn:
-                os.ftruncate(fd, good)
-                os.fsync(fd)
+                os.ftruncate(self._fd, good)
+                os.fsync(self._fd)
         except BaseException:
-            os.close(fd)
+            self.close()
             raise
-        self._fd = fd
         self._seq = len(records)
         self.history = history
         return history
 
+    def _lock(self, name: str, wait_s: float, flags: int = 0) -> int:
+        try:
+            fd = transcript_lock.lock(self.path.with_name(name), wait_s, flags)
+        except UnsafePathError as exc:
+            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
+        if fd is None:
+            raise TranscriptBusyError(
+                f"transcript {self.path} is in use by another prompt of this session" if not wait_s else
+                f"transcript {self.path} is held by a decision or a result being recorded (by this host or another "
+                f"process) for more than {wait_s:g} s; try again once it is written")
+        return fd
+
     def close(self) -> None:
         """Release the locks and close the files (idempotent)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # releases the flock
-        prompt_fd, self._prompt_fd = self._prompt_fd, None
-        if prompt_fd is not None:
-            os.close(prompt_fd)  # after the file's own: a prompt waiting for it never holds the file first
+        fds, self._fd, self._prompt_fd = (self._fd, self._prompt_fd), None, None
+        for fd in fds:  # the file's lock first: a prompt waiting for it never holds it alone
+            if fd is not None:
+                os.close(fd)  # releases the flock
 
     def __enter__(self) -> Transcript:
         self.open()
