@@ -31,6 +31,7 @@ from rho_actors.sandbox.confine import cgroups
 from rho_actors.sandbox.confine.confinement import probe
 from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
 
+from .conftest import open_folder
 from .test_namespaces import make_system
 
 ROOT = os.geteuid() == 0
@@ -224,7 +225,8 @@ def across(
     """The victim's call in one session (its loop kept open: its worker stays warm with
     what it holds), then the receiver's in another; both answers. ``host_pid``: the
     receiver gets the victim's pid as the host sees it (an attacker may guess it);
-    ``shared``: a file every worker reads (by default this tool's own module)."""
+    ``shared``: a file every worker reads (by default this tool's own module, which a
+    checkout closed to other users hides from them: :func:`~tests.conftest.open_folder`)."""
     n = next(SESSIONS)
     victim, receiver = system.start_loop(f"victim-{n}"), system.start_loop(f"receiver-{n}")
     try:
@@ -243,7 +245,8 @@ def across(
 
 @needs_confinement
 def test_file_locks_carry_nothing_between_sessions(system: ActorSystem) -> None:
-    _, got = across(system, "locks")
+    with open_folder(__file__) as folder:  # a file every worker can open, wherever the checkout is
+        _, got = across(system, "locks", shared=str(folder / Path(__file__).name))
     assert got == {"ofd": None, "posix": None, "flock": "free"}, got
 
 
@@ -278,15 +281,14 @@ def test_per_uid_descriptors_in_flight_are_per_session(system: ActorSystem) -> N
 
 @needs_confinement
 def test_reading_a_shared_file_leaves_no_access_time_behind(system: ActorSystem) -> None:
-    shared = Path(__file__).with_name(f"atime_probe_{os.getpid()}.txt")  # readable: in the tool's folder
-    shared.write_text("an installed file nobody read for days")
-    try:
+    with open_folder() as folder:  # readable by every worker, wherever the checkout is
+        shared = folder / "atime_probe.txt"
+        shared.write_text("an installed file nobody read for days")
+        shared.chmod(0o644)
         days_ago = time.time() - 3 * 86400
         os.utime(shared, (days_ago, days_ago - 60))
         sent, got = across(system, "atime", shared=str(shared))
         assert sent == {"read": True} and got["atime"] == days_ago == shared.stat().st_atime, got
-    finally:
-        shared.unlink()
 
 
 @needs_confinement
