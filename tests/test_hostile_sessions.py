@@ -205,7 +205,18 @@ SESSIONS = itertools.count()
 
 
 @pytest.fixture
-def system(tmp_path: Path) -> Iterator[ActorSystem]:
+def probes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder whose code files every worker can read, wherever the checkout is (one
+    only its owner can enter too): open to every user (:func:`~tests.conftest.open_folder`)
+    and on ``sys.path`` before the workers start (Landlock lets them read its ``.py``
+    files); it holds a copy of this module."""
+    with open_folder(__file__) as folder:
+        monkeypatch.syspath_prepend(str(folder))
+        yield folder
+
+
+@pytest.fixture
+def system(tmp_path: Path, probes: Path) -> Iterator[ActorSystem]:
     with make_system(tmp_path / "data") as made:
         for tool in (Courier, Notes):
             registration = made.register(tool, untrusted=True)
@@ -226,7 +237,7 @@ def across(
     what it holds), then the receiver's in another; both answers. ``host_pid``: the
     receiver gets the victim's pid as the host sees it (an attacker may guess it);
     ``shared``: a file every worker reads (by default this tool's own module, which a
-    checkout closed to other users hides from them: :func:`~tests.conftest.open_folder`)."""
+    checkout closed to other users hides from them: the ``probes`` fixture's copy)."""
     n = next(SESSIONS)
     victim, receiver = system.start_loop(f"victim-{n}"), system.start_loop(f"receiver-{n}")
     try:
@@ -244,9 +255,8 @@ def across(
 
 
 @needs_confinement
-def test_file_locks_carry_nothing_between_sessions(system: ActorSystem) -> None:
-    with open_folder(__file__) as folder:  # a file every worker can open, wherever the checkout is
-        _, got = across(system, "locks", shared=str(folder / Path(__file__).name))
+def test_file_locks_carry_nothing_between_sessions(system: ActorSystem, probes: Path) -> None:
+    _, got = across(system, "locks", shared=str(probes / Path(__file__).name))
     assert got == {"ofd": None, "posix": None, "flock": "free"}, got
 
 
@@ -280,15 +290,14 @@ def test_per_uid_descriptors_in_flight_are_per_session(system: ActorSystem) -> N
 
 
 @needs_confinement
-def test_reading_a_shared_file_leaves_no_access_time_behind(system: ActorSystem) -> None:
-    with open_folder() as folder:  # readable by every worker, wherever the checkout is
-        shared = folder / "atime_probe.txt"
-        shared.write_text("an installed file nobody read for days")
-        shared.chmod(0o644)
-        days_ago = time.time() - 3 * 86400
-        os.utime(shared, (days_ago, days_ago - 60))
-        sent, got = across(system, "atime", shared=str(shared))
-        assert sent == {"read": True} and got["atime"] == days_ago == shared.stat().st_atime, got
+def test_reading_a_shared_file_leaves_no_access_time_behind(system: ActorSystem, probes: Path) -> None:
+    shared = probes / "atime_probe.py"  # an installed module nobody read for days
+    shared.write_text("NOTHING = None\n")
+    shared.chmod(0o644)
+    days_ago = time.time() - 3 * 86400
+    os.utime(shared, (days_ago, days_ago - 60))
+    sent, got = across(system, "atime", shared=str(shared))
+    assert sent == {"read": True} and got["atime"] == days_ago == shared.stat().st_atime, got
 
 
 @needs_confinement
