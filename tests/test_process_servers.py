@@ -284,6 +284,24 @@ def test_a_thread_server_keeps_state_in_the_host(
     assert _server_node(system, name)["server"] == {"isolation": "thread", "class": "Store", "calls": 3}
 
 
+def test_a_servers_arguments_are_plain_data_as_start_childs_are(system: ActorSystem,
+                                                                  request: pytest.FixtureRequest) -> None:
+    name = _name(request)
+    spec = ProcessActor(Store, args=["kept"], kwargs={}, call_timeout_ms=5_000)
+    assert (spec.args, spec.kwargs, spec.call_timeout_ms) == (("kept",), {}, 5_000)
+    assert (ProcessActor(Store, "kept").args, ThreadActor(Store, kwargs={"first": "kept"}).kwargs) == (
+        ("kept",), {"first": "kept"})  # the inline form too
+    system.start_child(ChildSpec(name, spec, name=name))
+    ref = system.whereis(name)
+    assert ref is not None and ask(ref, ServerCall("get", ("first",))) == "kept"
+    with pytest.raises(TypeError, match=r"either as args=/kwargs= \(as StartChild takes them\) or inline, not both"):
+        ProcessActor(Store, "inline", args=["kept"])
+    with pytest.raises(TypeError, match="args must be a list or tuple, got str"):
+        ThreadActor(Store, args="kept")
+    with pytest.raises(TypeError, match="kwargs must be a mapping of str keys, got list"):
+        ProcessActor(Store, kwargs=["first"])  # type: ignore[arg-type]
+
+
 def test_bad_server_specs_are_refused() -> None:
     with pytest.raises(TypeError, match="needs a class"):
         ProcessActor(Store())  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ import pickle
 import select
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -405,8 +405,10 @@ class ProcessServer(Actor):
 @dataclass(frozen=True, slots=True, init=False)
 class ProcessActor:
     """How to start a :class:`ProcessServer` (the ``start`` of a
-    :class:`rho_actors.ChildSpec`): ``ProcessActor(cls, *args, trusted=True, **kwargs)``
-    builds ``cls(*args, **kwargs)`` in a fresh process on every start. ``cls``, ``args``
+    :class:`rho_actors.ChildSpec`): ``ProcessActor(cls, args=[...], kwargs={...},
+    trusted=True)`` builds ``cls(*args, **kwargs)`` in a fresh process on every start;
+    the arguments are plain data as :class:`rho_actors.StartChild` takes them (the inline
+    ``ProcessActor(cls, *args, **kwargs)`` works too; mixing both is a ``TypeError``). ``cls``, ``args``
     and ``kwargs`` are pickled (cloudpickle; a class of a module a fresh process cannot
     import goes by value). ``trusted=False`` confines the process by ``confine`` (default:
     :func:`rho_actors.sandbox.confine.enclosure.default_policy`, what a default system's
@@ -426,11 +428,13 @@ class ProcessActor:
     start_timeout_ms: int
     lineage: _Lineage
 
-    def __init__(self, cls: type, *args: Any, trusted: bool = True, confine: ConfinePolicy | None = None,
+    def __init__(self, cls: type, *inline: Any, args: Sequence[Any] | None = None,
+                 kwargs: Mapping[str, Any] | None = None, trusted: bool = True, confine: ConfinePolicy | None = None,
                  heap_bytes: int = DEFAULT_SERVER_HEAP_BYTES, call_timeout_ms: int = 30_000,
-                 start_timeout_ms: int = 30_000, **kwargs: Any) -> None:
+                 start_timeout_ms: int = 30_000, **inline_kwargs: Any) -> None:
         if not isinstance(cls, type):
             raise TypeError(f"ProcessActor needs a class, got {type(cls).__name__}")
+        args, kwargs = _arguments("ProcessActor", inline, inline_kwargs, args, kwargs)
         _check_ms(call_timeout_ms=call_timeout_ms, start_timeout_ms=start_timeout_ms)
         if type(heap_bytes) is not int or heap_bytes < 0:
             raise ValueError(f"heap_bytes must be an int of 0 or more (bytes; 0: none), got {heap_bytes!r}")
@@ -484,21 +488,40 @@ class ThreadServer(Actor):
 
 @dataclass(frozen=True, slots=True, init=False)
 class ThreadActor:
-    """How to start a :class:`ThreadServer`: ``ThreadActor(cls, *args, **kwargs)``
-    builds ``cls(*args, **kwargs)`` in the host on every start."""
+    """How to start a :class:`ThreadServer`: ``ThreadActor(cls, args=[...],
+    kwargs={...})`` (or inline: ``ThreadActor(cls, *args, **kwargs)``) builds
+    ``cls(*args, **kwargs)`` in the host on every start."""
 
     cls: type
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any]
 
-    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, cls: type, *inline: Any, args: Sequence[Any] | None = None,
+                 kwargs: Mapping[str, Any] | None = None, **inline_kwargs: Any) -> None:
         if not isinstance(cls, type):
             raise TypeError(f"ThreadActor needs a class, got {type(cls).__name__}")
+        args, kwargs = _arguments("ThreadActor", inline, inline_kwargs, args, kwargs)
         for key, value in (("cls", cls), ("args", args), ("kwargs", kwargs)):
             object.__setattr__(self, key, value)
 
     def __call__(self) -> pykka.ActorRef[Any]:
         return start_link(ThreadServer, self.cls, self.args, self.kwargs)
+
+
+def _arguments(what: str, inline: tuple[Any, ...], inline_kwargs: dict[str, Any], args: Sequence[Any] | None,
+               kwargs: Mapping[str, Any] | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A server class's arguments, given as plain data (``args``, ``kwargs``) or inline."""
+    if args is None and kwargs is None:
+        return inline, inline_kwargs
+    if inline or inline_kwargs:
+        raise TypeError(f"{what} takes the class's arguments either as args=/kwargs= (as StartChild takes them) or "
+                        f"inline, not both: got args=/kwargs= and {len(inline)} inline argument(s) "
+                        f"{sorted(inline_kwargs)}")
+    if args is not None and not isinstance(args, (list, tuple)):
+        raise TypeError(f"{what}'s args must be a list or tuple, got {type(args).__name__}")
+    if kwargs is not None and not (isinstance(kwargs, Mapping) and all(isinstance(k, str) for k in kwargs)):
+        raise TypeError(f"{what}'s kwargs must be a mapping of str keys, got {type(kwargs).__name__}")
+    return tuple(args or ()), dict(kwargs or {})
 
 
 # --------------------------------------------------------------------------- from a tool
