@@ -208,3 +208,17 @@ def test_every_subcommand_help_has_a_description() -> None:
     for path, sub in found.items():
         text = sub.description or ""
         assert len(text.split()) >= 8 and not text.startswith("rho-actors"), (path, text)
+
+
+def test_an_upstream_that_fails_to_start_says_why_on_stderr_at_once(tmp_path: Path) -> None:
+    import shlex
+    import subprocess
+    import sys
+
+    command = shlex.join([sys.executable, "-m", "no_such_module_rho"])
+    done = subprocess.run([sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--mcp", command, "--data-dir",
+                           str(tmp_path / "data")], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=WAIT_S * 4, check=False)
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("MCP server no_such_module_rho")]
+    assert "not connected yet, 0 tools: " in line and "No module named no_such_module_rho" in line, done.stderr
+    assert "it is started again within its restart intensity" in line or "given up" in line, line

@@ -616,8 +616,9 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
             state = "connected" if status["connected"] else "not connected yet"
             info = status["server_info"] or {}
             itself = f" (it says it is {info.get('name')} {info.get('version', '')})".rstrip() if info else ""
+            why = "" if status["connected"] else _not_connected(status)
             print(f"MCP server {name} ({'trusted' if status['trusted'] else 'confined'}): {state}, "
-                  f"{len(status['tools'])} tools{itself}", file=sys.stderr, flush=True)
+                  f"{len(status['tools'])} tools{itself}{why}", file=sys.stderr, flush=True)
         guard = None
         if args.http is not None:
             try:
@@ -634,6 +635,14 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
             print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
             return 2
     return 0
+
+
+def _not_connected(status: dict[str, Any]) -> str:
+    """Why an upstream is not connected, for its status line (its stderr's last words)."""
+    if status.get("given_up"):
+        return f": given up ({status['given_up']})"
+    error = status.get("last_error")
+    return f": {error}; it is started again within its restart intensity" if error else ""
 
 
 # --------------------------------------------------------------------------- entry point
