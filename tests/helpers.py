@@ -4,13 +4,40 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rho_actors import Loop, ToolCall, tool
 from tests.conftest import WAIT_S
 
 OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+ROOT = Path(__file__).resolve().parent.parent
+HOST_TIMEOUT_S = 240.0
+"""The bound on a whole host process started from nothing (seconds), on a loaded machine."""
+
+
+def scrubbed_env(**extra: str) -> dict[str, str]:
+    """A host process's environment: ``PATH``, ``LANG`` and ``HOME`` of this one, this
+    checkout on ``PYTHONPATH``, and ``extra``; nothing else of the test run's."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def run_host_script(folder: Path, script: str, *args: str, timeout_s: float = HOST_TIMEOUT_S,
+                    env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (Python source) as ``folder/host.py ARGS...`` in a fresh interpreter,
+    in ``folder``, with :func:`scrubbed_env` (or ``env``), within ``timeout_s``; its
+    output captured as text. The exit code is the caller's to assert."""
+    host = folder / "host.py"
+    host.write_text(script)
+    return subprocess.run(  # noqa: PLW1510 - the caller asserts the exit code
+        [sys.executable, str(host), *args], capture_output=True, text=True, timeout=timeout_s,
+        env=scrubbed_env() if env is None else env, cwd=folder,
+    )
 
 
 @tool

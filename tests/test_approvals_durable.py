@@ -76,6 +76,28 @@ def hosts() -> Iterator[list[_Host]]:
             host.kill()
 
 
+def _kill_9_after(hosts: list[_Host], data: Path, env: dict[str, str], *action: str, says: str) -> None:
+    """A host running ``action`` on ``data``, killed with ``kill -9`` once it printed ``says``."""
+    host = _Host(data, env, *action)
+    hosts.append(host)
+    assert host.line() == says
+    host.kill()
+
+
+def _kill_9_mid_call(hosts: list[_Host], data: Path, env: dict[str, str], runs: Path, call_id: str,
+                     ran: list[str]) -> None:
+    """A host approving ``call_id``, killed with ``kill -9`` while the call runs (held
+    once ``runs`` shows ``ran``)."""
+    hold = data.parent / "hold"
+    hold.touch()
+    host = _Host(data, {**env, "RHO_TEST_HOLD": str(hold)}, "approve", call_id)
+    hosts.append(host)
+    assert host.line() == "APPROVING"
+    assert wait_for(lambda: _runs(runs) == ran, WAIT_S * 3)  # it runs, held
+    host.kill()
+    hold.unlink()
+
+
 def test_a_prompt_returns_with_its_pending_calls_and_goes_on_once_they_are_decided(tmp_path: Path,
                                                                                     runs: Path) -> None:
     model = ScriptedModel([REPLY, Reply(text="one deleted, one kept")])
@@ -114,10 +136,7 @@ def test_kill_9_mid_wait_then_a_new_host_still_has_the_pending_calls(tmp_path: P
                                                                      host_env: dict[str, str],
                                                                      hosts: list[_Host]) -> None:
     data = tmp_path / "data"
-    host = _Host(data, host_env, "prompt")
-    hosts.append(host)
-    assert host.line() == "PENDING c1 c2"
-    host.kill()
+    _kill_9_after(hosts, data, host_env, "prompt", says="PENDING c1 c2")
     with _system(data) as system:
         loop = system.start_loop("s1")
         assert [p.call_id for p in loop.pending()] == ["c1", "c2"]
@@ -131,18 +150,8 @@ def test_kill_9_mid_wait_then_a_new_host_still_has_the_pending_calls(tmp_path: P
 def test_kill_9_mid_approved_call_never_runs_it_again(tmp_path: Path, runs: Path, host_env: dict[str, str],
                                                       hosts: list[_Host]) -> None:
     data = tmp_path / "data"
-    first = _Host(data, host_env, "prompt")
-    hosts.append(first)
-    assert first.line() == "PENDING c1 c2"
-    first.kill()
-    hold = tmp_path / "hold"
-    hold.touch()
-    second = _Host(data, {**host_env, "RHO_TEST_HOLD": str(hold)}, "approve", "c1")
-    hosts.append(second)
-    assert second.line() == "APPROVING"
-    assert wait_for(lambda: _runs(runs) == ["delete /a"], WAIT_S * 3)  # it runs, held
-    second.kill()
-    hold.unlink()
+    _kill_9_after(hosts, data, host_env, "prompt", says="PENDING c1 c2")
+    _kill_9_mid_call(hosts, data, host_env, runs, "c1", ["delete /a"])
     with _system(data) as system:
         loop = system.start_loop("s1")
         assert [p.call_id for p in loop.pending()] == ["c2"]
@@ -186,10 +195,7 @@ def test_an_approval_recorded_while_no_host_ran_runs_once_at_the_next_host(tmp_p
                                                                            host_env: dict[str, str],
                                                                            hosts: list[_Host]) -> None:
     data = tmp_path / "data"
-    host = _Host(data, host_env, "prompt")
-    hosts.append(host)
-    assert host.line() == "PENDING c1 c2"
-    host.kill()
+    _kill_9_after(hosts, data, host_env, "prompt", says="PENDING c1 c2")
     assert _cli(data, "approve", "s1", "c1").returncode == 0
     unknown = _cli(data, "approve", "s1", "c9")
     assert unknown.returncode == 1 and "no call 'c9' waits" in unknown.stdout
@@ -205,10 +211,7 @@ def test_two_processes_racing_to_decide_one_call_exactly_one_wins(tmp_path: Path
                                                                   host_env: dict[str, str],
                                                                   hosts: list[_Host]) -> None:
     data = tmp_path / "data"
-    host = _Host(data, host_env, "prompt")
-    hosts.append(host)
-    assert host.line() == "PENDING c1 c2"
-    host.kill()
+    _kill_9_after(hosts, data, host_env, "prompt", says="PENDING c1 c2")
     env = {**host_env}
     racers = [subprocess.Popen([sys.executable, "-m", "rho_actors.cli", verb, str(data), "s1", "c1", *extra],
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
@@ -248,18 +251,8 @@ def test_kill_9_mid_approved_call_of_an_idempotent_tool_runs_it_again_once(tmp_p
                                                                           host_env: dict[str, str],
                                                                           hosts: list[_Host]) -> None:
     data = tmp_path / "data"
-    first = _Host(data, host_env, "prompt_put")
-    hosts.append(first)
-    assert first.line() == "PENDING p1"
-    first.kill()
-    hold = tmp_path / "hold"
-    hold.touch()
-    second = _Host(data, {**host_env, "RHO_TEST_HOLD": str(hold)}, "approve", "p1")
-    hosts.append(second)
-    assert second.line() == "APPROVING"
-    assert wait_for(lambda: _runs(runs) == ["delete k"], WAIT_S * 3)
-    second.kill()
-    hold.unlink()
+    _kill_9_after(hosts, data, host_env, "prompt_put", says="PENDING p1")
+    _kill_9_mid_call(hosts, data, host_env, runs, "p1", ["delete k"])
     transcript = data / "sessions" / "s1" / TRANSCRIPT_NAME
     with _system(data) as system:
         loop = system.start_loop("s1")

@@ -24,6 +24,7 @@ from rho_actors import ActorSystem, Ok
 from rho_actors.sandbox import read_declaration_isolated
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 from tests.conftest import WAIT_S
+from tests.helpers import scrubbed_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "sk-host-secret-4f1c9a"
@@ -136,10 +137,7 @@ class Probe:
 
 
 def _host_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
-    env["HOST_API_KEY"] = SECRET
-    env["PYTHONPATH"] = str(ROOT)
-    return env
+    return scrubbed_env(HOST_API_KEY=SECRET)
 
 
 def _assert_clean(where: str, found: dict[str, Any], config: Path) -> None:
@@ -298,11 +296,9 @@ def _hostile_file(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
-    env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(  # noqa: PLW1510 - the exit code is asserted
         [sys.executable, "-m", "rho_actors.cli", *args], capture_output=True, text=True, input=stdin,
-        timeout=HOST_TIMEOUT_S, env=env, cwd=ROOT,
+        timeout=HOST_TIMEOUT_S, env=scrubbed_env(), cwd=ROOT,
     )
 
 

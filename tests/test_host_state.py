@@ -10,13 +10,9 @@ real subprocess: these are its own process-wide settings."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-HOST_TIMEOUT_S = 240.0  # a whole host process, started from nothing, on a loaded machine
+from tests.helpers import run_host_script
 
 HOST = '''
 import asyncio, concurrent.futures, json, logging, multiprocessing, os, signal, sys, threading, time
@@ -126,14 +122,7 @@ if __name__ == "__main__":
 
 
 def test_a_system_leaves_the_hosts_process_pool_event_loop_and_settings_alone(tmp_path: Path) -> None:
-    host = tmp_path / "host.py"
-    host.write_text(HOST)
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
-        [sys.executable, str(host), str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=HOST_TIMEOUT_S, env=env, cwd=tmp_path,
-    )
+    done = run_host_script(tmp_path, HOST, str(tmp_path / "data"))
     lines = done.stdout.strip().splitlines()
     assert lines, done.stderr[-3000:]
     out = json.loads(lines[-1])

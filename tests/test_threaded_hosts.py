@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-HOST_TIMEOUT_S = 240.0  # a whole host process, started from nothing, on a loaded machine
+from tests.helpers import run_host_script
 
 HOST = '''
 import json, os, sys, threading
@@ -55,14 +52,7 @@ if __name__ == "__main__":
 
 
 def test_a_host_importing_numpy_runs_process_tools_and_servers(tmp_path: Path) -> None:
-    host = tmp_path / "host.py"
-    host.write_text(HOST)
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
-        [sys.executable, str(host), str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=HOST_TIMEOUT_S, env=env, cwd=tmp_path,
-    )
+    done = run_host_script(tmp_path, HOST, str(tmp_path / "data"))
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["host_threads"] > 1  # the premise: importing the script starts threads
