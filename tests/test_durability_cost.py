@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,3 +111,31 @@ def test_an_approved_calls_result_written_without_fsync_survives_kill_9(tmp_path
     tool_texts = [m.text for m in load(data / "sessions" / "s1" / TRANSCRIPT_NAME).messages if m.role == "tool"]
     assert tool_texts == ["deleted /a", "no", "looked at /"]
     assert runs.read_text().splitlines() == ["delete /a"]
+
+
+def test_a_task_record_syncs_its_folder_once_at_the_tasks_start(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from rho_actors.tasks import records
+
+    synced: list[str] = []
+    fsync, fdatasync = os.fsync, os.fdatasync
+
+    def counted(real: Any, what: str) -> Any:
+        def sync(fd: int) -> None:
+            synced.append(f"{what} {'folder' if os.path.isdir(f'/proc/self/fd/{fd}') else 'file'}")
+            real(fd)
+        return sync
+
+    monkeypatch.setattr(os, "fsync", counted(fsync, "fsync"))
+    monkeypatch.setattr(os, "fdatasync", counted(fdatasync, "fdatasync"))
+    record = {"task_id": "t_" + "5" * 32, "call_id": "c1", "name": "crawl", "session_id": "s1",
+              "status": "working", "started": 1.0, "finished": None, "delivered": False, "result": None}
+    records.write(tmp_path, record, new=True)
+    assert synced == ["fdatasync file", "fsync folder"]
+    synced.clear()
+    ended = {**record, "status": "completed", "finished": 2.0,
+             "result": {"ok": True, "content": "done", "error_kind": None, "duration_ms": 1.0}}
+    records.write(tmp_path, ended)
+    assert synced == ["fdatasync file"]
+    monkeypatch.undo()
+    assert records.read_all(tmp_path) == [{"v": 1, **ended}]

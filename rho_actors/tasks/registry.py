@@ -405,8 +405,8 @@ class TaskRegistry:
                 if not task.written:
                     return
                 record = task.record()
-            if strict:
-                records.write(task.session_dir, record)
+            if strict:  # its first record (its start): made durable with its name
+                records.write(task.session_dir, record, new=True)
             else:
                 self._write_quietly(task, record)
             with self._lock:
