@@ -502,6 +502,7 @@ class SessionApprovals:
         """The session's transcript under its lock, read only past what this host read
         of it last (:meth:`~rho_actors.agent.transcript.Transcript.reopen`)."""
         with self._file_lock, locked_transcript(self.path, transcript=self._file) as transcript:
+            transcript.history.messages = []  # only the calls' tracks are kept between decisions
             yield transcript
 
     def _watch(self) -> None:
