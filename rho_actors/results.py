@@ -91,6 +91,11 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.UNAVAILABLE, "{running} calls of tool {tool!r} are running in this session; the bound is {bound} "
         "(max_concurrency_per_session), and none ended before this call's deadline; it did not run"
     ),
+    "exclusive_bound": (
+        _K.UNAVAILABLE, "a call of an exclusive tool is running in this session ({running} running; the bound is "
+        "{bound}: exclusive tools run one at a time, in the background too), and it did not end before this "
+        "call's deadline; tool {tool!r} did not run"
+    ),
     "thread_calls_bound": (
         _K.UNAVAILABLE, "{running} calls are running in threads; the bound is {bound} (max_thread_calls), and none "
         "ended before this call's deadline; tool {tool!r} did not run"

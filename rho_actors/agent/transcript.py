@@ -2,7 +2,10 @@
 
 The agent loop (:mod:`rho_actors.agent`) writes each session's conversation to
 ``loop.data_dir / "transcript.jsonl"``, one record per line, each appended, flushed and
-``os.fsync``-ed before the loop moves on; a record is whole once its newline is on disk.
+synced (``os.fdatasync``) before the loop moves on; a record is whole once its newline is
+on disk. A record may be written unsynced (``sync=False``) where losing it to a crash of
+the machine is safe (the next synced record covers it): a process killed with
+``kill -9`` loses nothing it wrote.
 A later prompt in the same session (a new process, a new :class:`~rho_actors.ActorSystem`
 on the same ``data_dir``, a LoopActor restarted by its supervisor) reads the conversation
 back from it instead of starting over.
@@ -94,7 +97,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import math
 import os
@@ -110,10 +112,10 @@ from loguru import logger
 
 from rho_actors.agent import transcript_lock
 from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES, ImageStore
+from rho_actors.agent.lines import SCHEMA_VERSION, Mark, TranscriptError, checksum, read_all, read_records, scan
 from rho_actors.agent.model import Message, Reply
 from rho_actors.encoding import scrub_text
-from rho_actors.errors import RhoError
-from rho_actors.files import UnsafePathError, open_regular
+from rho_actors.files import UnsafePathError
 from rho_actors.lifecycle import CallTrack, LifecycleError, call_record, fold
 from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
@@ -132,22 +134,12 @@ __all__ = [
     "thinking_blocks",
 ]
 
-SCHEMA_VERSION: Final = 2
-VERSIONS: Final = (1, 2)
-"""The record versions this module reads."""
 TRANSCRIPT_NAME: Final = "transcript.jsonl"
 INTERRUPTED: Final = text("interrupted")
 """The text of the ``cancelled`` result a recorded call without a recorded result gets."""
 
 ERROR_KINDS: Final = ("model", "max_steps", "loop", "cancelled")
 _WAITING: Final = ("pending", "decided")  # a call without result in these states is open, not interrupted
-
-
-class TranscriptError(RhoError):
-    """A transcript that cannot be used: a record that fails its checks (its JSON, its
-    ``seq``, its ``sum``, its version or a field's type) anywhere but a torn last line,
-    or a file that is a symlink or not a regular file. ``str(err)`` names the file and,
-    for a record, the line."""
 
 
 class TranscriptBusyError(TranscriptError):
@@ -187,114 +179,6 @@ class History:
 
 
 # --------------------------------------------------------------------------- reading
-
-
-def checksum(record: Mapping[str, Any]) -> str:
-    """The ``sum`` of a record: the first 16 hex digits of the SHA-256 of the record
-    without ``sum`` (JSON, keys sorted, ASCII, compact separators)."""
-    body = {k: v for k, v in record.items() if k != "sum"}
-    text = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
-
-
-def _open_for_reading(path: Path) -> int | None:
-    try:
-        return open_regular(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    except UnsafePathError as exc:
-        raise TranscriptError(f"transcript {path} cannot be used: {exc}") from None
-
-
-def _read_all(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    offset = 0
-    while True:
-        chunk = os.pread(fd, 1 << 20, offset)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        offset += len(chunk)
-
-
-def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int, bool]:
-    """The records of the transcript at ``path``: ``(records, good_bytes, torn)``, where
-    ``good_bytes`` is the length of the file up to the end of its last whole record and
-    ``torn`` says a cut-short last line was skipped (with a loguru warning). A missing
-    file has no records. Each record's version, ``seq`` and ``sum`` are checked; a line
-    repeating the line before it byte for byte is skipped with a warning. Raises
-    :class:`TranscriptError` naming the line for anything else that is wrong (and for a
-    path that is a symlink or not a regular file), and ``OSError`` when the file
-    cannot be read."""
-    fd = _open_for_reading(Path(path))
-    if fd is None:
-        return [], 0, False
-    try:
-        return _records(_read_all(fd), str(path))
-    finally:
-        os.close(fd)
-
-
-def _records(data: bytes, path: str) -> tuple[list[dict[str, Any]], int, bool]:
-    records: list[dict[str, Any]] = []
-    offset = 0
-    number = 0
-    previous: bytes | None = None
-    version = 1
-    while offset < len(data):
-        end = data.find(b"\n", offset)
-        last = end == -1 or end == len(data) - 1
-        line = data[offset:] if end == -1 else data[offset:end]
-        number += 1
-        record = _parse(line) if end != -1 else None
-        if record is None:
-            if last and (end == -1 or b"\0" in line):
-                logger.warning(
-                    "transcript {}: line {} was cut short (the process stopped while writing it); it is skipped",
-                    path, number,
-                )
-                return records, offset, True
-            raise TranscriptError(f"transcript {path}: line {number} is not a valid record (not a JSON object)")
-        if line == previous:
-            logger.warning("transcript {}: line {} repeats line {} exactly; it is skipped", path, number, number - 1)
-            offset = end + 1
-            continue
-        problem = _integrity_problem(record, len(records) + 1, version)
-        if problem:
-            raise TranscriptError(f"transcript {path}: line {number} is not a valid record: {problem}")
-        version = record["v"]
-        records.append(record)
-        previous = line
-        offset = end + 1
-    return records, offset, False
-
-
-def _integrity_problem(record: dict[str, Any], seq: int, version: int) -> str | None:
-    """Why ``record`` cannot be the ``seq``-th record after records of ``version``."""
-    v = record.get("v")
-    if type(v) is not int or v not in VERSIONS:
-        return f"unknown version {v!r}; this reader knows versions {', '.join(map(str, VERSIONS))}"
-    if v < version:
-        return f"a version {v} record after version {version} records"
-    if v == 1:
-        return None
-    if record.get("seq") != seq or type(record.get("seq")) is not int:
-        return f"seq is {record.get('seq')!r} where {seq} was due (a record is missing, repeated or moved)"
-    if record.get("sum") != checksum(record):
-        return "its checksum does not match its content (the line was changed)"
-    return None
-
-
-def _no_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not JSON")
-
-
-def _parse(line: bytes) -> dict[str, Any] | None:
-    try:
-        record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def load(path: str | Path) -> History:
@@ -398,9 +282,10 @@ def _placed(record: Mapping[str, Any], group: _Group | None) -> None:
         raise ValueError(f"a call record for call {index!r} of step {record['step']}, which has no such call")
 
 
-def _tracks(records: list[dict[str, Any]], where: str) -> dict[str, CallTrack]:
+def _tracks(records: list[dict[str, Any]], where: str, tracks: dict[str, CallTrack] | None = None
+            ) -> dict[str, CallTrack]:
     try:
-        return fold(records)
+        return fold(records, tracks)
     except LifecycleError as exc:
         raise TranscriptError(f"transcript {where}: a call record is not valid: {exc}") from None
 
@@ -516,9 +401,9 @@ class Transcript:
     :meth:`open` (or ``with``) locks it (one prompt per session at a time, across
     processes too: :mod:`~rho_actors.agent.transcript_lock`), reads it into
     :attr:`history`, and truncates a cut-short last line away. Each write method appends
-    one record and returns once it is flushed and ``fsync``-ed; they raise ``OSError``
-    when the disk does, and ``ValueError`` for a value JSON cannot hold (a tool call's
-    arguments object). Images go to :attr:`images`, an :class:`~rho_actors.agent.image_store.ImageStore`
+    one record and returns once it is flushed and synced (``fdatasync``); they raise
+    ``OSError`` when the disk does, and ``ValueError`` for a value JSON cannot hold (a
+    tool call's arguments object). Images go to :attr:`images`, an :class:`~rho_actors.agent.image_store.ImageStore`
     beside the file bounded to ``max_image_bytes`` (default 256 MiB).
     """
 
@@ -529,6 +414,7 @@ class Transcript:
         self._fd: int | None = None
         self._prompt_fd: int | None = None
         self._seq = 0
+        self._mark: Mark | None = None  # where the last read or write left the file, for reopen()
         self._writing = threading.Lock()  # records come from the threads that settle or move calls too
 
     def open(self, *, brief: bool = False) -> History:
@@ -544,10 +430,11 @@ class Transcript:
             if not brief:
                 self._prompt_fd = self._lock(transcript_lock.PROMPT_LOCK_NAME, 0.0)
             created = not os.path.lexists(self.path)
-            self._fd = self._lock(self.path.name, 0.0 if brief else transcript_lock.RECORD_WAIT_S, os.O_APPEND)
+            fd = self._fd = self._lock(self.path.name, 0.0 if brief else transcript_lock.RECORD_WAIT_S, os.O_APPEND)
             if created:
                 _fsync_dir(self.path.parent)
-            records, good, torn = _records(_read_all(self._fd), str(self.path))
+            st = os.fstat(fd)
+            records, good, torn, mark = scan(read_all(fd), str(self.path), Mark(st.st_dev, st.st_ino, 0, 0, 1, None))
             history = _history(records, str(self.path), self.images)
             history.torn = torn
             if torn:
@@ -556,9 +443,40 @@ class Transcript:
         except BaseException:
             self.close()
             raise
-        self._seq = len(records)
+        self._seq, self._mark = len(records), mark
         self.history = history
         return history
+
+    def reopen(self) -> History:
+        """Lock again, as a brief writer (:meth:`open` ``brief=True``), the transcript
+        this writer read before (then :meth:`close`-d), reading only the records appended
+        since, by any process: their ``call`` and ``result`` records move
+        :attr:`history`'s ``calls`` on (its conversation and ``open_calls`` stay as they
+        were read). A whole read when it was not read before, or the file was replaced
+        or made shorter. Raises as :meth:`open`."""
+        mark = self._mark
+        if self._fd is not None:
+            return self.history
+        if mark is None or not os.path.lexists(self.path):
+            return self.open(brief=True)
+        fd = self._lock(self.path.name, 0.0, os.O_APPEND)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (mark.dev, mark.ino) or st.st_size < mark.good:
+                os.close(fd)
+                self._mark, self.history = None, History()
+                return self.open(brief=True)
+            records, good, torn, after = scan(read_all(fd, mark.good), str(self.path), mark)
+            if torn:
+                os.ftruncate(fd, mark.good + good)
+                os.fsync(fd)
+            self.history.calls = _tracks(records, str(self.path), self.history.calls)
+            self.history.records += len(records)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._seq, self._mark = fd, after.seq, after
+        return self.history
 
     def _lock(self, name: str, wait_s: float, flags: int = 0) -> int:
         try:
@@ -615,15 +533,16 @@ class Transcript:
             record["thinking"] = [dict(block) for block in reply.thinking]
         self._append(record)
 
-    def result(self, step: int, index: int, result: ToolResult) -> None:
-        """Record the result of call ``index`` (its position in the reply) of ``step``."""
+    def result(self, step: int, index: int, result: ToolResult, *, sync: bool = True) -> None:
+        """Record the result of call ``index`` (its position in the reply) of ``step``;
+        ``sync=False``: written, not synced (see :meth:`call`)."""
         self._append({
             "type": "result", "step": step, "index": index, "call_id": result.call_id, "name": result.name,
             "ok": result.ok, "content": result.content,
             "error_kind": None if result.error_kind is None else str(result.error_kind),
             "duration_ms": round(result.duration_ms, 3),
             "images": [self._stored(i) for i in result.images],
-        })
+        }, sync)
 
     def _stored(self, image: Image) -> dict[str, Any]:
         """An image's record: its digest, put in the image store when it fits."""
@@ -640,7 +559,7 @@ class Transcript:
         """Record that call ``index`` of ``step`` (``call_id``, of tool ``name``) moved to
         ``state`` with the state's ``fields`` (:func:`rho_actors.lifecycle.call_record`,
         which raises :class:`~rho_actors.lifecycle.LifecycleError`, a ``ValueError``, for a
-        state or a field it does not take). ``sync=False``: written but not ``fsync``-ed
+        state or a field it does not take). ``sync=False``: written but not synced
         yet (the next record written with ``sync`` makes both durable)."""
         self._append({"type": "call", "step": step, **call_record(state, call_id=call_id, name=name, index=index,
                                                                   **fields)}, sync)
@@ -671,8 +590,11 @@ class Transcript:
             written = os.write(self._fd, view)
             view = view[written:]
         if sync:
-            os.fsync(self._fd)
+            os.fdatasync(self._fd)  # the data and the size that reaches it: all a reader needs
         self._seq += 1
+        mark = self._mark
+        if mark is not None:
+            self._mark = Mark(mark.dev, mark.ino, mark.good + len(data), self._seq, SCHEMA_VERSION, data[:-1])
 
 
 def _scrubbed(value: Any) -> Any:

@@ -11,7 +11,9 @@ The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
    starts when its token comes, if that is before its deadline, else ``rate_limited``;
 3. **places** (:mod:`rho_actors.governor.places`): the tool's ``max_concurrency`` (the
    whole system), its ``max_concurrency_per_session`` and, for a call on a thread, the
-   system's ``max_thread_calls``; a call without a place waits in arrival order, served
+   system's ``max_thread_calls``, and for a call of an ``exclusive`` tool the session's
+   one exclusive place (no two calls of a session's exclusive tools at once, a
+   background call's task holding it until its answer); a call without a place waits in arrival order, served
    fairly across sessions, until one frees, or its deadline: ``unavailable``, naming
    the bound;
 4. **retries**: an ``idempotent`` tool's call that fails retryably is run again
@@ -63,9 +65,9 @@ _RETRIED_KINDS: Final = frozenset({ErrorKind.CRASHED, ErrorKind.EXITED, ErrorKin
 _MAX_REPEAT_KEYS: Final = 4096  # distinct (tool, arguments) remembered per session (then forgotten at once)
 _MAX_FAILURE_CHARS: Final = 500
 _BOUND_TEXTS: Final = {"tool": "concurrency_bound", "session": "session_concurrency_bound",
-                       "thread": "thread_calls_bound"}
+                       "thread": "thread_calls_bound", "exclusive": "exclusive_bound"}
 _BOUND_NAMES: Final = {"tool": "max_concurrency", "session": "max_concurrency_per_session",
-                       "thread": "max_thread_calls"}
+                       "thread": "max_thread_calls", "exclusive": 'concurrency="exclusive"'}
 
 
 def default_max_thread_calls() -> int:
@@ -387,6 +389,7 @@ class Governor:
         self._threads = Gate(("thread",), settings.max_thread_calls)
         self._tools: dict[str, Gate] = {}
         self._per_session: dict[tuple[str, str], Gate] = {}
+        self._exclusive: dict[str, Gate] = {}  # by session: its one place for calls of exclusive tools
         self._buckets: dict[str, TokenBucket] = {}
         self._sessions: dict[str, _Session] = {}
         self._counted = settings.max_calls_per_session is not None or settings.max_repeats is not None
@@ -405,7 +408,8 @@ class Governor:
         returns). Raises what ``start`` raises when the call goes straight through."""
         policy = entry.info.policy
         threaded = not inline and entry.isolation == "thread"
-        if policy is NO_POLICY and not self._counted:
+        exclusive = entry.info.concurrency == "exclusive"
+        if policy is NO_POLICY and not self._counted and not exclusive:
             if not threaded:
                 return start(spec)
             gate = self._threads
@@ -429,7 +433,7 @@ class Governor:
             if refusal is not None:
                 spec.reply(refusal)
                 return _REFUSED
-            gates = self._gates(policy, spec.name, session, threaded)
+            gates = self._gates(policy, spec.name, session, threaded, exclusive)
             bucket = None if policy.rate is None else self._bucket(spec.name, policy)
             call = _Call(self, spec, session, start, gates, policy.retries, bucket)
             call.proceed()
@@ -437,9 +441,15 @@ class Governor:
         call.places()
         return call
 
-    def _gates(self, policy: CallPolicy, name: str, session: str, threaded: bool) -> tuple[Gate, ...]:
+    def _gates(self, policy: CallPolicy, name: str, session: str, threaded: bool,
+               exclusive: bool = False) -> tuple[Gate, ...]:
         gates: list[Gate] = []
         with self.lock:
+            if exclusive:
+                gate = self._exclusive.get(session)
+                if gate is None:
+                    gate = self._exclusive[session] = Gate(("exclusive", session), 1)
+                gates.append(gate)
             if policy.max_concurrency_per_session is not None:
                 gate = self._per_session.get((name, session))
                 if gate is None:
@@ -589,6 +599,9 @@ class Governor:
             self._sessions.pop(session, None)
             for key in [k for k, gate in self._per_session.items() if k[1] == session and gate.running == 0]:
                 del self._per_session[key]
+            gate = self._exclusive.get(session)
+            if gate is not None and gate.running == 0:
+                del self._exclusive[session]
 
     # --- what an operator sees ---------------------------------------------------------------
 

@@ -237,12 +237,13 @@ class CallTrack:
         self.states[after] = dict(fields)
 
 
-def fold(records: Iterable[Mapping[str, Any]]) -> dict[str, CallTrack]:
+def fold(records: Iterable[Mapping[str, Any]], tracks: dict[str, CallTrack] | None = None) -> dict[str, CallTrack]:
     """Each call's :class:`CallTrack` from a transcript's records (``call`` records, and
     ``result`` records of calls that have a track: they settle it), by call id, in the
-    order first seen. Raises :class:`LifecycleError` (a ``ValueError``) for a record
-    whose fields or move are wrong."""
-    tracks: dict[str, CallTrack] = {}
+    order first seen; ``tracks``: those of the records before them, moved on in place.
+    Raises :class:`LifecycleError` (a ``ValueError``) for a record whose fields or move
+    are wrong."""
+    tracks = {} if tracks is None else tracks
     for record in records:
         kind = record.get("type")
         if kind == "result":

@@ -130,6 +130,8 @@ class SessionApprovals:
         self._rules: tuple[int, dict[int, bool | Callable[..., Any]]] = (-1, {})  # by tool set version, serial
         self._poll: Timer | None = None
         self._seen: tuple[int, int] | None = None  # the transcript's (size, mtime) at the last look
+        self._file = Transcript(self.path)  # read whole once, then only what was appended since
+        self._file_lock = threading.Lock()  # one decision at a time uses it
         self._recovered = False
 
     # --- the loop's side ------------------------------------------------------------------
@@ -459,7 +461,7 @@ class SessionApprovals:
             with self._journal(held, claimed=False) as journal:
                 if journal is not None:
                     transcript, track = journal
-                    transcript.result(track.step, track.index, result)
+                    transcript.result(track.step, track.index, result, sync=False)  # durable by the next fsync
         finally:
             with self._lock:
                 self._in_flight.pop(held.pending.call_id, None)
@@ -482,7 +484,7 @@ class SessionApprovals:
         if held is None or not os.path.lexists(self.path):
             yield None
             return
-        with locked_transcript(self.path) as transcript:
+        with self._locked() as transcript:
             track = transcript.history.calls.get(held.pending.call_id)
             if track is None:
                 yield None
@@ -494,6 +496,14 @@ class SessionApprovals:
                 raise ApprovalError(f"call {held.pending.call_id} of session {self.session_id!r} is decided "
                                     f"already: {first_decision(track)}")
             yield transcript, track
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[Transcript]:
+        """The session's transcript under its lock, read only past what this host read
+        of it last (:meth:`~rho_actors.agent.transcript.Transcript.reopen`)."""
+        with self._file_lock, locked_transcript(self.path, transcript=self._file) as transcript:
+            transcript.history.messages = []  # only the calls' tracks are kept between decisions
+            yield transcript
 
     def _watch(self) -> None:
         """Look at the transcript every :data:`POLL_S` seconds while calls are pending
@@ -546,7 +556,7 @@ class SessionApprovals:
             return
         decided = track.states.get("decided", {})
         try:
-            with locked_transcript(self.path) as transcript:
+            with self._locked() as transcript:
                 now = transcript.history.calls.get(held.pending.call_id)
                 if now is None or now.state != "decided":  # settled or started meanwhile: nothing to do here
                     self._decide(held, "", None, first=first_decision(track if now is None else now))
@@ -614,7 +624,7 @@ class SessionApprovals:
         (its ``running`` record has no result): that attempt ``retried``, the next one
         ``running``, then its result."""
         try:
-            with locked_transcript(self.path) as transcript:
+            with self._locked() as transcript:
                 now = transcript.history.calls.get(held.pending.call_id)
                 if now is None or now.state != "running":  # answered meanwhile (a prompt recovered it)
                     return

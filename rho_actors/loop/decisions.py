@@ -39,16 +39,19 @@ def first_decision(track: CallTrack) -> str:
 
 
 @contextlib.contextmanager
-def locked_transcript(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[Transcript]:
+def locked_transcript(path: Path, wait_s: float = LOCK_WAIT_S, transcript: Transcript | None = None
+                      ) -> Iterator[Transcript]:
     """The transcript at ``path``, opened under its lock as a brief writer (a prompt
     waits for it: :meth:`Transcript.open`), waiting up to ``wait_s`` for another holder
-    (a running prompt, another process deciding)."""
+    (a running prompt, another process deciding). ``transcript``: a writer of ``path``
+    that read it before, to read only what was appended since
+    (:meth:`~rho_actors.agent.transcript.Transcript.reopen`; used by one thread at a time)."""
     until = time.monotonic() + wait_s
     delay = 0.001
-    transcript = Transcript(path)
+    transcript = Transcript(path) if transcript is None else transcript
     while True:
         try:
-            transcript.open(brief=True)
+            transcript.reopen()
             break
         except TranscriptBusyError:
             if time.monotonic() >= until:

@@ -63,8 +63,10 @@ from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle.tasks import acknowledgement
+from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.inline import InlineCall, runs_inline
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
+from rho_actors.loop.reruns import rerun_tasks
 from rho_actors.otp.threads import host_code
 from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
 from rho_actors.tasks import Task
@@ -187,8 +189,10 @@ class Turns:
         self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes]] = {}
         # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
         self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
+        self._resumed: dict[str, Task] = {}  # tasks run again after a crash, by call id, until dispatched
         if approvals is not None:
             approvals.attach(self, runtime)
+        rerun_tasks(session_id, data_dir, runtime.tools.current.entries, self._tasks, self._resumed, self.submit)
 
     # --- what is offered ----------------------------------------------------------------
 
@@ -440,7 +444,10 @@ class Turns:
         slot = turn.slots[index]
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
-        task, timeout_ms = (self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info)
+        resumed = self._resumed.pop(slot.call.id, None) if self._resumed else None
+        task, timeout_ms = ((resumed, self._tasks.timeout_ms(entry.info)) if resumed is not None else
+                            self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info,
+                                             args if idempotent(entry) else None)
                             if entry.info.policy.background else (None, entry.info.timeout_ms))
         if isinstance(task, ToolResult):  # a background call past a bound: refused
             return self._settle(turn, slot, task)

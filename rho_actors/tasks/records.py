@@ -3,15 +3,22 @@
 
 A task's record is ``<session folder>/tasks/<task_id>.json``, written whole each time
 its status changes: to a temporary file beside it (``0600``, never through a symlink,
-named for its writer: two threads writing one record never share one), ``fsync``-ed,
-renamed over the record, and the folder ``fsync``-ed, so a reader (a host started
-after ``kill -9``) finds the last whole record or none. Record fields::
+named for its writer: two threads writing one record never share one), its data synced,
+then renamed over the record, so a reader finds the last whole record or none. A host
+killed with ``kill -9`` loses nothing written (the kernel keeps it): the syncs are for a
+crash of the machine: the data is ``fdatasync``-ed before the rename. A new record
+(``new=True``: the task's start) has its folder ``fsync``-ed too, so a task that started
+is always found; a later one (its end, its delivery) has not: a crash may leave the record before it,
+whole (a task found ``working`` reads as interrupted, never run again; a delivery the
+transcript recorded is not given twice). Record fields::
 
     "v": 1, "task_id": str, "call_id": str, "name": str, "session_id": str,
     "status": "working" | "input_required" | "completed" | "failed" | "cancelled",
     "started": float, "finished": float | null      (Unix time, seconds)
     "result": {"ok": bool, "content": str, "error_kind": str | null, "duration_ms": float} | null
     "delivered": bool                               (its result reached the model)
+    "arguments": object, "attempt": int             (optional: the call's validated arguments, and
+                                                     which run of it this is: 1, or 2 once re-run)
 
 :func:`read_all` skips (with a warning) a file that is not a whole, valid record, and
 removes a temporary file whose writer's process has ended (a host killed mid-write): it
@@ -44,9 +51,10 @@ _TEMPORARY: Final = re.compile(r"\.t_[0-9a-f]{32}\.json\.([0-9]{1,10})\.[0-9]+\.
 _MAX_RECORD_BYTES: Final = 4 << 20  # a record holds one result's text (capped by max_output_chars)
 
 
-def write(session_dir: Path, record: dict[str, Any]) -> None:
+def write(session_dir: Path, record: dict[str, Any], *, new: bool = False) -> None:
     """Write ``record`` (the module doc's fields) as ``tasks/<task_id>.json`` in
-    ``session_dir``, atomically and durably. Raises ``OSError`` (and
+    ``session_dir``, atomically; ``new``: the task's first record, its name made durable
+    too (the module doc). Raises ``OSError`` (and
     :class:`~rho_actors.files.UnsafePathError`) when it cannot."""
     folder = private_dir(session_dir, FOLDER)
     name = f"{record['task_id']}.json"
@@ -56,7 +64,7 @@ def write(session_dir: Path, record: dict[str, Any]) -> None:
     try:
         try:
             os.write(fd, data)
-            os.fsync(fd)
+            os.fdatasync(fd)
         finally:
             os.close(fd)
         os.replace(temporary, folder / name)
@@ -64,6 +72,8 @@ def write(session_dir: Path, record: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    if not new:
+        return
     dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dir_fd)
@@ -140,6 +150,8 @@ def _problem(record: Any, task_id: str) -> str | None:
     if not _time(record.get("started")) or not (record.get("finished") is None or _time(record.get("finished"))) \
             or not isinstance(record.get("delivered"), bool):
         return "its started, finished or delivered field is wrong"
+    if not isinstance(record.get("arguments", {}), dict) or record.get("attempt", 1) not in (1, 2):
+        return "its arguments or attempt field is wrong"
     result = record.get("result")
     if result is not None and not (isinstance(result, dict) and isinstance(result.get("ok"), bool)
                                    and isinstance(result.get("content"), str)

@@ -11,6 +11,9 @@ record in its session's folder (:mod:`rho_actors.tasks.records`), so a host star
 after ``kill -9`` lists a task that was running as ``failed`` ("interrupted"; never run
 again) and a finished one with its result.
 
+A task of an ``idempotent`` tool found running is run again instead, once (its record
+keeps the call's arguments and which run it is: :meth:`TaskRegistry.resume`).
+
 Statuses are MCP's: ``working``, ``input_required`` (open), then ``completed``,
 ``failed`` or ``cancelled``. Bounds: at most ``max_tasks_per_session`` open tasks in a
 session and ``max_tasks`` in the system (a background call past either is
@@ -76,6 +79,8 @@ class Task:
     """A background call as the registry holds it (the host sees :class:`TaskInfo`)."""
 
     __slots__ = (
+        "arguments",
+        "attempt",
         "call_id",
         "deadline",
         "delivered",
@@ -106,6 +111,8 @@ class Task:
         self.done = threading.Event()
         self.writing = threading.Lock()  # one writer of its record at a time, each writing its latest state
         self.written = True  # False once its record is removed: never written again
+        self.arguments: dict[str, Any] | None = None  # the call's, kept to run it again (an idempotent tool's)
+        self.attempt = 1  # 2: run again by a host after the one running it died
 
     def info(self) -> TaskInfo:
         return TaskInfo(self.task_id, self.call_id, self.name, self.session_id, self.status, self.started,
@@ -117,13 +124,15 @@ class Task:
             "error_kind": None if self.result.error_kind is None else str(self.result.error_kind)}
         return {"task_id": self.task_id, "call_id": self.call_id, "name": self.name, "session_id": self.session_id,
                 "status": self.status, "started": self.started, "finished": self.finished, "result": result,
-                "delivered": self.delivered}
+                "delivered": self.delivered, **({} if self.arguments is None else {"arguments": self.arguments}),
+                "attempt": self.attempt}
 
     @classmethod
     def loaded(cls, record: dict[str, Any], session_dir: Path) -> Task:
         task = cls(record["task_id"], record["session_id"], session_dir, record["call_id"], record["name"])
         task.status, task.started, task.finished = record["status"], record["started"], record.get("finished")
         task.delivered = record["delivered"]
+        task.arguments, task.attempt = record.get("arguments"), record.get("attempt", 1)
         data = record.get("result")
         if data is not None:
             kind = data.get("error_kind")
@@ -155,21 +164,43 @@ class TaskRegistry:
         self._changed = threading.Condition(self._lock)  # notified when a task ends or is delivered
         self._sessions: dict[str, dict[str, Task]] = {}  # by session, by task id: read from its folder once
         self._open_count = 0
-        self._counts = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0, "refused": 0, "interrupted": 0}
+        self._counts = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0, "refused": 0, "interrupted": 0,
+                        "rerun": 0}
         self.stopped = False
 
     # --- the call path ------------------------------------------------------------------
 
-    def open(self, session_id: str, session_dir: Path, call_id: str, info: ToolInfo) -> tuple[Task | ToolResult, int]:
+    def open(self, session_id: str, session_dir: Path, call_id: str, info: ToolInfo,
+             arguments: dict[str, Any] | None = None) -> tuple[Task | ToolResult, int]:
         """A new ``working`` task for call ``call_id`` of the tool of ``info``, its record
-        written, and its deadline in ms (its ``background_timeout_ms``, or 1 h, at most
-        ``max_timeout_ms``); or the ``unavailable`` refusal when a bound is reached (or
-        its record cannot be written: ``not_started``)."""
-        declared = info.policy.background_timeout_ms
-        timeout_ms = min(declared or DEFAULT_BACKGROUND_TIMEOUT_MS, self.settings.max_timeout_ms)
-        return self._open(session_id, session_dir, call_id, info.name), timeout_ms
+        written (with ``arguments``, the call's, for an idempotent tool: to run it again
+        after a crash), and its deadline in ms (:meth:`timeout_ms`); or the
+        ``unavailable`` refusal when a bound is reached (or its record cannot be written:
+        ``not_started``)."""
+        return self._open(session_id, session_dir, call_id, info.name, arguments), self.timeout_ms(info)
 
-    def _open(self, session_id: str, session_dir: Path, call_id: str, name: str) -> Task | ToolResult:
+    def timeout_ms(self, info: ToolInfo) -> int:
+        """A background call's deadline in ms: its ``background_timeout_ms``, or 1 h, at
+        most ``max_timeout_ms``."""
+        return min(info.policy.background_timeout_ms or DEFAULT_BACKGROUND_TIMEOUT_MS, self.settings.max_timeout_ms)
+
+    def resume(self, session_id: str, session_dir: Path, rerun: Any) -> list[Task]:
+        """The session's tasks read from its folder now (its loop starts), those found
+        running in a host that died as :meth:`_session` makes them (``failed``) but for
+        each one ``rerun(name)`` says to run again (its tool idempotent) that has its
+        arguments and was not run again already: kept ``working`` as its second run
+        (its record written so), returned for the loop to start again. Nothing when the
+        session's tasks were read already."""
+        with self._lock:
+            if session_id in self._sessions:
+                return []
+            again = [t for t in self._session(session_id, session_dir, rerun).values() if t.status in OPEN]
+        for task in again:
+            self._persist(task)
+        return again
+
+    def _open(self, session_id: str, session_dir: Path, call_id: str, name: str,
+              arguments: dict[str, Any] | None = None) -> Task | ToolResult:
         with self._lock:
             tasks = self._session(session_id, session_dir)
             settings = self.settings
@@ -187,6 +218,7 @@ class TaskRegistry:
                 self._counts["refused"] += 1
                 return refusal
             task = Task(f"t_{uuid.uuid4().hex}", session_id, session_dir, call_id, name)
+            task.arguments = arguments
             tasks[task.task_id] = task
             self._open_count += 1
         try:
@@ -339,8 +371,8 @@ class TaskRegistry:
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``open`` now, and ``started``, ``completed``, ``failed``,
-        ``cancelled``, ``refused`` and ``interrupted`` (found running after a host died)
-        since the start; the bounds."""
+        ``cancelled``, ``refused``, ``interrupted`` (found running after a host died) and
+        ``rerun`` (of them, run again: an idempotent tool's) since the start; the bounds."""
         with self._lock:
             return {"open": self._open_count, **self._counts, "max_tasks": self.settings.max_tasks,
                     "max_tasks_per_session": self.settings.max_tasks_per_session,
@@ -357,9 +389,10 @@ class TaskRegistry:
                             f"ended more than task_ttl_s={self.settings.task_ttl_s:g} s ago)")
         return task
 
-    def _session(self, session_id: str, session_dir: Path) -> dict[str, Task]:
+    def _session(self, session_id: str, session_dir: Path, rerun: Any = None) -> dict[str, Task]:
         """The session's tasks (under the lock), read from its folder the first time:
-        a task found open there was running in a host that died, and is ``failed``."""
+        a task found open there was running in a host that died, and is ``failed``
+        (unless ``rerun``: :meth:`resume`)."""
         tasks = self._sessions.get(session_id)
         if tasks is None:
             tasks = self._sessions[session_id] = {}
@@ -367,7 +400,12 @@ class TaskRegistry:
                 if record["session_id"] != session_id:
                     continue
                 task = Task.loaded(record, session_dir)
-                if task.status in OPEN:
+                if task.status in OPEN and rerun is not None and task.attempt == 1 and task.arguments is not None \
+                        and rerun(task.name):
+                    task.attempt, task.started = 2, time.time()
+                    self._open_count += 1
+                    self._counts["rerun"] += 1
+                elif task.status in OPEN:
                     task.status, task.finished = "failed", time.time()
                     task.result = failure("task_interrupted", task.call_id, task.name)
                     task.done.set()
@@ -405,8 +443,8 @@ class TaskRegistry:
                 if not task.written:
                     return
                 record = task.record()
-            if strict:
-                records.write(task.session_dir, record)
+            if strict:  # its first record (its start): made durable with its name
+                records.write(task.session_dir, record, new=True)
             else:
                 self._write_quietly(task, record)
             with self._lock:

@@ -1,0 +1,100 @@
+"""A transcript read once and then only past where it was left
+(``Transcript.reopen``, what a host's decisions use): the calls' states follow what any
+writer appended, and a file replaced, shortened, torn or tampered with is read as
+``open`` reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rho_actors.agent.model import Reply
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptBusyError, TranscriptError, load
+from rho_actors.lifecycle import arguments_sha256
+from rho_actors.tool import ToolCall, ToolResult
+
+pytestmark = pytest.mark.timeout(30)
+
+SHA = arguments_sha256({"path": "/a"})
+
+
+def _pending(path: Path) -> None:
+    with Transcript(path) as t:
+        t.user(1, "clean up")
+        t.reply(1, Reply("", (ToolCall("c1", "delete", '{"path": "/a"}'), ToolCall("c2", "delete", '{"path": "/a"}'))))
+        for index, call_id in enumerate(("c1", "c2")):
+            t.call(1, index, "pending", call_id=call_id, name="delete", kind="approval", arguments_sha256=SHA)
+
+
+def test_reopen_reads_what_another_writer_appended_since(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _pending(path)
+    mine = Transcript(path)
+    assert mine.reopen().calls["c1"].state == "pending"  # never read: a whole read
+    mine.close()
+    with Transcript(path) as other:  # another process decides c1 and c2 gets its result
+        other.call(1, 0, "decided", call_id="c1", name="delete", decision="approved", decided_by="ann",
+                   arguments_sha256=SHA)
+        other.result(1, 1, ToolResult("c2", "delete", True, "done"))
+    history = mine.reopen()
+    assert (history.calls["c1"].state, history.calls["c1"].decision) == ("decided", "approved")
+    assert history.calls["c2"].state == "settled" and history.records == 6
+    mine.call(1, 0, "running", call_id="c1", name="delete", arguments_sha256=SHA)  # appended after the others
+    mine.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["seq"] for r in records] == list(range(1, 8))
+    assert load(path).calls["c1"].state == "running"
+
+
+def test_reopen_waits_its_turn_as_open_does(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _pending(path)
+    mine = Transcript(path)
+    mine.open()
+    mine.close()
+    with Transcript(path), pytest.raises(TranscriptBusyError, match="in use"):
+        mine.reopen()
+    assert mine.reopen().calls["c2"].state == "pending"  # the failed try left nothing locked or read
+    mine.close()
+
+
+def test_a_replaced_or_shortened_file_is_read_whole_again(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _pending(path)
+    mine = Transcript(path)
+    mine.open()
+    mine.close()
+    os.replace(path, tmp_path / "old")
+    with Transcript(path) as fresh:
+        fresh.user(1, "another conversation")
+    history = mine.reopen()
+    assert history.calls == {} and history.records == 1 and history.messages[0].text == "another conversation"
+    mine.close()
+    _pending(tmp_path / "two" / TRANSCRIPT_NAME)
+    data = (tmp_path / "two" / TRANSCRIPT_NAME).read_bytes()
+    path.write_bytes(data[: data.index(b"\n") + 1])  # the same file, shorter than where it was left
+    assert mine.reopen().records == 1
+    mine.close()
+
+
+def test_a_torn_tail_is_cut_away_and_a_changed_one_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    _pending(path)
+    mine = Transcript(path)
+    mine.open()
+    mine.close()
+    whole = path.read_bytes()
+    with open(path, "ab") as f:  # a writer killed mid-line
+        f.write(b'{"v": 2, "seq": 5, "type": "ca')
+    assert mine.reopen().torn is False and mine.history.calls["c1"].state == "pending"
+    assert path.read_bytes() == whole
+    mine.close()
+    with Transcript(path) as other:
+        other.call(1, 0, "decided", call_id="c1", name="delete", decision="rejected", decided_by=None,
+                   arguments_sha256=SHA)
+    path.write_bytes(path.read_bytes().replace(b'"rejected"', b'"approved"'))  # changed after it was written
+    with pytest.raises(TranscriptError, match="checksum"):
+        mine.reopen()
