@@ -356,3 +356,33 @@ def test_a_turn_whose_loop_stops_while_it_is_prepared_leaves_no_call_waiting(sys
     [result] = loop.run_turn([ToolCall("c1", "look", '{"path": "/"}')])
     assert result.error_kind is ErrorKind.CANCELLED and "stopped before this turn started" in result.content
     assert approvals is not None and approvals.pending() == []
+
+
+@pytest.mark.parametrize("later_turn", [True, False], ids=["a-later-turn", "the-same-turn"])
+def test_a_call_id_that_names_a_pending_call_never_replaces_its_arguments(system: ActorSystem,
+                                                                         later_turn: bool) -> None:
+    """A person sees call c1 with its arguments and approves c1: what runs is what was seen.
+    A second call reusing the id of a call that waits (an adapter's framework or a caller
+    repeating the model's id) is refused and never replaces the waiting one."""
+    loop = _system(system).start_loop("s1")
+    first, second = ToolCall("c1", "delete", '{"path": "/tmp/a.txt"}'), ToolCall("c1", "delete", '{"path": "/etc"}')
+    if later_turn:
+        [held] = loop.run_turn([first])
+        [again] = loop.run_turn([second])
+    else:
+        held, again = loop.run_turn([first, second])
+    assert held.error_kind is ErrorKind.PENDING_APPROVAL
+    assert (again.call_id, again.error_kind) == ("c1", ErrorKind.INVALID_ARGUMENTS)
+    assert "call id 'c1' names a call of this session that waits for a decision" in again.content
+    assert [(p.call_id, dict(p.arguments)) for p in loop.pending()] == [("c1", {"path": "/tmp/a.txt"})]
+    assert loop.approve("c1", decided_by="ann").content == "deleted /tmp/a.txt"
+    assert RAN == [{"path": "/tmp/a.txt"}] and loop.pending() == []
+
+
+def test_a_deferred_call_reusing_a_pending_calls_id_does_not_replace_it(system: ActorSystem) -> None:
+    loop = _system(system).start_loop("s1")
+    loop.run_turn([ToolCall("c1", "delete", '{"path": "/tmp/a.txt"}')])
+    [deferred] = loop.run_turn([ToolCall("c1", "wait_for_human", '{"question": "which?"}')])
+    assert deferred.error_kind is ErrorKind.INVALID_ARGUMENTS and "waits for a decision" in deferred.content
+    [pending] = loop.pending()
+    assert (pending.name, pending.kind, dict(pending.arguments)) == ("delete", "approval", {"path": "/tmp/a.txt"})

@@ -49,11 +49,11 @@ from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, 
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
-from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256
+from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256, pending_call
 from rho_actors.loop.approval_rules import approval_rule, idempotent, output_problems
 from rho_actors.loop.decisions import ApprovalError, decide, first_decision, locked_transcript
 from rho_actors.results import error_result, failure, result_from_return, text
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
@@ -179,7 +179,8 @@ class SessionApprovals:
             else:
                 continue
             held[index] = self._register(call, entry.info.name, args, "approval", reason, before if exclusive else None)
-            before = call.id
+            if held[index].error_kind is ErrorKind.PENDING_APPROVAL:
+                before = call.id
         return held
 
     def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
@@ -231,6 +232,8 @@ class SessionApprovals:
                               kind, expires, reason.strip(" ()"))  # type: ignore[arg-type]
         held = _Held(pending, args, after)
         with self._lock:
+            if call.id in self._held:  # a call id names one call: the waiting one is never replaced
+                return failure("call_id_pending", call.id, name, call=call.id)
             self._held[call.id] = held
         if expires is not None:
             self._arm(held, self.timeout_s)
@@ -254,11 +257,18 @@ class SessionApprovals:
 
         held.timer = self._timers.call_at(time.monotonic() + delay_s, expire)
 
-    def forget(self, call_ids: list[str]) -> None:
-        """Unregister held calls of a turn that was not started after all (its loop
-        stopped while it was prepared): they got ``turn_not_started``, nothing waits."""
+    def waits(self, call_id: str) -> bool:
+        """Whether call ``call_id`` of this session waits for a decision (or is being decided)."""
         with self._lock:
-            gone = [held for c in call_ids if (held := self._held.pop(c, None)) is not None]
+            return call_id in self._held
+
+    def forget(self, results: list[ToolResult]) -> None:
+        """Unregister the calls held by ``results`` (a turn's refused calls' results) of a
+        turn that was not started after all (its loop stopped while it was prepared): they
+        got ``turn_not_started``, nothing waits. Another call of the same id is kept."""
+        mine = [p for r in results if (p := pending_call(r)) is not None]
+        with self._lock:
+            gone = [self._held.pop(p.call_id) for p in mine if (h := self._held.get(p.call_id)) and h.pending is p]
         for held in gone:
             if held.timer is not None:
                 held.timer.cancel()
