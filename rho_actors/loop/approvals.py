@@ -32,6 +32,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import json
 import marshal
 import os
 import threading
@@ -60,7 +61,8 @@ if TYPE_CHECKING:
     from rho_actors.otp.timers import Timer, Timers
     from rho_actors.runtime import Runtime
 
-__all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "POLL_S", "ApprovalError", "CallInfo", "SessionApprovals", "decide"]
+__all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "MAX_PENDING_ARGUMENT_BYTES", "MAX_PENDING_CALLS", "POLL_S", "ApprovalError",
+           "CallInfo", "SessionApprovals", "decide"]
 
 
 DEFAULT_APPROVAL_TIMEOUT_S: Final = 24 * 3600.0
@@ -68,6 +70,11 @@ DEFAULT_APPROVAL_TIMEOUT_S: Final = 24 * 3600.0
 POLL_S: Final = 0.25
 """How often (seconds) a host with pending calls looks for decisions made by another process."""
 _GRACE_S = 10.0  # past an approved call's timeout, how long its result is waited for
+MAX_PENDING_CALLS: Final = 256
+"""The most calls of one session that wait for a decision at once: past it, or past
+:data:`MAX_PENDING_ARGUMENT_BYTES`, a call that would wait is refused ``unavailable``."""
+MAX_PENDING_ARGUMENT_BYTES: Final = 16 << 20
+"""The most bytes of arguments (their JSON text) the waiting calls of one session hold."""
 _KEPT_DECISIONS = 10_000  # decided call ids remembered per session, to name the first decision
 
 
@@ -102,6 +109,7 @@ class _Held:
     after: str | None = None  # the earlier call of its exclusive turn it waits behind
     timer: Timer | None = None
     claimed: bool = False  # a decision is being made
+    size: int = 0  # its arguments' JSON text, bytes (what MAX_PENDING_ARGUMENT_BYTES counts)
 
 
 class SessionApprovals:
@@ -230,10 +238,15 @@ class SessionApprovals:
         expires = None if kind == "external" else now + self.timeout_s
         pending = PendingCall(call.id, name, MappingProxyType(_copy(args)), arguments_sha256(args), now,
                               kind, expires, reason.strip(" ()"))  # type: ignore[arg-type]
-        held = _Held(pending, args, after)
+        size = len(call.arguments) if isinstance(call.arguments, str) else len(json.dumps(args))
+        held = _Held(pending, args, after, size=size)
         with self._lock:
             if call.id in self._held:  # a call id names one call: the waiting one is never replaced
                 return failure("call_id_pending", call.id, name, call=call.id)
+            held_bytes = sum(h.size for h in self._held.values())
+            if len(self._held) >= MAX_PENDING_CALLS or held_bytes + size > MAX_PENDING_ARGUMENT_BYTES:
+                return failure("pending_bound", call.id, name, count=len(self._held), held_bytes=held_bytes,
+                               bound=MAX_PENDING_CALLS, bound_bytes=MAX_PENDING_ARGUMENT_BYTES)
             self._held[call.id] = held
         if expires is not None:
             self._arm(held, self.timeout_s)
