@@ -76,6 +76,7 @@ MAX_PENDING_CALLS: Final = 256
 MAX_PENDING_ARGUMENT_BYTES: Final = 16 << 20
 """The most bytes of arguments (their JSON text) the waiting calls of one session hold."""
 _KEPT_DECISIONS = 10_000  # decided call ids remembered per session, to name the first decision
+_CALL_RECORD = b'"type": "call"'  # how every call record of a transcript reads (its JSON, written by Transcript)
 
 
 class Turns(Protocol):
@@ -138,6 +139,8 @@ class SessionApprovals:
         self._rules: tuple[int, dict[int, bool | Callable[..., Any]]] = (-1, {})  # by tool set version, serial
         self._poll: Timer | None = None
         self._seen: tuple[int, int] | None = None  # the transcript's (size, mtime) at the last look
+        self._read_to = 0  # bytes of the transcript looked through for call records
+        self._syncing = False  # a look's read runs on a pool thread: one at a time
         self._recovered = False
 
     # --- the loop's side ------------------------------------------------------------------
@@ -156,12 +159,15 @@ class SessionApprovals:
             if os.path.lexists(self.path):
                 self._recover()
 
-    def _later(self, job: Callable[[], object], what: str) -> None:
+    def _later(self, job: Callable[[], object], what: str) -> bool:
+        """Run ``job`` on a pool thread; False when no thread could be started."""
         assert self._threads is not None
         try:
             self._threads.submit(job, f"approvals:{self.session_id}:{what}")
         except RuntimeError:  # no thread could be started: done at the next look
             logger.warning("session {}: no thread to {} its pending calls now", self.session_id, what)
+            return False
+        return True
 
     def hold(self, prepared: list[tuple[int, ToolCall, ToolEntry, dict[str, Any]]], exclusive: bool, version: int,
              ctx: Mapping[str, Any]) -> dict[int, ToolResult]:
@@ -536,19 +542,30 @@ class SessionApprovals:
             seen = (st.st_size, st.st_mtime_ns)
         except OSError:
             seen = None
-        if seen is not None and seen != self._seen:
+        with self._lock:
+            start = seen is not None and seen != self._seen and not self._syncing  # else at a later look
+            self._syncing |= start
+        if start:
             self._seen = seen
-            self._later(self._sync, "sync")
+            if not self._later(self._sync, "sync"):
+                with self._lock:
+                    self._syncing, self._seen = False, None
         self._watch()
 
     def _sync(self) -> None:
-        """Act on decisions the transcript holds for this host's pending calls."""
+        """Act on decisions the transcript holds for this host's pending calls: read whole
+        only when what was appended since the last look holds a ``call`` record."""
         try:
+            if not self._appended_call_records():
+                return
             history = load(self.path)
         except Exception as exc:
             logger.warning("session {}: its transcript could not be read for decisions: {}", self.session_id,
                            describe_exception(exc))
             return
+        finally:
+            with self._lock:
+                self._syncing = False
         for call_id, track in history.calls.items():
             with self._lock:
                 held = self._held.get(call_id)
@@ -556,6 +573,22 @@ class SessionApprovals:
             if ours and track.state != "pending":
                 assert held is not None
                 self._act(held, track)
+
+    def _appended_call_records(self) -> bool:
+        """Whether the bytes appended to the transcript since the last look hold a ``call``
+        record (a decision, from any process): only those are read, never the whole file
+        again (a session's other records, its calls' arguments and results, may be large)."""
+        with open(self.path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            start = self._read_to if self._read_to <= size else 0  # a shorter file: a new one
+            file.seek(start)
+            found, kept = False, b""
+            while chunk := file.read(1 << 20):
+                found = found or _CALL_RECORD in kept + chunk
+                kept = (kept + chunk)[-len(_CALL_RECORD):]
+                start += len(chunk)
+        self._read_to = max(0, start - len(_CALL_RECORD))  # a record cut short at the end is looked at again
+        return found
 
     def _act(self, held: _Held, track: CallTrack) -> None:
         """``held`` was decided in the transcript (by another process, or before a
