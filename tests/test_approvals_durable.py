@@ -173,7 +173,7 @@ def test_a_decision_from_another_process_is_acted_on_by_the_running_host(tmp_pat
         rejected = _cli(data, "reject", "s1", "c2", "--message", "keep /b")
         assert rejected.returncode == 0, rejected.stdout + rejected.stderr
         transcript = data / "sessions" / "s1" / TRANSCRIPT_NAME
-        assert wait_for(lambda: loop.pending() == [] and all(
+        assert wait_for(lambda: loop.pending() == [] and loop.running() == [] and all(
             load(transcript).calls[c].state == "settled" for c in ("c1", "c2")))
         again = _cli(data, "reject", "s1", "c1", "--message", "too late")
         assert again.returncode == 1 and "decided already: it was approved by bob at 20" in again.stdout
@@ -287,8 +287,12 @@ def test_a_host_with_pending_calls_reads_its_transcript_whole_only_for_decisions
     from rho_actors.tool import ToolCall, ToolResult
 
     loads: list[Path] = []
-    real_load = approvals.load
-    monkeypatch.setattr(approvals, "load", lambda path: loads.append(path) or real_load(path))
+
+    def counted(path: Path) -> Any:  # the real load, counted
+        loads.append(path)
+        return load(path)
+
+    monkeypatch.setattr(approvals, "load", counted)
     data = tmp_path / "data"
     with _system(data) as system:
         loop = system.start_loop("s1")
@@ -304,8 +308,8 @@ def test_a_host_with_pending_calls_reads_its_transcript_whole_only_for_decisions
                 call = ToolCall(f"m{i}", "look", {"path": "x" * 1_000_000})
                 transcript.reply(step + i, Reply(tool_calls=(call,)))
                 transcript.result(step + i, 0, ToolResult(call.id, "look", True, "looked"))
-                seen = os.stat(transcript.path).st_size
-                assert wait_for(lambda seen=seen: approvals_seen(loop) == seen)
+                size = os.stat(transcript.path).st_size
+                assert wait_for(lambda: approvals_seen(loop) == size)  # noqa: B023 (waited for here)
         finally:
             transcript.close()
         assert len(loads) == read_whole

@@ -52,7 +52,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
 from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256, pending_call
 from rho_actors.loop.approval_rules import approval_rule, idempotent, output_problems
-from rho_actors.loop.decisions import ApprovalError, decide, first_decision, locked_transcript
+from rho_actors.loop.decisions import ApprovalError, call_records_appended, decide, first_decision, locked_transcript
 from rho_actors.results import error_result, failure, result_from_return, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 
@@ -76,7 +76,6 @@ MAX_PENDING_CALLS: Final = 256
 MAX_PENDING_ARGUMENT_BYTES: Final = 16 << 20
 """The most bytes of arguments (their JSON text) the waiting calls of one session hold."""
 _KEPT_DECISIONS = 10_000  # decided call ids remembered per session, to name the first decision
-_CALL_RECORD = b'"type": "call"'  # how every call record of a transcript reads (its JSON, written by Transcript)
 
 
 class Turns(Protocol):
@@ -556,7 +555,8 @@ class SessionApprovals:
         """Act on decisions the transcript holds for this host's pending calls: read whole
         only when what was appended since the last look holds a ``call`` record."""
         try:
-            if not self._appended_call_records():
+            found, self._read_to = call_records_appended(self.path, self._read_to)
+            if not found:
                 return
             history = load(self.path)
         except Exception as exc:
@@ -573,22 +573,6 @@ class SessionApprovals:
             if ours and track.state != "pending":
                 assert held is not None
                 self._act(held, track)
-
-    def _appended_call_records(self) -> bool:
-        """Whether the bytes appended to the transcript since the last look hold a ``call``
-        record (a decision, from any process): only those are read, never the whole file
-        again (a session's other records, its calls' arguments and results, may be large)."""
-        with open(self.path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            start = self._read_to if self._read_to <= size else 0  # a shorter file: a new one
-            file.seek(start)
-            found, kept = False, b""
-            while chunk := file.read(1 << 20):
-                found = found or _CALL_RECORD in kept + chunk
-                kept = (kept + chunk)[-len(_CALL_RECORD):]
-                start += len(chunk)
-        self._read_to = max(0, start - len(_CALL_RECORD))  # a record cut short at the end is looked at again
-        return found
 
     def _act(self, held: _Held, track: CallTrack) -> None:
         """``held`` was decided in the transcript (by another process, or before a
