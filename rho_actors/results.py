@@ -146,6 +146,11 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
                                               "it waits for a decision{reason}"),
     "deferred": (_K.DEFERRED, "call {call} of tool {tool!r} waits for its result from outside: {reason}"),
     "rejected": (_K.REJECTED, "{message}"),
+    "call_id_pending": (_K.INVALID_ARGUMENTS, "tool {tool!r} did not run: call id {call!r} names a call of this "
+                                              "session that waits for a decision; a new call needs an id of its own"),
+    "pending_bound": (_K.UNAVAILABLE, "tool {tool!r} did not run: {count} calls of this session wait for a decision, "
+                                      "holding {held_bytes} bytes of arguments; the bound is {bound} calls and "
+                                      "{bound_bytes} bytes"),
     "approval_expired": (_K.APPROVAL_EXPIRED, "call {call} of tool {tool!r} was not decided within its approval "
                                               "timeout of {timeout_s:g} s; it did not run"),
     "empty_error": (_K.RAISED, "the call failed without a message ({kind})"),  # keeps the result's kind

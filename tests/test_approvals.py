@@ -356,3 +356,64 @@ def test_a_turn_whose_loop_stops_while_it_is_prepared_leaves_no_call_waiting(sys
     [result] = loop.run_turn([ToolCall("c1", "look", '{"path": "/"}')])
     assert result.error_kind is ErrorKind.CANCELLED and "stopped before this turn started" in result.content
     assert approvals is not None and approvals.pending() == []
+
+
+@pytest.mark.parametrize("later_turn", [True, False], ids=["a-later-turn", "the-same-turn"])
+def test_a_call_id_that_names_a_pending_call_never_replaces_its_arguments(system: ActorSystem,
+                                                                         later_turn: bool) -> None:
+    """A person sees call c1 with its arguments and approves c1: what runs is what was seen.
+    A second call reusing the id of a call that waits (an adapter's framework or a caller
+    repeating the model's id) is refused and never replaces the waiting one."""
+    loop = _system(system).start_loop("s1")
+    first, second = ToolCall("c1", "delete", '{"path": "/tmp/a.txt"}'), ToolCall("c1", "delete", '{"path": "/etc"}')
+    if later_turn:
+        [held] = loop.run_turn([first])
+        [again] = loop.run_turn([second])
+    else:
+        held, again = loop.run_turn([first, second])
+    assert held.error_kind is ErrorKind.PENDING_APPROVAL
+    assert (again.call_id, again.error_kind) == ("c1", ErrorKind.INVALID_ARGUMENTS)
+    assert "call id 'c1' names a call of this session that waits for a decision" in again.content
+    assert [(p.call_id, dict(p.arguments)) for p in loop.pending()] == [("c1", {"path": "/tmp/a.txt"})]
+    assert loop.approve("c1", decided_by="ann").content == "deleted /tmp/a.txt"
+    assert RAN == [{"path": "/tmp/a.txt"}] and loop.pending() == []
+
+
+def test_a_deferred_call_reusing_a_pending_calls_id_does_not_replace_it(system: ActorSystem) -> None:
+    loop = _system(system).start_loop("s1")
+    loop.run_turn([ToolCall("c1", "delete", '{"path": "/tmp/a.txt"}')])
+    [deferred] = loop.run_turn([ToolCall("c1", "wait_for_human", '{"question": "which?"}')])
+    assert deferred.error_kind is ErrorKind.INVALID_ARGUMENTS and "waits for a decision" in deferred.content
+    [pending] = loop.pending()
+    assert (pending.name, pending.kind, dict(pending.arguments)) == ("delete", "approval", {"path": "/tmp/a.txt"})
+
+
+def test_one_session_holds_a_bounded_number_and_size_of_waiting_calls(system: ActorSystem) -> None:
+    """Calls nobody decides (a client calling a tool that requires approval in a loop,
+    1 MB of arguments each) cost the host memory until they expire: a session holds at
+    most MAX_PENDING_CALLS of them and MAX_PENDING_ARGUMENT_BYTES of their arguments;
+    past either a call that would wait is refused ``unavailable``, never runs, and other
+    sessions keep theirs."""
+    from rho_actors.loop.approvals import MAX_PENDING_ARGUMENT_BYTES, MAX_PENDING_CALLS
+
+    loop, other = _system(system).start_loop("s1"), system.start_loop("s2")
+    calls = [ToolCall(f"c{i}", "delete", f'{{"path": "/{i}"}}') for i in range(MAX_PENDING_CALLS + 1)]
+    results = loop.run_turn(calls)
+    assert all(r.error_kind is ErrorKind.PENDING_APPROVAL for r in results[:-1])
+    assert results[-1].error_kind is ErrorKind.UNAVAILABLE
+    held_bytes = sum(len(str(c.arguments)) for c in calls[:-1])
+    assert results[-1].content == (f"tool 'delete' did not run: {MAX_PENDING_CALLS} calls of this session wait for a "
+                                   f"decision, holding {held_bytes} bytes of arguments; the bound is "
+                                   f"{MAX_PENDING_CALLS} calls and {MAX_PENDING_ARGUMENT_BYTES} bytes")
+    assert len(loop.pending()) == MAX_PENDING_CALLS and RAN == []
+    assert other.run_turn([ToolCall("x1", "delete", '{"path": "/x"}')])[0].error_kind is ErrorKind.PENDING_APPROVAL
+    loop.reject("c0", "no")
+    assert loop.run_turn([ToolCall("again", "delete", '{"path": "/again"}')])[0].error_kind is \
+        ErrorKind.PENDING_APPROVAL
+    for pending in loop.pending():
+        loop.reject(pending.call_id, "no")
+    big = "x" * (MAX_PENDING_ARGUMENT_BYTES // 2)
+    first, second = loop.run_turn([ToolCall("b1", "delete", {"path": big}), ToolCall("b2", "delete", {"path": big})])
+    assert first.error_kind is ErrorKind.PENDING_APPROVAL
+    assert second.error_kind is ErrorKind.UNAVAILABLE and "1 calls of this session wait" in second.content
+    assert [p.call_id for p in loop.pending()] == ["b1"] and RAN == []

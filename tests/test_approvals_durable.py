@@ -182,7 +182,7 @@ def test_a_decision_from_another_process_is_acted_on_by_the_running_host(tmp_pat
         rejected = _cli(data, "reject", "s1", "c2", "--message", "keep /b")
         assert rejected.returncode == 0, rejected.stdout + rejected.stderr
         transcript = data / "sessions" / "s1" / TRANSCRIPT_NAME
-        assert wait_for(lambda: loop.pending() == [] and all(
+        assert wait_for(lambda: loop.pending() == [] and loop.running() == [] and all(
             load(transcript).calls[c].state == "settled" for c in ("c1", "c2")))
         again = _cli(data, "reject", "s1", "c1", "--message", "too late")
         assert again.returncode == 1 and "decided already: it was approved by bob at 20" in again.stdout
@@ -256,7 +256,8 @@ def test_kill_9_mid_approved_call_of_an_idempotent_tool_runs_it_again_once(tmp_p
     transcript = data / "sessions" / "s1" / TRANSCRIPT_NAME
     with _system(data) as system:
         loop = system.start_loop("s1")
-        assert wait_for(lambda: load(transcript).calls["p1"].state == "settled")
+        # settled in the file, and finished in the host: its result's record written, the transcript let go
+        assert wait_for(lambda: load(transcript).calls["p1"].state == "settled" and loop.running() == [])
         final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
         assert final.error is None and final.recovered == ()
     assert _runs(runs) == ["delete k", "delete k"]
@@ -264,3 +265,53 @@ def test_kill_9_mid_approved_call_of_an_idempotent_tool_runs_it_again_once(tmp_p
     assert attempts == [1, 2]
     [result] = [r for r in _records(data) if r["type"] == "result"]
     assert result["ok"] and result["content"] == "stored k"
+
+
+def test_a_host_with_pending_calls_reads_its_transcript_whole_only_for_decisions(
+    tmp_path: Path, runs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While calls wait, the host looks at the transcript every POLL_S seconds; records
+    other than decisions appended meanwhile (an MCP session's calls, 1 MB of arguments
+    each) are not read again whole at each look: before, each look loaded the whole
+    transcript, so a session writing on grew the host by about 15 MiB a call and slowed
+    its calls to seconds. A decision from another process is still acted on."""
+    from rho_actors.agent.transcript import Transcript
+    from rho_actors.loop import approvals
+    from rho_actors.tool import ToolCall, ToolResult
+
+    loads: list[Path] = []
+
+    def counted(path: Path) -> Any:  # the real load, counted
+        loads.append(path)
+        return load(path)
+
+    monkeypatch.setattr(approvals, "load", counted)
+    data = tmp_path / "data"
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        loop.prompt("clean up", model=ScriptedModel([REPLY]))
+        assert {p.call_id for p in loop.pending()} == {"c1", "c2"}
+        assert wait_for(lambda: len(loads) >= 1)  # its first look reads it whole once
+        read_whole = len(loads)
+        transcript = Transcript(data / "sessions" / "s1" / TRANSCRIPT_NAME)
+        transcript.open()
+        try:
+            step = transcript.history.next_step
+            for i in range(6):
+                call = ToolCall(f"m{i}", "look", {"path": "x" * 1_000_000})
+                transcript.reply(step + i, Reply(tool_calls=(call,)))
+                transcript.result(step + i, 0, ToolResult(call.id, "look", True, "looked"))
+                size = os.stat(transcript.path).st_size
+                assert wait_for(lambda: approvals_seen(loop) == size)  # noqa: B023 (waited for here)
+        finally:
+            transcript.close()
+        assert len(loads) == read_whole
+        approved = _cli(data, "approve", "s1", "c1", "--by", "bob")
+        assert approved.returncode == 0, approved.stdout + approved.stderr
+        assert wait_for(lambda: _runs(runs) == ["delete /a"] and [p.call_id for p in loop.pending()] == ["c2"])
+
+
+def approvals_seen(loop: Any) -> int | None:
+    """The transcript size the session's last look at it saw (a sync point, no more)."""
+    seen = loop._approvals()._seen
+    return None if seen is None else int(seen[0])

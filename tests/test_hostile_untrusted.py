@@ -21,7 +21,7 @@ import msgpack
 import psutil
 import pytest
 
-from rho_actors import ActorSystem, Details, ErrorKind, Image, PluginFolder, ToolCall, ToolResult
+from rho_actors import ActorSystem, Details, ErrorKind, Image, PluginFolder, ToolCall, ToolResult, UntrustedReads
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.confine.enclosure import UNCONFINED
 from rho_actors.selftest import load_tools, run_selftests
@@ -366,3 +366,46 @@ def test_a_daemon_outlives_neither_a_declaration_read_nor_a_selftest(tmp_path: P
     finally:
         system.stop()
     assert not any(running(p) for p in [*pids, selftest_daemon])
+
+
+class Flaky:
+    """A hostile tool whose worker dies in three calls of four (``os._exit``)."""
+
+    name = staticmethod(lambda: "flaky")
+    description = staticmethod(lambda: "Die in three calls of four.")
+    parameter_schema = staticmethod(lambda: {"type": "object", "properties": {"i": {"type": "integer"}}})
+    timeout_ms = staticmethod(lambda: 5_000)
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> Any:
+        if args["i"] % 4:
+            os._exit(3)
+        return f"ok {args['i']}"
+
+
+def test_a_crash_storm_costs_each_crashed_call_only(tmp_path: Path) -> None:
+    """Four sessions, turn after turn of four calls of which three kill their worker: each
+    crash is its own call's ``exited`` result, and every call that would succeed does (no
+    call waits out its start bound or its deadline behind the workers being replaced)."""
+    import threading
+    from collections import Counter
+
+    with ActorSystem(data_dir=tmp_path / "data", start_timeout_ms=int(WAIT_S * 1000),
+                     untrusted=UntrustedReads(timeout_s=WAIT_S)) as system:
+        assert system.register(Flaky, untrusted=True).info is not None
+        outcomes: Counter[tuple[bool, str]] = Counter()
+        lock = threading.Lock()
+
+        def session(s: int) -> None:
+            loop = system.start_loop(f"storm-{s}")
+            for k in range(6):
+                results = loop.run_turn([ToolCall(f"c{k}-{i}", "flaky", json.dumps({"i": i})) for i in range(4)])
+                with lock:
+                    outcomes.update((i % 4 == 0, str(r.error_kind)) for i, r in enumerate(results))
+
+        threads = [threading.Thread(target=session, args=(s,)) for s in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S * 2)
+        assert dict(outcomes) == {(True, "None"): 24, (False, "exited"): 72}

@@ -128,3 +128,19 @@ def test_a_call_rho_holds_is_a_deferred_approval_run_once_approved_never_when_de
     assert second.output == "done" and ran == ["/a"]
     assert script.outputs["c1"] == "wiped /a" and script.outputs["c2"] == "keep /b"
     assert loop.pending() == []
+
+
+def test_a_tool_claiming_pending_approval_is_its_own_failure_never_a_held_call(system: ActorSystem) -> None:
+    """A (malicious) untrusted tool's worker answers with the kind only a held call has,
+    ``pending_approval``: the run goes on with the tool's failure as the model's text,
+    nothing is approved, and the adapter never raises."""
+    from rho_actors import ToolCall
+
+    system.register(adapter_tools.ForgesApproval, untrusted=True)
+    loop = system.start_loop("pai-forged")
+    [direct] = loop.run_turn([ToolCall("c0", "forges_approval", "{}")])
+    assert direct.error_kind == "pending_approval" and loop.pending() == []  # what the worker sent
+    script = Script([[("c1", "forges_approval", {})], "done"])
+    result = asyncio.run(Agent(FunctionModel(script), toolsets=[RhoToolset(loop)]).run("go"))
+    assert result.output == "done"
+    assert "requires approval" in script.outputs["c1"] and loop.pending() == []

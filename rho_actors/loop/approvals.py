@@ -32,6 +32,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import json
 import marshal
 import os
 import threading
@@ -49,18 +50,19 @@ from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, 
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
-from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256
+from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256, pending_call
 from rho_actors.loop.approval_rules import approval_rule, idempotent, output_problems
-from rho_actors.loop.decisions import ApprovalError, decide, first_decision, locked_transcript
+from rho_actors.loop.decisions import ApprovalError, call_records_appended, decide, first_decision, locked_transcript
 from rho_actors.results import error_result, failure, result_from_return, text
-from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
+from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timer, Timers
     from rho_actors.runtime import Runtime
 
-__all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "POLL_S", "ApprovalError", "CallInfo", "SessionApprovals", "decide"]
+__all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "MAX_PENDING_ARGUMENT_BYTES", "MAX_PENDING_CALLS", "POLL_S", "ApprovalError",
+           "CallInfo", "SessionApprovals", "decide"]
 
 
 DEFAULT_APPROVAL_TIMEOUT_S: Final = 24 * 3600.0
@@ -68,6 +70,11 @@ DEFAULT_APPROVAL_TIMEOUT_S: Final = 24 * 3600.0
 POLL_S: Final = 0.25
 """How often (seconds) a host with pending calls looks for decisions made by another process."""
 _GRACE_S = 10.0  # past an approved call's timeout, how long its result is waited for
+MAX_PENDING_CALLS: Final = 256
+"""The most calls of one session that wait for a decision at once: past it, or past
+:data:`MAX_PENDING_ARGUMENT_BYTES`, a call that would wait is refused ``unavailable``."""
+MAX_PENDING_ARGUMENT_BYTES: Final = 16 << 20
+"""The most bytes of arguments (their JSON text) the waiting calls of one session hold."""
 _KEPT_DECISIONS = 10_000  # decided call ids remembered per session, to name the first decision
 
 
@@ -102,6 +109,7 @@ class _Held:
     after: str | None = None  # the earlier call of its exclusive turn it waits behind
     timer: Timer | None = None
     claimed: bool = False  # a decision is being made
+    size: int = 0  # its arguments' JSON text, bytes (what MAX_PENDING_ARGUMENT_BYTES counts)
 
 
 class SessionApprovals:
@@ -132,6 +140,8 @@ class SessionApprovals:
         self._seen: tuple[int, int] | None = None  # the transcript's (size, mtime) at the last look
         self._file = Transcript(self.path)  # read whole once, then only what was appended since
         self._file_lock = threading.Lock()  # one decision at a time uses it
+        self._read_to = 0  # bytes of the transcript looked through for call records
+        self._syncing = False  # a look's read runs on a pool thread: one at a time
         self._recovered = False
 
     # --- the loop's side ------------------------------------------------------------------
@@ -150,12 +160,15 @@ class SessionApprovals:
             if os.path.lexists(self.path):
                 self._recover()
 
-    def _later(self, job: Callable[[], object], what: str) -> None:
+    def _later(self, job: Callable[[], object], what: str) -> bool:
+        """Run ``job`` on a pool thread; False when no thread could be started."""
         assert self._threads is not None
         try:
             self._threads.submit(job, f"approvals:{self.session_id}:{what}")
         except RuntimeError:  # no thread could be started: done at the next look
             logger.warning("session {}: no thread to {} its pending calls now", self.session_id, what)
+            return False
+        return True
 
     def hold(self, prepared: list[tuple[int, ToolCall, ToolEntry, dict[str, Any]]], exclusive: bool, version: int,
              ctx: Mapping[str, Any]) -> dict[int, ToolResult]:
@@ -181,7 +194,8 @@ class SessionApprovals:
             else:
                 continue
             held[index] = self._register(call, entry.info.name, args, "approval", reason, before if exclusive else None)
-            before = call.id
+            if held[index].error_kind is ErrorKind.PENDING_APPROVAL:
+                before = call.id
         return held
 
     def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
@@ -231,8 +245,15 @@ class SessionApprovals:
         expires = None if kind == "external" else now + self.timeout_s
         pending = PendingCall(call.id, name, MappingProxyType(_copy(args)), arguments_sha256(args), now,
                               kind, expires, reason.strip(" ()"))  # type: ignore[arg-type]
-        held = _Held(pending, args, after)
+        size = len(call.arguments) if isinstance(call.arguments, str) else len(json.dumps(args))
+        held = _Held(pending, args, after, size=size)
         with self._lock:
+            if call.id in self._held:  # a call id names one call: the waiting one is never replaced
+                return failure("call_id_pending", call.id, name, call=call.id)
+            held_bytes = sum(h.size for h in self._held.values())
+            if len(self._held) >= MAX_PENDING_CALLS or held_bytes + size > MAX_PENDING_ARGUMENT_BYTES:
+                return failure("pending_bound", call.id, name, count=len(self._held), held_bytes=held_bytes,
+                               bound=MAX_PENDING_CALLS, bound_bytes=MAX_PENDING_ARGUMENT_BYTES)
             self._held[call.id] = held
         if expires is not None:
             self._arm(held, self.timeout_s)
@@ -256,11 +277,18 @@ class SessionApprovals:
 
         held.timer = self._timers.call_at(time.monotonic() + delay_s, expire)
 
-    def forget(self, call_ids: list[str]) -> None:
-        """Unregister held calls of a turn that was not started after all (its loop
-        stopped while it was prepared): they got ``turn_not_started``, nothing waits."""
+    def waits(self, call_id: str) -> bool:
+        """Whether call ``call_id`` of this session waits for a decision (or is being decided)."""
         with self._lock:
-            gone = [held for c in call_ids if (held := self._held.pop(c, None)) is not None]
+            return call_id in self._held
+
+    def forget(self, results: list[ToolResult]) -> None:
+        """Unregister the calls held by ``results`` (a turn's refused calls' results) of a
+        turn that was not started after all (its loop stopped while it was prepared): they
+        got ``turn_not_started``, nothing waits. Another call of the same id is kept."""
+        mine = [p for r in results if (p := pending_call(r)) is not None]
+        with self._lock:
+            gone = [self._held.pop(p.call_id) for p in mine if (h := self._held.get(p.call_id)) and h.pending is p]
         for held in gone:
             if held.timer is not None:
                 held.timer.cancel()
@@ -523,19 +551,31 @@ class SessionApprovals:
             seen = (st.st_size, st.st_mtime_ns)
         except OSError:
             seen = None
-        if seen is not None and seen != self._seen:
+        with self._lock:
+            start = seen is not None and seen != self._seen and not self._syncing  # else at a later look
+            self._syncing |= start
+        if start:
             self._seen = seen
-            self._later(self._sync, "sync")
+            if not self._later(self._sync, "sync"):
+                with self._lock:
+                    self._syncing, self._seen = False, None
         self._watch()
 
     def _sync(self) -> None:
-        """Act on decisions the transcript holds for this host's pending calls."""
+        """Act on decisions the transcript holds for this host's pending calls: read whole
+        only when what was appended since the last look holds a ``call`` record."""
         try:
+            found, self._read_to = call_records_appended(self.path, self._read_to)
+            if not found:
+                return
             history = load(self.path)
         except Exception as exc:
             logger.warning("session {}: its transcript could not be read for decisions: {}", self.session_id,
                            describe_exception(exc))
             return
+        finally:
+            with self._lock:
+                self._syncing = False
         for call_id, track in history.calls.items():
             with self._lock:
                 held = self._held.get(call_id)

@@ -15,10 +15,11 @@ from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptB
 from rho_actors.errors import RhoError
 from rho_actors.lifecycle import CallTrack
 
-__all__ = ["LOCK_WAIT_S", "ApprovalError", "decide", "first_decision", "locked_transcript"]
+__all__ = ["LOCK_WAIT_S", "ApprovalError", "call_records_appended", "decide", "first_decision", "locked_transcript"]
 
 LOCK_WAIT_S: Final = 30.0
 """How long (seconds) a decision waits for the session's transcript held by a running prompt."""
+_CALL_RECORD: Final = b'"type": "call"'  # how every call record of a transcript reads (its JSON, as Transcript writes)
 
 
 class ApprovalError(RhoError):
@@ -36,6 +37,23 @@ def first_decision(track: CallTrack) -> str:
     by = decided.get("decided_by")
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(decided.get("at", 0)))
     return f"it was {decided['decision']}{'' if by is None else f' by {by}'} at {when}"
+
+
+def call_records_appended(path: Path, offset: int) -> tuple[bool, int]:
+    """Whether the bytes of the transcript at ``path`` from ``offset`` on hold a ``call``
+    record (a decision, from any process), and the offset to look from next time: only
+    what was appended is read, never the whole file again (a session's other records, its
+    calls' arguments and results, may be large). Raises ``OSError``."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        start = offset if offset <= size else 0  # a shorter file: a new one
+        file.seek(start)
+        found, kept = False, b""
+        while chunk := file.read(1 << 20):
+            found = found or _CALL_RECORD in kept + chunk
+            kept = (kept + chunk)[-len(_CALL_RECORD):]
+            start += len(chunk)
+    return found, max(0, start - len(_CALL_RECORD))  # a record cut short at the end is looked at again
 
 
 @contextlib.contextmanager

@@ -296,7 +296,7 @@ class Turns:
                 self._turns[turn.id] = turn
         if not admitted:  # the loop stopped while the turn was being prepared: none of its calls waits either
             if self.approvals is not None:
-                self.approvals.forget([slot.call.id for slot in refused])
+                self.approvals.forget([slot.result for slot in refused if slot.result is not None])
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return
         try:
@@ -357,6 +357,8 @@ class Turns:
         """Decode, look up and validate one call; an error result when it is refused."""
         call = slot.call
         name = call.name
+        if self.approvals is not None and self.approvals.waits(call.id):  # never a second call of one id
+            return failure("call_id_pending", call.id, name, call=call.id)
         entry = tools.entries.get(name)
         if entry is None or name in withheld or (self._allowed is not None and not self._allows(entry)):
             return self._lookup_error(call.id, name, entry, tools, withheld)

@@ -24,7 +24,8 @@ from langgraph.types import interrupt
 
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.integrations.sessions import SessionLoops, call_id
-from rho_actors.tool import ErrorKind, ToolCall, ToolResult
+from rho_actors.lifecycle import pending_call
+from rho_actors.tool import ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.loop.handle import Loop
@@ -87,7 +88,7 @@ def _decided(loop: Loop, results: list[ToolResult], decisions: dict[str, Any]) -
     or approved when it was held only behind an earlier call of its exclusive turn."""
     decided = list(results)
     for index, result in enumerate(results):
-        if result.error_kind is not ErrorKind.PENDING_APPROVAL:
+        if pending_call(result) is None:  # held by rho, not a tool's own answer claiming that kind
             continue
         decision = decisions.get(result.call_id, None if "runs after call" not in result.content else True)
         if decision is True or (isinstance(decision, dict) and "arguments" in decision):

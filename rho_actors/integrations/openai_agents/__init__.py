@@ -36,8 +36,9 @@ with needs_extra("openai-agents", "rho_actors.integrations.openai_agents"):
     from agents.tool_context import ToolContext
 
 from rho_actors.integrations.sessions import call_id, kept_while_unchanged
+from rho_actors.lifecycle import pending_call
 from rho_actors.loop.handle import Loop
-from rho_actors.tool import ErrorKind, ToolCall, ToolInfo
+from rho_actors.tool import ToolCall, ToolInfo
 
 __all__ = ["LoopFunctionTools", "function_tools"]
 
@@ -48,7 +49,7 @@ def _function_tool(loop: Loop, info: ToolInfo) -> FunctionTool:
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> str:
         call = ToolCall(call_id(ctx.tool_call_id), name, arguments)
         (result,) = await loop.arun_turn([call])
-        if result.error_kind is ErrorKind.PENDING_APPROVAL:  # the SDK approved it (needs_approval): rho runs it
+        if pending_call(result) is not None:  # held by rho; the SDK approved it (needs_approval): rho runs it
             result = await asyncio.to_thread(loop.approve, call.id, None, "openai-agents")
         return result.content
 

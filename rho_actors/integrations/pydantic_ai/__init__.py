@@ -39,6 +39,7 @@ with needs_extra("pydantic-ai", "rho_actors.integrations.pydantic_ai"):
 from pydantic_core import SchemaValidator, core_schema
 
 from rho_actors.integrations.sessions import SessionLoops, call_id, kept_while_unchanged
+from rho_actors.lifecycle import pending_call
 from rho_actors.tool import ErrorKind, ToolCall, ToolInfo
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class RhoToolset(AbstractToolset[Any]):
         if not ctx.tool_call_approved and loop.requires_approval(call):
             raise ApprovalRequired(metadata={"rho_session": loop.session_id})
         (result,) = await loop.arun_turn([call])
-        if result.error_kind is ErrorKind.PENDING_APPROVAL:  # approved in pydantic-ai: rho runs it once
+        if pending_call(result) is not None:  # held by rho, approved in pydantic-ai: rho runs it once
             result = await asyncio.to_thread(loop.approve, call.id, None, "pydantic-ai")
         if result.ok:
             return result.content
