@@ -32,7 +32,6 @@ from rho_actors.sandbox.confine.confinement import probe
 from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
 from tests.conftest import open_folder, wait_for
 
-from .conftest import open_folder
 from .test_namespaces import make_system
 
 ROOT = os.geteuid() == 0

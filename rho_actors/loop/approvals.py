@@ -52,7 +52,15 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
 from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256, pending_call
 from rho_actors.loop.approval_rules import approval_rule, idempotent, output_problems
-from rho_actors.loop.decisions import ApprovalError, call_records_appended, decide, first_decision, locked_transcript
+from rho_actors.loop.decisions import (
+    ApprovalError,
+    call_records_appended,
+    decide,
+    decided_result,
+    decoded_or_empty,
+    first_decision,
+    locked_transcript,
+)
 from rho_actors.results import error_result, failure, result_from_return, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 
@@ -606,7 +614,7 @@ class SessionApprovals:
                     transcript.call(now.step, now.index, "running", call_id=now.call_id, name=now.name,
                                     arguments_sha256=arguments_sha256(args), attempt=1)
                 else:
-                    transcript.result(now.step, now.index, _decided_result(held, decided, self.timeout_s))
+                    transcript.result(now.step, now.index, decided_result(held.pending, decided, self.timeout_s))
         except BaseException:
             self._unclaim(held)
             raise
@@ -631,7 +639,7 @@ class SessionApprovals:
             pending = track.states.get("pending", {})
             if call is None or call_id in self._held:
                 continue
-            args = _decoded(call)
+            args = decoded_or_empty(call.arguments)
             expires = pending.get("expires_at")
             info = PendingCall(call_id, track.name, MappingProxyType(_copy(args)), pending["arguments_sha256"],
                                pending.get("at", time.time()), pending["kind"], expires, pending.get("reason", ""))
@@ -652,7 +660,7 @@ class SessionApprovals:
             entry = None if started is None else self._entry(started.name)
             if started is None or call is None or started.state != "running" or entry is None or not idempotent(entry):
                 continue
-            args = started.states.get("decided", {}).get("arguments") or _decoded(call)
+            args = started.states.get("decided", {}).get("arguments") or decoded_or_empty(call.arguments)
             held = _Held(PendingCall(call.id, started.name, MappingProxyType(_copy(args)), arguments_sha256(args),
                                      time.time()), args)
             with self._lock:
@@ -680,22 +688,6 @@ class SessionApprovals:
         logger.warning("session {}: call {} ({}) was running when its host stopped; its tool is idempotent: run "
                        "again (attempt {})", self.session_id, held.pending.call_id, held.pending.name, attempt + 1)
         self._record(held, self._run(held, held.args))
-
-
-def _decoded(call: ToolCall) -> dict[str, Any]:
-    try:
-        return decode_arguments(call.arguments)
-    except ArgumentsError:
-        return {}
-
-
-def _decided_result(held: _Held, decided: Mapping[str, Any], timeout_s: float) -> ToolResult:
-    call_id, name = held.pending.call_id, held.pending.name
-    if decided.get("decision") == "rejected":
-        return failure("rejected", call_id, name, message=decided.get("message") or "rejected")
-    if decided.get("decision") == "expired":
-        return failure("approval_expired", call_id, name, call=call_id, timeout_s=timeout_s)
-    return failure("interrupted", call_id, name)
 
 
 def _copy(args: dict[str, Any]) -> dict[str, Any]:

@@ -7,15 +7,21 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptBusyError
+from rho_actors.declarations.arguments import ArgumentsError, decode_arguments
 from rho_actors.errors import RhoError
-from rho_actors.lifecycle import CallTrack
+from rho_actors.lifecycle import CallTrack, PendingCall
+from rho_actors.results import failure
+from rho_actors.tool import ToolResult
 
-__all__ = ["LOCK_WAIT_S", "ApprovalError", "call_records_appended", "decide", "first_decision", "locked_transcript"]
+__all__ = [
+    "LOCK_WAIT_S", "ApprovalError", "call_records_appended", "decide", "decided_result", "decoded_or_empty",
+    "first_decision", "locked_transcript",
+]
 
 LOCK_WAIT_S: Final = 30.0
 """How long (seconds) a decision waits for the session's transcript held by a running prompt."""
@@ -117,3 +123,22 @@ def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *
         transcript.call(track.step, track.index, "decided", call_id=call_id, name=track.name, decision=decision,
                         decided_by=decided_by, arguments_sha256=pending["arguments_sha256"], **extra)
     return f"call {call_id} of session {session_id} {decision}{'' if decided_by is None else f' by {decided_by}'}"
+
+
+def decided_result(pending: PendingCall, decided: Mapping[str, Any], timeout_s: float) -> ToolResult:
+    """The result of ``pending`` decided (its ``decided`` record's fields) without being
+    run: ``rejected``, ``approval_expired`` after ``timeout_s`` seconds, or ``interrupted``."""
+    call_id, name = pending.call_id, pending.name
+    if decided.get("decision") == "rejected":
+        return failure("rejected", call_id, name, message=decided.get("message") or "rejected")
+    if decided.get("decision") == "expired":
+        return failure("approval_expired", call_id, name, call=call_id, timeout_s=timeout_s)
+    return failure("interrupted", call_id, name)
+
+
+def decoded_or_empty(arguments: str) -> dict[str, Any]:
+    """A recorded call's arguments decoded, or ``{}`` when they are not a JSON object."""
+    try:
+        return decode_arguments(arguments)
+    except ArgumentsError:
+        return {}
