@@ -92,7 +92,9 @@ def _send(channel: str, secret: int, shared: str) -> dict[str, Any]:
         os.setpriority(os.PRIO_PROCESS, 0, 1 + secret % 19)
         _syscall("ioprio_set", _IOPRIO_WHO_PROCESS, 0, (_IOPRIO_CLASS_BE << 13) | secret % 8)
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        return {"pid": os.getpid(), "uid": os.getuid()}
+        with open("/proc/self/stat") as stat:  # its start (clock ticks since boot): the same seen from the host
+            started = int(stat.read().rsplit(")", 1)[1].split()[19])
+        return {"pid": os.getpid(), "uid": os.getuid(), "started": started}
     if channel == "pipes":  # the uid's pipe pages past fs.pipe-user-pages-soft: the next pipe gets one page
         for _ in range(200):
             try:
@@ -236,6 +238,16 @@ def call(loop: Any, args: dict[str, Any]) -> ToolResult:
     return result
 
 
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), or ``None`` once it is gone:
+    a worker of the same uid that is still ending is not the victim."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def across(
     system: ActorSystem, channel: str, host_pid: bool = False, shared: str = os.path.abspath(__file__),
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -250,7 +262,7 @@ def across(
         sent = json.loads(call(victim, {"role": "send", "channel": channel, "secret": PIN, "shared": shared}).content)
         if host_pid:
             [sent["host_pid"]] = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == sent["uid"]
-                                  and (sent["pid"] == 1 or p.pid == sent["pid"])]
+                                  and (sent["pid"] == 1 or p.pid == sent["pid"]) and _started(p.pid) == sent["started"]]
             sent["pid"], sent["in_worker"] = sent["host_pid"], sent["pid"]
         got = json.loads(call(receiver, {"role": "receive", "channel": channel, "shared": shared, "sent": sent})
                          .content)
