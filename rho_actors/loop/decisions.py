@@ -136,7 +136,7 @@ def decided_result(pending: PendingCall, decided: Mapping[str, Any], timeout_s: 
     return failure("interrupted", call_id, name)
 
 
-def decoded_or_empty(arguments: str) -> dict[str, Any]:
+def decoded_or_empty(arguments: str | Mapping[str, Any]) -> dict[str, Any]:
     """A recorded call's arguments decoded, or ``{}`` when they are not a JSON object."""
     try:
         return decode_arguments(arguments)
