@@ -53,7 +53,7 @@ def _upstream(port: int) -> Iterator[subprocess.Popen[bytes]]:
 
 def test_a_restarted_server_gets_a_new_session_at_once(system: ActorSystem) -> None:
     port = _free_port()
-    source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="up", connect_timeout_s=WAIT_S,
+    source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="up", connect_timeout_s=WAIT_S, mode="legacy",
                        ping_interval_s=300.0)  # nothing but the calls finds the session gone
     with _upstream(port):
         system.add_source(source, poll_s=None)

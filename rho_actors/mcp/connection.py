@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,8 +24,12 @@ from typing import Any
 import anyio
 import mcp_types as types
 from loguru import logger
+from mcp.client._probe import negotiate_auto
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ToolsListChanged, listen
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from rho_actors.encoding import describe_exception
 from rho_actors.mcp.bounds import RELIST_MIN_S, bounded_http_client, relisting_wait, shown_info, stdio_transport
@@ -55,7 +60,8 @@ class Link:
     connections: int = 0  # connections made so far (1 + restarts that connected)
     failures: int = 0  # attempts that ended (failed to connect, or the connection was lost)
     last_error: str | None = None
-    server_info: dict[str, Any] | None = None  # the last initialize's serverInfo (name, version...)
+    server_info: dict[str, Any] | None = None  # the last connection's serverInfo (name, version...)
+    protocol_version: str | None = None  # the last connection's protocol version (2026-07-28, 2025-11-25...)
     given_up: str | None = None  # why its supervisor gave up on it (past the restart intensity)
     listeners: dict[int, Any] = field(default_factory=dict)  # calls in flight -> their MCP client (log relay)
     renew: Any = None  # ends the live connection at once (its session unknown to the server): a callable
@@ -182,14 +188,21 @@ class MCPConnection(Actor):
                 relay_log(self._link.lock, self._link.listeners, server.name, params)
 
             session = await stack.enter_async_context(
-                ClientSession(relay_receive, write, message_handler=on_message, logging_callback=on_log)
+                ClientSession(relay_receive, write, message_handler=on_message, logging_callback=on_log,
+                              elicitation_callback=_not_mid_call, sampling_callback=_not_mid_call,
+                              list_roots_callback=_not_mid_call, log_level="debug")
             )
             with anyio.fail_after(server.connect_timeout_s):
-                initialized = await session.initialize()
-                tools = await _list_tools(session, server) if self._lister else {}
+                await _negotiate(session, server.mode)
+                tools, ttl_s = await _list_tools(session, server) if self._lister else ({}, None)
+            modern = session.protocol_version in MODERN_PROTOCOL_VERSIONS
+            if modern and self._lister:  # 2026-07-28: list changes come on a subscriptions/listen stream
+                tasks.start_soon(_listen_changes, session, on_message)
+            info = session.server_info
             with self._link.lock:
                 self._link.connections += 1
-                self._link.server_info = shown_info(initialized.server_info.model_dump(mode="json", exclude_none=True))
+                self._link.protocol_version = session.protocol_version
+                self._link.server_info = shown_info(info.model_dump(mode="json", exclude_none=True)) if info else {}
             aloop = asyncio.get_running_loop()
             self._link.renew = lambda: aloop.call_soon_threadsafe(renew_now)
             self._publish(session, tools)
@@ -198,13 +211,16 @@ class MCPConnection(Actor):
                 while True:
                     # a list_changed flood relists ever more rarely (the host's CPU: relisting_wait)
                     early = listed_at + wait_s - time.monotonic()
+                    quiet = server.ping_interval_s if ttl_s is None else min(server.ping_interval_s,
+                                                                              listed_at + ttl_s - time.monotonic())
                     try:
-                        await asyncio.wait_for(wake.wait(), max(0.0, early) if relist.is_set()
-                                               else server.ping_interval_s)
+                        await asyncio.wait_for(wake.wait(), max(0.0, early) if relist.is_set() else max(0.0, quiet))
                     except TimeoutError:
-                        if not relist.is_set():
+                        if ttl_s is not None and time.monotonic() >= listed_at + ttl_s:
+                            relist.set()  # the listing's cache hint (ttlMs) has run out: list again
+                        elif not relist.is_set():
                             with anyio.fail_after(server.connect_timeout_s):
-                                await session.send_ping()
+                                await _heartbeat(session, modern)
                             continue
                     wake.clear()
                     if renewing.is_set():
@@ -216,7 +232,7 @@ class MCPConnection(Actor):
                         relist.clear()
                         began = time.monotonic()
                         with anyio.fail_after(server.connect_timeout_s):
-                            tools = await _list_tools(session, server)
+                            tools, ttl_s = await _list_tools(session, server)
                         flooded = bool(changed_at) and changed_at[0] < listed_at + wait_s
                         wait_s = relisting_wait(wait_s, time.monotonic() - began, flooded)
                         listed_at = time.monotonic()
@@ -260,16 +276,74 @@ async def _relay(read: Any, send: Any, ended: asyncio.Event, wake: asyncio.Event
         wake.set()
 
 
-async def _list_tools(session: ClientSession, server: Any) -> dict[str, dict[str, Any]]:
+async def _negotiate(session: ClientSession, mode: str) -> None:
+    """Settle the protocol era as the SDK's ``Client(mode=...)`` does: ``"auto"`` the
+    SDK's own probe (``server/discover``, else the ``initialize`` handshake),
+    ``"legacy"`` the handshake, a 2026-07-28 version ``server/discover`` at it."""
+    if mode == "auto":
+        await negotiate_auto(session)
+    elif mode == "legacy":
+        await session.initialize()
+    else:
+        session.adopt(types.DiscoverResult.model_validate(await session.send_discover(mode)))
+
+
+async def _not_mid_call(context: Any, params: Any = None) -> types.ErrorData:
+    """A server's own request (elicitation, sampling, roots) in the handshake era: refused.
+    The capabilities are declared for 2026-07-28, where a server asks through the call's
+    ``input_required`` result and rho relays the questions to the call's own client."""
+    return types.ErrorData(code=types.INVALID_REQUEST, message="this client relays a server's questions through "
+                           "input_required results (protocol 2026-07-28) only, not as requests of the server's own")
+
+
+async def _heartbeat(session: ClientSession, modern: bool) -> None:
+    """Ask a quiet server whether it still answers: ``ping`` in the handshake era, a
+    ``server/discover`` at 2026-07-28 (which has no ``ping``)."""
+    if modern:
+        version = session.protocol_version
+        assert version is not None
+        await session.send_discover(version)
+    else:
+        await session.send_ping()
+
+
+async def _listen_changes(session: ClientSession, on_message: Any) -> None:
+    """A 2026-07-28 server's ``tools/list_changed``, from its ``subscriptions/listen``
+    stream (the SDK's :func:`mcp.client.subscriptions.listen`), fed to ``on_message`` as
+    the handshake era's notification is. A server that does not serve the stream is
+    listed again when its listing's ``ttlMs`` runs out; a stream that drops (the server
+    restarted: 2026-07-28 has no session to lose) is opened again, at most once per
+    :data:`RELIST_MIN_S`, and the server listed again (a change may have been missed)."""
+    while True:
+        try:
+            async with listen(session, tools_list_changed=True) as subscription:
+                async for event in subscription:
+                    if isinstance(event, ToolsListChanged):
+                        await on_message(types.ToolListChangedNotification())
+        except (MCPError, TimeoutError):  # not served (refused, never acknowledged): the ttl stands
+            return
+        except Exception as exc:  # dropped, or the server unreachable now: the heartbeat decides
+            logger.debug("MCP subscriptions/listen stream ended: {}", describe_exception(exc))
+        await asyncio.sleep(RELIST_MIN_S)
+        await on_message(types.ToolListChangedNotification())
+
+
+async def _list_tools(session: ClientSession, server: Any) -> tuple[dict[str, dict[str, Any]], float | None]:
     """The server's tools (every page, at most :data:`_MAX_PAGES`), bounded: once
     ``server.max_tools`` tools or :data:`MAX_LISTED_BYTES` of declarations (as JSON)
-    are kept, the rest of the listing is left out, logged once per server."""
+    are kept, the rest of the listing is left out, logged once per server. With them,
+    how long the listing is fresh (seconds: the least ``ttlMs`` of its pages, at least
+    :data:`RELIST_MIN_S`; None: no hint, or ``ttlMs`` 0, which asks no caching: listed
+    again on a change only)."""
+    ttl_s: float | None = None
     max_tools, max_bytes = server.max_tools, MAX_LISTED_BYTES
     tools: dict[str, dict[str, Any]] = {}
     cursor: str | None = None
     size = 0
     for _ in range(_MAX_PAGES):
         result = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+        if result.ttl_ms > 0 and session.protocol_version in MODERN_PROTOCOL_VERSIONS:  # a 2026-07-28 cache hint
+            ttl_s = max(RELIST_MIN_S, min(ttl_s or math.inf, result.ttl_ms / 1000))
         for tool in result.tools:
             declared = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
             size += len(json.dumps(declared))
@@ -279,9 +353,9 @@ async def _list_tools(session: ClientSession, server: Any) -> dict[str, dict[str
                     logger.warning("MCP server {} lists more than {} tools or {:,} bytes of declarations; the {} "
                                    "tools listed first are kept, the rest left out", server.name, max_tools,
                                    max_bytes, len(tools))
-                return tools
+                return tools, ttl_s
             tools[tool.name] = declared
         cursor = result.next_cursor
         if not cursor:
             break
-    return tools
+    return tools, ttl_s

@@ -57,14 +57,17 @@ from typing import Any
 
 import mcp_types as types
 import pykka
+from mcp.client._input_required import DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter
 
 from rho_actors.declarations.annotations import HINTS
 from rho_actors.declarations.policy import parse_rate
 from rho_actors.encoding import describe_exception
 from rho_actors.mcp.bounds import RELIST_MIN_S, route_sdk_logging, shown_text
-from rho_actors.mcp.client_requests import client_of
+from rho_actors.mcp.client_requests import ClientRequestError, client_of
 from rho_actors.mcp.connection import MAX_LISTED_BYTES, Link, MCPConnection
 from rho_actors.mcp.content import rho_value
 from rho_actors.mcp.launch import ENV_ALLOWLIST, find_program, scrubbed_environment
@@ -82,6 +85,10 @@ __all__ = [
 ]
 
 MAX_TOOLS = 4096
+MAX_INPUT_ROUNDS = DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
+"""The most ``input_required`` rounds of one call of a 2026-07-28 server (the SDK's own bound)."""
+_CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
+    types.CallToolResult | types.InputRequiredResult)
 """The tools kept of one server's listing at most (``MCPServer(max_tools=...)``); the rest are left out, logged."""
 _SOURCES = "sources"  # the system's supervisor of sources and their own subtrees
 
@@ -172,10 +179,12 @@ class MCPServer:
     ``rate`` (``"10/s"``, ``"600/min"``...): one token bucket for all the server's tools
     (DESIGN §4 "The governor"); ``idempotent_hints=True``: the host trusts the server's
     ``idempotentHint`` annotations, and a tool so annotated is retried as an idempotent
-    tool is.
+    tool is. ``mode``: the protocol era, as the SDK's ``Client(mode=...)``: ``"auto"``
+    (``server/discover`` at 2026-07-28, the ``initialize`` handshake with a server that
+    does not answer it), ``"legacy"`` (the handshake) or ``"2026-07-28"``.
 
     Raises ``ValueError`` for neither or both of ``command`` and ``url``, an empty
-    ``command`` or a bad ``rate``.
+    ``command``, a bad ``rate`` or an unknown ``mode``.
     """
 
     contained = True  # tools stand for code elsewhere: registered trusted (see rho_actors.sources)
@@ -198,6 +207,7 @@ class MCPServer:
         max_tools: int = MAX_TOOLS,
         rate: str | None = None,
         idempotent_hints: bool = False,
+        mode: str = "auto",
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("MCPServer takes exactly one of command=[...] (stdio) or url=... (streamable HTTP)")
@@ -218,6 +228,10 @@ class MCPServer:
         self.max_tools = max_tools
         self.rate = None if rate is None else parse_rate(rate).text  # checked now: ValueError names the forms
         self.idempotent_hints = idempotent_hints is True
+        if mode not in ("auto", "legacy", *MODERN_PROTOCOL_VERSIONS):
+            raise ValueError(f"mode must be 'auto', 'legacy' or one of {', '.join(MODERN_PROTOCOL_VERSIONS)}, "
+                             f"got {mode!r}")
+        self.mode = mode
         self.listing_cut = False  # whether a listing went over the bounds (logged once)
         self._link = Link()
         route_sdk_logging()  # the SDK's own log records: into loguru, escaped, never raw onto stderr
@@ -348,6 +362,13 @@ class MCPServer:
         return copy.deepcopy(self._link.server_info)
 
     @property
+    def protocol_version(self) -> str | None:
+        """The protocol version of the last connection (``"2026-07-28"`` with a server
+        that answers ``server/discover``, a handshake-era one such as ``"2025-11-25"``
+        otherwise; ``None`` before it connected)."""
+        return self._link.protocol_version
+
+    @property
     def connections(self) -> int:
         """How many connections were made so far (the first, then one per restart)."""
         return self._link.connections
@@ -395,11 +416,50 @@ class MCPServer:
         return contextlib.nullcontext(self._link)
 
     def _call_on(self, link: Link, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
+        """``tools/call`` on ``link``'s session. A 2026-07-28 server that answers
+        ``input_required`` (SEP-2322) gets its questions asked of the call's own MCP
+        client (:func:`rho_actors.mcp.client_of`), and the call again with the answers
+        and its ``requestState``, at most :data:`MAX_INPUT_ROUNDS` rounds, all within
+        the call's one deadline."""
+        deadline = float(ctx.get("deadline", time.monotonic() + self.timeout_ms / 1000))
+        answers: dict[str, Any] | None = None
+        state: str | None = None
+        pause = 0.05  # a round that asks nothing (requestState only): polled with backoff, as the SDK does
+        for _ in range(MAX_INPUT_ROUNDS + 1):
+            result = self._round(link, name, types.CallToolRequestParams(
+                name=name, arguments=args, input_responses=answers, request_state=state), ctx, deadline)
+            if isinstance(result, types.CallToolResult):
+                return rho_value(result)
+            state = result.request_state
+            if not result.input_requests:
+                answers = None
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 0.25)
+                continue
+            answers = self._answers(name, result.input_requests, ctx)
+        raise _fails("mcp_input_unanswered", name, server=self.name,
+                     reason=f"it asked for input more than {MAX_INPUT_ROUNDS} rounds")
+
+    def _answers(self, name: str, asked: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's MCP client's answers to a server's questions (its ``inputRequests``,
+        under the server's keys), or :class:`ToolFailure`. A served 2026-07-28 call that
+        has no answer yet ends here, and its client gets these questions in an
+        ``input_required`` result of rho's own (:mod:`rho_actors.mcp.client_requests`)."""
+        client = client_of(ctx)
+        if client is None:
+            raise _fails("mcp_input_unanswered", name, server=self.name,
+                         reason="it asked for the client's input, and this call was not made by an MCP client")
+        try:
+            return client.ask(asked)
+        except ClientRequestError as err:
+            raise _fails("mcp_input_unanswered", name, server=self.name, reason=shown_text(str(err), 500)) from None
+
+    def _round(self, link: Link, name: str, params: types.CallToolRequestParams, ctx: Mapping[str, Any],
+               deadline: float) -> types.CallToolResult | types.InputRequiredResult:
         with link.lock:
             session, aloop = link.session, link.aloop
         if session is None or aloop is None:
             raise _fails("mcp_not_connected", name, server=self.name)
-        deadline = float(ctx.get("deadline", time.monotonic() + self.timeout_ms / 1000))
         left = max(0.001, deadline - time.monotonic())
         report = ctx.get("progress")
 
@@ -409,9 +469,8 @@ class MCPServer:
 
         # sent as a bare request: the SDK's own result check (its jsonschema, Python's re on
         # the server's patterns) never runs here; rho's bounded validator checks it (mcp serve)
-        request = session.send_request(
-            types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args)),
-            types.CallToolResult, request_read_timeout_seconds=left, progress_callback=forward)
+        request = session.send_request(types.CallToolRequest(params=params), _CALL_RESULT,
+                                       request_read_timeout_seconds=left, progress_callback=forward)
         try:
             future = asyncio.run_coroutine_threadsafe(request, aloop)
         except RuntimeError:  # the loop closed in between
@@ -422,7 +481,7 @@ class MCPServer:
         if cancel is not None:
             cancel.add_inline_callback(future.cancel)  # abandons the request: sends notifications/cancelled
         try:
-            result = future.result(timeout=left + 5.0)
+            return future.result(timeout=left + 5.0)
         except concurrent.futures.CancelledError:
             reason = getattr(cancel, "reason", None) or "cancelled"
             if reason == "timeout":  # the deadline: the same result whichever thread answers first
@@ -439,7 +498,6 @@ class MCPServer:
                     link.renew()
                 raise SessionGone(session) from None
             raise _failure(self.name, name, err, link.stopping) from None
-        return rho_value(result)
 
     def _timed_out(self, tool: str) -> ToolFailure:
         return _fails("timeout", tool, timeout_ms=self.timeout_ms, consequence=SENT_CANCEL)
