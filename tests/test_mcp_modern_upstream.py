@@ -97,21 +97,21 @@ def _check_the_source(system: ActorSystem, source: MCPServer, marks: Path) -> No
     assert "needed input the call could not give" in asked.content and "not made by an MCP client" in asked.content
     started = time.monotonic()
     [hung] = loop.run_turn([ToolCall("c4", "hang", {"seconds": 30})])
-    assert hung.error_kind is ErrorKind.TIMEOUT and time.monotonic() - started < 3.0 + slack(1.0)
+    assert hung.error_kind is ErrorKind.TIMEOUT and time.monotonic() - started < 8.0 + slack(1.0)
     [again] = loop.run_turn([ToolCall("c5", "lookup", {"key": "still"})])
     assert again.ok, again
 
 
 def test_a_modern_only_server_over_stdio_is_a_source(system: ActorSystem, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
-    source = MCPServer(command=[sys.executable, MODERN, "--marks", str(marks)], name="modern", timeout_ms=3000,
+    source = MCPServer(command=[sys.executable, MODERN, "--marks", str(marks)], name="modern", timeout_ms=8000,
                        connect_timeout_s=WAIT_S)
     _check_the_source(system, source, marks)
     assert wait_for((tmp_path / "marks.cancelled").exists)  # the deadline cancelled the upstream's call
 
 
 def test_a_modern_only_server_over_http_is_a_source(system: ActorSystem, tmp_path: Path, modern_http: str) -> None:
-    source = MCPServer(url=modern_http, name="modern", timeout_ms=3000, connect_timeout_s=WAIT_S)
+    source = MCPServer(url=modern_http, name="modern", timeout_ms=8000, connect_timeout_s=WAIT_S)
     _check_the_source(system, source, tmp_path / "marks")
 
 

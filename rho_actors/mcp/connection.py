@@ -45,6 +45,7 @@ _MAX_PAGES = 100
 MAX_LISTED_BYTES = 32 * 2**20
 """The bytes of declarations (as JSON) kept of one server's listing at most (a sane one is
 under 100 KiB: :data:`rho_actors.declarations.checks.DEFAULT_MAX_SCHEMA_BYTES`)."""
+_LISTEN_WAIT_MAX_S = 300.0  # the longest wait before a subscriptions/listen stream is opened again
 _STDERR_SETTLE_S = 0.5  # how long an ended connection waits for the last stderr lines
 
 
@@ -197,7 +198,7 @@ class MCPConnection(Actor):
                 tools, ttl_s = await _list_tools(session, server) if self._lister else ({}, None)
             modern = session.protocol_version in MODERN_PROTOCOL_VERSIONS
             if modern and self._lister:  # 2026-07-28: list changes come on a subscriptions/listen stream
-                tasks.start_soon(_listen_changes, session, on_message)
+                tasks.start_soon(_listen_changes, session, on_message, server.ping_interval_s)
             info = session.server_info
             with self._link.lock:
                 self._link.connections += 1
@@ -307,25 +308,35 @@ async def _heartbeat(session: ClientSession, modern: bool) -> None:
         await session.send_ping()
 
 
-async def _listen_changes(session: ClientSession, on_message: Any) -> None:
+async def _listen_changes(session: ClientSession, on_message: Any, quiet_s: float) -> None:
     """A 2026-07-28 server's ``tools/list_changed``, from its ``subscriptions/listen``
     stream (the SDK's :func:`mcp.client.subscriptions.listen`), fed to ``on_message`` as
     the handshake era's notification is. A server that does not serve the stream is
-    listed again when its listing's ``ttlMs`` runs out; a stream that drops (the server
-    restarted: 2026-07-28 has no session to lose) is opened again, at most once per
-    :data:`RELIST_MIN_S`, and the server listed again (a change may have been missed)."""
+    listed again when its listing's ``ttlMs`` runs out. A stream that ends (the server
+    restarted: 2026-07-28 has no session to lose, and calls go on meanwhile) is opened
+    again ``quiet_s`` later (the heartbeat's interval: over HTTP a request to a server
+    still down ends the connection, which is then restarted), then ever more rarely while
+    it keeps ending (at most :data:`_LISTEN_WAIT_MAX_S` apart), and once open the server
+    is listed again (a change may have been missed)."""
+    wait_s, opened = quiet_s, False
     while True:
         try:
             async with listen(session, tools_list_changed=True) as subscription:
+                if opened:
+                    await on_message(types.ToolListChangedNotification())
+                opened = True
                 async for event in subscription:
                     if isinstance(event, ToolsListChanged):
+                        wait_s = quiet_s
                         await on_message(types.ToolListChangedNotification())
-        except (MCPError, TimeoutError):  # not served (refused, never acknowledged): the ttl stands
-            return
-        except Exception as exc:  # dropped, or the server unreachable now: the heartbeat decides
+        except (MCPError, TimeoutError) as exc:
+            if not opened:  # not served (refused, never acknowledged): the ttl stands
+                return
+            logger.debug("MCP subscriptions/listen: {}", describe_exception(exc))
+        except Exception as exc:  # dropped
             logger.debug("MCP subscriptions/listen stream ended: {}", describe_exception(exc))
-        await asyncio.sleep(RELIST_MIN_S)
-        await on_message(types.ToolListChangedNotification())
+        await asyncio.sleep(wait_s)
+        wait_s = min(wait_s * 2, max(quiet_s, _LISTEN_WAIT_MAX_S))
 
 
 async def _list_tools(session: ClientSession, server: Any) -> tuple[dict[str, dict[str, Any]], float | None]:
