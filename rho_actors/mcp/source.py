@@ -14,6 +14,11 @@ server's tools like any other source's:
   calls in flight get ``crashed`` results, calls while it is down ``unavailable``, and
   its tools leave the offer until the new connection has listed them. Past the
   intensity the supervisor ends and the tools stay out.
+- The protocol era is settled as the SDK's ``Client(mode="auto")`` does (``mode``):
+  2026-07-28 with a server that answers ``server/discover``, else the ``initialize``
+  handshake (:mod:`rho_actors.mcp.connection`). At 2026-07-28 a call answered
+  ``input_required`` has its questions asked of the call's own MCP client and is sent
+  again with the answers, within its one deadline.
 - Each tool is an :class:`MCPTool` whose ``run`` sends ``tools/call`` with the rho
   deadline as the request timeout; at the deadline (``ctx["cancel"]``) the request is
   abandoned, which sends ``notifications/cancelled``, and the loop's result is
@@ -356,7 +361,7 @@ class MCPServer:
 
     @property
     def server_info(self) -> dict[str, Any] | None:
-        """The server's ``serverInfo`` of its last ``initialize`` (``name``,
+        """The server's ``serverInfo`` of its last connection (``name``,
         ``version``...; ``None`` before it connected): what it says of itself, shown,
         never its source name (:mod:`rho_actors.mcp.names`)."""
         return copy.deepcopy(self._link.server_info)
