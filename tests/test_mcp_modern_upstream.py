@@ -6,6 +6,7 @@ gateway's own client; a handshake-era upstream keeps its handshake (DESIGN §6b)
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -190,3 +191,39 @@ def test_a_legacy_upstream_still_works_behind_the_gateway(tmp_path: Path) -> Non
 
     result = anyio.run(main)
     assert not result.is_error and result.content[0].text == "echo: old"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_the_gateway_relays_a_handshake_upstreams_own_question(tmp_path: Path, mode: str) -> None:
+    """A handshake-era upstream's ``elicitation/create`` (a request of its own, during
+    the one call in flight on its connection) reaches the client of that call, of
+    either era, and its answer goes back up."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(f"[servers.old]\ncommand = {json.dumps([sys.executable, LEGACY])}\nmode = \"legacy\"\n"
+                      f"connect_timeout_s = {WAIT_S}\n")
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"color": "teal"})
+
+    params = StdioServerParameters(command=sys.executable, args=[
+        "-m", "rho_actors.cli", "mcp", "serve", "--config", str(config), "--data-dir", str(tmp_path / "data")])
+
+    async def main() -> Any:
+        with anyio.fail_after(WAIT_S * 3):
+            async with Client(params, mode=mode, elicitation_callback=on_elicit) as client:
+                return await client.call_tool("ask_color", {})
+
+    result = anyio.run(main)
+    assert not result.is_error, result
+    assert result.content[0].text == "accept: teal"
+    assert asked and asked[0] == "Which colour?"
+
+
+def test_a_handshake_upstreams_question_without_a_client_is_refused(system: ActorSystem) -> None:
+    source = MCPServer(command=[sys.executable, LEGACY], name="old", mode="legacy", connect_timeout_s=WAIT_S)
+    system.add_source(source, poll_s=None)
+    assert source.protocol_version == "2025-11-25"
+    [result] = system.start_loop("q").run_turn([ToolCall("c1", "ask_color", {})])
+    assert not result.ok and "no call in flight on this connection has an MCP client" in result.content, result

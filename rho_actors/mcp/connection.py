@@ -35,7 +35,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.mcp.bounds import RELIST_MIN_S, bounded_http_client, relisting_wait, shown_info, stdio_transport
 from rho_actors.mcp.launch import env_command
 from rho_actors.mcp.peers import pin_listener
-from rho_actors.mcp.relay import relay_log
+from rho_actors.mcp.relay import relay_log, relay_question
 from rho_actors.mcp.stderr_log import StderrLog
 from rho_actors.otp.actor import Actor, kill
 
@@ -190,8 +190,8 @@ class MCPConnection(Actor):
 
             session = await stack.enter_async_context(
                 ClientSession(relay_receive, write, message_handler=on_message, logging_callback=on_log,
-                              elicitation_callback=_not_mid_call, sampling_callback=_not_mid_call,
-                              list_roots_callback=_not_mid_call, log_level="debug")
+                              elicitation_callback=self._elicited, sampling_callback=self._sampled,
+                              list_roots_callback=self._roots_asked, log_level="debug")
             )
             with anyio.fail_after(server.connect_timeout_s):
                 await _negotiate(session, server.mode)
@@ -242,6 +242,20 @@ class MCPConnection(Actor):
             finally:
                 tasks.cancel_scope.cancel()
 
+    # a handshake-era server's own questions: to the client of the one call in flight (relay_question)
+
+    async def _elicited(self, context: Any, params: types.ElicitRequestParams) -> Any:
+        return await self._relay_question(types.ElicitRequest(params=params))
+
+    async def _sampled(self, context: Any, params: types.CreateMessageRequestParams) -> Any:
+        return await self._relay_question(types.CreateMessageRequest(params=params))
+
+    async def _roots_asked(self, context: Any) -> Any:
+        return await self._relay_question(types.ListRootsRequest())
+
+    async def _relay_question(self, request: Any) -> Any:
+        return await asyncio.to_thread(relay_question, self._link.lock, self._link.listeners, request)
+
     async def _open_stdio(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
         """Start the stdio server (through ``env -i``: the scrubbed environment), its
         stderr a pipe into the log; its streams, every message bounded before it is
@@ -287,14 +301,6 @@ async def _negotiate(session: ClientSession, mode: str) -> None:
         await session.initialize()
     else:
         session.adopt(types.DiscoverResult.model_validate(await session.send_discover(mode)))
-
-
-async def _not_mid_call(context: Any, params: Any = None) -> types.ErrorData:
-    """A server's own request (elicitation, sampling, roots) in the handshake era: refused.
-    The capabilities are declared for 2026-07-28, where a server asks through the call's
-    ``input_required`` result and rho relays the questions to the call's own client."""
-    return types.ErrorData(code=types.INVALID_REQUEST, message="this client relays a server's questions through "
-                           "input_required results (protocol 2026-07-28) only, not as requests of the server's own")
 
 
 async def _heartbeat(session: ClientSession, modern: bool) -> None:
