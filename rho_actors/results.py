@@ -287,6 +287,9 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "mcp_input_unanswered": (
         _K.RAISED, "tool {tool!r}: MCP server {server} needed input the call could not give: {reason}"
     ),
+    "mcp_task_ended": (
+        _K.RAISED, "tool {tool!r}: MCP server {server} ran the call as a task that ended {status} without a result"
+    ),
     "mcp_refused": (_K.RAISED, "tool {tool!r}: MCP server {server} refused the call: error {code}: {message}"),
     "mcp_output_schema": (
         _K.RAISED, "tool {tool!r} returned output that does not match its outputSchema: {problem}",

@@ -227,3 +227,39 @@ def test_a_handshake_upstreams_question_without_a_client_is_refused(system: Acto
     assert source.protocol_version == "2025-11-25"
     [result] = system.start_loop("q").run_turn([ToolCall("c1", "ask_color", {})])
     assert not result.ok and "no call in flight on this connection has an MCP client" in result.content, result
+
+
+TASKS = str(FIXTURES / "task_upstream.py")
+
+
+def test_an_upstreams_task_is_followed_to_its_result(system: ActorSystem, tmp_path: Path) -> None:
+    """A server with the tasks extension (SEP-2663) makes a call a task: the call follows
+    it (tasks/get) to its result; a tool error in a task is the tool's error."""
+    source = MCPServer(command=[sys.executable, TASKS, str(tmp_path)], name="tasks", timeout_ms=20_000,
+                       connect_timeout_s=WAIT_S)
+    system.add_source(source, poll_s=None)
+    assert source.connected, source.last_error
+    loop = system.start_loop("t")
+    [done] = loop.run_turn([ToolCall("c1", "slow_compute", {"seconds": 0.3})])
+    assert done.ok and done.content == "computed after 0.3 s", done
+    assert (tmp_path / "task-1").read_text() == "slow_compute"  # it ran as a task
+    [failed] = loop.run_turn([ToolCall("c2", "failing_job", {})])
+    assert failed.error_kind is ErrorKind.TOOL_ERROR and "failing_job" in failed.content, failed
+    [plain] = loop.run_turn([ToolCall("c3", "greet", {"name": "Ada"})])
+    assert plain.ok and plain.content == "Hello, Ada!"
+    assert not (tmp_path / "task-3").exists()
+
+
+def test_rhos_deadline_bounds_an_upstreams_task_as_a_whole(system: ActorSystem, tmp_path: Path) -> None:
+    """Each tasks/get is answered at once; the call's one deadline still ends the task:
+    the result is timeout on time, and the server's task is cancelled (tasks/cancel)."""
+    source = MCPServer(command=[sys.executable, TASKS, str(tmp_path)], name="tasks", timeout_ms=1500,
+                       connect_timeout_s=WAIT_S)
+    system.add_source(source, poll_s=None)
+    assert source.connected, source.last_error
+    started = time.monotonic()
+    [hung] = system.start_loop("t").run_turn([ToolCall("c1", "slow_compute", {"seconds": 60})])
+    assert hung.error_kind is ErrorKind.TIMEOUT, hung
+    assert time.monotonic() - started < 1.5 + slack(1.0)
+    assert wait_for((tmp_path / "cancelled").exists)
+    assert (tmp_path / "cancelled").read_text() == "task-1"

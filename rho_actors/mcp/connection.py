@@ -39,7 +39,11 @@ from rho_actors.mcp.relay import relay_log, relay_question
 from rho_actors.mcp.stderr_log import StderrLog
 from rho_actors.otp.actor import Actor, kill
 
-__all__ = ["MAX_LISTED_BYTES", "Link", "MCPConnection"]
+__all__ = ["MAX_LISTED_BYTES", "TASKS_EXTENSION", "Link", "MCPConnection"]
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+"""MCP Tasks (SEP-2663), declared by every connection: a server may answer a call with a
+task, which the call follows (:meth:`rho_actors.mcp.MCPServer.call`)."""
 
 _MAX_PAGES = 100
 MAX_LISTED_BYTES = 32 * 2**20
@@ -191,7 +195,8 @@ class MCPConnection(Actor):
             session = await stack.enter_async_context(
                 ClientSession(relay_receive, write, message_handler=on_message, logging_callback=on_log,
                               elicitation_callback=self._elicited, sampling_callback=self._sampled,
-                              list_roots_callback=self._roots_asked, log_level="debug")
+                              list_roots_callback=self._roots_asked, log_level="debug",
+                              extensions={TASKS_EXTENSION: {}})
             )
             with anyio.fail_after(server.connect_timeout_s):
                 await _negotiate(session, server.mode)

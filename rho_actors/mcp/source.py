@@ -66,7 +66,7 @@ from mcp.client._input_required import DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from rho_actors.declarations.annotations import HINTS
 from rho_actors.declarations.policy import parse_rate
@@ -92,6 +92,9 @@ __all__ = [
 MAX_TOOLS = 4096
 MAX_INPUT_ROUNDS = DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
 """The most ``input_required`` rounds of one call of a 2026-07-28 server (the SDK's own bound)."""
+MIN_POLL_S = 0.05
+"""The shortest wait between two ``tasks/get`` of an upstream's task, whatever its ``pollIntervalMs``."""
+_RAW: Any = TypeAdapter(dict[str, Any])  # a result as JSON (the SDK's parameter is typed for models)
 _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
     types.CallToolResult | types.InputRequiredResult)
 """The tools kept of one server's listing at most (``MCPServer(max_tools=...)``); the rest are left out, logged."""
@@ -435,6 +438,8 @@ class MCPServer:
                 name=name, arguments=args, input_responses=answers, request_state=state), ctx, deadline)
             if isinstance(result, types.CallToolResult):
                 return rho_value(result)
+            if isinstance(result, CreatedTask):
+                return self._follow(link, name, result, ctx, deadline)
             state = result.request_state
             if not result.input_requests:
                 answers = None
@@ -444,6 +449,50 @@ class MCPServer:
             answers = self._answers(name, result.input_requests, ctx)
         raise _fails("mcp_input_unanswered", name, server=self.name,
                      reason=f"it asked for input more than {MAX_INPUT_ROUNDS} rounds")
+
+    def _follow(self, link: Link, name: str, task: CreatedTask, ctx: Mapping[str, Any], deadline: float) -> Any:
+        """Follow the task a server made of a call (SEP-2663) with ``tasks/get``, every
+        ``pollIntervalMs`` (at least :data:`MIN_POLL_S`), until it ends: the call's one
+        deadline bounds the task as a whole, and at it, or at the call's cancellation,
+        ``tasks/cancel`` is sent (not waited for) and the call's result is ``timeout``
+        (``cancelled``). ``completed``: the task's ``result`` as the call's; ``failed``:
+        ``mcp_refused`` with its error; ``cancelled`` by the server and
+        ``input_required`` (not relayed to a task yet): ``mcp_task_ended``."""
+        cancel, status = ctx.get("cancel"), task.model_dump(by_alias=True)
+        poll_s = max(MIN_POLL_S, (task.poll_interval_ms or 1000) / 1000)
+        while status.get("status") == "working":
+            pause = min(poll_s, deadline - time.monotonic())
+            if cancel is not None:
+                stopped = cancel.wait(max(0.0, pause))
+            else:
+                time.sleep(max(0.0, pause))
+                stopped = False
+            if stopped or time.monotonic() >= deadline:
+                self._cancel_task(link, task.task_id)
+                reason = getattr(cancel, "reason", None) or "timeout"
+                raise self._timed_out(name) if reason == "timeout" else _fails("cancelled", name, reason=reason)
+            status = self._send(link, name, types.GetTaskRequest(params=types.GetTaskRequestParams(
+                task_id=task.task_id)), ctx, deadline)
+        if status.get("status") == "completed" and isinstance(status.get("result"), dict):
+            return rho_value(types.CallToolResult.model_validate(status["result"]))
+        error = status.get("error")
+        if status.get("status") == "failed" and isinstance(error, dict):
+            raise _fails("mcp_refused", name, server=self.name, code=error.get("code"),
+                         message=shown_text(str(error.get("message")), 2000))
+        raise _fails("mcp_task_ended", name, server=self.name, status=shown_text(str(status.get("status")), 40))
+
+    def _cancel_task(self, link: Link, task_id: str) -> None:
+        """Send ``tasks/cancel`` for ``task_id`` without waiting for the answer."""
+        with link.lock:
+            session, aloop = link.session, link.aloop
+        if session is None or aloop is None:
+            return
+        sending = session.send_request(types.CancelTaskRequest(params=types.CancelTaskRequestParams(
+            task_id=task_id)), _RAW, request_read_timeout_seconds=self.connect_timeout_s)
+        try:
+            asyncio.run_coroutine_threadsafe(sending, aloop)
+        except RuntimeError:  # the loop closed in between
+            sending.close()
 
     def _answers(self, name: str, asked: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         """The call's MCP client's answers to a server's questions (its ``inputRequests``,
@@ -460,7 +509,16 @@ class MCPServer:
             raise _fails("mcp_input_unanswered", name, server=self.name, reason=shown_text(str(err), 500)) from None
 
     def _round(self, link: Link, name: str, params: types.CallToolRequestParams, ctx: Mapping[str, Any],
-               deadline: float) -> types.CallToolResult | types.InputRequiredResult:
+               deadline: float) -> types.CallToolResult | types.InputRequiredResult | CreatedTask:
+        """One ``tools/call``; a task the server made of it (SEP-2663) as :class:`CreatedTask`."""
+        raw = self._send(link, name, types.CallToolRequest(params=params), ctx, deadline)
+        if raw.get("resultType") == "task":
+            return CreatedTask.model_validate(raw)
+        return _CALL_RESULT.validate_python(raw)
+
+    def _send(self, link: Link, name: str, request: Any, ctx: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+        """Send ``request`` for a call of tool ``name`` and wait for its result (a dict), at
+        most until ``deadline``; a failure as :class:`ToolFailure` (or :class:`SessionGone`)."""
         with link.lock:
             session, aloop = link.session, link.aloop
         if session is None or aloop is None:
@@ -474,19 +532,18 @@ class MCPServer:
 
         # sent as a bare request: the SDK's own result check (its jsonschema, Python's re on
         # the server's patterns) never runs here; rho's bounded validator checks it (mcp serve)
-        request = session.send_request(types.CallToolRequest(params=params), _CALL_RESULT,
-                                       request_read_timeout_seconds=left, progress_callback=forward)
+        sending = session.send_request(request, _RAW, request_read_timeout_seconds=left, progress_callback=forward)
         try:
-            future = asyncio.run_coroutine_threadsafe(request, aloop)
+            future = asyncio.run_coroutine_threadsafe(sending, aloop)
         except RuntimeError:  # the loop closed in between
-            request.close()
+            sending.close()
             raise _fails("mcp_not_connected", name, server=self.name) from None
         listen(link.lock, link.listeners, client_of(ctx), future)  # the server's log messages: to a served call
         cancel = ctx.get("cancel")
         if cancel is not None:
             cancel.add_inline_callback(future.cancel)  # abandons the request: sends notifications/cancelled
         try:
-            return future.result(timeout=left + 5.0)
+            return dict(future.result(timeout=left + 5.0))
         except concurrent.futures.CancelledError:
             reason = getattr(cancel, "reason", None) or "cancelled"
             if reason == "timeout":  # the deadline: the same result whichever thread answers first
@@ -510,6 +567,15 @@ class MCPServer:
     def __repr__(self) -> str:
         where = f"command={shlex.join(self.command)!r}" if self.command is not None else f"url={self.url!r}"
         return f"MCPServer({where}, name={self.name!r})"
+
+
+class CreatedTask(BaseModel):
+    """A server's ``CreateTaskResult`` (SEP-2663: flat, ``resultType: "task"``)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    task_id: str = Field(alias="taskId", min_length=1, max_length=256)
+    status: str
+    poll_interval_ms: int | None = Field(default=None, alias="pollIntervalMs", ge=0)
 
 
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:
