@@ -294,6 +294,12 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.UNAVAILABLE, "tool {tool!r}: MCP server {server} no longer knew this client's session (it restarted?): "
         "a new session is being opened; the call was not sent again, as the tool is not declared idempotent"
     ),
+    "mcp_input_unanswered": (
+        _K.RAISED, "tool {tool!r}: MCP server {server} needed input the call could not give: {reason}"
+    ),
+    "mcp_task_ended": (
+        _K.RAISED, "tool {tool!r}: MCP server {server} ran the call as a task that ended {status} without a result"
+    ),
     "mcp_refused": (_K.RAISED, "tool {tool!r}: MCP server {server} refused the call: error {code}: {message}"),
     "mcp_output_schema": (
         _K.RAISED, "tool {tool!r} returned output that does not match its outputSchema: {problem}",

@@ -53,7 +53,7 @@ def _upstream(port: int) -> Iterator[subprocess.Popen[bytes]]:
 
 def test_a_restarted_server_gets_a_new_session_at_once(system: ActorSystem) -> None:
     port = _free_port()
-    source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="up", connect_timeout_s=WAIT_S,
+    source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="up", connect_timeout_s=WAIT_S, mode="legacy",
                        ping_interval_s=300.0)  # nothing but the calls finds the session gone
     with _upstream(port):
         system.add_source(source, poll_s=None)
@@ -75,3 +75,23 @@ def test_a_restarted_server_gets_a_new_session_at_once(system: ActorSystem) -> N
         assert wait_for(lambda: source.connections == connections + 2 and "lookup" in system.tool_set().entries)
         [after] = loop.run_turn([ToolCall("c4", "lookup", {"key": "k"})])
         assert after.ok and after.content == "value of k", after.content
+
+
+def test_a_restarted_2026_server_needs_no_new_connection(system: ActorSystem) -> None:
+    """At protocol 2026-07-28 there is no session to lose: a call to the restarted
+    server just works, not idempotent either, on the same connection."""
+    port = _free_port()
+    source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="up", connect_timeout_s=WAIT_S,
+                       ping_interval_s=300.0)
+    with _upstream(port):
+        system.add_source(source, poll_s=None)
+        assert wait_for(lambda: {"wipe", "lookup"} <= set(system.tool_set().entries))
+        assert source.protocol_version == "2026-07-28"
+        loop = system.start_loop("restarts")
+        [first] = loop.run_turn([ToolCall("c1", "lookup", {"key": "a"})])
+        assert first.ok, first.content
+        connections = source.connections
+    with _upstream(port):
+        [again] = loop.run_turn([ToolCall("c2", "lookup", {"key": "b"})])
+        assert again.ok and again.content == "value of b", again.content
+        assert source.connections == connections

@@ -51,9 +51,12 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def test_a_trusted_upstreams_oversized_message_ends_its_connection_unread(system: ActorSystem,
-                                                                         logs: list[str]) -> None:
-    server = _source(system, "big", "24")
+@pytest.mark.parametrize("era", ["legacy", "modern"])
+def test_a_trusted_upstreams_oversized_message_ends_its_connection_unread(system: ActorSystem, logs: list[str],
+                                                                         era: str) -> None:
+    """In either protocol era (2026-07-28 goes through the same bounded transport)."""
+    server = _source(system, "big", "24", env={"HOSTILE_ERA": era})
+    assert server.protocol_version == ("2026-07-28" if era == "modern" else "2025-11-25")
     before = _rss()
     [result] = system.start_loop("s").run_turn([ToolCall("c1", "echo", {"text": "x"})])
     assert result.error_kind is ErrorKind.CRASHED, result
@@ -62,10 +65,10 @@ def test_a_trusted_upstreams_oversized_message_ends_its_connection_unread(system
     assert wait_for(lambda: server.connections == 2, WAIT_S * 3)  # restarted within its intensity
 
 
-@pytest.mark.parametrize("shape", ["wide", "deep"])
+@pytest.mark.parametrize(("shape", "era"), [("wide", "legacy"), ("deep", "legacy"), ("deep", "modern")])
 def test_an_upstreams_containers_are_counted_before_they_are_built(system: ActorSystem, logs: list[str],
-                                                                   shape: str) -> None:
-    _source(system, "nested", "8")
+                                                                   shape: str, era: str) -> None:
+    _source(system, "nested", "8", env={"HOSTILE_ERA": era})
     before = _rss()
     [result] = system.start_loop("s").run_turn([ToolCall("c1", "echo", {"text": shape})])
     assert result.error_kind is ErrorKind.CRASHED, result
@@ -83,8 +86,10 @@ def test_a_large_structured_content_is_refused_naming_the_bound(system: ActorSys
     assert _rss() - before < 160 * _MIB  # kept whole, 12 MiB cost about 0.9 GiB
 
 
-def test_a_progress_flood_is_rate_bounded(system: ActorSystem) -> None:
-    server = _source(system, "progress", "20000", "2")  # 20,000 at once, then the answer 2 s later
+@pytest.mark.parametrize("era", ["legacy", "modern"])
+def test_a_progress_flood_is_rate_bounded(system: ActorSystem, era: str) -> None:
+    server = _source(system, "progress", "20000", "2", env={"HOSTILE_ERA": era})  # 20,000 at once, the answer 2 s later
+    assert server.protocol_version == ("2026-07-28" if era == "modern" else "2025-11-25")
     seen: list[float] = []
     lock = threading.Lock()
 

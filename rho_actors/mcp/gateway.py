@@ -49,6 +49,7 @@ The configuration (:func:`load_config`, ``--config gateway.toml``) is TOML::
     rate = "10/s"                     # one token bucket for all its tools (or "600/min", "1000/h")
     idempotent_hints = true           # its tools' idempotentHint is trusted: their failed calls are retried
     shared = false                    # untrusted only: one process for every session (default: one each)
+    mode = "auto"                     # the protocol era: "auto" (2026-07-28 if it answers it), "legacy", "2026-07-28"
 
     [servers.search]
     url = "http://127.0.0.1:9000/mcp" # streamable HTTP (trusted only)
@@ -70,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from loguru import logger
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from rho_actors.declarations.policy import parse_rate
 from rho_actors.errors import RhoError
@@ -92,6 +94,7 @@ _SERVER_NAME: Final = re.compile(r"(?!.*__)[A-Za-z0-9_-]{0,31}[A-Za-z0-9-]")  # 
 _KEYS: Final = frozenset({
     "command", "url", "env", "headers", "timeout_ms", "max_restarts", "max_seconds", "trusted", "network", "read",
     "memory_mb", "prefix", "connect_timeout_s", "cwd", "rate", "idempotent_hints", "shared",
+    "mode",
 })
 
 
@@ -118,7 +121,8 @@ class UpstreamSpec:
     ``prefix``: serve every tool as ``<name>__<tool>``. ``cwd``: a trusted stdio
     server's working folder. ``rate`` (``"10/s"``...): one token bucket for all its
     tools; ``idempotent_hints``: its ``idempotentHint`` annotations are trusted (such a
-    tool's failed calls are retried)."""
+    tool's failed calls are retried); ``mode``: its protocol era (``"auto"``, ``"legacy"``
+    or ``"2026-07-28"``: :class:`~rho_actors.mcp.MCPServer`)."""
 
     name: str
     command: tuple[str, ...] | None = None
@@ -138,6 +142,7 @@ class UpstreamSpec:
     rate: str | None = None
     idempotent_hints: bool = False
     shared: bool = False
+    mode: str = "auto"
 
 
 _DEFAULT: Final = UpstreamSpec("default")
@@ -238,8 +243,15 @@ def _spec(where: str, name: str, table: Any) -> UpstreamSpec:
         read=tuple(_paths(where, table.get("read", []))), memory_mb=numbers["memory_mb"],
         prefix=typed("prefix", bool, False), cwd=typed("cwd", (str, type(None)), None), rate=rate,
         idempotent_hints=typed("idempotent_hints", bool, False),
-        shared=typed("shared", bool, False),
+        shared=typed("shared", bool, False), mode=_mode(where, typed("mode", str, "auto")),
     )
+
+
+def _mode(where: str, mode: str) -> str:
+    if mode not in ("auto", "legacy", *MODERN_PROTOCOL_VERSIONS):
+        raise GatewayConfigError(f"{where}: mode must be \"auto\", \"legacy\" or "
+                                 f"{', '.join(repr(v) for v in MODERN_PROTOCOL_VERSIONS)}, got {mode!r}")
+    return mode
 
 
 def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
@@ -397,7 +409,7 @@ class Upstream(MCPServer):
         common: dict[str, Any] = {
             "name": spec.name, "timeout_ms": spec.timeout_ms, "max_restarts": spec.max_restarts,
             "max_seconds": spec.max_seconds, "connect_timeout_s": spec.connect_timeout_s, "rate": spec.rate,
-            "idempotent_hints": spec.idempotent_hints,
+            "idempotent_hints": spec.idempotent_hints, "mode": spec.mode,
         }
         if spec.command is not None:
             super().__init__(command=list(spec.command), env=dict(spec.env), cwd=spec.cwd, **common)

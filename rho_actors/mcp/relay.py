@@ -16,6 +16,13 @@ dropped, on purpose:
 - ``notifications/cancelled`` of a request of the server's own, and
   ``notifications/elicitation/complete``: dropped (a gateway sends the server no
   request that could be cancelled or completed).
+
+A handshake-era server's own requests that ask for input (``elicitation/create``,
+``sampling/createMessage``, ``roots/list``) name no call of ours: each is relayed to the
+client of the one call in flight on that connection (:func:`relay_question`), and
+refused when there is none or several (which one asked cannot be told). At 2026-07-28 a
+server asks inside its call's result (``input_required``), relayed by
+:meth:`rho_actors.mcp.MCPServer.call`.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ import mcp_types as types
 from loguru import logger
 
 from rho_actors.encoding import replace_controls, scrub_text
+from rho_actors.mcp.bounds import shown_text
+from rho_actors.mcp.client_requests import ClientRequestError
 
-__all__ = ["MAX_RELAYED_LOGS", "Listener", "forget", "listen", "relay_log"]
+__all__ = ["MAX_RELAYED_LOGS", "Listener", "forget", "listen", "relay_log", "relay_question"]
 
 MAX_RELAYED_LOGS = 100
 """The most log messages of an upstream relayed to one served call (the rest dropped)."""
@@ -43,6 +52,7 @@ class Listener:
 
     client: Any
     relayed: int = 0
+    asked: int = 0  # the server's own questions relayed so far (their keys: elicitation-1, sampling-2...)
 
 
 def listen(lock: threading.Lock, listeners: dict[int, Listener], client: Any, call: Any) -> None:
@@ -78,3 +88,28 @@ def relay_log(lock: threading.Lock, listeners: dict[int, Listener], server: str,
         listener.relayed += 1
         with contextlib.suppress(Exception):  # a client gone: its call ends on its own
             listener.client.log(params.level, params.data, who, wait=False)
+
+
+def relay_question(lock: threading.Lock, listeners: dict[int, Listener], request: Any) -> Any:
+    """Ask ``request`` (a server's own ``ElicitRequest``, ``CreateMessageRequest`` or
+    ``ListRootsRequest``) of the client of the one call in flight on its connection, and
+    return its answer (the SDK's result), or ``ErrorData`` saying why not: no call, or
+    several, in flight; the client cannot or did not answer (on a 2026-07-28 served call
+    the question goes to its client in rho's own ``input_required`` result, and is
+    answered when the call comes again). Blocks (from a worker thread) at most until
+    that call's deadline."""
+    with lock:
+        waiting = list(listeners.values())
+        if len(waiting) == 1:
+            waiting[0].asked += 1
+    if len(waiting) != 1:
+        return types.ErrorData(code=types.INVALID_REQUEST, message=(
+            "no call in flight on this connection has an MCP client to ask" if not waiting else
+            f"{len(waiting)} calls with MCP clients are in flight on this connection: which one asks cannot be told"))
+    listener = waiting[0]
+    kind = str(request.method).split("/")[0]
+    try:
+        [answer] = listener.client.ask({f"{kind}-{listener.asked}": request}).values()
+    except ClientRequestError as err:
+        return types.ErrorData(code=types.INVALID_REQUEST, message=shown_text(str(err), 500))
+    return answer

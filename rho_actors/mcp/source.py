@@ -14,6 +14,11 @@ server's tools like any other source's:
   calls in flight get ``crashed`` results, calls while it is down ``unavailable``, and
   its tools leave the offer until the new connection has listed them. Past the
   intensity the supervisor ends and the tools stay out.
+- The protocol era is settled as the SDK's ``Client(mode="auto")`` does (``mode``):
+  2026-07-28 with a server that answers ``server/discover``, else the ``initialize``
+  handshake (:mod:`rho_actors.mcp.connection`). At 2026-07-28 a call answered
+  ``input_required`` has its questions asked of the call's own MCP client and is sent
+  again with the answers, within its one deadline.
 - Each tool is an :class:`MCPTool` whose ``run`` sends ``tools/call`` with the rho
   deadline as the request timeout; at the deadline (``ctx["cancel"]``) the request is
   abandoned, which sends ``notifications/cancelled``, and the loop's result is
@@ -51,42 +56,30 @@ import copy
 import json
 import os
 import shlex
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import mcp_types as types
 import pykka
-from loguru import logger
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client._input_required import DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from rho_actors.declarations.annotations import HINTS
 from rho_actors.declarations.policy import parse_rate
 from rho_actors.encoding import describe_exception
-from rho_actors.mcp.bounds import (
-    RELIST_MIN_S,
-    bounded_http_client,
-    relisting_wait,
-    route_sdk_logging,
-    shown_info,
-    shown_text,
-    stdio_transport,
-)
-from rho_actors.mcp.client_requests import client_of
+from rho_actors.mcp.bounds import RELIST_MIN_S, route_sdk_logging, shown_text
+from rho_actors.mcp.client_requests import ClientRequestError, client_of
+from rho_actors.mcp.connection import MAX_LISTED_BYTES, Link, MCPConnection
 from rho_actors.mcp.content import rho_value
-from rho_actors.mcp.launch import ENV_ALLOWLIST, env_command, find_program, scrubbed_environment
+from rho_actors.mcp.launch import ENV_ALLOWLIST, find_program, scrubbed_environment
 from rho_actors.mcp.names import default_name
-from rho_actors.mcp.peers import pin_listener
-from rho_actors.mcp.relay import listen, relay_log
+from rho_actors.mcp.relay import listen
 from rho_actors.mcp.sessions import SessionGone, session_unknown
-from rho_actors.mcp.stderr_log import StderrLog
-from rho_actors.otp.actor import NORMAL, Actor, kill, monitor
+from rho_actors.otp.actor import NORMAL, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.results import SENT_CANCEL, TEXTS, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolFailure
@@ -96,41 +89,21 @@ __all__ = [
     "default_name", "scrubbed_environment",
 ]
 
-_MAX_PAGES = 100
 MAX_TOOLS = 4096
+MAX_INPUT_ROUNDS = DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
+"""The most ``input_required`` rounds of one call of a 2026-07-28 server (the SDK's own bound)."""
+MIN_POLL_S = 0.05
+"""The shortest wait between two ``tasks/get`` of an upstream's task, whatever its ``pollIntervalMs``."""
+_RAW: Any = TypeAdapter(dict[str, Any])  # a result as JSON (the SDK's parameter is typed for models)
+_CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
+    types.CallToolResult | types.InputRequiredResult)
 """The tools kept of one server's listing at most (``MCPServer(max_tools=...)``); the rest are left out, logged."""
-MAX_LISTED_BYTES = 32 * 2**20
-"""The bytes of declarations (as JSON) kept of one server's listing at most (a sane one is
-under 100 KiB: :data:`rho_actors.declarations.checks.DEFAULT_MAX_SCHEMA_BYTES`)."""
-_STDERR_SETTLE_S = 0.5  # how long an ended connection waits for the last stderr lines
 _SOURCES = "sources"  # the system's supervisor of sources and their own subtrees
 
 
 def _fails(key: str, tool: str, **fields: Any) -> ToolFailure:
     """The :class:`ToolFailure` of situation ``key`` of the results table."""
     return ToolFailure(TEXTS[key][0], text(key, tool=tool, **fields))
-
-
-@dataclass(slots=True)
-class Link:
-    """What the connection actor publishes for the tools (outlives its restarts)."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    session: ClientSession | None = None
-    aloop: asyncio.AbstractEventLoop | None = None
-    tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> MCP Tool (wire shape)
-    stopping: bool = False
-    connections: int = 0  # connections made so far (1 + restarts that connected)
-    failures: int = 0  # attempts that ended (failed to connect, or the connection was lost)
-    last_error: str | None = None
-    server_info: dict[str, Any] | None = None  # the last initialize's serverInfo (name, version...)
-    given_up: str | None = None  # why its supervisor gave up on it (past the restart intensity)
-    listeners: dict[int, Any] = field(default_factory=dict)  # calls in flight -> their MCP client (log relay)
-    renew: Any = None  # ends the live connection at once (its session unknown to the server): a callable
-    changed: threading.Condition = field(init=False)  # notified when a connection is published or an attempt ends
-
-    def __post_init__(self) -> None:
-        self.changed = threading.Condition(self.lock)
 
 
 class MCPTool:
@@ -214,10 +187,12 @@ class MCPServer:
     ``rate`` (``"10/s"``, ``"600/min"``...): one token bucket for all the server's tools
     (DESIGN §4 "The governor"); ``idempotent_hints=True``: the host trusts the server's
     ``idempotentHint`` annotations, and a tool so annotated is retried as an idempotent
-    tool is.
+    tool is. ``mode``: the protocol era, as the SDK's ``Client(mode=...)``: ``"auto"``
+    (``server/discover`` at 2026-07-28, the ``initialize`` handshake with a server that
+    does not answer it), ``"legacy"`` (the handshake) or ``"2026-07-28"``.
 
     Raises ``ValueError`` for neither or both of ``command`` and ``url``, an empty
-    ``command`` or a bad ``rate``.
+    ``command``, a bad ``rate`` or an unknown ``mode``.
     """
 
     contained = True  # tools stand for code elsewhere: registered trusted (see rho_actors.sources)
@@ -240,6 +215,7 @@ class MCPServer:
         max_tools: int = MAX_TOOLS,
         rate: str | None = None,
         idempotent_hints: bool = False,
+        mode: str = "auto",
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("MCPServer takes exactly one of command=[...] (stdio) or url=... (streamable HTTP)")
@@ -260,6 +236,10 @@ class MCPServer:
         self.max_tools = max_tools
         self.rate = None if rate is None else parse_rate(rate).text  # checked now: ValueError names the forms
         self.idempotent_hints = idempotent_hints is True
+        if mode not in ("auto", "legacy", *MODERN_PROTOCOL_VERSIONS):
+            raise ValueError(f"mode must be 'auto', 'legacy' or one of {', '.join(MODERN_PROTOCOL_VERSIONS)}, "
+                             f"got {mode!r}")
+        self.mode = mode
         self.listing_cut = False  # whether a listing went over the bounds (logged once)
         self._link = Link()
         route_sdk_logging()  # the SDK's own log records: into loguru, escaped, never raw onto stderr
@@ -384,10 +364,17 @@ class MCPServer:
 
     @property
     def server_info(self) -> dict[str, Any] | None:
-        """The server's ``serverInfo`` of its last ``initialize`` (``name``,
+        """The server's ``serverInfo`` of its last connection (``name``,
         ``version``...; ``None`` before it connected): what it says of itself, shown,
         never its source name (:mod:`rho_actors.mcp.names`)."""
         return copy.deepcopy(self._link.server_info)
+
+    @property
+    def protocol_version(self) -> str | None:
+        """The protocol version of the last connection (``"2026-07-28"`` with a server
+        that answers ``server/discover``, a handshake-era one such as ``"2025-11-25"``
+        otherwise; ``None`` before it connected)."""
+        return self._link.protocol_version
 
     @property
     def connections(self) -> int:
@@ -437,11 +424,105 @@ class MCPServer:
         return contextlib.nullcontext(self._link)
 
     def _call_on(self, link: Link, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
+        """``tools/call`` on ``link``'s session. A 2026-07-28 server that answers
+        ``input_required`` (SEP-2322) gets its questions asked of the call's own MCP
+        client (:func:`rho_actors.mcp.client_of`), and the call again with the answers
+        and its ``requestState``, at most :data:`MAX_INPUT_ROUNDS` rounds, all within
+        the call's one deadline."""
+        deadline = float(ctx.get("deadline", time.monotonic() + self.timeout_ms / 1000))
+        answers: dict[str, Any] | None = None
+        state: str | None = None
+        pause = 0.05  # a round that asks nothing (requestState only): polled with backoff, as the SDK does
+        for _ in range(MAX_INPUT_ROUNDS + 1):
+            result = self._round(link, name, types.CallToolRequestParams(
+                name=name, arguments=args, input_responses=answers, request_state=state), ctx, deadline)
+            if isinstance(result, types.CallToolResult):
+                return rho_value(result)
+            if isinstance(result, CreatedTask):
+                return self._follow(link, name, result, ctx, deadline)
+            state = result.request_state
+            if not result.input_requests:
+                answers = None
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 0.25)
+                continue
+            answers = self._answers(name, result.input_requests, ctx)
+        raise _fails("mcp_input_unanswered", name, server=self.name,
+                     reason=f"it asked for input more than {MAX_INPUT_ROUNDS} rounds")
+
+    def _follow(self, link: Link, name: str, task: CreatedTask, ctx: Mapping[str, Any], deadline: float) -> Any:
+        """Follow the task a server made of a call (SEP-2663) with ``tasks/get``, every
+        ``pollIntervalMs`` (at least :data:`MIN_POLL_S`), until it ends: the call's one
+        deadline bounds the task as a whole, and at it, or at the call's cancellation,
+        ``tasks/cancel`` is sent (not waited for) and the call's result is ``timeout``
+        (``cancelled``). ``completed``: the task's ``result`` as the call's; ``failed``:
+        ``mcp_refused`` with its error; ``cancelled`` by the server and
+        ``input_required`` (not relayed to a task yet): ``mcp_task_ended``."""
+        cancel, status = ctx.get("cancel"), task.model_dump(by_alias=True)
+        poll_s = max(MIN_POLL_S, (task.poll_interval_ms or 1000) / 1000)
+        while status.get("status") == "working":
+            pause = min(poll_s, deadline - time.monotonic())
+            if cancel is not None:
+                stopped = cancel.wait(max(0.0, pause))
+            else:
+                time.sleep(max(0.0, pause))
+                stopped = False
+            if stopped or time.monotonic() >= deadline:
+                self._cancel_task(link, task.task_id)
+                reason = getattr(cancel, "reason", None) or "timeout"
+                raise self._timed_out(name) if reason == "timeout" else _fails("cancelled", name, reason=reason)
+            status = self._send(link, name, types.GetTaskRequest(params=types.GetTaskRequestParams(
+                task_id=task.task_id)), ctx, deadline)
+        if status.get("status") == "completed" and isinstance(status.get("result"), dict):
+            return rho_value(types.CallToolResult.model_validate(status["result"]))
+        error = status.get("error")
+        if status.get("status") == "failed" and isinstance(error, dict):
+            raise _fails("mcp_refused", name, server=self.name, code=error.get("code"),
+                         message=shown_text(str(error.get("message")), 2000))
+        raise _fails("mcp_task_ended", name, server=self.name, status=shown_text(str(status.get("status")), 40))
+
+    def _cancel_task(self, link: Link, task_id: str) -> None:
+        """Send ``tasks/cancel`` for ``task_id`` without waiting for the answer."""
+        with link.lock:
+            session, aloop = link.session, link.aloop
+        if session is None or aloop is None:
+            return
+        sending = session.send_request(types.CancelTaskRequest(params=types.CancelTaskRequestParams(
+            task_id=task_id)), _RAW, request_read_timeout_seconds=self.connect_timeout_s)
+        try:
+            asyncio.run_coroutine_threadsafe(sending, aloop)
+        except RuntimeError:  # the loop closed in between
+            sending.close()
+
+    def _answers(self, name: str, asked: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's MCP client's answers to a server's questions (its ``inputRequests``,
+        under the server's keys), or :class:`ToolFailure`. A served 2026-07-28 call that
+        has no answer yet ends here, and its client gets these questions in an
+        ``input_required`` result of rho's own (:mod:`rho_actors.mcp.client_requests`)."""
+        client = client_of(ctx)
+        if client is None:
+            raise _fails("mcp_input_unanswered", name, server=self.name,
+                         reason="it asked for the client's input, and this call was not made by an MCP client")
+        try:
+            return client.ask(asked)
+        except ClientRequestError as err:
+            raise _fails("mcp_input_unanswered", name, server=self.name, reason=shown_text(str(err), 500)) from None
+
+    def _round(self, link: Link, name: str, params: types.CallToolRequestParams, ctx: Mapping[str, Any],
+               deadline: float) -> types.CallToolResult | types.InputRequiredResult | CreatedTask:
+        """One ``tools/call``; a task the server made of it (SEP-2663) as :class:`CreatedTask`."""
+        raw = self._send(link, name, types.CallToolRequest(params=params), ctx, deadline)
+        if raw.get("resultType") == "task":
+            return CreatedTask.model_validate(raw)
+        return _CALL_RESULT.validate_python(raw)
+
+    def _send(self, link: Link, name: str, request: Any, ctx: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+        """Send ``request`` for a call of tool ``name`` and wait for its result (a dict), at
+        most until ``deadline``; a failure as :class:`ToolFailure` (or :class:`SessionGone`)."""
         with link.lock:
             session, aloop = link.session, link.aloop
         if session is None or aloop is None:
             raise _fails("mcp_not_connected", name, server=self.name)
-        deadline = float(ctx.get("deadline", time.monotonic() + self.timeout_ms / 1000))
         left = max(0.001, deadline - time.monotonic())
         report = ctx.get("progress")
 
@@ -451,20 +532,18 @@ class MCPServer:
 
         # sent as a bare request: the SDK's own result check (its jsonschema, Python's re on
         # the server's patterns) never runs here; rho's bounded validator checks it (mcp serve)
-        request = session.send_request(
-            types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args)),
-            types.CallToolResult, request_read_timeout_seconds=left, progress_callback=forward)
+        sending = session.send_request(request, _RAW, request_read_timeout_seconds=left, progress_callback=forward)
         try:
-            future = asyncio.run_coroutine_threadsafe(request, aloop)
+            future = asyncio.run_coroutine_threadsafe(sending, aloop)
         except RuntimeError:  # the loop closed in between
-            request.close()
+            sending.close()
             raise _fails("mcp_not_connected", name, server=self.name) from None
         listen(link.lock, link.listeners, client_of(ctx), future)  # the server's log messages: to a served call
         cancel = ctx.get("cancel")
         if cancel is not None:
             cancel.add_inline_callback(future.cancel)  # abandons the request: sends notifications/cancelled
         try:
-            result = future.result(timeout=left + 5.0)
+            return dict(future.result(timeout=left + 5.0))
         except concurrent.futures.CancelledError:
             reason = getattr(cancel, "reason", None) or "cancelled"
             if reason == "timeout":  # the deadline: the same result whichever thread answers first
@@ -481,7 +560,6 @@ class MCPServer:
                     link.renew()
                 raise SessionGone(session) from None
             raise _failure(self.name, name, err, link.stopping) from None
-        return rho_value(result)
 
     def _timed_out(self, tool: str) -> ToolFailure:
         return _fails("timeout", tool, timeout_ms=self.timeout_ms, consequence=SENT_CANCEL)
@@ -491,231 +569,16 @@ class MCPServer:
         return f"MCPServer({where}, name={self.name!r})"
 
 
+class CreatedTask(BaseModel):
+    """A server's ``CreateTaskResult`` (SEP-2663: flat, ``resultType: "task"``)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    task_id: str = Field(alias="taskId", min_length=1, max_length=256)
+    status: str
+    poll_interval_ms: int | None = Field(default=None, alias="pollIntervalMs", ge=0)
+
+
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:
     if err.code == CONNECTION_CLOSED:
         return _fails("mcp_stopped" if stopping else "mcp_crashed", tool, server=server)
     return _fails("mcp_refused", tool, server=server, code=err.code, message=shown_text(err.error.message, 2000))
-
-
-# --------------------------------------------------------------------------- the actor
-
-
-class MCPConnection(Actor):
-    """Owns one connection to an MCP server (a child of the server's supervisor): an
-    asyncio loop in a thread of its own connects, lists the tools, publishes them and
-    keeps the connection watched. When the connection ends, this actor exits with the
-    reason (:func:`~rho_actors.kill`: an abnormal exit), so its supervisor restarts it
-    (a new process or connection)."""
-
-    def __init__(self, server: MCPServer, link: Link, lister: bool = True) -> None:
-        super().__init__()
-        self._server = server
-        self._link = link
-        self._lister = lister  # False: a connection for calls only (a session's own process), never listed
-        self._aloop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._halting = threading.Event()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, name=f"{server.name}-client", daemon=True)
-        self._stderr: StderrLog | None = None
-
-    def on_start(self) -> None:
-        self._thread.start()
-        self._ready.wait(5.0)
-
-    def on_stop(self) -> None:
-        self._halt()
-
-    def on_failure(self, *exc_info: Any) -> None:
-        self._halt()
-
-    def _halt(self) -> None:
-        self._halting.set()
-        aloop, task = self._aloop, self._task
-        if aloop is not None and task is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed
-                aloop.call_soon_threadsafe(task.cancel)
-        self._thread.join(8.0)
-        self._unpublish()
-
-    # --- the connection's own thread ---------------------------------------------------------
-
-    def _main(self) -> None:
-        reason = "the connection ended"
-        try:
-            asyncio.run(self._connect())
-        except BaseException as exc:  # whatever ends the connection: this actor exits with it
-            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # anyio's task groups wrap it
-                exc = exc.exceptions[0]
-            reason = describe_exception(exc)
-        finally:
-            self._ready.set()
-        self._unpublish()
-        if not self._halting.is_set():
-            said = ""
-            if self._stderr is not None:
-                self._stderr.done.wait(_STDERR_SETTLE_S)  # an exited process's last lines, read
-                said = self._stderr.last()
-            if said:
-                reason = f"{reason} (its stderr: {said})"
-            logger.warning("MCP server {}: {}; {}", self._server.name, reason,
-                           "restarting it" if self._lister else "a session's process: the next call starts another")
-            with self._link.changed:
-                self._link.last_error = reason
-                self._link.failures += 1
-                self._link.changed.notify_all()
-            kill(self.actor_ref, f"MCP server {self._server.name}: {reason}")
-
-    def _unpublish(self) -> None:
-        with self._link.lock:
-            had = self._link.session is not None or bool(self._link.tools)
-            self._link.session, self._link.aloop, self._link.tools = None, None, {}
-        if had and self._lister:
-            self._server.refresh_offer()
-
-    async def _connect(self) -> None:  # noqa: PLR0915 (one linear story: transport, session, watch)
-        self._aloop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
-        self._ready.set()
-        if self._halting.is_set():
-            return
-        server = self._server
-        relist = asyncio.Event()
-        wake = asyncio.Event()
-        changed_at: list[float] = []  # when the first list_changed since the last listing came
-        renewing = asyncio.Event()
-
-        def renew_now() -> None:
-            renewing.set()
-            wake.set()
-
-        async def on_message(message: Any) -> None:
-            if isinstance(message, types.ToolListChangedNotification) and self._lister:
-                if not relist.is_set():
-                    changed_at[:] = [time.monotonic()]
-                relist.set()
-                wake.set()
-
-        async with contextlib.AsyncExitStack() as stack:
-            opened = await server.open_transport(stack)
-            if opened is not None:  # a transport of the server's own (the gateway's confined servers)
-                read, write = opened
-            elif server.command is not None:
-                read, write = await self._open_stdio(stack)
-            else:
-                assert server.url is not None
-                pin_listener(server.url, server.server_uid)
-                label = f"MCP server {server.name}"
-                client = await stack.enter_async_context(bounded_http_client(server.headers, label))
-                read, write = await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
-            ended = asyncio.Event()
-            relay_send, relay_receive = anyio.create_memory_object_stream[Any](16)
-            tasks = await stack.enter_async_context(anyio.create_task_group())
-            tasks.start_soon(_relay, read, relay_send, ended, wake)
-            async def on_log(params: types.LoggingMessageNotificationParams) -> None:
-                relay_log(self._link.lock, self._link.listeners, server.name, params)
-
-            session = await stack.enter_async_context(
-                ClientSession(relay_receive, write, message_handler=on_message, logging_callback=on_log)
-            )
-            with anyio.fail_after(server.connect_timeout_s):
-                initialized = await session.initialize()
-                tools = await _list_tools(session, server) if self._lister else {}
-            with self._link.lock:
-                self._link.connections += 1
-                self._link.server_info = shown_info(initialized.server_info.model_dump(mode="json", exclude_none=True))
-            aloop = asyncio.get_running_loop()
-            self._link.renew = lambda: aloop.call_soon_threadsafe(renew_now)
-            self._publish(session, tools)
-            listed_at, wait_s = time.monotonic(), RELIST_MIN_S
-            try:
-                while True:
-                    # a list_changed flood relists ever more rarely (the host's CPU: relisting_wait)
-                    early = listed_at + wait_s - time.monotonic()
-                    try:
-                        await asyncio.wait_for(wake.wait(), max(0.0, early) if relist.is_set()
-                                               else server.ping_interval_s)
-                    except TimeoutError:
-                        if not relist.is_set():
-                            with anyio.fail_after(server.connect_timeout_s):
-                                await session.send_ping()
-                            continue
-                    wake.clear()
-                    if renewing.is_set():
-                        raise ConnectionError("the server no longer knows this connection's session "
-                                              "(it restarted?)")
-                    if ended.is_set():
-                        raise ConnectionError("the server closed the connection (its process exited?)")
-                    if relist.is_set() and time.monotonic() >= listed_at + wait_s:
-                        relist.clear()
-                        began = time.monotonic()
-                        with anyio.fail_after(server.connect_timeout_s):
-                            tools = await _list_tools(session, server)
-                        flooded = bool(changed_at) and changed_at[0] < listed_at + wait_s
-                        wait_s = relisting_wait(wait_s, time.monotonic() - began, flooded)
-                        listed_at = time.monotonic()
-                        if tools != self._link.tools:  # an unchanged listing costs the offer nothing
-                            self._publish(session, tools)
-            finally:
-                tasks.cancel_scope.cancel()
-
-    async def _open_stdio(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
-        """Start the stdio server (through ``env -i``: the scrubbed environment), its
-        stderr a pipe into the log; its streams, every message bounded before it is
-        parsed (:func:`rho_actors.mcp.bounds.stdio_transport`)."""
-        server = self._server
-        assert server.command is not None
-        program, args = env_command(server.env, server.command)
-        self._stderr = StderrLog(server.name)
-        stack.callback(self._stderr.close_writer)
-        streams = await stack.enter_async_context(stdio_transport(
-            program, args, cwd=server.cwd, stderr=self._stderr.writer, label=f"MCP server {server.name}"))
-        self._stderr.close_writer()  # the process has its copy: the reader sees EOF when it exits
-        return streams[0], streams[1]
-
-    def _publish(self, session: ClientSession, tools: dict[str, dict[str, Any]]) -> None:
-        with self._link.changed:
-            self._link.session, self._link.aloop, self._link.tools = session, self._aloop, tools
-            self._link.changed.notify_all()
-        if self._lister:
-            self._server.refresh_offer()
-
-
-async def _relay(read: Any, send: Any, ended: asyncio.Event, wake: asyncio.Event) -> None:
-    """Forward the transport's messages to the session; set ``ended`` when it closes."""
-    try:
-        async with send:
-            async for item in read:
-                await send.send(item)
-    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-        pass
-    finally:
-        ended.set()
-        wake.set()
-
-
-async def _list_tools(session: ClientSession, server: MCPServer) -> dict[str, dict[str, Any]]:
-    """The server's tools (every page, at most :data:`_MAX_PAGES`), bounded: once
-    ``server.max_tools`` tools or :data:`MAX_LISTED_BYTES` of declarations (as JSON)
-    are kept, the rest of the listing is left out, logged once per server."""
-    max_tools, max_bytes = server.max_tools, MAX_LISTED_BYTES
-    tools: dict[str, dict[str, Any]] = {}
-    cursor: str | None = None
-    size = 0
-    for _ in range(_MAX_PAGES):
-        result = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
-        for tool in result.tools:
-            declared = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
-            size += len(json.dumps(declared))
-            if len(tools) >= max_tools or size > max_bytes:
-                if not server.listing_cut:
-                    server.listing_cut = True
-                    logger.warning("MCP server {} lists more than {} tools or {:,} bytes of declarations; the {} "
-                                   "tools listed first are kept, the rest left out", server.name, max_tools,
-                                   max_bytes, len(tools))
-                return tools
-            tools[tool.name] = declared
-        cursor = result.next_cursor
-        if not cursor:
-            break
-    return tools

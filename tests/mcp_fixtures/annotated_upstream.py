@@ -4,6 +4,7 @@ and hints), and one that logs (``chatty``), for ``tests/test_tool_annotations.py
 
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
 
 server = MCPServer("annotated")
 
@@ -27,6 +28,17 @@ async def chatty(ctx: Context) -> str:
     await ctx.info("starting", logger_name="work")
     await ctx.warning({"step": 2})
     return "done"
+
+
+class Color(BaseModel):
+    color: str
+
+
+@server.tool()
+async def ask_color(ctx: Context) -> str:
+    """Ask the client's user for a colour."""
+    answer = await ctx.elicit("Which colour?", Color)
+    return f"{answer.action}: {answer.data.color}" if answer.action == "accept" else answer.action
 
 
 if __name__ == "__main__":

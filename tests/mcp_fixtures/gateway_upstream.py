@@ -62,9 +62,11 @@ if kind == "alpha":
 
     @server.tool()
     async def grow(ctx: Context) -> str:
-        """Add the tool 'grown' and tell the client."""
+        """Add the tool 'grown' and tell the client (a handshake-era client by a
+        notification, a 2026-07-28 one on its subscriptions/listen stream)."""
         server.add_tool(grown)
         await ctx.session.send_tool_list_changed()
+        await ctx.notify_tools_changed()
         return "grew"
 
     @server.tool()

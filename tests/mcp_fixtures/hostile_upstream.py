@@ -19,7 +19,9 @@ badnote: sends, before each tools/call answer, N notifications the SDK cannot va
 (its warnings, with the message text, are logged).
 memory: a tools/call answers with its process id and every text it was called with so
 far (a receiver's view of the other sessions' arguments).
-Every mode has ``echo`` (gives back its text, with the tool's own name).
+Every mode has ``echo`` (gives back its text, with the tool's own name). With
+``HOSTILE_ERA=modern`` in its environment it speaks protocol 2026-07-28 only (answers
+``server/discover``, refuses ``initialize``), else the handshake era only.
 """
 
 import json
@@ -33,6 +35,7 @@ N = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 0
 MIB = 2**20
 LISTED: list[int] = []
 SEEN: list[str] = []
+MODERN = os.environ.get("HOSTILE_ERA") == "modern"
 PROCESS = os.urandom(8).hex()  # names this process (in its own PID namespace every confined one is pid 1)
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}}
 
@@ -57,12 +60,19 @@ def tools(cursor: Any) -> dict[str, Any]:
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     method = request.get("method")
     params = request.get("params") or {}
+    if MODERN and method == "server/discover":
+        return {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "resultType": "complete",
+                "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "hostile", "version": "1"}}}
+    if MODERN and method == "initialize":
+        return {"error": {"code": -32022, "message": "2026-07-28 only", "data": {"supported": ["2026-07-28"],
+                                                                                "requested": "?"}}}
     if method == "initialize":
         name = sys.argv[2] if MODE == "selfinfo" else "hostile"
         return {"protocolVersion": params["protocolVersion"], "capabilities": {"tools": {"listChanged": True}},
                 "serverInfo": {"name": name, "version": "1\x1b[2J"}}
     if method == "tools/list":
-        return tools(params.get("cursor"))
+        listed = tools(params.get("cursor"))
+        return {**listed, "ttlMs": 0, "cacheScope": "private"} if MODERN else listed
     if method == "tools/call":
         text = f"{params['name']}: {(params.get('arguments') or {}).get('text', '')}"
         return called(text, params)
@@ -105,10 +115,15 @@ for line in sys.stdin:
     request = json.loads(line)
     if "id" in request and "method" in request:
         result = answer(request)
-        if "raw" in result:
-            sys.stdout.write('{"jsonrpc": "2.0", "id": ' + json.dumps(request["id"]) + ', "result": ' + result["raw"])
+        if "error" in result:
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": result["error"]}) + "\n")
+        elif "raw" in result:
+            raw = result["raw"].replace("{", '{"resultType": "complete", ', 1) if MODERN else result["raw"]
+            sys.stdout.write('{"jsonrpc": "2.0", "id": ' + json.dumps(request["id"]) + ', "result": ' + raw)
             sys.stdout.write("}\n")
         else:
+            if MODERN:
+                result.setdefault("resultType", "complete")
             sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}) + "\n")
         if MODE == "flood" and request["method"] == "tools/list":
             with open(sys.argv[3], "a") as marks:

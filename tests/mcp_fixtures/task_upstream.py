@@ -1,0 +1,106 @@
+"""An MCP server with the tasks extension (``io.modelcontextprotocol/tasks``, SEP-2663),
+built with the official SDK's ``MCPServer`` and its extension interface (the SDK ships
+no tasks implementation of its own): for a client that declares the extension,
+``slow_compute`` and ``failing_job`` calls become tasks (a flat ``CreateTaskResult``),
+followed with ``tasks/get`` and stopped with ``tasks/cancel``; ``greet`` stays a plain
+call. Usage: task_upstream.py MARKS_DIR (it writes ``task-<n>`` when it creates a task,
+``cancelled`` when one is cancelled). For ``tests/test_mcp_modern_upstream.py``."""
+
+import asyncio
+import itertools
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server.extension import Extension, MethodBinding
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, RequestParams
+from pydantic import Field
+
+TASKS = "io.modelcontextprotocol/tasks"
+MARKS = Path(sys.argv[1])
+
+
+class TaskParams(RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class Tasks(Extension):
+    identifier = TASKS
+
+    def __init__(self) -> None:
+        self.running: dict[str, asyncio.Task[Any]] = {}
+        self.state: dict[str, dict[str, Any]] = {}
+        self.ids = itertools.count(1)
+
+    def methods(self) -> list[MethodBinding]:
+        return [MethodBinding("tasks/get", TaskParams, self.get),
+                MethodBinding("tasks/cancel", TaskParams, self.cancel)]
+
+    async def intercept_tool_call(self, params: Any, ctx: Any, call_next: Any) -> Any:
+        declared = (ctx.session.client_capabilities.extensions or {}) if ctx.session.client_capabilities else {}
+        if params.name == "greet" or TASKS not in declared:
+            return await call_next(ctx)
+        task_id = f"task-{next(self.ids)}"
+        (MARKS / task_id).write_text(params.name)
+        self.state[task_id] = {"taskId": task_id, "status": "working", "createdAt": _now(), "lastUpdatedAt": _now(),
+                               "ttlMs": 60_000, "pollIntervalMs": 50}
+
+        async def run() -> None:
+            try:
+                result = await call_next(ctx)
+                dumped = (result.model_dump(by_alias=True, mode="json", exclude_none=True)
+                          if hasattr(result, "model_dump") else dict(result))
+                self.state[task_id].update(status="completed", result=dumped, lastUpdatedAt=_now())
+            except asyncio.CancelledError:
+                (MARKS / "cancelled").write_text(task_id)
+                self.state[task_id].update(status="cancelled", lastUpdatedAt=_now())
+
+        self.running[task_id] = asyncio.get_running_loop().create_task(run())
+        return {"resultType": "task", **self.state[task_id]}
+
+    def _known(self, params: TaskParams) -> dict[str, Any]:
+        if params.task_id not in self.state:
+            raise MCPError(INVALID_PARAMS, f"unknown task {params.task_id!r}")
+        return self.state[params.task_id]
+
+    async def get(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
+        return {"resultType": "complete", **self._known(params)}
+
+    async def cancel(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
+        if self._known(params)["status"] == "working":
+            self.running[params.task_id].cancel()
+        return {"resultType": "complete"}
+
+
+server = MCPServer("tasks", extensions=[Tasks()])
+
+
+@server.tool()
+def greet(name: str) -> str:
+    """Greet at once (never a task)."""
+    return f"Hello, {name}!"
+
+
+@server.tool()
+async def slow_compute(seconds: float) -> str:
+    """Sleep ``seconds``, then answer (a task)."""
+    await anyio.sleep(seconds)
+    return f"computed after {seconds:g} s"
+
+
+@server.tool()
+async def failing_job() -> str:
+    """Fail as a tool does (a task that completes with isError)."""
+    raise ValueError("the job failed")
+
+
+if __name__ == "__main__":
+    server.run("stdio")
