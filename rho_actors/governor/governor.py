@@ -49,6 +49,7 @@ from rho_actors.governor.places import Gate, Waiting, blocking, fits, release, t
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import arguments_sha256
 from rho_actors.results import failure
+from rho_actors.telemetry import TRACEPARENT, attempt_ended, attempt_started
 from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ class _Call:
     under the governor's lock."""
 
     __slots__ = ("attempt", "bucket", "current", "failures", "final", "gates", "gov", "has_answer", "held", "reply",
-                 "retry", "running", "seq", "session", "spec", "start", "state", "stop", "timer", "tool")
+                 "retry", "running", "seq", "session", "span", "spec", "start", "state", "stop", "timer", "tool")
 
     def __init__(self, gov: Governor, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
                  gates: tuple[Gate, ...], retry: RetryPolicy | None, bucket: TokenBucket | None) -> None:
@@ -174,6 +175,7 @@ class _Call:
         self.timer: Timer | None = None
         self.stop: str | None = None  # the cancel's reason, once cancelled
         self.failures: list[dict[str, Any]] = []
+        self.span: Any = None  # the running attempt's span, when the call's is recorded and it may be retried
 
     # --- waiting and starting ------------------------------------------------------------
 
@@ -239,6 +241,12 @@ class _Call:
         attempt = self.attempt
         spec = self.spec if attempt == 1 else dataclasses.replace(
             self.spec, reply=functools.partial(self.answered, attempt))
+        if self.retry is not None and TRACEPARENT in spec.ctx:  # its own span, the call's child
+            started = attempt_started(spec.ctx, self.tool, spec.call_id, attempt)
+            if started is not None:
+                self.span = started[0]
+                spec = dataclasses.replace(spec, ctx=MappingProxyType({**spec.ctx, TRACEPARENT: started[1]}),
+                                           reply=functools.partial(self.answered, attempt))
         self.current = spec
         if attempt > 1:
             self.gov.moved(self, "running", attempt=attempt)
@@ -303,13 +311,16 @@ class _Call:
         with gov.lock:
             late = attempt != self.attempt or self.has_answer
             if not late:
-                self.has_answer, self.running = True, None
+                self.has_answer, self.running, span, self.span = True, None, self.span, None
                 ready = gov.released(self) if self.held else ()
         if late:
             if attempt == self.final:  # a late result of the attempt that answered: the loop reports it
                 self.reply(result)
             return
-        if not self.retried(result):
+        retried = self.retried(result)
+        if span is not None:
+            attempt_ended(span, result, retried)
+        if not retried:
             self.final, self.state = attempt, _DONE
             self.finish(result)
         gov.launch(ready)
@@ -318,8 +329,10 @@ class _Call:
         """An attempt that could not start: its answer, no retry."""
         gov = self.gov
         with gov.lock:
-            self.has_answer, self.state = True, _DONE
+            self.has_answer, self.state, span, self.span = True, _DONE, self.span, None
             ready = gov.released(self) if self.held else ()
+        if span is not None:
+            attempt_ended(span, result, False)
         self.finish(result)
         gov.launch(ready)
 
