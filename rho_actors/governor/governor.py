@@ -4,9 +4,12 @@
 The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
 :meth:`Governor.start`, which, in order:
 
-1. **budgets and the breaker** (per session): the system's ``max_calls_per_session``,
-   the tool's ``max_calls`` and the system's ``max_repeats`` (the same tool with the same
-   arguments) refuse the call at once, ``budget_exhausted`` or ``repeated_call``;
+1. **budgets and the breaker** (per session): ``max_calls_per_session``, the tool's
+   ``max_calls`` and ``max_repeats`` (the same tool with the same arguments) refuse the
+   call at once, ``budget_exhausted`` or ``repeated_call``. The first and last are the
+   system's (:class:`GovernorSettings`), or the session's own where it set them
+   (:meth:`Governor.bound_session`): a session may only tighten the system's, which are
+   the host's ceiling;
 2. **the rate** (the tool's token bucket, :mod:`rho_actors.governor.buckets`): the call
    starts when its token comes, if that is before its deadline, else ``rate_limited``;
 3. **places** (:mod:`rho_actors.governor.places`): the tool's ``max_concurrency`` (the
@@ -403,6 +406,7 @@ class Governor:
         self._buckets: dict[str, TokenBucket] = {}
         self._sessions: dict[str, _Session] = {}
         self._counted = settings.max_calls_per_session is not None or settings.max_repeats is not None
+        self._bounds: dict[str, tuple[int | None, int | None]] = {}  # a session's (max_calls_per_session, max_repeats)
         self.refused: dict[str, int] = {"budget_exhausted": 0, "repeated_call": 0, "rate_limited": 0,
                                         "unavailable": 0}
         self._watchers: dict[str, Callable[[str, str, dict[str, Any], str], None]] = {}
@@ -418,7 +422,8 @@ class Governor:
         returns). Raises what ``start`` raises when the call goes straight through."""
         policy = entry.info.policy
         threaded = not inline and entry.isolation == "thread"
-        if policy is NO_POLICY and not self._counted:
+        counted = self._counted or (bool(self._bounds) and session in self._bounds)
+        if policy is NO_POLICY and not counted:
             if not threaded:
                 return start(spec)
             gate = self._threads
@@ -438,7 +443,7 @@ class Governor:
             gates: tuple[Gate, ...] = (gate,)
             call = _Call(self, spec, session, start, gates, None, None)
         else:
-            refusal = self._counts(policy, spec, session) if self._counted or policy.max_calls else None
+            refusal = self._counts(policy, spec, session) if counted or policy.max_calls else None
             if refusal is not None:
                 spec.reply(refusal)
                 return _REFUSED
@@ -481,23 +486,70 @@ class Governor:
                     bucket = self._buckets[key] = TokenBucket(policy.rate, time.monotonic())
         return bucket
 
+    def session_bounds(self, max_calls_per_session: Any = None, max_repeats: Any = None,
+                       ) -> tuple[int | None, int | None] | None:
+        """A session's own ``max_calls_per_session`` and ``max_repeats`` checked against the
+        system's, the host's ceiling: each an ``int`` >= 1 or ``None`` (the system's), at
+        most the system's where it has one. Returns the bounds in force for the session
+        (``None`` when it sets neither). Raises ``TypeError``/``ValueError`` naming the bad one."""
+        if max_calls_per_session is None and max_repeats is None:
+            return None
+        bounds = []
+        for name, value in (("max_calls_per_session", max_calls_per_session), ("max_repeats", max_repeats)):
+            system: int | None = getattr(self.settings, name)
+            if value is None:
+                bounds.append(system)
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int >= 1 or None, got {type(value).__name__} {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be an int >= 1 or None, got {value}")
+            if system is not None and value > system:
+                raise ValueError(f"{name}={value} is looser than the system's {name}={system} (GovernorSettings): "
+                                 "a session may only tighten the host's bounds")
+            bounds.append(value)
+        return bounds[0], bounds[1]
+
+    def bound_session(self, session: str, bounds: tuple[int | None, int | None] | None) -> None:
+        """Give ``session`` its own bounds (from :meth:`session_bounds`; ``None``: the
+        system's) until :meth:`forget`: its ``max_calls_per_session`` and ``max_repeats``."""
+        with self.lock:
+            if bounds is None:
+                self._bounds.pop(session, None)
+            else:
+                self._bounds[session] = bounds
+
+    def bounded(self, session: str, bounds: tuple[int | None, int | None] | None,
+                start: Callable[[], pykka.ActorRef[Any]]) -> Callable[[], pykka.ActorRef[Any]]:
+        """``start`` (a session's loop's, called at each start and restart) giving
+        ``session`` its ``bounds`` first (:meth:`bound_session`; the loop's stop forgets
+        them, and a restart after a crash gives them again). ``start`` itself when
+        ``bounds`` is ``None``."""
+        return start if bounds is None else functools.partial(self._start_bounded, session, bounds, start)
+
+    def _start_bounded(self, session: str, bounds: tuple[int | None, int | None],
+                       start: Callable[[], pykka.ActorRef[Any]]) -> pykka.ActorRef[Any]:
+        self.bound_session(session, bounds)
+        return start()
+
     def _counts(self, policy: CallPolicy, spec: CallSpec, session: str) -> ToolResult | None:
         """Count the call against its session's budgets, or its refusal."""
         settings, name = self.settings, spec.name
-        key = (name, _arguments_key(spec.args)) if settings.max_repeats is not None else None
+        max_calls, max_repeats = self._bounds.get(session) or (settings.max_calls_per_session, settings.max_repeats)
+        key = (name, _arguments_key(spec.args)) if max_repeats is not None else None
         refusal: tuple[str, dict[str, Any]] | None
         with self.lock:
             counts = self._sessions.get(session)
             if counts is None:
                 counts = self._sessions[session] = _Session()
-            if settings.max_calls_per_session is not None and counts.calls >= settings.max_calls_per_session:
-                refusal = ("budget_exhausted", dict(scope="this session", budget=settings.max_calls_per_session,
+            if max_calls is not None and counts.calls >= max_calls:
+                refusal = ("budget_exhausted", dict(scope="this session", budget=max_calls,
                                                     what="tool calls", setting="max_calls_per_session"))
             elif policy.max_calls is not None and counts.per_tool.get(name, 0) >= policy.max_calls:
                 refusal = ("budget_exhausted", dict(scope="this session", budget=policy.max_calls,
                                                     what=f"calls of tool {name!r}", setting="max_calls"))
-            elif key is not None and counts.repeats.get(key, 0) >= settings.max_repeats:  # type: ignore[operator]
-                refusal = ("repeated_call", dict(count=settings.max_repeats))
+            elif key is not None and max_repeats is not None and counts.repeats.get(key, 0) >= max_repeats:
+                refusal = ("repeated_call", dict(count=max_repeats))
             else:
                 refusal = None
                 counts.calls += 1
@@ -597,9 +649,10 @@ class Governor:
             logger.exception("the watcher of session {} failed on call {}", call.session, call.spec.call_id)
 
     def forget(self, session: str) -> None:
-        """The session ended: drop its counts (and its idle per-session places)."""
+        """The session ended: drop its counts, its own bounds (and its idle per-session places)."""
         with self.lock:
             self._sessions.pop(session, None)
+            self._bounds.pop(session, None)
             for key in [k for k, gate in self._per_session.items() if k[1] == session and gate.running == 0]:
                 del self._per_session[key]
 
