@@ -371,7 +371,8 @@ def tool(
     try:
         policy = call_policy(max_concurrency=max_concurrency, max_concurrency_per_session=max_concurrency_per_session,
                              max_calls=max_calls, rate=rate, idempotent=idempotent, retry=retry,
-                             background=background, background_timeout_ms=background_timeout_ms)
+                             background=background, background_timeout_ms=background_timeout_ms,
+                             requires_approval=requires_approval is not False)  # a rule over the call: it may ask
     except (TypeError, ValueError) as err:
         raise type(err)(f"{where}: {err}") from None
 

@@ -279,10 +279,11 @@ class ToolInfo:
     """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
 
     ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of the tool's JSON Schema (Draft
-    2020-12, top level ``"type": "object"``); ``requires_approval``: its calls may wait for a decision (DESIGN §4
-    "Approvals"). A copy handed out by :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first read of
-    ``parameter_schema`` (equality, ``repr``, pickling, ``dataclasses.replace`` and ``asdict`` read it too), so an
-    offer whose schemas are not read costs no copy.
+    2020-12, top level ``"type": "object"``); ``policy`` is every rule of its calls in one place (its bounds, retries,
+    background and ``requires_approval``: :class:`~rho_actors.declarations.policy.CallPolicy`). A copy handed out by
+    :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first read of ``parameter_schema`` (equality,
+    ``repr``, pickling, ``dataclasses.replace`` and ``asdict`` read it too), so an offer whose schemas are not read
+    costs no copy.
     """
 
     name: str
@@ -290,9 +291,13 @@ class ToolInfo:
     parameter_schema: dict[str, Any]
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     concurrency: Concurrency = "parallel"
-    policy: CallPolicy = NO_POLICY  # its bounds and retries (rho_actors.declarations.policy): the governor's data
-    requires_approval: bool = False
+    policy: CallPolicy = NO_POLICY  # the rules of its calls (rho_actors.declarations.policy)
     annotations: tuple[tuple[str, Any], ...] = ()  # MCP's title and hints, checked: (key, value) pairs
+
+    @property
+    def requires_approval(self) -> bool:
+        """Whether its calls may wait for a decision (DESIGN §4 "Approvals"): ``policy.requires_approval``."""
+        return self.policy.requires_approval
 
     def copy(self) -> ToolInfo:
         """A copy with its own deep copy of the schema, for handing out."""
@@ -367,9 +372,9 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
     Made without ``__init__`` (about half its time): ``ToolInfo`` checks nothing when
     made. Raises ``ValueError`` when the two differ in length."""
     new, put_schema = object.__new__, SCHEMA_SLOT.__set__
-    put_name, put_description, put_timeout, put_concurrency, put_policy, put_approval, put_annotations = (
+    put_name, put_description, put_timeout, put_concurrency, put_policy, put_annotations = (
         ToolInfo.__dict__[name].__set__
-        for name in ("name", "description", "timeout_ms", "concurrency", "policy", "requires_approval", "annotations"))
+        for name in ("name", "description", "timeout_ms", "concurrency", "policy", "annotations"))
     copies: list[ToolInfo] = []
     append = copies.append
     for info, schema in zip(infos, schemas, strict=True):
@@ -383,7 +388,6 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
         put_timeout(made, info.timeout_ms)
         put_concurrency(made, info.concurrency)
         put_policy(made, info.policy)
-        put_approval(made, info.requires_approval)
         put_annotations(made, info.annotations)
         append(made)
     return copies

@@ -314,6 +314,34 @@ def test_a_sessions_own_bounds_hold_where_the_system_has_none_and_after_its_loop
         assert all(r.ok for r in again.run_turn(calls("same", 4, "c", {"key": "k"})))
 
 
+def test_requires_approval_is_a_rule_of_the_call_policy_which_the_governor_does_not_keep(
+    system: ActorSystem,
+) -> None:
+    from rho_actors.declarations.policy import CallPolicy
+
+    @tool(requires_approval=True)
+    def wipe() -> str:
+        """Wipe everything."""
+        return "wiped"
+
+    @tool(requires_approval=lambda args, ctx: args["force"], max_calls=5)
+    def remove(force: bool) -> str:
+        """Remove a file."""
+        return "removed"
+
+    system.register(wipe)
+    system.register(remove)
+    infos = {info.name: info for info in system.tools()}
+    assert infos["wipe"].policy == CallPolicy(requires_approval=True) and infos["wipe"].requires_approval
+    assert infos["wipe"].policy.as_data() == {"requires_approval": True} and not infos["wipe"].policy.governed
+    assert infos["remove"].policy == CallPolicy(max_calls=5, requires_approval=True)  # a rule: it may ask
+    assert infos["remove"].policy.governed
+    calls_node = next(n for n in system.tree()["children"] if n["id"] == "calls")
+    assert calls_node["governor"]["tools"] == {"remove": {"max_calls": 5, "running": 0, "queued": 0}}
+    [pending] = system.start_loop("s").run_turn([ToolCall("w", "wipe", "{}")])
+    assert pending.error_kind is ErrorKind.PENDING_APPROVAL
+
+
 # --- rate limits ---------------------------------------------------------------------------------
 
 

@@ -359,7 +359,8 @@ def check_declaration(
         _log_default_once(name, "annotations", raw.get("annotations"), f"none ({exc})")
         annotations = ()
     policy = policy_from_answers(_idempotence(raw, annotations),
-                                 lambda key, value, problem: _log_default_once(name, key, value, problem))
+                                 lambda key, value, problem: _log_default_once(name, key, value, problem),
+                                 requires_approval=raw.get("requires_approval") not in (False, None))
     return ToolInfo(
         name=name,
         description=description,
@@ -367,7 +368,6 @@ def check_declaration(
         timeout_ms=timeout,
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
         policy=policy,
-        requires_approval=not (raw.get("requires_approval") is False or raw.get("requires_approval") is None),
         annotations=idempotent_hinted(annotations, policy.idempotent),
     )
 

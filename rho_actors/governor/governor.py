@@ -24,7 +24,8 @@ The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
 
 A place is held from the call's start until its answer (a ``thread`` call abandoned at
 its deadline is counted among the abandoned threads then). A call of a tool with no
-policy (``NO_POLICY``) and no session bound, not on a thread, passes straight through.
+policy the governor keeps (``NO_POLICY``, or one with only ``requires_approval``: not
+``governed``) and no session bound, not on a thread, passes straight through.
 """
 
 from __future__ import annotations
@@ -423,7 +424,7 @@ class Governor:
         policy = entry.info.policy
         threaded = not inline and entry.isolation == "thread"
         counted = self._counted or (bool(self._bounds) and session in self._bounds)
-        if policy is NO_POLICY and not counted:
+        if (policy is NO_POLICY or not policy.governed) and not counted:
             if not threaded:
                 return start(spec)
             gate = self._threads
@@ -680,8 +681,10 @@ class Governor:
         stats = self.stats()
         tools = {}
         for name, info in infos.items():
-            if info.policy is not NO_POLICY:
-                tools[name] = {**info.policy.as_data(), "running": stats["running"].get(name, 0),
+            if info.policy.governed:
+                data = info.policy.as_data()
+                data.pop("requires_approval", None)  # not the governor's
+                tools[name] = {**data, "running": stats["running"].get(name, 0),
                                "queued": stats["queued"].get(name, 0)}
         return {"max_thread_calls": stats["max_thread_calls"], "thread_calls_running": stats["thread_calls_running"],
                 "max_calls_per_session": stats["max_calls_per_session"], "max_repeats": stats["max_repeats"],
