@@ -85,7 +85,9 @@ class GovernorSettings:
     once, the whole system; default :func:`default_max_thread_calls`),
     ``max_calls_per_session`` (calls a session may make, ``None``: no bound) and
     ``max_repeats`` (how many times one session may call the same tool with the same
-    arguments, ``None``: off). Raises ``ValueError`` for a bound that is not an ``int`` >= 1."""
+    arguments, ``None``: off); the last two are the host's ceiling, which a session may
+    tighten (``start_loop(max_calls_per_session=..., max_repeats=...)``). Raises
+    ``ValueError`` for a bound that is not an ``int`` >= 1."""
 
     max_thread_calls: int = field(default_factory=default_max_thread_calls)
     max_calls_per_session: int | None = None
@@ -522,10 +524,8 @@ class Governor:
 
     def bounded(self, session: str, bounds: tuple[int | None, int | None] | None,
                 start: Callable[[], pykka.ActorRef[Any]]) -> Callable[[], pykka.ActorRef[Any]]:
-        """``start`` (a session's loop's, called at each start and restart) giving
-        ``session`` its ``bounds`` first (:meth:`bound_session`; the loop's stop forgets
-        them, and a restart after a crash gives them again). ``start`` itself when
-        ``bounds`` is ``None``."""
+        """``start`` (a session's loop's, at each start and restart) giving ``session`` its
+        ``bounds`` first (:meth:`bound_session`; a loop's stop forgets them); ``start`` for ``None``."""
         return start if bounds is None else functools.partial(self._start_bounded, session, bounds, start)
 
     def _start_bounded(self, session: str, bounds: tuple[int | None, int | None],
