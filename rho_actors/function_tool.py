@@ -51,7 +51,7 @@ from typing import Any, overload
 import docstring_parser
 import pydantic
 
-from rho_actors.declarations.annotations import Annotations, checked_annotations
+from rho_actors.declarations.annotations import Annotations, checked_annotations, idempotent_hinted
 from rho_actors.declarations.policy import NO_POLICY, CallPolicy, RetryPolicy, call_policy
 from rho_actors.tool import CONTEXT_NAME, DEFAULT_TIMEOUT_MS, Concurrency, ToolContext, looks_like_context
 
@@ -98,7 +98,7 @@ class FunctionTool:
         self._name = name or func.__name__
         where = f"@tool {self._name}"
         _checked_options(where, timeout_ms, concurrency, selftest)
-        self._annotations = dict(_checked_annotations(where, annotations))
+        self._annotations = dict(idempotent_hinted(_checked_annotations(where, annotations), policy.idempotent))
         doc = docstring_parser.parse(inspect.getdoc(func) or "")
         summary = "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
         if description is None and not summary.strip():
@@ -362,11 +362,17 @@ def tool(
     """
     where = f"@tool{'' if func is None else ' ' + getattr(func, '__name__', '?')}"
     _checked_options(where, timeout_ms, concurrency, selftest)
-    _checked_annotations(where, annotations)
+    hint = dict(_checked_annotations(where, annotations)).get("idempotentHint")
+    if hint is False and idempotent is True:
+        raise ValueError(f"{where}: annotations say idempotentHint=False but idempotent=True; the tool's "
+                         "idempotence is one fact: declare it with idempotent= (its idempotentHint is derived)")
+    if hint is True and idempotent is False:
+        idempotent = True  # the same fact, said as MCP's hint
     try:
         policy = call_policy(max_concurrency=max_concurrency, max_concurrency_per_session=max_concurrency_per_session,
                              max_calls=max_calls, rate=rate, idempotent=idempotent, retry=retry,
-                             background=background, background_timeout_ms=background_timeout_ms)
+                             background=background, background_timeout_ms=background_timeout_ms,
+                             requires_approval=requires_approval is not False)  # a rule over the call: it may ask
     except (TypeError, ValueError) as err:
         raise type(err)(f"{where}: {err}") from None
 

@@ -454,8 +454,8 @@ class ActorSystem:
     def start_loop(
         self, session_id: str | None = None, *, withheld: Iterable[str] = (), deps: Any = None,
         tools: Iterable[Any] | None = None, approval: Callable[[CallInfo], Any] | None = None,
-        approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S,
-    ) -> Loop:
+        approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S, max_calls_per_session: int | None = None,
+        max_repeats: int | None = None) -> Loop:
         """Start one session's subtree under ``sessions``: a session supervisor (the
         system's restart intensity; started at the loop's first crash, :mod:`rho_actors.otp.lazy`)
         over its LoopActor (``transient``: restarted after a crash, with the same arguments,
@@ -481,9 +481,13 @@ class ActorSystem:
         (``TypeError`` for a lone string or an item of another kind). ``approval(call_info) -> bool`` (a
         :class:`CallInfo`) requires a decision for a call it says ``True`` to (or raises for), beside each tool's
         ``requires_approval``; a pending call expires after ``approval_timeout_s`` seconds (DESIGN §4 "Approvals";
-        ``TypeError``/``ValueError`` for a bad one). Raises ``RuntimeError`` once the system has stopped."""
+        ``TypeError``/``ValueError`` for a bad one). ``max_calls_per_session`` and ``max_repeats``: this session's
+        own budget of calls and repeated-call breaker (DESIGN §4 "The governor"), each an ``int`` >= 1, at most the
+        system's (``GovernorSettings``: the host's ceiling; ``ValueError`` for a looser one, naming both); ``None``:
+        the system's. Raises ``RuntimeError`` once the system has stopped."""
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
+        bounds = self._runtime.governor.session_bounds(max_calls_per_session, max_repeats)
         session_id = checked_session_id(session_id if session_id is not None else uuid.uuid4().hex)
         running = self._names.whereis(loop_name(session_id))
         if running is not None:
@@ -498,7 +502,8 @@ class ActorSystem:
         kwargs = dict(session_id=session_id, data_dir=session_dir, deps=deps, runtime=self._runtime,
                       withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools),
                       approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s))
-        loop = ChildSpec("loop", functools.partial(LoopActor.start, **kwargs), restart="transient",
+        start = self._runtime.governor.bounded(session_id, bounds, functools.partial(LoopActor.start, **kwargs))
+        loop = ChildSpec("loop", start, restart="transient",
                          significant=True, name=loop_name(session_id))
         session = ChildSpec(
             session_id,

@@ -21,6 +21,13 @@ semantic conventions, https://opentelemetry.io/docs/specs/semconv/gen-ai/):
   prompt's ``invoke_agent``, or the host's own). The span's context reaches the call's
   thread, and a worker process as ``ctx["traceparent"]`` (W3C Trace Context), so a
   tool's own spans join the trace.
+- ``attempt {gen_ai.tool.name}`` per attempt of a call that may be retried (an
+  idempotent tool's, DESIGN §4 "The governor"), ``INTERNAL``, a child of the call's
+  ``execute_tool``: ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
+  ``rho_actors.attempt`` (1, 2, ...) and, as it ends, ``rho_actors.attempt.outcome``
+  (``ok``; ``retried``: it failed and another attempt follows; ``failed``: it failed and
+  its result is the call's) with ``error.type`` (the error kind) and an ``ERROR`` status
+  when it failed. The attempt's span is the one ``ctx["traceparent"]`` names to its tool.
 
 Arguments and results may hold personal data: they are recorded only with
 ``Telemetry(record_content=True)`` (``gen_ai.tool.call.arguments`` and
@@ -69,7 +76,8 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 if TYPE_CHECKING:
     from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["AVAILABLE", "TRACEPARENT", "CallSpan", "Telemetry", "TurnTelemetry", "attached", "current_context"]
+__all__ = ["AVAILABLE", "TRACEPARENT", "CallSpan", "Telemetry", "TurnTelemetry", "attached", "attempt_ended",
+           "attempt_started", "current_context"]
 
 AVAILABLE = otel_trace is not None
 
@@ -479,6 +487,44 @@ def attached(ctx: Mapping[str, Any], queued_since: float | None = None, tool: st
         yield
     finally:
         otel_context.detach(token)
+
+
+def attempt_started(ctx: Mapping[str, Any], tool: str, call_id: str, attempt: int) -> tuple[Any, str] | None:
+    """Start the ``attempt {tool}`` span of attempt number ``attempt`` (1-based) of a
+    call, a child of its ``execute_tool`` span (``ctx["traceparent"]``). Returns the span
+    and its own W3C ``traceparent`` (the attempt's ``ctx`` gets it, so the tool's spans
+    are the attempt's children), or ``None`` when the call's span is not recorded (no
+    ``traceparent``: telemetry off or no tracer configured; or the extra missing)."""
+    traceparent = ctx.get(TRACEPARENT)
+    if not traceparent or otel_trace is None:
+        return None
+    provider = otel_trace.get_tracer_provider()
+    if not _configured(provider):
+        return None
+    span = provider.get_tracer(SCOPE).start_span(
+        f"attempt {tool}", context=_PROPAGATOR.extract({TRACEPARENT: traceparent}),  # type: ignore[union-attr]
+        kind=otel_trace.SpanKind.INTERNAL,
+        attributes={"gen_ai.tool.name": tool, "gen_ai.tool.call.id": call_id, "rho_actors.attempt": attempt})
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, otel_trace.set_span_in_context(span))  # type: ignore[union-attr]
+    return span, carrier.get(TRACEPARENT, traceparent)
+
+
+def attempt_ended(span: Any, result: ToolResult, retried: bool) -> None:
+    """End an attempt's span (:func:`attempt_started`) with its ``result``: its outcome
+    (``ok``, ``retried`` when another attempt follows, else ``failed``) and, when it
+    failed, ``error.type`` (the error kind) and an ``ERROR`` status. Never raises."""
+    try:
+        if result.ok:
+            span.set_attribute("rho_actors.attempt.outcome", "ok")
+        else:
+            kind = str(result.error_kind)
+            span.set_attribute("rho_actors.attempt.outcome", "retried" if retried else "failed")
+            span.set_attribute("error.type", kind)
+            span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, kind))
+        span.end()
+    except Exception:
+        logger.exception("the span of an attempt of call {} could not be ended", result.call_id)
 
 
 def _model_attributes(model: Any) -> dict[str, str]:

@@ -40,11 +40,11 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final, Literal
 
+from rho_actors.declarations.context import CONTEXT_NAME, ToolContext, looks_like_context
 from rho_actors.declarations.policy import NO_POLICY, CallPolicy
 from rho_actors.encoding import replace_controls, scrub_text
 from rho_actors.errors import RhoError
@@ -279,10 +279,11 @@ class ToolInfo:
     """A tool's checked declaration (DESIGN §3): the only thing offered to a model.
 
     ``timeout_ms`` is in milliseconds; ``parameter_schema`` is a private deep copy of the tool's JSON Schema (Draft
-    2020-12, top level ``"type": "object"``); ``requires_approval``: its calls may wait for a decision (DESIGN §4
-    "Approvals"). A copy handed out by :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first read of
-    ``parameter_schema`` (equality, ``repr``, pickling, ``dataclasses.replace`` and ``asdict`` read it too), so an
-    offer whose schemas are not read costs no copy.
+    2020-12, top level ``"type": "object"``); ``policy`` is every rule of its calls in one place (its bounds, retries,
+    background and ``requires_approval``: :class:`~rho_actors.declarations.policy.CallPolicy`). A copy handed out by
+    :func:`lazy_copies` (``Loop.offered()``) makes that copy on the first read of ``parameter_schema`` (equality,
+    ``repr``, pickling, ``dataclasses.replace`` and ``asdict`` read it too), so an offer whose schemas are not read
+    costs no copy.
     """
 
     name: str
@@ -290,9 +291,13 @@ class ToolInfo:
     parameter_schema: dict[str, Any]
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     concurrency: Concurrency = "parallel"
-    policy: CallPolicy = NO_POLICY  # its bounds and retries (rho_actors.declarations.policy): the governor's data
-    requires_approval: bool = False
+    policy: CallPolicy = NO_POLICY  # the rules of its calls (rho_actors.declarations.policy)
     annotations: tuple[tuple[str, Any], ...] = ()  # MCP's title and hints, checked: (key, value) pairs
+
+    @property
+    def requires_approval(self) -> bool:
+        """Whether its calls may wait for a decision (DESIGN §4 "Approvals"): ``policy.requires_approval``."""
+        return self.policy.requires_approval
 
     def copy(self) -> ToolInfo:
         """A copy with its own deep copy of the schema, for handing out."""
@@ -367,9 +372,9 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
     Made without ``__init__`` (about half its time): ``ToolInfo`` checks nothing when
     made. Raises ``ValueError`` when the two differ in length."""
     new, put_schema = object.__new__, SCHEMA_SLOT.__set__
-    put_name, put_description, put_timeout, put_concurrency, put_policy, put_approval, put_annotations = (
+    put_name, put_description, put_timeout, put_concurrency, put_policy, put_annotations = (
         ToolInfo.__dict__[name].__set__
-        for name in ("name", "description", "timeout_ms", "concurrency", "policy", "requires_approval", "annotations"))
+        for name in ("name", "description", "timeout_ms", "concurrency", "policy", "annotations"))
     copies: list[ToolInfo] = []
     append = copies.append
     for info, schema in zip(infos, schemas, strict=True):
@@ -383,7 +388,6 @@ def lazy_copies(infos: Iterable[ToolInfo], schemas: Iterable[PendingSchema | Non
         put_timeout(made, info.timeout_ms)
         put_concurrency(made, info.concurrency)
         put_policy(made, info.policy)
-        put_approval(made, info.requires_approval)
         put_annotations(made, info.annotations)
         append(made)
     return copies
@@ -622,83 +626,3 @@ def concurrency(tool: Any) -> Concurrency:
     except BaseException:  # a raise, or an exit, means "parallel"
         return "parallel"
     return "exclusive" if type(value) is str and value == "exclusive" else "parallel"
-
-
-# --- the context by type (a @tool parameter annotated ToolContext) ----------------------------
-
-
-CONTEXT_NAME: Final = "ctx"
-"""The parameter name that receives the context whatever its annotation."""
-_CONTEXT_LIKE: Final = re.compile(r"(^|_)(ctx|context|run_?context|tool_?context)(_|$)", re.IGNORECASE)
-
-
-class ToolContext(Mapping[str, Any]):
-    """The context of one call, read-only: a :class:`~collections.abc.Mapping` of the
-    context's keys (``ctx["call_id"]`` and ``ctx.get("withheld", [])`` work as on the
-    plain mapping) with typed properties for the common ones. ``context``: the mapping
-    the runtime gave the call."""
-
-    __slots__ = ("_context",)
-
-    def __init__(self, context: Mapping[str, Any]) -> None:
-        self._context = context
-
-    def __getitem__(self, key: str) -> Any:
-        return self._context[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._context)
-
-    def __len__(self) -> int:
-        return len(self._context)
-
-    @property
-    def session_id(self) -> str:
-        """The session's id."""
-        return str(self._context.get("session_id", ""))
-
-    @property
-    def call_id(self) -> str:
-        """The call's id (the model's)."""
-        return str(self._context.get("call_id", ""))
-
-    @property
-    def data_dir(self) -> Path:
-        """The session's private folder (an untrusted tool's: its worker's)."""
-        return Path(self._context["data_dir"])
-
-    @property
-    def deadline(self) -> float | None:
-        """The call's deadline, a ``time.monotonic()`` instant (``None`` outside a loop)."""
-        value = self._context.get("deadline")
-        return float(value) if isinstance(value, (int, float)) else None
-
-    @property
-    def cancel(self) -> Any:
-        """The call's :class:`~rho_actors.CancelToken` (``None`` outside a loop)."""
-        return self._context.get("cancel")
-
-    @property
-    def deps(self) -> Any:
-        """The session's dependencies (``None`` when there are none)."""
-        return self._context.get("deps")
-
-    @property
-    def withheld(self) -> list[str]:
-        """The names of the tools the call's loop does not offer now."""
-        return list(self._context.get("withheld", []))
-
-    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        """Report progress (a ``ProgressEvent``) where the isolation gives a reporter;
-        else nothing."""
-        report = self._context.get("progress")
-        if callable(report):
-            report(done, total, message)
-
-    def __repr__(self) -> str:
-        return f"ToolContext(session_id={self.session_id!r}, call_id={self.call_id!r})"
-
-
-def looks_like_context(name: str) -> bool:
-    """Whether a parameter's ``name`` says it is meant for the call's context."""
-    return bool(_CONTEXT_LIKE.search(name))

@@ -25,6 +25,7 @@ from rho_actors import (
     ToolCall,
     ToolContext,
     ToolFailure,
+    kill,
     prompt,
     tool,
 )
@@ -265,6 +266,80 @@ def test_max_calls_per_session_counts_every_tool(tmp_path: Path) -> None:
         assert "its budget of 3 tool calls (max_calls_per_session)" in results[3].content
         other = system.start_loop("t").run_turn([ToolCall("e", "same", '{"key": "e"}')])  # per session
         assert other[0].ok
+
+
+def test_a_session_sets_its_own_budget_and_breaker_within_the_systems(tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, governor=GovernorSettings(max_calls_per_session=10, max_repeats=3)) as system:
+        system.register(same)
+        strict = system.start_loop("strict", max_calls_per_session=3, max_repeats=1)
+        results = strict.run_turn([ToolCall("a", "same", '{"key": "a"}'), ToolCall("b", "same", '{"key": "a"}'),
+                                   ToolCall("c", "same", '{"key": "c"}'), ToolCall("d", "same", '{"key": "d"}'),
+                                   ToolCall("e", "same", '{"key": "e"}')])
+        assert [r.error_kind for r in results] == [None, ErrorKind.REPEATED_CALL, None, None,
+                                                   ErrorKind.BUDGET_EXHAUSTED]
+        assert results[1].content == (
+            "tool 'same' did not run: it already ran 1 times in this session with these same arguments "
+            "(max_repeats=1); you already have its result, use it instead of calling it again")
+        assert results[4].content == ("tool 'same' did not run: this session has used its budget of 3 tool calls "
+                                      "(max_calls_per_session)")
+        # a session that sets none has the system's: the same arguments three times, then refused
+        other = system.start_loop("other").run_turn([ToolCall(f"o{i}", "same", '{"key": "a"}') for i in range(4)])
+        assert [r.error_kind for r in other] == [None, None, None, ErrorKind.REPEATED_CALL]
+        assert "(max_repeats=3)" in other[3].content
+        # a session may not loosen the host's bounds, nor set a bad one
+        with pytest.raises(ValueError, match=r"max_calls_per_session=11 is looser than the system's "
+                                             r"max_calls_per_session=10 \(GovernorSettings\): a session may only "
+                                             r"tighten the host's bounds"):
+            system.start_loop("loose", max_calls_per_session=11)
+        with pytest.raises(ValueError, match="max_repeats must be an int >= 1 or None, got 0"):
+            system.start_loop("zero", max_repeats=0)
+        with pytest.raises(TypeError, match=r"max_calls_per_session must be an int >= 1 or None, got float 2\.0"):
+            system.start_loop("float", max_calls_per_session=2.0)  # type: ignore[arg-type]
+
+
+def test_a_sessions_own_bounds_hold_where_the_system_has_none_and_after_its_loop_restarts(tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, max_restarts=10, max_seconds=60) as system:
+        system.register(same)
+        loop = system.start_loop("s", max_calls_per_session=2)
+        assert [r.ok for r in loop.run_turn(calls("same", 3, "a", {"key": "k"}))] == [True, True, False]
+        first = loop.ref
+        kill(first)  # the loop crashes: its counts are gone, its bounds are given again
+        assert wait_for(lambda: loop.alive and loop.ref is not first)
+        results = loop.run_turn(calls("same", 3, "b", {"key": "k"}), timeout_s=WAIT_S)
+        assert [r.error_kind for r in results] == [None, None, ErrorKind.BUDGET_EXHAUSTED]
+        assert "its budget of 2 tool calls (max_calls_per_session)" in results[2].content
+        loop.stop()
+        assert wait_for(lambda: not loop.alive)
+        again = system.start_loop("s")  # a new loop of the session, without bounds of its own: none hold
+        assert all(r.ok for r in again.run_turn(calls("same", 4, "c", {"key": "k"})))
+
+
+def test_requires_approval_is_a_rule_of_the_call_policy_which_the_governor_does_not_keep(
+    system: ActorSystem,
+) -> None:
+    from rho_actors.declarations.policy import CallPolicy
+
+    @tool(requires_approval=True)
+    def wipe() -> str:
+        """Wipe everything."""
+        return "wiped"
+
+    @tool(requires_approval=lambda args, ctx: args["force"], max_calls=5)
+    def remove(force: bool) -> str:
+        """Remove a file."""
+        return "removed"
+
+    system.register(wipe)
+    system.register(remove)
+    infos = {info.name: info for info in system.tools()}
+    assert infos["wipe"].policy == CallPolicy(requires_approval=True) and infos["wipe"].requires_approval
+    assert infos["wipe"].policy.as_data() == {"requires_approval": True} and not infos["wipe"].policy.governed
+    assert infos["remove"].policy == CallPolicy(max_calls=5, requires_approval=True)  # a rule: it may ask
+    assert infos["remove"].policy.governed
+    calls_node = next(n for n in system.tree()["children"] if n["id"] == "calls")
+    assert calls_node["governor"]["tools"] == {"remove": {"max_calls": 5, "running": 0, "queued": 0}}
+    [pending] = system.start_loop("s").run_turn([ToolCall("w", "wipe", "{}")])
+    assert pending.error_kind is ErrorKind.PENDING_APPROVAL
 
 
 # --- rate limits ---------------------------------------------------------------------------------

@@ -54,7 +54,8 @@ def _upstream(port: int) -> Iterator[subprocess.Popen[bytes]]:
 def test_a_restarted_server_gets_a_new_session_at_once(system: ActorSystem) -> None:
     port = _free_port()
     source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="up", connect_timeout_s=WAIT_S, mode="legacy",
-                       ping_interval_s=300.0)  # nothing but the calls finds the session gone
+                       ping_interval_s=300.0,  # nothing but the calls finds the session gone
+                       idempotent_hints=True)  # wipe's idempotentHint is trusted: it is declared idempotent
     with _upstream(port):
         system.add_source(source, poll_s=None)
         assert wait_for(lambda: {"wipe", "lookup"} <= set(system.tool_set().entries))
@@ -95,3 +96,22 @@ def test_a_restarted_2026_server_needs_no_new_connection(system: ActorSystem) ->
         [again] = loop.run_turn([ToolCall("c2", "lookup", {"key": "b"})])
         assert again.ok and again.content == "value of b", again.content
         assert source.connections == connections
+
+
+def test_an_untrusted_idempotent_hint_does_not_send_a_call_again(system: ActorSystem) -> None:
+    """The session-gone resend reads the tool's declared idempotence, as the governor does:
+    an upstream's idempotentHint counts only where the host trusts its hints."""
+    port = _free_port()
+    source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="wary", connect_timeout_s=WAIT_S, mode="legacy",
+                       ping_interval_s=300.0)
+    with _upstream(port):
+        system.add_source(source, poll_s=None)
+        assert wait_for(lambda: "wipe" in system.tool_set().entries)
+        assert not system.tool_set().entries["wipe"].info.policy.idempotent
+        loop = system.start_loop("wary")
+        [first] = loop.run_turn([ToolCall("c1", "wipe", {})])
+        assert first.ok, first.content
+    with _upstream(port):
+        [refused] = loop.run_turn([ToolCall("c2", "wipe", {})])  # its hint says idempotent; not trusted
+        assert not refused.ok and refused.error_kind is ErrorKind.UNAVAILABLE
+        assert "not declared idempotent" in refused.content

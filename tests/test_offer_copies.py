@@ -259,8 +259,7 @@ def test_replace_asdict_astuple_and_copies_give_own_values(kind: str) -> None:
     as_dict = dataclasses.asdict(c)
     assert as_dict == {"name": of_c.name, "description": of_c.description, "parameter_schema": NESTED,
                        "timeout_ms": of_c.timeout_ms, "concurrency": of_c.concurrency,
-                       "policy": dataclasses.asdict(of_c.policy), "requires_approval": of_c.requires_approval,
-                       "annotations": ()}
+                       "policy": dataclasses.asdict(of_c.policy), "annotations": ()}
     assert json.loads(json.dumps(as_dict)) == {**as_dict, "annotations": []}  # plain JSON data
     assert dataclasses.astuple(c)[2] == NESTED
     own, deep, shallow = d.copy(), copy.deepcopy(d), copy.copy(e)

@@ -3,6 +3,7 @@ read back with the SDK's in-memory span exporter and metric reader."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import threading
@@ -20,7 +21,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from rho_actors import Actor, ActorSystem, CancelToken, ChildSpec, StartChild, SupervisorEvent, ToolCall, tool
+from rho_actors import (
+    Actor,
+    ActorSystem,
+    CancelToken,
+    ChildSpec,
+    StartChild,
+    SupervisorEvent,
+    ToolCall,
+    ToolFailure,
+    tool,
+)
 from rho_actors.agent.providers import RetryPolicy
 from rho_actors.agent.providers.openai import OpenAIModel
 from rho_actors.telemetry import Telemetry
@@ -366,3 +377,63 @@ def test_tracing_false_counts_no_supervisor_report(spans: InMemorySpanExporter, 
         ref.tell("crash")
         assert crashed.wait(WAIT_S)
         assert _counted("rho_actors.supervisor.give_ups", system) == {}
+
+
+_FLAKY_ANSWERS: list[Any] = []
+
+
+@tool(idempotent=True, retry=RetryPolicy(attempts=3, initial_s=0.01, max_wait_s=0.05, jitter_s=0.0))
+def flaky(city: str) -> str:
+    """Fail as told, then answer."""
+    with trace.get_tracer("a tool").start_as_current_span("inside flaky"):
+        answer = _FLAKY_ANSWERS.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return str(answer)
+
+
+def _attempts(exporter: InMemorySpanExporter, call_span: Any) -> list[Any]:
+    found = [s for s in exporter.get_finished_spans() if s.name == "attempt flaky"]
+    assert all(s.parent is not None and s.parent.span_id == call_span.context.span_id for s in found)
+    return sorted(found, key=lambda s: s.attributes["rho_actors.attempt"])
+
+
+def test_each_attempt_of_a_retried_call_is_its_own_child_span_with_its_outcome_and_error_kind(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    system.register(flaky)
+    _FLAKY_ANSWERS[:] = [ToolFailure("unavailable", "busy (503)"), ToolFailure("raised", "429", retryable=True),
+                         "sunny"]
+    [result] = system.start_loop("s1").run_turn([ToolCall("c1", "flaky", '{"city": "Lyon"}')])
+    assert result.ok and result.details["attempts"] == 3
+    call_span = by_name(spans)["execute_tool flaky"]
+    attempts = _attempts(spans, call_span)
+    assert [(s.attributes["rho_actors.attempt"], s.attributes["rho_actors.attempt.outcome"],
+             s.attributes.get("error.type"), s.status.status_code) for s in attempts] == [
+        (1, "retried", "unavailable", StatusCode.ERROR), (2, "retried", "raised", StatusCode.ERROR),
+        (3, "ok", None, StatusCode.UNSET)]
+    assert all(s.attributes["gen_ai.tool.call.id"] == "c1" for s in attempts)
+    assert call_span.status.status_code is StatusCode.UNSET  # the call succeeded
+    # the tool's own span of each attempt is that attempt's child
+    inner = [s for s in spans.get_finished_spans() if s.name == "inside flaky"]
+    assert sorted(s.parent.span_id for s in inner if s.parent) == sorted(s.context.span_id for s in attempts)
+    # an attempt starts after the one before it ended
+    assert all(a.end_time <= b.start_time for a, b in itertools.pairwise(attempts))
+
+
+def test_the_last_failed_attempt_is_failed_and_a_call_that_is_never_retried_has_no_attempt_span(
+    spans: InMemorySpanExporter, system: ActorSystem
+) -> None:
+    system.register(flaky)
+    system.register(boom)
+    _FLAKY_ANSWERS[:] = [ToolFailure("crashed", "gone")] * 3
+    loop = system.start_loop("s1")
+    [result] = loop.run_turn([ToolCall("c1", "flaky", '{"city": "Lyon"}')])
+    assert result.error_kind == "crashed" and result.details["attempts"] == 3
+    attempts = _attempts(spans, by_name(spans)["execute_tool flaky"])
+    assert [s.attributes["rho_actors.attempt.outcome"] for s in attempts] == ["retried", "retried", "failed"]
+    assert attempts[-1].attributes["error.type"] == "crashed"
+    spans.clear()
+    [refused] = loop.run_turn([ToolCall("c2", "boom", "{}")])  # not idempotent: one attempt, the call's span only
+    assert refused.error_kind == "raised"
+    assert [s.name for s in spans.get_finished_spans()] == ["execute_tool boom"]

@@ -93,7 +93,9 @@ def test_mcp_serve_lists_its_tools_and_an_upstreams_annotations(tmp_path: Path) 
     assert lookup.title == "Look it up" and lookup.annotations is not None  # the upstream's, passed on
     assert (lookup.annotations.read_only_hint, lookup.annotations.open_world_hint) == (True, False)
     assert wipe.title == "Wipe everything" and wipe.annotations is not None
-    assert (wipe.annotations.destructive_hint, wipe.annotations.idempotent_hint) == (True, True)
+    # its idempotentHint is not passed on: `--mcp` does not trust the upstream's hints, and what is served is
+    # the tool's declared idempotence
+    assert (wipe.annotations.destructive_hint, wipe.annotations.idempotent_hint) == (True, None)
 
 
 def test_a_loops_offer_keeps_the_annotations(system: Any) -> None:
@@ -106,3 +108,101 @@ def test_a_loops_offer_keeps_the_annotations(system: Any) -> None:
     loop = system.start_loop("annotated")
     assert [dict(info.annotations) for info in loop.offered()] == [{"title": "Echo", "readOnlyHint": True}]
     assert [dict(info.annotations) for info in loop.offered()] == [{"title": "Echo", "readOnlyHint": True}]  # cached
+
+
+# --- idempotence: one fact (docs/design/tool-contract.md "Idempotence") ------------------------
+
+
+class _Put:
+    """A class tool declaring its idempotence as a bool attribute."""
+
+    idempotent = True
+
+    @staticmethod
+    def name() -> str:
+        return "put"
+
+    @staticmethod
+    def description() -> str:
+        return "Store a value."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {}}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        return "stored"
+
+
+class _Hinted(_Put):
+    """A class tool saying it only as MCP's hint (no idempotent())."""
+
+    idempotent = None  # type: ignore[assignment]
+
+    @staticmethod
+    def annotations() -> dict[str, Any]:
+        return {"idempotentHint": True}
+
+
+class _Contradicted(_Put):
+    """A class tool whose idempotent() and hint disagree: idempotent() is the fact."""
+
+    idempotent = False
+
+    @staticmethod
+    def annotations() -> dict[str, Any]:
+        return {"readOnlyHint": False, "idempotentHint": True}
+
+
+def test_a_tools_declared_idempotence_is_the_idempotent_hint_it_is_served_with() -> None:
+    from rho_actors.declarations.checks import check_declaration, read_declaration
+
+    @tool(idempotent=True)
+    def fetch(url: str) -> str:
+        """Fetch a page."""
+        return url
+
+    @tool(annotations={"idempotentHint": True, "readOnlyHint": True})
+    def peek(key: str) -> str:
+        """Read a value."""
+        return key
+
+    @tool
+    def append(line: str) -> str:
+        """Append a line."""
+        return line
+
+    def served(t: Any) -> Any:
+        found = declaration(t, "mcp")
+        assert found is not None
+        return found.get("annotations", {})
+
+    def policy(t: Any) -> Any:
+        return check_declaration(read_declaration(t)).policy
+
+    assert served(fetch) == {"idempotentHint": True} and policy(fetch).idempotent
+    assert served(peek) == {"readOnlyHint": True, "idempotentHint": True}  # the hint declares it...
+    assert peek.idempotent() is True and policy(peek).retries is not None  # ...and its calls are retried
+    assert served(append) == {} and not policy(append).idempotent
+    assert served(_Put) == {"idempotentHint": True} and policy(_Put).idempotent
+    assert served(_Hinted) == {"idempotentHint": True} and policy(_Hinted).idempotent
+    assert served(_Contradicted) == {"readOnlyHint": False} and not policy(_Contradicted).idempotent
+    with pytest.raises(ValueError, match="@tool: annotations say idempotentHint=False but idempotent=True; the tool's "
+                                         "idempotence is one fact"):
+        tool(idempotent=True, annotations={"idempotentHint": False})
+
+
+def test_an_upstream_servers_idempotent_hint_is_taken_and_served_only_where_trusted() -> None:
+    pytest.importorskip("mcp")
+    from rho_actors.declarations.checks import check_declaration, read_declaration
+    from rho_actors.mcp import MCPServer
+    from rho_actors.mcp.source import MCPTool
+
+    said = {"name": "wipe", "description": "Wipe it.", "inputSchema": {"type": "object"},
+            "annotations": {"destructiveHint": True, "idempotentHint": True}}
+    trusted = check_declaration(read_declaration(MCPTool(MCPServer(command=["srv"], idempotent_hints=True), said)))
+    wary = check_declaration(read_declaration(MCPTool(MCPServer(command=["srv"]), said)))
+    assert trusted.policy.idempotent and dict(trusted.annotations) == {"destructiveHint": True,
+                                                                       "idempotentHint": True}
+    assert not wary.policy.idempotent and dict(wary.annotations) == {"destructiveHint": True}  # not vouched for

@@ -11,7 +11,10 @@ keys (the ``ToolAnnotations`` of the MCP schema):
 
 They are hints, said by the tool's author (or an upstream MCP server): ``mcp serve``
 lists them and a gateway passes an upstream's on, but nothing in rho grants a tool
-more because of them, and a host policy is never lifted by a tool's own hint.
+more because of them, and a host policy is never lifted by a tool's own hint. One is
+more than a hint: ``idempotentHint`` is the tool's declared idempotence as served
+(:func:`idempotent_hinted`; docs/design/tool-contract.md "Idempotence"), and an upstream
+server's is taken only where the host trusts its hints.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from rho_actors.encoding import scrub_text, strip_controls
 
-__all__ = ["HINTS", "MAX_TITLE_CHARS", "Annotations", "checked_annotations"]
+__all__ = ["HINTS", "MAX_TITLE_CHARS", "Annotations", "checked_annotations", "idempotent_hinted"]
 
 HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 """MCP's behaviour hints, each a ``bool``."""
@@ -65,3 +68,12 @@ def checked_annotations(value: Any) -> Annotations:
             raise TypeError(f"annotations: {hint} must be a bool, not a {type(said).__name__}")
         checked.append((hint, said))
     return tuple(checked)
+
+
+def idempotent_hinted(annotations: Annotations, idempotent: bool) -> Annotations:
+    """``annotations`` with MCP's ``idempotentHint`` derived from the tool's declared
+    idempotence: ``True`` when it is idempotent, else left out (MCP's default, false)."""
+    kept = {key: value for key, value in annotations if key != "idempotentHint"}
+    if idempotent:
+        kept["idempotentHint"] = True
+    return checked_annotations(kept) if kept != dict(annotations) else annotations

@@ -46,7 +46,7 @@ from loguru import logger
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from rho_actors.declarations.annotations import checked_annotations
+from rho_actors.declarations.annotations import Annotations, checked_annotations, idempotent_hinted
 from rho_actors.declarations.arguments import compile_pattern, make_validator, no_retrieval
 from rho_actors.declarations.metaschema import metaschema_validator
 from rho_actors.declarations.policy import POLICY_CALLBACKS, policy_from_answers
@@ -213,12 +213,14 @@ def read_declaration(tool: Any) -> dict[str, Any]:
     ``timeout_ms``, ``concurrency``, ``requires_approval``: each the callback's answer,
     absent when the tool has no such callback, or a marker when it raised (any
     ``BaseException`` is caught: a tool's ``SystemExit`` must not stop the reading
-    actor). ``requires_approval`` may also be a ``bool`` attribute; a policy over the
-    call (a method taking arguments) is not called and reads as ``True``.
+    actor). ``requires_approval`` and ``idempotent`` may also be ``bool`` attributes; a
+    policy over the call (a method taking arguments) is not called and reads as ``True``.
     """
     raw: dict[str, Any] = {}
     for cb_name in DECLARATION_CALLBACKS:
         if cb_name == "requires_approval" and _approval_answer(tool, raw):
+            continue
+        if cb_name == "idempotent" and _bool_attribute(tool, cb_name, raw):
             continue
         cb = callback(tool, cb_name)
         if cb is None:
@@ -228,6 +230,18 @@ def read_declaration(tool: Any) -> dict[str, Any]:
         except BaseException as exc:
             raw[cb_name] = Raised(describe_exception(exc))
     return raw
+
+
+def _bool_attribute(tool: Any, name: str, raw: dict[str, Any]) -> bool:
+    """Put ``tool``'s attribute ``name`` in ``raw`` when it is a ``bool``; whether it was."""
+    try:
+        value = getattr(tool, name, None)
+    except BaseException:
+        return False
+    if isinstance(value, bool):
+        raw[name] = value
+        return True
+    return False
 
 
 def _approval_answer(tool: Any, raw: dict[str, Any]) -> bool:
@@ -344,16 +358,27 @@ def check_declaration(
     except (TypeError, ValueError) as exc:  # hints: a bad one is left out, as a bad timeout is
         _log_default_once(name, "annotations", raw.get("annotations"), f"none ({exc})")
         annotations = ()
+    policy = policy_from_answers(_idempotence(raw, annotations),
+                                 lambda key, value, problem: _log_default_once(name, key, value, problem),
+                                 requires_approval=raw.get("requires_approval") not in (False, None))
     return ToolInfo(
         name=name,
         description=description,
         parameter_schema=_stripped_annotations(marshal.loads(marshal.dumps(schema))),  # plain JSON: a deep copy
         timeout_ms=timeout,
         concurrency="exclusive" if concurrency == "exclusive" else "parallel",
-        policy=policy_from_answers(raw, lambda key, value, problem: _log_default_once(name, key, value, problem)),
-        requires_approval=not (raw.get("requires_approval") is False or raw.get("requires_approval") is None),
-        annotations=annotations,
+        policy=policy,
+        annotations=idempotent_hinted(annotations, policy.idempotent),
     )
+
+
+def _idempotence(raw: dict[str, Any], annotations: Annotations) -> dict[str, Any]:
+    """The answers with the tool's one idempotence fact (docs/design/tool-contract.md
+    "Idempotence"): its ``idempotent()``, else its own ``idempotentHint``."""
+    if "idempotent" not in raw and dict(annotations).get("idempotentHint") is True:
+        return {**raw, "idempotent": True}
+    return raw
+
 
 
 _logged_defaults: set[tuple[str, str, str]] = set()

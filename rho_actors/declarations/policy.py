@@ -1,5 +1,7 @@
-"""A tool's call policy: the governor's bounds as part of its checked declaration
-(DESIGN §4 "The governor").
+"""A tool's call policy: the rules of its calls as part of its checked declaration, in
+one place: the governor's bounds and retries (DESIGN §4 "The governor"), whether its
+calls run in the background (§4 "Background calls") and whether they may wait for a
+decision (``requires_approval``, §4 "Approvals").
 
 A tool declares them with ``@tool(max_concurrency=4, rate="10/s", idempotent=True,
 retry=RetryPolicy(attempts=3))``, or, as a class or module tool, with the optional
@@ -17,6 +19,9 @@ callbacks of :data:`POLICY_CALLBACKS`:
 ``background_timeout_ms()``     a background call's deadline in ms (an ``int`` >= 1; default 1 h)
 =============================== ===========================================================
 
+and ``requires_approval`` (a ``bool``, or a rule ``(args, ctx) -> bool`` over each call,
+which the declaration reads as ``True``: its calls may wait for a decision).
+
 :func:`call_policy` checks the options of ``@tool`` (``TypeError``/``ValueError`` at
 decoration); :func:`policy_from_answers` reads the callbacks' answers in a declaration,
 where a bad answer means no bound (logged once), as a bad ``timeout_ms`` means the default.
@@ -27,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 import tenacity
@@ -119,9 +124,11 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallPolicy:
-    """A tool's bounds and retries (every field ``None``/``False``: none). See the
+    """The rules of a tool's calls (every field ``None``/``False``: none). See the
     module doc; ``retry`` is used only when ``idempotent`` (default then:
-    ``RetryPolicy()``)."""
+    ``RetryPolicy()``); ``requires_approval``: its calls may wait for a decision.
+    ``governed`` (derived): whether the governor has anything to keep, a rule other than
+    ``requires_approval`` set."""
 
     max_concurrency: int | None = None
     max_concurrency_per_session: int | None = None
@@ -132,6 +139,12 @@ class CallPolicy:
     retry: RetryPolicy | None = None
     background: bool = False
     background_timeout_ms: int | None = None
+    requires_approval: bool = False
+    governed: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "governed", any(getattr(self, f.name) != f.default for f in fields(self)
+                                                 if f.name not in ("requires_approval", "governed")))
 
     @property
     def retries(self) -> RetryPolicy | None:
@@ -159,6 +172,8 @@ class CallPolicy:
             out["background"] = True
         if self.background_timeout_ms is not None:
             out["background_timeout_ms"] = self.background_timeout_ms
+        if self.requires_approval:
+            out["requires_approval"] = True
         return out
 
 
@@ -193,12 +208,13 @@ def _retry(value: Any) -> RetryPolicy | None:
 def call_policy(
     *, max_concurrency: Any = None, max_concurrency_per_session: Any = None, max_calls: Any = None,
     rate: Any = None, idempotent: Any = False, retry: Any = None, rate_group: Any = None, background: Any = False,
-    background_timeout_ms: Any = None,
+    background_timeout_ms: Any = None, requires_approval: Any = False,
 ) -> CallPolicy:
     """The checked :class:`CallPolicy` of these options (:data:`NO_POLICY` when none is
     set). Raises ``TypeError``/``ValueError`` naming the bad option (a ``retry`` given
     to a tool that is not ``idempotent`` too: it would never be used)."""
-    for flag, value in (("idempotent", idempotent), ("background", background)):
+    for flag, value in (("idempotent", idempotent), ("background", background),
+                        ("requires_approval", requires_approval)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__} {value!r}")
     if rate_group is not None and (type(rate_group) is not str or not 1 <= len(rate_group) <= 128):
@@ -213,16 +229,18 @@ def call_policy(
         retry=_retry(retry),
         background=background,
         background_timeout_ms=_count("background_timeout_ms", background_timeout_ms),
+        requires_approval=requires_approval,
     )
     if policy.retry is not None and not idempotent:
         raise ValueError("retry is given but the tool is not idempotent=True: a non-idempotent call is never retried")
     return NO_POLICY if policy == NO_POLICY else policy
 
 
-def policy_from_answers(raw: Mapping[str, Any], warn: Callable[[str, Any, str], None]) -> CallPolicy:
+def policy_from_answers(raw: Mapping[str, Any], warn: Callable[[str, Any, str], None],
+                        requires_approval: bool = False) -> CallPolicy:
     """The :class:`CallPolicy` of a declaration's answers to :data:`POLICY_CALLBACKS`
-    (absent: unset). A bad or raising answer leaves that bound unset, and
-    ``warn(callback, answer, problem)`` is called for it."""
+    (absent: unset) and its ``requires_approval``. A bad or raising answer leaves that
+    bound unset, and ``warn(callback, answer, problem)`` is called for it."""
     options: dict[str, Any] = {}
     names = {"rate_limit": "rate", "retry_policy": "retry"}
     for callback in POLICY_CALLBACKS:
@@ -237,4 +255,4 @@ def policy_from_answers(raw: Mapping[str, Any], warn: Callable[[str, Any, str], 
         options[option] = raw[callback]
     if "retry" in options and options.get("idempotent") is not True:
         warn("retry_policy", options.pop("retry"), "the tool is not idempotent: it is never retried")
-    return call_policy(**options)
+    return call_policy(**options, requires_approval=requires_approval)

@@ -4,9 +4,12 @@
 The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
 :meth:`Governor.start`, which, in order:
 
-1. **budgets and the breaker** (per session): the system's ``max_calls_per_session``,
-   the tool's ``max_calls`` and the system's ``max_repeats`` (the same tool with the same
-   arguments) refuse the call at once, ``budget_exhausted`` or ``repeated_call``;
+1. **budgets and the breaker** (per session): ``max_calls_per_session``, the tool's
+   ``max_calls`` and ``max_repeats`` (the same tool with the same arguments) refuse the
+   call at once, ``budget_exhausted`` or ``repeated_call``. The first and last are the
+   system's (:class:`GovernorSettings`), or the session's own where it set them
+   (:meth:`Governor.bound_session`): a session may only tighten the system's, which are
+   the host's ceiling;
 2. **the rate** (the tool's token bucket, :mod:`rho_actors.governor.buckets`): the call
    starts when its token comes, if that is before its deadline, else ``rate_limited``;
 3. **places** (:mod:`rho_actors.governor.places`): the tool's ``max_concurrency`` (the
@@ -23,7 +26,8 @@ The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
 
 A place is held from the call's start until its answer (a ``thread`` call abandoned at
 its deadline is counted among the abandoned threads then). A call of a tool with no
-policy (``NO_POLICY``) and no session bound, not on a thread, passes straight through.
+policy the governor keeps (``NO_POLICY``, or one with only ``requires_approval``: not
+``governed``) and no session bound, not on a thread, passes straight through.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from rho_actors.governor.places import Gate, Waiting, blocking, fits, release, t
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import arguments_sha256
 from rho_actors.results import failure
+from rho_actors.telemetry import TRACEPARENT, attempt_ended, attempt_started
 from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -82,7 +87,9 @@ class GovernorSettings:
     once, the whole system; default :func:`default_max_thread_calls`),
     ``max_calls_per_session`` (calls a session may make, ``None``: no bound) and
     ``max_repeats`` (how many times one session may call the same tool with the same
-    arguments, ``None``: off). Raises ``ValueError`` for a bound that is not an ``int`` >= 1."""
+    arguments, ``None``: off); the last two are the host's ceiling, which a session may
+    tighten (``start_loop(max_calls_per_session=..., max_repeats=...)``). Raises
+    ``ValueError`` for a bound that is not an ``int`` >= 1."""
 
     max_thread_calls: int = field(default_factory=default_max_thread_calls)
     max_calls_per_session: int | None = None
@@ -159,7 +166,7 @@ class _Call:
     under the governor's lock."""
 
     __slots__ = ("attempt", "bucket", "current", "failures", "final", "gates", "gov", "has_answer", "held", "reply",
-                 "retry", "running", "seq", "session", "spec", "start", "state", "stop", "timer", "tool")
+                 "retry", "running", "seq", "session", "span", "spec", "start", "state", "stop", "timer", "tool")
 
     def __init__(self, gov: Governor, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
                  gates: tuple[Gate, ...], retry: RetryPolicy | None, bucket: TokenBucket | None) -> None:
@@ -176,6 +183,7 @@ class _Call:
         self.timer: Timer | None = None
         self.stop: str | None = None  # the cancel's reason, once cancelled
         self.failures: list[dict[str, Any]] = []
+        self.span: Any = None  # the running attempt's span, when the call's is recorded and it may be retried
 
     # --- waiting and starting ------------------------------------------------------------
 
@@ -241,6 +249,12 @@ class _Call:
         attempt = self.attempt
         spec = self.spec if attempt == 1 else dataclasses.replace(
             self.spec, reply=functools.partial(self.answered, attempt))
+        if self.retry is not None and TRACEPARENT in spec.ctx:  # its own span, the call's child
+            started = attempt_started(spec.ctx, self.tool, spec.call_id, attempt)
+            if started is not None:
+                self.span = started[0]
+                spec = dataclasses.replace(spec, ctx=MappingProxyType({**spec.ctx, TRACEPARENT: started[1]}),
+                                           reply=functools.partial(self.answered, attempt))
         self.current = spec
         if attempt > 1:
             self.gov.moved(self, "running", attempt=attempt)
@@ -305,13 +319,16 @@ class _Call:
         with gov.lock:
             late = attempt != self.attempt or self.has_answer
             if not late:
-                self.has_answer, self.running = True, None
+                self.has_answer, self.running, span, self.span = True, None, self.span, None
                 ready = gov.released(self) if self.held else ()
         if late:
             if attempt == self.final:  # a late result of the attempt that answered: the loop reports it
                 self.reply(result)
             return
-        if not self.retried(result):
+        retried = self.retried(result)
+        if span is not None:
+            attempt_ended(span, result, retried)
+        if not retried:
             self.final, self.state = attempt, _DONE
             self.finish(result)
         gov.launch(ready)
@@ -320,8 +337,10 @@ class _Call:
         """An attempt that could not start: its answer, no retry."""
         gov = self.gov
         with gov.lock:
-            self.has_answer, self.state = True, _DONE
+            self.has_answer, self.state, span, self.span = True, _DONE, self.span, None
             ready = gov.released(self) if self.held else ()
+        if span is not None:
+            attempt_ended(span, result, False)
         self.finish(result)
         gov.launch(ready)
 
@@ -393,6 +412,7 @@ class Governor:
         self._buckets: dict[str, TokenBucket] = {}
         self._sessions: dict[str, _Session] = {}
         self._counted = settings.max_calls_per_session is not None or settings.max_repeats is not None
+        self._bounds: dict[str, tuple[int | None, int | None]] = {}  # a session's (max_calls_per_session, max_repeats)
         self.refused: dict[str, int] = {"budget_exhausted": 0, "repeated_call": 0, "rate_limited": 0,
                                         "unavailable": 0}
         self._watchers: dict[str, Callable[[str, str, dict[str, Any], str], None]] = {}
@@ -409,7 +429,8 @@ class Governor:
         policy = entry.info.policy
         threaded = not inline and entry.isolation == "thread"
         exclusive = entry.info.concurrency == "exclusive"
-        if policy is NO_POLICY and not self._counted and not exclusive:
+        counted = self._counted or (bool(self._bounds) and session in self._bounds)
+        if (policy is NO_POLICY or not policy.governed) and not counted and not exclusive:
             if not threaded:
                 return start(spec)
             gate = self._threads
@@ -429,7 +450,7 @@ class Governor:
             gates: tuple[Gate, ...] = (gate,)
             call = _Call(self, spec, session, start, gates, None, None)
         else:
-            refusal = self._counts(policy, spec, session) if self._counted or policy.max_calls else None
+            refusal = self._counts(policy, spec, session) if counted or policy.max_calls else None
             if refusal is not None:
                 spec.reply(refusal)
                 return _REFUSED
@@ -478,23 +499,68 @@ class Governor:
                     bucket = self._buckets[key] = TokenBucket(policy.rate, time.monotonic())
         return bucket
 
+    def session_bounds(self, max_calls_per_session: Any = None, max_repeats: Any = None,
+                       ) -> tuple[int | None, int | None] | None:
+        """A session's own ``max_calls_per_session`` and ``max_repeats`` checked against the
+        system's, the host's ceiling: each an ``int`` >= 1 or ``None`` (the system's), at
+        most the system's where it has one. Returns the bounds in force for the session
+        (``None`` when it sets neither). Raises ``TypeError``/``ValueError`` naming the bad one."""
+        if max_calls_per_session is None and max_repeats is None:
+            return None
+        bounds = []
+        for name, value in (("max_calls_per_session", max_calls_per_session), ("max_repeats", max_repeats)):
+            system: int | None = getattr(self.settings, name)
+            if value is None:
+                bounds.append(system)
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int >= 1 or None, got {type(value).__name__} {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be an int >= 1 or None, got {value}")
+            if system is not None and value > system:
+                raise ValueError(f"{name}={value} is looser than the system's {name}={system} (GovernorSettings): "
+                                 "a session may only tighten the host's bounds")
+            bounds.append(value)
+        return bounds[0], bounds[1]
+
+    def bound_session(self, session: str, bounds: tuple[int | None, int | None] | None) -> None:
+        """Give ``session`` its own bounds (from :meth:`session_bounds`; ``None``: the
+        system's) until :meth:`forget`: its ``max_calls_per_session`` and ``max_repeats``."""
+        with self.lock:
+            if bounds is None:
+                self._bounds.pop(session, None)
+            else:
+                self._bounds[session] = bounds
+
+    def bounded(self, session: str, bounds: tuple[int | None, int | None] | None,
+                start: Callable[[], pykka.ActorRef[Any]]) -> Callable[[], pykka.ActorRef[Any]]:
+        """``start`` (a session's loop's, at each start and restart) giving ``session`` its
+        ``bounds`` first (:meth:`bound_session`; a loop's stop forgets them); ``start`` for ``None``."""
+        return start if bounds is None else functools.partial(self._start_bounded, session, bounds, start)
+
+    def _start_bounded(self, session: str, bounds: tuple[int | None, int | None],
+                       start: Callable[[], pykka.ActorRef[Any]]) -> pykka.ActorRef[Any]:
+        self.bound_session(session, bounds)
+        return start()
+
     def _counts(self, policy: CallPolicy, spec: CallSpec, session: str) -> ToolResult | None:
         """Count the call against its session's budgets, or its refusal."""
         settings, name = self.settings, spec.name
-        key = (name, _arguments_key(spec.args)) if settings.max_repeats is not None else None
+        max_calls, max_repeats = self._bounds.get(session) or (settings.max_calls_per_session, settings.max_repeats)
+        key = (name, _arguments_key(spec.args)) if max_repeats is not None else None
         refusal: tuple[str, dict[str, Any]] | None
         with self.lock:
             counts = self._sessions.get(session)
             if counts is None:
                 counts = self._sessions[session] = _Session()
-            if settings.max_calls_per_session is not None and counts.calls >= settings.max_calls_per_session:
-                refusal = ("budget_exhausted", dict(scope="this session", budget=settings.max_calls_per_session,
+            if max_calls is not None and counts.calls >= max_calls:
+                refusal = ("budget_exhausted", dict(scope="this session", budget=max_calls,
                                                     what="tool calls", setting="max_calls_per_session"))
             elif policy.max_calls is not None and counts.per_tool.get(name, 0) >= policy.max_calls:
                 refusal = ("budget_exhausted", dict(scope="this session", budget=policy.max_calls,
                                                     what=f"calls of tool {name!r}", setting="max_calls"))
-            elif key is not None and counts.repeats.get(key, 0) >= settings.max_repeats:  # type: ignore[operator]
-                refusal = ("repeated_call", dict(count=settings.max_repeats))
+            elif key is not None and max_repeats is not None and counts.repeats.get(key, 0) >= max_repeats:
+                refusal = ("repeated_call", dict(count=max_repeats))
             else:
                 refusal = None
                 counts.calls += 1
@@ -594,9 +660,10 @@ class Governor:
             logger.exception("the watcher of session {} failed on call {}", call.session, call.spec.call_id)
 
     def forget(self, session: str) -> None:
-        """The session ended: drop its counts (and its idle per-session places)."""
+        """The session ended: drop its counts, its own bounds (and its idle per-session places)."""
         with self.lock:
             self._sessions.pop(session, None)
+            self._bounds.pop(session, None)
             for key in [k for k, gate in self._per_session.items() if k[1] == session and gate.running == 0]:
                 del self._per_session[key]
             gate = self._exclusive.get(session)
@@ -627,8 +694,10 @@ class Governor:
         stats = self.stats()
         tools = {}
         for name, info in infos.items():
-            if info.policy is not NO_POLICY:
-                tools[name] = {**info.policy.as_data(), "running": stats["running"].get(name, 0),
+            if info.policy.governed:
+                data = info.policy.as_data()
+                data.pop("requires_approval", None)  # not the governor's
+                tools[name] = {**data, "running": stats["running"].get(name, 0),
                                "queued": stats["queued"].get(name, 0)}
         return {"max_thread_calls": stats["max_thread_calls"], "thread_calls_running": stats["thread_calls_running"],
                 "max_calls_per_session": stats["max_calls_per_session"], "max_repeats": stats["max_repeats"],

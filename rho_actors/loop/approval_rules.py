@@ -62,13 +62,8 @@ def output_problems(entry: ToolEntry | None, output: Any) -> list[str]:
 
 
 def idempotent(entry: ToolEntry) -> bool:
-    """Whether a trusted tool says running a call of it twice does no harm (an
-    ``idempotent`` attribute or method that is ``True``); an untrusted tool's code is never
-    read: ``False``."""
-    if entry.untrusted:
-        return False
-    try:
-        value = getattr(entry.tool, "idempotent", False)
-        return (value() if callable(value) else value) is True
-    except BaseException:
-        return False
+    """Whether a trusted tool declared that running a call of it twice does no harm: its
+    checked declaration's one idempotence fact (``idempotent`` attribute or method, or its
+    own ``idempotentHint``; docs/design/tool-contract.md "Idempotence"), the one the
+    governor retries by. An untrusted tool's call is not run again: ``False``."""
+    return not entry.untrusted and entry.info.policy.idempotent

@@ -161,7 +161,7 @@ class MCPTool:
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         """Send ``tools/call`` and wait for its result, at most until ``ctx["deadline"]``."""
-        return self._server.call(str(self._declared.get("name")), args, ctx)
+        return self._server.call(str(self._declared.get("name")), args, ctx, idempotent=self.idempotent())
 
     def __repr__(self) -> str:
         return f"<MCPTool {self._declared.get('name')!r} of {self._server.name}>"
@@ -398,24 +398,23 @@ class MCPServer:
 
     # --- calls ----------------------------------------------------------------------------
 
-    def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any], *, retry: bool = True) -> Any:
+    def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any], *, idempotent: bool = False) -> Any:
         """Send ``tools/call`` for ``name`` over the call's connection (:meth:`call_link`; from a
         call's thread); its content as rho values, or :class:`ToolFailure`. A server that no
         longer knows the session (restarted) gets a new connection at once, and the call
-        again on it (once) for a tool declared idempotent, else ``mcp_session_gone``."""
+        again on it (once) when ``idempotent`` (the tool's declared idempotence,
+        :meth:`MCPTool.idempotent`: its hint only where trusted), else ``mcp_session_gone``."""
         with self.call_link(name, ctx) as link:
-            with link.lock:
-                said = link.tools.get(name, {}).get("annotations")
             try:
                 return self._call_on(link, name, args, ctx)
             except SessionGone as gone:
-                if not (retry and isinstance(said, dict) and said.get("idempotentHint") is True):
+                if not idempotent:
                     raise _fails("mcp_session_gone", name, server=self.name) from None
                 old, left = gone.session, float(ctx.get("deadline", 0.0)) - time.monotonic()
                 with link.changed:
                     if not link.changed.wait_for(lambda: link.session not in (None, old), max(0.0, left)):
                         raise _fails("mcp_not_connected", name, server=self.name) from None
-        return self.call(name, args, ctx, retry=False)
+        return self.call(name, args, ctx, idempotent=False)
 
     def call_link(self, tool: str, ctx: Mapping[str, Any]) -> contextlib.AbstractContextManager[Link]:
         """The connection a call of ``tool`` in ``ctx`` goes to, held while it runs: this
