@@ -46,6 +46,10 @@ SUITES: dict[str, Suite] = {
         "tests/test_tool_node_interceptor_unregistered.py", "tests/test_tool_node_validation_error_filtering.py",
         "tests/test_react_agent.py", "tests/test_tool_call_transformer.py",
     ), "swap_langgraph"),
+    "openai_agents": Suite("openai_agents", (
+        "tests/test_function_tool.py", "tests/test_function_tool_decorator.py", "tests/test_tool_context.py",
+        "tests/test_run_step_execution.py", "tests/test_tool_use_behavior.py", "tests/test_tool_guardrails.py",
+    ), "swap_openai_agents"),
 }
 
 

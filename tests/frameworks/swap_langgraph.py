@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 
 _systems: list[tuple[Any, tempfile.TemporaryDirectory[str]]] = []
+_kept: list[tuple[Any, tempfile.TemporaryDirectory[str]]] = []
+"""Systems made outside a test (for a tool made at a module's import): stopped at the end."""
 _turns = [0]
+_in_test = [False]
 
 
 def _stop_all() -> None:
@@ -34,6 +37,33 @@ def _counted(method: Any) -> Any:
     return run
 
 
+def count_turns() -> None:
+    """Count every rho turn run (``Loop.run_turn`` and ``arun_turn``)."""
+    from rho_actors.loop.handle import Loop
+
+    Loop.run_turn = _counted(Loop.run_turn)  # type: ignore[method-assign]
+    Loop.arun_turn = _counted(Loop.arun_turn)  # type: ignore[method-assign]
+
+
+def track(system: Any, folder: tempfile.TemporaryDirectory[str]) -> None:
+    """Stop ``system`` and remove ``folder`` at the end of the test (of the run, for one
+    made outside a test)."""
+    (_systems if _in_test[0] else _kept).append((system, folder))
+
+
+def systems_stopped_and_turns_counted() -> Iterator[None]:
+    """Each test's systems stopped after it, and its rho turns counted."""
+    _in_test[0] = True
+    yield
+    _in_test[0] = False
+    _stop_all()
+    report = os.environ.get("RHO_FRAMEWORKS_TURNS")
+    if report and _turns[0]:
+        with open(report, "a") as f:
+            f.write(f"{_turns[0]}\n")
+        _turns[0] = 0
+
+
 def pytest_configure(config: pytest.Config) -> None:
     import langgraph.prebuilt.chat_agent_executor as executor
     import langgraph.prebuilt.tool_node as tool_node_module
@@ -43,10 +73,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     from rho_actors import ActorSystem
     from rho_actors.integrations.langgraph import RhoToolNode
-    from rho_actors.loop.handle import Loop
 
-    Loop.run_turn = _counted(Loop.run_turn)  # type: ignore[method-assign]
-    Loop.arun_turn = _counted(Loop.arun_turn)  # type: ignore[method-assign]
+    count_turns()
 
     class ToolNode(RhoToolNode):
         """What ``ToolNode(tools, **kwargs)`` makes with rho swapped in."""
@@ -54,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
         def __init__(self, tools: Any, **kwargs: Any) -> None:
             folder = tempfile.TemporaryDirectory()
             system = ActorSystem(data_dir=folder.name)
-            _systems.append((system, folder))
+            track(system, folder)
             for t in tools:
                 system.register(t if isinstance(t, BaseTool) else create_tool(t))
             super().__init__(system.start_loop(), **kwargs)
@@ -65,15 +93,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _stop_all()
+    _systems.extend(_kept)
+    _stop_all()
 
 
 @pytest.fixture(autouse=True)
 def _rho_systems_stopped() -> Iterator[None]:
-    """Each test's systems stopped after it, and its rho turns counted."""
-    yield
-    _stop_all()
-    report = os.environ.get("RHO_FRAMEWORKS_TURNS")
-    if report and _turns[0]:
-        with open(report, "a") as f:
-            f.write(f"{_turns[0]}\n")
-        _turns[0] = 0
+    yield from systems_stopped_and_turns_counted()

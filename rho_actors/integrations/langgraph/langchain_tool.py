@@ -8,84 +8,34 @@ coroutine, which then gets asyncio cancellation at its deadline); what it raises
 ``ToolException`` included, is a ``raised`` result.
 
 A call that LangGraph's ``ToolNode`` makes through rho (``RhoToolNode``) has a
-:class:`HostSideCall` in :data:`HOST_SIDE_CALLS` under its session and call id: the tool
-is then invoked as ``ToolNode`` invokes it (the whole tool call, with the injected
-arguments, and the run's config), and what it returns or raises is kept there as the
+:class:`~rho_actors.integrations.host_side.HostSideCall` (``given``: ``call_args`` and
+``config``): the tool is then invoked as ``ToolNode`` invokes it (the whole tool call,
+with the injected arguments, and the run's config), and what it returns or raises is kept there as the
 very object for ``ToolNode`` (rho's result is its text).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel
 
-__all__ = ["HOST_SIDE_CALLS", "AsyncLangChainTool", "HostSideCall", "HostSideCalls", "LangChainTool", "from_langchain"]
+from rho_actors.integrations.host_side import HOST_SIDE_CALLS, HostSideCall
+
+__all__ = ["AsyncLangChainTool", "LangChainTool", "from_langchain", "invocation"]
 
 
-class HostSideCall:
-    """One call ``ToolNode`` makes through rho: ``call_args`` (the tool call dict
-    ``ToolNode`` would invoke the tool with, injected arguments included) and ``config``
-    (the run's); after the call, ``output`` (what the tool returned, when ``returned``)
-    or ``raised`` (the exception it raised)."""
-
-    def __init__(self, call_args: Mapping[str, Any], config: Any) -> None:
-        self.call_args = dict(call_args)
-        self.config = config
-        self.returned = False
-        self.output: Any = None
-        self.raised: Exception | None = None
-
-    def invocation(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """The tool call to invoke: ``args`` (what rho's check let through) with the
-        injected arguments over them."""
-        return {**self.call_args, "args": {**args, **self.call_args.get("args", {})}}
-
-    def text(self, output: Any) -> Any:
-        """Keep ``output`` and give rho its text: a ``ToolMessage``'s content, else
-        ``output`` itself when it is plain data, else its ``str``."""
-        self.output, self.returned = output, True
-        content = getattr(output, "content", output)
-        plain = content is None or isinstance(content, str | int | float | bool | list | dict)
-        return content if plain else str(content)
+def invocation(host: HostSideCall, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool call ``ToolNode`` would invoke the tool with (``host.given["call_args"]``,
+    injected arguments included), over ``args`` (what rho's check let through)."""
+    call_args = host.given["call_args"]
+    return {**call_args, "args": {**args, **call_args.get("args", {})}}
 
 
-class HostSideCalls:
-    """The calls ``ToolNode`` makes now, by (session id, call id)."""
 
-    def __init__(self) -> None:
-        self._calls: dict[tuple[str, str], HostSideCall] = {}
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def holding(self, session_id: str, call_id: str, call: HostSideCall | None) -> Iterator[None]:
-        """``call`` known under (``session_id``, ``call_id``) while the block runs (nothing for ``None``)."""
-        if call is None:
-            yield
-            return
-        key = (session_id, call_id)
-        with self._lock:
-            self._calls[key] = call
-        try:
-            yield
-        finally:
-            with self._lock:
-                if self._calls.get(key) is call:
-                    del self._calls[key]
-
-    def get(self, ctx: Mapping[str, Any]) -> HostSideCall | None:
-        """The host-side call of a rho call's context ``ctx``, or ``None``."""
-        with self._lock:
-            return self._calls.get((str(ctx.get("session_id", "")), str(ctx.get("call_id", ""))))
-
-
-HOST_SIDE_CALLS = HostSideCalls()
-"""The process's host-side calls (see the module doc)."""
 
 
 def _schema(tool: BaseTool) -> dict[str, Any]:
@@ -123,7 +73,7 @@ class LangChainTool:
         if host is None:
             return self.tool.invoke(dict(args))
         try:
-            return host.text(self.tool.invoke(host.invocation(args), host.config))
+            return host.keep(self.tool.invoke(invocation(host, args), host.given["config"]))
         except Exception as e:  # a GraphInterrupt too; never a cancellation at the deadline
             host.raised = e
             raise
@@ -138,7 +88,7 @@ class AsyncLangChainTool(LangChainTool):
         if host is None:
             return await self.tool.ainvoke(dict(args))
         try:
-            return host.text(await self.tool.ainvoke(host.invocation(args), host.config))
+            return host.keep(await self.tool.ainvoke(invocation(host, args), host.given["config"]))
         except Exception as e:  # a GraphInterrupt too; never a cancellation at the deadline
             host.raised = e
             raise

@@ -46,7 +46,8 @@ from langgraph.types import interrupt
 from pydantic import BaseModel
 
 from rho_actors.declarations.formats import to_dialect
-from rho_actors.integrations.langgraph.langchain_tool import HOST_SIDE_CALLS, HostSideCall, LangChainTool
+from rho_actors.integrations.host_side import HOST_SIDE_CALLS, HostSideCall
+from rho_actors.integrations.langgraph.langchain_tool import LangChainTool
 from rho_actors.integrations.sessions import SessionLoops, call_id
 from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
 
@@ -137,7 +138,8 @@ class _Route:
         allowed = _model_properties(self._local) if self._local is not None else None
         model_args = {k: v for k, v in (call.get("args") or {}).items() if allowed is None or k in allowed}
         rho_call = ToolCall(call_id(call.get("id")), str(call["name"]), model_args)
-        host = HostSideCall({**call_args, "args": injected_args}, config) if self._local is not None else None
+        given = {"call_args": {**call_args, "args": injected_args}, "config": config}
+        host = HostSideCall(given) if self._local is not None else None
         return loop, rho_call, host
 
     def _answer(self, result: ToolResult, host: HostSideCall | None) -> Any:
