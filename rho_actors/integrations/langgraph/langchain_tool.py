@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from rho_actors.integrations.host_side import HOST_SIDE_CALLS, HostSideCall
 
-__all__ = ["AsyncLangChainTool", "LangChainTool", "from_langchain", "invocation"]
+__all__ = ["AsyncLangChainTool", "LangChainTool", "from_langchain", "invocation", "model_arguments"]
 
 
 def invocation(host: HostSideCall, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -45,6 +45,18 @@ def _schema(tool: BaseTool) -> dict[str, Any]:
     if not issubclass(schema, BaseModel):  # a pydantic.v1 model
         raise TypeError(f"LangChain tool {tool.name!r}: its args schema is a pydantic v1 model; use pydantic v2")
     return schema.model_json_schema()
+
+
+def model_arguments(tool: BaseTool, args: Mapping[str, Any]) -> dict[str, Any]:
+    """``args`` without what the model may not set: only the properties of the tool's
+    ``tool_call_schema`` (a value the model sends for an injected argument, such as
+    ``InjectedToolArg`` or ``InjectedState``, never reaches the tool, as under LangGraph's
+    ``ToolNode``), unless that schema lets other properties in."""
+    schema = _schema(tool)
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or schema.get("additionalProperties") not in (None, False):
+        return dict(args)
+    return {name: value for name, value in args.items() if name in properties}
 
 
 class LangChainTool:
@@ -71,7 +83,7 @@ class LangChainTool:
         a call ``ToolNode`` makes is invoked as ``ToolNode`` would (see the module doc)."""
         host = HOST_SIDE_CALLS.get(ctx)
         if host is None:
-            return self.tool.invoke(dict(args))
+            return self.tool.invoke(model_arguments(self.tool, args))
         try:
             return host.keep(self.tool.invoke(invocation(host, args), host.given["config"]))
         except Exception as e:  # a GraphInterrupt too; never a cancellation at the deadline
@@ -86,7 +98,7 @@ class AsyncLangChainTool(LangChainTool):
         """``await tool.ainvoke(args)``, cancelled at the call's deadline."""
         host = HOST_SIDE_CALLS.get(ctx)
         if host is None:
-            return await self.tool.ainvoke(dict(args))
+            return await self.tool.ainvoke(model_arguments(self.tool, args))
         try:
             return host.keep(await self.tool.ainvoke(invocation(host, args), host.given["config"]))
         except Exception as e:  # a GraphInterrupt too; never a cancellation at the deadline
