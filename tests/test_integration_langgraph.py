@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 
@@ -18,7 +18,7 @@ from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.tools import ToolException
+from langchain_core.tools import InjectedToolArg, ToolException
 from langchain_core.tools import tool as lc_tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
@@ -75,6 +75,14 @@ def graph(node: RhoToolNode, model: ScriptedChat) -> Any:
     return builder.compile()
 
 
+def alone(node: RhoToolNode) -> Any:
+    """A graph of ``node`` alone (LangGraph gives a node its runtime only in a graph)."""
+    builder = StateGraph(MessagesState)
+    builder.add_node("tools", node)
+    builder.add_edge(START, "tools")
+    return builder.compile()
+
+
 def tool_messages(state: dict[str, Any]) -> list[ToolMessage]:
     return [m for m in state["messages"] if isinstance(m, ToolMessage)]
 
@@ -124,18 +132,16 @@ def test_given_a_system_each_graph_thread_is_a_rho_session(system: ActorSystem, 
         assert state["messages"][-1].content == "five"
         assert system.whereis("loop:thread-9") is not None
         with pytest.raises(ValueError, match="needs the framework's thread or conversation id"):
-            node.invoke({"messages": [AIMessage("", tool_calls=[{"id": "x", "name": "add", "args": {}}])]})
+            alone(node).invoke({"messages": [AIMessage("", tool_calls=[{"id": "x", "name": "add", "args": {}}])]})
     finally:
         node.close()
     assert system.whereis("loop:thread-9") is None
 
 
-def test_a_state_without_an_ai_message_is_refused_by_name(system: ActorSystem, tmp_path: Path) -> None:
-    node = RhoToolNode(set_up(system, tmp_path, processes=False).loop)
-    with pytest.raises(ValueError, match="no AIMessage"):
-        node.invoke({"messages": [HumanMessage("hi")]})
-    with pytest.raises(ValueError, match="a 'messages' list"):
-        node.invoke({"text": "hi"})
+def test_a_state_without_an_ai_message_is_refused_as_tool_node_refuses_it(system: ActorSystem, tmp_path: Path) -> None:
+    app = alone(RhoToolNode(set_up(system, tmp_path, processes=False).loop))
+    with pytest.raises(ValueError, match="No AIMessage found in input"):
+        app.invoke({"messages": [HumanMessage("hi")]})
 
 
 @lc_tool
@@ -216,7 +222,25 @@ def test_calls_rho_holds_pause_the_graph_and_resume_with_the_decisions(system: A
     resume: Command[Any] = Command(resume={"c1": {"arguments": {"path": "/tmp/a"}}, "c2": "keep /b"})
     done = app.invoke(resume, config)
     assert done["messages"][-1].content == "done"
-    assert ran == ["peek /", "/tmp/a"]
+    assert sorted(ran) == ["/tmp/a", "peek /"]  # each call a turn of one, run side by side as ToolNode runs them
     assert [(m.tool_call_id, m.content, m.status) for m in tool_messages(done)] == [
         ("c1", "wiped /tmp/a", "success"), ("c2", "keep /b", "error"), ("c3", "saw /", "success")]
     assert loop.pending() == []
+
+
+@lc_tool
+def lc_account(amount: int, user_id: Annotated[str, InjectedToolArg] = "the app's user") -> str:
+    """Charge the app's user (``user_id`` is the app's to give, never the model's)."""
+    return f"charged {amount} to {user_id}"
+
+
+def test_a_value_the_model_sends_for_an_injected_argument_never_reaches_the_tool(system: ActorSystem) -> None:
+    system.register(lc_account)
+    assert "user_id" not in system.tool_set().entries["lc_account"].info.parameter_schema["properties"]
+    loop = system.start_loop("lc-injected")
+    [result] = loop.run_turn([ToolCall("1", "lc_account", {"amount": 5, "user_id": "someone else"})])
+    assert (result.ok, result.content) == (True, "charged 5 to the app's user")
+    node = RhoToolNode(loop)
+    message = AIMessage("", tool_calls=[{"id": "2", "name": "lc_account", "args": {"amount": 7, "user_id": "forged"}}])
+    [answer] = alone(node).invoke({"messages": [message]})["messages"][1:]
+    assert (answer.tool_call_id, answer.content) == ("2", "charged 7 to the app's user")

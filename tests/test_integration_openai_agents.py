@@ -3,6 +3,7 @@ model (the SDK's ``Model`` interface) asks for every case in one reply, then ans
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,13 +13,14 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, RunConfig, Runner
+from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, Runner, function_tool
 from agents.items import ModelResponse
 from agents.models.interface import Model
+from agents.tool_context import ToolContext
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-from rho_actors import ActorSystem
+from rho_actors import ActorSystem, CallEvent
 from rho_actors.integrations.openai_agents import function_tools
 from tests import adapter_tools
 from tests.adapter_tools import later, set_up
@@ -155,3 +157,33 @@ def test_a_call_rho_holds_for_approval_is_an_sdk_interruption_approved_or_reject
     assert second.final_output == "done" and ran == ["/a"]
     assert model.outputs["c1"] == "wiped /a" and "c2" in model.outputs and "wiped" not in model.outputs["c2"]
     assert loop.pending() == []
+
+
+def test_an_sdk_tool_registered_in_rho_is_the_sdks_own_with_its_calls_run_through_rho(system: ActorSystem) -> None:
+    """``system.register(sdk_tool)`` adopts an Agents SDK ``FunctionTool``; ``function_tools``
+    hands the SDK its own tool back (name, schema, failure handling), each call a rho turn
+    that gets the SDK's ``ToolContext`` (the run context too)."""
+    @function_tool
+    def greet(ctx: RunContextWrapper[dict[str, str]], name: str, punctuation: str = "!") -> str:
+        """Greet someone on behalf of the run's user."""
+        return f"hello {name} from {ctx.context['user']}{punctuation}"
+
+    assert system.register(greet).reason is None
+    seen: list[str] = []
+    system.subscribe(lambda event: seen.append(event.call_id) if isinstance(event, CallEvent) else None)
+    loop = system.start_loop("sdk-adopted")
+    [adapted] = [t for t in function_tools(loop) if isinstance(t, FunctionTool) and t.name == "greet"]
+    assert adapted.params_json_schema == greet.params_json_schema and adapted.description == greet.description
+
+    def call(call_id: str, arguments: str) -> Any:
+        ctx = ToolContext({"user": "ann"}, tool_name="greet", tool_call_id=call_id, tool_arguments=arguments)
+        async def invoked() -> Any:
+            return await adapted.on_invoke_tool(ctx, arguments)
+
+        return asyncio.run(invoked())
+
+    assert call("c1", '{"name": "bob"}') == "hello bob from ann!"  # a default left out, as the SDK allows
+    sdk_words = "An error occurred while running the tool. Please try again."  # its default failure_error_function
+    assert call("c2", '{"name": ') == sdk_words  # JSON it cannot parse
+    assert call("c3", "{}") == sdk_words  # arguments rho's check refuses: the SDK's ModelBehaviorError
+    assert "c1" in seen  # run as a rho call

@@ -1,6 +1,7 @@
 """Other frameworks' tools as rho tools, for :meth:`rho_actors.ActorSystem.register`
 (DESIGN §6c). No framework is imported here: a LangChain tool exists only once
-``langchain_core`` is loaded, and only a value's type is looked at."""
+``langchain_core`` is loaded (an Agents SDK tool once ``agents`` is), and only a value's
+type is looked at."""
 
 from __future__ import annotations
 
@@ -15,18 +16,28 @@ def _langchain_tool(value: object) -> bool:
     return tools is not None and issubclass(type(value), tools.BaseTool)
 
 
+def _sdk_tool(value: object) -> bool:
+    tools = sys.modules.get("agents.tool")
+    return tools is not None and issubclass(type(value), tools.FunctionTool)
+
+
 def adopted(tool: Any) -> Any:
-    """A LangChain ``BaseTool`` as its rho tool
-    (:func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain`); any other
-    value as it is."""
+    """A LangChain ``BaseTool`` or an Agents SDK ``FunctionTool`` as its rho tool
+    (:func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain`,
+    :func:`rho_actors.integrations.openai_agents.sdk_tool.from_function_tool`); any
+    other value as it is."""
     if _langchain_tool(tool):
         from rho_actors.integrations.langgraph.langchain_tool import from_langchain
 
         return from_langchain(tool)
+    if _sdk_tool(tool):
+        from rho_actors.integrations.openai_agents.sdk_tool import from_function_tool
+
+        return from_function_tool(tool)
     return tool
 
 
 def registered_as(name_or_tool: Any) -> Any:
     """What the registry knows ``name_or_tool`` by: a LangChain tool's name (its rho
     tool is a new object), else ``name_or_tool``."""
-    return name_or_tool.name if _langchain_tool(name_or_tool) else name_or_tool
+    return name_or_tool.name if _langchain_tool(name_or_tool) or _sdk_tool(name_or_tool) else name_or_tool

@@ -18,6 +18,7 @@ from rho_actors.loop.handle import Loop
 from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:
+    from rho_actors.declarations.toolset import ToolEntry
     from rho_actors.system import ActorSystem
 
 __all__ = ["SessionLoops", "call_id", "kept_while_unchanged"]
@@ -94,6 +95,14 @@ class SessionLoops:
         if loop is not None and loop.alive:
             return [entry.info for entry in loop.offered_entries()]
         return [entry.info for entry in self._system.tool_set().entries.values()]
+
+    def offered_entries(self) -> list[ToolEntry]:
+        """The registry entries of the tools offered now: the fixed loop's, else every
+        checked registered tool's (shared, immutable values)."""
+        if self._loop is not None:
+            return list(self._loop.offered_entries())
+        assert self._system is not None
+        return list(self._system.tool_set().entries.values())
 
     def close(self) -> None:
         """Stop the loops this started (a fixed loop is the caller's and stays)."""

@@ -24,26 +24,96 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rho_actors.errors import needs_extra
 
 with needs_extra("openai-agents", "rho_actors.integrations.openai_agents"):
     from agents import FunctionTool, Tool
+    from agents.exceptions import ModelBehaviorError
     from agents.run_context import RunContextWrapper
     from agents.tool_context import ToolContext
 
+from rho_actors.integrations.host_side import HOST_SIDE_CALLS, HostSideCall
+from rho_actors.integrations.openai_agents.sdk_tool import SdkFunctionTool
 from rho_actors.integrations.sessions import call_id, kept_while_unchanged
 from rho_actors.lifecycle import pending_call
 from rho_actors.loop.handle import Loop
-from rho_actors.tool import ToolCall, ToolInfo
+from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
+
+if TYPE_CHECKING:
+    from rho_actors.declarations.toolset import ToolEntry
 
 __all__ = ["LoopFunctionTools", "function_tools"]
 
 
-def _function_tool(loop: Loop, info: ToolInfo) -> FunctionTool:
+def _unparsed(arguments: str) -> bool:
+    """Whether the SDK's own parsing refuses ``arguments`` before its function runs (not
+    JSON, or no JSON object)."""
+    try:
+        return not isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return True
+
+
+async def _sdk_answer(invoke: Any, ctx: ToolContext[Any], arguments: str, result: ToolResult,
+                      host: HostSideCall) -> Any:
+    """What the SDK gets for a call of its own tool run through rho: what the tool
+    returned or raised, the very object; for JSON the SDK cannot parse, what its own
+    ``invoke`` says (it refuses it before running anything); else rho's text."""
+    if result.ok and host.returned:
+        return host.output
+    if result.error_kind in _RAISED_KINDS and host.raised is not None:
+        raise host.raised
+    if result.error_kind is ErrorKind.INVALID_JSON and _unparsed(arguments):
+        return await invoke(ctx, arguments)
+    if result.error_kind in _RETRY_KINDS:  # the SDK's own error for arguments its tool refuses, with rho's words
+        raise ModelBehaviorError(f"Invalid JSON input for tool {ctx.tool_name}: {result.content}")
+    return result.content
+
+
+_RAISED_KINDS = frozenset({ErrorKind.RAISED, ErrorKind.CANCELLED})
+_RETRY_KINDS = frozenset({ErrorKind.INVALID_JSON, ErrorKind.INVALID_ARGUMENTS})
+_WRAPPED_MARKER = "__agents_function_tool_wrapped_callable__"
+
+
+def _routed(loop: Loop, original: FunctionTool, needs_approval: Any) -> FunctionTool:
+    """A copy of the SDK's own ``original`` (every field of it) whose calls run through
+    rho. The SDK's failure handling (``failure_error_function``, its copy and replace
+    rules) wraps its tool's invocation in an invoker object; rho goes in between the two,
+    so the SDK handles what its tool raised inside rho as its own."""
+    name = original.name
+    invoker = original.on_invoke_tool
+    impl = getattr(invoker, "_invoke_tool_impl", None)
+    invoke: Any = impl if impl is not None else invoker
+
+    async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
+        call = ToolCall(call_id(ctx.tool_call_id), name, arguments)
+        host = HostSideCall({"context": ctx, "arguments": arguments, "invoke": invoke})
+        with HOST_SIDE_CALLS.holding(loop.session_id, call.id, host):
+            (result,) = await loop.arun_turn([call])
+            if pending_call(result) is not None:  # the SDK approved it: rho runs it
+                result = await asyncio.to_thread(loop.approve, call.id, None, "openai-agents")
+        return await _sdk_answer(invoke, ctx, arguments, result, host)
+
+    routed = copy.copy(original)
+    if impl is not None and hasattr(invoker, "_on_handled_error"):
+        if hasattr(impl, _WRAPPED_MARKER):
+            setattr(on_invoke_tool, _WRAPPED_MARKER, getattr(impl, _WRAPPED_MARKER))
+        invoker_type: Any = type(invoker)  # the SDK's failure-handling invoker
+        routed.on_invoke_tool = invoker_type(on_invoke_tool, invoker._on_handled_error, function_tool=routed)
+    else:
+        routed.on_invoke_tool = on_invoke_tool
+    if needs_approval is not False:
+        routed.needs_approval = needs_approval
+    return routed
+
+
+def _function_tool(loop: Loop, entry: ToolEntry) -> FunctionTool:
+    info = entry.info
     name = info.name
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> str:
@@ -57,6 +127,8 @@ def _function_tool(loop: Loop, info: ToolInfo) -> FunctionTool:
         return loop.requires_approval(ToolCall(call_id(sdk_call_id), name, params))
 
     asks = info.requires_approval or loop.approval_policy is not None  # else no call of it is ever held
+    if isinstance(entry.tool, SdkFunctionTool) and entry.isolation == "thread" and not entry.untrusted:
+        return _routed(loop, entry.tool.tool, needs_approval if asks else False)
     return FunctionTool(
         name=name, description=info.description, params_json_schema=copy.deepcopy(info.parameter_schema),
         on_invoke_tool=on_invoke_tool, strict_json_schema=False, needs_approval=needs_approval if asks else False,
@@ -75,13 +147,17 @@ class LoopFunctionTools(list[Tool]):
             raise TypeError(f"function_tools takes a rho_actors.Loop, got {type(loop).__name__}")
         self._loop = loop
         self._made: dict[str, tuple[ToolInfo, FunctionTool]] = {}
+        self._entries: dict[str, ToolEntry] = {}
         self._lock = threading.Lock()
         super().__init__(self._current())
 
     def _current(self) -> list[Tool]:
-        offered = [entry.info for entry in self._loop.offered_entries()]
+        entries = self._loop.offered_entries()
         with self._lock:
-            self._made = kept_while_unchanged(self._made, offered, lambda info: _function_tool(self._loop, info))
+            self._entries = {entry.info.name: entry for entry in entries}
+            self._made = kept_while_unchanged(
+                self._made, [entry.info for entry in entries],
+                lambda info: _function_tool(self._loop, self._entries[info.name]))
             return [tool for _, tool in self._made.values()]
 
     def refresh(self) -> None:
