@@ -440,6 +440,12 @@ class ActorSystem:
         return self._confine
 
     @property
+    def task_registry(self) -> Any:
+        """The system's background calls, a :class:`rho_actors.tasks.TaskRegistry`
+        (``mcp serve`` serves them as MCP tasks)."""
+        return self._runtime.tasks
+
+    @property
     def timers(self) -> Timers:
         """The system's timer service (``send_after`` for actors)."""
         return self._timers

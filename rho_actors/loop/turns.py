@@ -125,6 +125,7 @@ class _Turn:
     telemetry: TurnTelemetry | None = None  # what its calls report to (None: nothing configured)
     on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
     aio: asyncio.AbstractEventLoop | None = None  # the event loop awaiting it (arun_turn): async tools run there
+    background: bool | frozenset[str] = False  # the calls the caller runs as tasks, of tools declaring "optional"
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
@@ -132,6 +133,17 @@ class _Turn:
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     hooked: tuple[CancelToken, Callable[[], None]] | None = None  # the host's token and its callback, until done
+
+
+def _as_task(turn: _Turn, call_id: str, declared: bool | str) -> bool:
+    """Whether the call runs as a task: its tool says ``background=True``, or
+    ``"optional"`` and the turn's caller asked for it."""
+    if declared is True:
+        return True
+    if declared != "optional":
+        return False
+    chosen = turn.background
+    return chosen if isinstance(chosen, bool) else call_id in chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,12 +266,14 @@ class Turns:
         telemetry: TurnTelemetry | None = None, cancel: CancelToken | None = None,
         context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
-        approved: bool = False,
+        approved: bool = False, background: bool | frozenset[str] = False,
     ) -> None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
         decided once per turn); ``approved``: its calls were approved (none is held for
-        approval); see :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
+        approval); ``background``: the ids of the calls to run as tasks when their tool
+        allows it (``background="optional"``), or ``True`` for all of them; see
+        :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
         raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
         result for each call."""
         if self.closed is not None:
@@ -267,7 +281,8 @@ class Turns:
             return
         withheld = self._withheld
         turn = _Turn(next(self._turn_ids), list(map(_Slot, range(len(calls)), calls)), future,
-                     withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio)
+                     withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
+                     background=background)
         refused: list[_Slot] = []
         if cancel is None or not cancel.cancelled:
             tools = self._tools.current
@@ -441,7 +456,8 @@ class Turns:
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
         task, timeout_ms = (self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info)
-                            if entry.info.policy.background else (None, entry.info.timeout_ms))
+                            if _as_task(turn, slot.call.id, entry.info.policy.background)
+                            else (None, entry.info.timeout_ms))
         if isinstance(task, ToolResult):  # a background call past a bound: refused
             return self._settle(turn, slot, task)
         now = time.monotonic()

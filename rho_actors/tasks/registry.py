@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -89,6 +90,7 @@ class Task:
         "started",
         "status",
         "task_id",
+        "updated",
         "writing",
         "written",
     )
@@ -98,6 +100,7 @@ class Task:
         self.call_id, self.name = call_id, name
         self.status: TaskStatus = "working"
         self.started: float = time.time()
+        self.updated: float = self.started  # Unix s of its last change of status
         self.finished: float | None = None
         self.result: ToolResult | None = None
         self.delivered = False
@@ -123,6 +126,7 @@ class Task:
     def loaded(cls, record: dict[str, Any], session_dir: Path) -> Task:
         task = cls(record["task_id"], record["session_id"], session_dir, record["call_id"], record["name"])
         task.status, task.started, task.finished = record["status"], record["started"], record.get("finished")
+        task.updated = task.finished or task.started
         task.delivered = record["delivered"]
         data = record.get("result")
         if data is not None:
@@ -157,6 +161,30 @@ class TaskRegistry:
         self._open_count = 0
         self._counts = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0, "refused": 0, "interrupted": 0}
         self.stopped = False
+        self._watchers: dict[object, Callable[[TaskInfo], None]] = {}
+
+    def watch(self, watcher: Callable[[TaskInfo], None]) -> Callable[[], None]:
+        """Call ``watcher(info)`` on each change of a task's status (it waits for input,
+        goes on, ends), from the thread that changes it, after its record is written:
+        keep it quick; what it raises is logged. Returns the function that stops it."""
+        token = object()
+        with self._lock:
+            self._watchers[token] = watcher
+
+        def unwatch() -> None:
+            with self._lock:
+                self._watchers.pop(token, None)
+
+        return unwatch
+
+    def _tell(self, task: Task) -> None:
+        with self._lock:
+            watchers, info = list(self._watchers.values()), task.info()
+        for watcher in watchers:
+            try:
+                watcher(info)
+            except Exception:
+                logger.exception("a watcher of task {} failed", task.task_id)
 
     # --- the call path ------------------------------------------------------------------
 
@@ -233,12 +261,36 @@ class TaskRegistry:
             if task.status not in OPEN:
                 return  # late
             task.status, task.result, task.finished, task.running = _status(result), result, time.time(), None
+            task.updated = task.finished
             self._open_count -= 1
             self._counts[task.status] += 1
         self._persist(task)
         with self._lock:
             task.done.set()
             self._changed.notify_all()
+        self._tell(task)
+
+    def waiting(self, session_id: str, session_dir: Path, task_id: Any, waiting: bool) -> TaskInfo:
+        """Task ``task_id`` waits for input (``waiting``: ``input_required``, a person's
+        or an MCP client's answer) or goes on (``working``); its record written when its
+        status changes. An ended task is returned as it is. Raises :class:`TaskError`
+        for an unknown task."""
+        with self._lock:
+            task = self._task(session_id, session_dir, task_id)
+            status: TaskStatus = "input_required" if waiting else "working"
+            changed = task.status in OPEN and task.status != status
+            if changed:
+                task.status, task.updated = status, time.time()
+        if changed:
+            self._persist(task)
+            self._tell(task)
+        return task.info()
+
+    def updated(self, session_id: str, session_dir: Path, task_id: Any) -> float:
+        """When task ``task_id``'s status last changed (Unix seconds). Raises
+        :class:`TaskError` for an unknown task."""
+        with self._lock:
+            return self._task(session_id, session_dir, task_id).updated
 
     # --- the host's view ----------------------------------------------------------------
 
