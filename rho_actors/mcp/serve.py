@@ -94,7 +94,7 @@ from rho_actors.mcp.sessions import (
     unknown_handle,
 )
 from rho_actors.mcp.stdio_lines import CheckedLines, answering_bad_lines, claimed_stdin
-from rho_actors.mcp.tasks import ServedTask, ServedTasks, declared, required_error
+from rho_actors.mcp.tasks import ServedTask, ServedTasks, declared, handshake_created, required_error
 from rho_actors.results import text
 from rho_actors.tool import ToolCall, ToolResult, is_untrusted
 
@@ -549,7 +549,8 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
             {"inputRequests": bound.asked, "requestState": state, "_meta": said})
     if task is not None and _names_task(results[0]):
         assert served.tasks is not None
-        return await anyio.to_thread.run_sync(served.tasks.created, task, results[0], said)
+        created = await anyio.to_thread.run_sync(served.tasks.created, task, results[0], said)
+        return created if modern else handshake_created(results[0], created)
     answer = _call_tool_result(results[0], output_schema(served.system, params.name))
     return answer.model_copy(update={"meta": said}) if said is not None else answer
 

@@ -30,6 +30,9 @@ folder, ``loop.tasks()`` lists it). A client that does not declare it gets
   does not match ``taskId`` is ``HeaderMismatch`` (``-32020``, SEP-2243). Without the
   extension declared each of the three is ``-32021``. ``tasks/result`` and
   ``tasks/list`` (removed by SEP-2663) are unknown methods.
+- A handshake-era client (protocol 2025-11-25: its wire has no ``CreateTaskResult`` for
+  ``tools/call``) that declared the extension gets the task as a ``CallToolResult``
+  (:func:`handshake_created`) and follows it with the same three methods.
 - ``notifications/tasks`` (the task's status, with its ``result`` or ``error`` when
   ended) is sent to a handshake-era client on its connection each time a task it
   created changes status.
@@ -57,13 +60,15 @@ from rho_actors.lifecycle.tasks import OPEN, TaskInfo
 from rho_actors.mcp.client_requests import ClientRequestError, unbind
 from rho_actors.tool import ErrorKind, ToolResult
 
-__all__ = ["EXTENSION", "POLL_INTERVAL_MS", "ServedTasks", "TaskParams", "UpdateParams", "declared",
-           "required_error"]
+__all__ = ["EXTENSION", "POLL_INTERVAL_MS", "RELATED_TASK", "ServedTask", "ServedTasks", "TaskParams", "UpdateParams",
+           "declared", "handshake_created", "required_error"]
 
 EXTENSION: Final = "io.modelcontextprotocol/tasks"
 """The tasks extension's identifier (SEP-2663)."""
 POLL_INTERVAL_MS: Final = 500
 """How often a client is told to poll ``tasks/get`` (milliseconds)."""
+RELATED_TASK: Final = "io.modelcontextprotocol/related-task"
+"""The ``_meta`` key naming the task a handshake-era result created."""
 HEADER_MISMATCH: Final = -32020
 """SEP-2243's error code for a routing header that does not match the body."""
 _FAILED_KINDS: Final = frozenset({ErrorKind.CRASHED, ErrorKind.EXITED, ErrorKind.MEMORY, ErrorKind.UNAVAILABLE,
@@ -97,6 +102,17 @@ def required_error(what: str) -> MCPError:
     return MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY,
                     f"{what} needs the client to declare the {EXTENSION} extension",
                     {"requiredCapabilities": {"extensions": {EXTENSION: {}}}})
+
+
+def handshake_created(ack: ToolResult, created: dict[str, Any]) -> types.CallToolResult:
+    """A task's creation for a handshake-era client, whose wire carries no
+    ``CreateTaskResult``: a ``CallToolResult`` whose text says the call runs as a task,
+    whose ``structuredContent`` is the task (``taskId``, ``status``, ``createdAt``...),
+    and whose ``_meta`` names it under ``io.modelcontextprotocol/related-task``."""
+    task = {key: value for key, value in created.items() if key not in ("resultType", "_meta")}
+    meta = {**(created.get("_meta") or {}), RELATED_TASK: {"taskId": task["taskId"]}}
+    return types.CallToolResult.model_validate({"content": [{"type": "text", "text": ack.content}],
+                                                "structuredContent": task, "_meta": meta})
 
 
 def _iso(unix_s: float) -> str:
