@@ -56,7 +56,7 @@ from rho_actors.declarations import checks as _decl
 from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
-from rho_actors.events import EventBus, SupervisorEvent
+from rho_actors.events import CallEvent, EventBus, SupervisorEvent
 from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import DEFAULT_START_TIMEOUT_MS, IsolationOwner, IsolationServices, start_isolations
@@ -260,6 +260,7 @@ class ActorSystem:
             budgets=budgets,
             sessions=(lazy_sessions := LazyStarter()),  # session subtrees started and stopped in the caller's thread
         )
+        events.subscribe(self._runtime.tasks.on_event, only=(CallEvent,))  # a held task's call decided
         self._events = self._runtime.events
         self._telemetry = self._runtime.telemetry
         self._telemetry.bind(uuid.uuid4().hex[:12], self.stats)

@@ -38,6 +38,7 @@ slips past a close).
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import itertools
 import marshal
@@ -321,11 +322,25 @@ class Turns:
         assert self.approvals is not None
         prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
         ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
-        for index, result in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
-            turn.slots[index].result = result
+        for index, pending in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
+            slot = turn.slots[index]
+            as_task = slot.entry is not None and _as_task(turn, slot.call.id, slot.entry.info.policy.background)
+            turn.slots[index].result = self._held_task(slot, pending) if as_task else pending
             refused.append(turn.slots[index])
             turn.waiting.remove(index)
             turn.open -= 1
+
+    def _held_task(self, slot: _Slot, pending: ToolResult) -> ToolResult:
+        """A background call held for approval runs as a task that waits for its decision
+        (``input_required``; DESIGN §4 "Background calls"): its turn gets the task's
+        acknowledgement, ``details["pending"]`` the call's :class:`PendingCall`; a bound
+        reached leaves it ``pending`` without a task (approved, it opens one then)."""
+        call = slot.call
+        task = self._tasks.held(self.session_id, self._data_dir, call.id, pending.name)
+        if isinstance(task, ToolResult):
+            return pending
+        ack = acknowledgement(task.task_id, call.id, pending.name)
+        return dataclasses.replace(ack, details={**ack.details, "pending": pending.details["pending"]})
 
     def _admitted(self, turn: _Turn, refused: list[_Slot], cancel: CancelToken | None) -> None:
         for slot in refused:

@@ -22,6 +22,12 @@ folder, ``loop.tasks()`` lists it). A client that does not declare it gets
   tool asked through ``client_of(ctx)``: the tool waits for them (its thread blocked,
   bounded by the call's deadline and by a cancel), the task ``input_required``
   meanwhile; answering some keeps it ``input_required`` with the others.
+- A call held for approval (``requires_approval``, DESIGN §4 "Approvals") of a
+  background tool is a task ``input_required`` from its start, asking ``approval``
+  (:data:`APPROVAL_KEY`, an ``elicitation/create`` naming the tool and its arguments):
+  ``tasks/update`` answering ``{"action": "accept", "content": {"approve": true}}``
+  approves it (it runs as the task), any other answer rejects it; ``loop.approve`` or
+  ``rho-actors approve`` moves it on the same way.
 - ``tasks/cancel``: cancels it as ``loop.cancel_task`` does (a worker killed, a thread's
   ``ctx["cancel"]`` set); an ended task is left as it is. Both answer an empty result.
 - A task id is 128 random bits and bound to the principal that created it (as a
@@ -41,10 +47,12 @@ folder, ``loop.tasks()`` lists it). A client that does not declare it gets
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -56,12 +64,13 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
 from pydantic import Field
 
+from rho_actors.errors import RhoError
 from rho_actors.lifecycle.tasks import OPEN, TaskInfo
 from rho_actors.mcp.client_requests import ClientRequestError, unbind
 from rho_actors.tool import ErrorKind, ToolResult
 
-__all__ = ["EXTENSION", "POLL_INTERVAL_MS", "RELATED_TASK", "ServedTask", "ServedTasks", "TaskParams", "UpdateParams",
-           "declared", "handshake_created", "required_error"]
+__all__ = ["APPROVAL_KEY", "EXTENSION", "POLL_INTERVAL_MS", "RELATED_TASK", "ServedTask", "ServedTasks", "TaskParams",
+           "UpdateParams", "declared", "handshake_created", "required_error"]
 
 EXTENSION: Final = "io.modelcontextprotocol/tasks"
 """The tasks extension's identifier (SEP-2663)."""
@@ -74,6 +83,11 @@ HEADER_MISMATCH: Final = -32020
 _FAILED_KINDS: Final = frozenset({ErrorKind.CRASHED, ErrorKind.EXITED, ErrorKind.MEMORY, ErrorKind.UNAVAILABLE,
                                   ErrorKind.CANCELLED})  # a "failed" rho task that is MCP's failed, not isError
 _MAX_QUESTIONS: Final = 64  # input requests one task may have open
+_SHOWN_ARGUMENTS: Final = 2000  # characters of a held call's arguments shown in its approval question
+APPROVAL_KEY: Final = "approval"
+"""The ``inputRequests`` key of the question a task asks while its call waits for a
+person's decision (answer ``{"action": "accept", "content": {"approve": true}}`` to
+approve it; any other answer rejects it)."""
 
 
 class TaskParams(types.RequestParams):
@@ -115,6 +129,35 @@ def handshake_created(ack: ToolResult, created: dict[str, Any]) -> types.CallToo
                                                 "structuredContent": task, "_meta": meta})
 
 
+@contextlib.contextmanager
+def _transcript_released(session: Any) -> Iterator[None]:
+    """The MCP session's transcript closed for a while (its lock given up, its records
+    waiting), so that a decision can be journaled in it (:mod:`rho_actors.loop.approvals`)."""
+    transcript = session.transcript
+    if transcript is None:
+        yield
+        return
+    with session.writing:
+        transcript.close()
+        try:
+            yield
+        finally:
+            try:
+                transcript.open()
+            except (OSError, RhoError) as exc:
+                logger.warning("MCP session {}: calls are not recorded any more: {}", session.loop.session_id, exc)
+                session.transcript = None
+
+
+def _approval_question(pending: Any) -> dict[str, Any]:
+    """The ``elicitation/create`` request asking the client to approve a held call."""
+    shown = json.dumps(dict(pending.arguments), ensure_ascii=False, default=str)[:_SHOWN_ARGUMENTS]
+    return {"method": "elicitation/create", "params": {
+        "mode": "form", "message": f"Approve the call of {pending.name} with {shown}?",
+        "requestedSchema": {"type": "object", "properties": {"approve": {"type": "boolean", "title": "Approve"}},
+                            "required": ["approve"]}}}
+
+
 def _iso(unix_s: float) -> str:
     return datetime.fromtimestamp(unix_s, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -129,6 +172,7 @@ class ServedTask:
     notify: Any = None  # a handshake-era connection (the SDK's Connection): notifications/tasks go there
     aloop: asyncio.AbstractEventLoop | None = None
     bound: tuple[str, str] | None = None  # its (session id, call id) bound for client_of, until it ends
+    approval: str | None = None  # the call id while its call waits for a person's decision
     task_id: str | None = None  # known once its call started (its tool may ask before)
     asked: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> an unanswered question (wire JSON)
     answers: dict[str, Any] = field(default_factory=dict)  # key -> the client's answer, until the tool reads it
@@ -169,8 +213,12 @@ class ServedTasks:
         """The ``CreateTaskResult`` of a call run as a task (``ack``: its turn's result,
         naming the task), the task now known by its id."""
         task_id = ack.details["task_id"]
+        pending = ack.details.get("pending")  # a PendingCall: the call waits for a person's decision
         with self._lock:
             served.task_id = task_id
+            if pending is not None:
+                served.approval = pending.call_id
+                served.asked[APPROVAL_KEY] = _approval_question(pending)
             self._tasks[task_id] = served
             waiting = bool(served.asked)
         session = served.session.loop
@@ -245,12 +293,33 @@ class ServedTasks:
             if info.status not in OPEN or not served.asked:
                 raise MCPError(INVALID_PARAMS, f"task {params.task_id} is {info.status}, not input_required: it "
                                                "asks for no input", {"taskId": params.task_id, "status": info.status})
+            decision = params.input_responses.get(APPROVAL_KEY) if APPROVAL_KEY in served.asked else None
             for key, answer in params.input_responses.items():
-                if key in served.asked and isinstance(answer, dict):  # other keys: ignored (SEP-2663)
+                if key in served.asked and isinstance(answer, dict) and key != APPROVAL_KEY:  # others: ignored
                     served.answers[key] = answer
                     del served.asked[key]
             self._woken.notify_all()
+
+        if isinstance(decision, dict):
+            self._decide(served, decision, principal)
         return {"resultType": "complete"}
+
+    def _decide(self, served: ServedTask, answer: dict[str, Any], principal: str) -> None:
+        """The client's answer to the approval question: the call approved (it runs as
+        the task) when accepted with ``approve: true``, else rejected."""
+        call_id, loop = served.approval, served.session.loop
+        content = answer.get("content")
+        approved = answer.get("action") == "accept" and isinstance(content, dict) and content.get("approve") is True
+        by = f"MCP client {principal}"
+        try:
+            if approved:
+                with _transcript_released(served.session):
+                    loop.approve(call_id, decided_by=by)
+            else:
+                with _transcript_released(served.session):
+                    loop.reject(call_id, "the MCP client declined the call", decided_by=by)
+        except (RhoError, LookupError, ValueError, RuntimeError) as exc:  # decided meanwhile (by the host, say)
+            logger.info("task {}: the client's decision was not taken: {}", served.task_id, exc)
 
     def cancel(self, ctx: Any, params: TaskParams, principal: str) -> dict[str, Any]:
         """``tasks/cancel``: cancel the task (an ended one is left as it is)."""
@@ -330,6 +399,9 @@ class ServedTasks:
                 served.ended = True
                 self._woken.notify_all()
             bound, served.bound = (served.bound, None) if ended else (None, served.bound)
+            if info.status != "input_required" and served.approval is not None:  # decided (here or by the host)
+                served.asked.pop(APPROVAL_KEY, None)
+                served.approval = None
         if bound is not None:
             unbind(*bound)
         if served.notify is not None and served.aloop is not None:

@@ -162,6 +162,7 @@ class TaskRegistry:
         self._counts = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0, "refused": 0, "interrupted": 0}
         self.stopped = False
         self._watchers: dict[object, Callable[[TaskInfo], None]] = {}
+        self._held: dict[tuple[str, str], Task] = {}  # (session, call id): tasks whose call waits for a decision
 
     def watch(self, watcher: Callable[[TaskInfo], None]) -> Callable[[], None]:
         """Call ``watcher(info)`` on each change of a task's status (it waits for input,
@@ -195,9 +196,37 @@ class TaskRegistry:
         its record cannot be written: ``not_started``)."""
         declared = info.policy.background_timeout_ms
         timeout_ms = min(declared or DEFAULT_BACKGROUND_TIMEOUT_MS, self.settings.max_timeout_ms)
+        with self._lock:
+            held = self._held.pop((session_id, call_id), None)
+        if held is not None and held.status in OPEN:  # approved: the task that waited for it goes on
+            self.waiting(session_id, session_dir, held.task_id, False)
+            return held, timeout_ms
         return self._open(session_id, session_dir, call_id, info.name), timeout_ms
 
-    def _open(self, session_id: str, session_dir: Path, call_id: str, name: str) -> Task | ToolResult:
+    def held(self, session_id: str, session_dir: Path, call_id: str, name: str) -> Task | ToolResult:
+        """A new task for call ``call_id`` of tool ``name``, which waits for a person's
+        decision (held for approval): ``input_required`` until it is decided. Approved,
+        its call runs as this task (:meth:`open` finds it); rejected or expired, the
+        task ends ``failed`` (:meth:`on_event`). The refusal when a bound is reached."""
+        task = self._open(session_id, session_dir, call_id, name, status="input_required")
+        if isinstance(task, Task):
+            with self._lock:
+                self._held[(session_id, call_id)] = task
+        return task
+
+    def on_event(self, event: Any) -> None:
+        """The system's events: a held call decided without running (``rejected``,
+        ``expired``) ends its task ``failed`` with what was decided."""
+        if getattr(event, "kind", None) != "decided" or str(event.outcome).startswith("approved"):
+            return
+        with self._lock:
+            task = self._held.pop((event.session_id, event.call_id), None)
+        if task is not None:
+            self.settle(task, failure("rejected", task.call_id, task.name,
+                                      message=f"the call was {event.outcome} before it ran"))
+
+    def _open(self, session_id: str, session_dir: Path, call_id: str, name: str,
+              status: TaskStatus = "working") -> Task | ToolResult:
         with self._lock:
             tasks = self._session(session_id, session_dir)
             settings = self.settings
@@ -215,6 +244,7 @@ class TaskRegistry:
                 self._counts["refused"] += 1
                 return refusal
             task = Task(f"t_{uuid.uuid4().hex}", session_id, session_dir, call_id, name)
+            task.status = status
             tasks[task.task_id] = task
             self._open_count += 1
         try:
@@ -443,6 +473,7 @@ class TaskRegistry:
 
     def _forget(self, task: Task) -> None:
         with self._lock:
+            self._held.pop((task.session_id, task.call_id), None)
             tasks = self._sessions.get(task.session_id, {})
             if tasks.pop(task.task_id, None) is not None and task.status in OPEN:
                 self._open_count -= 1

@@ -35,3 +35,9 @@ def report(topic: str) -> str:
 def broken(ctx: Any) -> str:
     """Fail, as a tool does (a task completed with isError)."""
     raise ValueError("the report could not be written")
+
+
+@tool(background=True, requires_approval=True)
+def wipe(path: str) -> str:
+    """Wipe ``path`` (a person approves each call first)."""
+    return f"wiped {path}"
