@@ -71,16 +71,14 @@ PASSED_2026 = {
         "capability-check", "ignore-extra-params", "validate-input")),
     *(f"tasks-{name}" for name in (
         "lifecycle", "capability-negotiation", "wire-fields", "request-state-removal", "mrtr-input",
-        "request-headers", "dispatch-and-envelope", "required-task-error")),
+        "request-headers", "dispatch-and-envelope", "required-task-error", "mrtr-composition")),
 }
 # Out of scope at 2026-07-28: prompts, resources and completion (an input-required
-# result on prompts/get too); not passed yet: a tool that asks through input-required
-# results before it goes on as a task (tasks-mrtr-composition).
+# result on prompts/get too).
 NOT_SERVED_2026 = {
     "completion-complete", "resources-read-text", "resources-read-binary", "resources-templates-read",
     "prompts-get-simple", "prompts-get-with-args", "prompts-get-embedded-resource", "prompts-get-with-image",
     "input-required-result-non-tool-request",
-    "tasks-mrtr-composition",
 }
 NO_CHECKS_2026 = {"tasks-status-notifications"}  # skipped by the suite: its harness is being rewritten
 

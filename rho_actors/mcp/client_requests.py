@@ -260,9 +260,11 @@ class MCPClient:
         return answers
 
     def _task_answers(self, requests: Mapping[str, Any], result_type: type[_R] | None) -> dict[str, Any]:
+        known = self._bound.answers  # answered before the task started (its input_requests, SEP-2322)
         asked = {key: request.model_dump(mode="json", by_alias=True, exclude_none=True)
-                 for key, request in requests.items()}
-        got = self._bound.task_input(asked, self._deadline)
+                 for key, request in requests.items() if key not in known}
+        got = {**{key: known[key] for key in requests if key in known},
+               **(self._bound.task_input(asked, self._deadline) if asked else {})}
         answers: dict[str, Any] = {}
         for key, request in requests.items():
             try:

@@ -94,7 +94,7 @@ from rho_actors.mcp.sessions import (
     unknown_handle,
 )
 from rho_actors.mcp.stdio_lines import CheckedLines, answering_bad_lines, claimed_stdin
-from rho_actors.mcp.tasks import ServedTask, ServedTasks, declared, handshake_created, required_error
+from rho_actors.mcp.tasks import ServedTask, ServedTasks, as_task_call, handshake_created, up_front
 from rho_actors.results import text
 from rho_actors.tool import ToolCall, ToolResult, is_untrusted
 
@@ -505,8 +505,11 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
                                        f"at most {served.max_argument_bytes} are accepted")
     modern = is_modern(ctx)
     answers = _answers(params) if modern else {}
-    as_task = _as_task(served, ctx, params.name)
+    as_task = as_task_call(served.system, served.withheld, ctx, params.name)
     session = await _session(served, ctx)
+    early = up_front(served.system, params.name, arguments, answers) if as_task and modern else None
+    if early:  # asked before the call becomes a task: its next round answers them
+        return _input_required(params.name, early, answers, session)
     call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
     key = (session.loop.session_id, call_id)
     aloop = asyncio.get_running_loop()
@@ -541,12 +544,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
                        f"{params.name[:100]!r} needs the client capabilities {', '.join(sorted(bound.missing))}",
                        {"requiredCapabilities": {name: {} for name in sorted(bound.missing)}})
     if bound.asked:
-        state = json.dumps({"answers": bound.used}, separators=(",", ":"))
-        if len(state) > MAX_STATE_BYTES:
-            raise MCPError(INVALID_REQUEST, f"the answers of {params.name[:100]!r}'s earlier rounds are {len(state)} "
-                                            f"bytes of JSON; at most {MAX_STATE_BYTES} are carried")
-        return types.InputRequiredResult.model_validate(
-            {"inputRequests": bound.asked, "requestState": state, "_meta": said})
+        return _input_required(params.name, bound.asked, bound.used, session)
     if task is not None and _names_task(results[0]):
         assert served.tasks is not None
         created = await anyio.to_thread.run_sync(served.tasks.created, task, results[0], said)
@@ -555,20 +553,15 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     return answer.model_copy(update={"meta": said}) if said is not None else answer
 
 
-def _as_task(served: _Served, ctx: Any, name: str) -> bool:
-    """Whether the call of tool ``name`` is served as a task: its tool is declared
-    ``background`` (or ``"optional"``) and the client declared the tasks extension.
-    Raises ``MissingRequiredClientCapability`` for a ``background=True`` tool of a
-    client that did not."""
-    entry = served.system.tool_set().entries.get(name)
-    mode = entry.info.policy.background if entry is not None and name not in served.withheld else False
-    if mode is False:
-        return False
-    if declared(ctx):
-        return True
-    if mode is True:
-        raise required_error(f"tool {name[:100]!r} runs as a task: it")
-    return False
+def _input_required(name: str, asked: dict[str, Any], used: dict[str, Any], session: Session) -> Any:
+    """The ``input_required`` result asking ``asked``, the answers ``used`` so far kept
+    in its ``requestState`` (sealed by the SDK's boundary)."""
+    state = json.dumps({"answers": used}, separators=(",", ":"))
+    if len(state) > MAX_STATE_BYTES:
+        raise MCPError(INVALID_REQUEST, f"the answers of {name[:100]!r}'s earlier rounds are {len(state)} "
+                                        f"bytes of JSON; at most {MAX_STATE_BYTES} are carried")
+    said = {SESSION_META_KEY: session.handle} if session.handle is not None else None
+    return types.InputRequiredResult.model_validate({"inputRequests": asked, "requestState": state, "_meta": said})
 
 
 def _names_task(result: ToolResult) -> bool:

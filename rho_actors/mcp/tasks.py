@@ -22,6 +22,10 @@ folder, ``loop.tasks()`` lists it). A client that does not declare it gets
   tool asked through ``client_of(ctx)``: the tool waits for them (its thread blocked,
   bounded by the call's deadline and by a cancel), the task ``input_required``
   meanwhile; answering some keeps it ``input_required`` with the others.
+- At 2026-07-28 a trusted tool's optional ``input_requests(args)`` names questions its
+  call needs before it becomes a task: unanswered, the request is answered
+  ``input_required`` (SEP-2322) and the client's next round, answering them, creates the
+  task, whose ``client_of(ctx)`` finds those answers by key (:func:`up_front`).
 - A call held for approval (``requires_approval``, DESIGN §4 "Approvals") of a
   background tool is a task ``input_required`` from its start, asking ``approval``
   (:data:`APPROVAL_KEY`, an ``elicitation/create`` naming the tool and its arguments):
@@ -52,7 +56,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -62,15 +66,16 @@ import mcp_types as types
 from loguru import logger
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
-from pydantic import Field
+from pydantic import BaseModel, Field
 
+from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.lifecycle.tasks import OPEN, TaskInfo
 from rho_actors.mcp.client_requests import ClientRequestError, unbind
-from rho_actors.tool import ErrorKind, ToolResult
+from rho_actors.tool import ErrorKind, ToolResult, is_untrusted
 
 __all__ = ["APPROVAL_KEY", "EXTENSION", "POLL_INTERVAL_MS", "RELATED_TASK", "ServedTask", "ServedTasks", "TaskParams",
-           "UpdateParams", "declared", "handshake_created", "required_error"]
+           "UpdateParams", "as_task_call", "declared", "handshake_created", "required_error", "up_front"]
 
 EXTENSION: Final = "io.modelcontextprotocol/tasks"
 """The tasks extension's identifier (SEP-2663)."""
@@ -116,6 +121,44 @@ def required_error(what: str) -> MCPError:
     return MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY,
                     f"{what} needs the client to declare the {EXTENSION} extension",
                     {"requiredCapabilities": {"extensions": {EXTENSION: {}}}})
+
+
+def as_task_call(system: Any, withheld: tuple[str, ...], ctx: Any, name: str) -> bool:
+    """Whether the call of tool ``name`` is served as a task: its tool is declared
+    ``background`` (or ``"optional"``) and the client declared the tasks extension.
+    Raises ``MissingRequiredClientCapability`` for a ``background=True`` tool of a
+    client that did not."""
+    entry = system.tool_set().entries.get(name)
+    mode = entry.info.policy.background if entry is not None and name not in withheld else False
+    if mode is False:
+        return False
+    if declared(ctx):
+        return True
+    if mode is True:
+        raise required_error(f"tool {name[:100]!r} runs as a task: it")
+    return False
+
+
+def up_front(system: Any, name: str, arguments: dict[str, Any], answers: Mapping[str, Any]) -> dict[str, Any]:
+    """The questions a task's call needs answered before it starts, which the request
+    has not answered yet (key -> the request's wire JSON): what its trusted tool's
+    optional ``input_requests(args)`` returns (``{key: an SDK request, or its JSON}``;
+    an untrusted tool's code is never run here). A callback that raises or answers
+    another shape asks nothing (logged)."""
+    entry = system.tool_set().entries.get(name)
+    declare = getattr(entry.tool, "input_requests", None) if entry is not None else None
+    if entry is None or is_untrusted(entry.tool) or not callable(declare):
+        return {}
+    try:
+        asked = declare(dict(arguments)) or {}
+        wire = {str(key): request.model_dump(mode="json", by_alias=True, exclude_none=True)
+                if isinstance(request, BaseModel) else dict(request) for key, request in asked.items()}
+        if len(wire) > _MAX_QUESTIONS or not all(isinstance(r.get("method"), str) for r in wire.values()):
+            raise ValueError(f"at most {_MAX_QUESTIONS} requests, each with a method")
+    except Exception as exc:
+        logger.warning("MCP: tool {!r}: its input_requests() asks nothing: {}", name, describe_exception(exc))
+        return {}
+    return {key: request for key, request in wire.items() if key not in answers}
 
 
 def handshake_created(ack: ToolResult, created: dict[str, Any]) -> types.CallToolResult:

@@ -360,3 +360,36 @@ def multi_input(ctx: Any) -> str:
     answers = _client(ctx).ask({key: types.ElicitRequest(params=types.ElicitRequestFormParams(
         message=f"Question {key}", requested_schema=schema)) for key in ("first", "second")})
     return "answered: " + ", ".join(f"{key}={answer.content}" for key, answer in sorted(answers.items()))
+
+
+class ToolWithTask:
+    """A task-only tool that needs the user's name before it starts: asked through an
+    input_required result (SEP-2322), the task created on the round that answers it."""
+
+    @staticmethod
+    def name() -> str:
+        return "test_tool_with_task"
+
+    @staticmethod
+    def description() -> str:
+        return "Asks the user's name, then greets them as a task"
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {}}
+
+    @staticmethod
+    def background() -> bool:
+        return True
+
+    @staticmethod
+    def input_requests(args: dict[str, Any]) -> dict[str, Any]:
+        return {"user_name": types.ElicitRequest(params=types.ElicitRequestFormParams(
+            message="What is your name?", requested_schema={
+                "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}))}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        _, content = _client(ctx).elicit("What is your name?", {
+            "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}, key="user_name")
+        return f"Hello, {content.get('name', '')}!"
