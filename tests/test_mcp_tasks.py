@@ -18,7 +18,7 @@ pytest.importorskip("mcp")
 
 import mcp_types as types
 from mcp.client.client import Client
-from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim, advertise
+from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim, advertise
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
@@ -269,3 +269,36 @@ def test_a_background_call_held_for_approval_is_an_input_required_task_the_host_
     loop.reject("c2", "not that one")
     rejected = loop.task_result(other.details["task_id"], timeout_s=WAIT_S)
     assert rejected.status == "failed" and "rejected" in rejected.result.content  # type: ignore[union-attr]
+
+
+class _Notified(types.NotificationParams):
+    task_id: str
+    status: str
+
+
+def test_a_handshake_era_client_is_told_each_change_of_its_task_s_status(tmp_path: Path) -> None:
+    params = StdioServerParameters(command=sys.executable, args=[
+        "-m", "rho_actors.cli", "mcp", "serve", "--tools", TOOLS, "--data-dir", str(tmp_path)], env={**os.environ})
+    told: list[tuple[str, str]] = []
+    ended = anyio.Event()
+
+    async def heard(notified: _Notified) -> None:
+        told.append((notified.task_id, notified.status))
+        if notified.status in _ENDED:
+            ended.set()
+
+    class Told(ClientExtension):
+        identifier = EXTENSION
+
+        def notifications(self) -> list[NotificationBinding[Any]]:
+            return [NotificationBinding(method="notifications/tasks", params_type=_Notified, handler=heard)]
+
+    async def main() -> str:
+        with anyio.fail_after(WAIT_S * 3):
+            async with Client(params, mode="legacy", extensions=[Told()]) as client:
+                task_id, _ = await _create(client, "crawl", {"seconds": 0.2})
+                await ended.wait()
+                return task_id
+
+    task_id = anyio.run(main)
+    assert told[-1] == (task_id, "completed")
