@@ -88,6 +88,7 @@ HEADER_MISMATCH: Final = -32020
 _FAILED_KINDS: Final = frozenset({ErrorKind.CRASHED, ErrorKind.EXITED, ErrorKind.MEMORY, ErrorKind.UNAVAILABLE,
                                   ErrorKind.CANCELLED})  # a "failed" rho task that is MCP's failed, not isError
 _MAX_QUESTIONS: Final = 64  # input requests one task may have open
+_PRUNE_EVERY: Final = 256  # tasks created between two looks for ended ones to forget
 _SHOWN_ARGUMENTS: Final = 2000  # characters of a held call's arguments shown in its approval question
 APPROVAL_KEY: Final = "approval"
 """The ``inputRequests`` key of the question a task asks while its call waits for a
@@ -220,6 +221,7 @@ class ServedTask:
     asked: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> an unanswered question (wire JSON)
     answers: dict[str, Any] = field(default_factory=dict)  # key -> the client's answer, until the tool reads it
     ended: bool = False
+    ended_at: float = 0.0  # time.monotonic() s of its end: forgotten task_ttl_s after
 
 
 class ServedTasks:
@@ -273,6 +275,13 @@ class ServedTasks:
         if meta is not None:
             created["_meta"] = meta
         return created
+
+    def _prune(self) -> None:
+        """Forget (under the lock) the tasks that ended over ``task_ttl_s`` ago: the
+        registry has forgotten them too, so a ``tasks/get`` would be unknown anyway."""
+        horizon = time.monotonic() - self._registry.settings.task_ttl_s
+        for task_id in [t for t, served in self._tasks.items() if served.ended and served.ended_at < horizon]:
+            del self._tasks[task_id]
 
     def _wait_input(self, served: ServedTask, asked: dict[str, dict[str, Any]], deadline: float) -> dict[str, Any]:
         """The tool's thread: ask ``asked`` (key -> request) and wait for every answer."""
@@ -439,7 +448,7 @@ class ServedTasks:
                 return
             ended = info.status not in OPEN
             if ended:
-                served.ended = True
+                served.ended, served.ended_at = True, time.monotonic()
                 self._woken.notify_all()
             bound, served.bound = (served.bound, None) if ended else (None, served.bound)
             if info.status != "input_required" and served.approval is not None:  # decided (here or by the host)
