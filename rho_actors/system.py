@@ -255,12 +255,12 @@ class ActorSystem:
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             governor=Governor(governor or GovernorSettings(), self._timers, events, self._threads),
             tasks=TaskRegistry(tasks or TaskSettings(), budgets := ResultBudgets(max_turn_result_bytes,
-                                                                                 max_session_result_bytes)),
+                                                                                 max_session_result_bytes),
+                               functools.partial(events.subscribe, only=(CallEvent,))),
             confine=self._confine,
             budgets=budgets,
             sessions=(lazy_sessions := LazyStarter()),  # session subtrees started and stopped in the caller's thread
         )
-        events.subscribe(self._runtime.tasks.on_event, only=(CallEvent,))  # a held task's call decided
         self._events = self._runtime.events
         self._telemetry = self._runtime.telemetry
         self._telemetry.bind(uuid.uuid4().hex[:12], self.stats)
@@ -442,8 +442,7 @@ class ActorSystem:
 
     @property
     def task_registry(self) -> Any:
-        """The system's background calls, a :class:`rho_actors.tasks.TaskRegistry`
-        (``mcp serve`` serves them as MCP tasks)."""
+        """The system's background calls (:class:`rho_actors.tasks.TaskRegistry`)."""
         return self._runtime.tasks
 
     @property

@@ -38,7 +38,6 @@ slips past a close).
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import functools
 import itertools
 import marshal
@@ -63,7 +62,7 @@ from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
-from rho_actors.lifecycle.tasks import acknowledgement
+from rho_actors.lifecycle.tasks import acknowledgement, runs_as_task
 from rho_actors.loop.inline import InlineCall, runs_inline
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
 from rho_actors.otp.threads import host_code
@@ -134,17 +133,6 @@ class _Turn:
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     hooked: tuple[CancelToken, Callable[[], None]] | None = None  # the host's token and its callback, until done
-
-
-def _as_task(turn: _Turn, call_id: str, declared: bool | str) -> bool:
-    """Whether the call runs as a task: its tool says ``background=True``, or
-    ``"optional"`` and the turn's caller asked for it."""
-    if declared is True:
-        return True
-    if declared != "optional":
-        return False
-    chosen = turn.background
-    return chosen if isinstance(chosen, bool) else call_id in chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,23 +312,12 @@ class Turns:
         ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
         for index, pending in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
             slot = turn.slots[index]
-            as_task = slot.entry is not None and _as_task(turn, slot.call.id, slot.entry.info.policy.background)
-            turn.slots[index].result = self._held_task(slot, pending) if as_task else pending
+            as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
+                                                                slot.call.id)  # then it waits as an input_required task
+            slot.result = self._tasks.held(self.session_id, self._data_dir, pending) if as_task else pending
             refused.append(turn.slots[index])
             turn.waiting.remove(index)
             turn.open -= 1
-
-    def _held_task(self, slot: _Slot, pending: ToolResult) -> ToolResult:
-        """A background call held for approval runs as a task that waits for its decision
-        (``input_required``; DESIGN §4 "Background calls"): its turn gets the task's
-        acknowledgement, ``details["pending"]`` the call's :class:`PendingCall`; a bound
-        reached leaves it ``pending`` without a task (approved, it opens one then)."""
-        call = slot.call
-        task = self._tasks.held(self.session_id, self._data_dir, call.id, pending.name)
-        if isinstance(task, ToolResult):
-            return pending
-        ack = acknowledgement(task.task_id, call.id, pending.name)
-        return dataclasses.replace(ack, details={**ack.details, "pending": pending.details["pending"]})
 
     def _admitted(self, turn: _Turn, refused: list[_Slot], cancel: CancelToken | None) -> None:
         for slot in refused:
@@ -471,7 +448,7 @@ class Turns:
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
         task, timeout_ms = (self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info)
-                            if _as_task(turn, slot.call.id, entry.info.policy.background)
+                            if runs_as_task(entry.info.policy.background, turn.background, slot.call.id)
                             else (None, entry.info.timeout_ms))
         if isinstance(task, ToolResult):  # a background call past a bound: refused
             return self._settle(turn, slot, task)

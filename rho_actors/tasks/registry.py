@@ -21,6 +21,7 @@ removed.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -34,7 +35,7 @@ from loguru import logger
 from rho_actors.budgets import ResultBudgets, result_bytes
 from rho_actors.errors import RhoError
 from rho_actors.isolation import RunningCall
-from rho_actors.lifecycle.tasks import OPEN, TaskInfo, TaskStatus
+from rho_actors.lifecycle.tasks import OPEN, TaskInfo, TaskStatus, acknowledgement
 from rho_actors.results import failure
 from rho_actors.tasks import records
 from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
@@ -150,9 +151,12 @@ def _status(result: ToolResult) -> TaskStatus:
 class TaskRegistry:
     """Every background call of a system's sessions (see the module doc); safe from any
     thread. ``budgets``: the system's result budgets (a task's result is charged to its
-    session); ``max_output_chars``: the cap of the refusals it writes."""
+    session); ``max_output_chars``: the cap of the refusals it writes; ``decisions(callback)``
+    subscribes ``callback`` to the system's ``CallEvent`` values (the decisions of held
+    calls), returning the function that unsubscribes it."""
 
-    def __init__(self, settings: TaskSettings, budgets: ResultBudgets) -> None:
+    def __init__(self, settings: TaskSettings, budgets: ResultBudgets,
+                 decisions: Callable[[Callable[[Any], None]], Callable[[], None]] | None = None) -> None:
         self.settings = settings
         self._budgets = budgets
         self._lock = threading.Lock()
@@ -163,6 +167,8 @@ class TaskRegistry:
         self.stopped = False
         self._watchers: dict[object, Callable[[TaskInfo], None]] = {}
         self._held: dict[tuple[str, str], Task] = {}  # (session, call id): tasks whose call waits for a decision
+        self._decisions = decisions  # subscribes to the decisions of held calls (only while one is held)
+        self._unlisten: Callable[[], None] | None = None
 
     def watch(self, watcher: Callable[[TaskInfo], None]) -> Callable[[], None]:
         """Call ``watcher(info)`` on each change of a task's status (it waits for input,
@@ -203,16 +209,27 @@ class TaskRegistry:
             return held, timeout_ms
         return self._open(session_id, session_dir, call_id, info.name), timeout_ms
 
-    def held(self, session_id: str, session_dir: Path, call_id: str, name: str) -> Task | ToolResult:
-        """A new task for call ``call_id`` of tool ``name``, which waits for a person's
-        decision (held for approval): ``input_required`` until it is decided. Approved,
-        its call runs as this task (:meth:`open` finds it); rejected or expired, the
-        task ends ``failed`` (:meth:`on_event`). The refusal when a bound is reached."""
-        task = self._open(session_id, session_dir, call_id, name, status="input_required")
-        if isinstance(task, Task):
+    def held(self, session_id: str, session_dir: Path, pending: ToolResult) -> ToolResult:
+        """A background call held for approval (its ``pending_approval`` result) as a task
+        that waits for the decision, ``input_required``: the acknowledgement of its turn
+        (``details["pending"]`` the call's ``PendingCall``). Approved, the call runs as
+        this task (:meth:`open` finds it); rejected or expired, the task ends ``failed``
+        (:meth:`on_event`). A bound reached leaves ``pending`` as it is (no task yet)."""
+        task = self._open(session_id, session_dir, pending.call_id, pending.name, status="input_required")
+        if isinstance(task, ToolResult):
+            return pending
+        with self._lock:
+            self._held[(session_id, pending.call_id)] = task
+            subscribe, listening = self._decisions, self._unlisten is not None
+        if subscribe is not None and not listening:
+            unlisten = subscribe(self.on_event)
             with self._lock:
-                self._held[(session_id, call_id)] = task
-        return task
+                spare = unlisten if self._unlisten is not None else None  # another thread subscribed meanwhile
+                self._unlisten = self._unlisten or unlisten
+            if spare is not None:
+                spare()
+        ack = acknowledgement(task.task_id, pending.call_id, pending.name)
+        return dataclasses.replace(ack, details={**ack.details, "pending": pending.details["pending"]})
 
     def on_event(self, event: Any) -> None:
         """The system's events: a held call decided without running (``rejected``,
@@ -221,6 +238,10 @@ class TaskRegistry:
             return
         with self._lock:
             task = self._held.pop((event.session_id, event.call_id), None)
+            unlisten = self._unlisten if not self._held else None
+            self._unlisten = self._unlisten if self._held else None
+        if unlisten is not None:  # no call waits now: no event is built for this registry
+            unlisten()
         if task is not None:
             self.settle(task, failure("rejected", task.call_id, task.name,
                                       message=f"the call was {event.outcome} before it ran"))
