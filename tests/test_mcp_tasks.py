@@ -23,7 +23,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 
-from rho_actors import ActorSystem, ToolCall
+from rho_actors import ActorSystem, ToolCall, tool
 from rho_actors.mcp.tasks import EXTENSION, RELATED_TASK
 from tests.conftest import WAIT_S, wait_for
 from tests.mcp_fixtures import task_tools
@@ -224,6 +224,8 @@ def test_an_optional_background_tool_runs_as_a_task_when_the_caller_asks(system:
     assert wait_for(lambda: loop.tasks()[-1].status == "completed") and "task_id" in every.details
     with pytest.raises(TypeError, match="background must be a bool or call ids"):
         loop.run_turn([ToolCall("c5", "report", '{"topic": "e"}')], background="c5")
+    with pytest.raises(TypeError, match='background must be a bool or "optional", got str \'sometimes\''):
+        tool(background="sometimes")(lambda: "x")  # type: ignore[call-overload]
 
 
 def test_a_task_whose_call_waits_for_a_person_is_input_required_until_decided(system: ActorSystem) -> None:
