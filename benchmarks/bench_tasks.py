@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mcp_types as types
 from stats import environment, publish, summary, verdict
 
-from rho_actors import ActorSystem, ToolCall, tool
+from rho_actors import ActorSystem, TaskSettings, ToolCall, tool
 from rho_actors.mcp.serve import _call_tool_result  # the result a served task inlines
 from rho_actors.mcp.tasks import EXTENSION, ServedTask, ServedTasks, TaskParams
 
@@ -100,7 +100,9 @@ def polling(system: ActorSystem, loops: list[Any], task_ids: list[str], rounds: 
 
 
 def run(count: int, rounds: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="rho-bench-tasks-") as tmp, ActorSystem(data_dir=tmp) as system:
+    settings = TaskSettings(max_tasks=count + 1, max_tasks_per_session=count // SESSIONS + 2)
+    with tempfile.TemporaryDirectory(prefix="rho-bench-tasks-") as tmp, \
+            ActorSystem(data_dir=tmp, tasks=settings) as system:
         system.register(waits)
         holding, loops, task_ids = opened(system, count)
         polls = polling(system, loops, task_ids, rounds)
