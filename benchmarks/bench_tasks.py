@@ -1,163 +1,133 @@
-"""Background calls as tasks (DESIGN §4 "Background calls"): what a task's durability
-costs.
+"""Background calls as tasks (DESIGN §4 "Background calls", §6b "Tasks"): what open
+tasks hold, and what polling one costs.
 
-``--tasks`` (2,000) background calls of a no-op ``async`` tool, one after another, each
-started with ``loop.run_turn`` (its acknowledgement) and waited for with
-``loop.task_result``, interleaved with the baseline: a ``run_turn`` of the same no-op as
-an ordinary call. Printed: p50/p99 of each, the overhead of a task (p50 difference),
-and the syncs a task made (its record written at its start and its end; counted by
-wrapping ``os.fsync`` and ``os.fdatasync``), with what one ``fsync`` costs on this disk.
-Then ``--agent-tasks`` (200) through the agent loop, where each result is
-also delivered to the model (its record written a third time).
+(1) ``--tasks`` (1,000) background calls of an ``async`` tool that waits a minute, opened
+across 100 sessions: the threads they add to the host (goal: none each; the isolation's
+event loop runs them all).
+(2) Polling, with those tasks open: ``loop.tasks()``-side ``TaskRegistry.get`` and the
+served ``tasks/get`` handler (``ServedTasks.get``: the principal checked, the task
+looked up, its ``DetailedTask`` built) of a task created over MCP, each interleaved with
+the baseline, ``json.dumps`` of the same ``DetailedTask`` (the least a server answering
+it does). Printed: per poll in µs (p50, p99) and the handler ÷ baseline ratio (goal: a
+poll costs at most 100 µs).
 
 Usage::
 
     .venv/bin/python benchmarks/bench_tasks.py           # full run
-    .venv/bin/python benchmarks/bench_tasks.py --quick   # smoke run (200 tasks)
+    .venv/bin/python benchmarks/bench_tasks.py --quick   # smoke run (100 tasks)
     .venv/bin/python benchmarks/bench_tasks.py --json
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import asyncio
+import gc
+import json
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stats import environment, publish, summary
+import mcp_types as types
+from stats import environment, publish, summary, verdict
 
-from rho_actors import ActorSystem, Reply, ScriptedModel, ToolCall, tool
+from rho_actors import ActorSystem, TaskSettings, ToolCall, tool
+from rho_actors.mcp.serve import _call_tool_result  # the result a served task inlines
+from rho_actors.mcp.tasks import EXTENSION, ServedTask, ServedTasks, TaskParams
 
-FSYNCS = [0]
-_fsync, _fdatasync = os.fsync, os.fdatasync
-
-
-def _counted(fd: Any) -> None:
-    FSYNCS[0] += 1
-    _fsync(fd)
+POLL_GOAL_US = 100.0
+SESSIONS = 100
 
 
-def _counted_data(fd: Any) -> None:
-    FSYNCS[0] += 1
-    _fdatasync(fd)
+@tool(background=True, background_timeout_ms=600_000)
+async def waits(seconds: float) -> str:
+    """Wait ``seconds`` (asyncio), then answer."""
+    await asyncio.sleep(seconds)
+    return "done"
 
 
-@tool(background=True)
-async def slow_noop(n: int) -> str:
-    """A no-op run as a task."""
-    return "ok"
+def opened(system: ActorSystem, count: int) -> tuple[dict[str, Any], list[Any], list[str]]:
+    loops = [system.start_loop(f"s{i}") for i in range(SESSIONS)]
+    gc.collect()
+    before = threading.active_count()
+    task_ids = []
+    for n in range(count):
+        [ack] = loops[n % SESSIONS].run_turn([ToolCall(f"c{n}", "waits", '{"seconds": 60}')])
+        assert ack.ok, ack.content
+        task_ids.append(ack.details["task_id"])
+    time.sleep(0.5)  # each call started in its isolation
+    added = threading.active_count() - before
+    open_now = system.task_registry.stats()["open"]
+    return {"tasks_open": open_now, "threads_added": added, "goal": "no thread per task",
+            "verdict": verdict(added < max(8, count // 100))}, loops, task_ids
 
 
-@tool
-async def noop(n: int) -> str:
-    """The same no-op, as an ordinary call."""
-    return "ok"
+def polling(system: ActorSystem, loops: list[Any], task_ids: list[str], rounds: int) -> dict[str, Any]:
+    served = ServedTasks(system.task_registry, _call_tool_result)
+    loop = loops[0]
+    session = SimpleNamespace(loop=loop, transcript=None)
+    task = ServedTask("local", session, "waits")
+    [ack] = loop.run_turn([ToolCall("polled", "waits", '{"seconds": 60}')])
+    served.created(task, ack, None)
+    ctx = SimpleNamespace(session=SimpleNamespace(client_capabilities=types.ClientCapabilities(
+        extensions={EXTENSION: {}})), request=None)
+    params = TaskParams(task_id=ack.details["task_id"])
+    registry, session_id, data_dir = system.task_registry, loop.session_id, loop.data_dir
+    registry_us, handler_us, base_us = [], [], []
+    detailed = served.get(ctx, params, "local")
+    for _ in range(rounds):
+        started = time.perf_counter_ns()
+        json.dumps(detailed)
+        base_us.append((time.perf_counter_ns() - started) / 1e3)
+        started = time.perf_counter_ns()
+        registry.get(session_id, data_dir, params.task_id)
+        registry_us.append((time.perf_counter_ns() - started) / 1e3)
+        started = time.perf_counter_ns()
+        served.get(ctx, params, "local")
+        handler_us.append((time.perf_counter_ns() - started) / 1e3)
+    served.close()
+    handler, base = summary(handler_us, 2), summary(base_us, 2)
+    return {"registry_get_us": summary(registry_us, 2), "tasks_get_us": handler, "baseline_json_us": base,
+            "ratio_p50": round(float(handler["p50"]) / max(0.01, float(base["p50"])), 2),
+            "goal": f"<= {POLL_GOAL_US:g} us a poll", "verdict": verdict(float(handler["p50"]) <= POLL_GOAL_US)}
 
 
-def tasks(data_dir: Path, count: int) -> dict[str, Any]:
-    task_ms, call_ms = [], []
-    fsyncs = 0
-    with ActorSystem(data_dir=data_dir) as system:
-        system.register(slow_noop)
-        system.register(noop)
-        loop = system.start_loop("bench")
-        for i in range(count):
-            started = time.perf_counter_ns()
-            loop.run_turn([ToolCall(f"b{i}", "noop", '{"n": 0}')])
-            call_ms.append((time.perf_counter_ns() - started) / 1e6)
-            before = FSYNCS[0]
-            started = time.perf_counter_ns()
-            [ack] = loop.run_turn([ToolCall(f"t{i}", "slow_noop", '{"n": 0}')])
-            done = loop.task_result(ack.details["task_id"], timeout_s=60)
-            task_ms.append((time.perf_counter_ns() - started) / 1e6)
-            fsyncs += FSYNCS[0] - before
-            assert done.status == "completed", done
-    task, call = summary(task_ms, 3), summary(call_ms, 3)
-    return {"tasks": count, "task_ms": task, "call_ms": call,
-            "task_overhead_ms_p50": round(float(task["p50"]) - float(call["p50"]), 3),
-            "fsyncs_per_task": round(fsyncs / max(1, count), 2)}
-
-
-def agent(data_dir: Path, count: int) -> dict[str, Any]:
-    replies = []
-    for i in range(count):
-        replies += [Reply(tool_calls=(ToolCall(f"t{i}", "slow_noop", '{"n": 0}'),)), Reply(text="started")]
-    model = ScriptedModel(replies + [Reply(text="noted")] * count)
-    prompt_ms = []
-    before = FSYNCS[0]
-    with ActorSystem(data_dir=data_dir) as system:
-        system.register(slow_noop)
-        loop = system.start_loop("agent")
-        for _ in range(count):
-            started = time.perf_counter_ns()
-            result = loop.prompt("go", model=model, wait_for_tasks=False)
-            assert result.error is None, result.error
-            prompt_ms.append((time.perf_counter_ns() - started) / 1e6)
-        for info in loop.tasks():
-            loop.task_result(info.task_id, timeout_s=60)
-        loop.prompt("and?", model=model)  # the last results delivered
-    return {"tasks": count, "prompt_ms": summary(prompt_ms, 3),
-            "fsyncs_per_task": round((FSYNCS[0] - before) / max(1, count), 2)}
-
-
-def _fsync_ms(folder: Path) -> dict[str, Any]:
-    path = folder / "fsync-probe"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-    samples = []
-    try:
-        for _ in range(30):
-            started = time.perf_counter_ns()
-            os.write(fd, b"x" * 300 + b"\n")
-            _fsync(fd)
-            samples.append((time.perf_counter_ns() - started) / 1e6)
-    finally:
-        os.close(fd)
-        path.unlink()
-    return summary(samples, 3)
-
-
-def run(count: int, agent_count: int) -> dict[str, Any]:
-    os.fsync, os.fdatasync = _counted, _counted_data
-    try:
-        with tempfile.TemporaryDirectory(prefix="rho-bench-tasks-") as tmp:
-            report = {"environment": environment(count < 2000, tasks=count),
-                      "run_turn": tasks(Path(tmp) / "tasks", count), "fsync_ms": _fsync_ms(Path(tmp))}
-            if agent_count:
-                report["agent_loop"] = agent(Path(tmp) / "agent", agent_count)
-    finally:
-        os.fsync, os.fdatasync = _fsync, _fdatasync
-    return report
+def run(count: int, rounds: int) -> dict[str, Any]:
+    settings = TaskSettings(max_tasks=count + 1, max_tasks_per_session=count // SESSIONS + 2)
+    with tempfile.TemporaryDirectory(prefix="rho-bench-tasks-") as tmp, \
+            ActorSystem(data_dir=tmp, tasks=settings) as system:
+        system.register(waits)
+        holding, loops, task_ids = opened(system, count)
+        polls = polling(system, loops, task_ids, rounds)
+    return {"environment": environment(count < 1000, tasks=count, rounds=rounds), "holding": holding,
+            "polling": polls}
 
 
 def print_text(report: Mapping[str, Any]) -> None:
-    env, t = report["environment"], report["run_turn"]
+    env, h, p = report["environment"], report["holding"], report["polling"]
     print(f"rho_actors tasks benchmark ({env['mode']}, {env['cpus']} CPUs, load {env['load_avg_1m']})")
-    print(f"\n(1) {t['tasks']:,} tasks, started and waited for: p50 {t['task_ms']['p50']} ms (p99 "
-          f"{t['task_ms']['p99']}), the same call not as a task p50 {t['call_ms']['p50']} ms: overhead "
-          f"{t['task_overhead_ms_p50']} ms; {t['fsyncs_per_task']} syncs a task (one fsync on this disk p50 "
-          f"{report['fsync_ms']['p50']} ms)")
-    a = report.get("agent_loop")
-    if a:
-        print(f"(2) {a['tasks']:,} prompts each starting a task (and giving the model the last one's result): "
-              f"p50 {a['prompt_ms']['p50']} ms (p99 {a['prompt_ms']['p99']}); {a['fsyncs_per_task']} syncs a "
-              "task, the transcript's included")
+    print(f"\n(1) {h['tasks_open']:,} open background tasks of an async tool: {h['threads_added']} threads added  "
+          f"goal {h['goal']}: {h['verdict']}")
+    print(f"(2) a poll: TaskRegistry.get p50 {p['registry_get_us']['p50']} us; tasks/get handler p50 "
+          f"{p['tasks_get_us']['p50']} us (p99 {p['tasks_get_us']['p99']}) vs json.dumps of its answer p50 "
+          f"{p['baseline_json_us']['p50']} us: {p['ratio_p50']}x  goal {p['goal']}: {p['verdict']}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 200 tasks, 50 through the agent loop")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 100 tasks, 2,000 polls")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--tasks", type=int, default=None, help="tasks (default 2,000)")
-    parser.add_argument("--agent-tasks", type=int, default=None, help="tasks through the agent loop (default 200)")
+    parser.add_argument("--tasks", type=int, default=None, help="open background tasks (default 1,000)")
     args = parser.parse_args(argv)
     started = time.perf_counter_ns()
-    report = run(args.tasks or (200 if args.quick else 2000), args.agent_tasks or (50 if args.quick else 200))
+    report = run(args.tasks or (100 if args.quick else 1000), 2_000 if args.quick else 20_000)
     return publish(report, started, args.json, print_text)
 
 

@@ -46,7 +46,7 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import docstring_parser
 import pydantic
@@ -198,7 +198,7 @@ class FunctionTool:
     def retry_policy(self) -> dict[str, Any] | None:  # plain data: an untrusted tool's answer crosses as JSON
         return None if self._policy.retry is None else self._policy.retry.as_data()
 
-    def background(self) -> bool:
+    def background(self) -> bool | str:
         return self._policy.background
 
     def background_timeout_ms(self) -> int | None:
@@ -304,7 +304,7 @@ def tool(
     rate: str | None = None,
     idempotent: bool = False,
     retry: RetryPolicy | None = None,
-    background: bool = False,
+    background: bool | Literal["optional"] = False,
     background_timeout_ms: int | None = None,
     requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
     annotations: Mapping[str, Any] | None = None,
@@ -326,7 +326,7 @@ def tool(
     rate: str | None = None,
     idempotent: bool = False,
     retry: RetryPolicy | None = None,
-    background: bool = False,
+    background: bool | Literal["optional"] = False,
     background_timeout_ms: int | None = None,
     requires_approval: bool | Callable[[dict[str, Any], Mapping[str, Any]], bool] = False,
     annotations: Mapping[str, Any] | None = None,
@@ -358,7 +358,9 @@ def tool(
     :class:`~rho_actors.RetryPolicy`, default ``RetryPolicy()``: 3 attempts). Raises
     ``TypeError``/``ValueError`` naming a bad one (``retry`` without ``idempotent=True`` too).
     ``background=True``: its calls run as tasks that outlive their turn, each with a
-    deadline of ``background_timeout_ms`` (ms; default 1 h; DESIGN §4 "Background calls").
+    deadline of ``background_timeout_ms`` (ms; default 1 h; DESIGN §4 "Background calls");
+    ``background="optional"``: as a task when the caller asks (``run_turn(...,
+    background=...)``, an MCP client asking for a task), else as a call of its turn.
     """
     where = f"@tool{'' if func is None else ' ' + getattr(func, '__name__', '?')}"
     _checked_options(where, timeout_ms, concurrency, selftest)

@@ -56,7 +56,7 @@ from rho_actors.declarations import checks as _decl
 from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
-from rho_actors.events import EventBus, SupervisorEvent
+from rho_actors.events import CallEvent, EventBus, SupervisorEvent
 from rho_actors.files import UnsafePathError, private_dir
 from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import DEFAULT_START_TIMEOUT_MS, IsolationOwner, IsolationServices, start_isolations
@@ -255,7 +255,8 @@ class ActorSystem:
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             governor=Governor(governor or GovernorSettings(), self._timers, events, self._threads),
             tasks=TaskRegistry(tasks or TaskSettings(), budgets := ResultBudgets(max_turn_result_bytes,
-                                                                                 max_session_result_bytes)),
+                                                                                 max_session_result_bytes),
+                               functools.partial(events.subscribe, only=(CallEvent,))),
             confine=self._confine,
             budgets=budgets,
             sessions=(lazy_sessions := LazyStarter()),  # session subtrees started and stopped in the caller's thread
@@ -438,6 +439,11 @@ class ActorSystem:
         """How this system confines children that run untrusted code (workers,
         declaration reads, plugin discovery, selftests; DESIGN §5)."""
         return self._confine
+
+    @property
+    def task_registry(self) -> Any:
+        """The system's background calls (:class:`rho_actors.tasks.TaskRegistry`)."""
+        return self._runtime.tasks
 
     @property
     def timers(self) -> Timers:

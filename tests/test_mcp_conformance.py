@@ -69,18 +69,18 @@ PASSED_2026 = {
         "basic-elicitation", "basic-sampling", "basic-list-roots", "request-state", "multiple-input-requests",
         "multi-round", "missing-input-response", "result-type", "unsupported-methods", "tampered-state",
         "capability-check", "ignore-extra-params", "validate-input")),
-}
-# Out of scope at 2026-07-28: prompts, resources and completion (an input-required
-# result on prompts/get too), and the tasks extension.
-NOT_SERVED_2026 = {
-    "completion-complete", "resources-read-text", "resources-read-binary", "resources-templates-read",
-    "prompts-get-simple", "prompts-get-with-args", "prompts-get-embedded-resource", "prompts-get-with-image",
-    "input-required-result-non-tool-request",
     *(f"tasks-{name}" for name in (
         "lifecycle", "capability-negotiation", "wire-fields", "request-state-removal", "mrtr-input",
         "request-headers", "dispatch-and-envelope", "required-task-error", "mrtr-composition")),
 }
-NO_CHECKS_2026 = {"tasks-status-notifications"}  # the suite checks nothing there without the tasks extension
+# Out of scope at 2026-07-28: prompts, resources and completion (an input-required
+# result on prompts/get too).
+NOT_SERVED_2026 = {
+    "completion-complete", "resources-read-text", "resources-read-binary", "resources-templates-read",
+    "prompts-get-simple", "prompts-get-with-args", "prompts-get-embedded-resource", "prompts-get-with-image",
+    "input-required-result-non-tool-request",
+}
+NO_CHECKS_2026 = {"tasks-status-notifications"}  # skipped by the suite: its harness is being rewritten
 
 
 def _node(suite: Path, install: str) -> str:
@@ -176,7 +176,7 @@ def test_the_handshake_era_suite_passes_every_tools_logging_and_sse_scenario(tmp
         assert any(c.get("status") == "SUCCESS" for c in outcomes[name]), (name, outcomes[name])
 
 
-def test_the_2026_07_28_suite_passes_every_tools_stateless_caching_and_input_required_scenario(
+def test_the_2026_07_28_suite_passes_every_tools_stateless_caching_input_required_and_tasks_scenario(
         tmp_path: Path) -> None:
     failed, told = _run_suite(tmp_path, SUITE_2026, "npm install --prefix .mcp-conformance-2026 "
                               "@modelcontextprotocol/conformance@0.2.0-alpha.12", "--requirements", "2026-07-28")

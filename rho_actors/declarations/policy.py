@@ -15,7 +15,8 @@ callbacks of :data:`POLICY_CALLBACKS`:
 ``rate_group()``                a name: the tools answering it share one bucket (an MCP server's)
 ``idempotent()``                ``True``: a failed call may be run again (retried, see :class:`RetryPolicy`)
 ``retry_policy()``              a :class:`RetryPolicy` (or its fields as a dict) for an idempotent tool
-``background()``                ``True``: its calls run as tasks, past their turn (:mod:`rho_actors.tasks`)
+``background()``                ``True``: its calls run as tasks, past their turn (:mod:`rho_actors.tasks`);
+                                ``"optional"``: when the caller asks (``run_turn(..., background=...)``)
 ``background_timeout_ms()``     a background call's deadline in ms (an ``int`` >= 1; default 1 h)
 =============================== ===========================================================
 
@@ -33,12 +34,16 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import tenacity
 
-__all__ = ["NO_POLICY", "POLICY_CALLBACKS", "CallPolicy", "Rate", "RetryPolicy", "TOOL_RETRY", "call_policy",
-           "parse_rate", "policy_from_answers"]
+__all__ = ["NO_POLICY", "POLICY_CALLBACKS", "Background", "CallPolicy", "Rate", "RetryPolicy", "TOOL_RETRY",
+           "call_policy", "parse_rate", "policy_from_answers"]
+
+Background = bool | Literal["optional"]
+"""Whether a tool's calls run as tasks: ``True`` always, ``False`` never, ``"optional"``
+when the caller chooses (an MCP client asking for a task is one such choice)."""
 
 POLICY_CALLBACKS: Final = ("max_concurrency", "max_concurrency_per_session", "max_calls", "rate_limit",
                            "rate_group", "idempotent", "retry_policy", "background", "background_timeout_ms")
@@ -137,7 +142,7 @@ class CallPolicy:
     rate_group: str | None = None  # tools of one group share one token bucket (default: the tool's own)
     idempotent: bool = False
     retry: RetryPolicy | None = None
-    background: bool = False
+    background: Background = False
     background_timeout_ms: int | None = None
     requires_approval: bool = False
     governed: bool = field(default=False, init=False, repr=False, compare=False)
@@ -169,7 +174,7 @@ class CallPolicy:
             retries = self.retries
             out["retry"] = retries.as_data() if retries is not None else None
         if self.background:
-            out["background"] = True
+            out["background"] = self.background
         if self.background_timeout_ms is not None:
             out["background_timeout_ms"] = self.background_timeout_ms
         if self.requires_approval:
@@ -213,10 +218,11 @@ def call_policy(
     """The checked :class:`CallPolicy` of these options (:data:`NO_POLICY` when none is
     set). Raises ``TypeError``/``ValueError`` naming the bad option (a ``retry`` given
     to a tool that is not ``idempotent`` too: it would never be used)."""
-    for flag, value in (("idempotent", idempotent), ("background", background),
-                        ("requires_approval", requires_approval)):
+    for flag, value in (("idempotent", idempotent), ("requires_approval", requires_approval)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__} {value!r}")
+    if not isinstance(background, bool) and background != "optional":
+        raise TypeError(f'background must be a bool or "optional", got {type(background).__name__} {background!r}')
     if rate_group is not None and (type(rate_group) is not str or not 1 <= len(rate_group) <= 128):
         raise ValueError(f"rate_group must be a str of 1 to 128 characters, got {rate_group!r}")
     policy = CallPolicy(

@@ -10,7 +10,7 @@ from typing import Final, Literal
 
 from rho_actors.tool import ToolResult
 
-__all__ = ["OPEN", "TaskInfo", "TaskStatus", "acknowledgement", "delivery_text"]
+__all__ = ["OPEN", "TaskInfo", "TaskStatus", "acknowledgement", "delivery_text", "runs_as_task"]
 
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 """MCP's task statuses (the tasks extension): the first two are open."""
@@ -43,6 +43,17 @@ class TaskInfo:
     def open(self) -> bool:
         """Whether it has not ended (``working`` or ``input_required``)."""
         return self.status in OPEN
+
+
+def runs_as_task(declared: bool | str, chosen: bool | frozenset[str], call_id: str) -> bool:
+    """Whether call ``call_id`` runs as a task: its tool is declared ``background=True``
+    (``declared``), or ``"optional"`` and its turn's caller chose it (``chosen``: every
+    such call, or their ids)."""
+    if declared is True:
+        return True
+    if declared != "optional":
+        return False
+    return chosen if isinstance(chosen, bool) else call_id in chosen
 
 
 def acknowledgement(task_id: str, call_id: str, name: str) -> ToolResult:

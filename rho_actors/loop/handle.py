@@ -94,6 +94,17 @@ def _checked_cancel(cancel: Any) -> CancelToken | None:
     return cancel
 
 
+def _checked_background(background: Any) -> bool | frozenset[str]:
+    if isinstance(background, bool):
+        return background
+    if isinstance(background, str) or not isinstance(background, Iterable):
+        raise TypeError(f"background must be a bool or call ids (an iterable of str), got {background!r}")
+    chosen = frozenset(background)
+    if not all(isinstance(call_id, str) for call_id in chosen):
+        raise TypeError(f"background call ids must be str, got {sorted(map(repr, chosen))}")
+    return chosen
+
+
 class Loop:
     """The host's handle to one session's LoopActor.
 
@@ -177,7 +188,7 @@ class Loop:
 
     def submit_turn(
         self, calls: Iterable[ToolCall], *, cancel: CancelToken | None = None,
-        on_result: Callable[[int, ToolResult], None] | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None, background: bool | Iterable[str] = False,
     ) -> concurrent.futures.Future[list[ToolResult]]:
         """Start a turn without waiting: returns a future of the results, one per call,
         in the calls' order. Setting ``cancel`` (:meth:`CancelToken.cancel`, from any
@@ -193,31 +204,35 @@ class Loop:
         stopped. ``on_result(index, result)`` is called with each started call's result
         as soon as it has one (from the thread that settled it: keep it quick; what it
         raises is logged), before the future completes: a host can record each result
-        while the turn's other calls still run.
+        while the turn's other calls still run. ``background``: which calls of tools
+        declared ``background="optional"`` run as tasks (DESIGN §4 "Background calls"):
+        ``True`` all of them, else their call ids (a ``TypeError`` for another value);
+        a ``background=True`` tool's calls always do, others never.
 
         The turn is prepared in the calling thread (arguments decoded, tools looked up
         among those offered now, arguments validated: a bounded step, at most 1 s per
         call) and its calls are started from it; the future may be complete on return
         (every call refused)."""
-        return self._submit(_checked_calls(calls), _checked_cancel(cancel), on_result)
+        return self._submit(_checked_calls(calls), _checked_cancel(cancel), on_result, _checked_background(background))
 
     def _submit(
         self, batch: tuple[ToolCall, ...], cancel: CancelToken | None = None,
-        on_result: Callable[[int, ToolResult], None] | None = None,
+        on_result: Callable[[int, ToolResult], None] | None = None, background: bool | frozenset[str] = False,
     ) -> concurrent.futures.Future[list[ToolResult]]:
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        self._start_turn(batch, future, cancel, on_result)
+        self._start_turn(batch, future, cancel, on_result, background=background)
         return future
 
     def _start_turn(
         self, batch: tuple[ToolCall, ...], sink: ResultSink, cancel: CancelToken | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
+        background: bool | frozenset[str] = False,
     ) -> None:
         turns = self._turns()
         telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
         turns.submit(batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(),
-                     on_result=on_result, aio=aio)
+                     on_result=on_result, aio=aio, background=background)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
@@ -235,21 +250,23 @@ class Loop:
         return total_s + _GRACE_S
 
     def run_turn(
-        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
+        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None,
+        background: bool | Iterable[str] = False,
     ) -> list[ToolResult]:
         """Run a turn and wait for its results (one per call, in order); ``cancel``
-        as in :meth:`submit_turn` (set it from another thread).
+        and ``background`` as in :meth:`submit_turn` (set ``cancel`` from another thread).
 
         Waits at most ``timeout_s`` seconds (default :meth:`turn_bound_s`); raises
         ``TimeoutError`` past that, which only a broken runtime can cause.
         """
         batch = _checked_calls(calls)
         latch = _Latch()
-        self._start_turn(batch, latch, _checked_cancel(cancel))
+        self._start_turn(batch, latch, _checked_cancel(cancel), background=_checked_background(background))
         return latch.wait(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
 
     async def arun_turn(
-        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None
+        self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None,
+        background: bool | Iterable[str] = False,
     ) -> list[ToolResult]:
         """:meth:`run_turn` for asyncio hosts: awaits the results without ever blocking
         the event loop. A call of a trusted ``async`` tool in ``thread`` isolation runs
@@ -269,6 +286,7 @@ class Loop:
         which so suspends once (a folder that cannot be used is then the turn's
         ``not_started`` results, as in :meth:`run_turn`)."""
         batch = _checked_calls(calls)
+        chosen = _checked_background(background)
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
         token = _checked_cancel(cancel) or CancelToken()
         aio = asyncio.get_running_loop()
@@ -282,7 +300,7 @@ class Loop:
             bounds = self._bounds = _Bounds(aio)
         bounds.add(landing)  # armed first (one timer per event loop): the calls' hand-off goes last
         try:
-            self._start_turn(batch, landing, token, aio=aio)
+            self._start_turn(batch, landing, token, aio=aio, background=chosen)
             if landing.results is not None:  # landed already: every call refused, or settled in its first step
                 return landing.results
             return await landing.wait()

@@ -62,7 +62,7 @@ from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
-from rho_actors.lifecycle.tasks import acknowledgement
+from rho_actors.lifecycle.tasks import acknowledgement, runs_as_task
 from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.inline import InlineCall, runs_inline
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
@@ -127,6 +127,7 @@ class _Turn:
     telemetry: TurnTelemetry | None = None  # what its calls report to (None: nothing configured)
     on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
     aio: asyncio.AbstractEventLoop | None = None  # the event loop awaiting it (arun_turn): async tools run there
+    background: bool | frozenset[str] = False  # the calls the caller runs as tasks, of tools declaring "optional"
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0
@@ -258,12 +259,14 @@ class Turns:
         telemetry: TurnTelemetry | None = None, cancel: CancelToken | None = None,
         context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
-        approved: bool = False,
+        approved: bool = False, background: bool | frozenset[str] = False,
     ) -> None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
         decided once per turn); ``approved``: its calls were approved (none is held for
-        approval); see :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
+        approval); ``background``: the ids of the calls to run as tasks when their tool
+        allows it (``background="optional"``), or ``True`` for all of them; see
+        :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
         raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
         result for each call."""
         if self.closed is not None:
@@ -271,7 +274,8 @@ class Turns:
             return
         withheld = self._withheld
         turn = _Turn(next(self._turn_ids), list(map(_Slot, range(len(calls)), calls)), future,
-                     withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio)
+                     withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
+                     background=background)
         refused: list[_Slot] = []
         if cancel is None or not cancel.cancelled:
             tools = self._tools.current
@@ -310,8 +314,11 @@ class Turns:
         assert self.approvals is not None
         prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
         ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
-        for index, result in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
-            turn.slots[index].result = result
+        for index, pending in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
+            slot = turn.slots[index]
+            as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
+                                                                slot.call.id)  # then it waits as an input_required task
+            slot.result = self._tasks.held(self.session_id, self._data_dir, pending) if as_task else pending
             refused.append(turn.slots[index])
             turn.waiting.remove(index)
             turn.open -= 1
@@ -450,7 +457,8 @@ class Turns:
         task, timeout_ms = ((resumed, self._tasks.timeout_ms(entry.info)) if resumed is not None else
                             self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info,
                                              args if idempotent(entry) else None)
-                            if entry.info.policy.background else (None, entry.info.timeout_ms))
+                            if runs_as_task(entry.info.policy.background, turn.background, slot.call.id)
+                            else (None, entry.info.timeout_ms))
         if isinstance(task, ToolResult):  # a background call past a bound: refused
             return self._settle(turn, slot, task)
         now = time.monotonic()

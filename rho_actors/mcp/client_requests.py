@@ -84,6 +84,9 @@ class Bound:
     used: dict[str, Any] = field(default_factory=dict)  # key -> an answer the run read (kept in requestState)
     missing: set[str] = field(default_factory=set)  # capabilities asked for that the client did not declare
     questions: Iterator[int] = field(default_factory=lambda: itertools.count(1))  # the default keys' numbers
+    # a call served as an MCP task: asks its unanswered questions (key -> wire JSON) and waits for the answers
+    # until a deadline (time.monotonic() s), the task input_required meanwhile (rho_actors.mcp.tasks)
+    task_input: Any = None
 
 
 _R = TypeVar("_R", bound=BaseModel)
@@ -235,6 +238,8 @@ class MCPClient:
         ``input_required`` result. Raises :class:`ClientRequestError` (``InputRequired``)."""
         bound = self._bound
         answers: dict[str, Any] = {}
+        if bound.task_input is not None:  # a task: it waits (input_required) for the answers of tasks/update
+            return self._task_answers(requests, result_type)
         for key, request in requests.items():
             wanted = result_type or _RESULT_TYPES[request.method]
             if not bound.modern:
@@ -252,6 +257,20 @@ class MCPClient:
         if missing:
             raise InputRequired(f"the client's input is required ({', '.join(missing)}): the call is answered "
                                 "input_required and runs again with the answers")
+        return answers
+
+    def _task_answers(self, requests: Mapping[str, Any], result_type: type[_R] | None) -> dict[str, Any]:
+        known = self._bound.answers  # answered before the task started (its input_requests, SEP-2322)
+        asked = {key: request.model_dump(mode="json", by_alias=True, exclude_none=True)
+                 for key, request in requests.items() if key not in known}
+        got = {**{key: known[key] for key in requests if key in known},
+               **(self._bound.task_input(asked, self._deadline) if asked else {})}
+        answers: dict[str, Any] = {}
+        for key, request in requests.items():
+            try:
+                answers[key] = (result_type or _RESULT_TYPES[request.method]).model_validate(got[key])
+            except (ValidationError, KeyError):
+                raise ClientRequestError(f"the client's answer to {key!r} is not a {request.method} result") from None
         return answers
 
     def _key(self, key: str | None, kind: str) -> str:

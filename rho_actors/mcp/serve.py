@@ -94,6 +94,7 @@ from rho_actors.mcp.sessions import (
     unknown_handle,
 )
 from rho_actors.mcp.stdio_lines import CheckedLines, answering_bad_lines, claimed_stdin
+from rho_actors.mcp.tasks import ServedTask, ServedTasks, as_task_call, handshake_created, up_front
 from rho_actors.results import text
 from rho_actors.tool import ToolCall, ToolResult, is_untrusted
 
@@ -140,6 +141,7 @@ class _Served:
     progress: dict[tuple[str, str], _Live] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=itertools.count)
     bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)  # subscriptions/listen (2026-07-28)
+    tasks: ServedTasks | None = None  # the tasks clients created (rho_actors.mcp.tasks)
 
 
 def _connection(ctx: Any) -> Any:
@@ -234,13 +236,19 @@ async def _make_room(served: _Served, principal: str) -> None:
     crowd = mine if len(mine) >= guard.max_sessions_per_client else full
     if not crowd:
         return
-    idle = [s for s in crowd if not s.calls]
+    idle = [s for s in crowd if not _busy(s)]
     if not idle:
         raise MCPError(INVALID_REQUEST, f"too many sessions: at most {guard.max_sessions_per_client} per client "
                                         f"and {guard.max_sessions} in all, each running a call now")
     oldest = min(idle, key=lambda s: s.used)
     logger.info("MCP session {}: stopped to make room for a new one of {}", oldest.loop.session_id, principal)
     await _close(served, oldest)
+
+
+def _busy(session: Session) -> bool:
+    """Whether ``session`` runs a call now, or has a task open (which needs its loop)."""
+    loop = session.loop
+    return session.calls > 0 or loop.task_registry.has_open(loop.session_id, loop.data_dir)
 
 
 async def _close(served: _Served, session: Session) -> None:
@@ -352,6 +360,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     tools not served; ``guard`` the HTTP endpoint's :class:`HTTPGuard` (its rho
     sessions of absent clients are stopped)."""
     served = _Served(system, tuple(withheld), max_argument_bytes, guard)
+    served.tasks = ServedTasks(system.task_registry, _call_tool_result)
     listeners = guard.max_sessions if guard is not None else _STDIO_LISTENERS
     if guard is not None:
         guard.rho_sessions = lambda: len(served.sessions)
@@ -384,6 +393,8 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
             finally:
                 unsubscribe()
                 tasks.cancel_scope.cancel()
+                if served.tasks is not None:
+                    served.tasks.close()
                 for session in list(served.handles.values()):  # 2026-07-28 sessions: no connection ends them
                     await _close(served, session)
 
@@ -413,6 +424,14 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                                       "resources/list": _NONE_CACHE_HINT,
                                       "resources/templates/list": _NONE_CACHE_HINT})
     server.middleware.append(track)
+    return _extended(server, served, name)
+
+
+def _extended(server: Server[Any], served: _Served, name: str) -> Server[Any]:
+    """``server`` with the tasks extension, the 2026-07-28 ``requestState`` boundary and
+    the tools' listed schemas for the ``Mcp-Param-*`` header checks."""
+    assert served.tasks is not None
+    served.tasks.install(server, principal_of)  # tasks/get, tasks/update, tasks/cancel; the extension advertised
     # 2026-07-28's requestState: sealed (AES-GCM, a key of this process), bound to the
     # call, the tool, its arguments and the principal, checked before the handler runs
     security = RequestStateSecurity.ephemeral(ttl=_STATE_TTL_S)
@@ -471,8 +490,7 @@ async def _set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.Emp
     return types.EmptyResult()
 
 
-async def _call_tool(served: _Served, ctx: Any,
-                     params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
+async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestParams) -> Any:
     """``tools/call``: a turn of one call; on 2026-07-28 an ``input_required`` result when
     the tool asked the client what it has not answered yet
     (:mod:`rho_actors.mcp.client_requests`). A handshake-era request whose HTTP
@@ -487,7 +505,11 @@ async def _call_tool(served: _Served, ctx: Any,
                                        f"at most {served.max_argument_bytes} are accepted")
     modern = is_modern(ctx)
     answers = _answers(params) if modern else {}
+    as_task = as_task_call(served.system, served.withheld, ctx, params.name)
     session = await _session(served, ctx)
+    early = up_front(served.system, params.name, arguments, answers) if as_task and modern else None
+    if early:  # asked before the call becomes a task: its next round answers them
+        return _input_required(params.name, early, answers, session)
     call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
     key = (session.loop.session_id, call_id)
     aloop = asyncio.get_running_loop()
@@ -496,17 +518,23 @@ async def _call_tool(served: _Served, ctx: Any,
     level = ((ctx.params or {}).get("_meta") or {}) if modern else _connection(ctx).state
     bound = Bound(aloop, ctx.session, ctx.request_id, level, close,
                   modern=modern, answers=answers)
+    task = ServedTask(principal_of(ctx), session, params.name, None if modern else _connection(ctx), aloop, bound=key) \
+        if as_task and served.tasks is not None else None
+    if task is not None:
+        bound.task_input = served.tasks.asking(task)  # type: ignore[union-attr]
     bind(*key, bound)
     call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
     await anyio.to_thread.run_sync(session.record, call, None, step)
     session.calls += 1
+    results: list[ToolResult] = []
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
-        results = await session.loop.arun_turn([call])
+        results = await session.loop.arun_turn([call], background=task is not None)
     finally:
         session.calls -= 1
         session.used = time.monotonic()
         served.progress.pop(key, None)
-        unbind(*key)
+        if task is None or not results or not _names_task(results[0]):  # a task's call keeps its client
+            unbind(*key)
     if live.sent:  # the progress reported goes before the result
         await asyncio.wait([asyncio.wrap_future(f) for f in live.sent], timeout=_PROGRESS_FLUSH_S)
     await anyio.to_thread.run_sync(session.record, call, results[0], step)
@@ -516,14 +544,29 @@ async def _call_tool(served: _Served, ctx: Any,
                        f"{params.name[:100]!r} needs the client capabilities {', '.join(sorted(bound.missing))}",
                        {"requiredCapabilities": {name: {} for name in sorted(bound.missing)}})
     if bound.asked:
-        state = json.dumps({"answers": bound.used}, separators=(",", ":"))
-        if len(state) > MAX_STATE_BYTES:
-            raise MCPError(INVALID_REQUEST, f"the answers of {params.name[:100]!r}'s earlier rounds are {len(state)} "
-                                            f"bytes of JSON; at most {MAX_STATE_BYTES} are carried")
-        return types.InputRequiredResult.model_validate(
-            {"inputRequests": bound.asked, "requestState": state, "_meta": said})
+        return _input_required(params.name, bound.asked, bound.used, session)
+    if task is not None and _names_task(results[0]):
+        assert served.tasks is not None
+        created = await anyio.to_thread.run_sync(served.tasks.created, task, results[0], said)
+        return created if modern else handshake_created(results[0], created)
     answer = _call_tool_result(results[0], output_schema(served.system, params.name))
     return answer.model_copy(update={"meta": said}) if said is not None else answer
+
+
+def _input_required(name: str, asked: dict[str, Any], used: dict[str, Any], session: Session) -> Any:
+    """The ``input_required`` result asking ``asked``, the answers ``used`` so far kept
+    in its ``requestState`` (sealed by the SDK's boundary)."""
+    state = json.dumps({"answers": used}, separators=(",", ":"))
+    if len(state) > MAX_STATE_BYTES:
+        raise MCPError(INVALID_REQUEST, f"the answers of {name[:100]!r}'s earlier rounds are {len(state)} "
+                                        f"bytes of JSON; at most {MAX_STATE_BYTES} are carried")
+    said = {SESSION_META_KEY: session.handle} if session.handle is not None else None
+    return types.InputRequiredResult.model_validate({"inputRequests": asked, "requestState": state, "_meta": said})
+
+
+def _names_task(result: ToolResult) -> bool:
+    """Whether ``result`` is a background call's acknowledgement (naming its task)."""
+    return result.ok and isinstance(result.details, Mapping) and isinstance(result.details.get("task_id"), str)
 
 
 def _answers(params: types.CallToolRequestParams) -> dict[str, Any]:
@@ -552,7 +595,7 @@ async def _reap_absent(served: _Served, guard: HTTPGuard) -> None:
         await anyio.sleep(min(guard.client_gone_s / 4, 1.0))
         now = time.monotonic()
         for session in list(served.sessions):
-            if session.calls:
+            if _busy(session):
                 continue
             if session.http_id and guard.absent_for(session.http_id) >= guard.client_gone_s:
                 logger.info("MCP session {}: its client is gone; stopped", session.loop.session_id)

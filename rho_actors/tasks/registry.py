@@ -24,9 +24,11 @@ removed.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -36,7 +38,7 @@ from loguru import logger
 from rho_actors.budgets import ResultBudgets, result_bytes
 from rho_actors.errors import RhoError
 from rho_actors.isolation import RunningCall
-from rho_actors.lifecycle.tasks import OPEN, TaskInfo, TaskStatus
+from rho_actors.lifecycle.tasks import OPEN, TaskInfo, TaskStatus, acknowledgement
 from rho_actors.results import failure
 from rho_actors.tasks import records
 from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
@@ -94,6 +96,7 @@ class Task:
         "started",
         "status",
         "task_id",
+        "updated",
         "writing",
         "written",
     )
@@ -103,6 +106,7 @@ class Task:
         self.call_id, self.name = call_id, name
         self.status: TaskStatus = "working"
         self.started: float = time.time()
+        self.updated: float = self.started  # Unix s of its last change of status
         self.finished: float | None = None
         self.result: ToolResult | None = None
         self.delivered = False
@@ -131,6 +135,7 @@ class Task:
     def loaded(cls, record: dict[str, Any], session_dir: Path) -> Task:
         task = cls(record["task_id"], record["session_id"], session_dir, record["call_id"], record["name"])
         task.status, task.started, task.finished = record["status"], record["started"], record.get("finished")
+        task.updated = task.finished or task.started
         task.delivered = record["delivered"]
         task.arguments, task.attempt = record.get("arguments"), record.get("attempt", 1)
         data = record.get("result")
@@ -155,9 +160,12 @@ def _status(result: ToolResult) -> TaskStatus:
 class TaskRegistry:
     """Every background call of a system's sessions (see the module doc); safe from any
     thread. ``budgets``: the system's result budgets (a task's result is charged to its
-    session); ``max_output_chars``: the cap of the refusals it writes."""
+    session); ``max_output_chars``: the cap of the refusals it writes; ``decisions(callback)``
+    subscribes ``callback`` to the system's ``CallEvent`` values (the decisions of held
+    calls), returning the function that unsubscribes it."""
 
-    def __init__(self, settings: TaskSettings, budgets: ResultBudgets) -> None:
+    def __init__(self, settings: TaskSettings, budgets: ResultBudgets,
+                 decisions: Callable[[Callable[[Any], None]], Callable[[], None]] | None = None) -> None:
         self.settings = settings
         self._budgets = budgets
         self._lock = threading.Lock()
@@ -167,6 +175,33 @@ class TaskRegistry:
         self._counts = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0, "refused": 0, "interrupted": 0,
                         "rerun": 0}
         self.stopped = False
+        self._watchers: dict[object, Callable[[TaskInfo], None]] = {}
+        self._held: dict[tuple[str, str], Task] = {}  # (session, call id): tasks whose call waits for a decision
+        self._decisions = decisions  # subscribes to the decisions of held calls (only while one is held)
+        self._unlisten: Callable[[], None] | None = None
+
+    def watch(self, watcher: Callable[[TaskInfo], None]) -> Callable[[], None]:
+        """Call ``watcher(info)`` on each change of a task's status (it waits for input,
+        goes on, ends), from the thread that changes it, after its record is written:
+        keep it quick; what it raises is logged. Returns the function that stops it."""
+        token = object()
+        with self._lock:
+            self._watchers[token] = watcher
+
+        def unwatch() -> None:
+            with self._lock:
+                self._watchers.pop(token, None)
+
+        return unwatch
+
+    def _tell(self, task: Task) -> None:
+        with self._lock:
+            watchers, info = list(self._watchers.values()), task.info()
+        for watcher in watchers:
+            try:
+                watcher(info)
+            except Exception:
+                logger.exception("a watcher of task {} failed", task.task_id)
 
     # --- the call path ------------------------------------------------------------------
 
@@ -177,6 +212,12 @@ class TaskRegistry:
         after a crash), and its deadline in ms (:meth:`timeout_ms`); or the
         ``unavailable`` refusal when a bound is reached (or its record cannot be written:
         ``not_started``)."""
+        with self._lock:
+            held = self._held.pop((session_id, call_id), None)
+        if held is not None and held.status in OPEN:  # approved: the task that waited for it goes on
+            held.arguments = arguments
+            self.waiting(session_id, session_dir, held.task_id, False)
+            return held, self.timeout_ms(info)
         return self._open(session_id, session_dir, call_id, info.name, arguments), self.timeout_ms(info)
 
     def timeout_ms(self, info: ToolInfo) -> int:
@@ -199,8 +240,45 @@ class TaskRegistry:
             self._persist(task)
         return again
 
+    def held(self, session_id: str, session_dir: Path, pending: ToolResult) -> ToolResult:
+        """A background call held for approval (its ``pending_approval`` result) as a task
+        that waits for the decision, ``input_required``: the acknowledgement of its turn
+        (``details["pending"]`` the call's ``PendingCall``). Approved, the call runs as
+        this task (:meth:`open` finds it); rejected or expired, the task ends ``failed``
+        (:meth:`on_event`). A bound reached leaves ``pending`` as it is (no task yet)."""
+        task = self._open(session_id, session_dir, pending.call_id, pending.name, status="input_required")
+        if isinstance(task, ToolResult):
+            return pending
+        with self._lock:
+            self._held[(session_id, pending.call_id)] = task
+            subscribe, listening = self._decisions, self._unlisten is not None
+        if subscribe is not None and not listening:
+            unlisten = subscribe(self.on_event)
+            with self._lock:
+                spare = unlisten if self._unlisten is not None else None  # another thread subscribed meanwhile
+                self._unlisten = self._unlisten or unlisten
+            if spare is not None:
+                spare()
+        ack = acknowledgement(task.task_id, pending.call_id, pending.name)
+        return dataclasses.replace(ack, details={**ack.details, "pending": pending.details["pending"]})
+
+    def on_event(self, event: Any) -> None:
+        """The system's events: a held call decided without running (``rejected``,
+        ``expired``) ends its task ``failed`` with what was decided."""
+        if getattr(event, "kind", None) != "decided" or str(event.outcome).startswith("approved"):
+            return
+        with self._lock:
+            task = self._held.pop((event.session_id, event.call_id), None)
+            unlisten = self._unlisten if not self._held else None
+            self._unlisten = self._unlisten if self._held else None
+        if unlisten is not None:  # no call waits now: no event is built for this registry
+            unlisten()
+        if task is not None:
+            self.settle(task, failure("rejected", task.call_id, task.name,
+                                      message=f"the call was {event.outcome} before it ran"))
+
     def _open(self, session_id: str, session_dir: Path, call_id: str, name: str,
-              arguments: dict[str, Any] | None = None) -> Task | ToolResult:
+              arguments: dict[str, Any] | None = None, status: TaskStatus = "working") -> Task | ToolResult:
         with self._lock:
             tasks = self._session(session_id, session_dir)
             settings = self.settings
@@ -219,6 +297,7 @@ class TaskRegistry:
                 return refusal
             task = Task(f"t_{uuid.uuid4().hex}", session_id, session_dir, call_id, name)
             task.arguments = arguments
+            task.status = status
             tasks[task.task_id] = task
             self._open_count += 1
         try:
@@ -265,12 +344,36 @@ class TaskRegistry:
             if task.status not in OPEN:
                 return  # late
             task.status, task.result, task.finished, task.running = _status(result), result, time.time(), None
+            task.updated = task.finished
             self._open_count -= 1
             self._counts[task.status] += 1
         self._persist(task)
         with self._lock:
             task.done.set()
             self._changed.notify_all()
+        self._tell(task)
+
+    def waiting(self, session_id: str, session_dir: Path, task_id: Any, waiting: bool) -> TaskInfo:
+        """Task ``task_id`` waits for input (``waiting``: ``input_required``, a person's
+        or an MCP client's answer) or goes on (``working``); its record written when its
+        status changes. An ended task is returned as it is. Raises :class:`TaskError`
+        for an unknown task."""
+        with self._lock:
+            task = self._task(session_id, session_dir, task_id)
+            status: TaskStatus = "input_required" if waiting else "working"
+            changed = task.status in OPEN and task.status != status
+            if changed:
+                task.status, task.updated = status, time.time()
+        if changed:
+            self._persist(task)
+            self._tell(task)
+        return task.info()
+
+    def updated(self, session_id: str, session_dir: Path, task_id: Any) -> float:
+        """When task ``task_id``'s status last changed (Unix seconds). Raises
+        :class:`TaskError` for an unknown task."""
+        with self._lock:
+            return self._task(session_id, session_dir, task_id).updated
 
     # --- the host's view ----------------------------------------------------------------
 
@@ -429,6 +532,7 @@ class TaskRegistry:
 
     def _forget(self, task: Task) -> None:
         with self._lock:
+            self._held.pop((task.session_id, task.call_id), None)
             tasks = self._sessions.get(task.session_id, {})
             if tasks.pop(task.task_id, None) is not None and task.status in OPEN:
                 self._open_count -= 1

@@ -313,3 +313,83 @@ class CustomHeadersTool:
     @staticmethod
     def run(args: dict[str, Any], ctx: Any) -> str:
         return f"region={args['region']} query={args['query']}"
+
+
+# --- the tasks extension (SEP-2663): background calls served as MCP tasks ------------
+
+
+@tool
+def greet(name: str) -> str:
+    """Greets someone (a sync-only tool: never a task)."""
+    return f"Hello, {name}!"
+
+
+@tool(background="optional", background_timeout_ms=120_000)
+def slow_compute(seconds: float, ctx: Any, label: str = "") -> str:
+    """Sleeps `seconds` then answers; a task when the client declared the tasks extension."""
+    if ctx["cancel"].wait(seconds):
+        return "cancelled"
+    return f"computed {label} after {seconds} s"
+
+
+@tool(background=True)
+def failing_job(ctx: Any) -> str:
+    """Fails after about a second (a tool error: the task completes with isError)."""
+    ctx["cancel"].wait(1.0)
+    raise RuntimeError("failing_job failed, as it always does")
+
+
+@tool(background=True)
+def protocol_error_job() -> str:
+    """Exits its worker (a protocol-level failure: the task is failed with an error)."""
+    raise SystemExit(3)
+
+
+@tool(background=True)
+def confirm_delete(filename: str, ctx: Any) -> str:
+    """Asks the user to confirm, then deletes (pretends to)."""
+    action, content = _client(ctx).elicit(f"Delete {filename}?", {
+        "type": "object", "properties": {"confirm": {"type": "boolean"}}, "required": ["confirm"]})
+    return f"deleted {filename}" if action == "accept" and content.get("confirm") else f"kept {filename}"
+
+
+@tool(background=True)
+def multi_input(ctx: Any) -> str:
+    """Asks two questions at once."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "confirm": {"type": "boolean"}}}
+    answers = _client(ctx).ask({key: types.ElicitRequest(params=types.ElicitRequestFormParams(
+        message=f"Question {key}", requested_schema=schema)) for key in ("first", "second")})
+    return "answered: " + ", ".join(f"{key}={answer.content}" for key, answer in sorted(answers.items()))
+
+
+class ToolWithTask:
+    """A task-only tool that needs the user's name before it starts: asked through an
+    input_required result (SEP-2322), the task created on the round that answers it."""
+
+    @staticmethod
+    def name() -> str:
+        return "test_tool_with_task"
+
+    @staticmethod
+    def description() -> str:
+        return "Asks the user's name, then greets them as a task"
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {}}
+
+    @staticmethod
+    def background() -> bool:
+        return True
+
+    @staticmethod
+    def input_requests(args: dict[str, Any]) -> dict[str, Any]:
+        return {"user_name": types.ElicitRequest(params=types.ElicitRequestFormParams(
+            message="What is your name?", requested_schema={
+                "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}))}
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        _, content = _client(ctx).elicit("What is your name?", {
+            "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}, key="user_name")
+        return f"Hello, {content.get('name', '')}!"
