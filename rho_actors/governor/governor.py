@@ -36,11 +36,9 @@ import dataclasses
 import functools
 import itertools
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -52,6 +50,7 @@ from rho_actors.declarations.policy import NO_POLICY, CallPolicy, RetryPolicy
 from rho_actors.events import CallEvent, EventBus
 from rho_actors.governor.buckets import TokenBucket
 from rho_actors.governor.places import Gate, Waiting, blocking, fits, release, take
+from rho_actors.governor.settings import GovernorSettings
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import arguments_sha256
 from rho_actors.results import failure
@@ -64,7 +63,7 @@ if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timer, Timers
 
-__all__ = ["Governor", "GovernorSettings", "default_max_thread_calls"]
+__all__ = ["Governor"]
 
 _RETRIED_KINDS: Final = frozenset({ErrorKind.CRASHED, ErrorKind.EXITED, ErrorKind.UNAVAILABLE})
 _MAX_REPEAT_KEYS: Final = 4096  # distinct (tool, arguments) remembered per session (then forgotten at once)
@@ -73,35 +72,6 @@ _BOUND_TEXTS: Final = {"tool": "concurrency_bound", "session": "session_concurre
                        "thread": "thread_calls_bound", "exclusive": "exclusive_bound"}
 _BOUND_NAMES: Final = {"tool": "max_concurrency", "session": "max_concurrency_per_session",
                        "thread": "max_thread_calls", "exclusive": 'concurrency="exclusive"'}
-
-
-def default_max_thread_calls() -> int:
-    """The default ``max_thread_calls``: 32 per core (as ``os.cpu_count()`` counts
-    them), at least 256 (a thread call mostly waits on I/O; each holds a thread)."""
-    return max(256, 32 * (os.cpu_count() or 1))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GovernorSettings:
-    """The system's bounds on calls: ``max_thread_calls`` (calls running on threads at
-    once, the whole system; default :func:`default_max_thread_calls`),
-    ``max_calls_per_session`` (calls a session may make, ``None``: no bound) and
-    ``max_repeats`` (how many times one session may call the same tool with the same
-    arguments, ``None``: off); the last two are the host's ceiling, which a session may
-    tighten (``start_loop(max_calls_per_session=..., max_repeats=...)``). Raises
-    ``ValueError`` for a bound that is not an ``int`` >= 1."""
-
-    max_thread_calls: int = field(default_factory=default_max_thread_calls)
-    max_calls_per_session: int | None = None
-    max_repeats: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_thread_calls", "max_calls_per_session", "max_repeats"):
-            value = getattr(self, name)
-            if (value is not None or name == "max_thread_calls") and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1{'' if name == 'max_thread_calls' else ' or None'}, "
-                                 f"got {value!r}")
 
 
 class _Session:
