@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from rho_actors.agent.driver import PromptEvent, PromptResult
     from rho_actors.agent.model import Model
     from rho_actors.loop.approvals import SessionApprovals
-    from rho_actors.loop.turns import ResultSink, Turns
+    from rho_actors.loop.turn import ResultSink
+    from rho_actors.loop.turns import Turns
     from rho_actors.runtime import Runtime
     from rho_actors.tasks import TaskInfo
 

@@ -41,15 +41,13 @@ import contextvars
 import functools
 import itertools
 import marshal
-import operator
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import pykka
 from loguru import logger
@@ -67,10 +65,11 @@ from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.inline import InlineCall, runs_inline
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
 from rho_actors.loop.reruns import rerun_tasks
+from rho_actors.loop.turn import ResultSink, Slot, Turn, Withheld, result_of, withheld_set
 from rho_actors.otp.threads import host_code
 from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
 from rho_actors.tasks import Task
-from rho_actors.telemetry import CallSpan, Telemetry, TurnTelemetry
+from rho_actors.telemetry import Telemetry, TurnTelemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -82,71 +81,9 @@ if TYPE_CHECKING:
 __all__ = ["ResultSink", "Turns"]
 
 
-class ResultSink(Protocol):
-    """Where a turn's results go, once, from the thread that settles its last call: a
-    ``concurrent.futures.Future`` (running), or an asyncio host's landing."""
-
-    def set_result(self, results: list[ToolResult], /) -> object: ...
-
-
 _MAX_NAMES_LISTED = 40
 _VALID_CHARS = 4096  # arguments texts up to this long are remembered once found valid...
 _VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
-
-
-@dataclass(slots=True)
-class _Slot:
-    index: int
-    call: ToolCall
-    entry: ToolEntry | None = None
-    args: dict[str, Any] | None = None
-    result: ToolResult | None = None
-    started: float = 0.0
-    deadline: float = 0.0  # once started: its deadline (time.monotonic() s)
-    cancel: CancelToken | None = None
-    running: RunningCall | None = None
-    span: CallSpan | None = None  # its execute_tool span, while telemetry records it
-    validated_s: float = 0.0  # how long its validation took: counted against its deadline
-
-
-_result_of = operator.attrgetter("result")  # a slot's result (in C: no frame per turn)
-
-
-@dataclass(slots=True)
-class _Turn:
-    """One turn. Once it is admitted, ``lock`` guards the slots' ``result``, ``started``,
-    ``span`` and ``running``, and ``waiting``, ``open``, ``stop_reason`` and
-    ``finished``: calls settle from their own threads. Whoever sets a slot's result ends
-    its span, after the lock."""
-
-    id: int
-    slots: list[_Slot]
-    future: ResultSink
-    withheld: tuple[str, ...]
-    context: contextvars.Context | None = None
-    telemetry: TurnTelemetry | None = None  # what its calls report to (None: nothing configured)
-    on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
-    aio: asyncio.AbstractEventLoop | None = None  # the event loop awaiting it (arun_turn): async tools run there
-    background: bool | frozenset[str] = False  # the calls the caller runs as tasks, of tools declaring "optional"
-    waiting: deque[int] = field(default_factory=deque)
-    exclusive: bool = False
-    open: int = 0
-    stop_reason: str | None = None  # "cancelled" (by the host) or "stopping" (the loop): nothing starts
-    finished: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    hooked: tuple[CancelToken, Callable[[], None]] | None = None  # the host's token and its callback, until done
-
-
-@dataclass(frozen=True, slots=True)
-class _Withheld:
-    """The loop's withheld names, swapped whole: as a set (look-ups) and sorted (ctx)."""
-
-    names: frozenset[str]
-    listed: tuple[str, ...]
-
-
-def _withheld(names: frozenset[str]) -> _Withheld:
-    return _Withheld(names, tuple(sorted(names)))
 
 
 class Turns:
@@ -169,7 +106,7 @@ class Turns:
         self._deps = deps
         # the session's names, shared with its loop's restarts; the snapshot made of them
         self._kept = withheld if isinstance(withheld, SessionWithheld) else SessionWithheld(withheld)
-        self._snapshot = _withheld(self._kept.names)
+        self._snapshot = withheld_set(self._kept.names)
         self._allowed = allowed
         self.approvals = approvals  # the session's pending calls (loop/approvals.py), kept across restarts
         self.max_output_chars = runtime.limits.max_output_chars
@@ -180,7 +117,7 @@ class Turns:
         self._events = runtime.events
         self._telemetry = runtime.telemetry
         self._tasks = runtime.tasks
-        self._turns: dict[int, _Turn] = {}  # admitted, unfinished turns; finished from call threads too
+        self._turns: dict[int, Turn] = {}  # admitted, unfinished turns; finished from call threads too
         self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
         self.closed: str | None = None  # once closed: the key of the result open calls got
         self._turn_ids = itertools.count(1)
@@ -189,7 +126,7 @@ class Turns:
         # the decoded value marshalled (decoded, checked once)
         self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes]] = {}
         # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
-        self._offer: tuple[int, _Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
+        self._offer: tuple[int, Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
         self._resumed: dict[str, Task] = {}  # tasks run again after a crash, by call id, until dispatched
         if approvals is not None:
             approvals.attach(self, runtime)
@@ -204,12 +141,12 @@ class Turns:
         self._kept.names = names
 
     @property
-    def _withheld(self) -> _Withheld:
+    def _withheld(self) -> Withheld:
         """The snapshot of the session's withheld names now (read once per turn; remade
         only when they changed, here or on another loop of the session)."""
         snapshot, names = self._snapshot, self._kept.names
         if snapshot.names is not names:
-            snapshot = self._snapshot = _withheld(names)
+            snapshot = self._snapshot = withheld_set(names)
         return snapshot
 
     def offered_entries(self) -> tuple[ToolEntry, ...]:
@@ -273,10 +210,10 @@ class Turns:
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return
         withheld = self._withheld
-        turn = _Turn(next(self._turn_ids), list(map(_Slot, range(len(calls)), calls)), future,
+        turn = Turn(next(self._turn_ids), list(map(Slot, range(len(calls)), calls)), future,
                      withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
                      background=background)
-        refused: list[_Slot] = []
+        refused: list[Slot] = []
         if cancel is None or not cancel.cancelled:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
@@ -309,7 +246,7 @@ class Turns:
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
-    def _hold(self, turn: _Turn, refused: list[_Slot], version: int) -> None:
+    def _hold(self, turn: Turn, refused: list[Slot], version: int) -> None:
         """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never start."""
         assert self.approvals is not None
         prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
@@ -323,7 +260,7 @@ class Turns:
             turn.waiting.remove(index)
             turn.open -= 1
 
-    def _admitted(self, turn: _Turn, refused: list[_Slot], cancel: CancelToken | None) -> None:
+    def _admitted(self, turn: Turn, refused: list[Slot], cancel: CancelToken | None) -> None:
         for slot in refused:
             assert slot.result is not None
             self._telemetry.call_refused(turn.telemetry, self.session_id, slot.result, slot.call.arguments)
@@ -360,7 +297,7 @@ class Turns:
             self.folder_made = True
         self._dispatch_ready(turn)
 
-    def _prepare(self, slot: _Slot, tools: ToolSet, withheld: frozenset[str]) -> ToolResult | None:
+    def _prepare(self, slot: Slot, tools: ToolSet, withheld: frozenset[str]) -> ToolResult | None:
         """Decode, look up and validate one call; an error result when it is refused."""
         call = slot.call
         name = call.name
@@ -416,7 +353,7 @@ class Turns:
         message = text("unknown_tool", tool=name[:100], offered=shown or "(none)")
         return error_result(call_id, name, ErrorKind.UNKNOWN_TOOL, message)
 
-    def _dispatch_ready(self, turn: _Turn) -> None:
+    def _dispatch_ready(self, turn: Turn) -> None:
         """Start the turn's waiting calls: all of them, or the first of an exclusive turn
         (each later one is started by the thread settling the one before)."""
         while True:
@@ -428,14 +365,14 @@ class Turns:
             if turn.exclusive:
                 return
 
-    def _start(self, turn: _Turn, index: int) -> None:
+    def _start(self, turn: Turn, index: int) -> None:
         """Dispatch call ``index``, then, in this thread, each call of an exclusive turn
         whose turn came while it started (a call refused at its start, or one whose first
         step settled it, settles at once): one after another, never nested, however long
         the turn. Another turn started meanwhile on this thread (by a tool's first step
         run in the dispatch, say) gets its own chain at once: it may be waited for there."""
         local = self._chain
-        outer: tuple[_Turn, deque[tuple[_Turn, int]]] | None = getattr(local, "held", None)
+        outer: tuple[Turn, deque[tuple[Turn, int]]] | None = getattr(local, "held", None)
         if outer is not None and outer[0] is turn:  # inside this turn's dispatch: its loop below starts it
             outer[1].append((turn, index))
             return
@@ -447,7 +384,7 @@ class Turns:
         finally:
             local.held = outer
 
-    def _dispatch(self, turn: _Turn, index: int) -> None:
+    def _dispatch(self, turn: Turn, index: int) -> None:
         """Start call ``index`` in its isolation (from the submitting thread, or from the
         thread that settled the call before it in an exclusive turn)."""
         slot = turn.slots[index]
@@ -528,13 +465,13 @@ class Turns:
         if stop_reason is not None:  # cancelled, or the loop stopped, while the call was being started
             running.cancel(stop_reason)
 
-    def _not_started(self, turn: _Turn, slot: _Slot, task: Task | None, refusal: ToolResult) -> None:
+    def _not_started(self, turn: Turn, slot: Slot, task: Task | None, refusal: ToolResult) -> None:
         """Call ``slot`` could not be started: ``refusal`` is its result (and its task's)."""
         if task is not None:
             self._tasks.settle(task, refusal)
         self._settle(turn, slot, refusal)
 
-    def _settle(self, turn: _Turn, slot: _Slot, result: ToolResult, event: EventKind = "finished") -> None:
+    def _settle(self, turn: Turn, slot: Slot, result: ToolResult, event: EventKind = "finished") -> None:
         """Record a dispatched call's result, from whichever thread has it: the first answer wins, a
         later one is ``late``. Ends the call's span, starts the next call of an exclusive turn, or
         completes the turn once this was its last open call."""
@@ -571,7 +508,7 @@ class Turns:
         elif last:
             self._finish(turn)
 
-    def _within_budget(self, turn: _Turn, slot: _Slot, result: ToolResult) -> ToolResult:
+    def _within_budget(self, turn: Turn, slot: Slot, result: ToolResult) -> ToolResult:
         """``result``, or an ``over_budget`` error when it would take its turn or session
         past its byte budget (:mod:`rho_actors.runtime`; under the turn's lock)."""
         size = result_bytes(result)
@@ -592,13 +529,13 @@ class Turns:
         if turn is not None:
             self._cancel_turn(turn)
 
-    def _cancel_turn(self, turn: _Turn) -> None:
+    def _cancel_turn(self, turn: Turn) -> None:
         """Each running call is cancelled through its isolation (``ctx["cancel"]`` set, a
         worker process killed; what it returns later is ``late``), and every call still
         without a result gets a ``cancelled`` one (a queued call of an exclusive turn
         never starts)."""
 
-        def answer(slot: _Slot, now: float) -> ToolResult:
+        def answer(slot: Slot, now: float) -> ToolResult:
             if slot.started and now >= slot.deadline:  # its deadline passed first: a deadline is a deadline
                 assert slot.entry is not None
                 return failure("timeout", slot.call.id, slot.call.name, (now - slot.started) * 1000,
@@ -609,7 +546,7 @@ class Turns:
 
         self._end_turn(turn, "cancelled", answer)
 
-    def _finish(self, turn: _Turn) -> None:
+    def _finish(self, turn: Turn) -> None:
         """Complete the turn's future with its results in the model's order (once: the caller decided,
         under the turn's lock, that the turn is finished)."""
         with self._lock:
@@ -618,33 +555,33 @@ class Turns:
             turn.hooked[0].remove_callback(turn.hooked[1])
         if len(turn.slots) > 1:  # a one-call turn kept no share of its own
             self._budgets.turn_done(self.session_id, turn.id)
-        results: list[ToolResult] = list(map(_result_of, turn.slots))  # each has its result: the turn is finished
+        results: list[ToolResult] = list(map(result_of, turn.slots))  # each has its result: the turn is finished
         try:
             with host_code():  # the future's done callbacks are the host's
                 turn.future.set_result(results)
         except BaseException:  # a done callback's SystemExit (futures catch only Exception): set, and logged
             logger.exception("loop {}: a callback of turn {}'s results raised", self.session_id, turn.id)
 
-    def _fail_open(self, turn: _Turn, failed: ToolResult) -> None:
+    def _fail_open(self, turn: Turn, failed: ToolResult) -> None:
         """Give every call of ``turn`` still without a result the error of ``failed``
         (its kind and text), cancel those running, and complete the turn."""
         kind = failed.error_kind
         assert kind is not None
 
-        def answer(slot: _Slot, now: float) -> ToolResult:
+        def answer(slot: Slot, now: float) -> ToolResult:
             duration = (now - slot.started) * 1000 if slot.started else 0.0
             return error_result(slot.call.id, slot.call.name, kind, failed.content, duration)
 
         self._end_turn(turn, "stopping", answer)
 
-    def _end_turn(self, turn: _Turn, reason: str, answer: Callable[[_Slot, float], ToolResult]) -> None:
+    def _end_turn(self, turn: Turn, reason: str, answer: Callable[[Slot, float], ToolResult]) -> None:
         """End ``turn`` at once (``reason``: ``"cancelled"`` by the host, ``"stopping"``:
         the loop stops or failed), unless it has ended: nothing more starts, each running
         call is cancelled through its isolation with ``reason``, each call without a
         result gets ``answer(slot, now)`` (an event each), then the turn completes."""
         now = time.monotonic()
         running: list[RunningCall] = []
-        settled: list[_Slot] = []
+        settled: list[Slot] = []
         with turn.lock:
             if turn.finished:
                 return
@@ -669,7 +606,7 @@ class Turns:
                 self._tell_host(turn, slot, slot.result)
         self._finish(turn)
 
-    def _tell_host(self, turn: _Turn, slot: _Slot, result: ToolResult) -> None:
+    def _tell_host(self, turn: Turn, slot: Slot, result: ToolResult) -> None:
         """``on_result(index, result)`` of the turn's host; what it raises is logged."""
         assert turn.on_result is not None
         try:
@@ -678,11 +615,11 @@ class Turns:
         except BaseException:  # the host's callback (a SystemExit too): its fault must not lose the turn
             logger.exception("loop {}: on_result for call {} raised", self.session_id, slot.call.id)
 
-    def _emit(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
+    def _emit(self, kind: Any, slot: Slot, result: ToolResult | None) -> None:
         if self._events.wants_calls(kind):  # else nobody listens: no event built, no line logged
             self._emit_event(kind, slot, result)
 
-    def _emit_event(self, kind: Any, slot: _Slot, result: ToolResult | None) -> None:
+    def _emit_event(self, kind: Any, slot: Slot, result: ToolResult | None) -> None:
         """Build and emit a call's :class:`CallEvent` (someone listens: :meth:`EventBus.wants_calls`)."""
         if result is None:
             outcome, duration = None, 0.0

@@ -1,0 +1,86 @@
+"""One turn of a session as :class:`~rho_actors.loop.turns.Turns` keeps it (DESIGN §4):
+its calls' slots, its state, where its results go, and the loop's withheld names."""
+
+from __future__ import annotations
+
+import contextvars
+import operator
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rho_actors.cancel import CancelToken
+from rho_actors.declarations.toolset import ToolEntry
+from rho_actors.isolation import RunningCall
+from rho_actors.telemetry import CallSpan, TurnTelemetry
+from rho_actors.tool import ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ["ResultSink", "Slot", "Turn", "Withheld", "result_of", "withheld_set"]
+
+
+class ResultSink(Protocol):
+    """Where a turn's results go, once, from the thread that settles its last call: a
+    ``concurrent.futures.Future`` (running), or an asyncio host's landing."""
+
+    def set_result(self, results: list[ToolResult], /) -> object: ...
+
+
+@dataclass(slots=True)
+class Slot:
+    index: int
+    call: ToolCall
+    entry: ToolEntry | None = None
+    args: dict[str, Any] | None = None
+    result: ToolResult | None = None
+    started: float = 0.0
+    deadline: float = 0.0  # once started: its deadline (time.monotonic() s)
+    cancel: CancelToken | None = None
+    running: RunningCall | None = None
+    span: CallSpan | None = None  # its execute_tool span, while telemetry records it
+    validated_s: float = 0.0  # how long its validation took: counted against its deadline
+
+
+result_of = operator.attrgetter("result")  # a slot's result (in C: no frame per turn)
+
+
+@dataclass(slots=True)
+class Turn:
+    """One turn. Once it is admitted, ``lock`` guards the slots' ``result``, ``started``,
+    ``span`` and ``running``, and ``waiting``, ``open``, ``stop_reason`` and
+    ``finished``: calls settle from their own threads. Whoever sets a slot's result ends
+    its span, after the lock."""
+
+    id: int
+    slots: list[Slot]
+    future: ResultSink
+    withheld: tuple[str, ...]
+    context: contextvars.Context | None = None
+    telemetry: TurnTelemetry | None = None  # what its calls report to (None: nothing configured)
+    on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
+    aio: asyncio.AbstractEventLoop | None = None  # the event loop awaiting it (arun_turn): async tools run there
+    background: bool | frozenset[str] = False  # the calls the caller runs as tasks, of tools declaring "optional"
+    waiting: deque[int] = field(default_factory=deque)
+    exclusive: bool = False
+    open: int = 0
+    stop_reason: str | None = None  # "cancelled" (by the host) or "stopping" (the loop): nothing starts
+    finished: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    hooked: tuple[CancelToken, Callable[[], None]] | None = None  # the host's token and its callback, until done
+
+
+@dataclass(frozen=True, slots=True)
+class Withheld:
+    """The loop's withheld names, swapped whole: as a set (look-ups) and sorted (ctx)."""
+
+    names: frozenset[str]
+    listed: tuple[str, ...]
+
+
+def withheld_set(names: frozenset[str]) -> Withheld:
+    """``names`` as a :class:`Withheld`."""
+    return Withheld(names, tuple(sorted(names)))
