@@ -441,7 +441,7 @@ class ActorSystem:
         return self._confine
 
     @property
-    def task_registry(self) -> Any:
+    def task_registry(self) -> TaskRegistry:
         """The system's background calls (:class:`rho_actors.tasks.TaskRegistry`)."""
         return self._runtime.tasks
 
