@@ -194,3 +194,70 @@ def test_a_job_handed_over_runs_on_the_same_thread_once_the_current_job_returns(
         assert outside.wait(WAIT_S)
     finally:
         pool.shutdown()
+
+
+def _open_fds() -> int:
+    """This process's open eventfds (what a Wakeup holds)."""
+    import os
+
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]"
+        except OSError:  # closed meanwhile (the listing's own descriptor, say)
+            pass
+    return count
+
+
+def test_a_wakeup_hands_items_in_order_to_its_waiter_and_bounds_the_wait() -> None:
+    import queue
+
+    from rho_actors.otp.threads import Wakeup
+
+    wakeup = Wakeup()
+    with pytest.raises(queue.Empty):
+        wakeup.get(0.01)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.extend(wakeup.get(WAIT_S) for _ in range(3)))
+    waiter.start()
+    for item in ("a", "b", "c"):
+        wakeup.put(item)
+    waiter.join(WAIT_S)
+    assert got == ["a", "b", "c"]
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_wakeups_of_ended_threads_and_dropped_wakeups_leave_no_file_descriptor() -> None:
+    import gc
+
+    from rho_actors.otp.threads import Wakeup, thread_wakeup
+
+    before = _open_fds()
+    made = [Wakeup() for _ in range(50)]
+    threads = [threading.Thread(target=thread_wakeup) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert _open_fds() >= before + 50
+    del made
+    gc.collect()
+    assert _open_fds() <= before
+    pool = ThreadPool(idle_s=0.05)
+    for _ in range(5):
+        run_and_wait(pool, lambda: None)
+    assert wait_for(lambda: pool.idle() == 0)  # its idle threads ended
+    gc.collect()
+    assert wait_for(lambda: _open_fds() <= before)
+
+
+def test_a_late_result_of_a_timed_out_turn_is_not_the_next_turn_s() -> None:
+    from rho_actors.loop.handle import _Latch
+
+    first = _Latch()
+    with pytest.raises(TimeoutError):
+        first.wait(0.01)
+    second = _Latch()
+    first.set_result(["late"])  # both sinks wake this thread's one wakeup
+    threading.Thread(target=second.set_result, args=(["mine"],)).start()
+    assert second.wait(WAIT_S) == ["mine"]
