@@ -252,12 +252,14 @@ def test_wakeups_of_ended_threads_and_dropped_wakeups_leave_no_file_descriptor()
 
 
 def test_a_late_result_of_a_timed_out_turn_is_not_the_next_turn_s() -> None:
+    from rho_actors import ToolResult
     from rho_actors.loop.handle import _Latch
 
+    late, mine = [ToolResult("c1", "t", True, "late")], [ToolResult("c1", "t", True, "mine")]
     first = _Latch()
     with pytest.raises(TimeoutError):
         first.wait(0.01)
     second = _Latch()
-    first.set_result(["late"])  # both sinks wake this thread's one wakeup
-    threading.Thread(target=second.set_result, args=(["mine"],)).start()
-    assert second.wait(WAIT_S) == ["mine"]
+    first.set_result(late)  # both sinks wake this thread's one wakeup
+    threading.Thread(target=second.set_result, args=(mine,)).start()
+    assert second.wait(WAIT_S) == mine
