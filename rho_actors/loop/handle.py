@@ -14,7 +14,6 @@ import concurrent.futures
 import contextlib
 import contextvars
 import math
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,7 +29,6 @@ from rho_actors.lifecycle import PendingCall
 from rho_actors.loop.approvals import ApprovalError
 from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.otp.actor import NORMAL, stop
-from rho_actors.otp.threads import thread_wakeup
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -515,29 +513,26 @@ class Loop:
 
 class _Latch:
     """Where the results of a turn waited for by :meth:`Loop.run_turn` land (the turn's
-    sink): handed to the waiting thread's own :class:`~rho_actors.otp.threads.Wakeup`
-    (the call thread's wake lets go of the GIL first); lighter than a
+    sink): one lock, held until they are set; lighter than a
     ``concurrent.futures.Future``, which nothing else would see."""
 
-    __slots__ = ("_wakeup",)
+    __slots__ = ("_held", "_results")
 
     def __init__(self) -> None:
-        self._wakeup = thread_wakeup()  # the waiting thread's (run_turn waits in the thread it made this in)
+        self._results: list[ToolResult] = []
+        self._held = threading.Lock()
+        self._held.acquire()
 
     def set_result(self, results: list[ToolResult]) -> None:
         """The turn's results (from any thread; once)."""
-        self._wakeup.put((self, results))
+        self._results = results
+        self._held.release()
 
     def wait(self, timeout_s: float) -> list[ToolResult]:
         """The results, once set; raises ``TimeoutError`` after ``timeout_s`` seconds."""
-        until = time.monotonic() + max(0.0, timeout_s)
-        while True:
-            try:
-                latch, results = self._wakeup.get(min(max(0.0, until - time.monotonic()), threading.TIMEOUT_MAX))
-            except queue.Empty:
-                raise TimeoutError(f"the turn did not finish within {timeout_s} s") from None
-            if latch is self:  # else the results of an earlier turn of this thread that timed out
-                return results  # type: ignore[no-any-return]
+        if not self._held.acquire(timeout=min(max(0.0, timeout_s), threading.TIMEOUT_MAX)):
+            raise TimeoutError(f"the turn did not finish within {timeout_s} s")
+        return self._results
 
 
 class _Landing:

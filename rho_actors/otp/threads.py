@@ -37,90 +37,19 @@ Example::
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import contextvars
-import os
 import queue
-import select
 import threading
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from loguru import logger
 
-__all__ = ["ThreadPool", "Wakeup", "host_code", "thread_wakeup"]
+__all__ = ["ThreadPool", "host_code"]
 
 Job = Callable[[], object]
 _Handoff = tuple[Job | None, str]
-_THREAD = threading.local()  # per thread: ``pool`` (the ThreadPool it serves), ``host`` (host_code depth),
-# ``wakeup`` (its Wakeup, see thread_wakeup)
-_EVENTFD = hasattr(os, "eventfd")
-
-
-class Wakeup:
-    """Items handed to one waiting thread: :meth:`put` from any thread, :meth:`get` by
-    the one that waits (a ``SimpleQueue`` of one consumer). On Linux the waiter sleeps
-    on an ``eventfd``, and ``put`` wakes it with ``os.eventfd_write``, which lets go of
-    the GIL before the wake: on a loaded machine a woken thread preempts its waker, and
-    woken by a ``SimpleQueue.put`` or a ``Lock.release`` (made with the GIL held) it
-    first waits for the GIL its preempted waker still holds (a second switch per wake,
-    and the waker's wait for a CPU). Elsewhere it is a ``SimpleQueue``. Its file
-    descriptor is closed when it is collected."""
-
-    __slots__ = ("_fd", "_items", "_poll", "_queue")
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Any] | None = None
-        self._fd = -1
-        if not _EVENTFD:
-            self._queue = queue.SimpleQueue()
-            return
-        self._items: collections.deque[Any] = collections.deque()
-        self._fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        self._poll = select.poll()
-        self._poll.register(self._fd, select.POLLIN)
-
-    def put(self, item: Any) -> None:
-        """Hand ``item`` to the waiting thread (never blocks)."""
-        if self._queue is not None:
-            self._queue.put(item)
-            return
-        self._items.append(item)
-        os.eventfd_write(self._fd, 1)
-
-    def get(self, timeout: float | None = None) -> Any:
-        """The next item, waiting at most ``timeout`` seconds (None: no bound); raises
-        ``queue.Empty`` past it."""
-        if self._queue is not None:
-            return self._queue.get(timeout=timeout)
-        items = self._items
-        until = None if timeout is None else time.monotonic() + timeout
-        while not items:
-            left_ms = None if until is None else max(0.0, until - time.monotonic()) * 1000
-            if not self._poll.poll(None if left_ms is None else min(left_ms, 2**31 - 1)) and not items:
-                raise queue.Empty
-            try:
-                os.eventfd_read(self._fd)  # the count of puts so far: each put's item is in ``items``
-            except BlockingIOError:  # read by an earlier wake already
-                pass
-        return items.popleft()
-
-    def __del__(self) -> None:
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            with contextlib.suppress(Exception):  # at the interpreter's exit, say
-                os.close(fd)
-
-
-def thread_wakeup() -> Wakeup:
-    """This thread's own :class:`Wakeup` (made on first use; it goes with the thread,
-    or with the last object still holding it)."""
-    wakeup: Wakeup | None = getattr(_THREAD, "wakeup", None)
-    if wakeup is None:
-        wakeup = _THREAD.wakeup = Wakeup()
-    return wakeup
+_THREAD = threading.local()  # per thread: ``pool`` (the ThreadPool it serves), ``host`` (host_code depth)
 
 
 class _HostCode:
@@ -166,7 +95,7 @@ class ThreadPool:
         self.max_idle = max_idle
         self.name = name
         self._lock = threading.Lock()
-        self._idle: list[Wakeup] = []  # a stack: the most recent waits least
+        self._idle: list[queue.SimpleQueue[_Handoff]] = []  # a stack: the most recent waits least
         self._closed = False
         self._local = threading.local()  # per thread: ``handing`` (bool) and ``next`` (a job handed over)
         self.threads_started = 0
@@ -254,7 +183,7 @@ class ThreadPool:
         local = self._local
         local.next = None
         _THREAD.pool = self
-        handoff = Wakeup()  # its own, not thread_wakeup(): a turn run by one of its jobs waits on that
+        handoff: queue.SimpleQueue[_Handoff] = queue.SimpleQueue()
         next_job: Job | None = job
         while next_job is not None:
             try:
