@@ -196,5 +196,6 @@ def test_linear_caches_under_threads_registering_collecting_and_validating_give_
         assert not thread.is_alive()
     gc.collect()
     assert errors == [] and wrong == []
-    assert len(linear._QUICK) <= linear._KEPT
-    assert not [k for k, entry in linear._QUICK.items() if entry[0]() is None]  # every dropped one's entry gone
+    assert len(linear._QUICK) <= linear._KEPT and len(linear._CHILDREN) <= linear._KEPT_CHILDREN
+    children = {id(sub) for schema in shared for sub in linear._subschemas(schema)}
+    assert not children & set(linear._CHILDREN)  # the shared schemas' validators all dropped: none kept

@@ -643,7 +643,8 @@ def violations(
     JSON text ``args`` came from, if known: a linear schema is then checked uncounted first
     (:func:`~rho_actors.declarations.linear.quick_valid`; counted only to find violations).
     """
-    if quick_valid(validator, args, size, MAX_KEYWORD_CHECKS, rewrite=True):  # linear, uncounted: the same verdict
+    if quick_valid(validator, args, size, MAX_KEYWORD_CHECKS):  # linear, checked uncounted: the same verdict
+        integral_floats(validator.schema, args)
         return []
     limit_s = math.inf if max_s is None else max(0.0, max_s)
     _BUDGET.left, _BUDGET.next_clock = MAX_KEYWORD_CHECKS, MAX_KEYWORD_CHECKS

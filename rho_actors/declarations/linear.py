@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
-from jsonschema import Draft202012Validator, _keywords
-
-from rho_actors.declarations.integral import integral_floats
+from jsonschema import Draft202012Validator, ValidationError, validators
 
 __all__ = ["LINEAR_KEYWORDS", "QUICK_MAX_CHECKS", "linear_cost", "quick_valid"]
 
@@ -115,238 +113,153 @@ def _values(value: Any) -> int:
 
 
 _LOCK = threading.Lock()
-_QUICK: dict[int, tuple[weakref.ref[Any], Any, int, bool]] = {}
-# id(validator) -> (it, its compiled check or None, cost, whether an integer position may need a rewrite);
-# an entry goes when its validator is collected (_forgetter)
+_PLAIN: dict[type, type] = {}  # a budgeted validator class -> the same keywords, uncounted
+_QUICK: dict[int, tuple[weakref.ref[Any], Any, int]] = {}  # id(validator) -> (it, plain validator, cost)
+# (an entry and its subschemas' go when the validator is collected: _forgetter)
+_CHILDREN: dict[int, Any] = {}  # id(subschema) of a linear schema -> its plain validator, made once
 _KEPT = 4096
-
-_Check = Callable[[Any], bool]
-_TYPE_CHECKER = Draft202012Validator.TYPE_CHECKER
-_EXACT: dict[str, tuple[type, ...]] = {  # the Python types JSON decodes to, per JSON Schema type
-    "string": (str,), "boolean": (bool,), "null": (type(None),), "object": (dict,), "array": (list,),
-    "number": (int, float), "integer": (int,),
-}
+_KEPT_CHILDREN = 65_536
 
 
-def _never(instance: Any) -> bool:
-    return False
+def _descend(validator: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    """``validator.descend(instance, schema)`` by the plain validator made once for
+    ``schema`` (a linear schema resolves no reference: the subresource jsonschema's
+    ``descend`` makes for each value, and its fresh validator, change nothing)."""
+    child = _CHILDREN.get(id(schema))
+    if child is None or child.schema is not schema:  # not made (or forgotten): as jsonschema does it
+        return validator.descend(instance, schema)  # type: ignore[no-any-return]
+    return child.iter_errors(instance)  # type: ignore[no-any-return]
 
 
-def _is_number(value: Any) -> bool:
-    return type(value) in (int, float) or bool(_TYPE_CHECKER.is_type(value, "number"))
+def _properties(validator: Any, properties: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    if len(properties) < len(instance):  # as jsonschema does it
+        for name, subschema in properties.items():
+            if name in instance:
+                yield from _descend(validator, instance[name], subschema)
+        return
+    for name, value in instance.items():  # by the instance's keys: at most one look-up per key, counted
+        subschema = properties.get(name, _ABSENT)
+        if subschema is not _ABSENT:
+            yield from _descend(validator, value, subschema)
 
 
-def _equal(one: Any, two: Any) -> bool:
-    return bool(_keywords.equal(one, two))  # type: ignore[attr-defined]  # jsonschema's own JSON equality (true != 1, 1 == 1.0), read at the call
+def _items(validator: Any, items: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "array") or not instance:
+        return
+    if items is False:
+        yield ValidationError("items are not allowed")
+        return
+    for item in instance:
+        yield from _descend(validator, item, items)
 
 
-def _compile(sub: Any) -> _Check | None:
-    """A check of a linear (sub)schema giving jsonschema's verdict for a value (``None``:
-    every value is valid): each keyword's test inline, by the value's exact type first
-    (what JSON decodes to) and jsonschema's type checker for any other type."""
-    if sub is True or not isinstance(sub, dict):
-        return None
-    if sub is False or sub.get("not", _ABSENT) == {}:  # the false schema, as make_validator writes it
-        return _never
-    parts = [p for p in (_value_part(sub), _object_part(sub), _array_part(sub), _number_part(sub)) if p is not None]
-    if not parts:
-        return None  # annotations only
-    if len(parts) == 1:
-        return parts[0]
-    return lambda value: all(part(value) for part in parts)
+def _additional_properties(validator: Any, extra: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    if validator.is_type(extra, "object"):
+        for key, value in instance.items():
+            if key not in properties:
+                yield from _descend(validator, value, extra)
+    elif not extra and any(key not in properties for key in instance):
+        yield ValidationError("unexpected properties")
 
 
-def _value_part(sub: dict[str, Any]) -> _Check | None:
-    """``type``, ``enum``, ``const`` and the string lengths."""
-    kind = sub.get("type")
-    names = () if kind is None else tuple(kind) if isinstance(kind, list) else (kind,)
-    exact = None if kind is None else frozenset(t for n in names for t in _EXACT.get(n, ()))
-    integral = "integer" in names and "number" not in names  # an integral float is an integer too
-    enum = sub.get("enum", _ABSENT)
-    strings = frozenset(enum) if isinstance(enum, list) and enum and all(type(e) is str for e in enum) else None
-    const = sub.get("const", _ABSENT)
-    lengths = tuple((k == "minLength", sub[k]) for k in ("minLength", "maxLength") if k in sub)
-    if exact is None and enum is _ABSENT and const is _ABSENT and not lengths:
-        return None
-
-    def check(value: Any) -> bool:
-        tv = type(value)
-        if exact is not None and tv not in exact and not (integral and tv is float and value.is_integer()) and (
-                tv in _JSON_TYPES or not any(_TYPE_CHECKER.is_type(value, n) for n in names)):
-            return False
-        if enum is not _ABSENT and not (
-                (isinstance(value, str) and value in strings) if strings is not None
-                else any(_equal(each, value) for each in enum)):
-            return False
-        if const is not _ABSENT and not _equal(const, value):
-            return False
-        return not lengths or not isinstance(value, str) or _sized(len(value), lengths)
-
-    return check
+_APPLICATORS = {"properties": _properties, "items": _items, "additionalProperties": _additional_properties}
+"""The keywords of a linear schema that reach into its subschemas, for verdicts only:
+the errors they give carry no path or message of their own (messages come from the
+budgeted validation)."""
 
 
-def _object_part(sub: dict[str, Any]) -> _Check | None:
-    """``properties``, ``required``, ``additionalProperties`` and the property counts, of an object."""
-    properties = sub.get("properties")
-    known = frozenset(properties) if isinstance(properties, dict) else frozenset()
-    children = ({k: c for k, c in ((k, _compile(v)) for k, v in properties.items()) if c is not None}
-                if isinstance(properties, dict) else {})
-    required = tuple(sub.get("required") or ())
-    extra = sub.get("additionalProperties", _ABSENT)
-    no_extra = extra is False
-    extra_check: _Check | None = None if extra is _ABSENT or no_extra else _compile(extra)
-    counts = tuple((k == "minProperties", sub[k]) for k in ("minProperties", "maxProperties") if k in sub)
-    if not (children or required or no_extra or extra_check is not None or counts):
-        return None
-
-    def check(value: Any) -> bool:
-        if not isinstance(value, dict):
-            return True
-        for name in required:
-            if name not in value:
-                return False
-        if children:
-            if len(children) < len(value):
-                for name, child in children.items():
-                    if name in value and not child(value[name]):
-                        return False
-            else:  # by the value's keys: one look-up each
-                for name, item in value.items():
-                    found = children.get(name)
-                    if found is not None and not found(item):
-                        return False
-        if no_extra and any(name not in known for name in value):
-            return False
-        if extra_check is not None:
-            for name, item in value.items():
-                if name not in known and not extra_check(item):
-                    return False
-        return not counts or _sized(len(value), counts)
-
-    return check
+def _plain_class(cls: type) -> type:
+    """``cls``'s keywords unwrapped of their budget count (``__wrapped__``), with
+    :data:`_APPLICATORS`, as a Draft 2020-12 validator class (for linear schemas)."""
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        keywords = {k: getattr(f, "__wrapped__", f) for k, f in cls.VALIDATORS.items()}  # type: ignore[attr-defined]
+        keywords.update(_APPLICATORS)
+        plain = _PLAIN[cls] = validators.extend(Draft202012Validator, keywords)  # type: ignore[no-untyped-call]
+    return plain
 
 
-def _array_part(sub: dict[str, Any]) -> _Check | None:
-    """``items`` and the item counts, of an array."""
-    items = sub.get("items", _ABSENT)
-    no_items = items is False
-    items_check = None if items is _ABSENT or no_items else _compile(items)
-    sizes = tuple((k == "minItems", sub[k]) for k in ("minItems", "maxItems") if k in sub)
-    if not (no_items or items_check is not None or sizes):
-        return None
-
-    def check(value: Any) -> bool:
-        if not isinstance(value, list):
-            return True
-        if no_items and value:
-            return False
-        if items_check is not None:
-            for item in value:
-                if not items_check(item):
-                    return False
-        return not sizes or _sized(len(value), sizes)
-
-    return check
-
-
-def _sized(size: int, limits: tuple[tuple[bool, Any], ...]) -> bool:
-    """Whether ``size`` is within each ``(at_least, limit)`` (a minimum when ``at_least``, else a maximum)."""
-    return all((size >= limit) if at_least else (size <= limit) for at_least, limit in limits)
-
-
-_BOUNDS: dict[str, Callable[[Any, Any], bool]] = {  # keyword -> whether a number is within it
-    "minimum": lambda v, limit: v >= limit, "maximum": lambda v, limit: v <= limit,
-    "exclusiveMinimum": lambda v, limit: v > limit, "exclusiveMaximum": lambda v, limit: v < limit,
-}
-
-
-def _number_part(sub: dict[str, Any]) -> _Check | None:
-    """``minimum``, ``maximum`` and the exclusive ones, of a number."""
-    bounds = tuple((_BOUNDS[k], sub[k]) for k in _BOUNDS if k in sub)
-    if not bounds:
-        return None
-
-    def check(value: Any) -> bool:
-        return not _is_number(value) or all(within(value, limit) for within, limit in bounds)
-
-    return check
-
-
-_JSON_TYPES = frozenset({str, bool, type(None), dict, list, int, float})
-
-
-def _has_integer(schema: Any) -> bool:
-    """Whether linear ``schema`` has an ``integer`` position (where an integral float
-    would be rewritten as an ``int``)."""
+def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every object subschema of linear ``schema`` that a value is validated against."""
     stack = [schema]
     while stack:
         sub = stack.pop()
         if not isinstance(sub, dict):
             continue
-        kind = sub.get("type")
-        if kind == "integer" or (isinstance(kind, list) and "integer" in kind):
-            return True
-        properties = sub.get("properties")
-        if isinstance(properties, dict):
-            stack.extend(properties.values())
-        stack.extend(sub[k] for k in ("items", "additionalProperties") if k in sub)
-    return False
+        for key, value in sub.items():
+            if key == "properties":
+                children = [c for c in value.values() if isinstance(c, dict)]
+                yield from children
+                stack.extend(children)
+            elif key in ("items", "additionalProperties") and isinstance(value, dict):
+                yield value
+                stack.append(value)
 
 
-def _quick_of(validator: Any) -> tuple[Any, int, bool]:
-    """The compiled check of ``validator``'s schema (None when every value is valid),
-    its :func:`linear_cost` (0 when it is not linear) and whether it has an integer
-    position; made once per validator and kept while ``validator`` lives (forgotten when
-    it is collected), for at most :data:`_KEPT` live validators: then all are forgotten
-    at once, and made again as they are used."""
+def _quick_of(validator: Any) -> tuple[Any, int]:
+    """The plain validator of ``validator``'s schema and its :func:`linear_cost`
+    (``None, 0`` when it is not linear); made once per validator, with one plain
+    validator per subschema, and kept while ``validator`` lives (it is forgotten, with
+    its subschemas' validators, when ``validator`` is collected), for at most
+    :data:`_KEPT` live validators and :data:`_KEPT_CHILDREN` subschemas: then all are
+    forgotten at once, and made again as they are used."""
     key = id(validator)
     known = _QUICK.get(key)
     if known is not None and known[0]() is validator:
-        return known[1], known[2], known[3]
+        return known[1], known[2]
     cost = linear_cost(validator.schema)
-    check = None if cost is None else _compile(validator.schema)
-    integers = cost is not None and _has_integer(validator.schema)
+    plain = None
+    made: list[tuple[int, Any]] = []
     with _LOCK:
-        if len(_QUICK) >= _KEPT:
+        if len(_QUICK) >= _KEPT or len(_CHILDREN) >= _KEPT_CHILDREN:
             _QUICK.clear()
-        _QUICK[key] = (weakref.ref(validator, _forgetter(key)), check, cost or 0, integers)
-    return check, cost or 0, integers
+            _CHILDREN.clear()
+        if cost is not None:
+            cls = _plain_class(type(validator))
+            plain = cls(validator.schema)
+            made = [(id(sub), cls(sub)) for sub in _subschemas(validator.schema)]
+            _CHILDREN.update(made)
+        _QUICK[key] = (weakref.ref(validator, _forgetter(key, made)), plain, cost or 0)
+    return plain, cost or 0
 
 
-def _forgetter(key: int) -> Any:
-    """The weakref callback that drops the entry of a collected validator (at ``key`` of
-    :data:`_QUICK`) if it is still its own: run wherever the collector runs, it takes no
-    lock (a look-up and a removal racing one of another thread costs at most a check
-    compiled again)."""
+def _forgetter(key: int, made: list[tuple[int, Any]]) -> Any:
+    """The weakref callback that drops the entries of a collected validator (at ``key``
+    of :data:`_QUICK`, its subschemas' ``made`` in :data:`_CHILDREN`), each only if it is
+    still its own: run wherever the collector runs, it takes no lock (a look-up and a
+    removal racing one of another thread costs at most a validator made again)."""
 
     def forget(ref: Any) -> None:
         known = _QUICK.get(key)
         if known is not None and known[0] is ref:
             _QUICK.pop(key, None)
+        for sub_key, child in made:  # each child holds its subschema: no other can take its id meanwhile
+            if _CHILDREN.get(sub_key) is child:
+                _CHILDREN.pop(sub_key, None)
 
     return forget
 
 
-def quick_valid(
-    validator: Any, instance: Any, size: int | None, max_checks: int = QUICK_MAX_CHECKS, *, rewrite: bool = False
-) -> bool:
+def quick_valid(validator: Any, instance: Any, size: int | None, max_checks: int = QUICK_MAX_CHECKS) -> bool:
     """Whether ``instance``, decoded from JSON text of ``size`` characters, is known valid
     for ``validator`` without a budget: ``True`` only when ``validator``'s schema is
     linear (:func:`linear_cost`), ``size`` times its cost is at most both
     :data:`QUICK_MAX_CHECKS` and ``max_checks`` (the budget this check stands for), and
-    the schema's compiled check (jsonschema's verdict for the same keywords) finds no
-    violation. ``False`` says nothing (``size`` None: not known; not linear; too large;
-    invalid; a check that raised): the caller validates with its budget. ``rewrite``:
-    when valid, integral floats at ``integer`` positions are made ``int`` s in place
-    (:func:`~rho_actors.declarations.integral.integral_floats`). Never raises."""
+    jsonschema's validator of the same keywords, uncounted, finds no violation.
+    ``False`` says nothing (``size`` None: not known; not linear; too large; invalid; a
+    check that raised): the caller validates with its budget. ``validator`` is one of
+    :func:`~rho_actors.declarations.arguments.make_validator`'s (its keywords carry
+    their uncounted function as ``__wrapped__``). Never raises."""
     if size is None:
         return False
     try:
-        check, cost, integers = _quick_of(validator)
-        if not cost or size * cost > min(QUICK_MAX_CHECKS, max_checks) or (check is not None and not check(instance)):
-            return False
-        if rewrite and integers:
-            integral_floats(validator.schema, instance)
-        return True
+        plain, cost = _quick_of(validator)
+        return (plain is not None and size * cost <= min(QUICK_MAX_CHECKS, max_checks)
+                and bool(plain.is_valid(instance)))
     except Exception:  # the budgeted validation says what is wrong
         return False
