@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
+from rho_actors.declarations import linear
 from rho_actors.declarations.arguments import MAX_KEYWORD_CHECKS, decode_arguments, make_validator, violations
 from rho_actors.declarations.checks import check_declaration
 from rho_actors.declarations.linear import QUICK_MAX_CHECKS, linear_cost, quick_valid
