@@ -12,13 +12,15 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, TaskError, TaskFinished, TaskSettings, ToolCall, tool
-from rho_actors.agent.model import Reply, ScriptedModel
+from rho_actors.agent.model import Message, Reply, ScriptedModel
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
 from rho_actors.tasks import records
 
@@ -173,12 +175,18 @@ def test_an_ended_task_is_forgotten_after_its_ttl_record_and_all(tmp_path: Path)
 def test_the_agent_loop_gives_the_model_a_finished_tasks_result_at_its_next_step(system: ActorSystem) -> None:
     system.register(crawl)
     loop = system.start_loop("s1")
-    model = ScriptedModel([
+    class ReleasingModel(ScriptedModel):  # the task ends once the model has answered its acknowledgement
+        def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], **options: Any) -> Reply:
+            reply = super().complete(messages, tools, **options)
+            if len(self.requests) == 2:
+                release.set()  # the prompt then waits for it
+            return reply
+
+    model = ReleasingModel([
         Reply("", (call("c1", "crawl", '{"site": "example.com"}'),)),
         Reply("The crawl is under way."),
         Reply("The crawl found it."),
     ])
-    threading.Timer(0.2, release.set).start()  # the task ends while the prompt waits for it
     events = list(loop.stream("Crawl example.com", model=model, wait_for_tasks=True))
     finished = [e for e in events if isinstance(e, TaskFinished)]
     assert len(finished) == 1 and finished[0].task.result is not None
