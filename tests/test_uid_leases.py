@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from rho_actors import ActorSystem, IsolationEvent, ToolCall
+from rho_actors.sandbox.confine.cgroups import find_hierarchy
 from rho_actors.sandbox.confine.confinement import Confinement
+from rho_actors.sandbox.confine.enclosure import Enclosure, system_policy
 from rho_actors.sandbox.confine.uids import UidRange, UidRangeExhausted, lease, unavailable
-from tests.conftest import WAIT_S
+from tests.conftest import WAIT_S, wait_for
 from tests.helpers import make_tool
 
 ROOT = os.geteuid() == 0
@@ -121,3 +123,67 @@ def test_a_worker_with_no_uid_left_is_refused_with_a_clear_error(tmp_path: Path)
         refused = system.start_loop("bob").run_turn([ToolCall("c", "whoami", "{}")])[0]
     assert first.ok and first.content == str(uids.first), first
     assert not refused.ok and f"every uid of the range {uids} is leased" in refused.content, refused
+
+
+def _uid_of(pid: int) -> int | None:
+    """The real uid of process ``pid`` (a zombie's too), ``None`` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
+    except (OSError, StopIteration):
+        return None
+
+
+@needs_root
+@pytest.mark.skipif(isinstance(find_hierarchy(), str), reason="no writable cgroup here")
+def test_a_uid_is_not_given_back_while_a_process_of_it_is_not_yet_reaped() -> None:
+    # A child's tree killed, but a process of it not yet reaped (its parent, the fork
+    # server, slow to wait for it; or gone and init not there yet): it still runs as the
+    # uid, counted and visible in /proc. The uid must not go to another child meanwhile.
+    uids = _range(2, part=4)
+    enclosure = Enclosure(system_policy(Confinement(uid_range=uids)), 64 * 2**20)
+    assert enclosure.uid_lease is not None and enclosure.cgroup is not None
+    uid = enclosure.uid_lease.uid
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: into the tree's cgroup, then its uid, as a worker does
+        try:
+            for path in enclosure.cgroup.procs_files:
+                with open(path, "w", encoding="ascii") as procs:
+                    procs.write(str(os.getpid()))
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.write(ready_w, b"x")
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        assert wait_for(lambda: _state(pid) == "Z"), _state(pid)  # ended, not reaped: a zombie of the uid
+        enclosure.remove()
+        taken = lease(uids)
+        try:
+            assert _uid_of(pid) == uid  # still there...
+            assert taken.uid != uid, f"uid {uid} was leased again while process {pid} of it was not reaped"
+        finally:
+            taken.release()
+    finally:
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+    assert wait_for(lambda: _leased_back(uids, uid)), f"uid {uid} was not given back once its process was reaped"
+    assert not os.path.exists(enclosure.cgroup.dirs["pids"])  # and the cgroup is removed
+
+
+def _leased_back(uids: UidRange, uid: int) -> bool:
+    """Whether the next lease of ``uids`` is ``uid`` (the lease given back at once)."""
+    taken = lease(uids)
+    taken.release()
+    return taken.uid == uid
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
