@@ -239,8 +239,7 @@ def call(loop: Any, args: dict[str, Any]) -> ToolResult:
 
 
 def _started(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot), or ``None`` once it is gone:
-    a worker of the same uid that is still ending is not the victim."""
+    """When process ``pid`` started (clock ticks since boot), or ``None`` once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return int(stat.read().rsplit(")", 1)[1].split()[19])
@@ -261,8 +260,11 @@ def across(
     try:
         sent = json.loads(call(victim, {"role": "send", "channel": channel, "secret": PIN, "shared": shared}).content)
         if host_pid:
-            [sent["host_pid"]] = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == sent["uid"]
-                                  and (sent["pid"] == 1 or p.pid == sent["pid"]) and _started(p.pid) == sent["started"]]
+            of_uid = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == sent["uid"]]
+            [sent["host_pid"]] = [pid for pid in of_uid
+                                  if (sent["pid"] == 1 or pid == sent["pid"]) and _started(pid) == sent["started"]]
+            # the uid is the victim's worker's alone: no process of an earlier holder is left (a zombie included)
+            assert of_uid == [sent["host_pid"]], (of_uid, sent)
             sent["pid"], sent["in_worker"] = sent["host_pid"], sent["pid"]
         got = json.loads(call(receiver, {"role": "receive", "channel": channel, "shared": shared, "sent": sent})
                          .content)

@@ -4,18 +4,27 @@ shared file, and a range the password database uses is refused with a warning.""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from rho_actors import ActorSystem, IsolationEvent, ToolCall
-from rho_actors.sandbox.confine.confinement import Confinement
+from rho_actors.sandbox.clean import zygote_pid
+from rho_actors.sandbox.confine.cgroups import find_hierarchy
+from rho_actors.sandbox.confine.confinement import Confinement, probe
+from rho_actors.sandbox.confine.enclosure import Enclosure, system_policy
 from rho_actors.sandbox.confine.uids import UidRange, UidRangeExhausted, lease, unavailable
-from tests.conftest import WAIT_S
+from tests.conftest import WAIT_S, wait_for
 from tests.helpers import make_tool
 
 ROOT = os.geteuid() == 0
@@ -121,3 +130,201 @@ def test_a_worker_with_no_uid_left_is_refused_with_a_clear_error(tmp_path: Path)
         refused = system.start_loop("bob").run_turn([ToolCall("c", "whoami", "{}")])[0]
     assert first.ok and first.content == str(uids.first), first
     assert not refused.ok and f"every uid of the range {uids} is leased" in refused.content, refused
+
+
+def _uid_of(pid: int) -> int | None:
+    """The real uid of process ``pid`` (a zombie's too), ``None`` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
+    except (OSError, StopIteration):
+        return None
+
+
+@needs_root
+@pytest.mark.skipif(isinstance(find_hierarchy(), str), reason="no writable cgroup here")
+def test_a_uid_is_not_given_back_while_a_process_of_it_is_not_yet_reaped() -> None:
+    # A child's tree killed, but a process of it not yet reaped (its parent, the fork
+    # server, slow to wait for it; or gone and init not there yet): it still runs as the
+    # uid, counted and visible in /proc. The uid must not go to another child meanwhile.
+    uids = _range(2, part=4)
+    enclosure = Enclosure(system_policy(Confinement(uid_range=uids)), 64 * 2**20)
+    assert enclosure.uid_lease is not None and enclosure.cgroup is not None
+    uid = enclosure.uid_lease.uid
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: into the tree's cgroup, then its uid, as a worker does
+        try:
+            for path in enclosure.cgroup.procs_files:
+                with open(path, "w", encoding="ascii") as procs:
+                    procs.write(str(os.getpid()))
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.write(ready_w, b"x")
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        assert wait_for(lambda: _state(pid) == "Z"), _state(pid)  # ended, not reaped: a zombie of the uid
+        enclosure.remove()
+        taken = lease(uids)
+        try:
+            assert _uid_of(pid) == uid  # still there...
+            assert taken.uid != uid, f"uid {uid} was leased again while process {pid} of it was not reaped"
+        finally:
+            taken.release()
+    finally:
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+    assert wait_for(lambda: _leased_back(uids, uid)), f"uid {uid} was not given back once its process was reaped"
+    assert not os.path.exists(enclosure.cgroup.dirs["pids"])  # and the cgroup is removed
+
+
+def _leased_back(uids: UidRange, uid: int) -> bool:
+    """Whether the next lease of ``uids`` is ``uid`` (the lease given back at once)."""
+    taken = lease(uids)
+    taken.release()
+    return taken.uid == uid
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _linger(args: object, ctx: object) -> str:
+    """The hostile tool: leave a tree behind that outlives the call (a daemon in a
+    session of its own that ignores SIGTERM and SIGHUP, and a zombie never waited for),
+    then say which uid it ran as; with ``hold``, wait (to be killed mid-call) first."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            while True:
+                time.sleep(60)
+        os._exit(0)  # a zombie of the worker: it never waits for it
+    if isinstance(args, dict) and args.get("hold"):
+        time.sleep(WAIT_S)
+    return str(os.getuid())
+
+
+class _UidWatch:
+    """Scans ``/proc`` over and over in a thread of its own: a uid of ``uids`` that runs
+    two process trees at once (processes whose ancestry within the uid ends at two
+    different roots, both still there once the scan is done: a worker, a zombie worker
+    not yet reaped) is a uid two workers hold at once."""
+
+    def __init__(self, uids: UidRange) -> None:
+        self.uids = uids
+        self.shared: list[tuple[int, set[tuple[int, int]]]] = []
+        self.seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _UidWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(WAIT_S)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            procs = {pid: known for pid in (int(name) for name in os.listdir("/proc") if name.isdigit())
+                     if (known := _process(pid)) is not None and known[0] in self.uids}
+            roots: dict[int, set[tuple[int, int]]] = {}
+            for pid, (uid, _, _) in procs.items():
+                root = pid
+                while (parent := procs.get(procs[root][1])) is not None and parent[0] == uid:
+                    root = procs[root][1]
+                roots.setdefault(uid, set()).add((root, procs[root][2]))
+            self.seen.update(roots)
+            for uid, trees in roots.items():
+                if len(trees) > 1 and all(_started(pid) == started for pid, started in trees):
+                    self.shared.append((uid, trees))
+            time.sleep(0.001)
+
+
+def _process(pid: int) -> tuple[int, int, int] | None:
+    """``(real uid, parent pid, start)`` of process ``pid`` (a zombie's too), ``None`` once gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            fields = {line.split(":")[0]: line.split()[1:] for line in status}
+        started = _started(pid)
+        return None if started is None else (int(fields["Uid"][0]), int(fields["PPid"][0]), started)
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
+
+
+def _started(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _workers(uids: UidRange) -> dict[int, tuple[int, int]]:
+    """The workers running as a uid of ``uids`` (PID 1 of their own namespace): host pid
+    to ``(uid, how many children)``."""
+    found: dict[int, tuple[int, int]] = {}
+    children: dict[int, int] = {}
+    for pid in (int(name) for name in os.listdir("/proc") if name.isdigit()):
+        with contextlib.suppress(OSError, KeyError, IndexError, ValueError):
+            with open(f"/proc/{pid}/status", encoding="ascii") as status:
+                lines = {line.split(":")[0]: line.split()[1:] for line in status}
+            children[int(lines["PPid"][0])] = children.get(int(lines["PPid"][0]), 0) + 1
+            if int(lines["Uid"][0]) in uids and lines["NSpid"][-1] == "1":
+                found[pid] = (int(lines["Uid"][0]), 0)
+    return {pid: (uid, children.get(pid, 0)) for pid, (uid, _) in found.items()}
+
+
+def _tree_made(uids: UidRange, before: set[int]) -> bool:
+    """Whether a worker not among ``before`` made its tree (two children: a zombie, a daemon)."""
+    return any(pid not in before and children >= 2 for pid, (_, children) in _workers(uids).items())
+
+
+@needs_root
+@pytest.mark.skipif(isinstance(find_hierarchy(), str) or probe().namespaces is not None,
+                    reason="workers' trees need a cgroup and namespaces")
+def test_no_two_workers_hold_one_uid_under_churn_and_kills(tmp_path: Path) -> None:
+    # Workers of session after session leave trees behind (a daemon, a zombie); their
+    # workers are killed with SIGKILL from outside, their fork server too, others retired
+    # when their session ends: the next session's worker gets a freed uid (a range of 8),
+    # never while a process of the uid's last worker is still there.
+    uids = _range(8, part=5)
+    spec = Confinement(uid_range=uids)
+    got: list[int] = []
+    with (ActorSystem(data_dir=tmp_path, shutdown_ms=2_000, confinement=spec, warm_workers=0,
+                      worker_idle_s=0.0) as system, _UidWatch(uids) as watch):
+        assert system.register(make_tool("linger", _linger), untrusted=True).info
+        for turn in range(18):
+            loop = system.start_loop(f"session-{turn}")
+            if turn % 3 == 0:  # its worker killed mid-call, once its tree is made
+                before = set(_workers(uids))
+                with ThreadPoolExecutor(1) as running:
+                    turned = running.submit(loop.run_turn, [ToolCall("c", "linger", '{"hold": true}')])
+                    assert wait_for(functools.partial(_tree_made, uids, before))
+                    [(pid, (uid, _))] = [(p, w) for p, w in _workers(uids).items() if p not in before]
+                    os.kill(pid, signal.SIGKILL)
+                    [result] = turned.result(WAIT_S)
+                assert not result.ok and "SIGKILL" in result.content, result
+                got.append(uid)
+                loop.stop()
+                continue
+            [result] = loop.run_turn([ToolCall("c", "linger", "{}")])
+            assert result.ok, (turn, got, result.content)
+            got.append(int(result.content))
+            if turn % 3 == 1 and (server := zygote_pid()) is not None:
+                os.kill(server, signal.SIGKILL)  # not a worker: its workers are orphaned
+                assert wait_for(lambda: zygote_pid() is None)  # the next worker from a new one
+            loop.stop()
+    assert watch.shared == [], watch.shared
+    assert set(got) <= set(range(uids.first, uids.last + 1)) and len(set(got)) < len(got), got
+    assert watch.seen, "the watch saw no worker"

@@ -214,6 +214,14 @@ class Cgroup:
         except FileNotFoundError:
             return []
 
+    def counted(self) -> int:
+        """The processes the cgroup's ``pids`` controller counts now (``pids.current``):
+        unlike :meth:`pids`, those exiting and zombies not yet reaped too; 0 once removed."""
+        try:
+            return int(_read(os.path.join(self.dirs["pids"], "pids.current")))
+        except FileNotFoundError:
+            return 0
+
     def memory_events(self) -> dict[str, int]:
         """Counters of the memory bound: ``oom_kill`` (processes the kernel killed at it)
         and, by version, ``oom``/``max`` (v2 ``memory.events``) or ``failcnt``/``under_oom`` (v1)."""

@@ -17,6 +17,8 @@ import itertools
 import os
 import shutil
 import signal
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -37,7 +39,7 @@ from rho_actors.sandbox.confine.confinement import (
     warn_if_unconfined,
 )
 from rho_actors.sandbox.confine.trees import RssSampler, kill_tree
-from rho_actors.sandbox.confine.uids import UidLease, lease
+from rho_actors.sandbox.confine.uids import UidLease, lease, runs_process
 
 __all__ = [
     "ENV_ALLOWLIST", "TREE_ONLY", "UNCONFINED", "ConfinePolicy", "Enclosure", "default_policy", "policy_stats",
@@ -49,6 +51,8 @@ ENV_ALLOWLIST: Final = ("PATH", "LANG", "TZ")
 are its private folder; the rest is what the host passes per tool (``env=``)."""
 
 _names = itertools.count(1)
+_GONE_WAIT_S: Final = 600.0
+"""How long a removed child's uid waits for its tree's last process to be reaped (seconds)."""
 
 
 def scrubbed_env(extra: Mapping[str, str] | None = None, private_dir: str | None = None) -> dict[str, str]:
@@ -217,6 +221,8 @@ class Enclosure:
         self.cgroup_reason: str | None = None
         self.pid: int | None = None
         self.uid_lease: UidLease | None = None
+        self._waiting = False  # a thread waits for the tree's last process to be reaped
+        self._waiting_lock = threading.Lock()
         uids = base.uid_range if base.uid is not None else None  # uid=None: the host's uid
         if policy.confine and not policy.tree_only and uids is not None and os.geteuid() == 0:
             self.uid_lease = lease(uids)  # raises UidRangeExhausted: the child is refused
@@ -314,16 +320,53 @@ class Enclosure:
 
     def remove(self) -> None:
         """After the child ended: kill what is left, remove the cgroup and the private
-        folder, stop the sampler. Idempotent."""
+        folder, stop the sampler, give the uid back. Idempotent.
+
+        The uid goes back only once no process of the tree is left, a zombie not yet
+        reaped or a process still exiting included (the cgroup's ``pids.current``, which
+        counts them until they are reaped; without a cgroup, ``/proc``): while one is, a
+        thread of its own waits for that, then removes the cgroup and gives the uid back
+        (past :data:`_GONE_WAIT_S` the uid stays leased, said in a warning)."""
         if self.sampler is not None:
             self.sampler.stop()
         if self.cgroup is not None:
             try:
                 self.cgroup.kill()
-                self.cgroup.remove()
             except CgroupError as exc:
                 logger.warning("confinement: {}", exc)
         if self.private_dir is not None:
             shutil.rmtree(self.private_dir, ignore_errors=True)
-        if self.uid_lease is not None and (self.cgroup is None or not self.cgroup.pids()):
+        if self.uid_lease is None or self._tree_gone():
+            self._dispose()
+            return
+        with self._waiting_lock:
+            if self._waiting:
+                return
+            self._waiting = True
+        threading.Thread(target=self._dispose_once_gone, name="rho-uid-lease", daemon=True).start()
+
+    def _tree_gone(self) -> bool:
+        """Whether no process of the tree is left, not even one not yet reaped."""
+        if self.cgroup is not None:
+            return self.cgroup.counted() == 0
+        return self.uid_lease is None or not runs_process(self.uid_lease.uid)
+
+    def _dispose(self) -> None:
+        if self.cgroup is not None:
+            try:
+                self.cgroup.remove()
+            except CgroupError as exc:
+                logger.warning("confinement: {}", exc)
+        if self.uid_lease is not None:
             self.uid_lease.release()  # its tree is gone: another child may have the uid
+
+    def _dispose_once_gone(self) -> None:
+        until, pause = time.monotonic() + _GONE_WAIT_S, 0.01
+        while not self._tree_gone():
+            if time.monotonic() > until:
+                logger.warning("confinement: uid {} stays leased: a process of it is still not reaped after {:g} s",
+                               self.uid_lease.uid if self.uid_lease is not None else None, _GONE_WAIT_S)
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+        self._dispose()

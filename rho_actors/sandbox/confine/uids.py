@@ -17,8 +17,9 @@ A uid is refused (the next one tried) while a process runs with it or it owns an
 of a shared writable folder (``/tmp``, ``/var/tmp``, ``/dev/shm``) other than a
 rho_actors private folder: it belongs to someone else. Both are read once a minute
 (reading them costs milliseconds, too much for every child); a child's own processes need
-no such check, since none outlives it: its PID namespace (or its cgroup) ends them all
-before its lease is released. :func:`unavailable` says why a
+no such check: its lease is released only once none is left, a zombie not yet reaped
+included (:meth:`~rho_actors.sandbox.confine.enclosure.Enclosure.remove`: its cgroup's
+process count, or :func:`runs_process`). :func:`unavailable` says why a
 host cannot use a range at all (not root; the password or group database names a uid of
 it).
 """
@@ -38,7 +39,9 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["DEFAULT_UID_RANGE", "UidLease", "UidRange", "UidRangeExhausted", "lease", "unavailable"]
+__all__ = [
+    "DEFAULT_UID_RANGE", "UidLease", "UidRange", "UidRangeExhausted", "lease", "runs_process", "unavailable",
+]
 
 _SHARED_FOLDERS: Final = ("/tmp", "/var/tmp", "/dev/shm")
 _PRIVATE_PREFIX: Final = "rho-actors-"
@@ -152,6 +155,20 @@ def _owners(uids: UidRange, period: int) -> frozenset[int]:
                     if owner in uids and not entry.name.startswith(_PRIVATE_PREFIX):
                         owners.add(owner)
     return frozenset(owners)
+
+
+def runs_process(uid: int) -> bool:
+    """Whether a process of ``uid`` (real, effective or saved; a zombie too) shows in
+    ``/proc`` now: a child without a cgroup is gone only once none does."""
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, StopIteration, ValueError), \
+                        open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as status:
+                    line = next(line for line in status if line.startswith("Uid:"))
+                    if uid in {int(field) for field in line.split()[1:4]}:
+                        return True
+    return False
 
 
 def lease(uids: UidRange) -> UidLease:
