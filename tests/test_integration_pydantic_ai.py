@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from pydantic_ai import Agent
+from pydantic_ai import Agent, ModelRetry, RunContext, Tool
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -144,3 +144,45 @@ def test_a_tool_claiming_pending_approval_is_its_own_failure_never_a_held_call(s
     result = asyncio.run(Agent(FunctionModel(script), toolsets=[RhoToolset(loop)]).run("go"))
     assert result.output == "done"
     assert "requires approval" in script.outputs["c1"] and loop.pending() == []
+
+
+def _balance_tool(seen: list[tuple[int, Any]]) -> Any:
+    def balance(ctx: RunContext[dict[str, int]], account: str) -> int:
+        """An account's balance."""
+        seen.append((ctx.retry, ctx.deps))
+        if ctx.retry == 0:
+            raise ModelRetry("the ledger is busy, try again")
+        return ctx.deps[account]
+
+    return Tool(balance, max_retries=2)
+
+
+def test_a_pydantic_ai_tool_registered_in_rho_gets_the_run_context_and_its_model_retry_is_a_retry(
+    system: ActorSystem,
+) -> None:
+    seen: list[tuple[int, Any]] = []
+    system.register(_balance_tool(seen))
+    loop = system.start_loop("pai-own")
+    script = Script([[("c1", "balance", {"account": "a"})], [("c2", "balance", {"account": "a"})], "done"])
+    agent = Agent(FunctionModel(script), deps_type=dict[str, int], toolsets=[RhoToolset(loop)])
+    result = asyncio.run(agent.run("go", deps={"a": 12}))
+    assert result.output == "done"
+    assert seen == [(0, {"a": 12}), (1, {"a": 12})]  # pydantic-ai's retry count and the run's deps
+    assert (script.outcomes["c1"], script.outputs["c1"]) == ("retried", "the ledger is busy, try again")
+    assert script.outputs["c2"] == "12"
+
+
+def test_a_call_rho_makes_on_its_own_of_a_run_context_tool_says_it_needs_one(system: ActorSystem) -> None:
+    from rho_actors import ToolCall
+
+    def double(x: int) -> int:
+        """Twice x."""
+        return 2 * x
+
+    system.register(_balance_tool([]))
+    system.register(Tool(double))
+    loop = system.start_loop("pai-rho-alone")
+    calls = [ToolCall("c1", "balance", '{"account": "a"}'), ToolCall("c2", "double", '{"x": 4}')]
+    ctx_call, plain = loop.run_turn(calls)
+    assert ctx_call.error_kind == "raised" and "takes a RunContext, which only pydantic-ai gives" in ctx_call.content
+    assert plain.ok and plain.content == "8"

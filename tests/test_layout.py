@@ -121,7 +121,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 7. what the system puts together: sources, selftests, the live view, foreign tools taken in
     ("rho_actors.sources", "rho_actors.selftest", "rho_actors.observe", "rho_actors.integrations.adopt",
      "rho_actors.integrations.host_side", "rho_actors.integrations.langgraph.langchain_tool",
-     "rho_actors.integrations.openai_agents.sdk_tool"),
+     "rho_actors.integrations.openai_agents.sdk_tool", "rho_actors.integrations.pydantic_ai.pydantic_tool"),
     # 8. the system; 9. on top
     ("rho_actors.system",),
     ("rho_actors.mcp", "rho_actors.integrations", "rho_actors.cli", "rho_actors"),

@@ -1,6 +1,7 @@
 """Other frameworks' tools as rho tools, for :meth:`rho_actors.ActorSystem.register`
 (DESIGN §6c). No framework is imported here: a LangChain tool exists only once
-``langchain_core`` is loaded (an Agents SDK tool once ``agents`` is), and only a value's
+``langchain_core`` is loaded (an Agents SDK tool once ``agents`` is, a pydantic-ai one once
+``pydantic_ai`` is), and only a value's
 type is looked at."""
 
 from __future__ import annotations
@@ -21,10 +22,20 @@ def _sdk_tool(value: object) -> bool:
     return tools is not None and issubclass(type(value), tools.FunctionTool)
 
 
+def _pydantic_ai_tool(value: object) -> bool:
+    tools = sys.modules.get("pydantic_ai.tools")
+    return tools is not None and issubclass(type(value), tools.Tool)
+
+
+def _foreign(value: object) -> bool:
+    return _langchain_tool(value) or _sdk_tool(value) or _pydantic_ai_tool(value)
+
+
 def adopted(tool: Any) -> Any:
-    """A LangChain ``BaseTool`` or an Agents SDK ``FunctionTool`` as its rho tool
-    (:func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain`,
-    :func:`rho_actors.integrations.openai_agents.sdk_tool.from_function_tool`); any
+    """A LangChain ``BaseTool``, an Agents SDK ``FunctionTool`` or a pydantic-ai ``Tool``
+    as its rho tool (:func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain`,
+    :func:`rho_actors.integrations.openai_agents.sdk_tool.from_function_tool`,
+    :func:`rho_actors.integrations.pydantic_ai.pydantic_tool.from_pydantic_ai_tool`); any
     other value as it is."""
     if _langchain_tool(tool):
         from rho_actors.integrations.langgraph.langchain_tool import from_langchain
@@ -34,10 +45,14 @@ def adopted(tool: Any) -> Any:
         from rho_actors.integrations.openai_agents.sdk_tool import from_function_tool
 
         return from_function_tool(tool)
+    if _pydantic_ai_tool(tool):
+        from rho_actors.integrations.pydantic_ai.pydantic_tool import from_pydantic_ai_tool
+
+        return from_pydantic_ai_tool(tool)
     return tool
 
 
 def registered_as(name_or_tool: Any) -> Any:
     """What the registry knows ``name_or_tool`` by: a LangChain tool's name (its rho
     tool is a new object), else ``name_or_tool``."""
-    return name_or_tool.name if _langchain_tool(name_or_tool) or _sdk_tool(name_or_tool) else name_or_tool
+    return name_or_tool.name if _foreign(name_or_tool) else name_or_tool

@@ -87,21 +87,18 @@ class SessionLoops:
         one, else every checked registered tool's. Read in the calling thread, no
         actor asked; the values are the registry's own (immutable, shared: a caller
         must copy a schema before changing it)."""
+        return [entry.info for entry in self.offered_entries(session_id)]
+
+    def offered_entries(self, session_id: str | None = None) -> list[ToolEntry]:
+        """The registry entries of the tools :meth:`offered` declares (shared,
+        immutable values)."""
         if self._loop is not None:
-            return [entry.info for entry in self._loop.offered_entries()]
+            return list(self._loop.offered_entries())
         assert self._system is not None
         with self._lock:
             loop = self._loops.get(session_id) if session_id else None
         if loop is not None and loop.alive:
-            return [entry.info for entry in loop.offered_entries()]
-        return [entry.info for entry in self._system.tool_set().entries.values()]
-
-    def offered_entries(self) -> list[ToolEntry]:
-        """The registry entries of the tools offered now: the fixed loop's, else every
-        checked registered tool's (shared, immutable values)."""
-        if self._loop is not None:
-            return list(self._loop.offered_entries())
-        assert self._system is not None
+            return list(loop.offered_entries())
         return list(self._system.tool_set().entries.values())
 
     def close(self) -> None:

@@ -50,6 +50,7 @@ SUITES: dict[str, Suite] = {
         "tests/test_function_tool.py", "tests/test_function_tool_decorator.py", "tests/test_tool_context.py",
         "tests/test_run_step_execution.py", "tests/test_tool_use_behavior.py", "tests/test_tool_guardrails.py",
     ), "swap_openai_agents"),
+    "pydantic_ai": Suite("pydantic_ai", ("tests/test_tools.py", "tests/test_toolsets.py"), "swap_pydantic_ai"),
 }
 
 
