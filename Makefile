@@ -48,23 +48,29 @@ endef
 
 CONFORMANCE_SUITES = $(CONFORMANCE_DIR)/.installed $(CONFORMANCE_2026_DIR)/.installed
 
-install: $(VENV)/.installed $(CONFORMANCE_SUITES)
+install: $(VENV)/.installed $(CONFORMANCE_SUITES) $(PLUGINS)
 
 demo: $(VENV)/.installed
 	$(BIN)/rho-actors replay bfcl --category base
 
-test: $(VENV)/.installed $(CONFORMANCE_SUITES)
+# The vendored framework suites' pytest plugins (tests/frameworks/requirements.txt), kept
+# out of the venv: tests/test_framework_suites.py runs a few of each suite's tests.
+PLUGINS = .upstream-plugins/.installed
+$(PLUGINS): tests/frameworks/requirements.txt $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --target .upstream-plugins -r tests/frameworks/requirements.txt --no-deps
+	touch $@
+
+test: $(VENV)/.installed $(CONFORMANCE_SUITES) $(PLUGINS)
 	$(BIN)/python -m pytest
 
 # The same suite while busy loops keep every core busy (a load of 8 and more on 2 cores):
 # its time bounds scale with the machine (tests/conftest.py), so it must pass as `make test` does.
-test-loaded: $(VENV)/.installed $(CONFORMANCE_SUITES)
+test-loaded: $(VENV)/.installed $(CONFORMANCE_SUITES) $(PLUGINS)
 	$(BIN)/python -m tests.loaded -- $(BIN)/python -m pytest
 
 # The frameworks' own tool-executor test suites with rho's adapters swapped in (a few
 # minutes; tests/frameworks/run.py): their pytest plugins go to .upstream-plugins, not the venv.
-test-frameworks: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet --target .upstream-plugins -r tests/frameworks/requirements.txt --no-deps
+test-frameworks: $(VENV)/.installed $(PLUGINS)
 	PYTHONPATH=$(CURDIR) $(BIN)/python -m tests.frameworks.run
 
 # The documentation site, into site/: a broken link, anchor or docstring reference fails it.
