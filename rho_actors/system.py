@@ -417,9 +417,8 @@ class ActorSystem:
 
     def unregister(self, name_or_tool: Any, reason: str | None = None) -> bool:
         """Remove a tool (by name or object); loops stop offering it from their next turn, and a call naming it gets an
-        ``unavailable`` error whose text is ``reason`` (default: "tool 'x' was unregistered"). A name removed before
-        and not registered again keeps being refused, with ``reason`` as its text from then on (a source says why
-        its tools left: :meth:`rho_actors.mcp.MCPServer.withdrawn`). Returns whether a tool was removed."""
+        ``unavailable`` error with text ``reason`` (default "tool 'x' was unregistered"; a name removed before and not
+        registered again gets ``reason`` as its text, nothing removed). Returns whether a tool was removed."""
         from rho_actors.integrations.adopt import registered_as
 
         name_or_tool = registered_as(name_or_tool)
