@@ -39,6 +39,7 @@ __all__ = [
     "STOPPED",
     "TEXTS",
     "TRACEBACK",
+    "called_as",
     "capped",
     "error_result",
     "failure",
@@ -276,37 +277,53 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         "not have run; the server keeps its state"
     ),
     "server_unanswered": (_K.TIMEOUT, "server {server!r} did not answer {method}() before this call's deadline"),
-    # a tool of an MCP server (rho_actors.mcp.source), raised as a ToolFailure
+    # a tool of an MCP server (rho_actors.mcp.source), raised as a ToolFailure; {tool} is
+    # called_as(): the name the client called, with the upstream's own when they differ
     "mcp_not_connected": (
-        _K.UNAVAILABLE, "tool {tool!r} cannot be called: MCP server {server} is not connected now "
+        _K.UNAVAILABLE, "tool {tool} cannot be called: MCP server {server} is not connected now "
         "(restarting or stopped)"
     ),
-    "mcp_stopped": (_K.UNAVAILABLE, "tool {tool!r}: MCP server {server} was stopped during the call"),
+    "mcp_given_up": (
+        _K.UNAVAILABLE, "tool {tool} cannot be called: MCP server {server} was given up: it failed past its restart "
+        "intensity ({max_restarts} restarts in {max_seconds:g} s) and is not restarted again; its last error: "
+        "{error}; to start it afresh, {remedy}"
+    ),
+    "mcp_stopped": (_K.UNAVAILABLE, "tool {tool}: MCP server {server} was stopped during the call"),
     "mcp_crashed": (
-        _K.CRASHED, "tool {tool!r}: MCP server {server} exited or dropped the connection during the call; "
-        "it is being restarted"
+        _K.CRASHED, "tool {tool}: MCP server {server} exited or dropped the connection during the call; "
+        "it is restarted within its restart intensity"
     ),
     "mcp_session_cap": (
-        _K.UNAVAILABLE, "tool {tool!r} cannot be called now: MCP server {server} runs a process for each session "
+        _K.UNAVAILABLE, "tool {tool} cannot be called now: MCP server {server} runs a process for each session "
         "and its {count} processes are all busy"
     ),
     "mcp_session_gone": (
-        _K.UNAVAILABLE, "tool {tool!r}: MCP server {server} no longer knew this client's session (it restarted?): "
+        _K.UNAVAILABLE, "tool {tool}: MCP server {server} no longer knew this client's session (it restarted?): "
         "a new session is being opened; the call was not sent again, as the tool is not declared idempotent"
     ),
     "mcp_input_unanswered": (
-        _K.RAISED, "tool {tool!r}: MCP server {server} needed input the call could not give: {reason}"
+        _K.RAISED, "tool {tool}: MCP server {server} needed input the call could not give: {reason}"
     ),
     "mcp_task_ended": (
-        _K.RAISED, "tool {tool!r}: MCP server {server} ran the call as a task that ended {status} without a result"
+        _K.RAISED, "tool {tool}: MCP server {server} ran the call as a task that ended {status} without a result"
     ),
-    "mcp_refused": (_K.RAISED, "tool {tool!r}: MCP server {server} refused the call: error {code}: {message}"),
+    "mcp_refused": (_K.RAISED, "tool {tool}: MCP server {server} refused the call: error {code}: {message}"),
     "mcp_output_schema": (
         _K.RAISED, "tool {tool!r} returned output that does not match its outputSchema: {problem}",
     ),
 })
 """Situation -> ``(kind, template)``: every model-visible error text of the runtime.
-Templates are ``str.format`` strings; ``{tool!r}`` is the tool's name."""
+Templates are ``str.format`` strings; ``{tool!r}`` is the tool's name (in the ``mcp_*``
+texts ``{tool}`` is :func:`called_as`'s label)."""
+
+
+def called_as(called: str, upstream: str | None = None, server: str | None = None) -> str:
+    """How an MCP server's tool is named in its error texts: ``'called'``, the name the
+    client called; ``'up__wipe' (upstream 'wipe' of server 'up')`` when the server's own
+    name for it (``upstream``, of ``server``) differs (a gateway's namespaced name)."""
+    if upstream is None or upstream == called:
+        return repr(called)
+    return f"{called!r} (upstream {upstream!r} of server {server!r})"
 
 
 def text(key: str, **fields: Any) -> str:

@@ -416,13 +416,14 @@ class ActorSystem:
         return register_many(self._proxy(REGISTRY), self._runtime.isolations, tools, options, adopted,
                              self._ask_timeout_s, self._untrusted.timeout_s)
 
-    def unregister(self, name_or_tool: Any) -> bool:
+    def unregister(self, name_or_tool: Any, reason: str | None = None) -> bool:
         """Remove a tool (by name or object); loops stop offering it from their next turn, and a call naming it gets an
-        ``unavailable`` error. Returns whether a tool was removed."""
+        ``unavailable`` error with text ``reason`` (default "tool 'x' was unregistered"; a name removed before and not
+        registered again gets ``reason`` as its text, nothing removed). Returns whether a tool was removed."""
         from rho_actors.integrations.adopt import registered_as
 
         name_or_tool = registered_as(name_or_tool)
-        return bool(self._ask(REGISTRY, "unregister", name_or_tool))
+        return bool(self._ask(REGISTRY, "unregister", name_or_tool, reason))
 
     def registrations(self) -> list[Registration]:
         """Every registered tool, offered or left out, in registration order."""

@@ -118,6 +118,27 @@ def test_unknown_withheld_and_unavailable_are_distinct(system: ActorSystem, coun
     assert counter.runs == []
 
 
+def test_an_unregistered_tool_s_text_is_the_reason_given_and_can_be_replaced(system: ActorSystem,
+                                                                            counter: Counter) -> None:
+    echo = make_echo(counter)
+    system.register(echo)
+    assert system.unregister(echo, "tool 'echo' cannot be called: its server is restarting") is True
+    loop = system.start_loop("s1")
+    [restarting] = loop.run_turn([ToolCall("a", "echo", '{"text": "x"}')])
+    assert restarting.error_kind is ErrorKind.UNAVAILABLE
+    assert restarting.content == "tool 'echo' cannot be called: its server is restarting"
+    # a name removed before, not registered again: only its text changes (nothing is removed)
+    assert system.unregister("echo", "tool 'echo' cannot be called: its server was given up") is False
+    [given_up] = loop.run_turn([ToolCall("b", "echo", '{"text": "x"}')])
+    assert given_up.content == "tool 'echo' cannot be called: its server was given up"
+    assert system.unregister("never", "not a tool") is False  # a name never registered gets no text
+    [unknown] = loop.run_turn([ToolCall("c", "never", "{}")])
+    assert unknown.error_kind is ErrorKind.UNKNOWN_TOOL
+    system.register(make_echo(counter))  # registered again: offered, its old text gone
+    [back] = loop.run_turn([ToolCall("d", "echo", '{"text": "x"}')])
+    assert back.ok and counter.runs == ["x"]
+
+
 def test_unknown_tool_message_lists_what_is_offered(loop: Any) -> None:
     result = one(loop, "{}", name="ech")
     assert result.error_kind is ErrorKind.UNKNOWN_TOOL

@@ -546,6 +546,44 @@ connect_timeout_s = {WAIT_S}
     anyio.run(main)
 
 
+def test_a_namespaced_upstreams_crash_and_given_up_texts_name_the_tool_as_the_client_called_it(
+        tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    config = tmp_path / "gateway.toml"
+    config.write_text(f"""
+[servers.up]
+command = {_toml_list([sys.executable, UPSTREAM, str(marks), "alpha"])}
+prefix = true
+max_restarts = 0
+max_seconds = 5
+connect_timeout_s = {WAIT_S}
+""")
+    seen: list[Any] = []
+
+    async def main() -> None:
+        async with _gateway_over_stdio(config, tmp_path, seen) as session:
+            with anyio.fail_after(WAIT_S):
+                assert {"up__pid", "up__crash"} <= {t.name for t in (await session.list_tools()).tools}
+                crashed = await session.call_tool("up__crash", {})
+                assert crashed.is_error and _text(crashed) == (
+                    "tool 'up__crash' (upstream 'crash' of server 'up'): MCP server up exited or dropped the "
+                    "connection during the call; it is restarted within its restart intensity")
+                while "up__pid" in {t.name for t in (await session.list_tools()).tools}:
+                    while not any(isinstance(m, types.ToolListChangedNotification) for m in seen):
+                        await anyio.sleep(0.02)
+                    seen.clear()
+                gone = await session.call_tool("up__pid", {})
+                said = _text(gone)
+                assert gone.is_error and said.startswith(
+                    "tool 'up__pid' cannot be called: MCP server up was given up: it failed past its restart "
+                    "intensity (0 restarts in 5 s) and is not restarted again; its last error: ConnectionError: the "
+                    "server closed the connection (its process exited?)"), said
+                assert said.endswith("; to start it afresh, restart the gateway (rho-actors mcp serve)"), said
+
+    anyio.run(main)
+
+
 def test_a_server_that_cannot_start_stops_the_gateway_at_once_with_one_message(
         capsys: pytest.CaptureFixture[str]) -> None:
     from rho_actors.cli import main

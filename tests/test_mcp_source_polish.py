@@ -159,3 +159,27 @@ def test_the_chat_command_says_once_that_a_server_cannot_start(tmp_path: Path, c
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()  # one message, from the look-up before any start
     assert len(err) == 1 and "its program 'no-such-command' is not found" in err[0], err
+
+
+def test_a_given_up_servers_tools_say_it_was_given_up_why_and_what_brings_it_back(
+        system: ActorSystem, tmp_path: Path) -> None:
+    from rho_actors import ErrorKind
+
+    source = MCPServer(command=[sys.executable, FIXTURE, str(tmp_path)], name="fixture", max_restarts=0,
+                       max_seconds=5, connect_timeout_s=3 * WAIT_S)
+    handle = system.add_source(source, poll_s=None)
+    loop = system.start_loop("given-up")
+    [crashed] = loop.run_turn([ToolCall("c1", "crash", {})])
+    assert crashed.error_kind is ErrorKind.CRASHED
+    assert wait_for(lambda: source.given_up is not None)
+    assert source.last_error is not None and "the server closed the connection" in source.last_error
+    [gone] = loop.run_turn([ToolCall("c2", "echo", {"text": "x"})])
+    assert gone.error_kind is ErrorKind.UNAVAILABLE
+    assert gone.content == (
+        "tool 'echo' cannot be called: MCP server fixture was given up: it failed past its restart intensity "
+        f"(0 restarts in 5 s) and is not restarted again; its last error: {source.last_error}; to start it "
+        "afresh, remove the source and add it again (SourceHandle.close(), then ActorSystem.add_source())")
+    handle.close()
+    system.add_source(source, poll_s=None)  # what the text says brings it back
+    [back] = loop.run_turn([ToolCall("c3", "echo", {"text": "back"})])
+    assert back.ok and back.content == "back"

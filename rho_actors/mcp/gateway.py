@@ -381,8 +381,8 @@ class _Served:
         return self._tool.annotations()
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
-        """The upstream's ``tools/call`` under its own name."""
-        return self._tool.run(args, ctx)
+        """The upstream's ``tools/call`` under its own name; its error texts name both."""
+        return self._tool.run_as(self._served, args, ctx)
 
     def rate_limit(self) -> Any:
         """The upstream server's rate (``rate`` in its table), shared by its tools."""
@@ -404,6 +404,8 @@ class Upstream(MCPServer):
     :class:`~rho_actors.mcp.MCPServer` whose tools stay listed while it is down (a call
     is then ``unavailable``, naming it), served under their gateway names, and whose
     process, when untrusted, is confined by ``policy``."""
+
+    revive = "restart the gateway (rho-actors mcp serve)"
 
     def __init__(self, spec: UpstreamSpec, names: _Names, policy: ConfinePolicy) -> None:
         common: dict[str, Any] = {
@@ -481,6 +483,8 @@ class Upstream(MCPServer):
             found[served] = (held[1], version)
         for gone in set(self._offered) - set(found):
             del self._offered[gone]
+        if found:
+            self._last_offered = set(found)
         if changed:  # another server's tools may be served under other names now
             for other in self._names.upstreams:
                 if other is not self:

@@ -81,7 +81,7 @@ from rho_actors.mcp.relay import listen
 from rho_actors.mcp.sessions import SessionGone, session_unknown
 from rho_actors.otp.actor import NORMAL, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
-from rho_actors.results import SENT_CANCEL, TEXTS, text
+from rho_actors.results import SENT_CANCEL, TEXTS, called_as, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolFailure
 
 __all__ = [
@@ -101,9 +101,19 @@ _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = Ty
 _SOURCES = "sources"  # the system's supervisor of sources and their own subtrees
 
 
+class _Label(str):
+    """A tool's label (:func:`rho_actors.results.called_as`), shown as is by ``{tool!r}`` too."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _fails(key: str, tool: str, **fields: Any) -> ToolFailure:
-    """The :class:`ToolFailure` of situation ``key`` of the results table."""
-    return ToolFailure(TEXTS[key][0], text(key, tool=tool, **fields))
+    """The :class:`ToolFailure` of situation ``key`` of the results table (``tool``: the
+    tool's label, :func:`rho_actors.results.called_as`)."""
+    return ToolFailure(TEXTS[key][0], text(key, tool=_Label(tool), **fields))
 
 
 class MCPTool:
@@ -161,7 +171,13 @@ class MCPTool:
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         """Send ``tools/call`` and wait for its result, at most until ``ctx["deadline"]``."""
-        return self._server.call(str(self._declared.get("name")), args, ctx, idempotent=self.idempotent())
+        return self.run_as(None, args, ctx)
+
+    def run_as(self, called: str | None, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
+        """:meth:`run` for a client that called this tool ``called`` (a gateway's
+        namespaced name; ``None``: its own), which its error texts name."""
+        return self._server.call(str(self._declared.get("name")), args, ctx, idempotent=self.idempotent(),
+                                 called=called)
 
     def __repr__(self) -> str:
         return f"<MCPTool {self._declared.get('name')!r} of {self._server.name}>"
@@ -196,6 +212,8 @@ class MCPServer:
     """
 
     contained = True  # tools stand for code elsewhere: registered trusted (see rho_actors.sources)
+    revive = "remove the source and add it again (SourceHandle.close(), then ActorSystem.add_source())"
+    """What starts a given-up server afresh, as its tools' ``mcp_given_up`` text says."""
 
     def __init__(
         self,
@@ -244,6 +262,7 @@ class MCPServer:
         self._link = Link()
         route_sdk_logging()  # the SDK's own log records: into loguru, escaped, never raw onto stderr
         self._tools: dict[str, tuple[str, MCPTool]] = {}  # name -> (version, tool): the same object while unchanged
+        self._last_offered: set[str] = set()  # the names of its last offer that had tools (withdrawn() names)
         self._system: Any = None
         self.subtree: Any = None  # the connection's supervisor (its own subtree under sources), once attached
 
@@ -317,9 +336,15 @@ class MCPServer:
 
     def scan(self) -> dict[str, tuple[Any, object]]:
         """``{tool name: (MCPTool, declaration as JSON)}`` for the tools listed by the
-        live connection; ``{}`` while it is down."""
+        live connection; ``{}`` while it is down. Once it is given up, the tools it
+        withdrew while it restarted are refused as given up from then on (:meth:`withdrawn`)."""
         with self._link.lock:
-            listed = dict(self._link.tools)
+            listed, given_up = dict(self._link.tools), self._link.given_up
+        if given_up is not None and self._system is not None and self._last_offered:
+            refused = self._system.tool_set().unavailable  # withdrawn already, and not registered again
+            for name in sorted(self._last_offered & set(refused)):  # in the source actor's thread
+                self._system.unregister(name, self.withdrawn(name))
+            self._last_offered = set()
         found: dict[str, tuple[Any, object]] = {}
         for name, declared in listed.items():
             version = json.dumps(declared, sort_keys=True, default=str)
@@ -330,7 +355,24 @@ class MCPServer:
             found[name] = (held[1], version)
         for gone in set(self._tools) - set(found):
             del self._tools[gone]
+        if found:
+            self._last_offered = set(found)
         return found
+
+    def withdrawn(self, key: str) -> str | None:
+        """The text a call of tool ``key`` gets once this source withdrew it (the source
+        protocol's option): ``mcp_given_up`` (why, its last error, :attr:`revive`) past its
+        restart intensity, ``mcp_not_connected`` while it restarts, ``None`` once it is
+        being removed (:data:`rho_actors.results.TEXTS`)."""
+        link = self._link
+        with link.lock:
+            stopping, given_up, error = link.stopping, link.given_up, link.last_error
+        if stopping:
+            return None
+        if given_up is None:
+            return text("mcp_not_connected", tool=called_as(key), server=self.name)
+        return text("mcp_given_up", tool=called_as(key), server=self.name, max_restarts=self.max_restarts,
+                    max_seconds=self.max_seconds, error=shown_text(error or given_up, 2000), remedy=self.revive)
 
     @property
     def connected(self) -> bool:
@@ -398,31 +440,35 @@ class MCPServer:
 
     # --- calls ----------------------------------------------------------------------------
 
-    def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any], *, idempotent: bool = False) -> Any:
+    def call(self, name: str, args: dict[str, Any], ctx: Mapping[str, Any], *, idempotent: bool = False,
+             called: str | None = None) -> Any:
         """Send ``tools/call`` for ``name`` over the call's connection (:meth:`call_link`; from a
-        call's thread); its content as rho values, or :class:`ToolFailure`. A server that no
+        call's thread); its content as rho values, or :class:`ToolFailure`, whose text names
+        the tool as the client ``called`` it (default ``name``) and ``name`` when they differ
+        (:func:`rho_actors.results.called_as`). A server that no
         longer knows the session (restarted) gets a new connection at once, and the call
         again on it (once) when ``idempotent`` (the tool's declared idempotence,
         :meth:`MCPTool.idempotent`: its hint only where trusted), else ``mcp_session_gone``."""
-        with self.call_link(name, ctx) as link:
+        label = called_as(called or name, name, self.name)
+        with self.call_link(label, ctx) as link:
             try:
-                return self._call_on(link, name, args, ctx)
+                return self._call_on(link, name, args, ctx, label)
             except SessionGone as gone:
                 if not idempotent:
-                    raise _fails("mcp_session_gone", name, server=self.name) from None
+                    raise _fails("mcp_session_gone", label, server=self.name) from None
                 old, left = gone.session, float(ctx.get("deadline", 0.0)) - time.monotonic()
                 with link.changed:
                     if not link.changed.wait_for(lambda: link.session not in (None, old), max(0.0, left)):
-                        raise _fails("mcp_not_connected", name, server=self.name) from None
-        return self.call(name, args, ctx, idempotent=False)
+                        raise _fails("mcp_not_connected", label, server=self.name) from None
+        return self.call(name, args, ctx, idempotent=False, called=called)
 
     def call_link(self, tool: str, ctx: Mapping[str, Any]) -> contextlib.AbstractContextManager[Link]:
-        """The connection a call of ``tool`` in ``ctx`` goes to, held while it runs: this
+        """The connection a call of ``tool`` (its label in texts) in ``ctx`` goes to, held while it runs: this
         server's one connection. :class:`rho_actors.mcp.gateway.Upstream` overrides it (an
         untrusted server's process of the call's session). Raises :class:`ToolFailure`."""
         return contextlib.nullcontext(self._link)
 
-    def _call_on(self, link: Link, name: str, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
+    def _call_on(self, link: Link, name: str, args: dict[str, Any], ctx: Mapping[str, Any], label: str) -> Any:
         """``tools/call`` on ``link``'s session. A 2026-07-28 server that answers
         ``input_required`` (SEP-2322) gets its questions asked of the call's own MCP
         client (:func:`rho_actors.mcp.client_of`), and the call again with the answers
@@ -433,23 +479,23 @@ class MCPServer:
         state: str | None = None
         pause = 0.05  # a round that asks nothing (requestState only): polled with backoff, as the SDK does
         for _ in range(MAX_INPUT_ROUNDS + 1):
-            result = self._round(link, name, types.CallToolRequestParams(
+            result = self._round(link, label, types.CallToolRequestParams(
                 name=name, arguments=args, input_responses=answers, request_state=state), ctx, deadline)
             if isinstance(result, types.CallToolResult):
                 return rho_value(result)
             if isinstance(result, CreatedTask):
-                return self._follow(link, name, result, ctx, deadline)
+                return self._follow(link, label, result, ctx, deadline)
             state = result.request_state
             if not result.input_requests:
                 answers = None
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, 0.25)
                 continue
-            answers = self._answers(name, result.input_requests, ctx)
-        raise _fails("mcp_input_unanswered", name, server=self.name,
+            answers = self._answers(label, result.input_requests, ctx)
+        raise _fails("mcp_input_unanswered", label, server=self.name,
                      reason=f"it asked for input more than {MAX_INPUT_ROUNDS} rounds")
 
-    def _follow(self, link: Link, name: str, task: CreatedTask, ctx: Mapping[str, Any], deadline: float) -> Any:
+    def _follow(self, link: Link, label: str, task: CreatedTask, ctx: Mapping[str, Any], deadline: float) -> Any:
         """Follow the task a server made of a call (SEP-2663) with ``tasks/get``, every
         ``pollIntervalMs`` (at least :data:`MIN_POLL_S`), until it ends: the call's one
         deadline bounds the task as a whole, and at it, or at the call's cancellation,
@@ -469,16 +515,16 @@ class MCPServer:
             if stopped or time.monotonic() >= deadline:
                 self._cancel_task(link, task.task_id)
                 reason = getattr(cancel, "reason", None) or "timeout"
-                raise self._timed_out(name) if reason == "timeout" else _fails("cancelled", name, reason=reason)
-            status = self._send(link, name, types.GetTaskRequest(params=types.GetTaskRequestParams(
+                raise self._timed_out(label) if reason == "timeout" else _fails("cancelled", label, reason=reason)
+            status = self._send(link, label, types.GetTaskRequest(params=types.GetTaskRequestParams(
                 task_id=task.task_id)), ctx, deadline)
         if status.get("status") == "completed" and isinstance(status.get("result"), dict):
             return rho_value(types.CallToolResult.model_validate(status["result"]))
         error = status.get("error")
         if status.get("status") == "failed" and isinstance(error, dict):
-            raise _fails("mcp_refused", name, server=self.name, code=error.get("code"),
+            raise _fails("mcp_refused", label, server=self.name, code=error.get("code"),
                          message=shown_text(str(error.get("message")), 2000))
-        raise _fails("mcp_task_ended", name, server=self.name, status=shown_text(str(status.get("status")), 40))
+        raise _fails("mcp_task_ended", label, server=self.name, status=shown_text(str(status.get("status")), 40))
 
     def _cancel_task(self, link: Link, task_id: str) -> None:
         """Send ``tasks/cancel`` for ``task_id`` without waiting for the answer."""
@@ -493,35 +539,35 @@ class MCPServer:
         except RuntimeError:  # the loop closed in between
             sending.close()
 
-    def _answers(self, name: str, asked: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
+    def _answers(self, label: str, asked: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         """The call's MCP client's answers to a server's questions (its ``inputRequests``,
         under the server's keys), or :class:`ToolFailure`. A served 2026-07-28 call that
         has no answer yet ends here, and its client gets these questions in an
         ``input_required`` result of rho's own (:mod:`rho_actors.mcp.client_requests`)."""
         client = client_of(ctx)
         if client is None:
-            raise _fails("mcp_input_unanswered", name, server=self.name,
+            raise _fails("mcp_input_unanswered", label, server=self.name,
                          reason="it asked for the client's input, and this call was not made by an MCP client")
         try:
             return client.ask(asked)
         except ClientRequestError as err:
-            raise _fails("mcp_input_unanswered", name, server=self.name, reason=shown_text(str(err), 500)) from None
+            raise _fails("mcp_input_unanswered", label, server=self.name, reason=shown_text(str(err), 500)) from None
 
-    def _round(self, link: Link, name: str, params: types.CallToolRequestParams, ctx: Mapping[str, Any],
+    def _round(self, link: Link, label: str, params: types.CallToolRequestParams, ctx: Mapping[str, Any],
                deadline: float) -> types.CallToolResult | types.InputRequiredResult | CreatedTask:
         """One ``tools/call``; a task the server made of it (SEP-2663) as :class:`CreatedTask`."""
-        raw = self._send(link, name, types.CallToolRequest(params=params), ctx, deadline)
+        raw = self._send(link, label, types.CallToolRequest(params=params), ctx, deadline)
         if raw.get("resultType") == "task":
             return CreatedTask.model_validate(raw)
         return _CALL_RESULT.validate_python(raw)
 
-    def _send(self, link: Link, name: str, request: Any, ctx: Mapping[str, Any], deadline: float) -> dict[str, Any]:
-        """Send ``request`` for a call of tool ``name`` and wait for its result (a dict), at
+    def _send(self, link: Link, label: str, request: Any, ctx: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+        """Send ``request`` for a call of tool ``label`` and wait for its result (a dict), at
         most until ``deadline``; a failure as :class:`ToolFailure` (or :class:`SessionGone`)."""
         with link.lock:
             session, aloop = link.session, link.aloop
         if session is None or aloop is None:
-            raise _fails("mcp_not_connected", name, server=self.name)
+            raise _fails("mcp_not_connected", label, server=self.name)
         left = max(0.001, deadline - time.monotonic())
         report = ctx.get("progress")
 
@@ -536,7 +582,7 @@ class MCPServer:
             future = asyncio.run_coroutine_threadsafe(sending, aloop)
         except RuntimeError:  # the loop closed in between
             sending.close()
-            raise _fails("mcp_not_connected", name, server=self.name) from None
+            raise _fails("mcp_not_connected", label, server=self.name) from None
         listen(link.lock, link.listeners, client_of(ctx), future)  # the server's log messages: to a served call
         cancel = ctx.get("cancel")
         if cancel is not None:
@@ -546,19 +592,19 @@ class MCPServer:
         except concurrent.futures.CancelledError:
             reason = getattr(cancel, "reason", None) or "cancelled"
             if reason == "timeout":  # the deadline: the same result whichever thread answers first
-                raise self._timed_out(name) from None
-            raise _fails("cancelled", name, reason=reason) from None
+                raise self._timed_out(label) from None
+            raise _fails("cancelled", label, reason=reason) from None
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise self._timed_out(name) from None
+            raise self._timed_out(label) from None
         except MCPError as err:
             if err.code == REQUEST_TIMEOUT:
-                raise self._timed_out(name) from None
+                raise self._timed_out(label) from None
             if session_unknown(err):  # the connection is replaced (its end logged): a new session
                 if callable(link.renew) and link.session is session:
                     link.renew()
                 raise SessionGone(session) from None
-            raise _failure(self.name, name, err, link.stopping) from None
+            raise _failure(self.name, label, err, link.stopping) from None
 
     def _timed_out(self, tool: str) -> ToolFailure:
         return _fails("timeout", tool, timeout_ms=self.timeout_ms, consequence=SENT_CANCEL)

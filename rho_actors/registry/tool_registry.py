@@ -323,10 +323,16 @@ class ToolRegistry(Actor):
         logger.warning("{}", reason)
         self._events.emit(DeclarationEvent("evicted", held.origin, name, reason))
 
-    def unregister(self, name_or_tool: Any) -> bool:
-        """Remove a tool by name or by object. Returns whether anything was removed."""
+    def unregister(self, name_or_tool: Any, reason: str | None = None) -> bool:
+        """Remove a tool by name or by object; a call naming it then gets ``reason`` (default:
+        it was unregistered). A name withdrawn before and not registered again has its text
+        replaced by ``reason``. Returns whether anything was removed."""
         if isinstance(name_or_tool, str):
             name = name_or_tool
+            if reason is not None and name in self._removed and name not in self._slots:
+                self._removed[name] = reason
+                self._publish()
+                return False
             slot = self._drop(name)
         else:
             name = self._names_of.get(id(name_or_tool), "")
@@ -344,7 +350,7 @@ class ToolRegistry(Actor):
             return pending is not None
         self._declarations().forget(slot.tool)
         if name:
-            self._removed[name] = text("unavailable_removed", tool=name)
+            self._removed[name] = reason or text("unavailable_removed", tool=name)
         self._publish()
         return True
 

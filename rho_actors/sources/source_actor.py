@@ -109,7 +109,9 @@ class Source(Protocol):
     :class:`Broken` in place of a tool for a key it could not load). ``version`` is any
     value compared with ``==``; it must change when the tool's code changes. A scan may
     raise: the last good set is kept. Optional (DESIGN §6b): ``attach(system)`` and ``detach()``
-    start and stop a source's own actors; ``contained = True`` registers its tools trusted.
+    start and stop a source's own actors; ``contained = True`` registers its tools trusted;
+    ``withdrawn(key)`` gives the text a call naming a tool it withdrew gets (``None``: "tool 'x'
+    was unregistered").
     """
 
     name: str
@@ -314,8 +316,9 @@ class SourceActor(Actor):
     def _withdraw(self, key: str, entry: _Key) -> None:
         if isinstance(entry.tool, Broken) or not (entry.registered or entry.retry):
             return
+        withdrawn = getattr(self._source, "withdrawn", None)  # optional: why a call naming it is refused
         try:
-            self._system.unregister(entry.tool)
+            self._system.unregister(entry.tool, withdrawn(key) if callable(withdrawn) else None)
         except BaseException as exc:
             logger.warning("source {}: unregistering the tool of {} failed: {}", self._label, key,
                            describe_exception(exc))
