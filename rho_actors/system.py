@@ -418,12 +418,17 @@ class ActorSystem:
 
     def unregister(self, name_or_tool: Any, reason: str | None = None) -> bool:
         """Remove a tool (by name or object); loops stop offering it from their next turn, and a call naming it gets an
-        ``unavailable`` error with text ``reason`` (default "tool 'x' was unregistered"; a name removed before and not
-        registered again gets ``reason`` as its text, nothing removed). Returns whether a tool was removed."""
+        ``unavailable`` error with text ``reason`` (default "tool 'x' was unregistered"). Returns whether a tool was
+        removed."""
         from rho_actors.integrations.adopt import registered_as
 
         name_or_tool = registered_as(name_or_tool)
         return bool(self._ask(REGISTRY, "unregister", name_or_tool, reason))
+
+    def set_removed_reason(self, name: str, reason: str) -> bool:
+        """The text a call naming ``name`` gets, when it was unregistered and is not registered again (a tool
+        registered under it is left as it is). Returns whether the text was set."""
+        return bool(self._ask(REGISTRY, "set_removed_reason", name, reason))
 
     def registrations(self) -> list[Registration]:
         """Every registered tool, offered or left out, in registration order."""

@@ -128,13 +128,14 @@ def test_an_unregistered_tool_s_text_is_the_reason_given_and_can_be_replaced(sys
     assert restarting.error_kind is ErrorKind.UNAVAILABLE
     assert restarting.content == "tool 'echo' cannot be called: its server is restarting"
     # a name removed before, not registered again: only its text changes (nothing is removed)
-    assert system.unregister("echo", "tool 'echo' cannot be called: its server was given up") is False
+    assert system.set_removed_reason("echo", "tool 'echo' cannot be called: its server was given up") is True
     [given_up] = loop.run_turn([ToolCall("b", "echo", '{"text": "x"}')])
     assert given_up.content == "tool 'echo' cannot be called: its server was given up"
-    assert system.unregister("never", "not a tool") is False  # a name never registered gets no text
+    assert system.set_removed_reason("never", "not a tool") is False  # a name never registered gets no text
     [unknown] = loop.run_turn([ToolCall("c", "never", "{}")])
     assert unknown.error_kind is ErrorKind.UNKNOWN_TOOL
     system.register(make_echo(counter))  # registered again: offered, its old text gone
+    assert system.set_removed_reason("echo", "given up") is False  # a registered tool is left as it is
     [back] = loop.run_turn([ToolCall("d", "echo", '{"text": "x"}')])
     assert back.ok and counter.runs == ["x"]
 

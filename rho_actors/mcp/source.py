@@ -341,9 +341,10 @@ class MCPServer:
         with self._link.lock:
             listed, given_up = dict(self._link.tools), self._link.given_up
         if given_up is not None and self._system is not None and self._last_offered:
-            refused = self._system.tool_set().unavailable  # withdrawn already, and not registered again
-            for name in sorted(self._last_offered & set(refused)):  # in the source actor's thread
-                self._system.unregister(name, self.withdrawn(name))
+            for name in sorted(self._last_offered):  # in the source actor's thread
+                reason = self.withdrawn(name)
+                if reason is not None:  # only a name withdrawn and not registered again gets it
+                    self._system.set_removed_reason(name, reason)
             self._last_offered = set()
         found: dict[str, tuple[Any, object]] = {}
         for name, declared in listed.items():

@@ -325,14 +325,9 @@ class ToolRegistry(Actor):
 
     def unregister(self, name_or_tool: Any, reason: str | None = None) -> bool:
         """Remove a tool by name or by object; a call naming it then gets ``reason`` (default:
-        it was unregistered). A name withdrawn before and not registered again has its text
-        replaced by ``reason``. Returns whether anything was removed."""
+        it was unregistered). Returns whether anything was removed."""
         if isinstance(name_or_tool, str):
             name = name_or_tool
-            if reason is not None and name in self._removed and name not in self._slots:
-                self._removed[name] = reason
-                self._publish()
-                return False
             slot = self._drop(name)
         else:
             name = self._names_of.get(id(name_or_tool), "")
@@ -351,6 +346,16 @@ class ToolRegistry(Actor):
         self._declarations().forget(slot.tool)
         if name:
             self._removed[name] = reason or text("unavailable_removed", tool=name)
+        self._publish()
+        return True
+
+    def set_removed_reason(self, name: str, reason: str) -> bool:
+        """The text a call naming ``name`` gets, when it was removed and is not registered
+        again; nothing is removed, a registered tool is left as it is. Returns whether the
+        text was set."""
+        if name not in self._removed or name in self._slots:
+            return False
+        self._removed[name] = reason
         self._publish()
         return True
 
