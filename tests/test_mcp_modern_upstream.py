@@ -263,3 +263,16 @@ def test_rhos_deadline_bounds_an_upstreams_task_as_a_whole(system: ActorSystem, 
     assert time.monotonic() - started < 1.5 + slack(1.0)
     assert wait_for((tmp_path / "cancelled").exists)
     assert (tmp_path / "cancelled").read_text() == "task-1"
+
+
+def test_a_deadline_during_a_poll_still_cancels_the_upstreams_task(system: ActorSystem, tmp_path: Path) -> None:
+    """The deadline passing while a ``tasks/get`` is unanswered (a slow server, a loaded
+    machine) ends the call and sends ``tasks/cancel`` all the same."""
+    source = MCPServer(command=[sys.executable, TASKS, str(tmp_path)], name="tasks", timeout_ms=1500,
+                       connect_timeout_s=WAIT_S)
+    system.add_source(source, poll_s=None)
+    assert source.connected, source.last_error
+    [hung] = system.start_loop("t").run_turn([ToolCall("c1", "slow_polls", {"seconds": 60})])
+    assert hung.error_kind is ErrorKind.TIMEOUT, hung
+    assert wait_for((tmp_path / "cancelled").exists)
+    assert (tmp_path / "cancelled").read_text() == "task-1"

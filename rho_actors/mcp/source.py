@@ -517,8 +517,12 @@ class MCPServer:
                 self._cancel_task(link, task.task_id)
                 reason = getattr(cancel, "reason", None) or "timeout"
                 raise self._timed_out(label) if reason == "timeout" else _fails("cancelled", label, reason=reason)
-            status = self._send(link, label, types.GetTaskRequest(params=types.GetTaskRequestParams(
-                task_id=task.task_id)), ctx, deadline)
+            try:
+                status = self._send(link, label, types.GetTaskRequest(params=types.GetTaskRequestParams(
+                    task_id=task.task_id)), ctx, deadline)
+            except BaseException:  # the deadline (or a cancel) came while a poll was answered: the task ends too
+                self._cancel_task(link, task.task_id)
+                raise
         if status.get("status") == "completed" and isinstance(status.get("result"), dict):
             return rho_value(types.CallToolResult.model_validate(status["result"]))
         error = status.get("error")

@@ -39,6 +39,7 @@ class Tasks(Extension):
         self.running: dict[str, asyncio.Task[Any]] = {}
         self.state: dict[str, dict[str, Any]] = {}
         self.ids = itertools.count(1)
+        self.slow_polls: dict[str, bool] = {}  # a task whose tasks/get answers take 5 s (slow_polls)
 
     def methods(self) -> list[MethodBinding]:
         return [MethodBinding("tasks/get", TaskParams, self.get),
@@ -52,6 +53,7 @@ class Tasks(Extension):
         (MARKS / task_id).write_text(params.name)
         self.state[task_id] = {"taskId": task_id, "status": "working", "createdAt": _now(), "lastUpdatedAt": _now(),
                                "ttlMs": 60_000, "pollIntervalMs": 50}
+        self.slow_polls[task_id] = params.name == "slow_polls"
 
         async def run() -> None:
             try:
@@ -72,6 +74,8 @@ class Tasks(Extension):
         return self.state[params.task_id]
 
     async def get(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
+        if self.slow_polls.get(params.task_id):
+            await anyio.sleep(5)  # a poll still unanswered at the caller's deadline
         return {"resultType": "complete", **self._known(params)}
 
     async def cancel(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
@@ -92,6 +96,13 @@ def greet(name: str) -> str:
 @server.tool()
 async def slow_compute(seconds: float) -> str:
     """Sleep ``seconds``, then answer (a task)."""
+    await anyio.sleep(seconds)
+    return f"computed after {seconds:g} s"
+
+
+@server.tool()
+async def slow_polls(seconds: float) -> str:
+    """As slow_compute, but each ``tasks/get`` of its task takes 5 s to answer."""
     await anyio.sleep(seconds)
     return f"computed after {seconds:g} s"
 
