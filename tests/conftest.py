@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, AnyStr
 
 import pykka
 import pytest
@@ -124,11 +124,12 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
     return True
 
 
-def read_line(stream: IO[str], timeout_s: float = WAIT_S) -> str:
-    """The next line of ``stream`` (a child's pipe), failing the test when none comes within
-    ``timeout_s`` seconds (the reading thread is a daemon: a stuck pipe does not hold
-    pytest)."""
-    lines: queue.Queue[str] = queue.Queue()
+def read_line(stream: IO[AnyStr], timeout_s: float = WAIT_S) -> AnyStr:
+    """The next line of ``stream`` (a child's pipe, text or bytes), failing the test when
+    none comes within ``timeout_s`` seconds (the reading thread is a daemon: a stuck pipe
+    does not hold pytest). Unlike ``select`` on the pipe, lines already in the stream's
+    buffer are found."""
+    lines: queue.Queue[AnyStr] = queue.Queue()
     threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
     try:
         return lines.get(timeout=timeout_s)
