@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
 from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
-from tests.conftest import WAIT_S, wait_for
+from tests.conftest import WAIT_S, read_line, wait_for
 from tests.helpers import make_tool
 
 _HOST = """
@@ -71,9 +70,7 @@ def _gone(pids: list[int]) -> bool:
 
 
 def _line(stream: IO[bytes]) -> str:
-    ready, _, _ = select.select([stream], [], [], 3 * WAIT_S)
-    assert ready, "the host subprocess did not answer"
-    return stream.readline().decode().strip()
+    return read_line(stream, 3 * WAIT_S).decode().strip()  # (select would miss a line already buffered)
 
 
 @pytest.fixture
