@@ -235,6 +235,7 @@ class ServedTasks:
         self._lock = threading.Lock()
         self._woken = threading.Condition(self._lock)
         self._tasks: dict[str, ServedTask] = {}
+        self._made = 0  # tasks created, for _prune
         self._unwatch = registry.watch(self._changed)
 
     def close(self) -> None:
@@ -265,6 +266,9 @@ class ServedTasks:
                 served.approval = pending.call_id
                 served.asked[APPROVAL_KEY] = _approval_question(pending)
             self._tasks[task_id] = served
+            self._made += 1
+            if self._made % _PRUNE_EVERY == 0:
+                self._prune()
             waiting = bool(served.asked)
         session = served.session.loop
         info = self._registry.waiting(session.session_id, session.data_dir, task_id, True) if waiting else \
