@@ -14,13 +14,14 @@ import subprocess
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 pytest.importorskip("mcp")
 
 from rho_actors import ActorSystem, TaskSettings, ToolCall
 from rho_actors.mcp import tasks as served_tasks
-from rho_actors.mcp.tasks import ServedTask, ServedTasks
+from rho_actors.mcp.tasks import EXTENSION, ServedTask, ServedTasks
 from tests.conftest import WAIT_S, wait_for
 from tests.mcp_fixtures import task_tools
 from tests.test_mcp_protocol_eras import NOBODY, SYSTEM_PYTHON, TOKEN, _http_client, _served_http
@@ -168,3 +169,46 @@ def test_ended_tasks_are_forgotten_after_their_ttl(tmp_path: Any, monkeypatch: p
     finally:
         system.stop()
 
+
+
+def _huge_update(url: str, task_id: str, chunked: bool) -> tuple[int, str]:
+    """A 2026-07-28 ``tasks/update`` of 5 MiB of answers (streamed without a
+    ``Content-Length`` when ``chunked``): its HTTP status and body."""
+    params = {"taskId": task_id, "inputResponses": {"sure": {"action": "accept", "content": {"x": "y" * (5 << 20)}}},
+              "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                        "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXTENSION: {}}}}}
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tasks/update", "params": params}).encode()
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+               "Mcp-Method": "tasks/update", "Mcp-Name": task_id}
+    content: Any = (body[i:i + 65536] for i in range(0, len(body), 65536)) if chunked else body
+    answer = httpx.post(url, content=content, headers=headers, timeout=WAIT_S)
+    return answer.status_code, answer.text
+
+
+def test_a_huge_tasks_update_is_refused_before_it_is_parsed(system: ActorSystem) -> None:
+    system.register(task_tools.confirm)
+    with _served_http(system) as (url, _guard):
+        async def main() -> dict[str, Any]:
+            with anyio.fail_after(WAIT_S * 3):
+                async with _http_client(url, "2026-07-28", extensions=[Tasks()]) as client:
+                    session = client.session
+                    asking, _ = await _create(client, "confirm", {"path": "/srv/x"})
+                    while (await _request(session, "tasks/get", taskId=asking))["status"] != "input_required":
+                        await anyio.sleep(0.05)
+                    said: dict[str, Any] = {}
+                    for chunked in (False, True):
+                        said[f"chunked={chunked}"] = await anyio.to_thread.run_sync(_huge_update, url, asking, chunked)
+                    said["still"] = (await _request(session, "tasks/get", taskId=asking))["status"]
+                    await _request(session, "tasks/update", taskId=asking,
+                                   inputResponses={"sure": {"action": "accept", "content": {"sure": True}}})
+                    while (done := await _request(session, "tasks/get", taskId=asking))["status"] != "completed":
+                        await anyio.sleep(0.05)
+                    said["answered"] = done["result"]["content"][0]["text"]
+                    return said
+
+        said = anyio.run(main)
+    for chunked in (False, True):
+        status, text = said[f"chunked={chunked}"]
+        assert status == 413, (chunked, status, text[:300])
+    assert said["still"] == "input_required" and said["answered"] == "accept: sure=True"
