@@ -19,13 +19,18 @@ import pytest
 
 pytest.importorskip("mcp")
 
+import mcp_types as types
+
 from rho_actors import ActorSystem, TaskSettings, ToolCall
+from rho_actors.cli.commands import _http_guard, build_parser
+from rho_actors.mcp import HTTPGuard
 from rho_actors.mcp import tasks as served_tasks
+from rho_actors.mcp.guard import DEFAULT_MAX_TASKS_PER_CLIENT
 from rho_actors.mcp.tasks import EXTENSION, ServedTask, ServedTasks
 from tests.conftest import WAIT_S, wait_for
 from tests.mcp_fixtures import task_tools
 from tests.test_mcp_protocol_eras import NOBODY, SYSTEM_PYTHON, TOKEN, _http_client, _served_http
-from tests.test_mcp_tasks import Tasks, _create, _extensions, _request
+from tests.test_mcp_tasks import Tasks, _code, _create, _ended, _extensions, _request
 
 _INTRUDER = """
 import json, sys, urllib.request, urllib.error
@@ -212,3 +217,43 @@ def test_a_huge_tasks_update_is_refused_before_it_is_parsed(system: ActorSystem)
         status, text = said[f"chunked={chunked}"]
         assert status == 413, (chunked, status, text[:300])
     assert said["still"] == "input_required" and said["answered"] == "accept: sure=True"
+
+
+def test_one_client_s_open_tasks_are_bounded_over_all_its_sessions(system: ActorSystem) -> None:
+    system.register(task_tools.crawl)
+    with _served_http(system) as (url, guard):
+        guard.max_tasks_per_client = 3
+
+        async def main() -> dict[str, Any]:
+            said: dict[str, Any] = {}
+            with anyio.fail_after(WAIT_S * 3):
+                async with _http_client(url, "legacy", extensions=_extensions("legacy")) as first, \
+                        _http_client(url, "2026-07-28", extensions=[Tasks()]) as second:
+                    mine = [(await _create(first, "crawl", {"seconds": 60}))[0] for _ in range(2)]
+                    other, _ = await _create(second, "crawl", {"seconds": 60})  # a new session: same client
+                    said["refused"] = await _code(_create(second, "crawl", {"seconds": 60}))
+                    said["refused_first"] = await _code(_create(first, "crawl", {"seconds": 60}))
+                    await _request(first.session, "tasks/cancel", taskId=mine[0])
+                    said["cancelled"] = (await _ended(first.session, mine[0]))["status"]
+                    again, _ = await _create(second, "crawl", {"seconds": 60})  # room again
+                    said["again"] = (await _request(second.session, "tasks/get", taskId=again))["status"]
+                    for task_id in (again, other):
+                        await _request(second.session, "tasks/cancel", taskId=task_id)
+                    await _request(first.session, "tasks/cancel", taskId=mine[1])
+            return said
+
+        said = anyio.run(main)
+    for key in ("refused", "refused_first"):
+        code, text = said[key]
+        assert code == types.INVALID_REQUEST and "max_tasks_per_client" in text and "at most 3" in text, said
+    assert said["cancelled"] == "cancelled" and said["again"] == "working"
+
+
+def test_mcp_serve_takes_max_tasks_per_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RHO_MCP_TOKEN", TOKEN)
+    args = build_parser().parse_args(["mcp", "serve", "--http", "127.0.0.1:8000", "--max-tasks-per-client", "5"])
+    assert _http_guard(args).max_tasks_per_client == 5
+    assert _http_guard(build_parser().parse_args(["mcp", "serve", "--http", "127.0.0.1:8000"])).max_tasks_per_client \
+        == DEFAULT_MAX_TASKS_PER_CLIENT
+    with pytest.raises(ValueError, match="max_tasks_per_client must be more than 0, got 0"):
+        HTTPGuard(TOKEN, max_tasks_per_client=0)
