@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("mcp")
 
 import mcp_types as types
+from mcp.shared.exceptions import MCPError
 
 from rho_actors import ActorSystem, TaskSettings, ToolCall
 from rho_actors.cli.commands import _http_guard, build_parser
@@ -257,3 +258,31 @@ def test_mcp_serve_takes_max_tasks_per_client(monkeypatch: pytest.MonkeyPatch) -
         == DEFAULT_MAX_TASKS_PER_CLIENT
     with pytest.raises(ValueError, match="max_tasks_per_client must be more than 0, got 0"):
         HTTPGuard(TOKEN, max_tasks_per_client=0)
+
+
+def test_concurrent_calls_of_one_client_cannot_pass_its_task_bound_together(system: ActorSystem) -> None:
+    system.register(task_tools.crawl)
+    with _served_http(system) as (url, guard):
+        guard.max_tasks_per_client = 3
+
+        async def main() -> tuple[list[str], list[tuple[int, str]]]:
+            made: list[str] = []
+            refused: list[tuple[int, str]] = []
+            with anyio.fail_after(WAIT_S * 3):
+                async with _http_client(url, "legacy", extensions=_extensions("legacy")) as client:
+                    async def one() -> None:
+                        try:
+                            made.append((await _create(client, "crawl", {"seconds": 60}))[0])
+                        except MCPError as exc:
+                            refused.append((exc.code, str(exc)))
+
+                    async with anyio.create_task_group() as group:
+                        for _ in range(10):
+                            group.start_soon(one)
+                    for task_id in made:
+                        await _request(client.session, "tasks/cancel", taskId=task_id)
+            return made, refused
+
+        made, refused = anyio.run(main)
+    assert len(made) == 3 and len(refused) == 7, (made, refused)
+    assert all(code == types.INVALID_REQUEST and "max_tasks_per_client" in text for code, text in refused)
