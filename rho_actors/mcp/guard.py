@@ -10,6 +10,8 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
   refuses ``503`` past ``max_sessions`` in all, and closes a session that had no
   request in flight for ``idle_timeout_s``. A client is its uid on loopback (from the
   kernel's socket table: every loopback client is 127.0.0.1), else its address.
+- One client has at most ``max_tasks_per_client`` MCP tasks open over all its sessions
+  (:meth:`rho_actors.mcp.tasks.ServedTasks.admit`: a call past it is refused ``-32600``).
 - A session is its client's: a request naming another client's ``Mcp-Session-Id`` is
   answered ``404`` (as an unknown one is), and the client is the principal a 2026-07-28
   session handle is bound to (:mod:`rho_actors.mcp.sessions`).
@@ -43,6 +45,7 @@ __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_MAX_SESSIONS_PER_CLIENT",
+    "DEFAULT_MAX_TASKS_PER_CLIENT",
     "HTTPGuard",
     "request_gone",
 ]
@@ -51,6 +54,9 @@ DEFAULT_MAX_SESSIONS = 64
 """Sessions open at once over HTTP, all clients together."""
 DEFAULT_MAX_SESSIONS_PER_CLIENT = 8
 """Sessions open at once per client (a uid on loopback, else an address)."""
+DEFAULT_MAX_TASKS_PER_CLIENT = 32
+"""MCP tasks open at once per client, all its sessions together (a client past it is
+refused ``-32600`` naming it; the system's ``max_tasks`` is shared by every client)."""
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 """Seconds a session may have no request in flight before the SDK closes it."""
 DEFAULT_CLIENT_GONE_S = 5.0
@@ -79,19 +85,22 @@ class HTTPGuard:
     ``token``: the bearer token clients send (at least 16 characters; make one with
     ``secrets.token_hex(32)``). ``auth=False`` serves without one (``token`` then
     None), for a loopback address only. ``max_sessions``, ``max_sessions_per_client``,
-    ``idle_timeout_s`` and ``client_gone_s`` (seconds) as the module doc says.
+    ``idle_timeout_s`` and ``client_gone_s`` (seconds) as the module doc says;
+    ``max_tasks_per_client``: the MCP tasks one client may have open at once.
     Raises ``ValueError`` for a missing or short token, or a bound not more than 0.
     """
 
     def __init__(self, token: str | None = None, *, auth: bool = True, max_sessions: int = DEFAULT_MAX_SESSIONS,
                  max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT,
                  idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-                 client_gone_s: float = DEFAULT_CLIENT_GONE_S) -> None:
+                 client_gone_s: float = DEFAULT_CLIENT_GONE_S,
+                 max_tasks_per_client: int = DEFAULT_MAX_TASKS_PER_CLIENT) -> None:
         if auth and (not isinstance(token, str) or len(token) < 16):
             raise ValueError("HTTP serving needs token=... of at least 16 characters "
                              "(secrets.token_hex(32)), or auth=False on a loopback address")
         for name, value in (("max_sessions", max_sessions), ("max_sessions_per_client", max_sessions_per_client),
-                            ("idle_timeout_s", idle_timeout_s), ("client_gone_s", client_gone_s)):
+                            ("idle_timeout_s", idle_timeout_s), ("client_gone_s", client_gone_s),
+                            ("max_tasks_per_client", max_tasks_per_client)):
             if not value > 0:
                 raise ValueError(f"{name} must be more than 0, got {value!r}")
         self.token = token if auth else None
@@ -100,6 +109,7 @@ class HTTPGuard:
         self.max_sessions_per_client = max_sessions_per_client
         self.idle_timeout_s = idle_timeout_s
         self.client_gone_s = client_gone_s
+        self.max_tasks_per_client = max_tasks_per_client
         self._expected = f"Bearer {token}".encode() if auth and token else b""
         self._owner: dict[str, str] = {}  # SDK session id -> client
         self._opening: dict[str, int] = {}  # client -> requests that may open a session, in flight

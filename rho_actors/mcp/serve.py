@@ -513,13 +513,15 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
     key = (session.loop.session_id, call_id)
     aloop = asyncio.get_running_loop()
+    task = ServedTask(principal_of(ctx), session, params.name, None if modern else _connection(ctx), aloop, bound=key) \
+        if as_task and served.tasks is not None else None
+    if task is not None and served.guard is not None:
+        served.tasks.admit(task, served.guard.max_tasks_per_client)  # type: ignore[union-attr]
     live = served.progress[key] = _Live(aloop, ctx.session)
     close = ctx.close_sse_stream
     level = ((ctx.params or {}).get("_meta") or {}) if modern else _connection(ctx).state
     bound = Bound(aloop, ctx.session, ctx.request_id, level, close,
                   modern=modern, answers=answers)
-    task = ServedTask(principal_of(ctx), session, params.name, None if modern else _connection(ctx), aloop, bound=key) \
-        if as_task and served.tasks is not None else None
     if task is not None:
         bound.task_input = served.tasks.asking(task)  # type: ignore[union-attr]
     bind(*key, bound)
@@ -535,6 +537,8 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
         served.progress.pop(key, None)
         if task is None or not results or not _names_task(results[0]):  # a task's call keeps its client
             unbind(*key)
+            if task is not None:
+                served.tasks.release(task)  # type: ignore[union-attr]
     if live.sent:  # the progress reported goes before the result
         await asyncio.wait([asyncio.wrap_future(f) for f in live.sent], timeout=_PROGRESS_FLUSH_S)
     await anyio.to_thread.run_sync(session.record, call, results[0], step)

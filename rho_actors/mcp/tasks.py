@@ -65,7 +65,7 @@ import anyio
 import mcp_types as types
 from loguru import logger
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, MISSING_REQUIRED_CLIENT_CAPABILITY
 from pydantic import BaseModel, Field
 
 from rho_actors.encoding import describe_exception
@@ -235,6 +235,8 @@ class ServedTasks:
         self._lock = threading.Lock()
         self._woken = threading.Condition(self._lock)
         self._tasks: dict[str, ServedTask] = {}
+        self._made = 0  # tasks created, for _prune
+        self._admitted: set[ServedTask] = set()  # the calls becoming tasks and the tasks open
         self._unwatch = registry.watch(self._changed)
 
     def close(self) -> None:
@@ -244,6 +246,7 @@ class ServedTasks:
             bound = [served.bound for served in self._tasks.values() if served.bound is not None]
             for served in self._tasks.values():
                 served.ended, served.bound = True, None
+            self._admitted.clear()
             self._woken.notify_all()
         for key in bound:
             unbind(*key)
@@ -253,6 +256,23 @@ class ServedTasks:
     def asking(self, served: ServedTask) -> Callable[[dict[str, dict[str, Any]], float], dict[str, Any]]:
         """The ``Bound.task_input`` of ``served``'s call: it waits for the answers."""
         return lambda asked, deadline: self._wait_input(served, asked, deadline)
+
+    def admit(self, served: ServedTask, bound: int) -> None:
+        """Count ``served``'s call among its principal's open tasks until its task ends (or
+        :meth:`release`); raises ``MCPError`` (``-32600``, naming ``max_tasks_per_client``)
+        when the principal has ``bound`` open already."""
+        with self._lock:
+            held = sum(1 for other in self._admitted if other.principal == served.principal)
+            if held >= bound:
+                raise MCPError(INVALID_REQUEST, f"too many tasks: this client has {held} open, at most {bound} "
+                                                "(max_tasks_per_client); wait for one to end, or cancel one",
+                               {"maxTasksPerClient": bound})
+            self._admitted.add(served)
+
+    def release(self, served: ServedTask) -> None:
+        """``served``'s call did not become a task: it no longer counts (:meth:`admit`)."""
+        with self._lock:
+            self._admitted.discard(served)
 
     def created(self, served: ServedTask, ack: ToolResult, meta: dict[str, Any] | None) -> dict[str, Any]:
         """The ``CreateTaskResult`` of a call run as a task (``ack``: its turn's result,
@@ -265,6 +285,9 @@ class ServedTasks:
                 served.approval = pending.call_id
                 served.asked[APPROVAL_KEY] = _approval_question(pending)
             self._tasks[task_id] = served
+            self._made += 1
+            if self._made % _PRUNE_EVERY == 0:
+                self._prune()
             waiting = bool(served.asked)
         session = served.session.loop
         info = self._registry.waiting(session.session_id, session.data_dir, task_id, True) if waiting else \
@@ -449,6 +472,7 @@ class ServedTasks:
             ended = info.status not in OPEN
             if ended:
                 served.ended, served.ended_at = True, time.monotonic()
+                self._admitted.discard(served)
                 self._woken.notify_all()
             bound, served.bound = (served.bound, None) if ended else (None, served.bound)
             if info.status != "input_required" and served.approval is not None:  # decided (here or by the host)

@@ -25,9 +25,9 @@ removed.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,7 +295,7 @@ class TaskRegistry:
             if refusal is not None:
                 self._counts["refused"] += 1
                 return refusal
-            task = Task(f"t_{uuid.uuid4().hex}", session_id, session_dir, call_id, name)
+            task = Task(f"t_{secrets.token_hex(16)}", session_id, session_dir, call_id, name)
             task.arguments = arguments
             task.status = status
             tasks[task.task_id] = task
