@@ -357,8 +357,9 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
             answer: dict[str, Any] = {}
             with http.stream("GET", url, headers={**headers, "Last-Event-ID": first[-1]["id"]}) as resumed:
                 for event in _sse_events(_until_result(resumed.iter_lines(), time.monotonic() + WAIT_S)):
-                    if event.get("data"):
-                        answer = json.loads(event["data"])
+                    message = json.loads(event["data"]) if event.get("data") else {}
+                    if "id" in message:  # a notification (a log line, progress) may come first
+                        answer = message
                         break
             assert answer["id"] == 1 and answer["result"]["content"][0]["text"] == "closed=True"
     finally:
@@ -368,14 +369,17 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
 
 
 def _until_result(lines: Any, deadline: float) -> Any:
-    """``lines`` up to the end of the first event with data (a GET stream stays open),
-    or until ``deadline`` (``time.monotonic()``) once a line comes after it."""
-    seen_data = False
+    """``lines`` up to the end of the first event whose data is a JSON-RPC response (one
+    with an ``id``; notifications may come before it, and a GET stream stays open), or
+    until ``deadline`` (``time.monotonic()``) once a line comes after it."""
+    seen_result = False
     for line in lines:
         if time.monotonic() > deadline:
             return
         yield line
-        if line.startswith("data:") and line.removeprefix("data:").strip():
-            seen_data = True
-        elif not line and seen_data:
+        data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
+        if data:
+            message = json.loads(data)
+            seen_result = seen_result or (isinstance(message, dict) and "id" in message)
+        elif not line and seen_result:
             return
