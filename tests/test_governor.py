@@ -31,7 +31,7 @@ from rho_actors import (
 )
 from rho_actors.declarations.policy import parse_rate
 
-from .conftest import WAIT_S, wait_for
+from .conftest import WAIT_S, slack, wait_for
 
 
 class Running:
@@ -378,7 +378,10 @@ def test_a_rate_limited_tool_under_8_host_threads_runs_at_its_rate(system: Actor
     for k in range(100, 400):  # never faster than the bucket allows (burst + rate x time), whatever the load
         assert k + 1 <= 100 + 100 * (starts[k] - began) + 1
     observed = (400 - 100) / (starts[-1] - began)
-    assert 90 <= observed <= 110, observed  # within 10 % of the limit, over 3 s of tokens
+    assert observed <= 110, observed  # never above the limit (10 % for the clock), whatever the load
+    # and at least 90 % of it where 8 host threads keep the bucket empty: on a quiet machine 300 tokens
+    # take at most 3.33 s; a loaded one (its threads late to ask) is given slack() over that
+    assert starts[-1] - began <= slack(300 / 90), observed
 
 
 def test_a_call_whose_token_comes_after_its_deadline_is_rate_limited(system: ActorSystem) -> None:
