@@ -173,6 +173,8 @@ def test_a_given_up_servers_tools_say_it_was_given_up_why_and_what_brings_it_bac
     assert crashed.error_kind is ErrorKind.CRASHED
     assert wait_for(lambda: source.given_up is not None)
     assert source.last_error is not None and "the server closed the connection" in source.last_error
+    # its withdrawn tools get the given-up text at the source's next scan, after the give-up
+    assert wait_for(lambda: "given up" in str(system.tool_set().unavailable.get("echo", "")))
     [gone] = loop.run_turn([ToolCall("c2", "echo", {"text": "x"})])
     assert gone.error_kind is ErrorKind.UNAVAILABLE
     assert gone.content == (
