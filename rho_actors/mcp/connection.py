@@ -18,6 +18,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +31,17 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged, listen
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from rho_actors.encoding import describe_exception
-from rho_actors.mcp.bounds import RELIST_MIN_S, bounded_http_client, relisting_wait, shown_info, stdio_transport
+from rho_actors.mcp.bounds import (
+    RELIST_MIN_S,
+    bounded_http_client,
+    relisting_wait,
+    shown_info,
+    shown_text,
+    stdio_transport,
+)
 from rho_actors.mcp.launch import env_command
 from rho_actors.mcp.peers import pin_listener
 from rho_actors.mcp.relay import relay_log, relay_question
@@ -188,12 +197,13 @@ class MCPConnection(Actor):
             ended = asyncio.Event()
             relay_send, relay_receive = anyio.create_memory_object_stream[Any](16)
             tasks = await stack.enter_async_context(anyio.create_task_group())
-            tasks.start_soon(_relay, read, relay_send, ended, wake)
-            async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+
+            def on_log(params: types.LoggingMessageNotificationParams) -> None:
                 relay_log(self._link.lock, self._link.listeners, server.name, params)
 
+            tasks.start_soon(_relay, read, relay_send, ended, wake, on_log, server.name)
             session = await stack.enter_async_context(
-                ClientSession(relay_receive, write, message_handler=on_message, logging_callback=on_log,
+                ClientSession(relay_receive, write, message_handler=on_message,
                               elicitation_callback=self._elicited, sampling_callback=self._sampled,
                               list_roots_callback=self._roots_asked, log_level="debug",
                               extensions={TASKS_EXTENSION: {}})
@@ -283,11 +293,23 @@ class MCPConnection(Actor):
             self._server.refresh_offer()
 
 
-async def _relay(read: Any, send: Any, ended: asyncio.Event, wake: asyncio.Event) -> None:
-    """Forward the transport's messages to the session; set ``ended`` when it closes."""
+async def _relay(read: Any, send: Any, ended: asyncio.Event, wake: asyncio.Event,
+                 on_log: Callable[[types.LoggingMessageNotificationParams], None], server: str) -> None:
+    """Forward the transport's messages to the session; set ``ended`` when it closes.
+    A log message (``notifications/message``) goes to ``on_log`` here, in the order it
+    was read: before a response read after it ends the call it belongs to (the session
+    would hand it to a task of its own, which a response can overtake)."""
     try:
         async with send:
             async for item in read:
+                message = getattr(item, "message", None)
+                if isinstance(message, types.JSONRPCNotification) and message.method == "notifications/message":
+                    try:
+                        on_log(types.LoggingMessageNotificationParams.model_validate(message.params or {}))
+                    except ValidationError as err:
+                        logger.warning("MCP server {} sent a malformed log message: {}", server,
+                                       shown_text(str(err), 300))
+                    continue
                 await send.send(item)
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
         pass

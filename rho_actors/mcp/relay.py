@@ -8,7 +8,8 @@ dropped, on purpose:
   flight on that server's connection (the message names no request), its ``logger``
   prefixed with the server's name, at most :data:`MAX_RELAYED_LOGS` a call, each
   client's own level filter applied; with no call in flight it goes to the host's log,
-  escaped (:func:`relay_log`);
+  escaped (:func:`relay_log`). It is relayed as it is read, before a response read
+  after it can end the call it belongs to;
 - ``notifications/tools/list_changed``: the server is listed again (at most once a
   second), and a change reaches the clients as the registry's ``list_changed``;
 - ``notifications/resources/list_changed``, ``notifications/resources/updated``,
