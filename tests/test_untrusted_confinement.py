@@ -61,10 +61,13 @@ def _spread(args: Any, ctx: Any) -> str:
         if os.fork() == 0:
             block = bytearray(100 * 2**20)
             block[::4096] = b"x" * len(block[::4096])
-            time.sleep(30)
+            time.sleep(2 * WAIT_S)
             os._exit(0)
-    time.sleep(30)
+    time.sleep(2 * WAIT_S)  # past its deadline: the memory bound must end it first
     return "never"
+
+
+SPREAD = {"timeout_ms": int(WAIT_S * 1000)}  # a hang's bound: the memory bound bites within it, however busy
 
 
 def _bomb(args: Any, ctx: Any) -> str:
@@ -98,13 +101,13 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActorSystem]:
     slow: dict[str, Any] = {"timeout_ms": 1_500}
     for name, run, extra in [
         ("pid", _pid, {}), ("kill", _kill, {}), ("read", _read, {}), ("escape", _escape, slow),
-        ("spread", _spread, {"timeout_ms": 5_000}), ("bomb", _bomb, slow), ("other", _pid, {}),
+        ("spread", _spread, SPREAD), ("bomb", _bomb, slow), ("other", _pid, {}),
     ]:
         system.register(make_tool(name, run, **extra), untrusted=True)
     system.register(make_tool("snoop", _snoop), untrusted=True, env={"MINE": "given"}, deps={"region": "eu"})
     system.register(make_tool("once", _pid), untrusted=True, worker_scope="call")
     for name, run, extra in [  # trusted process tools: their tree contained, nothing else
-        ("t_escape", _escape, slow), ("t_spread", _spread, {"timeout_ms": 5_000}), ("t_snoop", _snoop, {}),
+        ("t_escape", _escape, slow), ("t_spread", _spread, SPREAD), ("t_snoop", _snoop, {}),
     ]:
         system.register(make_tool(name, run, **extra), isolation="process")
     system.register(make_tool("hang", _hang, timeout_ms=100))
