@@ -62,7 +62,8 @@ class Tasks(Extension):
                           if hasattr(result, "model_dump") else dict(result))
                 self.state[task_id].update(status="completed", result=dumped, lastUpdatedAt=_now())
             except asyncio.CancelledError:
-                (MARKS / "cancelled").write_text(task_id)
+                (MARKS / "cancelled.part").write_text(task_id)  # whole when the test sees it
+                (MARKS / "cancelled.part").replace(MARKS / "cancelled")
                 self.state[task_id].update(status="cancelled", lastUpdatedAt=_now())
 
         self.running[task_id] = asyncio.get_running_loop().create_task(run())
