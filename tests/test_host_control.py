@@ -27,11 +27,11 @@ STARTED = threading.Event()
 SAW_CANCEL = threading.Event()
 
 
-@tool(timeout_ms=20_000)
+@tool(timeout_ms=int(2 * WAIT_S * 1000))  # its wait for the cancel ends first
 def wait_for_cancel(ctx: Mapping[str, Any]) -> str:
     """Block until cancelled."""
     STARTED.set()
-    if ctx["cancel"].wait(15):
+    if ctx["cancel"].wait(WAIT_S):
         SAW_CANCEL.set()
         return "saw the cancel"
     return "never cancelled"
@@ -112,7 +112,7 @@ def test_cancelling_the_task_awaiting_arun_turn_cancels_the_turn(system: ActorSy
 
     async def main() -> None:
         task = asyncio.create_task(loop.arun_turn([ToolCall("c1", "wait_for_cancel", "{}")]))
-        assert await asyncio.to_thread(STARTED.wait, 10)
+        assert await asyncio.to_thread(STARTED.wait, WAIT_S)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -144,7 +144,7 @@ def test_cancelling_aprompt_cancels_its_turn_and_records_it(system: ActorSystem)
 
     async def main() -> None:
         task = asyncio.create_task(aprompt(loop, "go", model=model))
-        assert await asyncio.to_thread(STARTED.wait, 10)
+        assert await asyncio.to_thread(STARTED.wait, WAIT_S)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -220,7 +220,7 @@ def test_astream_yields_the_events_and_a_closed_stream_cancels_the_prompt(system
         events = astream(loop, "again", model=model)
         async for event in events:
             if isinstance(event, ToolCallStarted):
-                assert await asyncio.to_thread(STARTED.wait, 10)
+                assert await asyncio.to_thread(STARTED.wait, WAIT_S)
                 break
         await events.aclose()  # type: ignore[attr-defined]
 

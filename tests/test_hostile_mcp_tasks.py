@@ -47,7 +47,7 @@ for n, (method, params) in enumerate(calls):
                "Mcp-Method": method, "Mcp-Name": params["taskId"]}
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=WAIT_S) as answer:
             text = answer.read().decode()
     except urllib.error.HTTPError as refused:
         text = refused.read().decode()

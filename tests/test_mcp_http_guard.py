@@ -239,7 +239,7 @@ def test_rho_actors_mcp_serve_http_prints_its_token_and_refuses_requests_without
 
         def answer(headers: dict[str, str]) -> int:
             try:
-                return httpx.post(url, json=INITIALIZE, headers={**ACCEPT, **headers}, timeout=2).status_code
+                return httpx.post(url, json=INITIALIZE, headers={**ACCEPT, **headers}, timeout=WAIT_S).status_code
             except httpx.TransportError:
                 return 0
 

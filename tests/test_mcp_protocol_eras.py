@@ -188,7 +188,7 @@ else:
     headers["Mcp-Session-Id"] = name
 request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
 try:
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    with urllib.request.urlopen(request, timeout=WAIT_S) as answer:
         print(answer.status, answer.read().decode()[:2000])
 except urllib.error.HTTPError as refused:
     print(refused.code, refused.read().decode()[:2000])

@@ -96,15 +96,16 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActorSystem]:
     system = ActorSystem(tmp_path_factory.mktemp("confined"), max_workers=4, warm_workers=1,
                          abandoned_threads_per_tool=2)
     slow: dict[str, Any] = {"timeout_ms": 1_500}
+    spread: dict[str, Any] = {"timeout_ms": int(WAIT_S * 1000)}  # only a hang reaches it: the memory bound comes first
     for name, run, extra in [
         ("pid", _pid, {}), ("kill", _kill, {}), ("read", _read, {}), ("escape", _escape, slow),
-        ("spread", _spread, {"timeout_ms": 5_000}), ("bomb", _bomb, slow), ("other", _pid, {}),
+        ("spread", _spread, spread), ("bomb", _bomb, slow), ("other", _pid, {}),
     ]:
         system.register(make_tool(name, run, **extra), untrusted=True)
     system.register(make_tool("snoop", _snoop), untrusted=True, env={"MINE": "given"}, deps={"region": "eu"})
     system.register(make_tool("once", _pid), untrusted=True, worker_scope="call")
     for name, run, extra in [  # trusted process tools: their tree contained, nothing else
-        ("t_escape", _escape, slow), ("t_spread", _spread, {"timeout_ms": 5_000}), ("t_snoop", _snoop, {}),
+        ("t_escape", _escape, slow), ("t_spread", _spread, spread), ("t_snoop", _snoop, {}),
     ]:
         system.register(make_tool(name, run, **extra), isolation="process")
     system.register(make_tool("hang", _hang, timeout_ms=100))
