@@ -33,7 +33,7 @@ from tests.mcp_fixtures import task_tools
 from tests.test_mcp_protocol_eras import NOBODY, SYSTEM_PYTHON, TOKEN, _http_client, _served_http
 from tests.test_mcp_tasks import Tasks, _code, _create, _ended, _extensions, _request
 
-_INTRUDER = """
+_INTRUDER = f"WAIT_S = {WAIT_S}  # tests/conftest.py's bound, in this child too\n" + """
 import json, sys, urllib.request, urllib.error
 url, token, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 said = []

@@ -172,7 +172,7 @@ def test_stdio_a_client_of_either_era_keeps_one_session_and_is_asked_for_input(t
     anyio.run(main)
 
 
-_INTRUDER = """
+_INTRUDER = f"WAIT_S = {WAIT_S}  # tests/conftest.py's bound, in this child too\n" + """
 import json, sys, urllib.request
 url, token, how, name = sys.argv[1:5]
 body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",

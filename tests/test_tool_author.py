@@ -221,7 +221,7 @@ def test_a_child_that_imports_an_unguarded_script_stops_saying_why(tmp_path: Pat
 
         thread = threading.Thread(target=use)
         thread.start()
-        thread.join(WAIT_S)
+        thread.join(60)
         system.stop()
     ''')
     assert f"rho_actors: {script} starts an ActorSystem at its top level" in run.stderr
