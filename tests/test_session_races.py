@@ -100,17 +100,18 @@ def test_a_turn_submitted_while_its_loop_restarts_waits_for_the_restart(tmp_path
     with ActorSystem(data_dir=tmp_path, max_restarts=10, max_seconds=60) as system:
         system.register(echo)
         loop = system.start_loop("g")
-        entered = threading.Event()
+        entered, release = threading.Event(), threading.Event()
 
         def on_report(event: object) -> None:
             if isinstance(event, SupervisorEvent) and event.supervisor == "session:g" and event.kind == "crashed":
                 entered.set()
-                threading.Event().wait(0.3)  # holds the restart back: the turn below meets the gap
+                release.wait(WAIT_S)  # holds the restart back: the turn below meets the gap
 
         system.subscribe(on_report)
         kill(loop.ref)
         assert entered.wait(WAIT_S)
         assert not loop.alive
+        threading.Timer(slack(0.3), release.set).start()  # the restart goes on while the turn below waits for it
         assert echoed(loop, "after") == "after"  # it waited for the restarted loop
         loop.stop()
         began = time.monotonic()
