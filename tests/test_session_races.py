@@ -268,7 +268,7 @@ class _Reports:
 def test_crash_storms_in_many_sessions_give_each_up_alone(tmp_path: Path) -> None:
     release = threading.Event()
 
-    @tool(timeout_ms=20_000)
+    @tool(timeout_ms=int(WAIT_S * 1000))
     def held(i: int) -> int:
         """Wait for the test."""
         release.wait(WAIT_S)
@@ -326,7 +326,7 @@ def test_a_tool_stopping_the_system_is_not_waited_for_by_that_stop(tmp_path: Pat
     systems: list[ActorSystem] = []
     took: list[float] = []
 
-    @tool(timeout_ms=20_000)
+    @tool(timeout_ms=int(WAIT_S * 1000))
     def quit_all() -> str:
         """Stop the whole system."""
         began = time.monotonic()
