@@ -137,7 +137,7 @@ def test_messages_racing_a_stop_are_each_answered_or_refused() -> None:
         assert [e for e, _ in log][-2:] == ["stop", "exit normal"]
 
 
-@tool(timeout_ms=20_000)
+@tool(timeout_ms=int(WAIT_S * 1000))
 def held(ctx: Mapping[str, Any]) -> str:
     """Wait until cancelled."""
     ctx["cancel"].wait(WAIT_S)

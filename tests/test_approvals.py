@@ -211,7 +211,7 @@ def test_an_untrusted_tools_own_code_cannot_lift_the_loops_requirement(tmp_path:
     with ActorSystem(data_dir=tmp_path / "data", confinement=False) as system:
         system.register(Lax)
         loop = system.start_loop("s1", approval=lambda info: True)
-        [result] = loop.run_turn([ToolCall("c1", "lax", "{}")], timeout_s=60)
+        [result] = loop.run_turn([ToolCall("c1", "lax", "{}")], timeout_s=WAIT_S)
         assert result.error_kind is ErrorKind.PENDING_APPROVAL, result.content
         assert loop.approve("c1").content == "ran"
 
@@ -246,7 +246,7 @@ def test_an_untrusted_tools_declaration_can_ask_for_approval(tmp_path: Any) -> N
     with ActorSystem(data_dir=tmp_path / "data", confinement=False) as system:
         system.register(untrusted(AsksForApproval))
         loop = system.start_loop("s1")
-        [result] = loop.run_turn([ToolCall("c1", "asks", "{}")], timeout_s=60)
+        [result] = loop.run_turn([ToolCall("c1", "asks", "{}")], timeout_s=WAIT_S)
         assert result.error_kind is ErrorKind.PENDING_APPROVAL, result.content
         assert [info.requires_approval for info in loop.offered()] == [True]
         assert loop.approve("c1").content == "ran"

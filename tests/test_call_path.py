@@ -10,7 +10,7 @@ import pytest
 
 from rho_actors import ActorSystem, DuplicateToolError, ErrorKind, ToolCall, tool
 
-from .conftest import WAIT_S, Recorder
+from .conftest import WAIT_S, Recorder, slack
 from .helpers import make_tool
 
 
@@ -275,10 +275,12 @@ def test_a_turn_with_an_exclusive_call_runs_one_at_a_time_in_order(system: Actor
 
 
 def test_an_exclusive_calls_deadline_counts_from_its_own_start(system: ActorSystem) -> None:
-    @tool(concurrency="exclusive", timeout_ms=400)
+    takes_s = slack(0.25)  # each step's time; its deadline twice that: three steps in a row pass one deadline
+
+    @tool(concurrency="exclusive", timeout_ms=int(2 * takes_s * 1000))
     def step() -> str:
         """Take a while."""
-        threading.Event().wait(0.25)
+        threading.Event().wait(takes_s)
         return "ok"
 
     system.register(step)

@@ -34,7 +34,7 @@ def grow(items: list[int]) -> int:
     return len(items)
 
 
-@tool(timeout_ms=20_000)
+@tool(timeout_ms=int(WAIT_S * 1000))
 def held(ctx: Mapping[str, Any]) -> str:
     """Wait until released or cancelled."""
     ENTERED.set()

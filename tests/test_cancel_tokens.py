@@ -67,7 +67,7 @@ def test_a_cancel_callback_that_exits_loses_no_result_and_crashes_no_loop(tmp_pa
     SystemExit ended the loop in the middle of the turn, whose future was never set."""
     ran = threading.Event()
 
-    @tool(timeout_ms=5_000)
+    @tool(timeout_ms=int(WAIT_S * 1000))  # only a hang reaches it: the cancel comes first
     def exiter(ctx: ToolContext) -> str:
         """Exit from the cancel callback."""
         ctx.cancel.add_callback(lambda: sys.exit(3))

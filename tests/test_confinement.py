@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from rho_actors.sandbox.confine.confinement import (
     python_read_paths,
 )
 from rho_actors.sandbox.confine.trees import RssSampler, classify_ending, kill_tree
-from tests.conftest import WAIT_S, wait_for
+from tests.conftest import WAIT_S, read_line, wait_for
 
 ROOT = os.geteuid() == 0
 HOST = probe()
@@ -83,9 +82,7 @@ class Child:
 
     def read(self, timeout_s: float = WAIT_S) -> Any:
         """The next line the child sent; fails the test after ``timeout_s``."""
-        ready, _, _ = select.select([self._r], [], [], timeout_s)
-        assert ready, f"child {self.pid} sent nothing in {timeout_s} s"
-        line = self._r.readline()
+        line = read_line(self._r, timeout_s)  # not select on the fd: a first readline may have buffered this line
         assert line, f"child {self.pid} ended without answering (status {self.wait()})"
         answer = json.loads(line)
         assert "error" not in answer, answer["error"]
@@ -352,7 +349,7 @@ def test_kill_tree_kills_setsid_escapes(children: Any) -> None:
     killed = kill_tree(child.pid)
     assert set(killed) == {child.pid, *pids}
     assert child.wait() == -signal.SIGKILL
-    assert wait_for(lambda: _gone(pids), 5.0), [psutil.Process(p).status() for p in pids if psutil.pid_exists(p)]
+    assert wait_for(lambda: _gone(pids)), [psutil.Process(p).status() for p in pids if psutil.pid_exists(p)]
 
 
 def test_child_whose_parent_already_died_kills_itself(children: Any) -> None:
@@ -405,9 +402,7 @@ def test_kill_9_of_the_host_leaves_no_worker_nor_escape(tmp_path: Path) -> None:
     host = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, cwd=tmp_path)
     try:
         assert host.stdout is not None
-        ready, _, _ = select.select([host.stdout], [], [], 3 * WAIT_S)
-        assert ready, "the host subprocess did not start its worker"
-        worker, fork_server, *escapes = map(int, host.stdout.readline().split())
+        worker, fork_server, *escapes = map(int, read_line(host.stdout, 3 * WAIT_S).split())
         assert psutil.Process(fork_server).ppid() == host.pid
         assert all(psutil.Process(p).ppid() in (worker, fork_server) for p in escapes)
         host.kill()

@@ -242,11 +242,12 @@ def test_a_session_id_that_could_escape_data_dir_is_refused(system: ActorSystem,
 
 
 def test_arun_turn_never_blocks_the_event_loop(system: ActorSystem) -> None:
+    ticked = threading.Event()  # the caller's event loop ticked 5 times while the call ran
+
     @tool
     def wait_a_bit() -> str:
-        """Block 200 ms."""
-        threading.Event().wait(0.2)
-        return "done"
+        """Block until the caller's event loop has ticked 5 times."""
+        return "done" if ticked.wait(WAIT_S) else "the event loop was blocked"
 
     system.register(wait_a_bit)
     loop = system.start_loop()
@@ -259,6 +260,8 @@ def test_arun_turn_never_blocks_the_event_loop(system: ActorSystem) -> None:
             while True:
                 await asyncio.sleep(0.01)
                 ticks += 1
+                if ticks >= 5:
+                    ticked.set()
 
         task = asyncio.create_task(ticker())
         results = await loop.arun_turn([ToolCall("a", "wait_a_bit", "{}")])

@@ -67,7 +67,7 @@ def _host_rss() -> int:
 
 
 def test_a_declaration_answer_is_bounded_to_what_a_valid_declaration_can_be(tmp_path: Path) -> None:
-    with ActorSystem(data_dir=tmp_path, untrusted=UntrustedReads(timeout_s=30.0), shutdown_ms=1_000) as system:
+    with ActorSystem(data_dir=tmp_path, untrusted=UntrustedReads(timeout_s=WAIT_S), shutdown_ms=1_000) as system:
         before = _host_rss()
         registration = system.register(Flood, untrusted=True)
         assert not registration.offered
@@ -112,7 +112,7 @@ def test_declaration_reads_take_places_under_the_worker_cap(tmp_path: Path) -> N
                 pass
             time.sleep(0.02)
 
-    with ActorSystem(data_dir=tmp_path, untrusted=UntrustedReads(timeout_s=30.0), max_workers=2,
+    with ActorSystem(data_dir=tmp_path, untrusted=UntrustedReads(timeout_s=WAIT_S), max_workers=2,
                      shutdown_ms=1_000) as system:
         system.register(Slow(-1), untrusted=True)  # the fork server is up before the count starts
         base = len(host.children(recursive=True))

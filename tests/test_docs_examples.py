@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import WAIT_S
 from tests.docs_examples import ROOT, Example, all_examples, examples
 
 EXAMPLES = all_examples()
-RUN_BOUND_S = 180.0  # one program, its Python start-up and its actor system's included; only a hang reaches it
+RUN_BOUND_S = 3 * WAIT_S  # one program, its Python start-up and its actor system's included; only a hang reaches it
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])

@@ -26,7 +26,7 @@ from .conftest import WAIT_S, slack
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-BUILD_BOUND_S = 600.0  # mkdocs and mkdocstrings over the whole package: seconds, minutes on a loaded machine
+BUILD_BOUND_S = 10 * WAIT_S  # mkdocs and mkdocstrings over the whole package: seconds, minutes on a loaded machine
 BROWSER_BOUND_MS = int(max(WAIT_S, slack(60.0)) * 1000)  # one page load or search in the browser (scaled by load)
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 

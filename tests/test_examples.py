@@ -60,8 +60,8 @@ def test_the_fastapi_app_keeps_one_session_per_user_and_shuts_down_cleanly(tmp_p
             return False
 
     try:
-        assert wait_for(up, 60), "the server did not come up"
-        tools = httpx.get(f"{base}/sessions/probe/tools").json()
+        assert wait_for(up), "the server did not come up"
+        tools = httpx.get(f"{base}/sessions/probe/tools", timeout=WAIT_S).json()
         assert [t["function"]["name"] for t in tools] == ["add", "note", "notes"]
 
         async def user(client: httpx.AsyncClient, name: str) -> list[dict[str, object]]:
@@ -81,9 +81,9 @@ def test_the_fastapi_app_keeps_one_session_per_user_and_shuts_down_cleanly(tmp_p
         for i, got in enumerate(asyncio.run(users())):
             assert got[0]["content"] == f'["u{i}\'s note"]'  # each user sees only their own session
             assert got[1]["error_kind"] == "invalid_arguments" and '$.a: "x"' in str(got[1]["content"])
-        refused = httpx.post(f"{base}/sessions/..%2Fescape/calls", json={"calls": []})
+        refused = httpx.post(f"{base}/sessions/..%2Fescape/calls", json={"calls": []}, timeout=WAIT_S)
         assert refused.status_code in (400, 404)
-        assert httpx.delete(f"{base}/sessions/u0").json() == {"stopped": True}
+        assert httpx.delete(f"{base}/sessions/u0", timeout=WAIT_S).json() == {"stopped": True}
     finally:
         server.send_signal(signal.SIGTERM)
         out, _ = server.communicate(timeout=WAIT_S)

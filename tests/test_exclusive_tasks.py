@@ -28,13 +28,13 @@ def _run(what: str) -> None:
             overlaps.append(f"{what} while {running}")
         running.append(what)
     try:
-        release.wait(30)
+        release.wait(WAIT_S)
     finally:
         with _lock:
             running.remove(what)
 
 
-@tool(background=True, background_timeout_ms=60_000, concurrency="exclusive")
+@tool(background=True, background_timeout_ms=int(2 * WAIT_S * 1000), concurrency="exclusive")  # its wait ends first
 def migrate(table: str) -> str:
     """Migrate a table (exclusive: one at a time in a session; waits until the test releases it)."""
     _run(f"migrate {table}")

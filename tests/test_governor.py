@@ -75,7 +75,7 @@ def test_a_fan_out_of_800_calls_to_a_capped_tool_never_runs_more_than_its_bound(
         return i
 
     system.register(capped)
-    results = system.start_loop("fan").run_turn(calls("capped", 800), timeout_s=120)
+    results = system.start_loop("fan").run_turn(calls("capped", 800), timeout_s=2 * WAIT_S)
     assert [r.call_id for r in results] == [f"c{i}" for i in range(800)]  # one result each, in the model's order
     assert all(r.ok for r in results) and [r.content for r in results] == [str(i) for i in range(800)]
     assert seen.most == 4  # the bound was reached, and never passed
@@ -149,7 +149,7 @@ def test_a_per_session_bound_holds_each_session_and_the_system_bound_all_of_them
 
     system.register(shared)
     turns = [system.start_loop(s).submit_turn(calls("shared", 40)) for s in ("a", "b")]
-    assert all(r.ok for t in turns for r in t.result(60))
+    assert all(r.ok for t in turns for r in t.result(WAIT_S))
     assert seen["a"].most == 2 and seen["b"].most <= 2 and seen["all"].most == 3
 
 
@@ -168,7 +168,7 @@ def test_max_thread_calls_bounds_thread_calls_of_every_tool(tmp_path: Path) -> N
 
     with ActorSystem(tmp_path, governor=GovernorSettings(max_thread_calls=3)) as system:
         system.register(plain)
-        assert all(r.ok for r in system.start_loop("t").run_turn(calls("plain", 60), timeout_s=60))
+        assert all(r.ok for r in system.start_loop("t").run_turn(calls("plain", 60), timeout_s=WAIT_S))
         assert seen.most == 3
         stats = system.stats()["governor"]
         assert stats["max_thread_calls"] == 3 and stats["thread_calls_running"] == 0
@@ -362,7 +362,7 @@ def test_a_rate_limited_tool_under_8_host_threads_runs_at_its_rate(system: Actor
 
     def host(t: int) -> None:
         for i in range(50):  # 12.5 calls a second each keep the bucket empty, even on a loaded machine
-            [result] = loops[t].run_turn([ToolCall(f"t{t}c{i}", "metered", json.dumps({"i": i}))], timeout_s=60)
+            [result] = loops[t].run_turn([ToolCall(f"t{t}c{i}", "metered", json.dumps({"i": i}))], timeout_s=WAIT_S)
             if not result.ok:
                 failures.append(result)
 
@@ -371,7 +371,7 @@ def test_a_rate_limited_tool_under_8_host_threads_runs_at_its_rate(system: Actor
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(120)
+        thread.join(2 * WAIT_S)
     assert failures == [] and len(starts) == 400
     starts.sort()
     # the first 100 (the burst) may start at once; each later one waits for its token
@@ -434,7 +434,7 @@ def test_an_idempotent_process_call_whose_worker_is_killed_twice_is_retried_to_s
     system.register(flaky_read, isolation="process")
     events: list[Any] = []
     system.subscribe(lambda e: events.append(e) if getattr(e, "kind", None) == "retried" else None)
-    [result] = system.start_loop("r").run_turn([ToolCall("c", "flaky_read", '{"kills": 2}')], timeout_s=60)
+    [result] = system.start_loop("r").run_turn([ToolCall("c", "flaky_read", '{"kills": 2}')], timeout_s=WAIT_S)
     assert result.ok and result.content == "3"
     assert result.details["attempts"] == 3
     assert [f["error_kind"] for f in result.details["failures"]] == ["crashed", "crashed"]
@@ -446,7 +446,7 @@ def test_an_idempotent_process_call_whose_worker_is_killed_twice_is_retried_to_s
 def test_a_non_idempotent_process_call_killed_once_is_crashed_after_one_attempt(system: ActorSystem) -> None:
     system.register(flaky_write, isolation="process")
     loop = system.start_loop("w")
-    [result] = loop.run_turn([ToolCall("c", "flaky_write", '{"kills": 1}')], timeout_s=60)
+    [result] = loop.run_turn([ToolCall("c", "flaky_write", '{"kills": 1}')], timeout_s=WAIT_S)
     assert result.error_kind is ErrorKind.CRASHED and "SIGABRT" in result.content
     assert not (isinstance(result.details, dict) and "attempts" in result.details)
     assert (loop.data_dir / "attempts").read_text() == "x"  # one attempt
@@ -483,7 +483,7 @@ def test_a_timeout_is_retried_only_when_opted_in(system: ActorSystem) -> None:
     tries: list[int] = []
 
     def run(optin: bool) -> Any:
-        @tool(name=f"timing_{optin}", idempotent=True, timeout_ms=5_000,
+        @tool(name=f"timing_{optin}", idempotent=True, timeout_ms=int(WAIT_S * 1000),
               retry=RetryPolicy(attempts=2, initial_s=0.01, max_wait_s=0.01, jitter_s=0.0, on_timeout=optin))
         def timing() -> str:
             """An upstream that times out once."""
@@ -549,7 +549,7 @@ def test_an_untrusted_tools_policy_is_read_out_of_process_as_plain_data(system: 
     [info] = [i for i in system.tools() if i.name == "outside"]
     assert info.policy.as_data() == {"max_concurrency": 2, "rate": "5/s", "idempotent": True, "retry": {
         "attempts": 2, "initial_s": 0.01, "max_wait_s": 8.0, "jitter_s": 0.5, "total_s": 120.0, "on_timeout": False}}
-    [result] = system.start_loop("u").run_turn([ToolCall("c", "outside", '{"key": "k"}')], timeout_s=60)
+    [result] = system.start_loop("u").run_turn([ToolCall("c", "outside", '{"key": "k"}')], timeout_s=WAIT_S)
     assert result.ok and result.content == "k"
 
 
@@ -630,9 +630,10 @@ def test_an_mcp_servers_rate_is_one_bucket_for_all_its_tools(system: ActorSystem
 
     fixture = str(Path(__file__).parent / "mcp_fixtures" / "fixture_server.py")
     source = MCPServer(command=[sys.executable, fixture, str(tmp_path)], name="metered", rate="1/min",
-                       timeout_ms=2_000, connect_timeout_s=30.0)
+                       timeout_ms=int(min(slack(2.0), 30.0) * 1000),  # below the minute the next token is away:
+                       connect_timeout_s=WAIT_S)  # a second call is refused at once, not queued
     system.add_source(source, poll_s=None)
-    assert wait_for(lambda: {"echo", "shout"} <= {info.name for info in system.tools()}, 60)
+    assert wait_for(lambda: {"echo", "shout"} <= {info.name for info in system.tools()})
     [echo_info] = [info for info in system.tools() if info.name == "echo"]
     assert echo_info.policy.as_data() == {"rate": "1/min", "rate_group": "mcp:metered"}
     loop = system.start_loop("m")

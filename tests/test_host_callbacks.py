@@ -22,25 +22,27 @@ from rho_actors import (
     tool,
 )
 
-from .conftest import WAIT_S
+from .conftest import WAIT_S, slack
 from .helpers import echo, echoed
 
 GATE = threading.Event()
 
 
 def _echo_system(tmp_path: Path) -> tuple[ActorSystem, Loop, Loop]:
-    @tool(timeout_ms=5000)
+    quick_ms = int(slack(3.0) * 1000)  # a quick call's deadline as this machine keeps up now: a held-back one meets it
+
+    @tool(timeout_ms=int(WAIT_S * 1000))
     def gated(x: str) -> str:
         """Echo ``x`` once the test opens the gate."""
         GATE.wait(WAIT_S)
         return x
 
-    @tool(timeout_ms=3000)
+    @tool(timeout_ms=quick_ms)
     def echo(x: str) -> str:
         """Echo ``x``."""
         return x
 
-    @tool(timeout_ms=3000, concurrency="exclusive")
+    @tool(timeout_ms=quick_ms, concurrency="exclusive")
     def one_at_a_time(x: str) -> str:
         """Echo ``x``, one call of a turn after another."""
         return x
@@ -120,7 +122,7 @@ def test_host_callbacks_that_exit_lose_no_turn_and_crash_no_loop(system: ActorSy
         """Return the text, one call of the turn after another."""
         return text
 
-    @tool(timeout_ms=5_000)
+    @tool(timeout_ms=int(WAIT_S * 1000))  # only a hang reaches it: the cancel comes first
     def waits(ctx: ToolContext) -> str:
         """Wait to be cancelled."""
         ctx.cancel.wait(WAIT_S)

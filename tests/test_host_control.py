@@ -27,22 +27,22 @@ STARTED = threading.Event()
 SAW_CANCEL = threading.Event()
 
 
-@tool(timeout_ms=20_000)
+@tool(timeout_ms=int(2 * WAIT_S * 1000))  # its wait for the cancel ends first
 def wait_for_cancel(ctx: Mapping[str, Any]) -> str:
     """Block until cancelled."""
     STARTED.set()
-    if ctx["cancel"].wait(15):
+    if ctx["cancel"].wait(WAIT_S):
         SAW_CANCEL.set()
         return "saw the cancel"
     return "never cancelled"
 
 
-@tool(timeout_ms=20_000)
+@tool(timeout_ms=int(2 * WAIT_S * 1000))  # only a hang reaches it: the cancel or the stop comes first
 def sleep_long(ctx: Mapping[str, Any]) -> str:
     """Say it started (a file in the session's data dir), then sleep for a long time
     (in a worker process)."""
     (Path(ctx["data_dir"]) / "sleeping").write_text("yes")
-    time.sleep(15)
+    time.sleep(WAIT_S)
     return "woke"
 
 
@@ -112,7 +112,7 @@ def test_cancelling_the_task_awaiting_arun_turn_cancels_the_turn(system: ActorSy
 
     async def main() -> None:
         task = asyncio.create_task(loop.arun_turn([ToolCall("c1", "wait_for_cancel", "{}")]))
-        assert await asyncio.to_thread(STARTED.wait, 10)
+        assert await asyncio.to_thread(STARTED.wait, WAIT_S)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -133,7 +133,7 @@ def test_cancel_kills_a_process_worker(system: ActorSystem) -> None:
     assert result.error_kind == ErrorKind.CANCELLED
     assert result.content == "tool 'sleep_long' was cancelled by the host while running"
     assert time.monotonic() - started < slack(5.0)
-    # killed at the cancel, not at its 20 s deadline (the CallActor's exchange ends once
+    # killed at the cancel, not at its deadline (the CallActor's exchange ends once
     # the worker is dead)
     assert wait_for(lambda: system.stats().get("workers_killed", 0) == 1)
 
@@ -144,7 +144,7 @@ def test_cancelling_aprompt_cancels_its_turn_and_records_it(system: ActorSystem)
 
     async def main() -> None:
         task = asyncio.create_task(aprompt(loop, "go", model=model))
-        assert await asyncio.to_thread(STARTED.wait, 10)
+        assert await asyncio.to_thread(STARTED.wait, WAIT_S)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -220,7 +220,7 @@ def test_astream_yields_the_events_and_a_closed_stream_cancels_the_prompt(system
         events = astream(loop, "again", model=model)
         async for event in events:
             if isinstance(event, ToolCallStarted):
-                assert await asyncio.to_thread(STARTED.wait, 10)
+                assert await asyncio.to_thread(STARTED.wait, WAIT_S)
                 break
         await events.aclose()  # type: ignore[attr-defined]
 
@@ -248,7 +248,7 @@ def test_a_worker_pool_call_is_killed_when_its_cancel_is_set(tmp_path: Path) -> 
                           name="sleeper", cancel=token)
         assert result.error_kind == ErrorKind.CANCELLED
         assert result.content == "tool 'sleeper' was cancelled (cancelled); its worker process was killed"
-        assert pool.stats()["killed"] == 1 and result.duration_ms < 20_000
+        assert pool.stats()["killed"] == 1 and result.duration_ms < WAIT_S * 1000  # before its deadline
 
         late = pool.run(tool_, {"marker": str(marker)}, {"call_id": "c2"}, time.monotonic() + WAIT_S, 1000,
                         name="sleeper", cancel=token)  # already set: it never reaches a worker

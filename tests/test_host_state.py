@@ -12,21 +12,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.conftest import WAIT_S
 from tests.helpers import run_host_script
 
-HOST = '''
+HOST = f"WAIT_S = {WAIT_S}  # tests/conftest.py's bound, in this host too\n" + '''
 import asyncio, concurrent.futures, json, logging, multiprocessing, os, signal, sys, threading, time
 
 from rho_actors import ActorSystem, ToolCall, tool
 
 
-@tool(timeout_ms=30_000)
+@tool(timeout_ms=int(WAIT_S * 1000))
 def square(n: int) -> int:
     """n squared."""
     return n * n
 
 
-@tool(timeout_ms=30_000)
+@tool(timeout_ms=int(WAIT_S * 1000))
 def note(text: str, ctx) -> str:
     """Write a note in the session's folder."""
     (ctx["data_dir"] / "note.txt").write_text(text)
@@ -92,7 +93,7 @@ if __name__ == "__main__":
         t.start()
     # spawned workers share the host's resource tracker (their queue's semaphores are registered there)
     pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
-    out = {"pool_before": pool.submit(cube, 3).result(timeout=60)}
+    out = {"pool_before": pool.submit(cube, 3).result(timeout=WAIT_S)}
     before = host_state()
     sys.addaudithook(audit)
     system = ActorSystem(sys.argv[1])
@@ -104,10 +105,10 @@ if __name__ == "__main__":
     stopping = threading.Thread(target=system.stop)
     began = time.monotonic()
     stopping.start()
-    stopping.join(60)
+    stopping.join(WAIT_S)
     out["stop_returned"] = not stopping.is_alive()
     out["stop_s"] = round(time.monotonic() - began, 2)
-    out["pool_after"] = pool.submit(cube, 4).result(timeout=60)
+    out["pool_after"] = pool.submit(cube, 4).result(timeout=WAIT_S)
     out["same_state"] = host_state() == before
     out["state"] = [before, host_state()]
     out["blocking"] = BLOCKING

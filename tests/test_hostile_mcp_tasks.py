@@ -33,7 +33,7 @@ from tests.mcp_fixtures import task_tools
 from tests.test_mcp_protocol_eras import NOBODY, SYSTEM_PYTHON, TOKEN, _http_client, _served_http
 from tests.test_mcp_tasks import Tasks, _code, _create, _ended, _extensions, _request
 
-_INTRUDER = """
+_INTRUDER = f"WAIT_S = {WAIT_S}  # tests/conftest.py's bound, in this child too\n" + """
 import json, sys, urllib.request, urllib.error
 url, token, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 said = []
@@ -47,7 +47,7 @@ for n, (method, params) in enumerate(calls):
                "Mcp-Method": method, "Mcp-Name": params["taskId"]}
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=WAIT_S) as answer:
             text = answer.read().decode()
     except urllib.error.HTTPError as refused:
         text = refused.read().decode()

@@ -21,6 +21,7 @@ from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.models.function import FunctionModel
 
+from tests.conftest import WAIT_S
 from tests.mcp_fixtures import served_tools
 from tests.test_integration_openai_agents import ScriptedModel
 from tests.test_integration_pydantic_ai import Script
@@ -32,13 +33,13 @@ CALLS = [("c_add", "add", {"a": 2, "b": 3}), ("c_boom", "boom", {}), ("c_slow", 
 def test_the_agents_sdk_mcp_client_runs_rho_served_tools(tmp_path: Path) -> None:
     async def run() -> tuple[ScriptedModel, str]:
         params = {"command": sys.executable, "args": [*ARGS, "--data-dir", str(tmp_path)]}
-        async with MCPServerStdio(params=params, client_session_timeout_seconds=15) as server:  # type: ignore[arg-type]
+        async with MCPServerStdio(params=params, client_session_timeout_seconds=WAIT_S) as server:  # type: ignore[arg-type]
             model = ScriptedModel([CALLS, "served"])
             agent = Agent(name="a", model=model, mcp_servers=[server])
             result = await Runner.run(agent, "go", run_config=RunConfig(tracing_disabled=True))
             return model, str(result.final_output)
 
-    model, final = asyncio.run(asyncio.wait_for(run(), 60))
+    model, final = asyncio.run(asyncio.wait_for(run(), 2 * WAIT_S))
     assert final == "served"
     assert {"add", "boom", "slow"} <= set(model.offered[0])
     assert "5" in model.outputs["c_add"]
@@ -49,14 +50,14 @@ def test_the_agents_sdk_mcp_client_runs_rho_served_tools(tmp_path: Path) -> None
 def test_pydantic_ais_mcp_toolset_runs_rho_served_tools(tmp_path: Path) -> None:
     transport = StdioTransport(command=sys.executable, args=[*ARGS, "--data-dir", str(tmp_path)])
     script = Script([CALLS, "served"])
-    toolset = MCPToolset(transport, tool_error_behavior="failed", init_timeout=30, read_timeout=30)
+    toolset = MCPToolset(transport, tool_error_behavior="failed", init_timeout=WAIT_S, read_timeout=WAIT_S)
     agent = PydanticAgent(FunctionModel(script), toolsets=[toolset])
 
     async def run() -> str:
         async with agent:
             return str((await agent.run("go")).output)
 
-    assert asyncio.run(asyncio.wait_for(run(), 60)) == "served"
+    assert asyncio.run(asyncio.wait_for(run(), 2 * WAIT_S)) == "served"
     assert {"add", "boom", "slow"} <= set(script.offered[0])
     assert script.outputs["c_add"] == "5"
     assert "boom went the tool" in script.outputs["c_boom"]

@@ -78,7 +78,9 @@ def test_a_session_starts_no_supervisor_until_its_loop_crashes(system: ActorSyst
     kill(first)
     assert wait_for(lambda: loop.alive and loop.ref is not first)
     assert len(supervisors_labelled("session:s1")) == 1  # woken up by the crash
-    assert reports.of("session:s1") == [("started", "loop", 0), ("crashed", "loop", 0), ("restarted", "loop", 1)]
+    # reported once the restarted loop is up (it is named first): awaited, not read at once
+    assert wait_for(lambda: reports.of("session:s1") == [("started", "loop", 0), ("crashed", "loop", 0),
+                                                         ("restarted", "loop", 1)]), reports.of("session:s1")
     after = session_node(system, "s1")
     assert (after["kind"], after["strategy"], after["alive"]) == ("supervisor", "one_for_one", True)
     [loop_node] = after["children"]

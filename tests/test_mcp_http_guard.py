@@ -170,7 +170,7 @@ def test_a_client_gets_at_most_its_share_of_sessions_and_the_caps_are_settings(s
 
 
 _POOLED = ("AnyIO worker thread", "rho_actors-idle", "asyncio_")
-HOLD_S = 3.0  # how long the killed clients' calls run
+HOLD_S = 3.0  # how long the killed clients' calls run on a quiet machine (slack() on this one)
 
 
 def _threads() -> set[str]:
@@ -193,9 +193,11 @@ def test_calls_of_clients_killed_mid_call_run_on_and_their_sessions_are_reaped_w
     """A dropped connection is no cancellation (MCP 2025-11-25): each call runs to its end
     (here 3 s), then its session, whose client is gone, is stopped."""
     server = served(client_gone_s=1.0)
+    # the calls still run while the test looks at them, however busy the machine (15 s: the tool's maximum)
+    hold_s = min(slack(HOLD_S), 15.0)
     me = psutil.Process()
     fds, threads, before = me.num_fds(), _threads(), _fds()
-    clients = [subprocess.Popen([sys.executable, CLIENT, server.url, TOKEN, "4", str(HOLD_S)], stdout=subprocess.PIPE,
+    clients = [subprocess.Popen([sys.executable, CLIENT, server.url, TOKEN, "4", str(hold_s)], stdout=subprocess.PIPE,
                                 text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}) for _ in range(2)]
     try:
         for client in clients:  # 8 sessions, each with a call running on the server
@@ -214,7 +216,7 @@ def test_calls_of_clients_killed_mid_call_run_on_and_their_sessions_are_reaped_w
     assert wait_for(lambda: server.guard.stats()["rho_sessions"] == 0 and me.num_fds() <= fds
                     and not _threads() - threads, timeout_s=WAIT_S), (
         server.guard.stats(), sorted(set(_fds()) - set(before)), _threads() - threads)
-    assert time.monotonic() - killed < slack(HOLD_S + 1.0 + 5.0)
+    assert time.monotonic() - killed < hold_s + slack(1.0 + 5.0)
     stats = server.guard.stats()
     assert stats["reaped"] == 8
     # each call ran to its end: none was cancelled when its client's connection closed
@@ -239,7 +241,7 @@ def test_rho_actors_mcp_serve_http_prints_its_token_and_refuses_requests_without
 
         def answer(headers: dict[str, str]) -> int:
             try:
-                return httpx.post(url, json=INITIALIZE, headers={**ACCEPT, **headers}, timeout=2).status_code
+                return httpx.post(url, json=INITIALIZE, headers={**ACCEPT, **headers}, timeout=WAIT_S).status_code
             except httpx.TransportError:
                 return 0
 

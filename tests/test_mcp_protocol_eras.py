@@ -172,7 +172,7 @@ def test_stdio_a_client_of_either_era_keeps_one_session_and_is_asked_for_input(t
     anyio.run(main)
 
 
-_INTRUDER = """
+_INTRUDER = f"WAIT_S = {WAIT_S}  # tests/conftest.py's bound, in this child too\n" + """
 import json, sys, urllib.request
 url, token, how, name = sys.argv[1:5]
 body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
@@ -188,7 +188,7 @@ else:
     headers["Mcp-Session-Id"] = name
 request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
 try:
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    with urllib.request.urlopen(request, timeout=WAIT_S) as answer:
         print(answer.status, answer.read().decode()[:2000])
 except urllib.error.HTTPError as refused:
     print(refused.code, refused.read().decode()[:2000])

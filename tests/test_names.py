@@ -102,9 +102,10 @@ def test_an_mcp_server_yields_its_tool_name(system: ActorSystem, tmp_path: Path)
     from rho_actors.mcp import MCPServer
 
     fixture = str(Path(__file__).parent / "mcp_fixtures" / "fixture_server.py")
-    source = MCPServer(command=[sys.executable, fixture, str(tmp_path)], env={"FIXTURE_TOKEN": "given"})
+    source = MCPServer(command=[sys.executable, fixture, str(tmp_path)], env={"FIXTURE_TOKEN": "given"},
+                       connect_timeout_s=WAIT_S)
     handle = system.add_source(source, poll_s=None)
-    assert wait_for(lambda: "echo" in system.tool_set().entries, 30.0), (system.tool_set(), handle.status())
+    assert wait_for(lambda: "echo" in system.tool_set().entries), (system.tool_set(), handle.status())
 
     @tool(name="echo")
     def host_echo(text: str) -> str:

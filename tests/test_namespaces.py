@@ -82,7 +82,7 @@ class Attack:
 
             def connect() -> None:
                 with socket.socket(family, socket.SOCK_STREAM) as s:
-                    s.settimeout(5)
+                    s.settimeout(WAIT_S)
                     s.connect((args["host"], args["port"]))
 
             return {"connect": _errno_of(connect)}
@@ -137,7 +137,7 @@ class Attack:
 
             def unix_connect() -> None:  # to a host service's pathname socket
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
-                    unix.settimeout(5)
+                    unix.settimeout(WAIT_S)
                     unix.connect(args["unix"])
 
             out["unix_connect"] = _errno_of(unix_connect)
@@ -225,7 +225,7 @@ def test_a_worker_cannot_listen_on_a_port_a_host_client_connects_to(hostile: Act
     session = f"attacker-{next(SESSIONS)}"
     assert attack(hostile, "listen", session, port=port) == {"listen": "EPERM"}  # no socket without the network
     with socket.socket() as client, pytest.raises(ConnectionRefusedError):
-        client.settimeout(5)
+        client.settimeout(WAIT_S)
         client.connect(("127.0.0.1", port))  # a host client meant for a host service: not the tool's
     assert_serving(hostile)
 
@@ -238,7 +238,7 @@ def test_a_tool_with_network_true_reaches_the_hosts_loopback(tmp_path: Path) -> 
             got = attack(system, "connect", host="127.0.0.1", port=server.getsockname()[1])
             assert got == {"connect": "allowed"}
             server.setblocking(True)
-            server.settimeout(5)
+            server.settimeout(WAIT_S)
             server.accept()[0].close()
 
 

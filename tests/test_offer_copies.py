@@ -70,7 +70,7 @@ def test_nested_and_concurrent_pauses_restore_the_collector_once_all_have_left()
     def other() -> None:
         with no_collection():
             inside.set()
-            release.wait(10)
+            release.wait(WAIT_S)
 
     thread = threading.Thread(target=other)
     with no_collection():

@@ -287,8 +287,9 @@ def test_a_thread_server_keeps_state_in_the_host(
 def test_a_servers_arguments_are_plain_data_as_start_childs_are(system: ActorSystem,
                                                                   request: pytest.FixtureRequest) -> None:
     name = _name(request)
-    spec = ProcessActor(Store, args=["kept"], kwargs={}, call_timeout_ms=5_000)
-    assert (spec.args, spec.kwargs, spec.call_timeout_ms) == (("kept",), {}, 5_000)
+    bound_ms = int(WAIT_S * 1000)  # a call's: only a hang reaches it
+    spec = ProcessActor(Store, args=["kept"], kwargs={}, call_timeout_ms=bound_ms)
+    assert (spec.args, spec.kwargs, spec.call_timeout_ms) == (("kept",), {}, bound_ms)
     assert (ProcessActor(Store, "kept").args, ThreadActor(Store, kwargs={"first": "kept"}).kwargs) == (
         ("kept",), {"first": "kept"})  # the inline form too
     system.start_child(ChildSpec(name, spec, name=name))

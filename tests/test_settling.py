@@ -26,7 +26,7 @@ RELEASE = threading.Event()
 STUCK_THREAD: list[int] = []
 
 
-@tool(concurrency="exclusive", timeout_ms=20_000)
+@tool(concurrency="exclusive", timeout_ms=int(WAIT_S * 1000))
 def in_order(ctx: Mapping[str, Any]) -> str:
     """Wait until cancelled (one at a time)."""
     STARTS.append(ctx["call_id"])

@@ -33,11 +33,11 @@ def _cleared() -> None:
     saw_cancel.clear()
 
 
-@tool(background=True, background_timeout_ms=60_000)
+@tool(background=True, background_timeout_ms=int(2 * WAIT_S * 1000))  # its wait for the cancel ends first
 def patient(ctx: Mapping[str, Any]) -> str:
-    """Run until cancelled (30 s at most)."""
+    """Run until cancelled (WAIT_S at most)."""
     ran.set()
-    if ctx["cancel"].wait(30):
+    if ctx["cancel"].wait(WAIT_S):
         saw_cancel.set()
     return "ran to its end"
 
@@ -145,7 +145,7 @@ def test_cancels_racing_starts_leave_each_record_as_the_task_ended(system: Actor
 def deaf() -> str:
     """Run on, never looking at its cancel token (until the test lets it end)."""
     ran.set()
-    saw_cancel.wait(30)
+    saw_cancel.wait(WAIT_S)
     return "ran to its end"
 
 

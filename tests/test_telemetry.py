@@ -162,7 +162,7 @@ def test_call_spans_are_children_of_the_host_span_with_genai_attributes_and_erro
     assert inner.parent is not None and inner.parent.span_id == calls["c1"].context.span_id
 
 
-@tool(concurrency="exclusive", timeout_ms=20_000)
+@tool(concurrency="exclusive", timeout_ms=int(WAIT_S * 1000))
 def wait_cancel(ctx: Any) -> str:
     """Wait until cancelled (one at a time)."""
     ctx["cancel"].wait(WAIT_S)

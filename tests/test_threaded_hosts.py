@@ -12,9 +12,10 @@ import json
 import os
 from pathlib import Path
 
+from tests.conftest import WAIT_S
 from tests.helpers import run_host_script
 
-HOST = '''
+HOST = f"WAIT_S = {WAIT_S}  # tests/conftest.py's bound, in this host too\n" + '''
 import json, os, sys, threading
 
 import numpy as np  # OpenBLAS starts its threads here, in every process importing this script
@@ -23,7 +24,7 @@ from rho_actors import ActorSystem, ChildSpec, ToolCall, tool
 from rho_actors.isolation.servers import ProcessActor, ServerCall
 
 
-@tool(timeout_ms=30_000)
+@tool(timeout_ms=int(WAIT_S * 1000))
 def total(n: int) -> str:
     """The sum of 0..n-1, and how many threads the worker has."""
     return json.dumps({"sum": int(np.arange(n).sum()), "threads": threading.active_count(),
@@ -46,7 +47,7 @@ if __name__ == "__main__":
         [r] = system.start_loop("s").run_turn([ToolCall("c1", "total", json.dumps({"n": 10}))])
         out["tool"] = {"ok": r.ok, "content": r.content}
         ref = system.whereis("matrix")
-        out["server"] = ref.ask(ServerCall("trace"), timeout=60)
+        out["server"] = ref.ask(ServerCall("trace"), timeout=WAIT_S)
     print(json.dumps(out))
 '''
 

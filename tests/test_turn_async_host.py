@@ -53,7 +53,7 @@ async def sleeps() -> str:
     """Sleep far past the deadline, noting the cancel."""
     STARTED.set()
     try:
-        await asyncio.sleep(30)
+        await asyncio.sleep(WAIT_S)
     except asyncio.CancelledError:
         SAW_CANCEL.set()
         raise
@@ -64,7 +64,7 @@ async def sleeps() -> str:
 async def stubborn() -> str:
     """Swallow the cancel and return later."""
     try:
-        await asyncio.sleep(30)
+        await asyncio.sleep(WAIT_S)
     except asyncio.CancelledError:
         SAW_CANCEL.set()
     await asyncio.sleep(0.05)
@@ -97,12 +97,12 @@ async def tagged() -> str:
     return TAG.get()
 
 
-@tool(timeout_ms=20_000)
+@tool(timeout_ms=int(WAIT_S * 1000))
 async def waits(ctx: Mapping[str, Any]) -> str:
     """Wait for the cancel."""
     STARTED.set()
     try:
-        await asyncio.sleep(30)
+        await asyncio.sleep(WAIT_S)
     except asyncio.CancelledError:
         SAW_CANCEL.set()
         raise
@@ -164,7 +164,7 @@ async def own_timeout() -> str:
     """asyncio.timeout entered in the first step: it must act on the call's own task."""
     try:
         async with asyncio.timeout(0):
-            await asyncio.sleep(30)
+            await asyncio.sleep(WAIT_S)
     except TimeoutError:
         return "timed out inside"
     return "never"
@@ -214,7 +214,7 @@ async def overruns_then_suspends() -> str:
     time.sleep(0.1)
     STARTED.set()
     try:
-        await asyncio.sleep(30)
+        await asyncio.sleep(WAIT_S)
     except asyncio.CancelledError:
         SAW_CANCEL.set()
         raise
@@ -225,7 +225,7 @@ async def overruns_then_suspends() -> str:
 async def swallows_then_waits() -> str:
     """Swallow the cancel at the deadline and wait on GATE[0] (resolved by the test)."""
     try:
-        await asyncio.sleep(30)
+        await asyncio.sleep(WAIT_S)
     except asyncio.CancelledError:
         SAW_CANCEL.set()
     await GATE[0]

@@ -32,7 +32,7 @@ def where() -> int:
     return threading.get_ident()
 
 
-@tool(timeout_ms=20_000)
+@tool(timeout_ms=int(WAIT_S * 1000))
 def held(ctx: Mapping[str, Any]) -> str:
     """Wait until released or cancelled."""
     while not RELEASE.is_set():

@@ -24,7 +24,7 @@ from rho_actors.sandbox.confine.cgroups import find_hierarchy
 from rho_actors.sandbox.confine.confinement import Confinement, probe
 from rho_actors.sandbox.confine.enclosure import Enclosure, system_policy
 from rho_actors.sandbox.confine.uids import UidRange, UidRangeExhausted, lease, unavailable
-from tests.conftest import WAIT_S, wait_for
+from tests.conftest import WAIT_S, read_line, wait_for
 from tests.helpers import make_tool
 
 ROOT = os.geteuid() == 0
@@ -87,7 +87,7 @@ def test_a_uid_that_runs_a_process_is_not_leased() -> None:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
-        assert squatter.stdout is not None and squatter.stdout.readline() == "ready\n"
+        assert squatter.stdout is not None and read_line(squatter.stdout) == "ready\n"
         got = lease(uids)
         assert got.uid == uids.last, got
         got.release()

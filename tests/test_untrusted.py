@@ -28,12 +28,14 @@ from rho_actors import (
 from .conftest import WAIT_S, slack, wait_for
 from .helpers import make_tool
 
+ECHO_MS = int(WAIT_S * 1000)  # echo's deadline: only a hang reaches it
+
 Echo: Any = make_tool(
     "echo",
     lambda args, ctx: f"{args['text']} {os.getpid()}",  # reports the process it ran in
     description="Echo the text with the pid of the process that ran it.",
     schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-    timeout_ms=5_000,
+    timeout_ms=ECHO_MS,
 )
 
 # Computes a huge power in C: only another process can keep a deadline against it.
@@ -93,7 +95,7 @@ def system(tmp_path: Path) -> Any:
 
 def test_an_untrusted_tool_is_read_and_run_in_other_processes(system: ActorSystem) -> None:
     registration = system.register(Echo, untrusted=True)
-    assert registration.info is not None and registration.info.timeout_ms == 5_000
+    assert registration.info is not None and registration.info.timeout_ms == ECHO_MS
     [result] = system.start_loop().run_turn([ToolCall("e", "echo", '{"text": "hi"}')])
     text, pid = result.content.split()
     assert result.ok and text == "hi" and int(pid) != os.getpid()
@@ -164,7 +166,7 @@ def test_the_module_functions_use_the_checked_declaration_of_a_marked_tool(syste
     assert declaration(Marked, "mcp") == {
         "name": "echo", "description": Echo.description(), "inputSchema": Echo.parameter_schema()
     }
-    assert timeout_ms(Marked) == 5_000
+    assert timeout_ms(Marked) == ECHO_MS
     [result] = system.start_loop().run_turn([ToolCall("m", "echo", '{"text": "x"}')])
     assert int(result.content.split()[1]) != os.getpid()
 
@@ -179,10 +181,10 @@ def test_two_systems_share_no_checked_declaration(system: ActorSystem, tmp_path:
     untrusted(Shared)
     with ActorSystem(data_dir=tmp_path / "other", untrusted=UntrustedReads(timeout_s=WAIT_S), warm_workers=0) as other:
         assert other.register(Shared).info is not None
-        assert timeout_ms(Shared) == 5_000
+        assert timeout_ms(Shared) == ECHO_MS
         assert system.register(Shared).info is not None
         system.unregister("echo")
-        assert timeout_ms(Shared) == 5_000  # still the other system's checked declaration
+        assert timeout_ms(Shared) == ECHO_MS  # still the other system's checked declaration
         assert declaration(Shared, "mcp") is not None
         other.unregister("echo")
     assert timeout_ms(Shared) == 30_000 and declaration(Shared, "mcp") is None  # no live system holds it

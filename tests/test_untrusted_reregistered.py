@@ -25,7 +25,7 @@ GATE_OPEN = threading.Event()
 def gate() -> str:
     """Holds an exclusive turn until the test opens it."""
     GATE_IN.set()
-    GATE_OPEN.wait(20)
+    GATE_OPEN.wait(WAIT_S)
     return "open"
 
 

@@ -46,7 +46,8 @@ def test_waiting_for_a_worker_does_not_count_against_the_calls_timeout(tmp_path:
     its 50 ms within its own second."""
     with ActorSystem(tmp_path, max_workers=1, warm_workers=1) as system:
         system.register(_sleeper(1_000), isolation="process")
-        system.register(make_tool("hog", _sleep, timeout_ms=20_000, schema={"type": "object"}), isolation="process")
+        system.register(make_tool("hog", _sleep, timeout_ms=int(WAIT_S * 1000), schema={"type": "object"}),
+                        isolation="process")
         assert wait_for(lambda: system.stats().get("workers_idle", 0) == 1, 3 * WAIT_S)
         hog = _turn(system, "hog", 1.5, tool="hog")
         assert wait_for(lambda: system.stats()["workers_busy"] == 1)

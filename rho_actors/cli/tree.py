@@ -7,7 +7,8 @@ Usage::
 
 With ``--connect ADDRESS`` (or ``$RHO_ACTORS_OBSERVER`` and no ``--tools``) it is the
 tree of the running system whose observer is there (:meth:`rho_actors.ActorSystem.observe`;
-a TCP address needs ``--token`` or ``$RHO_ACTORS_TOKEN``); otherwise the tree of a fresh
+a TCP address needs ``$RHO_ACTORS_TOKEN``, or ``--token``, which ``ps`` shows to every
+user of the machine); otherwise the tree of a fresh
 system with the tools of ``--tools`` registered (untrusted files are never imported
 here: :func:`rho_actors.selftest.load_tools`), and the names of the tools it offers.
 Exit codes: 0, or 2 when a target cannot be loaded, a tool is refused, or the observer
@@ -42,7 +43,8 @@ def add_parser(commands: Any) -> None:
     tree.add_argument("--connect", metavar="ADDRESS", default=None,
                       help="a running system's observer: its Unix socket path or 127.0.0.1:PORT")
     tree.add_argument("--token", default=os.environ.get("RHO_ACTORS_TOKEN"),
-                      help="the observer's token, for a TCP address (default: $RHO_ACTORS_TOKEN)")
+                      help="the observer's token, for a TCP address (default: $RHO_ACTORS_TOKEN; prefer it: "
+                            "a command line shows in ps to every user of the machine)")
     tree.add_argument("--json", action="store_true", help="print the tree as one JSON object")
     tree.set_defaults(handler=run)
 

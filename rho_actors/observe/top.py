@@ -6,7 +6,8 @@ Usage::
 
 ``ADDRESS`` is the Unix socket path or ``127.0.0.1:PORT`` given to
 :meth:`rho_actors.ActorSystem.observe` (default: ``$RHO_ACTORS_OBSERVER``); a TCP
-address needs the observer's token (``--token`` or ``$RHO_ACTORS_TOKEN``). ``--once``
+address needs the observer's token (``$RHO_ACTORS_TOKEN``, or ``--token``, which ``ps``
+shows to every user of the machine). ``--once``
 prints one snapshot and exits (``--json``: as JSON, for scripts); otherwise it runs until
 Ctrl-C, or until the observer closes the connection, which it says on stderr (the system
 stopped). Exit codes: 0, or 2
@@ -49,7 +50,7 @@ def connect(address: str, token: str | None = None, timeout_s: float = CONNECT_T
         sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         if not token:
             sock.close()
-            raise ValueError(f"the observer at {address} needs its token (--token or $RHO_ACTORS_TOKEN)")
+            raise ValueError(f"the observer at {address} needs its token ($RHO_ACTORS_TOKEN, or --token)")
         sock.sendall(json.dumps({"token": token}).encode() + b"\n")
     else:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -242,7 +243,8 @@ def add_parser(commands: Any) -> None:
     top.add_argument("--connect", metavar="ADDRESS", default=os.environ.get("RHO_ACTORS_OBSERVER"),
                      help="the observer's Unix socket path or 127.0.0.1:PORT (default: $RHO_ACTORS_OBSERVER)")
     top.add_argument("--token", default=os.environ.get("RHO_ACTORS_TOKEN"),
-                     help="the observer's token, for a TCP address (default: $RHO_ACTORS_TOKEN)")
+                     help="the observer's token, for a TCP address (default: $RHO_ACTORS_TOKEN; prefer it: "
+                           "a command line shows in ps to every user of the machine)")
     top.add_argument("--once", action="store_true", help="print one snapshot and exit")
     top.add_argument("--json", action="store_true", help="with --once: print the snapshot as JSON")
     top.set_defaults(handler=run)

@@ -14,6 +14,8 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from tests.conftest import WAIT_S
+
 url, token, sessions = sys.argv[1], sys.argv[2], int(sys.argv[3])
 hold = {"hold_s": float(sys.argv[4])} if len(sys.argv) > 4 else {}
 
@@ -36,7 +38,7 @@ async def main() -> None:
     async with anyio.create_task_group() as tasks:
         for _ in range(sessions):
             tasks.start_soon(one, running)
-        with anyio.fail_after(60):  # every session's call running, or this client fails
+        with anyio.fail_after(WAIT_S):  # every session's call running, or this client fails
             while len(running) < sessions:
                 await anyio.sleep(0.02)
         print("READY", flush=True)
