@@ -2,7 +2,10 @@
 
 When a turn is awaited with :meth:`rho_actors.Loop.arun_turn`, a call whose tool is
 trusted, in ``thread`` isolation and ``async`` runs as a task on the awaiting event
-loop, as the host's own coroutines do: no thread is woken, no thread crossed.
+loop, as the host's own coroutines do: no thread is woken, no thread crossed. A
+background call of such a tool runs the same way on the system's tasks event loop
+(:mod:`rho_actors.tasks.event_loop`), started from another thread: its first step is
+then that loop's to run.
 
 **Its first step runs at once** (as Python 3.12's eager tasks do; this works on 3.11
 too): the call's task is made, and the tool's coroutine is driven to its first

@@ -17,7 +17,9 @@ path of deadlines and stops too: its ``ctx["cancel"]`` is set, a worker process 
 killed) and every call without a result gets a ``cancelled`` one at once; a turn whose
 token is set before it starts runs no call. A turn awaited on an asyncio event loop
 (``arun_turn``) runs its calls of trusted ``async`` tools in ``thread`` isolation on
-that event loop (:mod:`rho_actors.loop.inline`), with their deadlines.
+that event loop (:mod:`rho_actors.loop.inline`), with their deadlines; a background call
+of such a tool runs the same way on the system's tasks event loop
+(:mod:`rho_actors.tasks.event_loop`), from any turn.
 
 A result does not pass through the LoopActor: the thread that answers a call (its
 CallActor's, its deadline timer's, the event loop's) settles the call's slot in its turn
@@ -429,10 +431,13 @@ class Turns:
         )
         if span is not None:
             fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
+        # a turn awaited on an event loop runs an async tool's call there; a task runs on the tasks' own loop
+        inline = runs_inline(entry) and (turn.aio is not None or task is not None)
+        settle: Callable[[ToolResult], None] = reply if task is None else functools.partial(self._tasks.settle, task)
+        answering = self._tasks.event_loop.answering(settle) if inline and task is not None else None
         spec = CallSpec(
             slot.call.id, entry.info.name, entry.tool, args, MappingProxyType(fields), now, deadline,
-            timeout_ms, cancel, self._limits.max_output_chars,
-            reply if task is None else functools.partial(self._tasks.settle, task),
+            timeout_ms, cancel, self._limits.max_output_chars, answering or settle,
             None if turn.context is None else turn.context.copy(),
         )
         with turn.lock:
@@ -447,16 +452,18 @@ class Turns:
         if self._events.wants_calls("started"):  # asked here: no frame when nobody listens
             self._emit_event("started", slot, None)
         try:
-            # asked only of a turn awaited on an event loop; a task outlives its turn (and the caller's loop)
-            inline = turn.aio is not None and task is None and runs_inline(entry)
-            start: Any = (self._runtime.isolations[entry.isolation].start if not inline or turn.aio is None else
-                          functools.partial(InlineCall.start, turn.aio, stopping=self._runtime.calls.closed))
+            # a task outlives its turn (and the caller's event loop): it runs on the tasks' event loop
+            aio = None if not inline else turn.aio if task is None else self._tasks.event_loop.get()
+            start: Any = (self._runtime.isolations[entry.isolation].start if aio is None else
+                          functools.partial(InlineCall.start, aio, stopping=self._runtime.calls.closed))
             running: RunningCall = self._runtime.governor.start(entry, spec, self.session_id, start, inline)  # bounds
         except (pykka.ActorDeadError, pykka.Timeout) as err:
             return self._not_started(turn, slot, task, failure("not_started", slot.call.id, entry.info.name,
                                                                problem=err))
         if task is not None:  # a task: it runs on past its turn, which has its acknowledgement now
             self._tasks.started(task, running, deadline)
+            if answering is not None:  # on the tasks' event loop: its deadline kept off the loop too
+                answering.arm(self._runtime.timers, spec)
             return self._settle(turn, slot, acknowledgement(task.task_id, slot.call.id, entry.info.name))
         with turn.lock:
             if slot.result is None:  # else answered already (its running call holds this slot: no cycle)
