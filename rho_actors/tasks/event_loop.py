@@ -94,16 +94,6 @@ class TaskLoop:
         except RuntimeError:  # stopped: here (a task's late answer is dropped by the registry)
             _logged(job)
 
-    def tasks(self) -> int:
-        """How many ``asyncio`` tasks the loop holds now (0 before it started)."""
-        aio = self._aio
-        if aio is None or aio.is_closed():
-            return 0
-        try:
-            return len(asyncio.all_tasks(aio))
-        except RuntimeError:  # the set changed size while read: another look
-            return len(asyncio.all_tasks(aio))
-
     def stop(self, timeout_s: float) -> None:
         """No call starts from now on; the coroutines still running (cancelled by now) get
         ``timeout_s`` seconds to end, then the loop stops and its thread ends. Idempotent."""
@@ -118,8 +108,8 @@ class TaskLoop:
             return
         if thread is not threading.current_thread():
             thread.join(timeout_s + 5.0)
-        if ends is not None:
-            ends.shutdown(wait=False)
+        if ends is not None:  # what is queued there is late by now (each task ended cancelled): quick
+            ends.shutdown(wait=not threading.current_thread().name.startswith(f"{THREAD_NAME}-end"))
 
     @staticmethod
     def _serve(aio: asyncio.AbstractEventLoop) -> None:

@@ -54,7 +54,8 @@ DEFAULT_BACKGROUND_TIMEOUT_MS: Final = 3_600_000
 class TaskSettings:
     """The system's bounds on background calls (``ActorSystem(tasks=TaskSettings(...))``):
     ``max_tasks_per_session`` open tasks in one session (16) and ``max_tasks`` in the
-    system (1,024: an open task of an ``async`` tool holds no thread, about 7 KiB); ``task_ttl_s``: how long an ended task stays listed, in seconds (1 h);
+    system (1,024: an open task of an ``async`` tool holds no thread, about 7 KiB);
+    ``task_ttl_s``: how long an ended task stays listed, in seconds (1 h);
     ``max_timeout_ms``: the longest deadline a background call may have (1 h,
     milliseconds). Raises ``ValueError`` for a bound below 1 (a negative ttl)."""
 
