@@ -26,6 +26,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry, paused_for
 from rho_actors.lifecycle import PendingCall
+from rho_actors.lifecycle.tasks import with_choice
 from rho_actors.loop.approvals import ApprovalError
 from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.otp.actor import NORMAL, stop
@@ -348,10 +349,15 @@ class Loop:
 
     def declarations(self, dialect: Dialect = "neutral") -> list[dict[str, Any]]:
         """:meth:`offered` in a provider's format (see :mod:`rho_actors.declarations.formats`):
-        fresh dicts, each schema its own deep copy."""
-        entries = self.offered_entries()
+        fresh dicts, each schema its own deep copy; what the agent loop shows the model.
+        A ``background="optional"`` tool's schema gains the optional boolean
+        ``run_in_background`` here, unless ``TaskSettings.model_chooses`` is off (DESIGN §4
+        "Background calls": the model's choice, taken out before validation)."""
+        turns = self._turns()
+        entries = turns.offered_entries()
+        chooses = turns.model_chooses
         with paused_for(len(entries)):  # a large offer: tens of thousands of new dicts
-            return [to_dialect(entry.info, dialect) for entry in entries]
+            return [to_dialect(with_choice(entry.info) if chooses else entry.info, dialect) for entry in entries]
 
     def set_withheld(self, names: Iterable[str]) -> None:
         """Replace the set of tool names this loop does not offer, from its next turn: a

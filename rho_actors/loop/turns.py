@@ -62,7 +62,7 @@ from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
-from rho_actors.lifecycle.tasks import acknowledgement, runs_as_task
+from rho_actors.lifecycle.tasks import RUN_IN_BACKGROUND, acknowledgement, runs_as_task, take_choice
 from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.inline import InlineCall, runs_inline
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
@@ -162,6 +162,12 @@ class Turns:
         self._offer = (tools.version, withheld, entries, offer_chunks(entries))
         return entries
 
+    @property
+    def model_chooses(self) -> bool:
+        """Whether the model may choose the background for a ``background="optional"``
+        tool (``TaskSettings.model_chooses``)."""
+        return self._tasks.settings.model_chooses
+
     def offered(self) -> list[ToolInfo]:
         """The checked declarations offered now, each its own copy (its schema copied on
         its first read: see :func:`~rho_actors.declarations.toolset.copied_infos`)."""
@@ -256,7 +262,7 @@ class Turns:
         for index, pending in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
             slot = turn.slots[index]
             as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
-                                                                slot.call.id)  # then it waits as an input_required task
+                                                                slot.call.id, slot.asked)  # it waits as a task
             slot.result = self._tasks.held(self.session_id, self._data_dir, pending) if as_task else pending
             refused.append(turn.slots[index])
             turn.waiting.remove(index)
@@ -319,6 +325,11 @@ class Turns:
             args = decode_arguments(call.arguments, self._limits.max_argument_depth)
         except ArgumentsError as err:
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
+        if entry.info.policy.background == "optional" and isinstance(args, dict) and RUN_IN_BACKGROUND in args:
+            asked = take_choice(entry.info, call.id, args, self._tasks.settings.model_chooses)  # the model's choice
+            if isinstance(asked, ToolResult):
+                return asked
+            slot.asked, key = asked, None  # a text that chose is not remembered as the tool's arguments
         began = time.monotonic()
         try:  # validation counts against the call's deadline
             size = text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
@@ -396,7 +407,9 @@ class Turns:
         task, timeout_ms = ((resumed, self._tasks.timeout_ms(entry.info)) if resumed is not None else
                             self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info,
                                              args if idempotent(entry) else None)
-                            if runs_as_task(entry.info.policy.background, turn.background, slot.call.id)
+                            if runs_as_task(entry.info.policy.background, turn.background, slot.call.id, slot.asked)
+                            or (entry.info.policy.background == "optional"  # approved: its held task goes on
+                                and self._tasks.holds(self.session_id, slot.call.id))
                             else (None, entry.info.timeout_ms))
         if isinstance(task, ToolResult):  # a background call past a bound: refused
             return self._settle(turn, slot, task)

@@ -57,12 +57,17 @@ class TaskSettings:
     system (1,024: an open task of an ``async`` tool holds no thread, about 7 KiB);
     ``task_ttl_s``: how long an ended task stays listed, in seconds (1 h);
     ``max_timeout_ms``: the longest deadline a background call may have (1 h,
-    milliseconds). Raises ``ValueError`` for a bound below 1 (a negative ttl)."""
+    milliseconds); ``model_chooses``: whether the model may choose to run a call of a
+    ``background="optional"`` tool in the background (its declaration shown to the model
+    gains the ``run_in_background`` argument; ``False``: only the caller chooses, and a
+    call passing it is refused ``invalid_arguments``). Raises ``ValueError`` for a bound
+    below 1 (a negative ttl) or a ``model_chooses`` that is not a bool."""
 
     max_tasks_per_session: int = 16
     max_tasks: int = 1024
     task_ttl_s: float = 3600.0
     max_timeout_ms: int = DEFAULT_BACKGROUND_TIMEOUT_MS
+    model_chooses: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_tasks_per_session", "max_tasks", "max_timeout_ms"):
@@ -72,6 +77,8 @@ class TaskSettings:
         if isinstance(self.task_ttl_s, bool) or not isinstance(self.task_ttl_s, (int, float)) or \
                 not self.task_ttl_s >= 0:
             raise ValueError(f"TaskSettings.task_ttl_s must be a number >= 0, not {self.task_ttl_s!r}")
+        if not isinstance(self.model_chooses, bool):
+            raise ValueError(f"TaskSettings.model_chooses must be a bool, not {self.model_chooses!r}")
 
 
 class TaskError(RhoError, LookupError):
@@ -264,6 +271,12 @@ class TaskRegistry:
                 spare()
         ack = acknowledgement(task.task_id, pending.call_id, pending.name)
         return dataclasses.replace(ack, details={**ack.details, "pending": pending.details["pending"]})
+
+    def holds(self, session_id: str, call_id: str) -> bool:
+        """Whether call ``call_id`` of the session is a task waiting for its approval
+        (:meth:`held`): approved, it runs as that task whoever chose the background. One
+        look at a dict (atomic): no lock on the call path."""
+        return (session_id, call_id) in self._held
 
     def on_event(self, event: Any) -> None:
         """The system's events: a held call decided without running (``rejected``,
