@@ -163,3 +163,27 @@ def test_a_tool_blocking_the_tasks_event_loop_does_not_hold_another_tasks_deadli
         unblock.set()
     unblocked = loop.task_result(blocker.details["task_id"], timeout_s=WAIT_S).result
     assert unblocked is not None and unblocked.content == "unblocked"
+
+
+@tool(background=True, background_timeout_ms=60_000, concurrency="exclusive")
+async def vacuum(n: int) -> str:
+    """Vacuum a table (one at a time in a session)."""
+    await asyncio.sleep(0)
+    return f"vacuumed {n}"
+
+
+def test_an_exclusive_async_task_cancelled_before_its_first_step_gives_its_place_back(system: ActorSystem) -> None:
+    system.register(blocks_the_loop)
+    system.register(vacuum)
+    loop = system.start_loop("s1")
+    [blocker] = loop.run_turn([ToolCall("c1", "blocks_the_loop", "{}")])
+    assert wait_for(lambda: system.tree()["children"][-1]["children"] != [])
+    try:
+        [first] = loop.run_turn([ToolCall("c2", "vacuum", '{"n": 1}')])  # its first step waits behind the blocker
+        assert loop.cancel_task(first.details["task_id"]).status == "cancelled"
+    finally:
+        unblock.set()
+    assert loop.task_result(blocker.details["task_id"], timeout_s=WAIT_S).status == "completed"
+    [second] = loop.run_turn([ToolCall("c3", "vacuum", '{"n": 2}')])
+    done = loop.task_result(second.details["task_id"], timeout_s=WAIT_S)
+    assert done.status == "completed" and done.result is not None and done.result.content == "vacuumed 2"

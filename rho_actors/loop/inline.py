@@ -44,7 +44,10 @@ What holds for every call holds here too:
 - **Cancelling works the same**: the host cancelling the turn (or its awaiting task),
   or the loop stopping, sets ``ctx["cancel"]`` and cancels the task (from any thread);
   a cancel that comes before the task's first step reaches the coroutine where it
-  suspended (the future it waits on is cancelled, as a task's would be).
+  suspended (the future it waits on is cancelled, as a task's would be); one that comes
+  before the call's first step runs (its start queued on another thread's loop) answers
+  it ``cancelled`` without running the tool, late for the canceller, so a place held
+  until its answer (an exclusive tool's) is given back.
 - It runs in a copy of the submitter's ``contextvars`` context, its first step and every
   later one in the same copy (what the tool sets stays its own), with its span current.
 - Its result is settled in the call's :class:`rho_actors.isolation.call.Answer`, as a
@@ -127,8 +130,8 @@ class InlineCall:
         """On ``aio``: make the task, run the coroutine's first step as that task, and arm
         the deadline if it suspended."""
         spec = self._spec
-        if spec.cancel.cancelled:  # cancelled before it began: its result is given already
-            spec.cancel.finish()
+        if spec.cancel.cancelled:  # cancelled before it began: its result is given already, this one is late
+            self._never_ran()
             return
         aio = self._aio
         context = spec.context if spec.context is not None else contextvars.Context()
@@ -142,7 +145,7 @@ class InlineCall:
             if spec.cancel.cancelled:  # by another thread meanwhile: the tool never runs, its task ends at once
                 coro.close()
                 rest.pending = _ENDED
-                spec.cancel.finish()
+                self._never_ran()
                 return
             rest.pending = _ENDED  # kept if the first step raises (a bug: nothing is left to run)
             rest.pending = _first_step(aio, task, context, coro)
@@ -168,6 +171,17 @@ class InlineCall:
             spec.cancel.remove_callback(hook)
         if self._answer.settle(result) and self._timer is not None:  # the answer: its deadline is not needed
             self._timer.cancel()
+
+    def _never_ran(self) -> None:
+        """The call was cancelled before its first step: it is answered all the same (its
+        ``cancelled`` result, late for whoever cancelled it), so what holds a place for
+        it until its answer (the governor's) lets go."""
+        spec = self._spec
+        spec.cancel.finish()
+        hook, self._on_cancel = self._on_cancel, None
+        if hook is not None:
+            spec.cancel.remove_callback(hook)
+        self._answer.settle(call_failure(spec, asyncio.CancelledError(), 0.0))
 
     def _deadline(self) -> None:
         """On ``aio``, at the deadline: answer ``timeout``, then cancel the task."""
