@@ -445,7 +445,7 @@ class Turns:
         if span is not None:
             fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
         # a turn awaited on an event loop runs an async tool's call there; a task runs on the tasks' own loop
-        inline = runs_inline(entry) and (turn.aio is not None or task is not None)
+        inline = (turn.aio is not None or task is not None) and runs_inline(entry)
         settle: Callable[[ToolResult], None] = reply if task is None else functools.partial(self._tasks.settle, task)
         answering = self._tasks.event_loop.answering(settle) if inline and task is not None else None
         spec = CallSpec(
