@@ -179,3 +179,26 @@ def test_an_optional_call_chosen_for_the_background_and_held_for_approval_runs_a
     loop.approve("c1", decided_by="ada")
     done = loop.task_result(held.details["task_id"], timeout_s=WAIT_S)
     assert done.status == "completed" and done.result is not None and done.result.content == "published rain"
+
+
+def test_an_mcp_client_passing_run_in_background_gets_invalid_arguments_and_no_task(system: ActorSystem) -> None:
+    """An MCP client asks for a task its own way (the tasks extension, bounded per client):
+    a served session's model choice is off, so the argument opens no task past those bounds."""
+    import anyio
+
+    from tests.test_mcp_protocol_eras import _http_client, _served_http
+
+    system.register(report)
+    release.set()
+    with _served_http(system) as (url, _guard):
+        async def main() -> tuple[Any, Any]:
+            async with _http_client(url, "2026-07-28") as client:
+                listed = await client.list_tools()
+                called = await client.call_tool("report", {"topic": "x", "run_in_background": True})
+                return listed, called
+
+        listed, called = anyio.run(main)
+    [served] = [t for t in listed.tools if t.name == "report"]
+    assert "run_in_background" not in served.input_schema["properties"]
+    assert called.is_error and "run_in_background is not allowed here" in called.content[0].text
+    assert system.stats()["tasks"]["started"] == 0 and seen == []

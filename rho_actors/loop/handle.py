@@ -135,6 +135,12 @@ class Loop:
         self._bounds: _Bounds | None = None  # the bounds of the turns awaited on the last event loop used
         self.instructions: str | None = None
         """The system prompt of this session's prompts that give none (not recorded)."""
+        self.model_chooses: bool = runtime.tasks.settings.model_chooses
+        """Whether this session's model may choose to run a call of a ``background="optional"``
+        tool in the background (its ``run_in_background``: shown by :meth:`declarations`,
+        taken out of each call's arguments); ``TaskSettings.model_chooses`` unless the host
+        sets it. A host serving callers who choose otherwise (an MCP client asks for a
+        task) sets it ``False``: such a call is then ``invalid_arguments``."""
         self.telemetry = runtime.telemetry
         """The system's :class:`rho_actors.Telemetry` (the spans of this session's prompts)."""
 
@@ -234,7 +240,7 @@ class Loop:
         turns = self._turns()
         telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
         turns.submit(batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(),
-                     on_result=on_result, aio=aio, background=background)
+                     on_result=on_result, aio=aio, background=background, chooses=self.model_chooses is True)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
@@ -351,11 +357,10 @@ class Loop:
         """:meth:`offered` in a provider's format (see :mod:`rho_actors.declarations.formats`):
         fresh dicts, each schema its own deep copy; what the agent loop shows the model.
         A ``background="optional"`` tool's schema gains the optional boolean
-        ``run_in_background`` here, unless ``TaskSettings.model_chooses`` is off (DESIGN §4
+        ``run_in_background`` here, unless :attr:`model_chooses` is off (DESIGN §4
         "Background calls": the model's choice, taken out before validation)."""
-        turns = self._turns()
-        entries = turns.offered_entries()
-        chooses = turns.model_chooses
+        entries = self.offered_entries()
+        chooses = self.model_chooses is True
         with paused_for(len(entries)):  # a large offer: tens of thousands of new dicts
             return [to_dialect(with_choice(entry.info) if chooses else entry.info, dialect) for entry in entries]
 

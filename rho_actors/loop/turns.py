@@ -162,12 +162,6 @@ class Turns:
         self._offer = (tools.version, withheld, entries, offer_chunks(entries))
         return entries
 
-    @property
-    def model_chooses(self) -> bool:
-        """Whether the model may choose the background for a ``background="optional"``
-        tool (``TaskSettings.model_chooses``)."""
-        return self._tasks.settings.model_chooses
-
     def offered(self) -> list[ToolInfo]:
         """The checked declarations offered now, each its own copy (its schema copied on
         its first read: see :func:`~rho_actors.declarations.toolset.copied_infos`)."""
@@ -204,13 +198,15 @@ class Turns:
         telemetry: TurnTelemetry | None = None, cancel: CancelToken | None = None,
         context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
-        approved: bool = False, background: bool | frozenset[str] = False,
+        approved: bool = False, background: bool | frozenset[str] = False, chooses: bool = False,
     ) -> None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
         decided once per turn); ``approved``: its calls were approved (none is held for
         approval); ``background``: the ids of the calls to run as tasks when their tool
-        allows it (``background="optional"``), or ``True`` for all of them; see
+        allows it (``background="optional"``), or ``True`` for all of them; ``chooses``:
+        the model may ask for that too (a call's ``run_in_background``; else passing it
+        is ``invalid_arguments``); see
         :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
         raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
         result for each call."""
@@ -226,7 +222,7 @@ class Turns:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
                 try:
-                    refusal = self._prepare(slot, tools, withheld.names)
+                    refusal = self._prepare(slot, tools, withheld.names, chooses)
                 except Exception as exc:  # a bug, or a checker that broke: this call only
                     logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
                     refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
@@ -305,7 +301,7 @@ class Turns:
             self.folder_made = True
         self._dispatch_ready(turn)
 
-    def _prepare(self, slot: Slot, tools: ToolSet, withheld: frozenset[str]) -> ToolResult | None:
+    def _prepare(self, slot: Slot, tools: ToolSet, withheld: frozenset[str], chooses: bool) -> ToolResult | None:
         """Decode, look up and validate one call; an error result when it is refused."""
         call = slot.call
         name = call.name
@@ -326,7 +322,7 @@ class Turns:
         except ArgumentsError as err:
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
         if entry.info.policy.background == "optional" and isinstance(args, dict) and RUN_IN_BACKGROUND in args:
-            asked = take_choice(entry.info, call.id, args, self._tasks.settings.model_chooses)  # the model's choice
+            asked = take_choice(entry.info, call.id, args, chooses)  # the model's choice
             if isinstance(asked, ToolResult):
                 return asked
             slot.asked, key = asked, None  # a text that chose is not remembered as the tool's arguments
