@@ -2,8 +2,9 @@
 tasks hold, and what polling one costs.
 
 (1) ``--tasks`` (1,000) background calls of an ``async`` tool that waits a minute, opened
-across 100 sessions: the threads they add to the host (goal: none each; the isolation's
-event loop runs them all).
+across 100 sessions: the threads they add to the host and the threads held per open task
+(goal: none each; the system's tasks event loop runs them all), and the memory (resident
+set) an open task adds, in KiB.
 (2) Polling, with those tasks open: ``loop.tasks()``-side ``TaskRegistry.get`` and the
 served ``tasks/get`` handler (``ServedTasks.get``: the principal checked, the task
 looked up, its ``DetailedTask`` built) of a task created over MCP, each interleaved with
@@ -36,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mcp_types as types
+import psutil
 from stats import environment, publish, summary, verdict
 
 from rho_actors import ActorSystem, TaskSettings, ToolCall, tool
@@ -55,17 +57,22 @@ async def waits(seconds: float) -> str:
 
 def opened(system: ActorSystem, count: int) -> tuple[dict[str, Any], list[Any], list[str]]:
     loops = [system.start_loop(f"s{i}") for i in range(SESSIONS)]
+    [warm] = loops[0].run_turn([ToolCall("warm", "waits", '{"seconds": 0}')])  # the tasks' event loop, started
+    system.task_registry.wait(loops[0].session_id, loops[0].data_dir, warm.details["task_id"], 60)
     gc.collect()
-    before = threading.active_count()
+    before, rss_before = threading.active_count(), psutil.Process().memory_info().rss
     task_ids = []
     for n in range(count):
         [ack] = loops[n % SESSIONS].run_turn([ToolCall(f"c{n}", "waits", '{"seconds": 60}')])
         assert ack.ok, ack.content
         task_ids.append(ack.details["task_id"])
     time.sleep(0.5)  # each call started in its isolation
+    gc.collect()
     added = threading.active_count() - before
+    rss_kib = (psutil.Process().memory_info().rss - rss_before) / 1024
     open_now = system.task_registry.stats()["open"]
-    return {"tasks_open": open_now, "threads_added": added, "goal": "no thread per task",
+    return {"tasks_open": open_now, "threads_added": added, "threads_per_task": round(added / max(1, open_now), 4),
+            "rss_per_task_kib": round(rss_kib / max(1, open_now), 1), "goal": "no thread per task",
             "verdict": verdict(added < max(8, count // 100))}, loops, task_ids
 
 
@@ -113,7 +120,8 @@ def run(count: int, rounds: int) -> dict[str, Any]:
 def print_text(report: Mapping[str, Any]) -> None:
     env, h, p = report["environment"], report["holding"], report["polling"]
     print(f"rho_actors tasks benchmark ({env['mode']}, {env['cpus']} CPUs, load {env['load_avg_1m']})")
-    print(f"\n(1) {h['tasks_open']:,} open background tasks of an async tool: {h['threads_added']} threads added  "
+    print(f"\n(1) {h['tasks_open']:,} open background tasks of an async tool: {h['threads_added']} threads added "
+          f"({h['threads_per_task']} per task), {h['rss_per_task_kib']} KiB resident each  "
           f"goal {h['goal']}: {h['verdict']}")
     print(f"(2) a poll: TaskRegistry.get p50 {p['registry_get_us']['p50']} us; tasks/get handler p50 "
           f"{p['tasks_get_us']['p50']} us (p99 {p['tasks_get_us']['p99']}) vs json.dumps of its answer p50 "

@@ -360,7 +360,8 @@ def tool(
     ``background=True``: its calls run as tasks that outlive their turn, each with a
     deadline of ``background_timeout_ms`` (ms; default 1 h; DESIGN §4 "Background calls");
     ``background="optional"``: as a task when the caller asks (``run_turn(...,
-    background=...)``, an MCP client asking for a task), else as a call of its turn.
+    background=...)``, an MCP client asking for a task) or the model does (the
+    ``run_in_background`` argument its declaration gains), else as a call of its turn.
     """
     where = f"@tool{'' if func is None else ' ' + getattr(func, '__name__', '?')}"
     _checked_options(where, timeout_ms, concurrency, selftest)

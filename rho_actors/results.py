@@ -120,6 +120,14 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "task_interrupted": (
         _K.CANCELLED, "the host stopped before the background call of tool {tool!r} finished; it was not run again"
     ),
+    "background_choice_invalid": (
+        _K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: run_in_background must be true or false, not "
+        "{value}; the tool did not run"
+    ),
+    "background_choice_forbidden": (
+        _K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: run_in_background is not allowed here (this host "
+        "does not let the model choose to run a call in the background); call it again without it"
+    ),
     "bad_arguments": (_K.INVALID_ARGUMENTS, "tool {tool!r}: {problem}"),
     "invalid_arguments": (_K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: {problems}"),
     "cut_off": (

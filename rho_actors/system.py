@@ -677,7 +677,7 @@ class ActorSystem:
         """Stop the tree in reverse start order (servers, sessions, sources, workers, calls, registry, declarations),
         then the timers. Running calls are cancelled; a call thread still running after ``shutdown_ms`` is abandoned
         (counted in :meth:`stats`). Idempotent."""
-        self._runtime.tasks.stop()  # no task starts, each running one is cancelled
+        self._runtime.tasks.stop(self._shutdown_ms / 1000)  # no task starts, each open one is cancelled
         self._calls.close()  # a call dispatched from now on does not start
         for isolation in self._runtime.isolations.values():  # a tool stopping the system: its thread is not waited
             isolation.stopping_from_here()

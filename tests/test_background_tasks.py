@@ -219,7 +219,7 @@ def test_without_wait_for_tasks_a_prompt_ends_and_the_next_one_gets_the_result(s
 
 
 _HOST = textwrap.dedent("""
-    import sys, threading
+    import asyncio, sys, threading
     from rho_actors import ActorSystem, ToolCall, tool
 
     @tool(background=True)
@@ -228,12 +228,27 @@ _HOST = textwrap.dedent("""
         threading.Event().wait(600)
         return "never"
 
+    @tool(background=True)
+    async def quick(site: str) -> str:
+        \"\"\"Look at a site (async, at once).\"\"\"
+        return f"quick look at {site}"
+
+    @tool(background=True)
+    async def watch(site: str) -> str:
+        \"\"\"Watch a site (async, long).\"\"\"
+        await asyncio.sleep(600)
+        return "never"
+
     if __name__ == "__main__":
         system = ActorSystem(data_dir=sys.argv[1])
-        system.register(crawl)
+        for t in (crawl, quick, watch):
+            system.register(t)
         loop = system.start_loop("s1")
         [ack] = loop.run_turn([ToolCall("c1", "crawl", '{"site": "a"}')])
-        print(ack.details["task_id"], flush=True)
+        [done] = loop.run_turn([ToolCall("c2", "quick", '{"site": "b"}')])
+        loop.task_result(done.details["task_id"], timeout_s=60)
+        [watching] = loop.run_turn([ToolCall("c3", "watch", '{"site": "c"}')])
+        print(ack.details["task_id"], done.details["task_id"], watching.details["task_id"], flush=True)
         threading.Event().wait(600)
 """)
 
@@ -246,27 +261,31 @@ def test_a_host_killed_mid_task_leaves_it_failed_interrupted_for_the_next_host_d
     host = subprocess.Popen([sys.executable, str(script), str(data)], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
-        task_id = read_line(host.stdout).strip()  # type: ignore[arg-type]
+        task_id, done_id, watch_id = read_line(host.stdout).split()  # type: ignore[arg-type]
     finally:
         host.send_signal(signal.SIGKILL)
         host.wait(WAIT_S)
     assert task_id.startswith("t_")
     with ActorSystem(data_dir=data) as system:
         loop = system.start_loop("s1")
-        [info] = loop.tasks()
-        assert (info.task_id, info.status) == (task_id, "failed")
-        assert info.result is not None and info.result.error_kind is ErrorKind.CANCELLED
-        assert info.result.content == \
-            "the host stopped before the background call of tool 'crawl' finished; it was not run again"
-        assert system.stats()["tasks"]["interrupted"] == 1
+        info, done, watching = loop.tasks()  # in the order they started
+        assert [(i.task_id, i.status) for i in (info, done, watching)] == [
+            (task_id, "failed"), (done_id, "completed"), (watch_id, "failed")]
+        assert done.result is not None and done.result.content == "quick look at b"
+        for interrupted, name in ((info, "crawl"), (watching, "watch")):  # a thread's call and an async one
+            assert interrupted.result is not None and interrupted.result.error_kind is ErrorKind.CANCELLED
+            assert interrupted.result.content == \
+                f"the host stopped before the background call of tool {name!r} finished; it was not run again"
+        assert system.stats()["tasks"]["interrupted"] == 2
         model = ScriptedModel([Reply("noted"), Reply("still noted")])
         loop.prompt("What happened?", model=model)
         loop.prompt("And now?", model=model)
-        sent = [m for m in model.requests[1][0] if m.role == "user" and task_id in m.text]
-        assert len(sent) == 1 and "failed (cancelled)" in sent[0].text
-    with ActorSystem(data_dir=data) as system:  # a third host: still failed, delivered, nothing re-run
-        [again] = system.start_loop("s1").tasks()
-        assert again.status == "failed" and again.delivered
+        for tid, outcome in ((task_id, "failed (cancelled)"), (done_id, "finished"), (watch_id, "failed (cancelled)")):
+            sent = [m for m in model.requests[1][0] if m.role == "user" and tid in m.text]
+            assert len(sent) == 1 and outcome in sent[0].text
+    with ActorSystem(data_dir=data) as system:  # a third host: still ended, delivered, nothing re-run
+        again = system.start_loop("s1").tasks()
+        assert [(i.status, i.delivered) for i in again] == [("failed", True), ("completed", True), ("failed", True)]
 
 
 def test_a_damaged_task_record_is_skipped_with_the_others_kept(tmp_path: Path) -> None:
@@ -315,3 +334,82 @@ def test_a_temporary_record_left_by_a_killed_host_is_removed_at_the_next_hosts_f
     with ActorSystem(data_dir=tmp_path) as system:
         assert system.start_loop("s1").tasks() == []
     assert not left.exists() and ours.exists()
+
+
+class ClassCrawl:
+    """A class tool declaring its background calls through the contract's callbacks."""
+
+    @staticmethod
+    def name() -> str:
+        return "class_crawl"
+
+    @staticmethod
+    def description() -> str:
+        return "Crawl a site (a class tool)."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {"site": {"type": "string"}}, "required": ["site"]}
+
+    @staticmethod
+    def background() -> bool:
+        return True
+
+    @staticmethod
+    def background_timeout_ms() -> int:
+        return 400
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        release.wait(30)
+        return f"crawled {args['site']}"
+
+
+def test_a_class_tool_declares_background_and_its_deadline_through_the_contract(system: ActorSystem) -> None:
+    system.register(ClassCrawl())
+    loop = system.start_loop("s1")
+    [ack] = loop.run_turn([call("c1", "class_crawl", '{"site": "a"}')])
+    assert ack.ok and ack.details is not None, ack.content
+    [node] = system.tree()["children"][-1]["children"]
+    assert 0 < node["ms_left"] <= 400
+    done = loop.task_result(ack.details["task_id"], timeout_s=WAIT_S)
+    assert done.status == "failed" and done.result is not None
+    assert done.result.error_kind is ErrorKind.TIMEOUT and "400 ms" in done.result.content
+
+
+def test_a_background_deadline_is_capped_by_the_systems_max_timeout_ms(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, tasks=TaskSettings(max_timeout_ms=300)) as system:
+        system.register(crawl)  # declares 60 s
+        loop = system.start_loop("s1")
+        [ack] = loop.run_turn([call("c1", "crawl", '{"site": "a"}')])
+        done = loop.task_result(ack.details["task_id"], timeout_s=WAIT_S)
+        assert done.status == "failed" and done.result is not None
+        assert done.result.error_kind is ErrorKind.TIMEOUT and "300 ms" in done.result.content
+
+
+@tool(background=True)
+def big_report(size: int) -> str:
+    """A report of ``size`` characters."""
+    return "x" * size
+
+
+@tool
+def big_answer(size: int) -> str:
+    """An answer of ``size`` characters, in the turn."""
+    return "y" * size
+
+
+def test_a_tasks_result_is_charged_to_its_sessions_result_budget(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, max_session_result_bytes=10_000) as system:
+        system.register(big_report)
+        system.register(big_answer)
+        loop = system.start_loop("s1")
+        [ack] = loop.run_turn([call("c1", "big_report", '{"size": 6000}')])
+        done = loop.task_result(ack.details["task_id"], timeout_s=WAIT_S)
+        assert done.status == "completed" and done.result is not None and len(done.result.content) == 6000
+        [over] = loop.run_turn([call("c2", "big_answer", '{"size": 6000}')])  # what the task took is gone
+        assert over.error_kind is ErrorKind.OUTPUT_LIMIT and "session's result budget" in over.content
+        [ack2] = loop.run_turn([call("c3", "big_report", '{"size": 6000}')])
+        refused = loop.task_result(ack2.details["task_id"], timeout_s=WAIT_S)
+        assert refused.status == "failed" and refused.result is not None
+        assert refused.result.error_kind is ErrorKind.OUTPUT_LIMIT and "result budget" in refused.result.content

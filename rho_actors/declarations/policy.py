@@ -17,6 +17,7 @@ callbacks of :data:`POLICY_CALLBACKS`:
 ``retry_policy()``              a :class:`RetryPolicy` (or its fields as a dict) for an idempotent tool
 ``background()``                ``True``: its calls run as tasks, past their turn (:mod:`rho_actors.tasks`);
                                 ``"optional"``: when the caller asks (``run_turn(..., background=...)``)
+                                or the model does (its ``run_in_background`` argument)
 ``background_timeout_ms()``     a background call's deadline in ms (an ``int`` >= 1; default 1 h)
 =============================== ===========================================================
 

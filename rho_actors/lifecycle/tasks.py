@@ -5,12 +5,15 @@ agent loop below it as for the runtime."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
-from rho_actors.tool import ToolResult
+from rho_actors.results import failure
+from rho_actors.tool import ToolInfo, ToolResult
 
-__all__ = ["OPEN", "TaskInfo", "TaskStatus", "acknowledgement", "delivery_text", "runs_as_task"]
+__all__ = ["OPEN", "RUN_IN_BACKGROUND", "TaskInfo", "TaskStatus", "acknowledgement", "delivery_text", "offers_choice",
+           "runs_as_task", "take_choice", "with_choice"]
 
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 """MCP's task statuses (the tasks extension): the first two are open."""
@@ -19,6 +22,16 @@ OPEN: Final = frozenset({"working", "input_required"})
 _STARTED: Final = ("tool {tool!r} runs in the background as task {task_id}; its result will be given to you when "
                    "it finishes")
 _DELIVERED: Final = "Background task {task_id} (tool {tool!r}, call {call_id}) {outcome}:\n{content}"
+RUN_IN_BACKGROUND: Final = "run_in_background"
+"""The argument by which the model chooses to run a call of a ``background="optional"``
+tool in the background (pydantic-ai harness's name): offered in the tool's declaration
+shown to the model (:func:`with_choice`), taken out of the call's arguments before they
+are validated (:func:`take_choice`), never given to the tool."""
+_CHOICE: Final = {
+    "type": "boolean",
+    "description": "Set to true to run this call in the background: you get a task id at once, can go on with "
+                   "other work, and are given its result in a later message when it finishes.",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,15 +58,54 @@ class TaskInfo:
         return self.status in OPEN
 
 
-def runs_as_task(declared: bool | str, chosen: bool | frozenset[str], call_id: str) -> bool:
+def runs_as_task(declared: bool | str, chosen: bool | frozenset[str], call_id: str, asked: bool = False) -> bool:
     """Whether call ``call_id`` runs as a task: its tool is declared ``background=True``
     (``declared``), or ``"optional"`` and its turn's caller chose it (``chosen``: every
-    such call, or their ids)."""
+    such call, or their ids) or the model asked for it (``asked``: its
+    ``run_in_background``)."""
     if declared is True:
         return True
     if declared != "optional":
         return False
-    return chosen if isinstance(chosen, bool) else call_id in chosen
+    return asked or (chosen if isinstance(chosen, bool) else call_id in chosen)
+
+
+def offers_choice(info: ToolInfo) -> bool:
+    """Whether the model may choose to run a call of ``info``'s tool in the background:
+    it is declared ``background="optional"`` and has no argument of its own named
+    :data:`RUN_IN_BACKGROUND` (that one stays the tool's)."""
+    if info.policy.background != "optional":
+        return False
+    properties = info.parameter_schema.get("properties")
+    return not (isinstance(properties, dict) and RUN_IN_BACKGROUND in properties)
+
+
+def with_choice(info: ToolInfo) -> ToolInfo:
+    """``info`` as shown to a model that may choose (:func:`offers_choice`): its schema
+    with the optional boolean :data:`RUN_IN_BACKGROUND` added (a shallow copy: the
+    tool's own schema is not changed); any other ``info`` as it is."""
+    if not offers_choice(info):
+        return info
+    schema = info.parameter_schema
+    properties = schema.get("properties")
+    shown = {**(properties if isinstance(properties, dict) else {}), RUN_IN_BACKGROUND: dict(_CHOICE)}
+    return dataclasses.replace(info, parameter_schema={**schema, "properties": shown})
+
+
+def take_choice(info: ToolInfo, call_id: str, args: dict[str, Any], allowed: bool) -> bool | ToolResult:
+    """Take the model's :data:`RUN_IN_BACKGROUND` out of ``args`` (a call of ``info``'s
+    tool, decoded, before its validation) when the tool offers the choice: whether it
+    asked for the background, or the ``invalid_arguments`` refusal naming the argument
+    when its value is not a boolean, or when the host does not let the model choose
+    (``allowed`` false). False when there is nothing to take."""
+    if RUN_IN_BACKGROUND not in args or not offers_choice(info):
+        return False
+    value = args.pop(RUN_IN_BACKGROUND)
+    if not allowed:
+        return failure("background_choice_forbidden", call_id, info.name)
+    if not isinstance(value, bool):
+        return failure("background_choice_invalid", call_id, info.name, value=repr(value)[:80])
+    return value
 
 
 def acknowledgement(task_id: str, call_id: str, name: str) -> ToolResult:

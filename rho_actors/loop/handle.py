@@ -26,6 +26,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry, paused_for
 from rho_actors.lifecycle import PendingCall
+from rho_actors.lifecycle.tasks import with_choice
 from rho_actors.loop.approvals import ApprovalError
 from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.otp.actor import NORMAL, stop
@@ -134,6 +135,12 @@ class Loop:
         self._bounds: _Bounds | None = None  # the bounds of the turns awaited on the last event loop used
         self.instructions: str | None = None
         """The system prompt of this session's prompts that give none (not recorded)."""
+        self.model_chooses: bool = runtime.tasks.settings.model_chooses
+        """Whether this session's model may choose to run a call of a ``background="optional"``
+        tool in the background (its ``run_in_background``: shown by :meth:`declarations`,
+        taken out of each call's arguments); ``TaskSettings.model_chooses`` unless the host
+        sets it. A host serving callers who choose otherwise (an MCP client asks for a
+        task) sets it ``False``: such a call is then ``invalid_arguments``."""
         self.telemetry = runtime.telemetry
         """The system's :class:`rho_actors.Telemetry` (the spans of this session's prompts)."""
 
@@ -233,7 +240,7 @@ class Loop:
         turns = self._turns()
         telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
         turns.submit(batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(),
-                     on_result=on_result, aio=aio, background=background)
+                     on_result=on_result, aio=aio, background=background, chooses=self.model_chooses is True)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
@@ -348,10 +355,14 @@ class Loop:
 
     def declarations(self, dialect: Dialect = "neutral") -> list[dict[str, Any]]:
         """:meth:`offered` in a provider's format (see :mod:`rho_actors.declarations.formats`):
-        fresh dicts, each schema its own deep copy."""
+        fresh dicts, each schema its own deep copy; what the agent loop shows the model.
+        A ``background="optional"`` tool's schema gains the optional boolean
+        ``run_in_background`` here, unless :attr:`model_chooses` is off (DESIGN §4
+        "Background calls": the model's choice, taken out before validation)."""
         entries = self.offered_entries()
+        chooses = self.model_chooses is True
         with paused_for(len(entries)):  # a large offer: tens of thousands of new dicts
-            return [to_dialect(entry.info, dialect) for entry in entries]
+            return [to_dialect(with_choice(entry.info) if chooses else entry.info, dialect) for entry in entries]
 
     def set_withheld(self, names: Iterable[str]) -> None:
         """Replace the set of tool names this loop does not offer, from its next turn: a

@@ -2,7 +2,10 @@
 
 When a turn is awaited with :meth:`rho_actors.Loop.arun_turn`, a call whose tool is
 trusted, in ``thread`` isolation and ``async`` runs as a task on the awaiting event
-loop, as the host's own coroutines do: no thread is woken, no thread crossed.
+loop, as the host's own coroutines do: no thread is woken, no thread crossed. A
+background call of such a tool runs the same way on the system's tasks event loop
+(:mod:`rho_actors.tasks.event_loop`), started from another thread: its first step is
+then that loop's to run.
 
 **Its first step runs at once** (as Python 3.12's eager tasks do; this works on 3.11
 too): the call's task is made, and the tool's coroutine is driven to its first
@@ -41,7 +44,10 @@ What holds for every call holds here too:
 - **Cancelling works the same**: the host cancelling the turn (or its awaiting task),
   or the loop stopping, sets ``ctx["cancel"]`` and cancels the task (from any thread);
   a cancel that comes before the task's first step reaches the coroutine where it
-  suspended (the future it waits on is cancelled, as a task's would be).
+  suspended (the future it waits on is cancelled, as a task's would be); one that comes
+  before the call's first step runs (its start queued on another thread's loop) answers
+  it ``cancelled`` without running the tool, late for the canceller, so a place held
+  until its answer (an exclusive tool's) is given back.
 - It runs in a copy of the submitter's ``contextvars`` context, its first step and every
   later one in the same copy (what the tool sets stays its own), with its span current.
 - Its result is settled in the call's :class:`rho_actors.isolation.call.Answer`, as a
@@ -124,8 +130,8 @@ class InlineCall:
         """On ``aio``: make the task, run the coroutine's first step as that task, and arm
         the deadline if it suspended."""
         spec = self._spec
-        if spec.cancel.cancelled:  # cancelled before it began: its result is given already
-            spec.cancel.finish()
+        if spec.cancel.cancelled:  # cancelled before it began: its result is given already, this one is late
+            self._never_ran()
             return
         aio = self._aio
         context = spec.context if spec.context is not None else contextvars.Context()
@@ -139,7 +145,7 @@ class InlineCall:
             if spec.cancel.cancelled:  # by another thread meanwhile: the tool never runs, its task ends at once
                 coro.close()
                 rest.pending = _ENDED
-                spec.cancel.finish()
+                self._never_ran()
                 return
             rest.pending = _ENDED  # kept if the first step raises (a bug: nothing is left to run)
             rest.pending = _first_step(aio, task, context, coro)
@@ -165,6 +171,17 @@ class InlineCall:
             spec.cancel.remove_callback(hook)
         if self._answer.settle(result) and self._timer is not None:  # the answer: its deadline is not needed
             self._timer.cancel()
+
+    def _never_ran(self) -> None:
+        """The call was cancelled before its first step: it is answered all the same (its
+        ``cancelled`` result, late for whoever cancelled it), so what holds a place for
+        it until its answer (the governor's) lets go."""
+        spec = self._spec
+        spec.cancel.finish()
+        hook, self._on_cancel = self._on_cancel, None
+        if hook is not None:
+            spec.cancel.remove_callback(hook)
+        self._answer.settle(call_failure(spec, asyncio.CancelledError(), 0.0))
 
     def _deadline(self) -> None:
         """On ``aio``, at the deadline: answer ``timeout``, then cancel the task."""

@@ -43,6 +43,7 @@ class Slot:
     running: RunningCall | None = None
     span: CallSpan | None = None  # its execute_tool span, while telemetry records it
     validated_s: float = 0.0  # how long its validation took: counted against its deadline
+    asked: bool = False  # the model asked to run it in the background (its run_in_background)
 
 
 result_of = operator.attrgetter("result")  # a slot's result (in C: no frame per turn)

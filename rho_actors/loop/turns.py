@@ -17,7 +17,9 @@ path of deadlines and stops too: its ``ctx["cancel"]`` is set, a worker process 
 killed) and every call without a result gets a ``cancelled`` one at once; a turn whose
 token is set before it starts runs no call. A turn awaited on an asyncio event loop
 (``arun_turn``) runs its calls of trusted ``async`` tools in ``thread`` isolation on
-that event loop (:mod:`rho_actors.loop.inline`), with their deadlines.
+that event loop (:mod:`rho_actors.loop.inline`), with their deadlines; a background call
+of such a tool runs the same way on the system's tasks event loop
+(:mod:`rho_actors.tasks.event_loop`), from any turn.
 
 A result does not pass through the LoopActor: the thread that answers a call (its
 CallActor's, its deadline timer's, the event loop's) settles the call's slot in its turn
@@ -60,7 +62,7 @@ from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
-from rho_actors.lifecycle.tasks import acknowledgement, runs_as_task
+from rho_actors.lifecycle.tasks import RUN_IN_BACKGROUND, acknowledgement, runs_as_task, take_choice
 from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.inline import InlineCall, runs_inline
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
@@ -196,13 +198,15 @@ class Turns:
         telemetry: TurnTelemetry | None = None, cancel: CancelToken | None = None,
         context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
-        approved: bool = False, background: bool | frozenset[str] = False,
+        approved: bool = False, background: bool | frozenset[str] = False, chooses: bool = False,
     ) -> None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
         decided once per turn); ``approved``: its calls were approved (none is held for
         approval); ``background``: the ids of the calls to run as tasks when their tool
-        allows it (``background="optional"``), or ``True`` for all of them; see
+        allows it (``background="optional"``), or ``True`` for all of them; ``chooses``:
+        the model may ask for that too (a call's ``run_in_background``; else passing it
+        is ``invalid_arguments``); see
         :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
         raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
         result for each call."""
@@ -218,7 +222,7 @@ class Turns:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
                 try:
-                    refusal = self._prepare(slot, tools, withheld.names)
+                    refusal = self._prepare(slot, tools, withheld.names, chooses)
                 except Exception as exc:  # a bug, or a checker that broke: this call only
                     logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
                     refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
@@ -254,7 +258,7 @@ class Turns:
         for index, pending in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
             slot = turn.slots[index]
             as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
-                                                                slot.call.id)  # then it waits as an input_required task
+                                                                slot.call.id, slot.asked)  # it waits as a task
             slot.result = self._tasks.held(self.session_id, self._data_dir, pending) if as_task else pending
             refused.append(turn.slots[index])
             turn.waiting.remove(index)
@@ -297,7 +301,7 @@ class Turns:
             self.folder_made = True
         self._dispatch_ready(turn)
 
-    def _prepare(self, slot: Slot, tools: ToolSet, withheld: frozenset[str]) -> ToolResult | None:
+    def _prepare(self, slot: Slot, tools: ToolSet, withheld: frozenset[str], chooses: bool) -> ToolResult | None:
         """Decode, look up and validate one call; an error result when it is refused."""
         call = slot.call
         name = call.name
@@ -317,6 +321,11 @@ class Turns:
             args = decode_arguments(call.arguments, self._limits.max_argument_depth)
         except ArgumentsError as err:
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
+        if entry.info.policy.background == "optional" and isinstance(args, dict) and RUN_IN_BACKGROUND in args:
+            asked = take_choice(entry.info, call.id, args, chooses)  # the model's choice
+            if isinstance(asked, ToolResult):
+                return asked
+            slot.asked, key = asked, None  # a text that chose is not remembered as the tool's arguments
         began = time.monotonic()
         try:  # validation counts against the call's deadline
             size = text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
@@ -394,7 +403,9 @@ class Turns:
         task, timeout_ms = ((resumed, self._tasks.timeout_ms(entry.info)) if resumed is not None else
                             self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info,
                                              args if idempotent(entry) else None)
-                            if runs_as_task(entry.info.policy.background, turn.background, slot.call.id)
+                            if runs_as_task(entry.info.policy.background, turn.background, slot.call.id, slot.asked)
+                            or (entry.info.policy.background == "optional"  # approved: its held task goes on
+                                and self._tasks.holds(self.session_id, slot.call.id))
                             else (None, entry.info.timeout_ms))
         if isinstance(task, ToolResult):  # a background call past a bound: refused
             return self._settle(turn, slot, task)
@@ -429,10 +440,13 @@ class Turns:
         )
         if span is not None:
             fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
+        # a turn awaited on an event loop runs an async tool's call there; a task runs on the tasks' own loop
+        inline = (turn.aio is not None or task is not None) and runs_inline(entry)
+        settle: Callable[[ToolResult], None] = reply if task is None else functools.partial(self._tasks.settle, task)
+        answering = self._tasks.event_loop.answering(settle) if inline and task is not None else None
         spec = CallSpec(
             slot.call.id, entry.info.name, entry.tool, args, MappingProxyType(fields), now, deadline,
-            timeout_ms, cancel, self._limits.max_output_chars,
-            reply if task is None else functools.partial(self._tasks.settle, task),
+            timeout_ms, cancel, self._limits.max_output_chars, answering or settle,
             None if turn.context is None else turn.context.copy(),
         )
         with turn.lock:
@@ -447,16 +461,18 @@ class Turns:
         if self._events.wants_calls("started"):  # asked here: no frame when nobody listens
             self._emit_event("started", slot, None)
         try:
-            # asked only of a turn awaited on an event loop; a task outlives its turn (and the caller's loop)
-            inline = turn.aio is not None and task is None and runs_inline(entry)
-            start: Any = (self._runtime.isolations[entry.isolation].start if not inline or turn.aio is None else
-                          functools.partial(InlineCall.start, turn.aio, stopping=self._runtime.calls.closed))
+            # a task outlives its turn (and the caller's event loop): it runs on the tasks' event loop
+            aio = None if not inline else turn.aio if task is None else self._tasks.event_loop.get()
+            start: Any = (self._runtime.isolations[entry.isolation].start if aio is None else
+                          functools.partial(InlineCall.start, aio, stopping=self._runtime.calls.closed))
             running: RunningCall = self._runtime.governor.start(entry, spec, self.session_id, start, inline)  # bounds
         except (pykka.ActorDeadError, pykka.Timeout) as err:
             return self._not_started(turn, slot, task, failure("not_started", slot.call.id, entry.info.name,
                                                                problem=err))
         if task is not None:  # a task: it runs on past its turn, which has its acknowledgement now
             self._tasks.started(task, running, deadline)
+            if answering is not None:  # on the tasks' event loop: its deadline kept off the loop too
+                answering.arm(self._runtime.timers, spec)
             return self._settle(turn, slot, acknowledgement(task.task_id, slot.call.id, entry.info.name))
         with turn.lock:
             if slot.result is None:  # else answered already (its running call holds this slot: no cycle)

@@ -186,6 +186,7 @@ async def _start_session(served: _Served, session_id: str, notify: Any = None, *
     """A new rho session: its loop started, its transcript opened (or logged why not)."""
     loop = await anyio.to_thread.run_sync(
         functools.partial(served.system.start_loop, session_id, withheld=served.withheld))
+    loop.model_chooses = False  # a client asks for a task its own way (the tasks extension, bounded per client)
     session = Session(loop, notify, served.system.tool_set().version, **fields)
     transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
     try:

@@ -41,6 +41,7 @@ from rho_actors.isolation import RunningCall
 from rho_actors.lifecycle.tasks import OPEN, TaskInfo, TaskStatus, acknowledgement
 from rho_actors.results import failure
 from rho_actors.tasks import records
+from rho_actors.tasks.event_loop import TaskLoop
 from rho_actors.tool import ErrorKind, ToolInfo, ToolResult
 
 __all__ = ["DEFAULT_BACKGROUND_TIMEOUT_MS", "Task", "TaskError", "TaskRegistry", "TaskSettings"]
@@ -53,14 +54,20 @@ DEFAULT_BACKGROUND_TIMEOUT_MS: Final = 3_600_000
 class TaskSettings:
     """The system's bounds on background calls (``ActorSystem(tasks=TaskSettings(...))``):
     ``max_tasks_per_session`` open tasks in one session (16) and ``max_tasks`` in the
-    system (256); ``task_ttl_s``: how long an ended task stays listed, in seconds (1 h);
+    system (1,024: an open task of an ``async`` tool holds no thread, about 7 KiB);
+    ``task_ttl_s``: how long an ended task stays listed, in seconds (1 h);
     ``max_timeout_ms``: the longest deadline a background call may have (1 h,
-    milliseconds). Raises ``ValueError`` for a bound below 1 (a negative ttl)."""
+    milliseconds); ``model_chooses``: whether the model may choose to run a call of a
+    ``background="optional"`` tool in the background (its declaration shown to the model
+    gains the ``run_in_background`` argument; ``False``: only the caller chooses, and a
+    call passing it is refused ``invalid_arguments``). Raises ``ValueError`` for a bound
+    below 1 (a negative ttl) or a ``model_chooses`` that is not a bool."""
 
     max_tasks_per_session: int = 16
-    max_tasks: int = 256
+    max_tasks: int = 1024
     task_ttl_s: float = 3600.0
     max_timeout_ms: int = DEFAULT_BACKGROUND_TIMEOUT_MS
+    model_chooses: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_tasks_per_session", "max_tasks", "max_timeout_ms"):
@@ -70,6 +77,8 @@ class TaskSettings:
         if isinstance(self.task_ttl_s, bool) or not isinstance(self.task_ttl_s, (int, float)) or \
                 not self.task_ttl_s >= 0:
             raise ValueError(f"TaskSettings.task_ttl_s must be a number >= 0, not {self.task_ttl_s!r}")
+        if not isinstance(self.model_chooses, bool):
+            raise ValueError(f"TaskSettings.model_chooses must be a bool, not {self.model_chooses!r}")
 
 
 class TaskError(RhoError, LookupError):
@@ -179,6 +188,7 @@ class TaskRegistry:
         self._held: dict[tuple[str, str], Task] = {}  # (session, call id): tasks whose call waits for a decision
         self._decisions = decisions  # subscribes to the decisions of held calls (only while one is held)
         self._unlisten: Callable[[], None] | None = None
+        self.event_loop = TaskLoop()  # where background calls of async tools run (started on the first)
 
     def watch(self, watcher: Callable[[TaskInfo], None]) -> Callable[[], None]:
         """Call ``watcher(info)`` on each change of a task's status (it waits for input,
@@ -261,6 +271,12 @@ class TaskRegistry:
                 spare()
         ack = acknowledgement(task.task_id, pending.call_id, pending.name)
         return dataclasses.replace(ack, details={**ack.details, "pending": pending.details["pending"]})
+
+    def holds(self, session_id: str, call_id: str) -> bool:
+        """Whether call ``call_id`` of the session is a task waiting for its approval
+        (:meth:`held`): approved, it runs as that task whoever chose the background. One
+        look at a dict (atomic): no lock on the call path."""
+        return (session_id, call_id) in self._held
 
     def on_event(self, event: Any) -> None:
         """The system's events: a held call decided without running (``rejected``,
@@ -446,10 +462,12 @@ class TaskRegistry:
         with self._lock:
             return any(t.status in OPEN for t in self._session(session_id, session_dir).values())
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
         """The system stops: no task starts, and each open one ends ``cancelled`` (its
         record written; a host that dies first leaves it for the next host to find
-        ``failed``, interrupted) with its call cancelled through its isolation."""
+        ``failed``, interrupted) with its call cancelled through its isolation; the
+        cancelled ``async`` calls get ``timeout_s`` seconds to end before the tasks'
+        event loop stops."""
         with self._lock:
             self.stopped = True
             open_tasks = [t for tasks in self._sessions.values() for t in tasks.values() if t.status in OPEN]
@@ -458,6 +476,7 @@ class TaskRegistry:
             self.settle(task, failure("cancelled", task.call_id, task.name, reason="the system is stopping"))
             if running is not None:
                 running.cancel("stopping")
+        self.event_loop.stop(timeout_s)
 
     def describe(self) -> dict[str, Any]:
         """The ``tasks`` node of ``tree()``: a supervisor whose ``temporary`` children are
