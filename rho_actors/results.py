@@ -118,7 +118,8 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         "{bound} ({setting})"
     ),
     "task_interrupted": (
-        _K.CANCELLED, "the host stopped before the background call of tool {tool!r} finished; it was not run again"
+        _K.CANCELLED, "interrupted: the host stopped before the background call of tool {tool!r} finished; it was "
+        "not run again"
     ),
     "background_choice_invalid": (
         _K.INVALID_ARGUMENTS, "invalid arguments for tool {tool!r}: run_in_background must be true or false, not "
