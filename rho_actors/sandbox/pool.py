@@ -34,9 +34,11 @@ Example::
 from __future__ import annotations
 
 import contextvars
+import functools
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from typing import Any, Final
@@ -56,7 +58,7 @@ from rho_actors.sandbox.processes import (
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import Grant, WorkerSlots
-from rho_actors.sandbox.warm_workers import CALL_SCOPE, PoolStopped, WarmWorkers
+from rho_actors.sandbox.warm_workers import CALL_SCOPE, PoolStopped, WarmWorkers, WorkerStart
 from rho_actors.sandbox.wire import WorkerCall
 from rho_actors.sandbox.worker import WorkerConfig
 from rho_actors.sandbox.worker_handle import WorkerHandle, at_deadline, died, exchange_or_cancel
@@ -75,7 +77,11 @@ class _QueuedPastDeadline(Exception):
 
 
 class _NotStarted(Exception):
-    """A worker started for a call did not say ``READY`` by the call's ``start_by``."""
+    """No worker the call may use was idle by its ``start_by`` (its own start not yet ready)."""
+
+
+class _StartFailed(Exception):
+    """The workers started for a call failed to start, each (the message says why)."""
 
 
 class WorkerPool(WarmWorkers):
@@ -85,8 +91,10 @@ class WorkerPool(WarmWorkers):
     ``warm`` idle workers are started ahead of need, each leading its own process group
     under ``RLIMIT_AS`` = ``heap_bytes`` (bytes; 0 for no bound), with ``start_method``
     ``"forkserver"`` (or ``"spawn"``). A call takes an idle worker or, when none is
-    idle, starts one of its own (calls queue only at the ``slots`` cap, each taking a
-    worker it may use as soon as one is idle); afterwards the worker goes back to the
+    idle, starts one (calls queue only at the ``slots`` cap, each taking a
+    worker it may use as soon as one is idle; a call with a start bound takes the
+    first worker it may use that becomes idle, the one started for it or one freed
+    meanwhile); afterwards the worker goes back to the
     idle set while fewer than ``warm`` or than the recent peak of busy workers (of its
     scope; a peak lasts ``idle_s`` seconds from when it was last reached) are idle, else
     it is stopped; idle workers beyond ``warm`` are retired after ``idle_s`` seconds
@@ -145,7 +153,8 @@ class WorkerPool(WarmWorkers):
         self._stopped = False
         self._peaks: dict[Hashable, tuple[int, float]] = {}  # scope -> (most busy at once, when last reached)
         self._shipped = ShippedTools()
-        self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0}
+        self._preloads: OrderedDict[bytes, bytes] = OrderedDict()  # digest -> tool bytes, loaded ahead (preload)
+        self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0, "loaded": 0, "shipped": 0}
         hold_servers()
         self._holding = True
         self._pids: set[int] = set()
@@ -319,35 +328,36 @@ class WorkerPool(WarmWorkers):
         deadline, timeout_ms = request.deadline, request.timeout_ms
         for _ in range(_DELIVERY_ATTEMPTS):
             try:
-                worker = self._take(scope, env_key, deadline if start_by is None else start_by)
+                worker = self._take(scope, env_key, deadline if start_by is None else start_by, start_by is not None)
             except _QueuedPastDeadline:
                 cap = self._slots.limit if self._slots is not None else 0
                 if start_by is not None:
                     return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
                                   why=f"the system's {cap} worker(s) stayed busy")
                 return failed("queued_past_deadline", timeout_ms=timeout_ms, cap=cap)
+            except _NotStarted:
+                return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
+                              why="no worker was free, and the one started for it was not ready in time")
+            except _StartFailed as exc:
+                return failed("no_worker", problem=str(exc))
             except PoolStopped:
                 return failed("pool_stopped")
             except Exception as exc:
                 return failed("no_worker", problem=describe_exception(exc))
             try:
-                if start_by is not None:
-                    if not worker.ready:  # started for this call: its start is not the tool's time
-                        self._await_start(worker, start_by)
+                if start_by is not None:  # its tool's time starts now, not when it was dispatched
                     deadline = min(request.deadline, time.monotonic() + timeout_ms / 1000)
                     request, bare = replace(request, deadline=deadline), b""
-                body = bare if bare and request.digest in worker.tools else wire.encode_call(
-                    request if request.digest in worker.tools else replace(request, tool_bytes=tool_bytes))
+                held = request.digest in worker.tools
+                body = bare if bare and held else wire.encode_call(
+                    request if held else replace(request, tool_bytes=tool_bytes))
                 worker.channel.send(wire.CALL, body, deadline)
+                if not held:
+                    with self._lock:
+                        self._counts["shipped"] += 1
                 return worker, request
-            except _NotStarted:
-                self._lose(worker, "killed")
-                return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
-                              why="a worker started for it was not ready in time")
             except EOFError:  # it died while idle, or while starting, before the call reached it: try another
                 self._lose(worker, "died")
-            except Malformed:  # a frame other than READY from a starting worker: try another
-                self._lose(worker, "killed")
             except DeadlineReached:
                 self._lose(worker, "killed")
                 return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED + " while the call was sent to it")
@@ -388,7 +398,9 @@ class WorkerPool(WarmWorkers):
         ``killed`` (at a deadline, or for a bad reply), ``died`` (crashed, exited or
         out of memory on their own) and ``retired`` (stopped when surplus, or after
         running out of memory, or idle too long); ``queued``, calls that waited for the
-        cap; ``scopes``, scopes with an idle worker now; workers stopped by :meth:`stop` are
+        cap; ``loaded``, tools sent to workers ahead of their calls (:meth:`preload`);
+        ``shipped``, calls whose worker did not hold their tool (it went with the call);
+        ``scopes``, scopes with an idle worker now; workers stopped by :meth:`stop` are
         not counted."""
         with self._lock:
             return {
@@ -408,19 +420,49 @@ class WorkerPool(WarmWorkers):
 
     # --- a worker for a call ----------------------------------------------------------------
 
-    def _take(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> WorkerHandle:
+    def _take(
+        self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float, waits: bool = False,
+    ) -> WorkerHandle:
         """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
         with the same ``env_key``, else a new worker. At the cap: an idle worker of
         another scope (of any pool sharing the cap) is retired for it, else the call
         waits for a slot or a worker it may use, until ``deadline`` (then raises
-        ``_QueuedPastDeadline``)."""
+        ``_QueuedPastDeadline``).
+
+        ``waits`` (a call with a start bound, ``deadline`` its ``start_by``): a new
+        worker is started in the background and the call takes the first worker it may
+        use that becomes idle, the new one once ready or one another call freed
+        meanwhile (raises ``_NotStarted`` at ``deadline``, ``_StartFailed`` when
+        :data:`_DELIVERY_ATTEMPTS` starts failed); without, the new worker is this
+        call's, started here, its ``READY`` read with the reply."""
         queued = False
+        start: WorkerStart | None = None
+        failures: list[str] = []
         while True:
             worker = self._take_idle(scope, env_key)
             if worker is not None:
                 return worker
+            if start is not None:
+                if start.done:  # its worker went idle and another call took it first: start one more
+                    start = None
+                    continue
+                with self._lock:
+                    ready = self._warmed.wait_for(functools.partial(self._worth_a_look_locked, start, scope, env_key),
+                                                  max(0.0, deadline - time.monotonic()))
+                if start.problem is not None:
+                    failures.append(start.problem)
+                    if len(failures) >= _DELIVERY_ATTEMPTS:
+                        raise _StartFailed("; ".join(failures))
+                    start = None
+                elif not ready:
+                    raise _NotStarted
+                continue
             if self._slots is None or self._slots.try_acquire():
-                return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
+                if not waits:
+                    return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
+                start = WorkerStart()
+                self._start_for_call(env_key, start)
+                continue
             if not queued:
                 queued = True
                 with self._lock:
@@ -429,6 +471,11 @@ class WorkerPool(WarmWorkers):
                 continue
             if not self._slots.wait(deadline):
                 raise _QueuedPastDeadline
+
+    def _worth_a_look_locked(self, start: WorkerStart, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> bool:
+        """Whether a call waiting for ``start`` should look again: stopped, its start
+        ended, or an idle worker it may take is there."""
+        return self._stopped or start.done or start.problem is not None or self._usable_locked(scope, env_key)
 
     def _release(self, worker: WorkerHandle, retire: bool, grant: Grant | None = None) -> None:
         """A call ended on ``worker``: keep it idle while its scope has fewer idle workers
@@ -453,14 +500,3 @@ class WorkerPool(WarmWorkers):
             if not self._stopped:
                 self._counts["retired"] += 1
         self._retire(worker)
-
-    def _await_start(self, worker: WorkerHandle, start_by: float) -> None:
-        """Read the ``READY`` of a worker started for a call, until ``start_by``. Raises
-        ``_NotStarted`` past it, ``EOFError`` when it ended, ``Malformed`` for another frame."""
-        try:
-            tag, body = worker.channel.recv(start_by, wire.MAX_REPLY_BYTES)
-        except DeadlineReached:
-            raise _NotStarted from None
-        if (tag, body) != (wire.READY, b""):
-            raise Malformed(f"an unexpected {tag!r} frame of {len(body):,} bytes before READY")
-        worker.ready = True

@@ -14,29 +14,35 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any, Final, Literal
 
 from loguru import logger
 
+from rho_actors.encoding import describe_exception
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.processes import spawn
+from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import WorkerSlots
-from rho_actors.sandbox.worker import WorkerConfig, worker_child
+from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig, worker_child
 from rho_actors.sandbox.worker_handle import WorkerHandle
 
-__all__ = ["CALL_SCOPE", "PoolStopped", "WarmWorkers"]
+__all__ = ["CALL_SCOPE", "PoolStopped", "WarmWorkers", "WorkerStart"]
 
 CALL_SCOPE: Final = "call"
 """The scope of a worker used for one call only (``worker_scope="call"``)."""
 
 _READY_TIMEOUT_S: Final = 30.0
+_LOAD_TIMEOUT_S: Final = 5.0
+"""How long sending a tool ahead to a worker may take (seconds)."""
 
 
 class PoolStopped(Exception):
@@ -66,6 +72,8 @@ class WarmWorkers:
     _peaks: dict[Hashable, tuple[int, float]]
     _counts: dict[str, int]
     _pids: set[int]
+    _shipped: ShippedTools
+    _preloads: OrderedDict[bytes, bytes]
 
     def pids(self) -> list[int]:
         """The process ids of the worker processes alive now (each is also the id of the
@@ -135,7 +143,7 @@ class WarmWorkers:
             raise
         if enclosure is not None:
             enclosure.started(child.pid)
-        worker = WorkerHandle(child.proc, child.channel, enclosure, self._slots, env_key)
+        worker = WorkerHandle(child.proc, child.channel, enclosure, self._slots, env_key, child.server)
         with self._lock:
             if not self._stopped:
                 self._all.add(worker)
@@ -155,6 +163,16 @@ class WarmWorkers:
     def _fresh(self) -> int:
         return sum(1 for w in self._idle if w.scope is None)
 
+    def _wants(self, scope: Hashable) -> tuple[Hashable, ...]:
+        """The scopes of idle workers a call of ``scope`` may take, best first."""
+        return (scope, None) if self._scoped and scope != CALL_SCOPE else (None,)
+
+    def _usable_locked(self, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> bool:
+        """Whether an idle worker a call of ``scope`` may take is there now."""
+        wants = self._wants(scope)
+        return any((not self._scoped or w.scope in wants) and w.env_key == env_key and not w.doomed
+                   for w in self._idle)
+
     def _take_idle(self, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> WorkerHandle | None:
         """An idle worker this call may use, now busy (``None``: there is none)."""
         dead: list[WorkerHandle] = []
@@ -163,7 +181,7 @@ class WarmWorkers:
             with self._lock:
                 if self._stopped:
                     raise PoolStopped
-                for want in ((scope, None) if scoped and scope != CALL_SCOPE else (None,)):
+                for want in self._wants(scope):
                     for worker in reversed(self._idle):
                         if (scoped and worker.scope != want) or worker.env_key != env_key or worker.doomed:
                             continue
@@ -295,18 +313,22 @@ class WarmWorkers:
             if failures:
                 backoff = 0.5
 
-    def _await_ready(self, worker: WorkerHandle) -> bool:
-        """Wait for a new worker's hello and make it idle (or stop it when calls started
-        enough workers of their own meanwhile); whether it became ready."""
+    def _await_ready(self, worker: WorkerHandle, wanted: bool = False) -> bool:
+        """Wait for a new worker's hello, send it the tools loaded ahead
+        (:meth:`_load_into`) and make it idle (a spare, not ``wanted`` by a call: stop it
+        when calls started enough workers of their own meanwhile); whether it became
+        ready."""
         try:
             ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S, wire.MAX_REPLY_BYTES) == (wire.READY, b"")
+            if ok:
+                self._load_into(worker)
         except (DeadlineReached, EOFError, Malformed):
             ok = False
         surplus = False
         worker.ready = ok
         with self._lock:
             if ok and worker in self._all and not self._stopped:
-                if self._fresh() < self._warm:
+                if wanted or self._fresh() < self._warm:
                     worker.idle_since = time.monotonic()
                     self._idle.append(worker)
                     self._warmed.notify_all()
@@ -324,3 +346,95 @@ class WarmWorkers:
         logger.warning("worker pool: worker {} did not become ready (exit code {})", worker.pid, worker.proc.exitcode)
         self._lose(worker, "died")
         return False
+
+    # --- starts for calls, tools loaded ahead ---------------------------------------------------
+
+    def _start_for_call(self, env_key: tuple[tuple[str, str], ...], start: WorkerStart) -> None:
+        """Start a worker for a waiting call in a thread of its own (the call took its
+        slot): once ready it is idle, for whichever waiting call may take it first (the
+        one it was started for, or another); ``start`` says when it failed."""
+
+        def run() -> None:
+            try:
+                worker = self._spawn(busy=False, env_key=env_key, slot_taken=True)
+            except PoolStopped:
+                start.failed("the worker pool is stopped")
+            except Exception as exc:
+                logger.exception("worker pool: a worker process could not be started")
+                start.failed(describe_exception(exc))
+            else:
+                if self._await_ready(worker, wanted=True):
+                    start.done = True
+                else:
+                    start.failed(f"worker {worker.pid} ended before it was ready (exit code {worker.exitcode})")
+            with self._lock:
+                self._warmed.notify_all()
+
+        threading.Thread(target=run, name="rho-worker-start", daemon=True).start()
+
+    def preload(self, tool: Any, version: object = None) -> bool:
+        """Load ``tool`` ahead of its calls (a trusted pool's registered tool): pickled
+        now as a call ships it (once per ``version``), sent to every idle worker now
+        (a ``LOAD`` frame, unanswered) and to every new worker before it goes idle, so
+        its first call finds it held. The latest :data:`~rho_actors.sandbox.worker.TOOL_CACHE_SIZE`
+        tools are kept. Whether it was loaded (``False``: a scoped pool, whose spares
+        serve any scope, never holds a tool ahead; a tool that cannot be pickled, whose
+        calls then say why)."""
+        if self._scoped:
+            return False
+        try:
+            digest, tool_bytes = self._shipped.ship(tool, version)
+        except Unshippable:
+            return False
+        with self._lock:
+            if self._stopped:
+                return False
+            self._preloads[digest] = tool_bytes
+            self._preloads.move_to_end(digest)
+            while len(self._preloads) > TOOL_CACHE_SIZE:
+                self._preloads.popitem(last=False)
+            lacking = [w for w in self._idle if digest not in w.tools]
+            for worker in lacking:
+                self._idle.remove(worker)
+        for worker in lacking:
+            try:
+                self._load_into(worker)
+            except (DeadlineReached, EOFError):
+                self._lose(worker, "died")
+                continue
+            with self._lock:
+                if worker in self._all and not self._stopped:
+                    self._idle.append(worker)
+                    self._warmed.notify_all()
+                    continue
+            self._retire(worker)
+        return True
+
+    def _load_into(self, worker: WorkerHandle) -> None:
+        """Send ``worker`` (not idle: no call may write to it meanwhile) the tools loaded
+        ahead that it does not hold. Raises ``DeadlineReached`` or ``EOFError``."""
+        with self._lock:
+            missing = [(d, b) for d, b in self._preloads.items() if d not in worker.tools]
+        for digest, tool_bytes in missing:
+            worker.channel.send(wire.LOAD, pickle.dumps((digest, tool_bytes)), time.monotonic() + _LOAD_TIMEOUT_S)
+            worker.tools[digest] = None
+            worker.tools.move_to_end(digest)
+            while len(worker.tools) > TOOL_CACHE_SIZE:
+                worker.tools.popitem(last=False)
+            with self._lock:
+                self._counts["loaded"] += 1
+
+
+class WorkerStart:
+    """A start asked for by a waiting call: ``done`` once its worker is idle (for any
+    call to take), :meth:`failed` records why it failed (``problem``: ``None`` while it
+    has not)."""
+
+    __slots__ = ("done", "problem")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.problem: str | None = None
+
+    def failed(self, problem: str) -> None:
+        self.problem = problem
