@@ -36,6 +36,7 @@ from rho_actors.otp.timers import Timer
 from rho_actors.results import STOPPED, failure
 from rho_actors.sandbox import (
     CALL_SCOPE,
+    TOOL_CACHE_SIZE,
     TREE_ONLY,
     ConfinePolicy,
     WorkerPool,
@@ -107,6 +108,7 @@ class ProcessIsolation(Isolation):
         self._confined: WorkerPool | None = None
         self._slots = WorkerSlots(services.max_workers, services.max_workers_per_session)
         self._open = False
+        self._loaded_ahead: set[int] = set()  # the serials of the trusted registrations loaded ahead
         self.start_bound_s = services.start_timeout_ms / 1000
         if services.events is not None:
             services.events.subscribe(self._tool_set_changed, only=(ToolSetChanged,))
@@ -132,9 +134,14 @@ class ProcessIsolation(Isolation):
             with contextlib.suppress(RuntimeError):  # not open (stopping, restarting): the first call starts it
                 pool = self.pool()
                 # held by every warm worker before its first call (version: as a call ships it); pickled in a
-                # thread of its own, never the registry's (a tool may take long to pickle)
-                threading.Thread(target=_load_ahead, args=(pool, [(e.tool, e) for e in trusted]),
-                                 name="rho_actors-load-ahead", daemon=True).start()
+                # thread of its own, never the registry's (a tool may take long to pickle); each registration
+                # once, the latest that a worker holds at most
+                with self._lock:
+                    new = [e for e in trusted if e.serial not in self._loaded_ahead][-TOOL_CACHE_SIZE:]
+                    self._loaded_ahead = {e.serial for e in trusted}
+                if new:
+                    threading.Thread(target=_load_ahead, args=(pool, [(e.tool, e) for e in new]),
+                                     name="rho_actors-load-ahead", daemon=True).start()
         with self._lock:
             confined = self._confined
         if confined is None:
