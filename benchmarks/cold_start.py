@@ -2,10 +2,16 @@
 "Starting a worker").
 
 (a) **First call after registration.** A fresh ``ActorSystem`` registers a trusted no-op
-    ``process`` tool; once registration had time to finish (its pool's warm workers idle,
-    waited for, not timed), the system's first call is timed, then warm calls of the same
-    session. Each round is a new system (so a new fork server). Ratio: first call p50 /
-    warm call p50. Target <= 2.
+    ``process`` tool (and the same tool in ``thread`` isolation); once registration had
+    time to finish (its pool's warm workers idle and holding the tool, waited for, not
+    timed), a session's first turn calls the thread tool (timed apart: what a session's
+    first call costs in any isolation, its folder made, its first call thread started),
+    then, after :data:`PAUSE_S` idle, its first ``process`` call is timed, then warm
+    calls of the same session back to back, then one more after the same idle pause
+    (a worker woken from idle, as an agent's calls seconds apart find it). Each
+    round is a new system (so a new fork server). Ratio: first process call p50 / warm
+    call p50. Target <= 2. The system's very first call, a process call opening the
+    session, is timed in other rounds and shown beside it.
 (b) **30 concurrent first calls under load.** A fresh system registers a trusted
     ``process`` tool declaring ``timeout_ms=2000`` (it sleeps 10 ms) and at once gets 30
     calls from 30 sessions, while ``2 x cores`` processes spin on the CPU. Counted: calls
@@ -32,6 +38,8 @@ FIRST_CALL_TARGET = 2.0
 CONCURRENT_CALLS = 30
 CONCURRENT_TIMEOUT_MS = 2_000
 WARM_WAIT_S = 60.0
+PAUSE_S = 0.2
+"""The idle pause before the first process call, and before the warm call after a pause."""
 
 
 class Quick:
@@ -48,41 +56,65 @@ class Quick:
         return "ok"
 
 
-def _timed(loop: Any, arguments: str = "{}") -> float:
+def _timed(loop: Any, arguments: str = "{}", tool: str = "quick") -> float:
     t0 = time.perf_counter_ns()
-    [result] = loop.run_turn([ToolCall("c", "quick", arguments)])
+    [result] = loop.run_turn([ToolCall("c", tool, arguments)])
     elapsed = (time.perf_counter_ns() - t0) / 1_000
     if not result.ok:
         raise BenchmarkError(f"a process call failed: {result.error_kind}: {result.content}")
     return elapsed
 
 
+class QuickThread(Quick):
+    """:class:`Quick` in ``thread`` isolation."""
+
+    name = staticmethod(lambda: "quick_thread")
+
+
 def _warmed(system: ActorSystem) -> None:
+    """Until registration had time to finish: the warm workers idle, each holding the tool
+    (no ``workers_loaded`` count: a pool that loads no tool ahead, as before #40)."""
     until = time.monotonic() + WARM_WAIT_S
-    while system.stats().get("workers_idle", 0) < 1:
+    while system.stats().get("workers_idle", 0) < 2 or system.stats().get("workers_loaded", 2) < 2:
         if time.monotonic() > until:
             raise BenchmarkError(f"no warm worker {WARM_WAIT_S:g} s after registration")
         time.sleep(0.01)
 
 
 def bench_first_call(rounds: int, warm_calls: int) -> dict[str, Any]:
-    """(a): first call after registration, next to warm calls, in ``rounds`` new systems."""
+    """(a): first process call after registration, next to warm calls, in ``rounds`` new
+    systems; in as many more, the system's very first call (a process call opening its
+    session)."""
     first: list[float] = []
+    session_first: list[float] = []
+    opening: list[float] = []
     warm: list[float] = []
-    for _ in range(rounds):
+    paused: list[float] = []
+    for i in range(2 * rounds):
         with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp, ActorSystem(tmp) as system:
             system.register(Quick, isolation="process")
+            system.register(QuickThread, isolation="thread")
             _warmed(system)
             loop = system.start_loop("s")
+            if i % 2:
+                opening.append(_timed(loop))
+                continue
+            session_first.append(_timed(loop, tool="quick_thread"))
+            time.sleep(PAUSE_S)
             first.append(_timed(loop))
             warm.extend(_timed(loop) for _ in range(warm_calls))
+            time.sleep(PAUSE_S)
+            paused.append(_timed(loop))
     ratio = percentile(first, 50) / percentile(warm, 50)
-    return {"first_us": summary(first), "warm_us": summary(warm), "ratio": ratio, "target": FIRST_CALL_TARGET,
-            "pass": ratio <= FIRST_CALL_TARGET}
+    return {"first_us": summary(first), "warm_us": summary(warm), "session_first_thread_us": summary(session_first),
+            "system_first_us": summary(opening), "system_first_ratio": percentile(opening, 50) / percentile(warm, 50),
+            "paused_us": summary(paused), "paused_ratio": percentile(first, 50) / percentile(paused, 50),
+            "ratio": ratio, "target": FIRST_CALL_TARGET, "pass": ratio <= FIRST_CALL_TARGET}
 
 
 def bench_concurrent_first_calls(load: int | None = None) -> dict[str, Any]:
     """(b): 30 concurrent first calls at a 2 s deadline, on a loaded machine."""
+    load_before = os.getloadavg()[0]
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(load if load is not None else 2 * (os.cpu_count() or 1))]
     try:
@@ -101,7 +133,8 @@ def bench_concurrent_first_calls(load: int | None = None) -> dict[str, Any]:
             spinner.wait()
     kinds = [r.error_kind for r, _ in done]
     return {
-        "calls": CONCURRENT_CALLS, "load_processes": len(spinners), "timeout_ms": CONCURRENT_TIMEOUT_MS,
+        "calls": CONCURRENT_CALLS, "load_processes": len(spinners), "load_avg_1m_before": round(load_before, 2),
+        "timeout_ms": CONCURRENT_TIMEOUT_MS,
         "ok": sum(1 for r, _ in done if r.ok), "timeouts": kinds.count(ErrorKind.TIMEOUT),
         "unavailable": kinds.count(ErrorKind.UNAVAILABLE), "other_errors": sum(
             1 for r, _ in done if not r.ok and r.error_kind not in (ErrorKind.TIMEOUT, ErrorKind.UNAVAILABLE)),
@@ -123,13 +156,20 @@ def print_cold_start(report: dict[str, Any]) -> None:
     c = report["cold_start"]
     f, m = c["first_call"], c["concurrent_first_calls"]
     print("\n7. a system's first process calls (us: p50 / p99, n samples)")
-    print(f"   first call after registration             {f['first_us']['p50']:>10.1f} / {f['first_us']['p99']:>10.1f}"
+    print(f"   first process call after registration     {f['first_us']['p50']:>10.1f} / {f['first_us']['p99']:>10.1f}"
           f"   n={f['first_us']['n']}")
+    print(f"   (its session's first turn, a thread call   {f['session_first_thread_us']['p50']:>10.1f} / "
+          f"{f['session_first_thread_us']['p99']:>10.1f}   n={f['session_first_thread_us']['n']})")
+    print(f"   (the system's first call, opening its session {f['system_first_us']['p50']:>7.1f} / "
+          f"{f['system_first_us']['p99']:>10.1f}   n={f['system_first_us']['n']}: {f['system_first_ratio']:.2f}x warm)")
     print(f"   warm call                                 {f['warm_us']['p50']:>10.1f} / {f['warm_us']['p99']:>10.1f}"
           f"   n={f['warm_us']['n']}")
+    print(f"   warm call after the same {PAUSE_S:g} s idle      {f['paused_us']['p50']:>10.1f} / "
+          f"{f['paused_us']['p99']:>10.1f}   n={f['paused_us']['n']}: first / it {f['paused_ratio']:.2f}x")
     print(f"   ratio first / warm (p50): {f['ratio']:.2f}x   target <= {f['target']:g}x   {verdict(f['pass'])}")
     print(f"   {m['calls']} concurrent first calls, timeout {m['timeout_ms']} ms, {m['load_processes']} spinning "
-          f"processes: ok {m['ok']}, timeout {m['timeouts']}, unavailable {m['unavailable']}, other "
+          f"processes (load before {m['load_avg_1m_before']:.1f}):\n      ok {m['ok']}, timeout {m['timeouts']}, "
+          f"unavailable {m['unavailable']}, other "
           f"{m['other_errors']}; all back after {m['done_after_ms']:.0f} ms; latency p50 / p99 "
           f"{m['duration_ms']['p50']:.0f} / {m['duration_ms']['p99']:.0f} ms   target 0 timeouts   "
           f"{verdict(m['pass'])}")

@@ -191,6 +191,11 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         "raise it with {setting}"
     ),
     "worker_crashed": (_K.CRASHED, "tool {tool!r} crashed: its worker process died of {signal}"),
+    "worker_server_gone": (
+        _K.UNAVAILABLE, "tool {tool!r} did not finish: the fork server its worker process came from (pid {server}) "
+        "ended and took the worker with it, not the tool's doing (the call may have begun); the next call gets a "
+        "worker from a new fork server"
+    ),
     "killed_outside": (
         _K.CRASHED, "tool {tool!r} crashed: its worker process was killed by {signal}, sent from outside the pool"
     ),

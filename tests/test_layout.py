@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "rho_actors"
 MAX_LINES = 700
-OVER_MAX: dict[str, int] = {"rho_actors.sandbox.pool": 740, "rho_actors.system": 711}
+OVER_MAX: dict[str, int] = {}
 """Modules still over the limit, each with the most lines it may have until it is split."""
 
 

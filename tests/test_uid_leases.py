@@ -328,3 +328,35 @@ def test_no_two_workers_hold_one_uid_under_churn_and_kills(tmp_path: Path) -> No
     assert watch.shared == [], watch.shared
     assert set(got) <= set(range(uids.first, uids.last + 1)) and len(set(got)) < len(got), got
     assert watch.seen, "the watch saw no worker"
+
+
+@needs_root
+def test_a_uid_this_host_gave_back_is_leased_again_at_once() -> None:
+    """A uid whose lease this host holds runs this host's own child: when the processes
+    are read (once a minute), it is not taken for someone else's, so once the child is
+    gone and its lease given back the next lease gets it again (leases stay dense; a
+    small range does not run out in churn)."""
+    from rho_actors.sandbox.confine import uids as uid_leases
+
+    uids = _range(3, part=6)  # a range not leased from before in this process
+    ours = lease(uids)
+    child = subprocess.Popen(  # this host's child, running with its leased uid
+        [sys.executable, "-c", f"import os, sys; os.setgid({ours.uid}); os.setuid({ours.uid}); "
+                               "print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        uid_leases._owners.cache_clear()  # the once-a-minute read happens now, while the child runs
+        other = lease(uids)
+        assert other.uid == uids.first + 1, other
+    finally:
+        child.kill()
+        child.wait(WAIT_S)
+    ours.release()  # its tree is gone: given back
+    again = lease(uids)
+    try:
+        assert again.uid == uids.first, again  # not held for someone else's until the next read
+    finally:
+        again.release()
+        other.release()

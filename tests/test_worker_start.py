@@ -9,6 +9,8 @@ loaded machine: warm workers are waited for up to 3 x WAIT_S."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -73,3 +75,49 @@ def test_a_call_that_never_gets_a_worker_is_unavailable_naming_the_start_bound(t
 def test_a_bad_start_timeout_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"start_timeout_ms must be milliseconds > 0, got 0"):
         ActorSystem(tmp_path, start_timeout_ms=0)
+
+
+def test_the_first_call_after_registration_finds_a_warm_worker_holding_its_tool(tmp_path: Path) -> None:
+    """Registration had time to finish (the warm workers idle, the tool loaded into each):
+    the first call starts no worker and ships no tool (the pool's own counts)."""
+    with ActorSystem(tmp_path, warm_workers=2) as system:
+        system.register(_sleeper(5_000), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 2
+                        and system.stats().get("workers_loaded", 0) == 2, 3 * WAIT_S), system.stats()
+        [first] = _turn(system, "s", 0.0).result(WAIT_S)
+        assert first.ok, first.content
+        stats = system.stats()
+        assert (stats["workers_started"], stats["workers_shipped"]) == (2, 0), stats
+
+
+def test_a_tool_registered_later_is_loaded_into_the_idle_workers(tmp_path: Path) -> None:
+    with ActorSystem(tmp_path, warm_workers=2) as system:
+        system.register(_sleeper(5_000), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_loaded", 0) == 2, 3 * WAIT_S), system.stats()
+        system.register(make_tool("later", _sleep, timeout_ms=5_000, schema={"type": "object"}), isolation="process")
+        assert wait_for(lambda: system.stats()["workers_loaded"] == 4), system.stats()
+        [result] = _turn(system, "s", 0.0, tool="later").result(WAIT_S)
+        assert result.ok and system.stats()["workers_shipped"] == 0, (result.content, system.stats())
+
+
+def _kill_my_fork_server(args: dict[str, Any], ctx: Any) -> str:
+    os.kill(os.getppid(), signal.SIGKILL)  # the fork server this worker came from, as a kill from outside would
+    time.sleep(60)  # its end takes this worker with it
+    return "never"
+
+
+def test_a_fork_servers_death_is_not_blamed_on_the_tool_and_the_next_call_runs(tmp_path: Path) -> None:
+    """The fork server a worker came from ends mid-call (killed from outside): the worker
+    ends with it; the call is ``unavailable`` naming the fork server, never a ``crashed``
+    or ``exited`` of its tool, and the next call runs on a worker of a new fork server."""
+    # a fork server's own start (an interpreter importing rho_actors) is not what is tested: bounded by WAIT_S
+    with ActorSystem(tmp_path, warm_workers=1, start_timeout_ms=int(WAIT_S * 1000)) as system:
+        system.register(make_tool("killer", _kill_my_fork_server, timeout_ms=60_000, schema={"type": "object"}),
+                        isolation="process")
+        system.register(_sleeper(5_000), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 1, 3 * WAIT_S), system.stats()
+        [lost] = _turn(system, "s", 0.0, tool="killer").result(3 * WAIT_S)
+        assert lost.error_kind is ErrorKind.UNAVAILABLE, lost.content
+        assert "the fork server its worker process came from" in lost.content and "not the tool's" in lost.content
+        [after] = _turn(system, "t", 0.0).result(3 * WAIT_S)
+        assert after.ok, after.content

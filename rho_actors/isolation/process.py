@@ -36,6 +36,7 @@ from rho_actors.otp.timers import Timer
 from rho_actors.results import STOPPED, failure
 from rho_actors.sandbox import (
     CALL_SCOPE,
+    TOOL_CACHE_SIZE,
     TREE_ONLY,
     ConfinePolicy,
     WorkerPool,
@@ -89,6 +90,12 @@ class _Backstop(Timer):
                          daemon=True).start()
 
 
+def _load_ahead(pool: WorkerPool, tools: list[tuple[Any, object]]) -> None:
+    """Load each ``(tool, version)`` ahead into ``pool``'s workers (:meth:`WorkerPool.preload`)."""
+    for tool, version in tools:
+        pool.preload(tool, version)
+
+
 class ProcessIsolation(Isolation):
     """Runs each call in a worker process of a lazily started :class:`WorkerPool`."""
 
@@ -101,6 +108,7 @@ class ProcessIsolation(Isolation):
         self._confined: WorkerPool | None = None
         self._slots = WorkerSlots(services.max_workers, services.max_workers_per_session)
         self._open = False
+        self._loaded_ahead: set[int] = set()  # the serials of the trusted registrations loaded ahead
         self.start_bound_s = services.start_timeout_ms / 1000
         if services.events is not None:
             services.events.subscribe(self._tool_set_changed, only=(ToolSetChanged,))
@@ -112,8 +120,10 @@ class ProcessIsolation(Isolation):
 
     def _tool_set_changed(self, event: object) -> None:
         """Warm the trusted pool once a trusted ``process`` tool is registered (its
-        keeper starts ``warm_workers`` in the background; the untrusted pool's confined
-        spares start at its first call, as they cost a confined start each) and retire
+        keeper starts ``warm_workers`` in the background, and every trusted tool is
+        loaded ahead into its workers: :meth:`WorkerPool.preload`; the untrusted pool's
+        confined spares start at its first call, as they cost a confined start each,
+        and hold no tool ahead: a spare serves any scope) and retire
         the untrusted workers of registrations that are gone (in the registry's thread:
         only marks them; the pool's own thread stops them)."""
         if not isinstance(event, ToolSetChanged) or self.services.tools is None:
@@ -122,7 +132,16 @@ class ProcessIsolation(Isolation):
                    and not e.untrusted]
         if trusted:
             with contextlib.suppress(RuntimeError):  # not open (stopping, restarting): the first call starts it
-                self.pool()
+                pool = self.pool()
+                # held by every warm worker before its first call (version: as a call ships it); pickled in a
+                # thread of its own, never the registry's (a tool may take long to pickle); each registration
+                # once, the latest that a worker holds at most
+                with self._lock:
+                    new = [e for e in trusted if e.serial not in self._loaded_ahead][-TOOL_CACHE_SIZE:]
+                    self._loaded_ahead = {e.serial for e in trusted}
+                if new:
+                    threading.Thread(target=_load_ahead, args=(pool, [(e.tool, e) for e in new]),
+                                     name="rho_actors-load-ahead", daemon=True).start()
         with self._lock:
             confined = self._confined
         if confined is None:

@@ -116,7 +116,7 @@ from rho_actors.sandbox.wire import (
     encode_call,
     encode_json,
 )
-from rho_actors.sandbox.worker import WorkerConfig, serve_request
+from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig, serve_request
 
 __all__ = [
     "CALL_SCOPE",
@@ -150,6 +150,7 @@ __all__ = [
     "SERVE",
     "SERVED",
     "ShippedTools",
+    "TOOL_CACHE_SIZE",
     "TREE_ONLY",
     "UNCONFINED",
     "UidRange",

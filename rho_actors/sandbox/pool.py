@@ -33,54 +33,43 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import os
+import functools
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
-from typing import Any, Final, Literal
-
-from loguru import logger
+from typing import Any, Final
 
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
 from rho_actors.results import KILLED, capped, failure
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import DeadlineReached, Malformed
-from rho_actors.sandbox.child import ChildSetup
-from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 from rho_actors.sandbox.processes import (
     context,
     hold_servers,
     kill_groups,
     release_servers,
-    spawn,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import Grant, WorkerSlots
+from rho_actors.sandbox.warm_workers import CALL_SCOPE, PoolStopped, WarmWorkers, WorkerStart
 from rho_actors.sandbox.wire import WorkerCall
-from rho_actors.sandbox.worker import WorkerConfig, worker_child
+from rho_actors.sandbox.worker import WorkerConfig
 from rho_actors.sandbox.worker_handle import WorkerHandle, at_deadline, died, exchange_or_cancel
 from rho_actors.tool import ToolResult
 
 __all__ = ["CALL_SCOPE", "WorkerPool", "WorkerSlots"]
 
-CALL_SCOPE: Final = "call"
-"""The scope of a worker used for one call only (``worker_scope="call"``)."""
-
 _NOTICE_ROOM: Final = 200
 """Characters past a call's output cap that the worker's own truncation notice may take."""
-_READY_TIMEOUT_S: Final = 30.0
 _DELIVERY_ATTEMPTS: Final = 3
 """Workers tried for one call when each turns out dead before the call reaches it."""
-
-
-class _Stopped(Exception):
-    """The pool is stopped."""
 
 
 class _QueuedPastDeadline(Exception):
@@ -88,18 +77,24 @@ class _QueuedPastDeadline(Exception):
 
 
 class _NotStarted(Exception):
-    """A worker started for a call did not say ``READY`` by the call's ``start_by``."""
+    """No worker the call may use was idle by its ``start_by`` (its own start not yet ready)."""
 
 
-class WorkerPool:
+class _StartFailed(Exception):
+    """The workers started for a call failed to start, each (the message says why)."""
+
+
+class WorkerPool(WarmWorkers):
     """Warm worker processes for ``process`` isolation (DESIGN §5). Thread-safe: call
     :meth:`run` from any number of threads at once.
 
     ``warm`` idle workers are started ahead of need, each leading its own process group
     under ``RLIMIT_AS`` = ``heap_bytes`` (bytes; 0 for no bound), with ``start_method``
     ``"forkserver"`` (or ``"spawn"``). A call takes an idle worker or, when none is
-    idle, starts one of its own (calls queue only at the ``slots`` cap, each taking a
-    worker it may use as soon as one is idle); afterwards the worker goes back to the
+    idle, starts one (calls queue only at the ``slots`` cap, each taking a
+    worker it may use as soon as one is idle; a call with a start bound takes the
+    first worker it may use that becomes idle, the one started for it or one freed
+    meanwhile); afterwards the worker goes back to the
     idle set while fewer than ``warm`` or than the recent peak of busy workers (of its
     scope; a peak lasts ``idle_s`` seconds from when it was last reached) are idle, else
     it is stopped; idle workers beyond ``warm`` are retired after ``idle_s`` seconds
@@ -158,7 +153,8 @@ class WorkerPool:
         self._stopped = False
         self._peaks: dict[Hashable, tuple[int, float]] = {}  # scope -> (most busy at once, when last reached)
         self._shipped = ShippedTools()
-        self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0}
+        self._preloads: OrderedDict[bytes, bytes] = OrderedDict()  # digest -> tool bytes, loaded ahead (preload)
+        self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0, "loaded": 0, "shipped": 0}
         hold_servers()
         self._holding = True
         self._pids: set[int] = set()
@@ -332,35 +328,36 @@ class WorkerPool:
         deadline, timeout_ms = request.deadline, request.timeout_ms
         for _ in range(_DELIVERY_ATTEMPTS):
             try:
-                worker = self._take(scope, env_key, deadline if start_by is None else start_by)
+                worker = self._take(scope, env_key, deadline if start_by is None else start_by, start_by is not None)
             except _QueuedPastDeadline:
                 cap = self._slots.limit if self._slots is not None else 0
                 if start_by is not None:
                     return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
                                   why=f"the system's {cap} worker(s) stayed busy")
                 return failed("queued_past_deadline", timeout_ms=timeout_ms, cap=cap)
-            except _Stopped:
+            except _NotStarted:
+                return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
+                              why="no worker was free, and the one started for it was not ready in time")
+            except _StartFailed as exc:
+                return failed("no_worker", problem=str(exc))
+            except PoolStopped:
                 return failed("pool_stopped")
             except Exception as exc:
                 return failed("no_worker", problem=describe_exception(exc))
             try:
-                if start_by is not None:
-                    if not worker.ready:  # started for this call: its start is not the tool's time
-                        self._await_start(worker, start_by)
+                if start_by is not None:  # its tool's time starts now, not when it was dispatched
                     deadline = min(request.deadline, time.monotonic() + timeout_ms / 1000)
                     request, bare = replace(request, deadline=deadline), b""
-                body = bare if bare and request.digest in worker.tools else wire.encode_call(
-                    request if request.digest in worker.tools else replace(request, tool_bytes=tool_bytes))
+                held = request.digest in worker.tools
+                body = bare if bare and held else wire.encode_call(
+                    request if held else replace(request, tool_bytes=tool_bytes))
                 worker.channel.send(wire.CALL, body, deadline)
+                if not held:
+                    with self._lock:
+                        self._counts["shipped"] += 1
                 return worker, request
-            except _NotStarted:
-                self._lose(worker, "killed")
-                return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
-                              why="a worker started for it was not ready in time")
             except EOFError:  # it died while idle, or while starting, before the call reached it: try another
                 self._lose(worker, "died")
-            except Malformed:  # a frame other than READY from a starting worker: try another
-                self._lose(worker, "killed")
             except DeadlineReached:
                 self._lose(worker, "killed")
                 return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED + " while the call was sent to it")
@@ -401,7 +398,9 @@ class WorkerPool:
         ``killed`` (at a deadline, or for a bad reply), ``died`` (crashed, exited or
         out of memory on their own) and ``retired`` (stopped when surplus, or after
         running out of memory, or idle too long); ``queued``, calls that waited for the
-        cap; ``scopes``, scopes with an idle worker now; workers stopped by :meth:`stop` are
+        cap; ``loaded``, tools sent to workers ahead of their calls (:meth:`preload`);
+        ``shipped``, calls whose worker did not hold their tool (it went with the call);
+        ``scopes``, scopes with an idle worker now; workers stopped by :meth:`stop` are
         not counted."""
         with self._lock:
             return {
@@ -413,115 +412,57 @@ class WorkerPool:
                 **self._counts,
             }
 
-    def pids(self) -> list[int]:
-        """The process ids of the worker processes alive now (each is also the id of the
-        process group it leads)."""
-        with self._lock:
-            return sorted(w.pid for w in self._all)
-
-    def wait_warm(self, timeout_s: float) -> bool:
-        """Block until ``warm`` workers are idle (or the pool is stopped), at most
-        ``timeout_s`` seconds; returns whether they are."""
-        with self._lock:
-            return self._warmed.wait_for(lambda: self._stopped or self._fresh() >= self._warm, timeout_s) and (
-                not self._stopped
-            )
-
-    def retire_one_idle(self, spare: frozenset[Hashable] = frozenset()) -> bool:
-        """Stop the longest idle worker (for the cap), not one kept for a session in
-        ``spare``; whether there was one."""
-        with self._lock:
-            if self._stopped:
-                return False
-            worker = next((w for w in self._idle if w.session is None or w.session not in spare), None)
-            if worker is None:
-                return False
-            self._idle.remove(worker)
-            self._counts["retired"] += 1
-        self._retire(worker)
-        return True
-
-    def retire_scopes(self, gone: Callable[[Hashable], bool]) -> int:
-        """Retire every worker whose scope ``gone(scope)`` says is gone (its tool was
-        unregistered or registered again): idle ones by the pool's background thread
-        soon, busy ones when their call ends; they never serve another call. Returns
-        how many workers it found."""
-        with self._lock:
-            found = [w for w in self._all if w.scope is not None and w.scope != CALL_SCOPE and gone(w.scope)]
-            for worker in found:
-                worker.doomed = True
-            if found:
-                self._changed.notify_all()
-        return len(found)
-
     def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    # --- workers --------------------------------------------------------------------------
+    # --- a worker for a call ----------------------------------------------------------------
 
-    def _spawn(
-        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), scope: Hashable = None, slot_taken: bool = False
+    def _take(
+        self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float, waits: bool = False,
     ) -> WorkerHandle:
-        """Start a worker process (not waiting for it to be ready) and register it
-        (``busy``: for a call of ``scope``). With a cap and no ``slot_taken`` (a spare
-        of the keeper): raises ``_Stopped`` when the cap is full or a call waits for it."""
-        if (self._slots is not None and not slot_taken  # a spare never takes a slot a call is waiting for
-                and (self._slots.waiting or not self._slots.try_acquire())):
-            raise _Stopped
-        enclosure = None
-        try:
-            if self._confine is not None:
-                enclosure = Enclosure(self._confine, self._heap_bytes or None, env=dict(env_key))
-                setup = enclosure.setup
-            else:
-                setup = ChildSetup(self._heap_bytes, env=dict(os.environ))  # the host's, as it is now
-            words = enclosure.memory_bound_words if enclosure is not None else None
-            config = self._config if words is None else replace(self._config, bound=words)
-            child = spawn(self._ctx, worker_child, config, setup, name="rho-worker")
-        except BaseException:
-            if enclosure is not None:
-                enclosure.remove()
-            if self._slots is not None:
-                self._slots.release()
-            raise
-        if enclosure is not None:
-            enclosure.started(child.pid)
-        worker = WorkerHandle(child.proc, child.channel, enclosure, self._slots, env_key)
-        with self._lock:
-            if not self._stopped:
-                self._all.add(worker)
-                self._pids.add(worker.pid)
-                self._counts["started"] += 1
-                if busy:
-                    if self._scoped:
-                        worker.scope = scope
-                    self._busy.add(worker)
-                    self._note_demand_locked(worker.scope)
-                return worker
-        worker.kill()
-        worker.reap()
-        worker.close()
-        raise _Stopped
-
-    def _fresh(self) -> int:
-        return sum(1 for w in self._idle if w.scope is None)
-
-    def _take(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> WorkerHandle:
         """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
         with the same ``env_key``, else a new worker. At the cap: an idle worker of
         another scope (of any pool sharing the cap) is retired for it, else the call
         waits for a slot or a worker it may use, until ``deadline`` (then raises
-        ``_QueuedPastDeadline``)."""
+        ``_QueuedPastDeadline``).
+
+        ``waits`` (a call with a start bound, ``deadline`` its ``start_by``): a new
+        worker is started in the background and the call takes the first worker it may
+        use that becomes idle, the new one once ready or one another call freed
+        meanwhile (raises ``_NotStarted`` at ``deadline``, ``_StartFailed`` when
+        :data:`_DELIVERY_ATTEMPTS` starts failed); without, the new worker is this
+        call's, started here, its ``READY`` read with the reply."""
         queued = False
+        start: WorkerStart | None = None
+        failures: list[str] = []
         while True:
             worker = self._take_idle(scope, env_key)
             if worker is not None:
                 return worker
+            if start is not None:
+                if start.done:  # its worker went idle and another call took it first: start one more
+                    start = None
+                    continue
+                with self._lock:
+                    ready = self._warmed.wait_for(functools.partial(self._worth_a_look_locked, start, scope, env_key),
+                                                  max(0.0, deadline - time.monotonic()))
+                if start.problem is not None:
+                    failures.append(start.problem)
+                    if len(failures) >= _DELIVERY_ATTEMPTS:
+                        raise _StartFailed("; ".join(failures))
+                    start = None
+                elif not ready:
+                    raise _NotStarted
+                continue
             if self._slots is None or self._slots.try_acquire():
-                return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
+                if not waits:
+                    return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
+                start = WorkerStart()
+                self._start_for_call(env_key, start)
+                continue
             if not queued:
                 queued = True
                 with self._lock:
@@ -531,47 +472,10 @@ class WorkerPool:
             if not self._slots.wait(deadline):
                 raise _QueuedPastDeadline
 
-    def _take_idle(self, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> WorkerHandle | None:
-        """An idle worker this call may use, now busy (``None``: there is none)."""
-        dead: list[WorkerHandle] = []
-        scoped = self._scoped
-        try:
-            with self._lock:
-                if self._stopped:
-                    raise _Stopped
-                for want in ((scope, None) if scoped and scope != CALL_SCOPE else (None,)):
-                    for worker in reversed(self._idle):
-                        if (scoped and worker.scope != want) or worker.env_key != env_key or worker.doomed:
-                            continue
-                        self._idle.remove(worker)
-                        if worker.healthy():
-                            self._busy.add(worker)
-                            if scoped:
-                                worker.scope = scope
-                                if want is None:
-                                    self._changed.notify_all()  # a spare was used: start another
-                            self._note_demand_locked(worker.scope)
-                            return worker
-                        dead.append(worker)
-        finally:
-            for worker in dead:
-                self._lose(worker, "died")
-        return None
-
-    def _note_demand_locked(self, scope: Hashable) -> None:
-        """A worker of ``scope`` became busy: raise (or refresh) the scope's peak of
-        busy workers, which lasts ``idle_s`` from when it was last reached."""
-        if scope == CALL_SCOPE:
-            return
-        now = time.monotonic()
-        busy = sum(1 for w in self._busy if w.scope == scope)
-        peak, at = self._peaks.get(scope, (0, 0.0))
-        if busy >= peak or now - at > self._idle_s:
-            self._peaks[scope] = (busy, now)
-
-    def _recent_peak_locked(self, scope: Hashable, now: float) -> int:
-        peak, at = self._peaks.get(scope, (0, 0.0))
-        return peak if now - at <= self._idle_s else 0
+    def _worth_a_look_locked(self, start: WorkerStart, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> bool:
+        """Whether a call waiting for ``start`` should look again: stopped, its start
+        ended, or an idle worker it may take is there."""
+        return self._stopped or start.done or start.problem is not None or self._usable_locked(scope, env_key)
 
     def _release(self, worker: WorkerHandle, retire: bool, grant: Grant | None = None) -> None:
         """A call ended on ``worker``: keep it idle while its scope has fewer idle workers
@@ -596,144 +500,3 @@ class WorkerPool:
             if not self._stopped:
                 self._counts["retired"] += 1
         self._retire(worker)
-
-    def _retire(self, worker: WorkerHandle) -> None:
-        worker.kill()
-        worker.reap()
-        worker.close()
-        self._forget(worker)
-
-    def _lose(self, worker: WorkerHandle, how: Literal["killed", "died"]) -> None:
-        """A worker killed at a deadline (or for a bad reply), or found dead: kill its
-        group, let the keeper start a replacement at once, then reap it."""
-        if how == "killed":
-            worker.kill()
-        else:
-            worker.kill_tree()
-        with self._lock:
-            if worker in self._all and not self._stopped:
-                self._counts[how] += 1
-            self._forget_locked(worker)
-            self._changed.notify_all()
-        if worker.reap() is None:
-            worker.kill()
-            worker.reap()
-        worker.close()
-
-    def _forget(self, worker: WorkerHandle) -> None:
-        with self._lock:
-            self._forget_locked(worker)
-            self._changed.notify_all()
-
-    def _forget_locked(self, worker: WorkerHandle) -> None:
-        self._all.discard(worker)
-        self._busy.discard(worker)
-        self._pids.discard(worker.pid)
-        with contextlib.suppress(ValueError):
-            self._idle.remove(worker)
-
-    # --- keeping warm ---------------------------------------------------------------------
-
-    def _deficit(self) -> int:
-        if self._scoped:  # spares: fresh idle workers
-            return self._warm - self._fresh() - self._starting
-        return self._warm - len(self._all) - self._starting
-
-    def _retire_stale(self) -> None:
-        """Retire idle workers idle for longer than ``idle_s``: every scoped one, and
-        unscoped ones beyond ``warm`` (oldest first); forget peaks older than that."""
-        now = time.monotonic()
-        with self._lock:
-            stale = [w for w in self._idle if w.doomed or (w.scope is not None and now - w.idle_since > self._idle_s)]
-            unscoped = [w for w in self._idle if w.scope is None]
-            surplus = len(unscoped) - self._warm
-            stale.extend(w for w in unscoped[:max(0, surplus)] if now - w.idle_since > self._idle_s)
-            for worker in stale:
-                self._idle.remove(worker)
-                self._counts["retired"] += 1
-            for scope, (_, at) in list(self._peaks.items()):
-                if now - at > self._idle_s:
-                    del self._peaks[scope]
-        for worker in stale:
-            self._retire(worker)
-
-    def _keep_warm(self) -> None:
-        """The background thread: keep ``warm`` workers alive, replacing lost ones, and
-        retire workers idle too long."""
-        backoff = 0.0
-        tick = max(0.05, min(self._idle_s / 2, 5.0))
-        while True:
-            self._retire_stale()
-            with self._lock:
-                while not self._stopped and (self._deficit() <= 0 or backoff):
-                    if backoff:
-                        self._changed.wait(backoff)
-                        backoff = 0.0
-                    else:
-                        self._changed.wait(tick)
-                        break
-                if self._stopped:
-                    return
-                if self._deficit() <= 0:
-                    continue
-                wanted = self._deficit()
-                self._starting += wanted
-            new: list[WorkerHandle] = []
-            failures = 0
-            for _ in range(wanted):
-                try:
-                    new.append(self._spawn(busy=False))
-                except _Stopped:  # stopped, or the cap is full: wait for a change
-                    backoff = 0.5
-                except Exception:
-                    failures += 1
-                    logger.exception("worker pool: a worker process could not be started")
-                finally:
-                    with self._lock:
-                        self._starting -= 1
-            for worker in new:
-                if not self._await_ready(worker):
-                    failures += 1
-            if failures:
-                backoff = 0.5
-
-    def _await_start(self, worker: WorkerHandle, start_by: float) -> None:
-        """Read the ``READY`` of a worker started for a call, until ``start_by``. Raises
-        ``_NotStarted`` past it, ``EOFError`` when it ended, ``Malformed`` for another frame."""
-        try:
-            tag, body = worker.channel.recv(start_by, wire.MAX_REPLY_BYTES)
-        except DeadlineReached:
-            raise _NotStarted from None
-        if (tag, body) != (wire.READY, b""):
-            raise Malformed(f"an unexpected {tag!r} frame of {len(body):,} bytes before READY")
-        worker.ready = True
-
-    def _await_ready(self, worker: WorkerHandle) -> bool:
-        """Wait for a new worker's hello and make it idle (or stop it when calls started
-        enough workers of their own meanwhile); whether it became ready."""
-        try:
-            ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S, wire.MAX_REPLY_BYTES) == (wire.READY, b"")
-        except (DeadlineReached, EOFError, Malformed):
-            ok = False
-        surplus = False
-        worker.ready = ok
-        with self._lock:
-            if ok and worker in self._all and not self._stopped:
-                if self._fresh() < self._warm:
-                    worker.idle_since = time.monotonic()
-                    self._idle.append(worker)
-                    self._warmed.notify_all()
-                    if self._slots is not None:
-                        self._slots.poke()  # a call waiting for a worker may take it now
-                    return True
-                self._counts["retired"] += 1
-                surplus = True
-        if surplus:
-            self._retire(worker)
-            return True
-        if ok or self._stopped:  # stopped meanwhile: stop() kills it, its owner (here) closes it
-            self._lose(worker, "killed")
-            return True
-        logger.warning("worker pool: worker {} did not become ready (exit code {})", worker.pid, worker.proc.exitcode)
-        self._lose(worker, "died")
-        return False

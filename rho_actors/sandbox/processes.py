@@ -25,6 +25,7 @@ import contextlib
 import multiprocessing
 import multiprocessing.process
 import os
+import select
 import signal
 import threading
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from rho_actors.sandbox.child import ChildSetup, child_main
 __all__ = [
     "START_METHODS",
     "Child",
+    "ServerWatch",
     "close",
     "context",
     "hold_servers",
@@ -51,6 +53,8 @@ __all__ = [
 ]
 
 START_METHODS: Final = ("forkserver", "spawn")
+_SERVER_END_WAIT_S: Final = 5.0
+"""How long a child's start waits for a fork server it found ending to end (seconds)."""
 
 _preload_lock = threading.Lock()
 _preload_asked: list[tuple[list[str], list[str], bool, bool]] = []
@@ -207,12 +211,78 @@ def context(start_method: str) -> Any:
     return multiprocessing.get_context(start_method)
 
 
+class ServerWatch:
+    """Whether the fork server ``pid`` (``multiprocessing``'s, or rho's clean one) that
+    forked a child has ended: :meth:`gone`, one ``poll`` of a pidfd opened while it ran
+    (so a reused pid is never taken for it). One per fork server (:func:`watch_server`)."""
+
+    __slots__ = ("_fd", "_gone", "pid")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._gone = False
+        try:
+            self._fd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._fd, self._gone = None, True
+        except (OSError, AttributeError):  # no pidfd here: never said gone
+            self._fd = None
+
+    def gone(self) -> bool:
+        """Whether the fork server has ended (it may not be reaped yet)."""
+        if self._gone or self._fd is None:
+            return self._gone
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        self._gone = bool(poller.poll(0))
+        return self._gone
+
+    def wait_gone(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the fork server to end; whether it has."""
+        if self._gone or self._fd is None:
+            return self._gone
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        self._gone = bool(poller.poll(max(0, int(timeout_s * 1000))))
+        return self._gone
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
+_watches: dict[int, ServerWatch] = {}
+
+
+def watch_server(pid: int | None) -> ServerWatch | None:
+    """The :class:`ServerWatch` of the fork server ``pid`` (``None``: none known)."""
+    if pid is None:
+        return None
+    with _preload_lock:
+        watch = _watches.get(pid)
+        if watch is None or watch.gone():  # a new fork server (a reused pid too)
+            for old in [p for p, w in _watches.items() if w.gone()]:
+                del _watches[old]
+            watch = _watches[pid] = ServerWatch(pid)
+        return watch
+
+
+def _forkserver_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
 @dataclass(slots=True)
 class Child:
-    """A started child process and the parent's end of its channel."""
+    """A started child process, the parent's end of its channel, and the watch of the
+    fork server that forked it (``None``: ``spawn``, or unknown)."""
 
     proc: Any
     channel: Channel
+    server: ServerWatch | None = None
 
     @property
     def pid(self) -> int:
@@ -232,19 +302,28 @@ def spawn(
     default ``name``, names it in its logged output); any other by ``ctx``. Raises what
     starting a process raises (``OSError``...); nothing is left open then."""
     if setup.clean:
-        from rho_actors.sandbox.clean import spawn_clean
+        from rho_actors.sandbox.clean import spawn_clean, zygote_pid
 
         proc, channel = spawn_clean(entry, payload, setup, label=label or name)
-        return Child(proc, channel)
-    parent_end, child_end = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=child_main, args=(child_end, setup, entry, payload), name=name)
-    try:
-        proc.start()
-    except BaseException:
-        close(proc, parent_end)
-        raise
-    finally:
-        child_end.close()
+        return Child(proc, channel, watch_server(zygote_pid()))
+    forkserver = ctx.get_start_method() == "forkserver"
+    for attempt in (1, 2):
+        server = watch_server(_forkserver_pid()) if forkserver else None
+        parent_end, child_end = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=child_main, args=(child_end, setup, entry, payload), name=name)
+        try:
+            proc.start()
+            break
+        except (OSError, EOFError):
+            close(proc, parent_end)
+            # the fork server is ending (killed from outside): once it has, multiprocessing starts another
+            if attempt == 2 or server is None or not server.wait_gone(_SERVER_END_WAIT_S):
+                raise
+        except BaseException:
+            close(proc, parent_end)
+            raise
+        finally:
+            child_end.close()
     # This module reaps its children itself: a second thread polling the same fork-server
     # child could read its exit status first (and leave 255 in its place), so the child
     # leaves multiprocessing's own bookkeeping (its one private name used here).
@@ -255,7 +334,7 @@ def spawn(
         _spawned.append(proc.pid)
         if len(_spawned) > 1024:  # a long-lived system: only the ones still running matter
             _spawned[:] = [p for p in _spawned if os.path.exists(f"/proc/{p}")]
-    return Child(proc, Channel(parent_end, proc.sentinel))
+    return Child(proc, Channel(parent_end, proc.sentinel), watch_server(_forkserver_pid()) if forkserver else None)
 
 
 def kill_group(pid: int, *, leader: bool = True) -> None:

@@ -9,6 +9,7 @@ tag                direction  body
 =================  =========  ========================================================
 ``READY``          child ->   empty: a worker process is ready
 ``CALL``           -> child   a :class:`CallRequest` (pickled: it comes from the host)
+``LOAD``           -> child   ``(digest, tool bytes)`` pickled: a tool to hold ahead of its calls (no answer)
 ``NEED_TOOL``      child ->   empty: the worker does not hold the request's tool; resend with it
 ``RESULT``         child ->   a ``ToolResult``, in the worker's :class:`ResultCodec`
 ``RESULT_RETIRE``  child ->   the same, and the worker should be retired (it ran out of memory)
@@ -55,6 +56,7 @@ from rho_actors.tool import MAX_URI_CHARS, Audio, Block, ErrorKind, Image, Resou
 
 __all__ = [
     "CALL",
+    "LOAD",
     "CONTEXT_VALUES",
     "PORTABLE_CTX",
     "CODECS",
@@ -97,6 +99,7 @@ __all__ = [
 
 READY: Final = b"R"
 CALL: Final = b"C"
+LOAD: Final = b"L"
 NEED_TOOL: Final = b"N"
 RESULT: Final = b"A"
 RESULT_RETIRE: Final = b"X"

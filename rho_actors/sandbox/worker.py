@@ -1,15 +1,19 @@
 """The main loop of a worker process of ``process`` isolation (internal; the child's
 side of :class:`rho_actors.sandbox.pool.WorkerPool`).
 
-A worker says ``READY``, then serves ``CALL`` frames one at a time until the host closes
+A worker first runs one no-op call through its whole call path (:func:`warm_up`: the
+pages and caches a call touches are its own before it is idle, not on its first call's
+time), says ``READY``, then serves ``CALL`` frames one at a time until the host closes
 its pipe: it unpickles the tool (or asks for it with ``NEED_TOOL`` when it does not hold
 it), runs ``tool.run(args, ctx)`` and answers one ``RESULT`` (``RESULT_RETIRE`` after a
-``MemoryError``) encoded by its result codec.
+``MemoryError``) encoded by its result codec. A ``LOAD`` frame (a registered tool the
+host sends ahead) is unpickled and held as a call's tool would be, unanswered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import errno
 import pickle
@@ -33,7 +37,7 @@ from rho_actors.sandbox.processes import mib
 from rho_actors.telemetry import attached
 from rho_actors.tool import ToolResult
 
-__all__ = ["ADDRESS_SPACE_BOUND", "TOOL_CACHE_SIZE", "WorkerConfig", "serve_request", "worker_child"]
+__all__ = ["ADDRESS_SPACE_BOUND", "TOOL_CACHE_SIZE", "WorkerConfig", "serve_request", "warm_up", "worker_child"]
 
 TOOL_CACHE_SIZE: Final = 32
 """Unpickled tools a worker keeps, by digest of their pickled bytes."""
@@ -61,16 +65,54 @@ def worker_child(channel: Channel, config: WorkerConfig) -> None:
     """Entry point of a worker process: serve calls until the host closes the pipe."""
     codec = wire.CODECS[config.codec]
     tools: OrderedDict[bytes, Any] = OrderedDict()
+    warm_up(config, codec)
     channel.send(wire.READY, b"")
     while True:
         try:
             tag, body = channel.recv()
         except (EOFError, OSError):
             break
+        if tag == wire.LOAD:
+            _load(body, tools)
+            continue
         if tag != wire.CALL:
             break
         reply_tag, reply = _serve(body, tools, config, codec)
         channel.send(reply_tag, reply)
+
+
+class _NoOp:
+    """The tool of :func:`warm_up`."""
+
+    @staticmethod
+    def run(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+        return ""
+
+
+def warm_up(config: WorkerConfig, codec: wire.ResultCodec) -> None:
+    """Run one no-op call through the worker's call path (decoding, unpickling, the
+    ctx, the run, the result and its encoding), so that what a call touches first (the
+    copy-on-write pages shared with the fork server, caches, lazy set-ups) is paid here,
+    before the worker is idle. Never raises."""
+    request = wire.CallRequest(b"warm-up", pickle.dumps(_NoOp), "warm-up", "warm-up", {},
+                               {"session_id": None, "call_id": "warm-up", "data_dir": None, "withheld": ()},
+                               None, time.monotonic() + 5.0, 5_000, 100)
+    with contextlib.suppress(Exception):
+        serve_request(wire.decode_call(wire.encode_call(request)), OrderedDict(), config, codec)
+
+
+def _load(body: bytes, tools: OrderedDict[bytes, Any]) -> None:
+    """Hold the tool of a ``LOAD`` frame (pickled ``(digest, tool_bytes)``: host data) as
+    a call's tool is held; one that cannot be loaded is left out (its first call asks
+    for it with ``NEED_TOOL`` and reports the error)."""
+    try:
+        digest, tool_bytes = pickle.loads(body)
+        tools[digest] = pickle.loads(tool_bytes)
+    except Exception:
+        return
+    tools.move_to_end(digest)
+    while len(tools) > TOOL_CACHE_SIZE:
+        tools.popitem(last=False)
 
 
 def _serve(

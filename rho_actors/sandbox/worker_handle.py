@@ -23,7 +23,7 @@ from rho_actors.results import KILLED
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Channel, Malformed
 from rho_actors.sandbox.confine.enclosure import Enclosure
-from rho_actors.sandbox.processes import close, kill_group, mib, reap, signal_name
+from rho_actors.sandbox.processes import ServerWatch, close, kill_group, mib, reap, signal_name
 from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.sandbox.worker import TOOL_CACHE_SIZE
 from rho_actors.tool import ToolResult
@@ -43,14 +43,15 @@ class WorkerHandle:
 
     __slots__ = (
         "_reap_lock", "_scope", "channel", "closed", "doomed", "enclosure", "env_key", "exitcode", "idle_since",
-        "killed", "pid", "proc", "ready", "reaped", "session", "slots", "tools",
+        "killed", "pid", "proc", "ready", "reaped", "server", "session", "slots", "tools",
     )
 
     def __init__(
         self, proc: Any, channel: Channel, enclosure: Enclosure | None, slots: WorkerSlots | None,
-        env_key: Hashable = None,
+        env_key: Hashable = None, server: ServerWatch | None = None,
     ) -> None:
         self.proc = proc
+        self.server = server  # the fork server it came from: its death takes the worker with it
         self.pid: int = proc.pid
         self.channel = channel
         self.enclosure = enclosure
@@ -85,8 +86,14 @@ class WorkerHandle:
                 output.label = f"worker of {scope} (pid {self.pid})"
 
     def healthy(self) -> bool:
-        """Whether an idle worker is still running and has sent nothing unasked."""
-        return not self.reaped and self.channel.quiet()
+        """Whether an idle worker is still running, has sent nothing unasked, and the
+        fork server it came from still runs (its end kills the worker: a parent-death
+        signal, or the fork server's kill of its tree)."""
+        return not self.reaped and self.channel.quiet() and not self.server_gone()
+
+    def server_gone(self) -> bool:
+        """Whether the fork server this worker came from has ended."""
+        return self.server is not None and self.server.gone()
 
     def kill(self) -> None:
         self.killed = True
@@ -199,7 +206,9 @@ def died(
     stopped: Callable[[], bool], lose: Callable[[WorkerHandle, Literal["killed", "died"]], None],
 ) -> ToolResult:
     """The worker's pipe closed mid-call: find out how it ended (killed by ``cancel``,
-    among others; ``stopped()``: whether its pool was stopped) and let it go (``lose``)."""
+    among others; ``stopped()``: whether its pool was stopped; its fork server ended,
+    taking it along: ``worker_server_gone``, ``unavailable``, never the tool's fault) and
+    let it go (``lose``)."""
     if cancel is not None and cancel.cancelled and worker.killed:
         lose(worker, "killed")
         return failed("cancelled_killed", reason=cancel.reason)
@@ -208,6 +217,8 @@ def died(
     enclosure = worker.enclosure
     memory_hit = enclosure is not None and enclosure.memory_bound_hit()
     lose(worker, "died")
+    if not (was_stopped or worker.killed or memory_hit) and worker.server is not None and worker.server.gone():
+        return failed("worker_server_gone", server=worker.server.pid)  # not the tool's doing
     return ended(worker, code, failed, heap_bytes, stopped=was_stopped, memory_hit=memory_hit)
 
 

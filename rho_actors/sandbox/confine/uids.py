@@ -13,7 +13,8 @@ A uid is leased with :func:`lease` and held until :meth:`UidLease.release`, once
 child's whole tree is gone. Leases are ``flock`` locks on files in
 ``/run/rho-actors/uids`` (or the temporary folder's ``rho-actors-uids``), so the hosts on
 one machine never lease one uid twice, and a host that dies releases its leases with it.
-A uid is refused (the next one tried) while a process runs with it or it owns an entry
+A uid is refused (the next one tried) while a process runs with it (other than this
+host's own child holding its lease when the processes were read) or it owns an entry
 of a shared writable folder (``/tmp``, ``/var/tmp``, ``/dev/shm``) other than a
 rho_actors private folder: it belongs to someone else. Both are read once a minute
 (reading them costs milliseconds, too much for every child); a child's own processes need
@@ -99,6 +100,8 @@ class UidLease:
         with self._lock:
             fd, self._fd = self._fd, None
         if fd is not None:
+            with _held_lock:
+                _held.discard(self.uid)
             os.close(fd)  # closing the only descriptor drops the flock
 
     def __repr__(self) -> str:
@@ -136,16 +139,25 @@ def _lease_folder() -> str:
     raise OSError(errno.EACCES, "neither /run/rho-actors/uids nor a temporary folder is usable")
 
 
+_held: set[int] = set()
+"""The uids this host holds a lease on now: its own children run with them."""
+_held_lock = threading.Lock()
+
+
 @functools.lru_cache(maxsize=8)
 def _owners(uids: UidRange, period: int) -> frozenset[int]:
-    """The uids of ``uids`` that run a process (visible here) or own an entry of a shared
-    writable folder (not a rho_actors private folder); read once per range and ``period``."""
+    """The uids of ``uids`` that run a process of someone else (visible here: a uid this
+    host holds a lease on when it looks runs this host's own child, whose processes are
+    gone before the lease is given back) or own an entry of a shared writable folder
+    (not a rho_actors private folder); read once per range and ``period``."""
     owners = set()
+    with _held_lock:
+        ours = frozenset(_held)
     with os.scandir("/proc") as entries:
         for entry in entries:
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
-                    if (owner := entry.stat(follow_symlinks=False).st_uid) in uids:
+                    if (owner := entry.stat(follow_symlinks=False).st_uid) in uids and owner not in ours:
                         owners.add(owner)
     for folder in _SHARED_FOLDERS:
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
@@ -188,5 +200,7 @@ def lease(uids: UidRange) -> UidLease:
         except OSError:
             os.close(fd)
             continue
+        with _held_lock:
+            _held.add(uid)
         return UidLease(uid, fd)
     raise UidRangeExhausted(errno.EUSERS, f"every uid of the range {uids} is leased or owned by someone else")

@@ -1,0 +1,440 @@
+"""The worker processes of a :class:`~rho_actors.sandbox.pool.WorkerPool` and how they
+are kept warm (DESIGN §5 "Starting a worker"; internal).
+
+:class:`WarmWorkers` is the pool's half that owns its worker processes: it starts them
+(:meth:`WarmWorkers._spawn`, each under its :class:`~rho_actors.sandbox.confine.enclosure.Enclosure`
+when the pool confines), hands an idle one to a call, notes each scope's demand, loses,
+retires and forgets them, and runs the pool's background thread, the keeper, which
+keeps ``warm`` spares idle, replaces lost workers and retires workers idle too long.
+The call's half (a place under the cap, delivery, the reply, the deadline) is
+:mod:`rho_actors.sandbox.pool`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import replace
+from typing import Any, Final, Literal
+
+from loguru import logger
+
+from rho_actors.encoding import describe_exception
+from rho_actors.sandbox import wire
+from rho_actors.sandbox.channel import DeadlineReached, Malformed
+from rho_actors.sandbox.child import ChildSetup
+from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.processes import spawn
+from rho_actors.sandbox.shipping import ShippedTools, Unshippable
+from rho_actors.sandbox.slots import WorkerSlots
+from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig, worker_child
+from rho_actors.sandbox.worker_handle import WorkerHandle
+
+__all__ = ["CALL_SCOPE", "PoolStopped", "WarmWorkers", "WorkerStart"]
+
+CALL_SCOPE: Final = "call"
+"""The scope of a worker used for one call only (``worker_scope="call"``)."""
+
+_READY_TIMEOUT_S: Final = 30.0
+_LOAD_TIMEOUT_S: Final = 5.0
+"""How long sending a tool ahead to a worker may take (seconds)."""
+
+
+class PoolStopped(Exception):
+    """The pool is stopped (or, for a spare, the cap is full)."""
+
+
+class WarmWorkers:
+    """The worker processes of one pool (see the module doc); :class:`~rho_actors.sandbox.pool.WorkerPool`
+    sets every attribute below in its ``__init__``."""
+
+    _config: WorkerConfig
+    _ctx: Any
+    _warm: int
+    _heap_bytes: int
+    _confine: ConfinePolicy | None
+    _scoped: bool
+    _slots: WorkerSlots | None
+    _idle_s: float
+    _lock: threading.Lock
+    _changed: threading.Condition
+    _warmed: threading.Condition
+    _all: set[WorkerHandle]
+    _idle: list[WorkerHandle]
+    _busy: set[WorkerHandle]
+    _starting: int
+    _stopped: bool
+    _peaks: dict[Hashable, tuple[int, float]]
+    _counts: dict[str, int]
+    _pids: set[int]
+    _shipped: ShippedTools
+    _preloads: OrderedDict[bytes, bytes]
+
+    def pids(self) -> list[int]:
+        """The process ids of the worker processes alive now (each is also the id of the
+        process group it leads)."""
+        with self._lock:
+            return sorted(w.pid for w in self._all)
+
+    def wait_warm(self, timeout_s: float) -> bool:
+        """Block until ``warm`` workers are idle (or the pool is stopped), at most
+        ``timeout_s`` seconds; returns whether they are."""
+        with self._lock:
+            return self._warmed.wait_for(lambda: self._stopped or self._fresh() >= self._warm, timeout_s) and (
+                not self._stopped
+            )
+
+    def retire_one_idle(self, spare: frozenset[Hashable] = frozenset()) -> bool:
+        """Stop the longest idle worker (for the cap), not one kept for a session in
+        ``spare``; whether there was one."""
+        with self._lock:
+            if self._stopped:
+                return False
+            worker = next((w for w in self._idle if w.session is None or w.session not in spare), None)
+            if worker is None:
+                return False
+            self._idle.remove(worker)
+            self._counts["retired"] += 1
+        self._retire(worker)
+        return True
+
+    def retire_scopes(self, gone: Callable[[Hashable], bool]) -> int:
+        """Retire every worker whose scope ``gone(scope)`` says is gone (its tool was
+        unregistered or registered again): idle ones by the pool's background thread
+        soon, busy ones when their call ends; they never serve another call. Returns
+        how many workers it found."""
+        with self._lock:
+            found = [w for w in self._all if w.scope is not None and w.scope != CALL_SCOPE and gone(w.scope)]
+            for worker in found:
+                worker.doomed = True
+            if found:
+                self._changed.notify_all()
+        return len(found)
+
+    def _spawn(
+        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), scope: Hashable = None, slot_taken: bool = False
+    ) -> WorkerHandle:
+        """Start a worker process (not waiting for it to be ready) and register it
+        (``busy``: for a call of ``scope``). With a cap and no ``slot_taken`` (a spare
+        of the keeper): raises ``PoolStopped`` when the cap is full or a call waits for it."""
+        if (self._slots is not None and not slot_taken  # a spare never takes a slot a call is waiting for
+                and (self._slots.waiting or not self._slots.try_acquire())):
+            raise PoolStopped
+        enclosure = None
+        try:
+            if self._confine is not None:
+                enclosure = Enclosure(self._confine, self._heap_bytes or None, env=dict(env_key))
+                setup = enclosure.setup
+            else:
+                setup = ChildSetup(self._heap_bytes, env=dict(os.environ))  # the host's, as it is now
+            words = enclosure.memory_bound_words if enclosure is not None else None
+            config = self._config if words is None else replace(self._config, bound=words)
+            child = spawn(self._ctx, worker_child, config, setup, name="rho-worker")
+        except BaseException:
+            if enclosure is not None:
+                enclosure.remove()
+            if self._slots is not None:
+                self._slots.release()
+            raise
+        if enclosure is not None:
+            enclosure.started(child.pid)
+        worker = WorkerHandle(child.proc, child.channel, enclosure, self._slots, env_key, child.server)
+        with self._lock:
+            if not self._stopped:
+                self._all.add(worker)
+                self._pids.add(worker.pid)
+                self._counts["started"] += 1
+                if busy:
+                    if self._scoped:
+                        worker.scope = scope
+                    self._busy.add(worker)
+                    self._note_demand_locked(worker.scope)
+                return worker
+        worker.kill()
+        worker.reap()
+        worker.close()
+        raise PoolStopped
+
+    def _fresh(self) -> int:
+        return sum(1 for w in self._idle if w.scope is None)
+
+    def _wants(self, scope: Hashable) -> tuple[Hashable, ...]:
+        """The scopes of idle workers a call of ``scope`` may take, best first."""
+        return (scope, None) if self._scoped and scope != CALL_SCOPE else (None,)
+
+    def _usable_locked(self, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> bool:
+        """Whether an idle worker a call of ``scope`` may take is there now."""
+        wants = self._wants(scope)
+        return any((not self._scoped or w.scope in wants) and w.env_key == env_key and not w.doomed
+                   for w in self._idle)
+
+    def _take_idle(self, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> WorkerHandle | None:
+        """An idle worker this call may use, now busy (``None``: there is none)."""
+        dead: list[WorkerHandle] = []
+        scoped = self._scoped
+        try:
+            with self._lock:
+                if self._stopped:
+                    raise PoolStopped
+                for want in self._wants(scope):
+                    for worker in reversed(self._idle):
+                        if (scoped and worker.scope != want) or worker.env_key != env_key or worker.doomed:
+                            continue
+                        self._idle.remove(worker)
+                        if worker.healthy():
+                            self._busy.add(worker)
+                            if scoped:
+                                worker.scope = scope
+                                if want is None:
+                                    self._changed.notify_all()  # a spare was used: start another
+                            self._note_demand_locked(worker.scope)
+                            return worker
+                        dead.append(worker)
+        finally:
+            for worker in dead:
+                self._lose(worker, "died")
+        return None
+
+    def _note_demand_locked(self, scope: Hashable) -> None:
+        """A worker of ``scope`` became busy: raise (or refresh) the scope's peak of
+        busy workers, which lasts ``idle_s`` from when it was last reached."""
+        if scope == CALL_SCOPE:
+            return
+        now = time.monotonic()
+        busy = sum(1 for w in self._busy if w.scope == scope)
+        peak, at = self._peaks.get(scope, (0, 0.0))
+        if busy >= peak or now - at > self._idle_s:
+            self._peaks[scope] = (busy, now)
+
+    def _recent_peak_locked(self, scope: Hashable, now: float) -> int:
+        peak, at = self._peaks.get(scope, (0, 0.0))
+        return peak if now - at <= self._idle_s else 0
+
+    def _retire(self, worker: WorkerHandle) -> None:
+        worker.kill()
+        worker.reap()
+        worker.close()
+        self._forget(worker)
+
+    def _lose(self, worker: WorkerHandle, how: Literal["killed", "died"]) -> None:
+        """A worker killed at a deadline (or for a bad reply), or found dead: kill its
+        group, let the keeper start a replacement at once, then reap it."""
+        if how == "killed":
+            worker.kill()
+        else:
+            worker.kill_tree()
+        with self._lock:
+            if worker in self._all and not self._stopped:
+                self._counts[how] += 1
+            self._forget_locked(worker)
+            self._changed.notify_all()
+        if worker.reap() is None:
+            worker.kill()
+            worker.reap()
+        worker.close()
+
+    def _forget(self, worker: WorkerHandle) -> None:
+        with self._lock:
+            self._forget_locked(worker)
+            self._changed.notify_all()
+
+    def _forget_locked(self, worker: WorkerHandle) -> None:
+        self._all.discard(worker)
+        self._busy.discard(worker)
+        self._pids.discard(worker.pid)
+        with contextlib.suppress(ValueError):
+            self._idle.remove(worker)
+
+    def _deficit(self) -> int:
+        if self._scoped:  # spares: fresh idle workers
+            return self._warm - self._fresh() - self._starting
+        return self._warm - len(self._all) - self._starting
+
+    def _retire_stale(self) -> None:
+        """Retire idle workers idle for longer than ``idle_s``: every scoped one, and
+        unscoped ones beyond ``warm`` (oldest first); forget peaks older than that."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [w for w in self._idle if w.doomed or (w.scope is not None and now - w.idle_since > self._idle_s)]
+            unscoped = [w for w in self._idle if w.scope is None]
+            surplus = len(unscoped) - self._warm
+            stale.extend(w for w in unscoped[:max(0, surplus)] if now - w.idle_since > self._idle_s)
+            for worker in stale:
+                self._idle.remove(worker)
+                self._counts["retired"] += 1
+            for scope, (_, at) in list(self._peaks.items()):
+                if now - at > self._idle_s:
+                    del self._peaks[scope]
+        for worker in stale:
+            self._retire(worker)
+
+    def _keep_warm(self) -> None:
+        """The background thread: keep ``warm`` workers alive, replacing lost ones, and
+        retire workers idle too long."""
+        backoff = 0.0
+        tick = max(0.05, min(self._idle_s / 2, 5.0))
+        while True:
+            self._retire_stale()
+            with self._lock:
+                while not self._stopped and (self._deficit() <= 0 or backoff):
+                    if backoff:
+                        self._changed.wait(backoff)
+                        backoff = 0.0
+                    else:
+                        self._changed.wait(tick)
+                        break
+                if self._stopped:
+                    return
+                if self._deficit() <= 0:
+                    continue
+                wanted = self._deficit()
+                self._starting += wanted
+            new: list[WorkerHandle] = []
+            failures = 0
+            for _ in range(wanted):
+                try:
+                    new.append(self._spawn(busy=False))
+                except PoolStopped:  # stopped, or the cap is full: wait for a change
+                    backoff = 0.5
+                except Exception:
+                    failures += 1
+                    logger.exception("worker pool: a worker process could not be started")
+                finally:
+                    with self._lock:
+                        self._starting -= 1
+            for worker in new:
+                if not self._await_ready(worker):
+                    failures += 1
+            if failures:
+                backoff = 0.5
+
+    def _await_ready(self, worker: WorkerHandle, wanted: bool = False) -> bool:
+        """Wait for a new worker's hello, send it the tools loaded ahead
+        (:meth:`_load_into`) and make it idle (a spare, not ``wanted`` by a call: stop it
+        when calls started enough workers of their own meanwhile); whether it became
+        ready."""
+        try:
+            ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S, wire.MAX_REPLY_BYTES) == (wire.READY, b"")
+            if ok:
+                self._load_into(worker)
+        except (DeadlineReached, EOFError, Malformed):
+            ok = False
+        surplus = False
+        worker.ready = ok
+        with self._lock:
+            if ok and worker in self._all and not self._stopped:
+                if wanted or self._fresh() < self._warm:
+                    worker.idle_since = time.monotonic()
+                    self._idle.append(worker)
+                    self._warmed.notify_all()
+                    if self._slots is not None:
+                        self._slots.poke()  # a call waiting for a worker may take it now
+                    return True
+                self._counts["retired"] += 1
+                surplus = True
+        if surplus:
+            self._retire(worker)
+            return True
+        if ok or self._stopped:  # stopped meanwhile: stop() kills it, its owner (here) closes it
+            self._lose(worker, "killed")
+            return True
+        logger.warning("worker pool: worker {} did not become ready (exit code {})", worker.pid, worker.proc.exitcode)
+        self._lose(worker, "died")
+        return False
+
+    # --- starts for calls, tools loaded ahead ---------------------------------------------------
+
+    def _start_for_call(self, env_key: tuple[tuple[str, str], ...], start: WorkerStart) -> None:
+        """Start a worker for a waiting call in a thread of its own (the call took its
+        slot): once ready it is idle, for whichever waiting call may take it first (the
+        one it was started for, or another); ``start`` says when it failed."""
+
+        def run() -> None:
+            try:
+                worker = self._spawn(busy=False, env_key=env_key, slot_taken=True)
+            except PoolStopped:
+                start.failed("the worker pool is stopped")
+            except Exception as exc:
+                logger.exception("worker pool: a worker process could not be started")
+                start.failed(describe_exception(exc))
+            else:
+                if self._await_ready(worker, wanted=True):
+                    start.done = True
+                else:
+                    start.failed(f"worker {worker.pid} ended before it was ready (exit code {worker.exitcode})")
+            with self._lock:
+                self._warmed.notify_all()
+
+        threading.Thread(target=run, name="rho-worker-start", daemon=True).start()
+
+    def preload(self, tool: Any, version: object = None) -> bool:
+        """Load ``tool`` ahead of its calls (a trusted pool's registered tool): pickled
+        now as a call ships it (once per ``version``), sent to every idle worker now
+        (a ``LOAD`` frame, unanswered) and to every new worker before it goes idle, so
+        its first call finds it held. The latest :data:`~rho_actors.sandbox.worker.TOOL_CACHE_SIZE`
+        tools are kept. Whether it was loaded (``False``: a scoped pool, whose spares
+        serve any scope, never holds a tool ahead; a tool that cannot be pickled, whose
+        calls then say why)."""
+        if self._scoped:
+            return False
+        try:
+            digest, tool_bytes = self._shipped.ship(tool, version)
+        except Unshippable:
+            return False
+        with self._lock:
+            if self._stopped:
+                return False
+            self._preloads[digest] = tool_bytes
+            self._preloads.move_to_end(digest)
+            while len(self._preloads) > TOOL_CACHE_SIZE:
+                self._preloads.popitem(last=False)
+            lacking = [w for w in self._idle if digest not in w.tools]
+            for worker in lacking:
+                self._idle.remove(worker)
+        for worker in lacking:
+            try:
+                self._load_into(worker)
+            except (DeadlineReached, EOFError):
+                self._lose(worker, "died")
+                continue
+            with self._lock:
+                if worker in self._all and not self._stopped:
+                    self._idle.append(worker)
+                    self._warmed.notify_all()
+                    continue
+            self._retire(worker)
+        return True
+
+    def _load_into(self, worker: WorkerHandle) -> None:
+        """Send ``worker`` (not idle: no call may write to it meanwhile) the tools loaded
+        ahead that it does not hold. Raises ``DeadlineReached`` or ``EOFError``."""
+        with self._lock:
+            missing = [(d, b) for d, b in self._preloads.items() if d not in worker.tools]
+        for digest, tool_bytes in missing:
+            worker.channel.send(wire.LOAD, pickle.dumps((digest, tool_bytes)), time.monotonic() + _LOAD_TIMEOUT_S)
+            worker.tools[digest] = None
+            worker.tools.move_to_end(digest)
+            while len(worker.tools) > TOOL_CACHE_SIZE:
+                worker.tools.popitem(last=False)
+            with self._lock:
+                self._counts["loaded"] += 1
+
+
+class WorkerStart:
+    """A start asked for by a waiting call: ``done`` once its worker is idle (for any
+    call to take), :meth:`failed` records why it failed (``problem``: ``None`` while it
+    has not)."""
+
+    __slots__ = ("done", "problem")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.problem: str | None = None
+
+    def failed(self, problem: str) -> None:
+        self.problem = problem
