@@ -274,8 +274,8 @@ def test_a_host_killed_mid_task_leaves_it_failed_interrupted_for_the_next_host_d
         assert done.result is not None and done.result.content == "quick look at b"
         for interrupted, name in ((info, "crawl"), (watching, "watch")):  # a thread's call and an async one
             assert interrupted.result is not None and interrupted.result.error_kind is ErrorKind.CANCELLED
-            assert interrupted.result.content == \
-                f"interrupted: the host stopped before the background call of tool {name!r} finished; it was not run again"
+            assert interrupted.result.content == (f"interrupted: the host stopped before the background call of "
+                                                  f"tool {name!r} finished; it was not run again")
         assert system.stats()["tasks"]["interrupted"] == 2
         model = ScriptedModel([Reply("noted"), Reply("still noted")])
         loop.prompt("What happened?", model=model)
