@@ -60,6 +60,7 @@ from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
+from rho_actors.lifecycle import RECORDED_BY_CALLER
 from rho_actors.lifecycle.tasks import acknowledgement, runs_as_task
 from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.inline import InlineCall, runs_inline
@@ -212,7 +213,7 @@ class Turns:
         withheld = self._withheld
         turn = Turn(next(self._turn_ids), list(map(Slot, range(len(calls)), calls)), future,
                      withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
-                     background=background)
+                     background=background, journal=self.approvals is not None and not RECORDED_BY_CALLER.get())
         refused: list[Slot] = []
         if cancel is None or not cancel.cancelled:
             tools = self._tools.current
@@ -251,7 +252,9 @@ class Turns:
         assert self.approvals is not None
         prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
         ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
-        for index, pending in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
+        held = self.approvals.hold(prepared, turn.exclusive, version, ctx,  # type: ignore[arg-type]
+                                   journal=turn.journal, off_thread=turn.aio is not None)
+        for index, pending in held.items():
             slot = turn.slots[index]
             as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
                                                                 slot.call.id)  # then it waits as an input_required task
@@ -481,7 +484,7 @@ class Turns:
             late = slot.result is not None
             if not late:
                 if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
-                    result = self.approvals.defer(slot.call, slot.args, result)  # it waits for loop.resolve
+                    result = self.approvals.defer(slot.call, slot.args, result, turn.journal)  # for loop.resolve
                 result = self._within_budget(turn, slot, result)
                 slot.result, slot.running = result, None  # answered: nothing to cancel (and no cycle kept)
                 turn.open -= 1
