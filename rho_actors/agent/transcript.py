@@ -115,7 +115,7 @@ from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES, ImageSto
 from rho_actors.agent.lines import SCHEMA_VERSION, Mark, TranscriptError, checksum, read_all, read_records, scan
 from rho_actors.agent.model import Message, Reply
 from rho_actors.encoding import scrub_text
-from rho_actors.files import UnsafePathError
+from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.lifecycle import CallTrack, LifecycleError, call_record, fold
 from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
@@ -479,6 +479,22 @@ class Transcript:
             fd, self._fd, self._per_record = self._fd, None, True
             os.close(fd)
         return history
+
+    def read_unlocked(self) -> None:
+        """Read the transcript (not read yet) without its lock: :meth:`reopen`, under the
+        lock, reads the tail only (a last line being written too). Raises as :meth:`open`."""
+        if self._mark is not None or self._fd is not None or not os.path.lexists(self.path):
+            return
+        try:
+            fd = open_regular(self.path, os.O_RDONLY)
+        except UnsafePathError as exc:
+            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
+        try:
+            st = os.fstat(fd)
+            records, _, _, mark = scan(read_all(fd), str(self.path), Mark(st.st_dev, st.st_ino, 0, 0, 1, None))
+        finally:
+            os.close(fd)
+        self.history, self._seq, self._mark = _history(records, str(self.path), self.images), len(records), mark
 
     def reopen(self) -> History:
         """Lock again, as a brief writer (:meth:`open` ``brief=True``), the transcript

@@ -126,17 +126,14 @@ class ApprovalJournal:
     def _answered(self, call_id: str, result: ToolResult) -> None:
         raise NotImplementedError
 
-    def _record_held(self, calls: list[tuple[ToolCall, PendingCall]], off_thread: bool) -> None:
-        """Record ``calls``, held by a turn run directly, in the session's transcript
-        (:func:`~rho_actors.loop.decisions.record_held`); until that is written a decision
-        on one of them waits for it. A transcript that cannot be written is logged: the
-        calls wait in memory only."""
-        done = threading.Event()
+    def record(self, calls: list[tuple[ToolCall, PendingCall]], off_thread: bool) -> None:
+        """Record ``calls``, held by a turn run directly (and marked by :meth:`_awaited`
+        when they were held), in the session's transcript
+        (:func:`~rho_actors.loop.decisions.record_held`): here, or, ``off_thread`` (the
+        caller is an event loop), on a pool thread; a decision on one of them waits for it
+        meanwhile. A transcript that cannot be written is logged: they wait in memory only."""
         with self._lock:
-            for _, pending in calls:
-                held = self._held.get(pending.call_id)
-                if held is not None and held.pending is pending:
-                    held.recorded = done
+            done = {h.recorded for _, p in calls if (h := self._held.get(p.call_id)) and h.recorded is not None}
 
         def write() -> None:
             try:
@@ -146,11 +143,19 @@ class ApprovalJournal:
                 logger.warning("session {}: calls {} wait for a decision in memory only: {}", self.session_id,
                                ", ".join(p.call_id for _, p in calls), describe_exception(exc))
             finally:
-                done.set()
+                for event in done:
+                    event.set()
             self._watch()
 
         if not (off_thread and self._later(write, "record")):
             write()
+
+    def _awaited(self, held: list[Held]) -> None:
+        """Mark ``held`` as to be recorded (:meth:`record`): a decision waits for it."""
+        done = threading.Event()
+        with self._lock:
+            for one in held:
+                one.recorded = done
 
     @contextlib.contextmanager
     def _journal(self, held: Held | None, claimed: bool = True) -> Iterator[tuple[Transcript, CallTrack] | None]:

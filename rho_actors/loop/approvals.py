@@ -151,13 +151,13 @@ class SessionApprovals(ApprovalJournal):
         return True
 
     def hold(self, prepared: list[tuple[int, ToolCall, ToolEntry, dict[str, Any]]], exclusive: bool, version: int,
-             ctx: Mapping[str, Any], *, journal: bool = False, off_thread: bool = False) -> dict[int, ToolResult]:
+             ctx: Mapping[str, Any], *, journal: bool = False) -> dict[int, ToolResult]:
         """Which of a turn's ``prepared`` calls (index, call, entry, validated args, in
         the model's order) wait for approval: their ``pending_approval`` results, by
         index (their ``details["pending"]`` the :class:`PendingCall`). ``version``: the
         tool set's; ``ctx``: what a tool's policy gets as its context; ``journal``: a
-        turn run directly, whose held calls are recorded in the transcript here (before
-        this returns, or, ``off_thread``, on a pool thread: the caller is an event loop)."""
+        turn run directly, whose held calls its caller records (:meth:`record`) once the
+        turn is admitted, or forgets; a decision waits for that."""
         held: dict[int, ToolResult] = {}
         before: str | None = None
         known, rules = self._rules
@@ -179,9 +179,9 @@ class SessionApprovals(ApprovalJournal):
             if held[index].error_kind is ErrorKind.PENDING_APPROVAL:
                 before = call.id
         if journal and held:
-            calls = {call.id: call for _, call, _, _ in prepared}
-            self._record_held([(calls[p.call_id], p) for r in held.values() if (p := pending_call(r)) is not None],
-                              off_thread)
+            with self._lock:
+                marked = [h for r in held.values() if (p := pending_call(r)) and (h := self._held.get(p.call_id))]
+            self._awaited(marked)
         return held
 
     def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
@@ -226,7 +226,10 @@ class SessionApprovals(ApprovalJournal):
         pending = self._register(call, result.name, args, "external", str(reason), None)
         held = pending_call(pending)
         if journal and held is not None:
-            self._record_held([(call, held)], True)
+            with self._lock:
+                marked = self._held.get(held.call_id)
+            self._awaited([marked] if marked is not None else [])
+            self.record([(call, held)], True)
         return dataclasses.replace(pending, duration_ms=result.duration_ms)
 
     def _register(self, call: ToolCall, name: str, args: dict[str, Any], kind: str, reason: str,
@@ -282,6 +285,8 @@ class SessionApprovals(ApprovalJournal):
         for held in gone:
             if held.timer is not None:
                 held.timer.cancel()
+            if held.recorded is not None:
+                held.recorded.set()  # never recorded: nothing waits
 
     # --- seeing ---------------------------------------------------------------------------
 

@@ -78,6 +78,7 @@ def locked_transcript(path: Path, wait_s: float = LOCK_WAIT_S, transcript: Trans
     until = time.monotonic() + wait_s
     delay = 0.001
     transcript = Transcript(path) if transcript is None else transcript
+    transcript.read_unlocked()  # the whole file read before the lock: held for the tail only
     while True:
         try:
             transcript.reopen()

@@ -60,7 +60,7 @@ from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
-from rho_actors.lifecycle import RECORDED_BY_CALLER
+from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall, pending_call
 from rho_actors.lifecycle.tasks import acknowledgement, runs_as_task
 from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.inline import InlineCall, runs_inline
@@ -215,6 +215,7 @@ class Turns:
                      withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
                      background=background, journal=self.approvals is not None and not RECORDED_BY_CALLER.get())
         refused: list[Slot] = []
+        held: list[tuple[ToolCall, PendingCall]] = []
         if cancel is None or not cancel.cancelled:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
@@ -231,7 +232,7 @@ class Turns:
                     turn.waiting.append(index)
                     turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
             if self.approvals is not None and turn.waiting and not approved:
-                self._hold(turn, refused, tools.version)
+                held = self._hold(turn, refused, tools.version)
         with self._lock:
             admitted = self.closed is None
             if admitted:
@@ -241,19 +242,23 @@ class Turns:
                 self.approvals.forget([slot.result for slot in refused if slot.result is not None])
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return
+        if held and turn.journal:  # admitted: its held calls are recorded, durable before their results are given
+            assert self.approvals is not None
+            self.approvals.record(held, off_thread=turn.aio is not None)
         try:
             self._admitted(turn, refused, cancel)
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
-    def _hold(self, turn: Turn, refused: list[Slot], version: int) -> None:
-        """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never start."""
+    def _hold(self, turn: Turn, refused: list[Slot], version: int) -> list[tuple[ToolCall, PendingCall]]:
+        """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never
+        start. Returns them, each with its :class:`PendingCall`."""
         assert self.approvals is not None
         prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
         ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
-        held = self.approvals.hold(prepared, turn.exclusive, version, ctx,  # type: ignore[arg-type]
-                                   journal=turn.journal, off_thread=turn.aio is not None)
+        held = self.approvals.hold(prepared, turn.exclusive, version, ctx, journal=turn.journal)  # type: ignore[arg-type]
+        calls: list[tuple[ToolCall, PendingCall]] = []
         for index, pending in held.items():
             slot = turn.slots[index]
             as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
@@ -262,6 +267,9 @@ class Turns:
             refused.append(turn.slots[index])
             turn.waiting.remove(index)
             turn.open -= 1
+            if (waits := pending_call(pending)) is not None:
+                calls.append((slot.call, waits))
+        return calls
 
     def _admitted(self, turn: Turn, refused: list[Slot], cancel: CancelToken | None) -> None:
         for slot in refused:

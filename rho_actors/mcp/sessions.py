@@ -39,7 +39,7 @@ from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from rho_actors.agent.model import Reply
-from rho_actors.agent.transcript import Transcript
+from rho_actors.agent.transcript import Transcript, TranscriptError
 from rho_actors.lifecycle import PendingCall
 from rho_actors.loop.decisions import ApprovalError
 from rho_actors.tool import ToolCall, ToolResult
@@ -182,5 +182,5 @@ class Session:
                     self.transcript.reply(step, Reply(tool_calls=(call,)))
                 else:
                     self.transcript.result(step, 0, result)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TranscriptError) as exc:  # busy past RECORD_WAIT_S, or replaced meanwhile
             logger.warning("MCP session {}: transcript not written: {}", self.loop.session_id, exc)
