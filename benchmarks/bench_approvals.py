@@ -2,9 +2,13 @@
 deciding one costs.
 
 (1) ``--sessions`` sessions (1,000) each run one turn of ``--calls`` calls (10) of a tool
-that requires approval: 10,000 pending calls. Printed: the threads and the memory they
-hold in the host (Python allocations traced by ``tracemalloc`` and the resident set,
-each after minus before, the loops already started; goal: no thread, at most 64 MiB).
+that requires approval: 10,000 pending calls, each recorded in its session's transcript
+(a turn run directly records the calls it holds). Printed: the threads and the memory
+they hold in the host (Python allocations traced by ``tracemalloc`` and the resident
+set, each after minus before, the loops already started; goal: no thread, at most
+64 MiB). Threads are counted once the sessions' first looks at their transcripts (a
+pool job each, at most one per session at a time) are done; the pool's idle threads,
+which end within 30 s and hold nothing, are shown apart.
 (2) Deciding: ``loop.approve`` of a held no-op call, interleaved with the baseline, a
 ``loop.run_turn`` of the same no-op call that needs no approval (the call itself);
 the overhead is their p50 difference (goal: at most 1 ms). ``loop.reject`` is shown too.
@@ -63,6 +67,14 @@ def free(n: int) -> str:
     return "ok"
 
 
+IDLE_THREAD = "rho_actors-idle"  # the name of a pool thread waiting for a job (it ends within 30 s)
+
+
+def _held_threads() -> int:
+    """The threads alive, the thread pool's idle ones left out."""
+    return sum(t.name != IDLE_THREAD for t in threading.enumerate())
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -73,22 +85,26 @@ def held(system: ActorSystem, sessions: int, calls: int) -> tuple[dict[str, Any]
     for loop in loops:  # each loop's turns are made: a baseline without pending calls
         loop.run_turn([ToolCall("warm", "free", '{"n": 0}')])
     gc.collect()
-    threads_before = threading.active_count()
+    threads_before = _held_threads()
     tracemalloc.start()
     traced_before = tracemalloc.get_traced_memory()[0]
     rss_before = _rss_bytes()
     for s, loop in enumerate(loops):
         results = loop.run_turn([ToolCall(f"c{s}-{i}", "guarded", f'{{"n": {i}}}') for i in range(calls)])
         assert all(r.error_kind == "pending_approval" for r in results), results[0]
+    until = time.monotonic() + 30  # the sessions' first looks at their transcripts done
+    while any(t.name.startswith("approvals:") for t in threading.enumerate()) and time.monotonic() < until:
+        time.sleep(0.05)
     gc.collect()
     traced = tracemalloc.get_traced_memory()[0] - traced_before
     tracemalloc.stop()
     rss = _rss_bytes() - rss_before
-    threads = threading.active_count() - threads_before
+    threads = _held_threads() - threads_before
+    idle = sum(t.name == IDLE_THREAD for t in threading.enumerate())
     pending = sum(len(loop.pending()) for loop in loops)
     mib = max(traced, rss) / 2**20
     return {
-        "pending_calls": pending, "sessions": sessions, "threads_added": threads,
+        "pending_calls": pending, "sessions": sessions, "threads_added": threads, "idle_pool_threads": idle,
         "traced_mib": round(traced / 2**20, 2), "rss_mib": round(rss / 2**20, 2),
         "bytes_per_pending_call": round(traced / max(1, pending)),
         "goal": f"no thread, <= {MEMORY_GOAL_MIB:g} MiB", "verdict": verdict(threads <= 0 and mib <= MEMORY_GOAL_MIB),
@@ -193,7 +209,8 @@ def print_text(report: Mapping[str, Any]) -> None:
     env, h, d, a = report["environment"], report["holding"], report["deciding"], report["agent_loop"]
     print(f"rho_actors approvals benchmark ({env['mode']}, {env['cpus']} CPUs, load {env['load_avg_1m']})")
     print(f"\n(1) {h['pending_calls']:,} pending calls across {h['sessions']:,} sessions: "
-          f"{h['threads_added']} threads added, {h['traced_mib']} MiB traced, {h['rss_mib']} MiB resident "
+          f"{h['threads_added']} threads added ({h['idle_pool_threads']} idle pool threads apart), "
+          f"{h['traced_mib']} MiB traced, {h['rss_mib']} MiB resident "
           f"({h['bytes_per_pending_call']} B per call)  "
           f"goal {h['goal']}: {h['verdict']}")
     print(f"(2) approve p50 {d['approve_ms']['p50']} ms (p99 {d['approve_ms']['p99']}), reject p50 "

@@ -161,6 +161,8 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "pending_bound": (_K.UNAVAILABLE, "tool {tool!r} did not run: {count} calls of this session wait for a decision, "
                                       "holding {held_bytes} bytes of arguments; the bound is {bound} calls and "
                                       "{bound_bytes} bytes"),
+    "decision_unbound": (_K.REJECTED, "call {call} of tool {tool!r} did not run: the decision recorded for it "
+                                      "{problem}; an approval runs only the arguments it is bound to"),
     "approval_expired": (_K.APPROVAL_EXPIRED, "call {call} of tool {tool!r} was not decided within its approval "
                                               "timeout of {timeout_s:g} s; it did not run"),
     "empty_error": (_K.RAISED, "the call failed without a message ({kind})"),  # keeps the result's kind

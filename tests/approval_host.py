@@ -1,7 +1,8 @@
 """A host process for tests/test_approvals_durable.py: ``python -m tests.approval_host
 DATA_DIR ACTION``. ``prompt``: a prompt whose reply asks for two deletions and a look,
 then prints ``PENDING <ids>`` and waits to be killed (``prompt_put``: one idempotent
-``put``); ``approve CALL_ID``: approves a call (printing ``APPROVING``) and waits."""
+``put``; ``turn``: the same calls as a turn run directly, no prompt); ``approve
+CALL_ID``: approves a call (printing ``APPROVING``) and waits."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def main(data_dir: str, action: str, *rest: str) -> None:
         reply = REPLY if action == "prompt" else Reply(tool_calls=(ToolCall("p1", "put", '{"key": "k"}'),))
         result = loop.prompt("clean up", model=ScriptedModel([reply]))
         print("PENDING", " ".join(p.call_id for p in result.pending), flush=True)
+    elif action == "turn":
+        results = loop.run_turn(REPLY.tool_calls)
+        print("PENDING", " ".join(r.call_id for r in results if r.error_kind == "pending_approval"), flush=True)
     elif action == "approve":
         print("APPROVING", flush=True)
         loop.approve(rest[0], decided_by="host")

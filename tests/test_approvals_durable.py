@@ -276,7 +276,7 @@ def test_a_host_with_pending_calls_reads_its_transcript_whole_only_for_decisions
     transcript, so a session writing on grew the host by about 15 MiB a call and slowed
     its calls to seconds. A decision from another process is still acted on."""
     from rho_actors.agent.transcript import Transcript
-    from rho_actors.loop import approvals
+    from rho_actors.loop import approval_journal
     from rho_actors.tool import ToolCall, ToolResult
 
     loads: list[Path] = []
@@ -285,7 +285,7 @@ def test_a_host_with_pending_calls_reads_its_transcript_whole_only_for_decisions
         loads.append(path)
         return load(path)
 
-    monkeypatch.setattr(approvals, "load", counted)
+    monkeypatch.setattr(approval_journal, "load", counted)
     data = tmp_path / "data"
     with _system(data) as system:
         loop = system.start_loop("s1")
@@ -315,3 +315,110 @@ def approvals_seen(loop: Any) -> int | None:
     """The transcript size the session's last look at it saw (a sync point, no more)."""
     seen = loop._approvals()._seen
     return None if seen is None else int(seen[0])
+
+
+def test_kill_9_mid_wait_of_a_turn_run_directly_then_a_new_host_still_has_its_pending_calls(
+    tmp_path: Path, runs: Path, host_env: dict[str, str], hosts: list[_Host],
+) -> None:
+    """A turn run directly (run_turn, no prompt) records its held calls in the session's
+    transcript as a prompt does: a host killed with kill -9 loses none of them."""
+    data = tmp_path / "data"
+    _kill_9_after(hosts, data, host_env, "turn", says="PENDING c1 c2")
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        assert [(p.call_id, dict(p.arguments)) for p in loop.pending()] == [("c1", {"path": "/a"}),
+                                                                           ("c2", {"path": "/b"})]
+        assert loop.approve("c1").content == "deleted /a"
+        assert loop.reject("c2", "keep /b").error_kind is ErrorKind.REJECTED
+        assert loop.pending() == []
+    assert _runs(runs) == ["delete /a"]
+    calls = load(data / "sessions" / "s1" / TRANSCRIPT_NAME).calls
+    assert (calls["c1"].state, calls["c1"].decision, calls["c2"].state, calls["c2"].decision) == (
+        "settled", "approved", "settled", "rejected")
+
+
+def test_kill_9_mid_approved_call_of_a_turn_run_directly_never_runs_it_again(
+    tmp_path: Path, runs: Path, host_env: dict[str, str], hosts: list[_Host],
+) -> None:
+    data = tmp_path / "data"
+    _kill_9_after(hosts, data, host_env, "turn", says="PENDING c1 c2")
+    _kill_9_mid_call(hosts, data, host_env, runs, "c1", ["delete /a"])
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        assert [p.call_id for p in loop.pending()] == ["c2"]
+        with pytest.raises(ApprovalError, match="no call 'c1' waits"):
+            loop.approve("c1")
+        assert loop.approve("c2").content == "deleted /b"
+    [(_, _, interrupted)] = load(data / "sessions" / "s1" / TRANSCRIPT_NAME).pending  # outcome unknown
+    assert interrupted.call_id == "c1" and interrupted.error_kind is ErrorKind.CANCELLED
+    assert _runs(runs) == ["delete /a", "delete /b"]
+
+
+def _forge(data: Path, call_id: str, **fields: Any) -> None:
+    """Append a ``decided`` record for ``call_id`` as another process could (a valid
+    line: its seq and checksum right), under the transcript's lock."""
+    from rho_actors.loop.decisions import locked_transcript
+
+    with locked_transcript(data / "sessions" / "s1" / TRANSCRIPT_NAME) as transcript:
+        track = transcript.history.calls[call_id]
+        transcript.call(track.step, track.index, "decided", call_id=call_id, name=track.name, decision="approved",
+                        decided_by="mallory", **fields)
+
+
+@pytest.mark.parametrize("forged", ["edited", "other_hash"])
+def test_a_decision_in_the_transcript_never_runs_other_arguments_than_the_waiting_call_s(
+    tmp_path: Path, runs: Path, forged: str,
+) -> None:
+    """A line another process appends to the transcript approving the waiting call with
+    other arguments (edited ones hashed right, or a hash of other arguments) is refused:
+    the call never runs and its result says why."""
+    from rho_actors.lifecycle import arguments_sha256
+    from rho_actors.tool import ToolCall
+
+    data = tmp_path / "data"
+    other = {"path": "/etc"}
+    fields: dict[str, Any] = ({"arguments": other, "arguments_sha256": arguments_sha256(other)} if forged == "edited"
+                              else {"arguments_sha256": arguments_sha256(other)})
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        [held] = loop.run_turn([ToolCall("c1", "delete", '{"path": "/a"}')])
+        assert held.error_kind is ErrorKind.PENDING_APPROVAL
+        decided = loop.when_decided("c1")
+        _forge(data, "c1", **fields)
+        result = decided.result(WAIT_S)
+        assert result.error_kind is ErrorKind.REJECTED and "bound to other arguments" in result.content
+        assert loop.pending() == []
+    assert _runs(runs) == []
+    assert load(data / "sessions" / "s1" / TRANSCRIPT_NAME).calls["c1"].state == "settled"
+
+
+def test_a_pending_call_whose_recorded_arguments_were_altered_is_not_taken_back(
+    tmp_path: Path, runs: Path, host_env: dict[str, str], hosts: list[_Host],
+) -> None:
+    """The reply line of a waiting call rewritten with other arguments (its checksum made
+    right) while no host runs: the next host does not list it and rho-actors approve
+    refuses it, so what a person approves is what the pending record's hash binds."""
+    import json
+
+    from rho_actors.agent.transcript import checksum
+
+    data = tmp_path / "data"
+    _kill_9_after(hosts, data, host_env, "turn", says="PENDING c1 c2")
+    path = data / "sessions" / "s1" / TRANSCRIPT_NAME
+    lines = path.read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    [at] = [i for i, r in enumerate(records) if r["type"] == "reply"]
+    record = records[at]
+    record["tool_calls"][0]["arguments"] = '{"path": "/etc"}'
+    del record["sum"]
+    record["sum"] = checksum(record)
+    lines[at] = json.dumps(record, ensure_ascii=False)
+    path.write_text("\n".join(lines) + "\n")
+    refused = _cli(data, "approve", "s1", "c1")
+    assert refused.returncode == 1 and "do not match the SHA-256" in refused.stdout
+    with _system(data) as system:
+        loop = system.start_loop("s1")
+        assert [p.call_id for p in loop.pending()] == ["c2"]
+        with pytest.raises(ApprovalError):
+            loop.approve("c1")
+    assert _runs(runs) == []

@@ -98,3 +98,62 @@ def test_a_torn_tail_is_cut_away_and_a_changed_one_is_an_error(tmp_path: Path) -
     path.write_bytes(path.read_bytes().replace(b'"rejected"', b'"approved"'))  # changed after it was written
     with pytest.raises(TranscriptError, match="checksum"):
         mine.reopen()
+
+
+def test_a_session_open_per_record_lets_a_brief_writer_in_between_its_records(tmp_path: Path) -> None:
+    """An MCP session's transcript (open(per_record=True)) holds the session (another
+    prompt is refused) but its file's lock only while it appends: a decision from another
+    process is written at once, and the session's next record follows it, seq and
+    tracks caught up."""
+    path = tmp_path / TRANSCRIPT_NAME
+    _pending(path)
+    session = Transcript(path)
+    session.open(per_record=True)
+    try:
+        with pytest.raises(TranscriptBusyError, match="in use by another prompt"):
+            Transcript(path).open()
+        other = Transcript(path)
+        other.open(brief=True)  # not held: at once
+        other.call(1, 0, "decided", call_id="c1", name="delete", decision="rejected", decided_by="ann",
+                   arguments_sha256=SHA, message="no")
+        other.close()
+        session.result(1, 0, ToolResult("c1", "delete", False, "no", error_kind="rejected"))  # type: ignore[arg-type]
+        assert session.history.calls["c1"].state == "settled" and "c1" not in session.history.unanswered
+        assert session.history.unanswered == {"c2": (1, 1)}
+    finally:
+        session.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["seq"] for r in records] == list(range(1, 7)) and records[-1]["type"] == "result"
+    assert load(path).calls["c1"].state == "settled"  # read back whole: valid
+
+
+def test_a_brief_writer_reads_the_transcript_before_its_lock_and_only_the_tail_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rho_actors.agent import lines
+    from rho_actors.agent import transcript as module
+    from rho_actors.loop.decisions import locked_transcript
+
+    path = tmp_path / TRANSCRIPT_NAME
+    _pending(path)
+    size = os.path.getsize(path)
+    with Transcript(path) as t:  # 1 MB more, then the decision's line comes after it
+        t.result(1, 1, ToolResult("c2", "delete", True, "x" * 1_000_000))
+    read_locked: list[int] = []
+    real = lines.read_all
+
+    def counted(fd: int, offset: int = 0) -> bytes:
+        data = real(fd, offset)
+        read_locked.append(len(data))
+        return data
+
+    mine = Transcript(path)
+    mine.read_unlocked()
+    assert mine.history.calls["c2"].state == "settled" and os.path.getsize(path) > size + 1_000_000
+    with Transcript(path) as other:
+        other.call(1, 0, "decided", call_id="c1", name="delete", decision="approved", decided_by="ann",
+                   arguments_sha256=SHA)
+    monkeypatch.setattr(module, "read_all", counted)
+    with locked_transcript(path, transcript=mine) as locked:
+        assert locked.history.calls["c1"].decision == "approved"
+    assert len(read_locked) == 1 and read_locked[0] < 1000  # the decision's line only

@@ -76,7 +76,7 @@ from rho_actors.agent.recorder import Recorder, with_text
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
-from rho_actors.lifecycle import PendingCall, open_pending, pending_call
+from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall, open_pending, pending_call
 from rho_actors.otp.actor import ActorExit
 from rho_actors.results import failure
 from rho_actors.telemetry import Telemetry
@@ -644,12 +644,15 @@ class _Driver:
         took (it was not running) gets ``cancelled`` results."""
         future: concurrent.futures.Future[list[ToolResult]] | None = None
         for _ in range(3):
+            recorded = RECORDED_BY_CALLER.set(True)  # its held calls are recorded by _take, in this transcript
             try:
                 future = self.loop.submit_turn(calls, cancel=self.cancel, on_result=on_result)
                 break
             except pykka.ActorDeadError:  # not told: nothing ran; wait for the restart
                 if not self._wait_for_loop():
                     break
+            finally:
+                RECORDED_BY_CALLER.reset(recorded)
         if future is None:
             return [failure("loop_not_running", c.id, c.name) for c in calls]
         bound = self.loop.turn_bound_s(calls)

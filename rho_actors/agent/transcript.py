@@ -115,7 +115,7 @@ from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES, ImageSto
 from rho_actors.agent.lines import SCHEMA_VERSION, Mark, TranscriptError, checksum, read_all, read_records, scan
 from rho_actors.agent.model import Message, Reply
 from rho_actors.encoding import scrub_text
-from rho_actors.files import UnsafePathError
+from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.lifecycle import CallTrack, LifecycleError, call_record, fold
 from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
@@ -159,7 +159,10 @@ class History:
     that has ``call`` records, by call id; ``open_calls``: those of them without a
     result that wait for a decision or to run once decided (no result in ``messages``);
     ``delivered_tasks``: the ids of the background calls whose results a ``user``
-    record gave the model (its ``"tasks"`` field: :mod:`rho_actors.tasks`).
+    record gave the model (its ``"tasks"`` field: :mod:`rho_actors.tasks`);
+    ``unanswered``: where each call of a recorded reply that has no ``result`` record yet
+    is, by call id: ``(step, index)`` (kept up to date by :meth:`Transcript.reopen` and
+    by the writer's own records).
     """
 
     messages: list[Message] = field(default_factory=list)
@@ -167,6 +170,7 @@ class History:
     calls: dict[str, CallTrack] = field(default_factory=dict)
     open_calls: dict[str, CallTrack] = field(default_factory=dict)
     delivered_tasks: set[str] = field(default_factory=set)
+    unanswered: dict[str, tuple[int, int]] = field(default_factory=dict)
     next_step: int = 1
     records: int = 0
     torn: bool = False
@@ -265,6 +269,8 @@ def _assemble(history: History, items: list[Message | _Group]) -> None:
         for index, call in enumerate(item.message.tool_calls):
             message = item.results.get(index)
             track = tracks.get(call.id)
+            if message is None:
+                history.unanswered[call.id] = (item.step, index)
             if message is None and track is not None and track.state in _WAITING and track.decision != "resolved":
                 history.open_calls[call.id] = track
                 continue
@@ -280,6 +286,25 @@ def _placed(record: Mapping[str, Any], group: _Group | None) -> None:
     index = record.get("index")
     if group is None or type(index) is not int or not 0 <= index < len(group.message.tool_calls):
         raise ValueError(f"a call record for call {index!r} of step {record['step']}, which has no such call")
+
+
+def _moved_on(history: History, records: list[dict[str, Any]], where: str) -> None:
+    """``history`` moved on by ``records`` appended since it was read: its calls' tracks,
+    the calls without a result and the next step (its conversation stays as it was)."""
+    history.calls = _tracks(records, where, history.calls)
+    history.records += len(records)
+    for record in records:
+        kind, step = record.get("type"), record.get("step")
+        if not isinstance(step, int):
+            continue
+        if kind == "reply" and isinstance(record.get("tool_calls"), list):
+            for index, call in enumerate(record["tool_calls"]):
+                if isinstance(call, dict) and isinstance(call.get("id"), str):
+                    history.unanswered[call["id"]] = (step, index)
+        elif kind == "result" and isinstance(record.get("call_id"), str):
+            history.unanswered.pop(record["call_id"], None)
+        if kind == "reply" or (kind == "error" and record.get("kind") == "model"):
+            history.next_step = max(history.next_step, step + 1)
 
 
 def _tracks(records: list[dict[str, Any]], where: str, tracks: dict[str, CallTrack] | None = None
@@ -416,14 +441,19 @@ class Transcript:
         self._seq = 0
         self._mark: Mark | None = None  # where the last read or write left the file, for reopen()
         self._writing = threading.Lock()  # records come from the threads that settle or move calls too
+        self._per_record = False  # open(per_record=True): the file's lock is taken for each record
 
-    def open(self, *, brief: bool = False) -> History:
+    def open(self, *, brief: bool = False, per_record: bool = False) -> History:
         """Lock the transcript, read it and get it ready to append; returns
         :attr:`history`. ``brief``: a writer of a record or two (a decision, a result).
+        ``per_record``: a writer that holds the session (the prompt lock) until
+        :meth:`close` but the file's own lock only while it appends a record (taking it
+        as a prompt does, then reading what others appended meanwhile), so brief writers
+        (a decision from another process) get in between: a session served over MCP.
         Raises :class:`TranscriptBusyError` (another prompt holds it, or ``brief``:
         anyone), :class:`TranscriptError` when it cannot be read (the locks are then
         released), and ``OSError``."""
-        if self._fd is not None:
+        if self._fd is not None or self._per_record:
             return self.history
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
@@ -445,14 +475,33 @@ class Transcript:
             raise
         self._seq, self._mark = len(records), mark
         self.history = history
+        if per_record:  # the file's lock let go until the next record
+            fd, self._fd, self._per_record = self._fd, None, True
+            os.close(fd)
         return history
+
+    def read_unlocked(self) -> None:
+        """Read the transcript (not read yet) without its lock: :meth:`reopen`, under the
+        lock, reads the tail only (a last line being written too). Raises as :meth:`open`."""
+        if self._mark is not None or self._fd is not None or not os.path.lexists(self.path):
+            return
+        try:
+            fd = open_regular(self.path, os.O_RDONLY)
+        except UnsafePathError as exc:
+            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
+        try:
+            st = os.fstat(fd)
+            records, _, _, mark = scan(read_all(fd), str(self.path), Mark(st.st_dev, st.st_ino, 0, 0, 1, None))
+        finally:
+            os.close(fd)
+        self.history, self._seq, self._mark = _history(records, str(self.path), self.images), len(records), mark
 
     def reopen(self) -> History:
         """Lock again, as a brief writer (:meth:`open` ``brief=True``), the transcript
         this writer read before (then :meth:`close`-d), reading only the records appended
-        since, by any process: their ``call`` and ``result`` records move
-        :attr:`history`'s ``calls`` on (its conversation and ``open_calls`` stay as they
-        were read). A whole read when it was not read before, or the file was replaced
+        since, by any process: they move :attr:`history`'s ``calls``, ``unanswered``
+        and ``next_step`` on (its conversation and ``open_calls`` stay as they were
+        read). A whole read when it was not read before, or the file was replaced
         or made shorter. Raises as :meth:`open`."""
         mark = self._mark
         if self._fd is not None:
@@ -461,22 +510,30 @@ class Transcript:
             return self.open(brief=True)
         fd = self._lock(self.path.name, 0.0, os.O_APPEND)
         try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != (mark.dev, mark.ino) or st.st_size < mark.good:
-                os.close(fd)
-                self._mark, self.history = None, History()
-                return self.open(brief=True)
-            records, good, torn, after = scan(read_all(fd, mark.good), str(self.path), mark)
-            if torn:
-                os.ftruncate(fd, mark.good + good)
-                os.fsync(fd)
-            self.history.calls = _tracks(records, str(self.path), self.history.calls)
-            self.history.records += len(records)
+            caught_up = self._caught_up(fd, mark)
         except BaseException:
             os.close(fd)
             raise
-        self._fd, self._seq, self._mark = fd, after.seq, after
+        if not caught_up:
+            os.close(fd)
+            self._mark, self.history = None, History()
+            return self.open(brief=True)
+        self._fd = fd
         return self.history
+
+    def _caught_up(self, fd: int, mark: Mark) -> bool:
+        """Read the records appended to ``fd`` past ``mark`` into :attr:`history`; False
+        (nothing read) when the file was replaced or made shorter."""
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (mark.dev, mark.ino) or st.st_size < mark.good:
+            return False
+        records, good, torn, after = scan(read_all(fd, mark.good), str(self.path), mark)
+        if torn:
+            os.ftruncate(fd, mark.good + good)
+            os.fsync(fd)
+        _moved_on(self.history, records, str(self.path))
+        self._seq, self._mark = after.seq, after
+        return True
 
     def _lock(self, name: str, wait_s: float, flags: int = 0) -> int:
         try:
@@ -493,6 +550,7 @@ class Transcript:
     def close(self) -> None:
         """Release the locks and close the files (idempotent)."""
         fds, self._fd, self._prompt_fd = (self._fd, self._prompt_fd), None, None
+        self._per_record = False
         for fd in fds:  # the file's lock first: a prompt waiting for it never holds it alone
             if fd is not None:
                 os.close(fd)  # releases the flock
@@ -515,11 +573,13 @@ class Transcript:
         self.history.delivered_tasks.update(tasks)
 
     def reply(
-        self, step: int, reply: Reply, model_ms: float = 0.0, *, sent_ids: Mapping[int, str] | None = None
+        self, step: int, reply: Reply, model_ms: float = 0.0, *, sent_ids: Mapping[int, str] | None = None,
+        sync: bool = True,
     ) -> None:
         """Record the model's reply to request ``step`` (before its calls run);
         ``model_ms``: how long the request took, in milliseconds; ``sent_ids``: the id
-        the model sent for call *index*, where the recorded id replaces it."""
+        the model sent for call *index*, where the recorded id replaces it; ``sync``
+        as in :meth:`call`."""
         calls = [
             {"id": c.id, "name": c.name,
              "arguments": c.arguments if isinstance(c.arguments, str) else dict(c.arguments)}
@@ -531,7 +591,9 @@ class Transcript:
                                   "model_ms": round(model_ms, 3)}
         if reply.thinking:
             record["thinking"] = [dict(block) for block in reply.thinking]
-        self._append(record)
+        self._append(record, sync)
+        self.history.unanswered.update((c.id, (step, i)) for i, c in enumerate(reply.tool_calls))
+        self.history.next_step = max(self.history.next_step, step + 1)
 
     def result(self, step: int, index: int, result: ToolResult, *, sync: bool = True) -> None:
         """Record the result of call ``index`` (its position in the reply) of ``step``;
@@ -543,6 +605,7 @@ class Transcript:
             "duration_ms": round(result.duration_ms, 3),
             "images": [self._stored(i) for i in result.images],
         }, sync)
+        self.history.unanswered.pop(result.call_id, None)
 
     def _stored(self, image: Image) -> dict[str, Any]:
         """An image's record: its digest, put in the image store when it fits."""
@@ -573,7 +636,19 @@ class Transcript:
 
     def _append(self, record: dict[str, Any], sync: bool = True) -> None:
         with self._writing:
-            self._append_now(record, sync)
+            if self._fd is not None or not self._per_record:
+                self._append_now(record, sync)
+                return
+            fd = self._lock(self.path.name, transcript_lock.RECORD_WAIT_S, os.O_APPEND)
+            try:
+                if self._mark is None or not self._caught_up(fd, self._mark):
+                    raise TranscriptError(f"transcript {self.path} was replaced or cut short by another process; "
+                                          "this session records nothing more in it")
+                self._fd = fd
+                self._append_now(record, sync)
+            finally:
+                self._fd = None
+                os.close(fd)
 
     def _append_now(self, record: dict[str, Any], sync: bool) -> None:
         if self._fd is None:
@@ -585,6 +660,8 @@ class Transcript:
             data = (json.dumps(full, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
         except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"a {full['type']} record cannot be written as JSON: {exc}") from None
+        if full["type"] in ("call", "result"):  # the writer's own moves too: a move not allowed is never written
+            fold([full], self.history.calls)
         view = memoryview(data)
         while view:
             written = os.write(self._fd, view)

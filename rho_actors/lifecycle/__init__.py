@@ -51,6 +51,7 @@ import json
 import math
 import time
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -62,6 +63,7 @@ __all__ = [
     "Deferred",
     "FIRST_STATES",
     "PENDING_KINDS",
+    "RECORDED_BY_CALLER",
     "RECORDED_STATES",
     "STATES",
     "TRANSITIONS",
@@ -99,6 +101,10 @@ DECISIONS: Final[tuple[Decision, ...]] = ("approved", "rejected", "expired", "re
 PENDING_KINDS: Final[tuple[PendingKind, ...]] = ("approval", "external")
 """What a pending call waits for: a person's approval, or a result from outside
 (a tool that returned ``Deferred``)."""
+RECORDED_BY_CALLER: Final[ContextVar[bool]] = ContextVar("rho_actors.recorded_by_caller", default=False)
+"""True while a turn is submitted by a caller that records its calls' lifecycle in the
+session's transcript itself (the agent loop's prompt, which holds the transcript):
+otherwise the session's approvals record the calls the turn holds for a decision."""
 
 TRANSITIONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType({
     "pending": frozenset({"decided", "settled"}),  # settled: cancelled while it waited (a task's input)
@@ -259,7 +265,7 @@ def fold(records: Iterable[Mapping[str, Any]], tracks: dict[str, CallTrack] | No
         call_record(str(state), call_id=call_id, name=record.get("name"), index=record.get("index"),  # type: ignore[arg-type]
                     at=record.get("at"), **fields)  # checks the fields
         track = tracks.get(call_id)  # type: ignore[arg-type]
-        if track is None:
+        if track is None or (track.step, track.index) != (record["step"], record["index"]):  # a new call, that id
             track = tracks[str(call_id)] = CallTrack(str(call_id), str(record["name"]), record["step"], record["index"])
         track.move(str(state), {**fields, "at": record.get("at")})
     return tracks

@@ -29,15 +29,12 @@ its LoopActor) is the ``pending`` part of the call lifecycle (:mod:`rho_actors.l
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
-import functools
 import json
-import marshal
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -45,28 +42,20 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from loguru import logger
 
-from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
+from rho_actors.agent.transcript import TRANSCRIPT_NAME
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry
-from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
-from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256, pending_call
-from rho_actors.loop.approval_rules import approval_rule, idempotent, output_problems
-from rho_actors.loop.decisions import (
-    ApprovalError,
-    call_records_appended,
-    decide,
-    decided_result,
-    decoded_or_empty,
-    first_decision,
-    locked_transcript,
-)
+from rho_actors.lifecycle import PendingCall, arguments_sha256, pending_call
+from rho_actors.loop.approval_journal import POLL_S, ApprovalJournal, Held, copy_args
+from rho_actors.loop.approval_rules import approval_rule, output_problems
+from rho_actors.loop.decisions import ApprovalError, decide
 from rho_actors.results import error_result, failure, result_from_return, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ErrorKind, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
-    from rho_actors.otp.timers import Timer, Timers
+    from rho_actors.otp.timers import Timers
     from rho_actors.runtime import Runtime
 
 __all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "MAX_PENDING_ARGUMENT_BYTES", "MAX_PENDING_CALLS", "POLL_S", "ApprovalError",
@@ -75,8 +64,6 @@ __all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "MAX_PENDING_ARGUMENT_BYTES", "MAX_PEND
 
 DEFAULT_APPROVAL_TIMEOUT_S: Final = 24 * 3600.0
 """How long a call waits for its decision by default (seconds): past it, ``approval_expired``."""
-POLL_S: Final = 0.25
-"""How often (seconds) a host with pending calls looks for decisions made by another process."""
 _GRACE_S = 10.0  # past an approved call's timeout, how long its result is waited for
 MAX_PENDING_CALLS: Final = 256
 """The most calls of one session that wait for a decision at once: past it, or past
@@ -110,17 +97,7 @@ class CallInfo:
     tool: ToolInfo
 
 
-@dataclass(slots=True)
-class _Held:
-    pending: PendingCall
-    args: dict[str, Any]
-    after: str | None = None  # the earlier call of its exclusive turn it waits behind
-    timer: Timer | None = None
-    claimed: bool = False  # a decision is being made
-    size: int = 0  # its arguments' JSON text, bytes (what MAX_PENDING_ARGUMENT_BYTES counts)
-
-
-class SessionApprovals:
+class SessionApprovals(ApprovalJournal):
     """One session's pending calls (see the module doc). ``policy``: the loop's
     ``approval(call_info) -> bool``, or ``None``; ``timeout_s``: each approval's
     deadline, seconds from the request."""
@@ -131,25 +108,20 @@ class SessionApprovals:
             raise TypeError(f"approval must be a callable(call_info) -> bool or None, got {type(policy).__name__}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < 1e9:
             raise ValueError(f"approval_timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        super().__init__(data_dir / TRANSCRIPT_NAME)
         self.session_id = session_id
-        self.path = data_dir / TRANSCRIPT_NAME
         self.policy = policy
         self.timeout_s = float(timeout_s)
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         self._decided: dict[str, str] = {}  # call id -> its decision, described
         self._in_flight: dict[str, str] = {}  # approved calls until their result is recorded: id -> tool
+        self._waiters: dict[str, list[concurrent.futures.Future[ToolResult]]] = {}  # when_decided(), by call id
         self._lock = threading.Lock()
         self._turns: Turns | None = None
         self._runtime: Runtime | None = None
         self._timers: Timers | None = None
         self._threads: ThreadPool | None = None
         self._rules: tuple[int, dict[int, bool | Callable[..., Any]]] = (-1, {})  # by tool set version, serial
-        self._poll: Timer | None = None
-        self._seen: tuple[int, int] | None = None  # the transcript's (size, mtime) at the last look
-        self._file = Transcript(self.path)  # read whole once, then only what was appended since
-        self._file_lock = threading.Lock()  # one decision at a time uses it
-        self._read_to = 0  # bytes of the transcript looked through for call records
-        self._syncing = False  # a look's read runs on a pool thread: one at a time
         self._recovered = False
 
     # --- the loop's side ------------------------------------------------------------------
@@ -179,11 +151,13 @@ class SessionApprovals:
         return True
 
     def hold(self, prepared: list[tuple[int, ToolCall, ToolEntry, dict[str, Any]]], exclusive: bool, version: int,
-             ctx: Mapping[str, Any]) -> dict[int, ToolResult]:
+             ctx: Mapping[str, Any], *, journal: bool = False) -> dict[int, ToolResult]:
         """Which of a turn's ``prepared`` calls (index, call, entry, validated args, in
         the model's order) wait for approval: their ``pending_approval`` results, by
         index (their ``details["pending"]`` the :class:`PendingCall`). ``version``: the
-        tool set's; ``ctx``: what a tool's policy gets as its context."""
+        tool set's; ``ctx``: what a tool's policy gets as its context; ``journal``: a
+        turn run directly, whose held calls its caller records (:meth:`record`) once the
+        turn is admitted, or forgets; a decision waits for that."""
         held: dict[int, ToolResult] = {}
         before: str | None = None
         known, rules = self._rules
@@ -204,13 +178,17 @@ class SessionApprovals:
             held[index] = self._register(call, entry.info.name, args, "approval", reason, before if exclusive else None)
             if held[index].error_kind is ErrorKind.PENDING_APPROVAL:
                 before = call.id
+        if journal and held:
+            with self._lock:
+                marked = [h for r in held.values() if (p := pending_call(r)) and (h := self._held.get(p.call_id))]
+            self._awaited(marked)
         return held
 
     def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
                   ctx: Mapping[str, Any]) -> bool:
         if callable(rule):
             try:
-                if rule(_copy(args), MappingProxyType({**ctx, "call_id": call.id})) not in (False, None):
+                if rule(copy_args(args), MappingProxyType({**ctx, "call_id": call.id})) not in (False, None):
                     return True
             except BaseException:
                 return True
@@ -219,7 +197,7 @@ class SessionApprovals:
         if self.policy is None:
             return False
         try:
-            info = CallInfo(self.session_id, call.id, entry.info.name, MappingProxyType(_copy(args)),
+            info = CallInfo(self.session_id, call.id, entry.info.name, MappingProxyType(copy_args(args)),
                             entry.offered_info())
             return self.policy(info) not in (False, None)
         except BaseException:
@@ -240,21 +218,28 @@ class SessionApprovals:
             return False
         return self._requires(call, entry, args, approval_rule(entry), ctx)
 
-    def defer(self, call: ToolCall, args: dict[str, Any], result: ToolResult) -> ToolResult:
+    def defer(self, call: ToolCall, args: dict[str, Any], result: ToolResult, journal: bool = False) -> ToolResult:
         """``result`` (a tool's ``Deferred``, :data:`~rho_actors.ErrorKind.DEFERRED`) with
-        its call registered as pending, ``kind="external"``."""
+        its call registered as pending, ``kind="external"`` (``journal``: of a turn run
+        directly, recorded in the transcript on a pool thread)."""
         reason = result.details.get("deferred", "") if isinstance(result.details, Mapping) else ""
         pending = self._register(call, result.name, args, "external", str(reason), None)
+        held = pending_call(pending)
+        if journal and held is not None:
+            with self._lock:
+                marked = self._held.get(held.call_id)
+            self._awaited([marked] if marked is not None else [])
+            self.record([(call, held)], True)
         return dataclasses.replace(pending, duration_ms=result.duration_ms)
 
     def _register(self, call: ToolCall, name: str, args: dict[str, Any], kind: str, reason: str,
                   after: str | None) -> ToolResult:
         now = time.time()
         expires = None if kind == "external" else now + self.timeout_s
-        pending = PendingCall(call.id, name, MappingProxyType(_copy(args)), arguments_sha256(args), now,
+        pending = PendingCall(call.id, name, MappingProxyType(copy_args(args)), arguments_sha256(args), now,
                               kind, expires, reason.strip(" ()"))  # type: ignore[arg-type]
         size = len(call.arguments) if isinstance(call.arguments, str) else len(json.dumps(args))
-        held = _Held(pending, args, after, size=size)
+        held = Held(pending, args, after, size=size)
         with self._lock:
             if call.id in self._held:  # a call id names one call: the waiting one is never replaced
                 return failure("call_id_pending", call.id, name, call=call.id)
@@ -274,7 +259,7 @@ class SessionApprovals:
             result = failure("pending_approval", call.id, name, call=call.id, reason=reason)
         return dataclasses.replace(result, details={"pending": pending})
 
-    def _arm(self, held: _Held, delay_s: float) -> None:
+    def _arm(self, held: Held, delay_s: float) -> None:
         """Expire ``held`` in ``delay_s`` seconds: one timer heap entry, no thread."""
         if self._timers is None:
             return
@@ -300,6 +285,8 @@ class SessionApprovals:
         for held in gone:
             if held.timer is not None:
                 held.timer.cancel()
+            if held.recorded is not None:
+                held.recorded.set()  # never recorded: nothing waits
 
     # --- seeing ---------------------------------------------------------------------------
 
@@ -307,6 +294,24 @@ class SessionApprovals:
         """The calls waiting for a decision (one being decided included), oldest first."""
         with self._lock:
             return sorted((h.pending for h in self._held.values()), key=lambda p: p.requested_at)
+
+    def when_decided(self, call_id: str) -> concurrent.futures.Future[ToolResult]:
+        """A future of call ``call_id``'s result, set once it is decided (by this host
+        or, through the transcript, another process) and, approved, has run. Raises
+        :class:`ApprovalError` when no such call waits."""
+        future: concurrent.futures.Future[ToolResult] = concurrent.futures.Future()
+        with self._lock:
+            if call_id not in self._held:
+                raise ApprovalError(f"no call {call_id!r} waits for a decision in session {self.session_id!r}")
+            self._waiters.setdefault(call_id, []).append(future)
+        return future
+
+    def _answered(self, call_id: str, result: ToolResult) -> None:
+        with self._lock:
+            waiting = self._waiters.pop(call_id, [])
+        for future in waiting:
+            if future.set_running_or_notify_cancel():
+                future.set_result(result)
 
     # --- deciding -------------------------------------------------------------------------
 
@@ -382,7 +387,7 @@ class SessionApprovals:
         except (ApprovalError, OSError, ValueError) as exc:
             logger.warning("session {}: call {} could not expire now: {}", self.session_id, call_id, exc)
 
-    def _settle(self, held: _Held, decision: str, decided_by: str | None, result: ToolResult, **fields: Any) -> None:
+    def _settle(self, held: Held, decision: str, decided_by: str | None, result: ToolResult, **fields: Any) -> None:
         """Record ``decision`` and its ``result`` at once (a decision that runs nothing)."""
         try:
             with self._journal(held) as journal:
@@ -396,8 +401,9 @@ class SessionApprovals:
             self._unclaim(held)
             raise
         self._decide(held, decision, decided_by)
+        self._answered(held.pending.call_id, result)
 
-    def _claim(self, call_id: Any, kind: str) -> _Held:
+    def _claim(self, call_id: Any, kind: str) -> Held:
         """The held call ``call_id``, claimed for one decision; raises :class:`ApprovalError`."""
         if not isinstance(call_id, str):
             raise TypeError(f"call_id must be a str, got {type(call_id).__name__}")
@@ -420,11 +426,11 @@ class SessionApprovals:
             held.claimed = True
             return held
 
-    def _unclaim(self, held: _Held) -> None:
+    def _unclaim(self, held: Held) -> None:
         with self._lock:
             held.claimed = False
 
-    def _decide(self, held: _Held, decision: str, decided_by: str | None, *, running: bool = False,
+    def _decide(self, held: Held, decision: str, decided_by: str | None, *, running: bool = False,
                 first: str | None = None) -> None:
         """``held`` is decided: forgotten as pending, its decision remembered (``first``:
         as the transcript tells one made elsewhere, not announced here) and announced (a
@@ -451,7 +457,7 @@ class SessionApprovals:
             self._poll.cancel()
             self._poll = None
 
-    def _edited(self, held: _Held, arguments: Mapping[str, Any] | str) -> dict[str, Any] | ToolResult:
+    def _edited(self, held: Held, arguments: Mapping[str, Any] | str) -> dict[str, Any] | ToolResult:
         """Edited ``arguments`` decoded and validated against the tool's schema now, or
         the ``invalid_json``/``invalid_arguments`` result (the call stays pending)."""
         name = held.pending.name
@@ -467,7 +473,7 @@ class SessionApprovals:
             return failure("invalid_arguments", held.pending.call_id, name, problems="; ".join(problems))
         return args
 
-    def _run(self, held: _Held, args: dict[str, Any]) -> ToolResult:
+    def _run(self, held: Held, args: dict[str, Any]) -> ToolResult:
         """Run the approved call as a turn of its own (prepared again: looked up among the
         tools offered now, validated) and wait for its result."""
         call = ToolCall(held.pending.call_id, held.pending.name, args)
@@ -492,7 +498,7 @@ class SessionApprovals:
                 return entry
         return None
 
-    def _record(self, held: _Held, result: ToolResult) -> None:
+    def _record(self, held: Held, result: ToolResult) -> None:
         try:
             with self._journal(held, claimed=False) as journal:
                 if journal is not None:
@@ -501,197 +507,10 @@ class SessionApprovals:
         finally:
             with self._lock:
                 self._in_flight.pop(held.pending.call_id, None)
+            self._answered(held.pending.call_id, result)
 
     def in_flight(self) -> list[dict[str, Any]]:
         """The approved calls starting or running, their results not recorded yet:
         ``call_id`` and ``tool``."""
         with self._lock:
             return [{"call_id": c, "tool": t} for c, t in self._in_flight.items()]
-
-    # --- the transcript -------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _journal(self, held: _Held | None, claimed: bool = True) -> Iterator[tuple[Transcript, CallTrack] | None]:
-        """The session's transcript, locked (waiting at most :data:`LOCK_WAIT_S` for a
-        prompt holding it), and ``held``'s track in it; ``None`` when the transcript does
-        not record the call (a turn run directly). With ``claimed``, raises
-        :class:`ApprovalError` when the transcript says it was decided already (by
-        another process)."""
-        if held is None or not os.path.lexists(self.path):
-            yield None
-            return
-        with self._locked() as transcript:
-            track = transcript.history.calls.get(held.pending.call_id)
-            if track is None:
-                yield None
-                return
-            if claimed and track.state != "pending":
-                with self._lock:
-                    self._held.pop(held.pending.call_id, None)
-                    self._decided[held.pending.call_id] = first_decision(track)
-                raise ApprovalError(f"call {held.pending.call_id} of session {self.session_id!r} is decided "
-                                    f"already: {first_decision(track)}")
-            yield transcript, track
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[Transcript]:
-        """The session's transcript under its lock, read only past what this host read
-        of it last (:meth:`~rho_actors.agent.transcript.Transcript.reopen`)."""
-        with self._file_lock, locked_transcript(self.path, transcript=self._file) as transcript:
-            transcript.history.messages = []  # only the calls' tracks are kept between decisions
-            yield transcript
-
-    def _watch(self) -> None:
-        """Look at the transcript every :data:`POLL_S` seconds while calls are pending
-        (not for a session with no transcript: nothing can decide its calls elsewhere)."""
-        if self._poll is not None or self._timers is None or not os.path.lexists(self.path):
-            return
-        self._poll = self._timers.call_at(time.monotonic() + POLL_S, self._look)
-
-    def _look(self) -> None:
-        """On the timer thread: a stat of the transcript; a change is read on a pool thread."""
-        self._poll = None
-        with self._lock:
-            if not self._held or self._turns is None or self._turns.closed is not None:
-                return  # nothing waits, or the loop stopped (a restart's attach looks again)
-        try:
-            st = os.stat(self.path)
-            seen = (st.st_size, st.st_mtime_ns)
-        except OSError:
-            seen = None
-        with self._lock:
-            start = seen is not None and seen != self._seen and not self._syncing  # else at a later look
-            self._syncing |= start
-        if start:
-            self._seen = seen
-            if not self._later(self._sync, "sync"):
-                with self._lock:
-                    self._syncing, self._seen = False, None
-        self._watch()
-
-    def _sync(self) -> None:
-        """Act on decisions the transcript holds for this host's pending calls: read whole
-        only when what was appended since the last look holds a ``call`` record."""
-        try:
-            found, self._read_to = call_records_appended(self.path, self._read_to)
-            if not found:
-                return
-            history = load(self.path)
-        except Exception as exc:
-            logger.warning("session {}: its transcript could not be read for decisions: {}", self.session_id,
-                           describe_exception(exc))
-            return
-        finally:
-            with self._lock:
-                self._syncing = False
-        for call_id, track in history.calls.items():
-            with self._lock:
-                held = self._held.get(call_id)
-                ours = held is not None and not held.claimed
-            if ours and track.state != "pending":
-                assert held is not None
-                self._act(held, track)
-
-    def _act(self, held: _Held, track: CallTrack) -> None:
-        """``held`` was decided in the transcript (by another process, or before a
-        restart): run it once when approved and not started, else give it its result.
-        Nothing while the loop is stopped: the next host or restart acts on it."""
-        if self._turns is None or self._turns.closed is not None:
-            return
-        try:
-            held = self._claim(held.pending.call_id, held.pending.kind)
-        except ApprovalError:
-            return
-        decided = track.states.get("decided", {})
-        try:
-            with self._locked() as transcript:
-                now = transcript.history.calls.get(held.pending.call_id)
-                if now is None or now.state != "decided":  # settled or started meanwhile: nothing to do here
-                    self._decide(held, "", None, first=first_decision(track if now is None else now))
-                    return
-                args = decided.get("arguments", held.args)
-                if decided.get("decision") == "approved":
-                    transcript.call(now.step, now.index, "running", call_id=now.call_id, name=now.name,
-                                    arguments_sha256=arguments_sha256(args), attempt=1)
-                else:
-                    transcript.result(now.step, now.index, decided_result(held.pending, decided, self.timeout_s))
-        except BaseException:
-            self._unclaim(held)
-            raise
-        self._decide(held, str(decided.get("decision")), decided.get("decided_by"),
-                     running=decided.get("decision") == "approved")
-        if decided.get("decision") == "approved":
-            self._record(held, self._run(held, args))
-
-    def _recover(self) -> None:
-        """Rebuild the pending calls a transcript left open (a restart of the host) and act
-        on those decided meanwhile."""
-        try:
-            history = load(self.path)
-        except Exception as exc:
-            logger.warning("session {}: its transcript could not be read for pending calls: {}", self.session_id,
-                           describe_exception(exc))
-            return
-        calls = {c.id: c for m in history.messages for c in m.tool_calls}
-        decided = []
-        for call_id, track in history.open_calls.items():
-            call = calls.get(call_id)
-            pending = track.states.get("pending", {})
-            if call is None or call_id in self._held:
-                continue
-            args = decoded_or_empty(call.arguments)
-            expires = pending.get("expires_at")
-            info = PendingCall(call_id, track.name, MappingProxyType(_copy(args)), pending["arguments_sha256"],
-                               pending.get("at", time.time()), pending["kind"], expires, pending.get("reason", ""))
-            held = _Held(info, args)
-            with self._lock:
-                self._held[call_id] = held
-            if track.state == "decided":
-                decided.append((held, track))
-            elif expires is not None:
-                self._arm(held, max(0.0, expires - time.time()))
-        if history.open_calls:
-            self._watch()
-        for held, track in decided:
-            self._later(functools.partial(self._act, held, track), "act")
-        for _, _, interrupted in history.pending:  # started once approved, no result: again only if idempotent
-            started = history.calls.get(interrupted.call_id)
-            call = calls.get(interrupted.call_id)
-            entry = None if started is None else self._entry(started.name)
-            if started is None or call is None or started.state != "running" or entry is None or not idempotent(entry):
-                continue
-            args = started.states.get("decided", {}).get("arguments") or decoded_or_empty(call.arguments)
-            held = _Held(PendingCall(call.id, started.name, MappingProxyType(_copy(args)), arguments_sha256(args),
-                                     time.time()), args)
-            with self._lock:
-                self._in_flight[call.id] = started.name  # a prompt meanwhile waits for it
-            self._later(functools.partial(self._rerun, held), "rerun")
-
-    def _rerun(self, held: _Held) -> None:
-        """Run again an approved call of an idempotent tool that a host died running
-        (its ``running`` record has no result): that attempt ``retried``, the next one
-        ``running``, then its result."""
-        try:
-            with self._locked() as transcript:
-                now = transcript.history.calls.get(held.pending.call_id)
-                if now is None or now.state != "running":  # answered meanwhile (a prompt recovered it)
-                    return
-                attempt = int(now.states["running"].get("attempt") or 1)
-                transcript.call(now.step, now.index, "retried", call_id=now.call_id, name=now.name, attempt=attempt,
-                                error_kind="cancelled", sync=False)  # the attempt the host died in
-                transcript.call(now.step, now.index, "running", call_id=now.call_id, name=now.name,
-                                arguments_sha256=held.pending.arguments_sha256, attempt=attempt + 1)
-        except BaseException:
-            with self._lock:
-                self._in_flight.pop(held.pending.call_id, None)
-            raise
-        logger.warning("session {}: call {} ({}) was running when its host stopped; its tool is idempotent: run "
-                       "again (attempt {})", self.session_id, held.pending.call_id, held.pending.name, attempt + 1)
-        self._record(held, self._run(held, held.args))
-
-
-def _copy(args: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return marshal.loads(marshal.dumps(args))  # type: ignore[no-any-return]
-    except ValueError:
-        return dict(args)

@@ -1,26 +1,31 @@
 """Decisions through a session's transcript (DESIGN §4 "Approvals"): the lock every
-decision takes, how a first decision is named in a refusal, and :func:`decide`, which
-records a decision from any process (``rho-actors approve/reject``)."""
+decision takes, how a first decision is named in a refusal, :func:`decide`, which
+records a decision from any process (``rho-actors approve/reject``), :func:`record_held`,
+which records the calls a turn run directly holds, and :func:`bound_arguments`, what an
+approval read from the transcript may run."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptBusyError
 from rho_actors.declarations.arguments import ArgumentsError, decode_arguments
 from rho_actors.errors import RhoError
-from rho_actors.lifecycle import CallTrack, PendingCall
+from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256
+from rho_actors.loop.messages import checked_session_id
 from rho_actors.results import failure
-from rho_actors.tool import ToolResult
+from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = [
-    "LOCK_WAIT_S", "ApprovalError", "call_records_appended", "decide", "decided_result", "decoded_or_empty",
-    "first_decision", "locked_transcript",
+    "LOCK_WAIT_S", "ApprovalError", "bound_arguments", "call_records_appended", "decide", "decided_result",
+    "decoded_or_empty", "first_decision", "locked_transcript", "record_held",
 ]
 
 LOCK_WAIT_S: Final = 30.0
@@ -73,6 +78,7 @@ def locked_transcript(path: Path, wait_s: float = LOCK_WAIT_S, transcript: Trans
     until = time.monotonic() + wait_s
     delay = 0.001
     transcript = Transcript(path) if transcript is None else transcript
+    transcript.read_unlocked()  # the whole file read before the lock: held for the tail only
     while True:
         try:
             transcript.reopen()
@@ -103,6 +109,7 @@ def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *
         raise ValueError(f"decision must be 'approved' or 'rejected', got {decision!r}")
     if decision == "rejected" and (not isinstance(message, str) or not message.strip()):
         raise ValueError("a rejection needs a message for the model")
+    session_id = checked_session_id(session_id)  # no separator, no "..": a folder of data_dir/sessions
     path = Path(data_dir) / "sessions" / session_id / TRANSCRIPT_NAME
     if not os.path.lexists(path):
         raise ApprovalError(f"session {session_id!r} has no transcript under {data_dir}: no call waits there")
@@ -119,10 +126,18 @@ def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *
         expires = pending.get("expires_at")
         if expires is not None and time.time() >= expires:
             raise ApprovalError(f"call {call_id} of session {session_id!r} is past its approval deadline")
+        recorded = [c for m in transcript.history.messages for c in m.tool_calls if c.id == call_id]
+        args = decoded_or_empty(recorded[-1].arguments) if recorded else None
+        if args is None or arguments_sha256(args) != pending["arguments_sha256"]:  # what a person is shown
+            raise ApprovalError(f"call {call_id} of session {session_id!r} is not decided: its recorded arguments "
+                                "do not match the SHA-256 its pending record is bound to (the transcript was altered)")
         extra: dict[str, Any] = {"message": message} if decision == "rejected" and message is not None else {}
         transcript.call(track.step, track.index, "decided", call_id=call_id, name=track.name, decision=decision,
                         decided_by=decided_by, arguments_sha256=pending["arguments_sha256"], **extra)
-    return f"call {call_id} of session {session_id} {decision}{'' if decided_by is None else f' by {decided_by}'}"
+    shown = json.dumps(args, ensure_ascii=False, sort_keys=True)
+    return (f"call {call_id} of session {session_id} {decision}{'' if decided_by is None else f' by {decided_by}'}: "
+            f"{track.name} {shown if len(shown) <= 300 else shown[:300] + '...'} (arguments SHA-256 "
+            f"{pending['arguments_sha256'][:16]})")
 
 
 def decided_result(pending: PendingCall, decided: Mapping[str, Any], timeout_s: float) -> ToolResult:
@@ -142,3 +157,55 @@ def decoded_or_empty(arguments: str | Mapping[str, Any]) -> dict[str, Any]:
         return decode_arguments(arguments)
     except ArgumentsError:
         return {}
+
+
+def record_held(transcript: Transcript, held: Sequence[tuple[ToolCall, PendingCall]]) -> None:
+    """Record in ``transcript`` (open, locked) the calls a turn run directly holds for a
+    decision, each with its :class:`PendingCall`: a call the transcript has in a reply
+    without a result and without records of its own (an MCP session records each call
+    before it runs) gets its ``pending`` record there; the others a reply of their own
+    first (no text, those calls, at the next step), so that the transcript reads them back
+    as calls waiting for a decision. A call recorded pending there already (by a prompt)
+    is left as it is. One ``fdatasync``, at the last record. Raises ``OSError`` and
+    ``ValueError`` as the transcript's writes do."""
+    history = transcript.history
+    placed: list[tuple[int, int, PendingCall]] = []
+    new: list[tuple[ToolCall, PendingCall]] = []
+    for call, pending in held:
+        where, track = history.unanswered.get(call.id), history.calls.get(call.id)
+        if where is not None and track is not None and (track.step, track.index) == where:
+            if track.state in ("pending", "decided"):
+                continue  # recorded already
+            where = None  # an earlier call of that id, interrupted: this one is another
+        if where is None:
+            new.append((call, pending))
+        else:
+            placed.append((*where, pending))
+    if new:
+        step = history.next_step
+        transcript.reply(step, Reply(tool_calls=tuple(call for call, _ in new)), sync=False)
+        placed += [(step, index, pending) for index, (_, pending) in enumerate(new)]
+    for n, (step, index, pending) in enumerate(placed, 1):
+        transcript.call(step, index, "pending", call_id=pending.call_id, name=pending.name, kind=pending.kind,
+                        arguments_sha256=pending.arguments_sha256, expires_at=pending.expires_at,
+                        reason=pending.reason, sync=n == len(placed))
+
+
+def bound_arguments(pending: PendingCall, args: Mapping[str, Any], decided: Mapping[str, Any]) -> dict[str, Any] | str:
+    """The arguments an approval read from the transcript (its ``decided`` record's
+    fields: written by another process, or before a restart) runs: the pending call's own
+    ``args``, when the decision is bound to their SHA-256 (the one its ``pending`` record
+    holds, of the arguments a person was shown) and carries no other arguments; else what
+    is wrong with it (a ``str``): such an approval never runs a call. Arguments are edited
+    only by ``loop.approve`` in the host, which runs them itself."""
+    if pending.kind != "approval":
+        return "approves a call that waits for a result from outside, not for an approval"
+    bound, edited = decided.get("arguments_sha256"), decided.get("arguments")
+    try:
+        sha = arguments_sha256(args)
+        other = edited is not None and (not isinstance(edited, dict) or arguments_sha256(edited) != sha)
+    except ValueError:
+        return "holds arguments that cannot be hashed"
+    if bound != pending.arguments_sha256 or sha != pending.arguments_sha256 or other:
+        return "is bound to other arguments than the call that waits (their SHA-256 differs)"
+    return dict(args)

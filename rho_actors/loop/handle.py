@@ -517,6 +517,14 @@ class Loop:
         returned and recorded. Raises :class:`~rho_actors.ApprovalError` as :meth:`approve`."""
         return self._approvals().reject(call_id, message, decided_by)
 
+    def when_decided(self, call_id: str) -> concurrent.futures.Future[ToolResult]:
+        """A future of pending call ``call_id``'s result (a :class:`~rho_actors.ToolResult`),
+        set once the call is decided, here or by another process (``rho-actors approve``:
+        acted on within a second), and, approved, has run; never set when the call is not
+        decided in this host (it stopped). Raises :class:`~rho_actors.ApprovalError` when no
+        such call waits."""
+        return self._approvals().when_decided(call_id)
+
     def resolve(self, call_id: str, output: Any) -> ToolResult:
         """Give deferred call ``call_id`` (its tool returned :class:`~rho_actors.Deferred`)
         its result: ``output`` is taken as ``run`` would return it (a value, ``Ok``,

@@ -65,6 +65,7 @@ class Turn:
     on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
     aio: asyncio.AbstractEventLoop | None = None  # the event loop awaiting it (arun_turn): async tools run there
     background: bool | frozenset[str] = False  # the calls the caller runs as tasks, of tools declaring "optional"
+    journal: bool = False  # its held calls are recorded by the session's approvals (not by a prompt)
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0

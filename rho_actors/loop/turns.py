@@ -62,6 +62,7 @@ from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
+from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall, pending_call
 from rho_actors.lifecycle.tasks import RUN_IN_BACKGROUND, acknowledgement, runs_as_task, take_choice
 from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.inline import InlineCall, runs_inline
@@ -216,8 +217,9 @@ class Turns:
         withheld = self._withheld
         turn = Turn(next(self._turn_ids), list(map(Slot, range(len(calls)), calls)), future,
                      withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
-                     background=background)
+                     background=background, journal=self.approvals is not None and not RECORDED_BY_CALLER.get())
         refused: list[Slot] = []
+        held: list[tuple[ToolCall, PendingCall]] = []
         if cancel is None or not cancel.cancelled:
             tools = self._tools.current
             for index, slot in enumerate(turn.slots):
@@ -234,7 +236,7 @@ class Turns:
                     turn.waiting.append(index)
                     turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
             if self.approvals is not None and turn.waiting and not approved:
-                self._hold(turn, refused, tools.version)
+                held = self._hold(turn, refused, tools.version)
         with self._lock:
             admitted = self.closed is None
             if admitted:
@@ -244,18 +246,24 @@ class Turns:
                 self.approvals.forget([slot.result for slot in refused if slot.result is not None])
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return
+        if held and turn.journal:  # admitted: its held calls are recorded, durable before their results are given
+            assert self.approvals is not None
+            self.approvals.record(held, off_thread=turn.aio is not None)
         try:
             self._admitted(turn, refused, cancel)
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
-    def _hold(self, turn: Turn, refused: list[Slot], version: int) -> None:
-        """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never start."""
+    def _hold(self, turn: Turn, refused: list[Slot], version: int) -> list[tuple[ToolCall, PendingCall]]:
+        """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never
+        start. Returns them, each with its :class:`PendingCall`."""
         assert self.approvals is not None
         prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
         ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
-        for index, pending in self.approvals.hold(prepared, turn.exclusive, version, ctx).items():  # type: ignore[arg-type]
+        held = self.approvals.hold(prepared, turn.exclusive, version, ctx, journal=turn.journal)  # type: ignore[arg-type]
+        calls: list[tuple[ToolCall, PendingCall]] = []
+        for index, pending in held.items():
             slot = turn.slots[index]
             as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
                                                                 slot.call.id, slot.asked)  # it waits as a task
@@ -263,6 +271,9 @@ class Turns:
             refused.append(turn.slots[index])
             turn.waiting.remove(index)
             turn.open -= 1
+            if (waits := pending_call(pending)) is not None:
+                calls.append((slot.call, waits))
+        return calls
 
     def _admitted(self, turn: Turn, refused: list[Slot], cancel: CancelToken | None) -> None:
         for slot in refused:
@@ -497,7 +508,7 @@ class Turns:
             late = slot.result is not None
             if not late:
                 if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
-                    result = self.approvals.defer(slot.call, slot.args, result)  # it waits for loop.resolve
+                    result = self.approvals.defer(slot.call, slot.args, result, turn.journal)  # for loop.resolve
                 result = self._within_budget(turn, slot, result)
                 slot.result, slot.running = result, None  # answered: nothing to cancel (and no cycle kept)
                 turn.open -= 1

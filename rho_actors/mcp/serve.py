@@ -7,7 +7,9 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 - Each MCP connection (one stdio process, or one ``Mcp-Session-Id``) is a rho session:
   its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
   connection ends, and its transcript of calls (``transcript.jsonl``: each call, then
-  its result, recorded as the agent loop records a model's tool calls).
+  its result, recorded as the agent loop records a model's tool calls; the file's lock
+  taken for each record only). A held call is answered once decided (``rho-actors
+  approve`` from another process: :meth:`~rho_actors.mcp.sessions.Session.decided`).
 - ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``),
   with an ``outputSchema`` for a trusted tool that has an ``output_schema()`` callback
   (:func:`output_schema`).
@@ -80,6 +82,7 @@ from rho_actors.declarations.checks import output_schema_problems
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.encoding import describe_exception
 from rho_actors.events import ProgressEvent, ToolSetChanged
+from rho_actors.lifecycle import PendingCall
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.content import mcp_content
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
@@ -190,7 +193,7 @@ async def _start_session(served: _Served, session_id: str, notify: Any = None, *
     session = Session(loop, notify, served.system.tool_set().version, **fields)
     transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
     try:
-        await anyio.to_thread.run_sync(transcript.open)
+        await anyio.to_thread.run_sync(functools.partial(transcript.open, per_record=True))
         session.transcript = transcript
     except (OSError, TranscriptError) as exc:
         logger.warning("MCP session {}: calls are not recorded: {}", session_id, exc)
@@ -531,7 +534,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     session.calls += 1
     results: list[ToolResult] = []
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
-        results = await session.loop.arun_turn([call], background=task is not None)
+        results = await _run_call(served, session, call, step, task is not None)
     finally:
         session.calls -= 1
         session.used = time.monotonic()
@@ -542,7 +545,6 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
                 served.tasks.release(task)  # type: ignore[union-attr]
     if live.sent:  # the progress reported goes before the result
         await asyncio.wait([asyncio.wrap_future(f) for f in live.sent], timeout=_PROGRESS_FLUSH_S)
-    await anyio.to_thread.run_sync(session.record, call, results[0], step)
     said = {SESSION_META_KEY: session.handle} if session.handle is not None else None
     if bound.missing:
         raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -556,6 +558,19 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
         return created if modern else handshake_created(results[0], created)
     answer = _call_tool_result(results[0], output_schema(served.system, params.name))
     return answer.model_copy(update={"meta": said}) if said is not None else answer
+
+
+async def _run_call(served: _Served, session: Session, call: ToolCall, step: int, as_task: bool) -> list[ToolResult]:
+    """``call``'s turn's results, recorded; a held call (recorded ``pending`` by the loop's
+    approvals), not a task, is answered once decided (:meth:`Session.decided`)."""
+    results: list[ToolResult] = await session.loop.arun_turn([call], background=as_task)
+    details = results[0].details  # a held call's PendingCall: in a task's acknowledgement too
+    held = details.get("pending") if isinstance(details, Mapping) else None
+    if not isinstance(held, PendingCall):
+        await anyio.to_thread.run_sync(session.record, call, results[0], step)
+    elif not as_task:
+        results = [await session.decided(held, results[0], served.system.data_dir)]
+    return results
 
 
 def _input_required(name: str, asked: dict[str, Any], used: dict[str, Any], session: Session) -> Any:

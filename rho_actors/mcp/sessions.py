@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 import threading
@@ -38,7 +39,9 @@ from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from rho_actors.agent.model import Reply
-from rho_actors.agent.transcript import Transcript
+from rho_actors.agent.transcript import Transcript, TranscriptError
+from rho_actors.lifecycle import PendingCall
+from rho_actors.loop.decisions import ApprovalError
 from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = ["PRINCIPAL_KEY", "SESSION_META_KEY", "Session", "SessionGone", "is_modern", "new_session_id",
@@ -51,6 +54,7 @@ PRINCIPAL_KEY = "rho_actors.principal"
 request's principal."""
 _LOCAL = "local"  # the principal of a stdio process (and of HTTP served without a guard)
 _HANDLE_CHARS = 128  # the longest handle a request may name
+_DECIDED_GRACE_S = 30.0  # past a held call's expiry, how long its request waits for the expiry's result
 
 
 def new_session_id() -> str:
@@ -111,7 +115,8 @@ def session_unknown(err: MCPError) -> bool:
 
 @dataclass(slots=True, eq=False)
 class Session:
-    """One rho session of an MCP client: its loop, transcript and the calls running."""
+    """One rho session of an MCP client: its loop, transcript (opened ``per_record``: the
+    file's lock is taken for each record only) and the calls running."""
 
     loop: Any  # a rho_actors.loop.handle.Loop
     notify: Any = None  # a ServerSession of the connection: its standalone channel (handshake era)
@@ -143,6 +148,28 @@ class Session:
             if self.transcript is not None:
                 self.transcript.close()
 
+    async def decided(self, pending: PendingCall, waiting: ToolResult, data_dir: Any) -> ToolResult:
+        """The result of a call of this session held for a decision (DESIGN §4
+        "Approvals"), once a person decided it (``rho-actors approve/reject`` from another
+        process, acted on within a second, or ``loop.approve`` in the host) and, approved,
+        it ran; ``waiting`` (its ``pending_approval`` result) when it expires first or was
+        decided before this waits. Holds no thread: it waits on the event loop; a
+        cancelled request leaves the call pending. ``data_dir``: the system's, for the log."""
+        loop = self.loop
+        logger.info("MCP session {}: call {} of tool {!r} waits for a decision: rho-actors approve {} {} {} (or "
+                    "reject ... --message TEXT)", loop.session_id, pending.call_id, pending.name, data_dir,
+                    loop.session_id, pending.call_id)
+        try:
+            future = loop.when_decided(pending.call_id)
+        except ApprovalError:  # decided meanwhile: its result is in the transcript
+            return waiting
+        bound = None if pending.expires_at is None else max(0.0, pending.expires_at - time.time()) + _DECIDED_GRACE_S
+        try:
+            result: ToolResult = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), bound)
+        except TimeoutError:
+            return waiting
+        return result
+
     def record(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
         """Append ``call`` (``result`` None) or its result to the session's transcript,
         in a worker thread (each record is fsync-ed). A transcript that cannot be
@@ -155,5 +182,5 @@ class Session:
                     self.transcript.reply(step, Reply(tool_calls=(call,)))
                 else:
                     self.transcript.result(step, 0, result)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TranscriptError) as exc:  # busy past RECORD_WAIT_S, or replaced meanwhile
             logger.warning("MCP session {}: transcript not written: {}", self.loop.session_id, exc)

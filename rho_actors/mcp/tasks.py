@@ -51,12 +51,11 @@ folder, ``loop.tasks()`` lists it). A client that does not declare it gets
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -171,26 +170,6 @@ def handshake_created(ack: ToolResult, created: dict[str, Any]) -> types.CallToo
     meta = {**(created.get("_meta") or {}), RELATED_TASK: {"taskId": task["taskId"]}}
     return types.CallToolResult.model_validate({"content": [{"type": "text", "text": ack.content}],
                                                 "structuredContent": task, "_meta": meta})
-
-
-@contextlib.contextmanager
-def _transcript_released(session: Any) -> Iterator[None]:
-    """The MCP session's transcript closed for a while (its lock given up, its records
-    waiting), so that a decision can be journaled in it (:mod:`rho_actors.loop.approvals`)."""
-    transcript = session.transcript
-    if transcript is None:
-        yield
-        return
-    with session.writing:
-        transcript.close()
-        try:
-            yield
-        finally:
-            try:
-                transcript.open()
-            except (OSError, RhoError) as exc:
-                logger.warning("MCP session {}: calls are not recorded any more: {}", session.loop.session_id, exc)
-                session.transcript = None
 
 
 def _approval_question(pending: Any) -> dict[str, Any]:
@@ -388,11 +367,9 @@ class ServedTasks:
         by = f"MCP client {principal}"
         try:
             if approved:
-                with _transcript_released(served.session):
-                    loop.approve(call_id, decided_by=by)
+                loop.approve(call_id, decided_by=by)
             else:
-                with _transcript_released(served.session):
-                    loop.reject(call_id, "the MCP client declined the call", decided_by=by)
+                loop.reject(call_id, "the MCP client declined the call", decided_by=by)
         except (RhoError, LookupError, ValueError, RuntimeError) as exc:  # decided meanwhile (by the host, say)
             logger.info("task {}: the client's decision was not taken: {}", served.task_id, exc)
 
