@@ -4,6 +4,7 @@ model (the SDK's ``Model`` interface) asks for every case in one reply, then ans
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, Runner, function_tool
+from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, RunHooks, Runner, function_tool
 from agents.items import ModelResponse
 from agents.models.interface import Model
 from agents.tool_context import ToolContext
@@ -24,6 +25,7 @@ from rho_actors import ActorSystem, CallEvent
 from rho_actors.integrations.openai_agents import function_tools
 from tests import adapter_tools
 from tests.adapter_tools import later, set_up
+from tests.conftest import WAIT_S, wait_for
 
 Call = tuple[str, str, Any]
 
@@ -187,3 +189,116 @@ def test_an_sdk_tool_registered_in_rho_is_the_sdks_own_with_its_calls_run_throug
     assert call("c2", '{"name": ') == sdk_words  # JSON it cannot parse
     assert call("c3", "{}") == sdk_words  # arguments rho's check refuses: the SDK's ModelBehaviorError
     assert "c1" in seen  # run as a rho call
+
+
+def _finished(system: ActorSystem) -> list[tuple[str, str | None]]:
+    """(call id, outcome) of each call rho finishes from now on."""
+    seen: list[tuple[str, str | None]] = []
+    system.subscribe(lambda e: seen.append((e.call_id, e.outcome))
+                     if isinstance(e, CallEvent) and e.kind == "finished" else None)
+    return seen
+
+
+class ToolAborted(BaseException):
+    """A tool's own ``BaseException`` (not an ``Exception``)."""
+
+
+def test_a_tools_own_cancelled_error_and_base_exceptions_reach_the_sdk_as_from_its_own_executor(
+    system: ActorSystem,
+) -> None:
+    """The SDK hands a ``CancelledError`` its tool raises to the tool's
+    ``failure_error_function`` (as an ``Exception``) and lets it, or any other
+    ``BaseException``, end the run when there is none; rho's core gives each call its one
+    ``exited`` result all the same."""
+    async def stops() -> str:
+        raise asyncio.CancelledError("tool-cancelled")
+
+    async def aborts() -> str:
+        raise ToolAborted("fatal")
+
+    handled = function_tool(stops, name_override="handled",
+                            failure_error_function=lambda ctx, error: f"handled: {type(error).__name__}: {error}")
+    raising = function_tool(stops, name_override="raising", failure_error_function=None)
+    fatal = function_tool(aborts, name_override="fatal", failure_error_function=None)
+    for sdk_tool in (handled, raising, fatal):
+        assert system.register(sdk_tool).reason is None
+    finished = _finished(system)
+    loop = system.start_loop("sdk-cancelled")
+    tools = {t.name: t for t in function_tools(loop)}
+
+    model = ScriptedModel([[("c1", "handled", {})], "done"])
+    assert run(Agent(name="a", model=model, tools=[tools["handled"]])).final_output == "done"
+    assert model.outputs == {"c1": "handled: _FunctionToolCancelledError: tool-cancelled"}
+    with pytest.raises(asyncio.CancelledError):
+        run(Agent(name="a", model=ScriptedModel([[("c2", "raising", {})], "never"]), tools=[tools["raising"]]))
+    with pytest.raises(ToolAborted, match="fatal"):
+        run(Agent(name="a", model=ScriptedModel([[("c3", "fatal", {})], "never"]), tools=[tools["fatal"]]))
+    wait_for(lambda: len(finished) == 3)
+    assert sorted(finished) == [("c1", "exited"), ("c2", "exited"), ("c3", "exited")]
+
+
+def test_cancelling_the_task_that_runs_a_tool_cancels_the_tool_at_once_and_ends_as_the_tool_ends(
+    system: ActorSystem,
+) -> None:
+    """As in the SDK's own executor, whose task runs the tool: the tool sees the cancel in
+    the step that cancels its task (before the canceller's next step), and the call ends
+    as the tool's cleanup ends it (here with its error); rho's result is one ``cancelled``."""
+    seen: list[str] = []
+
+    events: dict[str, asyncio.Event] = {}
+
+    async def slow() -> str:
+        events["started"].set()
+        try:
+            await asyncio.Future()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            await events["release"].wait()
+            raise ValueError("cleanup failed") from None
+        return "never"
+
+    sdk_tool = function_tool(slow, failure_error_function=None)
+    assert system.register(sdk_tool).reason is None
+    finished = _finished(system)
+    [adapted] = [t for t in function_tools(system.start_loop("sdk-cancel-run")) if isinstance(t, FunctionTool)]
+
+    async def main() -> None:
+        events.update(started=asyncio.Event(), release=asyncio.Event())
+        ctx = ToolContext(None, tool_name="slow", tool_call_id="c1", tool_arguments="{}")
+        invocation = asyncio.ensure_future(adapted.on_invoke_tool(ctx, "{}"))
+        await asyncio.wait_for(events["started"].wait(), WAIT_S)
+        invocation.cancel()
+        try:
+            await asyncio.sleep(0)
+            assert seen == ["cancelled"]  # in the cancelling step, as its own coroutine would be
+            assert not invocation.done()  # the call waits for the tool's cleanup
+        finally:
+            events["release"].set()
+        with pytest.raises(ValueError, match="cleanup failed"):
+            await asyncio.wait_for(invocation, WAIT_S)
+
+    asyncio.run(main())
+    wait_for(lambda: finished != [])
+    assert finished == [("c1", "cancelled")]
+
+
+def test_the_context_variables_a_tool_sets_are_seen_by_the_sdks_hooks_after_it(system: ActorSystem) -> None:
+    """The SDK runs a tool in the task that then runs its output guardrails and
+    ``on_tool_end`` hooks, which see what the tool set; rho runs it in a task of its own
+    (a copy of the caller's context) and sets the same values back for them."""
+    state: contextvars.ContextVar[str] = contextvars.ContextVar("state", default="unset")
+    seen: list[str] = []
+
+    async def sets_state() -> str:
+        state.set("from-tool")
+        return "ok"
+
+    class Hooks(RunHooks[Any]):
+        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
+            seen.append(state.get())
+
+    assert system.register(function_tool(sets_state, name_override="sets_state")).reason is None
+    agent = Agent(name="a", model=ScriptedModel([[("c1", "sets_state", {})], "done"]),
+                  tools=function_tools(system.start_loop("sdk-context")))
+    result = asyncio.run(Runner.run(agent, "go", hooks=Hooks(), run_config=RunConfig(tracing_disabled=True)))
+    assert result.final_output == "done" and seen == ["from-tool"] and state.get() == "unset"

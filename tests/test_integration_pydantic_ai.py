@@ -21,6 +21,7 @@ from rho_actors import ActorSystem
 from rho_actors.integrations.pydantic_ai import RhoToolset
 from tests import adapter_tools
 from tests.adapter_tools import later, set_up
+from tests.conftest import WAIT_S, wait_for
 
 Call = tuple[str, str, Any]
 
@@ -186,3 +187,57 @@ def test_a_call_rho_makes_on_its_own_of_a_run_context_tool_says_it_needs_one(sys
     ctx_call, plain = loop.run_turn(calls)
     assert ctx_call.error_kind == "raised" and "takes a RunContext, which only pydantic-ai gives" in ctx_call.content
     assert plain.ok and plain.content == "8"
+
+
+async def overruns() -> str:
+    """Sleep far past the tool's timeout."""
+    await asyncio.sleep(30)
+    return "late"
+
+
+def overruns_in_a_worker() -> str:
+    """Sleep far past the tool's timeout (sync: pydantic-ai alone could only abandon its thread)."""
+    time.sleep(30)
+    return "late"
+
+
+def test_a_pydantic_ai_tools_timeout_is_rhos_deadline_and_a_call_past_it_pydantic_ais_retry_prompt(
+    system: ActorSystem,
+) -> None:
+    """``Tool(timeout=...)`` is the tool's rho deadline, in ``thread`` and ``process``
+    isolation alike; the model gets pydantic-ai's own retry prompt for a call past it,
+    as from pydantic-ai's toolset, and the worker process is stopped there."""
+    from rho_actors import CallEvent
+
+    system.register(Tool(overruns, timeout=0.3, max_retries=1))
+    system.register(Tool(overruns_in_a_worker, timeout=0.3, max_retries=1), isolation="process")
+    entries = system.tool_set().entries
+    assert entries["overruns"].info.timeout_ms == entries["overruns_in_a_worker"].info.timeout_ms == 300
+    finished: list[tuple[str, str | None]] = []
+    system.subscribe(lambda e: finished.append((e.call_id, e.outcome))
+                     if isinstance(e, CallEvent) and e.kind == "timed_out" else None)
+    loop = system.start_loop("pai-timeout")
+    script = Script([[("c1", "overruns", {}), ("c2", "overruns_in_a_worker", {})], "done"])
+    agent = Agent(FunctionModel(script), toolsets=[RhoToolset(loop)])
+    t0 = time.monotonic()
+    result = asyncio.run(agent.run("go"))
+    elapsed = time.monotonic() - t0
+    assert result.output == "done"
+    assert script.outcomes == {"c1": "retried", "c2": "retried"}
+    assert script.outputs == {"c1": "Timed out after 0.3 seconds.", "c2": "Timed out after 0.3 seconds."}
+    assert elapsed < 0.3 + WAIT_S  # back at the deadline, not after the tools' 30 s
+    wait_for(lambda: len(finished) == 2)
+    assert sorted(finished) == [("c1", "timeout"), ("c2", "timeout")]
+
+
+def test_a_run_context_tool_is_refused_in_process_isolation_saying_what_to_do(system: ActorSystem) -> None:
+    """A ``RunContext`` lives in the run's process: a tool taking one cannot run in a
+    worker process, and registering it there raises, naming the tool and the remedies;
+    nothing is registered."""
+    what = r"pydantic-ai tool 'balance' takes a RunContext, which cannot reach 'process' isolation .*isolation='thread'"
+    with pytest.raises(ValueError, match=what):
+        system.register(_balance_tool([]), isolation="process")
+    with pytest.raises(ValueError, match=what):
+        system.register_many([Tool(overruns), _balance_tool([])], isolation="process")
+    assert "balance" not in system.tool_set().entries and "overruns" not in system.tool_set().entries
+    assert system.register(_balance_tool([])).reason is None  # in thread isolation, the default

@@ -375,6 +375,31 @@ def test_cancelling_the_awaiting_task_cancels_the_inline_call(system: ActorSyste
     assert loop.running() == []
 
 
+def test_cancelling_the_awaiting_task_reaches_the_inline_call_in_the_same_step(system: ActorSystem) -> None:
+    """As for a coroutine the host awaits itself: the tool's task is cancelled by the
+    host's ``cancel()`` call, so the tool sees it before the host's next step, and its
+    call gets one ``cancelled`` result."""
+    loop = used_loop(system)
+    finished: list[str | None] = []
+    system.subscribe(lambda e: finished.append(e.outcome) if isinstance(e, CallEvent) and e.kind == "finished"
+                     else None)
+
+    async def main() -> None:
+        pending = asyncio.ensure_future(loop.arun_turn([call("waits")]))
+        for _ in range(3):  # the turn's first step and the tool task's: the tool waits in its sleep
+            await asyncio.sleep(0)
+        assert STARTED.is_set() and not SAW_CANCEL.is_set()
+        pending.cancel()
+        await asyncio.sleep(0)
+        assert SAW_CANCEL.is_set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(pending, WAIT_S)
+
+    asyncio.run(main())
+    wait_for(lambda: finished != [])
+    assert finished == ["cancelled"] and loop.running() == []
+
+
 def test_a_cancel_token_and_the_loops_stop_cancel_an_inline_call(system: ActorSystem) -> None:
     loop = system.start_loop("s")
 

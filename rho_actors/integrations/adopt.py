@@ -31,12 +31,13 @@ def _foreign(value: object) -> bool:
     return _langchain_tool(value) or _sdk_tool(value) or _pydantic_ai_tool(value)
 
 
-def adopted(tool: Any) -> Any:
+def adopted(tool: Any, isolation: str | None = None) -> Any:
     """A LangChain ``BaseTool``, an Agents SDK ``FunctionTool`` or a pydantic-ai ``Tool``
     as its rho tool (:func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain`,
     :func:`rho_actors.integrations.openai_agents.sdk_tool.from_function_tool`,
-    :func:`rho_actors.integrations.pydantic_ai.pydantic_tool.from_pydantic_ai_tool`); any
-    other value as it is."""
+    :func:`rho_actors.integrations.pydantic_ai.pydantic_tool.from_pydantic_ai_tool`), to
+    run in ``isolation`` (``None``: the default); any other value as it is. Raises what
+    they raise (a ``ValueError`` for a tool that cannot run in ``isolation``)."""
     if _langchain_tool(tool):
         from rho_actors.integrations.langgraph.langchain_tool import from_langchain
 
@@ -48,7 +49,7 @@ def adopted(tool: Any) -> Any:
     if _pydantic_ai_tool(tool):
         from rho_actors.integrations.pydantic_ai.pydantic_tool import from_pydantic_ai_tool
 
-        return from_pydantic_ai_tool(tool)
+        return from_pydantic_ai_tool(tool, isolation)
     return tool
 
 

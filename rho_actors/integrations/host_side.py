@@ -8,7 +8,9 @@ on its own (or in a worker process) finds none and runs on its JSON arguments.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -16,16 +18,44 @@ from typing import Any
 __all__ = ["HOST_SIDE_CALLS", "HostSideCall", "HostSideCalls"]
 
 
+_UNSET = object()
+
+
 class HostSideCall:
     """One call a framework's executor makes through rho: ``given`` (what the framework
     gives its tool, by name); after the call, ``output`` (what the tool returned, when
-    ``returned``) or ``raised`` (the exception it raised)."""
+    ``returned``) or ``raised`` (the exception it raised). A tool run as a task on the
+    host's event loop (:meth:`running`) also leaves ``task`` (that task) and
+    ``context_set`` (the context variables it set, with their values)."""
 
     def __init__(self, given: Mapping[str, Any]) -> None:
         self.given = dict(given)
         self.returned = False
         self.output: Any = None
         self.raised: BaseException | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.context_set: dict[contextvars.ContextVar[Any], Any] = {}
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Around the framework's tool as it runs on the host's event loop, in its call's
+        task (kept in :attr:`task`): keeps in :attr:`context_set` the context variables
+        it set meanwhile, however it ends (the call's task runs in a copy of the
+        caller's context: see :meth:`apply_context`)."""
+        self.task = asyncio.current_task()
+        before = contextvars.copy_context()
+        try:
+            yield
+        finally:
+            self.context_set = {var: value for var, value in contextvars.copy_context().items()
+                                if before.get(var, _UNSET) is not value}
+
+    def apply_context(self) -> None:
+        """Set in the calling context the context variables the tool set (what a
+        framework's executor that runs its tool in its own task shows the code after
+        it: hooks and guardrails)."""
+        for var, value in self.context_set.items():
+            var.set(value)
 
     def keep(self, output: Any) -> Any:
         """Keep ``output`` and give rho its text: a message's ``content``, else

@@ -311,7 +311,7 @@ class Loop:
             self._start_turn(batch, landing, token, aio=aio, background=chosen)
             if landing.results is not None:  # landed already: every call refused, or settled in its first step
                 return landing.results
-            return await landing.wait()
+            return await landing.wait(token)
         except asyncio.CancelledError:
             token.cancel("cancelled")
             if landing.results is None:
@@ -609,9 +609,10 @@ class _Landing:
         if self._waiting is not None and not self._waiting.done():
             self._waiting.set_result(None)
 
-    def wait(self) -> asyncio.Future[list[ToolResult]]:
-        """The future of the results (on aio's thread, before they have landed)."""
-        waiter = self._waiter = self.aio.create_future()
+    def wait(self, cancel: CancelToken) -> asyncio.Future[list[ToolResult]]:
+        """The future of the results (on aio's thread, before they have landed): when it
+        is cancelled (its awaiting task is), ``cancel`` is set at once, in that step."""
+        waiter = self._waiter = _Waiter(self.aio, cancel)
         return waiter
 
     def expire(self) -> None:
@@ -627,6 +628,23 @@ class _Landing:
             if self.results is not None:
                 self._waiting.set_result(None)
         return self._waiting
+
+
+class _Waiter(asyncio.Future[list[ToolResult]]):
+    """The future a turn's awaiting task waits on, which sets the turn's token as it is
+    cancelled: the task's ``cancel()`` cancels the turn in the same step (a call running
+    on its event loop has its task cancelled then, as the host's own coroutine awaited
+    there would), not a step later when the task runs again."""
+
+    def __init__(self, aio: asyncio.AbstractEventLoop, cancel: CancelToken) -> None:
+        super().__init__(loop=aio)
+        self._cancel = cancel
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        self._cancel.cancel("cancelled")
+        return True
 
 
 class _Bounds:

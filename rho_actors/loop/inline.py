@@ -78,7 +78,7 @@ from rho_actors.results import CANCELLED, failure, result_from_return
 from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ToolResult
 
-__all__ = ["InlineCall", "runs_inline"]
+__all__ = ["InlineCall", "on_loop", "runs_inline"]
 
 _NO_SPAN = contextlib.nullcontext()
 _UNSTARTED = object()  # _Rest.pending: the coroutine's first step has not run yet
@@ -86,7 +86,7 @@ _NOTHING = object()  # _Rest.pending: nothing left over from the first step to h
 _ENDED = object()  # _Rest.pending: the coroutine ended in its first step (or never ran)
 
 
-def _on(aio: asyncio.AbstractEventLoop) -> bool:
+def on_loop(aio: asyncio.AbstractEventLoop) -> bool:
     """Whether this thread is running ``aio`` now."""
     try:
         return asyncio.get_running_loop() is aio
@@ -117,7 +117,7 @@ class InlineCall:
         if aio.is_closed():
             raise pykka.ActorDeadError("the event loop awaiting the turn is closed")
         call = cls(aio, spec)
-        if _on(aio):
+        if on_loop(aio):
             call._begin()
         else:
             try:
@@ -196,7 +196,7 @@ class InlineCall:
         task = self._task
         if task is None or task.done():
             return
-        if _on(self._aio):
+        if on_loop(self._aio):
             task.cancel()
             return
         try:

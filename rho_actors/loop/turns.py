@@ -65,7 +65,7 @@ from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall, pending_call
 from rho_actors.lifecycle.tasks import RUN_IN_BACKGROUND, acknowledgement, runs_as_task, take_choice
 from rho_actors.loop.approval_rules import idempotent
-from rho_actors.loop.inline import InlineCall, runs_inline
+from rho_actors.loop.inline import InlineCall, on_loop, runs_inline
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
 from rho_actors.loop.reruns import rerun_tasks
 from rho_actors.loop.turn import ResultSink, Slot, Turn, Withheld, result_of, withheld_set
@@ -286,8 +286,9 @@ class Turns:
                 return
             ref, turn_id = self.ref, turn.id
 
-            def hook() -> None:
-                if not tell_loop(ref, CancelTurn(turn_id)):  # no thread for the loop: cancelled here
+            def hook() -> None:  # holds no turn: the turn holds it
+                # in the host's own step (as its own coroutines are), or here when the loop has no thread
+                if self._inline_only(turn_id) or not tell_loop(ref, CancelTurn(turn_id)):
                     self.cancel_turn(turn_id)
 
             turn.hooked = (cancel, hook)  # forgotten by the token once the turn is done: it may serve many
@@ -555,6 +556,19 @@ class Turns:
             turn = self._turns.get(turn_id)
         if turn is not None:
             self._cancel_turn(turn)
+
+    def _inline_only(self, turn_id: int) -> bool:
+        """Whether turn ``turn_id`` is open, awaited on the event loop this thread runs,
+        and each of its running calls runs there too (:mod:`rho_actors.loop.inline`):
+        cancelling it then is quick work on that loop (no thread, process or remote call
+        to stop), done in the cancelling step."""
+        with self._lock:
+            turn = self._turns.get(turn_id)
+        aio = None if turn is None else turn.aio
+        if turn is None or aio is None or not on_loop(aio):
+            return False
+        with turn.lock:
+            return all(slot.running is None or isinstance(slot.running, InlineCall) for slot in turn.slots)
 
     def _cancel_turn(self, turn: Turn) -> None:
         """Each running call is cancelled through its isolation (``ctx["cancel"]`` set, a

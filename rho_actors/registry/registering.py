@@ -36,13 +36,14 @@ class Options:
 
 
 def prepare(
-    isolations: Mapping[str, Isolation], tool: Any, options: Options, adopt: Callable[[Any], Any],
+    isolations: Mapping[str, Isolation], tool: Any, options: Options, adopt: Callable[[Any, str | None], Any],
 ) -> tuple[Any, bool, Placement]:
-    """``tool`` as it is registered (a trusted one passed through ``adopt``: a LangChain
-    tool becomes a rho tool), whether it is untrusted,
+    """``tool`` as it is registered (a trusted one passed through ``adopt`` with the
+    isolation asked for: a LangChain tool becomes a rho tool), whether it is untrusted,
     and its checked :class:`Placement`. Raises as ``register`` documents: ``TypeError``
     (a missing callback), ``ValueError`` (a bad isolation, ``env``, ``deps``,
-    ``worker_scope`` or ``resources``), ``ImportError``, ``UnguardedStartError``."""
+    ``worker_scope`` or ``resources``, or a framework's tool that cannot run in that
+    isolation), ``ImportError``, ``UnguardedStartError``."""
     untrusted = options.untrusted or is_untrusted(tool)
     placement = place(
         isolations, options.isolation,
@@ -53,7 +54,7 @@ def prepare(
         # children start clean and never do): they would start the script's system again
         refuse_unguarded_children()
     if not untrusted:
-        tool = adopt(tool)
+        tool = adopt(tool, options.isolation)
     missing = [] if untrusted else missing_callbacks(tool)
     if missing:
         raise TypeError(f"{describe_origin(tool)} is not a tool: {not_a_tool(tool)}")
@@ -62,7 +63,7 @@ def prepare(
 
 def register_many(
     registry: Any, isolations: Mapping[str, Isolation], tools: Iterable[Any], options: Options,
-    adopt: Callable[[Any], Any], ask_timeout_s: float, read_timeout_s: float,
+    adopt: Callable[[Any, str | None], Any], ask_timeout_s: float, read_timeout_s: float,
 ) -> list[Registration]:
     """Register ``tools`` through the registry's proxy ``registry``: every tool is
     prepared first (so a bad one raises before anything is registered), then the trusted

@@ -108,13 +108,14 @@ def _outcomes(report: Path) -> tuple[set[str], dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("suites", nargs="*", default=list(SUITES), choices=[*SUITES, []])
+    # no suite named: every one (argparse checks a "*" default against the choices whole, hence [])
+    parser.add_argument("suites", nargs="*", default=[], choices=[*SUITES, []])
     parser.add_argument("--swapped-only", action="store_true", help="skip the run as-is (count every passing test)")
     parser.add_argument("-k", dest="keyword", help="pytest's -k for both runs")
     parser.add_argument("-n", dest="workers", type=int, default=2, help="pytest-xdist workers (0: none)")
     args = parser.parse_args(argv)
     under = False
-    for name in args.suites:
+    for name in args.suites or list(SUITES):
         suite = SUITES[name]
         swapped = run_suite(suite, swapped=True, keyword=args.keyword, workers=args.workers)
         if args.swapped_only:

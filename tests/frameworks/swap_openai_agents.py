@@ -3,7 +3,8 @@ Agents SDK's ``function_tool`` makes the SDK's own tool, registers it in a fresh
 system (``system.register(sdk_tool)``, as a rho user does) and hands the SDK what rho's
 adapter gives for it (``function_tools(loop)``), so every call of it runs through rho.
 One system per tool, stopped at the end of its test; rho turns counted as in
-``swap_langgraph``."""
+``swap_langgraph``. A tool rho refuses to register (a name such as ``<lambda>``, which no
+provider takes) raises ``ValueError`` with rho's reason where the SDK made it."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = tempfile.TemporaryDirectory()
         system = ActorSystem(data_dir=folder.name)
         track(system, folder)
-        system.register(made)
+        registration = system.register(made)
+        if registration.reason is not None:  # left out, as for a rho user (a name providers refuse, say)
+            raise ValueError(f"rho refused the SDK tool {made.name!r}: {registration.reason}")
         [adapted] = [t for t in function_tools(system.start_loop()) if t.name == made.name]
         return adapted
 

@@ -26,6 +26,7 @@ import asyncio
 import copy
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +68,7 @@ async def _sdk_answer(invoke: Any, ctx: ToolContext[Any], arguments: str, result
     if result.ok and host.returned:
         return host.output
     if result.error_kind in _RAISED_KINDS and host.raised is not None:
-        raise host.raised
+        raise host.raised  # a CancelledError or other BaseException too: the SDK's executor propagates them
     if result.error_kind is ErrorKind.INVALID_JSON and _unparsed(arguments):
         return await invoke(ctx, arguments)
     if result.error_kind in _RETRY_KINDS:  # the SDK's own error for arguments its tool refuses, with rho's words
@@ -75,12 +76,49 @@ async def _sdk_answer(invoke: Any, ctx: ToolContext[Any], arguments: str, result
     return result.content
 
 
-_RAISED_KINDS = frozenset({ErrorKind.RAISED, ErrorKind.CANCELLED})
+async def _ended_as_tool_ends(host: HostSideCall, cancelled: asyncio.CancelledError, deadline: float) -> Any:
+    """The end of a call whose awaiting task was cancelled, as the SDK's own executor
+    gives it (it runs its tool in that very task): the tool, cancelled in the same step
+    (DESIGN §4), ends the call as it ends, returning what it returns or raising what it
+    raises (its cleanup's error, the ``CancelledError`` it lets through). A tool that
+    never started, or still runs at its ``deadline`` (``time.monotonic()`` s), ends it
+    with ``cancelled``; one more cancel of the awaiting task is the tool's too."""
+    task = host.task
+    aio = asyncio.get_running_loop()
+    if task is None or task.get_loop() is not aio:
+        raise cancelled
+    if not task.done():
+        waiting = asyncio.shield(task)  # the tool's own task (which never raises): the SDK follows its progress
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            waiting.cancel()
+
+        timer = aio.call_later(max(0.0, deadline - time.monotonic()), expire)
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            if expired and not task.done():
+                raise cancelled from None
+            if not task.done():  # the awaiting task cancelled again: so is the tool
+                task.cancel()
+                raise
+        finally:
+            timer.cancel()
+    host.apply_context()
+    if host.returned:
+        return host.output
+    raise host.raised or cancelled
+
+
+_RAISED_KINDS = frozenset({ErrorKind.RAISED, ErrorKind.EXITED, ErrorKind.CANCELLED})
 _RETRY_KINDS = frozenset({ErrorKind.INVALID_JSON, ErrorKind.INVALID_ARGUMENTS})
 _WRAPPED_MARKER = "__agents_function_tool_wrapped_callable__"
 
 
-def _routed(loop: Loop, original: FunctionTool, needs_approval: Any) -> FunctionTool:
+def _routed(loop: Loop, original: FunctionTool, needs_approval: Any, timeout_ms: int) -> FunctionTool:
     """A copy of the SDK's own ``original`` (every field of it) whose calls run through
     rho. The SDK's failure handling (``failure_error_function``, its copy and replace
     rules) wraps its tool's invocation in an invoker object; rho goes in between the two,
@@ -94,9 +132,14 @@ def _routed(loop: Loop, original: FunctionTool, needs_approval: Any) -> Function
         call = ToolCall(call_id(ctx.tool_call_id), name, arguments)
         host = HostSideCall({"context": ctx, "arguments": arguments, "invoke": invoke})
         with HOST_SIDE_CALLS.holding(loop.session_id, call.id, host):
-            (result,) = await loop.arun_turn([call])
+            deadline = time.monotonic() + timeout_ms / 1000
+            try:
+                (result,) = await loop.arun_turn([call])
+            except asyncio.CancelledError as cancelled:  # the task awaiting it: its tool is cancelled with it
+                return await _ended_as_tool_ends(host, cancelled, deadline)
             if pending_call(result) is not None:  # the SDK approved it: rho runs it
                 result = await asyncio.to_thread(loop.approve, call.id, None, "openai-agents")
+        host.apply_context()
         return await _sdk_answer(invoke, ctx, arguments, result, host)
 
     routed = copy.copy(original)
@@ -128,7 +171,7 @@ def _function_tool(loop: Loop, entry: ToolEntry) -> FunctionTool:
 
     asks = info.requires_approval or loop.approval_policy is not None  # else no call of it is ever held
     if isinstance(entry.tool, SdkFunctionTool) and entry.isolation == "thread" and not entry.untrusted:
-        return _routed(loop, entry.tool.tool, needs_approval if asks else False)
+        return _routed(loop, entry.tool.tool, needs_approval if asks else False, info.timeout_ms)
     return FunctionTool(
         name=name, description=info.description, params_json_schema=copy.deepcopy(info.parameter_schema),
         on_invoke_tool=on_invoke_tool, strict_json_schema=False, needs_approval=needs_approval if asks else False,

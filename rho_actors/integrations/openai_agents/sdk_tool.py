@@ -8,7 +8,8 @@ run when the SDK makes the call through rho (``function_tools``: a
 :class:`~rho_actors.integrations.host_side.HostSideCall` whose ``given`` holds
 ``context`` and ``arguments``, the JSON text the model sent), else a ``ToolContext``
 without a run context. What it returns is kept for the SDK as the very object (rho's
-result is its text); what it raises is a ``raised`` result.
+result is its text); what it raises is a ``raised`` result (an ``exited`` one for a
+``BaseException``), and the very exception for the SDK.
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ class SdkFunctionTool:
                 None, tool_name=self.tool.name, tool_call_id=str(ctx.get("call_id", "")), tool_arguments=text)
             return await self.tool.on_invoke_tool(context, text)
         invoke = host.given.get("invoke", self.tool.on_invoke_tool)
-        try:
-            return host.keep(await invoke(host.given["context"], host.given["arguments"]))
-        except BaseException as e:  # the adapter re-raises it only for a raised or cancelled result
-            host.raised = e
-            raise
+        with host.running():
+            try:
+                return host.keep(await invoke(host.given["context"], host.given["arguments"]))
+            except BaseException as e:  # the adapter re-raises it, as the SDK would (not past the deadline)
+                host.raised = e
+                raise
 
 
 def _optional(schema: Any) -> bool:

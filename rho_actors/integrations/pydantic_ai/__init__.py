@@ -30,7 +30,11 @@ stays pydantic-ai's everywhere but in its invocation: its own prepared definitio
 (the run's when it has none); its function gets the run's ``RunContext`` (deps, retry,
 usage) and what it returns or raises (``ModelRetry``, ``CallDeferred``,
 ``ApprovalRequired``, ``ToolReturn``, any value) reaches pydantic-ai as the very object.
-The call still runs as a rho turn under rho's deadline, isolation and approvals.
+The call still runs as a rho turn under rho's deadline, isolation and approvals. Its
+``timeout`` is rho's deadline (``timeout_ms``, in every isolation): a call past it is
+pydantic-ai's retry prompt ("Timed out after ... seconds."), as from pydantic-ai's own
+toolset. One that takes a ``RunContext`` runs in ``thread`` isolation only (refused at
+registration in another).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ class RhoToolset(AbstractToolset[Any]):
         self._max_retries = max_retries
         self._made: dict[str, tuple[ToolInfo, ToolsetTool[Any]]] = {}  # by name: kept while unchanged
         self._own: dict[str, PydanticAiTool] = {}  # pydantic-ai's own tools offered at the last step, by rho name
+        self._timeouts: dict[str, float] = {}  # the pydantic-ai tools' own timeouts (s) at the last step, by rho name
         self._lock = threading.Lock()
 
     @property
@@ -107,8 +112,11 @@ class RhoToolset(AbstractToolset[Any]):
         here is prepared by pydantic-ai at every step, as its own toolset does."""
         entries = self._sessions.offered_entries(ctx.conversation_id)
         own = {entry.info.name: entry.tool.tool for entry in entries if _own(entry)}
+        timeouts = {entry.info.name: entry.tool.tool.timeout for entry in entries
+                    if isinstance(entry.tool, PydanticAiTool) and entry.tool.tool.timeout is not None}
         with self._lock:
             self._own = {name: PydanticAiTool(tool) for name, tool in own.items()}
+            self._timeouts = timeouts
             self._made = kept_while_unchanged(
                 self._made, [entry.info for entry in entries if not _own(entry)], self._tool)
             tools = {name: tool for name, (_, tool) in self._made.items()}
@@ -146,7 +154,9 @@ class RhoToolset(AbstractToolset[Any]):
         (result,) = await loop.arun_turn([call])
         if pending_call(result) is not None:  # held by rho, approved in pydantic-ai: rho runs it once
             result = await asyncio.to_thread(loop.approve, call.id, None, "pydantic-ai")
-        return _answer(result)
+        with self._lock:
+            timeout = self._timeouts.get(name)
+        return _answer(result, timeout)
 
     async def _call_own(self, loop: Loop, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
                         tool: FunctionToolsetTool[Any]) -> Any:
@@ -169,7 +179,7 @@ class RhoToolset(AbstractToolset[Any]):
             return host.output
         if result.error_kind in _RAISED_KINDS and host.raised is not None:
             raise host.raised
-        return _answer(result)
+        return _answer(result, tool.tool_def.timeout)
 
     def close(self) -> None:
         """Stop the loops started for conversations (a loop given as ``target`` stays)."""
@@ -180,11 +190,15 @@ _RUNNER = FunctionToolset[Any]()
 """Runs a pydantic-ai tool's call as pydantic-ai's own toolset does (no toolset timeout)."""
 
 
-def _answer(result: ToolResult) -> Any:
+def _answer(result: ToolResult, timeout: float | None = None) -> Any:
     """What pydantic-ai gets for rho's ``result``: its text when ok; ``ModelRetry``
-    (invalid arguments or JSON) or ``ToolFailed`` (any other error) with rho's text."""
+    (invalid arguments or JSON) or ``ToolFailed`` (any other error) with rho's text; for
+    a ``timeout`` of a pydantic-ai tool with its own ``timeout`` (seconds), the
+    ``ModelRetry`` pydantic-ai raises then, in its words."""
     if result.ok:
         return result.content
+    if result.error_kind is ErrorKind.TIMEOUT and timeout is not None:
+        raise ModelRetry(f"Timed out after {timeout} seconds.")
     if result.error_kind in _RETRY_KINDS:
         raise ModelRetry(result.content)
     raise ToolFailed(result.content)

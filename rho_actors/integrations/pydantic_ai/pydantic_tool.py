@@ -12,12 +12,14 @@ very object (rho's result is its JSON form), what it raises (``ModelRetry``,
 ``CallDeferred``, ``ApprovalRequired``, any error) is a ``raised`` result and reaches
 pydantic-ai as itself. A call rho makes on its own validates the arguments with the
 tool's own validator and runs the function, which then gets no ``RunContext``: a tool
-that takes one raises ``TypeError`` saying so.
+that takes one raises ``TypeError`` saying so, and is refused at registration in an
+isolation other than ``thread``. The tool's ``timeout`` is rho's deadline (``timeout_ms``).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +28,7 @@ from pydantic_ai.messages import ToolReturn
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from rho_actors.integrations.host_side import HOST_SIDE_CALLS
+from rho_actors.tool import DEFAULT_TIMEOUT_MS
 
 __all__ = ["PydanticAiTool", "from_pydantic_ai_tool", "jsonable"]
 
@@ -70,6 +73,12 @@ class PydanticAiTool:
         """The tool's function schema's JSON schema (a copy)."""
         return copy.deepcopy(self.tool.function_schema.json_schema)
 
+    def timeout_ms(self) -> int:
+        """The tool's own ``timeout`` (seconds) as rho's deadline, in milliseconds
+        (rounded up); rho's default when it has none."""
+        timeout = self.tool.timeout
+        return DEFAULT_TIMEOUT_MS if timeout is None else max(1, math.ceil(timeout * 1000))
+
     async def run(self, args: Mapping[str, Any], ctx: Mapping[str, Any]) -> Any:
         """pydantic-ai's own call of the tool (see the module's docstring): its result in
         JSON form, or what it raises (a rho error result); cancelled at the call's
@@ -97,8 +106,17 @@ def _returned(output: Any) -> Any:
     return output.return_value if isinstance(output, ToolReturn) else output
 
 
-def from_pydantic_ai_tool(tool: Tool[Any]) -> PydanticAiTool:
-    """The rho tool for pydantic-ai's ``Tool`` ``tool``; ``TypeError`` for anything else."""
+def from_pydantic_ai_tool(tool: Tool[Any], isolation: str | None = None) -> PydanticAiTool:
+    """The rho tool for pydantic-ai's ``Tool`` ``tool``, to run in ``isolation`` (``None``:
+    ``"thread"``). Raises ``TypeError`` for anything but a ``Tool``, and ``ValueError``
+    for a tool taking a ``RunContext`` in another isolation than ``"thread"``: the run's
+    context (its deps, model, messages, usage) lives in this process and reaches the
+    tool only here."""
     if not isinstance(tool, Tool):
         raise TypeError(f"from_pydantic_ai_tool takes a pydantic_ai.Tool, got {type(tool).__name__}")
+    if isolation not in (None, "thread") and tool.function_schema.takes_ctx:
+        raise ValueError(
+            f"pydantic-ai tool {tool.name!r} takes a RunContext, which cannot reach {isolation!r} isolation (the "
+            "run's context lives in this process): register it with isolation='thread', or make it a plain tool "
+            "(@agent.tool_plain, Tool(takes_ctx=False)) that takes what it needs as arguments")
     return PydanticAiTool(tool)
