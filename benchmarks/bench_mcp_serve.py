@@ -21,6 +21,7 @@ Usage::
     .venv/bin/python benchmarks/bench_mcp_serve.py            # 300 calls a pair, about 30 s
     .venv/bin/python benchmarks/bench_mcp_serve.py --quick    # smoke run: 30 calls a pair
     .venv/bin/python benchmarks/bench_mcp_serve.py --json     # one JSON object on stdout
+    .venv/bin/python benchmarks/bench_mcp_serve.py --async    # the no-op tool ``async def`` on both servers
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _as_async(source: str) -> str:
+    return source.replace("def noop()", "async def noop()")
+
+
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
@@ -106,17 +111,18 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], bound_s: float 
 
 
 @contextlib.contextmanager
-def _servers(folder: Path, token: str) -> Iterator[dict[str, tuple[str, int]]]:
-    """Both servers started, each in its own process: ``{"rho": (url, pid), "sdk": (url, pid)}``."""
-    tools = folder / "bench_tools.py"
-    tools.write_text(RHO_TOOL)
+def _servers(folder: Path, token: str, is_async: bool = False) -> Iterator[dict[str, tuple[str, int]]]:
+    """Both servers started, each in its own process: ``{"rho": (url, pid), "sdk": (url, pid)}``;
+    ``is_async``: their no-op tool is an ``async def``."""
+    tools, sdk_server = folder / "bench_tools.py", _as_async(SDK_SERVER) if is_async else SDK_SERVER
+    tools.write_text(_as_async(RHO_TOOL) if is_async else RHO_TOOL)
     rho_port, sdk_port = _free_port(), _free_port()
     env = {**os.environ, "RHO_MCP_TOKEN": token, "PYTHONPATH": os.pathsep.join([str(ROOT), str(folder)])}
     started = [
         subprocess.Popen([sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", str(tools), "--http",
                           f"127.0.0.1:{rho_port}", "--data-dir", str(folder / "data"), "--unconfined"],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL),
-        subprocess.Popen([sys.executable, "-c", SDK_SERVER, str(sdk_port)], env=env, stdout=subprocess.DEVNULL,
+        subprocess.Popen([sys.executable, "-c", sdk_server, str(sdk_port)], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL),
     ]
     try:
@@ -188,18 +194,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a smoke run with few samples")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--async", dest="is_async", action="store_true", help="the no-op tool is an async def")
     options = parser.parse_args(argv)
     calls, warmup = (30, 5) if options.quick else (300, 30)
     token = secrets.token_hex(32)
     load_start = _load()
-    with tempfile.TemporaryDirectory() as folder, _servers(Path(folder), token) as servers:
+    with tempfile.TemporaryDirectory() as folder, _servers(Path(folder), token, options.is_async) as servers:
         report = anyio.run(_measure, servers, token, calls, warmup)
+    report["tool"] = "async def" if options.is_async else "def"
     report["environment"] = {"cpus": os.cpu_count(), "load_avg_1m_start": load_start, "load_avg_1m_end": _load()}
     if options.json:
         print(json.dumps(report))
         return 0
     env = report["environment"]
-    print(f"no-op tools/call over HTTP, {calls} calls a pair, interleaved (ms); {env['cpus']} CPUs, "
+    print(f"no-op tools/call ({report['tool']}) over HTTP, {calls} calls a pair, interleaved (ms); {env['cpus']} CPUs, "
           f"load {env['load_avg_1m_start']} -> {env['load_avg_1m_end']}")
     for era in ("legacy", "2026-07-28"):
         r = report[era]

@@ -515,11 +515,13 @@ class Transcript:
         self.history.delivered_tasks.update(tasks)
 
     def reply(
-        self, step: int, reply: Reply, model_ms: float = 0.0, *, sent_ids: Mapping[int, str] | None = None
+        self, step: int, reply: Reply, model_ms: float = 0.0, *, sent_ids: Mapping[int, str] | None = None,
+        sync: bool = True,
     ) -> None:
         """Record the model's reply to request ``step`` (before its calls run);
         ``model_ms``: how long the request took, in milliseconds; ``sent_ids``: the id
-        the model sent for call *index*, where the recorded id replaces it."""
+        the model sent for call *index*, where the recorded id replaces it; ``sync=False``:
+        written, not synced (see :meth:`call`)."""
         calls = [
             {"id": c.id, "name": c.name,
              "arguments": c.arguments if isinstance(c.arguments, str) else dict(c.arguments)}
@@ -531,7 +533,7 @@ class Transcript:
                                   "model_ms": round(model_ms, 3)}
         if reply.thinking:
             record["thinking"] = [dict(block) for block in reply.thinking]
-        self._append(record)
+        self._append(record, sync)
 
     def result(self, step: int, index: int, result: ToolResult, *, sync: bool = True) -> None:
         """Record the result of call ``index`` (its position in the reply) of ``step``;

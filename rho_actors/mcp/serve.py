@@ -6,8 +6,8 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 
 - Each MCP connection (one stdio process, or one ``Mcp-Session-Id``) is a rho session:
   its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
-  connection ends, and its transcript of calls (``transcript.jsonl``: each call, then
-  its result, recorded as the agent loop records a model's tool calls).
+  connection ends, and its transcript of calls (``transcript.jsonl``: each call, written
+  before it runs, then its result, synced with it before it is sent: DESIGN §6b).
 - ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``),
   with an ``outputSchema`` for a trusted tool that has an ``output_schema()`` callback
   (:func:`output_schema`).
@@ -525,12 +525,11 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     if task is not None:
         bound.task_input = served.tasks.asking(task)  # type: ignore[union-attr]
     bind(*key, bound)
-    call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
-    await anyio.to_thread.run_sync(session.record, call, None, step)
+    record = await session.begin(ToolCall(call_id, params.name, arguments))  # recorded before it runs
     session.calls += 1
     results: list[ToolResult] = []
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
-        results = await session.loop.arun_turn([call], background=task is not None)
+        results = await session.loop.arun_turn([record.call], background=task is not None, on_result=record.settled)
     finally:
         session.calls -= 1
         session.used = time.monotonic()
@@ -541,7 +540,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
                 served.tasks.release(task)  # type: ignore[union-attr]
     if live.sent:  # the progress reported goes before the result
         await asyncio.wait([asyncio.wrap_future(f) for f in live.sent], timeout=_PROGRESS_FLUSH_S)
-    await anyio.to_thread.run_sync(session.record, call, results[0], step)
+    await record.end(results[0])  # synced, the call's record with it (DESIGN §6b "The served transcript")
     said = {SESSION_META_KEY: session.handle} if session.handle is not None else None
     if bound.missing:
         raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY,
