@@ -5,17 +5,23 @@ One run, one machine, each server in its own process on loopback, the client (th
 argument validation, transcript) next to the same tool on the SDK's ``MCPServer``
 (FastMCP), in both protocol eras: the handshake era (``mode="legacy"``: one
 ``Mcp-Session-Id``) and 2026-07-28 (every request stands alone; rho's calls name their
-session by its handle, as a client keeping one session does). Calls of the four
-(server, era) pairs are interleaved round by round after a warm-up; the median (p50)
-and p99 of each are reported in milliseconds, and the ratio of the p50s, rho ÷ SDK, per
-era. Target: <= 1.2x. Reported as PASS/FAIL, never enforced: the exit code is 0 unless a
-measurement could not be made.
+session by its handle, as a client keeping one session does). After a warm-up, each
+era is measured in turn, the two servers' calls interleaved round by round; the median
+(p50) and p99 of each are reported in milliseconds, and the ratio of the p50s, rho ÷ SDK,
+per era. Target: <= 1.2x. Reported as PASS/FAIL, never enforced: the exit code is 0
+unless a measurement could not be made.
+
+Beside it, a figure the machine's load moves less: each server process's CPU time
+(user + system, all its threads, from ``/proc/<pid>/stat``) over an era's calls, per
+call, and its ratio rho ÷ SDK. The wall p50 ratio stays the goal's figure (a client
+waits for wall time); the load average is printed at the start and the end.
 
 Usage::
 
     .venv/bin/python benchmarks/bench_mcp_serve.py            # 300 calls a pair, about 30 s
     .venv/bin/python benchmarks/bench_mcp_serve.py --quick    # smoke run: 30 calls a pair
     .venv/bin/python benchmarks/bench_mcp_serve.py --json     # one JSON object on stdout
+    .venv/bin/python benchmarks/bench_mcp_serve.py --async    # the no-op tool ``async def`` on both servers
 """
 
 from __future__ import annotations
@@ -75,6 +81,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _as_async(source: str) -> str:
+    return source.replace("def noop()", "async def noop()")
+
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime: the stat's 14th and 15th fields
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
 def _wait_listening(port: int, process: subprocess.Popen[bytes], bound_s: float = 60.0) -> None:
     deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
@@ -88,23 +111,25 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], bound_s: float 
 
 
 @contextlib.contextmanager
-def _servers(folder: Path, token: str) -> Iterator[dict[str, str]]:
-    """Both servers started, each in its own process: ``{"rho": url, "sdk": url}``."""
-    tools = folder / "bench_tools.py"
-    tools.write_text(RHO_TOOL)
+def _servers(folder: Path, token: str, is_async: bool = False) -> Iterator[dict[str, tuple[str, int]]]:
+    """Both servers started, each in its own process: ``{"rho": (url, pid), "sdk": (url, pid)}``;
+    ``is_async``: their no-op tool is an ``async def``."""
+    tools, sdk_server = folder / "bench_tools.py", _as_async(SDK_SERVER) if is_async else SDK_SERVER
+    tools.write_text(_as_async(RHO_TOOL) if is_async else RHO_TOOL)
     rho_port, sdk_port = _free_port(), _free_port()
     env = {**os.environ, "RHO_MCP_TOKEN": token, "PYTHONPATH": os.pathsep.join([str(ROOT), str(folder)])}
     started = [
         subprocess.Popen([sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", str(tools), "--http",
                           f"127.0.0.1:{rho_port}", "--data-dir", str(folder / "data"), "--unconfined"],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL),
-        subprocess.Popen([sys.executable, "-c", SDK_SERVER, str(sdk_port)], env=env, stdout=subprocess.DEVNULL,
+        subprocess.Popen([sys.executable, "-c", sdk_server, str(sdk_port)], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL),
     ]
     try:
         _wait_listening(rho_port, started[0])
         _wait_listening(sdk_port, started[1])
-        yield {"rho": f"http://127.0.0.1:{rho_port}/mcp", "sdk": f"http://127.0.0.1:{sdk_port}/mcp"}
+        yield {"rho": (f"http://127.0.0.1:{rho_port}/mcp", started[0].pid),
+               "sdk": (f"http://127.0.0.1:{sdk_port}/mcp", started[1].pid)}
     finally:
         for process in started:
             process.kill()
@@ -124,11 +149,14 @@ def _summary(samples: list[float]) -> dict[str, float]:
             "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3)}
 
 
-async def _measure(urls: dict[str, str], token: str, calls: int, warmup: int) -> dict[str, Any]:
-    pairs = [(server, era) for era in ("legacy", "2026-07-28") for server in ("rho", "sdk")]
+async def _measure(servers: dict[str, tuple[str, int]], token: str, calls: int, warmup: int) -> dict[str, Any]:
+    eras = ("legacy", "2026-07-28")
+    pairs = [(server, era) for era in eras for server in ("rho", "sdk")]
     samples: dict[tuple[str, str], list[float]] = {pair: [] for pair in pairs}
+    cpu: dict[tuple[str, str], float] = {}
     async with contextlib.AsyncExitStack() as stack:
-        clients = {pair: await stack.enter_async_context(_client(urls[pair[0]], pair[1], token)) for pair in pairs}
+        clients = {pair: await stack.enter_async_context(_client(servers[pair[0]][0], pair[1], token))
+                   for pair in pairs}
         metas: dict[tuple[str, str], Any] = {pair: None for pair in pairs}
         for pair, client in clients.items():  # the warm-up; a 2026-07-28 rho client keeps the session it got
             for _ in range(warmup):
@@ -138,18 +166,26 @@ async def _measure(urls: dict[str, str], token: str, calls: int, warmup: int) ->
                 said = (result.meta or {}).get(SESSION_META_KEY)
                 if said is not None:
                     metas[pair] = {SESSION_META_KEY: said}
-        for _ in range(calls):
-            for pair, client in clients.items():
-                began = time.perf_counter()
-                result = await client.call_tool("noop", {}, meta=metas[pair])
-                samples[pair].append(time.perf_counter() - began)
-                if result.is_error:
-                    raise RuntimeError(f"{pair}: the no-op call failed: {result.content}")
+        for era in eras:
+            measured = [pair for pair in pairs if pair[1] == era]
+            before = {pair: _cpu_s(servers[pair[0]][1]) for pair in measured}
+            for _ in range(calls):
+                for pair in measured:
+                    began = time.perf_counter()
+                    result = await clients[pair].call_tool("noop", {}, meta=metas[pair])
+                    samples[pair].append(time.perf_counter() - began)
+                    if result.is_error:
+                        raise RuntimeError(f"{pair}: the no-op call failed: {result.content}")
+            for pair in measured:
+                cpu[pair] = _cpu_s(servers[pair[0]][1]) - before[pair]
     report: dict[str, Any] = {"calls_per_pair": calls}
-    for era in ("legacy", "2026-07-28"):
+    for era in eras:
         rho, sdk = _summary(samples[("rho", era)]), _summary(samples[("sdk", era)])
         ratio = rho["p50_ms"] / sdk["p50_ms"]
-        report[era] = {"rho": rho, "sdk": sdk, "ratio_p50": round(ratio, 3),
+        rho_cpu, sdk_cpu = cpu[("rho", era)] / calls * 1000, cpu[("sdk", era)] / calls * 1000
+        report[era] = {"rho": {**rho, "cpu_ms_per_call": round(rho_cpu, 3)},
+                       "sdk": {**sdk, "cpu_ms_per_call": round(sdk_cpu, 3)}, "ratio_p50": round(ratio, 3),
+                       "ratio_cpu": round(rho_cpu / sdk_cpu, 3) if sdk_cpu else None,
                        "target": f"<= {TARGET}x", "verdict": "PASS" if ratio <= TARGET else "FAIL"}
     return report
 
@@ -158,20 +194,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a smoke run with few samples")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--async", dest="is_async", action="store_true", help="the no-op tool is an async def")
     options = parser.parse_args(argv)
     calls, warmup = (30, 5) if options.quick else (300, 30)
     token = secrets.token_hex(32)
-    with tempfile.TemporaryDirectory() as folder, _servers(Path(folder), token) as urls:
-        report = anyio.run(_measure, urls, token, calls, warmup)
+    load_start = _load()
+    with tempfile.TemporaryDirectory() as folder, _servers(Path(folder), token, options.is_async) as servers:
+        report = anyio.run(_measure, servers, token, calls, warmup)
+    report["tool"] = "async def" if options.is_async else "def"
+    report["environment"] = {"cpus": os.cpu_count(), "load_avg_1m_start": load_start, "load_avg_1m_end": _load()}
     if options.json:
         print(json.dumps(report))
         return 0
-    print(f"no-op tools/call over HTTP, {calls} calls a pair, interleaved (ms)")
+    env = report["environment"]
+    print(f"no-op tools/call ({report['tool']}) over HTTP, {calls} calls a pair, interleaved (ms); {env['cpus']} CPUs, "
+          f"load {env['load_avg_1m_start']} -> {env['load_avg_1m_end']}")
     for era in ("legacy", "2026-07-28"):
         r = report[era]
+        cpu_ratio = "n/a" if r["ratio_cpu"] is None else f"{r['ratio_cpu']:.2f}x"
         print(f"  {era:>10}: rho p50 {r['rho']['p50_ms']:.2f} p99 {r['rho']['p99_ms']:.2f} | "
               f"SDK p50 {r['sdk']['p50_ms']:.2f} p99 {r['sdk']['p99_ms']:.2f} | "
-              f"rho/SDK {r['ratio_p50']:.2f}x (target {r['target']}): {r['verdict']}")
+              f"rho/SDK {r['ratio_p50']:.2f}x (target {r['target']}): {r['verdict']} | "
+              f"server CPU a call rho {r['rho']['cpu_ms_per_call']:.2f} SDK {r['sdk']['cpu_ms_per_call']:.2f} "
+              f"ms: {cpu_ratio}")
     return 0
 
 

@@ -41,7 +41,7 @@ import psutil
 from stats import environment, publish, summary, verdict
 
 from rho_actors import ActorSystem, TaskSettings, ToolCall, tool
-from rho_actors.mcp.serve import _call_tool_result  # the result a served task inlines
+from rho_actors.mcp.call_results import call_tool_result  # the result a served task inlines
 from rho_actors.mcp.tasks import EXTENSION, ServedTask, ServedTasks, TaskParams
 
 POLL_GOAL_US = 100.0
@@ -77,7 +77,7 @@ def opened(system: ActorSystem, count: int) -> tuple[dict[str, Any], list[Any], 
 
 
 def polling(system: ActorSystem, loops: list[Any], task_ids: list[str], rounds: int) -> dict[str, Any]:
-    served = ServedTasks(system.task_registry, _call_tool_result)
+    served = ServedTasks(system.task_registry, call_tool_result)
     loop = loops[0]
     session = SimpleNamespace(loop=loop, transcript=None)
     task = ServedTask("local", session, "waits")

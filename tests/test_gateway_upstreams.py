@@ -135,7 +135,7 @@ class _Catastrophic:
 
 def test_an_output_schema_is_checked_in_linear_time_and_within_the_declaration_bounds(system: ActorSystem) -> None:
     from rho_actors import ToolCall
-    from rho_actors.mcp.serve import _call_tool_result, output_schema
+    from rho_actors.mcp.call_results import call_tool_result, output_schema
 
     class Huge(_Catastrophic):
         @staticmethod
@@ -153,7 +153,7 @@ def test_an_output_schema_is_checked_in_linear_time_and_within_the_declaration_b
     assert schema == _Catastrophic.output_schema()  # RE2 takes the pattern: it is served
     [result] = system.start_loop("redos").run_turn([ToolCall("c1", "catastrophic", {})])
     verdict: list[Any] = []
-    checking = threading.Thread(target=lambda: verdict.append(_call_tool_result(result, schema)), daemon=True)
+    checking = threading.Thread(target=lambda: verdict.append(call_tool_result(result, schema)), daemon=True)
     checking.start()
     checking.join(WAIT_S)  # Python's re would take hours over 40 a's: serving's event loop would hang
     assert verdict, "checking a result against its outputSchema did not finish"

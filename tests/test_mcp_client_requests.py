@@ -270,7 +270,7 @@ def test_the_sdk_still_has_what_serving_reads_from_a_request_context() -> None:
 
 def test_an_output_schema_is_served_only_when_valid_and_trusted(system: ActorSystem,
                                                                logs: list[str]) -> None:
-    from rho_actors.mcp.serve import output_schema
+    from rho_actors.mcp.call_results import output_schema
 
     class NoSchema(Forecast):
         @staticmethod

@@ -36,9 +36,16 @@ from rho_actors.results import CANCELLED, failure
 from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ToolResult
 
-__all__ = ["AbandonedThreads", "ThreadIsolation"]
+__all__ = ["AbandonedThreads", "ThreadIsolation", "on_call_thread"]
 
 _CALL_THREAD = "rho_actors-call"
+
+
+def on_call_thread() -> bool:
+    """Whether this thread is a ``thread`` call's, running its call or settling its result
+    (an ``on_result`` of its turn): where a host may do a call's own bookkeeping, file
+    work included, holding up no timer, event loop or other call."""
+    return threading.current_thread().name == _CALL_THREAD  # the pool names a call thread so while it runs
 
 
 class AbandonedThreads:
@@ -269,7 +276,7 @@ class ThreadIsolation(Isolation):
     def stopping_from_here(self) -> None:
         """A call thread stopping the system (a tool calling ``stop()``) is not waited
         for by :meth:`shutdown`: it returns only once that stop has."""
-        if threading.current_thread().name == _CALL_THREAD:  # the pool names a call thread so while it runs
+        if on_call_thread():
             self._forget(1)
 
     def running_calls(self) -> int:

@@ -274,10 +274,12 @@ class Loop:
 
     async def arun_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None,
-        background: bool | Iterable[str] = False,
+        background: bool | Iterable[str] = False, on_result: Callable[[int, ToolResult], None] | None = None,
     ) -> list[ToolResult]:
         """:meth:`run_turn` for asyncio hosts: awaits the results without ever blocking
-        the event loop. A call of a trusted ``async`` tool in ``thread`` isolation runs
+        the event loop; ``on_result`` as in :meth:`submit_turn` (called from the thread
+        that settled the call: a call thread, or this event loop's for a call run on it).
+        A call of a trusted ``async`` tool in ``thread`` isolation runs
         as a task on this event loop, with its deadline (DESIGN §4: no thread is
         crossed; a tool that blocks the event loop blocks it as the host's own code
         would), its first step run at once (:mod:`rho_actors.loop.inline`): a turn
@@ -308,7 +310,7 @@ class Loop:
             bounds = self._bounds = _Bounds(aio)
         bounds.add(landing)  # armed first (one timer per event loop): the calls' hand-off goes last
         try:
-            self._start_turn(batch, landing, token, aio=aio, background=chosen)
+            self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen)
             if landing.results is not None:  # landed already: every call refused, or settled in its first step
                 return landing.results
             return await landing.wait(token)

@@ -6,10 +6,10 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 
 - Each MCP connection (one stdio process, or one ``Mcp-Session-Id``) is a rho session:
   its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
-  connection ends, and its transcript of calls (``transcript.jsonl``: each call, then
-  its result, recorded as the agent loop records a model's tool calls; the file's lock
-  taken for each record only). A held call is answered once decided (``rho-actors
-  approve`` from another process: :meth:`~rho_actors.mcp.sessions.Session.decided`).
+  connection ends, and its transcript of calls (``transcript.jsonl``: each call, written
+  before it runs, then its result, synced with it before it is sent: DESIGN §6b; the
+  file's lock taken for each record only). A held call is answered once decided
+  (``rho-actors approve`` from another process: :meth:`~rho_actors.mcp.sessions.Session.decided`).
 - ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``),
   with an ``outputSchema`` for a trusted tool that has an ``output_schema()`` callback
   (:func:`output_schema`).
@@ -54,7 +54,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import copy
 import functools
 import itertools
 import json
@@ -77,18 +76,16 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST, MISSING_REQUIRED_CLIENT_CAPABILITY
 
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
-from rho_actors.declarations.arguments import MAX_VALIDATION_S, make_validator, violations
-from rho_actors.declarations.checks import output_schema_problems
 from rho_actors.declarations.formats import to_dialect
-from rho_actors.encoding import describe_exception
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.lifecycle import PendingCall
+from rho_actors.mcp.call_results import call_tool_result, output_schema
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
-from rho_actors.mcp.content import mcp_content
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
 from rho_actors.mcp.guard import HTTPGuard
 from rho_actors.mcp.sessions import (
     SESSION_META_KEY,
+    CallRecord,
     Session,
     is_modern,
     new_session_id,
@@ -98,8 +95,7 @@ from rho_actors.mcp.sessions import (
 )
 from rho_actors.mcp.stdio_lines import CheckedLines, answering_bad_lines, claimed_stdin
 from rho_actors.mcp.tasks import ServedTask, ServedTasks, as_task_call, handshake_created, up_front
-from rho_actors.results import text
-from rho_actors.tool import ToolCall, ToolResult, is_untrusted
+from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "HTTPGuard", "aserve", "build_server", "output_schema", "serve"]
 
@@ -272,91 +268,6 @@ def _input_schema(served: _Served, name: str) -> dict[str, Any] | None:
     return schema
 
 
-def output_schema(system: Any, name: str) -> dict[str, Any] | None:
-    """The ``outputSchema`` of tool ``name``: what its ``output_schema()`` returns (an
-    optional callback: a JSON Schema of an object), for a trusted tool only (an
-    untrusted tool's code is never run in this process). None without one (or when it
-    returns None), or when it is not a valid schema of an object (logged)."""
-    entry = system.tool_set().entries.get(name)
-    declare = getattr(entry.tool, "output_schema", None) if entry is not None else None
-    if entry is None or is_untrusted(entry.tool) or not callable(declare):
-        return None
-    try:
-        schema = declare()
-        if schema is None:  # declares none (an MCP server's tool without one, say)
-            return None
-        if not isinstance(schema, dict) or schema.get("type") != "object":
-            raise ValueError('an outputSchema must be a schema of an object ("type": "object")')
-        checked = _checked_output_schema(json.dumps(schema, sort_keys=True, allow_nan=False))
-        if isinstance(checked, str):
-            raise ValueError(checked)
-    except Exception as exc:
-        logger.warning("MCP: tool {!r}: its output_schema() is not served: {}", name, describe_exception(exc))
-        return None
-    return copy.deepcopy(schema)
-
-
-@functools.lru_cache(maxsize=1024)
-def _checked_output_schema(text: str) -> Any:
-    """The validator of the outputSchema whose JSON text (keys sorted) is ``text``, or why
-    it is not served: the checks and bounds of a parameter schema
-    (:func:`~rho_actors.declarations.checks.output_schema_problems`), so an upstream's
-    schema cannot make checking a result slow; its validator matches patterns with RE2
-    and is bounded in work (:func:`~rho_actors.declarations.arguments.violations`)."""
-    schema = json.loads(text)
-    problems = output_schema_problems(schema)
-    if problems:
-        return "; ".join(problems)
-    return make_validator(schema)
-
-
-def _structured(result: ToolResult) -> Any:
-    """The result's ``structuredContent``: an upstream MCP server's own, kept in its
-    details (a gateway passes it on), else the result's text as a JSON object, else None."""
-    if not result.ok:
-        return None
-    details = result.details
-    if isinstance(details, Mapping) and isinstance(details.get("structuredContent"), dict):
-        return details["structuredContent"]
-    if not result.content.startswith("{"):
-        return None
-    try:
-        value = json.loads(result.content)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _call_tool_result(result: ToolResult, schema: dict[str, Any] | None = None) -> types.CallToolResult:
-    """``result`` as MCP's ``CallToolResult``: the text, the images, and, when the text
-    is a JSON object, the same object as ``structuredContent``. With ``schema`` (the
-    tool's outputSchema) an ok result must be an object matching it, else the client
-    gets an error result saying why (MCP: structured results MUST conform)."""
-    structured = _structured(result)
-    if schema is not None and result.ok:
-        problem = "it is not a JSON object" if structured is None else None
-        if structured is not None:
-            checked = _checked_output_schema(json.dumps(schema, sort_keys=True, allow_nan=False))
-            if isinstance(checked, str):
-                problem = f"the outputSchema cannot be used: {checked[:300]}"
-            else:
-                found = violations(checked, copy.deepcopy(structured), MAX_VALIDATION_S)
-                problem = f"at {found[0][:300]}" if found else None
-        if problem is not None:
-            message = text("mcp_output_schema", tool=result.name, problem=problem)
-            return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
-    content: list[Any] = []
-    if result.blocks:
-        content.extend(mcp_content(block) for block in result.blocks if not isinstance(block, str) or block)
-    else:
-        if result.content or not result.images:
-            content.append(types.TextContent(type="text", text=result.content))
-        content.extend(mcp_content(image) for image in result.images)
-    if not content:
-        content.append(types.TextContent(type="text", text=""))
-    return types.CallToolResult(content=content, is_error=not result.ok, structured_content=structured)
-
-
 def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[str] = (),
                  max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES, guard: HTTPGuard | None = None) -> Server[Any]:
     """The SDK ``Server`` serving ``system``'s tools (run it with :func:`aserve`, or
@@ -364,7 +275,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     tools not served; ``guard`` the HTTP endpoint's :class:`HTTPGuard` (its rho
     sessions of absent clients are stopped)."""
     served = _Served(system, tuple(withheld), max_argument_bytes, guard)
-    served.tasks = ServedTasks(system.task_registry, _call_tool_result)
+    served.tasks = ServedTasks(system.task_registry, call_tool_result)
     listeners = guard.max_sessions if guard is not None else _STDIO_LISTENERS
     if guard is not None:
         guard.rho_sessions = lambda: len(served.sessions)
@@ -529,12 +440,11 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     if task is not None:
         bound.task_input = served.tasks.asking(task)  # type: ignore[union-attr]
     bind(*key, bound)
-    call, step = ToolCall(call_id, params.name, arguments), next(session.steps)
-    await anyio.to_thread.run_sync(session.record, call, None, step)
+    record = await session.begin(ToolCall(call_id, params.name, arguments))  # recorded before it runs
     session.calls += 1
     results: list[ToolResult] = []
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
-        results = await _run_call(served, session, call, step, task is not None)
+        results = await _run_call(served, session, record, task is not None)
     finally:
         session.calls -= 1
         session.used = time.monotonic()
@@ -556,18 +466,20 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
         assert served.tasks is not None
         created = await anyio.to_thread.run_sync(served.tasks.created, task, results[0], said)
         return created if modern else handshake_created(results[0], created)
-    answer = _call_tool_result(results[0], output_schema(served.system, params.name))
+    answer = call_tool_result(results[0], output_schema(served.system, params.name))
     return answer.model_copy(update={"meta": said}) if said is not None else answer
 
 
-async def _run_call(served: _Served, session: Session, call: ToolCall, step: int, as_task: bool) -> list[ToolResult]:
-    """``call``'s turn's results, recorded; a held call (recorded ``pending`` by the loop's
-    approvals), not a task, is answered once decided (:meth:`Session.decided`)."""
-    results: list[ToolResult] = await session.loop.arun_turn([call], background=as_task)
+async def _run_call(served: _Served, session: Session, record: CallRecord, as_task: bool) -> list[ToolResult]:
+    """The results of ``record``'s call's turn, recorded (synced with the call's own
+    record: DESIGN §6b "The served transcript"); a held call (recorded ``pending`` by the
+    loop's approvals), not a task, is answered once decided (:meth:`Session.decided`)."""
+    results: list[ToolResult] = await session.loop.arun_turn([record.call], background=as_task,
+                                                             on_result=record.settled)
     details = results[0].details  # a held call's PendingCall: in a task's acknowledgement too
     held = details.get("pending") if isinstance(details, Mapping) else None
     if not isinstance(held, PendingCall):
-        await anyio.to_thread.run_sync(session.record, call, results[0], step)
+        await record.end(results[0])
     elif not as_task:
         results = [await session.decided(held, results[0], served.system.data_dir)]
     return results

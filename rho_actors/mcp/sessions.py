@@ -40,11 +40,12 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import Transcript, TranscriptError
+from rho_actors.isolation.thread import on_call_thread
 from rho_actors.lifecycle import PendingCall
 from rho_actors.loop.decisions import ApprovalError
 from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["PRINCIPAL_KEY", "SESSION_META_KEY", "Session", "SessionGone", "is_modern", "new_session_id",
+__all__ = ["PRINCIPAL_KEY", "SESSION_META_KEY", "CallRecord", "Session", "SessionGone", "is_modern", "new_session_id",
            "principal_of", "session_handle", "session_unknown"]
 
 SESSION_META_KEY = "rho-actors/session"
@@ -170,17 +171,61 @@ class Session:
             return waiting
         return result
 
+    async def begin(self, call: ToolCall) -> CallRecord:
+        """``call``'s record in the transcript, appended before it runs (written, not
+        synced, in a worker thread): what records its result (:class:`CallRecord`)."""
+        record = CallRecord(self, call, next(self.steps))
+        await anyio.to_thread.run_sync(self.record, call, None, record.step)
+        return record
+
     def record(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
-        """Append ``call`` (``result`` None) or its result to the session's transcript,
-        in a worker thread (each record is fsync-ed). A transcript that cannot be
-        written is logged, never the call's failure."""
+        """Append ``call``'s record (``result`` None: before it runs; written, not synced)
+        or its result's (synced: one ``fdatasync`` makes both durable) to the session's
+        transcript, in a thread that is not the serving event loop's. A transcript that
+        cannot be written is logged, never the call's failure."""
+        with self.writing:
+            self._append(call, result, step)
+
+    def record_here(self, call: ToolCall, result: ToolResult, step: int) -> bool:
+        """:meth:`record` ``result`` in this thread unless another holds the transcript
+        (a decision being journaled in it): then returns False at once."""
+        if not self.writing.acquire(blocking=False):
+            return False
+        try:
+            self._append(call, result, step)
+        finally:
+            self.writing.release()
+        return True
+
+    def _append(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
         if self.transcript is None:
             return
         try:
-            with self.writing:
-                if result is None:
-                    self.transcript.reply(step, Reply(tool_calls=(call,)))
-                else:
-                    self.transcript.result(step, 0, result)
+            if result is None:
+                self.transcript.reply(step, Reply(tool_calls=(call,)), sync=False)
+            else:
+                self.transcript.result(step, 0, result)
         except (OSError, ValueError, TranscriptError) as exc:  # busy past RECORD_WAIT_S, or replaced meanwhile
             logger.warning("MCP session {}: transcript not written: {}", self.loop.session_id, exc)
+
+
+@dataclass(slots=True, eq=False)
+class CallRecord:
+    """A served call's records (:meth:`Session.begin`): its result is recorded by the
+    call's own thread as it settles (:meth:`settled`, the turn's ``on_result``: no thread
+    hop, the ``fdatasync`` before the result is sent), else by :meth:`end` in a worker
+    thread (a result settled on the event loop, by a deadline, or a refusal)."""
+
+    session: Session
+    call: ToolCall
+    step: int
+    done: bool = False
+
+    def settled(self, index: int, result: ToolResult) -> None:
+        """The turn's ``on_result``: record ``result`` here when this is the call's thread."""
+        self.done = on_call_thread() and self.session.record_here(self.call, result, self.step)
+
+    async def end(self, result: ToolResult) -> None:
+        """Record ``result`` unless :meth:`settled` did."""
+        if not self.done:
+            await anyio.to_thread.run_sync(self.session.record, self.call, result, self.step)

@@ -1,0 +1,193 @@
+"""What ``mcp serve`` records of a call in its session's transcript, and when (DESIGN §6b
+"The served transcript"): the call's record is written before its tool runs (so a host
+killed with ``kill -9`` while it runs keeps it), and it and the result are synced by one
+``fdatasync`` before the client gets the result, never on the serving event loop. The
+SDK's own client against :func:`rho_actors.mcp.aserve` over HTTP on loopback, in both
+protocol eras, with a sync and an ``async`` tool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from rho_actors import ActorSystem, tool
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
+from rho_actors.mcp import HTTPGuard, aserve
+from rho_actors.mcp.sessions import SESSION_META_KEY
+from tests.conftest import WAIT_S, wait_for
+from tests.mcp_fixtures import served_tools
+
+TOKEN = "a-test-token-of-32-characters-xx"
+CALLS = 5
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _recorded_before_it_ran(ctx: dict[str, Any]) -> bool:
+    """Whether the transcript's last record is the call's own, as its tool starts."""
+    records = _records(Path(ctx["data_dir"]) / TRANSCRIPT_NAME)
+    return records[-1]["type"] == "reply" and [c["id"] for c in records[-1]["tool_calls"]] == [ctx["call_id"]]
+
+
+@tool
+def seen_sync(ctx: dict[str, Any]) -> bool:
+    """Whether this call was recorded before it ran (a sync tool, on a call thread)."""
+    return _recorded_before_it_ran(ctx)
+
+
+@tool
+async def seen_async(ctx: dict[str, Any]) -> bool:
+    """Whether this call was recorded before it ran (an async tool, on the event loop)."""
+    return _recorded_before_it_ran(ctx)
+
+
+class _Syncs:
+    """``os.fdatasync`` of transcripts counted, with the threads that made them."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self._real = os.fdatasync
+
+    def __call__(self, fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(TRANSCRIPT_NAME):
+            self.threads.append(threading.current_thread())
+        self._real(fd)
+
+
+@contextlib.contextmanager
+def _served(system: ActorSystem) -> Iterator[tuple[str, threading.Thread]]:
+    """``system`` served over HTTP from a thread of its own: its URL and that thread."""
+    ready = threading.Event()
+    loops: list[asyncio.AbstractEventLoop] = []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+
+    async def run() -> None:
+        loops.append(asyncio.get_running_loop())
+        ready.set()
+        await aserve(system, http=("127.0.0.1", port), guard=HTTPGuard(TOKEN))
+
+    def target() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(run())
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    assert ready.wait(WAIT_S)
+    assert wait_for(lambda: _listening(port))
+    try:
+        yield f"http://127.0.0.1:{port}/mcp", thread
+    finally:
+        loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
+        thread.join(WAIT_S)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.asynccontextmanager
+async def _client(url: str, mode: str) -> AsyncIterator[Client]:
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"})
+    async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+        yield client
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+@pytest.mark.parametrize("name", ["seen_sync", "seen_async"])
+def test_a_served_call_is_recorded_before_it_runs_and_synced_once_with_its_result_before_the_client_has_it(
+        system: ActorSystem, monkeypatch: pytest.MonkeyPatch, mode: str, name: str) -> None:
+    system.register(seen_sync)
+    system.register(seen_async)
+    syncs = _Syncs()
+    monkeypatch.setattr(os, "fdatasync", syncs)
+    with _served(system) as (url, serving):
+        async def main() -> None:
+            async with _client(url, mode) as client:
+                meta: Any = None
+                for i in range(CALLS):
+                    with anyio.fail_after(WAIT_S):
+                        result = await client.call_tool(name, {}, meta=meta)
+                    assert not result.is_error and [b.text for b in result.content] == ["true"], result  # type: ignore[union-attr]
+                    handle = (result.meta or {}).get(SESSION_META_KEY)
+                    meta = {SESSION_META_KEY: handle} if handle is not None else None
+                    # the client has the result: the call and its result are on disk, synced
+                    [folder] = (system.data_dir / "sessions").iterdir()
+                    records = _records(folder / TRANSCRIPT_NAME)
+                    assert [r["type"] for r in records] == ["reply", "result"] * (i + 1)
+                    assert records[-1]["call_id"] == records[-2]["tool_calls"][0]["id"] and records[-1]["ok"]
+                    assert len(syncs.threads) == i + 1  # one fdatasync a call
+
+        anyio.run(main)
+    assert serving not in syncs.threads  # no file work on the serving event loop's thread
+
+
+def test_a_call_running_when_its_host_is_killed_with_kill_9_stays_in_the_transcript_as_interrupted(
+        tmp_path: Path) -> None:
+    """``rho-actors mcp serve`` killed with SIGKILL while a call runs: the transcript
+    keeps the call's record (written before it ran; the kernel has it), read back as an
+    interrupted call (``cancelled``, never run again)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {**os.environ, "RHO_MCP_TOKEN": TOKEN}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", served_tools.__file__, "--http",
+         f"127.0.0.1:{port}", "--data-dir", str(tmp_path), "--unconfined"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: _listening(port) or server.poll() is not None) and server.poll() is None
+
+        async def main() -> None:
+            running = anyio.Event()
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                running.set()
+
+            async with _client(f"http://127.0.0.1:{port}/mcp", "legacy") as client, \
+                    anyio.create_task_group() as tasks:
+                async def call() -> None:
+                    with contextlib.suppress(Exception):  # its connection dies with the server
+                        await client.call_tool("wait_for_cancel", {"hold_s": 15}, progress_callback=on_progress)
+
+                tasks.start_soon(call)
+                with anyio.fail_after(WAIT_S):
+                    await running.wait()  # the tool runs
+                server.send_signal(signal.SIGKILL)
+                await anyio.to_thread.run_sync(server.wait, WAIT_S)
+                tasks.cancel_scope.cancel()
+
+        anyio.run(main)
+    finally:
+        server.kill()
+        server.wait(WAIT_S)
+    [folder] = (tmp_path / "sessions").iterdir()
+    history = load(folder / TRANSCRIPT_NAME)
+    assert [(r.name, r.error_kind) for _, _, r in history.pending] == [("wait_for_cancel", "cancelled")]
+    assert not (folder / "finished").exists()
