@@ -71,12 +71,19 @@ def test_a_gateway_clients_task_follows_the_upstreams_task(system: ActorSystem, 
                                inputResponses={"name": {"action": "accept", "content": {"name": "Ada"}}})
                 answered = await _ended(session, asking)
                 seen["answered"] = (answered["status"], answered["result"]["content"][0]["text"])
+                named, _ = await _create(client, "ask_who", {"key": "approval"})  # rho's own key, asked upstream
+                with anyio.fail_after(WAIT_S):
+                    while (await _request(session, "tasks/get", taskId=named))["status"] == "working":
+                        await anyio.sleep(0.05)
+                await _request(session, "tasks/update", taskId=named,
+                               inputResponses={"approval": {"action": "accept", "content": {"name": "Bo"}}})
+                seen["approval_key"] = (await _ended(session, named))["result"]["content"][0]["text"]
             return seen
 
         seen = anyio.run(main)
     assert seen == {"done": ("completed", "computed after 0.2 s"), "working": "working", "cancelled": "cancelled",
                     "asked": ("input_required", {"name": "elicitation/create"}, "Your name?"),
-                    "answered": ("completed", "Hello, Ada!")}
+                    "answered": ("completed", "Hello, Ada!"), "approval_key": "Hello, Bo!"}
     assert (tmp_path / "task-1").read_text() == "slow_compute"  # each call ran as the upstream's task
     assert wait_for((tmp_path / "cancelled").exists) and (tmp_path / "cancelled").read_text() == "task-2"
     assert (tmp_path / "answered-task-3").read_text() == "{'action': 'accept', 'content': {'name': 'Ada'}}"

@@ -371,9 +371,10 @@ class ServedTasks:
             if info.status not in OPEN or not served.asked:
                 raise MCPError(INVALID_PARAMS, f"task {params.task_id} is {info.status}, not input_required: it "
                                                "asks for no input", {"taskId": params.task_id, "status": info.status})
-            decision = params.input_responses.get(APPROVAL_KEY) if APPROVAL_KEY in served.asked else None
+            held = served.approval is not None  # its "approval" question is rho's (else a tool's, an upstream's)
+            decision = params.input_responses.get(APPROVAL_KEY) if held and APPROVAL_KEY in served.asked else None
             for key, answer in params.input_responses.items():
-                if key in served.asked and isinstance(answer, dict) and key != APPROVAL_KEY:  # others: ignored
+                if key in served.asked and isinstance(answer, dict) and not (held and key == APPROVAL_KEY):
                     served.answers[key] = answer
                     del served.asked[key]
             self._woken.notify_all()

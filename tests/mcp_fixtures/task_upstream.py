@@ -3,7 +3,8 @@ built with the official SDK's ``MCPServer`` and its extension interface (the SDK
 no tasks implementation of its own): for a client that declares the extension,
 ``slow_compute`` and ``failing_job`` calls become tasks (a flat ``CreateTaskResult``),
 followed with ``tasks/get`` and stopped with ``tasks/cancel``; ``ask_who``'s task is
-``input_required`` (key ``name``, an elicitation) until ``tasks/update`` answers it;
+``input_required`` (an elicitation under its ``key`` argument, ``name`` by default) until
+``tasks/update`` answers it;
 ``greet`` stays a plain call. Usage: task_upstream.py MARKS_DIR (it writes ``task-<n>`` when it creates a task,
 ``cancelled`` when one is cancelled). For ``tests/test_mcp_modern_upstream.py``."""
 
@@ -50,6 +51,7 @@ class Tasks(Extension):
         self.state: dict[str, dict[str, Any]] = {}
         self.ids = itertools.count(1)
         self.slow_polls: dict[str, bool] = {}  # a task whose tasks/get answers take 5 s (slow_polls)
+        self.keys: dict[str, str] = {}  # ask_who's task -> the key of its question
         self.answers: dict[str, asyncio.Future[Any]] = {}  # ask_who's task -> its answer
 
     def methods(self) -> list[MethodBinding]:
@@ -66,10 +68,11 @@ class Tasks(Extension):
         self.state[task_id] = {"taskId": task_id, "status": "working", "createdAt": _now(), "lastUpdatedAt": _now(),
                                "ttlMs": 60_000, "pollIntervalMs": 50}
         self.slow_polls[task_id] = params.name == "slow_polls"
+        self.keys[task_id] = str((params.arguments or {}).get("key", "name"))
 
         async def asked() -> dict[str, Any]:
             answer = self.answers[task_id] = asyncio.get_running_loop().create_future()
-            self.state[task_id].update(status="input_required", inputRequests={"name": _ASK_NAME},
+            self.state[task_id].update(status="input_required", inputRequests={self.keys[task_id]: _ASK_NAME},
                                        lastUpdatedAt=_now())
             said = await answer
             self.state[task_id].pop("inputRequests")
@@ -103,10 +106,11 @@ class Tasks(Extension):
 
     async def update(self, ctx: Any, params: UpdateParams) -> dict[str, Any]:
         answer = self.answers.get(params.task_id)
-        if self._known(params)["status"] == "input_required" and "name" in params.input_responses and (
+        key = self.keys.get(params.task_id, "name")
+        if self._known(params)["status"] == "input_required" and key in params.input_responses and (
                 answer is not None and not answer.done()):
-            (MARKS / f"answered-{params.task_id}").write_text(str(params.input_responses["name"]))
-            answer.set_result(params.input_responses["name"])
+            (MARKS / f"answered-{params.task_id}").write_text(str(params.input_responses[key]))
+            answer.set_result(params.input_responses[key])
         return {"resultType": "complete"}
 
     async def cancel(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
@@ -139,8 +143,8 @@ async def slow_polls(seconds: float) -> str:
 
 
 @server.tool()
-async def ask_who() -> str:
-    """Ask the client's name within the task (``input_required``), then greet."""
+async def ask_who(key: str = "name") -> str:
+    """Ask the client's name within the task (``input_required``, under ``key``), then greet."""
     return "never run: its task asks through tasks/get"
 
 
