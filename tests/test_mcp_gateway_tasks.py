@@ -61,6 +61,10 @@ def test_a_gateway_clients_task_follows_the_upstreams_task(system: ActorSystem, 
                 seen["working"] = (await _request(session, "tasks/get", taskId=slow))["status"]
                 await _request(session, "tasks/cancel", taskId=slow)
                 seen["cancelled"] = (await _ended(session, slow))["status"]
+                with anyio.fail_after(WAIT_S):  # the upstream's task cancelled too
+                    while not (tmp_path / "cancelled").exists():
+                        await anyio.sleep(0.05)
+                seen["upstream_cancelled"] = (tmp_path / "cancelled").read_text()
                 asking, _ = await _create(client, "ask_who", {})
                 with anyio.fail_after(WAIT_S):
                     while (waiting := await _request(session, "tasks/get", taskId=asking))["status"] == "working":
@@ -78,14 +82,24 @@ def test_a_gateway_clients_task_follows_the_upstreams_task(system: ActorSystem, 
                 await _request(session, "tasks/update", taskId=named,
                                inputResponses={"approval": {"action": "accept", "content": {"name": "Bo"}}})
                 seen["approval_key"] = (await _ended(session, named))["result"]["content"][0]["text"]
+                left, _ = await _create(client, "ask_who", {})  # cancelled while its question waits
+                with anyio.fail_after(WAIT_S):
+                    while (await _request(session, "tasks/get", taskId=left))["status"] == "working":
+                        await anyio.sleep(0.05)
+                await _request(session, "tasks/cancel", taskId=left)
+                seen["left"] = (await _ended(session, left))["status"]
+                with anyio.fail_after(WAIT_S):
+                    while not (tmp_path / "cancelled").exists() or (tmp_path / "cancelled").read_text() != "task-5":
+                        await anyio.sleep(0.05)
             return seen
 
         seen = anyio.run(main)
     assert seen == {"done": ("completed", "computed after 0.2 s"), "working": "working", "cancelled": "cancelled",
+                    "upstream_cancelled": "task-2",
                     "asked": ("input_required", {"name": "elicitation/create"}, "Your name?"),
-                    "answered": ("completed", "Hello, Ada!"), "approval_key": "Hello, Bo!"}
+                    "answered": ("completed", "Hello, Ada!"), "approval_key": "Hello, Bo!", "left": "cancelled"}
     assert (tmp_path / "task-1").read_text() == "slow_compute"  # each call ran as the upstream's task
-    assert wait_for((tmp_path / "cancelled").exists) and (tmp_path / "cancelled").read_text() == "task-2"
+    assert not (tmp_path / "answered-task-5").exists()  # the question left unanswered, its task cancelled
     assert (tmp_path / "answered-task-3").read_text() == "{'action': 'accept', 'content': {'name': 'Ada'}}"
 
 

@@ -97,6 +97,7 @@ MIN_POLL_S = 0.05
 MAX_TASK_QUESTIONS = 64
 """The most questions an upstream's ``input_required`` task may ask at once (its ``inputRequests``)."""
 _OPEN_TASK = ("working", "input_required")
+_MAX_KEY_CHARS = 256  # the longest key of an upstream task's question
 _RAW: Any = TypeAdapter(dict[str, Any])  # a result as JSON (the SDK's parameter is typed for models)
 _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
     types.CallToolResult | types.InputRequiredResult)
@@ -561,16 +562,18 @@ class MCPServer:
         sent so far, which a server may still show until it took them) asked of the
         call's client, and the answers sent with ``tasks/update``; the rounds this took (0
         or 1). A question that is not an MCP request (elicitation, sampling, roots), over
-        :data:`MAX_TASK_QUESTIONS` at once, or past :data:`MAX_INPUT_ROUNDS` rounds ends
+        :data:`MAX_TASK_QUESTIONS` at once, keyed over 256 characters, or past
+        :data:`MAX_INPUT_ROUNDS` rounds ends
         the call (``mcp_input_unanswered``)."""
         raw = status.get("inputRequests")
         fresh = {k: v for k, v in raw.items() if k not in answered} if isinstance(raw, dict) else {}
         if not fresh:
             return 0
-        if len(fresh) > MAX_TASK_QUESTIONS or rounds >= MAX_INPUT_ROUNDS:
+        if len(fresh) > MAX_TASK_QUESTIONS or rounds >= MAX_INPUT_ROUNDS or any(
+                len(key) > _MAX_KEY_CHARS for key in fresh):
             raise _fails("mcp_input_unanswered", label, server=self.name,
-                         reason=f"its task asked more than {MAX_TASK_QUESTIONS} questions at once, or in more than "
-                                f"{MAX_INPUT_ROUNDS} rounds")
+                         reason=f"its task asked more than {MAX_TASK_QUESTIONS} questions at once, in more than "
+                                f"{MAX_INPUT_ROUNDS} rounds, or under a key over {_MAX_KEY_CHARS} characters")
         try:
             asked = types.InputRequiredResult.model_validate({"inputRequests": fresh}).input_requests or {}
         except ValidationError:
