@@ -57,7 +57,9 @@ def test_a_gateway_clients_task_follows_the_upstreams_task(system: ActorSystem, 
                 done = await _ended(session, quick)
                 seen["done"] = (done["status"], done["result"]["content"][0]["text"])
                 slow, _ = await _create(client, "slow_compute", {"seconds": 60})
-                assert wait_for((tmp_path / "task-2").exists)  # the upstream made its task
+                # the gateway follows the upstream's task (a cancel before its CreateTaskResult came
+                # back would abandon the tools/call, and the task with it: DESIGN mcp)
+                assert wait_for((tmp_path / "polled-task-2").exists)
                 seen["working"] = (await _request(session, "tasks/get", taskId=slow))["status"]
                 await _request(session, "tasks/cancel", taskId=slow)
                 seen["cancelled"] = (await _ended(session, slow))["status"]

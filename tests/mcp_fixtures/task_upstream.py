@@ -6,7 +6,8 @@ followed with ``tasks/get`` and stopped with ``tasks/cancel``; ``ask_who``'s tas
 ``input_required`` (an elicitation under its ``key`` argument, ``name`` by default) until
 ``tasks/update`` answers it;
 ``greet`` stays a plain call. Usage: task_upstream.py MARKS_DIR (it writes ``task-<n>`` when it creates a task,
-``cancelled`` when one is cancelled). For ``tests/test_mcp_modern_upstream.py``."""
+``polled-task-<n>`` when its ``tasks/get`` comes, ``cancelled`` when one is cancelled).
+For ``tests/test_mcp_modern_upstream.py`` and ``tests/test_mcp_gateway_tasks.py``."""
 
 import asyncio
 import itertools
@@ -100,6 +101,7 @@ class Tasks(Extension):
         return self.state[params.task_id]
 
     async def get(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
+        (MARKS / f"polled-{params.task_id}").touch()  # its client follows it
         if self.slow_polls.get(params.task_id):
             await anyio.sleep(5)  # a poll still unanswered at the caller's deadline
         return {"resultType": "complete", **self._known(params)}
