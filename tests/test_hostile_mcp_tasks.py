@@ -44,15 +44,23 @@ for n, (method, params) in enumerate(calls):
     body = {"jsonrpc": "2.0", "id": n + 1, "method": method, "params": params}
     headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json",
                "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
-               "Mcp-Method": method, "Mcp-Name": params["taskId"]}
+               "Mcp-Method": method}
+    if "taskId" in params:
+        headers["Mcp-Name"] = params["taskId"]
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    data, text = [], ""
     try:
         with urllib.request.urlopen(request, timeout=WAIT_S) as answer:
-            text = answer.read().decode()
+            for raw in answer:  # up to the answer, or a listen stream's acknowledgement (it stays open)
+                line = raw.decode()
+                text += line
+                if line.startswith("data:") and line[5:].strip():
+                    data.append(line[5:].strip())
+                    if "id" in json.loads(data[-1]) or "subscriptions/acknowledged" in data[-1]:
+                        break
     except urllib.error.HTTPError as refused:
         text = refused.read().decode()
-    said.append([line[5:].strip() for line in text.splitlines() if line.startswith("data:") and line[5:].strip()]
-                or [text])
+    said.append(data or [text])
 print(json.dumps(said))
 """
 
@@ -115,6 +123,31 @@ def test_another_principal_naming_a_task_is_answered_as_for_an_unknown_id_and_ch
     assert after["slow"] == "working"  # not cancelled
     assert after["asking"]["status"] == "input_required" and set(after["asking"]["inputRequests"]) == {"sure"}
     assert after["answered"] == "accept: sure=True"  # the intruder's answer was not taken
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or SYSTEM_PYTHON is None,
+                    reason="a second client of another uid needs root to start, and a system python3")
+def test_another_principal_listening_for_a_task_hears_nothing_of_it(system: ActorSystem) -> None:
+    """A ``subscriptions/listen`` naming another principal's task acknowledges it as it
+    acknowledges an unknown id (left out: no existence oracle), so no notifications/tasks
+    of it go to that stream."""
+    system.register(task_tools.crawl)
+    unknown = "t_" + "0" * 32
+    with _served_http(system) as (url, _guard):
+        async def main() -> list[dict[str, Any]]:
+            with anyio.fail_after(WAIT_S * 3):
+                async with _http_client(url, "2026-07-28", extensions=[Tasks()]) as client:
+                    slow, _ = await _create(client, "crawl", {"seconds": 60})
+                    calls: list[tuple[str, dict[str, Any]]] = [
+                        ("subscriptions/listen", {"notifications": {"taskIds": [task_id], "toolsListChanged": True}})
+                        for task_id in (slow, unknown)]
+                    said = await anyio.to_thread.run_sync(_intrude, url, calls)
+                    await _request(client.session, "tasks/cancel", taskId=slow)
+                    return said
+
+        said = anyio.run(main)
+    assert [a["method"] for a in said] == ["notifications/subscriptions/acknowledged"] * 2, said
+    assert said[0]["params"]["notifications"] == said[1]["params"]["notifications"] == {"toolsListChanged": True}
 
 
 def test_task_ids_are_128_random_bits(system: ActorSystem) -> None:

@@ -6,6 +6,7 @@ background task: the system's registry lists it, its record is in the session's 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ from mcp.client.client import Client
 from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim, advertise
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from pydantic import TypeAdapter
+from pydantic import ConfigDict, TypeAdapter
+from pydantic.alias_generators import to_camel
 
 from rho_actors import ActorSystem, ToolCall, tool
 from rho_actors.mcp.tasks import EXTENSION, RELATED_TASK
@@ -304,3 +306,118 @@ def test_a_handshake_era_client_is_told_each_change_of_its_task_s_status(tmp_pat
 
     task_id = anyio.run(main)
     assert told[-1] == (task_id, "completed")
+
+
+class _Status(types.NotificationParams):
+    """``notifications/tasks`` as a 2026-07-28 client of the SDK binds it (a ``DetailedTask``)."""
+
+    model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True)
+    task_id: str
+    status: str
+
+
+class Followed(Tasks):
+    """:class:`Tasks` with ``notifications/tasks`` bound: each one put in ``heard``."""
+
+    def __init__(self) -> None:
+        self.heard: list[_Status] = []
+        self.changed = anyio.Event()
+
+    def notifications(self) -> list[NotificationBinding[Any]]:
+        async def hear(status: _Status) -> None:
+            self.heard.append(status)
+            self.changed.set()
+
+        return [NotificationBinding(method="notifications/tasks", params_type=_Status, handler=hear)]
+
+    async def next(self, status: str) -> _Status:
+        """The first notification heard of ``status`` (waiting for it)."""
+        with anyio.fail_after(WAIT_S):
+            while not any(n.status == status for n in self.heard):
+                self.changed = anyio.Event()
+                await self.changed.wait()
+        return next(n for n in self.heard if n.status == status)
+
+
+async def _followed_to_its_end(client: Client, told: Followed, acked: list[types.SubscriptionFilter]) -> Any:
+    """Create a ``confirm`` task, listen to it (and to an id the server does not know),
+    answer its question when told it is input_required; what the client heard."""
+    assert client.protocol_version == "2026-07-28"
+    task_id, _ = await _create(client, "confirm", {"path": "/tmp/y"})
+    unknown = "t_" + "0" * 32
+    async with anyio.create_task_group() as listening:
+        listening.start_soon(functools.partial(_request, client.session, "subscriptions/listen",
+                                               notifications={"taskIds": [task_id, unknown]}))
+        asked = await told.next("input_required")
+        await _request(client.session, "tasks/update", taskId=task_id,
+                       inputResponses={key: {"action": "accept", "content": {"sure": True}}
+                                       for key in (asked.model_extra or {})["inputRequests"]})
+        done = await told.next("completed")
+        listening.cancel_scope.cancel()  # the client ends its stream
+    extra = done.model_extra or {}
+    return {"acked": [f.model_extra for f in acked], "ids": {n.task_id for n in told.heard},
+            "subscription": {(n.meta or {}).get("io.modelcontextprotocol/subscriptionId") for n in told.heard},
+            "asked": sorted((asked.model_extra or {})["inputRequests"]),
+            "result": extra["result"]["content"][0]["text"], "last": told.heard[-1].status,
+            "known": task_id}
+
+
+def _acks(acked: list[types.SubscriptionFilter]) -> Any:
+    async def handle(message: Any) -> None:
+        if isinstance(message, types.SubscriptionsAcknowledgedNotification):
+            acked.append(message.params.notifications)
+
+    return handle
+
+
+def _heard_as_expected(heard: dict[str, Any]) -> None:
+    assert heard["acked"] == [{"taskIds": [heard["known"]]}]  # the unknown id left out
+    assert heard["ids"] == {heard["known"]}  # nothing of another task
+    [subscription] = heard["subscription"]  # every frame stamped with the listen request's id
+    assert subscription is not None
+    assert heard["asked"] == ["sure"] and heard["result"] == "accept: sure=True" and heard["last"] == "completed"
+
+
+def test_http_a_2026_client_hears_its_tasks_on_its_listen_stream(system: ActorSystem) -> None:
+    system.register(task_tools.confirm)
+    told, acked = Followed(), list[types.SubscriptionFilter]()
+    with _served_http(system) as (url, _guard):
+        async def main() -> Any:
+            async with _http_client(url, "auto", extensions=[told], message_handler=_acks(acked)) as client:
+                return await _followed_to_its_end(client, told, acked)
+
+        _heard_as_expected(anyio.run(main))
+
+
+def test_stdio_a_2026_client_hears_its_tasks_on_its_listen_stream(tmp_path: Path) -> None:
+    params = StdioServerParameters(command=sys.executable, args=[
+        "-m", "rho_actors.cli", "mcp", "serve", "--tools", TOOLS, "--data-dir", str(tmp_path)], env={**os.environ})
+    told, acked = Followed(), list[types.SubscriptionFilter]()
+
+    async def main() -> Any:
+        with anyio.fail_after(WAIT_S * 3):
+            async with Client(params, extensions=[told], message_handler=_acks(acked),
+                              elicitation_callback=_elicited) as client:
+                return await _followed_to_its_end(client, told, acked)
+
+    _heard_as_expected(anyio.run(main))
+
+
+def test_listening_for_tasks_needs_the_extension_and_few_short_ids(system: ActorSystem) -> None:
+    with _served_http(system) as (url, _guard):
+        async def main() -> dict[str, Any]:
+            said: dict[str, Any] = {}
+            async with _http_client(url, "2026-07-28") as plain:
+                said["undeclared"] = await _code(_request(plain.session, "subscriptions/listen",
+                                                          notifications={"taskIds": ["t_1"]}))
+            async with _http_client(url, "2026-07-28", extensions=[Tasks()]) as client:
+                said["many"] = await _code(_request(client.session, "subscriptions/listen",
+                                                    notifications={"taskIds": [f"t_{n}" for n in range(257)]}))
+                said["long"] = await _code(_request(client.session, "subscriptions/listen",
+                                                    notifications={"taskIds": ["t" * 257]}))
+            return said
+
+        said = anyio.run(main)
+    assert said["undeclared"][0] == types.MISSING_REQUIRED_CLIENT_CAPABILITY and EXTENSION in said["undeclared"][1]
+    assert said["many"][0] == types.INVALID_PARAMS and "at most 256 task ids" in said["many"][1]
+    assert said["long"][0] == types.INVALID_PARAMS

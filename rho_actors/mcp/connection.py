@@ -76,6 +76,7 @@ class Link:
     last_error: str | None = None
     server_info: dict[str, Any] | None = None  # the last connection's serverInfo (name, version...)
     protocol_version: str | None = None  # the last connection's protocol version (2026-07-28, 2025-11-25...)
+    tasks: bool = False  # whether the last connection's server advertised the tasks extension (SEP-2663)
     given_up: str | None = None  # why its supervisor gave up on it (past the restart intensity)
     listeners: dict[int, Any] = field(default_factory=dict)  # calls in flight -> their MCP client (log relay)
     renew: Any = None  # ends the live connection at once (its session unknown to the server): a callable
@@ -218,6 +219,7 @@ class MCPConnection(Actor):
             with self._link.lock:
                 self._link.connections += 1
                 self._link.protocol_version = session.protocol_version
+                self._link.tasks = _advertises_tasks(session)
                 self._link.server_info = shown_info(info.model_dump(mode="json", exclude_none=True)) if info else {}
             aloop = asyncio.get_running_loop()
             self._link.renew = lambda: aloop.call_soon_threadsafe(renew_now)
@@ -316,6 +318,13 @@ async def _relay(read: Any, send: Any, ended: asyncio.Event, wake: asyncio.Event
     finally:
         ended.set()
         wake.set()
+
+
+def _advertises_tasks(session: ClientSession) -> bool:
+    """Whether the server advertised the tasks extension (``capabilities.extensions``)."""
+    capabilities = session.server_capabilities
+    extensions = getattr(capabilities, "extensions", None)
+    return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
 
 
 async def _negotiate(session: ClientSession, mode: str) -> None:

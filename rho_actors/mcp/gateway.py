@@ -395,6 +395,10 @@ class _Served:
         """The upstream's ``idempotentHint``, when its table trusts the hints."""
         return self._tool.idempotent()
 
+    def background(self) -> Any:
+        """``"optional"`` when the upstream serves tasks (a client's task follows the upstream's)."""
+        return self._tool.background()
+
     def __repr__(self) -> str:
         return f"<{self._served!r}: {self._tool!r}>"
 

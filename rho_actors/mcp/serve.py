@@ -34,7 +34,8 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 - A change of the system's tool set (a source's scan, ``unregister``: the registry's
   :class:`~rho_actors.ToolSetChanged` event, no polling) sends
   ``notifications/tools/list_changed`` to every connection (changes close together are
-  announced once).
+  announced once), and to each 2026-07-28 client's ``subscriptions/listen`` stream, which
+  also carries ``notifications/tasks`` of the tasks it names (:mod:`rho_actors.mcp.listen`).
 - Over HTTP an :class:`~rho_actors.mcp.guard.HTTPGuard` stands in front (a bearer
   token, session caps per client and in all, an idle timeout). A rho session whose
   client has had no open connection for ``client_gone_s`` and that runs no call is
@@ -71,7 +72,7 @@ from mcp.server.caching import CacheHint
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.stdio import stdio_server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST, MISSING_REQUIRED_CLIENT_CAPABILITY
 
@@ -83,6 +84,7 @@ from rho_actors.mcp.call_results import call_tool_result, output_schema
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
 from rho_actors.mcp.guard import HTTPGuard
+from rho_actors.mcp.listen import Listening
 from rho_actors.mcp.sessions import (
     SESSION_META_KEY,
     CallRecord,
@@ -333,8 +335,9 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
         server = _Server(name, lifespan=lifespan, on_list_tools=list_tools, on_call_tool=call_tool,
                          on_set_logging_level=_set_level, on_list_prompts=_no_prompts, on_list_resources=_no_resources,
                          on_list_resource_templates=_no_templates, on_read_resource=_no_resource,
-                         on_subscriptions_listen=ListenHandler(served.bus, max_subscriptions=listeners,
-                                                               max_buffered_events=_LISTEN_BACKLOG),
+                         on_subscriptions_listen=Listening(
+                             served.bus, served.tasks, principal_of, max_streams=listeners, backlog=_LISTEN_BACKLOG,
+                             max_streams_per_client=guard.max_sessions_per_client if guard else listeners),
                          cache_hints={"tools/list": LIST_CACHE_HINT, "prompts/list": _NONE_CACHE_HINT,
                                       "resources/list": _NONE_CACHE_HINT,
                                       "resources/templates/list": _NONE_CACHE_HINT})

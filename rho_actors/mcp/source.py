@@ -66,7 +66,7 @@ from mcp.client._input_required import DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from rho_actors.declarations.annotations import HINTS
 from rho_actors.declarations.policy import parse_rate
@@ -94,6 +94,10 @@ MAX_INPUT_ROUNDS = DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
 """The most ``input_required`` rounds of one call of a 2026-07-28 server (the SDK's own bound)."""
 MIN_POLL_S = 0.05
 """The shortest wait between two ``tasks/get`` of an upstream's task, whatever its ``pollIntervalMs``."""
+MAX_TASK_QUESTIONS = 64
+"""The most questions an upstream's ``input_required`` task may ask at once (its ``inputRequests``)."""
+_OPEN_TASK = ("working", "input_required")
+_MAX_KEY_CHARS = 256  # the longest key of an upstream task's question
 _RAW: Any = TypeAdapter(dict[str, Any])  # a result as JSON (the SDK's parameter is typed for models)
 _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
     types.CallToolResult | types.InputRequiredResult)
@@ -168,6 +172,15 @@ class MCPTool:
         if isinstance(self._declared.get("title"), str):
             kept["title"] = self._declared["title"]
         return kept
+
+    def background(self) -> Any:
+        """``"optional"`` when the server advertised the tasks extension (SEP-2663) and the
+        tool does not forbid tasks (``execution.taskSupport``): a caller may run its calls
+        as rho tasks, so a served client's task follows the server's own (its status, its
+        questions, its cancel, its result); else ``False``."""
+        execution = self._declared.get("execution")
+        forbidden = isinstance(execution, dict) and execution.get("taskSupport") == "forbidden"
+        return "optional" if self._server.supports_tasks and not forbidden else False
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
         """Send ``tools/call`` and wait for its result, at most until ``ctx["deadline"]``."""
@@ -420,6 +433,11 @@ class MCPServer:
         return self._link.protocol_version
 
     @property
+    def supports_tasks(self) -> bool:
+        """Whether the server's last connection advertised the tasks extension (SEP-2663)."""
+        return self._link.tasks
+
+    @property
     def connections(self) -> int:
         """How many connections were made so far (the first, then one per restart)."""
         return self._link.connections
@@ -501,26 +519,33 @@ class MCPServer:
         ``pollIntervalMs`` (at least :data:`MIN_POLL_S`), until it ends: the call's one
         deadline bounds the task as a whole, and at it, or at the call's cancellation,
         ``tasks/cancel`` is sent (not waited for) and the call's result is ``timeout``
-        (``cancelled``). ``completed``: the task's ``result`` as the call's; ``failed``:
-        ``mcp_refused`` with its error; ``cancelled`` by the server and
-        ``input_required`` (not relayed to a task yet): ``mcp_task_ended``."""
+        (``cancelled``). ``input_required``: its ``inputRequests`` not answered yet are
+        asked of the call's own MCP client (:meth:`_answers`; a served task's client
+        answers them with ``tasks/update`` of rho's task) and the answers sent with
+        ``tasks/update``, at most :data:`MAX_INPUT_ROUNDS` times. ``completed``: the
+        task's ``result`` as the call's; ``failed``: ``mcp_refused`` with its error;
+        ``cancelled`` by the server: ``mcp_task_ended``. Whatever ends the call while
+        the task is open (a question unanswered included) cancels the task."""
         cancel, status = ctx.get("cancel"), task.model_dump(by_alias=True)
         poll_s = max(MIN_POLL_S, (task.poll_interval_ms or 1000) / 1000)
-        while status.get("status") == "working":
-            pause = min(poll_s, deadline - time.monotonic())
-            if cancel is not None:
-                stopped = cancel.wait(max(0.0, pause))
-            else:
-                time.sleep(max(0.0, pause))
-                stopped = False
-            if stopped or time.monotonic() >= deadline:
-                self._cancel_task(link, task.task_id)
-                reason = getattr(cancel, "reason", None) or "timeout"
-                raise self._timed_out(label) if reason == "timeout" else _fails("cancelled", label, reason=reason)
+        answered: set[str] = set()
+        rounds = 0
+        while status.get("status") in _OPEN_TASK:
             try:
+                if status.get("status") == "input_required":
+                    rounds += self._relay_input(link, label, task.task_id, status, answered, ctx, deadline, rounds)
+                pause = min(poll_s, deadline - time.monotonic())
+                if cancel is not None:
+                    stopped = cancel.wait(max(0.0, pause))
+                else:
+                    time.sleep(max(0.0, pause))
+                    stopped = False
+                if stopped or time.monotonic() >= deadline:
+                    reason = getattr(cancel, "reason", None) or "timeout"
+                    raise self._timed_out(label) if reason == "timeout" else _fails("cancelled", label, reason=reason)
                 status = self._send(link, label, types.GetTaskRequest(params=types.GetTaskRequestParams(
                     task_id=task.task_id)), ctx, deadline)
-            except BaseException:  # the deadline (or a cancel) came while a poll was answered: the task ends too
+            except BaseException:  # the deadline, a cancel (during a poll too), a question unanswered: the task ends
                 self._cancel_task(link, task.task_id)
                 raise
         if status.get("status") == "completed" and isinstance(status.get("result"), dict):
@@ -530,6 +555,37 @@ class MCPServer:
             raise _fails("mcp_refused", label, server=self.name, code=error.get("code"),
                          message=shown_text(str(error.get("message")), 2000))
         raise _fails("mcp_task_ended", label, server=self.name, status=shown_text(str(status.get("status")), 40))
+
+    def _relay_input(self, link: Link, label: str, task_id: str, status: Mapping[str, Any], answered: set[str],
+                     ctx: Mapping[str, Any], deadline: float, rounds: int) -> int:
+        """An ``input_required`` task's questions not answered yet (``answered``: the keys
+        sent so far, which a server may still show until it took them) asked of the
+        call's client, and the answers sent with ``tasks/update``; the rounds this took (0
+        or 1). A question that is not an MCP request (elicitation, sampling, roots), over
+        :data:`MAX_TASK_QUESTIONS` at once, keyed over 256 characters, or past
+        :data:`MAX_INPUT_ROUNDS` rounds ends
+        the call (``mcp_input_unanswered``)."""
+        raw = status.get("inputRequests")
+        fresh = {k: v for k, v in raw.items() if k not in answered} if isinstance(raw, dict) else {}
+        if not fresh:
+            return 0
+        if len(fresh) > MAX_TASK_QUESTIONS or rounds >= MAX_INPUT_ROUNDS or any(
+                len(key) > _MAX_KEY_CHARS for key in fresh):
+            raise _fails("mcp_input_unanswered", label, server=self.name,
+                         reason=f"its task asked more than {MAX_TASK_QUESTIONS} questions at once, in more than "
+                                f"{MAX_INPUT_ROUNDS} rounds, or under a key over {_MAX_KEY_CHARS} characters")
+        try:
+            asked = types.InputRequiredResult.model_validate({"inputRequests": fresh}).input_requests or {}
+        except ValidationError:
+            raise _fails("mcp_input_unanswered", label, server=self.name,
+                         reason="its task asked something that is not an MCP request") from None
+        answers = self._answers(label, asked, ctx)
+        self._send(link, label, types.Request[Any, Any](method="tasks/update", params={
+            "taskId": task_id, "inputResponses": {key: answer.model_dump(mode="json", by_alias=True, exclude_none=True)
+                                                  if isinstance(answer, BaseModel) else answer
+                                                  for key, answer in answers.items()}}), ctx, deadline)
+        answered.update(answers)
+        return 1
 
     def _cancel_task(self, link: Link, task_id: str) -> None:
         """Send ``tasks/cancel`` for ``task_id`` without waiting for the answer."""

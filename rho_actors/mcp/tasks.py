@@ -45,7 +45,9 @@ folder, ``loop.tasks()`` lists it). A client that does not declare it gets
   (:func:`handshake_created`) and follows it with the same three methods.
 - ``notifications/tasks`` (the task's status, with its ``result`` or ``error`` when
   ended) is sent to a handshake-era client on its connection each time a task it
-  created changes status.
+  created changes status; a 2026-07-28 client, which has no connection, names the
+  tasks in a ``subscriptions/listen`` request (``notifications.taskIds``) and gets them
+  on that stream (:mod:`rho_actors.mcp.listen`, through :meth:`ServedTasks.follow`).
 """
 
 from __future__ import annotations
@@ -216,6 +218,7 @@ class ServedTasks:
         self._tasks: dict[str, ServedTask] = {}
         self._made = 0  # tasks created, for _prune
         self._admitted: set[ServedTask] = set()  # the calls becoming tasks and the tasks open
+        self._followers: dict[str, dict[object, Callable[[str], None]]] = {}  # task id -> its listen streams
         self._unwatch = registry.watch(self._changed)
 
     def close(self) -> None:
@@ -347,9 +350,10 @@ class ServedTasks:
             if info.status not in OPEN or not served.asked:
                 raise MCPError(INVALID_PARAMS, f"task {params.task_id} is {info.status}, not input_required: it "
                                                "asks for no input", {"taskId": params.task_id, "status": info.status})
-            decision = params.input_responses.get(APPROVAL_KEY) if APPROVAL_KEY in served.asked else None
+            held = served.approval is not None  # its "approval" question is rho's (else a tool's, an upstream's)
+            decision = params.input_responses.get(APPROVAL_KEY) if held and APPROVAL_KEY in served.asked else None
             for key, answer in params.input_responses.items():
-                if key in served.asked and isinstance(answer, dict) and key != APPROVAL_KEY:  # others: ignored
+                if key in served.asked and isinstance(answer, dict) and not (held and key == APPROVAL_KEY):
                     served.answers[key] = answer
                     del served.asked[key]
             self._woken.notify_all()
@@ -405,6 +409,42 @@ class ServedTasks:
                            {"taskId": task_id}) from None
         return served, info
 
+    def follow(self, task_ids: list[str], principal: str, changed: Callable[[str], None]
+               ) -> tuple[list[str], Callable[[], None]]:
+        """Call ``changed(task_id)`` (from any thread) at each change of status of each of
+        ``task_ids`` that ``principal`` created (the others, unknown or another's, are left
+        out alike). Returns the ids followed and the callable that stops following them."""
+        token = object()
+        with self._lock:
+            followed = [t for t in task_ids if (s := self._tasks.get(t)) is not None and s.principal == principal]
+            for task_id in followed:
+                self._followers.setdefault(task_id, {})[token] = changed
+
+        def unfollow() -> None:
+            with self._lock:
+                for task_id in followed:
+                    streams = self._followers.get(task_id)
+                    if streams is not None:
+                        streams.pop(token, None)
+                        if not streams:
+                            del self._followers[task_id]
+
+        return followed, unfollow
+
+    def detailed(self, task_id: str, principal: str) -> dict[str, Any] | None:
+        """Task ``task_id``'s ``DetailedTask`` as ``tasks/get`` gives it now, or None when
+        ``principal`` has no such task (unknown, another's, or forgotten)."""
+        with self._lock:
+            served = self._tasks.get(task_id)
+        if served is None or served.principal != principal:
+            return None
+        loop = served.session.loop
+        try:
+            info = self._registry.get(loop.session_id, loop.data_dir, task_id)
+        except LookupError:
+            return None
+        return self._detailed(served, info)
+
     # --- what a client sees of a task --------------------------------------------------------
 
     def _envelope(self, served: ServedTask, info: TaskInfo) -> dict[str, Any]:
@@ -455,8 +495,11 @@ class ServedTasks:
             if info.status != "input_required" and served.approval is not None:  # decided (here or by the host)
                 served.asked.pop(APPROVAL_KEY, None)
                 served.approval = None
+            followers = list(self._followers.get(info.task_id, {}).values())
         if bound is not None:
             unbind(*bound)
+        for changed in followers:  # 2026-07-28 clients' subscriptions/listen streams (rho_actors.mcp.listen)
+            changed(info.task_id)
         if served.notify is not None and served.aloop is not None:
             params = self._detailed(served, info)
             try:
