@@ -79,3 +79,27 @@ def test_a_log_message_is_relayed_before_a_response_read_after_it_can_end_its_ca
 
     anyio.run(main)
     assert seen == ["log starting", "JSONRPCResponse"]  # the malformed one: a warning in the host's log
+
+
+def test_a_call_listens_for_its_servers_log_messages_before_its_request_is_sent() -> None:
+    """A server may log before the request's send has returned: the served call's client
+    is listening from before the send until its upstream call ends, then no longer."""
+    import threading
+
+    from rho_actors.mcp.relay import listen, relay_log
+
+    class Client:
+        def __init__(self) -> None:
+            self.heard: list[Any] = []
+
+        def log(self, level: str, data: Any, logger: str | None = None, *, wait: bool = True) -> bool:
+            self.heard.append((level, data, logger))
+            return True
+
+    lock, listeners, client = threading.Lock(), {}, Client()  # type: ignore[var-annotated]
+    heard = listen(lock, listeners, client)
+    relay_log(lock, listeners, "up", types.LoggingMessageNotificationParams(level="info", data="at once"))
+    heard(None)  # the call's done callback
+    relay_log(lock, listeners, "up", types.LoggingMessageNotificationParams(level="info", data="after it"))
+    assert client.heard == [("info", "at once", "up")] and listeners == {}
+    assert listen(lock, listeners, None)() is None and listeners == {}  # no client: nothing to relay to

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,14 +57,21 @@ class Listener:
     asked: int = 0  # the server's own questions relayed so far (their keys: elicitation-1, sampling-2...)
 
 
-def listen(lock: threading.Lock, listeners: dict[int, Listener], client: Any, call: Any) -> None:
+def listen(lock: threading.Lock, listeners: dict[int, Listener], client: Any) -> Callable[..., None]:
     """Relay the server's log messages to ``client`` (a served call's MCP client, or
-    None: nothing to relay to) while the upstream ``call`` (a future) runs."""
+    None: nothing to relay to) from now on, until the returned function is called (the
+    upstream call's done callback). Called before the request is sent: a server may log
+    before the request's send has even returned."""
     if client is None:
-        return
+        return _nothing
+    listener = Listener(client)
     with lock:
-        listeners[id(call)] = Listener(client)
-    call.add_done_callback(lambda done: forget(lock, listeners, id(done)))
+        listeners[id(listener)] = listener
+    return lambda *_: forget(lock, listeners, id(listener))
+
+
+def _nothing(*_: Any) -> None:
+    return None
 
 
 def forget(lock: threading.Lock, listeners: dict[int, Listener], key: int) -> None:

@@ -639,12 +639,14 @@ class MCPServer:
         # sent as a bare request: the SDK's own result check (its jsonschema, Python's re on
         # the server's patterns) never runs here; rho's bounded validator checks it (mcp serve)
         sending = session.send_request(request, _RAW, request_read_timeout_seconds=left, progress_callback=forward)
+        heard = listen(link.lock, link.listeners, client_of(ctx))  # its log messages: to a served call, from now
         try:
             future = asyncio.run_coroutine_threadsafe(sending, aloop)
         except RuntimeError:  # the loop closed in between
+            heard()
             sending.close()
             raise _fails("mcp_not_connected", label, server=self.name) from None
-        listen(link.lock, link.listeners, client_of(ctx), future)  # the server's log messages: to a served call
+        future.add_done_callback(heard)
         cancel = ctx.get("cancel")
         if cancel is not None:
             cancel.add_inline_callback(future.cancel)  # abandons the request: sends notifications/cancelled
