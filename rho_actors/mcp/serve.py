@@ -443,10 +443,11 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     if task is not None:
         bound.task_input = served.tasks.asking(task)  # type: ignore[union-attr]
     bind(*key, bound)
-    record = await session.begin(ToolCall(call_id, params.name, arguments))  # recorded before it runs
     session.calls += 1
     results: list[ToolResult] = []
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
+        # a cancel waited for while the session started is raised here: unbound, released below as any end
+        record = await session.begin(ToolCall(call_id, params.name, arguments))  # recorded before it runs
         results = await _run_call(served, session, record, task is not None)
     finally:
         session.calls -= 1
