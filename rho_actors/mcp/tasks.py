@@ -381,8 +381,7 @@ class ServedTasks:
         """``tasks/cancel``: cancel the task (an ended one is left as it is)."""
         served, info = self._find(ctx, params.task_id, principal, "tasks/cancel")
         if info.status in OPEN:
-            loop = served.session.loop
-            self._registry.cancel(loop.session_id, loop.data_dir, params.task_id)
+            served.session.loop.cancel_task(params.task_id)
         return {"resultType": "complete"}
 
     def _find(self, ctx: Any, task_id: str, principal: str, method: str) -> tuple[ServedTask, TaskInfo]:
