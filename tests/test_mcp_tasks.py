@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -475,3 +476,43 @@ def test_a_task_call_cancelled_as_its_task_is_made_is_still_followed(tmp_path: P
         assert served.tasks.get(ctx, TaskParams(task_id=task.task_id), "local")["taskId"] == task.task_id
         assert wait_for(lambda: not [key for key in client_requests._live if key[0] == sid])
         served.tasks.close()
+
+
+_going = threading.Event()
+
+
+@tool(background=True, requires_approval=True)
+def guarded_wait() -> str:
+    """Wait until the test lets it end (a person approves each call first)."""
+    _going.wait(WAIT_S)
+    return "done"
+
+
+def test_a_held_call_approved_before_its_task_is_made_is_working_not_asking(tmp_path: Path) -> None:
+    """A held call that a person approves (its call now running) before the server made
+    its task known is ``working`` with no ``approval`` question: the server does not set
+    the running task back to ``input_required`` asking a decision already taken."""
+    from types import SimpleNamespace
+
+    from rho_actors.mcp.call_results import call_tool_result
+    from rho_actors.mcp.tasks import ServedTask, ServedTasks, TaskParams
+
+    _going.clear()
+    caps = SimpleNamespace(extensions={EXTENSION: {}})
+    ctx = SimpleNamespace(request=None, session=SimpleNamespace(client_capabilities=caps))
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(guarded_wait)
+        served = ServedTasks(system.task_registry, call_tool_result)
+        loop = system.start_loop("s1")
+        try:
+            [ack] = loop.run_turn([ToolCall("c1", "guarded_wait", "{}")], background=True)
+            loop.approve("c1", decided_by="ada")  # by the host, before the server's created() below
+            task = ServedTask("local", SimpleNamespace(loop=loop), "guarded_wait")
+            assert served.created(task, ack, None)["status"] == "working"
+            got = served.get(ctx, TaskParams(task_id=ack.details["task_id"]), "local")
+            assert got["status"] == "working" and "inputRequests" not in got
+            [info] = loop.tasks()
+            assert info.status == "working"
+        finally:
+            _going.set()
+            served.close()

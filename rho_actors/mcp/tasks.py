@@ -272,10 +272,11 @@ class ServedTasks:
                 self._prune()
             waiting = bool(served.asked)
         session = served.session.loop
-        info = self._registry.waiting(session.session_id, session.data_dir, task_id, True) if waiting else \
-            self._registry.get(session.session_id, session.data_dir, task_id)
-        if info.status not in OPEN:  # it ended already: the registry's watcher did not know it yet
-            self._changed(info)
+        # a held call's task is input_required in the registry already (unless decided meanwhile: not set back)
+        info = self._registry.waiting(session.session_id, session.data_dir, task_id, True) \
+            if waiting and pending is None else self._registry.get(session.session_id, session.data_dir, task_id)
+        if info.status not in OPEN or (pending is not None and info.status != "input_required"):
+            self._changed(info)  # it ended, or its call was decided, already: the registry's watcher did not know it
         created: dict[str, Any] = {"resultType": "task", **self._envelope(served, info)}
         if meta is not None:
             created["_meta"] = meta
