@@ -202,3 +202,34 @@ def test_an_mcp_client_passing_run_in_background_gets_invalid_arguments_and_no_t
     assert "run_in_background" not in served.input_schema["properties"]
     assert called.is_error and "run_in_background is not allowed here" in called.content[0].text
     assert system.stats()["tasks"]["started"] == 0 and seen == []
+
+
+def test_a_held_task_cancelled_is_a_call_no_approval_runs(system: ActorSystem) -> None:
+    """Cancelling the task of a call that waits for its approval ends the call: it leaves
+    ``loop.pending()``, and approving it afterwards is refused (it never runs as a task
+    nobody follows)."""
+    from rho_actors import ApprovalError
+
+    system.register(publish)
+    loop = system.start_loop("s1")
+    [held] = loop.run_turn([ToolCall("c1", "publish", '{"topic": "rain"}')], background=True)
+    task_id = held.details["task_id"]
+    assert loop.cancel_task(task_id).status == "cancelled"
+    assert [p.call_id for p in loop.pending()] == []
+    with pytest.raises(ApprovalError):
+        loop.approve("c1", decided_by="ada")
+    assert [t.task_id for t in loop.tasks()] == [task_id]
+
+
+def test_an_approval_that_comes_after_its_task_was_cancelled_runs_nothing(system: ActorSystem) -> None:
+    """An approval that races the cancel of its call's task (claimed before the cancel's
+    rejection could take the call) does not run the call as a new task nobody follows:
+    its result is ``cancelled`` and the session has still its one task."""
+    system.register(publish)
+    loop = system.start_loop("s1")
+    [held] = loop.run_turn([ToolCall("c1", "publish", '{"topic": "rain"}')], background=True)
+    task_id = held.details["task_id"]
+    system.task_registry.cancel("s1", loop.data_dir, task_id)  # the cancel, its rejection not there yet
+    result = loop.approve("c1", decided_by="ada")
+    assert result.error_kind == ErrorKind.CANCELLED, result
+    assert [(t.task_id, t.status) for t in loop.tasks()] == [(task_id, "cancelled")]

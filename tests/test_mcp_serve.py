@@ -276,3 +276,55 @@ def test_stdio_bad_lines_get_json_rpc_errors_and_the_server_goes_on(tmp_path: Pa
     finally:
         proc.kill()
         proc.wait(WAIT_S)
+
+
+@tool
+def served_echo(text: str) -> str:
+    """Say ``text`` back."""
+    return text
+
+
+def test_a_call_cancelled_while_its_session_starts_leaves_nothing_bound(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2026-07-28 client that closes its request while the server starts the request's
+    session (its transcript being opened, in a worker thread that a cancel waits for)
+    leaves no call bound: its progress entry and its ``client_of`` binding are gone, as
+    after any other end of the request (else each such request leaks both for good)."""
+    import importlib
+    from types import SimpleNamespace
+
+    from rho_actors.agent.transcript import Transcript
+    from rho_actors.mcp import client_requests
+    from rho_actors.mcp.sessions import Session
+
+    serve = importlib.import_module("rho_actors.mcp.serve")
+
+    scopes: list[anyio.CancelScope] = []
+
+    class Cancelled(Transcript):  # the client's cancel arrives while the transcript opens
+        def open(self, **kwargs: Any) -> Any:
+            anyio.from_thread.run_sync(scopes[0].cancel)
+            return super().open(**kwargs)
+
+    monkeypatch.setattr(serve, "Transcript", Cancelled)
+
+    ctx = SimpleNamespace(protocol_version="2026-07-28", request_id=7, request=None, params={}, session=None,
+                          close_sse_stream=None)
+
+    async def main(served: Any) -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await serve._call_tool(served, ctx, types.CallToolRequestParams(name="served_echo",
+                                                                               arguments={"text": "hi"}))
+        assert scope.cancelled_caught
+
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(served_echo)
+        served = serve._Served(system, (), 1 << 20)
+        anyio.run(main, served)
+        [session] = served.sessions
+        assert isinstance(session, Session)
+        sid = session.loop.session_id
+        assert served.progress == {}
+        assert [key for key in client_requests._live if key[0] == sid] == []
+        assert session.calls == 0

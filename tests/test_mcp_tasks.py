@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -421,3 +422,97 @@ def test_listening_for_tasks_needs_the_extension_and_few_short_ids(system: Actor
     assert said["undeclared"][0] == types.MISSING_REQUIRED_CLIENT_CAPABILITY and EXTENSION in said["undeclared"][1]
     assert said["many"][0] == types.INVALID_PARAMS and "at most 256 task ids" in said["many"][1]
     assert said["long"][0] == types.INVALID_PARAMS
+
+
+@tool(background=True)
+def quick_task(text: str) -> str:
+    """Say ``text`` back, as a task."""
+    return text
+
+
+def test_a_task_call_cancelled_as_its_task_is_made_is_still_followed(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that closes its ``tools/call`` request just as its call became a task (the
+    cancel waited for while the call's result was recorded) does not leave that task
+    unknown to the server: it is followed as any task (``tasks/get`` of its own client
+    finds it), so its end releases the call's ``client_of`` binding and its client's
+    task slot, which else stay taken for good."""
+    import importlib
+    from types import SimpleNamespace
+
+    from rho_actors.agent.transcript import Transcript
+    from rho_actors.mcp import client_requests
+    from rho_actors.mcp.call_results import call_tool_result
+    from rho_actors.mcp.tasks import ServedTasks, TaskParams
+
+    serve = importlib.import_module("rho_actors.mcp.serve")
+    scopes: list[anyio.CancelScope] = []
+
+    class Cancelled(Transcript):  # the client's cancel arrives while the call's result is recorded
+        def result(self, *args: Any, **kwargs: Any) -> Any:
+            anyio.from_thread.run_sync(scopes[0].cancel)
+            return super().result(*args, **kwargs)
+
+    monkeypatch.setattr(serve, "Transcript", Cancelled)
+    caps = SimpleNamespace(extensions={EXTENSION: {}})
+    ctx = SimpleNamespace(protocol_version="2026-07-28", request_id=7, request=None, params={}, close_sse_stream=None,
+                          session=SimpleNamespace(client_capabilities=caps))
+
+    async def main(served: Any) -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await serve._call_tool(served, ctx, types.CallToolRequestParams(name="quick_task",
+                                                                               arguments={"text": "hi"}))
+        assert scope.cancel_called
+
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(quick_task)
+        served = serve._Served(system, (), 1 << 20)
+        served.tasks = ServedTasks(system.task_registry, call_tool_result)
+        anyio.run(main, served)
+        [session] = served.sessions
+        sid = session.loop.session_id
+        [task] = system.task_registry.tasks(sid, session.loop.data_dir)
+        assert served.tasks.get(ctx, TaskParams(task_id=task.task_id), "local")["taskId"] == task.task_id
+        assert wait_for(lambda: not [key for key in client_requests._live if key[0] == sid])
+        served.tasks.close()
+
+
+_going = threading.Event()
+
+
+@tool(background=True, requires_approval=True)
+def guarded_wait() -> str:
+    """Wait until the test lets it end (a person approves each call first)."""
+    _going.wait(WAIT_S)
+    return "done"
+
+
+def test_a_held_call_approved_before_its_task_is_made_is_working_not_asking(tmp_path: Path) -> None:
+    """A held call that a person approves (its call now running) before the server made
+    its task known is ``working`` with no ``approval`` question: the server does not set
+    the running task back to ``input_required`` asking a decision already taken."""
+    from types import SimpleNamespace
+
+    from rho_actors.mcp.call_results import call_tool_result
+    from rho_actors.mcp.tasks import ServedTask, ServedTasks, TaskParams
+
+    _going.clear()
+    caps = SimpleNamespace(extensions={EXTENSION: {}})
+    ctx = SimpleNamespace(request=None, session=SimpleNamespace(client_capabilities=caps))
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(guarded_wait)
+        served = ServedTasks(system.task_registry, call_tool_result)
+        loop = system.start_loop("s1")
+        try:
+            [ack] = loop.run_turn([ToolCall("c1", "guarded_wait", "{}")], background=True)
+            loop.approve("c1", decided_by="ada")  # by the host, before the server's created() below
+            task = ServedTask("local", SimpleNamespace(loop=loop), "guarded_wait")
+            assert served.created(task, ack, None)["status"] == "working"
+            got = served.get(ctx, TaskParams(task_id=ack.details["task_id"]), "local")
+            assert got["status"] == "working" and "inputRequests" not in got
+            [info] = loop.tasks()
+            assert info.status == "working"
+        finally:
+            _going.set()
+            served.close()

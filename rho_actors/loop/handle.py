@@ -441,8 +441,13 @@ class Loop:
     def cancel_task(self, task_id: str) -> TaskInfo:
         """Cancel task ``task_id`` as a turn's call is cancelled (its worker process
         killed, its thread signalled) and return it ended (``cancelled``, or as it ended
-        first). Raises :class:`rho_actors.TaskError` when this session has no such task."""
-        return self.task_registry.cancel(self.session_id, self._data_dir, task_id)
+        first); a call that waits for its approval is rejected too (it never runs). Raises
+        :class:`rho_actors.TaskError` when this session has no such task."""
+        info = self.task_registry.cancel(self.session_id, self._data_dir, task_id)
+        if info.status == "cancelled" and self.task_registry.holds(self.session_id, info.call_id):
+            with contextlib.suppress(ApprovalError):  # decided meanwhile
+                self.reject(info.call_id, f"its task {task_id} was cancelled")
+        return info
 
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool``, ``ms_left`` (to the deadline);

@@ -443,10 +443,11 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     if task is not None:
         bound.task_input = served.tasks.asking(task)  # type: ignore[union-attr]
     bind(*key, bound)
-    record = await session.begin(ToolCall(call_id, params.name, arguments))  # recorded before it runs
     session.calls += 1
     results: list[ToolResult] = []
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
+        # a cancel waited for while the session started is raised here: unbound, released below as any end
+        record = await session.begin(ToolCall(call_id, params.name, arguments))  # recorded before it runs
         results = await _run_call(served, session, record, task is not None)
     finally:
         session.calls -= 1
@@ -456,18 +457,17 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
             unbind(*key)
             if task is not None:
                 served.tasks.release(task)  # type: ignore[union-attr]
+    said = {SESSION_META_KEY: session.handle} if session.handle is not None else None
+    created = await _task_made(served, task, results[0], said) if task is not None else None
     if live.sent:  # the progress reported goes before the result
         await asyncio.wait([asyncio.wrap_future(f) for f in live.sent], timeout=_PROGRESS_FLUSH_S)
-    said = {SESSION_META_KEY: session.handle} if session.handle is not None else None
     if bound.missing:
         raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY,
                        f"{params.name[:100]!r} needs the client capabilities {', '.join(sorted(bound.missing))}",
                        {"requiredCapabilities": {name: {} for name in sorted(bound.missing)}})
     if bound.asked:
         return _input_required(params.name, bound.asked, bound.used, session)
-    if task is not None and _names_task(results[0]):
-        assert served.tasks is not None
-        created = await anyio.to_thread.run_sync(served.tasks.created, task, results[0], said)
+    if created is not None:
         return created if modern else handshake_created(results[0], created)
     answer = call_tool_result(results[0], output_schema(served.system, params.name))
     return answer.model_copy(update={"meta": said}) if said is not None else answer
@@ -486,6 +486,19 @@ async def _run_call(served: _Served, session: Session, record: CallRecord, as_ta
     elif not as_task:
         results = [await session.decided(held, results[0], served.system.data_dir)]
     return results
+
+
+async def _task_made(served: _Served, task: ServedTask, result: ToolResult, meta: dict[str, Any] | None
+                     ) -> dict[str, Any] | None:
+    """The ``CreateTaskResult`` of ``task``'s call when ``result`` names its task, else
+    None. Made even when the request is cancelled meanwhile: the task is then followed
+    as any (its end releases its binding and its client's slot), its client not told."""
+    if not _names_task(result):
+        return None
+    assert served.tasks is not None
+    with anyio.CancelScope(shield=True):
+        created: dict[str, Any] = await anyio.to_thread.run_sync(served.tasks.created, task, result, meta)
+    return created
 
 
 def _input_required(name: str, asked: dict[str, Any], used: dict[str, Any], session: Session) -> Any:

@@ -272,10 +272,11 @@ class ServedTasks:
                 self._prune()
             waiting = bool(served.asked)
         session = served.session.loop
-        info = self._registry.waiting(session.session_id, session.data_dir, task_id, True) if waiting else \
-            self._registry.get(session.session_id, session.data_dir, task_id)
-        if info.status not in OPEN:  # it ended already: the registry's watcher did not know it yet
-            self._changed(info)
+        # a held call's task is input_required in the registry already (unless decided meanwhile: not set back)
+        info = self._registry.waiting(session.session_id, session.data_dir, task_id, True) \
+            if waiting and pending is None else self._registry.get(session.session_id, session.data_dir, task_id)
+        if info.status not in OPEN or (pending is not None and info.status != "input_required"):
+            self._changed(info)  # it ended, or its call was decided, already: the registry's watcher did not know it
         created: dict[str, Any] = {"resultType": "task", **self._envelope(served, info)}
         if meta is not None:
             created["_meta"] = meta
@@ -381,8 +382,7 @@ class ServedTasks:
         """``tasks/cancel``: cancel the task (an ended one is left as it is)."""
         served, info = self._find(ctx, params.task_id, principal, "tasks/cancel")
         if info.status in OPEN:
-            loop = served.session.loop
-            self._registry.cancel(loop.session_id, loop.data_dir, params.task_id)
+            served.session.loop.cancel_task(params.task_id)
         return {"resultType": "complete"}
 
     def _find(self, ctx: Any, task_id: str, principal: str, method: str) -> tuple[ServedTask, TaskInfo]:

@@ -221,13 +221,16 @@ class TaskRegistry:
         written (with ``arguments``, the call's, for an idempotent tool: to run it again
         after a crash), and its deadline in ms (:meth:`timeout_ms`); or the
         ``unavailable`` refusal when a bound is reached (or its record cannot be written:
-        ``not_started``)."""
+        ``not_started``); ``cancelled`` when the call's task was cancelled while it waited
+        for its approval (an approval racing the cancel runs nothing)."""
         with self._lock:
             held = self._held.pop((session_id, call_id), None)
         if held is not None and held.status in OPEN:  # approved: the task that waited for it goes on
             held.arguments = arguments
             self.waiting(session_id, session_dir, held.task_id, False)
             return held, self.timeout_ms(info)
+        if held is not None and held.status == "cancelled":
+            return failure("cancelled", call_id, info.name, reason=f"its task {held.task_id} was cancelled"), 0
         return self._open(session_id, session_dir, call_id, info.name, arguments), self.timeout_ms(info)
 
     def timeout_ms(self, info: ToolInfo) -> int:
