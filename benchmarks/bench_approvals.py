@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stats import environment, publish, summary, verdict
+from stats import environment, fsync_ms, publish, summary, verdict
 
 from rho_actors import ActorSystem, Reply, ScriptedModel, ToolCall, tool
 from rho_actors.loop.approvals import decide
@@ -170,27 +170,10 @@ def agent(data_dir: Path, sessions: int, calls: int) -> dict[str, Any]:
     remote = summary(remote_s, 3)
     return {"approve_ms": approve, "call_ms": base, "approve_overhead_ms_p50": round(overhead, 3),
             "goal": f"<= {DECIDE_GOAL_MS:g} ms plus the call", "verdict": verdict(overhead <= DECIDE_GOAL_MS),
-            "fsync_ms": _fsync_ms(data_dir),
+            "fsync_ms": fsync_ms(data_dir),
             "remote_decision_to_run_s": remote, "remote_goal": f"<= {REMOTE_GOAL_S:g} s",
             "remote_verdict": verdict(float(remote["p99"]) <= REMOTE_GOAL_S)}
 
-
-def _fsync_ms(folder: Path) -> dict[str, Any]:
-    """What one append and ``fsync`` of a record costs on this disk (the floor of a
-    durable decision: one of them)."""
-    path = folder / "fsync-probe"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-    samples = []
-    try:
-        for _ in range(30):
-            started = time.perf_counter_ns()
-            os.write(fd, b"x" * 300 + b"\n")
-            os.fsync(fd)
-            samples.append((time.perf_counter_ns() - started) / 1e6)
-    finally:
-        os.close(fd)
-        path.unlink()
-    return summary(samples, 3)
 
 
 def run(sessions: int, calls: int, agent_sessions: int) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stats import environment, publish, summary
+from stats import environment, fsync_ms, publish, summary
 
 from rho_actors import ActorSystem, Reply, ScriptedModel, ToolCall, tool
 
@@ -106,28 +106,13 @@ def agent(data_dir: Path, count: int) -> dict[str, Any]:
             "fsyncs_per_task": round((FSYNCS[0] - before) / max(1, count), 2)}
 
 
-def _fsync_ms(folder: Path) -> dict[str, Any]:
-    path = folder / "fsync-probe"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-    samples = []
-    try:
-        for _ in range(30):
-            started = time.perf_counter_ns()
-            os.write(fd, b"x" * 300 + b"\n")
-            _fsync(fd)
-            samples.append((time.perf_counter_ns() - started) / 1e6)
-    finally:
-        os.close(fd)
-        path.unlink()
-    return summary(samples, 3)
-
 
 def run(count: int, agent_count: int) -> dict[str, Any]:
     os.fsync, os.fdatasync = _counted, _counted_data
     try:
         with tempfile.TemporaryDirectory(prefix="rho-bench-tasks-") as tmp:
             report = {"environment": environment(count < 2000, tasks=count),
-                      "run_turn": tasks(Path(tmp) / "tasks", count), "fsync_ms": _fsync_ms(Path(tmp))}
+                      "run_turn": tasks(Path(tmp) / "tasks", count), "fsync_ms": fsync_ms(Path(tmp), _fsync)}
             if agent_count:
                 report["agent_loop"] = agent(Path(tmp) / "agent", agent_count)
     finally:

@@ -8,6 +8,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -61,3 +62,22 @@ def publish(
         print_text(report)
         print(f"\ntotal {report['total_s']:.1f} s")
     return 0
+
+
+def fsync_ms(folder: Path, sync: Callable[[int], None] = os.fsync) -> dict[str, float | int]:
+    """What one append of a 300-byte record and its ``sync`` (``os.fsync`` unless given:
+    a benchmark that counts syncs passes the real one) cost on the disk of ``folder``, in
+    milliseconds: :func:`summary` of 30 samples. The floor of anything durable."""
+    path = folder / "fsync-probe"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    samples = []
+    try:
+        for _ in range(30):
+            started = time.perf_counter_ns()
+            os.write(fd, b"x" * 300 + b"\n")
+            sync(fd)
+            samples.append((time.perf_counter_ns() - started) / 1e6)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return summary(samples, 3)

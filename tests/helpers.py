@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -107,3 +108,20 @@ def unchecked_image(data: Any, mime_type: Any) -> Any:
     object.__setattr__(image, "data", data)
     object.__setattr__(image, "mime_type", mime_type)
     return image
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that is free now (the kernel's pick), for a server to bind."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port`` now (one try,
+    bounded at 0.2 s)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.2).close()
+        return True
+    except OSError:
+        return False

@@ -32,6 +32,7 @@ from mcp.client.streamable_http import streamable_http_client
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
 from tests import approval_tools
 from tests.conftest import WAIT_S, wait_for
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = str(Path(approval_tools.__file__))
@@ -42,16 +43,11 @@ def _env(runs: Path) -> dict[str, str]:
             "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @contextlib.contextmanager
 def _http_server(data: Path, env: dict[str, str], said: Path) -> Iterator[str]:
     """``rho-actors mcp serve --http`` of the approval tools, running: its URL."""
-    port = _free_port()
+    port = free_port()
     with said.open("w") as stderr:
         server = subprocess.Popen(
             [sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", TOOLS, "--http", f"127.0.0.1:{port}",

@@ -29,7 +29,8 @@ from rho_actors import ActorSystem, CallEvent, Details, tool
 from rho_actors.mcp import ClientRequestError, client_of
 from rho_actors.mcp.events import BoundedEventStore
 from tests.conftest import WAIT_S, slack
-from tests.test_mcp_serve import TOKEN, _connect_http, _free_port, _serve_http, _text
+from tests.helpers import free_port
+from tests.test_mcp_serve import TOKEN, _connect_http, _serve_http, _text
 
 
 @tool
@@ -107,7 +108,7 @@ def plain_json() -> dict[str, int]:
 def test_a_served_tool_logs_samples_elicits_and_reports_progress_to_its_client(system: ActorSystem) -> None:
     for t in (chatty, ask_model, ask_user, steps):
         system.register(t)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     thread, loops = _serve_http(system, port)
     logged: list[types.LoggingMessageNotificationParams] = []
@@ -177,7 +178,7 @@ def test_a_served_tool_logs_samples_elicits_and_reports_progress_to_its_client(s
 def test_structured_content_beside_the_text_and_the_declared_output_schema(system: ActorSystem) -> None:
     system.register(Forecast)
     system.register(plain_json)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     thread, loops = _serve_http(system, port)
 
@@ -333,7 +334,7 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
     finished = threading.Event()
     system.subscribe(lambda e: finished.set() if isinstance(e, CallEvent) and e.tool == "polled"
                      and e.kind == "finished" else None)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     thread, loops = _serve_http(system, port)
     version = "2025-11-25"

@@ -34,6 +34,7 @@ import pytest
 pytest.importorskip("mcp")
 
 from tests.conftest import WAIT_S, wait_for
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path("node_modules") / "@modelcontextprotocol" / "conformance"
@@ -101,16 +102,11 @@ def _node(suite: Path, install: str) -> str:
     return node
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @contextlib.contextmanager
 def _serving(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """``rho-actors mcp serve --http`` of the fixture tools: its URL and stderr file."""
-    port = _free_port()
+    port = free_port()
     said = tmp_path / "server.stderr"  # a file, not a pipe: the server never blocks on a full one
     with said.open("w") as stderr:
         server = subprocess.Popen(

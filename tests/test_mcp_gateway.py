@@ -45,6 +45,7 @@ from rho_actors.mcp.gateway import (
 from rho_actors.mcp.names import default_name
 from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
 from tests.conftest import WAIT_S, open_folder, slack, wait_for
+from tests.helpers import free_port, listening
 
 UPSTREAM = str(Path(__file__).parent / "mcp_fixtures" / "gateway_upstream.py")
 TOKEN = "a-test-token-of-32-characters-xx"
@@ -53,11 +54,6 @@ TOKEN = "a-test-token-of-32-characters-xx"
 def _text(result: types.CallToolResult) -> str:
     return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _toml_list(argv: list[str]) -> str:
@@ -250,18 +246,13 @@ def _serve_http(system: ActorSystem, port: int) -> tuple[threading.Thread, list[
     return thread, loops
 
 
-def _listening(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-        return True
-    return False
-
 
 def test_the_gateway_serves_20_concurrent_clients_from_an_http_upstream(system: ActorSystem, tmp_path: Path) -> None:
-    up_port, port = _free_port(), _free_port()
+    up_port, port = free_port(), free_port()
     upstream = subprocess.Popen([sys.executable, UPSTREAM, str(tmp_path), "alpha", "--http", str(up_port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: _listening(up_port), WAIT_S)
+        assert wait_for(lambda: listening(up_port), WAIT_S)
         system.register(echo)  # the host's own tool: the upstream's echo is served namespaced
         config = gateway_config(mcp_url=[f"http://127.0.0.1:{up_port}/mcp"])
         [spec] = config.servers
@@ -272,7 +263,7 @@ def test_the_gateway_serves_20_concurrent_clients_from_an_http_upstream(system: 
         assert served[f"{spec.name}__echo"] == "echo" and served["pid"] == "pid"
         thread, loops = _serve_http(system, port)
         url = f"http://127.0.0.1:{port}/mcp"
-        assert wait_for(lambda: _listening(port), WAIT_S)
+        assert wait_for(lambda: listening(port), WAIT_S)
 
         async def client(i: int) -> tuple[str, str, str]:
             http = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"})

@@ -30,6 +30,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from rho_actors import ActorSystem
 from rho_actors.mcp import HTTPGuard, aserve
 from tests.conftest import WAIT_S, read_line, slack, wait_for
+from tests.helpers import free_port
 from tests.mcp_fixtures import served_tools
 
 TOKEN = "a-test-token-of-32-characters-xx"
@@ -39,15 +40,10 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
 ACCEPT = {"Accept": "application/json, text/event-stream"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class Served:
     def __init__(self, system: ActorSystem, guard: HTTPGuard) -> None:
-        self.system, self.guard, self.port = system, guard, _free_port()
+        self.system, self.guard, self.port = system, guard, free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self._loops: list[asyncio.AbstractEventLoop] = []
 
@@ -225,7 +221,7 @@ def test_calls_of_clients_killed_mid_call_run_on_and_their_sessions_are_reaped_w
 
 
 def test_rho_actors_mcp_serve_http_prints_its_token_and_refuses_requests_without_it(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RHO_MCP_TOKEN"}
     proc = subprocess.Popen([sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", served_tools.__file__,
                              "--http", f"127.0.0.1:{port}", "--data-dir", str(tmp_path), "--max-sessions-per-client",

@@ -29,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 from rho_actors import ActorSystem, ErrorKind, ToolCall
 from rho_actors.mcp import MCPServer
 from tests.conftest import WAIT_S, slack, wait_for
+from tests.helpers import free_port
 
 FIXTURES = Path(__file__).parent / "mcp_fixtures"
 MODERN = str(FIXTURES / "modern_upstream.py")
@@ -36,16 +37,11 @@ LEGACY = str(FIXTURES / "annotated_upstream.py")
 HOSTILE = str(FIXTURES / "hostile_upstream.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture
 def modern_http(tmp_path: Path) -> Iterator[str]:
     """The modern-only server on streamable HTTP: its URL."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen([sys.executable, MODERN, "--http", str(port), "--marks", str(tmp_path / "marks")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

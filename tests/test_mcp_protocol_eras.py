@@ -36,6 +36,7 @@ from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript
 from rho_actors.mcp import HTTPGuard, aserve
 from rho_actors.mcp.sessions import SESSION_META_KEY
 from tests.conftest import WAIT_S, wait_for
+from tests.helpers import listening
 from tests.mcp_fixtures import era_tools
 
 TOOLS = str(Path(era_tools.__file__))
@@ -64,13 +65,6 @@ async def _two_notes(client: Client, modern_handles: bool) -> tuple[str, str, st
     return _text(first), _text(second), handle
 
 
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), 0.2).close()
-        return True
-    except OSError:
-        return False
-
 
 @contextlib.contextmanager
 def _served_http(system: ActorSystem) -> Iterator[tuple[str, HTTPGuard]]:
@@ -96,7 +90,7 @@ def _served_http(system: ActorSystem) -> Iterator[tuple[str, HTTPGuard]]:
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     assert ready.wait(WAIT_S)
-    assert wait_for(lambda: _listening(port))
+    assert wait_for(lambda: listening(port))
     try:
         yield f"http://127.0.0.1:{port}/mcp", guard
     finally:

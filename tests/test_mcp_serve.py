@@ -31,16 +31,12 @@ from mcp.shared.exceptions import MCPError
 from rho_actors import ActorSystem, tool
 from rho_actors.mcp import HTTPGuard, aserve
 from tests.conftest import WAIT_S, read_line
+from tests.helpers import free_port
 from tests.mcp_fixtures import served_tools
 
 TOOLS = str(Path(served_tools.__file__))
 TOKEN = "a-test-token-of-32-characters-xx"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @asynccontextmanager
@@ -184,7 +180,7 @@ async def _connect_http(url: str, bound: float = WAIT_S) -> None:
 def test_http_list_changed_and_a_100_call_burst(system: ActorSystem) -> None:
     system.register(add)
     system.register(extra)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     thread, loops = _serve_http(system, port)
 

@@ -34,6 +34,7 @@ from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
 from rho_actors.mcp import HTTPGuard, aserve
 from rho_actors.mcp.sessions import SESSION_META_KEY
 from tests.conftest import WAIT_S, wait_for
+from tests.helpers import listening
 from tests.mcp_fixtures import served_tools
 
 TOKEN = "a-test-token-of-32-characters-xx"
@@ -96,20 +97,13 @@ def _served(system: ActorSystem) -> Iterator[tuple[str, threading.Thread]]:
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     assert ready.wait(WAIT_S)
-    assert wait_for(lambda: _listening(port))
+    assert wait_for(lambda: listening(port))
     try:
         yield f"http://127.0.0.1:{port}/mcp", thread
     finally:
         loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
         thread.join(WAIT_S)
 
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), 0.2).close()
-        return True
-    except OSError:
-        return False
 
 
 @contextlib.asynccontextmanager
@@ -162,7 +156,7 @@ def test_a_call_running_when_its_host_is_killed_with_kill_9_stays_in_the_transcr
          f"127.0.0.1:{port}", "--data-dir", str(tmp_path), "--unconfined"],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: _listening(port) or server.poll() is not None) and server.poll() is None
+        assert wait_for(lambda: listening(port) or server.poll() is not None) and server.poll() is None
 
         async def main() -> None:
             running = anyio.Event()

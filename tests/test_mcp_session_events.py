@@ -15,8 +15,9 @@ pytest.importorskip("mcp")
 
 from rho_actors import ActorSystem, CallEvent
 from tests.conftest import WAIT_S
+from tests.helpers import free_port
 from tests.test_mcp_client_requests import _sse_events, _until_result, polled
-from tests.test_mcp_serve import TOKEN, _connect_http, _free_port, _serve_http
+from tests.test_mcp_serve import TOKEN, _connect_http, _serve_http
 
 VERSION = "2025-11-25"
 
@@ -40,7 +41,7 @@ def test_a_session_cannot_replay_another_sessions_events(system: ActorSystem) ->
     finished = threading.Event()
     system.subscribe(lambda e: finished.set() if isinstance(e, CallEvent) and e.tool == "polled"
                      and e.kind == "finished" else None)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
     thread, loops = _serve_http(system, port)
     headers = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream",

@@ -5,7 +5,6 @@ on the new session, any other call fails saying why, and the next call works."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import time
@@ -20,22 +19,11 @@ from rho_actors import ActorSystem, ErrorKind
 from rho_actors.mcp import MCPServer
 from rho_actors.tool import ToolCall
 from tests.conftest import WAIT_S, slack, wait_for
+from tests.helpers import free_port, listening
 
 UPSTREAM = str(Path(__file__).parent / "mcp_fixtures" / "annotated_upstream.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), 0.2).close()
-        return True
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager
@@ -43,7 +31,7 @@ def _upstream(port: int) -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen([sys.executable, UPSTREAM, "--http", str(port)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: _listening(port) or process.poll() is not None, timeout_s=WAIT_S * 2)
+        assert wait_for(lambda: listening(port) or process.poll() is not None, timeout_s=WAIT_S * 2)
         assert process.poll() is None
         yield process
     finally:
@@ -52,7 +40,7 @@ def _upstream(port: int) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def test_a_restarted_server_gets_a_new_session_at_once(system: ActorSystem) -> None:
-    port = _free_port()
+    port = free_port()
     source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="up", connect_timeout_s=WAIT_S, mode="legacy",
                        ping_interval_s=300.0,  # nothing but the calls finds the session gone
                        idempotent_hints=True)  # wipe's idempotentHint is trusted: it is declared idempotent
@@ -81,7 +69,7 @@ def test_a_restarted_server_gets_a_new_session_at_once(system: ActorSystem) -> N
 def test_a_restarted_2026_server_needs_no_new_connection(system: ActorSystem) -> None:
     """At protocol 2026-07-28 there is no session to lose: a call to the restarted
     server just works, not idempotent either, on the same connection."""
-    port = _free_port()
+    port = free_port()
     source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="up", connect_timeout_s=WAIT_S,
                        ping_interval_s=300.0)
     with _upstream(port):
@@ -101,7 +89,7 @@ def test_a_restarted_2026_server_needs_no_new_connection(system: ActorSystem) ->
 def test_an_untrusted_idempotent_hint_does_not_send_a_call_again(system: ActorSystem) -> None:
     """The session-gone resend reads the tool's declared idempotence, as the governor does:
     an upstream's idempotentHint counts only where the host trusts its hints."""
-    port = _free_port()
+    port = free_port()
     source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", name="wary", connect_timeout_s=WAIT_S, mode="legacy",
                        ping_interval_s=300.0)
     with _upstream(port):

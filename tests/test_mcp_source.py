@@ -18,6 +18,7 @@ pytest.importorskip("mcp")
 from rho_actors import ActorSystem, ErrorKind, Reply, ScriptedModel, SupervisorEvent, ToolCall
 from rho_actors.mcp import MCPServer
 from tests.conftest import WAIT_S, slack, wait_for
+from tests.helpers import free_port
 from tests.mcp_fixtures import served_tools
 
 FIXTURE = str(Path(__file__).parent / "mcp_fixtures" / "fixture_server.py")
@@ -114,14 +115,9 @@ def test_a_server_that_keeps_dying_is_given_up_alone(system: ActorSystem, tmp_pa
     handle.close()  # detaching a given-up connection is fine
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_http_server_tools_and_deadline(system: ActorSystem, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen([sys.executable, FIXTURE, str(tmp_path), "--http", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -162,7 +158,7 @@ def test_a_loopback_url_sends_nothing_to_a_listener_of_another_uid(system: Actor
     source does not connect (no token, no request), says why, and offers no tools."""
     from rho_actors.mcp.peers import listener_uids
 
-    port = _free_port()
+    port = free_port()
     shared = tmp_path / "impostor"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)

@@ -33,6 +33,7 @@ from rho_actors.mcp.bounds import (
     shown_text,
 )
 from tests.conftest import WAIT_S, slack, wait_for
+from tests.helpers import free_port, listening
 
 HOSTILE = str(Path(__file__).parent / "mcp_fixtures" / "hostile_upstream.py")
 _MIB = 2**20
@@ -251,14 +252,14 @@ def test_session_processes_are_bounded(system: ActorSystem) -> None:
 
 def test_an_http_upstreams_oversized_message_is_cut_before_it_is_parsed(system: ActorSystem, tmp_path: Path,
                                                                        logs: list[str]) -> None:
-    from tests.test_mcp_source import FIXTURE, _free_port
+    from tests.test_mcp_source import FIXTURE
 
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen([sys.executable, FIXTURE, str(tmp_path), "--http", str(port)],
                                env={**os.environ, "FIXTURE_JSON": "1"},  # a JSON body: unbounded in the SDK
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: _listening(port), timeout_s=WAIT_S * 3)
+        assert wait_for(lambda: listening(port), timeout_s=WAIT_S * 3)
         server = MCPServer(url=f"http://127.0.0.1:{port}/mcp", timeout_ms=int(WAIT_S * 1000), name="web",
                            connect_timeout_s=WAIT_S)
         system.add_source(server, poll_s=None)
@@ -276,11 +277,3 @@ def test_an_http_upstreams_oversized_message_is_cut_before_it_is_parsed(system: 
         process.wait(WAIT_S)
 
 
-def _listening(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), 0.2).close()
-        return True
-    except OSError:
-        return False
