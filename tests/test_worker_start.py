@@ -121,3 +121,47 @@ def test_a_fork_servers_death_is_not_blamed_on_the_tool_and_the_next_call_runs(t
         assert "the fork server its worker process came from" in lost.content and "not the tool's" in lost.content
         [after] = _turn(system, "t", 0.0).result(3 * WAIT_S)
         assert after.ok, after.content
+
+
+def _rebuilt_here() -> Any:
+    """What a ``_DiesWhenLoaded`` unpickles to: itself in this host, a dead process in a
+    worker (a child of a fork server)."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        os._exit(3)
+    return _DiesWhenLoaded()
+
+
+class _DiesWhenLoaded:
+    """A trusted tool whose unpickling kills the worker process that loads it."""
+
+    def name(self) -> str:
+        return "dies_when_loaded"
+
+    def description(self) -> str:
+        return "Kills its worker as it is loaded."
+
+    def parameter_schema(self) -> dict[str, Any]:
+        return {"type": "object"}
+
+    def run(self, args: Any, ctx: Any) -> str:
+        return "never"
+
+    def __reduce__(self) -> Any:
+        return (_rebuilt_here, ())
+
+
+def test_a_tool_whose_load_kills_its_worker_is_no_longer_loaded_ahead_of_other_tools_calls(tmp_path: Path) -> None:
+    """Loaded ahead into every idle worker, a tool that kills the worker as it is
+    unpickled must not become another tool's failure: its load is answered or the worker
+    is lost there, and it is loaded ahead no more (only its own calls meet it)."""
+    with ActorSystem(tmp_path, warm_workers=2) as system:
+        system.register(_sleeper(5_000), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_loaded", 0) == 2, 3 * WAIT_S), system.stats()
+        system.register(_DiesWhenLoaded(), isolation="process")
+        for n in range(3):
+            [result] = _turn(system, f"victim{n}", 0.0).result(3 * WAIT_S)
+            assert result.ok and result.content == "slept 0.0", result.content
+        [own] = _turn(system, "own", 0.0, tool="dies_when_loaded").result(3 * WAIT_S)
+        assert not own.ok and "exit code 3" in own.content, own.content  # its own call says what it does

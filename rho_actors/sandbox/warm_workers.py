@@ -399,7 +399,7 @@ class WarmWorkers:
         for worker in lacking:
             try:
                 self._load_into(worker)
-            except (DeadlineReached, EOFError):
+            except (DeadlineReached, EOFError, Malformed):
                 self._lose(worker, "died")
                 continue
             with self._lock:
@@ -412,11 +412,24 @@ class WarmWorkers:
 
     def _load_into(self, worker: WorkerHandle) -> None:
         """Send ``worker`` (not idle: no call may write to it meanwhile) the tools loaded
-        ahead that it does not hold. Raises ``DeadlineReached`` or ``EOFError``."""
+        ahead that it does not hold, each answered ``LOADED`` within :data:`_LOAD_TIMEOUT_S`.
+        A tool whose load killed the worker or outlasted that is no longer loaded ahead
+        (its own calls ship it and say what it does: no other tool's call meets it).
+        Raises ``DeadlineReached``, ``EOFError`` or ``Malformed`` (the worker is lost)."""
         with self._lock:
             missing = [(d, b) for d, b in self._preloads.items() if d not in worker.tools]
         for digest, tool_bytes in missing:
-            worker.channel.send(wire.LOAD, pickle.dumps((digest, tool_bytes)), time.monotonic() + _LOAD_TIMEOUT_S)
+            deadline = time.monotonic() + _LOAD_TIMEOUT_S
+            try:
+                worker.channel.send(wire.LOAD, pickle.dumps((digest, tool_bytes)), deadline)
+                if worker.channel.recv(deadline, wire.MAX_REPLY_BYTES) != (wire.LOADED, b""):
+                    raise Malformed("a worker answered a LOAD frame with something else")
+            except (DeadlineReached, EOFError, Malformed):
+                with self._lock:
+                    self._preloads.pop(digest, None)
+                logger.warning("a process tool loaded ahead killed its worker or took over {} s to load: it is "
+                               "no longer loaded ahead of its calls", _LOAD_TIMEOUT_S)
+                raise
             worker.tools[digest] = None
             worker.tools.move_to_end(digest)
             while len(worker.tools) > TOOL_CACHE_SIZE:

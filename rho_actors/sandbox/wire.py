@@ -9,7 +9,8 @@ tag                direction  body
 =================  =========  ========================================================
 ``READY``          child ->   empty: a worker process is ready
 ``CALL``           -> child   a :class:`CallRequest` (pickled: it comes from the host)
-``LOAD``           -> child   ``(digest, tool bytes)`` pickled: a tool to hold ahead of its calls (no answer)
+``LOAD``           -> child   ``(digest, tool bytes)`` pickled: a tool to hold ahead of its calls
+``LOADED``         child ->   empty: the ``LOAD`` frame's tool was unpickled (or could not be: its call says why)
 ``NEED_TOOL``      child ->   empty: the worker does not hold the request's tool; resend with it
 ``RESULT``         child ->   a ``ToolResult``, in the worker's :class:`ResultCodec`
 ``RESULT_RETIRE``  child ->   the same, and the worker should be retired (it ran out of memory)
@@ -57,6 +58,7 @@ from rho_actors.tool import MAX_URI_CHARS, Audio, Block, ErrorKind, Image, Resou
 __all__ = [
     "CALL",
     "LOAD",
+    "LOADED",
     "CONTEXT_VALUES",
     "PORTABLE_CTX",
     "CODECS",
@@ -100,6 +102,7 @@ __all__ = [
 READY: Final = b"R"
 CALL: Final = b"C"
 LOAD: Final = b"L"
+LOADED: Final = b"O"
 NEED_TOOL: Final = b"N"
 RESULT: Final = b"A"
 RESULT_RETIRE: Final = b"X"

@@ -74,6 +74,7 @@ def worker_child(channel: Channel, config: WorkerConfig) -> None:
             break
         if tag == wire.LOAD:
             _load(body, tools)
+            channel.send(wire.LOADED, b"")  # the host waits for it: a worker still loading is not idle
             continue
         if tag != wire.CALL:
             break
