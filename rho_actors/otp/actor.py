@@ -48,6 +48,7 @@ Example::
 from __future__ import annotations
 
 import contextvars
+import importlib
 import itertools
 import queue
 import signal
@@ -313,24 +314,33 @@ class _WakingInbox:
         # KeyboardInterrupt) inside the actor's hooks would be taken for its crash and lost
         # to the host. Its handler runs once the actor has ended instead, here.
         caught: list[tuple[int, Any]] = []
-        held: dict[signal.Signals, Callable[[int, Any], Any]] = {}
+        held: dict[int, Callable[[int, Any], Any]] = {}
         for signum in _ASYNC_SIGNALS:
-            handler = signal.getsignal(signum)
+            handler = _getsignal(signum)
             if callable(handler):
                 held[signum] = handler
-                signal.signal(signum, lambda number, frame: caught.append((number, frame)))
+                _setsignal(signum, lambda number, frame: caught.append((number, frame)))
         try:
             contextvars.Context().run(actor._actor_loop)
         finally:
             for signum, handler in held.items():
-                signal.signal(signum, handler)
+                _setsignal(signum, handler)
             for number, frame in caught:
-                held[signal.Signals(number)](number, frame)
+                held[number](number, frame)
         return True
 
 
-_ASYNC_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
-                  signal.SIGUSR2)
+_ASYNC_SIGNALS = tuple(int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM,
+                                        signal.SIGUSR1, signal.SIGUSR2))
+# The C functions that signal.getsignal/signal.signal wrap: the same handlers, without an
+# enum looked up (and failed, for a Python handler) per signal: ~45 µs of the 7 look-ups
+# and a swap, against ~4 µs, on every loop's stop.
+try:
+    _C_SIGNAL: Any = importlib.import_module("_signal")
+    _getsignal: Callable[[int], Any] = _C_SIGNAL.getsignal
+    _setsignal: Callable[[int, Any], Any] = _C_SIGNAL.signal
+except (ImportError, AttributeError):  # another interpreter: the wrappers
+    _getsignal, _setsignal = signal.getsignal, signal.signal
 
 
 class StopFlag:
