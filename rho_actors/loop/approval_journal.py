@@ -92,7 +92,8 @@ class ApprovalJournal:
         self.path = path
         self._poll: Timer | None = None
         self._seen: tuple[int, int] | None = None  # the transcript's (size, mtime) at the last look
-        self._file = Transcript(self.path)  # read whole once, then only what was appended since
+        self._file: Transcript | None = None  # made at the first use (most sessions have none): read whole once,
+        # then only what was appended since
         self._file_lock = threading.Lock()  # one decision at a time uses it
         self._read_to = 0  # bytes of the transcript looked through for call records
         self._syncing = False  # a look's read runs on a pool thread: one at a time
@@ -186,9 +187,12 @@ class ApprovalJournal:
     def _locked(self) -> Iterator[Transcript]:
         """The session's transcript under its lock, read only past what this host read
         of it last (:meth:`~rho_actors.agent.transcript.Transcript.reopen`)."""
-        with self._file_lock, locked_transcript(self.path, transcript=self._file) as transcript:
-            transcript.history.messages = []  # only the calls' tracks are kept between decisions
-            yield transcript
+        with self._file_lock:
+            if self._file is None:
+                self._file = Transcript(self.path)
+            with locked_transcript(self.path, transcript=self._file) as transcript:
+                transcript.history.messages = []  # only the calls' tracks are kept between decisions
+                yield transcript
 
     def _watch(self) -> None:
         """Look at the transcript every :data:`POLL_S` seconds while calls are pending
