@@ -366,8 +366,8 @@ class Telemetry:
         if not self.enabled or not isinstance(event, SupervisorEvent):
             return
         try:
-            instruments = self._metrics()
-            if instruments is not None and event.kind in ("restarted", "gave_up"):
+            instruments = self._metrics() if event.kind in ("restarted", "gave_up") else None  # one a session start
+            if instruments is not None:
                 labels = {**self.labels, "rho_actors.supervisor": event.supervisor.partition(":")[0]}
                 counter = instruments.restarts if event.kind == "restarted" else instruments.give_ups
                 counter.add(1, labels)
