@@ -261,3 +261,24 @@ def test_a_schema_the_compiled_check_cannot_take_falls_back_to_jsonschema(monkey
     assert quick_valid(validator, decode_arguments('{"n": 3}'), 8)
     assert not quick_valid(validator, decode_arguments('{"n": 10}'), 9)
     assert violations(validator, decode_arguments('{"n": 10}'), 1.0, 9) == ["$.n: 10 fails maximum 9"]
+
+
+def test_integral_floats_are_looked_for_only_where_a_schema_names_integer() -> None:
+    """A valid call of a linear schema naming no ``integer`` skips the walk that makes
+    integral floats ``int`` s; one naming it anywhere (nested, in a type list, in
+    ``items`` or ``additionalProperties``) still gets them, as does any non-linear schema."""
+    none = checked({"type": "object", "properties": {"x": {"type": "number"}, "s": {"type": "array"}}})
+    assert not linear.needs_integral(none)
+    args = decode_arguments('{"x": 3.0}')
+    assert violations(none, args, 1.0, 10) == [] and type(args["x"]) is float  # a number stays as sent
+    inner = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    for schema in ({"type": "object", "properties": {"o": inner}},
+                   {"type": "object", "properties": {"n": {"type": ["integer", "null"]}}},
+                   {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}},
+                   {"type": "object", "additionalProperties": {"type": "integer"}},
+                   NOT_LINEAR[2]):
+        validator = checked(schema)
+        assert linear.needs_integral(validator), schema
+    nested = checked({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}})
+    args = decode_arguments('{"a": [1.0, 2]}')
+    assert violations(nested, args, 1.0, 15) == [] and [type(v) for v in args["a"]] == [int, int]

@@ -41,7 +41,7 @@ from typing import Any
 import jsonschema_rs
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-__all__ = ["LINEAR_KEYWORDS", "QUICK_MAX_CHECKS", "linear_cost", "quick_valid"]
+__all__ = ["LINEAR_KEYWORDS", "QUICK_MAX_CHECKS", "linear_cost", "needs_integral", "quick_valid"]
 
 LINEAR_KEYWORDS = frozenset({
     "type", "properties", "required", "enum", "const", "items", "additionalProperties",
@@ -124,7 +124,8 @@ def _values(value: Any) -> int:
 
 _LOCK = threading.Lock()
 _PLAIN: dict[type, type] = {}  # a budgeted validator class -> the same keywords, uncounted
-_QUICK: dict[int, tuple[weakref.ref[Any], Any, int]] = {}  # id(validator) -> (it, plain validator, cost)
+_QUICK: dict[int, tuple[weakref.ref[Any], Any, int, bool]] = {}
+# id(validator) -> (it, plain validator, cost, whether its schema names the type integer)
 # (an entry and its subschemas' go when the validator is collected: _forgetter)
 _CHILDREN: dict[int, Any] = {}  # id(subschema) of a linear schema -> its plain validator, made once
 _KEPT = 4096
@@ -222,6 +223,22 @@ def _quick_of(validator: Any) -> tuple[Any, int]:
     known = _QUICK.get(key)
     if known is not None and known[0]() is validator:
         return known[1], known[2]
+    return _made(validator, key)[:2]
+
+
+def needs_integral(validator: Any) -> bool:
+    """Whether valid arguments of ``validator``'s schema may hold an integral float to be
+    made an ``int`` (:func:`~rho_actors.declarations.integral.integral_floats`): False
+    only for a linear schema that names the type ``integer`` nowhere (made once per
+    validator, with its quick check)."""
+    known = _QUICK.get(id(validator))
+    if known is not None and known[0]() is validator:
+        return known[3]
+    return _made(validator, id(validator))[2]
+
+
+def _made(validator: Any, key: int) -> tuple[Any, int, bool]:
+    """Make and keep :data:`_QUICK`'s entry of ``validator`` (at ``key``, its id)."""
     cost = linear_cost(validator.schema)
     plain = None
     made: list[tuple[int, Any]] = []
@@ -236,8 +253,27 @@ def _quick_of(validator: Any) -> tuple[Any, int]:
             plain = cls(validator.schema)
             made = [(id(sub), cls(sub)) for sub in _subschemas(validator.schema)]
             _CHILDREN.update(made)
-        _QUICK[key] = (weakref.ref(validator, _forgetter(key, made)), plain, cost or 0)
-    return plain, cost or 0
+        integers = cost is None or _names_integer(validator.schema)
+        _QUICK[key] = (weakref.ref(validator, _forgetter(key, made)), plain, cost or 0, integers)
+    return plain, cost or 0, integers
+
+
+def _names_integer(schema: Any) -> bool:
+    """Whether linear ``schema`` has a ``type`` of ``integer`` (alone or in a list) anywhere."""
+    stack = [schema]
+    while stack:
+        sub = stack.pop()
+        if not isinstance(sub, dict):
+            continue
+        kind = sub.get("type")
+        if kind == "integer" or (isinstance(kind, list) and "integer" in kind):
+            return True
+        for key, value in sub.items():
+            if key == "properties" and isinstance(value, dict):
+                stack.extend(value.values())
+            elif key in ("items", "additionalProperties"):
+                stack.append(value)
+    return False
 
 
 def _compiled(schema: Any) -> Any:
