@@ -33,7 +33,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
 from rho_actors.declarations.integral import integral_floats
-from rho_actors.declarations.linear import needs_integral, quick_valid
+from rho_actors.declarations.linear import quick_valid
 from rho_actors.declarations.patterns import ecma_to_re2
 from rho_actors.encoding import scrub_text, text_length
 from rho_actors.errors import RhoError
@@ -95,15 +95,12 @@ def _no_constants(token: str) -> Any:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)  # made in C; the pairs walked only when a key came twice, to name it
-    if len(result) == len(pairs):
-        return result
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            break
-        seen.add(key)
-    raise ValueError(f"duplicate key {key!r}")
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constants)
@@ -647,8 +644,7 @@ def violations(
     (:func:`~rho_actors.declarations.linear.quick_valid`; counted only to find violations).
     """
     if quick_valid(validator, args, size, MAX_KEYWORD_CHECKS):  # linear, checked uncounted: the same verdict
-        if needs_integral(validator):  # else no integer position to look at
-            integral_floats(validator.schema, args)
+        integral_floats(validator.schema, args)
         return []
     limit_s = math.inf if max_s is None else max(0.0, max_s)
     _BUDGET.left, _BUDGET.next_clock = MAX_KEYWORD_CHECKS, MAX_KEYWORD_CHECKS
