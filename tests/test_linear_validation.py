@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import jsonschema_rs
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
@@ -256,7 +257,7 @@ def test_a_schema_the_compiled_check_cannot_take_falls_back_to_jsonschema(monkey
     def refuse(schema: Any) -> Any:
         raise ValueError("not compiled")
 
-    monkeypatch.setattr(linear.jsonschema_rs, "Draft202012Validator", refuse)
+    monkeypatch.setattr(jsonschema_rs, "Draft202012Validator", refuse)
     validator = checked(LINEAR[1])
     assert quick_valid(validator, decode_arguments('{"n": 3}'), 8)
     assert not quick_valid(validator, decode_arguments('{"n": 10}'), 9)
