@@ -55,7 +55,7 @@ def _text(result: types.CallToolResult) -> str:
 
 def _decisions(data: Path) -> dict[str, dict[str, Any]]:
     """Each decided call of the sessions under ``data``: its ``decided`` record."""
-    found = {}
+    found: dict[str, dict[str, Any]] = {}
     for path in data.glob(f"sessions/*/{TRANSCRIPT_NAME}"):
         found |= {c: t.states["decided"] for c, t in load(path).calls.items() if "decided" in t.states}
     return found
