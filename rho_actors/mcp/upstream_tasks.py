@@ -92,7 +92,7 @@ class CreatedTask(_Strict):
 
 
 class _Error(_Strict):
-    code: int
+    code: int = Field(ge=-(2**31), lt=2**31)  # JSON-RPC's codes are 32-bit
     message: str
 
 
