@@ -5,13 +5,14 @@ call's creation only after the gateway's client cancelled it. The gateway's clie
 SDK's, over HTTP, declaring the extension) gets a ``failed`` task whose error names the
 upstream and what was wrong, the upstream's task is cancelled whenever its id is known,
 poll intervals are clamped, and a cancel that came before the upstream's task id is
-applied once the id arrives."""
+applied once the id arrives, while a plain call's cancel reaches the upstream at once."""
 
 from __future__ import annotations
 
 import contextlib
 import shlex
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ pytest.importorskip("mcp")
 from rho_actors import ActorSystem
 from rho_actors.mcp.gateway import Gateway, GatewayConfig, UpstreamSpec
 from rho_actors.mcp.upstream_tasks import MAX_POLL_S
-from tests.conftest import WAIT_S, wait_for
+from tests.conftest import WAIT_S, slack, wait_for
 from tests.test_mcp_protocol_eras import _http_client, _served_http
 from tests.test_mcp_tasks import Tasks, _create, _ended, _request
 
@@ -32,9 +33,10 @@ UPSTREAM = Path(__file__).parent / "mcp_fixtures" / "hostile_task_upstream.py"
 
 
 @contextlib.contextmanager
-def _gateway(system: ActorSystem, marks: Path) -> Iterator[str]:
+def _gateway(system: ActorSystem, marks: Path, connect_timeout_s: float = 30.0) -> Iterator[str]:
     """``system`` serving the hostile task upstream (named ``hostile``) over HTTP: the URL."""
-    spec = UpstreamSpec("hostile", command=tuple(shlex.split(shlex.join([sys.executable, str(UPSTREAM), str(marks)]))))
+    spec = UpstreamSpec("hostile", command=tuple(shlex.split(shlex.join([sys.executable, str(UPSTREAM), str(marks)]))),
+                        connect_timeout_s=connect_timeout_s)
     gateway = Gateway(GatewayConfig((spec,)))
     gateway.start(system)
     try:
@@ -98,3 +100,24 @@ def test_a_cancel_before_the_upstream_task_id_is_known_cancels_the_upstream_task
                 return status
 
         assert anyio.run(main) == "cancelled"
+
+
+def test_a_cancel_of_a_plain_call_on_a_tasks_server_reaches_it_at_once(system: ActorSystem, tmp_path: Path) -> None:
+    # the answer of a cancelled call is awaited connect_timeout_s for a task made late; the
+    # cancel itself must not wait for that (the plain call ran on for it)
+    with _gateway(system, tmp_path, connect_timeout_s=WAIT_S * 10) as url:
+        async def main() -> tuple[str, float]:
+            async with _http_client(url, "2026-07-28", extensions=[Tasks()]) as client:
+                task_id, _ = await _create(client, "plain_wait", {})
+                assert wait_for((tmp_path / "started-plain_wait").exists)  # in flight upstream
+                cancelled_at = time.monotonic()
+                await _request(client.session, "tasks/cancel", taskId=task_id)
+                with anyio.fail_after(WAIT_S):
+                    while not (tmp_path / "cancelled-plain_wait").exists():
+                        await anyio.sleep(0.02)
+                took = time.monotonic() - cancelled_at
+                return str((await _ended(client.session, task_id))["status"]), took
+
+        status, took = anyio.run(main)
+    assert status == "cancelled"
+    assert took < slack(2.0), f"the upstream saw the cancel {took:.1f} s after the client's"

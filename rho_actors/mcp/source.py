@@ -64,6 +64,7 @@ from typing import Any
 import mcp_types as types
 import pykka
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
@@ -524,9 +525,10 @@ class MCPServer(TaskFollowing):
               kept: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Send ``request`` for a call of tool ``label`` and wait for its result (a dict), at
         most until ``deadline``; a failure as :class:`ToolFailure` (or :class:`SessionGone`).
-        ``kept``: a cancel does not abandon the request (no ``notifications/cancelled``, so a
-        task the server makes of it is not lost): the call's result is ``cancelled`` at
-        once, and the answer, if it comes within ``connect_timeout_s``, goes to ``kept``."""
+        ``kept``: a cancel sends ``notifications/cancelled`` at once but keeps listening (a
+        task the server made before it read the cancel is not lost): the call's result is
+        ``cancelled`` at once, and the answer, if it comes within ``connect_timeout_s``,
+        goes to ``kept``."""
         with link.lock:
             session, aloop = link.session, link.aloop
         if session is None or aloop is None:
@@ -540,7 +542,11 @@ class MCPServer(TaskFollowing):
 
         # sent as a bare request: the SDK's own result check (its jsonschema, Python's re on
         # the server's patterns) never runs here; rho's bounded validator checks it (mcp serve)
-        sending = session.send_request(request, _RAW, request_read_timeout_seconds=left, progress_callback=forward)
+        sending: Any = session.send_request(request, _RAW, request_read_timeout_seconds=left,
+                                            progress_callback=forward)
+        ids: concurrent.futures.Future[int | None] = concurrent.futures.Future()  # the request's id, kept ones'
+        if kept is not None:
+            sending = _with_id(session, sending, ids)
         heard = listen(link.lock, link.listeners, client_of(ctx))  # its log messages: to a served call, from now
         try:
             future = asyncio.run_coroutine_threadsafe(sending, aloop)
@@ -556,6 +562,7 @@ class MCPServer(TaskFollowing):
                 concurrent.futures.wait((future, stop), left + 5.0, concurrent.futures.FIRST_COMPLETED)
                 if not future.done() and stop.done():
                     self._keep(future, aloop, kept)  # type: ignore[arg-type]
+                    _tell_cancelled(session, aloop, ids, getattr(cancel, "reason", None) or "cancelled")
                     raise concurrent.futures.CancelledError
             return dict(future.result(timeout=0.0 if stop is not None else left + 5.0))
         except ValidationError as err:  # the SDK's own check of a result
@@ -596,6 +603,38 @@ class MCPServer(TaskFollowing):
     def __repr__(self) -> str:
         where = f"command={shlex.join(self.command)!r}" if self.command is not None else f"url={self.url!r}"
         return f"MCPServer({where}, name={self.name!r})"
+
+
+def _with_id(session: Any, sending: Any, ids: concurrent.futures.Future[int | None]) -> Any:
+    """``sending`` (``session.send_request``'s coroutine), its request id set in ``ids``:
+    read on the session's loop right before the send, which mints it with nothing run in
+    between (the SDK's JSON-RPC dispatcher; another: None)."""
+    async def send() -> Any:
+        dispatcher = getattr(session, "_dispatcher", None)
+        if isinstance(dispatcher, JSONRPCDispatcher):
+            minted = dispatcher._next_id + 1
+            while minted in dispatcher._pending:  # as the dispatcher mints: past ids in flight
+                minted += 1
+            ids.set_result(minted)
+        else:
+            ids.set_result(None)
+        return await sending
+
+    return send()
+
+
+def _tell_cancelled(session: Any, aloop: asyncio.AbstractEventLoop, ids: concurrent.futures.Future[int | None],
+                    reason: str) -> None:
+    """Send ``notifications/cancelled`` for the kept request whose id is in ``ids`` (after
+    the request: on the same loop, scheduled after it), its response stream kept."""
+    async def tell() -> None:
+        request_id = ids.result() if ids.done() else None
+        if request_id is not None:
+            await session.send_notification(types.CancelledNotification(
+                params=types.CancelledNotificationParams(request_id=request_id, reason=reason)))
+
+    with contextlib.suppress(RuntimeError):  # the loop closed: the request ended with it
+        asyncio.run_coroutine_threadsafe(tell(), aloop)
 
 
 def _on_cancel(cancel: Any, future: concurrent.futures.Future[Any], keep: bool

@@ -1,5 +1,5 @@
 """A hostile MCP server with the tasks extension (SEP-2663), built with the official SDK's
-``MCPServer`` and its extension interface: every tool's call becomes a task whose
+``MCPServer`` and its extension interface: every tool's call (but ``plain_wait``'s) becomes a task whose
 creation or status is malformed or hostile in one way, for
 ``tests/test_hostile_mcp_gateway_tasks.py``. Usage: hostile_task_upstream.py MARKS_DIR
 (it writes ``task-<n>`` naming the tool when it creates a task, ``cancelled-task-<n>``
@@ -13,12 +13,17 @@ creation is answered).
 - ``unknown_status``: its ``tasks/get`` says ``exploded``;
 - ``result_not_object``: its ``tasks/get`` says ``completed`` with a string ``result``;
 - ``upstream_fails``: its ``tasks/get`` says ``failed`` with a 100,000-character message;
-- ``late_task``: the ``CreateTaskResult`` is answered only once ``release`` exists; the
-  task then works until cancelled.
+- ``late_task``: the ``CreateTaskResult`` is answered only once ``release`` exists, and
+  the server's loop is blocked until then (it reads a ``notifications/cancelled`` for the
+  call only after it answered: a task made before the server read the cancel); the task
+  then works until cancelled;
+- ``plain_wait``: no task, a plain call that waits until it is cancelled (it writes
+  ``started-plain_wait``, then ``cancelled-plain_wait`` when its call is cancelled).
 """
 
 import itertools
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,6 +61,8 @@ class Tasks(Extension):
                 MethodBinding("tasks/cancel", TaskParams, self.cancel)]
 
     async def intercept_tool_call(self, params: Any, ctx: Any, call_next: Any) -> Any:
+        if params.name == "plain_wait":
+            return await call_next(ctx)
         task_id = f"task-{next(self.ids)}"
         self.called[task_id] = params.name
         (MARKS / task_id).write_text(params.name)
@@ -71,8 +78,8 @@ class Tasks(Extension):
         elif params.name == "huge_poll":
             created["pollIntervalMs"] = 10**12
         elif params.name == "late_task":
-            while not (MARKS / "release").exists():  # the gateway's client cancels meanwhile
-                await anyio.sleep(0.02)
+            while not (MARKS / "release").exists():  # the gateway's client cancels meanwhile, unread
+                time.sleep(0.02)
         return created
 
     async def get(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
@@ -113,6 +120,17 @@ def _tool(name: str) -> None:
 
     run.__name__ = name
     server.tool(name=name, description=f"A task whose {name.replace('_', ' ')}.")(run)
+
+
+@server.tool(description="A plain call that waits until it is cancelled.")
+async def plain_wait() -> str:
+    (MARKS / "started-plain_wait").touch()
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class():
+        (MARKS / "cancelled-plain_wait").touch()
+        raise
+    return "never: it waits until cancelled"
 
 
 for _name in ("no_task_id", "number_task_id", "negative_poll", "huge_poll", "unknown_status", "result_not_object",
