@@ -324,6 +324,13 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.RAISED, "tool {tool}: MCP server {server} ran the call as a task that ended {status} without a result"
     ),
     "mcp_refused": (_K.RAISED, "tool {tool}: MCP server {server} refused the call: error {code}: {message}"),
+    "mcp_task_failed": (
+        _K.RAISED, "tool {tool}: MCP server {server} ran the call as a task that failed: error {code}: {message}"
+    ),
+    "mcp_task_malformed": (
+        _K.RAISED, "tool {tool}: MCP server {server} answered {what} that is not a valid task: {problem}; {fate}"
+    ),
+    "mcp_malformed": (_K.RAISED, "tool {tool}: MCP server {server} answered {what} that is not valid: {problem}"),
     "mcp_output_schema": (
         _K.RAISED, "tool {tool!r} returned output that does not match its outputSchema: {problem}",
     ),
@@ -375,10 +382,11 @@ def result_from_exception(
     the text (``tool 'x' raised ValueError: ...``) is capped at ``max_chars`` characters.
     Its host-only ``details`` are ``{"traceback": text}`` (:func:`tool_traceback`; the
     model never sees details). A :class:`~rho_actors.tool.ToolFailure` gives its own
-    kind, with its message as the text, and no traceback."""
+    kind, with its message as the text, its ``details``, and no traceback."""
     if isinstance(exc, ToolFailure):
         failed = error_result(call_id, name, exc.kind, encode_output(str(exc), max_chars).text, duration_ms)
-        return dataclasses.replace(failed, details={"retryable": True}) if exc.retryable else failed
+        details = {**exc.details, "retryable": True} if exc.retryable else dict(exc.details)
+        return dataclasses.replace(failed, details=details) if details else failed
     if isinstance(exc, Exception):
         kind, verb = ErrorKind.RAISED, "raised"
     else:

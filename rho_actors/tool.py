@@ -432,14 +432,17 @@ class ToolFailure(RhoError):
     """Raised by a tool's ``run`` for an error result of kind ``kind`` (not ``raised``): a tool standing for one
     elsewhere (an MCP server's) reports ``unavailable``, ``crashed``, ``timeout`` or ``cancelled``. ``str(err)`` is
     the model's text (capped). ``ValueError`` for a ``kind`` not an :class:`ErrorKind` value. ``retryable=True``: run
-    again it may succeed (an idempotent tool's call is retried; ``details["retryable"]``; ``result_from_exception``)."""
+    again it may succeed (an idempotent tool's call is retried; ``details["retryable"]``; ``result_from_exception``).
+    ``details``: more of the result's host-only ``details`` (an upstream MCP task's ``{"task_status": "failed"}``)."""
 
-    def __init__(self, kind: ErrorKind | str, message: str, retryable: bool = False) -> None:
+    def __init__(self, kind: ErrorKind | str, message: str, retryable: bool = False,
+                 details: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.kind, self.retryable = ErrorKind(kind), retryable is True
+        self.details: Mapping[str, Any] = dict(details or {})
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled by its arguments (from a worker process)
-        return (type(self), (self.kind, str(self), self.retryable))
+        return (type(self), (self.kind, str(self), self.retryable, dict(self.details)))
 
 
 @dataclass(frozen=True, slots=True)

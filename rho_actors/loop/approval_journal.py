@@ -109,7 +109,7 @@ class ApprovalJournal:
         raise NotImplementedError
 
     def _decide(self, held: Held, decision: str, decided_by: str | None, *, running: bool = False,
-                first: str | None = None) -> None:
+                first: str | None = None, result: ToolResult | None = None) -> None:
         raise NotImplementedError
 
     def _run(self, held: Held, args: dict[str, Any]) -> ToolResult:
@@ -124,7 +124,7 @@ class ApprovalJournal:
     def _arm(self, held: Held, delay_s: float) -> None:
         raise NotImplementedError
 
-    def _answered(self, call_id: str, result: ToolResult) -> None:
+    def _answered(self, call_id: str, result: ToolResult, held: Held | None = None) -> None:
         raise NotImplementedError
 
     def record(self, calls: list[tuple[ToolCall, PendingCall]], off_thread: bool) -> None:
@@ -263,9 +263,8 @@ class ApprovalJournal:
             with self._locked() as transcript:
                 now = transcript.history.calls.get(held.pending.call_id)
                 if now is None or now.state != "decided":  # settled or started meanwhile: nothing to do here
-                    self._decide(held, "", None, first=first_decision(track if now is None else now))
-                    self._answered(held.pending.call_id, failure("interrupted", held.pending.call_id,
-                                                                 held.pending.name))
+                    self._decide(held, "", None, first=first_decision(track if now is None else now),
+                                 result=failure("interrupted", held.pending.call_id, held.pending.name))
                     return
                 if isinstance(args, dict) and approved:
                     transcript.call(now.step, now.index, "running", call_id=now.call_id, name=now.name,
@@ -282,12 +281,10 @@ class ApprovalJournal:
                          held.pending.call_id, args)
         by = decided.get("decided_by")
         self._decide(held, str(decided.get("decision"))[:40], by[:200] if isinstance(by, str) else None,
-                     running=result is None)
+                     running=result is None, result=result)
         if result is None:
             assert isinstance(args, dict)
             self._record(held, self._run(held, args))
-        else:
-            self._answered(held.pending.call_id, result)
 
     def _recover(self) -> None:
         """Rebuild the pending calls a transcript left open (a restart of the host) and act

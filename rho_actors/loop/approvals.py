@@ -71,6 +71,7 @@ MAX_PENDING_CALLS: Final = 256
 MAX_PENDING_ARGUMENT_BYTES: Final = 16 << 20
 """The most bytes of arguments (their JSON text) the waiting calls of one session hold."""
 _KEPT_DECISIONS = 10_000  # decided call ids remembered per session, to name the first decision
+_KEPT_OUTCOMES = 32  # results of a turn run directly's decided calls not asked for yet (when_decided)
 
 
 class Turns(Protocol):
@@ -116,6 +117,7 @@ class SessionApprovals(ApprovalJournal):
         self._decided: dict[str, str] = {}  # call id -> its decision, described
         self._in_flight: dict[str, str] = {}  # approved calls until their result is recorded: id -> tool
         self._waiters: dict[str, list[concurrent.futures.Future[ToolResult]]] = {}  # when_decided(), by call id
+        self._outcomes: dict[str, ToolResult] = {}  # decided, no one waited yet: for a late when_decided()
         self._lock = threading.Lock()
         self._turns: Turns | None = None
         self._runtime: Runtime | None = None
@@ -297,21 +299,41 @@ class SessionApprovals(ApprovalJournal):
 
     def when_decided(self, call_id: str) -> concurrent.futures.Future[ToolResult]:
         """A future of call ``call_id``'s result, set once it is decided (by this host
-        or, through the transcript, another process) and, approved, has run. Raises
-        :class:`ApprovalError` when no such call waits."""
+        or, through the transcript, another process) and, approved, has run. A call of a
+        turn run directly decided before this is asked (between its turn's result and this
+        call) is found too: its result is kept until asked for (the last
+        ``_KEPT_OUTCOMES`` of the session). Raises :class:`ApprovalError` when no such call
+        waits, runs or was decided so."""
         future: concurrent.futures.Future[ToolResult] = concurrent.futures.Future()
         with self._lock:
-            if call_id not in self._held:
-                raise ApprovalError(f"no call {call_id!r} waits for a decision in session {self.session_id!r}")
-            self._waiters.setdefault(call_id, []).append(future)
+            outcome = self._outcomes.pop(call_id, None)
+            if outcome is None:
+                if call_id not in self._held and call_id not in self._in_flight:
+                    raise ApprovalError(f"no call {call_id!r} waits for a decision in session {self.session_id!r}")
+                self._waiters.setdefault(call_id, []).append(future)
+                return future
+        future.set_running_or_notify_cancel()
+        future.set_result(outcome)
         return future
 
-    def _answered(self, call_id: str, result: ToolResult) -> None:
+    def _answered(self, call_id: str, result: ToolResult, held: Held | None = None) -> None:
+        """``result`` is call ``call_id``'s: to its :meth:`when_decided` futures (``held``,
+        a call that ran: it leaves the calls in flight in the same step)."""
         with self._lock:
-            waiting = self._waiters.pop(call_id, [])
-        for future in waiting:
-            if future.set_running_or_notify_cancel():
-                future.set_result(result)
+            if held is not None:
+                self._in_flight.pop(call_id, None)
+            waiting = self._handed(call_id, result, held)
+        _give(waiting, result)
+
+    def _handed(self, call_id: str, result: ToolResult, held: Held | None) -> list[concurrent.futures.Future[Any]]:
+        """(Under the lock.) The futures waiting for ``call_id``'s ``result``; none: kept
+        for a later :meth:`when_decided` when ``held`` is a turn run directly's call."""
+        waiting = self._waiters.pop(call_id, [])
+        if not waiting and held is not None and held.recorded is not None:
+            if len(self._outcomes) >= _KEPT_OUTCOMES:
+                del self._outcomes[next(iter(self._outcomes))]
+            self._outcomes[call_id] = result
+        return waiting
 
     # --- deciding -------------------------------------------------------------------------
 
@@ -400,8 +422,7 @@ class SessionApprovals(ApprovalJournal):
         except BaseException:
             self._unclaim(held)
             raise
-        self._decide(held, decision, decided_by)
-        self._answered(held.pending.call_id, result)
+        self._decide(held, decision, decided_by, result=result)
 
     def _claim(self, call_id: Any, kind: str) -> Held:
         """The held call ``call_id``, claimed for one decision; raises :class:`ApprovalError`."""
@@ -431,11 +452,12 @@ class SessionApprovals(ApprovalJournal):
             held.claimed = False
 
     def _decide(self, held: Held, decision: str, decided_by: str | None, *, running: bool = False,
-                first: str | None = None) -> None:
+                first: str | None = None, result: ToolResult | None = None) -> None:
         """``held`` is decided: forgotten as pending, its decision remembered (``first``:
         as the transcript tells one made elsewhere, not announced here) and announced (a
         ``decided`` event and span); with ``running``, in flight until :meth:`_record`
-        has its result."""
+        has its result; with ``result`` (a decision that runs nothing), answered in the
+        same step (:meth:`when_decided` never finds it neither waiting nor answered)."""
         call_id = held.pending.call_id
         if held.timer is not None:
             held.timer.cancel()
@@ -453,6 +475,9 @@ class SessionApprovals(ApprovalJournal):
             if running:
                 self._in_flight[call_id] = held.pending.name
             idle = not self._held
+            waiting = self._handed(call_id, result, held) if result is not None else []
+        if result is not None:
+            _give(waiting, result)
         if idle and self._poll is not None:
             self._poll.cancel()
             self._poll = None
@@ -505,12 +530,16 @@ class SessionApprovals(ApprovalJournal):
                     transcript, track = journal
                     transcript.result(track.step, track.index, result, sync=False)  # durable by the next fsync
         finally:
-            with self._lock:
-                self._in_flight.pop(held.pending.call_id, None)
-            self._answered(held.pending.call_id, result)
+            self._answered(held.pending.call_id, result, held)
 
     def in_flight(self) -> list[dict[str, Any]]:
         """The approved calls starting or running, their results not recorded yet:
         ``call_id`` and ``tool``."""
         with self._lock:
             return [{"call_id": c, "tool": t} for c, t in self._in_flight.items()]
+
+
+def _give(waiting: list[concurrent.futures.Future[Any]], result: ToolResult) -> None:
+    for future in waiting:
+        if future.set_running_or_notify_cancel():
+            future.set_result(result)

@@ -525,11 +525,11 @@ class Loop:
         return self._approvals().reject(call_id, message, decided_by)
 
     def when_decided(self, call_id: str) -> concurrent.futures.Future[ToolResult]:
-        """A future of pending call ``call_id``'s result (a :class:`~rho_actors.ToolResult`),
-        set once the call is decided, here or by another process (``rho-actors approve``:
-        acted on within a second), and, approved, has run; never set when the call is not
-        decided in this host (it stopped). Raises :class:`~rho_actors.ApprovalError` when no
-        such call waits."""
+        """A future of pending call ``call_id``'s result (a :class:`~rho_actors.ToolResult`), set once
+        it is decided, here or by another process (``rho-actors approve``: acted on within a second),
+        and, approved, has run; never set when not decided in this host (it stopped). A turn run
+        directly's call decided before this is asked is found too (its result kept until asked for).
+        Raises :class:`~rho_actors.ApprovalError` when no such call waits, runs or was so decided."""
         return self._approvals().when_decided(call_id)
 
     def resolve(self, call_id: str, output: Any) -> ToolResult:

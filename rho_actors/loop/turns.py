@@ -271,7 +271,9 @@ class Turns:
             refused.append(turn.slots[index])
             turn.waiting.remove(index)
             turn.open -= 1
-            if (waits := pending_call(pending)) is not None:
+            if as_task and not slot.result.ok:  # no task to wait as (a bound reached): refused, not left waiting
+                self.approvals.forget([pending])
+            elif (waits := pending_call(pending)) is not None:
                 calls.append((slot.call, waits))
         return calls
 

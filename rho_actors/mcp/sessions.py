@@ -45,8 +45,8 @@ from rho_actors.lifecycle import PendingCall
 from rho_actors.loop.decisions import ApprovalError
 from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["PRINCIPAL_KEY", "SESSION_META_KEY", "CallRecord", "Session", "SessionGone", "is_modern", "new_session_id",
-           "principal_of", "session_handle", "session_unknown"]
+__all__ = ["PRINCIPAL_KEY", "SESSION_ENDED", "SESSION_META_KEY", "CallRecord", "Session", "SessionGone", "is_modern",
+           "new_session_id", "principal_of", "session_handle", "session_unknown"]
 
 SESSION_META_KEY = "rho-actors/session"
 """The ``_meta`` key of a 2026-07-28 request naming its session, and of a result saying it."""
@@ -55,6 +55,8 @@ PRINCIPAL_KEY = "rho_actors.principal"
 request's principal."""
 _LOCAL = "local"  # the principal of a stdio process (and of HTTP served without a guard)
 _HANDLE_CHARS = 128  # the longest handle a request may name
+SESSION_ENDED = "the MCP session ended before the call was decided; call it again in a new session"
+"""The rejection of a call still waiting for approval when its MCP session ends."""
 _DECIDED_GRACE_S = 30.0  # past a held call's expiry, how long its request waits for the expiry's result
 
 
@@ -135,7 +137,8 @@ class Session:
 
     async def close(self, sessions: Any, state_key: str) -> None:
         """Stop the session's loop and close its transcript (idempotent); ``sessions``
-        (a set) forgets it, and the connection state's ``state_key`` too."""
+        (a set) forgets it, and the connection state's ``state_key`` too. Its calls still
+        waiting for approval are rejected first (:meth:`end_held`)."""
         if self.closed:
             return
         self.closed = True
@@ -144,10 +147,26 @@ class Session:
             del self.state[state_key]
         try:
             with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.end_held)
                 await anyio.to_thread.run_sync(self.loop.stop)
         finally:
             if self.transcript is not None:
                 self.transcript.close()
+
+    def end_held(self) -> None:
+        """Reject each call of this session that waits for approval (DESIGN §4
+        "Approvals"), recorded as decided by ``rho-actors mcp serve`` with
+        :data:`SESSION_ENDED`: no client can be answered once its session ended, and no
+        host takes an MCP session back, so it would wait for ever (its ``tools/call``, or
+        its task, ends ``rejected``). A call being decided meanwhile is left to that decision."""
+        for pending in self.loop.pending():
+            if pending.kind != "approval":
+                continue
+            try:
+                self.loop.reject(pending.call_id, SESSION_ENDED, decided_by="rho-actors mcp serve")
+            except (ApprovalError, OSError, ValueError) as exc:
+                logger.info("MCP session {}: call {} not rejected at its end: {}", self.loop.session_id,
+                            pending.call_id, exc)
 
     async def decided(self, pending: PendingCall, waiting: ToolResult, data_dir: Any) -> ToolResult:
         """The result of a call of this session held for a decision (DESIGN §4

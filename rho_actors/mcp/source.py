@@ -53,20 +53,21 @@ import asyncio
 import concurrent.futures
 import contextlib
 import copy
+import functools
 import json
 import os
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import mcp_types as types
 import pykka
-from mcp.client._input_required import DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from rho_actors.declarations.annotations import HINTS
 from rho_actors.declarations.policy import parse_rate
@@ -79,45 +80,24 @@ from rho_actors.mcp.launch import ENV_ALLOWLIST, find_program, scrubbed_environm
 from rho_actors.mcp.names import default_name
 from rho_actors.mcp.relay import listen
 from rho_actors.mcp.sessions import SessionGone, session_unknown
+from rho_actors.mcp.upstream_tasks import MAX_INPUT_ROUNDS, CreatedTask, TaskFollowing
+from rho_actors.mcp.upstream_tasks import tool_failure as _fails
 from rho_actors.otp.actor import NORMAL, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
-from rho_actors.results import SENT_CANCEL, TEXTS, called_as, text
+from rho_actors.results import SENT_CANCEL, called_as, text
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolFailure
 
 __all__ = [
-    "ENV_ALLOWLIST", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_MIN_S", "Link", "MCPConnection", "MCPServer", "MCPTool",
-    "default_name", "scrubbed_environment",
+    "ENV_ALLOWLIST", "MAX_INPUT_ROUNDS", "MAX_LISTED_BYTES", "MAX_TOOLS", "RELIST_MIN_S", "Link", "MCPConnection",
+    "MCPServer", "MCPTool", "default_name", "scrubbed_environment",
 ]
 
 MAX_TOOLS = 4096
-MAX_INPUT_ROUNDS = DEFAULT_INPUT_REQUIRED_MAX_ROUNDS
-"""The most ``input_required`` rounds of one call of a 2026-07-28 server (the SDK's own bound)."""
-MIN_POLL_S = 0.05
-"""The shortest wait between two ``tasks/get`` of an upstream's task, whatever its ``pollIntervalMs``."""
-MAX_TASK_QUESTIONS = 64
-"""The most questions an upstream's ``input_required`` task may ask at once (its ``inputRequests``)."""
-_OPEN_TASK = ("working", "input_required")
-_MAX_KEY_CHARS = 256  # the longest key of an upstream task's question
 _RAW: Any = TypeAdapter(dict[str, Any])  # a result as JSON (the SDK's parameter is typed for models)
 _CALL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
     types.CallToolResult | types.InputRequiredResult)
 """The tools kept of one server's listing at most (``MCPServer(max_tools=...)``); the rest are left out, logged."""
 _SOURCES = "sources"  # the system's supervisor of sources and their own subtrees
-
-
-class _Label(str):
-    """A tool's label (:func:`rho_actors.results.called_as`), shown as is by ``{tool!r}`` too."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def _fails(key: str, tool: str, **fields: Any) -> ToolFailure:
-    """The :class:`ToolFailure` of situation ``key`` of the results table (``tool``: the
-    tool's label, :func:`rho_actors.results.called_as`)."""
-    return ToolFailure(TEXTS[key][0], text(key, tool=_Label(tool), **fields))
 
 
 class MCPTool:
@@ -196,7 +176,7 @@ class MCPTool:
         return f"<MCPTool {self._declared.get('name')!r} of {self._server.name}>"
 
 
-class MCPServer:
+class MCPServer(TaskFollowing):
     """An MCP server as a tool source (see the module doc).
 
     Exactly one of ``command`` (a stdio server: the program and its arguments; ``env``
@@ -514,92 +494,6 @@ class MCPServer:
         raise _fails("mcp_input_unanswered", label, server=self.name,
                      reason=f"it asked for input more than {MAX_INPUT_ROUNDS} rounds")
 
-    def _follow(self, link: Link, label: str, task: CreatedTask, ctx: Mapping[str, Any], deadline: float) -> Any:
-        """Follow the task a server made of a call (SEP-2663) with ``tasks/get``, every
-        ``pollIntervalMs`` (at least :data:`MIN_POLL_S`), until it ends: the call's one
-        deadline bounds the task as a whole, and at it, or at the call's cancellation,
-        ``tasks/cancel`` is sent (not waited for) and the call's result is ``timeout``
-        (``cancelled``). ``input_required``: its ``inputRequests`` not answered yet are
-        asked of the call's own MCP client (:meth:`_answers`; a served task's client
-        answers them with ``tasks/update`` of rho's task) and the answers sent with
-        ``tasks/update``, at most :data:`MAX_INPUT_ROUNDS` times. ``completed``: the
-        task's ``result`` as the call's; ``failed``: ``mcp_refused`` with its error;
-        ``cancelled`` by the server: ``mcp_task_ended``. Whatever ends the call while
-        the task is open (a question unanswered included) cancels the task."""
-        cancel, status = ctx.get("cancel"), task.model_dump(by_alias=True)
-        poll_s = max(MIN_POLL_S, (task.poll_interval_ms or 1000) / 1000)
-        answered: set[str] = set()
-        rounds = 0
-        while status.get("status") in _OPEN_TASK:
-            try:
-                if status.get("status") == "input_required":
-                    rounds += self._relay_input(link, label, task.task_id, status, answered, ctx, deadline, rounds)
-                pause = min(poll_s, deadline - time.monotonic())
-                if cancel is not None:
-                    stopped = cancel.wait(max(0.0, pause))
-                else:
-                    time.sleep(max(0.0, pause))
-                    stopped = False
-                if stopped or time.monotonic() >= deadline:
-                    reason = getattr(cancel, "reason", None) or "timeout"
-                    raise self._timed_out(label) if reason == "timeout" else _fails("cancelled", label, reason=reason)
-                status = self._send(link, label, types.GetTaskRequest(params=types.GetTaskRequestParams(
-                    task_id=task.task_id)), ctx, deadline)
-            except BaseException:  # the deadline, a cancel (during a poll too), a question unanswered: the task ends
-                self._cancel_task(link, task.task_id)
-                raise
-        if status.get("status") == "completed" and isinstance(status.get("result"), dict):
-            return rho_value(types.CallToolResult.model_validate(status["result"]))
-        error = status.get("error")
-        if status.get("status") == "failed" and isinstance(error, dict):
-            raise _fails("mcp_refused", label, server=self.name, code=error.get("code"),
-                         message=shown_text(str(error.get("message")), 2000))
-        raise _fails("mcp_task_ended", label, server=self.name, status=shown_text(str(status.get("status")), 40))
-
-    def _relay_input(self, link: Link, label: str, task_id: str, status: Mapping[str, Any], answered: set[str],
-                     ctx: Mapping[str, Any], deadline: float, rounds: int) -> int:
-        """An ``input_required`` task's questions not answered yet (``answered``: the keys
-        sent so far, which a server may still show until it took them) asked of the
-        call's client, and the answers sent with ``tasks/update``; the rounds this took (0
-        or 1). A question that is not an MCP request (elicitation, sampling, roots), over
-        :data:`MAX_TASK_QUESTIONS` at once, keyed over 256 characters, or past
-        :data:`MAX_INPUT_ROUNDS` rounds ends
-        the call (``mcp_input_unanswered``)."""
-        raw = status.get("inputRequests")
-        fresh = {k: v for k, v in raw.items() if k not in answered} if isinstance(raw, dict) else {}
-        if not fresh:
-            return 0
-        if len(fresh) > MAX_TASK_QUESTIONS or rounds >= MAX_INPUT_ROUNDS or any(
-                len(key) > _MAX_KEY_CHARS for key in fresh):
-            raise _fails("mcp_input_unanswered", label, server=self.name,
-                         reason=f"its task asked more than {MAX_TASK_QUESTIONS} questions at once, in more than "
-                                f"{MAX_INPUT_ROUNDS} rounds, or under a key over {_MAX_KEY_CHARS} characters")
-        try:
-            asked = types.InputRequiredResult.model_validate({"inputRequests": fresh}).input_requests or {}
-        except ValidationError:
-            raise _fails("mcp_input_unanswered", label, server=self.name,
-                         reason="its task asked something that is not an MCP request") from None
-        answers = self._answers(label, asked, ctx)
-        self._send(link, label, types.Request[Any, Any](method="tasks/update", params={
-            "taskId": task_id, "inputResponses": {key: answer.model_dump(mode="json", by_alias=True, exclude_none=True)
-                                                  if isinstance(answer, BaseModel) else answer
-                                                  for key, answer in answers.items()}}), ctx, deadline)
-        answered.update(answers)
-        return 1
-
-    def _cancel_task(self, link: Link, task_id: str) -> None:
-        """Send ``tasks/cancel`` for ``task_id`` without waiting for the answer."""
-        with link.lock:
-            session, aloop = link.session, link.aloop
-        if session is None or aloop is None:
-            return
-        sending = session.send_request(types.CancelTaskRequest(params=types.CancelTaskRequestParams(
-            task_id=task_id)), _RAW, request_read_timeout_seconds=self.connect_timeout_s)
-        try:
-            asyncio.run_coroutine_threadsafe(sending, aloop)
-        except RuntimeError:  # the loop closed in between
-            sending.close()
-
     def _answers(self, label: str, asked: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         """The call's MCP client's answers to a server's questions (its ``inputRequests``,
         under the server's keys), or :class:`ToolFailure`. A served 2026-07-28 call that
@@ -617,14 +511,24 @@ class MCPServer:
     def _round(self, link: Link, label: str, params: types.CallToolRequestParams, ctx: Mapping[str, Any],
                deadline: float) -> types.CallToolResult | types.InputRequiredResult | CreatedTask:
         """One ``tools/call``; a task the server made of it (SEP-2663) as :class:`CreatedTask`."""
-        raw = self._send(link, label, types.CallToolRequest(params=params), ctx, deadline)
+        kept = functools.partial(self._cancel_late, link, label) if link.tasks else None  # a task made late
+        raw = self._send(link, label, types.CallToolRequest(params=params), ctx, deadline, kept)
         if raw.get("resultType") == "task":
-            return CreatedTask.model_validate(raw)
-        return _CALL_RESULT.validate_python(raw)
+            return self._created(link, label, raw)
+        try:
+            return _CALL_RESULT.validate_python(raw)
+        except ValidationError as err:
+            raise _fails("mcp_malformed", label, server=self.name, what="a tools/call result",
+                         problem=shown_text(str(err.errors(include_url=False)[0]), 300)) from None
 
-    def _send(self, link: Link, label: str, request: Any, ctx: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+    def _send(self, link: Link, label: str, request: Any, ctx: Mapping[str, Any], deadline: float,
+              kept: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Send ``request`` for a call of tool ``label`` and wait for its result (a dict), at
-        most until ``deadline``; a failure as :class:`ToolFailure` (or :class:`SessionGone`)."""
+        most until ``deadline``; a failure as :class:`ToolFailure` (or :class:`SessionGone`).
+        ``kept``: a cancel sends ``notifications/cancelled`` at once but keeps listening (a
+        task the server made before it read the cancel is not lost): the call's result is
+        ``cancelled`` at once, and the answer, if it comes within ``connect_timeout_s``,
+        goes to ``kept``."""
         with link.lock:
             session, aloop = link.session, link.aloop
         if session is None or aloop is None:
@@ -638,7 +542,11 @@ class MCPServer:
 
         # sent as a bare request: the SDK's own result check (its jsonschema, Python's re on
         # the server's patterns) never runs here; rho's bounded validator checks it (mcp serve)
-        sending = session.send_request(request, _RAW, request_read_timeout_seconds=left, progress_callback=forward)
+        sending: Any = session.send_request(request, _RAW, request_read_timeout_seconds=left,
+                                            progress_callback=forward)
+        ids: concurrent.futures.Future[int | None] = concurrent.futures.Future()  # the request's id, kept ones'
+        if kept is not None:
+            sending = _with_id(session, sending, ids)
         heard = listen(link.lock, link.listeners, client_of(ctx))  # its log messages: to a served call, from now
         try:
             future = asyncio.run_coroutine_threadsafe(sending, aloop)
@@ -648,10 +556,18 @@ class MCPServer:
             raise _fails("mcp_not_connected", label, server=self.name) from None
         future.add_done_callback(heard)
         cancel = ctx.get("cancel")
-        if cancel is not None:
-            cancel.add_inline_callback(future.cancel)  # abandons the request: sends notifications/cancelled
+        stop = _on_cancel(cancel, future, kept is not None)
         try:
-            return dict(future.result(timeout=left + 5.0))
+            if stop is not None:
+                concurrent.futures.wait((future, stop), left + 5.0, concurrent.futures.FIRST_COMPLETED)
+                if not future.done() and stop.done():
+                    self._keep(future, aloop, kept)  # type: ignore[arg-type]
+                    _tell_cancelled(session, aloop, ids, getattr(cancel, "reason", None) or "cancelled")
+                    raise concurrent.futures.CancelledError
+            return dict(future.result(timeout=0.0 if stop is not None else left + 5.0))
+        except ValidationError as err:  # the SDK's own check of a result
+            raise _fails("mcp_malformed", label, server=self.name, what=f"a {request.method} result",
+                         problem=shown_text(str(err.errors(include_url=False)[0]), 300)) from None
         except concurrent.futures.CancelledError:
             reason = getattr(cancel, "reason", None) or "cancelled"
             if reason == "timeout":  # the deadline: the same result whichever thread answers first
@@ -669,6 +585,18 @@ class MCPServer:
                 raise SessionGone(session) from None
             raise _failure(self.name, label, err, link.stopping) from None
 
+    def _keep(self, future: concurrent.futures.Future[Any], aloop: asyncio.AbstractEventLoop,
+              kept: Callable[[dict[str, Any]], None]) -> None:
+        """A cancelled request's answer goes to ``kept`` when it comes; abandoned (the
+        server sent ``notifications/cancelled``) ``connect_timeout_s`` from now."""
+        def landed(done: concurrent.futures.Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                kept(dict(done.result()))
+
+        future.add_done_callback(landed)
+        with contextlib.suppress(RuntimeError):  # the loop closed: the request ended with it
+            aloop.call_soon_threadsafe(aloop.call_later, self.connect_timeout_s, future.cancel)
+
     def _timed_out(self, tool: str) -> ToolFailure:
         return _fails("timeout", tool, timeout_ms=self.timeout_ms, consequence=SENT_CANCEL)
 
@@ -677,13 +605,50 @@ class MCPServer:
         return f"MCPServer({where}, name={self.name!r})"
 
 
-class CreatedTask(BaseModel):
-    """A server's ``CreateTaskResult`` (SEP-2663: flat, ``resultType: "task"``)."""
+def _with_id(session: Any, sending: Any, ids: concurrent.futures.Future[int | None]) -> Any:
+    """``sending`` (``session.send_request``'s coroutine), its request id set in ``ids``:
+    read on the session's loop right before the send, which mints it with nothing run in
+    between (the SDK's JSON-RPC dispatcher; another: None)."""
+    async def send() -> Any:
+        dispatcher = getattr(session, "_dispatcher", None)
+        if isinstance(dispatcher, JSONRPCDispatcher):
+            minted = dispatcher._next_id + 1
+            while minted in dispatcher._pending:  # as the dispatcher mints: past ids in flight
+                minted += 1
+            ids.set_result(minted)
+        else:
+            ids.set_result(None)
+        return await sending
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-    task_id: str = Field(alias="taskId", min_length=1, max_length=256)
-    status: str
-    poll_interval_ms: int | None = Field(default=None, alias="pollIntervalMs", ge=0)
+    return send()
+
+
+def _tell_cancelled(session: Any, aloop: asyncio.AbstractEventLoop, ids: concurrent.futures.Future[int | None],
+                    reason: str) -> None:
+    """Send ``notifications/cancelled`` for the kept request whose id is in ``ids`` (after
+    the request: on the same loop, scheduled after it), its response stream kept."""
+    async def tell() -> None:
+        request_id = ids.result() if ids.done() else None
+        if request_id is not None:
+            await session.send_notification(types.CancelledNotification(
+                params=types.CancelledNotificationParams(request_id=request_id, reason=reason)))
+
+    with contextlib.suppress(RuntimeError):  # the loop closed: the request ended with it
+        asyncio.run_coroutine_threadsafe(tell(), aloop)
+
+
+def _on_cancel(cancel: Any, future: concurrent.futures.Future[Any], keep: bool
+               ) -> concurrent.futures.Future[None] | None:
+    """What ``cancel`` (a call's token, or None) does to a request's ``future``: abandons it
+    (the SDK sends ``notifications/cancelled``), or, ``keep``, sets the future returned."""
+    if cancel is None:
+        return None
+    if not keep:
+        cancel.add_inline_callback(future.cancel)
+        return None
+    stop: concurrent.futures.Future[None] = concurrent.futures.Future()
+    cancel.add_inline_callback(functools.partial(stop.set_result, None))  # a token's callbacks run once
+    return stop
 
 
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:

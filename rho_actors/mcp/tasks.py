@@ -73,6 +73,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.lifecycle.tasks import OPEN, TaskInfo
 from rho_actors.mcp.client_requests import ClientRequestError, unbind
+from rho_actors.mcp.upstream_tasks import FAILED
 from rho_actors.tool import ErrorKind, ToolResult, is_untrusted
 
 __all__ = ["APPROVAL_KEY", "EXTENSION", "POLL_INTERVAL_MS", "RELATED_TASK", "ServedTask", "ServedTasks", "TaskParams",
@@ -181,6 +182,12 @@ def _approval_question(pending: Any) -> dict[str, Any]:
         "mode": "form", "message": f"Approve the call of {pending.name} with {shown}?",
         "requestedSchema": {"type": "object", "properties": {"approve": {"type": "boolean", "title": "Approve"}},
                             "required": ["approve"]}}}
+
+
+def _upstream_failed(result: ToolResult) -> bool:
+    """Whether ``result`` is an upstream MCP task's ``failed`` (or a malformed upstream task's)."""
+    details = result.details
+    return isinstance(details, Mapping) and all(details.get(k) == v for k, v in FAILED.items())
 
 
 def _iso(unix_s: float) -> str:
@@ -461,7 +468,8 @@ class ServedTasks:
     def _status(self, served: ServedTask, info: TaskInfo) -> str:
         if info.status in OPEN:
             return "input_required" if served.asked else "working"
-        if info.status == "failed" and info.result is not None and info.result.error_kind not in _FAILED_KINDS:
+        if info.status == "failed" and info.result is not None and info.result.error_kind not in _FAILED_KINDS \
+                and not _upstream_failed(info.result):
             return "completed"  # the tool ran and reported an error: result.isError (SEP-2663)
         return info.status
 

@@ -258,10 +258,12 @@ class TaskRegistry:
         that waits for the decision, ``input_required``: the acknowledgement of its turn
         (``details["pending"]`` the call's ``PendingCall``). Approved, the call runs as
         this task (:meth:`open` finds it); rejected or expired, the task ends ``failed``
-        (:meth:`on_event`). A bound reached leaves ``pending`` as it is (no task yet)."""
+        (:meth:`on_event`). A bound reached: its refusal (``tasks_bound``, or
+        ``not_started``), no task made; the caller withdraws the call from the pending
+        ones (it must not wait for a decision no task shows)."""
         task = self._open(session_id, session_dir, pending.call_id, pending.name, status="input_required")
         if isinstance(task, ToolResult):
-            return pending
+            return task
         with self._lock:
             self._held[(session_id, pending.call_id)] = task
             subscribe, listening = self._decisions, self._unlisten is not None
