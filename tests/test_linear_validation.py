@@ -189,3 +189,25 @@ def test_calls_of_a_linear_schema_are_refused_with_the_same_text(tmp_path: Path)
     assert ran == [{"n": 3}, {"n": 4}] and type(ran[0]["n"]) is int
     assert results[1].error_kind is ErrorKind.INVALID_ARGUMENTS and "$.n: 10 fails maximum 9" in results[1].content
     assert results[3].error_kind is ErrorKind.INVALID_ARGUMENTS and '"m"' in results[3].content
+
+
+def test_registration_makes_the_quick_check_before_the_first_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The uncounted check of a registered tool's linear schema is made when it is
+    registered, not on its first call's time (nothing is made while a call validates)."""
+    made: list[Any] = []
+    plain_class = linear._plain_class
+
+    def noting(cls: Any) -> Any:
+        made.append(cls)
+        return plain_class(cls)
+
+    monkeypatch.setattr(linear, "_plain_class", noting)
+    with ActorSystem(data_dir=tmp_path / "data") as system:
+        system.register(make_tool("count", "ok", schema=LINEAR[1]))
+        assert made, "registration made no quick check"
+        made.clear()
+        [result] = system.start_loop("s").run_turn([ToolCall("c1", "count", '{"n": 3}')], timeout_s=WAIT_S)
+        assert result.ok, result.content
+        assert made == []
