@@ -165,3 +165,123 @@ def test_a_tool_whose_load_kills_its_worker_is_no_longer_loaded_ahead_of_other_t
             assert result.ok and result.content == "slept 0.0", result.content
         [own] = _turn(system, "own", 0.0, tool="dies_when_loaded").result(3 * WAIT_S)
         assert not own.ok and "exit code 3" in own.content, own.content  # its own call says what it does
+
+
+def _marked_here(path: str) -> Any:
+    """What a ``_MarkedWhenLoaded`` unpickles to; in a worker it first appends the
+    worker's pid to ``path``."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        with open(path, "a", encoding="ascii") as f:
+            f.write(f"{os.getpid()}\n")
+    return _MarkedWhenLoaded(path)
+
+
+class _MarkedWhenLoaded:
+    """A trusted tool that notes, in a file, each worker process that loads it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def name(self) -> str:
+        return "marked"
+
+    def description(self) -> str:
+        return "Notes the workers that load it."
+
+    def parameter_schema(self) -> dict[str, Any]:
+        return {"type": "object"}
+
+    def run(self, args: Any, ctx: Any) -> str:
+        return "marked"
+
+    def __reduce__(self) -> Any:
+        return (_marked_here, (self.path,))
+
+
+def _exit_worker(args: dict[str, Any], ctx: Any) -> str:
+    os._exit(0)
+
+
+def test_an_unregistered_tool_is_loaded_into_no_new_worker(tmp_path: Path) -> None:
+    """Unregistered, a tool is loaded ahead no more: a worker started after (replacing
+    one that ended) does not load it (the file its unpickling writes names the workers
+    that did)."""
+    marks = tmp_path / "loaded-by"
+    with ActorSystem(tmp_path / "data", warm_workers=2) as system:
+        system.register(_MarkedWhenLoaded(str(marks)), isolation="process")
+        system.register(make_tool("exits", _exit_worker, timeout_ms=5_000, schema={"type": "object"}),
+                        isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_loaded", 0) == 4, 3 * WAIT_S), system.stats()
+        assert len(marks.read_text().split()) == 2
+        assert system.unregister("marked")
+        [ended] = _turn(system, "s", 0.0, tool="exits").result(WAIT_S)
+        assert ended.error_kind is ErrorKind.EXITED, ended.content
+        assert wait_for(lambda: system.stats()["workers_started"] == 3 and system.stats()["workers_idle"] == 2,
+                        3 * WAIT_S), system.stats()
+        assert system.stats()["workers_loaded"] == 5, system.stats()  # the new worker loaded "exits" only
+        assert len(marks.read_text().split()) == 2
+
+
+def _stuck_here() -> Any:
+    """What a ``_HangsWhenLoaded`` unpickles to: itself in this host; in a worker, it
+    never returns (the worker is killed when its system stops)."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        time.sleep(3_600)
+    return _HangsWhenLoaded()
+
+
+class _HangsWhenLoaded(_DiesWhenLoaded):
+    """A trusted tool whose unpickling hangs in a worker."""
+
+    def name(self) -> str:
+        return "hangs_when_loaded"
+
+    def __reduce__(self) -> Any:
+        return (_stuck_here, ())
+
+
+@pytest.fixture
+def loads_never_give_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung load lasts as long as the test (how long the pool waits for a load is not
+    what these tests are about: at its 5 s a loaded machine could end the hang first)."""
+    from rho_actors.sandbox import warm_workers
+
+    monkeypatch.setattr(warm_workers, "_LOAD_TIMEOUT_S", 3 * WAIT_S)
+
+
+@pytest.mark.usefixtures("loads_never_give_up")
+def test_a_load_that_hangs_at_registration_holds_one_worker_and_delays_no_other_tool(tmp_path: Path) -> None:
+    """Registered before the warm workers are ready, a tool whose unpickling hangs is
+    tried by one worker; the other becomes ready holding the other tool, whose first
+    call then needs no new worker and ships nothing."""
+    with ActorSystem(tmp_path, warm_workers=2) as system:
+        system.register(_HangsWhenLoaded(), isolation="process")
+        system.register(_sleeper(5_000), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 1
+                        and system.stats().get("workers_loaded", 0) == 1, 3 * WAIT_S), system.stats()
+        [first] = _turn(system, "s", 0.0).result(WAIT_S)
+        assert first.ok and first.content == "slept 0.0", first.content
+        stats = system.stats()
+        assert (stats["workers_started"], stats["workers_shipped"]) == (2, 0), stats
+
+
+@pytest.mark.usefixtures("loads_never_give_up")
+def test_a_load_that_hangs_later_holds_one_worker_and_the_others_serve(tmp_path: Path) -> None:
+    """Registered once the warm workers hold the other tool, a tool whose unpickling
+    hangs takes one idle worker to try it; the other stays idle and serves the other
+    tool's call (no new worker, which would be held by the same load)."""
+    with ActorSystem(tmp_path, warm_workers=2) as system:
+        system.register(_sleeper(5_000), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 2
+                        and system.stats().get("workers_loaded", 0) == 2, 3 * WAIT_S), system.stats()
+        system.register(_HangsWhenLoaded(), isolation="process")
+        assert wait_for(lambda: system.stats()["workers_idle"] == 1), system.stats()
+        for n in range(2):
+            [result] = _turn(system, f"s{n}", 0.0).result(WAIT_S)
+            assert result.ok and result.content == "slept 0.0", result.content
+        stats = system.stats()
+        assert (stats["workers_started"], stats["workers_shipped"], stats["workers_idle"]) == (2, 0, 1), stats

@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Iterator
@@ -41,7 +42,7 @@ from typing import Any
 import jsonschema_rs
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-__all__ = ["LINEAR_KEYWORDS", "QUICK_MAX_CHECKS", "linear_cost", "needs_integral", "quick_valid"]
+__all__ = ["LINEAR_KEYWORDS", "QUICK_MAX_CHECKS", "linear_cost", "needs_integral", "prepare_quick", "quick_valid"]
 
 LINEAR_KEYWORDS = frozenset({
     "type", "properties", "required", "enum", "const", "items", "additionalProperties",
@@ -300,6 +301,14 @@ def _forgetter(key: int, made: list[tuple[int, Any]]) -> Any:
                 _CHILDREN.pop(sub_key, None)
 
     return forget
+
+
+def prepare_quick(validator: Any) -> None:
+    """Make ``validator``'s uncounted check now (what :func:`quick_valid` makes on its
+    first use): at registration, so that a tool's first call does not pay for it. Never
+    raises."""
+    with contextlib.suppress(Exception):  # quick_valid says False then, and the budgeted validation runs
+        _quick_of(validator)
 
 
 def quick_valid(validator: Any, instance: Any, size: int | None, max_checks: int = QUICK_MAX_CHECKS) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, ClassVar
 
 import pykka
@@ -90,10 +90,15 @@ class _Backstop(Timer):
                          daemon=True).start()
 
 
-def _load_ahead(pool: WorkerPool, tools: list[tuple[Any, object]]) -> None:
-    """Load each ``(tool, version)`` ahead into ``pool``'s workers (:meth:`WorkerPool.preload`)."""
-    for tool, version in tools:
-        pool.preload(tool, version)
+def _load_ahead(pool: WorkerPool, tools: list[tuple[Any, Any]], live: Callable[[int], bool]) -> None:
+    """Load each ``(tool, entry)`` ahead into ``pool``'s workers (:meth:`WorkerPool.preload`,
+    by the entry's serial), unless ``live(serial)`` says it was unregistered meanwhile (then,
+    or if it is by the time it was pickled, it is unloaded)."""
+    for tool, entry in tools:
+        if live(entry.serial):
+            pool.preload(tool, entry, key=entry.serial)
+            if not live(entry.serial):  # unregistered while it was pickled: its unload came first
+                pool.unload([entry.serial])
 
 
 class ProcessIsolation(Isolation):
@@ -130,6 +135,11 @@ class ProcessIsolation(Isolation):
             return
         trusted = [e for e in self.services.tools.current.entries.values() if e.isolation == self.name
                    and not e.untrusted]
+        with self._lock:
+            pool = self._pool
+            unregistered = self._loaded_ahead - {e.serial for e in trusted}
+        if pool is not None and unregistered:  # unregistered (or registered again): no new worker loads it
+            pool.unload(unregistered)
         if trusted:
             with contextlib.suppress(RuntimeError):  # not open (stopping, restarting): the first call starts it
                 pool = self.pool()
@@ -140,8 +150,11 @@ class ProcessIsolation(Isolation):
                     new = [e for e in trusted if e.serial not in self._loaded_ahead][-TOOL_CACHE_SIZE:]
                     self._loaded_ahead = {e.serial for e in trusted}
                 if new:
-                    threading.Thread(target=_load_ahead, args=(pool, [(e.tool, e) for e in new]),
+                    threading.Thread(target=_load_ahead, args=(pool, [(e.tool, e) for e in new], self._loads_ahead),
                                      name="rho_actors-load-ahead", daemon=True).start()
+        else:
+            with self._lock:
+                self._loaded_ahead = set()
         with self._lock:
             confined = self._confined
         if confined is None:
@@ -152,6 +165,11 @@ class ProcessIsolation(Isolation):
             return isinstance(scope, tuple) and len(scope) == 3 and (scope[0], scope[1]) not in live
 
         confined.retire_scopes(gone)
+
+    def _loads_ahead(self, serial: int) -> bool:
+        """Whether the trusted registration ``serial`` is (still) to be loaded ahead."""
+        with self._lock:
+            return serial in self._loaded_ahead
 
     def start(self, call: CallSpec) -> _Running:
         actor = self.services.calls.start()

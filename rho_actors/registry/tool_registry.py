@@ -27,6 +27,7 @@ from loguru import logger
 
 from rho_actors.declarations.arguments import make_validator
 from rho_actors.declarations.checks import Rejected, describe_origin
+from rho_actors.declarations.linear import prepare_quick
 from rho_actors.declarations.toolset import IsolationName, Placement, ToolEntry, ToolSet, plain_copy
 from rho_actors.errors import RhoError
 from rho_actors.events import DeclarationEvent, ToolSetChanged
@@ -267,6 +268,8 @@ class ToolRegistry(Actor):
                            "get {} ms", name, origin, outcome.timeout_ms, bound, bound)
             outcome = dataclasses.replace(outcome, timeout_ms=bound)
         validator = make_validator(plain_copy(outcome.parameter_schema)) if isinstance(outcome, ToolInfo) else None
+        if validator is not None:
+            prepare_quick(validator)  # here, not on the tool's first call
         old = self._names_of.get(id(tool))
         if old is not None and old != name:  # the same tool re-registered under a new name: one name only
             self._drop(old)

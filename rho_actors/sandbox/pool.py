@@ -154,6 +154,10 @@ class WorkerPool(WarmWorkers):
         self._peaks: dict[Hashable, tuple[int, float]] = {}  # scope -> (most busy at once, when last reached)
         self._shipped = ShippedTools()
         self._preloads: OrderedDict[bytes, bytes] = OrderedDict()  # digest -> tool bytes, loaded ahead (preload)
+        self._preload_keys: dict[Hashable, bytes] = {}  # preload's key -> its digest (unload)
+        self._proven: set[bytes] = set()  # loaded ahead by a worker at least once
+        self._trying: set[bytes] = set()  # being loaded ahead by a worker for the first time
+        self._keeper_backoff = 0.0  # the keeper starts no worker before (a start failed)
         self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0, "loaded": 0, "shipped": 0}
         hold_servers()
         self._holding = True

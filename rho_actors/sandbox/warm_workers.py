@@ -18,7 +18,7 @@ import pickle
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import replace
 from typing import Any, Final, Literal
 
@@ -74,6 +74,10 @@ class WarmWorkers:
     _pids: set[int]
     _shipped: ShippedTools
     _preloads: OrderedDict[bytes, bytes]
+    _preload_keys: dict[Hashable, bytes]
+    _proven: set[bytes]
+    _trying: set[bytes]
+    _keeper_backoff: float
 
     def pids(self) -> list[int]:
         """The process ids of the worker processes alive now (each is also the id of the
@@ -275,68 +279,96 @@ class WarmWorkers:
 
     def _keep_warm(self) -> None:
         """The background thread: keep ``warm`` workers alive, replacing lost ones, and
-        retire workers idle too long."""
-        backoff = 0.0
+        retire workers idle too long. Each new worker is made ready (its ``READY`` read,
+        the tools loaded ahead sent to it) in a thread of its own
+        (:meth:`_ready_spare`), so that a worker slow to start or to load a tool delays
+        no other; a start that failed holds the next starts back 0.5 s."""
         tick = max(0.05, min(self._idle_s / 2, 5.0))
         while True:
             self._retire_stale()
             with self._lock:
-                while not self._stopped and (self._deficit() <= 0 or backoff):
-                    if backoff:
-                        self._changed.wait(backoff)
-                        backoff = 0.0
-                    else:
-                        self._changed.wait(tick)
+                while not self._stopped:
+                    wait = self._keeper_backoff - time.monotonic()
+                    if wait > 0:
+                        self._changed.wait(wait)
+                        continue
+                    if self._deficit() > 0:
                         break
+                    self._changed.wait(tick)
+                    break
                 if self._stopped:
                     return
-                if self._deficit() <= 0:
+                if self._deficit() <= 0 or self._keeper_backoff > time.monotonic():
                     continue
                 wanted = self._deficit()
                 self._starting += wanted
-            new: list[WorkerHandle] = []
-            failures = 0
             for _ in range(wanted):
                 try:
-                    new.append(self._spawn(busy=False))
+                    worker = self._spawn(busy=False)
                 except PoolStopped:  # stopped, or the cap is full: wait for a change
-                    backoff = 0.5
+                    self._started_one(failed=True)
+                    continue
                 except Exception:
-                    failures += 1
                     logger.exception("worker pool: a worker process could not be started")
-                finally:
-                    with self._lock:
-                        self._starting -= 1
-            for worker in new:
-                if not self._await_ready(worker):
-                    failures += 1
-            if failures:
-                backoff = 0.5
+                    self._started_one(failed=True)
+                    continue
+                threading.Thread(target=self._ready_spare, args=(worker,), name="rho-worker-ready",
+                                 daemon=True).start()
+
+    def _ready_spare(self, worker: WorkerHandle) -> None:
+        """A spare the keeper started: :meth:`_await_ready`, then it counts as started."""
+        ok = False
+        try:
+            ok = self._await_ready(worker)
+        finally:
+            self._started_one(failed=not ok)
+
+    def _started_one(self, failed: bool) -> None:
+        """One of the keeper's starts ended (``failed``: the next wait 0.5 s)."""
+        with self._lock:
+            self._starting -= 1
+            if failed:
+                self._keeper_backoff = time.monotonic() + 0.5
+            self._changed.notify_all()
 
     def _await_ready(self, worker: WorkerHandle, wanted: bool = False) -> bool:
         """Wait for a new worker's hello, send it the tools loaded ahead
-        (:meth:`_load_into`) and make it idle (a spare, not ``wanted`` by a call: stop it
-        when calls started enough workers of their own meanwhile); whether it became
+        (:meth:`_load_into`; a worker ``wanted`` by a waiting call only those already
+        loaded by another worker) and make it idle (a spare, not ``wanted`` by a call: stop
+        it when calls started enough workers of their own meanwhile); whether it became
         ready."""
+        proved = idled = False
         try:
             ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S, wire.MAX_REPLY_BYTES) == (wire.READY, b"")
-            if ok:
-                self._load_into(worker)
         except (DeadlineReached, EOFError, Malformed):
             ok = False
         surplus = False
         worker.ready = ok
-        with self._lock:
-            if ok and worker in self._all and not self._stopped:
-                if wanted or self._fresh() < self._warm:
-                    worker.idle_since = time.monotonic()
-                    self._idle.append(worker)
-                    self._warmed.notify_all()
-                    if self._slots is not None:
-                        self._slots.poke()  # a call waiting for a worker may take it now
-                    return True
-                self._counts["retired"] += 1
-                surplus = True
+        while ok:
+            try:
+                proved |= self._load_into(worker, tries=not wanted)
+            except (DeadlineReached, EOFError, Malformed):
+                ok = False
+                break
+            with self._lock:
+                if self._next_load_locked(worker, tries=not wanted, peek=True) is not None:
+                    continue  # a tool came meanwhile: load it first
+                if worker in self._all and not self._stopped:
+                    if wanted or self._fresh() < self._warm:
+                        worker.idle_since = time.monotonic()
+                        self._idle.append(worker)
+                        self._warmed.notify_all()
+                        if self._slots is not None:
+                            self._slots.poke()  # a call waiting for a worker may take it now
+                        idled = True
+                        break
+                    self._counts["retired"] += 1
+                    surplus = True
+            break
+        if idled:
+            if proved:
+                self._spread()
+            return True
         if surplus:
             self._retire(worker)
             return True
@@ -372,14 +404,17 @@ class WarmWorkers:
 
         threading.Thread(target=run, name="rho-worker-start", daemon=True).start()
 
-    def preload(self, tool: Any, version: object = None) -> bool:
-        """Load ``tool`` ahead of its calls (a trusted pool's registered tool): pickled
-        now as a call ships it (once per ``version``), sent to every idle worker now
-        (a ``LOAD`` frame, unanswered) and to every new worker before it goes idle, so
-        its first call finds it held. The latest :data:`~rho_actors.sandbox.worker.TOOL_CACHE_SIZE`
-        tools are kept. Whether it was loaded (``False``: a scoped pool, whose spares
-        serve any scope, never holds a tool ahead; a tool that cannot be pickled, whose
-        calls then say why)."""
+    def preload(self, tool: Any, version: object = None, key: Hashable = None) -> bool:
+        """Load ``tool`` ahead of its calls (a trusted pool's registered tool; ``key``
+        names it for :meth:`unload`): pickled now as a call ships it (once per
+        ``version``), then sent (a ``LOAD`` frame, answered ``LOADED``) first to one idle
+        worker alone, and once that worker has loaded it, to every other idle worker and
+        to every new worker before it goes idle, so its first call finds it held. A tool
+        loaded by no worker yet is tried by one worker at a time (one whose load hangs
+        holds that worker only, never another tool's loads). The latest
+        :data:`~rho_actors.sandbox.worker.TOOL_CACHE_SIZE` tools are kept. Whether it was
+        loaded (``False``: a scoped pool, whose spares serve any scope, never holds a
+        tool ahead; a tool that cannot be pickled, whose calls then say why)."""
         if self._scoped:
             return False
         try:
@@ -389,36 +424,92 @@ class WarmWorkers:
         with self._lock:
             if self._stopped:
                 return False
+            if key is not None:
+                self._preload_keys[key] = digest
             self._preloads[digest] = tool_bytes
             self._preloads.move_to_end(digest)
             while len(self._preloads) > TOOL_CACHE_SIZE:
-                self._preloads.popitem(last=False)
-            lacking = [w for w in self._idle if digest not in w.tools]
-            for worker in lacking:
-                self._idle.remove(worker)
-        for worker in lacking:
-            try:
-                self._load_into(worker)
-            except (DeadlineReached, EOFError, Malformed):
-                self._lose(worker, "died")
-                continue
-            with self._lock:
-                if worker in self._all and not self._stopped:
-                    self._idle.append(worker)
-                    self._warmed.notify_all()
-                    continue
-            self._retire(worker)
+                self._drop_preload_locked(next(iter(self._preloads)))
+        self._spread()
         return True
 
-    def _load_into(self, worker: WorkerHandle) -> None:
+    def unload(self, keys: Iterable[Hashable]) -> None:
+        """Load the tools :meth:`preload` was given under ``keys`` (unregistered) ahead no
+        more: no new worker loads them (workers holding one keep it until it is the
+        least recently used of their :data:`~rho_actors.sandbox.worker.TOOL_CACHE_SIZE`)."""
+        with self._lock:
+            for key in keys:
+                digest = self._preload_keys.pop(key, None)
+                if digest is not None and digest not in self._preload_keys.values():
+                    self._drop_preload_locked(digest)
+
+    def _drop_preload_locked(self, digest: bytes) -> None:
+        self._preloads.pop(digest, None)
+        self._proven.discard(digest)
+        for key in [k for k, d in self._preload_keys.items() if d == digest]:
+            del self._preload_keys[key]
+
+    def _next_load_locked(self, worker: WorkerHandle, tries: bool, peek: bool = False) -> tuple[bytes, bytes] | None:
+        """The next tool loaded ahead that ``worker`` lacks: one some worker has loaded
+        (oldest first), else (``tries``) one no worker has loaded and none is trying now,
+        which it then tries (not when ``peek``); ``None``: none."""
+        first: tuple[bytes, bytes] | None = None
+        for digest, tool_bytes in self._preloads.items():
+            if digest in worker.tools:
+                continue
+            if digest in self._proven:
+                return digest, tool_bytes
+            if first is None and tries and digest not in self._trying:
+                first = digest, tool_bytes
+        if first is not None and not peek:
+            self._trying.add(first[0])
+        return first
+
+    def _spread(self) -> None:
+        """Send the tools loaded ahead to the idle workers lacking one (see
+        :meth:`preload`), one worker at a time, each back to idle once it holds them
+        (lost if a load failed)."""
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                worker = next((w for w in self._idle if self._next_load_locked(w, True, peek=True) is not None),
+                              None)
+                if worker is None:
+                    return
+                self._idle.remove(worker)
+            try:
+                while True:
+                    self._load_into(worker, tries=True)
+                    with self._lock:
+                        if self._next_load_locked(worker, True, peek=True) is not None:
+                            continue
+                        if worker in self._all and not self._stopped:
+                            self._idle.append(worker)
+                            self._warmed.notify_all()
+                            if self._slots is not None:
+                                self._slots.poke()
+                            break
+                    self._retire(worker)
+                    break
+            except (DeadlineReached, EOFError, Malformed):
+                self._lose(worker, "died")
+
+    def _load_into(self, worker: WorkerHandle, tries: bool) -> bool:
         """Send ``worker`` (not idle: no call may write to it meanwhile) the tools loaded
-        ahead that it does not hold, each answered ``LOADED`` within :data:`_LOAD_TIMEOUT_S`.
-        A tool whose load killed the worker or outlasted that is no longer loaded ahead
+        ahead that it lacks (:meth:`_next_load_locked`), each answered ``LOADED`` within
+        :data:`_LOAD_TIMEOUT_S`; whether it loaded one no worker had loaded before. A
+        tool whose load killed the worker or outlasted that is no longer loaded ahead
         (its own calls ship it and say what it does: no other tool's call meets it).
         Raises ``DeadlineReached``, ``EOFError`` or ``Malformed`` (the worker is lost)."""
-        with self._lock:
-            missing = [(d, b) for d, b in self._preloads.items() if d not in worker.tools]
-        for digest, tool_bytes in missing:
+        proved = False
+        while True:
+            with self._lock:
+                found = self._next_load_locked(worker, tries)
+                first = found is not None and found[0] not in self._proven
+            if found is None:
+                return proved
+            digest, tool_bytes = found
             deadline = time.monotonic() + _LOAD_TIMEOUT_S
             try:
                 worker.channel.send(wire.LOAD, pickle.dumps((digest, tool_bytes)), deadline)
@@ -426,7 +517,8 @@ class WarmWorkers:
                     raise Malformed("a worker answered a LOAD frame with something else")
             except (DeadlineReached, EOFError, Malformed):
                 with self._lock:
-                    self._preloads.pop(digest, None)
+                    self._trying.discard(digest)
+                    self._drop_preload_locked(digest)
                 logger.warning("a process tool loaded ahead killed its worker or took over {} s to load: it is "
                                "no longer loaded ahead of its calls", _LOAD_TIMEOUT_S)
                 raise
@@ -436,6 +528,11 @@ class WarmWorkers:
                 worker.tools.popitem(last=False)
             with self._lock:
                 self._counts["loaded"] += 1
+                if first:
+                    self._trying.discard(digest)
+                    if digest in self._preloads:
+                        self._proven.add(digest)
+                        proved = True
 
 
 class WorkerStart:
