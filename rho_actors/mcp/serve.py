@@ -83,7 +83,7 @@ from rho_actors.lifecycle import PendingCall
 from rho_actors.mcp.call_results import call_tool_result, output_schema
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
-from rho_actors.mcp.guard import HTTPGuard
+from rho_actors.mcp.guard import HTTPGuard, connection_protocol
 from rho_actors.mcp.listen import Listening
 from rho_actors.mcp.sessions import (
     SESSION_META_KEY,
@@ -204,13 +204,14 @@ async def _named_session(served: _Served, ctx: Any) -> Session:
     another principal's), or a new one for a request naming none (over stdio the
     process's one session)."""
     principal, handle = principal_of(ctx), session_handle(ctx)
+    if handle is not None:  # found without waiting for the lock: nothing awaits between here and its use
+        found = served.handles.get(handle)
+        if found is None or found.closed or not secrets.compare_digest(found.principal, principal):
+            raise unknown_handle()
+        found.used = time.monotonic()
+        return found
     async with served.opening:
-        if handle is not None:
-            found = served.handles.get(handle)
-            if found is None or found.closed or not secrets.compare_digest(found.principal, principal):
-                raise unknown_handle()
-            session = found
-        elif served.guard is None and served.local is not None and not served.local.closed:
+        if served.guard is None and served.local is not None and not served.local.closed:
             session = served.local
         else:
             await _make_room(served, principal)
@@ -617,7 +618,10 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
                                      max_sessions=guard.max_sessions, event_store=events,
                                      retry_interval=_SSE_RETRY_MS)
     own_event_stores(server.session_manager, events)  # one session never replays another's events
-    config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on")
+    # the client is the connection's own peer: no X-Forwarded-For may rename it (a local
+    # caller naming another's loopback port would take that uid's sessions)
+    config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on",
+                            http=connection_protocol(), proxy_headers=False)
     await uvicorn.Server(config).serve()
 
 
