@@ -80,6 +80,7 @@ from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptE
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.lifecycle import PendingCall
+from rho_actors.loop.inline import runs_inline
 from rho_actors.mcp.call_results import call_tool_result, output_schema
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
@@ -448,8 +449,11 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     results: list[ToolResult] = []
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
         # a cancel waited for while the session started is raised here: unbound, released below as any end
-        record = await session.begin(ToolCall(call_id, params.name, arguments))  # recorded before it runs
-        results = await _run_call(served, session, record, task is not None)
+        record = session.call_record(ToolCall(call_id, params.name, arguments))  # recorded before it runs:
+        on_thread = task is None and _on_call_thread(served, params.name)  # by its call thread, as it starts
+        if not on_thread:
+            await record.begin()  # else by a worker thread first
+        results = await _run_call(served, session, record, task is not None, on_thread)
     finally:
         session.calls -= 1
         session.used = time.monotonic()
@@ -474,19 +478,31 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     return answer.model_copy(update={"meta": said}) if said is not None else answer
 
 
-async def _run_call(served: _Served, session: Session, record: CallRecord, as_task: bool) -> list[ToolResult]:
+async def _run_call(served: _Served, session: Session, record: CallRecord, as_task: bool,
+                    on_thread: bool) -> list[ToolResult]:
     """The results of ``record``'s call's turn, recorded (synced with the call's own
-    record: DESIGN §6b "The served transcript"); a held call (recorded ``pending`` by the
+    record: DESIGN §6b "The served transcript"; ``on_thread``: the call's record is
+    written by its call thread as it starts); a held call (recorded ``pending`` by the
     loop's approvals), not a task, is answered once decided (:meth:`Session.decided`)."""
-    results: list[ToolResult] = await session.loop.arun_turn([record.call], background=as_task,
-                                                             on_result=record.settled)
+    results: list[ToolResult] = await session.loop.arun_turn(
+        [record.call], background=as_task, on_result=record.settled, on_start=record.started if on_thread else None)
     details = results[0].details  # a held call's PendingCall: in a task's acknowledgement too
     held = details.get("pending") if isinstance(details, Mapping) else None
     if not isinstance(held, PendingCall):
         await record.end(results[0])
-    elif not as_task:
-        results = [await session.decided(held, results[0], served.system.data_dir)]
+    else:
+        await record.end(None)  # held, not run: its call's record all the same
+        if not as_task:
+            results = [await session.decided(held, results[0], served.system.data_dir)]
     return results
+
+
+def _on_call_thread(served: _Served, name: str) -> bool:
+    """Whether a call of tool ``name`` runs on a call thread (``thread`` isolation, not an
+    ``async`` tool run on the serving loop), where its record is written as it starts;
+    a name not served is refused before it runs (both records then written after)."""
+    entry = served.system.tool_set().entries.get(name)
+    return entry is None or (entry.isolation == "thread" and not runs_inline(entry))
 
 
 async def _task_made(served: _Served, task: ServedTask, result: ToolResult, meta: dict[str, Any] | None
