@@ -80,6 +80,7 @@ from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptE
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.lifecycle import PendingCall
+from rho_actors.loop.approval_rules import approval_rule
 from rho_actors.loop.inline import runs_inline
 from rho_actors.mcp.call_results import call_tool_result, output_schema
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
@@ -450,7 +451,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
         # a cancel waited for while the session started is raised here: unbound, released below as any end
         record = session.call_record(ToolCall(call_id, params.name, arguments))  # recorded before it runs:
-        on_thread = task is None and _on_call_thread(served, params.name)  # by its call thread, as it starts
+        on_thread = task is None and _on_call_thread(served, session, params.name)  # by its thread, as it starts
         if not on_thread:
             await record.begin()  # else by a worker thread first
         results = await _run_call(served, session, record, task is not None, on_thread)
@@ -497,12 +498,16 @@ async def _run_call(served: _Served, session: Session, record: CallRecord, as_ta
     return results
 
 
-def _on_call_thread(served: _Served, name: str) -> bool:
+def _on_call_thread(served: _Served, session: Session, name: str) -> bool:
     """Whether a call of tool ``name`` runs on a call thread (``thread`` isolation, not an
-    ``async`` tool run on the serving loop), where its record is written as it starts;
-    a name not served is refused before it runs (both records then written after)."""
+    ``async`` tool run on the serving loop) and is never held for a decision (whose
+    journal in the transcript comes after the call's record), so its record is written as
+    it starts; a name not served is refused before it runs (both records written after)."""
     entry = served.system.tool_set().entries.get(name)
-    return entry is None or (entry.isolation == "thread" and not runs_inline(entry))
+    if entry is None:
+        return True
+    return (entry.isolation == "thread" and not runs_inline(entry) and approval_rule(entry) is False
+            and session.loop.approval_policy is None)
 
 
 async def _task_made(served: _Served, task: ServedTask, result: ToolResult, meta: dict[str, Any] | None
