@@ -28,7 +28,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from rho_actors import ActorSystem
-from rho_actors.mcp import HTTPGuard, aserve
+from rho_actors.mcp import HTTPGuard, aserve, peers
+from rho_actors.mcp import guard as guard_module
 from tests.conftest import WAIT_S, read_line, slack, wait_for
 from tests.helpers import free_port
 from tests.mcp_fixtures import served_tools
@@ -96,6 +97,35 @@ def _session_folders(system: ActorSystem) -> list[Path]:
 
 def _client(token: str | None) -> httpx.AsyncClient:
     return create_mcp_http_client(headers={"Authorization": f"Bearer {token}"} if token else None)
+
+
+MODERN_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}}
+MODERN_HEADERS = {**ACCEPT, "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/list"}
+
+
+def test_a_loopback_clients_uid_is_asked_of_the_kernel_once_per_connection(
+        served: Callable[..., Served], monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[str, int]] = []
+    kernels = peers.socket_uid
+
+    def counted(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+        asked.append(local)
+        return kernels(local, remote)
+
+    monkeypatch.setattr(guard_module, "socket_uid", counted)
+    one = served()
+
+    async def main() -> None:
+        with anyio.fail_after(WAIT_S * 2):
+            for _ in range(2):  # two connections, three requests each (kept alive)
+                async with _client(TOKEN) as http:
+                    for _ in range(3):
+                        answer = await http.post(one.url, json=MODERN_LIST, headers=MODERN_HEADERS)
+                        assert answer.status_code == 200 and "add" in answer.text, answer.text
+
+    anyio.run(main)
+    assert len(asked) == 2 and asked[0] != asked[1], asked  # one look-up a connection, each its own port
 
 
 def test_requests_without_the_token_get_401_before_any_session_is_made(served: Callable[..., Served]) -> None:

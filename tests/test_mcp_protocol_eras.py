@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -167,8 +170,8 @@ def test_stdio_a_client_of_either_era_keeps_one_session_and_is_asked_for_input(t
 
 
 _INTRUDER = f"WAIT_S = {WAIT_S}  # tests/conftest.py's bound, in this child too\n" + """
-import json, sys, urllib.request
-url, token, how, name = sys.argv[1:5]
+import http.client, json, sys, urllib.parse
+url, token, how, name, source_port, forwarded = sys.argv[1:7]
 body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
         "params": {"name": "note", "arguments": {"text": "intruder"}}}
 headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json",
@@ -180,19 +183,24 @@ if how == "handle":
 else:
     headers["MCP-Protocol-Version"] = "2025-11-25"
     headers["Mcp-Session-Id"] = name
-request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-try:
-    with urllib.request.urlopen(request, timeout=WAIT_S) as answer:
-        print(answer.status, answer.read().decode()[:2000])
-except urllib.error.HTTPError as refused:
-    print(refused.code, refused.read().decode()[:2000])
+if forwarded:
+    headers["X-Forwarded-For"] = forwarded
+parts = urllib.parse.urlsplit(url)
+connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=WAIT_S,
+                                        source_address=("127.0.0.1", int(source_port)))
+connection.request("POST", parts.path, json.dumps(body), headers)
+answer = connection.getresponse()
+print(answer.status, answer.read().decode()[:2000])
 """
 
 
-def _intrude(url: str, how: str, name: str) -> str:
-    """A second client: the same token, from another uid (``nobody``), naming a session."""
+def _intrude(url: str, how: str, name: str, source_port: int = 0, forwarded: str = "") -> str:
+    """A second client: the same token, from another uid (``nobody``), naming a session;
+    its connection from 127.0.0.1:``source_port`` (0: any), with ``X-Forwarded-For:
+    forwarded`` when given."""
     assert SYSTEM_PYTHON is not None
-    run = subprocess.run([SYSTEM_PYTHON, "-c", _INTRUDER, url, TOKEN, how, name], user=NOBODY, cwd="/",
+    run = subprocess.run([SYSTEM_PYTHON, "-c", _INTRUDER, url, TOKEN, how, name, str(source_port), forwarded],
+                         user=NOBODY, cwd="/",
                          capture_output=True, text=True, timeout=WAIT_S * 2, check=False)
     assert run.returncode == 0, run.stderr
     return str(run.stdout)
@@ -210,6 +218,67 @@ def test_http_another_client_with_the_same_token_cannot_name_a_session(system: A
                     first, _, handle = await _two_notes(client, modern_handles=mode != "legacy")
                     name = handle if handle is not None else seen[0]
                     said = await anyio.to_thread.run_sync(_intrude, url, "handle" if handle else "header", str(name))
+                    meta: Any = {SESSION_META_KEY: handle} if handle else None
+                    third = await client.call_tool("note", {"text": "three"}, meta=meta)
+                    return first, said, _text(third)
+
+        first, said, third = anyio.run(main)
+        assert "intruder" not in third and third.splitlines()[1:] == ["one", "two", "three"]
+        if mode == "legacy":
+            assert said.startswith("404 ") and guard.stats()["refused_foreign"] == 1, said
+        else:
+            assert "unknown session handle" in said, said
+    folder = system.data_dir / "sessions" / first.splitlines()[0]
+    assert "intruder" not in (folder / "notes.txt").read_text()
+
+
+def _kept_alive(url: str) -> socket.socket:
+    """A connection of this process (its uid) to ``url``'s server that has made one
+    authenticated request (a 2026-07-28 ``tools/list``, answered) and stays open."""
+    parts = urllib.parse.urlsplit(url)
+    sock = socket.create_connection((str(parts.hostname), int(parts.port or 80)), WAIT_S)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}})
+    sock.sendall((f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                  "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                  "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    answer = b""
+    while b"note" not in answer:  # the listing names the tool: answered in full enough
+        chunk = sock.recv(65536)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    return sock
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or SYSTEM_PYTHON is None,
+                    reason="a second client of another uid needs root to start, and a system python3")
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+@pytest.mark.parametrize("attack", ["reused_port", "forwarded_for"])
+def test_http_another_uid_cannot_take_a_connections_client(system: ActorSystem, mode: str, attack: str) -> None:
+    """The client a connection is (its uid, asked of the kernel once per connection) is
+    that connection's: a connection of another uid from the same address and port, once
+    the first closed, is asked again; and an ``X-Forwarded-For`` naming a live connection
+    of this uid renames no one."""
+    with _served_http(system) as (url, guard):
+        async def main() -> tuple[str, str, str]:
+            with anyio.fail_after(WAIT_S * 3):
+                seen: list[str] = []
+                async with _http_client(url, mode, seen) as client:
+                    first, _, handle = await _two_notes(client, modern_handles=mode != "legacy")
+                    name = handle if handle is not None else seen[0]
+                    ours = _kept_alive(url)
+                    port = int(ours.getsockname()[1])
+                    how = "handle" if handle else "header"
+                    if attack == "reused_port":  # closed at once (RST, no TIME_WAIT): its port is free to reuse
+                        ours.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        ours.close()
+                        said = await anyio.to_thread.run_sync(_intrude, url, how, str(name), port)
+                    else:
+                        with ours:
+                            said = await anyio.to_thread.run_sync(
+                                functools.partial(_intrude, url, how, str(name), forwarded=f"127.0.0.1:{port}"))
                     meta: Any = {SESSION_META_KEY: handle} if handle else None
                     third = await client.call_tool("note", {"text": "three"}, meta=meta)
                     return first, said, _text(third)

@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from rho_actors import ActorSystem, tool
-from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
 from rho_actors.mcp import HTTPGuard, aserve
 from rho_actors.mcp.sessions import SESSION_META_KEY
 from tests.conftest import WAIT_S, wait_for
@@ -140,6 +140,52 @@ def test_a_served_call_is_recorded_before_it_runs_and_synced_once_with_its_resul
 
         anyio.run(main)
     assert serving not in syncs.threads  # no file work on the serving event loop's thread
+
+
+@tool
+def own_thread() -> int:
+    """The thread running this (sync) call."""
+    return threading.get_ident()
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_a_sync_calls_record_is_written_by_its_own_thread_and_a_refused_calls_before_its_result(
+        system: ActorSystem, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """No worker thread is crossed to record a sync tool's call: its call thread writes it
+    as the tool starts (the turn's ``on_start``); a call refused before it runs (an unknown
+    tool) still gets both records, in order."""
+    system.register(own_thread)
+    writers: list[int] = []
+    replied = Transcript.reply
+
+    def reply(self: Transcript, *args: Any, **kwargs: Any) -> Any:
+        writers.append(threading.get_ident())
+        return replied(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transcript, "reply", reply)
+    with _served(system) as (url, serving):
+        async def main() -> list[int]:
+            ran: list[int] = []
+            async with _client(url, mode) as client:
+                meta: Any = None
+                for name in ("own_thread", "nope", "own_thread"):
+                    with anyio.fail_after(WAIT_S):
+                        result = await client.call_tool(name, {}, meta=meta)
+                    assert result.is_error == (name == "nope"), result
+                    if name == "own_thread":
+                        ran.append(int(result.content[0].text))  # type: ignore[union-attr]
+                    handle = (result.meta or {}).get(SESSION_META_KEY)
+                    meta = {SESSION_META_KEY: handle} if handle is not None else None
+            return ran
+
+        ran = anyio.run(main)
+    assert writers[0] == ran[0] and writers[2] == ran[1]  # each by the thread that ran the tool
+    assert serving.ident not in writers
+    [folder] = (system.data_dir / "sessions").iterdir()
+    records = _records(folder / TRANSCRIPT_NAME)
+    assert [r["type"] for r in records] == ["reply", "result"] * 3
+    assert [r["tool_calls"][0]["name"] for r in records[::2]] == ["own_thread", "nope", "own_thread"]
+    assert [r["ok"] for r in records[1::2]] == [True, False, True]
 
 
 def test_a_call_running_when_its_host_is_killed_with_kill_9_stays_in_the_transcript_as_interrupted(

@@ -48,6 +48,12 @@ def sync_where() -> int:
     return threading.get_ident()
 
 
+@tool
+def sync_told() -> list[Any]:
+    """What the host's ``on_start`` was told before this (sync) call ran, and its thread."""
+    return [list(ORDER), threading.get_ident()]
+
+
 @tool(timeout_ms=100)
 async def sleeps() -> str:
     """Sleep far past the deadline, noting the cancel."""
@@ -267,7 +273,7 @@ def system(tmp_path: Path) -> Iterator[ActorSystem]:
     LOOPS.clear()
     system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=1_000)
     try:
-        for t in (on_which_loop, sync_where, sleeps, stubborn, blocks_the_loop, raises, exits, tagged, waits,
+        for t in (on_which_loop, sync_where, sync_told, sleeps, stubborn, blocks_the_loop, raises, exits, tagged, waits,
                   one_at_a_time, one_at_a_time_sync, *EAGER_TOOLS):
             system.register(t)
         yield system
@@ -293,6 +299,26 @@ def test_an_async_tool_runs_on_the_awaiting_event_loop_and_a_sync_one_on_a_call_
     # run_turn (no event loop awaiting): the async tool runs on a call thread's private loop
     [r] = loop.run_turn([call("on_which_loop")], timeout_s=WAIT_S)
     assert r.ok and json.loads(r.content)[0] != threading.get_ident()
+
+
+def test_on_start_is_told_in_a_sync_calls_own_thread_before_it_runs_and_never_for_other_calls(
+        system: ActorSystem) -> None:
+    loop = system.start_loop("s")
+    told: list[tuple[int, int]] = []
+
+    def on_start(index: int) -> None:
+        told.append((index, threading.get_ident()))
+        ORDER.append(f"started {index}")
+
+    async def main() -> list[Any]:
+        return await loop.arun_turn([call("on_which_loop", "a"), call("sync_told", "s"), call("nope", "n")],
+                                    on_start=on_start)
+
+    inline, synced, refused = asyncio.run(main())
+    assert inline.ok and synced.ok and refused.error_kind is ErrorKind.UNKNOWN_TOOL, refused
+    seen, thread = json.loads(synced.content)
+    assert seen == ["started 1"] and told == [(1, thread)]  # the sync call's own thread, before its tool ran
+    assert thread != threading.get_ident()
 
 
 def test_the_deadline_cancels_the_task_and_answers_timeout_on_time(system: ActorSystem) -> None:

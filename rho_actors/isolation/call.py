@@ -65,7 +65,9 @@ class CallSpec:
     from the thread that settled it (the CallActor's, or a deadline's). ``context``: the
     ``contextvars`` context the CallActor runs the call in (a copy of the submitter's;
     ``None``: the empty one its pooled thread starts each job in); a worker process does
-    not get it."""
+    not get it. ``on_start``: called in a call thread of ``thread`` isolation just before
+    the tool runs (the host's bookkeeping of a call it started: :meth:`Loop.arun_turn`);
+    every other isolation leaves it alone."""
 
     call_id: str
     name: str
@@ -79,6 +81,7 @@ class CallSpec:
     max_output_chars: int
     reply: Callable[[ToolResult], None]
     context: contextvars.Context | None = None
+    on_start: Callable[[], None] | None = None
 
 
 class Answer:

@@ -253,6 +253,11 @@ class ThreadIsolation(Isolation):
         with its span current), count itself ended, then settle ``answer`` (the reply
         goes last; the next call of an exclusive turn that it starts takes over this
         thread once this returns, instead of waking another)."""
+        if call.on_start is not None:
+            try:
+                call.on_start()
+            except Exception:  # the host's bookkeeping: logged, the call runs all the same
+                logger.exception("on_start of call {} raised", call.call_id)
         try:
             result = call.context.run(self._attached, call) if call.context is not None else self._attached(call)
         except BaseException as exc:  # nothing the tool raises escapes into the pool

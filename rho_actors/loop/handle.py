@@ -235,12 +235,12 @@ class Loop:
     def _start_turn(
         self, batch: tuple[ToolCall, ...], sink: ResultSink, cancel: CancelToken | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
-        background: bool | frozenset[str] = False,
+        background: bool | frozenset[str] = False, on_start: Callable[[int], None] | None = None,
     ) -> None:
-        turns = self._turns()
         telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
-        turns.submit(batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(),
-                     on_result=on_result, aio=aio, background=background, chooses=self.model_chooses is True)
+        self._turns().submit(batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(),
+                             on_result=on_result, aio=aio, background=background,
+                             chooses=self.model_chooses is True, on_start=on_start)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
@@ -275,10 +275,13 @@ class Loop:
     async def arun_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None,
         background: bool | Iterable[str] = False, on_result: Callable[[int, ToolResult], None] | None = None,
+        on_start: Callable[[int], None] | None = None,
     ) -> list[ToolResult]:
         """:meth:`run_turn` for asyncio hosts: awaits the results without ever blocking
         the event loop; ``on_result`` as in :meth:`submit_turn` (called from the thread
         that settled the call: a call thread, or this event loop's for a call run on it).
+        ``on_start(index)``: called in a call's own thread just before its tool runs, for a call run on a
+        ``thread`` call thread (not a task); a call run anywhere else, or not run, never calls it.
         A call of a trusted ``async`` tool in ``thread`` isolation runs
         as a task on this event loop, with its deadline (DESIGN §4: no thread is
         crossed; a tool that blocks the event loop blocks it as the host's own code
@@ -310,7 +313,7 @@ class Loop:
             bounds = self._bounds = _Bounds(aio)
         bounds.add(landing)  # armed first (one timer per event loop): the calls' hand-off goes last
         try:
-            self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen)
+            self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen, on_start=on_start)
             if landing.results is not None:  # landed already: every call refused, or settled in its first step
                 return landing.results
             return await landing.wait(token)

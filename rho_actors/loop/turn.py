@@ -63,6 +63,7 @@ class Turn:
     context: contextvars.Context | None = None
     telemetry: TurnTelemetry | None = None  # what its calls report to (None: nothing configured)
     on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
+    on_start: Callable[[int], None] | None = None  # Loop.arun_turn's on_start
     aio: asyncio.AbstractEventLoop | None = None  # the event loop awaiting it (arun_turn): async tools run there
     background: bool | frozenset[str] = False  # the calls the caller runs as tasks, of tools declaring "optional"
     journal: bool = False  # its held calls are recorded by the session's approvals (not by a prompt)

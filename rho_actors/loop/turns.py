@@ -200,6 +200,7 @@ class Turns:
         context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
         approved: bool = False, background: bool | frozenset[str] = False, chooses: bool = False,
+        on_start: Callable[[int], None] | None = None,
     ) -> None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
@@ -217,7 +218,8 @@ class Turns:
         withheld = self._withheld
         turn = Turn(next(self._turn_ids), list(map(Slot, range(len(calls)), calls)), future,
                      withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
-                     background=background, journal=self.approvals is not None and not RECORDED_BY_CALLER.get())
+                     on_start=on_start, background=background,
+                     journal=self.approvals is not None and not RECORDED_BY_CALLER.get())
         refused: list[Slot] = []
         held: list[tuple[ToolCall, PendingCall]] = []
         if cancel is None or not cancel.cancelled:
@@ -462,6 +464,7 @@ class Turns:
             slot.call.id, entry.info.name, entry.tool, args, MappingProxyType(fields), now, deadline,
             timeout_ms, cancel, self._limits.max_output_chars, answering or settle,
             None if turn.context is None else turn.context.copy(),
+            None if turn.on_start is None or task is not None else functools.partial(turn.on_start, slot.index),
         )
         with turn.lock:
             dropped = turn.stop_reason is not None

@@ -9,7 +9,11 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
   refused ``429`` while its client holds ``max_sessions_per_client`` sessions; the SDK
   refuses ``503`` past ``max_sessions`` in all, and closes a session that had no
   request in flight for ``idle_timeout_s``. A client is its uid on loopback (from the
-  kernel's socket table: every loopback client is 127.0.0.1), else its address.
+  kernel's socket table: every loopback client is 127.0.0.1), else its address; asked
+  once per connection when served by :func:`connection_protocol` (a connection's peer
+  cannot change: the answer is kept on that connection's own peer object, made when
+  the socket is accepted and gone with it, never keyed by an address and port, which
+  a later connection may reuse), else once per request.
 - One client has at most ``max_tasks_per_client`` MCP tasks open over all its sessions
   (:meth:`rho_actors.mcp.tasks.ServedTasks.admit`: a call past it is refused ``-32600``).
 - A session is its client's: a request naming another client's ``Mcp-Session-Id`` is
@@ -27,6 +31,7 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import secrets
@@ -47,6 +52,7 @@ __all__ = [
     "DEFAULT_MAX_SESSIONS_PER_CLIENT",
     "DEFAULT_MAX_TASKS_PER_CLIENT",
     "HTTPGuard",
+    "connection_protocol",
     "request_gone",
 ]
 
@@ -258,8 +264,46 @@ class HTTPGuard:
             self._absent_since[session_id] = time.monotonic()
 
 
+class _Peer(tuple):  # type: ignore[type-arg]
+    """A connection's peer ``(host, port)``, the ``client`` of each of its requests'
+    scopes, made once per accepted socket (:func:`connection_protocol`): the client it
+    is, once the kernel named its uid, is kept on it (``principal``), so the answer
+    lives and dies with that one connection."""
+
+    principal: str | None = None
+
+
+def connection_protocol() -> type[asyncio.Protocol]:
+    """The uvicorn HTTP protocol (h11) whose connections each give their requests one
+    :class:`_Peer` as ``scope["client"]``, so :class:`HTTPGuard` asks the kernel for a
+    loopback peer's uid once per connection (``uvicorn.Config(http=...)``)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class PeerKeeping(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if self.client is not None:
+                self.client = _Peer(self.client)
+
+    return PeerKeeping
+
+
 def _client(scope: Scope) -> str:
-    """``uid:N`` for a loopback peer whose socket the kernel table shows, else ``ip:ADDRESS``."""
+    """``uid:N`` for a loopback peer whose socket the kernel table shows, else
+    ``ip:ADDRESS``; a uid found is kept on the connection's :class:`_Peer`."""
+    peer = scope.get("client")
+    if type(peer) is _Peer:
+        if peer.principal is None:
+            found = _looked_up(scope)
+            if found.startswith("uid:"):  # a failed lookup is asked again at the next request
+                peer.principal = found
+            return found
+        return peer.principal
+    return _looked_up(scope)
+
+
+def _looked_up(scope: Scope) -> str:
+    """:func:`_client`, asked of the kernel."""
     peer, server = scope.get("client"), scope.get("server")
     if not peer:
         return "unknown"

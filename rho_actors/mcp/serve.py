@@ -80,10 +80,12 @@ from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptE
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.lifecycle import PendingCall
+from rho_actors.loop.approval_rules import approval_rule
+from rho_actors.loop.inline import runs_inline
 from rho_actors.mcp.call_results import call_tool_result, output_schema
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
-from rho_actors.mcp.guard import HTTPGuard
+from rho_actors.mcp.guard import HTTPGuard, connection_protocol
 from rho_actors.mcp.listen import Listening
 from rho_actors.mcp.sessions import (
     SESSION_META_KEY,
@@ -204,13 +206,14 @@ async def _named_session(served: _Served, ctx: Any) -> Session:
     another principal's), or a new one for a request naming none (over stdio the
     process's one session)."""
     principal, handle = principal_of(ctx), session_handle(ctx)
+    if handle is not None:  # found without waiting for the lock: nothing awaits between here and its use
+        found = served.handles.get(handle)
+        if found is None or found.closed or not secrets.compare_digest(found.principal, principal):
+            raise unknown_handle()
+        found.used = time.monotonic()
+        return found
     async with served.opening:
-        if handle is not None:
-            found = served.handles.get(handle)
-            if found is None or found.closed or not secrets.compare_digest(found.principal, principal):
-                raise unknown_handle()
-            session = found
-        elif served.guard is None and served.local is not None and not served.local.closed:
+        if served.guard is None and served.local is not None and not served.local.closed:
             session = served.local
         else:
             await _make_room(served, principal)
@@ -447,8 +450,11 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     results: list[ToolResult] = []
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
         # a cancel waited for while the session started is raised here: unbound, released below as any end
-        record = await session.begin(ToolCall(call_id, params.name, arguments))  # recorded before it runs
-        results = await _run_call(served, session, record, task is not None)
+        record = session.call_record(ToolCall(call_id, params.name, arguments))  # recorded before it runs:
+        on_thread = task is None and _on_call_thread(served, session, params.name)  # by its thread, as it starts
+        if not on_thread:
+            await record.begin()  # else by a worker thread first
+        results = await _run_call(served, session, record, task is not None, on_thread)
     finally:
         session.calls -= 1
         session.used = time.monotonic()
@@ -473,19 +479,35 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     return answer.model_copy(update={"meta": said}) if said is not None else answer
 
 
-async def _run_call(served: _Served, session: Session, record: CallRecord, as_task: bool) -> list[ToolResult]:
+async def _run_call(served: _Served, session: Session, record: CallRecord, as_task: bool,
+                    on_thread: bool) -> list[ToolResult]:
     """The results of ``record``'s call's turn, recorded (synced with the call's own
-    record: DESIGN §6b "The served transcript"); a held call (recorded ``pending`` by the
+    record: DESIGN §6b "The served transcript"; ``on_thread``: the call's record is
+    written by its call thread as it starts); a held call (recorded ``pending`` by the
     loop's approvals), not a task, is answered once decided (:meth:`Session.decided`)."""
-    results: list[ToolResult] = await session.loop.arun_turn([record.call], background=as_task,
-                                                             on_result=record.settled)
+    results: list[ToolResult] = await session.loop.arun_turn(
+        [record.call], background=as_task, on_result=record.settled, on_start=record.started if on_thread else None)
     details = results[0].details  # a held call's PendingCall: in a task's acknowledgement too
     held = details.get("pending") if isinstance(details, Mapping) else None
     if not isinstance(held, PendingCall):
         await record.end(results[0])
-    elif not as_task:
-        results = [await session.decided(held, results[0], served.system.data_dir)]
+    else:
+        await record.end(None)  # held, not run: its call's record all the same
+        if not as_task:
+            results = [await session.decided(held, results[0], served.system.data_dir)]
     return results
+
+
+def _on_call_thread(served: _Served, session: Session, name: str) -> bool:
+    """Whether a call of tool ``name`` runs on a call thread (``thread`` isolation, not an
+    ``async`` tool run on the serving loop) and is never held for a decision (whose
+    journal in the transcript comes after the call's record), so its record is written as
+    it starts; a name not served is refused before it runs (both records written after)."""
+    entry = served.system.tool_set().entries.get(name)
+    if entry is None:
+        return True
+    return (entry.isolation == "thread" and not runs_inline(entry) and approval_rule(entry) is False
+            and session.loop.approval_policy is None)
 
 
 async def _task_made(served: _Served, task: ServedTask, result: ToolResult, meta: dict[str, Any] | None
@@ -617,7 +639,10 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
                                      max_sessions=guard.max_sessions, event_store=events,
                                      retry_interval=_SSE_RETRY_MS)
     own_event_stores(server.session_manager, events)  # one session never replays another's events
-    config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on")
+    # the client is the connection's own peer: no X-Forwarded-For may rename it (a local
+    # caller naming another's loopback port would take that uid's sessions)
+    config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on",
+                            http=connection_protocol(), proxy_headers=False)
     await uvicorn.Server(config).serve()
 
 

@@ -190,33 +190,16 @@ class Session:
             return waiting
         return result
 
-    async def begin(self, call: ToolCall) -> CallRecord:
-        """``call``'s record in the transcript, appended before it runs (written, not
-        synced, in a worker thread): what records its result (:class:`CallRecord`)."""
-        record = CallRecord(self, call, next(self.steps))
-        await anyio.to_thread.run_sync(self.record, call, None, record.step)
-        return record
-
-    def record(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
-        """Append ``call``'s record (``result`` None: before it runs; written, not synced)
-        or its result's (synced: one ``fdatasync`` makes both durable) to the session's
-        transcript, in a thread that is not the serving event loop's. A transcript that
-        cannot be written is logged, never the call's failure."""
-        with self.writing:
-            self._append(call, result, step)
-
-    def record_here(self, call: ToolCall, result: ToolResult, step: int) -> bool:
-        """:meth:`record` ``result`` in this thread unless another holds the transcript
-        (a decision being journaled in it): then returns False at once."""
-        if not self.writing.acquire(blocking=False):
-            return False
-        try:
-            self._append(call, result, step)
-        finally:
-            self.writing.release()
-        return True
+    def call_record(self, call: ToolCall) -> CallRecord:
+        """``call``'s records in the transcript, nothing written yet: written before it
+        runs by :meth:`CallRecord.started` (in its call thread) or :meth:`CallRecord.begin`
+        (in a worker thread), its result by :meth:`CallRecord.settled` or :meth:`CallRecord.end`."""
+        return CallRecord(self, call, next(self.steps))
 
     def _append(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
+        """Append ``call``'s record (``result`` None: written, not synced) or its result's
+        (synced: one ``fdatasync`` makes both durable); the caller holds ``writing``. A
+        transcript that cannot be written is logged, never the call's failure."""
         if self.transcript is None:
             return
         try:
@@ -230,21 +213,54 @@ class Session:
 
 @dataclass(slots=True, eq=False)
 class CallRecord:
-    """A served call's records (:meth:`Session.begin`): its result is recorded by the
-    call's own thread as it settles (:meth:`settled`, the turn's ``on_result``: no thread
-    hop, the ``fdatasync`` before the result is sent), else by :meth:`end` in a worker
-    thread (a result settled on the event loop, by a deadline, or a refusal)."""
+    """A served call's two records (:meth:`Session.call_record`), in order, each once,
+    never on the serving event loop: the call's, written (not synced) before it runs, by
+    its own call thread (:meth:`started`, the turn's ``on_start``: no thread hop) or in a
+    worker thread before the turn (:meth:`begin`, for a call run elsewhere); then its
+    result's, synced, by the call's own thread as it settles (:meth:`settled`, the turn's
+    ``on_result``), else by :meth:`end` in a worker thread (a result settled on the event
+    loop, by a deadline, or a refusal), the call's record first when it has none yet."""
 
     session: Session
     call: ToolCall
     step: int
-    done: bool = False
+    begun: bool = False  # the call's record is written
+    done: bool = False  # its result's is
+
+    async def begin(self) -> None:
+        """Write the call's record in a worker thread (a call that will not run on a call thread)."""
+        await anyio.to_thread.run_sync(self._write, None)
+
+    def started(self, index: int) -> None:
+        """The turn's ``on_start``, in the call's thread just before its tool runs."""
+        self._write(None)
 
     def settled(self, index: int, result: ToolResult) -> None:
-        """The turn's ``on_result``: record ``result`` here when this is the call's thread."""
-        self.done = on_call_thread() and self.session.record_here(self.call, result, self.step)
+        """The turn's ``on_result``: record ``result`` here when this is the call's thread
+        and no one else holds the transcript (a decision being journaled in it)."""
+        if not on_call_thread() or not self.session.writing.acquire(blocking=False):
+            return
+        try:
+            self._write_held(result)
+        finally:
+            self.session.writing.release()
 
-    async def end(self, result: ToolResult) -> None:
-        """Record ``result`` unless :meth:`settled` did."""
-        if not self.done:
-            await anyio.to_thread.run_sync(self.session.record, self.call, result, self.step)
+    async def end(self, result: ToolResult | None) -> None:
+        """Record ``result`` unless :meth:`settled` did (None: only the call's record,
+        for a call held for a decision), in a worker thread."""
+        if not self.done and (result is not None or not self.begun):
+            await anyio.to_thread.run_sync(self._write, result)
+
+    def _write(self, result: ToolResult | None) -> None:
+        with self.session.writing:
+            self._write_held(result)
+
+    def _write_held(self, result: ToolResult | None) -> None:
+        if self.done:  # the result is recorded (a deadline's, say): a call starting late adds nothing
+            return
+        if not self.begun:
+            self.begun = True
+            self.session._append(self.call, None, self.step)
+        if result is not None:
+            self.done = True
+            self.session._append(self.call, result, self.step)
