@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from rho_actors.agent.transcript import (
 )
 from rho_actors.loop.decisions import locked_transcript
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
-from tests.conftest import WAIT_S, wait_for
+from tests.conftest import WAIT_S, read_line, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -181,38 +182,76 @@ def test_one_writer_at_a_time(tmp_path: Path) -> None:
     assert load(path).messages == [Message.user("hi")]
 
 
-def _held(path: Path) -> bool:
-    """Whether a lock holds ``path`` (a non-blocking ``flock`` of it fails)."""
+def _open_into(path: Path, opened: list[Transcript | BaseException]) -> None:
+    """Open the transcript at ``path`` as a prompt does; append it, or what that raised, to ``opened``."""
+    transcript = Transcript(path)
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
+        transcript.open()
+        opened.append(transcript)
+    except BaseException as exc:
+        opened.append(exc)
+
+
+def test_a_child_process_forked_during_a_prompt_does_not_keep_its_session(tmp_path: Path) -> None:
+    # A host that starts a process (a subprocess, a fork server) while a prompt runs forks
+    # a child holding copies of all its descriptors until its exec: the session's next
+    # prompt must not be refused "in use by another prompt" once this one has ended.
+    path = tmp_path / TRANSCRIPT_NAME
+    prompt_lock = path.with_name(transcript_lock.PROMPT_LOCK_NAME)
+    go_on, hold = os.pipe()
+    with Transcript(path) as first:
+        first.user(1, "hi")
+        child = os.fork()
+        if child == 0:  # as before its exec: until told to end
+            os.read(go_on, 1)
+            os._exit(0)
+    opened: list[Transcript | BaseException] = []
+
+    second = threading.Thread(target=_open_into, args=(path, opened))
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        second.start()
+        assert wait_for(lambda: transcript_lock.prompt_held_here(prompt_lock) or bool(opened))  # the child lives
+        assert opened == []  # and its copy of the transcript's own lock is waited for, as a record being written
     finally:
-        os.close(fd)
-    return False
+        os.write(hold, b"x")  # its exec, which closes its copies
+        os.waitpid(child, 0)
+        os.close(go_on)
+        os.close(hold)
+    second.join(WAIT_S)
+    [prompting] = opened
+    assert isinstance(prompting, Transcript), prompting
+    with prompting:
+        prompting.user(2, "again")
+    assert load(path).messages == [Message.user("hi"), Message.user("again")]
+
+
+def test_a_prompt_of_another_process_refuses_this_one(tmp_path: Path) -> None:
+    path = tmp_path / TRANSCRIPT_NAME
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from rho_actors.agent.transcript import Transcript; "
+                               "t = Transcript(__import__('pathlib').Path(sys.argv[1])); t.open(); "
+                               "print('held', flush=True); sys.stdin.read()", str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert read_line(holder.stdout) == "held\n"  # type: ignore[arg-type]
+        with pytest.raises(TranscriptBusyError, match="in use by another prompt"):
+            Transcript(path).open()
+    finally:
+        holder.communicate("", timeout=WAIT_S)
+    with Transcript(path) as again:  # released with its process
+        again.user(1, "hi")
 
 
 def test_a_writer_waits_for_a_record_being_written_not_for_a_prompt(tmp_path: Path) -> None:
     path = tmp_path / TRANSCRIPT_NAME
     opened: list[Transcript | BaseException] = []
 
-    def prompt() -> None:
-        transcript = Transcript(path)
-        try:
-            transcript.open()
-            opened.append(transcript)
-        except BaseException as exc:
-            opened.append(exc)
-
     with locked_transcript(path) as brief:  # a decision or a result being recorded, as another host writes one
         brief.user(1, "hi")
-        waiting = threading.Thread(target=prompt)
+        waiting = threading.Thread(target=_open_into, args=(path, opened))
         waiting.start()
-        assert wait_for(lambda: _held(path.with_name(transcript_lock.PROMPT_LOCK_NAME)))  # the prompt's own lock: taken
+        assert wait_for(lambda: transcript_lock.prompt_held_here(path.with_name(transcript_lock.PROMPT_LOCK_NAME)))
         assert opened == []  # and it waits for the record being written
     waiting.join(WAIT_S)
     [prompting] = opened

@@ -437,7 +437,7 @@ class Transcript:
         self.images = ImageStore(self.path.parent, max_image_bytes)
         self.history = History()
         self._fd: int | None = None
-        self._prompt_fd: int | None = None
+        self._prompt: transcript_lock.PromptLock | None = None
         self._seq = 0
         self._mark: Mark | None = None  # where the last read or write left the file, for reopen()
         self._writing = threading.Lock()  # records come from the threads that settle or move calls too
@@ -458,7 +458,7 @@ class Transcript:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             if not brief:
-                self._prompt_fd = self._lock(transcript_lock.PROMPT_LOCK_NAME, 0.0)
+                self._prompt = self._lock_prompt()
             created = not os.path.lexists(self.path)
             fd = self._fd = self._lock(self.path.name, 0.0 if brief else transcript_lock.RECORD_WAIT_S, os.O_APPEND)
             if created:
@@ -535,6 +535,15 @@ class Transcript:
         self._seq, self._mark = after.seq, after
         return True
 
+    def _lock_prompt(self) -> transcript_lock.PromptLock:
+        try:
+            held = transcript_lock.lock_prompt(self.path.with_name(transcript_lock.PROMPT_LOCK_NAME))
+        except UnsafePathError as exc:
+            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
+        if held is None:
+            raise TranscriptBusyError(f"transcript {self.path} is in use by another prompt of this session")
+        return held
+
     def _lock(self, name: str, wait_s: float, flags: int = 0) -> int:
         try:
             fd = transcript_lock.lock(self.path.with_name(name), wait_s, flags)
@@ -549,11 +558,12 @@ class Transcript:
 
     def close(self) -> None:
         """Release the locks and close the files (idempotent)."""
-        fds, self._fd, self._prompt_fd = (self._fd, self._prompt_fd), None, None
+        fd, prompt, self._fd, self._prompt = self._fd, self._prompt, None, None
         self._per_record = False
-        for fd in fds:  # the file's lock first: a prompt waiting for it never holds it alone
-            if fd is not None:
-                os.close(fd)  # releases the flock
+        if fd is not None:  # the file's lock first: a prompt waiting for it never holds it alone
+            os.close(fd)  # releases the flock
+        if prompt is not None:
+            prompt.release()
 
     def __enter__(self) -> Transcript:
         self.open()

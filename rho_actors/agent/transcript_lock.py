@@ -1,12 +1,23 @@
 """The locks of a session's transcript (DESIGN §4 "Approvals").
 
-Two exclusive ``flock`` s, each released with its descriptor (so by a ``kill -9`` too:
-the descriptors are close-on-exec, and rho's fork servers are started by exec, never
-forked from a host): a prompt (or an MCP session) first takes :data:`PROMPT_LOCK_NAME`
-beside the transcript, refused at once when another prompt holds it, then the
-transcript's own; a brief writer (a decision, an approved call's result) takes only
-the transcript's own, for a record or two, and a prompt waits for it at most
-:data:`RECORD_WAIT_S`.
+A prompt (or an MCP session) first takes :data:`PROMPT_LOCK_NAME` beside the transcript
+(:func:`lock_prompt`), refused at once when another prompt holds it, then the
+transcript's own ``flock`` (:func:`lock`); a brief writer (a decision, an approved
+call's result) takes only the transcript's own, for a record or two, and a prompt waits
+for it at most :data:`RECORD_WAIT_S`. Both are released with their descriptor, by a
+``kill -9`` too (the descriptors are close-on-exec, and rho's fork servers are started
+by exec, never forked from a host).
+
+The prompt lock is a POSIX record lock (``fcntl.lockf``), which belongs to the process,
+not an ``flock``, which belongs to the open file that every forked child shares until
+its exec: a host starting a process while a prompt runs (a subprocess, a fork server)
+would otherwise leave the lock held by that child after the prompt ended, and the
+session's next prompt would be refused as "in use by another prompt". A record lock
+does not tell a process's own threads apart, and closing any descriptor of its file
+releases it, so this process's prompt locks are also kept in a set checked before the
+file is opened. The transcript's own lock stays an ``flock`` (readers open that file
+while a prompt writes it); a forked child's copy of it is only waited for, until its
+exec.
 """
 
 from __future__ import annotations
@@ -14,18 +25,78 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Final
 
 from rho_actors.files import open_regular
 
-__all__ = ["PROMPT_LOCK_NAME", "RECORD_WAIT_S", "lock"]
+__all__ = ["PROMPT_LOCK_NAME", "RECORD_WAIT_S", "PromptLock", "lock", "lock_prompt", "prompt_held_here"]
 
 PROMPT_LOCK_NAME: Final = "prompt.lock"
 """The file beside the transcript whose lock a prompt holds (one prompt per session)."""
 RECORD_WAIT_S: Final = 30.0
 """How long (seconds) a prompt waits for a brief writer of the transcript."""
+
+_HELD: set[str] = set()  # the real paths of the prompt locks this process holds
+_HELD_LOCK = threading.Lock()
+_BUSY: Final = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+
+
+class PromptLock:
+    """A prompt lock this process holds (:func:`lock_prompt`); :meth:`release` it once."""
+
+    __slots__ = ("_fd", "_key")
+
+    def __init__(self, fd: int, key: str) -> None:
+        self._fd: int | None = fd
+        self._key = key
+
+    def release(self) -> None:
+        """Release the lock and close its file (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # releases the record lock
+            _forget(self._key)
+
+
+def lock_prompt(path: Path) -> PromptLock | None:
+    """The session's prompt lock: the regular file at ``path`` opened read-write
+    (created, mode 0600) under an exclusive POSIX record lock, taken at once, or ``None``
+    when a prompt holds it (of this process, or of another: never a child this process
+    forked, see the module doc). Raises :class:`~rho_actors.files.UnsafePathError` for a
+    symlink or a file that is not regular, and ``OSError``."""
+    key = os.path.realpath(path)
+    with _HELD_LOCK:  # checked before the file is opened: closing it would release a lock held here
+        if key in _HELD:
+            return None
+        _HELD.add(key)
+    try:
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except BaseException:
+        _forget(key)
+        raise
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException as exc:
+        os.close(fd)
+        _forget(key)
+        if isinstance(exc, OSError) and exc.errno in _BUSY:  # another process's prompt holds it
+            return None
+        raise
+    return PromptLock(fd, key)
+
+
+def _forget(key: str) -> None:
+    with _HELD_LOCK:
+        _HELD.discard(key)
+
+
+def prompt_held_here(path: Path) -> bool:
+    """Whether a prompt of this process holds the prompt lock at ``path``."""
+    with _HELD_LOCK:
+        return os.path.realpath(path) in _HELD
 
 
 def lock(path: Path, wait_s: float, flags: int = 0) -> int | None:
@@ -41,9 +112,9 @@ def lock(path: Path, wait_s: float, flags: int = 0) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
         except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) or time.monotonic() >= until:
+            if exc.errno not in _BUSY or time.monotonic() >= until:
                 os.close(fd)
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                if exc.errno not in _BUSY:
                     raise
                 return None
         time.sleep(delay)
