@@ -222,6 +222,8 @@ def test_astream_yields_the_events_and_a_closed_stream_cancels_the_prompt(system
             if isinstance(event, ToolCallStarted):
                 assert await asyncio.to_thread(STARTED.wait, WAIT_S)
                 break
+        else:  # the stream ended with no call started: its end says why
+            raise AssertionError(f"the prompt ended before its call started: {event!r}")
         await events.aclose()  # type: ignore[attr-defined]
 
     asyncio.run(leave_early())
