@@ -7,6 +7,7 @@ private SDK attribute serving relies on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -311,7 +312,9 @@ def polled(ctx: Any) -> str:
 
 
 def _sse_events(lines: Any) -> list[dict[str, str]]:
-    """The SSE events of ``lines`` (text lines), each ``{field: value}``, until the stream ends."""
+    """The SSE events of ``lines`` (text lines), each ``{field: value}``, until the stream ends.
+    A comment line (``: ping - …``, the keep-alive sse-starlette sends every 15 s) is no
+    event and is skipped, as the SSE spec says."""
     events: list[dict[str, str]] = []
     event: dict[str, str] = {}
     for line in lines:
@@ -319,6 +322,8 @@ def _sse_events(lines: Any) -> list[dict[str, str]]:
             if event:
                 events.append(event)
             event = {}
+            continue
+        if line.startswith(":"):
             continue
         name, _, value = line.partition(":")
         event[name] = event.get(name, "") + value.removeprefix(" ")
@@ -355,36 +360,55 @@ def test_sse_streams_are_primed_and_a_closed_one_is_resumed_with_last_event_id(s
             assert first[0]["data"] == "" and first[0]["retry"] == "500" and first[0]["id"]  # the priming event
             assert not any('"id":1' in e.get("data", "").replace(" ", "") for e in first)  # closed before the result
             assert finished.wait(WAIT_S)  # the result is in the event store (or on its way to it)
-            answer: dict[str, Any] = {}
-            # a result stored while the SDK replays and re-registers the stream is in neither (its
-            # transport's "replay→live-tail window"): a client that hears nothing resumes again
-            quiet = httpx.Timeout(WAIT_S, read=min(WAIT_S, slack(3.0)))
-            for _ in range(3):
-                try:
-                    with http.stream("GET", url, headers={**headers, "Last-Event-ID": first[-1]["id"]},
-                                     timeout=quiet) as resumed:
-                        for event in _sse_events(_until_result(resumed.iter_lines(), time.monotonic() + WAIT_S)):
-                            message = json.loads(event["data"]) if event.get("data") else {}
-                            if "id" in message:  # a notification (a log line, progress) may come first
-                                answer = message
-                                break
-                except httpx.ReadTimeout:
-                    continue
-                break
-            assert answer["id"] == 1 and answer["result"]["content"][0]["text"] == "closed=True"
+            answer = _resumed_answer(http, url, headers, _last_event_id(first), 1)
+            assert answer and answer["result"]["content"][0]["text"] == "closed=True", answer
     finally:
         if loops:
             loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
         thread.join(WAIT_S)
 
 
+def _last_event_id(events: list[dict[str, str]]) -> str:
+    """The SSE "last event ID" of ``events``: the id of the last event that has one."""
+    return [event["id"] for event in events if "id" in event][-1]
+
+
+def _resumed_answer(http: Any, url: str, headers: dict[str, str], last_event_id: str,
+                    request_id: int) -> dict[str, Any]:
+    """The JSON-RPC response to ``request_id`` on the stream resumed (GET) with
+    ``last_event_id``, or {} when none comes within :data:`WAIT_S`. A result stored while
+    the SDK replays and re-registers the stream reaches neither (its transport's
+    "replay→live-tail window"), so a resumed stream that carries no event for
+    ``slack(3.0)`` is resumed again; keep-alive pings are no event (an httpx read
+    timeout alone misses a stream that only pings, every 15 s)."""
+    import httpx2 as httpx
+
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        quiet = min(slack(3.0), deadline - time.monotonic())
+        with contextlib.suppress(httpx.ReadTimeout), http.stream(
+                "GET", url, headers={**headers, "Last-Event-ID": last_event_id},
+                timeout=httpx.Timeout(WAIT_S, read=quiet)) as resumed:
+            lines = _until_result(resumed.iter_lines(), time.monotonic() + quiet)
+            for message in map(_message, _sse_events(lines)):
+                if message.get("id") == request_id and ("result" in message or "error" in message):
+                    return message
+    return {}
+
+
+def _message(event: dict[str, str]) -> dict[str, Any]:
+    """The JSON-RPC message an SSE event carries ({} for the priming event's empty data)."""
+    return json.loads(event["data"]) if event.get("data") else {}
+
+
 def _until_result(lines: Any, deadline: float) -> Any:
     """``lines`` up to the end of the first event whose data is a JSON-RPC response (one
     with an ``id``; notifications may come before it, and a GET stream stays open), or
-    until ``deadline`` (``time.monotonic()``) once a line comes after it."""
+    until ``deadline`` (``time.monotonic()``) once a line (a keep-alive ping too) comes
+    after it with no response yet."""
     seen_result = False
     for line in lines:
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and not seen_result:
             return
         yield line
         data = line.removeprefix("data:").strip() if line.startswith("data:") else ""

@@ -16,7 +16,7 @@ pytest.importorskip("mcp")
 from rho_actors import ActorSystem, CallEvent
 from tests.conftest import WAIT_S
 from tests.helpers import free_port
-from tests.test_mcp_client_requests import _sse_events, _until_result, polled
+from tests.test_mcp_client_requests import _last_event_id, _resumed_answer, _sse_events, _until_result, polled
 from tests.test_mcp_serve import TOKEN, _connect_http, _serve_http
 
 VERSION = "2025-11-25"
@@ -55,16 +55,12 @@ def test_a_session_cannot_replay_another_sessions_events(system: ActorSystem) ->
                                                                 "params": {"name": "polled", "arguments": {}}}) as r:
                 first = _sse_events(r.iter_lines())
             assert finished.wait(WAIT_S)
-            answer: dict[str, Any] = {}  # the victim gets its result (so it is in the store)
-            with http.stream("GET", url, headers={**victim, "Last-Event-ID": first[-1]["id"]}) as resumed:
-                for event in _sse_events(_until_result(resumed.iter_lines(), time.monotonic() + WAIT_S)):
-                    if event.get("data"):
-                        answer = json.loads(event["data"])
-                        break
-            assert answer["id"] == 1 and answer["result"]["content"][0]["text"] == "closed=True"
+            # the victim gets its result (so it is in the store)
+            answer = _resumed_answer(http, url, victim, _last_event_id(first), 1)
+            assert answer and answer["result"]["content"][0]["text"] == "closed=True", answer
             # the thief resumes with the victim's event id (ids are "<request id>/<n>": guessable)
             seen: list[dict[str, Any]] = []
-            with http.stream("GET", url, headers={**thief, "Last-Event-ID": first[-1]["id"]}) as stolen:
+            with http.stream("GET", url, headers={**thief, "Last-Event-ID": _last_event_id(first)}) as stolen:
                 for event in _sse_events(_until_result(stolen.iter_lines(), time.monotonic() + 2.0)):
                     if event.get("data"):
                         seen.append(json.loads(event["data"]))
