@@ -11,6 +11,7 @@ order)."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from pathlib import Path
 
@@ -28,6 +29,12 @@ def _modules() -> dict[str, Path]:
             parts.pop()
         found[".".join(parts)] = path
     return found
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The module at ``path`` parsed, once a run (each check walks every module)."""
+    return ast.parse(path.read_text())
 
 
 def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
@@ -48,7 +55,7 @@ def _graph() -> dict[str, set[str]]:
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for node in _imports(ast.parse(path.read_text())):
+        for node in _imports(_tree(path)):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif node.module is None or node.level:
@@ -175,7 +182,7 @@ def test_at_most_15_modules_stand_at_the_package_root() -> None:
 def test_no_private_name_is_imported_across_modules() -> None:
     offenders = []
     for name, path in _modules().items():
-        for node in _imports(ast.parse(path.read_text())):
+        for node in _imports(_tree(path)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rho_actors"):
                 offenders += [f"{name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert offenders == []
@@ -207,7 +214,7 @@ def test_model_visible_text_is_written_only_in_the_results_table() -> None:
     for name, path in _modules().items():
         if name in ("rho_actors.results", "rho_actors.declarations.arguments"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if not isinstance(node, ast.Call):
                 continue
             called = _call_name(node)
@@ -246,7 +253,7 @@ def _named_internals() -> set[tuple[str, str]]:
     modules = _modules()
     found = set()
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in modules:
                 found |= {(name, node.value) for face in FACES
                           if node.value.startswith(face + ".") and not _inside(name, face)}

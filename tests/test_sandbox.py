@@ -764,6 +764,7 @@ def test_tool_from_a_file_module(pool: WorkerPool, plugin: Any) -> None:
     assert result.error_kind is ErrorKind.RAISED and "details: a Point is not JSON data" in result.content
 
 
+@pytest.mark.slow  # a benchmark's smoke run (18 s of CPU): outside the default run, as the others' are
 def test_benchmark_smoke() -> None:
     """benchmarks/bench_isolation.py runs and reports every number (timings unchecked)."""
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_isolation.py"

@@ -297,14 +297,15 @@ def test_no_two_workers_hold_one_uid_under_churn_and_kills(tmp_path: Path) -> No
     # Workers of session after session leave trees behind (a daemon, a zombie); their
     # workers are killed with SIGKILL from outside, their fork server too, others retired
     # when their session ends: the next session's worker gets a freed uid (a range of 8),
-    # never while a process of the uid's last worker is still there.
+    # never while a process of the uid's last worker is still there. Twelve sessions (four
+    # of each kind) outnumber the 8 uids: some uid is leased again.
     uids = _range(8, part=5)
     spec = Confinement(uid_range=uids)
     got: list[int] = []
     with (ActorSystem(data_dir=tmp_path, shutdown_ms=2_000, confinement=spec, warm_workers=0,
                       worker_idle_s=0.0) as system, _UidWatch(uids) as watch):
         assert system.register(make_tool("linger", _linger), untrusted=True).info
-        for turn in range(18):
+        for turn in range(12):
             loop = system.start_loop(f"session-{turn}")
             if turn % 3 == 0:  # its worker killed mid-call, once its tree is made
                 before = set(_workers(uids))

@@ -125,14 +125,18 @@ def test_bad_untrusted_declarations_are_left_out_with_their_reason(system: Actor
     assert [e.kind for e in events] == ["rejected"]
 
 
-def test_a_read_that_runs_over_is_retried_then_excluded(system: ActorSystem) -> None:
-    events: list[DeclarationEvent] = []
-    system.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
-    registration = system.register(Hangs, untrusted=True)
-    assert registration.info is None and "(timeout)" in str(registration.reason)
-    assert wait_for(lambda: [e.kind for e in events] == ["retry", "retry", "excluded"], timeout_s=WAIT_S)
-    assert "read again in 0.05 s" in str(events[0].reason) and "read again in 0.1 s" in str(events[1].reason)
-    assert declaration(untrusted(Hangs)) is None
+def test_a_read_that_runs_over_is_retried_then_excluded(tmp_path: Path) -> None:
+    # a read that never answers runs over any bound: a short one (not the load-scaled one
+    # of the fixture, three times over) cuts all three reads alike
+    reads = UntrustedReads(timeout_s=0.3, retry_s=(0.05, 0.1))
+    with ActorSystem(data_dir=tmp_path, untrusted=reads, shutdown_ms=2_000, warm_workers=1) as system:
+        events: list[DeclarationEvent] = []
+        system.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
+        registration = system.register(Hangs, untrusted=True)
+        assert registration.info is None and "(timeout)" in str(registration.reason)
+        assert wait_for(lambda: [e.kind for e in events] == ["retry", "retry", "excluded"], timeout_s=WAIT_S)
+        assert "read again in 0.05 s" in str(events[0].reason) and "read again in 0.1 s" in str(events[1].reason)
+        assert declaration(untrusted(Hangs)) is None
 
 
 def test_a_retry_that_succeeds_offers_the_tool(system: ActorSystem, flag: Path) -> None:
