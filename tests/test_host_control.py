@@ -122,11 +122,18 @@ def test_cancelling_the_task_awaiting_arun_turn_cancels_the_turn(system: ActorSy
     assert loop.running() == []
 
 
+def _wait_running(folder: Path, future: Any) -> None:
+    """Wait until ``sleep_long`` runs in its worker; a turn that ended first fails here
+    with its results (what kept the call from its worker)."""
+    assert wait_for(lambda: (folder / "sleeping").exists() or future.done())
+    assert (folder / "sleeping").exists(), future.result(0)
+
+
 def test_cancel_kills_a_process_worker(system: ActorSystem) -> None:
     loop = system.start_loop("t")
     token = CancelToken()
     future = loop.submit_turn([ToolCall("c1", "sleep_long", "{}")], cancel=token)
-    assert wait_for((loop.data_dir / "sleeping").exists)  # running in its worker
+    _wait_running(loop.data_dir, future)  # running in its worker
     started = time.monotonic()
     token.cancel()
     [result] = future.result(WAIT_S)
@@ -260,7 +267,7 @@ def test_a_worker_pool_call_is_killed_when_its_cancel_is_set(tmp_path: Path) -> 
 def test_stopping_a_loop_kills_its_running_process_call(system: ActorSystem) -> None:
     loop = system.start_loop("stop")
     future = loop.submit_turn([ToolCall("c1", "sleep_long", "{}")])
-    assert wait_for((loop.data_dir / "sleeping").exists)
+    _wait_running(loop.data_dir, future)
     loop.stop()
     [result] = future.result(WAIT_S)
     assert result.error_kind == ErrorKind.CANCELLED and "session stopped" in result.content
