@@ -114,6 +114,7 @@ from rho_actors.agent import transcript_lock
 from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES, ImageStore
 from rho_actors.agent.lines import SCHEMA_VERSION, Mark, TranscriptError, checksum, read_all, read_records, scan
 from rho_actors.agent.model import Message, Reply
+from rho_actors.agent.transcript_lock import TranscriptBusyError
 from rho_actors.encoding import scrub_text
 from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.lifecycle import CallTrack, LifecycleError, call_record, fold
@@ -140,11 +141,6 @@ INTERRUPTED: Final = text("interrupted")
 
 ERROR_KINDS: Final = ("model", "max_steps", "loop", "cancelled")
 _WAITING: Final = ("pending", "decided")  # a call without result in these states is open, not interrupted
-
-
-class TranscriptBusyError(TranscriptError):
-    """Another prompt (in this process or another) holds the session's transcript, or a
-    decision or a result being recorded held it past ``RECORD_WAIT_S`` (30 s)."""
 
 
 @dataclass(slots=True)
@@ -458,9 +454,10 @@ class Transcript:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             if not brief:
-                self._prompt = self._lock_prompt()
+                self._prompt = transcript_lock.prompt_lock_of(self.path)
             created = not os.path.lexists(self.path)
-            fd = self._fd = self._lock(self.path.name, 0.0 if brief else transcript_lock.RECORD_WAIT_S, os.O_APPEND)
+            wait_s = 0.0 if brief else transcript_lock.RECORD_WAIT_S
+            fd = self._fd = transcript_lock.file_lock_of(self.path, wait_s, os.O_APPEND)
             if created:
                 _fsync_dir(self.path.parent)
             st = os.fstat(fd)
@@ -508,7 +505,7 @@ class Transcript:
             return self.history
         if mark is None or not os.path.lexists(self.path):
             return self.open(brief=True)
-        fd = self._lock(self.path.name, 0.0, os.O_APPEND)
+        fd = transcript_lock.file_lock_of(self.path, 0.0, os.O_APPEND)
         try:
             caught_up = self._caught_up(fd, mark)
         except BaseException:
@@ -534,27 +531,6 @@ class Transcript:
         _moved_on(self.history, records, str(self.path))
         self._seq, self._mark = after.seq, after
         return True
-
-    def _lock_prompt(self) -> transcript_lock.PromptLock:
-        try:
-            held = transcript_lock.lock_prompt(self.path.with_name(transcript_lock.PROMPT_LOCK_NAME))
-        except UnsafePathError as exc:
-            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
-        if held is None:
-            raise TranscriptBusyError(f"transcript {self.path} is in use by another prompt of this session")
-        return held
-
-    def _lock(self, name: str, wait_s: float, flags: int = 0) -> int:
-        try:
-            fd = transcript_lock.lock(self.path.with_name(name), wait_s, flags)
-        except UnsafePathError as exc:
-            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
-        if fd is None:
-            raise TranscriptBusyError(
-                f"transcript {self.path} is in use by another prompt of this session" if not wait_s else
-                f"transcript {self.path} is held by a decision or a result being recorded (by this host or another "
-                f"process) for more than {wait_s:g} s; try again once it is written")
-        return fd
 
     def close(self) -> None:
         """Release the locks and close the files (idempotent)."""
@@ -649,7 +625,7 @@ class Transcript:
             if self._fd is not None or not self._per_record:
                 self._append_now(record, sync)
                 return
-            fd = self._lock(self.path.name, transcript_lock.RECORD_WAIT_S, os.O_APPEND)
+            fd = transcript_lock.file_lock_of(self.path, transcript_lock.RECORD_WAIT_S, os.O_APPEND)
             try:
                 if self._mark is None or not self._caught_up(fd, self._mark):
                     raise TranscriptError(f"transcript {self.path} was replaced or cut short by another process; "

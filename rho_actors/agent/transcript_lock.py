@@ -30,9 +30,20 @@ import time
 from pathlib import Path
 from typing import Final
 
-from rho_actors.files import open_regular
+from rho_actors.agent.lines import TranscriptError
+from rho_actors.files import UnsafePathError, open_regular
 
-__all__ = ["PROMPT_LOCK_NAME", "RECORD_WAIT_S", "PromptLock", "lock", "lock_prompt", "prompt_held_here"]
+__all__ = [
+    "PROMPT_LOCK_NAME",
+    "RECORD_WAIT_S",
+    "PromptLock",
+    "TranscriptBusyError",
+    "file_lock_of",
+    "lock",
+    "lock_prompt",
+    "prompt_held_here",
+    "prompt_lock_of",
+]
 
 PROMPT_LOCK_NAME: Final = "prompt.lock"
 """The file beside the transcript whose lock a prompt holds (one prompt per session)."""
@@ -42,6 +53,11 @@ RECORD_WAIT_S: Final = 30.0
 _HELD: set[str] = set()  # the real paths of the prompt locks this process holds
 _HELD_LOCK = threading.Lock()
 _BUSY: Final = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+
+
+class TranscriptBusyError(TranscriptError):
+    """Another prompt (in this process or another) holds the session's transcript, or a
+    decision or a result being recorded held it past ``RECORD_WAIT_S`` (30 s)."""
 
 
 class PromptLock:
@@ -119,3 +135,34 @@ def lock(path: Path, wait_s: float, flags: int = 0) -> int | None:
                 return None
         time.sleep(delay)
         delay = min(delay * 2, 0.02)
+
+
+def prompt_lock_of(transcript: Path) -> PromptLock:
+    """The prompt lock of the session whose transcript is at ``transcript``
+    (:func:`lock_prompt` of :data:`PROMPT_LOCK_NAME` beside it). Raises
+    :class:`TranscriptBusyError` when a prompt holds it, :class:`TranscriptError` when
+    the file cannot be used (a symlink, not regular), and ``OSError``."""
+    try:
+        held = lock_prompt(transcript.with_name(PROMPT_LOCK_NAME))
+    except UnsafePathError as exc:
+        raise TranscriptError(f"transcript {transcript} cannot be used: {exc}") from None
+    if held is None:
+        raise TranscriptBusyError(f"transcript {transcript} is in use by another prompt of this session")
+    return held
+
+
+def file_lock_of(transcript: Path, wait_s: float, flags: int = 0) -> int:
+    """The transcript at ``transcript`` opened under its own lock (:func:`lock`), waiting
+    up to ``wait_s`` seconds: its descriptor. Raises :class:`TranscriptBusyError` when it
+    is still held (0 s: by another prompt; else by a brief writer), :class:`TranscriptError`
+    when it cannot be used, and ``OSError``."""
+    try:
+        fd = lock(transcript, wait_s, flags)
+    except UnsafePathError as exc:
+        raise TranscriptError(f"transcript {transcript} cannot be used: {exc}") from None
+    if fd is None:
+        raise TranscriptBusyError(
+            f"transcript {transcript} is in use by another prompt of this session" if not wait_s else
+            f"transcript {transcript} is held by a decision or a result being recorded (by this host or another "
+            f"process) for more than {wait_s:g} s; try again once it is written")
+    return fd
