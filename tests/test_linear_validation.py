@@ -284,19 +284,20 @@ def test_integral_floats_are_looked_for_only_where_a_schema_names_integer() -> N
     args = decode_arguments('{"a": [1.0, 2]}')
     assert violations(nested, args, 1.0, 15) == [] and [type(v) for v in args["a"]] == [int, int]
 
+
 def test_registration_makes_the_quick_check_before_the_first_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The uncounted check of a registered tool's linear schema is made when it is
     registered, not on its first call's time (nothing is made while a call validates)."""
     made: list[Any] = []
-    plain_class = linear._plain_class
+    make = linear._made
 
-    def noting(cls: Any) -> Any:
-        made.append(cls)
-        return plain_class(cls)
+    def noting(validator: Any, key: int) -> tuple[Any, int, bool]:
+        made.append(validator)
+        return make(validator, key)
 
-    monkeypatch.setattr(linear, "_plain_class", noting)
+    monkeypatch.setattr(linear, "_made", noting)
     with ActorSystem(data_dir=tmp_path / "data") as system:
         system.register(make_tool("count", "ok", schema=LINEAR[1]))
         assert made, "registration made no quick check"
