@@ -331,17 +331,18 @@ class Loop:
         and tell ``turns``; an ``OSError`` is left for the turn to report."""
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
-        def make() -> None:
+        def make() -> None:  # the awaiting task, cancelled, has cancelled ``done``: nothing to tell
             try:
                 make_session_folder(self._data_dir)
+                turns.folder_made = self._folder_made = True
             except OSError:
-                done.set_result(None)
-                return
+                pass
             except BaseException as exc:  # surfaced to the awaiting task
-                done.set_exception(exc)
+                if done.set_running_or_notify_cancel():
+                    done.set_exception(exc)
                 return
-            turns.folder_made = self._folder_made = True
-            done.set_result(None)
+            if done.set_running_or_notify_cancel():
+                done.set_result(None)
 
         threading.Thread(target=make, name=f"rho-folder-{self.session_id}", daemon=True).start()
         await asyncio.wrap_future(done)
