@@ -338,3 +338,33 @@ def test_a_call_whose_connection_drops_runs_on_and_its_result_is_fetched_with_la
                 result = line.split(":", 1)[1]
                 break
     assert result is not None and "not cancelled" in result, result
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a client of another uid needs root to start")
+@pytest.mark.parametrize("table", [False, True], ids=["sock_diag", "proc_table"])
+def test_a_client_that_closed_its_socket_is_not_taken_for_root(monkeypatch: pytest.MonkeyPatch, table: bool) -> None:
+    """A client that sends its request and closes at once leaves a TIME_WAIT socket, which
+    the kernel reports with uid 0: the guard must not take it for root (a client of uid
+    ``nobody`` would then pass as the owner of root's sessions)."""
+    if table:
+        monkeypatch.setattr(peers, "_diag_uid", lambda *_: (_ for _ in ()).throw(OSError("no sock_diag")))
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        ready, closed = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the client: uid nobody, connects, sends, closes
+            try:
+                os.setuid(65534)
+                with socket.create_connection(server.getsockname()) as client:
+                    client.sendall(b"POST /mcp HTTP/1.1\r\n\r\n")
+                os.write(closed, b"x")
+            finally:
+                os._exit(0)
+        connection, peer = server.accept()
+        with connection:
+            assert os.read(ready, 1) == b"x"
+            os.waitpid(pid, 0)
+            assert connection.recv(64).startswith(b"POST")
+            port = f":{peer[1]:04X}"  # the client's socket, orphaned: its FIN acknowledged, it is a TIME_WAIT one
+            assert wait_for(lambda: any(row[1].endswith(port) and row[3] in ("05", "06") for row in peers._rows()))
+            scope = {"type": "http", "client": peer, "server": connection.getsockname()}
+            assert guard_module._client(scope) == "ip:127.0.0.1"  # no uid: not root's

@@ -62,12 +62,13 @@ def _rows() -> list[list[str]]:
         except OSError:
             continue
         rows.extend(line.split() for line in lines)
-    return [row for row in rows if len(row) > 7]
+    return [row for row in rows if len(row) > 9]
 
 
 def socket_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
     """The owner uid of the TCP socket whose own address is ``local`` and whose peer is
-    ``remote`` (``(host, port)`` each), or None when there is no such socket here.
+    ``remote`` (``(host, port)`` each), or None when there is no such socket here or no
+    process holds it (a closed socket in TIME_WAIT, which the kernel reports as uid 0).
     Asked of the kernel for that one socket (netlink ``sock_diag``, about 0.1 ms), else
     read from the tables (which cost a read of every socket's row)."""
     with contextlib.suppress(OSError, ValueError):
@@ -75,7 +76,7 @@ def socket_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
     mine, theirs = _forms(*local), _forms(*remote)
     for row in _rows():
         if row[1] in mine and row[2] in theirs:
-            return int(row[7])
+            return int(row[7]) if row[9] != "0" else None  # inode 0: no process holds it (TIME_WAIT: uid 0)
     return None
 
 
@@ -108,10 +109,12 @@ def _diag_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
         if error == -errno.ENOENT:
             return None
         raise OSError(-error, os.strerror(-error))
-    if kind != _SOCK_DIAG_BY_FAMILY or length < 16 + 4 + 48 + 12:
+    if kind != _SOCK_DIAG_BY_FAMILY or length < 16 + 4 + 48 + 12 + 8:
         raise OSError(errno.EPROTO, "an unexpected sock_diag answer")
-    (uid,) = struct.unpack_from("=I", answer, 16 + 4 + 48 + 12)  # inet_diag_msg: after expires, rqueue, wqueue
-    return int(uid)
+    # inet_diag_msg: uid and inode after expires, rqueue, wqueue; a socket no process
+    # holds (inode 0: a TIME_WAIT one, which the kernel reports as uid 0) has no owner
+    uid, inode = struct.unpack_from("=II", answer, 16 + 4 + 48 + 12)
+    return int(uid) if inode else None
 
 
 def listener_uids(host: str, port: int) -> set[int]:
