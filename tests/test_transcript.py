@@ -243,6 +243,33 @@ def test_a_prompt_of_another_process_refuses_this_one(tmp_path: Path) -> None:
         again.user(1, "hi")
 
 
+@pytest.mark.xfail(strict=True, reason="a POSIX record lock is released by closing any descriptor of its file in "
+                   "this process; the prompt lock needs an open-file-description lock (F_OFD_SETLK) closed in "
+                   "forked children, or a place no tool's folder reaches")
+def test_a_file_read_in_the_session_folder_does_not_release_its_prompt(tmp_path: Path) -> None:
+    # The prompt lock lives in the session's folder, which its tools are given
+    # (ctx["data_dir"]): a tool of this process listing or reading the folder's files
+    # opens and closes prompt.lock, and closing any descriptor of a file releases this
+    # process's POSIX record lock on it. Another process must still be refused.
+    path = tmp_path / TRANSCRIPT_NAME
+    served = Transcript(path)
+    served.open(per_record=True)  # as a session served over MCP: the prompt lock alone holds it between records
+    try:
+        served.user(1, "hi")
+        reader = threading.Thread(target=lambda: [f.read_bytes() for f in sorted(tmp_path.iterdir())])
+        reader.start()
+        reader.join(WAIT_S)
+        other = subprocess.run(
+            [sys.executable, "-c", "import sys; from rho_actors.agent.transcript import Transcript; "
+                                   "t = Transcript(__import__('pathlib').Path(sys.argv[1])); t.open(); "
+                                   "t.user(2, 'intruder'); print('opened')", str(path)],
+            capture_output=True, text=True, timeout=WAIT_S, check=False)
+        assert "in use by another prompt" in other.stderr, other.stdout + other.stderr
+    finally:
+        served.close()
+    assert load(path).messages == [Message.user("hi")]
+
+
 def test_a_writer_waits_for_a_record_being_written_not_for_a_prompt(tmp_path: Path) -> None:
     path = tmp_path / TRANSCRIPT_NAME
     opened: list[Transcript | BaseException] = []
