@@ -206,6 +206,18 @@ def _intrude(url: str, how: str, name: str, source_port: int = 0, forwarded: str
     return str(run.stdout)
 
 
+def _refused(system: ActorSystem, guard: Any, mode: str, first: str, said: str, third: str) -> None:
+    """The intruder (``said``: what it was answered) was refused, and the session's own
+    client (``first``, ``third``: its notes) and folder saw nothing of it."""
+    assert "intruder" not in third and third.splitlines()[1:] == ["one", "two", "three"]
+    if mode == "legacy":
+        assert said.startswith("404 ") and guard.stats()["refused_foreign"] == 1, said
+    else:
+        assert "unknown session handle" in said, said
+    folder = system.data_dir / "sessions" / first.splitlines()[0]
+    assert "intruder" not in (folder / "notes.txt").read_text()
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or SYSTEM_PYTHON is None,
                     reason="a second client of another uid needs root to start, and a system python3")
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
@@ -223,13 +235,7 @@ def test_http_another_client_with_the_same_token_cannot_name_a_session(system: A
                     return first, said, _text(third)
 
         first, said, third = anyio.run(main)
-        assert "intruder" not in third and third.splitlines()[1:] == ["one", "two", "three"]
-        if mode == "legacy":
-            assert said.startswith("404 ") and guard.stats()["refused_foreign"] == 1, said
-        else:
-            assert "unknown session handle" in said, said
-    folder = system.data_dir / "sessions" / first.splitlines()[0]
-    assert "intruder" not in (folder / "notes.txt").read_text()
+        _refused(system, guard, mode, first, said, third)
 
 
 def _kept_alive(url: str) -> socket.socket:
@@ -284,13 +290,7 @@ def test_http_another_uid_cannot_take_a_connections_client(system: ActorSystem, 
                     return first, said, _text(third)
 
         first, said, third = anyio.run(main)
-        assert "intruder" not in third and third.splitlines()[1:] == ["one", "two", "three"]
-        if mode == "legacy":
-            assert said.startswith("404 ") and guard.stats()["refused_foreign"] == 1, said
-        else:
-            assert "unknown session handle" in said, said
-    folder = system.data_dir / "sessions" / first.splitlines()[0]
-    assert "intruder" not in (folder / "notes.txt").read_text()
+        _refused(system, guard, mode, first, said, third)
 
 
 def test_http_a_2026_client_hears_of_a_changed_tool_list_on_its_listen_stream(system: ActorSystem) -> None:

@@ -243,9 +243,6 @@ def test_a_prompt_of_another_process_refuses_this_one(tmp_path: Path) -> None:
         again.user(1, "hi")
 
 
-@pytest.mark.xfail(strict=True, reason="a POSIX record lock is released by closing any descriptor of its file in "
-                   "this process; the prompt lock needs an open-file-description lock (F_OFD_SETLK) closed in "
-                   "forked children, or a place no tool's folder reaches")
 def test_a_file_read_in_the_session_folder_does_not_release_its_prompt(tmp_path: Path) -> None:
     # The prompt lock lives in the session's folder, which its tools are given
     # (ctx["data_dir"]): a tool of this process listing or reading the folder's files

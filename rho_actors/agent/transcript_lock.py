@@ -1,23 +1,22 @@
 """The locks of a session's transcript (DESIGN §4 "Approvals").
 
 A prompt (or an MCP session) first takes :data:`PROMPT_LOCK_NAME` beside the transcript
-(:func:`lock_prompt`), refused at once when another prompt holds it, then the
-transcript's own ``flock`` (:func:`lock`); a brief writer (a decision, an approved
-call's result) takes only the transcript's own, for a record or two, and a prompt waits
-for it at most :data:`RECORD_WAIT_S`. Both are released with their descriptor, by a
+(:func:`lock_prompt`): refused at once when another prompt of this process holds it,
+after at most :data:`FORKED_WAIT_S` when another process does; then the transcript's own
+lock (:func:`lock`); a brief writer (a decision, an approved call's result) takes only
+the transcript's own, for a record or two, and a prompt waits for it at most
+:data:`RECORD_WAIT_S`. Both are ``flock`` locks, released with their descriptor, by a
 ``kill -9`` too (the descriptors are close-on-exec, and rho's fork servers are started
 by exec, never forked from a host).
 
-The prompt lock is a POSIX record lock (``fcntl.lockf``), which belongs to the process,
-not an ``flock``, which belongs to the open file that every forked child shares until
-its exec: a host starting a process while a prompt runs (a subprocess, a fork server)
-would otherwise leave the lock held by that child after the prompt ended, and the
-session's next prompt would be refused as "in use by another prompt". A record lock
-does not tell a process's own threads apart, and closing any descriptor of its file
-releases it, so this process's prompt locks are also kept in a set checked before the
-file is opened. The transcript's own lock stays an ``flock`` (readers open that file
-while a prompt writes it); a forked child's copy of it is only waited for, until its
-exec.
+An ``flock`` belongs to the open file, which every child forked from this process
+shares until its exec: a host starting a process while a prompt runs (a subprocess, a
+fork server) leaves the lock held by that child for the milliseconds until its exec, so
+the prompt lock is waited for that long (:data:`FORKED_WAIT_S`) before a prompt is
+refused as "in use by another prompt", and the transcript's own lock as a record being
+written. Closing another descriptor of the file (a tool reading its session's folder)
+releases neither, as it would a POSIX record lock. This process's prompt locks are also
+kept in a set, so that a second prompt of this process is refused at once.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from rho_actors.agent.lines import TranscriptError
 from rho_actors.files import UnsafePathError, open_regular
 
 __all__ = [
+    "FORKED_WAIT_S",
     "PROMPT_LOCK_NAME",
     "RECORD_WAIT_S",
     "PromptLock",
@@ -49,6 +49,9 @@ PROMPT_LOCK_NAME: Final = "prompt.lock"
 """The file beside the transcript whose lock a prompt holds (one prompt per session)."""
 RECORD_WAIT_S: Final = 30.0
 """How long (seconds) a prompt waits for a brief writer of the transcript."""
+FORKED_WAIT_S: Final = 2.0
+"""How long (seconds) a prompt waits for the prompt lock held by another process before
+it is refused: a child this host forked holds a copy of it until its exec."""
 
 _HELD: set[str] = set()  # the real paths of the prompt locks this process holds
 _HELD_LOCK = threading.Lock()
@@ -73,34 +76,30 @@ class PromptLock:
         """Release the lock and close its file (idempotent)."""
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)  # releases the record lock
+            os.close(fd)  # releases the flock (a forked child's copy: at its exec)
             _forget(self._key)
 
 
 def lock_prompt(path: Path) -> PromptLock | None:
     """The session's prompt lock: the regular file at ``path`` opened read-write
-    (created, mode 0600) under an exclusive POSIX record lock, taken at once, or ``None``
-    when a prompt holds it (of this process, or of another: never a child this process
-    forked, see the module doc). Raises :class:`~rho_actors.files.UnsafePathError` for a
-    symlink or a file that is not regular, and ``OSError``."""
+    (created, mode 0600) under an exclusive ``flock``, or ``None`` when a prompt holds it:
+    of this process (answered at once), or of another, still holding it after
+    :data:`FORKED_WAIT_S` (a child this process forked holds it only until its exec: see
+    the module doc). Raises :class:`~rho_actors.files.UnsafePathError` for a symlink or
+    a file that is not regular, and ``OSError``."""
     key = os.path.realpath(path)
-    with _HELD_LOCK:  # checked before the file is opened: closing it would release a lock held here
+    with _HELD_LOCK:  # a prompt of this process: refused at once, the file never opened
         if key in _HELD:
             return None
         _HELD.add(key)
     try:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = lock(path, FORKED_WAIT_S)
     except BaseException:
         _forget(key)
         raise
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException as exc:
-        os.close(fd)
+    if fd is None:  # another process's prompt holds it
         _forget(key)
-        if isinstance(exc, OSError) and exc.errno in _BUSY:  # another process's prompt holds it
-            return None
-        raise
+        return None
     return PromptLock(fd, key)
 
 
