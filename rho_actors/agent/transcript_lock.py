@@ -1,9 +1,9 @@
 """The locks of a session's transcript (DESIGN §4 "Approvals").
 
 A prompt (or an MCP session) first takes :data:`PROMPT_LOCK_NAME` beside the transcript
-(:func:`lock_prompt`): refused at once when another prompt of this process holds it,
+(:func:`prompt_lock_of`): refused at once when another prompt of this process holds it,
 after at most :data:`FORKED_WAIT_S` when another process does; then the transcript's own
-lock (:func:`lock`); a brief writer (a decision, an approved call's result) takes only
+lock (:func:`file_lock_of`); a brief writer (a decision, an approved call's result) takes only
 the transcript's own, for a record or two, and a prompt waits for it at most
 :data:`RECORD_WAIT_S`. Both are ``flock`` locks, released with their descriptor, by a
 ``kill -9`` too (the descriptors are close-on-exec, and rho's fork servers are started
@@ -39,8 +39,6 @@ __all__ = [
     "PromptLock",
     "TranscriptBusyError",
     "file_lock_of",
-    "lock",
-    "lock_prompt",
     "prompt_held_here",
     "prompt_lock_of",
 ]
@@ -55,7 +53,7 @@ it is refused: a child this host forked holds a copy of it until its exec."""
 
 _HELD: set[str] = set()  # the real paths of the prompt locks this process holds
 _HELD_LOCK = threading.Lock()
-_BUSY: Final = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+_BUSY: Final = (errno.EAGAIN, errno.EWOULDBLOCK)
 
 
 class TranscriptBusyError(TranscriptError):
@@ -64,7 +62,7 @@ class TranscriptBusyError(TranscriptError):
 
 
 class PromptLock:
-    """A prompt lock this process holds (:func:`lock_prompt`); :meth:`release` it once."""
+    """A prompt lock this process holds (:func:`prompt_lock_of`); :meth:`release` it once."""
 
     __slots__ = ("_fd", "_key")
 
@@ -80,7 +78,7 @@ class PromptLock:
             _forget(self._key)
 
 
-def lock_prompt(path: Path) -> PromptLock | None:
+def _lock_prompt(path: Path) -> PromptLock | None:
     """The session's prompt lock: the regular file at ``path`` opened read-write
     (created, mode 0600) under an exclusive ``flock``, or ``None`` when a prompt holds it:
     of this process (answered at once), or of another, still holding it after
@@ -93,7 +91,7 @@ def lock_prompt(path: Path) -> PromptLock | None:
             return None
         _HELD.add(key)
     try:
-        fd = lock(path, FORKED_WAIT_S)
+        fd = _lock(path, FORKED_WAIT_S)
     except BaseException:
         _forget(key)
         raise
@@ -114,7 +112,7 @@ def prompt_held_here(path: Path) -> bool:
         return os.path.realpath(path) in _HELD
 
 
-def lock(path: Path, wait_s: float, flags: int = 0) -> int | None:
+def _lock(path: Path, wait_s: float, flags: int = 0) -> int | None:
     """The regular file at ``path`` opened read-write (created, mode 0600; ``flags``
     added: ``os.O_APPEND``) under an exclusive ``flock``, waiting up to ``wait_s``
     seconds for another holder; ``None`` when it still holds it. Raises
@@ -138,11 +136,11 @@ def lock(path: Path, wait_s: float, flags: int = 0) -> int | None:
 
 def prompt_lock_of(transcript: Path) -> PromptLock:
     """The prompt lock of the session whose transcript is at ``transcript``
-    (:func:`lock_prompt` of :data:`PROMPT_LOCK_NAME` beside it). Raises
+    (:data:`PROMPT_LOCK_NAME` beside it). Raises
     :class:`TranscriptBusyError` when a prompt holds it, :class:`TranscriptError` when
     the file cannot be used (a symlink, not regular), and ``OSError``."""
     try:
-        held = lock_prompt(transcript.with_name(PROMPT_LOCK_NAME))
+        held = _lock_prompt(transcript.with_name(PROMPT_LOCK_NAME))
     except UnsafePathError as exc:
         raise TranscriptError(f"transcript {transcript} cannot be used: {exc}") from None
     if held is None:
@@ -151,12 +149,12 @@ def prompt_lock_of(transcript: Path) -> PromptLock:
 
 
 def file_lock_of(transcript: Path, wait_s: float, flags: int = 0) -> int:
-    """The transcript at ``transcript`` opened under its own lock (:func:`lock`), waiting
+    """The transcript at ``transcript`` opened under its own ``flock``, waiting
     up to ``wait_s`` seconds: its descriptor. Raises :class:`TranscriptBusyError` when it
     is still held (0 s: by another prompt; else by a brief writer), :class:`TranscriptError`
     when it cannot be used, and ``OSError``."""
     try:
-        fd = lock(transcript, wait_s, flags)
+        fd = _lock(transcript, wait_s, flags)
     except UnsafePathError as exc:
         raise TranscriptError(f"transcript {transcript} cannot be used: {exc}") from None
     if fd is None:
