@@ -28,6 +28,11 @@ def _offered(system: ActorSystem) -> set[str]:
     return {info.name for info in system.tools()}
 
 
+LISTED = {"echo", "fail", "hang", "crash", "grow", "env"}
+"""The fixture server's tools a test calls: a scan registers a listing's tools one by one
+(in name order), so a test waits for all it will call, not for one of them."""
+
+
 def _stdio(marks: Path, **kwargs: object) -> MCPServer:
     kwargs.setdefault("connect_timeout_s", WAIT_S)  # a server importing the SDK on a busy machine
     return MCPServer(command=[sys.executable, FIXTURE, str(marks)], env={"FIXTURE_TOKEN": "given"},
@@ -38,7 +43,7 @@ def test_stdio_server_tools_deadline_crash_restart_list_changed(system: ActorSys
     deadline_s = slack(0.8)  # each call's: a quiet machine's 0.8 s, as this machine keeps up now
     source = _stdio(tmp_path, timeout_ms=int(deadline_s * 1000))
     handle = system.add_source(source, poll_s=None)
-    assert wait_for(lambda: {"echo", "hang", "crash", "grow", "env"} <= _offered(system))
+    assert wait_for(lambda: LISTED <= _offered(system))
     # the broken declaration is left out, with its reason
     assert "bad name!" not in _offered(system)
     status = handle.status()["tools"]["bad name!"]
@@ -78,7 +83,7 @@ def test_stdio_server_tools_deadline_crash_restart_list_changed(system: ActorSys
     first_pid = (tmp_path / "started").read_text()
     [crashed] = loop.run_turn([ToolCall("c5", "crash", {})])
     assert crashed.error_kind is ErrorKind.CRASHED, crashed
-    assert wait_for(lambda: source.connections == 2 and "echo" in _offered(system))
+    assert wait_for(lambda: source.connections == 2 and LISTED <= _offered(system))
     assert (tmp_path / "started").read_text() != first_pid
     [again] = loop.run_turn([ToolCall("c6", "echo", {"text": "back"})])
     assert again.ok and again.content == "back"
@@ -133,7 +138,7 @@ def test_http_server_tools_and_deadline(system: ActorSystem, tmp_path: Path) -> 
         source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", headers={"X-Test": "1"},
                            timeout_ms=int(deadline_s * 1000))
         system.add_source(source, poll_s=None)
-        assert wait_for(lambda: "echo" in _offered(system))
+        assert wait_for(lambda: LISTED <= _offered(system))
         loop = system.start_loop("h1")
         [ok] = loop.run_turn([ToolCall("c1", "echo", {"text": "over http"})])
         assert ok.ok and ok.content == "over http"
