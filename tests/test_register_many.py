@@ -91,7 +91,16 @@ def test_a_bad_tool_or_option_raises_before_any_is_registered(system: ActorSyste
         system.register_many(_tools(2), env={"A": "1"})
     with pytest.raises(ValueError, match=r"isolation must be one of"):
         system.register_many(_tools(2), isolation="nowhere")
+    with pytest.raises(ValueError, match=r"origins names 1 tools, and 2 tools were given"):
+        system.register_many(_tools(2), origins=["only one"])
     assert _state(system) == before
+
+
+def test_origins_name_where_each_tool_comes_from(system: ActorSystem) -> None:
+    system.register_many(_tools(2), origins=["first place", "second place"])
+    assert [r.origin for r in system.registrations()] == ["first place", "second place"]
+    with pytest.raises(DuplicateToolError, match=r"second place"):
+        system.register_many(_tools(2, "t")[1:], origins=["elsewhere"])
 
 
 def test_registering_the_same_tools_again_rereads_them(system: ActorSystem) -> None:

@@ -167,6 +167,12 @@ def beta() -> str:
     return "beta"
 
 
+@tool
+def gamma() -> str:
+    """Gamma."""
+    return "gamma"
+
+
 def test_a_failed_scan_keeps_the_last_good_set(system: ActorSystem, logs: list[str]) -> None:
     source = Switchable()
     source.tools = {"a": (alpha, 1)}
@@ -418,6 +424,29 @@ def test_registration_errors_are_recorded_per_key(system: ActorSystem) -> None:
     assert tools["ok"]["offered"] is True
     assert "is not a tool" in tools["junk"]["reason"]
     assert tools["broken"]["reason"] == "it broke"
+
+
+def test_a_scans_new_tools_are_offered_as_one_change(system: ActorSystem) -> None:
+    """A trusted source's new tools appear in one tool set (a server's whole listing
+    after its restart, never a part of it), with the origins they would have alone."""
+    before = system.tool_set().version  # one more for each tool set published
+    source = Switchable()
+    source.tools = {"a": (alpha, 1), "b": (beta, 1)}
+    handle = add_source(system, source, trusted=True, poll_s=None)
+    handle.wait_idle()
+    assert {"alpha", "beta"} <= set(system.tool_set().entries)
+    assert system.tool_set().version == before + 1
+    assert {r.origin for r in system.registrations()} >= {"a (source switchable)", "b (source switchable)"}
+
+    # a batch the registry refuses (a name taken twice) is registered key by key
+    @tool(name="alpha")
+    def alpha_again() -> str:
+        """Alpha again."""
+        return "again"
+
+    source.tools = {**source.tools, "c": (gamma, 1), "d": (alpha_again, 1)}
+    tools = handle.refresh()["tools"]
+    assert tools["c"]["offered"] is True and "already registered by" in tools["d"]["reason"]
 
 
 def test_load_module_file_keeps_sys_modules_clean(tmp_path: Path) -> None:

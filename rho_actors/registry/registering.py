@@ -7,7 +7,7 @@ split between the registry's one-message path (trusted tools) and the untrusted 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,27 +64,34 @@ def prepare(
 def register_many(
     registry: Any, isolations: Mapping[str, Isolation], tools: Iterable[Any], options: Options,
     adopt: Callable[[Any, str | None], Any], ask_timeout_s: float, read_timeout_s: float,
+    origins: Sequence[str] | None = None,
 ) -> list[Registration]:
     """Register ``tools`` through the registry's proxy ``registry``: every tool is
     prepared first (so a bad one raises before anything is registered), then the trusted
     ones go in one message (:meth:`ToolRegistry.register_many`: all or nothing, one
     published tool set), then the untrusted ones are read in parallel, each registered
     when its read is done. Returns one :class:`Registration` per tool, in order; raises
-    the first untrusted tool's ``DuplicateToolError`` once every read has settled."""
+    the first untrusted tool's ``DuplicateToolError`` once every read has settled.
+    ``origins``: where each tool comes from in messages, in order (default: its module,
+    qualified name, file and line)."""
     prepared = [prepare(isolations, tool, options, adopt) for tool in tools]
+    if origins is not None and len(origins) != len(prepared):
+        raise ValueError(f"origins names {len(origins)} tools, and {len(prepared)} tools were given")
     results: list[Registration | None] = [None] * len(prepared)
     trusted = [i for i, (_, untrusted, _) in enumerate(prepared) if not untrusted]
     if trusted:
         batch = [prepared[i][0] for i in trusted]
         answer: list[Registration] = registry.register_many(
-            batch, options.isolation, prepared[trusted[0]][2], options.source
+            batch, options.isolation, prepared[trusted[0]][2], options.source,
+            None if origins is None else [origins[i] for i in trusted],
         ).get(timeout=ask_timeout_s + len(batch) * ASK_PER_TOOL_S)
         for i, registration in zip(trusted, answer, strict=True):
             results[i] = registration
     waiting: list[tuple[int, concurrent.futures.Future[Registration]]] = []
     for i, (tool, untrusted, placement) in enumerate(prepared):
         if untrusted:
-            future = registry.register(tool, None, True, options.isolation, placement, options.source).get(
+            origin = None if origins is None else origins[i]
+            future = registry.register(tool, origin, True, options.isolation, placement, options.source).get(
                 timeout=ask_timeout_s
             )
             waiting.append((i, future))

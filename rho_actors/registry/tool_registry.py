@@ -176,17 +176,18 @@ class ToolRegistry(Actor):
 
     def register_many(
         self, tools: list[Any], isolation: IsolationName | None = None, placement: Placement | None = None,
-        source: str | None = None,
+        source: str | None = None, origins: list[str] | None = None,
     ) -> list[Registration]:
         """Check and add the trusted ``tools`` (a list, in order) as one change: their
         declarations are read in one ask of the DeclarationActor, the name rules of
         :meth:`register` are applied to each in turn (a later tool of the batch sees the
         earlier ones), and one :class:`ToolSet` is published. All or nothing: raises
         :class:`DuplicateToolError` naming the first clash (with a registered tool or
-        within the batch) before any tool is added. Returns one :class:`Registration`
-        per tool, in order."""
+        within the batch) before any tool is added. ``origins``: where each tool comes
+        from in messages (default: its module, qualified name, file and line). Returns
+        one :class:`Registration` per tool, in order."""
         isolation = isolation or "thread"
-        origins = [describe_origin(tool) for tool in tools]
+        origins = origins or [describe_origin(tool) for tool in tools]
         timeout_s = _ASK_TIMEOUT_S + len(tools) * ASK_PER_TOOL_S
         outcomes: list[ToolInfo | Rejected] = self._declarations().check_many(tools, fresh=True).get(
             timeout=timeout_s

@@ -25,6 +25,10 @@ the system's registry:
 
 - a new key registers its tool (``untrusted=not trusted``: an untrusted tool's
   declaration is read in a throwaway process and its calls run in a worker process);
+  a trusted source's new tools of one scan are registered as one change
+  (``register_many``), so loops see a listing appear whole (an MCP server's, after its
+  restart), and one by one only when the registry refuses the batch (a name clash,
+  a tool that is not one: each key then gets its own verdict);
 - a changed version unregisters the old tool, then registers the new one (a key whose
   new version is broken stays out until it is fixed: old code is not kept offered);
 - a removed key unregisters its tool;
@@ -77,7 +81,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.otp.actor import Actor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.otp.timers import Timer
-from rho_actors.registry.tool_registry import DuplicateToolError
+from rho_actors.registry.tool_registry import DuplicateToolError, Registration
 from rho_actors.sandbox import PluginLoadError, load_module_file, tools_in_module
 from rho_actors.sources.builtin import DEFAULT_GROUP, Broken, EntryPointGroup, PluginFolder
 
@@ -258,6 +262,7 @@ class SourceActor(Actor):
                     with state.lock:
                         del keys[key]
                     logger.info("source {}: {} is gone; its tool was unregistered", self._label, key)
+        fresh: list[tuple[str, _Key]] = []  # new tools: registered together below
         for key in sorted(found):
             tool, version = found[key]
             held = keys.get(key)
@@ -276,36 +281,74 @@ class SourceActor(Actor):
                 entry.reason = tool.reason[:_MAX_REASON_CHARS]
                 self._log_once(entry, f"source {self._label}: {key} is not loaded: {entry.reason}")
             else:
-                self._offer(key, entry)
+                fresh.append((key, entry))
+        self._offer_all(fresh)
         with state.lock:
             state.scans += 1
             state.last_error = None
             state.last_scan = time.time()
 
+    def _offer_all(self, fresh: list[tuple[str, _Key]]) -> None:
+        """Register a scan's new tools. A trusted source's go in as one change
+        (``register_many``: loops see a server's listing appear whole, as after its
+        restart, never a part of it); when the registry refuses the batch (a name held
+        or taken twice, a tool that is not one), each is registered alone, so each key
+        gets its own verdict. An untrusted source's are registered one at a time."""
+        if self._trusted and len(fresh) > 1:
+            tools_version = self._system.tool_set().version
+            try:
+                registrations = self._system.register_many(
+                    [entry.tool for _, entry in fresh], source=self._label,
+                    origins=[self._origin(key) for key, _ in fresh])
+            except (DuplicateToolError, TypeError):  # one key's fault: each key alone, below
+                pass
+            except BaseException as exc:  # the registry restarting, a timeout: try again next scan
+                for _, entry in fresh:
+                    self._not_offered(entry, exc, tools_version)
+                return
+            else:
+                for (key, entry), registration in zip(fresh, registrations, strict=True):
+                    self._offered(key, entry, registration)
+                return
+        for key, entry in fresh:
+            self._offer(key, entry)
+
+    def _origin(self, key: str) -> str:
+        return f"{key} (source {self._label})"
+
     def _offer(self, key: str, entry: _Key) -> None:
-        origin = f"{key} (source {self._label})"
         tools_version = self._system.tool_set().version
         try:
-            registration = self._system.register(entry.tool, origin=origin, untrusted=not self._trusted,
+            registration = self._system.register(entry.tool, origin=self._origin(key), untrusted=not self._trusted,
                                                  source=self._label)
-        except DuplicateToolError as err:  # tried again once the tool set has changed (a name may be free)
-            self._failed(entry, str(err), retry=True)
+        except BaseException as exc:
+            self._not_offered(entry, exc, tools_version)
+        else:
+            self._offered(key, entry, registration)
+
+    def _not_offered(self, entry: _Key, exc: BaseException, tools_version: int) -> None:
+        """A registration of ``entry`` raised ``exc``; the registry's tool set was at
+        ``tools_version`` when it was tried."""
+        if isinstance(exc, DuplicateToolError):  # tried again once the tool set has changed (a name may be free)
+            self._failed(entry, str(exc), retry=True)
             entry.retry_unless = tools_version
-        except TypeError as err:  # not a tool
-            self._failed(entry, str(err), retry=False)
-        except BaseException as exc:  # the registry restarting, a timeout: try again next scan
+        elif isinstance(exc, TypeError):  # not a tool
+            self._failed(entry, str(exc), retry=False)
+        else:  # the registry restarting, a timeout: try again next scan
             self._failed(entry, f"registration failed: {describe_exception(exc)}", retry=True)
             entry.registered = True  # it may be held or pending: unregister it on withdrawal
+
+    def _offered(self, key: str, entry: _Key, registration: Registration) -> None:
+        """``entry`` (under ``key``) was registered: ``registration`` says as what."""
+        with self._state.lock:
+            entry.registered, entry.retry = True, False
+            entry.name = registration.info.name if registration.info is not None else None
+            entry.reason = registration.reason
+        if registration.reason is not None:
+            self._log_once(entry, f"source {self._label}: {key} is registered but not offered: "
+                                  f"{registration.reason}")
         else:
-            with self._state.lock:
-                entry.registered, entry.retry = True, False
-                entry.name = registration.info.name if registration.info is not None else None
-                entry.reason = registration.reason
-            if registration.reason is not None:
-                self._log_once(entry, f"source {self._label}: {key} is registered but not offered: "
-                                      f"{registration.reason}")
-            else:
-                logger.info("source {}: {} registered as tool {!r}", self._label, key, entry.name)
+            logger.info("source {}: {} registered as tool {!r}", self._label, key, entry.name)
 
     def _failed(self, entry: _Key, reason: str, *, retry: bool) -> None:
         with self._state.lock:

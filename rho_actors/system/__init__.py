@@ -43,7 +43,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -409,7 +409,7 @@ class ActorSystem(HostActors):
     def register_many(
         self, tools: Iterable[Any], *, untrusted: bool = False, isolation: IsolationName | None = None,
         env: dict[str, str] | None = None, deps: dict[str, Any] | None = None, worker_scope: str | None = None,
-        resources: Mapping[str, Any] | None = None, source: str | None = None,
+        resources: Mapping[str, Any] | None = None, source: str | None = None, origins: Sequence[str] | None = None,
     ) -> list[Registration]:
         """Register many tools, each as :meth:`register` would with these options (same checks and errors); returns
         their :class:`Registration` values in order. Each tool is checked here first (the first bad one raises,
@@ -417,11 +417,12 @@ class ActorSystem(HostActors):
         held by a registered tool or taken twice raises :class:`rho_actors.DuplicateToolError` naming the tool and
         its index, and none is registered; loops see one new tool set. Untrusted ones are then read in parallel,
         each registered when read, in that order (a ``DuplicateToolError`` among them is raised once all are read;
-        the others stay)."""
+        the others stay). ``origins`` names where each tool comes from in messages, in the tools' order (as
+        :meth:`register`'s ``origin``; ``ValueError`` when its length differs)."""
         from rho_actors.integrations.adopt import adopted
         options = Options(untrusted, isolation, env, deps, worker_scope, resources, source)
         return register_many(self._proxy(REGISTRY), self._runtime.isolations, tools, options, adopted,
-                             self._ask_timeout_s, self._untrusted.timeout_s)
+                             self._ask_timeout_s, self._untrusted.timeout_s, origins)
 
     def unregister(self, name_or_tool: Any, reason: str | None = None) -> bool:
         """Remove a tool (by name or object); loops stop offering it from their next turn, and a call naming it gets an
