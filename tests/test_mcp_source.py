@@ -29,8 +29,8 @@ def _offered(system: ActorSystem) -> set[str]:
 
 
 LISTED = {"echo", "fail", "hang", "crash", "grow", "env"}
-"""The fixture server's tools a test calls: a scan registers a listing's tools one by one
-(in name order), so a test waits for all it will call, not for one of them."""
+"""The fixture server's tools a test calls: a test waits for every tool it will call, not
+for one of them (whatever order the offer changes in)."""
 
 
 def _stdio(marks: Path, **kwargs: object) -> MCPServer:
