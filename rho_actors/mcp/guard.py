@@ -17,7 +17,9 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
 - One client has at most ``max_tasks_per_client`` MCP tasks open over all its sessions
   (:meth:`rho_actors.mcp.tasks.ServedTasks.admit`: a call past it is refused ``-32600``).
 - A session is its client's: a request naming another client's ``Mcp-Session-Id`` is
-  answered ``404`` (as an unknown one is), and the client is the principal a 2026-07-28
+  answered ``404`` (as an unknown one is); a request sending a header the guard or the
+  SDK reads for whose session it is (``_SINGLE``) more than once is answered ``400``
+  (the guard would check one value, the SDK route by the first); and the client is the principal a 2026-07-28
   session handle is bound to (:mod:`rho_actors.mcp.sessions`).
 - A session's client is *present* while one of its HTTP requests is open and its
   connection not closed (the SDK client keeps a ``GET`` stream open between calls).
@@ -74,6 +76,9 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 
 _GONE_KEY = "rho_actors.gone"
 _SESSION_HEADER = b"mcp-session-id"
+_SINGLE = frozenset({b"authorization", _SESSION_HEADER, b"mcp-protocol-version", b"last-event-id", b"host"})
+"""Headers a request may send at most once: the guard or the SDK reads each of them to
+know whose session (and which of its streams) a request is for."""
 
 
 def request_gone(request: Any) -> anyio.Event | None:
@@ -178,11 +183,17 @@ class HTTPGuard:
             if scope.get("type") != "http":
                 await app(scope, receive, send)
                 return
-            headers = dict(scope.get("headers") or [])
+            pairs = scope.get("headers") or []
+            headers = dict(pairs)
             if self.auth and not secrets.compare_digest(headers.get(b"authorization", b""), self._expected):
                 self.refused_unauthenticated += 1
                 await _answer(send, 401, "Unauthorized: send Authorization: Bearer <token>",
                               [(b"www-authenticate", b'Bearer realm="rho-actors"')])
+                return
+            named = [name for name, _ in pairs if name in _SINGLE]
+            repeated = sorted({name.decode("latin-1") for name in named if named.count(name) > 1})
+            if repeated:  # the guard reads one value, the SDK (Starlette) the first: both must see the same
+                await _answer(send, 400, f"Bad Request: header {', '.join(repeated)} sent more than once", [])
                 return
             session_id = headers.get(_SESSION_HEADER, b"").decode("latin-1") or None
             principal = scope[PRINCIPAL_KEY] = _client(scope)  # a 2026-07-28 session's owner too
