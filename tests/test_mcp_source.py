@@ -43,7 +43,7 @@ def test_stdio_server_tools_deadline_crash_restart_list_changed(system: ActorSys
     deadline_s = slack(0.8)  # each call's: a quiet machine's 0.8 s, as this machine keeps up now
     source = _stdio(tmp_path, timeout_ms=int(deadline_s * 1000))
     handle = system.add_source(source, poll_s=None)
-    assert wait_for(lambda: LISTED <= _offered(system))
+    assert wait_for(lambda: _offered(system) >= LISTED)
     # the broken declaration is left out, with its reason
     assert "bad name!" not in _offered(system)
     status = handle.status()["tools"]["bad name!"]
@@ -83,7 +83,7 @@ def test_stdio_server_tools_deadline_crash_restart_list_changed(system: ActorSys
     first_pid = (tmp_path / "started").read_text()
     [crashed] = loop.run_turn([ToolCall("c5", "crash", {})])
     assert crashed.error_kind is ErrorKind.CRASHED, crashed
-    assert wait_for(lambda: source.connections == 2 and LISTED <= _offered(system))
+    assert wait_for(lambda: source.connections == 2 and _offered(system) >= LISTED)
     assert (tmp_path / "started").read_text() != first_pid
     [again] = loop.run_turn([ToolCall("c6", "echo", {"text": "back"})])
     assert again.ok and again.content == "back"
@@ -138,7 +138,7 @@ def test_http_server_tools_and_deadline(system: ActorSystem, tmp_path: Path) -> 
         source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", headers={"X-Test": "1"},
                            timeout_ms=int(deadline_s * 1000))
         system.add_source(source, poll_s=None)
-        assert wait_for(lambda: LISTED <= _offered(system))
+        assert wait_for(lambda: _offered(system) >= LISTED)
         loop = system.start_loop("h1")
         [ok] = loop.run_turn([ToolCall("c1", "echo", {"text": "over http"})])
         assert ok.ok and ok.content == "over http"
@@ -186,6 +186,53 @@ def test_a_loopback_url_sends_nothing_to_a_listener_of_another_uid(system: Actor
         impostor.wait(WAIT_S)
     with pytest.raises(ValueError, match="exactly one"):
         MCPServer(server_uid=0)
+
+
+def _own_address() -> str | None:
+    """One of this host's IPv4 addresses that is not a loopback one, if it has one."""
+    import psutil
+
+    from rho_actors.mcp.peers import is_loopback
+
+    found = sorted(info.address for infos in psutil.net_if_addrs().values() for info in infos
+                   if info.family == socket.AF_INET and not is_loopback(info.address))
+    return found[0] if found else None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the impostor drops from root to uid 65534")
+@pytest.mark.parametrize("spelled", ["[::ffff:127.0.0.1]", "0.0.0.0", "own address"])
+def test_a_url_reaching_this_host_by_any_spelling_is_pinned(system: ActorSystem, tmp_path: Path,
+                                                           spelled: str) -> None:
+    """A URL that reaches this host without naming loopback (an IPv4-mapped loopback
+    address, the unspecified address, one of this host's own addresses) reaches a local
+    listener all the same: one of another uid gets nothing."""
+    from rho_actors.mcp.peers import listener_uids
+
+    host, bind = spelled, "127.0.0.1"
+    if spelled == "own address":
+        own = _own_address()
+        if own is None:
+            pytest.skip("this host has no address but loopback ones")
+        host = bind = own
+    port = free_port()
+    shared = tmp_path / "impostor"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    record = shared / "received"
+    impostor = subprocess.Popen([sys.executable, IMPOSTOR, str(port), str(record), bind],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: listener_uids(bind, port) == {65534})
+        source = MCPServer(url=f"http://{host}:{port}/mcp", headers={"Authorization": "Bearer host-secret"},
+                           name="pinned", connect_timeout_s=WAIT_S, max_restarts=1, max_seconds=30)
+        handle = system.add_source(source, poll_s=None)
+        assert wait_for(lambda: source._link.last_error is not None)
+        assert "uid [65534]" in str(source._link.last_error), source._link.last_error
+        assert not record.exists(), record.read_bytes()  # not even a connection was made
+        handle.close()
+    finally:
+        impostor.kill()
+        impostor.wait(WAIT_S)
 
 
 def test_rho_consumes_itself_through_mcp(system: ActorSystem, tmp_path: Path) -> None:
