@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -43,14 +44,14 @@ ACCEPT = {"Accept": "application/json, text/event-stream"}
 
 
 class Served:
-    def __init__(self, system: ActorSystem, guard: HTTPGuard) -> None:
+    def __init__(self, system: ActorSystem, guard: HTTPGuard, host: str = "127.0.0.1") -> None:
         self.system, self.guard, self.port = system, guard, free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self._loops: list[asyncio.AbstractEventLoop] = []
 
         async def run() -> None:
             self._loops.append(asyncio.get_running_loop())
-            await aserve(system, http=("127.0.0.1", self.port), guard=guard)
+            await aserve(system, http=(host, self.port), guard=guard)
 
         def target() -> None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -61,7 +62,7 @@ class Served:
 
         def listening() -> bool:
             try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                socket.create_connection(("::1" if host == "::" else "127.0.0.1", self.port), 0.2).close()
                 return True
             except OSError:
                 return False
@@ -81,8 +82,8 @@ def served(system: ActorSystem) -> Iterator[Callable[..., Served]]:
     system.register(served_tools.WaitForCancel)
     started: list[Served] = []
 
-    def start(**settings: Any) -> Served:
-        started.append(Served(system, HTTPGuard(TOKEN, **settings)))
+    def start(host: str = "127.0.0.1", **settings: Any) -> Served:
+        started.append(Served(system, HTTPGuard(TOKEN, **settings), host))
         return started[-1]
 
     yield start
@@ -368,3 +369,92 @@ def test_a_client_that_closed_its_socket_is_not_taken_for_root(monkeypatch: pyte
             assert wait_for(lambda: any(row[1].endswith(port) and row[3] in ("05", "06") for row in peers._rows()))
             scope = {"type": "http", "client": peer, "server": connection.getsockname()}
             assert guard_module._client(scope) == "ip:127.0.0.1"  # no uid: not root's
+
+
+
+def _as_nobody(port: int, request: bytes, address: str = "127.0.0.1") -> str:
+    """The status line ``request`` gets from ``address``:``port`` sent by a forked child of
+    uid ``nobody`` (another local user)."""
+    answer, written = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setuid(65534)
+            with socket.create_connection((address, port), WAIT_S) as client:
+                client.sendall(request)
+                os.write(written, client.recv(65536).split(b"\r\n", 1)[0] or b"closed")
+        finally:
+            os._exit(0)
+    os.close(written)
+    try:
+        with os.fdopen(answer, "rb") as read:
+            return read.read().decode("latin-1")
+    finally:
+        os.waitpid(pid, 0)
+
+
+def _raw_post(port: int, body: dict[str, Any], *headers: str) -> bytes:
+    data = json.dumps(body).encode()
+    head = ["POST /mcp HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Authorization: Bearer {TOKEN}",
+            "Accept: application/json, text/event-stream", "Content-Type: application/json",
+            "MCP-Protocol-Version: 2025-06-18", *headers, f"Content-Length: {len(data)}", "Connection: close"]
+    return "\r\n".join(head).encode() + b"\r\n\r\n" + data
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a client of another uid needs root to start")
+def test_a_request_naming_two_sessions_is_refused_not_routed_to_the_first(served: Callable[..., Served]) -> None:
+    """The guard checks the session a request names against its client; the SDK routes by
+    the first ``Mcp-Session-Id`` header: a client of another uid naming root's session and,
+    after it, one nobody owns must not reach root's session."""
+    server = served()
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+
+    async def main() -> None:
+        async with _client(TOKEN) as http:
+            opened = await http.post(server.url, json=INITIALIZE, headers=ACCEPT)
+            assert opened.status_code == 200, opened.text
+            victim = opened.headers["mcp-session-id"]
+            headers = {**ACCEPT, "Mcp-Session-Id": victim, "MCP-Protocol-Version": "2025-06-18"}
+            await http.post(server.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+            for named in ((victim, "0" * 32), ("0" * 32, victim), (victim, victim)):
+                request = _raw_post(server.port, call, *(f"Mcp-Session-Id: {one}" for one in named))
+                status = await anyio.to_thread.run_sync(_as_nobody, server.port, request)
+                assert status.split()[1:2] in (["400"], ["404"]), (named, status)
+            mine = await http.post(server.url, json={**call, "id": 3}, headers=headers)
+            assert mine.status_code == 200 and '"5"' in mine.text.replace(" ", ""), mine.text
+
+    anyio.run(main)
+
+
+def _local_addresses() -> list[str]:
+    """This host's addresses that are not loopback ones (its interfaces')."""
+    found = {info.address for infos in psutil.net_if_addrs().values() for info in infos
+             if info.family in (socket.AF_INET, socket.AF_INET6) and "%" not in info.address}
+    return sorted(a for a in found if not peers.is_loopback(a))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a client of another uid needs root to start")
+@pytest.mark.parametrize("bound", ["::", "0.0.0.0"])
+def test_a_local_client_is_its_uid_by_any_address_it_connects_through(served: Callable[..., Served],
+                                                                      bound: str) -> None:
+    """Served on every address, a local client reaches the server through loopback or
+    through one of this host's own addresses: either way it is its uid, never the
+    address that every local user connecting through it shares."""
+    server = served(host=bound)
+    six = bound == "::"
+    addresses = ["::1" if six else "127.0.0.1", *[a for a in _local_addresses() if (":" in a) == six][:1]]
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+
+    async def main() -> None:
+        for address in addresses:
+            url = f"http://{'[' + address + ']' if ':' in address else address}:{server.port}/mcp"
+            async with _client(TOKEN) as http:
+                opened = await http.post(url, json=INITIALIZE, headers=ACCEPT)
+                assert opened.status_code == 200, opened.text
+                root = opened.headers["mcp-session-id"]
+                request = _raw_post(server.port, call, f"Mcp-Session-Id: {root}")
+                status = await anyio.to_thread.run_sync(_as_nobody, server.port, request, address)
+                assert status.split()[1:2] == ["404"], (address, status)
+        assert set(server.guard.stats()["clients"]) == {f"uid:{os.getuid()}"}, server.guard.stats()
+
+    anyio.run(main)

@@ -188,6 +188,53 @@ def test_a_loopback_url_sends_nothing_to_a_listener_of_another_uid(system: Actor
         MCPServer(server_uid=0)
 
 
+def _own_address() -> str | None:
+    """One of this host's IPv4 addresses that is not a loopback one, if it has one."""
+    import psutil
+
+    from rho_actors.mcp.peers import is_loopback
+
+    found = sorted(info.address for infos in psutil.net_if_addrs().values() for info in infos
+                   if info.family == socket.AF_INET and not is_loopback(info.address))
+    return found[0] if found else None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the impostor drops from root to uid 65534")
+@pytest.mark.parametrize("spelled", ["[::ffff:127.0.0.1]", "0.0.0.0", "own address"])
+def test_a_url_reaching_this_host_by_any_spelling_is_pinned(system: ActorSystem, tmp_path: Path,
+                                                           spelled: str) -> None:
+    """A URL that reaches this host without naming loopback (an IPv4-mapped loopback
+    address, the unspecified address, one of this host's own addresses) reaches a local
+    listener all the same: one of another uid gets nothing."""
+    from rho_actors.mcp.peers import listener_uids
+
+    host, bind = spelled, "127.0.0.1"
+    if spelled == "own address":
+        own = _own_address()
+        if own is None:
+            pytest.skip("this host has no address but loopback ones")
+        host = bind = own
+    port = free_port()
+    shared = tmp_path / "impostor"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    record = shared / "received"
+    impostor = subprocess.Popen([sys.executable, IMPOSTOR, str(port), str(record), bind],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: listener_uids(bind, port) == {65534})
+        source = MCPServer(url=f"http://{host}:{port}/mcp", headers={"Authorization": "Bearer host-secret"},
+                           name="pinned", connect_timeout_s=WAIT_S, max_restarts=1, max_seconds=30)
+        handle = system.add_source(source, poll_s=None)
+        assert wait_for(lambda: source._link.last_error is not None)
+        assert "uid [65534]" in str(source._link.last_error), source._link.last_error
+        assert not record.exists(), record.read_bytes()  # not even a connection was made
+        handle.close()
+    finally:
+        impostor.kill()
+        impostor.wait(WAIT_S)
+
+
 def test_rho_consumes_itself_through_mcp(system: ActorSystem, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", served_tools.__file__,
                "--data-dir", str(tmp_path)]

@@ -197,7 +197,6 @@ def test_a_child_process_forked_during_a_prompt_does_not_keep_its_session(tmp_pa
     # a child holding copies of all its descriptors until its exec: the session's next
     # prompt must not be refused "in use by another prompt" once this one has ended.
     path = tmp_path / TRANSCRIPT_NAME
-    prompt_lock = path.with_name(transcript_lock.PROMPT_LOCK_NAME)
     go_on, hold = os.pipe()
     with Transcript(path) as first:
         first.user(1, "hi")
@@ -210,7 +209,7 @@ def test_a_child_process_forked_during_a_prompt_does_not_keep_its_session(tmp_pa
     second = threading.Thread(target=_open_into, args=(path, opened))
     try:
         second.start()
-        assert wait_for(lambda: transcript_lock.prompt_held_here(prompt_lock) or bool(opened))  # the child lives
+        assert wait_for(lambda: transcript_lock.prompt_held_here(path) or bool(opened))  # the child lives
         assert opened == []  # and its copy of the transcript's own lock is waited for, as a record being written
     finally:
         os.write(hold, b"x")  # its exec, which closes its copies
@@ -244,9 +243,9 @@ def test_a_prompt_of_another_process_refuses_this_one(tmp_path: Path) -> None:
 
 
 def test_a_file_read_in_the_session_folder_does_not_release_its_prompt(tmp_path: Path) -> None:
-    # The prompt lock lives in the session's folder, which its tools are given
-    # (ctx["data_dir"]): a tool of this process listing or reading the folder's files
-    # opens and closes prompt.lock, and closing any descriptor of a file releases this
+    # The prompt lock is the session's folder's, which its tools are given
+    # (ctx["data_dir"]): a tool of this process listing or reading the folder opens and
+    # closes it and its files, and closing any descriptor of a file would release this
     # process's POSIX record lock on it. Another process must still be refused.
     path = tmp_path / TRANSCRIPT_NAME
     served = Transcript(path)
@@ -267,6 +266,29 @@ def test_a_file_read_in_the_session_folder_does_not_release_its_prompt(tmp_path:
     assert load(path).messages == [Message.user("hi")]
 
 
+def test_a_session_folder_emptied_by_a_tool_does_not_release_its_prompt(tmp_path: Path) -> None:
+    # A tool given its session's folder (ctx["data_dir"]) that clears it of its files
+    # (a lock file there among them) while a prompt holds the session: another process
+    # must still be refused, not lock a new file of the same name and append beside it.
+    path = tmp_path / TRANSCRIPT_NAME
+    served = Transcript(path)
+    served.open(per_record=True)
+    try:
+        served.user(1, "hi")
+        for file in tmp_path.iterdir():
+            if file.name != TRANSCRIPT_NAME:
+                file.unlink()
+        other = subprocess.run(
+            [sys.executable, "-c", "import sys; from rho_actors.agent.transcript import Transcript; "
+                                   "t = Transcript(__import__('pathlib').Path(sys.argv[1])); t.open(); "
+                                   "t.user(2, 'intruder'); print('opened')", str(path)],
+            capture_output=True, text=True, timeout=WAIT_S, check=False)
+        assert "in use by another prompt" in other.stderr, other.stdout + other.stderr
+    finally:
+        served.close()
+    assert load(path).messages == [Message.user("hi")]
+
+
 def test_a_writer_waits_for_a_record_being_written_not_for_a_prompt(tmp_path: Path) -> None:
     path = tmp_path / TRANSCRIPT_NAME
     opened: list[Transcript | BaseException] = []
@@ -275,7 +297,7 @@ def test_a_writer_waits_for_a_record_being_written_not_for_a_prompt(tmp_path: Pa
         brief.user(1, "hi")
         waiting = threading.Thread(target=_open_into, args=(path, opened))
         waiting.start()
-        assert wait_for(lambda: transcript_lock.prompt_held_here(path.with_name(transcript_lock.PROMPT_LOCK_NAME)))
+        assert wait_for(lambda: transcript_lock.prompt_held_here(path))
         assert opened == []  # and it waits for the record being written
     waiting.join(WAIT_S)
     [prompting] = opened

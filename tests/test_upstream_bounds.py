@@ -6,7 +6,9 @@ through loguru (DESIGN §6b "What an upstream can cost the host")."""
 
 from __future__ import annotations
 
+import http.server
 import itertools
+import json
 import logging
 import os
 import subprocess
@@ -25,6 +27,7 @@ from rho_actors import ActorSystem, ErrorKind, ToolCall
 from rho_actors.mcp import MCPServer
 from rho_actors.mcp.bounds import (
     MAX_CONTAINERS,
+    MAX_MESSAGE_BYTES,
     MAX_STRUCTURED_BYTES,
     NOTIFICATION_BURST,
     NOTIFICATIONS_PER_S,
@@ -277,3 +280,65 @@ def test_an_http_upstreams_oversized_message_is_cut_before_it_is_parsed(system: 
         process.wait(WAIT_S)
 
 
+
+
+class _PaddedJSONServer(http.server.BaseHTTPRequestHandler):
+    """A streamable-HTTP MCP server (stateless, JSON bodies) whose ``tools/call`` answer
+    is valid JSON preceded by ``PAD`` bytes of whitespace made of blank lines."""
+
+    PAD = 0
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # no standalone stream
+        self.send_response(405)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_DELETE(self) -> None:
+        self.do_GET()
+
+    def do_POST(self) -> None:
+        message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        method, pad = message.get("method"), b""
+        if "id" not in message:
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if method == "initialize":
+            result: dict[str, Any] = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {
+                "tools": {}}, "serverInfo": {"name": "padded", "version": "0"}}
+        elif method == "tools/list":
+            result = {"tools": [{"name": "padded", "description": "Padded.", "inputSchema": {"type": "object"}}]}
+        elif method == "tools/call":
+            result, pad = {"content": [{"type": "text", "text": "padded"}]}, b"\n\n" * (self.PAD // 2)
+        else:
+            result = {}
+        body = pad + json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_an_http_upstreams_json_body_is_bounded_whole_blank_lines_or_not(system: ActorSystem,
+                                                                        logs: list[str]) -> None:
+    # A blank line ends a server-sent event, not a JSON body: whitespace between a JSON
+    # body's tokens may be blank lines, and the SDK reads and parses the body whole.
+    handler = type("Padded", (_PaddedJSONServer,), {"PAD": MAX_MESSAGE_BYTES + _MIB})
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as upstream:
+        threading.Thread(target=upstream.serve_forever, daemon=True).start()
+        try:
+            server = MCPServer(url=f"http://127.0.0.1:{upstream.server_address[1]}/mcp", name="padded",
+                               timeout_ms=int(WAIT_S * 1000), connect_timeout_s=WAIT_S)
+            system.add_source(server, poll_s=None)
+            assert wait_for(lambda: "padded" in {info.name for info in system.tools()}), (server.last_error, logs[-5:])
+            [result] = system.start_loop("h").run_turn([ToolCall("c1", "padded", {})])
+            assert not result.ok, result.content[:200]
+            assert any("longer than 16,777,216 bytes" in line for line in logs), logs[-5:]
+        finally:
+            upstream.shutdown()

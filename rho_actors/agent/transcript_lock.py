@@ -1,8 +1,8 @@
 """The locks of a session's transcript (DESIGN §4 "Approvals").
 
-A prompt (or an MCP session) first takes :data:`PROMPT_LOCK_NAME` beside the transcript
-(:func:`prompt_lock_of`): refused at once when another prompt of this process holds it,
-after at most :data:`FORKED_WAIT_S` when another process does; then the transcript's own
+A prompt (or an MCP session) first takes the lock of the session's folder, the
+transcript's directory (:func:`prompt_lock_of`): refused at once when another prompt
+of this process holds it, after at most :data:`FORKED_WAIT_S` when another process does; then the transcript's own
 lock (:func:`file_lock_of`); a brief writer (a decision, an approved call's result) takes only
 the transcript's own, for a record or two, and a prompt waits for it at most
 :data:`RECORD_WAIT_S`. Both are ``flock`` locks, released with their descriptor, by a
@@ -17,6 +17,11 @@ refused as "in use by another prompt", and the transcript's own lock as a record
 written. Closing another descriptor of the file (a tool reading its session's folder)
 releases neither, as it would a POSIX record lock. This process's prompt locks are also
 kept in a set, so that a second prompt of this process is refused at once.
+
+The prompt lock is the folder's, not a file's in it: the session's tools are given that
+folder (``ctx["data_dir"]``), and a tool that removed or replaced a lock file there (one
+clearing its folder) would let another process lock a new file of the same name and run
+a second prompt beside the first; clearing a folder neither removes nor replaces it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ from rho_actors.files import UnsafePathError, open_regular
 
 __all__ = [
     "FORKED_WAIT_S",
-    "PROMPT_LOCK_NAME",
     "RECORD_WAIT_S",
     "PromptLock",
     "TranscriptBusyError",
@@ -43,15 +47,13 @@ __all__ = [
     "prompt_lock_of",
 ]
 
-PROMPT_LOCK_NAME: Final = "prompt.lock"
-"""The file beside the transcript whose lock a prompt holds (one prompt per session)."""
 RECORD_WAIT_S: Final = 30.0
 """How long (seconds) a prompt waits for a brief writer of the transcript."""
 FORKED_WAIT_S: Final = 2.0
 """How long (seconds) a prompt waits for the prompt lock held by another process before
 it is refused: a child this host forked holds a copy of it until its exec."""
 
-_HELD: set[str] = set()  # the real paths of the prompt locks this process holds
+_HELD: set[str] = set()  # the real paths of the session folders whose prompt locks this process holds
 _HELD_LOCK = threading.Lock()
 _BUSY: Final = (errno.EAGAIN, errno.EWOULDBLOCK)
 
@@ -78,26 +80,25 @@ class PromptLock:
             _forget(self._key)
 
 
-def _lock_prompt(path: Path) -> PromptLock | None:
-    """The session's prompt lock: the regular file at ``path`` opened read-write
-    (created, mode 0600) under an exclusive ``flock``, or ``None`` when a prompt holds it:
-    of this process (answered at once), or of another, still holding it after
-    :data:`FORKED_WAIT_S` (a child this process forked holds it only until its exec: see
-    the module doc). Raises :class:`~rho_actors.files.UnsafePathError` for a symlink or
-    a file that is not regular, and ``OSError``."""
-    key = os.path.realpath(path)
-    with _HELD_LOCK:  # a prompt of this process: refused at once, the file never opened
+def _lock_prompt(folder: Path) -> PromptLock | None:
+    """The session's prompt lock: its ``folder`` opened (a directory) under an exclusive
+    ``flock``, or ``None`` when a prompt holds it: of this process (answered at once), or
+    of another, still holding it after :data:`FORKED_WAIT_S` (a child this process forked
+    holds it only until its exec: see the module doc). Raises ``OSError`` (``ENOTDIR``
+    for a folder that is no directory)."""
+    key = os.path.realpath(folder)
+    with _HELD_LOCK:  # a prompt of this process: refused at once, the folder never opened
         if key in _HELD:
             return None
         _HELD.add(key)
     try:
-        fd = _lock(path, FORKED_WAIT_S)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        if not _flock(fd, FORKED_WAIT_S):  # another process's prompt holds it
+            _forget(key)
+            return None
     except BaseException:
         _forget(key)
         raise
-    if fd is None:  # another process's prompt holds it
-        _forget(key)
-        return None
     return PromptLock(fd, key)
 
 
@@ -106,10 +107,11 @@ def _forget(key: str) -> None:
         _HELD.discard(key)
 
 
-def prompt_held_here(path: Path) -> bool:
-    """Whether a prompt of this process holds the prompt lock at ``path``."""
+def prompt_held_here(transcript: Path) -> bool:
+    """Whether a prompt of this process holds the session whose transcript is at
+    ``transcript`` (the lock of its folder)."""
     with _HELD_LOCK:
-        return os.path.realpath(path) in _HELD
+        return os.path.realpath(transcript.parent) in _HELD
 
 
 def _lock(path: Path, wait_s: float, flags: int = 0) -> int | None:
@@ -119,29 +121,40 @@ def _lock(path: Path, wait_s: float, flags: int = 0) -> int | None:
     :class:`~rho_actors.files.UnsafePathError` for a symlink or a file that is not
     regular, and ``OSError``."""
     fd = open_regular(path, os.O_RDWR | os.O_CREAT | flags, 0o600)
+    try:
+        if _flock(fd, wait_s):
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
+
+
+def _flock(fd: int, wait_s: float) -> bool:
+    """Take an exclusive ``flock`` of ``fd``, waiting up to ``wait_s`` seconds for another
+    holder: whether it was taken. Raises ``OSError`` (not a busy one)."""
     until, delay = time.monotonic() + wait_s, 0.001
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
+            return True
         except OSError as exc:
-            if exc.errno not in _BUSY or time.monotonic() >= until:
-                os.close(fd)
-                if exc.errno not in _BUSY:
-                    raise
-                return None
+            if exc.errno not in _BUSY:
+                raise
+            if time.monotonic() >= until:
+                return False
         time.sleep(delay)
         delay = min(delay * 2, 0.02)
 
 
 def prompt_lock_of(transcript: Path) -> PromptLock:
-    """The prompt lock of the session whose transcript is at ``transcript``
-    (:data:`PROMPT_LOCK_NAME` beside it). Raises
-    :class:`TranscriptBusyError` when a prompt holds it, :class:`TranscriptError` when
-    the file cannot be used (a symlink, not regular), and ``OSError``."""
+    """The prompt lock of the session whose transcript is at ``transcript`` (the lock of
+    its folder). Raises :class:`TranscriptBusyError` when a prompt holds it,
+    :class:`TranscriptError` when the folder is no directory, and ``OSError``."""
     try:
-        held = _lock_prompt(transcript.with_name(PROMPT_LOCK_NAME))
-    except UnsafePathError as exc:
+        held = _lock_prompt(transcript.parent)
+    except NotADirectoryError as exc:
         raise TranscriptError(f"transcript {transcript} cannot be used: {exc}") from None
     if held is None:
         raise TranscriptBusyError(f"transcript {transcript} is in use by another prompt of this session")

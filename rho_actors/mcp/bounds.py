@@ -301,21 +301,28 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 
 class _BoundedBody(httpx2.AsyncByteStream):
     """A response body of an HTTP MCP server, ended with a ``ReadError`` once more than
-    :data:`MAX_MESSAGE_BYTES` arrive without a blank line (the end of a server-sent event;
-    a JSON body has none): no one message the SDK parses is larger."""
+    :data:`MAX_MESSAGE_BYTES` arrive in one message: for an event stream (``events``),
+    without a blank line (the end of a server-sent event); any other body (a JSON one,
+    whose whitespace between tokens may be blank lines too) is one message, bounded whole:
+    no one message the SDK parses is larger."""
 
-    def __init__(self, inner: Any, label: str) -> None:
+    def __init__(self, inner: Any, label: str, events: bool) -> None:
         self._inner = inner
         self._label = label
+        self._events = events
         self._run = 0
         self._last = b""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner:
-            data = self._last + chunk  # a blank line may be split between two chunks
-            cut = max((at + len(sep) for sep in (b"\n\n", b"\n\r\n") if (at := data.rfind(sep)) >= 0), default=-1)
-            self._run = len(data) - cut if cut >= 0 else self._run + len(chunk)
-            self._last = data[-2:]
+            if self._events:
+                data = self._last + chunk  # a blank line may be split between two chunks
+                cut = max((at + len(sep) for sep in (b"\n\n", b"\n\r\n") if (at := data.rfind(sep)) >= 0),
+                          default=-1)
+                self._run = len(data) - cut if cut >= 0 else self._run + len(chunk)
+                self._last = data[-2:]
+            else:
+                self._run += len(chunk)
             if self._run > MAX_MESSAGE_BYTES:
                 logger.warning("{}: connection ended: a message longer than {:,} bytes (rho's bound)", self._label,
                                MAX_MESSAGE_BYTES)
@@ -333,8 +340,10 @@ class _BoundedTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
+        events = response.headers.get("content-type", "").partition(";")[0].strip().lower() == "text/event-stream"
         return httpx2.Response(response.status_code, headers=response.headers, request=request,
-                               stream=_BoundedBody(response.stream, self._label), extensions=response.extensions)
+                               stream=_BoundedBody(response.stream, self._label, events),
+                               extensions=response.extensions)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -8,8 +8,10 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
 - A request that would open a session (a ``POST`` without ``Mcp-Session-Id``) is
   refused ``429`` while its client holds ``max_sessions_per_client`` sessions; the SDK
   refuses ``503`` past ``max_sessions`` in all, and closes a session that had no
-  request in flight for ``idle_timeout_s``. A client is its uid on loopback (from the
-  kernel's socket table: every loopback client is 127.0.0.1), else its address; asked
+  request in flight for ``idle_timeout_s``. A client is its uid when it is local (from
+  the kernel's socket table, which has a local peer's socket: every loopback client is
+  127.0.0.1, and every local one connecting through one of this host's own addresses
+  is that address), else its address; asked
   once per connection when served by :func:`connection_protocol` (a connection's peer
   cannot change: the answer is kept on that connection's own peer object, made when
   the socket is accepted and gone with it, never keyed by an address and port, which
@@ -17,7 +19,9 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
 - One client has at most ``max_tasks_per_client`` MCP tasks open over all its sessions
   (:meth:`rho_actors.mcp.tasks.ServedTasks.admit`: a call past it is refused ``-32600``).
 - A session is its client's: a request naming another client's ``Mcp-Session-Id`` is
-  answered ``404`` (as an unknown one is), and the client is the principal a 2026-07-28
+  answered ``404`` (as an unknown one is); a request sending a header the guard or the
+  SDK reads for whose session it is (``_SINGLE``) more than once is answered ``400``
+  (the guard would check one value, the SDK route by the first); and the client is the principal a 2026-07-28
   session handle is bound to (:mod:`rho_actors.mcp.sessions`).
 - A session's client is *present* while one of its HTTP requests is open and its
   connection not closed (the SDK client keeps a ``GET`` stream open between calls).
@@ -59,7 +63,7 @@ __all__ = [
 DEFAULT_MAX_SESSIONS = 64
 """Sessions open at once over HTTP, all clients together."""
 DEFAULT_MAX_SESSIONS_PER_CLIENT = 8
-"""Sessions open at once per client (a uid on loopback, else an address)."""
+"""Sessions open at once per client (a uid for a local client, else an address)."""
 DEFAULT_MAX_TASKS_PER_CLIENT = 32
 """MCP tasks open at once per client, all its sessions together (a client past it is
 refused ``-32600`` naming it; the system's ``max_tasks`` is shared by every client)."""
@@ -74,6 +78,9 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 
 _GONE_KEY = "rho_actors.gone"
 _SESSION_HEADER = b"mcp-session-id"
+_SINGLE = frozenset({b"authorization", _SESSION_HEADER, b"mcp-protocol-version", b"last-event-id", b"host"})
+"""Headers a request may send at most once: the guard or the SDK reads each of them to
+know whose session (and which of its streams) a request is for."""
 
 
 def request_gone(request: Any) -> anyio.Event | None:
@@ -178,11 +185,17 @@ class HTTPGuard:
             if scope.get("type") != "http":
                 await app(scope, receive, send)
                 return
-            headers = dict(scope.get("headers") or [])
+            pairs = scope.get("headers") or []
+            headers = dict(pairs)
             if self.auth and not secrets.compare_digest(headers.get(b"authorization", b""), self._expected):
                 self.refused_unauthenticated += 1
                 await _answer(send, 401, "Unauthorized: send Authorization: Bearer <token>",
                               [(b"www-authenticate", b'Bearer realm="rho-actors"')])
+                return
+            named = [name for name, _ in pairs if name in _SINGLE]
+            repeated = sorted({name.decode("latin-1") for name in named if named.count(name) > 1})
+            if repeated:  # the guard reads one value, the SDK (Starlette) the first: both must see the same
+                await _answer(send, 400, f"Bad Request: header {', '.join(repeated)} sent more than once", [])
                 return
             session_id = headers.get(_SESSION_HEADER, b"").decode("latin-1") or None
             principal = scope[PRINCIPAL_KEY] = _client(scope)  # a 2026-07-28 session's owner too
@@ -289,8 +302,9 @@ def connection_protocol() -> type[asyncio.Protocol]:
 
 
 def _client(scope: Scope) -> str:
-    """``uid:N`` for a loopback peer whose socket the kernel table shows, else
-    ``ip:ADDRESS``; a uid found is kept on the connection's :class:`_Peer`."""
+    """``uid:N`` for a peer whose socket the kernel's table shows (a local one, whatever
+    address it connected through), else ``ip:ADDRESS``; a uid found is kept on the
+    connection's :class:`_Peer`."""
     peer = scope.get("client")
     if type(peer) is _Peer:
         if peer.principal is None:
@@ -303,12 +317,14 @@ def _client(scope: Scope) -> str:
 
 
 def _looked_up(scope: Scope) -> str:
-    """:func:`_client`, asked of the kernel."""
+    """:func:`_client`, asked of the kernel: of every peer, not only a loopback one (a
+    local user connecting through one of this host's own addresses is as local, and its
+    address is every local user's); a remote peer's socket is not in the table."""
     peer, server = scope.get("client"), scope.get("server")
     if not peer:
         return "unknown"
     host = str(peer[0])
-    if server and is_loopback(host):
+    if server:
         with contextlib.suppress(OSError, ValueError):
             uid = socket_uid((host, int(peer[1])), (str(server[0]), int(server[1])))
             if uid is not None:

@@ -1,9 +1,10 @@
-"""Who owns a loopback TCP socket, from the kernel's socket tables (``/proc/net/tcp``
+"""Who owns a local TCP socket, from the kernel's socket tables (``/proc/net/tcp``
 and ``/proc/net/tcp6``: each row gives a socket's addresses, state and owner uid).
 
 Used by :mod:`rho_actors.mcp.guard` to tell MCP clients apart by uid (every loopback
 client has the address 127.0.0.1) and by :class:`~rho_actors.mcp.MCPServer` to check
-who listens on a loopback URL's port before it sends its headers (DESIGN §6b). The
+who listens on the port of a URL reaching this host (:func:`local_hosts`) before it
+sends its headers (DESIGN §6b). The
 tables are of this process's network namespace, which is the one that matters: a socket
 of another namespace is not reachable through loopback here.
 """
@@ -19,7 +20,7 @@ import struct
 import urllib.parse
 from pathlib import Path
 
-__all__ = ["is_loopback", "listener_uids", "pin_listener", "socket_uid"]
+__all__ = ["is_loopback", "listener_uids", "local_hosts", "pin_listener", "socket_uid"]
 
 _TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 _LISTEN = "0A"
@@ -130,16 +131,50 @@ def listener_uids(host: str, port: int) -> set[int]:
     return uids
 
 
+def local_hosts(host: str, port: int) -> tuple[str, ...]:
+    """The addresses of this host that a connection to ``host`` (an address or a name,
+    as a URL spells it) on ``port`` reaches, or ``()`` when it reaches none: a loopback
+    address, the unspecified one (``0.0.0.0`` and ``::`` reach loopback), an IPv4-mapped
+    one, one of this host's own addresses (one a socket can be bound to), a name (each
+    address it resolves to). Never raises."""
+    bare = host.strip("[]")
+    if bare.lower() == "localhost":
+        return ("127.0.0.1", "::1")
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:  # a name: where it resolves (the connection resolves it the same way)
+        try:
+            found = {str(info[4][0]) for info in socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)}
+        except (OSError, UnicodeError):
+            return ()
+        return tuple(sorted({local for one in found for local in local_hosts(one, port)}))
+    mapped = getattr(address, "ipv4_mapped", None)
+    if mapped is not None:
+        return local_hosts(str(mapped), port)
+    if address.is_unspecified:
+        return ("127.0.0.1",) if address.version == 4 else ("::1",)
+    if address.is_loopback:
+        return (str(address),)
+    with socket.socket(socket.AF_INET if address.version == 4 else socket.AF_INET6) as probe:
+        try:
+            probe.bind((str(address), 0))  # only an address of this host can be bound
+        except OSError:
+            return ()
+    return (str(address),)
+
+
 def pin_listener(url: str, uid: int) -> None:
-    """Raise ``PermissionError`` when a socket listening on loopback ``url``'s port
-    belongs to a uid other than ``uid``, ``ConnectionRefusedError`` when none listens
-    (nothing has been sent either way). A URL off loopback is left to TLS."""
+    """Raise ``PermissionError`` when a socket listening on ``url``'s port, where the URL
+    reaches this host (:func:`local_hosts`: loopback however spelled, one of its own
+    addresses, a name resolving to one), belongs to a uid other than ``uid``,
+    ``ConnectionRefusedError`` when none listens (nothing has been sent either way). A
+    URL reaching another host is left to TLS."""
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
-    if not is_loopback(host):
-        return
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    hosts = ("127.0.0.1", "::1") if host.lower() == "localhost" else (host,)
+    hosts = local_hosts(host, port)
+    if not hosts:
+        return
     owners = set().union(*(listener_uids(h, port) for h in hosts))
     if not owners:
         raise ConnectionRefusedError(f"nothing listens on {host}:{port}")

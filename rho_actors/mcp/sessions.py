@@ -16,7 +16,7 @@
   it does not know the connection's session (it restarted) makes the connection be
   replaced at once (:func:`session_unknown`, :class:`SessionGone`).
 - A principal is who the transport says the client is: over HTTP the guard's client
-  (its uid on loopback, else its address) holding the bearer token; over stdio the
+  (its uid when it is local, else its address) holding the bearer token; over stdio the
   process. A tool never sees a transport id or a handle: its session id is
   ``mcp-<32 random hex digits>``.
 """

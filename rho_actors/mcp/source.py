@@ -31,7 +31,8 @@ server's tools like any other source's:
   is sent bare, so the SDK never applies a server's ``outputSchema``.
 - A stdio server gets a scrubbed environment: ``PATH``, ``LANG``, ``LC_*``, ``TZ`` and
   ``HOME`` from this process, plus the explicit ``env`` (the untrusted-boundary rule).
-- A ``url`` on a loopback address is pinned to its owner: before each connection, the
+- A ``url`` reaching this host (loopback however spelled, one of its own addresses, a
+  name resolving to one: :func:`~rho_actors.mcp.peers.local_hosts`) is pinned to its owner: before each connection, the
   sockets listening on its port (the kernel's table, :mod:`rho_actors.mcp.peers`) must
   all belong to ``server_uid`` (default: this process's uid), else nothing is sent (not
   the ``headers``, no request) and the connection fails naming the uid found, so a
@@ -190,7 +191,7 @@ class MCPServer(TaskFollowing):
     ``max_seconds`` the restart intensity of the connection; ``connect_timeout_s``
     bounds connecting and listing (seconds); ``ping_interval_s`` how often a quiet
     connection is pinged (a ping unanswered within ``connect_timeout_s`` restarts it).
-    ``server_uid``: the uid that must own a loopback ``url``'s listening socket
+    ``server_uid``: the uid that must own the listening socket of a ``url`` reaching this host
     (default ``os.getuid()``; module doc). ``max_tools``: the tools kept of its listing
     at most (and :data:`MAX_LISTED_BYTES` of declarations); the rest are left out, logged.
     ``rate`` (``"10/s"``, ``"600/min"``...): one token bucket for all the server's tools
