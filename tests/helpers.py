@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rho_actors import Loop, ToolCall, tool
 from tests.conftest import WAIT_S
+
+if TYPE_CHECKING:
+    from rho_actors import ActorSystem
+    from rho_actors.mcp.gateway import UpstreamSpec
 
 OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,3 +130,22 @@ def listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def served_gateway(system: ActorSystem, specs: Sequence[UpstreamSpec], *, tasks: bool = False) -> Iterator[str]:
+    """``system`` serving a :class:`~rho_actors.mcp.gateway.Gateway` over ``specs``
+    (started, so connected to each upstream) as MCP over HTTP on loopback: the URL, with
+    ``tests.test_mcp_protocol_eras``'s guard. ``tasks``: assert that the first upstream
+    makes tasks. The gateway is closed on the way out."""
+    from rho_actors.mcp.gateway import Gateway, GatewayConfig
+    from tests.test_mcp_protocol_eras import _served_http
+
+    gateway = Gateway(GatewayConfig(tuple(specs)))
+    gateway.start(system)
+    try:
+        assert not tasks or gateway.upstreams[0].supports_tasks
+        with _served_http(system) as (url, _guard):
+            yield url
+    finally:
+        gateway.close()

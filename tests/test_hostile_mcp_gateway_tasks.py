@@ -9,11 +9,8 @@ applied once the id arrives, while a plain call's cancel reaches the upstream at
 
 from __future__ import annotations
 
-import contextlib
-import shlex
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,28 +20,20 @@ import pytest
 pytest.importorskip("mcp")
 
 from rho_actors import ActorSystem
-from rho_actors.mcp.gateway import Gateway, GatewayConfig, UpstreamSpec
+from rho_actors.mcp.gateway import UpstreamSpec
 from rho_actors.mcp.upstream_tasks import MAX_POLL_S
 from tests.conftest import WAIT_S, slack, wait_for
-from tests.test_mcp_protocol_eras import _http_client, _served_http
+from tests.helpers import served_gateway
+from tests.test_mcp_protocol_eras import _http_client
 from tests.test_mcp_tasks import Tasks, _create, _ended, _request
 
 UPSTREAM = Path(__file__).parent / "mcp_fixtures" / "hostile_task_upstream.py"
 
 
-@contextlib.contextmanager
-def _gateway(system: ActorSystem, marks: Path, connect_timeout_s: float = 30.0) -> Iterator[str]:
-    """``system`` serving the hostile task upstream (named ``hostile``) over HTTP: the URL."""
-    spec = UpstreamSpec("hostile", command=tuple(shlex.split(shlex.join([sys.executable, str(UPSTREAM), str(marks)]))),
-                        connect_timeout_s=connect_timeout_s)
-    gateway = Gateway(GatewayConfig((spec,)))
-    gateway.start(system)
-    try:
-        assert gateway.upstreams[0].supports_tasks
-        with _served_http(system) as (url, _guard):
-            yield url
-    finally:
-        gateway.close()
+def _hostile(marks: Path, connect_timeout_s: float = 30.0) -> list[UpstreamSpec]:
+    """The hostile task upstream (named ``hostile``, its marks in ``marks``)."""
+    return [UpstreamSpec("hostile", command=(sys.executable, str(UPSTREAM), str(marks)),
+                         connect_timeout_s=connect_timeout_s)]
 
 
 def _upstream_task(marks: Path, tool: str) -> str:
@@ -55,7 +44,7 @@ def _upstream_task(marks: Path, tool: str) -> str:
 
 def test_a_malformed_or_failed_upstream_task_fails_the_clients_task_and_is_cancelled(system: ActorSystem,
                                                                                      tmp_path: Path) -> None:
-    with _gateway(system, tmp_path) as url:
+    with served_gateway(system, _hostile(tmp_path), tasks=True) as url:
         async def main() -> dict[str, Any]:
             seen: dict[str, Any] = {}
             async with _http_client(url, "2026-07-28", extensions=[Tasks()]) as client:
@@ -86,7 +75,7 @@ def test_a_malformed_or_failed_upstream_task_fails_the_clients_task_and_is_cance
 
 def test_a_cancel_before_the_upstream_task_id_is_known_cancels_the_upstream_task(system: ActorSystem,
                                                                                 tmp_path: Path) -> None:
-    with _gateway(system, tmp_path) as url:
+    with served_gateway(system, _hostile(tmp_path), tasks=True) as url:
         async def main() -> str:
             async with _http_client(url, "2026-07-28", extensions=[Tasks()]) as client:
                 task_id, _ = await _create(client, "late_task", {})
@@ -105,7 +94,7 @@ def test_a_cancel_before_the_upstream_task_id_is_known_cancels_the_upstream_task
 def test_a_cancel_of_a_plain_call_on_a_tasks_server_reaches_it_at_once(system: ActorSystem, tmp_path: Path) -> None:
     # the answer of a cancelled call is awaited connect_timeout_s for a task made late; the
     # cancel itself must not wait for that (the plain call ran on for it)
-    with _gateway(system, tmp_path, connect_timeout_s=WAIT_S * 10) as url:
+    with served_gateway(system, _hostile(tmp_path, connect_timeout_s=WAIT_S * 10), tasks=True) as url:
         async def main() -> tuple[str, float]:
             async with _http_client(url, "2026-07-28", extensions=[Tasks()]) as client:
                 task_id, _ = await _create(client, "plain_wait", {})

@@ -7,11 +7,9 @@ with the upstream's ``tasks/update``)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,30 +23,18 @@ from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from rho_actors import ActorSystem
-from rho_actors.mcp.gateway import Gateway, GatewayConfig, specs_from_flags
+from rho_actors.mcp.gateway import specs_from_flags
 from tests.conftest import WAIT_S, wait_for
-from tests.test_mcp_protocol_eras import _elicited, _http_client, _served_http
+from tests.helpers import served_gateway
+from tests.test_mcp_protocol_eras import _elicited, _http_client
 from tests.test_mcp_tasks import Tasks, _create, _ended, _request
 
 UPSTREAM = Path(__file__).parent / "mcp_fixtures" / "task_upstream.py"
 
 
-@contextlib.contextmanager
-def _gateway(system: ActorSystem, marks: Path) -> Iterator[str]:
-    """``system`` serving the task upstream (its marks in ``marks``) over HTTP: the URL."""
-    gateway = Gateway(GatewayConfig(tuple(specs_from_flags([shlex.join([sys.executable, str(UPSTREAM),
-                                                                        str(marks)])]))))
-    gateway.start(system)
-    try:
-        assert gateway.upstreams[0].supports_tasks
-        with _served_http(system) as (url, _guard):
-            yield url
-    finally:
-        gateway.close()
-
-
 def test_a_gateway_clients_task_follows_the_upstreams_task(system: ActorSystem, tmp_path: Path) -> None:
-    with _gateway(system, tmp_path) as url:
+    with served_gateway(system, specs_from_flags([shlex.join([sys.executable, str(UPSTREAM), str(tmp_path)])]),
+                        tasks=True) as url:
         async def main() -> dict[str, Any]:
             seen: dict[str, Any] = {}
             async with _http_client(url, "2026-07-28", extensions=[Tasks()]) as client:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +222,16 @@ def _refused(system: ActorSystem, guard: Any, mode: str, first: str, said: str, 
                     reason="a second client of another uid needs root to start, and a system python3")
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 def test_http_another_client_with_the_same_token_cannot_name_a_session(system: ActorSystem, mode: str) -> None:
+    async def intrude(url: str, how: str, name: str) -> str:
+        return await anyio.to_thread.run_sync(_intrude, url, how, name)
+
+    _intruded(system, mode, intrude)
+
+
+def _intruded(system: ActorSystem, mode: str, intrude: Callable[[str, str, str], Awaitable[str]]) -> None:
+    """A session's own client notes "one" and "two"; ``intrude(url, how, name)`` (``how``:
+    ``"handle"`` or ``"header"``, ``name``: the session's) sends the intruder and returns
+    what it was answered; the client then notes "three": checked by :func:`_refused`."""
     with _served_http(system) as (url, guard):
         async def main() -> tuple[str, str, str]:
             with anyio.fail_after(WAIT_S * 3):
@@ -229,7 +239,7 @@ def test_http_another_client_with_the_same_token_cannot_name_a_session(system: A
                 async with _http_client(url, mode, seen) as client:
                     first, _, handle = await _two_notes(client, modern_handles=mode != "legacy")
                     name = handle if handle is not None else seen[0]
-                    said = await anyio.to_thread.run_sync(_intrude, url, "handle" if handle else "header", str(name))
+                    said = await intrude(url, "handle" if handle else "header", str(name))
                     meta: Any = {SESSION_META_KEY: handle} if handle else None
                     third = await client.call_tool("note", {"text": "three"}, meta=meta)
                     return first, said, _text(third)
@@ -267,30 +277,18 @@ def test_http_another_uid_cannot_take_a_connections_client(system: ActorSystem, 
     that connection's: a connection of another uid from the same address and port, once
     the first closed, is asked again; and an ``X-Forwarded-For`` naming a live connection
     of this uid renames no one."""
-    with _served_http(system) as (url, guard):
-        async def main() -> tuple[str, str, str]:
-            with anyio.fail_after(WAIT_S * 3):
-                seen: list[str] = []
-                async with _http_client(url, mode, seen) as client:
-                    first, _, handle = await _two_notes(client, modern_handles=mode != "legacy")
-                    name = handle if handle is not None else seen[0]
-                    ours = _kept_alive(url)
-                    port = int(ours.getsockname()[1])
-                    how = "handle" if handle else "header"
-                    if attack == "reused_port":  # closed at once (RST, no TIME_WAIT): its port is free to reuse
-                        ours.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                        ours.close()
-                        said = await anyio.to_thread.run_sync(_intrude, url, how, str(name), port)
-                    else:
-                        with ours:
-                            said = await anyio.to_thread.run_sync(
-                                functools.partial(_intrude, url, how, str(name), forwarded=f"127.0.0.1:{port}"))
-                    meta: Any = {SESSION_META_KEY: handle} if handle else None
-                    third = await client.call_tool("note", {"text": "three"}, meta=meta)
-                    return first, said, _text(third)
+    async def intrude(url: str, how: str, name: str) -> str:
+        ours = _kept_alive(url)
+        port = int(ours.getsockname()[1])
+        if attack == "reused_port":  # closed at once (RST, no TIME_WAIT): its port is free to reuse
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            ours.close()
+            return await anyio.to_thread.run_sync(_intrude, url, how, name, port)
+        with ours:
+            return await anyio.to_thread.run_sync(functools.partial(_intrude, url, how, name,
+                                                                    forwarded=f"127.0.0.1:{port}"))
 
-        first, said, third = anyio.run(main)
-        _refused(system, guard, mode, first, said, third)
+    _intruded(system, mode, intrude)
 
 
 def test_http_a_2026_client_hears_of_a_changed_tool_list_on_its_listen_stream(system: ActorSystem) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ pytest.importorskip("mcp")
 from rho_actors import ActorSystem, ErrorKind, Reply, ScriptedModel, SupervisorEvent, ToolCall
 from rho_actors.mcp import MCPServer
 from tests.conftest import WAIT_S, slack, wait_for
-from tests.helpers import free_port
+from tests.helpers import free_port, listening
 from tests.mcp_fixtures import served_tools
 
 FIXTURE = str(Path(__file__).parent / "mcp_fixtures" / "fixture_server.py")
@@ -126,14 +125,7 @@ def test_http_server_tools_and_deadline(system: ActorSystem, tmp_path: Path) -> 
     process = subprocess.Popen([sys.executable, FIXTURE, str(tmp_path), "--http", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        def listening() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                return True
-            except OSError:
-                return False
-
-        assert wait_for(listening, timeout_s=WAIT_S)  # a server importing the SDK on a busy machine
+        assert wait_for(lambda: listening(port), timeout_s=WAIT_S)  # a server importing the SDK on a busy machine
         deadline_s = slack(0.6)  # each call's: a quiet machine's 0.6 s, as this machine keeps up now
         source = MCPServer(url=f"http://127.0.0.1:{port}/mcp", headers={"X-Test": "1"},
                            timeout_ms=int(deadline_s * 1000))

@@ -8,10 +8,12 @@ loaded machine: warm workers are waited for up to 3 x WAIT_S."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -253,18 +255,37 @@ def loads_never_give_up(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(warm_workers, "_LOAD_TIMEOUT_S", 3 * WAIT_S)
 
 
+@contextlib.contextmanager
+def _beside_a_hung_load(tmp_path: Path, *, hung_first: bool) -> Iterator[ActorSystem]:
+    """A system of two warm workers serving ``_sleeper(5_000)`` and a ``_HangsWhenLoaded``
+    registered before the workers are ready (``hung_first``) or once both hold the
+    sleeper; yielded once one worker is idle (the other holds the hung load)."""
+    with ActorSystem(tmp_path, warm_workers=2) as system:
+        if hung_first:
+            system.register(_HangsWhenLoaded(), isolation="process")
+        system.register(_sleeper(5_000), isolation="process")
+        ready = 1 if hung_first else 2
+        assert wait_for(lambda: system.stats().get("workers_idle", 0) == ready
+                        and system.stats().get("workers_loaded", 0) == ready, 3 * WAIT_S), system.stats()
+        if not hung_first:
+            system.register(_HangsWhenLoaded(), isolation="process")
+            assert wait_for(lambda: system.stats()["workers_idle"] == 1), system.stats()
+        yield system
+
+
+def _slept_at_once(system: ActorSystem, session: str) -> None:
+    """The sleeper's call of 0 s in ``session`` ran."""
+    [result] = _turn(system, session, 0.0).result(WAIT_S)
+    assert result.ok and result.content == "slept 0.0", result.content
+
+
 @pytest.mark.usefixtures("loads_never_give_up")
 def test_a_load_that_hangs_at_registration_holds_one_worker_and_delays_no_other_tool(tmp_path: Path) -> None:
     """Registered before the warm workers are ready, a tool whose unpickling hangs is
     tried by one worker; the other becomes ready holding the other tool, whose first
     call then needs no new worker and ships nothing."""
-    with ActorSystem(tmp_path, warm_workers=2) as system:
-        system.register(_HangsWhenLoaded(), isolation="process")
-        system.register(_sleeper(5_000), isolation="process")
-        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 1
-                        and system.stats().get("workers_loaded", 0) == 1, 3 * WAIT_S), system.stats()
-        [first] = _turn(system, "s", 0.0).result(WAIT_S)
-        assert first.ok and first.content == "slept 0.0", first.content
+    with _beside_a_hung_load(tmp_path, hung_first=True) as system:
+        _slept_at_once(system, "s")
         stats = system.stats()
         assert (stats["workers_started"], stats["workers_shipped"]) == (2, 0), stats
 
@@ -274,14 +295,8 @@ def test_a_load_that_hangs_later_holds_one_worker_and_the_others_serve(tmp_path:
     """Registered once the warm workers hold the other tool, a tool whose unpickling
     hangs takes one idle worker to try it; the other stays idle and serves the other
     tool's call (no new worker, which would be held by the same load)."""
-    with ActorSystem(tmp_path, warm_workers=2) as system:
-        system.register(_sleeper(5_000), isolation="process")
-        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 2
-                        and system.stats().get("workers_loaded", 0) == 2, 3 * WAIT_S), system.stats()
-        system.register(_HangsWhenLoaded(), isolation="process")
-        assert wait_for(lambda: system.stats()["workers_idle"] == 1), system.stats()
+    with _beside_a_hung_load(tmp_path, hung_first=False) as system:
         for n in range(2):
-            [result] = _turn(system, f"s{n}", 0.0).result(WAIT_S)
-            assert result.ok and result.content == "slept 0.0", result.content
+            _slept_at_once(system, f"s{n}")
         stats = system.stats()
         assert (stats["workers_started"], stats["workers_shipped"], stats["workers_idle"]) == (2, 0, 1), stats

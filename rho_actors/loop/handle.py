@@ -4,7 +4,9 @@ The LoopActor itself is :class:`rho_actors.loop.actor.LoopActor`; the handle fin
 by name (so it follows restarts). A turn is prepared and started in the caller's thread
 through the LoopActor's :class:`~rho_actors.loop.turns.Turns` (no message, no thread
 woken on the way in); the offer and the running calls are read there too, and withheld
-changes are set there. Stops are messages to the LoopActor.
+changes are set there. Stops are messages to the LoopActor. The calls held for a
+decision are reached through :class:`~rho_actors.loop.held_calls.HeldCalls`, the
+handle's other half.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextvars
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +27,9 @@ import pykka
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.formats import Dialect, to_dialect
 from rho_actors.declarations.toolset import ToolEntry, paused_for
-from rho_actors.lifecycle import PendingCall
 from rho_actors.lifecycle.tasks import with_choice
 from rho_actors.loop.approvals import ApprovalError
+from rho_actors.loop.held_calls import HeldCalls
 from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.otp.actor import NORMAL, stop
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
@@ -35,7 +37,6 @@ from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 if TYPE_CHECKING:
     from rho_actors.agent.driver import PromptEvent, PromptResult
     from rho_actors.agent.model import Model
-    from rho_actors.loop.approvals import SessionApprovals
     from rho_actors.loop.turn import ResultSink
     from rho_actors.loop.turns import Turns
     from rho_actors.runtime import Runtime
@@ -107,7 +108,7 @@ def _checked_background(background: Any) -> bool | frozenset[str]:
     return chosen
 
 
-class Loop:
+class Loop(HeldCalls):
     """The host's handle to one session's LoopActor.
 
     Example::
@@ -472,79 +473,6 @@ class Loop:
         makes it; the agent loop records them in the transcript. One watcher at a time;
         returns the function that stops it (see :meth:`rho_actors.governor.Governor.watch`)."""
         return self._governor.watch(self.session_id, moved)
-
-    # --- calls that wait for a decision (DESIGN §4 "Approvals") ----------------------------
-
-    def _approvals(self) -> SessionApprovals:
-        approvals = self._turns().approvals
-        if approvals is None:  # a LoopActor started by hand, not by start_loop
-            raise ApprovalError(f"the loop of session {self.session_id!r} keeps no pending calls")
-        return approvals
-
-    def pending(self) -> list[PendingCall]:
-        """The calls of this session waiting for a decision, oldest first: each a
-        :class:`~rho_actors.PendingCall` (``call_id``, ``name``, decoded and validated
-        ``arguments``, ``arguments_sha256``, ``requested_at``, ``kind``: ``"approval"``
-        or ``"external"``, ``expires_at``, ``reason``). Raises as :attr:`ref` when the
-        loop is not running."""
-        approvals = self._turns().approvals
-        return [] if approvals is None else approvals.pending()
-
-    @property
-    def approval_policy(self) -> Callable[[Any], Any] | None:
-        """The loop's ``approval`` policy (``start_loop(approval=...)``), or ``None``."""
-        approvals = self._turns().approvals
-        return None if approvals is None else approvals.policy
-
-    def requires_approval(self, call: ToolCall) -> bool:
-        """Whether ``call`` would wait for a decision if run now (by its tool's
-        ``requires_approval`` or the loop's ``approval`` policy; ``False`` for a call
-        that would be refused: an unknown tool, invalid arguments). For a framework
-        adapter that asks its own approval first. Raises as :attr:`ref` when the loop is
-        not running."""
-        approvals = self._turns().approvals
-        ctx = {"session_id": self.session_id, "data_dir": self._data_dir}
-        return approvals is not None and approvals.would_hold(call, ctx)
-
-    def approve(self, call_id: str, arguments: Mapping[str, Any] | str | None = None,
-                decided_by: str | None = None) -> ToolResult:
-        """Approve pending call ``call_id``: it runs once, now (its deadline counts from
-        here), in its tool's isolation, and its :class:`ToolResult` is returned (and
-        recorded in the session's transcript when the agent loop recorded the call).
-        ``arguments``: edited arguments (an object or JSON text) to run instead, decoded
-        and validated again; invalid ones return an ``invalid_json``/``invalid_arguments``
-        result and leave the call pending. The approval binds to the SHA-256 of the
-        arguments that run (recorded). ``decided_by``: who decided (recorded). Raises
-        :class:`~rho_actors.ApprovalError` naming the call for an unknown call id (or
-        another session's), a call decided already (naming the first decision, also one
-        made by another process), a deferred call, or one behind an undecided earlier
-        call of its exclusive turn; ``TypeError`` for a ``call_id`` that is not a ``str``.
-        Blocks while the call runs (at most its timeout plus 10 s)."""
-        return self._approvals().approve(call_id, arguments, decided_by)
-
-    def reject(self, call_id: str, message: str, decided_by: str | None = None) -> ToolResult:
-        """Reject pending call ``call_id``: it never runs; its result is ``rejected`` with
-        ``message`` (a non-empty ``str``, ``ValueError`` otherwise) as the model's text,
-        returned and recorded. Raises :class:`~rho_actors.ApprovalError` as :meth:`approve`."""
-        return self._approvals().reject(call_id, message, decided_by)
-
-    def when_decided(self, call_id: str) -> concurrent.futures.Future[ToolResult]:
-        """A future of pending call ``call_id``'s result (a :class:`~rho_actors.ToolResult`), set once
-        it is decided, here or by another process (``rho-actors approve``: acted on within a second),
-        and, approved, has run; never set when not decided in this host (it stopped). A turn run
-        directly's call decided before this is asked is found too (its result kept until asked for).
-        Raises :class:`~rho_actors.ApprovalError` when no such call waits, runs or was so decided."""
-        return self._approvals().when_decided(call_id)
-
-    def resolve(self, call_id: str, output: Any) -> ToolResult:
-        """Give deferred call ``call_id`` (its tool returned :class:`~rho_actors.Deferred`)
-        its result: ``output`` is taken as ``run`` would return it (a value, ``Ok``,
-        ``Error``, ``Details``, pictures...), returned and recorded. Raises
-        :class:`~rho_actors.ApprovalError` for an unknown call id, one decided already or
-        one that waits for an approval, and ``ValueError`` naming each problem for an
-        output that does not match the tool's output schema (a tool with an
-        ``output_schema()``, as an MCP tool has; the call stays pending)."""
-        return self._approvals().resolve(call_id, output)
 
     @property
     def alive(self) -> bool:

@@ -31,6 +31,17 @@ class Malformed(Exception):
     """The other end sent a frame that breaks the protocol (named in the message)."""
 
 
+def _poll_timeout_ms(deadline: float | None) -> int | None:
+    """A ``poll`` timeout (ms, rounded up; ``None``: no bound) until ``deadline`` (a
+    ``time.monotonic()`` instant, ``None``: none); ``DeadlineReached`` once it passed."""
+    if deadline is None:
+        return None
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise DeadlineReached
+    return math.ceil(remaining * 1000) if remaining < 1e6 else None
+
+
 class Channel:
     """One end of a child's pipe (``conn``: a ``multiprocessing`` connection, used only
     for its file descriptor). ``sentinel`` (the parent's end only) is the child's process
@@ -76,12 +87,7 @@ class Channel:
             frame = self._frame(max_bytes)
             if frame is not None:
                 return frame
-            timeout_ms: int | None = None
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise DeadlineReached
-                timeout_ms = math.ceil(remaining * 1000) if remaining < 1e6 else None
+            timeout_ms = _poll_timeout_ms(deadline)
             events = self._poll.poll(timeout_ms)
             if not events:
                 continue
@@ -113,12 +119,7 @@ class Channel:
             view = view[written:]
             if not view:
                 return
-            timeout_ms: int | None = None
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise DeadlineReached
-                timeout_ms = math.ceil(remaining * 1000) if remaining < 1e6 else None
+            timeout_ms = _poll_timeout_ms(deadline)
             if poller is None:
                 poller = select.poll()
                 poller.register(self._fd, select.POLLOUT)

@@ -343,7 +343,6 @@ class WarmWorkers:
         except (DeadlineReached, EOFError, Malformed):
             ok = False
         surplus = False
-        worker.ready = ok
         while ok:
             try:
                 proved |= self._load_into(worker, tries=not wanted)

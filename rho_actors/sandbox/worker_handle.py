@@ -43,7 +43,7 @@ class WorkerHandle:
 
     __slots__ = (
         "_reap_lock", "_scope", "channel", "closed", "doomed", "enclosure", "env_key", "exitcode", "idle_since",
-        "killed", "pid", "proc", "ready", "reaped", "server", "session", "slots", "tools",
+        "killed", "pid", "proc", "reaped", "server", "session", "slots", "tools",
     )
 
     def __init__(
@@ -63,7 +63,6 @@ class WorkerHandle:
         self.idle_since = 0.0
         self.tools: OrderedDict[bytes, None] = OrderedDict()
         self.killed = False
-        self.ready = False  # its READY was read (by the pool's keeper, or by a call waiting for it to start)
         self.reaped = False
         self.closed = False
         self.exitcode: int | None = None
