@@ -312,7 +312,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                     except RuntimeError:  # the asyncio loop has closed
                         report.close()
 
-        unsubscribe = system.subscribe(on_event)
+        unsubscribe = system.subscribe(on_event, only=(ToolSetChanged, ProgressEvent))  # no call's events
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_announce_changes, served, changed)
             if served.guard is not None:
