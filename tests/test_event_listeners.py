@@ -11,7 +11,7 @@ import pytest
 from loguru import logger
 
 import rho_actors.loop.turns as turns_module
-from rho_actors import ActorSystem, CallEvent, SupervisorEvent, ToolCall, tool
+from rho_actors import ActorSystem, CallEvent, ProgressEvent, SupervisorEvent, ToolCall, ToolSetChanged, tool
 from rho_actors.events import EventBus
 from tests.conftest import WAIT_S
 
@@ -110,3 +110,42 @@ def test_a_subscriber_of_some_types_gets_only_those_and_wants_no_call_events() -
     unsubscribe()
     bus.emit(report)
     assert got == [report] and everything == [report]
+
+
+def test_a_system_subscriber_of_some_types_spares_every_call_its_events(
+        system: ActorSystem, built: list[CallEvent]) -> None:
+    """``ActorSystem.subscribe(only=...)``: as ``mcp serve`` listens (for tool-set
+    changes and progress), so a served call builds no events nobody takes."""
+    system.register(noop)
+    got: list[Any] = []
+    unsubscribe = system.subscribe(got.append, only=(ToolSetChanged, ProgressEvent))
+    one_call(system)
+    assert built == [] and got == []
+    system.register(echo)
+    assert [type(e) for e in got] == [ToolSetChanged]
+    unsubscribe()
+
+
+@tool
+def echo(text: str) -> str:
+    """Say it back."""
+    return text
+
+
+def test_mcp_serve_builds_no_call_events_for_its_listening(system: ActorSystem, built: list[CallEvent]) -> None:
+    pytest.importorskip("mcp")
+    import anyio
+    from mcp.client.client import Client
+
+    from rho_actors.mcp import build_server
+
+    system.register(noop)
+
+    async def main() -> None:
+        async with Client(build_server(system)) as client:  # in memory, the lifespan's subscription on
+            with anyio.fail_after(WAIT_S):
+                result = await client.call_tool("noop", {})
+            assert not result.is_error, result
+
+    anyio.run(main)
+    assert built == []

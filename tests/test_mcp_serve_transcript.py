@@ -1,7 +1,9 @@
 """What ``mcp serve`` records of a call in its session's transcript, and when (DESIGN §6b
 "The served transcript"): the call's record is written before its tool runs (so a host
 killed with ``kill -9`` while it runs keeps it), and it and the result are synced by one
-``fdatasync`` before the client gets the result, never on the serving event loop. The
+``fdatasync`` before the client gets the result, never on the serving event loop; with
+``synchronous_commit`` off, written before the client gets it and synced by the group
+commit's thread after. The
 SDK's own client against :func:`rho_actors.mcp.aserve` over HTTP on loopback, in both
 protocol eras, with a sync and an ``async`` tool."""
 
@@ -38,6 +40,7 @@ from tests.helpers import listening
 from tests.mcp_fixtures import served_tools
 
 TOKEN = "a-test-token-of-32-characters-xx"
+GROUP_COMMIT_THREAD = "rho-group-commit"
 CALLS = 5
 
 
@@ -77,8 +80,9 @@ class _Syncs:
 
 
 @contextlib.contextmanager
-def _served(system: ActorSystem) -> Iterator[tuple[str, threading.Thread]]:
-    """``system`` served over HTTP from a thread of its own: its URL and that thread."""
+def _served(system: ActorSystem, **options: Any) -> Iterator[tuple[str, threading.Thread]]:
+    """``system`` served over HTTP from a thread of its own (``options``: :func:`aserve`'s):
+    its URL and that thread."""
     ready = threading.Event()
     loops: list[asyncio.AbstractEventLoop] = []
     with socket.socket() as s:
@@ -88,7 +92,7 @@ def _served(system: ActorSystem) -> Iterator[tuple[str, threading.Thread]]:
     async def run() -> None:
         loops.append(asyncio.get_running_loop())
         ready.set()
-        await aserve(system, http=("127.0.0.1", port), guard=HTTPGuard(TOKEN))
+        await aserve(system, http=("127.0.0.1", port), guard=HTTPGuard(TOKEN), **options)
 
     def target() -> None:
         with contextlib.suppress(asyncio.CancelledError):
@@ -231,3 +235,99 @@ def test_a_call_running_when_its_host_is_killed_with_kill_9_stays_in_the_transcr
     history = load(folder / TRANSCRIPT_NAME)
     assert [(r.name, r.error_kind) for _, _, r in history.pending] == [("wait_for_cancel", "cancelled")]
     assert not (folder / "finished").exists()
+
+
+class _SyncedSizes:
+    """Each transcript ``os.fdatasync``: its thread's name and the file's size it made durable."""
+
+    def __init__(self) -> None:
+        self.synced: list[tuple[str, int]] = []
+        self._real = os.fdatasync
+
+    def __call__(self, fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(TRANSCRIPT_NAME):
+            size = os.fstat(fd).st_size
+            self._real(fd)
+            self.synced.append((threading.current_thread().name, size))
+            return
+        self._real(fd)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_with_synchronous_commit_off_a_result_is_written_before_it_is_sent_and_synced_by_the_group_commit(
+        system: ActorSystem, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """``synchronous_commit=False``: the client's result is in the file when it gets it
+    (written to the OS: a crash of the process loses nothing), no call's thread and not
+    the serving loop syncs it, and the group commit's thread makes every record durable."""
+    system.register(own_thread)
+    sizes = _SyncedSizes()
+    monkeypatch.setattr(os, "fdatasync", sizes)
+    with _served(system, synchronous_commit=False) as (url, serving):
+        async def main() -> None:
+            async with _client(url, mode) as client:
+                meta: Any = None
+                for i in range(CALLS):
+                    with anyio.fail_after(WAIT_S):
+                        result = await client.call_tool("own_thread", {}, meta=meta)
+                    assert not result.is_error, result
+                    handle = (result.meta or {}).get(SESSION_META_KEY)
+                    meta = {SESSION_META_KEY: handle} if handle is not None else None
+                    [folder] = (system.data_dir / "sessions").iterdir()
+                    records = _records(folder / TRANSCRIPT_NAME)  # read as another process would
+                    assert [r["type"] for r in records] == ["reply", "result"] * (i + 1)
+                    assert records[-1]["ok"] and records[-1]["call_id"] == records[-2]["tool_calls"][0]["id"]
+                [folder] = (system.data_dir / "sessions").iterdir()
+                size = (folder / TRANSCRIPT_NAME).stat().st_size
+                # within the group commit's delay, all of it is durable, synced by its thread alone
+                assert wait_for(lambda: (GROUP_COMMIT_THREAD, size) in sizes.synced)
+
+        anyio.run(main)
+    assert sizes.synced and {name for name, _ in sizes.synced} == {GROUP_COMMIT_THREAD}
+    assert serving.name not in {name for name, _ in sizes.synced}
+
+
+def test_with_synchronous_commit_off_a_host_killed_with_kill_9_keeps_every_result_its_client_got(
+        tmp_path: Path) -> None:
+    """``rho-actors mcp serve --synchronous-commit off`` killed with SIGKILL right after
+    its calls were answered: the transcript, opened again, has every call and its result
+    (written to the OS before it was sent), whole."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", served_tools.__file__, "--http",
+         f"127.0.0.1:{port}", "--data-dir", str(tmp_path), "--unconfined", "--synchronous-commit", "off"],
+        env={**os.environ, "RHO_MCP_TOKEN": TOKEN}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: listening(port) or server.poll() is not None) and server.poll() is None
+
+        async def main() -> None:
+            async with _client(f"http://127.0.0.1:{port}/mcp", "legacy") as client:
+                for i in range(CALLS):
+                    with anyio.fail_after(WAIT_S):
+                        result = await client.call_tool("add", {"a": i, "b": 1})
+                    assert not result.is_error and result.content[0].text == str(i + 1), result  # type: ignore[union-attr]
+                server.send_signal(signal.SIGKILL)  # at once: the last results are not synced yet
+                await anyio.to_thread.run_sync(server.wait, WAIT_S)
+
+        anyio.run(main)
+    finally:
+        server.kill()
+        server.wait(WAIT_S)
+    [folder] = (tmp_path / "sessions").iterdir()
+    transcript = Transcript(folder / TRANSCRIPT_NAME)
+    history = transcript.open()
+    transcript.close()
+    assert not history.torn and not history.pending
+    records = _records(folder / TRANSCRIPT_NAME)
+    assert [r["type"] for r in records] == ["reply", "result"] * CALLS
+    assert [r["ok"] for r in records[1::2]] == [True] * CALLS
+
+
+def test_synchronous_commit_takes_on_or_off_and_names_a_bad_value(capsys: pytest.CaptureFixture[str]) -> None:
+    from rho_actors.cli import main as cli_main
+
+    assert cli_main(["mcp", "serve", "--tools", served_tools.__file__, "--synchronous-commit", "later"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --synchronous-commit: invalid choice: 'later'" in err and "on" in err and "off" in err

@@ -518,6 +518,8 @@ def _add_mcp(commands: Any) -> None:
     serve.add_argument("--unconfined", action="store_true", help=_UNCONFINED_HELP)
     serve.add_argument("--data-dir", default=None, metavar="DIR",
                        help="where sessions are kept (default: a temporary folder, removed at exit)")
+    serve.add_argument("--synchronous-commit", choices=("on", "off"), default="on", help="on: a result is synced to "
+                       "disk before it is sent; off: within 20 ms after, by a group commit (see docs/guides/mcp.md)")
     http = serve.add_argument_group(
         "HTTP", "clients send Authorization: Bearer TOKEN, the token in $RHO_MCP_TOKEN (at least 16 "
                 "characters) or, without it, one generated and printed at start")
@@ -631,7 +633,7 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
                 return 2
             print(f"serving MCP at http://{args.http[0]}:{args.http[1]}/mcp", file=sys.stderr, flush=True)
         try:
-            serve(system, http=args.http, guard=guard)
+            serve(system, http=args.http, guard=guard, synchronous_commit=args.synchronous_commit == "on")
         except KeyboardInterrupt:
             pass
         except OSError as exc:

@@ -7,7 +7,8 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 - Each MCP connection (one stdio process, or one ``Mcp-Session-Id``) is a rho session:
   its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
   connection ends, and its transcript of calls (``transcript.jsonl``: each call, written
-  before it runs, then its result, synced with it before it is sent: DESIGN §6b; the
+  before it runs, then its result, synced with it before it is sent, or with
+  ``synchronous_commit=False`` within 20 ms after by a group commit: DESIGN §6b; the
   file's lock taken for each record only). A held call is answered once decided
   (``rho-actors approve`` from another process: :meth:`~rho_actors.mcp.sessions.Session.decided`).
 - ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``),
@@ -76,6 +77,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST, MISSING_REQUIRED_CLIENT_CAPABILITY
 
+from rho_actors.agent.group_commit import GroupCommit
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.events import ProgressEvent, ToolSetChanged
@@ -145,6 +147,7 @@ class _Served:
     ids: Iterator[int] = field(default_factory=itertools.count)
     bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)  # subscriptions/listen (2026-07-28)
     tasks: ServedTasks | None = None  # the tasks clients created (rho_actors.mcp.tasks)
+    commits: GroupCommit | None = None  # synchronous_commit off: the results' group commit
 
 
 def _connection(ctx: Any) -> Any:
@@ -190,7 +193,7 @@ async def _start_session(served: _Served, session_id: str, notify: Any = None, *
     loop = await anyio.to_thread.run_sync(
         functools.partial(served.system.start_loop, session_id, withheld=served.withheld))
     loop.model_chooses = False  # a client asks for a task its own way (the tasks extension, bounded per client)
-    session = Session(loop, notify, served.system.tool_set().version, **fields)
+    session = Session(loop, notify, served.system.tool_set().version, commits=served.commits, **fields)
     transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
     try:
         await anyio.to_thread.run_sync(functools.partial(transcript.open, per_record=True))
@@ -274,12 +277,18 @@ def _input_schema(served: _Served, name: str) -> dict[str, Any] | None:
 
 
 def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[str] = (),
-                 max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES, guard: HTTPGuard | None = None) -> Server[Any]:
+                 max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES, guard: HTTPGuard | None = None,
+                 synchronous_commit: bool = True) -> Server[Any]:
     """The SDK ``Server`` serving ``system``'s tools (run it with :func:`aserve`, or
     mount its ``streamable_http_app()`` behind ``guard.wrap``). ``withheld`` names
     tools not served; ``guard`` the HTTP endpoint's :class:`HTTPGuard` (its rho
-    sessions of absent clients are stopped)."""
-    served = _Served(system, tuple(withheld), max_argument_bytes, guard)
+    sessions of absent clients are stopped); ``synchronous_commit`` (PostgreSQL's term):
+    True, a call's result is synced to disk before it is sent; False, written to the OS
+    before it is sent and synced by a group commit within
+    :data:`~rho_actors.agent.group_commit.DEFAULT_COMMIT_DELAY_S` (DESIGN §6b
+    "The served transcript")."""
+    served = _Served(system, tuple(withheld), max_argument_bytes, guard,
+                     commits=None if synchronous_commit else GroupCommit())
     served.tasks = ServedTasks(system.task_registry, call_tool_result)
     listeners = guard.max_sessions if guard is not None else _STDIO_LISTENERS
     if guard is not None:
@@ -303,7 +312,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                     except RuntimeError:  # the asyncio loop has closed
                         report.close()
 
-        unsubscribe = system.subscribe(on_event)
+        unsubscribe = system.subscribe(on_event, only=(ToolSetChanged, ProgressEvent))  # no call's events
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_announce_changes, served, changed)
             if served.guard is not None:
@@ -317,6 +326,8 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                     served.tasks.close()
                 for session in list(served.handles.values()):  # 2026-07-28 sessions: no connection ends them
                     await _close(served, session)
+                if served.commits is not None:  # a session closed later syncs at once
+                    await anyio.to_thread.run_sync(served.commits.close)
 
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return await _list_tools(served, ctx)
@@ -609,18 +620,19 @@ async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
 
 async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
                  withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
-                 guard: HTTPGuard | None = None) -> None:
+                 guard: HTTPGuard | None = None, synchronous_commit: bool = True) -> None:
     """Serve ``system``'s tools until the client closes stdin (stdio) or the task is
     cancelled (HTTP: ``http=(host, port)``, the endpoint is ``http://host:port/mcp``,
     behind ``guard``: an :class:`HTTPGuard` with the bearer token and the caps, needed
-    for HTTP). Raises ``ValueError`` for HTTP without a guard (or ``auth=False`` off
+    for HTTP). ``synchronous_commit``: as :func:`build_server`'s (default True: every
+    result durable before it is sent). Raises ``ValueError`` for HTTP without a guard (or ``auth=False`` off
     loopback), ``OSError`` when the HTTP port cannot be bound."""
     if http is not None:
         if guard is None:
             raise ValueError("serving MCP over HTTP needs guard=HTTPGuard(token=...)")
         guard.check_host(http[0])
     server = build_server(system, name=name, withheld=withheld, max_argument_bytes=max_argument_bytes,
-                          guard=guard if http is not None else None)
+                          guard=guard if http is not None else None, synchronous_commit=synchronous_commit)
     options = server.create_initialization_options()
     if http is None:
         answers, early = anyio.create_memory_object_stream[types.JSONRPCError](16)
@@ -648,7 +660,8 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
 
 def serve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
           withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
-          guard: HTTPGuard | None = None) -> None:
+          guard: HTTPGuard | None = None, synchronous_commit: bool = True) -> None:
     """:func:`aserve` on a new asyncio loop in this thread (blocks until served)."""
     anyio.run(functools.partial(aserve, system, http=http, name=name, withheld=withheld,
-                                max_argument_bytes=max_argument_bytes, guard=guard))
+                                max_argument_bytes=max_argument_bytes, guard=guard,
+                                synchronous_commit=synchronous_commit))

@@ -38,6 +38,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from rho_actors.agent.group_commit import GroupCommit
 from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import Transcript, TranscriptError
 from rho_actors.isolation.thread import on_call_thread
@@ -134,6 +135,7 @@ class Session:
     used: float = field(default_factory=time.monotonic)  # when a request last named it
     calls: int = 0  # tools/call requests running now
     closed: bool = False
+    commits: GroupCommit | None = None  # synchronous_commit off: results synced by this group commit
 
     async def close(self, sessions: Any, state_key: str) -> None:
         """Stop the session's loop and close its transcript (idempotent); ``sessions``
@@ -151,6 +153,8 @@ class Session:
                 await anyio.to_thread.run_sync(self.loop.stop)
         finally:
             if self.transcript is not None:
+                if self.commits is not None:
+                    await anyio.to_thread.run_sync(self.commits.flush, self.transcript)
                 self.transcript.close()
 
     def end_held(self) -> None:
@@ -198,15 +202,18 @@ class Session:
 
     def _append(self, call: ToolCall, result: ToolResult | None, step: int) -> None:
         """Append ``call``'s record (``result`` None: written, not synced) or its result's
-        (synced: one ``fdatasync`` makes both durable); the caller holds ``writing``. A
-        transcript that cannot be written is logged, never the call's failure."""
+        (synced: one ``fdatasync`` makes both durable; with :attr:`commits`, written and
+        handed to the group commit, which syncs it within its delay); the caller holds
+        ``writing``. A transcript that cannot be written is logged, never the call's failure."""
         if self.transcript is None:
             return
         try:
             if result is None:
                 self.transcript.reply(step, Reply(tool_calls=(call,)), sync=False)
             else:
-                self.transcript.result(step, 0, result)
+                self.transcript.result(step, 0, result, sync=self.commits is None)
+                if self.commits is not None:
+                    self.commits.written(self.transcript)
         except (OSError, ValueError, TranscriptError) as exc:  # busy past RECORD_WAIT_S, or replaced meanwhile
             logger.warning("MCP session {}: transcript not written: {}", self.loop.session_id, exc)
 

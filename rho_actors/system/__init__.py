@@ -558,12 +558,14 @@ class ActorSystem(HostActors):
 
     # --- events and state -----------------------------------------------------------------
 
-    def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[Any], None], *, only: tuple[type, ...] | None = None
+                  ) -> Callable[[], None]:
         """Call ``callback(event)`` for every :class:`rho_actors.CallEvent`, :class:`rho_actors.DeclarationEvent`,
         :class:`rho_actors.SupervisorEvent`, :class:`rho_actors.IsolationEvent`, :class:`rho_actors.ProgressEvent`
-        and :class:`rho_actors.ToolSetChanged` (from actor threads: keep it quick). Returns a function that
-        unsubscribes."""
-        return self._events.subscribe(callback)
+        and :class:`rho_actors.ToolSetChanged` (from actor threads: keep it quick), or only for those of the
+        types in ``only`` (a subscriber without ``CallEvent`` in it spares every call building its
+        events). Returns a function that unsubscribes."""
+        return self._events.subscribe(callback, only=only)
 
     @property
     def telemetry(self) -> Telemetry:
