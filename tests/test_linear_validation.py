@@ -16,6 +16,7 @@ from rho_actors import ActorSystem, ErrorKind, ToolCall
 from rho_actors.declarations import arguments, linear
 from rho_actors.declarations.arguments import MAX_KEYWORD_CHECKS, decode_arguments, make_validator, violations
 from rho_actors.declarations.checks import check_declaration
+from rho_actors.declarations.integral import integral_floats
 from rho_actors.declarations.linear import QUICK_MAX_CHECKS, linear_cost, quick_valid
 
 from .conftest import WAIT_S
@@ -271,8 +272,12 @@ def test_integral_floats_are_looked_for_only_where_a_schema_names_integer(monkey
     none = checked({"type": "object", "properties": {"x": {"type": "number"}, "s": {"type": "array"}}})
     assert not linear.needs_integral(none)
     walked: list[Any] = []
-    walk = arguments.integral_floats
-    monkeypatch.setattr(arguments, "integral_floats", lambda schema, args: walked.append(args) or walk(schema, args))
+
+    def walk(schema: Any, args: dict[str, Any]) -> None:
+        walked.append(args)
+        integral_floats(schema, args)
+
+    monkeypatch.setattr(arguments, "integral_floats", walk)
     args = decode_arguments('{"x": 3.0}')
     assert violations(none, args, 1.0, 10) == [] and type(args["x"]) is float  # a number stays as sent
     assert walked == []  # not walked at all: nothing to look for
