@@ -13,9 +13,10 @@ import jsonschema_rs
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
-from rho_actors.declarations import linear
+from rho_actors.declarations import arguments, linear
 from rho_actors.declarations.arguments import MAX_KEYWORD_CHECKS, decode_arguments, make_validator, violations
 from rho_actors.declarations.checks import check_declaration
+from rho_actors.declarations.integral import integral_floats
 from rho_actors.declarations.linear import QUICK_MAX_CHECKS, linear_cost, quick_valid
 
 from .conftest import WAIT_S
@@ -264,14 +265,22 @@ def test_a_schema_the_compiled_check_cannot_take_falls_back_to_jsonschema(monkey
     assert violations(validator, decode_arguments('{"n": 10}'), 1.0, 9) == ["$.n: 10 fails maximum 9"]
 
 
-def test_integral_floats_are_looked_for_only_where_a_schema_names_integer() -> None:
+def test_integral_floats_are_looked_for_only_where_a_schema_names_integer(monkeypatch: pytest.MonkeyPatch) -> None:
     """A valid call of a linear schema naming no ``integer`` skips the walk that makes
     integral floats ``int`` s; one naming it anywhere (nested, in a type list, in
     ``items`` or ``additionalProperties``) still gets them, as does any non-linear schema."""
     none = checked({"type": "object", "properties": {"x": {"type": "number"}, "s": {"type": "array"}}})
     assert not linear.needs_integral(none)
+    walked: list[Any] = []
+
+    def walk(schema: Any, args: dict[str, Any]) -> None:
+        walked.append(args)
+        integral_floats(schema, args)
+
+    monkeypatch.setattr(arguments, "integral_floats", walk)
     args = decode_arguments('{"x": 3.0}')
     assert violations(none, args, 1.0, 10) == [] and type(args["x"]) is float  # a number stays as sent
+    assert walked == []  # not walked at all: nothing to look for
     inner = {"type": "object", "properties": {"n": {"type": "integer"}}}
     for schema in ({"type": "object", "properties": {"o": inner}},
                    {"type": "object", "properties": {"n": {"type": ["integer", "null"]}}},

@@ -33,7 +33,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
 from rho_actors.declarations.integral import integral_floats
-from rho_actors.declarations.linear import quick_valid
+from rho_actors.declarations.linear import needs_integral, quick_valid
 from rho_actors.declarations.patterns import ecma_to_re2
 from rho_actors.encoding import scrub_text, text_length
 from rho_actors.errors import RhoError
@@ -644,7 +644,8 @@ def violations(
     (:func:`~rho_actors.declarations.linear.quick_valid`; counted only to find violations).
     """
     if quick_valid(validator, args, size, MAX_KEYWORD_CHECKS):  # linear, checked uncounted: the same verdict
-        integral_floats(validator.schema, args)
+        if needs_integral(validator):  # else no integer position to look at
+            integral_floats(validator.schema, args)
         return []
     limit_s = math.inf if max_s is None else max(0.0, max_s)
     _BUDGET.left, _BUDGET.next_clock = MAX_KEYWORD_CHECKS, MAX_KEYWORD_CHECKS

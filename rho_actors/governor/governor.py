@@ -109,25 +109,31 @@ _PLACES, _RATE, _BACKOFF, _STARTING, _RUNNING, _DONE = range(6)
 
 class _ThreadPlace:
     """The reply of a ``thread`` call of a tool without a policy, which holds a place
-    among the system's thread calls: its answer (the first result, delivered before any
-    later one by the call's :class:`~rho_actors.isolation.call.Answer`) gives the place back."""
+    among the system's thread calls and, for an ``exclusive`` tool, its session's
+    exclusive place (``gates``: both): its answer (the first result, delivered before
+    any later one by the call's :class:`~rho_actors.isolation.call.Answer`) gives them
+    back first (the next call of an exclusive turn, started by the turn's reply, finds
+    them free), then calls that waited for them start, after the reply."""
 
-    __slots__ = ("gov", "reply")
+    __slots__ = ("gates", "gov", "reply")
 
-    def __init__(self, gov: Governor, reply: Callable[[ToolResult], None]) -> None:
+    def __init__(self, gov: Governor, reply: Callable[[ToolResult], None], gates: tuple[Gate, ...]) -> None:
         self.gov: Governor | None = gov
         self.reply = reply
+        self.gates = gates
 
     def __call__(self, result: ToolResult) -> None:
         gov = self.gov
-        if gov is not None:
-            self.gov = None
-            try:
-                self.reply(result)
-            finally:
-                gov.thread_call_ended()
-        else:
+        if gov is None:
             self.reply(result)
+            return
+        self.gov = None
+        ready = gov.thread_call_ended(self.gates)
+        try:
+            self.reply(result)
+        finally:
+            if ready:
+                gov.launch(ready)
 
 
 class _Call:
@@ -400,24 +406,24 @@ class Governor:
         threaded = not inline and entry.isolation == "thread"
         exclusive = entry.info.concurrency == "exclusive"
         counted = self._counted or (bool(self._bounds) and session in self._bounds)
-        if (policy is NO_POLICY or not policy.governed) and not counted and not exclusive:
+        if (policy is NO_POLICY or not policy.governed) and not counted and (not exclusive or threaded):
             if not threaded:
                 return start(spec)
-            gate = self._threads
-            with self.lock:  # the usual case: a place among the thread calls, nobody waiting for one
-                free = gate.running < gate.bound and not self.waiting.count
+            gates: tuple[Gate, ...]
+            with self.lock:  # the usual case: its places free, nobody waiting for one
+                gates = (self._threads,) if not exclusive else (self._exclusive_gate(session), self._threads)
+                free = not self.waiting.count and fits(gates)
                 if free:
-                    gate.running += 1
+                    take(gates)
             if free:
-                spec.reply = place = _ThreadPlace(self, spec.reply)
+                spec.reply = place = _ThreadPlace(self, spec.reply, gates)
                 try:
                     return start(spec)
-                except BaseException:  # it did not start: no answer comes, the place is given back here
+                except BaseException:  # it did not start: no answer comes, the places are given back here
                     if place.gov is not None:
                         place.gov = None
-                        self.thread_call_ended()
+                        self.launch(self.thread_call_ended(gates))
                     raise
-            gates: tuple[Gate, ...] = (gate,)
             call = _Call(self, spec, session, start, gates, None, None)
         else:
             refusal = self._counts(policy, spec, session) if counted or policy.max_calls else None
@@ -432,15 +438,19 @@ class Governor:
         call.places()
         return call
 
+    def _exclusive_gate(self, session: str) -> Gate:
+        """The session's one place for calls of its exclusive tools (under the lock)."""
+        gate = self._exclusive.get(session)
+        if gate is None:
+            gate = self._exclusive[session] = Gate(("exclusive", session), 1)
+        return gate
+
     def _gates(self, policy: CallPolicy, name: str, session: str, threaded: bool,
                exclusive: bool = False) -> tuple[Gate, ...]:
         gates: list[Gate] = []
         with self.lock:
             if exclusive:
-                gate = self._exclusive.get(session)
-                if gate is None:
-                    gate = self._exclusive[session] = Gate(("exclusive", session), 1)
-                gates.append(gate)
+                gates.append(self._exclusive_gate(session))
             if policy.max_concurrency_per_session is not None:
                 gate = self._per_session.get((name, session))
                 if gate is None:
@@ -563,13 +573,12 @@ class Governor:
                 waiter.timer = None
         return ready
 
-    def thread_call_ended(self) -> None:
-        """A thread call of a tool without a policy was answered: its place is free."""
+    def thread_call_ended(self, gates: tuple[Gate, ...]) -> list[_Call]:
+        """A thread call of a tool without a policy was answered: its places (``gates``)
+        are free. Returns the waiting calls that took them, for :meth:`launch`."""
         with self.lock:
-            self._threads.running -= 1
-            ready = self._ready() if self.waiting.count else []
-        if ready:
-            self.launch(ready)
+            release(gates)
+            return self._ready() if self.waiting.count else []
 
     def launch(self, ready: list[_Call] | tuple[()]) -> None:
         """Start the calls that took places (outside the lock)."""
