@@ -6,6 +6,9 @@ refused with a message naming the right one."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
 from rho_actors.sandbox.confine.confinement import Confinement, probe
+from tests.conftest import WAIT_S
 
 MIB = 2**20
 HOST = probe()
@@ -89,3 +93,23 @@ def test_the_wrong_memory_settings_are_refused_naming_the_right_one(system: Acto
         ActorSystem(tmp_path / "other", confinement=Confinement(address_space=64 * MIB))
     with pytest.raises(ValueError, match="process_heap_bytes must be an int"):
         ActorSystem(tmp_path / "third", process_heap_bytes=-1)
+
+
+def test_the_address_space_bound_does_not_charge_what_the_child_started_with(tmp_path: Path) -> None:
+    """Without a cgroup the bound is ``RLIMIT_AS``: it counts from the address space a
+    child starts with (what the fork server preloaded: here 2 GiB a module maps at
+    import), so a tool gets its whole bound, and no more."""
+    script = textwrap.dedent("""
+        import sys
+        from tests import reserving_module  # the fork server's preload: 2 GiB mapped
+        from rho_actors.sandbox.child import ChildSetup, enter_child
+        enter_child(ChildSetup(heap_bytes=64 * 2**20))
+        kept = bytearray(16 * 2**20)  # within the bound
+        try:
+            bytearray(128 * 2**20)  # past it
+        except MemoryError:
+            print("bounded", len(kept) // 2**20)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT_S,
+                          cwd=Path(__file__).parent.parent, check=False)
+    assert done.stderr.split()[-2:] == ["bounded", "16"], done.stderr[-2000:]  # a child's stdout goes to stderr

@@ -30,9 +30,9 @@ selftests use, and the call frames a Ray task serves (:func:`call_request`,
 Nothing a child sends back is unpickled by the host (plain data, checked; see
 :mod:`~rho_actors.sandbox.wire`), except by a trusted worker of ``codec="pickle"``.
 Every child leads its own process group (so killing the group also kills whatever the
-tool started, unless it left the group itself) and lives under ``RLIMIT_AS`` =
-``heap_bytes`` (the whole address space: an idle child with rho_actors loaded uses
-about 45 MiB of it).
+tool started, unless it left the group itself) and lives under ``RLIMIT_AS``: the
+address space it started with (what the fork server preloaded, rho_actors included,
+about 45 MiB) plus ``heap_bytes``.
 """
 
 from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed

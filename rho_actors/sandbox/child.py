@@ -39,8 +39,9 @@ __all__ = ["ChildSetup", "child_main", "enter_child", "pin_imports", "replace_en
 class ChildSetup:
     """How a child is set up before it runs anything (plain data only).
 
-    ``heap_bytes``: the ``RLIMIT_AS`` bound in bytes (``None`` or ``0``: none; a
-    confined child takes it from its confinement instead).
+    ``heap_bytes``: the ``RLIMIT_AS`` bound in bytes, on what the child maps beyond the
+    address space it started with (what the fork server preloaded is not charged;
+    ``None`` or ``0``: none; a confined child takes it from its confinement instead).
     ``output_path``: a file that takes the child's standard output and error (its
     standard input is then ``/dev/null``, and Python's fault handler writes there);
     ``None``: standard output goes to standard error, so a tool cannot corrupt the
@@ -104,9 +105,20 @@ def enter_child(setup: ChildSetup) -> tuple[str, ...]:
     heap = setup.heap_bytes
     if setup.confinement is None and heap is not None and heap > 0:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = heap if hard == resource.RLIM_INFINITY else min(heap, hard)
+        limit = mapped_bytes() + heap  # what the child started with (the fork server's preloads) is not charged
+        limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     return applied
+
+
+def mapped_bytes() -> int:
+    """This process's address space now (bytes mapped: ``/proc/self/statm``'s first
+    field), 0 when it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def replace_environment(env: Mapping[str, str]) -> None:
