@@ -803,19 +803,21 @@ def test_calls_never_queue_and_idle_workers_follow_demand(tmp_path: Path) -> Non
     def one(burst: WorkerPool, i: int) -> None:
         results[i] = call(burst, Rendezvous, {"path": str(tmp_path), "n": n}, call_id=f"c{i}")
 
-    # idle for idle_s: a quiet machine's 0.5 s, as this machine keeps up now (the burst's workers still idle
-    # when the test counts them just after)
-    with WorkerPool(warm=2, idle_s=slack(0.5)) as pool:
+    idle_s = slack(1.0)
+    with WorkerPool(warm=2, idle_s=idle_s) as pool:
         assert pool.wait_warm(WAIT_S)
+        began = time.monotonic()  # no worker of the burst can have been idle for longer than this
         threads = [threading.Thread(target=one, args=(pool, i)) for i in range(n)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(WAIT_S)
+        stats = pool.stats()
+        if time.monotonic() - began < idle_s:  # none idle for idle_s yet: all kept (a loaded machine may be later)
+            assert stats["idle"] == n and stats["alive"] == n and stats["retired"] == 0
         assert all(r.ok for r in results.values()), [r.content for r in results.values()]
         assert len({r.content for r in results.values()}) == n  # five different workers
-        stats = pool.stats()
-        assert stats["idle"] == n and stats["alive"] == n and stats["retired"] == 0
+        assert stats["alive"] + stats["retired"] == n
         assert wait_for(lambda: pool.stats()["retired"] == n - 2 and pool.stats()["alive"] == 2)
         stats = pool.stats()
         assert stats["idle"] == 2 and stats["alive"] == 2 and stats["retired"] == n - 2
