@@ -533,21 +533,19 @@ class Transcript:
         return True
 
     def sync(self) -> None:
-        """Make the records written so far durable (``fdatasync``), as a record written
-        with ``sync`` would: those written ``sync=False`` for a group commit
-        (:mod:`~rho_actors.agent.group_commit`). A transcript opened ``per_record`` holds
-        no descriptor between records: the file is opened for it. Raises ``OSError``."""
+        """Make the records written so far durable (``fdatasync``): those written
+        ``sync=False`` for a group commit (:mod:`~rho_actors.agent.group_commit`); opened
+        ``per_record``, the file is opened for it. Raises ``OSError``."""
         with self._writing:
             if self._fd is not None:
                 os.fdatasync(self._fd)
                 return
-        if self._mark is None:
-            return
-        fd = open_regular(self.path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)  # the file's data and size, whichever descriptor asks
-        finally:
-            os.close(fd)
+        if self._mark is not None:
+            fd = open_regular(self.path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)  # the file's data and size, whichever descriptor asks
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         """Release the locks and close the files (idempotent)."""
