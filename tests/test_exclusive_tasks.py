@@ -84,7 +84,8 @@ def test_an_exclusive_tools_tasks_run_one_at_a_time_in_their_session(system: Act
     assert [d.result.content for d in done if d.result] == ["migrated a", "migrated b"]
     assert done[1].result is not None and done[1].started >= done[0].started
     assert other.task_result(elsewhere.details["task_id"], timeout_s=WAIT_S).status == "completed"
-    assert overlaps == []
+    # a and b (s1's) never overlap; s2's c, released with a, may still be ending as b starts
+    assert [o for o in overlaps if "migrate a" in o and "migrate b" in o] == [], overlaps
 
 
 def test_an_exclusive_call_waits_for_its_sessions_exclusive_task_within_its_deadline(system: ActorSystem) -> None:
