@@ -12,6 +12,7 @@ import contextlib
 import functools
 import json
 import os
+import random
 import shutil
 import socket
 import struct
@@ -250,9 +251,21 @@ def _intruded(system: ActorSystem, mode: str, intrude: Callable[[str, str, str],
 
 def _kept_alive(url: str) -> socket.socket:
     """A connection of this process (its uid) to ``url``'s server that has made one
-    authenticated request (a 2026-07-28 ``tools/list``, answered) and stays open."""
+    authenticated request (a 2026-07-28 ``tools/list``, answered) and stays open. Its
+    port is below the kernel's ephemeral range: once it is closed, no other process's
+    connection is given that port before the intruder binds it (as on a busy machine)."""
     parts = urllib.parse.urlsplit(url)
-    sock = socket.create_connection((str(parts.hostname), int(parts.port or 80)), WAIT_S)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+        low = int(f.read().split()[0])
+    for port in random.sample(range(max(1024, low - 8000), low), 200):
+        try:
+            sock.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            continue
+    sock.settimeout(WAIT_S)
+    sock.connect((str(parts.hostname), int(parts.port or 80)))
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}})
     sock.sendall((f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {TOKEN}\r\n"
