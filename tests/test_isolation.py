@@ -210,3 +210,23 @@ def test_a_process_call_runs_on_a_call_thread_counted_running_and_answered_at_th
         system.stop()
     [result] = future.result(WAIT_S)
     assert result.call_id == "w" and result.error_kind in (ErrorKind.CANCELLED, ErrorKind.CRASHED)
+
+
+def test_a_call_body_carries_the_deadline_and_tool_given_and_deps_travel_whole() -> None:
+    """``encode_call`` writes the request as sent (its deadline once its worker has it, the
+    tool's bytes to a worker that lacks them) without a copy of the request; plain deps
+    go by the C pickler, others by cloudpickle, and arrive the same."""
+    import dataclasses
+    import pickle
+
+    from rho_actors.sandbox import WorkerCall, call_request, decode_call, encode_call
+
+    deps = {"a": [1, 2.5, {"b": None, "c": (True, "x")}]}
+    call = WorkerCall("c", "t", object(), {"k": "v"}, {"session_id": "s", "deps": deps}, 0.0, 5.0, 5_000, 100)
+    request = call_request(b"digest", call)
+    assert decode_call(encode_call(request)) == request
+    back = decode_call(encode_call(request, deadline=7.5, tool_bytes=b"tool"))
+    assert back == dataclasses.replace(request, deadline=7.5, tool_bytes=b"tool")
+    assert back.deps_bytes is not None and pickle.loads(back.deps_bytes) == deps
+    odd = call_request(b"digest", dataclasses.replace(call, ctx={"deps": {"f": lambda: 42, 1: "int key"}}))
+    assert odd.deps_bytes is not None and pickle.loads(odd.deps_bytes)["f"]() == 42
