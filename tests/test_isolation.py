@@ -214,8 +214,8 @@ def test_a_process_call_runs_on_a_call_thread_counted_running_and_answered_at_th
 
 def test_a_call_body_carries_the_deadline_and_tool_given_and_deps_travel_whole() -> None:
     """``encode_call`` writes the request as sent (its deadline once its worker has it, the
-    tool's bytes to a worker that lacks them) without a copy of the request; plain deps
-    go by the C pickler, others by cloudpickle, and arrive the same."""
+    tool's bytes to a worker that lacks them) without a copy of the request; deps arrive
+    whole, plain or not."""
     import dataclasses
     import pickle
 

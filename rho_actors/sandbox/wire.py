@@ -160,9 +160,7 @@ class CallRequest:
     max_chars: int
 
 
-_CALL_FIELDS: Final = tuple(f.name for f in fields(CallRequest))
-"""The order of a ``CALL`` body's fields (:func:`encode_call` writes them in it)."""
-
+_CALL_FIELDS: Final = tuple(f.name for f in fields(CallRequest))  # a CALL body's order (encode_call's)
 
 CONTEXT_VALUES: Final = "context_values"
 """The request field holding the caller's plain-data ``contextvars`` (name -> value)."""
@@ -261,50 +259,18 @@ def call_request(digest: bytes, call: WorkerCall) -> CallRequest:
 
 
 def _pickled_deps(ctx: Mapping[str, Any]) -> bytes | None:
-    """``ctx["deps"]`` pickled, or ``None`` when absent or not picklable (left out): plain
-    data by the C pickler (the same bytes cloudpickle makes of it), anything else by
-    cloudpickle (classes and functions by value)."""
+    """``ctx["deps"]`` pickled, or ``None`` when absent or not picklable (left out)."""
     if "deps" not in ctx:
         return None
-    deps = ctx["deps"]
     try:
-        if _plain_data(deps, 1_000):
-            return pickle.dumps(deps, protocol=pickle.HIGHEST_PROTOCOL)
-        return bytes(cloudpickle.dumps(deps, protocol=pickle.HIGHEST_PROTOCOL))
+        return bytes(cloudpickle.dumps(ctx["deps"], protocol=pickle.HIGHEST_PROTOCOL))
     except Exception:
         return None
 
 
-def _plain_data(value: Any, budget: int) -> bool:
-    """Whether ``value`` is JSON-like data of builtin types (``dict`` with ``str`` keys,
-    ``list``, ``tuple``, ``str``, numbers, ``bool``, ``None``) of at most ``budget``
-    values, nested at most :data:`MAX_PLAIN_DEPTH` levels (larger or deeper: ``False``)."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        budget -= 1
-        kind = type(item)
-        if budget < 0 or depth > MAX_PLAIN_DEPTH:
-            return False
-        if kind is dict:
-            for key, inner in item.items():
-                if type(key) is not str:
-                    return False
-                stack.append((inner, depth + 1))
-        elif kind is list or kind is tuple:
-            stack.extend((inner, depth + 1) for inner in item)
-        elif kind not in _PLAIN_LEAVES:
-            return False
-    return True
-
-
-_PLAIN_LEAVES: Final = frozenset({str, int, float, bool, type(None)})
-
-
 def encode_call(request: CallRequest, *, deadline: float | None = None, tool_bytes: bytes | None = None) -> bytes:
-    """``request`` as a ``CALL`` body (its fields as a pickled tuple), with ``deadline``
-    and ``tool_bytes`` in place of its own when given (the request as sent: no copy of
-    it made). Raises :class:`WireError` when its arguments or context cannot be pickled."""
+    """``request`` as a ``CALL`` body (a pickled tuple), ``deadline`` and ``tool_bytes`` in place of its own
+    when given (no copy made). Raises :class:`WireError` when its arguments or context cannot be pickled."""
     r = request
     data = (r.digest, r.tool_bytes if tool_bytes is None else tool_bytes, r.name, r.call_id, r.args, r.fields,
             r.deps_bytes, r.deadline if deadline is None else deadline, r.timeout_ms, r.max_chars)
