@@ -179,3 +179,54 @@ def test_call_request_is_the_one_cut_of_a_calls_ctx() -> None:
     confined = call_request(b"digest", dataclasses.replace(trusted, deps={"own": 2}))
     assert confined.fields["data_dir"] == Path(".") and "context_values" not in confined.fields
     assert confined.deps_bytes is not None and pickle.loads(confined.deps_bytes) == {"own": 2}
+
+
+def _wait_in_worker(args: Any, ctx: Any) -> str:
+    Path(args["started"]).touch()
+    time.sleep(600)  # killed with its worker at the system's stop
+    return "never"
+
+
+def test_a_process_call_runs_on_a_call_thread_counted_running_and_answered_at_the_stop(tmp_path: Path) -> None:
+    """A ``process`` call is one job on a call thread, as a ``thread`` call is: no CallActor
+    is started for it (DESIGN §4 step 3), ``tree()`` counts it running, and the system's
+    stop kills its worker and waits for its thread to give the call its one result."""
+    import pykka
+
+    from rho_actors.isolation.call import CallActor
+
+    waiting = make_tool("waiting", _wait_in_worker, timeout_ms=600_000)
+    started = tmp_path / "started"
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=5_000)
+    try:
+        system.register(waiting, isolation="process")
+        future = system.start_loop("s").submit_turn([ToolCall("w", "waiting", f'{{"started": "{started}"}}')])
+        assert wait_for(lambda: started.exists() or future.done())
+        assert not future.done(), future.result()
+        assert pykka.ActorRegistry.get_by_class(CallActor) == []
+        calls = {c["id"]: c for c in system.tree()["children"]}["calls"]
+        assert calls["running"] == 1
+    finally:
+        system.stop()
+    [result] = future.result(WAIT_S)
+    assert result.call_id == "w" and result.error_kind in (ErrorKind.CANCELLED, ErrorKind.CRASHED)
+
+
+def test_a_call_body_carries_the_deadline_and_tool_given_and_deps_travel_whole() -> None:
+    """``encode_call`` writes the request as sent (its deadline once its worker has it, the
+    tool's bytes to a worker that lacks them) without a copy of the request; deps arrive
+    whole, plain or not."""
+    import dataclasses
+    import pickle
+
+    from rho_actors.sandbox import WorkerCall, call_request, decode_call, encode_call
+
+    deps = {"a": [1, 2.5, {"b": None, "c": (True, "x")}]}
+    call = WorkerCall("c", "t", object(), {"k": "v"}, {"session_id": "s", "deps": deps}, 0.0, 5.0, 5_000, 100)
+    request = call_request(b"digest", call)
+    assert decode_call(encode_call(request)) == request
+    back = decode_call(encode_call(request, deadline=7.5, tool_bytes=b"tool"))
+    assert back == dataclasses.replace(request, deadline=7.5, tool_bytes=b"tool")
+    assert back.deps_bytes is not None and pickle.loads(back.deps_bytes) == deps
+    odd = call_request(b"digest", dataclasses.replace(call, ctx={"deps": {"f": lambda: 42, 1: "int key"}}))
+    assert odd.deps_bytes is not None and pickle.loads(odd.deps_bytes)["f"]() == 42

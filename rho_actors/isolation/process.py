@@ -1,6 +1,7 @@
 """``process`` isolation: a call runs in a warm worker process (DESIGN §5).
 
-The call's CallActor hands it to one of the system's two
+The call runs as one job on a call thread (a reused thread of the system's pool, as a
+``thread`` call's: no actor per call), which hands it to one of the system's two
 :class:`rho_actors.sandbox.WorkerPool`\\ s and waits; the pool owns the deadline: at it,
 the worker's whole process tree is killed and the result is a ``timeout`` error; a call
 the pool has not answered :data:`BACKSTOP_S` after its deadline (still on its way to a
@@ -23,15 +24,19 @@ worker's tree, when the system's ``workers`` actor stops.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
+import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, ClassVar
 
 import pykka
+from loguru import logger
 
 from rho_actors.events import IsolationEvent, ToolSetChanged
 from rho_actors.isolation.base import Isolation, IsolationServices, worker_call
-from rho_actors.isolation.call import Answer, CallSpec, RunCall
+from rho_actors.isolation.call import Answer, CallSpec, call_failure
+from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timer
 from rho_actors.results import STOPPED, failure
 from rho_actors.sandbox import (
@@ -42,9 +47,14 @@ from rho_actors.sandbox import (
     WorkerPool,
     WorkerSlots,
 )
+from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ToolResult
 
 __all__ = ["BACKSTOP_S", "ProcessIsolation"]
+
+_CALL_THREAD = "rho_actors-process-call"
+"""A process call's thread, named so while it runs its call (not a ``thread`` call's:
+:func:`rho_actors.isolation.thread.on_call_thread` is false there)."""
 
 BACKSTOP_S = 1.0
 """How long after a call's deadline its backstop answers ``timeout`` if the pool has
@@ -115,6 +125,11 @@ class ProcessIsolation(Isolation):
         self._open = False
         self._loaded_ahead: set[int] = set()  # the serials of the trusted registrations loaded ahead
         self.start_bound_s = services.start_timeout_ms / 1000
+        self._threads = services.threads if services.threads is not None else ThreadPool(name="rho_actors-call-idle")
+        self._live = 0  # call threads running a call now
+        self._draining = False  # a shutdown waits for them: each one ending tells it
+        self._live_lock = threading.Lock()
+        self._live_changed = threading.Condition(self._live_lock)
         if services.events is not None:
             services.events.subscribe(self._tool_set_changed, only=(ToolSetChanged,))
 
@@ -172,19 +187,60 @@ class ProcessIsolation(Isolation):
             return serial in self._loaded_ahead
 
     def start(self, call: CallSpec) -> _Running:
-        actor = self.services.calls.start()
+        s = self.services
+        if s.calls.closed:
+            raise pykka.ActorDeadError("the system is stopping")
         answer = Answer(call)
         answer.timer = backstop = _Backstop(answer)
         try:
-            self.services.timers.schedule(backstop)
+            s.timers.schedule(backstop)
         except RuntimeError:  # the timers are stopped: the system is stopping
-            actor.stop(block=False)
             raise pykka.ActorDeadError("the system is stopping") from None
-        actor.tell(RunCall(call, self._run, answer))
+        with self._live_lock:
+            self._live += 1
+        try:  # the hand-off last: the call thread, woken by it, finds little left before this thread waits
+            self._threads.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
+        except RuntimeError as exc:  # no thread could be started (the host at its thread limit): not started
+            if answer.claim():  # else its backstop answered it meanwhile
+                backstop.cancel()
+            self._ended()
+            raise pykka.ActorDeadError(f"no thread could be started for the call ({exc})") from None
         return _Running(call)
 
+    def _call_thread(self, call: CallSpec, answer: Answer) -> None:
+        """A call thread's one job (as a ``thread`` call's, DESIGN §4 step 3): the call in a
+        worker (in its copy of the submitter's context, with its span current) until its
+        result, whatever happens one result, then the reply (the next call of an exclusive
+        turn that it starts takes this thread over once this returns)."""
+        try:
+            result = call.context.run(self._attached, call) if call.context is not None else self._attached(call)
+        except BaseException as exc:  # nothing escapes into the pool: a result
+            result = call_failure(call, exc, (time.monotonic() - call.dispatched) * 1000)
+        finally:
+            self._ended()
+        try:
+            self._threads.run_handing_over(functools.partial(answer.settle, result))
+        except BaseException:
+            logger.exception("reply of call {} failed", call.call_id)
+
+    def _attached(self, call: CallSpec) -> ToolResult:
+        if TRACEPARENT not in call.ctx:  # telemetry off: no span to make current
+            return self._run(call)
+        with attached(call.ctx, call.dispatched, call.name):
+            return self._run(call)
+
+    def _ended(self) -> None:
+        with self._live_lock:
+            self._live -= 1
+            if self._draining:
+                self._live_changed.notify_all()
+
+    def running_calls(self) -> int:
+        """How many call threads are running a call now (in a worker, or waiting for one)."""
+        return self._live
+
     def _run(self, call: CallSpec) -> ToolResult:
-        """The runner, in the CallActor's thread: the call in a worker, until its result."""
+        """The call in a worker, until its result (in its call thread)."""
         tools = self.services.tools
         entry = tools.current.entries.get(call.name) if tools is not None else None
         if tools is not None and (entry is None or entry.tool is not call.tool):
@@ -252,11 +308,19 @@ class ProcessIsolation(Isolation):
             self._open = True
 
     def shutdown(self, timeout_s: float) -> None:
+        """Stop the pools (killing every worker's tree: the calls still running get
+        ``cancelled``), then give their call threads what is left of ``timeout_s``
+        seconds to reply."""
+        until = time.monotonic() + timeout_s
         with self._lock:
             pools = [p for p in (self._pool, self._confined) if p is not None]
             self._pool, self._confined, self._open = None, None, False
         for pool in pools:
             pool.stop(timeout_s)
+        with self._live_changed:
+            self._draining = True
+            if not self._live_changed.wait_for(lambda: self._live <= 0, max(0.0, until - time.monotonic())):
+                logger.warning("{} process call threads still running at the stop are abandoned", self._live)
 
     def stats(self) -> dict[str, Any]:
         """The pools' counters as ``workers_<name>`` (trusted) and

@@ -40,7 +40,6 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import replace
 from typing import Any, Final
 
 from rho_actors.cancel import CancelToken
@@ -254,10 +253,12 @@ class WorkerPool(WarmWorkers):
         except Unshippable as exc:
             return failed("unshippable", problem=str(exc))
         request = wire.call_request(digest, call)
-        try:
-            bare = wire.encode_call(request)
-        except wire.WireError as exc:
-            return failed("unsendable", problem=str(exc))
+        bare = b""  # with a start bound, encoded once its worker has it (its deadline is then known)
+        if call.start_by is None:
+            try:
+                bare = wire.encode_call(request)
+            except wire.WireError as exc:
+                return failed("unsendable", problem=str(exc))
         session = call.ctx.get("session_id")
         if cancel is not None and self._slots is not None:
             cancel.add_inline_callback(self._slots.poke)  # a call waiting its turn stops waiting
@@ -297,8 +298,8 @@ class WorkerPool(WarmWorkers):
                                   start_by)
         if isinstance(delivered, ToolResult):
             return delivered
-        worker, request = delivered
-        deadline, timeout_ms, max_output_chars = request.deadline, request.timeout_ms, request.max_chars
+        worker, deadline = delivered
+        timeout_ms, max_output_chars = request.timeout_ms, request.max_chars
         grant.at = time.monotonic()  # how long the call itself holds it (not the wait for a worker)
         if self._scoped and scope != CALL_SCOPE:
             worker.session = grant.session
@@ -315,8 +316,11 @@ class WorkerPool(WarmWorkers):
             self._lose(worker, "killed")
             raise
         self._release(worker, retire or scope == CALL_SCOPE, grant)
-        result = replace(result, call_id=request.call_id, name=request.name,
-                         duration_ms=(time.monotonic() - start) * 1000)
+        # the reply was decoded into a new result just now, which no one else holds: its
+        # call id, name and duration are the host's, set in place (no copy of its text)
+        for key, value in (("call_id", request.call_id), ("name", request.name),
+                           ("duration_ms", (time.monotonic() - start) * 1000)):
+            object.__setattr__(result, key, value)
         if len(result.content) > max_output_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
             result = capped(result, max_output_chars)
         return result
@@ -324,11 +328,11 @@ class WorkerPool(WarmWorkers):
     def _deliver(
         self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
         env_key: tuple[tuple[str, str], ...], failed: Callable[..., ToolResult], start_by: float | None,
-    ) -> tuple[WorkerHandle, wire.CallRequest] | ToolResult:
+    ) -> tuple[WorkerHandle, float] | ToolResult:
         """Send the call to a worker of ``scope`` (the tool's bytes only to one that lacks
-        them); the worker it went to and the request as sent (with ``start_by``: its
-        deadline ``timeout_ms`` from now, once the worker is ready), or the error result
-        when none could take it."""
+        them; ``bare``, the request encoded without them, or ``b""``); the worker it went
+        to and the deadline sent with it (with ``start_by``: ``timeout_ms`` from now, once
+        the worker is ready), or the error result when none could take it."""
         deadline, timeout_ms = request.deadline, request.timeout_ms
         for _ in range(_DELIVERY_ATTEMPTS):
             try:
@@ -351,15 +355,18 @@ class WorkerPool(WarmWorkers):
             try:
                 if start_by is not None:  # its tool's time starts now, not when it was dispatched
                     deadline = min(request.deadline, time.monotonic() + timeout_ms / 1000)
-                    request, bare = replace(request, deadline=deadline), b""
                 held = request.digest in worker.tools
-                body = bare if bare and held else wire.encode_call(
-                    request if held else replace(request, tool_bytes=tool_bytes))
+                try:
+                    body = bare if bare and held else wire.encode_call(
+                        request, deadline=deadline, tool_bytes=None if held else tool_bytes)
+                except wire.WireError as exc:  # not sent: the worker is as it was
+                    self._release(worker, False)
+                    return failed("unsendable", problem=str(exc))
                 worker.channel.send(wire.CALL, body, deadline)
                 if not held:
                     with self._lock:
                         self._counts["shipped"] += 1
-                return worker, request
+                return worker, deadline
             except EOFError:  # it died while idle, or while starting, before the call reached it: try another
                 self._lose(worker, "died")
             except DeadlineReached:

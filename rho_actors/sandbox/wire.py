@@ -160,8 +160,7 @@ class CallRequest:
     max_chars: int
 
 
-_CALL_FIELDS: Final = tuple(f.name for f in fields(CallRequest))
-
+_CALL_FIELDS: Final = tuple(f.name for f in fields(CallRequest))  # a CALL body's order (encode_call's)
 
 CONTEXT_VALUES: Final = "context_values"
 """The request field holding the caller's plain-data ``contextvars`` (name -> value)."""
@@ -269,10 +268,12 @@ def _pickled_deps(ctx: Mapping[str, Any]) -> bytes | None:
         return None
 
 
-def encode_call(request: CallRequest) -> bytes:
-    """``request`` as a ``CALL`` body (its fields as a pickled tuple). Raises
-    :class:`WireError` when its arguments or context cannot be pickled."""
-    data = tuple(getattr(request, name) for name in _CALL_FIELDS)
+def encode_call(request: CallRequest, *, deadline: float | None = None, tool_bytes: bytes | None = None) -> bytes:
+    """``request`` as a ``CALL`` body (a pickled tuple), ``deadline`` and ``tool_bytes`` in place of its own
+    when given (no copy made). Raises :class:`WireError` when its arguments or context cannot be pickled."""
+    r = request
+    data = (r.digest, r.tool_bytes if tool_bytes is None else tool_bytes, r.name, r.call_id, r.args, r.fields,
+            r.deps_bytes, r.deadline if deadline is None else deadline, r.timeout_ms, r.max_chars)
     try:
         return pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:

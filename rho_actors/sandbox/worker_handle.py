@@ -15,7 +15,6 @@ import signal
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import replace
 from typing import Any, Final, Literal
 
 from rho_actors.cancel import CancelToken
@@ -147,7 +146,8 @@ worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: fl
             continue
         if tag == wire.NEED_TOOL and not asked and not body:  # once per call, and empty
             asked = True
-            worker.channel.send(wire.CALL, wire.encode_call(replace(request, tool_bytes=tool_bytes)), deadline)
+            body = wire.encode_call(request, deadline=deadline, tool_bytes=tool_bytes)
+            worker.channel.send(wire.CALL, body, deadline)
             continue
         if tag not in (wire.RESULT, wire.RESULT_RETIRE):
             raise Malformed(f"an unexpected {tag!r} frame of {len(body):,} bytes in reply to a call")
