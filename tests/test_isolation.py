@@ -136,7 +136,8 @@ def test_each_isolation_gives_the_ctx_of_design_2s_table(tmp_path: Path) -> None
     from rho_actors import untrusted
 
     portable = ["call_id", "cancel", "data_dir", "deadline", "deps", "session_id", "withheld"]
-    with ActorSystem(data_dir=tmp_path, warm_workers=0, shutdown_ms=2_000) as system:
+    # no traceparent: a tracer provider another test set in this process would add one (test_telemetry's)
+    with ActorSystem(data_dir=tmp_path, warm_workers=0, shutdown_ms=2_000, tracing=False) as system:
         system.register(CtxReport("in_thread"))
         system.register(CtxReport("in_process"), isolation="process")
         system.register(untrusted(CtxReport("untrusted")), deps={"plain": [1, 2]})
