@@ -155,7 +155,12 @@ def test_the_site_opens_in_a_browser_and_its_search_finds_pages(served: str) -> 
 
             page.goto(f"{served}/")
             page.locator("label.md-search__icon, .md-search__input").first.click()
-            page.locator("input.md-search__input").fill("restart intensity")
+            # typed, key by key, once the search index is loaded (the results' meta line reads "Initializing
+            # search" until then): the search reads its box when it becomes ready and then at each key, so a
+            # query filled in at once after it was ready (a loaded machine's slower click) was never searched
+            page.wait_for_function("() => !/Initializing/.test("
+                                   "document.querySelector('.md-search-result__meta')?.textContent ?? 'Initializing')")
+            page.locator("input.md-search__input").press_sequentially("restart intensity")
             results = page.locator(".md-search-result__item")
             results.first.wait_for(state="visible")
             assert results.count() >= 3
