@@ -103,3 +103,44 @@ def test_close_and_flush_sync_what_waits_at_once_and_a_record_written_after_clos
 def test_a_negative_delay_is_refused() -> None:
     with pytest.raises(ValueError, match="delay_s must be a number of seconds >= 0, got -1"):
         GroupCommit(delay_s=-1)
+
+
+def test_flush_waits_for_a_sync_the_thread_has_begun_so_a_session_closed_next_keeps_its_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session closing flushes its transcript, then closes it: when the group commit's
+    thread had already taken the transcript for its sync, flush found nothing pending and
+    returned at once, and the close could come before the sync (its records then never
+    synced, or the thread's sync reading a descriptor being closed)."""
+    entered, release = threading.Event(), threading.Event()
+    made: list[str] = []
+    real = os.fdatasync
+
+    def gated(fd: int) -> None:
+        if threading.current_thread().name == "rho-group-commit":
+            entered.set()
+            release.wait(30)
+        real(fd)
+        made.append(threading.current_thread().name)
+
+    monkeypatch.setattr(os, "fdatasync", gated)
+    commits = GroupCommit(delay_s=0)
+    transcript = _transcript(tmp_path)
+    try:
+        _results(transcript, 1, 1, commits)
+        assert entered.wait(30)  # the thread holds the transcript, its sync begun
+        seen: list[list[str]] = []
+
+        def flush() -> None:
+            commits.flush(transcript)
+            seen.append(list(made))
+
+        flusher = threading.Thread(target=flush)
+        flusher.start()
+        wait_for(lambda: not flusher.is_alive(), slack(0.5))  # a flush not waiting returns now
+        release.set()
+        flusher.join(30)
+        assert seen == [["rho-group-commit"]], seen  # flush returned once the thread's sync was made
+    finally:
+        release.set()
+        commits.close()
+        transcript.close()

@@ -38,6 +38,7 @@ class GroupCommit:
         self.delay_s = delay_s
         self.syncs = 0  # fdatasync calls made, for the curious (and the tests)
         self._dirty: dict[Any, float] = {}  # transcript -> when its first unsynced record was written
+        self._syncing: set[Any] = set()  # the transcripts the thread is syncing now
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -60,9 +61,11 @@ class GroupCommit:
             self._sync(transcript)
 
     def flush(self, transcript: Any) -> None:
-        """Sync ``transcript`` now if it has records not synced yet (before it is closed)."""
+        """Sync ``transcript`` now if it has records not synced yet (before it is closed);
+        a sync of it the thread has begun is waited for (the caller may close it next)."""
         with self._wake:
             pending = self._dirty.pop(transcript, None) is not None
+            self._wake.wait_for(lambda: transcript not in self._syncing)
         if pending:
             self._sync(transcript)
 
@@ -91,8 +94,14 @@ class GroupCommit:
                     self._wake.wait(due - now)
                     continue
                 dirty, self._dirty = list(self._dirty), {}
+                self._syncing.update(dirty)
             for transcript in dirty:
-                self._sync(transcript)
+                try:
+                    self._sync(transcript)
+                finally:
+                    with self._wake:
+                        self._syncing.discard(transcript)
+                        self._wake.notify_all()
 
     def _sync(self, transcript: Any) -> None:
         try:

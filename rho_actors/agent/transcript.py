@@ -537,8 +537,8 @@ class Transcript:
         ``sync=False`` for a group commit (:mod:`~rho_actors.agent.group_commit`); opened
         ``per_record``, the file is opened for it. Raises ``OSError``."""
         with self._writing:
-            if self._fd is not None:
-                os.fdatasync(self._fd)
+            if (fd := self._fd) is not None:  # read once: close() may clear it meanwhile (EBADF)
+                os.fdatasync(fd)
                 return
         if self._mark is not None:
             fd = open_regular(self.path, os.O_RDONLY)
