@@ -144,3 +144,24 @@ def test_flush_waits_for_a_sync_the_thread_has_begun_so_a_session_closed_next_ke
         release.set()
         commits.close()
         transcript.close()
+
+
+def test_a_sync_that_fails_in_any_way_is_logged_and_the_thread_goes_on(tmp_path: Path, syncs: _Syncs,
+                                                                      logs: list[str]) -> None:
+    class Broken:
+        path = tmp_path / "broken" / TRANSCRIPT_NAME
+
+        def sync(self) -> None:
+            raise TypeError("not an OSError")
+
+    commits = GroupCommit(delay_s=0.01)
+    later = _transcript(tmp_path / "later")
+    try:
+        commits.written(Broken())
+        assert wait_for(lambda: any("not an OSError" in line for line in logs))
+        _results(later, 1, 1, commits)
+        assert wait_for(lambda: any(path.startswith(str(tmp_path / "later")) for path, *_ in syncs.made))
+    finally:
+        commits.close()
+        later.close()
+

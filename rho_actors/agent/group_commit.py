@@ -19,6 +19,8 @@ from typing import Any
 
 from loguru import logger
 
+from rho_actors.encoding import describe_exception
+
 __all__ = ["DEFAULT_COMMIT_DELAY_S", "GroupCommit"]
 
 DEFAULT_COMMIT_DELAY_S = 0.02
@@ -106,8 +108,8 @@ class GroupCommit:
     def _sync(self, transcript: Any) -> None:
         try:
             transcript.sync()
-        except OSError as exc:
-            logger.warning("transcript {} not synced: {}", transcript.path, exc)
+        except Exception as exc:  # logged; the thread goes on syncing the server's other sessions
+            logger.warning("transcript {} not synced: {}", transcript.path, describe_exception(exc))
         else:
             with self._wake:
                 self.syncs += 1
