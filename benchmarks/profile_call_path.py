@@ -43,7 +43,7 @@ def instrument() -> None:
     loop_cls.submit = stamp("loop_got_turn", loop_cls.submit)  # type: ignore[method-assign]
     loop_cls._dispatch = stamp("dispatch_start", loop_cls._dispatch, "dispatch_told")  # type: ignore[method-assign]
     thread_cls._call_thread = stamp("call_got_spec", thread_cls._call_thread)  # type: ignore[method-assign]
-    thread_cls._attached = stamp("call_ran_start", thread_cls._attached, "call_ran")  # type: ignore[method-assign]
+    thread_cls._run = stamp("call_ran_start", thread_cls._run, "call_ran")  # type: ignore[method-assign]
     answer_cls.settle = stamp("call_ended", answer_cls.settle)  # type: ignore[method-assign]
     loop_cls._finish = stamp("settled", loop_cls._finish, "loop_done")  # type: ignore[method-assign]
 

@@ -255,15 +255,20 @@ def test_a_file_read_in_the_session_folder_does_not_release_its_prompt(tmp_path:
         reader = threading.Thread(target=lambda: [f.read_bytes() for f in sorted(tmp_path.iterdir())])
         reader.start()
         reader.join(WAIT_S)
-        other = subprocess.run(
-            [sys.executable, "-c", "import sys; from rho_actors.agent.transcript import Transcript; "
-                                   "t = Transcript(__import__('pathlib').Path(sys.argv[1])); t.open(); "
-                                   "t.user(2, 'intruder'); print('opened')", str(path)],
-            capture_output=True, text=True, timeout=WAIT_S, check=False)
-        assert "in use by another prompt" in other.stderr, other.stdout + other.stderr
+        _refused_in_another_process(path)
     finally:
         served.close()
     assert load(path).messages == [Message.user("hi")]
+
+
+def _refused_in_another_process(path: Path) -> None:
+    """Another process opening the transcript at ``path`` for a prompt is refused."""
+    other = subprocess.run(
+        [sys.executable, "-c", "import sys; from rho_actors.agent.transcript import Transcript; "
+                               "t = Transcript(__import__('pathlib').Path(sys.argv[1])); t.open(); "
+                               "t.user(2, 'intruder'); print('opened')", str(path)],
+        capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert "in use by another prompt" in other.stderr, other.stdout + other.stderr
 
 
 def test_a_session_folder_emptied_by_a_tool_does_not_release_its_prompt(tmp_path: Path) -> None:
@@ -278,12 +283,7 @@ def test_a_session_folder_emptied_by_a_tool_does_not_release_its_prompt(tmp_path
         for file in tmp_path.iterdir():
             if file.name != TRANSCRIPT_NAME:
                 file.unlink()
-        other = subprocess.run(
-            [sys.executable, "-c", "import sys; from rho_actors.agent.transcript import Transcript; "
-                                   "t = Transcript(__import__('pathlib').Path(sys.argv[1])); t.open(); "
-                                   "t.user(2, 'intruder'); print('opened')", str(path)],
-            capture_output=True, text=True, timeout=WAIT_S, check=False)
-        assert "in use by another prompt" in other.stderr, other.stdout + other.stderr
+        _refused_in_another_process(path)
     finally:
         served.close()
     assert load(path).messages == [Message.user("hi")]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -43,7 +44,7 @@ from rho_actors.results import (
     result_from_exception,
     result_from_return,
 )
-from rho_actors.telemetry import attached
+from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ErrorKind, ToolResult
 
 __all__ = ["Answer", "CallActor", "CallSpec", "RunCall", "call_failure", "run_here"]
@@ -287,3 +288,33 @@ def call_failure(spec: CallSpec, exc: BaseException, duration_ms: float) -> Tool
         return result_from_exception(spec.call_id, spec.name, exc, spec.max_output_chars, duration_ms)
     except BaseException:
         return failure("raised_opaque", spec.call_id, spec.name, duration_ms)
+
+
+def run_on_call_thread(call: CallSpec, run: Callable[[CallSpec], ToolResult], ended: Callable[[], None],
+                       threads: ThreadPool, answer: Answer) -> None:
+    """A call thread's one job (DESIGN §4 step 3), shared by the isolations that run
+    their calls on the system's call threads (``thread``, ``process``): ``run(call)``
+    in the call's copy of the submitter's context with its span current, one result
+    whatever it raises (:func:`call_failure`), ``ended()`` (the isolation counts its
+    running calls), then ``answer`` settled in ``threads``' hand-over (the next call of
+    an exclusive turn that it starts takes over this thread once this returns, instead
+    of waking another). Never raises (a failed reply is logged)."""
+    try:
+        result = call.context.run(_in_span, run, call) if call.context is not None else _in_span(run, call)
+    except BaseException as exc:  # nothing escapes into the pool: a result
+        result = call_failure(call, exc, (time.monotonic() - call.dispatched) * 1000)
+    finally:
+        ended()
+    try:
+        threads.run_handing_over(functools.partial(answer.settle, result))
+    except BaseException:
+        logger.exception("reply of call {} failed", call.call_id)
+
+
+def _in_span(run: Callable[[CallSpec], ToolResult], call: CallSpec) -> ToolResult:
+    """``run(call)`` with the call's span current (``ctx["traceparent"]``; telemetry off: none)."""
+    if TRACEPARENT not in call.ctx:
+        return run(call)
+    with attached(call.ctx, call.dispatched, call.name):
+        return run(call)
+

@@ -35,7 +35,7 @@ from loguru import logger
 
 from rho_actors.events import IsolationEvent, ToolSetChanged
 from rho_actors.isolation.base import Isolation, IsolationServices, worker_call
-from rho_actors.isolation.call import Answer, CallSpec, call_failure
+from rho_actors.isolation.call import Answer, CallSpec, run_on_call_thread
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timer
 from rho_actors.results import STOPPED, failure
@@ -47,7 +47,6 @@ from rho_actors.sandbox import (
     WorkerPool,
     WorkerSlots,
 )
-from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ToolResult
 
 __all__ = ["BACKSTOP_S", "ProcessIsolation"]
@@ -208,26 +207,9 @@ class ProcessIsolation(Isolation):
         return _Running(call)
 
     def _call_thread(self, call: CallSpec, answer: Answer) -> None:
-        """A call thread's one job (as a ``thread`` call's, DESIGN §4 step 3): the call in a
-        worker (in its copy of the submitter's context, with its span current) until its
-        result, whatever happens one result, then the reply (the next call of an exclusive
-        turn that it starts takes this thread over once this returns)."""
-        try:
-            result = call.context.run(self._attached, call) if call.context is not None else self._attached(call)
-        except BaseException as exc:  # nothing escapes into the pool: a result
-            result = call_failure(call, exc, (time.monotonic() - call.dispatched) * 1000)
-        finally:
-            self._ended()
-        try:
-            self._threads.run_handing_over(functools.partial(answer.settle, result))
-        except BaseException:
-            logger.exception("reply of call {} failed", call.call_id)
-
-    def _attached(self, call: CallSpec) -> ToolResult:
-        if TRACEPARENT not in call.ctx:  # telemetry off: no span to make current
-            return self._run(call)
-        with attached(call.ctx, call.dispatched, call.name):
-            return self._run(call)
+        """A call thread's one job (as a ``thread`` call's): the call in a worker until its
+        result (:func:`~rho_actors.isolation.call.run_on_call_thread`)."""
+        run_on_call_thread(call, self._run, self._ended, self._threads, answer)
 
     def _ended(self) -> None:
         with self._live_lock:

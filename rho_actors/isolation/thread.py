@@ -29,11 +29,10 @@ from loguru import logger
 
 from rho_actors.events import IsolationEvent
 from rho_actors.isolation.base import Isolation, IsolationServices
-from rho_actors.isolation.call import Answer, CallSpec, call_failure, run_here
+from rho_actors.isolation.call import Answer, CallSpec, run_here, run_on_call_thread
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timer
 from rho_actors.results import CANCELLED, failure
-from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ToolResult
 
 __all__ = ["AbandonedThreads", "ThreadIsolation", "on_call_thread"]
@@ -230,10 +229,7 @@ class ThreadIsolation(Isolation):
         except RuntimeError as exc:  # no thread could be started (the host at its thread limit): not started
             if answer.claim():  # else its deadline passed meanwhile and answered it
                 running.cancel()
-            with self._live_lock:
-                self._live -= 1
-                if self._draining:
-                    self._live_changed.notify_all()
+            self._ended()
             raise pykka.ActorDeadError(f"no thread could be started for the call ({exc})") from None
         return running
 
@@ -249,34 +245,20 @@ class ThreadIsolation(Isolation):
         call.reply(failure("threads_exhausted", call.call_id, call.name, **reason))
 
     def _call_thread(self, call: CallSpec, answer: Answer) -> None:
-        """A call thread's one job: run ``call`` (in its copy of the submitter's context,
-        with its span current), count itself ended, then settle ``answer`` (the reply
-        goes last; the next call of an exclusive turn that it starts takes over this
-        thread once this returns, instead of waking another)."""
+        """A call thread's one job: the host's ``on_start``, then ``call`` run and ``answer``
+        settled (:func:`~rho_actors.isolation.call.run_on_call_thread`)."""
         if call.on_start is not None:
             try:
                 call.on_start()
             except Exception:  # the host's bookkeeping: logged, the call runs all the same
                 logger.exception("on_start of call {} raised", call.call_id)
-        try:
-            result = call.context.run(self._attached, call) if call.context is not None else self._attached(call)
-        except BaseException as exc:  # nothing the tool raises escapes into the pool
-            result = call_failure(call, exc, (time.monotonic() - call.dispatched) * 1000)
-        finally:
-            with self._live_lock:
-                self._live -= 1
-                if self._draining:
-                    self._live_changed.notify_all()
-        try:
-            self._pool.run_handing_over(functools.partial(answer.settle, result))
-        except BaseException:
-            logger.exception("reply of call {} failed", call.call_id)
+        run_on_call_thread(call, self._run, self._ended, self._pool, answer)
 
-    def _attached(self, call: CallSpec) -> ToolResult:
-        if TRACEPARENT not in call.ctx:  # telemetry off: no span to make current
-            return self._run(call)
-        with attached(call.ctx, call.dispatched, call.name):
-            return self._run(call)
+    def _ended(self) -> None:
+        with self._live_lock:
+            self._live -= 1
+            if self._draining:
+                self._live_changed.notify_all()
 
     def stopping_from_here(self) -> None:
         """A call thread stopping the system (a tool calling ``stop()``) is not waited
