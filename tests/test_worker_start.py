@@ -202,6 +202,43 @@ class _MarkedWhenLoaded:
         return (_marked_here, (self.path,))
 
 
+SLOW_LOAD_S = 6.0
+"""Longer than the 5 s a load was once given: what importing torch or a large app takes on
+a busy machine."""
+
+
+def _slow_here() -> Any:
+    """What a ``_SlowToLoad`` unpickles to: in a worker, after :data:`SLOW_LOAD_S`."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        time.sleep(SLOW_LOAD_S)
+    return _SlowToLoad()
+
+
+class _SlowToLoad(_DiesWhenLoaded):
+    """A trusted tool whose unpickling in a worker takes :data:`SLOW_LOAD_S` (a heavy import)."""
+
+    def name(self) -> str:
+        return "slow_to_load"
+
+    def __reduce__(self) -> Any:
+        return (_slow_here, ())
+
+
+def test_a_tool_whose_load_takes_seconds_is_still_loaded_ahead_of_its_first_call(tmp_path: Path) -> None:
+    """A load is bounded as a worker's start is (30 s), not by a bound a heavy import
+    outlasts on a busy machine: the tool is loaded ahead, and its first call ships nothing."""
+    with ActorSystem(tmp_path, warm_workers=1) as system:
+        system.register(_SlowToLoad(), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_loaded", 0) == 1
+                        and system.stats().get("workers_idle", 0) == 1, 3 * WAIT_S + SLOW_LOAD_S), system.stats()
+        [first] = system.start_loop("s").submit_turn([ToolCall("c", "slow_to_load", "{}")]).result(WAIT_S)
+        assert first.ok and first.content == "never", first.content
+        stats = system.stats()
+        assert (stats["workers_started"], stats["workers_shipped"]) == (1, 0), stats
+
+
 def _exit_worker(args: dict[str, Any], ctx: Any) -> str:
     os._exit(0)
 
@@ -249,7 +286,7 @@ class _HangsWhenLoaded(_DiesWhenLoaded):
 @pytest.fixture
 def loads_never_give_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """A hung load lasts as long as the test (how long the pool waits for a load is not
-    what these tests are about: at its 5 s a loaded machine could end the hang first)."""
+    what these tests are about: at its 30 s a loaded machine could end the hang first)."""
     from rho_actors.sandbox import warm_workers
 
     monkeypatch.setattr(warm_workers, "_LOAD_TIMEOUT_S", 3 * WAIT_S)

@@ -41,8 +41,11 @@ CALL_SCOPE: Final = "call"
 """The scope of a worker used for one call only (``worker_scope="call"``)."""
 
 _READY_TIMEOUT_S: Final = 30.0
-_LOAD_TIMEOUT_S: Final = 5.0
-"""How long sending a tool ahead to a worker may take (seconds)."""
+"""How long a new worker may take to say ``READY`` (seconds)."""
+_LOAD_TIMEOUT_S: Final = _READY_TIMEOUT_S
+"""How long sending a tool ahead to a worker may take (seconds): as long as a worker's
+start, since a tool's load is an import too (a heavy one, torch or a large app, takes
+seconds on a busy machine, and a tool over its bound is loaded ahead no more)."""
 
 
 class PoolStopped(Exception):
