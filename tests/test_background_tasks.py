@@ -172,6 +172,52 @@ def test_an_ended_task_is_forgotten_after_its_ttl_record_and_all(tmp_path: Path)
             loop.task_result(ack.details["task_id"])
 
 
+def _registry_growth(system: ActorSystem, sessions: range, background: bool) -> int:
+    """Bytes the task registry's own code holds more after ``sessions`` each ran one turn
+    (a background call forgotten at once, or a plain call) and stopped."""
+    import tracemalloc
+
+    from rho_actors.tasks import registry
+
+    release.set()
+
+    def run(n: int) -> None:
+        loop = system.start_loop(f"s{n}")
+        [result] = loop.run_turn([call("c", "crawl" if background else "echo", '{"site": "a"}')])
+        assert result.ok, result.content
+        if background:
+            assert wait_for(lambda: loop.tasks() == [])
+        loop.stop()
+
+    run(-1)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, registry.__file__)])
+        for n in sessions:
+            run(n)
+        after = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, registry.__file__)])
+    finally:
+        tracemalloc.stop()
+    return sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["no_task", "tasks_forgotten"])
+def test_a_host_serving_sessions_without_end_keeps_nothing_for_those_without_a_task(
+        tmp_path: Path, background: bool) -> None:
+    """The task registry keeps a session's entry only while it has a task: 300 sessions
+    more (about 80 bytes each, kept before) leave it no larger."""
+
+    @tool
+    def echo(site: str) -> str:
+        """Echo."""
+        return site
+
+    with ActorSystem(data_dir=tmp_path, tasks=TaskSettings(task_ttl_s=0)) as system:
+        system.register(crawl)
+        system.register(echo)
+        assert _registry_growth(system, range(300), background) < 4_096
+
+
 def test_the_agent_loop_gives_the_model_a_finished_tasks_result_at_its_next_step(system: ActorSystem) -> None:
     system.register(crawl)
     loop = system.start_loop("s1")

@@ -320,6 +320,7 @@ class TaskRegistry:
             task.arguments = arguments
             task.status = status
             tasks[task.task_id] = task
+            self._sessions[session_id] = tasks
             self._open_count += 1
         try:
             self._persist(task, strict=True)  # a cancel may have ended it already: its record says so
@@ -345,9 +346,11 @@ class TaskRegistry:
         running.cancel("stopping" if stopping else "cancelled")
 
     def discard(self, task: Task) -> None:
-        """``task``'s call never started (its turn was cancelled first): forget it."""
-        self._forget(task)
+        """``task``'s call never started (its turn was cancelled first): forget it (its
+        record removed first: a session left with no task may be read from its folder
+        again, which must not find it)."""
         self._remove(task)
+        self._forget(task)
 
     def settle(self, task: Task, result: ToolResult) -> None:
         """The answer of ``task``'s call (its ``CallSpec.reply``; the first one wins):
@@ -519,10 +522,12 @@ class TaskRegistry:
     def _session(self, session_id: str, session_dir: Path, rerun: Any = None) -> dict[str, Task]:
         """The session's tasks (under the lock), read from its folder the first time:
         a task found open there was running in a host that died, and is ``failed``
-        (unless ``rerun``: :meth:`resume`)."""
+        (unless ``rerun``: :meth:`resume`). Kept by session only while it has a task
+        (:meth:`_open` keeps what it adds to), so a host serving sessions without end
+        keeps no entry for those with none (read again, their folder holds no record)."""
         tasks = self._sessions.get(session_id)
         if tasks is None:
-            tasks = self._sessions[session_id] = {}
+            tasks = {}
             for record in records.read_all(session_dir):
                 if record["session_id"] != session_id:
                     continue
@@ -539,6 +544,8 @@ class TaskRegistry:
                     self._counts["interrupted"] += 1
                     self._write_quietly(task)
                 tasks[task.task_id] = task
+            if tasks:
+                self._sessions[session_id] = tasks
         return tasks
 
     def _expire(self, tasks: dict[str, Task]) -> None:
@@ -548,6 +555,12 @@ class TaskRegistry:
             del tasks[task.task_id]
             task.written = False
             records.remove(task.session_dir, task.task_id)
+            self._drop_if_empty(task.session_id, tasks)
+
+    def _drop_if_empty(self, session_id: str, tasks: dict[str, Task]) -> None:
+        """Forget the session's entry once it holds no task (see :meth:`_session`)."""
+        if not tasks and self._sessions.get(session_id) is tasks:
+            del self._sessions[session_id]
 
     def _remove(self, task: Task) -> None:
         with self._lock:
@@ -560,6 +573,7 @@ class TaskRegistry:
             tasks = self._sessions.get(task.session_id, {})
             if tasks.pop(task.task_id, None) is not None and task.status in OPEN:
                 self._open_count -= 1
+            self._drop_if_empty(task.session_id, tasks)
 
     def _persist(self, task: Task, strict: bool = False) -> None:
         """Write ``task``'s record as it is now: writers take turns, each taking the
