@@ -9,6 +9,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -267,3 +268,57 @@ def test_a_stalled_disk_holds_flush_and_close_no_longer_than_their_wait(stalling
         one.close()
         two.close()
     assert load(one.path).records == 2 and load(two.path).records == 2
+
+
+_PIDS = Path("/sys/fs/cgroup/pids")
+_AT_THE_LIMIT = """
+import sys
+from pathlib import Path
+from rho_actors.agent.group_commit import GroupCommit
+from tests.test_group_commit import _results, _transcript
+cgroup, folder = Path(sys.argv[1]), Path(sys.argv[2])
+commits, transcript = GroupCommit(delay_s=0), _transcript(folder)
+limit = (cgroup / "pids.max").read_text()
+(cgroup / "pids.max").write_text((cgroup / "pids.current").read_text())
+try:
+    _results(transcript, 1, 1, commits)  # the group commit's thread cannot be started
+    print("synced", commits.syncs)
+finally:
+    (cgroup / "pids.max").write_text(limit)
+_results(transcript, 2, 1, commits)  # a thread can be started again: the group commit's
+commits.close()
+print("synced", commits.syncs)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (_PIDS / "cgroup.procs").exists(),
+                    reason="a real thread limit needs root and the cgroup v1 pids controller")
+def test_a_record_written_when_no_thread_can_be_started_is_synced_by_its_writer(tmp_path: Path) -> None:
+    """The group commit's thread starts at the first record: at the host's thread limit
+    that start raised out of ``written`` into the call settling its result, and left a
+    thread never started in place, so no record of the server was ever synced. The writer
+    then syncs its record itself (as after ``close``) and a later record starts the thread."""
+    cgroup = _PIDS / f"rho-test-{os.getpid()}-commit"
+    cgroup.mkdir()
+    try:
+        def enter() -> None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+        root = str(Path(__file__).parent.parent)
+        ran = subprocess.run([sys.executable, "-c", _AT_THE_LIMIT, str(cgroup), str(tmp_path)], check=False,
+                             preexec_fn=enter, capture_output=True, text=True, timeout=WAIT_S, cwd=root,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                                 root, os.environ.get("PYTHONPATH")]))})
+        assert ran.stdout.splitlines() == ["synced 1", "synced 2"], (ran.stdout, ran.stderr[-3000:])
+    finally:
+        assert wait_for(lambda: _removed(cgroup))
+
+
+def _removed(cgroup: Path) -> bool:
+    try:
+        cgroup.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True

@@ -58,19 +58,23 @@ class GroupCommit:
 
     def written(self, transcript: Any) -> None:
         """``transcript`` (a :class:`~rho_actors.agent.transcript.Transcript`) has a record
-        written and not synced: sync it within the delay. After :meth:`close`, synced now."""
+        written and not synced: sync it within the delay. After :meth:`close`, or when
+        the thread cannot be started (the host at its thread limit), synced now."""
         with self._wake:
-            if self._closed:
-                closed = True
-            else:
-                closed = False
-                if transcript not in self._dirty:
+            now = self._closed
+            if not now and transcript not in self._dirty:
+                if self._thread is None:
+                    thread = threading.Thread(target=self._run, name="rho-group-commit", daemon=True)
+                    try:
+                        thread.start()
+                    except RuntimeError:  # no thread: its writer syncs it; a later record tries again
+                        now = True
+                    else:
+                        self._thread = thread
+                if not now:
                     self._dirty[transcript] = time.monotonic()
-                    if self._thread is None:
-                        self._thread = threading.Thread(target=self._run, name="rho-group-commit", daemon=True)
-                        self._thread.start()
                     self._wake.notify()
-        if closed:
+        if now:
             self._sync(transcript)
 
     def flush(self, transcript: Any) -> None:
