@@ -137,7 +137,7 @@ def test_flush_waits_for_a_sync_the_thread_has_begun_so_a_session_closed_next_ke
         made.append(threading.current_thread().name)
 
     monkeypatch.setattr(os, "fdatasync", gated)
-    commits = GroupCommit(delay_s=0)
+    commits = GroupCommit(delay_s=0, wait_s=WAIT_S)  # its bound on the wait only a hang reaches
     transcript = _transcript(tmp_path)
     try:
         _results(transcript, 1, 1, commits)
