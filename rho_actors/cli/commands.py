@@ -562,10 +562,9 @@ def _http_guard(args: argparse.Namespace) -> Any:
 
     from rho_actors.mcp import HTTPGuard
 
-    given = {"max_sessions": args.max_sessions, "max_sessions_per_client": args.max_sessions_per_client,
-             "idle_timeout_s": args.idle_timeout, "client_gone_s": args.client_gone,
-             "max_tasks_per_client": args.max_tasks_per_client,
-             "max_connections_per_client": args.max_connections_per_client}
+    names = ("max_sessions", "max_sessions_per_client", "max_tasks_per_client", "max_connections_per_client")
+    given = {"idle_timeout_s": args.idle_timeout, "client_gone_s": args.client_gone,
+             **{name: getattr(args, name) for name in names}}
     settings = {k: v for k, v in given.items() if v is not None}
     if args.insecure_no_auth:
         guard = HTTPGuard(auth=False, **settings)
