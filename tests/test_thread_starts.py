@@ -5,7 +5,11 @@ not counted, and a shutdown at the limit ends every idle loop."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,7 @@ from rho_actors import ActorSystem, CancelToken, ErrorKind, ToolCall
 from rho_actors.loop.messages import Offered, SetWithheld
 from rho_actors.otp.actor import Actor, kill, monitor
 
-from .conftest import WAIT_S
+from .conftest import WAIT_S, wait_for
 from .helpers import make_tool
 
 pytestmark = pytest.mark.timeout(120)
@@ -335,3 +339,40 @@ def test_a_kill_of_a_waking_actor_with_no_thread_ends_it_with_its_reason() -> No
     monitor(ref, lambda _ref, reason: reasons.append(reason))
     kill(ref, "enough")
     assert not ref.is_alive() and reasons == ["enough"]
+
+
+_PIDS = Path("/sys/fs/cgroup/pids")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (_PIDS / "cgroup.procs").exists(),
+                    reason="a real thread limit needs root and the cgroup v1 pids controller")
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_deadline_met_at_the_thread_limit_still_answers_its_call(tmp_path: Path, isolation: str) -> None:
+    """A deadline claims its call's answer in the timer thread and hands the delivery to a
+    thread (``thread``: the deadlines thread, started at the first timeout; ``process``: the
+    backstop's, for a call not yet in a worker): at the host's thread limit that start
+    failed, the claimed answer was never delivered and the turn never ended. A real limit:
+    the host runs in a pids cgroup whose ``pids.max`` is set to the tasks it has."""
+    cgroup = _PIDS / f"rho-test-{os.getpid()}-{isolation}"
+    cgroup.mkdir()
+    try:
+        def enter() -> None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+        host = subprocess.run(
+            [sys.executable, str(Path(__file__).parent / "thread_limit_host.py"), isolation, str(cgroup),
+             str(tmp_path / "ready")], check=False, preexec_fn=enter, capture_output=True, text=True, timeout=WAIT_S,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent),
+                                                                             os.environ.get("PYTHONPATH")]))})
+        assert host.stdout.splitlines()[-1:] == ['{"call_id": "c1", "error_kind": "timeout"}'], (
+            host.stdout, host.stderr[-3000:])
+    finally:
+        def removed() -> bool:  # once the host's last child (its fork server) has left it
+            with contextlib.suppress(FileNotFoundError):
+                try:
+                    cgroup.rmdir()
+                except OSError:
+                    return False
+            return True
+
+        assert wait_for(removed)

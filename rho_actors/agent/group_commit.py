@@ -13,6 +13,7 @@ records from the end only (a torn last line is cut away when the transcript is r
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -21,23 +22,33 @@ from loguru import logger
 
 from rho_actors.encoding import describe_exception
 
-__all__ = ["DEFAULT_COMMIT_DELAY_S", "GroupCommit"]
+__all__ = ["DEFAULT_COMMIT_DELAY_S", "DEFAULT_SYNC_WAIT_S", "GroupCommit"]
 
 DEFAULT_COMMIT_DELAY_S = 0.02
 """How long a record written with ``synchronous_commit`` off may wait for its sync: 20 ms."""
+
+DEFAULT_SYNC_WAIT_S = 5.0
+"""How long :meth:`GroupCommit.flush` and :meth:`GroupCommit.close` wait for the syncs they
+ask for (seconds): a disk that stopped answering holds a session's close and the server's
+stop no longer (its records are written to the OS: a crash of rho loses nothing)."""
 
 
 class GroupCommit:
     """Syncs the transcripts handed to :meth:`written`, each at most ``delay_s`` seconds
     after its first unsynced record, in one daemon thread started on first use.
-    :meth:`flush` syncs one now; :meth:`close` syncs all and stops the thread. A sync
-    that fails (``OSError``) is logged: the records stay written, as a process killed
-    would leave them."""
+    :meth:`flush` has one synced now; :meth:`close` has all synced and stops the thread;
+    both wait at most ``wait_s`` seconds for it (a sync not ended then is logged and
+    left to the thread, which makes it once the disk answers). A sync that fails is
+    logged: the records stay written, as a process killed would leave them. Raises
+    ``ValueError`` for a negative ``delay_s`` or ``wait_s``."""
 
-    def __init__(self, delay_s: float = DEFAULT_COMMIT_DELAY_S) -> None:
+    def __init__(self, delay_s: float = DEFAULT_COMMIT_DELAY_S, wait_s: float = DEFAULT_SYNC_WAIT_S) -> None:
         if not delay_s >= 0:
             raise ValueError(f"delay_s must be a number of seconds >= 0, got {delay_s!r}")
+        if not wait_s >= 0:
+            raise ValueError(f"wait_s must be a number of seconds >= 0, got {wait_s!r}")
         self.delay_s = delay_s
+        self.wait_s = wait_s
         self.syncs = 0  # fdatasync calls made, for the curious (and the tests)
         self._dirty: dict[Any, float] = {}  # transcript -> when its first unsynced record was written
         self._syncing: set[Any] = set()  # the transcripts the thread is syncing now
@@ -47,52 +58,70 @@ class GroupCommit:
 
     def written(self, transcript: Any) -> None:
         """``transcript`` (a :class:`~rho_actors.agent.transcript.Transcript`) has a record
-        written and not synced: sync it within the delay. After :meth:`close`, synced now."""
+        written and not synced: sync it within the delay. After :meth:`close`, or when
+        the thread cannot be started (the host at its thread limit), synced now."""
         with self._wake:
-            if self._closed:
-                closed = True
-            else:
-                closed = False
-                if transcript not in self._dirty:
+            now = self._closed
+            if not now and transcript not in self._dirty:
+                if self._thread is None:
+                    thread = threading.Thread(target=self._run, name="rho-group-commit", daemon=True)
+                    try:
+                        thread.start()
+                    except RuntimeError:  # no thread: its writer syncs it; a later record tries again
+                        now = True
+                    else:
+                        self._thread = thread
+                if not now:
                     self._dirty[transcript] = time.monotonic()
-                    if self._thread is None:
-                        self._thread = threading.Thread(target=self._run, name="rho-group-commit", daemon=True)
-                        self._thread.start()
                     self._wake.notify()
-        if closed:
+        if now:
             self._sync(transcript)
 
     def flush(self, transcript: Any) -> None:
-        """Sync ``transcript`` now if it has records not synced yet (before it is closed);
-        a sync of it the thread has begun is waited for (the caller may close it next)."""
+        """Have ``transcript``'s records not synced yet synced now (before it is closed),
+        by the thread, and wait for that sync, and for one of it the thread has begun, at
+        most :attr:`wait_s` seconds (then logged: the caller may close it, the thread
+        syncs it by its path once the disk answers)."""
         with self._wake:
-            pending = self._dirty.pop(transcript, None) is not None
-            self._wake.wait_for(lambda: transcript not in self._syncing)
-        if pending:
-            self._sync(transcript)
+            if transcript in self._dirty:
+                self._dirty[transcript] = -math.inf  # due now
+                self._wake.notify_all()
+            elif transcript not in self._syncing:
+                return
+            if self._wake.wait_for(lambda: transcript not in self._dirty and transcript not in self._syncing,
+                                   self.wait_s):
+                return
+        logger.warning("transcript {} not synced within {} s (the disk is slow or stalled): the session goes on "
+                       "closing, its records written to the OS and synced once the disk answers",
+                       transcript.path, self.wait_s)
 
     def close(self) -> None:
-        """Sync every transcript with records not synced yet and stop the thread (idempotent)."""
+        """Have every transcript with records not synced yet synced now and stop the
+        thread, waiting at most :attr:`wait_s` seconds for it (then logged, the thread
+        left to end on its own once the disk answers; idempotent)."""
         with self._wake:
             self._closed = True
-            dirty, self._dirty = list(self._dirty), {}
-            thread, self._thread = self._thread, None
-            self._wake.notify()
-        for transcript in dirty:
-            self._sync(transcript)
-        if thread is not None:
-            thread.join()
+            thread = self._thread
+            self._wake.notify_all()
+        if thread is None:
+            return
+        thread.join(self.wait_s)
+        if thread.is_alive():
+            with self._wake:
+                left = len(self._dirty) + len(self._syncing)
+            logger.warning("{} transcript(s) not synced within {} s (the disk is slow or stalled): the group commit "
+                           "stops waiting, its thread syncs them once the disk answers", left, self.wait_s)
 
     def _run(self) -> None:
         while True:
             with self._wake:
                 while not self._dirty and not self._closed:
                     self._wake.wait()
-                if self._closed:
+                if not self._dirty:  # closed, every transcript synced
                     return
                 due = min(self._dirty.values()) + self.delay_s
                 now = time.monotonic()
-                if now < due:  # gather what else is written meanwhile
+                if now < due and not self._closed:  # gather what else is written meanwhile
                     self._wake.wait(due - now)
                     continue
                 dirty, self._dirty = list(self._dirty), {}

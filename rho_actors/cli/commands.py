@@ -531,6 +531,8 @@ def _add_mcp(commands: Any) -> None:
                            "(default 8; then 429)")
     http.add_argument("--max-tasks-per-client", type=_positive(int), default=None, metavar="N",
                       help="MCP tasks open at once per client, all its sessions together (default 32)")
+    http.add_argument("--max-connections-per-client", type=_positive(int), default=None, metavar="N",
+                      help="HTTP connections open at once per client (default 128; then 503 and closed)")
     http.add_argument("--idle-timeout", type=_positive(float), default=None, metavar="S",
                       help="close a session with no request for S seconds (default 300)")
     http.add_argument("--client-gone", type=_positive(float), default=None, metavar="S",
@@ -560,9 +562,9 @@ def _http_guard(args: argparse.Namespace) -> Any:
 
     from rho_actors.mcp import HTTPGuard
 
-    given = {"max_sessions": args.max_sessions, "max_sessions_per_client": args.max_sessions_per_client,
-             "idle_timeout_s": args.idle_timeout, "client_gone_s": args.client_gone,
-             "max_tasks_per_client": args.max_tasks_per_client}
+    names = ("max_sessions", "max_sessions_per_client", "max_tasks_per_client", "max_connections_per_client")
+    given = {"idle_timeout_s": args.idle_timeout, "client_gone_s": args.client_gone,
+             **{name: getattr(args, name) for name in names}}
     settings = {k: v for k, v in given.items() if v is not None}
     if args.insecure_no_auth:
         guard = HTTPGuard(auth=False, **settings)

@@ -79,7 +79,8 @@ class _Backstop(Timer):
     hands. If the call is still unanswered then, the backstop claims its answer for a
     ``timeout``, sets its token (the worker, once it has one, is killed; a call not yet in
     a worker does not start) and delivers the timeout from a thread of its own (rare: the
-    timer thread must stay quick); what the pool answers later is ``late``."""
+    timer thread must stay quick; from the timer thread when no thread can be started);
+    what the pool answers later is ``late``."""
 
     __slots__ = ("answer",)
 
@@ -95,8 +96,11 @@ class _Backstop(Timer):
         if answer is None or not answer.claim():
             return  # the pool answered
         answer.spec.cancel.cancel("timeout")
-        threading.Thread(target=answer.deliver, args=(answer.timeout(STOPPED),), name="rho_actors-backstop",
-                         daemon=True).start()
+        result = answer.timeout(STOPPED)
+        try:
+            threading.Thread(target=answer.deliver, args=(result,), name="rho_actors-backstop", daemon=True).start()
+        except RuntimeError:  # no thread can be started (the host at its thread limit): here, late but never lost
+            answer.deliver(result)
 
 
 def _load_ahead(pool: WorkerPool, tools: list[tuple[Any, Any]], live: Callable[[int], bool]) -> None:

@@ -274,15 +274,21 @@ class ThreadIsolation(Isolation):
         """A deadline claimed ``answer`` for ``result`` (its timeout): set the call's token,
         abandon its thread, deliver the timeout. From the timer thread this is handed to
         the deadlines thread (the timer thread serves every deadline of the system: it only
-        decides); from any other thread it is done at once."""
+        decides; when that thread cannot be started, the host at its thread limit, it is
+        done there); from any other thread it is done at once."""
         if self.services.timers.on_timer_thread():
             with self._deliveries_lock:
-                if self._deliverer is None or not self._deliverer.is_alive():
-                    self._deliverer = threading.Thread(target=self._deliver_timeouts, name="rho_actors-deadlines",
-                                                       daemon=True)
-                    self._deliverer.start()
-            self._deliveries.put((call, answer, result))
-            return
+                deliverer = self._deliverer
+                if deliverer is None or not deliverer.is_alive():
+                    deliverer = self._deliverer = threading.Thread(target=self._deliver_timeouts,
+                                                                   name="rho_actors-deadlines", daemon=True)
+                    try:
+                        deliverer.start()
+                    except RuntimeError:  # the host at its thread limit: delivered here, late but never lost
+                        self._deliverer = deliverer = None
+                if deliverer is not None:
+                    self._deliveries.put((call, answer, result))
+                    return
         self._time_out(call, answer, result)
 
     def _time_out(self, call: CallSpec, answer: Answer, result: ToolResult) -> None:

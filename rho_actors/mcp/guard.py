@@ -16,6 +16,12 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
   cannot change: the answer is kept on that connection's own peer object, made when
   the socket is accepted and gone with it, never keyed by an address and port, which
   a later connection may reuse), else once per request.
+- One client has at most ``max_connections_per_client`` HTTP connections open at once
+  (counted from when a socket is accepted, before anything is read from it): one past
+  it is answered ``503`` naming the bound and closed (served by
+  :func:`connection_protocol`). A connection costs the server a descriptor before its
+  request, and the token, is read: a client holding requests it never finishes
+  (slowloris) would otherwise hold descriptors until no other client could connect.
 - One client has at most ``max_tasks_per_client`` MCP tasks open over all its sessions
   (:meth:`rho_actors.mcp.tasks.ServedTasks.admit`: a call past it is refused ``-32600``).
 - A session is its client's: a request naming another client's ``Mcp-Session-Id`` is
@@ -52,6 +58,7 @@ from rho_actors.mcp.sessions import PRINCIPAL_KEY
 __all__ = [
     "DEFAULT_CLIENT_GONE_S",
     "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_MAX_CONNECTIONS_PER_CLIENT",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_MAX_SESSIONS_PER_CLIENT",
     "DEFAULT_MAX_TASKS_PER_CLIENT",
@@ -64,6 +71,9 @@ DEFAULT_MAX_SESSIONS = 64
 """Sessions open at once over HTTP, all clients together."""
 DEFAULT_MAX_SESSIONS_PER_CLIENT = 8
 """Sessions open at once per client (a uid for a local client, else an address)."""
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 128
+"""HTTP connections open at once per client (a uid for a local client, else an address):
+one past it is answered ``503`` and closed before anything is read from it."""
 DEFAULT_MAX_TASKS_PER_CLIENT = 32
 """MCP tasks open at once per client, all its sessions together (a client past it is
 refused ``-32600`` naming it; the system's ``max_tasks`` is shared by every client)."""
@@ -99,7 +109,9 @@ class HTTPGuard:
     ``secrets.token_hex(32)``). ``auth=False`` serves without one (``token`` then
     None), for a loopback address only. ``max_sessions``, ``max_sessions_per_client``,
     ``idle_timeout_s`` and ``client_gone_s`` (seconds) as the module doc says;
-    ``max_tasks_per_client``: the MCP tasks one client may have open at once.
+    ``max_tasks_per_client``: the MCP tasks one client may have open at once;
+    ``max_connections_per_client``: its HTTP connections open at once (enforced by
+    :func:`connection_protocol` made with this guard).
     Raises ``ValueError`` for a missing or short token, or a bound not more than 0.
     """
 
@@ -107,13 +119,15 @@ class HTTPGuard:
                  max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT,
                  idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                  client_gone_s: float = DEFAULT_CLIENT_GONE_S,
-                 max_tasks_per_client: int = DEFAULT_MAX_TASKS_PER_CLIENT) -> None:
+                 max_tasks_per_client: int = DEFAULT_MAX_TASKS_PER_CLIENT,
+                 max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT) -> None:
         if auth and (not isinstance(token, str) or len(token) < 16):
             raise ValueError("HTTP serving needs token=... of at least 16 characters "
                              "(secrets.token_hex(32)), or auth=False on a loopback address")
         for name, value in (("max_sessions", max_sessions), ("max_sessions_per_client", max_sessions_per_client),
                             ("idle_timeout_s", idle_timeout_s), ("client_gone_s", client_gone_s),
-                            ("max_tasks_per_client", max_tasks_per_client)):
+                            ("max_tasks_per_client", max_tasks_per_client),
+                            ("max_connections_per_client", max_connections_per_client)):
             if not value > 0:
                 raise ValueError(f"{name} must be more than 0, got {value!r}")
         self.token = token if auth else None
@@ -123,6 +137,9 @@ class HTTPGuard:
         self.idle_timeout_s = idle_timeout_s
         self.client_gone_s = client_gone_s
         self.max_tasks_per_client = max_tasks_per_client
+        self.max_connections_per_client = max_connections_per_client
+        self._connections: dict[str, int] = {}  # client -> its HTTP connections open now
+        self.refused_connections = 0  # connections closed past a client's share
         self._expected = f"Bearer {token}".encode() if auth and token else b""
         self._owner: dict[str, str] = {}  # SDK session id -> client
         self._opening: dict[str, int] = {}  # client -> requests that may open a session, in flight
@@ -163,8 +180,10 @@ class HTTPGuard:
         """``{"auth": bool, "sessions": int, "max_sessions": int, "clients": {client:
         sessions}, "max_sessions_per_client": int, "rho_sessions": int, "idle_timeout_s":
         float, "client_gone_s": float, "refused_unauthenticated": int, "refused_at_cap":
-        int, "refused_foreign": int, "reaped": int}``: open SDK sessions (by client) and
-        rho sessions now, the caps, and what was refused or reaped so far."""
+        int, "refused_foreign": int, "reaped": int, "connections": {client: connections},
+        "max_connections_per_client": int, "refused_connections": int}``: open SDK
+        sessions (by client), rho sessions and HTTP connections now, the caps, and what
+        was refused or reaped so far."""
         clients: dict[str, int] = {}
         for client in self._owner.values():
             clients[client] = clients.get(client, 0) + 1
@@ -173,7 +192,28 @@ class HTTPGuard:
                 "rho_sessions": self.rho_sessions(), "idle_timeout_s": self.idle_timeout_s,
                 "client_gone_s": self.client_gone_s, "refused_unauthenticated": self.refused_unauthenticated,
                 "refused_at_cap": self.refused_at_cap, "refused_foreign": self.refused_foreign,
-                "reaped": self.reaped}
+                "reaped": self.reaped, "connections": dict(self._connections),
+                "max_connections_per_client": self.max_connections_per_client,
+                "refused_connections": self.refused_connections}
+
+    def connected(self, client: str) -> bool:
+        """A connection of ``client`` was accepted: whether it is within the client's
+        share (then counted until :meth:`disconnected`; else counted refused). In the
+        serving event loop's thread only."""
+        held = self._connections.get(client, 0)
+        if held >= self.max_connections_per_client:
+            self.refused_connections += 1
+            return False
+        self._connections[client] = held + 1
+        return True
+
+    def disconnected(self, client: str) -> None:
+        """A connection :meth:`connected` counted has closed."""
+        held = self._connections.get(client, 0) - 1
+        if held > 0:
+            self._connections[client] = held
+        else:
+            self._connections.pop(client, None)
 
     # --- the middleware ------------------------------------------------------------------
 
@@ -286,17 +326,44 @@ class _Peer(tuple):  # type: ignore[type-arg]
     principal: str | None = None
 
 
-def connection_protocol() -> type[asyncio.Protocol]:
+def connection_protocol(guard: HTTPGuard | None = None) -> type[asyncio.Protocol]:
     """The uvicorn HTTP protocol (h11) whose connections each give their requests one
     :class:`_Peer` as ``scope["client"]``, so :class:`HTTPGuard` asks the kernel for a
-    loopback peer's uid once per connection (``uvicorn.Config(http=...)``)."""
+    loopback peer's uid once per connection (``uvicorn.Config(http=...)``). With
+    ``guard``, the client is asked when its socket is accepted and each connection is
+    counted in its share (:meth:`HTTPGuard.connected`): one past it is answered ``503``
+    and closed before anything is read from it."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class PeerKeeping(H11Protocol):
+        counted: str | None = None  # the client whose share this connection is counted in
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if self.client is not None:
-                self.client = _Peer(self.client)
+            if self.client is None:
+                return
+            self.client = peer = _Peer(self.client)
+            if guard is None:
+                return
+            client = _looked_up({"client": peer, "server": self.server})
+            if client.startswith("uid:"):  # a failed lookup is asked again at each request
+                peer.principal = client
+            if guard.connected(client):
+                self.counted = client
+                return
+            text = (f"too many connections from this client: at most {guard.max_connections_per_client} "
+                    "open at once (max_connections_per_client)\n").encode()
+            transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(text), text))
+            transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            try:
+                super().connection_lost(exc)
+            finally:
+                if guard is not None and self.counted is not None:
+                    guard.disconnected(self.counted)
+                    self.counted = None
 
     return PeerKeeping
 

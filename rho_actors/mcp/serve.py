@@ -654,7 +654,7 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
     # the client is the connection's own peer: no X-Forwarded-For may rename it (a local
     # caller naming another's loopback port would take that uid's sessions)
     config = uvicorn.Config(guard.wrap(app), host=host, port=port, log_level="warning", lifespan="on",
-                            http=connection_protocol(), proxy_headers=False)
+                            http=connection_protocol(guard), proxy_headers=False)
     await uvicorn.Server(config).serve()
 
 
