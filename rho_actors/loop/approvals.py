@@ -31,7 +31,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,7 +41,6 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from loguru import logger
 
-from rho_actors.agent.transcript import TRANSCRIPT_NAME
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.events import CallEvent
@@ -109,7 +107,7 @@ class SessionApprovals(ApprovalJournal):
             raise TypeError(f"approval must be a callable(call_info) -> bool or None, got {type(policy).__name__}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < 1e9:
             raise ValueError(f"approval_timeout_s must be a number of seconds > 0, got {timeout_s!r}")
-        super().__init__(data_dir / TRANSCRIPT_NAME)
+        super().__init__(data_dir)
         self.session_id = session_id
         self.policy = policy
         self.timeout_s = float(timeout_s)
@@ -139,7 +137,7 @@ class SessionApprovals(ApprovalJournal):
             self._watch()
         if not self._recovered:  # read here (its pending calls listed at once); a decided one runs on a pool thread
             self._recovered = True
-            if os.path.lexists(self.path):
+            if self.transcript_exists():
                 self._recover()
 
     def _later(self, job: Callable[[], object], what: str) -> bool:
