@@ -108,8 +108,10 @@ class ApprovalJournal:
         return path
 
     def transcript_exists(self) -> bool:
-        """Whether the session's transcript is there now (``lstat``; no ``Path`` made)."""
-        return os.path.lexists(os.path.join(self._folder, TRANSCRIPT_NAME))
+        """Whether the session's transcript is there now, as ``os.path.lexists`` says (a
+        dangling symlink is there), without its ``FileNotFoundError`` raised and caught
+        where it is not (most sessions) and without a ``Path`` made."""
+        return os.access(os.path.join(self._folder, TRANSCRIPT_NAME), os.F_OK, follow_symlinks=False)
 
     # what deciding is, in SessionApprovals
 
