@@ -33,7 +33,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -183,6 +183,26 @@ class SessionApprovals(ApprovalJournal):
                 marked = [h for r in held.values() if (p := pending_call(r)) and (h := self._held.get(p.call_id))]
             self._awaited(marked)
         return held
+
+    def may_hold(self, slots: Sequence[Any], waiting: Iterable[int], version: int) -> bool:
+        """Whether :meth:`hold` could hold any call of a turn's ``slots`` (prepared, each
+        with its ``entry``) at the indexes ``waiting`` (tool set ``version``): always with
+        a policy; without one, only a call whose tool asks for approval can (the rules
+        :meth:`hold` reads, cached alike). ``False`` spares the usual turn building what
+        :meth:`hold` would look through for nothing."""
+        if self.policy is not None:
+            return True
+        known, rules = self._rules
+        if known != version:
+            self._rules = (version, rules := {})
+        for index in waiting:
+            entry = slots[index].entry
+            rule = rules.get(entry.serial)
+            if rule is None:
+                rule = rules[entry.serial] = approval_rule(entry)
+            if rule is not False:
+                return True
+        return False
 
     def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
                   ctx: Mapping[str, Any]) -> bool:

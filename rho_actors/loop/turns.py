@@ -238,7 +238,8 @@ class Turns:
                     turn.open += 1
                     turn.waiting.append(index)
                     turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
-            if self.approvals is not None and turn.waiting and not approved:
+            if (self.approvals is not None and not approved
+                    and self.approvals.may_hold(turn.slots, turn.waiting, tools.version)):
                 held = self._hold(turn, refused, tools.version)
         with self._lock:
             admitted = self.closed is None
