@@ -229,8 +229,12 @@ def test_the_folder_checked_at_the_start_is_not_walked_again_by_the_first_call(
     system: ActorSystem, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     walks: list[tuple[Any, ...]] = []
-    walk = messages.private_dir
-    monkeypatch.setattr(messages, "private_dir", lambda *args, **kw: walks.append(args) or walk(*args, **kw))
+
+    def walk(*args: Any, **kwargs: Any) -> Path:
+        walks.append(args)
+        return private_dir(*args, **kwargs)
+
+    monkeypatch.setattr(messages, "private_dir", walk)
     folder, result = _first_turn_after(system, "kept", lambda folder: None)
     assert result.ok and (folder / "note.txt").read_text() == "hi"
     assert walks == []  # one lstat found the folder start_loop checked: same device and inode, 0700
