@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rho_actors.errors import RhoError
 
-__all__ = ["UnsafePathError", "open_regular", "private_dir"]
+__all__ = ["UnsafePathError", "folder_identity", "is_same_folder", "open_regular", "private_dir"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
@@ -52,7 +52,7 @@ def _component(part: str) -> str:
     return part
 
 
-def _open_child_dir(parent_fd: int, part: str, where: Callable[[], Path], create: bool) -> int:
+def _open_child_dir(parent_fd: int, part: str, where: Callable[[], Path], create: bool) -> tuple[int, os.stat_result]:
     try:  # opened first: a folder that exists (the usual case) costs no mkdir
         fd = os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
@@ -67,12 +67,13 @@ def _open_child_dir(parent_fd: int, part: str, where: Callable[[], Path], create
         _raise_unsafe(exc, parent_fd, part, where)
         raise
     try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o700:
+        found = os.fstat(fd)
+        if stat.S_IMODE(found.st_mode) != 0o700:
             os.fchmod(fd, 0o700)  # on the descriptor: no path, so no symlink, in between
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, found
 
 
 def _open_made_dir(parent_fd: int, part: str, where: Callable[[], Path]) -> int:
@@ -99,6 +100,37 @@ def private_dir(root: str | Path, *parts: str, create: bool = True) -> Path:
     ``ValueError`` for a part that is not one path component, ``FileNotFoundError``
     when a part is missing and not ``create``, and ``OSError``."""
     root = Path(root)
+    _walk(root, parts, create)
+    return root.joinpath(*parts)
+
+
+def folder_identity(root: str | Path, *parts: str) -> tuple[int, int] | None:
+    """Check the existing folder ``root/parts...`` as :func:`private_dir` does (each part
+    a real folder reached without following a symlink, tightened to ``0o700``) and return
+    its identity, ``(st_dev, st_ino)``; ``None`` when a part is missing (nothing made).
+    Raises as :func:`private_dir`."""
+    try:
+        found = _walk(root if isinstance(root, Path) else Path(root), parts, False)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def is_same_folder(path: str | Path, identity: tuple[int, int] | None) -> bool:
+    """Whether ``path`` is, with one ``lstat``, the folder of ``identity`` (see
+    :func:`folder_identity`) still: no symlink in its place, mode ``0o700``. Never raises."""
+    if identity is None:
+        return False
+    try:
+        found = os.lstat(path)
+    except (OSError, ValueError):
+        return False
+    return (stat.S_ISDIR(found.st_mode) and stat.S_IMODE(found.st_mode) == 0o700
+            and (found.st_dev, found.st_ino) == identity)
+
+
+def _walk(root: Path, parts: tuple[str, ...], create: bool) -> os.stat_result:
+    """Walk (and make, with ``create``) ``parts`` below ``root``; returns the last folder's ``fstat``."""
     for part in parts:
         _component(part)
     try:
@@ -109,13 +141,15 @@ def private_dir(root: str | Path, *parts: str, create: bool = True) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        found = os.fstat(fd) if not parts else None
         for depth, part in enumerate(parts, 1):
-            child = _open_child_dir(fd, part, functools.partial(root.joinpath, *parts[:depth]), create)
+            child, found = _open_child_dir(fd, part, functools.partial(root.joinpath, *parts[:depth]), create)
             os.close(fd)
             fd = child
     finally:
         os.close(fd)
-    return root.joinpath(*parts)
+    assert found is not None
+    return found
 
 
 def open_regular(path: str | Path, flags: int, mode: int = 0o600) -> int:

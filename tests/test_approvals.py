@@ -21,6 +21,7 @@ from rho_actors import (
     tool,
 )
 from rho_actors.lifecycle import arguments_sha256
+from rho_actors.loop.approvals import SessionApprovals
 from tests.conftest import WAIT_S, wait_for
 
 RAN: list[dict[str, Any]] = []
@@ -436,3 +437,25 @@ def test_one_session_holds_a_bounded_number_and_size_of_waiting_calls(system: Ac
     assert first.error_kind is ErrorKind.PENDING_APPROVAL
     assert second.error_kind is ErrorKind.UNAVAILABLE and "1 calls of this session wait" in second.content
     assert [p.call_id for p in loop.pending()] == ["b1"] and RAN == []
+
+
+def test_turns_whose_tools_ask_nothing_are_looked_through_only_where_a_call_may_wait(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked: list[list[str]] = []
+    hold = SessionApprovals.hold
+
+    def counting(self: SessionApprovals, prepared: Any, *args: Any, **kwargs: Any) -> Any:
+        looked.append([call.name for _, call, _, _ in prepared])
+        return hold(self, prepared, *args, **kwargs)
+
+    monkeypatch.setattr(SessionApprovals, "hold", counting)
+    loop = _system(system).start_loop("s1")
+    assert [r.content for r in loop.run_turn([ToolCall("c1", "look", '{"path": "/a"}')])] == ["looked at /a"]
+    assert looked == []  # no policy, no tool asking: nothing to look through
+    results = loop.run_turn([ToolCall("c2", "look", '{"path": "/b"}'), ToolCall("c3", "pay", '{"amount": 500}')])
+    assert results[0].ok and results[1].error_kind is ErrorKind.PENDING_APPROVAL
+    assert looked == [["look", "pay"]]
+    asking = system.start_loop("s2", approval=lambda info: info.name == "look")
+    assert asking.run_turn([ToolCall("c4", "look", '{"path": "/c"}')])[0].error_kind is ErrorKind.PENDING_APPROVAL
+    assert looked[-1] == ["look"] and RAN == []

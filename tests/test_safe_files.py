@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem
+from rho_actors import ActorSystem, ToolCall, ToolResult, tool
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
 from rho_actors.files import UnsafePathError, open_regular, private_dir
+from rho_actors.loop import messages
 from tests.conftest import WAIT_S
 
 pytestmark = pytest.mark.timeout(30)
@@ -168,3 +171,72 @@ def test_private_dir_opens_an_existing_folder_and_refuses_what_is_no_folder(tmp_
     with pytest.raises(ValueError, match="single path component"):
         private_dir(root, "a", "..", "c")  # refused before anything is opened or made
     assert not (root / "a" / "c").exists()
+
+
+@tool
+def note(ctx: Mapping[str, Any]) -> str:
+    """Write a note into the session's folder."""
+    (Path(ctx["data_dir"]) / "note.txt").write_text("hi")
+    return "ok"
+
+
+def _first_turn_after(system: ActorSystem, session_id: str, change: Callable[[Path], None]) -> tuple[Path, ToolResult]:
+    """Start a session whose folder exists, ``change`` the folder, then run its first call."""
+    system.register(note)
+    folder = system.data_dir / "sessions" / session_id
+    private_dir(system.data_dir, "sessions", session_id)
+    loop = system.start_loop(session_id)
+    change(folder)
+    [result] = loop.run_turn([ToolCall("c1", "note", "{}")])
+    loop.stop()
+    return folder, result
+
+
+def test_a_session_folder_removed_after_the_start_is_made_again_before_the_first_call(system: ActorSystem) -> None:
+    folder, result = _first_turn_after(system, "gone", lambda folder: folder.rmdir())
+    assert result.ok, result.content
+    assert (folder / "note.txt").read_text() == "hi"
+    assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700
+
+
+def test_a_session_folder_replaced_by_a_looser_one_after_the_start_is_tightened(system: ActorSystem) -> None:
+    def replace(folder: Path) -> None:
+        folder.rmdir()
+        folder.mkdir(mode=0o755)
+        os.chmod(folder, 0o755)
+
+    folder, result = _first_turn_after(system, "loosened", replace)
+    assert result.ok, result.content
+    assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700
+
+
+def test_a_session_folder_replaced_by_a_symlink_after_the_start_is_refused_at_the_first_call(
+    system: ActorSystem, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    outside = tmp_path_factory.mktemp("outside")
+
+    def replace(folder: Path) -> None:
+        folder.rmdir()
+        folder.symlink_to(outside, target_is_directory=True)
+
+    _, result = _first_turn_after(system, "swapped", replace)
+    assert not result.ok and result.content.startswith("the call did not start: the session folder")
+    assert "swapped is a symlink, not a folder" in result.content
+    assert _files(outside) == []
+
+
+def test_the_folder_checked_at_the_start_is_not_walked_again_by_the_first_call(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walks: list[tuple[Any, ...]] = []
+
+    def walk(*args: Any, **kwargs: Any) -> Path:
+        walks.append(args)
+        return private_dir(*args, **kwargs)
+
+    monkeypatch.setattr(messages, "private_dir", walk)
+    folder, result = _first_turn_after(system, "kept", lambda folder: None)
+    assert result.ok and (folder / "note.txt").read_text() == "hi"
+    assert walks == []  # one lstat found the folder start_loop checked: same device and inode, 0700
+    _, result = _first_turn_after(system, "kept-then-gone", lambda folder: folder.rmdir())
+    assert result.ok and len(walks) == 1  # anything else is walked (and made) again

@@ -9,6 +9,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from rho_actors import (
     whereis,
     which_children,
 )
+from rho_actors.otp.actor import new_urn
 
 from .conftest import WAIT_S, extra_threads, slack, wait_for
 
@@ -511,3 +513,19 @@ def test_await_name_waits_for_a_restart_and_not_for_a_name_given_up(journal: Jou
     assert names.await_name("gone", 2 * WAIT_S) is None
     assert names.await_name("never", 2 * WAIT_S, abandon=lambda: True) is None
     assert time.monotonic() - began < WAIT_S
+
+
+def test_actor_urns_are_random_version_4_uuids_found_in_the_registry() -> None:
+    urns = {new_urn() for _ in range(20_000)}
+    assert len(urns) == 20_000
+    for urn in list(urns)[:500]:
+        assert urn.startswith("urn:uuid:")
+        parsed = uuid.UUID(urn.removeprefix("urn:uuid:"))
+        assert parsed.urn == urn and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    ref = Actor.start()
+    try:
+        assert uuid.UUID(ref.actor_urn.removeprefix("urn:uuid:")).version == 4
+        found = pykka.ActorRegistry.get_by_urn(ref.actor_urn)
+        assert found is not None and found.actor_urn == ref.actor_urn
+    finally:
+        ref.stop()

@@ -48,13 +48,14 @@ class LoopActor(Actor):
     def __init__(
         self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str] | SessionWithheld,
         runtime: Runtime, allowed: Allowlist | None = None, approvals: SessionApprovals | None = None,
+        folder: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.session_id = session_id
         self._runtime = runtime
         self.thread_pool = runtime.threads
         self.turns = Turns(ref=self.actor_ref, session_id=session_id, data_dir=data_dir, deps=deps,
-                           withheld=withheld, runtime=runtime, allowed=allowed, approvals=approvals)
+                           withheld=withheld, runtime=runtime, allowed=allowed, approvals=approvals, folder=folder)
         runtime.loop_turns[self.actor_urn] = self.turns  # how the host's handle finds them
 
     # --- messages ---------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from loguru import logger
 
-from rho_actors.agent.transcript import Transcript, load
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.encoding import describe_exception
 from rho_actors.lifecycle import CallTrack, PendingCall, arguments_sha256
@@ -88,8 +88,9 @@ class ApprovalJournal:
     _turns: Any
     _timers: Timers | None
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder  # the session's; its transcript's path is made at the first look that needs it
+        self._path: Path | None = None
         self._poll: Timer | None = None
         self._seen: tuple[int, int] | None = None  # the transcript's (size, mtime) at the last look
         self._file: Transcript | None = None  # made at the first use (most sessions have none): read whole once,
@@ -98,7 +99,22 @@ class ApprovalJournal:
         self._read_to = 0  # bytes of the transcript looked through for call records
         self._syncing = False  # a look's read runs on a pool thread: one at a time
 
+    @property
+    def path(self) -> Path:
+        """The session's transcript (``<folder>/transcript.jsonl``)."""
+        path = self._path
+        if path is None:
+            path = self._path = self._folder / TRANSCRIPT_NAME
+        return path
+
+    def transcript_exists(self) -> bool:
+        """Whether the session's transcript is there now, as ``os.path.lexists`` says (a
+        dangling symlink is there), without its ``FileNotFoundError`` raised and caught
+        where it is not (most sessions) and without a ``Path`` made."""
+        return os.access(os.path.join(self._folder, TRANSCRIPT_NAME), os.F_OK, follow_symlinks=False)
+
     # what deciding is, in SessionApprovals
+
     def _later(self, job: Callable[[], object], what: str) -> bool:
         raise NotImplementedError
 

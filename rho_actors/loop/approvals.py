@@ -31,10 +31,9 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -42,7 +41,6 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from loguru import logger
 
-from rho_actors.agent.transcript import TRANSCRIPT_NAME
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.events import CallEvent
@@ -109,7 +107,7 @@ class SessionApprovals(ApprovalJournal):
             raise TypeError(f"approval must be a callable(call_info) -> bool or None, got {type(policy).__name__}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < 1e9:
             raise ValueError(f"approval_timeout_s must be a number of seconds > 0, got {timeout_s!r}")
-        super().__init__(data_dir / TRANSCRIPT_NAME)
+        super().__init__(data_dir)
         self.session_id = session_id
         self.policy = policy
         self.timeout_s = float(timeout_s)
@@ -139,7 +137,7 @@ class SessionApprovals(ApprovalJournal):
             self._watch()
         if not self._recovered:  # read here (its pending calls listed at once); a decided one runs on a pool thread
             self._recovered = True
-            if os.path.lexists(self.path):
+            if self.transcript_exists():
                 self._recover()
 
     def _later(self, job: Callable[[], object], what: str) -> bool:
@@ -185,6 +183,26 @@ class SessionApprovals(ApprovalJournal):
                 marked = [h for r in held.values() if (p := pending_call(r)) and (h := self._held.get(p.call_id))]
             self._awaited(marked)
         return held
+
+    def may_hold(self, slots: Sequence[Any], waiting: Iterable[int], version: int) -> bool:
+        """Whether :meth:`hold` could hold any call of a turn's ``slots`` (prepared, each
+        with its ``entry``) at the indexes ``waiting`` (tool set ``version``): always with
+        a policy; without one, only a call whose tool asks for approval can (the rules
+        :meth:`hold` reads, cached alike). ``False`` spares the usual turn building what
+        :meth:`hold` would look through for nothing."""
+        if self.policy is not None:
+            return True
+        known, rules = self._rules
+        if known != version:
+            self._rules = (version, rules := {})
+        for index in waiting:
+            entry = slots[index].entry
+            rule = rules.get(entry.serial)
+            if rule is None:
+                rule = rules[entry.serial] = approval_rule(entry)
+            if rule is not False:
+                return True
+        return False
 
     def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
                   ctx: Mapping[str, Any]) -> bool:

@@ -118,9 +118,11 @@ class Loop(HeldCalls):
         assert results[0].content == "3"
     """
 
-    def __init__(self, session_id: str, data_dir: Path, runtime: Runtime) -> None:
+    def __init__(self, session_id: str, data_dir: Path, runtime: Runtime,
+                 folder: tuple[int, int] | None = None) -> None:
         self.session_id = session_id
         self._data_dir = data_dir
+        self._folder = folder  # the identity start_loop checked the folder with (None: it was missing)
         self._folder_made = False
         self._names = runtime.names
         self._whereis = runtime.names.whereis
@@ -152,7 +154,7 @@ class Loop(HeldCalls):
         call). Raises :class:`rho_actors.files.UnsafePathError` (an ``OSError``) when it,
         or ``sessions``, is a symlink or no folder, and ``OSError`` when it cannot be made."""
         if not self._folder_made:
-            make_session_folder(self._data_dir)
+            make_session_folder(self._data_dir, self._folder)
             self._folder_made = True
         return self._data_dir
 
@@ -334,7 +336,7 @@ class Loop(HeldCalls):
 
         def make() -> None:  # the awaiting task, cancelled, has cancelled ``done``: nothing to tell
             try:
-                make_session_folder(self._data_dir)
+                make_session_folder(self._data_dir, self._folder)
                 turns.folder_made = self._folder_made = True
             except OSError:
                 pass

@@ -24,7 +24,7 @@ from typing import Any, Final
 import pykka
 
 from rho_actors.cancel import CancelToken
-from rho_actors.files import private_dir
+from rho_actors.files import is_same_folder, private_dir
 from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = [
@@ -112,15 +112,20 @@ def checked_session_id(session_id: Any) -> str:
     return session_id
 
 
-def make_session_folder(session_dir: Path) -> Path:
+def make_session_folder(session_dir: Path, checked: tuple[int, int] | None = None) -> Path:
     """Create a session's private folder ``session_dir`` (``data_dir/sessions/<id>``)
     unless it exists, and return it: the one place a session folder is made, on first
     use (before the session's first call, or when the host asks for
     :attr:`rho_actors.Loop.data_dir`), never at the loop's start. Made safely by
     :func:`rho_actors.files.private_dir`: ``sessions`` and the session folder are real
-    folders reached without following a symlink, mode ``0700``. Raises
-    :class:`rho_actors.files.UnsafePathError` when one is a symlink or no folder, and
+    folders reached without following a symlink, mode ``0700``. ``checked``: the
+    identity ``start_loop`` found the folder with (:func:`rho_actors.files.folder_identity`);
+    a folder that is still that one (one ``lstat``: same device and inode, a real folder
+    of mode ``0700``) is not walked again, anything else (removed, replaced, loosened) is.
+    Raises :class:`rho_actors.files.UnsafePathError` when one is a symlink or no folder, and
     ``OSError`` when it cannot be made."""
+    if checked is not None and is_same_folder(session_dir, checked):
+        return session_dir
     return private_dir(session_dir.parent.parent, session_dir.parent.name, session_dir.name)
 
 

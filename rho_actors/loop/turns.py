@@ -99,11 +99,12 @@ class Turns:
     def __init__(
         self, *, ref: pykka.ActorRef[Any], session_id: str, data_dir: Path, deps: Any,
         withheld: frozenset[str] | SessionWithheld, runtime: Runtime, allowed: Allowlist | None = None,
-        approvals: SessionApprovals | None = None,
+        approvals: SessionApprovals | None = None, folder: tuple[int, int] | None = None,
     ) -> None:
         self.ref = ref
         self.session_id = session_id
         self._data_dir = data_dir
+        self._folder = folder  # the identity start_loop checked the folder with (None: it was missing)
         self.folder_made = False
         """Whether the session's folder was made (checked) by these turns: before the first call is dispatched."""
         self._deps = deps
@@ -237,7 +238,8 @@ class Turns:
                     turn.open += 1
                     turn.waiting.append(index)
                     turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
-            if self.approvals is not None and turn.waiting and not approved:
+            if (self.approvals is not None and not approved
+                    and self.approvals.may_hold(turn.slots, turn.waiting, tools.version)):
                 held = self._hold(turn, refused, tools.version)
         with self._lock:
             admitted = self.closed is None
@@ -309,7 +311,7 @@ class Turns:
             return
         if not self.folder_made:
             try:
-                make_session_folder(self._data_dir)
+                make_session_folder(self._data_dir, self._folder)
             except OSError as exc:  # a symlink in its place, say: no call of this turn starts
                 logger.error("loop {}: the session folder cannot be used: {}", self.session_id, exc)
                 self._fail_open(turn, failure("not_started", "", "", problem=f"the session folder: {exc}"))

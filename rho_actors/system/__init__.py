@@ -57,7 +57,7 @@ from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus, SupervisorEvent
-from rho_actors.files import UnsafePathError, private_dir
+from rho_actors.files import UnsafePathError, folder_identity
 from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import DEFAULT_START_TIMEOUT_MS, IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
@@ -212,7 +212,8 @@ class ActorSystem(HostActors):
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._sessions_dir = (self.data_dir / "sessions").resolve()
+        self._sessions_path = self.data_dir / "sessions"  # each session's folder is in it (made on first use)
+        self._sessions_dir = self._sessions_path.resolve()
         make_session_dir(str(self._sessions_dir))  # a session's own folder: on first use
         self._tools = ToolSetView()
         self._names = Names()
@@ -512,14 +513,12 @@ class ActorSystem(HostActors):
         running = self._names.whereis(loop_name(session_id))
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
-        session_dir = self.data_dir / "sessions" / session_id  # the pattern admits no separator and no ".."
+        session_dir = self._sessions_path / session_id  # the pattern admits no separator and no ".."
         try:  # an existing folder is checked now: each component a real folder, no symlink followed, 0700
-            private_dir(self.data_dir, "sessions", session_id, create=False)
-        except FileNotFoundError:
-            pass  # made on first use (make_session_folder)
+            folder = folder_identity(self.data_dir, "sessions", session_id)  # None: made on first use
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
-        kwargs = dict(session_id=session_id, data_dir=session_dir, deps=deps, runtime=self._runtime,
+        kwargs = dict(session_id=session_id, data_dir=session_dir, folder=folder, deps=deps, runtime=self._runtime,
                       withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools),
                       approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s))
         start = self._runtime.governor.bounded(session_id, bounds, functools.partial(LoopActor.start, **kwargs))
@@ -532,7 +531,7 @@ class ActorSystem(HostActors):
             restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
         )
         self._sessions.start(LazySubtree(session, loop))  # its supervisor starts at the loop's first crash
-        return Loop(session_id, session_dir, self._runtime)
+        return Loop(session_id, session_dir, self._runtime, folder)
 
     # --- sources and selftests -------------------------------------------------------------
 
