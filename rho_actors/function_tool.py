@@ -58,6 +58,7 @@ from rho_actors.tool import CONTEXT_NAME, DEFAULT_TIMEOUT_MS, Concurrency, ToolC
 __all__ = ["FunctionTool", "tool"]
 
 _BOUND = ("self", "cls")
+_PLAIN = (str, int, float, bool)  # types whose values of exactly that type pydantic passes as they are
 _CONCURRENCIES = ("parallel", "exclusive")
 
 
@@ -147,6 +148,7 @@ class FunctionTool:
             f"{self._name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
         )
         self._fields = tuple(self._model.model_fields)  # the arguments, read once: not on every call
+        self._plain, self._required = _plain_arguments(self._model, params, hints)
         schema = self._model.model_json_schema()
         schema.pop("title", None)
         self._schema = schema
@@ -209,8 +211,13 @@ class FunctionTool:
         return dict(self._annotations)
 
     def _kwargs(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
-        model = self._model.model_validate(args)
-        kwargs = {field: getattr(model, field) for field in self._fields}
+        plain = self._plain
+        if (plain is not None and type(args) is dict and self._required <= args.keys()
+                and all(type(value) is plain.get(name) for name, value in args.items())):
+            kwargs = dict(args)  # what validation would give: the values themselves (defaults are the function's)
+        else:
+            model = self._model.model_validate(args)
+            kwargs = {field: getattr(model, field) for field in self._fields}
         for param, typed in self._contexts.items():
             kwargs[param] = ToolContext(ctx) if typed and not isinstance(ctx, ToolContext) else ctx
         return kwargs
@@ -226,6 +233,25 @@ class FunctionTool:
 
     def __repr__(self) -> str:
         return f"<tool {self._name} from {self.func.__module__}.{self.func.__qualname__}>"
+
+
+def _plain_arguments(
+    model: type[pydantic.BaseModel], params: list[inspect.Parameter], hints: Mapping[str, Any]
+) -> tuple[dict[str, type] | None, frozenset[str]]:
+    """Each argument's plain type (``str``, ``int``, ``float``, ``bool``, with no default or
+    a default of that type or ``None``), or ``None`` when one has another; and the
+    required arguments. Arguments that are each of exactly its plain type, all required
+    ones given and no other, are what pydantic would make of them: they are passed as
+    they are (the function's own defaults filling the rest)."""
+    by_name = {p.name: p for p in params}
+    plain: dict[str, type] = {}
+    for name in model.model_fields:
+        annotation, default = hints.get(name, Any), by_name[name].default
+        if not (type(annotation) is type and annotation in _PLAIN
+                and (default is inspect.Parameter.empty or default is None or type(default) is annotation)):
+            return None, frozenset()
+        plain[name] = annotation
+    return plain, frozenset(n for n, f in model.model_fields.items() if f.is_required())
 
 
 def _checked_annotations(where: str, annotations: Mapping[str, Any] | None) -> Annotations:
