@@ -34,7 +34,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -162,7 +162,9 @@ class SessionApprovals(ApprovalJournal):
         turn is admitted, or forgets; a decision waits for that."""
         held: dict[int, ToolResult] = {}
         before: str | None = None
-        rules = self._rules_of(version)
+        known, rules = self._rules
+        if known != version:
+            self._rules = (version, rules := {})
         for index, call, entry, args in prepared:
             rule = rules.get(entry.serial)
             if rule is None:
@@ -183,29 +185,6 @@ class SessionApprovals(ApprovalJournal):
                 marked = [h for r in held.values() if (p := pending_call(r)) and (h := self._held.get(p.call_id))]
             self._awaited(marked)
         return held
-
-    def may_hold(self, entries: Iterable[ToolEntry], version: int) -> bool:
-        """Whether :meth:`hold` may hold a call of one of ``entries`` (of tool set
-        ``version``): ``False`` when none of their tools says anything of approval and
-        the loop has no policy, the usual case, told without building the turn's calls."""
-        if self.policy is not None:
-            return True
-        rules = self._rules_of(version)
-        for entry in entries:
-            rule = rules.get(entry.serial)
-            if rule is None:
-                rule = rules[entry.serial] = approval_rule(entry)
-            if rule is not False:
-                return True
-        return False
-
-    def _rules_of(self, version: int) -> dict[int, bool | Callable[..., Any]]:
-        """What each tool of tool set ``version`` says of approval, by registration serial
-        (:func:`approval_rule`, read once per tool and version)."""
-        known, rules = self._rules
-        if known != version:
-            self._rules = (version, rules := {})
-        return rules
 
     def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
                   ctx: Mapping[str, Any]) -> bool:

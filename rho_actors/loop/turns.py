@@ -261,8 +261,6 @@ class Turns:
         """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never
         start. Returns them, each with its :class:`PendingCall`."""
         assert self.approvals is not None
-        if not self.approvals.may_hold([turn.slots[i].entry for i in turn.waiting], version):  # type: ignore[misc]
-            return []  # no tool of the turn asks, no policy: nothing built for the question
         prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
         ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
         held = self.approvals.hold(prepared, turn.exclusive, version, ctx, journal=turn.journal)  # type: ignore[arg-type]
