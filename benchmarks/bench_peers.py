@@ -43,6 +43,7 @@ Usage::
     .venv/bin/python benchmarks/bench_peers.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_peers.py --json     # one JSON object on stdout
     .venv/bin/python benchmarks/bench_peers.py --only bfcl --bfcl-runs 5   # part 4 alone
+    .venv/bin/python benchmarks/bench_peers.py --only calls   # part 1 alone, with its goals
 """
 
 from __future__ import annotations
@@ -880,7 +881,7 @@ def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows: list[tuple[str, float, float, bool]] = []
     if "per_call" in report:
         rows += per_call_targets(report)
-    b = report["bfcl"]
+    b = report.get("bfcl", {"skipped": True})
     if not b.get("skipped"):
         rows.append(("BFCL whole sessions rho / LangGraph ToolNode",
                      b["wall_s"]["rho"]["p50"] / b["wall_s"]["langgraph"]["p50"], 0.25, True))
@@ -927,7 +928,8 @@ def print_text(report: Mapping[str, Any]) -> None:
           f"load {env['load_avg_1m']}; {vs})")
     if "per_call" in report:
         print_calls(report)
-    print_bfcl(report["bfcl"])
+    if "bfcl" in report:
+        print_bfcl(report["bfcl"])
     if "throughput" in report:
         t = report["throughput"]
         print(f"\n5. throughput: {t['sessions']} sessions x {t['turns']} turns x {t['calls_per_turn']} no-op calls "
@@ -950,6 +952,8 @@ def print_calls(report: Mapping[str, Any]) -> None:
     for label, s in pc.items():
         p99 = "" if s["p99"] is None else f"{s['p99']:>9.1f}"
         print(f"   {label:<62} {s['p50']:>9.1f} {p99:>9}  {s['p50'] / rho:>6.2f}")
+    if "parallel" not in report:  # --only calls
+        return
     print(f"\n2. {PARALLEL_CALLS} parallel calls of a {SLEEP_S * 1000:.0f} ms tool (wall ms; ideal 100)")
     for label, s in report["parallel"].items():
         print(f"   {label:<50} {s['p50']:>7.1f} {s['p99']:>7.1f}  {s['ratio_to_ideal']:>5.2f}x ideal")
@@ -980,7 +984,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every number, nothing else")
-    parser.add_argument("--only", choices=("bfcl",), help="run this part alone (bfcl: part 4, BFCL whole sessions)")
+    parser.add_argument("--only", choices=("bfcl", "calls"),
+                        help="run this part alone (bfcl: part 4, BFCL whole sessions; calls: part 1, a no-op call)")
     parser.add_argument("--bfcl-runs", type=int, metavar="N", help="timed runs of part 4 (default: 3, --quick 1)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
@@ -1001,8 +1006,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.only is None:
             measure_calls(report, aio, plan)
-        with tempfile.TemporaryDirectory(prefix="rho-peers-bfcl-") as tmp:
-            report["bfcl"] = bench_bfcl(plan, Path(tmp))
+        elif args.only == "calls":
+            measure_calls(report, aio, plan, calls_only=True)
+        if args.only != "calls":
+            with tempfile.TemporaryDirectory(prefix="rho-peers-bfcl-") as tmp:
+                report["bfcl"] = bench_bfcl(plan, Path(tmp))
         report["targets"] = targets(report)
     except BenchmarkError as exc:
         print(f"benchmark error: {exc}", file=sys.stderr)
@@ -1015,8 +1023,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return publish(report, started, args.json, print_text)
 
 
-def measure_calls(report: dict[str, Any], aio: asyncio.AbstractEventLoop, plan: Plan) -> None:
-    """Parts 1, 2, 3 and 5 into ``report``."""
+def measure_calls(report: dict[str, Any], aio: asyncio.AbstractEventLoop, plan: Plan, calls_only: bool = False) -> None:
+    """Parts 1, 2, 3 and 5 into ``report`` (part 1 alone with ``calls_only``)."""
     peers = Peers()
     with tempfile.TemporaryDirectory(prefix="rho-peers-") as tmp, ActorSystem(data_dir=tmp) as system:
         for t in (rho_noop, rho_anoop, StaticNoop, rho_sleep, rho_hung):
@@ -1027,6 +1035,8 @@ def measure_calls(report: dict[str, Any], aio: asyncio.AbstractEventLoop, plan: 
         loop = system.start_loop("bench-peers")
         try:
             report["per_call"] = bench_per_call(loop, peers, aio, plan)
+            if calls_only:
+                return
             report["parallel"] = bench_parallel(loop, peers, aio, plan)
             report["hung"] = bench_hung(loop, peers, aio, Path(tmp))
         finally:

@@ -276,3 +276,50 @@ def test_ctx_annotation_does_not_affect_other_parameters() -> None:
 
     assert late.parameter_schema()["properties"]["when"].get("format") == "date-time"
     assert late.run({"when": "2026-01-02T03:04:05"}, {}) == datetime.datetime(2026, 1, 2, 3, 4, 5)
+
+
+@tool
+def plain_kinds(s: str, i: int, f: float = 0.5, b: bool = False, o: str = "x") -> tuple[Any, ...]:
+    """Plain arguments, echoed with their types."""
+    return tuple((v, type(v)) for v in (s, i, f, b, o))
+
+
+@pytest.mark.parametrize("args", [
+    {"s": "a", "i": 1},
+    {"s": "a", "i": 1, "f": 2.5, "b": True, "o": "y"},
+    {"s": "a", "i": 1.0},  # an integral float: an int to the function
+    {"s": "a", "i": True},  # a bool where an int goes: 1
+    {"s": "a", "i": "7"},
+    {"s": "a", "i": 2**80},
+    {"s": "a", "i": 1, "f": 1},  # an int where a float goes: 1.0
+    {"s": "a", "i": 1, "b": 1},
+])
+def test_plain_arguments_reach_the_function_as_pydantic_makes_them(args: dict[str, Any]) -> None:
+    """Arguments of plain types (str, int, float, bool) already of their exact type are passed
+    without pydantic; every other value still goes through it: the function gets the same
+    values, of the same types, either way."""
+    assert plain_kinds._plain is not None  # every argument plain: the path without pydantic is taken
+    model = plain_kinds._model.model_validate(args)
+    expected = plain_kinds.func(**{k: getattr(model, k) for k in plain_kinds._fields})
+    assert plain_kinds.run(dict(args), {}) == expected
+
+
+@pytest.mark.parametrize("args", [{"i": 1}, {"s": "a"}, {"s": "a", "i": 1, "extra": 2}, {"s": 1, "i": 1},
+                                  {"s": "a", "i": 1, "f": "x"}, {"s": "a", "i": None}])
+def test_plain_arguments_still_refused_by_pydantic(args: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        plain_kinds.run(args, {})
+
+
+@tool
+def constrained(s: Annotated[str, pydantic.Field(max_length=3)], t: str = pydantic.Field("ab", max_length=2)) -> str:
+    """Constrained strings: always validated."""
+    return s + t
+
+
+def test_constrained_plain_types_are_validated() -> None:
+    assert constrained.run({"s": "abc"}, {}) == "abcab"
+    with pytest.raises(pydantic.ValidationError, match="at most 3"):
+        constrained.run({"s": "abcd"}, {})
+    with pytest.raises(pydantic.ValidationError, match="at most 2"):
+        constrained.run({"s": "a", "t": "xyz"}, {})

@@ -7,6 +7,7 @@ SDK's client sees it, consumed again as an MCP source."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from rho_actors.agent.driver import prompt
 from rho_actors.agent.providers import RetryPolicy
 from rho_actors.agent.providers.anthropic import AnthropicModel
 from rho_actors.agent.providers.openai import OpenAIModel
+from rho_actors.encoding import encode_output
 from rho_actors.results import result_from_return
 from rho_actors.sandbox import wire
 from tests.conftest import WAIT_S, wait_for
@@ -45,6 +47,22 @@ MIXED = (Image(PNG, "image/png"), "between", Audio(b"RIFF-wav", "audio/wav"),
 
 def _result(value: Any, max_chars: int = 10_000) -> ToolResult:
     return result_from_return("c1", "t", value, max_chars, 0.0)
+
+
+@pytest.mark.parametrize(("value", "max_chars"), [
+    ("ok", 100), ("", 100), ("x" * 100, 100), ("x" * 101, 100), ("lone \ud800 surrogate", 100),
+    ("paired \ud83d\ude00", 100), ("\ud800" * 5, 3), ("tab\tand\nnewline \x1b[2J", 100),
+])
+def test_a_text_return_is_the_result_the_dataclass_makes(value: str, max_chars: int) -> None:
+    """A tool's ``str`` is its result's text as ``ToolResult`` itself makes it (scrubbed,
+    capped), a frozen value like any other (equal, hashed, refusing assignment)."""
+    got = result_from_return("c1", "t", value, max_chars, 1.5)
+    made = ToolResult("c1", "t", True, encode_output(value, max_chars).text, duration_ms=1.5)
+    assert got == made and hash(got) == hash(made) and repr(got) == repr(made)
+    assert got.content.encode("utf-8").decode("utf-8") == got.content and len(got.content) <= max_chars + 80
+    assert (got.images, got.blocks, got.details, got.error_kind, got.audio) == ((), (), None, None, ())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.content = "changed"  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- the values

@@ -128,6 +128,9 @@ class ToolEntry:
     system had, so a tool registered again (the same name, new code) has a new one. An
     untrusted tool's workers are scoped by it (DESIGN §5)."""
     _schema: MarshalledSchema | None = field(default=None, init=False, repr=False, compare=False)
+    async_run: bool | None = field(default=None, init=False, repr=False, compare=False)
+    """Whether the tool's ``run`` is ``async``: found on the first call awaited on an event
+    loop (:func:`rho_actors.loop.inline.runs_inline`), kept for every later one."""
 
     def __post_init__(self) -> None:
         try:  # a checked schema is JSON data: marshal copies it exactly, and fast

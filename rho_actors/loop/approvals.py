@@ -292,6 +292,8 @@ class SessionApprovals(ApprovalJournal):
 
     def waits(self, call_id: str) -> bool:
         """Whether call ``call_id`` of this session waits for a decision (or is being decided)."""
+        if not self._held:  # none waits (the usual case): no lock taken
+            return False
         with self._lock:
             return call_id in self._held
 

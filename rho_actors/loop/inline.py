@@ -139,8 +139,6 @@ class InlineCall:
         rest = _Rest(coro)
         task: asyncio.Task[None] = aio.create_task(rest, context=context)  # its first step (_Rest.send) is scheduled
         self._task = task
-        self._on_cancel = hook = self._cancel_task  # the very object, forgotten at the end: no cycle kept
-        spec.cancel.add_inline_callback(hook)
         if rest.pending is _UNSTARTED:  # else an eager task factory ran the first step in create_task
             if spec.cancel.cancelled:  # by another thread meanwhile: the tool never runs, its task ends at once
                 coro.close()
@@ -149,7 +147,11 @@ class InlineCall:
                 return
             rest.pending = _ENDED  # kept if the first step raises (a bug: nothing is left to run)
             rest.pending = _first_step(aio, task, context, coro)
-        if not self._answer.settled:  # suspended: its task goes on, the deadline kept from now on
+        if not self._answer.settled:  # suspended: its task goes on, cancellable, the deadline kept from now on
+            # the token's hook only now: a call settled in its first step has no task left to cancel (a cancel
+            # that came during the step runs the hook at once, and the task's first step takes it)
+            self._on_cancel = hook = self._cancel_task  # the very object, forgotten at the end: no cycle kept
+            spec.cancel.add_inline_callback(hook)
             self._timer = aio.call_later(max(0.0, spec.deadline - time.monotonic()), self._deadline)
 
     async def _main(self) -> None:
@@ -291,4 +293,10 @@ class _Rest(Coroutine[Any, Any, None]):
 def runs_inline(entry: ToolEntry) -> bool:
     """Whether a call of ``entry`` awaited on an event loop runs on that loop: a trusted
     ``thread`` tool whose ``run`` is ``async``."""
-    return entry.isolation == "thread" and not entry.untrusted and inspect.iscoroutinefunction(entry.tool.run)
+    if entry.isolation != "thread" or entry.untrusted:
+        return False
+    async_run = entry.async_run
+    if async_run is None:  # asked once per registration, not on every call
+        async_run = inspect.iscoroutinefunction(entry.tool.run)
+        object.__setattr__(entry, "async_run", async_run)
+    return async_run

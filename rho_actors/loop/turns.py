@@ -388,9 +388,10 @@ class Turns:
                 if not turn.waiting or turn.stop_reason is not None:
                     return
                 index = turn.waiting.popleft()
-            self._start(turn, index)
-            if turn.exclusive:
+            if turn.exclusive:  # its later calls are started one by one, in this thread's chain
+                self._start(turn, index)
                 return
+            self._dispatch(turn, index)  # no call of this turn starts another: no chain to keep
 
     def _start(self, turn: Turn, index: int) -> None:
         """Dispatch call ``index``, then, in this thread, each call of an exclusive turn
