@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rho_actors.errors import RhoError
 
-__all__ = ["UnsafePathError", "folder_identity", "is_same_folder", "open_regular", "private_dir"]
+__all__ = ["UnsafePathError", "folder_identity", "fsync_dir", "is_same_folder", "open_regular", "private_dir"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
@@ -189,3 +189,18 @@ def open_regular(path: str | Path, flags: int, mode: int = 0o600) -> int:
         os.close(fd)
         raise UnsafePathError(f"{path} is {kind}, not a regular file")
     return fd
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make the entries of the folder at ``path`` durable (a file just made in it):
+    ``fsync`` of the folder, best effort (an ``OSError`` is ignored)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

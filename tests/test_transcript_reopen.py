@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,7 @@ from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptBusyError, TranscriptError, load
 from rho_actors.lifecycle import arguments_sha256
 from rho_actors.tool import ToolCall, ToolResult
+from tests.conftest import WAIT_S
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -125,6 +128,63 @@ def test_a_session_open_per_record_lets_a_brief_writer_in_between_its_records(tm
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["seq"] for r in records] == list(range(1, 7)) and records[-1]["type"] == "result"
     assert load(path).calls["c1"].state == "settled"  # read back whole: valid
+
+
+def test_a_session_open_per_record_writes_nothing_into_a_file_replaced_or_removed_at_its_path(
+    tmp_path: Path,
+) -> None:
+    """The session keeps its file open between records: a file put at its path meanwhile
+    takes none of its records, nor is one made where its file was removed; each record
+    is refused saying why."""
+    path = tmp_path / TRANSCRIPT_NAME
+    session = Transcript(path)
+    session.open(per_record=True)
+    try:
+        session.user(1, "first")
+        copy = tmp_path / "copy.jsonl"
+        copy.write_bytes(path.read_bytes())
+        os.replace(copy, path)
+        with pytest.raises(TranscriptError, match="replaced or cut short"):
+            session.user(2, "second")
+        assert [m.text for m in load(path).messages] == ["first"]
+        path.unlink()
+        with pytest.raises(TranscriptError, match="replaced or cut short"):
+            session.user(2, "second")
+        assert not path.exists()
+    finally:
+        session.close()
+
+
+def test_closing_a_session_open_per_record_never_waits_for_a_record_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``close()`` (an MCP session's, on the serving event loop) returns at once while a
+    call's result waits for the file's lock (a decision of another process holding it);
+    the result is written once the lock is let go."""
+    from rho_actors.agent import transcript_lock
+    from rho_actors.loop.decisions import locked_transcript
+
+    path = tmp_path / TRANSCRIPT_NAME
+    _pending(path)
+    session = Transcript(path)
+    session.open(per_record=True)
+    waiting = threading.Event()
+    relock = transcript_lock.relock
+
+    def relock_told(*args: Any) -> None:
+        waiting.set()
+        relock(*args)
+
+    monkeypatch.setattr(transcript_lock, "relock", relock_told)
+    with locked_transcript(path):  # another process deciding a call holds the file's lock
+        writer = threading.Thread(target=session.result, args=(1, 0, ToolResult("c1", "delete", True, "done")))
+        writer.start()
+        assert waiting.wait(WAIT_S)
+        session.close()
+        assert writer.is_alive()  # still waiting for the lock: close() did not wait for it
+    writer.join(WAIT_S)
+    assert not writer.is_alive()
+    assert load(path).calls["c1"].state == "settled"  # written once the lock was let go
 
 
 def test_a_brief_writer_reads_the_transcript_before_its_lock_and_only_the_tail_under_it(

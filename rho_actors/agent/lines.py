@@ -14,14 +14,19 @@ from typing import Any, Final
 
 from loguru import logger
 
+from rho_actors.encoding import scrub_text
 from rho_actors.errors import RhoError
 from rho_actors.files import UnsafePathError, open_regular
 
-__all__ = ["SCHEMA_VERSION", "VERSIONS", "Mark", "TranscriptError", "checksum", "read_all", "read_records", "scan"]
+__all__ = ["SCHEMA_VERSION", "VERSIONS", "Mark", "TranscriptError", "checksum", "read_all", "read_records",
+           "record_line", "scan"]
 
 SCHEMA_VERSION: Final = 2
 VERSIONS: Final = (1, 2)
 """The record versions this module reads."""
+
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+_LINE: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False)  # a line as written
 
 
 class TranscriptError(RhoError):
@@ -34,9 +39,40 @@ class TranscriptError(RhoError):
 def checksum(record: Mapping[str, Any]) -> str:
     """The ``sum`` of a record: the first 16 hex digits of the SHA-256 of the record
     without ``sum`` (JSON, keys sorted, ASCII, compact separators)."""
-    body = {k: v for k, v in record.items() if k != "sum"}
-    text = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    text = _CANONICAL.encode({k: v for k, v in record.items() if k != "sum"} if "sum" in record else record)
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
+
+
+def record_line(record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """``record`` as written, its ``sum`` added, and its line (JSON in UTF-8, newline
+    ended): ``record`` itself, or, when a string in it (a key too) is not valid UTF-8, a
+    copy with every string's lone surrogates replaced. Raises ``ValueError`` for a value
+    JSON cannot hold."""
+    try:
+        return _line(record)
+    except UnicodeEncodeError:  # rare: only then is the record walked
+        return _line(_scrubbed(record))
+
+
+def _line(full: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    try:
+        full["sum"] = checksum(full)
+        return full, (_LINE.encode(full) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        raise
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"a {full.get('type')} record cannot be written as JSON: {exc}") from None
+
+
+def _scrubbed(value: Any) -> Any:
+    """``value`` with every string (keys too) valid UTF-8 (lone surrogates replaced)."""
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, dict):
+        return {scrub_text(k) if isinstance(k, str) else k: _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrubbed(v) for v in value]
+    return value
 
 
 def _open_for_reading(path: Path) -> int | None:

@@ -110,13 +110,12 @@ from typing import Any, Final
 
 from loguru import logger
 
-from rho_actors.agent import transcript_lock
+from rho_actors.agent import lines, transcript_lock
 from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES, ImageStore
 from rho_actors.agent.lines import SCHEMA_VERSION, Mark, TranscriptError, checksum, read_all, read_records, scan
 from rho_actors.agent.model import Message, Reply
 from rho_actors.agent.transcript_lock import TranscriptBusyError
-from rho_actors.encoding import scrub_text
-from rho_actors.files import UnsafePathError, open_regular
+from rho_actors.files import UnsafePathError, fsync_dir, open_regular
 from rho_actors.lifecycle import CallTrack, LifecycleError, call_record, fold
 from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
@@ -438,14 +437,17 @@ class Transcript:
         self._mark: Mark | None = None  # where the last read or write left the file, for reopen()
         self._writing = threading.Lock()  # records come from the threads that settle or move calls too
         self._per_record = False  # open(per_record=True): the file's lock is taken for each record
+        self._kept: int | None = None  # then the file, kept open between records, unlocked
+        self._keeping = threading.Lock()  # guards _kept: held only to take it or dup it
 
     def open(self, *, brief: bool = False, per_record: bool = False) -> History:
         """Lock the transcript, read it and get it ready to append; returns
         :attr:`history`. ``brief``: a writer of a record or two (a decision, a result).
         ``per_record``: a writer that holds the session (the prompt lock) until
-        :meth:`close` but the file's own lock only while it appends a record (taking it
-        as a prompt does, then reading what others appended meanwhile), so brief writers
-        (a decision from another process) get in between: a session served over MCP.
+        :meth:`close` but the file's own lock only while it appends a record (the file
+        kept open, its lock taken again, then what others appended meanwhile read; a
+        file replaced at its path meanwhile is written no more), so brief writers (a
+        decision from another process) get in between: a session served over MCP.
         Raises :class:`TranscriptBusyError` (another prompt holds it, or ``brief``:
         anyone), :class:`TranscriptError` when it cannot be read (the locks are then
         released), and ``OSError``."""
@@ -459,7 +461,7 @@ class Transcript:
             wait_s = 0.0 if brief else transcript_lock.RECORD_WAIT_S
             fd = self._fd = transcript_lock.file_lock_of(self.path, wait_s, os.O_APPEND)
             if created:
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
             st = os.fstat(fd)
             records, good, torn, mark = scan(read_all(fd), str(self.path), Mark(st.st_dev, st.st_ino, 0, 0, 1, None))
             history = _history(records, str(self.path), self.images)
@@ -472,9 +474,9 @@ class Transcript:
             raise
         self._seq, self._mark = len(records), mark
         self.history = history
-        if per_record:  # the file's lock let go until the next record
-            fd, self._fd, self._per_record = self._fd, None, True
-            os.close(fd)
+        if per_record:  # the file's lock let go until the next record, the file kept open for it
+            self._kept, self._fd, self._per_record = self._fd, None, True
+            transcript_lock.unlock(self._kept)
         return history
 
     def read_unlocked(self) -> None:
@@ -518,12 +520,16 @@ class Transcript:
         self._fd = fd
         return self.history
 
-    def _caught_up(self, fd: int, mark: Mark) -> bool:
+    def _caught_up(self, fd: int, mark: Mark, at_path: bool = False) -> bool:
         """Read the records appended to ``fd`` past ``mark`` into :attr:`history`; False
-        (nothing read) when the file was replaced or made shorter."""
+        (nothing read) when the file was replaced or made shorter (``at_path``: or
+        another file is at :attr:`path` now)."""
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (mark.dev, mark.ino) or st.st_size < mark.good:
+        if ((st.st_dev, st.st_ino) != (mark.dev, mark.ino) or st.st_size < mark.good
+                or (at_path and not transcript_lock.names(self.path, st))):
             return False
+        if st.st_size == mark.good:  # nothing appended since
+            return True
         records, good, torn, after = scan(read_all(fd, mark.good), str(self.path), mark)
         if torn:
             os.ftruncate(fd, mark.good + good)
@@ -535,22 +541,27 @@ class Transcript:
     def sync(self) -> None:
         """Make the records written so far durable (``fdatasync``): those written
         ``sync=False`` for a group commit (:mod:`~rho_actors.agent.group_commit`); opened
-        ``per_record``, the file is opened for it. Raises ``OSError``."""
+        ``per_record`` (or closed), through a descriptor of its own. Raises ``OSError``."""
         with self._writing:
             if (fd := self._fd) is not None:  # read once: close() may clear it meanwhile (EBADF)
                 os.fdatasync(fd)
                 return
-        if self._mark is not None:
-            fd = open_regular(self.path, os.O_RDONLY)
+        own = self._dup_kept()  # per_record: no record held up meanwhile
+        if own is None and self._mark is not None:
+            own = open_regular(self.path, os.O_RDONLY)
+        if own is not None:
             try:
-                os.fdatasync(fd)  # the file's data and size, whichever descriptor asks
+                os.fdatasync(own)  # the file's data and size, whichever descriptor asks
             finally:
-                os.close(fd)
+                os.close(own)
 
     def close(self) -> None:
         """Release the locks and close the files (idempotent)."""
+        with self._keeping:  # a record being written goes on with its own descriptor
+            kept, self._kept, self._per_record = self._kept, None, False
+        if kept is not None:
+            os.close(kept)
         fd, prompt, self._fd, self._prompt = self._fd, self._prompt, None, None
-        self._per_record = False
         if fd is not None:  # the file's lock first: a prompt waiting for it never holds it alone
             os.close(fd)  # releases the flock
         if prompt is not None:
@@ -640,27 +651,33 @@ class Transcript:
             if self._fd is not None or not self._per_record:
                 self._append_now(record, sync)
                 return
-            fd = transcript_lock.file_lock_of(self.path, transcript_lock.RECORD_WAIT_S, os.O_APPEND)
+            fd = self._dup_kept()
+            if fd is None:
+                raise ValueError(f"transcript {self.path} is not open")
             try:
-                if self._mark is None or not self._caught_up(fd, self._mark):
-                    raise TranscriptError(f"transcript {self.path} was replaced or cut short by another process; "
-                                          "this session records nothing more in it")
-                self._fd = fd
-                self._append_now(record, sync)
+                transcript_lock.relock(fd, self.path, transcript_lock.RECORD_WAIT_S)
+                try:
+                    if self._mark is None or not self._caught_up(fd, self._mark, at_path=True):
+                        raise TranscriptError(f"transcript {self.path} was replaced or cut short by another "
+                                              "process; this session records nothing more in it")
+                    self._fd = fd
+                    self._append_now(record, sync)
+                finally:
+                    self._fd = None
+                    transcript_lock.unlock(fd)
             finally:
-                self._fd = None
                 os.close(fd)
+
+    def _dup_kept(self) -> int | None:
+        """A descriptor of its own of the file kept open (``per_record``), else None."""
+        with self._keeping:
+            return None if self._kept is None else os.dup(self._kept)
 
     def _append_now(self, record: dict[str, Any], sync: bool) -> None:
         if self._fd is None:
             raise ValueError(f"transcript {self.path} is not open")
-        full: dict[str, Any] = {"v": SCHEMA_VERSION, "seq": self._seq + 1, "type": record.pop("type"),
-                                "step": record.pop("step"), "ts": round(time.time(), 6), **_scrubbed(record)}
-        try:
-            full["sum"] = checksum(full)
-            data = (json.dumps(full, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise ValueError(f"a {full['type']} record cannot be written as JSON: {exc}") from None
+        full, data = lines.record_line({"v": SCHEMA_VERSION, "seq": self._seq + 1, "type": record.pop("type"),
+                                        "step": record.pop("step"), "ts": round(time.time(), 6), **record})
         if full["type"] in ("call", "result"):  # the writer's own moves too: a move not allowed is never written
             fold([full], self.history.calls)
         view = memoryview(data)
@@ -673,28 +690,3 @@ class Transcript:
         mark = self._mark
         if mark is not None:
             self._mark = Mark(mark.dev, mark.ino, mark.good + len(data), self._seq, SCHEMA_VERSION, data[:-1])
-
-
-def _scrubbed(value: Any) -> Any:
-    """``value`` with every string (keys too) valid UTF-8 (lone surrogates replaced)."""
-    if isinstance(value, str):
-        return scrub_text(value)
-    if isinstance(value, dict):
-        return {scrub_text(k) if isinstance(k, str) else k: _scrubbed(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_scrubbed(v) for v in value]
-    return value
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a new file's directory entry durable (best effort)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

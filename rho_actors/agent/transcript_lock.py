@@ -43,8 +43,11 @@ __all__ = [
     "PromptLock",
     "TranscriptBusyError",
     "file_lock_of",
+    "names",
     "prompt_held_here",
     "prompt_lock_of",
+    "relock",
+    "unlock",
 ]
 
 RECORD_WAIT_S: Final = 30.0
@@ -171,8 +174,36 @@ def file_lock_of(transcript: Path, wait_s: float, flags: int = 0) -> int:
     except UnsafePathError as exc:
         raise TranscriptError(f"transcript {transcript} cannot be used: {exc}") from None
     if fd is None:
-        raise TranscriptBusyError(
-            f"transcript {transcript} is in use by another prompt of this session" if not wait_s else
-            f"transcript {transcript} is held by a decision or a result being recorded (by this host or another "
-            f"process) for more than {wait_s:g} s; try again once it is written")
+        raise _busy(transcript, wait_s)
     return fd
+
+
+def relock(fd: int, transcript: Path, wait_s: float) -> None:
+    """Take the ``flock`` of the transcript at ``transcript`` again on ``fd``, a
+    descriptor :func:`file_lock_of` gave and :func:`unlock` let go (a writer that keeps
+    its file open between records), waiting up to ``wait_s`` seconds. Raises
+    :class:`TranscriptBusyError` as :func:`file_lock_of` does, and ``OSError``."""
+    if not _flock(fd, wait_s):
+        raise _busy(transcript, wait_s)
+
+
+def names(transcript: Path, st: os.stat_result) -> bool:
+    """Whether the path ``transcript`` names the file of ``st`` (an ``fstat`` of a
+    descriptor kept open): False once another file is there, or none."""
+    try:
+        there = os.lstat(transcript)
+    except FileNotFoundError:
+        return False
+    return (there.st_dev, there.st_ino) == (st.st_dev, st.st_ino)
+
+
+def unlock(fd: int) -> None:
+    """Let go of the ``flock`` held on ``fd``, its file kept open (:func:`relock`)."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _busy(transcript: Path, wait_s: float) -> TranscriptBusyError:
+    return TranscriptBusyError(
+        f"transcript {transcript} is in use by another prompt of this session" if not wait_s else
+        f"transcript {transcript} is held by a decision or a result being recorded (by this host or another "
+        f"process) for more than {wait_s:g} s; try again once it is written")

@@ -174,6 +174,9 @@ async def _session(served: _Served, ctx: Any) -> Session:
         return await _named_session(served, ctx)
     connection = _connection(ctx)
     state = connection.state
+    found: Session | None = state.get(_STATE_KEY)
+    if found is not None and not found.closed:  # started: no lock (whose taking yields to the event loop)
+        return found
     lock = state.setdefault(_STATE_KEY + ".lock", anyio.Lock())
     async with lock:
         session: Session | None = state.get(_STATE_KEY)
