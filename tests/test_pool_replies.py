@@ -122,11 +122,36 @@ def test_a_reader_that_fails_ends_its_open_calls_and_the_next_call_gets_a_new_re
         return serve(self, *args)
 
     monkeypatch.setattr(Replies, "_serve", failing)
-    result = pool.run_call(a_call(echo, {"text": "hi"}))
+    answers = Answers()
+    assert pool.try_start(a_call(echo, {"text": "hi"}), answers.done("c1"))
+    result = answers.wait("c1")
     assert result.error_kind is ErrorKind.CRASHED
     assert "reader of its worker's reply failed" in result.content and "a bug in the reader" in result.content
     assert wait_for(lambda: pool.stats()["killed"] == 1)
+    assert wait_for(lambda: pool.stats()["idle"] == 1)  # its replacement
+    assert pool.try_start(a_call(echo, {"text": "after"}, call_id="c2"), answers.done("c2"))
+    assert answers.wait("c2").content == "after"
+
+
+def test_a_thread_waiting_for_its_own_reply_that_fails_ends_its_call_the_same_way(
+        pool: WorkerPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocking ``run_call`` waits for its reply in its own thread (no reader woken):
+    a fault of that wait is the call's ``crashed`` result too, never an exception."""
+    def failing(self: Replies, *args: Any) -> Any:
+        raise RuntimeError("a bug in the wait")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Replies, "_serve", failing)
+        result = pool.run_call(a_call(echo, {"text": "hi"}))
+    assert result.error_kind is ErrorKind.CRASHED and "a bug in the wait" in result.content
     assert pool.run_call(a_call(echo, {"text": "after"})).content == "after"
+
+
+def test_a_blocking_call_waits_for_its_reply_in_its_own_thread(pool: WorkerPool) -> None:
+    seen: list[str] = []
+    pool.start(a_call(echo, {"text": "hi"}), lambda result: seen.append(threading.current_thread().name),
+               here=True)
+    assert seen == [threading.current_thread().name]  # answered before start returned, from this thread
 
 
 def test_a_finish_that_blocks_holds_up_no_other_calls_deadline(pool: WorkerPool) -> None:

@@ -69,6 +69,33 @@ _Target = tuple[WorkerPool, WorkerCall, Hashable, Mapping[str, str] | None]
 """Where a call runs: its pool, the call for it, its scope, its worker's added environment."""
 
 
+class _Done:
+    """A process call's end, given by whichever thread has its result (its pool's reader,
+    mostly): counted ended once (``ended``), then settled in its :class:`Answer` (a
+    result after the first is handed on ``late``). Never raises (a failed reply is logged)."""
+
+    __slots__ = ("_once", "answer", "ended")
+
+    def __init__(self, ended: Callable[[], None], answer: Answer) -> None:
+        self.ended, self.answer = ended, answer
+        self._once: list[None] = [None]
+
+    def end(self) -> None:
+        """Count the call ended (once: a ``list.pop``, atomic from any thread)."""
+        try:
+            self._once.pop()
+        except IndexError:
+            return
+        self.ended()
+
+    def __call__(self, result: ToolResult) -> None:
+        self.end()
+        try:
+            self.answer.settle(result)
+        except BaseException:
+            logger.exception("reply of call {} failed", self.answer.spec.call_id)
+
+
 class _Running:
     __slots__ = ("call",)
 
@@ -206,11 +233,12 @@ class ProcessIsolation(Isolation):
             raise pykka.ActorDeadError("the system is stopping") from None
         with self._live_lock:
             self._live += 1
-        done = functools.partial(self._answered, answer)
+        done = _Done(self._ended, answer)
         if self._started_here(call, done):  # written to an idle worker from this thread: its pool's reader answers
             return _Running(call)
         try:  # else a call thread waits for its place or its worker, then writes it
-            self._threads.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
+            self._threads.submit(functools.partial(self._call_thread, call, answer, done), _CALL_THREAD,
+                                 may_take_over=True)
         except RuntimeError as exc:  # no thread could be started (the host at its thread limit): not started
             if answer.claim():  # else its backstop answered it meanwhile
                 backstop.cancel()
@@ -234,9 +262,9 @@ class ProcessIsolation(Isolation):
             logger.exception("call {} could not be started from its caller's thread", call.call_id)
             return False
 
-    def _call_thread(self, call: CallSpec, answer: Answer) -> None:
-        """A call thread's one job: wait for the call's place and worker and write the call
-        (:meth:`WorkerPool.start`; its pool's reader answers it), in the call's copy of
+    def _call_thread(self, call: CallSpec, answer: Answer, done: _Done) -> None:
+        """A call thread's one job: wait for the call's place and worker, write the call and
+        wait for its reply (:meth:`WorkerPool.start`, ``here``), in the call's copy of
         the submitter's context with its span current; a call that never reached a worker
         is answered here (:func:`~rho_actors.isolation.call.run_on_call_thread`)."""
         def start(spec: CallSpec) -> ToolResult | None:
@@ -244,19 +272,11 @@ class ProcessIsolation(Isolation):
             if isinstance(target, ToolResult):
                 return target
             pool, worker_call_, scope, env = target
-            pool.start(worker_call_, functools.partial(self._answered, answer), scope=scope, env=env)
+            # this thread waited for the worker: it waits for the reply too (no reader woken for it)
+            pool.start(worker_call_, done, scope=scope, env=env, here=True)
             return None
 
-        run_on_call_thread(call, start, self._ended, self._threads, answer)
-
-    def _answered(self, answer: Answer, result: ToolResult) -> None:
-        """The call's result, from whichever thread has it (the pool's reader, mostly):
-        counted ended, then settled. Never raises (a failed reply is logged)."""
-        self._ended()
-        try:
-            answer.settle(result)
-        except BaseException:
-            logger.exception("reply of call {} failed", answer.spec.call_id)
+        run_on_call_thread(call, start, done.end, self._threads, answer)
 
     def _ended(self) -> None:
         with self._live_lock:

@@ -94,15 +94,16 @@ class _StartFailed(Exception):
 class _Sending:
     """A call on its way through the pool: the ``call``, its ``request`` and
     ``tool_bytes``, its ``scope`` and ``env_key``, its place under the cap (``grant``),
-    ``done`` (given its result once) and ``tries``, the workers that ended before it
-    reached them."""
+    ``done`` (given its result once), ``here`` (the thread that writes it waits for its
+    reply itself) and ``tries``, the workers that ended before it reached them."""
 
-    __slots__ = ("call", "done", "env_key", "grant", "request", "scope", "tool_bytes", "tries")
+    __slots__ = ("call", "done", "env_key", "grant", "here", "request", "scope", "tool_bytes", "tries")
 
     def __init__(self, call: WorkerCall, request: wire.CallRequest, tool_bytes: bytes, scope: Hashable,
-                 env_key: tuple[tuple[str, str], ...], grant: Grant, done: Callable[[ToolResult], None]) -> None:
+                 env_key: tuple[tuple[str, str], ...], grant: Grant, done: Callable[[ToolResult], None],
+                 here: bool = False) -> None:
         self.call, self.request, self.tool_bytes, self.scope = call, request, tool_bytes, scope
-        self.env_key, self.grant, self.done, self.tries = env_key, grant, done, 0
+        self.env_key, self.grant, self.done, self.here, self.tries = env_key, grant, done, here, 0
 
 
 class WorkerPool(WarmWorkers):
@@ -273,8 +274,8 @@ class WorkerPool(WarmWorkers):
                 box.append(result)
                 answered.set()
 
-        self.start(call, done, scope=scope, env=env)
-        answered.wait()
+        self.start(call, done, scope=scope, env=env, here=True)
+        answered.wait()  # set by now: this thread waited for the reply (or the call never reached a worker)
         return box[0]
 
     def try_start(self, call: WorkerCall, done: Callable[[ToolResult], None], *, scope: Hashable = None,
@@ -314,13 +315,15 @@ class WorkerPool(WarmWorkers):
         return True
 
     def start(self, call: WorkerCall, done: Callable[[ToolResult], None], *, scope: Hashable = None,
-              env: Mapping[str, str] | None = None) -> None:
-        """Start ``call`` (see :meth:`run_call`, which is this and a wait for ``done``):
-        blocks until its place under the cap and a worker are had (or the call fails
-        before), writes its ``CALL`` frame and returns; ``done(result)`` is called once
-        with the call's result, from this thread when it never reached a worker, else
-        from the pool's reader (:class:`~rho_actors.sandbox.replies.Replies`) or the
-        thread that reader hands the outcome to. Never raises for anything the tool does."""
+              env: Mapping[str, str] | None = None, here: bool = False) -> None:
+        """Start ``call`` (see :meth:`run_call`, which is this with ``here``): blocks until
+        its place under the cap and a worker are had (or the call fails before), writes
+        its ``CALL`` frame and returns; ``done(result)`` is called once with the call's
+        result, from this thread when it never reached a worker, else from the pool's
+        reader (:class:`~rho_actors.sandbox.replies.Replies`) or the thread that reader
+        hands the outcome to. ``here``: this thread, which has nothing else to do, waits
+        for the reply itself (no reader woken for it) and calls ``done`` before it
+        returns. Never raises for anything the tool does."""
         deadline, timeout_ms, cancel = call.deadline, call.timeout_ms, call.cancel
         start_by = call.start_by if call.start_by is not None else deadline
 
@@ -354,7 +357,7 @@ class WorkerPool(WarmWorkers):
             return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
                           share=self._slots.per_session, held=held)
         self._deliver(_Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())),
-                               Grant(session, time.monotonic()), done))
+                               Grant(session, time.monotonic()), done, here))
 
     def _failure(self, call: WorkerCall, key: str, **fields: Any) -> ToolResult:
         """The failure ``key`` of ``call``, its duration counted from ``call.started``."""
@@ -421,7 +424,8 @@ class WorkerPool(WarmWorkers):
         opened = OpenCall(worker, request, sending.tool_bytes, deadline, sending)
         with opened.guard:  # a finish (its worker's end seen meanwhile) waits for the write
             try:
-                self._replies.add(opened)
+                if not sending.here:
+                    self._replies.add(opened)
             except RuntimeError as exc:
                 self._release(worker, False)
                 return (self._failure(call, "pool_stopped") if self._stopped else
@@ -433,11 +437,15 @@ class WorkerPool(WarmWorkers):
                 rest: memoryview | None = worker.channel.write_some(worker.channel.frame(wire.CALL, body))
             except EOFError:  # it died idle: the reader sees its end, and the call goes to another worker
                 rest = None
-            if rest:
+            if rest and sending.here:
+                opened.out = rest
+            elif rest:
                 self._replies.write_rest(opened, rest)
             elif rest is not None:
                 opened.sent = True
         opened.watch(call.cancel)
+        if sending.here:
+            self._replies.serve_here(opened)
         return None
 
     def _finish(self, opened: OpenCall, outcome: Outcome, payload: Any) -> None:

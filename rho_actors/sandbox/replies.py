@@ -62,7 +62,7 @@ class OpenCall:
     the thread writing to the worker and by ``finish`` while it takes the worker over:
     setting ``cancel`` kills the worker unless one holds it or :meth:`seal` was called."""
 
-    __slots__ = ("asked", "deadline", "ending", "fd", "greeted", "guard", "out", "request", "sealed", "sent",
+    __slots__ = ("asked", "deadline", "ending", "fd", "greeted", "guard", "mask", "out", "request", "sealed", "sent",
                  "sentinel", "state", "tool_bytes", "worker")
 
     def __init__(self, worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
@@ -75,6 +75,7 @@ class OpenCall:
         self.fd = worker.channel.fd
         self.sentinel = worker.channel.sentinel
         self.out: memoryview | None = None
+        self.mask = _IN  # what its pipe is polled for
         self.sent = False
         self.asked = self.greeted = False
         self.ending = False  # its outcome is taken (by the reader only)
@@ -134,7 +135,7 @@ class Replies:
         with self._lock:
             if self._stopped:
                 raise RuntimeError("the worker pool is stopped")
-            self._epoll.register(call.fd, _IN)
+            self._epoll.register(call.fd, call.mask)
             if call.sentinel is not None:
                 self._epoll.register(call.sentinel, _IN)
                 self._by_fd[call.sentinel] = call
@@ -152,12 +153,56 @@ class Replies:
             elif earlier:  # the reader sleeps past it: it looks again now
                 self._wake_locked()
 
+    def serve_here(self, call: OpenCall) -> None:
+        """Wait for ``call``'s outcome in this thread, then finish it: for a thread that
+        has nothing else to do until then (a blocking :meth:`WorkerPool.run_call
+        <rho_actors.sandbox.pool.WorkerPool.run_call>`, a call thread that waited for its
+        worker), so that no reader is woken for it. A fault of the wait ends the call as
+        the reader's does (``reader_failed``); what interrupts it (a ``KeyboardInterrupt``)
+        hands the call to the reader first, then is raised."""
+        poller = select.poll()
+        call.mask = _IN_OUT if call.out else _IN
+        poller.register(call.fd, call.mask)
+        if call.sentinel is not None:
+            poller.register(call.sentinel, _IN)
+        try:
+            while True:
+                remaining = call.deadline - time.monotonic()
+                if remaining <= 0:
+                    call.worker.kill()  # at the deadline itself, before the finish
+                    outcome: tuple[Outcome, Any] = ("deadline", None)
+                    break
+                served = None
+                for fd, mask in poller.poll(math.ceil(remaining * 1000)):
+                    served = self._serve(call, fd, mask)
+                    if served is not None:
+                        break
+                if served is not None:
+                    outcome = served
+                    break
+                if call.mask != (_IN_OUT if call.out else _IN):
+                    call.mask = _IN_OUT if call.out else _IN
+                    poller.modify(call.fd, call.mask)
+        except Exception as exc:  # a fault of this wait (as the reader's, _failed): the call ends
+            logger.opt(exception=exc).error("the wait for a worker's reply failed: its call ends")
+            call.worker.kill()
+            outcome = ("reader_failed", describe_exception(exc))
+        except BaseException:  # this thread is interrupted: the reader takes the call over
+            try:
+                self.add(call)
+            except RuntimeError as exc:
+                call.worker.kill()
+                self._finish(call, "reader_failed", f"its wait was interrupted and no reader took it ({exc})")
+            raise
+        call.ending = True
+        self._finish(call, *outcome)
+
     def write_rest(self, call: OpenCall, rest: memoryview) -> None:
         """The pipe took only part of ``call``'s frame: the reader writes ``rest`` as it
         takes more (unless the call has ended meanwhile: it was not sent)."""
         with self._lock:
             if not call.ending and not self._closed:
-                call.out = rest
+                call.out, call.mask = rest, _IN_OUT
                 self._epoll.modify(call.fd, _IN_OUT)
 
     def stop(self) -> None:
@@ -221,21 +266,8 @@ class Replies:
                 return False
             planned = self._planned
         timeout = -1.0 if planned == math.inf else max(0.0, planned - time.monotonic())
-        events = self._epoll.poll(timeout)
+        taken = self._outcomes(self._epoll.poll(timeout))
         now = time.monotonic()
-        taken: list[tuple[OpenCall, Outcome, Any]] = []
-        for fd, mask in events:
-            if fd == self._wake_r:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_r, 4096)
-                continue
-            call = self._by_fd.get(fd)
-            if call is None or call.ending:
-                continue
-            served = self._serve(call, fd, mask)
-            if served is not None:
-                call.ending = True
-                taken.append((call, *served))
         with self._lock:
             for call in self._open:
                 if not call.ending and call.deadline <= now:
@@ -270,6 +302,27 @@ class Replies:
             self._alone = False
         return True
 
+    def _outcomes(self, events: list[tuple[int, int]]) -> list[tuple[OpenCall, Outcome, Any]]:
+        """What ``events`` brought: the outcomes taken (frames written and read meanwhile)."""
+        taken: list[tuple[OpenCall, Outcome, Any]] = []
+        for fd, mask in events:
+            if fd == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+                continue
+            call = self._by_fd.get(fd)
+            if call is None or call.ending:
+                continue
+            served = self._serve(call, fd, mask)
+            if served is not None:
+                call.ending = True
+                taken.append((call, *served))
+            elif call.mask != (_IN_OUT if call.out else _IN):  # a frame to write now, or no more
+                with self._lock:
+                    call.mask = _IN_OUT if call.out else _IN
+                    self._epoll.modify(call.fd, call.mask)
+        return taken
+
     def _serve(self, call: OpenCall, fd: int, mask: int) -> tuple[Outcome, Any] | None:
         """What ``fd`` (the call's pipe or its worker's sentinel) has: the outcome, if any."""
         channel = call.worker.channel
@@ -278,8 +331,6 @@ class Replies:
                 call.out = channel.write_some(call.out)
                 if not call.out:
                     call.out, call.sent = None, True
-                    with self._lock:
-                        self._epoll.modify(fd, _IN)
             if fd == call.fd and not mask & ~select.EPOLLOUT:
                 return None  # only writable
             frame = channel.read_some(wire.MAX_REPLY_BYTES)
@@ -306,11 +357,7 @@ class Replies:
                 body = wire.encode_call(call.request, deadline=call.deadline, tool_bytes=call.tool_bytes)
             except wire.WireError as exc:
                 return "malformed", f"its tool could not be sent as it asked: {exc}"
-            rest = call.worker.channel.write_some(call.worker.channel.frame(wire.CALL, body))
-            if rest:
-                call.out = rest
-                with self._lock:
-                    self._epoll.modify(call.fd, _IN_OUT)
+            call.out = call.worker.channel.write_some(call.worker.channel.frame(wire.CALL, body)) or None
             return None
         if tag not in (wire.RESULT, wire.RESULT_RETIRE):
             return "malformed", f"an unexpected {tag!r} frame of {len(body):,} bytes in reply to a call"
