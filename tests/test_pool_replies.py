@@ -267,3 +267,21 @@ def test_a_stopped_pool_answers_its_open_calls_and_its_reader_ends(tmp_path: Pat
     reader.join(WAIT_S)
     assert not reader.is_alive()
     assert not pool.try_start(a_call(echo, {"text": "x"}), done)
+
+
+def test_a_call_whose_reply_no_thread_could_wait_for_never_reaches_its_worker(
+        pool: WorkerPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No reader could be started (the host at its thread limit): the call is not
+    written, its worker stays idle, and the call's result says why."""
+    def no_thread(job: Any) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(pool._replies, "_start_thread", no_thread)
+    answers = Answers()
+    assert not pool.try_start(a_call(echo, {"text": "x"}), answers.done("c1"))
+    pool.start(a_call(echo, {"text": "x"}), answers.done("c1"))
+    result = answers.wait("c1")
+    assert result.error_kind is ErrorKind.CRASHED and "can't start new thread" in result.content
+    assert pool.stats()["idle"] == 1 and pool.stats()["killed"] == 0
+    monkeypatch.undo()
+    assert pool.run_call(a_call(echo, {"text": "after"})).content == "after"

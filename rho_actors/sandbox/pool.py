@@ -429,7 +429,7 @@ class WorkerPool(WarmWorkers):
             except RuntimeError as exc:
                 self._release(worker, False)
                 return (self._failure(call, "pool_stopped") if self._stopped else
-                        self._failure(call, "no_worker", problem=f"no thread could read its reply ({exc})"))
+                        self._failure(call, "no_worker", problem=f"its reply could not be waited for ({exc})"))
             if not held:
                 with self._lock:
                     self._counts["shipped"] += 1

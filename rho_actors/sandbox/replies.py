@@ -135,12 +135,17 @@ class Replies:
         with self._lock:
             if self._stopped:
                 raise RuntimeError("the worker pool is stopped")
-            self._epoll.register(call.fd, call.mask)
-            if call.sentinel is not None:
-                self._epoll.register(call.sentinel, _IN)
-                self._by_fd[call.sentinel] = call
             self._by_fd[call.fd] = call
+            if call.sentinel is not None:
+                self._by_fd[call.sentinel] = call
             self._open.add(call)
+            try:
+                self._epoll.register(call.fd, call.mask)
+                if call.sentinel is not None:
+                    self._epoll.register(call.sentinel, _IN)
+            except OSError as exc:
+                self._remove_locked(call)
+                raise RuntimeError(f"its pipe could not be waited on: {exc}") from None
             earlier = call.deadline < self._planned
             if earlier:
                 self._planned = call.deadline
