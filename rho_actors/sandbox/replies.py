@@ -124,10 +124,6 @@ class Replies:
         self._stopped = False
         self._closed = False
 
-    def open_calls(self) -> int:
-        """How many calls wait for their outcome now."""
-        return len(self._open)
-
     def add(self, call: OpenCall) -> None:
         """Wait for ``call``'s outcome from now on (its frame may be written after: the
         writer holds ``call.guard`` meanwhile). Raises ``RuntimeError`` when stopped, or
