@@ -44,6 +44,8 @@ def task_counts(pid: int, names: Mapping[int, str]) -> Counts:
     """Each thread of ``pid``: its name (``names``, else the kernel's), switches and CPU."""
     out: Counts = {}
     base = f"/proc/{pid}/task"
+    if not os.path.isdir(base):  # a spare retired meanwhile (it served no measured call)
+        return out
     for tid in os.listdir(base):
         try:
             with open(f"{base}/{tid}/status") as f:

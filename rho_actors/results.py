@@ -183,6 +183,9 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "malformed_reply": (
         _K.CRASHED, "tool {tool!r}: its worker process sent a malformed reply ({problem}); it was killed"
     ),
+    "reader_failed": (
+        _K.CRASHED, "tool {tool!r}: the host's reader of its worker's reply failed ({problem}); the worker was killed"
+    ),
     "pipe_closed": (_K.CRASHED, "tool {tool!r}: its worker process closed its pipe mid-call; it was killed"),
     "oom_killed": (
         _K.MEMORY, "tool {tool!r} ran out of memory: its worker process was killed by SIGKILL, not by the pool "

@@ -290,7 +290,7 @@ def call_failure(spec: CallSpec, exc: BaseException, duration_ms: float) -> Tool
         return failure("raised_opaque", spec.call_id, spec.name, duration_ms)
 
 
-def run_on_call_thread(call: CallSpec, run: Callable[[CallSpec], ToolResult], ended: Callable[[], None],
+def run_on_call_thread(call: CallSpec, run: Callable[[CallSpec], ToolResult | None], ended: Callable[[], None],
                        threads: ThreadPool, answer: Answer) -> None:
     """A call thread's one job (DESIGN §4 step 3), shared by the isolations that run
     their calls on the system's call threads (``thread``, ``process``): ``run(call)``
@@ -298,20 +298,23 @@ def run_on_call_thread(call: CallSpec, run: Callable[[CallSpec], ToolResult], en
     whatever it raises (:func:`call_failure`), ``ended()`` (the isolation counts its
     running calls), then ``answer`` settled in ``threads``' hand-over (the next call of
     an exclusive turn that it starts takes over this thread once this returns, instead
-    of waking another). Never raises (a failed reply is logged)."""
+    of waking another). A ``run`` that returns ``None`` handed the call on (a process
+    call written to its worker: its pool's reader counts it ended and answers it).
+    Never raises (a failed reply is logged)."""
     try:
         result = call.context.run(_in_span, run, call) if call.context is not None else _in_span(run, call)
     except BaseException as exc:  # nothing escapes into the pool: a result
         result = call_failure(call, exc, (time.monotonic() - call.dispatched) * 1000)
-    finally:
-        ended()
+    if result is None:
+        return
+    ended()
     try:
         threads.run_handing_over(functools.partial(answer.settle, result))
     except BaseException:
         logger.exception("reply of call {} failed", call.call_id)
 
 
-def _in_span(run: Callable[[CallSpec], ToolResult], call: CallSpec) -> ToolResult:
+def _in_span(run: Callable[[CallSpec], ToolResult | None], call: CallSpec) -> ToolResult | None:
     """``run(call)`` with the call's span current (``ctx["traceparent"]``; telemetry off: none)."""
     if TRACEPARENT not in call.ctx:
         return run(call)

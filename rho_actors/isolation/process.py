@@ -1,8 +1,11 @@
 """``process`` isolation: a call runs in a warm worker process (DESIGN §5).
 
-The call runs as one job on a call thread (a reused thread of the system's pool, as a
-``thread`` call's: no actor per call), which hands it to one of the system's two
-:class:`rho_actors.sandbox.WorkerPool`\\ s and waits; the pool owns the deadline: at it,
+The call goes to one of the system's two :class:`rho_actors.sandbox.WorkerPool`\\ s:
+written to an idle worker from the host's own thread when one is there and the cap has
+room (:meth:`WorkerPool.try_start`), else by a call thread (a reused thread of the
+system's pool, as a ``thread`` call's: no actor per call) that waits for its place and
+its worker (:meth:`WorkerPool.start`); no thread waits for its reply but the pool's one
+reader (DESIGN §5 "A call's path"). The pool owns the deadline: at it,
 the worker's whole process tree is killed and the result is a ``timeout`` error; a call
 the pool has not answered :data:`BACKSTOP_S` after its deadline (still on its way to a
 worker: a worker starting under load) is answered ``timeout`` then, and stopped.
@@ -44,9 +47,11 @@ from rho_actors.sandbox import (
     TOOL_CACHE_SIZE,
     TREE_ONLY,
     ConfinePolicy,
+    WorkerCall,
     WorkerPool,
     WorkerSlots,
 )
+from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ToolResult
 
 __all__ = ["BACKSTOP_S", "ProcessIsolation"]
@@ -58,6 +63,37 @@ _CALL_THREAD = "rho_actors-process-call"
 BACKSTOP_S = 1.0
 """How long after a call's deadline its backstop answers ``timeout`` if the pool has
 not (seconds; see :class:`_Backstop`)."""
+
+
+_Target = tuple[WorkerPool, WorkerCall, Hashable, Mapping[str, str] | None]
+"""Where a call runs: its pool, the call for it, its scope, its worker's added environment."""
+
+
+class _Done:
+    """A process call's end, given by whichever thread has its result (its pool's reader,
+    mostly): counted ended once (``ended``), then settled in its :class:`Answer` (a
+    result after the first is handed on ``late``). Never raises (a failed reply is logged)."""
+
+    __slots__ = ("_once", "answer", "ended")
+
+    def __init__(self, ended: Callable[[], None], answer: Answer) -> None:
+        self.ended, self.answer = ended, answer
+        self._once: list[None] = [None]
+
+    def end(self) -> None:
+        """Count the call ended (once: a ``list.pop``, atomic from any thread)."""
+        try:
+            self._once.pop()
+        except IndexError:
+            return
+        self.ended()
+
+    def __call__(self, result: ToolResult) -> None:
+        self.end()
+        try:
+            self.answer.settle(result)
+        except BaseException:
+            logger.exception("reply of call {} failed", self.answer.spec.call_id)
 
 
 class _Running:
@@ -201,8 +237,12 @@ class ProcessIsolation(Isolation):
             raise pykka.ActorDeadError("the system is stopping") from None
         with self._live_lock:
             self._live += 1
-        try:  # the hand-off last: the call thread, woken by it, finds little left before this thread waits
-            self._threads.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
+        done = _Done(self._ended, answer)
+        if self._started_here(call, done):  # written to an idle worker from this thread: its pool's reader answers
+            return _Running(call)
+        try:  # else a call thread waits for its place or its worker, then writes it
+            self._threads.submit(functools.partial(self._call_thread, call, answer, done), _CALL_THREAD,
+                                 may_take_over=True)
         except RuntimeError as exc:  # no thread could be started (the host at its thread limit): not started
             if answer.claim():  # else its backstop answered it meanwhile
                 backstop.cancel()
@@ -210,10 +250,37 @@ class ProcessIsolation(Isolation):
             raise pykka.ActorDeadError(f"no thread could be started for the call ({exc})") from None
         return _Running(call)
 
-    def _call_thread(self, call: CallSpec, answer: Answer) -> None:
-        """A call thread's one job (as a ``thread`` call's): the call in a worker until its
-        result (:func:`~rho_actors.isolation.call.run_on_call_thread`)."""
-        run_on_call_thread(call, self._run, self._ended, self._threads, answer)
+    def _started_here(self, call: CallSpec, done: Callable[[ToolResult], None]) -> bool:
+        """Start the call from this thread, without waiting (:meth:`WorkerPool.try_start`);
+        whether it was (else nothing was done)."""
+        try:
+            target = self._target(call)
+            if isinstance(target, ToolResult):
+                return False  # its failure is given on a call thread
+            pool, worker_call_, scope, env = target
+            if TRACEPARENT not in call.ctx:
+                return pool.try_start(worker_call_, done, scope=scope, env=env)
+            with attached(call.ctx, call.dispatched, call.name):
+                return pool.try_start(worker_call_, done, scope=scope, env=env)
+        except Exception:  # whatever it was, a call thread tries again and answers
+            logger.exception("call {} could not be started from its caller's thread", call.call_id)
+            return False
+
+    def _call_thread(self, call: CallSpec, answer: Answer, done: _Done) -> None:
+        """A call thread's one job: wait for the call's place and worker, write the call and
+        wait for its reply (:meth:`WorkerPool.start`, ``here``), in the call's copy of
+        the submitter's context with its span current; a call that never reached a worker
+        is answered here (:func:`~rho_actors.isolation.call.run_on_call_thread`)."""
+        def start(spec: CallSpec) -> ToolResult | None:
+            target = self._target(spec)
+            if isinstance(target, ToolResult):
+                return target
+            pool, worker_call_, scope, env = target
+            # this thread waited for the worker: it waits for the reply too (no reader woken for it)
+            pool.start(worker_call_, done, scope=scope, env=env, here=True)
+            return None
+
+        run_on_call_thread(call, start, done.end, self._threads, answer)
 
     def _ended(self) -> None:
         with self._live_lock:
@@ -222,11 +289,12 @@ class ProcessIsolation(Isolation):
                 self._live_changed.notify_all()
 
     def running_calls(self) -> int:
-        """How many call threads are running a call now (in a worker, or waiting for one)."""
+        """How many calls are running now (in a worker, or on their way to one)."""
         return self._live
 
-    def _run(self, call: CallSpec) -> ToolResult:
-        """The call in a worker, until its result (in its call thread)."""
+    def _target(self, call: CallSpec) -> _Target | ToolResult:
+        """Where the call runs: its pool, the call for it, its scope and the environment
+        of its worker; or why it does not run."""
         tools = self.services.tools
         entry = tools.current.entries.get(call.name) if tools is not None else None
         if tools is not None and (entry is None or entry.tool is not call.tool):
@@ -240,14 +308,13 @@ class ProcessIsolation(Isolation):
             return failure("pool_closed", call.call_id, call.name, problem=str(err))
         start_by = call.dispatched + self.start_bound_s  # then its tool's timeout_ms, from when a worker has it
         if not untrusted or entry is None:
-            return pool.run_call(worker_call(call, version=entry, start_by=start_by))
+            return pool, worker_call(call, version=entry, start_by=start_by), None, None
         # scoped by the registration, not the name: a tool registered again (new code under the same
         # name) never gets a worker the old code ran in (and whatever it left there)
         session = call.ctx.get("session_id")
         scope = CALL_SCOPE if entry.worker_scope == "call" else (call.name, entry.serial, session)
         # only what the host registered for this tool, never the session's deps (nor its folder)
-        return pool.run_call(worker_call(call, version=entry, deps=entry.deps, start_by=start_by), scope=scope,
-                             env=entry.env)
+        return pool, worker_call(call, version=entry, deps=entry.deps, start_by=start_by), scope, entry.env
 
     def check_options(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
         """``process`` isolation takes no ``resources``; its memory bound is the
@@ -273,7 +340,7 @@ class ProcessIsolation(Isolation):
                     self._confined = WorkerPool(  # replies decoded as plain data only
                         s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, codec="plain",
                         confine=s.confine or ConfinePolicy(), slots=self._slots, idle_s=s.worker_idle_s,
-                        start_timeout_ms=s.start_timeout_ms,
+                        start_timeout_ms=s.start_timeout_ms, threads=self._threads,
                     )
                     missing, bus = (s.confine.missing if s.confine is not None else ()), s.events
                     if bus is not None:  # never a silent downgrade
@@ -285,7 +352,7 @@ class ProcessIsolation(Isolation):
                 self._pool = WorkerPool(  # trusted tools only: replies unpickled, any Details kept
                     s.warm_workers, heap_bytes=s.process_heap_bytes, start_method=s.start_method, slots=self._slots,
                     confine=TREE_ONLY if contain else None, codec="pickle", idle_s=s.worker_idle_s,
-                    start_timeout_ms=s.start_timeout_ms,
+                    start_timeout_ms=s.start_timeout_ms, threads=self._threads,
                 )
             return self._pool
 

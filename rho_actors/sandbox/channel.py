@@ -104,10 +104,59 @@ class Channel:
             elif any(fd == self._sentinel for fd, _ in events):
                 raise EOFError("the child process ended")
 
+    @property
+    def fd(self) -> int:
+        """The pipe's file descriptor (non-blocking)."""
+        return self._fd
+
+    @property
+    def sentinel(self) -> int | None:
+        """The child's process sentinel (the parent's end only)."""
+        return self._sentinel
+
+    def read_some(self, max_bytes: int | None = None) -> tuple[bytes, bytes] | None:
+        """For a reader that polls this pipe itself: read what is readable now (no wait)
+        and return the next whole frame, or ``None`` until one has arrived. Raises
+        ``EOFError`` when the other end has closed, :class:`Malformed` for a frame over
+        ``max_bytes``. Call it again while it returns frames: a read may bring several."""
+        frame = self._frame(max_bytes)
+        if frame is not None:
+            return frame
+        try:
+            data = os.read(self._fd, max(1 << 16, min(1 << 24, len(self._buf))))
+        except BlockingIOError:
+            return None
+        except OSError as exc:  # ECONNRESET and friends: the other end is gone
+            raise EOFError(str(exc)) from None
+        if not data:
+            raise EOFError("the other end closed its pipe")
+        self._buf += data
+        return self._frame(max_bytes)
+
+    def buffered(self, max_bytes: int | None = None) -> tuple[bytes, bytes] | None:
+        """The next whole frame already read (no read), or ``None``; raises as :meth:`read_some`."""
+        return self._frame(max_bytes)
+
+    def write_some(self, data: memoryview) -> memoryview:
+        """Write what the pipe takes now of ``data`` (no wait); what is left. Raises
+        ``EOFError`` (the other end is closed)."""
+        try:
+            written = os.write(self._fd, data)
+        except BlockingIOError:
+            return data
+        except OSError as exc:  # EPIPE, ECONNRESET
+            raise EOFError(str(exc)) from None
+        return data[written:]
+
+    @staticmethod
+    def frame(tag: bytes, body: bytes) -> memoryview:
+        """One frame's bytes, for :meth:`write_some`."""
+        return memoryview(_HEADER.pack(tag, len(body)) + body)
+
     def send(self, tag: bytes, body: bytes, deadline: float | None = None) -> None:
         """Write one whole frame before ``deadline``. Raises :class:`DeadlineReached` or
         ``EOFError`` (the other end is closed)."""
-        view = memoryview(_HEADER.pack(tag, len(body)) + body)
+        view = self.frame(tag, body)
         poller: Any = None
         while view:
             try:

@@ -18,6 +18,11 @@ Pools follow demand: a burst's workers stay idle up to the recent peak of busy o
 :class:`WorkerSlots` cap on worker processes, shared fairly among sessions; a call beyond
 it waits its turn (its deadline holds).
 
+A call is written to its worker from the thread that starts it (:meth:`WorkerPool.try_start`
+without waiting, :meth:`WorkerPool.start` waiting for a place or a worker); no thread waits
+per call: the pool's one reader (:mod:`rho_actors.sandbox.replies`) waits for every open
+call's reply, deadline and worker's end at once, and gives each its one result.
+
 Replies come back in the pool's result codec (:mod:`rho_actors.sandbox.wire`; DESIGN
 §5): ``"plain"`` by default (plain data checked field by field), ``"pickle"`` for trusted
 tools only; a frame that breaks the protocol gets the worker killed and the call a
@@ -42,11 +47,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final
 
+from loguru import logger
+
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
-from rho_actors.results import KILLED, capped, failure
+from rho_actors.otp.threads import ThreadPool
+from rho_actors.results import capped, failure
 from rho_actors.sandbox import wire
-from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 from rho_actors.sandbox.processes import (
     context,
@@ -55,12 +62,13 @@ from rho_actors.sandbox.processes import (
     release_servers,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
+from rho_actors.sandbox.replies import OpenCall, Outcome, Replies
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import Grant, WorkerSlots
 from rho_actors.sandbox.warm_workers import CALL_SCOPE, PoolStopped, WarmWorkers, WorkerStart
 from rho_actors.sandbox.wire import WorkerCall
-from rho_actors.sandbox.worker import WorkerConfig
-from rho_actors.sandbox.worker_handle import WorkerHandle, at_deadline, died, exchange_or_cancel
+from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig
+from rho_actors.sandbox.worker_handle import WorkerHandle, at_deadline, died
 from rho_actors.tool import ToolResult
 
 __all__ = ["CALL_SCOPE", "WorkerPool", "WorkerSlots"]
@@ -81,6 +89,21 @@ class _NotStarted(Exception):
 
 class _StartFailed(Exception):
     """The workers started for a call failed to start, each (the message says why)."""
+
+
+class _Sending:
+    """A call on its way through the pool: the ``call``, its ``request`` and
+    ``tool_bytes``, its ``scope`` and ``env_key``, its place under the cap (``grant``),
+    ``done`` (given its result once), ``here`` (the thread that writes it waits for its
+    reply itself) and ``tries``, the workers that ended before it reached them."""
+
+    __slots__ = ("call", "done", "env_key", "grant", "here", "request", "scope", "tool_bytes", "tries")
+
+    def __init__(self, call: WorkerCall, request: wire.CallRequest, tool_bytes: bytes, scope: Hashable,
+                 env_key: tuple[tuple[str, str], ...], grant: Grant, done: Callable[[ToolResult], None],
+                 here: bool = False) -> None:
+        self.call, self.request, self.tool_bytes, self.scope = call, request, tool_bytes, scope
+        self.env_key, self.grant, self.done, self.here, self.tries = env_key, grant, done, here, 0
 
 
 class WorkerPool(WarmWorkers):
@@ -119,7 +142,7 @@ class WorkerPool(WarmWorkers):
     def __init__(
         self, warm: int = 2, *, heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver",
         codec: str = "plain", confine: ConfinePolicy | None = None, slots: WorkerSlots | None = None,
-        idle_s: float = 30.0, start_timeout_ms: int = 10_000,
+        idle_s: float = 30.0, start_timeout_ms: int = 10_000, threads: ThreadPool | None = None,
     ) -> None:
         if warm < 0:
             raise ValueError(f"warm must be >= 0, not {warm}")
@@ -162,8 +185,17 @@ class WorkerPool(WarmWorkers):
         self._holding = True
         self._pids: set[int] = set()
         self._finalizer = weakref.finalize(self, kill_groups, self._pids)
+        self._threads = threads
+        self._replies = Replies(self._finish, self._start_reader)
         self._keeper = threading.Thread(target=self._keep_warm, name="rho-worker-pool", daemon=True)
         self._keeper.start()
+
+    def _start_reader(self, job: Callable[[], None]) -> None:
+        """Run the reader's ``job`` on one of ``threads`` (else a thread of its own)."""
+        if self._threads is not None:
+            self._threads.submit(job, "rho_actors-replies")
+        else:
+            threading.Thread(target=job, name="rho_actors-replies", daemon=True).start()
 
     # --- public ---------------------------------------------------------------------------
 
@@ -234,13 +266,69 @@ class WorkerPool(WarmWorkers):
         not be pickled there) or ``cancelled`` (the pool was stopped, or ``cancel`` was
         set).
         """
-        start, deadline, timeout_ms, cancel = call.started, call.deadline, call.timeout_ms, call.cancel
+        box: list[ToolResult] = []
+        answered = threading.Event()
+
+        def done(result: ToolResult) -> None:
+            if not box:
+                box.append(result)
+                answered.set()
+
+        self.start(call, done, scope=scope, env=env, here=True)
+        answered.wait()  # set by now: this thread waited for the reply (or the call never reached a worker)
+        return box[0]
+
+    def try_start(self, call: WorkerCall, done: Callable[[ToolResult], None], *, scope: Hashable = None,
+                  env: Mapping[str, str] | None = None) -> bool:
+        """Start ``call`` as :meth:`start` does, from this thread and without waiting,
+        when an idle worker it may use and its place under the cap are there now: its
+        ``CALL`` frame is written from this thread (what the pipe does not take at once,
+        by the pool's reader) and ``done(result)`` is called once, later, from the thread
+        that has the outcome. Returns ``False``, having started nothing and called
+        nothing, when the call would have to wait (for a place, a worker, a start) or
+        would fail before it reaches a worker: then :meth:`start` it (on a thread that may
+        block), which gives it its result either way. Never blocks on other calls."""
+        cancel, now = call.cancel, time.monotonic()
+        if self._stopped or (cancel is not None and cancel.cancelled) or now >= (
+                call.start_by if call.start_by is not None else call.deadline):
+            return False
+        env_key = tuple(sorted(env.items())) if env else ()
+        with self._lock:  # a look first: no place taken for a call that finds no worker
+            if not self._usable_locked(scope, env_key):
+                return False
+        try:
+            digest, tool_bytes = self._shipped.ship(call.tool, call.version)
+        except Unshippable:
+            return False
+        session = call.ctx.get("session_id")
+        if self._slots is not None and not self._slots.try_enter(session):
+            return False
+        sending = _Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, Grant(session, now),
+                           done)
+        try:
+            worker = self._take_idle(scope, env_key)
+        except PoolStopped:
+            worker = None
+        if worker is None or self._open_on(sending, worker) is not None:
+            self._leave(sending.grant)
+            return False
+        return True
+
+    def start(self, call: WorkerCall, done: Callable[[ToolResult], None], *, scope: Hashable = None,
+              env: Mapping[str, str] | None = None, here: bool = False) -> None:
+        """Start ``call`` (see :meth:`run_call`, which is this with ``here``): blocks until
+        its place under the cap and a worker are had (or the call fails before), writes
+        its ``CALL`` frame and returns; ``done(result)`` is called once with the call's
+        result, from this thread when it never reached a worker, else from the pool's
+        reader (:class:`~rho_actors.sandbox.replies.Replies`) or the thread that reader
+        hands the outcome to. ``here``: this thread, which has nothing else to do, waits
+        for the reply itself (no reader woken for it) and calls ``done`` before it
+        returns. Never raises for anything the tool does."""
+        deadline, timeout_ms, cancel = call.deadline, call.timeout_ms, call.cancel
         start_by = call.start_by if call.start_by is not None else deadline
 
-        def failed(key: str, **fields: Any) -> ToolResult:
-            if key == "memory_tree":
-                fields["setting"] = self._setting
-            return failure(key, call.call_id, call.name, (time.monotonic() - start) * 1000, **fields)
+        def failed(key: str, **fields: Any) -> None:
+            done(self._failure(call, key, **fields))
 
         if self._stopped:
             return failed("pool_stopped")
@@ -253,12 +341,6 @@ class WorkerPool(WarmWorkers):
         except Unshippable as exc:
             return failed("unshippable", problem=str(exc))
         request = wire.call_request(digest, call)
-        bare = b""  # with a start bound, encoded once its worker has it (its deadline is then known)
-        if call.start_by is None:
-            try:
-                bare = wire.encode_call(request)
-            except wire.WireError as exc:
-                return failed("unsendable", problem=str(exc))
         session = call.ctx.get("session_id")
         if cancel is not None and self._slots is not None:
             cancel.add_inline_callback(self._slots.poke)  # a call waiting its turn stops waiting
@@ -274,12 +356,14 @@ class WorkerPool(WarmWorkers):
                                   f"{held} of its share of {self._slots.per_session}")
             return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
                           share=self._slots.per_session, held=held)
-        grant = Grant(session, time.monotonic())
-        try:
-            return self._run_granted(request, bare, tool_bytes, scope, env, cancel, failed, grant, start,
-                                     call.start_by)
-        finally:
-            self._leave(grant)
+        self._deliver(_Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())),
+                               Grant(session, time.monotonic()), done, here))
+
+    def _failure(self, call: WorkerCall, key: str, **fields: Any) -> ToolResult:
+        """The failure ``key`` of ``call``, its duration counted from ``call.started``."""
+        if key == "memory_tree":
+            fields["setting"] = self._setting
+        return failure(key, call.call_id, call.name, (time.monotonic() - call.started) * 1000, **fields)
 
     def _leave(self, grant: Grant) -> None:
         """The call's end for the cap (once): its grant goes back, or is kept for the
@@ -288,94 +372,135 @@ class WorkerPool(WarmWorkers):
             grant.left = True
             self._slots.leave(grant.session, time.monotonic() - grant.at, keep=self._scoped)
 
-    def _run_granted(
-        self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
-        env: Mapping[str, str] | None, cancel: CancelToken | None, failed: Callable[..., ToolResult],
-        grant: Grant, start: float, start_by: float | None,
-    ) -> ToolResult:
-        """:meth:`run` once the cap granted the call its place."""
-        delivered = self._deliver(request, bare, tool_bytes, scope, tuple(sorted((env or {}).items())), failed,
-                                  start_by)
-        if isinstance(delivered, ToolResult):
-            return delivered
-        worker, deadline = delivered
-        timeout_ms, max_output_chars = request.timeout_ms, request.max_chars
-        grant.at = time.monotonic()  # how long the call itself holds it (not the wait for a worker)
-        if self._scoped and scope != CALL_SCOPE:
-            worker.session = grant.session
+    def _deliver(self, sending: _Sending) -> None:
+        """Take a worker for ``sending`` (waiting as :meth:`_take` does) and write the call
+        to it; a call that gets none is given its result here, and its place back."""
+        call, timeout_ms = sending.call, sending.call.timeout_ms
+        result: ToolResult | None
         try:
-            result, retire = exchange_or_cancel(worker, request, tool_bytes, deadline, self._codec, cancel)
-        except DeadlineReached:
-            return at_deadline(worker, failed, timeout_ms, self._heap_bytes, self._lose)
-        except EOFError:
-            return died(worker, failed, cancel, self._heap_bytes, lambda: self._stopped, self._lose)
-        except Malformed as exc:
+            worker = self._take(sending.scope, sending.env_key,
+                                call.deadline if call.start_by is None else call.start_by, call.start_by is not None)
+        except _QueuedPastDeadline:
+            cap = self._slots.limit if self._slots is not None else 0
+            result = self._failure(call, "no_worker_in_time", start_timeout_ms=self._start_timeout_ms,
+                                   timeout_ms=timeout_ms, why=f"the system's {cap} worker(s) stayed busy") \
+                if call.start_by is not None else self._failure(call, "queued_past_deadline", timeout_ms=timeout_ms,
+                                                                 cap=cap)
+        except _NotStarted:
+            result = self._failure(call, "no_worker_in_time", start_timeout_ms=self._start_timeout_ms,
+                                   timeout_ms=timeout_ms,
+                                   why="no worker was free, and the one started for it was not ready in time")
+        except _StartFailed as exc:
+            result = self._failure(call, "no_worker", problem=str(exc))
+        except PoolStopped:
+            result = self._failure(call, "pool_stopped")
+        except Exception as exc:
+            result = self._failure(call, "no_worker", problem=describe_exception(exc))
+        else:
+            result = self._open_on(sending, worker)
+        if result is not None:
+            self._leave(sending.grant)
+            sending.done(result)
+
+    def _open_on(self, sending: _Sending, worker: WorkerHandle) -> ToolResult | None:
+        """Write the call to ``worker`` (busy, this thread's): its tool's bytes only if it
+        lacks them, its deadline ``timeout_ms`` from now if it has a start bound (never past
+        its own), what the pipe does not take at once by the reader, whose call it is
+        from now on (``None``); or the failure that kept it from the worker, which is
+        released."""
+        call, request = sending.call, sending.request
+        deadline = request.deadline
+        if call.start_by is not None:  # its tool's time starts now, not when it was dispatched
+            deadline = min(deadline, time.monotonic() + request.timeout_ms / 1000)
+        held = request.digest in worker.tools
+        try:
+            body = wire.encode_call(request, deadline=deadline, tool_bytes=None if held else sending.tool_bytes)
+        except wire.WireError as exc:  # not sent: the worker is as it was
+            self._release(worker, False)
+            return self._failure(call, "unsendable", problem=str(exc))
+        sending.grant.at = time.monotonic()  # how long the call itself holds it (not the wait for a worker)
+        if self._scoped and sending.scope != CALL_SCOPE:
+            worker.session = sending.grant.session
+        opened = OpenCall(worker, request, sending.tool_bytes, deadline, sending)
+        with opened.guard:  # a finish (its worker's end seen meanwhile) waits for the write
+            try:
+                if not sending.here:
+                    self._replies.add(opened)
+            except RuntimeError as exc:
+                self._release(worker, False)
+                return (self._failure(call, "pool_stopped") if self._stopped else
+                        self._failure(call, "no_worker", problem=f"its reply could not be waited for ({exc})"))
+            if not held:
+                with self._lock:
+                    self._counts["shipped"] += 1
+            try:
+                rest: memoryview | None = worker.channel.write_some(worker.channel.frame(wire.CALL, body))
+            except EOFError:  # it died idle: the reader sees its end, and the call goes to another worker
+                rest = None
+            if rest and sending.here:
+                opened.out = rest
+            elif rest:
+                self._replies.write_rest(opened, rest)
+            elif rest is not None:
+                opened.sent = True
+        opened.watch(call.cancel)
+        if sending.here:
+            self._replies.serve_here(opened)
+        return None
+
+    def _finish(self, opened: OpenCall, outcome: Outcome, payload: Any) -> None:
+        """An open call's outcome, from the reader (or the thread it handed it to): the
+        call's one result to its ``done`` whatever happens, its worker released or lost,
+        its place back; a call whose worker ended before it had the whole call goes to
+        another worker (:data:`_DELIVERY_ATTEMPTS` in all)."""
+        opened.seal()
+        sending: _Sending = opened.state
+        call, worker = sending.call, opened.worker
+        failed = functools.partial(self._failure, call)
+        try:
+            if outcome == "reply":
+                result = self._replied(sending, opened, *payload)
+            elif outcome == "deadline":
+                result = at_deadline(worker, failed, call.timeout_ms, self._heap_bytes, self._lose)
+            elif outcome == "ended" and not opened.sent and not worker.killed:
+                self._lose(worker, "died")  # before the call reached it: another worker
+                sending.tries += 1
+                if sending.tries < _DELIVERY_ATTEMPTS and not self._stopped:
+                    self._deliver(sending)
+                    return
+                result = failed("workers_dying")
+            elif outcome == "ended":
+                result = died(worker, failed, call.cancel, self._heap_bytes, lambda: self._stopped, self._lose)
+            else:  # malformed, reader_failed
+                self._lose(worker, "killed")
+                result = failed("malformed_reply" if outcome == "malformed" else "reader_failed", problem=payload)
+        except Exception as exc:  # a bug here must still answer the call
+            logger.exception("the outcome of call {} could not be taken", call.call_id)
+            result = failed("reader_failed", problem=describe_exception(exc))
+        self._leave(sending.grant)
+        sending.done(result)
+
+    def _replied(self, sending: _Sending, opened: OpenCall, tag: bytes, body: bytes) -> ToolResult:
+        """The result the worker sent (``tag``, ``body``), the worker released."""
+        call, worker, request = sending.call, opened.worker, opened.request
+        try:
+            result = self._codec.decode(body)
+        except wire.WireError as exc:
             self._lose(worker, "killed")
-            return failed("malformed_reply", problem=str(exc))
-        except BaseException:
-            self._lose(worker, "killed")
-            raise
-        self._release(worker, retire or scope == CALL_SCOPE, grant)
+            return self._failure(call, "malformed_reply", problem=f"a result that is not one: {exc}")
+        worker.tools[request.digest] = None
+        worker.tools.move_to_end(request.digest)
+        while len(worker.tools) > TOOL_CACHE_SIZE:
+            worker.tools.popitem(last=False)
+        self._release(worker, tag == wire.RESULT_RETIRE or sending.scope == CALL_SCOPE, sending.grant)
         # the reply was decoded into a new result just now, which no one else holds: its
         # call id, name and duration are the host's, set in place (no copy of its text)
         for key, value in (("call_id", request.call_id), ("name", request.name),
-                           ("duration_ms", (time.monotonic() - start) * 1000)):
+                           ("duration_ms", (time.monotonic() - call.started) * 1000)):
             object.__setattr__(result, key, value)
-        if len(result.content) > max_output_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
-            result = capped(result, max_output_chars)
+        if len(result.content) > request.max_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
+            result = capped(result, request.max_chars)
         return result
-
-    def _deliver(
-        self, request: wire.CallRequest, bare: bytes, tool_bytes: bytes, scope: Hashable,
-        env_key: tuple[tuple[str, str], ...], failed: Callable[..., ToolResult], start_by: float | None,
-    ) -> tuple[WorkerHandle, float] | ToolResult:
-        """Send the call to a worker of ``scope`` (the tool's bytes only to one that lacks
-        them; ``bare``, the request encoded without them, or ``b""``); the worker it went
-        to and the deadline sent with it (with ``start_by``: ``timeout_ms`` from now, once
-        the worker is ready), or the error result when none could take it."""
-        deadline, timeout_ms = request.deadline, request.timeout_ms
-        for _ in range(_DELIVERY_ATTEMPTS):
-            try:
-                worker = self._take(scope, env_key, deadline if start_by is None else start_by, start_by is not None)
-            except _QueuedPastDeadline:
-                cap = self._slots.limit if self._slots is not None else 0
-                if start_by is not None:
-                    return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
-                                  why=f"the system's {cap} worker(s) stayed busy")
-                return failed("queued_past_deadline", timeout_ms=timeout_ms, cap=cap)
-            except _NotStarted:
-                return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
-                              why="no worker was free, and the one started for it was not ready in time")
-            except _StartFailed as exc:
-                return failed("no_worker", problem=str(exc))
-            except PoolStopped:
-                return failed("pool_stopped")
-            except Exception as exc:
-                return failed("no_worker", problem=describe_exception(exc))
-            try:
-                if start_by is not None:  # its tool's time starts now, not when it was dispatched
-                    deadline = min(request.deadline, time.monotonic() + timeout_ms / 1000)
-                held = request.digest in worker.tools
-                try:
-                    body = bare if bare and held else wire.encode_call(
-                        request, deadline=deadline, tool_bytes=None if held else tool_bytes)
-                except wire.WireError as exc:  # not sent: the worker is as it was
-                    self._release(worker, False)
-                    return failed("unsendable", problem=str(exc))
-                worker.channel.send(wire.CALL, body, deadline)
-                if not held:
-                    with self._lock:
-                        self._counts["shipped"] += 1
-                return worker, deadline
-            except EOFError:  # it died while idle, or while starting, before the call reached it: try another
-                self._lose(worker, "died")
-            except DeadlineReached:
-                self._lose(worker, "killed")
-                return failed("timeout", timeout_ms=timeout_ms, consequence=KILLED + " while the call was sent to it")
-            except BaseException:
-                self._lose(worker, "killed")
-                raise
-        return failed("workers_dying")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Kill every worker's process group and reap the workers, waiting up to
@@ -388,6 +513,7 @@ class WorkerPool(WarmWorkers):
             idle, self._idle = self._idle, []
             self._changed.notify_all()
             self._warmed.notify_all()
+        self._replies.stop()  # its reader ends once each open call has its outcome (their workers killed now)
         for worker in workers:
             worker.kill()
         for worker in workers:

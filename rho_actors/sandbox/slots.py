@@ -154,6 +154,23 @@ class WorkerSlots:
                         self._shares.pop(session, None)
                     self._dispatch()  # it may have been first in line
 
+    def try_enter(self, session: Hashable) -> bool:
+        """:meth:`enter` without a wait: a grant for one call of ``session`` only if one
+        is free now (its kept grant, or a free place while no call waits); whether it was
+        granted (if so, :meth:`leave` must follow; if not, nothing changed)."""
+        with self._cond:
+            share = self._shares.get(session)
+            if share is not None and share.kept_until:  # its kept grant: take it again
+                share.kept_until = 0.0
+                return True
+            self._expire_kept(time.monotonic())
+            share = share if share is not None else _Share()
+            if self._queue or not self._grantable(share):
+                return False
+            self._shares[session] = share
+            self._grant(share)
+            return True
+
     def leave(self, session: Hashable, held_s: float = 0.0, keep: bool = True) -> None:
         """One call of ``session`` that :meth:`enter` granted has ended, ``held_s``
         seconds after it was granted. While other sessions wait, the grant of a short

@@ -1,12 +1,7 @@
 """The host's handle on one worker process of a :class:`~rho_actors.sandbox.pool.WorkerPool`
-(DESIGN §5; internal): :class:`WorkerHandle`, the reply protocol of one call
-(:func:`exchange`), and how a worker that ended mid-call ended (:func:`ended`).
-
-The reply protocol: while a call runs, a worker may send one empty ``READY`` (it was
-started for this call), one empty ``NEED_TOOL`` (it lacks the tool's bytes), then one
-``RESULT`` or ``RESULT_RETIRE`` decoded by the pool's result codec; any other frame, one
-over :data:`~rho_actors.sandbox.wire.MAX_REPLY_BYTES`, or a result the codec refuses is a
-:class:`~rho_actors.sandbox.channel.Malformed` protocol violation.
+(DESIGN §5; internal): :class:`WorkerHandle`, and how a call ended whose worker was killed
+at its deadline (:func:`at_deadline`) or ended mid-call (:func:`died`, :func:`ended`).
+The reply protocol is :mod:`rho_actors.sandbox.replies`'s.
 """
 
 from __future__ import annotations
@@ -19,15 +14,13 @@ from typing import Any, Final, Literal
 
 from rho_actors.cancel import CancelToken
 from rho_actors.results import KILLED
-from rho_actors.sandbox import wire
-from rho_actors.sandbox.channel import Channel, Malformed
+from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.confine.enclosure import Enclosure
 from rho_actors.sandbox.processes import ServerWatch, close, kill_group, mib, reap, signal_name
 from rho_actors.sandbox.slots import WorkerSlots
-from rho_actors.sandbox.worker import TOOL_CACHE_SIZE
 from rho_actors.tool import ToolResult
 
-__all__ = ["WorkerHandle", "at_deadline", "died", "ended", "exchange", "exchange_or_cancel"]
+__all__ = ["WorkerHandle", "at_deadline", "died", "ended"]
 
 _REAP_TIMEOUT_S: Final = 5.0
 _EXIT_GRACE_S: Final = 1.0
@@ -128,62 +121,6 @@ class WorkerHandle:
             self.enclosure.remove()
         if self.slots is not None:
             self.slots.release()
-
-
-def exchange(
-worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
-    codec: wire.ResultCodec,
-) -> tuple[ToolResult, bool]:
-    """Wait for the reply to the call just sent, until ``deadline``: ``(result,
-    retire)``. Raises ``DeadlineReached``, ``EOFError`` or ``Malformed`` (a protocol
-    violation: an unexpected or oversized frame, a result its codec refuses)."""
-    digest = request.digest
-    asked = greeted = False
-    while True:
-        tag, body = worker.channel.recv(deadline, wire.MAX_REPLY_BYTES)
-        if tag == wire.READY and not greeted and not body:  # a worker started for this call
-            greeted = True
-            continue
-        if tag == wire.NEED_TOOL and not asked and not body:  # once per call, and empty
-            asked = True
-            body = wire.encode_call(request, deadline=deadline, tool_bytes=tool_bytes)
-            worker.channel.send(wire.CALL, body, deadline)
-            continue
-        if tag not in (wire.RESULT, wire.RESULT_RETIRE):
-            raise Malformed(f"an unexpected {tag!r} frame of {len(body):,} bytes in reply to a call")
-        try:
-            result = codec.decode(body)
-        except wire.WireError as exc:
-            raise Malformed(f"a result that is not one: {exc}") from None
-        worker.tools[digest] = None
-        worker.tools.move_to_end(digest)
-        while len(worker.tools) > TOOL_CACHE_SIZE:
-            worker.tools.popitem(last=False)
-        return result, tag == wire.RESULT_RETIRE
-
-
-def exchange_or_cancel(
-    worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float, codec: wire.ResultCodec,
-    cancel: CancelToken | None,
-) -> tuple[ToolResult, bool]:
-    """:func:`exchange`, killing the worker when ``cancel`` is set meanwhile (never once
-    the exchange has ended: the worker may be reaped, its pid reused)."""
-    if cancel is None:
-        return exchange(worker, request, tool_bytes, deadline, codec)
-    guard = threading.Lock()
-
-    def kill() -> None:
-        if guard.acquire(blocking=False):
-            try:
-                worker.kill()
-            finally:
-                guard.release()
-
-    cancel.add_inline_callback(kill)
-    try:
-        return exchange(worker, request, tool_bytes, deadline, codec)
-    finally:
-        guard.acquire()  # waits out a kill under way; later ones do nothing
 
 
 def at_deadline(

@@ -1,0 +1,386 @@
+"""The replies of a worker pool's calls, read by one thread for all of them (DESIGN §5
+"A call's path"; internal).
+
+A call written to a worker is an :class:`OpenCall` until its *outcome*: its reply, its
+deadline, its worker's end, or a protocol violation. :class:`Replies` waits for every
+open call of its pool at once, each worker's pipe and its process sentinel in one
+``epoll`` set with the nearest deadline as the timeout, on one thread, the *reader*: no
+thread waits per call, so the thread that wrote the call goes on at once and a reply
+wakes only the reader. The reader answers what a worker asks on its own (a ``READY``; a
+``NEED_TOOL``, whose frame with the tool it writes as the pipe takes it, as it writes
+the rest of a call's frame the pipe did not take at once), and kills a worker at its
+call's deadline itself, at once. Each outcome then goes to the pool's ``finish``
+(decode the result, release or lose the worker, the call's ``done``), which may block (a
+dead worker is reaped with a grace; ``done`` runs the host's code, which may run a turn
+of its own): while other calls are open the reader first makes another thread the reader
+(leader/followers), so no deadline waits behind a finish; alone, it finishes and reads
+on, unless a call opened meanwhile made another thread the reader.
+
+The reply protocol: while a call runs, a worker may send one empty ``READY`` (it was
+started for this call), one empty ``NEED_TOOL`` (it lacks the tool's bytes), then one
+``RESULT`` or ``RESULT_RETIRE``; any other frame, or one over
+:data:`~rho_actors.sandbox.wire.MAX_REPLY_BYTES`, is a protocol violation (``malformed``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+from loguru import logger
+
+from rho_actors.cancel import CancelToken
+from rho_actors.encoding import describe_exception
+from rho_actors.sandbox import wire
+from rho_actors.sandbox.channel import Malformed
+from rho_actors.sandbox.worker_handle import WorkerHandle
+
+__all__ = ["OpenCall", "Outcome", "Replies"]
+
+Outcome = Literal["reply", "deadline", "ended", "malformed", "reader_failed"]
+"""What ended an open call: its ``reply`` (payload: ``(tag, body)``), its ``deadline``
+(its worker killed already), its worker's end (``ended``), a ``malformed`` frame
+(payload: the problem), or the reader's own failure (``reader_failed``: the problem)."""
+
+_IN: Final = select.EPOLLIN
+_IN_OUT: Final = select.EPOLLIN | select.EPOLLOUT
+
+
+class OpenCall:
+    """One call written (or being written) to ``worker``, until its outcome: the
+    ``request`` and ``tool_bytes`` (what a ``NEED_TOOL`` gets), the ``deadline`` sent
+    with it (a ``time.monotonic()`` instant), ``state`` (the pool's, for ``finish``),
+    ``out`` (what is left to write of its frames), ``sent`` (its ``CALL`` frame was
+    written whole: a call whose worker ended before is not in it). ``guard`` is held by
+    the thread writing to the worker and by ``finish`` while it takes the worker over:
+    setting ``cancel`` kills the worker unless one holds it or :meth:`seal` was called."""
+
+    __slots__ = ("asked", "deadline", "ending", "fd", "greeted", "guard", "mask", "out", "request", "sealed", "sent",
+                 "sentinel", "state", "tool_bytes", "worker")
+
+    def __init__(self, worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
+                 state: Any) -> None:
+        self.worker = worker
+        self.request = request
+        self.tool_bytes = tool_bytes
+        self.deadline = deadline
+        self.state = state
+        self.fd = worker.channel.fd
+        self.sentinel = worker.channel.sentinel
+        self.out: memoryview | None = None
+        self.mask = _IN  # what its pipe is polled for
+        self.sent = False
+        self.asked = self.greeted = False
+        self.ending = False  # its outcome is taken (by the reader only)
+        self.sealed = False
+        self.guard = threading.Lock()
+
+    def watch(self, cancel: CancelToken | None) -> None:
+        """Kill the worker when ``cancel`` is set (at once if it is), until :meth:`seal`."""
+        if cancel is not None:
+            cancel.add_inline_callback(self._cancelled)
+
+    def _cancelled(self) -> None:
+        if self.guard.acquire(blocking=False):  # held: being written (the writer looks again) or finished
+            try:
+                if not self.sealed:
+                    self.worker.kill()
+            finally:
+                self.guard.release()
+
+    def seal(self) -> None:
+        """The outcome is being finished: no kill by ``cancel`` from now on (waits out a
+        write or a kill under way; the worker may be reaped next and its pid reused)."""
+        with self.guard:
+            self.sealed = True
+
+
+class Replies:
+    """The reader of one pool's open calls (see the module doc). ``finish(call, outcome,
+    payload)`` ends each call once (it must give the call its result whatever happens);
+    ``start_thread(job)`` runs ``job()`` on another thread (raises ``RuntimeError`` when
+    none can be started)."""
+
+    def __init__(self, finish: Callable[[OpenCall, Outcome, Any], None],
+                 start_thread: Callable[[Callable[[], None]], None]) -> None:
+        self._finish = finish
+        self._start_thread = start_thread
+        self._epoll = select.epoll()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._epoll.register(self._wake_r, _IN)
+        self._lock = threading.Lock()
+        self._by_fd: dict[int, OpenCall] = {}
+        self._open: set[OpenCall] = set()
+        self._leader: object | None = None  # the reading thread's token (None: none reads)
+        self._alone = False  # the leader finishes an outcome: a call opened now needs another reader
+        self._planned = math.inf  # when the leader wakes at the latest (a passed deadline's look)
+        self._stopped = False
+        self._closed = False
+
+    def add(self, call: OpenCall) -> None:
+        """Wait for ``call``'s outcome from now on (its frame may be written after: the
+        writer holds ``call.guard`` meanwhile). Raises ``RuntimeError`` when stopped, or
+        when no reader is running and none could be started; then nothing changed."""
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("the worker pool is stopped")
+            self._by_fd[call.fd] = call
+            if call.sentinel is not None:
+                self._by_fd[call.sentinel] = call
+            self._open.add(call)
+            try:
+                self._epoll.register(call.fd, call.mask)
+                if call.sentinel is not None:
+                    self._epoll.register(call.sentinel, _IN)
+            except OSError as exc:
+                self._remove_locked(call)
+                raise RuntimeError(f"its pipe could not be waited on: {exc}") from None
+            earlier = call.deadline < self._planned
+            if earlier:
+                self._planned = call.deadline
+            if self._leader is None or self._alone:
+                try:
+                    self._promote_locked()
+                except BaseException:
+                    self._remove_locked(call)
+                    raise
+            elif earlier:  # the reader sleeps past it: it looks again now
+                self._wake_locked()
+
+    def serve_here(self, call: OpenCall) -> None:
+        """Wait for ``call``'s outcome in this thread, then finish it: for a thread that
+        has nothing else to do until then (a blocking :meth:`WorkerPool.run_call
+        <rho_actors.sandbox.pool.WorkerPool.run_call>`, a call thread that waited for its
+        worker), so that no reader is woken for it. A fault of the wait ends the call as
+        the reader's does (``reader_failed``); what interrupts it (a ``KeyboardInterrupt``)
+        hands the call to the reader first, then is raised."""
+        poller = select.poll()
+        call.mask = _IN_OUT if call.out else _IN
+        poller.register(call.fd, call.mask)
+        if call.sentinel is not None:
+            poller.register(call.sentinel, _IN)
+        try:
+            while True:
+                remaining = call.deadline - time.monotonic()
+                if remaining <= 0:
+                    call.worker.kill()  # at the deadline itself, before the finish
+                    outcome: tuple[Outcome, Any] = ("deadline", None)
+                    break
+                served = None
+                for fd, mask in poller.poll(math.ceil(remaining * 1000)):
+                    served = self._serve(call, fd, mask)
+                    if served is not None:
+                        break
+                if served is not None:
+                    outcome = served
+                    break
+                if call.mask != (_IN_OUT if call.out else _IN):
+                    call.mask = _IN_OUT if call.out else _IN
+                    poller.modify(call.fd, call.mask)
+        except Exception as exc:  # a fault of this wait (as the reader's, _failed): the call ends
+            logger.opt(exception=exc).error("the wait for a worker's reply failed: its call ends")
+            call.worker.kill()
+            outcome = ("reader_failed", describe_exception(exc))
+        except BaseException:  # this thread is interrupted: the reader takes the call over
+            try:
+                self.add(call)
+            except RuntimeError as exc:
+                call.worker.kill()
+                self._finish(call, "reader_failed", f"its wait was interrupted and no reader took it ({exc})")
+            raise
+        call.ending = True
+        self._finish(call, *outcome)
+
+    def write_rest(self, call: OpenCall, rest: memoryview) -> None:
+        """The pipe took only part of ``call``'s frame: the reader writes ``rest`` as it
+        takes more (unless the call has ended meanwhile: it was not sent)."""
+        with self._lock:
+            if not call.ending and not self._closed:
+                call.out, call.mask = rest, _IN_OUT
+                self._epoll.modify(call.fd, _IN_OUT)
+
+    def stop(self) -> None:
+        """No call is added from now on; the reader ends once every open call has its
+        outcome (the pool's stop kills their workers)."""
+        with self._lock:
+            self._stopped = True
+            if self._leader is None and not self._open:
+                self._close_locked()
+            else:
+                self._wake_locked()
+
+    # --- the reader ----------------------------------------------------------------------
+
+    def _promote_locked(self) -> None:
+        """Make a new thread the reader (the current one, if any, ends after its finish)."""
+        token = object()
+        before = self._leader, self._alone
+        self._leader, self._alone = token, False
+        try:
+            self._start_thread(functools.partial(self._lead, token))
+        except BaseException:
+            self._leader, self._alone = before
+            raise
+
+    def _wake_locked(self) -> None:
+        if not self._closed:
+            with contextlib.suppress(BlockingIOError):  # full: it is woken anyway
+                os.write(self._wake_w, b"\0")
+
+    def _remove_locked(self, call: OpenCall) -> None:
+        self._open.discard(call)
+        for fd in (call.fd, call.sentinel):
+            if fd is not None and self._by_fd.get(fd) is call:
+                del self._by_fd[fd]
+                with contextlib.suppress(OSError, ValueError):
+                    self._epoll.unregister(fd)
+
+    def _close_locked(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._epoll.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _lead(self, token: object) -> None:
+        try:
+            while self._round(token):
+                pass
+        except BaseException as exc:
+            self._failed(token, exc)
+
+    def _round(self, token: object) -> bool:
+        """One wait of the reader and what it brought; whether this thread reads on."""
+        with self._lock:
+            if self._leader is not token:
+                return False
+            if self._stopped and not self._open:
+                self._leader = None
+                self._close_locked()
+                return False
+            planned = self._planned
+        timeout = -1.0 if planned == math.inf else max(0.0, planned - time.monotonic())
+        taken = self._outcomes(self._epoll.poll(timeout))
+        now = time.monotonic()
+        with self._lock:
+            for call in self._open:
+                if not call.ending and call.deadline <= now:
+                    call.ending = True
+                    taken.append((call, "deadline", None))
+            for call, _, _ in taken:
+                self._remove_locked(call)
+            nearest = min((c.deadline for c in self._open), default=math.inf)
+            self._planned = min(nearest, planned if planned > now else math.inf)
+            reads_on = True
+            if taken and self._open:  # others wait for their outcome: another thread reads on
+                try:
+                    self._promote_locked()
+                    reads_on = False
+                except RuntimeError:
+                    logger.warning("no thread could be started to read replies: the reader finishes first")
+            elif taken:
+                self._alone = True
+        for call, outcome, _ in taken:
+            if outcome == "deadline":
+                call.worker.kill()  # at the deadline itself, before any finish
+        for call, outcome, payload in taken:
+            try:
+                self._finish(call, outcome, payload)
+            except BaseException:
+                logger.exception("finishing call {} failed", call.request.call_id)
+        if not reads_on:
+            return False
+        with self._lock:
+            if self._leader is not token:
+                return False
+            self._alone = False
+        return True
+
+    def _outcomes(self, events: list[tuple[int, int]]) -> list[tuple[OpenCall, Outcome, Any]]:
+        """What ``events`` brought: the outcomes taken (frames written and read meanwhile)."""
+        taken: list[tuple[OpenCall, Outcome, Any]] = []
+        for fd, mask in events:
+            if fd == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+                continue
+            call = self._by_fd.get(fd)
+            if call is None or call.ending:
+                continue
+            served = self._serve(call, fd, mask)
+            if served is not None:
+                call.ending = True
+                taken.append((call, *served))
+            elif call.mask != (_IN_OUT if call.out else _IN):  # a frame to write now, or no more
+                with self._lock:
+                    call.mask = _IN_OUT if call.out else _IN
+                    self._epoll.modify(call.fd, call.mask)
+        return taken
+
+    def _serve(self, call: OpenCall, fd: int, mask: int) -> tuple[Outcome, Any] | None:
+        """What ``fd`` (the call's pipe or its worker's sentinel) has: the outcome, if any."""
+        channel = call.worker.channel
+        try:
+            if fd == call.fd and mask & select.EPOLLOUT and call.out:
+                call.out = channel.write_some(call.out)
+                if not call.out:
+                    call.out, call.sent = None, True
+            if fd == call.fd and not mask & ~select.EPOLLOUT:
+                return None  # only writable
+            frame = channel.read_some(wire.MAX_REPLY_BYTES)
+            while frame is not None:
+                outcome = self._on_frame(call, *frame)
+                if outcome is not None:
+                    return outcome
+                frame = channel.buffered(wire.MAX_REPLY_BYTES)
+        except EOFError:
+            return "ended", None
+        except Malformed as exc:
+            return "malformed", str(exc)
+        if fd == call.sentinel:  # the worker ended, and nothing whole is left to read
+            return "ended", None
+        return None
+
+    def _on_frame(self, call: OpenCall, tag: bytes, body: bytes) -> tuple[Outcome, Any] | None:
+        if tag == wire.READY and not call.greeted and not body:  # a worker started for this call
+            call.greeted = True
+            return None
+        if tag == wire.NEED_TOOL and not call.asked and not body:  # once per call, and empty
+            call.asked = True
+            try:
+                body = wire.encode_call(call.request, deadline=call.deadline, tool_bytes=call.tool_bytes)
+            except wire.WireError as exc:
+                return "malformed", f"its tool could not be sent as it asked: {exc}"
+            call.out = call.worker.channel.write_some(call.worker.channel.frame(wire.CALL, body)) or None
+            return None
+        if tag not in (wire.RESULT, wire.RESULT_RETIRE):
+            return "malformed", f"an unexpected {tag!r} frame of {len(body):,} bytes in reply to a call"
+        return "reply", (tag, body)
+
+    def _failed(self, token: object, exc: BaseException) -> None:
+        """The reader raised: every open call ends (``reader_failed``, its worker killed);
+        the next call added starts a new reader."""
+        logger.opt(exception=exc).error("the reader of a worker pool's replies failed: its open calls end")
+        with self._lock:
+            if self._leader is not token:
+                return
+            calls = list(self._open)  # the outcomes taken but not yet finished too
+            for call in calls:
+                call.ending = True
+                self._remove_locked(call)
+            self._leader, self._alone = None, False
+            if self._stopped and not self._open:
+                self._close_locked()
+        problem = describe_exception(exc)
+        for call in calls:
+            try:
+                self._finish(call, "reader_failed", problem)
+            except BaseException:
+                logger.exception("finishing call {} failed", call.request.call_id)
