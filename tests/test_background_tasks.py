@@ -24,7 +24,7 @@ from rho_actors.agent.model import Message, Reply, ScriptedModel
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
 from rho_actors.tasks import records
 
-from .conftest import WAIT_S, read_line, wait_for
+from .conftest import WAIT_S, read_line, slack, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -382,6 +382,11 @@ def test_a_temporary_record_left_by_a_killed_host_is_removed_at_the_next_hosts_f
     assert not left.exists() and ours.exists()
 
 
+CLASS_CRAWL_MS = max(400, round(slack(1.0) * 1000))
+"""``ClassCrawl``'s background deadline: its task must still run when the test looks at the
+tree after the acknowledgement (a quiet second, as this machine keeps up now)."""
+
+
 class ClassCrawl:
     """A class tool declaring its background calls through the contract's callbacks."""
 
@@ -403,7 +408,7 @@ class ClassCrawl:
 
     @staticmethod
     def background_timeout_ms() -> int:
-        return 400
+        return CLASS_CRAWL_MS
 
     @staticmethod
     def run(args: dict[str, Any], ctx: Any) -> str:
@@ -417,10 +422,10 @@ def test_a_class_tool_declares_background_and_its_deadline_through_the_contract(
     [ack] = loop.run_turn([call("c1", "class_crawl", '{"site": "a"}')])
     assert ack.ok and ack.details is not None, ack.content
     [node] = system.tree()["children"][-1]["children"]
-    assert 0 < node["ms_left"] <= 400
+    assert 0 < node["ms_left"] <= CLASS_CRAWL_MS
     done = loop.task_result(ack.details["task_id"], timeout_s=WAIT_S)
     assert done.status == "failed" and done.result is not None
-    assert done.result.error_kind is ErrorKind.TIMEOUT and "400 ms" in done.result.content
+    assert done.result.error_kind is ErrorKind.TIMEOUT and f"{CLASS_CRAWL_MS} ms" in done.result.content
 
 
 def test_a_background_deadline_is_capped_by_the_systems_max_timeout_ms(tmp_path: Path) -> None:

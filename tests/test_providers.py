@@ -5,6 +5,7 @@ what comes back, retries and errors, and whole agent conversations."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import importlib
 import json
 import socket
@@ -43,6 +44,12 @@ from tests.wire_server import (
 )
 
 FAST = RetryPolicy(attempts=3, initial_s=0.01, max_wait_s=0.2, jitter_s=0.01, total_s=5.0)
+
+
+def fast_within(timeout_s: float) -> RetryPolicy:
+    """:data:`FAST` for requests each bounded by ``timeout_s``: its total time leaves room
+    for all three (a request timed out past ``total_s`` is not retried)."""
+    return dataclasses.replace(FAST, total_s=3 * timeout_s + FAST.total_s)
 """Tiny waits, so retries take milliseconds."""
 
 PNG = picture("PNG")
@@ -276,7 +283,8 @@ def test_openai_timeout_is_retried(server: WireServer) -> None:
     # one more quick answer is there should a load peak make the first miss it (the last of FAST's 3 attempts)
     server.script(OPENAI_PATH, Response(200, openai_completion("late"), delay_s=WAIT_S), quick, quick)
     timeout_s = slack(1.0)
-    with OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=FAST, timeout_s=timeout_s) as model:
+    with OpenAIModel("gpt-test", base_url=server.openai_url, api_key="k", retry=fast_within(timeout_s),
+                     timeout_s=timeout_s) as model:
         started = time.monotonic()
         assert model.complete([Message.user("go")], []).text == "quick"
     assert time.monotonic() - started < 2 * timeout_s + slack(2.2)
@@ -501,7 +509,7 @@ def test_anthropic_timeout_is_retried(server: WireServer) -> None:
     # as test_openai_timeout_is_retried: a quiet second for the quick answer, one more should a load peak pass it
     server.script(ANTHROPIC_PATH, Response(200, anthropic_message([text_block("late")]), delay_s=WAIT_S), quick, quick)
     timeout_s = slack(1.0)
-    with AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=FAST,
+    with AnthropicModel("claude-test", base_url=server.anthropic_url, api_key="k", retry=fast_within(timeout_s),
                         timeout_s=timeout_s) as m:
         assert m.complete([Message.user("go")], []).text == "quick"
     assert len(server.requests) in (2, 3)
