@@ -325,3 +325,29 @@ def test_a_reply_a_worker_sends_for_an_earlier_call_is_never_another_calls_resul
     assert "secret" not in result.content
     assert result.error_kind is ErrorKind.CRASHED and "a reply to another call" in result.content, result
     assert pool.run_call(a_call(echo, {"text": "after"}, call_id="c3")).content == "after"
+
+
+def test_outcomes_taken_at_once_are_finished_at_once(tmp_path: Path) -> None:
+    """Calls whose deadline is the same instant end in one look of the reader: each
+    one's ``done`` runs the host's code, and one that blocks holds up no other's result
+    (here each waits, bounded, for the other's)."""
+    with WorkerPool(warm=2, codec="pickle") as two:
+        assert two.wait_warm(WAIT_S)
+        answers = Answers()
+        arrived = {name: threading.Event() for name in ("a", "b")}
+        saw: dict[str, bool] = {}
+
+        def waiting_done(name: str, other: str) -> Any:
+            def done(result: ToolResult) -> None:
+                arrived[name].set()
+                saw[name] = arrived[other].wait(WAIT_S)
+                answers.done(name)(result)
+            return done
+
+        deadline = time.monotonic() + slack(0.5)
+        for name, other in (("a", "b"), ("b", "a")):
+            call = WorkerCall.of(nap, {"seconds": 60}, {"session_id": name, "call_id": name}, deadline, 10_000)
+            assert two.try_start(call, waiting_done(name, other))
+        for name in ("a", "b"):
+            assert answers.wait(name).error_kind is ErrorKind.TIMEOUT
+        assert saw == {"a": True, "b": True}  # neither result waited behind the other's done

@@ -14,7 +14,9 @@ call's deadline itself, at once. Each outcome then goes to the pool's ``finish``
 dead worker is reaped with a grace; ``done`` runs the host's code, which may run a turn
 of its own): while other calls are open the reader first makes another thread the reader
 (leader/followers), so no deadline waits behind a finish; alone, it finishes and reads
-on, unless a call opened meanwhile made another thread the reader.
+on, unless a call opened meanwhile made another thread the reader. Outcomes taken at
+once (deadlines at the same instant) are finished at once: one by the reader, each
+other by a thread of its own (by the reader too when none can be started).
 
 The reply protocol: while a call runs, a worker may send one empty ``READY`` (it was
 started for this call), one empty ``NEED_TOOL`` (it lacks the tool's bytes), then one
@@ -290,11 +292,14 @@ class Replies:
         for call, outcome, _ in taken:
             if outcome == "deadline":
                 call.worker.kill()  # at the deadline itself, before any finish
-        for call, outcome, payload in taken:
+        here = taken[:1]  # outcomes taken at once: this thread finishes one, a thread each the others
+        for item in taken[1:]:
             try:
-                self._finish(call, outcome, payload)
-            except BaseException:
-                logger.exception("finishing call {} failed", call.request.call_id)
+                self._start_thread(functools.partial(self._finish_one, *item))
+            except RuntimeError:  # none could be started: this thread finishes it too
+                here.append(item)
+        for item in here:
+            self._finish_one(*item)
         if not reads_on:
             return False
         with self._lock:
@@ -302,6 +307,12 @@ class Replies:
                 return False
             self._alone = False
         return True
+
+    def _finish_one(self, call: OpenCall, outcome: Outcome, payload: Any) -> None:
+        try:
+            self._finish(call, outcome, payload)
+        except BaseException:
+            logger.exception("finishing call {} failed", call.request.call_id)
 
     def _outcomes(self, events: list[tuple[int, int]]) -> list[tuple[OpenCall, Outcome, Any]]:
         """What ``events`` brought: the outcomes taken (frames written and read meanwhile)."""
