@@ -351,3 +351,45 @@ def test_outcomes_taken_at_once_are_finished_at_once(tmp_path: Path) -> None:
         for name in ("a", "b"):
             assert answers.wait(name).error_kind is ErrorKind.TIMEOUT
         assert saw == {"a": True, "b": True}  # neither result waited behind the other's done
+
+
+def test_a_kill_that_fails_at_a_deadline_still_answers_the_call(
+        pool: WorkerPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's kill at a deadline may fail (a confined worker's cgroup removed under
+    it raises ``OSError``): the call it had taken still gets its one result, the reader
+    reads on, and the pool serves the next call."""
+    from rho_actors.sandbox.worker_handle import WorkerHandle
+    kill = WorkerHandle.kill
+    failed = threading.Event()
+
+    def failing(self: WorkerHandle) -> None:
+        if threading.current_thread().name == "rho_actors-replies" and not failed.is_set():
+            failed.set()
+            raise FileNotFoundError("cgroup.kill: no such file")
+        kill(self)
+
+    monkeypatch.setattr(WorkerHandle, "kill", failing)
+    answers = Answers()
+    assert pool.try_start(a_call(nap, {"seconds": 60}, timeout_s=0.3, call_id="late"), answers.done("late"))
+    result = answers.wait("late")
+    assert failed.is_set() and not result.ok
+    assert result.error_kind in (ErrorKind.TIMEOUT, ErrorKind.CRASHED), result
+    assert pool.run_call(a_call(echo, {"text": "after"}, call_id="after")).content == "after"
+
+
+def test_a_kill_that_fails_at_a_deadline_still_answers_a_call_waiting_for_its_own_reply(
+        pool: WorkerPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for a blocking ``run_call`` (its thread waits for its reply itself): every
+    kill from that thread failing, the call still gets a result and no exception."""
+    from rho_actors.sandbox.worker_handle import WorkerHandle
+    kill, here = WorkerHandle.kill, threading.current_thread()
+
+    def failing(self: WorkerHandle) -> None:
+        if threading.current_thread() is here:
+            raise FileNotFoundError("cgroup.kill: no such file")
+        kill(self)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(WorkerHandle, "kill", failing)
+        result = pool.run_call(a_call(nap, {"seconds": 60}, timeout_s=0.3, call_id="late"))
+    assert not result.ok and result.error_kind in (ErrorKind.TIMEOUT, ErrorKind.CRASHED), result

@@ -104,6 +104,15 @@ class OpenCall:
             self.sealed = True
 
 
+def _kill(call: OpenCall) -> None:
+    """Kill ``call``'s worker; a kill that fails (a confined worker's cgroup gone under it:
+    ``OSError``) is logged, never raised: the call's finish kills it again or loses it."""
+    try:
+        call.worker.kill()
+    except Exception:
+        logger.exception("killing the worker of call {} failed", call.request.call_id)
+
+
 class Replies:
     """The reader of one pool's open calls (see the module doc). ``finish(call, outcome,
     payload)`` ends each call once (it must give the call its result whatever happens);
@@ -172,7 +181,7 @@ class Replies:
             while True:
                 remaining = call.deadline - time.monotonic()
                 if remaining <= 0:
-                    call.worker.kill()  # at the deadline itself, before the finish
+                    _kill(call)  # at the deadline itself, before the finish
                     outcome: tuple[Outcome, Any] = ("deadline", None)
                     break
                 served = None
@@ -188,13 +197,13 @@ class Replies:
                     poller.modify(call.fd, call.mask)
         except Exception as exc:  # a fault of this wait (as the reader's, _failed): the call ends
             logger.opt(exception=exc).error("the wait for a worker's reply failed: its call ends")
-            call.worker.kill()
+            _kill(call)
             outcome = ("reader_failed", describe_exception(exc))
         except BaseException:  # this thread is interrupted: the reader takes the call over
             try:
                 self.add(call)
             except RuntimeError as exc:
-                call.worker.kill()
+                _kill(call)
                 self._finish(call, "reader_failed", f"its wait was interrupted and no reader took it ({exc})")
             raise
         call.ending = True
@@ -285,18 +294,19 @@ class Replies:
                 try:
                     self._promote_locked()
                     reads_on = False
-                except RuntimeError:
+                except Exception:  # RuntimeError: the host at its thread limit
                     logger.warning("no thread could be started to read replies: the reader finishes first")
             elif taken:
                 self._alone = True
+        # from here on the outcomes taken are off the open set: nothing may keep them from their finish
         for call, outcome, _ in taken:
             if outcome == "deadline":
-                call.worker.kill()  # at the deadline itself, before any finish
+                _kill(call)  # at the deadline itself, before any finish
         here = taken[:1]  # outcomes taken at once: this thread finishes one, a thread each the others
         for item in taken[1:]:
             try:
                 self._start_thread(functools.partial(self._finish_one, *item))
-            except RuntimeError:  # none could be started: this thread finishes it too
+            except Exception:  # none could be started: this thread finishes it too
                 here.append(item)
         for item in here:
             self._finish_one(*item)
