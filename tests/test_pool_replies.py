@@ -393,3 +393,18 @@ def test_a_kill_that_fails_at_a_deadline_still_answers_a_call_waiting_for_its_ow
         patched.setattr(WorkerHandle, "kill", failing)
         result = pool.run_call(a_call(nap, {"seconds": 60}, timeout_s=0.3, call_id="late"))
     assert not result.ok and result.error_kind in (ErrorKind.TIMEOUT, ErrorKind.CRASHED), result
+
+
+@tool
+def defer() -> Any:
+    """Wait for a result from outside."""
+    from rho_actors import Deferred
+    return Deferred("a person answers it")
+
+
+def test_a_worker_made_text_names_the_callers_call_id(pool: WorkerPool) -> None:
+    """The id a worker is sent to bind its reply to its call never shows: a result whose
+    text names its call (``Deferred``) names the caller's id."""
+    result = pool.run_call(a_call(defer, {}, call_id="call_7"))
+    assert result.error_kind is ErrorKind.DEFERRED and result.call_id == "call_7"
+    assert "call call_7 of tool" in result.content and "#" not in result.content, result.content

@@ -506,6 +506,8 @@ class WorkerPool(WarmWorkers):
         for key, value in (("call_id", call.call_id), ("name", request.name),
                            ("duration_ms", (time.monotonic() - call.started) * 1000)):
             object.__setattr__(result, key, value)
+        if request.call_id in result.content:  # a text the worker made names the call (Deferred's): the caller's id
+            object.__setattr__(result, "content", result.content.replace(request.call_id, call.call_id))
         if len(result.content) > request.max_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
             result = capped(result, request.max_chars)
         return result
