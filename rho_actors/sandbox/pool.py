@@ -39,7 +39,9 @@ Example::
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
+import os
 import threading
 import time
 import weakref
@@ -408,7 +410,10 @@ class WorkerPool(WarmWorkers):
         its own), what the pipe does not take at once by the reader, whose call it is
         from now on (``None``); or the failure that kept it from the worker, which is
         released."""
-        call, request = sending.call, sending.request
+        call = sending.call
+        # the worker is sent a call id of this call alone (its tool's ctx keeps the caller's),
+        # which its reply must name: a reply it sends for an earlier call is never this one's
+        request = dataclasses.replace(sending.request, call_id=f"{call.call_id}#{os.urandom(8).hex()}")
         deadline = request.deadline
         if call.start_by is not None:  # its tool's time starts now, not when it was dispatched
             deadline = min(deadline, time.monotonic() + request.timeout_ms / 1000)
@@ -488,6 +493,9 @@ class WorkerPool(WarmWorkers):
         except wire.WireError as exc:
             self._lose(worker, "killed")
             return self._failure(call, "malformed_reply", problem=f"a result that is not one: {exc}")
+        if result.call_id not in (request.call_id, ""):  # a forged reply went first ("": its CALL undecodable)
+            self._lose(worker, "killed")
+            return self._failure(call, "malformed_reply", problem="a reply to another call, sent after it was answered")
         worker.tools[request.digest] = None
         worker.tools.move_to_end(request.digest)
         while len(worker.tools) > TOOL_CACHE_SIZE:
@@ -495,9 +503,11 @@ class WorkerPool(WarmWorkers):
         self._release(worker, tag == wire.RESULT_RETIRE or sending.scope == CALL_SCOPE, sending.grant)
         # the reply was decoded into a new result just now, which no one else holds: its
         # call id, name and duration are the host's, set in place (no copy of its text)
-        for key, value in (("call_id", request.call_id), ("name", request.name),
+        for key, value in (("call_id", call.call_id), ("name", request.name),
                            ("duration_ms", (time.monotonic() - call.started) * 1000)):
             object.__setattr__(result, key, value)
+        if request.call_id in result.content:  # a text the worker made names the call (Deferred's): the caller's id
+            object.__setattr__(result, "content", result.content.replace(request.call_id, call.call_id))
         if len(result.content) > request.max_chars + _NOTICE_ROOM:  # a forged reply skipped the worker's cap
             result = capped(result, request.max_chars)
         return result

@@ -14,7 +14,9 @@ call's deadline itself, at once. Each outcome then goes to the pool's ``finish``
 dead worker is reaped with a grace; ``done`` runs the host's code, which may run a turn
 of its own): while other calls are open the reader first makes another thread the reader
 (leader/followers), so no deadline waits behind a finish; alone, it finishes and reads
-on, unless a call opened meanwhile made another thread the reader.
+on, unless a call opened meanwhile made another thread the reader. Outcomes taken at
+once (deadlines at the same instant) are finished at once: one by the reader, each
+other by a thread of its own (by the reader too when none can be started).
 
 The reply protocol: while a call runs, a worker may send one empty ``READY`` (it was
 started for this call), one empty ``NEED_TOOL`` (it lacks the tool's bytes), then one
@@ -102,6 +104,15 @@ class OpenCall:
             self.sealed = True
 
 
+def _kill(call: OpenCall) -> None:
+    """Kill ``call``'s worker; a kill that fails (a confined worker's cgroup gone under it:
+    ``OSError``) is logged, never raised: the call's finish kills it again or loses it."""
+    try:
+        call.worker.kill()
+    except Exception:
+        logger.exception("killing the worker of call {} failed", call.request.call_id)
+
+
 class Replies:
     """The reader of one pool's open calls (see the module doc). ``finish(call, outcome,
     payload)`` ends each call once (it must give the call its result whatever happens);
@@ -170,7 +181,7 @@ class Replies:
             while True:
                 remaining = call.deadline - time.monotonic()
                 if remaining <= 0:
-                    call.worker.kill()  # at the deadline itself, before the finish
+                    _kill(call)  # at the deadline itself, before the finish
                     outcome: tuple[Outcome, Any] = ("deadline", None)
                     break
                 served = None
@@ -186,13 +197,13 @@ class Replies:
                     poller.modify(call.fd, call.mask)
         except Exception as exc:  # a fault of this wait (as the reader's, _failed): the call ends
             logger.opt(exception=exc).error("the wait for a worker's reply failed: its call ends")
-            call.worker.kill()
+            _kill(call)
             outcome = ("reader_failed", describe_exception(exc))
         except BaseException:  # this thread is interrupted: the reader takes the call over
             try:
                 self.add(call)
             except RuntimeError as exc:
-                call.worker.kill()
+                _kill(call)
                 self._finish(call, "reader_failed", f"its wait was interrupted and no reader took it ({exc})")
             raise
         call.ending = True
@@ -283,18 +294,22 @@ class Replies:
                 try:
                     self._promote_locked()
                     reads_on = False
-                except RuntimeError:
+                except Exception:  # RuntimeError: the host at its thread limit
                     logger.warning("no thread could be started to read replies: the reader finishes first")
             elif taken:
                 self._alone = True
+        # from here on the outcomes taken are off the open set: nothing may keep them from their finish
         for call, outcome, _ in taken:
             if outcome == "deadline":
-                call.worker.kill()  # at the deadline itself, before any finish
-        for call, outcome, payload in taken:
+                _kill(call)  # at the deadline itself, before any finish
+        here = taken[:1]  # outcomes taken at once: this thread finishes one, a thread each the others
+        for item in taken[1:]:
             try:
-                self._finish(call, outcome, payload)
-            except BaseException:
-                logger.exception("finishing call {} failed", call.request.call_id)
+                self._start_thread(functools.partial(self._finish_one, *item))
+            except Exception:  # none could be started: this thread finishes it too
+                here.append(item)
+        for item in here:
+            self._finish_one(*item)
         if not reads_on:
             return False
         with self._lock:
@@ -302,6 +317,12 @@ class Replies:
                 return False
             self._alone = False
         return True
+
+    def _finish_one(self, call: OpenCall, outcome: Outcome, payload: Any) -> None:
+        try:
+            self._finish(call, outcome, payload)
+        except BaseException:
+            logger.exception("finishing call {} failed", call.request.call_id)
 
     def _outcomes(self, events: list[tuple[int, int]]) -> list[tuple[OpenCall, Outcome, Any]]:
         """What ``events`` brought: the outcomes taken (frames written and read meanwhile)."""
