@@ -160,13 +160,9 @@ class SessionApprovals(ApprovalJournal):
         turn is admitted, or forgets; a decision waits for that."""
         held: dict[int, ToolResult] = {}
         before: str | None = None
-        known, rules = self._rules
-        if known != version:
-            self._rules = (version, rules := {})
+        rules = self._rules_of(version)
         for index, call, entry, args in prepared:
-            rule = rules.get(entry.serial)
-            if rule is None:
-                rule = rules[entry.serial] = approval_rule(entry)
+            rule = self._rule(rules, entry)
             if rule is False and self.policy is None and before is None:  # the usual case: nothing to ask
                 continue
             if before is not None and exclusive:
@@ -192,17 +188,24 @@ class SessionApprovals(ApprovalJournal):
         :meth:`hold` would look through for nothing."""
         if self.policy is not None:
             return True
+        rules = self._rules_of(version)
+        return any(self._rule(rules, slots[index].entry) is not False for index in waiting)
+
+    def _rules_of(self, version: int) -> dict[int, bool | Callable[..., Any]]:
+        """What each tool of tool set ``version`` says of approval, by registration serial
+        (a new version starts an empty cache)."""
         known, rules = self._rules
         if known != version:
             self._rules = (version, rules := {})
-        for index in waiting:
-            entry = slots[index].entry
-            rule = rules.get(entry.serial)
-            if rule is None:
-                rule = rules[entry.serial] = approval_rule(entry)
-            if rule is not False:
-                return True
-        return False
+        return rules
+
+    @staticmethod
+    def _rule(rules: dict[int, bool | Callable[..., Any]], entry: ToolEntry) -> bool | Callable[..., Any]:
+        """``entry``'s :func:`approval_rule`, read once per tool set version (``rules``)."""
+        rule = rules.get(entry.serial)
+        if rule is None:
+            rule = rules[entry.serial] = approval_rule(entry)
+        return rule
 
     def _requires(self, call: ToolCall, entry: ToolEntry, args: dict[str, Any], rule: bool | Callable[..., Any],
                   ctx: Mapping[str, Any]) -> bool:
