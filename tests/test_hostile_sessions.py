@@ -386,11 +386,12 @@ def test_an_untrusted_tool_reaches_no_session_folder_its_own_included() -> None:
         victim = system.start_loop("victim")
         assert victim.run_turn([ToolCall("t", "remember", '{"text": "PIN 4721"}')])[0].ok
         sessions = folder / "data" / "sessions"
-        assert wait_for(lambda: [b'"completed"' in p.read_bytes() for p in (sessions / "victim" / "tasks").iterdir()]
+        records = sessions / "victim" / "tasks"  # its records only: a writer's temporary file is renamed at once
+        assert wait_for(lambda: [b'"completed"' in p.read_bytes() for p in records.glob("t_*.json")]
                         == [True])  # its record written whole
         transcript = sessions / "victim" / "transcript.jsonl"
         transcript.write_text('{"a": "record"}\n')
-        before = {p: p.read_bytes() for p in (sessions / "victim" / "tasks").iterdir()}
+        before = {p: p.read_bytes() for p in records.glob("t_*.json")}
         targets = [folder / "data", sessions, sessions / "victim", transcript, sessions / "victim" / "tasks",
                    *before, sessions / "attacker"]
         attacker = system.start_loop("attacker")
@@ -401,4 +402,4 @@ def test_an_untrusted_tool_reaches_no_session_folder_its_own_included() -> None:
         for path, tries in got.items():
             assert set(tries.values()) <= {"EACCES", "EPERM", "ENOTDIR", "EISDIR"}, (path, tries)
         assert transcript.read_text() == '{"a": "record"}\n'
-        assert {p: p.read_bytes() for p in (sessions / "victim" / "tasks").iterdir()} == before
+        assert {p: p.read_bytes() for p in records.glob("t_*.json")} == before
