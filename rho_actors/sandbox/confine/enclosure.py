@@ -281,11 +281,12 @@ class Enclosure:
 
     @property
     def memory_bound_words(self) -> str | None:
-        """The tree's memory bound named for a message (``"resident-memory bound (cgroup
-        v2)"``, ``"resident-memory bound (sampled)"``), ``None`` when there is none."""
+        """The tree's memory bound named for a message (``"resident-memory bound (cgroup)"``,
+        ``"resident-memory bound (sampled)"``), ``None`` when there is none. The cgroup's
+        version is left out, so a message reads the same on every host (the confinement report names it)."""
         if self.memory_bound == "none":
             return None
-        return (f"resident-memory bound (cgroup v{self.cgroup.version})" if self.cgroup is not None
+        return ("resident-memory bound (cgroup)" if self.cgroup is not None
                 else "resident-memory bound (sampled)")
 
     def started(self, pid: int) -> None:
