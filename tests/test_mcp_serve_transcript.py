@@ -31,10 +31,12 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from rho_actors import ActorSystem, tool
+from rho_actors import ActorSystem, ToolCall, tool
+from rho_actors.agent.group_commit import GroupCommit
+from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
 from rho_actors.mcp import HTTPGuard, aserve
-from rho_actors.mcp.sessions import SESSION_META_KEY
+from rho_actors.mcp.sessions import SESSION_META_KEY, Session
 from tests.conftest import WAIT_S, wait_for
 from tests.helpers import listening
 from tests.mcp_fixtures import served_tools
@@ -331,3 +333,52 @@ def test_synchronous_commit_takes_on_or_off_and_names_a_bad_value(capsys: pytest
     assert cli_main(["mcp", "serve", "--tools", served_tools.__file__, "--synchronous-commit", "later"]) == 2
     err = capsys.readouterr().err
     assert "argument --synchronous-commit: invalid choice: 'later'" in err and "on" in err and "off" in err
+
+
+class _HeldFlush(GroupCommit):
+    """A group commit whose :meth:`flush` waits for ``release`` once it has begun (``begun``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.begun = threading.Event()
+        self.release = threading.Event()
+
+    def flush(self, transcript: Any) -> None:
+        self.begun.set()
+        assert self.release.wait(WAIT_S)
+        super().flush(transcript)
+
+
+def _open_fds_of(path: Path) -> int:
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve()))
+
+
+def test_a_session_closed_as_its_server_is_cancelled_syncs_and_closes_its_transcript(system: ActorSystem) -> None:
+    """``--synchronous-commit off``: a server stopping cancels its sessions' closing; the
+    group commit's flush is shielded with the loop's stop, so the transcript is still
+    synced and closed (its file no longer held open by the host)."""
+    loop = system.start_loop("closing")
+    transcript = Transcript(Path(loop.data_dir) / TRANSCRIPT_NAME)
+    transcript.open(per_record=True)  # as mcp serve opens its sessions'
+    commits = _HeldFlush()
+    call = ToolCall("c1", "noop", {})
+    transcript.reply(1, Reply(tool_calls=(call,)), sync=False)
+    commits.written(transcript)
+    session = Session(loop, transcript=transcript, commits=commits)
+    assert _open_fds_of(transcript.path) == 1
+
+    async def main() -> None:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(session.close, set(), "session")
+                assert await anyio.to_thread.run_sync(commits.begun.wait, WAIT_S)
+                scope.cancel()  # the server stops while the session is closing
+                commits.release.set()
+
+    try:
+        anyio.run(main)
+        assert _open_fds_of(transcript.path) == 0
+        assert commits.syncs == 1 and not loop.alive
+    finally:
+        commits.close()
