@@ -438,7 +438,9 @@ class Transcript:
         self._writing = threading.Lock()  # records come from the threads that settle or move calls too
         self._per_record = False  # open(per_record=True): the file's lock is taken for each record
         self._kept: int | None = None  # then the file, kept open between records, unlocked
-        self._keeping = threading.Lock()  # guards _kept: held only to take it or dup it
+        self._users = 0  # the records and syncs using _kept now (close() leaves it to the last of them)
+        self._orphans: list[int] = []  # files closed while in use: closed once none is
+        self._keeping = threading.Lock()  # guards _kept and _users: held only to take or give them back
 
     def open(self, *, brief: bool = False, per_record: bool = False) -> History:
         """Lock the transcript, read it and get it ready to append; returns
@@ -523,10 +525,13 @@ class Transcript:
     def _caught_up(self, fd: int, mark: Mark, at_path: bool = False) -> bool:
         """Read the records appended to ``fd`` past ``mark`` into :attr:`history`; False
         (nothing read) when the file was replaced or made shorter (``at_path``: or
-        another file is at :attr:`path` now)."""
-        st = os.fstat(fd)
-        if ((st.st_dev, st.st_ino) != (mark.dev, mark.ino) or st.st_size < mark.good
-                or (at_path and not transcript_lock.names(self.path, st))):
+        another file is at :attr:`path` now, or none: then the file at the path is
+        looked at, one ``lstat``, which is ``fd``'s file when it is ``mark``'s)."""
+        try:
+            st = os.lstat(self.path) if at_path else os.fstat(fd)
+        except FileNotFoundError:
+            return False
+        if (st.st_dev, st.st_ino) != (mark.dev, mark.ino) or st.st_size < mark.good:
             return False
         if st.st_size == mark.good:  # nothing appended since
             return True
@@ -546,19 +551,26 @@ class Transcript:
             if (fd := self._fd) is not None:  # read once: close() may clear it meanwhile (EBADF)
                 os.fdatasync(fd)
                 return
-        own = self._dup_kept()  # per_record: no record held up meanwhile
-        if own is None and self._mark is not None:
-            own = open_regular(self.path, os.O_RDONLY)
-        if own is not None:
+        kept = self._borrow_kept()  # per_record: no record held up meanwhile
+        if kept is not None:
             try:
-                os.fdatasync(own)  # the file's data and size, whichever descriptor asks
+                os.fdatasync(kept)  # the file's data and size, whichever descriptor asks
+            finally:
+                self._give_back(kept)
+        elif self._mark is not None:
+            own = open_regular(self.path, os.O_RDONLY)
+            try:
+                os.fdatasync(own)
             finally:
                 os.close(own)
 
     def close(self) -> None:
         """Release the locks and close the files (idempotent)."""
-        with self._keeping:  # a record being written goes on with its own descriptor
+        with self._keeping:  # a record being written goes on with the file, closed by the last user
             kept, self._kept, self._per_record = self._kept, None, False
+            if self._users and kept is not None:
+                self._orphans.append(kept)
+                kept = None
         if kept is not None:
             os.close(kept)
         fd, prompt, self._fd, self._prompt = self._fd, self._prompt, None, None
@@ -651,7 +663,7 @@ class Transcript:
             if self._fd is not None or not self._per_record:
                 self._append_now(record, sync)
                 return
-            fd = self._dup_kept()
+            fd = self._borrow_kept()
             if fd is None:
                 raise ValueError(f"transcript {self.path} is not open")
             try:
@@ -666,12 +678,25 @@ class Transcript:
                     self._fd = None
                     transcript_lock.unlock(fd)
             finally:
-                os.close(fd)
+                self._give_back(fd)
 
-    def _dup_kept(self) -> int | None:
-        """A descriptor of its own of the file kept open (``per_record``), else None."""
+    def _borrow_kept(self) -> int | None:
+        """The file kept open (``per_record``), counted as in use until :meth:`_give_back`
+        (a :meth:`close` meanwhile leaves it open to its last user), else None."""
         with self._keeping:
-            return None if self._kept is None else os.dup(self._kept)
+            if self._kept is None:
+                return None
+            self._users += 1
+            return self._kept
+
+    def _give_back(self, fd: int) -> None:
+        """``fd`` (:meth:`_borrow_kept`'s) no longer in use by its borrower: closed when the
+        transcript was closed meanwhile and this was its last user."""
+        with self._keeping:
+            self._users -= 1
+            orphans, self._orphans = (self._orphans, []) if not self._users else ([], self._orphans)
+        for orphan in orphans:
+            os.close(orphan)
 
     def _append_now(self, record: dict[str, Any], sync: bool) -> None:
         if self._fd is None:

@@ -43,7 +43,6 @@ __all__ = [
     "PromptLock",
     "TranscriptBusyError",
     "file_lock_of",
-    "names",
     "prompt_held_here",
     "prompt_lock_of",
     "relock",
@@ -185,16 +184,6 @@ def relock(fd: int, transcript: Path, wait_s: float) -> None:
     :class:`TranscriptBusyError` as :func:`file_lock_of` does, and ``OSError``."""
     if not _flock(fd, wait_s):
         raise _busy(transcript, wait_s)
-
-
-def names(transcript: Path, st: os.stat_result) -> bool:
-    """Whether the path ``transcript`` names the file of ``st`` (an ``fstat`` of a
-    descriptor kept open): False once another file is there, or none."""
-    try:
-        there = os.lstat(transcript)
-    except FileNotFoundError:
-        return False
-    return (there.st_dev, there.st_ino) == (st.st_dev, st.st_ino)
 
 
 def unlock(fd: int) -> None:

@@ -80,11 +80,13 @@ def _structured(result: ToolResult) -> Any:
     return value if isinstance(value, dict) else None
 
 
-def call_tool_result(result: ToolResult, schema: dict[str, Any] | None = None) -> types.CallToolResult:
+def call_tool_result(result: ToolResult, schema: dict[str, Any] | None = None,
+                     meta: dict[str, Any] | None = None) -> types.CallToolResult:
     """``result`` as MCP's ``CallToolResult``: the text, the images, and, when the text
     is a JSON object, the same object as ``structuredContent``. With ``schema`` (the
     tool's outputSchema) an ok result must be an object matching it, else the client
-    gets an error result saying why (MCP: structured results MUST conform)."""
+    gets an error result saying why (MCP: structured results MUST conform). ``meta``:
+    its ``_meta``, either way."""
     structured = _structured(result)
     if schema is not None and result.ok:
         problem = "it is not a JSON object" if structured is None else None
@@ -97,7 +99,8 @@ def call_tool_result(result: ToolResult, schema: dict[str, Any] | None = None) -
                 problem = f"at {found[0][:300]}" if found else None
         if problem is not None:
             message = text("mcp_output_schema", tool=result.name, problem=problem)
-            return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+            return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True,
+                                        _meta=meta)
     content: list[Any] = []
     if result.blocks:
         content.extend(mcp_content(block) for block in result.blocks if not isinstance(block, str) or block)
@@ -107,4 +110,4 @@ def call_tool_result(result: ToolResult, schema: dict[str, Any] | None = None) -
         content.extend(mcp_content(image) for image in result.images)
     if not content:
         content.append(types.TextContent(type="text", text=""))
-    return types.CallToolResult(content=content, is_error=not result.ok, structured_content=structured)
+    return types.CallToolResult(content=content, is_error=not result.ok, structured_content=structured, _meta=meta)

@@ -489,8 +489,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
         return _input_required(params.name, bound.asked, bound.used, session)
     if created is not None:
         return created if modern else handshake_created(results[0], created)
-    answer = call_tool_result(results[0], output_schema(served.system, params.name))
-    return answer.model_copy(update={"meta": said}) if said is not None else answer
+    return call_tool_result(results[0], output_schema(served.system, params.name), said)
 
 
 async def _run_call(served: _Served, session: Session, record: CallRecord, as_task: bool,
