@@ -13,9 +13,10 @@ unless a measurement could not be made.
 
 Two rho servers are measured beside the SDK's, one row each: ``--synchronous-commit on``
 (the default: each result synced to disk before it is sent) and ``off`` (written to the
-OS before it is sent, synced by a group commit within 20 ms). The goal is read on the
-``off`` row: the SDK's server records nothing, so ``off`` compares rho's supervision,
-validation and a crash-safe transcript with it; ``on`` adds the disk's sync latency.
+OS before it is sent, synced by a group commit within ``--wal-writer-delay``, by default
+200 ms, PostgreSQL's). The goal is read on the ``off`` row: the SDK's server records
+nothing, so ``off`` compares rho's supervision, validation and a crash-safe transcript
+with it; ``on`` adds the disk's sync latency.
 
 Beside it, a figure the machine's load moves less: each server process's CPU time
 (user + system, all its threads, from ``/proc/<pid>/stat``) over an era's calls, per

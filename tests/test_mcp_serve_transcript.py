@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, load
 from rho_actors.mcp import HTTPGuard, aserve
 from rho_actors.mcp.sessions import SESSION_META_KEY, Session
-from tests.conftest import WAIT_S, wait_for
+from tests.conftest import WAIT_S, slack, wait_for
 from tests.helpers import listening
 from tests.mcp_fixtures import served_tools
 
@@ -325,6 +326,65 @@ def test_with_synchronous_commit_off_a_host_killed_with_kill_9_keeps_every_resul
     records = _records(folder / TRANSCRIPT_NAME)
     assert [r["type"] for r in records] == ["reply", "result"] * CALLS
     assert [r["ok"] for r in records[1::2]] == [True] * CALLS
+
+
+class _SyncTimes:
+    """Each ``os.fdatasync`` of a transcript: (thread name, size made durable, when: monotonic s)."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, int, float]] = []
+        self._real = os.fdatasync
+
+    def __call__(self, fd: int) -> None:
+        self._real(fd)
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(TRANSCRIPT_NAME):
+            self.made.append((threading.current_thread().name, os.fstat(fd).st_size, time.monotonic()))
+
+
+@pytest.mark.parametrize("delay_ms", [None, 400])
+def test_wal_writer_delay_bounds_when_a_result_sent_unsynced_is_synced(
+        system: ActorSystem, monkeypatch: pytest.MonkeyPatch, delay_ms: int | None) -> None:
+    """``synchronous_commit=False``: the group commit syncs a result no sooner than
+    ``wal_writer_delay_ms`` after it was written (PostgreSQL's default, 200 ms, when not
+    given) and within it of its client having it (the machine's slack added)."""
+    system.register(own_thread)
+    syncs = _SyncTimes()
+    monkeypatch.setattr(os, "fdatasync", syncs)
+    delay_s = (delay_ms or 200) / 1000
+    options: dict[str, Any] = {} if delay_ms is None else {"wal_writer_delay_ms": delay_ms}
+    with _served(system, synchronous_commit=False, **options) as (url, _):
+        async def main() -> None:
+            async with _client(url, "legacy") as client:
+                await client.call_tool("own_thread", {})  # the session started, its first records synced
+                [folder] = (system.data_dir / "sessions").iterdir()
+                assert wait_for(lambda: (folder / TRANSCRIPT_NAME).stat().st_size in {s for _, s, _ in syncs.made})
+                asked = time.monotonic()
+                with anyio.fail_after(WAIT_S):
+                    result = await client.call_tool("own_thread", {})
+                got = time.monotonic()
+                assert not result.is_error, result
+                size = (folder / TRANSCRIPT_NAME).stat().st_size
+                assert wait_for(lambda: any(s == size for _, s, _ in syncs.made))
+                [when] = [when for _, s, when in syncs.made if s == size]
+                assert asked + delay_s <= when <= got + delay_s + slack(0.5)
+
+        anyio.run(main)
+    assert {name for name, _, _ in syncs.made} == {GROUP_COMMIT_THREAD}
+
+
+def test_wal_writer_delay_takes_milliseconds_from_1_to_10000_and_names_a_bad_value(
+        system: ActorSystem, capsys: pytest.CaptureFixture[str]) -> None:
+    from rho_actors.cli import main as cli_main
+    from rho_actors.mcp import build_server
+
+    for bad in ("0", "10001", "soon", "nan"):
+        assert cli_main(["mcp", "serve", "--tools", served_tools.__file__, "--synchronous-commit", "off",
+                         "--wal-writer-delay", bad]) == 2
+        err = capsys.readouterr().err
+        assert "--wal-writer-delay" in err and "from 1 to 10000" in err and repr(bad) in err, err
+    for bad_ms in (0, 10_001, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"wal_writer_delay_ms must be a number of milliseconds from 1 to 10000"):
+            build_server(system, synchronous_commit=False, wal_writer_delay_ms=bad_ms)
 
 
 def test_synchronous_commit_takes_on_or_off_and_names_a_bad_value(capsys: pytest.CaptureFixture[str]) -> None:

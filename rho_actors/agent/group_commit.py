@@ -4,10 +4,11 @@ A writer that does not wait for its record's ``fdatasync`` (``synchronous_commit
 PostgreSQL's term: :func:`rho_actors.mcp.serve`'s option) writes the record to the OS
 (``os.write``: a crash of the process loses nothing) and hands its transcript to a
 :class:`GroupCommit`, whose one thread syncs every transcript written since its last
-sync at most ``delay_s`` after the first of those writes (PostgreSQL's ``commit_delay``
-for a group of commits): records written close together share one ``fdatasync``. A
-power loss may lose the records of the last ``delay_s`` plus one sync's time, whole
-records from the end only (a torn last line is cut away when the transcript is read:
+sync at most ``delay_s`` after the first of those writes (PostgreSQL's WAL writer,
+which flushes every ``wal_writer_delay``: 200 ms by default, :data:`DEFAULT_WAL_WRITER_DELAY_MS`):
+records written close together share one ``fdatasync``. A power loss may lose the
+records of the last ``delay_s`` plus one sync's time, whole records from the end only
+(a torn last line is cut away when the transcript is read:
 :mod:`rho_actors.agent.transcript`), never the transcript itself.
 """
 
@@ -22,15 +23,30 @@ from loguru import logger
 
 from rho_actors.encoding import describe_exception
 
-__all__ = ["DEFAULT_COMMIT_DELAY_S", "DEFAULT_SYNC_WAIT_S", "GroupCommit"]
+__all__ = ["DEFAULT_SYNC_WAIT_S", "DEFAULT_WAL_WRITER_DELAY_MS", "WAL_WRITER_DELAY_RANGE_MS", "GroupCommit",
+           "wal_writer_delay_s"]
 
-DEFAULT_COMMIT_DELAY_S = 0.02
-"""How long a record written with ``synchronous_commit`` off may wait for its sync: 20 ms."""
+DEFAULT_WAL_WRITER_DELAY_MS = 200
+"""How long a record written with ``synchronous_commit`` off may wait for its sync, in
+milliseconds: PostgreSQL's ``wal_writer_delay`` and its default."""
+WAL_WRITER_DELAY_RANGE_MS = (1, 10_000)
+"""The ``wal_writer_delay`` taken, in milliseconds (PostgreSQL's range)."""
 
 DEFAULT_SYNC_WAIT_S = 5.0
 """How long :meth:`GroupCommit.flush` and :meth:`GroupCommit.close` wait for the syncs they
 ask for (seconds): a disk that stopped answering holds a session's close and the server's
 stop no longer (its records are written to the OS: a crash of rho loses nothing)."""
+
+
+def wal_writer_delay_s(delay_ms: float) -> float:
+    """``delay_ms``, a ``wal_writer_delay`` in milliseconds, in seconds. Raises
+    ``ValueError`` naming it when it is not a number from 1 to 10000
+    (:data:`WAL_WRITER_DELAY_RANGE_MS`)."""
+    low, high = WAL_WRITER_DELAY_RANGE_MS
+    if isinstance(delay_ms, bool) or not isinstance(delay_ms, (int, float)) or not low <= delay_ms <= high:
+        raise ValueError(f"wal_writer_delay_ms must be a number of milliseconds from {low} to {high}, "
+                         f"got {delay_ms!r}")
+    return delay_ms / 1000
 
 
 class GroupCommit:
@@ -42,7 +58,8 @@ class GroupCommit:
     logged: the records stay written, as a process killed would leave them. Raises
     ``ValueError`` for a negative ``delay_s`` or ``wait_s``."""
 
-    def __init__(self, delay_s: float = DEFAULT_COMMIT_DELAY_S, wait_s: float = DEFAULT_SYNC_WAIT_S) -> None:
+    def __init__(self, delay_s: float = DEFAULT_WAL_WRITER_DELAY_MS / 1000,
+                 wait_s: float = DEFAULT_SYNC_WAIT_S) -> None:
         if not delay_s >= 0:
             raise ValueError(f"delay_s must be a number of seconds >= 0, got {delay_s!r}")
         if not wait_s >= 0:

@@ -35,6 +35,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rho_actors.agent.group_commit import DEFAULT_WAL_WRITER_DELAY_MS, WAL_WRITER_DELAY_RANGE_MS, wal_writer_delay_s
 from rho_actors.cli.verbose import add_verbose, showing_log
 
 __all__ = ["build_parser", "main", "render_tree"]
@@ -519,7 +520,12 @@ def _add_mcp(commands: Any) -> None:
     serve.add_argument("--data-dir", default=None, metavar="DIR",
                        help="where sessions are kept (default: a temporary folder, removed at exit)")
     serve.add_argument("--synchronous-commit", choices=("on", "off"), default="on", help="on: a result is synced to "
-                       "disk before it is sent; off: within 20 ms after, by a group commit (see docs/guides/mcp.md)")
+                       "disk before it is sent; off: within --wal-writer-delay after, by a group commit (a power "
+                       "loss may lose the results of that last delay; see docs/guides/mcp.md)")
+    serve.add_argument("--wal-writer-delay", type=_wal_writer_delay, default=DEFAULT_WAL_WRITER_DELAY_MS,
+                       metavar="MS", help="with --synchronous-commit off: how long a result may wait for its sync, "
+                       f"in milliseconds, from 1 to 10000 (PostgreSQL's wal_writer_delay; default "
+                       f"{DEFAULT_WAL_WRITER_DELAY_MS})")
     http = serve.add_argument_group(
         "HTTP", "clients send Authorization: Bearer TOKEN, the token in $RHO_MCP_TOKEN (at least 16 "
                 "characters) or, without it, one generated and printed at start")
@@ -541,6 +547,15 @@ def _add_mcp(commands: Any) -> None:
     http.add_argument("--insecure-no-auth", action="store_true",
                       help="serve without a token: loopback only, for local test suites (logged loudly)")
     serve.set_defaults(handler=_run_mcp_serve)
+
+
+def _wal_writer_delay(text: str) -> float:
+    try:
+        return wal_writer_delay_s(float(text)) * 1000
+    except ValueError:
+        low, high = WAL_WRITER_DELAY_RANGE_MS
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds from {low} to {high}, got {text!r}"
+                                         ) from None
 
 
 def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
@@ -635,7 +650,8 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
                 return 2
             print(f"serving MCP at http://{args.http[0]}:{args.http[1]}/mcp", file=sys.stderr, flush=True)
         try:
-            serve(system, http=args.http, guard=guard, synchronous_commit=args.synchronous_commit == "on")
+            serve(system, http=args.http, guard=guard, synchronous_commit=args.synchronous_commit == "on",
+                  wal_writer_delay_ms=args.wal_writer_delay)
         except KeyboardInterrupt:
             pass
         except OSError as exc:

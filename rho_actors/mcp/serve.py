@@ -8,7 +8,7 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
   its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
   connection ends, and its transcript of calls (``transcript.jsonl``: each call, written
   before it runs, then its result, synced with it before it is sent, or with
-  ``synchronous_commit=False`` within 20 ms after by a group commit: DESIGN §6b; the
+  ``synchronous_commit=False`` within ``wal_writer_delay_ms`` (200) after by a group commit: DESIGN §6b; the
   file's lock taken for each record only). A held call is answered once decided
   (``rho-actors approve`` from another process: :meth:`~rho_actors.mcp.sessions.Session.decided`).
 - ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``),
@@ -77,7 +77,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST, MISSING_REQUIRED_CLIENT_CAPABILITY
 
-from rho_actors.agent.group_commit import GroupCommit
+from rho_actors.agent.group_commit import DEFAULT_WAL_WRITER_DELAY_MS, GroupCommit, wal_writer_delay_s
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.events import ProgressEvent, ToolSetChanged
@@ -281,17 +281,19 @@ def _input_schema(served: _Served, name: str) -> dict[str, Any] | None:
 
 def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[str] = (),
                  max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES, guard: HTTPGuard | None = None,
-                 synchronous_commit: bool = True) -> Server[Any]:
+                 synchronous_commit: bool = True,
+                 wal_writer_delay_ms: float = DEFAULT_WAL_WRITER_DELAY_MS) -> Server[Any]:
     """The SDK ``Server`` serving ``system``'s tools (run it with :func:`aserve`, or
     mount its ``streamable_http_app()`` behind ``guard.wrap``). ``withheld`` names
     tools not served; ``guard`` the HTTP endpoint's :class:`HTTPGuard` (its rho
     sessions of absent clients are stopped); ``synchronous_commit`` (PostgreSQL's term):
     True, a call's result is synced to disk before it is sent; False, written to the OS
-    before it is sent and synced by a group commit within
-    :data:`~rho_actors.agent.group_commit.DEFAULT_COMMIT_DELAY_S` (DESIGN §6b
-    "The served transcript")."""
+    before it is sent and synced by a group commit at most ``wal_writer_delay_ms``
+    milliseconds after (PostgreSQL's ``wal_writer_delay``, default 200; a power loss may
+    lose the results of that last delay: DESIGN §6b "The served transcript"). Raises
+    ``ValueError`` for a ``wal_writer_delay_ms`` that is not from 1 to 10000."""
     served = _Served(system, tuple(withheld), max_argument_bytes, guard,
-                     commits=None if synchronous_commit else GroupCommit())
+                     commits=None if synchronous_commit else GroupCommit(wal_writer_delay_s(wal_writer_delay_ms)))
     served.tasks = ServedTasks(system.task_registry, call_tool_result)
     listeners = guard.max_sessions if guard is not None else _STDIO_LISTENERS
     if guard is not None:
@@ -622,19 +624,22 @@ async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
 
 async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
                  withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
-                 guard: HTTPGuard | None = None, synchronous_commit: bool = True) -> None:
+                 guard: HTTPGuard | None = None, synchronous_commit: bool = True,
+                 wal_writer_delay_ms: float = DEFAULT_WAL_WRITER_DELAY_MS) -> None:
     """Serve ``system``'s tools until the client closes stdin (stdio) or the task is
     cancelled (HTTP: ``http=(host, port)``, the endpoint is ``http://host:port/mcp``,
     behind ``guard``: an :class:`HTTPGuard` with the bearer token and the caps, needed
-    for HTTP). ``synchronous_commit``: as :func:`build_server`'s (default True: every
-    result durable before it is sent). Raises ``ValueError`` for HTTP without a guard (or ``auth=False`` off
-    loopback), ``OSError`` when the HTTP port cannot be bound."""
+    for HTTP). ``synchronous_commit`` and ``wal_writer_delay_ms``: as
+    :func:`build_server`'s (default True: every result durable before it is sent).
+    Raises ``ValueError`` for HTTP without a guard (or ``auth=False`` off loopback) and
+    a bad ``wal_writer_delay_ms``, ``OSError`` when the HTTP port cannot be bound."""
     if http is not None:
         if guard is None:
             raise ValueError("serving MCP over HTTP needs guard=HTTPGuard(token=...)")
         guard.check_host(http[0])
     server = build_server(system, name=name, withheld=withheld, max_argument_bytes=max_argument_bytes,
-                          guard=guard if http is not None else None, synchronous_commit=synchronous_commit)
+                          guard=guard if http is not None else None, synchronous_commit=synchronous_commit,
+                          wal_writer_delay_ms=wal_writer_delay_ms)
     options = server.create_initialization_options()
     if http is None:
         answers, early = anyio.create_memory_object_stream[types.JSONRPCError](16)
@@ -662,8 +667,9 @@ async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str 
 
 def serve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",
           withheld: Iterable[str] = (), max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
-          guard: HTTPGuard | None = None, synchronous_commit: bool = True) -> None:
+          guard: HTTPGuard | None = None, synchronous_commit: bool = True,
+          wal_writer_delay_ms: float = DEFAULT_WAL_WRITER_DELAY_MS) -> None:
     """:func:`aserve` on a new asyncio loop in this thread (blocks until served)."""
     anyio.run(functools.partial(aserve, system, http=http, name=name, withheld=withheld,
                                 max_argument_bytes=max_argument_bytes, guard=guard,
-                                synchronous_commit=synchronous_commit))
+                                synchronous_commit=synchronous_commit, wal_writer_delay_ms=wal_writer_delay_ms))
