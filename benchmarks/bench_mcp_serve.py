@@ -29,6 +29,7 @@ Usage::
     .venv/bin/python benchmarks/bench_mcp_serve.py --quick    # smoke run: 30 calls a pair
     .venv/bin/python benchmarks/bench_mcp_serve.py --json     # one JSON object on stdout
     .venv/bin/python benchmarks/bench_mcp_serve.py --async    # the no-op tool ``async def`` on both servers
+    .venv/bin/python benchmarks/bench_mcp_serve.py --calls 150  # fewer calls a pair: a shorter run
 """
 
 from __future__ import annotations
@@ -203,8 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run with few samples")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--async", dest="is_async", action="store_true", help="the no-op tool is an async def")
+    parser.add_argument("--calls", type=int, default=None, metavar="N",
+                        help="calls a pair and era (default 300; --quick: 30)")
     options = parser.parse_args(argv)
     calls, warmup = (30, 5) if options.quick else (300, 30)
+    if options.calls is not None:
+        if options.calls < 1:
+            parser.error(f"--calls must be at least 1, got {options.calls}")
+        calls = options.calls
     token = secrets.token_hex(32)
     load_start = _load()
     with tempfile.TemporaryDirectory() as folder, _servers(Path(folder), token, options.is_async) as servers:
