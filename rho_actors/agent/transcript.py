@@ -437,10 +437,7 @@ class Transcript:
         self._mark: Mark | None = None  # where the last read or write left the file, for reopen()
         self._writing = threading.Lock()  # records come from the threads that settle or move calls too
         self._per_record = False  # open(per_record=True): the file's lock is taken for each record
-        self._kept: int | None = None  # then the file, kept open between records, unlocked
-        self._users = 0  # the records and syncs using _kept now (close() leaves it to the last of them)
-        self._orphans: list[int] = []  # files closed while in use: closed once none is
-        self._keeping = threading.Lock()  # guards _kept and _users: held only to take or give them back
+        self._kept: transcript_lock.KeptFile | None = None  # then the file, kept open between records
 
     def open(self, *, brief: bool = False, per_record: bool = False) -> History:
         """Lock the transcript, read it and get it ready to append; returns
@@ -477,8 +474,8 @@ class Transcript:
         self._seq, self._mark = len(records), mark
         self.history = history
         if per_record:  # the file's lock let go until the next record, the file kept open for it
-            self._kept, self._fd, self._per_record = self._fd, None, True
-            transcript_lock.unlock(self._kept)
+            transcript_lock.unlock(self._fd)
+            self._kept, self._fd, self._per_record = transcript_lock.KeptFile(self._fd), None, True
         return history
 
     def read_unlocked(self) -> None:
@@ -525,8 +522,7 @@ class Transcript:
     def _caught_up(self, fd: int, mark: Mark, at_path: bool = False) -> bool:
         """Read the records appended to ``fd`` past ``mark`` into :attr:`history`; False
         (nothing read) when the file was replaced or made shorter (``at_path``: or
-        another file is at :attr:`path` now, or none: then the file at the path is
-        looked at, one ``lstat``, which is ``fd``'s file when it is ``mark``'s)."""
+        another file is at :attr:`path` now, or none: its ``lstat`` is ``fd``'s as ``mark``'s)."""
         try:
             st = os.lstat(self.path) if at_path else os.fstat(fd)
         except FileNotFoundError:
@@ -551,12 +547,12 @@ class Transcript:
             if (fd := self._fd) is not None:  # read once: close() may clear it meanwhile (EBADF)
                 os.fdatasync(fd)
                 return
-        kept = self._borrow_kept()  # per_record: no record held up meanwhile
-        if kept is not None:
+        kept = self._kept  # per_record: no record held up meanwhile
+        if kept is not None and (fd := kept.borrow()) is not None:
             try:
-                os.fdatasync(kept)  # the file's data and size, whichever descriptor asks
+                os.fdatasync(fd)  # the file's data and size, whichever descriptor asks
             finally:
-                self._give_back(kept)
+                kept.give_back()
         elif self._mark is not None:
             own = open_regular(self.path, os.O_RDONLY)
             try:
@@ -566,13 +562,9 @@ class Transcript:
 
     def close(self) -> None:
         """Release the locks and close the files (idempotent)."""
-        with self._keeping:  # a record being written goes on with the file, closed by the last user
-            kept, self._kept, self._per_record = self._kept, None, False
-            if self._users and kept is not None:
-                self._orphans.append(kept)
-                kept = None
-        if kept is not None:
-            os.close(kept)
+        kept, self._kept, self._per_record = self._kept, None, False
+        if kept is not None:  # a record being written goes on with it: its last user closes it
+            kept.close()
         fd, prompt, self._fd, self._prompt = self._fd, self._prompt, None, None
         if fd is not None:  # the file's lock first: a prompt waiting for it never holds it alone
             os.close(fd)  # releases the flock
@@ -663,8 +655,9 @@ class Transcript:
             if self._fd is not None or not self._per_record:
                 self._append_now(record, sync)
                 return
-            fd = self._borrow_kept()
-            if fd is None:
+            kept = self._kept
+            fd = kept.borrow() if kept is not None else None
+            if kept is None or fd is None:
                 raise ValueError(f"transcript {self.path} is not open")
             try:
                 transcript_lock.relock(fd, self.path, transcript_lock.RECORD_WAIT_S)
@@ -678,25 +671,7 @@ class Transcript:
                     self._fd = None
                     transcript_lock.unlock(fd)
             finally:
-                self._give_back(fd)
-
-    def _borrow_kept(self) -> int | None:
-        """The file kept open (``per_record``), counted as in use until :meth:`_give_back`
-        (a :meth:`close` meanwhile leaves it open to its last user), else None."""
-        with self._keeping:
-            if self._kept is None:
-                return None
-            self._users += 1
-            return self._kept
-
-    def _give_back(self, fd: int) -> None:
-        """``fd`` (:meth:`_borrow_kept`'s) no longer in use by its borrower: closed when the
-        transcript was closed meanwhile and this was its last user."""
-        with self._keeping:
-            self._users -= 1
-            orphans, self._orphans = (self._orphans, []) if not self._users else ([], self._orphans)
-        for orphan in orphans:
-            os.close(orphan)
+                kept.give_back()
 
     def _append_now(self, record: dict[str, Any], sync: bool) -> None:
         if self._fd is None:

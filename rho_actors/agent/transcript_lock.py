@@ -39,6 +39,7 @@ from rho_actors.files import UnsafePathError, open_regular
 
 __all__ = [
     "FORKED_WAIT_S",
+    "KeptFile",
     "RECORD_WAIT_S",
     "PromptLock",
     "TranscriptBusyError",
@@ -184,6 +185,41 @@ def relock(fd: int, transcript: Path, wait_s: float) -> None:
     :class:`TranscriptBusyError` as :func:`file_lock_of` does, and ``OSError``."""
     if not _flock(fd, wait_s):
         raise _busy(transcript, wait_s)
+
+
+class KeptFile:
+    """A transcript's file kept open between records, its lock let go (a writer opened
+    ``per_record``): a record or a sync :meth:`borrow`-s it and gives it back;
+    :meth:`close` never waits for a borrower, the last of which closes it."""
+
+    __slots__ = ("_closed", "_fd", "_lock", "_users")
+
+    def __init__(self, fd: int) -> None:
+        self._fd, self._users, self._closed, self._lock = fd, 0, False, threading.Lock()
+
+    def borrow(self) -> int | None:
+        """The file's descriptor, in use until :meth:`give_back`; None once closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._users += 1
+            return self._fd
+
+    def give_back(self) -> None:
+        """What :meth:`borrow` gave is no longer used: closed if this was its last user after :meth:`close`."""
+        with self._lock:
+            self._users -= 1
+            last = self._closed and not self._users
+        if last:
+            os.close(self._fd)
+
+    def close(self) -> None:
+        """Close the file now, or once its borrowers gave it back (idempotent)."""
+        with self._lock:
+            now = not self._closed and not self._users
+            self._closed = True
+        if now:
+            os.close(self._fd)
 
 
 def unlock(fd: int) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 from rho_actors.agent.group_commit import DEFAULT_WAL_WRITER_DELAY_MS, WAL_WRITER_DELAY_RANGE_MS, wal_writer_delay_s
 from rho_actors.cli.verbose import add_verbose, showing_log
 
-__all__ = ["build_parser", "main", "render_tree"]
+__all__ = ["build_parser", "main"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -107,6 +107,8 @@ def _run_replay_bfcl(args: argparse.Namespace) -> int:
         console = _console()
         console.print(report.render())
         if report.tree is not None:
+            from rho_actors.cli.tree import render_tree
+
             console.print(render_tree(report.tree))
     return report.exit_code
 
@@ -116,30 +118,6 @@ def _console() -> Any:
 
     console = Console()
     return console if console.is_terminal else Console(width=160)  # a log or pipe: no 80-column wrapping
-
-
-def render_tree(node: dict[str, Any]) -> Any:
-    """A :meth:`rho_actors.ActorSystem.tree` node as a ``rich.tree.Tree``."""
-    from rich.tree import Tree
-
-    def label(n: dict[str, Any]) -> str:
-        state = "[green]alive[/]" if n["alive"] else "[red]down[/]"
-        text = f"[bold]{n['id']}[/] {n['kind']}, {n['restart']}, restarts {n['restarts']}, {state}"
-        if "strategy" in n:
-            text += f", {n['strategy']}"
-        if isinstance(n.get("running"), int):
-            text += f", {n['running']} calls running"
-        return text
-
-    def grow(tree: Any, n: dict[str, Any]) -> Any:
-        for child in n.get("children", []):
-            grow(tree.add(label(child)), child)
-        if n["kind"] == "worker" and isinstance(n.get("running"), list):
-            for call in n["running"]:
-                tree.add(f"call {call['call_id']}: {call['tool']}, {call['ms_left']:.0f} ms left")
-        return tree
-
-    return grow(Tree(label(node)), node)
 
 
 # --------------------------------------------------------------------------- selftest

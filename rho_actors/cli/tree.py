@@ -25,7 +25,7 @@ from typing import Any
 
 from rho_actors.observe.top import observed_tree, reach_error, tree_view
 
-__all__ = ["add_parser", "fresh_tree", "run"]
+__all__ = ["add_parser", "fresh_tree", "render_tree", "run"]
 
 
 def add_parser(commands: Any) -> None:
@@ -94,3 +94,27 @@ def run(args: argparse.Namespace) -> int:
     if offered is not None:
         console.print(f"tools offered: {', '.join(offered) or 'none'}", markup=False, highlight=False)
     return 0
+
+
+def render_tree(node: dict[str, Any]) -> Any:
+    """A :meth:`rho_actors.ActorSystem.tree` node as a ``rich.tree.Tree``."""
+    from rich.tree import Tree
+
+    def label(n: dict[str, Any]) -> str:
+        state = "[green]alive[/]" if n["alive"] else "[red]down[/]"
+        text = f"[bold]{n['id']}[/] {n['kind']}, {n['restart']}, restarts {n['restarts']}, {state}"
+        if "strategy" in n:
+            text += f", {n['strategy']}"
+        if isinstance(n.get("running"), int):
+            text += f", {n['running']} calls running"
+        return text
+
+    def grow(tree: Any, n: dict[str, Any]) -> Any:
+        for child in n.get("children", []):
+            grow(tree.add(label(child)), child)
+        if n["kind"] == "worker" and isinstance(n.get("running"), list):
+            for call in n["running"]:
+                tree.add(f"call {call['call_id']}: {call['tool']}, {call['ms_left']:.0f} ms left")
+        return tree
+
+    return grow(Tree(label(node)), node)
