@@ -288,7 +288,7 @@ class Loop(HeldCalls):
             raise
         until = time.monotonic() + bound_s
         waiter.serve(until)  # the reply of the turn's one process call, if it was left for this thread
-        return latch.wait(until - time.monotonic())
+        return latch.wait(until, bound_s)
 
     async def arun_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None,
@@ -522,10 +522,11 @@ class _Latch:
         self._results = results
         self._held.release()
 
-    def wait(self, timeout_s: float) -> list[ToolResult]:
-        """The results, once set; raises ``TimeoutError`` after ``timeout_s`` seconds."""
-        if not self._held.acquire(timeout=min(max(0.0, timeout_s), threading.TIMEOUT_MAX)):
-            raise TimeoutError(f"the turn did not finish within {timeout_s} s")
+    def wait(self, until: float, bound_s: float) -> list[ToolResult]:
+        """The results, once set; raises ``TimeoutError`` (naming ``bound_s``, the
+        caller's bound in seconds) at ``until`` (a ``time.monotonic()`` instant)."""
+        if not self._held.acquire(timeout=min(max(0.0, until - time.monotonic()), threading.TIMEOUT_MAX)):
+            raise TimeoutError(f"the turn did not finish within {bound_s} s")
         return self._results
 
 
