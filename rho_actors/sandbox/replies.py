@@ -16,7 +16,10 @@ of its own): while other calls are open the reader first makes another thread th
 (leader/followers), so no deadline waits behind a finish; alone, it finishes and reads
 on, unless a call opened meanwhile made another thread the reader. Outcomes taken at
 once (deadlines at the same instant) are finished at once: one by the reader, each
-other by a thread of its own (by the reader too when none can be started).
+other by a thread of its own (by the reader too when none can be started). A thread
+that has nothing else to do until one call's outcome (a blocking ``run_call``, a call
+thread that waited for its worker, ``run_turn``'s caller holding a :class:`Waiter`)
+reads that call's pipe itself instead (:meth:`Replies.serve_here`), and no reader wakes.
 
 The reply protocol: while a call runs, a worker may send one empty ``READY`` (it was
 started for this call), one empty ``NEED_TOOL`` (it lacks the tool's bytes), then one
