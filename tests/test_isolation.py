@@ -156,6 +156,21 @@ def test_each_isolation_gives_the_ctx_of_design_2s_table(tmp_path: Path) -> None
                for r in (thread, process, confined))
 
 
+def test_an_untrusted_call_without_deps_sends_an_empty_mapping_never_the_sessions() -> None:
+    """An untrusted tool registered without ``deps`` (or with an empty mapping) is sent
+    ``{}`` (bytes made once), one with deps its own copy, a trusted call the session's."""
+    import pickle
+    from types import MappingProxyType
+
+    from rho_actors.sandbox import wire
+
+    ctx = {"session_id": "s1", "call_id": "c1", "deps": {"session": "secret"}}
+    sent = [wire.call_request(b"d" * 32, wire.WorkerCall("c1", "t", object(), {}, ctx, 0.0, 1e9, 1000, 100,
+                                                         deps=deps)).deps_bytes
+            for deps in ({}, MappingProxyType({}), MappingProxyType({"plain": [1]}), None)]
+    assert [pickle.loads(b) for b in sent if b is not None] == [{}, {}, {"plain": [1]}, {"session": "secret"}]
+
+
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("rho_test_request_id")
 
 
