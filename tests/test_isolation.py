@@ -7,6 +7,7 @@ import contextvars
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +166,10 @@ def test_an_untrusted_call_without_deps_sends_an_empty_mapping_never_the_session
     from rho_actors.sandbox import wire
 
     ctx = {"session_id": "s1", "call_id": "c1", "deps": {"session": "secret"}}
+    registered: list[Mapping[str, Any] | None] = [{}, MappingProxyType({}), MappingProxyType({"plain": [1]}), None]
     sent = [wire.call_request(b"d" * 32, wire.WorkerCall("c1", "t", object(), {}, ctx, 0.0, 1e9, 1000, 100,
                                                          deps=deps)).deps_bytes
-            for deps in ({}, MappingProxyType({}), MappingProxyType({"plain": [1]}), None)]
+            for deps in registered]
     assert [pickle.loads(b) for b in sent if b is not None] == [{}, {}, {"plain": [1]}, {"session": "secret"}]
 
 
