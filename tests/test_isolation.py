@@ -7,6 +7,7 @@ import contextvars
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,22 @@ def test_each_isolation_gives_the_ctx_of_design_2s_table(tmp_path: Path) -> None
     assert [thread["ids"], process["ids"], confined["ids"]] == [["s1", "c1"], ["s1", "c2"], ["s1", "c3"]]
     assert all(r["withheld"] == ["other"] and r["cancelled"] is False and r["deadline"]
                for r in (thread, process, confined))
+
+
+def test_an_untrusted_call_without_deps_sends_an_empty_mapping_never_the_sessions() -> None:
+    """An untrusted tool registered without ``deps`` (or with an empty mapping) is sent
+    ``{}`` (bytes made once), one with deps its own copy, a trusted call the session's."""
+    import pickle
+    from types import MappingProxyType
+
+    from rho_actors.sandbox import wire
+
+    ctx = {"session_id": "s1", "call_id": "c1", "deps": {"session": "secret"}}
+    registered: list[Mapping[str, Any] | None] = [{}, MappingProxyType({}), MappingProxyType({"plain": [1]}), None]
+    sent = [wire.call_request(b"d" * 32, wire.WorkerCall("c1", "t", object(), {}, ctx, 0.0, 1e9, 1000, 100,
+                                                         deps=deps)).deps_bytes
+            for deps in registered]
+    assert [pickle.loads(b) for b in sent if b is not None] == [{}, {}, {"plain": [1]}, {"session": "secret"}]
 
 
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("rho_test_request_id")

@@ -87,7 +87,6 @@ __all__ = [
     "WireError",
     "WorkerCall",
     "call_request",
-    "check_empty",
     "child_text",
     "decode_call",
     "decode_json",
@@ -161,6 +160,7 @@ class CallRequest:
 
 
 _CALL_FIELDS: Final = tuple(f.name for f in fields(CallRequest))  # a CALL body's order (encode_call's)
+_NO_DEPS: Final = pickle.dumps({}, protocol=pickle.HIGHEST_PROTOCOL)  # no deps' bytes, made once (not per call)
 
 CONTEXT_VALUES: Final = "context_values"
 """The request field holding the caller's plain-data ``contextvars`` (name -> value)."""
@@ -253,7 +253,10 @@ def call_request(digest: bytes, call: WorkerCall) -> CallRequest:
     context_values = {} if call.untrusted else plain_values(call.context)
     if context_values:
         fields[CONTEXT_VALUES] = context_values
-    deps = _pickled_deps({"deps": dict(call.deps or {})} if call.untrusted else ctx)  # plain JSON data
+    if not call.untrusted:
+        deps = _pickled_deps(ctx)
+    else:  # plain JSON data; none (the usual) have their bytes made once
+        deps = _pickled_deps({"deps": dict(call.deps)}) if call.deps else _NO_DEPS
     return CallRequest(digest, None, call.name, call.call_id, dict(call.args), fields, deps, call.deadline,
                        call.timeout_ms, call.max_output_chars)
 
@@ -423,6 +426,8 @@ def _pack(value: Any) -> bytes:
 
 
 _RESULT_KEYS: Final = frozenset({"ok", "content", "error_kind", "details", "images", "blocks"})
+_RESULT_SHAPES: Final = (_RESULT_KEYS, _RESULT_KEYS - {"blocks"})  # blocks may be left out (made once, not per reply)
+_RESULT_MAX_LEN: Final = max(len(_RESULT_KEYS), MAX_IMAGES, MAX_BLOCKS)
 _ERROR_KINDS: Final = frozenset(kind.value for kind in ErrorKind)
 _MIME_TYPE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
 
@@ -465,9 +470,8 @@ class PlainCodec:
         })
 
     def decode(self, body: bytes) -> ToolResult:
-        message = _unpack(body, max_len=max(len(_RESULT_KEYS), MAX_IMAGES, MAX_BLOCKS),
-                          max_containers=MAX_IMAGES + MAX_BLOCKS + 3)
-        if type(message) is not dict or set(message) not in (_RESULT_KEYS, _RESULT_KEYS - {"blocks"}):
+        message = _unpack(body, max_len=_RESULT_MAX_LEN, max_containers=MAX_IMAGES + MAX_BLOCKS + 3)
+        if type(message) is not dict or message.keys() not in _RESULT_SHAPES:
             raise WireError(f"a result must be a map of exactly {', '.join(sorted(_RESULT_KEYS))} "
                             "(blocks may be left out)")
         ok, content, kind = message["ok"], message["content"], message["error_kind"]
@@ -510,7 +514,7 @@ class PlainCodec:
         if raw_blocks and images:
             raise WireError("a result with both blocks and images (its images are among its blocks)")
         blocks = tuple(_decode_block(i, raw) for i, raw in enumerate(raw_blocks))
-        if sum(isinstance(b, Image) for b in blocks) > MAX_IMAGES:
+        if len(blocks) > MAX_IMAGES and sum(isinstance(b, Image) for b in blocks) > MAX_IMAGES:
             raise WireError(f"result.blocks holds more than {MAX_IMAGES} images")
         error_kind = None if ok else ErrorKind(kind)
         return ToolResult("", "", ok, content, error_kind, details, tuple(images), 0.0, blocks)
@@ -582,13 +586,6 @@ def _decode_block(i: int, raw: Any) -> Block:
 CODECS: Final[Mapping[str, ResultCodec]] = MappingProxyType({"plain": PlainCodec(), "pickle": PickleCodec()})
 """Result codecs by name: ``"plain"`` (any worker; the only one for untrusted code) and
 ``"pickle"`` (trusted workers only)."""
-
-
-def check_empty(tag: bytes, body: bytes) -> None:
-    """A control frame (``READY``, ``NEED_TOOL``) has an empty body; raises
-    :class:`WireError` otherwise."""
-    if body:
-        raise WireError(f"a {tag!r} control frame with a body of {len(body):,} bytes")
 
 
 def encode_json(value: Any) -> bytes:
