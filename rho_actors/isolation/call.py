@@ -44,6 +44,7 @@ from rho_actors.results import (
     result_from_exception,
     result_from_return,
 )
+from rho_actors.sandbox import Waiter
 from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ErrorKind, ToolResult
 
@@ -68,7 +69,10 @@ class CallSpec:
     ``None``: the empty one its pooled thread starts each job in); a worker process does
     not get it. ``on_start``: called in a call thread of ``thread`` isolation just before
     the tool runs (the host's bookkeeping of a call it started: :meth:`Loop.arun_turn`);
-    every other isolation leaves it alone."""
+    every other isolation leaves it alone. ``waiter``: the thread that starts the call
+    will wait for it alone (:meth:`Loop.run_turn` of a one-call turn): an isolation may
+    leave the call's reply for that thread to read (:class:`~rho_actors.sandbox.Waiter`;
+    ``process`` does, for a call written from that thread); others ignore it."""
 
     call_id: str
     name: str
@@ -83,6 +87,7 @@ class CallSpec:
     reply: Callable[[ToolResult], None]
     context: contextvars.Context | None = None
     on_start: Callable[[], None] | None = None
+    waiter: Waiter | None = None
 
 
 class Answer:

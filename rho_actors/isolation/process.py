@@ -4,8 +4,9 @@ The call goes to one of the system's two :class:`rho_actors.sandbox.WorkerPool`\
 written to an idle worker from the host's own thread when one is there and the cap has
 room (:meth:`WorkerPool.try_start`), else by a call thread (a reused thread of the
 system's pool, as a ``thread`` call's: no actor per call) that waits for its place and
-its worker (:meth:`WorkerPool.start`); no thread waits for its reply but the pool's one
-reader (DESIGN §5 "A call's path"). The pool owns the deadline: at it,
+its worker (:meth:`WorkerPool.start`); its reply is read by the pool's one reader, or by
+the host's thread that will wait for it alone (``run_turn`` of a one-call turn: the
+call's ``waiter``) (DESIGN §5 "A call's path"). The pool owns the deadline: at it,
 the worker's whole process tree is killed and the result is a ``timeout`` error; a call
 the pool has not answered :data:`BACKSTOP_S` after its deadline (still on its way to a
 worker: a worker starting under load) is answered ``timeout`` then, and stopped.
@@ -258,10 +259,10 @@ class ProcessIsolation(Isolation):
             if isinstance(target, ToolResult):
                 return False  # its failure is given on a call thread
             pool, worker_call_, scope, env = target
-            if TRACEPARENT not in call.ctx:
-                return pool.try_start(worker_call_, done, scope=scope, env=env)
+            if TRACEPARENT not in call.ctx:  # the caller waiting for it alone may read its reply (call.waiter)
+                return pool.try_start(worker_call_, done, scope=scope, env=env, waiter=call.waiter)
             with attached(call.ctx, call.dispatched, call.name):
-                return pool.try_start(worker_call_, done, scope=scope, env=env)
+                return pool.try_start(worker_call_, done, scope=scope, env=env, waiter=call.waiter)
         except Exception:  # whatever it was, a call thread tries again and answers
             logger.exception("call {} could not be started from its caller's thread", call.call_id)
             return False

@@ -32,6 +32,7 @@ from rho_actors.loop.approvals import ApprovalError
 from rho_actors.loop.held_calls import HeldCalls
 from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.otp.actor import NORMAL, stop
+from rho_actors.sandbox import Waiter
 from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 
 if TYPE_CHECKING:
@@ -239,11 +240,12 @@ class Loop(HeldCalls):
         self, batch: tuple[ToolCall, ...], sink: ResultSink, cancel: CancelToken | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
         background: bool | frozenset[str] = False, on_start: Callable[[int], None] | None = None,
+        waiter: Waiter | None = None,
     ) -> None:
         telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
         self._turns().submit(batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(),
                              on_result=on_result, aio=aio, background=background,
-                             chooses=self.model_chooses is True, on_start=on_start)
+                             chooses=self.model_chooses is True, on_start=on_start, waiter=waiter)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
@@ -269,11 +271,24 @@ class Loop(HeldCalls):
 
         Waits at most ``timeout_s`` seconds (default :meth:`turn_bound_s`); raises
         ``TimeoutError`` past that, which only a broken runtime can cause.
+
+        A turn of one call written to an idle worker process from this thread has its
+        reply read by this thread, which waits for it anyway (DESIGN §5 "A call's path":
+        no reader thread woken between the worker and the caller).
         """
         batch = _checked_calls(calls)
+        bound_s = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
         latch = _Latch()
-        self._start_turn(batch, latch, _checked_cancel(cancel), background=_checked_background(background))
-        return latch.wait(timeout_s if timeout_s is not None else self.turn_bound_s(batch))
+        waiter = Waiter()
+        try:
+            self._start_turn(batch, latch, _checked_cancel(cancel), background=_checked_background(background),
+                             waiter=waiter)
+        except BaseException:
+            waiter.hand_over()  # a call held for this thread is read by its pool's reader
+            raise
+        until = time.monotonic() + bound_s
+        waiter.serve(until)  # the reply of the turn's one process call, if it was left for this thread
+        return latch.wait(until - time.monotonic())
 
     async def arun_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None,

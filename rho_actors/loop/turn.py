@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.isolation import RunningCall
+from rho_actors.sandbox import Waiter
 from rho_actors.telemetry import CallSpan, TurnTelemetry
 from rho_actors.tool import ToolCall, ToolResult
 
@@ -67,6 +68,7 @@ class Turn:
     aio: asyncio.AbstractEventLoop | None = None  # the event loop awaiting it (arun_turn): async tools run there
     background: bool | frozenset[str] = False  # the calls the caller runs as tasks, of tools declaring "optional"
     journal: bool = False  # its held calls are recorded by the session's approvals (not by a prompt)
+    waiter: Waiter | None = None  # its caller waits for its one call alone (Loop.run_turn): may read its reply
     waiting: deque[int] = field(default_factory=deque)
     exclusive: bool = False
     open: int = 0

@@ -71,6 +71,7 @@ from rho_actors.loop.reruns import rerun_tasks
 from rho_actors.loop.turn import ResultSink, Slot, Turn, Withheld, result_of, withheld_set
 from rho_actors.otp.threads import host_code
 from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
+from rho_actors.sandbox import Waiter
 from rho_actors.tasks import Task
 from rho_actors.telemetry import Telemetry, TurnTelemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
@@ -201,7 +202,7 @@ class Turns:
         context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
         approved: bool = False, background: bool | frozenset[str] = False, chooses: bool = False,
-        on_start: Callable[[int], None] | None = None,
+        on_start: Callable[[int], None] | None = None, waiter: Waiter | None = None,
     ) -> None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
@@ -209,7 +210,8 @@ class Turns:
         approval); ``background``: the ids of the calls to run as tasks when their tool
         allows it (``background="optional"``), or ``True`` for all of them; ``chooses``:
         the model may ask for that too (a call's ``run_in_background``; else passing it
-        is ``invalid_arguments``); see
+        is ``invalid_arguments``); ``waiter``: this thread waits for the results alone
+        (``run_turn``), given to a one-call turn's call (DESIGN §5 "A call's path"); see
         :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
         raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
         result for each call."""
@@ -241,6 +243,8 @@ class Turns:
             if (self.approvals is not None and not approved
                     and self.approvals.may_hold(turn.slots, turn.waiting, tools.version)):
                 held = self._hold(turn, refused, tools.version)
+            if waiter is not None and turn.open == 1 and not held:  # its one call: the caller reads its reply
+                turn.waiter = waiter
         with self._lock:
             admitted = self.closed is None
             if admitted:
@@ -468,6 +472,7 @@ class Turns:
             timeout_ms, cancel, self._limits.max_output_chars, answering or settle,
             None if turn.context is None else turn.context.copy(),
             None if turn.on_start is None or task is not None else functools.partial(turn.on_start, slot.index),
+            None if task is not None or inline else turn.waiter,
         )
         with turn.lock:
             dropped = turn.stop_reason is not None

@@ -84,6 +84,7 @@ from rho_actors.sandbox.reads import (
     raw_declaration,
     read_declaration_isolated,
 )
+from rho_actors.sandbox.replies import Waiter
 from rho_actors.sandbox.server_process import server_child
 from rho_actors.sandbox.shipping import (
     ShippedTools,
@@ -157,6 +158,7 @@ __all__ = [
     "UidRangeExhausted",
     "UnguardedStartError",
     "Unshippable",
+    "Waiter",
     "WireError",
     "WorkerCall",
     "WorkerConfig",

@@ -64,7 +64,7 @@ from rho_actors.sandbox.processes import (
     release_servers,
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
-from rho_actors.sandbox.replies import OpenCall, Outcome, Replies
+from rho_actors.sandbox.replies import OpenCall, Outcome, Replies, Waiter
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import Grant, WorkerSlots
 from rho_actors.sandbox.warm_workers import CALL_SCOPE, PoolStopped, WarmWorkers, WorkerStart
@@ -97,15 +97,18 @@ class _Sending:
     """A call on its way through the pool: the ``call``, its ``request`` and
     ``tool_bytes``, its ``scope`` and ``env_key``, its place under the cap (``grant``),
     ``done`` (given its result once), ``here`` (the thread that writes it waits for its
-    reply itself) and ``tries``, the workers that ended before it reached them."""
+    reply itself), ``waiter`` (the :class:`Waiter` that may hold it: the thread that
+    writes it waits for its reply later) and ``tries``, the workers that ended before it
+    reached them."""
 
-    __slots__ = ("call", "done", "env_key", "grant", "here", "request", "scope", "tool_bytes", "tries")
+    __slots__ = ("call", "done", "env_key", "grant", "here", "request", "scope", "tool_bytes", "tries", "waiter")
 
     def __init__(self, call: WorkerCall, request: wire.CallRequest, tool_bytes: bytes, scope: Hashable,
                  env_key: tuple[tuple[str, str], ...], grant: Grant, done: Callable[[ToolResult], None],
-                 here: bool = False) -> None:
+                 here: bool = False, waiter: Waiter | None = None) -> None:
         self.call, self.request, self.tool_bytes, self.scope = call, request, tool_bytes, scope
         self.env_key, self.grant, self.done, self.here, self.tries = env_key, grant, done, here, 0
+        self.waiter = waiter
 
 
 class WorkerPool(WarmWorkers):
@@ -281,15 +284,19 @@ class WorkerPool(WarmWorkers):
         return box[0]
 
     def try_start(self, call: WorkerCall, done: Callable[[ToolResult], None], *, scope: Hashable = None,
-                  env: Mapping[str, str] | None = None) -> bool:
+                  env: Mapping[str, str] | None = None, waiter: Waiter | None = None) -> bool:
         """Start ``call`` as :meth:`start` does, from this thread and without waiting,
         when an idle worker it may use and its place under the cap are there now: its
         ``CALL`` frame is written from this thread (what the pipe does not take at once,
         by the pool's reader) and ``done(result)`` is called once, later, from the thread
-        that has the outcome. Returns ``False``, having started nothing and called
-        nothing, when the call would have to wait (for a place, a worker, a start) or
-        would fail before it reaches a worker: then :meth:`start` it (on a thread that may
-        block), which gives it its result either way. Never blocks on other calls."""
+        that has the outcome. ``waiter``: the call is held for it (:meth:`Waiter.hold
+        <rho_actors.sandbox.replies.Waiter.hold>`: made by this thread, not closed), whose
+        thread then reads its reply (:meth:`Waiter.serve
+        <rho_actors.sandbox.replies.Waiter.serve>`) instead of the pool's reader. Returns
+        ``False``, having started nothing and called nothing, when the call would have to
+        wait (for a place, a worker, a start) or would fail before it reaches a worker:
+        then :meth:`start` it (on a thread that may block), which gives it its result
+        either way. Never blocks on other calls."""
         cancel, now = call.cancel, time.monotonic()
         if self._stopped or (cancel is not None and cancel.cancelled) or now >= (
                 call.start_by if call.start_by is not None else call.deadline):
@@ -306,7 +313,7 @@ class WorkerPool(WarmWorkers):
         if self._slots is not None and not self._slots.try_enter(session):
             return False
         sending = _Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, Grant(session, now),
-                           done)
+                           done, waiter=waiter)
         try:
             worker = self._take_idle(scope, env_key)
         except PoolStopped:
@@ -408,8 +415,9 @@ class WorkerPool(WarmWorkers):
         """Write the call to ``worker`` (busy, this thread's): its tool's bytes only if it
         lacks them, its deadline ``timeout_ms`` from now if it has a start bound (never past
         its own), what the pipe does not take at once by the reader, whose call it is
-        from now on (``None``); or the failure that kept it from the worker, which is
-        released."""
+        from now on (``None``; or the thread that waits for it: ``here``, or the call's
+        ``waiter`` when it holds it); or the failure that kept it from the worker, which
+        is released."""
         call = sending.call
         # the worker is sent a call id of this call alone (its tool's ctx keeps the caller's),
         # which its reply must name: a reply it sends for an earlier call is never this one's
@@ -417,9 +425,9 @@ class WorkerPool(WarmWorkers):
         deadline = request.deadline
         if call.start_by is not None:  # its tool's time starts now, not when it was dispatched
             deadline = min(deadline, time.monotonic() + request.timeout_ms / 1000)
-        held = request.digest in worker.tools
+        has_tool = request.digest in worker.tools
         try:
-            body = wire.encode_call(request, deadline=deadline, tool_bytes=None if held else sending.tool_bytes)
+            body = wire.encode_call(request, deadline=deadline, tool_bytes=None if has_tool else sending.tool_bytes)
         except wire.WireError as exc:  # not sent: the worker is as it was
             self._release(worker, False)
             return self._failure(call, "unsendable", problem=str(exc))
@@ -427,22 +435,24 @@ class WorkerPool(WarmWorkers):
         if self._scoped and sending.scope != CALL_SCOPE:
             worker.session = sending.grant.session
         opened = OpenCall(worker, request, sending.tool_bytes, deadline, sending)
+        waiter, sending.waiter = sending.waiter, None  # held once: a call sent again goes to the reader
         with opened.guard:  # a finish (its worker's end seen meanwhile) waits for the write
+            held = sending.here or (waiter is not None and waiter.hold(self._replies, opened))
             try:
-                if not sending.here:
+                if not held:
                     self._replies.add(opened)
             except RuntimeError as exc:
                 self._release(worker, False)
                 return (self._failure(call, "pool_stopped") if self._stopped else
                         self._failure(call, "no_worker", problem=f"its reply could not be waited for ({exc})"))
-            if not held:
+            if not has_tool:
                 with self._lock:
                     self._counts["shipped"] += 1
             try:
                 rest: memoryview | None = worker.channel.write_some(worker.channel.frame(wire.CALL, body))
             except EOFError:  # it died idle: the reader sees its end, and the call goes to another worker
                 rest = None
-            if rest and sending.here:
+            if rest and held:
                 opened.out = rest
             elif rest:
                 self._replies.write_rest(opened, rest)

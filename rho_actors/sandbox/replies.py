@@ -44,7 +44,7 @@ from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Malformed
 from rho_actors.sandbox.worker_handle import WorkerHandle
 
-__all__ = ["OpenCall", "Outcome", "Replies"]
+__all__ = ["OpenCall", "Outcome", "Replies", "Waiter"]
 
 Outcome = Literal["reply", "deadline", "ended", "malformed", "reader_failed"]
 """What ended an open call: its ``reply`` (payload: ``(tag, body)``), its ``deadline``
@@ -102,6 +102,57 @@ class OpenCall:
         write or a kill under way; the worker may be reaped next and its pid reused)."""
         with self.guard:
             self.sealed = True
+
+
+class Waiter:
+    r"""The thread that made it, which will wait for the one call it is about to start and
+    has nothing else to do meanwhile (the host's thread in ``run_turn`` of a turn whose
+    only call runs in a worker; DESIGN §5 "A call's path"): the pool writing that call
+    from this same thread hands the call to it (:meth:`hold`) instead of to its reader,
+    and the thread reads the reply itself (:meth:`serve`), so a warm call wakes the
+    worker and then this thread, and no reader between them. A call is held only from
+    the thread that made the waiter, before :meth:`close`, once; a call written from
+    any other thread, or after, goes to the reader as usual. A held call must be
+    :meth:`serve`\ d (or :meth:`hand_over`\ ed): no other thread reads it meanwhile."""
+
+    __slots__ = ("_call", "_replies", "_thread")
+
+    def __init__(self) -> None:
+        self._thread: int | None = threading.get_ident()
+        self._call: OpenCall | None = None
+        self._replies: Replies | None = None
+
+    def hold(self, replies: Replies, call: OpenCall) -> bool:
+        """Keep ``call`` (of ``replies``' pool, not yet written) for this waiter's thread;
+        whether it was kept (else the reader is to be given it)."""
+        if self._thread != threading.get_ident() or self._call is not None:
+            return False
+        self._call, self._replies = call, replies
+        return True
+
+    def close(self) -> None:
+        """No call is held from now on (the one held, if any, stays)."""
+        self._thread = None
+
+    def serve(self, until: float) -> bool:
+        """Wait for the held call's outcome in this thread until ``until`` (a
+        ``time.monotonic()`` instant; its deadline kills its worker here) and finish it
+        (the call's ``done`` runs here); whether it was finished. ``False``: no call was
+        held, or ``until`` came first and the pool's reader took the call over (it gets
+        its one result from there). Closes the waiter."""
+        call, replies = self._call, self._replies
+        self._thread = self._call = self._replies = None
+        if call is None or replies is None:
+            return False
+        return replies.serve_here(call, until)
+
+    def hand_over(self) -> None:
+        """The thread will not wait (it raised): the held call, if any, goes to the pool's
+        reader. Closes the waiter."""
+        call, replies = self._call, self._replies
+        self._thread = self._call = self._replies = None
+        if call is not None and replies is not None:
+            replies.hand_over(call, "its caller stopped waiting")
 
 
 def _kill(call: OpenCall) -> None:
@@ -165,13 +216,16 @@ class Replies:
             elif earlier:  # the reader sleeps past it: it looks again now
                 self._wake_locked()
 
-    def serve_here(self, call: OpenCall) -> None:
+    def serve_here(self, call: OpenCall, until: float = math.inf) -> bool:
         """Wait for ``call``'s outcome in this thread, then finish it: for a thread that
         has nothing else to do until then (a blocking :meth:`WorkerPool.run_call
         <rho_actors.sandbox.pool.WorkerPool.run_call>`, a call thread that waited for its
-        worker), so that no reader is woken for it. A fault of the wait ends the call as
-        the reader's does (``reader_failed``); what interrupts it (a ``KeyboardInterrupt``)
-        hands the call to the reader first, then is raised."""
+        worker, a :class:`Waiter`), so that no reader is woken for it; whether it was
+        finished here. At ``until`` (a ``time.monotonic()`` instant before the call's
+        deadline) the thread stops waiting and the reader takes the call over
+        (``False``). A fault of the wait ends the call as the reader's does
+        (``reader_failed``); what interrupts it (a ``KeyboardInterrupt``) hands the call
+        to the reader first, then is raised."""
         poller = select.poll()
         call.mask = _IN_OUT if call.out else _IN
         poller.register(call.fd, call.mask)
@@ -179,13 +233,17 @@ class Replies:
             poller.register(call.sentinel, _IN)
         try:
             while True:
-                remaining = call.deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = call.deadline - now
                 if remaining <= 0:
                     _kill(call)  # at the deadline itself, before the finish
                     outcome: tuple[Outcome, Any] = ("deadline", None)
                     break
+                if until <= now:  # this thread stops waiting: the reader reads on
+                    self.hand_over(call, "its waiter stopped waiting")
+                    return False
                 served = None
-                for fd, mask in poller.poll(math.ceil(remaining * 1000)):
+                for fd, mask in poller.poll(math.ceil(min(remaining, until - now) * 1000)):
                     served = self._serve(call, fd, mask)
                     if served is not None:
                         break
@@ -200,14 +258,22 @@ class Replies:
             _kill(call)
             outcome = ("reader_failed", describe_exception(exc))
         except BaseException:  # this thread is interrupted: the reader takes the call over
-            try:
-                self.add(call)
-            except RuntimeError as exc:
-                _kill(call)
-                self._finish(call, "reader_failed", f"its wait was interrupted and no reader took it ({exc})")
+            self.hand_over(call, "its wait was interrupted")
             raise
         call.ending = True
         self._finish(call, *outcome)
+        return True
+
+    def hand_over(self, call: OpenCall, why: str) -> None:
+        """The thread that was to wait for ``call`` (not yet ended) will not: the reader
+        waits for it from now on; if none can (stopped, no thread), its worker is killed
+        and the call ends ``reader_failed`` here."""
+        try:
+            self.add(call)
+        except RuntimeError as exc:
+            _kill(call)
+            call.ending = True
+            self._finish(call, "reader_failed", f"{why} and no reader took it ({exc})")
 
     def write_rest(self, call: OpenCall, rest: memoryview) -> None:
         """The pipe took only part of ``call``'s frame: the reader writes ``rest`` as it
