@@ -354,9 +354,9 @@ class WorkerPool(WarmWorkers):
             held = self._slots.shares().get(str(session), 0)
             if call.start_by is not None:
                 return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
-                              why=f"the system's {self._slots.limit} worker(s) were in use, its session holding "
+                              why=f"the system's {self._slots.running} running worker(s) were in use, its session holding "
                                   f"{held} of its share of {self._slots.per_session}")
-            return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
+            return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.running,
                           share=self._slots.per_session, held=held)
         self._deliver(_Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())),
                                Grant(session, time.monotonic()), done, here))
