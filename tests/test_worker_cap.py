@@ -30,7 +30,7 @@ from .helpers import make_tool
 def _pid(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
     """A name of the worker process it runs in (each has pid 1 in its own PID namespace):
     drawn at its first call, kept in the process's ``sys`` module."""
-    import sys  # noqa: PLC0415 -- in the worker process
+    import sys
 
     return str(sys.__dict__.setdefault("_worker_name", os.urandom(8).hex()))
 
@@ -120,13 +120,14 @@ def test_the_default_caps_are_sized_by_cores_and_by_what_an_idle_worker_costs(tm
     with ActorSystem(tmp_path / "r", max_running_workers=cap + 4) as system:
         stats = system.stats()
         assert (stats["workers_cap"], stats["workers_running_cap"]) == (cap + 4, cap + 4)
-    for kwargs, message in (
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"max_workers": 4, "max_running_workers": 5}, r"max_running_workers must be an int within 1\.\.max_workers"
                                                        r" \(4\), not 5"),
         ({"max_running_workers": 0}, r"max_running_workers must be an int within 1\.\.max_workers \(\d+\), not 0"),
         ({"max_workers": 8, "max_running_workers": 4, "max_workers_per_session": 5},
          r"max_workers_per_session must be an int within 1\.\.max_running_workers \(4\), not 5"),
-    ):
+    ]
+    for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             ActorSystem(tmp_path / "b", **kwargs)
 
@@ -149,3 +150,20 @@ def _hold(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
     while not Path(args["gate"]).exists() and time.monotonic() < deadline:
         time.sleep(0.005)  # polling a file the test makes; bounded by WAIT_S
     return "released"
+
+
+def test_a_burst_of_short_calls_starts_no_more_workers_than_calls_wait_for(tmp_path: Path) -> None:
+    # 32 sessions of 5 ms trusted calls, 8 at once, with room for 48 processes: while the
+    # first workers start, the warm ones serve call after call; a call that finds no idle
+    # worker starts one only while fewer start than calls wait, so the pool grows to about
+    # the running cap, not by one worker for each call that came while the first started
+    with ActorSystem(tmp_path, max_workers=48, max_running_workers=8, warm_workers=2) as system:
+        system.register(make_tool("pid", _pid_in_5_ms, timeout_ms=60_000), isolation="process")
+        _sessions_in_rounds(system, 32, 6)
+        stats = system.stats()
+    assert stats["workers_started"] <= 16 and stats["workers_peak"] <= 16, stats  # 2x the running cap
+
+
+def _pid_in_5_ms(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
+    time.sleep(0.005)  # a short call, the benchmarks' five_ms
+    return _pid(args, ctx)
