@@ -226,12 +226,12 @@ class Replies:
         (``False``). A fault of the wait ends the call as the reader's does
         (``reader_failed``); what interrupts it (a ``KeyboardInterrupt``) hands the call
         to the reader first, then is raised."""
-        poller = select.poll()
-        call.mask = _IN_OUT if call.out else _IN
-        poller.register(call.fd, call.mask)
-        if call.sentinel is not None:
-            poller.register(call.sentinel, _IN)
-        try:
+        try:  # from its first line: an interrupt anywhere in the wait hands the call over
+            poller = select.poll()
+            call.mask = _IN_OUT if call.out else _IN
+            poller.register(call.fd, call.mask)
+            if call.sentinel is not None:
+                poller.register(call.sentinel, _IN)
             while True:
                 now = time.monotonic()
                 remaining = call.deadline - now
