@@ -472,7 +472,7 @@ class WorkerPool(WarmWorkers):
         another worker (:data:`_DELIVERY_ATTEMPTS` in all)."""
         opened.seal()
         sending: _Sending = opened.state
-        call, worker = sending.call, opened.worker
+        call, worker, busy_since, tries = sending.call, opened.worker, opened.worker.idle_since, sending.tries
         failed = functools.partial(self._failure, call)
         try:
             if outcome == "reply":
@@ -494,6 +494,13 @@ class WorkerPool(WarmWorkers):
         except Exception as exc:  # a bug here must still answer the call
             logger.exception("the outcome of call {} could not be taken", call.call_id)
             result = failed("reader_failed", problem=describe_exception(exc))
+        except BaseException as exc:  # its thread interrupted (a caller's KeyboardInterrupt): answered, then raised
+            if sending.tries == tries:  # (left open: an interrupt while its redelivery waits for a worker)
+                if worker in self._busy and worker.idle_since == busy_since:  # not yet released (idle_since anew)
+                    self._lose(worker, "killed")
+                self._leave(sending.grant)
+                sending.done(failed("reader_failed", problem=f"its finish was interrupted ({describe_exception(exc)})"))
+            raise
         self._leave(sending.grant)
         sending.done(result)
 
