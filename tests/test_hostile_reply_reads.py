@@ -101,6 +101,7 @@ def interrupt(signum: int, frame: FrameType | None) -> None:
 
 @pytest.mark.parametrize("point", [
     "serve",  # the turn is started and its call held: the thread has not begun to read
+    "_on_frame",  # the reply's frame is out of the pipe: the thread is looking at it
     "_replied",  # the reply is read: the thread is taking its result
 ])
 def test_a_caller_interrupted_while_it_reads_its_calls_reply_leaves_the_call_one_result(
