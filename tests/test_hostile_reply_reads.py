@@ -11,6 +11,7 @@ chosen point (a trace function names the point, the signal's handler raises ther
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -121,3 +122,26 @@ def test_a_caller_interrupted_while_it_reads_its_calls_reply_leaves_the_call_one
     assert finished_once(events, "cut"), events.kinds("cut")
     [after] = loop.run_turn(one("echo", "after", text="after"), timeout_s=WAIT_S)
     assert after.content == "after", after  # its worker and its place under the caps are free
+
+
+def test_a_caller_that_stops_waiting_with_its_call_half_written_leaves_the_rest_to_the_reader(
+        system: ActorSystem) -> None:
+    """The pipe takes only part of a big call while its worker is stopped (``SIGSTOP``);
+    ``run_turn``'s own bound passes first: the reader writes the rest once the worker
+    reads again, and the call gets its one result, its tool's."""
+    loop = warmed(system)
+    events = Recorder()
+    system.subscribe(events, only=(CallEvent,))
+    [pid] = system.worker_pids()
+    text = "x" * 900_000  # within the arguments bound, more than a pipe takes at once
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(TimeoutError):
+            loop.run_turn(one("echo", "big", text=text), timeout_s=0.3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert finished_once(events, "big"), events.kinds("big")
+    [finished] = [e for e in events.events if e.call_id == "big" and e.kind == "finished"]
+    assert finished.outcome == "ok", finished
+    [after] = loop.run_turn(one("echo", "after", text="after"), timeout_s=WAIT_S)
+    assert after.content == "after"
