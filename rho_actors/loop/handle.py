@@ -295,7 +295,7 @@ class Loop(HeldCalls):
         except BaseException:  # raised or interrupted before the read: the held call goes to its pool's reader
             waiter.hand_over()
             raise
-        return latch.wait(until - time.monotonic())
+        return latch.wait(until - time.monotonic(), bound_s)
 
     async def arun_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None,
@@ -529,10 +529,11 @@ class _Latch:
         self._results = results
         self._held.release()
 
-    def wait(self, timeout_s: float) -> list[ToolResult]:
-        """The results, once set; raises ``TimeoutError`` after ``timeout_s`` seconds."""
+    def wait(self, timeout_s: float, bound_s: float) -> list[ToolResult]:
+        """The results, once set; raises ``TimeoutError`` after ``timeout_s`` seconds (what
+        is left of the caller's bound ``bound_s``, which the error names)."""
         if not self._held.acquire(timeout=min(max(0.0, timeout_s), threading.TIMEOUT_MAX)):
-            raise TimeoutError(f"the turn did not finish within {timeout_s} s")
+            raise TimeoutError(f"the turn did not finish within {bound_s} s")
         return self._results
 
 
