@@ -46,7 +46,8 @@ Usage::
    call of a 5 ms untrusted tool (declared timeout 20 s), ``many_calls`` calls in all,
    next to the same tool registered trusted with ``isolation="process"`` in a system of
    its own: throughput (calls/s), call latency p50/p99 (ms), worker processes started,
-   and calls that waited out their deadline for a worker. Target: untrusted throughput
+   and calls that waited out their deadline for a worker, with the system's default
+   caps (``max_workers``, ``max_running_workers``: printed). Target: untrusted throughput
    / trusted >= 0.8x, and no call that waited out its deadline.
 7. **A system's first process calls** (``cold_start.py``): the first trusted ``process``
    call after registration / a warm call (target <= 2x), and 30 concurrent first calls
@@ -575,6 +576,8 @@ def _many_sessions(untrusted: bool, calls: int, sessions: int) -> dict[str, Any]
         "calls_per_s": round(len(latencies) / wall, 1),
         "latency_ms": summary(latencies),
         "workers_started": after.get(prefix + "started", 0) - before.get(prefix + "started", 0),
+        "workers_cap": after.get("workers_cap"),
+        "workers_running_cap": after.get("workers_running_cap", after.get("workers_cap")),
         "errors": kinds,
         "waited_out_deadline": sum(n for k, n in kinds.items() if "it did not start" in k),
     }
@@ -677,6 +680,8 @@ def print_many(report: Mapping[str, Any]) -> None:
         f"   ratio untrusted / trusted throughput: {m['ratio']:.2f}x   target >= {m['target']:g}x, no call waiting "
         f"out its deadline ({m['untrusted']['waited_out_deadline']})   {verdict(m['pass'])}"
     )
+    u = m["untrusted"]
+    print(f"   caps: {u['workers_cap']} worker processes (running or idle), {u['workers_running_cap']} running at once")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

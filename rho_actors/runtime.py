@@ -37,7 +37,10 @@ if TYPE_CHECKING:
     from rho_actors.tasks import TaskRegistry
     from rho_actors.telemetry import Telemetry
 
-__all__ = ["DEFAULT_MAX_TIMEOUT_MS", "Limits", "Runtime", "UntrustedReads", "fair_shares"]
+__all__ = [
+    "DEFAULT_MAX_TIMEOUT_MS", "IDLE_WORKER_BYTES", "Limits", "Runtime", "UntrustedReads", "default_running_cap",
+    "default_worker_cap", "fair_shares", "host_memory_bytes",
+]
 
 DEFAULT_MAX_TIMEOUT_MS = 600_000
 """The default bound on a tool's declared timeout (milliseconds: 10 minutes): a tool
@@ -141,28 +144,74 @@ class Runtime:
 
 
 MIN_WORKER_CAP = 32
-"""The least default cap on worker processes: its half, one session's default share, holds
+"""The least default cap on running workers: its half, one session's default share, holds
 a turn of 16 parallel calls (the widest a model sends in one turn of the peers'
 benchmarks) on a machine of any size."""
 
+IDLE_WORKER_BYTES = 16 * 2**20
+"""What one idle worker process costs the host's memory, rounded up (bytes): a confined
+worker with its tool loaded measured 11-12 MiB of its own (USS 11.1, PSS 11.7 MiB of an
+RSS of 36.5, benchmarks/PROFILE.md §28), plus its cgroup and kernel structures; it also
+holds one pid, one thread and one cgroup (``pids_max`` bounds its tree)."""
 
-def default_worker_cap() -> int:
-    """The default ``max_workers`` of a system: 4 worker processes per core (as
-    ``os.cpu_count()`` counts them), at least :data:`MIN_WORKER_CAP`."""
+IDLE_MEMORY_SHARE = 16
+"""The default cap lets idle workers take at most 1/``IDLE_MEMORY_SHARE`` of the host's
+memory, at :data:`IDLE_WORKER_BYTES` each."""
+
+
+def host_memory_bytes() -> int:
+    """The memory this process may use (bytes): the machine's physical memory, or the
+    ``memory.max`` of the cgroup (v2) it runs in when that is lower (a container's bound)."""
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
+            bound = f.read().strip()
+    except OSError:
+        return physical
+    return min(physical, int(bound)) if bound.isdigit() else physical
+
+
+def default_running_cap() -> int:
+    """The default ``max_running_workers`` of a system, the most calls running in worker
+    processes at once: 4 per core (as ``os.cpu_count()`` counts them), at least
+    :data:`MIN_WORKER_CAP`."""
     return max(MIN_WORKER_CAP, 4 * (os.cpu_count() or 1))
 
 
-def fair_shares(cap: int, per_session: int | None, threads_per_session: int, max_timeout_ms: int) -> int:
-    """Check the fair-share settings (DESIGN §5 "Fair shares"); the per-session share of
-    the worker cap (default: half the cap, at least 1). Raises ``ValueError`` naming the
-    bad setting."""
-    if type(cap) is not int or cap < 1:
+def default_worker_cap() -> int:
+    """The default ``max_workers`` of a system, the most worker processes alive (running
+    or idle): as many idle workers as fit in 1/:data:`IDLE_MEMORY_SHARE` of
+    :func:`host_memory_bytes` at :data:`IDLE_WORKER_BYTES` each, and never fewer than
+    :func:`default_running_cap` (e.g. 32 on a 2-core, 8 GiB host; 96 on 24 GiB)."""
+    return max(default_running_cap(), host_memory_bytes() // (IDLE_MEMORY_SHARE * IDLE_WORKER_BYTES))
+
+
+def fair_shares(
+    cap: int | None, running: int | None, per_session: int | None, threads_per_session: int, max_timeout_ms: int,
+) -> tuple[int, int, int]:
+    """Check the worker-cap and fair-share settings (DESIGN §5 "Fair shares"); the cap on
+    worker processes (``None``: :func:`default_worker_cap`, raised to the cap on running
+    workers when that is given higher), the cap on running workers
+    (``None``: the cap when it was given, else :func:`default_running_cap`, at most the
+    cap) and the per-session share of the running cap (default: half, at least 1), as
+    ``(cap, running, share)``. Raises ``ValueError`` naming the bad setting."""
+    if cap is None:
+        cap = default_worker_cap()
+        if running is None:
+            running = min(cap, default_running_cap())
+        elif type(running) is int:
+            cap = max(cap, running)
+    elif type(cap) is not int or cap < 1:
         raise ValueError(f"max_workers must be an int >= 1, not {cap!r}")
-    share = max(1, cap // 2) if per_session is None else per_session
-    if type(share) is not int or not 1 <= share <= cap:
-        raise ValueError(f"max_workers_per_session must be an int within 1..max_workers ({cap}), not {share!r}")
+    running = cap if running is None else running
+    if type(running) is not int or not 1 <= running <= cap:
+        raise ValueError(f"max_running_workers must be an int within 1..max_workers ({cap}), not {running!r}")
+    share = max(1, running // 2) if per_session is None else per_session
+    if type(share) is not int or not 1 <= share <= running:
+        raise ValueError(
+            f"max_workers_per_session must be an int within 1..max_running_workers ({running}), not {share!r}")
     if type(threads_per_session) is not int or threads_per_session < 1:
         raise ValueError(f"abandoned_threads_per_session must be an int >= 1, not {threads_per_session!r}")
     if type(max_timeout_ms) is not int or max_timeout_ms < 1:
         raise ValueError(f"max_timeout_ms must be an int of milliseconds >= 1, not {max_timeout_ms!r}")
-    return share
+    return cap, running, share

@@ -54,8 +54,10 @@ class IsolationServices:
     worker processes: ``warm_workers`` idle workers, ``heap_bytes`` of memory for each
     untrusted worker's tree and ``process_heap_bytes`` for each trusted one's (bytes),
     and the ``start_method`` (``"forkserver"`` or ``"spawn"``); ``max_workers``,
-    the cap on worker processes of the whole system, ``max_workers_per_session`` the
-    most of them one session's calls hold at once (``None``: half the cap, at least 1);
+    the cap on worker processes of the whole system (running or idle),
+    ``max_running_workers`` the most calls running in them at once (``None``:
+    ``max_workers``), ``max_workers_per_session`` the most of those one session's calls
+    hold at once (``None``: all of them);
     ``confine``, how untrusted workers
     are confined; ``worker_idle_s``, how long an idle scoped worker is kept (seconds);
     ``tools``, the published tool set (a call's tool entry says whether it is untrusted);
@@ -82,6 +84,7 @@ class IsolationServices:
     threads_total: int = 64
     ray: Mapping[str, Any] | None = None
     max_workers_per_session: int | None = None
+    max_running_workers: int | None = None
     threads_per_session: int = 16
     threads: ThreadPool | None = None
     start_timeout_ms: int = DEFAULT_START_TIMEOUT_MS

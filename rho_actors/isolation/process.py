@@ -161,7 +161,8 @@ class ProcessIsolation(Isolation):
         self._lock = threading.Lock()
         self._pool: WorkerPool | None = None
         self._confined: WorkerPool | None = None
-        self._slots = WorkerSlots(services.max_workers, services.max_workers_per_session)
+        self._slots = WorkerSlots(services.max_workers, services.max_workers_per_session,
+                                  services.max_running_workers)
         self._open = False
         self._loaded_ahead: set[int] = set()  # the serials of the trusted registrations loaded ahead
         self.start_bound_s = services.start_timeout_ms / 1000
@@ -380,8 +381,9 @@ class ProcessIsolation(Isolation):
         """The pools' counters as ``workers_<name>`` (trusted) and
         ``untrusted_workers_<name>`` (see :meth:`WorkerPool.stats`), none before first
         use; ``workers_cap`` and ``workers_peak``, the system's cap on worker processes
-        and the most alive at once; ``workers_per_session``, one session's share of the
-        cap, ``workers_by_session`` (session id -> its calls holding a worker now),
+        (running or idle) and the most alive at once; ``workers_running_cap``, the most
+        calls running in them at once; ``workers_per_session``, one session's share of
+        that, ``workers_by_session`` (session id -> its calls holding a worker now),
         ``workers_waiting`` (calls waiting their turn now), ``workers_queued`` (calls
         that waited, ever) and ``workers_waited_out`` (calls that waited their whole
         deadline, ever)."""
@@ -389,7 +391,8 @@ class ProcessIsolation(Isolation):
             pool, confined = self._pool, self._confined
         slots = self._slots
         out: dict[str, Any] = {
-            "workers_cap": slots.limit, "workers_peak": slots.peak, "workers_per_session": slots.per_session,
+            "workers_cap": slots.limit, "workers_running_cap": slots.running, "workers_peak": slots.peak,
+            "workers_per_session": slots.per_session,
             "workers_by_session": slots.shares(), "workers_waiting": slots.waiting_calls(),
             "workers_queued": slots.queued, "workers_waited_out": slots.waited_out,
         }

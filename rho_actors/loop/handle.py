@@ -98,6 +98,11 @@ def _checked_cancel(cancel: Any) -> CancelToken | None:
     return cancel
 
 
+def _checked_timeout(timeout_s: Any) -> None:
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))):
+        raise TypeError(f"timeout_s must be a number of seconds or None, got {timeout_s!r}")
+
+
 def _checked_background(background: Any) -> bool | frozenset[str]:
     if isinstance(background, bool):
         return background
@@ -270,24 +275,26 @@ class Loop(HeldCalls):
         and ``background`` as in :meth:`submit_turn` (set ``cancel`` from another thread).
 
         Waits at most ``timeout_s`` seconds (default :meth:`turn_bound_s`); raises
-        ``TimeoutError`` past that, which only a broken runtime can cause.
+        ``TimeoutError`` past that, which only a broken runtime can cause; ``TypeError``,
+        before the turn starts, when ``timeout_s`` is not a number.
 
         A turn of one call written to an idle worker process from this thread has its
         reply read by this thread, which waits for it anyway (DESIGN §5 "A call's path":
         no reader thread woken between the worker and the caller).
         """
         batch = _checked_calls(calls)
+        _checked_timeout(timeout_s)  # before the turn starts: a bad bound must not strand its held call
         bound_s = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
         latch = _Latch()
         waiter = Waiter()
         try:
             self._start_turn(batch, latch, _checked_cancel(cancel), background=_checked_background(background),
                              waiter=waiter)
-        except BaseException:
-            waiter.hand_over()  # a call held for this thread is read by its pool's reader
+            until = time.monotonic() + bound_s
+            waiter.serve(until)  # the reply of the turn's one process call, if it was left for this thread
+        except BaseException:  # raised or interrupted before the read: the held call goes to its pool's reader
+            waiter.hand_over()
             raise
-        until = time.monotonic() + bound_s
-        waiter.serve(until)  # the reply of the turn's one process call, if it was left for this thread
         return latch.wait(until, bound_s)
 
     async def arun_turn(

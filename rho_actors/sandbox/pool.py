@@ -44,7 +44,7 @@ import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final
 
@@ -176,6 +176,8 @@ class WorkerPool(WarmWorkers):
         self._scopes: set[Hashable] = set()
         self._busy: set[WorkerHandle] = set()
         self._starting = 0
+        self._starts_for_calls: Counter[tuple[tuple[str, str], ...]] = Counter()  # env_key -> workers starting
+        self._calls_awaiting: Counter[tuple[tuple[str, str], ...]] = Counter()  # env_key -> calls waiting for one
         self._stopped = False
         self._peaks: dict[Hashable, tuple[int, float]] = {}  # scope -> (most busy at once, when last reached)
         self._shipped = ShippedTools()
@@ -360,9 +362,9 @@ class WorkerPool(WarmWorkers):
             held = self._slots.shares().get(str(session), 0)
             if call.start_by is not None:
                 return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
-                              why=f"the system's {self._slots.limit} worker(s) were in use, its session holding "
-                                  f"{held} of its share of {self._slots.per_session}")
-            return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.limit,
+                              why=f"the system's {self._slots.running} running worker(s) were in use, its session "
+                                  f"holding {held} of its share of {self._slots.per_session}")
+            return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.running,
                           share=self._slots.per_session, held=held)
         self._deliver(_Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())),
                                Grant(session, time.monotonic()), done, here))
@@ -471,7 +473,7 @@ class WorkerPool(WarmWorkers):
         another worker (:data:`_DELIVERY_ATTEMPTS` in all)."""
         opened.seal()
         sending: _Sending = opened.state
-        call, worker = sending.call, opened.worker
+        call, worker, busy_since, tries = sending.call, opened.worker, opened.worker.idle_since, sending.tries
         failed = functools.partial(self._failure, call)
         try:
             if outcome == "reply":
@@ -493,6 +495,13 @@ class WorkerPool(WarmWorkers):
         except Exception as exc:  # a bug here must still answer the call
             logger.exception("the outcome of call {} could not be taken", call.call_id)
             result = failed("reader_failed", problem=describe_exception(exc))
+        except BaseException as exc:  # its thread interrupted (a caller's KeyboardInterrupt): answered, then raised
+            if sending.tries == tries:  # (left open: an interrupt while its redelivery waits for a worker)
+                if worker in self._busy and worker.idle_since == busy_since:  # not yet released (idle_since anew)
+                    self._lose(worker, "killed")
+                self._leave(sending.grant)
+                sending.done(failed("reader_failed", problem=f"its finish was interrupted ({describe_exception(exc)})"))
+            raise
         self._leave(sending.grant)
         sending.done(result)
 
@@ -596,43 +605,75 @@ class WorkerPool(WarmWorkers):
         queued = False
         start: WorkerStart | None = None
         failures: list[str] = []
-        while True:
-            worker = self._take_idle(scope, env_key)
-            if worker is not None:
-                return worker
-            if start is not None:
-                if start.done:  # its worker went idle and another call took it first: start one more
-                    start = None
+        if waits:
+            with self._lock:
+                self._calls_awaiting[env_key] += 1
+        try:
+            while True:
+                worker = self._take_idle(scope, env_key)
+                if worker is not None:
+                    return worker
+                if start is not None:
+                    if start.done:  # its worker went idle and another call took it first: start one more
+                        start = None
+                        continue
+                    with self._lock:
+                        ready = self._warmed.wait_for(functools.partial(self._worth_a_look_locked, start, scope,
+                                                                        env_key), max(0.0, deadline - time.monotonic()))
+                    if start.problem is not None:
+                        failures.append(start.problem)
+                        if len(failures) >= _DELIVERY_ATTEMPTS:
+                            raise _StartFailed("; ".join(failures))
+                        start = None
+                    elif not ready:
+                        raise _NotStarted
                     continue
+                if waits and self._awaited_others_start(scope, env_key, deadline):
+                    continue
+                if self._slots is None or self._slots.try_acquire():
+                    if not waits:
+                        return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
+                    start = WorkerStart()
+                    with self._lock:
+                        self._starts_for_calls[env_key] += 1
+                    self._start_for_call(env_key, start)
+                    continue
+                if not queued:
+                    queued = True
+                    with self._lock:
+                        self._counts["queued"] += 1
+                if self._slots.retire_idle():
+                    continue
+                if not self._slots.wait(deadline):
+                    raise _QueuedPastDeadline
+        finally:
+            if waits:
                 with self._lock:
-                    ready = self._warmed.wait_for(functools.partial(self._worth_a_look_locked, start, scope, env_key),
-                                                  max(0.0, deadline - time.monotonic()))
-                if start.problem is not None:
-                    failures.append(start.problem)
-                    if len(failures) >= _DELIVERY_ATTEMPTS:
-                        raise _StartFailed("; ".join(failures))
-                    start = None
-                elif not ready:
-                    raise _NotStarted
-                continue
-            if self._slots is None or self._slots.try_acquire():
-                if not waits:
-                    return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
-                start = WorkerStart()
-                self._start_for_call(env_key, start)
-                continue
-            if not queued:
-                queued = True
-                with self._lock:
-                    self._counts["queued"] += 1
-            if self._slots.retire_idle():
-                continue
-            if not self._slots.wait(deadline):
-                raise _QueuedPastDeadline
+                    self._calls_awaiting[env_key] -= 1
+                    self._warmed.notify_all()
 
-    def _worth_a_look_locked(self, start: WorkerStart, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> bool:
-        """Whether a call waiting for ``start`` should look again: stopped, its start
-        ended, or an idle worker it may take is there."""
+    def _awaited_others_start(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> bool:
+        """For a call with a start bound that found no worker: while as many workers
+        start for calls as calls wait for one, wait (raising ``_NotStarted`` at
+        ``deadline``) until one it may take is idle or a start ended; whether it waited.
+        So a burst of short calls through a few workers starts no more of them than
+        calls wait (the first waiting call a started worker may serve takes it)."""
+        with self._lock:
+            if self._starts_for_calls[env_key] < self._calls_awaiting[env_key]:
+                return False
+            look = functools.partial(self._worth_a_look_locked, None, scope, env_key)
+            if not self._warmed.wait_for(look, max(0.0, deadline - time.monotonic())):
+                raise _NotStarted
+            return True
+
+    def _worth_a_look_locked(self, start: WorkerStart | None, scope: Hashable,
+                             env_key: tuple[tuple[str, str], ...]) -> bool:
+        """Whether a call waiting for ``start`` (``None``: for a worker others started,
+        until fewer start than calls wait) should look again: stopped, its start ended,
+        or an idle worker it may take is there."""
+        if start is None:
+            return (self._stopped or self._usable_locked(scope, env_key)
+                    or self._starts_for_calls[env_key] < self._calls_awaiting[env_key])
         return self._stopped or start.done or start.problem is not None or self._usable_locked(scope, env_key)
 
     def _release(self, worker: WorkerHandle, retire: bool, grant: Grant | None = None) -> None:

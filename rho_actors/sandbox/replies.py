@@ -228,13 +228,15 @@ class Replies:
         deadline) the thread stops waiting and the reader takes the call over
         (``False``). A fault of the wait ends the call as the reader's does
         (``reader_failed``); what interrupts it (a ``KeyboardInterrupt``) hands the call
-        to the reader first, then is raised."""
-        poller = select.poll()
-        call.mask = _IN_OUT if call.out else _IN
-        poller.register(call.fd, call.mask)
-        if call.sentinel is not None:
-            poller.register(call.sentinel, _IN)
-        try:
+        to the reader first, then is raised (interrupting a read or a write of a frame, it
+        ends the call ``reader_failed``, its worker killed, instead)."""
+        reading = False  # in _serve: what the pipe gave may be taken out of it and not yet looked at
+        try:  # from its first line: an interrupt anywhere in the wait hands the call over
+            poller = select.poll()
+            call.mask = _IN_OUT if call.out else _IN
+            poller.register(call.fd, call.mask)
+            if call.sentinel is not None:
+                poller.register(call.sentinel, _IN)
             while True:
                 now = time.monotonic()
                 remaining = call.deadline - now
@@ -247,7 +249,9 @@ class Replies:
                     return False
                 served = None
                 for fd, mask in poller.poll(math.ceil(min(remaining, until - now) * 1000)):
+                    reading = True
                     served = self._serve(call, fd, mask)
+                    reading = False
                     if served is not None:
                         break
                 if served is not None:
@@ -260,8 +264,13 @@ class Replies:
             logger.opt(exception=exc).error("the wait for a worker's reply failed: its call ends")
             _kill(call)
             outcome = ("reader_failed", describe_exception(exc))
-        except BaseException:  # this thread is interrupted: the reader takes the call over
-            self.hand_over(call, "its wait was interrupted")
+        except BaseException as exc:  # this thread is interrupted: the reader takes the call over...
+            if not reading:
+                self.hand_over(call, "its wait was interrupted")
+                raise
+            _kill(call)  # ...unless a frame may be half read or half written: the call ends here
+            call.ending = True
+            self._finish(call, "reader_failed", f"its read was interrupted ({describe_exception(exc)})")
             raise
         call.ending = True
         self._finish(call, *outcome)

@@ -3,11 +3,13 @@
 
 Every :class:`~rho_actors.sandbox.pool.WorkerPool` of a system takes a slot of one
 :class:`WorkerSlots` before it starts a worker process and frees it once the process is
-reaped, so the system never has more than ``limit`` worker processes alive. Before a
-call takes a worker at all it is *granted* a place (:meth:`WorkerSlots.enter`): at most
-``limit`` calls are granted at once, at most ``per_session`` of one session, and waiting
-calls are granted in fair order (the session with the fewest granted calls first, then
-the oldest call), so one session's wide turn of long calls never starves another's.
+reaped, so the system never has more than ``limit`` worker processes alive (running or
+idle). Before a call takes a worker at all it is *granted* a place
+(:meth:`WorkerSlots.enter`): at most ``running`` calls are granted at once (``running``
+<= ``limit``: the rest of the cap holds idle workers kept for their scope), at most
+``per_session`` of one session, and waiting calls are granted in fair order (the session
+with the fewest granted calls first, then the oldest call), so one session's wide turn of
+long calls never starves another's.
 """
 
 from __future__ import annotations
@@ -75,12 +77,15 @@ class _Ticket:
 
 class WorkerSlots:
     """The cap on worker processes of a whole system (alive ones: idle, busy or
-    starting; a slot is freed once its process is reaped), and the fair share of it
-    each session gets. ``limit`` >= 1; ``per_session``, the most calls of one session
-    that hold a worker at once (1..``limit``; default ``limit``). ``peak`` is the most
-    processes ever alive at once.
+    starting; a slot is freed once its process is reaped), the cap on calls running in
+    them, and the fair share of it each session gets. ``limit`` >= 1; ``running``, the
+    most calls that hold a worker at once (1..``limit``; default ``limit``): the
+    ``limit - running`` other slots keep idle workers warm for their scope, so that
+    more sessions than ``running`` each keep their untrusted worker; ``per_session``,
+    the most calls of one session that hold a worker at once (1..``running``; default
+    ``running``). ``peak`` is the most processes ever alive at once.
 
-    A call first :meth:`enter`\\ s (a grant: at most ``limit`` at once, ``per_session``
+    A call first :meth:`enter`\\ s (a grant: at most ``running`` at once, ``per_session``
     per session; waiting calls are granted in fair order) and :meth:`leave`\\ s when it
     ends; a granted call that needs a new worker process beyond the cap retires an idle
     worker of any pool sharing the cap (:meth:`retire_idle`), else waits (:meth:`wait`),
@@ -89,13 +94,18 @@ class WorkerSlots:
     (untrusted workers are never shared between sessions), at most :data:`QUANTUM`
     times in a row."""
 
-    def __init__(self, limit: int, per_session: int | None = None) -> None:
+    def __init__(self, limit: int, per_session: int | None = None, running: int | None = None) -> None:
         if limit < 1:
             raise ValueError(f"the worker cap must be >= 1, not {limit}")
-        per_session = limit if per_session is None else per_session
-        if not 1 <= per_session <= limit:
-            raise ValueError(f"the per-session share of workers must be within 1..{limit} (the cap), not {per_session}")
+        running = limit if running is None else running
+        if not 1 <= running <= limit:
+            raise ValueError(f"the cap on running workers must be within 1..{limit} (the worker cap), not {running}")
+        per_session = running if per_session is None else per_session
+        if not 1 <= per_session <= running:
+            raise ValueError(f"the per-session share of workers must be within 1..{running} (the cap on running "
+                             f"workers), not {per_session}")
         self.limit = limit
+        self.running = running
         self.per_session = per_session
         self.alive = 0
         self.peak = 0
@@ -216,12 +226,12 @@ class WorkerSlots:
             return len(self._queue)
 
     def _grantable(self, share: _Share) -> bool:
-        return self._granted < self.limit and share.granted < self.per_session
+        return self._granted < self.running and share.granted < self.per_session
 
     def _dispatch(self) -> None:
         """Hand free grants to waiting calls in fair order: of the sessions below their
         share, the one with the fewest granted calls first, then the oldest call."""
-        while self._granted < self.limit and self._queue:
+        while self._granted < self.running and self._queue:
             best: _Ticket | None = None
             best_key: tuple[int, int] | None = None
             for t in self._queue:

@@ -17,7 +17,7 @@ import os
 import pickle
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import replace
 from typing import Any, Final, Literal
@@ -71,6 +71,7 @@ class WarmWorkers:
     _idle: list[WorkerHandle]
     _busy: set[WorkerHandle]
     _starting: int
+    _starts_for_calls: Counter[tuple[tuple[str, str], ...]]
     _stopped: bool
     _peaks: dict[Hashable, tuple[int, float]]
     _counts: dict[str, int]
@@ -385,8 +386,9 @@ class WarmWorkers:
 
     def _start_for_call(self, env_key: tuple[tuple[str, str], ...], start: WorkerStart) -> None:
         """Start a worker for a waiting call in a thread of its own (the call took its
-        slot): once ready it is idle, for whichever waiting call may take it first (the
-        one it was started for, or another); ``start`` says when it failed."""
+        slot and counted it in ``_starts_for_calls``, which its end takes back): once
+        ready it is idle, for whichever waiting call may take it first (the one it was
+        started for, or another); ``start`` says when it failed."""
 
         def run() -> None:
             try:
@@ -402,6 +404,7 @@ class WarmWorkers:
                 else:
                     start.failed(f"worker {worker.pid} ended before it was ready (exit code {worker.exitcode})")
             with self._lock:
+                self._starts_for_calls[env_key] -= 1
                 self._warmed.notify_all()
 
         threading.Thread(target=run, name="rho-worker-start", daemon=True).start()

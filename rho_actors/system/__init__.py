@@ -75,7 +75,7 @@ from rho_actors.otp.timers import Timers
 from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
 from rho_actors.registry.registering import Options, prepare, register_many
 from rho_actors.registry.tool_registry import Registration, RegistryState, ToolRegistry
-from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, default_worker_cap, fair_shares
+from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, fair_shares
 from rho_actors.sandbox import (
     DEFAULT_HEAP_BYTES,
     Confinement,
@@ -145,17 +145,25 @@ class ActorSystem(HostActors):
     ``Confinement(network=True)`` lets workers use the host's network; pass
     ``Confinement(uid=None, gid=None)`` to keep the host's uid, or ``False`` for no OS
     confinement at all: children then only get a scrubbed environment). ``max_workers``
-    caps the worker processes of the whole system (default: 4 per core, and at least 32,
-    so that one session's default share, half the cap, holds a wide turn of 16 parallel calls
-    on a small machine); calls beyond it wait, within ``start_timeout_ms``. ``worker_idle_s`` is
+    caps the worker processes of the whole system, running or idle (default: as many idle
+    workers as fit in 1/16 of the host's memory at 16 MiB each, and at least
+    ``max_running_workers``; e.g. 32 on an 8 GiB host, 96 on 24 GiB).
+    ``max_running_workers`` caps the calls running in worker processes at once (default:
+    ``max_workers`` when that is given, else 4 per core and at least 32, so that one
+    session's default share, half of it, holds a wide turn of 16 parallel calls on a small
+    machine); calls beyond it wait, within ``start_timeout_ms``. The rest of the
+    ``max_workers`` keeps idle workers: an untrusted tool's worker serves one (tool,
+    session) pair only, so more sessions than ``max_running_workers`` each keep theirs warm
+    instead of evicting each other's in turn (a full cap retires the longest idle worker
+    first). ``worker_idle_s`` is
     how long an untrusted tool's idle worker is kept for its (tool, session) pair, and an idle worker beyond
     ``warm_workers`` of the trusted pool (seconds). ``abandoned_threads_per_tool``
     (of one tool in one session), ``abandoned_threads_per_session`` and
     ``abandoned_threads`` (the system; past it only sessions holding abandoned threads are
     refused) cap the threads of timed-out ``thread`` calls still running: past one, that
     tool's calls in that session are ``unavailable`` until its threads end.
-    ``max_workers_per_session`` is one session's share of ``max_workers`` (default: half,
-    at least 1); waiting calls are served fairly across sessions. ``max_timeout_ms``
+    ``max_workers_per_session`` is one session's share of ``max_running_workers``
+    (default: half, at least 1); waiting calls are served fairly across sessions. ``max_timeout_ms``
     bounds every tool's declared timeout (milliseconds; default 10 minutes): a tool
     declaring more is registered with it, and a warning says so (DESIGN §5 "Fair
     shares"). ``start_timeout_ms``: how long a ``process`` call may wait for a worker
@@ -205,6 +213,7 @@ class ActorSystem(HostActors):
         governor: GovernorSettings | None = None,
         tasks: TaskSettings | None = None,
         start_timeout_ms: int = DEFAULT_START_TIMEOUT_MS,
+        max_running_workers: int | None = None,
     ) -> None:
         refuse_unguarded_start()  # a child importing an unguarded main script: stop it, saying why
         if type(start_timeout_ms) is not int or start_timeout_ms <= 0:
@@ -236,12 +245,13 @@ class ActorSystem(HostActors):
         self._confine = system_policy(confinement, (str(self.data_dir.resolve()),), process_heap_bytes)
         sweep_leftovers()  # what a host killed from outside left behind
         events = EventBus()
-        cap = max_workers if max_workers is not None else default_worker_cap()
-        share = fair_shares(cap, max_workers_per_session, abandoned_threads_per_session, max_timeout_ms)
+        cap, running, share = fair_shares(max_workers, max_running_workers, max_workers_per_session,
+                                          abandoned_threads_per_session, max_timeout_ms)
         services = IsolationServices(
             self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, process_heap_bytes,
             self._untrusted.start_method,
-            max_workers=cap, max_workers_per_session=share, threads_per_session=abandoned_threads_per_session,
+            max_workers=cap, max_running_workers=running, max_workers_per_session=share,
+            threads_per_session=abandoned_threads_per_session,
             confine=self._confine, worker_idle_s=worker_idle_s, tools=self._tools, events=events,
             threads_per_tool=abandoned_threads_per_tool, threads_total=abandoned_threads,
             ray=dict(ray) if ray is not None else None, threads=self._threads, start_timeout_ms=start_timeout_ms,
