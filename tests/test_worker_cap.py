@@ -10,17 +10,18 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from rho_actors import ActorSystem, ToolCall
+from rho_actors import ActorSystem, ToolCall, UntrustedReads
 from rho_actors.runtime import (
     IDLE_WORKER_BYTES,
     default_running_cap,
     default_worker_cap,
     host_memory_bytes,
 )
+from rho_actors.sandbox.confine.enclosure import IDLE_WATCH_S, _CgroupWatch
 from rho_actors.sandbox.slots import WorkerSlots
 
 from .conftest import WAIT_S, wait_for
@@ -63,8 +64,9 @@ def _sessions_in_rounds(system: ActorSystem, sessions: int, rounds: int) -> dict
 
 
 def test_more_sessions_than_run_at_once_each_keep_their_one_untrusted_worker(tmp_path: Path) -> None:
-    with ActorSystem(tmp_path, max_workers=16, max_running_workers=4, warm_workers=0, worker_idle_s=600) as system:
-        system.register(make_tool("pid", _pid, timeout_ms=60_000), untrusted=True)
+    with ActorSystem(tmp_path, max_workers=16, max_running_workers=4, warm_workers=0, worker_idle_s=600,
+                     untrusted=UntrustedReads(timeout_s=WAIT_S), start_timeout_ms=int(WAIT_S * 1000)) as system:
+        assert system.register(make_tool("pid", _pid, timeout_ms=60_000), untrusted=True).info is not None
         pids = _sessions_in_rounds(system, 10, 4)
         stats = system.stats()
     # 10 sessions, 4 running at once: each session's calls all ran in the one worker started for it
@@ -76,8 +78,9 @@ def test_more_sessions_than_run_at_once_each_keep_their_one_untrusted_worker(tmp
 
 
 def test_the_cap_on_worker_processes_holds_with_more_sessions_than_it(tmp_path: Path) -> None:
-    with ActorSystem(tmp_path, max_workers=3, max_running_workers=2, warm_workers=0) as system:
-        system.register(make_tool("pid", _pid, timeout_ms=60_000), untrusted=True)
+    with ActorSystem(tmp_path, max_workers=3, max_running_workers=2, warm_workers=0,
+                     untrusted=UntrustedReads(timeout_s=WAIT_S), start_timeout_ms=int(WAIT_S * 1000)) as system:
+        assert system.register(make_tool("pid", _pid, timeout_ms=60_000), untrusted=True).info is not None
         pids = _sessions_in_rounds(system, 6, 2)
         stats = system.stats()
     assert stats["workers_peak"] <= 3, stats  # idle workers of other sessions were retired for new ones
@@ -157,7 +160,8 @@ def test_a_burst_of_short_calls_starts_no_more_workers_than_calls_wait_for(tmp_p
     # first workers start, the warm ones serve call after call; a call that finds no idle
     # worker starts one only while fewer start than calls wait, so the pool grows to about
     # the running cap, not by one worker for each call that came while the first started
-    with ActorSystem(tmp_path, max_workers=48, max_running_workers=8, warm_workers=2) as system:
+    with ActorSystem(tmp_path, max_workers=48, max_running_workers=8, warm_workers=2,
+                     start_timeout_ms=int(WAIT_S * 1000)) as system:
         system.register(make_tool("pid", _pid_in_5_ms, timeout_ms=60_000), isolation="process")
         _sessions_in_rounds(system, 32, 6)
         stats = system.stats()
@@ -167,3 +171,36 @@ def test_a_burst_of_short_calls_starts_no_more_workers_than_calls_wait_for(tmp_p
 def _pid_in_5_ms(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
     time.sleep(0.005)  # a short call, the benchmarks' five_ms
     return _pid(args, ctx)
+
+
+class _CountedLooks:
+    """The side of an enclosure its OOM watch uses, counting the watch's looks."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+
+    def memory_bound_hit(self) -> bool:
+        self.looks += 1
+        return False
+
+    def kill(self) -> None:
+        raise AssertionError("no OOM kill was recorded: nothing to kill")
+
+
+def test_an_idle_worker_s_cgroup_is_watched_once_a_second_and_a_running_one_every_50_ms() -> None:
+    # an idle confined worker kept for its session costs the host the watch's looks: 20 a
+    # second were 2.4 ms of CPU a second each; idle, one a second (IDLE_WATCH_S)
+    looks = _CountedLooks()
+    watch = _CgroupWatch(os.getpid(), cast(Any, looks))
+    watch.start()
+    try:
+        assert wait_for(lambda: looks.looks >= 3)  # a starting worker: every 50 ms
+        watch.pace(busy=False)
+        time.sleep(0.05)  # the look under way ends (50 ms)
+        before = looks.looks
+        time.sleep(IDLE_WATCH_S / 2)  # none while idle, for half the idle interval (it can only be fewer)
+        assert looks.looks - before <= 1, looks.looks - before
+        watch.pace(busy=True)  # a call: looked at now, not after the idle interval
+        assert wait_for(lambda: looks.looks >= before + 3)
+    finally:
+        watch.stop()

@@ -691,6 +691,7 @@ class WorkerPool(WarmWorkers):
                        self._recent_peak_locked(worker.scope, time.monotonic()))
             if not (retire or worker.doomed or self._stopped or same >= keep):
                 worker.idle_since = time.monotonic()
+                worker.pace(busy=False)
                 self._idle.append(worker)
                 self._warmed.notify_all()
                 if self._slots is not None:

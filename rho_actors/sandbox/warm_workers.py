@@ -195,6 +195,7 @@ class WarmWorkers:
                             continue
                         self._idle.remove(worker)
                         if worker.healthy():
+                            worker.pace(busy=True)
                             self._busy.add(worker)
                             if scoped:
                                 worker.scope = scope
@@ -359,6 +360,7 @@ class WarmWorkers:
                 if worker in self._all and not self._stopped:
                     if wanted or self._fresh() < self._warm:
                         worker.idle_since = time.monotonic()
+                        worker.pace(busy=False)
                         self._idle.append(worker)
                         self._warmed.notify_all()
                         if self._slots is not None:
@@ -490,6 +492,7 @@ class WarmWorkers:
                         if self._next_load_locked(worker, True, peek=True) is not None:
                             continue
                         if worker in self._all and not self._stopped:
+                            worker.pace(busy=False)
                             self._idle.append(worker)
                             self._warmed.notify_all()
                             if self._slots is not None:

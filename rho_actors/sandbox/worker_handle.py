@@ -86,6 +86,12 @@ class WorkerHandle:
         """Whether the fork server this worker came from has ended."""
         return self.server is not None and self.server.gone()
 
+    def pace(self, busy: bool) -> None:
+        """It runs a call (``busy``) or is idle: how often its enclosure watches its cgroup
+        (:meth:`~rho_actors.sandbox.confine.enclosure.Enclosure.pace`)."""
+        if self.enclosure is not None:
+            self.enclosure.pace(busy)
+
     def kill(self) -> None:
         self.killed = True
         self.kill_tree()

@@ -185,13 +185,42 @@ def policy_stats(policy: ConfinePolicy) -> dict[str, Any]:
     return info
 
 
+IDLE_WATCH_S: Final = 1.0
+"""How often the cgroup of an idle worker is looked at for an OOM kill (seconds; 50 ms
+while it runs a call or starts)."""
+
+
 class _CgroupWatch(RssSampler):
     """Kills the whole tree as soon as the cgroup records an OOM kill (cgroup v1 kills
-    one process only; v2 with ``memory.oom.group`` kills them all)."""
+    one process only; v2 with ``memory.oom.group`` kills them all): every 50 ms while
+    the worker runs a call or starts, every :data:`IDLE_WATCH_S` while it is idle
+    (:meth:`pace`). The kernel bounds the tree's memory either way; the watch only ends
+    what an OOM kill left, and 20 looks a second cost the host 2.4 ms of CPU a second
+    for each idle worker kept (benchmarks/PROFILE.md §28)."""
 
     def __init__(self, pid: int, enclosure: Enclosure) -> None:
         super().__init__(pid, 0, interval_s=0.05)
         self._enclosure = enclosure
+        self._idle = False
+        self._wake = threading.Event()
+
+    def pace(self, busy: bool) -> None:
+        """The worker runs a call (``busy``: looked at now, then every 50 ms) or is idle."""
+        self._idle = not busy
+        if busy:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(IDLE_WATCH_S if self._idle else self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set() or self.check():
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        super().stop()
 
     def check(self) -> bool:
         if not self._enclosure.memory_bound_hit():
@@ -295,6 +324,12 @@ class Enclosure:
         if self.policy.confine and self.heap_bytes:
             self.sampler = (_CgroupWatch(pid, self) if self.cgroup is not None else RssSampler(pid, self.heap_bytes))
             self.sampler.start()
+
+    def pace(self, busy: bool) -> None:
+        """The child runs a call (``busy``) or is idle: how often its cgroup is watched
+        for an OOM kill (see :data:`IDLE_WATCH_S`); a sampled memory bound keeps its pace."""
+        if isinstance(self.sampler, _CgroupWatch):
+            self.sampler.pace(busy)
 
     def kill(self) -> None:
         """SIGKILL the child and every process of its tree (``setsid`` escapes included)."""
