@@ -66,7 +66,15 @@ from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.replies import OpenCall, Outcome, Replies, Waiter
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import Grant, WorkerSlots
-from rho_actors.sandbox.warm_workers import CALL_SCOPE, PoolStopped, WarmWorkers, WorkerStart
+from rho_actors.sandbox.warm_workers import (
+    CALL_SCOPE,
+    DELIVERY_ATTEMPTS,
+    NotStarted,
+    PoolStopped,
+    QueuedPastDeadline,
+    StartFailed,
+    WarmWorkers,
+)
 from rho_actors.sandbox.wire import WorkerCall
 from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig
 from rho_actors.sandbox.worker_handle import WorkerHandle, at_deadline, died
@@ -76,22 +84,6 @@ __all__ = ["CALL_SCOPE", "WorkerPool", "WorkerSlots"]
 
 _NOTICE_ROOM: Final = 200
 """Characters past a call's output cap that the worker's own truncation notice may take."""
-_DELIVERY_ATTEMPTS: Final = 3
-"""Workers tried for one call when each turns out dead before the call reaches it."""
-
-
-class _QueuedPastDeadline(Exception):
-    """Every worker slot stayed busy until the call's deadline."""
-
-
-class _NotStarted(Exception):
-    """No worker the call may use was idle by its ``start_by`` (its own start not yet ready)."""
-
-
-class _StartFailed(Exception):
-    """The workers started for a call failed to start, each (the message says why)."""
-
-
 class _Sending:
     """A call on its way through the pool: the ``call``, its ``request`` and
     ``tool_bytes``, its ``scope`` and ``env_key``, its place under the cap (``grant``),
@@ -390,17 +382,17 @@ class WorkerPool(WarmWorkers):
         try:
             worker = self._take(sending.scope, sending.env_key,
                                 call.deadline if call.start_by is None else call.start_by, call.start_by is not None)
-        except _QueuedPastDeadline:
+        except QueuedPastDeadline:
             cap = self._slots.limit if self._slots is not None else 0
             result = self._failure(call, "no_worker_in_time", start_timeout_ms=self._start_timeout_ms,
                                    timeout_ms=timeout_ms, why=f"the system's {cap} worker(s) stayed busy") \
                 if call.start_by is not None else self._failure(call, "queued_past_deadline", timeout_ms=timeout_ms,
                                                                  cap=cap)
-        except _NotStarted:
+        except NotStarted:
             result = self._failure(call, "no_worker_in_time", start_timeout_ms=self._start_timeout_ms,
                                    timeout_ms=timeout_ms,
                                    why="no worker was free, and the one started for it was not ready in time")
-        except _StartFailed as exc:
+        except StartFailed as exc:
             result = self._failure(call, "no_worker", problem=str(exc))
         except PoolStopped:
             result = self._failure(call, "pool_stopped")
@@ -470,7 +462,7 @@ class WorkerPool(WarmWorkers):
         """An open call's outcome, from the reader (or the thread it handed it to): the
         call's one result to its ``done`` whatever happens, its worker released or lost,
         its place back; a call whose worker ended before it had the whole call goes to
-        another worker (:data:`_DELIVERY_ATTEMPTS` in all)."""
+        another worker (:data:`DELIVERY_ATTEMPTS` in all)."""
         opened.seal()
         sending: _Sending = opened.state
         call, worker, busy_since, tries = sending.call, opened.worker, opened.worker.idle_since, sending.tries
@@ -483,7 +475,7 @@ class WorkerPool(WarmWorkers):
             elif outcome == "ended" and not opened.sent and not worker.killed:
                 self._lose(worker, "died")  # before the call reached it: another worker
                 sending.tries += 1
-                if sending.tries < _DELIVERY_ATTEMPTS and not self._stopped:
+                if sending.tries < DELIVERY_ATTEMPTS and not self._stopped:
                     self._deliver(sending)
                     return
                 result = failed("workers_dying")
@@ -584,97 +576,6 @@ class WorkerPool(WarmWorkers):
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-    # --- a worker for a call ----------------------------------------------------------------
-
-    def _take(
-        self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float, waits: bool = False,
-    ) -> WorkerHandle:
-        """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
-        with the same ``env_key``, else a new worker. At the cap: an idle worker of
-        another scope (of any pool sharing the cap) is retired for it, else the call
-        waits for a slot or a worker it may use, until ``deadline`` (then raises
-        ``_QueuedPastDeadline``).
-
-        ``waits`` (a call with a start bound, ``deadline`` its ``start_by``): a new
-        worker is started in the background and the call takes the first worker it may
-        use that becomes idle, the new one once ready or one another call freed
-        meanwhile (raises ``_NotStarted`` at ``deadline``, ``_StartFailed`` when
-        :data:`_DELIVERY_ATTEMPTS` starts failed); without, the new worker is this
-        call's, started here, its ``READY`` read with the reply."""
-        queued = False
-        start: WorkerStart | None = None
-        failures: list[str] = []
-        if waits:
-            with self._lock:
-                self._calls_awaiting[env_key] += 1
-        try:
-            while True:
-                worker = self._take_idle(scope, env_key)
-                if worker is not None:
-                    return worker
-                if start is not None:
-                    if start.done:  # its worker went idle and another call took it first: start one more
-                        start = None
-                        continue
-                    with self._lock:
-                        ready = self._warmed.wait_for(functools.partial(self._worth_a_look_locked, start, scope,
-                                                                        env_key), max(0.0, deadline - time.monotonic()))
-                    if start.problem is not None:
-                        failures.append(start.problem)
-                        if len(failures) >= _DELIVERY_ATTEMPTS:
-                            raise _StartFailed("; ".join(failures))
-                        start = None
-                    elif not ready:
-                        raise _NotStarted
-                    continue
-                if waits and self._awaited_others_start(scope, env_key, deadline):
-                    continue
-                if self._slots is None or self._slots.try_acquire():
-                    if not waits:
-                        return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
-                    start = WorkerStart()
-                    with self._lock:
-                        self._starts_for_calls[env_key] += 1
-                    self._start_for_call(env_key, start)
-                    continue
-                if not queued:
-                    queued = True
-                    with self._lock:
-                        self._counts["queued"] += 1
-                if self._slots.retire_idle():
-                    continue
-                if not self._slots.wait(deadline):
-                    raise _QueuedPastDeadline
-        finally:
-            if waits:
-                with self._lock:
-                    self._calls_awaiting[env_key] -= 1
-                    self._warmed.notify_all()
-
-    def _awaited_others_start(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> bool:
-        """For a call with a start bound that found no worker: while as many workers
-        start for calls as calls wait for one, wait (raising ``_NotStarted`` at
-        ``deadline``) until one it may take is idle or a start ended; whether it waited.
-        So a burst of short calls through a few workers starts no more of them than
-        calls wait (the first waiting call a started worker may serve takes it)."""
-        with self._lock:
-            if self._starts_for_calls[env_key] < self._calls_awaiting[env_key]:
-                return False
-            look = functools.partial(self._worth_a_look_locked, None, scope, env_key)
-            if not self._warmed.wait_for(look, max(0.0, deadline - time.monotonic())):
-                raise _NotStarted
-            return True
-
-    def _worth_a_look_locked(self, start: WorkerStart | None, scope: Hashable,
-                             env_key: tuple[tuple[str, str], ...]) -> bool:
-        """Whether a call waiting for ``start`` (``None``: for a worker others started,
-        until fewer start than calls wait) should look again: stopped, its start ended,
-        or an idle worker it may take is there."""
-        if start is None:
-            return (self._stopped or self._usable_locked(scope, env_key)
-                    or self._starts_for_calls[env_key] < self._calls_awaiting[env_key])
-        return self._stopped or start.done or start.problem is not None or self._usable_locked(scope, env_key)
 
     def _release(self, worker: WorkerHandle, retire: bool, grant: Grant | None = None) -> None:
         """A call ended on ``worker``: keep it idle while its scope has fewer idle workers

@@ -3,7 +3,8 @@ are kept warm (DESIGN §5 "Starting a worker"; internal).
 
 :class:`WarmWorkers` is the pool's half that owns its worker processes: it starts them
 (:meth:`WarmWorkers._spawn`, each under its :class:`~rho_actors.sandbox.confine.enclosure.Enclosure`
-when the pool confines), hands an idle one to a call, notes each scope's demand, loses,
+when the pool confines), finds a call its worker (:meth:`WarmWorkers._take`: an idle one, a
+start, or a wait for a place under the cap), notes each scope's demand, loses,
 retires and forgets them, and runs the pool's background thread, the keeper, which
 keeps ``warm`` spares idle, replaces lost workers and retires workers idle too long.
 The call's half (a place under the cap, delivery, the reply, the deadline) is
@@ -13,6 +14,7 @@ The call's half (a place under the cap, delivery, the reply, the deadline) is
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
 import threading
@@ -35,7 +37,8 @@ from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig, worker_child
 from rho_actors.sandbox.worker_handle import WorkerHandle
 
-__all__ = ["CALL_SCOPE", "PoolStopped", "WarmWorkers", "WorkerStart"]
+__all__ = ["CALL_SCOPE", "DELIVERY_ATTEMPTS", "NotStarted", "PoolStopped", "QueuedPastDeadline", "StartFailed",
+           "WarmWorkers", "WorkerStart"]
 
 CALL_SCOPE: Final = "call"
 """The scope of a worker used for one call only (``worker_scope="call"``)."""
@@ -50,6 +53,22 @@ seconds on a busy machine, and a tool over its bound is loaded ahead no more).""
 
 class PoolStopped(Exception):
     """The pool is stopped (or, for a spare, the cap is full)."""
+
+
+DELIVERY_ATTEMPTS: Final = 3
+"""Workers tried for one call when each turns out dead before the call reaches it."""
+
+
+class QueuedPastDeadline(Exception):
+    """Every worker slot stayed busy until the call's deadline."""
+
+
+class NotStarted(Exception):
+    """No worker the call may use was idle by its ``start_by`` (its own start not yet ready)."""
+
+
+class StartFailed(Exception):
+    """The workers started for a call failed to start, each (the message says why)."""
 
 
 class WarmWorkers:
@@ -72,6 +91,7 @@ class WarmWorkers:
     _busy: set[WorkerHandle]
     _starting: int
     _starts_for_calls: Counter[tuple[tuple[str, str], ...]]
+    _calls_awaiting: Counter[tuple[tuple[str, str], ...]]
     _stopped: bool
     _peaks: dict[Hashable, tuple[int, float]]
     _counts: dict[str, int]
@@ -410,6 +430,97 @@ class WarmWorkers:
                 self._warmed.notify_all()
 
         threading.Thread(target=run, name="rho-worker-start", daemon=True).start()
+
+    # --- a worker for a call ----------------------------------------------------------------
+
+    def _take(
+        self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float, waits: bool = False,
+    ) -> WorkerHandle:
+        """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
+        with the same ``env_key``, else a new worker. At the cap: an idle worker of
+        another scope (of any pool sharing the cap) is retired for it, else the call
+        waits for a slot or a worker it may use, until ``deadline`` (then raises
+        ``QueuedPastDeadline``).
+
+        ``waits`` (a call with a start bound, ``deadline`` its ``start_by``): a new
+        worker is started in the background and the call takes the first worker it may
+        use that becomes idle, the new one once ready or one another call freed
+        meanwhile (raises ``NotStarted`` at ``deadline``, ``StartFailed`` when
+        :data:`DELIVERY_ATTEMPTS` starts failed); without, the new worker is this
+        call's, started here, its ``READY`` read with the reply."""
+        queued = False
+        start: WorkerStart | None = None
+        failures: list[str] = []
+        if waits:
+            with self._lock:
+                self._calls_awaiting[env_key] += 1
+        try:
+            while True:
+                worker = self._take_idle(scope, env_key)
+                if worker is not None:
+                    return worker
+                if start is not None:
+                    if start.done:  # its worker went idle and another call took it first: start one more
+                        start = None
+                        continue
+                    with self._lock:
+                        ready = self._warmed.wait_for(functools.partial(self._worth_a_look_locked, start, scope,
+                                                                        env_key), max(0.0, deadline - time.monotonic()))
+                    if start.problem is not None:
+                        failures.append(start.problem)
+                        if len(failures) >= DELIVERY_ATTEMPTS:
+                            raise StartFailed("; ".join(failures))
+                        start = None
+                    elif not ready:
+                        raise NotStarted
+                    continue
+                if waits and self._awaited_others_start(scope, env_key, deadline):
+                    continue
+                if self._slots is None or self._slots.try_acquire():
+                    if not waits:
+                        return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
+                    start = WorkerStart()
+                    with self._lock:
+                        self._starts_for_calls[env_key] += 1
+                    self._start_for_call(env_key, start)
+                    continue
+                if not queued:
+                    queued = True
+                    with self._lock:
+                        self._counts["queued"] += 1
+                if self._slots.retire_idle():
+                    continue
+                if not self._slots.wait(deadline):
+                    raise QueuedPastDeadline
+        finally:
+            if waits:
+                with self._lock:
+                    self._calls_awaiting[env_key] -= 1
+                    self._warmed.notify_all()
+
+    def _awaited_others_start(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> bool:
+        """For a call with a start bound that found no worker: while as many workers
+        start for calls as calls wait for one, wait (raising ``NotStarted`` at
+        ``deadline``) until one it may take is idle or a start ended; whether it waited.
+        So a burst of short calls through a few workers starts no more of them than
+        calls wait (the first waiting call a started worker may serve takes it)."""
+        with self._lock:
+            if self._starts_for_calls[env_key] < self._calls_awaiting[env_key]:
+                return False
+            look = functools.partial(self._worth_a_look_locked, None, scope, env_key)
+            if not self._warmed.wait_for(look, max(0.0, deadline - time.monotonic())):
+                raise NotStarted
+            return True
+
+    def _worth_a_look_locked(self, start: WorkerStart | None, scope: Hashable,
+                             env_key: tuple[tuple[str, str], ...]) -> bool:
+        """Whether a call waiting for ``start`` (``None``: for a worker others started,
+        until fewer start than calls wait) should look again: stopped, its start ended,
+        or an idle worker it may take is there."""
+        if start is None:
+            return (self._stopped or self._usable_locked(scope, env_key)
+                    or self._starts_for_calls[env_key] < self._calls_awaiting[env_key])
+        return self._stopped or start.done or start.problem is not None or self._usable_locked(scope, env_key)
 
     def preload(self, tool: Any, version: object = None, key: Hashable = None) -> bool:
         """Load ``tool`` ahead of its calls (a trusted pool's registered tool; ``key``
