@@ -172,6 +172,7 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "pool_stopped_mid_call": (_K.CANCELLED, "tool {tool!r} was cancelled: the worker pool stopped"),
     "cancelled_killed": (_K.CANCELLED, "tool {tool!r} was cancelled ({reason}); its worker process was killed"),
     "pool_closed": (_K.CANCELLED, "tool {tool!r} did not run: {problem}"),
+    "start_interrupted": (_K.CANCELLED, "tool {tool!r} did not run: its start was interrupted ({problem})"),
     "unshippable": (_K.RAISED, "tool {tool!r} could not be shipped to a worker process: {problem}"),
     "unsendable": (
         _K.RAISED, "tool {tool!r}: its arguments or context could not be sent to its worker process ({problem})"

@@ -101,6 +101,7 @@ def interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 @pytest.mark.parametrize("point", [
+    "_open_on",  # an idle worker and a place under the caps are taken: the call is no one's yet
     "serve",  # the turn is started and its call held: the thread has not begun to read
     "_on_frame",  # the reply's frame is out of the pipe: the thread is looking at it
     "_replied",  # the reply is read: the thread is taking its result

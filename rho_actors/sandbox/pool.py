@@ -89,17 +89,18 @@ class _Sending:
     ``tool_bytes``, its ``scope`` and ``env_key``, its place under the cap (``grant``),
     ``done`` (given its result once), ``here`` (the thread that writes it waits for its
     reply itself), ``waiter`` (the :class:`Waiter` that may hold it: the thread that
-    writes it waits for its reply later) and ``tries``, the workers that ended before it
-    reached them."""
+    writes it waits for its reply later), ``tries``, the workers that ended before it
+    reached them, and ``opened``: its reader (the pool's, or the thread that waits) has it."""
 
-    __slots__ = ("call", "done", "env_key", "grant", "here", "request", "scope", "tool_bytes", "tries", "waiter")
+    __slots__ = ("call", "done", "env_key", "grant", "here", "opened", "request", "scope", "tool_bytes", "tries",
+                 "waiter")
 
     def __init__(self, call: WorkerCall, request: wire.CallRequest, tool_bytes: bytes, scope: Hashable,
                  env_key: tuple[tuple[str, str], ...], grant: Grant, done: Callable[[ToolResult], None],
                  here: bool = False, waiter: Waiter | None = None) -> None:
         self.call, self.request, self.tool_bytes, self.scope = call, request, tool_bytes, scope
         self.env_key, self.grant, self.done, self.here, self.tries = env_key, grant, done, here, 0
-        self.waiter = waiter
+        self.waiter, self.opened = waiter, False
 
 
 class WorkerPool(WarmWorkers):
@@ -307,13 +308,22 @@ class WorkerPool(WarmWorkers):
             return False
         sending = _Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, Grant(session, now),
                            done, waiter=waiter)
+        worker: WorkerHandle | None = None
         try:
             worker = self._take_idle(scope, env_key)
+            if worker is None or self._open_on(sending, worker) is not None:
+                self._leave(sending.grant)
+                return False
         except PoolStopped:
-            worker = None
-        if worker is None or self._open_on(sending, worker) is not None:
             self._leave(sending.grant)
             return False
+        except BaseException as exc:  # this thread interrupted before the call was anyone's: answered, then raised
+            if not sending.opened:
+                if worker is not None and worker in self._busy:
+                    self._release(worker, False)  # nothing of the call was written to it
+                self._leave(sending.grant)
+                done(self._failure(call, "start_interrupted", problem=describe_exception(exc)))
+            raise
         return True
 
     def start(self, call: WorkerCall, done: Callable[[ToolResult], None], *, scope: Hashable = None,
@@ -440,6 +450,7 @@ class WorkerPool(WarmWorkers):
                 self._release(worker, False)
                 return (self._failure(call, "pool_stopped") if self._stopped else
                         self._failure(call, "no_worker", problem=f"its reply could not be waited for ({exc})"))
+            sending.opened = True
             if not has_tool:
                 with self._lock:
                     self._counts["shipped"] += 1
