@@ -104,13 +104,15 @@ def private_dir(root: str | Path, *parts: str, create: bool = True) -> Path:
     return root.joinpath(*parts)
 
 
-def folder_identity(root: str | Path, *parts: str) -> tuple[int, int] | None:
+def folder_identity(root: str | Path, *parts: str, names: list[str] | None = None) -> tuple[int, int] | None:
     """Check the existing folder ``root/parts...`` as :func:`private_dir` does (each part
     a real folder reached without following a symlink, tightened to ``0o700``) and return
     its identity, ``(st_dev, st_ino)``; ``None`` when a part is missing (nothing made).
-    Raises as :func:`private_dir`."""
+    ``names``, when given, is extended with the names of the folder's entries, listed
+    through the walk's own descriptor (nothing added when it is missing). Raises as
+    :func:`private_dir`."""
     try:
-        found = _walk(root if isinstance(root, Path) else Path(root), parts, False)
+        found = _walk(root if isinstance(root, Path) else Path(root), parts, False, names)
     except FileNotFoundError:
         return None
     return found.st_dev, found.st_ino
@@ -129,8 +131,9 @@ def is_same_folder(path: str | Path, identity: tuple[int, int] | None) -> bool:
             and (found.st_dev, found.st_ino) == identity)
 
 
-def _walk(root: Path, parts: tuple[str, ...], create: bool) -> os.stat_result:
-    """Walk (and make, with ``create``) ``parts`` below ``root``; returns the last folder's ``fstat``."""
+def _walk(root: Path, parts: tuple[str, ...], create: bool, names: list[str] | None = None) -> os.stat_result:
+    """Walk (and make, with ``create``) ``parts`` below ``root``; returns the last folder's
+    ``fstat`` (and lists its entries into ``names``, when given)."""
     for part in parts:
         _component(part)
     try:
@@ -146,6 +149,8 @@ def _walk(root: Path, parts: tuple[str, ...], create: bool) -> os.stat_result:
             child, found = _open_child_dir(fd, part, functools.partial(root.joinpath, *parts[:depth]), create)
             os.close(fd)
             fd = child
+        if names is not None:
+            names.extend(os.listdir(fd))
     finally:
         os.close(fd)
     assert found is not None
