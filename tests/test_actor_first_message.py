@@ -174,8 +174,17 @@ def test_an_actor_is_in_pykkas_registry_while_it_lives_and_its_start_and_stop_fo
     start and stop, logged or not; an Actor's keep the registry without them."""
     formatted: list[str] = []
     plain_str = pykka.ActorRef.__str__
-    monkeypatch.setattr(pykka.ActorRef, "__str__", lambda ref: formatted.append("ref") or plain_str(ref))
-    monkeypatch.setattr(Lazy, "__str__", lambda actor: formatted.append("actor") or "Lazy")
+
+    def ref_text(ref: pykka.ActorRef[Any]) -> str:
+        formatted.append("ref")
+        return plain_str(ref)
+
+    def actor_text(actor: Lazy) -> str:
+        formatted.append("actor")
+        return "Lazy"
+
+    monkeypatch.setattr(pykka.ActorRef, "__str__", ref_text)
+    monkeypatch.setattr(Lazy, "__str__", actor_text)
     log: list[tuple[str, int]] = []
     ref = Lazy.start(log)
     assert pykka.ActorRegistry.get_by_urn(ref.actor_urn) is ref
