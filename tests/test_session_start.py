@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem, kill
+from rho_actors import ActorSystem, ToolCall, kill
 from rho_actors.agent.transcript import TRANSCRIPT_NAME
 from rho_actors.loop.approvals import SessionApprovals
 from rho_actors.tasks import records
 
 from .conftest import WAIT_S, wait_for
+from .helpers import echo
 
 
 @pytest.fixture
@@ -67,3 +68,30 @@ def test_a_restarted_loop_reads_task_records_made_after_its_session_started(
     assert wait_for(lambda: loop.alive and loop.ref is not before, WAIT_S)
     assert looks["tasks"] == ["s1"]
     loop.stop()
+
+
+def test_the_first_turn_finds_its_loop_without_a_look_up_by_name_and_after_a_crash_finds_the_restart(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system.register(echo)
+    names = system._runtime.names
+    looked: list[str] = []
+    whereis = names.whereis
+
+    def counted(name: str) -> Any:
+        looked.append(name)
+        return whereis(name)
+
+    monkeypatch.setattr(names, "whereis", counted)
+    loop = system.start_loop("s1")
+    looked.clear()
+    [first] = loop.run_turn([ToolCall("c1", "echo", '{"text": "a"}')], timeout_s=WAIT_S)
+    assert first.ok and looked == []
+    crashed = system.start_loop("s2")
+    before = crashed.ref
+    kill(before)  # before its first turn: that turn waits for the restart and runs there
+    assert wait_for(lambda: not before.is_alive(), WAIT_S)
+    [second] = crashed.run_turn([ToolCall("c2", "echo", '{"text": "b"}')], timeout_s=WAIT_S)
+    assert second.ok and second.content == "b" and crashed.ref is not before
+    loop.stop()
+    crashed.stop()

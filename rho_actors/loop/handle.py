@@ -190,6 +190,13 @@ class Loop(HeldCalls):
         ref = self.ref  # raises naming why
         raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running: it has just ended")
 
+    def found(self, ref: pykka.ActorRef[Any]) -> None:
+        """Keep ``ref``, the session's LoopActor just started, and its turns (when it is
+        still running): :meth:`_turns` then finds them without a look-up by name."""
+        turns = self._loop_turns.get(ref.actor_urn)
+        if turns is not None and turns.closed is None:
+            self._current = (ref, turns)
+
     def _not_restarting(self) -> bool:
         """Whether nothing will bring this session's loop back: the system is stopping, or
         ``sessions`` holds no subtree of it (a restart under way keeps it held)."""

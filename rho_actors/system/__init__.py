@@ -532,8 +532,10 @@ class ActorSystem(HostActors):
                              **self._intensity),
             restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
         )
-        self._sessions.start(LazySubtree(session, loop))  # its supervisor starts at the loop's first crash
-        return Loop(session_id, session_dir, self._runtime, folder)
+        ref = self._sessions.start(LazySubtree(session, loop))  # its supervisor starts at the loop's first crash
+        handle = Loop(session_id, session_dir, self._runtime, folder)
+        handle.found(ref)  # its first turn needs no look-up by name
+        return handle
 
     # --- sources and selftests -------------------------------------------------------------
 
