@@ -16,7 +16,7 @@ from rho_actors.loop.approvals import SessionApprovals
 from rho_actors.tasks import records
 
 from .conftest import WAIT_S, wait_for
-from .helpers import echo
+from .helpers import echo, make_tool
 
 
 @pytest.fixture
@@ -95,3 +95,45 @@ def test_the_first_turn_finds_its_loop_without_a_look_up_by_name_and_after_a_cra
     assert second.ok and second.content == "b" and crashed.ref is not before
     loop.stop()
     crashed.stop()
+
+
+class _Name(str):
+    """A str subclass: a withheld name is kept as a plain str."""
+
+
+def test_sessions_withholding_the_same_names_share_their_sorted_list_and_each_gets_it_right(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rho_actors.loop.turn as turn_module
+
+    system.register(make_tool("withheld_seen", lambda args, ctx: ",".join(ctx["withheld"])))
+    sorts: list[int] = []
+
+    def counted_sorted(items: Any) -> list[Any]:
+        sorts.append(len(items))
+        return sorted(items)
+
+    monkeypatch.setattr(turn_module, "sorted", counted_sorted, raising=False)
+    names = [f"tool_{i:03d}" for i in range(50, 0, -1)]
+
+    def seen(session_id: str, withheld: Any) -> str:
+        loop = system.start_loop(session_id, withheld=withheld)
+        try:
+            [result] = loop.run_turn([ToolCall("c", "withheld_seen", "{}")], timeout_s=WAIT_S)
+            assert result.ok, result.content
+            return str(result.content)
+        finally:
+            loop.stop()
+
+    listed = ",".join(sorted(names))
+    assert seen("a", names) == listed and sorts == [50]
+    assert seen("b", list(names)) == listed and sorts == [50]  # the same names: sorted once
+    assert seen("c", tuple(_Name(n) for n in names)) == listed and sorts == [50]
+    assert seen("d", [*names, "tool_000"]) == ",".join(["tool_000", *sorted(names)]) and sorts == [50, 51]
+    loop = system.start_loop("e", withheld=names)
+    loop.set_withheld(["tool_999"])
+    [result] = loop.run_turn([ToolCall("c", "withheld_seen", "{}")], timeout_s=WAIT_S)
+    assert result.content == "tool_999"
+    loop.stop()
+    with pytest.raises(TypeError, match="must be a str"):
+        system.start_loop("f", withheld=[*names[:3], 7])  # type: ignore[list-item]

@@ -51,6 +51,13 @@ RESTART_PATIENCE_S = 5.0
 its session's supervisor before it raises (seconds)."""
 
 
+# The withheld names given lately as lists or tuples of plain strs, each as its one set:
+# sessions withholding the same names share it (and so its sorted list, loop.turn.withheld_set).
+_KNOWN: dict[tuple[str, ...], frozenset[str]] = {}
+_KNOWN_KEPT = 64  # lists kept (all dropped when full)
+_KNOWN_MAX_NAMES = 1_024  # longer lists are made into a set each time
+
+
 def withheld_names(names: Iterable[str]) -> frozenset[str]:
     """``names`` as a frozenset of plain ``str``; ``TypeError`` for a lone ``str`` or a
     name that is not a ``str``."""
@@ -59,7 +66,16 @@ def withheld_names(names: Iterable[str]) -> frozenset[str]:
     if type(names) in (list, tuple, set, frozenset):  # the usual case: plain strs, hashed and compared as str
         items = tuple(names)
         if not items or set(map(type, items)) == {str}:
-            return frozenset(items)
+            if type(names) is frozenset:
+                return names
+            known = _KNOWN.get(items)  # the same names given lately, as a list or tuple: one set for them
+            if known is None:
+                known = frozenset(items)
+                if len(items) <= _KNOWN_MAX_NAMES:
+                    if len(_KNOWN) >= _KNOWN_KEPT:
+                        _KNOWN.clear()
+                    _KNOWN[items] = known
+            return known
     checked = set()
     for name in names:
         if not isinstance(name, str):
