@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import os
 import stat
 from collections.abc import Callable
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from rho_actors.errors import RhoError
 
-__all__ = ["UnsafePathError", "folder_identity", "fsync_dir", "is_same_folder", "open_regular", "private_dir"]
+__all__ = ["LISTED_NAMES", "UnsafePathError", "folder_identity", "fsync_dir", "is_same_folder", "open_regular",
+           "private_dir"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
@@ -35,6 +37,10 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_
 class UnsafePathError(RhoError, OSError):
     """A path that is not what it must be: a symlink, or not a regular file or folder.
     ``str(err)`` names the path and what was found there."""
+
+
+LISTED_NAMES = 256
+"""How many of a folder's entries :func:`folder_identity` lists at most (one more tells a cut list)."""
 
 
 def _kind(mode: int) -> str:
@@ -109,8 +115,9 @@ def folder_identity(root: str | Path, *parts: str, names: list[str] | None = Non
     a real folder reached without following a symlink, tightened to ``0o700``) and return
     its identity, ``(st_dev, st_ino)``; ``None`` when a part is missing (nothing made).
     ``names``, when given, is extended with the names of the folder's entries, listed
-    through the walk's own descriptor (nothing added when it is missing). Raises as
-    :func:`private_dir`."""
+    through the walk's own descriptor (nothing added when it is missing), at most
+    :data:`LISTED_NAMES` ``+ 1`` of them: a caller finding more knows the list was cut.
+    Raises as :func:`private_dir`."""
     try:
         found = _walk(root if isinstance(root, Path) else Path(root), parts, False, names)
     except FileNotFoundError:
@@ -150,7 +157,8 @@ def _walk(root: Path, parts: tuple[str, ...], create: bool, names: list[str] | N
             os.close(fd)
             fd = child
         if names is not None:
-            names.extend(os.listdir(fd))
+            with os.scandir(fd) as entries:
+                names.extend(entry.name for entry in itertools.islice(entries, LISTED_NAMES + 1))
     finally:
         os.close(fd)
     assert found is not None

@@ -137,3 +137,19 @@ def test_sessions_withholding_the_same_names_share_their_sorted_list_and_each_ge
     loop.stop()
     with pytest.raises(TypeError, match="must be a str"):
         system.start_loop("f", withheld=[*names[:3], 7])  # type: ignore[list-item]
+
+
+def test_a_folder_with_more_entries_than_the_start_lists_is_looked_into_as_before(
+    system: ActorSystem, looks: dict[str, list[Any]]
+) -> None:
+    from rho_actors.files import LISTED_NAMES
+
+    first = system.start_loop("s1")
+    folder = first.data_dir
+    first.stop()
+    for i in range(LISTED_NAMES + 1):
+        (folder / f"note_{i:04d}.txt").write_text("")
+    (folder / "tasks").mkdir()
+    again = system.start_loop("s1")  # its listing was cut: "tasks" may be among what it left out
+    again.stop()
+    assert looks == {"tasks": ["s1"], "transcript": ["s1"]}

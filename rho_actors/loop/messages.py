@@ -56,13 +56,13 @@ class SessionWithheld:
 
 class FolderAtStart:
     """The names of the entries ``start_loop`` found in a session's folder (none when it
-    was missing), for the session's first :class:`~rho_actors.loop.turns.Turns` only:
+    was missing; ``None`` when it listed only some), for the session's first :class:`~rho_actors.loop.turns.Turns` only:
     :meth:`take` gives them once, so a restart of the loop (same arguments, this holder
     among them) looks into the folder again."""
 
     __slots__ = ("_names",)
 
-    def __init__(self, names: frozenset[str]) -> None:
+    def __init__(self, names: frozenset[str] | None) -> None:
         self._names: frozenset[str] | None = names
 
     def take(self) -> frozenset[str] | None:

@@ -57,7 +57,7 @@ from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus, SupervisorEvent
-from rho_actors.files import UnsafePathError, folder_identity
+from rho_actors.files import LISTED_NAMES, UnsafePathError, folder_identity
 from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import DEFAULT_START_TIMEOUT_MS, IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
@@ -520,7 +520,7 @@ class ActorSystem(HostActors):
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(session_id=session_id, data_dir=session_dir, folder=folder, deps=deps, runtime=self._runtime,
-                      at_start=FolderAtStart(frozenset(found)),
+                      at_start=FolderAtStart(frozenset(found) if len(found) <= LISTED_NAMES else None),
                       withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools),
                       approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s))
         start = self._runtime.governor.bounded(session_id, bounds, functools.partial(LoopActor.start, **kwargs))
