@@ -165,3 +165,34 @@ def test_a_loop_stopped_with_a_call_running_answers_it_and_ends_normally(system:
     assert [c["id"] for c in sessions["children"]] == []  # its subtree ended with it
     with pytest.raises(pykka.ActorDeadError):
         loop.run_turn([ToolCall("c2", "held", "{}")])
+
+
+def test_an_actor_is_in_pykkas_registry_while_it_lives_and_its_start_and_stop_format_no_text_of_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pykka's own start and unregister format the actor's text for debug lines on every
+    start and stop, logged or not; an Actor's keep the registry without them."""
+    formatted: list[str] = []
+    plain_str = pykka.ActorRef.__str__
+
+    def ref_text(ref: pykka.ActorRef[Any]) -> str:
+        formatted.append("ref")
+        return plain_str(ref)
+
+    def actor_text(actor: Lazy) -> str:
+        formatted.append("actor")
+        return "Lazy"
+
+    monkeypatch.setattr(pykka.ActorRef, "__str__", ref_text)
+    monkeypatch.setattr(Lazy, "__str__", actor_text)
+    log: list[tuple[str, int]] = []
+    ref = Lazy.start(log)
+    assert pykka.ActorRegistry.get_by_urn(ref.actor_urn) is ref
+    assert stop(ref, WAIT_S) is True
+    assert pykka.ActorRegistry.get_by_urn(ref.actor_urn) is None
+    threaded = Lazy.start(log)
+    assert threaded.ask("hello", timeout=WAIT_S) == "hello"
+    assert pykka.ActorRegistry.get_by_urn(threaded.actor_urn) is threaded
+    assert stop(threaded, WAIT_S) is True
+    assert pykka.ActorRegistry.get_by_urn(threaded.actor_urn) is None
+    assert formatted == []

@@ -437,3 +437,51 @@ def test_the_last_failed_attempt_is_failed_and_a_call_that_is_never_retried_has_
     [refused] = loop.run_turn([ToolCall("c2", "boom", "{}")])  # not idempotent: one attempt, the call's span only
     assert refused.error_kind == "raised"
     assert [s.name for s in spans.get_finished_spans()] == ["execute_tool boom"]
+
+
+_UNSET_THEN_SET = """
+import sys, tempfile
+from pathlib import Path
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from rho_actors import ActorSystem, ToolCall, tool
+
+looked = []
+getter = trace.get_tracer_provider
+trace.get_tracer_provider = lambda: looked.append(1) or getter()
+
+@tool
+def add(a: int, b: int = 0) -> int:
+    '''Add two integers.'''
+    return a + b
+
+exporter = InMemorySpanExporter()
+with tempfile.TemporaryDirectory() as data, ActorSystem(data_dir=Path(data)) as system:
+    system.register(add)
+    loop = system.start_loop("s")
+    first = loop.run_turn([ToolCall("c1", "add", '{"a": 1}')])
+    print("unset", first[0].content, len(looked), len(exporter.get_finished_spans()))
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    second = loop.run_turn([ToolCall("c2", "add", '{"a": 2}')])
+    print("set", second[0].content, [s.name for s in exporter.get_finished_spans()])
+"""
+
+
+def test_a_turn_decides_nothing_is_configured_without_the_api_s_getters_and_sees_a_provider_set_later(
+    tmp_path: Path,
+) -> None:
+    """Nothing set (a fresh process, no OTEL_PYTHON_*_PROVIDER variable): a turn reports
+    to nothing without asking OpenTelemetry's getters (each looks its unset variable up in
+    os.environ, a KeyError raised and caught); a provider set later is used from the next turn."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_PYTHON_")}
+    done = subprocess.run([sys.executable, "-c", _UNSET_THEN_SET], env=env, capture_output=True, text=True,
+                          timeout=WAIT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["unset 1 0 0", "set 2 ['execute_tool add']"]

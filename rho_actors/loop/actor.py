@@ -22,7 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from rho_actors.loop.messages import Allowlist, CancelTurn, Offered, Running, RunTurn, SessionWithheld, SetWithheld
+from rho_actors.loop.messages import (
+    Allowlist,
+    CancelTurn,
+    FolderAtStart,
+    Offered,
+    Running,
+    RunTurn,
+    SessionWithheld,
+    SetWithheld,
+)
 from rho_actors.loop.turns import Turns
 from rho_actors.otp.actor import Actor
 from rho_actors.results import failure
@@ -48,14 +57,15 @@ class LoopActor(Actor):
     def __init__(
         self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str] | SessionWithheld,
         runtime: Runtime, allowed: Allowlist | None = None, approvals: SessionApprovals | None = None,
-        folder: tuple[int, int] | None = None,
+        folder: tuple[int, int] | None = None, at_start: FolderAtStart | None = None,
     ) -> None:
         super().__init__()
         self.session_id = session_id
         self._runtime = runtime
         self.thread_pool = runtime.threads
         self.turns = Turns(ref=self.actor_ref, session_id=session_id, data_dir=data_dir, deps=deps,
-                           withheld=withheld, runtime=runtime, allowed=allowed, approvals=approvals, folder=folder)
+                           withheld=withheld, runtime=runtime, allowed=allowed, approvals=approvals, folder=folder,
+                           at_start=at_start)
         runtime.loop_turns[self.actor_urn] = self.turns  # how the host's handle finds them
 
     # --- messages ---------------------------------------------------------------------

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from loguru import logger
 
+from rho_actors.agent.transcript import TRANSCRIPT_NAME
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.events import CallEvent
@@ -126,18 +127,20 @@ class SessionApprovals(ApprovalJournal):
 
     # --- the loop's side ------------------------------------------------------------------
 
-    def attach(self, turns: Turns, runtime: Runtime) -> None:
+    def attach(self, turns: Turns, runtime: Runtime, *, found: frozenset[str] | None = None) -> None:
         """The session's (new) LoopActor runs ``turns`` in ``runtime``: decisions run
         their calls there. The first attach recovers the open calls of the session's
         transcript (a host that died with calls pending, decided or approved and not
-        started); a later one (a restart) looks at the transcript again while calls wait."""
+        started); a later one (a restart) looks at the transcript again while calls wait.
+        ``found``: the names in the session's folder as its start listed them (the
+        transcript is looked for only if its name is there); ``None``: looked for here."""
         self._turns, self._runtime = turns, runtime
         self._timers, self._threads = runtime.timers, runtime.threads
         if self._recovered:
             self._watch()
         if not self._recovered:  # read here (its pending calls listed at once); a decided one runs on a pool thread
             self._recovered = True
-            if self.transcript_exists():
+            if TRANSCRIPT_NAME in found if found is not None else self.transcript_exists():
                 self._recover()
 
     def _later(self, job: Callable[[], object], what: str) -> bool:

@@ -52,6 +52,13 @@ RESTART_PATIENCE_S = 5.0
 its session's supervisor before it raises (seconds)."""
 
 
+# The withheld names given lately as lists or tuples of plain strs, each as its one set:
+# sessions withholding the same names share it (and so its sorted list, loop.turn.withheld_set).
+_KNOWN: dict[tuple[str, ...], frozenset[str]] = {}
+_KNOWN_KEPT = 64  # lists kept (all dropped when full)
+_KNOWN_MAX_NAMES = 1_024  # longer lists are made into a set each time
+
+
 def withheld_names(names: Iterable[str]) -> frozenset[str]:
     """``names`` as a frozenset of plain ``str``; ``TypeError`` for a lone ``str`` or a
     name that is not a ``str``."""
@@ -60,7 +67,16 @@ def withheld_names(names: Iterable[str]) -> frozenset[str]:
     if type(names) in (list, tuple, set, frozenset):  # the usual case: plain strs, hashed and compared as str
         items = tuple(names)
         if not items or set(map(type, items)) == {str}:
-            return frozenset(items)
+            if type(names) is frozenset:
+                return names
+            known = _KNOWN.get(items)  # the same names given lately, as a list or tuple: one set for them
+            if known is None:
+                known = frozenset(items)
+                if len(items) <= _KNOWN_MAX_NAMES:
+                    if len(_KNOWN) >= _KNOWN_KEPT:
+                        _KNOWN.clear()
+                    _KNOWN[items] = known
+            return known
     checked = set()
     for name in names:
         if not isinstance(name, str):
@@ -195,6 +211,13 @@ class Loop(HeldCalls):
                 break
         ref = self.ref  # raises naming why
         raise pykka.ActorDeadError(f"the loop of session {self.session_id!r} is not running: it has just ended")
+
+    def found(self, ref: pykka.ActorRef[Any]) -> None:
+        """Keep ``ref``, the session's LoopActor just started, and its turns (when it is
+        still running): :meth:`_turns` then finds them without a look-up by name."""
+        turns = self._loop_turns.get(ref.actor_urn)
+        if turns is not None and turns.closed is None:
+            self._current = (ref, turns)
 
     def _not_restarting(self) -> bool:
         """Whether nothing will bring this session's loop back: the system is stopping, or

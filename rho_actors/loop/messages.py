@@ -30,6 +30,7 @@ from rho_actors.tool import ToolCall, ToolResult
 __all__ = [
     "Allowlist",
     "CancelTurn",
+    "FolderAtStart",
     "Offered",
     "RunTurn",
     "Running",
@@ -51,6 +52,23 @@ class SessionWithheld:
     restart."""
 
     names: frozenset[str]
+
+
+class FolderAtStart:
+    """The names of the entries ``start_loop`` found in a session's folder (none when it
+    was missing; ``None`` when it listed only some), for the session's first :class:`~rho_actors.loop.turns.Turns` only:
+    :meth:`take` gives them once, so a restart of the loop (same arguments, this holder
+    among them) looks into the folder again."""
+
+    __slots__ = ("_names",)
+
+    def __init__(self, names: frozenset[str] | None) -> None:
+        self._names: frozenset[str] | None = names
+
+    def take(self) -> frozenset[str] | None:
+        """The names, the first time; ``None`` (not known: look) after that."""
+        names, self._names = self._names, None
+        return names
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,19 +14,23 @@ from loguru import logger
 
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.loop.approval_rules import idempotent
-from rho_actors.tasks import Task, TaskRegistry
+from rho_actors.tasks import Task, TaskRegistry, records
 from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = ["rerun_tasks"]
 
 
 def rerun_tasks(session_id: str, session_dir: Path, entries: Mapping[str, ToolEntry], registry: TaskRegistry,
-                resumed: dict[str, Task], submit: Callable[..., Any]) -> None:
+                resumed: dict[str, Task], submit: Callable[..., Any], *, found: frozenset[str] | None = None) -> None:
     """Start again each task :meth:`~rho_actors.tasks.TaskRegistry.resume` gives for the
     session (its tool, among ``entries``, background and idempotent), as a turn of its
     own (``submit``, approved) whose acknowledgement nobody waits for: put in
     ``resumed`` (by call id) for the turn's dispatch to take instead of opening a new
-    task. A call refused now (its tool withheld or gone) gives its task that refusal."""
+    task. A call refused now (its tool withheld or gone) gives its task that refusal.
+    ``found``: the names in the session's folder as its start listed them: no task
+    record is read when its ``tasks`` folder was not there (``None``: read)."""
+    if found is not None and records.FOLDER not in found:
+        return
 
     def rerun(name: str) -> bool:
         entry = entries.get(name)

@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from rho_actors.loop.approvals import SessionApprovals
+    from rho_actors.loop.messages import FolderAtStart
     from rho_actors.runtime import Runtime
 
 __all__ = ["ResultSink", "Turns"]
@@ -101,6 +102,7 @@ class Turns:
         self, *, ref: pykka.ActorRef[Any], session_id: str, data_dir: Path, deps: Any,
         withheld: frozenset[str] | SessionWithheld, runtime: Runtime, allowed: Allowlist | None = None,
         approvals: SessionApprovals | None = None, folder: tuple[int, int] | None = None,
+        at_start: FolderAtStart | None = None,
     ) -> None:
         self.ref = ref
         self.session_id = session_id
@@ -133,9 +135,11 @@ class Turns:
         # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
         self._offer: tuple[int, Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
         self._resumed: dict[str, Task] = {}  # tasks run again after a crash, by call id, until dispatched
+        found = at_start.take() if at_start is not None else None  # what start_loop listed: the first turns only
         if approvals is not None:
-            approvals.attach(self, runtime)
-        rerun_tasks(session_id, data_dir, runtime.tools.current.entries, self._tasks, self._resumed, self.submit)
+            approvals.attach(self, runtime, found=found)
+        rerun_tasks(session_id, data_dir, runtime.tools.current.entries, self._tasks, self._resumed, self.submit,
+                    found=found)
 
     # --- what is offered ----------------------------------------------------------------
 

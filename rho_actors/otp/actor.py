@@ -56,7 +56,7 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import pykka
 from loguru import logger
@@ -351,6 +351,31 @@ except (ImportError, AttributeError):  # another interpreter: the wrappers
     _getsignal, _setsignal = signal.getsignal, signal.signal
 
 
+# pykka's registry of live actors, kept without its debug log lines: pykka's start and
+# unregister format the actor's text for them on every start and stop (three f-strings of
+# the ref, ~2 % of a session's start and stop), logged or not.
+_REGISTRY: Any = pykka.ActorRegistry
+_REGISTRY_PLAIN = isinstance(getattr(_REGISTRY, "_actor_refs", None), list) and hasattr(_REGISTRY, "_actor_refs_lock")
+
+
+def _register(ref: pykka.ActorRef[Any]) -> None:
+    if not _REGISTRY_PLAIN:  # another pykka: its own
+        _REGISTRY.register(ref)
+        return
+    with _REGISTRY._actor_refs_lock:
+        _REGISTRY._actor_refs.append(ref)
+
+
+def _unregister(ref: pykka.ActorRef[Any]) -> None:
+    if not _REGISTRY_PLAIN:
+        _REGISTRY.unregister(ref)
+        return
+    with _REGISTRY._actor_refs_lock:
+        refs = _REGISTRY._actor_refs
+        if ref in refs:
+            refs.remove(ref)
+
+
 class StopFlag:
     """``threading.Event``'s interface (``is_set``, ``set``, ``clear``, ``wait``) for an
     actor's ``actor_stopped``: a plain flag until a thread waits on it, then backed by
@@ -440,6 +465,16 @@ class Actor(pykka.ThreadingActor):
         self._stopped_once = False
         self._monitors_taken = False  # set once, under the monitors' lock, when it has fully ended
 
+    @classmethod
+    def start(cls, *args: Any, **kwargs: Any) -> pykka.ActorRef[Self]:
+        """Start an actor, as pykka's ``Actor.start`` does: made with the arguments (its
+        ``__init__`` runs in this thread), registered in ``pykka.ActorRegistry``, its loop
+        started (at its first message when :attr:`starts_on_first_message`); returns its ref."""
+        obj = cls(*args, **kwargs)
+        _register(obj.actor_ref)
+        obj._start_actor_loop()
+        return obj.actor_ref
+
     def _start_actor_loop(self) -> None:
         if not self.starts_on_first_message:
             self._start_loop_now()
@@ -488,7 +523,7 @@ class Actor(pykka.ThreadingActor):
         if self._stopped_once:
             return
         self._stopped_once = True
-        pykka.ActorRegistry.unregister(self.actor_ref)
+        _unregister(self.actor_ref)
         self.actor_stopped.set()
         try:
             self.on_stop()
@@ -501,7 +536,7 @@ class Actor(pykka.ThreadingActor):
         if self._exit_cause is None:
             self._exit_cause = exc_info[1]
         if isinstance(exc_info[1], ActorExit):  # already ended on purpose: no error trace
-            pykka.ActorRegistry.unregister(self.actor_ref)
+            _unregister(self.actor_ref)
             self.actor_stopped.set()
             return
         super()._handle_failure(*exc_info)
@@ -513,7 +548,7 @@ class Actor(pykka.ThreadingActor):
         except BaseException as exc:  # a BaseException in on_start or on_stop
             if self._exit_cause is None:
                 self._exit_cause = exc
-            pykka.ActorRegistry.unregister(self.actor_ref)
+            _unregister(self.actor_ref)
             self.actor_stopped.set()
             self._actor_loop_teardown()
         finally:

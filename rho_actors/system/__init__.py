@@ -57,14 +57,14 @@ from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus, SupervisorEvent
-from rho_actors.files import UnsafePathError, folder_identity
+from rho_actors.files import LISTED_NAMES, UnsafePathError, folder_identity
 from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import DEFAULT_START_TIMEOUT_MS, IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.approvals import DEFAULT_APPROVAL_TIMEOUT_S, CallInfo, SessionApprovals
 from rho_actors.loop.handle import Loop, withheld_names
-from rho_actors.loop.messages import SessionWithheld, allowlist, checked_session_id, loop_name
+from rho_actors.loop.messages import FolderAtStart, SessionWithheld, allowlist, checked_session_id, loop_name
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
 from rho_actors.otp.names import Names
@@ -524,11 +524,13 @@ class ActorSystem(HostActors):
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
         session_dir = self._sessions_path / session_id  # the pattern admits no separator and no ".."
+        found: list[str] = []  # its entries: the first Turns look for task records and a transcript only if there
         try:  # an existing folder is checked now: each component a real folder, no symlink followed, 0700
-            folder = folder_identity(self.data_dir, "sessions", session_id)  # None: made on first use
+            folder = folder_identity(self.data_dir, "sessions", session_id, names=found)  # None: made on first use
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(session_id=session_id, data_dir=session_dir, folder=folder, deps=deps, runtime=self._runtime,
+                      at_start=FolderAtStart(frozenset(found) if len(found) <= LISTED_NAMES else None),
                       withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools),
                       approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s))
         start = self._runtime.governor.bounded(session_id, bounds, functools.partial(LoopActor.start, **kwargs))
@@ -540,8 +542,10 @@ class ActorSystem(HostActors):
                              **self._intensity),
             restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
         )
-        self._sessions.start(LazySubtree(session, loop))  # its supervisor starts at the loop's first crash
-        return Loop(session_id, session_dir, self._runtime, folder)
+        ref = self._sessions.start(LazySubtree(session, loop))  # its supervisor starts at the loop's first crash
+        handle = Loop(session_id, session_dir, self._runtime, folder)
+        handle.found(ref)  # its first turn needs no look-up by name
+        return handle
 
     # --- sources and selftests -------------------------------------------------------------
 
