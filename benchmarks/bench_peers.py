@@ -44,6 +44,7 @@ Usage::
     .venv/bin/python benchmarks/bench_peers.py --json     # one JSON object on stdout
     .venv/bin/python benchmarks/bench_peers.py --only bfcl --bfcl-runs 5   # part 4 alone
     .venv/bin/python benchmarks/bench_peers.py --only calls   # part 1 alone, with its goals
+    .venv/bin/python benchmarks/bench_peers.py --only throughput   # part 5 alone, with its goal
 """
 
 from __future__ import annotations
@@ -984,8 +985,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every number, nothing else")
-    parser.add_argument("--only", choices=("bfcl", "calls"),
-                        help="run this part alone (bfcl: part 4, BFCL whole sessions; calls: part 1, a no-op call)")
+    parser.add_argument("--only", choices=("bfcl", "calls", "throughput"),
+                        help="run this part alone (bfcl: part 4, BFCL whole sessions; calls: part 1, a no-op call; "
+                             "throughput: part 5, calls from 8 threads)")
     parser.add_argument("--bfcl-runs", type=int, metavar="N", help="timed runs of part 4 (default: 3, --quick 1)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
@@ -1008,7 +1010,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             measure_calls(report, aio, plan)
         elif args.only == "calls":
             measure_calls(report, aio, plan, calls_only=True)
-        if args.only != "calls":
+        elif args.only == "throughput":
+            measure_throughput(report, plan)
+        if args.only is None or args.only == "bfcl":
             with tempfile.TemporaryDirectory(prefix="rho-peers-bfcl-") as tmp:
                 report["bfcl"] = bench_bfcl(plan, Path(tmp))
         report["targets"] = targets(report)
@@ -1041,6 +1045,15 @@ def measure_calls(report: dict[str, Any], aio: asyncio.AbstractEventLoop, plan: 
             report["hung"] = bench_hung(loop, peers, aio, Path(tmp))
         finally:
             loop.stop()
+        report["throughput"] = bench_throughput(system, peers, plan)
+
+
+def measure_throughput(report: dict[str, Any], plan: Plan) -> None:
+    """Part 5 alone into ``report``."""
+    peers = Peers()
+    with tempfile.TemporaryDirectory(prefix="rho-peers-") as tmp, ActorSystem(data_dir=tmp) as system:
+        system.register(rho_noop)
+        bench_throughput(system, peers, dataclasses.replace(plan, throughput_sessions=8, throughput_turns=3))  # warm-up
         report["throughput"] = bench_throughput(system, peers, plan)
 
 
