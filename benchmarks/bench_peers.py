@@ -862,14 +862,20 @@ def bench_throughput(system: ActorSystem, peers: Peers, plan: Plan) -> dict[str,
 
     total = sessions * turns * THROUGHPUT_CALLS
     gc.collect()
+    cpu0 = time.process_time()
     rho_s = run_threads(rho, THROUGHPUT_THREADS)
+    rho_cpu = time.process_time() - cpu0
     gc.collect()
+    cpu0 = time.process_time()
     lg_s = run_threads(langgraph, THROUGHPUT_THREADS)
+    lg_cpu = time.process_time() - cpu0
     return {
         "sessions": sessions, "turns": turns, "calls_per_turn": THROUGHPUT_CALLS, "threads": THROUGHPUT_THREADS,
         "calls": total,
-        "rho": {"wall_s": round(rho_s, 3), "calls_per_s": round(total / rho_s, 1)},
-        "langgraph": {"wall_s": round(lg_s, 3), "calls_per_s": round(total / lg_s, 1)},
+        "rho": {"wall_s": round(rho_s, 3), "calls_per_s": round(total / rho_s, 1),
+                "cpu_us_per_call": round(rho_cpu / total * 1e6, 1)},
+        "langgraph": {"wall_s": round(lg_s, 3), "calls_per_s": round(total / lg_s, 1),
+                      "cpu_us_per_call": round(lg_cpu / total * 1e6, 1)},
     }
 
 
@@ -936,7 +942,8 @@ def print_text(report: Mapping[str, Any]) -> None:
         print(f"\n5. throughput: {t['sessions']} sessions x {t['turns']} turns x {t['calls_per_turn']} no-op calls "
               f"from {t['threads']} threads ({t['calls']} calls)")
         for k in ("rho", "langgraph"):
-            print(f"   {k:<10} {t[k]['wall_s']:>8.3f} s  {t[k]['calls_per_s']:>10.1f} calls/s")
+            print(f"   {k:<10} {t[k]['wall_s']:>8.3f} s  {t[k]['calls_per_s']:>10.1f} calls/s  "
+                  f"process CPU {t[k]['cpu_us_per_call']:>6.1f} us a call")
     print(f"\n#12, #26 and #42 goals (load average {env['load_avg_1m']} at the start, "
           f"{report['environment'].get('load_avg_end')} at the end)")
     for t in report["targets"]:
