@@ -44,6 +44,7 @@ Usage::
     .venv/bin/python benchmarks/bench_peers.py --json     # one JSON object on stdout
     .venv/bin/python benchmarks/bench_peers.py --only bfcl --bfcl-runs 5   # part 4 alone
     .venv/bin/python benchmarks/bench_peers.py --only calls   # part 1 alone, with its goals
+    .venv/bin/python benchmarks/bench_peers.py --only throughput   # part 5 alone, with its goal
 """
 
 from __future__ import annotations
@@ -861,14 +862,20 @@ def bench_throughput(system: ActorSystem, peers: Peers, plan: Plan) -> dict[str,
 
     total = sessions * turns * THROUGHPUT_CALLS
     gc.collect()
+    cpu0 = time.process_time()
     rho_s = run_threads(rho, THROUGHPUT_THREADS)
+    rho_cpu = time.process_time() - cpu0
     gc.collect()
+    cpu0 = time.process_time()
     lg_s = run_threads(langgraph, THROUGHPUT_THREADS)
+    lg_cpu = time.process_time() - cpu0
     return {
         "sessions": sessions, "turns": turns, "calls_per_turn": THROUGHPUT_CALLS, "threads": THROUGHPUT_THREADS,
         "calls": total,
-        "rho": {"wall_s": round(rho_s, 3), "calls_per_s": round(total / rho_s, 1)},
-        "langgraph": {"wall_s": round(lg_s, 3), "calls_per_s": round(total / lg_s, 1)},
+        "rho": {"wall_s": round(rho_s, 3), "calls_per_s": round(total / rho_s, 1),
+                "cpu_us_per_call": round(rho_cpu / total * 1e6, 1)},
+        "langgraph": {"wall_s": round(lg_s, 3), "calls_per_s": round(total / lg_s, 1),
+                      "cpu_us_per_call": round(lg_cpu / total * 1e6, 1)},
     }
 
 
@@ -935,7 +942,8 @@ def print_text(report: Mapping[str, Any]) -> None:
         print(f"\n5. throughput: {t['sessions']} sessions x {t['turns']} turns x {t['calls_per_turn']} no-op calls "
               f"from {t['threads']} threads ({t['calls']} calls)")
         for k in ("rho", "langgraph"):
-            print(f"   {k:<10} {t[k]['wall_s']:>8.3f} s  {t[k]['calls_per_s']:>10.1f} calls/s")
+            print(f"   {k:<10} {t[k]['wall_s']:>8.3f} s  {t[k]['calls_per_s']:>10.1f} calls/s  "
+                  f"process CPU {t[k]['cpu_us_per_call']:>6.1f} us a call")
     print(f"\n#12, #26 and #42 goals (load average {env['load_avg_1m']} at the start, "
           f"{report['environment'].get('load_avg_end')} at the end)")
     for t in report["targets"]:
@@ -984,8 +992,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every number, nothing else")
-    parser.add_argument("--only", choices=("bfcl", "calls"),
-                        help="run this part alone (bfcl: part 4, BFCL whole sessions; calls: part 1, a no-op call)")
+    parser.add_argument("--only", choices=("bfcl", "calls", "throughput"),
+                        help="run this part alone (bfcl: part 4, BFCL whole sessions; calls: part 1, a no-op call; "
+                             "throughput: part 5, calls from 8 threads)")
     parser.add_argument("--bfcl-runs", type=int, metavar="N", help="timed runs of part 4 (default: 3, --quick 1)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
@@ -1008,7 +1017,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             measure_calls(report, aio, plan)
         elif args.only == "calls":
             measure_calls(report, aio, plan, calls_only=True)
-        if args.only != "calls":
+        elif args.only == "throughput":
+            measure_throughput(report, plan)
+        if args.only is None or args.only == "bfcl":
             with tempfile.TemporaryDirectory(prefix="rho-peers-bfcl-") as tmp:
                 report["bfcl"] = bench_bfcl(plan, Path(tmp))
         report["targets"] = targets(report)
@@ -1041,6 +1052,15 @@ def measure_calls(report: dict[str, Any], aio: asyncio.AbstractEventLoop, plan: 
             report["hung"] = bench_hung(loop, peers, aio, Path(tmp))
         finally:
             loop.stop()
+        report["throughput"] = bench_throughput(system, peers, plan)
+
+
+def measure_throughput(report: dict[str, Any], plan: Plan) -> None:
+    """Part 5 alone into ``report``."""
+    peers = Peers()
+    with tempfile.TemporaryDirectory(prefix="rho-peers-") as tmp, ActorSystem(data_dir=tmp) as system:
+        system.register(rho_noop)
+        bench_throughput(system, peers, dataclasses.replace(plan, throughput_sessions=8, throughput_turns=3))  # warm-up
         report["throughput"] = bench_throughput(system, peers, plan)
 
 

@@ -168,6 +168,20 @@ def test_peers_bfcl_part_alone() -> None:
         "BFCL whole sessions rho / LangGraph ToolNode", "BFCL whole sessions, process CPU: rho / LangGraph"]
 
 
+@pytest.mark.slow
+def test_peers_throughput_part_alone() -> None:
+    if not _peers_installed():
+        pytest.skip("the peers extra is not installed (pip install -e '.[peers]')")
+    report = _quick_json(PEERS_SCRIPT, "--only", "throughput")
+    assert "per_call" not in report and "bfcl" not in report  # part 5 only
+    t = report["throughput"]
+    assert t["calls"] == t["sessions"] * t["turns"] * t["calls_per_turn"] > 0
+    for k in ("rho", "langgraph"):
+        assert _positive(t[k]["calls_per_s"]) and _positive(t[k]["cpu_us_per_call"])
+    assert [x["target"] for x in report["targets"]] == [
+        f"{t['sessions']}x{t['turns']}x{t['calls_per_turn']} calls/s from {t['threads']} threads: rho / LangGraph"]
+
+
 def test_deadlines_bench_reports_lateness_and_no_ok_after_a_deadline() -> None:
     """Its lateness figures are reported (not asserted); that no call answers ``ok``
     after its deadline is the rule itself, so it holds under any load."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import threading
 from typing import Any
 
@@ -193,4 +194,48 @@ def test_a_job_handed_over_runs_on_the_same_thread_once_the_current_job_returns(
             pool.submit(outside.set, "outside", may_take_over=True)
         assert outside.wait(WAIT_S)
     finally:
+        pool.shutdown()
+
+
+def test_jobs_submitted_together_all_run_at_once_each_on_its_own_thread() -> None:
+    pool = ThreadPool()
+    n = 6
+    together = threading.Barrier(n, timeout=WAIT_S)  # passes only once all n jobs run at the same time
+    threads: list[threading.Thread] = []
+    done = threading.Semaphore(0)
+
+    def job() -> None:
+        together.wait()
+        threads.append(threading.current_thread())
+        done.release()
+
+    try:
+        for i in range(n):  # queued in a burst: each thread that takes one wakes the next before it runs it
+            pool.submit(job, f"job-{i}")
+        for _ in range(n):
+            assert done.acquire(timeout=WAIT_S)
+    finally:
+        pool.shutdown()
+    assert len(set(threads)) == n and pool.threads_started == n
+
+
+def test_jobs_queued_behind_a_stuck_one_run_while_it_is_stuck() -> None:
+    pool = ThreadPool()
+    release = threading.Event()
+    ran: list[str] = []
+    done = threading.Semaphore(0)
+
+    def quick(name: str) -> None:
+        ran.append(name)
+        done.release()
+
+    try:
+        pool.submit(lambda: release.wait(WAIT_S), "stuck")
+        for name in ("a", "b", "c"):  # whichever thread comes for the queue, none waits behind the stuck job
+            pool.submit(functools.partial(quick, name), name)
+        for _ in range(3):
+            assert done.acquire(timeout=WAIT_S)
+        assert sorted(ran) == ["a", "b", "c"] and not release.is_set()
+    finally:
+        release.set()
         pool.shutdown()
