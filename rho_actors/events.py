@@ -22,9 +22,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 from loguru import logger
+
+if TYPE_CHECKING:
+    from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = [
     "CallEvent",
@@ -58,6 +61,15 @@ class CallEvent:
     tool: str
     outcome: str | None = None
     duration_ms: float = 0.0
+
+    @classmethod
+    def of(cls, kind: EventKind, session_id: str, call: ToolCall, result: ToolResult | None) -> CallEvent:
+        """The event ``kind`` of ``call`` in session ``session_id``, its outcome and
+        duration those of ``result`` (``None``: the call has none yet)."""
+        if result is None:
+            return cls(kind, session_id, call.id, call.name)
+        outcome = "ok" if result.ok else str(result.error_kind)
+        return cls(kind, session_id, call.id, call.name, outcome, result.duration_ms)
 
 
 @dataclass(frozen=True, slots=True)

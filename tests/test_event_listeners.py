@@ -4,6 +4,7 @@ or a loguru sink at their level with rho_actors enabled; what listeners get is u
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,11 +29,11 @@ def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[CallEvent]]:
     made: list[CallEvent] = []
 
     def counting(*args: Any) -> CallEvent:
-        event = CallEvent(*args)
+        event = CallEvent.of(*args)
         made.append(event)
         return event
 
-    monkeypatch.setattr(turns_module, "CallEvent", counting)
+    monkeypatch.setattr(turns_module, "CallEvent", types.SimpleNamespace(of=counting))
     yield made
 
 

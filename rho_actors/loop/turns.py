@@ -679,13 +679,8 @@ class Turns:
 
     def _emit_event(self, kind: Any, slot: Slot, result: ToolResult | None) -> None:
         """Build and emit a call's :class:`CallEvent` (someone listens: :meth:`EventBus.wants_calls`)."""
-        if result is None:
-            outcome, duration = None, 0.0
-        else:
-            outcome = "ok" if result.ok else str(result.error_kind)
-            duration = result.duration_ms
         with host_code():  # its subscribers are the host's
-            self._events.emit(CallEvent(kind, self.session_id, slot.call.id, slot.call.name, outcome, duration))
+            self._events.emit(CallEvent.of(kind, self.session_id, slot.call, result))
 
     # --- the end ------------------------------------------------------------------------
 
