@@ -146,3 +146,52 @@ def test_a_caller_that_stops_waiting_with_its_call_half_written_leaves_the_rest_
     assert finished.outcome == "ok", finished
     [after] = loop.run_turn(one("echo", "after", text="after"), timeout_s=WAIT_S)
     assert after.content == "after"
+
+
+def interrupted_after(code_name: str) -> Callable[[FrameType, str, Any], Any]:
+    """A trace function raising ``SIGUSR1`` in this thread when a function named
+    ``code_name`` returns (once): its handler raises ``KeyboardInterrupt`` at the next
+    point the interpreter looks, in the caller."""
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_name == code_name:
+            def returning(frame: FrameType, event: str, arg: Any) -> Any:
+                if event == "return":
+                    sys.settrace(None)
+                    signal.raise_signal(signal.SIGUSR1)
+                return returning
+            return returning
+        return None
+    return trace
+
+
+@pytest.mark.parametrize(("point", "how"), [
+    ("hold", "run_turn"),  # the caller's waiter holds the call: its frame is not written yet
+    ("add", "submit_turn"),  # the pool's reader waits for the call: its frame is not written yet
+])
+def test_a_call_interrupted_once_its_reader_has_it_and_before_it_is_written_gets_one_result_at_once(
+        system: ActorSystem, point: str, how: str) -> None:
+    """The interrupt lands after the call was handed to its reader (the caller's waiter,
+    or the pool's reader) and before its frame was written: the reader waited for the
+    reply of a call never sent until its deadline (600 s), the worker busy and the place
+    under the caps taken meanwhile, or the worker, given back as idle, was killed under
+    the next call. Now the call is taken back from its reader, answered at once and its
+    worker is the next call's."""
+    assert threading.current_thread() is threading.main_thread()
+    loop = warmed(system)
+    events = Recorder()
+    system.subscribe(events, only=(CallEvent,))
+    before = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        sys.settrace(interrupted_after(point))
+        with pytest.raises(KeyboardInterrupt):
+            if how == "run_turn":
+                loop.run_turn(one("nap", "cut", seconds=0.2), timeout_s=WAIT_S)
+            else:
+                loop.submit_turn(one("nap", "cut", seconds=0.2)).result(WAIT_S)
+    finally:
+        sys.settrace(None)
+        signal.signal(signal.SIGUSR1, before)
+    assert finished_once(events, "cut"), events.kinds("cut")
+    [after] = loop.run_turn(one("echo", "after", text="after"), timeout_s=WAIT_S)
+    assert after.content == "after", after  # its worker and its place under the caps are free
+    assert events.kinds("cut").count("finished") == 1 and "late" not in events.kinds("cut"), events.kinds("cut")

@@ -376,3 +376,36 @@ def test_a_deadline_met_at_the_thread_limit_still_answers_its_call(tmp_path: Pat
             return True
 
         assert wait_for(removed)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (_PIDS / "cgroup.procs").exists(),
+                    reason="a real thread limit needs root and the cgroup v1 pids controller")
+def test_a_job_queued_for_a_thread_that_cannot_be_started_is_never_left_waiting(tmp_path: Path) -> None:
+    """Two jobs submitted at once to a pool with one idle thread, at the host's thread
+    limit (a pids cgroup), the first waiting for the second: the second's submit
+    returned (the woken thread was to start a thread for it), that start failed and was
+    only logged, and the second job waited until a thread was free, which none would be.
+    Now a submit relies on threads on their way or idle alone: it starts the thread a
+    job needs, and the limit's error reaches it."""
+    cgroup = _PIDS / f"rho-test-{os.getpid()}-pool"
+    cgroup.mkdir()
+    try:
+        def enter() -> None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+        host = subprocess.run(
+            [sys.executable, str(Path(__file__).parent / "thread_limit_pool.py"), str(cgroup)],
+            check=False, preexec_fn=enter, capture_output=True, text=True, timeout=WAIT_S,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent),
+                                                                             os.environ.get("PYTHONPATH")]))})
+        assert host.stdout.splitlines()[-1:] in (["raised"], ["ran"]), (host.stdout, host.stderr[-3000:])
+    finally:
+        def removed() -> bool:
+            with contextlib.suppress(FileNotFoundError):
+                try:
+                    cgroup.rmdir()
+                except OSError:
+                    return False
+            return True
+
+        assert wait_for(removed)

@@ -217,3 +217,44 @@ def test_a_brief_writer_reads_the_transcript_before_its_lock_and_only_the_tail_u
     with locked_transcript(path, transcript=mine) as locked:
         assert locked.history.calls["c1"].decision == "approved"
     assert len(read_locked) == 1 and read_locked[0] < 1000  # the decision's line only
+
+
+def test_closing_a_session_open_per_record_while_a_record_is_written_closes_no_descriptor_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``close()`` while a call's result is being written (the file's lock taken again,
+    the record being made) closed the descriptor the record had borrowed: the record
+    went on into whatever file was opened next at that number, and its give-back closed
+    that file's descriptor. Now the record's own borrow keeps the file open until it is
+    written, and no other file is touched."""
+    from rho_actors.agent import lines
+
+    path = tmp_path / TRANSCRIPT_NAME
+    _pending(path)
+    session = Transcript(path)
+    session.open(per_record=True)
+    writing, go = threading.Event(), threading.Event()
+    record_line = lines.record_line
+
+    def record_line_paused(*args: Any) -> Any:
+        writing.set()
+        assert go.wait(WAIT_S)
+        return record_line(*args)
+
+    monkeypatch.setattr(lines, "record_line", record_line_paused)
+    writer = threading.Thread(target=session.result, args=(1, 0, ToolResult("c1", "delete", True, "done")))
+    writer.start()
+    other_fd = -1
+    try:
+        assert writing.wait(WAIT_S)
+        session.close()  # the session ends while its last call's result is being written
+        other_fd = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT, 0o600)  # the lowest free number
+    finally:
+        go.set()
+        writer.join(WAIT_S)
+    assert not writer.is_alive()
+    try:
+        assert os.fstat(other_fd).st_size == 0  # still open, and nothing written into it
+    finally:
+        os.close(other_fd)
+    assert load(path).calls["c1"].state == "settled"  # the record went on into its own file

@@ -544,7 +544,7 @@ class Transcript:
         ``sync=False`` for a group commit (:mod:`~rho_actors.agent.group_commit`); opened
         ``per_record`` (or closed), through a descriptor of its own. Raises ``OSError``."""
         with self._writing:
-            if (fd := self._fd) is not None:  # read once: close() may clear it meanwhile (EBADF)
+            if (fd := self._fd) is not None:  # close() waits for it
                 os.fdatasync(fd)
                 return
         kept = self._kept  # per_record: no record held up meanwhile
@@ -565,9 +565,12 @@ class Transcript:
         kept, self._kept, self._per_record = self._kept, None, False
         if kept is not None:  # a record being written goes on with it: its last user closes it
             kept.close()
-        fd, prompt, self._fd, self._prompt = self._fd, self._prompt, None, None
-        if fd is not None:  # the file's lock first: a prompt waiting for it never holds it alone
-            os.close(fd)  # releases the flock
+        if self._fd is not None:  # never a per_record one's: a record or a sync using it ends first
+            with self._writing:
+                fd, self._fd = self._fd, None
+                if fd is not None:  # the file's lock first: a prompt waiting for it never holds it alone
+                    os.close(fd)  # releases the flock
+        prompt, self._prompt = self._prompt, None
         if prompt is not None:
             prompt.release()
 
@@ -653,7 +656,9 @@ class Transcript:
     def _append(self, record: dict[str, Any], sync: bool = True) -> None:
         with self._writing:
             if self._fd is not None or not self._per_record:
-                self._append_now(record, sync)
+                if self._fd is None:
+                    raise ValueError(f"transcript {self.path} is not open")
+                self._append_now(self._fd, record, sync)
                 return
             kept = self._kept
             fd = kept.borrow() if kept is not None else None
@@ -665,27 +670,23 @@ class Transcript:
                     if self._mark is None or not self._caught_up(fd, self._mark, at_path=True):
                         raise TranscriptError(f"transcript {self.path} was replaced or cut short by another "
                                               "process; this session records nothing more in it")
-                    self._fd = fd
-                    self._append_now(record, sync)
+                    self._append_now(fd, record, sync)  # fd stays the borrow's: close() never closes it
                 finally:
-                    self._fd = None
                     transcript_lock.unlock(fd)
             finally:
                 kept.give_back()
 
-    def _append_now(self, record: dict[str, Any], sync: bool) -> None:
-        if self._fd is None:
-            raise ValueError(f"transcript {self.path} is not open")
+    def _append_now(self, fd: int, record: dict[str, Any], sync: bool) -> None:
         full, data = lines.record_line({"v": SCHEMA_VERSION, "seq": self._seq + 1, "type": record.pop("type"),
                                         "step": record.pop("step"), "ts": round(time.time(), 6), **record})
         if full["type"] in ("call", "result"):  # the writer's own moves too: a move not allowed is never written
             fold([full], self.history.calls)
         view = memoryview(data)
         while view:
-            written = os.write(self._fd, view)
+            written = os.write(fd, view)
             view = view[written:]
         if sync:
-            os.fdatasync(self._fd)  # the data and the size that reaches it: all a reader needs
+            os.fdatasync(fd)  # the data and the size that reaches it: all a reader needs
         self._seq += 1
         mark = self._mark
         if mark is not None:

@@ -14,7 +14,10 @@ thread is reused.
   behind a running one, while a turn's eight quick calls cost one or two thread wakes
   instead of eight. A job queued more than 1 ms after the last thread was woken for the
   queue wakes one more (the ones on their way may wait for the interpreter: a burst of
-  jobs then starts as fast as if each woke its own thread).
+  jobs then starts as fast as if each woke its own thread). A submit counts on the
+  threads on their way and the idle ones, one a waiting job; a job beyond them gets a
+  new thread started by the submit itself, so the host's thread limit reaches the
+  submitter (``RuntimeError``) and never leaves a job queued with no thread coming.
 
 - **A stuck job keeps its thread** (a tool past its deadline is abandoned, not killed:
   DESIGN §5): the pool never waits for it; the next job simply gets another thread, so
@@ -137,34 +140,41 @@ class ThreadPool:
             local.next = (job, name)  # runs on this thread once its current job returns
             return
         handoff: queue.SimpleQueue[bool] | None = None
+        entry = (job, name)
+        covered = False
         with self._lock:
             closed = self._closed
             if not closed:
-                self._waiting.append((job, name))
+                self._waiting.append(entry)
                 now = time.monotonic()
-                if self._coming and now - self._woken_at < _PATIENCE_S:  # one on its way takes it, or wakes the next
+                coming, idle = self._coming, len(self._idle)
+                covered = len(self._waiting) <= coming + idle  # threads on their way or idle, one a job
+                if covered and coming and now - self._woken_at < _PATIENCE_S:  # one on its way takes it
                     return
-                self._coming += 1  # none, or none got going yet (the interpreter busy elsewhere): one more
+                self._coming += 1  # none on its way, none got going yet (the interpreter busy elsewhere), or too few
                 self._woken_at = now
-                handoff = self._idle.pop() if self._idle else None
+                handoff = self._idle.pop() if covered and idle else None
             if handoff is None:
                 self.threads_started += 1
         if handoff is not None:
             handoff.put(True)
             return
         try:
-            threading.Thread(target=self._serve, args=((job, name) if closed else None,),
+            threading.Thread(target=self._serve, args=(entry if closed else None,),
                              name=name if closed else self.name, daemon=True).start()
-        except Exception:  # no thread could be started (the host at its limit): none counted, the job not queued
+        except Exception:  # no thread could be started (the host at its limit): none counted
             with self._lock:
                 self.threads_started -= 1
-                if not closed:
-                    self._coming -= 1
-                    for i, queued in enumerate(self._waiting):
-                        if queued[0] is job:
-                            del self._waiting[i]
-                            break
-            raise
+                if closed:
+                    raise
+                self._coming -= 1
+                if covered:  # one more was only to be faster: the threads counted take it
+                    return
+                for i, queued in enumerate(self._waiting):
+                    if queued is entry:  # not taken yet: not queued, the submitter told
+                        del self._waiting[i]
+                        raise
+            # taken meanwhile by a thread whose job returned: it runs
 
     @contextlib.contextmanager
     def hand_over(self) -> Iterator[None]:
@@ -215,8 +225,11 @@ class ThreadPool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for handoff in idle:
-            handoff.put(False)
+            needed = min(len(idle), len(self._waiting) - self._coming)  # the jobs waiting still get their threads
+            if needed > 0:
+                self._coming += needed
+        for i, handoff in enumerate(idle):
+            handoff.put(i < needed)
 
     def _serve(self, first: _Handoff | None) -> None:
         """A pooled thread: ``first`` (a job of a closed pool), else the waiting jobs, one
@@ -238,10 +251,13 @@ class ThreadPool:
                         coming = handoff.get(timeout=self.idle_s)
                     except queue.Empty:
                         with self._lock:
-                            if handoff in self._idle:  # still idle: end
+                            still_idle = handoff in self._idle
+                            if still_idle:  # end, unless counted on for a waiting job: then it comes for it
                                 self._idle.remove(handoff)
-                                return
-                        coming = handoff.get()  # woken just now
+                                if len(self._waiting) <= self._coming + len(self._idle):
+                                    return
+                                self._coming += 1
+                        coming = True if still_idle else handoff.get()  # else woken just now
                     if not coming:
                         return
                     continue
@@ -266,13 +282,13 @@ class ThreadPool:
             if self._waiting:
                 taken = self._waiting.popleft()
                 if coming:
-                    if self._waiting:  # the next thread comes for them before this one runs a job
+                    if len(self._waiting) >= self._coming:  # the next thread comes for them before this one runs a job
                         self._woken_at = time.monotonic()
                         wake = self._idle.pop() if self._idle else None
-                        if wake is None:
+                        if wake is None:  # none idle, as submit counted on (the pool closed meanwhile)
                             start = True
                             self.threads_started += 1
-                    else:
+                    else:  # the others on their way take them
                         self._coming -= 1
             else:
                 taken = None

@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import os
@@ -442,22 +443,28 @@ class WorkerPool(WarmWorkers):
         opened = OpenCall(worker, request, sending.tool_bytes, deadline, sending)
         waiter, sending.waiter = sending.waiter, None  # held once: a call sent again goes to the reader
         with opened.guard:  # a finish (its worker's end seen meanwhile) waits for the write
-            held = sending.here or (waiter is not None and waiter.hold(self._replies, opened))
+            writing = False
             try:
-                if not held:
-                    self._replies.add(opened)
-            except RuntimeError as exc:
-                self._release(worker, False)
-                return (self._failure(call, "pool_stopped") if self._stopped else
-                        self._failure(call, "no_worker", problem=f"its reply could not be waited for ({exc})"))
-            sending.opened = True
-            if not has_tool:
-                with self._lock:
-                    self._counts["shipped"] += 1
-            try:
-                rest: memoryview | None = worker.channel.write_some(worker.channel.frame(wire.CALL, body))
-            except EOFError:  # it died idle: the reader sees its end, and the call goes to another worker
-                rest = None
+                held = sending.here or (waiter is not None and waiter.hold(self._replies, opened))
+                try:
+                    if not held:
+                        self._replies.add(opened)
+                except RuntimeError as exc:
+                    self._release(worker, False)
+                    return (self._failure(call, "pool_stopped") if self._stopped else
+                            self._failure(call, "no_worker", problem=f"its reply could not be waited for ({exc})"))
+                sending.opened = True
+                if not has_tool:
+                    with self._lock:
+                        self._counts["shipped"] += 1
+                writing = True
+                try:
+                    rest: memoryview | None = worker.channel.write_some(worker.channel.frame(wire.CALL, body))
+                except EOFError:  # it died idle: the reader sees its end, and the call goes to another worker
+                    rest = None
+            except BaseException:
+                self._interrupted(sending, opened, waiter, writing)
+                raise
             if rest and held:
                 opened.out = rest
             elif rest:
@@ -468,6 +475,20 @@ class WorkerPool(WarmWorkers):
         if sending.here:
             self._replies.serve_here(opened)
         return None
+
+    def _interrupted(self, sending: _Sending, opened: OpenCall, waiter: Waiter | None, writing: bool) -> None:
+        """The thread writing ``opened`` was interrupted (a signal handler raising) once its
+        reader (the pool's, or ``waiter``) had it: ``writing``, its frame maybe half
+        written, its worker is killed and its reader answers it; else it is taken back
+        (:meth:`try_start` answers it, its worker given back), unless its outcome was
+        taken already (its worker ended meanwhile)."""
+        if writing:
+            with contextlib.suppress(OSError):
+                opened.worker.kill()
+            return
+        if waiter is not None:
+            waiter.drop(opened)
+        sending.opened = not self._replies.withdraw(opened)
 
     def _finish(self, opened: OpenCall, outcome: Outcome, payload: Any) -> None:
         """An open call's outcome, from the reader (or the thread it handed it to): the

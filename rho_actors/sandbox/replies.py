@@ -149,6 +149,11 @@ class Waiter:
             return False
         return replies.serve_here(call, until)
 
+    def drop(self, call: OpenCall) -> None:
+        """``call``, if held, is not (its writer was interrupted before it wrote it)."""
+        if self._call is call:
+            self._call = self._replies = None
+
     def hand_over(self) -> None:
         """The thread will not wait (it raised): the held call, if any, goes to the pool's
         reader. Closes the waiter."""
@@ -218,6 +223,16 @@ class Replies:
                     raise
             elif earlier:  # the reader sleeps past it: it looks again now
                 self._wake_locked()
+
+    def withdraw(self, call: OpenCall) -> bool:
+        """Wait no more for ``call`` (added, or not, and not written: its writer was
+        interrupted); whether that was so, ``False`` when its outcome was taken already
+        (its worker ended meanwhile): the call is then finished as usual."""
+        with self._lock:
+            if call.ending:
+                return False
+            self._remove_locked(call)
+            return True
 
     def serve_here(self, call: OpenCall, until: float = math.inf) -> bool:
         """Wait for ``call``'s outcome in this thread, then finish it: for a thread that
