@@ -654,6 +654,22 @@ class Planned:
     arguments_json: str
 
 
+def register_bfcl(system: ActorSystem, bfcl: ModuleType, functions: Mapping[str, Any]) -> None:
+    """Register BFCL's backend ``functions`` on ``system``, each tool's origin its class and name."""
+    for tool_ in bfcl.make_tools(functions):
+        system.register(tool_, origin=f"bfcl {tool_.function.class_name}.{tool_.function.name}")
+
+
+def planned_sessions(bfcl: ModuleType, sessions: int | None,
+                     functions: Mapping[str, Any]) -> tuple[list[Any], list[list[list[Planned]]], list[Any]]:
+    """BFCL base's first ``sessions`` entries (``None``: all), each one's turns of planned
+    calls and each turn's withheld names (:func:`planned_withheld`)."""
+    entries = bfcl.load_entries("base", sessions)
+    plans = [plan_entry(bfcl, e, functions) for e in entries]
+    withheld = [planned_withheld(bfcl, e, len(p), functions) for e, p in zip(entries, plans, strict=True)]
+    return entries, plans, withheld
+
+
 def plan_entry(bfcl: ModuleType, entry: Any, functions: Mapping[str, Any]) -> list[list[Planned]]:
     """Each ground-truth turn's calls, parsed and bound once, outside the timings."""
     instances = bfcl.build_instances(entry)
@@ -723,8 +739,7 @@ def time_bfcl_runs(
     walls: dict[str, list[float]] = {"rho": [], "langgraph": [], "direct": []}
     cpus: dict[str, list[float]] = {"rho": [], "langgraph": [], "direct": []}
     with ActorSystem(data_dir=data_dir) as system:
-        for tool_ in bfcl.make_tools(functions):
-            system.register(tool_, origin=f"bfcl {tool_.function.class_name}.{tool_.function.name}")
+        register_bfcl(system, bfcl, functions)
         for run in range(plan.bfcl_runs + 1):  # run 0 warms up and checks every result
             check = run == 0
             paths: dict[str, Callable[[], object]] = {
@@ -745,14 +760,12 @@ def bench_bfcl(plan: Plan, data_dir: Path) -> dict[str, Any]:
 
     try:
         bfcl = bfcl_module()
-        entries = bfcl.load_entries("base", plan.bfcl_limit)
         functions = bfcl.load_functions()
+        # each turn's withheld names, sorted, or None where they do not change: the data set's
+        # answer, worked out once outside the timings as the calls are
+        entries, plans, withheld_plans = planned_sessions(bfcl, plan.bfcl_limit, functions)
     except Exception as exc:  # BfclUnavailableError, or bfcl_eval missing
         return {"skipped": True, "reason": f"BFCL is unavailable ({exc})"}
-    plans = [plan_entry(bfcl, e, functions) for e in entries]
-    # each turn's withheld names, sorted, or None where they do not change: the data set's
-    # answer, worked out once outside the timings as the calls are
-    withheld_plans = [planned_withheld(bfcl, e, len(p), functions) for e, p in zip(entries, plans, strict=True)]
     calls = sum(len(t) for p in plans for t in p)
     node = langgraph_bfcl_node(bfcl, functions)
     mismatches = {"rho": 0, "langgraph": 0}

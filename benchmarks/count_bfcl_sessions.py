@@ -39,13 +39,10 @@ def instrument(on: bool) -> None:
 def main(sessions: int, mode: str) -> None:
     turns_kept = MODES[mode]
     bfcl = bench_peers.bfcl_module()
-    entries = bfcl.load_entries("base", None)[:sessions]
     functions = bfcl.load_functions()
-    plans = [bench_peers.plan_entry(bfcl, e, functions) for e in entries]
-    withheld = [bench_peers.planned_withheld(bfcl, e, len(p), functions) for e, p in zip(entries, plans, strict=True)]
+    entries, plans, withheld = bench_peers.planned_sessions(bfcl, sessions, functions)
     with tempfile.TemporaryDirectory() as data, ActorSystem(data_dir=Path(data)) as system:
-        for tool_ in bfcl.make_tools(functions):
-            system.register(tool_, origin=f"bfcl {tool_.function.class_name}.{tool_.function.name}")
+        bench_peers.register_bfcl(system, bfcl, functions)
 
         def once() -> None:
             for entry, turns, names in zip(entries, plans, withheld, strict=True):
