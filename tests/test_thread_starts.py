@@ -6,6 +6,7 @@ not counted, and a shutdown at the limit ends every idle loop."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import subprocess
@@ -344,6 +345,17 @@ def test_a_kill_of_a_waking_actor_with_no_thread_ends_it_with_its_reason() -> No
 _PIDS = Path("/sys/fs/cgroup/pids")
 
 
+def _removed(cgroup: Path) -> bool:
+    """Whether ``cgroup`` is gone, removing it if it can be (once a host's last child, its
+    fork server, has left it)."""
+    with contextlib.suppress(FileNotFoundError):
+        try:
+            cgroup.rmdir()
+        except OSError:
+            return False
+    return True
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not (_PIDS / "cgroup.procs").exists(),
                     reason="a real thread limit needs root and the cgroup v1 pids controller")
 @pytest.mark.parametrize("isolation", ["thread", "process"])
@@ -367,15 +379,7 @@ def test_a_deadline_met_at_the_thread_limit_still_answers_its_call(tmp_path: Pat
         assert host.stdout.splitlines()[-1:] == ['{"call_id": "c1", "error_kind": "timeout"}'], (
             host.stdout, host.stderr[-3000:])
     finally:
-        def removed() -> bool:  # once the host's last child (its fork server) has left it
-            with contextlib.suppress(FileNotFoundError):
-                try:
-                    cgroup.rmdir()
-                except OSError:
-                    return False
-            return True
-
-        assert wait_for(removed)
+        assert wait_for(functools.partial(_removed, cgroup))
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not (_PIDS / "cgroup.procs").exists(),
@@ -400,12 +404,4 @@ def test_a_job_queued_for_a_thread_that_cannot_be_started_is_never_left_waiting(
                                                                              os.environ.get("PYTHONPATH")]))})
         assert host.stdout.splitlines()[-1:] in (["raised"], ["ran"]), (host.stdout, host.stderr[-3000:])
     finally:
-        def removed() -> bool:
-            with contextlib.suppress(FileNotFoundError):
-                try:
-                    cgroup.rmdir()
-                except OSError:
-                    return False
-            return True
-
-        assert wait_for(removed)
+        assert wait_for(functools.partial(_removed, cgroup))
