@@ -84,12 +84,24 @@ class Hangs:
 BadName = make_tool("bad name!", "never", description="A name with a space.")
 
 
+def _reading_within(tmp_path: Path, timeout_s: float) -> ActorSystem:
+    reads = UntrustedReads(timeout_s=timeout_s, retry_s=(0.05, 0.1))
+    return ActorSystem(data_dir=tmp_path, untrusted=reads, shutdown_ms=2_000, warm_workers=1)
+
+
 @pytest.fixture
 def system(tmp_path: Path) -> Any:
-    # a read the machine's load slows down stays within it; one that hangs (slow_once) is cut
-    # at it, three times within WAIT_S
-    reads = UntrustedReads(timeout_s=min(slack(2.0), WAIT_S / 4), retry_s=(0.05, 0.1))
-    with ActorSystem(data_dir=tmp_path, untrusted=reads, shutdown_ms=2_000, warm_workers=1) as sys_:
+    # a read is cut only at a hang: a load of 20 and more (a fork server starting, a module
+    # imported by value) took one past a load-scaled bound
+    with _reading_within(tmp_path, WAIT_S) as sys_:
+        yield sys_
+
+
+@pytest.fixture
+def cutting(tmp_path: Path) -> Any:
+    # a read that hangs (slow_once's first) is cut at this bound, three times within WAIT_S;
+    # a read the machine's load slows down stays within it
+    with _reading_within(tmp_path, min(slack(2.0), WAIT_S / 4)) as sys_:
         yield sys_
 
 
@@ -139,11 +151,11 @@ def test_a_read_that_runs_over_is_retried_then_excluded(tmp_path: Path) -> None:
         assert declaration(untrusted(Hangs)) is None
 
 
-def test_a_retry_that_succeeds_offers_the_tool(system: ActorSystem, flag: Path) -> None:
-    registration = system.register(slow_once(flag), untrusted=True)
+def test_a_retry_that_succeeds_offers_the_tool(cutting: ActorSystem, flag: Path) -> None:
+    registration = cutting.register(slow_once(flag), untrusted=True)
     assert registration.info is None
     flag.touch()
-    loop = system.start_loop()
+    loop = cutting.start_loop()
     assert wait_for(lambda: [i.name for i in loop.offered()] == ["slow_once"], timeout_s=WAIT_S)
     assert loop.run_turn([ToolCall("s", "slow_once", "{}")])[0].content == "ran"
 
@@ -278,18 +290,18 @@ def test_a_read_in_flight_survives_a_restart_of_the_system_actors(system: ActorS
     assert [i.name for i in system.tools()] == ["slow_name"]
 
 
-def test_a_retry_survives_a_restart_of_the_declaration_actor(system: ActorSystem, flag: Path) -> None:
+def test_a_retry_survives_a_restart_of_the_declaration_actor(cutting: ActorSystem, flag: Path) -> None:
     from rho_actors import kill
 
     events: list[DeclarationEvent] = []
-    system.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
-    assert system.register(slow_once(flag), untrusted=True).info is None  # timed out: a retry is scheduled
-    old = system.whereis("declarations")
+    cutting.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
+    assert cutting.register(slow_once(flag), untrusted=True).info is None  # timed out: a retry is scheduled
+    old = cutting.whereis("declarations")
     assert old is not None
     kill(old)
-    assert wait_for(lambda: system.whereis("declarations") not in (None, old))
+    assert wait_for(lambda: cutting.whereis("declarations") not in (None, old))
     flag.touch()
-    assert wait_for(lambda: [i.name for i in system.tools()] == ["slow_once"], timeout_s=WAIT_S)
+    assert wait_for(lambda: [i.name for i in cutting.tools()] == ["slow_once"], timeout_s=WAIT_S)
 
 
 class HangsAndTells:
