@@ -399,7 +399,7 @@ def test_a_job_queued_for_a_thread_that_cannot_be_started_is_never_left_waiting(
 
         host = subprocess.run(
             [sys.executable, str(Path(__file__).parent / "thread_limit_pool.py"), str(cgroup)],
-            check=False, preexec_fn=enter, capture_output=True, text=True, timeout=WAIT_S,
+            check=False, preexec_fn=enter, capture_output=True, text=True, timeout=1.5 * WAIT_S,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent),
                                                                              os.environ.get("PYTHONPATH")]))})
         assert host.stdout.splitlines()[-1:] in (["raised"], ["ran"]), (host.stdout, host.stderr[-3000:])
