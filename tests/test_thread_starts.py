@@ -347,9 +347,13 @@ _PIDS = Path("/sys/fs/cgroup/pids")
 
 def _removed(cgroup: Path) -> bool:
     """Whether ``cgroup`` is gone, removing it if it can be (once a host's last child, its
-    fork server, has left it)."""
+    fork server, has left it), with the cgroups of the host's workers made inside it: a
+    host whose stop gave up at its ``shutdown_ms`` (a loaded machine) left its last
+    worker's for a later start's sweep, which only looks beside that start's own cgroup."""
     with contextlib.suppress(FileNotFoundError):
         try:
+            for inner in cgroup.glob("rho-actors-*"):  # once its worker, killed, has left it
+                inner.rmdir()
             cgroup.rmdir()
         except OSError:
             return False
