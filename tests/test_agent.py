@@ -158,7 +158,8 @@ def test_a_multi_step_conversation(loop: Any) -> None:
     assert third[5][:2] == ("c6", True) and "timeout of 150 ms" in third[5][2]
     assert third[6][:2] == ("c7", True) and "invalid arguments" in third[6][2]
     assert model.requests[2][0][-1].tool_call_id == "c7"  # results in the model's order
-    assert runs == {"add": 2, "fail": 1, "note": 1, "slow": 1}
+    # slow's thread may begin only after its deadline answered it (a loaded machine): it runs all the same, once
+    assert wait_for(lambda: runs == {"add": 2, "fail": 1, "note": 1, "slow": 1}), runs
 
     records = transcript_of(loop)
     assert steps_of(records) == [("user", 1), ("reply", 1)] + [("result", 1)] * 4 + [("reply", 2)] + [

@@ -111,7 +111,9 @@ def test_a_session_s_hung_thread_calls_leave_the_tool_available_to_other_session
     assert stats["abandoned_threads_caps"] == {"per_tool": 2, "per_session": 16, "total": 64}
     GATE.set()
     assert wait_for(lambda: system.stats()["abandoned_threads_running"] == 0)
-    assert one.run_turn([ToolCall("c", "hang", "{}")])[0].ok  # its threads ended: offered again
+    again = one.run_turn([ToolCall("c", "hang", "{}")])[0]  # its threads ended: offered again
+    # it ran: ok, or past its 100 ms when its thread began late (a loaded machine), never refused
+    assert again.ok or again.error_kind is ErrorKind.TIMEOUT, again.content
 
 
 def test_a_declared_timeout_above_the_system_bound_is_cut_to_it_and_said(tmp_path: Path, logs: list[str]) -> None:

@@ -43,7 +43,9 @@ from tests.wire_server import (
     tool_use_block,
 )
 
-FAST = RetryPolicy(attempts=3, initial_s=0.01, max_wait_s=0.2, jitter_s=0.01, total_s=5.0)
+# three quick attempts; their total bound only a hang reaches (the attempts-count tests failed at a load of 28,
+# 5 s passing before the third)
+FAST = RetryPolicy(attempts=3, initial_s=0.01, max_wait_s=0.2, jitter_s=0.01, total_s=WAIT_S)
 
 
 def fast_within(timeout_s: float) -> RetryPolicy:

@@ -38,10 +38,10 @@ Echo: Any = make_tool(
     timeout_ms=ECHO_MS,
 )
 
-# Computes a huge power in C: only another process can keep a deadline against it.
-HoldsTheGil = make_tool(
-    "gil", lambda args, ctx: str(10 ** (10**7) > 0), description="Hold the GIL for seconds.", timeout_ms=300
-)
+def holds_the_gil(deadline_ms: int) -> Any:
+    """Computes a huge power in C (about 7 s): only another process can keep a deadline against it."""
+    return make_tool("gil", lambda args, ctx: str(10 ** (10**7) > 0), description="Hold the GIL for seconds.",
+                     timeout_ms=deadline_ms)
 
 
 def slow_once(flag: Path) -> type:
@@ -84,12 +84,24 @@ class Hangs:
 BadName = make_tool("bad name!", "never", description="A name with a space.")
 
 
+def _reading_within(tmp_path: Path, timeout_s: float) -> ActorSystem:
+    reads = UntrustedReads(timeout_s=timeout_s, retry_s=(0.05, 0.1))
+    return ActorSystem(data_dir=tmp_path, untrusted=reads, shutdown_ms=2_000, warm_workers=1)
+
+
 @pytest.fixture
 def system(tmp_path: Path) -> Any:
-    # a read the machine's load slows down stays within it; one that hangs (slow_once) is cut
-    # at it, three times within WAIT_S
-    reads = UntrustedReads(timeout_s=min(slack(2.0), WAIT_S / 4), retry_s=(0.05, 0.1))
-    with ActorSystem(data_dir=tmp_path, untrusted=reads, shutdown_ms=2_000, warm_workers=1) as sys_:
+    # a read is cut only at a hang: a load of 20 and more (a fork server starting, a module
+    # imported by value) took one past a load-scaled bound
+    with _reading_within(tmp_path, WAIT_S) as sys_:
+        yield sys_
+
+
+@pytest.fixture
+def cutting(tmp_path: Path) -> Any:
+    # a read that hangs (slow_once's first) is cut at this bound, three times within WAIT_S;
+    # a read the machine's load slows down stays within it
+    with _reading_within(tmp_path, min(slack(2.0), WAIT_S / 4)) as sys_:
         yield sys_
 
 
@@ -103,12 +115,20 @@ def test_an_untrusted_tool_is_read_and_run_in_other_processes(system: ActorSyste
 
 
 def test_a_process_call_times_out_on_time_even_holding_the_gil(system: ActorSystem) -> None:
-    system.register(HoldsTheGil, untrusted=True)
-    started = time.monotonic()
-    [result] = system.start_loop().run_turn([ToolCall("g", "gil", "{}")])
-    elapsed = time.monotonic() - started
-    assert result.error_kind is ErrorKind.TIMEOUT and "worker process was killed" in result.content
-    assert elapsed < 1 + slack(2.0)  # the C call alone takes ~7 s
+    loop = system.start_loop()
+    # a loaded machine may pass 300 ms before the call reaches its worker ("it did not start", no worker
+    # killed): then again with a longer deadline, still far within the C call's
+    for deadline_ms in (300, 1_200, 4_800):
+        system.register(holds_the_gil(deadline_ms), untrusted=True)
+        started = time.monotonic()
+        [result] = loop.run_turn([ToolCall(f"g{deadline_ms}", "gil", "{}")])
+        elapsed = time.monotonic() - started
+        assert result.error_kind is ErrorKind.TIMEOUT, result
+        assert elapsed < deadline_ms / 1000 + 0.7 + slack(2.0)  # the C call alone takes ~7 s
+        if "it did not start" not in result.content:
+            break
+        system.unregister("gil")
+    assert "worker process was killed" in result.content, result
     assert wait_for(lambda: system.stats()["untrusted_workers_killed"] == 1)
     assert system.stats()["abandoned_threads_total"] == 0  # nothing abandoned: the worker died instead
 
@@ -139,11 +159,11 @@ def test_a_read_that_runs_over_is_retried_then_excluded(tmp_path: Path) -> None:
         assert declaration(untrusted(Hangs)) is None
 
 
-def test_a_retry_that_succeeds_offers_the_tool(system: ActorSystem, flag: Path) -> None:
-    registration = system.register(slow_once(flag), untrusted=True)
+def test_a_retry_that_succeeds_offers_the_tool(cutting: ActorSystem, flag: Path) -> None:
+    registration = cutting.register(slow_once(flag), untrusted=True)
     assert registration.info is None
     flag.touch()
-    loop = system.start_loop()
+    loop = cutting.start_loop()
     assert wait_for(lambda: [i.name for i in loop.offered()] == ["slow_once"], timeout_s=WAIT_S)
     assert loop.run_turn([ToolCall("s", "slow_once", "{}")])[0].content == "ran"
 
@@ -278,18 +298,18 @@ def test_a_read_in_flight_survives_a_restart_of_the_system_actors(system: ActorS
     assert [i.name for i in system.tools()] == ["slow_name"]
 
 
-def test_a_retry_survives_a_restart_of_the_declaration_actor(system: ActorSystem, flag: Path) -> None:
+def test_a_retry_survives_a_restart_of_the_declaration_actor(cutting: ActorSystem, flag: Path) -> None:
     from rho_actors import kill
 
     events: list[DeclarationEvent] = []
-    system.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
-    assert system.register(slow_once(flag), untrusted=True).info is None  # timed out: a retry is scheduled
-    old = system.whereis("declarations")
+    cutting.subscribe(lambda e: events.append(e) if isinstance(e, DeclarationEvent) else None)
+    assert cutting.register(slow_once(flag), untrusted=True).info is None  # timed out: a retry is scheduled
+    old = cutting.whereis("declarations")
     assert old is not None
     kill(old)
-    assert wait_for(lambda: system.whereis("declarations") not in (None, old))
+    assert wait_for(lambda: cutting.whereis("declarations") not in (None, old))
     flag.touch()
-    assert wait_for(lambda: [i.name for i in system.tools()] == ["slow_once"], timeout_s=WAIT_S)
+    assert wait_for(lambda: [i.name for i in cutting.tools()] == ["slow_once"], timeout_s=WAIT_S)
 
 
 class HangsAndTells:

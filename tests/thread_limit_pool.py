@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rho_actors.otp import threads
 from rho_actors.otp.threads import ThreadPool
+from tests.conftest import WAIT_S
 
 
 def main() -> None:
@@ -22,13 +23,13 @@ def main() -> None:
     pool = ThreadPool()
     warm = threading.Event()
     pool.submit(warm.set, "warm")
-    until = time.monotonic() + 30
+    until = time.monotonic() + WAIT_S
     while pool.idle() != 1 and time.monotonic() < until:  # the warm job's thread idle again
         time.sleep(0.001)
     second_ran, first_done = threading.Event(), threading.Event()
 
     def first() -> None:
-        second_ran.wait(30)
+        second_ran.wait(WAIT_S)
         first_done.set()
 
     limit = (cgroup / "pids.max").read_text()
@@ -40,11 +41,11 @@ def main() -> None:
         except RuntimeError:
             outcome = "raised"
         else:
-            outcome = "ran" if second_ran.wait(5) else "LOST"
+            outcome = "ran" if second_ran.wait(WAIT_S) else "LOST"  # a started thread runs it, late when loaded
     finally:
         (cgroup / "pids.max").write_text(limit)
     second_ran.set()  # the first job ends either way
-    first_done.wait(30)
+    first_done.wait(WAIT_S)
     print(outcome, flush=True)
 
 
