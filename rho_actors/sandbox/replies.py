@@ -83,7 +83,7 @@ class OpenCall:
         self.mask = _IN  # what its pipe is polled for
         self.sent = False
         self.asked = self.greeted = False
-        self.ending = False  # its outcome is taken (by the reader only)
+        self.ending = False  # its outcome is taken (set under the reader's lock, or by the thread that serves it)
         self.sealed = False
         self.guard = threading.Lock()
 
@@ -429,11 +429,13 @@ class Replies:
             if call is None or call.ending:
                 continue
             served = self._serve(call, fd, mask)
-            if served is not None:
-                call.ending = True
-                taken.append((call, *served))
-            elif call.mask != (_IN_OUT if call.out else _IN):  # a frame to write now, or no more
-                with self._lock:
+            with self._lock:  # as withdraw() looks: the call is the reader's or its writer's, never both
+                if call not in self._open:  # taken back meanwhile (its writer was interrupted): not ours
+                    continue
+                if served is not None:
+                    call.ending = True
+                    taken.append((call, *served))
+                elif call.mask != (_IN_OUT if call.out else _IN):  # a frame to write now, or no more
                     call.mask = _IN_OUT if call.out else _IN
                     self._epoll.modify(call.fd, call.mask)
         return taken

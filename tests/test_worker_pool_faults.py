@@ -1,0 +1,138 @@
+"""A worker pool's call path when a worker dies, a caller's thread is interrupted, a
+cancel token outlives its calls, or a tool leaves something writing to its reply pipe
+(DESIGN §5 "A call's path"): every call id still gets exactly one result, no worker is
+lost for good, and no call is damaged by what another call left behind.
+
+Each race is forced, not hoped for: a hook pauses a thread at the point the race needs
+(synchronised with events), a worker is killed with a real ``SIGKILL``, an interrupt is
+the ``KeyboardInterrupt`` a signal handler raises there. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from rho_actors.cancel import CancelToken
+from rho_actors.function_tool import tool
+from rho_actors.sandbox import WorkerCall, WorkerPool
+from rho_actors.sandbox.replies import OpenCall, Replies
+from rho_actors.tool import ToolResult
+
+from .conftest import WAIT_S
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@tool
+def echo(text: str) -> str:
+    """Return ``text``."""
+    return text
+
+
+def a_call(args: Mapping[str, Any], call_id: str, session: str = "s1", cancel: CancelToken | None = None,
+           the_tool: Any = echo) -> WorkerCall:
+    return WorkerCall.of(the_tool, dict(args), {"session_id": session, "call_id": call_id},
+                         time.monotonic() + WAIT_S, 10_000, cancel=cancel)
+
+
+class Results:
+    """Every result each call id got (a second one is kept too, to be seen)."""
+
+    def __init__(self) -> None:
+        self.got: dict[str, list[ToolResult]] = {}
+        self.arrived = threading.Condition()
+
+    def done(self, call_id: str) -> Any:
+        def give(result: ToolResult) -> None:
+            with self.arrived:
+                self.got.setdefault(call_id, []).append(result)
+                self.arrived.notify_all()
+        return give
+
+    def wait(self, call_id: str, count: int = 1) -> list[ToolResult]:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.got.get(call_id, ())) >= count, WAIT_S), \
+                f"no result for {call_id}"
+            return list(self.got[call_id])
+
+
+@pytest.fixture
+def pool() -> Iterator[WorkerPool]:
+    p = WorkerPool(warm=1, codec="pickle")
+    try:
+        assert p.wait_warm(WAIT_S)
+        yield p
+    finally:
+        p.stop()
+
+
+def _wait_ended(sentinel: int | None) -> None:
+    assert sentinel is not None
+    assert select.select([sentinel], [], [], WAIT_S)[0], "the killed worker did not end"
+
+
+# --- 1. a call taken back while its worker's end is being read ---------------------------------
+
+
+def test_a_call_taken_back_as_its_worker_dies_gets_exactly_one_result(
+        pool: WorkerPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's thread is interrupted once the reader has the call, before any byte
+    of it is written, so the call is taken back (answered by its caller); at that very
+    moment its worker is killed (kill -9) and the reader reads the worker's end. The
+    reader and the take-back both want the call: exactly one of them may have it."""
+    add, serve, outcomes = Replies.add, Replies._serve, Replies._outcomes
+    in_serve, go, round_over = threading.Event(), threading.Event(), threading.Event()
+    target: list[OpenCall] = []
+    took: list[OpenCall] = []
+
+    def adding(self: Replies, call: OpenCall) -> None:
+        if target:
+            return add(self, call)
+        target.append(call)
+        os.kill(call.worker.pid, signal.SIGKILL)
+        _wait_ended(call.sentinel)
+        add(self, call)
+        assert in_serve.wait(WAIT_S), "the reader never read the worker's end"
+        raise KeyboardInterrupt  # what a signal handler raises in the caller's thread here
+
+    def serving(self: Replies, call: OpenCall, fd: int, mask: int) -> Any:
+        if target and call is target[0] and not in_serve.is_set():
+            in_serve.set()  # past the reader's look at whether the call is still its own
+            assert go.wait(WAIT_S)
+        return serve(self, call, fd, mask)
+
+    def taking(self: Replies, events: list[tuple[int, int]]) -> Any:
+        taken = outcomes(self, events)
+        if in_serve.is_set() and not round_over.is_set():
+            took.extend(call for call, _, _ in taken)
+            round_over.set()
+        return taken
+
+    monkeypatch.setattr(Replies, "add", adding)
+    monkeypatch.setattr(Replies, "_serve", serving)
+    monkeypatch.setattr(Replies, "_outcomes", taking)
+    results = Results()
+    with pytest.raises(KeyboardInterrupt):
+        pool.try_start(a_call({"text": "once"}, "c1"), results.done("c1"))
+    go.set()
+    assert round_over.wait(WAIT_S)
+    first = results.wait("c1")
+    if took:  # the reader had it too: it finishes it (sends it again), a second result
+        results.wait("c1", 2)
+    assert len(results.got["c1"]) == 1, [r.content for r in results.got["c1"]]
+    assert first[0].call_id == "c1"
+    monkeypatch.undo()
+    assert pool.run_call(a_call({"text": "after"}, "c2")).content == "after"
+
