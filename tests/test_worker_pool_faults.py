@@ -28,7 +28,7 @@ from rho_actors.sandbox import WorkerCall, WorkerPool
 from rho_actors.sandbox.replies import OpenCall, Replies
 from rho_actors.tool import ToolResult
 
-from .conftest import WAIT_S
+from .conftest import WAIT_S, wait_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -136,3 +136,61 @@ def test_a_call_taken_back_as_its_worker_dies_gets_exactly_one_result(
     monkeypatch.undo()
     assert pool.run_call(a_call({"text": "after"}, "c2")).content == "after"
 
+
+# --- 4. a cancel token that outlives its calls -------------------------------------------------
+
+
+@tool
+def nap_then(marker: str, seconds: float) -> str:
+    """Write this process's pid to ``marker``, then sleep ``seconds``."""
+    from pathlib import Path
+
+    Path(marker).write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return "woke"
+
+
+def _waiting(token: CancelToken) -> int:
+    """The callbacks ``token`` keeps until it is set."""
+    return len(token._inline) + len(token._callbacks)
+
+
+def test_a_long_lived_cancel_token_keeps_no_callback_of_a_call_that_ended(tmp_path: Any) -> None:
+    """A session's token, given to a thousand calls one after another (each path: a
+    blocking call, a call started from its caller's thread, a call that waits its turn
+    under a cap), holds no callback of any ended call; cancelled afterwards, it cancels
+    only the call that runs then."""
+    from rho_actors.sandbox import WorkerSlots
+
+    token = CancelToken()
+    p = WorkerPool(warm=1, codec="pickle", slots=WorkerSlots(2))
+    try:
+        assert p.wait_warm(WAIT_S)
+        results = Results()
+        for n in range(1000):
+            call = a_call({"text": str(n)}, f"c{n}", cancel=token)
+            if n % 3 == 0:
+                assert p.run_call(call).content == str(n)
+            elif n % 3 == 1:
+                if not p.try_start(call, results.done(call.call_id)):
+                    p.start(call, results.done(call.call_id))
+                assert results.wait(call.call_id)[0].content == str(n)
+            else:
+                p.start(call, results.done(call.call_id))
+                assert results.wait(call.call_id)[0].content == str(n)
+            assert _waiting(token) <= 1, f"{_waiting(token)} callbacks kept after {n + 1} calls"
+        assert wait_for(lambda: _waiting(token) == 0)
+        marker = tmp_path / "pid"
+        running = threading.Thread(target=lambda: results.done("last")(p.run_call(
+            a_call({"marker": str(marker), "seconds": 60}, "last", cancel=token, the_tool=nap_then))))
+        running.start()
+        assert wait_for(marker.exists)
+        assert _waiting(token) == 1  # the running call's, and only it
+        killed = p.stats()["killed"]
+        token.cancel("stopping")
+        [last] = results.wait("last")
+        running.join(WAIT_S)
+        assert last.error_kind is not None and "cancel" in last.content, last
+        assert p.stats()["killed"] == killed + 1
+    finally:
+        p.stop()

@@ -355,11 +355,18 @@ class WorkerPool(WarmWorkers):
             return failed("unshippable", problem=str(exc))
         request = wire.call_request(digest, call)
         session = call.ctx.get("session_id")
-        if cancel is not None and self._slots is not None:
-            cancel.add_inline_callback(self._slots.poke)  # a call waiting its turn stops waiting
-        if self._slots is not None and not self._slots.enter(
-            session, start_by, (lambda: cancel.cancelled) if cancel is not None else None
-        ):
+        entered = True
+        if self._slots is not None:
+            poke = self._slots.poke  # one bound method: the very object remove_callback looks for
+            if cancel is not None:
+                cancel.add_inline_callback(poke)  # a call waiting its turn stops waiting
+            try:
+                entered = self._slots.enter(session, start_by,
+                                            (lambda: cancel.cancelled) if cancel is not None else None)
+            finally:  # its wait is over: a token that outlives the call keeps nothing of it
+                if cancel is not None:
+                    cancel.remove_callback(poke)
+        if not entered and self._slots is not None:
             if cancel is not None and cancel.cancelled:
                 return failed("cancelled", reason=cancel.reason)
             held = self._slots.shares().get(str(session), 0)
