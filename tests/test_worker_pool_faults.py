@@ -194,3 +194,68 @@ def test_a_long_lived_cancel_token_keeps_no_callback_of_a_call_that_ended(tmp_pa
         assert p.stats()["killed"] == killed + 1
     finally:
         p.stop()
+
+
+# --- 2. and 3. an interrupt between a worker's take and its call's hand-over -----------------
+
+
+def _interrupt_once(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, after: bool = True,
+                    skip: int = 0) -> threading.Event:
+    """Make ``cls.name`` raise ``KeyboardInterrupt`` (what a signal handler raises in the
+    caller's thread) once, on its ``skip + 1``-th call, after it ran (``after``) or instead
+    of it; the event is set once it was raised."""
+    original = getattr(cls, name)
+    raised = threading.Event()
+    seen = [0]
+
+    def interrupted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen[0] += 1
+        if raised.is_set() or seen[0] <= skip:
+            return original(self, *args, **kwargs)
+        raised.set()
+        if after:
+            original(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cls, name, interrupted)
+    return raised
+
+
+def _capped_pool(warm: int) -> WorkerPool:
+    """A pool under a cap of one worker: a worker lost for good leaves none."""
+    from rho_actors.sandbox import WorkerSlots
+
+    p = WorkerPool(warm=warm, codec="pickle", slots=WorkerSlots(1))
+    assert warm == 0 or p.wait_warm(WAIT_S)
+    return p
+
+
+@pytest.mark.parametrize("how", ["try_start", "start", "start_new_worker"])
+def test_an_interrupt_after_a_worker_is_marked_busy_gives_it_back_and_answers_the_call(
+        monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """The caller's thread is interrupted right after its call's worker was marked busy
+    (an idle one taken, or a new one started for it) and before the caller holds it: the
+    call gets its one result, the worker is given back, the cap's place too, and the
+    next call runs (under a cap of one worker, none would otherwise)."""
+    from rho_actors.sandbox.warm_workers import WarmWorkers
+
+    p = _capped_pool(0 if how == "start_new_worker" else 1)
+    try:
+        raised = _interrupt_once(monkeypatch, WarmWorkers, "_note_demand_locked")
+        results = Results()
+        call = a_call({"text": "x"}, "c1")
+        with pytest.raises(KeyboardInterrupt):
+            if how == "try_start":
+                p.try_start(call, results.done("c1"))
+            else:
+                p.start(call, results.done("c1"))
+        assert raised.is_set()
+        [result] = results.wait("c1")
+        assert not result.ok and "interrupted" in result.content, result
+        assert p.stats()["busy"] == 0, p.stats()
+        monkeypatch.undo()
+        later = a_call({"text": "after"}, "c2")
+        assert p.run_call(later).content == "after"
+        assert len(results.got["c1"]) == 1
+    finally:
+        p.stop()
