@@ -259,3 +259,41 @@ def test_an_interrupt_after_a_worker_is_marked_busy_gives_it_back_and_answers_th
         assert len(results.got["c1"]) == 1
     finally:
         p.stop()
+
+
+def test_an_interrupt_while_an_undelivered_call_is_sent_again_answers_it_once_and_loses_no_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocking call's worker is killed (kill -9) after it was taken and before it had
+    the call, so the call is sent again, to another worker, from the caller's thread;
+    that thread is interrupted while it takes that other worker. The call gets exactly
+    one result, and neither a worker nor the session's place under the cap is lost."""
+    from rho_actors.sandbox.warm_workers import WarmWorkers
+
+    p = _capped_pool(1)
+    try:
+        take = WarmWorkers._take
+        taken: list[int] = []
+
+        def taking(self: WarmWorkers, *args: Any, **kwargs: Any) -> Any:
+            worker = take(self, *args, **kwargs)
+            if not taken:
+                taken.append(worker.pid)
+                os.kill(worker.pid, signal.SIGKILL)
+                _wait_ended(worker.channel.sentinel)
+            return worker
+
+        monkeypatch.setattr(WarmWorkers, "_take", taking)
+        raised = _interrupt_once(monkeypatch, WarmWorkers, "_take_idle", after=True, skip=1)
+        results = Results()
+        with pytest.raises(KeyboardInterrupt):
+            p.start(a_call({"text": "x"}, "c1"), results.done("c1"), here=True)
+        assert raised.is_set() and taken
+        [result] = results.wait("c1")
+        assert not result.ok and "interrupted" in result.content, result
+        assert p.stats()["busy"] == 0, p.stats()
+        monkeypatch.undo()
+        assert p.run_call(a_call({"text": "after"}, "c2")).content == "after"
+        assert len(results.got["c1"]) == 1
+    finally:
+        p.stop()
+

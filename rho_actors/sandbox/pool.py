@@ -539,10 +539,12 @@ class WorkerPool(WarmWorkers):
                 result = at_deadline(worker, failed, call.timeout_ms, self._heap_bytes, self._lose)
             elif outcome == "ended" and not opened.sent and not worker.killed:
                 self._lose(worker, "died")  # before the call reached it: another worker
-                sending.tries += 1
-                if sending.tries < DELIVERY_ATTEMPTS and not self._stopped:
+                if sending.tries + 1 < DELIVERY_ATTEMPTS and not self._stopped:
+                    sending.opened = False  # no reader has it while it is sent again: _deliver answers an interrupt
+                    sending.tries += 1
                     self._deliver(sending)
                     return
+                sending.tries += 1
                 result = failed("workers_dying")
             elif outcome == "ended":
                 result = died(worker, failed, call.cancel, self._heap_bytes, lambda: self._stopped, self._lose)
@@ -553,14 +555,15 @@ class WorkerPool(WarmWorkers):
             logger.exception("the outcome of call {} could not be taken", call.call_id)
             result = failed("reader_failed", problem=describe_exception(exc))
         except BaseException as exc:  # its thread interrupted (a caller's KeyboardInterrupt): answered, then raised
-            if sending.tries == tries:  # (left open: an interrupt while its redelivery waits for a worker)
+            if sending.tries == tries:
                 if worker in self._busy and worker.idle_since == busy_since:  # not yet released (idle_since anew)
                     self._lose(worker, "killed")
-                self._leave(sending.grant)
-                sending.done(failed("reader_failed", problem=f"its finish was interrupted ({describe_exception(exc)})"))
+                self._answer(sending, failed("reader_failed",
+                                             problem=f"its finish was interrupted ({describe_exception(exc)})"))
+            else:  # while it was sent again: answered by _deliver, or its new reader has it
+                self._abandon(sending, exc)
             raise
-        self._leave(sending.grant)
-        sending.done(result)
+        self._answer(sending, result)
 
     def _replied(self, sending: _Sending, opened: OpenCall, tag: bytes, body: bytes) -> ToolResult:
         """The result the worker sent (``tag``, ``body``), the worker released."""
