@@ -381,3 +381,22 @@ def test_a_program_a_tool_runs_never_holds_its_workers_reply_pipe(pool: WorkerPo
     """The reply pipe is close-on-exec: a program a tool starts (a server kept for later
     calls) can never write into a later call's reply, and its worker serves on."""
     assert pool.run_call(a_call({}, "c1", the_tool=pipe_in_a_program)).content == "not held"
+
+
+def test_an_interrupt_while_a_tool_is_loaded_ahead_loses_no_worker_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``preload`` sends a tool to an idle worker from the caller's thread; interrupted
+    there (the worker off the idle set, its ``LOAD`` maybe half sent), the worker is
+    replaced, not left neither idle nor busy (under a cap of one worker, holding the
+    only place)."""
+    from rho_actors.sandbox.warm_workers import WarmWorkers
+
+    p = _capped_pool(1)
+    try:
+        raised = _interrupt_once(monkeypatch, WarmWorkers, "_load_into", after=False)
+        with pytest.raises(KeyboardInterrupt):
+            p.preload(echo)
+        assert raised.is_set()
+        monkeypatch.undo()
+        assert p.run_call(a_call({"text": "after"}, "c1")).content == "after"
+    finally:
+        p.stop()

@@ -626,6 +626,9 @@ class WarmWorkers:
                     break
             except (DeadlineReached, EOFError, Malformed):
                 self._lose(worker, "died")
+            except BaseException:  # interrupted (preload runs in its caller's thread): its LOAD may be half sent
+                self._lose(worker, "killed")
+                raise
 
     def _load_into(self, worker: WorkerHandle, tries: bool) -> bool:
         """Send ``worker`` (not idle: no call may write to it meanwhile) the tools loaded
