@@ -133,6 +133,8 @@ def test_a_call_taken_back_as_its_worker_dies_gets_exactly_one_result(
         results.wait("c1", 2)
     assert len(results.got["c1"]) == 1, [r.content for r in results.got["c1"]]
     assert first[0].call_id == "c1"
+    stats = pool.stats()
+    assert stats["idle"] <= stats["alive"], stats  # the worker given back once, not twice
     monkeypatch.undo()
     assert pool.run_call(a_call({"text": "after"}, "c2")).content == "after"
 

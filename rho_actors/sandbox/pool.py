@@ -520,7 +520,8 @@ class WorkerPool(WarmWorkers):
         if waiter is not None:
             waiter.drop(opened)
         if self._replies.withdraw(opened):  # back to its caller, which gives the worker back
-            sending.held.append(opened.worker)
+            if opened.worker not in sending.held:  # (still there when interrupted before the reader had it)
+                sending.held.append(opened.worker)
             sending.opened = False
 
     def _finish(self, opened: OpenCall, outcome: Outcome, payload: Any) -> None:
