@@ -91,17 +91,20 @@ class _Sending:
     ``done`` (given its result once), ``here`` (the thread that writes it waits for its
     reply itself), ``waiter`` (the :class:`Waiter` that may hold it: the thread that
     writes it waits for its reply later), ``tries``, the workers that ended before it
-    reached them, and ``opened``: its reader (the pool's, or the thread that waits) has it."""
+    reached them, ``opened``: its reader (the pool's, or the thread that waits) has it,
+    ``held``: the worker taken for it that no reader has yet (given back if the call
+    never reaches it), ``answered``: it has its one result."""
 
-    __slots__ = ("call", "done", "env_key", "grant", "here", "opened", "request", "scope", "tool_bytes", "tries",
-                 "waiter")
+    __slots__ = ("answered", "call", "done", "env_key", "grant", "held", "here", "opened", "request", "scope",
+                 "tool_bytes", "tries", "waiter")
 
     def __init__(self, call: WorkerCall, request: wire.CallRequest, tool_bytes: bytes, scope: Hashable,
                  env_key: tuple[tuple[str, str], ...], grant: Grant, done: Callable[[ToolResult], None],
                  here: bool = False, waiter: Waiter | None = None) -> None:
         self.call, self.request, self.tool_bytes, self.scope = call, request, tool_bytes, scope
         self.env_key, self.grant, self.done, self.here, self.tries = env_key, grant, done, here, 0
-        self.waiter, self.opened = waiter, False
+        self.waiter, self.opened, self.answered = waiter, False, False
+        self.held: list[WorkerHandle] = []
 
 
 class WorkerPool(WarmWorkers):
@@ -309,9 +312,8 @@ class WorkerPool(WarmWorkers):
             return False
         sending = _Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, Grant(session, now),
                            done, waiter=waiter)
-        worker: WorkerHandle | None = None
         try:
-            worker = self._take_idle(scope, env_key)
+            worker = self._take_idle(scope, env_key, sending.held)
             if worker is None or self._open_on(sending, worker) is not None:
                 self._leave(sending.grant)
                 return False
@@ -319,11 +321,7 @@ class WorkerPool(WarmWorkers):
             self._leave(sending.grant)
             return False
         except BaseException as exc:  # this thread interrupted before the call was anyone's: answered, then raised
-            if not sending.opened:
-                if worker is not None and worker in self._busy:
-                    self._release(worker, False)  # nothing of the call was written to it
-                self._leave(sending.grant)
-                done(self._failure(call, "start_interrupted", problem=describe_exception(exc)))
+            self._abandon(sending, exc)
             raise
         return True
 
@@ -355,11 +353,18 @@ class WorkerPool(WarmWorkers):
             return failed("unshippable", problem=str(exc))
         request = wire.call_request(digest, call)
         session = call.ctx.get("session_id")
-        if cancel is not None and self._slots is not None:
-            cancel.add_inline_callback(self._slots.poke)  # a call waiting its turn stops waiting
-        if self._slots is not None and not self._slots.enter(
-            session, start_by, (lambda: cancel.cancelled) if cancel is not None else None
-        ):
+        entered = True
+        if self._slots is not None:
+            poke = self._slots.poke  # one bound method: the very object remove_callback looks for
+            if cancel is not None:
+                cancel.add_inline_callback(poke)  # a call waiting its turn stops waiting
+            try:
+                entered = self._slots.enter(session, start_by,
+                                            (lambda: cancel.cancelled) if cancel is not None else None)
+            finally:  # its wait is over: a token that outlives the call keeps nothing of it
+                if cancel is not None:
+                    cancel.remove_callback(poke)
+        if not entered and self._slots is not None:
             if cancel is not None and cancel.cancelled:
                 return failed("cancelled", reason=cancel.reason)
             held = self._slots.shares().get(str(session), 0)
@@ -392,7 +397,8 @@ class WorkerPool(WarmWorkers):
         result: ToolResult | None
         try:
             worker = self._take(sending.scope, sending.env_key,
-                                call.deadline if call.start_by is None else call.start_by, call.start_by is not None)
+                                call.deadline if call.start_by is None else call.start_by, call.start_by is not None,
+                                sending.held)
         except QueuedPastDeadline:
             cap = self._slots.limit if self._slots is not None else 0
             result = self._failure(call, "no_worker_in_time", start_timeout_ms=self._start_timeout_ms,
@@ -409,11 +415,35 @@ class WorkerPool(WarmWorkers):
             result = self._failure(call, "pool_stopped")
         except Exception as exc:
             result = self._failure(call, "no_worker", problem=describe_exception(exc))
+        except BaseException as exc:  # this thread interrupted (a signal handler's KeyboardInterrupt)
+            self._abandon(sending, exc)
+            raise
         else:
-            result = self._open_on(sending, worker)
+            try:
+                result = self._open_on(sending, worker)
+            except BaseException as exc:  # interrupted: answered here unless its reader has it
+                self._abandon(sending, exc)
+                raise
         if result is not None:
+            self._answer(sending, result)
+
+    def _answer(self, sending: _Sending, result: ToolResult) -> None:
+        """Give the call its one result (once), and its place under the cap back."""
+        if not sending.answered:
+            sending.answered = True
             self._leave(sending.grant)
             sending.done(result)
+
+    def _abandon(self, sending: _Sending, exc: BaseException) -> None:
+        """The thread taking a worker for ``sending`` or writing it was interrupted
+        (``exc``) while no reader had the call: the worker taken for it, if any, is given
+        back (nothing of the call reached it) and the call answered ``start_interrupted``.
+        A call a reader has is left to it."""
+        if sending.opened:
+            return
+        for worker in list(sending.held):
+            self._release(worker, False, held=sending.held)
+        self._answer(sending, self._failure(sending.call, "start_interrupted", problem=describe_exception(exc)))
 
     def _open_on(self, sending: _Sending, worker: WorkerHandle) -> ToolResult | None:
         """Write the call to ``worker`` (busy, this thread's): its tool's bytes only if it
@@ -435,7 +465,7 @@ class WorkerPool(WarmWorkers):
         try:
             body = wire.encode_call(request, deadline=deadline, tool_bytes=None if has_tool else sending.tool_bytes)
         except wire.WireError as exc:  # not sent: the worker is as it was
-            self._release(worker, False)
+            self._release(worker, False, held=sending.held)
             return self._failure(call, "unsendable", problem=str(exc))
         sending.grant.at = time.monotonic()  # how long the call itself holds it (not the wait for a worker)
         if self._scoped and sending.scope != CALL_SCOPE:
@@ -450,10 +480,11 @@ class WorkerPool(WarmWorkers):
                     if not held:
                         self._replies.add(opened)
                 except RuntimeError as exc:
-                    self._release(worker, False)
+                    self._release(worker, False, held=sending.held)
                     return (self._failure(call, "pool_stopped") if self._stopped else
                             self._failure(call, "no_worker", problem=f"its reply could not be waited for ({exc})"))
                 sending.opened = True
+                sending.held.clear()  # the reader's now: it releases or loses the worker
                 if not has_tool:
                     with self._lock:
                         self._counts["shipped"] += 1
@@ -488,7 +519,10 @@ class WorkerPool(WarmWorkers):
             return
         if waiter is not None:
             waiter.drop(opened)
-        sending.opened = not self._replies.withdraw(opened)
+        if self._replies.withdraw(opened):  # back to its caller, which gives the worker back
+            if opened.worker not in sending.held:  # (still there when interrupted before the reader had it)
+                sending.held.append(opened.worker)
+            sending.opened = False
 
     def _finish(self, opened: OpenCall, outcome: Outcome, payload: Any) -> None:
         """An open call's outcome, from the reader (or the thread it handed it to): the
@@ -506,10 +540,12 @@ class WorkerPool(WarmWorkers):
                 result = at_deadline(worker, failed, call.timeout_ms, self._heap_bytes, self._lose)
             elif outcome == "ended" and not opened.sent and not worker.killed:
                 self._lose(worker, "died")  # before the call reached it: another worker
-                sending.tries += 1
-                if sending.tries < DELIVERY_ATTEMPTS and not self._stopped:
+                if sending.tries + 1 < DELIVERY_ATTEMPTS and not self._stopped:
+                    sending.opened = False  # no reader has it while it is sent again: _deliver answers an interrupt
+                    sending.tries += 1
                     self._deliver(sending)
                     return
+                sending.tries += 1
                 result = failed("workers_dying")
             elif outcome == "ended":
                 result = died(worker, failed, call.cancel, self._heap_bytes, lambda: self._stopped, self._lose)
@@ -520,14 +556,15 @@ class WorkerPool(WarmWorkers):
             logger.exception("the outcome of call {} could not be taken", call.call_id)
             result = failed("reader_failed", problem=describe_exception(exc))
         except BaseException as exc:  # its thread interrupted (a caller's KeyboardInterrupt): answered, then raised
-            if sending.tries == tries:  # (left open: an interrupt while its redelivery waits for a worker)
+            if sending.tries == tries:
                 if worker in self._busy and worker.idle_since == busy_since:  # not yet released (idle_since anew)
                     self._lose(worker, "killed")
-                self._leave(sending.grant)
-                sending.done(failed("reader_failed", problem=f"its finish was interrupted ({describe_exception(exc)})"))
+                self._answer(sending, failed("reader_failed",
+                                             problem=f"its finish was interrupted ({describe_exception(exc)})"))
+            else:  # while it was sent again: answered by _deliver, or its new reader has it
+                self._abandon(sending, exc)
             raise
-        self._leave(sending.grant)
-        sending.done(result)
+        self._answer(sending, result)
 
     def _replied(self, sending: _Sending, opened: OpenCall, tag: bytes, body: bytes) -> ToolResult:
         """The result the worker sent (``tag``, ``body``), the worker released."""
@@ -609,13 +646,19 @@ class WorkerPool(WarmWorkers):
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _release(self, worker: WorkerHandle, retire: bool, grant: Grant | None = None) -> None:
+    def _release(self, worker: WorkerHandle, retire: bool, grant: Grant | None = None,
+                 held: list[WorkerHandle] | None = None) -> None:
         """A call ended on ``worker``: keep it idle while its scope has fewer idle workers
         than ``warm`` (at least 1 for a scoped worker) or than the scope's recent peak of
         busy ones, else retire it (``retire``: always). The call's ``grant`` goes back
         first, so that a grant kept for its session spares the worker from the moment
-        it is idle."""
+        it is idle. ``held``: the list the worker was taken into (``_take_idle``); it
+        leaves it under the same lock (given back once, whatever interrupts)."""
         with self._lock:
+            if held is not None:
+                if worker not in held:
+                    return
+                held.remove(worker)
             if grant is not None:
                 self._leave(grant)
             self._busy.discard(worker)

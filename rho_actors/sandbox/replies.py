@@ -67,8 +67,8 @@ class OpenCall:
     the thread writing to the worker and by ``finish`` while it takes the worker over:
     setting ``cancel`` kills the worker unless one holds it or :meth:`seal` was called."""
 
-    __slots__ = ("asked", "deadline", "ending", "fd", "greeted", "guard", "mask", "out", "request", "sealed", "sent",
-                 "sentinel", "state", "tool_bytes", "worker")
+    __slots__ = ("_hook", "_token", "asked", "deadline", "ending", "fd", "greeted", "guard", "mask", "out", "request",
+                 "sealed", "sent", "sentinel", "state", "tool_bytes", "worker")
 
     def __init__(self, worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
                  state: Any) -> None:
@@ -83,14 +83,24 @@ class OpenCall:
         self.mask = _IN  # what its pipe is polled for
         self.sent = False
         self.asked = self.greeted = False
-        self.ending = False  # its outcome is taken (by the reader only)
+        self.ending = False  # its outcome is taken (set under the reader's lock, or by the thread that serves it)
         self.sealed = False
         self.guard = threading.Lock()
+        self._token: CancelToken | None = None
+        self._hook: Callable[[], None] | None = None
 
     def watch(self, cancel: CancelToken | None) -> None:
-        """Kill the worker when ``cancel`` is set (at once if it is), until :meth:`seal`."""
-        if cancel is not None:
-            cancel.add_inline_callback(self._cancelled)
+        """Kill the worker when ``cancel`` is set (at once if it is), until :meth:`seal`,
+        which takes the callback off ``cancel`` again (a token may outlive thousands of
+        calls: it keeps none of those that ended)."""
+        if cancel is None:
+            return
+        self._token, self._hook = cancel, self._cancelled
+        cancel.add_inline_callback(self._hook)
+        with self.guard:  # sealed meanwhile (its outcome was finished first): its seal found no callback yet
+            sealed = self.sealed
+        if sealed:
+            cancel.remove_callback(self._hook)
 
     def _cancelled(self) -> None:
         if self.guard.acquire(blocking=False):  # held: being written (the writer looks again) or finished
@@ -105,6 +115,8 @@ class OpenCall:
         write or a kill under way; the worker may be reaped next and its pid reused)."""
         with self.guard:
             self.sealed = True
+        if self._token is not None and self._hook is not None:
+            self._token.remove_callback(self._hook)
 
 
 class Waiter:
@@ -429,11 +441,13 @@ class Replies:
             if call is None or call.ending:
                 continue
             served = self._serve(call, fd, mask)
-            if served is not None:
-                call.ending = True
-                taken.append((call, *served))
-            elif call.mask != (_IN_OUT if call.out else _IN):  # a frame to write now, or no more
-                with self._lock:
+            with self._lock:  # as withdraw() looks: the call is the reader's or its writer's, never both
+                if call not in self._open:  # taken back meanwhile (its writer was interrupted): not ours
+                    continue
+                if served is not None:
+                    call.ending = True
+                    taken.append((call, *served))
+                elif call.mask != (_IN_OUT if call.out else _IN):  # a frame to write now, or no more
                     call.mask = _IN_OUT if call.out else _IN
                     self._epoll.modify(call.fd, call.mask)
         return taken

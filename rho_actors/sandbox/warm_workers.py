@@ -145,11 +145,13 @@ class WarmWorkers:
         return len(found)
 
     def _spawn(
-        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), scope: Hashable = None, slot_taken: bool = False
+        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), scope: Hashable = None, slot_taken: bool = False,
+        held: list[WorkerHandle] | None = None,
     ) -> WorkerHandle:
         """Start a worker process (not waiting for it to be ready) and register it
-        (``busy``: for a call of ``scope``). With a cap and no ``slot_taken`` (a spare
-        of the keeper): raises ``PoolStopped`` when the cap is full or a call waits for it."""
+        (``busy``: for a call of ``scope``, put in ``held`` as it is marked busy, as
+        :meth:`_take_idle` does). With a cap and no ``slot_taken`` (a spare of the keeper):
+        raises ``PoolStopped`` when the cap is full or a call waits for it."""
         if (self._slots is not None and not slot_taken  # a spare never takes a slot a call is waiting for
                 and (self._slots.waiting or not self._slots.try_acquire())):
             raise PoolStopped
@@ -178,6 +180,8 @@ class WarmWorkers:
                 self._pids.add(worker.pid)
                 self._counts["started"] += 1
                 if busy:
+                    if held is not None:
+                        held.append(worker)
                     if self._scoped:
                         worker.scope = scope
                     self._busy.add(worker)
@@ -201,10 +205,15 @@ class WarmWorkers:
         return any((not self._scoped or w.scope in wants) and w.env_key == env_key and not w.doomed
                    for w in self._idle)
 
-    def _take_idle(self, scope: Hashable, env_key: tuple[tuple[str, str], ...]) -> WorkerHandle | None:
-        """An idle worker this call may use, now busy (``None``: there is none)."""
+    def _take_idle(self, scope: Hashable, env_key: tuple[tuple[str, str], ...],
+                   held: list[WorkerHandle] | None = None) -> WorkerHandle | None:
+        """An idle worker this call may use, now busy (``None``: there is none); put in
+        ``held`` as it leaves the idle set, under the lock: the caller's from then on, which
+        gives it back (``WorkerPool._release(..., held=held)``) unless a reader takes its
+        call, whatever interrupts it (an exception raised here after the take included)."""
         dead: list[WorkerHandle] = []
         scoped = self._scoped
+        held = [] if held is None else held
         try:
             with self._lock:
                 if self._stopped:
@@ -214,6 +223,7 @@ class WarmWorkers:
                         if (scoped and worker.scope != want) or worker.env_key != env_key or worker.doomed:
                             continue
                         self._idle.remove(worker)
+                        held.append(worker)
                         if worker.healthy():
                             worker.pace(busy=True)
                             self._busy.add(worker)
@@ -223,6 +233,7 @@ class WarmWorkers:
                                     self._changed.notify_all()  # a spare was used: start another
                             self._note_demand_locked(worker.scope)
                             return worker
+                        held.remove(worker)
                         dead.append(worker)
         finally:
             for worker in dead:
@@ -435,6 +446,7 @@ class WarmWorkers:
 
     def _take(
         self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float, waits: bool = False,
+        held: list[WorkerHandle] | None = None,
     ) -> WorkerHandle:
         """An idle worker of ``scope`` (a trusted pool: any), else a fresh spare started
         with the same ``env_key``, else a new worker. At the cap: an idle worker of
@@ -447,7 +459,8 @@ class WarmWorkers:
         use that becomes idle, the new one once ready or one another call freed
         meanwhile (raises ``NotStarted`` at ``deadline``, ``StartFailed`` when
         :data:`DELIVERY_ATTEMPTS` starts failed); without, the new worker is this
-        call's, started here, its ``READY`` read with the reply."""
+        call's, started here, its ``READY`` read with the reply. The worker is put in
+        ``held`` as it is marked busy (see :meth:`_take_idle`)."""
         queued = False
         start: WorkerStart | None = None
         failures: list[str] = []
@@ -456,7 +469,7 @@ class WarmWorkers:
                 self._calls_awaiting[env_key] += 1
         try:
             while True:
-                worker = self._take_idle(scope, env_key)
+                worker = self._take_idle(scope, env_key, held)
                 if worker is not None:
                     return worker
                 if start is not None:
@@ -478,7 +491,7 @@ class WarmWorkers:
                     continue
                 if self._slots is None or self._slots.try_acquire():
                     if not waits:
-                        return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True)
+                        return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True, held=held)
                     start = WorkerStart()
                     with self._lock:
                         self._starts_for_calls[env_key] += 1
@@ -613,6 +626,9 @@ class WarmWorkers:
                     break
             except (DeadlineReached, EOFError, Malformed):
                 self._lose(worker, "died")
+            except BaseException:  # interrupted (preload runs in its caller's thread): its LOAD may be half sent
+                self._lose(worker, "killed")
+                raise
 
     def _load_into(self, worker: WorkerHandle, tries: bool) -> bool:
         """Send ``worker`` (not idle: no call may write to it meanwhile) the tools loaded
