@@ -26,6 +26,7 @@ and p99 of its samples; nothing here asserts a timing):
    ``ProcessPoolExecutor(max_workers=1)`` running its first no-op (created and
    ``submit().result()``; its shutdown not timed). Samples of each pair are interleaved.
    Targets: (a) / its executor <= 1.0x, (b) / a new executor's first call <= 0.25x.
+   ``--warm``: (a) alone (``--calls``: how many pairs, 500 by default).
 5. **Start of one confined child.** One untrusted worker with the system's default
    confinement (uid drop, Landlock, rlimits, its cgroup and private folder), from the
    request to its ``READY``: started clean (rho's own fork server, ``python -I``, that
@@ -33,15 +34,6 @@ and p99 of its samples; nothing here asserts a timing):
    forked by ``multiprocessing``'s fork server (with the host's ``__main__`` preloaded:
    how untrusted children started before). Interleaved; reported, no target.
 
-Targets are reported as PASS/FAIL, never enforced: the exit code is 0 unless a
-measurement could not be made (an exception, or a call that did not come back as
-expected).
-
-Usage::
-
-    .venv/bin/python benchmarks/bench_isolation.py            # full run, about 15 s
-    .venv/bin/python benchmarks/bench_isolation.py --quick    # smoke run, a few seconds
-    .venv/bin/python benchmarks/bench_isolation.py --json     # one JSON object on stdout
 6. **Many sessions.** ``SESSIONS`` sessions (8 with ``--quick``) (one loop and one thread each) run turns of one
    call of a 5 ms untrusted tool (declared timeout 20 s), ``many_calls`` calls in all,
    next to the same tool registered trusted with ``isolation="process"`` in a system of
@@ -62,6 +54,7 @@ Usage::
     .venv/bin/python benchmarks/bench_isolation.py            # full run, about 15 s
     .venv/bin/python benchmarks/bench_isolation.py --quick    # smoke run, a few seconds
     .venv/bin/python benchmarks/bench_isolation.py --json     # one JSON object on stdout
+    .venv/bin/python benchmarks/bench_isolation.py --warm --calls 1000  # part 4 (a) alone
 """
 
 from __future__ import annotations
@@ -433,7 +426,21 @@ def _first_calls(system: ActorSystem, plan: Plan, mp_ctx: Any, tag: str) -> tupl
     return ours, theirs
 
 
-def bench_untrusted(plan: Plan) -> dict[str, Any]:
+def _warm_calls(loop: Any, executor: concurrent.futures.ProcessPoolExecutor, calls: int) -> dict[str, Any]:
+    """Part 4 (a): ``calls`` warm no-op turns, each beside a warm executor's no-op."""
+    for _ in range(max(10, calls // 10)):
+        time_turn(loop, "noop")
+        time_executor_call(executor)
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(calls):
+        ours.append(time_turn(loop, "noop"))
+        theirs.append(time_executor_call(executor))
+    return _pair(ours, theirs, WARM_CALL_TARGET)
+
+
+def bench_untrusted(plan: Plan, warm_only: bool = False) -> dict[str, Any]:
+    """Part 4; with ``warm_only``, (a) alone."""
     mp_ctx = multiprocessing.get_context(START_METHOD)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp, ActorSystem(
@@ -443,15 +450,9 @@ def bench_untrusted(plan: Plan) -> dict[str, Any]:
         system.register(NoOp, untrusted=True)
         system.register(OneShot, untrusted=True, worker_scope="call")
         loop = system.start_loop("warm")
-        for _ in range(max(10, plan.system_calls // 10)):
-            time_turn(loop, "noop")
-            time_executor_call(executor)
-        ours: list[float] = []
-        theirs: list[float] = []
-        for _ in range(plan.system_calls):
-            ours.append(time_turn(loop, "noop"))
-            theirs.append(time_executor_call(executor))
-        out["warm_call"] = _pair(ours, theirs, WARM_CALL_TARGET)
+        out["warm_call"] = _warm_calls(loop, executor, plan.system_calls)
+        if warm_only:
+            return out
         out["new_session_first_call"] = _pair(*_first_calls(system, plan, mp_ctx, "s"), NEW_SESSION_TARGET)
         ours, theirs = [], []
         for i in range(plan.worker_starts + 1):
@@ -666,6 +667,14 @@ def print_text(report: Mapping[str, Any]) -> None:
     print(f"   ratio clean / forkserver (p50): {c['ratio']:.2f}x")
 
 
+def print_warm(report: Mapping[str, Any]) -> None:
+    env, w = report["environment"], report["untrusted"]["warm_call"]
+    ours, theirs = w["system_us"], w["process_pool_executor_us"]
+    print(f"4 (a). warm untrusted no-op call (run_turn) vs warm ProcessPoolExecutor, load {env['load_avg_1m']}")
+    print(f"   p50 / p99 in us: {ours['p50']:.0f} / {ours['p99']:.0f}  vs {theirs['p50']:.0f} / {theirs['p99']:.0f}"
+          f"   {w['ratio']:.2f}x   n={ours['n']}   target <= {w['target']:g}x {verdict(w['pass'])}")
+
+
 def print_many(report: Mapping[str, Any]) -> None:
     m = report["many_sessions"]
     print(f"\n6. {m['sessions']} sessions, turns of one 5 ms call (throughput, latency p50 / p99 ms, workers started)")
@@ -690,12 +699,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object with every number, nothing else")
     parser.add_argument("--many", action="store_true", help="part 6 (many sessions) only")
     parser.add_argument("--cold", action="store_true", help="part 7 (a system's first process calls) only")
+    parser.add_argument("--warm", action="store_true", help="part 4 (a) (a warm untrusted call) only")
+    parser.add_argument("--calls", type=int, default=None, help="calls of part 4 (a) (default 500, --quick 30)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    if args.calls is not None:
+        plan = dataclasses.replace(plan, system_calls=args.calls)
     started = time.perf_counter_ns()
     report: dict[str, Any] = {"environment": environment(args.quick, start_method=START_METHOD)}
     try:
-        if args.cold:
+        if args.warm:
+            report["untrusted"] = bench_untrusted(plan, warm_only=True)
+        elif args.cold:
             report["cold_start"] = bench_cold_start(args.quick)
         elif not args.many:
             with tempfile.TemporaryDirectory(prefix="rho-bench-") as tmp:
@@ -705,9 +720,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report["declarations"] = bench_declarations(plan, tools)
                 report["untrusted"] = bench_untrusted(plan)
                 report["child_start"] = bench_child_start(plan)
-        if not args.cold:
+        if not (args.cold or args.warm):
             report["many_sessions"] = bench_many_sessions(plan)
-        if not (args.cold or args.many):
+        if not (args.cold or args.many or args.warm):
             report["cold_start"] = bench_cold_start(args.quick)
     except BenchmarkError as exc:
         print(f"benchmark error: {exc}", file=sys.stderr)
@@ -716,6 +731,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def show(r: Mapping[str, Any]) -> None:
         if "noop_call" in r:
             print_text(r)
+        elif "untrusted" in r:
+            print_warm(r)
         if "many_sessions" in r:
             print_many(r)
         if "cold_start" in r:

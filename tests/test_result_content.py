@@ -289,3 +289,20 @@ def test_an_mcp_source_keeps_an_upstreams_audio_and_resources(tmp_path: Path) ->
         [result] = system.start_loop("s").run_turn([ToolCall("c1", "media", "{}")], timeout_s=WAIT_S * 2)
     assert result.ok, result.content
     assert result.blocks == served_tools.MEDIA  # so a gateway serves them on as they came
+
+
+@pytest.mark.parametrize("lists", [0, 1, 7, 14])
+def test_a_plain_reply_s_lists_and_maps_are_counted_against_their_bound_at_any_size(lists: int) -> None:
+    # a body no longer than the bound is unpacked without the count (each list or map
+    # takes a byte at least); one list more than the bound is refused either way
+    import msgpack
+
+    from rho_actors.sandbox import wire
+
+    body = msgpack.packb([[] for _ in range(lists)])  # lists + 1 lists in lists + 1 bytes
+    assert len(body) == lists + 1
+    assert wire._unpack(body, max_len=64, max_containers=lists + 1) == [[]] * lists
+    with pytest.raises(wire.WireError, match="too many nested lists and maps"):
+        wire._unpack(body, max_len=64, max_containers=lists)
+    with pytest.raises(wire.WireError, match="too many nested lists and maps"):
+        wire._unpack(msgpack.packb({"a": [[]] * lists}), max_len=64, max_containers=lists + 1)

@@ -174,13 +174,16 @@ def _pid_in_5_ms(args: Mapping[str, Any], ctx: Mapping[str, Any]) -> str:
 
 
 class _CountedLooks:
-    """The side of an enclosure its OOM watch uses, counting the watch's looks."""
+    """The side of an enclosure its OOM watch uses, counting the watch's looks (and when
+    each was, ``time.monotonic()``)."""
 
     def __init__(self) -> None:
         self.looks = 0
+        self.at: list[float] = []
 
     def memory_bound_hit(self) -> bool:
         self.looks += 1
+        self.at.append(time.monotonic())
         return False
 
     def kill(self) -> None:
@@ -202,5 +205,48 @@ def test_an_idle_worker_s_cgroup_is_watched_once_a_second_and_a_running_one_ever
         assert looks.looks - before <= 1, looks.looks - before
         watch.pace(busy=True)  # a call: looked at now, not after the idle interval
         assert wait_for(lambda: looks.looks >= before + 3)
+    finally:
+        watch.stop()
+
+
+
+class _CountedWakes(threading.Event):
+    """An OOM watch's wake, counting the times it was set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sets = 0
+
+    def set(self) -> None:
+        self.sets += 1
+        super().set()
+
+
+def test_calls_back_to_back_do_not_wake_the_oom_watch_once_each() -> None:
+    # a call's start woke the watch, which looked at once (opened, read and parsed the
+    # cgroup's OOM record): a thread wake, syscalls and a GIL hand-off on every call. Now
+    # looks stay 50 ms apart however many calls start, and a call started while the watch
+    # rests (idle) wakes it to look 50 ms later, not at the call's start nor a second later
+    looks = _CountedLooks()
+    watch = _CgroupWatch(os.getpid(), cast(Any, looks))
+    wakes = watch._wake = _CountedWakes()
+    watch.start()
+    try:
+        assert wait_for(lambda: looks.looks >= 2)  # a starting worker: every 50 ms
+        before, started = looks.looks, time.monotonic()
+        for _ in range(200):  # 200 short calls, back to back
+            watch.pace(busy=True)
+            time.sleep(0.001)
+            watch.pace(busy=False)
+        elapsed = time.monotonic() - started
+        assert looks.looks - before <= elapsed / watch.interval_s + 1, (looks.looks - before, elapsed)
+        assert wakes.sets <= looks.looks - before + 1, wakes.sets  # at most after a look that found it idle
+        assert wait_for(lambda: watch._resting)  # a look found it idle, and no call since: it rests
+        sets, paced = wakes.sets, time.monotonic()
+        watch.pace(busy=True)  # a call while it rests: woken, to look 50 ms later
+        assert wakes.sets == sets + 1
+        assert wait_for(lambda: looks.at[-1] > paced)
+        first = min(t for t in looks.at if t > paced)
+        assert first - paced >= 0.9 * watch.interval_s, first - paced  # not at the call's start
     finally:
         watch.stop()

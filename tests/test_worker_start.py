@@ -337,3 +337,42 @@ def test_a_load_that_hangs_later_holds_one_worker_and_the_others_serve(tmp_path:
             _slept_at_once(system, f"s{n}")
         stats = system.stats()
         assert (stats["workers_started"], stats["workers_shipped"], stats["workers_idle"]) == (2, 0, 1), stats
+
+
+def test_an_idle_worker_is_healthy_only_while_it_runs_sent_nothing_and_its_fork_server_runs() -> None:
+    # one poll of its pipe, its process and its fork server's pidfd (a call takes an idle
+    # worker only after this look): each of the three alone makes it unhealthy
+    import socket
+    import subprocess
+
+    from rho_actors.sandbox.channel import Channel
+    from rho_actors.sandbox.processes import ServerWatch
+    from rho_actors.sandbox.worker_handle import WorkerHandle
+
+    def handle() -> tuple[WorkerHandle, Any, Any, socket.socket]:
+        worker = subprocess.Popen(["sleep", "60"])
+        server = subprocess.Popen(["sleep", "60"])
+        ours, theirs = socket.socketpair()
+        return (WorkerHandle(worker, Channel(ours, os.pidfd_open(worker.pid)), None, None,
+                             server=ServerWatch(server.pid)), worker, server, theirs)
+
+    made = [handle() for _ in range(3)]
+    try:
+        assert all(h.healthy() for h, _, _, _ in made)
+        (sent, _, _, theirs), (ended, worker, _, _), (orphaned, _, server, _) = made
+        theirs.send(b"\x00")  # a frame's first byte, unasked
+        assert wait_for(lambda: not sent.healthy())
+        worker.kill()
+        assert wait_for(lambda: not ended.healthy())
+        server.kill()
+        assert wait_for(lambda: not orphaned.healthy())
+        assert orphaned.server_gone() and not ended.server_gone()
+    finally:
+        for h, worker, server, theirs in made:
+            for proc in (worker, server):
+                proc.kill()
+                proc.wait()
+            h.channel.close()
+            theirs.close()
+            if h.channel.sentinel is not None:
+                os.close(h.channel.sentinel)

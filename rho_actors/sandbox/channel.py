@@ -178,6 +178,10 @@ class Channel:
             if any(fd == self._sentinel for fd, _ in events):
                 raise EOFError("the child process ended")
 
+    def has_unread(self) -> bool:
+        """Whether bytes read from the pipe wait in this end's buffer (no system call)."""
+        return bool(self._buf)
+
     def quiet(self) -> bool:
         """Whether nothing is readable or left unread and the child is still running
         (no wait). A child that sent more than it was asked for is not quiet."""

@@ -228,6 +228,11 @@ class ServerWatch:
         except (OSError, AttributeError):  # no pidfd here: never said gone
             self._fd = None
 
+    @property
+    def fd(self) -> int | None:
+        """The fork server's pidfd (readable once it has ended); ``None`` without one."""
+        return self._fd
+
     def gone(self) -> bool:
         """Whether the fork server has ended (it may not be reaped yet)."""
         if self._gone or self._fd is None:

@@ -319,6 +319,7 @@ class WorkerSlots:
         """A worker became idle, or a call was cancelled: every waiting call looks again
         (it may take the worker, retire it, or stop waiting)."""
         with self._cond:
-            self._cond.notify_all()
+            if self.waiting:  # else no call waits in wait(): no notify_all frames a call
+                self._cond.notify_all()
             for ticket in self._queue:
                 ticket.cond.notify()

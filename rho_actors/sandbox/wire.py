@@ -402,8 +402,11 @@ def _unpack(data: bytes, *, max_len: int, max_containers: int) -> Any:
     """msgpack ``data`` as plain data, bounded: at most ``max_len`` items in each list
     or map and ``max_containers`` lists and maps in all; no extension types. Raises
     :class:`WireError`."""
-    budget = _Budget(max_containers)
     try:
+        if len(data) <= max_containers:  # a list or map takes a byte at least: no count needed (a reply's case)
+            return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True, ext_hook=_no_ext,
+                                   max_array_len=max_len, max_map_len=max_len, max_ext_len=0)
+        budget = _Budget(max_containers)
         return msgpack.unpackb(
             data, raw=False, use_list=True, strict_map_key=True, ext_hook=_no_ext, list_hook=budget,
             object_hook=budget, max_array_len=max_len, max_map_len=max_len, max_ext_len=0,
@@ -513,7 +516,7 @@ class PlainCodec:
             raise WireError(f"result.blocks is not a list of at most {MAX_BLOCKS}")
         if raw_blocks and images:
             raise WireError("a result with both blocks and images (its images are among its blocks)")
-        blocks = tuple(_decode_block(i, raw) for i, raw in enumerate(raw_blocks))
+        blocks = tuple(_decode_block(i, raw) for i, raw in enumerate(raw_blocks)) if raw_blocks else ()
         if len(blocks) > MAX_IMAGES and sum(isinstance(b, Image) for b in blocks) > MAX_IMAGES:
             raise WireError(f"result.blocks holds more than {MAX_IMAGES} images")
         error_kind = None if ok else ErrorKind(kind)

@@ -6,6 +6,7 @@ The reply protocol is :mod:`rho_actors.sandbox.replies`'s.
 
 from __future__ import annotations
 
+import select
 import signal
 import threading
 from collections import OrderedDict
@@ -34,8 +35,8 @@ class WorkerHandle:
     :class:`~rho_actors.sandbox.pool.WorkerPool`."""
 
     __slots__ = (
-        "_reap_lock", "_scope", "channel", "closed", "doomed", "enclosure", "env_key", "exitcode", "idle_since",
-        "killed", "pid", "proc", "reaped", "server", "session", "slots", "tools",
+        "_looks", "_reap_lock", "_scope", "channel", "closed", "doomed", "enclosure", "env_key", "exitcode",
+        "idle_since", "killed", "pid", "proc", "reaped", "server", "session", "slots", "tools",
     )
 
     def __init__(
@@ -59,6 +60,11 @@ class WorkerHandle:
         self.closed = False
         self.exitcode: int | None = None
         self._reap_lock = threading.Lock()
+        # what healthy() looks at in one poll: its pipe, its end, its fork server's end
+        self._looks = select.poll()
+        for fd in (channel.fd, channel.sentinel, server.fd if server is not None else None):
+            if fd is not None:
+                self._looks.register(fd, select.POLLIN)
 
     @property
     def scope(self) -> Hashable:
@@ -68,6 +74,8 @@ class WorkerHandle:
 
     @scope.setter
     def scope(self, scope: Hashable) -> None:
+        if scope == self._scope:  # named so already (set again at each of its calls)
+            return
         self._scope = scope
         output = getattr(self.proc, "output", None)
         if output is not None and scope is not None:
@@ -79,8 +87,11 @@ class WorkerHandle:
     def healthy(self) -> bool:
         """Whether an idle worker is still running, has sent nothing unasked, and the
         fork server it came from still runs (its end kills the worker: a parent-death
-        signal, or the fork server's kill of its tree)."""
-        return not self.reaped and self.channel.quiet() and not self.server_gone()
+        signal, or the fork server's kill of its tree): one ``poll`` of the three."""
+        if self.reaped or self.channel.has_unread() or self._looks.poll(0):
+            return False
+        server = self.server  # without a pidfd, its end is known only as it was found
+        return server is None or server.fd is not None or not server.gone()
 
     def server_gone(self) -> bool:
         """Whether the fork server this worker came from has ended."""

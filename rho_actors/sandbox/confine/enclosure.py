@@ -186,36 +186,63 @@ def policy_stats(policy: ConfinePolicy) -> dict[str, Any]:
 
 
 IDLE_WATCH_S: Final = 1.0
-"""How often the cgroup of an idle worker is looked at for an OOM kill (seconds; 50 ms
-while it runs a call or starts)."""
+"""How often the cgroup of an idle worker is looked at for an OOM kill (seconds; every
+50 ms while it runs calls or starts, the first look within 50 ms of a call's start)."""
 
 
 class _CgroupWatch(RssSampler):
     """Kills the whole tree as soon as the cgroup records an OOM kill (cgroup v1 kills
     one process only; v2 with ``memory.oom.group`` kills them all): every 50 ms while
-    the worker runs a call or starts, every :data:`IDLE_WATCH_S` while it is idle
-    (:meth:`pace`). The kernel bounds the tree's memory either way; the watch only ends
-    what an OOM kill left, and 20 looks a second cost the host 2.4 ms of CPU a second
-    for each idle worker kept (benchmarks/PROFILE.md §28)."""
+    the worker starts or runs calls (a call started since the last look counts, so a
+    call that began and ended between two looks is looked after too), every
+    :data:`IDLE_WATCH_S` while it is idle (:meth:`pace`). A call's start wakes the
+    watch only when it rests in its idle wait, and then only to look 50 ms later:
+    calls coming back to back never wake it (a wake and a look a call cost the host's
+    thread a GIL hand-off; benchmarks/PROFILE.md §32). So an OOM kill is acted on within
+    50 ms (plus the look), during a call or just after it. The kernel bounds the tree's
+    memory either way; the watch only ends what an OOM kill left, and 20 looks a second
+    cost the host 2.4 ms of CPU a second for each idle worker kept (benchmarks/PROFILE.md
+    §28)."""
 
     def __init__(self, pid: int, enclosure: Enclosure) -> None:
         super().__init__(pid, 0, interval_s=0.05)
         self._enclosure = enclosure
         self._idle = False
+        self._started = False  # a call started since the last look
+        self._resting = False  # in its idle wait: a call's start shortens it
         self._wake = threading.Event()
 
     def pace(self, busy: bool) -> None:
-        """The worker runs a call (``busy``: looked at now, then every 50 ms) or is idle."""
+        """The worker runs a call (``busy``: looked at within 50 ms, then every 50 ms) or is idle."""
         self._idle = not busy
         if busy:
-            self._wake.set()
+            self._started = True
+            if self._resting:  # read after the writes above: the watch reads them after it sets this
+                self._resting = False
+                self._wake.set()
 
     def _run(self) -> None:
+        wait = self.interval_s
         while not self._stop.is_set():
-            self._wake.wait(IDLE_WATCH_S if self._idle else self.interval_s)
-            self._wake.clear()
+            if self._wake.wait(wait):  # a call started while it rested: its look 50 ms from now
+                self._wake.clear()
+                wait = self.interval_s
+                continue
             if self._stop.is_set() or self.check():
                 return
+            wait = self.interval_s if self._busy_since_look() else IDLE_WATCH_S
+
+    def _busy_since_look(self) -> bool:
+        """Whether the worker ran a call (or started) since the last look; if not, the
+        watch rests, unless a call starts as it decides (then it does not)."""
+        started, self._started = self._started, False
+        if started or not self._idle:
+            return True
+        self._resting = True
+        if self._started or not self._idle:  # pace() read _resting before it was set
+            self._resting = False
+            return True
+        return False
 
     def stop(self) -> None:
         self._stop.set()
