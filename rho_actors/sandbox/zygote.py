@@ -202,6 +202,9 @@ def main(control_fd: int, preload: tuple[str, ...] = ()) -> None:
     for name in preload:
         with contextlib.suppress(Exception):
             __import__(name)
+    from rho_actors.sandbox.child import resolve_ahead
+
+    resolve_ahead(HOST_PATHS)
     control = socket.socket(fileno=control_fd)
     os.set_blocking(control_fd, True)
     try:
