@@ -537,16 +537,21 @@ def warn_if_unconfined() -> str | None:
     return text
 
 
-def python_read_paths(modules: Iterable[str] = (), exclude: Iterable[str] = ()) -> tuple[str, ...]:
+def python_read_paths(
+    modules: Iterable[str] = (), exclude: Iterable[str] = (),
+    split: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
+) -> tuple[str, ...]:
     """Read-only Landlock paths for running Python and a tool: this interpreter's
     prefixes, the ``sys.path`` folders inside them, the code entries of every other
     ``sys.path`` folder (:mod:`rho_actors.sandbox.confine.code_paths`: no ``.env`` beside the host's
     script), :data:`SYSTEM_READ_PATHS` and the given module file or folder paths. A
     ``sys.path`` folder that contains one of ``exclude`` (say ``data_dir``) is left out:
     pass the folders of the modules needed from it instead. The folders to list only:
-    :func:`rho_actors.sandbox.confine.code_paths.split_sys_path`."""
-    paths = [*installation_prefixes(), *split_sys_path(exclude)[0], *SYSTEM_READ_PATHS, *modules]
-    return tuple(dict.fromkeys(os.path.realpath(p) if p != "/proc/self" else p for p in paths))
+    :func:`rho_actors.sandbox.confine.code_paths.split_sys_path`; ``split``: its result,
+    when the caller has it already (for the same ``exclude``)."""
+    read = (split or split_sys_path(exclude))[0]  # real paths already
+    others = (os.path.realpath(p) if p != "/proc/self" else p for p in (*SYSTEM_READ_PATHS, *modules))
+    return tuple(dict.fromkeys((*installation_prefixes(), *read, *others)))
 
 
 def make_private_dir(uid: int | None = DEFAULT_UID, gid: int | None = DEFAULT_UID) -> str:
