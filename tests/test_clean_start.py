@@ -508,3 +508,46 @@ def test_a_host_run_through_a_linked_virtualenv_starts_clean_children(tmp_path: 
     done = subprocess.run([str(link / "bin" / "python"), "-c", code], capture_output=True, text=True,
                           timeout=WAIT_S, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert done.returncode == 0 and done.stdout.split() == ["-9"], done.stderr[-2000:]
+
+
+def test_a_child_pins_every_import_folder_the_fork_server_resolved_ahead(tmp_path: Path) -> None:
+    """The clean fork server resolves its import folders once (``resolve_ahead``); a child
+    forked after still pins every ``sys.path`` folder, the host's folders and every
+    package's ``__path__`` to a descriptor of the real folder, a folder reached through a
+    link and a package imported after the fork server resolved (so not noted) included."""
+    from rho_actors.sandbox.child import pin_imports, resolve_ahead
+
+    real = tmp_path / "real"
+    (real / "late_pkg").mkdir(parents=True)
+    (real / "late_pkg" / "__init__.py").write_text("")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pinning rewrites sys.path and every package's __path__: only in a child
+        try:
+            os.close(r)
+            sys.path.insert(0, str(link))
+            resolve_ahead([str(link)])
+            import late_pkg  # type: ignore[import-not-found]
+
+            later = pin_imports((), [str(link)])
+            import rho_actors
+
+            def pinned(path: str) -> str:  # a descriptor's folder, by its real path
+                assert path.startswith("/proc/self/fd/"), path
+                fd, _, rest = path[len("/proc/self/fd/"):].partition("/")
+                return os.path.join(os.readlink(f"/proc/self/fd/{fd}"), rest).rstrip("/")
+
+            found = {"sys_path": [pinned(p) for p in sys.path[:1]], "later": [pinned(p) for p in later or []],
+                     "late_pkg": [pinned(p) for p in late_pkg.__path__],
+                     "rho_actors": [pinned(p) for p in rho_actors.__path__]}
+            os.write(w, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as reader:
+        found = json.loads(reader.read() or b"{}")
+    os.waitpid(pid, 0)
+    assert found == {"sys_path": [str(real)], "later": [str(real)], "late_pkg": [str(real / "late_pkg")],
+                     "rho_actors": [str(ROOT / "rho_actors")]}, found

@@ -527,3 +527,26 @@ def test_probe_says_what_this_host_offers() -> None:
     hierarchy = find_hierarchy()
     assert report["cgroup"]["available"] is not isinstance(hierarchy, str)
     assert all(isinstance(entry["reason"], str) for entry in report.values())
+
+
+def test_read_paths_of_a_script_folder_name_its_code_and_a_linked_entry_by_its_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of a ``sys.path`` folder outside the installation, a confined child reads its code
+    entries only, a linked one by the path it leads to (Landlock rules bind real paths),
+    never its ``.env``; the folder itself is listed only. The same with the split given."""
+    from rho_actors.sandbox.confine.code_paths import split_sys_path
+
+    folder, elsewhere = tmp_path / "script", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (folder / "tool.py").write_text("")
+    (folder / ".env").write_text("SECRET=1")
+    (elsewhere / "helper.py").write_text("")
+    (folder / "helper.py").symlink_to(elsewhere / "helper.py")
+    monkeypatch.syspath_prepend(str(folder))
+    split = split_sys_path()
+    for read in (python_read_paths(), python_read_paths(split=split)):
+        mine = [p for p in read if p.startswith(str(tmp_path))]
+        assert mine == [str(elsewhere / "helper.py"), str(folder / "tool.py")], mine
+    assert str(folder) in split[1]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import pickle
@@ -202,6 +203,11 @@ def main(control_fd: int, preload: tuple[str, ...] = ()) -> None:
     for name in preload:
         with contextlib.suppress(Exception):
             __import__(name)
+    from rho_actors.sandbox.child import resolve_ahead
+
+    resolve_ahead(HOST_PATHS)
+    gc.collect()
+    gc.freeze()  # a child's collector never scans (so never copies) the objects it shares with the fork server
     control = socket.socket(fileno=control_fd)
     os.set_blocking(control_fd, True)
     try:

@@ -14,6 +14,7 @@ with ``.``) nor any other file.
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import os
 import sys
@@ -26,8 +27,9 @@ _SUFFIXES: Final = tuple(dict.fromkeys(importlib.machinery.all_suffixes()))
 _METADATA: Final = (".dist-info", ".egg-info")
 
 
+@functools.cache
 def installation_prefixes() -> tuple[str, ...]:
-    """The real paths of this interpreter's prefixes."""
+    """The real paths of this interpreter's prefixes (resolved once per process)."""
     return tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)))
 
 
@@ -59,10 +61,11 @@ def code_entries(folder: str) -> tuple[str, ...]:
 
 
 def split_sys_path(exclude: Iterable[str] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(read, listed)``: the ``sys.path`` folders (real paths) a confined child reads
-    whole (inside the installation) or their code entries (any other folder), and the
-    folders it may only list. A folder that contains one of ``exclude`` (say
-    ``data_dir``) is left out of both."""
+    """``(read, listed)``: the ``sys.path`` folders a confined child reads whole (inside
+    the installation) or their code entries (any other folder), and the
+    folders it may only list, all as real paths (a code entry that is a link, as the
+    path it leads to). A folder that contains one of ``exclude`` (say ``data_dir``) is
+    left out of both."""
     shut = [os.path.realpath(p) for p in exclude]
     prefixes = installation_prefixes()
     read: list[str] = []
@@ -77,5 +80,5 @@ def split_sys_path(exclude: Iterable[str] = ()) -> tuple[tuple[str, ...], tuple[
             read.append(real)
         else:
             listed.append(real)
-            read.extend(code_entries(real))
+            read.extend(os.path.realpath(e) if os.path.islink(e) else e for e in code_entries(real))
     return tuple(dict.fromkeys(read)), tuple(dict.fromkeys(listed))

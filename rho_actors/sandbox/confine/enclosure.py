@@ -310,13 +310,16 @@ class Enclosure:
             self.setup = ChildSetup(heap_bytes, confinement=spec, env=dict(os.environ))
             return
         if policy.confine:
+            split = split_sys_path(policy.exclude)
             spec = replace(
-                available(base)[0],  # what this host lacks is off, and was logged
+                # what this host lacks is off, and was logged; looked up with the policy's uid (what a
+                # host offers does not depend on the uid, and probe() is computed once per uid)
+                replace(available(policy.base)[0], uid=base.uid, gid=base.gid),
                 # RLIMIT_NPROC counts every process of the uid: with a uid shared by every
                 # worker, a tool at it would starve the others. A cgroup bounds this tree alone.
                 nproc=base.nproc if self.cgroup is None or policy.pids_max is None else None,
-                read_only=python_read_paths(modules=modules, exclude=policy.exclude),
-                list_only=split_sys_path(policy.exclude)[1],
+                read_only=python_read_paths(modules=modules, exclude=policy.exclude, split=split),
+                list_only=split[1],
                 private_dir=self.private_dir,
                 # the cgroup bounds the whole tree's resident memory; RLIMIT_AS only without one
                 # (it counts what a library maps and never touches: 1 GiB reserved fails every call)

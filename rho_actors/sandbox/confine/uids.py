@@ -191,8 +191,10 @@ def lease(uids: UidRange) -> UidLease:
     lease folder is unusable (:func:`unavailable` says so first)."""
     folder = _lease_folder()
     owners = _owners(uids, int(time.monotonic() // _OWNERS_PERIOD_S))
+    with _held_lock:
+        ours = frozenset(_held)  # leased by this host: their files are locked, no need to try them
     for uid in range(uids.first, uids.last + 1):
-        if uid in owners:
+        if uid in owners or uid in ours:
             continue
         fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
