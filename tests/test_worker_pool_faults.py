@@ -300,71 +300,7 @@ def test_an_interrupt_while_an_undelivered_call_is_sent_again_answers_it_once_an
         p.stop()
 
 
-# --- 5. what a call leaves writing to its worker's reply pipe ------------------------------------
-
-
-@tool
-def leave_a_writer(armed: str, go: str, written: str, how: str) -> str:
-    """Return at once, leaving behind (``how``: a thread, or a forked process) a writer
-    that, once ``go`` exists, writes bytes to this worker's reply pipe (found as a tool's
-    stray code could, among the worker's objects) and then creates ``written``; ``armed``
-    gets this worker's pid."""
-    import gc
-    from pathlib import Path
-
-    from rho_actors.sandbox.channel import Channel
-
-    fd = next(o for o in gc.get_objects() if isinstance(o, Channel)).fd
-
-    def write_later() -> None:
-        until = time.monotonic() + 60
-        while not Path(go).exists() and time.monotonic() < until:
-            time.sleep(0.01)
-        os.write(fd, b"leftover bytes of an earlier call")
-        Path(written).write_text("")
-
-    if how == "thread":
-        threading.Thread(target=write_later, daemon=True).start()
-    elif os.fork() == 0:
-        try:
-            write_later()
-        finally:
-            os._exit(0)
-    Path(armed).write_text(str(os.getpid()))
-    return "returned"
-
-
-@tool
-def wake_the_writer(armed: str, go: str, written: str) -> str:
-    """In the worker the writer was left in: let it write, wait until it has, return;
-    in any other worker, return at once."""
-    from pathlib import Path
-
-    if int(Path(armed).read_text()) != os.getpid():
-        return "another worker"
-    Path(go).write_text("")
-    until = time.monotonic() + 60
-    while not Path(written).exists() and time.monotonic() < until:
-        time.sleep(0.01)
-    return "the same worker"
-
-
-@pytest.mark.parametrize("how", ["thread", "process"])
-def test_bytes_a_call_leaves_writing_to_its_reply_pipe_never_reach_another_sessions_call(
-        pool: WorkerPool, tmp_path: Any, how: str) -> None:
-    """A trusted tool returns, leaving a thread (or a forked process) that writes to its
-    worker's reply pipe later, once the worker's next call (another session's) runs.
-    That call is never damaged: the worker the first call left something running in is
-    retired with its reply, and the next call runs in another worker."""
-    paths = {name: str(tmp_path / name) for name in ("armed", "go", "written")}
-    first = pool.run_call(a_call({**paths, "how": how}, "c1", session="s1", the_tool=leave_a_writer))
-    assert first.ok and first.content == "returned", first
-    pid = int((tmp_path / "armed").read_text())
-    second = pool.run_call(a_call(paths, "c2", session="s2", the_tool=wake_the_writer))
-    assert second.ok, second
-    assert second.content == "another worker"
-    assert pid not in pool.pids()
-    assert pool.stats()["retired"] >= 1
+# --- 5. the worker's reply pipe and the programs a tool runs ------------------------------------
 
 
 @tool

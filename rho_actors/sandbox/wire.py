@@ -13,7 +13,7 @@ tag                direction  body
 ``LOADED``         child ->   empty: the ``LOAD`` frame's tool was unpickled (or could not be: its call says why)
 ``NEED_TOOL``      child ->   empty: the worker does not hold the request's tool; resend with it
 ``RESULT``         child ->   a ``ToolResult``, in the worker's :class:`ResultCodec`
-``RESULT_RETIRE``  child ->   the same, and the worker should be retired (out of memory, or something left running)
+``RESULT_RETIRE``  child ->   the same, and the worker should be retired (it ran out of memory)
 ``DECLARATION``    child ->   a declaration read's answer: JSON text
 ``SELFTEST``       child ->   a selftest's answer: JSON text
 ``DISCOVERY``      child ->   which tools a plugin file holds: JSON text

@@ -6,9 +6,7 @@ pages and caches a call touches are its own before it is idle, not on its first 
 time), says ``READY``, then serves ``CALL`` frames one at a time until the host closes
 its pipe: it unpickles the tool (or asks for it with ``NEED_TOOL`` when it does not hold
 it), runs ``tool.run(args, ctx)`` and answers one ``RESULT`` (``RESULT_RETIRE`` after a
-``MemoryError``, or when the call left a thread running, or a process holding the reply
-pipe (forked, not exec'd): what it left may write to that pipe later, into another call's
-reply, so the worker serves no other call) encoded by its result codec. A ``LOAD`` frame (a registered tool the
+``MemoryError``) encoded by its result codec. A ``LOAD`` frame (a registered tool the
 host sends ahead) is unpickled and held as a call's tool would be, unanswered.
 """
 
@@ -20,7 +18,6 @@ import contextvars
 import errno
 import os
 import pickle
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -70,7 +67,6 @@ def worker_child(channel: Channel, config: WorkerConfig) -> None:
     codec = wire.CODECS[config.codec]
     tools: OrderedDict[bytes, Any] = OrderedDict()
     os.set_inheritable(channel.fd, False)  # a program a tool runs (os.system, exec) never holds the reply pipe
-    os.register_at_fork(after_in_parent=_FORKED.set)
     warm_up(config, codec)
     channel.send(wire.READY, b"")
     while True:
@@ -84,64 +80,8 @@ def worker_child(channel: Channel, config: WorkerConfig) -> None:
             continue
         if tag != wire.CALL:
             break
-        threads = set(threading.enumerate())
         reply_tag, reply = _serve(body, tools, config, codec)
-        if reply_tag == wire.RESULT and _left_running(threads, channel.fd):
-            reply_tag = wire.RESULT_RETIRE
         channel.send(reply_tag, reply)
-
-
-_FORKED: Final = threading.Event()
-"""Set in a worker after each fork from Python (``os.register_at_fork``)."""
-
-
-def _left_running(threads: set[threading.Thread], pipe: int) -> bool:
-    """Whether the call just served left something that may still write to the worker's
-    reply pipe (``pipe``, its descriptor): a thread started since ``threads`` (those
-    running before it) still alive, or a process it forked (``os.fork``,
-    ``multiprocessing``: Python's fork hooks) that, or whose own, holds the pipe (one
-    that ran ``exec`` does not: the pipe is close-on-exec). No system call unless it forked."""
-    if any(t not in threads and t.is_alive() for t in threading.enumerate()):
-        return True
-    if not _FORKED.is_set():
-        return False
-    _FORKED.clear()
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # returns: a child, running or not
-    except ChildProcessError:
-        return False
-    return _held_below(pipe)
-
-
-def _held_below(pipe: int) -> bool:
-    """Whether a process below this one (children, theirs...) holds the pipe ``pipe``
-    (one that cannot be looked at is taken to)."""
-    try:
-        target = os.readlink(f"/proc/self/fd/{pipe}")
-    except OSError:
-        return True
-    below: set[int] = set()
-    todo = [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{task}/children") as f:
-                    fresh = {int(c) for c in f.read().split()} - below
-                    below |= fresh
-                    todo.extend(fresh)
-    for pid in below:
-        try:
-            names = os.listdir(f"/proc/{pid}/fd")
-        except FileNotFoundError:  # ended meanwhile
-            continue
-        except OSError:
-            return True
-        for name in names:
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{pid}/fd/{name}") == target:
-                    return True
-    return False
 
 
 class _NoOp:
