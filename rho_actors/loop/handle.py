@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pykka
 
@@ -541,6 +541,7 @@ class _Latch:
     ``concurrent.futures.Future``, which nothing else would see."""
 
     __slots__ = ("_held", "_results")
+    runs_host_code: ClassVar[bool] = False  # set_result releases a lock: the host's code runs in its own thread
 
     def __init__(self) -> None:
         self._results: list[ToolResult] = []
@@ -569,6 +570,7 @@ class _Landing:
     ``aio``'s thread; the future is made only when the host has to wait."""
 
     __slots__ = ("_thread", "_waiter", "_waiting", "aio", "bound_s", "results")
+    runs_host_code: ClassVar[bool] = False  # set_result lands on aio's thread (or schedules it there)
 
     def __init__(self, aio: asyncio.AbstractEventLoop, bound_s: float) -> None:
         self.aio = aio

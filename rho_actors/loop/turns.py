@@ -614,9 +614,13 @@ class Turns:
         if len(turn.slots) > 1:  # a one-call turn kept no share of its own
             self._budgets.turn_done(self.session_id, turn.id)
         results: list[ToolResult] = list(map(result_of, turn.slots))  # each has its result: the turn is finished
+        sink = turn.future
         try:
+            if not getattr(sink, "runs_host_code", True):  # a latch or a landing: no code of the host's runs here
+                sink.set_result(results)
+                return
             with host_code():  # the future's done callbacks are the host's
-                turn.future.set_result(results)
+                sink.set_result(results)
         except BaseException:  # a done callback's SystemExit (futures catch only Exception): set, and logged
             logger.exception("loop {}: a callback of turn {}'s results raised", self.session_id, turn.id)
 
