@@ -214,7 +214,9 @@ class FunctionTool:
 
     def _kwargs(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         plain = self._plain
-        if (plain is not None and type(args) is dict and self._required <= args.keys()
+        if plain is not None and type(args) is dict and not args and not self._required:
+            kwargs: dict[str, Any] = {}  # no argument given, none required: the defaults are the function's
+        elif (plain is not None and type(args) is dict and self._required <= args.keys()
                 and all(type(value) is plain.get(name) for name, value in args.items())):
             kwargs = dict(args)  # what validation would give: the values themselves (defaults are the function's)
         else:
