@@ -382,6 +382,7 @@ class Governor:
         self.seq = itertools.count()
         self.waiting = Waiting()
         self._threads = Gate(("thread",), settings.max_thread_calls)
+        self._thread_only = (self._threads,)  # the gates of a thread call of a shared tool without a policy
         self._tools: dict[str, Gate] = {}
         self._per_session: dict[tuple[str, str], Gate] = {}
         self._exclusive: dict[str, Gate] = {}  # by session: its one place for calls of exclusive tools
@@ -411,10 +412,16 @@ class Governor:
                 return start(spec)
             gates: tuple[Gate, ...]
             with self.lock:  # the usual case: its places free, nobody waiting for one
-                gates = (self._threads,) if not exclusive else (self._exclusive_gate(session), self._threads)
-                free = not self.waiting.count and fits(gates)
-                if free:
-                    take(gates)
+                if not exclusive:  # the thread place alone, looked at inline
+                    gates, threads = self._thread_only, self._threads
+                    free = not self.waiting.count and threads.running < threads.bound
+                    if free:
+                        threads.running += 1
+                else:
+                    gates = (self._exclusive_gate(session), self._threads)
+                    free = not self.waiting.count and fits(gates)
+                    if free:
+                        take(gates)
             if free:
                 spec.reply = place = _ThreadPlace(self, spec.reply, gates)
                 try:
@@ -577,7 +584,8 @@ class Governor:
         """A thread call of a tool without a policy was answered: its places (``gates``)
         are free. Returns the waiting calls that took them, for :meth:`launch`."""
         with self.lock:
-            release(gates)
+            for gate in gates:  # release(gates), inline: on every thread call's answer
+                gate.running -= 1
             return self._ready() if self.waiting.count else []
 
     def launch(self, ready: list[_Call] | tuple[()]) -> None:
