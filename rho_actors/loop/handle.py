@@ -306,12 +306,15 @@ class Loop(HeldCalls):
         no reader thread woken between the worker and the caller).
         """
         batch = _checked_calls(calls)
-        _checked_timeout(timeout_s)  # before the turn starts: a bad bound must not strand its held call
-        bound_s = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
-        latch = _Latch()
-        waiter = Waiter()
+        if timeout_s is not None:
+            _checked_timeout(timeout_s)  # before the turn starts: a bad bound must not strand its held call
+            bound_s = timeout_s
+        else:
+            bound_s = self.turn_bound_s(batch)
+        waiter = latch = _Latch()  # the turn's sink, and the thread waiting for it (one object)
         try:
-            self._start_turn(batch, latch, _checked_cancel(cancel), background=_checked_background(background),
+            self._start_turn(batch, latch, None if cancel is None else _checked_cancel(cancel),
+                             background=False if background is False else _checked_background(background),
                              waiter=waiter)
             until = time.monotonic() + bound_s
             waiter.serve(until)  # the reply of the turn's one process call, if it was left for this thread
@@ -535,15 +538,17 @@ class Loop(HeldCalls):
         return self._names.exit_reason(loop_name(self.session_id))
 
 
-class _Latch:
+class _Latch(Waiter):
     """Where the results of a turn waited for by :meth:`Loop.run_turn` land (the turn's
     sink): one lock, held until they are set; lighter than a
-    ``concurrent.futures.Future``, which nothing else would see."""
+    ``concurrent.futures.Future``, which nothing else would see. It is also the
+    :class:`~rho_actors.sandbox.Waiter` of the thread that waits (one object a turn)."""
 
     __slots__ = ("_held", "_results")
     runs_host_code: ClassVar[bool] = False  # set_result releases a lock: the host's code runs in its own thread
 
     def __init__(self) -> None:
+        self._thread, self._call, self._replies = threading.get_ident(), None, None  # Waiter's, without its frame
         self._results: list[ToolResult] = []
         self._held = threading.Lock()
         self._held.acquire()
