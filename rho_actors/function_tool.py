@@ -151,9 +151,10 @@ class FunctionTool:
         )
         self._fields = tuple(self._model.model_fields)  # the arguments, read once: not on every call
         self._plain, self._required = _plain_arguments(self._model, params, hints)
-        schema = self._model.model_json_schema()
+        # no parameter at all (nor the call's context): a call with no argument is ``func()``
+        self._bare = not self._fields and not self._contexts and self._plain is not None
+        self._schema = schema = self._model.model_json_schema()
         schema.pop("title", None)
-        self._schema = schema
         if inspect.iscoroutinefunction(func):
             self.run = self._arun  # type: ignore[method-assign]
 
@@ -230,6 +231,8 @@ class FunctionTool:
         """Validate ``args`` with pydantic and call the function (raises
         ``pydantic.ValidationError`` on arguments the schema let through but the
         types refuse)."""
+        if self._bare and type(args) is dict and not args:  # what the model makes of {}: nothing to pass
+            return self.func()
         return self.func(**self._kwargs(args, ctx))
 
     async def _arun(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
