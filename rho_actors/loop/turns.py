@@ -529,7 +529,9 @@ class Turns:
             if not late:
                 if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
                     result = self.approvals.defer(slot.call, slot.args, result, turn.journal)  # for loop.resolve
-                size = result_bytes(result)  # charged to its turn and session: inline, on every call
+                content = result.content  # charged to its turn and session: inline, on every call
+                size = (len(content) if content.isascii() and not result.blocks and not result.images
+                        else result_bytes(result))  # an ASCII text alone: a byte a character
                 over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
                 if over is not None:
                     result = self._over_budget(slot, result, size, over)
