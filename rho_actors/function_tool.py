@@ -236,6 +236,8 @@ class FunctionTool:
         return self.func(**self._kwargs(args, ctx))
 
     async def _arun(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
+        if self._bare and type(args) is dict and not args:  # as in run: nothing to pass
+            return await self.func()
         return await self.func(**self._kwargs(args, ctx))
 
     def __repr__(self) -> str:
