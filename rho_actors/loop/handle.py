@@ -268,12 +268,12 @@ class Loop(HeldCalls):
         self, batch: tuple[ToolCall, ...], sink: ResultSink, cancel: CancelToken | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
         background: bool | frozenset[str] = False, on_start: Callable[[int], None] | None = None,
-        waiter: Waiter | None = None,
+        waiter: Waiter | None = None, turns: Turns | None = None,
     ) -> None:
         telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
-        self._turns().submit(batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(),
-                             on_result=on_result, aio=aio, background=background,
-                             chooses=self.model_chooses is True, on_start=on_start, waiter=waiter)
+        (turns or self._turns()).submit(
+            batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(), on_result=on_result,
+            aio=aio, background=background, chooses=self.model_chooses is True, on_start=on_start, waiter=waiter)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
@@ -350,21 +350,24 @@ class Loop(HeldCalls):
         which so suspends once (a folder that cannot be used is then the turn's
         ``not_started`` results, as in :meth:`run_turn`)."""
         batch = _checked_calls(calls)
-        chosen = _checked_background(background)
+        chosen = False if background is False else _checked_background(background)  # the default as it is
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
-        token = _checked_cancel(cancel) or CancelToken()
+        token = CancelToken() if cancel is None else _checked_cancel(cancel) or CancelToken()
         aio = asyncio.get_running_loop()
-        turns = self._turns()
+        turns: Turns | None = self._turns()
+        assert turns is not None
         if not turns.folder_made and any(type(c.name) is str and c.name in self._tools.current.entries
                                          for c in batch):
             await self._make_folder_off_loop(turns)
+            turns = None  # suspended meanwhile: the turn looks its loop up again (restarted, maybe)
         landing = _Landing(aio, bound)
         bounds = self._bounds
         if bounds is None or bounds.aio is not aio:
             bounds = self._bounds = _Bounds(aio)
         bounds.add(landing)  # armed first (one timer per event loop): the calls' hand-off goes last
         try:
-            self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen, on_start=on_start)
+            self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen, on_start=on_start,
+                             turns=turns)
             if landing.results is not None:  # landed already: every call refused, or settled in its first step
                 return landing.results
             return await landing.wait(token)
