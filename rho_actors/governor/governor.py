@@ -584,11 +584,9 @@ class Governor:
         return ready
 
     def thread_call_ended(self, gates: tuple[Gate, ...]) -> list[_Call]:
-        """A thread call of a tool without a policy was answered: its places (``gates``)
-        are free. Returns the waiting calls that took them, for :meth:`launch`."""
+        """A thread call's places (``gates``) are free again: the waiting calls that took them, for :meth:`launch`."""
         with self.lock:
-            for gate in gates:  # release(gates), inline: on every thread call's answer
-                gate.running -= 1
+            release(gates)
             return self._ready() if self.waiting.count else []
 
     def launch(self, ready: list[_Call] | tuple[()]) -> None:

@@ -529,9 +529,8 @@ class Turns:
             if not late:
                 if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
                     result = self.approvals.defer(slot.call, slot.args, result, turn.journal)  # for loop.resolve
-                content = result.content  # charged to its turn and session: inline, on every call
-                size = (len(content) if content.isascii() and not result.blocks and not result.images
-                        else result_bytes(result))  # an ASCII text alone: a byte a character
+                size = (len(result.content) if result.content.isascii() and not result.blocks and not result.images
+                        else result_bytes(result))  # charged inline, on every call (an ASCII text alone: its length)
                 over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
                 if over is not None:
                     result = self._over_budget(slot, result, size, over)
@@ -561,8 +560,7 @@ class Turns:
             self._finish(turn)
 
     def _over_budget(self, slot: Slot, result: ToolResult, size: int, over: tuple[str, int, int]) -> ToolResult:
-        """The ``over_budget`` error of ``result`` (``size`` bytes), refused by its turn's or
-        session's byte budget (``over``: :meth:`ResultBudgets.charge`'s scope, budget, bytes left)."""
+        """The ``over_budget`` error of ``result`` (``size`` bytes): ``over`` is the budgets' refusal."""
         scope, budget, left = over
         logger.warning("loop {}: the result of call {} ({} bytes) is over its {}'s budget of {} bytes; left out",
                        self.session_id, slot.call.id, size, scope, budget)
@@ -608,8 +606,7 @@ class Turns:
         self._end_turn(turn, "cancelled", answer)
 
     def _finish(self, turn: Turn) -> None:
-        """Complete the turn's future with its results in the model's order (once: the caller decided,
-        under the turn's lock, that the turn is finished)."""
+        """Complete the turn's future with its results in the model's order (once: its caller set it finished)."""
         with self._lock:
             self._turns.pop(turn.id, None)
         if turn.hooked is not None:
@@ -617,13 +614,12 @@ class Turns:
         if len(turn.slots) > 1:  # a one-call turn kept no share of its own
             self._budgets.turn_done(self.session_id, turn.id)
         results: list[ToolResult] = list(map(result_of, turn.slots))  # each has its result: the turn is finished
-        sink = turn.future
         try:
-            if not getattr(sink, "runs_host_code", True):  # a latch or a landing: no code of the host's runs here
-                sink.set_result(results)
+            if not getattr(turn.future, "runs_host_code", True):  # a latch or a landing: no code of the host's here
+                turn.future.set_result(results)
                 return
             with host_code():  # the future's done callbacks are the host's
-                sink.set_result(results)
+                turn.future.set_result(results)
         except BaseException:  # a done callback's SystemExit (futures catch only Exception): set, and logged
             logger.exception("loop {}: a callback of turn {}'s results raised", self.session_id, turn.id)
 
