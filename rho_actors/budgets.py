@@ -35,7 +35,8 @@ def result_bytes(result: ToolResult) -> int:
     """The bytes ``result`` costs a budget: its text (UTF-8), its images' and sounds'
     data, and its embedded resources' text (UTF-8) or blob (a text resource's text
     counts twice: it is also in the model's text)."""
-    text = len(result.content.encode("utf-8", "surrogatepass"))
+    content = result.content
+    text = len(content) if content.isascii() else len(content.encode("utf-8", "surrogatepass"))  # ASCII: a byte each
     if not result.blocks and not result.images:  # text only, the usual case
         return text
     return (text + sum(len(i.data) for i in result.images)

@@ -151,9 +151,10 @@ class FunctionTool:
         )
         self._fields = tuple(self._model.model_fields)  # the arguments, read once: not on every call
         self._plain, self._required = _plain_arguments(self._model, params, hints)
-        schema = self._model.model_json_schema()
+        # no parameter at all (nor the call's context): a call with no argument is ``func()``
+        self._bare = not self._fields and not self._contexts and self._plain is not None
+        self._schema = schema = self._model.model_json_schema()
         schema.pop("title", None)
-        self._schema = schema
         if inspect.iscoroutinefunction(func):
             self.run = self._arun  # type: ignore[method-assign]
 
@@ -214,7 +215,9 @@ class FunctionTool:
 
     def _kwargs(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
         plain = self._plain
-        if (plain is not None and type(args) is dict and self._required <= args.keys()
+        if plain is not None and type(args) is dict and not args and not self._required:
+            kwargs: dict[str, Any] = {}  # no argument given, none required: the defaults are the function's
+        elif (plain is not None and type(args) is dict and self._required <= args.keys()
                 and all(type(value) is plain.get(name) for name, value in args.items())):
             kwargs = dict(args)  # what validation would give: the values themselves (defaults are the function's)
         else:
@@ -228,9 +231,13 @@ class FunctionTool:
         """Validate ``args`` with pydantic and call the function (raises
         ``pydantic.ValidationError`` on arguments the schema let through but the
         types refuse)."""
+        if self._bare and type(args) is dict and not args:  # what the model makes of {}: nothing to pass
+            return self.func()
         return self.func(**self._kwargs(args, ctx))
 
     async def _arun(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
+        if self._bare and type(args) is dict and not args:  # as in run: nothing to pass
+            return await self.func()
         return await self.func(**self._kwargs(args, ctx))
 
     def __repr__(self) -> str:

@@ -464,7 +464,7 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
     one's place); its ``content`` is then :func:`model_text` of them, capped at
     ``max_chars``."""
     if type(value) is str:  # the usual case: scrubbed once, and made without the dataclass's __init__
-        content = scrub_text(value)
+        content = value if value.isascii() else scrub_text(value)  # ASCII holds no surrogate: nothing to scrub
         if len(content) <= max_chars:
             return _ok_text(call_id, name, content, duration_ms)
         return ToolResult(call_id, name, True, encode_output(content, max_chars).text, None, None, (), duration_ms)

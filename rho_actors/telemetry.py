@@ -132,14 +132,6 @@ _PROVIDER_FROM_ENVIRONMENT = any(name in os.environ for name in ("OTEL_PYTHON_TR
                                                                  "OTEL_PYTHON_METER_PROVIDER"))
 
 
-def _none_set() -> bool:
-    """Whether no tracer or meter provider is set (by code, or by the environment as it
-    was when this module was imported): the usual case, decided without the API's
-    getters. False whenever the API's globals are not where this looks (the getters decide)."""
-    return (not _PROVIDER_FROM_ENVIRONMENT and getattr(_TRACE_API, "_TRACER_PROVIDER", False) is None
-            and getattr(_METRICS_API, "_METER_PROVIDER", False) is None)
-
-
 def _configured(provider: Any) -> bool:
     """Whether the host set a real provider (the API's default is a proxy or a no-op)."""
     return type(provider).__name__ not in _DEFAULT_PROVIDERS
@@ -290,7 +282,12 @@ class Telemetry:
         next turn on). ``parent``: the calls' spans' parent context; with ``current``
         (default) the context current in this thread is read instead, only when a
         tracer is configured."""
-        if not self.enabled or _none_set():
+        # no tracer or meter provider set (by code, or by the environment as it was at
+        # import): the usual case, decided inline without the API's getters (a global not
+        # where this looks is not None: the getters decide)
+        if not self.enabled or (not _PROVIDER_FROM_ENVIRONMENT
+                                and getattr(_TRACE_API, "_TRACER_PROVIDER", False) is None
+                                and getattr(_METRICS_API, "_METER_PROVIDER", False) is None):
             return None
         tracers = otel_trace.get_tracer_provider()
         if (type(tracers).__name__ in _DEFAULT_PROVIDERS

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem, ErrorKind, Image, ToolCall
+from rho_actors import ActorSystem, ErrorKind, Image, ToolCall, ToolResult
+from rho_actors.budgets import result_bytes
 from rho_actors.sandbox import wire
 from tests.conftest import WAIT_S
 
@@ -84,3 +85,12 @@ def test_an_image_over_the_largest_provider_limit_is_refused_when_sent_back(syst
     assert f"{21 * MIB:,} bytes of data, more than the limit of {wire.MAX_IMAGE_BYTES:,}" in big.content
     [small] = _turn(loop, 1, 0.5, "g")
     assert small.ok and len(small.images) == 2
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("", 0), ("ok", 2), ("x" * 1000, 1000), ("é", 2), ("😀", 4), ("a\ud800b", 5), ("tab\tand\nnewline", 15),
+])
+def test_a_texts_budget_cost_is_its_utf8_bytes(text: str, size: int) -> None:
+    """A result's text costs its UTF-8 bytes (a lone surrogate three, as it is written
+    out): an ASCII text its length, counted without encoding it."""
+    assert result_bytes(ToolResult("c1", "t", True, text)) == size

@@ -211,6 +211,38 @@ def test_args_sections_become_parameter_descriptions() -> None:
     assert declaration(google) is not None
 
 
+def test_a_tool_without_parameters_runs_with_no_arguments_and_refuses_any() -> None:
+    """A tool of no parameter is called with none for ``{}`` (a method bound to its
+    instance, a function with only the call's context gets it); any argument is refused
+    as pydantic refuses it."""
+
+    @tool
+    def now() -> str:
+        """The time."""
+        return "noon"
+
+    @tool
+    def session(ctx: Mapping[str, Any]) -> str:
+        """The session."""
+        return str(ctx["session_id"])
+
+    class Clock:
+        def __init__(self) -> None:
+            self.zone = "UTC"
+
+        @tool
+        def zone_name(self) -> str:
+            """The zone."""
+            return self.zone
+
+    assert now.run({}, {}) == "noon"
+    assert session.run({}, {"session_id": "s1"}) == "s1"
+    assert Clock().zone_name.run({}, {}) == "UTC"
+    for t in (now, session, Clock().zone_name):
+        with pytest.raises(pydantic.ValidationError):
+            t.run({"extra": 1}, {"session_id": "s1"})
+
+
 def test_methods_leave_self_and_cls_out() -> None:
     class Weather:
         def __init__(self) -> None:

@@ -649,3 +649,27 @@ def test_a_long_exclusive_turn_of_calls_settled_in_their_first_steps_does_not_ne
     ids = [c.id for c in calls]
     assert [r.content for r in results] == ids
     assert ids == ORDER
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"cancel": object()}, "cancel must be a rho_actors.CancelToken or None, got object"),
+    ({"background": 0}, "background must be a bool or call ids"),
+    ({"background": "c1"}, "background must be a bool or call ids"),
+])
+def test_arun_turn_refuses_a_bad_argument_before_any_call_starts(
+    system: ActorSystem, kwargs: dict[str, Any], message: str
+) -> None:
+    """The defaults are taken as they are; anything else is checked: a bad value is a
+    ``TypeError`` naming it, and no call of the turn runs."""
+    loop = system.start_loop("s")
+    events: list[CallEvent] = []
+    system.subscribe(lambda e: events.append(e) if isinstance(e, CallEvent) else None)
+
+    async def main() -> list[bool]:
+        with pytest.raises(TypeError, match=message):
+            await loop.arun_turn([call("on_which_loop")], **kwargs)
+        results = await loop.arun_turn([call("on_which_loop", "c2")], cancel=None, background=False)
+        return [r.ok for r in results]
+
+    assert asyncio.run(main()) == [True]
+    assert [e.kind for e in events] == ["started", "finished"]  # the second turn's call only

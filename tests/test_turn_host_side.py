@@ -229,3 +229,26 @@ def test_a_call_no_thread_could_be_started_for_is_not_started_and_the_turn_goes_
     assert isolation.running_calls() == 0 and system.stats()["abandoned_threads_running"] == 0
     [again] = loop.run_turn([ToolCall("w2", "where", "{}")])
     assert again.ok, again.content
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"timeout_s": "1"}, "timeout_s must be a number of seconds or None, got '1'"),
+    ({"timeout_s": True}, "timeout_s must be a number of seconds or None, got True"),
+    ({"cancel": object()}, "cancel must be a rho_actors.CancelToken or None, got object"),
+    ({"background": 0}, "background must be a bool or call ids"),
+    ({"background": "c1"}, "background must be a bool or call ids"),
+])
+def test_run_turn_refuses_a_bad_argument_before_any_call_starts(
+    system: ActorSystem, kwargs: dict[str, Any], message: str
+) -> None:
+    """The defaults are taken as they are; anything else is checked, and a bad value is a
+    ``TypeError`` naming it, with no call of the turn run."""
+    system.register(where)
+    loop = system.start_loop("s1")
+    events: list[CallEvent] = []
+    system.subscribe(lambda e: events.append(e) if isinstance(e, CallEvent) else None)
+    with pytest.raises(TypeError, match=message):
+        loop.run_turn([ToolCall("c1", "where", "{}")], **kwargs)
+    assert events == []
+    [result] = loop.run_turn([ToolCall("c2", "where", "{}")], timeout_s=WAIT_S, cancel=None, background=False)
+    assert result.ok and result.content != str(threading.get_ident())  # never on the host's thread

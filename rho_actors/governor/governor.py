@@ -128,7 +128,10 @@ class _ThreadPlace:
             self.reply(result)
             return
         self.gov = None
-        ready = gov.thread_call_ended(self.gates)
+        with gov.lock:  # gov.thread_call_ended(self.gates), inline: on every such call's answer
+            for gate in self.gates:
+                gate.running -= 1
+            ready = gov._ready() if gov.waiting.count else []
         try:
             self.reply(result)
         finally:
@@ -382,6 +385,7 @@ class Governor:
         self.seq = itertools.count()
         self.waiting = Waiting()
         self._threads = Gate(("thread",), settings.max_thread_calls)
+        self._thread_only = (self._threads,)  # the gates of a thread call of a shared tool without a policy
         self._tools: dict[str, Gate] = {}
         self._per_session: dict[tuple[str, str], Gate] = {}
         self._exclusive: dict[str, Gate] = {}  # by session: its one place for calls of exclusive tools
@@ -411,10 +415,16 @@ class Governor:
                 return start(spec)
             gates: tuple[Gate, ...]
             with self.lock:  # the usual case: its places free, nobody waiting for one
-                gates = (self._threads,) if not exclusive else (self._exclusive_gate(session), self._threads)
-                free = not self.waiting.count and fits(gates)
-                if free:
-                    take(gates)
+                if not exclusive:  # the thread place alone, looked at inline
+                    gates, threads = self._thread_only, self._threads
+                    free = not self.waiting.count and threads.running < threads.bound
+                    if free:
+                        threads.running += 1
+                else:
+                    gates = (self._exclusive_gate(session), self._threads)
+                    free = not self.waiting.count and fits(gates)
+                    if free:
+                        take(gates)
             if free:
                 spec.reply = place = _ThreadPlace(self, spec.reply, gates)
                 try:
@@ -574,8 +584,7 @@ class Governor:
         return ready
 
     def thread_call_ended(self, gates: tuple[Gate, ...]) -> list[_Call]:
-        """A thread call of a tool without a policy was answered: its places (``gates``)
-        are free. Returns the waiting calls that took them, for :meth:`launch`."""
+        """A thread call's places (``gates``) are free again: the waiting calls that took them, for :meth:`launch`."""
         with self.lock:
             release(gates)
             return self._ready() if self.waiting.count else []

@@ -24,11 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
-import inspect
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from types import CoroutineType
 from typing import Any
 
 from loguru import logger
@@ -136,7 +135,11 @@ class Answer:
         if result.error_kind not in _AT_DEADLINE and now >= spec.deadline:
             late, result = result, self.timeout(DISCARDED)
         timer = self.timer
-        won = self.claim()
+        try:  # claim(), inline: on every call
+            self._claim.pop()
+            won = True
+        except IndexError:
+            won = False
         if not won:
             self._hand_late(late or result)
         else:
@@ -199,7 +202,7 @@ def run_here(spec: CallSpec) -> ToolResult:
     cancelled at the deadline or on cancellation) and make its result. Raises what the
     tool raises."""
     value = spec.tool.run(spec.args, spec.ctx)
-    if inspect.iscoroutine(value):
+    if type(value) is CoroutineType:  # inspect.iscoroutine without its frame (a subclass cannot be made)
         value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
     return result_from_return(
         spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - spec.dispatched) * 1000
@@ -306,23 +309,25 @@ def run_on_call_thread(call: CallSpec, run: Callable[[CallSpec], ToolResult | No
     of waking another). A ``run`` that returns ``None`` handed the call on (a process
     call written to its worker: its pool's reader counts it ended and answers it).
     Never raises (a failed reply is logged)."""
+    context = call.context
     try:
-        result = call.context.run(_in_span, run, call) if call.context is not None else _in_span(run, call)
+        if TRACEPARENT in call.ctx:  # with the call's span current (telemetry off: no span, no frame for it)
+            result = context.run(_in_span, run, call) if context is not None else _in_span(run, call)
+        else:
+            result = context.run(run, call) if context is not None else run(call)
     except BaseException as exc:  # nothing escapes into the pool: a result
         result = call_failure(call, exc, (time.monotonic() - call.dispatched) * 1000)
     if result is None:
         return
     ended()
     try:
-        threads.run_handing_over(functools.partial(answer.settle, result))
+        threads.run_handing_over(answer.settle, result)
     except BaseException:
         logger.exception("reply of call {} failed", call.call_id)
 
 
 def _in_span(run: Callable[[CallSpec], ToolResult | None], call: CallSpec) -> ToolResult | None:
-    """``run(call)`` with the call's span current (``ctx["traceparent"]``; telemetry off: none)."""
-    if TRACEPARENT not in call.ctx:
-        return run(call)
+    """``run(call)`` with the call's span current (``ctx["traceparent"]``)."""
     with attached(call.ctx, call.dispatched, call.name):
         return run(call)
 

@@ -125,7 +125,7 @@ class _Running(Timer):
     fire_anywhere = True  # whichever thread first sees the deadline passed claims the timeout
 
     def __init__(self, isolation: ThreadIsolation, call: CallSpec) -> None:
-        super().__init__(call.deadline)
+        self.when, self.cancelled, self._owner = call.deadline, False, None  # Timer's fields, without its frame
         self.isolation = isolation
         self.call: CallSpec | None = call
         self.answer: Answer | None = None
@@ -142,7 +142,7 @@ class _Running(Timer):
 
     def cancel(self, reason: str | None = None) -> None:
         call = self.call
-        super().cancel()
+        Timer.cancel(self)
         if reason is not None and call is not None:
             self.isolation.give_up(call, reason)
 

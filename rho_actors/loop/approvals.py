@@ -191,8 +191,17 @@ class SessionApprovals(ApprovalJournal):
         :meth:`hold` would look through for nothing."""
         if self.policy is not None:
             return True
-        rules = self._rules_of(version)
-        return any(self._rule(rules, slots[index].entry) is not False for index in waiting)
+        known, rules = self._rules
+        if known != version:
+            rules = self._rules_of(version)
+        for index in waiting:  # a plain loop, the rule read inline: no generator or frame per call
+            entry = slots[index].entry
+            rule = rules.get(entry.serial)
+            if rule is None:
+                rule = rules[entry.serial] = approval_rule(entry)
+            if rule is not False:
+                return True
+        return False
 
     def _rules_of(self, version: int) -> dict[int, bool | Callable[..., Any]]:
         """What each tool of tool set ``version`` says of approval, by registration serial

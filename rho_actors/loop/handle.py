@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pykka
 
@@ -268,12 +268,12 @@ class Loop(HeldCalls):
         self, batch: tuple[ToolCall, ...], sink: ResultSink, cancel: CancelToken | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
         background: bool | frozenset[str] = False, on_start: Callable[[int], None] | None = None,
-        waiter: Waiter | None = None,
+        waiter: Waiter | None = None, turns: Turns | None = None,
     ) -> None:
         telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
-        self._turns().submit(batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(),
-                             on_result=on_result, aio=aio, background=background,
-                             chooses=self.model_chooses is True, on_start=on_start, waiter=waiter)
+        (turns or self._turns()).submit(
+            batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(), on_result=on_result,
+            aio=aio, background=background, chooses=self.model_chooses is True, on_start=on_start, waiter=waiter)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
@@ -306,12 +306,15 @@ class Loop(HeldCalls):
         no reader thread woken between the worker and the caller).
         """
         batch = _checked_calls(calls)
-        _checked_timeout(timeout_s)  # before the turn starts: a bad bound must not strand its held call
-        bound_s = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
-        latch = _Latch()
-        waiter = Waiter()
+        if timeout_s is not None:
+            _checked_timeout(timeout_s)  # before the turn starts: a bad bound must not strand its held call
+            bound_s = timeout_s
+        else:
+            bound_s = self.turn_bound_s(batch)
+        waiter = latch = _Latch()  # the turn's sink, and the thread waiting for it (one object)
         try:
-            self._start_turn(batch, latch, _checked_cancel(cancel), background=_checked_background(background),
+            self._start_turn(batch, latch, None if cancel is None else _checked_cancel(cancel),
+                             background=False if background is False else _checked_background(background),
                              waiter=waiter)
             until = time.monotonic() + bound_s
             waiter.serve(until)  # the reply of the turn's one process call, if it was left for this thread
@@ -347,21 +350,24 @@ class Loop(HeldCalls):
         which so suspends once (a folder that cannot be used is then the turn's
         ``not_started`` results, as in :meth:`run_turn`)."""
         batch = _checked_calls(calls)
-        chosen = _checked_background(background)
+        chosen = False if background is False else _checked_background(background)  # the default as it is
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
-        token = _checked_cancel(cancel) or CancelToken()
+        token = CancelToken() if cancel is None else _checked_cancel(cancel) or CancelToken()
         aio = asyncio.get_running_loop()
-        turns = self._turns()
+        turns: Turns | None = self._turns()
+        assert turns is not None
         if not turns.folder_made and any(type(c.name) is str and c.name in self._tools.current.entries
                                          for c in batch):
             await self._make_folder_off_loop(turns)
+            turns = None  # suspended meanwhile: the turn looks its loop up again (restarted, maybe)
         landing = _Landing(aio, bound)
         bounds = self._bounds
         if bounds is None or bounds.aio is not aio:
             bounds = self._bounds = _Bounds(aio)
         bounds.add(landing)  # armed first (one timer per event loop): the calls' hand-off goes last
         try:
-            self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen, on_start=on_start)
+            self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen, on_start=on_start,
+                             turns=turns)
             if landing.results is not None:  # landed already: every call refused, or settled in its first step
                 return landing.results
             return await landing.wait(token)
@@ -535,14 +541,17 @@ class Loop(HeldCalls):
         return self._names.exit_reason(loop_name(self.session_id))
 
 
-class _Latch:
+class _Latch(Waiter):
     """Where the results of a turn waited for by :meth:`Loop.run_turn` land (the turn's
     sink): one lock, held until they are set; lighter than a
-    ``concurrent.futures.Future``, which nothing else would see."""
+    ``concurrent.futures.Future``, which nothing else would see. It is also the
+    :class:`~rho_actors.sandbox.Waiter` of the thread that waits (one object a turn)."""
 
     __slots__ = ("_held", "_results")
+    runs_host_code: ClassVar[bool] = False  # set_result releases a lock: the host's code runs in its own thread
 
     def __init__(self) -> None:
+        self._thread, self._call, self._replies = threading.get_ident(), None, None  # Waiter's, without its frame
         self._results: list[ToolResult] = []
         self._held = threading.Lock()
         self._held.acquire()
@@ -569,6 +578,7 @@ class _Landing:
     ``aio``'s thread; the future is made only when the host has to wait."""
 
     __slots__ = ("_thread", "_waiter", "_waiting", "aio", "bound_s", "results")
+    runs_host_code: ClassVar[bool] = False  # set_result lands on aio's thread (or schedules it there)
 
     def __init__(self, aio: asyncio.AbstractEventLoop, bound_s: float) -> None:
         self.aio = aio

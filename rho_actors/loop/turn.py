@@ -30,6 +30,10 @@ class ResultSink(Protocol):
 
     def set_result(self, results: list[ToolResult], /) -> object: ...
 
+# A sink may say ``runs_host_code = False`` (a class attribute): its ``set_result`` runs none
+# of the host's code (it releases a lock, or schedules a callback on an event loop), so
+# the settling thread sets it without :func:`~rho_actors.otp.threads.host_code` around it.
+
 
 @dataclass(slots=True)
 class Slot:

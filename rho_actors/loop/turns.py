@@ -427,18 +427,20 @@ class Turns:
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
         resumed = self._resumed.pop(slot.call.id, None) if self._resumed else None
-        task, timeout_ms = ((resumed, self._tasks.timeout_ms(entry.info)) if resumed is not None else
+        background = entry.info.policy.background
+        task, timeout_ms = ((None, entry.info.timeout_ms) if resumed is None and background is False else
+                            (resumed, self._tasks.timeout_ms(entry.info)) if resumed is not None else
                             self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info,
                                              args if idempotent(entry) else None)
-                            if runs_as_task(entry.info.policy.background, turn.background, slot.call.id, slot.asked)
-                            or (entry.info.policy.background == "optional"  # approved: its held task goes on
+                            if runs_as_task(background, turn.background, slot.call.id, slot.asked)
+                            or (background == "optional"  # approved: its held task goes on
                                 and self._tasks.holds(self.session_id, slot.call.id))
                             else (None, entry.info.timeout_ms))
         if isinstance(task, ToolResult):  # a background call past a bound: refused
             return self._settle(turn, slot, task)
         now = time.monotonic()
         # the tool's own time, after what its isolation may take to start it (a worker process)
-        deadline = (now + self._runtime.isolations[entry.isolation].start_bound_s
+        deadline = (now + (isolation := self._runtime.isolations[entry.isolation]).start_bound_s
                     + max(0.0, timeout_ms / 1000 - slot.validated_s))
         cancel = CancelToken()
 
@@ -492,7 +494,7 @@ class Turns:
         try:
             # a task outlives its turn (and the caller's event loop): it runs on the tasks' event loop
             aio = None if not inline else turn.aio if task is None else self._tasks.event_loop.get()
-            start: Any = (self._runtime.isolations[entry.isolation].start if aio is None else
+            start: Any = (isolation.start if aio is None else
                           functools.partial(InlineCall.start, aio, stopping=self._runtime.calls.closed))
             running: RunningCall = self._runtime.governor.start(entry, spec, self.session_id, start, inline)  # bounds
         except (pykka.ActorDeadError, pykka.Timeout) as err:
@@ -527,7 +529,11 @@ class Turns:
             if not late:
                 if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
                     result = self.approvals.defer(slot.call, slot.args, result, turn.journal)  # for loop.resolve
-                result = self._within_budget(turn, slot, result)
+                size = (len(result.content) if result.content.isascii() and not result.blocks and not result.images
+                        else result_bytes(result))  # charged inline, on every call (an ASCII text alone: its length)
+                over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
+                if over is not None:
+                    result = self._over_budget(slot, result, size, over)
                 slot.result, slot.running = result, None  # answered: nothing to cancel (and no cycle kept)
                 turn.open -= 1
                 if turn.exclusive and turn.waiting and turn.stop_reason is None:
@@ -553,13 +559,8 @@ class Turns:
         elif last:
             self._finish(turn)
 
-    def _within_budget(self, turn: Turn, slot: Slot, result: ToolResult) -> ToolResult:
-        """``result``, or an ``over_budget`` error when it would take its turn or session
-        past its byte budget (:mod:`rho_actors.runtime`; under the turn's lock)."""
-        size = result_bytes(result)
-        over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
-        if over is None:
-            return result
+    def _over_budget(self, slot: Slot, result: ToolResult, size: int, over: tuple[str, int, int]) -> ToolResult:
+        """The ``over_budget`` error of ``result`` (``size`` bytes): ``over`` is the budgets' refusal."""
         scope, budget, left = over
         logger.warning("loop {}: the result of call {} ({} bytes) is over its {}'s budget of {} bytes; left out",
                        self.session_id, slot.call.id, size, scope, budget)
@@ -605,8 +606,7 @@ class Turns:
         self._end_turn(turn, "cancelled", answer)
 
     def _finish(self, turn: Turn) -> None:
-        """Complete the turn's future with its results in the model's order (once: the caller decided,
-        under the turn's lock, that the turn is finished)."""
+        """Complete the turn's future with its results in the model's order (once: its caller set it finished)."""
         with self._lock:
             self._turns.pop(turn.id, None)
         if turn.hooked is not None:
@@ -615,6 +615,9 @@ class Turns:
             self._budgets.turn_done(self.session_id, turn.id)
         results: list[ToolResult] = list(map(result_of, turn.slots))  # each has its result: the turn is finished
         try:
+            if not getattr(turn.future, "runs_host_code", True):  # a latch or a landing: no code of the host's here
+                turn.future.set_result(results)
+                return
             with host_code():  # the future's done callbacks are the host's
                 turn.future.set_result(results)
         except BaseException:  # a done callback's SystemExit (futures catch only Exception): set, and logged

@@ -57,6 +57,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from loguru import logger
 
@@ -64,6 +65,7 @@ __all__ = ["ThreadPool", "host_code"]
 
 Job = Callable[[], object]
 _Handoff = tuple[Job, str]
+_T = TypeVar("_T")
 
 
 def _end() -> None:
@@ -193,16 +195,16 @@ class ThreadPool:
         finally:
             local.handing = False
 
-    def run_handing_over(self, job: Callable[[], object]) -> None:
-        """``job()`` inside :meth:`hand_over` (the same, without a context manager's
+    def run_handing_over(self, job: Callable[[_T], object], arg: _T) -> None:
+        """``job(arg)`` inside :meth:`hand_over` (the same, without a context manager's
         cost: for a call thread's reply, on every call)."""
         local = self._local
         if not hasattr(local, "next"):  # not one of this pool's threads
-            job()
+            job(arg)
             return
         local.handing = True
         try:
-            job()
+            job(arg)
         finally:
             local.handing = False
 

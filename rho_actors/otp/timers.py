@@ -76,8 +76,11 @@ class Timer:
             return
         self.cancelled = True
         self.dropped()
-        if self._owner is not None:
-            self._owner._cancelled()
+        owner = self._owner
+        if owner is not None:
+            owner._dead += 1  # unlocked: a lost count only delays the next compaction
+            if owner._dead > 1024:
+                owner._cancelled()
 
 
 class _CallbackTimer(Timer):
@@ -142,9 +145,8 @@ class Timers:
         return self.call_at(time.monotonic() + delay_s, deliver)
 
     def _cancelled(self) -> None:
-        """A timer was cancelled: drop all cancelled ones once they are most of the
-        heap, so that short calls with long deadlines do not pile up."""
-        self._dead += 1  # unlocked: a lost count only delays the next compaction
+        """Timers were cancelled (``_dead`` counts them): drop all cancelled ones once they
+        are most of the heap, so that short calls with long deadlines do not pile up."""
         if self._dead > 1024 and self._dead * 2 > len(self._heap):
             with self._cond:
                 self._heap = [entry for entry in self._heap if not entry[2].cancelled]
