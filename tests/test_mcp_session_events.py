@@ -159,7 +159,8 @@ def test_a_result_stored_while_a_stream_is_resumed_reaches_the_resumed_stream() 
 
 def test_a_replayed_streams_later_events_go_to_no_other_requests_stream() -> None:
     """The events stored after a replay are given only to the stream that replay's task
-    registers: a new request of the same id, registered by another task, gets none."""
+    registers: a new request of the same id, registered by another task, gets none, and
+    that replay's mark is gone with it."""
     import anyio
     import mcp_types as types
     from anyio.streams.memory import MemoryObjectReceiveStream
@@ -171,24 +172,28 @@ def test_a_replayed_streams_later_events_go_to_no_other_requests_stream() -> Non
         streams = _Streams(events)
         primed = await events.store_event("1", None)
         message = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"n": 1})
+        received: list[MemoryObjectReceiveStream[Any]] = []
 
         async def nothing(event: Any) -> None:
             raise AssertionError(event)
-
-        assert await events.replay_events_after(primed, nothing) == "1"
-        await events.store_event("1", message)
-        received: list[MemoryObjectReceiveStream[Any]] = []
 
         async def register() -> None:
             send, receive = anyio.create_memory_object_stream[Any](16)
             streams["1"] = (send, receive)
             received.append(receive)
 
+        assert await events.replay_events_after(primed, nothing) == "1"
+        later = await events.store_event("1", message)
+        await register()  # the replaying task's own registration gets what was stored since
+        assert received[0].receive_nowait().message == message
+        del streams["1"]
+        assert await events.replay_events_after(later, nothing) == "1"
+        await events.store_event("1", message)
         async with anyio.create_task_group() as tasks:  # another task: a POST of request id 1
             tasks.start_soon(register)
-        with pytest.raises(anyio.WouldBlock):
-            received[0].receive_nowait()
-        await register()  # the replaying task's own registration gets it
-        assert received[1].receive_nowait().message == message
+        await register()
+        for stream in received[1:]:
+            with pytest.raises(anyio.WouldBlock):
+                stream.receive_nowait()
 
     anyio.run(main)

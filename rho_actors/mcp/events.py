@@ -122,6 +122,7 @@ class _SessionEvents(EventStore):
         self._session = session_id
         # stream id -> (the replaying task's id, the last event it replayed), until it registers the stream
         self._resumed: dict[StreamId, tuple[int, EventId]] = {}
+        self.streams: dict[Any, Any] = {}  # the transport's registry (a _Streams), once admitted
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         """Keep ``message`` as this session's next event of ``stream_id``."""
@@ -136,7 +137,7 @@ class _SessionEvents(EventStore):
             last[0] = event.event_id or last[0]
 
         stream_id = await self._store._replay(self._session, last_event_id, sending)
-        if stream_id is not None:
+        if stream_id is not None and stream_id not in self.streams:  # the SDK registers it next
             self._resumed[stream_id] = (anyio.get_current_task().id, last[0])
         return stream_id
 
@@ -145,10 +146,9 @@ class _SessionEvents(EventStore):
         replayed that stream, send ``live`` the events stored since its replay (the SDK's
         router found no stream for them). More than ``live`` holds closes it once those it
         holds are read: the client resumes from the last it got."""
-        resumed = self._resumed.get(stream_id)
+        resumed = self._resumed.pop(stream_id, None)  # another task's (a POST of that id): none
         if resumed is None or resumed[0] != anyio.get_current_task().id:
             return
-        del self._resumed[stream_id]
         for event in self._store._after(self._session, stream_id, resumed[1]):
             try:
                 live.send_nowait(event)
@@ -164,6 +164,7 @@ class _Streams(dict[Any, Any]):
     def __init__(self, events: _SessionEvents) -> None:
         super().__init__()
         self._events = events
+        events.streams = self
 
     def __setitem__(self, stream_id: Any, streams: Any) -> None:
         super().__setitem__(stream_id, streams)
