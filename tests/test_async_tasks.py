@@ -63,7 +63,7 @@ unblock = threading.Event()
 @tool(background=True, background_timeout_ms=60_000)
 async def blocks_the_loop() -> str:
     """Block its event loop (a synchronous wait inside ``async def``: a fault of the tool)."""
-    unblock.wait(60)
+    unblock.wait(WAIT_S)
     return "unblocked"
 
 

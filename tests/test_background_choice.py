@@ -33,7 +33,7 @@ def _fresh() -> None:
 def report(topic: str) -> str:
     """Write a report on a topic."""
     seen.append({"topic": topic, "thread": threading.current_thread().name})
-    release.wait(30)
+    release.wait(WAIT_S)
     return f"report on {topic}"
 
 

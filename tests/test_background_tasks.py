@@ -412,7 +412,7 @@ class ClassCrawl:
 
     @staticmethod
     def run(args: dict[str, Any], ctx: Any) -> str:
-        release.wait(30)
+        release.wait(WAIT_S)
         return f"crawled {args['site']}"
 
 

@@ -141,7 +141,7 @@ def test_flush_waits_for_a_sync_the_thread_has_begun_so_a_session_closed_next_ke
     def gated(fd: int) -> None:
         if threading.current_thread().name == "rho-group-commit":
             entered.set()
-            release.wait(30)
+            release.wait(WAIT_S)
         real(fd)
         made.append(threading.current_thread().name)
 
@@ -150,7 +150,7 @@ def test_flush_waits_for_a_sync_the_thread_has_begun_so_a_session_closed_next_ke
     transcript = _transcript(tmp_path)
     try:
         _results(transcript, 1, 1, commits)
-        assert entered.wait(30)  # the thread holds the transcript, its sync begun
+        assert entered.wait(WAIT_S)  # the thread holds the transcript, its sync begun
         seen: list[list[str]] = []
 
         def flush() -> None:
@@ -161,7 +161,7 @@ def test_flush_waits_for_a_sync_the_thread_has_begun_so_a_session_closed_next_ke
         flusher.start()
         wait_for(lambda: not flusher.is_alive(), slack(0.5))  # a flush not waiting returns now
         release.set()
-        flusher.join(30)
+        flusher.join(WAIT_S)
         assert seen == [["rho-group-commit"]], seen  # flush returned once the thread's sync was made
     finally:
         release.set()

@@ -380,12 +380,14 @@ def _resumed_answer(http: Any, url: str, headers: dict[str, str], last_event_id:
     the SDK replays and re-registers the stream reaches neither (its transport's
     "replay→live-tail window"), so a resumed stream that carries no event for
     ``slack(3.0)`` is resumed again; keep-alive pings are no event (an httpx read
-    timeout alone misses a stream that only pings, every 15 s)."""
+    timeout alone misses a stream that only pings, every 15 s). That quiet time is at most
+    an eighth of :data:`WAIT_S`, so a loaded machine resumes several times within it (at a
+    load of 30 on 2 cores slack(3.0) is 45 s: one missed resume used up the whole wait)."""
     import httpx2 as httpx
 
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
-        quiet = min(slack(3.0), deadline - time.monotonic())
+        quiet = min(slack(3.0), WAIT_S / 8, deadline - time.monotonic())
         with contextlib.suppress(httpx.ReadTimeout), http.stream(
                 "GET", url, headers={**headers, "Last-Event-ID": last_event_id},
                 timeout=httpx.Timeout(WAIT_S, read=quiet)) as resumed:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -96,5 +97,103 @@ def test_session_views_of_the_event_store_are_apart() -> None:
         for _ in range(4):  # the bound is over every session together
             await b.store_event("2", message)
         assert store.count == 4 and await a.replay_events_after(primed_a, send) is None
+
+    anyio.run(main)
+
+
+def test_a_result_stored_while_a_stream_is_resumed_reaches_the_resumed_stream() -> None:
+    """The SDK's transport replays a stream, then sends the resumed stream's priming event,
+    then registers the stream for live events: the call's result, stored by the router in
+    between (it found no stream to send it to), must still reach the resumed stream. The
+    interleaving is forced: the result is stored where the priming event is minted."""
+    from types import SimpleNamespace
+
+    import anyio
+    import mcp_types as types
+    from mcp.server.streamable_http import StreamableHTTPServerTransport
+    from starlette.requests import Request
+
+    from rho_actors.mcp.events import BoundedEventStore, own_event_stores
+
+    async def main() -> None:
+        store = BoundedEventStore()
+        transport = StreamableHTTPServerTransport(mcp_session_id="s1", event_store=store)
+        manager = SimpleNamespace(_admit_session=lambda: transport)
+        own_event_stores(manager, store)
+        manager._admit_session()
+        events = transport._event_store
+        assert events is not None
+        primed = await events.store_event("1", None)
+        result = types.JSONRPCResponse(jsonrpc="2.0", id=1, result={"content": [], "isError": False})
+        mint = transport._mint_priming_event
+
+        async def result_stored_before_the_priming(stream_id: str, version: str) -> Any:
+            assert stream_id not in transport._request_streams  # the router has nowhere to send it
+            await events.store_event(stream_id, result)
+            return await mint(stream_id, version)
+
+        transport._mint_priming_event = result_stored_before_the_priming  # type: ignore[method-assign,assignment]
+        body = bytearray()
+        answered = anyio.Event()
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            body.extend(message.get("body", b""))
+            if b'"id":1' in body:
+                answered.set()
+
+        async def receive() -> dict[str, Any]:
+            await anyio.sleep_forever()
+            return {}
+
+        scope = {"type": "http", "method": "GET", "path": "/mcp", "query_string": b"", "headers": [
+            (b"last-event-id", primed.encode()), (b"mcp-protocol-version", VERSION.encode())]}
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(transport._replay_events, primed, Request(scope, receive), send)
+            with anyio.fail_after(WAIT_S):
+                await answered.wait()
+            tasks.cancel_scope.cancel()
+        assert b'"isError":false' in body, bytes(body)
+
+    anyio.run(main)
+
+
+def test_a_replayed_streams_later_events_go_to_no_other_requests_stream() -> None:
+    """The events stored after a replay are given only to the stream that replay's task
+    registers: a new request of the same id, registered by another task, gets none, and
+    that replay's mark is gone with it."""
+    import anyio
+    import mcp_types as types
+    from anyio.streams.memory import MemoryObjectReceiveStream
+
+    from rho_actors.mcp.events import BoundedEventStore, _SessionEvents, _Streams
+
+    async def main() -> None:
+        events = _SessionEvents(BoundedEventStore(), "s1")
+        streams = _Streams(events)
+        primed = await events.store_event("1", None)
+        message = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"n": 1})
+        received: list[MemoryObjectReceiveStream[Any]] = []
+
+        async def nothing(event: Any) -> None:
+            raise AssertionError(event)
+
+        async def register() -> None:
+            send, receive = anyio.create_memory_object_stream[Any](16)
+            streams["1"] = (send, receive)
+            received.append(receive)
+
+        assert await events.replay_events_after(primed, nothing) == "1"
+        later = await events.store_event("1", message)
+        await register()  # the replaying task's own registration gets what was stored since
+        assert received[0].receive_nowait().message == message
+        del streams["1"]
+        assert await events.replay_events_after(later, nothing) == "1"
+        await events.store_event("1", message)
+        async with anyio.create_task_group() as tasks:  # another task: a POST of request id 1
+            tasks.start_soon(register)
+        await register()
+        for stream in received[1:]:
+            with pytest.raises(anyio.WouldBlock):
+                stream.receive_nowait()
 
     anyio.run(main)

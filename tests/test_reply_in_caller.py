@@ -39,6 +39,10 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.timeout(180)
 
+START_MS = int(WAIT_S * 1000)
+"""How long a call may wait for a worker: a hang bound, not the default 10 s, which a loaded
+machine's first worker start can pass (the call then fails ``no_worker_in_time``)."""
+
 
 @tool
 def echo(text: str) -> str:
@@ -121,7 +125,7 @@ class Reads:
 
 @pytest.fixture
 def process_system(tmp_path: Path) -> Iterator[ActorSystem]:
-    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=5_000, warm_workers=1)
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=5_000, warm_workers=1, start_timeout_ms=START_MS)
     try:
         for each in (echo, nap, overstay, half_frame):
             system.register(each, isolation="process")
@@ -214,7 +218,7 @@ def test_a_cancelled_turn_kills_the_worker_its_caller_waits_for(
 
 
 def test_a_system_stopped_while_the_caller_reads_gives_its_call_one_result(tmp_path: Path) -> None:
-    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=5_000, warm_workers=1)
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=5_000, warm_workers=1, start_timeout_ms=START_MS)
     marker = tmp_path / "pid"
 
     def stop_once_running() -> None:

@@ -41,7 +41,7 @@ release = threading.Event()
 @tool(background=True, background_timeout_ms=60_000)
 def crawl(site: str) -> str:
     """Crawl a site (until the test lets it finish, 30 s at most)."""
-    release.wait(30)
+    release.wait(WAIT_S)
     return f"crawled {site}: 42 pages"
 
 
@@ -54,7 +54,7 @@ def finish_crawls() -> str:
     release.set()
     [loop] = waiting_on
     for info in loop.tasks():
-        loop.task_result(info.task_id, timeout_s=30)
+        loop.task_result(info.task_id, timeout_s=WAIT_S)
     return "the crawls are finished"
 
 

@@ -189,12 +189,15 @@ def hello(name: str) -> str:
     return f"hello {name}"
 
 print("BODY RUNS", flush=True)
-system = ActorSystem()
+system = ActorSystem(start_timeout_ms=START_MS)
 '''
 
 
 def run_script(path: Path, body: str) -> subprocess.CompletedProcess[str]:
-    path.write_text(SCRIPT + textwrap.dedent(body))
+    # a call waits for a worker as long as the run may take: a loaded machine's first child can
+    # need more than the default 10 s to import the script (the call then ends, and the system's
+    # stop kills that child before it said why)
+    path.write_text(SCRIPT.replace("START_MS", str(int(WAIT_S * 1000))) + textwrap.dedent(body))
     return subprocess.run([sys.executable, str(path)], check=False, capture_output=True, text=True, timeout=2 * WAIT_S,
                           cwd=path.parent, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
 
@@ -221,7 +224,7 @@ def test_a_child_that_imports_an_unguarded_script_stops_saying_why(tmp_path: Pat
 
         thread = threading.Thread(target=use)
         thread.start()
-        thread.join(60)
+        thread.join()  # bounded by run_script's timeout: stopping while the call waits would kill the child
         system.stop()
     ''')
     assert f"rho_actors: {script} starts an ActorSystem at its top level" in run.stderr

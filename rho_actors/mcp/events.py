@@ -10,6 +10,14 @@ given its own view (:meth:`BoundedEventStore.session`, by :func:`own_event_store
 ``Last-Event-ID`` is looked up among that session's events only, and only that session's
 events of the stream are replayed; another session's id, guessed or not, replays nothing.
 
+Resumed without a gap: the SDK's transport replays a stream's events, then (after sending
+the resumed stream's priming event) registers the stream for its live events; an event
+stored in between (the call's result, say) was neither replayed nor sent live, and the
+resumed stream stayed open without it. Each session's transport registers its streams
+through :func:`own_event_stores`'s registry, which sends such events first into the stream
+its replay registers (the same task's registration only: another request's stream of that
+id gets none).
+
 Bounded: at most ``max_events`` events in all (the oldest are dropped first: a client
 reconnecting later than that misses them, as after a restart) and events older than
 ``max_age_s`` seconds are dropped. In memory: a server restart forgets them.
@@ -22,6 +30,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp_types import JSONRPCMessage
 
@@ -79,13 +89,19 @@ class BoundedEventStore(EventStore):
         if found is None or found[0] != session:
             return None
         stream_id = found[1]
-        after = False
+        for event in self._after(session, stream_id, last_event_id):
+            await send_callback(event)
+        return stream_id
+
+    def _after(self, session: str | None, stream_id: StreamId, last_event_id: EventId) -> list[EventMessage]:
+        """``session``'s events of ``stream_id`` stored after ``last_event_id`` (none when it is gone)."""
+        events, after = [], False
         for event_id, (owner, stream, message, _) in list(self._events.items()):
             if event_id == last_event_id:
                 after = True
             elif after and owner == session and stream == stream_id and message is not None:
-                await send_callback(EventMessage(message, event_id))
-        return stream_id
+                events.append(EventMessage(message, event_id))
+        return events
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         """Keep ``message`` (None: a priming event) as the next event of ``stream_id``."""
@@ -104,6 +120,9 @@ class _SessionEvents(EventStore):
     def __init__(self, store: BoundedEventStore, session_id: str) -> None:
         self._store = store
         self._session = session_id
+        # stream id -> (the replaying task's id, the last event it replayed), until it registers the stream
+        self._resumed: dict[StreamId, tuple[int, EventId]] = {}
+        self.streams: dict[Any, Any] = {}  # the transport's registry (a _Streams), once admitted
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         """Keep ``message`` as this session's next event of ``stream_id``."""
@@ -111,23 +130,65 @@ class _SessionEvents(EventStore):
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
         """This session's events of the stream after ``last_event_id`` (None: not this session's event)."""
-        return await self._store._replay(self._session, last_event_id, send_callback)
+        last = [last_event_id]
+
+        async def sending(event: EventMessage) -> None:
+            await send_callback(event)
+            last[0] = event.event_id or last[0]
+
+        stream_id = await self._store._replay(self._session, last_event_id, sending)
+        if stream_id is not None and stream_id not in self.streams:  # the SDK registers it next
+            self._resumed[stream_id] = (anyio.get_current_task().id, last[0])
+        return stream_id
+
+    def registered(self, stream_id: StreamId, live: MemoryObjectSendStream[EventMessage]) -> None:
+        """The transport registered ``live`` for ``stream_id``'s live events: when this task
+        replayed that stream, send ``live`` the events stored since its replay (the SDK's
+        router found no stream for them). More than ``live`` holds closes it once those it
+        holds are read: the client resumes from the last it got."""
+        resumed = self._resumed.pop(stream_id, None)  # another task's (a POST of that id): none
+        if resumed is None or resumed[0] != anyio.get_current_task().id:
+            return
+        for event in self._store._after(self._session, stream_id, resumed[1]):
+            try:
+                live.send_nowait(event)
+            except anyio.WouldBlock:
+                live.close()
+                return
+
+
+class _Streams(dict[Any, Any]):
+    """A transport's registry of its streams (``_request_streams``) that tells the
+    session's events each registration (:meth:`_SessionEvents.registered`)."""
+
+    def __init__(self, events: _SessionEvents) -> None:
+        super().__init__()
+        self._events = events
+        events.streams = self
+
+    def __setitem__(self, stream_id: Any, streams: Any) -> None:
+        super().__setitem__(stream_id, streams)
+        self._events.registered(stream_id, streams[0])
 
 
 def own_event_stores(manager: Any, store: BoundedEventStore) -> None:
     """Give each session ``manager`` (the SDK's ``StreamableHTTPSessionManager``) admits
     its own view of ``store``: the SDK hands every session's transport the one store
-    (its ``_admit_session``, checked by the tests). Raises ``AttributeError`` when the
-    SDK no longer has what this relies on (serving would leak events between sessions)."""
+    (its ``_admit_session``, checked by the tests), and a registry of its streams that
+    closes the resume's gap (module doc). Raises ``AttributeError`` when the SDK no longer
+    has what this relies on (serving would leak events between sessions, or lose them)."""
     admit = manager._admit_session
 
     def admit_with_own_store(*args: Any, **kwargs: Any) -> Any:
         transport = admit(*args, **kwargs)
         if transport is not None:
-            if not hasattr(transport, "_event_store") or transport.mcp_session_id is None:
-                raise AttributeError("the MCP SDK's transport has no _event_store or session id: "
-                                     "rho cannot keep its sessions' SSE events apart")
-            transport._event_store = store.session(transport.mcp_session_id)
+            if (not hasattr(transport, "_event_store") or transport.mcp_session_id is None
+                    or getattr(transport, "_request_streams", None) != {}):
+                raise AttributeError("the MCP SDK's transport has no _event_store, session id or empty "
+                                     "_request_streams: rho cannot keep its sessions' SSE events apart")
+            events = _SessionEvents(store, transport.mcp_session_id)
+            transport._event_store = events
+            transport._request_streams = _Streams(events)
         return transport
 
     manager._admit_session = admit_with_own_store
