@@ -36,6 +36,8 @@ from rho_actors.otp.supervisor import Supervisor
 from rho_actors.sandbox.clean import preload_modules
 
 if TYPE_CHECKING:
+    from rho_actors.sandbox import WorkerPool
+
     from .wire_server import WireServer
 
 def _time_factor() -> float:
@@ -151,6 +153,19 @@ def system(tmp_path: Path) -> Iterator[ActorSystem]:
         yield sys_
     finally:
         sys_.stop()
+
+
+@pytest.fixture
+def pool() -> Iterator[WorkerPool]:
+    """A process ``WorkerPool`` with one warm worker (pickle codec), stopped after the test."""
+    from rho_actors.sandbox import WorkerPool
+
+    p = WorkerPool(warm=1, codec="pickle")
+    try:
+        assert p.wait_warm(WAIT_S)
+        yield p
+    finally:
+        p.stop()
 
 
 @pytest.fixture

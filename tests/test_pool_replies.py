@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +75,6 @@ class Answers:
         with self.arrived:
             assert self.arrived.wait_for(lambda: call_id in self.results, WAIT_S), f"no result for {call_id}"
             return self.results[call_id]
-
-
-@pytest.fixture
-def pool() -> Iterator[WorkerPool]:
-    p = WorkerPool(warm=1, codec="pickle")
-    try:
-        assert p.wait_warm(WAIT_S)
-        yield p
-    finally:
-        p.stop()
 
 
 def test_a_call_to_an_idle_worker_is_written_from_the_callers_thread_and_answered_by_the_reader(

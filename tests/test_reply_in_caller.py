@@ -282,16 +282,6 @@ def test_a_caller_that_stops_waiting_early_leaves_its_call_to_the_reader(
 # --- the pool's side: a call held for the thread that waits for it -------------------------
 
 
-@pytest.fixture
-def pool() -> Iterator[WorkerPool]:
-    p = WorkerPool(warm=1, codec="pickle")
-    try:
-        assert p.wait_warm(WAIT_S)
-        yield p
-    finally:
-        p.stop()
-
-
 def a_call(the_tool: Any, args: dict[str, Any], timeout_s: float = WAIT_S, call_id: str = "c1",
            session: str = "s1") -> WorkerCall:
     return WorkerCall.of(the_tool, args, {"session_id": session, "call_id": call_id},

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import cloudpickle
@@ -66,16 +66,6 @@ class Results:
             assert self.arrived.wait_for(lambda: len(self.got.get(call_id, ())) >= count, WAIT_S), \
                 f"no result for {call_id}"
             return list(self.got[call_id])
-
-
-@pytest.fixture
-def pool() -> Iterator[WorkerPool]:
-    p = WorkerPool(warm=1, codec="pickle")
-    try:
-        assert p.wait_warm(WAIT_S)
-        yield p
-    finally:
-        p.stop()
 
 
 def _wait_ended(sentinel: int | None) -> None:
