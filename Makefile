@@ -48,14 +48,15 @@ endef
 
 CONFORMANCE_SUITES = $(CONFORMANCE_DIR)/.installed $(CONFORMANCE_2026_DIR)/.installed
 
+# The vendored framework suites' pytest plugins (tests/frameworks/requirements.txt), kept
+# out of the venv: tests/test_framework_suites.py runs a few of each suite's tests.
+PLUGINS = .upstream-plugins/.installed
+
 install: $(VENV)/.installed $(CONFORMANCE_SUITES) $(PLUGINS)
 
 demo: $(VENV)/.installed
 	$(BIN)/rho-actors replay bfcl --category base
 
-# The vendored framework suites' pytest plugins (tests/frameworks/requirements.txt), kept
-# out of the venv: tests/test_framework_suites.py runs a few of each suite's tests.
-PLUGINS = .upstream-plugins/.installed
 $(PLUGINS): tests/frameworks/requirements.txt $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --target .upstream-plugins -r tests/frameworks/requirements.txt --no-deps
 	touch $@
