@@ -6,7 +6,10 @@ hang reaches, or checks a duration the product promises (a deadline met "within 
 of slack") against :func:`slack`, which grows with the machine's load per core at the
 moment of the check. ``RHO_TEST_TIME_FACTOR`` (a number, default 1) multiplies both, and
 every test's pytest-timeout too, for a machine slower than load alone shows (an emulated
-or instrumented interpreter). ``make test-loaded`` runs the suite while busy loops keep
+or instrumented interpreter). A worker's start is such an event: the product's default
+bound on it (``start_timeout_ms``, 10 s, past which a call is ``unavailable``) is raised
+to :data:`WAIT_S` for every system and pool the tests build without their own, and in
+every process they start (``RHO_ACTORS_START_TIMEOUT_MS``). ``make test-loaded`` runs the suite while busy loops keep
 every core busy (``tests/loaded.py``): it must pass as a quiet run does.
 
 Files a confined process (uid 65534) must read go in :func:`open_folder`, never in the
@@ -33,6 +36,7 @@ from loguru import logger
 
 from rho_actors import ActorSystem
 from rho_actors.otp.supervisor import Supervisor
+from rho_actors.sandbox import START_TIMEOUT_ENV
 from rho_actors.sandbox.clean import preload_modules
 
 if TYPE_CHECKING:
@@ -58,6 +62,8 @@ WAIT_S = 60.0 * TIME_FACTOR
 """Upper bound on any wait for an event in the tests: reaching it means a hang (a
 failure), never a pass; a working run on a machine at a load of 15 on 2 cores stays
 far below it."""
+
+os.environ.setdefault(START_TIMEOUT_ENV, str(int(WAIT_S * 1000)))  # a worker's start is waited for as an event
 
 
 def load_per_core() -> float:

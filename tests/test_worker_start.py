@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
+from rho_actors.sandbox import DEFAULT_START_TIMEOUT_MS, START_TIMEOUT_ENV, WorkerPool, default_start_timeout_ms
 from tests.conftest import WAIT_S, wait_for
 from tests.helpers import make_tool
 
@@ -34,6 +35,20 @@ def _sleeper(timeout_ms: int) -> Any:
                      schema={"type": "object", "properties": {"s": {"type": "number"}}, "required": ["s"]})
 
 
+def _held(args: dict[str, Any], ctx: Any) -> str:
+    """Holds its worker until the test creates ``args["gate"]`` (at most a minute), then
+    for ``args["s"]`` seconds more: how long it holds the worker counts from the test's say."""
+    gate, until = Path(args["gate"]), time.monotonic() + 60
+    while not gate.exists() and time.monotonic() < until:
+        time.sleep(0.01)
+    time.sleep(args.get("s", 0.0))
+    return "held"
+
+
+def _hog() -> Any:
+    return make_tool("hog", _held, timeout_ms=int(3 * WAIT_S * 1000), schema={"type": "object"})
+
+
 def _turn(system: ActorSystem, session: str, seconds: float, tool: str = "sleeper") -> Any:
     return system.start_loop(session).submit_turn([ToolCall(f"{session}-c", tool, json.dumps({"s": seconds}))])
 
@@ -46,28 +61,38 @@ def test_registration_warms_the_tools_workers_before_any_call(tmp_path: Path) ->
 
 
 def test_waiting_for_a_worker_does_not_count_against_the_calls_timeout(tmp_path: Path) -> None:
-    """The only worker is busy for 1.5 s; a call with a 1 s timeout waits for it, then runs
-    its 50 ms within its own second."""
+    """The only worker is busy until 1.5 s after the waiting call was submitted; that call,
+    with a 1 s timeout, waits for it, then runs its 50 ms within its own second. (The hog
+    holds its worker from the test's say, not for a fixed time from its own start: on a
+    loaded machine submitting the second call can take longer than any fixed hold.)"""
+    gate = tmp_path / "gate"
     with ActorSystem(tmp_path, max_workers=1, warm_workers=1) as system:
         system.register(_sleeper(1_000), isolation="process")
-        system.register(make_tool("hog", _sleep, timeout_ms=int(WAIT_S * 1000), schema={"type": "object"}),
-                        isolation="process")
+        system.register(_hog(), isolation="process")
         assert wait_for(lambda: system.stats().get("workers_idle", 0) == 1, 3 * WAIT_S)
-        hog = _turn(system, "hog", 1.5, tool="hog")
+        hold = json.dumps({"gate": str(gate), "s": 1.5})
+        hog = system.start_loop("hog").submit_turn([ToolCall("hog-c", "hog", hold)])
         assert wait_for(lambda: system.stats()["workers_busy"] == 1)
-        [waited] = _turn(system, "waits", 0.05).result(WAIT_S)
-        assert waited.ok and waited.content == "slept 0.05", waited.content
+        waits = _turn(system, "waits", 0.05)
+        gate.touch()  # the hog holds the worker 1.5 s from now: the waiting call waits longer than its timeout
+        [waited] = waits.result(WAIT_S)
+        assert waited.ok, waited.content
         assert waited.duration_ms > 1_000  # it did wait past its timeout, for the worker
         assert hog.result(WAIT_S)[0].ok
 
 
 def test_a_call_that_never_gets_a_worker_is_unavailable_naming_the_start_bound(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
     with ActorSystem(tmp_path, max_workers=1, warm_workers=1, start_timeout_ms=300) as system:
         system.register(_sleeper(5_000), isolation="process")
+        system.register(_hog(), isolation="process")
         assert wait_for(lambda: system.stats().get("workers_idle", 0) == 1, 3 * WAIT_S)
-        hog = _turn(system, "hog", 3.0)
+        hog = system.start_loop("hog").submit_turn([ToolCall("hog-c", "hog", json.dumps({"gate": str(gate)}))])
         assert wait_for(lambda: system.stats()["workers_busy"] == 1)
-        [never] = _turn(system, "never", 0.0).result(WAIT_S)
+        try:
+            [never] = _turn(system, "never", 0.0).result(WAIT_S)  # the hog holds the worker until the gate
+        finally:
+            gate.touch()
         assert never.error_kind is ErrorKind.UNAVAILABLE, never.content
         assert "start_timeout_ms=300" in never.content and "did not run" in never.content, never.content
         assert "did not finish" not in never.content  # not a timeout of the tool
@@ -77,6 +102,26 @@ def test_a_call_that_never_gets_a_worker_is_unavailable_naming_the_start_bound(t
 def test_a_bad_start_timeout_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"start_timeout_ms must be milliseconds > 0, got 0"):
         ActorSystem(tmp_path, start_timeout_ms=0)
+
+
+def test_the_default_start_bound_is_the_environments_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RHO_ACTORS_START_TIMEOUT_MS`` sets the default of systems and pools given none (a
+    loaded machine's, as the tests set it); unset, 10 s; anything but milliseconds > 0 is
+    refused naming the variable."""
+    monkeypatch.delenv(START_TIMEOUT_ENV, raising=False)
+    assert default_start_timeout_ms() == DEFAULT_START_TIMEOUT_MS == 10_000
+    monkeypatch.setenv(START_TIMEOUT_ENV, "45000")
+    assert default_start_timeout_ms() == 45_000
+    pool = WorkerPool(warm=0)
+    try:
+        assert pool._start_timeout_ms == 45_000
+    finally:
+        pool.stop()
+    assert WorkerPool(warm=0, start_timeout_ms=300)._start_timeout_ms == 300  # its own still wins
+    for bad in ("0", "-5", "1.5", "soon"):
+        monkeypatch.setenv(START_TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=rf"{START_TIMEOUT_ENV} must be whole milliseconds > 0, not '{bad}'"):
+            default_start_timeout_ms()
 
 
 def test_the_first_call_after_registration_finds_a_warm_worker_holding_its_tool(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from rho_actors.sandbox import ConfinePolicy, WorkerCall
+from rho_actors.sandbox import DEFAULT_START_TIMEOUT_MS, ConfinePolicy, WorkerCall
 
 if TYPE_CHECKING:
     from rho_actors.declarations.toolset import ToolSetView
@@ -27,10 +27,6 @@ if TYPE_CHECKING:
     from rho_actors.otp.timers import Timers
 
 __all__ = ["DEFAULT_START_TIMEOUT_MS", "Isolation", "IsolationServices", "RunningCall", "worker_call"]
-
-DEFAULT_START_TIMEOUT_MS = 10_000
-"""How long a ``process`` call may wait for a worker to start or become free by
-default (milliseconds), apart from its tool's own ``timeout_ms``."""
 
 
 def worker_call(

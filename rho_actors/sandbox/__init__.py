@@ -94,6 +94,7 @@ from rho_actors.sandbox.shipping import (
     ship,
 )
 from rho_actors.sandbox.slots import WorkerSlots
+from rho_actors.sandbox.start_bound import DEFAULT_START_TIMEOUT_MS, START_TIMEOUT_ENV, default_start_timeout_ms
 from rho_actors.sandbox.sweep import sweep_leftovers
 from rho_actors.sandbox.wire import (
     CODECS,
@@ -132,6 +133,7 @@ __all__ = [
     "DEFAULT_UID_RANGE",
     "DEFAULT_HEAP_BYTES",
     "DEFAULT_READ_TIMEOUT_S",
+    "DEFAULT_START_TIMEOUT_MS",
     "DeadlineReached",
     "Enclosure",
     "IsolatedReadError",
@@ -150,6 +152,7 @@ __all__ = [
     "SELFTEST",
     "SERVE",
     "SERVED",
+    "START_TIMEOUT_ENV",
     "ShippedTools",
     "TOOL_CACHE_SIZE",
     "TREE_ONLY",
@@ -172,6 +175,7 @@ __all__ = [
     "decode_call",
     "decode_json",
     "decode_served",
+    "default_start_timeout_ms",
     "default_policy",
     "discover_plugin",
     "encode_call",

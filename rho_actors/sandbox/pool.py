@@ -67,6 +67,7 @@ from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.replies import OpenCall, Outcome, Replies, Waiter
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import Grant, WorkerSlots
+from rho_actors.sandbox.start_bound import default_start_timeout_ms
 from rho_actors.sandbox.warm_workers import (
     CALL_SCOPE,
     DELIVERY_ATTEMPTS,
@@ -135,7 +136,8 @@ class WorkerPool(WarmWorkers):
 
     A call with a ``start_by`` (:class:`~rho_actors.sandbox.wire.WorkerCall`) waits for
     its place, a free worker or a new one's ``READY`` until then (the pool's
-    ``start_timeout_ms`` names that bound in the result of a call that got none:
+    ``start_timeout_ms``, default :func:`~rho_actors.sandbox.start_bound.default_start_timeout_ms`,
+    names that bound in the result of a call that got none:
     ``unavailable``), and its tool's deadline is ``timeout_ms`` from when its worker has
     it (never past the call's ``deadline``).
     """
@@ -143,7 +145,7 @@ class WorkerPool(WarmWorkers):
     def __init__(
         self, warm: int = 2, *, heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver",
         codec: str = "plain", confine: ConfinePolicy | None = None, slots: WorkerSlots | None = None,
-        idle_s: float = 30.0, start_timeout_ms: int = 10_000, threads: ThreadPool | None = None,
+        idle_s: float = 30.0, start_timeout_ms: int | None = None, threads: ThreadPool | None = None,
     ) -> None:
         if warm < 0:
             raise ValueError(f"warm must be >= 0, not {warm}")
@@ -162,7 +164,7 @@ class WorkerPool(WarmWorkers):
         self._scoped = confine is not None and not confine.tree_only
         self._slots = slots
         self._idle_s = idle_s
-        self._start_timeout_ms = start_timeout_ms
+        self._start_timeout_ms = default_start_timeout_ms() if start_timeout_ms is None else start_timeout_ms
         if slots is not None:
             slots.join(self)
         self._lock = threading.Lock()

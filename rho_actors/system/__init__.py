@@ -59,7 +59,7 @@ from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus, SupervisorEvent
 from rho_actors.files import LISTED_NAMES, UnsafePathError, folder_identity
 from rho_actors.governor import Governor, GovernorSettings
-from rho_actors.isolation import DEFAULT_START_TIMEOUT_MS, IsolationOwner, IsolationServices, start_isolations
+from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.approvals import DEFAULT_APPROVAL_TIMEOUT_S, CallInfo, SessionApprovals
@@ -80,6 +80,7 @@ from rho_actors.sandbox import (
     DEFAULT_HEAP_BYTES,
     Confinement,
     ConfinePolicy,
+    default_start_timeout_ms,
     hold_servers,
     make_session_dir,
     refuse_unguarded_start,
@@ -167,7 +168,8 @@ class ActorSystem(HostActors):
     bounds every tool's declared timeout (milliseconds; default 10 minutes): a tool
     declaring more is registered with it, and a warning says so (DESIGN §5 "Fair
     shares"). ``start_timeout_ms``: how long a ``process`` call may wait for a worker
-    apart from its ``timeout_ms`` (DESIGN §5 "Starting a worker"). Raises
+    apart from its ``timeout_ms`` (DESIGN §5 "Starting a worker"; default 10 s, or
+    ``RHO_ACTORS_START_TIMEOUT_MS``: :func:`rho_actors.sandbox.default_start_timeout_ms`). Raises
     ``ValueError`` naming a bad fair-share setting or ``start_timeout_ms``. ``ray``
     says how ``isolation="ray"`` and RayActor servers reach Ray (connecting in the background
     from the start, within ``connect_timeout_s``): ``{"address": ...}`` for a cluster, else a
@@ -212,10 +214,12 @@ class ActorSystem(HostActors):
         max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS,
         governor: GovernorSettings | None = None,
         tasks: TaskSettings | None = None,
-        start_timeout_ms: int = DEFAULT_START_TIMEOUT_MS,
+        start_timeout_ms: int | None = None,
         max_running_workers: int | None = None,
     ) -> None:
         refuse_unguarded_start()  # a child importing an unguarded main script: stop it, saying why
+        if start_timeout_ms is None:
+            start_timeout_ms = default_start_timeout_ms()
         if type(start_timeout_ms) is not int or start_timeout_ms <= 0:
             raise ValueError(f"start_timeout_ms must be milliseconds > 0, got {start_timeout_ms!r}")
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
