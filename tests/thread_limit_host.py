@@ -50,7 +50,10 @@ def _outlives(isolation: str, ready: Path) -> Callable[[Any, Any], str]:
 
 def main() -> None:
     isolation, cgroup, ready = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    with tempfile.TemporaryDirectory() as data, ActorSystem(data_dir=data, shutdown_ms=1_000) as system:
+    # the backstop of a call not yet in a worker answers at its start bound plus its deadline: 10 s, well
+    # within the pickling's 20 s (the tests' environment raises the default to their hang bound)
+    with (tempfile.TemporaryDirectory() as data,
+          ActorSystem(data_dir=data, shutdown_ms=1_000, start_timeout_ms=10_000) as system):
         loop = system.start_loop("s")
         for attempt, timeout_ms in enumerate(DEADLINES_MS):
             under_way = Path(f"{ready}.{attempt}")
