@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rho_actors import Loop, ToolCall, tool
+from rho_actors.sandbox import START_TIMEOUT_ENV
 from tests.conftest import WAIT_S
 
 if TYPE_CHECKING:
@@ -27,9 +28,10 @@ HOST_TIMEOUT_S = 4 * WAIT_S
 
 
 def scrubbed_env(**extra: str) -> dict[str, str]:
-    """A host process's environment: ``PATH``, ``LANG`` and ``HOME`` of this one, this
-    checkout on ``PYTHONPATH``, and ``extra``; nothing else of the test run's."""
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
+    """A host process's environment: ``PATH``, ``LANG`` and ``HOME`` of this one, the
+    tests' bound on a worker's start (``RHO_ACTORS_START_TIMEOUT_MS``, tests/conftest.py),
+    this checkout on ``PYTHONPATH``, and ``extra``; nothing else of the test run's."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", START_TIMEOUT_ENV)}
     return {**env, "PYTHONPATH": str(ROOT), **extra}
 
 

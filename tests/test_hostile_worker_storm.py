@@ -90,8 +90,10 @@ def test_a_crash_storm_of_many_sessions_under_caps_of_one_and_two(tmp_path: Path
     before_threads = {t.ident for t in threading.enumerate()}
     before_fds = open_fds()
     before_pids = set(descendants())
+    # a call queued behind the storm waits at most 10 s for a worker, then is unavailable (accepted below):
+    # every turn stays within WAIT_S (not the tests' raised default start bound, WAIT_S itself)
     system = ActorSystem(tmp_path / "data", max_workers=2, max_running_workers=1, warm_workers=0,
-                         shutdown_ms=5_000)
+                         shutdown_ms=5_000, start_timeout_ms=10_000)
     peak = [0]
     sampling = threading.Event()
 

@@ -137,9 +137,13 @@ def test_the_default_caps_are_sized_by_cores_and_by_what_an_idle_worker_costs(tm
 
 def test_a_call_that_waits_out_the_running_cap_names_it(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    with ActorSystem(tmp_path / "s", max_workers=4, max_running_workers=1, warm_workers=0) as system:
+    # the quick call's wait for the cap is cut at its start bound, 1 s; the hold needs no start within
+    # it (its worker is warm first: a start on a loaded machine can take longer)
+    with ActorSystem(tmp_path / "s", max_workers=4, max_running_workers=1, warm_workers=1,
+                     start_timeout_ms=1_000) as system:
         system.register(make_tool("hold", _hold, timeout_ms=60_000), isolation="process")
         system.register(make_tool("quick", "ok", timeout_ms=300), isolation="process")
+        assert wait_for(lambda: system.stats().get("workers_idle", 0) == 1, 3 * WAIT_S), system.stats()
         held = system.start_loop("one").submit_turn([ToolCall("h", "hold", f'{{"gate": "{gate}"}}')])
         assert wait_for(lambda: system.stats()["workers_by_session"] == {"one": 1})
         [result] = system.start_loop("two").run_turn([ToolCall("q", "quick", "{}")])
