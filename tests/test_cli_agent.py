@@ -11,6 +11,7 @@ import pytest
 
 import rho_actors.cli.commands as cli_module
 from rho_actors.agent.model import Message, Reply, ScriptedModel
+from tests.conftest import WAIT_S
 from tests.wire_server import OPENAI_PATH, Response, WireServer, openai_completion, openai_error
 
 GOOD = '''
@@ -81,7 +82,7 @@ def test_chat_exits_zero_without_errors(
 def test_selftest_reports_a_broken_file_and_runs_the_others(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = cli_module.main(["selftest", str(plugins(tmp_path)), "--json", "--timeout", "30"])
+    code = cli_module.main(["selftest", str(plugins(tmp_path)), "--json", "--timeout", f"{WAIT_S:g}"])
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert code == 1 and report["exit_code"] == 1 and report["broken_files"] == 1

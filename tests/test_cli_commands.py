@@ -121,7 +121,9 @@ def test_selftest_goes_on_past_unloadable_explicit_files(tmp_path: Path, capsys:
     good = tools_file(tmp_path, "good.py", "class Good(_Base):\n    selftest = staticmethod(lambda: None)\n")
     broken = tmp_path / "broken.py"
     broken.write_text("def (\n")
-    assert main(["selftest", str(broken), str(good), str(tmp_path / "missing.py"), "--json"]) == 1
+    # a selftest's process may take longer than the default 10 s to start on a loaded machine: the wait bound
+    bound = ["--timeout", f"{WAIT_S:g}"]
+    assert main(["selftest", str(broken), str(good), str(tmp_path / "missing.py"), "--json", *bound]) == 1
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert [(r["tool"], r["outcome"]) for r in report["results"]] == [("good", "passed")]
@@ -138,7 +140,7 @@ def test_a_tool_whose_declaration_fails_is_a_selftest_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], trusted: bool
 ) -> None:
     path = tools_file(tmp_path, f"sloppy_{trusted}.py", BAD_SCHEMA)
-    argv = ["selftest", str(path), "--json", *(["--trusted"] if trusted else [])]
+    argv = ["selftest", str(path), "--json", "--timeout", f"{WAIT_S:g}", *(["--trusted"] if trusted else [])]
     assert main(argv) == 1
     rows = {r["tool"]: r for r in json.loads(capsys.readouterr().out)["results"]}
     assert rows["sloppy"]["outcome"] == "failed"  # its own selftest passes, but it is never offered

@@ -345,7 +345,8 @@ def test_cli_table_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[
         class Quiet(_Base):
             pass
     """)
-    assert main(["selftest", str(failing), "--timeout", "5"]) == 1
+    # none hangs: the bound is the tests' wait bound (a selftest's process may take seconds to start under load)
+    assert main(["selftest", str(failing), "--timeout", f"{WAIT_S:g}"]) == 1
     out = capsys.readouterr().out
     for text in ("selftests", "tool", "outcome", "duration", "message", "good", "passed", "all good", "bad",
                  "failed", "it is bad", "quiet", "no selftest", "1 passed, 1 failed, 1 no selftest"):
@@ -360,7 +361,7 @@ def test_cli_table_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[
         class Untested(_Base):
             pass
     """)
-    assert main(["selftest", str(passing), "--json"]) == 0
+    assert main(["selftest", str(passing), "--json", "--timeout", f"{WAIT_S:g}"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [(r["tool"], r["outcome"]) for r in report["results"]] == [("fine", "passed"), ("untested", "no selftest")]
     assert report["exit_code"] == 0 and report["counts"]["passed"] == 1
@@ -375,7 +376,7 @@ def test_cli_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeyp
     tools_file(tmp_path, "by_name_mod.py", "class ByName(_Base):\n    selftest = staticmethod(lambda: None)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        assert main(["selftest", str(folder), "by_name_mod", "--json"]) == 0
+        assert main(["selftest", str(folder), "by_name_mod", "--json", "--timeout", f"{WAIT_S:g}"]) == 0
     finally:
         import sys
 
