@@ -34,7 +34,7 @@ import pykka
 import pytest
 from loguru import logger
 
-from rho_actors import ActorSystem
+from rho_actors import ActorSystem, UntrustedReads
 from rho_actors.otp.supervisor import Supervisor
 from rho_actors.sandbox import START_TIMEOUT_ENV
 from rho_actors.sandbox.clean import preload_modules
@@ -64,6 +64,12 @@ failure), never a pass; a working run on a machine at a load of 15 on 2 cores st
 far below it."""
 
 os.environ.setdefault(START_TIMEOUT_ENV, str(int(WAIT_S * 1000)))  # a worker's start is waited for as an event
+
+READS = UntrustedReads(timeout_s=WAIT_S)
+"""How the tests' systems read untrusted declarations: within :data:`WAIT_S`, not the
+default 2 s, which a throwaway child on a loaded machine (its imports, a tool module
+imported by value) can pass: the read fails ``(timeout)`` and the tool is not offered.
+Tests of the read's own bound give theirs."""
 
 
 def load_per_core() -> float:
@@ -154,7 +160,7 @@ def extra_threads(before: set[threading.Thread]) -> list[threading.Thread]:
 
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[ActorSystem]:
-    sys_ = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
+    sys_ = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, untrusted=READS)
     try:
         yield sys_
     finally:

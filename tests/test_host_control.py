@@ -20,7 +20,7 @@ from rho_actors.agent.model import Reply, ScriptedModel
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, read_records
 from rho_actors.tool import ErrorKind
 
-from .conftest import WAIT_S, slack, wait_for
+from .conftest import READS, WAIT_S, slack, wait_for
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
 STARTED = threading.Event()
@@ -75,7 +75,7 @@ def request_id_u() -> str:
 def system(tmp_path: Path) -> Iterator[ActorSystem]:
     STARTED.clear()
     SAW_CANCEL.clear()
-    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, warm_workers=1)
+    system = ActorSystem(data_dir=tmp_path / "data", untrusted=READS, shutdown_ms=2_000, warm_workers=1)
     try:
         for t in (wait_for_cancel, request_id, arequest_id):
             system.register(t)

@@ -20,7 +20,7 @@ import pytest
 from rho_actors import ActorSystem, ToolCall
 from rho_actors.tool import ErrorKind
 
-from .conftest import WAIT_S, slack, wait_for
+from .conftest import READS, WAIT_S, slack, wait_for
 from .helpers import make_tool
 
 pytestmark = pytest.mark.timeout(600)
@@ -81,7 +81,7 @@ def open_fds() -> set[int]:
 
 
 def test_a_crash_storm_of_many_sessions_under_caps_of_one_and_two(tmp_path: Path) -> None:
-    with ActorSystem(tmp_path / "first") as first:  # what lives as long as this process is made first
+    with ActorSystem(tmp_path / "first", untrusted=READS) as first:  # what lives as long as this process is made first
         first.register(make_tool("u", _act, timeout_ms=300), untrusted=True)
         first.register(make_tool("t", _act, timeout_ms=300), isolation="process")
         loop = first.start_loop("s")
@@ -92,7 +92,7 @@ def test_a_crash_storm_of_many_sessions_under_caps_of_one_and_two(tmp_path: Path
     before_pids = set(descendants())
     # a call queued behind the storm waits at most 10 s for a worker, then is unavailable (accepted below):
     # every turn stays within WAIT_S (not the tests' raised default start bound, WAIT_S itself)
-    system = ActorSystem(tmp_path / "data", max_workers=2, max_running_workers=1, warm_workers=0,
+    system = ActorSystem(tmp_path / "data", untrusted=READS, max_workers=2, max_running_workers=1, warm_workers=0,
                          shutdown_ms=5_000, start_timeout_ms=10_000)
     peak = [0]
     sampling = threading.Event()

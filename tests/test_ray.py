@@ -32,7 +32,7 @@ from rho_actors.isolation.ray_tasks import (  # noqa: E402
     default_runtime,
     run_on_ray,
 )
-from tests.conftest import WAIT_S, slack, wait_for  # noqa: E402
+from tests.conftest import READS, WAIT_S, slack, wait_for  # noqa: E402
 
 """The deadline of the tests' Ray calls: a new Ray worker takes seconds to start on a busy machine."""
 
@@ -235,7 +235,7 @@ def test_untrusted_tools_are_refused(tmp_path: Path) -> None:
     class Plugin(Probe):
         pass
 
-    with ActorSystem(data_dir=tmp_path) as system:
+    with ActorSystem(data_dir=tmp_path, untrusted=READS) as system:
         with pytest.raises(ValueError, match="untrusted tools cannot use isolation='ray': Ray unpickles"):
             system.register(Plugin, isolation="ray")
         with pytest.raises(ValueError, match="untrusted tools cannot use isolation='ray'"):

@@ -24,7 +24,7 @@ from rho_actors.agent.providers.openai import OpenAIModel
 from rho_actors.encoding import encode_output
 from rho_actors.results import result_from_return
 from rho_actors.sandbox import wire
-from tests.conftest import WAIT_S, wait_for
+from tests.conftest import READS, WAIT_S, wait_for
 from tests.mcp_fixtures import served_tools
 from tests.wire_server import (
     ANTHROPIC_PATH,
@@ -196,7 +196,7 @@ def mixed_untrusted() -> list[Any]:
 
 
 def test_mixed_content_survives_worker_processes_trusted_and_untrusted(tmp_path: Path) -> None:
-    with ActorSystem(data_dir=tmp_path) as system:
+    with ActorSystem(data_dir=tmp_path, untrusted=READS) as system:
         system.register(mixed, isolation="process")
         system.register(mixed_untrusted, untrusted=True)
         loop = system.start_loop("s")

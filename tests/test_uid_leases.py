@@ -24,7 +24,7 @@ from rho_actors.sandbox.confine.cgroups import find_hierarchy
 from rho_actors.sandbox.confine.confinement import Confinement, probe
 from rho_actors.sandbox.confine.enclosure import Enclosure, system_policy
 from rho_actors.sandbox.confine.uids import UidRange, UidRangeExhausted, lease, unavailable
-from tests.conftest import WAIT_S, read_line, wait_for
+from tests.conftest import READS, WAIT_S, read_line, wait_for
 from tests.helpers import make_tool
 
 ROOT = os.geteuid() == 0
@@ -110,7 +110,7 @@ def test_a_uid_that_owns_a_shared_file_is_not_leased() -> None:
 def test_a_system_whose_range_is_taken_warns_and_shares_nobody(tmp_path: Path) -> None:
     events: list[IsolationEvent] = []
     spec = Confinement(uid_range=UidRange(1, 10))
-    with ActorSystem(data_dir=tmp_path, shutdown_ms=2_000, confinement=spec) as system:
+    with ActorSystem(data_dir=tmp_path, untrusted=READS, shutdown_ms=2_000, confinement=spec) as system:
         system.subscribe(lambda e: events.append(e) if isinstance(e, IsolationEvent) else None)
         assert system.register(make_tool("whoami", _whoami), untrusted=True).info
         [result] = system.start_loop().run_turn([ToolCall("c", "whoami", "{}")])
@@ -124,7 +124,7 @@ def test_a_system_whose_range_is_taken_warns_and_shares_nobody(tmp_path: Path) -
 def test_a_worker_with_no_uid_left_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     uids = _range(1, part=2)
     spec = Confinement(uid_range=uids)
-    with ActorSystem(data_dir=tmp_path, shutdown_ms=2_000, confinement=spec, warm_workers=0) as system:
+    with ActorSystem(data_dir=tmp_path, untrusted=READS, shutdown_ms=2_000, confinement=spec, warm_workers=0) as system:
         assert system.register(make_tool("whoami", _whoami), untrusted=True).info
         first = system.start_loop("alice").run_turn([ToolCall("c", "whoami", "{}")])[0]  # its worker stays, warm
         refused = system.start_loop("bob").run_turn([ToolCall("c", "whoami", "{}")])[0]
@@ -302,7 +302,7 @@ def test_no_two_workers_hold_one_uid_under_churn_and_kills(tmp_path: Path) -> No
     uids = _range(8, part=5)
     spec = Confinement(uid_range=uids)
     got: list[int] = []
-    with (ActorSystem(data_dir=tmp_path, shutdown_ms=2_000, confinement=spec, warm_workers=0,
+    with (ActorSystem(data_dir=tmp_path, untrusted=READS, shutdown_ms=2_000, confinement=spec, warm_workers=0,
                       worker_idle_s=0.0) as system, _UidWatch(uids) as watch):
         assert system.register(make_tool("linger", _linger), untrusted=True).info
         for turn in range(12):

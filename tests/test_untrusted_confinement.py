@@ -18,7 +18,7 @@ import pytest
 from rho_actors import ActorSystem, ErrorKind, ToolCall
 from rho_actors.sandbox.confine.confinement import probe
 from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
-from tests.conftest import WAIT_S, slack, wait_for
+from tests.conftest import READS, WAIT_S, slack, wait_for
 from tests.helpers import make_tool
 
 ROOT = os.geteuid() == 0
@@ -102,7 +102,7 @@ def _oom(args: Any, ctx: Any) -> str:
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActorSystem]:
     os.environ["OPENAI_API_KEY"] = "sk-host-secret"
-    system = ActorSystem(tmp_path_factory.mktemp("confined"), max_workers=4, warm_workers=1,
+    system = ActorSystem(tmp_path_factory.mktemp("confined"), untrusted=READS, max_workers=4, warm_workers=1,
                          abandoned_threads_per_tool=2)
     slow: dict[str, Any] = {"timeout_ms": 1_500}
     for name, run, extra in [
@@ -289,7 +289,7 @@ def test_declaration_reads_and_selftests_are_confined_and_leave_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret")
-    with ActorSystem(tmp_path, max_workers=2, warm_workers=1) as system:
+    with ActorSystem(tmp_path, untrusted=READS, max_workers=2, warm_workers=1) as system:
         registration = system.register(Snooper, untrusted=True)
         assert registration.info is not None, registration.reason
         read = json.loads(registration.info.description)

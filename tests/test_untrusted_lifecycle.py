@@ -22,7 +22,7 @@ import pytest
 
 from rho_actors import ActorSystem, ErrorKind, ToolCall
 from rho_actors.sandbox.confine.uids import DEFAULT_UID_RANGE
-from tests.conftest import WAIT_S, read_line, wait_for
+from tests.conftest import READS, WAIT_S, read_line, wait_for
 from tests.helpers import make_tool
 
 _HOST = """
@@ -177,7 +177,7 @@ def _escape_and_wait(args: Any, ctx: Any) -> str:
 
 def test_a_setsid_child_dies_at_stop(tmp_path: Path) -> None:
     tag = "308.25"
-    system = ActorSystem(tmp_path, warm_workers=1, shutdown_ms=1_000)
+    system = ActorSystem(tmp_path, untrusted=READS, warm_workers=1, shutdown_ms=1_000)
     try:
         system.register(make_tool("escape", _escape_and_wait, timeout_ms=60_000), untrusted=True)
         future = system.start_loop("s").submit_turn([ToolCall("e", "escape", json.dumps({"tag": tag}))])

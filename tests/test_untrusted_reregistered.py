@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rho_actors import ActorSystem, ToolCall, tool
-from tests.conftest import WAIT_S
+from tests.conftest import READS, WAIT_S
 
 from .helpers import make_tool
 
@@ -39,7 +39,7 @@ def snoop() -> str:
 def system(tmp_path: Path) -> Iterator[ActorSystem]:
     GATE_IN.clear()
     GATE_OPEN.clear()
-    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, warm_workers=0)
+    system = ActorSystem(data_dir=tmp_path / "data", untrusted=READS, shutdown_ms=2_000, warm_workers=0)
     try:
         yield system
     finally:
@@ -72,7 +72,7 @@ def test_a_call_of_an_untrusted_tool_changed_meanwhile_stays_confined(system: Ac
 
 def test_an_untrusted_tool_cannot_ask_for_thread_isolation(tmp_path: Path) -> None:
     """``isolation="thread"`` would run an untrusted tool's code in the host: refused."""
-    with ActorSystem(data_dir=tmp_path) as system:
+    with ActorSystem(data_dir=tmp_path, untrusted=READS) as system:
         with pytest.raises(ValueError, match="untrusted tools cannot use isolation='thread': its code would run in"):
             system.register(make_tool("snoop_t"), untrusted=True, isolation="thread")
         assert system.registrations() == []

@@ -16,7 +16,7 @@ import pytest
 
 from rho_actors import ActorSystem, ToolCall
 
-from .conftest import WAIT_S, wait_for
+from .conftest import READS, WAIT_S, wait_for
 from .helpers import make_tool
 
 
@@ -58,7 +58,7 @@ def _host_pid(answer: Mapping[str, Any]) -> int:
 
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[ActorSystem]:
-    with ActorSystem(tmp_path, warm_workers=1, worker_idle_s=60.0) as system:
+    with ActorSystem(tmp_path, untrusted=READS, warm_workers=1, worker_idle_s=60.0) as system:
         yield system
 
 
