@@ -134,7 +134,7 @@ def test_every_outcome(tmp_path: Path) -> None:
     by_name = {row.tool: row for row in rows}
     # Under load a selftest that answers may not have started its process within the short
     # bound: those (and only those) run again with the tests' wait bound; the hang stays as is.
-    late = [t for t, row in zip(tools, rows) if row.outcome == "timeout" and row.tool != "hangs"]
+    late = [t for t, row in zip(tools, rows, strict=False) if row.outcome == "timeout" and row.tool != "hangs"]
     by_name.update((row.tool, row) for row in run_selftests(late, timeout_s=WAIT_S, max_parallel=8))
     assert [row.tool for row in rows] == [
         "passes", "passeswithnone", "returnserror", "raises", "exits", "returnsfalse", "returnsjunk", "awaits",

@@ -1,0 +1,196 @@
+"""Hostile round 6: a worker pool's call interrupted (the ``KeyboardInterrupt`` a signal
+handler raises in the caller's thread) while it waits for its place under the cap, right
+as that place is handed to it, right after it was granted, or while a worker is being
+started for it (DESIGN §5 "A call's path", "Fair shares"): every call id still gets
+exactly one result, no place under the cap, no process slot and no worker process is
+lost for good, and the pool serves the next call (under a cap of one, nothing would).
+
+Each interrupt is raised at its exact point by a hook (no timing); the processes are
+real. Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from rho_actors.sandbox import WorkerPool, WorkerSlots
+from rho_actors.sandbox import warm_workers as warm_workers_module
+from rho_actors.sandbox.warm_workers import WarmWorkers
+from rho_actors.sandbox.worker_handle import WorkerHandle
+
+from .conftest import WAIT_S, wait_for
+from .test_worker_pool_faults import Results, _interrupt_once, a_call
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _capped(warm: int) -> tuple[WorkerPool, WorkerSlots]:
+    """A pool under a cap of one worker (one call running at once)."""
+    slots = WorkerSlots(1)
+    p = WorkerPool(warm=warm, codec="pickle", slots=slots)
+    assert warm == 0 or p.wait_warm(WAIT_S)
+    return p, slots
+
+
+def _in_thread(job: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
+    """Run ``job`` on a thread of its own; what it raised is kept."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, raised
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie (killed, not yet reaped by its fork server)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def _serves_again(p: WorkerPool, slots: WorkerSlots, call_id: str) -> None:
+    """The next call gets a place and a worker, and runs."""
+    result = p.run_call(a_call({"text": "after"}, call_id))
+    assert result.content == "after", result
+    assert wait_for(lambda: not slots.shares()), slots.shares()
+
+
+# --- 1. an interrupt while a call waits for its place under the cap -----------------------------
+
+
+@pytest.mark.parametrize("when", ["waiting", "as_granted", "after_granted"])
+def test_an_interrupt_around_a_calls_grant_answers_it_once_and_loses_no_place(
+        monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """Call ``b`` waits for its place under a cap of one (another session holds it). Its
+    thread is interrupted while it waits (``waiting``), just as the place is handed to it
+    (``as_granted``: the grant is its own, the wait not yet returned), or right after its
+    wait returned the grant (``after_granted``). ``b`` gets exactly one result (it was
+    interrupted), its place goes back, and the next call runs."""
+    p, slots = _capped(1)
+    try:
+        assert slots.enter("holder", time.monotonic() + WAIT_S)  # the one place, held by another session
+        armed = threading.Event()
+        raised = threading.Event()
+        if when == "after_granted":
+            raised = _interrupt_once(monkeypatch, WorkerSlots, "enter", after=True)
+        else:
+            expire = WorkerSlots._expire_kept
+
+            def expiring(self: WorkerSlots, now: float) -> None:
+                # in b's wait: its ticket queued (waiting), or taken off the queue with the grant (as_granted)
+                if armed.is_set() and not raised.is_set() and bool(self._queue) == (when == "waiting"):
+                    raised.set()
+                    raise KeyboardInterrupt
+                expire(self, now)
+
+            monkeypatch.setattr(WorkerSlots, "_expire_kept", expiring)
+        results = Results()
+        thread, got = _in_thread(lambda: p.start(a_call({"text": "b"}, "b", session="s1"), results.done("b")))
+        if when == "after_granted":
+            assert wait_for(lambda: slots.waiting_calls() == 1)
+            slots.leave("holder", 10.0, keep=False)
+        else:
+            assert wait_for(lambda: slots.waiting_calls() == 1)
+            armed.set()
+            if when == "as_granted":
+                slots.leave("holder", 10.0, keep=False)  # hands the place to b, which is interrupted as it wakes
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        assert raised.is_set()
+        assert len(got) == 1 and isinstance(got[0], KeyboardInterrupt), got
+        [result] = results.wait("b")
+        assert not result.ok and "interrupted" in result.content, result
+        if when == "waiting":
+            slots.leave("holder", 10.0, keep=False)
+        monkeypatch.undo()
+        assert wait_for(lambda: not slots.shares()), slots.shares()  # b's place went back
+        _serves_again(p, slots, "c")
+        assert len(results.got["b"]) == 1
+    finally:
+        p.stop()
+
+
+# --- 2. an interrupt while a worker is being started for a call -----------------------------------
+
+
+@pytest.mark.parametrize("point", ["spawn", "start_for_call"])
+def test_an_interrupt_as_a_worker_is_started_for_a_call_loses_no_process_slot(
+        monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """No worker is idle under a cap of one; the call took the one process slot to start
+    a worker and its thread is interrupted before the start began: in its own thread
+    (``spawn``, a call without a start bound) or in a thread started for it
+    (``start_for_call``, a call with one). The call gets its one result, the slot goes
+    back (else no worker could ever start again), and the next call runs."""
+    p, slots = _capped(0)
+    try:
+        name = "_spawn" if point == "spawn" else "_start_for_call"
+        raised = _interrupt_once(monkeypatch, WarmWorkers, name, after=False)
+        results = Results()
+        call = a_call({"text": "b"}, "b")
+        if point == "start_for_call":
+            call = dataclasses.replace(call, start_by=time.monotonic() + WAIT_S)
+        with pytest.raises(KeyboardInterrupt):
+            p.start(call, results.done("b"))
+        assert raised.is_set()
+        [result] = results.wait("b")
+        assert not result.ok and "interrupted" in result.content, result
+        monkeypatch.undo()
+        assert wait_for(lambda: slots.alive == 0), slots.alive  # the slot is free again
+        assert not p._starts_for_calls[()], p._starts_for_calls  # no start counted that never began
+        _serves_again(p, slots, "c")
+        start_bound = dataclasses.replace(a_call({"text": "d"}, "d"), start_by=time.monotonic() + WAIT_S)
+        assert p.run_call(start_bound).content == "d"
+    finally:
+        p.stop()
+
+
+def test_an_interrupt_right_after_a_workers_process_started_kills_it_and_frees_its_slot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call's thread is interrupted just after its worker's process was started and
+    before the pool holds the worker: the process is killed and reaped (no worker
+    process runs on that no pool knows), its slot goes back, the call gets its one
+    result, and the next call runs."""
+    p, slots = _capped(0)
+    try:
+        made: list[Any] = []
+        handle = WorkerHandle
+
+        def handing(*args: Any, **kwargs: Any) -> Any:
+            worker = handle(*args, **kwargs)
+            if not made:
+                made.append(worker)
+                raise KeyboardInterrupt
+            return worker
+
+        monkeypatch.setattr(warm_workers_module, "WorkerHandle", handing)
+        results = Results()
+        with pytest.raises(KeyboardInterrupt):
+            p.start(a_call({"text": "b"}, "b"), results.done("b"))
+        [result] = results.wait("b")
+        assert not result.ok and "interrupted" in result.content, result
+        [worker] = made
+        assert wait_for(lambda: _ended(worker.pid)), f"worker {worker.pid} still runs"
+        monkeypatch.undo()
+        assert wait_for(lambda: slots.alive == 0), slots.alive
+        _serves_again(p, slots, "c")
+    finally:
+        p.stop()
+
