@@ -22,6 +22,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
+from rho_actors.function_tool import tool
 from rho_actors.sandbox import WorkerPool, WorkerSlots
 from rho_actors.sandbox import warm_workers as warm_workers_module
 from rho_actors.sandbox.warm_workers import WarmWorkers
@@ -194,3 +195,73 @@ def test_an_interrupt_right_after_a_workers_process_started_kills_it_and_frees_i
     finally:
         p.stop()
 
+
+
+# --- 3. a cancel token's callbacks across the requests of one MCP call ---------------------------
+
+
+def test_an_upstream_tasks_polls_leave_no_callback_on_the_calls_token(
+        system: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile upstream keeps its task ``working`` and asks to be polled as often as it
+    may (every 50 ms): a call that follows it for its whole deadline sends thousands of
+    ``tasks/get``. Each request's hook on the call's cancel token (which abandons the
+    request) goes once the request is answered: the token holds none of the answered
+    requests (each would keep its answer alive until the call ends), and cancelling it
+    still ends the call and cancels the upstream's task."""
+    pytest.importorskip("mcp")
+    from rho_actors.cancel import CancelToken
+    from rho_actors.mcp.source import MCPServer
+    from rho_actors.tool import ToolFailure
+
+    upstream = Path(__file__).parent / "mcp_fixtures" / "hostile_task_upstream.py"
+    (tmp_path / "release").touch()  # late_task's creation is answered at once; the task works until cancelled
+    source = MCPServer(command=[sys.executable, str(upstream), str(tmp_path)], name="hostile", connect_timeout_s=WAIT_S)
+    system.add_source(source, poll_s=None)
+    assert source.connected, source.last_error
+    token = CancelToken()
+    kept: list[int] = []
+    polled = threading.Event()
+    send = MCPServer._send
+
+    def sending(self: MCPServer, *args: Any, **kwargs: Any) -> Any:
+        answer = send(self, *args, **kwargs)
+        kept.append(len(token._inline) + len(token._callbacks))  # the hooks left after an answered request
+        if len(kept) >= 10:
+            polled.set()
+        return answer
+
+    monkeypatch.setattr(MCPServer, "_send", sending)
+    ctx = {"cancel": token, "deadline": time.monotonic() + 4 * WAIT_S, "session_id": "s1", "call_id": "c1"}
+    thread, ended = _in_thread(lambda: source.call("late_task", {}, ctx))
+    assert polled.wait(WAIT_S), f"{len(kept)} requests answered"
+    token.cancel("enough")
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert len(ended) == 1 and isinstance(ended[0], ToolFailure) and "cancel" in str(ended[0]), ended
+    assert max(kept) == 0, kept  # no answered request's hook kept on the call's token
+    assert wait_for(lambda: any(tmp_path.glob("cancelled-task-*")))  # the upstream's task cancelled
+
+
+@tool
+async def awaits(text: str) -> str:
+    """Return ``text`` after one suspension."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    return text
+
+
+def test_an_async_tools_run_leaves_no_callback_on_a_token_that_outlives_it() -> None:
+    """``async def run`` is driven on a private loop whose task the call's token cancels:
+    a token given to many calls (a host's) keeps no hook of a call that ended (each
+    would keep its closed loop and task alive, and fire into them when set)."""
+    from rho_actors.cancel import CancelToken
+    from rho_actors.isolation.call import CallSpec, run_here
+
+    token = CancelToken()
+    for n in range(200):
+        now = time.monotonic()
+        spec = CallSpec(f"c{n}", "awaits", awaits, {"text": str(n)}, {}, now, now + WAIT_S, int(WAIT_S * 1000),
+                        token, 1000, lambda result: None)
+        assert run_here(spec).content == str(n)
+    assert not token._inline and not token._callbacks, len(token._inline)
