@@ -265,3 +265,49 @@ def test_an_async_tools_run_leaves_no_callback_on_a_token_that_outlives_it() -> 
                         token, 1000, lambda result: None)
         assert run_here(spec).content == str(n)
     assert not token._inline and not token._callbacks, len(token._inline)
+
+
+# --- 4. an interrupt as a pooled thread is started ------------------------------------------------
+
+
+@pytest.mark.parametrize("began", [False, True])
+def test_an_interrupt_as_a_pooled_thread_starts_leaves_no_thread_counted_that_never_comes(
+        monkeypatch: pytest.MonkeyPatch, began: bool) -> None:
+    """``ThreadPool.submit`` in the host's thread (a call started from ``run_turn``) is
+    interrupted as it starts the thread for its job: before the OS thread exists, or
+    right after (in ``Thread.start``'s wait). Not started, the job is not queued (the
+    submitter is told by the interrupt) and no thread is counted as on its way (one
+    counted for good would leave later jobs waiting behind a busy thread); started, the
+    job runs. Either way a job that blocks does not hold back the next one."""
+    from rho_actors.otp.threads import ThreadPool
+
+    pool = ThreadPool(name="h6-pool")
+    real = threading._start_new_thread  # type: ignore[attr-defined]
+    raised = threading.Event()
+
+    def starting(function: Any, args: Any, *rest: Any) -> Any:
+        if raised.is_set() or getattr(getattr(function, "__self__", None), "name", "") != "h6-pool":
+            return real(function, args, *rest)
+        raised.set()
+        if began:
+            real(function, args, *rest)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading, "_start_new_thread", starting)
+    ran = threading.Event()
+    with pytest.raises(KeyboardInterrupt):
+        pool.submit(ran.set, "job-a")
+    assert raised.is_set()
+    monkeypatch.undo()
+    if began:
+        assert ran.wait(WAIT_S)
+    assert wait_for(lambda: pool._coming == 0), pool._coming  # no thread counted that never comes
+    assert not any(t.name == "h6-pool" and not t.is_alive() and t in threading._limbo  # type: ignore[attr-defined]
+                   for t in list(threading._limbo))  # type: ignore[attr-defined]
+    release, second = threading.Event(), threading.Event()
+    pool.submit(lambda: release.wait(WAIT_S), "blocks")
+    pool.submit(second.set, "next")
+    assert second.wait(WAIT_S), "the next job waited behind a blocked one"
+    release.set()
+    assert ran.is_set() == began
+    pool.shutdown()
