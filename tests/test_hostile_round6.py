@@ -311,3 +311,66 @@ def test_an_interrupt_as_a_pooled_thread_starts_leaves_no_thread_counted_that_ne
     release.set()
     assert ran.is_set() == began
     pool.shutdown()
+
+
+# --- 5. one SSE stream resumed twice at once -----------------------------------------------------
+
+
+def test_a_stream_resumed_twice_at_once_gets_what_was_stored_since_its_replay() -> None:
+    """A client resumes one stream twice at once (two GETs with the same
+    ``Last-Event-ID``): both replay it, then the first registers it for live events (the
+    second finds it registered and ends). The event stored between the replays and that
+    registration (the call's result, say) reaches the registered stream; the second
+    resume's mark goes with that registration, and many resumes that never register
+    leave no mark growing without bound."""
+    import anyio
+    import mcp_types as types
+    from anyio.streams.memory import MemoryObjectReceiveStream
+
+    from rho_actors.mcp.events import BoundedEventStore, _SessionEvents, _Streams
+
+    async def main() -> None:
+        events = _SessionEvents(BoundedEventStore(), "s1")
+        streams = _Streams(events)
+        primed = await events.store_event("1", None)
+        message = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"n": 1})
+        received: list[MemoryObjectReceiveStream[Any]] = []
+        first_replayed, second_replayed = anyio.Event(), anyio.Event()
+
+        async def nothing(event: Any) -> None:
+            raise AssertionError(event)
+
+        async def first() -> None:
+            assert await events.replay_events_after(primed, nothing) == "1"
+            first_replayed.set()
+            await second_replayed.wait()
+            await events.store_event("1", message)  # stored in the gap: no stream registered for it yet
+            send, receive = anyio.create_memory_object_stream[Any](16)
+            streams["1"] = (send, receive)
+            received.append(receive)
+
+        async def second() -> None:
+            await first_replayed.wait()
+            assert await events.replay_events_after(primed, nothing) == "1"
+            second_replayed.set()
+
+        with anyio.fail_after(WAIT_S):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(first)
+                tasks.start_soon(second)
+        assert received[0].receive_nowait().message == message
+        assert not events._resumed, events._resumed  # the second resume's mark went with the registration
+        del streams["1"]
+
+        async def taken(event: Any) -> None:
+            del event
+
+        async def resume_and_leave() -> None:
+            assert await events.replay_events_after(primed, taken) == "1"
+
+        for _ in range(200):  # resumes whose clients leave before their stream is registered
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(resume_and_leave)
+        assert sum(len(marks) if isinstance(marks, dict) else 1 for marks in events._resumed.values()) <= 16
+
+    anyio.run(main)
