@@ -372,5 +372,9 @@ def test_a_stream_resumed_twice_at_once_gets_what_was_stored_since_its_replay() 
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(resume_and_leave)
         assert sum(len(marks) if isinstance(marks, dict) else 1 for marks in events._resumed.values()) <= 16
+        for n in range(2, 600):  # streams (request ids) each resumed by a client that leaves
+            stream_primed = await events.store_event(str(n), None)
+            assert await events.replay_events_after(stream_primed, taken) == str(n)
+        assert len(events._resumed) <= 256, len(events._resumed)
 
     anyio.run(main)

@@ -50,6 +50,11 @@ _MAX_RESUMES = 16
 stream is registered: more (clients that leave before it is) drop the oldest."""
 
 
+_MAX_RESUMED_STREAMS = 256
+"""Streams of one session whose resumes are remembered until they are registered: more
+(streams resumed by clients that left each time) drop the oldest."""
+
+
 class BoundedEventStore(EventStore):
     """An in-memory :class:`mcp.server.streamable_http.EventStore` with the bounds of
     the module doc. Event ids are ``<stream id>/<sequence number>``. Used as is, it is
@@ -128,7 +133,7 @@ class _SessionEvents(EventStore):
         self._store = store
         self._session = session_id
         # stream id -> {a replaying task's id: the last event it replayed}, until the stream is registered
-        self._resumed: dict[StreamId, OrderedDict[int, EventId]] = {}
+        self._resumed: OrderedDict[StreamId, OrderedDict[int, EventId]] = OrderedDict()
         self.streams: dict[Any, Any] = {}  # the transport's registry (a _Streams), once admitted
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
@@ -146,6 +151,9 @@ class _SessionEvents(EventStore):
         stream_id = await self._store._replay(self._session, last_event_id, sending)
         if stream_id is not None and stream_id not in self.streams:  # the SDK registers it next
             marks = self._resumed.setdefault(stream_id, OrderedDict())
+            self._resumed.move_to_end(stream_id)
+            while len(self._resumed) > _MAX_RESUMED_STREAMS:  # streams resumed and never registered: oldest go
+                self._resumed.popitem(last=False)
             marks[anyio.get_current_task().id] = last[0]  # one a task: two resumes at once each keep theirs
             while len(marks) > _MAX_RESUMES:  # resumes whose clients left unregistered: the oldest go
                 marks.popitem(last=False)
