@@ -132,18 +132,21 @@ def test_an_interrupt_around_a_calls_grant_answers_it_once_and_loses_no_place(
 # --- 2. an interrupt while a worker is being started for a call -----------------------------------
 
 
-@pytest.mark.parametrize("point", ["spawn", "start_for_call"])
+@pytest.mark.parametrize("point", ["acquire", "spawn", "start_for_call"])
 def test_an_interrupt_as_a_worker_is_started_for_a_call_loses_no_process_slot(
         monkeypatch: pytest.MonkeyPatch, point: str) -> None:
     """No worker is idle under a cap of one; the call took the one process slot to start
-    a worker and its thread is interrupted before the start began: in its own thread
-    (``spawn``, a call without a start bound) or in a thread started for it
-    (``start_for_call``, a call with one). The call gets its one result, the slot goes
+    a worker and its thread is interrupted as that take returns (``acquire``) or before
+    the start began: in its own thread (``spawn``, a call without a start bound) or in a
+    thread started for it (``start_for_call``, a call with one). The call gets its one result, the slot goes
     back (else no worker could ever start again), and the next call runs."""
     p, slots = _capped(0)
     try:
-        name = "_spawn" if point == "spawn" else "_start_for_call"
-        raised = _interrupt_once(monkeypatch, WarmWorkers, name, after=False)
+        if point == "acquire":  # as the slot's take returns
+            raised = _interrupt_once(monkeypatch, WorkerSlots, "try_acquire", after=True)
+        else:
+            raised = _interrupt_once(monkeypatch, WarmWorkers, "_spawn" if point == "spawn" else "_start_for_call",
+                                     after=False)
         results = Results()
         call = a_call({"text": "b"}, "b")
         if point == "start_for_call":

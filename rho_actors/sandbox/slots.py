@@ -298,22 +298,26 @@ class WorkerSlots:
     # --- process slots ---------------------------------------------------------------------
 
     def give_back(self, claim: list[bool]) -> None:
-        """Free the process slot ``claim`` holds (a one-item list a slot's taker made right
-        after :meth:`try_acquire`, emptied by whoever takes the slot over), unless it was
-        given back or handed on already: once, whichever thread or handler gets here."""
+        """Free the process slot ``claim`` holds (the one-item list :meth:`try_acquire`
+        filled, emptied by whoever takes the slot over), unless it was given back or
+        handed on already: once, whichever thread or handler gets here."""
         try:
             claim.pop()  # atomic: of two threads (or an interrupted start and its handler) one frees it
         except IndexError:
             return
         self.release()
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free now."""
+    def try_acquire(self, claim: list[bool] | None = None) -> bool:
+        """Take a slot if one is free now; ``claim`` (an empty list) is given a ``True``
+        under the lock as it is taken, so that a caller interrupted anywhere (in this
+        very call's return included) gives it back by it (:meth:`give_back`)."""
         with self._cond:
             if self.alive >= self.limit:
                 return False
             self.alive += 1
             self.peak = max(self.peak, self.alive)
+            if claim is not None:
+                claim.append(True)
             return True
 
     def retire_idle(self) -> bool:

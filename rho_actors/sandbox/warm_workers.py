@@ -529,11 +529,10 @@ class WarmWorkers(ToolsAhead):
                     continue
                 if waits and self._awaited_others_start(scope, env_key, deadline):
                     continue
-                if self._slots is None or self._slots.try_acquire():
-                    claim = [True] if self._slots is not None else []  # the slot, this call's until a start has it
-                    started = self._start_new(scope, env_key, waits, claim, held)
-                    if isinstance(started, WorkerHandle):
-                        return started
+                started = self._start_new(scope, env_key, waits, held)
+                if isinstance(started, WorkerHandle):
+                    return started
+                if started is not None or self._slots is None:  # (None only at a full cap)
                     start = started
                     continue
                 if not queued:
@@ -550,14 +549,17 @@ class WarmWorkers(ToolsAhead):
                     self._calls_awaiting[env_key] -= 1
                     self._warmed.notify_all()
 
-    def _start_new(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], waits: bool, claim: list[bool],
-                   held: list[WorkerHandle] | None) -> WorkerHandle | WorkerStart:
-        """With the process slot ``claim`` holds: this call's new worker, started here
-        (busy, in ``held``), or (``waits``) the start of one in the background for any
-        waiting call. Interrupted (a signal handler's ``KeyboardInterrupt``), it keeps
-        nothing: :meth:`_take_back`."""
+    def _start_new(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], waits: bool,
+                   held: list[WorkerHandle] | None) -> WorkerHandle | WorkerStart | None:
+        """With a process slot (``None``: the cap is full): this call's new worker,
+        started here (busy, in ``held``), or (``waits``) the start of one in the
+        background for any waiting call. Interrupted (a signal handler's
+        ``KeyboardInterrupt``), it keeps nothing: :meth:`_take_back`."""
         start: WorkerStart | None = None
+        claim: list[bool] = []  # the slot, this call's until a start has it (filled under the cap's lock)
         try:
+            if self._slots is not None and not self._slots.try_acquire(claim):
+                return None
             if not waits:
                 return self._spawn(busy=True, env_key=env_key, scope=scope, claim=claim, held=held)
             start = WorkerStart(claim)
