@@ -332,9 +332,9 @@ class _HangsWhenLoaded(_DiesWhenLoaded):
 def loads_never_give_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """A hung load lasts as long as the test (how long the pool waits for a load is not
     what these tests are about: at its 30 s a loaded machine could end the hang first)."""
-    from rho_actors.sandbox import warm_workers
+    from rho_actors.sandbox import preloads
 
-    monkeypatch.setattr(warm_workers, "_LOAD_TIMEOUT_S", 3 * WAIT_S)
+    monkeypatch.setattr(preloads, "_LOAD_TIMEOUT_S", 3 * WAIT_S)
 
 
 @contextlib.contextmanager

@@ -220,7 +220,10 @@ async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: Cancel
             pass
 
     cancel.add_inline_callback(cancel_task)
-    return await asyncio.wait_for(task, max(0.0, deadline - time.monotonic()))
+    try:
+        return await asyncio.wait_for(task, max(0.0, deadline - time.monotonic()))
+    finally:  # a token that outlives the call (a host's, given to many) keeps nothing of it, nor its loop
+        cancel.remove_callback(cancel_task)
 
 
 def _attached(message: RunCall) -> ToolResult:

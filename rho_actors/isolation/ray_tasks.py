@@ -569,7 +569,8 @@ def run_call(runtime: RayRuntime, call: WorkerCall, resources: RayResources) -> 
         except Exception as exc:
             return failed("ray_refused", problem=describe_exception(exc))
         key = runtime._track(call_id, label, stream, start, deadline, resources.demand())
-        cancel.add_inline_callback(functools.partial(_force_cancel, stream))
+        hook = functools.partial(_force_cancel, stream)
+        cancel.add_inline_callback(hook)  # taken off once this attempt is over: a token may outlive many calls
         flight: _InFlight | None = None
         try:
             node_id, pid = _next_item(stream, deadline)
@@ -588,6 +589,7 @@ def run_call(runtime: RayRuntime, call: WorkerCall, resources: RayResources) -> 
             return _failure(exc, cancel, failed, runtime, flight)
         finally:
             runtime._untrack(key)
+            cancel.remove_callback(hook)
         if tag != NEED_TOOL or holder is not None:
             break
         holder = [tool_ref]

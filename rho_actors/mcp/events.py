@@ -16,7 +16,9 @@ stored in between (the call's result, say) was neither replayed nor sent live, a
 resumed stream stayed open without it. Each session's transport registers its streams
 through :func:`own_event_stores`'s registry, which sends such events first into the stream
 its replay registers (the same task's registration only: another request's stream of that
-id gets none).
+id gets none). A stream resumed twice at once keeps each replay's place (per task, at
+most :data:`_MAX_RESUMES`): whichever registers it gets what was stored since its own
+replay, and that registration takes every resume's mark of the stream.
 
 Bounded: at most ``max_events`` events in all (the oldest are dropped first: a client
 reconnecting later than that misses them, as after a restart) and events older than
@@ -41,6 +43,16 @@ DEFAULT_MAX_EVENTS = 10_000
 """Events kept at most, all streams together."""
 DEFAULT_MAX_EVENT_AGE_S = 300.0
 """Seconds an event is kept for a client to reconnect and get it."""
+
+
+_MAX_RESUMES = 16
+"""Resumes of one stream (of one session) at once whose replay is remembered until the
+stream is registered: more (clients that leave before it is) drop the oldest."""
+
+
+_MAX_RESUMED_STREAMS = 256
+"""Streams of one session whose resumes are remembered until they are registered: more
+(streams resumed by clients that left each time) drop the oldest."""
 
 
 class BoundedEventStore(EventStore):
@@ -120,8 +132,8 @@ class _SessionEvents(EventStore):
     def __init__(self, store: BoundedEventStore, session_id: str) -> None:
         self._store = store
         self._session = session_id
-        # stream id -> (the replaying task's id, the last event it replayed), until it registers the stream
-        self._resumed: dict[StreamId, tuple[int, EventId]] = {}
+        # stream id -> {a replaying task's id: the last event it replayed}, until the stream is registered
+        self._resumed: OrderedDict[StreamId, OrderedDict[int, EventId]] = OrderedDict()
         self.streams: dict[Any, Any] = {}  # the transport's registry (a _Streams), once admitted
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
@@ -138,7 +150,13 @@ class _SessionEvents(EventStore):
 
         stream_id = await self._store._replay(self._session, last_event_id, sending)
         if stream_id is not None and stream_id not in self.streams:  # the SDK registers it next
-            self._resumed[stream_id] = (anyio.get_current_task().id, last[0])
+            marks = self._resumed.setdefault(stream_id, OrderedDict())
+            self._resumed.move_to_end(stream_id)
+            while len(self._resumed) > _MAX_RESUMED_STREAMS:  # streams resumed and never registered: oldest go
+                self._resumed.popitem(last=False)
+            marks[anyio.get_current_task().id] = last[0]  # one a task: two resumes at once each keep theirs
+            while len(marks) > _MAX_RESUMES:  # resumes whose clients left unregistered: the oldest go
+                marks.popitem(last=False)
         return stream_id
 
     def registered(self, stream_id: StreamId, live: MemoryObjectSendStream[EventMessage]) -> None:
@@ -146,10 +164,11 @@ class _SessionEvents(EventStore):
         replayed that stream, send ``live`` the events stored since its replay (the SDK's
         router found no stream for them). More than ``live`` holds closes it once those it
         holds are read: the client resumes from the last it got."""
-        resumed = self._resumed.pop(stream_id, None)  # another task's (a POST of that id): none
-        if resumed is None or resumed[0] != anyio.get_current_task().id:
+        marks = self._resumed.pop(stream_id, None)  # every resume's of it: the others register it no more
+        last = marks.get(anyio.get_current_task().id) if marks is not None else None
+        if last is None:  # another task's (a POST of that id): none
             return
-        for event in self._store._after(self._session, stream_id, resumed[1]):
+        for event in self._store._after(self._session, stream_id, last):
             try:
                 live.send_nowait(event)
             except anyio.WouldBlock:

@@ -59,7 +59,7 @@ import json
 import os
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import mcp_types as types
@@ -557,34 +557,34 @@ class MCPServer(TaskFollowing):
             raise _fails("mcp_not_connected", label, server=self.name) from None
         future.add_done_callback(heard)
         cancel = ctx.get("cancel")
-        stop = _on_cancel(cancel, future, kept is not None)
-        try:
-            if stop is not None:
-                concurrent.futures.wait((future, stop), left + 5.0, concurrent.futures.FIRST_COMPLETED)
-                if not future.done() and stop.done():
-                    self._keep(future, aloop, kept)  # type: ignore[arg-type]
-                    _tell_cancelled(session, aloop, ids, getattr(cancel, "reason", None) or "cancelled")
-                    raise concurrent.futures.CancelledError
-            return dict(future.result(timeout=0.0 if stop is not None else left + 5.0))
-        except ValidationError as err:  # the SDK's own check of a result
-            raise _fails("mcp_malformed", label, server=self.name, what=f"a {request.method} result",
-                         problem=shown_text(str(err.errors(include_url=False)[0]), 300)) from None
-        except concurrent.futures.CancelledError:
-            reason = getattr(cancel, "reason", None) or "cancelled"
-            if reason == "timeout":  # the deadline: the same result whichever thread answers first
+        with _on_cancel(cancel, future, kept is not None) as stop:
+            try:
+                if stop is not None:
+                    concurrent.futures.wait((future, stop), left + 5.0, concurrent.futures.FIRST_COMPLETED)
+                    if not future.done() and stop.done():
+                        self._keep(future, aloop, kept)  # type: ignore[arg-type]
+                        _tell_cancelled(session, aloop, ids, getattr(cancel, "reason", None) or "cancelled")
+                        raise concurrent.futures.CancelledError
+                return dict(future.result(timeout=0.0 if stop is not None else left + 5.0))
+            except ValidationError as err:  # the SDK's own check of a result
+                raise _fails("mcp_malformed", label, server=self.name, what=f"a {request.method} result",
+                             problem=shown_text(str(err.errors(include_url=False)[0]), 300)) from None
+            except concurrent.futures.CancelledError:
+                reason = getattr(cancel, "reason", None) or "cancelled"
+                if reason == "timeout":  # the deadline: the same result whichever thread answers first
+                    raise self._timed_out(label) from None
+                raise _fails("cancelled", label, reason=reason) from None
+            except concurrent.futures.TimeoutError:
+                future.cancel()
                 raise self._timed_out(label) from None
-            raise _fails("cancelled", label, reason=reason) from None
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise self._timed_out(label) from None
-        except MCPError as err:
-            if err.code == REQUEST_TIMEOUT:
-                raise self._timed_out(label) from None
-            if session_unknown(err):  # the connection is replaced (its end logged): a new session
-                if callable(link.renew) and link.session is session:
-                    link.renew()
-                raise SessionGone(session) from None
-            raise _failure(self.name, label, err, link.stopping) from None
+            except MCPError as err:
+                if err.code == REQUEST_TIMEOUT:
+                    raise self._timed_out(label) from None
+                if session_unknown(err):  # the connection is replaced (its end logged): a new session
+                    if callable(link.renew) and link.session is session:
+                        link.renew()
+                    raise SessionGone(session) from None
+                raise _failure(self.name, label, err, link.stopping) from None
 
     def _keep(self, future: concurrent.futures.Future[Any], aloop: asyncio.AbstractEventLoop,
               kept: Callable[[dict[str, Any]], None]) -> None:
@@ -638,18 +638,27 @@ def _tell_cancelled(session: Any, aloop: asyncio.AbstractEventLoop, ids: concurr
         asyncio.run_coroutine_threadsafe(tell(), aloop)
 
 
+@contextlib.contextmanager
 def _on_cancel(cancel: Any, future: concurrent.futures.Future[Any], keep: bool
-               ) -> concurrent.futures.Future[None] | None:
-    """What ``cancel`` (a call's token, or None) does to a request's ``future``: abandons it
-    (the SDK sends ``notifications/cancelled``), or, ``keep``, sets the future returned."""
+               ) -> Iterator[concurrent.futures.Future[None] | None]:
+    """While a request is under way: what ``cancel`` (a call's token, or None) does to its
+    ``future``: abandons it (the SDK sends ``notifications/cancelled``), or, ``keep``, sets
+    the future yielded. The hook is taken off the token once the request is over (a call's
+    token outlives each of its requests: a task followed for its whole deadline polls
+    thousands of times, and each hook kept would keep its answer)."""
     if cancel is None:
-        return None
-    if not keep:
-        cancel.add_inline_callback(future.cancel)
-        return None
-    stop: concurrent.futures.Future[None] = concurrent.futures.Future()
-    cancel.add_inline_callback(functools.partial(stop.set_result, None))  # a token's callbacks run once
-    return stop
+        yield None
+        return
+    stop: concurrent.futures.Future[None] | None = None
+    hook: Callable[[], object] = future.cancel
+    if keep:
+        stop = concurrent.futures.Future()
+        hook = functools.partial(stop.set_result, None)  # a token's callbacks run once
+    cancel.add_inline_callback(hook)
+    try:
+        yield stop
+    finally:
+        cancel.remove_callback(hook)
 
 
 def _failure(server: str, tool: str, err: MCPError, stopping: bool) -> ToolFailure:

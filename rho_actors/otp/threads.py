@@ -17,7 +17,10 @@ thread is reused.
   jobs then starts as fast as if each woke its own thread). A submit counts on the
   threads on their way and the idle ones, one a waiting job; a job beyond them gets a
   new thread started by the submit itself, so the host's thread limit reaches the
-  submitter (``RuntimeError``) and never leaves a job queued with no thread coming.
+  submitter (``RuntimeError``) and never leaves a job queued with no thread coming; a
+  submit interrupted as it starts that thread (a signal handler's ``KeyboardInterrupt``
+  in the host's thread) counts no thread that was never started, and takes back a job
+  then left with none coming (the interrupt tells the submitter).
 
 - **A stuck job keeps its thread** (a tool past its deadline is abandoned, not killed:
   DESIGN §5): the pool never waits for it; the next job simply gets another thread, so
@@ -75,6 +78,27 @@ def _end() -> None:
 _PATIENCE_S = 0.001  # a job queued this long after the last thread was woken for the queue wakes another
 _END: _Handoff = (_end, "")  # what a thread takes when none waits and it is to end
 _THREAD = threading.local()  # per thread: ``pool`` (the ThreadPool it serves), ``host`` (host_code depth)
+
+
+_STARTED_WAIT_S = 5.0  # how long an interrupted start waits for a thread it may have started to say so
+
+
+def _began(thread: threading.Thread) -> bool:
+    """Whether ``thread``, whose ``start()`` was interrupted, was started (it runs, or soon
+    will): ``threading`` puts it in its ``_limbo`` before it starts the OS thread, which
+    sets ``_started`` before it leaves ``_limbo``; interrupted before that start, it is
+    taken out of ``_limbo`` here (else ``threading.enumerate()`` lists it for good)."""
+    limbo = getattr(threading, "_limbo", None)
+    in_limbo = limbo is not None and thread in limbo  # looked at before _started: see above
+    if thread._started.is_set():  # type: ignore[attr-defined]
+        return True
+    if not in_limbo:
+        return limbo is None and thread.is_alive()  # never put there (interrupted before): not started
+    if thread._started.wait(_STARTED_WAIT_S):  # type: ignore[attr-defined]  # started a moment ago
+        return True
+    with threading._active_limbo_lock:  # type: ignore[attr-defined]
+        limbo.pop(thread, None)  # type: ignore[union-attr]
+    return False
 
 
 class _HostCode:
@@ -161,22 +185,35 @@ class ThreadPool:
         if handoff is not None:
             handoff.put(True)
             return
+        thread = threading.Thread(target=self._serve, args=(entry if closed else None,),
+                                  name=name if closed else self.name, daemon=True)
         try:
-            threading.Thread(target=self._serve, args=(entry if closed else None,),
-                             name=name if closed else self.name, daemon=True).start()
+            thread.start()
         except Exception:  # no thread could be started (the host at its limit): none counted
-            with self._lock:
-                self.threads_started -= 1
-                if closed:
-                    raise
-                self._coming -= 1
-                if covered:  # one more was only to be faster: the threads counted take it
-                    return
-                for i, queued in enumerate(self._waiting):
-                    if queued is entry:  # not taken yet: not queued, the submitter told
-                        del self._waiting[i]
-                        raise
-            # taken meanwhile by a thread whose job returned: it runs
+            if self._not_started(entry, closed, covered):
+                raise
+            # taken meanwhile by a thread whose job returned, or only one more to be faster: it runs
+        except BaseException:  # interrupted (a signal handler's KeyboardInterrupt): as above unless it began
+            if not _began(thread):
+                self._not_started(entry, closed, covered)  # (else no thread counted on would ever come)
+            raise
+
+    def _not_started(self, entry: _Handoff, closed: bool, covered: bool) -> bool:
+        """The thread :meth:`submit` started for ``entry`` did not start: it is not
+        counted; whether the submitter is to be told (its job is not queued, or the pool
+        was closed: it does not run)."""
+        with self._lock:
+            self.threads_started -= 1
+            if closed:
+                return True
+            self._coming -= 1
+            if covered:  # one more was only to be faster: the threads counted take it
+                return False
+            for i, queued in enumerate(self._waiting):
+                if queued is entry:  # not taken yet: not queued
+                    del self._waiting[i]
+                    return True
+        return False
 
     @contextlib.contextmanager
     def hand_over(self) -> Iterator[None]:

@@ -310,20 +310,26 @@ class WorkerPool(WarmWorkers):
         except Unshippable:
             return False
         session = call.ctx.get("session_id")
-        if self._slots is not None and not self._slots.try_enter(session):
-            return False
-        sending = _Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, Grant(session, now),
-                           done, waiter=waiter)
+        grant = Grant(session, now, left=self._slots is not None)  # held once granted (try_enter marks it)
+        sending: _Sending | None = None
         try:
+            if self._slots is not None and not self._slots.try_enter(session, grant):
+                return False
+            sending = _Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, grant, done,
+                               waiter=waiter)
             worker = self._take_idle(scope, env_key, sending.held)
             if worker is None or self._open_on(sending, worker) is not None:
-                self._leave(sending.grant)
+                self._leave(grant)
                 return False
         except PoolStopped:
-            self._leave(sending.grant)
+            self._leave(grant)
             return False
         except BaseException as exc:  # this thread interrupted before the call was anyone's: answered, then raised
-            self._abandon(sending, exc)
+            if sending is not None:
+                self._abandon(sending, exc)
+            else:  # its place, if granted (maybe just as it was interrupted), goes back
+                self._leave(grant)
+                done(self._failure(call, "start_interrupted", problem=describe_exception(exc)))
             raise
         return True
 
@@ -356,17 +362,33 @@ class WorkerPool(WarmWorkers):
         request = wire.call_request(digest, call)
         session = call.ctx.get("session_id")
         entered = True
-        if self._slots is not None:
-            poke = self._slots.poke  # one bound method: the very object remove_callback looks for
-            if cancel is not None:
-                cancel.add_inline_callback(poke)  # a call waiting its turn stops waiting
-            try:
-                entered = self._slots.enter(session, start_by,
-                                            (lambda: cancel.cancelled) if cancel is not None else None)
-            finally:  # its wait is over: a token that outlives the call keeps nothing of it
+        grant = Grant(session, time.monotonic(), left=self._slots is not None)  # held once granted (enter marks it)
+        sending: _Sending | None = None
+        try:
+            if self._slots is not None:
+                poke = self._slots.poke  # one bound method: the very object remove_callback looks for
                 if cancel is not None:
-                    cancel.remove_callback(poke)
-        if not entered and self._slots is not None:
+                    cancel.add_inline_callback(poke)  # a call waiting its turn stops waiting
+                try:
+                    entered = self._slots.enter(session, start_by,
+                                                (lambda: cancel.cancelled) if cancel is not None else None, grant)
+                finally:  # its wait is over: a token that outlives the call keeps nothing of it
+                    if cancel is not None:
+                        cancel.remove_callback(poke)
+            if entered:
+                grant.at = time.monotonic()
+                sending = _Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())), grant, done,
+                                   here)
+                self._deliver(sending)
+                return None
+        except BaseException as exc:  # interrupted (a signal handler's KeyboardInterrupt): answered, then raised
+            if sending is not None:
+                self._abandon(sending, exc)  # (nothing when a reader has it, or it has its result)
+            else:
+                self._leave(grant)  # its place, if granted (maybe just as it was interrupted), goes back
+                failed("start_interrupted", problem=describe_exception(exc))
+            raise
+        if self._slots is not None:
             if cancel is not None and cancel.cancelled:
                 return failed("cancelled", reason=cancel.reason)
             held = self._slots.shares().get(str(session), 0)
@@ -376,8 +398,7 @@ class WorkerPool(WarmWorkers):
                                   f"holding {held} of its share of {self._slots.per_session}")
             return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.running,
                           share=self._slots.per_session, held=held)
-        self._deliver(_Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())),
-                               Grant(session, time.monotonic()), done, here))
+        return None
 
     def _failure(self, call: WorkerCall, key: str, **fields: Any) -> ToolResult:
         """The failure ``key`` of ``call``, its duration counted from ``call.started``."""

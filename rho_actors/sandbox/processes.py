@@ -294,6 +294,13 @@ class Child:
         pid: int = self.proc.pid
         return pid
 
+    def discard(self) -> None:
+        """Kill the child's process group, reap it and close its channel: a child whose
+        start was interrupted before anyone held it (never left running)."""
+        kill_group(self.pid)
+        reap(self.proc, _SERVER_END_WAIT_S)
+        close(self.proc, self.channel)
+
 
 def spawn(
     ctx: Any, entry: Callable[[Channel, Any], None], payload: Any, setup: ChildSetup, *, name: str,
@@ -329,17 +336,23 @@ def spawn(
             raise
         finally:
             child_end.close()
-    # This module reaps its children itself: a second thread polling the same fork-server
-    # child could read its exit status first (and leave 255 in its place), so the child
-    # leaves multiprocessing's own bookkeeping (its one private name used here).
-    children = getattr(multiprocessing.process, "_children", None)
-    if children is not None:
-        children.discard(proc)
-    with _preload_lock:
-        _spawned.append(proc.pid)
-        if len(_spawned) > 1024:  # a long-lived system: only the ones still running matter
-            _spawned[:] = [p for p in _spawned if os.path.exists(f"/proc/{p}")]
-    return Child(proc, Channel(parent_end, proc.sentinel), watch_server(_forkserver_pid()) if forkserver else None)
+    try:
+        # This module reaps its children itself: a second thread polling the same fork-server
+        # child could read its exit status first (and leave 255 in its place), so the child
+        # leaves multiprocessing's own bookkeeping (its one private name used here).
+        children = getattr(multiprocessing.process, "_children", None)
+        if children is not None:
+            children.discard(proc)
+        with _preload_lock:
+            _spawned.append(proc.pid)
+            if len(_spawned) > 1024:  # a long-lived system: only the ones still running matter
+                _spawned[:] = [p for p in _spawned if os.path.exists(f"/proc/{p}")]
+        return Child(proc, Channel(parent_end, proc.sentinel), watch_server(_forkserver_pid()) if forkserver else None)
+    except BaseException:  # interrupted once it ran (a signal handler's KeyboardInterrupt): no child left running
+        kill_group(proc.pid)
+        reap(proc, _SERVER_END_WAIT_S)
+        close(proc, parent_end)
+        raise
 
 
 def kill_group(pid: int, *, leader: bool = True) -> None:

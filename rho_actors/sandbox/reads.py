@@ -288,14 +288,15 @@ def read_declaration_isolated(
     limits = _answer_limits(bounds)
     max_bytes = declaration_answer_bytes(**{k: v for k, v in (bounds or {}).items()
                                             if k in ("max_description_chars", "max_schema_bytes")})
-    if slots is not None and not _take_slot(slots, cancel):
-        raise IsolatedReadError("timeout", f"reading the declaration of {label(tool)} found no place under the "
-                                f"worker cap of {slots.limit} within {_SLOT_WAIT_S:g} s")
+    claim: list[bool] = []  # the place under the cap, once taken (given back once, whatever interrupts)
     try:
+        if slots is not None and not _take_slot(slots, cancel, claim):
+            raise IsolatedReadError("timeout", f"reading the declaration of {label(tool)} found no place under the "
+                                    f"worker cap of {slots.limit} within {_SLOT_WAIT_S:g} s")
         frame = _read_frame(tool, payload, limits, max_bytes, start_method, timeout_s, heap_bytes, cancel, confine)
     finally:
         if slots is not None:
-            slots.release()
+            slots.give_back(claim)
     try:
         answer = wire.decode_json(frame, max_containers=limits["containers"] + 16, max_depth=limits["depth"] + 3)
     except wire.WireError as exc:
@@ -320,11 +321,12 @@ def read_declaration_isolated(
         ) from None
 
 
-def _take_slot(slots: WorkerSlots, cancel: threading.Event | None) -> bool:
+def _take_slot(slots: WorkerSlots, cancel: threading.Event | None, claim: list[bool]) -> bool:
     """A place under the worker cap, as a worker takes one (an idle worker retired for
-    it when the cap is full); ``False`` after :data:`_SLOT_WAIT_S` or once ``cancel`` is set."""
+    it when the cap is full), put in ``claim`` as it is taken; ``False`` after
+    :data:`_SLOT_WAIT_S` or once ``cancel`` is set."""
     deadline = time.monotonic() + _SLOT_WAIT_S
-    while not slots.try_acquire():
+    while not slots.try_acquire(claim):
         if cancel is not None and cancel.is_set():
             return False
         if slots.retire_idle():

@@ -37,14 +37,16 @@ REUSE_GRACE_S: Final = 0.5
 class Grant:
     """A call's place under the cap: its ``session``, when the call reached its worker
     (``at``, a ``time.monotonic()`` instant; before: when it was granted) and whether it
-    was given back (``left``)."""
+    is not held (``left``: given back, or, made with ``left=True`` and passed to
+    :meth:`WorkerSlots.enter`, not yet granted: set ``False`` under the cap's lock as it is
+    granted, so that a caller interrupted anywhere knows whether it holds one)."""
 
     __slots__ = ("at", "left", "session")
 
-    def __init__(self, session: Hashable, at: float) -> None:
+    def __init__(self, session: Hashable, at: float, left: bool = False) -> None:
         self.session = session
         self.at = at
-        self.left = False
+        self.left = left
 
 
 class _Retiring(Protocol):
@@ -73,6 +75,14 @@ class _Ticket:
     session: Hashable
     cond: threading.Condition
     granted: bool = False
+    grant: Grant | None = None
+
+    def hand(self) -> None:
+        """Granted (under the cap's lock): it and its caller's :class:`Grant` hold the place."""
+        self.granted = True
+        if self.grant is not None:
+            self.grant.left = False
+        self.cond.notify()
 
 
 class WorkerSlots:
@@ -126,22 +136,28 @@ class WorkerSlots:
 
     # --- grants: the fair share of each session -------------------------------------------
 
-    def enter(self, session: Hashable, deadline: float, cancelled: Callable[[], bool] | None = None) -> bool:
+    def enter(self, session: Hashable, deadline: float, cancelled: Callable[[], bool] | None = None,
+              grant: Grant | None = None) -> bool:
         """Wait for a grant for one call of ``session`` (fair order, see the class),
         until ``deadline`` (a ``time.monotonic()`` instant) or ``cancelled()`` (polled
         on every :meth:`poke`); whether it was granted (if so, :meth:`leave` must
         follow). A waiting call is woken only when the grant is handed to it (or to
-        look at its deadline), never by every change."""
+        look at its deadline), never by every change. ``grant`` (made with
+        ``left=True``): marked held (``left=False``) under this cap's lock at the
+        instant the place is its, so a caller interrupted anywhere (in the wait, as the
+        place is handed to it, right after) gives it back by it, once."""
         with self._cond:
             share = self._shares.setdefault(session, _Share())
             if share.kept_until:  # its kept grant: take it again
                 share.kept_until = 0.0
+                _held(grant)
                 return True
             self._expire_kept(time.monotonic())
             if not self._queue and self._grantable(share):
                 self._grant(share)
+                _held(grant)
                 return True
-            ticket = _Ticket(next(self._seq), session, threading.Condition(self._lock))
+            ticket = _Ticket(next(self._seq), session, threading.Condition(self._lock), grant=grant)
             self._queue.append(ticket)
             self.queued += 1
             self._dispatch()
@@ -157,6 +173,11 @@ class WorkerSlots:
                     ticket.cond.wait(min(deadline - now, self._next_expiry(now), 0.25))
                     self._expire_kept(time.monotonic())
                 return True
+            except BaseException:  # interrupted (a signal handler's KeyboardInterrupt), maybe once granted
+                if ticket.granted and grant is None:  # no caller's grant knows of it: given back here
+                    self._ungrant(session, self._shares.setdefault(session, share))
+                    self._dispatch()
+                raise
             finally:
                 if not ticket.granted:
                     self._queue.remove(ticket)
@@ -164,14 +185,16 @@ class WorkerSlots:
                         self._shares.pop(session, None)
                     self._dispatch()  # it may have been first in line
 
-    def try_enter(self, session: Hashable) -> bool:
+    def try_enter(self, session: Hashable, grant: Grant | None = None) -> bool:
         """:meth:`enter` without a wait: a grant for one call of ``session`` only if one
         is free now (its kept grant, or a free place while no call waits); whether it was
-        granted (if so, :meth:`leave` must follow; if not, nothing changed)."""
+        granted (if so, :meth:`leave` must follow; if not, nothing changed). ``grant``:
+        as :meth:`enter`'s."""
         with self._cond:
             share = self._shares.get(session)
             if share is not None and share.kept_until:  # its kept grant: take it again
                 share.kept_until = 0.0
+                _held(grant)
                 return True
             self._expire_kept(time.monotonic())
             share = share if share is not None else _Share()
@@ -179,6 +202,7 @@ class WorkerSlots:
                 return False
             self._shares[session] = share
             self._grant(share)
+            _held(grant)
             return True
 
     def leave(self, session: Hashable, held_s: float = 0.0, keep: bool = True) -> None:
@@ -199,8 +223,7 @@ class WorkerSlots:
                 own = next((t for t in self._queue if t.session == session), None)
                 if own is not None:  # its next call already waits: the grant is its
                     self._queue.remove(own)
-                    own.granted = True
-                    own.cond.notify()
+                    own.hand()
                 else:
                     share.kept_until = time.monotonic() + REUSE_GRACE_S
                 return
@@ -245,8 +268,7 @@ class WorkerSlots:
                 return
             self._queue.remove(best)
             self._grant(self._shares.setdefault(best.session, _Share()))
-            best.granted = True
-            best.cond.notify()
+            best.hand()
 
     def _grant(self, share: _Share) -> None:
         share.granted += 1
@@ -275,13 +297,27 @@ class WorkerSlots:
 
     # --- process slots ---------------------------------------------------------------------
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free now."""
+    def give_back(self, claim: list[bool]) -> None:
+        """Free the process slot ``claim`` holds (the one-item list :meth:`try_acquire`
+        filled, emptied by whoever takes the slot over), unless it was given back or
+        handed on already: once, whichever thread or handler gets here."""
+        try:
+            claim.pop()  # atomic: of two threads (or an interrupted start and its handler) one frees it
+        except IndexError:
+            return
+        self.release()
+
+    def try_acquire(self, claim: list[bool] | None = None) -> bool:
+        """Take a slot if one is free now; ``claim`` (an empty list) is given a ``True``
+        under the lock as it is taken, so that a caller interrupted anywhere (in this
+        very call's return included) gives it back by it (:meth:`give_back`)."""
         with self._cond:
             if self.alive >= self.limit:
                 return False
             self.alive += 1
             self.peak = max(self.peak, self.alive)
+            if claim is not None:
+                claim.append(True)
             return True
 
     def retire_idle(self) -> bool:
@@ -323,3 +359,8 @@ class WorkerSlots:
                 self._cond.notify_all()
             for ticket in self._queue:
                 ticket.cond.notify()
+
+
+def _held(grant: Grant | None) -> None:
+    if grant is not None:
+        grant.left = False

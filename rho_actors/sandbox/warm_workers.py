@@ -16,11 +16,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import pickle
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any, Final, Literal
 
@@ -31,10 +30,11 @@ from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.preloads import ToolsAhead
 from rho_actors.sandbox.processes import spawn
-from rho_actors.sandbox.shipping import ShippedTools, Unshippable
+from rho_actors.sandbox.shipping import ShippedTools
 from rho_actors.sandbox.slots import WorkerSlots
-from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig, worker_child
+from rho_actors.sandbox.worker import WorkerConfig, worker_child
 from rho_actors.sandbox.worker_handle import WorkerHandle
 
 __all__ = ["CALL_SCOPE", "DELIVERY_ATTEMPTS", "NotStarted", "PoolStopped", "QueuedPastDeadline", "StartFailed",
@@ -45,12 +45,6 @@ CALL_SCOPE: Final = "call"
 
 _READY_TIMEOUT_S: Final = 30.0
 """How long a new worker may take to say ``READY`` (seconds)."""
-_LOAD_TIMEOUT_S: Final = _READY_TIMEOUT_S
-"""How long sending a tool ahead to a worker may take (seconds): as long as a worker's
-start, since a tool's load is an import too (a heavy one, torch or a large app, takes
-seconds on a busy machine, and a tool over its bound is loaded ahead no more)."""
-
-
 class PoolStopped(Exception):
     """The pool is stopped (or, for a spare, the cap is full)."""
 
@@ -71,7 +65,7 @@ class StartFailed(Exception):
     """The workers started for a call failed to start, each (the message says why)."""
 
 
-class WarmWorkers:
+class WarmWorkers(ToolsAhead):
     """The worker processes of one pool (see the module doc); :class:`~rho_actors.sandbox.pool.WorkerPool`
     sets every attribute below in its ``__init__``."""
 
@@ -145,17 +139,25 @@ class WarmWorkers:
         return len(found)
 
     def _spawn(
-        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), scope: Hashable = None, slot_taken: bool = False,
-        held: list[WorkerHandle] | None = None,
+        self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), scope: Hashable = None,
+        claim: list[bool] | None = None, held: list[WorkerHandle] | None = None,
     ) -> WorkerHandle:
         """Start a worker process (not waiting for it to be ready) and register it
         (``busy``: for a call of ``scope``, put in ``held`` as it is marked busy, as
-        :meth:`_take_idle` does). With a cap and no ``slot_taken`` (a spare of the keeper):
-        raises ``PoolStopped`` when the cap is full or a call waits for it."""
-        if (self._slots is not None and not slot_taken  # a spare never takes a slot a call is waiting for
-                and (self._slots.waiting or not self._slots.try_acquire())):
-            raise PoolStopped
-        enclosure = None
+        :meth:`_take_idle` does). ``claim``: the process slot its caller took (a one-item
+        list, emptied as the worker takes the slot over; a start that fails gives it back,
+        once: :meth:`WorkerSlots.give_back`); without (a spare of the keeper), with a cap:
+        raises ``PoolStopped`` when the cap is full or a call waits for it. Whatever
+        interrupts it before the pool holds the worker (a signal handler's
+        ``KeyboardInterrupt`` in a caller's thread), its process is killed and reaped and
+        its slot given back."""
+        if claim is None:
+            claim = []
+            if self._slots is not None:  # a spare never takes a slot a call is waiting for
+                if self._slots.waiting or not self._slots.try_acquire():
+                    raise PoolStopped
+                claim.append(True)
+        enclosure = child = worker = None
         try:
             if self._confine is not None:
                 enclosure = Enclosure(self._confine, self._heap_bytes or None, env=dict(env_key))
@@ -165,32 +167,61 @@ class WarmWorkers:
             words = enclosure.memory_bound_words if enclosure is not None else None
             config = self._config if words is None else replace(self._config, bound=words)
             child = spawn(self._ctx, worker_child, config, setup, name="rho-worker")
-        except BaseException:
             if enclosure is not None:
-                enclosure.remove()
-            if self._slots is not None:
-                self._slots.release()
+                enclosure.started(child.pid)
+            worker = WorkerHandle(child.proc, child.channel, enclosure, None, env_key, child.server)
+            if claim or self._slots is None:  # the worker's slot from now on: its close gives it back
+                worker.slots = self._slots
+                claim.clear()  # (after the line above: interrupted between them, the worker's close frees it)
+            with self._lock:
+                if not self._stopped:
+                    self._all.add(worker)
+                    self._pids.add(worker.pid)
+                    self._counts["started"] += 1
+                    if busy:
+                        if held is not None:
+                            held.append(worker)
+                        if self._scoped:
+                            worker.scope = scope
+                        self._busy.add(worker)
+                        self._note_demand_locked(worker.scope)
+                    return worker
+        except BaseException:
+            if worker is None or not self._holds(worker, busy, held):
+                self._unstarted(worker, child, enclosure, claim)
             raise
-        if enclosure is not None:
-            enclosure.started(child.pid)
-        worker = WorkerHandle(child.proc, child.channel, enclosure, self._slots, env_key, child.server)
-        with self._lock:
-            if not self._stopped:
-                self._all.add(worker)
-                self._pids.add(worker.pid)
-                self._counts["started"] += 1
-                if busy:
-                    if held is not None:
-                        held.append(worker)
-                    if self._scoped:
-                        worker.scope = scope
-                    self._busy.add(worker)
-                    self._note_demand_locked(worker.scope)
-                return worker
         worker.kill()
         worker.reap()
         worker.close()
         raise PoolStopped
+
+    def _holds(self, worker: WorkerHandle, busy: bool, held: list[WorkerHandle] | None) -> bool:
+        """Whether the pool holds ``worker`` (registered, and a busy one in its call's
+        ``held``, which gives it back); if not, it is forgotten."""
+        with self._lock:
+            if worker in self._all and (not busy or held is None or worker in held):
+                return True
+            self._forget_locked(worker)
+            return False
+
+    def _unstarted(self, worker: WorkerHandle | None, child: Any, enclosure: Enclosure | None,
+                   claim: list[bool]) -> None:
+        """A start that failed or was interrupted before the pool held its worker: its
+        process (``child``, or ``worker``'s) killed and reaped, its enclosure removed,
+        its slot given back (``claim``'s, or its worker's), each once."""
+        if worker is not None:
+            if claim:
+                worker.slots = None  # the claim's, given back below
+            worker.kill()
+            worker.reap()
+            worker.close()
+        else:
+            if child is not None:
+                child.discard()
+            if enclosure is not None:
+                enclosure.remove()
+        if self._slots is not None:
+            self._slots.give_back(claim)
 
     def _fresh(self) -> int:
         return sum(1 for w in self._idle if w.scope is None)
@@ -419,13 +450,22 @@ class WarmWorkers:
 
     def _start_for_call(self, env_key: tuple[tuple[str, str], ...], start: WorkerStart) -> None:
         """Start a worker for a waiting call in a thread of its own (the call took its
-        slot and counted it in ``_starts_for_calls``, which its end takes back): once
-        ready it is idle, for whichever waiting call may take it first (the one it was
-        started for, or another); ``start`` says when it failed."""
+        slot, ``start.claim``, and counts the start in ``_starts_for_calls`` here, which
+        its end takes back): once ready it is idle, for whichever waiting call may take
+        it first (the one it was started for, or another); ``start`` says when it failed.
+        The thread takes the slot and the count over (``start.owner``) as it begins; a
+        call interrupted before takes both back (:meth:`_take_back`)."""
+        with self._lock:
+            self._starts_for_calls[env_key] += 1
+            start.counted = True
 
         def run() -> None:
             try:
-                worker = self._spawn(busy=False, env_key=env_key, slot_taken=True)
+                start.owner.pop()  # this thread's start from now on (its slot, its count)
+            except IndexError:
+                return  # the call that asked for it was interrupted first: it gave both back
+            try:
+                worker = self._spawn(busy=False, env_key=env_key, claim=start.claim)
             except PoolStopped:
                 start.failed("the worker pool is stopped")
             except Exception as exc:
@@ -489,13 +529,11 @@ class WarmWorkers:
                     continue
                 if waits and self._awaited_others_start(scope, env_key, deadline):
                     continue
-                if self._slots is None or self._slots.try_acquire():
-                    if not waits:
-                        return self._spawn(busy=True, env_key=env_key, scope=scope, slot_taken=True, held=held)
-                    start = WorkerStart()
-                    with self._lock:
-                        self._starts_for_calls[env_key] += 1
-                    self._start_for_call(env_key, start)
+                started = self._start_new(scope, env_key, waits, held)
+                if isinstance(started, WorkerHandle):
+                    return started
+                if started is not None or self._slots is None:  # (None only at a full cap)
+                    start = started
                     continue
                 if not queued:
                     queued = True
@@ -510,6 +548,44 @@ class WarmWorkers:
                 with self._lock:
                     self._calls_awaiting[env_key] -= 1
                     self._warmed.notify_all()
+
+    def _start_new(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], waits: bool,
+                   held: list[WorkerHandle] | None) -> WorkerHandle | WorkerStart | None:
+        """With a process slot (``None``: the cap is full): this call's new worker,
+        started here (busy, in ``held``), or (``waits``) the start of one in the
+        background for any waiting call. Interrupted (a signal handler's
+        ``KeyboardInterrupt``), it keeps nothing: :meth:`_take_back`."""
+        start: WorkerStart | None = None
+        claim: list[bool] = []  # the slot, this call's until a start has it (filled under the cap's lock)
+        try:
+            if self._slots is not None and not self._slots.try_acquire(claim):
+                return None
+            if not waits:
+                return self._spawn(busy=True, env_key=env_key, scope=scope, claim=claim, held=held)
+            start = WorkerStart(claim)
+            self._start_for_call(env_key, start)
+            return start
+        except BaseException:
+            self._take_back(env_key, start, claim)
+            raise
+
+    def _take_back(self, env_key: tuple[tuple[str, str], ...], start: WorkerStart | None,
+                   claim: list[bool]) -> None:
+        """A call interrupted as it started a worker takes back what its start had not
+        taken over yet: the slot ``claim`` holds, and ``start``'s count unless its thread
+        began (once, whichever comes first)."""
+        if start is not None:
+            try:
+                start.owner.pop()
+            except IndexError:
+                return  # its thread began: the start, its slot and its count are its
+            with self._lock:
+                if start.counted:
+                    start.counted = False
+                    self._starts_for_calls[env_key] -= 1
+                    self._warmed.notify_all()
+        if self._slots is not None:
+            self._slots.give_back(claim)
 
     def _awaited_others_start(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> bool:
         """For a call with a start bound that found no worker: while as many workers
@@ -535,149 +611,18 @@ class WarmWorkers:
                     or self._starts_for_calls[env_key] < self._calls_awaiting[env_key])
         return self._stopped or start.done or start.problem is not None or self._usable_locked(scope, env_key)
 
-    def preload(self, tool: Any, version: object = None, key: Hashable = None) -> bool:
-        """Load ``tool`` ahead of its calls (a trusted pool's registered tool; ``key``
-        names it for :meth:`unload`): pickled now as a call ships it (once per
-        ``version``), then sent (a ``LOAD`` frame, answered ``LOADED``) first to one idle
-        worker alone, and once that worker has loaded it, to every other idle worker and
-        to every new worker before it goes idle, so its first call finds it held. A tool
-        loaded by no worker yet is tried by one worker at a time (one whose load hangs
-        holds that worker only, never another tool's loads). The latest
-        :data:`~rho_actors.sandbox.worker.TOOL_CACHE_SIZE` tools are kept. Whether it was
-        loaded (``False``: a scoped pool, whose spares serve any scope, never holds a
-        tool ahead; a tool that cannot be pickled, whose calls then say why)."""
-        if self._scoped:
-            return False
-        try:
-            digest, tool_bytes = self._shipped.ship(tool, version)
-        except Unshippable:
-            return False
-        with self._lock:
-            if self._stopped:
-                return False
-            if key is not None:
-                self._preload_keys[key] = digest
-            self._preloads[digest] = tool_bytes
-            self._preloads.move_to_end(digest)
-            while len(self._preloads) > TOOL_CACHE_SIZE:
-                self._drop_preload_locked(next(iter(self._preloads)))
-        self._spread()
-        return True
-
-    def unload(self, keys: Iterable[Hashable]) -> None:
-        """Load the tools :meth:`preload` was given under ``keys`` (unregistered) ahead no
-        more: no new worker loads them (workers holding one keep it until it is the
-        least recently used of their :data:`~rho_actors.sandbox.worker.TOOL_CACHE_SIZE`)."""
-        with self._lock:
-            for key in keys:
-                digest = self._preload_keys.pop(key, None)
-                if digest is not None and digest not in self._preload_keys.values():
-                    self._drop_preload_locked(digest)
-
-    def _drop_preload_locked(self, digest: bytes) -> None:
-        self._preloads.pop(digest, None)
-        self._proven.discard(digest)
-        for key in [k for k, d in self._preload_keys.items() if d == digest]:
-            del self._preload_keys[key]
-
-    def _next_load_locked(self, worker: WorkerHandle, tries: bool, peek: bool = False) -> tuple[bytes, bytes] | None:
-        """The next tool loaded ahead that ``worker`` lacks: one some worker has loaded
-        (oldest first), else (``tries``) one no worker has loaded and none is trying now,
-        which it then tries (not when ``peek``); ``None``: none."""
-        first: tuple[bytes, bytes] | None = None
-        for digest, tool_bytes in self._preloads.items():
-            if digest in worker.tools:
-                continue
-            if digest in self._proven:
-                return digest, tool_bytes
-            if first is None and tries and digest not in self._trying:
-                first = digest, tool_bytes
-        if first is not None and not peek:
-            self._trying.add(first[0])
-        return first
-
-    def _spread(self) -> None:
-        """Send the tools loaded ahead to the idle workers lacking one (see
-        :meth:`preload`), one worker at a time, each back to idle once it holds them
-        (lost if a load failed)."""
-        while True:
-            with self._lock:
-                if self._stopped:
-                    return
-                worker = next((w for w in self._idle if self._next_load_locked(w, True, peek=True) is not None),
-                              None)
-                if worker is None:
-                    return
-                self._idle.remove(worker)
-            try:
-                while True:
-                    self._load_into(worker, tries=True)
-                    with self._lock:
-                        if self._next_load_locked(worker, True, peek=True) is not None:
-                            continue
-                        if worker in self._all and not self._stopped:
-                            worker.pace(busy=False)
-                            self._idle.append(worker)
-                            self._warmed.notify_all()
-                            if self._slots is not None:
-                                self._slots.poke()
-                            break
-                    self._retire(worker)
-                    break
-            except (DeadlineReached, EOFError, Malformed):
-                self._lose(worker, "died")
-            except BaseException:  # interrupted (preload runs in its caller's thread): its LOAD may be half sent
-                self._lose(worker, "killed")
-                raise
-
-    def _load_into(self, worker: WorkerHandle, tries: bool) -> bool:
-        """Send ``worker`` (not idle: no call may write to it meanwhile) the tools loaded
-        ahead that it lacks (:meth:`_next_load_locked`), each answered ``LOADED`` within
-        :data:`_LOAD_TIMEOUT_S`; whether it loaded one no worker had loaded before. A
-        tool whose load killed the worker or outlasted that is no longer loaded ahead
-        (its own calls ship it and say what it does: no other tool's call meets it).
-        Raises ``DeadlineReached``, ``EOFError`` or ``Malformed`` (the worker is lost)."""
-        proved = False
-        while True:
-            with self._lock:
-                found = self._next_load_locked(worker, tries)
-                first = found is not None and found[0] not in self._proven
-            if found is None:
-                return proved
-            digest, tool_bytes = found
-            deadline = time.monotonic() + _LOAD_TIMEOUT_S
-            try:
-                worker.channel.send(wire.LOAD, pickle.dumps((digest, tool_bytes)), deadline)
-                if worker.channel.recv(deadline, wire.MAX_REPLY_BYTES) != (wire.LOADED, b""):
-                    raise Malformed("a worker answered a LOAD frame with something else")
-            except (DeadlineReached, EOFError, Malformed):
-                with self._lock:
-                    self._trying.discard(digest)
-                    self._drop_preload_locked(digest)
-                logger.warning("a process tool loaded ahead killed its worker or took over {} s to load: it is "
-                               "no longer loaded ahead of its calls", _LOAD_TIMEOUT_S)
-                raise
-            worker.tools[digest] = None
-            worker.tools.move_to_end(digest)
-            while len(worker.tools) > TOOL_CACHE_SIZE:
-                worker.tools.popitem(last=False)
-            with self._lock:
-                self._counts["loaded"] += 1
-                if first:
-                    self._trying.discard(digest)
-                    if digest in self._preloads:
-                        self._proven.add(digest)
-                        proved = True
-
 
 class WorkerStart:
     """A start asked for by a waiting call: ``done`` once its worker is idle (for any
     call to take), :meth:`failed` records why it failed (``problem``: ``None`` while it
     has not)."""
 
-    __slots__ = ("done", "problem")
+    __slots__ = ("claim", "counted", "done", "owner", "problem")
 
-    def __init__(self) -> None:
+    def __init__(self, claim: list[bool]) -> None:
+        self.claim = claim  # the process slot its call took (a one-item list; empty: no cap)
+        self.owner = [True]  # popped by whoever owns the start: its thread as it begins, or its interrupted call
+        self.counted = False  # counted in the pool's starts for calls
         self.done = False
         self.problem: str | None = None
 
