@@ -10,7 +10,9 @@ Paths: ``rho_async`` (``arun_turn`` of an ``async`` ``@tool``: inline on the eve
 ``rho_run`` (``run_turn`` of the sync tool, no event loop), ``oa_sync`` / ``oa_async``
 (the OpenAI Agents SDK's ``FunctionTool.on_invoke_tool`` of the same tools), and two
 floors: ``to_thread`` (``asyncio.to_thread`` of the no-op) and ``hop`` (a waiting thread
-woken through a ``SimpleQueue`` that answers with ``call_soon_threadsafe``).
+woken through a ``SimpleQueue`` that answers with ``call_soon_threadsafe``); and
+``sync_hop``, the floor under ``rho_run`` (no event loop: the job handed to a waiting
+thread through a ``SimpleQueue``, the caller waiting on a lock that thread releases).
 
 Usage::
 
@@ -31,7 +33,7 @@ from typing import Any
 from rho_actors import ActorSystem, ToolCall, tool
 
 WARMUP = 20
-PATHS = ("rho_async", "rho_sync", "rho_run", "oa_sync", "oa_async", "to_thread", "hop")
+PATHS = ("rho_async", "rho_sync", "rho_run", "oa_sync", "oa_async", "to_thread", "hop", "sync_hop")
 
 
 def noop_work() -> str:
@@ -86,6 +88,26 @@ def floors(path: str, n: int) -> None:
     jobs.put(None)
 
 
+def sync_floor(n: int) -> None:
+    jobs: queue.SimpleQueue[tuple[list[str], threading.Lock] | None] = queue.SimpleQueue()
+
+    def serve() -> None:
+        while (job := jobs.get()) is not None:
+            out, done = job
+            out.append(noop_work())
+            done.release()
+
+    threading.Thread(target=serve, daemon=True).start()
+    for _ in range(WARMUP + n):
+        done = threading.Lock()
+        done.acquire()
+        out: list[str] = []
+        jobs.put((out, done))
+        done.acquire()
+        assert out == ["ok"]
+    jobs.put(None)
+
+
 def agents_sdk(path: str, n: int) -> None:
     from agents import function_tool
     from agents.tool_context import ToolContext
@@ -121,7 +143,9 @@ def main(argv: list[str]) -> int:
         print(f"usage: count_async_host.py {{{'|'.join(PATHS)}}} N", file=sys.stderr)
         return 2
     path, n = argv[0], int(argv[1])
-    if path in ("to_thread", "hop"):
+    if path == "sync_hop":
+        sync_floor(n)
+    elif path in ("to_thread", "hop"):
         floors(path, n)
     elif path.startswith("oa_"):
         agents_sdk(path, n)

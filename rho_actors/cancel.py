@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from loguru import logger
 
 __all__ = ["CancelToken"]
 
 _LOCK = threading.Lock()  # every token's: held only for a few attribute reads and writes
+_NONE: tuple[()] = ()  # a token's callbacks until one is added: no list made per call
 
 
 class CancelToken:
@@ -31,8 +32,9 @@ class CancelToken:
         # No lock or event of its own (one token per call): the module's one lock guards a
         # few attribute reads and writes, and the event is made only when someone waits.
         self._event: threading.Event | None = None
-        self._callbacks: list[Callable[[], object]] = []  # add_callback's: run on a thread of their own
-        self._inline: list[Callable[[], object]] = []  # add_inline_callback's: run by the cancelling thread
+        # most tokens never get a callback: each list is made by the first add
+        self._callbacks: list[Callable[[], object]] | tuple[()] = _NONE  # add_callback's: run on a thread of their own
+        self._inline: list[Callable[[], object]] | tuple[()] = _NONE  # add_inline_callback's: run by the canceller
         self._finished = False
         self._abandoned: tuple[object, str] | None = None  # who gave up on the call's running thread, and why
         self.reason: str | None = None
@@ -86,8 +88,8 @@ class CancelToken:
                 return abandoned
             self.reason = text
             event = self._event
-            inline, self._inline = self._inline, []
-            callbacks, self._callbacks = self._callbacks, []
+            inline, self._inline = self._inline, _NONE
+            callbacks, self._callbacks = self._callbacks, _NONE
         if event is not None:
             event.set()
         for callback in inline:
@@ -110,7 +112,10 @@ class CancelToken:
         the loop that cancels (what it raises is logged)."""
         with _LOCK:
             if self.reason is None:
-                self._callbacks.append(callback)
+                if self._callbacks is _NONE:
+                    self._callbacks = [callback]
+                else:
+                    self._callbacks.append(callback)  # type: ignore[union-attr]
                 return
         _run_apart([callback])
 
@@ -121,7 +126,10 @@ class CancelToken:
         is logged."""
         with _LOCK:
             if self.reason is None:
-                self._inline.append(callback)
+                if self._inline is _NONE:
+                    self._inline = [callback]
+                else:
+                    self._inline.append(callback)  # type: ignore[union-attr]
                 return
         _run_callback(callback)
 
@@ -135,7 +143,7 @@ class CancelToken:
             for kept in (self._inline, self._callbacks):
                 for index in range(len(kept) - 1, -1, -1):
                     if kept[index] is callback:
-                        del kept[index]
+                        del kept[index]  # type: ignore[union-attr]
                         return True
         return False
 
@@ -160,7 +168,7 @@ def _run_callback(callback: Callable[[], object]) -> None:
         logger.exception("cancel callback raised")
 
 
-def _run_apart(callbacks: list[Callable[[], object]]) -> None:
+def _run_apart(callbacks: Sequence[Callable[[], object]]) -> None:
     """Run ``callbacks`` in order on a new daemon thread."""
 
     def run() -> None:

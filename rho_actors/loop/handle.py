@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import math
 import threading
 import time
@@ -269,9 +270,11 @@ class Loop(HeldCalls):
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
         background: bool | frozenset[str] = False, on_start: Callable[[int], None] | None = None,
         waiter: Waiter | None = None, turns: Turns | None = None,
-    ) -> None:
+    ) -> tuple[Turns, int | None]:
+        """Start the turn; returns its ``Turns`` and its id (``None``: not admitted)."""
         telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
-        (turns or self._turns()).submit(
+        turns = turns or self._turns()
+        return turns, turns.submit(
             batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(), on_result=on_result,
             aio=aio, background=background, chooses=self.model_chooses is True, on_start=on_start, waiter=waiter)
 
@@ -352,7 +355,7 @@ class Loop(HeldCalls):
         batch = _checked_calls(calls)
         chosen = False if background is False else _checked_background(background)  # the default as it is
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
-        token = CancelToken() if cancel is None else _checked_cancel(cancel) or CancelToken()
+        token = None if cancel is None else _checked_cancel(cancel)  # none made: the turn is cancelled by its id
         aio = asyncio.get_running_loop()
         turns: Turns | None = self._turns()
         assert turns is not None
@@ -365,14 +368,20 @@ class Loop(HeldCalls):
         if bounds is None or bounds.aio is not aio:
             bounds = self._bounds = _Bounds(aio)
         bounds.add(landing)  # armed first (one timer per event loop): the calls' hand-off goes last
+        stop: Callable[[], object] | None = None  # cancels the turn
+        waiter: asyncio.Future[list[ToolResult]] | None = None
         try:
-            self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen, on_start=on_start,
-                             turns=turns)
+            turns, turn_id = self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen,
+                                              on_start=on_start, turns=turns)
             if landing.results is not None:  # landed already: every call refused, or settled in its first step
                 return landing.results
-            return await landing.wait(token)
+            stop = (functools.partial(token.cancel, "cancelled") if token is not None else
+                    functools.partial(turns.cancel_from_host, turn_id) if turn_id is not None else None)
+            waiter = landing.wait(stop)
+            return await waiter
         except asyncio.CancelledError:
-            token.cancel("cancelled")
+            if stop is not None and waiter is not None and not waiter.cancelled():  # else its cancel has stopped it
+                stop()
             if landing.results is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(landing.wait_landed(), self._settings.ask_timeout_s)
@@ -606,10 +615,10 @@ class _Landing:
         if self._waiting is not None and not self._waiting.done():
             self._waiting.set_result(None)
 
-    def wait(self, cancel: CancelToken) -> asyncio.Future[list[ToolResult]]:
+    def wait(self, stop: Callable[[], object] | None) -> asyncio.Future[list[ToolResult]]:
         """The future of the results (on aio's thread, before they have landed): when it
-        is cancelled (its awaiting task is), ``cancel`` is set at once, in that step."""
-        waiter = self._waiter = _Waiter(self.aio, cancel)
+        is cancelled (its awaiting task is), ``stop()`` cancels the turn at once, in that step."""
+        waiter = self._waiter = _Waiter(self.aio, stop)
         return waiter
 
     def expire(self) -> None:
@@ -633,14 +642,15 @@ class _Waiter(asyncio.Future[list[ToolResult]]):
     on its event loop has its task cancelled then, as the host's own coroutine awaited
     there would), not a step later when the task runs again."""
 
-    def __init__(self, aio: asyncio.AbstractEventLoop, cancel: CancelToken) -> None:
+    def __init__(self, aio: asyncio.AbstractEventLoop, stop: Callable[[], object] | None) -> None:
         super().__init__(loop=aio)
-        self._cancel = cancel
+        self._stop = stop
 
     def cancel(self, msg: Any = None) -> bool:
         if not super().cancel(msg):
             return False
-        self._cancel.cancel("cancelled")
+        if self._stop is not None:
+            self._stop()
         return True
 
 

@@ -85,7 +85,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ResultSink", "Turns"]
 
-
 _MAX_NAMES_LISTED = 40
 _VALID_CHARS = 4096  # arguments texts up to this long are remembered once found valid...
 _VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
@@ -207,7 +206,7 @@ class Turns:
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
         approved: bool = False, background: bool | frozenset[str] = False, chooses: bool = False,
         on_start: Callable[[int], None] | None = None, waiter: Waiter | None = None,
-    ) -> None:
+    ) -> int | None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
         decided once per turn); ``approved``: its calls were approved (none is held for
@@ -216,12 +215,12 @@ class Turns:
         the model may ask for that too (a call's ``run_in_background``; else passing it
         is ``invalid_arguments``); ``waiter``: this thread waits for the results alone
         (``run_turn``), given to a one-call turn's call (DESIGN §5 "A call's path"); see
-        :class:`~rho_actors.loop.messages.RunTurn` for the rest. Never
-        raises: a turn of a closed loop gets ``turn_not_started`` results, a bug an error
-        result for each call."""
+        :class:`~rho_actors.loop.messages.RunTurn` for the rest. Returns the turn's id (for
+        :meth:`cancel_from_host`), ``None`` when it was not admitted. Never raises: a turn of a
+        closed loop gets ``turn_not_started`` results, a bug an error result for each call."""
         if self.closed is not None:
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
-            return
+            return None
         withheld = self._withheld
         turn = Turn(next(self._turn_ids), list(map(Slot, range(len(calls)), calls)), future,
                      withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
@@ -257,7 +256,7 @@ class Turns:
             if self.approvals is not None:
                 self.approvals.forget([slot.result for slot in refused if slot.result is not None])
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
-            return
+            return None
         if held and turn.journal:  # admitted: its held calls are recorded, durable before their results are given
             assert self.approvals is not None
             self.approvals.record(held, off_thread=turn.aio is not None)
@@ -266,6 +265,7 @@ class Turns:
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
+        return turn.id
 
     def _hold(self, turn: Turn, refused: list[Slot], version: int) -> list[tuple[ToolCall, PendingCall]]:
         """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never
@@ -298,13 +298,7 @@ class Turns:
             if cancel.cancelled:  # cancelled before it started: no call starts
                 self._cancel_turn(turn)
                 return
-            ref, turn_id = self.ref, turn.id
-
-            def hook() -> None:  # holds no turn: the turn holds it
-                # in the host's own step (as its own coroutines are), or here when the loop has no thread
-                if self._inline_only(turn_id) or not tell_loop(ref, CancelTurn(turn_id)):
-                    self.cancel_turn(turn_id)
-
+            hook = functools.partial(self.cancel_from_host, turn.id)  # holds no turn: the turn holds it
             turn.hooked = (cancel, hook)  # forgotten by the token once the turn is done: it may serve many
             cancel.add_inline_callback(hook)
             with turn.lock:
@@ -567,6 +561,12 @@ class Turns:
         refusal = failure("over_budget", result.call_id, result.name, result.duration_ms, size=size, scope=scope,
                           budget=budget, left=max(0, left))
         return capped(refusal, self._limits.max_output_chars)
+
+    def cancel_from_host(self, turn_id: int) -> None:
+        """The host cancelled turn ``turn_id`` (its token, or its awaiting task): in the host's own
+        step when that is quick work there, else by the LoopActor, or here when it has no thread."""
+        if self._inline_only(turn_id) or not tell_loop(self.ref, CancelTurn(turn_id)):
+            self.cancel_turn(turn_id)
 
     def cancel_turn(self, turn_id: int) -> None:
         """The host cancelled turn ``turn_id`` (a no-op once it has finished)."""
