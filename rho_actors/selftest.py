@@ -84,9 +84,11 @@ from rho_actors.sandbox import (
     discover_plugin,
     encode_json,
     end_child,
+    hold_servers,
     linger,
     load_module_file,
     reap,
+    release_servers,
     ship,
     signal_name,
     spawn,
@@ -494,10 +496,14 @@ def _run_all(
     if not items:
         return []
     workers = max_parallel or max(2, min(_MAX_PARALLEL, os.cpu_count() or 2))
-    with concurrent.futures.ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="rho-selftest") as pool:
-        futures = [pool.submit(_run_one, name, tool, timeout_s, start_method, confine, heap_bytes, check)
-                   for name, tool, confine in items]
-        return [f.result() for f in futures]
+    hold_servers()  # the host's fork-server settings come back when the last child is done
+    try:
+        with concurrent.futures.ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="rho-selftest") as pool:
+            futures = [pool.submit(_run_one, name, tool, timeout_s, start_method, confine, heap_bytes, check)
+                       for name, tool, confine in items]
+            return [f.result() for f in futures]
+    finally:
+        release_servers()
 
 
 def selftest_system(

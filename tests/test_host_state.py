@@ -134,3 +134,58 @@ def test_a_system_leaves_the_hosts_process_pool_event_loop_and_settings_alone(tm
     assert out["state"][1] == out["state"][0]
     assert out["blocking"] == [], out["blocking"]
     assert out["host_threads_alive"]
+
+
+LATE_CHILD = """
+import json, multiprocessing, sys
+from multiprocessing import forkserver
+
+from rho_actors import ActorSystem, Ok
+from rho_actors.sandbox import processes
+from rho_actors.selftest import run_selftests
+
+
+class Checked:
+    @staticmethod
+    def name():
+        return "checked"
+
+    @staticmethod
+    def description():
+        return "a test tool"
+
+    @staticmethod
+    def parameter_schema():
+        return {"type": "object"}
+
+    @staticmethod
+    def run(args, ctx):
+        return "ran"
+
+    @staticmethod
+    def selftest():
+        return Ok("fine")
+
+
+if __name__ == "__main__":
+    multiprocessing.set_forkserver_preload(["json"])  # the host's own fork-server setting
+    seen = {}
+    system = ActorSystem(data_dir=sys.argv[1])
+    seen["held"] = list(forkserver._forkserver._preload_modules)
+    system.stop()
+    processes.context("forkserver")  # a child started after the system stopped (a late declaration read)
+    seen["late"] = list(forkserver._forkserver._preload_modules)
+    seen["selftest"] = [row.outcome for row in run_selftests([Checked], timeout_s=float(sys.argv[2]))]
+    seen["after_selftest"] = list(forkserver._forkserver._preload_modules)
+    print(json.dumps(seen))
+"""
+
+
+def test_rhos_fork_server_preload_lasts_only_while_a_system_or_selftest_holds_it(tmp_path: Path) -> None:
+    done = run_host_script(tmp_path, LATE_CHILD, str(tmp_path / "data"), str(WAIT_S))
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["held"] == ["json", "__main__", "rho_actors.sandbox"]  # rho's modules, the host's kept
+    assert seen["late"] == ["json"]  # a child started when no one holds never changes it again
+    assert seen["selftest"] == ["passed"]
+    assert seen["after_selftest"] == ["json"]  # a selftest run gives it back too

@@ -135,11 +135,10 @@ class WorkerPool(WarmWorkers):
     ``codec="pickle"`` with a ``confine`` policy that confines (untrusted code).
 
     A call with a ``start_by`` (:class:`~rho_actors.sandbox.wire.WorkerCall`) waits for
-    its place, a free worker or a new one's ``READY`` until then (the pool's
-    ``start_timeout_ms``, default :func:`~rho_actors.sandbox.start_bound.default_start_timeout_ms`,
-    names that bound in the result of a call that got none:
-    ``unavailable``), and its tool's deadline is ``timeout_ms`` from when its worker has
-    it (never past the call's ``deadline``).
+    its place, a free worker or a new one's ``READY`` until then (the pool's ``start_timeout_ms``,
+    default :func:`~rho_actors.sandbox.start_bound.default_start_timeout_ms`, names that bound in
+    the result of a call that got none: ``unavailable``), and its tool's deadline is ``timeout_ms``
+    from when its worker has it (never past the call's ``deadline``).
     """
 
     def __init__(

@@ -66,9 +66,12 @@ _spawned: list[int] = []  # the pids of the children rho started from the fork s
 
 def hold_servers() -> None:
     """Count one more user of ``multiprocessing``'s fork server and resource tracker
-    (a system or a worker pool); :func:`release_servers` when done."""
+    (a system, a worker pool, a selftest run); :func:`release_servers` when done. The first
+    adds rho's modules to the fork server's preload list (:func:`_ask_preload`): while held
+    only, so that the last release gives it back, whoever starts a child when."""
     with _preload_lock:
         _holders[0] += 1
+        _ask_preload()
 
 
 def release_servers() -> None:
@@ -165,17 +168,17 @@ def _runs_host_children(pid: int) -> bool:
 
 def _ask_preload() -> None:
     """Add rho's modules to the fork server's preload list (the host's own choices
-    kept), once until :func:`release_servers`; remember whether rho starts the fork server."""
-    with _preload_lock:
-        if not _preload_asked:
-            from multiprocessing import forkserver, resource_tracker
+    kept), once until :func:`release_servers` (holding the lock); remember whether rho
+    starts the fork server."""
+    if not _preload_asked:
+        from multiprocessing import forkserver, resource_tracker
 
-            server = forkserver._forkserver
-            host_preload = list(getattr(server, "_preload_modules", ["__main__"]))
-            ours = host_preload + [name for name in _PRELOADS if name not in host_preload]
-            forkserver.set_forkserver_preload(ours)
-            _preload_asked.append((host_preload, ours, getattr(server, "_forkserver_pid", None) is None,
-                                   getattr(resource_tracker._resource_tracker, "_pid", None) is None))
+        server = forkserver._forkserver
+        host_preload = list(getattr(server, "_preload_modules", ["__main__"]))
+        ours = host_preload + [name for name in _PRELOADS if name not in host_preload]
+        forkserver.set_forkserver_preload(ours)
+        _preload_asked.append((host_preload, ours, getattr(server, "_forkserver_pid", None) is None,
+                               getattr(resource_tracker._resource_tracker, "_pid", None) is None))
 
 
 def preload_trusted_modules(*names: str) -> None:
@@ -206,8 +209,6 @@ def context(start_method: str) -> Any:
             f"start_method must be one of {', '.join(START_METHODS)}, not {start_method!r} "
             "(the runtime is multi-threaded: a bare fork is unsafe)"
         )
-    if start_method == "forkserver":
-        _ask_preload()
     return multiprocessing.get_context(start_method)
 
 
