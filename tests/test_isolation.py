@@ -206,6 +206,33 @@ def test_call_request_is_the_one_cut_of_a_calls_ctx() -> None:
     assert confined.deps_bytes is not None and pickle.loads(confined.deps_bytes) == {"own": 2}
 
 
+def _ctx_shape(args: Any, ctx: Any) -> str:
+    """The ctx a worker built for the call: each key with its value's type (``deps``'s too)."""
+    return repr(sorted((key, type(value).__name__) for key, value in ctx.items()))
+
+
+def test_a_workers_warm_up_call_has_the_shape_of_a_real_first_call(tmp_path: Path) -> None:
+    """The no-op call a worker runs before it says ``READY`` (``warm_up_request``) builds
+    the ctx a real trusted call of a session builds (each key, each value's type: a
+    session folder's ``pathlib`` path, text ids, the session's ``deps``), so that a real
+    first call runs no code of its own for the first time in the worker."""
+    from collections import OrderedDict
+
+    from rho_actors.sandbox import wire
+    from rho_actors.sandbox.worker import WorkerConfig, serve_request, warm_up_request
+
+    shape = make_tool("shape", _ctx_shape)
+    with ActorSystem(tmp_path, warm_workers=1) as system:
+        system.register(shape, isolation="process")
+        [real] = system.start_loop("s").run_turn([ToolCall("c", "shape", "{}")])
+    assert real.ok, real.content
+    request = warm_up_request()
+    codec = wire.CODECS["pickle"]
+    tag, body = serve_request(request, OrderedDict({request.digest: shape}), WorkerConfig("pickle", None), codec)
+    assert tag == wire.RESULT
+    assert codec.decode(body).content == real.content
+
+
 def _wait_in_worker(args: Any, ctx: Any) -> str:
     Path(args["started"]).touch()
     time.sleep(600)  # killed with its worker at the system's stop

@@ -177,7 +177,7 @@ def test_a_long_lived_cancel_token_keeps_no_callback_of_a_call_that_ended(tmp_pa
             a_call({"marker": str(marker), "seconds": 60}, "last", cancel=token, the_tool=nap_then))))
         running.start()
         assert wait_for(marker.exists)
-        assert _waiting(token) == 1  # the running call's, and only it
+        assert wait_for(lambda: _waiting(token) == 1)  # the running call's only (hooked once its request is out)
         killed = p.stats()["killed"]
         token.cancel("stopping")
         [last] = results.wait("last")
