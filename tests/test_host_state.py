@@ -140,31 +140,18 @@ LATE_CHILD = """
 import json, multiprocessing, sys
 from multiprocessing import forkserver
 
-from rho_actors import ActorSystem, Ok
+from rho_actors import ActorSystem, Ok, tool
 from rho_actors.sandbox import processes
 from rho_actors.selftest import run_selftests
 
 
-class Checked:
-    @staticmethod
-    def name():
-        return "checked"
+@tool
+def checked(a: int) -> int:
+    \"\"\"Checked.\"\"\"
+    return a
 
-    @staticmethod
-    def description():
-        return "a test tool"
 
-    @staticmethod
-    def parameter_schema():
-        return {"type": "object"}
-
-    @staticmethod
-    def run(args, ctx):
-        return "ran"
-
-    @staticmethod
-    def selftest():
-        return Ok("fine")
+checked.selftest = lambda: Ok(checked(2))
 
 
 if __name__ == "__main__":
@@ -175,7 +162,7 @@ if __name__ == "__main__":
     system.stop()
     processes.context("forkserver")  # a child started after the system stopped (a late declaration read)
     seen["late"] = list(forkserver._forkserver._preload_modules)
-    seen["selftest"] = [row.outcome for row in run_selftests([Checked], timeout_s=float(sys.argv[2]))]
+    seen["selftest"] = [row.outcome for row in run_selftests([checked], timeout_s=float(sys.argv[2]))]
     seen["after_selftest"] = list(forkserver._forkserver._preload_modules)
     print(json.dumps(seen))
 """
