@@ -104,8 +104,8 @@ def warm_up_request() -> wire.CallRequest:
     (:func:`rho_actors.sandbox.wire.call_request`): text ids, its ``data_dir`` a
     ``pathlib`` path, ``deps`` pickled (a session's ``None``), so that decoding it and
     building its ctx run the code a real first call runs. (Unpickling a path runs
-    ``pathlib``'s code: with a ``None`` there, as before, a worker's first real call
-    copied ~12 pages from its fork server, ~60 us of its CPU at load 20.)"""
+    ``pathlib``'s code: with a ``None`` there, a worker's first real call sometimes
+    copied ~12 pages from its fork server; benchmarks/PROFILE.md section 35.)"""
     return wire.CallRequest(b"warm-up", pickle.dumps(_NoOp), "warm-up", "warm-up", {},
                             {"session_id": "warm-up", "call_id": "warm-up", "data_dir": Path(_WARM_UP_DIR),
                              "withheld": ()},
