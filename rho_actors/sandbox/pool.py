@@ -688,12 +688,7 @@ class WorkerPool(WarmWorkers):
             keep = max(1 if worker.scope is not None else 0, self._warm,
                        self._recent_peak_locked(worker.scope, time.monotonic()))
             if not (retire or worker.doomed or self._stopped or same >= keep):
-                worker.idle_since = time.monotonic()
-                worker.pace(busy=False)
-                self._idle.append(worker)
-                self._warmed.notify_all()
-                if self._slots is not None:
-                    self._slots.poke()
+                self._idle_locked(worker, since=time.monotonic())
                 return
             if not self._stopped:
                 self._counts["retired"] += 1

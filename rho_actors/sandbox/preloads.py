@@ -52,6 +52,18 @@ class ToolsAhead:
     def _retire(self, worker: WorkerHandle) -> None:
         raise NotImplementedError
 
+    def _idle_locked(self, worker: WorkerHandle, *, since: float | None = None) -> None:
+        """Put ``worker`` among the idle ones (holding the lock; ``since``: a new
+        ``idle_since``, a ``time.monotonic()`` instant, else its own kept) and wake who
+        waits for one: :meth:`wait_warm`'s callers and a call waiting for its place."""
+        if since is not None:
+            worker.idle_since = since
+        worker.pace(busy=False)
+        self._idle.append(worker)
+        self._warmed.notify_all()
+        if self._slots is not None:
+            self._slots.poke()  # a call waiting for a worker may take it now
+
     def _lose(self, worker: WorkerHandle, how: Literal["killed", "died"]) -> None:
         raise NotImplementedError
 
@@ -136,11 +148,7 @@ class ToolsAhead:
                         if self._next_load_locked(worker, True, peek=True) is not None:
                             continue
                         if worker in self._all and not self._stopped:
-                            worker.pace(busy=False)
-                            self._idle.append(worker)
-                            self._warmed.notify_all()
-                            if self._slots is not None:
-                                self._slots.poke()
+                            self._idle_locked(worker)  # back from its loads: idle since as before
                             break
                     self._retire(worker)
                     break

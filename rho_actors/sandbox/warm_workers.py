@@ -421,12 +421,7 @@ class WarmWorkers(ToolsAhead):
                     continue  # a tool came meanwhile: load it first
                 if worker in self._all and not self._stopped:
                     if wanted or self._fresh() < self._warm:
-                        worker.idle_since = time.monotonic()
-                        worker.pace(busy=False)
-                        self._idle.append(worker)
-                        self._warmed.notify_all()
-                        if self._slots is not None:
-                            self._slots.poke()  # a call waiting for a worker may take it now
+                        self._idle_locked(worker, since=time.monotonic())
                         idled = True
                         break
                     self._counts["retired"] += 1
