@@ -13,6 +13,7 @@ base64 inline) and loads whatever happened to its images.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -75,13 +76,18 @@ class ImageStore:
         partial = self.path / f".{digest}.part"
         fd = open_regular(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(partial, target)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(partial, target)
+        except BaseException:  # a full disk: what was written of it is not kept
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            raise
         self._used = self.used() + len(data)
         return digest, True
 

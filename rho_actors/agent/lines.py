@@ -18,8 +18,8 @@ from rho_actors.encoding import scrub_text
 from rho_actors.errors import RhoError
 from rho_actors.files import UnsafePathError, open_regular
 
-__all__ = ["SCHEMA_VERSION", "VERSIONS", "Mark", "TranscriptError", "checksum", "read_all", "read_records",
-           "record_line", "scan"]
+__all__ = ["SCHEMA_VERSION", "VERSIONS", "Mark", "TranscriptError", "append_whole", "checksum", "read_all",
+           "read_records", "record_line", "scan"]
 
 SCHEMA_VERSION: Final = 2
 VERSIONS: Final = (1, 2)
@@ -62,6 +62,28 @@ def _line(full: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         raise
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"a {full.get('type')} record cannot be written as JSON: {exc}") from None
+
+
+def append_whole(fd: int, data: bytes, path: Path, good: int | None) -> None:
+    """Append ``data`` (a record's line) to file ``fd`` (opened ``O_APPEND``, its lock
+    held) whole or not at all: a write the disk cuts short (``ENOSPC``, ``EFBIG``,
+    ``EDQUOT``: it wrote what fitted) has what it wrote cut away before its ``OSError``
+    is raised, so no later record follows a torn line (which would make every later read
+    of the transcript fail). ``good``: where the writer's last whole record ended (None:
+    not known); a file that does not end there (a torn line that could not be cut away,
+    another writer) is a :class:`TranscriptError`, nothing written."""
+    start = os.lseek(fd, 0, os.SEEK_END)
+    if good is not None and start != good:
+        raise TranscriptError(f"transcript {path} is {start} bytes long where its records written so far end at "
+                              f"{good} (a record cut short, or another writer): nothing more is recorded in it")
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        if len(view) < len(data):
+            os.ftruncate(fd, start)
+        raise
 
 
 def _scrubbed(value: Any) -> Any:

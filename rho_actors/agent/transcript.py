@@ -83,7 +83,9 @@ a version 1 record after a version 2 one), a field of the wrong type (``"ok": "f
 Records of an unknown ``type`` are skipped with a warning. Version 1 transcripts (written
 before ``seq``/``sum``) still load; records appended to them are version 2.
 
-Files are opened safely (:mod:`rho_actors.files`): never through a symlink, and only a
+A record the disk cuts short (``ENOSPC``, ``EFBIG``) is cut away before the write's
+``OSError`` is raised (:func:`~rho_actors.agent.lines.append_whole`): the next record
+follows the last whole one. Files are opened safely (:mod:`rho_actors.files`): never through a symlink, and only a
 regular file (a FIFO, device or folder in its place is a :class:`TranscriptError` at once).
 
 Example::
@@ -681,13 +683,10 @@ class Transcript:
                                         "step": record.pop("step"), "ts": round(time.time(), 6), **record})
         if full["type"] in ("call", "result"):  # the writer's own moves too: a move not allowed is never written
             fold([full], self.history.calls)
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        if sync:
-            os.fdatasync(fd)  # the data and the size that reaches it: all a reader needs
-        self._seq += 1
         mark = self._mark
+        lines.append_whole(fd, data, self.path, None if mark is None else mark.good)  # whole or not at all
+        self._seq += 1  # written: counted before its sync, which may fail with the record in the file
         if mark is not None:
             self._mark = Mark(mark.dev, mark.ino, mark.good + len(data), self._seq, SCHEMA_VERSION, data[:-1])
+        if sync:
+            os.fdatasync(fd)  # the data and the size that reaches it: all a reader needs

@@ -63,7 +63,9 @@ def write(session_dir: Path, record: dict[str, Any], *, new: bool = False) -> No
     fd = open_regular(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         try:
-            os.write(fd, data)
+            view = memoryview(data)
+            while view:  # a full disk writes what fits: the rest raises, the record before stays whole
+                view = view[os.write(fd, view):]
             os.fdatasync(fd)
         finally:
             os.close(fd)
