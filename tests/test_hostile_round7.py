@@ -13,6 +13,9 @@ own process writes its capture files). Every wait is bounded by
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -23,7 +26,9 @@ import pytest
 from rho_actors.agent.transcript import load
 from rho_actors.tasks import records
 
-from .conftest import WAIT_S
+from .conftest import WAIT_S, read_line, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -116,3 +121,65 @@ def test_a_task_record_or_image_cut_short_by_a_full_disk_leaves_nothing_cut_shor
     assert [(r["task_id"], r["status"]) for r in found] == [("t_" + "a" * 32, "working")]
     assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == ["t_" + "a" * 32 + ".json"]
     json.loads((tmp_path / "tasks" / ("t_" + "a" * 32 + ".json")).read_text())
+
+
+# --- 2. a hostile MCP client's request id -------------------------------------------------------
+
+_FORGED = "2026-12-07 07:00:00.000 | INFO     | rho_actors.mcp.sessions:decided - forged"
+
+
+def _send(proc: subprocess.Popen[bytes], message: dict[str, object]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(message).encode() + b"\n")
+    proc.stdin.flush()
+
+
+def test_a_clients_request_id_never_reaches_the_log_or_the_approve_command_it_prints(tmp_path: Path) -> None:
+    """A client whose ``tools/call`` id holds a newline and shell syntax, for a call held
+    for approval: the call id the server makes of it is plain (``mcp-<id or its digest>-<n>``),
+    the log line naming it is one line (no line the client wrote), and the ``rho-actors
+    approve`` command the server logs, run as a shell would split it, approves exactly
+    that call, whose result then answers the request under the client's own id (before:
+    the id went into the call id as it came, so the log held a line the client forged and
+    the printed command ran ``touch`` from a shell)."""
+    data, said = tmp_path / "data", tmp_path / "said"
+    runs, pwned = tmp_path / "runs", tmp_path / "pwned"
+    env = {**os.environ, "RHO_TEST_RUNS": str(runs), "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get(
+        "PYTHONPATH", "")}
+    request_id = f"1; touch {pwned} #\n{_FORGED}"
+    with said.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "rho_actors.cli", "-v", "mcp", "serve", "--tools",
+                                 str(ROOT / "tests" / "approval_tools.py"), "--data-dir", str(data)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=ROOT)
+    assert proc.stdout is not None
+    try:
+        _send(proc, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "hostile", "version": "0"}}})
+        assert json.loads(read_line(proc.stdout))["id"] == 0
+        _send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        _send(proc, {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                     "params": {"name": "delete", "arguments": {"path": "/a"}}})
+        assert wait_for(lambda: "waits for a decision" in said.read_text()), said.read_text()
+        text = said.read_text()
+        assert _FORGED not in text.splitlines() and not any(line.startswith(_FORGED[:30]) for line in
+                                                              text.splitlines()), text
+        [line] = [line for line in text.splitlines() if "waits for a decision" in line]
+        command = shlex.split(line.split("waits for a decision: ", 1)[1].split(" (or reject", 1)[0])
+        [(session, call_id, _)] = _waiting(data)
+        assert re.fullmatch(r"mcp-[A-Za-z0-9_.:-]{1,64}-[0-9]+", call_id), call_id
+        assert command == ["rho-actors", "approve", str(data), session, call_id], command
+        decided = subprocess.run([sys.executable, "-m", "rho_actors.cli", *command[1:]], env=env, cwd=ROOT,
+                                 capture_output=True, text=True, timeout=WAIT_S, check=False)
+        assert decided.returncode == 0, decided.stderr
+        answer = json.loads(read_line(proc.stdout))
+        assert answer["id"] == request_id and answer["result"]["content"][0]["text"] == "deleted /a", answer
+        assert not pwned.exists() and runs.read_text().splitlines() == ["delete /a"]
+    finally:
+        proc.kill()
+        proc.wait(WAIT_S)
+
+
+def _waiting(data: Path) -> list[tuple[str, str, str]]:
+    """The calls waiting for a decision in the transcripts under ``data``: (session, call id, tool)."""
+    return [(path.parent.name, call_id, track.name) for path in data.glob("sessions/*/transcript.jsonl")
+            for call_id, track in load(path).open_calls.items() if track.state == "pending"]

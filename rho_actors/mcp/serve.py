@@ -93,6 +93,7 @@ from rho_actors.mcp.sessions import (
     SESSION_META_KEY,
     CallRecord,
     Session,
+    call_id_of,
     is_modern,
     new_session_id,
     principal_of,
@@ -447,7 +448,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     early = up_front(served.system, params.name, arguments, answers) if as_task and modern else None
     if early:  # asked before the call becomes a task: its next round answers them
         return _input_required(params.name, early, answers, session)
-    call_id = f"mcp-{ctx.request_id}-{next(served.ids)}"
+    call_id = call_id_of(ctx.request_id, next(served.ids))  # never the client's id as it came
     key = (session.loop.session_id, call_id)
     aloop = asyncio.get_running_loop()
     task = ServedTask(principal_of(ctx), session, params.name, None if modern else _connection(ctx), aloop, bound=key) \

@@ -24,8 +24,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+import re
 import secrets
+import shlex
 import threading
 import time
 from collections.abc import Iterator
@@ -46,14 +49,15 @@ from rho_actors.lifecycle import PendingCall
 from rho_actors.loop.decisions import ApprovalError
 from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["PRINCIPAL_KEY", "SESSION_ENDED", "SESSION_META_KEY", "CallRecord", "Session", "SessionGone", "is_modern",
-           "new_session_id", "principal_of", "session_handle", "session_unknown"]
+__all__ = ["PRINCIPAL_KEY", "SESSION_ENDED", "SESSION_META_KEY", "CallRecord", "Session", "SessionGone", "call_id_of",
+           "is_modern", "new_session_id", "principal_of", "session_handle", "session_unknown"]
 
 SESSION_META_KEY = "rho-actors/session"
 """The ``_meta`` key of a 2026-07-28 request naming its session, and of a result saying it."""
 PRINCIPAL_KEY = "rho_actors.principal"
 """The ASGI scope key under which :class:`~rho_actors.mcp.guard.HTTPGuard` puts the
 request's principal."""
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # a request id kept as it is in its call's id (call_id_of)
 _LOCAL = "local"  # the principal of a stdio process (and of HTTP served without a guard)
 _HANDLE_CHARS = 128  # the longest handle a request may name
 SESSION_ENDED = "the MCP session ended before the call was decided; call it again in a new session"
@@ -64,6 +68,19 @@ _DECIDED_GRACE_S = 30.0  # past a held call's expiry, how long its request waits
 def new_session_id() -> str:
     """A session id a tool may see: random, unrelated to any transport id or handle."""
     return f"mcp-{secrets.token_hex(16)}"
+
+
+def call_id_of(request_id: Any, number: int) -> str:
+    """The call id of a ``tools/call`` whose JSON-RPC id is ``request_id``, the server's
+    ``number``-th: ``mcp-<id>-<number>``, the id as it came when it is an integer or up
+    to 64 of ``[A-Za-z0-9_.:-]``, else ``h`` and the first 16 hex digits of its SHA-256.
+    The client chooses its ids: one holding a newline or shell syntax would forge lines
+    in the server's log and run in the ``rho-actors approve`` command logged for a held
+    call (DESIGN §6b)."""
+    plain = str(request_id)
+    if not (type(request_id) is int or _PLAIN_ID.fullmatch(plain)):
+        plain = "h" + hashlib.sha256(plain.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"mcp-{plain}-{number}"
 
 
 def is_modern(ctx: Any) -> bool:
@@ -180,9 +197,9 @@ class Session:
         decided before this waits. Holds no thread: it waits on the event loop; a
         cancelled request leaves the call pending. ``data_dir``: the system's, for the log."""
         loop = self.loop
-        logger.info("MCP session {}: call {} of tool {!r} waits for a decision: rho-actors approve {} {} {} (or "
-                    "reject ... --message TEXT)", loop.session_id, pending.call_id, pending.name, data_dir,
-                    loop.session_id, pending.call_id)
+        logger.info("MCP session {}: call {} of tool {!r} waits for a decision: {} (or reject ... --message TEXT)",
+                    loop.session_id, pending.call_id, pending.name,  # quoted: a data_dir with a space is one argument
+                    shlex.join(["rho-actors", "approve", str(data_dir), loop.session_id, pending.call_id]))
         try:
             future = loop.when_decided(pending.call_id)
         except ApprovalError:  # decided meanwhile: its result is in the transcript
