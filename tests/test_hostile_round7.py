@@ -12,6 +12,8 @@ own process writes its capture files). Every wait is bounded by
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import json
 import os
 import re
@@ -19,14 +21,17 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
+from rho_actors import ActorSystem, CallEvent
 from rho_actors.agent.transcript import load
 from rho_actors.tasks import records
 
 from .conftest import WAIT_S, read_line, wait_for
+from .helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -183,3 +188,54 @@ def _waiting(data: Path) -> list[tuple[str, str, str]]:
     """The calls waiting for a decision in the transcripts under ``data``: (session, call id, tool)."""
     return [(path.parent.name, call_id, track.name) for path in data.glob("sessions/*/transcript.jsonl")
             for call_id, track in load(path).open_calls.items() if track.state == "pending"]
+
+
+# --- 3. a co-tenant flooding the event store ------------------------------------------------------
+
+
+def test_a_flood_of_one_sessions_events_never_drops_another_sessions_result(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A victim's call ends after its SSE stream closed (its result waits in the event
+    store for the client to resume), then another client floods the store with events
+    of its own session (pings: a priming event and an answer each), past the store's
+    bound over all sessions (40 here, 10,000 by default): the victim still resumes and
+    gets its result, the flooder's own oldest events being dropped (before: the oldest
+    of all went first, the victim's result among them)."""
+    import anyio
+    import httpx2 as httpx
+
+    from rho_actors.mcp.events import BoundedEventStore
+
+    from .test_mcp_client_requests import _last_event_id, _resumed_answer, _sse_events, polled
+    from .test_mcp_serve import TOKEN, _connect_http, _serve_http
+    from .test_mcp_session_events import VERSION, _session
+
+    serve_module = importlib.import_module("rho_actors.mcp.serve")  # the module (the package's serve is a function)
+    monkeypatch.setattr(serve_module, "BoundedEventStore", lambda: BoundedEventStore(max_events=40))
+    system.register(polled)
+    finished = threading.Event()
+    system.subscribe(lambda e: finished.set() if isinstance(e, CallEvent) and e.tool == "polled"
+                     and e.kind == "finished" else None)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    thread, loops = _serve_http(system, port)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json", "MCP-Protocol-Version": VERSION}
+    try:
+        anyio.run(_connect_http, url)
+        with httpx.Client(timeout=WAIT_S) as http:
+            victim, flooder = _session(http, url, headers), _session(http, url, headers)
+            with http.stream("POST", url, headers=victim, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                                                "params": {"name": "polled", "arguments": {}}}) as r:
+                first = _sse_events(r.iter_lines())
+            assert finished.wait(WAIT_S)
+            for n in range(2, 42):  # 40 pings: 80 events of the flooder's
+                pong = http.post(url, headers=flooder, json={"jsonrpc": "2.0", "id": n, "method": "ping"})
+                assert pong.status_code == 200, pong.text
+            answer = _resumed_answer(http, url, victim, _last_event_id(first), 1)
+            assert answer and answer["result"]["content"][0]["text"] == "closed=True", answer
+    finally:
+        if loops:
+            loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
+        thread.join(WAIT_S)

@@ -94,9 +94,17 @@ def test_session_views_of_the_event_store_are_apart() -> None:
         assert await a.replay_events_after(primed_a, send) == "1" and [e.event_id for e in sent] == mine[:1]
         sent.clear()
         assert await b.replay_events_after(primed_b, send) == "1" and [e.event_id for e in sent] == mine[1:]
-        for _ in range(4):  # the bound is over every session together
+        for _ in range(4):  # the bound is over every session together: the one holding the most loses its oldest
             await b.store_event("2", message)
-        assert store.count == 4 and await a.replay_events_after(primed_a, send) is None
+        sent.clear()
+        assert store.count == 4 and await b.replay_events_after(primed_b, send) is None
+        assert await a.replay_events_after(primed_a, send) == "1" and [e.event_id for e in sent] == mine[:1]
+        own = BoundedEventStore(max_session_events=2).session("c")  # and over one session's: its oldest go
+        primed_c = await own.store_event("1", message)
+        await own.store_event("1", message)
+        assert await own.replay_events_after(primed_c, send) == "1"
+        await own.store_event("1", message)
+        assert await own.replay_events_after(primed_c, send) is None
 
     anyio.run(main)
 

@@ -20,8 +20,11 @@ id gets none). A stream resumed twice at once keeps each replay's place (per tas
 most :data:`_MAX_RESUMES`): whichever registers it gets what was stored since its own
 replay, and that registration takes every resume's mark of the stream.
 
-Bounded: at most ``max_events`` events in all (the oldest are dropped first: a client
-reconnecting later than that misses them, as after a restart) and events older than
+Bounded: at most ``max_session_events`` events of one session (its oldest dropped
+first: its client reconnecting later than that misses them, as after a restart), at
+most ``max_events`` in all (past it, the oldest event of the session holding the most
+is dropped: one client's flood of events, its own calls' or requests', never drops
+another session's result before that client can fetch it), and events older than
 ``max_age_s`` seconds are dropped. In memory: a server restart forgets them.
 """
 
@@ -37,10 +40,13 @@ from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp_types import JSONRPCMessage
 
-__all__ = ["DEFAULT_MAX_EVENTS", "DEFAULT_MAX_EVENT_AGE_S", "BoundedEventStore", "own_event_stores"]
+__all__ = ["DEFAULT_MAX_EVENTS", "DEFAULT_MAX_EVENT_AGE_S", "DEFAULT_MAX_SESSION_EVENTS", "BoundedEventStore",
+           "own_event_stores"]
 
 DEFAULT_MAX_EVENTS = 10_000
 """Events kept at most, all streams together."""
+DEFAULT_MAX_SESSION_EVENTS = 1_000
+"""Events of one session kept at most, all its streams together."""
 DEFAULT_MAX_EVENT_AGE_S = 300.0
 """Seconds an event is kept for a client to reconnect and get it."""
 
@@ -61,13 +67,17 @@ class BoundedEventStore(EventStore):
     one session's store; :meth:`session` gives each of many sessions its own view, all
     within these bounds. Raises ``ValueError`` for a bound not more than 0."""
 
-    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS, max_age_s: float = DEFAULT_MAX_EVENT_AGE_S) -> None:
-        if not max_events > 0 or not max_age_s > 0:
-            raise ValueError(f"max_events and max_age_s must be more than 0, got {max_events!r}, {max_age_s!r}")
+    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS, max_age_s: float = DEFAULT_MAX_EVENT_AGE_S,
+                 max_session_events: int = DEFAULT_MAX_SESSION_EVENTS) -> None:
+        if not max_events > 0 or not max_age_s > 0 or not max_session_events > 0:
+            raise ValueError(f"max_events, max_age_s and max_session_events must be more than 0, got {max_events!r}, "
+                             f"{max_age_s!r}, {max_session_events!r}")
         self.max_events = max_events
         self.max_age_s = max_age_s
+        self.max_session_events = max_session_events
         # event id -> (session, stream id, message, when stored)
         self._events: OrderedDict[EventId, tuple[str | None, StreamId, JSONRPCMessage | None, float]] = OrderedDict()
+        self._owned: dict[str | None, OrderedDict[EventId, None]] = {}  # each session's event ids, oldest first
         self._sequence = itertools.count(1)
 
     @property
@@ -81,16 +91,30 @@ class BoundedEventStore(EventStore):
         return _SessionEvents(self, session_id)
 
     def _trim(self, now: float) -> None:
-        while self._events:
-            oldest = next(iter(self._events.values()))
-            if len(self._events) <= self.max_events and now - oldest[3] <= self.max_age_s:
+        while self._events:  # by age: the oldest of all first
+            event_id, oldest = next(iter(self._events.items()))
+            if now - oldest[3] <= self.max_age_s:
                 break
-            self._events.popitem(last=False)
+            self._drop(oldest[0], event_id)
+        while len(self._events) > self.max_events:  # by count: the oldest of the session that holds the most
+            session, owned = max(self._owned.items(), key=lambda item: len(item[1]))
+            self._drop(session, next(iter(owned)))
+
+    def _drop(self, session: str | None, event_id: EventId) -> None:
+        del self._events[event_id]
+        owned = self._owned[session]
+        del owned[event_id]
+        if not owned:
+            del self._owned[session]
 
     def _store(self, session: str | None, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         now = time.monotonic()
         event_id = f"{stream_id}/{next(self._sequence)}"
         self._events[event_id] = (session, stream_id, message, now)
+        owned = self._owned.setdefault(session, OrderedDict())
+        owned[event_id] = None
+        if len(owned) > self.max_session_events:  # the session's own oldest first
+            self._drop(session, next(iter(owned)))
         self._trim(now)
         return event_id
 
