@@ -128,6 +128,37 @@ def test_a_task_record_or_image_cut_short_by_a_full_disk_leaves_nothing_cut_shor
     json.loads((tmp_path / "tasks" / ("t_" + "a" * 32 + ".json")).read_text())
 
 
+def test_a_decision_the_full_disk_refused_is_not_taken_as_made(tmp_path: Path) -> None:
+    """An approval whose record the disk refuses raises the disk's error and leaves the
+    call pending, in the transcript and in the host: approved again once there is room,
+    it runs (before: the transcript writer had moved the call's track to ``decided``
+    before the write failed, so the second approval was refused "decided already", the
+    call left ``loop.pending()`` and never ran, while the transcript still said pending)."""
+    lines = _child(f"""
+        import os
+        os.environ["RHO_TEST_RUNS"] = str(FOLDER / "runs")
+        sys.path.insert(0, {str(ROOT)!r})
+        from rho_actors import ActorSystem, ScriptedModel
+        from tests.approval_host import REPLY
+        from tests.approval_tools import delete, look
+        with ActorSystem(data_dir=FOLDER / "data", shutdown_ms=2000) as system:
+            system.register(delete)
+            system.register(look)
+            loop = system.start_loop("s1")
+            print("pending", *[p.call_id for p in loop.prompt("clean up", model=ScriptedModel([REPLY])).pending])
+            limited(FOLDER / "data" / "sessions" / "s1" / "transcript.jsonl", 10)
+            outcome(lambda: loop.approve("c2", decided_by="ann"))
+            unlimited()
+            print("pending", *[p.call_id for p in loop.pending()])
+            print("approved:", loop.approve("c2", decided_by="ann").content)
+            print("pending", *[p.call_id for p in loop.pending()])
+    """, tmp_path)
+    assert lines[0] == "pending c1 c2" and lines[1].startswith("raised OSError: [Errno 27]"), lines
+    assert lines[2:] == ["pending c1 c2", "approved: deleted /b", "pending c1"], lines
+    assert (tmp_path / "runs").read_text().splitlines() == ["delete /b"]
+    calls = load(tmp_path / "data" / "sessions" / "s1" / "transcript.jsonl").calls
+    assert (calls["c1"].state, calls["c2"].decision) == ("pending", "approved")
+
 # --- 2. a hostile MCP client's request id -------------------------------------------------------
 
 _FORGED = "2026-12-07 07:00:00.000 | INFO     | rho_actors.mcp.sessions:decided - forged"

@@ -118,7 +118,7 @@ from rho_actors.agent.lines import SCHEMA_VERSION, Mark, TranscriptError, checks
 from rho_actors.agent.model import Message, Reply
 from rho_actors.agent.transcript_lock import TranscriptBusyError
 from rho_actors.files import UnsafePathError, fsync_dir, open_regular
-from rho_actors.lifecycle import CallTrack, LifecycleError, call_record, fold
+from rho_actors.lifecycle import CallTrack, LifecycleError, call_record, check_move, fold
 from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
 
@@ -681,10 +681,13 @@ class Transcript:
     def _append_now(self, fd: int, record: dict[str, Any], sync: bool) -> None:
         full, data = lines.record_line({"v": SCHEMA_VERSION, "seq": self._seq + 1, "type": record.pop("type"),
                                         "step": record.pop("step"), "ts": round(time.time(), 6), **record})
-        if full["type"] in ("call", "result"):  # the writer's own moves too: a move not allowed is never written
-            fold([full], self.history.calls)
+        moves = full["type"] in ("call", "result")
+        if moves:  # the writer's own moves too: a move not allowed is never written
+            check_move(full, self.history.calls)
         mark = self._mark
         lines.append_whole(fd, data, self.path, None if mark is None else mark.good)  # whole or not at all
+        if moves:  # moved once written: a record the disk refused moves no call (a decision is not made)
+            fold([full], self.history.calls)
         self._seq += 1  # written: counted before its sync, which may fail with the record in the file
         if mark is not None:
             self._mark = Mark(mark.dev, mark.ino, mark.good + len(data), self._seq, SCHEMA_VERSION, data[:-1])

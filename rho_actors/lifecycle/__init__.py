@@ -52,7 +52,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
@@ -76,6 +76,7 @@ __all__ = [
     "allowed",
     "arguments_sha256",
     "call_record",
+    "check_move",
     "fold",
     "open_pending",
     "pending_call",
@@ -269,6 +270,14 @@ def fold(records: Iterable[Mapping[str, Any]], tracks: dict[str, CallTrack] | No
             track = tracks[str(call_id)] = CallTrack(str(call_id), str(record["name"]), record["step"], record["index"])
         track.move(str(state), {**fields, "at": record.get("at")})
     return tracks
+
+
+def check_move(record: Mapping[str, Any], tracks: Mapping[str, CallTrack]) -> None:
+    """Raise :class:`LifecycleError` as :func:`fold` would for ``record`` after
+    ``tracks``, moving none of them (a writer checks a record before it is written, and
+    moves its track once it is: a record the disk refused moves no call)."""
+    track = tracks.get(record.get("call_id"))  # type: ignore[arg-type]
+    fold([record], {} if track is None else {track.call_id: replace(track, states=dict(track.states))})
 
 
 @dataclass(frozen=True, slots=True)
