@@ -22,11 +22,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem, CallEvent
+from rho_actors import ActorSystem, CallEvent, Reply, ScriptedModel, ToolCall, tool
 from rho_actors.agent.transcript import load
 from rho_actors.tasks import records
 
@@ -158,6 +160,29 @@ def test_a_decision_the_full_disk_refused_is_not_taken_as_made(tmp_path: Path) -
     assert (tmp_path / "runs").read_text().splitlines() == ["delete /b"]
     calls = load(tmp_path / "data" / "sessions" / "s1" / "transcript.jsonl").calls
     assert (calls["c1"].state, calls["c2"].decision) == ("pending", "approved")
+
+@tool
+def clear_folder(ctx: Mapping[str, Any]) -> str:
+    """Clear this session's folder of files (a tool tidying its scratch space)."""
+    for path in Path(ctx["data_dir"]).iterdir():
+        if path.is_file():
+            path.unlink()
+    return "cleared"
+
+
+def test_a_transcript_a_tool_removes_mid_prompt_is_written_no_more_and_the_prompt_says_so(
+    system: ActorSystem,
+) -> None:
+    """A tool that clears its session's folder removes the transcript while the prompt
+    holds it: the prompt's later records are refused and it ends with an error naming
+    the transcript as removed, its call answered (before: they went on into the removed
+    file, the prompt said nothing, and the session's conversation was gone)."""
+    system.register(clear_folder)
+    loop = system.start_loop("s1")
+    model = ScriptedModel([Reply(tool_calls=(ToolCall("c1", "clear_folder", "{}"),)), Reply(text="done")])
+    result = loop.prompt("tidy up", model=model)
+    assert result.error is not None and "removed or replaced" in result.error, result
+    assert [r.content for step in result.steps for r in step.results] == ["cleared"]
 
 # --- 2. a hostile MCP client's request id -------------------------------------------------------
 

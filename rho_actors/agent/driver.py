@@ -418,7 +418,7 @@ class _Driver:
                     return self._result(None)
         except _Stop as stop:
             return self._result(stop.message)
-        except (OSError, ValueError, RecursionError) as exc:  # the transcript could not be written
+        except (OSError, ValueError, RecursionError, TranscriptError) as exc:  # the transcript could not be written
             logger.exception("session {}: the transcript could not be written", self.loop.session_id)
             return self._result(f"the session's transcript could not be written: {describe_exception(exc)}")
 

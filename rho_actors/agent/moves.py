@@ -20,7 +20,7 @@ from typing import Any
 
 from loguru import logger
 
-from rho_actors.agent.transcript import Transcript
+from rho_actors.agent.transcript import Transcript, TranscriptError
 from rho_actors.lifecycle import allowed
 from rho_actors.tool import ToolCall
 
@@ -57,7 +57,7 @@ def recording_moves(loop: Any, transcript: Transcript, step: int, calls: Sequenc
                 transcript.call(step, i, state, call_id=call_id, name=name, sync=state != "queued",  # a wait: the
                                 **given)  # next record makes it durable (one fsync a wait saved)
                 states[call_id] = state
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, TranscriptError) as exc:
                 logger.warning("call {}: its move to {} could not be recorded: {}", call_id, state, exc)
 
     stop = watch(moved)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from loguru import logger
 
-from rho_actors.agent.transcript import Transcript
+from rho_actors.agent.transcript import Transcript, TranscriptError
 from rho_actors.lifecycle import pending_call
 from rho_actors.results import text as result_text
 from rho_actors.tool import ToolResult
@@ -42,7 +42,7 @@ class Recorder:
                     self._transcript.call(self._step, index, "backgrounded", call_id=result.call_id,
                                           name=result.name, task_id=task_id)
                 self._transcript.result(self._step, index, with_text(result))
-            except (OSError, ValueError, RecursionError):
+            except (OSError, ValueError, RecursionError, TranscriptError):  # the disk, or the file gone
                 if not quiet:
                     raise
                 logger.exception("step {}: the result of call {} could not be recorded yet", self._step, index)

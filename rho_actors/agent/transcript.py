@@ -85,8 +85,9 @@ before ``seq``/``sum``) still load; records appended to them are version 2.
 
 A record the disk cuts short (``ENOSPC``, ``EFBIG``) is cut away before the write's
 ``OSError`` is raised (:func:`~rho_actors.agent.lines.append_whole`): the next record
-follows the last whole one. Files are opened safely (:mod:`rho_actors.files`): never through a symlink, and only a
-regular file (a FIFO, device or folder in its place is a :class:`TranscriptError` at once).
+follows the last whole one; a transcript removed or replaced while open (a tool clearing its folder) gets no
+more records (:class:`TranscriptError`). Files are opened safely (:mod:`rho_actors.files`): never through a
+symlink, and only a regular file (a FIFO, device or folder in its place is a :class:`TranscriptError` at once).
 
 Example::
 
@@ -685,7 +686,7 @@ class Transcript:
         if moves:  # the writer's own moves too: a move not allowed is never written
             check_move(full, self.history.calls)
         mark = self._mark
-        lines.append_whole(fd, data, self.path, None if mark is None else mark.good)  # whole or not at all
+        lines.append_whole(fd, data, self.path, mark)  # whole or not at all, to the file at its path
         if moves:  # moved once written: a record the disk refused moves no call (a decision is not made)
             fold([full], self.history.calls)
         self._seq += 1  # written: counted before its sync, which may fail with the record in the file
