@@ -64,30 +64,29 @@ def _line(full: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         raise ValueError(f"a {full.get('type')} record cannot be written as JSON: {exc}") from None
 
 
-def append_whole(fd: int, data: bytes, path: Path, mark: Mark | None) -> None:
+def append_whole(fd: int, data: bytes, path: Path, mark: Mark | None, *, checked: bool = False) -> None:
     """Append ``data`` (a record's line) to file ``fd`` (opened ``O_APPEND``, its lock
     held) whole or not at all: a write the disk cuts short (``ENOSPC``, ``EFBIG``,
     ``EDQUOT``: it wrote what fitted) has what it wrote cut away before its ``OSError``
     is raised, so no later record follows a torn line (which would make every later read
     of the transcript fail). ``mark``: where the writer's last whole record ended (None:
-    not known); a file that does not end there (a torn line that could not be cut away,
-    another writer), or that is no longer at ``path`` (removed or replaced: a tool
-    clearing its session's folder; records written on would be lost with it), is a
-    :class:`TranscriptError`, nothing written."""
-    start = os.lseek(fd, 0, os.SEEK_END)
-    if mark is not None:
+    not known); unless the caller ``checked`` it already (one ``lstat``), a file no longer
+    at ``path`` (removed or replaced: a tool clearing its session's folder; records written
+    on would be lost with it) or not ending there (a torn line that could not be cut
+    away, another writer) is a :class:`TranscriptError`, nothing written."""
+    if mark is not None and not checked:
         try:
-            st = os.lstat(path)
-            here = (st.st_dev, st.st_ino) == (mark.dev, mark.ino)
+            st: os.stat_result | None = os.lstat(path)
         except FileNotFoundError:
-            here = False
-        if not here:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != (mark.dev, mark.ino):
             raise TranscriptError(f"transcript {path} was removed or replaced while this session had it open: "
                                   "nothing more is recorded in it")
-        if start != mark.good:
-            raise TranscriptError(f"transcript {path} is {start} bytes long where its records written so far end "
-                                  f"at {mark.good} (a record cut short, or another writer): nothing more is "
+        if st.st_size != mark.good:
+            raise TranscriptError(f"transcript {path} is {st.st_size} bytes long where its records written so far "
+                                  f"end at {mark.good} (a record cut short, or another writer): nothing more is "
                                   "recorded in it")
+    start = os.lseek(fd, 0, os.SEEK_END) if mark is None else mark.good
     view = memoryview(data)
     try:
         while view:

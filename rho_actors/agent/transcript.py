@@ -673,20 +673,20 @@ class Transcript:
                     if self._mark is None or not self._caught_up(fd, self._mark, at_path=True):
                         raise TranscriptError(f"transcript {self.path} was replaced or cut short by another "
                                               "process; this session records nothing more in it")
-                    self._append_now(fd, record, sync)  # fd stays the borrow's: close() never closes it
+                    self._append_now(fd, record, sync, True)  # fd stays the borrow's: close() never closes it
                 finally:
                     transcript_lock.unlock(fd)
             finally:
                 kept.give_back()
 
-    def _append_now(self, fd: int, record: dict[str, Any], sync: bool) -> None:
+    def _append_now(self, fd: int, record: dict[str, Any], sync: bool, checked: bool = False) -> None:
         full, data = lines.record_line({"v": SCHEMA_VERSION, "seq": self._seq + 1, "type": record.pop("type"),
                                         "step": record.pop("step"), "ts": round(time.time(), 6), **record})
         moves = full["type"] in ("call", "result")
         if moves:  # the writer's own moves too: a move not allowed is never written
             check_move(full, self.history.calls)
         mark = self._mark
-        lines.append_whole(fd, data, self.path, mark)  # whole or not at all, to the file at its path
+        lines.append_whole(fd, data, self.path, mark, checked=checked)  # whole or not at all, to the file at its path
         if moves:  # moved once written: a record the disk refused moves no call (a decision is not made)
             fold([full], self.history.calls)
         self._seq += 1  # written: counted before its sync, which may fail with the record in the file
