@@ -1,13 +1,19 @@
-"""Hostile round 7: what a session's folder, its disk and its peers can do to what rho
-keeps on disk (the transcript, its task records), and to the calls of other sessions.
+"""Hostile round 7: what a session's disk and folder, a hostile MCP client, a co-tenant
+session and a tool forging its worker's replies can do to what rho keeps and answers.
 
-A disk that fills up (or a file size limit, ``RLIMIT_FSIZE``) cuts a write short: the
-kernel writes what fits and fails the rest (``ENOSPC``, ``EFBIG``). A transcript's
-record cut short in the middle of the file would make the whole session unreadable
-once the next record follows it; a task record cut short would replace a whole one.
-Each is run in a child process of its own under a real ``RLIMIT_FSIZE`` (the test's
-own process writes its capture files). Every wait is bounded by
-:data:`~tests.conftest.WAIT_S`.
+1. A disk that fills up (or a file size limit, ``RLIMIT_FSIZE``) cuts a write short: the
+   kernel writes what fits and fails the rest (``ENOSPC``, ``EFBIG``). A transcript's
+   record cut short in the middle of the file made the whole session unreadable once the
+   next record followed it; a task record cut short replaced a whole one; a decision the
+   disk refused was taken as made. Each runs in a child process of its own under a real
+   ``RLIMIT_FSIZE`` (the test's own process writes its capture files). A tool clearing
+   its folder removed the transcript under a prompt, which wrote on into the removed file.
+2. A client's JSON-RPC request id went into its call's id, the server's log and the
+   ``rho-actors approve`` command it logs (a raw stdio client).
+3. One session's flood of SSE events dropped another session's stored result (real HTTP).
+4. Replies an untrusted tool forges on and on reach no other session's call (held).
+
+Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
 """
 
 from __future__ import annotations
