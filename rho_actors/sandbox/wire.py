@@ -7,7 +7,7 @@ each message type:
 =================  =========  ========================================================
 tag                direction  body
 =================  =========  ========================================================
-``READY``          child ->   empty: a worker process is ready
+``READY``          child ->   empty: a worker is ready (a read's child: started)
 ``CALL``           -> child   a :class:`CallRequest` (pickled: it comes from the host)
 ``LOAD``           -> child   ``(digest, tool bytes)`` pickled: a tool to hold ahead of its calls
 ``LOADED``         child ->   empty: the ``LOAD`` frame's tool was unpickled (or could not be: its call says why)
