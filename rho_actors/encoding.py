@@ -39,6 +39,7 @@ __all__ = [
     "cap_text",
     "describe_exception",
     "encode_output",
+    "scrub_strings",
     "scrub_text",
     "strip_controls",
     "text_length",
@@ -66,6 +67,31 @@ class EncodedOutput:
     is_repr: bool = False
     truncated: bool = False
     original_chars: int = 0
+
+
+def scrub_strings(value: Any, fix: Callable[[str], str] | None = None) -> Any:
+    """``value`` (JSON-like data: dicts, lists, tuples, scalars) with every string, dict
+    keys included, through ``fix`` (default :func:`scrub_text`): the containers are new
+    (a tuple becomes a list), ``value``'s own untouched; any other value as it is. A loop,
+    not a recursion: no depth is too deep for it. The one walk for every store of
+    strings that must be valid UTF-8 (a transcript record) or a child's plain data."""
+    fix = scrub_text if fix is None else fix
+    if isinstance(value, str):
+        return fix(value)
+    root: list[Any] = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        item = parent[key]
+        if isinstance(item, str):
+            parent[key] = fix(item)
+        elif isinstance(item, (list, tuple)):
+            parent[key] = copy = list(item)
+            stack.extend((copy, i) for i in range(len(copy)))
+        elif isinstance(item, dict):
+            parent[key] = clean = {fix(k) if isinstance(k, str) else k: v for k, v in item.items()}
+            stack.extend((clean, k) for k in clean)
+    return root[0]
 
 
 def text_length(text: str | bytes | bytearray) -> int:

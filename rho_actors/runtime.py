@@ -52,9 +52,13 @@ class UntrustedReads:
     """How untrusted declarations are read (DESIGN §3): in a throwaway process within
     ``timeout_s`` seconds and ``heap_bytes`` bytes; a read that runs over is tried again
     after each of ``retry_s`` (seconds; default 1, 5 and 30 minutes, as tenacity's
-    ``wait_chain`` of ``wait_fixed`` waits), then the tool stays out."""
+    ``wait_chain`` of ``wait_fixed`` waits), then the tool stays out. ``timeout_s``
+    counts from the child's start (the tool's load and declaration code); the start
+    itself, the machine's, is bounded by ``start_timeout_s`` (``None``: the start bound's
+    default, 10 s or ``RHO_ACTORS_START_TIMEOUT_MS``)."""
 
     timeout_s: float = 2.0
+    start_timeout_s: float | None = None
     heap_bytes: int = 256 * 2**20
     retry_s: tuple[float, ...] = (60.0, 300.0, 1800.0)
     start_method: str = "forkserver"

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 
 from rho_actors import ActorSystem, UntrustedReads
-from rho_actors.sandbox import declaration_answer_bytes
+from rho_actors.sandbox import IsolatedReadError, declaration_answer_bytes, wire
 
 from .conftest import WAIT_S, wait_for
 
@@ -134,3 +134,48 @@ def test_declaration_reads_take_places_under_the_worker_cap(tmp_path: Path) -> N
         assert len(done) == 8 and all(r.offered for r in done), [r.reason for r in done]
         assert wait_for(lambda: len(system.tools()) == 9)
         assert max(seen) - base <= 2, (base, max(seen))  # today all 8 at once
+
+
+
+def _slow_start_child(channel: Any, payload: Any) -> None:
+    """A throwaway child whose start takes ``payload[0]`` seconds (a loaded machine's, a
+    heavy import's) before its ``READY`` (none with ``None``), then answers at once."""
+    delay, ready = payload
+    time.sleep(delay)
+    if ready:
+        channel.send(wire.READY, b"")
+    channel.send(wire.DECLARATION, b'{"answers": {}}')
+    channel.recv()
+
+
+def _answer(delay: float, ready: bool, timeout_s: float, start_s: float) -> Any:
+    from rho_actors.sandbox.child import ChildSetup
+    from rho_actors.sandbox.processes import context, spawn
+    from rho_actors.sandbox.reads import await_answer
+
+    child = spawn(context("forkserver"), _slow_start_child, (delay, ready), ChildSetup(0, env=dict(os.environ)),
+                  name="rho-test-read")
+    try:
+        return await_answer(child, lambda: "reading the declaration of t", wire.DECLARATION, 1 << 20, timeout_s, None,
+                            start_s=start_s)
+    except IsolatedReadError as exc:
+        return exc
+
+
+def test_a_declaration_reads_timeout_counts_from_its_childs_start_bounded_apart() -> None:
+    """A read's ``timeout_s`` (2 s by default) bounds the tool's load and declaration code,
+    counted from the child's ``READY``; the child's start before it (a fork server's, a
+    loaded machine's seconds: 1-2.5 s measured at load 30-37) is bounded by the start
+    bound, as a worker's (``UntrustedReads.start_timeout_s``, by default 10 s or
+    ``RHO_ACTORS_START_TIMEOUT_MS``). Before, the 2 s counted from the spawn: a start as
+    slow as the bound left the tool out. A child that never says ``READY`` is a timeout
+    naming the start bound."""
+    for timeout_s in (2.0, 8.0):  # a start 1 s longer than the read's bound; (a loaded machine may pause the
+        answer = _answer(timeout_s + 1, True, timeout_s, WAIT_S)  # child between its two frames: longer again)
+        if answer == b'{"answers": {}}':
+            break
+    assert answer == b'{"answers": {}}', answer
+    late = _answer(2.0, False, WAIT_S, 0.5)
+    assert isinstance(late, IsolatedReadError) and late.kind == "timeout", late
+    assert "did not start within 0.5 s (the start bound, RHO_ACTORS_START_TIMEOUT_MS)" in str(late), late
+

@@ -15,7 +15,7 @@ import pydantic
 import pytest
 
 from rho_actors import EncodedOutput, encode_output
-from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS, REPR_MARK, scrub_text
+from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS, REPR_MARK, scrub_strings, scrub_text
 
 
 def strict_loads(text: str) -> Any:
@@ -308,6 +308,23 @@ def test_repr_with_lone_surrogate_is_scrubbed() -> None:
 
     out = encode_output(Weird())
     assert out.text == REPR_MARK + "<weird \ufffd>"
+
+
+def test_scrub_strings_fixes_every_string_keys_too_at_any_depth_leaving_its_input_alone() -> None:
+    """The one walk of a transcript record's and a child's plain data: every string,
+    keys too, through the fix; new containers (a tuple a list), the input untouched;
+    deeper than the recursion limit (the transcript's recursive walk raised there)."""
+    value = {"k\ud800": ["a\udc00", ("t\ud801", 1, None)], 2: {"x": 1.5}}
+    assert scrub_strings(value) == {"k\ufffd": ["a\ufffd", ["t\ufffd", 1, None]], 2: {"x": 1.5}}
+    assert value == {"k\ud800": ["a\udc00", ("t\ud801", 1, None)], 2: {"x": 1.5}}
+    assert scrub_strings(["a\x1b", {"b": "c"}], str.upper) == ["A\x1b", {"B": "C"}]
+    nested: Any = "\ud800"
+    for _ in range(5_000):
+        nested = {"n": nested}
+    out = scrub_strings(nested)
+    for _ in range(5_000):
+        out = out["n"]
+    assert out == "\ufffd"
 
 
 def test_model_dump_that_raises_falls_back() -> None:

@@ -327,30 +327,21 @@ def test_a_stream_resumed_twice_at_once_gets_what_was_stored_since_its_replay() 
     resume's mark goes with that registration, and many resumes that never register
     leave no mark growing without bound."""
     import anyio
-    import mcp_types as types
-    from anyio.streams.memory import MemoryObjectReceiveStream
 
-    from rho_actors.mcp.events import BoundedEventStore, _SessionEvents, _Streams
+    from .test_mcp_session_events import Resumable  # (here: it skips without mcp)
 
     async def main() -> None:
-        events = _SessionEvents(BoundedEventStore(), "s1")
-        streams = _Streams(events)
-        primed = await events.store_event("1", None)
-        message = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"n": 1})
-        received: list[MemoryObjectReceiveStream[Any]] = []
+        r = await Resumable.made()
+        events, streams, primed, message, received, nothing = (
+            r.events, r.streams, r.primed, r.message, r.received, r.nothing)
         first_replayed, second_replayed = anyio.Event(), anyio.Event()
-
-        async def nothing(event: Any) -> None:
-            raise AssertionError(event)
 
         async def first() -> None:
             assert await events.replay_events_after(primed, nothing) == "1"
             first_replayed.set()
             await second_replayed.wait()
             await events.store_event("1", message)  # stored in the gap: no stream registered for it yet
-            send, receive = anyio.create_memory_object_stream[Any](16)
-            streams["1"] = (send, receive)
-            received.append(receive)
+            await r.register()
 
         async def second() -> None:
             await first_replayed.wait()

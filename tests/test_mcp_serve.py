@@ -324,3 +324,56 @@ def test_a_call_cancelled_while_its_session_starts_leaves_nothing_bound(tmp_path
         assert served.progress == {}
         assert [key for key in client_requests._live if key[0] == sid] == []
         assert session.calls == 0
+
+
+def test_a_call_is_served_by_the_tool_set_it_started_with(tmp_path: Path) -> None:
+    """``tools/call`` reads the tool set once: a tool re-registered while its call runs
+    (a new version whose outputSchema the running version's result does not match) does
+    not mix the two versions in one call: the result is checked against the schema of
+    the version that ran it (before, the schema was read again after the run: the new
+    version's, and the client got an error result for a result its tool declared)."""
+    import importlib
+    from types import SimpleNamespace
+
+    serve = importlib.import_module("rho_actors.mcp.serve")
+
+    def weather(unit: str, system: ActorSystem | None = None) -> type:
+        class Weather:
+            @staticmethod
+            def name() -> str:
+                return "weather"
+
+            @staticmethod
+            def description() -> str:
+                return f"The weather in {unit}."
+
+            @staticmethod
+            def parameter_schema() -> dict[str, Any]:
+                return {"type": "object", "properties": {}}
+
+            @staticmethod
+            def output_schema() -> dict[str, Any]:
+                return {"type": "object", "properties": {unit: {"type": "number"}}, "required": [unit]}
+
+            @staticmethod
+            def run(args: dict[str, Any], ctx: Any) -> Any:
+                if system is not None:  # the next version is registered while this call runs
+                    system.unregister("weather")
+                    system.register(weather("kelvin"))
+                return {unit: 21.5}
+        return Weather
+
+    ctx = SimpleNamespace(protocol_version="2026-07-28", request_id=7, request=None, params={}, session=None,
+                          close_sse_stream=None)
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(weather("celsius", system))
+        served = serve._Served(system, (), 1 << 20)
+
+        async def main() -> Any:
+            with anyio.fail_after(WAIT_S):
+                return await serve._call_tool(served, ctx, types.CallToolRequestParams(name="weather", arguments={}))
+
+        result = anyio.run(main)
+        assert not result.is_error, _text(result)
+        assert result.structured_content == {"celsius": 21.5}
+        assert system.tool_set().entries["weather"].info.description == "The weather in kelvin."

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import MutableMapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -21,6 +22,44 @@ from tests.test_mcp_client_requests import _last_event_id, _resumed_answer, _sse
 from tests.test_mcp_serve import TOKEN, _connect_http, _serve_http
 
 VERSION = "2025-11-25"
+
+
+@dataclass
+class Resumable:
+    """One session's view of a serving event store whose stream ``"1"`` is primed (the
+    event id a resume sends: ``primed``), its streams registry, a ``message`` to store
+    and the streams :meth:`register` made: what the tests of a stream's resume start
+    from (here and ``test_hostile_round6``)."""
+
+    events: Any
+    streams: Any
+    primed: str
+    message: Any
+    received: list[Any] = field(default_factory=list)
+
+    @classmethod
+    async def made(cls) -> Resumable:
+        import mcp_types as types
+
+        from rho_actors.mcp.events import BoundedEventStore, _SessionEvents, _Streams
+
+        events = _SessionEvents(BoundedEventStore(), "s1")
+        message = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"n": 1})
+        return cls(events, _Streams(events), await events.store_event("1", None), message)
+
+    async def register(self) -> None:
+        """Register stream ``"1"`` for live events (as the task that replayed it, or a
+        POST of request id 1, does); its receiving end goes to ``received``."""
+        import anyio
+
+        send, receive = anyio.create_memory_object_stream[Any](16)
+        self.streams["1"] = (send, receive)
+        self.received.append(receive)
+
+    @staticmethod
+    async def nothing(event: Any) -> None:
+        """A replay's sender that must get no event."""
+        raise AssertionError(event)
 
 
 def _session(http: Any, url: str, headers: dict[str, str]) -> dict[str, str]:
@@ -170,26 +209,11 @@ def test_a_replayed_streams_later_events_go_to_no_other_requests_stream() -> Non
     registers: a new request of the same id, registered by another task, gets none, and
     that replay's mark is gone with it."""
     import anyio
-    import mcp_types as types
-    from anyio.streams.memory import MemoryObjectReceiveStream
-
-    from rho_actors.mcp.events import BoundedEventStore, _SessionEvents, _Streams
 
     async def main() -> None:
-        events = _SessionEvents(BoundedEventStore(), "s1")
-        streams = _Streams(events)
-        primed = await events.store_event("1", None)
-        message = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"n": 1})
-        received: list[MemoryObjectReceiveStream[Any]] = []
-
-        async def nothing(event: Any) -> None:
-            raise AssertionError(event)
-
-        async def register() -> None:
-            send, receive = anyio.create_memory_object_stream[Any](16)
-            streams["1"] = (send, receive)
-            received.append(receive)
-
+        r = await Resumable.made()
+        events, streams, primed, message, received, nothing, register = (
+            r.events, r.streams, r.primed, r.message, r.received, r.nothing, r.register)
         assert await events.replay_events_after(primed, nothing) == "1"
         later = await events.store_event("1", message)
         await register()  # the replaying task's own registration gets what was stored since

@@ -188,3 +188,26 @@ def test_a_setsid_child_dies_at_stop(tmp_path: Path) -> None:
         system.stop()
     assert future.result(WAIT_S)[0].error_kind is ErrorKind.CANCELLED
     assert wait_for(lambda: _gone([sleeper.pid]))
+
+
+def test_a_stop_cut_short_by_shutdown_ms_leaves_no_idle_workers_cgroup(tmp_path: Path) -> None:
+    """A system stopped with a ``shutdown_ms`` too short to reap its killed workers (1 ms)
+    still removes each idle worker's cgroup (and private folder) before ``stop()``
+    returns: before, the reap got no time, each cgroup was left to a thread waiting for its
+    tree's end, and a host that exited after ``stop()`` left them in its cgroup's parent
+    for good (a later start sweeps only hosts no longer running)."""
+    from rho_actors.sandbox.confine import cgroups
+
+    if isinstance(cgroups.find_hierarchy(), str):
+        pytest.skip(f"no cgroup: {cgroups.find_hierarchy()}")
+    before = set(_leftovers(os.getpid()))
+    system = ActorSystem(tmp_path, untrusted=READS, warm_workers=1, shutdown_ms=1)
+    try:
+        assert system.register(make_tool("echo", lambda args, ctx: "hi"), untrusted=True).info
+        [result] = system.start_loop("s").run_turn([ToolCall("c", "echo", "{}")])
+        assert result.ok, result.content
+        made = set(_leftovers(os.getpid())) - before
+        assert any(p.parent != Path(tempfile.gettempdir()) for p in made), made  # the workers' cgroups
+    finally:
+        system.stop()
+    assert sorted(p for p in made if p.exists()) == []

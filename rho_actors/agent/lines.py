@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from loguru import logger
 
-from rho_actors.encoding import scrub_text
+from rho_actors.encoding import scrub_strings
 from rho_actors.errors import RhoError
 from rho_actors.files import UnsafePathError, open_regular
 
@@ -51,7 +51,7 @@ def record_line(record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     try:
         return _line(record)
     except UnicodeEncodeError:  # rare: only then is the record walked
-        return _line(_scrubbed(record))
+        return _line(scrub_strings(record))
 
 
 def _line(full: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -95,17 +95,6 @@ def append_whole(fd: int, data: bytes, path: Path, mark: Mark | None, *, checked
         if len(view) < len(data):
             os.ftruncate(fd, start)
         raise
-
-
-def _scrubbed(value: Any) -> Any:
-    """``value`` with every string (keys too) valid UTF-8 (lone surrogates replaced)."""
-    if isinstance(value, str):
-        return scrub_text(value)
-    if isinstance(value, dict):
-        return {scrub_text(k) if isinstance(k, str) else k: _scrubbed(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_scrubbed(v) for v in value]
-    return value
 
 
 def _open_for_reading(path: Path) -> int | None:

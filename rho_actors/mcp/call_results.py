@@ -22,15 +22,22 @@ from rho_actors.mcp.content import mcp_content
 from rho_actors.results import text
 from rho_actors.tool import ToolResult, is_untrusted
 
-__all__ = ["call_tool_result", "checked_output_schema", "output_schema"]
+__all__ = ["call_tool_result", "checked_output_schema", "entry_output_schema", "output_schema"]
 
 
 def output_schema(system: Any, name: str) -> dict[str, Any] | None:
-    """The ``outputSchema`` of tool ``name``: what its ``output_schema()`` returns (an
-    optional callback: a JSON Schema of an object), for a trusted tool only (an
-    untrusted tool's code is never run in this process). None without one (or when it
-    returns None), or when it is not a valid schema of an object (logged)."""
-    entry = system.tool_set().entries.get(name)
+    """The ``outputSchema`` of tool ``name`` in ``system``'s tool set now (see
+    :func:`entry_output_schema`)."""
+    return entry_output_schema(system.tool_set().entries.get(name), name)
+
+
+def entry_output_schema(entry: Any, name: str) -> dict[str, Any] | None:
+    """The ``outputSchema`` of tool ``name`` whose tool-set entry is ``entry`` (None: not
+    registered): what its ``output_schema()`` returns (an optional callback: a JSON
+    Schema of an object), for a trusted tool only (an untrusted tool's code is never run
+    in this process). None without one (or when it returns None), or when it is not a
+    valid schema of an object (logged). A caller that decides more than this of one call
+    passes the entry it read once, so a re-registration meanwhile cannot mix versions."""
     declare = getattr(entry.tool, "output_schema", None) if entry is not None else None
     if entry is None or is_untrusted(entry.tool) or not callable(declare):
         return None

@@ -84,7 +84,7 @@ from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.lifecycle import PendingCall
 from rho_actors.loop.approval_rules import approval_rule
 from rho_actors.loop.inline import runs_inline
-from rho_actors.mcp.call_results import call_tool_result, output_schema
+from rho_actors.mcp.call_results import call_tool_result, entry_output_schema, output_schema
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
 from rho_actors.mcp.guard import HTTPGuard, connection_protocol
@@ -381,8 +381,8 @@ def _extended(server: Server[Any], served: _Served, name: str) -> Server[Any]:
 
 async def _list_tools(served: _Served, ctx: Any) -> types.ListToolsResult:
     """``tools/list``: the loop's offer, with each trusted tool's ``outputSchema``."""
+    entries = served.system.tool_set().entries  # read once: the schemas are the listed versions'
     if is_modern(ctx):  # 2026-07-28: a listing depends on no session (SEP-2567)
-        entries = served.system.tool_set().entries
         offered = [entry.info for name, entry in entries.items() if name not in served.withheld]
     else:
         session = await _session(served, ctx)
@@ -390,7 +390,7 @@ async def _list_tools(served: _Served, ctx: Any) -> types.ListToolsResult:
     tools = []
     for info in offered:
         declared = to_dialect(info, "mcp")
-        schema = output_schema(served.system, info.name)
+        schema = entry_output_schema(entries.get(info.name), info.name)
         if schema is not None:
             declared["outputSchema"] = schema
         tools.append(types.Tool.model_validate(declared))
@@ -443,9 +443,10 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
                                        f"at most {served.max_argument_bytes} are accepted")
     modern = is_modern(ctx)
     answers = _answers(params) if modern else {}
-    as_task = as_task_call(served.system, served.withheld, ctx, params.name)
+    entry = served.system.tool_set().entries.get(params.name)  # read once: one version decides the call
+    as_task = as_task_call(entry, served.withheld, ctx, params.name)
     session = await _session(served, ctx)
-    early = up_front(served.system, params.name, arguments, answers) if as_task and modern else None
+    early = up_front(entry, params.name, arguments, answers) if as_task and modern else None
     if early:  # asked before the call becomes a task: its next round answers them
         return _input_required(params.name, early, answers, session)
     call_id = call_id_of(ctx.request_id, next(served.ids))  # never the client's id as it came
@@ -468,7 +469,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
         # a cancel waited for while the session started is raised here: unbound, released below as any end
         record = session.call_record(ToolCall(call_id, params.name, arguments))  # recorded before it runs:
-        on_thread = task is None and _on_call_thread(served, session, params.name)  # by its thread, as it starts
+        on_thread = task is None and _on_call_thread(entry, session)  # by its thread, as it starts
         if not on_thread:
             await record.begin()  # else by a worker thread first
         results = await _run_call(served, session, record, task is not None, on_thread)
@@ -492,7 +493,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
         return _input_required(params.name, bound.asked, bound.used, session)
     if created is not None:
         return created if modern else handshake_created(results[0], created)
-    return call_tool_result(results[0], output_schema(served.system, params.name), said)
+    return call_tool_result(results[0], entry_output_schema(entry, params.name), said)
 
 
 async def _run_call(served: _Served, session: Session, record: CallRecord, as_task: bool,
@@ -514,12 +515,12 @@ async def _run_call(served: _Served, session: Session, record: CallRecord, as_ta
     return results
 
 
-def _on_call_thread(served: _Served, session: Session, name: str) -> bool:
-    """Whether a call of tool ``name`` runs on a call thread (``thread`` isolation, not an
-    ``async`` tool run on the serving loop) and is never held for a decision (whose
-    journal in the transcript comes after the call's record), so its record is written as
-    it starts; a name not served is refused before it runs (both records written after)."""
-    entry = served.system.tool_set().entries.get(name)
+def _on_call_thread(entry: Any, session: Session) -> bool:
+    """Whether a call of the tool whose tool-set entry is ``entry`` runs on a call thread
+    (``thread`` isolation, not an ``async`` tool run on the serving loop) and is never
+    held for a decision (whose journal in the transcript comes after the call's record),
+    so its record is written as it starts; a name not served (None) is refused before it
+    runs (both records written after)."""
     if entry is None:
         return True
     return (entry.isolation == "thread" and not runs_inline(entry) and approval_rule(entry) is False

@@ -126,12 +126,12 @@ def required_error(what: str) -> MCPError:
                     {"requiredCapabilities": {"extensions": {EXTENSION: {}}}})
 
 
-def as_task_call(system: Any, withheld: tuple[str, ...], ctx: Any, name: str) -> bool:
-    """Whether the call of tool ``name`` is served as a task: its tool is declared
-    ``background`` (or ``"optional"``) and the client declared the tasks extension.
-    Raises ``MissingRequiredClientCapability`` for a ``background=True`` tool of a
-    client that did not."""
-    entry = system.tool_set().entries.get(name)
+def as_task_call(entry: Any, withheld: tuple[str, ...], ctx: Any, name: str) -> bool:
+    """Whether the call of tool ``name`` (its tool-set entry ``entry``, None when not
+    registered) is served as a task: its tool is declared ``background`` (or
+    ``"optional"``) and the client declared the tasks extension. Raises
+    ``MissingRequiredClientCapability`` for a ``background=True`` tool of a client that
+    did not."""
     mode = entry.info.policy.background if entry is not None and name not in withheld else False
     if mode is False:
         return False
@@ -142,13 +142,12 @@ def as_task_call(system: Any, withheld: tuple[str, ...], ctx: Any, name: str) ->
     return False
 
 
-def up_front(system: Any, name: str, arguments: dict[str, Any], answers: Mapping[str, Any]) -> dict[str, Any]:
-    """The questions a task's call needs answered before it starts, which the request
-    has not answered yet (key -> the request's wire JSON): what its trusted tool's
-    optional ``input_requests(args)`` returns (``{key: an SDK request, or its JSON}``;
-    an untrusted tool's code is never run here). A callback that raises or answers
-    another shape asks nothing (logged)."""
-    entry = system.tool_set().entries.get(name)
+def up_front(entry: Any, name: str, arguments: dict[str, Any], answers: Mapping[str, Any]) -> dict[str, Any]:
+    """The questions a task's call of tool ``name`` (its tool-set entry ``entry``) needs
+    answered before it starts, which the request has not answered yet (key -> the
+    request's wire JSON): what its trusted tool's optional ``input_requests(args)``
+    returns (``{key: an SDK request, or its JSON}``; an untrusted tool's code is never
+    run here). A callback that raises or answers another shape asks nothing (logged)."""
     declare = getattr(entry.tool, "input_requests", None) if entry is not None else None
     if entry is None or is_untrusted(entry.tool) or not callable(declare):
         return {}

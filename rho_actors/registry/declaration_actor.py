@@ -213,7 +213,8 @@ def _read_isolated(
     timed_out = False
     try:
         payload = read_declaration_isolated(
-            tool, timeout_s=settings.timeout_s, heap_bytes=settings.heap_bytes, start_method=settings.start_method,
+            tool, timeout_s=settings.timeout_s, start_timeout_s=settings.start_timeout_s,
+            heap_bytes=settings.heap_bytes, start_method=settings.start_method,
             cancel=cancel, confine=confine, bounds=bounds, slots=slots,
         )
         outcome: ToolInfo | Rejected = check_declaration(raw_declaration(payload), **bounds)

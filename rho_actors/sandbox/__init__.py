@@ -59,7 +59,7 @@ from rho_actors.sandbox.plugins import (
     load_module_file,
     tools_in_module,
 )
-from rho_actors.sandbox.pool import CALL_SCOPE, WorkerPool
+from rho_actors.sandbox.pool import CALL_SCOPE, KILLED_REAP_S, WorkerPool
 from rho_actors.sandbox.processes import (
     Child,
     close,
@@ -137,6 +137,7 @@ __all__ = [
     "DeadlineReached",
     "Enclosure",
     "IsolatedReadError",
+    "KILLED_REAP_S",
     "MAX_REPLY_BYTES",
     "MAX_SELFTEST_BYTES",
     "MAX_SERVED_BYTES",

@@ -82,8 +82,11 @@ from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig
 from rho_actors.sandbox.worker_handle import WorkerHandle, at_deadline, died
 from rho_actors.tool import ToolResult
 
-__all__ = ["CALL_SCOPE", "WorkerPool", "WorkerSlots"]
+__all__ = ["CALL_SCOPE", "KILLED_REAP_S", "WorkerPool", "WorkerSlots"]
 
+KILLED_REAP_S: Final = 2.0
+"""How long :meth:`WorkerPool.stop` waits at least for its killed workers' ends (one not
+reaped leaves its cgroup to a thread, lost if the host exits)."""
 _NOTICE_ROOM: Final = 200
 """Characters past a call's output cap that the worker's own truncation notice may take."""
 class _Sending:
@@ -617,7 +620,8 @@ class WorkerPool(WarmWorkers):
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Kill every worker's process group and reap the workers, waiting up to
-        ``timeout_s`` seconds in all. Calls still running get a ``cancelled`` result;
+        ``timeout_s`` seconds in all (at least :data:`KILLED_REAP_S`: each idle worker's
+        cgroup goes before this returns). Calls still running get a ``cancelled`` result;
         later calls too. Idempotent."""
         until = time.monotonic() + timeout_s
         with self._lock:
@@ -629,6 +633,7 @@ class WorkerPool(WarmWorkers):
         self._replies.stop()  # its reader ends once each open call has its outcome (their workers killed now)
         for worker in workers:
             worker.kill()
+        until = max(until, time.monotonic() + KILLED_REAP_S)  # a killed process's end is the kernel's, prompt
         for worker in workers:
             worker.reap(max(0.0, until - time.monotonic()))
         for worker in idle:  # busy and starting workers are closed by the threads that own them

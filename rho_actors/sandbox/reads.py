@@ -43,6 +43,7 @@ from rho_actors.sandbox.confine.trees import kill_tree
 from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
 from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
 from rho_actors.sandbox.slots import WorkerSlots
+from rho_actors.sandbox.start_bound import START_TIMEOUT_ENV, default_start_timeout_ms
 
 __all__ = [
     "DEFAULT_HEAP_BYTES",
@@ -195,6 +196,7 @@ def declaration_child(channel: Channel, payload: tuple[bytes, dict[str, Any]]) -
     """Entry point of a declaration-read child (``payload``: the shipped tool and the
     :func:`value_bounds`): one ``DECLARATION`` answer, then it waits to be ended with
     whatever it started."""
+    channel.send(wire.READY, b"")  # started: the read's timeout_s counts from here (the tool's load included)
     become_subreaper()
     try:
         text = _declaration_answer(*payload)
@@ -232,6 +234,7 @@ def read_declaration_isolated(
     tool: Any,
     *,
     timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+    start_timeout_s: float | None = None,
     heap_bytes: int = DEFAULT_HEAP_BYTES,
     start_method: str = "forkserver",
     cancel: threading.Event | None = None,
@@ -246,7 +249,11 @@ def read_declaration_isolated(
     ``heap_bytes`` (``RLIMIT_AS``, bytes; ``0`` for no bound), calls ``name``,
     ``description``, ``parameter_schema``, ``timeout_ms``, ``concurrency`` and the call policy's (those the
     tool has) with :func:`rho_actors.declarations.checks.read_declaration`, and answers with
-    JSON text only. ``timeout_s`` (seconds) counts from the child's start. The child is
+    JSON text only. ``timeout_s`` (seconds) counts from the child's start: its ``READY``,
+    sent before it loads the tool; the start itself (a fork server's, the child's fork and
+    confinement: a loaded machine's seconds) is bounded by ``start_timeout_s`` (``None``:
+    the start bound's default, :func:`~rho_actors.sandbox.start_bound.default_start_timeout_ms`,
+    which ``RHO_ACTORS_START_TIMEOUT_MS`` sets), as a worker's is. The child is
     confined by ``confine`` as an untrusted worker is (DESIGN §5: its own uid, Landlock,
     limits, a cgroup bounding its whole tree to ``heap_bytes``); with ``None`` it is not,
     but it still gets only a scrubbed environment and a private ``HOME``/``TMPDIR``.
@@ -268,8 +275,9 @@ def read_declaration_isolated(
     may be retired for it), for at most 60 s, and gives it back once it is reaped.
 
     Raises :class:`IsolatedReadError` with ``kind``:
-    ``"timeout"`` (the child ran past ``timeout_s``: its process group was killed; or
-    no place under the cap was free within 60 s),
+    ``"timeout"`` (the child ran past ``timeout_s``, or did not start within
+    ``start_timeout_s``: its process group was killed; or no place under the cap was
+    free within 60 s),
     ``"memory"`` (a ``MemoryError`` past ``heap_bytes``, or the child was killed by a
     ``SIGKILL`` it did not get from here), ``"crashed"`` (the child died of a signal, or
     could not be started, or sent a malformed answer), ``"exited"`` (the child exited,
@@ -293,7 +301,9 @@ def read_declaration_isolated(
         if slots is not None and not _take_slot(slots, cancel, claim):
             raise IsolatedReadError("timeout", f"reading the declaration of {label(tool)} found no place under the "
                                     f"worker cap of {slots.limit} within {_SLOT_WAIT_S:g} s")
-        frame = _read_frame(tool, payload, limits, max_bytes, start_method, timeout_s, heap_bytes, cancel, confine)
+        start_s = default_start_timeout_ms() / 1000 if start_timeout_s is None else start_timeout_s
+        frame = _read_frame(tool, payload, limits, max_bytes, start_method, (start_s, timeout_s), heap_bytes, cancel,
+                            confine)
     finally:
         if slots is not None:
             slots.give_back(claim)
@@ -337,9 +347,10 @@ def _take_slot(slots: WorkerSlots, cancel: threading.Event | None, claim: list[b
 
 
 def _read_frame(tool: Any, payload: bytes, limits: dict[str, Any], max_bytes: int, start_method: str,
-                timeout_s: float, heap_bytes: int, cancel: threading.Event | None,
+                bounds_s: tuple[float, float], heap_bytes: int, cancel: threading.Event | None,
                 confine: ConfinePolicy | None) -> bytes:
-    """The read child's answer frame (at most ``max_bytes``); the child is ended."""
+    """The read child's answer frame (at most ``max_bytes``) within ``bounds_s`` (its
+    start's, then its read's, seconds); the child is ended."""
     ctx = context(start_method)
     enclosure = Enclosure(confine or _UNCONFINED, heap_bytes or None)
     try:
@@ -354,7 +365,7 @@ def _read_frame(tool: Any, payload: bytes, limits: dict[str, Any], max_bytes: in
         enclosure.started(child.pid)
         try:
             return await_answer(child, lambda: f"reading the declaration of {label(tool)}", wire.DECLARATION,
-                                max_bytes, timeout_s, heap_bytes, cancel, enclosure)
+                                max_bytes, bounds_s[1], heap_bytes, cancel, enclosure, start_s=bounds_s[0])
         finally:
             close(child.proc, child.channel.conn)
     finally:
@@ -403,19 +414,24 @@ def end_child(proc: Any, enclosure: Enclosure | None = None) -> int | None:
 
 def await_answer(
     child: Child, describe: Callable[[], str], tag: bytes, max_bytes: int, timeout_s: float, heap_bytes: int | None,
-    cancel: threading.Event | None = None, enclosure: Enclosure | None = None,
+    cancel: threading.Event | None = None, enclosure: Enclosure | None = None, start_s: float | None = None,
 ) -> bytes:
     """A throwaway child's one answer frame (tag ``tag``, at most ``max_bytes``) within
-    ``timeout_s`` seconds; ``describe()`` (``"reading the declaration of X"``, called only
+    ``timeout_s`` seconds (with ``start_s``: of its ``READY``, which must come within
+    ``start_s`` seconds); ``describe()`` (``"reading the declaration of X"``, called only
     on failure) names the read in errors. In every case the child and its whole process
     tree are ended (:func:`end_child`, through ``enclosure`` when the child has one)
     before this returns or raises :class:`IsolatedReadError`."""
     proc, channel = child.proc, child.channel
-    deadline = time.monotonic() + timeout_s
+    starting = start_s is not None
+    deadline = time.monotonic() + (start_s if start_s is not None else timeout_s)
     try:
         while True:  # in slices, to notice ``cancel``; the channel keeps partial frames
             try:
                 got, frame = channel.recv(min(deadline, time.monotonic() + _CANCEL_POLL_S), max_bytes)
+                if starting and got == wire.READY and not frame:
+                    starting, deadline = False, time.monotonic() + timeout_s
+                    continue
                 if got != tag:
                     raise Malformed(f"an unexpected frame tag {got!r}")
                 break
@@ -431,6 +447,9 @@ def await_answer(
     except DeadlineReached:
         end_child(proc, enclosure)
         what = describe()
+        if starting:
+            raise IsolatedReadError("timeout", f"{what}: its process did not start within {start_s:g} s (the start "
+                                    f"bound, {START_TIMEOUT_ENV}); its process tree was killed") from None
         raise IsolatedReadError(
             "timeout", f"{what} took longer than {timeout_s:g} s; its process tree was killed"
         ) from None

@@ -21,7 +21,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import replace
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from loguru import logger
 
@@ -391,19 +391,21 @@ class WarmWorkers(ToolsAhead):
             self._started_one(failed=not ok)
 
     def _started_one(self, failed: bool) -> None:
-        """One of the keeper's starts ended (``failed``: the next wait 0.5 s)."""
+        """One of the keeper's starts ended (``failed``: the next wait 0.5 s); a call
+        waiting for it looks again (:meth:`_awaited_others_start`)."""
         with self._lock:
             self._starting -= 1
             if failed:
                 self._keeper_backoff = time.monotonic() + 0.5
             self._changed.notify_all()
+            self._warmed.notify_all()
 
     def _await_ready(self, worker: WorkerHandle, wanted: bool = False) -> bool:
         """Wait for a new worker's hello, send it the tools loaded ahead
-        (:meth:`_load_into`; a worker ``wanted`` by a waiting call only those already
-        loaded by another worker) and make it idle (a spare, not ``wanted`` by a call: stop
-        it when calls started enough workers of their own meanwhile); whether it became
-        ready."""
+        (:meth:`_load_into`; a worker ``wanted`` by a waiting call, or a spare while a
+        call of its environment waits for one, only those already loaded by another
+        worker) and make it idle (a spare, not ``wanted`` by a call: stop it when calls
+        started enough workers of their own meanwhile); whether it became ready."""
         proved = idled = False
         try:
             ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S, wire.MAX_REPLY_BYTES) == (wire.READY, b"")
@@ -411,6 +413,7 @@ class WarmWorkers(ToolsAhead):
             ok = False
         surplus = False
         while ok:
+            wanted = wanted or self._calls_awaiting[cast(tuple[tuple[str, str], ...], worker.env_key)] > 0
             try:
                 proved |= self._load_into(worker, tries=not wanted)
             except (DeadlineReached, EOFError, Malformed):
@@ -587,14 +590,24 @@ class WarmWorkers(ToolsAhead):
         start for calls as calls wait for one, wait (raising ``NotStarted`` at
         ``deadline``) until one it may take is idle or a start ended; whether it waited.
         So a burst of short calls through a few workers starts no more of them than
-        calls wait (the first waiting call a started worker may serve takes it)."""
+        calls wait (the first waiting call a started worker may serve takes it). The
+        keeper's spares being started count among those starts for a call of their
+        environment (a spare has none: ``env_key`` ``()``), which any call may take: a
+        call that comes while a spare starts takes it when ready (it started earlier
+        than one the call would start now, and loads no untried tool while a call
+        waits), not a second new worker beside it."""
         with self._lock:
-            if self._starts_for_calls[env_key] < self._calls_awaiting[env_key]:
+            if self._starts_awaited_locked(env_key) < self._calls_awaiting[env_key]:
                 return False
             look = functools.partial(self._worth_a_look_locked, None, scope, env_key)
             if not self._warmed.wait_for(look, max(0.0, deadline - time.monotonic())):
                 raise NotStarted
             return True
+
+    def _starts_awaited_locked(self, env_key: tuple[tuple[str, str], ...]) -> int:
+        """The starts under way whose worker a call of ``env_key`` may take when ready:
+        those for calls of it, and the keeper's spares for a call of no ``env``."""
+        return self._starts_for_calls[env_key] + (self._starting if not env_key else 0)
 
     def _worth_a_look_locked(self, start: WorkerStart | None, scope: Hashable,
                              env_key: tuple[tuple[str, str], ...]) -> bool:
@@ -603,7 +616,7 @@ class WarmWorkers(ToolsAhead):
         or an idle worker it may take is there."""
         if start is None:
             return (self._stopped or self._usable_locked(scope, env_key)
-                    or self._starts_for_calls[env_key] < self._calls_awaiting[env_key])
+                    or self._starts_awaited_locked(env_key) < self._calls_awaiting[env_key])
         return self._stopped or start.done or start.problem is not None or self._usable_locked(scope, env_key)
 
 

@@ -7,7 +7,7 @@ each message type:
 =================  =========  ========================================================
 tag                direction  body
 =================  =========  ========================================================
-``READY``          child ->   empty: a worker process is ready
+``READY``          child ->   empty: a worker is ready (a read's child: started)
 ``CALL``           -> child   a :class:`CallRequest` (pickled: it comes from the host)
 ``LOAD``           -> child   ``(digest, tool bytes)`` pickled: a tool to hold ahead of its calls
 ``LOADED``         child ->   empty: the ``LOAD`` frame's tool was unpickled (or could not be: its call says why)
@@ -51,7 +51,7 @@ import msgpack
 
 from rho_actors.bounded_json import loads_bounded
 from rho_actors.cancel import CancelToken
-from rho_actors.encoding import describe_exception, replace_controls, scrub_text
+from rho_actors.encoding import describe_exception, replace_controls, scrub_strings, scrub_text
 from rho_actors.sandbox.context_values import plain_values
 from rho_actors.tool import MAX_URI_CHARS, Audio, Block, ErrorKind, Image, Resource, ToolResult
 
@@ -607,26 +607,6 @@ def child_text(text: str) -> str:
     return replace_controls(scrub_text(text))
 
 
-def _scrubbed(value: Any) -> Any:
-    """``value`` (decoded JSON) with every string, keys included, through :func:`child_text`."""
-    if type(value) is str:
-        return child_text(value)
-    root: list[Any] = [value]
-    stack: list[tuple[Any, Any]] = [(root, 0)]
-    while stack:
-        parent, key = stack.pop()
-        item = parent[key]
-        if type(item) is str:
-            parent[key] = child_text(item)
-        elif type(item) is list:
-            stack.extend((item, i) for i in range(len(item)))
-        elif type(item) is dict:
-            clean = {child_text(k): v for k, v in item.items()}
-            parent[key] = clean
-            stack.extend((clean, k) for k in clean)
-    return root[0]
-
-
 def decode_json(body: bytes, max_containers: int = 2**20, max_depth: int = MAX_PLAIN_DEPTH) -> Any:
     """JSON text a child sent back as plain data (``NaN`` and ``Infinity`` refused),
     every string scrubbed by :func:`child_text`, its arrays and objects counted before
@@ -636,7 +616,7 @@ def decode_json(body: bytes, max_containers: int = 2**20, max_depth: int = MAX_P
         value = loads_bounded(body, max_containers=max_containers, max_depth=max_depth, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise WireError(describe_exception(exc)) from None
-    return _scrubbed(value)
+    return scrub_strings(value, child_text)
 
 
 _SERVED_KEYS: Final = frozenset({"ok", "value", "type", "message"})
@@ -693,7 +673,7 @@ def decode_served(codec: str, body: bytes) -> tuple[bool, Any, str, str]:
         problem = plain_problem(answer["value"], "answer.value")
         if problem is not None:
             raise WireError(problem)
-        return True, _scrubbed(answer["value"]), "", ""
+        return True, scrub_strings(answer["value"], child_text), "", ""
     name, message = answer["type"], answer["message"]
     if type(name) is not str or type(message) is not str or len(name) > 200 or len(message) > MAX_SERVED_MESSAGE_CHARS:
         raise WireError("answer.type and answer.message must be short strings")

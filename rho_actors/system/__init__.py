@@ -78,6 +78,7 @@ from rho_actors.registry.tool_registry import Registration, RegistryState, ToolR
 from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, fair_shares
 from rho_actors.sandbox import (
     DEFAULT_HEAP_BYTES,
+    KILLED_REAP_S,
     Confinement,
     ConfinePolicy,
     default_start_timeout_ms,
@@ -305,8 +306,9 @@ class ActorSystem(HostActors):
             ChildSpec(REGISTRY, StartChild(ToolRegistry, (self._runtime, self._registry)), name=REGISTRY),
             ChildSpec(CALLS, supervisor(CALLS, starter=self._calls), type="supervisor", name=CALLS,
                       shutdown=shutdown_ms + 1_000),
+            # its two pools each wait KILLED_REAP_S at least for their killed workers (their cgroups removed then)
             ChildSpec(WORKERS, StartChild(IsolationOwner, (self._runtime.isolations, shutdown_ms / 1000)), name=WORKERS,
-                      shutdown=shutdown_ms),
+                      shutdown=shutdown_ms + int(2 * KILLED_REAP_S * 1000) + 1_000),
             ChildSpec(SOURCES, supervisor(SOURCES, **intensity), type="supervisor", name=SOURCES,
                       shutdown=shutdown_ms + 1_000),
             # Only temporary children below: nothing is restarted here, so the intensity is moot.
