@@ -276,7 +276,8 @@ class Loop(HeldCalls):
         turns = turns or self._turns()
         return turns, turns.submit(
             batch, sink, telemetry=telemetry, cancel=cancel, context=contextvars.copy_context(), on_result=on_result,
-            aio=aio, background=background, chooses=self.model_chooses is True, on_start=on_start, waiter=waiter)
+            aio=aio, background=background, chooses=self.model_chooses is True, on_start=on_start, waiter=waiter,
+            own_context=True)
 
     def turn_bound_s(self, calls: Sequence[ToolCall]) -> float:
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
@@ -314,17 +315,25 @@ class Loop(HeldCalls):
             bound_s = timeout_s
         else:
             bound_s = self.turn_bound_s(batch)
+        token = None if cancel is None else _checked_cancel(cancel)
+        chosen = False if background is False else _checked_background(background)
         waiter = latch = _Latch()  # the turn's sink, and the thread waiting for it (one object)
-        try:
-            self._start_turn(batch, latch, None if cancel is None else _checked_cancel(cancel),
-                             background=False if background is False else _checked_background(background),
-                             waiter=waiter)
+        try:  # _start_turn's body, inline (one frame fewer a turn)
+            telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
+            self._turns().submit(batch, latch, telemetry=telemetry, cancel=token, context=contextvars.copy_context(),
+                                 background=chosen, chooses=self.model_chooses is True, waiter=waiter,
+                                 own_context=True)
             until = time.monotonic() + bound_s
-            waiter.serve(until)  # the reply of the turn's one process call, if it was left for this thread
+            if latch._call is not None:  # the turn's one process call was left for this thread: its reply read here
+                waiter.serve(until)
+            else:  # none was (only this thread holds one, and it has started the turn): closed, as serve closes it
+                latch._thread = None
         except BaseException:  # raised or interrupted before the read: the held call goes to its pool's reader
             waiter.hand_over()
             raise
-        return latch.wait(until, bound_s)
+        if not latch.held.acquire(timeout=min(max(0.0, until - time.monotonic()), threading.TIMEOUT_MAX)):
+            raise TimeoutError(f"the turn did not finish within {bound_s} s")  # the latch's wait, inline: no frame
+        return latch.results
 
     async def arun_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None,
@@ -556,26 +565,19 @@ class _Latch(Waiter):
     ``concurrent.futures.Future``, which nothing else would see. It is also the
     :class:`~rho_actors.sandbox.Waiter` of the thread that waits (one object a turn)."""
 
-    __slots__ = ("_held", "_results")
+    __slots__ = ("held", "results")
     runs_host_code: ClassVar[bool] = False  # set_result releases a lock: the host's code runs in its own thread
 
     def __init__(self) -> None:
         self._thread, self._call, self._replies = threading.get_ident(), None, None  # Waiter's, without its frame
-        self._results: list[ToolResult] = []
-        self._held = threading.Lock()
-        self._held.acquire()
+        self.results: list[ToolResult] = []
+        self.held = threading.Lock()  # released once the results are set: run_turn waits on it
+        self.held.acquire()
 
     def set_result(self, results: list[ToolResult]) -> None:
         """The turn's results (from any thread; once)."""
-        self._results = results
-        self._held.release()
-
-    def wait(self, until: float, bound_s: float) -> list[ToolResult]:
-        """The results, once set; raises ``TimeoutError`` (naming ``bound_s``, the
-        caller's bound in seconds) at ``until`` (a ``time.monotonic()`` instant)."""
-        if not self._held.acquire(timeout=min(max(0.0, until - time.monotonic()), threading.TIMEOUT_MAX)):
-            raise TimeoutError(f"the turn did not finish within {bound_s} s")
-        return self._results
+        self.results = results
+        self.held.release()
 
 
 class _Landing:

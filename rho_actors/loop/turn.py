@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.isolation import RunningCall
+from rho_actors.results import CANCELLED, error_result, failure
 from rho_actors.sandbox import Waiter
 from rho_actors.telemetry import CallSpan, TurnTelemetry
 from rho_actors.tool import ToolCall, ToolResult
@@ -21,7 +22,7 @@ from rho_actors.tool import ToolCall, ToolResult
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["ResultSink", "Slot", "Turn", "Withheld", "result_of", "withheld_set"]
+__all__ = ["ResultSink", "Slot", "Turn", "Withheld", "when_cancelled", "when_failed", "result_of", "withheld_set"]
 
 
 class ResultSink(Protocol):
@@ -54,6 +55,26 @@ class Slot:
 result_of = operator.attrgetter("result")  # a slot's result (in C: no frame per turn)
 
 
+def when_cancelled(slot: Slot, now: float) -> ToolResult:
+    """The result of a call without one whose turn the host cancelled at ``now``: a
+    ``timeout`` once its deadline passed (a deadline is a deadline), else ``cancelled``."""
+    if slot.started and now >= slot.deadline:
+        assert slot.entry is not None
+        return failure("timeout", slot.call.id, slot.call.name, (now - slot.started) * 1000,
+                       timeout_ms=slot.entry.info.timeout_ms, consequence=CANCELLED)
+    if slot.started:
+        return failure("host_cancelled", slot.call.id, slot.call.name, (now - slot.started) * 1000)
+    return failure("host_cancelled_before_start", slot.call.id, slot.call.name)
+
+
+def when_failed(failed: ToolResult, slot: Slot, now: float) -> ToolResult:
+    """The result of a call without one whose turn ended at ``now`` with ``failed``'s
+    error (its kind and text: the loop stopped, or a bug)."""
+    assert failed.error_kind is not None
+    duration = (now - slot.started) * 1000 if slot.started else 0.0
+    return error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
+
+
 @dataclass(slots=True)
 class Turn:
     """One turn. Once it is admitted, ``lock`` guards the slots' ``result``, ``started``,
@@ -66,6 +87,7 @@ class Turn:
     future: ResultSink
     withheld: tuple[str, ...]
     context: contextvars.Context | None = None
+    own_context: bool = False  # ``context`` is the turn's own copy (a one-call turn's call runs in it)
     telemetry: TurnTelemetry | None = None  # what its calls report to (None: nothing configured)
     on_result: Callable[[int, ToolResult], None] | None = None  # RunTurn.on_result
     on_start: Callable[[int], None] | None = None  # Loop.arun_turn's on_start

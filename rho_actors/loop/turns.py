@@ -8,7 +8,8 @@ its tool is looked up among those offered now (an immutable snapshot: the publis
 its arguments are validated against the checked schema; a call failing any of these
 gets its error result and its tool never runs. The rest are started in their tool's
 isolation (:mod:`rho_actors.isolation`), each with a deadline (``timeout_ms`` from
-dispatch) that the isolation keeps. A turn with any ``exclusive`` call runs its calls
+dispatch) that the isolation keeps, from the tool's call plan (:mod:`rho_actors.loop.call_plan`:
+made once per registration). A turn with any ``exclusive`` call runs its calls
 one at a time in the model's order, each deadline counted from that call's own start.
 Results come back in the model's order, exactly one per call. Each call runs in a copy
 of the submitter's ``contextvars`` context. A turn given a cancel token is cancelled
@@ -65,12 +66,13 @@ from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall, pending_call
 from rho_actors.lifecycle.tasks import RUN_IN_BACKGROUND, acknowledgement, runs_as_task, take_choice
 from rho_actors.loop.approval_rules import idempotent
-from rho_actors.loop.inline import InlineCall, on_loop, runs_inline
+from rho_actors.loop.call_plan import CallPlans
+from rho_actors.loop.inline import InlineCall, on_loop
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
 from rho_actors.loop.reruns import rerun_tasks
-from rho_actors.loop.turn import ResultSink, Slot, Turn, Withheld, result_of, withheld_set
+from rho_actors.loop.turn import ResultSink, Slot, Turn, Withheld, result_of, when_cancelled, when_failed, withheld_set
 from rho_actors.otp.threads import host_code
-from rho_actors.results import CANCELLED, capped, error_result, failure, text, traceback_of
+from rho_actors.results import capped, error_result, failure, text, traceback_of
 from rho_actors.sandbox import Waiter
 from rho_actors.tasks import Task
 from rho_actors.telemetry import Telemetry, TurnTelemetry
@@ -123,6 +125,7 @@ class Turns:
         self._events = runtime.events
         self._telemetry = runtime.telemetry
         self._tasks = runtime.tasks
+        self.plans = CallPlans(runtime.isolations)  # what each tool's calls start with, made once
         self._turns: dict[int, Turn] = {}  # admitted, unfinished turns; finished from call threads too
         self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
         self.closed: str | None = None  # once closed: the key of the result open calls got
@@ -205,7 +208,7 @@ class Turns:
         context: contextvars.Context | None = None,
         on_result: Callable[[int, ToolResult], None] | None = None, aio: asyncio.AbstractEventLoop | None = None,
         approved: bool = False, background: bool | frozenset[str] = False, chooses: bool = False,
-        on_start: Callable[[int], None] | None = None, waiter: Waiter | None = None,
+        on_start: Callable[[int], None] | None = None, waiter: Waiter | None = None, own_context: bool = False,
     ) -> int | None:
         """Prepare and start a turn of ``calls`` in this thread; ``future`` gets their
         results; ``telemetry``: what its calls report to (:meth:`rho_actors.Telemetry.turn`,
@@ -214,17 +217,21 @@ class Turns:
         allows it (``background="optional"``), or ``True`` for all of them; ``chooses``:
         the model may ask for that too (a call's ``run_in_background``; else passing it
         is ``invalid_arguments``); ``waiter``: this thread waits for the results alone
-        (``run_turn``), given to a one-call turn's call (DESIGN §5 "A call's path"); see
+        (``run_turn``), given to a one-call turn's call (DESIGN §5 "A call's path");
+        ``own_context``: ``context`` is the turn's own copy, which nothing else runs in (a
+        one-call turn's call runs in it, not in a copy of it); see
         :class:`~rho_actors.loop.messages.RunTurn` for the rest. Returns the turn's id (for
         :meth:`cancel_from_host`), ``None`` when it was not admitted. Never raises: a turn of a
         closed loop gets ``turn_not_started`` results, a bug an error result for each call."""
         if self.closed is not None:
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return None
-        withheld = self._withheld
+        withheld, names = self._snapshot, self._kept.names  # the snapshot, remade only when they changed
+        if withheld.names is not names:
+            withheld = self._withheld
         turn = Turn(next(self._turn_ids), list(map(Slot, range(len(calls)), calls)), future,
                      withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
-                     on_start=on_start, background=background,
+                     on_start=on_start, background=background, own_context=own_context,
                      journal=self.approvals is not None and not RECORDED_BY_CALLER.get())
         refused: list[Slot] = []
         held: list[tuple[ToolCall, PendingCall]] = []
@@ -261,7 +268,14 @@ class Turns:
             assert self.approvals is not None
             self.approvals.record(held, off_thread=turn.aio is not None)
         try:
-            self._admitted(turn, refused, cancel)
+            if refused or cancel is not None or turn.open != 1 or not self.folder_made:
+                self._admitted(turn, refused, cancel)
+            else:  # one call, nothing refused, no token to hook, the folder made: dispatched here (no chain, no loop)
+                try:
+                    index = turn.waiting.popleft()  # one deque operation: atomic
+                except IndexError:  # the turn ended meanwhile (the loop stopped): it has its result
+                    return turn.id
+                self._dispatch(turn, index)  # whose own lock round sees a stop that came since
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
@@ -420,9 +434,12 @@ class Turns:
         slot = turn.slots[index]
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
+        plan = self.plans.kept.get(entry.info.name)  # made once per registration: this very entry's
+        if plan is None or plan.entry is not entry:
+            plan = self.plans.made(entry)
         resumed = self._resumed.pop(slot.call.id, None) if self._resumed else None
         background = entry.info.policy.background
-        task, timeout_ms = ((None, entry.info.timeout_ms) if resumed is None and background is False else
+        task, timeout_ms = ((None, plan.timeout_ms) if resumed is None and plan.plain else
                             (resumed, self._tasks.timeout_ms(entry.info)) if resumed is not None else
                             self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info,
                                              args if idempotent(entry) else None)
@@ -434,17 +451,9 @@ class Turns:
             return self._settle(turn, slot, task)
         now = time.monotonic()
         # the tool's own time, after what its isolation may take to start it (a worker process)
-        deadline = (now + (isolation := self._runtime.isolations[entry.isolation]).start_bound_s
-                    + max(0.0, timeout_ms / 1000 - slot.validated_s))
+        deadline = now + plan.start_bound_s + max(0.0, timeout_ms / 1000 - slot.validated_s)
         cancel = CancelToken()
-
-        def reply(result: ToolResult) -> None:
-            try:
-                self._settle(turn, slot, result, "timed_out" if result.error_kind is ErrorKind.TIMEOUT else "finished")
-            except Exception as exc:  # a bug here must still answer every call
-                logger.exception("loop {} could not settle call {}", self.session_id, slot.call.id)
-                self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
-
+        reply = functools.partial(self._settle, turn, slot)  # the call's answer settles it (no frame of its own)
         fields = {
             "session_id": self.session_id,
             "call_id": slot.call.id,
@@ -455,8 +464,7 @@ class Turns:
             "cancel": cancel,
             "deps": self._deps,
             "whereis": self._runtime.names.whereis,
-            "progress": functools.partial(report_progress, self._events, self.session_id, slot.call.id,
-                                          entry.info.name),
+            "progress": functools.partial(report_progress, self._events, self.session_id, slot.call.id, plan.name),
         }
         span = None if turn.telemetry is None else self._telemetry.call_started(  # None: nothing configured
             turn.telemetry, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
@@ -464,13 +472,14 @@ class Turns:
         if span is not None:
             fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
         # a turn awaited on an event loop runs an async tool's call there; a task runs on the tasks' own loop
-        inline = (turn.aio is not None or task is not None) and runs_inline(entry)
+        inline = (turn.aio is not None or task is not None) and plan.inline
         settle: Callable[[ToolResult], None] = reply if task is None else functools.partial(self._tasks.settle, task)
         answering = self._tasks.event_loop.answering(settle) if inline and task is not None else None
         spec = CallSpec(
-            slot.call.id, entry.info.name, entry.tool, args, MappingProxyType(fields), now, deadline,
+            slot.call.id, plan.name, entry.tool, args, MappingProxyType(fields), now, deadline,
             timeout_ms, cancel, self._limits.max_output_chars, answering or settle,
-            None if turn.context is None else turn.context.copy(),
+            turn.context if turn.context is None or (turn.own_context and len(turn.slots) == 1)  # its own
+            else turn.context.copy(),
             None if turn.on_start is None or task is not None else functools.partial(turn.on_start, slot.index),
             None if task is not None or inline else turn.waiter,
         )
@@ -488,7 +497,7 @@ class Turns:
         try:
             # a task outlives its turn (and the caller's event loop): it runs on the tasks' event loop
             aio = None if not inline else turn.aio if task is None else self._tasks.event_loop.get()
-            start: Any = (isolation.start if aio is None else
+            start: Any = (plan.isolation.start if aio is None else
                           functools.partial(InlineCall.start, aio, stopping=self._runtime.calls.closed))
             running: RunningCall = self._runtime.governor.start(entry, spec, self.session_id, start, inline)  # bounds
         except (pykka.ActorDeadError, pykka.Timeout) as err:
@@ -512,46 +521,51 @@ class Turns:
             self._tasks.settle(task, refusal)
         self._settle(turn, slot, refusal)
 
-    def _settle(self, turn: Turn, slot: Slot, result: ToolResult, event: EventKind = "finished") -> None:
+    def _settle(self, turn: Turn, slot: Slot, result: ToolResult) -> None:
         """Record a dispatched call's result, from whichever thread has it: the first answer wins, a
         later one is ``late``. Ends the call's span, starts the next call of an exclusive turn, or
-        completes the turn once this was its last open call."""
-        following: int | None = None
-        last = False
-        with turn.lock:
-            late = slot.result is not None
-            if not late:
-                if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
-                    result = self.approvals.defer(slot.call, slot.args, result, turn.journal)  # for loop.resolve
-                size = (len(result.content) if result.content.isascii() and not result.blocks and not result.images
-                        else result_bytes(result))  # charged inline, on every call (an ASCII text alone: its length)
-                over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
-                if over is not None:
-                    result = self._over_budget(slot, result, size, over)
-                slot.result, slot.running = result, None  # answered: nothing to cancel (and no cycle kept)
-                turn.open -= 1
-                if turn.exclusive and turn.waiting and turn.stop_reason is None:
-                    following = turn.waiting.popleft()
-                last = turn.open == 0 and not turn.finished
-                turn.finished = turn.finished or last
-        if late:
-            self._emit("late", slot, result)
-            return
-        if slot.span is not None:
-            self._telemetry.call_ended(slot.span, result)
-        if not result.ok and self._limits.log_tracebacks:
-            trace = traceback_of(result)
-            if trace is not None:
-                logger.error("session {}: tool {} {} in call {}:\n{}", self.session_id, result.name,
-                             result.error_kind, result.call_id, trace)
-        if self._events.wants_calls(event):  # asked here: no frame when nobody listens
-            self._emit_event(event, slot, result)
-        if turn.on_result is not None:
-            self._tell_host(turn, slot, result)
-        if following is not None:
-            self._start(turn, following)
-        elif last:
-            self._finish(turn)
+        completes the turn once this was its last open call. A bug here still answers every call of the turn."""
+        try:
+            following: int | None = None
+            last = False
+            with turn.lock:
+                late = slot.result is not None
+                if not late:
+                    if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
+                        result = self.approvals.defer(slot.call, slot.args, result, turn.journal)  # for loop.resolve
+                    size = (len(result.content) if result.content.isascii() and not result.blocks and not result.images
+                            else result_bytes(result))  # charged inline, every call (an ASCII text alone: its length)
+                    over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
+                    if over is not None:
+                        result = self._over_budget(slot, result, size, over)
+                    slot.result, slot.running = result, None  # answered: nothing to cancel (and no cycle kept)
+                    turn.open -= 1
+                    if turn.exclusive and turn.waiting and turn.stop_reason is None:
+                        following = turn.waiting.popleft()
+                    last = turn.open == 0 and not turn.finished
+                    turn.finished = turn.finished or last
+            if late:
+                self._emit("late", slot, result)
+                return
+            if slot.span is not None:
+                self._telemetry.call_ended(slot.span, result)
+            if not result.ok and self._limits.log_tracebacks:
+                trace = traceback_of(result)
+                if trace is not None:
+                    logger.error("session {}: tool {} {} in call {}:\n{}", self.session_id, result.name,
+                                 result.error_kind, result.call_id, trace)
+            event: EventKind = "timed_out" if result.error_kind is ErrorKind.TIMEOUT else "finished"
+            if self._events.wants_calls(event):  # asked here: no frame when nobody listens
+                self._emit_event(event, slot, result)
+            if turn.on_result is not None:
+                self._tell_host(turn, slot, result)
+            if following is not None:
+                self._start(turn, following)
+            elif last:
+                self._finish(turn)
+        except Exception as exc:  # a bug here must still answer every call
+            logger.exception("loop {} could not settle call {}", self.session_id, slot.call.id)
+            self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
     def _over_budget(self, slot: Slot, result: ToolResult, size: int, over: tuple[str, int, int]) -> ToolResult:
         """The ``over_budget`` error of ``result`` (``size`` bytes): ``over`` is the budgets' refusal."""
@@ -593,27 +607,20 @@ class Turns:
         worker process killed; what it returns later is ``late``), and every call still
         without a result gets a ``cancelled`` one (a queued call of an exclusive turn
         never starts)."""
-
-        def answer(slot: Slot, now: float) -> ToolResult:
-            if slot.started and now >= slot.deadline:  # its deadline passed first: a deadline is a deadline
-                assert slot.entry is not None
-                return failure("timeout", slot.call.id, slot.call.name, (now - slot.started) * 1000,
-                               timeout_ms=slot.entry.info.timeout_ms, consequence=CANCELLED)
-            if slot.started:
-                return failure("host_cancelled", slot.call.id, slot.call.name, (now - slot.started) * 1000)
-            return failure("host_cancelled_before_start", slot.call.id, slot.call.name)
-
-        self._end_turn(turn, "cancelled", answer)
+        self._end_turn(turn, "cancelled", when_cancelled)
 
     def _finish(self, turn: Turn) -> None:
         """Complete the turn's future with its results in the model's order (once: its caller set it finished)."""
-        with self._lock:
-            self._turns.pop(turn.id, None)
+        self._turns.pop(turn.id, None)  # one dict operation, atomic: no lock round (admission and close take it)
         if turn.hooked is not None:
             turn.hooked[0].remove_callback(turn.hooked[1])
-        if len(turn.slots) > 1:  # a one-call turn kept no share of its own
-            self._budgets.turn_done(self.session_id, turn.id)
-        results: list[ToolResult] = list(map(result_of, turn.slots))  # each has its result: the turn is finished
+        slots = turn.slots
+        if len(slots) == 1:  # a one-call turn kept no share of its own
+            results: list[ToolResult] = [slots[0].result]  # type: ignore[list-item]  # it has its result
+        else:  # each has its result: the turn is finished (an empty turn has none)
+            if slots:
+                self._budgets.turn_done(self.session_id, turn.id)
+            results = list(map(result_of, slots))
         try:
             if not getattr(turn.future, "runs_host_code", True):  # a latch or a landing: no code of the host's here
                 turn.future.set_result(results)
@@ -626,14 +633,7 @@ class Turns:
     def _fail_open(self, turn: Turn, failed: ToolResult) -> None:
         """Give every call of ``turn`` still without a result the error of ``failed``
         (its kind and text), cancel those running, and complete the turn."""
-        kind = failed.error_kind
-        assert kind is not None
-
-        def answer(slot: Slot, now: float) -> ToolResult:
-            duration = (now - slot.started) * 1000 if slot.started else 0.0
-            return error_result(slot.call.id, slot.call.name, kind, failed.content, duration)
-
-        self._end_turn(turn, "stopping", answer)
+        self._end_turn(turn, "stopping", functools.partial(when_failed, failed))
 
     def _end_turn(self, turn: Turn, reason: str, answer: Callable[[Slot, float], ToolResult]) -> None:
         """End ``turn`` at once (``reason``: ``"cancelled"`` by the host, ``"stopping"``:
