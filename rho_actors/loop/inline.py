@@ -66,8 +66,10 @@ import contextlib
 import contextvars
 import inspect
 import time
+from asyncio.events import _get_running_loop
 from asyncio.tasks import _enter_task, _leave_task
 from collections.abc import Callable, Coroutine, Generator
+from types import CoroutineType
 from typing import Any
 
 import pykka
@@ -84,6 +86,9 @@ _NO_SPAN = contextlib.nullcontext()
 _UNSTARTED = object()  # _Rest.pending: the coroutine's first step has not run yet
 _NOTHING = object()  # _Rest.pending: nothing left over from the first step to hand to the task
 _ENDED = object()  # _Rest.pending: the coroutine ended in its first step (or never ran)
+# asyncio's table of each loop's current task, where it keeps one (3.11, 3.12): read without current_task's frame
+_CURRENT_TASKS: dict[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = getattr(asyncio.tasks, "_current_tasks",
+                                                                                    None)
 
 
 def on_loop(aio: asyncio.AbstractEventLoop) -> bool:
@@ -117,7 +122,7 @@ class InlineCall:
         if aio.is_closed():
             raise pykka.ActorDeadError("the event loop awaiting the turn is closed")
         call = cls(aio, spec)
-        if on_loop(aio):
+        if _get_running_loop() is aio:  # on_loop(aio), inline: on every call
             call._begin()
         else:
             try:
@@ -137,7 +142,11 @@ class InlineCall:
         context = spec.context if spec.context is not None else contextvars.Context()
         coro = self._main()
         rest = _Rest(coro)
-        task: asyncio.Task[None] = aio.create_task(rest, context=context)  # its first step (_Rest.send) is scheduled
+        # its first step (_Rest.send) is scheduled; made as create_task makes it when the loop has no task
+        # factory (a host's factory, an eager one included, is used when it has one)
+        task: asyncio.Task[None] = (asyncio.Task(rest, loop=aio, context=context)
+                                    if getattr(aio, "_task_factory", True) is None
+                                    else aio.create_task(rest, context=context))
         self._task = task
         if rest.pending is _UNSTARTED:  # else an eager task factory ran the first step in create_task
             if spec.cancel.cancelled:  # by another thread meanwhile: the tool never runs, its task ends at once
@@ -160,7 +169,7 @@ class InlineCall:
             # telemetry off: no span to make current, and no generator entered for none
             with attached(spec.ctx, spec.dispatched, spec.name) if TRACEPARENT in spec.ctx else _NO_SPAN:
                 value = spec.tool.run(spec.args, spec.ctx)
-                if inspect.iscoroutine(value):
+                if type(value) is CoroutineType:  # inspect.iscoroutine without its frame (no subclass can be made)
                     value = await value
             result = result_from_return(
                 spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - spec.dispatched) * 1000
@@ -227,7 +236,7 @@ def _first_step(
     ``aio`` meanwhile (the one running before, the host's task or none, is current again
     after). Returns what the coroutine yielded as it suspended, or :data:`_ENDED` when
     it ended."""
-    host = asyncio.current_task(aio)
+    host = asyncio.current_task(aio) if _CURRENT_TASKS is None else _CURRENT_TASKS.get(aio)
     if host is not None:
         _leave_task(aio, host)
     _enter_task(aio, task)
