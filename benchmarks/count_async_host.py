@@ -13,6 +13,10 @@ floors: ``to_thread`` (``asyncio.to_thread`` of the no-op) and ``hop`` (a waitin
 woken through a ``SimpleQueue`` that answers with ``call_soon_threadsafe``); and
 ``sync_hop``, the floor under ``rho_run`` (no event loop: the job handed to a waiting
 thread through a ``SimpleQueue``, the caller waiting on a lock that thread releases).
+And the task apart (PROFILE §38): ``task_step`` (a no-op coroutine run as a task of its
+own, its one step at the host's next yield) and ``bare_step`` (the same coroutine stepped
+in a copy of the context, no task): their difference is what a task costs a coroutine
+that ends in its first step.
 
 Usage::
 
@@ -22,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import sys
 import tempfile
@@ -33,7 +38,8 @@ from typing import Any
 from rho_actors import ActorSystem, ToolCall, tool
 
 WARMUP = 20
-PATHS = ("rho_async", "rho_sync", "rho_run", "oa_sync", "oa_async", "to_thread", "hop", "sync_hop")
+PATHS = ("rho_async", "rho_sync", "rho_run", "oa_sync", "oa_async", "to_thread", "hop", "sync_hop", "task_step",
+         "bare_step")
 
 
 def noop_work() -> str:
@@ -108,6 +114,20 @@ def sync_floor(n: int) -> None:
     jobs.put(None)
 
 
+def step_floor(path: str, n: int) -> None:
+    async def one() -> None:
+        coro = anoop_work()
+        if path == "task_step":
+            asyncio.get_running_loop().create_task(coro)  # its one step at the next yield
+            return
+        try:
+            contextvars.copy_context().run(coro.send, None)
+        except StopIteration:
+            pass
+
+    asyncio.run(repeat(one, n))
+
+
 def agents_sdk(path: str, n: int) -> None:
     from agents import function_tool
     from agents.tool_context import ToolContext
@@ -145,6 +165,8 @@ def main(argv: list[str]) -> int:
     path, n = argv[0], int(argv[1])
     if path == "sync_hop":
         sync_floor(n)
+    elif path in ("task_step", "bare_step"):
+        step_floor(path, n)
     elif path in ("to_thread", "hop"):
         floors(path, n)
     elif path.startswith("oa_"):

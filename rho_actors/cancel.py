@@ -101,6 +101,9 @@ class CancelToken:
     def finish(self, owner: object = None) -> str | None:
         """Mark the call's thread as returned. Returns why ``owner`` had abandoned it
         (its :meth:`abandon`'s reason), or ``None`` (not abandoned, or by another)."""
+        if owner is None:  # nobody's abandon to read (an inline call's, on every call): one store, no lock; a
+            self._finished = True  # cancel under the lock reads it before or after, either a true order
+            return None
         with _LOCK:
             self._finished = True
             abandoned = self._abandoned

@@ -465,8 +465,18 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
     ``max_chars``."""
     if type(value) is str:  # the usual case: scrubbed once, and made without the dataclass's __init__
         content = value if value.isascii() else scrub_text(value)  # ASCII holds no surrogate: nothing to scrub
-        if len(content) <= max_chars:
-            return _ok_text(call_id, name, content, duration_ms)
+        if len(content) <= max_chars:  # set through its slots (see _NEW below): on every call
+            result = _NEW(ToolResult)
+            _SET_CALL_ID(result, call_id)
+            _SET_NAME(result, name)
+            _SET_OK(result, True)
+            _SET_CONTENT(result, content)
+            _SET_ERROR_KIND(result, None)
+            _SET_DETAILS(result, None)
+            _SET_IMAGES(result, ())
+            _SET_DURATION(result, duration_ms)
+            _SET_BLOCKS(result, ())
+            return result
         return ToolResult(call_id, name, True, encode_output(content, max_chars).text, None, None, (), duration_ms)
     if isinstance(value, Deferred):  # it waits for loop.resolve (DESIGN §4 "Approvals")
         deferred = failure("deferred", call_id, name, duration_ms, call=call_id, reason=value.reason)
@@ -498,27 +508,12 @@ def result_from_return(call_id: str, name: str, value: Any, max_chars: int, dura
     return ToolResult(call_id, name, ok, content, kind, details, (), duration_ms, blocks)
 
 
+# A plain text result (scrubbed, within the cap) is made with its fields set through their slots:
+# a frozen dataclass's ``__init__`` sets each through ``object.__setattr__`` and scrubs again, about
+# twice the time, on every call.
 _NEW = object.__new__
 (_SET_CALL_ID, _SET_NAME, _SET_OK, _SET_CONTENT, _SET_ERROR_KIND, _SET_DETAILS, _SET_IMAGES, _SET_DURATION,
  _SET_BLOCKS) = (ToolResult.__dict__[f.name].__set__ for f in dataclasses.fields(ToolResult))
-
-
-def _ok_text(call_id: str, name: str, content: str, duration_ms: float) -> ToolResult:
-    """``ToolResult(call_id, name, True, content, duration_ms=duration_ms)`` for a
-    ``content`` already scrubbed (:func:`~rho_actors.encoding.scrub_text`) and within
-    the cap, each field set through its slot: a frozen dataclass's ``__init__`` sets each
-    through ``object.__setattr__`` and scrubs again, about twice the time, on every call."""
-    result = _NEW(ToolResult)
-    _SET_CALL_ID(result, call_id)
-    _SET_NAME(result, name)
-    _SET_OK(result, True)
-    _SET_CONTENT(result, content)
-    _SET_ERROR_KIND(result, None)
-    _SET_DETAILS(result, None)
-    _SET_IMAGES(result, ())
-    _SET_DURATION(result, duration_ms)
-    _SET_BLOCKS(result, ())
-    return result
 
 
 def model_text(blocks: tuple[Block, ...]) -> str:

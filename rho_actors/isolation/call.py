@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,9 @@ _AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY, ErrorKind.UNAVAIL
 ``timeout``, ``memory`` when the bound it hit is why the call ran out of time, and
 ``unavailable`` (the call never started: nothing ran to be discarded, and the result says
 why, e.g. Ray still connecting at the deadline)."""
+
+
+_LATE_LOCK = threading.Lock()  # every Answer's, taken only to make its list of late results
 
 
 @dataclass(slots=True)
@@ -108,7 +112,7 @@ class Answer:
         self.spec = spec
         self.timer: Timer | None = None
         self._claim: list[None] = [None]
-        self._late: list[ToolResult] = []
+        self._late: list[ToolResult] | None = None  # made by the first late result (most calls have none)
         self._delivered = False
 
     @property
@@ -145,12 +149,23 @@ class Answer:
         else:
             if timer is not None:
                 timer.cancel()
-            self.deliver(result)
+            try:  # deliver(result), inline: on every call
+                spec.reply(result)
+            finally:
+                self._delivered = True
+                if self._late:
+                    self._drain()
             if late is not None:
                 self._hand_late(late)
-        service = timer.timers if timer is not None else None
-        if service is not None:
-            service.run_due(time.monotonic())  # other calls' passed deadlines: this thread is running
+        service = timer._owner if timer is not None else None
+        if service is not None:  # other calls' passed deadlines: this thread is running
+            now = time.monotonic()
+            try:  # run_due's first look, inline (no frame when nothing is due, the usual case)
+                due = service._heap[0][0] <= now
+            except IndexError:
+                due = False
+            if due:
+                service.run_due(now)
         return won
 
     def timeout(self, consequence: str = CANCELLED) -> ToolResult:
@@ -170,14 +185,22 @@ class Answer:
                 self._drain()
 
     def _hand_late(self, result: ToolResult) -> None:
-        self._late.append(result)
+        late = self._late
+        if late is None:
+            with _LATE_LOCK:  # two late results from two threads: one list
+                late = self._late
+                if late is None:
+                    late = self._late = []
+        late.append(result)
         if self._delivered:  # else the delivering thread drains it (it reads the flag after its reply)
             self._drain()
 
     def _drain(self) -> None:
+        late = self._late
+        assert late is not None  # drained only once a late result made it
         while True:
             try:
-                result = self._late.pop(0)
+                result = late.pop(0)
             except IndexError:
                 return
             try:
@@ -203,13 +226,14 @@ def run_here(spec: CallSpec) -> ToolResult:
     tool raises."""
     value = spec.tool.run(spec.args, spec.ctx)
     if type(value) is CoroutineType:  # inspect.iscoroutine without its frame (a subclass cannot be made)
-        value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
+        value = asyncio.run(drive(value, spec.deadline, spec.cancel))
     return result_from_return(
         spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - spec.dispatched) * 1000
     )
 
 
-async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: CancelToken) -> Any:
+async def drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: CancelToken) -> Any:
+    """Run ``coro`` as a task of this event loop until ``deadline``, cancelled when ``cancel`` is set."""
     task = asyncio.ensure_future(coro)
     loop = asyncio.get_running_loop()
 

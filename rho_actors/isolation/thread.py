@@ -18,10 +18,13 @@ A ``MemoryError`` in a thread call is a ``memory`` result.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import functools
 import queue
 import threading
 import time
+from types import CoroutineType
 from typing import Any, ClassVar
 
 import pykka
@@ -29,10 +32,10 @@ from loguru import logger
 
 from rho_actors.events import IsolationEvent
 from rho_actors.isolation.base import Isolation, IsolationServices
-from rho_actors.isolation.call import Answer, CallSpec, run_here, run_on_call_thread
+from rho_actors.isolation.call import Answer, CallSpec, drive, run_on_call_thread
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timer
-from rho_actors.results import CANCELLED, failure
+from rho_actors.results import CANCELLED, failure, result_from_return
 from rho_actors.tool import ToolResult
 
 __all__ = ["AbandonedThreads", "ThreadIsolation", "on_call_thread"]
@@ -142,7 +145,14 @@ class _Running(Timer):
 
     def cancel(self, reason: str | None = None) -> None:
         call = self.call
-        Timer.cancel(self)
+        if not self.cancelled:  # Timer.cancel and dropped, inline: on every call's answer
+            self.cancelled = True
+            self.call = self.answer = None
+            owner = self._owner
+            if owner is not None:
+                owner._dead += 1  # unlocked: a lost count only delays the next compaction
+                if owner._dead > 1024:
+                    owner._cancelled()
         if reason is not None and call is not None:
             self.isolation.give_up(call, reason)
 
@@ -175,10 +185,12 @@ class ThreadIsolation(Isolation):
         self._deliveries_lock = threading.Lock()
         self._deliverer: threading.Thread | None = None
         self._pool = services.threads if services.threads is not None else ThreadPool(name="rho_actors-call-idle")
-        self._live = 0  # call threads running a call now
+        # call threads running a call now, one entry each: counted without a lock (a deque's append and pop
+        # are atomic), two lock rounds fewer a call; len() is the count
+        self._live: collections.deque[None] = collections.deque()
         self._forgotten = 0  # of those, given up at their deadline or by the host: no stop waits for them
         self._draining = False  # a shutdown waits for them: each one ending tells it
-        self._live_lock = threading.Lock()  # guards the counts (taken as itself on every call: no Python frame)
+        self._live_lock = threading.Lock()  # guards ``_forgotten`` and ``_draining``
         self._live_changed = threading.Condition(self._live_lock)
 
     def _exhausted_reason(self, tool: str, session: str) -> dict[str, Any] | None:
@@ -216,13 +228,18 @@ class ThreadIsolation(Isolation):
                 return running
         running.answer = answer = Answer(call)
         answer.timer = running
+        timers = s.timers
         try:
-            s.timers.schedule(running)
+            timers.schedule(running)
         except RuntimeError:  # the timers are stopped: the system is stopping
             raise pykka.ActorDeadError("the system is stopping") from None
-        s.timers.run_due(call.dispatched)  # passed deadlines of other calls, while this thread runs
-        with self._live_lock:
-            self._live += 1
+        try:  # timers.run_due's first look, inline (no frame when nothing is due, the usual case)
+            due = timers._heap[0][0] <= call.dispatched
+        except IndexError:
+            due = False
+        if due:  # passed deadlines of other calls: fired while this thread runs
+            timers.run_due(call.dispatched)
+        self._live.append(None)
         # the hand-off last: the call thread, woken by it, finds little left before this thread waits
         try:
             self._pool.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
@@ -255,9 +272,11 @@ class ThreadIsolation(Isolation):
         run_on_call_thread(call, self._run, self._ended, self._pool, answer)
 
     def _ended(self) -> None:
-        with self._live_lock:
-            self._live -= 1
-            if self._draining:
+        self._live.pop()
+        # read after the pop: a shutdown that set it before sees this pop in its own check (it reads the
+        # count after setting the flag, under the lock), one that sets it after reads the count then
+        if self._draining:
+            with self._live_lock:
                 self._live_changed.notify_all()
 
     def stopping_from_here(self) -> None:
@@ -268,7 +287,7 @@ class ThreadIsolation(Isolation):
 
     def running_calls(self) -> int:
         """How many call threads are running a call now (abandoned ones included)."""
-        return self._live
+        return len(self._live)
 
     def timed_out(self, call: CallSpec, answer: Answer, result: ToolResult) -> None:
         """A deadline claimed ``answer`` for ``result`` (its timeout): set the call's token,
@@ -314,8 +333,8 @@ class ThreadIsolation(Isolation):
         end the deadlines thread once the timeouts claimed so far are delivered."""
         with self._live_changed:
             self._draining = True
-            if not self._live_changed.wait_for(lambda: self._live <= self._forgotten, timeout_s):
-                logger.warning("{} call threads still running at the stop are abandoned", self._live)
+            if not self._live_changed.wait_for(lambda: len(self._live) <= self._forgotten, timeout_s):
+                logger.warning("{} call threads still running at the stop are abandoned", len(self._live))
         with self._deliveries_lock:
             if self._deliverer is not None:
                 self._deliveries.put(None)
@@ -323,8 +342,13 @@ class ThreadIsolation(Isolation):
 
     def _run(self, call: CallSpec) -> ToolResult:
         """The runner, in the CallActor's thread."""
-        try:
-            return run_here(call)
+        try:  # run_here(call), inline: on every call
+            value = call.tool.run(call.args, call.ctx)
+            if type(value) is CoroutineType:  # an ``async def run``: on a private event loop, cancellable
+                value = asyncio.run(drive(value, call.deadline, call.cancel))
+            return result_from_return(
+                call.call_id, call.name, value, call.max_output_chars, (time.monotonic() - call.dispatched) * 1000
+            )
         except MemoryError:
             return failure("memory_thread", call.call_id, call.name, (time.monotonic() - call.dispatched) * 1000)
         finally:

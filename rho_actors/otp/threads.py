@@ -285,7 +285,7 @@ class ThreadPool:
                 if first is _END:
                     return
                 if first is None:  # idle until woken (True) or ended (False, or idle too long)
-                    thread.name = self.name
+                    thread._name = self.name  # type: ignore[attr-defined]  # what thread.name= sets, without its frame
                     try:
                         coming = handoff.get(timeout=self.idle_s)
                     except queue.Empty:
@@ -301,7 +301,7 @@ class ThreadPool:
                         return
                     continue
                 coming = False
-            thread.name = first[1]
+            thread._name = first[1]  # type: ignore[attr-defined]  # (as above: on every job)
             try:
                 contextvars.Context().run(first[0])
             except BaseException:  # this thread serves later jobs: nothing ends it
