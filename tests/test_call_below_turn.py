@@ -56,7 +56,7 @@ def system(tmp_path: Path) -> Iterator[ActorSystem]:
     RELEASE.clear()
     system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=int(WAIT_S * 1000))
     try:
-        for t in (whose_task, where, stubborn, stashes_its_task, groups):
+        for t in (whose_task, where, stubborn):
             system.register(t)
         yield system
     finally:
@@ -183,59 +183,3 @@ def test_a_token_finished_without_an_owner_is_not_running_for_a_later_cancel() -
     owned = CancelToken()
     assert owned.abandon("timeout", "iso") is True
     assert owned.finish() is None and owned.finish("iso") == "timeout"
-
-
-STASH: list[asyncio.Task[Any]] = []
-
-
-@tool
-async def stashes_its_task() -> str:
-    """Keep the current task and return without suspending (asking the task nothing)."""
-    task = asyncio.current_task()
-    assert task is not None
-    STASH.append(task)
-    return "kept"
-
-
-@tool
-async def groups() -> str:
-    """A TaskGroup entered in the first step, its child run to the end."""
-
-    async def child() -> str:
-        await asyncio.sleep(0)
-        return "child"
-
-    async with asyncio.TaskGroup() as group:
-        made = group.create_task(child())
-    return made.result()
-
-
-def test_a_task_kept_from_a_first_step_that_settled_ends_once_asked(system: ActorSystem) -> None:
-    """The call's task is started only when something asks it: one kept by the tool and
-    asked later is started then and ends at once, as an ended call's task; not the host's."""
-    loop = system.start_loop("s")
-    STASH.clear()
-
-    async def main() -> tuple[list[ToolResult], bool, Any, bool]:
-        results = await loop.arun_turn([ToolCall("c1", "stashes_its_task", "{}")])
-        [task] = STASH
-        is_host = task is asyncio.current_task()
-        text = repr(task)  # asks it: started
-        ended = await asyncio.wait_for(task, WAIT_S)  # its coroutine had ended: the task ends at once
-        return results, is_host, ended, task.done() and not task.cancelled() and bool(text)
-
-    [result], is_host, ended, done = asyncio.run(main())
-    assert result.ok and result.content == "kept"
-    assert not is_host and ended is None and done
-
-
-def test_a_task_group_in_the_first_step_runs_on_the_calls_task(system: ActorSystem) -> None:
-    loop = system.start_loop("s")
-
-    async def main() -> tuple[list[ToolResult], int]:
-        results = await asyncio.wait_for(loop.arun_turn([ToolCall("c1", "groups", "{}")]), WAIT_S)
-        return results, asyncio.current_task().cancelling()  # type: ignore[union-attr]
-
-    [result], cancelling = asyncio.run(main())
-    assert result.ok and result.content == "child", result.content
-    assert cancelling == 0

@@ -14,19 +14,14 @@ step under ``arun_turn`` (or an event-loop callback when an exclusive turn's nex
 is started from a call thread), with the call's task swapped in as the current task
 while it runs (``asyncio.current_task()`` is the call's task in every step of the tool,
 so ``asyncio.timeout()``, a ``TaskGroup`` and ``current_task().cancel()`` in the first
-step act on the call, never on the host's task). On a loop without a task factory the
-task is a :class:`_CallTask`, started (scheduled and registered, as ``create_task``
-does) only when the first step suspends or anything asks the task anything, the tool
-included: a call settled in its first step without asking pays for no task step (the
-task is then not in ``asyncio.all_tasks()`` during that step); a loop's own task factory
-(an eager one included) makes it as before. Then:
+step act on the call, never on the host's task). Then:
 
 - **A tool that returns without suspending** (a no-op, a cached answer) has its result
   settled in that first step: no deadline timer is armed, no event-loop iteration is
   waited for, and ``arun_turn`` returns without suspending (so a cancellation of the
   host's task requested meanwhile is seen at the host's next ``await``, as for any
-  coroutine that does not suspend). Its task, if started, finds the coroutine ended in
-  its own first step and ends at once, off the host's path.
+  coroutine that does not suspend). Its task's own first step, already scheduled, finds
+  the coroutine ended and ends at once, off the host's path.
 - **A tool that suspends** is continued by its task (:class:`_Rest`: the task's first
   step hands the task what the coroutine yielded, then every step goes to the
   coroutine), with its deadline timer armed then, counted from its dispatch as always.
@@ -91,7 +86,6 @@ _NO_SPAN = contextlib.nullcontext()
 _UNSTARTED = object()  # _Rest.pending: the coroutine's first step has not run yet
 _NOTHING = object()  # _Rest.pending: nothing left over from the first step to hand to the task
 _ENDED = object()  # _Rest.pending: the coroutine ended in its first step (or never ran)
-_CREATE_TASK = asyncio.BaseEventLoop.create_task  # a loop's own, not overridden: what a _CallTask stands in for
 # asyncio's table of each loop's current task, where it keeps one (3.11, 3.12): read without current_task's frame
 _CURRENT_TASKS: dict[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = getattr(asyncio.tasks, "_current_tasks",
                                                                                     None)
@@ -148,10 +142,11 @@ class InlineCall:
         context = spec.context if spec.context is not None else contextvars.Context()
         coro = self._main()
         rest = _Rest(coro)
-        # no task factory (the usual case): a task started only if the first step suspends or asks it anything
-        # (_CallTask); else the loop's factory makes it (an eager one running the first step), its step scheduled
-        lazy = type(aio).create_task is _CREATE_TASK and getattr(aio, "_task_factory", True) is None
-        task: asyncio.Task[None] = (_CallTask(rest, aio, context) if lazy else aio.create_task(rest, context=context))
+        # its first step (_Rest.send) is scheduled; made as create_task makes it when the loop has no task
+        # factory (a host's factory, an eager one included, is used when it has one)
+        task: asyncio.Task[None] = (asyncio.Task(rest, loop=aio, context=context)
+                                    if getattr(aio, "_task_factory", True) is None
+                                    else aio.create_task(rest, context=context))
         self._task = task
         if rest.pending is _UNSTARTED:  # else an eager task factory ran the first step in create_task
             if spec.cancel.cancelled:  # by another thread meanwhile: the tool never runs, its task ends at once
@@ -162,8 +157,6 @@ class InlineCall:
             rest.pending = _ENDED  # kept if the first step raises (a bug: nothing is left to run)
             rest.pending = _first_step(aio, task, context, coro)
         if not self._answer.settled:  # suspended: its task goes on, cancellable, the deadline kept from now on
-            if lazy:
-                _start(task)  # (once: a no-op when the first step asked it something)
             # the token's hook only now: a call settled in its first step has no task left to cancel (a cancel
             # that came during the step runs the hook at once, and the task's first step takes it)
             self._on_cancel = hook = self._cancel_task  # the very object, forgotten at the end: no cycle kept
@@ -255,47 +248,6 @@ def _first_step(
         _leave_task(aio, task)
         if host is not None:
             _enter_task(aio, host)
-
-
-class _CallTask(asyncio.Task):  # type: ignore[type-arg]
-    """An inline call's task, made before its first step (``asyncio.current_task()`` in
-    that step) but started (``asyncio.Task.__init__``: its first step scheduled, the task
-    registered) only when it is needed: when the first step suspended, or as soon as
-    anything asks the task anything (any method: ``asyncio.timeout()``'s, a ``TaskGroup``'s,
-    ``current_task().cancel()``, a repr, in the first step or after it). A call settled in
-    its first step with its task never asked costs no task step, handle or registration
-    (PROFILE §38); one asked later is started then and ends at once, as it would have.
-    Until started it is not in ``asyncio.all_tasks()``."""
-
-    def __init__(self, rest: _Rest, aio: asyncio.AbstractEventLoop, context: contextvars.Context) -> None:
-        self._unstarted: tuple[_Rest, asyncio.AbstractEventLoop, contextvars.Context] | None = (rest, aio, context)
-
-
-def _start(task: asyncio.Task[Any]) -> None:
-    """Start a :class:`_CallTask` not started yet (else nothing)."""
-    unstarted = task._unstarted  # type: ignore[attr-defined]
-    if unstarted is not None:
-        task._unstarted = None  # type: ignore[attr-defined]
-        asyncio.Task.__init__(task, unstarted[0], loop=unstarted[1], context=unstarted[2])
-
-
-def _starting(name: str) -> Callable[..., Any]:
-    method = getattr(asyncio.Task, name)
-
-    def started(self: asyncio.Task[Any], *args: Any, **kwargs: Any) -> Any:
-        _start(self)
-        return method(self, *args, **kwargs)
-
-    started.__name__ = started.__qualname__ = name
-    started.__doc__ = method.__doc__
-    return started
-
-
-for _name in dir(asyncio.Task):  # every method of a task (and future), each starting it first
-    if (not _name.startswith("__") or _name in ("__await__", "__iter__", "__repr__")) and callable(
-            getattr(asyncio.Task, _name)) and _name != "__init__":
-        setattr(_CallTask, _name, _starting(_name))
-del _name
 
 
 class _Rest(Coroutine[Any, Any, None]):
