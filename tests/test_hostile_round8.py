@@ -1,0 +1,139 @@
+"""Hostile round 8: what this round's one-call turn path and settling (``loop/turns.py``)
+do when the host's own code fails under them.
+
+1. A host's OpenTelemetry span processor raising as a call's span ends (its ``on_end``:
+   the SDK calls it in ``span.end()`` and lets what it raises through) was raised in
+   the middle of settling the turn's last call, after the turn was marked finished: the
+   settle's ``loop_failed`` rescue found it finished and did nothing, and ``run_turn``
+   waited out its whole bound (a one-call turn and a turn of two alike); a host
+   cancelling such a turn hung the same way. Now a span's failure is logged and the
+   call's own result is given, and a turn a settle or an end had marked finished is
+   completed whatever raises after. Each runs in a child process of its own: a tracer
+   provider is set once per process (the other test files configure theirs).
+
+Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loguru import logger
+
+from rho_actors import ActorSystem, ToolCall, tool
+from rho_actors.tool import ErrorKind
+
+from .conftest import WAIT_S
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(180)
+
+_RAISING_SPANS = """
+import sys, threading, tempfile
+from pathlib import Path
+from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from loguru import logger
+from rho_actors import ActorSystem, CancelToken, ToolCall, tool
+
+logger.enable("rho_actors")
+WAIT_S = float(sys.argv[1])
+
+class Raising(SpanProcessor):
+    def on_end(self, span):
+        if span.name.startswith("execute_tool"):
+            raise RuntimeError("the host's span processor failed")
+
+provider = TracerProvider()
+provider.add_span_processor(Raising())
+trace.set_tracer_provider(provider)
+STARTED = threading.Event()
+
+@tool
+def quick() -> str:
+    \"\"\"Answer at once.\"\"\"
+    return "q"
+
+@tool
+def crash() -> str:
+    \"\"\"Raise.\"\"\"
+    raise ValueError("no")
+
+@tool(timeout_ms=int(WAIT_S * 1000))
+def hold(ctx) -> str:
+    \"\"\"Wait until cancelled.\"\"\"
+    STARTED.set()
+    ctx["cancel"].wait(WAIT_S)
+    return "cancelled"
+
+system = ActorSystem(data_dir=Path(tempfile.mkdtemp()) / "data", shutdown_ms=1_000)
+for t in (quick, crash, hold):
+    system.register(t)
+loop = system.start_loop("s")
+
+def show(results):
+    print(" ".join(f"{r.call_id}:{'ok' if r.ok else r.error_kind}" for r in results), flush=True)
+
+show(loop.run_turn([ToolCall("c1", "quick", "{}")], timeout_s=WAIT_S))
+show(loop.run_turn([ToolCall("c2", "quick", "{}"), ToolCall("c3", "crash", "{}")], timeout_s=WAIT_S))
+token = CancelToken()
+threading.Thread(target=lambda: (STARTED.wait(WAIT_S), token.cancel()), daemon=True).start()
+show(loop.run_turn([ToolCall("c4", "hold", "{}")], cancel=token, timeout_s=WAIT_S))
+system.stop()
+"""
+
+
+def test_a_hosts_span_processor_raising_as_a_calls_span_ends_loses_no_turn() -> None:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_RAISING_SPANS), str(WAIT_S)], check=False,
+                          capture_output=True, text=True, timeout=4 * WAIT_S, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["c1:ok", "c2:ok c3:raised", "c4:cancelled"], done.stderr[-3000:]
+    assert "the host's span processor failed" in done.stderr  # logged, with what raised
+
+
+@tool
+def crash() -> str:
+    """Raise (its traceback is logged at error level)."""
+    raise ValueError("no")
+
+
+@tool
+def quick() -> str:
+    """Answer at once."""
+    return "q"
+
+
+def _raising_sink(message: Any) -> None:
+    raise RuntimeError("the host's log sink failed")
+
+
+def test_host_code_raising_after_a_turns_last_call_settled_still_completes_the_turn(tmp_path: Path) -> None:
+    """A host's loguru sink added with ``catch=False`` raising on the traceback line that
+    settling a crashed call logs (after the turn was marked finished): the turn is
+    completed with its results, not left for ``run_turn`` to wait out."""
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=1_000)
+    logger.enable("rho_actors")
+    sink = logger.add(_raising_sink, catch=False, level="ERROR",  # the crash's traceback line only
+                      filter=lambda record: record["message"].startswith("session ") and "ValueError: no" in
+                      record["message"])
+    try:
+        system.register(crash)
+        system.register(quick)
+        loop = system.start_loop("s")
+        [crashed] = loop.run_turn([ToolCall("c1", "crash", "{}")], timeout_s=WAIT_S)
+        assert crashed.error_kind is ErrorKind.RAISED, crashed
+        both = loop.run_turn([ToolCall("c2", "quick", "{}"), ToolCall("c3", "crash", "{}")], timeout_s=WAIT_S)
+        assert [r.call_id for r in both] == ["c2", "c3"] and both[0].ok, both
+        assert both[1].error_kind in (ErrorKind.RAISED, ErrorKind.CRASHED), both  # settled before, or failed
+        [after] = loop.run_turn([ToolCall("c4", "quick", "{}")], timeout_s=WAIT_S)
+        assert after.ok
+    finally:
+        logger.remove(sink)
+        logger.disable("rho_actors")
+        system.stop()
