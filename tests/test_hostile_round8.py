@@ -1,5 +1,5 @@
 """Hostile round 8: what this round's one-call turn path and settling (``loop/turns.py``)
-do when the host's own code fails under them.
+do when the host's own code fails under them, and the keeper's spare a call waits for.
 
 1. A host's OpenTelemetry span processor raising as a call's span ends (its ``on_end``:
    the SDK calls it in ``span.end()`` and lets what it raises through) was raised in
@@ -10,25 +10,41 @@ do when the host's own code fails under them.
    call's own result is given, and a turn a settle or an end had marked finished is
    completed whatever raises after. Each runs in a child process of its own: a tracer
    provider is set once per process (the other test files configure theirs).
+2. Held (kept as checks): a call waiting for the worker pool keeper's spare (this round:
+   it takes that spare rather than start a second worker) whose spare is killed with
+   ``SIGKILL`` meanwhile gets a worker of its own, one not ready by its start bound is
+   ``unavailable``; one result each, and the pool serves on.
 
 Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import pytest
 from loguru import logger
 
 from rho_actors import ActorSystem, ToolCall, tool
+from rho_actors.sandbox import WorkerPool
+from rho_actors.sandbox.warm_workers import WarmWorkers
+from rho_actors.sandbox.worker_handle import WorkerHandle
 from rho_actors.tool import ErrorKind
 
-from .conftest import WAIT_S
+from .conftest import WAIT_S, wait_for
+from .test_worker_pool_faults import Results, a_call
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,3 +153,73 @@ def test_host_code_raising_after_a_turns_last_call_settled_still_completes_the_t
         logger.remove(sink)
         logger.disable("rho_actors")
         system.stop()
+
+
+# --- 2. the keeper's spare a waiting call counts on: killed, or not ready by the call's start bound ---------
+
+
+@tool
+def worker_pid() -> str:
+    """The id of the worker process that runs the call."""
+    return str(os.getpid())
+
+
+class _Seen(threading.Condition):
+    """A pool's ``_warmed`` condition that says when a call first waits on it."""
+
+    def __init__(self, lock: Any, waited: threading.Event) -> None:
+        super().__init__(lock)
+        self.waited = waited
+
+    def wait_for(self, predicate: Any, timeout: float | None = None) -> Any:
+        self.waited.set()
+        return super().wait_for(predicate, timeout)
+
+
+@pytest.mark.parametrize("fate", ["killed", "late"])
+def test_a_call_waiting_for_the_keepers_spare_gets_exactly_one_result_whatever_becomes_of_it(
+        fate: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call with a start bound waits for the spare the keeper is starting (its
+    ``READY`` read held by the test). ``killed``: the spare is killed with ``SIGKILL``
+    while the call waits; the call starts a worker of its own and runs there. ``late``:
+    the spare is not ready by the call's start bound; the call is ``unavailable`` (its
+    worker did not start in time). Each: one result, never a second one."""
+    ready = threading.Event()
+    waited = threading.Event()
+    await_ready = WarmWorkers._await_ready
+
+    def held(self: WarmWorkers, worker: WorkerHandle, wanted: bool = False) -> bool:
+        if not wanted:  # the keeper's spare: its READY read when the test says
+            ready.wait(WAIT_S)
+        return await_ready(self, worker, wanted)
+
+    monkeypatch.setattr(WarmWorkers, "_await_ready", held)
+    p = WorkerPool(warm=1, codec="pickle")
+    try:
+        assert wait_for(lambda: len(p.pids()) == 1)  # the spare's process runs; it is not ready yet
+        [spare] = p.pids()
+        p._warmed = _Seen(p._lock, waited)
+        results = Results()
+        bound_s = WAIT_S if fate == "killed" else 0.5  # "late": the start bound the product keeps
+        call = dataclasses.replace(a_call({}, "c", the_tool=worker_pid), start_by=time.monotonic() + bound_s)
+        caller = threading.Thread(target=p.start, args=(call, results.done("c")), daemon=True)
+        caller.start()
+        assert waited.wait(WAIT_S)  # the call waits for the spare
+        if fate == "killed":
+            os.kill(spare, signal.SIGKILL)
+            ready.set()  # its READY read now finds it dead
+        [result] = results.wait("c")
+        if fate == "killed":
+            assert result.ok and result.content != str(spare), (result, spare)
+        else:
+            assert result.error_kind is ErrorKind.UNAVAILABLE, result
+        ready.set()
+        caller.join(WAIT_S)
+        later = dataclasses.replace(a_call({}, "c2", the_tool=worker_pid), start_by=time.monotonic() + WAIT_S)
+        p.start(later, results.done("c2"))  # the pool serves on
+        [after] = results.wait("c2")
+        assert after.ok, after
+        assert len(results.got["c"]) == 1, results.got  # never a second result
+    finally:
+        ready.set()
+        p.stop()
