@@ -176,12 +176,22 @@ class _Seen(threading.Condition):
         return super().wait_for(predicate, timeout)
 
 
+def _state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``None``: no such process)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 @pytest.mark.parametrize("fate", ["killed", "late"])
 def test_a_call_waiting_for_the_keepers_spare_gets_exactly_one_result_whatever_becomes_of_it(
         fate: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A call with a start bound waits for the spare the keeper is starting (its
     ``READY`` read held by the test). ``killed``: the spare is killed with ``SIGKILL``
-    while the call waits; the call starts a worker of its own and runs there. ``late``:
+    while the call waits (and is dead, its pipe closed, before its ``READY`` is read: a
+    spare killed later, with the call sent to it, is a call whose worker died under it,
+    ``crashed``); the call runs on another worker. ``late``:
     the spare is not ready by the call's start bound; the call is ``unavailable`` (its
     worker did not start in time). Each: one result, never a second one."""
     ready = threading.Event()
@@ -207,7 +217,8 @@ def test_a_call_waiting_for_the_keepers_spare_gets_exactly_one_result_whatever_b
         assert waited.wait(WAIT_S)  # the call waits for the spare
         if fate == "killed":
             os.kill(spare, signal.SIGKILL)
-            ready.set()  # its READY read now finds it dead
+            assert wait_for(lambda: _state(spare) in ("Z", None))  # dead, its pipe's end closed
+            ready.set()  # its READY read now: the READY it sent before is read, then its end
         [result] = results.wait("c")
         if fate == "killed":
             assert result.ok and result.content != str(spare), (result, spare)
