@@ -17,12 +17,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
+from loguru import logger
+
 from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES
+from rho_actors.results import capped, failure
 from rho_actors.tool import ToolResult
 
 __all__ = [
     "DEFAULT_MAX_SESSION_RESULT_BYTES", "DEFAULT_MAX_TURN_RESULT_BYTES",
-    "ResultBudgets", "result_bytes",
+    "ResultBudgets", "over_budget", "result_bytes",
 ]
 
 DEFAULT_MAX_TURN_RESULT_BYTES: Final = 64 * 2**20
@@ -41,6 +44,18 @@ def result_bytes(result: ToolResult) -> int:
         return text
     return (text + sum(len(i.data) for i in result.images)
             + sum(len(a.data) for a in result.audio) + sum(r.size for r in result.resources))
+
+
+def over_budget(session_id: str, result: ToolResult, size: int, over: tuple[str, int, int],
+                max_chars: int) -> ToolResult:
+    """The ``over_budget`` error (capped at ``max_chars``) that replaces ``result`` (``size``
+    bytes) in session ``session_id``: ``over`` is :meth:`ResultBudgets.charge`'s refusal."""
+    scope, budget, left = over
+    logger.warning("loop {}: the result of call {} ({} bytes) is over its {}'s budget of {} bytes; left out",
+                   session_id, result.call_id, size, scope, budget)
+    refusal = failure("over_budget", result.call_id, result.name, result.duration_ms, size=size, scope=scope,
+                      budget=budget, left=max(0, left))
+    return capped(refusal, max_chars)
 
 
 @dataclass(slots=True)

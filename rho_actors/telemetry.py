@@ -346,12 +346,15 @@ class Telemetry:
         outcome = "ok" if result.ok else str(result.error_kind)
         span = call.span
         if span is not None:
-            if not result.ok:
-                span.set_attribute("error.type", outcome)
-                span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, outcome))
-            if self.record_content:
-                span.set_attribute("gen_ai.tool.call.result", self._content(result.content))
-            span.end()
+            try:  # the host's span processors run in end() (the SDK lets what they raise through)
+                if not result.ok:
+                    span.set_attribute("error.type", outcome)
+                    span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, outcome))
+                if self.record_content:
+                    span.set_attribute("gen_ai.tool.call.result", self._content(result.content))
+                span.end()
+            except Exception:  # the host's telemetry failing: logged; the call's result is given all the same
+                logger.exception("ending the span of call {} ({}) raised", result.call_id, call.tool)
         instruments = call.instruments
         if instruments is not None:
             labels = {"gen_ai.tool.name": call.tool, "rho_actors.call.outcome": outcome}

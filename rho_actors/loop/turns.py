@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
-from rho_actors.budgets import result_bytes
+from rho_actors.budgets import over_budget, result_bytes
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, offer_chunks
@@ -537,7 +537,7 @@ class Turns:
                             else result_bytes(result))  # charged inline, every call (an ASCII text alone: its length)
                     over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)
                     if over is not None:
-                        result = self._over_budget(slot, result, size, over)
+                        result = over_budget(self.session_id, result, size, over, self._limits.max_output_chars)
                     slot.result, slot.running = result, None  # answered: nothing to cancel (and no cycle kept)
                     turn.open -= 1
                     if turn.exclusive and turn.waiting and turn.stop_reason is None:
@@ -562,19 +562,14 @@ class Turns:
             if following is not None:
                 self._start(turn, following)
             elif last:
+                last = False  # finishing it now: not again below
                 self._finish(turn)
-        except Exception as exc:  # a bug here must still answer every call
+        except Exception as exc:  # a bug here (or host code it ran) must still answer every call
             logger.exception("loop {} could not settle call {}", self.session_id, slot.call.id)
-            self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
-
-    def _over_budget(self, slot: Slot, result: ToolResult, size: int, over: tuple[str, int, int]) -> ToolResult:
-        """The ``over_budget`` error of ``result`` (``size`` bytes): ``over`` is the budgets' refusal."""
-        scope, budget, left = over
-        logger.warning("loop {}: the result of call {} ({} bytes) is over its {}'s budget of {} bytes; left out",
-                       self.session_id, slot.call.id, size, scope, budget)
-        refusal = failure("over_budget", result.call_id, result.name, result.duration_ms, size=size, scope=scope,
-                          budget=budget, left=max(0, left))
-        return capped(refusal, self._limits.max_output_chars)
+            if last:  # marked finished here (every call has its result): the turn is completed as it is
+                self._finish(turn)
+            else:
+                self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
 
     def cancel_from_host(self, turn_id: int) -> None:
         """The host cancelled turn ``turn_id`` (its token, or its awaiting task): in the host's own
@@ -657,14 +652,17 @@ class Turns:
                     running.append(slot.running)
                 slot.result = answer(slot, now)
                 settled.append(slot)
-        for call in running:
-            call.cancel(reason)
-        for slot in settled:
-            assert slot.result is not None
-            self._telemetry.call_ended(slot.span, slot.result)
-            self._emit("finished", slot, slot.result)
-            if turn.on_result is not None and slot.started:  # a started call's result, as _settle gives it
-                self._tell_host(turn, slot, slot.result)
+        try:
+            for call in running:
+                call.cancel(reason)
+            for slot in settled:
+                assert slot.result is not None
+                self._telemetry.call_ended(slot.span, slot.result)
+                self._emit("finished", slot, slot.result)
+                if turn.on_result is not None and slot.started:  # a started call's result, as _settle gives it
+                    self._tell_host(turn, slot, slot.result)
+        except Exception:  # a bug, or the host's code: logged; the turn, marked finished above, is completed
+            logger.exception("loop {} could not end turn {}", self.session_id, turn.id)
         self._finish(turn)
 
     def _tell_host(self, turn: Turn, slot: Slot, result: ToolResult) -> None:
