@@ -210,6 +210,39 @@ def test_ended_tasks_are_forgotten_after_their_ttl(tmp_path: Any, monkeypatch: p
 
 
 
+def test_a_task_ended_and_forgotten_before_its_create_result_is_still_answered(tmp_path: Any) -> None:
+    """A task whose ttl passed before its ``CreateTaskResult`` was made (a ttl of 0, or a
+    short one under load) gets one with what it ended as, not a ``TaskError``."""
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, tasks=TaskSettings(task_ttl_s=0.0))
+    try:
+        system.register(task_tools.report)
+        loop = system.start_loop("s1")
+        served = ServedTasks(system.task_registry, lambda result: None)  # type: ignore[arg-type,return-value]
+
+        class Session:  # what a ServedTask needs of an MCP session: its loop
+            pass
+
+        session = Session()
+        session.loop = loop  # type: ignore[attr-defined]
+        [ack] = loop.run_turn([ToolCall("c1", "report", json.dumps({"topic": "x"}))], background=True)
+        task_id = ack.details["task_id"]
+
+        def forgotten() -> bool:
+            try:
+                system.task_registry.get("s1", loop.data_dir, task_id)
+            except LookupError:
+                return True
+            return False
+
+        assert wait_for(forgotten)  # it ended, and its ttl of 0 passed, before the result below is made
+        created = served.created(ServedTask("local", session, "report"), ack, None)
+        assert created["resultType"] == "task" and created["taskId"] == task_id
+        assert created["status"] == "completed", created
+        served.close()
+    finally:
+        system.stop()
+
+
 def _huge_update(url: str, task_id: str, chunked: bool) -> tuple[int, str]:
     """A 2026-07-28 ``tasks/update`` of 5 MiB of answers (streamed without a
     ``Content-Length`` when ``chunked``): its HTTP status and body."""

@@ -74,6 +74,7 @@ from rho_actors.errors import RhoError
 from rho_actors.lifecycle.tasks import OPEN, TaskInfo
 from rho_actors.mcp.client_requests import ClientRequestError, unbind
 from rho_actors.mcp.upstream_tasks import FAILED
+from rho_actors.tasks.registry import TaskError
 from rho_actors.tool import ErrorKind, ToolResult, is_untrusted
 
 __all__ = ["APPROVAL_KEY", "EXTENSION", "POLL_INTERVAL_MS", "RELATED_TASK", "ServedTask", "ServedTasks", "TaskParams",
@@ -91,6 +92,7 @@ _FAILED_KINDS: Final = frozenset({ErrorKind.CRASHED, ErrorKind.EXITED, ErrorKind
                                   ErrorKind.CANCELLED})  # a "failed" rho task that is MCP's failed, not isError
 _MAX_QUESTIONS: Final = 64  # input requests one task may have open
 _PRUNE_EVERY: Final = 256  # tasks created between two looks for ended ones to forget
+_UNCLAIMED_KEPT: Final = 256  # ended tasks kept for the CreateTaskResult not made yet (the latest)
 _SHOWN_ARGUMENTS: Final = 2000  # characters of a held call's arguments shown in its approval question
 APPROVAL_KEY: Final = "approval"
 """The ``inputRequests`` key of the question a task asks while its call waits for a
@@ -209,6 +211,7 @@ class ServedTask:
     answers: dict[str, Any] = field(default_factory=dict)  # key -> the client's answer, until the tool reads it
     ended: bool = False
     ended_at: float = 0.0  # time.monotonic() s of its end: forgotten task_ttl_s after
+    final: TaskInfo | None = None  # what it ended as (the registry may forget it first, past its ttl)
 
 
 class ServedTasks:
@@ -225,6 +228,9 @@ class ServedTasks:
         self._made = 0  # tasks created, for _prune
         self._admitted: set[ServedTask] = set()  # the calls becoming tasks and the tasks open
         self._followers: dict[str, dict[object, Callable[[str], None]]] = {}  # task id -> its listen streams
+        # tasks that ended before their call's CreateTaskResult was made (kept for created(): the registry may
+        # forget one past its ttl first), by id, the latest _UNCLAIMED_KEPT
+        self._unclaimed: dict[str, TaskInfo] = {}
         self._unwatch = registry.watch(self._changed)
 
     def close(self) -> None:
@@ -273,14 +279,21 @@ class ServedTasks:
                 served.approval = pending.call_id
                 served.asked[APPROVAL_KEY] = _approval_question(pending)
             self._tasks[task_id] = served
+            kept = self._unclaimed.pop(task_id, None)  # ended already: this served task's from now on
             self._made += 1
             if self._made % _PRUNE_EVERY == 0:
                 self._prune()
             waiting = bool(served.asked)
         session = served.session.loop
-        # a held call's task is input_required in the registry already (unless decided meanwhile: not set back)
-        info = self._registry.waiting(session.session_id, session.data_dir, task_id, True) \
-            if waiting and pending is None else self._registry.get(session.session_id, session.data_dir, task_id)
+        try:  # a held call's task is input_required in the registry already (unless decided meanwhile: not set back)
+            info = self._registry.waiting(session.session_id, session.data_dir, task_id, True) \
+                if waiting and pending is None else self._registry.get(session.session_id, session.data_dir, task_id)
+        except TaskError:  # it ended, and its ttl passed, before this: what it ended as was kept when it ended
+            with self._lock:
+                ended = kept or served.final
+            if ended is None:
+                raise
+            info = ended
         if info.status not in OPEN or (pending is not None and info.status != "input_required"):
             self._changed(info)  # it ended, or its call was decided, already: the registry's watcher did not know it
         created: dict[str, Any] = {"resultType": "task", **self._envelope(served, info)}
@@ -491,11 +504,15 @@ class ServedTasks:
         (a handshake-era client is told)."""
         with self._lock:
             served = self._tasks.get(info.task_id)
-            if served is None:
+            if served is None:  # not (yet) a served task: an ended one is kept a while for created()
+                if info.status not in OPEN:
+                    if len(self._unclaimed) >= _UNCLAIMED_KEPT:
+                        del self._unclaimed[next(iter(self._unclaimed))]  # the oldest
+                    self._unclaimed[info.task_id] = info
                 return
             ended = info.status not in OPEN
             if ended:
-                served.ended, served.ended_at = True, time.monotonic()
+                served.ended, served.ended_at, served.final = True, time.monotonic(), info
                 self._admitted.discard(served)
                 self._woken.notify_all()
             bound, served.bound = (served.bound, None) if ended else (None, served.bound)
