@@ -127,7 +127,7 @@ class Turns:
         self._tasks = runtime.tasks
         self.plans = CallPlans(runtime.isolations)  # what each tool's calls start with, made once
         self._turns: dict[int, Turn] = {}  # admitted, unfinished turns; finished from call threads too
-        self._lock = threading.Lock()  # guards ``_turns`` and ``closed``
+        self._lock = threading.Lock()  # guards admission into ``_turns`` and ``closed`` (a turn leaves by one pop)
         self.closed: str | None = None  # once closed: the key of the result open calls got
         self._turn_ids = itertools.count(1)
         self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
