@@ -186,19 +186,26 @@ def _ended_or_gone(served: ServedTasks, task_id: str) -> bool:
     return found is None or found.ended
 
 
+def _served(system: ActorSystem, loop: Any) -> tuple[ServedTasks, Any]:
+    """The system's tasks as ``mcp serve`` serves them, and a stand-in of an MCP session
+    (what a :class:`ServedTask` needs of one: its loop)."""
+    served = ServedTasks(system.task_registry, lambda result: None)  # type: ignore[arg-type,return-value]
+
+    class Session:
+        pass
+
+    session = Session()
+    session.loop = loop  # type: ignore[attr-defined]
+    return served, session
+
+
 def test_ended_tasks_are_forgotten_after_their_ttl(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, tasks=TaskSettings(task_ttl_s=0.0))
     monkeypatch.setattr(served_tasks, "_PRUNE_EVERY", 4)
     try:
         system.register(task_tools.report)
         loop = system.start_loop("s1")
-        served = ServedTasks(system.task_registry, lambda result: None)  # type: ignore[arg-type,return-value]
-
-        class Session:  # what a ServedTask needs of an MCP session: its loop
-            pass
-
-        session = Session()
-        session.loop = loop  # type: ignore[attr-defined]
+        served, session = _served(system, loop)
         for n in range(40):
             [ack] = loop.run_turn([ToolCall(f"c{n}", "report", json.dumps({"topic": str(n)}))], background=True)
             served.created(ServedTask("local", session, "report"), ack, None)
@@ -217,13 +224,7 @@ def test_a_task_ended_and_forgotten_before_its_create_result_is_still_answered(t
     try:
         system.register(task_tools.report)
         loop = system.start_loop("s1")
-        served = ServedTasks(system.task_registry, lambda result: None)  # type: ignore[arg-type,return-value]
-
-        class Session:  # what a ServedTask needs of an MCP session: its loop
-            pass
-
-        session = Session()
-        session.loop = loop  # type: ignore[attr-defined]
+        served, session = _served(system, loop)
         [ack] = loop.run_turn([ToolCall("c1", "report", json.dumps({"topic": "x"}))], background=True)
         task_id = ack.details["task_id"]
 

@@ -18,7 +18,6 @@ Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import os
@@ -27,19 +26,17 @@ import shlex
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rho_actors import ActorSystem, CallEvent, Reply, ScriptedModel, ToolCall, tool
+from rho_actors import ActorSystem, Reply, ScriptedModel, ToolCall, tool
 from rho_actors.agent.transcript import load
 from rho_actors.tasks import records
 
 from .conftest import WAIT_S, read_line, wait_for
-from .helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -264,43 +261,19 @@ def test_a_flood_of_one_sessions_events_never_drops_another_sessions_result(
     bound over all sessions (40 here, 10,000 by default): the victim still resumes and
     gets its result, the flooder's own oldest events being dropped (before: the oldest
     of all went first, the victim's result among them)."""
-    import anyio
-    import httpx2 as httpx
-
     from rho_actors.mcp.events import BoundedEventStore
 
-    from .test_mcp_client_requests import _last_event_id, _resumed_answer, _sse_events, polled
-    from .test_mcp_serve import TOKEN, _connect_http, _serve_http
-    from .test_mcp_session_events import VERSION, _session
+    from .test_mcp_client_requests import _last_event_id, _resumed_answer
+    from .test_mcp_session_events import victim_of
 
     serve_module = importlib.import_module("rho_actors.mcp.serve")  # the module (the package's serve is a function)
     monkeypatch.setattr(serve_module, "BoundedEventStore", lambda: BoundedEventStore(max_events=40))
-    system.register(polled)
-    finished = threading.Event()
-    system.subscribe(lambda e: finished.set() if isinstance(e, CallEvent) and e.tool == "polled"
-                     and e.kind == "finished" else None)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/mcp"
-    thread, loops = _serve_http(system, port)
-    headers = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream",
-               "Content-Type": "application/json", "MCP-Protocol-Version": VERSION}
-    try:
-        anyio.run(_connect_http, url)
-        with httpx.Client(timeout=WAIT_S) as http:
-            victim, flooder = _session(http, url, headers), _session(http, url, headers)
-            with http.stream("POST", url, headers=victim, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                                                                "params": {"name": "polled", "arguments": {}}}) as r:
-                first = _sse_events(r.iter_lines())
-            assert finished.wait(WAIT_S)
-            for n in range(2, 42):  # 40 pings: 80 events of the flooder's
-                pong = http.post(url, headers=flooder, json={"jsonrpc": "2.0", "id": n, "method": "ping"})
-                assert pong.status_code == 200, pong.text
-            answer = _resumed_answer(http, url, victim, _last_event_id(first), 1)
-            assert answer and answer["result"]["content"][0]["text"] == "closed=True", answer
-    finally:
-        if loops:
-            loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
-        thread.join(WAIT_S)
+    with victim_of(system) as v:
+        for n in range(2, 42):  # 40 pings from the other session, the flooder: 80 events of its own
+            pong = v.http.post(v.url, headers=v.other, json={"jsonrpc": "2.0", "id": n, "method": "ping"})
+            assert pong.status_code == 200, pong.text
+        answer = _resumed_answer(v.http, v.url, v.headers, _last_event_id(v.first), 1)
+        assert answer and answer["result"]["content"][0]["text"] == "closed=True", answer
 
 
 # --- 4. a worker's reply forged while its tool runs on --------------------------------------------

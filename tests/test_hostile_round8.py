@@ -43,6 +43,7 @@ from rho_actors.tool import ErrorKind
 
 from .conftest import WAIT_S, wait_for
 from .test_worker_pool_faults import Results, a_call
+from .test_worker_spares import _Seen, worker_pid  # the tool (pickled by value there) and the wait's spy
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -156,24 +157,6 @@ def test_host_code_raising_after_a_turns_last_call_settled_still_completes_the_t
 
 
 # --- 2. the keeper's spare a waiting call counts on: killed, or not ready by the call's start bound ---------
-
-
-@tool
-def worker_pid() -> str:
-    """The id of the worker process that runs the call."""
-    return str(os.getpid())
-
-
-class _Seen(threading.Condition):
-    """A pool's ``_warmed`` condition that says when a call first waits on it."""
-
-    def __init__(self, lock: Any, waited: threading.Event) -> None:
-        super().__init__(lock)
-        self.waited = waited
-
-    def wait_for(self, predicate: Any, timeout: float | None = None) -> Any:
-        self.waited.set()
-        return super().wait_for(predicate, timeout)
 
 
 def _state(pid: int) -> str | None:

@@ -4,10 +4,11 @@ session's events (its results), whatever event id it sends on a resume."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +74,23 @@ def _session(http: Any, url: str, headers: dict[str, str]) -> dict[str, str]:
     return own
 
 
-def test_a_session_cannot_replay_another_sessions_events(system: ActorSystem) -> None:
+@dataclass
+class Victim:
+    """An HTTP client of ``mcp serve`` whose session's stream of a ``polled`` call closed
+    mid-call (its result left in the event store for it to resume) and a second session:
+    what a test of another client's reach into the store starts from."""
+
+    http: Any  # the httpx client
+    url: str
+    headers: dict[str, str]  # the victim session's
+    other: dict[str, str]  # the other session's
+    first: list[dict[str, Any]]  # the events the victim's stream gave before it closed
+
+
+@contextlib.contextmanager
+def victim_of(system: ActorSystem) -> Iterator[Victim]:
+    """Serve ``system`` over HTTP (``polled`` registered), open two sessions, and let the
+    first's ``tools/call`` stream close before its result (waited for); stops serving after."""
     import anyio
     import httpx2 as httpx
 
@@ -89,26 +106,30 @@ def test_a_session_cannot_replay_another_sessions_events(system: ActorSystem) ->
     try:
         anyio.run(_connect_http, url)
         with httpx.Client(timeout=WAIT_S) as http:
-            victim = _session(http, url, headers)
-            thief = _session(http, url, headers)
+            victim, other = _session(http, url, headers), _session(http, url, headers)
             with http.stream("POST", url, headers=victim, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                                                                 "params": {"name": "polled", "arguments": {}}}) as r:
                 first = _sse_events(r.iter_lines())
             assert finished.wait(WAIT_S)
-            # the victim gets its result (so it is in the store)
-            answer = _resumed_answer(http, url, victim, _last_event_id(first), 1)
-            assert answer and answer["result"]["content"][0]["text"] == "closed=True", answer
-            # the thief resumes with the victim's event id (ids are "<request id>/<n>": guessable)
-            seen: list[dict[str, Any]] = []
-            with http.stream("GET", url, headers={**thief, "Last-Event-ID": _last_event_id(first)}) as stolen:
-                for event in _sse_events(_until_result(stolen.iter_lines(), time.monotonic() + 2.0)):
-                    if event.get("data"):
-                        seen.append(json.loads(event["data"]))
-            assert not any(m.get("id") == 1 and "result" in m for m in seen), seen
+            yield Victim(http, url, victim, other, first)
     finally:
         if loops:
             loops[0].call_soon_threadsafe(lambda: [t.cancel() for t in asyncio.all_tasks(loops[0])])
         thread.join(WAIT_S)
+
+
+def test_a_session_cannot_replay_another_sessions_events(system: ActorSystem) -> None:
+    with victim_of(system) as v:
+        # the victim gets its result (so it is in the store)
+        answer = _resumed_answer(v.http, v.url, v.headers, _last_event_id(v.first), 1)
+        assert answer and answer["result"]["content"][0]["text"] == "closed=True", answer
+        # the other session, a thief, resumes with the victim's event id (ids are "<request id>/<n>": guessable)
+        seen: list[dict[str, Any]] = []
+        with v.http.stream("GET", v.url, headers={**v.other, "Last-Event-ID": _last_event_id(v.first)}) as stolen:
+            for event in _sse_events(_until_result(stolen.iter_lines(), time.monotonic() + 2.0)):
+                if event.get("data"):
+                    seen.append(json.loads(event["data"]))
+        assert not any(m.get("id") == 1 and "result" in m for m in seen), seen
 
 
 def test_session_views_of_the_event_store_are_apart() -> None:
