@@ -36,14 +36,11 @@ import pytest
 from loguru import logger
 
 from rho_actors import ActorSystem, ToolCall, tool
-from rho_actors.sandbox import WorkerPool
-from rho_actors.sandbox.warm_workers import WarmWorkers
-from rho_actors.sandbox.worker_handle import WorkerHandle
 from rho_actors.tool import ErrorKind
 
 from .conftest import WAIT_S, wait_for
 from .test_worker_pool_faults import Results, a_call
-from .test_worker_spares import _Seen, worker_pid  # the tool (pickled by value there) and the wait's spy
+from .test_worker_spares import pool_with_held_spare, worker_pid  # the tool is pickled by value there
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -177,21 +174,9 @@ def test_a_call_waiting_for_the_keepers_spare_gets_exactly_one_result_whatever_b
     ``crashed``); the call runs on another worker. ``late``:
     the spare is not ready by the call's start bound; the call is ``unavailable`` (its
     worker did not start in time). Each: one result, never a second one."""
-    ready = threading.Event()
     waited = threading.Event()
-    await_ready = WarmWorkers._await_ready
-
-    def held(self: WarmWorkers, worker: WorkerHandle, wanted: bool = False) -> bool:
-        if not wanted:  # the keeper's spare: its READY read when the test says
-            ready.wait(WAIT_S)
-        return await_ready(self, worker, wanted)
-
-    monkeypatch.setattr(WarmWorkers, "_await_ready", held)
-    p = WorkerPool(warm=1, codec="pickle")
+    p, spare, ready = pool_with_held_spare(monkeypatch, waited)
     try:
-        assert wait_for(lambda: len(p.pids()) == 1)  # the spare's process runs; it is not ready yet
-        [spare] = p.pids()
-        p._warmed = _Seen(p._lock, waited)
         results = Results()
         bound_s = WAIT_S if fate == "killed" else 0.5  # "late": the start bound the product keeps
         call = dataclasses.replace(a_call({}, "c", the_tool=worker_pid), start_by=time.monotonic() + bound_s)

@@ -51,15 +51,13 @@ class _Seen(threading.Condition):
         return super().wait_for(predicate, timeout)
 
 
-def test_a_calls_first_worker_is_the_spare_being_started_not_a_second_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The keeper's spare has started but is not ready (its ``READY`` read held by the
-    test) when a call with a start bound comes: the call waits for that spare (it may
-    use it: the same environment, no scope yet) and runs on it; no worker is started for
-    it beside the spare (before, the call started one of its own: two new workers at
-    once, as a loaded run saw for an untrusted session's first call)."""
+def pool_with_held_spare(monkeypatch: pytest.MonkeyPatch,
+                         waited: threading.Event) -> tuple[WorkerPool, int, threading.Event]:
+    """A ``WorkerPool(warm=1)`` whose keeper's spare runs but is not ready (its ``READY``
+    read held) until the returned event is set; ``waited`` is set when a call first waits
+    for a worker others start. Returns the pool (the caller stops it), the spare's pid and
+    that event."""
     ready = threading.Event()
-    decided = threading.Event()
-    own_starts: list[Any] = []
     await_ready = WarmWorkers._await_ready
 
     def held(self: WarmWorkers, worker: WorkerHandle, wanted: bool = False) -> bool:
@@ -71,8 +69,25 @@ def test_a_calls_first_worker_is_the_spare_being_started_not_a_second_start(monk
     p = WorkerPool(warm=1, codec="pickle")
     try:
         assert wait_for(lambda: len(p.pids()) == 1)  # the spare's process runs; it is not ready yet
-        [spare] = p.pids()
-        p._warmed = _Seen(p._lock, decided)
+    except BaseException:
+        ready.set()
+        p.stop()
+        raise
+    [spare] = p.pids()
+    p._warmed = _Seen(p._lock, waited)
+    return p, spare, ready
+
+
+def test_a_calls_first_worker_is_the_spare_being_started_not_a_second_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keeper's spare has started but is not ready (its ``READY`` read held by the
+    test) when a call with a start bound comes: the call waits for that spare (it may
+    use it: the same environment, no scope yet) and runs on it; no worker is started for
+    it beside the spare (before, the call started one of its own: two new workers at
+    once, as a loaded run saw for an untrusted session's first call)."""
+    decided = threading.Event()
+    own_starts: list[Any] = []
+    p, spare, ready = pool_with_held_spare(monkeypatch, decided)
+    try:
         start_for_call = p._start_for_call
 
         def own(env_key: Any, start: Any) -> None:

@@ -226,13 +226,13 @@ def run_here(spec: CallSpec) -> ToolResult:
     tool raises."""
     value = spec.tool.run(spec.args, spec.ctx)
     if type(value) is CoroutineType:  # inspect.iscoroutine without its frame (a subclass cannot be made)
-        value = asyncio.run(drive(value, spec.deadline, spec.cancel))
+        value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
     return result_from_return(
         spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - spec.dispatched) * 1000
     )
 
 
-async def drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: CancelToken) -> Any:
+async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: CancelToken) -> Any:
     """Run ``coro`` as a task of this event loop until ``deadline``, cancelled when ``cancel`` is set."""
     task = asyncio.ensure_future(coro)
     loop = asyncio.get_running_loop()

@@ -18,13 +18,11 @@ A ``MemoryError`` in a thread call is a ``memory`` result.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import functools
 import queue
 import threading
 import time
-from types import CoroutineType
 from typing import Any, ClassVar
 
 import pykka
@@ -32,10 +30,10 @@ from loguru import logger
 
 from rho_actors.events import IsolationEvent
 from rho_actors.isolation.base import Isolation, IsolationServices
-from rho_actors.isolation.call import Answer, CallSpec, drive, run_on_call_thread
+from rho_actors.isolation.call import Answer, CallSpec, run_here, run_on_call_thread
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timer
-from rho_actors.results import CANCELLED, failure, result_from_return
+from rho_actors.results import CANCELLED, failure
 from rho_actors.tool import ToolResult
 
 __all__ = ["AbandonedThreads", "ThreadIsolation", "on_call_thread"]
@@ -145,14 +143,7 @@ class _Running(Timer):
 
     def cancel(self, reason: str | None = None) -> None:
         call = self.call
-        if not self.cancelled:  # Timer.cancel and dropped, inline: on every call's answer
-            self.cancelled = True
-            self.call = self.answer = None
-            owner = self._owner
-            if owner is not None:
-                owner._dead += 1  # unlocked: a lost count only delays the next compaction
-                if owner._dead > 1024:
-                    owner._cancelled()
+        Timer.cancel(self)
         if reason is not None and call is not None:
             self.isolation.give_up(call, reason)
 
@@ -342,13 +333,8 @@ class ThreadIsolation(Isolation):
 
     def _run(self, call: CallSpec) -> ToolResult:
         """The runner, in the CallActor's thread."""
-        try:  # run_here(call), inline: on every call
-            value = call.tool.run(call.args, call.ctx)
-            if type(value) is CoroutineType:  # an ``async def run``: on a private event loop, cancellable
-                value = asyncio.run(drive(value, call.deadline, call.cancel))
-            return result_from_return(
-                call.call_id, call.name, value, call.max_output_chars, (time.monotonic() - call.dispatched) * 1000
-            )
+        try:
+            return run_here(call)
         except MemoryError:
             return failure("memory_thread", call.call_id, call.name, (time.monotonic() - call.dispatched) * 1000)
         finally:

@@ -318,11 +318,8 @@ class Loop(HeldCalls):
         token = None if cancel is None else _checked_cancel(cancel)
         chosen = False if background is False else _checked_background(background)
         waiter = latch = _Latch()  # the turn's sink, and the thread waiting for it (one object)
-        try:  # _start_turn's body, inline (one frame fewer a turn)
-            telemetry = self.telemetry.turn()  # decided once a turn: the calls' parent span is the one current here
-            self._turns().submit(batch, latch, telemetry=telemetry, cancel=token, context=contextvars.copy_context(),
-                                 background=chosen, chooses=self.model_chooses is True, waiter=waiter,
-                                 own_context=True)
+        try:
+            self._start_turn(batch, latch, token, background=chosen, waiter=waiter)
             until = time.monotonic() + bound_s
             if latch._call is not None:  # the turn's one process call was left for this thread: its reply read here
                 waiter.serve(until)
