@@ -2,7 +2,7 @@
 with, worked out once per registration instead of on every call (internal; PROFILE §37).
 
 :class:`~rho_actors.loop.turns.Turns` reads the plan of a call's entry when it
-dispatches the call (:meth:`CallPlans.of`, or :attr:`CallPlans.kept` inline). A plan is
+dispatches the call (:meth:`CallPlans.of`). A plan is
 the entry's isolation (and the time it may take to start a call), its timeout, whether
 the tool ever runs in the background (``background=False``: no task questions asked),
 whether a call awaited on an event loop runs on that loop, and whether it is
@@ -49,24 +49,19 @@ class CallPlan:
 class CallPlans:
     """A session's plans, by tool name (each for the entry it was made of)."""
 
-    __slots__ = ("_isolations", "kept")
+    __slots__ = ("_isolations", "_kept")
 
     def __init__(self, isolations: Mapping[str, Isolation]) -> None:
         self._isolations = isolations
-        self.kept: dict[str, CallPlan] = {}
-        """The plans by tool name (a plan is for its ``entry`` only: see :meth:`of`)."""
+        self._kept: dict[str, CallPlan] = {}  # by tool name (a plan is for its ``entry`` only: see :meth:`of`)
 
     def of(self, entry: ToolEntry) -> CallPlan:
         """The plan of ``entry`` (a registered entry, looked up in the tool set now)."""
-        plan = self.kept.get(entry.info.name)
+        plan = self._kept.get(entry.info.name)
         if plan is not None and plan.entry is entry:
             return plan
-        return self.made(entry)
-
-    def made(self, entry: ToolEntry) -> CallPlan:
-        """A new plan of ``entry``, kept in place of its name's last one."""
-        plan = CallPlan(entry, self._isolations[entry.isolation])
-        if len(self.kept) >= _KEPT:
-            self.kept.clear()
-        self.kept[plan.name] = plan
+        plan = CallPlan(entry, self._isolations[entry.isolation])  # kept in place of its name's last one
+        if len(self._kept) >= _KEPT:
+            self._kept.clear()
+        self._kept[plan.name] = plan
         return plan

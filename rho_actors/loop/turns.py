@@ -434,9 +434,7 @@ class Turns:
         slot = turn.slots[index]
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
-        plan = self.plans.kept.get(entry.info.name)  # made once per registration: this very entry's
-        if plan is None or plan.entry is not entry:
-            plan = self.plans.made(entry)
+        plan = self.plans.of(entry)  # made once per registration: this very entry's
         resumed = self._resumed.pop(slot.call.id, None) if self._resumed else None
         background = entry.info.policy.background
         task, timeout_ms = ((None, plan.timeout_ms) if resumed is None and plan.plain else
