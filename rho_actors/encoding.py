@@ -74,7 +74,9 @@ def scrub_strings(value: Any, fix: Callable[[str], str] | None = None) -> Any:
     keys included, through ``fix`` (default :func:`scrub_text`): the containers are new
     (a tuple becomes a list), ``value``'s own untouched; any other value as it is. A loop,
     not a recursion: no depth is too deep for it. The one walk for every store of
-    strings that must be valid UTF-8 (a transcript record) or a child's plain data."""
+    strings that must be valid UTF-8 (a transcript record) or a child's plain data.
+    Raises ``ValueError`` naming them when two keys of a dict become one key (``"a\\ud800"``
+    and ``"a\\udc00"``): one value would be lost without a word."""
     fix = scrub_text if fix is None else fix
     if isinstance(value, str):
         return fix(value)
@@ -90,8 +92,20 @@ def scrub_strings(value: Any, fix: Callable[[str], str] | None = None) -> Any:
             stack.extend((copy, i) for i in range(len(copy)))
         elif isinstance(item, dict):
             parent[key] = clean = {fix(k) if isinstance(k, str) else k: v for k, v in item.items()}
+            if len(clean) != len(item):
+                raise ValueError(_collision(item, fix))
             stack.extend((clean, k) for k in clean)
     return root[0]
+
+
+def _collision(item: dict[Any, Any], fix: Callable[[str], str]) -> str:
+    seen: dict[Any, Any] = {}
+    for k in item:
+        clean = fix(k) if isinstance(k, str) else k
+        if clean in seen:
+            return f"the keys {seen[clean]!r} and {k!r} of a dict both become {clean!r} once scrubbed"
+        seen[clean] = k
+    return "two keys of a dict become one once scrubbed"
 
 
 def text_length(text: str | bytes | bytearray) -> int:

@@ -14,6 +14,12 @@ do when the host's own code fails under them, and the keeper's spare a call wait
    it takes that spare rather than start a second worker) whose spare is killed with
    ``SIGKILL`` meanwhile gets a worker of its own, one not ready by its start bound is
    ``unavailable``; one result each, and the pool serves on.
+3. ``scrub_strings`` (a child's plain data, a transcript record) made two keys that
+   scrub to one string (``"a\\x00"`` and ``"a\\x01"`` from a child, ``"a\\ud800"`` and
+   ``"a\\udc00"`` in a record) one key, the other's value dropped without a word: an
+   untrusted tool's schema lost a property and was offered. Now it raises naming both
+   keys: the declaration read is a malformed answer naming the tool, the record one
+   JSON cannot hold.
 
 Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
 """
@@ -202,3 +208,31 @@ def test_a_call_waiting_for_the_keepers_spare_gets_exactly_one_result_whatever_b
     finally:
         ready.set()
         p.stop()
+
+
+class _Colliding:
+    """An untrusted declaration whose schema has two properties a host scrubs to one name."""
+
+    name = staticmethod(lambda: "colliding")
+    description = staticmethod(lambda: "Two properties, one name once scrubbed.")
+    parameter_schema = staticmethod(lambda: {"type": "object", "properties": {
+        "a\x00": {"type": "string"}, "a\x01": {"type": "integer"}}})
+    run = staticmethod(lambda args, ctx: "x")
+
+
+def test_keys_that_scrub_to_one_are_refused_naming_both_never_merged(tmp_path: Path) -> None:
+    from rho_actors import UntrustedReads
+    from rho_actors.agent.lines import record_line
+    from rho_actors.sandbox import wire
+
+    with ActorSystem(data_dir=tmp_path, untrusted=UntrustedReads(timeout_s=WAIT_S), shutdown_ms=1_000) as system:
+        registration = system.register(_Colliding, untrusted=True)  # a real read, in a child process
+        assert not registration.offered, "a property was dropped from the schema without a word"
+        reason = registration.reason or ""
+        assert "_Colliding" in reason and "'a\\x00' and 'a\\x01'" in reason, reason
+    with pytest.raises(wire.WireError, match="both become"):
+        wire.decode_json(b'{"a\\ud800": 1, "a\\udc00": 2}')
+    with pytest.raises(ValueError, match=r"a result record cannot be written as JSON: the keys"):
+        record_line({"type": "result", "details": dict([("a\ud800", 1), ("a\udc00", 2)])})
+    _, line = record_line({"type": "result", "details": {"a\ud800": 1, "b": 2}})  # no collision: scrubbed
+    assert "a\ufffd" in line.decode()

@@ -47,11 +47,15 @@ def record_line(record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     """``record`` as written, its ``sum`` added, and its line (JSON in UTF-8, newline
     ended): ``record`` itself, or, when a string in it (a key too) is not valid UTF-8, a
     copy with every string's lone surrogates replaced. Raises ``ValueError`` for a value
-    JSON cannot hold."""
+    JSON cannot hold, or two keys of a dict that become one so (neither is dropped)."""
     try:
         return _line(record)
     except UnicodeEncodeError:  # rare: only then is the record walked
-        return _line(scrub_strings(record))
+        try:
+            scrubbed = scrub_strings(record)
+        except ValueError as exc:  # two keys that scrub to one: neither is lost without a word
+            raise ValueError(f"a {record.get('type')} record cannot be written as JSON: {exc}") from None
+        return _line(scrubbed)
 
 
 def _line(full: dict[str, Any]) -> tuple[dict[str, Any], bytes]:

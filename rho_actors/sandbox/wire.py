@@ -616,7 +616,10 @@ def decode_json(body: bytes, max_containers: int = 2**20, max_depth: int = MAX_P
         value = loads_bounded(body, max_containers=max_containers, max_depth=max_depth, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise WireError(describe_exception(exc)) from None
-    return scrub_strings(value, child_text)
+    try:
+        return scrub_strings(value, child_text)
+    except ValueError as exc:  # two keys that scrub to one
+        raise WireError(str(exc)) from None
 
 
 _SERVED_KEYS: Final = frozenset({"ok", "value", "type", "message"})
@@ -673,7 +676,10 @@ def decode_served(codec: str, body: bytes) -> tuple[bool, Any, str, str]:
         problem = plain_problem(answer["value"], "answer.value")
         if problem is not None:
             raise WireError(problem)
-        return True, scrub_strings(answer["value"], child_text), "", ""
+        try:
+            return True, scrub_strings(answer["value"], child_text), "", ""
+        except ValueError as exc:  # two keys that scrub to one
+            raise WireError(f"answer.value: {exc}") from None
     name, message = answer["type"], answer["message"]
     if type(name) is not str or type(message) is not str or len(name) > 200 or len(message) > MAX_SERVED_MESSAGE_CHARS:
         raise WireError("answer.type and answer.message must be short strings")
