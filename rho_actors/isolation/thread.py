@@ -228,9 +228,10 @@ class ThreadIsolation(Isolation):
                 timers.schedule(running)
             except RuntimeError:  # the timers are stopped: the system is stopping
                 raise pykka.ActorDeadError("the system is stopping") from None
+        heap = timers._heap
         try:  # timers.run_due's first look, inline (no frame when nothing is due, the usual case)
-            due = timers._heap[0][0] <= call.dispatched
-        except IndexError:
+            due = bool(heap) and heap[0][0] <= call.dispatched  # an empty heap raises nothing (no deadline kept there)
+        except IndexError:  # emptied just now by another thread
             due = False
         if due:  # passed deadlines of other calls: fired while this thread runs
             timers.run_due(call.dispatched)
