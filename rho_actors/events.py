@@ -153,22 +153,29 @@ class EventBus:
         (``WARNING`` for ``timed_out``, else ``DEBUG``, from ``rho_actors``). Loguru has
         no public question for the latter, so this reads what its ``_log`` reads (0.7:
         the core's ``min_level``, its cache of enabled modules, else its activation list,
-        as ``_log`` does), and says yes whenever they cannot be read. Asked twice a call:
-        one frame, inline."""
+        as ``_log`` does), and says yes whenever they cannot be read. An answer worked out
+        from the activation list is kept in that cache under this module's name, as
+        ``_log`` keeps it (read in its order: the cache first, then the list; loguru's
+        ``enable``/``disable`` update what the cache holds): asked twice a call, the list
+        is walked once. One frame, inline."""
         if self._call_subscribers > 0:
             return True
         core: Any = getattr(logger, "_core", None)
         try:
             if (_WARNING if kind == "timed_out" else _DEBUG) < core.min_level:
                 return False
-            enabled = core.enabled.get(__name__)
+            cache = core.enabled
+            enabled = cache.get(__name__)
             if enabled is not None:
                 return bool(enabled)
             dotted = __name__ + "."
+            enabled = True
             for prefix, status in core.activation_list:  # most specific first, as loguru keeps it
                 if dotted[: len(prefix)] == prefix:
-                    return bool(status)
-            return True
+                    enabled = bool(status)
+                    break
+            cache[__name__] = enabled
+            return enabled
         except (AttributeError, TypeError):
             return True
 

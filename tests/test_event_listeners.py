@@ -96,6 +96,23 @@ def test_a_sink_above_debug_or_a_disabled_package_builds_none(system: ActorSyste
         logger.add(sys.stderr)  # loguru's default again
 
 
+def test_the_kept_answer_for_a_disabled_package_follows_enable_and_disable() -> None:
+    bus = EventBus()  # loguru's default sink takes DEBUG; rho_actors is disabled (as it is imported)
+    assert not bus.wants_calls("started") and not bus.wants_calls("finished")  # asked again: the kept answer
+    logger.enable("rho_actors")
+    try:
+        assert bus.wants_calls("started")  # the sink takes the line now
+    finally:
+        logger.disable("rho_actors")
+    assert not bus.wants_calls("started")
+    logger.enable("rho_actors.events")  # the module itself, more specific than the package
+    try:
+        assert bus.wants_calls("finished")
+    finally:
+        logger.disable("rho_actors.events")
+    assert not bus.wants_calls("finished")
+
+
 def test_a_subscriber_of_some_types_gets_only_those_and_wants_no_call_events() -> None:
     bus = EventBus()
     got: list[Any] = []

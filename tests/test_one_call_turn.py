@@ -21,7 +21,7 @@ from rho_actors import ActorSystem, CallEvent, CancelToken, ToolCall, tool
 from rho_actors.loop.messages import RunTurn
 from rho_actors.tool import ErrorKind
 
-from .conftest import WAIT_S, wait_for
+from .conftest import WAIT_S, slack, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,6 +53,18 @@ def hold_alone(ctx: Mapping[str, Any]) -> str:
 @tool(timeout_ms=200)
 def deaf() -> str:
     """Ignore the deadline's cancel: return only once released."""
+    STARTED.set()
+    RELEASE.wait(WAIT_S)
+    return "late"
+
+
+DEAF_CTX: list[Mapping[str, Any]] = []
+
+
+@tool(timeout_ms=300)
+def deaf_kept(ctx: Mapping[str, Any]) -> str:
+    """Ignore the deadline's cancel (keep the ctx to look at): return only once released."""
+    DEAF_CTX.append(ctx)
     STARTED.set()
     RELEASE.wait(WAIT_S)
     return "late"
@@ -96,9 +108,10 @@ def which_held() -> str:
 def system(tmp_path: Path) -> Iterator[ActorSystem]:
     STARTED.clear()
     RELEASE.clear()
+    DEAF_CTX.clear()
     system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=1_000)
     try:
-        for t in (hold, hold_alone, deaf, crash, mark):
+        for t in (hold, hold_alone, deaf, deaf_kept, crash, mark):
             system.register(t)
         yield system
     finally:
@@ -153,6 +166,38 @@ def test_a_one_call_turn_past_its_deadline_is_a_timeout_and_its_late_reply_an_ev
         RELEASE.set()  # its tool returns now, past the deadline: a late reply
         assert wait_for(lambda: any(e.kind == "late" and e.call_id == "c1" for e in events))
         assert [e.kind for e in events if e.call_id == "c1" and e.kind in ("finished", "timed_out")] == ["timed_out"]
+    finally:
+        unsubscribe()
+
+
+def test_run_turns_waiting_thread_keeps_its_one_calls_deadline(system: ActorSystem) -> None:
+    """The thread waiting in ``run_turn`` keeps its one thread call's deadline (no timer
+    scheduled): a hung tool is answered ``timeout`` at the deadline, its ``ctx["cancel"]`` set."""
+    timers = system._runtime.timers
+    loop = system.start_loop("s")
+    began = time.monotonic()
+    waiting = _in_thread(lambda: loop.run_turn([ToolCall("c1", "deaf_kept", "{}")]))  # the default wait: past it
+    assert STARTED.wait(WAIT_S)
+    deadlines = [t for _, _, t in list(timers._heap) if getattr(t, "call", None) is not None]
+    [result] = waiting.result(WAIT_S)
+    elapsed = time.monotonic() - began
+    assert deadlines == []  # its deadline was never the timer thread's
+    assert result.error_kind is ErrorKind.TIMEOUT, result
+    assert DEAF_CTX[0]["cancel"].cancelled  # set before the timeout was delivered
+    assert 0.3 <= elapsed < 0.3 + slack(0.5)
+
+
+def test_a_run_turn_that_stops_waiting_first_leaves_its_calls_deadline_to_the_timers(system: ActorSystem) -> None:
+    """A caller whose own bound ends before its call's deadline (``TimeoutError``) hands
+    the deadline it kept to the system's timers: the call is still answered at it."""
+    events: list[CallEvent] = []
+    unsubscribe = system.subscribe(events.append, only=(CallEvent,))
+    try:
+        loop = system.start_loop("s")
+        with pytest.raises(TimeoutError):
+            loop.run_turn([ToolCall("c1", "deaf_kept", "{}")], timeout_s=0.05)
+        assert wait_for(lambda: any(e.kind == "timed_out" and e.call_id == "c1" for e in events))
+        assert DEAF_CTX[0]["cancel"].cancelled
     finally:
         unsubscribe()
 

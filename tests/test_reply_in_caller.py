@@ -29,6 +29,7 @@ import pytest
 from rho_actors import ActorSystem, CallEvent, ToolCall
 from rho_actors.cancel import CancelToken
 from rho_actors.function_tool import tool
+from rho_actors.otp.timers import Timer, Timers
 from rho_actors.sandbox import Waiter, WorkerCall, WorkerPool
 from rho_actors.sandbox.replies import Replies
 from rho_actors.tool import ErrorKind, ToolResult
@@ -406,3 +407,55 @@ def test_a_reply_forged_for_an_earlier_call_is_never_the_held_calls_result(pool:
     [(result, _)] = other.results
     assert "secret" not in result.content
     assert result.error_kind is ErrorKind.CRASHED and "a reply to another call" in result.content, result
+
+
+class _Fired(Timer):
+    __slots__ = ("fired",)
+
+    def __init__(self, when: float) -> None:
+        super().__init__(when)
+        self.fired = threading.Event()
+
+    def fire(self) -> None:
+        self.fired.set()
+
+
+class _Interrupted:
+    """A lock whose wait is interrupted (as a ``KeyboardInterrupt`` in the host's wait)."""
+
+    def acquire(self, timeout: float = -1) -> bool:
+        raise KeyboardInterrupt
+
+
+def test_a_kept_deadline_fires_in_the_waiting_thread_or_goes_to_the_timers() -> None:
+    """A waiter's kept deadline (one, from its own thread) fires in its wait when it
+    comes first; a wait interrupted, or handed over, gives it to the timers, which fire it."""
+    timers = Timers()
+    try:
+        waiter, lock = Waiter(), threading.Lock()
+        lock.acquire()
+        kept = _Fired(time.monotonic() + 0.05)
+        assert waiter.keep(kept, timers) and not waiter.keep(_Fired(0.0), timers)  # once
+        assert not waiter.wait(lock, time.monotonic() + 0.1)  # never released: the deadline fired here
+        assert kept.fired.is_set() and kept.timers is None
+
+        other = Waiter()
+        held: list[bool] = []
+        thread = threading.Thread(target=lambda: held.append(other.keep(_Fired(0.0), timers)))
+        thread.start()
+        thread.join(WAIT_S)
+        assert held == [False]  # only from the waiter's own thread
+
+        interrupted = _Fired(time.monotonic() + 0.05)
+        assert other.keep(interrupted, timers)
+        with pytest.raises(KeyboardInterrupt):
+            other.wait(_Interrupted(), time.monotonic() + WAIT_S)  # type: ignore[arg-type]
+        assert interrupted.fired.wait(WAIT_S) and interrupted.timers is timers
+
+        handed = _Fired(time.monotonic() + 0.05)
+        last = Waiter()
+        assert last.keep(handed, timers)
+        last.hand_over()
+        assert handed.fired.wait(WAIT_S) and handed.timers is timers
+    finally:
+        timers.stop()

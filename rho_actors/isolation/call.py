@@ -160,9 +160,10 @@ class Answer:
         service = timer._owner if timer is not None else None
         if service is not None:  # other calls' passed deadlines: this thread is running
             now = time.monotonic()
+            heap = service._heap
             try:  # run_due's first look, inline (no frame when nothing is due, the usual case)
-                due = service._heap[0][0] <= now
-            except IndexError:
+                due = bool(heap) and heap[0][0] <= now  # an empty heap raises nothing
+            except IndexError:  # emptied just now by another thread
                 due = False
             if due:
                 service.run_due(now)

@@ -1,7 +1,9 @@
 """``thread`` isolation: a call runs in its CallActor's own thread (DESIGN §5).
 
 At the deadline the call's result is a ``timeout`` error on time (unless C code holds
-the GIL): the system's timer thread claims the call's :class:`Answer` for the timeout
+the GIL): the system's timer thread (or the host's thread waiting in ``run_turn`` for a
+turn's one call, which keeps that call's deadline: :meth:`Waiter.keep
+<rho_actors.sandbox.Waiter.keep>`) claims the call's :class:`Answer` for the timeout
 first, then sets the call's :class:`~rho_actors.CancelToken` (an ``async def run`` is
 really cancelled) and abandons its thread: counted, and never waited for. What it
 returns later, ``ok`` included, is reported as ``late``; a result the tool returns
@@ -220,13 +222,16 @@ class ThreadIsolation(Isolation):
         running.answer = answer = Answer(call)
         answer.timer = running
         timers = s.timers
-        try:
-            timers.schedule(running)
-        except RuntimeError:  # the timers are stopped: the system is stopping
-            raise pykka.ActorDeadError("the system is stopping") from None
+        waiter = call.waiter  # the starting thread waits for this call alone (run_turn): it may keep the deadline
+        if waiter is None or not waiter.keep(running, timers):
+            try:
+                timers.schedule(running)
+            except RuntimeError:  # the timers are stopped: the system is stopping
+                raise pykka.ActorDeadError("the system is stopping") from None
+        heap = timers._heap
         try:  # timers.run_due's first look, inline (no frame when nothing is due, the usual case)
-            due = timers._heap[0][0] <= call.dispatched
-        except IndexError:
+            due = bool(heap) and heap[0][0] <= call.dispatched  # an empty heap raises nothing (no deadline kept there)
+        except IndexError:  # emptied just now by another thread
             due = False
         if due:  # passed deadlines of other calls: fired while this thread runs
             timers.run_due(call.dispatched)

@@ -328,8 +328,8 @@ class Loop(HeldCalls):
         except BaseException:  # raised or interrupted before the read: the held call goes to its pool's reader
             waiter.hand_over()
             raise
-        if not latch.held.acquire(timeout=min(max(0.0, until - time.monotonic()), threading.TIMEOUT_MAX)):
-            raise TimeoutError(f"the turn did not finish within {bound_s} s")  # the latch's wait, inline: no frame
+        if not latch.wait(latch.held, until):  # its one thread call's deadline kept here: fired here if it comes
+            raise TimeoutError(f"the turn did not finish within {bound_s} s")
         return latch.results
 
     async def arun_turn(
@@ -566,7 +566,7 @@ class _Latch(Waiter):
     runs_host_code: ClassVar[bool] = False  # set_result releases a lock: the host's code runs in its own thread
 
     def __init__(self) -> None:
-        self._thread, self._call, self._replies = threading.get_ident(), None, None  # Waiter's, without its frame
+        self._thread, self._call, self._replies, self._deadline = threading.get_ident(), None, None, None  # Waiter's
         self.results: list[ToolResult] = []
         self.held = threading.Lock()  # released once the results are set: run_turn waits on it
         self.held.acquire()

@@ -229,10 +229,10 @@ class Turns:
         withheld, names = self._snapshot, self._kept.names  # the snapshot, remade only when they changed
         if withheld.names is not names:
             withheld = self._withheld
-        turn = Turn(next(self._turn_ids), list(map(Slot, range(len(calls)), calls)), future,
-                     withheld.listed, context=context, telemetry=telemetry, on_result=on_result, aio=aio,
-                     on_start=on_start, background=background, own_context=own_context,
-                     journal=self.approvals is not None and not RECORDED_BY_CALLER.get())
+        slots = [Slot(0, calls[0])] if len(calls) == 1 else list(map(Slot, range(len(calls)), calls))
+        turn = Turn(next(self._turn_ids), slots, future, withheld.listed, context, own_context, telemetry, on_result,
+                    on_start, aio, background,  # in its fields' order: keywords were half of making it
+                    self.approvals is not None and not RECORDED_BY_CALLER.get())
         refused: list[Slot] = []
         held: list[tuple[ToolCall, PendingCall]] = []
         if cancel is None or not cancel.cancelled:

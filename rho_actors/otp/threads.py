@@ -77,7 +77,28 @@ def _end() -> None:
 
 _PATIENCE_S = 0.001  # a job queued this long after the last thread was woken for the queue wakes another
 _END: _Handoff = (_end, "")  # what a thread takes when none waits and it is to end
-_THREAD = threading.local()  # per thread: ``pool`` (the ThreadPool it serves), ``host`` (host_code depth)
+
+
+class _ThreadState(threading.local):
+    """Per thread: ``pool``, the ThreadPool it serves, and ``host``, the host_code depth.
+    The class's values are every thread's until it sets its own: reading them on a thread
+    that never did raises and clears no ``AttributeError`` (a ``getattr`` default would,
+    formatting its message: on every call submitted from a host's thread)."""
+
+    pool: ThreadPool | None = None
+    host = 0
+
+
+class _PoolLocal(threading.local):
+    """Per thread of one pool: ``handing`` (within :meth:`ThreadPool.hand_over`) and
+    ``next`` (a job handed over), set on its own threads only: ``handing`` is ``False``
+    elsewhere without an ``AttributeError`` raised and cleared (:class:`_ThreadState`),
+    and ``next`` is missing there (what tells a pool's thread from others)."""
+
+    handing = False
+
+
+_THREAD = _ThreadState()
 
 
 _STARTED_WAIT_S = 5.0  # how long an interrupted start waits for a thread it may have started to say so
@@ -112,12 +133,12 @@ class _HostCode:
     __slots__ = ("_depth",)
 
     def __enter__(self) -> None:
-        pool: ThreadPool | None = getattr(_THREAD, "pool", None)
+        pool = _THREAD.pool
         if pool is None:
             self._depth = -1
             return
         pool.release()
-        self._depth = depth = getattr(_THREAD, "host", 0)
+        self._depth = depth = _THREAD.host
         _THREAD.host = depth + 1
 
     def __exit__(self, *exc_info: object) -> None:
@@ -149,7 +170,7 @@ class ThreadPool:
         self._coming = 0  # threads on their way to take waiting jobs (woken, or started), running none
         self._woken_at = 0.0  # when the last of them was woken (time.monotonic())
         self._closed = False
-        self._local = threading.local()  # per thread: ``handing`` (bool) and ``next`` (a job handed over)
+        self._local = _PoolLocal()  # per thread: ``handing`` (bool) and ``next`` (a job handed over)
         self.threads_started = 0
         """How many threads this pool has started."""
 
@@ -161,8 +182,7 @@ class ThreadPool:
         ``may_take_over``, inside :meth:`hand_over` it runs on this thread instead, once
         the current job returns: only for a job that nothing in the current job waits for."""
         local = self._local
-        if (may_take_over and getattr(local, "handing", False) and getattr(local, "next", None) is None
-                and not getattr(_THREAD, "host", 0)):
+        if may_take_over and local.handing and getattr(local, "next", None) is None and not _THREAD.host:
             local.next = (job, name)  # runs on this thread once its current job returns
             return
         handoff: queue.SimpleQueue[bool] | None = None

@@ -43,6 +43,7 @@ from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
+from rho_actors.otp.timers import Timer, Timers
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import Malformed
 from rho_actors.sandbox.worker_handle import WorkerHandle
@@ -128,14 +129,20 @@ class Waiter:
     worker and then this thread, and no reader between them. A call is held only from
     the thread that made the waiter, before :meth:`close`, once; a call written from
     any other thread, or after, goes to the reader as usual. A held call must be
-    :meth:`serve`\ d (or :meth:`hand_over`\ ed): no other thread reads it meanwhile."""
+    :meth:`serve`\ d (or :meth:`hand_over`\ ed): no other thread reads it meanwhile.
 
-    __slots__ = ("_call", "_replies", "_thread")
+    Its thread may also keep the deadline of that call (:meth:`keep`: a call thread's,
+    in ``run_turn`` of a one-call turn): it waits (:meth:`wait`) until the deadline's
+    instant at most and fires it there itself, so no timer is scheduled for the call.
+    A kept deadline must be waited for (or :meth:`hand_over`\ ed: it goes to its timers)."""
+
+    __slots__ = ("_call", "_deadline", "_replies", "_thread")
 
     def __init__(self) -> None:
         self._thread: int | None = threading.get_ident()
         self._call: OpenCall | None = None
         self._replies: Replies | None = None
+        self._deadline: tuple[Timer, Timers] | None = None
 
     def hold(self, replies: Replies, call: OpenCall) -> bool:
         """Keep ``call`` (of ``replies``' pool, not yet written) for this waiter's thread;
@@ -168,11 +175,69 @@ class Waiter:
 
     def hand_over(self) -> None:
         """The thread will not wait (it raised): the held call, if any, goes to the pool's
-        reader. Closes the waiter."""
-        call, replies = self._call, self._replies
-        self._thread = self._call = self._replies = None
+        reader, the kept deadline to its timers. Closes the waiter."""
+        call, replies, deadline = self._call, self._replies, self._deadline
+        self._thread = self._call = self._replies = self._deadline = None
+        if deadline is not None:
+            _schedule(*deadline)
         if call is not None and replies is not None:
             replies.hand_over(call, "its caller stopped waiting")
+
+    def keep(self, timer: Timer, timers: Timers) -> bool:
+        """Keep ``timer``, the deadline of the call about to start (not scheduled yet),
+        for this thread, which fires it itself if :meth:`wait` reaches its instant; its
+        ``timers`` get it only if the thread does not wait after all (:meth:`hand_over`).
+        Only from the thread that made the waiter, before :meth:`close`, once: whether it
+        was kept (else it is to be scheduled as usual)."""
+        if self._thread != threading.get_ident() or self._deadline is not None:
+            return False
+        self._deadline = (timer, timers)
+        return True
+
+    def wait(self, lock: threading.Lock, until: float) -> bool:
+        """Acquire ``lock`` (released once the call is answered) by ``until`` (a
+        ``time.monotonic()`` instant); whether it was. A kept deadline that comes first is
+        fired in this thread at its instant (as :meth:`Timers.run_due
+        <rho_actors.otp.timers.Timers.run_due>` fires a passed deadline: the call's
+        ``timeout`` answers it, its token set), and the wait goes on to ``until``; a wait
+        that ends before it (``until`` first, or a ``KeyboardInterrupt``) hands the
+        deadline to its timers."""
+        deadline = self._deadline
+        if deadline is not None:
+            self._deadline = None
+            timer = deadline[0]
+            try:
+                acquired = lock.acquire(timeout=min(max(0.0, min(timer.when, until) - time.monotonic()),
+                                                    threading.TIMEOUT_MAX))
+            except BaseException:  # this thread will not fire it: the timers do
+                _schedule(*deadline)
+                raise
+            if acquired:
+                return True
+            if until < timer.when:  # the caller stops waiting first: the timers keep the deadline
+                _schedule(*deadline)
+                return False
+            if not timer.cancelled:  # no result won meanwhile: fired here (a later cancel() is a no-op)
+                timer.cancelled = True
+                try:
+                    timer.fire()
+                except Exception:  # as the timer thread goes on after a timer that raised
+                    logger.exception("the deadline kept by run_turn's thread raised")
+        return lock.acquire(timeout=_seconds_to(until))
+
+
+def _seconds_to(instant: float) -> float:
+    """The seconds from now to ``instant`` (``time.monotonic()``), as a lock's timeout."""
+    return min(max(0.0, instant - time.monotonic()), threading.TIMEOUT_MAX)
+
+
+def _schedule(timer: Timer, timers: Timers) -> None:
+    """Schedule a deadline no thread keeps any more; stopped timers (the system stopping,
+    which answers its calls itself) drop it, as they drop the deadlines they hold."""
+    try:
+        timers.schedule(timer)
+    except RuntimeError:
+        logger.debug("a kept deadline was dropped: the timers are stopped")
 
 
 def _kill(call: OpenCall) -> None:
