@@ -125,7 +125,7 @@ class Turns:
         self._events = runtime.events
         self._telemetry = runtime.telemetry
         self._tasks = runtime.tasks
-        self.plans = CallPlans(runtime.isolations)  # what each tool's calls start with, made once
+        self.plans = CallPlans(runtime.isolations, runtime.plans)  # what each tool's calls start with: the system's
         self._turns: dict[int, Turn] = {}  # admitted, unfinished turns; finished from call threads too
         self._lock = threading.Lock()  # guards admission into ``_turns`` and ``closed`` (a turn leaves by one pop)
         self.closed: str | None = None  # once closed: the key of the result open calls got
