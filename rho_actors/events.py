@@ -153,22 +153,24 @@ class EventBus:
         (``WARNING`` for ``timed_out``, else ``DEBUG``, from ``rho_actors``). Loguru has
         no public question for the latter, so this reads what its ``_log`` reads (0.7:
         the core's ``min_level``, its cache of enabled modules, else its activation list,
-        as ``_log`` does), and says yes whenever they cannot be read. Asked twice a call:
-        one frame, inline."""
+        as ``_log`` does, keeping the module's answer in that cache as ``_log`` does: loguru's
+        ``enable``/``disable`` update it), and says yes whenever they cannot be read. Asked
+        twice a call: one frame, inline."""
         if self._call_subscribers > 0:
             return True
         core: Any = getattr(logger, "_core", None)
         try:
             if (_WARNING if kind == "timed_out" else _DEBUG) < core.min_level:
                 return False
-            enabled = core.enabled.get(__name__)
+            modules = core.enabled  # replaced whole by loguru's enable/disable: an answer kept below stays in it
+            enabled = modules.get(__name__)
             if enabled is not None:
                 return bool(enabled)
             dotted = __name__ + "."
-            for prefix, status in core.activation_list:  # most specific first, as loguru keeps it
-                if dotted[: len(prefix)] == prefix:
-                    return bool(status)
-            return True
+            # most specific first, as loguru keeps it; none matching: enabled
+            status = next((bool(s) for prefix, s in core.activation_list if dotted[: len(prefix)] == prefix), True)
+            modules[__name__] = status  # what _log keeps for the module: not walked again
+            return status
         except (AttributeError, TypeError):
             return True
 
