@@ -127,3 +127,25 @@ def test_a_text_refused_is_refused_in_every_session(system: ActorSystem) -> None
         [refused] = loop.run_turn([ToolCall(f"c{n}", "strictly", '{"n": 1.5}')], timeout_s=WAIT_S)
         assert refused.error_kind is ErrorKind.INVALID_ARGUMENTS, refused
         loop.stop()
+
+
+@tool(concurrency="exclusive")
+def step(n: int) -> int:
+    """An exclusive tool: says its number back."""
+    return n
+
+
+def test_long_exclusive_turns_of_many_sessions_run_in_order_never_nested(system: ActorSystem) -> None:
+    """Each call of an exclusive turn refused at its start (the session's budget used up)
+    settles in the thread that started it, which then starts the next: one after another
+    in that thread's chain, never a call inside the last one's settle, for every session
+    (one chain per thread, shared by the sessions: a turn finds its own by identity)."""
+    system.register(step)
+    for n in range(3):
+        loop = system.start_loop(f"s{n}", max_calls_per_session=1)
+        calls = [ToolCall(f"c{n}-{i}", "step", f'{{"n": {i}}}') for i in range(1_500)]  # past the recursion limit
+        results = loop.run_turn(calls, timeout_s=WAIT_S)
+        assert [r.call_id for r in results] == [c.id for c in calls]
+        assert results[0].content == "0", results[0]
+        assert all(r.error_kind is ErrorKind.BUDGET_EXHAUSTED for r in results[1:]), {r.error_kind for r in results}
+        loop.stop()

@@ -88,6 +88,7 @@ if TYPE_CHECKING:
 __all__ = ["ResultSink", "Turns"]
 
 _MAX_NAMES_LISTED = 40
+_CHAIN = threading.local()  # per thread, one for all sessions: the exclusive turn whose calls it starts in turn
 _VALID_CHARS = 1_024  # arguments texts up to this long are remembered once found valid...
 _VALID_KEPT = 128  # ...this many per registration, for every session (then forgotten all at once)
 
@@ -130,7 +131,6 @@ class Turns:
         self._lock = threading.Lock()  # guards admission into ``_turns`` and ``closed`` (a turn leaves by one pop)
         self.closed: str | None = None  # once closed: the key of the result open calls got
         self._turn_ids = itertools.count(1)
-        self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
         # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
         self._offer: tuple[int, Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
         self._resumed: dict[str, Task] = {}  # tasks run again after a crash, by call id, until dispatched
@@ -416,7 +416,7 @@ class Turns:
         step settled it, settles at once): one after another, never nested, however long
         the turn. Another turn started meanwhile on this thread (by a tool's first step
         run in the dispatch, say) gets its own chain at once: it may be waited for there."""
-        local = self._chain
+        local = _CHAIN  # one for all sessions: made per session, each thread's dict in it was made anew
         outer: tuple[Turn, deque[tuple[Turn, int]]] | None = getattr(local, "held", None)
         if outer is not None and outer[0] is turn:  # inside this turn's dispatch: its loop below starts it
             outer[1].append((turn, index))
