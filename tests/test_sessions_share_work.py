@@ -1,8 +1,8 @@
 """What a system's sessions share instead of each working it out again (PROFILE §40): a
 tool's call plan (:mod:`rho_actors.loop.call_plan`), made once per registration for every
-session, and the arguments texts found valid for a registration, decoded and checked once
-for every session: never used for another registration of the tool's name, never passing
-arguments that registration's schema rejects, each call still given its own value."""
+session, and never used for another registration of the tool's name; and what each
+session keeps of the arguments texts found valid (per session, by the registration they
+were valid for) never passes arguments a later registration's schema rejects."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, ToolCall, tool
-from rho_actors.declarations import arguments
-from rho_actors.loop import call_plan, turns
+from rho_actors.loop import call_plan
 from rho_actors.tool import ErrorKind
 
 from .conftest import WAIT_S
@@ -34,13 +33,6 @@ def which_v1() -> str:
 def which_v2(ctx: Mapping[str, Any]) -> str:
     """The second registration: says how long is left to its deadline (its own timeout's)."""
     return f"v2 {ctx['deadline'] - time.monotonic():.1f}"
-
-
-@tool
-def grow(items: list[int]) -> int:
-    """Append to the list it is given and say how long it is."""
-    items.append(0)
-    return len(items)
 
 
 @pytest.fixture
@@ -83,26 +75,6 @@ def test_a_registration_again_is_what_every_sessions_next_call_runs(system: Acto
     assert system.unregister("which")
     system.register(which_v1)  # and back: a new entry, never the plan made of the first one
     assert second.run_turn([ToolCall("b2", "which", "{}")], timeout_s=WAIT_S)[0].content == "v1"
-
-
-def test_a_text_found_valid_in_one_session_is_not_decoded_again_in_another(
-    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    system.register(grow)
-    decoded: list[object] = []
-    decode = arguments.decode_arguments
-
-    def counted(arguments: Any, max_depth: int) -> dict[str, Any]:
-        decoded.append(arguments)
-        return decode(arguments, max_depth)
-
-    monkeypatch.setattr(turns, "decode_arguments", counted)
-    for n in range(3):
-        loop = system.start_loop(f"s{n}")
-        results = loop.run_turn([ToolCall(f"c{n}", "grow", '{"items": [1, 2]}')], timeout_s=WAIT_S)
-        assert results[0].content == "3", results  # its own value: the tool's append never reaches the next call
-        loop.stop()
-    assert decoded == ['{"items": [1, 2]}']
 
 
 def test_a_text_valid_for_one_registration_is_refused_by_the_next_in_every_session(system: ActorSystem) -> None:

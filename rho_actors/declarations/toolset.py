@@ -131,11 +131,6 @@ class ToolEntry:
     async_run: bool | None = field(default=None, init=False, repr=False, compare=False)
     """Whether the tool's ``run`` is ``async``: found on the first call awaited on an event
     loop (:func:`rho_actors.loop.inline.runs_inline`), kept for every later one."""
-    valid_texts: dict[str, tuple[int, bytes]] = field(default_factory=dict, init=False, repr=False, compare=False)
-    """Arguments texts found valid for this registration by any session's turn, each with
-    the depth bound it was decoded under and its decoded value marshalled
-    (:meth:`rho_actors.loop.turns.Turns._prepare`): a registration again is a new entry,
-    checked anew."""
 
     def __post_init__(self) -> None:
         try:  # a checked schema is JSON data: marshal copies it exactly, and fast

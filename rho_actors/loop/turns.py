@@ -89,8 +89,8 @@ __all__ = ["ResultSink", "Turns"]
 
 _MAX_NAMES_LISTED = 40
 _CHAIN = threading.local()  # per thread, one for all sessions: the exclusive turn whose calls it starts in turn
-_VALID_CHARS = 1_024  # arguments texts up to this long are remembered once found valid...
-_VALID_KEPT = 128  # ...this many per registration, for every session (then forgotten all at once)
+_VALID_CHARS = 4096  # arguments texts up to this long are remembered once found valid...
+_VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
 
 
 class Turns:
@@ -131,6 +131,9 @@ class Turns:
         self._lock = threading.Lock()  # guards admission into ``_turns`` and ``closed`` (a turn leaves by one pop)
         self.closed: str | None = None  # once closed: the key of the result open calls got
         self._turn_ids = itertools.count(1)
+        # arguments texts found valid, by (tool name, text): the entry they were valid for and
+        # the decoded value marshalled (decoded, checked once)
+        self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes]] = {}
         # the last offer, by version: its entries and their schemas marshalled in chunks (offered() copies)
         self._offer: tuple[int, Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
         self._resumed: dict[str, Task] = {}  # tasks run again after a crash, by call id, until dispatched
@@ -342,15 +345,14 @@ class Turns:
         if entry is None or name in withheld or (self._allowed is not None and not self._allows(entry)):
             return self._lookup_error(call.id, name, entry, tools, withheld)
         arguments = call.arguments
-        depth = self._limits.max_argument_depth
-        key = arguments if type(arguments) is str and len(arguments) <= _VALID_CHARS else None
+        key = (name, arguments) if type(arguments) is str and len(arguments) <= _VALID_CHARS else None
         if key is not None:
-            known = entry.valid_texts.get(key)  # found valid for this very registration (by any session)
-            if known is not None and known[0] == depth:
+            known = self._valid.get(key)
+            if known is not None and known[0] is entry:  # this text was valid for this very registration
                 slot.entry, slot.args = entry, marshal.loads(known[1])
                 return None
         try:
-            args = decode_arguments(call.arguments, depth)
+            args = decode_arguments(call.arguments, self._limits.max_argument_depth)
         except ArgumentsError as err:
             return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
         if entry.info.policy.background == "optional" and isinstance(args, dict) and RUN_IN_BACKGROUND in args:
@@ -368,22 +370,19 @@ class Turns:
             return failure("invalid_arguments", call.id, name, problems="; ".join(problems))
         slot.entry, slot.args, slot.validated_s = entry, args, time.monotonic() - began
         if key is not None:
-            self._remember(key, entry, args, depth)
+            self._remember(key, entry, args)
         return None
 
-    @staticmethod
-    def _remember(text: str, entry: ToolEntry, args: dict[str, Any], depth: int) -> None:
-        """Keep ``text``, valid for ``entry`` (decoded within ``depth`` levels), with its
-        decoded value on the entry, for every session's later calls (marshalled: each gets its
-        own copy, as if decoded afresh; a text that chose to run in the background is not kept)."""
+    def _remember(self, key: tuple[str, str], entry: ToolEntry, args: dict[str, Any]) -> None:
+        """Keep valid arguments text of ``entry``'s tool with its decoded value (marshalled:
+        each later call with the same text gets its own copy, as if decoded afresh)."""
         try:
             blob = marshal.dumps(args)
         except ValueError:  # not plain JSON data: decoded afresh each time
             return
-        known = entry.valid_texts
-        if len(known) >= _VALID_KEPT:
-            known.clear()
-        known[text] = (depth, blob)
+        if len(self._valid) >= _VALID_KEPT:
+            self._valid.clear()
+        self._valid[key] = (entry, blob)
 
     def _lookup_error(
         self, call_id: str, name: str, entry: ToolEntry | None, tools: ToolSet, withheld: frozenset[str]
