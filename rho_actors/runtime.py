@@ -115,7 +115,8 @@ class Runtime:
     ``loop_turns``, each running LoopActor's :class:`~rho_actors.loop.turns.Turns` by the
     actor's urn (weakly held: a host's :class:`~rho_actors.Loop` finds them there);
     ``sessions``, what starts and stops session subtrees under the system's ``sessions``
-    supervisor (``None`` outside a system)."""
+    supervisor (``None`` outside a system); ``plans``, each registered tool's call plan by
+    tool name, shared by the system's sessions (:mod:`rho_actors.loop.call_plan`)."""
 
     names: Names
     timers: Timers
@@ -133,6 +134,7 @@ class Runtime:
     budgets: ResultBudgets = field(default_factory=ResultBudgets)
     loop_turns: MutableMapping[str, Any] = field(default_factory=weakref.WeakValueDictionary)
     sessions: LazyStarter | None = None
+    plans: MutableMapping[str, Any] = field(default_factory=dict)
 
     def stats(self) -> dict[str, Any]:
         """What :meth:`rho_actors.ActorSystem.stats` gives: each isolation's counters, the

@@ -113,6 +113,31 @@ def test_the_kept_answer_for_a_disabled_package_follows_enable_and_disable() -> 
     assert not bus.wants_calls("finished")
 
 
+def test_the_package_enabled_after_calls_it_had_disabled_gets_the_next_calls_lines(
+        system: ActorSystem, built: list[CallEvent]) -> None:
+    """The disabled package's answer is kept as loguru's own ``_log`` keeps it (not looked
+    up again a call): ``logger.enable`` and ``disable`` still reach the very next call."""
+    system.register(noop)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="DEBUG")
+    try:
+        for _ in range(2):
+            one_call(system)  # rho_actors disabled (its default): asked twice a call
+        assert built == [] and not any("call c1" in line for line in lines)
+        logger.enable("rho_actors")
+        try:
+            one_call(system)
+        finally:
+            logger.disable("rho_actors")
+        assert [e.kind for e in built] == ["started", "finished"]
+        assert any("call c1 (noop) in session" in line and "finished ok" in line for line in lines)
+        built.clear()
+        one_call(system)
+        assert built == []  # disabled again: the next call builds none
+    finally:
+        logger.remove(sink)
+
+
 def test_a_subscriber_of_some_types_gets_only_those_and_wants_no_call_events() -> None:
     bus = EventBus()
     got: list[Any] = []

@@ -1,5 +1,6 @@
-"""A session's per-tool call plans: what every call of one registered tool is started
-with, worked out once per registration instead of on every call (internal; PROFILE §37).
+"""Per-tool call plans: what every call of one registered tool is started with, worked
+out once per registration instead of on every call, and shared by a system's sessions
+(internal; PROFILE §37, §40).
 
 :class:`~rho_actors.loop.turns.Turns` reads the plan of a call's entry when it
 dispatches the call (:meth:`CallPlans.of`). A plan is
@@ -10,12 +11,13 @@ whether a call awaited on an event loop runs on that loop, and whether it is
 (``plan.entry is entry``): a tool registered again, withheld, or removed is looked up
 first in the tool set a turn reads (:meth:`Turns.submit`), and a new registration is a
 new entry, so a kept plan never starts a replaced tool. Nothing in a plan changes while
-its entry is registered: the isolations are the runtime's, fixed at its start.
+its entry is registered: the isolations are the runtime's, fixed at its start, so one
+plan serves every session of the system (a session's first call of a tool makes none).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING
 
 from rho_actors.declarations.toolset import ToolEntry
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CallPlan", "CallPlans"]
 
-_KEPT = 1_024  # plans kept per session (all dropped when full: a host registering tools without end)
+_KEPT = 1_024  # plans kept per system (all dropped when full: a host registering tools without end)
 
 
 class CallPlan:
@@ -47,13 +49,15 @@ class CallPlan:
 
 
 class CallPlans:
-    """A session's plans, by tool name (each for the entry it was made of)."""
+    """A session's view of the plans, by tool name (each for the entry it was made of):
+    ``kept``, the system's (``Runtime.plans``: shared by its sessions; default: its own)."""
 
     __slots__ = ("_isolations", "_kept")
 
-    def __init__(self, isolations: Mapping[str, Isolation]) -> None:
+    def __init__(self, isolations: Mapping[str, Isolation], kept: MutableMapping[str, CallPlan] | None = None) -> None:
         self._isolations = isolations
-        self._kept: dict[str, CallPlan] = {}  # by tool name (a plan is for its ``entry`` only: see :meth:`of`)
+        # by tool name (a plan is for its ``entry`` only: see :meth:`of`); sessions racing make one each, one kept
+        self._kept: MutableMapping[str, CallPlan] = {} if kept is None else kept
 
     def of(self, entry: ToolEntry) -> CallPlan:
         """The plan of ``entry`` (a registered entry, looked up in the tool set now)."""

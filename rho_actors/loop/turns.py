@@ -88,6 +88,7 @@ if TYPE_CHECKING:
 __all__ = ["ResultSink", "Turns"]
 
 _MAX_NAMES_LISTED = 40
+_CHAIN = threading.local()  # per thread, one for all sessions: the exclusive turn whose calls it starts in turn
 _VALID_CHARS = 4096  # arguments texts up to this long are remembered once found valid...
 _VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
 
@@ -125,12 +126,11 @@ class Turns:
         self._events = runtime.events
         self._telemetry = runtime.telemetry
         self._tasks = runtime.tasks
-        self.plans = CallPlans(runtime.isolations)  # what each tool's calls start with, made once
+        self.plans = CallPlans(runtime.isolations, runtime.plans)  # what each tool's calls start with: the system's
         self._turns: dict[int, Turn] = {}  # admitted, unfinished turns; finished from call threads too
         self._lock = threading.Lock()  # guards admission into ``_turns`` and ``closed`` (a turn leaves by one pop)
         self.closed: str | None = None  # once closed: the key of the result open calls got
         self._turn_ids = itertools.count(1)
-        self._chain = threading.local()  # per thread: the calls of exclusive turns it is to start
         # arguments texts found valid, by (tool name, text): the entry they were valid for and
         # the decoded value marshalled (decoded, checked once)
         self._valid: dict[tuple[str, str], tuple[ToolEntry, bytes]] = {}
@@ -415,7 +415,7 @@ class Turns:
         step settled it, settles at once): one after another, never nested, however long
         the turn. Another turn started meanwhile on this thread (by a tool's first step
         run in the dispatch, say) gets its own chain at once: it may be waited for there."""
-        local = self._chain
+        local = _CHAIN  # one for all sessions: made per session, each thread's dict in it was made anew
         outer: tuple[Turn, deque[tuple[Turn, int]]] | None = getattr(local, "held", None)
         if outer is not None and outer[0] is turn:  # inside this turn's dispatch: its loop below starts it
             outer[1].append((turn, index))
