@@ -142,6 +142,8 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "loop_crashed": (_K.CRASHED, "the session's loop crashed before this call finished"),
     "session_stopped": (_K.CANCELLED, "the session stopped before this call finished"),
     "turn_not_started": (_K.CANCELLED, "the session stopped before this turn started"),
+    "turn_interrupted": (_K.CANCELLED, "the host's thread was interrupted as it started this turn ({problem}): "
+                                       "this call was cancelled"),
     "not_started": (_K.CANCELLED, "the call did not start: {problem}"),
     "cancelled": (_K.CANCELLED, "tool {tool!r} was cancelled ({reason})"),
     "host_cancelled": (_K.CANCELLED, "tool {tool!r} was cancelled by the host while running"),

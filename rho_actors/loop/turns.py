@@ -29,9 +29,10 @@ the turn, is reported ``late``); in an exclusive turn it starts the next call, a
 one settling the last open call completes the turn's future. A hung tool delays nothing
 but its own result, which is a ``timeout`` error at its deadline.
 
-The withheld names are one immutable snapshot, swapped whole by :meth:`Turns.set_withheld`
-(from the host's thread through the handle, or the LoopActor's on a ``SetWithheld``): a
-turn reads it once, so it is prepared against the old set or the new one, never a mix.
+What is offered (:mod:`rho_actors.loop.offered`, which ``Turns`` inherits): the withheld
+names are one immutable snapshot, swapped whole by :meth:`Turns.set_withheld` (from the
+host's thread through the handle, or the LoopActor's on a ``SetWithheld``): a turn reads
+it once, so it is prepared against the old set or the new one, never a mix.
 What must be serial stays with the LoopActor, which owns this object: it answers
 ``Running`` and ``CancelTurn``, and at its stop or crash :meth:`Turns.close` refuses new
 turns and answers every open call (under the lock that also admits turns, so no turn
@@ -58,7 +59,7 @@ from loguru import logger
 from rho_actors.budgets import over_budget, result_bytes
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
-from rho_actors.declarations.toolset import ToolEntry, ToolSet, copied_infos, offer_chunks
+from rho_actors.declarations.toolset import ToolEntry, ToolSet
 from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
@@ -69,6 +70,7 @@ from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.call_plan import CallPlans
 from rho_actors.loop.inline import InlineCall, on_loop
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
+from rho_actors.loop.offered import OfferedTools
 from rho_actors.loop.reruns import rerun_tasks
 from rho_actors.loop.turn import ResultSink, Slot, Turn, Withheld, result_of, when_cancelled, when_failed, withheld_set
 from rho_actors.otp.threads import host_code
@@ -76,7 +78,7 @@ from rho_actors.results import capped, error_result, failure, text, traceback_of
 from rho_actors.sandbox import Waiter
 from rho_actors.tasks import Task
 from rho_actors.telemetry import Telemetry, TurnTelemetry
-from rho_actors.tool import ErrorKind, ToolCall, ToolInfo, ToolResult
+from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     import asyncio
@@ -87,13 +89,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ResultSink", "Turns"]
 
-_MAX_NAMES_LISTED = 40
 _CHAIN = threading.local()  # per thread, one for all sessions: the exclusive turn whose calls it starts in turn
 _VALID_CHARS = 4096  # arguments texts up to this long are remembered once found valid...
 _VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
 
 
-class Turns:
+class Turns(OfferedTools):
     """One session's turns (see the module doc): safe from any thread. Built by the
     session's LoopActor (``ref`` is its ref: the calls' ``ctx["loop"]``, and where a
     cancel token's ``CancelTurn`` goes). ``withheld``: the names, or the session's
@@ -142,47 +143,6 @@ class Turns:
             approvals.attach(self, runtime, found=found)
         rerun_tasks(session_id, data_dir, runtime.tools.current.entries, self._tasks, self._resumed, self.submit,
                     found=found)
-
-    # --- what is offered ----------------------------------------------------------------
-
-    def set_withheld(self, names: frozenset[str]) -> None:
-        """Replace the withheld names (from the next turn prepared), from any thread: one
-        assignment of the session's names, which its loop's restarts share and a turn
-        being prepared reads once."""
-        self._kept.names = names
-
-    @property
-    def _withheld(self) -> Withheld:
-        """The snapshot of the session's withheld names now (read once per turn; remade
-        only when they changed, here or on another loop of the session)."""
-        snapshot, names = self._snapshot, self._kept.names
-        if snapshot.names is not names:
-            snapshot = self._snapshot = withheld_set(names)
-        return snapshot
-
-    def offered_entries(self) -> tuple[ToolEntry, ...]:
-        """The entries offered now, in registration order (kept until the tool set or
-        the withheld names change)."""
-        tools, withheld = self._tools.current, self._withheld
-        offer = self._offer
-        if offer is not None and offer[0] == tools.version and offer[1] is withheld:
-            return offer[2]
-        entries = tuple(self._offered(tools, withheld.names))
-        self._offer = (tools.version, withheld, entries, offer_chunks(entries))
-        return entries
-
-    def offered(self) -> list[ToolInfo]:
-        """The checked declarations offered now, each its own copy (its schema copied on
-        its first read: see :func:`~rho_actors.declarations.toolset.copied_infos`)."""
-        entries = self.offered_entries()
-        offer = self._offer
-        return copied_infos(entries, offer[3] if offer is not None and offer[2] is entries else None)
-
-    def _offered(self, tools: ToolSet, withheld: frozenset[str]) -> list[ToolEntry]:
-        return [e for name, e in tools.entries.items() if name not in withheld and self._allows(e)]
-
-    def _allows(self, entry: ToolEntry) -> bool:
-        return self._allowed is None or self._allowed.allows(entry.info.name, entry.origin)
 
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool`` and ``ms_left`` to the deadline."""
@@ -236,25 +196,7 @@ class Turns:
         refused: list[Slot] = []
         held: list[tuple[ToolCall, PendingCall]] = []
         if cancel is None or not cancel.cancelled:
-            tools = self._tools.current
-            for index, slot in enumerate(turn.slots):
-                try:
-                    refusal = self._prepare(slot, tools, withheld.names, chooses)
-                except Exception as exc:  # a bug, or a checker that broke: this call only
-                    logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
-                    refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
-                if refusal is not None:
-                    slot.result = capped(refusal, self._limits.max_output_chars)  # refusals are capped too
-                    refused.append(slot)
-                else:
-                    turn.open += 1
-                    turn.waiting.append(index)
-                    turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
-            if (self.approvals is not None and not approved
-                    and self.approvals.may_hold(turn.slots, turn.waiting, tools.version)):
-                held = self._hold(turn, refused, tools.version)
-            if waiter is not None and turn.open == 1 and not held:  # its one call: the caller reads its reply
-                turn.waiter = waiter
+            held = self._prepare_turn(turn, refused, withheld.names, chooses, approved, waiter)
         with self._lock:
             admitted = self.closed is None
             if admitted:
@@ -264,10 +206,10 @@ class Turns:
                 self.approvals.forget([slot.result for slot in refused if slot.result is not None])
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return None
-        if held and turn.journal:  # admitted: its held calls are recorded, durable before their results are given
-            assert self.approvals is not None
-            self.approvals.record(held, off_thread=turn.aio is not None)
         try:
+            if held and turn.journal:  # admitted: its held calls are recorded, durable before their results are given
+                assert self.approvals is not None
+                self.approvals.record(held, off_thread=turn.aio is not None)
             if refused or cancel is not None or turn.open != 1 or not self.folder_made:
                 self._admitted(turn, refused, cancel)
             else:  # one call, nothing refused, no token to hook, the folder made: dispatched here (no chain, no loop)
@@ -279,7 +221,39 @@ class Turns:
         except Exception as exc:  # a bug here must still answer every call
             logger.exception("loop {} failed to run a turn", self.session_id)
             self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
+        except BaseException as exc:  # an interrupt (a signal handler's) in the host's thread: answered, raised on
+            self._fail_open(turn, failure("turn_interrupted", "", "", problem=describe_exception(exc)))
+            raise
         return turn.id
+
+    def _prepare_turn(
+        self, turn: Turn, refused: list[Slot], withheld: frozenset[str], chooses: bool, approved: bool,
+        waiter: Waiter | None,
+    ) -> list[tuple[ToolCall, PendingCall]]:
+        """Prepare each call of ``turn`` (:meth:`_prepare`): a refused one gets its result
+        and joins ``refused``, the rest wait to start; then the calls held for a decision
+        leave ``waiting`` (returned, each with its :class:`PendingCall`; in ``refused`` too)."""
+        tools = self._tools.current
+        for index, slot in enumerate(turn.slots):
+            try:
+                refusal = self._prepare(slot, tools, withheld, chooses)
+            except Exception as exc:  # a bug, or a checker that broke: this call only
+                logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
+                refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
+            if refusal is not None:
+                slot.result = capped(refusal, self._limits.max_output_chars)  # refusals are capped too
+                refused.append(slot)
+            else:
+                turn.open += 1
+                turn.waiting.append(index)
+                turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
+        held: list[tuple[ToolCall, PendingCall]] = []
+        if (self.approvals is not None and not approved
+                and self.approvals.may_hold(turn.slots, turn.waiting, tools.version)):
+            held = self._hold(turn, refused, tools.version)
+        if waiter is not None and turn.open == 1 and not held:  # its one call: the caller reads its reply
+            turn.waiter = waiter
+        return held
 
     def _hold(self, turn: Turn, refused: list[Slot], version: int) -> list[tuple[ToolCall, PendingCall]]:
         """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never
@@ -383,18 +357,6 @@ class Turns:
         if len(self._valid) >= _VALID_KEPT:
             self._valid.clear()
         self._valid[key] = (entry, blob)
-
-    def _lookup_error(
-        self, call_id: str, name: str, entry: ToolEntry | None, tools: ToolSet, withheld: frozenset[str]
-    ) -> ToolResult:
-        if entry is not None:
-            return failure("withheld", call_id, name)
-        if name in tools.unavailable:
-            return error_result(call_id, name, ErrorKind.UNAVAILABLE, tools.unavailable[name])
-        offered = [e.info.name for e in self._offered(tools, withheld)]
-        shown = ", ".join(offered[:_MAX_NAMES_LISTED]) + (", ..." if len(offered) > _MAX_NAMES_LISTED else "")
-        message = text("unknown_tool", tool=name[:100], offered=shown or "(none)")
-        return error_result(call_id, name, ErrorKind.UNKNOWN_TOOL, message)
 
     def _dispatch_ready(self, turn: Turn) -> None:
         """Start the turn's waiting calls: all of them, or the first of an exclusive turn
