@@ -1,0 +1,188 @@
+"""Hostile round 9: a worker hanging while it loads a tool, and the keeper's spare.
+
+1. An untrusted plugin file whose top level, when it is loaded in one kind of child (the
+   discovery child, the declaration read's child, or a call's worker, told apart by the
+   frames that load it), sleeps for ever, spins, stops itself with ``SIGSTOP``, or forks a
+   child and waits for it for ever. At discovery or at the declaration read the tool is
+   not offered (the read's bound); at a call's first use in a worker each call gets one
+   ``timeout`` result within its deadline, the worker and what it forked are killed and
+   reaped, and the next call is served.
+
+Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rho_actors import ActorSystem, PluginFolder, ToolCall, UntrustedReads
+from rho_actors.tool import ErrorKind, ToolResult
+
+from .conftest import WAIT_S, slack, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+SESSIONS = itertools.count()
+
+_HANGING = '''
+import os, signal, sys, time
+
+PHASES = {{"discovery": "discovery_child", "read": "declaration_child", "call": "serve_request"}}
+
+
+def _loaded_by(function):
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _record():
+    try:
+        with open({pids!r}, "a") as f:
+            f.write(str(os.getpid()) + "\\n")
+    except OSError:  # confined: the file is outside the worker's reach
+        pass
+
+
+if _loaded_by(PHASES[{phase!r}]):
+    _record()
+    mode = {mode!r}
+    if mode == "sleep":
+        time.sleep(3600)
+    elif mode == "spin":
+        while True:
+            pass
+    elif mode == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(3600)
+    elif mode == "fork":
+        child = os.fork()
+        if child == 0:
+            _record()
+            time.sleep(3600)
+            os._exit(0)
+        os.waitpid(child, 0)
+
+from rho_actors import tool
+
+
+@tool(timeout_ms={timeout_ms})
+def hangs_{phase}_{mode}() -> str:
+    """Answer once loaded."""
+    return "loaded"
+'''
+
+MODES = ["sleep", "spin", "stop", "fork"]
+READ_S = 2.0  # the discovery's and the declaration read's bound here
+DEADLINE_MS = 1_000
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def _call(system: ActorSystem, name: str) -> ToolResult:
+    loop = system.start_loop(f"s-{next(SESSIONS)}")
+    try:
+        [result] = loop.run_turn([ToolCall(f"c-{name}", name, json.dumps({}))], timeout_s=WAIT_S)
+        return result
+    finally:
+        loop.stop()
+
+
+def _system(tmp_path: Path) -> ActorSystem:
+    # the plugin records its pids in a file outside its private folder: no OS confinement here
+    return ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, confinement=False,
+                       untrusted=UntrustedReads(timeout_s=READ_S))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("phase", ["discovery", "read"])
+def test_a_plugin_hanging_as_it_is_read_is_not_offered_and_leaves_no_process(
+        tmp_path: Path, phase: str, mode: str) -> None:
+    folder, pids = tmp_path / "plugins", tmp_path / "pids"
+    folder.mkdir()
+    path = folder / f"hangs_{phase}_{mode}.py"
+    path.write_text(_HANGING.format(pids=str(pids), phase=phase, mode=mode, timeout_ms=DEADLINE_MS))
+    system = _system(tmp_path)
+    try:
+        started = time.monotonic()
+        handle = system.add_source(PluginFolder(folder, discovery_timeout_s=READ_S), poll_s=None)
+        row = handle.status()["tools"][str(path)]
+        assert row["offered"] is False and str(path) in row["reason"], row  # the file named
+        assert time.monotonic() - started < 2 * READ_S + slack(3.0)
+        assert _pids(pids), "the plugin's hanging phase never ran"
+        assert wait_for(lambda: not any(_running(p) for p in _pids(pids))), _pids(pids)
+    finally:
+        system.stop()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_plugin_hanging_as_a_worker_loads_it_gets_one_timeout_per_call_and_the_next_call_is_served(
+        tmp_path: Path, mode: str) -> None:
+    folder, pids = tmp_path / "plugins", tmp_path / "pids"
+    folder.mkdir()
+    name = f"hangs_call_{mode}"
+    (folder / f"{name}.py").write_text(_HANGING.format(pids=str(pids), phase="call", mode=mode,
+                                                        timeout_ms=DEADLINE_MS))
+    (folder / "fine.py").write_text('from rho_actors import tool\n\n\n@tool\ndef fine() -> str:\n'
+                                    '    """Answer."""\n    return "fine"\n')
+    system = _system(tmp_path)
+    try:
+        handle = system.add_source(PluginFolder(folder, discovery_timeout_s=WAIT_S), poll_s=None)
+        assert handle.status()["tools"][str(folder / f"{name}.py")]["offered"] is True
+        for _ in range(2):  # the worker that hung is gone; the next one hangs the same way
+            result = _call(system, name)
+            assert result.error_kind is ErrorKind.TIMEOUT, result  # its deadline's, not WAIT_S's
+        assert _pids(pids), "the plugin's hanging phase never ran"
+        assert wait_for(lambda: not any(_running(p) for p in _pids(pids))), _pids(pids)
+        served = _call(system, "fine")
+        assert served.ok and served.content == "fine", served
+    finally:
+        system.stop()
+
+
+@pytest.mark.parametrize("mode", ["stop", "fork"])
+def test_a_confined_worker_hanging_as_it_loads_a_tool_leaves_no_cgroup(tmp_path: Path, mode: str) -> None:
+    """As above with the default confinement: each hung worker's cgroup (and private
+    folder) is removed once its call is answered and the system stopped."""
+    from rho_actors.sandbox.confine import cgroups
+
+    from .test_untrusted_lifecycle import _leftovers
+
+    if isinstance(cgroups.find_hierarchy(), str):
+        pytest.skip(f"no cgroup: {cgroups.find_hierarchy()}")
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    name = f"hangs_call_{mode}"
+    (folder / f"{name}.py").write_text(_HANGING.format(pids=str(tmp_path / "pids"), phase="call", mode=mode,
+                                                        timeout_ms=DEADLINE_MS))
+    before = set(_leftovers(os.getpid()))
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000, untrusted=UntrustedReads(timeout_s=WAIT_S))
+    try:
+        handle = system.add_source(PluginFolder(folder, discovery_timeout_s=WAIT_S), poll_s=None)
+        assert handle.status()["tools"][str(folder / f"{name}.py")]["offered"] is True
+        for _ in range(2):
+            result = _call(system, name)
+            assert result.error_kind is ErrorKind.TIMEOUT, result
+        made = set(_leftovers(os.getpid())) - before
+    finally:
+        system.stop()
+    assert wait_for(lambda: not [p for p in made if p.exists()]), [p for p in made if p.exists()]
