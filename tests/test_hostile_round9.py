@@ -8,24 +8,37 @@
    ``timeout`` result within its deadline, the worker and what it forked are killed and
    reaped, and the next call is served.
 
+2. A call that got no worker within its start bound was ``unavailable`` naming the
+   pool's ``start_timeout_ms`` (a pool's default: 10 s, or the environment's), not the
+   bound the call had (its ``start_by``, 300 ms here): the message now names the call's.
+
 Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import cloudpickle
 import psutil
 import pytest
 
 from rho_actors import ActorSystem, PluginFolder, ToolCall, UntrustedReads
+from rho_actors.sandbox import WorkerPool, WorkerSlots
 from rho_actors.tool import ErrorKind, ToolResult
 
 from .conftest import WAIT_S, slack, wait_for
+from .helpers import make_tool
+from .test_worker_pool_faults import Results, a_call
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -186,3 +199,34 @@ def test_a_confined_worker_hanging_as_it_loads_a_tool_leaves_no_cgroup(tmp_path:
     finally:
         system.stop()
     assert wait_for(lambda: not [p for p in made if p.exists()]), [p for p in made if p.exists()]
+
+
+# --- 2. the start bound an unavailable call names ------------------------------------------------
+
+
+def _gated(args: Any, ctx: Any) -> str:
+    """Hold the worker until the file ``args["gate"]`` exists (bounded by WAIT_S)."""
+    gate, until = Path(args["gate"]), time.monotonic() + WAIT_S
+    while not gate.exists() and time.monotonic() < until:
+        time.sleep(0.01)
+    return "opened"
+
+
+def test_an_unavailable_call_names_the_start_bound_it_had_not_the_pools_setting(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    pool = WorkerPool(warm=0, codec="pickle", slots=WorkerSlots(1))
+    try:
+        results = Results()
+        gated = make_tool("gated", _gated, timeout_ms=int(WAIT_S * 1000))
+        holder = a_call({"gate": str(gate)}, "holder", the_tool=gated)
+        pool.start(holder, results.done("holder"))
+        assert wait_for(lambda: pool.stats()["busy"] == 1)  # the only worker the cap allows is held
+        late = a_call({}, "late")
+        late = dataclasses.replace(late, start_by=late.started + 0.3)
+        pool.start(late, results.done("late"))
+        [result] = results.wait("late")
+        assert result.error_kind is ErrorKind.UNAVAILABLE, result
+        assert "within its start bound of 300 ms" in result.content, result.content
+    finally:
+        gate.touch()
+        pool.stop()

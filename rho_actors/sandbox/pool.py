@@ -65,9 +65,9 @@ from rho_actors.sandbox.processes import (
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.replies import OpenCall, Outcome, Replies, Waiter
+from rho_actors.sandbox.sending import Sending, start_ms
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import Grant, WorkerSlots
-from rho_actors.sandbox.start_bound import default_start_timeout_ms
 from rho_actors.sandbox.warm_workers import (
     CALL_SCOPE,
     DELIVERY_ATTEMPTS,
@@ -89,26 +89,6 @@ KILLED_REAP_S: Final = 2.0
 reaped leaves its cgroup to a thread, lost if the host exits)."""
 _NOTICE_ROOM: Final = 200
 """Characters past a call's output cap that the worker's own truncation notice may take."""
-class _Sending:
-    """A call on its way through the pool: the ``call``, its ``request`` and
-    ``tool_bytes``, its ``scope`` and ``env_key``, its place under the cap (``grant``),
-    ``done`` (given its result once), ``here`` (the thread that writes it waits for its
-    reply itself), ``waiter`` (the :class:`Waiter` that may hold it: the thread that
-    writes it waits for its reply later), ``tries``, the workers that ended before it
-    reached them, ``opened``: its reader (the pool's, or the thread that waits) has it,
-    ``held``: the worker taken for it that no reader has yet (given back if the call
-    never reaches it), ``answered``: it has its one result."""
-
-    __slots__ = ("answered", "call", "done", "env_key", "grant", "held", "here", "opened", "request", "scope",
-                 "tool_bytes", "tries", "waiter")
-
-    def __init__(self, call: WorkerCall, request: wire.CallRequest, tool_bytes: bytes, scope: Hashable,
-                 env_key: tuple[tuple[str, str], ...], grant: Grant, done: Callable[[ToolResult], None],
-                 here: bool = False, waiter: Waiter | None = None) -> None:
-        self.call, self.request, self.tool_bytes, self.scope = call, request, tool_bytes, scope
-        self.env_key, self.grant, self.done, self.here, self.tries = env_key, grant, done, here, 0
-        self.waiter, self.opened, self.answered = waiter, False, False
-        self.held: list[WorkerHandle] = []
 
 
 class WorkerPool(WarmWorkers):
@@ -138,16 +118,16 @@ class WorkerPool(WarmWorkers):
     ``codec="pickle"`` with a ``confine`` policy that confines (untrusted code).
 
     A call with a ``start_by`` (:class:`~rho_actors.sandbox.wire.WorkerCall`) waits for
-    its place, a free worker or a new one's ``READY`` until then (the pool's ``start_timeout_ms``,
-    default :func:`~rho_actors.sandbox.start_bound.default_start_timeout_ms`, names that bound in
-    the result of a call that got none: ``unavailable``), and its tool's deadline is ``timeout_ms``
-    from when its worker has it (never past the call's ``deadline``).
+    its place, a free worker or a new one's ``READY`` until then (a call that got none is
+    ``unavailable``, naming its start bound: ``start_by`` less its ``started``; a system's
+    is its ``start_timeout_ms``), and its tool's deadline is ``timeout_ms`` from when its
+    worker has it (never past the call's ``deadline``).
     """
 
     def __init__(
         self, warm: int = 2, *, heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver",
         codec: str = "plain", confine: ConfinePolicy | None = None, slots: WorkerSlots | None = None,
-        idle_s: float = 30.0, start_timeout_ms: int | None = None, threads: ThreadPool | None = None,
+        idle_s: float = 30.0, threads: ThreadPool | None = None,
     ) -> None:
         if warm < 0:
             raise ValueError(f"warm must be >= 0, not {warm}")
@@ -166,7 +146,6 @@ class WorkerPool(WarmWorkers):
         self._scoped = confine is not None and not confine.tree_only
         self._slots = slots
         self._idle_s = idle_s
-        self._start_timeout_ms = default_start_timeout_ms() if start_timeout_ms is None else start_timeout_ms
         if slots is not None:
             slots.join(self)
         self._lock = threading.Lock()
@@ -313,11 +292,11 @@ class WorkerPool(WarmWorkers):
             return False
         session = call.ctx.get("session_id")
         grant = Grant(session, now, left=self._slots is not None)  # held once granted (try_enter marks it)
-        sending: _Sending | None = None
+        sending: Sending | None = None
         try:
             if self._slots is not None and not self._slots.try_enter(session, grant):
                 return False
-            sending = _Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, grant, done,
+            sending = Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, grant, done,
                                waiter=waiter)
             worker = self._take_idle(scope, env_key, sending.held)
             if worker is None or self._open_on(sending, worker) is not None:
@@ -365,7 +344,7 @@ class WorkerPool(WarmWorkers):
         session = call.ctx.get("session_id")
         entered = True
         grant = Grant(session, time.monotonic(), left=self._slots is not None)  # held once granted (enter marks it)
-        sending: _Sending | None = None
+        sending: Sending | None = None
         try:
             if self._slots is not None:
                 poke = self._slots.poke  # one bound method: the very object remove_callback looks for
@@ -379,7 +358,7 @@ class WorkerPool(WarmWorkers):
                         cancel.remove_callback(poke)
             if entered:
                 grant.at = time.monotonic()
-                sending = _Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())), grant, done,
+                sending = Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())), grant, done,
                                    here)
                 self._deliver(sending)
                 return None
@@ -395,7 +374,7 @@ class WorkerPool(WarmWorkers):
                 return failed("cancelled", reason=cancel.reason)
             held = self._slots.shares().get(str(session), 0)
             if call.start_by is not None:
-                return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
+                return failed("no_worker_in_time", start_ms=start_ms(call), timeout_ms=timeout_ms,
                               why=f"the system's {self._slots.running} running worker(s) were in use, its session "
                                   f"holding {held} of its share of {self._slots.per_session}")
             return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.running,
@@ -415,7 +394,7 @@ class WorkerPool(WarmWorkers):
             grant.left = True
             self._slots.leave(grant.session, time.monotonic() - grant.at, keep=self._scoped)
 
-    def _deliver(self, sending: _Sending) -> None:
+    def _deliver(self, sending: Sending) -> None:
         """Take a worker for ``sending`` (waiting as :meth:`_take` does) and write the call
         to it; a call that gets none is given its result here, and its place back."""
         call, timeout_ms = sending.call, sending.call.timeout_ms
@@ -426,12 +405,12 @@ class WorkerPool(WarmWorkers):
                                 sending.held)
         except QueuedPastDeadline:
             cap = self._slots.limit if self._slots is not None else 0
-            result = self._failure(call, "no_worker_in_time", start_timeout_ms=self._start_timeout_ms,
+            result = self._failure(call, "no_worker_in_time", start_ms=start_ms(call),
                                    timeout_ms=timeout_ms, why=f"the system's {cap} worker(s) stayed busy") \
                 if call.start_by is not None else self._failure(call, "queued_past_deadline", timeout_ms=timeout_ms,
                                                                  cap=cap)
         except NotStarted:
-            result = self._failure(call, "no_worker_in_time", start_timeout_ms=self._start_timeout_ms,
+            result = self._failure(call, "no_worker_in_time", start_ms=start_ms(call),
                                    timeout_ms=timeout_ms,
                                    why="no worker was free, and the one started for it was not ready in time")
         except StartFailed as exc:
@@ -452,14 +431,14 @@ class WorkerPool(WarmWorkers):
         if result is not None:
             self._answer(sending, result)
 
-    def _answer(self, sending: _Sending, result: ToolResult) -> None:
+    def _answer(self, sending: Sending, result: ToolResult) -> None:
         """Give the call its one result (once), and its place under the cap back."""
         if not sending.answered:
             sending.answered = True
             self._leave(sending.grant)
             sending.done(result)
 
-    def _abandon(self, sending: _Sending, exc: BaseException) -> None:
+    def _abandon(self, sending: Sending, exc: BaseException) -> None:
         """The thread taking a worker for ``sending`` or writing it was interrupted
         (``exc``) while no reader had the call: the worker taken for it, if any, is given
         back (nothing of the call reached it) and the call answered ``start_interrupted``.
@@ -470,7 +449,7 @@ class WorkerPool(WarmWorkers):
             self._release(worker, False, held=sending.held)
         self._answer(sending, self._failure(sending.call, "start_interrupted", problem=describe_exception(exc)))
 
-    def _open_on(self, sending: _Sending, worker: WorkerHandle) -> ToolResult | None:
+    def _open_on(self, sending: Sending, worker: WorkerHandle) -> ToolResult | None:
         """Write the call to ``worker`` (busy, this thread's): its tool's bytes only if it
         lacks them, its deadline ``timeout_ms`` from now if it has a start bound (never past
         its own), what the pipe does not take at once by the reader, whose call it is
@@ -532,7 +511,7 @@ class WorkerPool(WarmWorkers):
             self._replies.serve_here(opened)
         return None
 
-    def _interrupted(self, sending: _Sending, opened: OpenCall, waiter: Waiter | None, writing: bool) -> None:
+    def _interrupted(self, sending: Sending, opened: OpenCall, waiter: Waiter | None, writing: bool) -> None:
         """The thread writing ``opened`` was interrupted (a signal handler raising) once its
         reader (the pool's, or ``waiter``) had it: ``writing``, its frame maybe half
         written, its worker is killed and its reader answers it; else it is taken back
@@ -555,7 +534,7 @@ class WorkerPool(WarmWorkers):
         its place back; a call whose worker ended before it had the whole call goes to
         another worker (:data:`DELIVERY_ATTEMPTS` in all)."""
         opened.seal()
-        sending: _Sending = opened.state
+        sending: Sending = opened.state
         call, worker, busy_since, tries = sending.call, opened.worker, opened.worker.idle_since, sending.tries
         failed = functools.partial(self._failure, call)
         try:
@@ -591,7 +570,7 @@ class WorkerPool(WarmWorkers):
             raise
         self._answer(sending, result)
 
-    def _replied(self, sending: _Sending, opened: OpenCall, tag: bytes, body: bytes) -> ToolResult:
+    def _replied(self, sending: Sending, opened: OpenCall, tag: bytes, body: bytes) -> ToolResult:
         """The result the worker sent (``tag``, ``body``), the worker released."""
         call, worker, request = sending.call, opened.worker, opened.request
         try:
