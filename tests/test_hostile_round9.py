@@ -12,6 +12,13 @@
    pool's ``start_timeout_ms`` (a pool's default: 10 s, or the environment's), not the
    bound the call had (its ``start_by``, 300 ms here): the message now names the call's.
 
+3. A call that found no idle worker while the keeper's spare was starting waited for
+   that spare, and only for it, until it said ``READY`` or its start ended: a spare
+   stopped with ``SIGSTOP`` held every such call until the spare's own ``READY`` bound
+   (30 s) ended it, or until the call's start bound made it ``unavailable``. Now a call
+   counts on a spare only until the spare is overdue (three times the pool's slowest
+   recent start) and at most half its own start bound; then it starts its own worker.
+
 Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
 """
 
@@ -21,7 +28,9 @@ import dataclasses
 import itertools
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,11 +41,14 @@ import pytest
 
 from rho_actors import ActorSystem, PluginFolder, ToolCall, UntrustedReads
 from rho_actors.sandbox import WorkerPool, WorkerSlots
+from rho_actors.sandbox.warm_workers import WarmWorkers
+from rho_actors.sandbox.worker_handle import WorkerHandle
 from rho_actors.tool import ErrorKind, ToolResult
 
 from .conftest import WAIT_S, slack, wait_for
 from .helpers import make_tool
 from .test_worker_pool_faults import Results, a_call
+from .test_worker_spares import worker_pid
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -230,3 +242,41 @@ def test_an_unavailable_call_names_the_start_bound_it_had_not_the_pools_setting(
     finally:
         gate.touch()
         pool.stop()
+
+
+# --- 3. a spare stopped with SIGSTOP before it was ready ---------------------------------------------
+
+
+def test_a_call_does_not_wait_on_a_stopped_spare_past_when_it_is_overdue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool measured one start (its first spare's); its next spare is started, held
+    unready by the test (its ``READY`` read waits) and stopped with ``SIGSTOP``. A call
+    with a start bound of WAIT_S, finding no idle worker, waits for the spare only until
+    it is overdue, then starts its own worker and is served by it, while the spare is
+    still stopped and held (before: it waited for the spare until the test let the read
+    go, at WAIT_S)."""
+    p = WorkerPool(warm=1, codec="pickle")
+    held = threading.Event()
+    try:
+        assert p.wait_warm(WAIT_S)  # the first spare's start is measured
+        [first] = p.pids()
+        await_ready = WarmWorkers._await_ready
+
+        def hold(self: WarmWorkers, worker: WorkerHandle, wanted: bool = False) -> bool:
+            if not wanted:  # the keeper's next spare: not ready while the test holds it
+                held.wait(WAIT_S)
+            return await_ready(self, worker, wanted)
+
+        monkeypatch.setattr(WarmWorkers, "_await_ready", hold)
+        assert p.retire_one_idle()  # the keeper starts the next spare
+        assert wait_for(lambda: len(p.pids()) == 1 and p.pids()[0] != first)
+        [spare] = p.pids()
+        os.kill(spare, signal.SIGSTOP)
+        results = Results()
+        call = dataclasses.replace(a_call({}, "c", the_tool=worker_pid), start_by=time.monotonic() + WAIT_S)
+        threading.Thread(target=p.start, args=(call, results.done("c")), daemon=True).start()
+        [result] = results.wait("c")
+        assert result.ok and result.content not in (str(spare), str(first)), (result, spare)
+        assert not held.is_set() and spare in p.pids()  # the spare was never ready: the call did not wait for it
+    finally:
+        held.set()
+        p.stop()

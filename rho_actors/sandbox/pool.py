@@ -45,7 +45,7 @@ import os
 import threading
 import time
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final
 
@@ -156,6 +156,8 @@ class WorkerPool(WarmWorkers):
         self._scopes: set[Hashable] = set()
         self._busy: set[WorkerHandle] = set()
         self._starting = 0
+        self._spares_starting: set[WorkerHandle] = set()  # the keeper's spares spawned, not yet ready or lost
+        self._start_took: deque[float] = deque(maxlen=8)  # seconds the latest starts took, spawn to READY
         self._starts_for_calls: Counter[tuple[tuple[str, str], ...]] = Counter()  # env_key -> workers starting
         self._calls_awaiting: Counter[tuple[tuple[str, str], ...]] = Counter()  # env_key -> calls waiting for one
         self._stopped = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 import select
 import signal
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Final, Literal
@@ -35,7 +36,7 @@ class WorkerHandle:
     :class:`~rho_actors.sandbox.pool.WorkerPool`."""
 
     __slots__ = (
-        "_looks", "_reap_lock", "_scope", "channel", "closed", "doomed", "enclosure", "env_key", "exitcode",
+        "_looks", "_reap_lock", "_scope", "began", "channel", "closed", "doomed", "enclosure", "env_key", "exitcode",
         "idle_since", "killed", "pid", "proc", "reaped", "server", "session", "slots", "tools",
     )
 
@@ -43,6 +44,7 @@ class WorkerHandle:
         self, proc: Any, channel: Channel, enclosure: Enclosure | None, slots: WorkerSlots | None,
         env_key: Hashable = None, server: ServerWatch | None = None,
     ) -> None:
+        self.began = time.monotonic()  # (made as its process is spawned) how long its start takes counts from here
         self.proc = proc
         self.server = server  # the fork server it came from: its death takes the worker with it
         self.pid: int = proc.pid
