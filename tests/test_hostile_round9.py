@@ -19,6 +19,13 @@
    counts on a spare only until the spare is overdue (three times the pool's slowest
    recent start) and at most half its own start bound; then it starts its own worker.
 
+4. A host that exited without ``stop()`` while an untrusted call ran left every worker's
+   cgroup and private folder behind (a pool's finalizer kills its process groups only)
+   until some later start on the machine swept them; one that exited right after
+   ``stop()`` could too, busy and starting workers being closed by the threads that own
+   them after ``stop()`` returned. Now ``stop()`` waits (within its bound) for those
+   closes, and every pool still running at the interpreter's exit is stopped then.
+
 Every wait is bounded by :data:`~tests.conftest.WAIT_S`.
 """
 
@@ -29,7 +36,9 @@ import itertools
 import json
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -47,6 +56,7 @@ from rho_actors.tool import ErrorKind, ToolResult
 
 from .conftest import WAIT_S, slack, wait_for
 from .helpers import make_tool
+from .test_untrusted_lifecycle import _leftovers
 from .test_worker_pool_faults import Results, a_call
 from .test_worker_spares import worker_pid
 
@@ -190,8 +200,6 @@ def test_a_confined_worker_hanging_as_it_loads_a_tool_leaves_no_cgroup(tmp_path:
     folder) is removed once its call is answered and the system stopped."""
     from rho_actors.sandbox.confine import cgroups
 
-    from .test_untrusted_lifecycle import _leftovers
-
     if isinstance(cgroups.find_hierarchy(), str):
         pytest.skip(f"no cgroup: {cgroups.find_hierarchy()}")
     folder = tmp_path / "plugins"
@@ -280,3 +288,45 @@ def test_a_call_does_not_wait_on_a_stopped_spare_past_when_it_is_overdue(monkeyp
     finally:
         held.set()
         p.stop()
+
+
+# --- 4. a host that exits: with stop(), right after it, or without it ------------------------------
+
+_EXITING_HOST = """
+import sys, time
+from rho_actors import ActorSystem, ToolCall
+
+class Busy:
+    name = staticmethod(lambda: "busy")
+    description = staticmethod(lambda: "Spins.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    timeout_ms = staticmethod(lambda: 600_000)
+
+    @staticmethod
+    def run(args, ctx):
+        while True:
+            pass
+
+if __name__ == "__main__":
+    system = ActorSystem(sys.argv[1], warm_workers=1)
+    system.register(Busy, untrusted=True)
+    system.start_loop("s").submit_turn([ToolCall("b", "busy", "{}")])
+    until = time.monotonic() + float(sys.argv[3])
+    while system.stats().get("untrusted_workers_busy", 0) < 1 and time.monotonic() < until:
+        time.sleep(0.01)
+    print("busy" if system.stats().get("untrusted_workers_busy", 0) else "never busy", flush=True)
+    if sys.argv[2] == "stop":
+        system.stop()
+"""
+
+
+@pytest.mark.parametrize("how", ["stop", "exit"])
+def test_a_host_that_exits_leaves_no_worker_cgroup_nor_folder(tmp_path: Path, how: str) -> None:
+    script = tmp_path / "host.py"
+    script.write_text(textwrap.dedent(_EXITING_HOST))
+    host = subprocess.Popen([sys.executable, str(script), str(tmp_path / "data"), how, str(WAIT_S)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    out, err = host.communicate(timeout=3 * WAIT_S)
+    assert host.returncode == 0 and out.decode().split() == ["busy"], (out, err.decode()[-2000:])
+    # what the host left (a start of another test's system may sweep it: then none is seen, never a false one)
+    assert _leftovers(host.pid) == []

@@ -57,6 +57,7 @@ from rho_actors.otp.threads import ThreadPool
 from rho_actors.results import capped, failure
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy
+from rho_actors.sandbox.exit_stop import KILLED_REAP_S, stopped_at_exit
 from rho_actors.sandbox.processes import (
     context,
     hold_servers,
@@ -84,13 +85,8 @@ from rho_actors.tool import ToolResult
 
 __all__ = ["CALL_SCOPE", "KILLED_REAP_S", "WorkerPool", "WorkerSlots"]
 
-KILLED_REAP_S: Final = 2.0
-"""How long :meth:`WorkerPool.stop` waits at least for its killed workers' ends (one not
-reaped leaves its cgroup to a thread, lost if the host exits)."""
 _NOTICE_ROOM: Final = 200
 """Characters past a call's output cap that the worker's own truncation notice may take."""
-
-
 class WorkerPool(WarmWorkers):
     """Warm worker processes for ``process`` isolation (DESIGN §5). Thread-safe: call
     :meth:`run` from any number of threads at once.
@@ -177,6 +173,7 @@ class WorkerPool(WarmWorkers):
         self._replies = Replies(self._finish, self._start_reader)
         self._keeper = threading.Thread(target=self._keep_warm, name="rho-worker-pool", daemon=True)
         self._keeper.start()
+        stopped_at_exit(self)
 
     def _start_reader(self, job: Callable[[], None]) -> None:
         """Run the reader's ``job`` on one of ``threads`` (else a thread of its own)."""
@@ -601,12 +598,15 @@ class WorkerPool(WarmWorkers):
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Kill every worker's process group and reap the workers, waiting up to
-        ``timeout_s`` seconds in all (at least :data:`KILLED_REAP_S`: each idle worker's
-        cgroup goes before this returns). Calls still running get a ``cancelled`` result;
-        later calls too. Idempotent."""
+        ``timeout_s`` seconds in all (at least :data:`KILLED_REAP_S`): each worker's
+        cgroup and private folder go before this returns, an idle one's here, a busy or
+        starting one's by the thread that owns it, waited for. Calls still running get a
+        ``cancelled`` result; later calls too. Idempotent. A pool still running when the
+        interpreter exits is stopped then (:mod:`~rho_actors.sandbox.exit_stop`)."""
         until = time.monotonic() + timeout_s
         with self._lock:
             self._stopped = True
+            stopped_at_exit(self, False)
             workers = list(self._all)
             idle, self._idle = self._idle, []
             self._changed.notify_all()
@@ -619,6 +619,10 @@ class WorkerPool(WarmWorkers):
             worker.reap(max(0.0, until - time.monotonic()))
         for worker in idle:  # busy and starting workers are closed by the threads that own them
             worker.close()
+        for worker in workers:  # (a host exiting after stop() would leave their cgroups and folders)
+            if not worker.wait_closed(until - time.monotonic()):
+                logger.warning("worker pool: worker {} was not closed by its owner within the stop's {} s: its "
+                               "cgroup and private folder are left to the next start's sweep", worker.pid, timeout_s)
         with self._lock:
             for worker in workers:
                 self._forget_locked(worker)
