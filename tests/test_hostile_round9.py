@@ -15,9 +15,10 @@
 3. A call that found no idle worker while the keeper's spare was starting waited for
    that spare, and only for it, until it said ``READY`` or its start ended: a spare
    stopped with ``SIGSTOP`` held every such call until the spare's own ``READY`` bound
-   (30 s) ended it, or until the call's start bound made it ``unavailable``. Now a call
-   counts on a spare only until the spare is overdue (three times the pool's slowest
-   recent start) and at most half its own start bound; then it starts its own worker.
+   (30 s) ended it, or until the call's start bound made it ``unavailable``; another
+   call's start stuck so held it the same way. Now a call counts on a spare only until
+   the spare is overdue (three times the pool's slowest recent start), and on no start
+   but its own once half its start bound has passed; then it starts its own worker.
 
 4. A host that exited without ``stop()`` while an untrusted call ran left every worker's
    cgroup and private folder behind (a pool's finalizer kills its process groups only)
@@ -330,3 +331,44 @@ def test_a_host_that_exits_leaves_no_worker_cgroup_nor_folder(tmp_path: Path, ho
     assert host.returncode == 0 and out.decode().split() == ["busy"], (out, err.decode()[-2000:])
     # what the host left (a start of another test's system may sweep it: then none is seen, never a false one)
     assert _leftovers(host.pid) == []
+
+
+def test_a_call_counts_on_another_calls_stuck_start_only_until_half_its_start_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Call B's own worker start is held unready (its ``READY`` read waits) past B's start
+    bound: B is ``unavailable``, its start still under way. Call A (start bound 4 s) finds
+    that start under way and no other waiting call: it counts on it, but only until half
+    its bound (2 s), then starts a worker of its own (before: it waited on B's start for
+    its whole bound, a stuck start holding every later call)."""
+    p = WorkerPool(warm=0, codec="pickle")
+    held, readied, starts = threading.Event(), [], []
+    await_ready, start_for_call = WarmWorkers._await_ready, WarmWorkers._start_for_call
+
+    def hold(self: WarmWorkers, worker: WorkerHandle, wanted: bool = False) -> bool:
+        readied.append(worker.pid)
+        if len(readied) == 1:  # B's start: not ready while the test holds it
+            held.wait(WAIT_S)
+        return await_ready(self, worker, wanted)
+
+    def counted(self: WarmWorkers, env_key: Any, start: Any) -> None:
+        starts.append(start)
+        start_for_call(self, env_key, start)
+
+    monkeypatch.setattr(WarmWorkers, "_await_ready", hold)
+    monkeypatch.setattr(WarmWorkers, "_start_for_call", counted)
+    try:
+        results = Results()
+        b = a_call({}, "b", the_tool=worker_pid)
+        p.start(dataclasses.replace(b, start_by=b.started + 0.3), results.done("b"))
+        [unavailable] = results.wait("b")
+        assert unavailable.error_kind is ErrorKind.UNAVAILABLE and len(starts) == 1, (unavailable, starts)
+        a = a_call({}, "a", the_tool=worker_pid)
+        threading.Thread(target=p.start, args=(dataclasses.replace(a, start_by=a.started + 4.0), results.done("a")),
+                         daemon=True).start()
+        [result] = results.wait("a")
+        assert len(starts) == 2 and not held.is_set(), (result, starts)  # its own start, B's still held
+        assert result.ok or result.error_kind is ErrorKind.UNAVAILABLE, result  # (served if its own was ready in 2 s)
+        assert result.content != str(readied[0]), result
+    finally:
+        held.set()
+        p.stop()

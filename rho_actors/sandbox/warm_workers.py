@@ -613,15 +613,15 @@ class WarmWorkers(ToolsAhead):
         call that comes while a spare starts takes it when ready (it started earlier
         than one the call would start now, and loads no untried tool while a call
         waits), not a second new worker beside it. A spare counts only until it is
-        overdue (:data:`_OVERDUE_FACTOR`) and only until the call's ``hedge_at``, half
-        its start bound: a spare stopped (``SIGSTOP``) or stuck never says ``READY``
-        (its own bound, 30 s, may be past the call's), and the call then starts its own
-        in the time it has left."""
+        overdue (:data:`_OVERDUE_FACTOR`), and no start counts once the call's
+        ``hedge_at``, half its start bound, has passed: a worker stopped (``SIGSTOP``) or
+        stuck before ``READY`` (its own bound, 30 s, may be past the call's) would hold
+        the call until its bound; it then starts its own in the time it has left."""
         with self._lock:
             if self._starts_awaited_locked(env_key, hedge_at) < self._calls_awaiting[env_key]:
                 return False
             look = functools.partial(self._worth_a_look_locked, None, scope, env_key, hedge_at)
-            until = min(deadline, self._spares_counted_until_locked(hedge_at)) if not env_key else deadline
+            until = min(deadline, self._counted_until_locked(hedge_at))
             if not self._warmed.wait_for(look, max(0.0, until - time.monotonic())) and time.monotonic() >= deadline:
                 raise NotStarted
             return True
@@ -630,23 +630,24 @@ class WarmWorkers(ToolsAhead):
         """How long a spare start may run before it is overdue (``inf``: none measured)."""
         return max(_OVERDUE_FLOOR_S, _OVERDUE_FACTOR * max(self._start_took)) if self._start_took else float("inf")
 
-    def _spares_counted_until_locked(self, hedge_at: float) -> float:
-        """When the next spare under way stops counting for a call of ``hedge_at``."""
+    def _counted_until_locked(self, hedge_at: float) -> float:
+        """When the next start under way stops counting for a call of ``hedge_at``: its
+        ``hedge_at``, or a spare's being overdue before it."""
         now, overdue_s = time.monotonic(), self._overdue_s_locked()
         return min([hedge_at, *(w.began + overdue_s for w in self._spares_starting if w.began + overdue_s > now)])
 
     def _starts_awaited_locked(self, env_key: tuple[tuple[str, str], ...], hedge_at: float | None = None) -> int:
         """The starts under way whose worker a call of ``env_key`` may take when ready:
-        those for calls of it, and the keeper's spares for a call of no ``env``, not yet
-        overdue, while ``hedge_at`` (a waiting call's) has not passed."""
-        if env_key:
-            return self._starts_for_calls[env_key]
+        those for calls of it, and the keeper's spares not yet overdue for a call of no
+        ``env``; none once ``hedge_at`` (a waiting call's) has passed."""
         now = time.monotonic()
         if hedge_at is not None and now >= hedge_at:
-            return self._starts_for_calls[env_key]
-        overdue_s = self._overdue_s_locked()
-        overdue = sum(1 for w in self._spares_starting if now - w.began >= overdue_s)
-        return self._starts_for_calls[env_key] + self._starting - overdue
+            return 0  # past half its start bound, a call counts on no start but its own
+        spares = 0
+        if not env_key:
+            overdue_s = self._overdue_s_locked()
+            spares = self._starting - sum(1 for w in self._spares_starting if now - w.began >= overdue_s)
+        return self._starts_for_calls[env_key] + spares
 
     def _worth_a_look_locked(self, start: WorkerStart | None, scope: Hashable,
                              env_key: tuple[tuple[str, str], ...], hedge_at: float | None = None) -> bool:
