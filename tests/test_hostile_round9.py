@@ -6,7 +6,9 @@
    child and waits for it for ever. At discovery or at the declaration read the tool is
    not offered (the read's bound); at a call's first use in a worker each call gets one
    ``timeout`` result within its deadline, the worker and what it forked are killed and
-   reaped, and the next call is served.
+   reaped, and the next call is served. Broke: a failed declaration read named a plugin
+   file's stand-in class, not the file; a stopped system left its plugin folders' two
+   read threads running for good (they idled until the source was closed).
 
 2. A call that got no worker within its start bound was ``unavailable`` naming the
    pool's ``start_timeout_ms`` (a pool's default: 10 s, or the environment's), not the
@@ -180,6 +182,7 @@ def test_a_plugin_hanging_as_a_worker_loads_it_gets_one_timeout_per_call_and_the
                                                         timeout_ms=DEADLINE_MS))
     (folder / "fine.py").write_text('from rho_actors import tool\n\n\n@tool\ndef fine() -> str:\n'
                                     '    """Answer."""\n    return "fine"\n')
+    before_threads = {t.ident for t in threading.enumerate()}
     system = _system(tmp_path)
     try:
         handle = system.add_source(PluginFolder(folder, discovery_timeout_s=WAIT_S), poll_s=None)
@@ -193,6 +196,10 @@ def test_a_plugin_hanging_as_a_worker_loads_it_gets_one_timeout_per_call_and_the
         assert served.ok and served.content == "fine", served
     finally:
         system.stop()
+    def left() -> list[str]:  # the threads of the system still running (the process's one output pump aside)
+        return [t.name for t in threading.enumerate() if t.ident not in before_threads and t.name != "rho-child-output"]
+
+    assert wait_for(lambda: not left()), left()
 
 
 @pytest.mark.parametrize("mode", ["stop", "fork"])
