@@ -213,8 +213,8 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     ),
     "memory_thread": (_K.MEMORY, "tool {tool!r} ran out of memory (MemoryError in its thread)"),
     "no_worker_in_time": (
-        _K.UNAVAILABLE, "tool {tool!r} did not run: no worker process was free or started for it within "
-        "start_timeout_ms={start_timeout_ms} ({why}); its own timeout of {timeout_ms} ms never began"
+        _K.UNAVAILABLE, "tool {tool!r} did not run: no worker process was free or started for it within its "
+        "start bound of {start_ms} ms ({why}); its own timeout of {timeout_ms} ms never began"
     ),
     "queued_past_deadline": (
         _K.TIMEOUT, "tool {tool!r} did not finish within its timeout of {timeout_ms} ms; it did not start: "

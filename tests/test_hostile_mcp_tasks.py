@@ -23,7 +23,8 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
 from rho_actors import ActorSystem, TaskSettings, ToolCall
-from rho_actors.cli.commands import _http_guard, build_parser
+from rho_actors.cli.commands import build_parser
+from rho_actors.cli.mcp_http import http_guard as _http_guard
 from rho_actors.mcp import HTTPGuard
 from rho_actors.mcp import tasks as served_tasks
 from rho_actors.mcp.guard import DEFAULT_MAX_TASKS_PER_CLIENT

@@ -42,6 +42,7 @@ import pytest
 from loguru import logger
 
 from rho_actors import ActorSystem, ToolCall, tool
+from rho_actors.sandbox import WorkerSlots
 from rho_actors.tool import ErrorKind
 
 from .conftest import WAIT_S, wait_for
@@ -178,10 +179,12 @@ def test_a_call_waiting_for_the_keepers_spare_gets_exactly_one_result_whatever_b
     while the call waits (and is dead, its pipe closed, before its ``READY`` is read: a
     spare killed later, with the call sent to it, is a call whose worker died under it,
     ``crashed``); the call runs on another worker. ``late``:
-    the spare is not ready by the call's start bound; the call is ``unavailable`` (its
-    worker did not start in time). Each: one result, never a second one."""
+    the spare is not ready by the call's start bound, and the cap (one worker, the
+    spare's) leaves no room for a worker of the call's own (round 9: a call waits for a
+    spare at most half its start bound, then starts its own); the call is ``unavailable``
+    (no worker started in time). Each: one result, never a second one."""
     waited = threading.Event()
-    p, spare, ready = pool_with_held_spare(monkeypatch, waited)
+    p, spare, ready = pool_with_held_spare(monkeypatch, waited, **({"slots": WorkerSlots(1)} if fate == "late" else {}))
     try:
         results = Results()
         bound_s = WAIT_S if fate == "killed" else 0.5  # "late": the start bound the product keeps

@@ -51,12 +51,12 @@ class _Seen(threading.Condition):
         return super().wait_for(predicate, timeout)
 
 
-def pool_with_held_spare(monkeypatch: pytest.MonkeyPatch,
-                         waited: threading.Event) -> tuple[WorkerPool, int, threading.Event]:
-    """A ``WorkerPool(warm=1)`` whose keeper's spare runs but is not ready (its ``READY``
-    read held) until the returned event is set; ``waited`` is set when a call first waits
-    for a worker others start. Returns the pool (the caller stops it), the spare's pid and
-    that event."""
+def pool_with_held_spare(monkeypatch: pytest.MonkeyPatch, waited: threading.Event,
+                         **settings: Any) -> tuple[WorkerPool, int, threading.Event]:
+    """A ``WorkerPool(warm=1, **settings)`` whose keeper's spare runs but is not ready
+    (its ``READY`` read held) until the returned event is set; ``waited`` is set when a
+    call first waits for a worker others start. Returns the pool (the caller stops it),
+    the spare's pid and that event."""
     ready = threading.Event()
     await_ready = WarmWorkers._await_ready
 
@@ -66,7 +66,7 @@ def pool_with_held_spare(monkeypatch: pytest.MonkeyPatch,
         return await_ready(self, worker, wanted)
 
     monkeypatch.setattr(WarmWorkers, "_await_ready", held)
-    p = WorkerPool(warm=1, codec="pickle")
+    p = WorkerPool(warm=1, codec="pickle", **settings)
     try:
         assert wait_for(lambda: len(p.pids()) == 1)  # the spare's process runs; it is not ready yet
     except BaseException:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rho_actors.agent.group_commit import DEFAULT_WAL_WRITER_DELAY_MS, WAL_WRITER_DELAY_RANGE_MS, wal_writer_delay_s
+from rho_actors.cli.mcp_http import add_http_flags, http_guard
 from rho_actors.cli.verbose import add_verbose, showing_log
 
 __all__ = ["build_parser", "main"]
@@ -317,8 +318,6 @@ def _chat_tools(targets: Sequence[str], trusted: bool, confine: Any = None) -> l
 
 
 def _chat_data_dir(given: str | None) -> str:
-    import os
-
     if given is not None:
         return given
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -504,26 +503,7 @@ def _add_mcp(commands: Any) -> None:
                        metavar="MS", help="with --synchronous-commit off: how long a result may wait for its sync, "
                        f"in milliseconds, from 1 to 10000 (PostgreSQL's wal_writer_delay; default "
                        f"{DEFAULT_WAL_WRITER_DELAY_MS})")
-    http = serve.add_argument_group(
-        "HTTP", "clients send Authorization: Bearer TOKEN, the token in $RHO_MCP_TOKEN (at least 16 "
-                "characters) or, without it, one generated and printed at start")
-    # the defaults are HTTPGuard's (rho_actors.mcp.guard; the MCP SDK is not imported here)
-    http.add_argument("--max-sessions", type=_positive(int), default=None, metavar="N",
-                      help="sessions open at once, in all (default 64; then 503)")
-    http.add_argument("--max-sessions-per-client", type=_positive(int), default=None, metavar="N",
-                      help="sessions open at once per client: a uid on loopback, else an address "
-                           "(default 8; then 429)")
-    http.add_argument("--max-tasks-per-client", type=_positive(int), default=None, metavar="N",
-                      help="MCP tasks open at once per client, all its sessions together (default 32)")
-    http.add_argument("--max-connections-per-client", type=_positive(int), default=None, metavar="N",
-                      help="HTTP connections open at once per client (default 128; then 503 and closed)")
-    http.add_argument("--idle-timeout", type=_positive(float), default=None, metavar="S",
-                      help="close a session with no request for S seconds (default 300)")
-    http.add_argument("--client-gone", type=_positive(float), default=None, metavar="S",
-                      help="stop a session's loop S seconds after its client's last connection closed "
-                           "(default 5)")
-    http.add_argument("--insecure-no-auth", action="store_true",
-                      help="serve without a token: loopback only, for local test suites (logged loudly)")
+    add_http_flags(serve)
     serve.set_defaults(handler=_run_mcp_serve)
 
 
@@ -534,42 +514,6 @@ def _wal_writer_delay(text: str) -> float:
         low, high = WAL_WRITER_DELAY_RANGE_MS
         raise argparse.ArgumentTypeError(f"must be a number of milliseconds from {low} to {high}, got {text!r}"
                                          ) from None
-
-
-def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a number more than 0, got {text!r}")
-        return value
-
-    return parse
-
-
-def _http_guard(args: argparse.Namespace) -> Any:
-    """The :class:`~rho_actors.mcp.HTTPGuard` of ``mcp serve --http`` (raises ``ValueError``)."""
-    import secrets
-
-    from rho_actors.mcp import HTTPGuard
-
-    names = ("max_sessions", "max_sessions_per_client", "max_tasks_per_client", "max_connections_per_client")
-    given = {"idle_timeout_s": args.idle_timeout, "client_gone_s": args.client_gone,
-             **{name: getattr(args, name) for name in names}}
-    settings = {k: v for k, v in given.items() if v is not None}
-    if args.insecure_no_auth:
-        guard = HTTPGuard(auth=False, **settings)
-        guard.check_host(args.http[0])
-        print("rho-actors mcp serve: WARNING: no authentication (--insecure-no-auth): any local process "
-              "can call these tools", file=sys.stderr, flush=True)
-        return guard
-    token = os.environ.get("RHO_MCP_TOKEN")
-    guard = HTTPGuard(token or secrets.token_hex(32), **settings)
-    if not token:
-        print(f"MCP bearer token: {guard.token}", file=sys.stderr, flush=True)
-    return guard
 
 
 def _run_mcp_serve(args: argparse.Namespace) -> int:
@@ -622,7 +566,7 @@ def _run_mcp_serve(args: argparse.Namespace) -> int:
         guard = None
         if args.http is not None:
             try:
-                guard = _http_guard(args)
+                guard = http_guard(args)
             except ValueError as exc:
                 print(f"rho-actors mcp serve: {exc}", file=sys.stderr)
                 return 2

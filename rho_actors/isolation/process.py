@@ -342,7 +342,7 @@ class ProcessIsolation(Isolation):
                     self._confined = WorkerPool(  # replies decoded as plain data only
                         s.warm_workers, heap_bytes=s.heap_bytes, start_method=s.start_method, codec="plain",
                         confine=s.confine or ConfinePolicy(), slots=self._slots, idle_s=s.worker_idle_s,
-                        start_timeout_ms=s.start_timeout_ms, threads=self._threads,
+                        threads=self._threads,
                     )
                     missing, bus = (s.confine.missing if s.confine is not None else ()), s.events
                     if bus is not None:  # never a silent downgrade
@@ -354,7 +354,7 @@ class ProcessIsolation(Isolation):
                 self._pool = WorkerPool(  # trusted tools only: replies unpickled, any Details kept
                     s.warm_workers, heap_bytes=s.process_heap_bytes, start_method=s.start_method, slots=self._slots,
                     confine=TREE_ONLY if contain else None, codec="pickle", idle_s=s.worker_idle_s,
-                    start_timeout_ms=s.start_timeout_ms, threads=self._threads,
+                    threads=self._threads,
                 )
             return self._pool
 

@@ -22,6 +22,10 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
   :func:`connection_protocol`). A connection costs the server a descriptor before its
   request, and the token, is read: a client holding requests it never finishes
   (slowloris) would otherwise hold descriptors until no other client could connect.
+- A request's headers must arrive whole within ``header_timeout_s`` and its body within
+  ``body_timeout_s`` (:mod:`rho_actors.mcp.read_deadlines`): past either the connection
+  is answered ``408`` and closed, so a connection is held at most that long by a client
+  that sends slowly.
 - One client has at most ``max_tasks_per_client`` MCP tasks open over all its sessions
   (:meth:`rho_actors.mcp.tasks.ServedTasks.admit`: a call past it is refused ``-32600``).
 - A session is its client's: a request naming another client's ``Mcp-Session-Id`` is
@@ -53,6 +57,7 @@ import anyio
 from loguru import logger
 
 from rho_actors.mcp.peers import is_loopback, socket_uid
+from rho_actors.mcp.read_deadlines import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ReadDeadlines
 from rho_actors.mcp.sessions import PRINCIPAL_KEY
 
 __all__ = [
@@ -110,8 +115,10 @@ class HTTPGuard:
     None), for a loopback address only. ``max_sessions``, ``max_sessions_per_client``,
     ``idle_timeout_s`` and ``client_gone_s`` (seconds) as the module doc says;
     ``max_tasks_per_client``: the MCP tasks one client may have open at once;
-    ``max_connections_per_client``: its HTTP connections open at once (enforced by
-    :func:`connection_protocol` made with this guard).
+    ``max_connections_per_client``: its HTTP connections open at once;
+    ``header_timeout_s`` and ``body_timeout_s``: the seconds a request's headers, then its
+    body, may take to arrive (these three enforced by :func:`connection_protocol` made
+    with this guard).
     Raises ``ValueError`` for a missing or short token, or a bound not more than 0.
     """
 
@@ -120,14 +127,17 @@ class HTTPGuard:
                  idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                  client_gone_s: float = DEFAULT_CLIENT_GONE_S,
                  max_tasks_per_client: int = DEFAULT_MAX_TASKS_PER_CLIENT,
-                 max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT) -> None:
+                 max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
         if auth and (not isinstance(token, str) or len(token) < 16):
             raise ValueError("HTTP serving needs token=... of at least 16 characters "
                              "(secrets.token_hex(32)), or auth=False on a loopback address")
         for name, value in (("max_sessions", max_sessions), ("max_sessions_per_client", max_sessions_per_client),
                             ("idle_timeout_s", idle_timeout_s), ("client_gone_s", client_gone_s),
                             ("max_tasks_per_client", max_tasks_per_client),
-                            ("max_connections_per_client", max_connections_per_client)):
+                            ("max_connections_per_client", max_connections_per_client),
+                            ("header_timeout_s", header_timeout_s), ("body_timeout_s", body_timeout_s)):
             if not value > 0:
                 raise ValueError(f"{name} must be more than 0, got {value!r}")
         self.token = token if auth else None
@@ -138,6 +148,8 @@ class HTTPGuard:
         self.client_gone_s = client_gone_s
         self.max_tasks_per_client = max_tasks_per_client
         self.max_connections_per_client = max_connections_per_client
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
         self._connections: dict[str, int] = {}  # client -> its HTTP connections open now
         self.refused_connections = 0  # connections closed past a client's share
         self._expected = f"Bearer {token}".encode() if auth and token else b""
@@ -181,7 +193,8 @@ class HTTPGuard:
         sessions}, "max_sessions_per_client": int, "rho_sessions": int, "idle_timeout_s":
         float, "client_gone_s": float, "refused_unauthenticated": int, "refused_at_cap":
         int, "refused_foreign": int, "reaped": int, "connections": {client: connections},
-        "max_connections_per_client": int, "refused_connections": int}``: open SDK
+        "max_connections_per_client": int, "refused_connections": int, "header_timeout_s":
+        float, "body_timeout_s": float}``: open SDK
         sessions (by client), rho sessions and HTTP connections now, the caps, and what
         was refused or reaped so far."""
         clients: dict[str, int] = {}
@@ -194,7 +207,8 @@ class HTTPGuard:
                 "refused_at_cap": self.refused_at_cap, "refused_foreign": self.refused_foreign,
                 "reaped": self.reaped, "connections": dict(self._connections),
                 "max_connections_per_client": self.max_connections_per_client,
-                "refused_connections": self.refused_connections}
+                "refused_connections": self.refused_connections, "header_timeout_s": self.header_timeout_s,
+                "body_timeout_s": self.body_timeout_s}
 
     def connected(self, client: str) -> bool:
         """A connection of ``client`` was accepted: whether it is within the client's
@@ -332,14 +346,22 @@ def connection_protocol(guard: HTTPGuard | None = None) -> type[asyncio.Protocol
     loopback peer's uid once per connection (``uvicorn.Config(http=...)``). With
     ``guard``, the client is asked when its socket is accepted and each connection is
     counted in its share (:meth:`HTTPGuard.connected`): one past it is answered ``503``
-    and closed before anything is read from it."""
+    and closed before anything is read from it. Each connection's request is read within
+    the guard's ``header_timeout_s`` and ``body_timeout_s`` (without a guard, the
+    defaults): :class:`~rho_actors.mcp.read_deadlines.ReadDeadlines`."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    timeouts = ((guard.header_timeout_s, guard.body_timeout_s) if guard is not None
+                else (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_BODY_TIMEOUT_S))
 
     class PeerKeeping(H11Protocol):
         counted: str | None = None  # the client whose share this connection is counted in
+        deadlines: ReadDeadlines | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.deadlines = ReadDeadlines(self, *timeouts)
+            self.deadlines.check()
             if self.client is None:
                 return
             self.client = peer = _Peer(self.client)
@@ -357,7 +379,19 @@ def connection_protocol(guard: HTTPGuard | None = None) -> type[asyncio.Protocol
                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(text), text))
             transport.close()
 
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.deadlines is not None:
+                self.deadlines.check()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.deadlines is not None:
+                self.deadlines.check()
+
         def connection_lost(self, exc: Exception | None) -> None:
+            if self.deadlines is not None:
+                self.deadlines.close()
             try:
                 super().connection_lost(exc)
             finally:

@@ -45,7 +45,7 @@ import os
 import threading
 import time
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final
 
@@ -57,6 +57,7 @@ from rho_actors.otp.threads import ThreadPool
 from rho_actors.results import capped, failure
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy
+from rho_actors.sandbox.exit_stop import KILLED_REAP_S, stopped_at_exit
 from rho_actors.sandbox.processes import (
     context,
     hold_servers,
@@ -65,9 +66,9 @@ from rho_actors.sandbox.processes import (
 )
 from rho_actors.sandbox.reads import DEFAULT_HEAP_BYTES
 from rho_actors.sandbox.replies import OpenCall, Outcome, Replies, Waiter
+from rho_actors.sandbox.sending import Sending, start_ms
 from rho_actors.sandbox.shipping import ShippedTools, Unshippable
 from rho_actors.sandbox.slots import Grant, WorkerSlots
-from rho_actors.sandbox.start_bound import default_start_timeout_ms
 from rho_actors.sandbox.warm_workers import (
     CALL_SCOPE,
     DELIVERY_ATTEMPTS,
@@ -84,33 +85,8 @@ from rho_actors.tool import ToolResult
 
 __all__ = ["CALL_SCOPE", "KILLED_REAP_S", "WorkerPool", "WorkerSlots"]
 
-KILLED_REAP_S: Final = 2.0
-"""How long :meth:`WorkerPool.stop` waits at least for its killed workers' ends (one not
-reaped leaves its cgroup to a thread, lost if the host exits)."""
 _NOTICE_ROOM: Final = 200
 """Characters past a call's output cap that the worker's own truncation notice may take."""
-class _Sending:
-    """A call on its way through the pool: the ``call``, its ``request`` and
-    ``tool_bytes``, its ``scope`` and ``env_key``, its place under the cap (``grant``),
-    ``done`` (given its result once), ``here`` (the thread that writes it waits for its
-    reply itself), ``waiter`` (the :class:`Waiter` that may hold it: the thread that
-    writes it waits for its reply later), ``tries``, the workers that ended before it
-    reached them, ``opened``: its reader (the pool's, or the thread that waits) has it,
-    ``held``: the worker taken for it that no reader has yet (given back if the call
-    never reaches it), ``answered``: it has its one result."""
-
-    __slots__ = ("answered", "call", "done", "env_key", "grant", "held", "here", "opened", "request", "scope",
-                 "tool_bytes", "tries", "waiter")
-
-    def __init__(self, call: WorkerCall, request: wire.CallRequest, tool_bytes: bytes, scope: Hashable,
-                 env_key: tuple[tuple[str, str], ...], grant: Grant, done: Callable[[ToolResult], None],
-                 here: bool = False, waiter: Waiter | None = None) -> None:
-        self.call, self.request, self.tool_bytes, self.scope = call, request, tool_bytes, scope
-        self.env_key, self.grant, self.done, self.here, self.tries = env_key, grant, done, here, 0
-        self.waiter, self.opened, self.answered = waiter, False, False
-        self.held: list[WorkerHandle] = []
-
-
 class WorkerPool(WarmWorkers):
     """Warm worker processes for ``process`` isolation (DESIGN §5). Thread-safe: call
     :meth:`run` from any number of threads at once.
@@ -138,16 +114,16 @@ class WorkerPool(WarmWorkers):
     ``codec="pickle"`` with a ``confine`` policy that confines (untrusted code).
 
     A call with a ``start_by`` (:class:`~rho_actors.sandbox.wire.WorkerCall`) waits for
-    its place, a free worker or a new one's ``READY`` until then (the pool's ``start_timeout_ms``,
-    default :func:`~rho_actors.sandbox.start_bound.default_start_timeout_ms`, names that bound in
-    the result of a call that got none: ``unavailable``), and its tool's deadline is ``timeout_ms``
-    from when its worker has it (never past the call's ``deadline``).
+    its place, a free worker or a new one's ``READY`` until then (a call that got none is
+    ``unavailable``, naming its start bound: ``start_by`` less its ``started``; a system's
+    is its ``start_timeout_ms``), and its tool's deadline is ``timeout_ms`` from when its
+    worker has it (never past the call's ``deadline``).
     """
 
     def __init__(
         self, warm: int = 2, *, heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver",
         codec: str = "plain", confine: ConfinePolicy | None = None, slots: WorkerSlots | None = None,
-        idle_s: float = 30.0, start_timeout_ms: int | None = None, threads: ThreadPool | None = None,
+        idle_s: float = 30.0, threads: ThreadPool | None = None,
     ) -> None:
         if warm < 0:
             raise ValueError(f"warm must be >= 0, not {warm}")
@@ -166,7 +142,6 @@ class WorkerPool(WarmWorkers):
         self._scoped = confine is not None and not confine.tree_only
         self._slots = slots
         self._idle_s = idle_s
-        self._start_timeout_ms = default_start_timeout_ms() if start_timeout_ms is None else start_timeout_ms
         if slots is not None:
             slots.join(self)
         self._lock = threading.Lock()
@@ -177,6 +152,8 @@ class WorkerPool(WarmWorkers):
         self._scopes: set[Hashable] = set()
         self._busy: set[WorkerHandle] = set()
         self._starting = 0
+        self._spares_starting: set[WorkerHandle] = set()  # the keeper's spares spawned, not yet ready or lost
+        self._start_took: deque[float] = deque(maxlen=8)  # seconds the latest starts took, spawn to READY
         self._starts_for_calls: Counter[tuple[tuple[str, str], ...]] = Counter()  # env_key -> workers starting
         self._calls_awaiting: Counter[tuple[tuple[str, str], ...]] = Counter()  # env_key -> calls waiting for one
         self._stopped = False
@@ -196,6 +173,7 @@ class WorkerPool(WarmWorkers):
         self._replies = Replies(self._finish, self._start_reader)
         self._keeper = threading.Thread(target=self._keep_warm, name="rho-worker-pool", daemon=True)
         self._keeper.start()
+        stopped_at_exit(self)
 
     def _start_reader(self, job: Callable[[], None]) -> None:
         """Run the reader's ``job`` on one of ``threads`` (else a thread of its own)."""
@@ -313,11 +291,11 @@ class WorkerPool(WarmWorkers):
             return False
         session = call.ctx.get("session_id")
         grant = Grant(session, now, left=self._slots is not None)  # held once granted (try_enter marks it)
-        sending: _Sending | None = None
+        sending: Sending | None = None
         try:
             if self._slots is not None and not self._slots.try_enter(session, grant):
                 return False
-            sending = _Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, grant, done,
+            sending = Sending(call, wire.call_request(digest, call), tool_bytes, scope, env_key, grant, done,
                                waiter=waiter)
             worker = self._take_idle(scope, env_key, sending.held)
             if worker is None or self._open_on(sending, worker) is not None:
@@ -365,7 +343,7 @@ class WorkerPool(WarmWorkers):
         session = call.ctx.get("session_id")
         entered = True
         grant = Grant(session, time.monotonic(), left=self._slots is not None)  # held once granted (enter marks it)
-        sending: _Sending | None = None
+        sending: Sending | None = None
         try:
             if self._slots is not None:
                 poke = self._slots.poke  # one bound method: the very object remove_callback looks for
@@ -379,7 +357,7 @@ class WorkerPool(WarmWorkers):
                         cancel.remove_callback(poke)
             if entered:
                 grant.at = time.monotonic()
-                sending = _Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())), grant, done,
+                sending = Sending(call, request, tool_bytes, scope, tuple(sorted((env or {}).items())), grant, done,
                                    here)
                 self._deliver(sending)
                 return None
@@ -395,7 +373,7 @@ class WorkerPool(WarmWorkers):
                 return failed("cancelled", reason=cancel.reason)
             held = self._slots.shares().get(str(session), 0)
             if call.start_by is not None:
-                return failed("no_worker_in_time", start_timeout_ms=self._start_timeout_ms, timeout_ms=timeout_ms,
+                return failed("no_worker_in_time", start_ms=start_ms(call), timeout_ms=timeout_ms,
                               why=f"the system's {self._slots.running} running worker(s) were in use, its session "
                                   f"holding {held} of its share of {self._slots.per_session}")
             return failed("queued_past_share", timeout_ms=timeout_ms, cap=self._slots.running,
@@ -415,7 +393,7 @@ class WorkerPool(WarmWorkers):
             grant.left = True
             self._slots.leave(grant.session, time.monotonic() - grant.at, keep=self._scoped)
 
-    def _deliver(self, sending: _Sending) -> None:
+    def _deliver(self, sending: Sending) -> None:
         """Take a worker for ``sending`` (waiting as :meth:`_take` does) and write the call
         to it; a call that gets none is given its result here, and its place back."""
         call, timeout_ms = sending.call, sending.call.timeout_ms
@@ -426,12 +404,12 @@ class WorkerPool(WarmWorkers):
                                 sending.held)
         except QueuedPastDeadline:
             cap = self._slots.limit if self._slots is not None else 0
-            result = self._failure(call, "no_worker_in_time", start_timeout_ms=self._start_timeout_ms,
+            result = self._failure(call, "no_worker_in_time", start_ms=start_ms(call),
                                    timeout_ms=timeout_ms, why=f"the system's {cap} worker(s) stayed busy") \
                 if call.start_by is not None else self._failure(call, "queued_past_deadline", timeout_ms=timeout_ms,
                                                                  cap=cap)
         except NotStarted:
-            result = self._failure(call, "no_worker_in_time", start_timeout_ms=self._start_timeout_ms,
+            result = self._failure(call, "no_worker_in_time", start_ms=start_ms(call),
                                    timeout_ms=timeout_ms,
                                    why="no worker was free, and the one started for it was not ready in time")
         except StartFailed as exc:
@@ -452,14 +430,14 @@ class WorkerPool(WarmWorkers):
         if result is not None:
             self._answer(sending, result)
 
-    def _answer(self, sending: _Sending, result: ToolResult) -> None:
+    def _answer(self, sending: Sending, result: ToolResult) -> None:
         """Give the call its one result (once), and its place under the cap back."""
         if not sending.answered:
             sending.answered = True
             self._leave(sending.grant)
             sending.done(result)
 
-    def _abandon(self, sending: _Sending, exc: BaseException) -> None:
+    def _abandon(self, sending: Sending, exc: BaseException) -> None:
         """The thread taking a worker for ``sending`` or writing it was interrupted
         (``exc``) while no reader had the call: the worker taken for it, if any, is given
         back (nothing of the call reached it) and the call answered ``start_interrupted``.
@@ -470,7 +448,7 @@ class WorkerPool(WarmWorkers):
             self._release(worker, False, held=sending.held)
         self._answer(sending, self._failure(sending.call, "start_interrupted", problem=describe_exception(exc)))
 
-    def _open_on(self, sending: _Sending, worker: WorkerHandle) -> ToolResult | None:
+    def _open_on(self, sending: Sending, worker: WorkerHandle) -> ToolResult | None:
         """Write the call to ``worker`` (busy, this thread's): its tool's bytes only if it
         lacks them, its deadline ``timeout_ms`` from now if it has a start bound (never past
         its own), what the pipe does not take at once by the reader, whose call it is
@@ -532,7 +510,7 @@ class WorkerPool(WarmWorkers):
             self._replies.serve_here(opened)
         return None
 
-    def _interrupted(self, sending: _Sending, opened: OpenCall, waiter: Waiter | None, writing: bool) -> None:
+    def _interrupted(self, sending: Sending, opened: OpenCall, waiter: Waiter | None, writing: bool) -> None:
         """The thread writing ``opened`` was interrupted (a signal handler raising) once its
         reader (the pool's, or ``waiter``) had it: ``writing``, its frame maybe half
         written, its worker is killed and its reader answers it; else it is taken back
@@ -555,7 +533,7 @@ class WorkerPool(WarmWorkers):
         its place back; a call whose worker ended before it had the whole call goes to
         another worker (:data:`DELIVERY_ATTEMPTS` in all)."""
         opened.seal()
-        sending: _Sending = opened.state
+        sending: Sending = opened.state
         call, worker, busy_since, tries = sending.call, opened.worker, opened.worker.idle_since, sending.tries
         failed = functools.partial(self._failure, call)
         try:
@@ -591,7 +569,7 @@ class WorkerPool(WarmWorkers):
             raise
         self._answer(sending, result)
 
-    def _replied(self, sending: _Sending, opened: OpenCall, tag: bytes, body: bytes) -> ToolResult:
+    def _replied(self, sending: Sending, opened: OpenCall, tag: bytes, body: bytes) -> ToolResult:
         """The result the worker sent (``tag``, ``body``), the worker released."""
         call, worker, request = sending.call, opened.worker, opened.request
         try:
@@ -620,12 +598,15 @@ class WorkerPool(WarmWorkers):
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Kill every worker's process group and reap the workers, waiting up to
-        ``timeout_s`` seconds in all (at least :data:`KILLED_REAP_S`: each idle worker's
-        cgroup goes before this returns). Calls still running get a ``cancelled`` result;
-        later calls too. Idempotent."""
+        ``timeout_s`` seconds in all (at least :data:`KILLED_REAP_S`): each worker's
+        cgroup and private folder go before this returns, an idle one's here, a busy or
+        starting one's by the thread that owns it, waited for. Calls still running get a
+        ``cancelled`` result; later calls too. Idempotent. A pool still running when the
+        interpreter exits is stopped then (:mod:`~rho_actors.sandbox.exit_stop`)."""
         until = time.monotonic() + timeout_s
         with self._lock:
             self._stopped = True
+            stopped_at_exit(self, False)
             workers = list(self._all)
             idle, self._idle = self._idle, []
             self._changed.notify_all()
@@ -638,6 +619,10 @@ class WorkerPool(WarmWorkers):
             worker.reap(max(0.0, until - time.monotonic()))
         for worker in idle:  # busy and starting workers are closed by the threads that own them
             worker.close()
+        for worker in workers:  # (a host exiting after stop() would leave their cgroups and folders)
+            if not worker.wait_closed(until - time.monotonic()):
+                logger.warning("worker pool: worker {} was not closed by its owner within the stop's {} s: its "
+                               "cgroup and private folder are left to the next start's sweep", worker.pid, timeout_s)
         with self._lock:
             for worker in workers:
                 self._forget_locked(worker)

@@ -242,8 +242,9 @@ class ShippedTools:
 
 
 def label(tool: Any) -> str:
-    """The tool's origin for messages (never raises)."""
+    """An untrusted tool's origin for messages (never raises), read without running any
+    of its code: a plugin file's stand-in is named by its file, not by its own class."""
     try:
-        return describe_origin(tool)
+        return describe_origin(tool, trusted=False)
     except BaseException:
         return f"a {type(tool).__qualname__}"

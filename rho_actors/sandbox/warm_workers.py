@@ -18,7 +18,7 @@ import functools
 import os
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any, Final, Literal, cast
@@ -45,6 +45,12 @@ CALL_SCOPE: Final = "call"
 
 _READY_TIMEOUT_S: Final = 30.0
 """How long a new worker may take to say ``READY`` (seconds)."""
+_OVERDUE_FACTOR: Final = 3.0
+_OVERDUE_FLOOR_S: Final = 1.0
+"""A spare start under way is *overdue*, and a call stops waiting for it, once it has run
+:data:`_OVERDUE_FACTOR` times as long as the slowest of the pool's latest starts took (at
+least :data:`_OVERDUE_FLOOR_S`; none measured yet: never, the call's own half-way mark
+rules alone). See :meth:`WarmWorkers._awaited_others_start`."""
 class PoolStopped(Exception):
     """The pool is stopped (or, for a spare, the cap is full)."""
 
@@ -84,6 +90,8 @@ class WarmWorkers(ToolsAhead):
     _idle: list[WorkerHandle]
     _busy: set[WorkerHandle]
     _starting: int
+    _spares_starting: set[WorkerHandle]
+    _start_took: deque[float]
     _starts_for_calls: Counter[tuple[tuple[str, str], ...]]
     _calls_awaiting: Counter[tuple[tuple[str, str], ...]]
     _stopped: bool
@@ -379,6 +387,8 @@ class WarmWorkers(ToolsAhead):
                     logger.exception("worker pool: a worker process could not be started")
                     self._started_one(failed=True)
                     continue
+                with self._lock:
+                    self._spares_starting.add(worker)
                 threading.Thread(target=self._ready_spare, args=(worker,), name="rho-worker-ready",
                                  daemon=True).start()
 
@@ -388,6 +398,8 @@ class WarmWorkers(ToolsAhead):
         try:
             ok = self._await_ready(worker)
         finally:
+            with self._lock:
+                self._spares_starting.discard(worker)
             self._started_one(failed=not ok)
 
     def _started_one(self, failed: bool) -> None:
@@ -411,6 +423,9 @@ class WarmWorkers(ToolsAhead):
             ok = worker.channel.recv(time.monotonic() + _READY_TIMEOUT_S, wire.MAX_REPLY_BYTES) == (wire.READY, b"")
         except (DeadlineReached, EOFError, Malformed):
             ok = False
+        if ok:
+            with self._lock:
+                self._start_took.append(time.monotonic() - worker.began)
         surplus = False
         while ok:
             wanted = wanted or self._calls_awaiting[cast(tuple[tuple[str, str], ...], worker.env_key)] > 0
@@ -502,6 +517,7 @@ class WarmWorkers(ToolsAhead):
         queued = False
         start: WorkerStart | None = None
         failures: list[str] = []
+        hedge_at = time.monotonic() + max(0.0, deadline - time.monotonic()) / 2  # see _awaited_others_start
         if waits:
             with self._lock:
                 self._calls_awaiting[env_key] += 1
@@ -525,7 +541,7 @@ class WarmWorkers(ToolsAhead):
                     elif not ready:
                         raise NotStarted
                     continue
-                if waits and self._awaited_others_start(scope, env_key, deadline):
+                if waits and self._awaited_others_start(scope, env_key, deadline, hedge_at):
                     continue
                 started = self._start_new(scope, env_key, waits, held)
                 if isinstance(started, WorkerHandle):
@@ -585,7 +601,8 @@ class WarmWorkers(ToolsAhead):
         if self._slots is not None:
             self._slots.give_back(claim)
 
-    def _awaited_others_start(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float) -> bool:
+    def _awaited_others_start(self, scope: Hashable, env_key: tuple[tuple[str, str], ...], deadline: float,
+                              hedge_at: float) -> bool:
         """For a call with a start bound that found no worker: while as many workers
         start for calls as calls wait for one, wait (raising ``NotStarted`` at
         ``deadline``) until one it may take is idle or a start ended; whether it waited.
@@ -595,28 +612,51 @@ class WarmWorkers(ToolsAhead):
         environment (a spare has none: ``env_key`` ``()``), which any call may take: a
         call that comes while a spare starts takes it when ready (it started earlier
         than one the call would start now, and loads no untried tool while a call
-        waits), not a second new worker beside it."""
+        waits), not a second new worker beside it. A spare counts only until it is
+        overdue (:data:`_OVERDUE_FACTOR`), and no start counts once the call's
+        ``hedge_at``, half its start bound, has passed: a worker stopped (``SIGSTOP``) or
+        stuck before ``READY`` (its own bound, 30 s, may be past the call's) would hold
+        the call until its bound; it then starts its own in the time it has left."""
         with self._lock:
-            if self._starts_awaited_locked(env_key) < self._calls_awaiting[env_key]:
+            if self._starts_awaited_locked(env_key, hedge_at) < self._calls_awaiting[env_key]:
                 return False
-            look = functools.partial(self._worth_a_look_locked, None, scope, env_key)
-            if not self._warmed.wait_for(look, max(0.0, deadline - time.monotonic())):
+            look = functools.partial(self._worth_a_look_locked, None, scope, env_key, hedge_at)
+            until = min(deadline, self._counted_until_locked(hedge_at))
+            if not self._warmed.wait_for(look, max(0.0, until - time.monotonic())) and time.monotonic() >= deadline:
                 raise NotStarted
             return True
 
-    def _starts_awaited_locked(self, env_key: tuple[tuple[str, str], ...]) -> int:
+    def _overdue_s_locked(self) -> float:
+        """How long a spare start may run before it is overdue (``inf``: none measured)."""
+        return max(_OVERDUE_FLOOR_S, _OVERDUE_FACTOR * max(self._start_took)) if self._start_took else float("inf")
+
+    def _counted_until_locked(self, hedge_at: float) -> float:
+        """When the next start under way stops counting for a call of ``hedge_at``: its
+        ``hedge_at``, or a spare's being overdue before it."""
+        now, overdue_s = time.monotonic(), self._overdue_s_locked()
+        return min([hedge_at, *(w.began + overdue_s for w in self._spares_starting if w.began + overdue_s > now)])
+
+    def _starts_awaited_locked(self, env_key: tuple[tuple[str, str], ...], hedge_at: float | None = None) -> int:
         """The starts under way whose worker a call of ``env_key`` may take when ready:
-        those for calls of it, and the keeper's spares for a call of no ``env``."""
-        return self._starts_for_calls[env_key] + (self._starting if not env_key else 0)
+        those for calls of it, and the keeper's spares not yet overdue for a call of no
+        ``env``; none once ``hedge_at`` (a waiting call's) has passed."""
+        now = time.monotonic()
+        if hedge_at is not None and now >= hedge_at:
+            return 0  # past half its start bound, a call counts on no start but its own
+        spares = 0
+        if not env_key:
+            overdue_s = self._overdue_s_locked()
+            spares = self._starting - sum(1 for w in self._spares_starting if now - w.began >= overdue_s)
+        return self._starts_for_calls[env_key] + spares
 
     def _worth_a_look_locked(self, start: WorkerStart | None, scope: Hashable,
-                             env_key: tuple[tuple[str, str], ...]) -> bool:
+                             env_key: tuple[tuple[str, str], ...], hedge_at: float | None = None) -> bool:
         """Whether a call waiting for ``start`` (``None``: for a worker others started,
         until fewer start than calls wait) should look again: stopped, its start ended,
         or an idle worker it may take is there."""
         if start is None:
             return (self._stopped or self._usable_locked(scope, env_key)
-                    or self._starts_awaited_locked(env_key) < self._calls_awaiting[env_key])
+                    or self._starts_awaited_locked(env_key, hedge_at) < self._calls_awaiting[env_key])
         return self._stopped or start.done or start.problem is not None or self._usable_locked(scope, env_key)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import select
 import signal
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Final, Literal
@@ -35,14 +36,15 @@ class WorkerHandle:
     :class:`~rho_actors.sandbox.pool.WorkerPool`."""
 
     __slots__ = (
-        "_looks", "_reap_lock", "_scope", "channel", "closed", "doomed", "enclosure", "env_key", "exitcode",
-        "idle_since", "killed", "pid", "proc", "reaped", "server", "session", "slots", "tools",
+        "_closing", "_looks", "_reap_lock", "_scope", "began", "channel", "closed", "doomed", "enclosure", "env_key",
+        "exitcode", "idle_since", "killed", "pid", "proc", "reaped", "server", "session", "slots", "tools",
     )
 
     def __init__(
         self, proc: Any, channel: Channel, enclosure: Enclosure | None, slots: WorkerSlots | None,
         env_key: Hashable = None, server: ServerWatch | None = None,
     ) -> None:
+        self.began = time.monotonic()  # (made as its process is spawned) how long its start takes counts from here
         self.proc = proc
         self.server = server  # the fork server it came from: its death takes the worker with it
         self.pid: int = proc.pid
@@ -60,6 +62,7 @@ class WorkerHandle:
         self.closed = False
         self.exitcode: int | None = None
         self._reap_lock = threading.Lock()
+        self._closing = threading.Event()  # set once closed (its cgroup and private folder removed)
         # what healthy() looks at in one poll: its pipe, its end, its fork server's end
         self._looks = select.poll()
         for fd in (channel.fd, channel.sentinel, server.fd if server is not None else None):
@@ -131,13 +134,21 @@ class WorkerHandle:
         if self.closed:
             return
         self.closed = True
-        self.channel.close()
-        if self.reaped:
-            close(self.proc)
-        if self.enclosure is not None:
-            self.enclosure.remove()
-        if self.slots is not None:
-            self.slots.release()
+        try:
+            self.channel.close()
+            if self.reaped:
+                close(self.proc)
+            if self.enclosure is not None:
+                self.enclosure.remove()
+            if self.slots is not None:
+                self.slots.release()
+        finally:
+            self._closing.set()
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for :meth:`close` (by the thread that owns
+        the worker) to have finished; whether it has."""
+        return self._closing.wait(max(0.0, timeout_s))
 
 
 def at_deadline(

@@ -191,7 +191,8 @@ class PluginFolder:
     a time (default :data:`DEFAULT_PARALLEL_READS`), and one scan waits at most
     ``scan_timeout_s`` seconds for them all (default :data:`DEFAULT_SCAN_TIMEOUT_S`):
     a file not done by then is a :class:`Broken` for this scan, and its outcome is
-    taken up by a later scan.
+    taken up by a later scan. The reading threads end with each scan that leaves no read
+    under way (a later scan with files to read starts new ones).
 
     ``scan()`` returns ``{str(file path): (tool or Broken, content hash)}``; it
     raises ``OSError`` (``FileNotFoundError``, ``NotADirectoryError``...) when the folder
@@ -221,7 +222,7 @@ class PluginFolder:
         self.confine: ConfinePolicy | None = None
         self._seen: dict[str, _Seen] = {}  # by file path: its last outcome
         self._running: dict[str, tuple[tuple[int, ...], concurrent.futures.Future[_Seen]]] = {}
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # made by the first scan
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # made by a scan with files to read
 
     def attach(self, system: Any) -> None:
         """Take ``system``'s confinement policy for discovery children (called by
@@ -296,6 +297,8 @@ class PluginFolder:
             found[key] = (outcome.tool, outcome.version)
         for gone in set(self._seen) - set(found):
             del self._seen[gone]
+        if self._pool is not None and not self._running:  # no read outlasts this scan: its threads end now
+            self.detach()  # (else they idled until the source was closed: a system stopped left them for good)
         return dict(sorted(found.items()))
 
     def _refusal(self, file: Path, st: os.stat_result) -> str | None:

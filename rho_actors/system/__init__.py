@@ -634,7 +634,9 @@ class ActorSystem(HostActors):
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop the tree in reverse start order (servers, sessions, sources, workers, calls, registry, declarations),
         then the timers. Running calls are cancelled; a call thread still running after ``shutdown_ms`` is abandoned
-        (counted in :meth:`stats`). Idempotent."""
+        (counted in :meth:`stats`). Worker processes are killed and their cgroups and private folders removed
+        before it returns (within ``shutdown_ms``, at least 2 s); a system never stopped has its workers' removed
+        as the interpreter exits. Idempotent."""
         self._runtime.tasks.stop(self._shutdown_ms / 1000)  # no task starts, each open one is cancelled
         self._calls.close()  # a call dispatched from now on does not start
         for isolation in self._runtime.isolations.values():  # a tool stopping the system: its thread is not waited
