@@ -66,14 +66,18 @@ def served(system: ActorSystem) -> Iterator[Callable[..., Served]]:
         one.stop()
 
 
+def _largest_send_queue() -> int:
+    """The most a TCP socket's send buffer grows to (Linux's ``tcp_wmem``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 * 2**20
+
+
 def _calls_past_the_kernels_queues() -> int:
     """Pipelined calls whose results fill more than the kernel's largest send queue (and
     the client's receive buffer): the server's writing then waits on the client."""
-    try:
-        largest = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
-    except (OSError, ValueError, IndexError):
-        largest = 4 * 2**20
-    return largest // RESULT_CHARS + 16
+    return _largest_send_queue() // RESULT_CHARS + 16
 
 
 def _session(url: str) -> dict[str, str]:
@@ -180,15 +184,15 @@ def _server_queue(server_port: int, client_port: int) -> int:
 
 
 def _parked(server_port: int, client_port: int) -> bool:
-    """Whether the server's send queue to ``client_port`` holds more than a MiB and
-    stayed as it is for half a second: the server writes no more, waiting on the client
-    (it sends a result in a few milliseconds while it can)."""
+    """Whether the server's send queue to ``client_port`` holds more than a quarter of
+    the largest one and stayed as it is for half a second: the server writes no more,
+    waiting on the client (it sends a result in a few milliseconds while it can)."""
     queued = _server_queue(server_port, client_port)
     for _ in range(10):
         time.sleep(0.05)
         if _server_queue(server_port, client_port) != queued:
             return False
-    return queued > 2**20
+    return queued > _largest_send_queue() // 4
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
