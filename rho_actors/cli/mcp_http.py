@@ -33,6 +33,9 @@ def add_http_flags(serve: argparse.ArgumentParser) -> None:
     http.add_argument("--body-timeout", type=_positive(float), default=None, metavar="S",
                       help="a request's body must arrive whole within S seconds of its headers (default 60; "
                            "then 408 and closed)")
+    http.add_argument("--send-timeout", type=_positive(float), default=None, metavar="S",
+                      help="close a connection whose client takes none of what it is sent for S seconds "
+                           "(default 60)")
     http.add_argument("--idle-timeout", type=_positive(float), default=None, metavar="S",
                       help="close a session with no request for S seconds (default 300)")
     http.add_argument("--client-gone", type=_positive(float), default=None, metavar="S",
@@ -64,6 +67,7 @@ def http_guard(args: argparse.Namespace) -> Any:
     names = ("max_sessions", "max_sessions_per_client", "max_tasks_per_client", "max_connections_per_client")
     given = {"idle_timeout_s": args.idle_timeout, "client_gone_s": args.client_gone,
              "header_timeout_s": args.header_timeout, "body_timeout_s": args.body_timeout,
+             "send_timeout_s": args.send_timeout,
              **{name: getattr(args, name) for name in names}}
     settings = {k: v for k, v in given.items() if v is not None}
     if args.insecure_no_auth:

@@ -25,7 +25,10 @@ there (an ASGI middleware in front of the SDK's streamable HTTP app).
 - A request's headers must arrive whole within ``header_timeout_s`` and its body within
   ``body_timeout_s`` (:mod:`rho_actors.mcp.read_deadlines`): past either the connection
   is answered ``408`` and closed, so a connection is held at most that long by a client
-  that sends slowly.
+  that sends slowly. What the server sends must be taken: when none of the bytes
+  waiting for a client leaves within ``send_timeout_s`` the connection is closed
+  (:mod:`rho_actors.mcp.send_deadline`), so a client that stops reading holds no
+  request's task, connection or server stop for longer.
 - One client has at most ``max_tasks_per_client`` MCP tasks open over all its sessions
   (:meth:`rho_actors.mcp.tasks.ServedTasks.admit`: a call past it is refused ``-32600``).
 - A session is its client's: a request naming another client's ``Mcp-Session-Id`` is
@@ -58,6 +61,7 @@ from loguru import logger
 
 from rho_actors.mcp.peers import is_loopback, socket_uid
 from rho_actors.mcp.read_deadlines import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ReadDeadlines
+from rho_actors.mcp.send_deadline import DEFAULT_SEND_TIMEOUT_S, SendDeadline
 from rho_actors.mcp.sessions import PRINCIPAL_KEY
 
 __all__ = [
@@ -117,8 +121,9 @@ class HTTPGuard:
     ``max_tasks_per_client``: the MCP tasks one client may have open at once;
     ``max_connections_per_client``: its HTTP connections open at once;
     ``header_timeout_s`` and ``body_timeout_s``: the seconds a request's headers, then its
-    body, may take to arrive (these three enforced by :func:`connection_protocol` made
-    with this guard).
+    body, may take to arrive; ``send_timeout_s``: the seconds the bytes waiting for a
+    client may wait with none of them taken (these four enforced by
+    :func:`connection_protocol` made with this guard).
     Raises ``ValueError`` for a missing or short token, or a bound not more than 0.
     """
 
@@ -129,7 +134,8 @@ class HTTPGuard:
                  max_tasks_per_client: int = DEFAULT_MAX_TASKS_PER_CLIENT,
                  max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
                  header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
-                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+                 send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S) -> None:
         if auth and (not isinstance(token, str) or len(token) < 16):
             raise ValueError("HTTP serving needs token=... of at least 16 characters "
                              "(secrets.token_hex(32)), or auth=False on a loopback address")
@@ -137,7 +143,8 @@ class HTTPGuard:
                             ("idle_timeout_s", idle_timeout_s), ("client_gone_s", client_gone_s),
                             ("max_tasks_per_client", max_tasks_per_client),
                             ("max_connections_per_client", max_connections_per_client),
-                            ("header_timeout_s", header_timeout_s), ("body_timeout_s", body_timeout_s)):
+                            ("header_timeout_s", header_timeout_s), ("body_timeout_s", body_timeout_s),
+                            ("send_timeout_s", send_timeout_s)):
             if not value > 0:
                 raise ValueError(f"{name} must be more than 0, got {value!r}")
         self.token = token if auth else None
@@ -150,6 +157,7 @@ class HTTPGuard:
         self.max_connections_per_client = max_connections_per_client
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
+        self.send_timeout_s = send_timeout_s
         self._connections: dict[str, int] = {}  # client -> its HTTP connections open now
         self.refused_connections = 0  # connections closed past a client's share
         self._expected = f"Bearer {token}".encode() if auth and token else b""
@@ -194,7 +202,7 @@ class HTTPGuard:
         float, "client_gone_s": float, "refused_unauthenticated": int, "refused_at_cap":
         int, "refused_foreign": int, "reaped": int, "connections": {client: connections},
         "max_connections_per_client": int, "refused_connections": int, "header_timeout_s":
-        float, "body_timeout_s": float}``: open SDK
+        float, "body_timeout_s": float, "send_timeout_s": float}``: open SDK
         sessions (by client), rho sessions and HTTP connections now, the caps, and what
         was refused or reaped so far."""
         clients: dict[str, int] = {}
@@ -208,7 +216,7 @@ class HTTPGuard:
                 "reaped": self.reaped, "connections": dict(self._connections),
                 "max_connections_per_client": self.max_connections_per_client,
                 "refused_connections": self.refused_connections, "header_timeout_s": self.header_timeout_s,
-                "body_timeout_s": self.body_timeout_s}
+                "body_timeout_s": self.body_timeout_s, "send_timeout_s": self.send_timeout_s}
 
     def connected(self, client: str) -> bool:
         """A connection of ``client`` was accepted: whether it is within the client's
@@ -348,17 +356,22 @@ def connection_protocol(guard: HTTPGuard | None = None) -> type[asyncio.Protocol
     counted in its share (:meth:`HTTPGuard.connected`): one past it is answered ``503``
     and closed before anything is read from it. Each connection's request is read within
     the guard's ``header_timeout_s`` and ``body_timeout_s`` (without a guard, the
-    defaults): :class:`~rho_actors.mcp.read_deadlines.ReadDeadlines`."""
+    defaults): :class:`~rho_actors.mcp.read_deadlines.ReadDeadlines`; what it sends must
+    be taken within ``send_timeout_s``: :class:`~rho_actors.mcp.send_deadline.SendDeadline`."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     timeouts = ((guard.header_timeout_s, guard.body_timeout_s) if guard is not None
                 else (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_BODY_TIMEOUT_S))
+    send_timeout_s = guard.send_timeout_s if guard is not None else DEFAULT_SEND_TIMEOUT_S
 
     class PeerKeeping(H11Protocol):
         counted: str | None = None  # the client whose share this connection is counted in
         deadlines: ReadDeadlines | None = None
+        sending: SendDeadline | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self.sending = SendDeadline(self, send_timeout_s)
+            transport = self.sending.watch(transport)
             super().connection_made(transport)
             self.deadlines = ReadDeadlines(self, *timeouts)
             self.deadlines.check()
@@ -392,6 +405,8 @@ def connection_protocol(guard: HTTPGuard | None = None) -> type[asyncio.Protocol
         def connection_lost(self, exc: Exception | None) -> None:
             if self.deadlines is not None:
                 self.deadlines.close()
+            if self.sending is not None:
+                self.sending.close()
             try:
                 super().connection_lost(exc)
             finally:

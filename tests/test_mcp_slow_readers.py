@@ -1,0 +1,249 @@
+"""``mcp serve --http`` against clients that stop reading what it sends: raw sockets on
+loopback (a small receive buffer, never read) against :func:`rho_actors.mcp.aserve`.
+When none of the bytes waiting for a client leaves within the guard's
+``send_timeout_s``, the connection is closed (logged once with its peer) and all it held
+is released; the session lives on and its stored events are replayed to a resume. A
+client reading slowly, a little at a time, is never cut."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from rho_actors import ActorSystem, tool
+from rho_actors.mcp import HTTPGuard
+from tests.conftest import WAIT_S, read_line, slack, wait_for
+from tests.helpers import free_port
+from tests.mcp_fixtures import served_tools
+from tests.test_mcp_http_guard import ACCEPT, INITIALIZE, TOKEN, Served
+from tests.test_mcp_slow_clients import _logged_once, _until_closed
+
+BOUND_S = 1.0
+SIGNAL_BOUND_S = 2.0  # more than the half second that tells the server's writing waits on the client
+RESULT_CHARS = 99_000  # a call's result: under the inline output bound (100 000 characters)
+BIG_TOOL = '''
+from rho_actors import tool
+
+@tool
+def big(n: int) -> str:
+    """Return n characters."""
+    return "x" * n
+'''
+
+
+@tool
+def big(n: int) -> str:
+    """Return n characters."""
+    return "x" * n
+
+
+@pytest.fixture
+def served(system: ActorSystem) -> Iterator[Callable[..., Served]]:
+    """``served(**settings)``: ``system`` (with ``big`` and ``add``) served over HTTP on
+    loopback behind an :class:`HTTPGuard` of those settings."""
+    system.register(big)
+    system.register(served_tools.add)
+    started: list[Served] = []
+
+    def start(**settings: Any) -> Served:
+        started.append(Served(system, HTTPGuard(TOKEN, **settings)))
+        return started[-1]
+
+    yield start
+    for one in started:
+        one.stop()
+
+
+def _largest_send_queue() -> int:
+    """The most a TCP socket's send buffer grows to (Linux's ``tcp_wmem``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 * 2**20
+
+
+def _calls_past_the_kernels_queues() -> int:
+    """Pipelined calls whose results fill more than the kernel's largest send queue (and
+    the client's receive buffer): the server's writing then waits on the client."""
+    return _largest_send_queue() // RESULT_CHARS + 16
+
+
+def _session(url: str) -> dict[str, str]:
+    """The headers of a new 2025-11-25 session's requests."""
+    headers = {**ACCEPT, "Authorization": f"Bearer {TOKEN}", "MCP-Protocol-Version": "2025-11-25"}
+    opened = httpx.post(url, headers=headers, timeout=WAIT_S, json={**INITIALIZE, "params": {
+        **INITIALIZE["params"], "protocolVersion": "2025-11-25"}})  # type: ignore[dict-item]
+    assert opened.status_code == 200, opened.text
+    headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
+    httpx.post(url, headers=headers, timeout=WAIT_S, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return headers
+
+
+def _not_reading(port: int) -> socket.socket:
+    """A connection whose client reads (almost) nothing: a small receive buffer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(WAIT_S)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _pipeline(sock: socket.socket, port: int, headers: dict[str, str], calls: int) -> None:
+    """Send ``calls`` calls of ``big`` on ``sock`` at once (ids 2, 3, ...)."""
+    lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    for k in range(calls):
+        body = json.dumps({"jsonrpc": "2.0", "id": 2 + k, "method": "tools/call",
+                           "params": {"name": "big", "arguments": {"n": RESULT_CHARS}}}).encode()
+        sock.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n{lines}"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+
+def _primed(sock: socket.socket) -> str:
+    """Read the first response's head and its priming event: the event id to resume from."""
+    got = b""
+    while not (found := re.search(rb"\nid: (\S+)\r?\n", got)):
+        chunk = sock.recv(1024)
+        assert chunk, got
+        got += chunk
+    return found.group(1).decode()
+
+
+def test_a_client_that_stops_reading_is_cut_at_the_send_bound_and_its_session_lives_on(
+        served: Callable[..., Served], logs: list[str]) -> None:
+    """Before, a client that pipelined calls whose results it never read parked the
+    server's ``send`` (uvicorn awaits the transport's drain without a bound): the
+    request's task, the connection (a place in the client's share, 4 MiB of kernel queue
+    and the transport's buffer) held for ever, and the server's stop with them."""
+    server = served(send_timeout_s=BOUND_S)
+    headers = _session(server.url)
+    with _not_reading(server.port) as sock:
+        _pipeline(sock, server.port, headers, _calls_past_the_kernels_queues())
+        resume_from = _primed(sock)
+        stopped = time.monotonic()  # the client's last read: no progress from here on
+        assert wait_for(lambda: any("send_timeout_s" in line for line in logs)), "the connection was not cut"
+        assert time.monotonic() - stopped >= BOUND_S  # never before a whole bound without progress
+        _until_closed(sock)  # closed (reset: what it had not taken is dropped)
+        _logged_once(logs, sock, "send_timeout_s")
+    assert wait_for(lambda: not server.guard.stats()["connections"]), server.guard.stats()
+    added = httpx.post(server.url, headers=headers, timeout=WAIT_S, json={
+        "jsonrpc": "2.0", "id": 1000, "method": "tools/call", "params": {"name": "add", "arguments": {"a": 1, "b": 2}}})
+    assert added.status_code == 200 and '"text":"3"' in added.text.replace(" ", ""), added.text
+    result = None
+    with httpx.stream("GET", server.url, headers={**headers, "Accept": "text/event-stream",
+                                                  "Last-Event-ID": resume_from}, timeout=WAIT_S) as replay:
+        assert replay.status_code == 200
+        for line in replay.iter_lines():
+            if line.startswith("data:") and '"id":2,' in line.replace(" ", ""):
+                result = line.split(":", 1)[1]
+                break
+    assert result is not None and "x" * RESULT_CHARS in result
+
+
+def test_a_client_reading_slowly_is_never_cut(served: Callable[..., Served], logs: list[str]) -> None:
+    """The bound is the time without progress: a client taking a few KiB every 0.3 s of a
+    response far larger than the kernel's queues reads on for several bounds (its bytes
+    leave the kernel's queue long before the server's transport can hand it more)."""
+    server = served(send_timeout_s=BOUND_S)
+    headers = _session(server.url)
+    calls = _calls_past_the_kernels_queues()
+    got = b""
+    with _not_reading(server.port) as sock:
+        _pipeline(sock, server.port, headers, calls)
+        until = time.monotonic() + 4 * BOUND_S
+        while time.monotonic() < until:
+            got += sock.recv(4096)
+            time.sleep(0.3 * BOUND_S)
+        assert not [line for line in logs if "send_timeout_s" in line], logs
+        while got.count(b'"result"') < calls:  # then everything, as fast as it comes
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the connection was closed"
+            got += chunk
+    assert not [line for line in logs if "send_timeout_s" in line], logs
+
+
+def _server_queue(server_port: int, client_port: int) -> int:
+    """The bytes in the server's kernel send queue of its connection to ``client_port``."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = fields[1].split(":")[1], fields[2].split(":")[1]
+        if (int(local, 16), int(remote, 16)) == (server_port, client_port):
+            return int(fields[4].split(":")[0], 16)
+    return 0
+
+
+def _parked(server_port: int, client_port: int) -> bool:
+    """Whether the server's send queue to ``client_port`` holds more than a quarter of
+    the largest one and stayed as it is for half a second: the server writes no more,
+    waiting on the client (it sends a result in a few milliseconds while it can)."""
+    queued = _server_queue(server_port, client_port)
+    for _ in range(10):
+        time.sleep(0.05)
+        if _server_queue(server_port, client_port) != queued:
+            return False
+    return queued > _largest_send_queue() // 4
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_server_stops_on_a_signal_while_a_client_reads_nothing(tmp_path: Path, signum: int) -> None:
+    """Before, ``rho-actors mcp serve --http`` stopped by a signal waited for the
+    connection of a client that read nothing for ever: uvicorn waits for every
+    connection to close, and the one closed with bytes unsent waited for them."""
+    tools = tmp_path / "big_tool.py"
+    tools.write_text(BIG_TOOL)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", str(tools),
+                             "--http", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data"),
+                             "--send-timeout", str(SIGNAL_BOUND_S)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True, env={**os.environ, "RHO_MCP_TOKEN": TOKEN})
+    try:
+        assert proc.stderr is not None
+        assert "serving MCP at" in read_line(proc.stderr, WAIT_S)
+        url = f"http://127.0.0.1:{port}/mcp"
+
+        def up() -> bool:
+            try:
+                return httpx.post(url, timeout=WAIT_S).status_code == 401
+            except httpx.TransportError:
+                return False
+
+        assert wait_for(up)
+        headers = _session(url)
+        with _not_reading(port) as sock:
+            _pipeline(sock, port, headers, _calls_past_the_kernels_queues())
+            client_port = sock.getsockname()[1]
+            assert wait_for(lambda: _parked(port, client_port)), "the server's writing did not wait on the client"
+            signalled = time.monotonic()
+            proc.send_signal(signum)
+            proc.wait(WAIT_S)  # raises TimeoutExpired while the connection holds the stop
+            assert time.monotonic() - signalled < 1.25 * SIGNAL_BOUND_S + slack(5.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT_S)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_the_send_bound_is_the_guards_and_mcp_serves_flag() -> None:
+    from rho_actors.cli.commands import build_parser
+    from rho_actors.cli.mcp_http import http_guard
+    from rho_actors.mcp.send_deadline import DEFAULT_SEND_TIMEOUT_S
+
+    args = build_parser().parse_args(["mcp", "serve", "--http", "127.0.0.1:8000", "--send-timeout", "7.5"])
+    assert http_guard(args).stats()["send_timeout_s"] == 7.5
+    default = http_guard(build_parser().parse_args(["mcp", "serve", "--http", "127.0.0.1:8000"]))
+    assert default.send_timeout_s == DEFAULT_SEND_TIMEOUT_S == 60.0
+    with pytest.raises(ValueError, match="send_timeout_s must be more than 0"):
+        HTTPGuard(TOKEN, send_timeout_s=0)
