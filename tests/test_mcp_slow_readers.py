@@ -24,6 +24,7 @@ import pytest
 
 from rho_actors import ActorSystem, tool
 from rho_actors.mcp import HTTPGuard
+from rho_actors.mcp.send_deadline import STOPPING_SEND_TIMEOUT_S
 from tests.conftest import WAIT_S, read_line, slack, wait_for
 from tests.helpers import free_port
 from tests.mcp_fixtures import served_tools
@@ -31,7 +32,6 @@ from tests.test_mcp_http_guard import ACCEPT, INITIALIZE, TOKEN, Served
 from tests.test_mcp_slow_clients import _logged_once, _until_closed
 
 BOUND_S = 1.0
-SIGNAL_BOUND_S = 2.0  # more than the half second that tells the server's writing waits on the client
 RESULT_CHARS = 99_000  # a call's result: under the inline output bound (100 000 characters)
 BIG_TOOL = '''
 from rho_actors import tool
@@ -199,13 +199,15 @@ def _parked(server_port: int, client_port: int) -> bool:
 def test_the_server_stops_on_a_signal_while_a_client_reads_nothing(tmp_path: Path, signum: int) -> None:
     """Before, ``rho-actors mcp serve --http`` stopped by a signal waited for the
     connection of a client that read nothing for ever: uvicorn waits for every
-    connection to close, and the one closed with bytes unsent waited for them."""
+    connection to close, and the one closed with bytes unsent waited for them. Now a
+    stopping server gives such bytes at most ``STOPPING_SEND_TIMEOUT_S`` without
+    progress, whatever its ``send_timeout_s`` (here the default, 60 s)."""
     tools = tmp_path / "big_tool.py"
     tools.write_text(BIG_TOOL)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "rho_actors.cli", "mcp", "serve", "--tools", str(tools),
-                             "--http", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data"),
-                             "--send-timeout", str(SIGNAL_BOUND_S)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             "--http", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data")],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             text=True, env={**os.environ, "RHO_MCP_TOKEN": TOKEN})
     try:
         assert proc.stderr is not None
@@ -227,7 +229,7 @@ def test_the_server_stops_on_a_signal_while_a_client_reads_nothing(tmp_path: Pat
             signalled = time.monotonic()
             proc.send_signal(signum)
             proc.wait(WAIT_S)  # raises TimeoutExpired while the connection holds the stop
-            assert time.monotonic() - signalled < 1.25 * SIGNAL_BOUND_S + slack(5.0)
+            assert time.monotonic() - signalled < 1.25 * STOPPING_SEND_TIMEOUT_S + slack(5.0)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -402,6 +402,11 @@ def connection_protocol(guard: HTTPGuard | None = None) -> type[asyncio.Protocol
             if self.deadlines is not None:
                 self.deadlines.check()
 
+        def shutdown(self) -> None:
+            super().shutdown()
+            if self.sending is not None:  # the stop waits for untaken bytes only a little
+                self.sending.stopping()
+
         def connection_lost(self, exc: Exception | None) -> None:
             if self.deadlines is not None:
                 self.deadlines.close()

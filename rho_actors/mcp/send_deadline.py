@@ -23,8 +23,11 @@ connection is aborted, its unsent bytes dropped, and logged once (a warning nami
 peer and the setting). To the app that is a disconnect: its parked ``send`` returns,
 the request's task ends, the connection's place is its client's again; the MCP session
 stays, and the events its streams sent (a call's result) stay in the event store for a
-``GET`` with ``Last-Event-ID`` (:mod:`rho_actors.mcp.events`). The server's stop waits
-at most that long for such a client."""
+``GET`` with ``Last-Event-ID`` (:mod:`rho_actors.mcp.events`). Once the server stops
+(uvicorn's graceful shutdown tells each connection), the bound is at most
+:data:`STOPPING_SEND_TIMEOUT_S`: the stop waits that long without progress for such a
+client, not ``send_timeout_s`` (nginx bounds a stopping worker apart too,
+``worker_shutdown_timeout``)."""
 
 from __future__ import annotations
 
@@ -36,11 +39,15 @@ from typing import Any, Final
 
 from loguru import logger
 
-__all__ = ["DEFAULT_SEND_TIMEOUT_S", "SendDeadline"]
+__all__ = ["DEFAULT_SEND_TIMEOUT_S", "STOPPING_SEND_TIMEOUT_S", "SendDeadline"]
 
 DEFAULT_SEND_TIMEOUT_S: Final = 60.0
 """Seconds the bytes a connection's client has not taken may wait without any of them
 leaving (nginx's ``send_timeout`` is 60)."""
+
+STOPPING_SEND_TIMEOUT_S: Final = 2.0
+"""Seconds without progress a stopping server gives a connection's untaken bytes (at most:
+a smaller ``send_timeout_s`` stays)."""
 
 _TICKS: Final = 4  # progress is looked at this many times a bound: a cut comes within 1.25 bounds of it
 _OUTQ: Final = getattr(termios, "TIOCOUTQ", None)  # SIOCOUTQ on Linux: a TCP socket's unacknowledged bytes
@@ -71,6 +78,14 @@ class SendDeadline:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def stopping(self) -> None:
+        """The server stops: from now on the bound is at most :data:`STOPPING_SEND_TIMEOUT_S`
+        (looked at again at once when bytes wait)."""
+        self._bound = min(self._bound, STOPPING_SEND_TIMEOUT_S)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._look_in(0.0)
 
     def _wrote(self, size: int) -> None:
         self._written += size
