@@ -35,6 +35,7 @@ def _nothing() -> None:
     pass
 
 _MAX_WAIT_S = 3600.0  # below threading.TIMEOUT_MAX: a far timer is waited for in steps
+_MAIN_THREAD = threading.main_thread().ident  # where signal handlers run (and raise KeyboardInterrupt)
 
 
 class Timer:
@@ -177,12 +178,18 @@ class Timers:
         stopping at the first due one that may not. For busy threads passing by: under
         load the timer thread may wait long for the interpreter, a thread already
         running fires a passed deadline first. Costs one look at the heap when nothing
-        is due; never blocks on a timer's work. Returns how many fired."""
+        is due; never blocks on a timer's work. Returns how many fired.
+
+        Never fires in the interpreter's main thread, where a signal's handler may raise
+        between any two bytecodes: a deadline interrupted there after it claimed its
+        call's answer would leave that call (maybe another session's) unanswered."""
         heap = self._heap
         try:
             if heap[0][0] > now:
                 return 0
         except IndexError:
+            return 0
+        if threading.get_ident() == _MAIN_THREAD:  # only when something is due: off the common path
             return 0
         fired = 0
         while fired < limit:
