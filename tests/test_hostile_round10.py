@@ -16,6 +16,9 @@ Broke, fixed here:
   call (another session's) in whichever thread passed by, the interpreter's main thread
   included, where an interrupt after the claim left that call unanswered. It no longer
   fires in the main thread (checked only once something is due).
+- A host that forks while one of its threads enrols a worker pool for the stop at exit
+  (round 9's ``exit_stop``): the child's exit hook hung for ever on the copied lock. A
+  forked child now starts with a lock of its own and no pool enrolled.
 
 Held (no change): a ``SIGINT`` while run_turn waits (handed to the timers before this
 round too); call plans under re-registration storms (a plan is used only for the entry it
@@ -24,6 +27,7 @@ was made of); the shared exclusive-chain local (a turn finds its own chain by id
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -35,6 +39,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, CallEvent, ToolCall, tool
+from rho_actors.sandbox import exit_stop
 
 from .conftest import WAIT_S
 
@@ -172,3 +177,36 @@ def test_the_main_thread_passing_by_never_fires_another_sessions_deadline(system
         free.set()
     assert came.wait(WAIT_S) and kinds == ["timed_out:timeout"], kinds
     assert CTX[0]["cancel"].wait(WAIT_S)
+
+
+def test_a_child_forked_while_a_pool_enrolled_for_exit_stops_nothing_and_exits() -> None:
+    """The host forks while another of its threads enrols (or takes out) a worker pool for
+    the stop at exit (exit_stop's lock held): the child's exit hook neither hangs on that
+    lock, held for ever in its copy, nor stops its parent's pools. Before: the child's exit
+    hung (a host's forked helper never ended)."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with exit_stop._lock:
+            holding.set()
+            release.wait(WAIT_S)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(WAIT_S)
+        pid = os.fork()
+        if pid == 0:  # the child: its exit hook, bounded, then out (no pytest in a forked copy)
+            done = threading.Event()
+
+            def stop_at_exit() -> None:
+                exit_stop._stop_running()
+                done.set()
+
+            threading.Thread(target=stop_at_exit, daemon=True).start()
+            os._exit(0 if done.wait(WAIT_S / 4) else 3)
+    finally:
+        release.set()
+        holder.join(WAIT_S)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's exit hook hung on a lock held at the fork"
