@@ -16,6 +16,11 @@ Broke, fixed here:
   call (another session's) in whichever thread passed by, the interpreter's main thread
   included, where an interrupt after the claim left that call unanswered. It no longer
   fires in the main thread (checked only once something is due).
+- An interrupt inside ``Timers.schedule``'s wake-up of the timer thread
+  (``Condition.notify`` is Python code), after the push: the new first deadline sat in the
+  heap of a sleeping timer thread (its call unanswered until something else woke it). The
+  wake-up is done again when interrupted (``schedule`` from a host's thread: a kept
+  deadline handed over, a ``submit_turn`` call's deadline).
 - A host that forks while one of its threads enrols a worker pool for the stop at exit
   (round 9's ``exit_stop``): the child's exit hook hung for ever on the copied lock. A
   forked child now starts with a lock of its own and no pool enrolled.
@@ -210,3 +215,31 @@ def test_a_child_forked_while_a_pool_enrolled_for_exit_stops_nothing_and_exits()
         holder.join(WAIT_S)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child's exit hook hung on a lock held at the fork"
+
+
+def test_an_interrupt_as_a_deadline_is_pushed_still_wakes_the_timer_thread(system: ActorSystem) -> None:
+    """The host's thread hands the deadline it kept to the timers at its instant and is
+    interrupted inside the wake-up of the timer thread (``Condition.notify``, Python code,
+    after the push): the timer thread still wakes for it, the call times out. Before: the
+    deadline sat first in the heap of a sleeping timer thread, the call unanswered."""
+    loop = system.start_loop("s")
+    loop.run_turn([ToolCall("warm", "echo", '{"text": "warm"}')])
+    kinds, came = _answers(system, "c1")
+    seen: list[str] = []
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        if (not seen and event == "call" and frame.f_code.co_name == "notify"
+                and frame.f_back is not None and frame.f_back.f_code.co_name == "schedule"):
+            seen.append("notify")
+            raise KeyboardInterrupt
+        return None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_turn([ToolCall("c1", "hung", "{}")], timeout_s=WAIT_S)
+    finally:
+        sys.settrace(None)
+    assert seen == ["notify"]
+    assert came.wait(WAIT_S) and kinds == ["timed_out:timeout"], kinds
+    assert CTX[0]["cancel"].wait(WAIT_S)

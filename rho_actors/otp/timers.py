@@ -130,7 +130,11 @@ class Timers:
                 raise RuntimeError("timers are stopped")
             heapq.heappush(self._heap, (timer.when, next(self._seq), timer))
             if self._heap[0][2] is timer:
-                self._cond.notify()
+                try:
+                    self._cond.notify()
+                except BaseException:  # interrupted inside (Python code): pushed, the timer thread must wake
+                    self._cond.notify()
+                    raise
         return timer
 
     def send_after(self, delay_s: float, ref: pykka.ActorRef[Any], message: Any) -> Timer:
