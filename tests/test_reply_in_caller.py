@@ -410,13 +410,15 @@ def test_a_reply_forged_for_an_earlier_call_is_never_the_held_calls_result(pool:
 
 
 class _Fired(Timer):
-    __slots__ = ("fired",)
+    __slots__ = ("fired", "thread")
 
     def __init__(self, when: float) -> None:
         super().__init__(when)
         self.fired = threading.Event()
+        self.thread: threading.Thread | None = None
 
     def fire(self) -> None:
+        self.thread = threading.current_thread()
         self.fired.set()
 
 
@@ -427,17 +429,27 @@ class _Interrupted:
         raise KeyboardInterrupt
 
 
-def test_a_kept_deadline_fires_in_the_waiting_thread_or_goes_to_the_timers() -> None:
-    """A waiter's kept deadline (one, from its own thread) fires in its wait when it
-    comes first; a wait interrupted, or handed over, gives it to the timers, which fire it."""
+def test_a_kept_deadline_goes_to_the_timers_at_its_instant_never_fired_in_the_waiting_thread() -> None:
+    """A waiter's kept deadline (one, from its own thread) is handed to the timers when
+    its instant comes in the wait (fired by the timer thread, never the waiting one,
+    which a signal handler may interrupt), or when the wait is interrupted or handed over;
+    a deadline disarmed first (the call answered) is never scheduled."""
     timers = Timers()
     try:
         waiter, lock = Waiter(), threading.Lock()
         lock.acquire()
         kept = _Fired(time.monotonic() + 0.05)
         assert waiter.keep(kept, timers) and not waiter.keep(_Fired(0.0), timers)  # once
-        assert not waiter.wait(lock, time.monotonic() + 0.1)  # never released: the deadline fired here
-        assert kept.fired.is_set() and kept.timers is None
+        assert not waiter.wait(lock, time.monotonic() + 0.1)  # never released: the deadline went to the timers
+        assert kept.fired.wait(WAIT_S) and kept.timers is timers
+        assert kept.thread is timers._thread
+
+        answered, released = Waiter(), threading.Lock()
+        disarmed = _Fired(time.monotonic() + WAIT_S)
+        assert answered.keep(disarmed, timers)
+        disarmed.cancel()  # the call's result disarms it, then releases the lock
+        assert answered.wait(released, time.monotonic() + WAIT_S)
+        assert disarmed.timers is None  # no heap push for a call answered first
 
         other = Waiter()
         held: list[bool] = []

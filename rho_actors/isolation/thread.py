@@ -1,15 +1,16 @@
 """``thread`` isolation: a call runs in its CallActor's own thread (DESIGN §5).
 
 At the deadline the call's result is a ``timeout`` error on time (unless C code holds
-the GIL): the system's timer thread (or the host's thread waiting in ``run_turn`` for a
-turn's one call, which keeps that call's deadline: :meth:`Waiter.keep
-<rho_actors.sandbox.Waiter.keep>`) claims the call's :class:`Answer` for the timeout
+the GIL): the system's timer thread claims the call's :class:`Answer` for the timeout
 first, then sets the call's :class:`~rho_actors.CancelToken` (an ``async def run`` is
 really cancelled) and abandons its thread: counted, and never waited for. What it
 returns later, ``ok`` included, is reported as ``late``; a result the tool returns
 past its deadline before the timer fires is the ``timeout`` result all the same.
 Cancelling a call (the host cancelling its turn, or its loop stopping) sets the token
-and abandons the thread the same way.
+and abandons the thread the same way. The host's thread waiting in ``run_turn`` for a
+turn's one call keeps that call's deadline off the timer heap (:meth:`Waiter.keep
+<rho_actors.sandbox.Waiter.keep>`) until its instant, then hands it to the timer thread
+(never fires it itself: a signal handler may interrupt it there).
 
 Abandoned threads still running are capped per tool (``threads_per_tool``) and for the
 system (``threads_total``): past a cap, the tool's calls get an ``unavailable`` result

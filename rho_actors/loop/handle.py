@@ -325,10 +325,11 @@ class Loop(HeldCalls):
                 waiter.serve(until)
             else:  # none was (only this thread holds one, and it has started the turn): closed, as serve closes it
                 latch._thread = None
-        except BaseException:  # raised or interrupted before the read: the held call goes to its pool's reader
-            waiter.hand_over()
+            done = latch.wait(latch.held, until)  # its one thread call's deadline kept here till its instant
+        except BaseException:  # raised or interrupted: the held call goes to its pool's reader, the kept deadline
+            waiter.hand_over()  # to the timers
             raise
-        if not latch.wait(latch.held, until):  # its one thread call's deadline kept here: fired here if it comes
+        if not done:
             raise TimeoutError(f"the turn did not finish within {bound_s} s")
         return latch.results
 

@@ -35,6 +35,7 @@ def _nothing() -> None:
     pass
 
 _MAX_WAIT_S = 3600.0  # below threading.TIMEOUT_MAX: a far timer is waited for in steps
+_MAIN_THREAD = threading.main_thread().ident  # where signal handlers run (and raise KeyboardInterrupt)
 
 
 class Timer:
@@ -129,7 +130,11 @@ class Timers:
                 raise RuntimeError("timers are stopped")
             heapq.heappush(self._heap, (timer.when, next(self._seq), timer))
             if self._heap[0][2] is timer:
-                self._cond.notify()
+                try:
+                    self._cond.notify()
+                except BaseException:  # interrupted inside (Python code): pushed, the timer thread must wake
+                    self._cond.notify()
+                    raise
         return timer
 
     def send_after(self, delay_s: float, ref: pykka.ActorRef[Any], message: Any) -> Timer:
@@ -177,12 +182,18 @@ class Timers:
         stopping at the first due one that may not. For busy threads passing by: under
         load the timer thread may wait long for the interpreter, a thread already
         running fires a passed deadline first. Costs one look at the heap when nothing
-        is due; never blocks on a timer's work. Returns how many fired."""
+        is due; never blocks on a timer's work. Returns how many fired.
+
+        Never fires in the interpreter's main thread, where a signal's handler may raise
+        between any two bytecodes: a deadline interrupted there after it claimed its
+        call's answer would leave that call (maybe another session's) unanswered."""
         heap = self._heap
         try:
             if heap[0][0] > now:
                 return 0
         except IndexError:
+            return 0
+        if threading.get_ident() == _MAIN_THREAD:  # only when something is due: off the common path
             return 0
         fired = 0
         while fired < limit:

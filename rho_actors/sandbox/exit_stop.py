@@ -4,7 +4,9 @@ still closing workers) left each worker's cgroup and private folder behind until
 later start on the machine swept them; a pool's finalizer kills its process groups only.
 :func:`stopped_at_exit` enrols a pool (and takes it out once stopped); an ``atexit``
 handler stops every pool still enrolled, within :data:`KILLED_REAP_S` each, in the
-process that made it only (a forked child's copy holds its parent's workers)."""
+process that made it only (a forked child's copy holds its parent's workers: a child
+starts with none enrolled, and with a lock of its own, the one it copied maybe held for
+ever by a thread of its parent enrolling a pool at the fork)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,14 @@ def stopped_at_exit(pool: Any, enrol: bool = True) -> None:
             _running[pool] = os.getpid()
         else:
             _running.pop(pool, None)
+
+
+def _forked() -> None:
+    _lock._at_fork_reinit()  # type: ignore[attr-defined]  # the parent's copy may be held by a thread not here
+    _running.clear()  # its parent's pools: never the child's to stop
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 @atexit.register

@@ -133,8 +133,9 @@ class Waiter:
 
     Its thread may also keep the deadline of that call (:meth:`keep`: a call thread's,
     in ``run_turn`` of a one-call turn): it waits (:meth:`wait`) until the deadline's
-    instant at most and fires it there itself, so no timer is scheduled for the call.
-    A kept deadline must be waited for (or :meth:`hand_over`\ ed: it goes to its timers)."""
+    instant at most and only then schedules it on its timers (which fire it at once), so
+    no timer is scheduled for a call answered before its deadline. A kept deadline must
+    be waited for (or :meth:`hand_over`\ ed: it goes to its timers)."""
 
     __slots__ = ("_call", "_deadline", "_replies", "_thread")
 
@@ -185,8 +186,9 @@ class Waiter:
 
     def keep(self, timer: Timer, timers: Timers) -> bool:
         """Keep ``timer``, the deadline of the call about to start (not scheduled yet),
-        for this thread, which fires it itself if :meth:`wait` reaches its instant; its
-        ``timers`` get it only if the thread does not wait after all (:meth:`hand_over`).
+        for this thread: its ``timers`` get it only if no result has disarmed it by the
+        end of the wait for it (:meth:`wait`), or if the thread does not wait after all
+        (:meth:`hand_over`).
         Only from the thread that made the waiter, before :meth:`close`, once: whether it
         was kept (else it is to be scheduled as usual)."""
         if self._thread != threading.get_ident() or self._deadline is not None:
@@ -196,33 +198,26 @@ class Waiter:
 
     def wait(self, lock: threading.Lock, until: float) -> bool:
         """Acquire ``lock`` (released once the call is answered) by ``until`` (a
-        ``time.monotonic()`` instant); whether it was. A kept deadline that comes first is
-        fired in this thread at its instant (as :meth:`Timers.run_due
-        <rho_actors.otp.timers.Timers.run_due>` fires a passed deadline: the call's
-        ``timeout`` answers it, its token set), and the wait goes on to ``until``; a wait
-        that ends before it (``until`` first, or a ``KeyboardInterrupt``) hands the
-        deadline to its timers."""
+        ``time.monotonic()`` instant); whether it was. A kept deadline not disarmed by
+        the time the wait for it ends (its instant came first, ``until`` did, or an
+        interrupt) goes to its timers, which fire it (at once when it is due): it is
+        never fired in this thread, which a signal's handler may interrupt between any
+        two bytecodes (a timeout claimed and never delivered, its call never answered);
+        the wait goes on to ``until``. Costs nothing more when the call is answered first
+        (its result disarms the deadline: no timer is scheduled). What interrupts the
+        wait is raised on, its caller then to :meth:`hand_over` (which schedules the
+        deadline if the interrupt came before this did)."""
         deadline = self._deadline
         if deadline is not None:
-            self._deadline = None
             timer = deadline[0]
             try:
-                acquired = lock.acquire(timeout=min(max(0.0, min(timer.when, until) - time.monotonic()),
-                                                    threading.TIMEOUT_MAX))
-            except BaseException:  # this thread will not fire it: the timers do
-                _schedule(*deadline)
-                raise
-            if acquired:
-                return True
-            if until < timer.when:  # the caller stops waiting first: the timers keep the deadline
-                _schedule(*deadline)
-                return False
-            if not timer.cancelled:  # no result won meanwhile: fired here (a later cancel() is a no-op)
-                timer.cancelled = True
-                try:
-                    timer.fire()
-                except Exception:  # as the timer thread goes on after a timer that raised
-                    logger.exception("the deadline kept by run_turn's thread raised")
+                first = min(timer.when, until)
+                if lock.acquire(timeout=min(max(0.0, first - time.monotonic()), threading.TIMEOUT_MAX)):
+                    return True
+            finally:  # interrupted too: a deadline no result disarmed goes to the timers
+                if not timer.cancelled:
+                    _schedule(*deadline)
+                self._deadline = None  # after: a wait interrupted before is handed over (hand_over) with it
         return lock.acquire(timeout=_seconds_to(until))
 
 
@@ -232,8 +227,12 @@ def _seconds_to(instant: float) -> float:
 
 
 def _schedule(timer: Timer, timers: Timers) -> None:
-    """Schedule a deadline no thread keeps any more; stopped timers (the system stopping,
-    which answers its calls itself) drop it, as they drop the deadlines they hold."""
+    """Schedule a deadline no thread keeps any more, unless it is already (a wait
+    interrupted just after it scheduled it, then handed over) or disarmed; stopped timers
+    (the system stopping, which answers its calls itself) drop it, as they drop the
+    deadlines they hold."""
+    if timer.timers is not None or timer.cancelled:
+        return
     try:
         timers.schedule(timer)
     except RuntimeError:
