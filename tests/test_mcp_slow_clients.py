@@ -24,10 +24,9 @@ from tests.test_mcp_http_guard import ACCEPT, INITIALIZE, TOKEN, Served
 BOUND_S = 1.0
 
 
-@pytest.fixture
-def served(system: ActorSystem) -> Iterator[Callable[..., Served]]:
-    """``served(**settings)``: ``system`` served over HTTP on loopback behind an
-    :class:`HTTPGuard` of those settings."""
+def guarded_servers(system: ActorSystem) -> Iterator[Callable[..., Served]]:
+    """``start(**settings)``: ``system`` (with ``add``) served over HTTP on loopback behind
+    an :class:`HTTPGuard` of those settings; each one started is stopped at the end."""
     system.register(served_tools.add)
     started: list[Served] = []
 
@@ -38,6 +37,12 @@ def served(system: ActorSystem) -> Iterator[Callable[..., Served]]:
     yield start
     for one in started:
         one.stop()
+
+
+@pytest.fixture
+def served(system: ActorSystem) -> Iterator[Callable[..., Served]]:
+    """``served(**settings)``: :func:`guarded_servers` of ``system``."""
+    yield from guarded_servers(system)
 
 
 def _connect(server: Served) -> socket.socket:

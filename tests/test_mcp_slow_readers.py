@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx2 as httpx
 import pytest
@@ -27,9 +26,8 @@ from rho_actors.mcp import HTTPGuard
 from rho_actors.mcp.send_deadline import STOPPING_SEND_TIMEOUT_S
 from tests.conftest import WAIT_S, read_line, slack, wait_for
 from tests.helpers import free_port
-from tests.mcp_fixtures import served_tools
 from tests.test_mcp_http_guard import ACCEPT, INITIALIZE, TOKEN, Served
-from tests.test_mcp_slow_clients import _logged_once, _until_closed
+from tests.test_mcp_slow_clients import _logged_once, _until_closed, guarded_servers
 
 BOUND_S = 1.0
 RESULT_CHARS = 99_000  # a call's result: under the inline output bound (100 000 characters)
@@ -51,19 +49,10 @@ def big(n: int) -> str:
 
 @pytest.fixture
 def served(system: ActorSystem) -> Iterator[Callable[..., Served]]:
-    """``served(**settings)``: ``system`` (with ``big`` and ``add``) served over HTTP on
-    loopback behind an :class:`HTTPGuard` of those settings."""
+    """``served(**settings)``: :func:`~tests.test_mcp_slow_clients.guarded_servers` of
+    ``system`` with ``big`` registered too."""
     system.register(big)
-    system.register(served_tools.add)
-    started: list[Served] = []
-
-    def start(**settings: Any) -> Served:
-        started.append(Served(system, HTTPGuard(TOKEN, **settings)))
-        return started[-1]
-
-    yield start
-    for one in started:
-        one.stop()
+    yield from guarded_servers(system)
 
 
 def _largest_send_queue() -> int:
