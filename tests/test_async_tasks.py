@@ -23,12 +23,14 @@ pytestmark = pytest.mark.timeout(300)
 
 gate: list[concurrent.futures.Future[str]] = []  # the one the test opens
 cancelled_on: list[str] = []
+began = threading.Event()  # set once ``cancellable`` is inside its wait (its cancel is then seen)
 
 
 @pytest.fixture(autouse=True)
 def _fresh_gate() -> None:
     gate[:] = [concurrent.futures.Future()]
     cancelled_on.clear()
+    began.clear()
     unblock.clear()
 
 
@@ -50,6 +52,7 @@ async def overdue_async() -> str:
 async def cancellable(ctx: Mapping[str, Any]) -> str:
     """Wait until cancelled, noting the cancel's reason and the thread it was seen on."""
     try:
+        began.set()
         await asyncio.sleep(60)
     except asyncio.CancelledError:
         cancelled_on.append(threading.current_thread().name)
@@ -141,7 +144,8 @@ def test_the_system_stopping_cancels_its_open_async_tasks_and_ends_their_event_l
     system.register(cancellable)
     loop = system.start_loop("s1")
     [ack] = loop.run_turn([ToolCall("c1", "cancellable", "{}")])
-    assert wait_for(lambda: any(t.name == "rho_actors-tasks" for t in threading.enumerate()))
+    assert began.wait(WAIT_S)  # in its wait: a stop before its first step would cancel it before its try
+    assert any(t.name == "rho_actors-tasks" for t in threading.enumerate())
     data_dir = loop.data_dir
     system.stop()
     assert cancelled_on == ["rho_actors-tasks"]
