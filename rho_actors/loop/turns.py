@@ -89,7 +89,16 @@ if TYPE_CHECKING:
 
 __all__ = ["ResultSink", "Turns"]
 
-_CHAIN = threading.local()  # per thread, one for all sessions: the exclusive turn whose calls it starts in turn
+
+class _Chain(threading.local):
+    """Per thread, one for all sessions: ``held``, the exclusive turn whose calls this
+    thread starts in turn and their queue (``None`` on a thread that starts none: the
+    class's value, read without an ``AttributeError`` raised and cleared)."""
+
+    held: tuple[Turn, deque[tuple[Turn, int]]] | None = None
+
+
+_CHAIN = _Chain()
 _VALID_CHARS = 4096  # arguments texts up to this long are remembered once found valid...
 _VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
 
@@ -377,8 +386,8 @@ class Turns(OfferedTools):
         step settled it, settles at once): one after another, never nested, however long
         the turn. Another turn started meanwhile on this thread (by a tool's first step
         run in the dispatch, say) gets its own chain at once: it may be waited for there."""
-        local = _CHAIN  # one for all sessions: made per session, each thread's dict in it was made anew
-        outer: tuple[Turn, deque[tuple[Turn, int]]] | None = getattr(local, "held", None)
+        local = _CHAIN
+        outer = local.held
         if outer is not None and outer[0] is turn:  # inside this turn's dispatch: its loop below starts it
             outer[1].append((turn, index))
             return

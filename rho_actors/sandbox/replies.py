@@ -212,7 +212,7 @@ class Waiter:
             timer = deadline[0]
             try:
                 first = min(timer.when, until)
-                if lock.acquire(timeout=min(max(0.0, first - time.monotonic()), threading.TIMEOUT_MAX)):
+                if lock.acquire(timeout=_seconds_to(first)):
                     return True
             finally:  # interrupted too: a deadline no result disarmed goes to the timers
                 if not timer.cancelled:
