@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from typing import Final
 
@@ -23,7 +24,7 @@ from loguru import logger
 
 from rho_actors.sandbox.confine import cgroups
 
-__all__ = ["sweep_leftovers"]
+__all__ = ["remove_tree", "sweep_leftovers"]
 
 _LEFTOVER: Final = re.compile(r"rho-actors-(\d+)-")
 
@@ -53,6 +54,32 @@ def _leftovers(folder: str) -> list[str]:
     return out
 
 
+_RM_TIMEOUT_S: Final = 120.0  # what ``rm`` may take for a tree too deep for shutil
+
+
+def remove_tree(path: str) -> None:
+    """Remove the folder tree at ``path`` (a worker's private folder, a dead host's
+    leftover), following no symlink. Never raises: what cannot be removed is logged and
+    left. A tool can nest folders deeper than Python's recursion limit in its private
+    folder (``mkdir`` relative to a descriptor: no path grows long), and
+    ``shutil.rmtree`` recurses once a level on 3.11 (``RecursionError``, which its
+    ``ignore_errors`` does not cover): such a tree is removed by ``rm -rf
+    --one-file-system``, which walks it without recursing."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    except RecursionError:
+        pass
+    except Exception as exc:
+        logger.warning("could not remove {}: {}", path, exc)
+        return
+    try:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", path], check=True, timeout=_RM_TIMEOUT_S,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("could not remove {} (nested past the recursion limit): {}", path, exc)
+
+
 def sweep_leftovers() -> dict[str, int]:
     """Remove the private folders and cgroups of hosts no longer running; how many of
     each: ``{"folders": n, "cgroups": m}``. Never raises: what cannot be removed is
@@ -60,7 +87,7 @@ def sweep_leftovers() -> dict[str, int]:
     folders = 0
     for path in _leftovers(tempfile.gettempdir()):
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
             folders += not os.path.exists(path)
     removed = 0
     hierarchy = cgroups.find_hierarchy()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import shutil
 import signal
 import threading
 import time
@@ -40,6 +39,7 @@ from rho_actors.sandbox.confine.confinement import (
 )
 from rho_actors.sandbox.confine.trees import RssSampler, kill_tree
 from rho_actors.sandbox.confine.uids import UidLease, lease, runs_process
+from rho_actors.sandbox.sweep import remove_tree
 
 __all__ = [
     "ENV_ALLOWLIST", "TREE_ONLY", "UNCONFINED", "ConfinePolicy", "Enclosure", "default_policy", "policy_stats",
@@ -401,7 +401,7 @@ class Enclosure:
             except CgroupError as exc:
                 logger.warning("confinement: {}", exc)
         if self.private_dir is not None:
-            shutil.rmtree(self.private_dir, ignore_errors=True)
+            remove_tree(self.private_dir)  # never raises, however deep the tool nested it
         if self.uid_lease is None or self._tree_gone():
             self._dispose()
             return
