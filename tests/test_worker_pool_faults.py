@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 import pytest
@@ -25,6 +25,7 @@ import pytest
 from rho_actors.cancel import CancelToken
 from rho_actors.function_tool import tool
 from rho_actors.sandbox import WorkerCall, WorkerPool
+from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.replies import OpenCall, Replies
 from rho_actors.tool import ToolResult
 
@@ -326,5 +327,82 @@ def test_an_interrupt_while_a_tool_is_loaded_ahead_loses_no_worker_for_good(monk
         assert raised.is_set()
         monkeypatch.undo()
         assert p.run_call(a_call({"text": "after"}, "c1")).content == "after"
+    finally:
+        p.stop()
+
+
+# --- 6. a worker's close, or its retirement, that raises -------------------------------------------
+
+
+class _PipeClosingBadly:
+    """A worker's channel whose close closes it, then raises (a step of the worker's close
+    that fails)."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+
+    def close(self) -> None:
+        self._channel.close()
+        raise OSError("closing the pipe failed (test)")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+
+def _retire_by_the_keeper(p: WorkerPool) -> Any:
+    """Mark the pool's idle worker for retirement (as an unregistered tool's scope does)
+    and wake the keeper, which retires it; the worker."""
+    with p._lock:
+        [worker] = p._idle
+        worker.doomed = True
+        p._changed.notify_all()
+    return worker
+
+
+def test_a_close_whose_step_raises_runs_every_later_step_and_the_keeper_goes_on(logs: list[str]) -> None:
+    """A worker's pipe that fails to close: its cgroup, folder and slot are still given
+    back (under a cap of one worker, a slot kept would leave no place for any other), the
+    failure is logged, and the pool's keeper lives on to start its replacement."""
+    p = _capped_pool(1)
+    try:
+        with p._lock:
+            [worker] = p._idle
+            worker.channel = cast(Channel, _PipeClosingBadly(worker.channel))
+        _retire_by_the_keeper(p)
+        assert worker.wait_closed(WAIT_S), "the keeper did not retire the worker"
+        assert p.wait_warm(WAIT_S) and p.pids() != [worker.pid], "no worker replaced the retired one"
+        assert p._keeper.is_alive()
+        assert p.run_call(a_call({"text": "after"}, "c1")).content == "after"
+        assert any(f"worker {worker.pid}: closing its pipe failed" in line for line in logs)
+    finally:
+        p.stop()
+
+
+def test_a_retirement_that_raises_still_closes_the_worker_and_the_keeper_goes_on(
+        monkeypatch: pytest.MonkeyPatch, logs: list[str]) -> None:
+    """A reap that raises as the keeper retires a worker: the worker is still closed and
+    forgotten (its slot given back), the keeper logs it and goes on."""
+    from rho_actors.sandbox import processes, worker_handle
+
+    p = _capped_pool(1)
+    try:
+        real_reap = processes.reap
+        target: list[int] = []
+
+        def reap_raising(proc: Any, timeout_s: float) -> int | None:
+            code = real_reap(proc, timeout_s)
+            if proc.pid in target:
+                raise RuntimeError("reaping failed (test)")
+            return code
+
+        monkeypatch.setattr(worker_handle, "reap", reap_raising)
+        with p._lock:
+            target.append(p._idle[0].pid)
+        worker = _retire_by_the_keeper(p)
+        assert worker.wait_closed(WAIT_S), "the worker was not closed"
+        assert p.wait_warm(WAIT_S) and p.pids() != [worker.pid], "no worker replaced the retired one"
+        assert p._keeper.is_alive()
+        assert p.run_call(a_call({"text": "after"}, "c1")).content == "after"
+        assert any(f"retiring worker {worker.pid} failed" in line for line in logs)
     finally:
         p.stop()

@@ -295,27 +295,36 @@ class WarmWorkers(ToolsAhead):
         return peak if now - at <= self._idle_s else 0
 
     def _retire(self, worker: WorkerHandle) -> None:
-        worker.kill()
-        worker.reap()
-        worker.close()
-        self._forget(worker)
+        """Kill, reap and close ``worker`` and forget it: closed and forgotten (its slot
+        given back) even when its kill or reap raises (raised then)."""
+        try:
+            worker.kill()
+            worker.reap()
+        finally:
+            worker.close()
+            self._forget(worker)
 
     def _lose(self, worker: WorkerHandle, how: Literal["killed", "died"]) -> None:
         """A worker killed at a deadline (or for a bad reply), or found dead: kill its
-        group, let the keeper start a replacement at once, then reap it."""
-        if how == "killed":
-            worker.kill()
-        else:
-            worker.kill_tree()
-        with self._lock:
-            if worker in self._all and not self._stopped:
-                self._counts[how] += 1
-            self._forget_locked(worker)
-            self._changed.notify_all()
-        if worker.reap() is None:
-            worker.kill()
-            worker.reap()
-        worker.close()
+        group, let the keeper start a replacement at once, then reap and close it (forgotten
+        and closed even when a kill or reap raises)."""
+        try:
+            if how == "killed":
+                worker.kill()
+            else:
+                worker.kill_tree()
+        finally:
+            with self._lock:
+                if worker in self._all and not self._stopped:
+                    self._counts[how] += 1
+                self._forget_locked(worker)
+                self._changed.notify_all()
+            try:
+                if worker.reap() is None:
+                    worker.kill()
+                    worker.reap()
+            finally:
+                worker.close()
 
     def _forget(self, worker: WorkerHandle) -> None:
         with self._lock:
@@ -349,8 +358,11 @@ class WarmWorkers(ToolsAhead):
             for scope, (_, at) in list(self._peaks.items()):
                 if now - at > self._idle_s:
                     del self._peaks[scope]
-        for worker in stale:
-            self._retire(worker)
+        for worker in stale:  # each one's retirement, whatever another's raised: the keeper goes on
+            try:
+                self._retire(worker)
+            except Exception:
+                logger.exception("worker pool: retiring worker {} failed; the pool goes on", worker.pid)
 
     def _keep_warm(self) -> None:
         """The background thread: keep ``warm`` workers alive, replacing lost ones, and

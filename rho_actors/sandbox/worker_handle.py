@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Final, Literal
 
+from loguru import logger
+
 from rho_actors.cancel import CancelToken
 from rho_actors.results import KILLED
 from rho_actors.sandbox.channel import Channel
@@ -129,21 +131,38 @@ class WorkerHandle:
             return code
 
     def close(self) -> None:
-        """Release the pipe and the process handle; only by the thread that owns the
-        worker (a thread polling them must never see their descriptors reused)."""
+        """Release the pipe and the process handle, remove the enclosure (its cgroup and
+        private folder) and give the worker's slot back; only by the thread that owns the
+        worker (a thread polling them must never see their descriptors reused). Each step
+        runs whatever an earlier one raised: an error is logged, not raised, so no caller
+        (the pool's keeper, its stop) is cut short by one worker; an interrupt (a signal
+        handler's ``KeyboardInterrupt``) is raised once every step has run."""
         if self.closed:
             return
         self.closed = True
+        interrupts: list[BaseException] = []
         try:
-            self.channel.close()
+            self._step("closing its pipe", self.channel.close, interrupts)
             if self.reaped:
-                close(self.proc)
+                self._step("releasing its process handle", lambda: close(self.proc), interrupts)
             if self.enclosure is not None:
-                self.enclosure.remove()
+                self._step("removing its cgroup and private folder", self.enclosure.remove, interrupts)
             if self.slots is not None:
-                self.slots.release()
+                self._step("giving its slot back", self.slots.release, interrupts)
         finally:
             self._closing.set()
+        if interrupts:
+            raise interrupts[0]
+
+    def _step(self, what: str, step: Callable[[], object], interrupts: list[BaseException]) -> None:
+        """One step of :meth:`close`: an error it raises is logged, an interrupt kept in
+        ``interrupts``."""
+        try:
+            step()
+        except Exception:
+            logger.exception("worker {}: {} failed; its close goes on", self.pid, what)
+        except BaseException as exc:
+            interrupts.append(exc)
 
     def wait_closed(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for :meth:`close` (by the thread that owns
