@@ -283,3 +283,19 @@ def test_every_name_of_a_face_is_its_own() -> None:
         for name in exported:
             value = getattr(package, name)
             assert not (inspect.ismodule(value)), f"{face}.{name} is a module, not a name of the face"
+
+
+def test_raw_http_answers_are_written_in_one_place() -> None:
+    """An HTTP answer a connection writes itself (``503`` past a client's connections,
+    ``408`` past a read deadline) is made by :mod:`rho_actors.mcp.plain_answers` alone:
+    no other module spells out a status line."""
+    writers = []
+    for name, path in _modules().items():
+        if name == "rho_actors.mcp.plain_answers":
+            continue
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+                text = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
+                if text.startswith("HTTP/1."):
+                    writers.append(f"{name}:{node.lineno}")
+    assert writers == []

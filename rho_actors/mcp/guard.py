@@ -54,12 +54,14 @@ import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from http import HTTPStatus
 from typing import Any
 
 import anyio
 from loguru import logger
 
 from rho_actors.mcp.peers import is_loopback, socket_uid
+from rho_actors.mcp.plain_answers import answer_and_close
 from rho_actors.mcp.read_deadlines import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ReadDeadlines
 from rho_actors.mcp.send_deadline import DEFAULT_SEND_TIMEOUT_S, SendDeadline
 from rho_actors.mcp.sessions import PRINCIPAL_KEY
@@ -386,11 +388,9 @@ def connection_protocol(guard: HTTPGuard | None = None) -> type[asyncio.Protocol
             if guard.connected(client):
                 self.counted = client
                 return
-            text = (f"too many connections from this client: at most {guard.max_connections_per_client} "
-                    "open at once (max_connections_per_client)\n").encode()
-            transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(text), text))
-            transport.close()
+            answer_and_close(transport, HTTPStatus.SERVICE_UNAVAILABLE,
+                             f"too many connections from this client: at most {guard.max_connections_per_client} "
+                             "open at once (max_connections_per_client)")
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)

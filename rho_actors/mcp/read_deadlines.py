@@ -24,10 +24,13 @@ SSE stream, a slow call), nor between requests (that is uvicorn's keep-alive).""
 from __future__ import annotations
 
 import asyncio
+from http import HTTPStatus
 from typing import Any, Final, Literal
 
 import h11
 from loguru import logger
+
+from rho_actors.mcp.plain_answers import answer_and_close
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_HEADER_TIMEOUT_S", "ReadDeadlines"]
 
@@ -108,11 +111,11 @@ class ReadDeadlines:
             logger.warning("MCP over HTTP: closed the connection of {}: it sent no request within {} s ({})",
                            peer, seconds, setting)
         cycle = protocol.cycle if phase == "body" else None
+        self.close()
         if begun and (cycle is None or not cycle.response_started):
-            text = f"Request Timeout: the {what} did not arrive within {seconds:g} s ({setting})\n".encode()
-            transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(text), text))
             if cycle is not None:
                 cycle.response_started = True  # nothing more is written on it: the connection closes now
-        self.close()
-        transport.close()
+            answer_and_close(transport, HTTPStatus.REQUEST_TIMEOUT,
+                             f"Request Timeout: the {what} did not arrive within {seconds:g} s ({setting})")
+        else:
+            transport.close()
