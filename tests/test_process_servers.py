@@ -116,6 +116,22 @@ def test_a_process_server_keeps_its_state_across_calls_and_is_listed_in_the_tree
     assert not Path(f"/proc/{where['pid']}").exists()
 
 
+def test_a_stopped_servers_watcher_thread_has_ended_when_its_stop_returns(
+    system: ActorSystem, request: pytest.FixtureRequest
+) -> None:
+    """The thread watching a server's process for an end between calls is woken and
+    waited for as the server stops, before the descriptors it watches are closed (a
+    descriptor closed under it could be reused and watched for ever)."""
+    name = _name(request)
+    system.start_child(ChildSpec(name, ProcessActor(Store), name=name))
+    ref = system.whereis(name)
+    assert ref is not None
+    pid = ask(ref, ServerCall("where"))["pid"]
+    [watcher] = [t for t in threading.enumerate() if t.name == f"rho-server-watch-{pid}"]
+    system.stop_child(name)
+    assert not watcher.is_alive()
+
+
 def test_a_call_past_its_deadline_kills_the_process_and_the_server_restarts_fresh(
     system: ActorSystem, request: pytest.FixtureRequest
 ) -> None:

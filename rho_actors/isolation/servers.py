@@ -82,6 +82,7 @@ __all__ = [
 DEFAULT_SERVER_HEAP_BYTES = 256 * 2**20
 """The default bound of a process server's whole tree (bytes)."""
 _ASK_MARGIN_S = 10.0  # what killing and reaping a server's tree may add to a call's wait
+_WATCHER_END_S = 5.0  # how long a stopping server waits for its woken watcher thread to end
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +225,7 @@ class ProcessServer(Actor):
         self._process_ended = False
         self._lock = threading.Lock()
         self._down_error: ServerDown | None = None
+        self._watcher: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
         self._held = False
 
@@ -257,7 +259,8 @@ class ProcessServer(Actor):
             self._end_process()
             raise
         self._wake_r, self._wake_w = os.pipe()
-        threading.Thread(target=self._watch, name=f"rho-server-watch-{self.pid}", daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, name=f"rho-server-watch-{self.pid}", daemon=True)
+        self._watcher.start()
 
     def _await_ready(self) -> None:
         assert self.child is not None
@@ -379,6 +382,9 @@ class ProcessServer(Actor):
         if self._wake_w >= 0:
             with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
+        watcher = self._watcher  # woken: it ends before the descriptors it selects on are closed (and reused)
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(_WATCHER_END_S)
         if self.child is not None:
             with contextlib.suppress(Exception):
                 end_child(self.child.proc, self.enclosure)
