@@ -41,6 +41,7 @@ __all__ = [
     "encode_output",
     "scrub_strings",
     "scrub_text",
+    "shown_text",
     "strip_controls",
     "text_length",
 ]
@@ -148,6 +149,19 @@ def replace_controls(text: str, replacement: str | Callable[[re.Match[str]], str
     move a terminal's cursor, set its clipboard (OSC 52), clear it, or reorder or break
     what a reader sees. The one rule for text from a tool, a child or a peer."""
     return _UNSAFE.sub(replacement, text)
+
+
+def shown_text(text: object, max_chars: int = 200) -> str:
+    """Someone else's text (an upstream's words, a plugin file's name, a reason a child
+    gave) as the host shows or logs it: one line, every control, bidi and zero-width
+    character, newlines and tabs included, escaped as Python writes it (``\\x1b``,
+    ``\\n``), cut to ``max_chars`` characters (``...`` marks a cut). It can neither move
+    a terminal's cursor nor forge a line of a log."""
+    raw = str(text).encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate as \\udcff
+    cut = len(raw) > max_chars
+    escaped = replace_controls(raw[:max_chars], lambda m: ascii(m.group())[1:-1])
+    escaped = escaped.replace("\n", "\\n").replace("\t", "\\t")
+    return escaped + ("..." if cut else "")
 
 
 def shown_bytes(raw: bytes) -> str:

@@ -6,6 +6,7 @@ at once under one bound for the whole scan."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -105,3 +106,28 @@ def test_a_scan_waits_at_most_its_bound(folder: Path) -> None:
         found = source.scan()
     assert "still being read" not in found[str(path)][0].reason
     assert isinstance(found[str(path)][0], Broken)
+
+
+def test_a_read_under_way_at_the_systems_stop_leaves_no_thread_behind(tmp_path: Path, folder: Path) -> None:
+    """A plugin file still being searched when the system stops: its read is cancelled
+    (its discovery child killed) and its reading thread ends, while the host still holds
+    the source's handle (its thread idled in the folder's pool for good before)."""
+    before = set(threading.enumerate())
+    path = write(folder, "slow.py", SLOW)  # searched for 60 s, past the discovery bound below
+    source = PluginFolder(folder, discovery_timeout_s=4 * WAIT_S, scan_timeout_s=0.05)
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
+    try:
+        handle = system.add_source(source, poll_s=None)
+        assert "still being read" in handle.status()["tools"][str(path)]["reason"]
+        reading = [t for t in extra_threads_now(before) if t.name.startswith("rho-plugin-read")]
+        assert reading, "the file's read is not under way"
+    finally:
+        system.stop()
+    for thread in reading:
+        thread.join(WAIT_S)
+    assert not [t.name for t in reading if t.is_alive()], "a plugin read's thread outlived the system's stop"
+    assert handle.source is source  # held all along
+
+
+def extra_threads_now(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t not in before]

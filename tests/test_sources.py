@@ -480,3 +480,43 @@ def test_a_plugin_file_may_hold_one_tool_function(system: ActorSystem, folder: P
     [result] = loop.run_turn([ToolCall("g", "greet", '{"who": "Ada"}')])
     assert result.content == "hello Ada"
     assert "defines 2 tools; a plugin file holds one" in handle.status()["tools"][str(two)]["reason"]
+
+
+def test_untrusted_file_names_and_reasons_reach_status_and_logs_as_one_escaped_line(
+        system: ActorSystem, folder: Path, logs: list[str]) -> None:
+    """A plugin file's name is anyone's who may write the folder, and a reason is what its
+    code or its child said: an escape sequence or a newline in either never reaches the
+    caller of ``status()`` or the log as it is (it would drive a terminal or forge a log
+    line); each is one line, escaped as Python writes it, as every reason shown."""
+    from rho_actors.encoding import replace_controls
+
+    named = write(folder, "ok\x1b]0;pwned\x07\nINFO forged.py", plugin("named", "fine"))
+    raising = write(folder, "raises.py", 'raise ValueError("first\\nsecond\\x1b[2J")\n')
+    handle = add_source(system, PluginFolder(folder), poll_s=None)
+    tools = handle.status()["tools"]
+    for key, entry in tools.items():
+        for text in (key, entry["version"], entry["reason"] or ""):
+            assert "\n" not in text and replace_controls(text) == text, f"unscrubbed: {text!r}"
+    shown = "ok\\x1b]0;pwned\\x07\\nINFO forged.py"
+    [key] = [k for k in tools if k.endswith(shown)]
+    assert tools[key]["offered"] is True and tools[key]["name"] == "named"
+    [reason] = [e["reason"] for k, e in tools.items() if k.endswith("raises.py")]
+    assert "first\\nsecond" in reason, reason
+    assert str(named) not in tools and str(raising) in tools
+    for line in logs:
+        assert "\n" not in line and replace_controls(line) == line, f"an unscrubbed log line: {line!r}"
+    assert any(shown in line and "registered as tool 'named'" in line for line in logs)
+    assert any("first\\nsecond" in line for line in logs)
+    broken = PluginFolder(folder).scan()[str(raising)][0]  # a scan's own Broken, as a caller of scan() sees it
+    assert isinstance(broken, Broken) and "first\\nsecond" in broken.reason and "\n" not in broken.reason
+
+
+def test_two_file_names_that_show_alike_keep_their_own_status_entries(system: ActorSystem, folder: Path) -> None:
+    """A file literally named with a backslash-escape shows as the one with the control
+    character does: both are listed, the second told apart by a suffix."""
+    write(folder, "a\x1b.py", plugin("first", "1"))
+    write(folder, "a\\x1b.py", plugin("second", "2"))
+    tools = add_source(system, PluginFolder(folder), poll_s=None).status()["tools"]
+    names = sorted(entry["name"] for entry in tools.values())
+    assert names == ["first", "second"], tools
+    assert any(key.endswith("a\\x1b.py #2") for key in tools), list(tools)

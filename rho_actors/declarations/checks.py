@@ -50,7 +50,7 @@ from rho_actors.declarations.annotations import Annotations, checked_annotations
 from rho_actors.declarations.arguments import compile_pattern, make_validator, no_retrieval
 from rho_actors.declarations.metaschema import metaschema_validator
 from rho_actors.declarations.policy import POLICY_CALLBACKS, policy_from_answers
-from rho_actors.encoding import describe_exception, scrub_text, strip_controls
+from rho_actors.encoding import describe_exception, scrub_text, shown_text, strip_controls
 from rho_actors.errors import RhoError
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
@@ -79,6 +79,8 @@ __all__ = [
     "output_schema_problems",
     "read_declaration",
 ]
+
+_MAX_ORIGIN_CHARS = 1_000  # an untrusted tool's origin as messages show it
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_MAX_SCHEMA_DEPTH = 32
@@ -135,9 +137,11 @@ def describe_origin(tool: Any, trusted: bool = True) -> str:
     """Where a tool comes from, for messages: ``module.qualname (file:line)`` when known.
     Never raises (a tool whose attributes misbehave is named by its type). For an
     untrusted tool (``trusted=False``) no code of the tool runs: no attribute lookup
-    that could reach its ``__getattr__``, properties or metaclass."""
+    that could reach its ``__getattr__``, properties or metaclass, and the text (a
+    plugin file's name, say: anyone's who may write its folder) is one line, escaped and
+    cut (:func:`~rho_actors.encoding.shown_text`)."""
     try:
-        return _origin(tool) if trusted else _static_origin(tool)
+        return _origin(tool) if trusted else shown_text(_static_origin(tool), _MAX_ORIGIN_CHARS)
     except BaseException:
         return f"a {type(tool).__qualname__} object"
 

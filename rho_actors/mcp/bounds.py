@@ -25,7 +25,7 @@ pydantic models see it:
   20 times the last listing's cost, doubled while each listing is answered by another
   ``list_changed``, up to a minute).
 
-:func:`shown_text` is how an upstream's own words (its ``serverInfo``, its error
+:func:`~rho_actors.encoding.shown_text` is how an upstream's own words (its ``serverInfo``, its error
 messages) are shown: control, bidi and line-breaking characters escaped, cut to a
 length, so they can neither move a terminal's cursor nor forge a line of the log.
 :func:`route_sdk_logging` sends the MCP SDK's own ``logging`` records to loguru (escaped,
@@ -54,7 +54,7 @@ from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TI
 from mcp.shared.message import SessionMessage
 
 from rho_actors.bounded_json import JSONBoundError, loads_bounded
-from rho_actors.encoding import describe_exception, replace_controls
+from rho_actors.encoding import describe_exception, shown_text
 
 __all__ = [
     "MAX_CONTAINERS", "MAX_DEPTH", "MAX_MESSAGE_BYTES", "MAX_STRUCTURED_BYTES", "NOTIFICATIONS_PER_S",
@@ -103,17 +103,6 @@ def relisting_wait(last_s: float, cost_s: float, flooded: bool) -> float:
 
 class UpstreamViolation(ConnectionError):
     """An MCP server sent a message over a bound: its connection ends (and is restarted)."""
-
-
-def shown_text(text: object, max_chars: int = 200) -> str:
-    """An upstream's own text as the host shows or logs it: every control, bidi and
-    zero-width character, newlines and tabs included, escaped as Python writes it
-    (``\\x1b``, ``\\n``), cut to ``max_chars`` characters (``...`` marks a cut)."""
-    raw = str(text)
-    cut = len(raw) > max_chars
-    escaped = replace_controls(raw[:max_chars], lambda m: ascii(m.group())[1:-1])
-    escaped = escaped.replace("\n", "\\n").replace("\t", "\\t")
-    return escaped + ("..." if cut else "")
 
 
 def shown_info(info: dict[str, Any]) -> dict[str, Any]:

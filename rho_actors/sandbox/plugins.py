@@ -230,6 +230,7 @@ def discovery_child(channel: Channel, payload: tuple[str, bytes]) -> None:
 def discover_plugin(
     path: str | Path, data: bytes, *, timeout_s: float = DEFAULT_DISCOVERY_TIMEOUT_S,
     heap_bytes: int = DEFAULT_HEAP_BYTES, start_method: str = "forkserver", confine: ConfinePolicy | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[PluginRef]:
     """The tools of the plugin file ``path`` (its bytes ``data``), found in a throwaway
     child process (never imported here): one :class:`PluginRef` per tool, in definition
@@ -238,7 +239,8 @@ def discover_plugin(
     is (``None``: :func:`~rho_actors.sandbox.confine.enclosure.default_policy`, the confinement a
     default system gives; running it unconfined takes an explicit
     :data:`~rho_actors.sandbox.confine.enclosure.UNCONFINED`);
-    its whole process tree is killed at the end (:func:`~rho_actors.sandbox.reads.end_child`).
+    its whole process tree is killed at the end (:func:`~rho_actors.sandbox.reads.end_child`),
+    or as soon as ``cancel`` is set (then it raises :class:`PluginLoadError` saying so).
 
     Raises :class:`NoTools` (a :class:`PluginLoadError`) when it holds no tool, and
     :class:`PluginLoadError` naming the file and why when it cannot be loaded
@@ -258,7 +260,7 @@ def discover_plugin(
         enclosure.started(child.pid)
         try:
             frame = await_answer(child, lambda: f"finding the tools of {path}", wire.DISCOVERY,
-                                 _MAX_DISCOVERY_BYTES, timeout_s, heap_bytes, None, enclosure)
+                                 _MAX_DISCOVERY_BYTES, timeout_s, heap_bytes, cancel, enclosure)
         except IsolatedReadError as exc:
             raise PluginLoadError(str(exc)) from None
         finally:

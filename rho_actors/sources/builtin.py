@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from loguru import logger
+
 from rho_actors.declarations.checks import not_a_tool
-from rho_actors.encoding import describe_exception
+from rho_actors.encoding import describe_exception, shown_text
 from rho_actors.files import UnsafePathError, open_regular
 from rho_actors.sandbox import (
     DEFAULT_DISCOVERY_TIMEOUT_S,
@@ -40,6 +42,8 @@ __all__ = [
     "DEFAULT_MAX_PLUGIN_FILE_BYTES",
     "DEFAULT_PARALLEL_READS",
     "DEFAULT_SCAN_TIMEOUT_S",
+    "HALT_WAIT_S",
+    "MAX_REASON_CHARS",
     "Broken",
     "EntryPointGroup",
     "PluginFolder",
@@ -47,14 +51,22 @@ __all__ = [
 
 DEFAULT_GROUP = "rho_actors.tools"
 """The entry-point group :class:`EntryPointGroup` reads by default."""
+MAX_REASON_CHARS: Final = 2_000
+"""The longest reason a source's key is shown with (a :class:`Broken`'s, a failed
+registration's), in characters."""
 
 
 @dataclass(frozen=True, slots=True)
 class Broken:
     """Stands in for a tool a source could not load: ``reason`` says why (shown in
-    :meth:`rho_actors.sources.source_actor.SourceHandle.status`, logged once per version)."""
+    :meth:`rho_actors.sources.source_actor.SourceHandle.status`, logged once per version),
+    kept as one line (a file's name and a child's words escaped, cut to
+    :data:`MAX_REASON_CHARS`: :func:`~rho_actors.encoding.shown_text`)."""
 
     reason: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", shown_text(self.reason, MAX_REASON_CHARS))
 
 
 def _digest(data: bytes) -> str:
@@ -99,12 +111,13 @@ def _load_plugin(file: Path, data: bytes) -> Any:
     return _the_tool(file, module)
 
 
-def _discover(file: Path, data: bytes, timeout_s: float, confine: ConfinePolicy | None) -> Any:
+def _discover(file: Path, data: bytes, timeout_s: float, confine: ConfinePolicy | None,
+              cancel: threading.Event) -> Any:
     """An untrusted plugin file's one tool as a :class:`~rho_actors.sandbox.plugins.PluginRef`
-    (found in a child process: the file is not imported here); a :class:`Broken`
-    otherwise."""
+    (found in a child process, ended at once when ``cancel`` is set: the file is not
+    imported here); a :class:`Broken` otherwise."""
     try:
-        found = discover_plugin(file, data, timeout_s=timeout_s, confine=confine)
+        found = discover_plugin(file, data, timeout_s=timeout_s, confine=confine, cancel=cancel)
     except PluginLoadError as exc:
         return Broken(str(exc))
     if len(found) == 1:
@@ -135,6 +148,10 @@ DEFAULT_SCAN_TIMEOUT_S: Final = 30.0
 being read or searched for its tool then is reported, and looked at again next scan."""
 DEFAULT_PARALLEL_READS: Final = 4
 """Default number of files of a :class:`PluginFolder` read and searched at once."""
+HALT_WAIT_S: Final = 10.0
+"""How long :meth:`PluginFolder.halt` waits for its reads to end once cancelled (a
+discovery child's tree is killed within a fraction of a second; a trusted folder's
+import in a reading thread cannot be interrupted: it is left to finish, logged)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +209,10 @@ class PluginFolder:
     ``scan_timeout_s`` seconds for them all (default :data:`DEFAULT_SCAN_TIMEOUT_S`):
     a file not done by then is a :class:`Broken` for this scan, and its outcome is
     taken up by a later scan. The reading threads end with each scan that leaves no read
-    under way (a later scan with files to read starts new ones).
+    under way (a later scan with files to read starts new ones), and at :meth:`halt`
+    (its :class:`~rho_actors.sources.source_actor.SourceActor` stopping: the system's
+    stop, the source's close), which cancels the reads under way (their discovery
+    children's trees killed) and waits for their threads to end.
 
     ``scan()`` returns ``{str(file path): (tool or Broken, content hash)}``; it
     raises ``OSError`` (``FileNotFoundError``, ``NotADirectoryError``...) when the folder
@@ -223,6 +243,7 @@ class PluginFolder:
         self._seen: dict[str, _Seen] = {}  # by file path: its last outcome
         self._running: dict[str, tuple[tuple[int, ...], concurrent.futures.Future[_Seen]]] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # made by a scan with files to read
+        self._cancel = threading.Event()  # set by halt(): the reads of this pool end at once
 
     def attach(self, system: Any) -> None:
         """Take ``system``'s confinement policy for discovery children (called by
@@ -230,12 +251,30 @@ class PluginFolder:
         self.confine = getattr(system, "confine_policy", None)
 
     def detach(self) -> None:
-        """Let the threads that read files end (called by ``SourceHandle.close``; a
-        later scan starts new ones). A read under way finishes first, in the background."""
+        """:meth:`halt` (called by ``SourceHandle.close``)."""
+        self.halt()
+
+    def halt(self, timeout_s: float = HALT_WAIT_S) -> None:
+        """End the threads that read files (called when the source's actor stops: the
+        system's stop, a restart, the source's close; a later scan starts new ones): the
+        reads under way are cancelled (a discovery child's process tree is killed; their
+        files are read again by a later scan) and their threads waited for, at most
+        ``timeout_s`` seconds (a trusted folder's import cannot be interrupted: one still
+        running then is logged and left to end by itself). Never raises."""
         pool, self._pool = self._pool, None
+        cancel, self._cancel = self._cancel, threading.Event()
+        running = [future for _, future in self._running.values()]
         self._running.clear()
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        if pool is None:
+            return
+        cancel.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        _, late = concurrent.futures.wait(running, timeout=timeout_s)
+        if late:
+            logger.warning("{}: {} file reads still run {} s after they were cancelled; their threads end "
+                           "when they do", self.name, len(late), timeout_s)
+            return
+        pool.shutdown(wait=True)  # each thread is past its read: this joins them
 
     def bounds(self) -> dict[str, Any]:
         """``{"max_file_bytes": int, "scan_timeout_s": float, "parallel_reads": int,
@@ -281,7 +320,7 @@ class PluginFolder:
                 if self._pool is None:
                     self._pool = concurrent.futures.ThreadPoolExecutor(self.parallel_reads,
                                                                        thread_name_prefix="rho-plugin-read")
-                future = self._pool.submit(self._read_one, file, folder / filename, signature, seen)
+                future = self._pool.submit(self._read_one, file, folder / filename, signature, seen, self._cancel)
                 running = self._running[key] = (signature, future)
             waiting[key] = running[1]
         concurrent.futures.wait(waiting.values(), timeout=max(0.0, deadline - time.monotonic()))
@@ -298,7 +337,7 @@ class PluginFolder:
         for gone in set(self._seen) - set(found):
             del self._seen[gone]
         if self._pool is not None and not self._running:  # no read outlasts this scan: its threads end now
-            self.detach()  # (else they idled until the source was closed: a system stopped left them for good)
+            self.halt()  # (else they idled until the source was closed: a system stopped left them for good)
         return dict(sorted(found.items()))
 
     def _refusal(self, file: Path, st: os.stat_result) -> str | None:
@@ -313,8 +352,10 @@ class PluginFolder:
             return f"{file}: {st.st_size} bytes, over the bound of {self.max_file_bytes} bytes of a plugin file"
         return None
 
-    def _read_one(self, file: Path, real: Path, signature: tuple[int, ...], seen: _Seen | None) -> _Seen:
-        """Read ``file`` (at ``real``) safely and find its tool (in a pool thread)."""
+    def _read_one(self, file: Path, real: Path, signature: tuple[int, ...], seen: _Seen | None,
+                  cancel: threading.Event) -> _Seen:
+        """Read ``file`` (at ``real``) safely and find its tool (in a pool thread; a
+        discovery ended at once when ``cancel`` is set)."""
         try:
             data = self._read(file, real)
         except _Refused as exc:
@@ -327,7 +368,7 @@ class PluginFolder:
             return _Seen(signature, version, seen.tool)  # touched, not changed: the same tool
         try:
             tool = (_load_plugin(file, data) if self.trusted
-                    else _discover(file, data, self.discovery_timeout_s, self.confine))
+                    else _discover(file, data, self.discovery_timeout_s, self.confine, cancel))
         except BaseException as exc:  # this thread must always answer
             tool = Broken(f"{file}: finding its tool failed: {describe_exception(exc)}")
         return _Seen(signature, version, tool)

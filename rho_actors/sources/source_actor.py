@@ -77,13 +77,13 @@ from typing import Any, Protocol, runtime_checkable
 import pykka
 from loguru import logger
 
-from rho_actors.encoding import describe_exception
+from rho_actors.encoding import describe_exception, shown_text
 from rho_actors.otp.actor import Actor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.otp.timers import Timer
 from rho_actors.registry.tool_registry import DuplicateToolError, Registration
 from rho_actors.sandbox import PluginLoadError, load_module_file, tools_in_module
-from rho_actors.sources.builtin import DEFAULT_GROUP, Broken, EntryPointGroup, PluginFolder
+from rho_actors.sources.builtin import DEFAULT_GROUP, MAX_REASON_CHARS, Broken, EntryPointGroup, PluginFolder
 
 __all__ = [
     "tools_in_module",
@@ -101,7 +101,20 @@ __all__ = [
 ]
 
 _SOURCES = "sources"
-_MAX_REASON_CHARS = 2_000
+_MAX_KEY_CHARS = 1_000
+
+
+def _shown_key(key: str) -> str:
+    """A source's key (a plugin file's path, an upstream's tool name: anyone who may write
+    the folder or run the server chose it) as status and logs show it: one line, escaped,
+    cut (:func:`~rho_actors.encoding.shown_text`)."""
+    return shown_text(key, _MAX_KEY_CHARS)
+
+
+def _reason(text: str) -> str:
+    """Why a key is not offered, or a scan failed (a child's words, a file's name inside):
+    one line, escaped, cut, as every reason shown."""
+    return shown_text(text, MAX_REASON_CHARS)
 
 
 @runtime_checkable
@@ -113,7 +126,9 @@ class Source(Protocol):
     :class:`Broken` in place of a tool for a key it could not load). ``version`` is any
     value compared with ``==``; it must change when the tool's code changes. A scan may
     raise: the last good set is kept. Optional (DESIGN §6b): ``attach(system)`` and ``detach()``
-    start and stop a source's own actors; ``contained = True`` registers its tools trusted;
+    start and stop a source's own actors; ``halt()`` ends the source's own threads (reads
+    under way cancelled) when its actor stops (the system's stop, a restart; a later scan
+    may start new ones); ``contained = True`` registers its tools trusted;
     ``withdrawn(key)`` gives the text a call naming a tool it withdrew gets (``None``: "tool 'x'
     was unregistered").
     """
@@ -182,8 +197,16 @@ class SourceActor(Actor):
         self.actor_ref.tell(_Tick())  # the first scan, right after start (and after a restart)
 
     def on_stop(self) -> None:
+        """The system's stop, a restart, the source's close: no periodic scan follows,
+        and the source's own threads end (its optional ``halt()``: a
+        :class:`PluginFolder` cancels its file reads under way and waits for their threads)."""
         if self._timer is not None:
             self._timer.cancel()
+        if callable(halt := getattr(self._source, "halt", None)):
+            try:
+                halt()
+            except Exception:
+                logger.exception("source {}: halting its reads failed", self._label)
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, _Tick):
@@ -192,7 +215,7 @@ class SourceActor(Actor):
             except Exception as exc:  # a crash loop here could escalate to the root: contain it
                 logger.exception("source {}: applying a scan failed", self._label)
                 with self._state.lock:
-                    self._state.last_error = f"applying the scan failed: {describe_exception(exc)}"
+                    self._state.last_error = _reason(f"applying the scan failed: {describe_exception(exc)}")
         elif isinstance(message, _Sync):
             return True
         return None
@@ -241,7 +264,7 @@ class SourceActor(Actor):
         try:
             found = _checked_scan(self._source.scan())
         except BaseException as exc:  # a source's SystemExit must not end this actor
-            message = f"scan failed: {describe_exception(exc)}"[:_MAX_REASON_CHARS]
+            message = _reason(f"scan failed: {describe_exception(exc)}")
             with state.lock:
                 repeated = state.last_error == message
                 state.scans += 1
@@ -261,7 +284,7 @@ class SourceActor(Actor):
                 if now is None:
                     with state.lock:
                         del keys[key]
-                    logger.info("source {}: {} is gone; its tool was unregistered", self._label, key)
+                    logger.info("source {}: {} is gone; its tool was unregistered", self._label, _shown_key(key))
         fresh: list[tuple[str, _Key]] = []  # new tools: registered together below
         for key in sorted(found):
             tool, version = found[key]
@@ -278,8 +301,8 @@ class SourceActor(Actor):
             with state.lock:
                 keys[key] = entry
             if isinstance(tool, Broken):
-                entry.reason = tool.reason[:_MAX_REASON_CHARS]
-                self._log_once(entry, f"source {self._label}: {key} is not loaded: {entry.reason}")
+                entry.reason = _reason(tool.reason)
+                self._log_once(entry, f"source {self._label}: {_shown_key(key)} is not loaded: {entry.reason}")
             else:
                 fresh.append((key, entry))
         self._offer_all(fresh)
@@ -314,7 +337,7 @@ class SourceActor(Actor):
             self._offer(key, entry)
 
     def _origin(self, key: str) -> str:
-        return f"{key} (source {self._label})"
+        return f"{_shown_key(key)} (source {self._label})"
 
     def _offer(self, key: str, entry: _Key) -> None:
         tools_version = self._system.tool_set().version
@@ -343,18 +366,18 @@ class SourceActor(Actor):
         with self._state.lock:
             entry.registered, entry.retry = True, False
             entry.name = registration.info.name if registration.info is not None else None
-            entry.reason = registration.reason
-        if registration.reason is not None:
-            self._log_once(entry, f"source {self._label}: {key} is registered but not offered: "
-                                  f"{registration.reason}")
+            entry.reason = None if registration.reason is None else _reason(registration.reason)
+        if entry.reason is not None:
+            self._log_once(entry, f"source {self._label}: {_shown_key(key)} is registered but not offered: "
+                                  f"{entry.reason}")
         else:
-            logger.info("source {}: {} registered as tool {!r}", self._label, key, entry.name)
+            logger.info("source {}: {} registered as tool {!r}", self._label, _shown_key(key), entry.name)
 
     def _failed(self, entry: _Key, reason: str, *, retry: bool) -> None:
         with self._state.lock:
-            entry.registered, entry.retry, entry.reason = False, retry, reason[:_MAX_REASON_CHARS]
+            entry.registered, entry.retry, entry.reason = False, retry, _reason(reason)
             entry.retry_unless = None
-        self._log_once(entry, f"source {self._label}: {reason}")
+        self._log_once(entry, f"source {self._label}: {entry.reason}")
 
     def _withdraw(self, key: str, entry: _Key) -> None:
         if isinstance(entry.tool, Broken) or not (entry.registered or entry.retry):
@@ -363,8 +386,8 @@ class SourceActor(Actor):
         try:
             self._system.unregister(entry.tool, withdrawn(key) if callable(withdrawn) else None)
         except BaseException as exc:
-            logger.warning("source {}: unregistering the tool of {} failed: {}", self._label, key,
-                           describe_exception(exc))
+            logger.warning("source {}: unregistering the tool of {} failed: {}", self._label, _shown_key(key),
+                           _reason(describe_exception(exc)))
         with self._state.lock:
             entry.registered, entry.retry = False, False
 
@@ -384,6 +407,15 @@ def _evicted_by(tools: Any, entry: _Key) -> str | None:
         return None
     return (f"tool name {entry.name!r} is taken by the host's own registration of {holder.origin}; "
             "this tool yields it and is registered again once the name is free")
+
+
+def _distinct(taken: Mapping[str, Any], shown: str) -> str:
+    """``shown``, or ``shown #N`` with the first ``N`` >= 2 not in ``taken``."""
+    n, key = 1, shown
+    while key in taken:
+        n += 1
+        key = f"{shown} #{n}"
+    return key
 
 
 def _bounds(source: Any) -> dict[str, Any]:
@@ -464,14 +496,18 @@ class SourceHandle:
              "last_error": str | None, # why the last scan failed (None once one passes)
              "last_scan": float | None,  # time.time() of the last scan
              "tools": {key: {"name": str | None,    # the checked name, when known
-                             "version": str,
+                             "version": str,        # (key and texts escaped to one line, cut)
                              "registered": bool,    # the registry holds it
                              "offered": bool,       # loops offer it now
                              "reason": str | None}},  # why it is not offered
              "bounds": {...}}          # the source's own bounds (PluginFolder.bounds()), if any
 
         ``offered`` is read from the registry's current tool set, so an untrusted tool
-        whose declaration read is retried later shows up when it passes.
+        whose declaration read is retried later shows up when it passes. A key, a version
+        and a reason are shown as :func:`~rho_actors.encoding.shown_text` makes them (a
+        plugin file's name is anyone's who may write the folder): one line, control and
+        bidi characters escaped (``\\x1b``, ``\\n``), cut; two keys that show alike are
+        told apart by a `` #2``, `` #3``... suffix.
         """
         entries = self._system.tool_set().entries
         offered = {id(e.tool): name for name, e in entries.items()}
@@ -483,9 +519,9 @@ class SourceHandle:
                 live_entry = entries.get(live) if live is not None else None
                 is_offered = live_entry is not None and live_entry.tool is entry.tool
                 evicted = None if is_offered else _evicted_by(self._system.tool_set(), entry)
-                tools[key] = {
+                tools[_distinct(tools, _shown_key(key))] = {
                     "name": live if is_offered else entry.name,
-                    "version": str(entry.version),
+                    "version": _reason(str(entry.version)),
                     "registered": entry.registered and evicted is None,
                     "offered": is_offered,
                     "reason": None if is_offered else (evicted or entry.reason),
