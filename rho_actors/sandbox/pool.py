@@ -58,6 +58,7 @@ from rho_actors.results import capped, failure
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 from rho_actors.sandbox.exit_stop import KILLED_REAP_S, stopped_at_exit
+from rho_actors.sandbox.keeper import WarmKeeper
 from rho_actors.sandbox.processes import (
     context,
     hold_servers,
@@ -76,7 +77,6 @@ from rho_actors.sandbox.warm_workers import (
     PoolStopped,
     QueuedPastDeadline,
     StartFailed,
-    WarmWorkers,
 )
 from rho_actors.sandbox.wire import WorkerCall
 from rho_actors.sandbox.worker import TOOL_CACHE_SIZE, WorkerConfig
@@ -87,7 +87,7 @@ __all__ = ["CALL_SCOPE", "KILLED_REAP_S", "WorkerPool", "WorkerSlots"]
 
 _NOTICE_ROOM: Final = 200
 """Characters past a call's output cap that the worker's own truncation notice may take."""
-class WorkerPool(WarmWorkers):
+class WorkerPool(WarmKeeper):
     """Warm worker processes for ``process`` isolation (DESIGN §5). Thread-safe: call
     :meth:`run` from any number of threads at once.
 
@@ -408,10 +408,9 @@ class WorkerPool(WarmWorkers):
                                    timeout_ms=timeout_ms, why=f"the system's {cap} worker(s) stayed busy") \
                 if call.start_by is not None else self._failure(call, "queued_past_deadline", timeout_ms=timeout_ms,
                                                                  cap=cap)
-        except NotStarted:
-            result = self._failure(call, "no_worker_in_time", start_ms=start_ms(call),
-                                   timeout_ms=timeout_ms,
-                                   why="no worker was free, and the one started for it was not ready in time")
+        except NotStarted as exc:
+            why = str(exc) or "no worker was free, and the one started for it was not ready in time"
+            result = self._failure(call, "no_worker_in_time", start_ms=start_ms(call), timeout_ms=timeout_ms, why=why)
         except StartFailed as exc:
             result = self._failure(call, "no_worker", problem=str(exc))
         except PoolStopped:

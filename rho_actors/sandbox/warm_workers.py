@@ -4,10 +4,10 @@ are kept warm (DESIGN §5 "Starting a worker"; internal).
 :class:`WarmWorkers` is the pool's half that owns its worker processes: it starts them
 (:meth:`WarmWorkers._spawn`, each under its :class:`~rho_actors.sandbox.confine.enclosure.Enclosure`
 when the pool confines), finds a call its worker (:meth:`WarmWorkers._take`: an idle one, a
-start, or a wait for a place under the cap), notes each scope's demand, loses,
-retires and forgets them, and runs the pool's background thread, the keeper, which
-keeps ``warm`` spares idle, replaces lost workers and retires workers idle too long.
-The call's half (a place under the cap, delivery, the reply, the deadline) is
+start, or a wait for a place under the cap), notes each scope's demand, makes new
+ones ready, loses, retires and forgets them. The pool's background thread, the keeper,
+which keeps ``warm`` spares idle, replaces lost workers and retires workers idle too
+long, is :mod:`rho_actors.sandbox.keeper`. The call's half (a place under the cap, delivery, the reply, the deadline) is
 :mod:`rho_actors.sandbox.pool`.
 """
 
@@ -64,7 +64,8 @@ class QueuedPastDeadline(Exception):
 
 
 class NotStarted(Exception):
-    """No worker the call may use was idle by its ``start_by`` (its own start not yet ready)."""
+    """No worker the call may use was idle by its ``start_by`` (its own start not yet ready,
+    or, the message says, not begun)."""
 
 
 class StartFailed(Exception):
@@ -338,91 +339,22 @@ class WarmWorkers(ToolsAhead):
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
 
-    def _deficit(self) -> int:
-        if self._scoped:  # spares: fresh idle workers
-            return self._warm - self._fresh() - self._starting
-        return self._warm - len(self._all) - self._starting
-
-    def _retire_stale(self) -> None:
-        """Retire idle workers idle for longer than ``idle_s``: every scoped one, and
-        unscoped ones beyond ``warm`` (oldest first); forget peaks older than that."""
-        now = time.monotonic()
-        with self._lock:
-            stale = [w for w in self._idle if w.doomed or (w.scope is not None and now - w.idle_since > self._idle_s)]
-            unscoped = [w for w in self._idle if w.scope is None]
-            surplus = len(unscoped) - self._warm
-            stale.extend(w for w in unscoped[:max(0, surplus)] if now - w.idle_since > self._idle_s)
-            for worker in stale:
-                self._idle.remove(worker)
-                self._counts["retired"] += 1
-            for scope, (_, at) in list(self._peaks.items()):
-                if now - at > self._idle_s:
-                    del self._peaks[scope]
-        for worker in stale:  # each one's retirement, whatever another's raised: the keeper goes on
-            try:
-                self._retire(worker)
-            except Exception:
-                logger.exception("worker pool: retiring worker {} failed; the pool goes on", worker.pid)
-
-    def _keep_warm(self) -> None:
-        """The background thread: keep ``warm`` workers alive, replacing lost ones, and
-        retire workers idle too long. Each new worker is made ready (its ``READY`` read,
-        the tools loaded ahead sent to it) in a thread of its own
-        (:meth:`_ready_spare`), so that a worker slow to start or to load a tool delays
-        no other; a start that failed holds the next starts back 0.5 s."""
-        tick = max(0.05, min(self._idle_s / 2, 5.0))
-        while True:
-            self._retire_stale()
-            with self._lock:
-                while not self._stopped:
-                    wait = self._keeper_backoff - time.monotonic()
-                    if wait > 0:
-                        self._changed.wait(wait)
-                        continue
-                    if self._deficit() > 0:
-                        break
-                    self._changed.wait(tick)
-                    break
-                if self._stopped:
-                    return
-                if self._deficit() <= 0 or self._keeper_backoff > time.monotonic():
-                    continue
-                wanted = self._deficit()
-                self._starting += wanted
-            for _ in range(wanted):
-                try:
-                    worker = self._spawn(busy=False)
-                except PoolStopped:  # stopped, or the cap is full: wait for a change
-                    self._started_one(failed=True)
-                    continue
-                except Exception:
-                    logger.exception("worker pool: a worker process could not be started")
-                    self._started_one(failed=True)
-                    continue
-                with self._lock:
-                    self._spares_starting.add(worker)
-                threading.Thread(target=self._ready_spare, args=(worker,), name="rho-worker-ready",
-                                 daemon=True).start()
-
-    def _ready_spare(self, worker: WorkerHandle) -> None:
-        """A spare the keeper started: :meth:`_await_ready`, then it counts as started."""
-        ok = False
+    def _ready_or_lost(self, worker: WorkerHandle, wanted: bool = False) -> str | None:
+        """:meth:`_await_ready`; why ``worker`` did not become ready (``None``: it did,
+        or was stopped as surplus). Whatever else that raises is logged, and the worker,
+        while the pool holds it neither idle nor busy, is stopped: no worker stays
+        counted in the pool that no call can ever take."""
         try:
-            ok = self._await_ready(worker)
-        finally:
+            if self._await_ready(worker, wanted):
+                return None
+            return f"worker {worker.pid} ended before it was ready (exit code {worker.exitcode})"
+        except Exception as exc:
+            logger.exception("worker pool: making worker {} ready failed; it is stopped", worker.pid)
             with self._lock:
-                self._spares_starting.discard(worker)
-            self._started_one(failed=not ok)
-
-    def _started_one(self, failed: bool) -> None:
-        """One of the keeper's starts ended (``failed``: the next wait 0.5 s); a call
-        waiting for it looks again (:meth:`_awaited_others_start`)."""
-        with self._lock:
-            self._starting -= 1
-            if failed:
-                self._keeper_backoff = time.monotonic() + 0.5
-            self._changed.notify_all()
-            self._warmed.notify_all()
+                unready = worker in self._all and worker not in self._busy and worker not in self._idle
+            if unready:  # (only this thread makes it idle: still so as it is lost)
+                self._lose(worker, "killed")
+            return f"making worker {worker.pid} ready failed: {describe_exception(exc)}"
 
     def _await_ready(self, worker: WorkerHandle, wanted: bool = False) -> bool:
         """Wait for a new worker's hello, send it the tools loaded ahead
@@ -489,23 +421,29 @@ class WarmWorkers(ToolsAhead):
                 start.owner.pop()  # this thread's start from now on (its slot, its count)
             except IndexError:
                 return  # the call that asked for it was interrupted first: it gave both back
+            problem: str | None = "its start was interrupted"
             try:
                 worker = self._spawn(busy=False, env_key=env_key, claim=start.claim)
             except PoolStopped:
-                start.failed("the worker pool is stopped")
+                problem = "the worker pool is stopped"
             except Exception as exc:
                 logger.exception("worker pool: a worker process could not be started")
-                start.failed(describe_exception(exc))
+                problem = describe_exception(exc)
             else:
-                if self._await_ready(worker, wanted=True):
+                problem = self._ready_or_lost(worker, wanted=True)
+            finally:  # the start ends once, whatever happened: its count, and its call told
+                if problem is None:
                     start.done = True
                 else:
-                    start.failed(f"worker {worker.pid} ended before it was ready (exit code {worker.exitcode})")
-            with self._lock:
-                self._starts_for_calls[env_key] -= 1
-                self._warmed.notify_all()
+                    start.failed(problem)
+                with self._lock:
+                    self._starts_for_calls[env_key] -= 1
+                    self._warmed.notify_all()
 
-        threading.Thread(target=run, name="rho-worker-start", daemon=True).start()
+        try:
+            threading.Thread(target=run, name="rho-worker-start", daemon=True).start()
+        except RuntimeError as exc:  # the host at its thread limit: no start, the call unavailable (_take_back)
+            raise NotStarted(f"no thread could be started for its worker's start ({describe_exception(exc)})") from exc
 
     # --- a worker for a call ----------------------------------------------------------------
 
