@@ -185,3 +185,28 @@ def test_a_given_up_servers_tools_say_it_was_given_up_why_and_what_brings_it_bac
     system.add_source(source, poll_s=None)  # what the text says brings it back
     [back] = loop.run_turn([ToolCall("c3", "echo", {"text": "back"})])
     assert back.ok and back.content == "back"
+
+
+def test_a_connection_whose_client_thread_does_not_end_at_its_stop_says_so_naming_the_server(
+        monkeypatch: pytest.MonkeyPatch, logs: list[str]) -> None:
+    """A stopping connection waits a bounded time for its client thread (a transport that
+    does not let go); when it gives up, the log says so, naming the server (it gave up
+    without a word)."""
+    import threading
+    from types import SimpleNamespace
+
+    from rho_actors.mcp import connection
+    from rho_actors.mcp.connection import Link, MCPConnection
+
+    monkeypatch.setattr(connection, "_HALT_WAIT_S", 0.01)
+    server = SimpleNamespace(name="stuck-server", refresh_offer=lambda: None)
+    actor = MCPConnection(server, Link())
+    release = threading.Event()
+    actor._thread = threading.Thread(target=release.wait, args=(WAIT_S,), daemon=True)  # a client that holds on
+    actor._thread.start()
+    try:
+        actor.on_stop()
+    finally:
+        release.set()
+        actor._thread.join(WAIT_S)
+    assert any("MCP server stuck-server: its client thread did not end" in line for line in logs), logs

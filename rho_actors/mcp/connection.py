@@ -60,6 +60,7 @@ MAX_LISTED_BYTES = 32 * 2**20
 under 100 KiB: :data:`rho_actors.declarations.checks.DEFAULT_MAX_SCHEMA_BYTES`)."""
 _LISTEN_WAIT_MAX_S = 300.0  # the longest wait before a subscriptions/listen stream is opened again
 _STDERR_SETTLE_S = 0.5  # how long an ended connection waits for the last stderr lines
+_HALT_WAIT_S = 8.0  # how long a stopping connection waits for its client thread to end
 
 
 @dataclass(slots=True)
@@ -122,7 +123,11 @@ class MCPConnection(Actor):
         if aloop is not None and task is not None:
             with contextlib.suppress(RuntimeError):  # the loop has closed
                 aloop.call_soon_threadsafe(task.cancel)
-        self._thread.join(8.0)
+        self._thread.join(_HALT_WAIT_S)
+        if self._thread.is_alive():
+            logger.warning("MCP server {}: its client thread did not end within {:g} s of being told to stop; it is "
+                           "left running (a transport or server that does not let go)", self._server.name,
+                           _HALT_WAIT_S)
         self._unpublish()
 
     # --- the connection's own thread ---------------------------------------------------------
