@@ -179,3 +179,48 @@ def test_a_declaration_reads_timeout_counts_from_its_childs_start_bounded_apart(
     assert isinstance(late, IsolatedReadError) and late.kind == "timeout", late
     assert "did not start within 0.5 s (the start bound, RHO_ACTORS_START_TIMEOUT_MS)" in str(late), late
 
+
+
+class Held:
+    """A declaration read that never ends on its own: its process is killed at the stop."""
+
+    @staticmethod
+    def name() -> str:
+        time.sleep(3600)
+        return "held"
+
+    description = staticmethod(lambda: "Held.")
+    parameter_schema = staticmethod(lambda: {"type": "object"})
+    run = staticmethod(lambda args, ctx: "x")
+
+
+_HELPERS = ("rho-declaration-read", "rho-deliver")
+
+
+def test_no_declaration_read_thread_runs_on_once_the_systems_stop_returned(tmp_path: Path) -> None:
+    """A system stopped while an untrusted declaration is read: the read is cancelled and
+    its thread has ended when ``stop()`` returns (it was cancelled after the tree was
+    down and never waited for: still running, its process maybe still being killed,
+    after the stop returned). The registration waiting for it fails, naming the stop."""
+    before = set(threading.enumerate())
+    system = ActorSystem(data_dir=tmp_path, untrusted=UntrustedReads(timeout_s=WAIT_S), shutdown_ms=1_000)
+    outcome: list[BaseException | object] = []
+
+    def register() -> None:
+        try:
+            outcome.append(system.register(Held, untrusted=True))
+        except BaseException as exc:  # the stop's
+            outcome.append(exc)
+
+    registering = threading.Thread(target=register, daemon=True)
+    try:
+        registering.start()
+        assert wait_for(lambda: any(t.name == "rho-declaration-read" and t not in before
+                                    for t in threading.enumerate())), "the read never began"
+    finally:
+        system.stop()
+    left = [t.name for t in threading.enumerate() if t.name in _HELPERS and t not in before and t.is_alive()]
+    assert not left, left
+    registering.join(WAIT_S)
+    [got] = outcome
+    assert isinstance(got, RuntimeError) and "stopped" in str(got), got

@@ -77,17 +77,62 @@ class _Retry:
     retry: int
 
 
+class HelperThreads:
+    """The threads the DeclarationActor starts (each untrusted read's, each delivery to
+    another actor), kept until they end, so that the system's stop waits for them
+    (:meth:`wait`): none of them runs on once ``stop()`` returned."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: set[threading.Thread] = set()
+
+    def start(self, target: Callable[..., Any], args: tuple[Any, ...], name: str,
+              kwargs: dict[str, Any] | None = None) -> None:
+        """Run ``target(*args, **kwargs)`` in a daemon thread named ``name``, kept here
+        (raises as ``Thread.start`` does: ``RuntimeError`` at the host's thread limit)."""
+        thread = threading.Thread(target=target, args=args, kwargs=kwargs, name=name, daemon=True)
+        with self._lock:
+            self._threads = {t for t in self._threads if t.is_alive() or t.ident is None}  # (None: not begun yet)
+            self._threads.add(thread)
+        try:
+            thread.start()
+        except BaseException:
+            if thread.ident is None:  # it never began
+                with self._lock:
+                    self._threads.discard(thread)
+            raise
+
+    def wait(self, timeout_s: float) -> list[threading.Thread]:
+        """Wait, at most ``timeout_s`` seconds in all, for every thread started here
+        (and any started meanwhile; not the calling thread) to end; those still running."""
+        until = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                self._threads = {t for t in self._threads if t.is_alive() or t.ident is None}
+                running = [t for t in self._threads if t is not threading.current_thread()]
+            if not running or time.monotonic() >= until:
+                return running
+            begun = [t for t in running if t.ident is not None]
+            for thread in begun:
+                thread.join(max(0.0, until - time.monotonic()))
+            if not begun:  # being started this instant
+                time.sleep(0.001)
+
+
 @dataclass
 class DeclarationState:
     """The DeclarationActor's durable state, kept by the system (as an OTP process keeps
     an ETS table with an heir): ``cache`` (tool -> checked outcome, a
     :class:`~rho_actors.declarations.checked.CheckedCache`), ``reading`` (tool id -> tool, the
-    untrusted tools whose reads or retries are wanted) and
-    ``closed``, set when the system stops: in-flight reads are then cancelled."""
+    untrusted tools whose reads or retries are wanted),
+    ``closed``, set when the system stops: in-flight reads are then cancelled, and
+    ``helpers``, the threads of its reads and deliveries (:class:`HelperThreads`), which
+    the system's stop waits for once it set ``closed``."""
 
     cache: CheckedCache[ToolInfo | Rejected] = field(default_factory=CheckedCache)
     reading: dict[int, Any] = field(default_factory=dict)
     closed: threading.Event = field(default_factory=threading.Event)
+    helpers: HelperThreads = field(default_factory=HelperThreads)
 
 
 class DeclarationActor(Actor):
@@ -141,13 +186,11 @@ class DeclarationActor(Actor):
         """Read an untrusted tool's declaration in a throwaway process, without blocking
         this actor; the outcome reaches the ``notify`` actor as :class:`Checked`."""
         self._state.reading[id(tool)] = tool
-        threading.Thread(
-            target=_read_isolated,
-            args=(tool, self._untrusted, self._bounds, retry, self._deliver, self._state.closed,
-                  self._confine, self._slots),
-            name="rho-declaration-read",
-            daemon=True,
-        ).start()
+        self._state.helpers.start(
+            _read_isolated,
+            (tool, self._untrusted, self._bounds, retry, self._deliver, self._state.closed, self._confine, self._slots),
+            "rho-declaration-read",
+        )
 
     def _deliver(self, message: Any) -> None:
         """Hand ``message`` to whichever DeclarationActor runs now (by name), from the
@@ -157,10 +200,7 @@ class DeclarationActor(Actor):
     def _deliver_later(self, name: str, message: Any) -> None:
         """Hand ``message`` to the actor named ``name`` from a helper thread: this
         actor's thread never waits on another actor."""
-        threading.Thread(
-            target=self._names.deliver, args=(name, message), kwargs={"stop": self._state.closed},
-            name="rho-deliver", daemon=True,
-        ).start()
+        self._state.helpers.start(self._names.deliver, (name, message), "rho-deliver", {"stop": self._state.closed})
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, ReadUntrusted):

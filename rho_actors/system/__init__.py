@@ -636,7 +636,8 @@ class ActorSystem(HostActors):
         then the timers. Running calls are cancelled; a call thread still running after ``shutdown_ms`` is abandoned
         (counted in :meth:`stats`). Worker processes are killed and their cgroups and private folders removed
         before it returns (within ``shutdown_ms``, at least 2 s); a system never stopped has its workers' removed
-        as the interpreter exits. Idempotent."""
+        as the interpreter exits. Untrusted declaration reads under way are cancelled (their processes killed) and
+        their threads waited for, within ``timeout_s`` in all: none runs on once it returned. Idempotent."""
         self._runtime.tasks.stop(self._shutdown_ms / 1000)  # no task starts, each open one is cancelled
         self._calls.close()  # a call dispatched from now on does not start
         for isolation in self._runtime.isolations.values():  # a tool stopping the system: its thread is not waited
@@ -644,6 +645,7 @@ class ActorSystem(HostActors):
         for observer in self._observers:
             observer.close()
         self._telemetry.unbind()
+        until = time.monotonic() + timeout_s
         try:
             self._root.stop(timeout=timeout_s)
         except pykka.ActorDeadError:
@@ -652,6 +654,9 @@ class ActorSystem(HostActors):
             logger.error("the actor system did not stop within {} s", timeout_s)
         self._closed()
         self._timers.stop()
+        left = self._declarations.helpers.wait(max(0.0, until - time.monotonic()))  # reads cancelled by _closed
+        if left:
+            logger.warning("{} declaration read or delivery threads still running at the stop are abandoned", len(left))
         self._threads.shutdown()
         if self._holding:
             self._holding = False
