@@ -273,7 +273,10 @@ class RayRuntime:
                 with self._lock:
                     busy = bool(self._in_flight or self._servers)
                 if busy or woken:
-                    self._watch_round()
+                    try:
+                        self._watch_round()
+                    except Exception:  # this thread holds a local Ray's processes (they die with it): it goes on
+                        logger.exception("a round of the Ray node watcher failed; it watches on")
         self._closed.wait()  # this thread may have started a local Ray: it ends after ray.shutdown()
 
     def _watch_round(self) -> None:

@@ -16,6 +16,9 @@ sink can route or drop it. The child's text is never written raw anywhere:
   budget refills (what one read brought waits, and is logged as the budget allows), so
   a child that floods blocks in its own ``write`` (a worker then reaches its call's
   deadline) and costs the host nothing.
+
+A stream whose reading raises unexpectedly is logged and dropped (:meth:`OutputPump._read_or_drop`):
+the pump reads on for every other child.
 """
 
 from __future__ import annotations
@@ -161,7 +164,24 @@ class OutputPump:
                 with self._lock:
                     stream_or_none = self._streams.get(fd)
                 if stream_or_none is not None:
-                    self._read(stream_or_none)
+                    self._read_or_drop(stream_or_none)
+
+    def _read_or_drop(self, stream: OutputStream) -> None:
+        """:meth:`_read`; a stream whose read fails unexpectedly is logged and dropped
+        (its pipe closed: its child's next write ends it), never the end of the pump,
+        which reads every child's output: without it each child blocks in its own
+        ``write`` once its pipe is full."""
+        try:
+            self._read(stream)
+        except Exception:
+            logger.exception("reading the output of {} failed; its pipe is closed, other output is read on",
+                             stream.label)
+            with self._lock:
+                self._streams.pop(stream.fd, None)
+            if not stream.closed:
+                stream.closed = True
+                with contextlib.suppress(OSError):
+                    os.close(stream.fd)
 
     @staticmethod
     def _drain(stream: OutputStream, now: float) -> None:

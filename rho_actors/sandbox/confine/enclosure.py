@@ -228,7 +228,7 @@ class _CgroupWatch(RssSampler):
                 self._wake.clear()
                 wait = self.interval_s
                 continue
-            if self._stop.is_set() or self.check():
+            if self._stop.is_set() or self._look():
                 return
             wait = self.interval_s if self._busy_since_look() else IDLE_WATCH_S
 
@@ -427,6 +427,13 @@ class Enclosure:
             self.uid_lease.release()  # its tree is gone: another child may have the uid
 
     def _dispose_once_gone(self) -> None:
+        try:
+            self._wait_gone_and_dispose()
+        except Exception:  # logged: its thread ends, the uid stays leased (never given to another child early)
+            logger.exception("confinement: disposing of uid {} failed; it stays leased",
+                             self.uid_lease.uid if self.uid_lease is not None else None)
+
+    def _wait_gone_and_dispose(self) -> None:
         until, pause = time.monotonic() + _GONE_WAIT_S, 0.01
         while not self._tree_gone():
             if time.monotonic() > until:

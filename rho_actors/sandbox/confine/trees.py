@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 import psutil
+from loguru import logger
 
 from rho_actors.tool import ErrorKind
 
@@ -85,6 +86,7 @@ class RssSampler:
         self.peak_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failed = False  # a look raised (logged once)
 
     def check(self) -> bool:
         """Sample once; kill the tree and return True if it is over the bound."""
@@ -108,8 +110,20 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            if self.check():
+            if self._look():
                 return
+
+    def _look(self) -> bool:
+        """:meth:`check`, from the sampling thread: whatever it raises unexpectedly is
+        logged (the first time) and the next look comes as usual, never the end of the
+        watch (the tree would be left unbounded, silently)."""
+        try:
+            return self.check()
+        except Exception:
+            if not self._failed:
+                self._failed = True
+                logger.exception("the memory watch of process {} failed to look; it goes on looking", self.pid)
+            return False
 
     def start(self) -> RssSampler:
         """Sample in a daemon thread; returns self."""
