@@ -208,7 +208,34 @@ class EventBus:
                 logger.exception("event subscriber {!r} raised", subscriber)
 
 
-_DEBUG, _WARNING = 10, 30  # loguru's level numbers
+_DEBUG, _INFO, _WARNING = 10, 20, 30  # loguru's level numbers
+
+
+def logs_at(level: int, module: str) -> bool:
+    """Whether loguru would take a line of level number ``level`` logged from ``module``
+    (its ``__name__``) now: read as :meth:`EventBus.wants_calls` reads it (the core's
+    ``min_level``, its cache of enabled modules, else its activation list, the answer
+    then kept in that cache as loguru's ``_log`` keeps it); yes whenever they cannot be
+    read. For a line logged on a common path (a session's start) that is mostly
+    unwanted: loguru's own refusal walks its frame and options first."""
+    core: Any = getattr(logger, "_core", None)
+    try:
+        if level < core.min_level:
+            return False
+        cache = core.enabled
+        enabled = cache.get(module)
+        if enabled is not None:
+            return bool(enabled)
+        dotted = module + "."
+        enabled = True
+        for prefix, status in core.activation_list:  # most specific first, as loguru keeps it
+            if dotted[: len(prefix)] == prefix:
+                enabled = bool(status)
+                break
+        cache[module] = enabled
+        return enabled
+    except (AttributeError, TypeError):
+        return True
 
 
 DeclarationEventKind = Literal["read", "rejected", "retry", "excluded", "evicted"]

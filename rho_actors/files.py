@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import itertools
 import os
 import stat
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from rho_actors.errors import RhoError
 
-__all__ = ["LISTED_NAMES", "UnsafePathError", "folder_identity", "fsync_dir", "is_same_folder", "open_regular",
+__all__ = ["UnsafePathError", "folder_identity", "fsync_dir", "is_same_folder", "open_regular",
            "private_dir"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -37,10 +36,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_
 class UnsafePathError(RhoError, OSError):
     """A path that is not what it must be: a symlink, or not a regular file or folder.
     ``str(err)`` names the path and what was found there."""
-
-
-LISTED_NAMES = 256
-"""How many of a folder's entries :func:`folder_identity` lists at most (one more tells a cut list)."""
 
 
 def _kind(mode: int) -> str:
@@ -110,16 +105,17 @@ def private_dir(root: str | Path, *parts: str, create: bool = True) -> Path:
     return root.joinpath(*parts)
 
 
-def folder_identity(root: str | Path, *parts: str, names: list[str] | None = None) -> tuple[int, int] | None:
+def folder_identity(root: str | Path, *parts: str, names: list[str] | None = None,
+                    look_for: tuple[str, ...] = ()) -> tuple[int, int] | None:
     """Check the existing folder ``root/parts...`` as :func:`private_dir` does (each part
     a real folder reached without following a symlink, tightened to ``0o700``) and return
     its identity, ``(st_dev, st_ino)``; ``None`` when a part is missing (nothing made).
-    ``names``, when given, is extended with the names of the folder's entries, listed
-    through the walk's own descriptor (nothing added when it is missing), at most
-    :data:`LISTED_NAMES` ``+ 1`` of them: a caller finding more knows the list was cut.
-    Raises as :func:`private_dir`."""
+    ``names``, when given, is extended with those of ``look_for`` (single names) that
+    the folder holds, each looked up with one ``lstat`` relative to the walk's own
+    descriptor (no listing of the folder: what else it holds costs nothing); nothing is
+    added when the folder is missing. Raises as :func:`private_dir`."""
     try:
-        found = _walk(root if isinstance(root, Path) else Path(root), parts, False, names)
+        found = _walk(root if isinstance(root, Path) else Path(root), parts, False, names, look_for)
     except FileNotFoundError:
         return None
     return found.st_dev, found.st_ino
@@ -138,9 +134,10 @@ def is_same_folder(path: str | Path, identity: tuple[int, int] | None) -> bool:
             and (found.st_dev, found.st_ino) == identity)
 
 
-def _walk(root: Path, parts: tuple[str, ...], create: bool, names: list[str] | None = None) -> os.stat_result:
+def _walk(root: Path, parts: tuple[str, ...], create: bool, names: list[str] | None = None,
+          look_for: tuple[str, ...] = ()) -> os.stat_result:
     """Walk (and make, with ``create``) ``parts`` below ``root``; returns the last folder's
-    ``fstat`` (and lists its entries into ``names``, when given)."""
+    ``fstat`` (and adds to ``names``, when given, those of ``look_for`` that folder holds)."""
     for part in parts:
         _component(part)
     try:
@@ -157,8 +154,14 @@ def _walk(root: Path, parts: tuple[str, ...], create: bool, names: list[str] | N
             os.close(fd)
             fd = child
         if names is not None:
-            with os.scandir(fd) as entries:
-                names.extend(entry.name for entry in itertools.islice(entries, LISTED_NAMES + 1))
+            for name in look_for:
+                try:
+                    os.stat(_component(name), dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                except OSError:  # not known to be missing: named, so that its reader looks (and says what is wrong)
+                    pass
+                names.append(name)
     finally:
         os.close(fd)
     assert found is not None

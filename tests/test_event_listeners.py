@@ -192,3 +192,39 @@ def test_mcp_serve_builds_no_call_events_for_its_listening(system: ActorSystem, 
 
     anyio.run(main)
     assert built == []
+
+
+def test_a_sessions_started_report_is_logged_only_when_a_sink_takes_it_and_reaches_subscribers_always(
+        system: ActorSystem) -> None:
+    """A session's start reports its loop ``started``: with ``rho_actors`` disabled (its
+    default) no line is built for it (loguru's own refusal is not reached), enabled it is
+    logged at INFO; a subscriber of ``SupervisorEvent`` gets the report either way."""
+    import loguru._logger as loguru_logger
+
+    reports: list[SupervisorEvent] = []
+    unsubscribe = system.subscribe(reports.append, only=(SupervisorEvent,))
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    logged: list[Any] = []
+    real_log = loguru_logger.Logger._log
+
+    def counted_log(self: Any, level: Any, *args: Any, **kwargs: Any) -> None:
+        logged.append(level)
+        real_log(self, level, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    loguru_logger.Logger._log = counted_log  # type: ignore[method-assign]
+    try:
+        system.start_loop("quiet").stop()
+        assert logged == [] and not any("quiet" in line for line in lines)
+        logger.enable("rho_actors")
+        try:
+            system.start_loop("told").stop()
+        finally:
+            logger.disable("rho_actors")
+        assert any(line == "session:told: child loop started" for line in lines)
+    finally:
+        loguru_logger.Logger._log = real_log  # type: ignore[method-assign]
+        logger.remove(sink)
+        unsubscribe()
+    assert [(r.supervisor, r.kind) for r in reports if r.kind == "started"] == [
+        ("session:quiet", "started"), ("session:told", "started")]

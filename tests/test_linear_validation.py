@@ -294,6 +294,29 @@ def test_integral_floats_are_looked_for_only_where_a_schema_names_integer(monkey
     assert violations(nested, args, 1.0, 15) == [] and [type(v) for v in args["a"]] == [int, int]
 
 
+def test_arguments_without_a_float_list_or_object_at_their_first_level_are_left_at_once() -> None:
+    """``integral_floats`` looks at the schema only when the arguments' first level holds
+    a float, a list or an object: nothing deeper can hold a float otherwise."""
+    class Untouchable(dict[str, Any]):
+        def get(self, *args: Any) -> Any:
+            raise AssertionError("the schema was walked")
+
+        def __getitem__(self, key: str) -> Any:
+            raise AssertionError("the schema was walked")
+
+    flat = {"n": 3, "s": "3.0", "b": True, "z": None}
+    integral_floats(Untouchable(), flat)
+    assert flat == {"n": 3, "s": "3.0", "b": True, "z": None}
+    schema = {"type": "object", "properties": {"n": {"type": "integer"},
+                                               "o": {"type": "object", "properties": {"m": {"type": "integer"}}}}}
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"n": 3.0}, {"n": 3}), ({"o": {"m": 2.0}}, {"o": {"m": 2}}),
+        ({"n": 1, "o": {"m": 4.0}}, {"n": 1, "o": {"m": 4}})]
+    for args, want in cases:
+        integral_floats(schema, args)
+        assert args == want and all(type(v) is int for v in (args.get("n", 0), args.get("o", {}).get("m", 0)))
+
+
 def test_registration_makes_the_quick_check_before_the_first_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,7 +1,7 @@
 """What a session's start reads of its folder: the task records and the approvals'
 transcript a host that died left are found there (test_task_reruns,
-test_approvals_durable); a folder that has neither is listed once at the start and
-nothing more is looked up, and a restart of its loop looks again."""
+test_approvals_durable); a folder that has neither is found so by two look-ups at the
+start (one ``lstat`` each, no listing) and nothing more is looked up, and a restart of its loop looks again."""
 
 from __future__ import annotations
 
@@ -139,17 +139,29 @@ def test_sessions_withholding_the_same_names_share_their_sorted_list_and_each_ge
         system.start_loop("f", withheld=[*names[:3], 7])  # type: ignore[list-item]
 
 
-def test_a_folder_with_more_entries_than_the_start_lists_is_looked_into_as_before(
-    system: ActorSystem, looks: dict[str, list[Any]]
+def test_a_folder_with_many_entries_is_not_listed_only_its_two_names_looked_up(
+    system: ActorSystem, looks: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rho_actors.files import LISTED_NAMES
+    import os
 
     first = system.start_loop("s1")
     folder = first.data_dir
     first.stop()
-    for i in range(LISTED_NAMES + 1):
+    for i in range(300):
         (folder / f"note_{i:04d}.txt").write_text("")
-    (folder / "tasks").mkdir()
-    again = system.start_loop("s1")  # its listing was cut: "tasks" may be among what it left out
+    listed: list[Any] = []
+    scandir = os.scandir
+
+    def counted_scandir(*args: Any) -> Any:
+        listed.append(args)
+        return scandir(*args)
+
+    monkeypatch.setattr(os, "scandir", counted_scandir)
+    again = system.start_loop("s1")  # neither name among 300 others: nothing read, nothing listed
     again.stop()
-    assert looks == {"tasks": ["s1"], "transcript": ["s1"]}
+    assert looks == {"tasks": [], "transcript": []} and listed == []
+    (folder / "tasks").mkdir()
+    (folder / TRANSCRIPT_NAME).write_text("")
+    third = system.start_loop("s1")  # both found by their look-ups: the records read, the transcript not looked for
+    third.stop()
+    assert looks == {"tasks": ["s1"], "transcript": []} and listed == []

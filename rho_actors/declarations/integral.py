@@ -30,7 +30,14 @@ def _integer_only(schema: Any) -> bool:
 def integral_floats(schema: Any, args: dict[str, Any]) -> None:
     """Replace integral floats at ``integer`` positions of ``args`` (in place), following
     ``properties``, ``additionalProperties``, ``items``, ``prefixItems``, ``allOf`` and
-    local ``$ref`` s; positions reached only through ``anyOf``/``oneOf`` are left as sent."""
+    local ``$ref`` s; positions reached only through ``anyOf``/``oneOf`` are left as sent.
+    Arguments holding no float, list or object at their first level (most calls) hold no
+    float anywhere: they are left at once, whatever the schema."""
+    for item in args.values():
+        if isinstance(item, (float, dict, list)):
+            break
+    else:
+        return
     root = schema
     stack: list[tuple[Any, Any, int]] = [(schema, args, 0)]
     while stack:

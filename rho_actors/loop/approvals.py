@@ -132,8 +132,8 @@ class SessionApprovals(ApprovalJournal):
         their calls there. The first attach recovers the open calls of the session's
         transcript (a host that died with calls pending, decided or approved and not
         started); a later one (a restart) looks at the transcript again while calls wait.
-        ``found``: the names in the session's folder as its start listed them (the
-        transcript is looked for only if its name is there); ``None``: looked for here."""
+        ``found``: the names in the session's folder as its start found them (the
+        transcript is read only if its name is there); ``None``: looked for here."""
         self._turns, self._runtime = turns, runtime
         self._timers, self._threads = runtime.timers, runtime.threads
         if self._recovered:

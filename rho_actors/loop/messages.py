@@ -55,8 +55,9 @@ class SessionWithheld:
 
 
 class FolderAtStart:
-    """The names of the entries ``start_loop`` found in a session's folder (none when it
-    was missing; ``None`` when it listed only some), for the session's first :class:`~rho_actors.loop.turns.Turns` only:
+    """The names ``start_loop`` found in a session's folder, of the two it looks up (its
+    ``tasks`` folder and the approvals' transcript; none when the folder was missing;
+    ``None``: not known), for the session's first :class:`~rho_actors.loop.turns.Turns` only:
     :meth:`take` gives them once, so a restart of the loop (same arguments, this holder
     among them) looks into the folder again."""
 

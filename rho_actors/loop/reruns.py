@@ -27,7 +27,7 @@ def rerun_tasks(session_id: str, session_dir: Path, entries: Mapping[str, ToolEn
     own (``submit``, approved) whose acknowledgement nobody waits for: put in
     ``resumed`` (by call id) for the turn's dispatch to take instead of opening a new
     task. A call refused now (its tool withheld or gone) gives its task that refusal.
-    ``found``: the names in the session's folder as its start listed them: no task
+    ``found``: the names in the session's folder as its start found them: no task
     record is read when its ``tasks`` folder was not there (``None``: read)."""
     if found is not None and records.FOLDER not in found:
         return

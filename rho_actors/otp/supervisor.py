@@ -79,7 +79,7 @@ import pykka
 from loguru import logger
 
 from rho_actors.encoding import describe_exception
-from rho_actors.events import SupervisorEvent, SupervisorEventKind
+from rho_actors.events import SupervisorEvent, SupervisorEventKind, logs_at
 from rho_actors.otp.actor import NORMAL, Actor, Down, kill, monitor, start_link, stop_soon
 from rho_actors.otp.names import NAMES, Names
 from rho_actors.otp.threads import ThreadPool
@@ -96,6 +96,8 @@ __all__ = [
     "start_adopted",
     "which_children",
 ]
+
+_INFO = 20  # loguru's level number of INFO
 
 RestartType = Literal["permanent", "transient", "temporary"]
 Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
@@ -583,7 +585,8 @@ def send_report(report_to: Callable[[SupervisorEvent], None] | None, label: str,
     never raised): the reports of the supervisor labelled ``label``."""
     text = None if reason is None else _reason_text(reason)
     if kind in ("started", "restarted"):
-        logger.info("{}: child {} {}", label, child_id, kind)
+        if logs_at(_INFO, __name__):  # a session's start reports one: mostly unwanted (rho_actors' logs are off)
+            logger.info("{}: child {} {}", label, child_id, kind)
     elif kind in ("gave_up", "escalated"):
         logger.error("{}: {} (child {}): {}", label, kind.replace("_", " "), child_id, text)
     else:

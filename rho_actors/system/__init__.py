@@ -51,13 +51,14 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
+from rho_actors.agent.transcript import TRANSCRIPT_NAME
 from rho_actors.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
 from rho_actors.declarations import checks as _decl
 from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus, SupervisorEvent
-from rho_actors.files import LISTED_NAMES, UnsafePathError, folder_identity
+from rho_actors.files import UnsafePathError, folder_identity
 from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
@@ -99,7 +100,7 @@ from rho_actors.system.host_actors import (
     WORKERS,
     HostActors,
 )
-from rho_actors.tasks import TaskRegistry, TaskSettings
+from rho_actors.tasks import TaskRegistry, TaskSettings, records
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo
 
@@ -530,13 +531,14 @@ class ActorSystem(HostActors):
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
         session_dir = self._sessions_path / session_id  # the pattern admits no separator and no ".."
-        found: list[str] = []  # its entries: the first Turns look for task records and a transcript only if there
+        found: list[str] = []  # which of them it holds: the first Turns read task records, a transcript only if there
         try:  # an existing folder is checked now: each component a real folder, no symlink followed, 0700
-            folder = folder_identity(self.data_dir, "sessions", session_id, names=found)  # None: made on first use
+            folder = folder_identity(self.data_dir, "sessions", session_id, names=found,  # None: made on first use
+                                     look_for=(records.FOLDER, TRANSCRIPT_NAME))
         except UnsafePathError as exc:
             raise ValueError(f"session {session_id!r} cannot use its folder: {exc}") from None
         kwargs = dict(session_id=session_id, data_dir=session_dir, folder=folder, deps=deps, runtime=self._runtime,
-                      at_start=FolderAtStart(frozenset(found) if len(found) <= LISTED_NAMES else None),
+                      at_start=FolderAtStart(frozenset(found)),
                       withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools),
                       approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s))
         start = self._runtime.governor.bounded(session_id, bounds, functools.partial(LoopActor.start, **kwargs))
