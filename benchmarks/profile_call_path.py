@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rho_actors import ActorSystem, ToolCall, tool
-from rho_actors.isolation import call as call_module
 from rho_actors.isolation import thread as thread_module
 from rho_actors.loop import turns as turns_module
 
@@ -39,10 +38,10 @@ def stamp(name: str, method: Callable[..., Any], after: str | None = None) -> Ca
 
 
 def instrument() -> None:
-    loop_cls, thread_cls, answer_cls = turns_module.Turns, thread_module.ThreadIsolation, call_module.Answer
+    loop_cls, thread_cls, answer_cls = turns_module.Turns, thread_module.ThreadIsolation, thread_module._Running
     loop_cls.submit = stamp("loop_got_turn", loop_cls.submit)  # type: ignore[method-assign]
     loop_cls._dispatch = stamp("dispatch_start", loop_cls._dispatch, "dispatch_told")  # type: ignore[method-assign]
-    thread_cls._call_thread = stamp("call_got_spec", thread_cls._call_thread)  # type: ignore[method-assign]
+    answer_cls.__call__ = stamp("call_got_spec", answer_cls.__call__)  # type: ignore[method-assign]  # its thread's job
     thread_cls._run = stamp("call_ran_start", thread_cls._run, "call_ran")  # type: ignore[method-assign]
     answer_cls.settle = stamp("call_ended", answer_cls.settle)  # type: ignore[method-assign]
     loop_cls._finish = stamp("settled", loop_cls._finish, "loop_done")  # type: ignore[method-assign]

@@ -424,12 +424,12 @@ class _FailsFirst:
         self._left = failures
         self._lock = threading.Lock()
 
-    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False, alone: bool = False) -> None:
         with self._lock:
             fail, self._left = self._left > 0, self._left - 1
         if fail:
             raise RuntimeError("can't start new thread")
-        self._real.submit(job, name, may_take_over=may_take_over)
+        self._real.submit(job, name, may_take_over=may_take_over, alone=alone)
 
 
 @pytest.mark.parametrize("failures", [1, 100])

@@ -160,7 +160,7 @@ def test_the_main_thread_passing_by_never_fires_another_sessions_deadline(system
     try:
         other.submit_turn([ToolCall("h1", "hung", "{}")])
         assert STARTED.wait(WAIT_S)
-        [when] = [t.when for _, _, t in list(timers._heap) if getattr(t, "call", None) is not None]
+        [when] = [t.when for _, _, t in list(timers._heap) if getattr(t, "spec", None) is not None]
         time.sleep(max(0.0, when - time.monotonic()))  # the deadline's instant (a time, not an event)
         loop = system.start_loop("s")
         seen: list[str] = []

@@ -178,7 +178,7 @@ def test_run_turns_waiting_thread_keeps_its_one_calls_deadline(system: ActorSyst
     began = time.monotonic()
     waiting = _in_thread(lambda: loop.run_turn([ToolCall("c1", "deaf_kept", "{}")]))  # the default wait: past it
     assert STARTED.wait(WAIT_S)
-    deadlines = [t for _, _, t in list(timers._heap) if getattr(t, "call", None) is not None]
+    deadlines = [t for _, _, t in list(timers._heap) if getattr(t, "spec", None) is not None]
     [result] = waiting.result(WAIT_S)
     elapsed = time.monotonic() - began
     assert deadlines == []  # its deadline was never the timer thread's

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(120)
 class _NoThreads:
     """A thread pool that cannot start a thread (the host at its thread or pid limit)."""
 
-    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False, alone: bool = False) -> None:
         raise RuntimeError("can't start new thread")
 
 
@@ -117,12 +117,12 @@ class _FailsOnceWhenSecondQueued:
         self._real, self._second = real, second
         self.failed = False
 
-    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False, alone: bool = False) -> None:
         if not self.failed:
             self.failed = True
             assert self._second.wait(WAIT_S)
             raise RuntimeError("can't start new thread")
-        self._real.submit(job, name, may_take_over=may_take_over)
+        self._real.submit(job, name, may_take_over=may_take_over, alone=alone)
 
 
 def test_a_message_told_while_a_failing_first_start_is_under_way_is_not_stranded(tmp_path: Path) -> None:
@@ -182,12 +182,12 @@ class _FailsFirst:
         self._left = failures
         self._lock = threading.Lock()
 
-    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False, alone: bool = False) -> None:
         with self._lock:
             fail, self._left = self._left > 0, self._left - 1
         if fail:
             raise RuntimeError("can't start new thread")
-        self._real.submit(job, name, may_take_over=may_take_over)
+        self._real.submit(job, name, may_take_over=may_take_over, alone=alone)
 
 
 def _ask_four(ref: Any, barrier: threading.Barrier, told: list[Any], raised: list[BaseException]) -> None:
@@ -251,9 +251,9 @@ class _StartsThenInterrupted:
         self._real = real
         self.starts = 0
 
-    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False, alone: bool = False) -> None:
         self.starts += 1
-        self._real.submit(job, name, may_take_over=may_take_over)
+        self._real.submit(job, name, may_take_over=may_take_over, alone=alone)
         if self.starts == 1:
             raise KeyboardInterrupt
 
@@ -296,7 +296,7 @@ def test_a_thread_that_could_not_be_started_is_not_counted_as_started(monkeypatc
 
 
 class _NoThreadsPool:
-    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False, alone: bool = False) -> None:
         raise RuntimeError("can't start new thread")
 
 

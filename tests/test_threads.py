@@ -239,3 +239,39 @@ def test_jobs_queued_behind_a_stuck_one_run_while_it_is_stuck() -> None:
     finally:
         release.set()
         pool.shutdown()
+
+
+def test_a_job_given_straight_to_an_idle_thread_counts_none_on_its_way_and_a_burst_after_still_runs_at_once() -> None:
+    """A job its submitter waits for alone goes straight to the idle thread (no queue, no
+    thread counted on its way to it): the same thread serves each, and a burst submitted
+    after them still runs all at once, the idle thread taking one and each new thread the next."""
+    pool = ThreadPool()
+    seen: list[threading.Thread] = []
+    try:
+        for i in range(4):
+            done = threading.Event()
+
+            def one(done: threading.Event = done) -> None:
+                seen.append(threading.current_thread())
+                done.set()
+
+            pool.submit(one, f"one-{i}", alone=True)
+            assert done.wait(WAIT_S)
+            assert wait_for(lambda: pool.idle() == 1)
+        assert len(set(seen)) == 1 and pool.threads_started == 1
+        assert pool._coming == 0 and not pool._waiting  # nothing left counted on or queued
+        n = 4
+        together = threading.Barrier(n, timeout=WAIT_S)  # passes only once all n jobs run at the same time
+        ran = threading.Semaphore(0)
+
+        def job() -> None:
+            together.wait()
+            ran.release()
+
+        for i in range(n):
+            pool.submit(job, f"burst-{i}")
+        for _ in range(n):
+            assert ran.acquire(timeout=WAIT_S)
+    finally:
+        pool.shutdown()
+    assert pool.threads_started == n  # the idle one served the burst too

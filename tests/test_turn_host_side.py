@@ -202,11 +202,11 @@ class _NoThreadFor:
     def __init__(self, real: Any, name: str) -> None:
         self._real, self._name = real, name
 
-    def submit(self, job: Any, name: str, *, may_take_over: bool = False) -> None:
-        call = getattr(job, "args", (None,))[0]
+    def submit(self, job: Any, name: str, *, may_take_over: bool = False, alone: bool = False) -> None:
+        call = getattr(job, "spec", None) or getattr(job, "args", (None,))[0]  # a thread call is its own job
         if getattr(call, "name", None) == self._name:
             raise RuntimeError("can't start new thread")
-        self._real.submit(job, name, may_take_over=may_take_over)
+        self._real.submit(job, name, may_take_over=may_take_over, alone=alone)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._real, attr)

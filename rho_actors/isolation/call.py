@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import Any
+from typing import Any, TypeVar
 
 from loguru import logger
 
@@ -48,16 +48,18 @@ from rho_actors.sandbox import Waiter
 from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ErrorKind, ToolResult
 
-__all__ = ["Answer", "CallActor", "CallSpec", "RunCall", "call_failure", "run_here"]
+__all__ = ["AT_DEADLINE", "Answer", "CallActor", "CallSpec", "RunCall", "call_failure", "drive", "in_span", "run_here"]
 
-_AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY, ErrorKind.UNAVAILABLE})
+AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY, ErrorKind.UNAVAILABLE})
 """Results a deadline may give itself, kept when settled at the deadline: a worker pool's
 ``timeout``, ``memory`` when the bound it hit is why the call ran out of time, and
 ``unavailable`` (the call never started: nothing ran to be discarded, and the result says
 why, e.g. Ray still connecting at the deadline)."""
 
 
-_LATE_LOCK = threading.Lock()  # every Answer's, taken only to make its list of late results
+_R = TypeVar("_R")
+
+LATE_LOCK = threading.Lock()  # every Answer's (and a thread call's), taken only to make its list of late results
 
 
 @dataclass(slots=True)
@@ -99,7 +101,7 @@ class Answer:
     reports it ``late``). The deadline decides: a result settled at or past
     ``spec.deadline`` is replaced by the ``timeout`` result (the result kept, late),
     unless it is a ``timeout``, ``memory`` or ``unavailable`` error itself (see
-    :data:`_AT_DEADLINE`), whichever thread settles it.
+    :data:`AT_DEADLINE`), whichever thread settles it.
     A deadline timer takes the slot first (:meth:`claim`) and delivers the timeout after it
     (:meth:`deliver`); a result settled in between waits for that delivery.
 
@@ -136,7 +138,7 @@ class Answer:
         spec = self.spec
         late: ToolResult | None = None
         now = time.monotonic()
-        if result.error_kind not in _AT_DEADLINE and now >= spec.deadline:
+        if result.error_kind not in AT_DEADLINE and now >= spec.deadline:
             late, result = result, self.timeout(DISCARDED)
         timer = self.timer
         try:  # claim(), inline: on every call
@@ -188,7 +190,7 @@ class Answer:
     def _hand_late(self, result: ToolResult) -> None:
         late = self._late
         if late is None:
-            with _LATE_LOCK:  # two late results from two threads: one list
+            with LATE_LOCK:  # two late results from two threads: one list
                 late = self._late
                 if late is None:
                     late = self._late = []
@@ -227,13 +229,13 @@ def run_here(spec: CallSpec) -> ToolResult:
     tool raises."""
     value = spec.tool.run(spec.args, spec.ctx)
     if type(value) is CoroutineType:  # inspect.iscoroutine without its frame (a subclass cannot be made)
-        value = asyncio.run(_drive(value, spec.deadline, spec.cancel))
+        value = asyncio.run(drive(value, spec.deadline, spec.cancel))
     return result_from_return(
         spec.call_id, spec.name, value, spec.max_output_chars, (time.monotonic() - spec.dispatched) * 1000
     )
 
 
-async def _drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: CancelToken) -> Any:
+async def drive(coro: Coroutine[Any, Any, Any], deadline: float, cancel: CancelToken) -> Any:
     """Run ``coro`` as a task of this event loop until ``deadline``, cancelled when ``cancel`` is set."""
     task = asyncio.ensure_future(coro)
     loop = asyncio.get_running_loop()
@@ -340,7 +342,7 @@ def run_on_call_thread(call: CallSpec, run: Callable[[CallSpec], ToolResult | No
     context = call.context
     try:
         if TRACEPARENT in call.ctx:  # with the call's span current (telemetry off: no span, no frame for it)
-            result = context.run(_in_span, run, call) if context is not None else _in_span(run, call)
+            result = context.run(in_span, run, call) if context is not None else in_span(run, call)
         else:
             result = context.run(run, call) if context is not None else run(call)
     except BaseException as exc:  # nothing escapes into the pool: a result
@@ -354,7 +356,7 @@ def run_on_call_thread(call: CallSpec, run: Callable[[CallSpec], ToolResult | No
         logger.exception("reply of call {} failed", call.call_id)
 
 
-def _in_span(run: Callable[[CallSpec], ToolResult | None], call: CallSpec) -> ToolResult | None:
+def in_span(run: Callable[[CallSpec], _R], call: CallSpec) -> _R:
     """``run(call)`` with the call's span current (``ctx["traceparent"]``)."""
     with attached(call.ctx, call.dispatched, call.name):
         return run(call)

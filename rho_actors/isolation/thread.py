@@ -1,7 +1,7 @@
 """``thread`` isolation: a call runs in its CallActor's own thread (DESIGN §5).
 
 At the deadline the call's result is a ``timeout`` error on time (unless C code holds
-the GIL): the system's timer thread claims the call's :class:`Answer` for the timeout
+the GIL): the system's timer thread claims the call's answer for the timeout
 first, then sets the call's :class:`~rho_actors.CancelToken` (an ``async def run`` is
 really cancelled) and abandons its thread: counted, and never waited for. What it
 returns later, ``ok`` included, is reported as ``late``; a result the tool returns
@@ -21,11 +21,12 @@ A ``MemoryError`` in a thread call is a ``memory`` result.
 
 from __future__ import annotations
 
+import asyncio
 import collections
-import functools
 import queue
 import threading
 import time
+from types import CoroutineType
 from typing import Any, ClassVar
 
 import pykka
@@ -33,10 +34,11 @@ from loguru import logger
 
 from rho_actors.events import IsolationEvent
 from rho_actors.isolation.base import Isolation, IsolationServices
-from rho_actors.isolation.call import Answer, CallSpec, run_here, run_on_call_thread
+from rho_actors.isolation.call import AT_DEADLINE, LATE_LOCK, CallSpec, call_failure, drive, in_span
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timer
-from rho_actors.results import CANCELLED, failure
+from rho_actors.results import CANCELLED, DISCARDED, failure, result_from_return
+from rho_actors.telemetry import TRACEPARENT
 from rho_actors.tool import ToolResult
 
 __all__ = ["AbandonedThreads", "ThreadIsolation", "on_call_thread"]
@@ -113,42 +115,186 @@ class AbandonedThreads:
 
 
 class _Running(Timer):
-    """A thread call: its deadline timer (this object is its entry in the system's timer
-    heap: no other object per call) and its :class:`Answer`.
+    """A thread call, as one object (PROFILE §43): its deadline timer (its own entry in
+    the system's timer heap), its settle-once answer (what
+    :class:`~rho_actors.isolation.call.Answer` is to the other isolations, specialised
+    here), the :class:`~rho_actors.isolation.RunningCall` its turn holds, and the job its
+    call thread runs (:meth:`__call__`): no other object per call.
 
-    At the deadline (:meth:`fire`, on the timer thread) the timeout claims the answer
-    first, then the call's token is set and its thread abandoned, and the timeout is
-    delivered, from the isolation's one deadlines thread when it fired on the timer
-    thread (so a burst of due deadlines is decided on time, whatever delivering them
-    costs), else at once by the thread that saw it passed (:meth:`Timers.run_due`).
-    ``cancel()`` without a reason disarms the timer (the answer did it: a result won);
-    ``cancel(reason)`` is the isolation's cancel."""
+    The answer: the first result settled is the call's, handed to ``spec.reply``; every
+    later one is handed on after it (``late``); a result settled at or past the deadline
+    is replaced by the ``timeout`` result (see :data:`AT_DEADLINE`). A claim is one atomic
+    ``list.pop``. At the deadline (:meth:`fire`, on the timer thread) the timeout claims the
+    answer first, then the call's token is set and its thread abandoned, and the timeout is
+    delivered, from the isolation's one deadlines thread when it fired on the timer thread
+    (so a burst of due deadlines is decided on time, whatever delivering them costs), else
+    at once by the thread that saw it passed (:meth:`Timers.run_due`). ``cancel()`` without
+    a reason disarms the timer; ``cancel(reason)`` is the isolation's cancel. Once a result
+    has won (or the call was refused, or not started), ``spec`` is let go: a disarmed timer
+    stays in the heap until its instant, holding nothing of the call's."""
 
-    __slots__ = ("answer", "call", "isolation")
+    __slots__ = ("_claim", "_delivered", "_late", "isolation", "spec")
 
     fire_anywhere = True  # whichever thread first sees the deadline passed claims the timeout
 
-    def __init__(self, isolation: ThreadIsolation, call: CallSpec) -> None:
-        self.when, self.cancelled, self._owner = call.deadline, False, None  # Timer's fields, without its frame
+    def __init__(self, isolation: ThreadIsolation, spec: CallSpec) -> None:
+        self.when, self.cancelled, self._owner = spec.deadline, False, None  # Timer's fields, without its frame
         self.isolation = isolation
-        self.call: CallSpec | None = call
-        self.answer: Answer | None = None
+        self.spec: CallSpec | None = spec
+        self._claim: list[None] = [None]
+        self._late: list[ToolResult] | None = None  # made by the first late result (most calls have none)
+        self._delivered = False
 
-    def dropped(self) -> None:
-        self.call = self.answer = None  # it stays in the heap until due: hold nothing
+    # --- the timer and the running call -----------------------------------------------
 
     def fire(self) -> None:
-        answer, call = self.answer, self.call
-        if answer is None or call is None or not answer.claim():
+        spec = self.spec
+        if spec is None or not self.claim():
             return  # a result won (or the call was cancelled) just now
-        self.dropped()  # fired: the call's objects are no cycle through this timer (freed by refcount)
-        self.isolation.timed_out(call, answer, answer.timeout(CANCELLED))
+        self.isolation.timed_out(spec, self, self.timeout(CANCELLED))
 
     def cancel(self, reason: str | None = None) -> None:
-        call = self.call
+        spec = self.spec
         Timer.cancel(self)
-        if reason is not None and call is not None:
-            self.isolation.give_up(call, reason)
+        if reason is not None and spec is not None and self._claim:  # claimed: its deadline's (which gives it up)
+            self.isolation.give_up(spec, reason)
+
+    # --- the answer ---------------------------------------------------------------------
+
+    def claim(self) -> bool:
+        """Take the answer (its result is then the caller's to :meth:`deliver`); whether it was free."""
+        try:
+            self._claim.pop()
+        except IndexError:
+            return False
+        return True
+
+    def timeout(self, consequence: str = CANCELLED) -> ToolResult:
+        """The call's ``timeout`` result, its duration counted until now."""
+        spec = self.spec
+        assert spec is not None  # read before it is let go (a claim keeps it)
+        return failure("timeout", spec.call_id, spec.name, (time.monotonic() - spec.dispatched) * 1000,
+                       timeout_ms=spec.timeout_ms, consequence=consequence)
+
+    def settle(self, result: ToolResult) -> None:
+        """Settle the call with ``result`` (from its call thread): its answer (replaced by the
+        ``timeout`` result past the deadline), or handed on as late."""
+        spec = self.spec
+        if spec is None:  # not started, or answered by a result already: nothing waits for another
+            return
+        late: ToolResult | None = None
+        if result.error_kind not in AT_DEADLINE and time.monotonic() >= spec.deadline:
+            late, result = result, self.timeout(DISCARDED)
+        try:  # claim(), inline
+            self._claim.pop()
+        except IndexError:
+            self._hand_late(late or result)
+            return
+        if not self.cancelled:  # Timer.cancel, inline (nothing to drop): disarmed
+            self.cancelled = True
+            owner = self._owner
+            if owner is not None:
+                owner._dead += 1  # unlocked: a lost count only delays the next compaction
+                if owner._dead > 1024:
+                    owner._cancelled()
+        try:  # deliver(result), inline
+            spec.reply(result)
+        finally:
+            self._delivered = True
+            if self._late:
+                self._drain()
+        if late is not None:
+            self._hand_late(late)
+        self.spec = None  # answered: a timer left in the heap holds nothing of the call's (and no cycle)
+        service = self._owner
+        if service is not None:  # other calls' passed deadlines: this thread is running
+            now = time.monotonic()
+            heap = service._heap
+            try:  # run_due's first look, inline (no frame when nothing is due, the usual case)
+                due = bool(heap) and heap[0][0] <= now
+            except IndexError:  # emptied just now by another thread
+                due = False
+            if due:
+                service.run_due(now)
+
+    def deliver(self, result: ToolResult) -> None:
+        """Hand the answer of a :meth:`claim` to ``spec.reply``, then any late result that
+        came meanwhile. Raises what ``reply`` raises (the late ones are handed on)."""
+        spec = self.spec
+        assert spec is not None  # a claim keeps it
+        try:
+            spec.reply(result)
+        finally:
+            self._delivered = True
+            if self._late:
+                self._drain()
+
+    def _hand_late(self, result: ToolResult) -> None:
+        late = self._late
+        if late is None:
+            with LATE_LOCK:  # two late results from two threads: one list
+                late = self._late
+                if late is None:
+                    late = self._late = []
+        late.append(result)
+        if self._delivered:  # else the delivering thread drains it (it reads the flag after its reply)
+            self._drain()
+
+    def _drain(self) -> None:
+        late, spec = self._late, self.spec
+        assert late is not None and spec is not None  # late results come after a deadline's claim: kept
+        while True:
+            try:
+                result = late.pop(0)
+            except IndexError:
+                return
+            try:
+                spec.reply(result)
+            except Exception:
+                logger.exception("reply of a late result of call {} failed", spec.call_id)
+
+    # --- the call thread's job ------------------------------------------------------------
+
+    def __call__(self) -> None:
+        """The call thread's one job: the host's ``on_start``, the call run in its copy of
+        the submitter's context with its span current, one result whatever it raises
+        (:func:`~rho_actors.isolation.call.call_failure`), the call counted ended, then
+        settled in the pool's hand-over (the next call of an exclusive turn that it starts
+        takes over this thread once this returns). Never raises (a failed reply is logged).
+        :func:`~rho_actors.isolation.call.run_on_call_thread`, inline: one frame."""
+        spec, isolation = self.spec, self.isolation
+        if spec is None:  # not started after all (its start raised): nothing to run
+            return
+        if spec.on_start is not None:
+            try:
+                spec.on_start()
+            except Exception:  # the host's bookkeeping: logged, the call runs all the same
+                logger.exception("on_start of call {} raised", spec.call_id)
+        context = spec.context
+        try:
+            if TRACEPARENT in spec.ctx:  # with the call's span current (telemetry off: no span, no frame for it)
+                result = (context.run(in_span, isolation._run, spec) if context is not None
+                          else in_span(isolation._run, spec))
+            else:
+                result = context.run(isolation._run, spec) if context is not None else isolation._run(spec)
+        except BaseException as exc:  # nothing escapes into the pool: a result
+            result = call_failure(spec, exc, (time.monotonic() - spec.dispatched) * 1000)
+        isolation._live.pop()  # isolation._ended(), inline
+        if isolation._draining:
+            with isolation._live_lock:
+                isolation._live_changed.notify_all()
+        local = isolation._pool._local  # the pool's run_handing_over, inline
+        try:
+            if not hasattr(local, "next"):  # not one of the pool's threads: no hand-over
+                self.settle(result)
+                return
+            local.handing = True
+            try:
+                self.settle(result)
+            finally:
+                local.handing = False
+        except BaseException:
+            logger.exception("reply of call {} failed", spec.call_id)
 
 
 class ThreadIsolation(Isolation):
@@ -174,7 +320,7 @@ class ThreadIsolation(Isolation):
         self._exhausted_lock = threading.Lock()
         self._refused = 0
         # timeouts claimed on the timer thread, delivered by the deadlines thread (started on first use)
-        self._deliveries: queue.SimpleQueue[tuple[CallSpec, Answer, ToolResult] | None]
+        self._deliveries: queue.SimpleQueue[tuple[CallSpec, _Running, ToolResult] | None]
         self._deliveries = queue.SimpleQueue()
         self._deliveries_lock = threading.Lock()
         self._deliverer: threading.Thread | None = None
@@ -218,10 +364,8 @@ class ThreadIsolation(Isolation):
             reason = self._exhausted_reason(call.name, session)
             if reason is not None:
                 self._refuse(call, session, reason)
-                running.dropped()  # answered: nothing to cancel
+                running.spec = None  # answered: nothing to cancel
                 return running
-        running.answer = answer = Answer(call)
-        answer.timer = running
         timers = s.timers
         waiter = call.waiter  # the starting thread waits for this call alone (run_turn): it may keep the deadline
         if waiter is None or not waiter.keep(running, timers):
@@ -239,10 +383,12 @@ class ThreadIsolation(Isolation):
         self._live.append(None)
         # the hand-off last: the call thread, woken by it, finds little left before this thread waits
         try:
-            self._pool.submit(functools.partial(self._call_thread, call, answer), _CALL_THREAD, may_take_over=True)
+            # the call is its thread's job; one run_turn waits for alone goes straight to an idle thread
+            self._pool.submit(running, _CALL_THREAD, may_take_over=True, alone=waiter is not None)
         except RuntimeError as exc:  # no thread could be started (the host at its thread limit): not started
-            if answer.claim():  # else its deadline passed meanwhile and answered it
+            if running.claim():  # else its deadline passed meanwhile and answered it
                 running.cancel()
+                running.spec = None
             self._ended()
             raise pykka.ActorDeadError(f"no thread could be started for the call ({exc})") from None
         return running
@@ -257,16 +403,6 @@ class ThreadIsolation(Isolation):
             logger.warning("{}", message)
             self._emit("threads_exhausted", call.name, message)
         call.reply(failure("threads_exhausted", call.call_id, call.name, **reason))
-
-    def _call_thread(self, call: CallSpec, answer: Answer) -> None:
-        """A call thread's one job: the host's ``on_start``, then ``call`` run and ``answer``
-        settled (:func:`~rho_actors.isolation.call.run_on_call_thread`)."""
-        if call.on_start is not None:
-            try:
-                call.on_start()
-            except Exception:  # the host's bookkeeping: logged, the call runs all the same
-                logger.exception("on_start of call {} raised", call.call_id)
-        run_on_call_thread(call, self._run, self._ended, self._pool, answer)
 
     def _ended(self) -> None:
         self._live.pop()
@@ -286,7 +422,7 @@ class ThreadIsolation(Isolation):
         """How many call threads are running a call now (abandoned ones included)."""
         return len(self._live)
 
-    def timed_out(self, call: CallSpec, answer: Answer, result: ToolResult) -> None:
+    def timed_out(self, call: CallSpec, answer: _Running, result: ToolResult) -> None:
         """A deadline claimed ``answer`` for ``result`` (its timeout): set the call's token,
         abandon its thread, deliver the timeout. From the timer thread this is handed to
         the deadlines thread (the timer thread serves every deadline of the system: it only
@@ -307,7 +443,7 @@ class ThreadIsolation(Isolation):
                     return
         self._time_out(call, answer, result)
 
-    def _time_out(self, call: CallSpec, answer: Answer, result: ToolResult) -> None:
+    def _time_out(self, call: CallSpec, answer: _Running, result: ToolResult) -> None:
         try:
             self.give_up(call, "timeout")
         finally:
@@ -339,8 +475,12 @@ class ThreadIsolation(Isolation):
 
     def _run(self, call: CallSpec) -> ToolResult:
         """The runner, in the CallActor's thread."""
-        try:
-            return run_here(call)
+        try:  # run_here, inline
+            value = call.tool.run(call.args, call.ctx)
+            if type(value) is CoroutineType:  # inspect.iscoroutine without its frame (a subclass cannot be made)
+                value = asyncio.run(drive(value, call.deadline, call.cancel))
+            return result_from_return(call.call_id, call.name, value, call.max_output_chars,
+                                      (time.monotonic() - call.dispatched) * 1000)
         except MemoryError:
             return failure("memory_thread", call.call_id, call.name, (time.monotonic() - call.dispatched) * 1000)
         finally:

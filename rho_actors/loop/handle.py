@@ -16,12 +16,11 @@ import concurrent.futures
 import contextlib
 import contextvars
 import functools
-import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -31,6 +30,7 @@ from rho_actors.declarations.toolset import ToolEntry, paused_for
 from rho_actors.lifecycle.tasks import with_choice
 from rho_actors.loop.approvals import ApprovalError
 from rho_actors.loop.held_calls import HeldCalls
+from rho_actors.loop.landing import Bounds, Landing, Latch
 from rho_actors.loop.messages import loop_name, make_session_folder
 from rho_actors.otp.actor import NORMAL, stop
 from rho_actors.sandbox import Waiter
@@ -158,7 +158,9 @@ class Loop(HeldCalls):
         """The system's background calls (:class:`rho_actors.tasks.TaskRegistry`): what the agent loop delivers."""
         self._governor = runtime.governor
         self._current: tuple[pykka.ActorRef[Any], Turns] | None = None  # the running LoopActor's
-        self._bounds: _Bounds | None = None  # the bounds of the turns awaited on the last event loop used
+        self._bounds: Bounds | None = None  # the bounds of the turns awaited on the last event loop used
+        # the bound of the last one-call turn run_turn bounded: (the tool set it read, the tool's name, seconds)
+        self._one_bound: tuple[object, str, float] = (None, "", 0.0)
         self.instructions: str | None = None
         """The system prompt of this session's prompts that give none (not recorded)."""
         self.model_chooses: bool = runtime.tasks.settings.model_chooses
@@ -283,7 +285,12 @@ class Loop(HeldCalls):
         """An upper bound, in seconds, on how long a turn of ``calls`` can take: the sum
         of their tools' timeouts and of what their isolations may take to start them
         (``start_timeout_ms`` of a ``process`` call), plus a grace period."""
-        entries = self._tools.current.entries
+        tools = self._tools.current
+        if len(calls) == 1:  # a one-call turn of the tool bounded last, in the same tool set: as worked out then
+            kept, name = self._one_bound, calls[0].name
+            if kept[0] is tools and type(name) is str and kept[1] == name:
+                return kept[2]
+        entries = tools.entries
         total_s = 0.0
         for c in calls:  # a plain loop: no generator made per turn
             entry = entries.get(c.name) if type(c.name) is str else None
@@ -292,7 +299,10 @@ class Loop(HeldCalls):
             else:
                 isolation = self._isolations.get(entry.isolation)
                 total_s += entry.info.timeout_ms / 1000 + (isolation.start_bound_s if isolation is not None else 0.0)
-        return total_s + _GRACE_S
+        total_s += _GRACE_S
+        if len(calls) == 1 and type(calls[0].name) is str:
+            self._one_bound = (tools, calls[0].name, total_s)
+        return total_s
 
     def run_turn(
         self, calls: Iterable[ToolCall], timeout_s: float | None = None, *, cancel: CancelToken | None = None,
@@ -313,13 +323,21 @@ class Loop(HeldCalls):
         if timeout_s is not None:
             _checked_timeout(timeout_s)  # before the turn starts: a bad bound must not strand its held call
             bound_s = timeout_s
-        else:
-            bound_s = self.turn_bound_s(batch)
+        else:  # a one-call turn of the tool bounded last, in the same tool set: its bound as worked out then
+            tools, kept = self._tools.current, self._one_bound
+            if len(batch) == 1 and kept[0] is tools and kept[1] == batch[0].name:
+                bound_s = kept[2]
+            else:
+                bound_s = self.turn_bound_s(batch)  # (which keeps it)
         token = None if cancel is None else _checked_cancel(cancel)
         chosen = False if background is False else _checked_background(background)
-        waiter = latch = _Latch()  # the turn's sink, and the thread waiting for it (one object)
-        try:
-            self._start_turn(batch, latch, token, background=chosen, waiter=waiter)
+        waiter = latch = Latch()  # the turn's sink, and the thread waiting for it (one object)
+        try:  # _start_turn, inline (the running loop's turns as _turns finds them, without its frame)
+            current = self._current
+            turns = current[1] if current is not None and current[1].closed is None else self._turns()
+            turns.submit(batch, latch, telemetry=self.telemetry.turn(), cancel=token,
+                         context=contextvars.copy_context(), background=chosen, chooses=self.model_chooses is True,
+                         waiter=waiter, own_context=True)
             until = time.monotonic() + bound_s
             if latch._call is not None:  # the turn's one process call was left for this thread: its reply read here
                 waiter.serve(until)
@@ -364,22 +382,27 @@ class Loop(HeldCalls):
         bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
         token = None if cancel is None else _checked_cancel(cancel)  # none made: the turn is cancelled by its id
         aio = asyncio.get_running_loop()
-        turns: Turns | None = self._turns()
+        current = self._current  # the running loop's turns as _turns finds them, without its frame
+        turns: Turns | None = current[1] if current is not None and current[1].closed is None else self._turns()
         assert turns is not None
         if not turns.folder_made and any(type(c.name) is str and c.name in self._tools.current.entries
                                          for c in batch):
             await self._make_folder_off_loop(turns)
             turns = None  # suspended meanwhile: the turn looks its loop up again (restarted, maybe)
-        landing = _Landing(aio, bound)
+        landing = Landing(aio, bound)
         bounds = self._bounds
         if bounds is None or bounds.aio is not aio:
-            bounds = self._bounds = _Bounds(aio)
+            bounds = self._bounds = Bounds(aio)
         bounds.add(landing)  # armed first (one timer per event loop): the calls' hand-off goes last
         stop: Callable[[], object] | None = None  # cancels the turn
         waiter: asyncio.Future[list[ToolResult]] | None = None
         try:
-            turns, turn_id = self._start_turn(batch, landing, token, on_result, aio=aio, background=chosen,
-                                              on_start=on_start, turns=turns)
+            if turns is None:  # suspended since: its loop looked up again (restarted, maybe)
+                turns = self._turns()
+            turn_id = turns.submit(  # _start_turn, inline
+                batch, landing, telemetry=self.telemetry.turn(), cancel=token, context=contextvars.copy_context(),
+                on_result=on_result, aio=aio, background=chosen, chooses=self.model_chooses is True,
+                on_start=on_start, own_context=True)
             if landing.results is not None:  # landed already: every call refused, or settled in its first step
                 return landing.results
             stop = (functools.partial(token.cancel, "cancelled") if token is not None else
@@ -555,142 +578,3 @@ class Loop(HeldCalls):
         and a :class:`rho_actors.RestartIntensityExceeded` naming the crashes once its
         session supervisor gave up on it (it is not restarted again)."""
         return self._names.exit_reason(loop_name(self.session_id))
-
-
-class _Latch(Waiter):
-    """Where the results of a turn waited for by :meth:`Loop.run_turn` land (the turn's
-    sink): one lock, held until they are set; lighter than a
-    ``concurrent.futures.Future``, which nothing else would see. It is also the
-    :class:`~rho_actors.sandbox.Waiter` of the thread that waits (one object a turn)."""
-
-    __slots__ = ("held", "results")
-    runs_host_code: ClassVar[bool] = False  # set_result releases a lock: the host's code runs in its own thread
-
-    def __init__(self) -> None:
-        self._thread, self._call, self._replies, self._deadline = threading.get_ident(), None, None, None  # Waiter's
-        self.results: list[ToolResult] = []
-        self.held = threading.Lock()  # released once the results are set: run_turn waits on it
-        self.held.acquire()
-
-    def set_result(self, results: list[ToolResult]) -> None:
-        """The turn's results (from any thread; once)."""
-        self.results = results
-        self.held.release()
-
-
-class _Landing:
-    """Where the results of a turn awaited on ``aio`` land (the turn's sink), bounded by
-    ``bound_s`` seconds: kept in :attr:`results` at once when they are set on ``aio``'s
-    own thread (every call refused, or settled there), and handed to the future of
-    :meth:`wait` with one ``call_soon_threadsafe`` from the thread that settled the
-    turn's last call (one hop, no ``concurrent.futures.Future`` in between). Built on
-    ``aio``'s thread; the future is made only when the host has to wait."""
-
-    __slots__ = ("_thread", "_waiter", "_waiting", "aio", "bound_s", "results")
-    runs_host_code: ClassVar[bool] = False  # set_result lands on aio's thread (or schedules it there)
-
-    def __init__(self, aio: asyncio.AbstractEventLoop, bound_s: float) -> None:
-        self.aio = aio
-        self.bound_s = bound_s
-        self._thread = threading.get_ident()
-        self.results: list[ToolResult] | None = None  # read and set on aio's thread only
-        self._waiter: asyncio.Future[list[ToolResult]] | None = None
-        self._waiting: asyncio.Future[None] | None = None
-
-    def set_result(self, results: list[ToolResult]) -> None:
-        """The turn's results (from any thread; once)."""
-        if threading.get_ident() == self._thread:
-            self._land(results)
-            return
-        try:
-            self.aio.call_soon_threadsafe(self._land, results)
-        except RuntimeError:  # the event loop has closed: nobody awaits the turn any more
-            pass
-
-    def _land(self, results: list[ToolResult]) -> None:
-        self.results = results
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():  # else timed out, or its task was cancelled
-            waiter.set_result(results)
-        if self._waiting is not None and not self._waiting.done():
-            self._waiting.set_result(None)
-
-    def wait(self, stop: Callable[[], object] | None) -> asyncio.Future[list[ToolResult]]:
-        """The future of the results (on aio's thread, before they have landed): when it
-        is cancelled (its awaiting task is), ``stop()`` cancels the turn at once, in that step."""
-        waiter = self._waiter = _Waiter(self.aio, stop)
-        return waiter
-
-    def expire(self) -> None:
-        """The bound has passed (on aio's thread): the awaiting host gets ``TimeoutError``."""
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(TimeoutError(f"the turn did not finish within {self.bound_s} s"))
-
-    def wait_landed(self) -> asyncio.Future[None]:
-        """An asyncio future done once the results have landed (on aio's thread)."""
-        if self._waiting is None:
-            self._waiting = self.aio.create_future()
-            if self.results is not None:
-                self._waiting.set_result(None)
-        return self._waiting
-
-
-class _Waiter(asyncio.Future[list[ToolResult]]):
-    """The future a turn's awaiting task waits on, which sets the turn's token as it is
-    cancelled: the task's ``cancel()`` cancels the turn in the same step (a call running
-    on its event loop has its task cancelled then, as the host's own coroutine awaited
-    there would), not a step later when the task runs again."""
-
-    def __init__(self, aio: asyncio.AbstractEventLoop, stop: Callable[[], object] | None) -> None:
-        super().__init__(loop=aio)
-        self._stop = stop
-
-    def cancel(self, msg: Any = None) -> bool:
-        if not super().cancel(msg):
-            return False
-        if self._stop is not None:
-            self._stop()
-        return True
-
-
-class _Bounds:
-    """The bounds of the turns awaited on ``aio`` through one handle: one timer, armed
-    at the earliest bound (a turn whose bound comes after it costs a dict entry, not a
-    ``call_later``), which expires every turn due and re-arms for the next. Used on
-    ``aio``'s thread only."""
-
-    __slots__ = ("_at", "_due", "_timer", "aio")
-
-    def __init__(self, aio: asyncio.AbstractEventLoop) -> None:
-        self.aio = aio
-        self._due: dict[_Landing, float] = {}  # each turn awaited: when its bound passes (aio.time() s)
-        self._timer: asyncio.TimerHandle | None = None
-        self._at = math.inf  # when the timer fires (inf: none armed)
-
-    def add(self, landing: _Landing) -> None:
-        """Bound ``landing``'s turn from now (it must be discarded once awaited)."""
-        at = self._due[landing] = self.aio.time() + landing.bound_s
-        if at < self._at:
-            self._arm(at)
-
-    def discard(self, landing: _Landing) -> None:
-        self._due.pop(landing, None)
-
-    def _arm(self, at: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.aio.call_at(at, self._fire) if at < math.inf else None
-        self._at = at
-
-    def _fire(self) -> None:
-        self._timer, self._at = None, math.inf
-        now = self.aio.time()
-        soonest = math.inf
-        for landing, at in list(self._due.items()):
-            if at <= now:
-                del self._due[landing]
-                landing.expire()
-            elif at < soonest:
-                soonest = at
-        self._arm(soonest)

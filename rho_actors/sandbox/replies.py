@@ -210,9 +210,9 @@ class Waiter:
         deadline = self._deadline
         if deadline is not None:
             timer = deadline[0]
-            try:
-                first = min(timer.when, until)
-                if lock.acquire(timeout=_seconds_to(first)):
+            try:  # _seconds_to(min(timer.when, until)), inline
+                left = min(timer.when, until) - time.monotonic()
+                if lock.acquire(timeout=min(max(0.0, left), threading.TIMEOUT_MAX)):
                     return True
             finally:  # interrupted too: a deadline no result disarmed goes to the timers
                 if not timer.cancelled:
