@@ -15,9 +15,23 @@ Broke, fixed here:
   never answered, the transcript never got it. Now the turn's result is recorded when
   it comes, whoever waits (the approval's ``_Once``).
 
-Held (no change): ``kill -9`` of every worker while calls run and while
-``system.stop()`` runs (every call answered once, the stop within its bound, no
-process left); see the report of round 11 for the MCP HTTP attacks."""
+Broke elsewhere this round, fixed with its own tests: a tool's progress to an MCP
+client that stopped reading its SSE stream (a task and a message per report on the
+server's loop: ``test_progress_coalesced``); a stopping HTTP server held by a client
+taking a little at a time (``test_mcp_slow_readers``, ``STOPPING_DRAIN_S``).
+
+Held (no change): against ``mcp serve --http`` on loopback with 1 s bounds, a complete
+request pipelined with part of a second (the header bound runs from the first
+response's end), a chunked body dribbled a chunk at a time and endless trailers (the
+body bound, whole), a kept-alive connection's second request dribbled after a first
+answered (the header bound from its first byte), 800 repeated ``Last-Event-ID`` headers
+(``400`` in 7 ms; h11's 16 KiB head bound caps the count), a client past its connection
+share (``503`` before anything is read, its count back at each close); ``kill -9`` of
+every worker again and again while calls of 8 sessions run and while ``system.stop()``
+runs (every call answered once, the stop within its bound, no process left). A spare
+killed right after it was ready takes its next call with it (answered ``crashed``,
+naming the signal from outside; the call is not sent to another worker, as the pool
+cannot tell whether the worker read it): left as is."""
 
 from __future__ import annotations
 
