@@ -35,12 +35,18 @@ __all__ = [
     "EventBus",
     "EventKind",
     "IsolationEvent",
+    "MAX_PROGRESS_MESSAGE_CHARS",
     "ProgressEvent",
     "SupervisorEvent",
     "SupervisorEventKind",
     "ToolSetChanged",
     "report_progress",
 ]
+
+MAX_PROGRESS_MESSAGE_CHARS = 1_000
+"""The most characters of a progress report's ``message`` kept (a longer one is cut,
+``...`` marking the cut): a status line, held by every listener (an MCP client's
+``notifications/progress`` and the SSE event store keeping it for a resume)."""
 
 EventKind = Literal["started", "finished", "timed_out", "late", "queued", "retried", "pending", "decided"]
 
@@ -88,6 +94,7 @@ class IsolationEvent:
 class ProgressEvent:
     """A running call's report through ``ctx["progress"](done, total, message)``:
     ``done`` so far out of ``total`` (``None`` when unknown), in the tool's own units.
+    ``message`` is at most :data:`MAX_PROGRESS_MESSAGE_CHARS` characters.
     Its ``kind`` is always ``"progress"``."""
 
     kind: ClassVar[str] = "progress"
@@ -290,10 +297,13 @@ def report_progress(
     done: float, total: float | None = None, message: str | None = None,
 ) -> None:
     """A call's ``ctx["progress"](done, total=None, message=None)`` (the first four bound
-    by ``functools.partial``): emits a :class:`ProgressEvent`; a bad report is dropped."""
+    by ``functools.partial``): emits a :class:`ProgressEvent` (its message cut to
+    :data:`MAX_PROGRESS_MESSAGE_CHARS`); a bad report is dropped."""
     try:
         total_f = None if total is None else float(total)
         note = None if message is None else str(message)
+        if note is not None and len(note) > MAX_PROGRESS_MESSAGE_CHARS:
+            note = note[:MAX_PROGRESS_MESSAGE_CHARS - 3] + "..."
         events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
     except Exception:
         logger.debug("call {}: a bad progress report was dropped", call_id)

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 
 from rho_actors import ActorSystem, tool
 from rho_actors.mcp import HTTPGuard
-from rho_actors.mcp.send_deadline import STOPPING_SEND_TIMEOUT_S
+from rho_actors.mcp.send_deadline import STOPPING_DRAIN_S, STOPPING_SEND_TIMEOUT_S
 from tests.conftest import WAIT_S, read_line, slack, wait_for
 from tests.helpers import free_port
 from tests.test_mcp_http_guard import ACCEPT, INITIALIZE, TOKEN, Served
@@ -184,13 +185,17 @@ def _parked(server_port: int, client_port: int) -> bool:
     return queued > _largest_send_queue() // 4
 
 
+@pytest.mark.parametrize("trickle", [False, True], ids=["reads nothing", "reads a little at a time"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_the_server_stops_on_a_signal_while_a_client_reads_nothing(tmp_path: Path, signum: int) -> None:
+def test_the_server_stops_on_a_signal_while_a_client_reads_nothing(tmp_path: Path, signum: int, trickle: bool) -> None:
     """Before, ``rho-actors mcp serve --http`` stopped by a signal waited for the
     connection of a client that read nothing for ever: uvicorn waits for every
     connection to close, and the one closed with bytes unsent waited for them. Now a
     stopping server gives such bytes at most ``STOPPING_SEND_TIMEOUT_S`` without
-    progress, whatever its ``send_timeout_s`` (here the default, 60 s)."""
+    progress, whatever its ``send_timeout_s`` (here the default, 60 s), and
+    ``STOPPING_DRAIN_S`` in all: before that too, a client taking 64 KiB every half
+    second (progress each time) held the stop for as long as its bytes lasted (more
+    than a minute here; 4 MiB at a byte a second is weeks)."""
     tools = tmp_path / "big_tool.py"
     tools.write_text(BIG_TOOL)
     port = free_port()
@@ -198,6 +203,7 @@ def test_the_server_stops_on_a_signal_while_a_client_reads_nothing(tmp_path: Pat
                              "--http", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data")],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             text=True, env={**os.environ, "RHO_MCP_TOKEN": TOKEN})
+    done = threading.Event()
     try:
         assert proc.stderr is not None
         assert "serving MCP at" in read_line(proc.stderr, WAIT_S)
@@ -215,11 +221,28 @@ def test_the_server_stops_on_a_signal_while_a_client_reads_nothing(tmp_path: Pat
             _pipeline(sock, port, headers, _calls_past_the_kernels_queues())
             client_port = sock.getsockname()[1]
             assert wait_for(lambda: _parked(port, client_port)), "the server's writing did not wait on the client"
+
+            def take_a_little() -> None:
+                while not done.wait(0.5):
+                    try:
+                        if not sock.recv(65536):
+                            return
+                    except OSError:
+                        return
+
+            reader = threading.Thread(target=take_a_little, daemon=True)
+            if trickle:
+                reader.start()
             signalled = time.monotonic()
             proc.send_signal(signum)
             proc.wait(WAIT_S)  # raises TimeoutExpired while the connection holds the stop
-            assert time.monotonic() - signalled < 1.25 * STOPPING_SEND_TIMEOUT_S + slack(5.0)
+            bound = STOPPING_DRAIN_S if trickle else 1.25 * STOPPING_SEND_TIMEOUT_S
+            assert time.monotonic() - signalled < bound + slack(5.0)
+            done.set()
+            if trickle:
+                reader.join(WAIT_S)
     finally:
+        done.set()
         if proc.poll() is None:
             proc.kill()
         proc.wait(WAIT_S)

@@ -129,6 +129,7 @@ class ApprovalJournal:
         raise NotImplementedError
 
     def _run(self, held: Held, args: dict[str, Any]) -> ToolResult:
+        """Run the approved ``held`` call with ``args``, record its result and return it."""
         raise NotImplementedError
 
     def _record(self, held: Held, result: ToolResult) -> None:
@@ -300,7 +301,7 @@ class ApprovalJournal:
                      running=result is None, result=result)
         if result is None:
             assert isinstance(args, dict)
-            self._record(held, self._run(held, args))
+            self._run(held, args)
 
     def _recover(self) -> None:
         """Rebuild the pending calls a transcript left open (a restart of the host) and act
@@ -372,7 +373,7 @@ class ApprovalJournal:
             raise
         logger.warning("session {}: call {} ({}) was running when its host stopped; its tool is idempotent: run "
                        "again (attempt {})", self.session_id, held.pending.call_id, held.pending.name, attempt + 1)
-        self._record(held, self._run(held, held.args))
+        self._run(held, held.args)
 
 
 def copy_args(args: dict[str, Any]) -> dict[str, Any]:

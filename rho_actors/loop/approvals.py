@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import threading
 import time
@@ -44,6 +45,7 @@ from loguru import logger
 from rho_actors.agent.transcript import TRANSCRIPT_NAME
 from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
 from rho_actors.declarations.toolset import ToolEntry
+from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
 from rho_actors.lifecycle import PendingCall, arguments_sha256, pending_call
 from rho_actors.loop.approval_journal import POLL_S, ApprovalJournal, Held, copy_args
@@ -164,23 +166,29 @@ class SessionApprovals(ApprovalJournal):
         held: dict[int, ToolResult] = {}
         before: str | None = None
         rules = self._rules_of(version)
-        for index, call, entry, args in prepared:
-            rule = self._rule(rules, entry)
-            if rule is False and self.policy is None and before is None:  # the usual case: nothing to ask
-                continue
-            if before is not None and exclusive:
-                reason = f" (it runs after call {before} of its exclusive turn)"
-            elif self._requires(call, entry, args, rule, ctx):
-                reason = ""
-            else:
-                continue
-            held[index] = self._register(call, entry.info.name, args, "approval", reason, before if exclusive else None)
-            if held[index].error_kind is ErrorKind.PENDING_APPROVAL:
-                before = call.id
-        if journal and held:
-            with self._lock:
-                marked = [h for r in held.values() if (p := pending_call(r)) and (h := self._held.get(p.call_id))]
-            self._awaited(marked)
+        registered: list[Held] = []
+        try:
+            for index, call, entry, args in prepared:
+                rule = self._rule(rules, entry)
+                if rule is False and self.policy is None and before is None:  # the usual case: nothing to ask
+                    continue
+                if before is not None and exclusive:
+                    reason = f" (it runs after call {before} of its exclusive turn)"
+                elif self._requires(call, entry, args, rule, ctx):
+                    reason = ""
+                else:
+                    continue
+                held[index] = self._register(call, entry.info.name, args, "approval", reason,
+                                             before if exclusive else None, registered)
+                if held[index].error_kind is ErrorKind.PENDING_APPROVAL:
+                    before = call.id
+            if journal and held:
+                with self._lock:
+                    marked = [h for r in held.values() if (p := pending_call(r)) and (h := self._held.get(p.call_id))]
+                self._awaited(marked)
+        except BaseException:  # an interrupt in the host's thread (a policy's too): its turn is not held at all
+            self._unregister(registered)
+            raise
         return held
 
     def may_hold(self, slots: Sequence[Any], waiting: Iterable[int], version: int) -> bool:
@@ -268,7 +276,7 @@ class SessionApprovals(ApprovalJournal):
         return dataclasses.replace(pending, duration_ms=result.duration_ms)
 
     def _register(self, call: ToolCall, name: str, args: dict[str, Any], kind: str, reason: str,
-                  after: str | None) -> ToolResult:
+                  after: str | None, registered: list[Held] | None = None) -> ToolResult:
         now = time.time()
         expires = None if kind == "external" else now + self.timeout_s
         pending = PendingCall(call.id, name, MappingProxyType(copy_args(args)), arguments_sha256(args), now,
@@ -282,6 +290,8 @@ class SessionApprovals(ApprovalJournal):
             if len(self._held) >= MAX_PENDING_CALLS or held_bytes + size > MAX_PENDING_ARGUMENT_BYTES:
                 return failure("pending_bound", call.id, name, count=len(self._held), held_bytes=held_bytes,
                                bound=MAX_PENDING_CALLS, bound_bytes=MAX_PENDING_ARGUMENT_BYTES)
+            if registered is not None:  # before it waits: an interrupt from here on finds it there
+                registered.append(held)
             self._held[call.id] = held
         if expires is not None:
             self._arm(held, self.timeout_s)
@@ -318,12 +328,19 @@ class SessionApprovals(ApprovalJournal):
         got ``turn_not_started``, nothing waits. Another call of the same id is kept."""
         mine = [p for r in results if (p := pending_call(r)) is not None]
         with self._lock:
-            gone = [self._held.pop(p.call_id) for p in mine if (h := self._held.get(p.call_id)) and h.pending is p]
-        for held in gone:
-            if held.timer is not None:
-                held.timer.cancel()
-            if held.recorded is not None:
-                held.recorded.set()  # never recorded: nothing waits
+            held = [h for p in mine if (h := self._held.get(p.call_id)) and h.pending is p]
+        self._unregister(held)
+
+    def _unregister(self, held: list[Held]) -> None:
+        """Let go of ``held`` calls still waiting (another call of the same id is kept):
+        never decided, nothing waits for them."""
+        with self._lock:
+            gone = [self._held.pop(h.pending.call_id) for h in held if self._held.get(h.pending.call_id) is h]
+        for one in gone:
+            if one.timer is not None:
+                one.timer.cancel()
+            if one.recorded is not None:
+                one.recorded.set()  # never recorded: nothing waits
 
     # --- seeing ---------------------------------------------------------------------------
 
@@ -399,9 +416,7 @@ class SessionApprovals(ApprovalJournal):
             self._unclaim(held)
             raise
         self._decide(held, "approved", decided_by, running=True)
-        result = self._run(held, args)
-        self._record(held, result)
-        return result
+        return self._run(held, args)
 
     def reject(self, call_id: str, message: str, decided_by: str | None = None) -> ToolResult:
         """Give the pending call ``call_id`` a ``rejected`` result with ``message`` as
@@ -535,20 +550,35 @@ class SessionApprovals(ApprovalJournal):
 
     def _run(self, held: Held, args: dict[str, Any]) -> ToolResult:
         """Run the approved call as a turn of its own (prepared again: looked up among the
-        tools offered now, validated) and wait for its result."""
+        tools offered now, validated), wait for its result and record it (once).
+        Interrupted (a signal handler's ``KeyboardInterrupt`` in the host's thread), the
+        call still gets its one result: the turn's, recorded when it comes, or
+        ``turn_interrupted`` when the turn was not submitted yet; the interrupt goes on."""
         call = ToolCall(held.pending.call_id, held.pending.name, args)
-        turns = self._turns
-        if turns is None or turns.closed is not None:
-            return failure("turn_not_started", call.id, call.name)
+        once = _Once(functools.partial(self._record, held))
         future: concurrent.futures.Future[list[ToolResult]] = concurrent.futures.Future()
-        future.set_running_or_notify_cancel()
-        turns.submit((call,), future, approved=True)
-        entry = self._entry(call.name)
-        bound = (DEFAULT_TIMEOUT_MS if entry is None else entry.info.timeout_ms) / 1000 + _GRACE_S
+        submitted = False
         try:
-            return future.result(timeout=bound)[0]
-        except concurrent.futures.TimeoutError:
-            return failure("loop_unanswered", call.id, call.name, bound_s=bound)
+            turns = self._turns
+            if turns is None or turns.closed is not None:
+                return once.give(failure("turn_not_started", call.id, call.name))
+            future.set_running_or_notify_cancel()
+            future.add_done_callback(once.abandoned_to)
+            submitted = True  # from here the turn answers the future, interrupted or not (Turns.submit)
+            turns.submit((call,), future, approved=True)
+            entry = self._entry(call.name)
+            bound = (DEFAULT_TIMEOUT_MS if entry is None else entry.info.timeout_ms) / 1000 + _GRACE_S
+            try:
+                return once.give(future.result(timeout=bound)[0])
+            except concurrent.futures.TimeoutError:
+                return once.give(failure("loop_unanswered", call.id, call.name, bound_s=bound))
+        except BaseException as exc:
+            once.abandon()
+            if future.done():
+                once.give(future.result()[0])
+            elif not submitted:
+                once.give(failure("turn_interrupted", call.id, call.name, problem=describe_exception(exc)))
+            raise
 
     def _entry(self, name: str) -> ToolEntry | None:
         """The entry of tool ``name`` among those the loop offers now."""
@@ -572,6 +602,39 @@ class SessionApprovals(ApprovalJournal):
         ``call_id`` and ``tool``."""
         with self._lock:
             return [{"call_id": c, "tool": t} for c, t in self._in_flight.items()]
+
+
+class _Once:
+    """An approved call's one result, recorded (``record``) once: the first given wins,
+    whoever gives it (the approving thread, or the turn's future once that thread was
+    interrupted: :meth:`abandon`)."""
+
+    def __init__(self, record: Callable[[ToolResult], None]) -> None:
+        self._record = record
+        self._lock = threading.Lock()
+        self._given: ToolResult | None = None
+        self._abandoned = False
+
+    def give(self, result: ToolResult) -> ToolResult:
+        """Record ``result`` unless one was given first; the one given."""
+        with self._lock:
+            if self._given is not None:
+                return self._given
+            self._given = result
+        self._record(result)
+        return result
+
+    def abandon(self) -> None:
+        """The approving thread waits no more: the turn's result is given when it comes."""
+        with self._lock:
+            self._abandoned = True
+
+    def abandoned_to(self, future: concurrent.futures.Future[list[ToolResult]]) -> None:
+        """The turn's future is done: give its result if the approving thread left."""
+        with self._lock:
+            abandoned = self._abandoned
+        if abandoned:
+            self.give(future.result()[0])
 
 
 def _give(waiting: list[concurrent.futures.Future[Any]], result: ToolResult) -> None:

@@ -41,6 +41,7 @@ slips past a close).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import itertools
@@ -192,24 +193,30 @@ class Turns(OfferedTools):
         :class:`~rho_actors.loop.messages.RunTurn` for the rest. Returns the turn's id (for
         :meth:`cancel_from_host`), ``None`` when it was not admitted. Never raises: a turn of a
         closed loop gets ``turn_not_started`` results, a bug an error result for each call."""
-        if self.closed is not None:
-            future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
-            return None
-        withheld, names = self._snapshot, self._kept.names  # the snapshot, remade only when they changed
-        if withheld.names is not names:
-            withheld = self._withheld
-        slots = [Slot(0, calls[0])] if len(calls) == 1 else list(map(Slot, range(len(calls)), calls))
-        turn = Turn(next(self._turn_ids), slots, future, withheld.listed, context, own_context, telemetry, on_result,
-                    on_start, aio, background,  # in its fields' order: keywords were half of making it
-                    self.approvals is not None and not RECORDED_BY_CALLER.get())
-        refused: list[Slot] = []
-        held: list[tuple[ToolCall, PendingCall]] = []
-        if cancel is None or not cancel.cancelled:
-            held = self._prepare_turn(turn, refused, withheld.names, chooses, approved, waiter)
-        with self._lock:
-            admitted = self.closed is None
-            if admitted:
-                self._turns[turn.id] = turn
+        try:  # from its first line: an interrupt anywhere before admission answers every call
+            turn: Turn | None = None
+            refused: list[Slot] = []
+            held: list[tuple[ToolCall, PendingCall]] = []
+            admitted = False
+            if self.closed is not None:
+                future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
+                return None
+            withheld, names = self._snapshot, self._kept.names  # the snapshot, remade only when they changed
+            if withheld.names is not names:
+                withheld = self._withheld
+            slots = [Slot(0, calls[0])] if len(calls) == 1 else list(map(Slot, range(len(calls)), calls))
+            turn = Turn(next(self._turn_ids), slots, future, withheld.listed, context, own_context, telemetry,
+                        on_result, on_start, aio, background,  # in its fields' order: keywords were half of making it
+                        self.approvals is not None and not RECORDED_BY_CALLER.get())
+            if cancel is None or not cancel.cancelled:
+                held = self._prepare_turn(turn, refused, withheld.names, chooses, approved, waiter)
+            with self._lock:
+                admitted = self.closed is None
+                if admitted:
+                    self._turns[turn.id] = turn
+        except BaseException as exc:  # an interrupt as it was made or prepared: nothing it held waits, all answered
+            self._unprepared(locals().get("turn"), calls, future, describe_exception(exc))
+            raise
         if not admitted:  # the loop stopped while the turn was being prepared: none of its calls waits either
             if self.approvals is not None:
                 self.approvals.forget([slot.result for slot in refused if slot.result is not None])
@@ -234,6 +241,21 @@ class Turns(OfferedTools):
             self._fail_open(turn, failure("turn_interrupted", "", "", problem=describe_exception(exc)))
             raise
         return turn.id
+
+    def _unprepared(self, turn: Turn | None, calls: tuple[ToolCall, ...], future: ResultSink, problem: str) -> None:
+        """A turn not admitted (an interrupt in the host's thread as it was made or
+        prepared) is answered ``turn_interrupted``: the calls its preparing held for a
+        decision are let go (none waits for a person) and no refusal stands, so each
+        call gets that one answer."""
+        if turn is None:
+            with contextlib.suppress(Exception):  # (set already: the loop had closed)
+                future.set_result([failure("turn_interrupted", c.id, c.name, problem=problem) for c in calls])
+            return
+        if self.approvals is not None:
+            self.approvals.forget([slot.result for slot in turn.slots if slot.result is not None])
+        for slot in turn.slots:
+            slot.result = None
+        self._fail_open(turn, failure("turn_interrupted", "", "", problem=problem))
 
     def _prepare_turn(
         self, turn: Turn, refused: list[Slot], withheld: frozenset[str], chooses: bool, approved: bool,
@@ -272,18 +294,22 @@ class Turns(OfferedTools):
         ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
         held = self.approvals.hold(prepared, turn.exclusive, version, ctx, journal=turn.journal)  # type: ignore[arg-type]
         calls: list[tuple[ToolCall, PendingCall]] = []
-        for index, pending in held.items():
-            slot = turn.slots[index]
-            as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
-                                                                slot.call.id, slot.asked)  # it waits as a task
-            slot.result = self._tasks.held(self.session_id, self._data_dir, pending) if as_task else pending
-            refused.append(turn.slots[index])
-            turn.waiting.remove(index)
-            turn.open -= 1
-            if as_task and not slot.result.ok:  # no task to wait as (a bound reached): refused, not left waiting
-                self.approvals.forget([pending])
-            elif (waits := pending_call(pending)) is not None:
-                calls.append((slot.call, waits))
+        try:
+            for index, pending in held.items():
+                slot = turn.slots[index]
+                as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
+                                                                    slot.call.id, slot.asked)  # it waits as a task
+                slot.result = self._tasks.held(self.session_id, self._data_dir, pending) if as_task else pending
+                refused.append(turn.slots[index])
+                turn.waiting.remove(index)
+                turn.open -= 1
+                if as_task and not slot.result.ok:  # no task to wait as (a bound reached): refused, not left waiting
+                    self.approvals.forget([pending])
+                elif (waits := pending_call(pending)) is not None:
+                    calls.append((slot.call, waits))
+        except BaseException:  # an interrupt: the turn is let go (_unprepared), these with it
+            self.approvals.forget(list(held.values()))
+            raise
         return calls
 
     def _admitted(self, turn: Turn, refused: list[Slot], cancel: CancelToken | None) -> None:

@@ -26,7 +26,9 @@ stays, and the events its streams sent (a call's result) stay in the event store
 ``GET`` with ``Last-Event-ID`` (:mod:`rho_actors.mcp.events`). Once the server stops
 (uvicorn's graceful shutdown tells each connection), the bound is at most
 :data:`STOPPING_SEND_TIMEOUT_S`: the stop waits that long without progress for such a
-client, not ``send_timeout_s`` (nginx bounds a stopping worker apart too,
+client, not ``send_timeout_s``, and :data:`STOPPING_DRAIN_S` in all: a client taking a
+byte a second is progress, and held a stopping server for as long as its bytes lasted
+(4 MiB of kernel queue: weeks; nginx bounds a stopping worker's whole time too,
 ``worker_shutdown_timeout``)."""
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any, Final
 
 from loguru import logger
 
-__all__ = ["DEFAULT_SEND_TIMEOUT_S", "STOPPING_SEND_TIMEOUT_S", "SendDeadline"]
+__all__ = ["DEFAULT_SEND_TIMEOUT_S", "STOPPING_DRAIN_S", "STOPPING_SEND_TIMEOUT_S", "SendDeadline"]
 
 DEFAULT_SEND_TIMEOUT_S: Final = 60.0
 """Seconds the bytes a connection's client has not taken may wait without any of them
@@ -48,6 +50,10 @@ leaving (nginx's ``send_timeout`` is 60)."""
 STOPPING_SEND_TIMEOUT_S: Final = 2.0
 """Seconds without progress a stopping server gives a connection's untaken bytes (at most:
 a smaller ``send_timeout_s`` stays)."""
+
+STOPPING_DRAIN_S: Final = 10.0
+"""Seconds a stopping server gives a connection's untaken bytes in all, progress or not
+(from the stop; bytes that left the server's transport by then are the kernel's)."""
 
 _TICKS: Final = 4  # progress is looked at this many times a bound: a cut comes within 1.25 bounds of it
 _OUTQ: Final = getattr(termios, "TIOCOUTQ", None)  # SIOCOUTQ on Linux: a TCP socket's unacknowledged bytes
@@ -66,6 +72,7 @@ class SendDeadline:
         self._left = 0  # bytes that had left at the last look
         self._since = 0.0  # the loop's time of the last progress seen
         self._timer: asyncio.TimerHandle | None = None
+        self._until: float | None = None  # stopping: the loop's time past which nothing waits
 
     def watch(self, transport: asyncio.Transport) -> asyncio.Transport:
         """``transport`` (the connection's), counting what is written to it."""
@@ -83,6 +90,7 @@ class SendDeadline:
         """The server stops: from now on the bound is at most :data:`STOPPING_SEND_TIMEOUT_S`
         (looked at again at once when bytes wait)."""
         self._bound = min(self._bound, STOPPING_SEND_TIMEOUT_S)
+        self._until = asyncio.get_running_loop().time() + STOPPING_DRAIN_S
         if self._timer is not None:
             self._timer.cancel()
             self._look_in(0.0)
@@ -103,12 +111,16 @@ class SendDeadline:
         if raw is None or not raw.get_write_buffer_size():
             return  # all handed to the kernel (or the connection is gone): armed again by the next write
         now, left = asyncio.get_running_loop().time(), self._gone(raw)
+        if self._until is not None and now >= self._until:
+            self._expired(raw, STOPPING_DRAIN_S, "STOPPING_DRAIN_S: the server stops")
+            return
         if left > self._left:
             self._left, self._since = left, now
         elif now - self._since >= self._bound:
-            self._expired(raw)
+            self._expired(raw, self._bound, "send_timeout_s")
             return
-        self._look_in(min(self._bound / _TICKS, self._since + self._bound - now))
+        due = self._since + self._bound if self._until is None else min(self._since + self._bound, self._until)
+        self._look_in(min(self._bound / _TICKS, due - now))
 
     def _gone(self, raw: asyncio.Transport) -> int:
         """Bytes written that left: handed to the kernel and, where it says, acknowledged."""
@@ -121,11 +133,13 @@ class SendDeadline:
                 unacknowledged = 0
         return self._written - raw.get_write_buffer_size() - unacknowledged
 
-    def _expired(self, raw: asyncio.Transport) -> None:
+    def _expired(self, raw: asyncio.Transport, seconds: float, why: str) -> None:
         host, port = self._protocol.client or ("?", "?")
-        logger.warning("MCP over HTTP: closed the connection of {}:{} (principal {}): none of the {} bytes "
-                       "waiting for it was taken within {} s (send_timeout_s)", host, port,
-                       getattr(self._protocol.client, "principal", None), raw.get_write_buffer_size(), self._bound)
+        what = "none of the {} bytes waiting for it was taken" if why == "send_timeout_s" else \
+            "the {} bytes waiting for it were not all taken"
+        logger.warning("MCP over HTTP: closed the connection of {}:{} (principal {}): " + what + " within {} s ({})",
+                       host, port, getattr(self._protocol.client, "principal", None), raw.get_write_buffer_size(),
+                       seconds, why)
         raw.abort()
 
 

@@ -24,7 +24,8 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 - A client's ``notifications/cancelled`` cancels the handler's task, and with it the
   turn. Progress a tool reports with ``ctx["progress"](done, total, message)`` is sent
   as ``notifications/progress`` when the client asked for it (a ``progressToken``),
-  before the call's result. ``rho_actors.mcp.client_of(ctx)`` gives a tool the client
+  before the call's result (at most 16 waiting while one is sent, the last one made always
+  among them: :mod:`rho_actors.mcp.progress`). ``rho_actors.mcp.client_of(ctx)`` gives a tool the client
   that called it: log messages (``logging/setLevel`` sets the least severe level
   sent), sampling and elicitation (:mod:`rho_actors.mcp.client_requests`).
 - Over HTTP each SSE stream starts with a priming event and a ``retry`` delay, and
@@ -54,7 +55,6 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import itertools
@@ -89,6 +89,7 @@ from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, u
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
 from rho_actors.mcp.guard import HTTPGuard, connection_protocol
 from rho_actors.mcp.listen import Listening
+from rho_actors.mcp.progress import LiveProgress
 from rho_actors.mcp.sessions import (
     SESSION_META_KEY,
     CallRecord,
@@ -124,15 +125,6 @@ _NONE_CACHE_HINT = CacheHint(ttl_ms=3_600_000, scope="public")  # the empty list
 
 
 @dataclass(slots=True)
-class _Live:
-    """A running ``tools/call``: where its progress goes, and the progress sent so far."""
-
-    aloop: asyncio.AbstractEventLoop
-    session: Any  # the SDK's ServerSession of the request
-    sent: list[concurrent.futures.Future[Any]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
 class _Served:
     """What one :func:`aserve` shares between its connections."""
 
@@ -144,7 +136,7 @@ class _Served:
     handles: dict[str, Session] = field(default_factory=dict)  # 2026-07-28 sessions by their handle
     local: Session | None = None  # over stdio: the process's one 2026-07-28 session
     opening: anyio.Lock = field(default_factory=anyio.Lock)
-    progress: dict[tuple[str, str], _Live] = field(default_factory=dict)
+    progress: dict[tuple[str, str], LiveProgress] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=itertools.count)
     bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)  # subscriptions/listen (2026-07-28)
     tasks: ServedTasks | None = None  # the tasks clients created (rho_actors.mcp.tasks)
@@ -311,12 +303,8 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                     aloop.call_soon_threadsafe(changed.set)
             elif isinstance(event, ProgressEvent):
                 live = served.progress.get((event.session_id, event.call_id))
-                if live is not None:
-                    report = live.session.report_progress(event.done, event.total, event.message)
-                    try:
-                        live.sent.append(asyncio.run_coroutine_threadsafe(report, live.aloop))
-                    except RuntimeError:  # the asyncio loop has closed
-                        report.close()
+                if live is not None:  # at most one sent and one waiting: rho_actors.mcp.progress
+                    live.report(event.done, event.total, event.message)
 
         unsubscribe = system.subscribe(on_event, only=(ToolSetChanged, ProgressEvent))  # no call's events
         async with anyio.create_task_group() as tasks:
@@ -456,7 +444,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
         if as_task and served.tasks is not None else None
     if task is not None and served.guard is not None:
         served.tasks.admit(task, served.guard.max_tasks_per_client)  # type: ignore[union-attr]
-    live = served.progress[key] = _Live(aloop, ctx.session)
+    live = served.progress[key] = LiveProgress(aloop, ctx.session)
     close = ctx.close_sse_stream
     level = ((ctx.params or {}).get("_meta") or {}) if modern else _connection(ctx).state
     bound = Bound(aloop, ctx.session, ctx.request_id, level, close,
@@ -483,8 +471,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
                 served.tasks.release(task)  # type: ignore[union-attr]
     said = {SESSION_META_KEY: session.handle} if session.handle is not None else None
     created = await _task_made(served, task, results[0], said) if task is not None else None
-    if live.sent:  # the progress reported goes before the result
-        await asyncio.wait([asyncio.wrap_future(f) for f in live.sent], timeout=_PROGRESS_FLUSH_S)
+    await live.flushed(_PROGRESS_FLUSH_S)  # the progress reported goes before the result
     if bound.missing:
         raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY,
                        f"{params.name[:100]!r} needs the client capabilities {', '.join(sorted(bound.missing))}",
