@@ -153,3 +153,24 @@ def waits_in_stop_once(thread: threading.Thread) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def test_a_stop_called_again_inside_itself_runs_at_once() -> None:
+    """A host's signal handler calling ``stop()`` while the main thread is in its own:
+    the inner stop runs (it waited for itself for ever with a plain lock)."""
+    once, ran = StopOnce(), []
+    done = threading.Event()
+
+    def outer() -> None:
+        once.run(lambda: ran.append("inner"))
+        ran.append("outer")
+
+    def stop_twice() -> None:
+        once.run(outer)
+        done.set()
+
+    threading.Thread(target=stop_twice, daemon=True).start()
+    assert done.wait(WAIT_S), "a stop inside a stop waited for itself"
+    assert ran == ["inner", "outer"]
+    once.run(lambda: ran.append("again"))
+    assert ran == ["inner", "outer"]  # once one ended, a no-op

@@ -4,7 +4,10 @@ in time, or when several threads stop the system at once (internal).
 - :class:`StopOnce`: one stop runs at a time; a stop called while another runs waits
   for that one to end (it returned early before, with the tree still stopping and the
   worker processes alive), and a stop once one ended is a no-op. A stop that was
-  interrupted (``KeyboardInterrupt``) did not end: the next one runs again.
+  interrupted (``KeyboardInterrupt``) did not end: the next one runs again. A stop called
+  again in the thread running one (a host's signal handler calling ``stop()``, run by the
+  main thread inside its own ``stop()``) runs at once, as it always did: it never waits
+  for itself.
 - :func:`end_workers`: the system's stop whose root did not stop within its
   ``timeout_s`` (its ``workers`` actor not yet stopped: a source or a session slow to
   stop before it, or ``timeout_s`` tiny or ``0``) shuts the isolations that own worker
@@ -28,7 +31,7 @@ class StopOnce:
     """Runs a system's stop once, one caller at a time (the module doc)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (re-entered by the thread that runs the stop: runs at once)
         self._ended = False
 
     def run(self, stop: Callable[[], None]) -> None:
