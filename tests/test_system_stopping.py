@@ -11,6 +11,7 @@ wait is bounded by ``WAIT_S``.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -55,6 +56,17 @@ class SlowToHalt:
     def halt(self) -> None:
         self.halting.set()
         self.release.wait(WAIT_S)
+
+
+class InterruptingHalt(SlowToHalt):
+    """Its ``halt()`` has the main thread interrupted (``SIGUSR1``, whose handler raises
+    ``KeyboardInterrupt`` there: a Ctrl-C during the system's stop), then waits."""
+
+    name = "interrupting"
+
+    def halt(self) -> None:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        super().halt()
 
 
 def alive(pid: int) -> bool:
@@ -174,3 +186,34 @@ def test_a_stop_called_again_inside_itself_runs_at_once() -> None:
     assert ran == ["inner", "outer"]
     once.run(lambda: ran.append("again"))
     assert ran == ["inner", "outer"]  # once one ended, a no-op
+
+
+def interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def test_a_stop_interrupted_kills_the_workers_and_the_next_stop_waits_for_the_tree(
+        napping: tuple[ActorSystem, Recorder, list[Any], int]) -> None:
+    """Ctrl-C while the stop waits for its tree: the workers are killed before the
+    interrupt is raised, and the next stop waits for the tree's end (it returned at
+    once, the tree's actors still stopping)."""
+    assert threading.current_thread() is threading.main_thread()
+    system, _events, results, pid = napping
+    slow = InterruptingHalt()
+    add_source(system, slow, trusted=True, poll_s=None)
+    before = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            system.stop()
+        assert not alive(pid), "a worker process outlived the interrupted stop"
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    try:
+        assert slow.halting.is_set() and not system._stop_once.root_ended.is_set()
+        slow.release.set()
+        system.stop()
+        assert system._stop_once.root_ended.is_set(), "the second stop returned before the tree ended"
+        assert system.stopped
+    finally:
+        slow.release.set()
+    assert wait_for(lambda: bool(results))

@@ -322,6 +322,7 @@ class ActorSystem(HostActors):
         monitor(self._root, self._root_down)
 
     def _root_down(self, _ref: pykka.ActorRef[Any], reason: object) -> None:
+        self._stop_once.root_ended.set()
         if reason != NORMAL:
             self.exit_reason = reason
             logger.error("the actor system stopped: its root supervisor exited ({})", reason)
@@ -653,9 +654,11 @@ class ActorSystem(HostActors):
             observer.close()
         self._telemetry.unbind()
         until, stopped = time.monotonic() + timeout_s, False
-        try:
-            self._root.stop(timeout=timeout_s)
-            stopped = True
+        try:  # False: stopping already (a stop interrupted before) or stopped: its end is waited for too
+            stopped = self._root.stop(block=True, timeout=timeout_s) or self._stop_once.root_ended.wait(
+                max(0.0, until - time.monotonic()))
+            if not stopped:
+                logger.error("the actor system did not stop within {} s", timeout_s)
         except pykka.ActorDeadError:
             stopped = True
         except pykka.Timeout:

@@ -7,7 +7,9 @@ in time, or when several threads stop the system at once (internal).
   interrupted (``KeyboardInterrupt``) did not end: the next one runs again. A stop called
   again in the thread running one (a host's signal handler calling ``stop()``, run by the
   main thread inside its own ``stop()``) runs at once, as it always did: it never waits
-  for itself.
+  for itself. A stop that finds the tree stopping already (after a stop that was
+  interrupted) waits for its end as the first one did (:attr:`StopOnce.root_ended`): it
+  returned at once, the tree's threads still running.
 - :func:`end_workers`: the system's stop whose root did not stop within its
   ``timeout_s`` (its ``workers`` actor not yet stopped: a source or a session slow to
   stop before it, or ``timeout_s`` tiny or ``0``) shuts the isolations that own worker
@@ -33,6 +35,9 @@ class StopOnce:
     def __init__(self) -> None:
         self._lock = threading.RLock()  # (re-entered by the thread that runs the stop: runs at once)
         self._ended = False
+        self.root_ended = threading.Event()
+        """Set when the system's root supervisor has ended (its ``on_stop`` done): a stop
+        that finds the root stopping already (one interrupted before) waits for it."""
 
     def run(self, stop: Callable[[], None]) -> None:
         """``stop()`` unless a run of it ended; a caller arriving while it runs in another
