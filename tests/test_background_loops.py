@@ -131,3 +131,33 @@ def test_a_ray_node_watcher_round_that_raises_is_logged_and_the_watcher_watches_
     runtime._watch()  # returns once shut down
     assert len(rounds) == 2
     assert any("a round of the Ray node watcher failed; it watches on" in line for line in logs), logs
+
+
+def test_a_ray_node_watcher_round_that_raises_every_round_is_logged_at_each_doubling_only(
+        monkeypatch: pytest.MonkeyPatch, logs: list[str]) -> None:
+    """A round that raises every time (once a second while calls are on Ray): the 1st,
+    2nd, 4th and 8th of 9 failures in a row are logged (each was: a traceback a second,
+    for as long as it lasted), then once that a round passed again."""
+    pytest.importorskip("ray")
+    from rho_actors.isolation.ray_tasks import RayRuntime
+
+    runtime = RayRuntime()
+    rounds: list[int] = []
+
+    def watch_round() -> None:
+        rounds.append(1)
+        runtime._wake.set()  # the next round at once
+        if len(rounds) <= 9:
+            raise RuntimeError("telling a server failed (test)")
+        if len(rounds) == 11:  # a second passing round: the run ended at the first
+            runtime._closing.set()
+            runtime._closed.set()
+
+    monkeypatch.setattr(runtime, "_watch_round", watch_round)
+    runtime._wake.set()
+    runtime._watch()
+    told = [line for line in logs if "a round of the Ray node watcher failed" in line]
+    assert len(told) == 4, told
+    assert told[-1].endswith("(8 failures in a row; the next logged at 16)"), told
+    assert [line for line in logs if "a round passed again" in line] == [
+        "the Ray node watcher: a round passed again after 9 failures in a row"], logs

@@ -163,3 +163,44 @@ def test_a_start_for_a_call_whose_thread_cannot_start_is_unavailable_at_once_and
     assert "can't start new thread" in result.content, result
     assert _settled(pool)
     assert pool.run_call(a_call("after", start_bound=True)).content == "after"
+
+
+def test_a_keeper_whose_starts_fail_in_a_row_backs_off_and_logs_each_doubling_only(
+        monkeypatch: pytest.MonkeyPatch, pools: list[WorkerPool], logs: list[str]) -> None:
+    """A crash storm: no thread can be started to wait for a spare's ``READY``, 8 times
+    in a row (the host at its thread limit). The keeper logs the 1st, 2nd, 4th and 8th
+    (it logged a traceback each, every 0.5 s, for ever), its pause doubling between them
+    (here from 1 ms, so the test is fast); once a start works, it says so once and the
+    pool keeps its spare."""
+    real_start = threading.Thread.start
+    failed: list[int] = []
+
+    def start(self: threading.Thread) -> None:
+        if self.name == "rho-worker-ready" and len(failed) < 8:
+            failed.append(1)
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    pool = WorkerPool(warm=1, codec="pickle")
+    pools.append(pool)
+    run = pool._failed_starts
+    run.first_s, run.max_s = 0.001, 0.016  # (a pause already begun ends as it was: 0.5 s at most)
+    assert pool.wait_warm(WAIT_S), "the keeper kept no spare once threads could be started again"
+    assert len(failed) == 8
+    told = [line for line in logs if "no thread could be started to wait for worker" in line]
+    assert len(told) == 4, told
+    assert [line.rpartition("(")[2] for line in told[1:]] == [
+        f"{n} failures in a row; the next logged at {2 * n})" for n in (2, 4, 8)]
+    assert wait_for(lambda: any("a round passed again after 8 failures in a row" in line for line in logs)), logs
+    assert wait_for(lambda: _settled(pool)) and run.count == 0
+
+
+def test_a_failure_run_doubles_its_pause_up_to_its_bound_and_logs_powers_of_two() -> None:
+    from rho_actors.otp.failure_runs import FailureRun
+
+    run = FailureRun("a loop", first_s=0.5, max_s=30.0)
+    got = [run.failed() for _ in range(9)]
+    assert [pause for _, pause in got] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert [n for n, _ in got if FailureRun.logged(n)] == [1, 2, 4, 8]
+    assert run.passed() == 9 and run.count == 0 and run.failed() == (1, 0.5)

@@ -520,3 +520,32 @@ def test_two_file_names_that_show_alike_keep_their_own_status_entries(system: Ac
     names = sorted(entry["name"] for entry in tools.values())
     assert names == ["first", "second"], tools
     assert any(key.endswith("a\\x1b.py #2") for key in tools), list(tools)
+
+
+def test_many_keys_that_show_alike_are_told_apart_in_linear_time(system: ActorSystem) -> None:
+    """``2**k`` names spell ``k`` control characters raw or backslash-escaped: all show
+    alike. Each gets its own entry, and telling them apart costs each one a look or two
+    (it looked at every suffix taken before: 16,384 such names took 48 s, the source's
+    lock held)."""
+    from rho_actors.sources.source_actor import _distinct
+
+    k = 10
+    names = ["".join("\x01" if bit == "1" else "\\x01" for bit in f"{i:0{k}b}") for i in range(2**k)]
+    source = Switchable()
+    source.tools = {name: (Broken("junk"), 1) for name in names}
+    tools = add_source(system, source, trusted=True, poll_s=None).status()["tools"]
+    shown = "\\x01" * k
+    assert set(tools) == {shown} | {f"{shown} #{n}" for n in range(2, 2**k + 1)}
+
+    class Probed(dict[str, Any]):
+        looks = 0
+
+        def __contains__(self, key: object) -> bool:
+            Probed.looks += 1
+            return super().__contains__(key)
+
+    taken = Probed()
+    last: dict[str, int] = {}
+    for i in range(2**k):
+        taken[_distinct(taken, shown, last)] = i
+    assert len(taken) == 2**k and Probed.looks <= 2 * 2**k, Probed.looks

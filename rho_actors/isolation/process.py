@@ -161,6 +161,7 @@ class ProcessIsolation(Isolation):
         self._lock = threading.Lock()
         self._pool: WorkerPool | None = None
         self._confined: WorkerPool | None = None
+        self._stopping: list[WorkerPool] = []  # pools a shutdown is stopping now
         self._slots = WorkerSlots(services.max_workers, services.max_workers_per_session,
                                   services.max_running_workers)
         self._open = False
@@ -365,13 +366,18 @@ class ProcessIsolation(Isolation):
     def shutdown(self, timeout_s: float) -> None:
         """Stop the pools (killing every worker's tree: the calls still running get
         ``cancelled``), then give their call threads what is left of ``timeout_s``
-        seconds to reply."""
+        seconds to reply. A shutdown called while another one stops the pools stops them
+        too (a pool's stop is idempotent): it returns once their workers are gone."""
         until = time.monotonic() + timeout_s
         with self._lock:
             pools = [p for p in (self._pool, self._confined) if p is not None]
             self._pool, self._confined, self._open = None, None, False
+            self._stopping.extend(pools)
+            pools = list(self._stopping)  # a shutdown meanwhile (the system's own, past its timeout) stops them too
         for pool in pools:
             pool.stop(timeout_s)
+        with self._lock:
+            self._stopping = [p for p in self._stopping if p not in pools]
         with self._live_changed:
             self._draining = True
             if not self._live_changed.wait_for(lambda: self._live <= 0, max(0.0, until - time.monotonic())):

@@ -58,6 +58,7 @@ from rho_actors.isolation.ray_connection import (
 )
 from rho_actors.isolation.ray_nodes import NodeTable
 from rho_actors.isolation.ray_resources import RayResources
+from rho_actors.otp.failure_runs import FailureRun
 from rho_actors.otp.timers import Timers
 from rho_actors.results import RAY_CANCELLED, capped, failure
 from rho_actors.sandbox import (
@@ -160,6 +161,7 @@ class RayRuntime:
         self._servers: dict[str, Any] = {}  # rho_actors.integrations.ray.servers.RayServer by actor urn
         self._wake = threading.Event()
         self._closing = threading.Event()
+        self._failed_rounds = FailureRun("the Ray node watcher")  # its rounds that raised in a row (logged sparsely)
         self._closed = threading.Event()
         self._round = threading.Lock()  # held by the watcher during a round
         self._watcher: threading.Thread | None = None
@@ -276,7 +278,11 @@ class RayRuntime:
                     try:
                         self._watch_round()
                     except Exception:  # this thread holds a local Ray's processes (they die with it): it goes on
-                        logger.exception("a round of the Ray node watcher failed; it watches on")
+                        if FailureRun.logged(count := self._failed_rounds.failed()[0]):  # 1st, 2nd, 4th...
+                            logger.exception("a round of the Ray node watcher failed; it watches on{}",
+                                             FailureRun.so_far(count))
+                    else:
+                        self._failed_rounds.passed()
         self._closed.wait()  # this thread may have started a local Ray: it ends after ray.shutdown()
 
     def _watch_round(self) -> None:

@@ -7,9 +7,15 @@ with that thread's loop. Every spare it starts is counted in ``_starting`` until
 start ended, and ends exactly once (:meth:`WarmKeeper._started_one`), whatever fails on
 the way: a spawn, the start of the thread that waits for the worker's ``READY`` (the
 host at its thread limit: ``RuntimeError: can't start new thread``), or the wait
-itself. Whatever the loop meets that it did not expect is logged and waited out
-(:data:`KEEPER_BACKOFF_S`), never the end of the thread: a keeper that died would leave
-the pool without spares for good, and calls counting on a start it had counted.
+itself. Whatever the loop meets that it did not expect is logged and waited out, never
+the end of the thread: a keeper that died would leave the pool without spares for good,
+and calls counting on a start it had counted. Failures in a row are a
+:class:`~rho_actors.otp.failure_runs.FailureRun`: the keeper waits :data:`KEEPER_BACKOFF_S`
+after the first, twice as long after each next one, at most :data:`KEEPER_BACKOFF_MAX_S`,
+and logs the 1st, 2nd, 4th, 8th... (a keeper at the host's thread limit started and
+killed a worker and logged a traceback twice a second, for ever); a worker ready again
+ends the run. A start refused because the pool is stopped or its cap full is no failure:
+the keeper looks again after :data:`KEEPER_BACKOFF_S`.
 """
 
 from __future__ import annotations
@@ -20,19 +26,29 @@ from typing import Final
 
 from loguru import logger
 
+from rho_actors.otp.failure_runs import FailureRun
 from rho_actors.sandbox.warm_workers import PoolStopped, WarmWorkers
 from rho_actors.sandbox.worker_handle import WorkerHandle
 
-__all__ = ["KEEPER_BACKOFF_S", "WarmKeeper"]
+__all__ = ["KEEPER_BACKOFF_MAX_S", "KEEPER_BACKOFF_S", "WarmKeeper", "keeper_failures"]
 
 KEEPER_BACKOFF_S: Final = 0.5
-"""How long the keeper starts no worker after a start failed, or after anything it did
-not expect (seconds)."""
+"""How long the keeper starts no worker after a first start failed, or after anything it
+did not expect (seconds); doubled for each failure in a row."""
+KEEPER_BACKOFF_MAX_S: Final = 30.0
+"""The longest the keeper waits after failures in a row (seconds)."""
+
+
+def keeper_failures() -> FailureRun:
+    """A pool's run of keeper failures (:data:`KEEPER_BACKOFF_S` doubled up to :data:`KEEPER_BACKOFF_MAX_S`)."""
+    return FailureRun("worker pool keeper", KEEPER_BACKOFF_S, KEEPER_BACKOFF_MAX_S)
 
 
 class WarmKeeper(WarmWorkers):
     """A pool's worker processes and the keeper thread's loop (:meth:`_keep_warm`, the
     module doc)."""
+
+    _failed_starts: FailureRun
 
     def _deficit(self) -> int:
         if self._scoped:  # spares: fresh idle workers
@@ -65,19 +81,21 @@ class WarmKeeper(WarmWorkers):
         retire workers idle too long. Each new worker is made ready (its ``READY`` read,
         the tools loaded ahead sent to it) in a thread of its own
         (:meth:`_ready_spare`), so that a worker slow to start or to load a tool delays
-        no other; a start that failed holds the next starts back :data:`KEEPER_BACKOFF_S`,
-        and so does anything else the loop raises (logged): the thread ends only at the
-        pool's stop."""
+        no other; a start that failed holds the next starts back (:data:`KEEPER_BACKOFF_S`,
+        doubled per failure in a row), and so does anything else the loop raises (logged
+        as the module doc says): the thread ends only at the pool's stop."""
         tick = max(0.05, min(self._idle_s / 2, 5.0))
         while True:
             try:
                 if not self._keep_warm_once(tick):
                     return
             except Exception:
-                logger.exception("worker pool: the keeper met an unexpected error; it goes on in {} s",
-                                 KEEPER_BACKOFF_S)
+                count, pause = self._failed_starts.failed()
+                if FailureRun.logged(count):
+                    logger.exception("worker pool: the keeper met an unexpected error; it goes on in {:g} s{}", pause,
+                                     FailureRun.so_far(count))
                 with self._lock:
-                    self._keeper_backoff = time.monotonic() + KEEPER_BACKOFF_S
+                    self._keeper_backoff = time.monotonic() + pause
 
     def _keep_warm_once(self, tick: float) -> bool:
         """One round of the keeper: retire stale workers, wait (at most ``tick``) for a
@@ -116,10 +134,10 @@ class WarmKeeper(WarmWorkers):
         try:
             worker = self._spawn(busy=False)
         except PoolStopped:  # stopped, or the cap is full: wait for a change
-            self._started_one(failed=True)
+            self._started_one(failed=True, refused=True)
             return
         except Exception:
-            logger.exception("worker pool: a worker process could not be started")
+            self._log_failure("worker pool: a worker process could not be started")
             self._started_one(failed=True)
             return
         with self._lock:
@@ -127,8 +145,8 @@ class WarmKeeper(WarmWorkers):
         try:
             threading.Thread(target=self._ready_spare, args=(worker,), name="rho-worker-ready", daemon=True).start()
         except Exception:
-            logger.exception("worker pool: no thread could be started to wait for worker {}; it is stopped, and "
-                             "the keeper tries again in {} s", worker.pid, KEEPER_BACKOFF_S)
+            self._log_failure(f"worker pool: no thread could be started to wait for worker {worker.pid}; it is "
+                              "stopped, and the keeper tries again later")
             with self._lock:
                 self._spares_starting.discard(worker)
             try:
@@ -146,13 +164,23 @@ class WarmKeeper(WarmWorkers):
                 self._spares_starting.discard(worker)
             self._started_one(failed=problem is not None)
 
-    def _started_one(self, failed: bool) -> None:
-        """One of the keeper's starts ended (``failed``: the next wait
-        :data:`KEEPER_BACKOFF_S`); a call waiting for it looks again
+    def _log_failure(self, text: str) -> None:
+        """Log ``text`` with the exception being handled when the failure it is part of is
+        one of its run to log (the module doc)."""
+        if self._failed_starts.next_logged():
+            logger.opt(depth=1).exception("{}{}", text, FailureRun.so_far(self._failed_starts.count + 1))
+
+    def _started_one(self, failed: bool, refused: bool = False) -> None:
+        """One of the keeper's starts ended (``failed``: the next starts wait, the longer
+        the more failed in a row; ``refused``, by a stopped or full pool: no failure, the
+        next look in :data:`KEEPER_BACKOFF_S`); a call waiting for it looks again
         (:meth:`_awaited_others_start`)."""
+        if not failed:  # (told before a call waiting for it looks again)
+            self._failed_starts.passed()
+        pause = KEEPER_BACKOFF_S if refused else self._failed_starts.failed()[1] if failed else 0.0
         with self._lock:
             self._starting -= 1
             if failed:
-                self._keeper_backoff = time.monotonic() + KEEPER_BACKOFF_S
+                self._keeper_backoff = max(self._keeper_backoff, time.monotonic() + pause)
             self._changed.notify_all()
             self._warmed.notify_all()

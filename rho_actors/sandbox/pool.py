@@ -58,7 +58,7 @@ from rho_actors.results import capped, failure
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy
 from rho_actors.sandbox.exit_stop import KILLED_REAP_S, stopped_at_exit
-from rho_actors.sandbox.keeper import WarmKeeper
+from rho_actors.sandbox.keeper import WarmKeeper, keeper_failures
 from rho_actors.sandbox.processes import (
     context,
     hold_servers,
@@ -163,7 +163,7 @@ class WorkerPool(WarmKeeper):
         self._preload_keys: dict[Hashable, bytes] = {}  # preload's key -> its digest (unload)
         self._proven: set[bytes] = set()  # loaded ahead by a worker at least once
         self._trying: set[bytes] = set()  # being loaded ahead by a worker for the first time
-        self._keeper_backoff = 0.0  # the keeper starts no worker before (a start failed)
+        self._keeper_backoff, self._failed_starts = 0.0, keeper_failures()  # no start before (one failed)
         self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0, "loaded": 0, "shipped": 0}
         hold_servers()
         self._holding = True

@@ -409,12 +409,18 @@ def _evicted_by(tools: Any, entry: _Key) -> str | None:
             "this tool yields it and is registered again once the name is free")
 
 
-def _distinct(taken: Mapping[str, Any], shown: str) -> str:
-    """``shown``, or ``shown #N`` with the first ``N`` >= 2 not in ``taken``."""
-    n, key = 1, shown
+def _distinct(taken: Mapping[str, Any], shown: str, last: dict[str, int]) -> str:
+    """``shown``, or ``shown #N`` with the first ``N`` >= 2 not in ``taken``; ``last``
+    (``shown`` -> its last ``N``, kept by the caller across one listing) makes the search
+    start where the last one for ``shown`` ended: ``n`` keys that show alike (``2**k``
+    names spell ``k`` control characters raw or escaped) cost ``O(n)``, not ``O(n**2)``
+    (16,384 took 48 s, the source's lock held)."""
+    n = last.get(shown, 1)
+    key = shown if n == 1 else f"{shown} #{n}"
     while key in taken:
         n += 1
         key = f"{shown} #{n}"
+    last[shown] = n
     return key
 
 
@@ -514,12 +520,13 @@ class SourceHandle:
         with self._state.lock:
             state = self._state
             tools: dict[str, dict[str, Any]] = {}
+            last: dict[str, int] = {}
             for key, entry in state.keys.items():
                 live = offered.get(id(entry.tool)) if entry.registered else None
                 live_entry = entries.get(live) if live is not None else None
                 is_offered = live_entry is not None and live_entry.tool is entry.tool
                 evicted = None if is_offered else _evicted_by(self._system.tool_set(), entry)
-                tools[_distinct(tools, _shown_key(key))] = {
+                tools[_distinct(tools, _shown_key(key), last)] = {
                     "name": live if is_offered else entry.name,
                     "version": _reason(str(entry.version)),
                     "registered": entry.registered and evicted is None,

@@ -100,6 +100,7 @@ from rho_actors.system.host_actors import (
     WORKERS,
     HostActors,
 )
+from rho_actors.system.stopping import StopOnce, end_workers
 from rho_actors.tasks import TaskRegistry, TaskSettings, records
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import ToolInfo
@@ -234,6 +235,7 @@ class ActorSystem(HostActors):
         self._names = Names()
         self._timers = Timers()
         self._stopped = False
+        self._stop_once = StopOnce()
         self.exit_reason: object = None
         """``None`` unless the root supervisor gave up: then its exit reason (a
         :class:`rho_actors.RestartIntensityExceeded` naming the last failure)."""
@@ -321,6 +323,7 @@ class ActorSystem(HostActors):
         monitor(self._root, self._root_down)
 
     def _root_down(self, _ref: pykka.ActorRef[Any], reason: object) -> None:
+        self._stop_once.root_ended.set()
         if reason != NORMAL:
             self.exit_reason = reason
             logger.error("the actor system stopped: its root supervisor exited ({})", reason)
@@ -639,7 +642,12 @@ class ActorSystem(HostActors):
         (counted in :meth:`stats`). Worker processes are killed and their cgroups and private folders removed
         before it returns (within ``shutdown_ms``, at least 2 s); a system never stopped has its workers' removed
         as the interpreter exits. Untrusted declaration reads under way are cancelled (their processes killed) and
-        their threads waited for, within ``timeout_s`` in all: none runs on once it returned. Idempotent."""
+        their threads waited for, within ``timeout_s`` in all: none runs on once it returned. A tree not stopped
+        within ``timeout_s`` (``0`` too) has its worker processes killed here all the same. Idempotent: a stop
+        called while another runs returns once that one has (:mod:`~rho_actors.system.stopping`)."""
+        self._stop_once.run(functools.partial(self._stop, timeout_s))
+
+    def _stop(self, timeout_s: float) -> None:
         self._runtime.tasks.stop(self._shutdown_ms / 1000)  # no task starts, each open one is cancelled
         self._calls.close()  # a call dispatched from now on does not start
         for isolation in self._runtime.isolations.values():  # a tool stopping the system: its thread is not waited
@@ -647,13 +655,19 @@ class ActorSystem(HostActors):
         for observer in self._observers:
             observer.close()
         self._telemetry.unbind()
-        until = time.monotonic() + timeout_s
-        try:
-            self._root.stop(timeout=timeout_s)
+        until, stopped = time.monotonic() + timeout_s, False
+        try:  # False: stopping already (a stop interrupted before) or stopped: its end is waited for too
+            stopped = self._root.stop(block=True, timeout=timeout_s) or self._stop_once.root_ended.wait(
+                max(0.0, until - time.monotonic()))
+            if not stopped:
+                logger.error("the actor system did not stop within {} s", timeout_s)
         except pykka.ActorDeadError:
-            pass
+            stopped = True
         except pykka.Timeout:
             logger.error("the actor system did not stop within {} s", timeout_s)
+        finally:  # (an interrupt too) the workers actor may not have stopped: no worker outlives the stop
+            if not stopped:
+                end_workers(self._runtime.isolations.values(), max(0.0, until - time.monotonic()))
         self._closed()
         self._timers.stop()
         left = self._declarations.helpers.wait(max(0.0, until - time.monotonic()))  # reads cancelled by _closed
