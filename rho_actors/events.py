@@ -164,27 +164,18 @@ class EventBus:
         from the activation list is kept in that cache under this module's name, as
         ``_log`` keeps it (read in its order: the cache first, then the list; loguru's
         ``enable``/``disable`` update what the cache holds): asked twice a call, the list
-        is walked once. One frame, inline."""
+        is walked once (:func:`logs_at`). One frame, inline, once the cache has the answer."""
         if self._call_subscribers > 0:
             return True
+        level = _WARNING if kind == "timed_out" else _DEBUG
         core: Any = getattr(logger, "_core", None)
-        try:
-            if (_WARNING if kind == "timed_out" else _DEBUG) < core.min_level:
+        try:  # logs_at's first looks, inline: the cache answers every call but the first
+            if level < core.min_level:
                 return False
-            cache = core.enabled
-            enabled = cache.get(__name__)
-            if enabled is not None:
-                return bool(enabled)
-            dotted = __name__ + "."
-            enabled = True
-            for prefix, status in core.activation_list:  # most specific first, as loguru keeps it
-                if dotted[: len(prefix)] == prefix:
-                    enabled = bool(status)
-                    break
-            cache[__name__] = enabled
-            return enabled
+            enabled = core.enabled.get(__name__)
         except (AttributeError, TypeError):
             return True
+        return bool(enabled) if enabled is not None else logs_at(level, __name__)
 
     def emit(self, event: Event) -> None:
         """Log ``event`` and give it to every subscriber that takes it (a raising one is logged)."""

@@ -48,7 +48,10 @@ from rho_actors.sandbox import Waiter
 from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ErrorKind, ToolResult
 
-__all__ = ["AT_DEADLINE", "Answer", "CallActor", "CallSpec", "RunCall", "call_failure", "drive", "in_span", "run_here"]
+__all__ = [
+    "AT_DEADLINE", "Answer", "CallActor", "CallSpec", "RunCall", "SettleOnce", "call_failure", "drive", "in_span",
+    "run_here",
+]
 
 AT_DEADLINE = frozenset({ErrorKind.TIMEOUT, ErrorKind.MEMORY, ErrorKind.UNAVAILABLE})
 """Results a deadline may give itself, kept when settled at the deadline: a worker pool's
@@ -95,7 +98,75 @@ class CallSpec:
     waiter: Waiter | None = None
 
 
-class Answer:
+class SettleOnce:
+    """The settle-once answer's shared part (:class:`Answer`, and a ``thread`` call's own
+    answer in :mod:`rho_actors.isolation.thread`): a claim is one atomic ``list.pop``
+    (safe from any thread); the claimer hands the call's answer to ``spec.reply``
+    (:meth:`deliver`); every later result is handed on after it, from the thread that has
+    it (``late``). The subclass keeps ``spec``, ``_claim`` (``[None]`` while free),
+    ``_late`` (``None`` until the first late result) and ``_delivered``."""
+
+    __slots__ = ()
+
+    spec: CallSpec | None  # kept while a claim may still deliver
+    _claim: list[None]
+    _late: list[ToolResult] | None
+    _delivered: bool
+
+    def claim(self) -> bool:
+        """Take the answer (its result is then the caller's to :meth:`deliver`); returns
+        whether it was free."""
+        try:
+            self._claim.pop()
+        except IndexError:
+            return False
+        return True
+
+    def timeout(self, consequence: str = CANCELLED) -> ToolResult:
+        """The call's ``timeout`` result, its duration counted until now."""
+        spec = self.spec
+        assert spec is not None  # read before it is let go (a claim keeps it)
+        return failure("timeout", spec.call_id, spec.name, (time.monotonic() - spec.dispatched) * 1000,
+                       timeout_ms=spec.timeout_ms, consequence=consequence)
+
+    def deliver(self, result: ToolResult) -> None:
+        """Hand the answer of a :meth:`claim` to ``spec.reply``, then any late result
+        that came meanwhile. Raises what ``reply`` raises (the late ones are handed on)."""
+        spec = self.spec
+        assert spec is not None  # a claim keeps it
+        try:
+            spec.reply(result)
+        finally:
+            self._delivered = True  # type: ignore[misc]  # a subclass's slot (two slotted bases cannot share)
+            if self._late:  # else the usual case; one handed on later sees ``_delivered`` and drains it
+                self._drain()
+
+    def _hand_late(self, result: ToolResult) -> None:
+        late = self._late
+        if late is None:
+            with LATE_LOCK:  # two late results from two threads: one list
+                late = self._late
+                if late is None:
+                    late = self._late = []  # type: ignore[misc]  # a subclass's slot, as above
+        late.append(result)
+        if self._delivered:  # else the delivering thread drains it (it reads the flag after its reply)
+            self._drain()
+
+    def _drain(self) -> None:
+        late, spec = self._late, self.spec
+        assert late is not None and spec is not None  # late results come after a claim, which keeps spec
+        while True:
+            try:
+                result = late.pop(0)
+            except IndexError:
+                return
+            try:
+                spec.reply(result)
+            except Exception:
+                logger.exception("reply of a late result of call {} failed", spec.call_id)
+
+
+class Answer(SettleOnce):
     """A call's settle-once slot: the first result settled is the call's answer, handed
     to ``spec.reply``; every later one is handed to it too, after the first (the loop
     reports it ``late``). The deadline decides: a result settled at or past
@@ -111,7 +182,7 @@ class Answer:
     __slots__ = ("_claim", "_delivered", "_late", "spec", "timer")
 
     def __init__(self, spec: CallSpec) -> None:
-        self.spec = spec
+        self.spec: CallSpec = spec
         self.timer: Timer | None = None
         self._claim: list[None] = [None]
         self._late: list[ToolResult] | None = None  # made by the first late result (most calls have none)
@@ -121,15 +192,6 @@ class Answer:
     def settled(self) -> bool:
         """Whether the slot is taken (its answer may still be on its way)."""
         return not self._claim
-
-    def claim(self) -> bool:
-        """Take the slot (its answer is then the caller's to :meth:`deliver`); returns
-        whether it was free."""
-        try:
-            self._claim.pop()
-        except IndexError:
-            return False
-        return True
 
     def settle(self, result: ToolResult) -> bool:
         """Settle the call with ``result`` (from the thread that has it): returns whether
@@ -170,46 +232,6 @@ class Answer:
             if due:
                 service.run_due(now)
         return won
-
-    def timeout(self, consequence: str = CANCELLED) -> ToolResult:
-        """The call's ``timeout`` result, its duration counted until now."""
-        spec = self.spec
-        return failure("timeout", spec.call_id, spec.name, (time.monotonic() - spec.dispatched) * 1000,
-                       timeout_ms=spec.timeout_ms, consequence=consequence)
-
-    def deliver(self, result: ToolResult) -> None:
-        """Hand the answer of a :meth:`claim` to ``spec.reply``, then any late result
-        that came meanwhile. Raises what ``reply`` raises (the late ones are handed on)."""
-        try:
-            self.spec.reply(result)
-        finally:
-            self._delivered = True
-            if self._late:  # else the usual case; one handed on later sees ``_delivered`` and drains it
-                self._drain()
-
-    def _hand_late(self, result: ToolResult) -> None:
-        late = self._late
-        if late is None:
-            with LATE_LOCK:  # two late results from two threads: one list
-                late = self._late
-                if late is None:
-                    late = self._late = []
-        late.append(result)
-        if self._delivered:  # else the delivering thread drains it (it reads the flag after its reply)
-            self._drain()
-
-    def _drain(self) -> None:
-        late = self._late
-        assert late is not None  # drained only once a late result made it
-        while True:
-            try:
-                result = late.pop(0)
-            except IndexError:
-                return
-            try:
-                self.spec.reply(result)
-            except Exception:
-                logger.exception("reply of a late result of call {} failed", self.spec.call_id)
 
 
 @dataclass(frozen=True, slots=True)

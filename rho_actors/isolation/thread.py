@@ -34,7 +34,7 @@ from loguru import logger
 
 from rho_actors.events import IsolationEvent
 from rho_actors.isolation.base import Isolation, IsolationServices
-from rho_actors.isolation.call import AT_DEADLINE, LATE_LOCK, CallSpec, call_failure, drive, in_span
+from rho_actors.isolation.call import AT_DEADLINE, CallSpec, SettleOnce, call_failure, drive, in_span
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timer
 from rho_actors.results import CANCELLED, DISCARDED, failure, result_from_return
@@ -114,7 +114,7 @@ class AbandonedThreads:
             return dict(self.by_session)
 
 
-class _Running(Timer):
+class _Running(Timer, SettleOnce):
     """A thread call, as one object (PROFILE §43): its deadline timer (its own entry in
     the system's timer heap), its settle-once answer (what
     :class:`~rho_actors.isolation.call.Answer` is to the other isolations, specialised
@@ -161,21 +161,6 @@ class _Running(Timer):
 
     # --- the answer ---------------------------------------------------------------------
 
-    def claim(self) -> bool:
-        """Take the answer (its result is then the caller's to :meth:`deliver`); whether it was free."""
-        try:
-            self._claim.pop()
-        except IndexError:
-            return False
-        return True
-
-    def timeout(self, consequence: str = CANCELLED) -> ToolResult:
-        """The call's ``timeout`` result, its duration counted until now."""
-        spec = self.spec
-        assert spec is not None  # read before it is let go (a claim keeps it)
-        return failure("timeout", spec.call_id, spec.name, (time.monotonic() - spec.dispatched) * 1000,
-                       timeout_ms=spec.timeout_ms, consequence=consequence)
-
     def settle(self, result: ToolResult) -> None:
         """Settle the call with ``result`` (from its call thread): its answer (replaced by the
         ``timeout`` result past the deadline), or handed on as late."""
@@ -216,42 +201,6 @@ class _Running(Timer):
                 due = False
             if due:
                 service.run_due(now)
-
-    def deliver(self, result: ToolResult) -> None:
-        """Hand the answer of a :meth:`claim` to ``spec.reply``, then any late result that
-        came meanwhile. Raises what ``reply`` raises (the late ones are handed on)."""
-        spec = self.spec
-        assert spec is not None  # a claim keeps it
-        try:
-            spec.reply(result)
-        finally:
-            self._delivered = True
-            if self._late:
-                self._drain()
-
-    def _hand_late(self, result: ToolResult) -> None:
-        late = self._late
-        if late is None:
-            with LATE_LOCK:  # two late results from two threads: one list
-                late = self._late
-                if late is None:
-                    late = self._late = []
-        late.append(result)
-        if self._delivered:  # else the delivering thread drains it (it reads the flag after its reply)
-            self._drain()
-
-    def _drain(self) -> None:
-        late, spec = self._late, self.spec
-        assert late is not None and spec is not None  # late results come after a deadline's claim: kept
-        while True:
-            try:
-                result = late.pop(0)
-            except IndexError:
-                return
-            try:
-                spec.reply(result)
-            except Exception:
-                logger.exception("reply of a late result of call {} failed", spec.call_id)
 
     # --- the call thread's job ------------------------------------------------------------
 
