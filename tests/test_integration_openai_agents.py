@@ -17,6 +17,7 @@ pytest.importorskip("agents")
 from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, RunHooks, Runner, function_tool
 from agents.items import ModelResponse
 from agents.models.interface import Model
+from agents.tool import default_tool_error_function
 from agents.tool_context import ToolContext
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
@@ -185,7 +186,8 @@ def test_an_sdk_tool_registered_in_rho_is_the_sdks_own_with_its_calls_run_throug
         return asyncio.run(invoked())
 
     assert call("c1", '{"name": "bob"}') == "hello bob from ann!"  # a default left out, as the SDK allows
-    sdk_words = "An error occurred while running the tool. Please try again."  # its default failure_error_function
+    sdk_words = default_tool_error_function(RunContextWrapper({}), ValueError("any"))  # the SDK's own words (its
+    # default failure_error_function: they change between releases, 0.25 dropped "Please try again.")
     assert call("c2", '{"name": ') == sdk_words  # JSON it cannot parse
     assert call("c3", "{}") == sdk_words  # arguments rho's check refuses: the SDK's ModelBehaviorError
     assert "c1" in seen  # run as a rho call
