@@ -9,6 +9,11 @@ whole ``timeout_s`` for it) and its deadline armed: at the deadline the call was
 an abandoned thread that never returns, so after ``abandoned_threads_per_tool`` such
 interrupts the tool was refused ``unavailable`` in its session for good.
 
+The same kind, a tool's text reaching the SDK's JSON writer: a progress message with a
+lone surrogate, or ``client_of(ctx).log`` data with one, killed the served HTTP stream
+(the call's result never reached its client: 60 s measured); a NaN or infinite progress
+went out as ``"progress": null``, which the client refused as invalid.
+
 What held (measured, not kept as tests): tools raising ``SystemExit``,
 ``KeyboardInterrupt``, ``GeneratorExit`` or a custom ``BaseException`` (one ``exited``
 result each); a result whose ``__eq__``/``__hash__``/``__repr__``/``__str__``/``__del__``
@@ -24,6 +29,7 @@ after the result or the client's disconnect (see the tests below).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -156,3 +162,33 @@ def test_a_progress_report_is_valid_json_text_or_dropped() -> None:
     assert got[0].message == "\ufffd lone" and got[1].message == "\ufffd made by __str__"
     last = got[2].message
     assert last is not None and last.startswith("\U0001f600 \ufffd") and last.endswith("...")
+
+
+def test_a_served_tools_log_is_valid_json_text() -> None:
+    """Before: ``client_of(ctx).log("info", "\\ud800 ...")`` handed the lone surrogate to
+    the SDK, whose JSON writer raised in the served HTTP stream's sender: the stream
+    died, the call's result with it (the client waited for ever: 60 s measured)."""
+    from rho_actors.mcp.client_requests import Bound, MCPClient
+
+    sent: list[tuple[Any, ...]] = []
+
+    class Session:
+        def send_log_message(self, *args: Any, **kwargs: Any) -> Any:
+            sent.append(args)
+            return asyncio.sleep(0)
+
+    aloop = asyncio.new_event_loop()
+    thread = threading.Thread(target=aloop.run_forever, daemon=True)
+    thread.start()
+    try:
+        client = MCPClient(Bound(aloop, Session(), 1, {}), time.monotonic() + WAIT_S)
+        assert client.log("info", {"\ud800k": ["a\udfff", 1.5, {"n": "\U0001f600"}]}, "log\ud800ger")
+        assert client.log("info", "plain")
+        assert sent == [("info", {"\ufffdk": ["a\ufffd", 1.5, {"n": "\U0001f600"}]}, "log\ufffdger"),
+                        ("info", "plain", None)]
+        with pytest.raises(ValueError, match="both become"):
+            client.log("info", dict([("a\ud800", 1), ("a\udc00", 2)]))  # neither value lost without a word
+    finally:
+        aloop.call_soon_threadsafe(aloop.stop)
+        thread.join(WAIT_S)
+        aloop.close()

@@ -50,6 +50,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.shared.message import ServerMessageMetadata
 from pydantic import BaseModel, ValidationError
 
+from rho_actors.encoding import scrub_strings, scrub_text
 from rho_actors.errors import RhoError
 
 __all__ = ["LOG_LEVELS", "ClientRequestError", "InputRequired", "MCPClient", "client_of"]
@@ -158,11 +159,13 @@ class MCPClient:
 
     def log(self, level: str, data: Any, logger: str | None = None, *, wait: bool = True) -> bool:
         """Send ``notifications/message`` (``level`` one of :data:`LOG_LEVELS`; ``data``
-        any JSON value) on the call's stream, unless the client's ``logging/setLevel``
-        asked for a more severe level. Returns whether it was sent (``wait=False``:
-        handed to the server's loop, not waited for: from an asyncio loop's thread).
-        Raises ``ValueError`` for an unknown level, :class:`ClientRequestError` when
-        the connection has closed."""
+        any JSON value, its strings' lone surrogates replaced, as ``logger``'s: one
+        reaching the SDK's JSON writer ended the served stream, the call's result with it)
+        on the call's stream, unless the client's ``logging/setLevel`` asked for a more
+        severe level. Returns whether it was sent (``wait=False``: handed to the server's
+        loop, not waited for: from an asyncio loop's thread). Raises ``ValueError`` for an
+        unknown level or two keys of a dict that become one once scrubbed,
+        :class:`ClientRequestError` when the connection has closed."""
         if level not in LOG_LEVELS:
             raise ValueError(f"log level {level!r} is not one of {', '.join(LOG_LEVELS)}")
         bound = self._bound
@@ -171,6 +174,8 @@ class MCPClient:
             return False
         if bound.modern and level not in allowed_log_levels(bound.session.protocol_version, bound.level):
             return False  # 2026-07-28: only what the request's _meta logLevel opted in to
+        data = scrub_strings(data)
+        logger = None if logger is None else scrub_text(logger)
         with warnings.catch_warnings():  # logging is deprecated from 2026-07-28 on; clients of today use it
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             sending = bound.session.send_log_message(level, data, logger, related_request_id=bound.request_id)
