@@ -10,7 +10,7 @@ an abandoned thread that never returns, so after ``abandoned_threads_per_tool`` 
 interrupts the tool was refused ``unavailable`` in its session for good.
 
 The same kind, a tool's text reaching the SDK's JSON writer: a progress message with a
-lone surrogate, or ``client_of(ctx).log`` data with one, killed the served HTTP stream
+lone surrogate, or ``client_of(ctx).log`` data or an ``elicit`` message with one, killed the served HTTP stream
 (the call's result never reached its client: 60 s measured); a NaN or infinite progress
 went out as ``"progress": null``, which the client refused as invalid.
 
@@ -164,18 +164,30 @@ def test_a_progress_report_is_valid_json_text_or_dropped() -> None:
     assert last is not None and last.startswith("\U0001f600 \ufffd") and last.endswith("...")
 
 
-def test_a_served_tools_log_is_valid_json_text() -> None:
-    """Before: ``client_of(ctx).log("info", "\\ud800 ...")`` handed the lone surrogate to
-    the SDK, whose JSON writer raised in the served HTTP stream's sender: the stream
-    died, the call's result with it (the client waited for ever: 60 s measured)."""
+def test_what_a_served_tool_sends_its_client_is_valid_json_text() -> None:
+    """Before: ``client_of(ctx).log("info", "\\ud800 ...")`` (or an ``elicit`` message, any
+    question ``ask`` sends) handed the lone surrogate to the SDK, whose JSON writer raised
+    in the served HTTP stream's sender: the stream died, the call's result with it (the
+    client waited for ever: 60 s measured)."""
+    from mcp_types import ElicitResult
+
     from rho_actors.mcp.client_requests import Bound, MCPClient
 
     sent: list[tuple[Any, ...]] = []
+    asked: list[Any] = []
 
     class Session:
         def send_log_message(self, *args: Any, **kwargs: Any) -> Any:
             sent.append(args)
             return asyncio.sleep(0)
+
+        def check_client_capability(self, capability: Any) -> bool:
+            return True
+
+        async def send_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            request.model_dump_json()  # what the SDK's writer does (it raised in the stream's sender)
+            asked.append(request)
+            return ElicitResult(action="decline")
 
     aloop = asyncio.new_event_loop()
     thread = threading.Thread(target=aloop.run_forever, daemon=True)
@@ -188,6 +200,11 @@ def test_a_served_tools_log_is_valid_json_text() -> None:
                         ("info", "plain", None)]
         with pytest.raises(ValueError, match="both become"):
             client.log("info", dict([("a\ud800", 1), ("a\udc00", 2)]))  # neither value lost without a word
+        schema = {"type": "object", "properties": {"a\ud800": {"type": "string", "title": "\udfff"}}}
+        assert client.elicit("pick \ud800", schema, key="k\ud800") == ("decline", {})
+        [request] = asked
+        assert request.params.message == "pick \ufffd"
+        assert request.params.requested_schema["properties"] == {"a\ufffd": {"type": "string", "title": "\ufffd"}}
     finally:
         aloop.call_soon_threadsafe(aloop.stop)
         thread.join(WAIT_S)

@@ -49,6 +49,7 @@ from mcp.server.connection import allowed_log_levels
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.shared.message import ServerMessageMetadata
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from rho_actors.encoding import scrub_strings, scrub_text
 from rho_actors.errors import RhoError
@@ -118,6 +119,26 @@ def client_of(ctx: Mapping[str, Any]) -> MCPClient | None:
         return None
     deadline = ctx.get("deadline")
     return MCPClient(bound, float(deadline) if isinstance(deadline, (int, float)) else time.monotonic() + 30.0)
+
+
+def _sendable(requests: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``requests`` (key -> an SDK request) as valid JSON text: as they are unless a key or
+    a request holds a lone surrogate, else a copy with each replaced (U+FFFD; the request
+    made again from its scrubbed wire form). Raises ``ValueError`` when two keys become one."""
+    clean: dict[str, Any] = {}
+    for key, asked in requests.items():
+        name = scrub_text(key) if isinstance(key, str) else key
+        if name in clean:
+            raise ValueError(f"the question keys {key!r} and another both become {name!r} once scrubbed")
+        request = asked
+        if isinstance(asked, BaseModel):
+            try:
+                asked.model_dump_json(by_alias=True, exclude_none=True)
+            except PydanticSerializationError:  # a lone surrogate (or another value JSON cannot hold)
+                wire = scrub_strings(asked.model_dump(mode="python", by_alias=True, exclude_none=True))
+                request = type(asked).model_validate(wire)
+        clean[name] = request
+    return clean
 
 
 class MCPClient:
@@ -240,9 +261,13 @@ class MCPClient:
         (``types.ElicitRequest``, ``CreateMessageRequest``, ``ListRootsRequest``); returns
         ``{key: its result}`` (of ``result_type`` when given, else the result type of its
         method). On 2026-07-28 the unanswered ones go to the client together, in one
-        ``input_required`` result. Raises :class:`ClientRequestError` (``InputRequired``)."""
+        ``input_required`` result. A request or key with a lone surrogate is sent with it
+        replaced (one reaching the SDK's JSON writer ended the served stream, the call's
+        result with it). Raises :class:`ClientRequestError` (``InputRequired``), and
+        ``ValueError`` when two keys become one so."""
         bound = self._bound
         answers: dict[str, Any] = {}
+        requests = _sendable(requests)
         if bound.task_input is not None:  # a task: it waits (input_required) for the answers of tasks/update
             return self._task_answers(requests, result_type)
         for key, request in requests.items():
