@@ -19,12 +19,15 @@ Example::
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 from loguru import logger
+
+from rho_actors.encoding import scrub_text
 
 if TYPE_CHECKING:
     from rho_actors.tool import ToolCall, ToolResult
@@ -94,7 +97,8 @@ class IsolationEvent:
 class ProgressEvent:
     """A running call's report through ``ctx["progress"](done, total, message)``:
     ``done`` so far out of ``total`` (``None`` when unknown), in the tool's own units.
-    ``message`` is at most :data:`MAX_PROGRESS_MESSAGE_CHARS` characters.
+    ``done`` and ``total`` are finite; ``message`` is valid UTF-8 text of at most
+    :data:`MAX_PROGRESS_MESSAGE_CHARS` characters.
     Its ``kind`` is always ``"progress"``."""
 
     kind: ClassVar[str] = "progress"
@@ -289,12 +293,21 @@ def report_progress(
 ) -> None:
     """A call's ``ctx["progress"](done, total=None, message=None)`` (the first four bound
     by ``functools.partial``): emits a :class:`ProgressEvent` (its message cut to
-    :data:`MAX_PROGRESS_MESSAGE_CHARS`); a bad report is dropped."""
+    :data:`MAX_PROGRESS_MESSAGE_CHARS`, then its lone surrogates replaced: valid UTF-8,
+    as every string an SDK sends); a bad report is dropped, one whose ``done`` or
+    ``total`` is not a finite number included (JSON has no NaN or infinity: an MCP
+    client would get ``null``, an invalid notification)."""
     try:
+        done_f = float(done)
         total_f = None if total is None else float(total)
-        note = None if message is None else str(message)
-        if note is not None and len(note) > MAX_PROGRESS_MESSAGE_CHARS:
-            note = note[:MAX_PROGRESS_MESSAGE_CHARS - 3] + "..."
-        events.emit(ProgressEvent(session_id, call_id, tool, float(done), total_f, note))
+        if not math.isfinite(done_f) or (total_f is not None and not math.isfinite(total_f)):
+            raise ValueError(f"progress {done_f} of {total_f}: not finite")
+        note = None if message is None else str.__str__(str(message))  # an exact str (a subclass's methods unread)
+        if note is not None:
+            if len(note) > MAX_PROGRESS_MESSAGE_CHARS:
+                note = note[:MAX_PROGRESS_MESSAGE_CHARS - 3] + "..."
+            if not note.isascii():  # ASCII holds no surrogate: nothing to scrub
+                note = scrub_text(note)
+        events.emit(ProgressEvent(session_id, call_id, tool, done_f, total_f, note))
     except Exception:
         logger.debug("call {}: a bad progress report was dropped", call_id)

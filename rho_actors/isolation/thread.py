@@ -133,7 +133,7 @@ class _Running(Timer, SettleOnce):
     has won (or the call was refused, or not started), ``spec`` is let go: a disarmed timer
     stays in the heap until its instant, holding nothing of the call's."""
 
-    __slots__ = ("_claim", "_delivered", "_late", "isolation", "spec")
+    __slots__ = ("_claim", "_delivered", "_late", "_start", "isolation", "spec")
 
     fire_anywhere = True  # whichever thread first sees the deadline passed claims the timeout
 
@@ -142,6 +142,7 @@ class _Running(Timer, SettleOnce):
         self.isolation = isolation
         self.spec: CallSpec | None = spec
         self._claim: list[None] = [None]
+        self._start: list[None] = [None]  # taken by the call thread as it begins, or by a start that failed
         self._late: list[ToolResult] | None = None  # made by the first late result (most calls have none)
         self._delivered = False
 
@@ -212,7 +213,12 @@ class _Running(Timer, SettleOnce):
         takes over this thread once this returns). Never raises (a failed reply is logged).
         :func:`~rho_actors.isolation.call.run_on_call_thread`, inline: one frame."""
         spec, isolation = self.spec, self.isolation
-        if spec is None:  # not started after all (its start raised): nothing to run
+        try:  # begun: a start failing from now on leaves the call to this thread (one atomic pop)
+            self._start.pop()
+        except IndexError:  # not started after all (its start raised): nothing to run, nothing counted
+            return
+        if spec is None:  # (never: only this thread or a failed start lets it go once started; counted all the same)
+            isolation._ended()
             return
         if spec.on_start is not None:
             try:
@@ -315,32 +321,53 @@ class ThreadIsolation(Isolation):
                 self._refuse(call, session, reason)
                 running.spec = None  # answered: nothing to cancel
                 return running
-        timers = s.timers
-        waiter = call.waiter  # the starting thread waits for this call alone (run_turn): it may keep the deadline
-        if waiter is None or not waiter.keep(running, timers):
-            try:
-                timers.schedule(running)
-            except RuntimeError:  # the timers are stopped: the system is stopping
-                raise pykka.ActorDeadError("the system is stopping") from None
-        heap = timers._heap
-        try:  # timers.run_due's first look, inline (no frame when nothing is due, the usual case)
-            due = bool(heap) and heap[0][0] <= call.dispatched  # an empty heap raises nothing (no deadline kept there)
-        except IndexError:  # emptied just now by another thread
-            due = False
-        if due:  # passed deadlines of other calls: fired while this thread runs
-            timers.run_due(call.dispatched)
-        self._live.append(None)
-        # the hand-off last: the call thread, woken by it, finds little left before this thread waits
+        self._live.append(None)  # counted running from here: until its call thread, or its failed start, ends it
         try:
-            # the call is its thread's job; one run_turn waits for alone goes straight to an idle thread
-            self._pool.submit(running, _CALL_THREAD, may_take_over=True, alone=waiter is not None)
-        except RuntimeError as exc:  # no thread could be started (the host at its thread limit): not started
-            if running.claim():  # else its deadline passed meanwhile and answered it
-                running.cancel()
-                running.spec = None
-            self._ended()
-            raise pykka.ActorDeadError(f"no thread could be started for the call ({exc})") from None
+            timers = s.timers
+            waiter = call.waiter  # the starting thread waits for this call alone (run_turn): it may keep the deadline
+            if waiter is None or not waiter.keep(running, timers):
+                try:
+                    timers.schedule(running)
+                except RuntimeError:  # the timers are stopped: the system is stopping
+                    raise pykka.ActorDeadError("the system is stopping") from None
+            heap = timers._heap
+            try:  # timers.run_due's first look, inline (no frame when nothing is due, the usual case)
+                due = bool(heap) and heap[0][0] <= call.dispatched  # an empty heap raises nothing (none kept there)
+            except IndexError:  # emptied just now by another thread
+                due = False
+            if due:  # passed deadlines of other calls: fired while this thread runs
+                timers.run_due(call.dispatched)
+            # the hand-off last: the call thread, woken by it, finds little left before this thread waits
+            try:
+                # the call is its thread's job; one run_turn waits for alone goes straight to an idle thread
+                self._pool.submit(running, _CALL_THREAD, may_take_over=True, alone=waiter is not None)
+            except RuntimeError as exc:  # no thread could be started (the host at its thread limit): not started
+                raise pykka.ActorDeadError(f"no thread could be started for the call ({exc})") from None
+        except BaseException:  # not started (as above), or an interrupt (a signal handler's) in the host's thread
+            self._not_started(running)  # while it armed the deadline or as the pool started a thread for the job
+            raise
         return running
+
+    def _not_started(self, running: _Running) -> None:
+        """:meth:`start` failed once ``running`` was counted: unless its call thread began
+        the job already (the pool may have queued it, or handed it to a thread, before an
+        interrupt: then the call runs, and ends, as any), it is never run, even if the
+        pool runs the job later: not counted running, its deadline disarmed, its token
+        finished (a deadline that claimed it meanwhile abandoned no thread), and no answer
+        given here (the failure raised tells its turn, which answers it)."""
+        try:
+            running._start.pop()  # taken from the call thread: it returns at once if it ever runs the job
+        except IndexError:  # begun: the call thread counts it ended, and answers it
+            return
+        spec = running.spec
+        assert spec is not None  # let go only by its call thread, which did not begin
+        if running.claim():  # else its deadline passed meanwhile and answered it
+            running.cancel()
+            running.spec = None
+        self._ended()
+        abandoned = spec.cancel.finish(self)  # given up on by its deadline meanwhile: no thread to wait for
+        if abandoned is not None:
+            self._abandoned_returned(spec, abandoned)
 
     def _refuse(self, call: CallSpec, session: str, reason: dict[str, Any]) -> None:
         self._refused += 1
@@ -435,20 +462,24 @@ class ThreadIsolation(Isolation):
         finally:
             abandoned = call.cancel.finish(self)  # why it was given up on (not a reason the tool set itself)
             if abandoned is not None:
-                if abandoned != "stopping":
-                    self._forget(-1)
-                session = _session(call)
-                left = self.abandoned.returned(call.name, session)
-                logger.info("abandoned call {} of tool {} returned; its result is late", call.call_id, call.name)
+                self._abandoned_returned(call, abandoned)
+
+    def _abandoned_returned(self, call: CallSpec, abandoned: str) -> None:
+        """``call``'s thread, given up on for ``abandoned`` (a reason), returned (or never began)."""
+        if abandoned != "stopping":
+            self._forget(-1)
+        session = _session(call)
+        left = self.abandoned.returned(call.name, session)
+        logger.info("abandoned call {} of tool {} returned; its result is late", call.call_id, call.name)
+        with self._exhausted_lock:
+            refused = [k for k in self._exhausted if k[0] == session]  # every tool refused in it
+        for key in refused:
+            if self._exhausted_reason(key[1], session) is None:
                 with self._exhausted_lock:
-                    refused = [k for k in self._exhausted if k[0] == session]  # every tool refused in it
-                for key in refused:
-                    if self._exhausted_reason(key[1], session) is None:
-                        with self._exhausted_lock:
-                            present = key in self._exhausted
-                            self._exhausted.discard(key)
-                        if present:
-                            self._emit("threads_recovered", key[1], f"{left} abandoned threads left")
+                    present = key in self._exhausted
+                    self._exhausted.discard(key)
+                if present:
+                    self._emit("threads_recovered", key[1], f"{left} abandoned threads left")
 
     def give_up(self, call: CallSpec, reason: str) -> bool:
         """Cancel a call; if its thread is still running, it is abandoned (and, at the

@@ -49,7 +49,9 @@ from mcp.server.connection import allowed_log_levels
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.shared.message import ServerMessageMetadata
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
+from rho_actors.encoding import scrub_strings, scrub_text
 from rho_actors.errors import RhoError
 
 __all__ = ["LOG_LEVELS", "ClientRequestError", "InputRequired", "MCPClient", "client_of"]
@@ -119,6 +121,26 @@ def client_of(ctx: Mapping[str, Any]) -> MCPClient | None:
     return MCPClient(bound, float(deadline) if isinstance(deadline, (int, float)) else time.monotonic() + 30.0)
 
 
+def _sendable(requests: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``requests`` (key -> an SDK request) as valid JSON text: as they are unless a key or
+    a request holds a lone surrogate, else a copy with each replaced (U+FFFD; the request
+    made again from its scrubbed wire form). Raises ``ValueError`` when two keys become one."""
+    clean: dict[str, Any] = {}
+    for key, asked in requests.items():
+        name = scrub_text(key) if isinstance(key, str) else key
+        if name in clean:
+            raise ValueError(f"the question keys {key!r} and another both become {name!r} once scrubbed")
+        request = asked
+        if isinstance(asked, BaseModel):
+            try:
+                asked.model_dump_json(by_alias=True, exclude_none=True)
+            except PydanticSerializationError:  # a lone surrogate (or another value JSON cannot hold)
+                wire = scrub_strings(asked.model_dump(mode="python", by_alias=True, exclude_none=True))
+                request = type(asked).model_validate(wire)
+        clean[name] = request
+    return clean
+
+
 class MCPClient:
     """The client of one served call (from :func:`client_of`); see the module doc."""
 
@@ -158,11 +180,13 @@ class MCPClient:
 
     def log(self, level: str, data: Any, logger: str | None = None, *, wait: bool = True) -> bool:
         """Send ``notifications/message`` (``level`` one of :data:`LOG_LEVELS`; ``data``
-        any JSON value) on the call's stream, unless the client's ``logging/setLevel``
-        asked for a more severe level. Returns whether it was sent (``wait=False``:
-        handed to the server's loop, not waited for: from an asyncio loop's thread).
-        Raises ``ValueError`` for an unknown level, :class:`ClientRequestError` when
-        the connection has closed."""
+        any JSON value, its strings' lone surrogates replaced, as ``logger``'s: one
+        reaching the SDK's JSON writer ended the served stream, the call's result with it)
+        on the call's stream, unless the client's ``logging/setLevel`` asked for a more
+        severe level. Returns whether it was sent (``wait=False``: handed to the server's
+        loop, not waited for: from an asyncio loop's thread). Raises ``ValueError`` for an
+        unknown level or two keys of a dict that become one once scrubbed,
+        :class:`ClientRequestError` when the connection has closed."""
         if level not in LOG_LEVELS:
             raise ValueError(f"log level {level!r} is not one of {', '.join(LOG_LEVELS)}")
         bound = self._bound
@@ -171,6 +195,8 @@ class MCPClient:
             return False
         if bound.modern and level not in allowed_log_levels(bound.session.protocol_version, bound.level):
             return False  # 2026-07-28: only what the request's _meta logLevel opted in to
+        data = scrub_strings(data)
+        logger = None if logger is None else scrub_text(logger)
         with warnings.catch_warnings():  # logging is deprecated from 2026-07-28 on; clients of today use it
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             sending = bound.session.send_log_message(level, data, logger, related_request_id=bound.request_id)
@@ -235,9 +261,13 @@ class MCPClient:
         (``types.ElicitRequest``, ``CreateMessageRequest``, ``ListRootsRequest``); returns
         ``{key: its result}`` (of ``result_type`` when given, else the result type of its
         method). On 2026-07-28 the unanswered ones go to the client together, in one
-        ``input_required`` result. Raises :class:`ClientRequestError` (``InputRequired``)."""
+        ``input_required`` result. A request or key with a lone surrogate is sent with it
+        replaced (one reaching the SDK's JSON writer ended the served stream, the call's
+        result with it). Raises :class:`ClientRequestError` (``InputRequired``), and
+        ``ValueError`` when two keys become one so."""
         bound = self._bound
         answers: dict[str, Any] = {}
+        requests = _sendable(requests)
         if bound.task_input is not None:  # a task: it waits (input_required) for the answers of tasks/update
             return self._task_answers(requests, result_type)
         for key, request in requests.items():
