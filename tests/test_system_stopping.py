@@ -34,7 +34,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.timeout(3 * WAIT_S)
 
 
-@tool
+@tool(timeout_ms=600_000)  # the stop ends its call, never its deadline (30 s by default: passed under load)
 def nap(seconds: float) -> str:
     """Sleep ``seconds``."""
     time.sleep(seconds)
