@@ -41,7 +41,8 @@ class StopOnce:
 
     def run(self, stop: Callable[[], None]) -> None:
         """``stop()`` unless a run of it ended; a caller arriving while it runs in another
-        thread waits for it to end (it is bounded by that caller's own bounds)."""
+        thread waits for it to end: as long as that run takes, which its own ``timeout_s``
+        bounds (the waiting caller's ``timeout_s`` does not shorten it)."""
         with self._lock:
             if self._ended:
                 return
