@@ -359,6 +359,13 @@ def _retire_by_the_keeper(p: WorkerPool) -> Any:
     return worker
 
 
+def _assert_replaced_and_serving(p: Any, retired_pid: int) -> None:
+    """The pool's keeper lived on: a new worker replaced the retired one and serves a call."""
+    assert p.wait_warm(WAIT_S) and p.pids() != [retired_pid], "no worker replaced the retired one"
+    assert p._keeper.is_alive()
+    assert p.run_call(a_call({"text": "after"}, "c1")).content == "after"
+
+
 def test_a_close_whose_step_raises_runs_every_later_step_and_the_keeper_goes_on(logs: list[str]) -> None:
     """A worker's pipe that fails to close: its cgroup, folder and slot are still given
     back (under a cap of one worker, a slot kept would leave no place for any other), the
@@ -370,9 +377,7 @@ def test_a_close_whose_step_raises_runs_every_later_step_and_the_keeper_goes_on(
             worker.channel = cast(Channel, _PipeClosingBadly(worker.channel))
         _retire_by_the_keeper(p)
         assert worker.wait_closed(WAIT_S), "the keeper did not retire the worker"
-        assert p.wait_warm(WAIT_S) and p.pids() != [worker.pid], "no worker replaced the retired one"
-        assert p._keeper.is_alive()
-        assert p.run_call(a_call({"text": "after"}, "c1")).content == "after"
+        _assert_replaced_and_serving(p, worker.pid)
         assert any(f"worker {worker.pid}: closing its pipe failed" in line for line in logs)
     finally:
         p.stop()
@@ -400,9 +405,7 @@ def test_a_retirement_that_raises_still_closes_the_worker_and_the_keeper_goes_on
             target.append(p._idle[0].pid)
         worker = _retire_by_the_keeper(p)
         assert worker.wait_closed(WAIT_S), "the worker was not closed"
-        assert p.wait_warm(WAIT_S) and p.pids() != [worker.pid], "no worker replaced the retired one"
-        assert p._keeper.is_alive()
-        assert p.run_call(a_call({"text": "after"}, "c1")).content == "after"
+        _assert_replaced_and_serving(p, worker.pid)
         assert any(f"retiring worker {worker.pid} failed" in line for line in logs)
     finally:
         p.stop()
