@@ -163,6 +163,50 @@ def wipe_later(path: str) -> str:
     return f"wiped {path} later"
 
 
+@pytest.mark.parametrize("name", ["wipe", "wipe_later"])
+def test_decisions_racing_right_after_a_held_call_is_announced_run_it_once(system: ActorSystem, name: str) -> None:
+    """As soon as ``arun_turn`` answers, two decisions from "other processes" and one in
+    the host race: each finds the call (none is refused "no call waits"), exactly one
+    wins (the others are told it was decided already), and the call runs once (as its
+    task, for a background tool)."""
+    from rho_actors import ApprovalError
+
+    RAN.clear()
+    system.register(wipe)
+    system.register(wipe_later)
+    loop = system.start_loop("s")
+    [held] = asyncio.run(loop.arun_turn([ToolCall("c1", name, '{"path": "/a"}')]))
+    assert held.error_kind is ErrorKind.PENDING_APPROVAL or "pending" in (held.details or {}), held
+    start = threading.Barrier(3)
+    outcomes: list[str] = []
+
+    def race(decision: Any) -> None:
+        start.wait(WAIT_S)
+        try:
+            decision()
+        except ApprovalError as exc:
+            outcomes.append("refused: " + str(exc))
+        else:
+            outcomes.append("won")
+
+    racers = [threading.Thread(target=race, args=(lambda: decide(system.data_dir, "s", "c1", "approved"),)),
+              threading.Thread(target=race, args=(lambda: decide(system.data_dir, "s", "c1", "approved"),)),
+              threading.Thread(target=race, args=(lambda: loop.approve("c1", decided_by="host"),))]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(WAIT_S)
+    assert outcomes.count("won") == 1, outcomes
+    assert all("decided already" in o or "being decided" in o for o in outcomes if o != "won"), outcomes
+    if name == "wipe":
+        assert loop.when_decided("c1").result(WAIT_S).content == "wiped /a"
+    else:
+        [task] = loop.tasks()
+        assert system.task_registry.wait("s", system.data_dir / "sessions" / "s", task.task_id, WAIT_S).status \
+            == "completed"
+    assert RAN == ["/a"] and loop.pending() == []
+
+
 def test_a_stop_while_a_held_call_is_being_recorded_gives_the_turn_its_result_and_keeps_the_call(
         system: ActorSystem, monkeypatch: pytest.MonkeyPatch) -> None:
     """The session's loop stops while an awaited turn's held call is being recorded: the
@@ -195,3 +239,31 @@ def test_a_stop_while_a_held_call_is_being_recorded_gives_the_turn_its_result_an
     assert [p.call_id for p in again.pending()] == ["c1"]
     assert again.approve("c1").content == "wiped /a" and RAN == ["/a"]
 
+
+@pytest.mark.parametrize("name", ["wipe", "wipe_later"])
+def test_an_approval_in_the_host_that_finds_one_from_another_process_acts_on_that_one(
+        system: ActorSystem, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """``rho-actors approve`` wins (its record first) and ``loop.approve`` in the host
+    comes before the host's own look at the transcript found it (forced: no look is
+    made): the host's approval is refused naming the first decision, and the call runs
+    once, as that decision says (before: the refusal also dropped the call from the
+    host's pending ones, so no look ever acted on the decision: it never ran, its waiter
+    and, for a background tool, its task ``input_required`` for good)."""
+    from rho_actors import ApprovalError
+    from rho_actors.loop.approvals import SessionApprovals
+
+    RAN.clear()
+    system.register(wipe)
+    system.register(wipe_later)
+    monkeypatch.setattr(SessionApprovals, "_watch", lambda self: None)  # the host never looks by itself
+    loop = system.start_loop("s")
+    [held] = loop.run_turn([ToolCall("c1", name, '{"path": "/a"}')])
+    decide(system.data_dir, "s", "c1", "approved", decided_by="ann")
+    with pytest.raises(ApprovalError, match="decided already: it was approved by ann"):
+        loop.approve("c1", decided_by="host")
+    if name == "wipe":
+        assert loop.when_decided("c1").result(WAIT_S).content == "wiped /a"
+    else:
+        registry, folder = system.task_registry, system.data_dir / "sessions" / "s"
+        assert registry.wait("s", folder, held.details["task_id"], WAIT_S).status == "completed"
+    assert RAN == ["/a"] and loop.pending() == []

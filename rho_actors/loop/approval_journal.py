@@ -71,6 +71,7 @@ class Held:
     claimed: bool = False  # a decision is being made
     size: int = 0  # its arguments' JSON text, bytes (what MAX_PENDING_ARGUMENT_BYTES counts)
     recorded: threading.Event | None = None  # set once its pending record is written (a turn run directly)
+    elsewhere: CallTrack | None = None  # its claim found it decided in the transcript: acted on once let go
 
 
 
@@ -206,8 +207,11 @@ class ApprovalJournal:
                 return
             if claimed and track.state != "pending":
                 with self._lock:
-                    self._held.pop(held.pending.call_id, None)
-                    self._decided[held.pending.call_id] = first_decision(track)
+                    if track.state == "decided":  # by another process, not acted on yet: once the claim is let
+                        held.elsewhere = track  # go (_unclaim), as the look for decisions would have
+                    else:
+                        self._held.pop(held.pending.call_id, None)
+                        self._decided[held.pending.call_id] = first_decision(track)
                 raise ApprovalError(f"call {held.pending.call_id} of session {self.session_id!r} is decided "
                                     f"already: {first_decision(track)}")
             yield transcript, track

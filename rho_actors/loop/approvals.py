@@ -513,8 +513,14 @@ class SessionApprovals(ApprovalJournal):
             return held
 
     def _unclaim(self, held: Held) -> None:
+        """Let go of ``held``'s claim; one that found it decided by another process
+        meanwhile acts on that decision (on a pool thread): the look for decisions
+        passed it over while it was claimed, and no decision is left unacted on."""
         with self._lock:
             held.claimed = False
+            track, held.elsewhere = held.elsewhere, None
+        if track is not None:
+            self._later(functools.partial(self._act, held, track), "act")
 
     def _decide(self, held: Held, decision: str, decided_by: str | None, *, running: bool = False,
                 first: str | None = None, result: ToolResult | None = None) -> None:
