@@ -60,7 +60,8 @@ class CallEvent:
     for ``started`` and ``queued``; for ``retried``, the failed attempt's); ``duration_ms``
     is milliseconds since the call's start. ``queued``: it waits for a place or a rate
     token, ``retried``: an attempt failed and the next waits its backoff (the governor).
-    A call held for a decision is ``pending`` (``outcome``: ``"approval"`` or ``"external"``),
+    A call held for a decision is ``pending`` (``outcome``: ``"approval"`` or ``"external"``;
+    for a turn run directly, emitted once its ``pending`` record is in the transcript),
     its decision ``decided`` (``outcome``: ``"approved"``, ``"rejected"``, ``"expired"``
     or ``"resolved"``, with `` by <who>`` when known) (DESIGN §4 "Approvals")."""
 

@@ -127,3 +127,80 @@ def test_a_held_call_of_an_mcp_session_that_ends_is_rejected(system: ActorSystem
     assert (decided["decision"], decided["decided_by"], decided["message"]) == (
         "rejected", "rho-actors mcp serve", SESSION_ENDED)
     assert _waiting(data) == []
+
+
+def test_a_held_call_is_announced_to_a_person_and_a_client_only_once_it_is_recorded(
+        system: ActorSystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log line naming ``rho-actors approve`` for a held call, and the task an MCP
+    client is given for a held background call (``input_required``, asking its
+    ``approval``), come only once the call's ``pending`` record is in the transcript: a
+    decision made at once, from another process, finds it. Before: both came as the
+    held call's turn answered, its record written after on a pool thread (forced here:
+    the record waits, briefly, for the announcement), and a decision right then was
+    refused "no call waits for a decision"."""
+    from loguru import logger
+
+    from rho_actors.loop import approval_journal, decisions
+    from rho_actors.loop.decisions import decide
+
+    system.register(wipe)
+    system.register(wipe_later)
+    data = system.data_dir
+    announced = threading.Event()
+    real = decisions.record_held
+
+    def record_held(*args: Any) -> None:
+        announced.wait(1.0)  # a second, not an outcome's bound: after the fix nothing is announced meanwhile
+        real(*args)
+
+    monkeypatch.setattr(approval_journal, "record_held", record_held)
+    logged: list[list[tuple[str, str, str]]] = []
+
+    def sink(message: Any) -> None:
+        logged.append(_waiting(data))  # what the transcript says as the command is logged
+        announced.set()
+
+    logger.enable("rho_actors")
+    sink_id = logger.add(sink, level="INFO", filter=lambda r: "waits for a decision" in r["message"])
+    try:
+        with _served_http(system) as (url, _guard):
+            async def main() -> tuple[types.CallToolResult, list[tuple[str, str, str]], str]:
+                async with _http_client(url, "2026-07-28", extensions=[Tasks()]) as client:
+                    task_id, created = await _create(client, "wipe_later", {"path": "/t"})
+                    at_creation = _waiting(data)
+                    announced.set()
+                    assert created["status"] == "input_required", created
+                    [(session, call_id, _tool)] = await _recorded(data, "wipe_later")  # (before: only later)
+                    decide(data, session, call_id, "approved", decided_by="ann")
+                    announced.clear()
+                    async with anyio.create_task_group() as calls:
+                        answer: list[types.CallToolResult] = []
+
+                        async def call() -> None:
+                            answer.append(await client.call_tool("wipe", {"path": "/x"}))
+
+                        calls.start_soon(call)
+                        with anyio.fail_after(WAIT_S):
+                            while not logged:
+                                await anyio.sleep(0.01)
+                        [(session, call_id, _tool)] = await _recorded(data, "wipe")
+                        await anyio.to_thread.run_sync(
+                            lambda: decide(data, session, call_id, "approved", decided_by="ann"))
+                    return answer[0], at_creation, task_id
+
+            result, at_creation, task_id = anyio.run(main)
+    finally:
+        logger.remove(sink_id)
+        logger.disable("rho_actors")
+    assert [tool for _s, _c, tool in at_creation] == ["wipe_later"] and task_id.startswith("t_")
+    assert [tool for _s, _c, tool in logged[0]] == ["wipe"], logged
+    assert (result.is_error, _text(result)) == (False, "wiped /x")
+
+
+async def _recorded(data: Path, name: str) -> list[tuple[str, str, str]]:
+    """The calls of tool ``name`` the transcripts under ``data`` record as waiting, once there are any."""
+    def found() -> list[tuple[str, str, str]]:
+        return [w for w in _waiting(data) if w[2] == name]
+
+    assert await anyio.to_thread.run_sync(lambda: wait_for(lambda: bool(found()))), name
+    return found()

@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 
 from rho_actors import ActorSystem, ApprovalError, CallEvent, ToolCall, tool
-from rho_actors.loop import turns as turns_module
+from rho_actors.loop import turn_holds
 from rho_actors.loop.approvals import SessionApprovals
 from rho_actors.loop.turns import Turns
 from rho_actors.tool import ErrorKind
@@ -146,7 +146,7 @@ def _interrupt_as_turns_takes_the_held(monkeypatch: pytest.MonkeyPatch) -> None:
     def runs_as_task(*args: Any) -> bool:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(turns_module, "runs_as_task", runs_as_task)
+    monkeypatch.setattr(turn_holds, "runs_as_task", runs_as_task)
 
 
 @pytest.mark.parametrize("where", [_interrupt_in_prepare, _interrupt_as_hold_registers,

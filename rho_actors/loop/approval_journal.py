@@ -71,6 +71,7 @@ class Held:
     claimed: bool = False  # a decision is being made
     size: int = 0  # its arguments' JSON text, bytes (what MAX_PENDING_ARGUMENT_BYTES counts)
     recorded: threading.Event | None = None  # set once its pending record is written (a turn run directly)
+    elsewhere: CallTrack | None = None  # its claim found it decided in the transcript: acted on once let go
 
 
 
@@ -144,12 +145,19 @@ class ApprovalJournal:
     def _answered(self, call_id: str, result: ToolResult, held: Held | None = None) -> None:
         raise NotImplementedError
 
-    def record(self, calls: list[tuple[ToolCall, PendingCall]], off_thread: bool) -> None:
+    def _announce(self, pending: list[PendingCall]) -> None:
+        raise NotImplementedError
+
+    def record(self, calls: list[tuple[ToolCall, PendingCall]], off_thread: bool,
+               then: Callable[[], None] | None = None) -> None:
         """Record ``calls``, held by a turn run directly (and marked by :meth:`_awaited`
         when they were held), in the session's transcript
         (:func:`~rho_actors.loop.decisions.record_held`): here, or, ``off_thread`` (the
         caller is an event loop), on a pool thread; a decision on one of them waits for it
-        meanwhile. A transcript that cannot be written is logged: they wait in memory only."""
+        meanwhile. A transcript that cannot be written is logged: they wait in memory only.
+        Only then are they announced (their ``pending`` events) and ``then()`` called
+        (the turn gives its results: :class:`~rho_actors.loop.turn.Gate`), so whoever
+        learns that a call waits finds it recorded, decidable from any process."""
         with self._lock:
             done = {h.recorded for _, p in calls if (h := self._held.get(p.call_id)) and h.recorded is not None}
 
@@ -163,7 +171,12 @@ class ApprovalJournal:
             finally:
                 for event in done:
                     event.set()
-            self._watch()
+                try:
+                    self._watch()
+                    self._announce([p for _, p in calls])
+                finally:
+                    if then is not None:
+                        then()
 
         if not (off_thread and self._later(write, "record")):
             write()
@@ -194,8 +207,11 @@ class ApprovalJournal:
                 return
             if claimed and track.state != "pending":
                 with self._lock:
-                    self._held.pop(held.pending.call_id, None)
-                    self._decided[held.pending.call_id] = first_decision(track)
+                    if track.state == "decided":  # by another process, not acted on yet: once the claim is let
+                        held.elsewhere = track  # go (_unclaim), as the look for decisions would have
+                    else:
+                        self._held.pop(held.pending.call_id, None)
+                        self._decided[held.pending.call_id] = first_decision(track)
                 raise ApprovalError(f"call {held.pending.call_id} of session {self.session_id!r} is decided "
                                     f"already: {first_decision(track)}")
             yield transcript, track

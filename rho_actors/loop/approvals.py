@@ -179,7 +179,7 @@ class SessionApprovals(ApprovalJournal):
                 else:
                     continue
                 held[index] = self._register(call, entry.info.name, args, "approval", reason,
-                                             before if exclusive else None, registered)
+                                             before if exclusive else None, registered, announce=not journal)
                 if held[index].error_kind is ErrorKind.PENDING_APPROVAL:
                     before = call.id
             if journal and held:
@@ -261,22 +261,29 @@ class SessionApprovals(ApprovalJournal):
             return False
         return self._requires(call, entry, args, approval_rule(entry), ctx)
 
-    def defer(self, call: ToolCall, args: dict[str, Any], result: ToolResult, journal: bool = False) -> ToolResult:
+    def defer(self, call: ToolCall, args: dict[str, Any], result: ToolResult, journal: bool = False,
+              then: Callable[[], None] | None = None) -> ToolResult:
         """``result`` (a tool's ``Deferred``, :data:`~rho_actors.ErrorKind.DEFERRED`) with
         its call registered as pending, ``kind="external"`` (``journal``: of a turn run
-        directly, recorded in the transcript on a pool thread)."""
+        directly, recorded in the transcript on a pool thread, then announced and
+        ``then()`` called: :meth:`record`)."""
         reason = result.details.get("deferred", "") if isinstance(result.details, Mapping) else ""
-        pending = self._register(call, result.name, args, "external", str(reason), None)
+        pending = self._register(call, result.name, args, "external", str(reason), None, announce=not journal)
         held = pending_call(pending)
         if journal and held is not None:
             with self._lock:
                 marked = self._held.get(held.call_id)
             self._awaited([marked] if marked is not None else [])
-            self.record([(call, held)], True)
+            self.record([(call, held)], True, then)
+        elif then is not None:
+            then()
         return dataclasses.replace(pending, duration_ms=result.duration_ms)
 
     def _register(self, call: ToolCall, name: str, args: dict[str, Any], kind: str, reason: str,
-                  after: str | None, registered: list[Held] | None = None) -> ToolResult:
+                  after: str | None, registered: list[Held] | None = None, *, announce: bool = True) -> ToolResult:
+        """Register ``call`` as waiting (its ``pending_approval`` or ``deferred`` result,
+        ``details["pending"]`` its :class:`PendingCall`), or its refusal; ``announce``:
+        its ``pending`` event now (else once :meth:`record` has recorded it)."""
         now = time.time()
         expires = None if kind == "external" else now + self.timeout_s
         pending = PendingCall(call.id, name, MappingProxyType(copy_args(args)), arguments_sha256(args), now,
@@ -296,13 +303,19 @@ class SessionApprovals(ApprovalJournal):
         if expires is not None:
             self._arm(held, self.timeout_s)
         self._watch()
-        if self._runtime is not None and self._runtime.events.wants_calls("pending"):
-            self._runtime.events.emit(CallEvent("pending", self.session_id, call.id, name, kind))
+        if announce:
+            self._announce([pending])
         if kind == "external":
             result = failure("deferred", call.id, name, call=call.id, reason=reason)
         else:
             result = failure("pending_approval", call.id, name, call=call.id, reason=reason)
         return dataclasses.replace(result, details={"pending": pending})
+
+    def _announce(self, pending: list[PendingCall]) -> None:
+        """The ``pending`` event of each of ``pending`` (calls that wait)."""
+        if self._runtime is not None and self._runtime.events.wants_calls("pending"):
+            for one in pending:
+                self._runtime.events.emit(CallEvent("pending", self.session_id, one.call_id, one.name, one.kind))
 
     def _arm(self, held: Held, delay_s: float) -> None:
         """Expire ``held`` in ``delay_s`` seconds: one timer heap entry, no thread."""
@@ -323,10 +336,12 @@ class SessionApprovals(ApprovalJournal):
             return call_id in self._held
 
     def forget(self, results: list[ToolResult]) -> None:
-        """Unregister the calls held by ``results`` (a turn's refused calls' results) of a
-        turn that was not started after all (its loop stopped while it was prepared): they
-        got ``turn_not_started``, nothing waits. Another call of the same id is kept."""
-        mine = [p for r in results if (p := pending_call(r)) is not None]
+        """Unregister the calls held by ``results`` (a turn's refused calls' results, a
+        held call's or the acknowledgement of the task it waits as) of a turn that was
+        not started after all (its loop stopped while it was prepared, or it was
+        interrupted): nothing waits. Another call of the same id is kept."""
+        mine = [p for r in results if isinstance(r.details, Mapping) and isinstance(p := r.details.get("pending"),
+                                                                                     PendingCall)]
         with self._lock:
             held = [h for p in mine if (h := self._held.get(p.call_id)) and h.pending is p]
         self._unregister(held)
@@ -498,8 +513,14 @@ class SessionApprovals(ApprovalJournal):
             return held
 
     def _unclaim(self, held: Held) -> None:
+        """Let go of ``held``'s claim; one that found it decided by another process
+        meanwhile acts on that decision (on a pool thread): the look for decisions
+        passed it over while it was claimed, and no decision is left unacted on."""
         with self._lock:
             held.claimed = False
+            track, held.elsewhere = held.elsewhere, None
+        if track is not None:
+            self._later(functools.partial(self._act, held, track), "act")
 
     def _decide(self, held: Held, decision: str, decided_by: str | None, *, running: bool = False,
                 first: str | None = None, result: ToolResult | None = None) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.isolation import RunningCall
+from rho_actors.otp.threads import host_code
 from rho_actors.results import CANCELLED, error_result, failure
 from rho_actors.sandbox import Waiter
 from rho_actors.telemetry import CallSpan, TurnTelemetry
@@ -22,7 +23,8 @@ from rho_actors.tool import ToolCall, ToolResult
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["ResultSink", "Slot", "Turn", "Withheld", "when_cancelled", "when_failed", "result_of", "withheld_set"]
+__all__ = ["Gate", "ResultSink", "Slot", "Turn", "Withheld", "when_cancelled", "when_failed", "result_of",
+           "withheld_set"]
 
 
 class ResultSink(Protocol):
@@ -34,6 +36,55 @@ class ResultSink(Protocol):
 # A sink may say ``runs_host_code = False`` (a class attribute): its ``set_result`` runs none
 # of the host's code (it releases a lock, or schedules a callback on an event loop), so
 # the settling thread sets it without :func:`~rho_actors.otp.threads.host_code` around it.
+
+
+class Gate:
+    """A turn's sink in front of ``sink`` that holds its results back until every
+    :meth:`hold` of it is released: a turn whose calls wait for a decision gives its
+    results only once their ``pending`` records are in the transcript (DESIGN §4
+    "Approvals": nothing tells anyone a call waits before a decision can find it)."""
+
+    __slots__ = ("_lock", "_results", "_sink", "_waits")
+    runs_host_code = False  # it gives the results itself, around the host's code when its sink runs some
+
+    def __init__(self, sink: ResultSink) -> None:
+        self._sink = sink
+        self._lock = threading.Lock()
+        self._waits = 0
+        self._results: list[ToolResult] | None = None
+
+    def hold(self) -> Callable[[], None]:
+        """Hold the results back until the returned callable is called (once counts; from any thread)."""
+        with self._lock:
+            self._waits += 1
+        released = [False]
+
+        def release() -> None:
+            with self._lock:
+                if released[0]:
+                    return
+                released[0] = True
+                self._waits -= 1
+                results = self._results if self._waits == 0 else None
+            if results is not None:
+                self._give(results)
+
+        return release
+
+    def set_result(self, results: list[ToolResult]) -> None:
+        """The turn's results: given now when nothing holds them back, else at the last release."""
+        with self._lock:
+            self._results = results
+            now = self._waits == 0
+        if now:
+            self._give(results)
+
+    def _give(self, results: list[ToolResult]) -> None:
+        if not getattr(self._sink, "runs_host_code", True):
+            self._sink.set_result(results)
+            return
+        with host_code():  # the future's done callbacks are the host's
+            self._sink.set_result(results)
 
 
 @dataclass(slots=True)

@@ -41,7 +41,6 @@ slips past a close).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import itertools
@@ -65,7 +64,7 @@ from rho_actors.encoding import describe_exception, text_length
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
-from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall, pending_call
+from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall
 from rho_actors.lifecycle.tasks import RUN_IN_BACKGROUND, acknowledgement, runs_as_task, take_choice
 from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.call_plan import CallPlans
@@ -74,6 +73,7 @@ from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, mak
 from rho_actors.loop.offered import OfferedTools
 from rho_actors.loop.reruns import rerun_tasks
 from rho_actors.loop.turn import ResultSink, Slot, Turn, Withheld, result_of, when_cancelled, when_failed, withheld_set
+from rho_actors.loop.turn_holds import TurnHolds
 from rho_actors.otp.threads import host_code
 from rho_actors.results import capped, error_result, failure, text, traceback_of
 from rho_actors.sandbox import Waiter
@@ -104,7 +104,7 @@ _VALID_CHARS = 4096  # arguments texts up to this long are remembered once found
 _VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
 
 
-class Turns(OfferedTools):
+class Turns(OfferedTools, TurnHolds):
     """One session's turns (see the module doc): safe from any thread. Built by the
     session's LoopActor (``ref`` is its ref: the calls' ``ctx["loop"]``, and where a
     cancel token's ``CancelTurn`` goes). ``withheld``: the names, or the session's
@@ -198,6 +198,7 @@ class Turns(OfferedTools):
             refused: list[Slot] = []
             held: list[tuple[ToolCall, PendingCall]] = []
             admitted = False
+            recorded: Callable[[], None] | None = None  # releases the turn's results once its held are recorded
             if self.closed is not None:
                 future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
                 return None
@@ -210,22 +211,26 @@ class Turns(OfferedTools):
                         self.approvals is not None and not RECORDED_BY_CALLER.get())
             if cancel is None or not cancel.cancelled:
                 held = self._prepare_turn(turn, refused, withheld.names, chooses, approved, waiter)
+            if held and turn.journal and aio is not None:  # recorded on a pool thread: its results wait for that
+                recorded = self._gated(turn)
             with self._lock:
                 admitted = self.closed is None
                 if admitted:
                     self._turns[turn.id] = turn
         except BaseException as exc:  # an interrupt as it was made or prepared: nothing it held waits, all answered
+            release = locals().get("recorded")
+            if release is not None:  # nothing is recorded: the results go at once
+                release()
             self._unprepared(locals().get("turn"), calls, future, describe_exception(exc))
             raise
         if not admitted:  # the loop stopped while the turn was being prepared: none of its calls waits either
-            if self.approvals is not None:
-                self.approvals.forget([slot.result for slot in refused if slot.result is not None])
+            self._let_go(refused, failure("turn_not_started", "", ""))
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return None
         try:
             if held and turn.journal:  # admitted: its held calls are recorded, durable before their results are given
                 assert self.approvals is not None
-                self.approvals.record(held, off_thread=turn.aio is not None)
+                self.approvals.record(held, off_thread=aio is not None, then=recorded)
             if refused or cancel is not None or turn.open != 1 or not self.folder_made:
                 self._admitted(turn, refused, cancel)
             else:  # one call, nothing refused, no token to hook, the folder made: dispatched here (no chain, no loop)
@@ -234,28 +239,16 @@ class Turns(OfferedTools):
                 except IndexError:  # the turn ended meanwhile (the loop stopped): it has its result
                     return turn.id
                 self._dispatch(turn, index)  # whose own lock round sees a stop that came since
-        except Exception as exc:  # a bug here must still answer every call
-            logger.exception("loop {} failed to run a turn", self.session_id)
-            self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
-        except BaseException as exc:  # an interrupt (a signal handler's) in the host's thread: answered, raised on
+        except BaseException as exc:  # a bug here must still answer every call; an interrupt (a signal handler's)
+            if recorded is not None:  # in the host's thread too, and raised on; maybe before the held calls' record
+                recorded()  # was handed over: their results are never held back for good
+            if isinstance(exc, Exception):
+                logger.exception("loop {} failed to run a turn", self.session_id)
+                self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
+                return turn.id
             self._fail_open(turn, failure("turn_interrupted", "", "", problem=describe_exception(exc)))
             raise
         return turn.id
-
-    def _unprepared(self, turn: Turn | None, calls: tuple[ToolCall, ...], future: ResultSink, problem: str) -> None:
-        """A turn not admitted (an interrupt in the host's thread as it was made or
-        prepared) is answered ``turn_interrupted``: the calls its preparing held for a
-        decision are let go (none waits for a person) and no refusal stands, so each
-        call gets that one answer."""
-        if turn is None:
-            with contextlib.suppress(Exception):  # (set already: the loop had closed)
-                future.set_result([failure("turn_interrupted", c.id, c.name, problem=problem) for c in calls])
-            return
-        if self.approvals is not None:
-            self.approvals.forget([slot.result for slot in turn.slots if slot.result is not None])
-        for slot in turn.slots:
-            slot.result = None
-        self._fail_open(turn, failure("turn_interrupted", "", "", problem=problem))
 
     def _prepare_turn(
         self, turn: Turn, refused: list[Slot], withheld: frozenset[str], chooses: bool, approved: bool,
@@ -285,32 +278,6 @@ class Turns(OfferedTools):
         if waiter is not None and turn.open == 1 and not held:  # its one call: the caller reads its reply
             turn.waiter = waiter
         return held
-
-    def _hold(self, turn: Turn, refused: list[Slot], version: int) -> list[tuple[ToolCall, PendingCall]]:
-        """Calls held for a decision (``loop/approvals.py``) leave ``waiting``: they never
-        start. Returns them, each with its :class:`PendingCall`."""
-        assert self.approvals is not None
-        prepared = [(i, s.call, s.entry, s.args) for i in turn.waiting for s in (turn.slots[i],)]
-        ctx = {"session_id": self.session_id, "data_dir": self._data_dir, "deps": self._deps}
-        held = self.approvals.hold(prepared, turn.exclusive, version, ctx, journal=turn.journal)  # type: ignore[arg-type]
-        calls: list[tuple[ToolCall, PendingCall]] = []
-        try:
-            for index, pending in held.items():
-                slot = turn.slots[index]
-                as_task = slot.entry is not None and runs_as_task(slot.entry.info.policy.background, turn.background,
-                                                                    slot.call.id, slot.asked)  # it waits as a task
-                slot.result = self._tasks.held(self.session_id, self._data_dir, pending) if as_task else pending
-                refused.append(turn.slots[index])
-                turn.waiting.remove(index)
-                turn.open -= 1
-                if as_task and not slot.result.ok:  # no task to wait as (a bound reached): refused, not left waiting
-                    self.approvals.forget([pending])
-                elif (waits := pending_call(pending)) is not None:
-                    calls.append((slot.call, waits))
-        except BaseException:  # an interrupt: the turn is let go (_unprepared), these with it
-            self.approvals.forget(list(held.values()))
-            raise
-        return calls
 
     def _admitted(self, turn: Turn, refused: list[Slot], cancel: CancelToken | None) -> None:
         for slot in refused:
@@ -527,7 +494,8 @@ class Turns(OfferedTools):
                 late = slot.result is not None
                 if not late:
                     if result.error_kind is ErrorKind.DEFERRED and self.approvals is not None and slot.args is not None:
-                        result = self.approvals.defer(slot.call, slot.args, result, turn.journal)  # for loop.resolve
+                        result = self.approvals.defer(slot.call, slot.args, result, turn.journal,  # loop.resolve
+                                                      self._gated(turn) if turn.journal else None)
                     size = (len(result.content) if result.content.isascii() and not result.blocks and not result.images
                             else result_bytes(result))  # charged inline, every call (an ASCII text alone: its length)
                     over = self._budgets.charge(self.session_id, turn.id, size, alone=len(turn.slots) == 1)

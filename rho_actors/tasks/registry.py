@@ -288,15 +288,29 @@ class TaskRegistry:
         ``expired``) ends its task ``failed`` with what was decided."""
         if getattr(event, "kind", None) != "decided" or str(event.outcome).startswith("approved"):
             return
+        task = self._unhold(event.session_id, event.call_id)
+        if task is not None:
+            self.settle(task, failure("rejected", task.call_id, task.name,
+                                      message=f"the call was {event.outcome} before it ran"))
+
+    def let_go(self, session_id: str, call_id: str, result: ToolResult) -> None:
+        """Call ``call_id`` of the session, held for approval as a task (:meth:`held`),
+        will not be decided (its turn was interrupted, or not admitted): its task ends
+        with ``result``, the call's one result (none held: nothing to do)."""
+        task = self._unhold(session_id, call_id)
+        if task is not None:
+            self.settle(task, result)
+
+    def _unhold(self, session_id: str, call_id: str) -> Task | None:
+        """The task held for call ``call_id`` of the session, no longer held (or None);
+        no call held any more: the registry stops listening for decisions."""
         with self._lock:
-            task = self._held.pop((event.session_id, event.call_id), None)
+            task = self._held.pop((session_id, call_id), None)
             unlisten = self._unlisten if not self._held else None
             self._unlisten = self._unlisten if self._held else None
         if unlisten is not None:  # no call waits now: no event is built for this registry
             unlisten()
-        if task is not None:
-            self.settle(task, failure("rejected", task.call_id, task.name,
-                                      message=f"the call was {event.outcome} before it ran"))
+        return task
 
     def _open(self, session_id: str, session_dir: Path, call_id: str, name: str,
               arguments: dict[str, Any] | None = None, status: TaskStatus = "working") -> Task | ToolResult:
