@@ -6,6 +6,7 @@ gateway's own client; a handshake-era upstream keeps its handshake (DESIGN §6b)
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import subprocess
@@ -26,7 +27,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from rho_actors import ActorSystem, ErrorKind, ToolCall
+from rho_actors import ActorSystem, ErrorKind, Loop, ToolCall, ToolResult
 from rho_actors.mcp import MCPServer
 from tests.conftest import WAIT_S, slack, wait_for
 from tests.helpers import free_port
@@ -85,18 +86,30 @@ def _check_the_source(system: ActorSystem, source: MCPServer, marks: Path) -> No
     assert {"lookup", "ask_name", "broken", "hang"} <= set(offered)
     assert offered["lookup"] == {"title": "Look it up", "readOnlyHint": True, "openWorldHint": False}
     loop = system.start_loop("m")
-    [ok] = loop.run_turn([ToolCall("c1", "lookup", {"key": "k"})])
+    ok = _answered(loop, "c1", "lookup", {"key": "k"})
     assert ok.ok and ok.content == "value of k"
-    [bad] = loop.run_turn([ToolCall("c2", "broken", {})])
+    bad = _answered(loop, "c2", "broken", {})
     assert bad.error_kind is ErrorKind.TOOL_ERROR and bad.content == "Error executing tool broken"
-    [asked] = loop.run_turn([ToolCall("c3", "ask_name", {})])
+    asked = _answered(loop, "c3", "ask_name", {})
     assert asked.error_kind is ErrorKind.RAISED, asked
     assert "needed input the call could not give" in asked.content and "not made by an MCP client" in asked.content
     started = time.monotonic()
     [hung] = loop.run_turn([ToolCall("c4", "hang", {"seconds": 30})])
     assert hung.error_kind is ErrorKind.TIMEOUT and time.monotonic() - started < 8.0 + slack(1.0)
-    [again] = loop.run_turn([ToolCall("c5", "lookup", {"key": "still"})])
+    again = _answered(loop, "c5", "lookup", {"key": "still"})
     assert again.ok, again
+
+
+def _answered(loop: Loop, call_id: str, name: str, arguments: dict[str, Any]) -> ToolResult:
+    """``name``'s result, the call made again (a new id) while it met the source's 8 s
+    deadline: on a loaded machine the upstream's own process may not answer a quick call
+    within it, an outcome of its start, not of rho (bounded by :data:`WAIT_S`)."""
+    until = time.monotonic() + WAIT_S
+    for attempt in itertools.count():
+        [result] = loop.run_turn([ToolCall(f"{call_id}.{attempt}", name, arguments)])
+        if result.error_kind is not ErrorKind.TIMEOUT or time.monotonic() > until:
+            return result
+    raise AssertionError("unreachable")
 
 
 def test_a_modern_only_server_over_stdio_is_a_source(system: ActorSystem, tmp_path: Path) -> None:
