@@ -28,7 +28,7 @@ from loguru import logger
 
 from rho_actors.isolation.base import Isolation
 from rho_actors.otp.owned import OwnedProcesses
-from rho_actors.sandbox.exit_stop import KILLED_REAP_S
+from rho_actors.sandbox import KILLED_REAP_S
 
 __all__ = ["StopOnce", "end_workers"]
 
