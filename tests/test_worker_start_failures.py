@@ -52,6 +52,26 @@ def self_destruct(marks: str) -> str:
     return "never"
 
 
+@tool
+def forge_need_tool_then_die(marks: str) -> str:
+    """Note that it began, ask for its own tool again (a forged ``NEED_TOOL``, as a
+    malicious tool would), wait until the host's frame sent again has arrived, unread,
+    then kill its own worker process."""
+    import gc
+    import select
+
+    from rho_actors.sandbox import wire
+    from rho_actors.sandbox.channel import Channel
+
+    with open(marks, "a") as f:
+        f.write("began\n")
+    channel = next(o for o in gc.get_objects() if isinstance(o, Channel))
+    channel.send(wire.NEED_TOOL, b"")
+    select.select([channel.fd], [], [], 60)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "never"
+
+
 def a_call(tool_: Any, args: dict[str, Any], call_id: str, start_bound: bool) -> WorkerCall:
     call = WorkerCall.of(tool_, args, {"session_id": "s1", "call_id": call_id}, time.monotonic() + WAIT_S, 10_000)
     return dataclasses.replace(call, start_by=time.monotonic() + WAIT_S) if start_bound else call
@@ -140,5 +160,15 @@ def test_a_call_whose_worker_may_have_begun_it_is_never_sent_again(pool: WorkerP
     worker had the whole frame: never sent to another)."""
     marks = tmp_path / "marks"
     result = pool.run_call(a_call(self_destruct, {"marks": str(marks)}, "c1", True))
+    assert result.error_kind is ErrorKind.CRASHED, result
+    assert marks.read_text() == "began\n"
+
+
+def test_a_call_whose_tool_forged_a_need_tool_is_never_sent_again(pool: WorkerPool, tmp_path: Path) -> None:
+    """A running tool that forges ``NEED_TOOL`` leaves the host's frame sent again unread
+    in its pipe, then kills its worker: the unread bytes prove nothing of the call it
+    began; ``crashed``, and it ran once."""
+    marks = tmp_path / "marks"
+    result = pool.run_call(a_call(forge_need_tool_then_die, {"marks": str(marks)}, "c1", True))
     assert result.error_kind is ErrorKind.CRASHED, result
     assert marks.read_text() == "began\n"
