@@ -109,13 +109,14 @@ def test_a_spare_killed_right_after_ready_has_the_next_call_sent_to_a_fresh_work
     """The pool's spare says ``READY`` and is killed (``kill -9``) before the next call:
     that call is served by a fresh worker (it was ``crashed``, ``killed_outside``: its
     frame went into the dead worker's pipe, never read)."""
-    for round_ in range(3):  # each time: a spare, killed just before the call
+    for round_ in range(3):  # each time: the spares (one, or under load one more), killed just before the call
         assert pool.wait_warm(WAIT_S)
-        [spare] = pool.pids()
-        os.kill(spare, signal.SIGKILL)
+        spares = pool.pids()
+        for spare in spares:
+            os.kill(spare, signal.SIGKILL)
         result = pool.run_call(a_call(echo, {"text": f"hi {round_}"}, f"c{round_}", start_bound))
         assert result.ok and result.content == f"hi {round_}", result
-        assert spare not in pool.pids()
+        assert not set(spares) & set(pool.pids())
 
 
 @pytest.mark.parametrize("start_bound", [False, True])
@@ -138,7 +139,7 @@ def test_a_worker_whose_start_fails_on_its_own_once_has_the_call_served_by_anoth
 def test_a_call_whose_worker_starts_keep_failing_is_unavailable_naming_the_start(
         monkeypatch: pytest.MonkeyPatch, start_bound: bool) -> None:
     """Every worker started dies (``kill -9``) at once: after :data:`DELIVERY_ATTEMPTS`
-    starts the call is ``unavailable``, "no worker process could be started", naming
+    starts (or tries of the call) it is ``unavailable``, "no worker process could be started", naming
     why, on both paths (a call with a start bound, whose workers start in the
     background, and one without, whose worker has the call before its ``READY``): it
     was ``crashed`` (``killed_outside``, blamed on the tool; or ``no_worker``)."""
@@ -148,7 +149,9 @@ def test_a_call_whose_worker_starts_keep_failing_is_unavailable_naming_the_start
         result = fresh.run_call(a_call(echo, {"text": "never"}, "c1", start_bound))
     finally:
         fresh.stop()
-    assert len(killed) == DELIVERY_ATTEMPTS, killed
+    # each try of the call starts up to DELIVERY_ATTEMPTS workers; one that said READY before its kill (the host's
+    # thread slow to return from its spawn, under load) takes the call, which is then tried again
+    assert DELIVERY_ATTEMPTS <= len(killed) <= DELIVERY_ATTEMPTS ** 2, killed
     assert result.error_kind is ErrorKind.UNAVAILABLE, result
     assert result.content.startswith("tool 'echo' did not run: no worker process could be started for it ("), result
     assert ("ended before it was ready" in result.content or "ended before the call reached them" in result.content), \
