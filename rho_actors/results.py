@@ -179,9 +179,12 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "unsendable": (
         _K.RAISED, "tool {tool!r}: its arguments or context could not be sent to its worker process ({problem})"
     ),
-    "no_worker": (_K.CRASHED, "tool {tool!r} did not run: no worker process could be started ({problem})"),
-    "workers_dying": (
-        _K.CRASHED, "tool {tool!r} did not run: its worker processes kept dying before the call reached them"
+    "no_reply_reader": (  # the host at its thread limit: the call not written, its worker kept
+        _K.UNAVAILABLE, "tool {tool!r} did not run: no thread could be started to wait for its worker's reply "
+        "({problem})"
+    ),
+    "no_worker": (  # a start that failed on its own (sandbox/pool.py _start_failed): never the tool's doing
+        _K.UNAVAILABLE, "tool {tool!r} did not run: no worker process could be started for it ({problem})"
     ),
     "malformed_reply": (
         _K.CRASHED, "tool {tool!r}: its worker process sent a malformed reply ({problem}); it was killed"

@@ -1,15 +1,20 @@
 """The host's background loops when one step of theirs raises what they did not expect
 (DESIGN §5): the output pump that reads every child's output, the memory watch of a
-process tree without a cgroup, the thread that gives a confined child's uid back. Each
-logs it with loguru and goes on (the pump with its other children, the watch with its
-next look); none ends silently, leaving every child's output unread (each blocks in its
-own ``write`` once its pipe is full) or a tree's memory unbounded.
+process tree without a cgroup, the thread that gives a confined child's uid back, the
+Ray node watcher, the MCP server's reaper of absent sessions and its announcer of
+tool-list changes, a stdio MCP server's stderr reader. Each logs it with loguru and goes
+on (the pump with its other children, the watch with its next look); none ends
+silently, leaving every child's output unread (each blocks in its own ``write`` once its
+pipe is full), a tree's memory unbounded, absent clients' sessions held for good or
+clients never told of a change.
 
 Each failure is forced once by a hook; every wait is bounded by ``WAIT_S``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import os
 import subprocess
 import sys
@@ -161,3 +166,144 @@ def test_a_ray_node_watcher_round_that_raises_every_round_is_logged_at_each_doub
     assert told[-1].endswith("(8 failures in a row; the next logged at 16)"), told
     assert [line for line in logs if "a round passed again" in line] == [
         "the Ray node watcher: a round passed again after 9 failures in a row"], logs
+
+
+class _Gone:
+    """An HTTP guard whose every client is gone (for the reaper alone)."""
+
+    client_gone_s = 0.004  # a round each millisecond
+    idle_timeout_s = 3600.0
+    reaped = 0
+
+    def absent_for(self, http_id: str) -> float:
+        return 3600.0
+
+
+def _mcp_session(number: int) -> Any:
+    session: Any = type("Session", (), {})()
+    session.loop = type("Loop", (), {"session_id": f"s{number}"})()
+    session.http_id, session.handle, session.offered_version = f"h{number}", None, -1
+    return session
+
+
+def test_the_mcp_reaper_whose_look_at_a_session_raises_logs_it_and_reaps_on(
+        monkeypatch: pytest.MonkeyPatch, logs: list[str]) -> None:
+    """The MCP server's reaper of absent clients' sessions, when looking at one session
+    raises (twice): logged, the other session of that round is stopped, and the next
+    round stops the first (the task ended at the first: the server stopped reaping, for
+    good, with no word)."""
+    pytest.importorskip("mcp")
+    serve = importlib.import_module("rho_actors.mcp.serve")
+    first, second = _mcp_session(1), _mcp_session(2)
+    looks: list[str] = []
+    closed: list[Any] = []
+
+    def busy(session: Any) -> bool:
+        looks.append(session.loop.session_id)
+        if session is first and looks.count("s1") <= 2:
+            raise RuntimeError("looking failed (test)")
+        return False
+
+    both = asyncio.Event()
+
+    async def close(served: Any, session: Any) -> None:
+        closed.append(session)
+        served.sessions.discard(session)
+        if not served.sessions:
+            both.set()
+
+    monkeypatch.setattr(serve, "_busy", busy)
+    monkeypatch.setattr(serve, "_close", close)
+    served: Any = type("Served", (), {})()
+    served.sessions = {first, second}
+
+    async def main() -> None:
+        reaper = asyncio.ensure_future(serve._reap_absent(served, _Gone()))
+        try:
+            await asyncio.wait([reaper, asyncio.ensure_future(both.wait())], timeout=WAIT_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+            assert not reaper.done(), f"the reaper ended: {reaper.exception()!r}"
+            assert both.is_set()
+        finally:
+            reaper.cancel()
+
+    asyncio.run(main())
+    assert set(closed) == {first, second}
+    told = [line for line in logs if "reaping session s1 failed; the reaper goes on" in line]
+    assert len(told) == 2 and told[1].endswith("(2 failures in a row; the next logged at 4)"), logs
+    assert "MCP: the reaper of absent sessions: a round passed again after 2 failures in a row" in logs
+
+
+def test_the_mcp_announcer_whose_announcement_raises_logs_it_and_announces_the_next_change(
+        logs: list[str]) -> None:
+    """The MCP server's announcer of tool-list changes, when an announcement raises (the
+    listen streams' bus): logged, and the next change reaches the connections (the task
+    ended there: no client heard of a change again)."""
+    pytest.importorskip("mcp")
+    serve = importlib.import_module("rho_actors.mcp.serve")
+    heard: list[int] = []
+    published: list[int] = []
+    session = _mcp_session(1)
+
+    took = asyncio.Event()
+    told = asyncio.Event()
+
+    async def publish(event: Any) -> None:
+        published.append(1)
+        took.set()
+        if len(published) == 1:
+            raise RuntimeError("publishing failed (test)")
+
+    async def send_tool_list_changed() -> None:
+        heard.append(served.system.tool_set().version)
+        told.set()
+
+    session.notify = type("Notify", (), {"send_tool_list_changed": staticmethod(send_tool_list_changed)})()
+    served: Any = type("Served", (), {})()
+    served.sessions = {session}
+    served.bus = type("Bus", (), {"publish": staticmethod(publish)})()
+    versions = iter(range(1, 100))
+    tool_set = type("ToolSet", (), {})()
+    served.system = type("System", (), {"tool_set": staticmethod(lambda: tool_set)})()
+
+    async def main() -> None:
+        changed = asyncio.Event()
+        announcer = asyncio.ensure_future(serve._announce_changes(served, changed))
+        try:
+            tool_set.version = next(versions)
+            changed.set()
+            await asyncio.wait_for(took.wait(), WAIT_S)  # the first change taken (changed cleared): it raises
+            tool_set.version = next(versions)
+            changed.set()
+            await asyncio.wait([announcer, asyncio.ensure_future(told.wait())], timeout=WAIT_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+            assert not announcer.done(), f"the announcer ended: {announcer.exception()!r}"
+        finally:
+            announcer.cancel()
+
+    asyncio.run(main())
+    assert heard == [2]
+    assert any("announcing a change of the tool set failed; the next change is announced" in line
+               for line in logs), logs
+
+
+def test_an_mcp_servers_stderr_line_that_cannot_be_logged_is_logged_so_and_the_next_read(
+        monkeypatch: pytest.MonkeyPatch, logs: list[str]) -> None:
+    """A stdio MCP server's stderr reader whose handling of a line raises: it says so and
+    reads the next line (the thread ended there: the server's stderr unread, the server
+    blocked in its own ``write`` once the pipe was full)."""
+    stderr_log = importlib.import_module("rho_actors.mcp.stderr_log")
+    real = stderr_log.shown_bytes
+
+    def shown(raw: bytes) -> str:
+        if raw == b"bad":
+            raise RuntimeError("showing failed (test)")
+        return str(real(raw))
+
+    monkeypatch.setattr(stderr_log, "shown_bytes", shown)
+    log = stderr_log.StderrLog("noisy")
+    log.writer.write("bad\ngood\n")
+    log.close_writer()
+    assert log.done.wait(WAIT_S)
+    assert "MCP server noisy: a stderr line could not be logged; the next is read" in logs, logs
+    assert "MCP server noisy: good" in logs, logs

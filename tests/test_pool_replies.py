@@ -262,7 +262,8 @@ def test_a_stopped_pool_answers_its_open_calls_and_its_reader_ends(tmp_path: Pat
 def test_a_call_whose_reply_no_thread_could_wait_for_never_reaches_its_worker(
         pool: WorkerPool, monkeypatch: pytest.MonkeyPatch) -> None:
     """No reader could be started (the host at its thread limit): the call is not
-    written, its worker stays idle, and the call's result says why."""
+    written, its worker stays idle, and the call is ``unavailable``, saying why (it was
+    ``crashed``: it did not run, and not by the tool's doing)."""
     def no_thread(job: Any) -> None:
         raise RuntimeError("can't start new thread")
 
@@ -271,7 +272,8 @@ def test_a_call_whose_reply_no_thread_could_wait_for_never_reaches_its_worker(
     assert not pool.try_start(a_call(echo, {"text": "x"}), answers.done("c1"))
     pool.start(a_call(echo, {"text": "x"}), answers.done("c1"))
     result = answers.wait("c1")
-    assert result.error_kind is ErrorKind.CRASHED and "can't start new thread" in result.content
+    assert result.error_kind is ErrorKind.UNAVAILABLE and "can't start new thread" in result.content, result
+    assert "did not run: no thread could be started to wait for its worker's reply" in result.content
     assert pool.stats()["idle"] == 1 and pool.stats()["killed"] == 0
     monkeypatch.undo()
     assert pool.run_call(a_call(echo, {"text": "after"})).content == "after"

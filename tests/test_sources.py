@@ -549,3 +549,60 @@ def test_many_keys_that_show_alike_are_told_apart_in_linear_time(system: ActorSy
     for i in range(2**k):
         taken[_distinct(taken, shown, last)] = i
     assert len(taken) == 2**k and Probed.looks <= 2 * 2**k, Probed.looks
+
+
+def test_a_close_past_its_timeout_detaches_the_source_only_once_the_running_scan_ends(
+        system: ActorSystem, logs: list[str]) -> None:
+    """``SourceHandle.close`` whose unload and stop time out behind a scan still running:
+    the source's ``detach()`` waits for that scan's end (it was called at once, the scan
+    then running on with what detach tore down), and what the late scan found is not
+    registered. Forced with events: the scan waits for the test's word."""
+    import threading
+
+    @tool(name="early")
+    def early() -> str:
+        """Early."""
+        return "early"
+
+    @tool(name="late")
+    def late() -> str:
+        """Late."""
+        return "late"
+
+    scanning, go_on, detached = threading.Event(), threading.Event(), threading.Event()
+    scan_over = threading.Event()
+    seen_during_scan: list[bool] = []
+
+    class Slow:
+        name = "slow"
+
+        def __init__(self) -> None:
+            self.scans = 0
+
+        def scan(self) -> dict[str, tuple[Any, object]]:
+            self.scans += 1
+            if self.scans == 1:
+                return {"early": (early, 1)}
+            scanning.set()
+            assert go_on.wait(WAIT_S)
+            scan_over.set()
+            return {"early": (early, 1), "late": (late, 1)}
+
+        def detach(self) -> None:
+            seen_during_scan.append(scanning.is_set() and not scan_over.is_set())
+            detached.set()
+
+    handle = add_source(system, Slow(), trusted=True, poll_s=None)
+    assert "early" in system.tool_set().entries
+    threading.Thread(target=handle.refresh, kwargs={"timeout_s": WAIT_S}, daemon=True).start()
+    assert scanning.wait(WAIT_S)
+    handle.close(timeout_s=0.05)  # the unload and the stop wait behind the scan: both time out
+    assert not detached.is_set(), "detached while the source's scan still ran"
+    go_on.set()
+    assert detached.wait(WAIT_S)
+    assert seen_during_scan == [False]
+    assert wait_for(lambda: not handle.alive)
+    assert "late" not in system.tool_set().entries and "early" not in system.tool_set().entries
+    assert not any("registered as tool 'late'" in line for line in logs), logs
+    assert any("a scan still runs after close's 0.05 s; the source is detached once it ends" in line
+               for line in logs), logs

@@ -46,6 +46,7 @@ from loguru import logger
 from rho_actors.encoding import describe_exception
 from rho_actors.errors import RhoError
 from rho_actors.otp.actor import Actor, kill, start_link
+from rho_actors.otp.owned import owner_now
 from rho_actors.results import TEXTS, text
 from rho_actors.sandbox import (
     MAX_REPLY_BYTES,
@@ -228,6 +229,7 @@ class ProcessServer(Actor):
         self._watcher: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
         self._held = False
+        self._owner, self._owned = owner_now(), -1  # its system's ledger, and its process's token there
 
     @property
     def label(self) -> str:
@@ -253,6 +255,8 @@ class ProcessServer(Actor):
                                f"({describe_exception(exc)})") from None
         self.pid = self.child.pid
         self.enclosure.started(self.pid)
+        if self._owner is not None:  # a system's stop that cannot wait for this actor kills it (otp.owned)
+            self._owned = self._owner.add(self.pid, self._kill_now)
         try:
             self._await_ready()
         except BaseException:
@@ -374,6 +378,8 @@ class ProcessServer(Actor):
             if self._process_ended:
                 return
             self._process_ended = True
+        if self._owner is not None:
+            self._owner.discard(self._owned)
         if self._untold is not None:  # never told: the next server tells it
             self._lineage.lost(self._untold)
         elif not self._told and self.child is not None:
@@ -400,6 +406,14 @@ class ProcessServer(Actor):
         if self._held:
             self._held = False
             release_servers()
+
+    def _kill_now(self) -> None:
+        """SIGKILL the process tree, from the system's stop (any thread; this actor ends
+        and reaps it as it stops, behind that stop)."""
+        with self._lock:
+            if self._process_ended or self.enclosure is None:
+                return
+            self.enclosure.kill()
 
     def on_stop(self) -> None:
         self._end_process()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -55,6 +56,7 @@ from mcp.shared.message import SessionMessage
 
 from rho_actors.bounded_json import JSONBoundError, loads_bounded
 from rho_actors.encoding import describe_exception, shown_text
+from rho_actors.otp.owned import owner_now
 
 __all__ = [
     "MAX_CONTAINERS", "MAX_DEPTH", "MAX_MESSAGE_BYTES", "MAX_STRUCTURED_BYTES", "NOTIFICATIONS_PER_S",
@@ -251,12 +253,23 @@ async def stdio_transport(program: str, args: Sequence[str], *, cwd: str | None,
         stdout=asyncio.subprocess.PIPE, stderr=stderr, start_new_session=True, limit=MAX_MESSAGE_BYTES,
     )
     assert process.stdout is not None and process.stdin is not None
+    owner = owner_now()  # a system's stop that cannot wait for this connection kills the group (otp.owned)
+    owned = owner.add(process.pid, functools.partial(_kill_group, process)) if owner is not None else -1
     try:
         async with message_streams(process.stdout, process.stdin, label) as streams:
             yield streams
     finally:
         with anyio.CancelScope(shield=True):
             await _stop(process)
+        if owner is not None:
+            owner.discard(owned)
+
+
+def _kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL the process group of a stdio server not reaped yet (any thread)."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:

@@ -51,6 +51,7 @@ import anyio
 
 from rho_actors.mcp.bounds import MAX_MESSAGE_BYTES, message_streams
 from rho_actors.mcp.names import PYTHON_NAME, python_arguments
+from rho_actors.otp.owned import owner_now
 from rho_actors.sandbox import Channel, ConfinePolicy, Enclosure, spawn_clean
 
 __all__ = [
@@ -339,18 +340,24 @@ async def confined_transport(
         _start, list(command), policy, heap_bytes, dict(env or {}), tuple(reads), network, label
     )
     enclosure, proc, channel = started
+    owner = owner_now()  # a system's stop that cannot wait for this connection kills the tree (otp.owned)
+    owned = owner.add(proc.pid, enclosure.kill) if owner is not None else -1
     try:
-        reader, writer = await _streams(channel.conn)
-    except BaseException:
-        await anyio.to_thread.run_sync(_end, enclosure, proc, channel)
-        raise
-    try:
-        async with message_streams(reader, writer, label) as streams:
-            yield streams
-    finally:
-        writer.close()
-        with anyio.CancelScope(shield=True):
+        try:
+            reader, writer = await _streams(channel.conn)
+        except BaseException:
             await anyio.to_thread.run_sync(_end, enclosure, proc, channel)
+            raise
+        try:
+            async with message_streams(reader, writer, label) as streams:
+                yield streams
+        finally:
+            writer.close()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_end, enclosure, proc, channel)
+    finally:
+        if owner is not None:
+            owner.discard(owned)
 
 
 async def _streams(sock: socket.socket) -> tuple[Any, Any]:

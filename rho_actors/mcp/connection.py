@@ -47,6 +47,7 @@ from rho_actors.mcp.peers import pin_listener
 from rho_actors.mcp.relay import relay_log, relay_question
 from rho_actors.mcp.stderr_log import StderrLog
 from rho_actors.otp.actor import Actor, kill
+from rho_actors.otp.owned import owner_now, owning
 
 __all__ = ["MAX_LISTED_BYTES", "TASKS_EXTENSION", "Link", "MCPConnection"]
 
@@ -106,6 +107,7 @@ class MCPConnection(Actor):
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"{server.name}-client", daemon=True)
         self._stderr: StderrLog | None = None
+        self._owner = owner_now()  # its system's owned processes: the server's process is entered there
 
     def on_start(self) -> None:
         self._thread.start()
@@ -135,7 +137,8 @@ class MCPConnection(Actor):
     def _main(self) -> None:
         reason = "the connection ended"
         try:
-            asyncio.run(self._connect())
+            with owning(self._owner):  # a process this thread starts is its system's (rho_actors.otp.owned)
+                asyncio.run(self._connect())
         except BaseException as exc:  # whatever ends the connection: this actor exits with it
             while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # anyio's task groups wrap it
                 exc = exc.exceptions[0]

@@ -103,6 +103,7 @@ from rho_actors.mcp.sessions import (
 )
 from rho_actors.mcp.stdio_lines import CheckedLines, answering_bad_lines, claimed_stdin
 from rho_actors.mcp.tasks import ServedTask, ServedTasks, as_task_call, handshake_created, up_front
+from rho_actors.otp.failure_runs import FailureRun
 from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "HTTPGuard", "aserve", "build_server", "output_schema", "serve"]
@@ -564,22 +565,40 @@ def _answers(params: types.CallToolRequestParams) -> dict[str, Any]:
 async def _reap_absent(served: _Served, guard: HTTPGuard) -> None:
     """Stop each rho session running no call whose client has had no open connection for
     ``guard.client_gone_s`` seconds (checked 4 times in that time), or, a 2026-07-28
-    session, that no request named for ``guard.idle_timeout_s`` seconds."""
+    session, that no request named for ``guard.idle_timeout_s`` seconds. A look at a
+    session or its stop that raises is logged (the 1st, 2nd, 4th... failure of a run:
+    :class:`~rho_actors.otp.failure_runs.FailureRun`) and the reaper goes on with the
+    other sessions and the next round (it ended there: no absent client's session was
+    stopped again)."""
+    failures = FailureRun("MCP: the reaper of absent sessions")
     while True:
         await anyio.sleep(min(guard.client_gone_s / 4, 1.0))
-        now = time.monotonic()
+        passed = True
         for session in list(served.sessions):
-            if _busy(session):
-                continue
-            if session.http_id and guard.absent_for(session.http_id) >= guard.client_gone_s:
-                logger.info("MCP session {}: its client is gone; stopped", session.loop.session_id)
-            elif session.handle and now - session.used >= guard.idle_timeout_s:
-                logger.info("MCP session {}: not named for {:.0f} s; stopped", session.loop.session_id,
-                            now - session.used)
-            else:
-                continue
-            guard.reaped += 1
-            await _close(served, session)
+            try:
+                await _reap_if_absent(served, guard, session)
+            except Exception:
+                passed = False
+                failures.log_failed("MCP: reaping session {} failed; the reaper goes on",
+                                    getattr(session.loop, "session_id", "?"))
+        if passed:
+            failures.passed()
+
+
+async def _reap_if_absent(served: _Served, guard: HTTPGuard, session: Session) -> None:
+    """Stop ``session`` when it runs no call and its client is gone or it was not named
+    for long (:func:`_reap_absent`)."""
+    if _busy(session):
+        return
+    if session.http_id and guard.absent_for(session.http_id) >= guard.client_gone_s:
+        logger.info("MCP session {}: its client is gone; stopped", session.loop.session_id)
+    elif session.handle and time.monotonic() - session.used >= guard.idle_timeout_s:
+        logger.info("MCP session {}: not named for {:.0f} s; stopped", session.loop.session_id,
+                    time.monotonic() - session.used)
+    else:
+        return
+    guard.reaped += 1
+    await _close(served, session)
 
 
 class _Server(Server[Any]):
@@ -596,19 +615,32 @@ async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
     """Send ``notifications/tools/list_changed`` to each connection whose last offer is
     older than the system's tool set, and to every ``subscriptions/listen`` stream
     (2026-07-28), each time ``changed`` is set (by a :class:`ToolSetChanged` event;
-    several set before this wakes are announced once)."""
+    several set before this wakes are announced once). An announcement that raises what
+    was not expected is logged (the 1st, 2nd, 4th... of a run: ``FailureRun``) and the
+    next change is announced (it ended there: no change was announced again)."""
+    failures = FailureRun("MCP: the announcer of tool-list changes")
     while True:
         await changed.wait()
         changed.clear()
-        version = served.system.tool_set().version
-        await served.bus.publish(ToolsListChanged())  # to 2026-07-28 clients' subscriptions/listen streams
-        for session in list(served.sessions):
-            if session.offered_version != version:
-                session.offered_version = version
-                try:
-                    await session.notify.send_tool_list_changed()
-                except Exception as exc:  # a connection closing: it is dropped at its end
-                    logger.debug("tools/list_changed not sent: {!r}", exc)
+        try:
+            await _announce(served)
+        except Exception:
+            failures.log_failed("MCP: announcing a change of the tool set failed; the next change is announced")
+        else:
+            failures.passed()
+
+
+async def _announce(served: _Served) -> None:
+    """One announcement of :func:`_announce_changes`."""
+    version = served.system.tool_set().version
+    await served.bus.publish(ToolsListChanged())  # to 2026-07-28 clients' subscriptions/listen streams
+    for session in list(served.sessions):
+        if session.offered_version != version:
+            session.offered_version = version
+            try:
+                await session.notify.send_tool_list_changed()
+            except Exception as exc:  # a connection closing: it is dropped at its end
+                logger.debug("tools/list_changed not sent: {!r}", exc)
 
 
 async def aserve(system: Any, *, http: tuple[str, int] | None = None, name: str = "rho-actors",

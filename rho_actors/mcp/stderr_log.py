@@ -24,6 +24,7 @@ from typing import TextIO, cast
 from loguru import logger
 
 from rho_actors.encoding import shown_bytes
+from rho_actors.otp.failure_runs import FailureRun
 
 __all__ = ["KEPT_LINES", "MAX_LINES_PER_WINDOW", "MAX_LINE_BYTES", "WINDOW_S", "StderrLog"]
 
@@ -52,6 +53,7 @@ class StderrLog:
         self._lock = threading.Lock()
         self.logged = 0
         self.dropped = 0
+        self._window_start, self._in_window, self._skipped = time.monotonic(), 0, 0  # the reader thread's
         self.done = threading.Event()  # set when the pipe is at its end (every writer closed it)
         threading.Thread(target=self._read, name=f"{name}-stderr", daemon=True).start()
 
@@ -66,8 +68,12 @@ class StderrLog:
             return " | ".join(self._kept)
 
     def _read(self) -> None:
-        window_start, in_window, skipped = time.monotonic(), 0, 0
-        named = logger.bind(mcp_server=self.name)
+        """The reader thread: each line logged (bounded: the module doc) until the pipe's
+        end. A line whose handling raises what was not expected is logged (the 1st, 2nd,
+        4th... of a run: :class:`~rho_actors.otp.failure_runs.FailureRun`) and the next
+        line read: the thread ended there, and the server, its stderr no longer read,
+        blocked in its own ``write`` once the pipe was full."""
+        failures = FailureRun(f"the stderr reader of MCP server {self.name}")
         try:
             with self._reader:
                 while True:
@@ -79,26 +85,39 @@ class StderrLog:
                         rest = self._reader.readline(MAX_LINE_BYTES)
                         if not rest or rest.endswith(b"\n"):
                             break
-                    line = shown_bytes(raw.rstrip(b"\r\n")) + (" [cut]" if cut else "")
-                    if not line.strip():
-                        continue
-                    with self._lock:
-                        self._kept.append(line[:300])
-                    now = time.monotonic()
-                    if now - window_start >= WINDOW_S:
-                        if skipped:
-                            named.info("MCP server {}: {} more stderr lines were not logged", self.name, skipped)
-                        window_start, in_window, skipped = now, 0, 0
-                    if in_window < MAX_LINES_PER_WINDOW:
-                        in_window += 1
-                        self.logged += 1
-                        named.info("MCP server {}: {}", self.name, line)
+                    try:
+                        self._line(raw, cut)
+                    except Exception:
+                        failures.log_failed("MCP server {}: a stderr line could not be logged; the next is read",
+                                            self.name)
                     else:
-                        skipped += 1
-                        self.dropped += 1
-            if skipped:
-                named.info("MCP server {}: {} more stderr lines were not logged", self.name, skipped)
+                        if failures.count:
+                            failures.passed()
+            if self._skipped:
+                logger.bind(mcp_server=self.name).info("MCP server {}: {} more stderr lines were not logged",
+                                                       self.name, self._skipped)
         except (OSError, ValueError):  # the pipe closed under us
             pass
         finally:
             self.done.set()
+
+    def _line(self, raw: bytes, cut: bool) -> None:
+        """One stderr line: kept, and logged unless its window is full (then counted)."""
+        line = shown_bytes(raw.rstrip(b"\r\n")) + (" [cut]" if cut else "")
+        if not line.strip():
+            return
+        with self._lock:
+            self._kept.append(line[:300])
+        named = logger.bind(mcp_server=self.name)
+        now = time.monotonic()
+        if now - self._window_start >= WINDOW_S:
+            if self._skipped:
+                named.info("MCP server {}: {} more stderr lines were not logged", self.name, self._skipped)
+            self._window_start, self._in_window, self._skipped = now, 0, 0
+        if self._in_window < MAX_LINES_PER_WINDOW:
+            self._in_window += 1
+            self.logged += 1
+            named.info("MCP server {}: {}", self.name, line)
+        else:
+            self._skipped += 1
+            self.dropped += 1

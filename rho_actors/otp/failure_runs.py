@@ -1,6 +1,7 @@
 """A background loop's failures that repeat round after round (internal): a worker
 pool's keeper whose starts fail (the host at its thread or process limit, a cgroup that
-cannot be made), the Ray node watcher whose rounds raise.
+cannot be made), the Ray node watcher whose rounds raise, the MCP server's reaper of
+absent sessions and its announcer of tool-list changes, an MCP server's stderr reader.
 
 Such a loop logs and goes on (it must not end: DESIGN §5), but a failure that comes back
 every round logged every round floods the log (a keeper at the host's thread limit
@@ -61,6 +62,15 @@ class FailureRun:
         """What a logged failure adds to its message: nothing for the first, else how many
         failed in a row (the next logged at twice as many)."""
         return "" if count <= 1 else f" ({count} failures in a row; the next logged at {2 * count})"
+
+    def log_failed(self, message: str, *args: object) -> float:
+        """One more failure, raised in the ``except`` block calling this: logged with its
+        traceback when its number in the run is a power of two (``message`` formatted
+        with ``args``, as loguru does, plus :meth:`so_far`); the pause before the next try."""
+        count, pause = self.failed()
+        if self.logged(count):
+            logger.opt(depth=1).exception(message + "{}", *args, self.so_far(count))
+        return pause
 
     def passed(self) -> int:
         """A round passed: the run ends (logged when it had more than one failure); how

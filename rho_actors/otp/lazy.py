@@ -35,6 +35,7 @@ import pykka
 from loguru import logger
 
 from rho_actors.otp.actor import NORMAL, end_unstarted, monitor, on_actor_thread, stop_soon
+from rho_actors.otp.owned import owning
 from rho_actors.otp.starters import StarterBinding
 from rho_actors.otp.supervisor import (
     ChildInfo,
@@ -148,7 +149,8 @@ class LazySupervisor(Supervisor):
             self._ids[sid] = key  # reserved while its child starts
             self._starting.add(key)
         try:
-            ref = subtree.child.start()
+            with owning(self._owner):
+                ref = subtree.child.start()
             # watched before anyone can find it by its name (its end comes with its real
             # reason, never "noproc", which a stop from another thread would be taken for)
             monitor(ref, lambda r, reason: self._lazy_down(key, r, reason))

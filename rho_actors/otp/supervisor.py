@@ -82,6 +82,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import SupervisorEvent, SupervisorEventKind, logs_at
 from rho_actors.otp.actor import NORMAL, Actor, Down, kill, monitor, start_link, stop_soon
 from rho_actors.otp.names import NAMES, Names
+from rho_actors.otp.owned import owner_now, owning
 from rho_actors.otp.threads import ThreadPool
 
 __all__ = [
@@ -271,6 +272,7 @@ class Supervisor(Actor):
         self._keys = itertools.count()
         self._restart_times: collections.deque[float] = collections.deque()
         self.restarts = 0
+        self._owner = owner_now()  # its system's owned processes (rho_actors.otp.owned): passed to its children
 
     # --- starting -----------------------------------------------------------------------
 
@@ -310,7 +312,8 @@ class Supervisor(Actor):
 
     def _launch(self, child: ChildRecord) -> None:
         try:
-            ref = child.spec.start()
+            with owning(self._owner):
+                ref = child.spec.start()
         except Exception:
             raise
         except BaseException as exc:  # the child's failure (sys.exit in a start), not this supervisor's

@@ -10,11 +10,14 @@ call's deadline on a child. A frame longer than the reader's limit is refused as
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import math
 import os
 import select
 import struct
+import termios
 import time
 from typing import Any, Final
 
@@ -46,12 +49,16 @@ class Channel:
     """One end of a child's pipe (``conn``: a ``multiprocessing`` connection, used only
     for its file descriptor). ``sentinel`` (the parent's end only) is the child's process
     sentinel: when the child is gone and nothing more is readable, :meth:`recv` raises
-    ``EOFError``."""
+    ``EOFError``. ``peer`` (a worker's channel: the parent's own copy of the child's end,
+    owned from now on) keeps what was written to the child and never read readable after
+    the child ended (:meth:`unread_by_child`); the child's end then never reads as closed
+    here, its end is the sentinel's."""
 
-    __slots__ = ("_buf", "_fd", "_poll", "_sentinel", "conn")
+    __slots__ = ("_buf", "_fd", "_peer", "_poll", "_sentinel", "conn")
 
-    def __init__(self, conn: Any, sentinel: int | None = None) -> None:
+    def __init__(self, conn: Any, sentinel: int | None = None, peer: int = -1) -> None:
         self.conn = conn
+        self._peer = peer
         self._fd: int = conn.fileno()
         os.set_blocking(self._fd, False)
         self._sentinel = sentinel
@@ -187,7 +194,24 @@ class Channel:
         (no wait). A child that sent more than it was asked for is not quiet."""
         return not self._buf and not self._poll.poll(0)
 
+    def unread_by_child(self) -> int | None:
+        """How many bytes written to the child it has not read (``FIONREAD`` of its end,
+        the parent's copy: the same after the child ended); ``None`` without that copy.
+        More than 0 once the child ended: it never had the whole of the last frame."""
+        if self._peer < 0:
+            return None
+        count = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._peer, termios.FIONREAD, count, True)
+        except OSError:
+            return None
+        return count[0]
+
     def close(self) -> None:
-        """Close this end."""
+        """Close this end (and the parent's copy of the child's end)."""
         with contextlib.suppress(OSError):
             self.conn.close()
+        if self._peer >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._peer)
+            self._peer = -1

@@ -235,7 +235,7 @@ def _read_pid(status_r: int) -> int:
 
 
 def spawn_clean(
-    entry: Callable[[Channel, Any], None], payload: Any, setup: ChildSetup, *, label: str
+    entry: Callable[[Channel, Any], None], payload: Any, setup: ChildSetup, *, label: str, keep_peer: bool = False
 ) -> tuple[CleanProcess, Channel]:
     """Fork a child in the clean fork server that runs
     :func:`~rho_actors.sandbox.child.child_main` ``(channel, setup, entry, payload)``
@@ -244,6 +244,7 @@ def spawn_clean(
     the child in its logged output. Raises ``OSError`` when no child could be started
     (nothing is left open then)."""
     spec = pickle.dumps((entry, setup, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    peer = -1
     parent, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -252,6 +253,7 @@ def spawn_clean(
             confinement = setup.confinement
             own_pids = confinement is not None and confinement.namespaces and confinement.pid_namespace
             _ZYGOTE.fork([child_end.fileno(), status_w, out_w], FORK_PID_NAMESPACE if own_pids else FORK)
+            peer = os.dup(child_end.fileno()) if keep_peer else -1  # (Channel.unread_by_child)
         finally:
             child_end.close()
             os.close(status_w)
@@ -261,9 +263,11 @@ def spawn_clean(
         parent.close()
         os.close(status_r)
         os.close(out_r)
+        if peer >= 0:
+            os.close(peer)
         raise
     proc = CleanProcess(pid, status_r, PUMP.add(out_r, f"{label} (pid {pid})"))
-    channel = Channel(parent, status_r)
+    channel = Channel(parent, status_r, peer)
     try:
         channel.send(SPEC, spec, time.monotonic() + SPEC_TIMEOUT_S)
     except BaseException:

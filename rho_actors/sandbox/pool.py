@@ -380,6 +380,14 @@ class WorkerPool(WarmKeeper):
                           share=self._slots.per_session, held=held)
         return None
 
+    def _start_failed(self, call: WorkerCall, problem: str) -> ToolResult:
+        """The one answer of a call that got no worker because starting one failed on its
+        own (its process not started, no thread for its start, dead or failing before
+        ``READY``, or dead before the call reached it, each tried again as
+        :data:`DELIVERY_ATTEMPTS` allows): ``unavailable`` naming ``problem``; the tool's
+        code never ran (DESIGN §5 "Starting a worker")."""
+        return self._failure(call, "no_worker", problem=problem)
+
     def _failure(self, call: WorkerCall, key: str, **fields: Any) -> ToolResult:
         """The failure ``key`` of ``call``, its duration counted from ``call.started``."""
         if key == "memory_tree":
@@ -412,11 +420,11 @@ class WorkerPool(WarmKeeper):
             why = str(exc) or "no worker was free, and the one started for it was not ready in time"
             result = self._failure(call, "no_worker_in_time", start_ms=start_ms(call), timeout_ms=timeout_ms, why=why)
         except StartFailed as exc:
-            result = self._failure(call, "no_worker", problem=str(exc))
+            result = self._start_failed(call, str(exc))
         except PoolStopped:
             result = self._failure(call, "pool_stopped")
         except Exception as exc:
-            result = self._failure(call, "no_worker", problem=describe_exception(exc))
+            result = self._start_failed(call, describe_exception(exc))
         except BaseException as exc:  # this thread interrupted (a signal handler's KeyboardInterrupt)
             self._abandon(sending, exc)
             raise
@@ -484,7 +492,7 @@ class WorkerPool(WarmKeeper):
                 except RuntimeError as exc:
                     self._release(worker, False, held=sending.held)
                     return (self._failure(call, "pool_stopped") if self._stopped else
-                            self._failure(call, "no_worker", problem=f"its reply could not be waited for ({exc})"))
+                            self._failure(call, "no_reply_reader", problem=str(exc)))
                 sending.opened = True
                 sending.held.clear()  # the reader's now: it releases or loses the worker
                 if not has_tool:
@@ -540,7 +548,7 @@ class WorkerPool(WarmKeeper):
                 result = self._replied(sending, opened, *payload)
             elif outcome == "deadline":
                 result = at_deadline(worker, failed, call.timeout_ms, self._heap_bytes, self._lose)
-            elif outcome == "ended" and not opened.sent and not worker.killed:
+            elif outcome == "ended" and not worker.killed and not opened.may_have_begun():
                 self._lose(worker, "died")  # before the call reached it: another worker
                 if sending.tries + 1 < DELIVERY_ATTEMPTS and not self._stopped:
                     sending.opened = False  # no reader has it while it is sent again: _deliver answers an interrupt
@@ -548,7 +556,8 @@ class WorkerPool(WarmKeeper):
                     self._deliver(sending)
                     return
                 sending.tries += 1
-                result = failed("workers_dying")
+                result = self._start_failed(call, f"{sending.tries} worker processes in a row ended before the "
+                                                  "call reached them")
             elif outcome == "ended":
                 result = died(worker, failed, call.cancel, self._heap_bytes, lambda: self._stopped, self._lose)
             else:  # malformed, reader_failed
@@ -682,3 +691,4 @@ class WorkerPool(WarmKeeper):
             if not self._stopped:
                 self._counts["retired"] += 1
         self._retire(worker)
+

@@ -305,7 +305,7 @@ class Child:
 
 def spawn(
     ctx: Any, entry: Callable[[Channel, Any], None], payload: Any, setup: ChildSetup, *, name: str,
-    label: str | None = None,
+    label: str | None = None, keep_peer: bool = False,
 ) -> Child:
     """Start a child that runs ``entry(channel, payload)`` after
     :func:`~rho_actors.sandbox.child.enter_child` ``(setup)``; ``entry`` must be a
@@ -313,19 +313,22 @@ def spawn(
     untrusted one) is forked by the clean fork server
     (:func:`~rho_actors.sandbox.clean.spawn_clean`; ``ctx`` is not used, ``label``, by
     default ``name``, names it in its logged output); any other by ``ctx``. Raises what
-    starting a process raises (``OSError``...); nothing is left open then."""
+    starting a process raises (``OSError``...); nothing is left open then. ``keep_peer``
+    (a worker): the channel keeps a copy of the child's end (:meth:`Channel.unread_by_child`)."""
     if setup.clean:
         from rho_actors.sandbox.clean import spawn_clean, zygote_pid
 
-        proc, channel = spawn_clean(entry, payload, setup, label=label or name)
+        proc, channel = spawn_clean(entry, payload, setup, label=label or name, keep_peer=keep_peer)
         return Child(proc, channel, watch_server(zygote_pid()))
     forkserver = ctx.get_start_method() == "forkserver"
     for attempt in (1, 2):
         server = watch_server(_forkserver_pid()) if forkserver else None
         parent_end, child_end = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=child_main, args=(child_end, setup, entry, payload), name=name)
+        peer = -1
         try:
             proc.start()
+            peer = os.dup(child_end.fileno()) if keep_peer else -1
             break
         except (OSError, EOFError):
             close(proc, parent_end)
@@ -348,11 +351,14 @@ def spawn(
             _spawned.append(proc.pid)
             if len(_spawned) > 1024:  # a long-lived system: only the ones still running matter
                 _spawned[:] = [p for p in _spawned if os.path.exists(f"/proc/{p}")]
-        return Child(proc, Channel(parent_end, proc.sentinel), watch_server(_forkserver_pid()) if forkserver else None)
+        return Child(proc, Channel(parent_end, proc.sentinel, peer),
+                     watch_server(_forkserver_pid()) if forkserver else None)
     except BaseException:  # interrupted once it ran (a signal handler's KeyboardInterrupt): no child left running
         kill_group(proc.pid)
         reap(proc, _SERVER_END_WAIT_S)
         close(proc, parent_end)
+        if peer >= 0:
+            os.close(peer)
         raise
 
 

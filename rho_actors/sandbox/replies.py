@@ -111,6 +111,16 @@ class OpenCall:
             finally:
                 self.guard.release()
 
+    def may_have_begun(self) -> bool:
+        """Whether its worker, ended, may have begun the call: its ``CALL`` frame was
+        written whole and the worker read all of it (its end's unread bytes, kept by the
+        channel's copy of that end: :meth:`~rho_actors.sandbox.channel.Channel.unread_by_child`,
+        none or unknown), or it asked for the tool (``NEED_TOOL``: a running tool can
+        forge one, and the frame sent again is then what lies unread). A call its worker
+        never had whole is sent to another worker; one it may have begun never is (a
+        tool need not be idempotent)."""
+        return self.sent and (self.asked or not self.worker.channel.unread_by_child())
+
     def seal(self) -> None:
         """The outcome is being finished: no kill by ``cancel`` from now on (waits out a
         write or a kill under way; the worker may be reaped next and its pid reused)."""

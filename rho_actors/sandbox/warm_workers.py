@@ -64,12 +64,14 @@ class QueuedPastDeadline(Exception):
 
 
 class NotStarted(Exception):
-    """No worker the call may use was idle by its ``start_by`` (its own start not yet ready,
-    or, the message says, not begun)."""
+    """No worker the call may use was idle by its ``start_by`` (its own start not yet
+    ready)."""
 
 
 class StartFailed(Exception):
-    """The workers started for a call failed to start, each (the message says why)."""
+    """Starting a worker for a call failed on its own (the message says why): no thread
+    for its start, or each worker started for it failed before it was ready; the call is
+    ``unavailable`` (``WorkerPool._start_failed``)."""
 
 
 class WarmWorkers(ToolsAhead):
@@ -175,7 +177,7 @@ class WarmWorkers(ToolsAhead):
                 setup = ChildSetup(self._heap_bytes, env=dict(os.environ))  # the host's, as it is now
             words = enclosure.memory_bound_words if enclosure is not None else None
             config = self._config if words is None else replace(self._config, bound=words)
-            child = spawn(self._ctx, worker_child, config, setup, name="rho-worker")
+            child = spawn(self._ctx, worker_child, config, setup, name="rho-worker", keep_peer=True)
             if enclosure is not None:
                 enclosure.started(child.pid)
             worker = WorkerHandle(child.proc, child.channel, enclosure, None, env_key, child.server)
@@ -443,7 +445,7 @@ class WarmWorkers(ToolsAhead):
         try:
             threading.Thread(target=run, name="rho-worker-start", daemon=True).start()
         except RuntimeError as exc:  # the host at its thread limit: no start, the call unavailable (_take_back)
-            raise NotStarted(f"no thread could be started for its worker's start ({describe_exception(exc)})") from exc
+            raise StartFailed(f"no thread could be started for its worker's start ({describe_exception(exc)})") from exc
 
     # --- a worker for a call ----------------------------------------------------------------
 

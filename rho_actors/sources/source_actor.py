@@ -78,7 +78,7 @@ import pykka
 from loguru import logger
 
 from rho_actors.encoding import describe_exception, shown_text
-from rho_actors.otp.actor import Actor
+from rho_actors.otp.actor import Actor, monitor
 from rho_actors.otp.supervisor import ChildSpec, StartChild
 from rho_actors.otp.timers import Timer
 from rho_actors.registry.tool_registry import DuplicateToolError, Registration
@@ -263,6 +263,9 @@ class SourceActor(Actor):
         state = self._state
         try:
             found = _checked_scan(self._source.scan())
+            if state.closed:  # closed while it ran (SourceHandle.close past its timeout): nothing applied
+                logger.info("source {}: a scan that ended after the source was closed is dropped", self._label)
+                return
         except BaseException as exc:  # a source's SystemExit must not end this actor
             message = _reason(f"scan failed: {describe_exception(exc)}")
             with state.lock:
@@ -548,7 +551,11 @@ class SourceHandle:
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Unregister every tool of this source and stop its actor (it is not
-        restarted). Idempotent; a no-op once the system has stopped."""
+        restarted), then call the source's ``detach()`` once that actor has ended: at
+        once as a rule; when a scan still runs past ``timeout_s`` (the unload and the
+        stop wait behind it), the source is detached when that scan ends, in a thread of
+        its own (a scan never runs on with what ``detach()`` tore down; what it found is
+        not applied). Idempotent; a no-op once the system has stopped."""
         ref = self._system.whereis(self.child_id)
         if ref is not None:
             try:
@@ -556,6 +563,7 @@ class SourceHandle:
             except (pykka.ActorDeadError, pykka.Timeout) as exc:
                 logger.warning("source {}: unloading failed: {}", self.name, describe_exception(exc))
         self._state.closed = True
+        ref = ref or self._system.whereis(self.child_id)  # (one restarted meanwhile)
         sources = self._system.whereis(_SOURCES)
         if sources is not None:
             try:
@@ -563,7 +571,38 @@ class SourceHandle:
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass
         if callable(detach := getattr(self.source, "detach", None)):
+            self._detach_at_end(ref, detach, timeout_s)
+
+    def _detach_at_end(self, ref: pykka.ActorRef[Any] | None, detach: Any, timeout_s: float) -> None:
+        """``detach()`` once the actor behind ``ref`` has ended (its ``on_stop``, the
+        source's ``halt()``, done): here when it has (the usual), else from its end, in a
+        thread of its own (an actor's end must be quick)."""
+        if ref is None:
             detach()
+            return
+        here = threading.get_ident()
+        at_once: list[bool] = []
+
+        def ended(_ref: Any, _reason: object) -> None:
+            if threading.get_ident() == here:  # reported at once: it had ended
+                at_once.append(True)
+                detach()
+            else:
+                threading.Thread(target=self._detach_late, args=(detach,), name=f"rho-source-detach-{self.name}",
+                                 daemon=True).start()
+
+        monitor(ref, ended)
+        if not at_once:
+            logger.warning("source {}: a scan still runs after close's {} s; the source is detached once it ends",
+                           self.name, timeout_s)
+
+    def _detach_late(self, detach: Any) -> None:
+        try:
+            detach()
+        except Exception:
+            logger.exception("source {}: detaching it once its last scan ended failed", self.name)
+        else:
+            logger.info("source {}: detached once its last scan ended", self.name)
 
     def __repr__(self) -> str:
         return f"<SourceHandle {self.name!r} {'alive' if self.alive else 'stopped'}>"

@@ -69,6 +69,7 @@ from rho_actors.loop.messages import FolderAtStart, SessionWithheld, allowlist, 
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
 from rho_actors.otp.names import Names
+from rho_actors.otp.owned import OwnedProcesses
 from rho_actors.otp.starters import ChildStarter
 from rho_actors.otp.supervisor import ChildSpec, StartChild, Supervisor
 from rho_actors.otp.threads import ThreadPool
@@ -232,7 +233,7 @@ class ActorSystem(HostActors):
         self._sessions_dir = self._sessions_path.resolve()
         make_session_dir(str(self._sessions_dir))  # a session's own folder: on first use
         self._tools = ToolSetView()
-        self._names = Names()
+        self._names, self._owned = Names(), OwnedProcesses()  # the processes its actors own: ended by stop
         self._timers = Timers()
         self._stopped = False
         self._stop_once = StopOnce()
@@ -318,8 +319,9 @@ class ActorSystem(HostActors):
             ChildSpec(SESSIONS, sessions, type="supervisor", name=SESSIONS, shutdown=shutdown_ms + 2_000),
             ChildSpec(SERVERS, supervisor(SERVERS), type="supervisor", name=SERVERS, shutdown=shutdown_ms + 2_000),
         ]
-        self._root = start_link(Supervisor, children, names=self._names, label=ROOT, report=self._events.emit,
-                                **intensity)
+        with self._owned.starting():  # every supervisor below keeps it (rho_actors.otp.owned)
+            self._root = start_link(Supervisor, children, names=self._names, label=ROOT, report=self._events.emit,
+                                    **intensity)
         monitor(self._root, self._root_down)
 
     def _root_down(self, _ref: pykka.ActorRef[Any], reason: object) -> None:
@@ -643,8 +645,8 @@ class ActorSystem(HostActors):
         before it returns (within ``shutdown_ms``, at least 2 s); a system never stopped has its workers' removed
         as the interpreter exits. Untrusted declaration reads under way are cancelled (their processes killed) and
         their threads waited for, within ``timeout_s`` in all: none runs on once it returned. A tree not stopped
-        within ``timeout_s`` (``0`` too) has its worker processes killed here all the same. Idempotent: a stop
-        called while another runs returns once that one has (:mod:`~rho_actors.system.stopping`)."""
+        within ``timeout_s`` (``0`` too) has its worker processes, and its servers' (stateful and MCP servers), killed
+        here all the same. Idempotent: a stop called while another runs returns once that one has."""
         self._stop_once.run(functools.partial(self._stop, timeout_s))
 
     def _stop(self, timeout_s: float) -> None:
@@ -667,7 +669,7 @@ class ActorSystem(HostActors):
             logger.error("the actor system did not stop within {} s", timeout_s)
         finally:  # (an interrupt too) the workers actor may not have stopped: no worker outlives the stop
             if not stopped:
-                end_workers(self._runtime.isolations.values(), max(0.0, until - time.monotonic()))
+                end_workers(self._runtime.isolations.values(), max(0.0, until - time.monotonic()), self._owned)
         self._closed()
         self._timers.stop()
         left = self._declarations.helpers.wait(max(0.0, until - time.monotonic()))  # reads cancelled by _closed

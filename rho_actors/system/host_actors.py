@@ -20,6 +20,7 @@ import pykka
 
 from rho_actors.observe.tree import describe_tree
 from rho_actors.otp.names import Names
+from rho_actors.otp.owned import OwnedProcesses
 from rho_actors.otp.supervisor import ChildSpec, StartChild, start_adopted
 from rho_actors.runtime import Runtime
 
@@ -35,6 +36,7 @@ class HostActors:
     the system sets every attribute below."""
 
     _names: Names
+    _owned: OwnedProcesses
     _intensity: dict[str, Any]
     _runtime: Runtime
     _supervisor: Callable[..., StartChild]
@@ -81,7 +83,8 @@ class HostActors:
             spec.id, subtree, restart="temporary", type="supervisor",
             shutdown=(spec.shutdown if isinstance(spec.shutdown, int) else 0) + 1_000,
         )
-        return start_adopted(self._proxy(under), server, self._ask_timeout_s)
+        with self._owned.starting():  # its processes are the system's (rho_actors.otp.owned)
+            return start_adopted(self._proxy(under), server, self._ask_timeout_s)
 
     def stop_child(self, child_id: str, *, under: Literal["servers", "sources"] = "servers") -> bool:
         """Stop the subtree :meth:`start_child` started for ``child_id`` and forget it (OTP's

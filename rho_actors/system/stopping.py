@@ -14,7 +14,9 @@ in time, or when several threads stop the system at once (internal).
   ``timeout_s`` (its ``workers`` actor not yet stopped: a source or a session slow to
   stop before it, or ``timeout_s`` tiny or ``0``) shuts the isolations that own worker
   processes down itself, so that no worker process, cgroup or private folder outlives
-  the stop (the ``workers`` actor, stopping later, finds them shut down).
+  the stop (the ``workers`` actor, stopping later, finds them shut down); and it kills
+  the processes the system's actors own (a stateful server's, an MCP server's:
+  :mod:`rho_actors.otp.owned`), whose actors stop behind it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from collections.abc import Callable, Iterable
 from loguru import logger
 
 from rho_actors.isolation.base import Isolation
+from rho_actors.otp.owned import OwnedProcesses
+from rho_actors.sandbox import KILLED_REAP_S
 
 __all__ = ["StopOnce", "end_workers"]
 
@@ -50,11 +54,14 @@ class StopOnce:
             self._ended = True
 
 
-def end_workers(isolations: Iterable[Isolation], timeout_s: float) -> None:
-    """Shut down, in this thread, every isolation but ``thread`` (which runs calls in
-    this process: nothing of it outlives it), each within ``timeout_s`` seconds (a
-    process pool's kill and reap take :data:`~rho_actors.sandbox.exit_stop.KILLED_REAP_S`
-    at least). Never raises an ``Exception`` (each failure is logged)."""
+def end_workers(isolations: Iterable[Isolation], timeout_s: float, owned: OwnedProcesses) -> None:
+    """Kill every process the system's actors own (``owned``: their reaping waited for
+    :data:`~rho_actors.sandbox.exit_stop.KILLED_REAP_S` at most) and shut down, in this
+    thread, every isolation but ``thread`` (which runs calls in this process: nothing of
+    it outlives it), each within ``timeout_s`` seconds (a process pool's kill and reap
+    take ``KILLED_REAP_S`` at least). Never raises an ``Exception`` (each failure is
+    logged)."""
+    owned.end_all(max(timeout_s, KILLED_REAP_S))
     for isolation in isolations:
         if isolation.name == "thread":
             continue
