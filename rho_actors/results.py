@@ -152,6 +152,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
     "loop_unanswered": (_K.CRASHED, "the session's loop did not answer this call within {bound_s:.0f} s"),
     # a conversation replayed to a provider (rho_actors.agent.provider_rules)
     "no_result": (_K.CANCELLED, "no result was recorded for this call; it is answered as cancelled"),
+    "held_task_lost": (
+        _K.CANCELLED, "not run: the call of tool {tool!r} waited for a decision as task {task}, but its session's "
+        "transcript holds it no more (never recorded, or removed) when its host started"
+    ),
     "interrupted": (_K.CANCELLED, "the session was interrupted before this call's result was recorded"),
     # a call that waits for a decision (DESIGN §4 "Approvals")
     "pending_approval": (_K.PENDING_APPROVAL, "call {call} of tool {tool!r} requires approval and has not run; "

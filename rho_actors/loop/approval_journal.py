@@ -319,15 +319,17 @@ class ApprovalJournal:
             assert isinstance(args, dict)
             self._run(held, args)
 
-    def _recover(self) -> None:
+    def _recover(self) -> frozenset[str]:
         """Rebuild the pending calls a transcript left open (a restart of the host) and act
-        on those decided meanwhile."""
+        on those decided meanwhile; returns the ids of the calls taken back (to wait, to
+        run once decided, or to run again)."""
+        taken: set[str] = set()
         try:
             history = load(self.path)
         except Exception as exc:
             logger.warning("session {}: its transcript could not be read for pending calls: {}", self.session_id,
                            describe_exception(exc))
-            return
+            return frozenset()
         calls = {c.id: c for m in history.messages for c in m.tool_calls}
         decided = []
         for call_id, track in history.open_calls.items():
@@ -346,6 +348,7 @@ class ApprovalJournal:
             held = Held(info, args)
             with self._lock:
                 self._held[call_id] = held
+            taken.add(call_id)
             if track.state == "decided":
                 decided.append((held, track))
             elif expires is not None:
@@ -367,7 +370,9 @@ class ApprovalJournal:
                                      time.time()), args)
             with self._lock:
                 self._in_flight[call.id] = started.name  # a prompt meanwhile waits for it
+            taken.add(call.id)
             self._later(functools.partial(self._rerun, held), "rerun")
+        return frozenset(taken)
 
     def _rerun(self, held: Held) -> None:
         """Run again an approved call of an idempotent tool that a host died running

@@ -129,21 +129,23 @@ class SessionApprovals(ApprovalJournal):
 
     # --- the loop's side ------------------------------------------------------------------
 
-    def attach(self, turns: Turns, runtime: Runtime, *, found: frozenset[str] | None = None) -> None:
+    def attach(self, turns: Turns, runtime: Runtime, *, found: frozenset[str] | None = None) -> frozenset[str]:
         """The session's (new) LoopActor runs ``turns`` in ``runtime``: decisions run
         their calls there. The first attach recovers the open calls of the session's
         transcript (a host that died with calls pending, decided or approved and not
-        started); a later one (a restart) looks at the transcript again while calls wait.
-        ``found``: the names in the session's folder as its start found them (the
-        transcript is read only if its name is there); ``None``: looked for here."""
+        started) and returns their ids (those it took back to wait, or to run again);
+        a later one (a restart) looks at the transcript again while calls wait, and
+        returns none. ``found``: the names in the session's folder as its start found
+        them (the transcript is read only if its name is there); ``None``: looked for here."""
         self._turns, self._runtime = turns, runtime
         self._timers, self._threads = runtime.timers, runtime.threads
         if self._recovered:
             self._watch()
-        if not self._recovered:  # read here (its pending calls listed at once); a decided one runs on a pool thread
-            self._recovered = True
-            if TRANSCRIPT_NAME in found if found is not None else self.transcript_exists():
-                self._recover()
+            return frozenset()
+        self._recovered = True  # read here (its pending calls listed at once); a decided one runs on a pool thread
+        if TRANSCRIPT_NAME in found if found is not None else self.transcript_exists():
+            return self._recover()
+        return frozenset()
 
     def _later(self, job: Callable[[], object], what: str) -> bool:
         """Run ``job`` on a pool thread; False when no thread could be started."""

@@ -149,10 +149,9 @@ class Turns(OfferedTools, TurnHolds):
         self._offer: tuple[int, Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
         self._resumed: dict[str, Task] = {}  # tasks run again after a crash, by call id, until dispatched
         found = at_start.take() if at_start is not None else None  # what start_loop listed: the first turns only
-        if approvals is not None:
-            approvals.attach(self, runtime, found=found)
         rerun_tasks(session_id, data_dir, runtime.tools.current.entries, self._tasks, self._resumed, self.submit,
-                    found=found)
+                    found=found, attach=None if approvals is None else  # the tasks read first, then the open calls
+                    functools.partial(approvals.attach, self, runtime, found=found))
 
     def running(self) -> list[dict[str, Any]]:
         """The calls running now: ``call_id``, ``tool`` and ``ms_left`` to the deadline."""

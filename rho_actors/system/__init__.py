@@ -650,7 +650,8 @@ class ActorSystem(HostActors):
         self._stop_once.run(functools.partial(self._stop, timeout_s))
 
     def _stop(self, timeout_s: float) -> None:
-        self._runtime.tasks.stop(self._shutdown_ms / 1000)  # no task starts, each open one is cancelled
+        # no task starts, each open one is cancelled (one whose call waits for a decision is kept, to be taken back)
+        self._runtime.tasks.stop(self._shutdown_ms / 1000, keep_held=not self._own_data_dir)
         self._calls.close()  # a call dispatched from now on does not start
         for isolation in self._runtime.isolations.values():  # a tool stopping the system: its thread is not waited
             isolation.stopping_from_here()

@@ -19,6 +19,8 @@ transcript recorded is not given twice). Record fields::
     "delivered": bool                               (its result reached the model)
     "arguments": object, "attempt": int             (optional: the call's validated arguments, and
                                                      which run of it this is: 1, or 2 once re-run)
+    "held": true                                    (optional: its call waits for a decision and never
+                                                     started; the next host takes it back ``input_required``)
 
 :func:`read_all` skips (with a warning) a file that is not a whole, valid record, and
 removes a temporary file whose writer's process has ended (a host killed mid-write): it
@@ -152,8 +154,9 @@ def _problem(record: Any, task_id: str) -> str | None:
     if not _time(record.get("started")) or not (record.get("finished") is None or _time(record.get("finished"))) \
             or not isinstance(record.get("delivered"), bool):
         return "its started, finished or delivered field is wrong"
-    if not isinstance(record.get("arguments", {}), dict) or record.get("attempt", 1) not in (1, 2):
-        return "its arguments or attempt field is wrong"
+    if not isinstance(record.get("arguments", {}), dict) or record.get("attempt", 1) not in (1, 2) \
+            or not isinstance(record.get("held", False), bool):
+        return "its arguments, attempt or held field is wrong"
     result = record.get("result")
     if result is not None and not (isinstance(result, dict) and isinstance(result.get("ok"), bool)
                                    and isinstance(result.get("content"), str)

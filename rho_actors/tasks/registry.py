@@ -12,7 +12,10 @@ after ``kill -9`` lists a task that was running as ``failed`` ("interrupted"; ne
 again) and a finished one with its result.
 
 A task of an ``idempotent`` tool found running is run again instead, once (its record
-keeps the call's arguments and which run it is: :meth:`TaskRegistry.resume`).
+keeps the call's arguments and which run it is: :meth:`TaskRegistry.resume`). A task
+whose call waits for a decision (:meth:`TaskRegistry.held`) outlives a stop or a crash
+of its host as its call does: left ``input_required``, taken back by the next host with
+the call, and ended once by the call's decision there.
 
 Statuses are MCP's: ``working``, ``input_required`` (open), then ``completed``,
 ``failed`` or ``cancelled``. Bounds: at most ``max_tasks_per_session`` open tasks in a
@@ -97,6 +100,7 @@ class Task:
         "delivered",
         "done",
         "finished",
+        "held",
         "name",
         "result",
         "running",
@@ -126,6 +130,7 @@ class Task:
         self.written = True  # False once its record is removed: never written again
         self.arguments: dict[str, Any] | None = None  # the call's, kept to run it again (an idempotent tool's)
         self.attempt = 1  # 2: run again by a host after the one running it died
+        self.held = False  # its call waits for a decision (never started): kept across a stop, taken back after
 
     def info(self) -> TaskInfo:
         return TaskInfo(self.task_id, self.call_id, self.name, self.session_id, self.status, self.started,
@@ -138,7 +143,7 @@ class Task:
         return {"task_id": self.task_id, "call_id": self.call_id, "name": self.name, "session_id": self.session_id,
                 "status": self.status, "started": self.started, "finished": self.finished, "result": result,
                 "delivered": self.delivered, **({} if self.arguments is None else {"arguments": self.arguments}),
-                "attempt": self.attempt}
+                "attempt": self.attempt, **({"held": True} if self.held else {})}
 
     @classmethod
     def loaded(cls, record: dict[str, Any], session_dir: Path) -> Task:
@@ -147,6 +152,7 @@ class Task:
         task.updated = task.finished or task.started
         task.delivered = record["delivered"]
         task.arguments, task.attempt = record.get("arguments"), record.get("attempt", 1)
+        task.held = record.get("held") is True and task.status == "input_required"
         data = record.get("result")
         if data is not None:
             kind = data.get("error_kind")
@@ -182,10 +188,11 @@ class TaskRegistry:
         self._sessions: dict[str, dict[str, Task]] = {}  # by session, by task id: read from its folder once
         self._open_count = 0
         self._counts = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0, "refused": 0, "interrupted": 0,
-                        "rerun": 0}
+                        "rerun": 0, "taken_back": 0}
         self.stopped = False
         self._watchers: dict[object, Callable[[TaskInfo], None]] = {}
         self._held: dict[tuple[str, str], Task] = {}  # (session, call id): tasks whose call waits for a decision
+        self._taken: dict[str, list[Task]] = {}  # held tasks read from a session's folder, until resume() gives them
         self._decisions = decisions  # subscribes to the decisions of held calls (only while one is held)
         self._unlisten: Callable[[], None] | None = None
         self.event_loop = TaskLoop()  # where background calls of async tools run (started on the first)
@@ -224,7 +231,10 @@ class TaskRegistry:
         ``not_started``); ``cancelled`` when the call's task was cancelled while it waited
         for its approval (an approval racing the cancel runs nothing)."""
         with self._lock:
+            self._session(session_id, session_dir)  # read first: a held task a host before this one made is there
             held = self._held.pop((session_id, call_id), None)
+            if held is not None:
+                held.held = False
         if held is not None and held.status in OPEN:  # approved: the task that waited for it goes on
             held.arguments = arguments
             self.waiting(session_id, session_dir, held.task_id, False)
@@ -238,20 +248,28 @@ class TaskRegistry:
         most ``max_timeout_ms``."""
         return min(info.policy.background_timeout_ms or DEFAULT_BACKGROUND_TIMEOUT_MS, self.settings.max_timeout_ms)
 
-    def resume(self, session_id: str, session_dir: Path, rerun: Any) -> list[Task]:
-        """The session's tasks read from its folder now (its loop starts), those found
-        running in a host that died as :meth:`_session` makes them (``failed``) but for
-        each one ``rerun(name)`` says to run again (its tool idempotent) that has its
-        arguments and was not run again already: kept ``working`` as its second run
-        (its record written so), returned for the loop to start again. Nothing when the
-        session's tasks were read already."""
+    def resume(self, session_id: str, session_dir: Path, rerun: Any) -> tuple[list[Task], list[Task]]:
+        """The session's tasks read from its folder now (its loop starts, before its
+        approvals take back the transcript's open calls): those found running in a host
+        that died as :meth:`_session` makes them (``failed``) but for each one
+        ``rerun(name)`` says to run again (its tool idempotent) that has its arguments
+        and was not run again already: kept ``working`` as its second run (its record
+        written so), returned first, for the loop to start again; then the tasks whose
+        call waited for a decision when the host before stopped (or died), taken back
+        ``input_required`` and held for their call again (:meth:`held`): the caller lets
+        go (:meth:`let_go`) of each whose call the transcript no longer holds open.
+        No task to run again when the session's tasks were read already (the held ones
+        taken back are given once, whoever read them first)."""
         with self._lock:
-            if session_id in self._sessions:
-                return []
-            again = [t for t in self._session(session_id, session_dir, rerun).values() if t.status in OPEN]
+            first = session_id not in self._sessions
+            tasks = self._session(session_id, session_dir, rerun).values()
+            again = [t for t in tasks if t.status in OPEN and not t.held] if first else []
+            held = [t for t in self._taken.pop(session_id, []) if t.held and t.status in OPEN]
         for task in again:
             self._persist(task)
-        return again
+        if held:
+            self._listen()
+        return again, held
 
     def held(self, session_id: str, session_dir: Path, pending: ToolResult) -> ToolResult:
         """A background call held for approval (its ``pending_approval`` result) as a task
@@ -261,11 +279,18 @@ class TaskRegistry:
         (:meth:`on_event`). A bound reached: its refusal (``tasks_bound``, or
         ``not_started``), no task made; the caller withdraws the call from the pending
         ones (it must not wait for a decision no task shows)."""
-        task = self._open(session_id, session_dir, pending.call_id, pending.name, status="input_required")
+        task = self._open(session_id, session_dir, pending.call_id, pending.name, status="input_required", held=True)
         if isinstance(task, ToolResult):
             return task
         with self._lock:
             self._held[(session_id, pending.call_id)] = task
+        self._listen()
+        ack = acknowledgement(task.task_id, pending.call_id, pending.name)
+        return dataclasses.replace(ack, details={**ack.details, "pending": pending.details["pending"]})
+
+    def _listen(self) -> None:
+        """Listen for the decisions of held calls (:meth:`on_event`), once, while one is held."""
+        with self._lock:
             subscribe, listening = self._decisions, self._unlisten is not None
         if subscribe is not None and not listening:
             unlisten = subscribe(self.on_event)
@@ -274,8 +299,6 @@ class TaskRegistry:
                 self._unlisten = self._unlisten or unlisten
             if spare is not None:
                 spare()
-        ack = acknowledgement(task.task_id, pending.call_id, pending.name)
-        return dataclasses.replace(ack, details={**ack.details, "pending": pending.details["pending"]})
 
     def holds(self, session_id: str, call_id: str) -> bool:
         """Whether call ``call_id`` of the session is a task waiting for its approval
@@ -313,7 +336,8 @@ class TaskRegistry:
         return task
 
     def _open(self, session_id: str, session_dir: Path, call_id: str, name: str,
-              arguments: dict[str, Any] | None = None, status: TaskStatus = "working") -> Task | ToolResult:
+              arguments: dict[str, Any] | None = None, status: TaskStatus = "working",
+              held: bool = False) -> Task | ToolResult:
         with self._lock:
             tasks = self._session(session_id, session_dir)
             settings = self.settings
@@ -331,8 +355,7 @@ class TaskRegistry:
                 self._counts["refused"] += 1
                 return refusal
             task = Task(f"t_{secrets.token_hex(16)}", session_id, session_dir, call_id, name)
-            task.arguments = arguments
-            task.status = status
+            task.arguments, task.status, task.held = arguments, status, held
             tasks[task.task_id] = task
             self._sessions[session_id] = tasks
             self._open_count += 1
@@ -382,6 +405,7 @@ class TaskRegistry:
             if task.status not in OPEN:
                 return  # late
             task.status, task.result, task.finished, task.running = _status(result), result, time.time(), None
+            task.held = False
             task.updated = task.finished
             self._open_count -= 1
             self._counts[task.status] += 1
@@ -484,15 +508,19 @@ class TaskRegistry:
         with self._lock:
             return any(t.status in OPEN for t in self._session(session_id, session_dir).values())
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 5.0, keep_held: bool = True) -> None:
         """The system stops: no task starts, and each open one ends ``cancelled`` (its
         record written; a host that dies first leaves it for the next host to find
         ``failed``, interrupted) with its call cancelled through its isolation; the
         cancelled ``async`` calls get ``timeout_s`` seconds to end before the tasks'
-        event loop stops."""
+        event loop stops. But a task whose call waits for a decision (:meth:`held`) is
+        left ``input_required``, as its call is left pending in the transcript: the next
+        host takes both back (:meth:`resume`); ``keep_held=False`` (a system whose data
+        folder is removed at its stop: nothing takes them back) ends it ``cancelled`` too."""
         with self._lock:
             self.stopped = True
-            open_tasks = [t for tasks in self._sessions.values() for t in tasks.values() if t.status in OPEN]
+            open_tasks = [t for tasks in self._sessions.values() for t in tasks.values()
+                          if t.status in OPEN and not (keep_held and t.held)]
         for task in open_tasks:
             running = task.running
             self.settle(task, failure("cancelled", task.call_id, task.name, reason="the system is stopping"))
@@ -516,7 +544,8 @@ class TaskRegistry:
     def stats(self) -> dict[str, Any]:
         """Counters: ``open`` now, and ``started``, ``completed``, ``failed``,
         ``cancelled``, ``refused``, ``interrupted`` (found running after a host died) and
-        ``rerun`` (of them, run again: an idempotent tool's) since the start; the bounds."""
+        ``rerun`` (of them, run again: an idempotent tool's), ``taken_back`` (held for a
+        decision when a host before stopped or died: :meth:`resume`) since the start; the bounds."""
         with self._lock:
             return {"open": self._open_count, **self._counts, "max_tasks": self.settings.max_tasks,
                     "max_tasks_per_session": self.settings.max_tasks_per_session,
@@ -536,7 +565,8 @@ class TaskRegistry:
     def _session(self, session_id: str, session_dir: Path, rerun: Any = None) -> dict[str, Task]:
         """The session's tasks (under the lock), read from its folder the first time:
         a task found open there was running in a host that died, and is ``failed``
-        (unless ``rerun``: :meth:`resume`). Kept by session only while it has a task
+        (unless ``rerun``: :meth:`resume`), but one whose call waited for a decision
+        (``held``) is held for its call again, for :meth:`resume` to give. Kept by session only while it has a task
         (:meth:`_open` keeps what it adds to), so a host serving sessions without end
         keeps no entry for those with none (read again, their folder holds no record)."""
         tasks = self._sessions.get(session_id)
@@ -546,7 +576,12 @@ class TaskRegistry:
                 if record["session_id"] != session_id:
                     continue
                 task = Task.loaded(record, session_dir)
-                if task.status in OPEN and rerun is not None and task.attempt == 1 and task.arguments is not None \
+                if task.held:  # its call waited for a decision: it waits on, held for it again (resume)
+                    self._held[(session_id, task.call_id)] = task
+                    self._taken.setdefault(session_id, []).append(task)
+                    self._open_count += 1
+                    self._counts["taken_back"] += 1
+                elif task.status in OPEN and rerun is not None and task.attempt == 1 and task.arguments is not None \
                         and rerun(task.name):
                     task.attempt, task.started = 2, time.time()
                     self._open_count += 1
