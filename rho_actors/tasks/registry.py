@@ -18,8 +18,8 @@ Statuses are MCP's: ``working``, ``input_required`` (open), then ``completed``,
 ``failed`` or ``cancelled``. Bounds: at most ``max_tasks_per_session`` open tasks in a
 session and ``max_tasks`` in the system (a background call past either is
 ``unavailable``, naming the bound); a task's result is charged to its session's result
-budget; an ended task stays listed for ``task_ttl_s`` after it ends, then its record is
-removed.
+budget; an ended task stays listed for ``task_ttl_s`` after it ends (``time.monotonic()``
+counts it), then its record is removed.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ class Task:
         "deadline",
         "delivered",
         "done",
+        "ended",
         "finished",
         "name",
         "result",
@@ -117,6 +118,7 @@ class Task:
         self.started: float = time.time()
         self.updated: float = self.started  # Unix s of its last change of status
         self.finished: float | None = None
+        self.ended: float | None = None  # time.monotonic() s of its end (what task_ttl_s counts from: no clock jump)
         self.result: ToolResult | None = None
         self.delivered = False
         self.running: RunningCall | None = None
@@ -156,6 +158,7 @@ class Task:
                                      (None if data["ok"] else ErrorKind.CRASHED),
                                      duration_ms=float(duration) if type(duration) in (int, float) else 0.0)
         if task.status not in OPEN:
+            task.ended = time.monotonic() - max(0.0, time.time() - (task.finished or task.started))  # its age now
             task.done.set()
         return task
 
@@ -368,6 +371,7 @@ class TaskRegistry:
             if task.status not in OPEN:
                 return  # late
             task.status, task.result, task.finished, task.running = _status(result), result, time.time(), None
+            task.ended = time.monotonic()
             task.updated = task.finished
             self._open_count -= 1
             self._counts[task.status] += 1
@@ -538,7 +542,7 @@ class TaskRegistry:
                     self._open_count += 1
                     self._counts["rerun"] += 1
                 elif task.status in OPEN:
-                    task.status, task.finished = "failed", time.time()
+                    task.status, task.finished, task.ended = "failed", time.time(), time.monotonic()
                     task.result = failure("task_interrupted", task.call_id, task.name)
                     task.done.set()
                     self._counts["interrupted"] += 1
@@ -549,9 +553,11 @@ class TaskRegistry:
         return tasks
 
     def _expire(self, tasks: dict[str, Task]) -> None:
-        """Forget (and remove the records of) tasks that ended over ``task_ttl_s`` ago."""
-        horizon = time.time() - self.settings.task_ttl_s
-        for task in [t for t in tasks.values() if t.done.is_set() and t.finished is not None and t.finished < horizon]:
+        """Forget (and remove the records of) tasks that ended over ``task_ttl_s`` ago, as
+        ``time.monotonic()`` counts (the wall clock set forward or back changes nothing; a
+        task read from its record: its age by the wall clock when it was read)."""
+        horizon = time.monotonic() - self.settings.task_ttl_s
+        for task in [t for t in tasks.values() if t.done.is_set() and t.ended is not None and t.ended < horizon]:
             del tasks[task.task_id]
             task.written = False
             records.remove(task.session_dir, task.task_id)

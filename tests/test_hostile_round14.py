@@ -1,0 +1,435 @@
+"""Hostile round 14: the governor (hostile settings, places given back, retries),
+background tasks (their records, their ttl, cancel racing completion) and decisions
+through a session's transcript.
+
+What broke, each fixed in ``rho_actors/``:
+
+- an interrupt (a signal handler's ``KeyboardInterrupt``) as a *governed* call's
+  isolation started it kept the call's concurrency place for good: a tool with
+  ``max_concurrency=1`` was ``unavailable`` for every later call of every session; a
+  retry whose start raised left its call without an answer (its turn waited its whole
+  bound) and its place taken;
+- ``RetryPolicy.total_s`` was ignored by the governor: ``total_s=0`` still ran all 50
+  attempts of a failing idempotent call;
+- a rate whose N is too large for a float (``"999...9/s"``, 400 digits) raised
+  ``OverflowError`` (not the documented ``ValueError``), which a class tool's
+  ``rate_limit()`` answer passed on to its registration (its declaration failed instead
+  of "a bad answer means no bound"); one so small that the time between two tokens
+  overflowed would have raised as a call was refused (``wait_ms`` infinite);
+- a task record nested past the JSON parser's depth raised ``RecursionError`` out of
+  ``records.read_all`` (documented never to raise for what is in the folder): the
+  session's tasks could not be listed and every background call of it failed;
+- an ended task's ``task_ttl_s`` was counted on the wall clock: the clock set forward (NTP,
+  a VM resumed) forgot a task that had just ended, its result with it.
+
+What held is kept as tests below: hostile settings refused naming the setting, one
+session's budgets untouched by another's, a non-idempotent call never retried, a task's
+result fetched twice, cancels racing completions, and decisions on a transcript with a
+torn last line, with hostile text, or with a FIFO or symlink in place of the transcript
+or the session's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import (
+    ActorSystem,
+    GovernorSettings,
+    Reply,
+    RetryPolicy,
+    ScriptedModel,
+    TaskSettings,
+    ToolCall,
+    ToolFailure,
+    tool,
+)
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, TranscriptError, load
+from rho_actors.budgets import ResultBudgets
+from rho_actors.declarations.policy import call_policy, parse_rate, policy_from_answers
+from rho_actors.loop.decisions import ApprovalError, decide
+from rho_actors.otp import threads as threads_module
+from rho_actors.tasks import records
+from rho_actors.tasks import registry as registry_module
+
+from .conftest import WAIT_S, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+RUNS: list[str] = []
+release = threading.Event()
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    RUNS.clear()
+    release.clear()
+    yield
+    release.set()
+
+
+@tool(max_concurrency=1, timeout_ms=2_000)
+def capped(x: int) -> str:
+    """A tool one call of which runs at a time in the whole system."""
+    return f"x={x}"
+
+
+@tool(idempotent=True, max_concurrency=1, timeout_ms=int(WAIT_S * 1000),
+      retry=RetryPolicy(attempts=3, initial_s=0, max_wait_s=0, jitter_s=0))
+def flaky_once(x: int) -> str:
+    """Fail retryably at its first run, then answer."""
+    RUNS.append(f"flaky_once {x}")
+    if len(RUNS) == 1:
+        raise ToolFailure("raised", "busy upstream", retryable=True)
+    return f"x={x}"
+
+
+@tool(idempotent=True, timeout_ms=int(WAIT_S * 1000),
+      retry=RetryPolicy(attempts=50, initial_s=0, max_wait_s=0, jitter_s=0, total_s=0.0))
+def never_again(x: int) -> str:
+    """Always fail retryably; its policy allows no retry after 0 s."""
+    RUNS.append(f"never_again {x}")
+    raise ToolFailure("raised", "busy upstream", retryable=True)
+
+
+@tool(timeout_ms=int(WAIT_S * 1000))
+def not_idempotent(x: int) -> str:
+    """Fail 'retryably', but the tool is not idempotent: never run again."""
+    RUNS.append(f"not_idempotent {x}")
+    raise ToolFailure("raised", "busy upstream", retryable=True)
+
+
+@tool(max_calls=2)
+def twice(x: int) -> str:
+    """At most two calls in a session."""
+    return f"x={x}"
+
+
+@tool(background=True, background_timeout_ms=int(2 * WAIT_S * 1000))
+def crawl(site: str) -> str:
+    """Wait until the test lets it finish."""
+    release.wait(WAIT_S)
+    return f"crawled {site}"
+
+
+@tool(requires_approval=True)
+def delete(path: str) -> str:
+    """Delete a file (held for a decision)."""
+    RUNS.append(f"delete {path}")
+    return f"deleted {path}"
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[ActorSystem]:
+    with ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000) as system:
+        for one in (capped, flaky_once, never_again, not_idempotent, twice, crawl):
+            system.register(one)
+        yield system
+
+
+def _call(call_id: str, name: str, arguments: str = '{"x": 1}') -> ToolCall:
+    return ToolCall(call_id, name, arguments)
+
+
+# --- the governor: places given back ------------------------------------------------------------
+
+
+def test_an_interrupt_as_a_governed_calls_isolation_starts_it_gives_its_place_back(
+        system: ActorSystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: ``running`` stayed ``{"capped": 1}`` for good, and every later call of
+    ``capped`` waited its whole deadline for the place, then was ``unavailable``."""
+    loop = system.start_loop("s")
+
+    def submit(self: threads_module.ThreadPool, *args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    for i in range(2):
+        monkeypatch.setattr(threads_module.ThreadPool, "submit", submit)
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_turn([_call(f"c{i}", "capped")])
+        monkeypatch.undo()
+        assert system.stats()["governor"]["running"]["capped"] == 0
+    other = system.start_loop("other")
+    [result] = other.run_turn([_call("after", "capped", '{"x": 2}')])
+    assert result.ok and result.content == "x=2", result
+
+
+def test_a_retry_whose_start_raises_is_answered_not_started_and_gives_its_place_back(
+        system: ActorSystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the retry's start raised on the governor's pooled thread: the call never
+    had an answer (``run_turn`` raised ``TimeoutError`` after its whole bound, 70 s here)
+    and ``flaky_once`` kept its one place for good."""
+    isolation: Any = system._runtime.isolations["thread"]
+    real = isolation.start
+    starts: list[str] = []
+
+    def start(spec: Any) -> Any:
+        starts.append(spec.call_id)
+        if len(starts) == 2:  # the retry
+            raise RuntimeError("the isolation broke")
+        return real(spec)
+
+    monkeypatch.setattr(isolation, "start", start)
+    loop = system.start_loop("s")
+    [result] = loop.run_turn([_call("c1", "flaky_once")])
+    assert result.error_kind == "cancelled" and result.content == (
+        "the call did not start: RuntimeError: the isolation broke"), result
+    assert result.details is not None and result.details["attempts"] == 2
+    assert system.stats()["governor"]["running"]["flaky_once"] == 0
+    [again] = loop.run_turn([_call("c2", "flaky_once", '{"x": 2}')])
+    assert again.ok and again.content == "x=2", again
+
+
+# --- the governor: retries ---------------------------------------------------------------------
+
+
+def test_no_retry_starts_later_than_the_policys_total_s(system: ActorSystem) -> None:
+    """Before: ``total_s`` was read by the model providers' retries only: this call ran
+    its 50 attempts."""
+    [result] = system.start_loop("s").run_turn([_call("c1", "never_again")])
+    assert result.error_kind == "raised" and RUNS == ["never_again 1"]
+    assert result.details is None or "attempts" not in result.details, result.details
+
+
+def test_a_call_of_a_tool_that_is_not_idempotent_is_never_retried_even_when_it_says_retryable(
+        system: ActorSystem) -> None:
+    [result] = system.start_loop("s").run_turn([_call("c1", "not_idempotent")])
+    assert result.error_kind == "raised" and RUNS == ["not_idempotent 1"]
+    assert system.stats()["governor"]["retried"] == 0
+
+
+# --- the governor: hostile settings --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["9" * 400 + "/s", "1" + "0" * 400 + "/min", "0." + "0" * 310 + "1/h"],
+                         ids=["N overflows", "N overflows per minute", "a token never comes"])
+def test_a_rate_no_float_can_hold_is_a_value_error_naming_it(text: str) -> None:
+    """Before: ``OverflowError`` (the first two); the last parsed, and its first refusal
+    would have raised computing an infinite ``wait_ms``."""
+    with pytest.raises(ValueError, match="N must be a finite number"):
+        parse_rate(text)
+    with pytest.raises(ValueError, match="N must be a finite number"):
+        call_policy(rate=text)
+    warned: list[str] = []
+    policy = policy_from_answers({"rate_limit": text, "max_calls": 3}, lambda name, _answer, problem: warned.append(
+        f"{name}: {problem}"))
+    assert policy.rate is None and policy.max_calls == 3  # a bad answer: no bound, the others kept
+    assert len(warned) == 1 and warned[0].startswith("rate_limit: rate ")
+
+
+def test_the_smallest_and_largest_rates_a_float_holds_still_work() -> None:
+    assert 0 < parse_rate("0." + "0" * 300 + "1/h").per_s < 1e-300
+    huge = parse_rate("1" + "0" * 300 + "/s")
+    assert huge.per_s == 1e300 and huge.burst == int(1e300)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: GovernorSettings(max_thread_calls=float("nan")),  # type: ignore[arg-type]
+    lambda: GovernorSettings(max_thread_calls=float("inf")),  # type: ignore[arg-type]
+    lambda: GovernorSettings(max_calls_per_session=0),
+    lambda: GovernorSettings(max_repeats=True),
+    lambda: GovernorSettings(max_calls_per_session="10"),  # type: ignore[arg-type]
+    lambda: RetryPolicy(attempts=True),
+    lambda: RetryPolicy(initial_s=float("nan")),
+    lambda: RetryPolicy(jitter_s=-1e-9),
+    lambda: RetryPolicy(total_s=float("nan")),
+    lambda: TaskSettings(task_ttl_s=float("nan")),
+    lambda: TaskSettings(max_tasks=10.5),  # type: ignore[arg-type]
+    lambda: ResultBudgets(per_turn=float("inf")),  # type: ignore[arg-type]
+    lambda: ResultBudgets(per_session=True),
+    lambda: call_policy(max_concurrency=float("inf")),
+    lambda: call_policy(max_calls=-1),
+    lambda: call_policy(background_timeout_ms=float("nan")),
+], ids=["threads nan", "threads inf", "calls 0", "repeats True", "calls str", "attempts True", "initial nan",
+        "jitter negative", "total nan", "ttl nan", "max_tasks float", "turn bytes inf", "session bytes True",
+        "concurrency inf", "max_calls negative", "background timeout nan"])
+def test_hostile_settings_are_refused_naming_the_setting(make: Any) -> None:
+    with pytest.raises((TypeError, ValueError)) as raised:
+        make()
+    assert any(word in str(raised.value) for word in (
+        "max_thread_calls", "max_calls_per_session", "max_repeats", "attempts", "initial_s", "jitter_s", "total_s",
+        "task_ttl_s", "max_tasks", "max_turn_result_bytes", "max_session_result_bytes", "max_concurrency",
+        "max_calls", "background_timeout_ms")), raised.value
+
+
+def test_a_sessions_own_bounds_of_the_wrong_kind_are_refused_naming_them(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, governor=GovernorSettings(max_calls_per_session=5)) as system:
+        bads: tuple[tuple[Any, type[Exception]], ...] = (
+            (float("nan"), TypeError), (True, TypeError), (0, ValueError), (6, ValueError))
+        for bad, error in bads:
+            with pytest.raises(error, match="max_calls_per_session"):
+                system.start_loop("s", max_calls_per_session=bad)
+        with pytest.raises(ValueError, match="max_repeats"):
+            system.start_loop("s", max_repeats=-3)
+
+
+def test_huge_but_finite_bounds_are_bounds_not_errors(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, governor=GovernorSettings(max_thread_calls=10 ** 30,
+                                                                  max_calls_per_session=10 ** 30)) as system:
+        system.register(twice)
+        [result] = system.start_loop("s").run_turn([_call("c1", "twice")])
+        assert result.ok, result
+
+
+# --- the governor: sessions apart --------------------------------------------------------------
+
+
+def test_one_session_exhausting_its_budgets_leaves_anothers_whole(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, governor=GovernorSettings(max_calls_per_session=3, max_repeats=1)) as system:
+        system.register(twice)
+        greedy, other = system.start_loop("greedy"), system.start_loop("other")
+        results = greedy.run_turn([_call(f"g{i}", "twice", f'{{"x": {i}}}') for i in range(5)])
+        assert [r.error_kind for r in results] == [None, None, "budget_exhausted", "budget_exhausted",
+                                                   "budget_exhausted"]
+        [repeat] = greedy.run_turn([_call("g9", "twice", '{"x": 0}')])
+        assert repeat.error_kind == "budget_exhausted"
+        mine = other.run_turn([_call("o1", "twice", '{"x": 0}'), _call("o2", "twice", '{"x": 1}')])
+        assert [r.error_kind for r in mine] == [None, None], mine
+
+
+# --- background tasks ---------------------------------------------------------------------------
+
+
+def test_a_task_record_nested_past_the_parsers_depth_is_skipped_and_the_session_goes_on(
+        system: ActorSystem) -> None:
+    """Before: ``RecursionError`` out of ``records.read_all``: ``loop.tasks()`` raised,
+    and so did every background call of the session."""
+    loop = system.start_loop("s1")
+    folder = loop.data_dir / records.FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"t_{'a' * 32}.json").write_text("[" * 200_000 + "]" * 200_000)
+    assert records.read_all(loop.data_dir) == []
+    assert loop.tasks() == []
+    release.set()
+    [ack] = loop.run_turn([ToolCall("c1", "crawl", '{"site": "a"}')])
+    assert ack.ok, ack
+    info = loop.task_result(ack.details["task_id"], timeout_s=WAIT_S)
+    assert info.status == "completed" and info.result is not None and info.result.content == "crawled a"
+
+
+def test_the_wall_clock_set_forward_forgets_no_task_that_just_ended(
+        system: ActorSystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: ``task_ttl_s`` (1 h) was counted with ``time.time()``: set two hours
+    forward, the task that ended a moment ago was forgotten, its result with it."""
+    loop = system.start_loop("s1")
+    release.set()
+    [ack] = loop.run_turn([ToolCall("c1", "crawl", '{"site": "a"}')])
+    task_id = ack.details["task_id"]
+    assert loop.task_result(task_id, timeout_s=WAIT_S).status == "completed"
+    ahead = types.SimpleNamespace(time=lambda: time.time() + 7_200, monotonic=time.monotonic)
+    monkeypatch.setattr(registry_module, "time", ahead)  # the registry's clock only
+    [info] = loop.tasks()
+    assert info.task_id == task_id and info.result is not None and info.result.content == "crawled a"
+    monkeypatch.undo()
+
+
+def test_a_task_ended_before_this_host_started_is_forgotten_after_what_is_left_of_its_ttl(tmp_path: Path) -> None:
+    """A task read from its record counts its age by the wall clock once, when it is read."""
+    session = tmp_path / "sessions" / "s1"
+    old = {"task_id": f"t_{'1' * 32}", "call_id": "c1", "name": "crawl", "session_id": "s1", "status": "completed",
+           "started": time.time() - 7_300, "finished": time.time() - 7_200, "delivered": True,
+           "result": {"ok": True, "content": "done", "error_kind": None, "duration_ms": 1.0}}
+    fresh = {**old, "task_id": f"t_{'2' * 32}", "call_id": "c2", "started": time.time(), "finished": time.time()}
+    records.write(session, old)
+    records.write(session, fresh)
+    with ActorSystem(data_dir=tmp_path) as system:
+        assert [info.task_id for info in system.start_loop("s1").tasks()] == [fresh["task_id"]]
+
+
+def test_a_tasks_result_fetched_twice_is_the_same_and_a_cancel_after_it_changes_nothing(
+        system: ActorSystem) -> None:
+    loop = system.start_loop("s1")
+    release.set()
+    [ack] = loop.run_turn([ToolCall("c1", "crawl", '{"site": "a"}')])
+    task_id = ack.details["task_id"]
+    first = loop.task_result(task_id, timeout_s=WAIT_S)
+    second = loop.task_result(task_id, timeout_s=WAIT_S)
+    assert first == second and first.status == "completed"
+    cancelled = loop.cancel_task(task_id)
+    assert cancelled.status == "completed" and cancelled.result == first.result
+    assert system.stats()["tasks"]["cancelled"] == 0
+
+
+def test_cancels_racing_completions_end_each_task_once(system: ActorSystem) -> None:
+    loop = system.start_loop("s1")
+    acks = loop.run_turn([ToolCall(f"c{i}", "crawl", f'{{"site": "{i}"}}') for i in range(12)])
+    ids = [ack.details["task_id"] for ack in acks]
+    go = threading.Barrier(2)
+
+    def cancel_all() -> None:
+        go.wait(WAIT_S)
+        for task_id in ids:
+            loop.cancel_task(task_id)
+
+    canceller = threading.Thread(target=cancel_all)
+    canceller.start()
+    go.wait(WAIT_S)
+    release.set()
+    canceller.join(WAIT_S)
+    infos = [loop.task_result(task_id, timeout_s=WAIT_S) for task_id in ids]
+    for info in infos:
+        assert info.status in ("completed", "cancelled"), info
+        assert info.result is not None and info.result.ok == (info.status == "completed"), info
+    stats = system.stats()["tasks"]
+    assert stats["open"] == 0 and stats["completed"] + stats["cancelled"] == len(ids), stats
+    assert {r["task_id"]: r["status"] for r in records.read_all(loop.data_dir)} == {
+        info.task_id: info.status for info in infos}
+
+
+# --- decisions through the transcript -------------------------------------------------------------
+
+
+def _pending_session(data: Path) -> Path:
+    """A session ``s1`` whose transcript holds calls c1 and c2 of ``delete`` waiting for a
+    decision, its host stopped; the transcript's path."""
+    with ActorSystem(data_dir=data, shutdown_ms=2_000) as system:
+        system.register(delete)
+        result = system.start_loop("s1").prompt("clean up", model=ScriptedModel([Reply(tool_calls=(
+            ToolCall("c1", "delete", '{"path": "/a"}'), ToolCall("c2", "delete", '{"path": "/b"}')))]))
+        assert [p.call_id for p in result.pending] == ["c1", "c2"]
+    return data / "sessions" / "s1" / TRANSCRIPT_NAME
+
+
+def test_a_decision_after_a_torn_last_line_is_recorded_and_acted_on_by_the_next_host(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    transcript = _pending_session(data)
+    with open(transcript, "ab") as file:  # a host killed mid-write
+        file.write(b'{"v": 2, "seq": 99, "type": "call", "st')
+    decide(data, "s1", "c1", "approved", decided_by="bob")
+    decide(data, "s1", "c2", "rejected", message="keep \udcff it", decided_by="ev\udcfeil\nname")  # hostile text
+    history = load(transcript)
+    assert history.calls["c1"].state == "decided" and history.calls["c2"].state == "decided"
+    assert history.calls["c2"].states["decided"]["message"] == "keep \ufffd it"
+    with ActorSystem(data_dir=data, shutdown_ms=2_000) as system:
+        system.register(delete)
+        system.start_loop("s1")
+        assert wait_for(lambda: all(load(transcript).calls[c].state == "settled" for c in ("c1", "c2")))
+    assert RUNS == ["delete /a"]
+    with pytest.raises(ApprovalError, match="decided already: it was approved by bob"):
+        decide(data, "s1", "c1", "rejected", message="too late")
+
+
+def test_a_fifo_or_symlink_in_place_of_a_transcript_or_session_folder_is_refused_at_once(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    transcript = _pending_session(data)
+    sessions = data / "sessions"
+    os.symlink(sessions / "s1", sessions / "evil")  # another session's folder, reached through a link
+    (sessions / "s2").mkdir()
+    os.symlink(transcript, sessions / "s2" / TRANSCRIPT_NAME)
+    (sessions / "s3").mkdir()
+    os.mkfifo(sessions / "s3" / TRANSCRIPT_NAME)  # reading it would block for good
+    for session, what in (("evil", "is a symlink or not a folder"), ("s2", "is a symlink, not a regular file"),
+                          ("s3", "is a FIFO, not a regular file")):
+        began = time.monotonic()
+        with pytest.raises(TranscriptError, match=what):
+            decide(data, session, "c1", "approved")
+        assert time.monotonic() - began < WAIT_S
+    assert load(transcript).calls["c1"].state == "pending"
