@@ -20,7 +20,11 @@ What broke, each fixed in ``rho_actors/``:
   ``records.read_all`` (documented never to raise for what is in the folder): the
   session's tasks could not be listed and every background call of it failed;
 - an ended task's ``task_ttl_s`` was counted on the wall clock: the clock set forward (NTP,
-  a VM resumed) forgot a task that had just ended, its result with it.
+  a VM resumed) forgot a task that had just ended, its result with it;
+- a prompt made right after the next host started a session whose calls were decided
+  meanwhile (``rho-actors approve`` while no host ran), before that host had acted on the
+  decisions (on a pool thread), said "2 call(s) wait for a decision: decide them first"
+  (3 runs in 10), and deciding one again was refused "decided already".
 
 What held is kept as tests below: hostile settings refused naming the setting, one
 session's budgets untouched by another's, a non-idempotent call never retried, a task's
@@ -433,3 +437,49 @@ def test_a_fifo_or_symlink_in_place_of_a_transcript_or_session_folder_is_refused
             decide(data, session, "c1", "approved")
         assert time.monotonic() - began < WAIT_S
     assert load(transcript).calls["c1"].state == "pending"
+
+
+def test_a_prompt_before_the_next_host_acted_on_decisions_made_meanwhile_never_says_decide_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before (3 runs in 10 without holding anything back): ``prompt(None)`` at once after
+    the next host's ``start_loop`` said "2 call(s) wait for a decision: decide them first"
+    of calls decided already (deciding one again is refused "decided already")."""
+    from rho_actors.loop.approvals import SessionApprovals
+
+    data = tmp_path / "data"
+    transcript = _pending_session(data)
+    decide(data, "s1", "c1", "approved", decided_by="bob")
+    held_back: list[Any] = []
+    real = SessionApprovals._later
+
+    def later(self: SessionApprovals, job: Any, what: str) -> bool:
+        if what in ("act", "sync"):  # the host acts on decisions (found at its start, or by a look) after the prompts
+            held_back.append(job)
+            return True
+        return real(self, job, what)
+
+    monkeypatch.setattr(SessionApprovals, "_later", later)
+    with ActorSystem(data_dir=data, shutdown_ms=2_000) as system:
+        system.register(delete)
+        loop = system.start_loop("s1")
+        early = loop.prompt(None, model=ScriptedModel([Reply(text="never sent")]))
+        assert early.error is not None and "decide them first" in early.error
+        assert early.error.startswith("1 call(s) wait for a decision") and "c2 (delete)" in early.error
+        assert "call(s) c1 (delete: approved, not run yet) were decided and are being acted on" in early.error
+        decide(data, "s1", "c2", "rejected", message="keep /b")
+        stalled = loop.prompt(None, model=ScriptedModel([Reply(text="never sent")]))
+        assert stalled.error is not None and "decide them first" not in stalled.error, stalled.error
+        assert stalled.error.startswith("call(s) c1 (delete: approved, not run yet), c2 (delete: rejected, not run "
+                                        "yet) were decided and are being acted on")
+        assert held_back
+        monkeypatch.undo()  # the host acts on decisions again: the jobs held back run, a later look's at once
+
+        def acted_on() -> bool:
+            while held_back:
+                held_back.pop(0)()
+            return all(load(transcript).calls[c].state == "settled" for c in ("c1", "c2"))
+
+        assert wait_for(acted_on)
+        final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
+        assert final.error is None and final.text == "done"
+    assert RUNS == ["delete /a"]
