@@ -20,7 +20,10 @@ What broke, each fixed in ``rho_actors/``:
   ``records.read_all`` (documented never to raise for what is in the folder): the
   session's tasks could not be listed and every background call of it failed;
 - an ended task's ``task_ttl_s`` was counted on the wall clock: the clock set forward (NTP,
-  a VM resumed) forgot a task that had just ended, its result with it;
+  a VM resumed) forgot a task that had just ended, its result with it; and only a host
+  listing or fetching tasks ever forgot one: ended tasks piled up without bound (a record
+  file and about 2 KiB each, 141 a second of one session measured) for as long as an
+  agent loop ran;
 - a prompt made right after the next host started a session whose calls were decided
   meanwhile (``rho-actors approve`` while no host ran), before that host had acted on the
   decisions (on a pool thread), said "2 call(s) wait for a decision: decide them first"
@@ -483,3 +486,38 @@ def test_a_prompt_before_the_next_host_acted_on_decisions_made_meanwhile_never_s
         final = loop.prompt(None, model=ScriptedModel([Reply(text="done")]))
         assert final.error is None and final.text == "done"
     assert RUNS == ["delete /a"]
+
+
+def test_a_session_making_background_calls_without_end_keeps_a_bounded_number_of_ended_tasks(
+        tmp_path: Path) -> None:
+    """Before: every ended task stayed, in memory (about 2 KiB) and as a record file, until
+    its ttl (1 h), and only a host listing or fetching tasks ever forgot one (an agent
+    loop's prompts never did): 141 tasks a second of one session measured (load 7.7), and
+    each new background call counted the session's open tasks over all of them."""
+    settings = TaskSettings(max_ended_tasks_per_session=3)
+    with ActorSystem(data_dir=tmp_path, tasks=settings) as system:
+        system.register(crawl)
+        loop = system.start_loop("s1")
+        release.set()
+        ids = []
+        for i in range(8):
+            [ack] = loop.run_turn([ToolCall(f"c{i}", "crawl", f'{{"site": "{i}"}}')])
+            ids.append(ack.details["task_id"])
+            assert loop.task_result(ids[-1], timeout_s=WAIT_S).status == "completed"
+            on_disk = {r["task_id"] for r in records.read_all(loop.data_dir)}
+            assert on_disk == set(ids[-4:]), (i, on_disk)  # the 3 that ended last before it started, and it
+        assert [info.task_id for info in loop.tasks()] == ids[-4:]
+        assert system.stats()["tasks"]["max_ended_tasks_per_session"] == 3
+
+
+def test_the_ttl_forgets_ended_tasks_of_a_session_whose_host_never_lists_them(tmp_path: Path) -> None:
+    with ActorSystem(data_dir=tmp_path, tasks=TaskSettings(task_ttl_s=0)) as system:
+        system.register(crawl)
+        loop = system.start_loop("s1")
+        registry = system._runtime.tasks
+        release.set()
+        [first] = loop.run_turn([ToolCall("c1", "crawl", '{"site": "a"}')])
+        assert registry._sessions["s1"][first.details["task_id"]].done.wait(WAIT_S)  # ended; the host looks not
+        [second] = loop.run_turn([ToolCall("c2", "crawl", '{"site": "b"}')])
+        assert first.details["task_id"] not in {r["task_id"] for r in records.read_all(loop.data_dir)}
+        assert second.ok

@@ -19,7 +19,8 @@ Statuses are MCP's: ``working``, ``input_required`` (open), then ``completed``,
 session and ``max_tasks`` in the system (a background call past either is
 ``unavailable``, naming the bound); a task's result is charged to its session's result
 budget; an ended task stays listed for ``task_ttl_s`` after it ends (``time.monotonic()``
-counts it), then its record is removed.
+counts it), then its record is removed; as a task starts, its session keeps the
+``max_ended_tasks_per_session`` that ended last of its ended tasks (and its ttl is looked at).
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class TaskSettings:
     ``max_tasks_per_session`` open tasks in one session (16) and ``max_tasks`` in the
     system (1,024: an open task of an ``async`` tool holds no thread, about 7 KiB);
     ``task_ttl_s``: how long an ended task stays listed, in seconds (1 h);
+    ``max_ended_tasks_per_session``: how many ended tasks a session keeps as a new one
+    starts (1,024, about 2 KiB and a record file each: the ones that ended first are
+    forgotten then, as at their ttl, so a session making background calls without end
+    keeps a bounded number; its open ones may end meanwhile);
     ``max_timeout_ms``: the longest deadline a background call may have (1 h,
     milliseconds); ``model_chooses``: whether the model may choose to run a call of a
     ``background="optional"`` tool in the background (its declaration shown to the model
@@ -68,9 +73,10 @@ class TaskSettings:
     task_ttl_s: float = 3600.0
     max_timeout_ms: int = DEFAULT_BACKGROUND_TIMEOUT_MS
     model_chooses: bool = True
+    max_ended_tasks_per_session: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_tasks_per_session", "max_tasks", "max_timeout_ms"):
+        for name in ("max_tasks_per_session", "max_tasks", "max_timeout_ms", "max_ended_tasks_per_session"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TaskSettings.{name} must be an int >= 1, not {value!r}")
@@ -306,6 +312,7 @@ class TaskRegistry:
         with self._lock:
             tasks = self._session(session_id, session_dir)
             settings = self.settings
+            self._expire(tasks, settings.max_ended_tasks_per_session)  # at its ttl, and past the bound
             open_here = sum(t.status in OPEN for t in tasks.values())
             refusal = None
             if self.stopped:
@@ -510,7 +517,8 @@ class TaskRegistry:
         with self._lock:
             return {"open": self._open_count, **self._counts, "max_tasks": self.settings.max_tasks,
                     "max_tasks_per_session": self.settings.max_tasks_per_session,
-                    "task_ttl_s": self.settings.task_ttl_s}
+                    "task_ttl_s": self.settings.task_ttl_s,
+                    "max_ended_tasks_per_session": self.settings.max_ended_tasks_per_session}
 
     # --- inside -------------------------------------------------------------------------
 
@@ -552,12 +560,18 @@ class TaskRegistry:
                 self._sessions[session_id] = tasks
         return tasks
 
-    def _expire(self, tasks: dict[str, Task]) -> None:
+    def _expire(self, tasks: dict[str, Task], keep: int | None = None) -> None:
         """Forget (and remove the records of) tasks that ended over ``task_ttl_s`` ago, as
         ``time.monotonic()`` counts (the wall clock set forward or back changes nothing; a
-        task read from its record: its age by the wall clock when it was read)."""
+        task read from its record: its age by the wall clock when it was read), and, with
+        ``keep``, the earliest ended past the ``keep`` latest."""
         horizon = time.monotonic() - self.settings.task_ttl_s
-        for task in [t for t in tasks.values() if t.done.is_set() and t.ended is not None and t.ended < horizon]:
+        ended = [(t.ended, t) for t in tasks.values() if t.done.is_set() and t.ended is not None]
+        gone = [t for stamp, t in ended if stamp < horizon]
+        if keep is not None and len(ended) - len(gone) > keep:  # the earliest ended of those left go too
+            left = sorted((pair for pair in ended if pair[0] >= horizon), key=lambda pair: pair[0])
+            gone += [t for _, t in left[:len(left) - keep]]
+        for task in gone:
             del tasks[task.task_id]
             task.written = False
             records.remove(task.session_dir, task.task_id)
