@@ -521,3 +521,23 @@ def test_the_ttl_forgets_ended_tasks_of_a_session_whose_host_never_lists_them(tm
         [second] = loop.run_turn([ToolCall("c2", "crawl", '{"site": "b"}')])
         assert first.details["task_id"] not in {r["task_id"] for r in records.read_all(loop.data_dir)}
         assert second.ok
+
+
+@pytest.mark.parametrize("bad", [
+    {"max_output_chars": -5}, {"max_output_chars": float("nan")}, {"max_argument_depth": -1},
+    {"abandoned_threads_per_tool": -1}, {"max_restarts": -1}, {"worker_idle_s": float("nan")},
+    {"max_seconds": float("inf")}, {"governor": {"max_thread_calls": 3}}, {"tasks": {"max_tasks": 3}},
+    {"max_turn_result_bytes": float("nan")}, {"max_timeout_ms": float("inf")},
+], ids=lambda bad: next(iter(bad)) + "=" + repr(next(iter(bad.values()))))
+def test_a_hostile_system_setting_is_refused_naming_it_and_nothing_is_left_running(
+        tmp_path: Path, bad: dict[str, Any]) -> None:
+    """Before: ``max_output_chars=-5`` let every result through uncut, ``NaN`` failed every
+    call ``raised``, ``max_argument_depth=-1`` and ``abandoned_threads_per_tool=-1``
+    refused every call, a ``dict`` of task settings was taken and failed the first
+    background call and ``stop()`` with an ``AttributeError``, one of governor settings
+    failed with one; a refused setting left a thread of the half-made system running."""
+    name = next(iter(bad))
+    before = set(threading.enumerate())
+    with pytest.raises((TypeError, ValueError), match=name):
+        ActorSystem(data_dir=tmp_path, **bad)
+    assert set(threading.enumerate()) <= before
