@@ -16,6 +16,10 @@ What broke, each fixed in ``rho_actors/``:
   ``rate_limit()`` answer passed on to its registration (its declaration failed instead
   of "a bad answer means no bound"); one so small that the time between two tokens
   overflowed would have raised as a call was refused (``wait_ms`` infinite);
+- a call cancelled while it waited for its rate token (or for a place after taking one)
+  kept the token: one session queueing calls over a tool's rate and cancelling them left
+  other sessions' calls waiting for tokens nobody used (refused ``rate_limited`` 180 s
+  away where 60 s was right);
 - a task record nested past the JSON parser's depth raised ``RecursionError`` out of
   ``records.read_all`` (documented never to raise for what is in the folder): the
   session's tasks could not be listed and every background call of it failed;
@@ -61,6 +65,7 @@ from rho_actors import (
 )
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, TranscriptError, load
 from rho_actors.budgets import ResultBudgets
+from rho_actors.cancel import CancelToken
 from rho_actors.declarations.policy import call_policy, parse_rate, policy_from_answers
 from rho_actors.loop.decisions import ApprovalError, decide
 from rho_actors.otp import threads as threads_module
@@ -541,3 +546,59 @@ def test_a_hostile_system_setting_is_refused_naming_it_and_nothing_is_left_runni
     with pytest.raises((TypeError, ValueError), match=name):
         ActorSystem(data_dir=tmp_path, **bad)
     assert set(threading.enumerate()) <= before
+
+
+class Metered:
+    """One call a minute in the whole system, shared by every tool of its rate group."""
+
+    def __init__(self, name: str, timeout_ms: int) -> None:
+        self._name, self._timeout_ms = name, timeout_ms
+
+    def name(self) -> str:
+        return self._name
+
+    @staticmethod
+    def description() -> str:
+        return "Use the metered service."
+
+    @staticmethod
+    def parameter_schema() -> dict[str, Any]:
+        return {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+
+    def timeout_ms(self) -> int:
+        return self._timeout_ms
+
+    @staticmethod
+    def rate_limit() -> str:
+        return "1/min"
+
+    @staticmethod
+    def rate_group() -> str:
+        return "meter"
+
+    @staticmethod
+    def run(args: dict[str, Any], ctx: Any) -> str:
+        return f"x={args['x']}"
+
+
+def test_calls_cancelled_while_they_wait_for_their_rate_token_give_it_back(tmp_path: Path) -> None:
+    """Before: a cancelled call kept the token it had reserved: one session queueing calls
+    over a tool's rate and cancelling them (or stopping) left every other session's call
+    waiting for tokens nobody used (here refused ``rate_limited`` with its token 180 s
+    away, where 60 s is right)."""
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(Metered("metered", 300_000))
+        system.register(Metered("metered_soon", 30_000))  # a deadline shorter than a token's wait
+        greedy, other = system.start_loop("greedy"), system.start_loop("other")
+        [first] = greedy.run_turn([_call("g0", "metered")])  # the bucket's one token
+        assert first.ok
+        bucket = system._runtime.governor._buckets["group:meter"]
+        cancel = CancelToken()
+        queued = greedy.submit_turn([_call(f"g{i}", "metered", f'{{"x": {i}}}') for i in (1, 2)], cancel=cancel)
+        assert wait_for(lambda: bucket.tokens(time.monotonic()) < -1.9)  # both reserved: at +60 s and +120 s
+        cancel.cancel()
+        assert [r.error_kind for r in queued.result(WAIT_S)] == ["cancelled", "cancelled"]
+        [refused] = other.run_turn([_call("o1", "metered_soon")])
+        assert refused.error_kind == "rate_limited", refused
+        wait_ms = int(refused.content.split("only in ")[1].split(" ms")[0])
+        assert wait_ms <= 60_000, refused.content

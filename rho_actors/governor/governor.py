@@ -11,7 +11,8 @@ The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
    (:meth:`Governor.bound_session`): a session may only tighten the system's, which are
    the host's ceiling (:mod:`rho_actors.governor.session_counts`);
 2. **the rate** (the tool's token bucket, :mod:`rho_actors.governor.buckets`): the call
-   starts when its token comes, if that is before its deadline, else ``rate_limited``;
+   starts when its token comes, if that is before its deadline, else ``rate_limited``
+   (a token taken by a call that never starts is given back: :meth:`_Call.unreserve`);
 3. **places** (:mod:`rho_actors.governor.places`): the tool's ``max_concurrency`` (the
    whole system), its ``max_concurrency_per_session`` and, for a call on a thread, the
    system's ``max_thread_calls``, and for a call of an ``exclusive`` tool the session's
@@ -138,7 +139,7 @@ class _Call:
 
     __slots__ = ("attempt", "began", "bucket", "current", "failures", "final", "gates", "gov", "has_answer",
                  "held", "reply", "retry", "running", "seq", "session", "span", "spec", "start", "state", "stop",
-                 "timer", "tool")
+                 "timer", "token", "tool")
 
     def __init__(self, gov: Governor, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
                  gates: tuple[Gate, ...], retry: RetryPolicy | None, bucket: TokenBucket | None) -> None:
@@ -151,6 +152,7 @@ class _Call:
         self.attempt, self.final, self.seq = 1, 0, 0
         self.began = 0.0  # time.monotonic() s its first attempt started (retried: total_s counts from it)
         self.has_answer = self.held = False
+        self.token = False  # a rate token taken for the attempt not started yet (given back if it never starts)
         self.state = _PLACES
         self.running: RunningCall | None = None
         self.timer: Timer | None = None
@@ -173,9 +175,11 @@ class _Call:
                 self.refuse(failure("rate_limited", self.spec.call_id, self.tool, rate=bucket.rate.text,
                                     wait_ms=round((when - now) * 1000)))
                 return
+            self.token = True
             if when > now:
                 with self.gov.lock:
                     if self.stop is not None:
+                        self.unreserve()
                         return
                     self.state = _RATE
                     self.timer = self.gov.later(when, self.places)
@@ -194,6 +198,7 @@ class _Call:
         with gov.lock:
             self.timer = None  # a rate's timer, fired
             if self.stop is not None:
+                self.unreserve()
                 return
             if fits(self.gates):
                 take(self.gates)
@@ -220,6 +225,7 @@ class _Call:
     def launch(self) -> None:
         """Start the current attempt in its isolation (it holds its places)."""
         attempt = self.attempt
+        self.token = False  # spent: the attempt starts
         spec = self.spec if attempt == 1 else dataclasses.replace(
             self.spec, reply=functools.partial(self.answered, attempt))
         if self.retry is not None and TRACEPARENT in spec.ctx:  # its own span, the call's child
@@ -372,9 +378,17 @@ class _Call:
                                                           "failures": list(self.failures)})
         reply(result)
 
+    def unreserve(self) -> None:
+        """Give back the rate token taken for an attempt that will never start."""
+        if self.token and self.bucket is not None:
+            self.token = False
+            self.bucket.give_back(time.monotonic())
+
     def let_go(self) -> None:
         """The call is done: its attempt's late results go to the turn's reply directly,
-        and this object holds nothing of the turn (its slot may still hold this)."""
+        and this object holds nothing of the turn (its slot may still hold this); a rate
+        token it took for an attempt that never started is given back."""
+        self.unreserve()
         self.spec.reply = self.current.reply = self.reply
         self.reply = _nothing
         self.spec = self.current = _DONE_SPEC
