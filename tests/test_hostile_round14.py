@@ -20,6 +20,9 @@ What broke, each fixed in ``rho_actors/``:
   kept the token: one session queueing calls over a tool's rate and cancelling them left
   other sessions' calls waiting for tokens nobody used (refused ``rate_limited`` 180 s
   away where 60 s was right);
+- a session stopped while a call held its own place (``max_concurrency_per_session``, its
+  exclusive place) left that gate in the governor for good (a loop's stop forgets the
+  session before it cancels its calls, so the gate was never free then);
 - a task record nested past the JSON parser's depth raised ``RecursionError`` out of
   ``records.read_all`` (documented never to raise for what is in the folder): the
   session's tasks could not be listed and every background call of it failed;
@@ -633,3 +636,47 @@ def test_a_call_cancelled_in_its_retry_backoff_is_answered_at_once_runs_no_more_
     assert system.stats()["governor"]["running"]["backs_off"] == 0
     [other] = system.start_loop("other").run_turn([_call("o1", "backs_off", '{"x": 2}')])
     assert other.ok and RUNS == ["backs_off 1", "backs_off 2"]
+
+
+started = threading.Event()  # set by the tools below as they run
+
+
+@tool(max_concurrency_per_session=1, timeout_ms=int(WAIT_S * 1000))
+def one_per_session(x: int) -> str:
+    """One call at a time in a session; waits until the test lets it end (its thread runs on
+    past a cancel: a thread call cannot be stopped)."""
+    started.set()
+    release.wait(WAIT_S)
+    return f"x={x}"
+
+
+@tool(concurrency="exclusive", timeout_ms=int(WAIT_S * 1000))
+def exclusive_wait(x: int) -> str:
+    """An exclusive tool: one of its session's exclusive calls at a time."""
+    started.set()
+    release.wait(WAIT_S)
+    return f"x={x}"
+
+
+@pytest.mark.parametrize("name", ["one_per_session", "exclusive_wait"])
+def test_a_session_stopped_while_a_call_holds_its_own_place_leaves_no_place_behind(
+        system: ActorSystem, name: str) -> None:
+    """Before: a session's per-session gate (``max_concurrency_per_session``, its exclusive
+    place) was dropped at its loop's stop only when free, and a loop's stop always finds
+    its running calls still in them (they are cancelled after): one gate kept for good for
+    each session stopped with such a call, in a host serving sessions without end."""
+    started.clear()
+    system.register(one_per_session)
+    system.register(exclusive_wait)
+    governor: Any = system._runtime.governor
+    loop = system.start_loop("gone")
+    future = loop.submit_turn([_call("c1", name)])
+    assert started.wait(WAIT_S)
+    loop.stop()
+    assert [r.error_kind for r in future.result(WAIT_S)] == ["cancelled"]
+    release.set()  # (its gate is kept until its call answers: the bound holds should the session come back)
+    assert wait_for(lambda: not governor.gates.orphans)
+    assert governor.gates.per_session == {} and governor.gates.exclusive == {}
+    started.clear()
+    [again] = system.start_loop("gone").run_turn([_call("c2", name, '{"x": 2}')])
+    assert again.ok, again

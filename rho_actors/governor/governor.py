@@ -53,7 +53,7 @@ from rho_actors.declarations.policy import NO_POLICY, CallPolicy, RetryPolicy
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus
 from rho_actors.governor.buckets import TokenBucket
-from rho_actors.governor.places import Gate, Waiting, blocking, fits, release, take
+from rho_actors.governor.places import Gate, SessionGates, Waiting, blocking, fits, release, take
 from rho_actors.governor.session_counts import SessionCounts, arguments_key, checked_bounds
 from rho_actors.governor.settings import GovernorSettings
 from rho_actors.isolation.call import CallSpec
@@ -124,6 +124,8 @@ class _ThreadPlace:
         with gov.lock:  # gov.thread_call_ended(self.gates), inline: on every such call's answer
             for gate in self.gates:
                 gate.running -= 1
+            if gov.gates.orphans:
+                gov.gates.released(self.gates)
             ready = gov._ready() if gov.waiting.count else []
         try:
             self.reply(result)
@@ -408,8 +410,7 @@ class Governor:
         self._threads = Gate(("thread",), settings.max_thread_calls)
         self._thread_only = (self._threads,)  # the gates of a thread call of a shared tool without a policy
         self._tools: dict[str, Gate] = {}
-        self._per_session: dict[tuple[str, str], Gate] = {}
-        self._exclusive: dict[str, Gate] = {}  # by session: its one place for calls of exclusive tools
+        self.gates = SessionGates()  # each session's: per tool (max_concurrency_per_session), and exclusive
         self._buckets: dict[str, TokenBucket] = {}
         self._sessions: dict[str, SessionCounts] = {}
         self._counted = settings.max_calls_per_session is not None or settings.max_repeats is not None
@@ -442,7 +443,7 @@ class Governor:
                     if free:
                         threads.running += 1
                 else:
-                    gates = (self._exclusive_gate(session), self._threads)
+                    gates = (self.gates.exclusive_of(session), self._threads)
                     free = not self.waiting.count and fits(gates)
                     if free:
                         take(gates)
@@ -469,25 +470,14 @@ class Governor:
         call.places()
         return call
 
-    def _exclusive_gate(self, session: str) -> Gate:
-        """The session's one place for calls of its exclusive tools (under the lock)."""
-        gate = self._exclusive.get(session)
-        if gate is None:
-            gate = self._exclusive[session] = Gate(("exclusive", session), 1)
-        return gate
-
     def _gates(self, policy: CallPolicy, name: str, session: str, threaded: bool,
                exclusive: bool = False) -> tuple[Gate, ...]:
         gates: list[Gate] = []
         with self.lock:
             if exclusive:
-                gates.append(self._exclusive_gate(session))
+                gates.append(self.gates.exclusive_of(session))
             if policy.max_concurrency_per_session is not None:
-                gate = self._per_session.get((name, session))
-                if gate is None:
-                    gate = self._per_session[name, session] = Gate(("session", name, session), 1)
-                gate.bound = policy.max_concurrency_per_session
-                gates.append(gate)
+                gates.append(self.gates.per_tool(name, session, policy.max_concurrency_per_session))
             if policy.max_concurrency is not None:
                 gate = self._tools.get(name)
                 if gate is None:
@@ -564,6 +554,8 @@ class Governor:
         """Give back ``call``'s places and take the waiting calls that fit now (under the lock)."""
         call.held = False
         release(call.gates)
+        if self.gates.orphans:
+            self.gates.released(call.gates)
         return self._ready() if self.waiting.count else []
 
     def _ready(self) -> list[_Call]:
@@ -580,6 +572,8 @@ class Governor:
         """A thread call's places (``gates``) are free again: the waiting calls that took them, for :meth:`launch`."""
         with self.lock:
             release(gates)
+            if self.gates.orphans:
+                self.gates.released(gates)
             return self._ready() if self.waiting.count else []
 
     def launch(self, ready: list[_Call] | tuple[()]) -> None:
@@ -647,15 +641,12 @@ class Governor:
             logger.exception("the watcher of session {} failed on call {}", call.session, call.spec.call_id)
 
     def forget(self, session: str) -> None:
-        """The session ended: drop its counts, its own bounds (and its idle per-session places)."""
+        """The session ended: drop its counts, its own bounds and its per-session places
+        (those with calls in them once their last call ends)."""
         with self.lock:
             self._sessions.pop(session, None)
             self._bounds.pop(session, None)
-            for key in [k for k, gate in self._per_session.items() if k[1] == session and gate.running == 0]:
-                del self._per_session[key]
-            gate = self._exclusive.get(session)
-            if gate is not None and gate.running == 0:
-                del self._exclusive[session]
+            self.gates.forget(session)
 
     # --- what an operator sees ---------------------------------------------------------------
 
