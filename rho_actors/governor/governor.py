@@ -247,12 +247,12 @@ class _Call:
             self.answered_now(attempt, failure("not_started", spec.call_id, self.tool, problem=err))
             return
         except BaseException as exc:  # a bug, or an interrupt (a signal handler's) as it started: never a place kept
-            logger.opt(exception=exc).error("call {} ({}) could not be started: {}", spec.call_id, self.tool,
-                                            describe_exception(exc))
             self.answered_now(attempt, failure("not_started", spec.call_id, self.tool,
                                                problem=describe_exception(exc)))
             if not isinstance(exc, Exception):
                 raise  # the interrupt goes on (its turn, answered here, finds this call answered)
+            logger.opt(exception=exc).error("call {} ({}) could not be started: {}", spec.call_id, self.tool,
+                                            describe_exception(exc))
             return
         with self.gov.lock:
             current = self.attempt == attempt and not self.has_answer
