@@ -49,7 +49,7 @@ import contextvars
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, NoReturn, Protocol
@@ -76,7 +76,7 @@ from rho_actors.agent.recorder import Recorder, with_text
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception, scrub_text
-from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall, open_pending, pending_call
+from rho_actors.lifecycle import RECORDED_BY_CALLER, CallTrack, PendingCall, open_pending, pending_call
 from rho_actors.otp.actor import ActorExit
 from rho_actors.results import failure
 from rho_actors.telemetry import Telemetry
@@ -399,8 +399,7 @@ class _Driver:
             if self.transcript.history.open_calls:  # calls wait for a decision: nothing goes to the model yet
                 history = self.transcript.history
                 self.pending = open_pending(history.open_calls, [c for m in history.messages for c in m.tool_calls])
-                return self._result(_WAITING.format(n=len(self.pending), calls=", ".join(
-                    f"{p.call_id} ({p.name})" for p in self.pending)))
+                return self._result(_waiting(self.pending, history.open_calls))
             if text is not None:
                 text = scrub_text(text)  # a lone surrogate would break every later request
                 self.transcript.user(self.next_step, text)
@@ -665,6 +664,22 @@ class _Driver:
 
 _WAITING: Final = ("{n} call(s) wait for a decision: decide them first (loop.approve, loop.reject or "
                    "loop.resolve), then prompt(None) goes on; no new message is taken meanwhile: {calls}")
+_ACTED_ON: Final = ("call(s) {calls} were decided and are being acted on (an approved one run, a rejected one "
+                    "answered; loop.when_decided(call_id) gives each one's result); prompt(None) again once they "
+                    "have their results")
+
+
+def _waiting(pending: list[PendingCall], tracks: Mapping[str, CallTrack]) -> str:
+    """Why a prompt cannot go on while ``pending`` (a transcript's open calls, ``tracks``)
+    have no result: those that wait for a decision, and those decided (by another process,
+    or before this host started) that this host acts on now (never "decide them first":
+    deciding one again is refused)."""
+    undecided = [p for p in pending if tracks[p.call_id].state != "decided"]
+    decided = ", ".join(f"{p.call_id} ({p.name}: {p.reason})" for p in pending if tracks[p.call_id].state == "decided")
+    if not undecided:
+        return _ACTED_ON.format(calls=decided)
+    waiting = _WAITING.format(n=len(undecided), calls=", ".join(f"{p.call_id} ({p.name})" for p in undecided))
+    return waiting if not decided else f"{waiting}; and {_ACTED_ON.format(calls=decided)}"
 
 
 def _running_now(loop: Session, unanswered: list[tuple[int, int, ToolResult]]) -> list[str]:

@@ -67,14 +67,18 @@ class Rate:
 def parse_rate(text: Any) -> Rate:
     """``"N/s"``, ``"N/min"`` or ``"N/h"`` (N > 0, a decimal; burst = N, at least 1) as
     a :class:`Rate`. Raises ``TypeError`` for a non-``str``, ``ValueError`` naming the
-    forms for another text."""
+    forms for another text, and naming the range for an N so large or so small that it
+    or the time between two tokens (in ms) is not a finite float."""
     if not isinstance(text, str):
         raise TypeError(f"rate must be a str such as '10/s', got {type(text).__name__} {text!r}")
     match = _RATE.fullmatch(text.lower())
     if match is None or match.group(2) not in _UNITS or float(match.group(1)) <= 0:
         raise ValueError(f"rate must be 'N/s', 'N/min' or 'N/h' with N > 0, got {text!r}")
-    count = float(match.group(1))
-    return Rate(count / _UNITS[match.group(2)], max(1, math.floor(count)), text.strip())
+    count, unit = float(match.group(1)), _UNITS[match.group(2)]
+    if not math.isfinite(count) or not math.isfinite(1000.0 * unit / count):
+        raise ValueError(f"rate {text[:40]!r}{'...' if len(text) > 40 else ''}: N must be a finite number whose "
+                         "time between two tokens, in ms, is finite too")
+    return Rate(count / unit, max(1, math.floor(count)), text.strip())
 
 
 @dataclass(frozen=True, slots=True)

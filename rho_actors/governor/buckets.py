@@ -5,7 +5,8 @@ tokens and gains ``r`` a second; a call takes one. A call that finds none reserv
 next token to come (the balance goes below zero), so calls over the rate start in
 arrival order, each at the instant its token comes, and lateness never accumulates: the
 instants are fixed when reserved, not when the previous call started. A reservation
-whose instant is past the call's deadline is not made (the call is ``rate_limited``).
+whose instant is past the call's deadline is not made (the call is ``rate_limited``); a
+token taken by a call that never starts (cancelled while it waits) is given back.
 Thread-safe.
 """
 
@@ -46,6 +47,18 @@ class TokenBucket:
                 return when, False
             self._tokens = tokens
             return when, True
+
+    def give_back(self, now: float) -> None:
+        """A call that took a token (:meth:`reserve`) will never start (cancelled while it
+        waited, or its deadline came first): the token is there again for the next call
+        (at most ``burst`` saved up). Reservations made since keep their instants."""
+        rate = self.rate
+        with self._lock:
+            elapsed = now - self._stamp
+            if elapsed > 0.0:
+                self._tokens = min(float(rate.burst), self._tokens + elapsed * rate.per_s)
+                self._stamp = now
+            self._tokens = min(float(rate.burst), self._tokens + 1.0)
 
     def tokens(self, now: float) -> float:
         """The balance at ``now`` (negative: tokens reserved ahead)."""

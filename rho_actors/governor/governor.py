@@ -9,9 +9,10 @@ The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
    call at once, ``budget_exhausted`` or ``repeated_call``. The first and last are the
    system's (:class:`GovernorSettings`), or the session's own where it set them
    (:meth:`Governor.bound_session`): a session may only tighten the system's, which are
-   the host's ceiling;
+   the host's ceiling (:mod:`rho_actors.governor.session_counts`);
 2. **the rate** (the tool's token bucket, :mod:`rho_actors.governor.buckets`): the call
-   starts when its token comes, if that is before its deadline, else ``rate_limited``;
+   starts when its token comes, if that is before its deadline, else ``rate_limited``
+   (a token taken by a call that never starts is given back: :meth:`_Call.unreserve`);
 3. **places** (:mod:`rho_actors.governor.places`): the tool's ``max_concurrency`` (the
    whole system), its ``max_concurrency_per_session`` and, for a call on a thread, the
    system's ``max_thread_calls``, and for a call of an ``exclusive`` tool the session's
@@ -21,11 +22,14 @@ The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
    the bound;
 4. **retries**: an ``idempotent`` tool's call that fails retryably is run again
    after tenacity's backoff (its :class:`~rho_actors.declarations.policy.RetryPolicy`),
-   every attempt within the call's one deadline; ``details["attempts"]`` and
+   every attempt within the call's one deadline, and none starting later than the
+   policy's ``total_s`` after the first began; ``details["attempts"]`` and
    ``details["failures"]`` of its result say how many ran and why each failed.
 
 A place is held from the call's start until its answer (a ``thread`` call abandoned at
-its deadline is counted among the abandoned threads then). A call of a tool with no
+its deadline is counted among the abandoned threads then); an isolation's start that
+raises (a bug, or an interrupt from a signal handler) gives it back, the call answered
+``not_started`` (the interrupt raised on). A call of a tool with no
 policy the governor keeps (``NO_POLICY``, or one with only ``requires_approval``: not
 ``governed``) and no session bound, not on a thread, passes straight through.
 """
@@ -35,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,9 +50,11 @@ from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.policy import NO_POLICY, CallPolicy, RetryPolicy
+from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus
 from rho_actors.governor.buckets import TokenBucket
-from rho_actors.governor.places import Gate, Waiting, blocking, fits, release, take
+from rho_actors.governor.places import Gate, SessionGates, Waiting, blocking, fits, release, take
+from rho_actors.governor.session_counts import SessionCounts, arguments_key, checked_bounds
 from rho_actors.governor.settings import GovernorSettings
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import arguments_sha256
@@ -66,23 +71,11 @@ if TYPE_CHECKING:
 __all__ = ["Governor"]
 
 _RETRIED_KINDS: Final = frozenset({ErrorKind.CRASHED, ErrorKind.EXITED, ErrorKind.UNAVAILABLE})
-_MAX_REPEAT_KEYS: Final = 4096  # distinct (tool, arguments) remembered per session (then forgotten at once)
 _MAX_FAILURE_CHARS: Final = 500
 _BOUND_TEXTS: Final = {"tool": "concurrency_bound", "session": "session_concurrency_bound",
                        "thread": "thread_calls_bound", "exclusive": "exclusive_bound"}
 _BOUND_NAMES: Final = {"tool": "max_concurrency", "session": "max_concurrency_per_session",
                        "thread": "max_thread_calls", "exclusive": 'concurrency="exclusive"'}
-
-
-class _Session:
-    """A session's counts: its calls, per tool, and per (tool, arguments)."""
-
-    __slots__ = ("calls", "per_tool", "repeats")
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.per_tool: dict[str, int] = {}
-        self.repeats: dict[tuple[str, str], int] = {}
 
 
 class _Refused:
@@ -131,6 +124,8 @@ class _ThreadPlace:
         with gov.lock:  # gov.thread_call_ended(self.gates), inline: on every such call's answer
             for gate in self.gates:
                 gate.running -= 1
+            if gov.gates.orphans:
+                gov.gates.released(self.gates)
             ready = gov._ready() if gov.waiting.count else []
         try:
             self.reply(result)
@@ -144,8 +139,9 @@ class _Call:
     waiting (for a token, a place or a retry), or running one attempt. Its fields change
     under the governor's lock."""
 
-    __slots__ = ("attempt", "bucket", "current", "failures", "final", "gates", "gov", "has_answer", "held", "reply",
-                 "retry", "running", "seq", "session", "span", "spec", "start", "state", "stop", "timer", "tool")
+    __slots__ = ("attempt", "began", "bucket", "current", "failures", "final", "gates", "gov", "has_answer",
+                 "held", "reply", "retry", "running", "seq", "session", "span", "spec", "start", "state", "stop",
+                 "timer", "token", "tool")
 
     def __init__(self, gov: Governor, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
                  gates: tuple[Gate, ...], retry: RetryPolicy | None, bucket: TokenBucket | None) -> None:
@@ -156,7 +152,9 @@ class _Call:
         spec.reply = functools.partial(self.answered, 1)
         self.current = spec  # the spec of the attempt running (or last run)
         self.attempt, self.final, self.seq = 1, 0, 0
+        self.began = 0.0  # time.monotonic() s its first attempt started (retried: total_s counts from it)
         self.has_answer = self.held = False
+        self.token = False  # a rate token taken for the attempt not started yet (given back if it never starts)
         self.state = _PLACES
         self.running: RunningCall | None = None
         self.timer: Timer | None = None
@@ -179,9 +177,11 @@ class _Call:
                 self.refuse(failure("rate_limited", self.spec.call_id, self.tool, rate=bucket.rate.text,
                                     wait_ms=round((when - now) * 1000)))
                 return
+            self.token = True
             if when > now:
                 with self.gov.lock:
                     if self.stop is not None:
+                        self.unreserve()
                         return
                     self.state = _RATE
                     self.timer = self.gov.later(when, self.places)
@@ -200,6 +200,7 @@ class _Call:
         with gov.lock:
             self.timer = None  # a rate's timer, fired
             if self.stop is not None:
+                self.unreserve()
                 return
             if fits(self.gates):
                 take(self.gates)
@@ -226,6 +227,7 @@ class _Call:
     def launch(self) -> None:
         """Start the current attempt in its isolation (it holds its places)."""
         attempt = self.attempt
+        self.token = False  # spent: the attempt starts
         spec = self.spec if attempt == 1 else dataclasses.replace(
             self.spec, reply=functools.partial(self.answered, attempt))
         if self.retry is not None and TRACEPARENT in spec.ctx:  # its own span, the call's child
@@ -237,10 +239,20 @@ class _Call:
         self.current = spec
         if attempt > 1:
             self.gov.moved(self, "running", attempt=attempt)
+        elif self.retry is not None:
+            self.began = time.monotonic()
         try:
             running = self.start(spec)
         except (pykka.ActorDeadError, pykka.Timeout) as err:
             self.answered_now(attempt, failure("not_started", spec.call_id, self.tool, problem=err))
+            return
+        except BaseException as exc:  # a bug, or an interrupt (a signal handler's) as it started: never a place kept
+            self.answered_now(attempt, failure("not_started", spec.call_id, self.tool,
+                                               problem=describe_exception(exc)))
+            if not isinstance(exc, Exception):
+                raise  # the interrupt goes on (its turn, answered here, finds this call answered)
+            logger.opt(exception=exc).error("call {} ({}) could not be started: {}", spec.call_id, self.tool,
+                                            describe_exception(exc))
             return
         with self.gov.lock:
             current = self.attempt == attempt and not self.has_answer
@@ -313,9 +325,12 @@ class _Call:
         gov.launch(ready)
 
     def answered_now(self, attempt: int, result: ToolResult) -> None:
-        """An attempt that could not start: its answer, no retry."""
+        """An attempt that could not start: its answer, no retry (none when it answered
+        already: its isolation did, before its start raised)."""
         gov = self.gov
         with gov.lock:
+            if attempt != self.attempt or self.has_answer:
+                return
             self.has_answer, self.state, span, self.span = True, _DONE, self.span, None
             ready = gov.released(self) if self.held else ()
         if span is not None:
@@ -334,7 +349,7 @@ class _Call:
             return False
         now = time.monotonic()
         when = now + retry.wait_s(self.attempt)
-        if when >= self.spec.deadline:
+        if when >= self.spec.deadline or when - self.began > retry.total_s:  # none past its deadline or total_s
             return False
         gov = self.gov
         with gov.lock:
@@ -365,9 +380,17 @@ class _Call:
                                                           "failures": list(self.failures)})
         reply(result)
 
+    def unreserve(self) -> None:
+        """Give back the rate token taken for an attempt that will never start."""
+        if self.token and self.bucket is not None:
+            self.token = False
+            self.bucket.give_back(time.monotonic())
+
     def let_go(self) -> None:
         """The call is done: its attempt's late results go to the turn's reply directly,
-        and this object holds nothing of the turn (its slot may still hold this)."""
+        and this object holds nothing of the turn (its slot may still hold this); a rate
+        token it took for an attempt that never started is given back."""
+        self.unreserve()
         self.spec.reply = self.current.reply = self.reply
         self.reply = _nothing
         self.spec = self.current = _DONE_SPEC
@@ -387,10 +410,9 @@ class Governor:
         self._threads = Gate(("thread",), settings.max_thread_calls)
         self._thread_only = (self._threads,)  # the gates of a thread call of a shared tool without a policy
         self._tools: dict[str, Gate] = {}
-        self._per_session: dict[tuple[str, str], Gate] = {}
-        self._exclusive: dict[str, Gate] = {}  # by session: its one place for calls of exclusive tools
+        self.gates = SessionGates()  # each session's: per tool (max_concurrency_per_session), and exclusive
         self._buckets: dict[str, TokenBucket] = {}
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, SessionCounts] = {}
         self._counted = settings.max_calls_per_session is not None or settings.max_repeats is not None
         self._bounds: dict[str, tuple[int | None, int | None]] = {}  # a session's (max_calls_per_session, max_repeats)
         self.refused: dict[str, int] = {"budget_exhausted": 0, "repeated_call": 0, "rate_limited": 0,
@@ -421,7 +443,7 @@ class Governor:
                     if free:
                         threads.running += 1
                 else:
-                    gates = (self._exclusive_gate(session), self._threads)
+                    gates = (self.gates.exclusive_of(session), self._threads)
                     free = not self.waiting.count and fits(gates)
                     if free:
                         take(gates)
@@ -448,25 +470,14 @@ class Governor:
         call.places()
         return call
 
-    def _exclusive_gate(self, session: str) -> Gate:
-        """The session's one place for calls of its exclusive tools (under the lock)."""
-        gate = self._exclusive.get(session)
-        if gate is None:
-            gate = self._exclusive[session] = Gate(("exclusive", session), 1)
-        return gate
-
     def _gates(self, policy: CallPolicy, name: str, session: str, threaded: bool,
                exclusive: bool = False) -> tuple[Gate, ...]:
         gates: list[Gate] = []
         with self.lock:
             if exclusive:
-                gates.append(self._exclusive_gate(session))
+                gates.append(self.gates.exclusive_of(session))
             if policy.max_concurrency_per_session is not None:
-                gate = self._per_session.get((name, session))
-                if gate is None:
-                    gate = self._per_session[name, session] = Gate(("session", name, session), 1)
-                gate.bound = policy.max_concurrency_per_session
-                gates.append(gate)
+                gates.append(self.gates.per_tool(name, session, policy.max_concurrency_per_session))
             if policy.max_concurrency is not None:
                 gate = self._tools.get(name)
                 if gate is None:
@@ -497,21 +508,9 @@ class Governor:
         (``None`` when it sets neither). Raises ``TypeError``/``ValueError`` naming the bad one."""
         if max_calls_per_session is None and max_repeats is None:
             return None
-        bounds = []
-        for name, value in (("max_calls_per_session", max_calls_per_session), ("max_repeats", max_repeats)):
-            system: int | None = getattr(self.settings, name)
-            if value is None:
-                bounds.append(system)
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int >= 1 or None, got {type(value).__name__} {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be an int >= 1 or None, got {value}")
-            if system is not None and value > system:
-                raise ValueError(f"{name}={value} is looser than the system's {name}={system} (GovernorSettings): "
-                                 "a session may only tighten the host's bounds")
-            bounds.append(value)
-        return bounds[0], bounds[1]
+        settings = self.settings
+        return checked_bounds({"max_calls_per_session": settings.max_calls_per_session,
+                               "max_repeats": settings.max_repeats}, max_calls_per_session, max_repeats)
 
     def bound_session(self, session: str, bounds: tuple[int | None, int | None] | None) -> None:
         """Give ``session`` its own bounds (from :meth:`session_bounds`; ``None``: the
@@ -537,28 +536,12 @@ class Governor:
         """Count the call against its session's budgets, or its refusal."""
         settings, name = self.settings, spec.name
         max_calls, max_repeats = self._bounds.get(session) or (settings.max_calls_per_session, settings.max_repeats)
-        key = (name, _arguments_key(spec.args)) if max_repeats is not None else None
-        refusal: tuple[str, dict[str, Any]] | None
+        key = (name, arguments_key(spec.args)) if max_repeats is not None else None
         with self.lock:
             counts = self._sessions.get(session)
             if counts is None:
-                counts = self._sessions[session] = _Session()
-            if max_calls is not None and counts.calls >= max_calls:
-                refusal = ("budget_exhausted", dict(scope="this session", budget=max_calls,
-                                                    what="tool calls", setting="max_calls_per_session"))
-            elif policy.max_calls is not None and counts.per_tool.get(name, 0) >= policy.max_calls:
-                refusal = ("budget_exhausted", dict(scope="this session", budget=policy.max_calls,
-                                                    what=f"calls of tool {name!r}", setting="max_calls"))
-            elif key is not None and max_repeats is not None and counts.repeats.get(key, 0) >= max_repeats:
-                refusal = ("repeated_call", dict(count=max_repeats))
-            else:
-                refusal = None
-                counts.calls += 1
-                counts.per_tool[name] = counts.per_tool.get(name, 0) + 1
-                if key is not None:
-                    if len(counts.repeats) >= _MAX_REPEAT_KEYS:
-                        counts.repeats.clear()
-                    counts.repeats[key] = counts.repeats.get(key, 0) + 1
+                counts = self._sessions[session] = SessionCounts()
+            refusal = counts.admit(name, key, max_calls, policy.max_calls, max_repeats)
             if refusal is not None:
                 self.refused[refusal[0]] += 1
         if refusal is None:
@@ -571,6 +554,8 @@ class Governor:
         """Give back ``call``'s places and take the waiting calls that fit now (under the lock)."""
         call.held = False
         release(call.gates)
+        if self.gates.orphans:
+            self.gates.released(call.gates)
         return self._ready() if self.waiting.count else []
 
     def _ready(self) -> list[_Call]:
@@ -587,15 +572,23 @@ class Governor:
         """A thread call's places (``gates``) are free again: the waiting calls that took them, for :meth:`launch`."""
         with self.lock:
             release(gates)
+            if self.gates.orphans:
+                self.gates.released(gates)
             return self._ready() if self.waiting.count else []
 
     def launch(self, ready: list[_Call] | tuple[()]) -> None:
-        """Start the calls that took places (outside the lock)."""
+        """Start the calls that took places (outside the lock): each one, an interrupt
+        as one starts raised once all were (each holds places: none is left unstarted)."""
+        interrupt: BaseException | None = None
         for call in ready:
             try:
-                call.launch()
-            except Exception:  # a bug here must still answer the call
+                call.launch()  # a start that raised answers its call (not_started), its places given back
+            except Exception:  # a bug here
                 logger.exception("the governor could not start call {}", call.spec.call_id)
+            except BaseException as exc:
+                interrupt = interrupt or exc
+        if interrupt is not None:
+            raise interrupt
 
     def later(self, when: float, job: Callable[[], None]) -> Timer | None:
         """Run ``job`` at ``when`` (a ``time.monotonic()`` instant) on a pooled thread
@@ -648,15 +641,12 @@ class Governor:
             logger.exception("the watcher of session {} failed on call {}", call.session, call.spec.call_id)
 
     def forget(self, session: str) -> None:
-        """The session ended: drop its counts, its own bounds (and its idle per-session places)."""
+        """The session ended: drop its counts, its own bounds and its per-session places
+        (those with calls in them once their last call ends)."""
         with self.lock:
             self._sessions.pop(session, None)
             self._bounds.pop(session, None)
-            for key in [k for k, gate in self._per_session.items() if k[1] == session and gate.running == 0]:
-                del self._per_session[key]
-            gate = self._exclusive.get(session)
-            if gate is not None and gate.running == 0:
-                del self._exclusive[session]
+            self.gates.forget(session)
 
     # --- what an operator sees ---------------------------------------------------------------
 
@@ -691,10 +681,3 @@ class Governor:
                 "max_calls_per_session": stats["max_calls_per_session"], "max_repeats": stats["max_repeats"],
                 "tools": tools}
 
-
-def _arguments_key(args: Mapping[str, Any]) -> str:
-    """The arguments as canonical JSON text (keys sorted): equal arguments, equal keys."""
-    try:
-        return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError):
-        return repr(sorted(args.items(), key=lambda kv: kv[0]))

@@ -6,7 +6,9 @@ in one session, or the system's ``max_thread_calls``) and how many calls hold a 
 it. A call needs a place in each of its gates, taken all at once or not at all. A call
 that finds no place waits in :class:`Waiting`: by session, by tool, in arrival order;
 when places free, sessions are served in turn (round robin: a session served goes to
-the back), and within a session its earliest call that fits. Not thread-safe: the
+the back), and within a session its earliest call that fits. :class:`SessionGates`
+keeps the gates of each session (a tool's ``max_concurrency_per_session``, its one
+exclusive place) until the session is forgotten and they are free. Not thread-safe: the
 governor holds its lock around every use.
 """
 
@@ -16,7 +18,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-__all__ = ["Gate", "Waiter", "Waiting", "blocking", "fits", "release", "take"]
+__all__ = ["Gate", "SessionGates", "Waiter", "Waiting", "blocking", "fits", "release", "take"]
 
 
 class Gate:
@@ -60,6 +62,64 @@ def release(gates: Sequence[Gate]) -> None:
     """Give back a place in each of ``gates``."""
     for gate in gates:
         gate.running -= 1
+
+
+class SessionGates:
+    """The gates of each session: per (tool, session) for ``max_concurrency_per_session``,
+    and one exclusive place per session. A session forgotten (its loop stopped) has
+    its free gates dropped at once and each other one once its last call ends
+    (:meth:`released`): until then it is kept, so its bound holds should the session
+    come back; a host serving sessions without end keeps none of theirs."""
+
+    def __init__(self) -> None:
+        self.per_session: dict[tuple[str, str], Gate] = {}
+        self.exclusive: dict[str, Gate] = {}
+        self.orphans: set[Gate] = set()  # gates of forgotten sessions with calls in them
+
+    def per_tool(self, name: str, session: str, bound: int) -> Gate:
+        """Tool ``name``'s gate in ``session``, of ``bound`` places."""
+        gate = self.per_session.get((name, session))
+        if gate is None:
+            gate = self.per_session[name, session] = Gate(("session", name, session), bound)
+        elif self.orphans:
+            self.orphans.discard(gate)  # its session is back
+        gate.bound = bound  # a tool registered again may bring another bound
+        return gate
+
+    def exclusive_of(self, session: str) -> Gate:
+        """``session``'s one place for calls of its exclusive tools."""
+        gate = self.exclusive.get(session)
+        if gate is None:
+            gate = self.exclusive[session] = Gate(("exclusive", session), 1)
+        elif self.orphans:
+            self.orphans.discard(gate)
+        return gate
+
+    def forget(self, session: str) -> None:
+        """``session`` ended: its gates dropped, each once free."""
+        gates = [gate for key, gate in self.per_session.items() if key[1] == session]
+        if session in self.exclusive:
+            gates.append(self.exclusive[session])
+        for gate in gates:
+            if gate.running == 0:
+                self._drop(gate)
+            else:
+                self.orphans.add(gate)
+
+    def released(self, gates: Sequence[Gate]) -> None:
+        """Places of ``gates`` were given back: those of forgotten sessions now free are dropped."""
+        for gate in gates:
+            if gate.running == 0 and gate in self.orphans:
+                self.orphans.discard(gate)
+                self._drop(gate)
+
+    def _drop(self, gate: Gate) -> None:
+        key = gate.key
+        if key[0] == "session":
+            if self.per_session.get((key[1], key[2])) is gate:
+                del self.per_session[key[1], key[2]]
+        elif self.exclusive.get(key[1]) is gate:
+            del self.exclusive[key[1]]
 
 
 class Waiter(Protocol):

@@ -421,11 +421,12 @@ class ServedTasks:
         loop = served.session.loop
         try:
             info = self._registry.get(loop.session_id, loop.data_dir, task_id)
-        except LookupError:  # expired: past task_ttl_s after its end
+        except LookupError:  # expired: past task_ttl_s after its end, or past max_ended_tasks_per_session
             with self._lock:
                 self._tasks.pop(task_id, None)
-            raise MCPError(INVALID_PARAMS, f"unknown task {task_id[:100]!r}: it ended longer ago than its ttlMs",
-                           {"taskId": task_id}) from None
+            raise MCPError(INVALID_PARAMS, f"unknown task {task_id[:100]!r}: it ended longer ago than its ttlMs, or "
+                                           "its session has since ended more tasks than it keeps "
+                                           "(max_ended_tasks_per_session)", {"taskId": task_id}) from None
         return served, info
 
     def follow(self, task_ids: list[str], principal: str, changed: Callable[[str], None]

@@ -101,6 +101,7 @@ from rho_actors.system.host_actors import (
     WORKERS,
     HostActors,
 )
+from rho_actors.system.settings_checks import check_settings
 from rho_actors.system.stopping import StopOnce, end_workers
 from rho_actors.tasks import TaskRegistry, TaskSettings, records
 from rho_actors.telemetry import Telemetry
@@ -174,7 +175,9 @@ class ActorSystem(HostActors):
     shares"). ``start_timeout_ms``: how long a ``process`` call may wait for a worker
     apart from its ``timeout_ms`` (DESIGN §5 "Starting a worker"; default 10 s, or
     ``RHO_ACTORS_START_TIMEOUT_MS``: :func:`rho_actors.sandbox.default_start_timeout_ms`). Raises
-    ``ValueError`` naming a bad fair-share setting or ``start_timeout_ms``. ``ray``
+    ``ValueError`` naming a bad count, size, time, fair-share setting or ``start_timeout_ms``, and
+    ``TypeError`` for a ``governor`` or ``tasks`` of another type, before anything starts
+    (:mod:`rho_actors.system.settings_checks`). ``ray``
     says how ``isolation="ray"`` and RayActor servers reach Ray (connecting in the background
     from the start, within ``connect_timeout_s``): ``{"address": ...}`` for a cluster, else a
     local Ray on loopback (``num_cpus``, ``resources``...), stopped with the system; see
@@ -222,6 +225,10 @@ class ActorSystem(HostActors):
         max_running_workers: int | None = None,
     ) -> None:
         refuse_unguarded_start()  # a child importing an unguarded main script: stop it, saying why
+        check_settings(locals())  # before anything starts: a bad one leaves nothing behind
+        budgets = ResultBudgets(max_turn_result_bytes, max_session_result_bytes)
+        cap, running, share = fair_shares(max_workers, max_running_workers, max_workers_per_session,
+                                          abandoned_threads_per_session, max_timeout_ms)
         if start_timeout_ms is None:
             start_timeout_ms = default_start_timeout_ms()
         if type(start_timeout_ms) is not int or start_timeout_ms <= 0:
@@ -254,8 +261,6 @@ class ActorSystem(HostActors):
         self._confine = system_policy(confinement, (str(self.data_dir.resolve()),), process_heap_bytes)
         sweep_leftovers()  # what a host killed from outside left behind
         events = EventBus()
-        cap, running, share = fair_shares(max_workers, max_running_workers, max_workers_per_session,
-                                          abandoned_threads_per_session, max_timeout_ms)
         services = IsolationServices(
             self._calls, self._timers, warm_workers, self._untrusted.heap_bytes, process_heap_bytes,
             self._untrusted.start_method,
@@ -281,8 +286,7 @@ class ActorSystem(HostActors):
             untrusted=self._untrusted,
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             governor=Governor(governor or GovernorSettings(), self._timers, events, self._threads),
-            tasks=TaskRegistry(tasks or TaskSettings(), budgets := ResultBudgets(max_turn_result_bytes,
-                                                                                 max_session_result_bytes),
+            tasks=TaskRegistry(tasks or TaskSettings(), budgets,
                                functools.partial(events.subscribe, only=(CallEvent,))),
             confine=self._confine,
             budgets=budgets,

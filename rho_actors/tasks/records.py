@@ -132,6 +132,8 @@ def _read(path: Path) -> dict[str, Any] | None:
             record = json.loads(data)
         except ValueError as exc:
             problem = f"it is not JSON ({exc})"
+        except RecursionError:  # a record nested past the parser's depth (no record rho writes is)
+            problem = "it is JSON nested too deeply to read"
     if problem is None:
         problem = _problem(record, path.name[:-5])
     if problem is not None:

@@ -21,8 +21,9 @@ Statuses are MCP's: ``working``, ``input_required`` (open), then ``completed``,
 ``failed`` or ``cancelled``. Bounds: at most ``max_tasks_per_session`` open tasks in a
 session and ``max_tasks`` in the system (a background call past either is
 ``unavailable``, naming the bound); a task's result is charged to its session's result
-budget; an ended task stays listed for ``task_ttl_s`` after it ends, then its record is
-removed.
+budget; an ended task stays listed for ``task_ttl_s`` after it ends (``time.monotonic()``
+counts it), then its record is removed; as a task starts, its session keeps the
+``max_ended_tasks_per_session`` that ended last of its ended tasks (and its ttl is looked at).
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class TaskSettings:
     ``max_tasks_per_session`` open tasks in one session (16) and ``max_tasks`` in the
     system (1,024: an open task of an ``async`` tool holds no thread, about 7 KiB);
     ``task_ttl_s``: how long an ended task stays listed, in seconds (1 h);
+    ``max_ended_tasks_per_session``: how many ended tasks a session keeps as a new one
+    starts (1,024, about 2 KiB and a record file each: the ones that ended first are
+    forgotten then, as at their ttl, so a session making background calls without end
+    keeps a bounded number; its open ones may end meanwhile);
     ``max_timeout_ms``: the longest deadline a background call may have (1 h,
     milliseconds); ``model_chooses``: whether the model may choose to run a call of a
     ``background="optional"`` tool in the background (its declaration shown to the model
@@ -71,9 +76,10 @@ class TaskSettings:
     task_ttl_s: float = 3600.0
     max_timeout_ms: int = DEFAULT_BACKGROUND_TIMEOUT_MS
     model_chooses: bool = True
+    max_ended_tasks_per_session: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_tasks_per_session", "max_tasks", "max_timeout_ms"):
+        for name in ("max_tasks_per_session", "max_tasks", "max_timeout_ms", "max_ended_tasks_per_session"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TaskSettings.{name} must be an int >= 1, not {value!r}")
@@ -99,6 +105,7 @@ class Task:
         "deadline",
         "delivered",
         "done",
+        "ended",
         "finished",
         "held",
         "name",
@@ -121,6 +128,7 @@ class Task:
         self.started: float = time.time()
         self.updated: float = self.started  # Unix s of its last change of status
         self.finished: float | None = None
+        self.ended: float | None = None  # time.monotonic() s of its end (what task_ttl_s counts from: no clock jump)
         self.result: ToolResult | None = None
         self.delivered = False
         self.running: RunningCall | None = None
@@ -162,6 +170,7 @@ class Task:
                                      (None if data["ok"] else ErrorKind.CRASHED),
                                      duration_ms=float(duration) if type(duration) in (int, float) else 0.0)
         if task.status not in OPEN:
+            task.ended = time.monotonic() - max(0.0, time.time() - (task.finished or task.started))  # its age now
             task.done.set()
         return task
 
@@ -341,6 +350,7 @@ class TaskRegistry:
         with self._lock:
             tasks = self._session(session_id, session_dir)
             settings = self.settings
+            self._expire(tasks, settings.max_ended_tasks_per_session)  # at its ttl, and past the bound
             open_here = sum(t.status in OPEN for t in tasks.values())
             refusal = None
             if self.stopped:
@@ -406,6 +416,7 @@ class TaskRegistry:
                 return  # late
             task.status, task.result, task.finished, task.running = _status(result), result, time.time(), None
             task.held = False
+            task.ended = time.monotonic()
             task.updated = task.finished
             self._open_count -= 1
             self._counts[task.status] += 1
@@ -549,7 +560,8 @@ class TaskRegistry:
         with self._lock:
             return {"open": self._open_count, **self._counts, "max_tasks": self.settings.max_tasks,
                     "max_tasks_per_session": self.settings.max_tasks_per_session,
-                    "task_ttl_s": self.settings.task_ttl_s}
+                    "task_ttl_s": self.settings.task_ttl_s,
+                    "max_ended_tasks_per_session": self.settings.max_ended_tasks_per_session}
 
     # --- inside -------------------------------------------------------------------------
 
@@ -587,7 +599,7 @@ class TaskRegistry:
                     self._open_count += 1
                     self._counts["rerun"] += 1
                 elif task.status in OPEN:
-                    task.status, task.finished = "failed", time.time()
+                    task.status, task.finished, task.ended = "failed", time.time(), time.monotonic()
                     task.result = failure("task_interrupted", task.call_id, task.name)
                     task.done.set()
                     self._counts["interrupted"] += 1
@@ -597,10 +609,18 @@ class TaskRegistry:
                 self._sessions[session_id] = tasks
         return tasks
 
-    def _expire(self, tasks: dict[str, Task]) -> None:
-        """Forget (and remove the records of) tasks that ended over ``task_ttl_s`` ago."""
-        horizon = time.time() - self.settings.task_ttl_s
-        for task in [t for t in tasks.values() if t.done.is_set() and t.finished is not None and t.finished < horizon]:
+    def _expire(self, tasks: dict[str, Task], keep: int | None = None) -> None:
+        """Forget (and remove the records of) tasks that ended over ``task_ttl_s`` ago, as
+        ``time.monotonic()`` counts (the wall clock set forward or back changes nothing; a
+        task read from its record: its age by the wall clock when it was read), and, with
+        ``keep``, the earliest ended past the ``keep`` latest."""
+        horizon = time.monotonic() - self.settings.task_ttl_s
+        ended = [(t.ended, t) for t in tasks.values() if t.done.is_set() and t.ended is not None]
+        gone = [t for stamp, t in ended if stamp < horizon]
+        if keep is not None and len(ended) - len(gone) > keep:  # the earliest ended of those left go too
+            left = sorted((pair for pair in ended if pair[0] >= horizon), key=lambda pair: pair[0])
+            gone += [t for _, t in left[:len(left) - keep]]
+        for task in gone:
             del tasks[task.task_id]
             task.written = False
             records.remove(task.session_dir, task.task_id)
