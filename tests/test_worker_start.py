@@ -99,9 +99,11 @@ def test_a_call_that_never_gets_a_worker_is_unavailable_naming_the_start_bound(t
         assert hog.result(WAIT_S)[0].ok
 
 
-def test_a_bad_start_timeout_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"start_timeout_ms must be milliseconds > 0, got 0"):
-        ActorSystem(tmp_path, start_timeout_ms=0)
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True])
+def test_a_bad_start_timeout_is_refused(tmp_path: Path, bad: object) -> None:
+    words = rf"ActorSystem\(start_timeout_ms=...\) must be whole milliseconds > 0 or None, not {bad!r}"
+    with pytest.raises(ValueError, match=words):
+        ActorSystem(tmp_path, start_timeout_ms=bad)  # type: ignore[arg-type]
 
 
 def test_the_default_start_bound_is_the_environments_when_set(monkeypatch: pytest.MonkeyPatch) -> None:

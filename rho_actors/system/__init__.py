@@ -229,10 +229,7 @@ class ActorSystem(HostActors):
         budgets = ResultBudgets(max_turn_result_bytes, max_session_result_bytes)
         cap, running, share = fair_shares(max_workers, max_running_workers, max_workers_per_session,
                                           abandoned_threads_per_session, max_timeout_ms)
-        if start_timeout_ms is None:
-            start_timeout_ms = default_start_timeout_ms()
-        if type(start_timeout_ms) is not int or start_timeout_ms <= 0:
-            raise ValueError(f"start_timeout_ms must be milliseconds > 0, got {start_timeout_ms!r}")
+        start_timeout_ms = default_start_timeout_ms() if start_timeout_ms is None else start_timeout_ms
         self._own_data_dir = data_dir is None  # a temporary folder of ours: removed at stop
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="rho_actors-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)

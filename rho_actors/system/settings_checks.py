@@ -2,8 +2,8 @@
 of the system starts: a bad one raises naming it, and leaves no thread, actor or
 process behind.
 
-A count or a size that is not an ``int`` (a ``bool``, a float, ``NaN``) or below its
-least value, a time that is not a finite number, and a ``governor`` or ``tasks`` that is
+A count, a size or milliseconds that is not an ``int`` (a ``bool``, a float, ``NaN``) or below its
+least value, a time in seconds that is not a finite number, and a ``governor`` or ``tasks`` that is
 not a :class:`~rho_actors.GovernorSettings` or :class:`~rho_actors.TaskSettings` is
 refused (before: ``max_output_chars=-5`` let every result through uncut, ``NaN`` failed
 every call ``raised``, ``max_argument_depth=-1`` or ``abandoned_threads_per_tool=-1``
@@ -26,6 +26,7 @@ _AT_LEAST_ONE: Final = (  # the result budgets and the fair shares are checked w
     "max_schema_nodes", "abandoned_threads_per_tool", "abandoned_threads",
 )
 _AT_LEAST_ZERO: Final = ("max_restarts", "warm_workers")
+_MILLISECONDS: Final = ("start_timeout_ms",)  # None: its default
 _SECONDS: Final = {"max_seconds": False, "worker_idle_s": True}  # whether 0 is allowed
 _SETTINGS: Final = {"governor": GovernorSettings, "tasks": TaskSettings}
 
@@ -39,6 +40,10 @@ def check_settings(values: dict[str, Any]) -> None:
             value, least = values[name], 1 if name in _AT_LEAST_ONE else 0
             if type(value) is not int or value < least:
                 raise ValueError(f"ActorSystem({name}=...) must be an int >= {least}, not {value!r}")
+    for name in _MILLISECONDS:
+        value = values.get(name)
+        if value is not None and (type(value) is not int or value <= 0):
+            raise ValueError(f"ActorSystem({name}=...) must be whole milliseconds > 0 or None, not {value!r}")
     for name, zero in _SECONDS.items():
         if name in values:
             value = values[name]
