@@ -8,13 +8,15 @@ import contextvars
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
+from pydantic import Field
 
 pytest.importorskip("agents")
 
 from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, RunHooks, Runner, function_tool
+from agents.exceptions import ModelBehaviorError
 from agents.items import ModelResponse
 from agents.models.interface import Model
 from agents.tool import default_tool_error_function
@@ -22,7 +24,7 @@ from agents.tool_context import ToolContext
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-from rho_actors import ActorSystem, CallEvent
+from rho_actors import ActorSystem, CallEvent, ToolCall
 from rho_actors.integrations.openai_agents import function_tools
 from tests import adapter_tools
 from tests.adapter_tools import later, set_up
@@ -304,3 +306,32 @@ def test_the_context_variables_a_tool_sets_are_seen_by_the_sdks_hooks_after_it(s
                   tools=function_tools(system.start_loop("sdk-context")))
     result = asyncio.run(Runner.run(agent, "go", hooks=Hooks(), run_config=RunConfig(tracing_disabled=True)))
     assert result.final_output == "done" and seen == ["from-tool"] and state.get() == "unset"
+
+
+def test_an_sdk_tools_variadic_arguments_may_be_left_out_as_its_own_validation_allows(system: ActorSystem) -> None:
+    """The SDK's strict schema requires a function's ``*args`` (an array) and its
+    ``**kwargs`` (an object), but its own validation gives each an empty default: rho's
+    check lets them be left out too, and still checks what is sent against the schema."""
+    def total(*scores: Annotated[int, Field(ge=0, le=10)]) -> int:
+        return sum(scores)
+
+    sdk_tool = function_tool(total, failure_error_function=None)
+    assert sdk_tool.params_json_schema["required"] == ["scores"]  # what the model is told
+    assert system.register(sdk_tool).reason is None
+    loop = system.start_loop("sdk-variadic")
+    [adapted] = [t for t in function_tools(loop) if isinstance(t, FunctionTool)]
+
+    def call(call_id: str, arguments: str) -> Any:
+        ctx = ToolContext(None, tool_name="total", tool_call_id=call_id, tool_arguments=arguments)
+
+        async def invoked() -> Any:
+            return await adapted.on_invoke_tool(ctx, arguments)
+
+        return asyncio.run(invoked())
+
+    assert call("v1", "{}") == 0
+    assert call("v2", '{"scores": [3, 4]}') == 7
+    with pytest.raises(ModelBehaviorError, match="maximum"):  # rho's check, as the SDK raises for its own
+        call("v3", '{"scores": [11]}')
+    [result] = loop.run_turn([ToolCall("v4", "total", "{}")])  # rho's own loop takes it the same way
+    assert result.ok and result.content == "0"

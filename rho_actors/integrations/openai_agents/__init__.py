@@ -39,7 +39,7 @@ with needs_extra("openai-agents", "rho_actors.integrations.openai_agents"):
     from agents.tool_context import ToolContext
 
 from rho_actors.integrations.host_side import HOST_SIDE_CALLS, HostSideCall
-from rho_actors.integrations.openai_agents.sdk_tool import SdkFunctionTool
+from rho_actors.integrations.openai_agents.sdk_tool import WRAPPED_MARKER, SdkFunctionTool
 from rho_actors.integrations.sessions import call_id, kept_while_unchanged
 from rho_actors.lifecycle import pending_call
 from rho_actors.loop.handle import Loop
@@ -115,7 +115,6 @@ async def _ended_as_tool_ends(host: HostSideCall, cancelled: asyncio.CancelledEr
 
 _RAISED_KINDS = frozenset({ErrorKind.RAISED, ErrorKind.EXITED, ErrorKind.CANCELLED})
 _RETRY_KINDS = frozenset({ErrorKind.INVALID_JSON, ErrorKind.INVALID_ARGUMENTS})
-_WRAPPED_MARKER = "__agents_function_tool_wrapped_callable__"
 
 
 def _routed(loop: Loop, original: FunctionTool, needs_approval: Any, timeout_ms: int) -> FunctionTool:
@@ -144,8 +143,8 @@ def _routed(loop: Loop, original: FunctionTool, needs_approval: Any, timeout_ms:
 
     routed = copy.copy(original)
     if impl is not None and hasattr(invoker, "_on_handled_error"):
-        if hasattr(impl, _WRAPPED_MARKER):
-            setattr(on_invoke_tool, _WRAPPED_MARKER, getattr(impl, _WRAPPED_MARKER))
+        if hasattr(impl, WRAPPED_MARKER):
+            setattr(on_invoke_tool, WRAPPED_MARKER, getattr(impl, WRAPPED_MARKER))
         invoker_type: Any = type(invoker)  # the SDK's failure-handling invoker
         routed.on_invoke_tool = invoker_type(on_invoke_tool, invoker._on_handled_error, function_tool=routed)
     else:

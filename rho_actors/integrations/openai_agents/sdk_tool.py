@@ -15,6 +15,7 @@ result is its text); what it raises is a ``raised`` result (an ``exited`` one fo
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +26,9 @@ from agents.tool_context import ToolContext
 from rho_actors.integrations.host_side import HOST_SIDE_CALLS
 
 __all__ = ["SdkFunctionTool", "from_function_tool"]
+
+WRAPPED_MARKER = "__agents_function_tool_wrapped_callable__"
+"""The attribute on which ``function_tool``'s invocation keeps the function it wraps."""
 
 
 class SdkFunctionTool:
@@ -46,15 +50,18 @@ class SdkFunctionTool:
         """The SDK tool's own ``params_json_schema`` (a copy), checked as the SDK checks
         arguments: a strict schema lists every property as required and forbids others
         (what OpenAI's strict mode needs), while the SDK's own validation, which runs in
-        the call, lets an argument with a default (or that may be null) be left out and
-        ignores extra ones; rho's check does the same."""
+        the call, lets an argument with a default (or that may be null) be left out, a
+        function's ``*args`` and ``**kwargs`` too (empty by default), and ignores extra
+        ones; rho's check does the same."""
         schema = copy.deepcopy(self.tool.params_json_schema)
         if not self.tool.strict_json_schema:
             return schema
         properties = schema.get("properties") or {}
         required = schema.get("required")
         if isinstance(required, list):
-            schema["required"] = [name for name in required if not _optional(properties.get(name))]
+            variadic = _variadic(self.tool)
+            schema["required"] = [name for name in required
+                                  if not _optional(properties.get(name)) and name not in variadic]
         if schema.get("additionalProperties") is False:
             del schema["additionalProperties"]
         return schema
@@ -88,6 +95,22 @@ def _optional(schema: Any) -> bool:
     types = schema.get("type")
     return (isinstance(types, list) and "null" in types) or any(
         isinstance(o, dict) and o.get("type") == "null" for o in options)
+
+
+def _variadic(tool: FunctionTool) -> frozenset[str]:
+    """The names of the ``*args`` and ``**kwargs`` parameters of the function that
+    ``function_tool`` made ``tool`` of (none for a ``FunctionTool`` made by hand): the
+    SDK's strict schema requires them, its own validation gives them an empty list or
+    dict (``default_factory``, which no JSON schema shows)."""
+    invoker = tool.on_invoke_tool
+    function = getattr(getattr(invoker, "_invoke_tool_impl", invoker), WRAPPED_MARKER, None)
+    if function is None:
+        return frozenset()
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: the schema as it is
+        return frozenset()
+    return frozenset(p.name for p in parameters if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
 
 
 def from_function_tool(tool: FunctionTool) -> SdkFunctionTool:

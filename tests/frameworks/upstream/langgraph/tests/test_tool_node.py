@@ -3,6 +3,7 @@ import dataclasses
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from functools import partial
 from typing import (
     Annotated,
@@ -25,6 +26,7 @@ from langchain_core.runnables.config import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolArg, ToolException
 from langchain_core.tools import tool as dec_tool
 from langchain_core.tools.base import InjectedToolCallId
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.config import get_stream_writer
 from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.graph import START, MessagesState, StateGraph
@@ -32,8 +34,8 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.runtime import ExecutionInfo, ServerInfo
 from langgraph.store.base import BaseStore
 from langgraph.store.memory import InMemoryStore
-from langgraph.types import Command, Send
-from pydantic import BaseModel
+from langgraph.types import Command, Send, interrupt
+from pydantic import BaseModel, ValidationError
 from pydantic.v1 import BaseModel as BaseModelV1
 from typing_extensions import TypedDict
 
@@ -624,6 +626,149 @@ def test_tool_node_node_interrupt() -> None:
                 config=_create_config_with_runtime(),
             )
             assert exc_info.value == "foo"
+
+
+class _Approval(BaseModel):
+    approved: bool
+
+
+class _AskState(TypedDict, total=False):
+    answer: str
+
+
+def _approval_graph():
+    """A graph that asks a human for approval with a typed interrupt."""
+
+    def ask(state: _AskState) -> _AskState:
+        approval = interrupt("Approve?", response_schema=_Approval)
+        return {"answer": f"approved={approval.approved}"}
+
+    return StateGraph(_AskState).add_node("ask", ask).add_edge(START, "ask").compile()
+
+
+def _ask_human_call() -> dict[str, list[AnyMessage]]:
+    call = ToolCall(name="ask_human", args={}, id="call_1")
+    return {"messages": [AIMessage("", tool_calls=[call])]}
+
+
+def _handle_any(e):  # no annotation: handles every error
+    return "handled"
+
+
+# A bad answer to an interrupt must fail the run whatever `handle_tool_errors` is,
+# including settings that cover `ValidationError` (a `ValueError`), with or without
+# a wrapper. `create_agent` always runs tools through a wrapper (its middleware).
+_TOOL_NODES = pytest.mark.parametrize(
+    ("wrapped", "handle_tool_errors"),
+    [
+        (wrapped, handler)
+        for wrapped in (False, True)
+        for handler in (None, True, (ValueError,), _handle_any)
+    ],
+    ids=[
+        f"{wrapped}-{handler}"
+        for wrapped in ("plain", "wrapped")
+        for handler in ("default", "handle_true", "handle_value_error", "untyped")
+    ],
+)
+# The interrupt either runs in a graph the tool starts (a subagent) or in the tool.
+_SHAPE = pytest.mark.parametrize("nested", [True, False], ids=["nested", "direct"])
+
+
+@_TOOL_NODES
+@_SHAPE
+def test_tool_node_reraises_invalid_resume(
+    sync_checkpointer: BaseCheckpointSaver,
+    wrapped: bool,
+    nested: bool,
+    handle_tool_errors: Any,
+) -> None:
+    asker = _approval_graph()
+
+    @dec_tool
+    def ask_human() -> str:
+        """Ask a human for approval."""
+        if nested:
+            return asker.invoke({})["answer"]
+        approval = interrupt("Approve?", response_schema=_Approval)
+        return f"approved={approval.approved}"
+
+    def pass_through(request, handler):
+        return handler(request)
+
+    errors = (
+        {} if handle_tool_errors is None else {"handle_tool_errors": handle_tool_errors}
+    )
+    graph = (
+        StateGraph(MessagesState)
+        .add_node(
+            "tools",
+            ToolNode(
+                [ask_human], wrap_tool_call=pass_through if wrapped else None, **errors
+            ),
+        )
+        .add_edge(START, "tools")
+        .compile(checkpointer=sync_checkpointer)
+    )
+    config: RunnableConfig = {"configurable": {"thread_id": "1"}}
+    [pending] = graph.invoke(_ask_human_call(), config)["__interrupt__"]
+
+    # A bad answer isn't a bad tool argument: the run fails without saving, so
+    # the same interrupt can be answered again.
+    with pytest.raises(ValidationError, match="approved"):
+        graph.invoke(Command(resume={pending.id: {"approved": "maybe"}}), config)
+    assert [i.id for i in graph.get_state(config).interrupts] == [pending.id]
+
+    result = graph.invoke(Command(resume={pending.id: {"approved": True}}), config)
+    assert result["messages"][-1].content == "approved=True"
+
+
+@_TOOL_NODES
+@_SHAPE
+async def test_tool_node_reraises_invalid_resume_async(
+    async_checkpointer: BaseCheckpointSaver,
+    wrapped: bool,
+    nested: bool,
+    handle_tool_errors: Any,
+) -> None:
+    asker = _approval_graph()
+
+    @dec_tool
+    async def ask_human() -> str:
+        """Ask a human for approval."""
+        if nested:
+            return (await asker.ainvoke({}))["answer"]
+        approval = interrupt("Approve?", response_schema=_Approval)
+        return f"approved={approval.approved}"
+
+    async def pass_through(request, handler):
+        return await handler(request)
+
+    errors = (
+        {} if handle_tool_errors is None else {"handle_tool_errors": handle_tool_errors}
+    )
+    graph = (
+        StateGraph(MessagesState)
+        .add_node(
+            "tools",
+            ToolNode(
+                [ask_human], awrap_tool_call=pass_through if wrapped else None, **errors
+            ),
+        )
+        .add_edge(START, "tools")
+        .compile(checkpointer=async_checkpointer)
+    )
+    config: RunnableConfig = {"configurable": {"thread_id": "1"}}
+    [pending] = (await graph.ainvoke(_ask_human_call(), config))["__interrupt__"]
+
+    with pytest.raises(ValidationError, match="approved"):
+        await graph.ainvoke(Command(resume={pending.id: {"approved": "maybe"}}), config)
+    state = await graph.aget_state(config)
+    assert [i.id for i in state.interrupts] == [pending.id]
+
+    resume = Command(resume={pending.id: {"approved": True}})
+    result = await graph.ainvoke(resume, config)
+    assert result["messages"][-1].content == "approved=True"
 
 
 @pytest.mark.parametrize("input_type", ["dict", "tool_calls"])
@@ -1427,6 +1572,66 @@ def test_tool_node_inject_state(schema_: type[T]) -> None:
     result = node.invoke([msg], config=_create_config_with_runtime())
     tool_message = result[-1]
     assert tool_message.content == "hi?"
+
+
+@pytest.mark.parametrize("schema_", _INJECTED_STATE_SCHEMAS)
+def test_tool_node_send_tool_call_gets_same_state_as_edge(schema_: type[T]) -> None:
+    call = ToolCall(name="record", args={}, id="call_1", type="tool_call")
+    seen: list[tuple[type, type]] = []
+
+    def record(runtime: ToolRuntime, state: Annotated[T, InjectedState]) -> str:
+        """Record the state types the tool gets."""
+        seen.append((type(runtime.state), type(state)))
+        return "ok"
+
+    def agent(state: Any) -> dict:
+        return {"messages": [AIMessage("", tool_calls=[call])]}
+
+    def state_types(route: Callable[[Any], str | list[Send]]) -> tuple[type, type]:
+        seen.clear()
+        graph = (
+            StateGraph(schema_)
+            .add_node("agent", agent)
+            .add_node("tools", ToolNode([record]))
+            .add_edge(START, "agent")
+            .add_conditional_edges("agent", route, ["tools"])
+            .compile()
+        )
+        graph.invoke({"messages": [], "foo": "bar"})
+        return seen[0]
+
+    by_send = state_types(lambda _: [Send("tools", [call])])
+    by_edge = state_types(lambda _: "tools")
+    assert by_send == by_edge
+
+
+def test_tool_node_in_graph_run_by_send_gets_that_graphs_state() -> None:
+    call = ToolCall(name="record", args={}, id="call_1", type="tool_call")
+    seen: list[Any] = []
+
+    def record(runtime: ToolRuntime) -> str:
+        """Record the state the tool gets."""
+        seen.append(runtime.state)
+        return "ok"
+
+    class State(TypedDict):
+        value: str
+
+    def call_tools(state: State) -> dict:
+        ToolNode([record]).invoke([call])
+        return {}
+
+    inner = StateGraph(State).add_node(call_tools).add_edge(START, "call_tools")
+    outer = (
+        StateGraph(State)
+        .add_node("inner", inner.compile())
+        .add_conditional_edges(
+            START, lambda _: [Send("inner", {"value": "inner"})], ["inner"]
+        )
+        .compile()
+    )
+    outer.invoke({"value": "outer"})
+    assert seen == [{"value": "inner"}]
 
 
 def test_tool_node_inject_store() -> None:

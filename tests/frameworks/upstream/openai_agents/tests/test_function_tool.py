@@ -6,10 +6,11 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 import pytest
-from pydantic import BaseModel
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 import agents._debug as _debug
@@ -173,6 +174,44 @@ async def test_simple_function():
         await tool.on_invoke_tool(
             ToolContext(None, tool_name=tool.name, tool_call_id="1", tool_arguments=""), ""
         )
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("keyword_values", [False, True], ids=["args", "kwargs"])
+async def test_variadic_field_constraints_validate_before_invocation(keyword_values: bool) -> None:
+    calls: list[int] = []
+
+    def positional(*scores: Annotated[int, Field(..., ge=0, le=10)]) -> int:
+        calls.append(sum(scores))
+        return sum(scores)
+
+    def keywords(**scores: Annotated[int, Field(..., ge=0, le=10)]) -> int:
+        calls.append(sum(scores.values()))
+        return sum(scores.values())
+
+    tool = function_tool(
+        keywords if keyword_values else positional,
+        strict_mode=not keyword_values,
+        failure_error_function=None,
+    )
+
+    async def invoke(payload: dict[str, Any]) -> Any:
+        arguments = json.dumps(payload)
+        context = ToolContext(
+            context=None, tool_name=tool.name, tool_call_id="1", tool_arguments=arguments
+        )
+        return await tool.on_invoke_tool(context, arguments)
+
+    for invalid in (-1, 11):
+        values = {"first": invalid} if keyword_values else [invalid]
+        with pytest.raises(ModelBehaviorError):
+            await invoke({"scores": values})
+        assert calls == []
+
+    assert await invoke({"scores": {"a": 0, "b": 10} if keyword_values else [0, 10]}) == 10
+    assert await invoke({}) == 0
+    assert await invoke({"scores": {} if keyword_values else []}) == 0
+    assert calls == [10, 0, 0]
 
 
 @pytest.mark.asyncio
@@ -393,6 +432,100 @@ def test_manual_function_tool_normalizes_typeless_object_schemas():
     }
 
 
+@pytest.mark.parametrize(
+    ("definition_name", "ref"),
+    [
+        ("Value", "#/$defs/Value"),
+        ("A B", "#/$defs/A%20B"),
+        ("café", "#/$defs/caf%C3%A9"),
+        ("A%20B", "#/$defs/A%2520B"),
+        ("a/b", "#/$defs/a%7E1b"),
+        ("a~1b", "#/$defs/a%7E01b"),
+        ("A+B", "#/$defs/A+B"),
+        ("A+B", "#/$defs/A%2BB"),
+        ("Value", "#/%24defs%2FValue"),
+    ],
+)
+def test_function_tool_uri_fragment_preserves_schema_meaning(definition_name, ref):
+    async def run_function(ctx: ToolContext[Any], args: str) -> str:
+        return args
+
+    schema = {
+        "type": "object",
+        "properties": {"value": {"$ref": ref, "description": "value"}},
+        "$defs": {definition_name: {"type": "string"}},
+    }
+    validator = Draft202012Validator(schema)
+    assert validator.is_valid({"value": "text"})
+    assert not validator.is_valid({"value": 1})
+
+    tool = FunctionTool(
+        name="test", description="test", params_json_schema=schema, on_invoke_tool=run_function
+    )
+
+    assert tool.params_json_schema["properties"]["value"] == {
+        "type": "string",
+        "description": "value",
+    }
+    strict_validator = Draft202012Validator(tool.params_json_schema)
+    assert strict_validator.is_valid({"value": "text"})
+    assert not strict_validator.is_valid({"value": 1})
+
+
+def test_function_tool_uri_fragment_does_not_select_literal_percent_name():
+    async def run_function(ctx: ToolContext[Any], args: str) -> str:
+        return args
+
+    tool = FunctionTool(
+        name="test",
+        description="test",
+        params_json_schema={
+            "type": "object",
+            "properties": {"value": {"$ref": "#/$defs/A%20B", "description": "value"}},
+            "$defs": {"A B": {"type": "string"}, "A%20B": {"type": "integer"}},
+        },
+        on_invoke_tool=run_function,
+    )
+
+    validator = Draft202012Validator(tool.params_json_schema)
+    assert validator.is_valid({"value": "text"})
+    assert not validator.is_valid({"value": 1})
+
+
+def test_function_tool_uri_fragment_rejects_invalid_utf8():
+    async def run_function(ctx: ToolContext[Any], args: str) -> str:
+        return args
+
+    with pytest.raises(UnicodeDecodeError):
+        FunctionTool(
+            name="test",
+            description="test",
+            params_json_schema={
+                "type": "object",
+                "properties": {"value": {"$ref": "#/$defs/%FF", "description": "value"}},
+                "$defs": {"\ufffd": {"type": "string"}},
+            },
+            on_invoke_tool=run_function,
+        )
+
+
+def test_function_tool_uri_fragment_rejects_nested_resource():
+    async def run_function(ctx: ToolContext[Any], args: str) -> str:
+        return args
+
+    with pytest.raises(UserError, match=r"nested `\$id` resource"):
+        FunctionTool(
+            name="test",
+            description="test",
+            params_json_schema={
+                "type": "object",
+                "properties": {"value": {"$ref": "#/$defs/A%20B", "description": "value"}},
+                "$defs": {"A B": {"$id": "https://example.test/nested", "type": "string"}},
+            },
+            on_invoke_tool=run_function,
+        )
+
+
 def test_manual_function_tool_rejects_root_union():
     async def run_function(ctx: ToolContext[Any], args: str) -> str:
         return args
@@ -494,10 +627,10 @@ async def test_function_tool_default_error_works():
     ctx = ToolContext(None, tool_name=tool.name, tool_call_id="1", tool_arguments="")
 
     result = await tool.on_invoke_tool(ctx, "")
-    assert "Invalid JSON" in str(result)
+    assert result == "An error occurred while running the tool."
 
     result = await tool.on_invoke_tool(ctx, "{}")
-    assert "Invalid JSON" in str(result)
+    assert result == "An error occurred while running the tool."
 
     result = await tool.on_invoke_tool(ctx, '{"a": 1}')
     assert result == default_tool_error_function(ctx, ValueError("test"))
@@ -770,9 +903,7 @@ async def test_manual_function_tool_uses_default_failure_error_function() -> Non
         error=asyncio.CancelledError("manual-tool-cancelled"),
     )
 
-    expected = (
-        "An error occurred while running the tool. Please try again. Error: manual-tool-cancelled"
-    )
+    expected = "An error occurred while running the tool."
     assert result == expected
     assert (
         tool_module.resolve_function_tool_failure_error_function(manual_tool)
@@ -1027,6 +1158,114 @@ def test_function_tool_does_not_mutate_params_json_schema() -> None:
     assert tool.params_json_schema["required"] == ["x"]
 
 
+@pytest.mark.parametrize(
+    ("parent", "use_ref"),
+    [
+        ({"type": "object", "properties": {}}, True),
+        ({"type": "object"}, True),
+        ({}, True),
+        ({"type": "object", "properties": {}}, False),
+    ],
+)
+def test_function_tool_rejects_single_all_of_that_broadens_closed_parent(
+    parent: dict[str, Any], use_ref: bool
+) -> None:
+    async def noop(ctx: ToolContext[Any], input: str) -> str:
+        return ""
+
+    entry = {"type": "object", "properties": {"value": {"type": "string"}}}
+    schema = {
+        **parent,
+        "additionalProperties": False,
+        "$defs": {"Entry": entry},
+        "allOf": [{"$ref": "#/$defs/Entry"} if use_ref else copy.deepcopy(entry)],
+    }
+    original = copy.deepcopy(schema)
+    validator = Draft202012Validator(original)
+    assert validator.is_valid({})
+    assert not validator.is_valid({"value": "example"})
+
+    with pytest.raises(UserError, match="singleton `allOf`.*properties"):
+        FunctionTool(name="t", description="d", params_json_schema=schema, on_invoke_tool=noop)
+
+    assert schema == original
+    non_strict_tool = FunctionTool(
+        name="t",
+        description="d",
+        params_json_schema=schema,
+        on_invoke_tool=noop,
+        strict_json_schema=False,
+    )
+    assert non_strict_tool.params_json_schema == original
+    assert not Draft202012Validator(non_strict_tool.params_json_schema).is_valid(
+        {"value": "example"}
+    )
+
+
+@pytest.mark.parametrize("parent", [{"type": "object"}, {"type": "object", "properties": {}}])
+def test_function_tool_single_all_of_wrapper_remains_strict(parent: dict[str, Any]) -> None:
+    async def noop(ctx: ToolContext[Any], input: str) -> str:
+        return ""
+
+    schema = {
+        **parent,
+        "description": "wrapper",
+        "allOf": [{"type": "object", "properties": {"value": {"type": "string"}}}],
+    }
+    original = copy.deepcopy(schema)
+    tool = FunctionTool(name="t", description="d", params_json_schema=schema, on_invoke_tool=noop)
+
+    assert schema == original
+    assert tool.params_json_schema["description"] == "wrapper"
+    assert tool.params_json_schema["required"] == ["value"]
+    validator = Draft202012Validator(tool.params_json_schema)
+    assert validator.is_valid({"value": "example"})
+    assert not validator.is_valid({})
+    assert not validator.is_valid({"value": "example", "extra": True})
+
+
+def test_function_tool_nested_single_all_of_ref_wrapper_remains_strict() -> None:
+    async def noop(ctx: ToolContext[Any], input: str) -> str:
+        return ""
+
+    schema = {
+        "type": "object",
+        "components": {
+            "schemas": {
+                "Inner": {"type": "object", "properties": {"value": {"type": "string"}}},
+                "Outer": {"type": "object", "allOf": [{"$ref": "#/components/schemas/Inner"}]},
+            }
+        },
+        "allOf": [{"$ref": "#/components/schemas/Outer"}],
+    }
+    original = copy.deepcopy(schema)
+    tool = FunctionTool(name="t", description="d", params_json_schema=schema, on_invoke_tool=noop)
+
+    assert schema == original
+    assert tool.params_json_schema["required"] == ["value"]
+    assert "allOf" not in tool.params_json_schema
+    validator = Draft202012Validator(tool.params_json_schema)
+    assert validator.is_valid({"value": "example"})
+    assert not validator.is_valid({"value": "example", "extra": True})
+
+
+def test_function_tool_single_all_of_closed_empty_object_remains_strict() -> None:
+    async def noop(ctx: ToolContext[Any], input: str) -> str:
+        return ""
+
+    schema = {
+        "type": "object",
+        "properties": {},
+        "additionalProperties": False,
+        "allOf": [{"type": "object", "properties": {}}],
+    }
+    tool = FunctionTool(name="t", description="d", params_json_schema=schema, on_invoke_tool=noop)
+
+    validator = Draft202012Validator(tool.params_json_schema)
+    assert validator.is_valid({})
+    assert not validator.is_valid({"value": "example"})
+
+
 def test_function_tool_rejects_deep_schema_before_copying() -> None:
     async def noop(ctx: ToolContext[Any], input: str) -> str:
         return ""
@@ -1109,7 +1348,7 @@ async def test_function_tool_rejects_non_object_json_input(input_json: str) -> N
 async def test_function_tool_bad_json_redacts_payload_when_dont_log_tool_data(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="openai.agents")
     monkeypatch.setattr(_debug, "DONT_LOG_TOOL_DATA", True)
 
     def echo(value: str) -> str:
@@ -1140,7 +1379,7 @@ async def test_function_tool_bad_json_redacts_payload_when_dont_log_tool_data(
 async def test_function_tool_bad_json_includes_payload_when_tool_logging_enabled(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="openai.agents")
     monkeypatch.setattr(_debug, "DONT_LOG_TOOL_DATA", False)
 
     def echo(value: str) -> str:
@@ -1230,10 +1469,7 @@ async def test_default_failure_error_function_survives_deepcopy() -> None:
         error=asyncio.CancelledError(),
     )
 
-    expected = (
-        "An error occurred while running the tool. Please try again. "
-        "Error: Tool execution cancelled."
-    )
+    expected = "An error occurred while running the tool."
     assert result == expected
     assert (
         tool_module.resolve_function_tool_failure_error_function(copied_tool)
@@ -1435,3 +1671,94 @@ def test_function_tool_timeout_error_function_must_be_callable() -> None:
             on_invoke_tool=_noop_on_invoke_tool,
             timeout_error_function=cast(Any, "not-callable"),
         )
+
+
+def kwargs_collision_function(x: int, *rest: int, **kw: Any) -> str:
+    return f"x={x} rest={rest} kw={kw}"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("payload", [{"a": 1, "b": "x"}, {"kwargs": {"a": 1}, "b": "x"}])
+async def test_kwargs_tool_rejects_flat_arguments_before_invocation(payload):
+    calls = []
+
+    def collect(**kwargs):
+        calls.append(kwargs)
+        return kwargs
+
+    tool = function_tool(collect, strict_mode=False, failure_error_function=None)
+    arguments = json.dumps(payload)
+    context = ToolContext(None, tool_name=tool.name, tool_call_id="1", tool_arguments=arguments)
+
+    with pytest.raises(ModelBehaviorError, match="Invalid JSON input for tool collect"):
+        await tool.on_invoke_tool(context, arguments)
+
+    assert calls == []
+    assert tool.params_json_schema["additionalProperties"] is False
+    assert tool.params_json_schema["properties"]["kwargs"]["additionalProperties"] is True
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "payload, expected", [({"kwargs": {"a": 1, "b": "x"}}, {"a": 1, "b": "x"}), ({}, {})]
+)
+async def test_kwargs_tool_preserves_nested_arguments_and_empty_default(payload, expected):
+    def collect(**kwargs):
+        return kwargs
+
+    tool = function_tool(collect, strict_mode=False, failure_error_function=None)
+    arguments = json.dumps(payload)
+    context = ToolContext(None, tool_name=tool.name, tool_call_id="1", tool_arguments=arguments)
+
+    assert await tool.on_invoke_tool(context, arguments) == expected
+
+
+@pytest.mark.asyncio
+async def test_kwargs_tool_preserves_named_arguments_and_typed_nested_values():
+    calls = []
+
+    async def collect(label: str, **options: int):
+        calls.append((label, options))
+        return options
+
+    tool = function_tool(collect, strict_mode=False, failure_error_function=None)
+    arguments = '{"label": "sample", "options": {"a": 1}}'
+    context = ToolContext(None, tool_name=tool.name, tool_call_id="1", tool_arguments=arguments)
+    assert await tool.on_invoke_tool(context, arguments) == {"a": 1}
+    assert calls == [("sample", {"a": 1})]
+
+    for arguments in (
+        '{"label": "sample", "a": 1}',
+        '{"label": "sample", "options": {"a": "invalid"}}',
+    ):
+        context = ToolContext(None, tool_name=tool.name, tool_call_id="2", tool_arguments=arguments)
+        with pytest.raises(ModelBehaviorError):
+            await tool.on_invoke_tool(context, arguments)
+    assert calls == [("sample", {"a": 1})]
+
+
+def test_kwargs_tool_strict_error_explains_non_strict_nested_input():
+    def collect(**options: Any):
+        return options
+
+    with pytest.raises(UserError, match=r"\*\*options.*strict_mode=False.*nested.*options"):
+        function_tool(collect)
+
+
+@pytest.mark.asyncio
+async def test_kwargs_key_colliding_with_param_is_reported_as_model_behavior_error():
+    """The collision reaches the model as feedback, not as an unhandled TypeError.
+
+    ``kw={"x": 99}`` used to splat into the call as ``f(1, 2, 3, x=99)``, which raised
+    ``TypeError: got multiple values for argument 'x'`` from inside the tool call.
+    """
+    tool = function_tool(kwargs_collision_function, strict_mode=False, failure_error_function=None)
+    arguments = '{"x": 1, "rest": [2, 3], "kw": {"x": 99}}'
+
+    with pytest.raises(ModelBehaviorError) as exc_info:
+        await tool.on_invoke_tool(
+            ToolContext(None, tool_name=tool.name, tool_call_id="1", tool_arguments=arguments),
+            arguments,
+        )
+
+    assert "'x'" in str(exc_info.value)

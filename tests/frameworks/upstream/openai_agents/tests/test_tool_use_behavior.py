@@ -11,6 +11,7 @@ from agents import (
     Agent,
     FunctionToolResult,
     RunContextWrapper,
+    Runner,
     ToolCallOutputItem,
     ToolsToFinalOutputResult,
     UserError,
@@ -18,6 +19,7 @@ from agents import (
     tool_namespace,
 )
 from agents.run_internal import run_loop
+from agents.testing import ScriptedModel, function_call
 
 from .test_responses import get_function_tool
 
@@ -173,6 +175,54 @@ async def test_custom_tool_use_behavior_async_callable_object() -> None:
     assert result.is_final_output is True
     assert result.final_output == "async_callable"
     assert behavior.calls == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("async_behavior", [False, True])
+@pytest.mark.parametrize("valid_result", [False, True])
+async def test_custom_tool_use_behavior_return_contract(
+    streamed: bool, async_behavior: bool, valid_result: bool
+) -> None:
+    calls = 0
+
+    def behavior(context: RunContextWrapper, results: list[FunctionToolResult]) -> Any:
+        nonlocal calls
+        calls += 1
+        assert len(results) == 1
+        assert results[0].output == "pong"
+        if valid_result:
+            return ToolsToFinalOutputResult(is_final_output=True, final_output="done")
+        return "done"
+
+    async def async_callback(context: RunContextWrapper, results: list[FunctionToolResult]) -> Any:
+        return behavior(context, results)
+
+    model = ScriptedModel([[function_call("ping", {}, call_id="call_1")]])
+    agent = Agent(
+        name="test",
+        tools=[get_function_tool("ping", return_value="pong")],
+        model=model,
+        tool_use_behavior=async_callback if async_behavior else behavior,
+    )
+
+    async def run() -> Any:
+        if streamed:
+            result = Runner.run_streamed(agent, "test")
+            async for _ in result.stream_events():
+                pass
+            return result.final_output
+        return (await Runner.run(agent, "test")).final_output
+
+    if valid_result:
+        assert await run() == "done"
+    else:
+        with pytest.raises(
+            UserError, match="tool_use_behavior callable must return ToolsToFinalOutputResult"
+        ):
+            await run()
+    assert calls == 1
+    assert len(model.calls) == 1
 
 
 @pytest.mark.asyncio
