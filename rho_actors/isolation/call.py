@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loguru import logger
 
@@ -47,6 +47,9 @@ from rho_actors.results import (
 from rho_actors.sandbox import Waiter
 from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ErrorKind, ToolResult
+
+if TYPE_CHECKING:
+    from rho_actors.governor.governor import ThreadPlaces
 
 __all__ = [
     "AT_DEADLINE", "Answer", "CallActor", "CallSpec", "RunCall", "SettleOnce", "call_failure", "drive", "in_span",
@@ -80,7 +83,10 @@ class CallSpec:
     every other isolation leaves it alone. ``waiter``: the thread that starts the call
     will wait for it alone (:meth:`Loop.run_turn` of a one-call turn): an isolation may
     leave the call's reply for that thread to read (:class:`~rho_actors.sandbox.Waiter`;
-    ``process`` does, for a call written from that thread); others ignore it."""
+    ``process`` does, for a call written from that thread); others ignore it.
+    ``places``: the governor's places a ``thread`` call holds until its answer (set by
+    the governor as it starts the call; :class:`~rho_actors.governor.governor.ThreadPlaces`),
+    given back by the thread that answers it, or by the governor when it did not start."""
 
     call_id: str
     name: str
@@ -96,6 +102,7 @@ class CallSpec:
     context: contextvars.Context | None = None
     on_start: Callable[[], None] | None = None
     waiter: Waiter | None = None
+    places: ThreadPlaces | None = None
 
 
 class SettleOnce:

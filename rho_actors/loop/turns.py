@@ -371,7 +371,8 @@ class Turns(OfferedTools):
             slot.asked, key = asked, None  # a text that chose is not remembered as the tool's arguments
         began = time.monotonic()
         try:  # validation counts against the call's deadline
-            size = text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
+            size = (len(arguments) if type(arguments) is str  # bounds the work (a str's length: no frame)
+                    else text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None)
             problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S), size)
         except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
             return failure("unvalidatable", call.id, name, problem=describe_exception(exc))

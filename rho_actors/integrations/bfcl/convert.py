@@ -204,17 +204,21 @@ class BfclTool:
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> str | Error:
         deps = ctx.get("deps") or {}
-        server = deps.get("server") if isinstance(deps, Mapping) else None
+        mapping = type(deps) is dict or isinstance(deps, Mapping)  # a dict, the usual case: no ABC look
+        server = deps.get("server") if mapping else None
         if isinstance(server, str):  # the session's backends live in a server (replay(isolation=...))
             from rho_actors.isolation.servers import call_server
 
             text, raised = call_server(ctx, server, "call", self.function.class_name, self.function.name, args)
             return Error(text) if raised else text
-        instance = deps.get(self.function.class_name) if isinstance(deps, Mapping) else None
+        instance = deps.get(self.function.class_name) if mapping else None
         if instance is None:
             return Error(f"{ERROR_PREFIX}no {self.function.class_name} instance in this session")
-        text, raised = execute_direct(instance, self.function.name, args)
-        return Error(text) if raised else text
+        try:  # execute_direct, inline (no frame for it on every call)
+            value = getattr(instance, self.function.name)(**args)
+        except Exception as exc:
+            return Error(f"{ERROR_PREFIX}{exc}")
+        return value if type(value) is str else format_result(value)  # (format_result's own first look)
 
 
 def make_tools(functions: Mapping[str, BfclFunction] | None = None) -> list[BfclTool]:
