@@ -145,7 +145,8 @@ def _problem(value: Any, max_depth: int) -> str | None:
         elif isinstance(item, (list, tuple)):
             if depth > max_depth:
                 return f"{_path_text(link)}: nested deeper than {max_depth} levels"
-            stack.extend((child, depth + 1, (link, i)) for i, child in enumerate(item))
+            for i, child in enumerate(item):  # a plain loop: no generator's frame per list
+                stack.append((child, depth + 1, (link, i)))
         elif isinstance(item, float):
             if not math.isfinite(item):
                 return f"{_path_text(link)}: {item} is not JSON"
