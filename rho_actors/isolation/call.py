@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from loguru import logger
 
@@ -48,9 +48,6 @@ from rho_actors.sandbox import Waiter
 from rho_actors.telemetry import TRACEPARENT, attached
 from rho_actors.tool import ErrorKind, ToolResult
 
-if TYPE_CHECKING:
-    from rho_actors.governor.governor import ThreadPlaces
-
 __all__ = [
     "AT_DEADLINE", "Answer", "CallActor", "CallSpec", "RunCall", "SettleOnce", "call_failure", "drive", "in_span",
     "run_here",
@@ -66,6 +63,18 @@ why, e.g. Ray still connecting at the deadline)."""
 _R = TypeVar("_R")
 
 LATE_LOCK = threading.Lock()  # every Answer's (and a thread call's), taken only to make its list of late results
+
+
+class Places(Protocol):
+    """The governor's places a ``thread`` call holds until its answer (what
+    :class:`~rho_actors.governor.governor.ThreadPlaces` is): ``gov`` (its ``lock``,
+    ``waiting``, ``_ready`` and ``launch``), the ``gates`` taken, and :meth:`give_back`."""
+
+    gov: Any
+    gates: tuple[Any, ...]
+
+    def give_back(self, spec: CallSpec) -> list[Any] | None:
+        """Give back the places ``spec`` holds, once; the calls that took them, to launch."""
 
 
 @dataclass(slots=True)
@@ -85,8 +94,9 @@ class CallSpec:
     leave the call's reply for that thread to read (:class:`~rho_actors.sandbox.Waiter`;
     ``process`` does, for a call written from that thread); others ignore it.
     ``places``: the governor's places a ``thread`` call holds until its answer (set by
-    the governor as it starts the call; :class:`~rho_actors.governor.governor.ThreadPlaces`),
-    given back by the thread that answers it, or by the governor when it did not start."""
+    the governor as it starts the call: :class:`Places`),
+    given back by the thread that answers it, before the reply (what serves ``thread``
+    calls must: :meth:`Places.give_back`), or by the governor when it did not start."""
 
     call_id: str
     name: str
@@ -102,7 +112,7 @@ class CallSpec:
     context: contextvars.Context | None = None
     on_start: Callable[[], None] | None = None
     waiter: Waiter | None = None
-    places: ThreadPlaces | None = None
+    places: Places | None = None
 
 
 class SettleOnce:

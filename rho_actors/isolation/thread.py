@@ -131,7 +131,9 @@ class _Running(Timer, SettleOnce):
     at once by the thread that saw it passed (:meth:`Timers.run_due`). ``cancel()`` without
     a reason disarms the timer; ``cancel(reason)`` is the isolation's cancel. Once a result
     has won (or the call was refused, or not started), ``spec`` is let go: a disarmed timer
-    stays in the heap until its instant, holding nothing of the call's."""
+    stays in the heap until its instant, holding nothing of the call's. The governor's
+    places the call holds (``spec.places``) are given back by whoever delivers its answer,
+    before the reply (:class:`~rho_actors.governor.governor.ThreadPlaces`)."""
 
     __slots__ = ("_claim", "_delivered", "_late", "_start", "isolation", "spec")
 
