@@ -365,7 +365,11 @@ def governor_batch(system: ActorSystem, name: str, governed: bool) -> float:
     answered: list[Any] = []
 
     def start(spec: CallSpec) -> Any:  # an isolation that answers at once: what is left is the governor's
+        places = spec.places  # a thread call's: its answer gives them back first, as ThreadIsolation's does
+        ready = places.give_back(spec) if places is not None else None
         spec.reply(ok_result)
+        if ready:
+            places.gov.launch(ready)  # type: ignore[union-attr]  # ready: given back from places
         return start
 
     ok_result = ToolResult("c", name, True, "ok")

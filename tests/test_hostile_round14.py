@@ -680,3 +680,28 @@ def test_a_session_stopped_while_a_call_holds_its_own_place_leaves_no_place_behi
     started.clear()
     [again] = system.start_loop("gone").run_turn([_call("c2", name, '{"x": 2}')])
     assert again.ok, again
+
+
+def test_a_session_back_while_its_stopped_call_runs_keeps_its_exclusive_place_one(system: ActorSystem) -> None:
+    """A session stopped while its exclusive call runs, then started again under its id:
+    its next exclusive call waits for the stopped one's thread (its place is the same one,
+    no longer an orphan), runs once it ends, and the place is dropped at the session's
+    second stop. (A per-session place kept aside from its gate would let two run at once.)"""
+    started.clear()
+    system.register(exclusive_wait)
+    governor: Any = system._runtime.governor
+    first = system.start_loop("back")
+    future = first.submit_turn([_call("c1", "exclusive_wait")])
+    assert started.wait(WAIT_S)
+    first.stop()
+    assert [r.error_kind for r in future.result(WAIT_S)] == ["cancelled"]
+    started.clear()
+    again = system.start_loop("back")
+    waiting = again.submit_turn([_call("c2", "exclusive_wait", '{"x": 2}')])
+    assert wait_for(lambda: governor.waiting.count == 1)  # behind the stopped call's thread, in its one place
+    assert not started.is_set() and not governor.gates.orphans
+    release.set()
+    [done] = waiting.result(WAIT_S)
+    assert done.ok and done.content == "x=2", done
+    again.stop()
+    assert wait_for(lambda: governor.gates.exclusive == {} and governor._exclusive == {})

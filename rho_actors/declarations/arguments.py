@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
 from rho_actors.declarations.integral import integral_floats
-from rho_actors.declarations.linear import needs_integral, quick_valid
+from rho_actors.declarations.linear import quick_verdict
 from rho_actors.declarations.patterns import ecma_to_re2
 from rho_actors.encoding import scrub_text, text_length
 from rho_actors.errors import RhoError
@@ -95,7 +96,10 @@ def _no_constants(token: str) -> Any:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
+    result = dict(pairs)
+    if len(result) == len(pairs):  # no key twice (the usual case): made in C
+        return result
+    result = {}
     for key, value in pairs:
         if key in result:
             raise ValueError(f"duplicate key {key!r}")
@@ -104,6 +108,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constants)
+_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]  # what decode() runs
+_SPACE: Callable[[str, int], re.Match[str]] = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]  # its blanks
 
 
 _Link = tuple[Any, "str | int"] | None
@@ -139,7 +145,8 @@ def _problem(value: Any, max_depth: int) -> str | None:
         elif isinstance(item, (list, tuple)):
             if depth > max_depth:
                 return f"{_path_text(link)}: nested deeper than {max_depth} levels"
-            stack.extend((child, depth + 1, (link, i)) for i, child in enumerate(item))
+            for i, child in enumerate(item):  # a plain loop: no generator's frame per list
+                stack.append((child, depth + 1, (link, i)))
         elif isinstance(item, float):
             if not math.isfinite(item):
                 return f"{_path_text(link)}: {item} is not JSON"
@@ -217,10 +224,10 @@ def decode_arguments(
     message saying ``{}`` is expected.
     """
     value: Any
-    if isinstance(arguments, Mapping):
+    if type(arguments) is not str and isinstance(arguments, Mapping):  # (a str is none: no ABC look for it)
         value = dict(arguments)
     elif isinstance(arguments, (str, bytes, bytearray)):
-        length = text_length(arguments)
+        length = len(arguments) if type(arguments) is str else text_length(arguments)  # (a str: no frame)
         if length > max_chars:
             raise ArgumentsError(
                 ErrorKind.INVALID_JSON,
@@ -233,7 +240,15 @@ def decode_arguments(
                     ErrorKind.INVALID_JSON,
                     "arguments were empty: send a JSON object, {} when the tool takes no arguments",
                 )
-            value = _DECODER.decode(text)
+            # _DECODER.decode(text), inline (its frame and raw_decode's): the same value and errors
+            begin = _SPACE(text, 0).end()  # (matches the empty string too)
+            try:
+                value, end = _SCAN(text, begin)
+            except StopIteration as err:
+                raise json.JSONDecodeError("Expecting value", text, err.value) from None
+            end = _SPACE(text, end).end()
+            if end != len(text):
+                raise json.JSONDecodeError("Extra data", text, end)
         except RecursionError:
             raise ArgumentsError(
                 ErrorKind.INVALID_JSON, f"arguments are not valid JSON: nested deeper than {max_depth} levels"
@@ -643,8 +658,9 @@ def violations(
     JSON text ``args`` came from, if known: a linear schema is then checked uncounted first
     (:func:`~rho_actors.declarations.linear.quick_valid`; counted only to find violations).
     """
-    if quick_valid(validator, args, size, MAX_KEYWORD_CHECKS):  # linear, checked uncounted: the same verdict
-        if needs_integral(validator):  # else no integer position to look at
+    verdict = quick_verdict(validator, args, size, MAX_KEYWORD_CHECKS)  # linear, checked uncounted: the same verdict
+    if verdict:
+        if verdict == 2:  # its schema names integer (needs_integral): else no integer position to look at
             integral_floats(validator.schema, args)
         return []
     limit_s = math.inf if max_s is None else max(0.0, max_s)

@@ -42,7 +42,8 @@ from typing import Any
 import jsonschema_rs
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-__all__ = ["LINEAR_KEYWORDS", "QUICK_MAX_CHECKS", "linear_cost", "needs_integral", "prepare_quick", "quick_valid"]
+__all__ = ["LINEAR_KEYWORDS", "QUICK_MAX_CHECKS", "linear_cost", "needs_integral", "prepare_quick", "quick_valid",
+           "quick_verdict"]
 
 LINEAR_KEYWORDS = frozenset({
     "type", "properties", "required", "enum", "const", "items", "additionalProperties",
@@ -331,3 +332,23 @@ def quick_valid(validator: Any, instance: Any, size: int | None, max_checks: int
                 and bool(plain.is_valid(instance)))
     except Exception:  # the budgeted validation says what is wrong
         return False
+
+
+
+def quick_verdict(validator: Any, instance: Any, size: int | None, max_checks: int = QUICK_MAX_CHECKS) -> int:
+    """:func:`quick_valid` and :func:`needs_integral` in one look at the validator's
+    entry (on every call's arguments): ``0`` not known valid (what ``False`` says
+    there), ``1`` valid, ``2`` valid and its schema names ``integer`` (integral floats
+    may be made ``int`` s). Never raises."""
+    if size is None:
+        return 0
+    try:
+        key = id(validator)
+        known = _QUICK.get(key)  # _quick_of, inline
+        plain, cost, integers = ((known[1], known[2], known[3]) if known is not None and known[0]() is validator
+                                 else _made(validator, key))
+        if plain is None or size * cost > min(QUICK_MAX_CHECKS, max_checks) or not plain.is_valid(instance):
+            return 0
+    except Exception:  # the budgeted validation says what is wrong
+        return 0
+    return 2 if integers else 1

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from rho_actors.otp.threads import ThreadPool
     from rho_actors.otp.timers import Timer, Timers
 
-__all__ = ["Governor"]
+__all__ = ["Governor", "ThreadPlaces"]
 
 _RETRIED_KINDS: Final = frozenset({ErrorKind.CRASHED, ErrorKind.EXITED, ErrorKind.UNAVAILABLE})
 _MAX_FAILURE_CHARS: Final = 500
@@ -100,38 +100,36 @@ _DONE_SPEC: Final = CallSpec("", "", None, {}, MappingProxyType({}), 0.0, 0.0, 0
 _PLACES, _RATE, _BACKOFF, _STARTING, _RUNNING, _DONE = range(6)
 
 
-class _ThreadPlace:
-    """The reply of a ``thread`` call of a tool without a policy, which holds a place
-    among the system's thread calls and, for an ``exclusive`` tool, its session's
-    exclusive place (``gates``: both): its answer (the first result, delivered before
-    any later one by the call's :class:`~rho_actors.isolation.call.Answer`) gives them
-    back first (the next call of an exclusive turn, started by the turn's reply, finds
-    them free), then calls that waited for them start, after the reply."""
+class ThreadPlaces:
+    """The places a ``thread`` call of a tool without a policy holds, shared by every such
+    call (no object per call): a place among the system's thread calls and, for an
+    ``exclusive`` tool, its session's exclusive place (``gates``: both; one of these a
+    session). The call's spec carries it (``CallSpec.places``) from its start until its
+    answer (its first result), whose thread gives the places back first (the next call of
+    an exclusive turn, started by the turn's reply, finds them free) and starts the calls
+    that waited for them after the reply: :meth:`give_back` (``isolation/thread.py``
+    inlines it on a call's answer). Given back once: whoever clears ``spec.places`` under
+    the governor's lock (the answer's thread, or a start that failed)."""
 
-    __slots__ = ("gates", "gov", "reply")
+    __slots__ = ("gates", "gov")
 
-    def __init__(self, gov: Governor, reply: Callable[[ToolResult], None], gates: tuple[Gate, ...]) -> None:
-        self.gov: Governor | None = gov
-        self.reply = reply
+    def __init__(self, gov: Governor, gates: tuple[Gate, ...]) -> None:
+        self.gov = gov
         self.gates = gates
 
-    def __call__(self, result: ToolResult) -> None:
+    def give_back(self, spec: CallSpec) -> list[_Call] | None:
+        """Give back the places ``spec`` holds (nothing when given back already); the
+        waiting calls that took them, to :meth:`Governor.launch` after the reply."""
         gov = self.gov
-        if gov is None:
-            self.reply(result)
-            return
-        self.gov = None
-        with gov.lock:  # gov.thread_call_ended(self.gates), inline: on every such call's answer
+        with gov.lock:
+            if spec.places is None:
+                return None
+            spec.places = None
             for gate in self.gates:
                 gate.running -= 1
-            if gov.gates.orphans:
+            if gov.gates.orphans:  # a forgotten session's gates, dropped once free
                 gov.gates.released(self.gates)
-            ready = gov._ready() if gov.waiting.count else []
-        try:
-            self.reply(result)
-        finally:
-            if ready:
-                gov.launch(ready)
+            return gov._ready() if gov.waiting.count else None
 
 
 class _Call:
@@ -408,9 +406,11 @@ class Governor:
         self.seq = itertools.count()
         self.waiting = Waiting()
         self._threads = Gate(("thread",), settings.max_thread_calls)
-        self._thread_only = (self._threads,)  # the gates of a thread call of a shared tool without a policy
+        self._thread_places = ThreadPlaces(self, (self._threads,))  # of a thread call of a shared tool without a policy
         self._tools: dict[str, Gate] = {}
-        self.gates = SessionGates()  # each session's: per tool (max_concurrency_per_session), and exclusive
+        self._exclusive: dict[str, ThreadPlaces] = {}  # by session: its exclusive place with the thread place
+        # each session's gates: per tool (max_concurrency_per_session), and exclusive (its ThreadPlaces dropped with it)
+        self.gates = SessionGates(dropped=self._exclusive.pop)
         self._buckets: dict[str, TokenBucket] = {}
         self._sessions: dict[str, SessionCounts] = {}
         self._counted = settings.max_calls_per_session is not None or settings.max_repeats is not None
@@ -435,28 +435,32 @@ class Governor:
         if (policy is NO_POLICY or not policy.governed) and not counted and (not exclusive or threaded):
             if not threaded:
                 return start(spec)
-            gates: tuple[Gate, ...]
-            with self.lock:  # the usual case: its places free, nobody waiting for one
-                if not exclusive:  # the thread place alone, looked at inline
-                    gates, threads = self._thread_only, self._threads
+            threads = self._threads
+            with self.lock:  # the usual case: its places free, nobody waiting for one; looked at inline
+                if not exclusive:  # the thread place alone
+                    places = self._thread_places
                     free = not self.waiting.count and threads.running < threads.bound
                     if free:
                         threads.running += 1
-                else:
-                    gates = (self.gates.exclusive_of(session), self._threads)
-                    free = not self.waiting.count and fits(gates)
+                else:  # and the session's exclusive place
+                    kept = self._exclusive.get(session)
+                    # (a forgotten session back: its gate is no orphan any more)
+                    places = kept if kept is not None and not self.gates.orphans else self._exclusive_places(session)
+                    gate = places.gates[0]
+                    free = not self.waiting.count and gate.running < gate.bound and threads.running < threads.bound
                     if free:
-                        take(gates)
-            if free:
-                spec.reply = place = _ThreadPlace(self, spec.reply, gates)
+                        gate.running += 1
+                        threads.running += 1
+            if free:  # held until the call's answer, whose thread gives them back (ThreadPlaces)
+                spec.places = places
                 try:
                     return start(spec)
                 except BaseException:  # it did not start: no answer comes, the places are given back here
-                    if place.gov is not None:
-                        place.gov = None
-                        self.launch(self.thread_call_ended(gates))
+                    ready = places.give_back(spec)  # (unless a deadline's answer came meanwhile and did)
+                    if ready:
+                        self.launch(ready)
                     raise
-            call = _Call(self, spec, session, start, gates, None, None)
+            call = _Call(self, spec, session, start, places.gates, None, None)
         else:
             refusal = self._counts(policy, spec, session) if counted or policy.max_calls else None
             if refusal is not None:
@@ -469,6 +473,15 @@ class Governor:
             return call
         call.places()
         return call
+
+    def _exclusive_places(self, session: str) -> ThreadPlaces:
+        """The session's one place for calls of its exclusive tools (``gates[0]``, its
+        :class:`SessionGates` gate), with the thread place (under the lock)."""
+        gate = self.gates.exclusive_of(session)
+        places = self._exclusive.get(session)
+        if places is None or places.gates[0] is not gate:
+            places = self._exclusive[session] = ThreadPlaces(self, (gate, self._threads))
+        return places
 
     def _gates(self, policy: CallPolicy, name: str, session: str, threaded: bool,
                exclusive: bool = False) -> tuple[Gate, ...]:
@@ -567,14 +580,6 @@ class Governor:
                 waiter.timer.cancel()
                 waiter.timer = None
         return ready
-
-    def thread_call_ended(self, gates: tuple[Gate, ...]) -> list[_Call]:
-        """A thread call's places (``gates``) are free again: the waiting calls that took them, for :meth:`launch`."""
-        with self.lock:
-            release(gates)
-            if self.gates.orphans:
-                self.gates.released(gates)
-            return self._ready() if self.waiting.count else []
 
     def launch(self, ready: list[_Call] | tuple[()]) -> None:
         """Start the calls that took places (outside the lock): each one, an interrupt

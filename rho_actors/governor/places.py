@@ -15,7 +15,7 @@ governor holds its lock around every use.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 __all__ = ["Gate", "SessionGates", "Waiter", "Waiting", "blocking", "fits", "release", "take"]
@@ -69,12 +69,14 @@ class SessionGates:
     and one exclusive place per session. A session forgotten (its loop stopped) has
     its free gates dropped at once and each other one once its last call ends
     (:meth:`released`): until then it is kept, so its bound holds should the session
-    come back; a host serving sessions without end keeps none of theirs."""
+    come back; a host serving sessions without end keeps none of theirs. ``dropped``
+    is called with the session whose exclusive gate was dropped (what holds it drops it too)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dropped: Callable[[str], object] | None = None) -> None:
         self.per_session: dict[tuple[str, str], Gate] = {}
         self.exclusive: dict[str, Gate] = {}
         self.orphans: set[Gate] = set()  # gates of forgotten sessions with calls in them
+        self._dropped = dropped  # called with a session whose exclusive gate was dropped
 
     def per_tool(self, name: str, session: str, bound: int) -> Gate:
         """Tool ``name``'s gate in ``session``, of ``bound`` places."""
@@ -120,6 +122,8 @@ class SessionGates:
                 del self.per_session[key[1], key[2]]
         elif self.exclusive.get(key[1]) is gate:
             del self.exclusive[key[1]]
+            if self._dropped is not None:
+                self._dropped(key[1])
 
 
 class Waiter(Protocol):

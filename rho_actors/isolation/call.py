@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from loguru import logger
 
@@ -65,6 +65,19 @@ _R = TypeVar("_R")
 LATE_LOCK = threading.Lock()  # every Answer's (and a thread call's), taken only to make its list of late results
 
 
+class Places(Protocol):
+    """The governor's places a ``thread`` call holds until its answer (what
+    :class:`~rho_actors.governor.governor.ThreadPlaces` is): ``gov`` (its ``lock``,
+    ``waiting``, ``_ready``, ``launch`` and the session ``gates``' ``orphans``), the
+    ``gates`` taken, and :meth:`give_back`."""
+
+    gov: Any
+    gates: tuple[Any, ...]
+
+    def give_back(self, spec: CallSpec) -> list[Any] | None:
+        """Give back the places ``spec`` holds, once; the calls that took them, to launch."""
+
+
 @dataclass(slots=True)
 class CallSpec:
     """Everything a CallActor needs (read-only once built; not ``frozen`` only because a
@@ -80,7 +93,11 @@ class CallSpec:
     every other isolation leaves it alone. ``waiter``: the thread that starts the call
     will wait for it alone (:meth:`Loop.run_turn` of a one-call turn): an isolation may
     leave the call's reply for that thread to read (:class:`~rho_actors.sandbox.Waiter`;
-    ``process`` does, for a call written from that thread); others ignore it."""
+    ``process`` does, for a call written from that thread); others ignore it.
+    ``places``: the governor's places a ``thread`` call holds until its answer (set by
+    the governor as it starts the call: :class:`Places`),
+    given back by the thread that answers it, before the reply (what serves ``thread``
+    calls must: :meth:`Places.give_back`), or by the governor when it did not start."""
 
     call_id: str
     name: str
@@ -96,6 +113,7 @@ class CallSpec:
     context: contextvars.Context | None = None
     on_start: Callable[[], None] | None = None
     waiter: Waiter | None = None
+    places: Places | None = None
 
 
 class SettleOnce:

@@ -131,7 +131,9 @@ class _Running(Timer, SettleOnce):
     at once by the thread that saw it passed (:meth:`Timers.run_due`). ``cancel()`` without
     a reason disarms the timer; ``cancel(reason)`` is the isolation's cancel. Once a result
     has won (or the call was refused, or not started), ``spec`` is let go: a disarmed timer
-    stays in the heap until its instant, holding nothing of the call's."""
+    stays in the heap until its instant, holding nothing of the call's. The governor's
+    places the call holds (``spec.places``) are given back by whoever delivers its answer,
+    before the reply (:class:`~rho_actors.governor.governor.ThreadPlaces`)."""
 
     __slots__ = ("_claim", "_delivered", "_late", "_start", "isolation", "spec")
 
@@ -183,12 +185,26 @@ class _Running(Timer, SettleOnce):
                 owner._dead += 1  # unlocked: a lost count only delays the next compaction
                 if owner._dead > 1024:
                     owner._cancelled()
+        places, ready = spec.places, None
+        if places is not None:  # the governor's places, given back first: ThreadPlaces.give_back, inline
+            gov = places.gov
+            with gov.lock:
+                if spec.places is not None:  # else a start that failed gave them back
+                    spec.places = None
+                    for gate in places.gates:
+                        gate.running -= 1
+                    if gov.gates.orphans:  # a forgotten session's gates, dropped once free
+                        gov.gates.released(places.gates)
+                    if gov.waiting.count:
+                        ready = gov._ready()
         try:  # deliver(result), inline
             spec.reply(result)
         finally:
             self._delivered = True
             if self._late:
                 self._drain()
+            if ready:  # the calls that waited for the places start after the reply
+                places.gov.launch(ready)  # type: ignore[union-attr]  # ready: given back from places
         if late is not None:
             self._hand_late(late)
         self.spec = None  # answered: a timer left in the heap holds nothing of the call's (and no cycle)
@@ -202,6 +218,19 @@ class _Running(Timer, SettleOnce):
                 due = False
             if due:
                 service.run_due(now)
+
+    def deliver(self, result: ToolResult) -> None:
+        """Hand the answer of a :meth:`claim` (a deadline's) to ``spec.reply``, the
+        governor's places the call holds given back first (the calls that waited for them
+        start after the reply); then any late result that came meanwhile."""
+        spec = self.spec
+        places = None if spec is None else spec.places
+        ready = places.give_back(spec) if places is not None and spec is not None else None
+        try:
+            SettleOnce.deliver(self, result)
+        finally:
+            if ready:
+                places.gov.launch(ready)  # type: ignore[union-attr]  # ready: given back from places
 
     # --- the call thread's job ------------------------------------------------------------
 
@@ -230,8 +259,27 @@ class _Running(Timer, SettleOnce):
             if TRACEPARENT in spec.ctx:  # with the call's span current (telemetry off: no span, no frame for it)
                 result = (context.run(in_span, isolation._run, spec) if context is not None
                           else in_span(isolation._run, spec))
-            else:
-                result = context.run(isolation._run, spec) if context is not None else isolation._run(spec)
+            else:  # ThreadIsolation._run, inline (no frame): the tool run in the call's context
+                try:
+                    value = (context.run(spec.tool.run, spec.args, spec.ctx) if context is not None
+                             else spec.tool.run(spec.args, spec.ctx))
+                    if type(value) is CoroutineType:  # driven on a private event loop, in the call's context
+                        driven = drive(value, spec.deadline, spec.cancel)
+                        value = context.run(asyncio.run, driven) if context is not None else asyncio.run(driven)
+                    made = (time.monotonic() - spec.dispatched) * 1000
+                    # a text's result here (no code of the tool's runs for it); any other value's in the call's
+                    # context (its conversion may run the tool's code: a __str__, a JSON default)
+                    result = (result_from_return(spec.call_id, spec.name, value, spec.max_output_chars, made)
+                              if type(value) is str or context is None else
+                              context.run(result_from_return, spec.call_id, spec.name, value, spec.max_output_chars,
+                                          made))
+                except MemoryError:
+                    result = failure("memory_thread", spec.call_id, spec.name,
+                                     (time.monotonic() - spec.dispatched) * 1000)
+                finally:
+                    abandoned = spec.cancel.finish(isolation)  # why it was given up on (not the tool's own reason)
+                    if abandoned is not None:
+                        isolation._abandoned_returned(spec, abandoned)
         except BaseException as exc:  # nothing escapes into the pool: a result
             result = call_failure(spec, exc, (time.monotonic() - spec.dispatched) * 1000)
         isolation._live.pop()  # isolation._ended(), inline
@@ -378,7 +426,13 @@ class ThreadIsolation(Isolation):
             message = failure("threads_exhausted", call.call_id, call.name, **reason).content
             logger.warning("{}", message)
             self._emit("threads_exhausted", call.name, message)
-        call.reply(failure("threads_exhausted", call.call_id, call.name, **reason))
+        places = call.places  # the governor's, given back before the refusal is its answer
+        ready = places.give_back(call) if places is not None else None
+        try:
+            call.reply(failure("threads_exhausted", call.call_id, call.name, **reason))
+        finally:
+            if ready:
+                places.gov.launch(ready)  # type: ignore[union-attr]  # ready: given back from places
 
     def _ended(self) -> None:
         self._live.pop()

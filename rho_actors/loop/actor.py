@@ -63,7 +63,7 @@ class LoopActor(Actor):
         self.session_id = session_id
         self._runtime = runtime
         self.thread_pool = runtime.threads
-        self.turns = Turns(ref=self.actor_ref, session_id=session_id, data_dir=data_dir, deps=deps,
+        self.turns = Turns(ref=self._actor_ref, session_id=session_id, data_dir=data_dir, deps=deps,
                            withheld=withheld, runtime=runtime, allowed=allowed, approvals=approvals, folder=folder,
                            at_start=at_start)
         runtime.loop_turns[self.actor_urn] = self.turns  # how the host's handle finds them

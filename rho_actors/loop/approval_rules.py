@@ -21,7 +21,7 @@ def approval_rule(entry: ToolEntry) -> bool | Callable[..., Any]:
     its checked declaration says (it may ask; the loop's policy applies to it all the
     same). A ``requires_approval()`` that raises, or returns anything but
     ``False``/``None``, means ``True``; one that cannot be read is absent."""
-    if entry.untrusted:
+    if entry.placement.untrusted:  # (ToolEntry.untrusted, without the property's frame)
         return entry.info.requires_approval
     try:
         rule = getattr(entry.tool, "requires_approval", None)

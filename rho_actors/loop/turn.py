@@ -87,20 +87,27 @@ class Gate:
             self._sink.set_result(results)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Slot:
     index: int
     call: ToolCall
-    entry: ToolEntry | None = None
-    args: dict[str, Any] | None = None
-    result: ToolResult | None = None
-    started: float = 0.0
-    deadline: float = 0.0  # once started: its deadline (time.monotonic() s)
-    cancel: CancelToken | None = None
-    running: RunningCall | None = None
-    span: CallSpan | None = None  # its execute_tool span, while telemetry records it
-    validated_s: float = 0.0  # how long its validation took: counted against its deadline
-    asked: bool = False  # the model asked to run it in the background (its run_in_background)
+    entry: ToolEntry | None
+    args: dict[str, Any] | None
+    result: ToolResult | None
+    started: float
+    deadline: float  # once started: its deadline (time.monotonic() s)
+    cancel: CancelToken | None
+    running: RunningCall | None
+    span: CallSpan | None  # its execute_tool span, while telemetry records it
+    validated_s: float  # how long its validation took: counted against its deadline
+    asked: bool  # the model asked to run it in the background (its run_in_background)
+
+    def __init__(self, index: int, call: ToolCall) -> None:
+        # the dataclass's own, less the cost of its ten defaults passed as parameters (one slot a call)
+        self.index, self.call = index, call
+        self.entry = self.args = self.result = self.cancel = self.running = self.span = None
+        self.started = self.deadline = self.validated_s = 0.0
+        self.asked = False
 
 
 result_of = operator.attrgetter("result")  # a slot's result (in C: no frame per turn)

@@ -47,7 +47,6 @@ import itertools
 import marshal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
@@ -96,7 +95,7 @@ class _Chain(threading.local):
     thread starts in turn and their queue (``None`` on a thread that starts none: the
     class's value, read without an ``AttributeError`` raised and cleared)."""
 
-    held: tuple[Turn, deque[tuple[Turn, int]]] | None = None
+    held: tuple[Turn, list[int]] | None = None
 
 
 _CHAIN = _Chain()
@@ -124,6 +123,11 @@ class Turns(OfferedTools, TurnHolds):
         self.folder_made = False
         """Whether the session's folder was made (checked) by these turns: before the first call is dispatched."""
         self._deps = deps
+        # a call's ctx: the session's fields, copied for each call, which sets its own (None here) in place
+        self._fields: dict[str, Any] = {
+            "session_id": session_id, "call_id": None, "data_dir": data_dir, "loop": ref, "withheld": None,
+            "deadline": None, "cancel": None, "deps": deps, "whereis": runtime.names.whereis, "progress": None,
+        }
         # the session's names, shared with its loop's restarts; the snapshot made of them
         self._kept = withheld if isinstance(withheld, SessionWithheld) else SessionWithheld(withheld)
         self._snapshot = withheld_set(self._kept.names)
@@ -314,7 +318,8 @@ class Turns(OfferedTools, TurnHolds):
         """Decode, look up and validate one call; an error result when it is refused."""
         call = slot.call
         name = call.name
-        if self.approvals is not None and self.approvals.waits(call.id):  # never a second call of one id
+        approvals = self.approvals  # never a second call of one id (waits' first look, inline: none waits)
+        if approvals is not None and approvals._held and approvals.waits(call.id):
             return failure("call_id_pending", call.id, name, call=call.id)
         entry = tools.entries.get(name)
         if entry is None or name in withheld or (self._allowed is not None and not self._allows(entry)):
@@ -337,7 +342,8 @@ class Turns(OfferedTools, TurnHolds):
             slot.asked, key = asked, None  # a text that chose is not remembered as the tool's arguments
         began = time.monotonic()
         try:  # validation counts against the call's deadline
-            size = text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None  # bounds the work
+            size = (len(arguments) if type(arguments) is str  # bounds the work (a str's length: no frame)
+                    else text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None)
             problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S), size)
         except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
             return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
@@ -381,13 +387,13 @@ class Turns(OfferedTools, TurnHolds):
         local = _CHAIN
         outer = local.held
         if outer is not None and outer[0] is turn:  # inside this turn's dispatch: its loop below starts it
-            outer[1].append((turn, index))
+            outer[1].append(index)
             return
-        chain = deque([(turn, index)])
+        chain = [index]  # the turn's calls to start here, in order (a list: seldom more than one)
         local.held = (turn, chain)
         try:
             while chain:
-                self._dispatch(*chain.popleft())
+                self._dispatch(turn, chain.pop(0))
         finally:
             local.held = outer
 
@@ -397,7 +403,9 @@ class Turns(OfferedTools, TurnHolds):
         slot = turn.slots[index]
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
-        plan = self.plans.of(entry)  # made once per registration: this very entry's
+        plan = self._runtime.plans.get(entry.info.name)  # made once per registration (CallPlans.of's look, inline)
+        if plan is None or plan.entry is not entry:  # not this very entry's (or none yet)
+            plan = self.plans.of(entry)
         resumed = self._resumed.pop(slot.call.id, None) if self._resumed else None
         background = entry.info.policy.background
         task, timeout_ms = ((None, plan.timeout_ms) if resumed is None and plan.plain else
@@ -415,18 +423,10 @@ class Turns(OfferedTools, TurnHolds):
         deadline = now + plan.start_bound_s + max(0.0, timeout_ms / 1000 - slot.validated_s)
         cancel = CancelToken()
         reply = functools.partial(self._settle, turn, slot)  # the call's answer settles it (no frame of its own)
-        fields = {
-            "session_id": self.session_id,
-            "call_id": slot.call.id,
-            "data_dir": self._data_dir,
-            "loop": self.ref,
-            "withheld": turn.withheld,
-            "deadline": deadline,
-            "cancel": cancel,
-            "deps": self._deps,
-            "whereis": self._runtime.names.whereis,
-            "progress": functools.partial(report_progress, self._events, self.session_id, slot.call.id, plan.name),
-        }
+        fields = self._fields.copy()  # the session's own, in the ctx's order (a copy: no insert for them); the call's:
+        fields["call_id"], fields["withheld"], fields["deadline"], fields["cancel"], fields["progress"] = (
+            slot.call.id, turn.withheld, deadline, cancel,
+            functools.partial(report_progress, self._events, self.session_id, slot.call.id, plan.name))
         span = None if turn.telemetry is None else self._telemetry.call_started(  # None: nothing configured
             turn.telemetry, self.session_id, slot.call.id, entry.info.name, entry.isolation, slot.call.arguments
         )

@@ -471,9 +471,10 @@ class Actor(pykka.ThreadingActor):
         ``__init__`` runs in this thread), registered in ``pykka.ActorRegistry``, its loop
         started (at its first message when :attr:`starts_on_first_message`); returns its ref."""
         obj = cls(*args, **kwargs)
-        _register(obj.actor_ref)
+        ref = obj._actor_ref  # (pykka's actor_ref property, without its frame)
+        _register(ref)
         obj._start_actor_loop()
-        return obj.actor_ref
+        return ref
 
     def _start_actor_loop(self) -> None:
         if not self.starts_on_first_message:
@@ -523,7 +524,7 @@ class Actor(pykka.ThreadingActor):
         if self._stopped_once:
             return
         self._stopped_once = True
-        _unregister(self.actor_ref)
+        _unregister(self._actor_ref)
         self.actor_stopped.set()
         try:
             self.on_stop()
@@ -536,7 +537,7 @@ class Actor(pykka.ThreadingActor):
         if self._exit_cause is None:
             self._exit_cause = exc_info[1]
         if isinstance(exc_info[1], ActorExit):  # already ended on purpose: no error trace
-            _unregister(self.actor_ref)
+            _unregister(self._actor_ref)
             self.actor_stopped.set()
             return
         super()._handle_failure(*exc_info)
@@ -548,7 +549,7 @@ class Actor(pykka.ThreadingActor):
         except BaseException as exc:  # a BaseException in on_start or on_stop
             if self._exit_cause is None:
                 self._exit_cause = exc
-            _unregister(self.actor_ref)
+            _unregister(self._actor_ref)
             self.actor_stopped.set()
             self._actor_loop_teardown()
         finally:
@@ -582,7 +583,7 @@ class Actor(pykka.ThreadingActor):
                     del _exits[next(iter(_exits))]
         for handle in callbacks:
             try:
-                handle._callback(self.actor_ref, self.exit_reason)
+                handle._callback(self._actor_ref, self.exit_reason)
             except BaseException:  # the next monitors (a supervisor's) must still be told
                 logger.exception("monitor callback for {} raised", self)
         try:

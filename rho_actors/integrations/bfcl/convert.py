@@ -152,10 +152,22 @@ def format_result(value: Any) -> str:
         return value
     if type(value) is dict:
         try:
-            return json.dumps(value)
-        except Exception:
+            return "".join(_ENCODE(value, 0)) if _ENCODE is not None else json.dumps(value)
+        except Exception:  # not JSON data, or a cycle (json.dumps' ValueError, a RecursionError here)
             return str(value)
     return str(value)
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# what json.dumps(value) runs for a dict, with its defaults, made once (its three frames and an encoder a call
+# left out): the C encoder, without json's check for cycles (a cycle raises RecursionError instead)
+_ENCODE: Callable[[Any, int], Iterable[str]] | None = (
+    None if json.encoder.c_make_encoder is None else  # type: ignore[attr-defined]
+    json.encoder.c_make_encoder(None, _not_json, json.encoder.encode_basestring_ascii,  # type: ignore[attr-defined]
+                                None, ": ", ", ", False, False, True))
 
 
 def execute_direct(instance: object, name: str, args: Mapping[str, Any]) -> tuple[str, bool]:
@@ -204,17 +216,28 @@ class BfclTool:
 
     def run(self, args: dict[str, Any], ctx: Mapping[str, Any]) -> str | Error:
         deps = ctx.get("deps") or {}
-        server = deps.get("server") if isinstance(deps, Mapping) else None
+        mapping = type(deps) is dict or isinstance(deps, Mapping)  # a dict, the usual case: no ABC look
+        server = deps.get("server") if mapping else None
         if isinstance(server, str):  # the session's backends live in a server (replay(isolation=...))
             from rho_actors.isolation.servers import call_server
 
             text, raised = call_server(ctx, server, "call", self.function.class_name, self.function.name, args)
             return Error(text) if raised else text
-        instance = deps.get(self.function.class_name) if isinstance(deps, Mapping) else None
+        instance = deps.get(self.function.class_name) if mapping else None
         if instance is None:
             return Error(f"{ERROR_PREFIX}no {self.function.class_name} instance in this session")
-        text, raised = execute_direct(instance, self.function.name, args)
-        return Error(text) if raised else text
+        try:  # execute_direct, inline (no frame for it on every call)
+            value = getattr(instance, self.function.name)(**args)
+        except Exception as exc:
+            return Error(f"{ERROR_PREFIX}{exc}")
+        if type(value) is str:  # format_result, inline (its frame on every call)
+            return value
+        if type(value) is dict and _ENCODE is not None:
+            try:
+                return "".join(_ENCODE(value, 0))
+            except Exception:  # not JSON data, or a cycle
+                return str(value)
+        return format_result(value)
 
 
 def make_tools(functions: Mapping[str, BfclFunction] | None = None) -> list[BfclTool]:
