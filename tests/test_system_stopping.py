@@ -78,11 +78,13 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def napping(tmp_path: Path) -> Iterator[tuple[ActorSystem, Recorder, list[Any], tuple[int, ...]]]:
+def napping(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[ActorSystem, Recorder, list[Any],
+                                                                            tuple[int, ...]]]:
     """A system whose one worker process runs a call ``c1`` (a long nap), its events,
     the turn's results once it ended, and the pids of the workers then (the call's among
-    them; under load a slow start may have a second one started beside it)."""
-    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=2_000)
+    them; under load a slow start may have a second one started beside it). Its
+    ``shutdown_ms`` is 2 s, or the test's indirect parameter."""
+    system = ActorSystem(data_dir=tmp_path / "data", shutdown_ms=getattr(request, "param", 2_000))
     events = Recorder()
     system.subscribe(events, only=(CallEvent,))
     system.register(nap, isolation="process")
@@ -193,6 +195,9 @@ def interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+# The source's shutdown bound (shutdown_ms + 1 s) as long as its halt's wait: the tree cannot
+# end by that bound while the test looks (at 2 s it did, under load, before the second stop).
+@pytest.mark.parametrize("napping", [int(WAIT_S * 1000)], indirect=True)
 def test_a_stop_interrupted_kills_the_workers_and_the_next_stop_waits_for_the_tree(
         napping: tuple[ActorSystem, Recorder, list[Any], tuple[int, ...]]) -> None:
     """Ctrl-C while the stop waits for its tree: the workers are killed before the
