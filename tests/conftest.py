@@ -234,3 +234,13 @@ def supervisors_labelled(label: str) -> list[pykka.ActorRef[Any]]:
         except pykka.ActorDeadError:
             pass
     return found
+
+
+@pytest.fixture
+def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A file each run of a counting test tool appends a line to (``$RHO_TEST_RUNS``, set
+    here for this test's processes and the hosts it starts): runs counted across processes."""
+    path = tmp_path / "runs.log"
+    path.touch()
+    monkeypatch.setenv("RHO_TEST_RUNS", str(path))
+    return path

@@ -26,14 +26,6 @@ from tests.conftest import WAIT_S, read_line, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "runs.log"
-    path.touch()
-    monkeypatch.setenv("RHO_TEST_RUNS", str(path))
-    return path
-
-
 def _runs(path: Path) -> list[str]:
     return path.read_text().splitlines()
 

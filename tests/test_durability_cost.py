@@ -25,14 +25,6 @@ from tests.conftest import WAIT_S, read_line
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "runs.log"
-    path.touch()
-    monkeypatch.setenv("RHO_TEST_RUNS", str(path))
-    return path
-
-
 def _system(data: Path) -> ActorSystem:
     system = ActorSystem(data_dir=data, shutdown_ms=2_000)
     for tool in (delete, look, Put):

@@ -36,14 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "runs.log"
-    path.touch()
-    monkeypatch.setenv("RHO_TEST_RUNS", str(path))
-    return path
-
-
-@pytest.fixture
 def children() -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
     yield started

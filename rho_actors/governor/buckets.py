@@ -35,14 +35,10 @@ class TokenBucket:
         instant it may start (``now`` when a token is there) and ``True``; or that
         instant and ``False`` when it would be at or past ``deadline`` (nothing is
         taken then)."""
-        rate = self.rate
         with self._lock:
-            elapsed = now - self._stamp
-            if elapsed > 0.0:
-                self._tokens = min(float(rate.burst), self._tokens + elapsed * rate.per_s)
-                self._stamp = now
+            self._refill(now)
             tokens = self._tokens - 1.0
-            when = now if tokens >= 0.0 else now - tokens / rate.per_s
+            when = now if tokens >= 0.0 else now - tokens / self.rate.per_s
             if when > now and when >= deadline:
                 return when, False
             self._tokens = tokens
@@ -52,13 +48,16 @@ class TokenBucket:
         """A call that took a token (:meth:`reserve`) will never start (cancelled while it
         waited, or its deadline came first): the token is there again for the next call
         (at most ``burst`` saved up). Reservations made since keep their instants."""
-        rate = self.rate
         with self._lock:
-            elapsed = now - self._stamp
-            if elapsed > 0.0:
-                self._tokens = min(float(rate.burst), self._tokens + elapsed * rate.per_s)
-                self._stamp = now
-            self._tokens = min(float(rate.burst), self._tokens + 1.0)
+            self._refill(now)
+            self._tokens = min(float(self.rate.burst), self._tokens + 1.0)
+
+    def _refill(self, now: float) -> None:
+        """The tokens earned since the last look, at most ``burst`` (under the lock)."""
+        elapsed = now - self._stamp
+        if elapsed > 0.0:
+            self._tokens = min(float(self.rate.burst), self._tokens + elapsed * self.rate.per_s)
+            self._stamp = now
 
     def tokens(self, now: float) -> float:
         """The balance at ``now`` (negative: tokens reserved ahead)."""
