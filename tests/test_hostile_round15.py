@@ -10,6 +10,14 @@ Broke, fixed here:
   before registering the call; when registering raised (the host's timers stopped, a
   bug), the turn was answered ``loop_failed`` behind a hold no one released: ``run_turn``
   and ``arun_turn`` never returned (their results held back for good).
+- two task records ``held`` for one call (one forged or left over) in a session's folder:
+  the next host took both back, but only the later one was the call's; the other stayed
+  ``input_required`` for good once the call was decided (an open task counted against
+  the session's bound). The earliest is kept; the other ends ``cancelled``
+  (``held_task_duplicate``).
+
+Held: a record held for a call the transcript does not hold ends ``cancelled``, never
+run; one naming another session in this session's folder is skipped.
 """
 
 from __future__ import annotations
@@ -74,3 +82,90 @@ def test_a_deferred_result_whose_registration_raises_never_holds_the_turn_back(
     assert result.call_id == "d1"
     assert not result.ok and result.error_kind is not ErrorKind.DEFERRED, result  # it waits for nothing
     assert not loop.pending(), "a call answered failed must not wait too"
+
+
+# --- 2. held background tasks across hosts ----------------------------------------------------------
+
+
+def _held_host(data: Path) -> str:
+    """A host holds ``c1`` as a task and stops; the task id."""
+    from tests.held_task_host import CALL, wipe_later
+
+    system = ActorSystem(data_dir=data, shutdown_ms=1_000)
+    try:
+        system.register(wipe_later)
+        loop = system.start_loop("s1")
+        [ack] = loop.run_turn([CALL])
+        assert ack.ok, ack
+        task_id: str = ack.details["task_id"]
+        return task_id
+    finally:
+        system.stop(60)
+
+
+def _forge(data: Path, task_id: str, forged_id: str, **fields: Any) -> None:
+    import json
+
+    folder = data / "sessions" / "s1" / "tasks"
+    record = json.loads((folder / f"{task_id}.json").read_text())
+    record.update(task_id=forged_id, **fields)
+    (folder / f"{forged_id}.json").write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("decision", ["approved", "rejected"])
+def test_two_held_task_records_for_one_call_end_as_its_one_outcome(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decision: str) -> None:
+    """A forged (or left-over) second record ``held`` for the same call: the next host
+    takes the call back once, runs it at most once, and no task is left waiting for a
+    decision that was made (before: one of them stayed ``input_required`` for good,
+    counted open against the session's bound)."""
+    from rho_actors.lifecycle.tasks import OPEN
+    from tests.held_task_host import wipe_later
+
+    runs = tmp_path / "runs.log"
+    runs.touch()
+    monkeypatch.setenv("RHO_TEST_RUNS", str(runs))
+    data = tmp_path / "data"
+    task_id = _held_host(data)
+    _forge(data, task_id, "t_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
+    with ActorSystem(data_dir=data, shutdown_ms=1_000) as system:
+        system.register(wipe_later)
+        loop = system.start_loop("s1")
+        assert [p.call_id for p in loop.pending()] == ["c1"]
+        if decision == "approved":
+            loop.approve("c1", decided_by="test")
+        else:
+            loop.reject("c1", "keep /a", decided_by="test")
+        for task in loop.tasks():
+            info = loop.task_result(task.task_id, WAIT_S)
+            assert info.status not in OPEN, info
+        assert loop.pending() == []
+    assert runs.read_text().splitlines() == (["wipe /a"] if decision == "approved" else [])
+
+
+def test_a_held_task_record_of_another_session_or_call_is_never_taken_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forged record ``held`` for a call not in the transcript ends (``cancelled``,
+    never run); one naming another session in this session's folder is skipped."""
+    from rho_actors.lifecycle.tasks import OPEN
+    from tests.held_task_host import wipe_later
+
+    runs = tmp_path / "runs.log"
+    runs.touch()
+    monkeypatch.setenv("RHO_TEST_RUNS", str(runs))
+    data = tmp_path / "data"
+    task_id = _held_host(data)
+    _forge(data, task_id, "t_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", call_id="c-never")
+    _forge(data, task_id, "t_cccccccccccccccccccccccccccccccc", session_id="s2", call_id="c-other")
+    with ActorSystem(data_dir=data, shutdown_ms=1_000) as system:
+        system.register(wipe_later)
+        loop = system.start_loop("s1")
+        assert [p.call_id for p in loop.pending()] == ["c1"]
+        info = loop.task_result("t_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", WAIT_S)
+        assert info.status not in OPEN and info.result is not None and not info.result.ok, info
+        loop.approve("c1", decided_by="test")
+        assert loop.task_result(task_id, WAIT_S).status == "completed"
+        assert "t_cccccccccccccccccccccccccccccccc" not in [t.task_id for t in loop.tasks()]
+        other = system.start_loop("s2")
+        assert other.pending() == [] and other.tasks() == []
+    assert runs.read_text().splitlines() == ["wipe /a"]
