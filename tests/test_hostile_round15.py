@@ -15,6 +15,11 @@ Broke, fixed here:
   ``input_required`` for good once the call was decided (an open task counted against
   the session's bound). The earliest is kept; the other ends ``cancelled``
   (``held_task_duplicate``).
+- a process owned by an actor (a server's, a confined MCP server's, a worker's: their
+  :class:`Enclosure`) that ended and was reaped before the system's stop killed it: the
+  kill went by pid, so whatever process had that pid since was SIGKILLed (made here with
+  ``ns_last_pid``). The enclosure keeps the child's start time with its pid and kills by
+  pid only while that process is still the one it started.
 
 Held: a record held for a call the transcript does not hold ends ``cancelled``, never
 run; one naming another session in this session's folder is skipped.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,3 +175,48 @@ def test_a_held_task_record_of_another_session_or_call_is_never_taken_back(
         other = system.start_loop("s2")
         assert other.pending() == [] and other.tasks() == []
     assert runs.read_text().splitlines() == ["wipe /a"]
+
+
+# --- 4. processes owned, killed at a stop past its timeout ------------------------------------------
+
+
+def _reuse_pid(pid: int) -> Any:
+    """A new process (``sleep``) with the pid ``pid`` of one that ended and was reaped,
+    made through ``ns_last_pid`` (root); skipped where that cannot be done."""
+    import subprocess
+
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    if os.geteuid() != 0 or not os.access(last, os.W_OK):
+        pytest.skip("making a pid be reused needs root and /proc/sys/kernel/ns_last_pid")
+    for _ in range(50):  # another process may take the pid first: made again
+        last.write_text(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "120"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait(WAIT_S)
+    pytest.skip(f"pid {pid} could not be made again")
+
+
+def test_a_process_reaped_before_its_kill_never_has_its_pid_killed_again() -> None:
+    """A server's process (its :class:`Enclosure`) that ended and was reaped before the
+    system's stop killed it: its pid, now another process's, is never signalled (before:
+    the kill at a stop past its timeout SIGKILLed whatever process had the pid now)."""
+    import subprocess
+
+    from rho_actors.sandbox.confine.enclosure import TREE_ONLY, Enclosure
+
+    first = subprocess.Popen(["sleep", "120"])
+    enclosure = Enclosure(TREE_ONLY, None)
+    enclosure.started(first.pid)
+    first.kill()
+    first.wait(WAIT_S)  # ended and reaped
+    other = _reuse_pid(first.pid)
+    try:
+        enclosure.kill()
+        with pytest.raises(subprocess.TimeoutExpired):
+            other.wait(0.5)  # not killed (a kill would have ended it at once)
+    finally:
+        other.kill()
+        other.wait(WAIT_S)
+        enclosure.remove()

@@ -276,6 +276,7 @@ class Enclosure:
         self.sampler: RssSampler | None = None
         self.cgroup_reason: str | None = None
         self.pid: int | None = None
+        self._process: psutil.Process | None = None  # the child's, as started() saw it
         self.uid_lease: UidLease | None = None
         self._waiting = False  # a thread waits for the tree's last process to be reaped
         self._waiting_lock = threading.Lock()
@@ -351,6 +352,10 @@ class Enclosure:
     def started(self, pid: int) -> None:
         """The child ``pid`` started: without a cgroup, sample its tree's memory."""
         self.pid = pid
+        try:  # its start time with its pid: a kill after it was reaped never reaches a process given the pid since
+            self._process = psutil.Process(pid)
+        except psutil.Error:  # gone already (reaped): nothing to kill by pid
+            self._process = None
         if self.policy.confine and self.heap_bytes:
             self.sampler = (_CgroupWatch(pid, self) if self.cgroup is not None else RssSampler(pid, self.heap_bytes))
             self.sampler.start()
@@ -362,8 +367,11 @@ class Enclosure:
             self.sampler.pace(busy)
 
     def kill(self) -> None:
-        """SIGKILL the child and every process of its tree (``setsid`` escapes included)."""
-        if self.pid is not None:
+        """SIGKILL the child and every process of its tree (``setsid`` escapes included);
+        by pid only while the child is still the process :meth:`started` named (its
+        start time the same): once it was reaped its pid may be another process's, never
+        signalled here (its cgroup, when it has one, is killed all the same)."""
+        if self.pid is not None and self._still_ours():
             with contextlib.suppress(psutil.Error):
                 kill_tree(self.pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -373,6 +381,14 @@ class Enclosure:
                 self.cgroup.kill()
             except CgroupError as exc:
                 logger.warning("confinement: {}", exc)
+
+    def _still_ours(self) -> bool:
+        """Whether the process :meth:`started` named still runs (a zombie not reaped yet too)."""
+        process = self._process
+        try:
+            return process is not None and bool(process.is_running())
+        except psutil.Error:
+            return False
 
     def memory_bound_hit(self) -> bool:
         """Whether the tree reached its memory bound (the cgroup's OOM record, or the
