@@ -22,7 +22,13 @@ Broke, fixed here:
   pid only while that process is still the one it started.
 
 Held: a record held for a call the transcript does not hold ends ``cancelled``, never
-run; one naming another session in this session's folder is skipped.
+run; one naming another session in this session's folder is skipped. A crash storm of
+six sessions whose process calls kill their own worker before their effect, after it or
+not at all: one result each, none run twice, a call killed before its effect never noted
+(12 runs, 3 at once). Exclusive thread calls whose answers meet their deadlines, in six
+sessions at once, half stopped mid-turn and started again: every call one result, the
+system's thread places never below none held and back to none, each session's next
+exclusive calls run (12 runs, 3 at once).
 """
 
 from __future__ import annotations
@@ -220,3 +226,154 @@ def test_a_process_reaped_before_its_kill_never_has_its_pid_killed_again() -> No
         other.kill()
         other.wait(WAIT_S)
         enclosure.remove()
+
+
+# --- 3. worker start failures and re-sends under a crash storm --------------------------------------
+
+
+def _mark_and_die(args: Any, ctx: Any) -> str:
+    """Note the call's id (a non-idempotent effect), then kill its own worker; one call in
+    three kills it before the effect instead (never begun: may go to a fresh worker)."""
+    import signal
+
+    if args["how"] == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    with open(args["marks"], "a") as marks:
+        marks.write(args["id"] + "\n")
+        marks.flush()
+        os.fsync(marks.fileno())
+    if args["how"] == "after":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "ran " + args["id"]
+
+
+def test_a_crash_storm_of_many_sessions_never_runs_a_call_twice(tmp_path: Path) -> None:
+    """Six sessions at once, each a turn of calls that kill their own worker after their
+    effect, before it, or not at all: every call gets one result, none is run twice
+    (its effect noted at most once), and a call answered ``ok`` ran exactly once."""
+    import json
+    import threading
+
+    from .helpers import make_tool
+
+    marks = tmp_path / "marks.log"
+    marks.touch()
+    with ActorSystem(data_dir=tmp_path / "data", shutdown_ms=1_000) as system:
+        system.register(make_tool("mark", _mark_and_die, timeout_ms=20_000), isolation="process")
+        hows = ["after", "before", "none"]
+        turns: dict[str, list[ToolCall]] = {
+            f"s{n}": [ToolCall(f"s{n}c{i}", "mark", json.dumps({"id": f"s{n}c{i}", "how": hows[(n + i) % 3],
+                                                                "marks": str(marks)})) for i in range(4)]
+            for n in range(6)}
+        results: dict[str, list[Any]] = {}
+        loops = {sid: system.start_loop(sid) for sid in turns}
+
+        def run(sid: str) -> None:
+            results[sid] = loops[sid].run_turn(turns[sid])
+
+        threads = [threading.Thread(target=run, args=(sid,)) for sid in turns]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(4 * WAIT_S)
+        assert all(not t.is_alive() for t in threads), "a turn was not answered"
+    ran = marks.read_text().split()
+    assert len(ran) == len(set(ran)), f"a call ran twice: {sorted(ran)}"
+    for sid, calls in turns.items():
+        got = results[sid]
+        assert [r.call_id for r in got] == [c.id for c in calls], got  # one result each, in order
+        for call, result in zip(calls, got, strict=True):
+            how = json.loads(str(call.arguments))["how"]
+            if result.ok:
+                assert how == "none" and ran.count(call.id) == 1, (call, result)
+            else:
+                assert how != "none" or result.error_kind is ErrorKind.UNAVAILABLE, (call, result)
+                if how == "before":
+                    assert call.id not in ran, (call, result)
+
+
+# --- 5. a thread call's governor places ---------------------------------------------------------------
+
+
+@tool(concurrency="exclusive", timeout_ms=25)
+def at_the_edge(ms: int) -> str:
+    """Work ``ms`` ms: about its deadline, so its answer and its deadline meet."""
+    import time
+
+    time.sleep(ms / 1000)
+    return "done"
+
+
+@tool(concurrency="exclusive")
+def next_step(i: int) -> int:
+    """Return ``i``."""
+    return i
+
+
+def test_answers_racing_their_deadlines_never_leak_or_double_return_a_place(tmp_path: Path) -> None:
+    """Exclusive thread calls whose answers come at their deadlines, in sessions at once,
+    some stopped mid-turn and started again: every call one result, the system's thread
+    places back to none held (never negative: a place given back twice), and each
+    session's next exclusive calls run."""
+    import threading
+
+    with ActorSystem(tmp_path, abandoned_threads_per_tool=64, shutdown_ms=1_000) as system:
+        system.register(at_the_edge)
+        system.register(next_step)
+        seen: list[int] = []
+        stop_seeing = threading.Event()
+
+        def watch() -> None:
+            while not stop_seeing.is_set():
+                seen.append(int(system.stats()["governor"]["thread_calls_running"]))
+                stop_seeing.wait(0.002)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        results: dict[str, list[Any]] = {}
+
+        errors: list[BaseException] = []
+
+        def run(sid: str) -> None:
+            try:
+                turns(sid)
+            except BaseException as exc:
+                errors.append(exc)
+
+        def turns(sid: str) -> None:
+            loop = system.start_loop(sid)
+            calls = [ToolCall(f"{sid}-{i}", "at_the_edge", f'{{"ms": {20 + i % 3 * 5}}}') for i in range(12)]
+            if sid.endswith("stopped"):
+                future = loop.submit_turn(calls)
+                loop.stop()
+                results[sid] = future.result(WAIT_S)
+                loop = system.start_loop(sid)
+            else:
+                results[sid] = loop.run_turn(calls, timeout_s=WAIT_S)
+            results[sid + "/next"] = loop.run_turn([ToolCall(f"{sid}-n{i}", "next_step", f'{{"i": {i}}}')
+                                                    for i in range(3)], timeout_s=WAIT_S)
+
+        threads = [threading.Thread(target=run, args=(f"s{n}{'stopped' if n % 2 else ''}",)) for n in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(4 * WAIT_S)
+        assert all(not t.is_alive() for t in threads), "a turn was not answered"
+        assert not errors, errors
+        assert len(results) == 12, sorted(results)
+        stop_seeing.set()
+        watcher.join(WAIT_S)
+        for sid, got in results.items():
+            if sid.endswith("/next"):
+                assert [r.content for r in got] == ["0", "1", "2"], (sid, got)
+            else:
+                assert len(got) == 12 and all(r.ok or r.error_kind in (ErrorKind.TIMEOUT, ErrorKind.CANCELLED)
+                                              for r in got), (sid, got)
+        assert min(seen, default=0) >= 0, "a place was given back twice"
+        assert _eventually(lambda: int(system.stats()["governor"]["thread_calls_running"]) == 0)
+
+
+def _eventually(check: Any) -> bool:
+    from .conftest import wait_for
+
+    return bool(wait_for(check))
