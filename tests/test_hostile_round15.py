@@ -244,7 +244,7 @@ def _mark_and_die(args: Any, ctx: Any) -> str:
         os.fsync(marks.fileno())
     if args["how"] == "after":
         os.kill(os.getpid(), signal.SIGKILL)
-    return "ran " + args["id"]
+    return "ran " + str(args["id"])
 
 
 def test_a_crash_storm_of_many_sessions_never_runs_a_call_twice(tmp_path: Path) -> None:
