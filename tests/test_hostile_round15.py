@@ -18,8 +18,9 @@ Broke, fixed here:
 - a process owned by an actor (a server's, a confined MCP server's, a worker's: their
   :class:`Enclosure`) that ended and was reaped before the system's stop killed it: the
   kill went by pid, so whatever process had that pid since was SIGKILLed (made here with
-  ``ns_last_pid``). The enclosure keeps the child's start time with its pid and kills by
-  pid only while that process is still the one it started.
+  ``ns_last_pid``). The enclosure keeps a pidfd of its child and kills by pid only while
+  that pidfd finds it (a start time, psutil's, was not enough: a pid reused within the
+  same clock tick passed for the child).
 
 Found, left (``xfail``, strict): two hosts serving one session on one data folder at
 once; the call runs once, but the host that did not run it keeps its task
