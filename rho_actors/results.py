@@ -156,6 +156,10 @@ TEXTS: Final[Mapping[str, tuple[ErrorKind, str]]] = MappingProxyType({
         _K.CANCELLED, "not run: the call of tool {tool!r} waited for a decision as task {task}, but its session's "
         "transcript holds it no more (never recorded, or removed) when its host started"
     ),
+    "held_task_duplicate": (
+        _K.CANCELLED, "not run: task {task} of tool {tool!r} was a second record held for call {call} when its host "
+        "started; the call is task {kept}'s"
+    ),
     "interrupted": (_K.CANCELLED, "the session was interrupted before this call's result was recorded"),
     # a call that waits for a decision (DESIGN §4 "Approvals")
     "pending_approval": (_K.PENDING_APPROVAL, "call {call} of tool {tool!r} requires approval and has not run; "

@@ -268,17 +268,33 @@ class SessionApprovals(ApprovalJournal):
         """``result`` (a tool's ``Deferred``, :data:`~rho_actors.ErrorKind.DEFERRED`) with
         its call registered as pending, ``kind="external"`` (``journal``: of a turn run
         directly, recorded in the transcript on a pool thread, then announced and
-        ``then()`` called: :meth:`record`)."""
+        ``then()`` called: :meth:`record`). Whatever raises here, ``then()`` is called
+        first (a turn's results are never held back for good) and a call registered by it
+        waits no more (its turn answers it)."""
         reason = result.details.get("deferred", "") if isinstance(result.details, Mapping) else ""
-        pending = self._register(call, result.name, args, "external", str(reason), None, announce=not journal)
-        held = pending_call(pending)
-        if journal and held is not None:
-            with self._lock:
-                marked = self._held.get(held.call_id)
-            self._awaited([marked] if marked is not None else [])
-            self.record([(call, held)], True, then)
-        elif then is not None:
-            then()
+        registered: list[Held] = []
+        try:
+            try:
+                pending = self._register(call, result.name, args, "external", str(reason), None, registered,
+                                         announce=not journal)
+            except BaseException:  # (the timers stopped, an interrupt): the call does not wait, its turn answers it
+                with self._lock:
+                    for one in registered:
+                        if self._held.get(one.pending.call_id) is one:
+                            del self._held[one.pending.call_id]
+                raise
+            held = pending_call(pending)
+            if journal and held is not None:
+                with self._lock:
+                    marked = self._held.get(held.call_id)
+                self._awaited([marked] if marked is not None else [])
+                self.record([(call, held)], True, then)
+            elif then is not None:
+                then()
+        except BaseException:  # the turn's results are never held back behind a record that will not come
+            if then is not None:
+                then()  # (once counts: a release it had already is a no-op)
+            raise
         return dataclasses.replace(pending, duration_ms=result.duration_ms)
 
     def _register(self, call: ToolCall, name: str, args: dict[str, Any], kind: str, reason: str,

@@ -584,11 +584,19 @@ class TaskRegistry:
         tasks = self._sessions.get(session_id)
         if tasks is None:
             tasks = {}
-            for record in records.read_all(session_dir):
-                if record["session_id"] != session_id:
-                    continue
+            found = [r for r in records.read_all(session_dir) if r["session_id"] == session_id]
+            found.sort(key=lambda r: (r["started"], r["task_id"]))  # the earliest of two held for one call is kept
+            for record in found:
                 task = Task.loaded(record, session_dir)
-                if task.held:  # its call waited for a decision: it waits on, held for it again (resume)
+                kept = self._held.get((session_id, task.call_id)) if task.held else None
+                if kept is not None:  # a second record held for one call (forged, left over): never its call's
+                    task.held, task.status = False, "cancelled"
+                    task.finished, task.ended = time.time(), time.monotonic()
+                    task.result = failure("held_task_duplicate", task.call_id, task.name, task=task.task_id,
+                                          kept=kept.task_id, call=task.call_id)
+                    task.done.set()
+                    self._write_quietly(task)
+                elif task.held:  # its call waited for a decision: it waits on, held for it again (resume)
                     self._held[(session_id, task.call_id)] = task
                     self._taken.setdefault(session_id, []).append(task)
                     self._open_count += 1
