@@ -592,9 +592,8 @@ async def _reap_if_absent(served: _Served, guard: HTTPGuard, session: Session) -
         return
     if session.http_id and guard.absent_for(session.http_id) >= guard.client_gone_s:
         logger.info("MCP session {}: its client is gone; stopped", session.loop.session_id)
-    elif session.handle and time.monotonic() - session.used >= guard.idle_timeout_s:
-        logger.info("MCP session {}: not named for {:.0f} s; stopped", session.loop.session_id,
-                    time.monotonic() - session.used)
+    elif session.handle and (idle_s := time.monotonic() - session.used) >= guard.idle_timeout_s:
+        logger.info("MCP session {}: not named for {:.0f} s; stopped", session.loop.session_id, idle_s)
     else:
         return
     guard.reaped += 1

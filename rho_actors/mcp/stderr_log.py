@@ -54,6 +54,7 @@ class StderrLog:
         self.logged = 0
         self.dropped = 0
         self._window_start, self._in_window, self._skipped = time.monotonic(), 0, 0  # the reader thread's
+        self._log = logger.bind(mcp_server=name)
         self.done = threading.Event()  # set when the pipe is at its end (every writer closed it)
         threading.Thread(target=self._read, name=f"{name}-stderr", daemon=True).start()
 
@@ -93,9 +94,7 @@ class StderrLog:
                     else:
                         if failures.count:
                             failures.passed()
-            if self._skipped:
-                logger.bind(mcp_server=self.name).info("MCP server {}: {} more stderr lines were not logged",
-                                                       self.name, self._skipped)
+            self._log_skipped()
         except (OSError, ValueError):  # the pipe closed under us
             pass
         finally:
@@ -108,16 +107,19 @@ class StderrLog:
             return
         with self._lock:
             self._kept.append(line[:300])
-        named = logger.bind(mcp_server=self.name)
         now = time.monotonic()
         if now - self._window_start >= WINDOW_S:
-            if self._skipped:
-                named.info("MCP server {}: {} more stderr lines were not logged", self.name, self._skipped)
+            self._log_skipped()
             self._window_start, self._in_window, self._skipped = now, 0, 0
         if self._in_window < MAX_LINES_PER_WINDOW:
             self._in_window += 1
             self.logged += 1
-            named.info("MCP server {}: {}", self.name, line)
+            self._log.info("MCP server {}: {}", self.name, line)
         else:
             self._skipped += 1
             self.dropped += 1
+
+    def _log_skipped(self) -> None:
+        """Log how many lines the window now ending did not log (if any)."""
+        if self._skipped:
+            self._log.info("MCP server {}: {} more stderr lines were not logged", self.name, self._skipped)
