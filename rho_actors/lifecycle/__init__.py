@@ -59,6 +59,7 @@ from typing import Any, Final, Literal
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 __all__ = [
+    "held_by",
     "DECISIONS",
     "Deferred",
     "FIRST_STATES",
@@ -323,6 +324,12 @@ def pending_call(result: ToolResult) -> PendingCall | None:
     ``deferred``, with it in ``details["pending"]``), else ``None``."""
     if result.error_kind not in (ErrorKind.PENDING_APPROVAL, ErrorKind.DEFERRED):
         return None
+    return held_by(result)
+
+
+def held_by(result: ToolResult) -> PendingCall | None:
+    """The :class:`PendingCall` a turn's result holds in ``details["pending"]``: a held
+    call's (:func:`pending_call`) or the acknowledgement of the task it waits as; else ``None``."""
     details = result.details
     pending = details.get("pending") if isinstance(details, Mapping) else None
     return pending if isinstance(pending, PendingCall) else None

@@ -47,7 +47,7 @@ from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, 
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent
-from rho_actors.lifecycle import PendingCall, arguments_sha256, pending_call
+from rho_actors.lifecycle import PendingCall, arguments_sha256, held_by, pending_call
 from rho_actors.loop.approval_journal import POLL_S, ApprovalJournal, Held, copy_args
 from rho_actors.loop.approval_rules import approval_rule, output_problems
 from rho_actors.loop.decisions import ApprovalError, decide
@@ -358,8 +358,7 @@ class SessionApprovals(ApprovalJournal):
         held call's or the acknowledgement of the task it waits as) of a turn that was
         not started after all (its loop stopped while it was prepared, or it was
         interrupted): nothing waits. Another call of the same id is kept."""
-        mine = [p for r in results if isinstance(r.details, Mapping) and isinstance(p := r.details.get("pending"),
-                                                                                     PendingCall)]
+        mine = [p for r in results if (p := held_by(r)) is not None]
         with self._lock:
             held = [h for p in mine if (h := self._held.get(p.call_id)) and h.pending is p]
         self._unregister(held)

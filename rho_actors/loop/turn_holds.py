@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rho_actors.encoding import describe_exception
-from rho_actors.lifecycle import PendingCall, pending_call
+from rho_actors.lifecycle import PendingCall, held_by, pending_call
 from rho_actors.lifecycle.tasks import runs_as_task
 from rho_actors.loop.turn import Gate, ResultSink, Slot, Turn, when_failed
 from rho_actors.results import failure
@@ -109,7 +109,7 @@ class TurnHolds:
         """Let go of what ``slots``' results hold (a turn that will not run): their calls
         waiting for a decision stop waiting, and a task made for one ends with the
         result of ``failed``'s kind and text (:func:`when_failed`), the one its call gets."""
-        held = [slot for slot in slots if slot.result is not None and _held_by(slot.result) is not None]
+        held = [slot for slot in slots if slot.result is not None and held_by(slot.result) is not None]
         if not held:
             return
         if self.approvals is not None:
@@ -120,10 +120,3 @@ class TurnHolds:
             if slot.result.ok:  # the acknowledgement of the task it waits as
                 self._tasks.let_go(self.session_id, slot.call.id, when_failed(failed, slot, now))
 
-
-def _held_by(result: ToolResult) -> PendingCall | None:
-    """The :class:`PendingCall` a turn's result holds: a held call's (``pending_approval``,
-    ``deferred``) or the acknowledgement of the task it waits as."""
-    details = result.details
-    pending = details.get("pending") if isinstance(details, Mapping) else None
-    return pending if isinstance(pending, PendingCall) else None
