@@ -174,6 +174,7 @@ class ToolsAhead:
                 return proved
             digest, tool_bytes = found
             deadline = time.monotonic() + _LOAD_TIMEOUT_S
+            worker.ran_code = True  # its code may run there now (unpickled): OpenCall.may_have_begun
             try:
                 worker.channel.send(wire.LOAD, pickle.dumps((digest, tool_bytes)), deadline)
                 if worker.channel.recv(deadline, wire.MAX_REPLY_BYTES) != (wire.LOADED, b""):

@@ -68,12 +68,14 @@ class OpenCall:
     the thread writing to the worker and by ``finish`` while it takes the worker over:
     setting ``cancel`` kills the worker unless one holds it or :meth:`seal` was called."""
 
-    __slots__ = ("_hook", "_token", "asked", "deadline", "ending", "fd", "greeted", "guard", "mask", "out", "request",
-                 "sealed", "sent", "sentinel", "state", "tool_bytes", "worker")
+    __slots__ = ("_hook", "_token", "asked", "deadline", "ending", "fd", "fresh", "greeted", "guard", "mask", "out",
+                 "request", "sealed", "sent", "sentinel", "state", "tool_bytes", "worker")
 
     def __init__(self, worker: WorkerHandle, request: wire.CallRequest, tool_bytes: bytes, deadline: float,
                  state: Any) -> None:
         self.worker = worker
+        self.fresh = not worker.ran_code  # no tool's code ran in its worker before this call (may_have_begun)
+        worker.ran_code = True
         self.request = request
         self.tool_bytes = tool_bytes
         self.deadline = deadline
@@ -116,10 +118,13 @@ class OpenCall:
         written whole and the worker read all of it (its end's unread bytes, kept by the
         channel's copy of that end: :meth:`~rho_actors.sandbox.channel.Channel.unread_by_child`,
         none or unknown), or it asked for the tool (``NEED_TOOL``: a running tool can
-        forge one, and the frame sent again is then what lies unread). A call its worker
-        never had whole is sent to another worker; one it may have begun never is (a
-        tool need not be idempotent)."""
-        return self.sent and (self.asked or not self.worker.channel.unread_by_child())
+        forge one, and the frame sent again is then what lies unread). Bytes left unread
+        prove it never began only in a worker no tool's code ran in before it (``fresh``):
+        code that ran there (an earlier call's, a tool loaded ahead) can read a frame with
+        ``MSG_PEEK``, run the call and die with the frame still unread (hostile round 16).
+        A call its worker never had whole is sent to another worker; one it may have begun
+        never is (a tool need not be idempotent)."""
+        return self.sent and (self.asked or not self.fresh or not self.worker.channel.unread_by_child())
 
     def seal(self) -> None:
         """The outcome is being finished: no kill by ``cancel`` from now on (waits out a

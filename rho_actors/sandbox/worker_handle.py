@@ -39,7 +39,7 @@ class WorkerHandle:
 
     __slots__ = (
         "_closing", "_looks", "_reap_lock", "_scope", "began", "channel", "closed", "doomed", "enclosure", "env_key",
-        "exitcode", "idle_since", "killed", "pid", "proc", "reaped", "server", "session", "slots", "tools",
+        "exitcode", "idle_since", "killed", "pid", "proc", "ran_code", "reaped", "server", "session", "slots", "tools",
     )
 
     def __init__(
@@ -59,6 +59,9 @@ class WorkerHandle:
         self.doomed = False  # its scope is gone (its tool unregistered or registered again): retire when free
         self.idle_since = 0.0
         self.tools: OrderedDict[bytes, None] = OrderedDict()
+        # a tool's code may have run in it (a CALL or LOAD frame was written to it): what is left
+        # unread in its pipe then proves nothing (that code can peek at frames it leaves unread)
+        self.ran_code = False
         self.killed = False
         self.reaped = False
         self.closed = False
