@@ -33,6 +33,7 @@ from rho_actors.agent.driver import (
 )
 from rho_actors.agent.model import Message, Model, Reply, ScriptedModel, Usage
 from rho_actors.agent.providers import ModelError, RetryPolicy, model_from_spec
+from rho_actors.agent.session_lease import SessionLeaseError
 from rho_actors.agent.transcript import TranscriptError
 from rho_actors.cancel import CancelToken
 from rho_actors.declarations.arguments import ArgumentsError, decode_arguments
@@ -159,6 +160,7 @@ __all__ = [
     "ScriptedModel",
     "SelftestRow",
     "Session",
+    "SessionLeaseError",
     "Source",
     "SourceHandle",
     "StartChild",

@@ -22,10 +22,10 @@ Broke, fixed here:
   that pidfd finds it (a start time, psutil's, was not enough: a pid reused within the
   same clock tick passed for the child).
 
-Found, left (``xfail``, strict): two hosts serving one session on one data folder at
-once; the call runs once, but the host that did not run it keeps its task
-``input_required`` for good (ending it there would overwrite the other host's record of
-the task: it needs a session lease between hosts, not a patch).
+Found, left then (a strict ``xfail``), fixed since by a session lease
+(:mod:`rho_actors.agent.session_lease`): two hosts serving one session on one data
+folder at once; the call ran once, but the host that did not run it kept its task
+``input_required`` for good. The second host is now refused the session by name.
 
 Held: a record held for a call the transcript does not hold ends ``cancelled``, never
 run; one naming another session in this session's folder is skipped. A crash storm of
@@ -429,15 +429,15 @@ def test_a_decision_racing_the_next_hosts_start_ends_the_held_task_once(
     assert runs.read_text().splitlines() == (["wipe /a"] if decision == "approved" else [])
 
 
-@pytest.mark.xfail(strict=True, reason="found, left: a second host serving the same session holds its held task "
-                   "in memory for good once the first host ran the call (no session lease between hosts)")
 def test_two_hosts_on_one_data_dir_run_a_held_call_at_most_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two hosts start the same session on one data folder at once (a deployment's
-    mistake) and a person approves its held call: the tool runs at most once (held), and
-    the other host's view of the call's task ends too (broke: it stays ``input_required``
-    there for good: the look that finds the call acted on elsewhere drops it from the
-    pending calls without a ``decided`` event, the one a held task ends on)."""
+    mistake) and a person approves its held call: the second host is refused the session
+    by name (its folder's lease is the first's), and the first acts on the decision once
+    (broke: both served it; the one that did not run the call kept its task
+    ``input_required`` for good: the look that finds the call acted on elsewhere drops it
+    from the pending calls without a ``decided`` event, the one a held task ends on)."""
+    from rho_actors import SessionLeaseError
     from rho_actors.loop.decisions import decide
     from tests.held_task_host import wipe_later
 
@@ -447,19 +447,19 @@ def test_two_hosts_on_one_data_dir_run_a_held_call_at_most_once(
     data = tmp_path / "data"
     task_id = _held_host(data)
     with ActorSystem(data_dir=data, shutdown_ms=1_000) as one, ActorSystem(data_dir=data, shutdown_ms=1_000) as two:
-        loops = []
-        for system in (one, two):
-            system.register(wipe_later)
-            try:
-                loops.append(system.start_loop("s1"))
-            except Exception as exc:  # a host that refuses a session another serves: as good
-                assert "s1" in str(exc), exc
+        one.register(wipe_later)
+        two.register(wipe_later)
+        loop = one.start_loop("s1")
+        with pytest.raises(SessionLeaseError) as refused:
+            two.start_loop("s1")
+        folder = data / "sessions" / "s1"
+        assert (refused.value.session_id, refused.value.folder, refused.value.pid) == ("s1", folder, os.getpid())
+        assert f"session 's1' is served by another ActorSystem of this process: the lease of its folder {folder} " \
+               f"is held by process {os.getpid()}" in str(refused.value), refused.value
+        assert [p.call_id for p in loop.pending()] == ["c1"]
         decide(data, "s1", "c1", "approved", decided_by="ann")
-        info = loops[0].task_result(task_id, WAIT_S)
+        info = loop.task_result(task_id, WAIT_S)
         assert info.status == "completed", info
-        for loop in loops[1:]:
-            assert _eventually(lambda loop=loop: loop.pending() == [])
-            # its look at the transcript ran (the call no longer pending there): its task ended by then
-            seen = loop.task_result(task_id, 1.0)
-            assert seen.status not in ("input_required", "working"), seen
+        assert _eventually(lambda: loop.pending() == [])
+        assert [t.task_id for t in loop.tasks()] == [task_id]
     assert runs.read_text().splitlines() == ["wipe /a"]

@@ -70,6 +70,7 @@ EXPORTED = [
     "ScriptedModel",
     "SelftestRow",
     "Session",
+    "SessionLeaseError",
     "Source",
     "SourceHandle",
     "StartChild",

@@ -2,7 +2,11 @@
 
 A prompt (or an MCP session) first takes the lock of the session's folder, the
 transcript's directory (:func:`prompt_lock_of`): refused at once when another prompt
-of this process holds it, after at most :data:`FORKED_WAIT_S` when another process does; then the transcript's own
+of this process holds it; within a host that holds the session's lease
+(:mod:`~rho_actors.agent.session_lease`, the same ``flock`` of the folder, held while
+the host serves the session) that is all, else the folder's ``flock`` is taken for the
+prompt, refused after at most :data:`FORKED_WAIT_S` when another process holds it
+(another prompt, or a host serving the session); then the transcript's own
 lock (:func:`file_lock_of`); a brief writer (a decision, an approved call's result) takes only
 the transcript's own, for a record or two, and a prompt waits for it at most
 :data:`RECORD_WAIT_S`. Both are ``flock`` locks, released with their descriptor, by a
@@ -26,15 +30,14 @@ a second prompt beside the first; clearing a folder neither removes nor replaces
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Final
 
 from rho_actors.agent.lines import TranscriptError
+from rho_actors.agent.session_lease import FORKED_WAIT_S, flock_within, lease_held_here
 from rho_actors.files import UnsafePathError, open_regular
 
 __all__ = [
@@ -52,13 +55,9 @@ __all__ = [
 
 RECORD_WAIT_S: Final = 30.0
 """How long (seconds) a prompt waits for a brief writer of the transcript."""
-FORKED_WAIT_S: Final = 2.0
-"""How long (seconds) a prompt waits for the prompt lock held by another process before
-it is refused: a child this host forked holds a copy of it until its exec."""
 
 _HELD: set[str] = set()  # the real paths of the session folders whose prompt locks this process holds
 _HELD_LOCK = threading.Lock()
-_BUSY: Final = (errno.EAGAIN, errno.EWOULDBLOCK)
 
 
 class TranscriptBusyError(TranscriptError):
@@ -71,16 +70,17 @@ class PromptLock:
 
     __slots__ = ("_fd", "_key")
 
-    def __init__(self, fd: int, key: str) -> None:
-        self._fd: int | None = fd
-        self._key = key
+    def __init__(self, fd: int | None, key: str) -> None:
+        self._fd = fd  # None: the folder's flock is the lease this process holds
+        self._key: str | None = key
 
     def release(self) -> None:
-        """Release the lock and close its file (idempotent)."""
-        fd, self._fd = self._fd, None
+        """Release the lock and close its file, if it has one (idempotent)."""
+        fd, key, self._fd, self._key = self._fd, self._key, None, None
         if fd is not None:
             os.close(fd)  # releases the flock (a forked child's copy: at its exec)
-            _forget(self._key)
+        if key is not None:
+            _forget(key)
 
 
 def _lock_prompt(folder: Path) -> PromptLock | None:
@@ -95,8 +95,11 @@ def _lock_prompt(folder: Path) -> PromptLock | None:
             return None
         _HELD.add(key)
     try:
+        if lease_held_here(folder):  # the host serving the session: its lease is the folder's flock
+            return PromptLock(None, key)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        if not _flock(fd, FORKED_WAIT_S):  # another process's prompt holds it
+        if not flock_within(fd, FORKED_WAIT_S):  # another process's prompt (or host) holds it
+            os.close(fd)
             _forget(key)
             return None
     except BaseException:
@@ -125,30 +128,13 @@ def _lock(path: Path, wait_s: float, flags: int = 0) -> int | None:
     regular, and ``OSError``."""
     fd = open_regular(path, os.O_RDWR | os.O_CREAT | flags, 0o600)
     try:
-        if _flock(fd, wait_s):
+        if flock_within(fd, wait_s):
             return fd
     except BaseException:
         os.close(fd)
         raise
     os.close(fd)
     return None
-
-
-def _flock(fd: int, wait_s: float) -> bool:
-    """Take an exclusive ``flock`` of ``fd``, waiting up to ``wait_s`` seconds for another
-    holder: whether it was taken. Raises ``OSError`` (not a busy one)."""
-    until, delay = time.monotonic() + wait_s, 0.001
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except OSError as exc:
-            if exc.errno not in _BUSY:
-                raise
-            if time.monotonic() >= until:
-                return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.02)
 
 
 def prompt_lock_of(transcript: Path) -> PromptLock:
@@ -160,7 +146,8 @@ def prompt_lock_of(transcript: Path) -> PromptLock:
     except NotADirectoryError as exc:
         raise TranscriptError(f"transcript {transcript} cannot be used: {exc}") from None
     if held is None:
-        raise TranscriptBusyError(f"transcript {transcript} is in use by another prompt of this session")
+        raise TranscriptBusyError(f"transcript {transcript} is in use by another prompt of this session "
+                                  "(or another host serves the session)")
     return held
 
 
@@ -183,7 +170,7 @@ def relock(fd: int, transcript: Path, wait_s: float) -> None:
     descriptor :func:`file_lock_of` gave and :func:`unlock` let go (a writer that keeps
     its file open between records), waiting up to ``wait_s`` seconds. Raises
     :class:`TranscriptBusyError` as :func:`file_lock_of` does, and ``OSError``."""
-    if not _flock(fd, wait_s):
+    if not flock_within(fd, wait_s):
         raise _busy(transcript, wait_s)
 
 

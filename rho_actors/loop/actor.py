@@ -37,6 +37,7 @@ from rho_actors.otp.actor import Actor
 from rho_actors.results import failure
 
 if TYPE_CHECKING:
+    from rho_actors.agent.session_lease import SessionLease
     from rho_actors.loop.approvals import SessionApprovals
     from rho_actors.runtime import Runtime
 
@@ -58,6 +59,7 @@ class LoopActor(Actor):
         self, *, session_id: str, data_dir: Path, deps: Any, withheld: frozenset[str] | SessionWithheld,
         runtime: Runtime, allowed: Allowlist | None = None, approvals: SessionApprovals | None = None,
         folder: tuple[int, int] | None = None, at_start: FolderAtStart | None = None,
+        lease: SessionLease | None = None,
     ) -> None:
         super().__init__()
         self.session_id = session_id
@@ -65,7 +67,7 @@ class LoopActor(Actor):
         self.thread_pool = runtime.threads
         self.turns = Turns(ref=self._actor_ref, session_id=session_id, data_dir=data_dir, deps=deps,
                            withheld=withheld, runtime=runtime, allowed=allowed, approvals=approvals, folder=folder,
-                           at_start=at_start)
+                           at_start=at_start, lease=lease)
         runtime.loop_turns[self.actor_urn] = self.turns  # how the host's handle finds them
 
     # --- messages ---------------------------------------------------------------------
@@ -95,6 +97,9 @@ class LoopActor(Actor):
         # a normal stop, or killed / exited: a crash of the loop, not of the calls
         self.turns.close("session_stopped" if self._exit_cause is None else "loop_crashed")
         self._runtime.loop_turns.pop(self.actor_urn, None)
+        lease = self.turns.lease
+        if self._exit_cause is None and lease is not None:  # the session ends: another host may serve it
+            lease.release()  # (a crash keeps it: the loop is restarted, or given up, still this host's)
 
     def on_failure(self, *exc_info: Any) -> None:
         self.turns.close("loop_crashed")

@@ -219,7 +219,13 @@ class ApprovalJournal:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[Transcript]:
         """The session's transcript under its lock, read only past what this host read
-        of it last (:meth:`~rho_actors.agent.transcript.Transcript.reopen`)."""
+        of it last (:meth:`~rho_actors.agent.transcript.Transcript.reopen`); its folder
+        made first, and the session's lease held, while the loop runs (raises
+        :class:`~rho_actors.agent.session_lease.SessionLeaseError` when another host
+        serves the session: its transcript is not this host's to write)."""
+        turns = self._turns
+        if turns is not None and not turns.folder_made and turns.closed is None:
+            turns.make_folder()
         with self._file_lock:
             if self._file is None:
                 self._file = Transcript(self.path)

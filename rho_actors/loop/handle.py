@@ -39,6 +39,7 @@ from rho_actors.tool import DEFAULT_TIMEOUT_MS, ToolCall, ToolInfo, ToolResult
 if TYPE_CHECKING:
     from rho_actors.agent.driver import PromptEvent, PromptResult
     from rho_actors.agent.model import Model
+    from rho_actors.agent.session_lease import SessionLease
     from rho_actors.loop.turn import ResultSink
     from rho_actors.loop.turns import Turns
     from rho_actors.runtime import Runtime
@@ -142,11 +143,12 @@ class Loop(HeldCalls):
     """
 
     def __init__(self, session_id: str, data_dir: Path, runtime: Runtime,
-                 folder: tuple[int, int] | None = None) -> None:
+                 folder: tuple[int, int] | None = None, lease: SessionLease | None = None) -> None:
         self.session_id = session_id
         self._data_dir = data_dir
         self._folder = folder  # the identity start_loop checked the folder with (None: it was missing)
         self._folder_made = False
+        self._lease = lease  # the session's: held from the folder's making on (agent/session_lease.py)
         self._names = runtime.names
         self._whereis = runtime.names.whereis
         self._tools = runtime.tools
@@ -176,10 +178,12 @@ class Loop(HeldCalls):
     def data_dir(self) -> Path:
         """The session's private folder, ``data_dir/sessions/<session_id>`` of its system
         (created with mode ``0700`` on first use: here, or before the session's first
-        call). Raises :class:`rho_actors.files.UnsafePathError` (an ``OSError``) when it,
-        or ``sessions``, is a symlink or no folder, and ``OSError`` when it cannot be made."""
+        call), the session's lease held from then on. Raises :class:`rho_actors.files.UnsafePathError`
+        (an ``OSError``) when it, or ``sessions``, is a symlink or no folder,
+        :class:`rho_actors.SessionLeaseError` (an ``OSError`` too) when another host serves
+        the session, and ``OSError`` when it cannot be made."""
         if not self._folder_made:
-            make_session_folder(self._data_dir, self._folder)
+            make_session_folder(self._data_dir, self._folder, self._lease)
             self._folder_made = True
         return self._data_dir
 
@@ -426,8 +430,8 @@ class Loop(HeldCalls):
 
         def make() -> None:  # the awaiting task, cancelled, has cancelled ``done``: nothing to tell
             try:
-                make_session_folder(self._data_dir, self._folder)
-                turns.folder_made = self._folder_made = True
+                turns.make_folder()
+                self._folder_made = True
             except OSError:
                 pass
             except BaseException as exc:  # surfaced to the awaiting task

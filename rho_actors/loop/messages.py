@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import pykka
 
+from rho_actors.agent.session_lease import SessionLease
 from rho_actors.cancel import CancelToken
 from rho_actors.files import is_same_folder, private_dir
 from rho_actors.tool import ToolCall, ToolResult
@@ -38,6 +39,7 @@ __all__ = [
     "SetWithheld",
     "allowlist",
     "checked_session_id",
+    "leased",
     "loop_name",
     "make_session_folder",
     "tell_loop",
@@ -131,7 +133,8 @@ def checked_session_id(session_id: Any) -> str:
     return session_id
 
 
-def make_session_folder(session_dir: Path, checked: tuple[int, int] | None = None) -> Path:
+def make_session_folder(session_dir: Path, checked: tuple[int, int] | None = None,
+                        lease: SessionLease | None = None) -> Path:
     """Create a session's private folder ``session_dir`` (``data_dir/sessions/<id>``)
     unless it exists, and return it: the one place a session folder is made, on first
     use (before the session's first call, or when the host asks for
@@ -141,11 +144,27 @@ def make_session_folder(session_dir: Path, checked: tuple[int, int] | None = Non
     identity ``start_loop`` found the folder with (:func:`rho_actors.files.folder_identity`);
     a folder that is still that one (one ``lstat``: same device and inode, a real folder
     of mode ``0700``) is not walked again, anything else (removed, replaced, loosened) is.
-    Raises :class:`rho_actors.files.UnsafePathError` when one is a symlink or no folder, and
-    ``OSError`` when it cannot be made."""
-    if checked is not None and is_same_folder(session_dir, checked):
-        return session_dir
-    return private_dir(session_dir.parent.parent, session_dir.parent.name, session_dir.name)
+    ``lease``: the session's (:mod:`~rho_actors.agent.session_lease`), held from here on
+    when it is not yet (the folder was missing at the loop's start).
+    Raises :class:`rho_actors.files.UnsafePathError` when one is a symlink or no folder,
+    :class:`~rho_actors.agent.session_lease.SessionLeaseError` when another host serves
+    the session (both ``OSError``), and ``OSError`` when it cannot be made."""
+    if checked is None or not is_same_folder(session_dir, checked):
+        private_dir(session_dir.parent.parent, session_dir.parent.name, session_dir.name)
+    if lease is not None and not lease.held:
+        lease.hold()
+    return session_dir
+
+
+def leased(session_id: str, session_dir: Path, folder: tuple[int, int] | None, owner: object) -> SessionLease:
+    """The lease of session ``session_id`` (:mod:`~rho_actors.agent.session_lease`) for
+    the host ``owner``: held now when its folder ``session_dir`` exists (``folder``: its
+    identity, as ``start_loop`` found it), else from the folder's making on
+    (:func:`make_session_folder`). Raises as :meth:`SessionLease.hold`."""
+    lease = SessionLease(session_id, session_dir, owner)
+    if folder is not None:
+        lease.hold()
+    return lease
 
 
 @dataclass(frozen=True, slots=True)

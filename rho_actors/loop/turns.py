@@ -83,6 +83,7 @@ from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 if TYPE_CHECKING:
     import asyncio
 
+    from rho_actors.agent.session_lease import SessionLease
     from rho_actors.loop.approvals import SessionApprovals
     from rho_actors.loop.messages import FolderAtStart
     from rho_actors.runtime import Runtime
@@ -114,7 +115,7 @@ class Turns(OfferedTools, TurnHolds):
         self, *, ref: pykka.ActorRef[Any], session_id: str, data_dir: Path, deps: Any,
         withheld: frozenset[str] | SessionWithheld, runtime: Runtime, allowed: Allowlist | None = None,
         approvals: SessionApprovals | None = None, folder: tuple[int, int] | None = None,
-        at_start: FolderAtStart | None = None,
+        at_start: FolderAtStart | None = None, lease: SessionLease | None = None,
     ) -> None:
         self.ref = ref
         self.session_id = session_id
@@ -122,6 +123,8 @@ class Turns(OfferedTools, TurnHolds):
         self._folder = folder  # the identity start_loop checked the folder with (None: it was missing)
         self.folder_made = False
         """Whether the session's folder was made (checked) by these turns: before the first call is dispatched."""
+        self.lease = lease
+        """The session's lease (:mod:`~rho_actors.agent.session_lease`): held from the folder's making on."""
         self._deps = deps
         # a call's ctx: the session's fields, copied for each call, which sets its own (None here) in place
         self._fields: dict[str, Any] = {
@@ -306,13 +309,18 @@ class Turns(OfferedTools, TurnHolds):
             return
         if not self.folder_made:
             try:
-                make_session_folder(self._data_dir, self._folder)
-            except OSError as exc:  # a symlink in its place, say: no call of this turn starts
+                self.make_folder()
+            except OSError as exc:  # a symlink in its place, another host serving the session: no call starts
                 logger.error("loop {}: the session folder cannot be used: {}", self.session_id, exc)
                 self._fail_open(turn, failure("not_started", "", "", problem=f"the session folder: {exc}"))
                 return
-            self.folder_made = True
         self._dispatch_ready(turn)
+
+    def make_folder(self) -> None:
+        """Make (check) the session's folder and hold its lease, as before its first call;
+        raises as :func:`~rho_actors.loop.messages.make_session_folder`."""
+        make_session_folder(self._data_dir, self._folder, self.lease)
+        self.folder_made = True
 
     def _prepare(self, slot: Slot, tools: ToolSet, withheld: frozenset[str], chooses: bool) -> ToolResult | None:
         """Decode, look up and validate one call; an error result when it is refused."""

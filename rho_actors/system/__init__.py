@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from loguru import logger
 
+from rho_actors.agent.session_lease import release_all
 from rho_actors.agent.transcript import TRANSCRIPT_NAME
 from rho_actors.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
 from rho_actors.declarations import checks as _decl
@@ -65,7 +66,7 @@ from rho_actors.isolation.call import CallActor
 from rho_actors.loop.actor import LoopActor
 from rho_actors.loop.approvals import DEFAULT_APPROVAL_TIMEOUT_S, CallInfo, SessionApprovals
 from rho_actors.loop.handle import Loop, withheld_names
-from rho_actors.loop.messages import FolderAtStart, SessionWithheld, allowlist, checked_session_id, loop_name
+from rho_actors.loop.messages import FolderAtStart, SessionWithheld, allowlist, checked_session_id, leased, loop_name
 from rho_actors.otp.actor import NORMAL, monitor, start_link
 from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
 from rho_actors.otp.names import Names
@@ -528,7 +529,8 @@ class ActorSystem(HostActors):
         ``TypeError``/``ValueError`` for a bad one). ``max_calls_per_session`` and ``max_repeats``: this session's
         own budget of calls and repeated-call breaker (DESIGN §4 "The governor"), each an ``int`` >= 1, at most the
         system's (``GovernorSettings``: the host's ceiling; ``ValueError`` for a looser one, naming both); ``None``:
-        the system's. Raises ``RuntimeError`` once the system has stopped."""
+        the system's. Raises ``RuntimeError`` once the system has stopped, and :class:`rho_actors.SessionLeaseError`
+        naming the session, its folder and the pid holding it when another host serves it (docs: one host a session)."""
         if self._stopped:
             raise RuntimeError("the actor system has stopped")
         bounds = self._runtime.governor.session_bounds(max_calls_per_session, max_repeats)
@@ -546,7 +548,8 @@ class ActorSystem(HostActors):
         kwargs = dict(session_id=session_id, data_dir=session_dir, folder=folder, deps=deps, runtime=self._runtime,
                       at_start=FolderAtStart(frozenset(found)),
                       withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools),
-                      approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s))
+                      approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s),
+                      lease=(lease := leased(session_id, session_dir, folder, self)))  # held from here: one host
         start = self._runtime.governor.bounded(session_id, bounds, functools.partial(LoopActor.start, **kwargs))
         loop = ChildSpec("loop", start, restart="transient",
                          significant=True, name=loop_name(session_id))
@@ -557,7 +560,7 @@ class ActorSystem(HostActors):
             restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
         )
         ref = self._sessions.start(LazySubtree(session, loop))  # its supervisor starts at the loop's first crash
-        handle = Loop(session_id, session_dir, self._runtime, folder)
+        handle = Loop(session_id, session_dir, self._runtime, folder, lease)
         handle.found(ref)  # its first turn needs no look-up by name
         return handle
 
@@ -673,6 +676,7 @@ class ActorSystem(HostActors):
             if not stopped:
                 end_workers(self._runtime.isolations.values(), max(0.0, until - time.monotonic()), self._owned)
         self._closed()
+        release_all(self)  # every session's lease (a loop not stopped in time, a session given up, too)
         self._timers.stop()
         left = self._declarations.helpers.wait(max(0.0, until - time.monotonic()))  # reads cancelled by _closed
         if left:

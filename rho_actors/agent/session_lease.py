@@ -1,0 +1,209 @@
+"""A session's lease: one host serves a session's folder at a time (DESIGN §4 "Approvals").
+
+A host (an :class:`~rho_actors.ActorSystem`) that serves a session holds the lease of its
+folder, ``data_dir/sessions/<id>``, from the moment it opens it (``start_loop`` of a
+session whose folder exists, or the session's first use of a folder it makes) until the
+session's loop stops (:meth:`~rho_actors.Loop.stop`, the system's stop). A second host,
+in another process or another ``ActorSystem`` of this one, is refused there with a
+:class:`SessionLeaseError` naming the session, its folder and the pid holding it: two
+hosts serving one folder at once would take its held calls back both and keep each
+other's views of them wrong.
+
+The lease is an exclusive ``flock`` of the folder itself (a descriptor of the
+directory, close-on-exec), as a prompt's lock was before
+(:mod:`~rho_actors.agent.transcript_lock`, whose prompts now take it from the lease this
+process holds): a tool clearing its session's folder (``ctx["data_dir"]``) removes no
+lock file a second host could lock anew. The kernel releases it with the holder's last
+descriptor of it, so a host killed (``kill -9`` too) leaves it free at once for the
+next, which takes the session back. An ``flock`` is shared by the children forked from
+its holder while they keep the descriptor: a child forked without an exec (a tool's
+``os.fork``, ``multiprocessing``'s ``fork``) closes its copies as it starts
+(:func:`os.register_at_fork`), so it never keeps a dead host's session; a child started
+by exec (a subprocess, rho's fork servers and their workers) holds them only until its
+exec, which a refused host waits for (:data:`FORKED_WAIT_S`).
+
+Deciding a held call from another process (``rho-actors approve``,
+:func:`~rho_actors.loop.decisions.decide`) takes no lease: it is no host, it appends a
+decision under the transcript's own lock, and the serving host acts on it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Final
+
+from rho_actors.errors import RhoError
+
+__all__ = ["FORKED_WAIT_S", "SessionLease", "SessionLeaseError", "flock_within", "lease_held_here", "release_all"]
+
+FORKED_WAIT_S: Final = 2.0
+"""How long (seconds) a host waits for a session's lease held by another process before
+it is refused: a child its holder forked holds a copy of it until its exec."""
+
+_BUSY: Final = (errno.EAGAIN, errno.EWOULDBLOCK)
+_LEASES: dict[tuple[int, int], SessionLease] = {}  # the leases this process holds, by their folder's (dev, ino)
+_LOCK = threading.Lock()
+
+
+class SessionLeaseError(RhoError, OSError):
+    """A session served by another host: its folder's lease is held by another process
+    (``pid``: the one that took it, as ``/proc/locks`` says; ``None`` when not known) or
+    by another ``ActorSystem`` of this process. ``str(err)`` names the session, its
+    folder and the holder. Also an ``OSError``, as the folder's other failures are."""
+
+    def __init__(self, message: str, *, session_id: str, folder: Path, pid: int | None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.folder = folder
+        self.pid = pid
+
+
+class SessionLease:
+    """The lease of the session ``session_id`` whose folder is ``folder``, for the host
+    ``owner`` (an ``ActorSystem``): :meth:`hold` takes it, :meth:`release` lets it go.
+    Shared by the session's loop, its restarts and its handle; once released (the loop
+    stopped) or taken over, it is never held again: a later loop of the session has a
+    lease of its own."""
+
+    __slots__ = ("_ended", "_fd", "_holding", "_key", "folder", "owner", "session_id")
+
+    def __init__(self, session_id: str, folder: Path, owner: object) -> None:
+        self.session_id, self.folder, self.owner = session_id, folder, owner
+        self._fd: int | None = None
+        self._key: tuple[int, int] | None = None
+        self._ended = False
+        self._holding = threading.Lock()  # one hold at a time (the handle's and the loop's, say)
+
+    @property
+    def held(self) -> bool:
+        """Whether this lease is held now."""
+        return self._fd is not None
+
+    def hold(self) -> None:
+        """Take the lease of the existing folder (idempotent): refused at once when another
+        ``ActorSystem`` of this process holds it, after at most :data:`FORKED_WAIT_S`
+        when another process does. One this host held for an earlier loop of the session
+        (given up by its supervisor, then started again) is taken over; a lease released
+        or taken over is not taken again (nothing done). Raises
+        :class:`SessionLeaseError`, and ``OSError`` (``FileNotFoundError`` when the
+        folder is missing)."""
+        if self._fd is not None or self._ended:
+            return
+        with self._holding:
+            self._hold()
+
+    def _hold(self) -> None:
+        if self._fd is not None or self._ended:  # held (or let go) meanwhile
+            return
+        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            with _LOCK:
+                other = _LEASES.get(key)
+                if other is not None and other.owner is self.owner:  # this host's, of an earlier loop
+                    self._fd, self._key, other._fd, other._key, other._ended = other._fd, key, None, None, True
+                    _LEASES[key] = self
+            if self._fd is not None:
+                os.close(fd)
+                return
+            if other is not None:
+                raise self._refused(os.getpid(), "another ActorSystem of this process")
+            if not flock_within(fd, FORKED_WAIT_S):
+                pid = _holder(st)
+                raise self._refused(pid, "another host" if pid != os.getpid() else "this process")
+            with _LOCK:
+                self._fd, self._key = fd, key
+                _LEASES[key] = self
+        except BaseException:
+            if self._fd != fd:
+                os.close(fd)
+            raise
+
+    def release(self) -> None:
+        """Let the lease go (idempotent): the next host may take the session."""
+        with _LOCK:
+            fd, key, self._fd, self._key, self._ended = self._fd, self._key, None, None, True
+            if key is not None and _LEASES.get(key) is self:
+                del _LEASES[key]
+        if fd is not None:
+            os.close(fd)  # the flock goes with its last descriptor
+
+    def _refused(self, pid: int | None, holder: str) -> SessionLeaseError:
+        who = f"process {pid}" if pid is not None else "a process /proc/locks does not name"
+        return SessionLeaseError(
+            f"session {self.session_id!r} is served by {holder}: the lease of its folder {self.folder} is held by "
+            f"{who}; one host serves a session at a time (stop that one, or serve the session there)",
+            session_id=self.session_id, folder=self.folder, pid=pid)
+
+
+def release_all(owner: object) -> None:
+    """Let go every lease ``owner`` (a stopping ``ActorSystem``) holds."""
+    with _LOCK:
+        held = [lease for lease in _LEASES.values() if lease.owner is owner]
+    for lease in held:
+        lease.release()
+
+
+def lease_held_here(folder: Path) -> bool:
+    """Whether this process holds the lease of ``folder`` (a session's)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False
+    with _LOCK:
+        return (st.st_dev, st.st_ino) in _LEASES
+
+
+def flock_within(fd: int, wait_s: float) -> bool:
+    """Take an exclusive ``flock`` of ``fd``, waiting up to ``wait_s`` seconds for another
+    holder: whether it was taken. Raises ``OSError`` (not a busy one)."""
+    until, delay = time.monotonic() + wait_s, 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in _BUSY:
+                raise
+            if time.monotonic() >= until:
+                return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+
+
+def _holder(st: os.stat_result) -> int | None:
+    """The pid holding the ``flock`` of the file of ``st``, as ``/proc/locks`` (Linux) lists
+    it (the process that took it); ``None`` when it lists none."""
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            for line in locks:
+                fields = line.split()
+                if "->" not in fields and len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode:
+                    return int(fields[4]) if fields[4].isdigit() else None
+    except OSError:
+        pass
+    return None
+
+
+def _forked() -> None:
+    """In a child forked without an exec: close its copies of this process's leases, so
+    that it never keeps a session after its parent, the host, is gone (no lock taken: a
+    thread of the parent may have held it as it forked)."""
+    for lease in list(_LEASES.values()):
+        fd, lease._fd, lease._key = lease._fd, None, None
+        if fd is not None:
+            try:
+                os.close(fd)  # this copy only: the parent's flock stays (LOCK_UN would release it)
+            except OSError:
+                pass
+    _LEASES.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
