@@ -67,7 +67,7 @@ from rho_actors.loop.approvals import DEFAULT_APPROVAL_TIMEOUT_S, CallInfo, Sess
 from rho_actors.loop.handle import Loop, withheld_names
 from rho_actors.loop.messages import FolderAtStart, SessionWithheld, allowlist, checked_session_id, loop_name
 from rho_actors.otp.actor import NORMAL, monitor, start_link
-from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
+from rho_actors.otp.lazy import LazyStarter, LazySupervisor, SessionSubtrees
 from rho_actors.otp.names import Names
 from rho_actors.otp.owned import OwnedProcesses
 from rho_actors.otp.starters import ChildStarter
@@ -304,6 +304,7 @@ class ActorSystem(HostActors):
         self._shutdown_ms = shutdown_ms
         self._intensity = intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
         self._sessions = lazy_sessions
+        self._subtrees = SessionSubtrees({**supervisor("").kwargs, **intensity}, shutdown_ms + 1_000)  # a session's
         sessions = dataclasses.replace(supervisor(SESSIONS, starter=self._sessions), actor_class=LazySupervisor)
         children = [
             ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),
@@ -533,7 +534,7 @@ class ActorSystem(HostActors):
             raise RuntimeError("the actor system has stopped")
         bounds = self._runtime.governor.session_bounds(max_calls_per_session, max_repeats)
         session_id = checked_session_id(session_id if session_id is not None else uuid.uuid4().hex)
-        running = self._names.whereis(loop_name(session_id))
+        running = self._names.whereis(name := loop_name(session_id))
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
         session_dir = self._sessions_path / session_id  # the pattern admits no separator and no ".."
@@ -548,15 +549,7 @@ class ActorSystem(HostActors):
                       withheld=SessionWithheld(withheld_names(withheld)), allowed=allowlist(tools),
                       approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s))
         start = self._runtime.governor.bounded(session_id, bounds, functools.partial(LoopActor.start, **kwargs))
-        loop = ChildSpec("loop", start, restart="transient",
-                         significant=True, name=loop_name(session_id))
-        session = ChildSpec(
-            session_id,
-            self._supervisor(f"session:{session_id}", children=[loop], auto_shutdown="any_significant",
-                             **self._intensity),
-            restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
-        )
-        ref = self._sessions.start(LazySubtree(session, loop))  # its supervisor starts at the loop's first crash
+        ref = self._sessions.start(self._subtrees.make(session_id, start, name))  # its supervisor: at its first crash
         handle = Loop(session_id, session_dir, self._runtime, folder)
         handle.found(ref)  # its first turn needs no look-up by name
         return handle
