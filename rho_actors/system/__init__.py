@@ -58,7 +58,7 @@ from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus, SupervisorEvent
-from rho_actors.files import UnsafePathError, folder_identity
+from rho_actors.files import UnsafePathError, child_path, folder_identity
 from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
@@ -537,7 +537,7 @@ class ActorSystem(HostActors):
         running = self._names.whereis(name := loop_name(session_id))
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
-        session_dir = self._sessions_path / session_id  # the pattern admits no separator and no ".."
+        session_dir = child_path(self._sessions_path, session_id)  # the pattern admits no separator and no ".."
         found: list[str] = []  # which of them it holds: the first Turns read task records, a transcript only if there
         try:  # an existing folder is checked now: each component a real folder, no symlink followed, 0700
             folder = folder_identity(self.data_dir, "sessions", session_id, names=found,  # None: made on first use
