@@ -24,10 +24,11 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from rho_actors.errors import RhoError
 
-__all__ = ["UnsafePathError", "folder_identity", "fsync_dir", "is_same_folder", "open_regular",
+__all__ = ["UnsafePathError", "child_path", "folder_identity", "fsync_dir", "is_same_folder", "open_regular",
            "private_dir"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -119,6 +120,14 @@ def folder_identity(root: str | Path, *parts: str, names: list[str] | None = Non
     except FileNotFoundError:
         return None
     return found.st_dev, found.st_ino
+
+
+def child_path(parent: Path, name: str) -> Path:
+    """``parent / name`` for a ``name`` known to be one path component (no separator, not
+    ``.`` or ``..``): made from ``parent``'s parts without parsing ``name`` where pathlib
+    can (its ``_make_child_relpath``, which its folder walks use; ~4k instructions against ~14k)."""
+    make = getattr(parent, "_make_child_relpath", None)
+    return parent / name if make is None else cast(Path, make(name))
 
 
 def is_same_folder(path: str | Path, identity: tuple[int, int] | None) -> bool:

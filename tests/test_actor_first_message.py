@@ -196,3 +196,15 @@ def test_an_actor_is_in_pykkas_registry_while_it_lives_and_its_start_and_stop_fo
     assert stop(threaded, WAIT_S) is True
     assert pykka.ActorRegistry.get_by_urn(threaded.actor_urn) is None
     assert formatted == []
+
+
+def test_only_a_rho_actor_can_be_monitored() -> None:
+    class Plain(pykka.ThreadingActor):
+        pass
+
+    ref = Plain.start()
+    try:
+        with pytest.raises(TypeError, match="it cannot be monitored"):
+            monitor(ref, lambda r, reason: None)
+    finally:
+        ref.stop()

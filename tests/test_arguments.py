@@ -122,6 +122,18 @@ def test_number_overflowing_to_infinity_is_refused() -> None:
     assert refused('{"a": 1e400}') == PREFIX + "$.a: inf is not JSON"
 
 
+def test_flat_ascii_text_is_checked_as_any_other() -> None:
+    """Flat arguments from ASCII text without a \\u escape skip the walk: what can still be
+    wrong there is found as before (an overflowing float, a raw surrogate, a depth of 0)."""
+    assert decode_arguments('{"s": "x", "i": 3, "f": 1.5, "b": true, "n": null}') == {
+        "s": "x", "i": 3, "f": 1.5, "b": True, "n": None}
+    assert refused('{"s": "x", "f": -1e400}') == PREFIX + "$.f: -inf is not JSON"
+    assert refused('{"s": "x\ud800"}') == PREFIX + "$.s: a string holds a lone surrogate"  # not ASCII
+    assert refused('{"a": [1e400]}') == PREFIX + "$.a[0]: inf is not JSON"
+    with pytest.raises(ArgumentsError, match="nested deeper than 0 levels"):
+        decode_arguments('{"a": 1}', max_depth=0)
+
+
 def test_duplicate_keys_are_refused_naming_the_key() -> None:
     assert refused('{"a": 1, "b": 2, "a": 3}') == PREFIX + "duplicate key 'a'"
     assert "duplicate key 'k'" in refused('{"x": {"k": 1, "k": 1}}')

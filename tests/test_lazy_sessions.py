@@ -165,3 +165,22 @@ def test_a_lazy_subtree_refuses_a_shape_it_cannot_stand_for() -> None:
         LazySubtree(ChildSpec("x", StartChild(Supervisor, kwargs={"children": [unnamed],
                                                                    "auto_shutdown": "any_significant"}),
                               restart="temporary", type="supervisor"), unnamed)
+
+
+def test_a_sessions_subtree_made_through_its_slots_is_the_checked_one() -> None:
+    """SessionSubtrees.make (each field set through its slot, no checks) makes what the
+    checked constructors make, and that passes LazySubtree's own checks."""
+    from rho_actors.otp.lazy import SessionSubtrees
+
+    subtrees = SessionSubtrees({"label": "", "max_restarts": 3, "max_seconds": 5}, 6_000)
+
+    def start() -> pykka.ActorRef[Any]:
+        raise AssertionError("not started here")
+
+    for session_id in ("a", "s.1@x:y-z", "x" * 128):
+        made = subtrees.make(session_id, start, loop_name(session_id))
+        checked = subtrees.checked(session_id, start, loop_name(session_id))
+        assert made == checked
+        assert LazySubtree(made.spec, made.child) == made  # its checks pass
+        assert made.label == f"session:{session_id}" and made.spec.shutdown == 6_000
+        assert made.child.start is start and made.spec.start.kwargs["children"] == [made.child]  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ import pytest
 
 from rho_actors import ActorSystem, ToolCall, ToolResult, tool
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError, load, read_records
-from rho_actors.files import UnsafePathError, open_regular, private_dir
+from rho_actors.files import UnsafePathError, child_path, open_regular, private_dir
 from rho_actors.loop import messages
 from tests.conftest import WAIT_S
 
@@ -240,3 +240,11 @@ def test_the_folder_checked_at_the_start_is_not_walked_again_by_the_first_call(
     assert walks == []  # one lstat found the folder start_loop checked: same device and inode, 0700
     _, result = _first_turn_after(system, "kept-then-gone", lambda folder: folder.rmdir())
     assert result.ok and len(walks) == 1  # anything else is walked (and made) again
+
+
+def test_child_path_is_the_joined_path(tmp_path: Path) -> None:
+    """child_path (a session's folder from ``sessions``, made without parsing its name) is ``parent / name``."""
+    for name in ("s", "a.b@c:d-e_f", "x" * 128, "..a"):
+        made, joined = child_path(tmp_path, name), tmp_path / name
+        assert made == joined and str(made) == str(joined) and hash(made) == hash(joined)
+        assert type(made) is type(joined) and made.parent == tmp_path and made.name == name

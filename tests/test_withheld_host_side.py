@@ -153,3 +153,23 @@ def test_withheld_names_takes_plain_collections_and_normalises_str_subclasses() 
         withheld_names(["a", 3])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="single string"):
         withheld_names(b"ab")  # type: ignore[arg-type]
+
+
+def test_withheld_names_given_again_are_their_one_set_and_still_checked() -> None:
+    class Same(str):  # equal to its plain str, hashed as it: found among the names given lately
+        pass
+
+    class Raising(str):
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("no comparing")
+
+        __hash__ = str.__hash__
+
+    first = withheld_names(["p", "q"])
+    assert withheld_names(("p", "q")) is first and withheld_names(["p", "q"]) is first
+    again = withheld_names([Same("p"), "q"])
+    assert again == first and all(type(n) is str for n in again)
+    raising = withheld_names([Raising("p"), "q"])  # its __eq__ raised in the look-up: checked as any other
+    assert raising == frozenset({"p", "q"}) and all(type(n) is str for n in raising)
+    with pytest.raises(TypeError, match="must be a str, got list"):
+        withheld_names(["p", ["q"]])  # type: ignore[list-item]  # unhashable: not found, then refused by name

@@ -41,18 +41,9 @@ from rho_actors.errors import RhoError
 from rho_actors.tool import ErrorKind
 
 __all__ = [
-    "DEFAULT_MAX_ARGUMENT_CHARS",
-    "DEFAULT_MAX_ARGUMENT_DEPTH",
-    "MAX_KEYWORD_CHECKS",
-    "MAX_REFUSAL_CHARS",
-    "MAX_VALIDATION_S",
-    "ArgumentsError",
-    "compile_pattern",
-    "decode_arguments",
-    "json_text",
-    "make_validator",
-    "no_retrieval",
-    "violations",
+    "DEFAULT_MAX_ARGUMENT_CHARS", "DEFAULT_MAX_ARGUMENT_DEPTH", "MAX_KEYWORD_CHECKS", "MAX_REFUSAL_CHARS",
+    "MAX_VALIDATION_S", "ArgumentsError", "compile_pattern", "decode_arguments", "json_text", "make_validator",
+    "no_retrieval", "violations",
 ]
 
 DEFAULT_MAX_ARGUMENT_DEPTH = 64
@@ -157,6 +148,7 @@ def _problem(value: Any, max_depth: int) -> str | None:
     return None
 
 
+_WALKED = (dict, list, float)  # what decoded plain JSON text may hold that _problem walks or looks at
 _DIGITS_TEXT = "an integer of more than {limit:,} digits (the most JSON text here may hold)"
 
 
@@ -224,6 +216,7 @@ def decode_arguments(
     message saying ``{}`` is expected.
     """
     value: Any
+    plain = False  # decoded from ASCII JSON text without a \u escape (below)
     if type(arguments) is not str and isinstance(arguments, Mapping):  # (a str is none: no ABC look for it)
         value = dict(arguments)
     elif isinstance(arguments, (str, bytes, bytearray)):
@@ -263,11 +256,18 @@ def decode_arguments(
                 ErrorKind.INVALID_JSON,
                 f"arguments must be a JSON object, got {_json_type(value)}: {_shorten(text.strip())}",
             )
+        plain = text.isascii() and "\\u" not in text
     else:
         raise ArgumentsError(
             ErrorKind.INVALID_JSON,
             f"arguments must be JSON text or a mapping, got {type(arguments).__name__}",
         )
+    if plain and max_depth >= 1:  # its keys are strs, no string holds a lone surrogate, no int is past the digits
+        for item in value.values():  # limit (the scanner's int() refused it): only a float (1e999 is inf) or a
+            if type(item) in _WALKED and not (type(item) is float and math.isfinite(item)):  # nested value can
+                break  # be wrong: arguments of neither (and finite floats) need no walk
+        else:
+            return value  # type: ignore[no-any-return]
     problem = _problem(value, max_depth)
     if problem:
         raise ArgumentsError(ErrorKind.INVALID_JSON, f"arguments are not valid JSON: {problem}")

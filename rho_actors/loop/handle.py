@@ -68,16 +68,24 @@ def withheld_names(names: Iterable[str]) -> frozenset[str]:
         raise TypeError(f"withheld takes a collection of tool names, got the single string {names!r}")
     if type(names) in (list, tuple, set, frozenset):  # the usual case: plain strs, hashed and compared as str
         items = tuple(names)
+        if type(names) is not frozenset:
+            # the same names given lately, as a list or tuple: their one set, looked up before the
+            # names' types are (~7k instructions for 100 names, against ~30k): a key holds plain strs
+            # only, so a name found equal to one (a str subclass's own __eq__ and __hash__) is that str
+            try:
+                known = _KNOWN.get(items)
+            except Exception:  # an unhashable name, or a name's __eq__ raised: checked below
+                known = None
+            if known is not None:
+                return known
         if not items or set(map(type, items)) == {str}:
             if type(names) is frozenset:
                 return names
-            known = _KNOWN.get(items)  # the same names given lately, as a list or tuple: one set for them
-            if known is None:
-                known = frozenset(items)
-                if len(items) <= _KNOWN_MAX_NAMES:
-                    if len(_KNOWN) >= _KNOWN_KEPT:
-                        _KNOWN.clear()
-                    _KNOWN[items] = known
+            known = frozenset(items)
+            if len(items) <= _KNOWN_MAX_NAMES:
+                if len(_KNOWN) >= _KNOWN_KEPT:
+                    _KNOWN.clear()
+                _KNOWN[items] = known
             return known
     checked = set()
     for name in names:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,7 @@ from rho_actors.otp.supervisor import (
     send_report,
 )
 
-__all__ = ["LazyStarter", "LazySubtree", "LazySupervisor"]
+__all__ = ["LazyStarter", "LazySubtree", "LazySupervisor", "SessionSubtrees"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,62 @@ class LazySubtree:
     def label(self) -> str:
         """The subtree supervisor's label (its reports' ``supervisor``)."""
         return str(self.spec.start.kwargs.get("label", "supervisor"))  # type: ignore[attr-defined]
+
+
+class SessionSubtrees:
+    """Makes each session's :class:`LazySubtree` (DESIGN §6 "Sessions"): a ``temporary``
+    ``supervisor`` child ``session_id`` (shutdown ``shutdown_ms``), a :class:`Supervisor`
+    labelled ``session:<id>`` (``supervisor_kwargs`` beside its ``children`` and label,
+    ``auto_shutdown="any_significant"``), over the session's ``loop`` child: ``transient``,
+    ``significant``, named. The first is made with the checked constructors; every other
+    is made as it, its fields set through their slots: a frozen dataclass's ``__init__``
+    sets each through ``object.__setattr__`` and checks values known good here (~55k
+    instructions of a session's start, against ~12k)."""
+
+    __slots__ = ("_kwargs", "_shutdown_ms")
+
+    def __init__(self, supervisor_kwargs: dict[str, Any], shutdown_ms: int) -> None:
+        self._kwargs = {**supervisor_kwargs, "auto_shutdown": "any_significant"}
+        self._shutdown_ms = shutdown_ms
+        checked = self.checked("s", _never_started, "loop:s")  # what make() makes, by the constructors' rules
+        if self.make("s", checked.child.start, "loop:s") != checked:
+            raise RuntimeError("SessionSubtrees: the subtree made through the slots differs from the constructors'")
+
+    def checked(self, session_id: str, start: Callable[[], pykka.ActorRef[Any]], name: str) -> LazySubtree:
+        """:meth:`make`'s subtree, made by the constructors (each value checked)."""
+        loop = ChildSpec("loop", start, restart="transient", significant=True, name=name)
+        kwargs = {**self._kwargs, "label": f"session:{session_id}", "children": [loop]}
+        session = ChildSpec(session_id, StartChild(Supervisor, kwargs=kwargs), restart="temporary",
+                            type="supervisor", shutdown=self._shutdown_ms)
+        return LazySubtree(session, loop)
+
+    def make(self, session_id: str, start: Callable[[], pykka.ActorRef[Any]], name: str) -> LazySubtree:
+        """The subtree of session ``session_id`` (a checked id) whose loop is started by ``start``
+        and named ``name``."""
+        loop = _slotted(ChildSpec, "loop", start, "transient", _SPEC_SHUTDOWN, "worker", name, True)
+        kwargs = {**self._kwargs, "label": f"session:{session_id}", "children": [loop]}
+        supervisor = _slotted(StartChild, Supervisor, (), kwargs, _START_TIMEOUT_S)
+        spec = _slotted(ChildSpec, session_id, supervisor, "temporary", self._shutdown_ms, "supervisor", None, False)
+        subtree: LazySubtree = _slotted(LazySubtree, spec, loop)
+        return subtree
+
+
+def _never_started() -> pykka.ActorRef[Any]:
+    raise RuntimeError("SessionSubtrees' own check starts nothing")
+
+
+_SLOTS = {cls: tuple(cls.__dict__[f.name].__set__ for f in dataclasses.fields(cls))
+          for cls in (ChildSpec, StartChild, LazySubtree)}
+_SPEC_SHUTDOWN = ChildSpec.__dataclass_fields__["shutdown"].default  # a child spec's and a start's defaults
+_START_TIMEOUT_S = StartChild.__dataclass_fields__["timeout_s"].default
+
+
+def _slotted(cls: type[Any], *values: Any) -> Any:
+    """An instance of the frozen, slotted dataclass ``cls`` with ``values`` (each field's, in order)."""
+    made = object.__new__(cls)
+    for setter, value in zip(_SLOTS[cls], values, strict=True):
+        setter(made, value)
+    return made
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from loguru import logger
 
@@ -97,15 +97,26 @@ def owner_now() -> OwnedProcesses | None:
     return owner
 
 
-@contextlib.contextmanager
-def owning(owner: OwnedProcesses | None) -> Iterator[None]:
+def owning(owner: OwnedProcesses | None) -> contextlib.AbstractContextManager[None]:
     """In this thread meanwhile, :func:`owner_now` is ``owner`` (None: unchanged)."""
-    if owner is None:
-        yield
-        return
-    before = getattr(_here, "owner", None)
-    _here.owner = owner
-    try:
-        yield
-    finally:
-        _here.owner = before
+    return _Owning(owner)
+
+
+class _Owning:
+    """:func:`owning`'s context: a class, not a generator's (``contextlib.contextmanager``:
+    ~10k instructions a use against ~3k, once in every session's start)."""
+
+    __slots__ = ("_before", "_owner")
+
+    def __init__(self, owner: OwnedProcesses | None) -> None:
+        self._owner = owner
+        self._before: OwnedProcesses | None = None
+
+    def __enter__(self) -> None:
+        if self._owner is not None:
+            self._before = getattr(_here, "owner", None)
+            _here.owner = self._owner
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._owner is not None:
+            _here.owner = self._before

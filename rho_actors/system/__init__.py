@@ -59,7 +59,7 @@ from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
 from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus, SupervisorEvent
-from rho_actors.files import UnsafePathError, folder_identity
+from rho_actors.files import UnsafePathError, child_path, folder_identity
 from rho_actors.governor import Governor, GovernorSettings
 from rho_actors.isolation import IsolationOwner, IsolationServices, start_isolations
 from rho_actors.isolation.call import CallActor
@@ -68,7 +68,7 @@ from rho_actors.loop.approvals import DEFAULT_APPROVAL_TIMEOUT_S, CallInfo, Sess
 from rho_actors.loop.handle import Loop, withheld_names
 from rho_actors.loop.messages import FolderAtStart, SessionWithheld, allowlist, checked_session_id, leased, loop_name
 from rho_actors.otp.actor import NORMAL, monitor, start_link
-from rho_actors.otp.lazy import LazyStarter, LazySubtree, LazySupervisor
+from rho_actors.otp.lazy import LazyStarter, LazySupervisor, SessionSubtrees
 from rho_actors.otp.names import Names
 from rho_actors.otp.owned import OwnedProcesses
 from rho_actors.otp.starters import ChildStarter
@@ -305,6 +305,7 @@ class ActorSystem(HostActors):
         self._shutdown_ms = shutdown_ms
         self._intensity = intensity = {"max_restarts": max_restarts, "max_seconds": max_seconds}
         self._sessions = lazy_sessions
+        self._subtrees = SessionSubtrees({**supervisor("").kwargs, **intensity}, shutdown_ms + 1_000)  # a session's
         sessions = dataclasses.replace(supervisor(SESSIONS, starter=self._sessions), actor_class=LazySupervisor)
         children = [
             ChildSpec(DECLARATIONS, StartChild(DeclarationActor, (self._declarations, self._runtime, REGISTRY)),
@@ -535,10 +536,10 @@ class ActorSystem(HostActors):
             raise RuntimeError("the actor system has stopped")
         bounds = self._runtime.governor.session_bounds(max_calls_per_session, max_repeats)
         session_id = checked_session_id(session_id if session_id is not None else uuid.uuid4().hex)
-        running = self._names.whereis(loop_name(session_id))
+        running = self._names.whereis(name := loop_name(session_id))
         if running is not None:
             raise ValueError(f"a loop of session {session_id!r} is running: its name is held by {running}")
-        session_dir = self._sessions_path / session_id  # the pattern admits no separator and no ".."
+        session_dir = child_path(self._sessions_path, session_id)  # the pattern admits no separator and no ".."
         found: list[str] = []  # which of them it holds: the first Turns read task records, a transcript only if there
         try:  # an existing folder is checked now: each component a real folder, no symlink followed, 0700
             folder = folder_identity(self.data_dir, "sessions", session_id, names=found,  # None: made on first use
@@ -551,15 +552,7 @@ class ActorSystem(HostActors):
                       approvals=SessionApprovals(session_id, session_dir, approval, approval_timeout_s),
                       lease=(lease := leased(session_id, session_dir, folder, self)))  # held from here: one host
         start = self._runtime.governor.bounded(session_id, bounds, functools.partial(LoopActor.start, **kwargs))
-        loop = ChildSpec("loop", start, restart="transient",
-                         significant=True, name=loop_name(session_id))
-        session = ChildSpec(
-            session_id,
-            self._supervisor(f"session:{session_id}", children=[loop], auto_shutdown="any_significant",
-                             **self._intensity),
-            restart="temporary", type="supervisor", shutdown=self._shutdown_ms + 1_000,
-        )
-        ref = self._sessions.start(LazySubtree(session, loop))  # its supervisor starts at the loop's first crash
+        ref = self._sessions.start(self._subtrees.make(session_id, start, name))  # its supervisor: at its first crash
         handle = Loop(session_id, session_dir, self._runtime, folder, lease)
         handle.found(ref)  # its first turn needs no look-up by name
         return handle
