@@ -430,12 +430,12 @@ def _run_one(
             reap(child.proc, _EXIT_GRACE_S)  # closed its pipe: give it a moment to finish exiting
         elapsed_ms = (time.monotonic() - started) * 1000
         code = child.proc.exitcode
-        end_child(child.proc, enclosure)  # the child, and whatever it started
+        end_child(child, enclosure)  # the child, and whatever it started
         return _row(name, certain, answer, ended, code, elapsed_ms, timeout_s, _read_tail(output_path))
     finally:
         if child is not None:
             if child.proc.exitcode is None:
-                end_child(child.proc, enclosure)
+                end_child(child, enclosure)
             close(child.proc, child.channel.conn)
         if enclosure is not None:
             enclosure.remove()  # what is left of its tree (its cgroup), its private folder

@@ -128,6 +128,26 @@ def open_folder(*copies: Path | str) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def reuse_pid(pid: int, *, session: bool = False) -> Any:
+    """A new process (``sleep``) with the pid ``pid`` of one that ended and was reaped,
+    made through ``ns_last_pid`` (root); ``session``: it leads a new session, so its
+    process group has that id too (what a ``killpg`` of the old pid would reach). Skips
+    the test where that cannot be done."""
+    import subprocess
+
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    if os.geteuid() != 0 or not os.access(last, os.W_OK):
+        pytest.skip("making a pid be reused needs root and /proc/sys/kernel/ns_last_pid")
+    for _ in range(50):  # another process may take the pid first: made again
+        last.write_text(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "120"], start_new_session=session)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait(WAIT_S)
+    pytest.skip(f"pid {pid} could not be made again")
+
+
 def wait_for(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
     """Poll ``predicate`` until true or ``timeout_s``; returns its last value."""
     until = time.monotonic() + timeout_s

@@ -52,7 +52,7 @@ from rho_actors import ActorSystem, Deferred, ToolCall, tool
 from rho_actors.loop.approvals import SessionApprovals
 from rho_actors.tool import ErrorKind
 
-from .conftest import WAIT_S
+from .conftest import WAIT_S, reuse_pid
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -192,24 +192,6 @@ def test_a_held_task_record_of_another_session_or_call_is_never_taken_back(
 # --- 4. processes owned, killed at a stop past its timeout ------------------------------------------
 
 
-def _reuse_pid(pid: int) -> Any:
-    """A new process (``sleep``) with the pid ``pid`` of one that ended and was reaped,
-    made through ``ns_last_pid`` (root); skipped where that cannot be done."""
-    import subprocess
-
-    last = Path("/proc/sys/kernel/ns_last_pid")
-    if os.geteuid() != 0 or not os.access(last, os.W_OK):
-        pytest.skip("making a pid be reused needs root and /proc/sys/kernel/ns_last_pid")
-    for _ in range(50):  # another process may take the pid first: made again
-        last.write_text(str(pid - 1))
-        proc = subprocess.Popen(["sleep", "120"])
-        if proc.pid == pid:
-            return proc
-        proc.kill()
-        proc.wait(WAIT_S)
-    pytest.skip(f"pid {pid} could not be made again")
-
-
 def test_a_process_reaped_before_its_kill_never_has_its_pid_killed_again() -> None:
     """A server's process (its :class:`Enclosure`) that ended and was reaped before the
     system's stop killed it: its pid, now another process's, is never signalled (before:
@@ -223,7 +205,7 @@ def test_a_process_reaped_before_its_kill_never_has_its_pid_killed_again() -> No
     enclosure.started(first.pid)
     first.kill()
     first.wait(WAIT_S)  # ended and reaped
-    other = _reuse_pid(first.pid)
+    other = reuse_pid(first.pid)
     try:
         enclosure.kill()
         with pytest.raises(subprocess.TimeoutExpired):

@@ -224,6 +224,7 @@ class ProcessServer(Actor):
         self.pid = 0
         self.calls = 0
         self._process_ended = False
+        self._removing = False  # its enclosure is being removed: the stop's kill is too late
         self._lock = threading.Lock()
         self._down_error: ServerDown | None = None
         self._watcher: threading.Thread | None = None
@@ -255,8 +256,8 @@ class ProcessServer(Actor):
                                f"({describe_exception(exc)})") from None
         self.pid = self.child.pid
         self.enclosure.started(self.pid)
-        if self._owner is not None:  # a system's stop that cannot wait for this actor kills it (otp.owned)
-            self._owned = self._owner.add(self.pid, self._kill_now)
+        if self._owner is not None and self.enclosure.process is not None:  # a system's stop that cannot wait
+            self._owned = self._owner.add(self.enclosure.process, self._kill_now, self.label)  # kills it (otp.owned)
         try:
             self._await_ready()
         except BaseException:
@@ -378,8 +379,6 @@ class ProcessServer(Actor):
             if self._process_ended:
                 return
             self._process_ended = True
-        if self._owner is not None:
-            self._owner.discard(self._owned)
         if self._untold is not None:  # never told: the next server tells it
             self._lineage.lost(self._untold)
         elif not self._told and self.child is not None:
@@ -393,12 +392,16 @@ class ProcessServer(Actor):
             watcher.join(_WATCHER_END_S)
         if self.child is not None:
             with contextlib.suppress(Exception):
-                end_child(self.child.proc, self.enclosure)
+                end_child(self.child, self.enclosure)
             self.child.channel.close()
             with contextlib.suppress(ValueError, OSError):
                 self.child.proc.close()
-        if self.enclosure is not None:
-            self.enclosure.remove()
+        if self._owner is not None:  # reaped (or given up on): a stop that found it entered waited for this
+            self._owner.discard(self._owned)
+        with self._lock:
+            enclosure, self._removing = self.enclosure, True  # no kill from the stop once it is being removed
+        if enclosure is not None:
+            enclosure.remove()
         for fd in (self._wake_r, self._wake_w):
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -410,8 +413,8 @@ class ProcessServer(Actor):
     def _kill_now(self) -> None:
         """SIGKILL the process tree, from the system's stop (any thread; this actor ends
         and reaps it as it stops, behind that stop)."""
-        with self._lock:
-            if self._process_ended or self.enclosure is None:
+        with self._lock:  # (killed here even once its actor began to end it: it stays entered until reaped)
+            if self._removing or self.enclosure is None:
                 return
             self.enclosure.kill()
 

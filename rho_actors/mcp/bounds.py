@@ -57,6 +57,7 @@ from mcp.shared.message import SessionMessage
 from rho_actors.bounded_json import JSONBoundError, loads_bounded
 from rho_actors.encoding import describe_exception, shown_text
 from rho_actors.otp.owned import owner_now
+from rho_actors.otp.pidfds import PidFd
 
 __all__ = [
     "MAX_CONTAINERS", "MAX_DEPTH", "MAX_MESSAGE_BYTES", "MAX_STRUCTURED_BYTES", "NOTIFICATIONS_PER_S",
@@ -253,49 +254,44 @@ async def stdio_transport(program: str, args: Sequence[str], *, cwd: str | None,
         stdout=asyncio.subprocess.PIPE, stderr=stderr, start_new_session=True, limit=MAX_MESSAGE_BYTES,
     )
     assert process.stdout is not None and process.stdin is not None
+    held = PidFd.open(process.pid)  # as it started: no signal nor wait reaches a process given its pid since
     owner = owner_now()  # a system's stop that cannot wait for this connection kills the group (otp.owned)
-    owned = owner.add(process.pid, functools.partial(_kill_group, process)) if owner is not None else -1
+    owned = owner.add(held, functools.partial(held.kill, True), label) if owner is not None else -1
     try:
         async with message_streams(process.stdout, process.stdin, label) as streams:
             yield streams
     finally:
-        with anyio.CancelScope(shield=True):
-            await _stop(process)
-        if owner is not None:
-            owner.discard(owned)
+        try:
+            with anyio.CancelScope(shield=True):
+                await _stop(process, held)
+        finally:
+            if owner is not None:
+                owner.discard(owned)
+            held.close()
 
 
-def _kill_group(process: asyncio.subprocess.Process) -> None:
-    """SIGKILL the process group of a stdio server not reaped yet (any thread)."""
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-
-
-async def _stop(process: asyncio.subprocess.Process) -> None:
+async def _stop(process: asyncio.subprocess.Process, held: PidFd) -> None:
+    """Close the server's stdin, then signal its group (through ``held``, its pidfd:
+    never a group given its pid since) as :func:`stdio_transport` says, and wait for it
+    to be reaped (by this loop's child watcher)."""
     assert process.stdin is not None
     try:
         with contextlib.suppress(OSError, RuntimeError):
             process.stdin.close()
         for sent in (None, signal.SIGTERM):
             if sent is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, sent)
+                held.signal(sent, group=True)
             deadline = time.monotonic() + _TERMINATE_S
             while process.returncode is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)  # not process.wait(): a grandchild holding the pipes would hold it
             if process.returncode is not None:
                 break
     finally:  # cancelled or not: nothing of its group is left, its pipes are closed
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        reaped_by = time.monotonic() + _TERMINATE_S
-        while process.returncode is None and time.monotonic() < reaped_by:  # reaped (by asyncio's watcher)
-            try:
-                os.kill(process.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.005)  # blocks this loop's thread: milliseconds, once, at the end
+        held.kill(group=True)  # (its leader reaped too: the rest of its group)
+        reaped_by, pause = time.monotonic() + _TERMINATE_S, 0.005
+        while not held.reaped() and time.monotonic() < reaped_by:  # reaped by asyncio's child watcher
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
         transport = getattr(process, "_transport", None)
         if transport is not None:
             transport.close()

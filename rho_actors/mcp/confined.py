@@ -341,7 +341,8 @@ async def confined_transport(
     )
     enclosure, proc, channel = started
     owner = owner_now()  # a system's stop that cannot wait for this connection kills the tree (otp.owned)
-    owned = owner.add(proc.pid, enclosure.kill) if owner is not None else -1
+    process = enclosure.process
+    owned = owner.add(process, enclosure.kill, label) if owner is not None and process is not None else -1
     try:
         try:
             reader, writer = await _streams(channel.conn)
@@ -355,7 +356,7 @@ async def confined_transport(
             writer.close()
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_end, enclosure, proc, channel)
-    finally:
+    finally:  # (ended and reaped by _end by now)
         if owner is not None:
             owner.discard(owned)
 

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from rho_actors.otp.pidfds import PidFd
 from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.confine.code_paths import installation_prefixes
@@ -271,8 +272,9 @@ def spawn_clean(
     try:
         channel.send(SPEC, spec, time.monotonic() + SPEC_TIMEOUT_S)
     except BaseException:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, 9)
+        held = PidFd.open(pid)
+        held.kill()
+        held.close()
         proc.join(5.0)
         channel.close()
         with contextlib.suppress(ValueError):

@@ -53,6 +53,7 @@ from loguru import logger
 
 from rho_actors.cancel import CancelToken
 from rho_actors.encoding import describe_exception
+from rho_actors.otp.pidfds import PidFd
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.results import capped, failure
 from rho_actors.sandbox import wire
@@ -152,6 +153,7 @@ class WorkerPool(WarmKeeper):
         self._scopes: set[Hashable] = set()
         self._busy: set[WorkerHandle] = set()
         self._starting = 0
+        self._spawning, self._unreaped = 0, set()  # being spawned now; started and not known reaped yet
         self._spares_starting: set[WorkerHandle] = set()  # the keeper's spares spawned, not yet ready or lost
         self._start_took: deque[float] = deque(maxlen=8)  # seconds the latest starts took, spawn to READY
         self._starts_for_calls: Counter[tuple[tuple[str, str], ...]] = Counter()  # env_key -> workers starting
@@ -167,8 +169,8 @@ class WorkerPool(WarmKeeper):
         self._counts = {"started": 0, "killed": 0, "died": 0, "retired": 0, "queued": 0, "loaded": 0, "shipped": 0}
         hold_servers()
         self._holding = True
-        self._pids: set[int] = set()
-        self._finalizer = weakref.finalize(self, kill_groups, self._pids)
+        self._held: set[PidFd] = set()  # each worker's pidfd, for the finalizer's kill (kill_groups)
+        self._finalizer = weakref.finalize(self, kill_groups, self._held)
         self._threads = threads
         self._replies = Replies(self._finish, self._start_reader)
         self._keeper = threading.Thread(target=self._keep_warm, name="rho-worker-pool", daemon=True)
@@ -608,7 +610,10 @@ class WorkerPool(WarmKeeper):
         """Kill every worker's process group and reap the workers, waiting up to
         ``timeout_s`` seconds in all (at least :data:`KILLED_REAP_S`): each worker's
         cgroup and private folder go before this returns, an idle one's here, a busy or
-        starting one's by the thread that owns it, waited for. Calls still running get a
+        starting one's by the thread that owns it, waited for. Every worker process not yet
+        reaped is killed and waited for until its fork server reaped it: the pool's, one a
+        call or the keeper is letting go of, one being spawned (waited for; none is spawned
+        once the stop began); one not reaped by then is named in a warning. Calls still running get a
         ``cancelled`` result; later calls too. Idempotent. A pool still running when the
         interpreter exits is stopped then (:mod:`~rho_actors.sandbox.exit_stop`)."""
         until = time.monotonic() + timeout_s
@@ -623,8 +628,7 @@ class WorkerPool(WarmKeeper):
         for worker in workers:
             worker.kill()
         until = max(until, time.monotonic() + KILLED_REAP_S)  # a killed process's end is the kernel's, prompt
-        for worker in workers:
-            worker.reap(max(0.0, until - time.monotonic()))
+        self._reap_all(workers, until, timeout_s)
         for worker in idle:  # busy and starting workers are closed by the threads that own them
             worker.close()
         for worker in workers:  # (a host exiting after stop() would leave their cgroups and folders)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from rho_actors.otp.pidfds import PidFd
 from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.child import ChildSetup, child_main
 
@@ -42,7 +43,6 @@ __all__ = [
     "close",
     "context",
     "hold_servers",
-    "kill_group",
     "kill_groups",
     "mib",
     "preload_trusted_modules",
@@ -283,12 +283,15 @@ def _forkserver_pid() -> int | None:
 
 @dataclass(slots=True)
 class Child:
-    """A started child process, the parent's end of its channel, and the watch of the
-    fork server that forked it (``None``: ``spawn``, or unknown)."""
+    """A started child process, the parent's end of its channel, the watch of the
+    fork server that forked it (``None``: ``spawn``, or unknown), and its pidfd
+    (``held``, opened as it started: what kills its group, never a group given its pid
+    since; :mod:`rho_actors.otp.pidfds`)."""
 
     proc: Any
     channel: Channel
-    server: ServerWatch | None = None
+    server: ServerWatch | None
+    held: PidFd
 
     @property
     def pid(self) -> int:
@@ -298,9 +301,10 @@ class Child:
     def discard(self) -> None:
         """Kill the child's process group, reap it and close its channel: a child whose
         start was interrupted before anyone held it (never left running)."""
-        kill_group(self.pid)
+        self.held.kill(group=True)
         reap(self.proc, _SERVER_END_WAIT_S)
         close(self.proc, self.channel)
+        self.held.close()
 
 
 def spawn(
@@ -319,7 +323,7 @@ def spawn(
         from rho_actors.sandbox.clean import spawn_clean, zygote_pid
 
         proc, channel = spawn_clean(entry, payload, setup, label=label or name, keep_peer=keep_peer)
-        return Child(proc, channel, watch_server(zygote_pid()))
+        return Child(proc, channel, watch_server(zygote_pid()), PidFd.open(proc.pid))
     forkserver = ctx.get_start_method() == "forkserver"
     for attempt in (1, 2):
         server = watch_server(_forkserver_pid()) if forkserver else None
@@ -352,9 +356,11 @@ def spawn(
             if len(_spawned) > 1024:  # a long-lived system: only the ones still running matter
                 _spawned[:] = [p for p in _spawned if os.path.exists(f"/proc/{p}")]
         return Child(proc, Channel(parent_end, proc.sentinel, peer),
-                     watch_server(_forkserver_pid()) if forkserver else None)
+                     watch_server(_forkserver_pid()) if forkserver else None, PidFd.open(proc.pid))
     except BaseException:  # interrupted once it ran (a signal handler's KeyboardInterrupt): no child left running
-        kill_group(proc.pid)
+        held = PidFd.open(proc.pid)
+        held.kill(group=True)
+        held.close()
         reap(proc, _SERVER_END_WAIT_S)
         close(proc, parent_end)
         if peer >= 0:
@@ -362,20 +368,11 @@ def spawn(
         raise
 
 
-def kill_group(pid: int, *, leader: bool = True) -> None:
-    """``SIGKILL`` the process ``pid`` (when ``leader``) and then its process group
-    (every process a child started stays in the group it leads)."""
-    if leader:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def kill_groups(pids: set[int]) -> None:
-    """:func:`kill_group` each of ``pids``."""
-    for pid in list(pids):
-        kill_group(pid)
+def kill_groups(held: set[PidFd]) -> None:
+    """``SIGKILL`` the process group each of ``held`` leads (:meth:`PidFd.kill`: never a
+    group given its pid since)."""
+    for process in list(held):
+        process.kill(group=True)
 
 
 def reap(proc: Any, timeout_s: float) -> int | None:

@@ -40,7 +40,7 @@ from rho_actors.sandbox.channel import Channel, DeadlineReached, Malformed
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
 from rho_actors.sandbox.confine.libc import LIBC, PR_SET_CHILD_SUBREAPER
 from rho_actors.sandbox.confine.trees import kill_tree
-from rho_actors.sandbox.processes import Child, close, context, kill_group, mib, reap, signal_name, spawn
+from rho_actors.sandbox.processes import Child, close, context, mib, reap, signal_name, spawn
 from rho_actors.sandbox.shipping import CALLBACKS, Unshippable, label, ship
 from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.sandbox.start_bound import START_TIMEOUT_ENV, default_start_timeout_ms
@@ -389,7 +389,7 @@ def linger(channel: Channel) -> None:
             channel.recv()
 
 
-def end_child(proc: Any, enclosure: Enclosure | None = None) -> int | None:
+def end_child(child: Child, enclosure: Enclosure | None = None) -> int | None:
     """Kill a throwaway child and everything it started, then reap it; its exit code
     (``None`` if it could not be reaped within 5 s). The one way a throwaway child ends
     (declaration reads, plugin discovery, selftests).
@@ -398,17 +398,18 @@ def end_child(proc: Any, enclosure: Enclosure | None = None) -> int | None:
     still holds every orphan of its tree) its whole tree is killed: by ``enclosure``
     (:meth:`~rho_actors.sandbox.confine.enclosure.Enclosure.kill`: the tree frozen and killed,
     ``setsid`` escapes included, then its cgroup) when there is one, else by
-    :func:`rho_actors.sandbox.confine.trees.kill_tree`; then the child's process group. A child
-    already reaped is not walked (its pid may be reused): the caller's
-    ``enclosure.remove()`` kills what is left in its cgroup."""
-    alive = proc.exitcode is None
-    if alive:
+    :func:`rho_actors.sandbox.confine.trees.kill_tree`; then the child's process group,
+    through its pidfd (``child.held``: the group it led, even once it was reaped, never a
+    group given its pid since). A child already reaped is not walked (its pid may be
+    reused): the caller's ``enclosure.remove()`` kills what is left in its cgroup."""
+    proc = child.proc
+    if not child.held.reaped():
         if enclosure is not None:
             enclosure.kill()
         else:
             with contextlib.suppress(psutil.Error):
                 kill_tree(proc.pid)
-    kill_group(proc.pid, leader=alive)
+    child.held.kill(group=True)
     return reap(proc, _REAP_TIMEOUT_S)
 
 
@@ -441,11 +442,11 @@ def await_answer(
                 if time.monotonic() >= deadline:
                     raise
     except _Cancelled:
-        end_child(proc, enclosure)
+        end_child(child, enclosure)
         what = describe()
         raise IsolatedReadError("cancelled", f"{what} was cancelled; its process tree was killed") from None
     except DeadlineReached:
-        end_child(proc, enclosure)
+        end_child(child, enclosure)
         what = describe()
         if starting:
             raise IsolatedReadError("timeout", f"{what}: its process did not start within {start_s:g} s (the start "
@@ -454,12 +455,12 @@ def await_answer(
             "timeout", f"{what} took longer than {timeout_s:g} s; its process tree was killed"
         ) from None
     except Malformed as exc:
-        end_child(proc, enclosure)
+        end_child(child, enclosure)
         what = describe()
         raise IsolatedReadError("crashed", f"{what}: its process sent a malformed answer ({exc})") from None
     except EOFError:
         code = reap(proc, _EXIT_GRACE_S)
-        end_child(proc, enclosure)
+        end_child(child, enclosure)
         what = describe()
         if code is None:
             raise IsolatedReadError(
@@ -467,9 +468,9 @@ def await_answer(
             ) from None
         raise _read_ended(what, code, heap_bytes) from None
     except BaseException:
-        end_child(proc, enclosure)
+        end_child(child, enclosure)
         raise
-    end_child(proc, enclosure)  # answered: nothing it started outlives the read
+    end_child(child, enclosure)  # answered: nothing it started outlives the read
     return frame
 
 

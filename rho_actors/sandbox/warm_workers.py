@@ -26,10 +26,12 @@ from typing import Any, Final, Literal, cast
 from loguru import logger
 
 from rho_actors.encoding import describe_exception
+from rho_actors.otp.pidfds import PidFd
 from rho_actors.sandbox import wire
 from rho_actors.sandbox.channel import DeadlineReached, Malformed
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.confine.enclosure import ConfinePolicy, Enclosure
+from rho_actors.sandbox.exit_stop import KILLED_REAP_S
 from rho_actors.sandbox.preloads import ToolsAhead
 from rho_actors.sandbox.processes import spawn
 from rho_actors.sandbox.shipping import ShippedTools
@@ -100,7 +102,9 @@ class WarmWorkers(ToolsAhead):
     _stopped: bool
     _peaks: dict[Hashable, tuple[int, float]]
     _counts: dict[str, int]
-    _pids: set[int]
+    _held: set[PidFd]
+    _spawning: int
+    _unreaped: set[WorkerHandle]
     _shipped: ShippedTools
     _preloads: OrderedDict[bytes, bytes]
     _preload_keys: dict[Hashable, bytes]
@@ -153,6 +157,30 @@ class WarmWorkers(ToolsAhead):
         self, busy: bool, env_key: tuple[tuple[str, str], ...] = (), scope: Hashable = None,
         claim: list[bool] | None = None, held: list[WorkerHandle] | None = None,
     ) -> WorkerHandle:
+        """:meth:`_spawn_counted`, counted in ``_spawning`` until its worker is entered
+        among the workers not yet reaped (or its start failed and was cleaned up after):
+        the pool's stop waits for each start under way, then kills and reaps its worker;
+        none starts once the stop began (``PoolStopped``)."""
+        with self._lock:
+            stopped = self._stopped
+            if not stopped:
+                self._spawning += 1
+        if stopped:
+            if claim and self._slots is not None:
+                self._slots.give_back(claim)
+            raise PoolStopped
+        ended = [False]
+        try:
+            return self._spawn_counted(busy, env_key, scope, claim, held, ended)
+        finally:
+            if not ended[0]:
+                with self._lock:
+                    self._spawn_ended_locked(None, ended)
+
+    def _spawn_counted(
+        self, busy: bool, env_key: tuple[tuple[str, str], ...], scope: Hashable, claim: list[bool] | None,
+        held: list[WorkerHandle] | None, ended: list[bool],
+    ) -> WorkerHandle:
         """Start a worker process (not waiting for it to be ready) and register it
         (``busy``: for a call of ``scope``, put in ``held`` as it is marked busy, as
         :meth:`_take_idle` does). ``claim``: the process slot its caller took (a one-item
@@ -180,14 +208,15 @@ class WarmWorkers(ToolsAhead):
             child = spawn(self._ctx, worker_child, config, setup, name="rho-worker", keep_peer=True)
             if enclosure is not None:
                 enclosure.started(child.pid)
-            worker = WorkerHandle(child.proc, child.channel, enclosure, None, env_key, child.server)
+            worker = WorkerHandle(child.proc, child.channel, enclosure, None, env_key, child.server, child.held)
             if claim or self._slots is None:  # the worker's slot from now on: its close gives it back
                 worker.slots = self._slots
                 claim.clear()  # (after the line above: interrupted between them, the worker's close frees it)
             with self._lock:
+                self._spawn_ended_locked(worker, ended)
                 if not self._stopped:
                     self._all.add(worker)
-                    self._pids.add(worker.pid)
+                    self._held.add(worker.held)
                     self._counts["started"] += 1
                     if busy:
                         if held is not None:
@@ -201,10 +230,49 @@ class WarmWorkers(ToolsAhead):
             if worker is None or not self._holds(worker, busy, held):
                 self._unstarted(worker, child, enclosure, claim)
             raise
-        worker.kill()
+        worker.kill()  # the pool was stopped meanwhile: its stop waits for this reap
         worker.reap()
         worker.close()
         raise PoolStopped
+
+    def _spawn_ended_locked(self, worker: WorkerHandle | None, ended: list[bool]) -> None:
+        """A start under way ended (``worker``: the worker it started, entered among the
+        workers not yet reaped, which the pool's stop kills and reaps too)."""
+        self._spawning -= 1
+        ended[0] = True
+        if worker is not None:
+            self._unreaped.difference_update([w for w in self._unreaped if w.reaped])
+            self._unreaped.add(worker)
+        self._changed.notify_all()
+
+    def _reap_all(self, workers: list[WorkerHandle], until: float, timeout_s: float) -> None:
+        """The stop's reap (by ``until``): ``workers`` (killed), then every other worker
+        process not reaped yet, killed now: one being spawned as the stop began (waited
+        for), one lost and being reaped by another thread (a call's, the keeper's). Those
+        not reaped by ``until`` (each still a process, a zombie at least, until its fork
+        server reaps it), named in one warning."""
+        with self._lock:  # a start under way enters its worker, or cleans up after itself, then ends
+            self._changed.wait_for(lambda: self._spawning == 0, max(0.0, until - time.monotonic()))
+            spawning = self._spawning
+            others = [w for w in self._unreaped if not w.reaped and w not in workers]
+        for worker in others:
+            worker.kill()
+        left = [w.pid for w in [*workers, *others] if self._reap_by(w, until) is None]
+        if left or spawning:
+            logger.warning("worker pool: stopping it, worker processes {} were killed but not reaped within {:g} s "
+                           "(each stays a process, a zombie at least, until its fork server reaps it){}", left,
+                           max(timeout_s, KILLED_REAP_S),
+                           f"; {spawning} worker starts still under way (their threads kill and reap them)"
+                           if spawning else "")
+
+    @staticmethod
+    def _reap_by(worker: WorkerHandle, until: float) -> int | None:
+        """``worker.reap`` by ``until``; ``None`` (not reaped) when it raised (logged)."""
+        try:
+            return worker.reap(max(0.0, until - time.monotonic()))
+        except Exception:
+            logger.exception("worker pool: reaping worker {} failed; the stop goes on", worker.pid)
+            return None
 
     def _holds(self, worker: WorkerHandle, busy: bool, held: list[WorkerHandle] | None) -> bool:
         """Whether the pool holds ``worker`` (registered, and a busy one in its call's
@@ -337,7 +405,7 @@ class WarmWorkers(ToolsAhead):
     def _forget_locked(self, worker: WorkerHandle) -> None:
         self._all.discard(worker)
         self._busy.discard(worker)
-        self._pids.discard(worker.pid)
+        self._held.discard(worker.held)
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
 

@@ -17,10 +17,11 @@ from typing import Any, Final, Literal
 from loguru import logger
 
 from rho_actors.cancel import CancelToken
+from rho_actors.otp.pidfds import PidFd
 from rho_actors.results import KILLED
 from rho_actors.sandbox.channel import Channel
 from rho_actors.sandbox.confine.enclosure import Enclosure
-from rho_actors.sandbox.processes import ServerWatch, close, kill_group, mib, reap, signal_name
+from rho_actors.sandbox.processes import ServerWatch, close, mib, reap, signal_name
 from rho_actors.sandbox.slots import WorkerSlots
 from rho_actors.tool import ToolResult
 
@@ -39,17 +40,19 @@ class WorkerHandle:
 
     __slots__ = (
         "_closing", "_looks", "_reap_lock", "_scope", "began", "channel", "closed", "doomed", "enclosure", "env_key",
-        "exitcode", "idle_since", "killed", "pid", "proc", "ran_code", "reaped", "server", "session", "slots", "tools",
+        "exitcode", "held", "idle_since", "killed", "pid", "proc", "ran_code", "reaped", "server", "session", "slots",
+        "tools",
     )
 
     def __init__(
         self, proc: Any, channel: Channel, enclosure: Enclosure | None, slots: WorkerSlots | None,
-        env_key: Hashable = None, server: ServerWatch | None = None,
+        env_key: Hashable = None, server: ServerWatch | None = None, held: PidFd | None = None,
     ) -> None:
         self.began = time.monotonic()  # (made as its process is spawned) how long its start takes counts from here
         self.proc = proc
         self.server = server  # the fork server it came from: its death takes the worker with it
         self.pid: int = proc.pid
+        self.held = held if held is not None else PidFd.open(self.pid)  # kills its group, never one given its pid since
         self.channel = channel
         self.enclosure = enclosure
         self.slots = slots
@@ -116,22 +119,31 @@ class WorkerHandle:
         self.kill_tree()
 
     def kill_tree(self) -> None:
-        """SIGKILL the worker and everything it started."""
+        """SIGKILL the worker and everything it started (its group through its pidfd
+        without an enclosure: the group it led, never a group given its pid since)."""
         if self.enclosure is not None:
             self.enclosure.kill()
         else:
-            kill_group(self.pid, leader=not self.reaped)
+            self.held.kill(group=True)
 
     def reap(self, timeout_s: float = _REAP_TIMEOUT_S) -> int | None:
-        """Wait for the process to end and release it; its exit code (None: still running)."""
-        with self._reap_lock:
+        """Wait up to ``timeout_s`` seconds for the process to end and be reaped (by the
+        fork server that started it: its report of the exit says so); its exit code
+        (None: not reaped by then). Another thread reaping it meanwhile is waited for
+        within the same bound."""
+        until = time.monotonic() + max(0.0, timeout_s)
+        if not self._reap_lock.acquire(timeout=max(0.0, timeout_s)):
+            return self.exitcode if self.reaped else None
+        try:
             if self.reaped:
                 return self.exitcode
-            code = reap(self.proc, timeout_s)
+            code = reap(self.proc, max(0.0, until - time.monotonic()))
             if code is None:
                 return None
             self.exitcode, self.reaped = code, True
             return code
+        finally:
+            self._reap_lock.release()
 
     def close(self) -> None:
         """Release the pipe and the process handle, remove the enclosure (its cgroup and
@@ -152,6 +164,7 @@ class WorkerHandle:
                 self._step("removing its cgroup and private folder", self.enclosure.remove, interrupts)
             if self.slots is not None:
                 self._step("giving its slot back", self.slots.release, interrupts)
+            self._step("closing its pidfd", self.held.close, interrupts)
         finally:
             self._closing.set()
         if interrupts:

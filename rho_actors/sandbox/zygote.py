@@ -23,7 +23,8 @@ anything; then it reads one frame, the pickled ``(entry, setup, payload)`` the h
 sends (host data, trusted), and runs :func:`rho_actors.sandbox.child.child_main`.
 
 When the control socket closes (the host stopped it, or died: even by ``SIGKILL``),
-the fork server kills every process left in its tree (it is a child subreaper) and exits.
+the fork server kills every process left in its tree (it is a child subreaper), reaps them and
+exits.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def main(control_fd: int, preload: tuple[str, ...] = ()) -> None:
         _serve(control)
     finally:
         with contextlib.suppress(Exception):
-            trees.kill_tree(os.getpid(), include_root=False)
+            trees.end_own_tree()  # killed and reaped: no zombie left for the host's init to reap later
         os._exit(0)
 
 

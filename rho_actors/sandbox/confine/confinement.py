@@ -56,7 +56,7 @@ from loguru import logger
 from rho_actors.sandbox.confine import cgroups, landlock, namespaces, seccomp, uids
 from rho_actors.sandbox.confine.code_paths import installation_prefixes, split_sys_path
 from rho_actors.sandbox.confine.libc import LIBC, PR_SET_CHILD_SUBREAPER, checked
-from rho_actors.sandbox.confine.trees import kill_tree
+from rho_actors.sandbox.confine.trees import end_own_tree
 
 __all__ = [
     "DEFAULT_DISK_BYTES",
@@ -585,8 +585,8 @@ def default_identity() -> tuple[int, int]:
 
 def guard_fork_server() -> bool:
     """In a ``multiprocessing`` fork server only (a no-op elsewhere, returns False):
-    become a child subreaper, so orphans of workers reparent here, and kill the whole
-    tree at exit (the fork server exits when the host ends, even by SIGKILL, or closes
+    become a child subreaper, so orphans of workers reparent here, and kill and reap the
+    whole tree at exit (the fork server exits when the host ends, even by SIGKILL, or closes
     it). Workers forked from it then check this pid as their parent in :func:`apply`."""
     if not any(a.startswith("from multiprocessing.forkserver import main") for a in sys.orig_argv):
         return False
@@ -595,7 +595,7 @@ def guard_fork_server() -> bool:
     _prctl(PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
     _fork_server[:] = [os.getpid()]
     warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
-    atexit.register(kill_tree, os.getpid(), include_root=False)
+    atexit.register(end_own_tree)  # its tree killed and reaped: no zombie left for the host's init
     return True
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from typing import Any, Final
 import psutil
 from loguru import logger
 
+from rho_actors.otp.pidfds import PidFd
 from rho_actors.sandbox.child import ChildSetup
 from rho_actors.sandbox.confine.cgroups import Cgroup, CgroupError
 from rho_actors.sandbox.confine.code_paths import split_sys_path
@@ -276,7 +276,7 @@ class Enclosure:
         self.sampler: RssSampler | None = None
         self.cgroup_reason: str | None = None
         self.pid: int | None = None
-        self._pidfd = -1  # the child's pidfd once started(): names that process, never one given its pid later
+        self.process: PidFd | None = None  # its pidfd once started(): that process, never one given its pid later
         self.uid_lease: UidLease | None = None
         self._waiting = False  # a thread waits for the tree's last process to be reaped
         self._waiting_lock = threading.Lock()
@@ -352,10 +352,7 @@ class Enclosure:
     def started(self, pid: int) -> None:
         """The child ``pid`` started: without a cgroup, sample its tree's memory."""
         self.pid = pid
-        try:  # a kill after it was reaped never reaches a process given the pid since
-            self._pidfd = os.pidfd_open(pid)
-        except (OSError, AttributeError):  # gone already (reaped), or no pidfds here: nothing to kill by pid
-            self._pidfd = -1
+        self.process = PidFd.open(pid)  # a kill after it was reaped never reaches a process given the pid since
         if self.policy.confine and self.heap_bytes:
             self.sampler = (_CgroupWatch(pid, self) if self.cgroup is not None else RssSampler(pid, self.heap_bytes))
             self.sampler.start()
@@ -368,29 +365,20 @@ class Enclosure:
 
     def kill(self) -> None:
         """SIGKILL the child and every process of its tree (``setsid`` escapes included);
-        by pid only while the child is still the process :meth:`started` named (its
-        pidfd says so): once it was reaped its pid may be another process's, never
-        signalled here (its cgroup, when it has one, is killed all the same)."""
-        if self.pid is not None and self._still_ours():
+        only while the child is still the process :meth:`started` named (its pidfd says
+        so), the child itself through that pidfd: once it was reaped its pid may be
+        another process's, never signalled here (its cgroup, when it has one, is killed
+        all the same)."""
+        process = self.process
+        if self.pid is not None and process is not None and not process.reaped():
             with contextlib.suppress(psutil.Error):
                 kill_tree(self.pid)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self.pid, signal.SIGKILL)
+            process.kill()
         if self.cgroup is not None:
             try:
                 self.cgroup.kill()
             except CgroupError as exc:
                 logger.warning("confinement: {}", exc)
-
-    def _still_ours(self) -> bool:
-        """Whether the process :meth:`started` named still runs (a zombie not reaped yet too)."""
-        if self._pidfd < 0:
-            return False
-        try:
-            signal.pidfd_send_signal(self._pidfd, 0)
-        except (OSError, ValueError):  # ended and reaped (ESRCH), or the descriptor closed by remove()
-            return False
-        return True
 
     def memory_bound_hit(self) -> bool:
         """Whether the tree reached its memory bound (the cgroup's OOM record, or the
@@ -413,9 +401,8 @@ class Enclosure:
         (past :data:`_GONE_WAIT_S` the uid stays leased, said in a warning)."""
         if self.sampler is not None:
             self.sampler.stop()
-        pidfd, self._pidfd = self._pidfd, -1
-        if pidfd >= 0:
-            os.close(pidfd)
+        if self.process is not None:
+            self.process.close()
         if self.cgroup is not None:
             try:
                 self.cgroup.kill()
