@@ -1,4 +1,4 @@
-"""What the governor's budgets count (DESIGN §4 "The governor"): ``max_calls``,
+"""What the governor's budgets count and its breaker compares (DESIGN §4 "The governor"): ``max_calls``,
 ``max_calls_per_session`` and ``max_repeats`` count the calls the governor handed to
 their isolation; a call answered before that (``rate_limited``, ``unavailable``,
 cancelled while it waited, ``not_started`` as the system stops) gives back what it
@@ -156,3 +156,41 @@ def test_racing_calls_never_pass_a_budget_and_the_refused_give_theirs_back(tmp_p
                  for i in range(6)]
         assert len(after) == 6 and started == ["held", "x0", "x1", "x2", "x3"], started
         assert results["x5"].error_kind is ErrorKind.BUDGET_EXHAUSTED, results["x5"]
+
+
+# --- the breaker's arguments: JSON's numbers ----------------------------------------------------
+
+
+def test_the_breaker_knows_1_and_1_0_as_one_number_and_true_as_not_1(tmp_path: Path) -> None:
+    """Before: the breaker's key was the arguments' ``json.dumps``: ``1`` and ``1.0`` (one
+    number in JSON and JSON Schema) were two arguments, and a model that wrote the same call
+    with ``1.0`` ran it again past ``max_repeats``."""
+
+    @tool
+    def look(query: dict) -> str:  # type: ignore[type-arg]
+        """Look something up."""
+        return "found"
+
+    with ActorSystem(tmp_path, governor=GovernorSettings(max_repeats=1)) as system:
+        system.register(look)
+        loop = system.start_loop("s")
+        texts = ['{"query": {"n": 1, "xs": [2, {"y": -0.0}], "e": 100}}',
+                 '{"query": {"xs": [2.0, {"y": 0}], "e": 1e2, "n": 1.0}}',  # the same numbers, keys in another order
+                 '{"query": {"n": true, "xs": [2, {"y": 0}], "e": 100}}',  # true is not 1
+                 '{"query": {"n": 1.5, "xs": [2, {"y": 0}], "e": 100}}']
+        results = loop.run_turn([ToolCall(f"c{i}", "look", text) for i, text in enumerate(texts)])
+        assert [r.error_kind for r in results] == [None, ErrorKind.REPEATED_CALL, None, None], results
+
+
+def test_the_breakers_key_is_canonical_for_numbers_at_any_depth() -> None:
+    from rho_actors.governor.session_counts import arguments_key
+
+    assert arguments_key({"a": 1}) == arguments_key({"a": 1.0}) == arguments_key({"a": -0.0 + 1})
+    assert arguments_key({"a": [1, {"b": [2.0]}]}) == arguments_key({"a": [1.0, {"b": [2]}]})
+    assert arguments_key({"a": 2 ** 64}) == arguments_key({"a": float(2 ** 64)})
+    assert arguments_key({"a": 0}) == arguments_key({"a": -0.0})
+    for one, other in ((True, 1), (False, 0), (True, 1.0), (1, 1.5), (1, "1"), (None, 0), (2 ** 53 + 1, 2.0 ** 53)):
+        assert arguments_key({"a": one}) != arguments_key({"a": other}), (one, other)
+        assert arguments_key({"a": [{"b": one}]}) != arguments_key({"a": [{"b": other}]}), (one, other)
+    assert arguments_key({"a": float("inf")}) != arguments_key({"a": float("nan")})
+    assert arguments_key({"a": {1, 2}}) == arguments_key({"a": {1, 2}})  # not JSON: its repr

@@ -178,8 +178,36 @@ def checked_bounds(system: Mapping[str, int | None], max_calls_per_session: Any,
 
 
 def arguments_key(args: Mapping[str, Any]) -> str:
-    """The arguments as canonical JSON text (keys sorted): equal arguments, equal keys."""
+    """The arguments as canonical JSON text (keys sorted, each integral number written as
+    an integer): arguments JSON holds equal, equal keys. ``1`` and ``1.0`` are one number
+    in JSON (and JSON Schema), at any depth; ``true`` is not ``1`` (JSON's booleans are no
+    numbers, whatever Python's ``True == 1`` says: ``json.dumps`` writes them apart)."""
     try:
-        return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError):
-        return repr(sorted(args.items(), key=lambda kv: kv[0]))
+        return repr(sorted(_numbers(dict(args)).items(), key=lambda kv: kv[0]))
+    if ".0" not in text and "e+" not in text:  # an integral float is written "1.0" or "1e+16": none here
+        return text
+    canonical = _numbers(args)
+    return text if canonical is args else json.dumps(canonical, sort_keys=True, separators=(",", ":"),
+                                                      ensure_ascii=False)
+
+
+def _numbers(value: Any) -> Any:
+    """``value`` with each integral float (not ``inf``, ``nan``) as the ``int`` it equals,
+    at any depth of its dicts and lists; ``value`` itself when it has none (no copy)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        out: Any = None
+        for name, item in value.items():
+            canonical = _numbers(item)
+            if canonical is not item:
+                if out is None:
+                    out = dict(value)
+                out[name] = canonical
+        return value if out is None else out
+    if isinstance(value, (list, tuple)):
+        items = [_numbers(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    return value
