@@ -9,7 +9,9 @@ The session's :class:`~rho_actors.loop.turns.Turns` starts each call through
    call at once, ``budget_exhausted`` or ``repeated_call``. The first and last are the
    system's (:class:`GovernorSettings`), or the session's own where it set them
    (:meth:`Governor.bound_session`): a session may only tighten the system's, which are
-   the host's ceiling (:mod:`rho_actors.governor.session_counts`);
+   the host's ceiling (:mod:`rho_actors.governor.session_counts`). They count the calls
+   started: a call answered before it started (the refusals below, a cancel while it
+   waited) gives its counts back (:meth:`_Call.uncount`);
 2. **the rate** (the tool's token bucket, :mod:`rho_actors.governor.buckets`): the call
    starts when its token comes, if that is before its deadline, else ``rate_limited``
    (a token taken by a call that never starts is given back: :meth:`_Call.unreserve`);
@@ -54,7 +56,7 @@ from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventBus
 from rho_actors.governor.buckets import TokenBucket
 from rho_actors.governor.places import Gate, SessionGates, Waiting, blocking, fits, release, take
-from rho_actors.governor.session_counts import SessionCounts, arguments_key, checked_bounds
+from rho_actors.governor.session_counts import Reserved, SessionBudgets
 from rho_actors.governor.settings import GovernorSettings
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import arguments_sha256
@@ -137,9 +139,9 @@ class _Call:
     waiting (for a token, a place or a retry), or running one attempt. Its fields change
     under the governor's lock."""
 
-    __slots__ = ("attempt", "began", "bucket", "current", "failures", "final", "gates", "gov", "has_answer",
-                 "held", "reply", "retry", "running", "seq", "session", "span", "spec", "start", "state", "stop",
-                 "timer", "token", "tool")
+    __slots__ = ("attempt", "began", "bucket", "counted", "current", "failures", "final", "gates", "gov",
+                 "has_answer", "held", "reply", "retry", "running", "seq", "session", "span", "spec", "start", "state",
+                 "stop", "timer", "token", "tool")
 
     def __init__(self, gov: Governor, spec: CallSpec, session: str, start: Callable[[CallSpec], RunningCall],
                  gates: tuple[Gate, ...], retry: RetryPolicy | None, bucket: TokenBucket | None) -> None:
@@ -153,6 +155,7 @@ class _Call:
         self.began = 0.0  # time.monotonic() s its first attempt started (retried: total_s counts from it)
         self.has_answer = self.held = False
         self.token = False  # a rate token taken for the attempt not started yet (given back if it never starts)
+        self.counted: Reserved | None = None  # its budgets' counts until it starts (given back if it never does)
         self.state = _PLACES
         self.running: RunningCall | None = None
         self.timer: Timer | None = None
@@ -226,6 +229,7 @@ class _Call:
         """Start the current attempt in its isolation (it holds its places)."""
         attempt = self.attempt
         self.token = False  # spent: the attempt starts
+        self.counted = None  # the budgets' counts too
         spec = self.spec if attempt == 1 else dataclasses.replace(
             self.spec, reply=functools.partial(self.answered, attempt))
         if self.retry is not None and TRACEPARENT in spec.ctx:  # its own span, the call's child
@@ -293,6 +297,7 @@ class _Call:
                 gov.waiting.remove(self)
             if self.state in (_PLACES, _RATE, _BACKOFF):  # nothing runs: the loop answered it
                 self.state = _DONE
+                self.uncount()
                 self.let_go()
         if timer is not None:
             timer.cancel()
@@ -371,6 +376,8 @@ class _Call:
         a call's objects are freed by reference counting, DESIGN §4)."""
         reply = self.reply
         self.let_go()
+        if self.counted is not None:
+            self.uncount()
         if self.failures:
             details = result.details if isinstance(result.details, dict) else (
                 {} if result.details is None else {"details": result.details})
@@ -383,6 +390,11 @@ class _Call:
         if self.token and self.bucket is not None:
             self.token = False
             self.bucket.give_back(time.monotonic())
+
+    def uncount(self) -> None:
+        """Give back the budgets' counts of a call that never started."""
+        if self.counted is not None:
+            self.gov.budgets.give_back(self)
 
     def let_go(self) -> None:
         """The call is done: its attempt's late results go to the turn's reply directly,
@@ -412,9 +424,7 @@ class Governor:
         # each session's gates: per tool (max_concurrency_per_session), and exclusive (its ThreadPlaces dropped with it)
         self.gates = SessionGates(dropped=self._exclusive.pop)
         self._buckets: dict[str, TokenBucket] = {}
-        self._sessions: dict[str, SessionCounts] = {}
-        self._counted = settings.max_calls_per_session is not None or settings.max_repeats is not None
-        self._bounds: dict[str, tuple[int | None, int | None]] = {}  # a session's (max_calls_per_session, max_repeats)
+        self.budgets = SessionBudgets(settings.max_calls_per_session, settings.max_repeats)
         self.refused: dict[str, int] = {"budget_exhausted": 0, "repeated_call": 0, "rate_limited": 0,
                                         "unavailable": 0}
         self._watchers: dict[str, Callable[[str, str, dict[str, Any], str], None]] = {}
@@ -431,7 +441,8 @@ class Governor:
         policy = entry.info.policy
         threaded = not inline and entry.isolation == "thread"
         exclusive = entry.info.concurrency == "exclusive"
-        counted = self._counted or (bool(self._bounds) and session in self._bounds)
+        budgets = self.budgets
+        counted = budgets.everyone or (bool(budgets.bounds) and session in budgets.bounds)
         if (policy is NO_POLICY or not policy.governed) and not counted and (not exclusive or threaded):
             if not threaded:
                 return start(spec)
@@ -462,13 +473,16 @@ class Governor:
                     raise
             call = _Call(self, spec, session, start, places.gates, None, None)
         else:
-            refusal = self._counts(policy, spec, session) if counted or policy.max_calls else None
+            refusal, reserved = budgets.admit(session, spec.name, spec.args, policy.max_calls) if (
+                counted or policy.max_calls) else (None, None)
             if refusal is not None:
-                spec.reply(refusal)
+                self.count(refusal[0])
+                spec.reply(failure(refusal[0], spec.call_id, spec.name, **refusal[1]))
                 return _REFUSED
             gates = self._gates(policy, spec.name, session, threaded, exclusive)
             bucket = None if policy.rate is None else self._bucket(spec.name, policy)
             call = _Call(self, spec, session, start, gates, policy.retries, bucket)
+            call.counted = reserved
             call.proceed()
             return call
         call.places()
@@ -515,51 +529,19 @@ class Governor:
 
     def session_bounds(self, max_calls_per_session: Any = None, max_repeats: Any = None,
                        ) -> tuple[int | None, int | None] | None:
-        """A session's own ``max_calls_per_session`` and ``max_repeats`` checked against the
-        system's, the host's ceiling: each an ``int`` >= 1 or ``None`` (the system's), at
-        most the system's where it has one. Returns the bounds in force for the session
-        (``None`` when it sets neither). Raises ``TypeError``/``ValueError`` naming the bad one."""
-        if max_calls_per_session is None and max_repeats is None:
-            return None
-        settings = self.settings
-        return checked_bounds({"max_calls_per_session": settings.max_calls_per_session,
-                               "max_repeats": settings.max_repeats}, max_calls_per_session, max_repeats)
+        """:meth:`SessionBudgets.session_bounds`: a session's own bounds checked against the system's."""
+        return self.budgets.session_bounds(max_calls_per_session, max_repeats)
 
     def bound_session(self, session: str, bounds: tuple[int | None, int | None] | None) -> None:
         """Give ``session`` its own bounds (from :meth:`session_bounds`; ``None``: the
         system's) until :meth:`forget`: its ``max_calls_per_session`` and ``max_repeats``."""
-        with self.lock:
-            if bounds is None:
-                self._bounds.pop(session, None)
-            else:
-                self._bounds[session] = bounds
+        self.budgets.bound(session, bounds)
 
     def bounded(self, session: str, bounds: tuple[int | None, int | None] | None,
                 start: Callable[[], pykka.ActorRef[Any]]) -> Callable[[], pykka.ActorRef[Any]]:
         """``start`` (a session's loop's, at each start and restart) giving ``session`` its
         ``bounds`` first (:meth:`bound_session`; a loop's stop forgets them); ``start`` for ``None``."""
-        return start if bounds is None else functools.partial(self._start_bounded, session, bounds, start)
-
-    def _start_bounded(self, session: str, bounds: tuple[int | None, int | None],
-                       start: Callable[[], pykka.ActorRef[Any]]) -> pykka.ActorRef[Any]:
-        self.bound_session(session, bounds)
-        return start()
-
-    def _counts(self, policy: CallPolicy, spec: CallSpec, session: str) -> ToolResult | None:
-        """Count the call against its session's budgets, or its refusal."""
-        settings, name = self.settings, spec.name
-        max_calls, max_repeats = self._bounds.get(session) or (settings.max_calls_per_session, settings.max_repeats)
-        key = (name, arguments_key(spec.args)) if max_repeats is not None else None
-        with self.lock:
-            counts = self._sessions.get(session)
-            if counts is None:
-                counts = self._sessions[session] = SessionCounts()
-            refusal = counts.admit(name, key, max_calls, policy.max_calls, max_repeats)
-            if refusal is not None:
-                self.refused[refusal[0]] += 1
-        if refusal is None:
-            return None
-        return failure(refusal[0], spec.call_id, name, **refusal[1])
+        return self.budgets.bounded(session, bounds, start)
 
     # --- places freed ----------------------------------------------------------------------
 
@@ -648,9 +630,8 @@ class Governor:
     def forget(self, session: str) -> None:
         """The session ended: drop its counts, its own bounds and its per-session places
         (those with calls in them once their last call ends)."""
+        self.budgets.forget(session)
         with self.lock:
-            self._sessions.pop(session, None)
-            self._bounds.pop(session, None)
             self.gates.forget(session)
 
     # --- what an operator sees ---------------------------------------------------------------

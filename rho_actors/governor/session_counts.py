@@ -4,18 +4,26 @@ what :meth:`~rho_actors.governor.Governor.start` counts first.
 :class:`SessionCounts` holds one session's calls, per tool, and per (tool, arguments);
 :meth:`SessionCounts.admit` counts a call or says why it is refused
 (``budget_exhausted``: ``max_calls_per_session`` or the tool's ``max_calls``;
-``repeated_call``: ``max_repeats``). :func:`checked_bounds` checks the bounds a session
-sets for itself against the system's, the host's ceiling. Not thread-safe: the governor
-holds its lock around :meth:`SessionCounts.admit`.
+``repeated_call``: ``max_repeats``). :class:`SessionBudgets` keeps every session's
+counts and bounds: :func:`checked_bounds` checks the bounds a session sets for itself
+against the system's, the host's ceiling.
+
+The budgets count the calls that were started (handed to their isolation): a call is
+counted as it is admitted, which reserves its place under the cap (calls racing never
+pass it), and a call answered before it started (``rate_limited``, ``unavailable``,
+cancelled while it waited, ``not_started`` as the system stops) gives it back
+(:meth:`SessionBudgets.give_back`), so the breaker's "it already ran N times" holds too.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
-from typing import Any, Final
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Protocol, TypeAlias
 
-__all__ = ["SessionCounts", "arguments_key", "checked_bounds"]
+__all__ = ["Reserved", "Reserving", "SessionBudgets", "SessionCounts", "arguments_key", "checked_bounds"]
 
 MAX_REPEAT_KEYS: Final = 4096
 """Distinct (tool, arguments) remembered per session (then forgotten at once)."""
@@ -51,6 +59,100 @@ class SessionCounts:
             self.repeats[key] = self.repeats.get(key, 0) + 1
         return None
 
+    def give_back(self, name: str, key: tuple[str, str] | None) -> None:
+        """Uncount a call :meth:`admit` counted that never started."""
+        self.calls -= 1
+        self.per_tool[name] -= 1
+        if key is not None:
+            count = self.repeats.get(key, 0)  # (gone if the keys were forgotten since)
+            if count > 1:
+                self.repeats[key] = count - 1
+            elif count:
+                del self.repeats[key]
+
+
+Reserved: TypeAlias = "tuple[SessionCounts, str, tuple[str, str] | None]"
+"""A call's counts, reserved as it was admitted: its session's, its tool and its (tool,
+arguments) key."""
+
+
+class Reserving(Protocol):
+    """What holds a call's :data:`Reserved` counts until it starts (it drops them then)
+    or :meth:`SessionBudgets.give_back` gives them back (once)."""
+
+    counted: Reserved | None
+
+
+class SessionBudgets:
+    """Every session's counts and bounds (``max_calls_per_session``, ``max_repeats``):
+    the system's, the host's ceiling, or a session's own (:meth:`bound`). Thread-safe
+    (its own lock, taken inside the governor's or alone, never around it)."""
+
+    def __init__(self, max_calls_per_session: int | None, max_repeats: int | None) -> None:
+        self.lock = threading.Lock()
+        self.system = (max_calls_per_session, max_repeats)
+        # every session's calls counted (else those of a session in bounds: Governor.start looks)
+        self.everyone = max_calls_per_session is not None or max_repeats is not None
+        self.bounds: dict[str, tuple[int | None, int | None]] = {}  # a session's own (max_calls, max_repeats)
+        self.sessions: dict[str, SessionCounts] = {}
+
+    def admit(self, session: str, name: str, args: Mapping[str, Any], tool_max_calls: int | None,
+              ) -> tuple[tuple[str, dict[str, Any]] | None, Reserved | None]:
+        """Count a call of tool ``name`` with ``args`` in ``session``: ``(None, reserved)``,
+        or its refusal, nothing counted: ``((error_kind, fields), None)``."""
+        max_calls, max_repeats = self.bounds.get(session) or self.system
+        key = (name, arguments_key(args)) if max_repeats is not None else None
+        with self.lock:
+            counts = self.sessions.get(session)
+            if counts is None:
+                counts = self.sessions[session] = SessionCounts()
+            refusal = counts.admit(name, key, max_calls, tool_max_calls, max_repeats)
+        return (None, (counts, name, key)) if refusal is None else (refusal, None)
+
+    def give_back(self, holder: Reserving) -> None:
+        """Give back the counts ``holder`` holds of a call that never started (nothing
+        if given back already)."""
+        with self.lock:
+            reserved, holder.counted = holder.counted, None
+            if reserved is not None:
+                reserved[0].give_back(reserved[1], reserved[2])
+
+    def session_bounds(self, max_calls_per_session: Any = None, max_repeats: Any = None,
+                       ) -> tuple[int | None, int | None] | None:
+        """A session's own ``max_calls_per_session`` and ``max_repeats`` checked against the
+        system's, the host's ceiling: each an ``int`` >= 1 or ``None`` (the system's), at
+        most the system's where it has one. Returns the bounds in force for the session
+        (``None`` when it sets neither). Raises ``TypeError``/``ValueError`` naming the bad one."""
+        if max_calls_per_session is None and max_repeats is None:
+            return None
+        return checked_bounds({"max_calls_per_session": self.system[0], "max_repeats": self.system[1]},
+                              max_calls_per_session, max_repeats)
+
+    def bound(self, session: str, bounds: tuple[int | None, int | None] | None) -> None:
+        """Give ``session`` its own bounds (from :meth:`session_bounds`; ``None``: the
+        system's) until :meth:`forget`."""
+        with self.lock:
+            if bounds is None:
+                self.bounds.pop(session, None)
+            else:
+                self.bounds[session] = bounds
+
+    def bounded(self, session: str, bounds: tuple[int | None, int | None] | None,
+                start: Callable[[], Any]) -> Callable[[], Any]:
+        """``start`` (a session's loop's, at each start and restart) giving ``session`` its
+        ``bounds`` first (:meth:`bound`; a loop's stop forgets them); ``start`` for ``None``."""
+        return start if bounds is None else functools.partial(self._start_bounded, session, bounds, start)
+
+    def _start_bounded(self, session: str, bounds: tuple[int | None, int | None], start: Callable[[], Any]) -> Any:
+        self.bound(session, bounds)
+        return start()
+
+    def forget(self, session: str) -> None:
+        """The session ended: drop its counts and its own bounds."""
+        with self.lock:
+            self.sessions.pop(session, None)
+            self.bounds.pop(session, None)
+
 
 def checked_bounds(system: Mapping[str, int | None], max_calls_per_session: Any, max_repeats: Any,
                    ) -> tuple[int | None, int | None]:
@@ -76,8 +178,36 @@ def checked_bounds(system: Mapping[str, int | None], max_calls_per_session: Any,
 
 
 def arguments_key(args: Mapping[str, Any]) -> str:
-    """The arguments as canonical JSON text (keys sorted): equal arguments, equal keys."""
+    """The arguments as canonical JSON text (keys sorted, each integral number written as
+    an integer): arguments JSON holds equal, equal keys. ``1`` and ``1.0`` are one number
+    in JSON (and JSON Schema), at any depth; ``true`` is not ``1`` (JSON's booleans are no
+    numbers, whatever Python's ``True == 1`` says: ``json.dumps`` writes them apart)."""
     try:
-        return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError):
-        return repr(sorted(args.items(), key=lambda kv: kv[0]))
+        return repr(sorted(_numbers(dict(args)).items(), key=lambda kv: kv[0]))
+    if ".0" not in text and "e+" not in text:  # an integral float is written "1.0" or "1e+16": none here
+        return text
+    canonical = _numbers(args)
+    return text if canonical is args else json.dumps(canonical, sort_keys=True, separators=(",", ":"),
+                                                      ensure_ascii=False)
+
+
+def _numbers(value: Any) -> Any:
+    """``value`` with each integral float (not ``inf``, ``nan``) as the ``int`` it equals,
+    at any depth of its dicts and lists; ``value`` itself when it has none (no copy)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        out: Any = None
+        for name, item in value.items():
+            canonical = _numbers(item)
+            if canonical is not item:
+                if out is None:
+                    out = dict(value)
+                out[name] = canonical
+        return value if out is None else out
+    if isinstance(value, (list, tuple)):
+        items = [_numbers(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    return value

@@ -290,7 +290,8 @@ class PendingCall:
     ``requested_at``: when it became pending (Unix time, seconds); ``kind``:
     ``"approval"`` (a person approves or rejects it) or ``"external"`` (its tool
     returned ``Deferred``: ``loop.resolve`` gives its result); ``expires_at``: when an
-    approval expires (Unix seconds; ``None`` for an external call); ``reason``: why it
+    approval expires, by the wall clock as it was held (Unix seconds; ``None`` for an
+    external call; a host expires it on its monotonic clock); ``reason``: why it
     waits (a ``Deferred``'s reason, or which earlier call of its exclusive turn it waits
     behind)."""
 

@@ -72,6 +72,7 @@ class Held:
     size: int = 0  # its arguments' JSON text, bytes (what MAX_PENDING_ARGUMENT_BYTES counts)
     recorded: threading.Event | None = None  # set once its pending record is written (a turn run directly)
     elsewhere: CallTrack | None = None  # its claim found it decided in the transcript: acted on once let go
+    deadline: float | None = None  # an approval's expiry, a time.monotonic() instant (its expires_at in this host)
 
 
 
@@ -139,7 +140,7 @@ class ApprovalJournal:
     def _entry(self, name: str) -> ToolEntry | None:
         raise NotImplementedError
 
-    def _arm(self, held: Held, delay_s: float) -> None:
+    def _arm(self, held: Held) -> None:
         raise NotImplementedError
 
     def _answered(self, call_id: str, result: ToolResult, held: Held | None = None) -> None:
@@ -352,13 +353,15 @@ class ApprovalJournal:
             info = PendingCall(call_id, track.name, MappingProxyType(copy_args(args)), pending["arguments_sha256"],
                                pending.get("at", time.time()), pending["kind"], expires, pending.get("reason", ""))
             held = Held(info, args)
+            if expires is not None:  # the wall clock read once: in this host its expiry runs on the monotonic one
+                held.deadline = time.monotonic() + max(0.0, expires - time.time())
             with self._lock:
                 self._held[call_id] = held
             taken.add(call_id)
             if track.state == "decided":
                 decided.append((held, track))
             elif expires is not None:
-                self._arm(held, max(0.0, expires - time.time()))
+                self._arm(held)
         if history.open_calls:
             self._watch()
         for held, track in decided:

@@ -307,7 +307,8 @@ class SessionApprovals(ApprovalJournal):
         pending = PendingCall(call.id, name, MappingProxyType(copy_args(args)), arguments_sha256(args), now,
                               kind, expires, reason.strip(" ()"))  # type: ignore[arg-type]
         size = len(call.arguments) if isinstance(call.arguments, str) else len(json.dumps(args))
-        held = Held(pending, args, after, size=size)
+        held = Held(pending, args, after, size=size,
+                    deadline=None if expires is None else time.monotonic() + self.timeout_s)
         with self._lock:
             if call.id in self._held:  # a call id names one call: the waiting one is never replaced
                 return failure("call_id_pending", call.id, name, call=call.id)
@@ -319,7 +320,7 @@ class SessionApprovals(ApprovalJournal):
                 registered.append(held)
             self._held[call.id] = held
         if expires is not None:
-            self._arm(held, self.timeout_s)
+            self._arm(held)
         self._watch()
         if announce:
             self._announce([pending])
@@ -335,16 +336,17 @@ class SessionApprovals(ApprovalJournal):
             for one in pending:
                 self._runtime.events.emit(CallEvent("pending", self.session_id, one.call_id, one.name, one.kind))
 
-    def _arm(self, held: Held, delay_s: float) -> None:
-        """Expire ``held`` in ``delay_s`` seconds: one timer heap entry, no thread."""
-        if self._timers is None:
+    def _arm(self, held: Held) -> None:
+        """Expire ``held`` at its ``deadline`` (monotonic: a wall clock set either way
+        moves no expiry): one timer heap entry, no thread."""
+        if self._timers is None or held.deadline is None:
             return
         call_id = held.pending.call_id
 
         def expire() -> None:
             self._later(lambda: self._expire(call_id), "expire")
 
-        held.timer = self._timers.call_at(time.monotonic() + delay_s, expire)
+        held.timer = self._timers.call_at(held.deadline, expire)
 
     def waits(self, call_id: str) -> bool:
         """Whether call ``call_id`` of this session waits for a decision (or is being decided)."""
@@ -482,8 +484,9 @@ class SessionApprovals(ApprovalJournal):
             held = self._claim(call_id, "approval")
         except ApprovalError:
             return  # decided meanwhile
-        if held.pending.expires_at is not None and time.time() < held.pending.expires_at - 0.001:
+        if held.deadline is not None and time.monotonic() < held.deadline - 0.001:  # early: again at its deadline
             self._unclaim(held)
+            self._arm(held)
             return
         result = failure("approval_expired", call_id, held.pending.name, call=call_id, timeout_s=self.timeout_s)
         try:

@@ -1,0 +1,101 @@
+"""Which clock an approval's expiry runs on (DESIGN §4 "Approvals"): within one host's
+life the monotonic clock, so setting the wall clock (NTP, a person, a VM resumed) neither
+expires a pending call early nor keeps it waiting past its ``approval_timeout_s``; its
+record's wall-clock ``expires_at`` is read once, when a host takes the call back from
+the transcript (all that lasts across a restart).
+
+Before: the expiry's timer ran on the monotonic clock, but when it fired it compared
+``time.time()`` with the record's ``expires_at`` and, the wall clock set back, let the
+call go on waiting with no timer left: it never expired while that host lived."""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rho_actors import ActorSystem, ApprovalError, ErrorKind, ToolCall, tool
+from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
+from rho_actors.loop import approval_journal as journal_module
+from rho_actors.loop import approvals as approvals_module
+
+from .conftest import WAIT_S, wait_for
+
+RAN: list[str] = []
+
+
+@tool(requires_approval=True)
+def delete(path: str) -> str:
+    """Delete a file (held for a decision)."""
+    RAN.append(path)
+    return f"deleted {path}"
+
+
+class WallClock:
+    """The approvals' clock: the real monotonic one, the wall one ``offset`` seconds off."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.module = types.SimpleNamespace(time=lambda: time.time() + self.offset, monotonic=time.monotonic,
+                                            strftime=time.strftime, gmtime=time.gmtime)
+
+
+@pytest.fixture
+def wall(monkeypatch: pytest.MonkeyPatch) -> Iterator[WallClock]:
+    RAN.clear()
+    clock = WallClock()
+    monkeypatch.setattr(approvals_module, "time", clock.module)  # the approvals' clock only
+    monkeypatch.setattr(journal_module, "time", clock.module)
+    yield clock
+    monkeypatch.undo()
+
+
+def _held(system: ActorSystem, timeout_s: float) -> Any:
+    loop = system.start_loop("s1", approval_timeout_s=timeout_s)
+    [result] = loop.run_turn([ToolCall("c1", "delete", '{"path": "/a"}')])
+    assert result.error_kind is ErrorKind.PENDING_APPROVAL, result
+    return loop
+
+
+def test_the_wall_clock_set_back_keeps_no_call_waiting_past_its_timeout(tmp_path: Path, wall: WallClock) -> None:
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(delete)
+        loop = _held(system, 0.5)
+        wall.offset = -7_200.0  # set two hours back
+        assert wait_for(lambda: loop.pending() == [])  # expired 0.5 s after it was held, as the monotonic clock goes
+        with pytest.raises(ApprovalError, match="it was expired"):
+            loop.approve("c1")
+        assert RAN == []
+
+
+def test_the_wall_clock_set_forward_expires_no_call_early(tmp_path: Path, wall: WallClock) -> None:
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(delete)
+        loop = _held(system, 3_600.0)
+        wall.offset = 7_200.0  # two hours ahead: past its expires_at on the wall clock
+        [pending] = loop.pending()
+        assert pending.call_id == "c1" and pending.expires_at is not None and time.time() + 7_200 > pending.expires_at
+        result = loop.approve("c1")
+        assert result.ok and RAN == ["/a"], result
+
+
+def test_a_call_taken_back_reads_the_wall_clock_once_then_the_monotonic_one(tmp_path: Path, wall: WallClock) -> None:
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(delete)
+        _held(system, 3_600.0)
+    wall.offset = 3_600.0 - 1.0  # the next host starts with 1 s left on the wall clock
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(delete)
+        loop = system.start_loop("s1", approval_timeout_s=3_600.0)
+        transcript = tmp_path / "sessions" / "s1" / TRANSCRIPT_NAME
+        # taken back (or, the machine slow, expired already: then this test shows less)
+        assert wait_for(lambda: loop.pending() != [] or load(transcript).calls["c1"].state != "pending")
+        wall.offset = -7_200.0  # then the wall clock is set back: the 1 s left still ends it
+        assert wait_for(lambda: loop.pending() == [], WAIT_S)
+        with pytest.raises(ApprovalError, match="it was expired"):
+            loop.approve("c1")
+        assert RAN == []
