@@ -318,7 +318,7 @@ class ThreadPool:
                 if first is None:  # idle until woken (True), given a job, or ended (False, or idle too long)
                     thread._name = self.name  # type: ignore[attr-defined]  # what thread.name= sets, without its frame
                     try:
-                        woken = handoff.get(timeout=self.idle_s)
+                        woken = handoff.get(True, self.idle_s)  # (positional: no keyword parsed, on every job)
                     except queue.Empty:
                         with self._lock:
                             still_idle = handoff in self._idle
