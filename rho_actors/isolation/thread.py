@@ -373,7 +373,10 @@ class ThreadIsolation(Isolation):
         try:
             timers = s.timers
             waiter = call.waiter  # the starting thread waits for this call alone (run_turn): it may keep the deadline
-            if waiter is None or not waiter.keep(running, timers):
+            # (Waiter.keep, inline: by the thread that made the waiter, before it closed, once)
+            if waiter is not None and waiter._deadline is None and waiter._thread == threading.get_ident():
+                waiter._deadline = (running, timers)
+            else:
                 try:
                     timers.schedule(running)
                 except RuntimeError:  # the timers are stopped: the system is stopping
