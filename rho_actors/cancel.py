@@ -26,7 +26,7 @@ class CancelToken:
                 ...
     """
 
-    __slots__ = ("_abandoned", "_callbacks", "_event", "_finished", "_inline", "reason")
+    __slots__ = ("_abandoned", "_callbacks", "_event", "_inline", "_running", "reason")
 
     def __init__(self) -> None:
         # No lock or event of its own (one token per call): the module's one lock guards a
@@ -35,7 +35,9 @@ class CancelToken:
         # most tokens never get a callback: each list is made by the first add
         self._callbacks: list[Callable[[], object]] | tuple[()] = _NONE  # add_callback's: run on a thread of their own
         self._inline: list[Callable[[], object]] | tuple[()] = _NONE  # add_inline_callback's: run by the canceller
-        self._finished = False
+        # the call's thread running: emptied by one atomic pop, by whichever comes first, its finish (returned)
+        # or an abandon (given up on), so they agree on which it was without a lock round at the finish
+        self._running: list[None] = [None]
         self._abandoned: tuple[object, str] | None = None  # who gave up on the call's running thread, and why
         self.reason: str | None = None
 
@@ -80,10 +82,16 @@ class CancelToken:
         abandon = owner is not None
         text = reason if type(reason) is str else _text(reason)  # no code of the caller's under the lock
         with _LOCK:
-            running = not self._finished
-            abandoned = abandon and running and self._abandoned is None
-            if abandoned:
-                self._abandoned = (owner, text)
+            running = bool(self._running)
+            abandoned = False
+            if abandon and running and self._abandoned is None:
+                self._abandoned = (owner, text)  # first: a finish that finds the thread's end claimed reads it
+                try:
+                    self._running.pop()  # claimed: the thread's finish tells ``owner`` it returned
+                    abandoned = True
+                except IndexError:  # it returned just now (its finish takes no lock): not abandoned after all
+                    self._abandoned = None
+                    running = False
             if self.reason is not None:
                 return abandoned
             self.reason = text
@@ -101,13 +109,12 @@ class CancelToken:
     def finish(self, owner: object = None) -> str | None:
         """Mark the call's thread as returned. Returns why ``owner`` had abandoned it
         (its :meth:`abandon`'s reason), or ``None`` (not abandoned, or by another)."""
-        if owner is None:  # nobody's abandon to read (an inline call's, on every call): one store, no lock; a
-            self._finished = True  # cancel under the lock reads it before or after, either a true order
-            return None
-        with _LOCK:
-            self._finished = True
+        try:  # no lock round: the pop an abandon makes too (under the lock) decides which came first
+            self._running.pop()
+        except IndexError:  # abandoned first (which wrote ``_abandoned`` before its pop), or finished again
             abandoned = self._abandoned
-        return abandoned[1] if abandoned is not None and abandoned[0] is owner else None
+            return abandoned[1] if abandoned is not None and owner is not None and abandoned[0] is owner else None
+        return None  # returned first: nobody abandoned it
 
     def add_callback(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once cancelled (at once if already cancelled), on a thread

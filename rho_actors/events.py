@@ -173,8 +173,8 @@ class EventBus:
         if self._call_subscribers > 0:
             return True
         level = _WARNING if kind == "timed_out" else _DEBUG
-        core: Any = getattr(logger, "_core", None)
         try:  # logs_at's first looks, inline: the cache answers every call but the first
+            core: Any = logger._core  # type: ignore[attr-defined]  # (read in the try: no getattr call)
             if level < core.min_level:
                 return False
             enabled = core.enabled.get(__name__)

@@ -285,10 +285,14 @@ class Telemetry:
         # no tracer or meter provider set (by code, or by the environment as it was at
         # import): the usual case, decided inline without the API's getters (a global not
         # where this looks is not None: the getters decide)
-        if not self.enabled or (not _PROVIDER_FROM_ENVIRONMENT
-                                and getattr(_TRACE_API, "_TRACER_PROVIDER", False) is None
-                                and getattr(_METRICS_API, "_METER_PROVIDER", False) is None):
+        if not self.enabled:
             return None
+        try:  # the globals read as attributes (no getattr call); one missing (no API): the getters decide
+            if (not _PROVIDER_FROM_ENVIRONMENT and _TRACE_API._TRACER_PROVIDER is None
+                    and _METRICS_API._METER_PROVIDER is None):
+                return None
+        except AttributeError:
+            pass
         tracers = otel_trace.get_tracer_provider()
         if (type(tracers).__name__ in _DEFAULT_PROVIDERS
                 and type(otel_metrics.get_meter_provider()).__name__ in _DEFAULT_PROVIDERS):

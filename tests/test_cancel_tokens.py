@@ -499,3 +499,36 @@ def test_a_cancel_carried_out_in_the_cancelling_thread_races_the_turn_end_once(
             for call in calls:
                 finished = [e for e in events if e.call_id == call.id and e.kind == "finished"]
                 assert len(finished) == 1, (call.id, finished)
+
+
+def test_finish_and_abandon_agree_on_which_came_first_without_a_lock_at_the_finish() -> None:
+    """``finish`` takes no lock (PROFILE §48): one atomic pop, which an ``abandon`` makes
+    too, decides which came first. Abandoned first: the owner's ``finish`` gets the reason
+    (its thread counted back), another's nothing; finished first: the abandon abandons
+    nothing (only the signal is set). Raced on two threads, each pair agrees: the abandon
+    returned ``True`` exactly when the finish gave the reason."""
+    owner = object()
+    first = CancelToken()
+    assert first.abandon("timeout", owner)
+    assert first.finish(object()) is None and first.finish(owner) == "timeout"
+    second = CancelToken()
+    assert second.finish(owner) is None
+    assert not second.abandon("timeout", owner) and second.cancelled  # set, nothing abandoned
+    inline = CancelToken()
+    inline.finish()  # an inline call's (no owner)
+    assert not inline.abandon("stopping", owner)
+    for _ in range(300):
+        token = CancelToken()
+        gate = threading.Barrier(2)
+        said: list[str | None] = []
+
+        def finish(t: CancelToken = token, g: threading.Barrier = gate, out: list[str | None] = said) -> None:
+            g.wait(WAIT_S)
+            out.append(t.finish(owner))
+
+        thread = threading.Thread(target=finish)
+        thread.start()
+        gate.wait(WAIT_S)
+        abandoned = token.abandon("timeout", owner)
+        thread.join(WAIT_S)
+        assert said == (["timeout"] if abandoned else [None])

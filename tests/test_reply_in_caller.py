@@ -425,7 +425,7 @@ class _Fired(Timer):
 class _Interrupted:
     """A lock whose wait is interrupted (as a ``KeyboardInterrupt`` in the host's wait)."""
 
-    def acquire(self, timeout: float = -1) -> bool:
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:  # threading.Lock.acquire's signature
         raise KeyboardInterrupt
 
 

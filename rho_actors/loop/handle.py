@@ -331,13 +331,16 @@ class Loop(HeldCalls):
         reply read by this thread, which waits for it anyway (DESIGN §5 "A call's path":
         no reader thread woken between the worker and the caller).
         """
-        batch = _checked_calls(calls)
+        batch = tuple(calls)  # _checked_calls' look at one call, inline (its frame for any other turn)
+        one = batch[0] if len(batch) == 1 else None
+        if one is None or type(one) is not ToolCall or type(one.id) is not str or type(one.name) is not str:
+            batch, one = _checked_calls(batch), None
         if timeout_s is not None:
             _checked_timeout(timeout_s)  # before the turn starts: a bad bound must not strand its held call
             bound_s = timeout_s
         else:  # a one-call turn of the tool bounded last, in the same tool set: its bound as worked out then
             tools, kept = self._tools.current, self._one_bound
-            if len(batch) == 1 and kept[0] is tools and kept[1] == batch[0].name:
+            if one is not None and kept[0] is tools and kept[1] == one.name:
                 bound_s = kept[2]
             else:
                 bound_s = self.turn_bound_s(batch)  # (which keeps it)
@@ -389,9 +392,15 @@ class Loop(HeldCalls):
         in a thread of rho's before the loop's first turn that calls a registered tool,
         which so suspends once (a folder that cannot be used is then the turn's
         ``not_started`` results, as in :meth:`run_turn`)."""
-        batch = _checked_calls(calls)
+        batch = tuple(calls)  # _checked_calls' look at one call, inline (as in run_turn)
+        one = batch[0] if len(batch) == 1 else None
+        if one is None or type(one) is not ToolCall or type(one.id) is not str or type(one.name) is not str:
+            batch, one = _checked_calls(batch), None
         chosen = False if background is False else _checked_background(background)  # the default as it is
-        bound = timeout_s if timeout_s is not None else self.turn_bound_s(batch)
+        kept = self._one_bound  # a one-call turn of the tool bounded last, in the same tool set: as in run_turn
+        bound = (timeout_s if timeout_s is not None else kept[2]
+                 if one is not None and kept[0] is self._tools.current and kept[1] == one.name
+                 else self.turn_bound_s(batch))
         token = None if cancel is None else _checked_cancel(cancel)  # none made: the turn is cancelled by its id
         aio = asyncio.get_running_loop()
         current = self._current  # the running loop's turns as _turns finds them, without its frame

@@ -427,8 +427,9 @@ class Turns(OfferedTools, TurnHolds):
         if isinstance(task, ToolResult):  # a background call past a bound: refused
             return self._settle(turn, slot, task)
         now = time.monotonic()
-        # the tool's own time, after what its isolation may take to start it (a worker process)
-        deadline = now + plan.start_bound_s + max(0.0, timeout_ms / 1000 - slot.validated_s)
+        # the tool's own time, after what its isolation may take to start it (a worker process); max(), inline
+        own_s = timeout_ms / 1000 - slot.validated_s
+        deadline = now + plan.start_bound_s + (own_s if own_s > 0.0 else 0.0)
         cancel = CancelToken()
         reply = functools.partial(self._settle, turn, slot)  # the call's answer settles it (no frame of its own)
         fields = self._fields.copy()  # the session's own, in the ctx's order (a copy: no insert for them); the call's:

@@ -57,6 +57,7 @@ Outcome = Literal["reply", "deadline", "ended", "malformed", "reader_failed"]
 
 _IN: Final = select.EPOLLIN
 _IN_OUT: Final = select.EPOLLIN | select.EPOLLOUT
+_MAX_S: Final = threading.TIMEOUT_MAX  # the longest a lock's acquire waits
 
 
 class OpenCall:
@@ -205,7 +206,7 @@ class Waiter:
         end of the wait for it (:meth:`wait`), or if the thread does not wait after all
         (:meth:`hand_over`).
         Only from the thread that made the waiter, before :meth:`close`, once: whether it
-        was kept (else it is to be scheduled as usual)."""
+        was kept (else it is to be scheduled as usual). (``ThreadIsolation.start`` does this inline.)"""
         if self._thread != threading.get_ident() or self._deadline is not None:
             return False
         self._deadline = (timer, timers)
@@ -225,20 +226,23 @@ class Waiter:
         deadline = self._deadline
         if deadline is not None:
             timer = deadline[0]
-            try:  # _seconds_to(min(timer.when, until)), inline
-                left = min(timer.when, until) - time.monotonic()
-                if lock.acquire(timeout=min(max(0.0, left), threading.TIMEOUT_MAX)):
+            try:  # _seconds_to(min(timer.when, until)), inline, without the builtins' calls
+                when = timer.when
+                left = (when if when < until else until) - time.monotonic()
+                if lock.acquire(True, left if 0.0 < left <= _MAX_S else _MAX_S if left > _MAX_S else 0.0):
                     return True
             finally:  # interrupted too: a deadline no result disarmed goes to the timers
                 if not timer.cancelled:
                     _schedule(*deadline)
                 self._deadline = None  # after: a wait interrupted before is handed over (hand_over) with it
-        return lock.acquire(timeout=_seconds_to(until))
+        return lock.acquire(True, _seconds_to(until))  # (positional: no keyword parsed)
 
 
 def _seconds_to(instant: float) -> float:
-    """The seconds from now to ``instant`` (``time.monotonic()``), as a lock's timeout."""
-    return min(max(0.0, instant - time.monotonic()), threading.TIMEOUT_MAX)
+    """The seconds from now to ``instant`` (``time.monotonic()``), as a lock's timeout
+    (0 for a past or NaN one)."""
+    left = instant - time.monotonic()
+    return left if 0.0 < left <= _MAX_S else _MAX_S if left > _MAX_S else 0.0
 
 
 def _schedule(timer: Timer, timers: Timers) -> None:
