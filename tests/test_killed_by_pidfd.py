@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import subprocess
 import threading
 import time
@@ -220,3 +221,35 @@ def test_a_pool_stop_names_the_workers_it_killed_and_could_not_reap(monkeypatch:
     assert took < slack(2 * KILLED_REAP_S), f"the stop took {took:.2f} s"
     [line] = [line for line in logs if "killed but not reaped" in line]
     assert str(pid) in line
+
+
+@pytest.mark.parametrize("group_flag", [True, False], ids=["pidfd-group", "before-6.9"])
+def test_a_group_kill_reaches_the_members_its_reaped_leader_left(tmp_path: Path, group_flag: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's leader that exited and was reaped, a member of its group left (a stdio MCP
+    server's shell that started its server in the background): the kill of the group ends
+    the member (the kernel signals no group through a reaped leader's pidfd; its pid, still
+    the group's id, is given to no other process while the member lives)."""
+    monkeypatch.setattr("rho_actors.otp.pidfds._group_flag", [group_flag])
+    marker = tmp_path / "member"
+    leader = subprocess.Popen(["/bin/sh", "-c", f"sleep 300 & echo $! > {marker}; exit 0"], start_new_session=True)
+    handle = PidFd.open(leader.pid)
+    member = 0
+    try:
+        assert leader.wait(WAIT_S) == 0 and handle.reaped()
+        member = int(marker.read_text())
+        assert os.getpgid(member) == leader.pid
+        handle.kill(group=True)
+        assert wait_for(lambda: not Path(f"/proc/{member}").exists() or _zombie(member), WAIT_S), \
+            "the member of the reaped leader's group outlived the group's kill"
+    finally:
+        handle.close()
+        if member and Path(f"/proc/{member}").exists():
+            os.kill(member, 9)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

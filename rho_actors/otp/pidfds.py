@@ -12,8 +12,10 @@ that one process for good:
 
 - :meth:`PidFd.kill` sends ``SIGKILL`` through the pidfd (``pidfd_send_signal``), to the
   process or to the process group it leads (``PIDFD_SIGNAL_PROCESS_GROUP``, Linux 6.9:
-  the group of that very process, its leader reaped or not; on an older kernel the group
-  by ``killpg`` only while the leader is not reaped, so its pid is still the group's);
+  the group of that very process while it is not reaped; on an older kernel ``killpg``
+  then, its pid being still the group's); a reaped leader's group members left are
+  signalled by ``killpg`` while no process has the leader's pid (the kernel gives no
+  process a pid a live group still has as its id: :meth:`PidFd._kill_orphaned_group`);
 - :meth:`PidFd.wait_reaped` waits until it is reaped (no zombie left): the pidfd reports
   ``POLLHUP`` then, and the wait sleeps on it (``epoll``), never polling ``/proc``; a
   kernel that wakes no pidfd waiter at the reap is looked at again with a growing pause,
@@ -103,9 +105,12 @@ class PidFd:
             if group and _group_flag[0]:
                 try:
                     signal.pidfd_send_signal(self._fd, signum, None, _PROCESS_GROUP)
+                    if not self._unreaped_locked():  # a reaped leader's: some kernels send it to no one
+                        self._kill_orphaned_group(signum)
                     return
-                except ProcessLookupError:
-                    return  # no process is left in its group
+                except ProcessLookupError:  # its leader reaped: the kernel signals no group through it
+                    self._kill_orphaned_group(signum)
+                    return
                 except PermissionError:
                     pass  # a member of another uid: signalled one by one below, the leader at least
                 except OSError as exc:
@@ -120,6 +125,18 @@ class PidFd:
             if group and self._unreaped_locked():  # its pid is still its group's: no other process has it
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.pid, signum)
+            elif group:
+                self._kill_orphaned_group(signum)
+
+    def _kill_orphaned_group(self, signum: int) -> None:
+        """Signal what is left of the group the reaped leader led: the kernel gives no
+        process a pid that a live group still has as its id, so while no process has the
+        leader's pid, a group of that id is the old one (a new group of that id needs its
+        pid given anew once the old group emptied, to a process that made itself a group
+        leader: a process at ``/proc/<pid>`` is taken for that one and left alone)."""
+        if not os.path.exists(f"/proc/{self.pid}"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signum)
 
     def reaped(self) -> bool:
         """Whether the process was reaped (it ended and its parent released it), or was
