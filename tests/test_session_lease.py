@@ -210,3 +210,38 @@ def test_a_decision_from_another_process_needs_no_lease(tmp_path: Path, runs: Pa
         assert info.status == "completed" and info.status not in OPEN, info
         assert wait_for(lambda: loop.pending() == [])
     assert runs.read_text().splitlines() == ["wipe /a"]
+
+
+def test_a_child_forked_while_the_lease_is_being_taken_keeps_no_copy_of_it(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread forks (no exec) while another takes a session's lease (its folder opened,
+    its ``flock`` waited for): the child closes its copy of the folder's descriptor at once,
+    so it never keeps the lease after the host is gone (before: the at-fork close knew only
+    leases taken, and the child shared the open file the host then locked)."""
+    from rho_actors.agent import session_lease
+
+    folder = tmp_path / "s1"
+    folder.mkdir()
+    kept = tmp_path / "kept"
+    taking = session_lease.flock_within
+
+    def fork_first(fd: int, wait_s: float) -> bool:
+        pid = os.fork()
+        if pid == 0:  # the child: which of its descriptors still name the folder
+            try:
+                names = [os.readlink(f"/proc/self/fd/{n}") for n in os.listdir("/proc/self/fd")
+                         if os.path.exists(f"/proc/self/fd/{n}")]
+                kept.write_text("\n".join(n for n in names if n == str(folder)))
+            finally:
+                os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        return taking(fd, wait_s)
+
+    monkeypatch.setattr(session_lease, "flock_within", fork_first)
+    lease = session_lease.SessionLease("s1", folder, object())
+    try:
+        lease.hold()
+        assert lease.held
+        assert kept.read_text() == "", "a child forked as the lease was taken kept the folder's descriptor"
+    finally:
+        lease.release()

@@ -13,10 +13,11 @@ The lease is an exclusive ``flock`` of the folder itself (a descriptor of the
 directory, close-on-exec), as a prompt's lock was before
 (:mod:`~rho_actors.agent.transcript_lock`, whose prompts now take it from the lease this
 process holds): a tool clearing its session's folder (``ctx["data_dir"]``) removes no
-lock file a second host could lock anew. The kernel releases it with the holder's last
-descriptor of it, so a host killed (``kill -9`` too) leaves it free at once for the
-next, which takes the session back. An ``flock`` is shared by the children forked from
-its holder while they keep the descriptor: a child forked without an exec (a tool's
+lock file a second host could lock anew (one that removes or renames the folder itself
+leaves the lock on the old one: code the host trusts is trusted with its session). The
+kernel releases it with the holder's last descriptor of it, so a host killed (``kill -9``
+too) leaves it free at once for the next, which takes the session back. An ``flock`` is
+shared by the children forked from its holder while they keep the descriptor: a child forked without an exec (a tool's
 ``os.fork``, ``multiprocessing``'s ``fork``) closes its copies as it starts
 (:func:`os.register_at_fork`), so it never keeps a dead host's session; a child started
 by exec (a subprocess, rho's fork servers and their workers) holds them only until its
@@ -47,6 +48,7 @@ it is refused: a child its holder forked holds a copy of it until its exec."""
 
 _BUSY: Final = (errno.EAGAIN, errno.EWOULDBLOCK)
 _LEASES: dict[tuple[int, int], SessionLease] = {}  # the leases this process holds, by their folder's (dev, ino)
+_OPENING: set[int] = set()  # descriptors of folders being leased (before their flock is taken or refused)
 _LOCK = threading.Lock()
 
 
@@ -100,7 +102,9 @@ class SessionLease:
     def _hold(self) -> None:
         if self._fd is not None or self._ended:  # held (or let go) meanwhile
             return
-        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with _LOCK:  # entered at once: a child forked while the flock is waited for closes it too
+            fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            _OPENING.add(fd)
         try:
             st = os.fstat(fd)
             key = (st.st_dev, st.st_ino)
@@ -110,7 +114,7 @@ class SessionLease:
                     self._fd, self._key, other._fd, other._key, other._ended = other._fd, key, None, None, True
                     _LEASES[key] = self
             if self._fd is not None:
-                os.close(fd)
+                _close_opening(fd)
                 return
             if other is not None:
                 raise self._refused(os.getpid(), "another ActorSystem of this process")
@@ -120,9 +124,10 @@ class SessionLease:
             with _LOCK:
                 self._fd, self._key = fd, key
                 _LEASES[key] = self
+                _OPENING.discard(fd)  # a lease's now
         except BaseException:
             if self._fd != fd:
-                os.close(fd)
+                _close_opening(fd)
             raise
 
     def release(self) -> None:
@@ -192,6 +197,14 @@ def _holder(st: os.stat_result) -> int | None:
     return None
 
 
+def _close_opening(fd: int) -> None:
+    """Close ``fd``, a folder's being leased that was not taken (out of :data:`_OPENING`
+    first: its number may be given again as soon as it is closed)."""
+    with _LOCK:
+        _OPENING.discard(fd)
+    os.close(fd)
+
+
 def _forked() -> None:
     """In a child forked without an exec: close its copies of this process's leases, so
     that it never keeps a session after its parent, the host, is gone (no lock taken: a
@@ -204,6 +217,12 @@ def _forked() -> None:
             except OSError:
                 pass
     _LEASES.clear()
+    for fd in _OPENING:  # a lease being taken as it forked: its flock would be this child's too
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _OPENING.clear()
 
 
 os.register_at_fork(after_in_child=_forked)
