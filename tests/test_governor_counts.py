@@ -87,7 +87,8 @@ def test_a_call_refused_before_its_tool_ran_spends_no_budget_nor_repeat(tmp_path
 
 def _entry(**policy: Any) -> Any:
     """What :meth:`Governor.start` reads of a registered tool (its policy, isolation, concurrency)."""
-    return types.SimpleNamespace(info=types.SimpleNamespace(policy=call_policy(**policy), concurrency="parallel"),
+    return types.SimpleNamespace(info=types.SimpleNamespace(policy=call_policy(**policy), concurrency="parallel",
+                                                         parameter_schema={}),
                                  isolation="process")
 
 
@@ -194,3 +195,25 @@ def test_the_breakers_key_is_canonical_for_numbers_at_any_depth() -> None:
         assert arguments_key({"a": [{"b": one}]}) != arguments_key({"a": [{"b": other}]}), (one, other)
     assert arguments_key({"a": float("inf")}) != arguments_key({"a": float("nan")})
     assert arguments_key({"a": {1, 2}}) == arguments_key({"a": {1, 2}})  # not JSON: its repr
+
+
+def test_the_breaker_knows_a_default_written_out_as_the_call_that_left_it_out(tmp_path: Path) -> None:
+    """Before: the key was made of the arguments as written, so ``{"amount": 1}`` and
+    ``{"amount": 1, "currency": "EUR"}`` (the tool's default written out) were two calls,
+    and the same payment ran twice past ``max_repeats=1``."""
+    ran: list[tuple[int, str]] = []
+
+    @tool
+    def pay(amount: int, currency: str = "EUR") -> str:
+        """Pay an amount."""
+        ran.append((amount, currency))
+        return "paid"
+
+    with ActorSystem(tmp_path, governor=GovernorSettings(max_repeats=1)) as system:
+        system.register(pay)
+        loop = system.start_loop("s")
+        texts = ['{"amount": 1}', '{"amount": 1, "currency": "EUR"}', '{"currency": "EUR", "amount": 1.0}',
+                 '{"amount": 1, "currency": "USD"}']
+        results = [loop.run_turn([ToolCall(f"c{i}", "pay", text)])[0] for i, text in enumerate(texts)]
+        assert [r.error_kind for r in results] == [None, ErrorKind.REPEATED_CALL, ErrorKind.REPEATED_CALL, None]
+    assert ran == [(1, "EUR"), (1, "USD")]

@@ -473,8 +473,9 @@ class Governor:
                     raise
             call = _Call(self, spec, session, start, places.gates, None, None)
         else:
-            refusal, reserved = budgets.admit(session, spec.name, spec.args, policy.max_calls) if (
-                counted or policy.max_calls) else (None, None)
+            refusal, reserved = budgets.admit(
+                session, spec.name, spec.args, policy.max_calls, entry.info.parameter_schema,
+            ) if counted or policy.max_calls else (None, None)
             if refusal is not None:
                 self.count(refusal[0])
                 spec.reply(failure(refusal[0], spec.call_id, spec.name, **refusal[1]))

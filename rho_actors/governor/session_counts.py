@@ -23,7 +23,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol, TypeAlias
 
-__all__ = ["Reserved", "Reserving", "SessionBudgets", "SessionCounts", "arguments_key", "checked_bounds"]
+__all__ = ["Reserved", "Reserving", "SessionBudgets", "SessionCounts", "arguments_key", "checked_bounds",
+           "with_defaults"]
 
 MAX_REPEAT_KEYS: Final = 4096
 """Distinct (tool, arguments) remembered per session (then forgotten at once)."""
@@ -97,11 +98,14 @@ class SessionBudgets:
         self.sessions: dict[str, SessionCounts] = {}
 
     def admit(self, session: str, name: str, args: Mapping[str, Any], tool_max_calls: int | None,
-              ) -> tuple[tuple[str, dict[str, Any]] | None, Reserved | None]:
+              schema: Mapping[str, Any] | None = None) -> tuple[tuple[str, dict[str, Any]] | None, Reserved | None]:
         """Count a call of tool ``name`` with ``args`` in ``session``: ``(None, reserved)``,
-        or its refusal, nothing counted: ``((error_kind, fields), None)``."""
+        or its refusal, nothing counted: ``((error_kind, fields), None)``. ``schema``: the
+        tool's parameters' JSON Schema, whose top-level ``default`` values fill the
+        arguments left out before a repeat is looked for (a call that writes a default out
+        repeats the one that left it to its default)."""
         max_calls, max_repeats = self.bounds.get(session) or self.system
-        key = (name, arguments_key(args)) if max_repeats is not None else None
+        key = (name, arguments_key(with_defaults(args, schema))) if max_repeats is not None else None
         with self.lock:
             counts = self.sessions.get(session)
             if counts is None:
@@ -175,6 +179,18 @@ def checked_bounds(system: Mapping[str, int | None], max_calls_per_session: Any,
                              "a session may only tighten the host's bounds")
         bounds.append(value)
     return bounds[0], bounds[1]
+
+
+def with_defaults(args: Mapping[str, Any], schema: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``args`` with each top-level property ``schema`` gives a ``default`` for and
+    ``args`` leaves out set to it (JSON Schema's ``default``, as the tool's own signature
+    fills it); ``args`` itself when none is left out."""
+    properties = schema.get("properties") if schema is not None else None
+    if not isinstance(properties, dict):
+        return args
+    left = {name: spec["default"] for name, spec in properties.items()
+            if name not in args and isinstance(spec, dict) and "default" in spec}
+    return {**left, **args} if left else args
 
 
 def arguments_key(args: Mapping[str, Any]) -> str:
