@@ -99,3 +99,29 @@ def test_a_call_taken_back_reads_the_wall_clock_once_then_the_monotonic_one(tmp_
         with pytest.raises(ApprovalError, match="it was expired"):
             loop.approve("c1")
         assert RAN == []
+
+
+def test_a_decision_from_another_process_with_its_wall_clock_ahead_acts_while_a_host_serves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``decide`` (``rho-actors approve``) whose wall clock is two hours ahead: while a
+    host serves the session (its lease held), the host's monotonic deadline rules, so
+    the decision is written and the call runs; once no host serves it, the record's
+    wall-clock ``expires_at`` is all there is, and the decision is refused. Before: it
+    was refused in both, and the host waited out its deadline for a decision no one
+    could give."""
+    from rho_actors.loop import decisions
+
+    RAN.clear()
+    ahead = types.SimpleNamespace(time=lambda: time.time() + 7_200, monotonic=time.monotonic,
+                                  strftime=time.strftime, gmtime=time.gmtime)
+    monkeypatch.setattr(decisions, "time", ahead)  # the approver's clock only
+    with ActorSystem(data_dir=tmp_path) as system:
+        system.register(delete)
+        loop = _held(system, 3_600)
+        assert "approved" in decisions.decide(tmp_path, "s1", "c1", "approved", decided_by="ops")
+        assert wait_for(lambda: RAN == ["/a"] and loop.pending() == [], WAIT_S)
+        held_again = loop.run_turn([ToolCall("c2", "delete", '{"path": "/b"}')])
+        assert held_again[0].error_kind is ErrorKind.PENDING_APPROVAL
+    with pytest.raises(ApprovalError, match="past its approval deadline"):  # no host: the wall clock's word
+        decisions.decide(tmp_path, "s1", "c2", "approved", decided_by="ops")
+    assert RAN == ["/a"]

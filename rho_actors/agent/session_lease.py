@@ -40,7 +40,8 @@ from typing import Final
 
 from rho_actors.errors import RhoError
 
-__all__ = ["FORKED_WAIT_S", "SessionLease", "SessionLeaseError", "flock_within", "lease_held_here", "release_all"]
+__all__ = ["FORKED_WAIT_S", "SessionLease", "SessionLeaseError", "flock_within", "lease_held_here", "release_all",
+           "served"]
 
 FORKED_WAIT_S: Final = 2.0
 """How long (seconds) a host waits for a session's lease held by another process before
@@ -163,6 +164,23 @@ def lease_held_here(folder: Path) -> bool:
         return False
     with _LOCK:
         return (st.st_dev, st.st_ino) in _LEASES
+
+
+def served(folder: Path) -> bool:
+    """Whether a host (this process's or another's) holds the lease of ``folder`` now: a
+    look that takes and lets go of its ``flock`` at once, holding nothing. Raises
+    ``OSError`` when the folder cannot be opened."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in _BUSY:
+                return True
+            raise
+        return False  # (closing the descriptor lets the flock go)
+    finally:
+        os.close(fd)
 
 
 def flock_within(fd: int, wait_s: float) -> bool:

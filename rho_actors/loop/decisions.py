@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from rho_actors.agent.model import Reply
+from rho_actors.agent.session_lease import served
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptBusyError
 from rho_actors.declarations.arguments import ArgumentsError, decode_arguments
 from rho_actors.errors import RhoError
@@ -102,7 +103,9 @@ def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *
     acts on it within :data:`POLL_S` seconds (or the next host, at its start). Returns
     a line saying what was recorded. Raises :class:`ApprovalError` naming the call and
     the first decision when it is unknown, not pending or decided already, past its
-    approval deadline, or waiting for an external result; ``ValueError`` for a bad
+    approval deadline (its record's wall-clock ``expires_at``, looked at only while no
+    host serves the session: a serving host keeps the deadline on its monotonic clock and
+    records the expiry itself), or waiting for an external result; ``ValueError`` for a bad
     decision or a rejection without message; ``OSError`` when the transcript cannot be
     used."""
     if decision not in ("approved", "rejected"):
@@ -124,7 +127,9 @@ def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *
         if pending["kind"] != "approval":
             raise ApprovalError(f"call {call_id} waits for a result from outside, not an approval")
         expires = pending.get("expires_at")
-        if expires is not None and time.time() >= expires:
+        # a host serving the session keeps the deadline on its monotonic clock and records the expiry itself:
+        # this process's wall clock (set forward, say) refuses nothing that host still holds
+        if expires is not None and time.time() >= expires and not served(path.parent):
             raise ApprovalError(f"call {call_id} of session {session_id!r} is past its approval deadline")
         recorded = [c for m in transcript.history.messages for c in m.tool_calls if c.id == call_id]
         args = decoded_or_empty(recorded[-1].arguments) if recorded else None
