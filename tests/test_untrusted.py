@@ -376,3 +376,27 @@ def test_no_code_of_an_untrusted_module_runs_in_the_host_to_register_it(system: 
     assert registration.info is not None and registration.info.name == "plugin"
     assert system.start_loop().run_turn([ToolCall("p", "plugin", "{}")])[0].content == "ran"
     assert not lookups.exists(), lookups.read_text()
+
+
+def test_unregister_returns_once_the_systems_checked_declaration_is_gone(system: ActorSystem,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``unregister`` waits for the DeclarationActor to drop the tool's checked
+    declaration: right after it returns, ``timeout_ms`` of the untrusted tool is the
+    default (before: the drop was a message not waited for, and a slow actor left the
+    declaration readable after unregister returned, as a loaded machine did)."""
+    from rho_actors.declarations.checked import CheckedCache
+
+    class Alone(Echo):
+        pass
+
+    untrusted(Alone)
+    assert system.register(Alone).info is not None and timeout_ms(Alone) == ECHO_MS
+    forget = CheckedCache.forget
+
+    def slow_forget(self: Any, tool: Any) -> None:
+        time.sleep(0.5)  # a slow actor, not a synchronisation: the result below may not depend on it
+        forget(self, tool)
+
+    monkeypatch.setattr(CheckedCache, "forget", slow_forget)
+    assert system.unregister("echo")
+    assert timeout_ms(Alone) == 30_000 and declaration(Alone, "mcp") is None

@@ -321,7 +321,7 @@ class ToolRegistry(Actor):
     def _evict(self, name: str, held: _Slot, origin: str) -> None:
         """The host's registration (``origin``) takes ``name`` from a source's tool."""
         self._drop(name)
-        self._declarations().forget(held.tool)
+        self._declarations().forget(held.tool).get(timeout=_ASK_TIMEOUT_S)
         reason = (f"tool name {name!r} is taken by the host's own registration of {origin}: "
                   f"{held.origin} gave it up (a source's tool yields its name to the host's)")
         logger.warning("{}", reason)
@@ -347,7 +347,9 @@ class ToolRegistry(Actor):
             waiting.set_result(Registration(pending.origin if pending else "?", None, "unregistered while being read"))
         if slot is None:
             return pending is not None
-        self._declarations().forget(slot.tool)
+        # waited for: once unregister returns, no checked declaration of the tool is left in this system
+        # (timeout_ms, concurrency and declaration of an untrusted tool answer from the live systems' caches)
+        self._declarations().forget(slot.tool).get(timeout=_ASK_TIMEOUT_S)
         if name:
             self._removed[name] = reason or text("unavailable_removed", tool=name)
         self._publish()
