@@ -71,10 +71,12 @@ class WorkerHandle:
         self.exitcode: int | None = None
         self._reap_lock = threading.Lock()
         self._closing = threading.Event()  # set once closed (its cgroup and private folder removed)
-        # what healthy() looks at in one poll: its pipe, its end, its fork server's end
+        # what healthy() looks at in one poll: its pipe, its end as its fork server reports it
+        # (once reaped there), its end as the kernel has it (its pidfd: readable from its exit
+        # on, before that report), its fork server's end
         self._looks = select.poll()
-        for fd in (channel.fd, channel.sentinel, server.fd if server is not None else None):
-            if fd is not None:
+        for fd in (channel.fd, channel.sentinel, self.held.fd, server.fd if server is not None else None):
+            if fd is not None and fd >= 0:
                 self._looks.register(fd, select.POLLIN)
 
     @property
@@ -98,7 +100,12 @@ class WorkerHandle:
     def healthy(self) -> bool:
         """Whether an idle worker is still running, has sent nothing unasked, and the
         fork server it came from still runs (its end kills the worker: a parent-death
-        signal, or the fork server's kill of its tree): one ``poll`` of the three."""
+        signal, or the fork server's kill of its tree): one ``poll`` of its pipe, its
+        sentinel, its pidfd and its fork server's. The pidfd is what knows of a worker
+        killed while idle as soon as it exited: its sentinel only once the fork server
+        reaped it and reported so, and a call written to it meanwhile (its pipe's end
+        is kept open by the pool's copy) would end ``killed_outside`` when a tool's code
+        ran in it before (:meth:`~rho_actors.sandbox.replies.OpenCall.may_have_begun`)."""
         if self.reaped or self.channel.has_unread() or self._looks.poll(0):
             return False
         server = self.server  # without a pidfd, its end is known only as it was found
