@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,26 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 
 def test_an_approve_is_one_fsync_and_reads_only_the_transcripts_tail(tmp_path: Path, runs: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    transcript = str(tmp_path / "data" / "sessions" / "s1" / TRANSCRIPT_NAME)
+    whole: list[str] = []  # the threads that read the transcript from its start (once it holds records)
+    tail: list[int] = []  # where each other read of it began
+    synced: list[int] = []
+    fdatasync, pread = os.fdatasync, os.pread
+
+    def pread_at(fd: int, n: int, at: int) -> bytes:
+        data = pread(fd, n, at)
+        if os.readlink(f"/proc/self/fd/{fd}") == transcript:
+            if at == 0 and data:
+                whole.append(threading.current_thread().name)
+            else:
+                tail.append(at)
+        return data
+
+    monkeypatch.setattr(os, "pread", pread_at)  # every read of it, whoever reads (a decision, the look for them)
     with _system(tmp_path / "data") as system:
         loop = system.start_loop("s1")
         assert [p.call_id for p in loop.prompt("clean up", model=ScriptedModel([REPLY])).pending] == ["c1", "c2"]
-        synced: list[int] = []
-        read: list[int] = []
-        fdatasync, pread = os.fdatasync, os.pread
-        transcript = str(tmp_path / "data" / "sessions" / "s1" / TRANSCRIPT_NAME)
+        assert whole == []  # the prompt wrote it and read nothing back
 
         def counted(fd: int) -> None:
             if os.readlink(f"/proc/self/fd/{fd}") == transcript:
@@ -63,18 +77,12 @@ def test_an_approve_is_one_fsync_and_reads_only_the_transcripts_tail(tmp_path: P
         monkeypatch.setattr(os, "fsync", lambda fd: pytest.fail("a transcript record is fdatasync-ed, not fsync-ed")
                             if os.readlink(f"/proc/self/fd/{fd}") == transcript else None)
         monkeypatch.setattr(os, "fdatasync", counted)
-
-        def pread_at(fd: int, n: int, at: int) -> bytes:
-            read.append(at)
-            return pread(fd, n, at)
-
-        monkeypatch.setattr(os, "pread", pread_at)
         assert loop.approve("c1").content == "deleted /a"
         assert len(synced) == 1  # decided + running, before the call starts; the result rides on the next one
-        assert read.count(0) == 1  # read whole once (this host's first decision), then only its tail
-        read.clear()
+        assert len(whole) == 1, whole  # read whole once by this host (its first decision or first look for
+        tail.clear()  # decisions, whichever came first), then only its tail, whoever reads
         assert loop.reject("c2", "keep it").error_kind is ErrorKind.REJECTED
-        assert len(synced) == 2 and all(at > 0 for at in read)  # its tail only: none when the file did not grow
+        assert len(synced) == 2 and len(whole) == 1 and all(at > 0 for at in tail), (whole, tail)  # its tail only
         monkeypatch.undo()
     history = load(tmp_path / "data" / "sessions" / "s1" / TRANSCRIPT_NAME)
     assert [history.calls[c].state for c in ("c1", "c2")] == ["settled", "settled"]

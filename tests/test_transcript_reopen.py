@@ -199,13 +199,16 @@ def test_a_brief_writer_reads_the_transcript_before_its_lock_and_only_the_tail_u
     size = os.path.getsize(path)
     with Transcript(path) as t:  # 1 MB more, then the decision's line comes after it
         t.result(1, 1, ToolResult("c2", "delete", True, "x" * 1_000_000))
+    read_unlocked: list[int] = []
     read_locked: list[int] = []
     real = lines.read_all
 
-    def counted(fd: int, offset: int = 0) -> bytes:
-        data = real(fd, offset)
-        read_locked.append(len(data))
-        return data
+    def counted(into: list[int]) -> Any:
+        def read_all(fd: int, offset: int = 0) -> bytes:
+            data = real(fd, offset)
+            into.append(len(data))
+            return data
+        return read_all
 
     mine = Transcript(path)
     mine.read_unlocked()
@@ -213,10 +216,42 @@ def test_a_brief_writer_reads_the_transcript_before_its_lock_and_only_the_tail_u
     with Transcript(path) as other:
         other.call(1, 0, "decided", call_id="c1", name="delete", decision="approved", decided_by="ann",
                    arguments_sha256=SHA)
-    monkeypatch.setattr(module, "read_all", counted)
+    monkeypatch.setattr(lines, "read_all", counted(read_unlocked))  # read_past's: before the lock
+    monkeypatch.setattr(module, "read_all", counted(read_locked))  # open's and reopen's: under it
     with locked_transcript(path, transcript=mine) as locked:
         assert locked.history.calls["c1"].decision == "approved"
-    assert len(read_locked) == 1 and read_locked[0] < 1000  # the decision's line only
+    assert len(read_unlocked) == 1 and read_unlocked[0] < 1000  # the decision's line only, before the lock
+    assert read_locked == []  # nothing appended meanwhile: nothing read under the lock
+
+
+def test_a_reader_without_the_lock_reads_whole_lines_only_and_reads_on_past_them(tmp_path: Path) -> None:
+    """``read_unlocked`` reads on from where the reader last left the file, whole lines
+    only (a line being written is read at the next look), and reads a file replaced
+    meanwhile whole."""
+    path = tmp_path / TRANSCRIPT_NAME
+    _pending(path)
+    mine = Transcript(path)
+    mine.read_unlocked()
+    assert mine.history.calls["c1"].state == "pending"
+    with Transcript(path) as other:
+        other.call(1, 0, "decided", call_id="c1", name="delete", decision="approved", decided_by="ann",
+                   arguments_sha256=SHA)
+    line = path.read_bytes().splitlines(keepends=True)[-1]
+    with open(path, "r+b") as file:  # the decision's line being written: its first half there
+        file.truncate(os.path.getsize(path) - len(line))
+        file.seek(0, os.SEEK_END)
+        file.write(line[:len(line) // 2])
+    mine.read_unlocked()
+    assert mine.history.calls["c1"].state == "pending"  # the half line is left for later
+    with open(path, "ab") as file:
+        file.write(line[len(line) // 2:])
+    mine.read_unlocked()
+    assert mine.history.calls["c1"].decision == "approved"
+    replaced = tmp_path / "other.jsonl"
+    _pending(replaced)
+    os.replace(replaced, path)
+    mine.read_unlocked()
+    assert mine.history.calls["c1"].state == "pending" and mine.history.messages  # the new file, read whole
 
 
 def test_closing_a_session_open_per_record_while_a_record_is_written_closes_no_descriptor_under_it(

@@ -19,7 +19,7 @@ from rho_actors.errors import RhoError
 from rho_actors.files import UnsafePathError, open_regular
 
 __all__ = ["SCHEMA_VERSION", "VERSIONS", "Mark", "TranscriptError", "append_whole", "checksum", "read_all",
-           "read_records", "record_line", "scan"]
+           "read_past", "read_records", "record_line", "scan"]
 
 SCHEMA_VERSION: Final = 2
 VERSIONS: Final = (1, 2)
@@ -119,6 +119,27 @@ def read_all(fd: int, offset: int = 0) -> bytes:
             return b"".join(chunks)
         chunks.append(chunk)
         offset += len(chunk)
+
+
+def read_past(path: Path, mark: Mark | None) -> tuple[list[dict[str, Any]], bool, Mark] | None:
+    """Without the file's lock: the records of the transcript at ``path`` appended past
+    ``mark`` (where a reader left it), whether they are all of them (read from its start:
+    ``mark`` is ``None`` or at 0, or the file was replaced or made shorter since), and the
+    mark past them. Whole lines only: a line being written (or cut short) is left for the next read
+    (one under the lock cuts a torn one away). ``None`` when there is no file. Raises as
+    :func:`read_records`."""
+    fd = _open_for_reading(path)
+    if fd is None:
+        return None
+    try:
+        st = os.fstat(fd)
+        if mark is None or (st.st_dev, st.st_ino) != (mark.dev, mark.ino) or st.st_size < mark.good:
+            mark = Mark(st.st_dev, st.st_ino, 0, 0, 1, None)
+        data = read_all(fd, mark.good) if st.st_size > mark.good else b""
+    finally:
+        os.close(fd)
+    records, _, _, after = scan(data[:data.rfind(b"\n") + 1], str(path), mark)
+    return records, mark.good == 0, after
 
 
 def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int, bool]:

@@ -118,7 +118,7 @@ from rho_actors.agent.image_store import DEFAULT_MAX_IMAGE_STORE_BYTES, ImageSto
 from rho_actors.agent.lines import SCHEMA_VERSION, Mark, TranscriptError, checksum, read_all, read_records, scan
 from rho_actors.agent.model import Message, Reply
 from rho_actors.agent.transcript_lock import TranscriptBusyError
-from rho_actors.files import UnsafePathError, fsync_dir, open_regular
+from rho_actors.files import fsync_dir, open_regular
 from rho_actors.lifecycle import CallTrack, LifecycleError, call_record, check_move, fold
 from rho_actors.results import failure, text
 from rho_actors.tool import ErrorKind, Image, ToolCall, ToolResult
@@ -482,20 +482,19 @@ class Transcript:
         return history
 
     def read_unlocked(self) -> None:
-        """Read the transcript (not read yet) without its lock: :meth:`reopen`, under the
-        lock, reads the tail only (a last line being written too). Raises as :meth:`open`."""
-        if self._mark is not None or self._fd is not None or not os.path.lexists(self.path):
+        """Read, without the transcript's lock, what it gained since this writer (closed)
+        last read or wrote it: the whole file the first time, or when it was replaced or
+        made shorter, then only its tail (:func:`~rho_actors.agent.lines.read_past`: whole
+        lines). :meth:`reopen`, under the lock, then reads only the rest. Raises as :meth:`open`."""
+        read = None if self._fd is not None else lines.read_past(self.path, self._mark)
+        if read is None:
             return
-        try:
-            fd = open_regular(self.path, os.O_RDONLY)
-        except UnsafePathError as exc:
-            raise TranscriptError(f"transcript {self.path} cannot be used: {exc}") from None
-        try:
-            st = os.fstat(fd)
-            records, _, _, mark = scan(read_all(fd), str(self.path), Mark(st.st_dev, st.st_ino, 0, 0, 1, None))
-        finally:
-            os.close(fd)
-        self.history, self._seq, self._mark = _history(records, str(self.path), self.images), len(records), mark
+        records, whole, mark = read
+        if whole:
+            self.history = _history(records, str(self.path), self.images)
+        else:
+            _moved_on(self.history, records, str(self.path))
+        self._seq, self._mark = mark.seq, mark
 
     def reopen(self) -> History:
         """Lock again, as a brief writer (:meth:`open` ``brief=True``), the transcript

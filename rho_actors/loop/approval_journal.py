@@ -8,9 +8,10 @@
 - **deciding under the lock**: every decision is appended under the transcript's
   ``flock`` after checking that no other process decided first (:meth:`_journal`);
 - **from another process**: a host with recorded pending calls stats the transcript every
-  :data:`POLL_S` seconds (a timer, no thread of its own), reads what was appended since,
-  and acts on a decision it finds (:meth:`_act`): an approval runs only the arguments its
-  SHA-256 is bound to (:func:`~rho_actors.loop.decisions.bound_arguments`);
+  :data:`POLL_S` seconds (a timer, no thread of its own), reads only what was appended
+  since its last look or decision (:meth:`_read_on`), and acts on a decision it finds
+  (:meth:`_act`): an approval runs only the arguments its SHA-256 is bound to
+  (:func:`~rho_actors.loop.decisions.bound_arguments`);
 - **after a restart**: the transcript's open calls are taken back (:meth:`_recover`):
   pending ones listed again, decided ones acted on, an approved call a host died running
   run again only when its tool is idempotent (:meth:`_rerun`).
@@ -41,7 +42,6 @@ from rho_actors.loop.decisions import (
     LOCK_WAIT_S,
     ApprovalError,
     bound_arguments,
-    call_records_appended,
     decided_result,
     decoded_or_empty,
     first_decision,
@@ -98,7 +98,6 @@ class ApprovalJournal:
         self._file: Transcript | None = None  # made at the first use (most sessions have none): read whole once,
         # then only what was appended since
         self._file_lock = threading.Lock()  # one decision at a time uses it
-        self._read_to = 0  # bytes of the transcript looked through for call records
         self._syncing = False  # a look's read runs on a pool thread: one at a time
 
     @property
@@ -263,13 +262,10 @@ class ApprovalJournal:
         self._watch()
 
     def _sync(self) -> None:
-        """Act on decisions the transcript holds for this host's pending calls: read whole
-        only when what was appended since the last look holds a ``call`` record."""
+        """Act on decisions the transcript holds for this host's pending calls, read on from
+        where this host's last look or decision left it (:meth:`_read_on`)."""
         try:
-            found, self._read_to = call_records_appended(self.path, self._read_to)
-            if not found:
-                return
-            history = load(self.path)
+            tracks = self._read_on()
         except Exception as exc:
             logger.warning("session {}: its transcript could not be read for decisions: {}", self.session_id,
                            describe_exception(exc))
@@ -277,13 +273,34 @@ class ApprovalJournal:
         finally:
             with self._lock:
                 self._syncing = False
-        for call_id, track in history.calls.items():
+        for call_id, track in tracks.items():
             with self._lock:
                 held = self._held.get(call_id)
                 ours = held is not None and not held.claimed
             if ours and track.state != "pending":
                 assert held is not None
                 self._act(held, track)
+
+    def _read_on(self) -> dict[str, CallTrack]:
+        """The tracks of this host's pending calls as the transcript has them now, read
+        without its lock by the reader its decisions use (:meth:`_locked`): the whole file at
+        its first use, then only what was appended since, by any process (never this host's
+        own records again). ``{}`` while a decision uses the reader: it reads the tail
+        itself, and the next look reads on (the stat it saw is forgotten)."""
+        if not self._file_lock.acquire(blocking=False):
+            with self._lock:
+                self._seen = None
+            return {}
+        try:
+            if self._file is None:
+                self._file = Transcript(self.path)
+            self._file.read_unlocked()
+            self._file.history.messages = []  # only the calls' tracks are kept between looks
+            calls = self._file.history.calls
+            with self._lock:
+                return {call_id: track for call_id in self._held if (track := calls.get(call_id)) is not None}
+        finally:
+            self._file_lock.release()
 
     def _act(self, held: Held, track: CallTrack) -> None:
         """``held`` was decided in the transcript (by another process, or before a

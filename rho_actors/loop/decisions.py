@@ -25,13 +25,12 @@ from rho_actors.results import failure
 from rho_actors.tool import ToolCall, ToolResult
 
 __all__ = [
-    "LOCK_WAIT_S", "ApprovalError", "bound_arguments", "call_records_appended", "decide", "decided_result",
+    "LOCK_WAIT_S", "ApprovalError", "bound_arguments", "decide", "decided_result",
     "decoded_or_empty", "first_decision", "locked_transcript", "record_held",
 ]
 
 LOCK_WAIT_S: Final = 30.0
 """How long (seconds) a decision waits for the session's transcript held by a running prompt."""
-_CALL_RECORD: Final = b'"type": "call"'  # how every call record of a transcript reads (its JSON, as Transcript writes)
 
 
 class ApprovalError(RhoError):
@@ -51,23 +50,6 @@ def first_decision(track: CallTrack) -> str:
     return f"it was {decided['decision']}{'' if by is None else f' by {by}'} at {when}"
 
 
-def call_records_appended(path: Path, offset: int) -> tuple[bool, int]:
-    """Whether the bytes of the transcript at ``path`` from ``offset`` on hold a ``call``
-    record (a decision, from any process), and the offset to look from next time: only
-    what was appended is read, never the whole file again (a session's other records, its
-    calls' arguments and results, may be large). Raises ``OSError``."""
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        start = offset if offset <= size else 0  # a shorter file: a new one
-        file.seek(start)
-        found, kept = False, b""
-        while chunk := file.read(1 << 20):
-            found = found or _CALL_RECORD in kept + chunk
-            kept = (kept + chunk)[-len(_CALL_RECORD):]
-            start += len(chunk)
-    return found, max(0, start - len(_CALL_RECORD))  # a record cut short at the end is looked at again
-
-
 @contextlib.contextmanager
 def locked_transcript(path: Path, wait_s: float = LOCK_WAIT_S, transcript: Transcript | None = None
                       ) -> Iterator[Transcript]:
@@ -79,7 +61,7 @@ def locked_transcript(path: Path, wait_s: float = LOCK_WAIT_S, transcript: Trans
     until = time.monotonic() + wait_s
     delay = 0.001
     transcript = Transcript(path) if transcript is None else transcript
-    transcript.read_unlocked()  # the whole file read before the lock: held for the tail only
+    transcript.read_unlocked()  # what it gained read before the lock: held for the rest only
     while True:
         try:
             transcript.reopen()
