@@ -267,17 +267,20 @@ def test_a_host_with_pending_calls_reads_its_transcript_whole_only_for_decisions
     each) are not read again whole at each look: before, each look loaded the whole
     transcript, so a session writing on grew the host by about 15 MiB a call and slowed
     its calls to seconds. A decision from another process is still acted on."""
+    from rho_actors.agent import lines
     from rho_actors.agent.transcript import Transcript
-    from rho_actors.loop import approval_journal
     from rho_actors.tool import ToolCall, ToolResult
 
-    loads: list[Path] = []
+    loads: list[Path] = []  # the reads of the whole transcript (from its start) without its lock
+    read_past = lines.read_past
 
-    def counted(path: Path) -> Any:  # the real load, counted
-        loads.append(path)
-        return load(path)
+    def counted(path: Path, mark: Any) -> Any:  # the real read, counted when it read the whole file
+        read = read_past(path, mark)
+        if read is not None and read[1]:
+            loads.append(path)
+        return read
 
-    monkeypatch.setattr(approval_journal, "load", counted)
+    monkeypatch.setattr(lines, "read_past", counted)
     data = tmp_path / "data"
     with _system(data) as system:
         loop = system.start_loop("s1")
