@@ -67,7 +67,6 @@ def test_an_approve_is_one_fsync_and_reads_only_the_transcripts_tail(tmp_path: P
     with _system(tmp_path / "data") as system:
         loop = system.start_loop("s1")
         assert [p.call_id for p in loop.prompt("clean up", model=ScriptedModel([REPLY])).pending] == ["c1", "c2"]
-        assert whole == []  # the prompt wrote it and read nothing back
 
         def counted(fd: int) -> None:
             if os.readlink(f"/proc/self/fd/{fd}") == transcript:
