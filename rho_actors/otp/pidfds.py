@@ -10,12 +10,14 @@ process is known to run (its owner opens it as it started it: the process is not
 before its starter has its pid, save a start that ended within that instant) and names
 that one process for good:
 
-- :meth:`PidFd.kill` sends ``SIGKILL`` through the pidfd (``pidfd_send_signal``), to the
-  process or to the process group it leads (``PIDFD_SIGNAL_PROCESS_GROUP``, Linux 6.9:
-  the group of that very process while it is not reaped; on an older kernel ``killpg``
-  then, its pid being still the group's); a reaped leader's group members left are
-  signalled by ``killpg`` while no process has the leader's pid (the kernel gives no
-  process a pid a live group still has as its id: :meth:`PidFd._kill_orphaned_group`);
+- :meth:`PidFd.kill` sends ``SIGKILL`` through the pidfd (``pidfd_send_signal``) to the
+  process, and first, when asked, to the process group it leads
+  (``PIDFD_SIGNAL_PROCESS_GROUP``, Linux 6.9: the group of that very process while it is
+  not reaped; on an older kernel ``killpg`` then, its pid being still the group's); a
+  reaped leader's group members left are signalled by ``killpg`` while no process has the
+  leader's pid (the kernel gives no process a pid a live group still has as its id:
+  :meth:`PidFd._kill_orphaned_group`). The process itself is always signalled: one that
+  leads no group yet (stopped before its ``setsid``) is in no group the kill reaches;
 - :meth:`PidFd.wait_reaped` waits until it is reaped (no zombie left): the pidfd reports
   ``POLLHUP`` then, and the wait sleeps on it (``epoll``), never polling ``/proc``; a
   kernel that wakes no pidfd waiter at the reap is looked at again with a growing pause,
@@ -94,39 +96,49 @@ class PidFd:
         self.signal(signal.SIGKILL, group)
 
     def signal(self, signum: int, group: bool = False) -> None:
-        """Send ``signum`` as :meth:`kill` sends ``SIGKILL``."""
+        """Send ``signum`` as :meth:`kill` sends ``SIGKILL``: with ``group``, to the group
+        the process leads, then to the process itself, which leads no group before it made
+        one (a worker stopped, or not yet run, before its ``setsid``: a group kill alone
+        reached no one, and the stopped worker kept its fork server, and the stop waiting
+        for it, alive)."""
         with self._lock:
             if self._no_pidfd:
+                if group:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(self.pid, signum)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.pid, signum) if group else os.kill(self.pid, signum)
+                    os.kill(self.pid, signum)
                 return
             if self._fd < 0:
                 return
-            if group and _group_flag[0]:
-                try:
-                    signal.pidfd_send_signal(self._fd, signum, None, _PROCESS_GROUP)
-                    if not self._unreaped_locked():  # a reaped leader's: some kernels send it to no one
-                        self._kill_orphaned_group(signum)
-                    return
-                except ProcessLookupError:  # its leader reaped: the kernel signals no group through it
-                    self._kill_orphaned_group(signum)
-                    return
-                except PermissionError:
-                    pass  # a member of another uid: signalled one by one below, the leader at least
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL:
-                        raise
-                    _group_flag[0] = False  # a kernel before 6.9
-            try:
+            if group:
+                self._signal_group_locked(signum)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 signal.pidfd_send_signal(self._fd, signum)
-            except (ProcessLookupError, PermissionError):
-                if not group:
-                    return
-            if group and self._unreaped_locked():  # its pid is still its group's: no other process has it
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.pid, signum)
-            elif group:
-                self._kill_orphaned_group(signum)
+
+    def _signal_group_locked(self, signum: int) -> None:
+        """``signum`` to every process of the group the process leads (none while it leads
+        no group), or, its leader reaped, to what is left of that group."""
+        if _group_flag[0]:
+            try:
+                signal.pidfd_send_signal(self._fd, signum, None, _PROCESS_GROUP)
+            except ProcessLookupError:  # its leader reaped (no group through it), or it leads none
+                pass
+            except PermissionError:
+                pass  # a member of another uid: killpg below signals those it may
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                _group_flag[0] = False  # a kernel before 6.9
+            else:
+                if not self._unreaped_locked():  # a reaped leader's: some kernels send it to no one
+                    self._kill_orphaned_group(signum)
+                return
+        if self._unreaped_locked():  # its pid is no other process's: a group of that id is the one it leads
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signum)
+        else:
+            self._kill_orphaned_group(signum)
 
     def _kill_orphaned_group(self, signum: int) -> None:
         """Signal what is left of the group the reaped leader led: the kernel gives no

@@ -28,9 +28,12 @@ import os
 import select
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
+
+from loguru import logger
 
 from rho_actors.otp.pidfds import PidFd
 from rho_actors.sandbox.channel import Channel
@@ -55,6 +58,9 @@ __all__ = [
 START_METHODS: Final = ("forkserver", "spawn")
 _SERVER_END_WAIT_S: Final = 5.0
 """How long a child's start waits for a fork server it found ending to end (seconds)."""
+_SERVER_STOP_S: Final = 5.0
+"""How long the last :func:`release_servers` waits for the fork server or resource
+tracker it ends to exit before it kills it (and again for the kill; seconds)."""
 
 _preload_lock = threading.Lock()
 _preload_asked: list[tuple[list[str], list[str], bool, bool]] = []
@@ -109,13 +115,60 @@ def _give_back() -> None:
     pid = getattr(server, "_forkserver_pid", None)
     if not server_ours or pid is None or _runs_host_children(pid):
         return
-    for ended in (server, tracker):
-        if ended is tracker and (not tracker_ours or _shared_pipe(getattr(tracker, "_fd", None))):
-            continue  # the host's, or another process writes to it (a host's pool's workers)
-        stop = getattr(ended, "_stop", None)
-        if callable(stop):
+    _end_server(server, "_forkserver_pid", "_forkserver_alive_fd", "the fork server")
+    if tracker_ours and not _shared_pipe(getattr(tracker, "_fd", None)):  # not the host's, nor another's pipe
+        _end_server(tracker, "_pid", "_fd", "the resource tracker")
+
+
+def _end_server(server: Any, pid_name: str, fd_name: str, what: str) -> None:
+    """``multiprocessing``'s ``_stop`` of its fork server or resource tracker, bounded
+    (its own waits with none): close the pipe whose end tells the server to exit, reap it
+    within :data:`_SERVER_STOP_S`, else SIGKILL its tree and reap it. A process forked from
+    the fork server holds a copy of that pipe until it closes it as it begins (a worker
+    stopped before that point, by a tool's ``SIGSTOP``, held it for good): the server never
+    sees the end while one lives, and the stop waited for it forever."""
+    with server._lock:
+        pid, fd = getattr(server, pid_name, None), getattr(server, fd_name, None)
+        if not isinstance(pid, int) or not isinstance(fd, int):
+            return  # not running
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        setattr(server, fd_name, None)
+        if not _reaped(pid, _SERVER_STOP_S):
+            from rho_actors.sandbox.confine.trees import kill_tree
+
+            logger.warning("{} (pid {}) did not exit within {:g} s of its release: a process it forked still "
+                           "holds its pipe; its tree is killed", what, pid, _SERVER_STOP_S)
             with contextlib.suppress(Exception):
-                stop()
+                kill_tree(pid)
+            if not _reaped(pid, _SERVER_STOP_S):
+                logger.warning("{} (pid {}) was killed but not reaped within {:g} s", what, pid, _SERVER_STOP_S)
+        setattr(server, pid_name, None)
+        address = getattr(server, "_forkserver_address", None)
+        if isinstance(address, str):
+            from multiprocessing import util
+
+            if not util.is_abstract_socket_namespace(address):
+                with contextlib.suppress(OSError):
+                    os.unlink(address)
+            server._forkserver_address = None
+
+
+def _reaped(pid: int, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for this process's child ``pid`` to exit, and reap
+    it; whether it was reaped (by this wait, or already by another)."""
+    until, pause = time.monotonic() + timeout_s, 0.001
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return True
+        except ChildProcessError:
+            return True
+        left = until - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, pause))
+        pause = min(pause * 2, 0.05)
 
 
 def _shared_pipe(fd: int | None) -> bool:
