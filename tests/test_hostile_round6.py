@@ -25,6 +25,7 @@ import pytest
 from rho_actors.function_tool import tool
 from rho_actors.sandbox import WorkerPool, WorkerSlots
 from rho_actors.sandbox import warm_workers as warm_workers_module
+from rho_actors.sandbox.taking import WorkerTaking
 from rho_actors.sandbox.warm_workers import WarmWorkers
 from rho_actors.sandbox.worker_handle import WorkerHandle
 
@@ -145,8 +146,8 @@ def test_an_interrupt_as_a_worker_is_started_for_a_call_loses_no_process_slot(
         if point == "acquire":  # as the slot's take returns
             raised = _interrupt_once(monkeypatch, WorkerSlots, "try_acquire", after=True)
         else:
-            raised = _interrupt_once(monkeypatch, WarmWorkers, "_spawn" if point == "spawn" else "_start_for_call",
-                                     after=False)
+            cls, name = (WarmWorkers, "_spawn") if point == "spawn" else (WorkerTaking, "_start_for_call")
+            raised = _interrupt_once(monkeypatch, cls, name, after=False)
         results = Results()
         call = a_call({"text": "b"}, "b")
         if point == "start_for_call":

@@ -53,6 +53,7 @@ import pytest
 
 from rho_actors import ActorSystem, PluginFolder, ToolCall, UntrustedReads
 from rho_actors.sandbox import WorkerPool, WorkerSlots
+from rho_actors.sandbox.taking import WorkerTaking
 from rho_actors.sandbox.warm_workers import WarmWorkers
 from rho_actors.sandbox.worker_handle import WorkerHandle
 from rho_actors.tool import ErrorKind, ToolResult
@@ -349,7 +350,7 @@ def test_a_call_counts_on_another_calls_stuck_start_only_until_half_its_start_bo
     its whole bound, a stuck start holding every later call)."""
     p = WorkerPool(warm=0, codec="pickle")
     held, readied, starts = threading.Event(), [], []
-    await_ready, start_for_call = WarmWorkers._await_ready, WarmWorkers._start_for_call
+    await_ready, start_for_call = WarmWorkers._await_ready, WorkerTaking._start_for_call
 
     def hold(self: WarmWorkers, worker: WorkerHandle, wanted: bool = False) -> bool:
         readied.append(worker.pid)
@@ -357,12 +358,12 @@ def test_a_call_counts_on_another_calls_stuck_start_only_until_half_its_start_bo
             held.wait(WAIT_S)
         return await_ready(self, worker, wanted)
 
-    def counted(self: WarmWorkers, env_key: Any, start: Any) -> None:
+    def counted(self: WorkerTaking, env_key: Any, start: Any) -> None:
         starts.append(start)
         start_for_call(self, env_key, start)
 
     monkeypatch.setattr(WarmWorkers, "_await_ready", hold)
-    monkeypatch.setattr(WarmWorkers, "_start_for_call", counted)
+    monkeypatch.setattr(WorkerTaking, "_start_for_call", counted)
     try:
         results = Results()
         b = a_call({}, "b", the_tool=worker_pid)

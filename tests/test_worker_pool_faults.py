@@ -260,14 +260,15 @@ def test_an_interrupt_while_an_undelivered_call_is_sent_again_answers_it_once_an
     the call, so the call is sent again, to another worker, from the caller's thread;
     that thread is interrupted while it takes that other worker. The call gets exactly
     one result, and neither a worker nor the session's place under the cap is lost."""
+    from rho_actors.sandbox.taking import WorkerTaking
     from rho_actors.sandbox.warm_workers import WarmWorkers
 
     p = _capped_pool(1)
     try:
-        take = WarmWorkers._take
+        take = WorkerTaking._take
         taken: list[int] = []
 
-        def taking(self: WarmWorkers, *args: Any, **kwargs: Any) -> Any:
+        def taking(self: WorkerTaking, *args: Any, **kwargs: Any) -> Any:
             worker = take(self, *args, **kwargs)
             if not taken:
                 taken.append(worker.pid)
@@ -275,7 +276,7 @@ def test_an_interrupt_while_an_undelivered_call_is_sent_again_answers_it_once_an
                 _wait_ended(worker.channel.sentinel)
             return worker
 
-        monkeypatch.setattr(WarmWorkers, "_take", taking)
+        monkeypatch.setattr(WorkerTaking, "_take", taking)
         raised = _interrupt_once(monkeypatch, WarmWorkers, "_take_idle", after=True, skip=1)
         results = Results()
         with pytest.raises(KeyboardInterrupt):

@@ -27,7 +27,8 @@ import pytest
 
 from rho_actors.function_tool import tool
 from rho_actors.sandbox import WorkerCall, WorkerPool
-from rho_actors.sandbox.warm_workers import DELIVERY_ATTEMPTS, WarmWorkers
+from rho_actors.sandbox.taking import DELIVERY_ATTEMPTS
+from rho_actors.sandbox.warm_workers import WarmWorkers
 from rho_actors.tool import ErrorKind
 
 from .conftest import WAIT_S

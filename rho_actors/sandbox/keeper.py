@@ -174,7 +174,7 @@ class WarmKeeper(WarmWorkers):
         """One of the keeper's starts ended (``failed``: the next starts wait, the longer
         the more failed in a row; ``refused``, by a stopped or full pool: no failure, the
         next look in :data:`KEEPER_BACKOFF_S`); a call waiting for it looks again
-        (:meth:`_awaited_others_start`)."""
+        (:meth:`~rho_actors.sandbox.taking.WorkerTaking._awaited_others_start`)."""
         if not failed:  # (told before a call waiting for it looks again)
             self._failed_starts.passed()
         pause = KEEPER_BACKOFF_S if refused else self._failed_starts.failed()[1] if failed else 0.0

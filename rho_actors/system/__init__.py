@@ -26,6 +26,12 @@ escalating past the root's restart intensity stops the system: :attr:`ActorSyste
 :attr:`ActorSystem.exit_reason` holds the cause. Every supervisor's reports are :class:`rho_actors.SupervisorEvent`
 values on :meth:`ActorSystem.subscribe`, and are logged.
 
+This module builds the tree, starts sessions' loops and stops the system; the rest of
+:class:`ActorSystem` is its parts: registering tools (:mod:`rho_actors.system.tools`),
+the host's own actors and the asks of the system's (:mod:`rho_actors.system.host_actors`),
+what keeps a stop's promises (:mod:`rho_actors.system.stopping`) and the settings'
+checks (:mod:`rho_actors.system.settings_checks`).
+
 Example::
 
     with ActorSystem(data_dir="/tmp/agent") as system:
@@ -43,7 +49,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -56,7 +62,7 @@ from rho_actors.agent.transcript import TRANSCRIPT_NAME
 from rho_actors.budgets import DEFAULT_MAX_SESSION_RESULT_BYTES, DEFAULT_MAX_TURN_RESULT_BYTES, ResultBudgets
 from rho_actors.declarations import checks as _decl
 from rho_actors.declarations.arguments import DEFAULT_MAX_ARGUMENT_DEPTH
-from rho_actors.declarations.toolset import IsolationName, ToolSet, ToolSetView, copied_infos
+from rho_actors.declarations.toolset import ToolSetView
 from rho_actors.encoding import DEFAULT_MAX_OUTPUT_CHARS
 from rho_actors.events import CallEvent, EventBus, SupervisorEvent
 from rho_actors.files import UnsafePathError, child_path, folder_identity
@@ -76,8 +82,7 @@ from rho_actors.otp.supervisor import ChildSpec, StartChild, Supervisor
 from rho_actors.otp.threads import ThreadPool
 from rho_actors.otp.timers import Timers
 from rho_actors.registry.declaration_actor import DECLARATIONS, DeclarationActor, DeclarationState
-from rho_actors.registry.registering import Options, prepare, register_many
-from rho_actors.registry.tool_registry import Registration, RegistryState, ToolRegistry
+from rho_actors.registry.tool_registry import RegistryState, ToolRegistry
 from rho_actors.runtime import DEFAULT_MAX_TIMEOUT_MS, Limits, Runtime, UntrustedReads, fair_shares
 from rho_actors.sandbox import (
     DEFAULT_HEAP_BYTES,
@@ -104,9 +109,9 @@ from rho_actors.system.host_actors import (
 )
 from rho_actors.system.settings_checks import check_settings
 from rho_actors.system.stopping import StopOnce, end_workers
+from rho_actors.system.tools import SystemTools
 from rho_actors.tasks import TaskRegistry, TaskSettings, records
 from rho_actors.telemetry import Telemetry
-from rho_actors.tool import ToolInfo
 
 if TYPE_CHECKING:
     from rho_actors.observe.observer import Observer
@@ -115,10 +120,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ActorSystem"]
 
-RESTART_PATIENCE_S = 5.0  # seconds a call into a system actor being restarted waits for it (then raises)
 
-
-class ActorSystem(HostActors):
+class ActorSystem(HostActors, SystemTools):
     """A supervised runtime for tool calls. Use it as a context manager, or call
     :meth:`stop` when done.
 
@@ -344,136 +347,6 @@ class ActorSystem(HostActors):
             if not waiting.done():
                 waiting.set_exception(RuntimeError("the actor system stopped before the declaration was read"))
 
-    def _whereis(self, name: str) -> pykka.ActorRef[Any]:
-        """The live ref of the system's actor ``name`` (waiting :data:`RESTART_PATIENCE_S`
-        while it restarts); raises ``RuntimeError`` naming the system's state."""
-        ref = self._names.whereis(name)
-        if ref is None and not self._stopped:  # restarting: its supervisor brings it back at once
-            ref = self._names.await_name(name, RESTART_PATIENCE_S, lambda: self._stopped)
-        if ref is None:
-            state = f"stopped ({self.exit_reason})" if self._stopped else "restarting"
-            raise RuntimeError(f"the system's {name!r} actor is not running: the system is {state}")
-        return ref
-
-    def _ask(self, name: str, method: str, *args: Any) -> Any:
-        """``method(*args)`` of the system's actor ``name``, answered; asked again while it restarts
-        (:data:`RESTART_PATIENCE_S`) when it died before handling the message (``ActorDeadError``)."""
-        until = time.monotonic() + RESTART_PATIENCE_S
-        while True:
-            try:
-                return getattr(self._proxy(name), method)(*args).get(timeout=self._ask_timeout_s)
-            except pykka.ActorDeadError:
-                if self._stopped or time.monotonic() >= until:
-                    raise
-
-    def _proxy(self, name: str) -> Any:
-        """A proxy of the system's actor ``name``, built once per actor (pykka inspects
-        every attribute of the actor to build one), anew after a restart. Raises as
-        :meth:`_whereis`."""
-        ref = self._whereis(name)
-        cached = self._proxies.get(name)
-        if cached is None or cached[0] is not ref:
-            cached = self._proxies[name] = (ref, ref.proxy())
-        return cached[1]
-
-    # --- tools --------------------------------------------------------------------------
-
-    def register(
-        self, tool: Any, *, origin: str | None = None, untrusted: bool = False,
-        isolation: IsolationName | None = None, env: dict[str, str] | None = None, deps: dict[str, Any] | None = None,
-        worker_scope: str | None = None, resources: Mapping[str, Any] | None = None, source: str | None = None,
-    ) -> Registration:
-        """Register a tool (a module, class or object with the callbacks of DESIGN §2). Its declaration is read and
-        checked once; one that fails is left out of what loops offer (see :attr:`Registration.reason`, also logged
-        once).
-
-        A trusted tool is read in the DeclarationActor's thread. An untrusted one (``untrusted=True``, or marked
-        with :func:`rho_actors.untrusted`) is read in a throwaway process within the time and heap bounds of
-        ``untrusted`` reads; this returns when that first read is done (a read that ran over leaves the tool out for
-        now and is retried on the schedule). ``isolation`` is where its calls run: ``"thread"`` (the default for
-        trusted tools) or ``"process"`` (the default for untrusted ones): a name in
-        :data:`rho_actors.isolation.ISOLATIONS`. ``origin`` names where the tool comes from in messages (default:
-        its module, qualified name, file and line).
-
-        No code of an untrusted tool runs in this process: not even an attribute lookup (a missing callback shows in
-        its declaration check, or as the call's error).
-
-        For untrusted tools only (DESIGN §5): ``env`` (str -> str) is added to its workers' scrubbed environment
-        (which holds only ``PATH``, ``LANG``, ``LC_*``, ``TZ``, and ``HOME``/``TMPDIR`` set to a private folder);
-        ``deps`` (plain JSON data, default ``{}``) is its calls' ``ctx["deps"]``: the session's ``deps`` never reach
-        it; ``worker_scope`` is ``"session"`` (default: a worker process serves one (tool, session) pair only) or
-        ``"call"`` (a fresh worker process per call).
-
-        ``source`` names the source serving the tool (set by ``add_source``; ``None``: the host's own, which takes a
-        name from a source's tool, evicting it: DESIGN §3 "Names").
-
-        ``resources`` are what its isolation runs each call with, checked by the isolation (``isolation="ray"``:
-        ``num_cpus``, ``num_gpus``, ``memory`` in bytes, ``runtime_env`` and custom resources such as ``{"browser":
-        1}``). ``ray`` takes trusted tools only (Ray unpickles what its workers return).
-
-        A trusted LangChain tool (a ``langchain_core.tools.BaseTool``, ``@tool`` functions included) is registered
-        as :func:`rho_actors.integrations.langgraph.langchain_tool.from_langchain` makes it: its name, description
-        and argument schema are its own.
-
-        Raises ``TypeError`` when a trusted ``tool`` lacks a required callback,
-        :class:`~rho_actors.sandbox.main_guard.UnguardedStartError` when called from the top level of a main script
-        outside ``if __name__ == "__main__":`` (its child processes would import the script and run it again),
-        ``ValueError`` for an unknown isolation, an untrusted tool on an isolation that refuses them, bad
-        ``resources``, or a bad ``env``/``deps``/``worker_scope`` (or any of them for a trusted tool),
-        ``ImportError`` for ``ray`` resources without the ``ray`` extra, :class:`rho_actors.DuplicateToolError` when
-        another registered tool has its name (but see ``source``), and ``RuntimeError`` when the system stops while
-        an untrusted declaration is being read."""
-        from rho_actors.integrations.adopt import adopted  # another framework's tool as a rho tool
-
-        options = Options(untrusted, isolation, env, deps, worker_scope, resources, source)
-        tool, untrusted, placement = prepare(self._runtime.isolations, tool, options, adopted)
-        answer = self._ask(REGISTRY, "register", tool, origin, untrusted, isolation, placement, source)
-        if isinstance(answer, Registration):
-            return answer
-        return answer.result(timeout=self._untrusted.timeout_s + self._ask_timeout_s)  # type: ignore[no-any-return]
-
-    def register_many(
-        self, tools: Iterable[Any], *, untrusted: bool = False, isolation: IsolationName | None = None,
-        env: dict[str, str] | None = None, deps: dict[str, Any] | None = None, worker_scope: str | None = None,
-        resources: Mapping[str, Any] | None = None, source: str | None = None, origins: Sequence[str] | None = None,
-    ) -> list[Registration]:
-        """Register many tools, each as :meth:`register` would with these options (same checks and errors); returns
-        their :class:`Registration` values in order. Each tool is checked here first (the first bad one raises,
-        named, before any is registered); the trusted ones are then registered as one change, all or nothing: a name
-        held by a registered tool or taken twice raises :class:`rho_actors.DuplicateToolError` naming the tool and
-        its index, and none is registered; loops see one new tool set. Untrusted ones are then read in parallel,
-        each registered when read, in that order (a ``DuplicateToolError`` among them is raised once all are read;
-        the others stay). ``origins`` names where each tool comes from in messages, in the tools' order (as
-        :meth:`register`'s ``origin``; ``ValueError`` when its length differs)."""
-        from rho_actors.integrations.adopt import adopted
-        options = Options(untrusted, isolation, env, deps, worker_scope, resources, source)
-        return register_many(self._proxy(REGISTRY), self._runtime.isolations, tools, options, adopted,
-                             self._ask_timeout_s, self._untrusted.timeout_s, origins)
-
-    def unregister(self, name_or_tool: Any, reason: str | None = None) -> bool:
-        """Remove a tool (by name or object); loops stop offering it from their next turn, and a call naming it gets an
-        ``unavailable`` error with text ``reason`` (default "tool 'x' was unregistered"). Returns whether a tool was
-        removed."""
-        from rho_actors.integrations.adopt import registered_as
-
-        name_or_tool = registered_as(name_or_tool)
-        return bool(self._ask(REGISTRY, "unregister", name_or_tool, reason))
-
-    def set_removed_reason(self, name: str, reason: str) -> bool:
-        """The text a call naming ``name`` gets, when it was unregistered and is not registered again (a tool
-        registered under it is left as it is). Returns whether the text was set."""
-        return bool(self._ask(REGISTRY, "set_removed_reason", name, reason))
-
-    def registrations(self) -> list[Registration]:
-        """Every registered tool, offered or left out, in registration order."""
-        result: list[Registration] = self._ask(REGISTRY, "registrations")
-        return result
-
-    def tool_set(self) -> ToolSet:
-        """The registry's current :class:`rho_actors.declarations.toolset.ToolSet` (immutable: entries with their
-        tools, isolation and declarations; a ``version`` that grows with every change)."""
-        return self._tools.current
-
     @property
     def confine_policy(self) -> ConfinePolicy:
         """How this system confines children that run untrusted code (workers,
@@ -489,11 +362,6 @@ class ActorSystem(HostActors):
     def timers(self) -> Timers:
         """The system's timer service (``send_after`` for actors)."""
         return self._timers
-
-    def tools(self) -> list[ToolInfo]:
-        """The checked declarations of every tool that can be offered, in registration
-        order, each the caller's own copy (as :meth:`Loop.offered`)."""
-        return copied_infos(list(self._tools.current.entries.values()))
 
     # --- loops --------------------------------------------------------------------------
 

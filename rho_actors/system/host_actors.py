@@ -6,12 +6,15 @@ tools: :meth:`~HostActors.start_child` puts one (a stateful tool server, a sourc
 connection) in a subtree of its own under ``servers`` or ``sources``,
 :meth:`~HostActors.stop_child` ends it, :meth:`~HostActors.whereis` and
 :meth:`~HostActors.lookup` find a named actor, :meth:`~HostActors.tree` describes the live
-supervision tree. It also names the system's own actors.
+supervision tree. It also names the system's own actors and reaches them:
+:meth:`~HostActors._ask` asks one (a method of the registry, say) and waits for the
+answer, asking again while it restarts, up to :data:`RESTART_PATIENCE_S`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -24,11 +27,14 @@ from rho_actors.otp.owned import OwnedProcesses
 from rho_actors.otp.supervisor import ChildSpec, StartChild, start_adopted
 from rho_actors.runtime import Runtime
 
-__all__ = ["CALLS", "REGISTRY", "ROOT", "SERVERS", "SESSIONS", "SOURCES", "WORKERS", "HostActors"]
+__all__ = ["CALLS", "REGISTRY", "RESTART_PATIENCE_S", "ROOT", "SERVERS", "SESSIONS", "SOURCES", "WORKERS",
+           "HostActors"]
 
 REGISTRY, CALLS, WORKERS, ROOT = "registry", "calls", "workers", "root"
 SOURCES, SESSIONS, SERVERS = "sources", "sessions", "servers"
 """The names of the system's own actors (its root's children)."""
+
+RESTART_PATIENCE_S = 5.0  # seconds a call into a system actor being restarted waits for it (then raises)
 
 
 class HostActors:
@@ -43,7 +49,41 @@ class HostActors:
     _ask_timeout_s: float
     _root: pykka.ActorRef[Any]
     _sessions_dir: Path
-    _proxy: Callable[[str], Any]
+    _stopped: bool
+    exit_reason: object
+    _proxies: dict[str, tuple[pykka.ActorRef[Any], Any]]
+
+    def _whereis(self, name: str) -> pykka.ActorRef[Any]:
+        """The live ref of the system's actor ``name`` (waiting :data:`RESTART_PATIENCE_S`
+        while it restarts); raises ``RuntimeError`` naming the system's state."""
+        ref = self._names.whereis(name)
+        if ref is None and not self._stopped:  # restarting: its supervisor brings it back at once
+            ref = self._names.await_name(name, RESTART_PATIENCE_S, lambda: self._stopped)
+        if ref is None:
+            state = f"stopped ({self.exit_reason})" if self._stopped else "restarting"
+            raise RuntimeError(f"the system's {name!r} actor is not running: the system is {state}")
+        return ref
+
+    def _ask(self, name: str, method: str, *args: Any) -> Any:
+        """``method(*args)`` of the system's actor ``name``, answered; asked again while it restarts
+        (:data:`RESTART_PATIENCE_S`) when it died before handling the message (``ActorDeadError``)."""
+        until = time.monotonic() + RESTART_PATIENCE_S
+        while True:
+            try:
+                return getattr(self._proxy(name), method)(*args).get(timeout=self._ask_timeout_s)
+            except pykka.ActorDeadError:
+                if self._stopped or time.monotonic() >= until:
+                    raise
+
+    def _proxy(self, name: str) -> Any:
+        """A proxy of the system's actor ``name``, built once per actor (pykka inspects
+        every attribute of the actor to build one), anew after a restart. Raises as
+        :meth:`_whereis`."""
+        ref = self._whereis(name)
+        cached = self._proxies.get(name)
+        if cached is None or cached[0] is not ref:
+            cached = self._proxies[name] = (ref, ref.proxy())
+        return cached[1]
 
     def start_child(
         self, spec: ChildSpec, *, max_restarts: int | None = None, max_seconds: float | None = None,
