@@ -73,7 +73,7 @@ from rho_actors.sandbox import IsolatedReadError, WorkerPool
 from rho_actors.selftest import LoadError, SelftestRow, run_selftests
 from rho_actors.sources.source_actor import EntryPointGroup, PluginFolder, PluginLoadError, Source, SourceHandle
 from rho_actors.system import ActorSystem
-from rho_actors.tasks import TaskError, TaskInfo, TaskSettings
+from rho_actors.tasks import TaskError, TaskHostStopped, TaskInfo, TaskSettings
 from rho_actors.telemetry import Telemetry
 from rho_actors.tool import (
     DEFAULT_TIMEOUT_MS,
@@ -170,6 +170,7 @@ __all__ = [
     "SupervisorEvent",
     "TaskError",
     "TaskFinished",
+    "TaskHostStopped",
     "TaskInfo",
     "TaskSettings",
     "Telemetry",

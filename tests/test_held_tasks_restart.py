@@ -17,12 +17,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rho_actors import ActorSystem, ErrorKind, Loop
+from rho_actors import ActorSystem, ApprovalError, ErrorKind, Loop, TaskHostStopped, ToolCall, tool
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
 from rho_actors.lifecycle.tasks import OPEN
 from rho_actors.loop.decisions import decide
@@ -33,6 +34,12 @@ from tests.held_task_host import CALL, wipe_later
 pytestmark = pytest.mark.timeout(240)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@tool(requires_approval=True)
+def wipe_now(path: str) -> str:
+    """Wipe a path, once approved (not a task)."""
+    return f"wiped {path} now"
 
 
 @pytest.fixture
@@ -166,3 +173,65 @@ def test_a_held_task_of_a_system_without_a_data_dir_ends_at_its_stop(runs: Path)
     info = loop.task_result(ack.details["task_id"], WAIT_S)  # what the stopped host tells a waiter
     assert info.status == "cancelled", info
     assert runs.read_text() == ""
+
+
+def test_a_waiter_on_a_held_task_is_told_at_once_when_its_host_stops(tmp_path: Path, runs: Path) -> None:
+    """``task_result`` of a held task whose host stops is answered then, as OTP answers
+    a caller whose server went down (``TaskHostStopped``, naming the task and that its
+    host stopped), not at its timeout; the task and its call stay held for the next
+    host, which takes them back. Before: the waiter returned only at its ``timeout_s``."""
+    data = tmp_path / "data"
+    system = _system(data)
+    loop = system.start_loop("s1")
+    [ack] = loop.run_turn([CALL])
+    task_id = ack.details["task_id"]
+    answered: list[BaseException] = []
+    waiting = threading.Event()
+
+    def waiter() -> None:
+        waiting.set()
+        try:
+            loop.task_result(task_id, WAIT_S * 10)
+        except BaseException as exc:
+            answered.append(exc)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    assert waiting.wait(WAIT_S)
+    system.stop()
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), "the waiter is answered only at its timeout"
+    [told] = answered
+    assert isinstance(told, TaskHostStopped), told
+    assert told.info.status == "input_required" and task_id in str(told) and "host stopped" in str(told)
+    with pytest.raises(TaskHostStopped):  # asked after the stop: at once too
+        loop.task_result(task_id, WAIT_S * 10)
+    assert _records(data) == [(task_id, "input_required")]
+    with _system(data) as system:  # the next host takes it back, and its decision ends it
+        loop = system.start_loop("s1")
+        assert [p.call_id for p in loop.pending()] == ["c1"]
+        loop.approve("c1", decided_by="test")
+        assert loop.task_result(task_id, WAIT_S).status == "completed"
+    assert runs.read_text().splitlines() == ["wipe /a"]
+
+
+def test_a_waiter_on_a_held_calls_decision_is_told_at_once_when_its_host_stops(tmp_path: Path, runs: Path) -> None:
+    """``when_decided`` of a call held for approval (not a task) whose host stops fails
+    then with an ``ApprovalError`` naming the call and that its host stopped; the call
+    stays held for the next host. Before: the future was never set (its waiter returned
+    only at its own timeout)."""
+    data = tmp_path / "data"
+    system = _system(data)
+    system.register(wipe_now)
+    loop = system.start_loop("s1")
+    [held] = loop.run_turn([ToolCall("c2", "wipe_now", '{"path": "/b"}')])
+    assert held.error_kind is ErrorKind.PENDING_APPROVAL, held
+    decided = loop.when_decided("c2")
+    system.stop()
+    told = decided.exception(WAIT_S)
+    assert isinstance(told, ApprovalError) and "'c2'" in str(told) and "host stopped" in str(told), told
+    with _system(data) as system:
+        system.register(wipe_now)
+        loop = system.start_loop("s1")
+        assert [p.call_id for p in loop.pending()] == ["c2"]
+        assert loop.approve("c2", decided_by="test").content == "wiped /b now"

@@ -80,6 +80,7 @@ EXPORTED = [
     "SupervisorEvent",
     "TaskError",
     "TaskFinished",
+    "TaskHostStopped",
     "TaskInfo",
     "TaskSettings",
     "Telemetry",

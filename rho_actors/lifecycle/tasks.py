@@ -9,11 +9,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from rho_actors.errors import RhoError
 from rho_actors.results import failure
 from rho_actors.tool import ToolInfo, ToolResult
 
-__all__ = ["OPEN", "RUN_IN_BACKGROUND", "TaskInfo", "TaskStatus", "acknowledgement", "delivery_text", "offers_choice",
-           "runs_as_task", "take_choice", "with_choice"]
+__all__ = ["OPEN", "RUN_IN_BACKGROUND", "TaskHostStopped", "TaskInfo", "TaskStatus", "acknowledgement", "delivery_text",
+           "offers_choice", "runs_as_task", "take_choice", "with_choice"]
 
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 """MCP's task statuses (the tasks extension): the first two are open."""
@@ -56,6 +57,20 @@ class TaskInfo:
     def open(self) -> bool:
         """Whether it has not ended (``working`` or ``input_required``)."""
         return self.status in OPEN
+
+
+class TaskHostStopped(RhoError, RuntimeError):
+    """What a waiter for a held task's end (``loop.task_result``) is told when the host
+    stops first (as OTP tells a caller whose server went down): the task has not ended,
+    its call waits for a decision in the session's transcript and the next host on the
+    same ``data_dir`` takes both back. ``info``: the task as the host left it
+    (``input_required``); ``str(err)`` names it and says so."""
+
+    def __init__(self, info: TaskInfo) -> None:
+        super().__init__(f"task {info.task_id} ({info.name}, call {info.call_id}) is still {info.status}: its host "
+                         "stopped before its call was decided; the call stays held in its session's transcript, and "
+                         "the next host on the same data_dir takes both back")
+        self.info = info
 
 
 def runs_as_task(declared: bool | str, chosen: bool | frozenset[str], call_id: str, asked: bool = False) -> bool:

@@ -96,6 +96,8 @@ class LoopActor(Actor):
         self._runtime.governor.forget(self.session_id)
         # a normal stop, or killed / exited: a crash of the loop, not of the calls
         self.turns.close("session_stopped" if self._exit_cause is None else "loop_crashed")
+        if self._exit_cause is None and self.turns.approvals is not None:  # its held calls' waiters are told
+            self.turns.approvals.host_stopped()
         self._runtime.loop_turns.pop(self.actor_urn, None)
         lease = self.turns.lease
         if self._exit_cause is None and lease is not None:  # the session ends: another host may serve it

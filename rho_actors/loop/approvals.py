@@ -402,6 +402,20 @@ class SessionApprovals(ApprovalJournal):
         future.set_result(outcome)
         return future
 
+    def host_stopped(self) -> None:
+        """The session's loop stopped normally (its host's stop, ``loop.stop``): each
+        :meth:`when_decided` waiter of a call not decided is told at once (as OTP tells a
+        caller whose server went down), an :class:`ApprovalError` naming the call; the call
+        stays held in the transcript, for a host started later on the data folder."""
+        with self._lock:
+            told = {c: self._waiters.pop(c) for c in list(self._waiters) if c not in self._in_flight}
+        for call_id, futures in told.items():
+            error = ApprovalError(f"call {call_id!r} of session {self.session_id!r} was not decided before its host "
+                                  "stopped; it stays held in the session's transcript for the next host")
+            for future in futures:
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(error)
+
     def _answered(self, call_id: str, result: ToolResult, held: Held | None = None) -> None:
         """``result`` is call ``call_id``'s: to its :meth:`when_decided` futures (``held``,
         a call that ran: it leaves the calls in flight in the same step)."""

@@ -92,7 +92,8 @@ class HeldCalls:
     def when_decided(self, call_id: str) -> concurrent.futures.Future[ToolResult]:
         """A future of pending call ``call_id``'s result (a :class:`~rho_actors.ToolResult`), set once
         it is decided, here or by another process (``rho-actors approve``: acted on within a second),
-        and, approved, has run; never set when not decided in this host (it stopped). A turn run
+        and, approved, has run; its host stopping first fails it at once with an ``ApprovalError``
+        saying so (the call stays held for the next host). A turn run
         directly's call decided before this is asked is found too (its result kept until asked for).
         Raises :class:`~rho_actors.ApprovalError` when no such call waits, runs or was so decided."""
         return self._approvals().when_decided(call_id)

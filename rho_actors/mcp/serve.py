@@ -88,6 +88,7 @@ from rho_actors.mcp.call_results import call_tool_result, entry_output_schema, o
 from rho_actors.mcp.client_requests import LEVEL_KEY, LOG_LEVELS, Bound, bind, unbind
 from rho_actors.mcp.events import BoundedEventStore, own_event_stores
 from rho_actors.mcp.guard import HTTPGuard, connection_protocol
+from rho_actors.mcp.held_sessions import TakenBack, may_hold
 from rho_actors.mcp.listen import Listening
 from rho_actors.mcp.progress import LiveProgress
 from rho_actors.mcp.sessions import (
@@ -289,6 +290,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     served = _Served(system, tuple(withheld), max_argument_bytes, guard,
                      commits=None if synchronous_commit else GroupCommit(wal_writer_delay_s(wal_writer_delay_ms)))
     served.tasks = ServedTasks(system.task_registry, call_tool_result)
+    taken = TakenBack(system, served.withheld, served.tasks)  # what a killed server before this one left held
     listeners = guard.max_sessions if guard is not None else _STDIO_LISTENERS
     if guard is not None:
         guard.rho_sessions = lambda: len(served.sessions)
@@ -307,6 +309,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                 if live is not None:  # at most one sent and one waiting: rho_actors.mcp.progress
                     live.report(event.done, event.total, event.message)
 
+        await taken.start()
         unsubscribe = system.subscribe(on_event, only=(ToolSetChanged, ProgressEvent))  # no call's events
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_announce_changes, served, changed)
@@ -321,6 +324,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                     served.tasks.close()
                 for session in list(served.handles.values()):  # 2026-07-28 sessions: no connection ends them
                     await _close(served, session)
+                await taken.close()
                 if served.commits is not None:  # a session closed later syncs at once
                     await anyio.to_thread.run_sync(served.commits.close)
 
@@ -457,6 +461,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     results: list[ToolResult] = []
     try:  # a dropped HTTP connection is no cancel (2025-11-25): the call runs on, its result kept to replay
         # a cancel waited for while the session started is raised here: unbound, released below as any end
+        await may_hold(session, entry, task.principal if task else principal_of(ctx), task is not None)
         record = session.call_record(ToolCall(call_id, params.name, arguments))  # recorded before it runs:
         on_thread = task is None and _on_call_thread(entry, session)  # by its thread, as it starts
         if not on_thread:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import os
 import re
 import secrets
 import shlex
@@ -44,13 +45,14 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from rho_actors.agent.group_commit import GroupCommit
 from rho_actors.agent.model import Reply
 from rho_actors.agent.transcript import Transcript, TranscriptError
+from rho_actors.files import open_regular
 from rho_actors.isolation.thread import on_call_thread
 from rho_actors.lifecycle import PendingCall
 from rho_actors.loop.decisions import ApprovalError
 from rho_actors.tool import ToolCall, ToolResult
 
-__all__ = ["PRINCIPAL_KEY", "SESSION_ENDED", "SESSION_META_KEY", "CallRecord", "Session", "SessionGone", "call_id_of",
-           "is_modern", "new_session_id", "principal_of", "session_handle", "session_unknown"]
+__all__ = ["HELD_MARKER", "PRINCIPAL_KEY", "SESSION_ENDED", "SESSION_META_KEY", "CallRecord", "Session", "SessionGone",
+           "call_id_of", "is_modern", "new_session_id", "principal_of", "session_handle", "session_unknown"]
 
 SESSION_META_KEY = "rho-actors/session"
 """The ``_meta`` key of a 2026-07-28 request naming its session, and of a result saying it."""
@@ -63,6 +65,11 @@ _HANDLE_CHARS = 128  # the longest handle a request may name
 SESSION_ENDED = "the MCP session ended before the call was decided; call it again in a new session"
 """The rejection of a call still waiting for approval when its MCP session ends."""
 _DECIDED_GRACE_S = 30.0  # past a held call's expiry, how long its request waits for the expiry's result
+HELD_MARKER = "mcp-client"
+"""The file in a served session's folder, holding its client's principal, from its first
+call that may be held for a decision or runs as a task: its end (which rejects held calls)
+removes it; one found by a server starting names a session a killed server left
+(:mod:`rho_actors.mcp.held_sessions`)."""
 
 
 def new_session_id() -> str:
@@ -153,6 +160,7 @@ class Session:
     calls: int = 0  # tools/call requests running now
     closed: bool = False
     commits: GroupCommit | None = None  # synchronous_commit off: results synced by this group commit
+    marked: bool = False  # its folder holds HELD_MARKER (it may hold a call for a decision)
 
     async def close(self, sessions: Any, state_key: str) -> None:
         """Stop the session's loop and close its transcript (idempotent); ``sessions``
@@ -167,6 +175,8 @@ class Session:
         try:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self.end_held)
+                if self.marked:
+                    await anyio.to_thread.run_sync(self.unmark)
                 await anyio.to_thread.run_sync(self.loop.stop)
         finally:
             if self.transcript is not None:
@@ -177,9 +187,10 @@ class Session:
     def end_held(self) -> None:
         """Reject each call of this session that waits for approval (DESIGN §4
         "Approvals"), recorded as decided by ``rho-actors mcp serve`` with
-        :data:`SESSION_ENDED`: no client can be answered once its session ended, and no
-        host takes an MCP session back, so it would wait for ever (its ``tools/call``, or
-        its task, ends ``rejected``). A call being decided meanwhile is left to that decision."""
+        :data:`SESSION_ENDED`: no client can be answered once its session ended (its
+        ``tools/call``, or its task, ends ``rejected``). A call being decided meanwhile is
+        left to that decision. A server killed ends none: the next one takes them back
+        (:mod:`rho_actors.mcp.held_sessions`)."""
         for pending in self.loop.pending():
             if pending.kind != "approval":
                 continue
@@ -188,6 +199,40 @@ class Session:
             except (ApprovalError, OSError, ValueError) as exc:
                 logger.info("MCP session {}: call {} not rejected at its end: {}", self.loop.session_id,
                             pending.call_id, exc)
+
+    def mark(self, principal: str) -> None:
+        """Before a call that may be held for a decision, or runs as a task: write
+        :data:`HELD_MARKER` (naming ``principal``, its client) in the session's folder,
+        once, so that a server started after this one is killed takes the session back.
+        Logged when it fails."""
+        if self.marked:
+            return
+        try:
+            fd = open_regular(self.loop.data_dir / HELD_MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as marker:
+                marker.write(principal)
+            self.marked = True
+        except OSError as exc:
+            logger.warning("MCP session {}: its held calls would not be taken back after a crash: {}",
+                           self.loop.session_id, exc)
+
+    def unmark(self) -> None:
+        """Remove :data:`HELD_MARKER` (the session ended) unless a call still waits for
+        approval (a decision racing :meth:`end_held`) or a task is open: the next server
+        takes those back (one the system's stop ends meanwhile is found ended)."""
+        loop = self.loop
+        try:
+            if any(p.kind == "approval" for p in loop.pending()) or \
+                    loop.task_registry.has_open(loop.session_id, loop.data_dir):
+                return
+        except Exception as exc:  # its loop is not running: the next server looks at what it holds
+            logger.info("MCP session {}: {} kept: {!r}", self.loop.session_id, HELD_MARKER, exc)
+            return
+        try:
+            (self.loop.data_dir / HELD_MARKER).unlink(missing_ok=True)
+            self.marked = False
+        except OSError as exc:
+            logger.warning("MCP session {}: {} not removed: {}", self.loop.session_id, HELD_MARKER, exc)
 
     async def decided(self, pending: PendingCall, waiting: ToolResult, data_dir: Any) -> ToolResult:
         """The result of a call of this session held for a decision (DESIGN §4
@@ -207,7 +252,7 @@ class Session:
         bound = None if pending.expires_at is None else max(0.0, pending.expires_at - time.time()) + _DECIDED_GRACE_S
         try:
             result: ToolResult = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), bound)
-        except TimeoutError:
+        except (TimeoutError, ApprovalError):  # expired; or its loop stopped first (the call held for the next host)
             return waiting
         return result
 

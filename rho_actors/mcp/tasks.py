@@ -31,7 +31,9 @@ folder, ``loop.tasks()`` lists it). A client that does not declare it gets
   (:data:`APPROVAL_KEY`, an ``elicitation/create`` naming the tool and its arguments):
   ``tasks/update`` answering ``{"action": "accept", "content": {"approve": true}}``
   approves it (it runs as the task), any other answer rejects it; ``loop.approve`` or
-  ``rho-actors approve`` moves it on the same way.
+  ``rho-actors approve`` moves it on the same way. A server killed while it waits leaves
+  it to the next server on the data folder, which serves it again to the same principal
+  (:meth:`ServedTasks.taken_back`, :mod:`rho_actors.mcp.held_sessions`).
 - ``tasks/cancel``: cancels it as ``loop.cancel_task`` does (a worker killed, a thread's
   ``ctx["cancel"]`` set); an ended task is left as it is. Both answer an empty result.
 - A task id is 128 random bits and bound to the principal that created it (as a
@@ -301,6 +303,28 @@ class ServedTasks:
             created["_meta"] = meta
         return created
 
+    def taken_back(self, session: Any, infos: list[TaskInfo], held: Mapping[str, Any]) -> None:
+        """Serve again the tasks ``infos`` of ``session``, a session a killed server left
+        and this one took back (:mod:`rho_actors.mcp.held_sessions`), to its principal:
+        one whose call waits for approval (``held``: by call id, its ``PendingCall``)
+        asks its ``approval`` question again; one that ended is served as it ended. A
+        task decided or ended while this ran is told as the registry has it now."""
+        loop = session.loop
+        for info in infos:
+            served = ServedTask(session.principal, session, info.name, task_id=info.task_id)
+            pending = held.get(info.call_id) if info.status in OPEN else None
+            if pending is not None:
+                served.approval, served.asked[APPROVAL_KEY] = pending.call_id, _approval_question(pending)
+            with self._lock:
+                if self._tasks.setdefault(info.task_id, served) is not served:
+                    continue
+            try:
+                now = self._registry.get(loop.session_id, loop.data_dir, info.task_id)
+            except TaskError:
+                now = info
+            if now.status not in OPEN or (pending is not None and now.status != "input_required"):
+                self._changed(now)  # ended, or its call decided, before it was served again
+
     def _prune(self) -> None:
         """Forget (under the lock) the tasks that ended over ``task_ttl_s`` ago: the
         registry has forgotten them too, so a ``tasks/get`` would be unknown anyway."""
@@ -497,6 +521,8 @@ class ServedTasks:
         elif status == "failed" and info.result is not None:
             detailed["error"] = {"code": INTERNAL_ERROR, "message": info.result.content,
                                  "data": {"errorKind": str(info.result.error_kind)}}
+            detailed["statusMessage"] = info.result.content[:500]
+        elif status == "cancelled" and info.result is not None:  # why (a cancel, its host's stop, held_task_lost)
             detailed["statusMessage"] = info.result.content[:500]
         return detailed
 

@@ -2,7 +2,7 @@
 "Background calls"): :class:`TaskRegistry` and its durable records
 (:mod:`rho_actors.tasks.records`)."""
 
-from rho_actors.lifecycle.tasks import OPEN, TaskInfo, TaskStatus, acknowledgement, delivery_text
+from rho_actors.lifecycle.tasks import OPEN, TaskHostStopped, TaskInfo, TaskStatus, acknowledgement, delivery_text
 from rho_actors.tasks.registry import DEFAULT_BACKGROUND_TIMEOUT_MS, Task, TaskError, TaskRegistry, TaskSettings
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "OPEN",
     "Task",
     "TaskError",
+    "TaskHostStopped",
     "TaskInfo",
     "TaskRegistry",
     "TaskSettings",

@@ -42,7 +42,7 @@ from loguru import logger
 from rho_actors.budgets import ResultBudgets, result_bytes
 from rho_actors.errors import RhoError
 from rho_actors.isolation import RunningCall
-from rho_actors.lifecycle.tasks import OPEN, TaskInfo, TaskStatus, acknowledgement
+from rho_actors.lifecycle.tasks import OPEN, TaskHostStopped, TaskInfo, TaskStatus, acknowledgement
 from rho_actors.results import failure
 from rho_actors.tasks import records
 from rho_actors.tasks.event_loop import TaskLoop
@@ -199,6 +199,7 @@ class TaskRegistry:
         self._counts = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0, "refused": 0, "interrupted": 0,
                         "rerun": 0, "taken_back": 0}
         self.stopped = False
+        self._kept_held = False  # the stop left the held tasks open (for the next host): their waiters are told
         self._watchers: dict[object, Callable[[TaskInfo], None]] = {}
         self._held: dict[tuple[str, str], Task] = {}  # (session, call id): tasks whose call waits for a decision
         self._taken: dict[str, list[Task]] = {}  # held tasks read from a session's folder, until resume() gives them
@@ -465,11 +466,15 @@ class TaskRegistry:
     def wait(self, session_id: str, session_dir: Path, task_id: Any, timeout_s: float | None) -> TaskInfo:
         """Task ``task_id`` once it has ended, waiting at most ``timeout_s`` seconds
         (``None``: until it ends, which its deadline bounds). Raises :class:`TaskError`
-        for an unknown task and ``TimeoutError`` naming it when it is still open."""
+        for an unknown task, ``TimeoutError`` naming it when it is still open, and
+        :class:`TaskHostStopped` at once when the system stopped (or stops meanwhile)
+        leaving it held for the next host (:meth:`stop`)."""
         with self._lock:
             task = self._task(session_id, session_dir, task_id)
-        if not task.done.wait(timeout_s):
-            raise TimeoutError(f"task {task.task_id} ({task.name}) is still {task.status} after {timeout_s} s")
+            if not self._changed.wait_for(lambda: task.done.is_set() or (self._kept_held and task.held), timeout_s):
+                raise TimeoutError(f"task {task.task_id} ({task.name}) is still {task.status} after {timeout_s} s")
+            if not task.done.is_set():
+                raise TaskHostStopped(task.info())
         return task.info()
 
     def cancel(self, session_id: str, session_dir: Path, task_id: Any) -> TaskInfo:
@@ -526,12 +531,14 @@ class TaskRegistry:
         cancelled ``async`` calls get ``timeout_s`` seconds to end before the tasks'
         event loop stops. But a task whose call waits for a decision (:meth:`held`) is
         left ``input_required``, as its call is left pending in the transcript: the next
-        host takes both back (:meth:`resume`); ``keep_held=False`` (a system whose data
-        folder is removed at its stop: nothing takes them back) ends it ``cancelled`` too."""
+        host takes both back (:meth:`resume`), and a waiter for it (:meth:`wait`) is told at
+        once (:class:`TaskHostStopped`); ``keep_held=False`` (a system whose data folder is
+        removed at its stop: nothing takes them back) ends it ``cancelled`` too."""
         with self._lock:
-            self.stopped = True
+            self.stopped, self._kept_held = True, keep_held
             open_tasks = [t for tasks in self._sessions.values() for t in tasks.values()
                           if t.status in OPEN and not (keep_held and t.held)]
+            self._changed.notify_all()  # a waiter for a held task is told the host stopped (wait)
         for task in open_tasks:
             running = task.running
             self.settle(task, failure("cancelled", task.call_id, task.name, reason="the system is stopping"))
