@@ -5,8 +5,8 @@
 for each call of the turn, in the model's order, its arguments are decoded strictly,
 its tool is looked up among those offered now (an immutable snapshot: the published
 :class:`~rho_actors.declarations.toolset.ToolSet` and the loop's withheld names), and
-its arguments are validated against the checked schema; a call failing any of these
-gets its error result and its tool never runs. The rest are started in their tool's
+its arguments are validated against the checked schema (:mod:`rho_actors.loop.prepare`);
+a call failing any of these gets its error result and its tool never runs. The rest are started in their tool's
 isolation (:mod:`rho_actors.isolation`), each with a deadline (``timeout_ms`` from
 dispatch) that the isolation keeps, from the tool's call plan (:mod:`rho_actors.loop.call_plan`:
 made once per registration). A turn with any ``exclusive`` call runs its calls
@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import itertools
-import marshal
 import threading
 import time
 from collections.abc import Callable
@@ -57,24 +56,22 @@ from loguru import logger
 
 from rho_actors.budgets import over_budget, result_bytes
 from rho_actors.cancel import CancelToken
-from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
-from rho_actors.declarations.toolset import ToolEntry, ToolSet
-from rho_actors.encoding import describe_exception, text_length
+from rho_actors.declarations.toolset import ToolEntry
+from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall
-from rho_actors.lifecycle.tasks import RUN_IN_BACKGROUND, acknowledgement, runs_as_task, take_choice
+from rho_actors.lifecycle.tasks import acknowledgement, runs_as_task
 from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.call_plan import CallPlans
 from rho_actors.loop.inline import InlineCall, on_loop
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
-from rho_actors.loop.offered import OfferedTools
+from rho_actors.loop.prepare import CallPreparation
 from rho_actors.loop.reruns import rerun_tasks
 from rho_actors.loop.turn import ResultSink, Slot, Turn, Withheld, result_of, when_cancelled, when_failed, withheld_set
-from rho_actors.loop.turn_holds import TurnHolds
 from rho_actors.otp.threads import host_code
-from rho_actors.results import capped, error_result, failure, text, traceback_of
+from rho_actors.results import failure, traceback_of
 from rho_actors.sandbox import Waiter
 from rho_actors.tasks import Task
 from rho_actors.telemetry import Telemetry, TurnTelemetry
@@ -100,11 +97,9 @@ class _Chain(threading.local):
 
 
 _CHAIN = _Chain()
-_VALID_CHARS = 4096  # arguments texts up to this long are remembered once found valid...
-_VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
 
 
-class Turns(OfferedTools, TurnHolds):
+class Turns(CallPreparation):
     """One session's turns (see the module doc): safe from any thread. Built by the
     session's LoopActor (``ref`` is its ref: the calls' ``ctx["loop"]``, and where a
     cancel token's ``CancelTurn`` goes). ``withheld``: the names, or the session's
@@ -256,35 +251,6 @@ class Turns(OfferedTools, TurnHolds):
             raise
         return turn.id
 
-    def _prepare_turn(
-        self, turn: Turn, refused: list[Slot], withheld: frozenset[str], chooses: bool, approved: bool,
-        waiter: Waiter | None,
-    ) -> list[tuple[ToolCall, PendingCall]]:
-        """Prepare each call of ``turn`` (:meth:`_prepare`): a refused one gets its result
-        and joins ``refused``, the rest wait to start; then the calls held for a decision
-        leave ``waiting`` (returned, each with its :class:`PendingCall`; in ``refused`` too)."""
-        tools = self._tools.current
-        for index, slot in enumerate(turn.slots):
-            try:
-                refusal = self._prepare(slot, tools, withheld, chooses)
-            except Exception as exc:  # a bug, or a checker that broke: this call only
-                logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
-                refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
-            if refusal is not None:
-                slot.result = capped(refusal, self._limits.max_output_chars)  # refusals are capped too
-                refused.append(slot)
-            else:
-                turn.open += 1
-                turn.waiting.append(index)
-                turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
-        held: list[tuple[ToolCall, PendingCall]] = []
-        if (self.approvals is not None and not approved
-                and self.approvals.may_hold(turn.slots, turn.waiting, tools.version)):
-            held = self._hold(turn, refused, tools.version)
-        if waiter is not None and turn.open == 1 and not held:  # its one call: the caller reads its reply
-            turn.waiter = waiter
-        return held
-
     def _admitted(self, turn: Turn, refused: list[Slot], cancel: CancelToken | None) -> None:
         for slot in refused:
             assert slot.result is not None
@@ -321,57 +287,6 @@ class Turns(OfferedTools, TurnHolds):
         raises as :func:`~rho_actors.loop.messages.make_session_folder`."""
         make_session_folder(self._data_dir, self._folder, self.lease)
         self.folder_made = True
-
-    def _prepare(self, slot: Slot, tools: ToolSet, withheld: frozenset[str], chooses: bool) -> ToolResult | None:
-        """Decode, look up and validate one call; an error result when it is refused."""
-        call = slot.call
-        name = call.name
-        approvals = self.approvals  # never a second call of one id (waits' first look, inline: none waits)
-        if approvals is not None and approvals._held and approvals.waits(call.id):
-            return failure("call_id_pending", call.id, name, call=call.id)
-        entry = tools.entries.get(name)
-        if entry is None or name in withheld or (self._allowed is not None and not self._allows(entry)):
-            return self._lookup_error(call.id, name, entry, tools, withheld)
-        arguments = call.arguments
-        key = (name, arguments) if type(arguments) is str and len(arguments) <= _VALID_CHARS else None
-        if key is not None:
-            known = self._valid.get(key)
-            if known is not None and known[0] is entry:  # this text was valid for this very registration
-                slot.entry, slot.args = entry, marshal.loads(known[1])
-                return None
-        try:
-            args = decode_arguments(call.arguments, self._limits.max_argument_depth)
-        except ArgumentsError as err:
-            return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
-        if entry.info.policy.background == "optional" and isinstance(args, dict) and RUN_IN_BACKGROUND in args:
-            asked = take_choice(entry.info, call.id, args, chooses)  # the model's choice
-            if isinstance(asked, ToolResult):
-                return asked
-            slot.asked, key = asked, None  # a text that chose is not remembered as the tool's arguments
-        began = time.monotonic()
-        try:  # validation counts against the call's deadline
-            size = (len(arguments) if type(arguments) is str  # bounds the work (a str's length: no frame)
-                    else text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None)
-            problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S), size)
-        except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
-            return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
-        if problems:
-            return failure("invalid_arguments", call.id, name, problems="; ".join(problems))
-        slot.entry, slot.args, slot.validated_s = entry, args, time.monotonic() - began
-        if key is not None:
-            self._remember(key, entry, args)
-        return None
-
-    def _remember(self, key: tuple[str, str], entry: ToolEntry, args: dict[str, Any]) -> None:
-        """Keep valid arguments text of ``entry``'s tool with its decoded value (marshalled:
-        each later call with the same text gets its own copy, as if decoded afresh)."""
-        try:
-            blob = marshal.dumps(args)
-        except ValueError:  # not plain JSON data: decoded afresh each time
-            return
-        if len(self._valid) >= _VALID_KEPT:
-            self._valid.clear()
-        self._valid[key] = (entry, blob)
 
     def _dispatch_ready(self, turn: Turn) -> None:
         """Start the turn's waiting calls: all of them, or the first of an exclusive turn
