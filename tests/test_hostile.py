@@ -100,10 +100,10 @@ def test_a_tool_whose_getattr_exits_is_read_with_defaults(system: ActorSystem) -
 
 
 def test_a_checker_that_breaks_fails_only_its_own_call(system: ActorSystem, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rho_actors.loop import turns
+    from rho_actors.loop import prepare
 
     # the checks' time bound (1 s) is not what this tests: at a load of 28 the cycle's recursion took longer
-    monkeypatch.setattr(turns, "MAX_VALIDATION_S", WAIT_S)
+    monkeypatch.setattr(prepare, "MAX_VALIDATION_S", WAIT_S)
     system.register(schema_tool("pattern", {"type": "object", "properties": {"re": {"type": "string",
                                                                                     "format": "regex"}}}))
     system.register(schema_tool("cycle", {"type": "object", "$defs": {"a": {"$ref": "#/$defs/a"}},

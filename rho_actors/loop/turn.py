@@ -133,12 +133,14 @@ def when_failed(failed: ToolResult, slot: Slot, now: float) -> ToolResult:
     return error_result(slot.call.id, slot.call.name, failed.error_kind, failed.content, duration)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Turn:
     """One turn. Once it is admitted, ``lock`` guards the slots' ``result``, ``started``,
     ``span`` and ``running``, and ``waiting``, ``open``, ``stop_reason`` and
     ``finished``: calls settle from their own threads. Whoever sets a slot's result ends
-    its span, after the lock."""
+    its span, after the lock (a one-call turn admitted as its call is dispatched has that
+    call marked started under the loop's admitting lock instead: no other thread can
+    reach the turn before)."""
 
     id: int
     slots: list[Slot]
@@ -160,6 +162,23 @@ class Turn:
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     hooked: tuple[CancelToken, Callable[[], None]] | None = None  # the host's token and its callback, until done
+
+    def __init__(
+        self, id: int, slots: list[Slot], future: ResultSink, withheld: tuple[str, ...],
+        context: contextvars.Context | None, own_context: bool, telemetry: TurnTelemetry | None,
+        on_result: Callable[[int, ToolResult], None] | None, on_start: Callable[[int], None] | None,
+        aio: asyncio.AbstractEventLoop | None, background: bool | frozenset[str], journal: bool,
+    ) -> None:
+        # the dataclass's own, less its defaults passed as parameters and its factories' looks (one a turn)
+        self.id, self.slots, self.future, self.withheld, self.context, self.own_context = (
+            id, slots, future, withheld, context, own_context)
+        self.telemetry, self.on_result, self.on_start, self.aio, self.background, self.journal = (
+            telemetry, on_result, on_start, aio, background, journal)
+        self.waiter = self.stop_reason = self.hooked = None
+        self.waiting = deque()
+        self.exclusive = self.finished = False
+        self.open = 0
+        self.lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)

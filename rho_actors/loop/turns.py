@@ -5,8 +5,8 @@
 for each call of the turn, in the model's order, its arguments are decoded strictly,
 its tool is looked up among those offered now (an immutable snapshot: the published
 :class:`~rho_actors.declarations.toolset.ToolSet` and the loop's withheld names), and
-its arguments are validated against the checked schema; a call failing any of these
-gets its error result and its tool never runs. The rest are started in their tool's
+its arguments are validated against the checked schema (:mod:`rho_actors.loop.prepare`);
+a call failing any of these gets its error result and its tool never runs. The rest are started in their tool's
 isolation (:mod:`rho_actors.isolation`), each with a deadline (``timeout_ms`` from
 dispatch) that the isolation keeps, from the tool's call plan (:mod:`rho_actors.loop.call_plan`:
 made once per registration). A turn with any ``exclusive`` call runs its calls
@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import itertools
-import marshal
 import threading
 import time
 from collections.abc import Callable
@@ -57,27 +56,25 @@ from loguru import logger
 
 from rho_actors.budgets import over_budget, result_bytes
 from rho_actors.cancel import CancelToken
-from rho_actors.declarations.arguments import MAX_VALIDATION_S, ArgumentsError, decode_arguments, violations
-from rho_actors.declarations.toolset import ToolEntry, ToolSet
-from rho_actors.encoding import describe_exception, text_length
+from rho_actors.declarations.toolset import ToolEntry
+from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventKind, report_progress
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall
-from rho_actors.lifecycle.tasks import RUN_IN_BACKGROUND, acknowledgement, runs_as_task, take_choice
+from rho_actors.lifecycle.tasks import acknowledgement, runs_as_task
 from rho_actors.loop.approval_rules import idempotent
 from rho_actors.loop.call_plan import CallPlans
 from rho_actors.loop.inline import InlineCall, on_loop
 from rho_actors.loop.messages import Allowlist, CancelTurn, SessionWithheld, make_session_folder, tell_loop
-from rho_actors.loop.offered import OfferedTools
+from rho_actors.loop.prepare import CallPreparation
 from rho_actors.loop.reruns import rerun_tasks
 from rho_actors.loop.turn import ResultSink, Slot, Turn, Withheld, result_of, when_cancelled, when_failed, withheld_set
-from rho_actors.loop.turn_holds import TurnHolds
 from rho_actors.otp.threads import host_code
-from rho_actors.results import capped, error_result, failure, text, traceback_of
+from rho_actors.results import failure, traceback_of
 from rho_actors.sandbox import Waiter
 from rho_actors.tasks import Task
-from rho_actors.telemetry import Telemetry, TurnTelemetry
+from rho_actors.telemetry import CallSpan, Telemetry, TurnTelemetry
 from rho_actors.tool import ErrorKind, ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -87,6 +84,7 @@ if TYPE_CHECKING:
     from rho_actors.loop.approvals import SessionApprovals
     from rho_actors.loop.messages import FolderAtStart
     from rho_actors.runtime import Runtime
+    from rho_actors.tasks.event_loop import Answering
 
 __all__ = ["ResultSink", "Turns"]
 
@@ -100,11 +98,9 @@ class _Chain(threading.local):
 
 
 _CHAIN = _Chain()
-_VALID_CHARS = 4096  # arguments texts up to this long are remembered once found valid...
-_VALID_KEPT = 256  # ...this many per session (then forgotten all at once)
 
 
-class Turns(OfferedTools, TurnHolds):
+class Turns(CallPreparation):
     """One session's turns (see the module doc): safe from any thread. Built by the
     session's LoopActor (``ref`` is its ref: the calls' ``ctx["loop"]``, and where a
     cancel token's ``CancelTurn`` goes). ``withheld``: the names, or the session's
@@ -219,71 +215,57 @@ class Turns(OfferedTools, TurnHolds):
                 held = self._prepare_turn(turn, refused, withheld.names, chooses, approved, waiter)
             if held and turn.journal and aio is not None:  # recorded on a pool thread: its results wait for that
                 recorded = self._gated(turn)
-            with self._lock:
-                admitted = self.closed is None
-                if admitted:
-                    self._turns[turn.id] = turn
+            # one call, nothing refused (or held), no token to hook, the folder made, never a task (none resumed
+            # either), no span: admitted as it is dispatched (nothing made before outlives a turn not admitted)
+            quick = (not refused and cancel is None and turn.open == 1 and self.folder_made and telemetry is None
+                     and not self._resumed and slots[0].entry.info.policy.background is False)  # type: ignore[union-attr]
+            if not quick:
+                with self._lock:
+                    admitted = self.closed is None
+                    if admitted:
+                        self._turns[turn.id] = turn
         except BaseException as exc:  # an interrupt as it was made or prepared: nothing it held waits, all answered
             release = locals().get("recorded")
             if release is not None:  # nothing is recorded: the results go at once
                 release()
             self._unprepared(locals().get("turn"), calls, future, describe_exception(exc))
             raise
+        if quick:  # dispatched here (no chain, no loop), admitted in the lock round that marks its call started
+            try:
+                admitted = self._dispatch(turn, 0, True)  # (admit: positional, no keyword parsed)
+            except BaseException as exc:  # admitted or not (nothing it held waits): every call is answered
+                if self._failed(turn, exc, None):
+                    raise
+                return turn.id
         if not admitted:  # the loop stopped while the turn was being prepared: none of its calls waits either
             self._let_go(refused, failure("turn_not_started", "", ""))
             future.set_result([failure("turn_not_started", c.id, c.name) for c in calls])
             return None
+        if quick:
+            return turn.id
         try:
             if held and turn.journal:  # admitted: its held calls are recorded, durable before their results are given
                 assert self.approvals is not None
                 self.approvals.record(held, off_thread=aio is not None, then=recorded)
-            if refused or cancel is not None or turn.open != 1 or not self.folder_made:
-                self._admitted(turn, refused, cancel)
-            else:  # one call, nothing refused, no token to hook, the folder made: dispatched here (no chain, no loop)
-                try:
-                    index = turn.waiting.popleft()  # one deque operation: atomic
-                except IndexError:  # the turn ended meanwhile (the loop stopped): it has its result
-                    return turn.id
-                self._dispatch(turn, index)  # whose own lock round sees a stop that came since
-        except BaseException as exc:  # a bug here must still answer every call; an interrupt (a signal handler's)
-            if recorded is not None:  # in the host's thread too, and raised on; maybe before the held calls' record
-                recorded()  # was handed over: their results are never held back for good
-            if isinstance(exc, Exception):
-                logger.exception("loop {} failed to run a turn", self.session_id)
-                self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
-                return turn.id
-            self._fail_open(turn, failure("turn_interrupted", "", "", problem=describe_exception(exc)))
-            raise
+            self._admitted(turn, refused, cancel)
+        except BaseException as exc:
+            if self._failed(turn, exc, recorded):
+                raise
         return turn.id
 
-    def _prepare_turn(
-        self, turn: Turn, refused: list[Slot], withheld: frozenset[str], chooses: bool, approved: bool,
-        waiter: Waiter | None,
-    ) -> list[tuple[ToolCall, PendingCall]]:
-        """Prepare each call of ``turn`` (:meth:`_prepare`): a refused one gets its result
-        and joins ``refused``, the rest wait to start; then the calls held for a decision
-        leave ``waiting`` (returned, each with its :class:`PendingCall`; in ``refused`` too)."""
-        tools = self._tools.current
-        for index, slot in enumerate(turn.slots):
-            try:
-                refusal = self._prepare(slot, tools, withheld, chooses)
-            except Exception as exc:  # a bug, or a checker that broke: this call only
-                logger.exception("loop {} could not prepare call {}", self.session_id, slot.call.id)
-                refusal = failure("not_prepared", slot.call.id, slot.call.name, problem=describe_exception(exc))
-            if refusal is not None:
-                slot.result = capped(refusal, self._limits.max_output_chars)  # refusals are capped too
-                refused.append(slot)
-            else:
-                turn.open += 1
-                turn.waiting.append(index)
-                turn.exclusive |= slot.entry is not None and slot.entry.info.concurrency == "exclusive"
-        held: list[tuple[ToolCall, PendingCall]] = []
-        if (self.approvals is not None and not approved
-                and self.approvals.may_hold(turn.slots, turn.waiting, tools.version)):
-            held = self._hold(turn, refused, tools.version)
-        if waiter is not None and turn.open == 1 and not held:  # its one call: the caller reads its reply
-            turn.waiter = waiter
-        return held
+    def _failed(self, turn: Turn, exc: BaseException, recorded: Callable[[], None] | None) -> bool:
+        """A submitted turn's start raised ``exc``: every call still without a result is
+        answered, a bug's logged; whether ``exc`` is raised on (an interrupt: a signal handler's,
+        in the host's thread too). The held calls' results are released first (their record
+        maybe never handed over): never held back for good."""
+        if recorded is not None:
+            recorded()
+        if isinstance(exc, Exception):
+            logger.exception("loop {} failed to run a turn", self.session_id)
+            self._fail_open(turn, failure("loop_failed", "", "", problem=repr(exc)))
+            return False
+        self._fail_open(turn, failure("turn_interrupted", "", "", problem=describe_exception(exc)))
+        return True
 
     def _admitted(self, turn: Turn, refused: list[Slot], cancel: CancelToken | None) -> None:
         for slot in refused:
@@ -322,57 +304,6 @@ class Turns(OfferedTools, TurnHolds):
         make_session_folder(self._data_dir, self._folder, self.lease)
         self.folder_made = True
 
-    def _prepare(self, slot: Slot, tools: ToolSet, withheld: frozenset[str], chooses: bool) -> ToolResult | None:
-        """Decode, look up and validate one call; an error result when it is refused."""
-        call = slot.call
-        name = call.name
-        approvals = self.approvals  # never a second call of one id (waits' first look, inline: none waits)
-        if approvals is not None and approvals._held and approvals.waits(call.id):
-            return failure("call_id_pending", call.id, name, call=call.id)
-        entry = tools.entries.get(name)
-        if entry is None or name in withheld or (self._allowed is not None and not self._allows(entry)):
-            return self._lookup_error(call.id, name, entry, tools, withheld)
-        arguments = call.arguments
-        key = (name, arguments) if type(arguments) is str and len(arguments) <= _VALID_CHARS else None
-        if key is not None:
-            known = self._valid.get(key)
-            if known is not None and known[0] is entry:  # this text was valid for this very registration
-                slot.entry, slot.args = entry, marshal.loads(known[1])
-                return None
-        try:
-            args = decode_arguments(call.arguments, self._limits.max_argument_depth)
-        except ArgumentsError as err:
-            return error_result(call.id, name, err.kind, text("bad_arguments", tool=name, problem=err))
-        if entry.info.policy.background == "optional" and isinstance(args, dict) and RUN_IN_BACKGROUND in args:
-            asked = take_choice(entry.info, call.id, args, chooses)  # the model's choice
-            if isinstance(asked, ToolResult):
-                return asked
-            slot.asked, key = asked, None  # a text that chose is not remembered as the tool's arguments
-        began = time.monotonic()
-        try:  # validation counts against the call's deadline
-            size = (len(arguments) if type(arguments) is str  # bounds the work (a str's length: no frame)
-                    else text_length(arguments) if isinstance(arguments, (str, bytes, bytearray)) else None)
-            problems = violations(entry.validator, args, min(entry.info.timeout_ms / 1000, MAX_VALIDATION_S), size)
-        except Exception as exc:  # a $ref cycle's RecursionError, a format checker's OverflowError...
-            return failure("unvalidatable", call.id, name, problem=describe_exception(exc))
-        if problems:
-            return failure("invalid_arguments", call.id, name, problems="; ".join(problems))
-        slot.entry, slot.args, slot.validated_s = entry, args, time.monotonic() - began
-        if key is not None:
-            self._remember(key, entry, args)
-        return None
-
-    def _remember(self, key: tuple[str, str], entry: ToolEntry, args: dict[str, Any]) -> None:
-        """Keep valid arguments text of ``entry``'s tool with its decoded value (marshalled:
-        each later call with the same text gets its own copy, as if decoded afresh)."""
-        try:
-            blob = marshal.dumps(args)
-        except ValueError:  # not plain JSON data: decoded afresh each time
-            return
-        if len(self._valid) >= _VALID_KEPT:
-            self._valid.clear()
-        self._valid[key] = (entry, blob)
-
     def _dispatch_ready(self, turn: Turn) -> None:
         """Start the turn's waiting calls: all of them, or the first of an exclusive turn
         (each later one is started by the thread settling the one before)."""
@@ -405,9 +336,12 @@ class Turns(OfferedTools, TurnHolds):
         finally:
             local.held = outer
 
-    def _dispatch(self, turn: Turn, index: int) -> None:
+    def _dispatch(self, turn: Turn, index: int, admit: bool = False) -> bool:
         """Start call ``index`` in its isolation (from the submitting thread, or from the
-        thread that settled the call before it in an exclusive turn)."""
+        thread that settled the call before it in an exclusive turn). ``admit``: the turn,
+        its one call waiting (never a task, no span), is admitted here too (:meth:`submit`),
+        in the lock round that marks the call started (nothing can have stopped a turn not
+        admitted yet): whether it was (``False``: the loop has closed, nothing was started)."""
         slot = turn.slots[index]
         entry, args = slot.entry, slot.args
         assert entry is not None and args is not None
@@ -415,23 +349,21 @@ class Turns(OfferedTools, TurnHolds):
         if plan is None or plan.entry is not entry:  # not this very entry's (or none yet)
             plan = self.plans.of(entry)
         resumed = self._resumed.pop(slot.call.id, None) if self._resumed else None
-        background = entry.info.policy.background
         task, timeout_ms = ((None, plan.timeout_ms) if resumed is None and plan.plain else
                             (resumed, self._tasks.timeout_ms(entry.info)) if resumed is not None else
                             self._tasks.open(self.session_id, self._data_dir, slot.call.id, entry.info,
                                              args if idempotent(entry) else None)
-                            if runs_as_task(background, turn.background, slot.call.id, slot.asked)
-                            or (background == "optional"  # approved: its held task goes on
+                            if runs_as_task(entry.info.policy.background, turn.background, slot.call.id, slot.asked)
+                            or (entry.info.policy.background == "optional"  # approved: its held task goes on
                                 and self._tasks.holds(self.session_id, slot.call.id))
                             else (None, entry.info.timeout_ms))
         if isinstance(task, ToolResult):  # a background call past a bound: refused
-            return self._settle(turn, slot, task)
+            return self._not_started(turn, slot, None, task)
         now = time.monotonic()
         # the tool's own time, after what its isolation may take to start it (a worker process); max(), inline
         own_s = timeout_ms / 1000 - slot.validated_s
         deadline = now + plan.start_bound_s + (own_s if own_s > 0.0 else 0.0)
         cancel = CancelToken()
-        reply = functools.partial(self._settle, turn, slot)  # the call's answer settles it (no frame of its own)
         fields = self._fields.copy()  # the session's own, in the ctx's order (a copy: no insert for them); the call's:
         fields["call_id"], fields["withheld"], fields["deadline"], fields["cancel"], fields["progress"] = (
             slot.call.id, turn.withheld, deadline, cancel,
@@ -443,7 +375,8 @@ class Turns(OfferedTools, TurnHolds):
             fields.update(Telemetry.ctx_fields(span))  # "traceparent": the call's span
         # a turn awaited on an event loop runs an async tool's call there; a task runs on the tasks' own loop
         inline = (turn.aio is not None or task is not None) and plan.inline
-        settle: Callable[[ToolResult], None] = reply if task is None else functools.partial(self._tasks.settle, task)
+        settle: Callable[[ToolResult], None] = (functools.partial(self._settle, turn, slot) if task is None  # no frame
+                                                else functools.partial(self._tasks.settle, task))
         answering = self._tasks.event_loop.answering(settle) if inline and task is not None else None
         spec = CallSpec(
             slot.call.id, plan.name, entry.tool, args, MappingProxyType(fields), now, deadline,
@@ -453,15 +386,20 @@ class Turns(OfferedTools, TurnHolds):
             None if turn.on_start is None or task is not None else functools.partial(turn.on_start, slot.index),
             None if task is not None or inline else turn.waiter,
         )
-        with turn.lock:
-            dropped = turn.stop_reason is not None
-            if not dropped:
+        if admit:  # no task, no span (submit's look): nothing made so far outlives a turn not admitted
+            with self._lock:
+                if self.closed is not None:
+                    return False
+                self._turns[turn.id] = turn
+                turn.waiting.popleft()
                 slot.started, slot.deadline, slot.cancel, slot.span = now, deadline, cancel, span
-        if dropped:  # cancelled, or the loop stopped, since it left ``waiting``: it has its result
-            self._telemetry.call_ended(span, slot.result)  # type: ignore[arg-type]
-            if task is not None:
-                self._tasks.discard(task)
-            return
+        else:
+            with turn.lock:
+                dropped = turn.stop_reason is not None
+                if not dropped:
+                    slot.started, slot.deadline, slot.cancel, slot.span = now, deadline, cancel, span
+            if dropped:  # cancelled, or the loop stopped, since it left ``waiting``: it has its result
+                return self._dropped(slot, span, task)
         if self._events.wants_calls("started"):  # asked here: no frame when nobody listens
             self._emit_event("started", slot, None)
         try:
@@ -474,22 +412,37 @@ class Turns(OfferedTools, TurnHolds):
             return self._not_started(turn, slot, task, failure("not_started", slot.call.id, entry.info.name,
                                                                problem=err))
         if task is not None:  # a task: it runs on past its turn, which has its acknowledgement now
-            self._tasks.started(task, running, deadline)
-            if answering is not None:  # on the tasks' event loop: its deadline kept off the loop too
-                answering.arm(self._runtime.timers, spec)
-            return self._settle(turn, slot, acknowledgement(task.task_id, slot.call.id, entry.info.name))
+            return self._task_started(turn, slot, task, running, spec, answering)
         with turn.lock:
             if slot.result is None:  # else answered already (its running call holds this slot: no cycle)
                 slot.running = running
             stop_reason = turn.stop_reason
         if stop_reason is not None:  # cancelled, or the loop stopped, while the call was being started
             running.cancel(stop_reason)
+        return True
 
-    def _not_started(self, turn: Turn, slot: Slot, task: Task | None, refusal: ToolResult) -> None:
+    def _dropped(self, slot: Slot, span: CallSpan | None, task: Task | None) -> bool:
+        """Call ``slot``, about to start, was answered (its turn cancelled, or its loop stopped): not started."""
+        self._telemetry.call_ended(span, slot.result)  # type: ignore[arg-type]
+        if task is not None:
+            self._tasks.discard(task)
+        return True
+
+    def _task_started(self, turn: Turn, slot: Slot, task: Task, running: RunningCall, spec: CallSpec,
+                      answering: Answering | None) -> bool:
+        """Call ``slot`` was started as ``task``, which runs on past its turn: the turn has its acknowledgement now."""
+        self._tasks.started(task, running, spec.deadline)
+        if answering is not None:  # on the tasks' event loop: its deadline kept off the loop too
+            answering.arm(self._runtime.timers, spec)
+        self._settle(turn, slot, acknowledgement(task.task_id, slot.call.id, spec.name))
+        return True
+
+    def _not_started(self, turn: Turn, slot: Slot, task: Task | None, refusal: ToolResult) -> bool:
         """Call ``slot`` could not be started: ``refusal`` is its result (and its task's)."""
         if task is not None:
             self._tasks.settle(task, refusal)
         self._settle(turn, slot, refusal)
+        return True
 
     def _settle(self, turn: Turn, slot: Slot, result: ToolResult) -> None:
         """Record a dispatched call's result, from whichever thread has it: the first answer wins, a
