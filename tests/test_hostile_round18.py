@@ -1,11 +1,43 @@
-"""Hostile round 18: a malicious tool author and a malicious peer against what changed
+"""Hostile round 18: a malicious tool author and a malicious MCP peer against what changed
 since round 17: the session lease (one host per session), group kills through pidfds,
 the governor's budgets and repeat breaker, approvals decided from another process (the
 transcript's tail look), and ``unregister`` waiting for the DeclarationActor.
 
 Each test is a real attack (real processes, real kills, bounded waits). An attack the
 product holds is a plain test asserting the defence; one that breaks it is a strict
-``xfail`` naming what broke (the product is left as it is: the fix is someone else's).
+``xfail`` naming what broke and where (the product is left as it is: the fix is another's).
+
+Broke (strict xfail):
+
+- a pending call whose session's transcript gained one line that fails its checks (a
+  replayed record) never expires: ``_expire``'s record raises ``TranscriptError``, which
+  it does not catch, and nothing arms it again (loop/approvals.py:492-495);
+- ``loop.stop`` releases the lease while a background call of that loop still runs: its
+  late end rewrites the task record in the folder the next host serves (loop/actor.py:100-102,
+  tasks/registry.py ``_persist``);
+- ``decide`` skips the wall-clock expiry whenever any process holds the folder's flock
+  (``served``), and a host taking the session back runs the 'decided' call without
+  comparing it with ``expires_at`` (loop/decisions.py:114, loop/approval_journal.py:378);
+- the repeat breaker forgets every count after 4096 distinct calls
+  (governor/session_counts.py:58-59), and fills only top-level schema defaults
+  (``with_defaults``): a nested default written out is another call;
+- a child forked by C code (no Python at-fork hook) keeps the lease after its host's
+  ``kill -9`` (agent/session_lease.py: only ``os.register_at_fork`` closes the copy);
+- an MCP client over HTTP that pauses between calls gets its session reaped and started
+  again under the same id with fresh budgets (mcp/serve.py:178, 588-599; the loop's stop
+  forgets its counts).
+
+Held: racing host processes (one serves, the others name it); no worker (trusted or
+confined) holds a descriptor of its session folder, and a confined one cannot open it;
+session ids outside the data dir; a decision through a symlinked session folder or for
+another session's call; torn, NUL and 3 MB partial lines at the transcript's end; a
+replayed decision never runs its call again; the breaker across spellings (key order,
+spaces, 5.0, 5e0, 500e-2, escapes, null for a null default) and racing calls in one turn;
+budgets per session; decisions from another process and approvals after ``unregister``
+meet the governor and the registry; a tool's child escaping its group (``setsid``, a
+double fork) or stopped (``SIGSTOP``, its worker too) never outlives a bounded stop;
+``unregister`` returns past a call blocked for good and past a slow untrusted read, whose
+late end registers nothing; a stopped system's loop handle never takes the lease back.
 """
 
 from __future__ import annotations
@@ -231,8 +263,11 @@ def test_a_decision_for_another_sessions_call_is_refused(tmp_path: Path, runs: P
 # --- 4. the transcript's tail look: what another process appends ----------------------------------------
 
 
-def _wait_pending(loop: Any, call_id: str) -> None:
-    assert wait_for(lambda: [p.call_id for p in loop.pending()] == [call_id])
+def _results_recorded(loop: Any, count: int) -> bool:
+    """Whether the session's transcript holds ``count`` call results (acted-on decisions
+    leave ``pending()`` before their result is recorded)."""
+    text = (loop.data_dir / "transcript.jsonl").read_text()
+    return bool(text.count('"type": "result"') >= count)
 
 
 @pytest.mark.parametrize("junk", [b'{"seq": 99, "torn', b"\x00" * 4096, b'{"a":' + b"1" * 3_000_000])
@@ -263,7 +298,7 @@ def _replay_decided(loop: Any, data: Path, runs: Path) -> bytes:
     [held] = loop.run_turn([ToolCall("c1", "pay", '{"to": "bob", "amount": 7}')], timeout_s=WAIT_S)
     assert held.error_kind is ErrorKind.PENDING_APPROVAL, held
     decide(data, "s1", "c1", "approved", decided_by="ann")
-    assert wait_for(lambda: _ran(runs) == ["pay bob 7"] and loop.pending() == [])
+    assert wait_for(lambda: _ran(runs) == ["pay bob 7"] and loop.pending() == [] and _results_recorded(loop, 1))
     transcript = loop.data_dir / "transcript.jsonl"
     lines: list[bytes] = [line for line in transcript.read_bytes().splitlines(keepends=True)
                           if b'"decided"' in line and b'"c1"' in line]
@@ -556,14 +591,17 @@ class Escaper:
 
 
 def _marked(mark: str) -> list[int]:
+    """The live processes (zombies left out: dead, their reap is their parent's) whose
+    name starts with ``mark``."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 comm = Path(f"/proc/{name}/comm").read_text().strip()
-            except OSError:
+                state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
                 continue
-            if comm.startswith(mark):
+            if comm.startswith(mark) and state not in ("Z", "X"):
                 found.append(int(name))
     return found
 
@@ -592,10 +630,11 @@ def test_a_stop_leaves_no_process_of_a_tool_that_escaped_its_group_or_stopped(
         took = time.monotonic() - started
     finally:
         system.stop(10)
+        gone = wait_for(lambda: not _marked(mark))  # killed by the stop: each one's exit, however busy the machine
         left = _marked(mark)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-    assert left == [], f"{len(left)} process(es) of the tool outlived the stop"
+    assert gone and left == [], f"{len(left)} process(es) of the tool outlived the stop"
     assert took < 10 + WAIT_S / 4, took
     if how == "stopped":
         [result] = future.result(WAIT_S)
@@ -659,10 +698,13 @@ class SlowRead:
     @staticmethod
     def description() -> str:
         import ctypes
+        import os
         import time
 
         ctypes.CDLL(None).prctl(15, b"h18slowread", 0, 0, 0)
-        time.sleep(3)
+        until = time.monotonic() + 120
+        while not os.path.exists("/tmp/rho-h18-slowread/go") and time.monotonic() < until:  # (a stat needs no
+            time.sleep(0.01)  # Landlock right): the test lets the read end once the tool is unregistered
         return "Slow to read."
 
 
@@ -671,10 +713,23 @@ def test_a_tool_unregistered_while_its_declaration_is_read_is_never_offered_by_t
     """``register`` of an untrusted tool waits for its read; ``unregister`` meanwhile
     answers that ``register`` at once, and the read that ends later registers nothing:
     the tool is never offered nor run."""
+    import shutil
+
+    gate = Path("/tmp/rho-h18-slowread")
+    shutil.rmtree(gate, ignore_errors=True)
+    gate.mkdir(mode=0o755)
+    gate.chmod(0o755)
+    try:
+        _unregister_while_read(tmp_path, gate / "go")
+    finally:
+        shutil.rmtree(gate, ignore_errors=True)
+
+
+def _unregister_while_read(tmp_path: Path, go: Path) -> None:
     from rho_actors import UntrustedReads
 
     with ActorSystem(data_dir=tmp_path / "data", shutdown_ms=1_000,
-                     untrusted=UntrustedReads(timeout_s=WAIT_S)) as system:
+                     untrusted=UntrustedReads(timeout_s=WAIT_S * 2)) as system:
         got: list[Any] = []
         registering = threading.Thread(target=lambda: got.append(system.register(SlowRead, untrusted=True)))
         registering.start()
@@ -683,6 +738,7 @@ def test_a_tool_unregistered_while_its_declaration_is_read_is_never_offered_by_t
         registering.join(WAIT_S)
         assert not registering.is_alive(), "register still waits for a tool unregistered"
         assert got[0].info is None and "unregistered" in str(got[0].reason), got
+        go.touch()  # the read ends now, after the unregister: a late read that succeeds
         assert wait_for(lambda: not _marked("h18slowread")), "the read process outlived its read"
         system.register(look)  # the DeclarationActor has handled what came before (its mailbox is in order)
         assert "slow_read" not in [t.name for t in system.tools()]
@@ -752,7 +808,7 @@ def test_an_approval_from_another_process_still_meets_the_breaker(tmp_path: Path
             [held] = loop.run_turn([ToolCall(f"c{n}", "pay", '{"to": "bob", "amount": 7}')], timeout_s=WAIT_S)
             assert held.error_kind is ErrorKind.PENDING_APPROVAL, held
             decide(data, "s1", f"c{n}", "approved", decided_by="ann")
-            assert wait_for(lambda: loop.pending() == [])
+            assert wait_for(functools.partial(_results_recorded, loop, n)) and wait_for(lambda: loop.pending() == [])
         text = (loop.data_dir / "transcript.jsonl").read_text()
     assert _ran(runs) == ["pay bob 7"]
     assert "repeated_call" in text
@@ -772,7 +828,7 @@ def test_a_call_approved_after_its_tool_was_unregistered_never_runs(tmp_path: Pa
         result = loop.approve("c1", decided_by="ann")
         assert result is not None and result.error_kind is ErrorKind.UNAVAILABLE, result
         decide(data, "s1", "c2", "approved", decided_by="ann")
-        assert wait_for(lambda: loop.pending() == [])
+        assert wait_for(lambda: loop.pending() == [] and _results_recorded(loop, 2))
     assert _ran(runs) == []
 
 
