@@ -35,7 +35,8 @@ replayed decision never runs its call again; the breaker across spellings (key o
 spaces, 5.0, 5e0, 500e-2, escapes, null for a null default) and racing calls in one turn;
 budgets per session; decisions from another process and approvals after ``unregister``
 meet the governor and the registry; a tool's child escaping its group (``setsid``, a
-double fork) or stopped (``SIGSTOP``, its worker too) never outlives a bounded stop;
+double fork) or stopped (``SIGSTOP``, its worker too) never outlives a bounded stop, nor
+one left in its group by a worker that ended itself mid-call;
 ``unregister`` returns past a call blocked for good and past a slow untrusted read, whose
 late end registers nothing; a stopped system's loop handle never takes the lease back.
 """
@@ -584,6 +585,8 @@ class Escaper:
         os.read(r, 1)
         if args["how"] == "double":
             os.waitpid(pid, 0)
+        if args["how"] == "orphan":
+            os._exit(0)  # the worker ends mid-call, its child left in its group
         if args["how"] == "stopped":
             ctypes.CDLL(None).prctl(15, (args["mark"] + "p").encode(), 0, 0, 0)
             os.kill(os.getpid(), signal.SIGSTOP)  # the worker itself stops mid-call
@@ -639,6 +642,25 @@ def test_a_stop_leaves_no_process_of_a_tool_that_escaped_its_group_or_stopped(
     if how == "stopped":
         [result] = future.result(WAIT_S)
         assert result.call_id == "c1" and (untrusted or not result.ok), result  # (pid 1 of its namespace: not stopped)
+
+
+@pytest.mark.parametrize("untrusted", [False, True])
+def test_a_worker_that_ends_itself_mid_call_leaves_no_child_behind_while_the_system_runs(
+        tmp_path: Path, untrusted: bool) -> None:
+    """The worker forks a child (in its group) and exits mid-call: the call is answered
+    (``exited``), and the child is gone with its worker's tree, the system still running."""
+    mark = f"h18{os.getpid() % 1000}or{int(untrusted)}"
+    with ActorSystem(data_dir=tmp_path / "data", shutdown_ms=1_000) as system:
+        system.register(Escaper, untrusted=untrusted, isolation="process")
+        loop = system.start_loop("s1")
+        try:
+            [result] = loop.run_turn([ToolCall("c1", "escaper", json.dumps({"how": "orphan", "mark": mark}))],
+                                     timeout_s=WAIT_S)
+            assert not result.ok and result.error_kind is ErrorKind.EXITED, result
+            assert wait_for(lambda: not _marked(mark)), f"the dead worker's child lives on: {_marked(mark)}"
+        finally:
+            for pid in _marked(mark):
+                os.kill(pid, signal.SIGKILL)
 
 
 # --- 5. unregister -----------------------------------------------------------------------------------
