@@ -20,6 +20,7 @@ import pytest
 
 from rho_actors import ActorSystem, ApprovalError, ErrorKind, ToolCall, tool
 from rho_actors.agent.transcript import TRANSCRIPT_NAME, load
+from rho_actors.loop import approval_decisions as decisions_module
 from rho_actors.loop import approval_journal as journal_module
 from rho_actors.loop import approvals as approvals_module
 
@@ -49,6 +50,7 @@ def wall(monkeypatch: pytest.MonkeyPatch) -> Iterator[WallClock]:
     RAN.clear()
     clock = WallClock()
     monkeypatch.setattr(approvals_module, "time", clock.module)  # the approvals' clock only
+    monkeypatch.setattr(decisions_module, "time", clock.module)
     monkeypatch.setattr(journal_module, "time", clock.module)
     yield clock
     monkeypatch.undo()

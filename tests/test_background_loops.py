@@ -193,7 +193,7 @@ def test_the_mcp_reaper_whose_look_at_a_session_raises_logs_it_and_reaps_on(
     round stops the first (the task ended at the first: the server stopped reaping, for
     good, with no word)."""
     pytest.importorskip("mcp")
-    serve = importlib.import_module("rho_actors.mcp.serve")
+    kept = importlib.import_module("rho_actors.mcp.served_sessions")
     first, second = _mcp_session(1), _mcp_session(2)
     looks: list[str] = []
     closed: list[Any] = []
@@ -212,13 +212,13 @@ def test_the_mcp_reaper_whose_look_at_a_session_raises_logs_it_and_reaps_on(
         if not served.sessions:
             both.set()
 
-    monkeypatch.setattr(serve, "_busy", busy)
-    monkeypatch.setattr(serve, "_close", close)
+    monkeypatch.setattr(kept, "_busy", busy)
+    monkeypatch.setattr(kept, "close_session", close)
     served: Any = type("Served", (), {})()
     served.sessions = {first, second}
 
     async def main() -> None:
-        reaper = asyncio.ensure_future(serve._reap_absent(served, _Gone()))
+        reaper = asyncio.ensure_future(kept.reap_absent(served, _Gone()))
         try:
             await asyncio.wait([reaper, asyncio.ensure_future(both.wait())], timeout=WAIT_S,
                                return_when=asyncio.FIRST_COMPLETED)

@@ -249,13 +249,13 @@ def test_the_event_store_replays_after_an_id_and_keeps_its_bounds() -> None:
 
 def test_the_sdk_still_has_what_serving_reads_from_a_request_context() -> None:
     """Serving reads the connection of a request as ``ctx.session._connection`` (mcp 2.x
-    has no public way: serve._connection's doc). This fails when the SDK changes it:
+    has no public way: served_sessions.connection_of's doc). This fails when the SDK changes it:
     then use the public ``ctx.connection`` if it has come, else follow the rename."""
     from mcp.server.connection import Connection
     from mcp.server.context import ServerRequestContext
     from mcp.server.session import ServerSession
 
-    from rho_actors.mcp.serve import _connection
+    from rho_actors.mcp.served_sessions import connection_of
 
     assert "connection" not in {f for f in ServerRequestContext.__dataclass_fields__}, (
         "the SDK's request context has a public connection now: read it, drop the private one")
@@ -264,7 +264,7 @@ def test_the_sdk_still_has_what_serving_reads_from_a_request_context() -> None:
     session._connection = connection
     ctx: ServerRequestContext[dict[str, Any], Any] = ServerRequestContext(
         session=session, lifespan_context={}, protocol_version="2025-11-25", method="x")
-    assert _connection(ctx) is connection
+    assert connection_of(ctx) is connection
     for public in ("state", "exit_stack", "session_id"):  # what serving uses of it
         assert public in dir(Connection) or public in getattr(Connection, "__annotations__", {}), public
     assert "_connection" in ServerSession.__init__.__code__.co_names  # where the SDK keeps it

@@ -294,6 +294,7 @@ def test_a_call_cancelled_while_its_session_starts_leaves_nothing_bound(tmp_path
     from rho_actors.mcp.sessions import Session
 
     serve = importlib.import_module("rho_actors.mcp.serve")
+    kept = importlib.import_module("rho_actors.mcp.served_sessions")
 
     scopes: list[anyio.CancelScope] = []
 
@@ -302,7 +303,7 @@ def test_a_call_cancelled_while_its_session_starts_leaves_nothing_bound(tmp_path
             anyio.from_thread.run_sync(scopes[0].cancel)
             return super().open(**kwargs)
 
-    monkeypatch.setattr(serve, "Transcript", Cancelled)
+    monkeypatch.setattr(kept, "Transcript", Cancelled)
 
     ctx = SimpleNamespace(protocol_version="2026-07-28", request_id=7, request=None, params={}, session=None,
                           close_sse_stream=None)
@@ -316,7 +317,7 @@ def test_a_call_cancelled_while_its_session_starts_leaves_nothing_bound(tmp_path
 
     with ActorSystem(data_dir=tmp_path) as system:
         system.register(served_echo)
-        served = serve._Served(system, (), 1 << 20)
+        served = kept.Served(system, (), 1 << 20)
         anyio.run(main, served)
         [session] = served.sessions
         assert isinstance(session, Session)
@@ -336,6 +337,7 @@ def test_a_call_is_served_by_the_tool_set_it_started_with(tmp_path: Path) -> Non
     from types import SimpleNamespace
 
     serve = importlib.import_module("rho_actors.mcp.serve")
+    kept = importlib.import_module("rho_actors.mcp.served_sessions")
 
     def weather(unit: str, system: ActorSystem | None = None) -> type:
         class Weather:
@@ -367,7 +369,7 @@ def test_a_call_is_served_by_the_tool_set_it_started_with(tmp_path: Path) -> Non
                           close_sse_stream=None)
     with ActorSystem(data_dir=tmp_path) as system:
         system.register(weather("celsius", system))
-        served = serve._Served(system, (), 1 << 20)
+        served = kept.Served(system, (), 1 << 20)
 
         async def main() -> Any:
             with anyio.fail_after(WAIT_S):

@@ -446,6 +446,7 @@ def test_a_task_call_cancelled_as_its_task_is_made_is_still_followed(tmp_path: P
     from rho_actors.mcp.tasks import ServedTasks, TaskParams
 
     serve = importlib.import_module("rho_actors.mcp.serve")
+    kept = importlib.import_module("rho_actors.mcp.served_sessions")
     scopes: list[anyio.CancelScope] = []
 
     class Cancelled(Transcript):  # the client's cancel arrives while the call's result is recorded
@@ -453,7 +454,7 @@ def test_a_task_call_cancelled_as_its_task_is_made_is_still_followed(tmp_path: P
             anyio.from_thread.run_sync(scopes[0].cancel)
             return super().result(*args, **kwargs)
 
-    monkeypatch.setattr(serve, "Transcript", Cancelled)
+    monkeypatch.setattr(kept, "Transcript", Cancelled)
     caps = SimpleNamespace(extensions={EXTENSION: {}})
     ctx = SimpleNamespace(protocol_version="2026-07-28", request_id=7, request=None, params={}, close_sse_stream=None,
                           session=SimpleNamespace(client_capabilities=caps))
@@ -467,7 +468,7 @@ def test_a_task_call_cancelled_as_its_task_is_made_is_still_followed(tmp_path: P
 
     with ActorSystem(data_dir=tmp_path) as system:
         system.register(quick_task)
-        served = serve._Served(system, (), 1 << 20)
+        served = kept.Served(system, (), 1 << 20)
         served.tasks = ServedTasks(system.task_registry, call_tool_result)
         anyio.run(main, served)
         [session] = served.sessions

@@ -1,5 +1,6 @@
 """The transcript side of a session's pending calls (DESIGN §4 "Approvals"):
-:class:`ApprovalJournal`, the base of :class:`~rho_actors.loop.approvals.SessionApprovals`.
+:class:`ApprovalJournal`, the base of :class:`~rho_actors.loop.approval_decisions.ApprovalDecisions`
+and so of :class:`~rho_actors.loop.approvals.SessionApprovals`.
 
 - **recording**: the calls a turn run directly holds (``run_turn``, ``submit_turn``,
   ``arun_turn``, an MCP session's calls) are recorded in the session's transcript as a
@@ -78,8 +79,9 @@ class Held:
 
 class ApprovalJournal:
     """The transcript side of one session's pending calls (see the module doc); the
-    session's :class:`~rho_actors.loop.approvals.SessionApprovals` holds the state and
-    makes the decisions."""
+    session's :class:`~rho_actors.loop.approvals.SessionApprovals` holds the state, and
+    its base :class:`~rho_actors.loop.approval_decisions.ApprovalDecisions` makes the
+    decisions."""
 
     session_id: str
     timeout_s: float
@@ -114,7 +116,7 @@ class ApprovalJournal:
         where it is not (most sessions) and without a ``Path`` made."""
         return os.access(os.path.join(self._folder, TRANSCRIPT_NAME), os.F_OK, follow_symlinks=False)
 
-    # what deciding is, in SessionApprovals
+    # what deciding is, in ApprovalDecisions (_later, _arm, _announce: in SessionApprovals)
 
     def _later(self, job: Callable[[], object], what: str) -> bool:
         raise NotImplementedError

@@ -4,12 +4,13 @@
 streamable HTTP with ``http=("127.0.0.1", 8000)``; ``rho-actors mcp serve`` is the
 command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel``).
 
-- Each MCP connection (one stdio process, or one ``Mcp-Session-Id``) is a rho session:
-  its own LoopActor and data folder (``data_dir/sessions/mcp-...``), stopped when the
-  connection ends, and its transcript of calls (``transcript.jsonl``: each call, written
-  before it runs, then its result, synced with it before it is sent, or with
-  ``synchronous_commit=False`` within ``wal_writer_delay_ms`` (200) after by a group commit: DESIGN §6b; the
-  file's lock taken for each record only). A held call is answered once decided
+- Each MCP connection (one stdio process, or one ``Mcp-Session-Id``) is a rho session
+  (kept by :mod:`rho_actors.mcp.served_sessions`): its own LoopActor and data folder
+  (``data_dir/sessions/mcp-...``), stopped when the connection ends, and its transcript
+  of calls (``transcript.jsonl``: each call, written before it runs, then its result,
+  synced with it before it is sent, or with ``synchronous_commit=False`` within
+  ``wal_writer_delay_ms`` (200) after by a group commit: DESIGN §6b; the file's lock
+  taken for each record only). A held call is answered once decided
   (``rho-actors approve`` from another process: :meth:`~rho_actors.mcp.sessions.Session.decided`).
 - ``tools/list`` gives the loop's checked declarations (``declaration(tool, "mcp")``),
   with an ``outputSchema`` for a trusted tool that has an ``output_schema()`` callback
@@ -41,9 +42,10 @@ command. Built on the official SDK's low-level ``Server`` (``mcp.server.lowlevel
 - Over HTTP an :class:`~rho_actors.mcp.guard.HTTPGuard` stands in front (a bearer
   token, session caps per client and in all, an idle timeout). A rho session whose
   client has had no open connection for ``client_gone_s`` and that runs no call is
-  stopped (a client that comes back gets it again, resumed); a call whose request's
-  connection dropped runs on within its deadline, its result kept in the event store
-  for the client to fetch (a disconnect is no cancellation: the 2025-11-25 spec).
+  stopped by a reaper (:func:`~rho_actors.mcp.served_sessions.reap_absent`; a client
+  that comes back gets it again, resumed); a call whose request's connection dropped
+  runs on within its deadline, its result kept in the event store for the client to
+  fetch (a disconnect is no cancellation: the 2025-11-25 spec).
 - Bad input (a line that is not JSON or not a JSON-RPC message, an unknown method,
   params that fail validation, or arguments over ``max_argument_bytes``) gets a JSON-RPC
   error from the SDK or from here, at once; the server goes on. A request with an id MCP
@@ -57,13 +59,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import json
-import secrets
 import time
 import warnings
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, cast
 
 import anyio
@@ -73,12 +72,11 @@ from mcp.server.caching import CacheHint
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.stdio import stdio_server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
+from mcp.server.subscriptions import ToolsListChanged
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST, MISSING_REQUIRED_CLIENT_CAPABILITY
 
 from rho_actors.agent.group_commit import DEFAULT_WAL_WRITER_DELAY_MS, GroupCommit, wal_writer_delay_s
-from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript, TranscriptError
 from rho_actors.declarations.formats import to_dialect
 from rho_actors.events import ProgressEvent, ToolSetChanged
 from rho_actors.lifecycle import PendingCall
@@ -91,17 +89,8 @@ from rho_actors.mcp.guard import HTTPGuard, connection_protocol
 from rho_actors.mcp.held_sessions import TakenBack, may_hold
 from rho_actors.mcp.listen import Listening
 from rho_actors.mcp.progress import LiveProgress
-from rho_actors.mcp.sessions import (
-    SESSION_META_KEY,
-    CallRecord,
-    Session,
-    call_id_of,
-    is_modern,
-    new_session_id,
-    principal_of,
-    session_handle,
-    unknown_handle,
-)
+from rho_actors.mcp.served_sessions import STATE_KEY, Served, close_session, connection_of, reap_absent, session_of
+from rho_actors.mcp.sessions import SESSION_META_KEY, CallRecord, Session, call_id_of, is_modern, principal_of
 from rho_actors.mcp.stdio_lines import CheckedLines, answering_bad_lines, claimed_stdin
 from rho_actors.mcp.tasks import ServedTask, ServedTasks, as_task_call, handshake_created, up_front
 from rho_actors.otp.failure_runs import FailureRun
@@ -112,7 +101,6 @@ __all__ = ["DEFAULT_MAX_ARGUMENT_BYTES", "HTTPGuard", "aserve", "build_server", 
 DEFAULT_MAX_ARGUMENT_BYTES = 1_000_000
 """The largest ``tools/call`` arguments accepted (bytes of their JSON)."""
 
-_STATE_KEY = "rho_actors.session"
 _LISTEN_BACKLOG = 64  # changes a subscriptions/listen stream may have unsent before it is ended
 _STDIO_LISTENERS = 8  # subscriptions/listen streams of one stdio client at once
 _STATE_TTL_S = 600.0  # how long a client may take to answer an input_required result
@@ -126,145 +114,7 @@ authorization only; a change is announced before then (``list_changed``)."""
 _NONE_CACHE_HINT = CacheHint(ttl_ms=3_600_000, scope="public")  # the empty listings of prompts and resources
 
 
-@dataclass(slots=True)
-class _Served:
-    """What one :func:`aserve` shares between its connections."""
-
-    system: Any
-    withheld: tuple[str, ...]
-    max_argument_bytes: int
-    guard: HTTPGuard | None = None
-    sessions: set[Session] = field(default_factory=set)
-    handles: dict[str, Session] = field(default_factory=dict)  # 2026-07-28 sessions by their handle
-    local: Session | None = None  # over stdio: the process's one 2026-07-28 session
-    opening: anyio.Lock = field(default_factory=anyio.Lock)
-    progress: dict[tuple[str, str], LiveProgress] = field(default_factory=dict)
-    ids: Iterator[int] = field(default_factory=itertools.count)
-    bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)  # subscriptions/listen (2026-07-28)
-    tasks: ServedTasks | None = None  # the tasks clients created (rho_actors.mcp.tasks)
-    commits: GroupCommit | None = None  # synchronous_commit off: the results' group commit
-
-
-def _connection(ctx: Any) -> Any:
-    """The SDK's per-connection ``Connection`` of a request (its ``state`` and
-    ``exit_stack`` are the SDK's documented per-connection hooks).
-
-    mcp 2.x gives a low-level handler a ``ServerRequestContext`` with no public way to
-    it: the public ``Context.connection`` exists, but ``ServerRunner`` does not build a
-    ``Context`` yet (the SDK's own TODO), so the connection is read from the request's
-    ``ServerSession._connection``, the attribute its public properties
-    (``client_params``, ``protocol_version``) read. ``tests/test_mcp_sdk_contract.py``
-    fails when either changes; a public ``ctx.connection`` is used once it exists.
-    """
-    public = getattr(ctx, "connection", None)
-    if public is not None:
-        return public
-    return ctx.session._connection
-
-
-async def _session(served: _Served, ctx: Any) -> Session:
-    """The rho session of the request: its connection's (handshake era), started at its
-    first use, or the one its handle names (2026-07-28; see :mod:`rho_actors.mcp.sessions`)."""
-    if is_modern(ctx):
-        return await _named_session(served, ctx)
-    connection = _connection(ctx)
-    state = connection.state
-    found: Session | None = state.get(_STATE_KEY)
-    if found is not None and not found.closed:  # started: no lock (whose taking yields to the event loop)
-        return found
-    lock = state.setdefault(_STATE_KEY + ".lock", anyio.Lock())
-    async with lock:
-        session: Session | None = state.get(_STATE_KEY)
-        if session is None:
-            session_id = state.setdefault(_STATE_KEY + ".id", new_session_id())  # outlives a reaped session
-            steps = state.setdefault(_STATE_KEY + ".steps", itertools.count(1))
-            session = await _start_session(served, session_id, ctx.session, steps=steps,
-                                           http_id=connection.session_id, state=state)
-            state[_STATE_KEY] = session
-            connection.exit_stack.push_async_callback(_close, served, session)
-            logger.info("MCP connection started rho session {}", session_id)
-    return session
-
-
-async def _start_session(served: _Served, session_id: str, notify: Any = None, **fields: Any) -> Session:
-    """A new rho session: its loop started, its transcript opened (or logged why not)."""
-    loop = await anyio.to_thread.run_sync(
-        functools.partial(served.system.start_loop, session_id, withheld=served.withheld))
-    loop.model_chooses = False  # a client asks for a task its own way (the tasks extension, bounded per client)
-    session = Session(loop, notify, served.system.tool_set().version, commits=served.commits, **fields)
-    transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
-    try:
-        await anyio.to_thread.run_sync(functools.partial(transcript.open, per_record=True))
-        session.transcript = transcript
-    except (OSError, TranscriptError) as exc:
-        logger.warning("MCP session {}: calls are not recorded: {}", session_id, exc)
-    served.sessions.add(session)
-    return session
-
-
-async def _named_session(served: _Served, ctx: Any) -> Session:
-    """The 2026-07-28 session the request names by its handle (refused when unknown or
-    another principal's), or a new one for a request naming none (over stdio the
-    process's one session)."""
-    principal, handle = principal_of(ctx), session_handle(ctx)
-    if handle is not None:  # found without waiting for the lock: nothing awaits between here and its use
-        found = served.handles.get(handle)
-        if found is None or found.closed or not secrets.compare_digest(found.principal, principal):
-            raise unknown_handle()
-        found.used = time.monotonic()
-        return found
-    async with served.opening:
-        if served.guard is None and served.local is not None and not served.local.closed:
-            session = served.local
-        else:
-            await _make_room(served, principal)
-            session_id = new_session_id()
-            session = await _start_session(served, session_id, principal=principal,
-                                           handle=secrets.token_urlsafe(24))
-            assert session.handle is not None
-            served.handles[session.handle] = session
-            if served.guard is None:
-                served.local = session
-            logger.info("MCP: a 2026-07-28 client started rho session {}", session_id)
-    session.used = time.monotonic()
-    return session
-
-
-async def _make_room(served: _Served, principal: str) -> None:
-    """Stop the principal's least recently used idle session when it holds as many as the
-    guard allows one client (or all clients hold the most in all); raise ``MCPError``
-    when every one of them is running a call."""
-    guard = served.guard
-    if guard is None:
-        return
-    mine = [s for s in served.handles.values() if s.principal == principal]
-    full = [s for s in served.handles.values()] if len(served.handles) >= guard.max_sessions else []
-    crowd = mine if len(mine) >= guard.max_sessions_per_client else full
-    if not crowd:
-        return
-    idle = [s for s in crowd if not _busy(s)]
-    if not idle:
-        raise MCPError(INVALID_REQUEST, f"too many sessions: at most {guard.max_sessions_per_client} per client "
-                                        f"and {guard.max_sessions} in all, each running a call now")
-    oldest = min(idle, key=lambda s: s.used)
-    logger.info("MCP session {}: stopped to make room for a new one of {}", oldest.loop.session_id, principal)
-    await _close(served, oldest)
-
-
-def _busy(session: Session) -> bool:
-    """Whether ``session`` runs a call now, or has a task open (which needs its loop)."""
-    loop = session.loop
-    return session.calls > 0 or loop.task_registry.has_open(loop.session_id, loop.data_dir)
-
-
-async def _close(served: _Served, session: Session) -> None:
-    """Stop ``session`` and forget it (its handle, its connection's hold on it)."""
-    if session.handle is not None and served.handles.get(session.handle) is session:
-        del served.handles[session.handle]
-    await session.close(served.sessions, _STATE_KEY)
-
-
-def _input_schema(served: _Served, name: str) -> dict[str, Any] | None:
+def _input_schema(served: Served, name: str) -> dict[str, Any] | None:
     """The ``inputSchema`` of tool ``name`` as listed (for the SDK's ``Mcp-Param-*``
     header checks of a 2026-07-28 call), or None for a tool not served."""
     entry = served.system.tool_set().entries.get(name)
@@ -287,7 +137,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     milliseconds after (PostgreSQL's ``wal_writer_delay``, default 200; a power loss may
     lose the results of that last delay: DESIGN §6b "The served transcript"). Raises
     ``ValueError`` for a ``wal_writer_delay_ms`` that is not from 1 to 10000."""
-    served = _Served(system, tuple(withheld), max_argument_bytes, guard,
+    served = Served(system, tuple(withheld), max_argument_bytes, guard,
                      commits=None if synchronous_commit else GroupCommit(wal_writer_delay_s(wal_writer_delay_ms)))
     served.tasks = ServedTasks(system.task_registry, call_tool_result)
     taken = TakenBack(system, served.withheld, served.tasks)  # what a killed server before this one left held
@@ -296,7 +146,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
         guard.rho_sessions = lambda: len(served.sessions)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_server: Server[Any]) -> AsyncIterator[_Served]:
+    async def lifespan(_server: Server[Any]) -> AsyncIterator[Served]:
         aloop = asyncio.get_running_loop()
         changed = asyncio.Event()
 
@@ -314,7 +164,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_announce_changes, served, changed)
             if served.guard is not None:
-                tasks.start_soon(_reap_absent, served, served.guard)
+                tasks.start_soon(reap_absent, served, served.guard)
             try:
                 yield served
             finally:
@@ -323,7 +173,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
                 if served.tasks is not None:
                     served.tasks.close()
                 for session in list(served.handles.values()):  # 2026-07-28 sessions: no connection ends them
-                    await _close(served, session)
+                    await close_session(served, session)
                 await taken.close()
                 if served.commits is not None:  # a session closed later syncs at once
                     await anyio.to_thread.run_sync(served.commits.close)
@@ -337,9 +187,9 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     async def track(ctx: Any, call_next: Any) -> Any:
         """Server middleware: the guard forgets a connection's session when it ends."""
         if served.guard is not None:
-            connection = _connection(ctx)
-            if not connection.state.get(_STATE_KEY + ".tracked"):
-                connection.state[_STATE_KEY + ".tracked"] = True
+            connection = connection_of(ctx)
+            if not connection.state.get(STATE_KEY + ".tracked"):
+                connection.state[STATE_KEY + ".tracked"] = True
                 connection.exit_stack.callback(served.guard.ended, connection.session_id)
         return await call_next(ctx)
 
@@ -358,7 +208,7 @@ def build_server(system: Any, *, name: str = "rho-actors", withheld: Iterable[st
     return _extended(server, served, name)
 
 
-def _extended(server: Server[Any], served: _Served, name: str) -> Server[Any]:
+def _extended(server: Server[Any], served: Served, name: str) -> Server[Any]:
     """``server`` with the tasks extension, the 2026-07-28 ``requestState`` boundary and
     the tools' listed schemas for the ``Mcp-Param-*`` header checks."""
     assert served.tasks is not None
@@ -372,13 +222,13 @@ def _extended(server: Server[Any], served: _Served, name: str) -> Server[Any]:
     return server
 
 
-async def _list_tools(served: _Served, ctx: Any) -> types.ListToolsResult:
+async def _list_tools(served: Served, ctx: Any) -> types.ListToolsResult:
     """``tools/list``: the loop's offer, with each trusted tool's ``outputSchema``."""
     entries = served.system.tool_set().entries  # read once: the schemas are the listed versions'
     if is_modern(ctx):  # 2026-07-28: a listing depends on no session (SEP-2567)
         offered = [entry.info for name, entry in entries.items() if name not in served.withheld]
     else:
-        session = await _session(served, ctx)
+        session = await session_of(served, ctx)
         offered = await anyio.to_thread.run_sync(session.loop.offered)
     tools = []
     for info in offered:
@@ -417,11 +267,11 @@ async def _set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.Emp
     if params.level not in LOG_LEVELS:
         raise MCPError(INVALID_PARAMS, f"unknown log level {str(params.level)[:40]!r}; "
                                        f"expected one of {', '.join(LOG_LEVELS)}")
-    _connection(ctx).state[LEVEL_KEY] = params.level
+    connection_of(ctx).state[LEVEL_KEY] = params.level
     return types.EmptyResult()
 
 
-async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestParams) -> Any:
+async def _call_tool(served: Served, ctx: Any, params: types.CallToolRequestParams) -> Any:
     """``tools/call``: a turn of one call; on 2026-07-28 an ``input_required`` result when
     the tool asked the client what it has not answered yet
     (:mod:`rho_actors.mcp.client_requests`). A handshake-era request whose HTTP
@@ -438,20 +288,20 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     answers = _answers(params) if modern else {}
     entry = served.system.tool_set().entries.get(params.name)  # read once: one version decides the call
     as_task = as_task_call(entry, served.withheld, ctx, params.name)
-    session = await _session(served, ctx)
+    session = await session_of(served, ctx)
     early = up_front(entry, params.name, arguments, answers) if as_task and modern else None
     if early:  # asked before the call becomes a task: its next round answers them
         return _input_required(params.name, early, answers, session)
     call_id = call_id_of(ctx.request_id, next(served.ids))  # never the client's id as it came
     key = (session.loop.session_id, call_id)
     aloop = asyncio.get_running_loop()
-    task = ServedTask(principal_of(ctx), session, params.name, None if modern else _connection(ctx), aloop, bound=key) \
-        if as_task and served.tasks is not None else None
+    task = ServedTask(principal_of(ctx), session, params.name, None if modern else connection_of(ctx), aloop,
+                      bound=key) if as_task and served.tasks is not None else None
     if task is not None and served.guard is not None:
         served.tasks.admit(task, served.guard.max_tasks_per_client)  # type: ignore[union-attr]
     live = served.progress[key] = LiveProgress(aloop, ctx.session)
     close = ctx.close_sse_stream
-    level = ((ctx.params or {}).get("_meta") or {}) if modern else _connection(ctx).state
+    level = ((ctx.params or {}).get("_meta") or {}) if modern else connection_of(ctx).state
     bound = Bound(aloop, ctx.session, ctx.request_id, level, close,
                   modern=modern, answers=answers)
     if task is not None:
@@ -489,7 +339,7 @@ async def _call_tool(served: _Served, ctx: Any, params: types.CallToolRequestPar
     return call_tool_result(results[0], entry_output_schema(entry, params.name), said)
 
 
-async def _run_call(served: _Served, session: Session, record: CallRecord, as_task: bool,
+async def _run_call(served: Served, session: Session, record: CallRecord, as_task: bool,
                     on_thread: bool) -> list[ToolResult]:
     """The results of ``record``'s call's turn, recorded (synced with the call's own
     record: DESIGN §6b "The served transcript"; ``on_thread``: the call's record is
@@ -520,7 +370,7 @@ def _on_call_thread(entry: Any, session: Session) -> bool:
             and session.loop.approval_policy is None)
 
 
-async def _task_made(served: _Served, task: ServedTask, result: ToolResult, meta: dict[str, Any] | None
+async def _task_made(served: Served, task: ServedTask, result: ToolResult, meta: dict[str, Any] | None
                      ) -> dict[str, Any] | None:
     """The ``CreateTaskResult`` of ``task``'s call when ``result`` names its task, else
     None. Made even when the request is cancelled meanwhile: the task is then followed
@@ -567,44 +417,6 @@ def _answers(params: types.CallToolRequestParams) -> dict[str, Any]:
     return answers
 
 
-async def _reap_absent(served: _Served, guard: HTTPGuard) -> None:
-    """Stop each rho session running no call whose client has had no open connection for
-    ``guard.client_gone_s`` seconds (checked 4 times in that time), or, a 2026-07-28
-    session, that no request named for ``guard.idle_timeout_s`` seconds. A look at a
-    session or its stop that raises is logged (the 1st, 2nd, 4th... failure of a run:
-    :class:`~rho_actors.otp.failure_runs.FailureRun`) and the reaper goes on with the
-    other sessions and the next round (it ended there: no absent client's session was
-    stopped again)."""
-    failures = FailureRun("MCP: the reaper of absent sessions")
-    while True:
-        await anyio.sleep(min(guard.client_gone_s / 4, 1.0))
-        passed = True
-        for session in list(served.sessions):
-            try:
-                await _reap_if_absent(served, guard, session)
-            except Exception:
-                passed = False
-                failures.log_failed("MCP: reaping session {} failed; the reaper goes on",
-                                    getattr(session.loop, "session_id", "?"))
-        if passed:
-            failures.passed()
-
-
-async def _reap_if_absent(served: _Served, guard: HTTPGuard, session: Session) -> None:
-    """Stop ``session`` when it runs no call and its client is gone or it was not named
-    for long (:func:`_reap_absent`)."""
-    if _busy(session):
-        return
-    if session.http_id and guard.absent_for(session.http_id) >= guard.client_gone_s:
-        logger.info("MCP session {}: its client is gone; stopped", session.loop.session_id)
-    elif session.handle and (idle_s := time.monotonic() - session.used) >= guard.idle_timeout_s:
-        logger.info("MCP session {}: not named for {:.0f} s; stopped", session.loop.session_id, idle_s)
-    else:
-        return
-    guard.reaped += 1
-    await _close(served, session)
-
-
 class _Server(Server[Any]):
     """The SDK's server, advertising ``tools.listChanged`` on every transport."""
 
@@ -615,7 +427,7 @@ class _Server(Server[Any]):
         )
 
 
-async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
+async def _announce_changes(served: Served, changed: asyncio.Event) -> None:
     """Send ``notifications/tools/list_changed`` to each connection whose last offer is
     older than the system's tool set, and to every ``subscriptions/listen`` stream
     (2026-07-28), each time ``changed`` is set (by a :class:`ToolSetChanged` event;
@@ -634,7 +446,7 @@ async def _announce_changes(served: _Served, changed: asyncio.Event) -> None:
             failures.passed()
 
 
-async def _announce(served: _Served) -> None:
+async def _announce(served: Served) -> None:
     """One announcement of :func:`_announce_changes`."""
     version = served.system.tool_set().version
     await served.bus.publish(ToolsListChanged())  # to 2026-07-28 clients' subscriptions/listen streams
