@@ -370,6 +370,9 @@ def test_a_call_counts_on_another_calls_stuck_start_only_until_half_its_start_bo
         p.start(dataclasses.replace(b, start_by=b.started + 0.3), results.done("b"))
         [unavailable] = results.wait("b")
         assert unavailable.error_kind is ErrorKind.UNAVAILABLE and len(starts) == 1, (unavailable, starts)
+        # B's worker may reach its READY read only after B's 0.3 s (a start under load takes seconds): held there
+        # first, so that the start A finds under way is B's, held, and never A's own
+        assert wait_for(lambda: len(readied) == 1), readied
         a = a_call({}, "a", the_tool=worker_pid)
         threading.Thread(target=p.start, args=(dataclasses.replace(a, start_by=a.started + 4.0), results.done("a")),
                          daemon=True).start()
