@@ -11,12 +11,15 @@ whose calls waited out a busy upstream's place (``unavailable``) or a rate
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rho_actors import ActorSystem, CancelToken, ErrorKind, GovernorSettings, ToolCall, ToolResult, tool
 from rho_actors.declarations.policy import call_policy
@@ -217,3 +220,105 @@ def test_the_breaker_knows_a_default_written_out_as_the_call_that_left_it_out(tm
         results = [loop.run_turn([ToolCall(f"c{i}", "pay", text)])[0] for i, text in enumerate(texts)]
         assert [r.error_kind for r in results] == [None, ErrorKind.REPEATED_CALL, ErrorKind.REPEATED_CALL, None]
     assert ran == [(1, "EUR"), (1, "USD")]
+
+
+# --- the breaker's memory, nested defaults, counts kept across a session's restarts (hostile round 18) ---------
+
+
+def test_the_breaker_forgets_only_unsaturated_keys_least_recently_used_first() -> None:
+    """Past MAX_REPEAT_KEYS distinct calls the oldest key below max_repeats is forgotten;
+    a key at max_repeats never is: its call stays refused behind any flood."""
+    from rho_actors.governor.session_counts import MAX_REPEAT_KEYS, SessionCounts
+
+    counts = SessionCounts()
+    assert counts.admit("t", ("t", "charge"), None, None, 2) is None
+    assert counts.admit("t", ("t", "charge"), None, None, 2) is None  # at max_repeats=2: saturated
+    assert counts.admit("t", ("t", "old"), None, None, 2) is None  # once: may be forgotten
+    for n in range(MAX_REPEAT_KEYS):
+        assert counts.admit("t", ("t", str(n)), None, None, 2) is None
+    assert len(counts.repeats) == MAX_REPEAT_KEYS and ("t", "old") not in counts.repeats
+    assert counts.admit("t", ("t", "charge"), None, None, 2) == ("repeated_call", {"count": 2})
+    assert counts.admit("t", ("t", "1"), None, None, 2) is None  # the most recent: still counted once
+    assert counts.admit("t", ("t", "1"), None, None, 2) == ("repeated_call", {"count": 2})
+
+
+def test_once_the_breaker_holds_its_bound_of_saturated_keys_a_new_one_is_refused(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from rho_actors.governor import session_counts
+
+    monkeypatch.setattr(session_counts, "MAX_SATURATED_KEYS", 3)
+
+    @tool
+    def look(n: int) -> str:
+        """Look ``n`` up."""
+        return f"saw {n}"
+
+    with ActorSystem(data_dir=tmp_path / "data", governor=GovernorSettings(max_repeats=1)) as system:
+        system.register(look)
+        loop = system.start_loop("s")
+        got = loop.run_turn([ToolCall(f"c{n}", "look", json.dumps({"n": n})) for n in range(4)], timeout_s=WAIT_S)
+        assert [r.ok for r in got] == [True, True, True, False], got
+        assert got[3].error_kind is ErrorKind.BUDGET_EXHAUSTED
+        assert got[3].content == ("tool 'look' did not run: this session has used its budget of 3 distinct calls "
+                                  "at max_repeats the breaker remembers (max_repeats)")
+        [again] = loop.run_turn([ToolCall("c9", "look", '{"n": 0}')], timeout_s=WAIT_S)
+        assert again.error_kind is ErrorKind.REPEATED_CALL, again  # nothing was forgotten
+
+
+def test_defaults_fill_nested_objects_and_local_refs() -> None:
+    from rho_actors.governor.session_counts import arguments_key, with_defaults
+
+    schema = {"type": "object", "$defs": {"Opts": {"type": "object", "properties": {
+        "currency": {"type": "string", "default": "EUR"}, "fees": {"type": "object", "properties": {
+            "waived": {"type": "boolean", "default": False}}}}}},
+        "properties": {"amount": {"type": "number"}, "options": {"$ref": "#/$defs/Opts", "default": {}},
+                       "other": {"$ref": "https://example.com/x.json"}}}
+    left_out = with_defaults({"amount": 5}, schema)
+    assert left_out == {"amount": 5, "options": {"currency": "EUR"}}
+    spelled = with_defaults({"amount": 5.0, "options": {"currency": "EUR"}}, schema)
+    assert arguments_key(left_out) == arguments_key(spelled)
+    assert with_defaults({"amount": 5, "options": {"fees": {}}}, schema) == {
+        "amount": 5, "options": {"currency": "EUR", "fees": {"waived": False}}}
+    assert with_defaults({"amount": 5, "other": {"a": 1}, "options": {"currency": "USD"}}, schema) == {
+        "amount": 5, "other": {"a": 1}, "options": {"currency": "USD"}}
+    given = {"amount": 1, "options": {"currency": "USD", "fees": {"waived": True}}}
+    assert with_defaults(given, schema) is given  # nothing left out: no copy
+
+
+def test_a_sessions_counts_survive_its_loops_stop_read_back_from_its_transcript(tmp_path: Path) -> None:
+    """A session stopped and started again (an MCP client reaped and back, a new host)
+    keeps its counts: the transcript's started calls count, its refused ones do not."""
+    from rho_actors.agent.model import Reply
+    from rho_actors.agent.transcript import TRANSCRIPT_NAME, Transcript
+
+    ran: list[str] = []
+
+    @tool
+    def charge(to: str, amount: int) -> str:
+        """Charge ``amount`` to ``to``."""
+        ran.append(f"{to} {amount}")
+        return "charged"
+
+    with ActorSystem(data_dir=tmp_path / "data",
+                     governor=GovernorSettings(max_repeats=1, max_calls_per_session=3)) as system:
+        system.register(charge)
+        loop = system.start_loop("s")
+        [made] = loop.run_turn([ToolCall("c0", "charge", '{"to": "zed", "amount": 1}')], timeout_s=WAIT_S)
+        assert made.ok, made  # (the session's folder made)
+        loop.stop(WAIT_S)
+        transcript = Transcript(loop.data_dir / TRANSCRIPT_NAME)
+        transcript.open()
+        transcript.reply(1, Reply("", (ToolCall("a", "charge", '{"to": "bob", "amount": 5}'),
+                                       ToolCall("b", "charge", {"to": "eve", "amount": 7}),
+                                       ToolCall("c", "charge", '{"to": "kim", "amount": 2}'))))
+        transcript.result(1, 0, ToolResult("a", "charge", True, "charged"))
+        transcript.result(1, 1, ToolResult("b", "charge", False, "refused", ErrorKind.REPEATED_CALL))
+        transcript.close()  # call c has no result: its host died running it, it counts
+        loop = system.start_loop("s")
+        got = loop.run_turn([ToolCall("d", "charge", '{"amount": 5.0, "to": "bob"}'),
+                             ToolCall("e", "charge", '{"to": "eve", "amount": 7}'),
+                             ToolCall("f", "charge", '{"to": "ann", "amount": 3}')], timeout_s=WAIT_S)
+        assert [r.error_kind for r in got] == [ErrorKind.REPEATED_CALL, None, ErrorKind.BUDGET_EXHAUSTED], got
+        assert got[2].content == ("tool 'charge' did not run: this session has used its budget of 3 tool calls "
+                                  "(max_calls_per_session)")
+    assert ran == ["zed 1", "eve 7"]

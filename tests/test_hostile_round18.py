@@ -480,9 +480,6 @@ def test_the_breaker_knows_one_call_written_another_way(tmp_path: Path, runs: Pa
     assert _ran(runs) == ["charge bob 5"]
 
 
-@pytest.mark.xfail(strict=True, reason="session_counts.SessionCounts.admit clears every repeat count once "
-                   "MAX_REPEAT_KEYS (4096) distinct (tool, arguments) were seen: 4096 harmless calls make the "
-                   "breaker forget the charge, which runs again past max_repeats=1")
 def test_the_breaker_never_forgets_a_call_that_ran_behind_a_flood_of_other_calls(
         tmp_path: Path, runs: Path) -> None:
     from rho_actors.governor.session_counts import MAX_REPEAT_KEYS
@@ -513,9 +510,6 @@ def _charge_nested(args: dict[str, Any], ctx: Any) -> str:
     return "charged"
 
 
-@pytest.mark.xfail(strict=True, reason="session_counts.with_defaults fills only top-level schema defaults: "
-                   "options={} and options={'currency': 'EUR'} (the nested default written out) are two keys, "
-                   "so one charge runs twice past max_repeats=1")
 def test_the_breaker_knows_a_nested_default_written_out(tmp_path: Path, runs: Path) -> None:
     from tests.helpers import make_tool
 
@@ -919,11 +913,6 @@ def transfer(to: str, amount: int) -> str:
     return "done"
 
 
-@pytest.mark.xfail(strict=True, reason="mcp/serve.py:178 keeps a connection's rho session id past a reap "
-                   "(_reap_if_absent, serve.py:588-599, stops the session once no request of its client is "
-                   "open for client_gone_s) and the next request starts that session again; the loop's stop "
-                   "dropped its counts (governor/session_counts.py SessionBudgets.forget): a client that pauses "
-                   "between calls gets fresh budgets each time, in the same session (same id, same transcript)")
 def test_an_mcp_client_pausing_between_calls_never_resets_its_sessions_budgets(tmp_path: Path, runs: Path) -> None:
     """An MCP client over HTTP, max_repeats=1 and max_calls_per_session=1: it makes the
     same transfer three times in its one session (one ``Mcp-Session-Id``), waiting

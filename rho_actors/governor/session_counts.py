@@ -18,27 +18,47 @@ cancelled while it waited, ``not_started`` as the system stops) gives it back
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol, TypeAlias
+
+from loguru import logger
 
 __all__ = ["Reserved", "Reserving", "SessionBudgets", "SessionCounts", "arguments_key", "checked_bounds",
            "with_defaults"]
 
 MAX_REPEAT_KEYS: Final = 4096
-"""Distinct (tool, arguments) remembered per session (then forgotten at once)."""
+"""Distinct (tool, arguments) below ``max_repeats`` remembered per session: past it, the
+least recently used of them is forgotten (a key at ``max_repeats`` never is)."""
+
+MAX_SATURATED_KEYS: Final = 65_536
+"""Distinct (tool, arguments) at ``max_repeats`` remembered per session (each refuses its
+next call for the session's life): once this many are held, a call that would make
+another is refused (``budget_exhausted``, nothing forgotten). Keys are sha256 digests, so
+each costs about 200 bytes whatever its arguments' size."""
 
 
 class SessionCounts:
-    """A session's counts: its calls, per tool, and per (tool, arguments)."""
+    """A session's counts: its calls, per tool, and per (tool, arguments).
 
-    __slots__ = ("calls", "per_tool", "repeats")
+    The repeat breaker's keys: ``saturated`` holds those that reached ``max_repeats``
+    (they refuse every next call and are never forgotten), ``repeats`` the others, least
+    recently used first, at most :data:`MAX_REPEAT_KEYS` (the oldest is forgotten: a call
+    that ran fewer than ``max_repeats`` times may run that many times again once
+    forgotten, never more often in a row). Once :data:`MAX_SATURATED_KEYS` keys are
+    saturated, a call that would saturate another is refused, ``budget_exhausted``
+    (``setting="max_repeats"``), so memory stays bounded and no saturated key is dropped."""
+
+    __slots__ = ("calls", "per_tool", "repeats", "saturated")
 
     def __init__(self) -> None:
         self.calls = 0
         self.per_tool: dict[str, int] = {}
-        self.repeats: dict[tuple[str, str], int] = {}
+        self.repeats: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.saturated: dict[tuple[str, str], int] = {}
 
     def admit(self, name: str, key: tuple[str, str] | None, max_calls: int | None, tool_max_calls: int | None,
               max_repeats: int | None) -> tuple[str, dict[str, Any]] | None:
@@ -50,26 +70,52 @@ class SessionCounts:
         if tool_max_calls is not None and self.per_tool.get(name, 0) >= tool_max_calls:
             return "budget_exhausted", dict(scope="this session", budget=tool_max_calls,
                                             what=f"calls of tool {name!r}", setting="max_calls")
-        if key is not None and max_repeats is not None and self.repeats.get(key, 0) >= max_repeats:
-            return "repeated_call", dict(count=max_repeats)
+        count = 0
+        if key is not None:
+            count = self.saturated.get(key) or self.repeats.get(key, 0)
+            if max_repeats is not None and count >= max_repeats:
+                return "repeated_call", dict(count=max_repeats)
+            if max_repeats is not None and count + 1 >= max_repeats and len(self.saturated) >= MAX_SATURATED_KEYS:
+                logger.warning("a session holds {} calls at max_repeats={}: tool {!r} refused a new one",
+                               len(self.saturated), max_repeats, name)
+                return "budget_exhausted", dict(scope="this session", budget=MAX_SATURATED_KEYS,
+                                                what="distinct calls at max_repeats the breaker remembers",
+                                                setting="max_repeats")
         self.calls += 1
         self.per_tool[name] = self.per_tool.get(name, 0) + 1
         if key is not None:
-            if len(self.repeats) >= MAX_REPEAT_KEYS:
-                self.repeats.clear()
-            self.repeats[key] = self.repeats.get(key, 0) + 1
+            self._count(key, count + 1, max_repeats)
         return None
+
+    def ran(self, name: str, key: tuple[str, str] | None, max_repeats: int | None) -> None:
+        """Count a call that ran before these counts were made (read back), past any bound."""
+        self.calls += 1
+        self.per_tool[name] = self.per_tool.get(name, 0) + 1
+        if key is not None:
+            self._count(key, (self.saturated.get(key) or self.repeats.get(key, 0)) + 1, max_repeats)
+
+    def _count(self, key: tuple[str, str], count: int, max_repeats: int | None) -> None:
+        """Set ``key``'s count: saturated at ``max_repeats``, else the most recently used."""
+        if max_repeats is not None and count >= max_repeats:
+            self.repeats.pop(key, None)
+            self.saturated[key] = count
+            return
+        self.saturated.pop(key, None)
+        self.repeats[key] = count
+        self.repeats.move_to_end(key)
+        if len(self.repeats) > MAX_REPEAT_KEYS:
+            self.repeats.popitem(last=False)
 
     def give_back(self, name: str, key: tuple[str, str] | None) -> None:
         """Uncount a call :meth:`admit` counted that never started."""
         self.calls -= 1
         self.per_tool[name] -= 1
         if key is not None:
-            count = self.repeats.get(key, 0)  # (gone if the keys were forgotten since)
+            count = self.saturated.pop(key, None) or self.repeats.pop(key, 0)  # (0: forgotten since)
             if count > 1:
-                self.repeats[key] = count - 1
-            elif count:
-                del self.repeats[key]
+                self.repeats[key] = count - 1  # below max_repeats now; most recently used
+                if len(self.repeats) > MAX_REPEAT_KEYS:
+                    self.repeats.popitem(last=False)
 
 
 Reserved: TypeAlias = "tuple[SessionCounts, str, tuple[str, str] | None]"
@@ -101,17 +147,37 @@ class SessionBudgets:
               schema: Mapping[str, Any] | None = None) -> tuple[tuple[str, dict[str, Any]] | None, Reserved | None]:
         """Count a call of tool ``name`` with ``args`` in ``session``: ``(None, reserved)``,
         or its refusal, nothing counted: ``((error_kind, fields), None)``. ``schema``: the
-        tool's parameters' JSON Schema, whose top-level ``default`` values fill the
-        arguments left out before a repeat is looked for (a call that writes a default out
-        repeats the one that left it to its default)."""
+        tool's parameters' JSON Schema, whose ``default`` values fill the arguments
+        left out, nested objects' too (:func:`with_defaults`), before a repeat is looked
+        for (a call that writes a default out repeats the one that left it to its default)."""
         max_calls, max_repeats = self.bounds.get(session) or self.system
-        key = (name, arguments_key(with_defaults(args, schema))) if max_repeats is not None else None
+        key = (name, _digest(arguments_key(with_defaults(args, schema)))) if max_repeats is not None else None
         with self.lock:
             counts = self.sessions.get(session)
             if counts is None:
                 counts = self.sessions[session] = SessionCounts()
             refusal = counts.admit(name, key, max_calls, tool_max_calls, max_repeats)
         return (None, (counts, name, key)) if refusal is None else (refusal, None)
+
+    def counts(self, session: str) -> bool:
+        """Whether ``session``'s calls are counted by its bounds (the system's or its own)."""
+        return self.everyone or session in self.bounds
+
+    def has_counts(self, session: str) -> bool:
+        """Whether ``session`` has counts (its loop counted calls, or was given them)."""
+        return session in self.sessions
+
+    def restore(self, session: str, calls: Iterable[tuple[str, Mapping[str, Any], Mapping[str, Any] | None]]) -> None:
+        """Give ``session`` (without counts yet) the counts of ``calls`` that started
+        before its loop did: ``(tool, arguments, its schema)`` each (:mod:`.recount`),
+        counted past any bound (they ran)."""
+        max_repeats = (self.bounds.get(session) or self.system)[1]
+        counts = SessionCounts()
+        for name, args, schema in calls:
+            key = (name, _digest(arguments_key(with_defaults(args, schema)))) if max_repeats is not None else None
+            counts.ran(name, key, max_repeats)
+        with self.lock:
+            self.sessions.setdefault(session, counts)
 
     def give_back(self, holder: Reserving) -> None:
         """Give back the counts ``holder`` holds of a call that never started (nothing
@@ -181,16 +247,76 @@ def checked_bounds(system: Mapping[str, int | None], max_calls_per_session: Any,
     return bounds[0], bounds[1]
 
 
+MAX_DEFAULTS_DEPTH: Final = 64
+"""How deep :func:`with_defaults` fills nested objects' defaults (arguments' JSON is
+parsed to a bounded depth too): deeper objects are keyed as written."""
+
+
 def with_defaults(args: Mapping[str, Any], schema: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """``args`` with each top-level property ``schema`` gives a ``default`` for and
-    ``args`` leaves out set to it (JSON Schema's ``default``, as the tool's own signature
-    fills it); ``args`` itself when none is left out."""
-    properties = schema.get("properties") if schema is not None else None
-    if not isinstance(properties, dict):
+    """``args`` with each property ``schema`` gives a ``default`` for and ``args`` leaves
+    out set to it (JSON Schema's ``default``, as the tool's own signature fills it), at
+    the top level and in each object value ``args`` holds whose schema has
+    ``properties`` (to :data:`MAX_DEFAULTS_DEPTH`): ``{"options": {}}`` and
+    ``{"options": {"currency": "EUR"}}`` are one call when ``currency`` defaults to
+    ``"EUR"``. A local ``$ref`` (``#/$defs/...``, ``#/definitions/...``: pydantic's
+    nested models) is followed; any other is ignored. ``args`` itself when nothing is
+    left out (no copy)."""
+    if schema is None:
         return args
-    left = {name: spec["default"] for name, spec in properties.items()
-            if name not in args and isinstance(spec, dict) and "default" in spec}
-    return {**left, **args} if left else args
+    filled = _filled(args, schema, schema, MAX_DEFAULTS_DEPTH)
+    return filled if isinstance(filled, Mapping) else args
+
+
+def _filled(value: Any, spec: Any, root: Mapping[str, Any], depth: int) -> Any:
+    """``value`` (an object) with the defaults of ``spec``'s properties it leaves out,
+    and its object values filled the same way; ``value`` itself when nothing changed."""
+    spec = _resolved(spec, root)
+    if depth <= 0 or not isinstance(value, Mapping) or spec is None:
+        return value
+    properties = spec.get("properties")
+    if not isinstance(properties, Mapping):
+        return value
+    out: dict[str, Any] | None = None
+    for name, given in properties.items():
+        prop = _resolved(given, root)
+        if prop is None:
+            continue
+        if name in value:
+            item = value[name]
+            inner = _filled(item, prop, root, depth - 1) if isinstance(item, Mapping) else item
+        elif "default" in prop:
+            inner = _filled(prop["default"], prop, root, depth - 1)
+        else:
+            continue
+        if name not in value or inner is not value[name]:
+            if out is None:
+                out = dict(value)
+            out[name] = inner
+    return value if out is None else out
+
+
+def _resolved(spec: Any, root: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``spec`` (a schema) with its local ``$ref`` followed (a few hops at most), or
+    ``None`` when it is no object or names anything else."""
+    beside: dict[str, Any] = {}  # a $ref's siblings (pydantic's "default" beside it) win over its target's
+    for _ in range(8):
+        if not isinstance(spec, Mapping):
+            return None
+        ref = spec.get("$ref")
+        if not isinstance(ref, str):
+            return {**spec, **beside} if beside else spec
+        beside = {**{k: v for k, v in spec.items() if k != "$ref"}, **beside}
+        parts = ref.split("/")
+        if len(parts) != 3 or parts[0] != "#" or parts[1] not in ("$defs", "definitions"):
+            return None
+        defs = root.get(parts[1])
+        spec = defs.get(parts[2]) if isinstance(defs, Mapping) else None
+    return None
+
+
+def _digest(text: str) -> str:
+    """A repeat key's arguments, kept as their sha256 (its size bounded)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def arguments_key(args: Mapping[str, Any]) -> str:

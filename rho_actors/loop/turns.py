@@ -59,6 +59,7 @@ from rho_actors.cancel import CancelToken
 from rho_actors.declarations.toolset import ToolEntry
 from rho_actors.encoding import describe_exception
 from rho_actors.events import CallEvent, EventKind, report_progress
+from rho_actors.governor.recount import recount
 from rho_actors.isolation import RunningCall
 from rho_actors.isolation.call import CallSpec
 from rho_actors.lifecycle import RECORDED_BY_CALLER, PendingCall
@@ -152,6 +153,7 @@ class Turns(CallPreparation):
         self._offer: tuple[int, Withheld, tuple[ToolEntry, ...], tuple[bytes, ...] | None] | None = None
         self._resumed: dict[str, Task] = {}  # tasks run again after a crash, by call id, until dispatched
         found = at_start.take() if at_start is not None else None  # what start_loop listed: the first turns only
+        recount(runtime.governor.budgets, session_id, data_dir, runtime.tools.current.entries, found)  # its counts
         rerun_tasks(session_id, data_dir, runtime.tools.current.entries, self._tasks, self._resumed, self.submit,
                     found=found, attach=None if approvals is None else  # the tasks read first, then the open calls
                     functools.partial(approvals.attach, self, runtime, found=found))
