@@ -13,8 +13,9 @@ Broke (strict xfail):
   replayed record) never expires: ``_expire``'s record raises ``TranscriptError``, which
   it does not catch, and nothing arms it again (loop/approvals.py:492-495);
 - ``loop.stop`` releases the lease while a background call of that loop still runs: its
-  late end rewrites the task record in the folder the next host serves (loop/actor.py:100-102,
-  tasks/registry.py ``_persist``);
+  late end rewrote the task record in the folder the next host serves (loop/actor.py:100-102,
+  tasks/registry.py ``_persist``); fixed since: a host writes a task record only while it
+  holds the session's lease (agent/session_lease.py ``writing``), a late one is dropped;
 - ``decide`` skips the wall-clock expiry whenever any process holds the folder's flock
   (``served``), and a host taking the session back runs the 'decided' call without
   comparing it with ``expires_at`` (loop/decisions.py:114, loop/approval_journal.py:378);
@@ -363,10 +364,6 @@ def slow_report(name: str) -> str:
     return f"report {name}"
 
 
-@pytest.mark.xfail(strict=True, reason="loop.stop releases the session's lease (agent/session_lease.py "
-                   "SessionLease.release, from the loop's stop) while a background call of that loop still runs "
-                   "in the host; its late end writes the task record (tasks/records) into the folder the next "
-                   "host now serves: that host said the task failed (interrupted), the file then says completed")
 def test_a_task_of_a_stopped_loop_never_writes_into_the_session_the_next_host_serves(tmp_path: Path) -> None:
     data = tmp_path / "data"
     _RELEASE.clear()

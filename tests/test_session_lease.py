@@ -6,22 +6,26 @@ folder exists, or the first use of a folder made since) is refused there with a
 :class:`SessionLeaseError` naming the session, the folder and the pid holding it; the
 lease dies with its holder (``kill -9`` too, a worker process or a child it forked
 living on), so the next host takes the session back at once; a clean stop (the loop's,
-the system's) releases it; deciding a held call from another process
+the system's) releases it, and a call still running then writes nothing into the
+folder after it (its waiter still gets its result); deciding a held call from another process
 (``rho-actors approve``) takes none and works while a host serves the session."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rho_actors import ActorSystem, ErrorKind, SessionLeaseError, ToolCall, tool
+from rho_actors.agent.session_lease import SessionLease, writing
 from rho_actors.lifecycle.tasks import OPEN
 from tests.conftest import WAIT_S, read_line, wait_for
 from tests.held_task_host import CALL, wipe_later
@@ -245,3 +249,62 @@ def test_a_child_forked_while_the_lease_is_being_taken_keeps_no_copy_of_it(tmp_p
         assert kept.read_text() == "", "a child forked as the lease was taken kept the folder's descriptor"
     finally:
         lease.release()
+
+
+_ENDING = threading.Event()
+_BEGUN = threading.Event()
+
+
+@tool(background=True)
+def long_count(n: int) -> str:
+    """Count to ``n`` once the test lets it end (a background call)."""
+    _BEGUN.set()
+    _ENDING.wait(WAIT_S)
+    return f"counted to {n}"
+
+
+def test_a_call_outliving_its_loops_stop_writes_nothing_into_the_session_folder(
+        tmp_path: Path, logs: list[str]) -> None:
+    data = tmp_path / "data"
+    _ENDING.clear()
+    _BEGUN.clear()
+    with ActorSystem(data_dir=data, shutdown_ms=1_000) as system:
+        system.register(long_count)
+        loop = system.start_loop("s1")
+        [ack] = loop.run_turn([ToolCall("c1", "long_count", '{"n": 3}')], timeout_s=WAIT_S)
+        assert ack.ok, ack
+        task_id = ack.details["task_id"]
+        record = data / "sessions" / "s1" / "tasks" / f"{task_id}.json"
+        assert _BEGUN.wait(WAIT_S)
+        loop.stop()  # a stop is a stop: the lease goes now, the call runs on
+        assert _free(data / "sessions" / "s1")
+        before = record.read_bytes()
+        _ENDING.set()
+        done = loop.task_result(task_id, WAIT_S)  # its waiter, in this host's memory, still gets the result
+        assert done.status == "completed" and done.result is not None and done.result.content == "counted to 3"
+        assert record.read_bytes() == before and json.loads(before)["status"] == "working"
+        assert any("session s1" in m and task_id in m and "lease" in m for m in logs), logs
+
+
+def test_a_write_under_way_holds_the_release_back_and_none_starts_after_it(tmp_path: Path) -> None:
+    folder = tmp_path / "s1"
+    folder.mkdir()
+    host = object()
+    lease = SessionLease("s1", folder, host)
+    with writing(host, folder, "a held call's record") as before:
+        assert before  # a new session's folder, not leased yet (its first started call takes it): written
+    lease.hold()
+    with writing(object(), folder, "another host's write") as other:
+        assert not other  # a host holding no lease of the folder writes nothing into it
+    with writing(host, folder, "a record") as served:
+        assert served
+        letting_go = threading.Thread(target=lease.release)
+        letting_go.start()
+        assert wait_for(lambda: not lease.held)  # the release began: it waits for the write under way
+        assert not _free(folder)  # the folder still leased while the write lands
+    letting_go.join(WAIT_S)
+    assert not letting_go.is_alive() and _free(folder)
+    with writing(host, folder, "a late record") as late:
+        assert not late
+    with writing(None, folder, "a write of no host") as unowned:
+        assert unowned  # no owner: no lease looked at (a registry used alone)

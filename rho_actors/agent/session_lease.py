@@ -23,6 +23,12 @@ shared by the children forked from its holder while they keep the descriptor: a 
 by exec (a subprocess, rho's fork servers and their workers) holds them only until its
 exec, which a refused host waits for (:data:`FORKED_WAIT_S`).
 
+A host writes into a session's folder (its task records) only while it holds the lease
+(:func:`writing`: an in-memory look, no syscall): a call still running when its loop
+stopped (:meth:`~rho_actors.Loop.stop` is a stop: the lease goes at once, the call is
+not waited for) ends in memory only, its late record dropped with a warning, so the
+next host's view of the folder is never overwritten by a host that no longer serves it.
+
 Deciding a held call from another process (``rho-actors approve``,
 :func:`~rho_actors.loop.decisions.decide`) takes no lease: it is no host, it appends a
 decision under the transcript's own lock, and the serving host acts on it.
@@ -30,18 +36,23 @@ decision under the transcript's own lock, and the serving host acts on it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import threading
 import time
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
+
+from loguru import logger
 
 from rho_actors.errors import RhoError
 
 __all__ = ["FORKED_WAIT_S", "SessionLease", "SessionLeaseError", "flock_within", "lease_held_here", "release_all",
-           "served"]
+           "served", "writing"]
 
 FORKED_WAIT_S: Final = 2.0
 """How long (seconds) a host waits for a session's lease held by another process before
@@ -50,7 +61,12 @@ it is refused: a child its holder forked holds a copy of it until its exec."""
 _BUSY: Final = (errno.EAGAIN, errno.EWOULDBLOCK)
 _LEASES: dict[tuple[int, int], SessionLease] = {}  # the leases this process holds, by their folder's (dev, ino)
 _OPENING: set[int] = set()  # descriptors of folders being leased (before their flock is taken or refused)
+_HELD_AT: dict[str, SessionLease] = {}  # the same leases, by their folder's path (as the host names it)
+_WRITERS: dict[str, int] = {}  # writes under way into a leased folder, by its path (see writing)
+_LET_GO: dict[str, Callable[[], object]] = {}  # by folder path: the host that let its lease go last (a weak ref)
+_MAX_LET_GO: Final = 4096  # past it, the entries of hosts gone are pruned
 _LOCK = threading.Lock()
+_WRITTEN = threading.Condition(_LOCK)  # notified when a folder's last write under way ends
 
 
 class SessionLeaseError(RhoError, OSError):
@@ -114,6 +130,8 @@ class SessionLease:
                 if other is not None and other.owner is self.owner:  # this host's, of an earlier loop
                     self._fd, self._key, other._fd, other._key, other._ended = other._fd, key, None, None, True
                     _LEASES[key] = self
+                    _HELD_AT.pop(str(other.folder), None)
+                    _HELD_AT[str(self.folder)] = self
             if self._fd is not None:
                 _close_opening(fd)
                 return
@@ -125,6 +143,8 @@ class SessionLease:
             with _LOCK:
                 self._fd, self._key = fd, key
                 _LEASES[key] = self
+                _HELD_AT[str(self.folder)] = self
+                _LET_GO.pop(str(self.folder), None)
                 _OPENING.discard(fd)  # a lease's now
         except BaseException:
             if self._fd != fd:
@@ -132,11 +152,19 @@ class SessionLease:
             raise
 
     def release(self) -> None:
-        """Let the lease go (idempotent): the next host may take the session."""
+        """Let the lease go (idempotent): the next host may take the session. A write of
+        this host into the folder under way (:func:`writing`) ends first; none starts after."""
+        path = str(self.folder)
         with _LOCK:
             fd, key, self._fd, self._key, self._ended = self._fd, self._key, None, None, True
             if key is not None and _LEASES.get(key) is self:
                 del _LEASES[key]
+            if _HELD_AT.get(path) is self:
+                del _HELD_AT[path]
+            if fd is not None:
+                _let_go(path, self.owner)
+            while fd is not None and _WRITERS.get(path):  # a file write (bounded): the next host never sees it torn
+                _WRITTEN.wait()
         if fd is not None:
             os.close(fd)  # the flock goes with its last descriptor
 
@@ -154,6 +182,56 @@ def release_all(owner: object) -> None:
         held = [lease for lease in _LEASES.values() if lease.owner is owner]
     for lease in held:
         lease.release()
+
+
+@contextlib.contextmanager
+def writing(owner: object | None, folder: Path, what: str) -> Iterator[bool]:
+    """Whether the host ``owner`` (an ``ActorSystem``; ``None``: none, no lease looked
+    at) holds the lease of the session folder ``folder`` now (its path as the host
+    names it: a look in memory, no syscall): when it does, the lease is not let go until
+    the block ends, so a write made in it lands while the host serves the session; when
+    it does not (its loop stopped, the session maybe another host's now), the caller
+    drops its write, ``what`` (named in a warning with the session). A folder no host of
+    this process holds is written unless ``owner`` let its lease go (a new session's
+    folder is leased from its first started call on: a call held before writes)."""
+    path = str(folder)
+    with _LOCK:
+        lease = _HELD_AT.get(path)
+        if owner is None:
+            held = True
+        elif lease is not None:  # held in this process: by this host, or by another now
+            held = lease.owner is owner
+        else:  # held by none here: this host writes unless it let it go (a session's folder not yet leased: yes)
+            gone = _LET_GO.get(path)
+            held = gone is None or gone() is not owner
+        if held and lease is not None:
+            _WRITERS[path] = _WRITERS.get(path, 0) + 1
+    if lease is None or not held:
+        if not held:
+            logger.warning("session {}: {} not written: this host no longer holds the session's lease (its loop "
+                           "stopped; the folder {} may be another host's now)", folder.name, what, folder)
+        yield held
+        return
+    try:
+        yield True
+    finally:
+        with _LOCK:
+            left = _WRITERS.pop(path) - 1
+            if left:
+                _WRITERS[path] = left
+            else:
+                _WRITTEN.notify_all()
+
+
+def _let_go(path: str, owner: object) -> None:
+    """Remember (under ``_LOCK``) that ``owner`` let the lease of ``path`` go last."""
+    try:
+        _LET_GO[path] = weakref.ref(owner)
+    except TypeError:  # an owner with no weak references (a bare object)
+        _LET_GO[path] = lambda: owner
+    if len(_LET_GO) > _MAX_LET_GO:
+        for gone in [p for p, ref in _LET_GO.items() if ref() is None]:
+            del _LET_GO[gone]
 
 
 def lease_held_here(folder: Path) -> bool:
@@ -235,6 +313,9 @@ def _forked() -> None:
             except OSError:
                 pass
     _LEASES.clear()
+    _HELD_AT.clear()
+    _WRITERS.clear()
+    _LET_GO.clear()
     for fd in _OPENING:  # a lease being taken as it forked: its flock would be this child's too
         try:
             os.close(fd)

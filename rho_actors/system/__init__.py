@@ -288,7 +288,7 @@ class ActorSystem(HostActors, SystemTools):
             telemetry=tracing if isinstance(tracing, Telemetry) else Telemetry(enabled=tracing),
             governor=Governor(governor or GovernorSettings(), self._timers, events, self._threads),
             tasks=TaskRegistry(tasks or TaskSettings(), budgets,
-                               functools.partial(events.subscribe, only=(CallEvent,))),
+                               functools.partial(events.subscribe, only=(CallEvent,)), owner=self),
             confine=self._confine,
             budgets=budgets,
             sessions=(lazy_sessions := LazyStarter()),  # session subtrees started and stopped in the caller's thread

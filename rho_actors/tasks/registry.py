@@ -33,12 +33,14 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from loguru import logger
 
+from rho_actors.agent import session_lease
 from rho_actors.budgets import ResultBudgets, result_bytes
 from rho_actors.errors import RhoError
 from rho_actors.isolation import RunningCall
@@ -98,28 +100,9 @@ class TaskError(RhoError, LookupError):
 class Task:
     """A background call as the registry holds it (the host sees :class:`TaskInfo`)."""
 
-    __slots__ = (
-        "arguments",
-        "attempt",
-        "call_id",
-        "deadline",
-        "delivered",
-        "done",
-        "ended",
-        "finished",
-        "held",
-        "name",
-        "result",
-        "running",
-        "session_dir",
-        "session_id",
-        "started",
-        "status",
-        "task_id",
-        "updated",
-        "writing",
-        "written",
-    )
+    __slots__ = ("arguments", "attempt", "call_id", "deadline", "delivered", "done", "ended", "finished", "held",
+                 "name", "result", "running", "session_dir", "session_id", "started", "status", "task_id", "updated",
+                 "writing", "written")
 
     def __init__(self, task_id: str, session_id: str, session_dir: Path, call_id: str, name: str) -> None:
         self.task_id, self.session_id, self.session_dir = task_id, session_id, session_dir
@@ -186,11 +169,16 @@ class TaskRegistry:
     thread. ``budgets``: the system's result budgets (a task's result is charged to its
     session); ``max_output_chars``: the cap of the refusals it writes; ``decisions(callback)``
     subscribes ``callback`` to the system's ``CallEvent`` values (the decisions of held
-    calls), returning the function that unsubscribes it."""
+    calls), returning the function that unsubscribes it. ``owner``: the host (its
+    ``ActorSystem``) whose sessions' leases its records are written under: a record of a
+    session it no longer serves is not written (agent/session_lease.py :func:`writing`);
+    ``None``: no lease looked at."""
 
     def __init__(self, settings: TaskSettings, budgets: ResultBudgets,
-                 decisions: Callable[[Callable[[Any], None]], Callable[[], None]] | None = None) -> None:
+                 decisions: Callable[[Callable[[Any], None]], Callable[[], None]] | None = None,
+                 owner: object | None = None) -> None:
         self.settings = settings
+        self._owner = owner
         self._budgets = budgets
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified when a task ends or is delivered
@@ -638,7 +626,7 @@ class TaskRegistry:
         for task in gone:
             del tasks[task.task_id]
             task.written = False
-            records.remove(task.session_dir, task.task_id)
+            self._remove_record(task)
             self._drop_if_empty(task.session_id, tasks)
 
     def _drop_if_empty(self, session_id: str, tasks: dict[str, Task]) -> None:
@@ -649,7 +637,7 @@ class TaskRegistry:
     def _remove(self, task: Task) -> None:
         with self._lock:
             task.written = False
-        records.remove(task.session_dir, task.task_id)
+        self._remove_record(task)
 
     def _forget(self, task: Task) -> None:
         with self._lock:
@@ -670,18 +658,32 @@ class TaskRegistry:
                     return
                 record = task.record()
             if strict:  # its first record (its start): made durable with its name
-                records.write(task.session_dir, record, new=True)
+                with self._leased(task, "the first record") as served:
+                    if not served:
+                        raise OSError(f"this host no longer serves session {task.session_id!r} (its lease was let go)")
+                    records.write(task.session_dir, record, new=True)
             else:
                 self._write_quietly(task, record)
             with self._lock:
                 removed = not task.written
             if removed:  # expired while it was written
+                self._remove_record(task)
+
+    def _write_quietly(self, task: Task, record: dict[str, Any] | None = None) -> None:
+        with self._leased(task, "the record") as served:
+            try:
+                if served:
+                    records.write(task.session_dir, record or task.record())
+            except OSError as exc:
+                logger.error("session {}: task {} ({}) could not be recorded: {}", task.session_id, task.task_id,
+                             task.name, exc)
+
+    def _remove_record(self, task: Task) -> None:
+        with self._leased(task, "the removal of the record") as served:
+            if served:
                 records.remove(task.session_dir, task.task_id)
 
-    @staticmethod
-    def _write_quietly(task: Task, record: dict[str, Any] | None = None) -> None:
-        try:
-            records.write(task.session_dir, record or task.record())
-        except OSError as exc:
-            logger.error("session {}: task {} ({}) could not be recorded: {}", task.session_id, task.task_id,
-                         task.name, exc)
+    def _leased(self, task: Task, what: str) -> AbstractContextManager[bool]:
+        """Whether the host still serves ``task``'s session (agent/session_lease.py :func:`writing`)."""
+        return session_lease.writing(self._owner, task.session_dir, f"{what} of task {task.task_id} ({task.name}, "
+                                     f"{task.status})")
