@@ -194,15 +194,16 @@ class ApprovalDecisions(ApprovalJournal):
             self._arm(held)
             return
         result = failure("approval_expired", call_id, held.pending.name, call=call_id, timeout_s=self.timeout_s)
-        try:
-            self._settle(held, "expired", None, result)
-        except (ApprovalError, OSError, ValueError) as exc:
+        try:  # a record that cannot be written is logged, the call answered all the same (_expiry_journal)
+            self._settle(held, "expired", None, result, must=True)
+        except ApprovalError as exc:  # decided by another process first: acted on once let go (_unclaim)
             logger.warning("session {}: call {} could not expire now: {}", self.session_id, call_id, exc)
 
-    def _settle(self, held: Held, decision: str, decided_by: str | None, result: ToolResult, **fields: Any) -> None:
+    def _settle(self, held: Held, decision: str, decided_by: str | None, result: ToolResult, *, must: bool = False,
+                **fields: Any) -> None:
         """Record ``decision`` and its ``result`` at once (a decision that runs nothing)."""
         try:
-            with self._journal(held) as journal:
+            with (self._expiry_journal if must else self._journal)(held) as journal:
                 if journal is not None:
                     transcript, track = journal
                     transcript.call(track.step, track.index, "decided", call_id=held.pending.call_id,
@@ -240,12 +241,12 @@ class ApprovalDecisions(ApprovalJournal):
     def _unclaim(self, held: Held) -> None:
         """Let go of ``held``'s claim; one that found it decided by another process
         meanwhile acts on that decision (on a pool thread): the look for decisions
-        passed it over while it was claimed, and no decision is left unacted on."""
+        passed it over while it was claimed, and no decision is left unacted on; one
+        past its deadline expires (:meth:`_claim_let_go`)."""
         with self._lock:
             held.claimed = False
             track, held.elsewhere = held.elsewhere, None
-        if track is not None:
-            self._later(functools.partial(self._act, held, track), "act")
+        self._claim_let_go(held, track)
 
     def _decide(self, held: Held, decision: str, decided_by: str | None, *, running: bool = False,
                 first: str | None = None, result: ToolResult | None = None) -> None:

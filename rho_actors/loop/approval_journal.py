@@ -14,8 +14,12 @@ and so of :class:`~rho_actors.loop.approvals.SessionApprovals`.
   (:meth:`_act`): an approval runs only the arguments its SHA-256 is bound to
   (:func:`~rho_actors.loop.decisions.bound_arguments`);
 - **after a restart**: the transcript's open calls are taken back (:meth:`_recover`):
-  pending ones listed again, decided ones acted on, an approved call a host died running
-  run again only when its tool is idempotent (:meth:`_rerun`).
+  pending ones listed again, decided ones acted on (a decision recorded past the call's
+  ``expires_at`` loses to the expiry), an approved call a host died running run again
+  only when its tool is idempotent (:meth:`_rerun`);
+- **the expiry never waits on the transcript**: its record not written is logged, the
+  call answered all the same (:meth:`_expiry_journal`); a claim let go past the deadline
+  expires the call (:meth:`_claim_let_go`).
 """
 
 from __future__ import annotations
@@ -131,6 +135,18 @@ class ApprovalJournal:
                 first: str | None = None, result: ToolResult | None = None) -> None:
         raise NotImplementedError
 
+    def _claim_let_go(self, held: Held, track: CallTrack | None) -> None:
+        """What is left to do once ``held``'s claim is let go without a decision: act on
+        the decision ``track`` found made by another process meanwhile, else expire the
+        call if its deadline passed while it was claimed (its timer found it claimed and
+        let it be: a decision that failed, a record that could not be written, never
+        leaves it waiting with no timer)."""
+        if track is not None:
+            self._later(functools.partial(self._act, held, track), "act")
+        elif held.deadline is not None and time.monotonic() >= held.deadline and \
+                self._held.get(held.pending.call_id) is held:
+            self._arm(held)
+
     def _run(self, held: Held, args: dict[str, Any]) -> ToolResult:
         """Run the approved ``held`` call with ``args``, record its result and return it."""
         raise NotImplementedError
@@ -219,6 +235,29 @@ class ApprovalJournal:
             yield transcript, track
 
     @contextlib.contextmanager
+    def _expiry_journal(self, held: Held) -> Iterator[tuple[Transcript, CallTrack] | None]:
+        """:meth:`_journal` for a decision the host makes itself (the expiry), which never
+        depends on the transcript being writable: when its record cannot be written (the
+        transcript unreadable, a line in it failing its checks, the disk full, its lock
+        held past :data:`LOCK_WAIT_S`), the failure is logged, naming the session and the
+        call, and the decision goes on unrecorded (the call gets its one result in this
+        host; the transcript keeps it pending: the next host expires it by its
+        ``expires_at``). :class:`ApprovalError` (decided by another process first) is raised."""
+        opened = False
+        try:
+            with self._journal(held) as journal:
+                opened = True
+                yield journal
+        except ApprovalError:
+            raise
+        except Exception as exc:
+            logger.error("session {}: the expiry of call {} could not be recorded in {}: {}; the call ends "
+                         "approval_expired all the same", self.session_id, held.pending.call_id, self.path,
+                         describe_exception(exc))
+            if not opened:
+                yield None
+
+    @contextlib.contextmanager
     def _locked(self) -> Iterator[Transcript]:
         """The session's transcript under its lock, read only past what this host read
         of it last (:meth:`~rho_actors.agent.transcript.Transcript.reopen`); its folder
@@ -304,9 +343,11 @@ class ApprovalJournal:
         finally:
             self._file_lock.release()
 
-    def _act(self, held: Held, track: CallTrack) -> None:
+    def _act(self, held: Held, track: CallTrack, late: bool = False) -> None:
         """``held`` was decided in the transcript (by another process, or before a
-        restart): run it once when approved and not started, else give it its result.
+        restart): run it once when approved and not started, else give it its result;
+        ``late`` (a decision recorded past the call's ``expires_at``, found at a host's
+        start: :meth:`_recover`): the expiry wins, the call ends ``approval_expired``.
         Nothing while the loop is stopped: the next host or restart acts on it."""
         if self._turns is None or self._turns.closed is not None:
             return
@@ -315,6 +356,10 @@ class ApprovalJournal:
         except ApprovalError:
             return
         decided = track.states.get("decided", {})
+        if late:
+            logger.warning("session {}: call {} was {} past its approval deadline, while no host held it: it ends "
+                           "approval_expired", self.session_id, held.pending.call_id, first_decision(track))
+            decided = {"decision": "expired"}
         approved = decided.get("decision") == "approved"
         args = bound_arguments(held.pending, held.args, decided) if approved else held.args
         result: ToolResult | None = None
@@ -357,7 +402,7 @@ class ApprovalJournal:
                            describe_exception(exc))
             return frozenset()
         calls = {c.id: c for m in history.messages for c in m.tool_calls}
-        decided = []
+        decided: list[tuple[Held, CallTrack, bool]] = []
         for call_id, track in history.open_calls.items():
             call = calls.get(call_id)
             pending = track.states.get("pending", {})
@@ -377,14 +422,16 @@ class ApprovalJournal:
             with self._lock:
                 self._held[call_id] = held
             taken.add(call_id)
-            if track.state == "decided":
-                decided.append((held, track))
+            if track.state == "decided":  # recorded past its deadline (as no host held it): the expiry wins
+                at = track.states["decided"].get("at")
+                late = expires is not None and (not isinstance(at, (int, float)) or at >= expires)
+                decided.append((held, track, late))
             elif expires is not None:
                 self._arm(held)
         if history.open_calls:
             self._watch()
-        for held, track in decided:
-            self._later(functools.partial(self._act, held, track), "act")
+        for held, track, late in decided:
+            self._later(functools.partial(self._act, held, track, late), "act")
         for _, _, interrupted in history.pending:  # started once approved, no result: again only if idempotent
             started = history.calls.get(interrupted.call_id)
             call = calls.get(interrupted.call_id)

@@ -87,7 +87,8 @@ def decide(data_dir: str | Path, session_id: str, call_id: str, decision: str, *
     the first decision when it is unknown, not pending or decided already, past its
     approval deadline (its record's wall-clock ``expires_at``, looked at only while no
     host serves the session: a serving host keeps the deadline on its monotonic clock and
-    records the expiry itself), or waiting for an external result; ``ValueError`` for a bad
+    records the expiry itself; a decision recorded past it while no host held the call
+    loses to the expiry at the next host), or waiting for an external result; ``ValueError`` for a bad
     decision or a rejection without message; ``OSError`` when the transcript cannot be
     used."""
     if decision not in ("approved", "rejected"):
