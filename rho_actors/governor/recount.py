@@ -8,9 +8,10 @@ The transcript (``agent/transcript.py``) records each call of a reply with its n
 arguments, then its result. A call counts as started unless its result says it was
 refused before its tool ran (:data:`NOT_STARTED`: the governor's refusals, invalid or
 unknown calls, a rejection), as :class:`~rho_actors.governor.session_counts.SessionBudgets`
-gives such a call's count back; a call without a result counts (its host stopped or died
-while it ran), except one that waits for a decision (``pending``, ``decided``: it is
-counted when it runs). The transcript is read only when the session's calls are counted
+gives such a call's count back; a call without a result does not count: its host stopped
+or died while it waited or ran, and it is either run again (an idempotent task, an
+approved call: counted then, as it is admitted again) or ended unrun by the next host.
+The transcript is read only when the session's calls are counted
 (the system's or the session's bounds, or a tool's ``max_calls``) and its loop has no
 counts already (a loop restarted after a crash keeps them)."""
 
@@ -37,32 +38,25 @@ NOT_STARTED: Final = frozenset({
     "repeated_call", "rate_limited", "pending_approval", "rejected", "approval_expired"})
 """The error kinds of a recorded result whose call never ran (not counted)."""
 
-_WAITING: Final = ("pending", "decided")
-
-
 def started_calls(records: Iterable[Mapping[str, Any]]) -> list[tuple[str, Any]]:
     """The ``(name, arguments)`` of each call the transcript ``records`` hold as started
     (the module doc), in order; arguments as recorded (JSON text or an object)."""
-    calls: dict[tuple[Any, Any], tuple[str, str, Any]] = {}  # (step, index) -> (call id, name, arguments)
+    calls: dict[tuple[Any, Any], tuple[str, Any]] = {}  # (step, index) -> (name, arguments)
     refused: set[tuple[Any, Any]] = set()
     answered: set[tuple[Any, Any]] = set()
-    state: dict[str, str] = {}  # a call's last lifecycle state, by call id
     for record in records:
         kind, step = record.get("type"), record.get("step")
         if kind == "reply" and isinstance(record.get("tool_calls"), list):
             for index, call in enumerate(record["tool_calls"]):
                 if isinstance(call, Mapping) and isinstance(call.get("name"), str):
-                    calls.setdefault((step, index), (str(call.get("id")), call["name"], call.get("arguments")))
+                    calls.setdefault((step, index), (call["name"], call.get("arguments")))
         elif kind == "result":
             place = (step, record.get("index"))
             if place not in answered:  # the first result counts
                 answered.add(place)
                 if record.get("error_kind") in NOT_STARTED:
                     refused.add(place)
-        elif kind == "call" and isinstance(record.get("state"), str):
-            state[str(record.get("call_id"))] = record["state"]
-    return [(name, arguments) for place, (call_id, name, arguments) in calls.items()
-            if place not in refused and (place in answered or state.get(call_id) not in _WAITING)]
+    return [call for place, call in calls.items() if place in answered and place not in refused]
 
 
 def recount(budgets: SessionBudgets, session: str, session_dir: Path, entries: Mapping[str, ToolEntry],
@@ -79,22 +73,22 @@ def recount(budgets: SessionBudgets, session: str, session_dir: Path, entries: M
         return None
     if not budgets.counts(session) and not any(e.info.policy.max_calls for e in entries.values()):
         return None
-    try:
+    try:  # a transcript that cannot be read, or a hostile record in it (nested past the parser's depth...)
         records, _, _ = read_records(session_dir / TRANSCRIPT_NAME)
+        calls = []
+        for name, recorded in started_calls(records):
+            arguments = recorded
+            if isinstance(recorded, str):
+                try:
+                    arguments = json.loads(recorded)
+                except (ValueError, RecursionError):
+                    pass
+            entry = entries.get(name)
+            calls.append((name, arguments if isinstance(arguments, Mapping) else {"": arguments},
+                          None if entry is None else entry.info.parameter_schema))
+        budgets.restore(session, calls)
     except Exception as exc:
         logger.error("session {}: its transcript could not be read to count its calls; they start from 0: {}",
                      session, describe_exception(exc))
         return None
-    calls = []
-    for name, recorded in started_calls(records):
-        arguments = recorded
-        if isinstance(recorded, str):
-            try:
-                arguments = json.loads(recorded)
-            except ValueError:
-                pass
-        entry = entries.get(name)
-        calls.append((name, arguments if isinstance(arguments, Mapping) else {"": arguments},
-                      None if entry is None else entry.info.parameter_schema))
-    budgets.restore(session, calls)
     return len(calls)

@@ -250,6 +250,8 @@ def checked_bounds(system: Mapping[str, int | None], max_calls_per_session: Any,
 MAX_DEFAULTS_DEPTH: Final = 64
 """How deep :func:`with_defaults` fills nested objects' defaults (arguments' JSON is
 parsed to a bounded depth too): deeper objects are keyed as written."""
+MAX_DEFAULTS_NODES: Final = 4096
+"""How many objects one call's default filling visits at most (past it, the rest is keyed as written)."""
 
 
 def with_defaults(args: Mapping[str, Any], schema: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -259,19 +261,24 @@ def with_defaults(args: Mapping[str, Any], schema: Mapping[str, Any] | None) -> 
     ``properties`` (to :data:`MAX_DEFAULTS_DEPTH`): ``{"options": {}}`` and
     ``{"options": {"currency": "EUR"}}`` are one call when ``currency`` defaults to
     ``"EUR"``. A local ``$ref`` (``#/$defs/...``, ``#/definitions/...``: pydantic's
-    nested models) is followed; any other is ignored. ``args`` itself when nothing is
+    nested models) is followed; any other leaves only the keywords beside it (a
+    ``default`` there). At most :data:`MAX_DEFAULTS_NODES` objects are visited in all
+    (the rest keyed as written). ``args`` itself when nothing is
     left out (no copy)."""
     if schema is None:
         return args
-    filled = _filled(args, schema, schema, MAX_DEFAULTS_DEPTH)
+    filled = _filled(args, schema, schema, MAX_DEFAULTS_DEPTH, [MAX_DEFAULTS_NODES])
     return filled if isinstance(filled, Mapping) else args
 
 
-def _filled(value: Any, spec: Any, root: Mapping[str, Any], depth: int) -> Any:
+def _filled(value: Any, spec: Any, root: Mapping[str, Any], depth: int, nodes: list[int]) -> Any:
     """``value`` (an object) with the defaults of ``spec``'s properties it leaves out,
-    and its object values filled the same way; ``value`` itself when nothing changed."""
+    and its object values filled the same way; ``value`` itself when nothing changed.
+    ``nodes``: the objects the whole fill may still visit (a schema whose defaults refer
+    to itself twice would otherwise make 2**depth of them)."""
     spec = _resolved(spec, root)
-    if depth <= 0 or not isinstance(value, Mapping) or spec is None:
+    nodes[0] -= 1
+    if depth <= 0 or nodes[0] < 0 or not isinstance(value, Mapping) or spec is None:
         return value
     properties = spec.get("properties")
     if not isinstance(properties, Mapping):
@@ -283,9 +290,9 @@ def _filled(value: Any, spec: Any, root: Mapping[str, Any], depth: int) -> Any:
             continue
         if name in value:
             item = value[name]
-            inner = _filled(item, prop, root, depth - 1) if isinstance(item, Mapping) else item
+            inner = _filled(item, prop, root, depth - 1, nodes) if isinstance(item, Mapping) else item
         elif "default" in prop:
-            inner = _filled(prop["default"], prop, root, depth - 1)
+            inner = _filled(prop["default"], prop, root, depth - 1, nodes)
         else:
             continue
         if name not in value or inner is not value[name]:
@@ -296,22 +303,23 @@ def _filled(value: Any, spec: Any, root: Mapping[str, Any], depth: int) -> Any:
 
 
 def _resolved(spec: Any, root: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """``spec`` (a schema) with its local ``$ref`` followed (a few hops at most), or
-    ``None`` when it is no object or names anything else."""
+    """``spec`` (a schema) with its local ``$ref`` followed (a few hops at most); a
+    ``$ref`` that cannot be followed (another document's, OpenAPI's, a cycle) leaves the
+    keywords beside it (a ``default`` there still fills); ``None`` when nothing is left."""
     beside: dict[str, Any] = {}  # a $ref's siblings (pydantic's "default" beside it) win over its target's
     for _ in range(8):
         if not isinstance(spec, Mapping):
-            return None
+            return beside or None
         ref = spec.get("$ref")
         if not isinstance(ref, str):
             return {**spec, **beside} if beside else spec
         beside = {**{k: v for k, v in spec.items() if k != "$ref"}, **beside}
         parts = ref.split("/")
         if len(parts) != 3 or parts[0] != "#" or parts[1] not in ("$defs", "definitions"):
-            return None
+            return beside or None
         defs = root.get(parts[1])
         spec = defs.get(parts[2]) if isinstance(defs, Mapping) else None
-    return None
+    return beside or None
 
 
 def _digest(text: str) -> str:
